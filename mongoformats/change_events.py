@@ -1,0 +1,370 @@
+"""Oplog entries -> the change events a MongoDB 7.0/8.0 server emits for them.
+
+Strategy: the entry arrives as raw BSON. Only the top level is inflated (pymongo's C codec keeps
+nested documents as `RawBSONDocument` slices), and the event is written back with the C encoder,
+which copies those slices; only the few values a resume token needs (documentKey,
+operationDescription) are decoded. Transactions are stateful (partialTxn chains, prepared
+transactions committed by a later entry), so `OplogTransformer` keeps per-transaction buffers,
+bounded by what one transaction can hold.
+
+Sources (facts only): mongodb/mongo src/mongo/db/pipeline/change_stream_event_transform.cpp and
+docs/change_stream_events.md, as summarized in shared/reference/mongodb-formats.md C.1-C.11
+(field order C.11; tokens A.5).
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson import Timestamp
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_sort_key
+from mongoformats.update_diff import update_description_from_diff
+
+__all__ = ["ChangeEvent", "OplogTransformer", "RAW", "PCS_NOTE_KEY", "ddl_note", "invalidate_event",
+           "is_internal_namespace"]
+
+# Nested documents stay raw slices; UUIDs decode as bson.Binary subtype 4 (the server's bytes).
+RAW: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+_PLAIN: CodecOptions[dict[str, Any]] = CodecOptions()
+
+# The key our proxy writes in appendOplogNote payloads that describe DDL (see buckets DDL notes).
+PCS_NOTE_KEY = "parallelChangeStreamDDL"
+
+_INTERNAL_DBS = frozenset({"admin", "config", "local"})
+
+
+def is_internal_namespace(ns: str) -> bool:
+    """admin/config/local and system collections never produce user events."""
+    db, _, coll = ns.partition(".")
+    return db in _INTERNAL_DBS or coll.startswith("system.")
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One change event: the encoded document plus what ordering, filtering and bucketing need."""
+
+    sort_key: bytes           # resume token `_data` bytes: the total order of events
+    token: dict[str, Any]     # the `_id` of the event
+    op_type: str
+    db: str
+    coll: str | None          # None for database-level events (dropDatabase)
+    raw: bytes                # the BSON event document, byte-identical to the server's
+    # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
+    namespaces: tuple[str, ...] = ()
+    cluster_time: Timestamp = field(default_factory=lambda: Timestamp(0, 0))
+
+
+def _uuid(value: Any) -> uuidlib.UUID | None:
+    if value is None:
+        return None
+    if isinstance(value, uuidlib.UUID):
+        return value
+    return uuidlib.UUID(bytes=bytes(value))
+
+
+def _plain(doc: Any) -> Any:
+    """Decode a raw sub-document into Python values (types kept: Int64 stays Int64)."""
+    if isinstance(doc, RawBSONDocument):
+        return bson.decode(doc.raw, _PLAIN)
+    return doc
+
+
+def _split_ns(ns: str) -> tuple[str, str]:
+    db, _, coll = ns.partition(".")
+    return db, coll
+
+
+def ddl_note(op_type: str, ns: str, *, ui: Any = None, operation_description: Mapping[str, Any] | None = None,
+             state_before_change: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The appendOplogNote `data` our proxy writes to record a DDL command the stream must show."""
+    note: dict[str, Any] = {"op": op_type, "ns": ns}
+    if ui is not None:
+        note["ui"] = ui
+    if operation_description is not None:
+        note["operationDescription"] = dict(operation_description)
+    if state_before_change is not None:
+        note["stateBeforeChange"] = dict(state_before_change)
+    return {PCS_NOTE_KEY: note}
+
+
+class OplogTransformer:
+    """Turns one shard's oplog entries, in oplog order, into change events.
+
+    Args:
+        show_expanded_events: emit create/createIndexes/dropIndexes/modify/shardCollection and the
+            expanded fields (collectionUUID, operationDescription, disambiguatedPaths).
+        show_migration_events: keep `fromMigrate` writes (hidden by default, like the server).
+        token_version: 2 for 6.1+ servers (7.0, 8.0); 1 to emulate 4.2-6.0.
+        ddl_notes: turn our proxy's appendOplogNote DDL records into events (for servers whose
+            oplog lacks the native expanded events). A note never doubles a native event: the
+            proxy only writes notes where the native entry is missing.
+    """
+
+    def __init__(self, *, show_expanded_events: bool = False, show_migration_events: bool = False,
+                 token_version: int = 2, ddl_notes: bool = True) -> None:
+        self.show_expanded_events = show_expanded_events
+        self.show_migration_events = show_migration_events
+        self.token_version = token_version
+        self.ddl_notes = ddl_notes
+        # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries.
+        self._pending_txns: dict[tuple[bytes, int], list[RawBSONDocument]] = {}
+
+    def pending_transactions(self) -> int:
+        return len(self._pending_txns)
+
+    # -- public entry point ----------------------------------------------------------------------
+
+    def transform(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
+        """Events for one oplog entry (most entries give 0 or 1; a committed transaction gives many)."""
+        doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
+        op = doc["op"]
+        if op == "n":
+            return self._noop(doc)
+        if op == "c":
+            return self._command(doc)
+        if doc.get("fromMigrate") and not self.show_migration_events:
+            return []
+        ev = self._crud(doc, doc, doc["ts"], doc.get("wall"), 0, None)
+        return [ev] if ev is not None else []
+
+    # -- CRUD --------------------------------------------------------------------------------------
+
+    def _crud(self, op_doc: Mapping[str, Any], outer: Mapping[str, Any], ts: Timestamp, wall: Any,
+              txn_op_index: int, txn: tuple[Any, Any] | None) -> ChangeEvent | None:
+        ns = op_doc["ns"]
+        if is_internal_namespace(ns):
+            return None
+        if op_doc.get("fromMigrate") and not self.show_migration_events:
+            return None
+        op = op_doc["op"]
+        o = op_doc["o"]
+        full_document = update_description = None
+        if op == "i":
+            op_type = "insert"
+            full_document = o
+            document_key = op_doc.get("o2") or {"_id": o["_id"]}
+        elif op == "u":
+            document_key = op_doc["o2"]
+            if o.get("$v") == 2:
+                op_type = "update"
+                update_description = update_description_from_diff(
+                    _plain(o["diff"]), disambiguate=self.show_expanded_events)
+            elif "_id" in o:
+                op_type = "replace"
+                full_document = o
+            else:  # legacy $v:1 {$set, $unset}
+                op_type = "update"
+                update_description = {"updatedFields": _plain(o.get("$set", {})),
+                                      "removedFields": list(_plain(o.get("$unset", {}))),
+                                      "truncatedArrays": []}
+        elif op == "d":
+            op_type = "delete"
+            document_key = o
+        else:
+            return None
+        key = _plain(document_key)
+        ui = op_doc.get("ui")
+        fields: dict[str, Any] = {"operationType": op_type, "clusterTime": ts}
+        if self.show_expanded_events and ui is not None:
+            fields["collectionUUID"] = ui
+        if wall is not None:
+            fields["wallTime"] = wall
+        if full_document is not None:
+            fields["fullDocument"] = full_document
+        db, coll = _split_ns(ns)
+        fields["ns"] = {"db": db, "coll": coll}
+        fields["documentKey"] = document_key
+        if update_description is not None:
+            fields["updateDescription"] = update_description
+        ident = self._identifier(op_type, key, None)
+        return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, (ns,), txn)
+
+    # -- commands (DDL, transactions) ------------------------------------------------------------
+
+    def _command(self, doc: RawBSONDocument) -> list[ChangeEvent]:
+        o = doc["o"]
+        first = next(iter(o.keys()))
+        if first == "applyOps":
+            return self._apply_ops(doc, o)
+        if first == "commitTransaction":
+            return self._commit_prepared(doc)
+        if first == "abortTransaction":
+            self._pending_txns.pop(self._txn_key(doc), None)
+            return []
+        if doc.get("fromMigrate") and not self.show_migration_events:
+            return []
+        db = doc["ns"].split(".", 1)[0]
+        if db in _INTERNAL_DBS:
+            return []
+        ev = self._ddl(doc, first, o, db)
+        return [ev] if ev is not None else []
+
+    def _ddl(self, doc: RawBSONDocument, first: str, o: RawBSONDocument, db: str) -> ChangeEvent | None:
+        ts, wall, ui = doc["ts"], doc.get("wall"), doc.get("ui")
+        expanded = self.show_expanded_events
+        if first == "drop":
+            coll = o["drop"]
+            return self._ddl_event("drop", db, coll, ts, wall, ui, None, show_desc=False)
+        if first == "renameCollection":
+            src_db, src_coll = _split_ns(o["renameCollection"])
+            dst_db, dst_coll = _split_ns(o["to"])
+            desc: dict[str, Any] = {"to": {"db": dst_db, "coll": dst_coll}}
+            if o.get("dropTarget") is not None:
+                desc["dropTarget"] = o["dropTarget"]
+            return self._ddl_event("rename", src_db, src_coll, ts, wall, ui, desc, to={"db": dst_db, "coll": dst_coll},
+                                   extra_ns=(f"{dst_db}.{dst_coll}",))
+        if first == "dropDatabase":
+            return self._ddl_event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
+        if not expanded:
+            return None
+        if first == "create":
+            desc = {k: v for k, v in _plain(o).items() if k != "create"}
+            coll = o["create"]
+            if "viewOn" in desc:  # views are recorded in system.views; the create entry is the collection
+                return None
+            return self._ddl_event("create", db, coll, ts, wall, ui, desc)
+        if first == "createIndexes":
+            spec = {k: v for k, v in _plain(o).items() if k != "createIndexes"}
+            return self._ddl_event("createIndexes", db, o["createIndexes"], ts, wall, ui, {"indexes": [spec]})
+        if first == "commitIndexBuild":
+            return self._ddl_event("createIndexes", db, o["commitIndexBuild"], ts, wall, ui,
+                                   {"indexes": _plain(o)["indexes"]})
+        if first == "dropIndexes":
+            return self._ddl_event("dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]})
+        if first == "collMod":
+            desc = {k: v for k, v in _plain(o).items() if k != "collMod"}
+            o2 = _plain(doc.get("o2")) or {}
+            before = {"collectionOptions": o2.get("collectionOptions_old", {})}
+            if "indexOptions_old" in o2:
+                before["indexOptions"] = o2["indexOptions_old"]
+            return self._ddl_event("modify", db, o["collMod"], ts, wall, ui, desc, state_before=before)
+        return None
+
+    def _ddl_event(self, op_type: str, db: str, coll: str | None, ts: Timestamp, wall: Any, ui: Any,
+                   desc: dict[str, Any] | None, *, show_desc: bool = True, to: dict[str, Any] | None = None,
+                   state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = ()) -> ChangeEvent:
+        fields: dict[str, Any] = {}
+        if to is not None:
+            fields["to"] = to  # the server adds `to` ahead of `_id` (mongodb-formats.md C.11)
+        fields["operationType"] = op_type
+        fields["clusterTime"] = ts
+        if self.show_expanded_events and ui is not None:
+            fields["collectionUUID"] = ui
+        if wall is not None:
+            fields["wallTime"] = wall
+        fields["ns"] = {"db": db, "coll": coll} if coll is not None else {"db": db}
+        if self.show_expanded_events and desc is not None and show_desc:
+            fields["operationDescription"] = desc
+        if state_before is not None and self.show_expanded_events:
+            fields["stateBeforeChange"] = state_before
+        ident = self._identifier(op_type, None, desc)
+        namespaces = ((f"{db}.{coll}",) if coll is not None else ()) + extra_ns
+        return self._finish(ts, 0, ui, ident, fields, op_type, db, coll, namespaces, None)
+
+    # -- noops -------------------------------------------------------------------------------------
+
+    def _noop(self, doc: RawBSONDocument) -> list[ChangeEvent]:
+        o2 = doc.get("o2")
+        o = doc.get("o")
+        if o2 is not None and "shardCollection" in o2 and self.show_expanded_events:
+            ns = o2["shardCollection"]
+            desc = {k: v for k, v in _plain(o2).items() if k != "shardCollection"}
+            db, coll = _split_ns(ns)
+            return [self._ddl_event("shardCollection", db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc)]
+        if self.ddl_notes and self.show_expanded_events and o is not None and PCS_NOTE_KEY in o:
+            note = _plain(o)[PCS_NOTE_KEY]
+            db, coll = _split_ns(note["ns"])
+            return [self._ddl_event(note["op"], db, coll or None, doc["ts"], doc.get("wall"), note.get("ui"),
+                                    note.get("operationDescription"), state_before=note.get("stateBeforeChange"))]
+        return []  # periodic noops, plain appendOplogNote, migrateChunkToNewShard: marks only
+
+    # -- transactions ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _txn_key(doc: Mapping[str, Any]) -> tuple[bytes, int]:
+        lsid = doc.get("lsid")
+        return (bytes(lsid["id"]) if lsid is not None else b"", int(doc.get("txnNumber", -1)))
+
+    def _apply_ops(self, doc: RawBSONDocument, o: RawBSONDocument) -> list[ChangeEvent]:
+        ops = list(o["applyOps"])
+        if o.get("partialTxn") or o.get("prepare"):
+            self._pending_txns.setdefault(self._txn_key(doc), []).extend(ops)
+            return []
+        if "lsid" in doc and doc.get("multiOpType") != 1:
+            ops = self._pending_txns.pop(self._txn_key(doc), []) + ops
+            txn = (doc["lsid"], doc["txnNumber"])
+        else:  # batched writes and retryable applyOps carry no transaction identity
+            txn = None
+        return self._unwind(ops, doc["ts"], doc.get("wall"), txn)
+
+    def _commit_prepared(self, doc: RawBSONDocument) -> list[ChangeEvent]:
+        ops = self._pending_txns.pop(self._txn_key(doc), [])
+        return self._unwind(ops, doc["ts"], doc.get("wall"), (doc["lsid"], doc["txnNumber"]))
+
+    def _unwind(self, ops: list[Any], ts: Timestamp, wall: Any, txn: tuple[Any, Any] | None) -> list[ChangeEvent]:
+        # txnOpIndex counts every operation of the transaction, including ones that make no event.
+        out = []
+        for index, op in enumerate(ops):
+            ev = self._crud(op, op, ts, wall, index, txn)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    # -- tokens ------------------------------------------------------------------------------------
+
+    def _identifier(self, op_type: str, document_key: Any, desc: Any) -> dict[str, Any] | None:
+        if self.token_version >= 2 or op_type not in _CLASSIC:
+            ident: dict[str, Any] = {"operationType": op_type}
+            if document_key is not None:
+                ident["documentKey"] = document_key
+            elif desc is not None:
+                ident["operationDescription"] = desc
+            return ident
+        return document_key  # v0/v1 classic events: the documentKey itself (absent for DDL)
+
+    def _finish(self, ts: Timestamp, txn_op_index: int, ui: Any, ident: Any, fields: dict[str, Any],
+                op_type: str, db: str, coll: str | None, namespaces: tuple[str, ...],
+                txn: tuple[Any, Any] | None) -> ChangeEvent:
+        token = encode_token(ResumeTokenData(ts, self.token_version, EVENT_TOKEN, txn_op_index, False,
+                                             _uuid(ui), ident))
+        head: dict[str, Any] = {}
+        if "to" in fields:
+            head["to"] = fields.pop("to")
+        if txn is not None:
+            head["txnNumber"] = txn[1]
+            head["lsid"] = txn[0]
+        head["_id"] = token
+        head.update(fields)
+        return ChangeEvent(token_sort_key(token), token, op_type, db, coll, bson.encode(head), namespaces, ts)
+
+
+_CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
+
+
+def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
+    """The `invalidate` that follows an event closing a single-collection or database stream.
+
+    Its token is the triggering event's token with fromInvalidate set (mongodb-formats.md C.11).
+    """
+    from mongoformats.resume_token import decode_token
+
+    data = decode_token(trigger.token)
+    token = encode_token(ResumeTokenData(data.cluster_time, data.version, data.token_type, data.txn_op_index,
+                                         True, data.uuid, data.event_identifier, data.fragment_num))
+    doc: dict[str, Any] = {"_id": token, "operationType": "invalidate", "clusterTime": data.cluster_time}
+    if wall is not None:
+        doc["wallTime"] = wall
+    return ChangeEvent(token_sort_key(token), token, "invalidate", trigger.db, trigger.coll, bson.encode(doc),
+                       trigger.namespaces, data.cluster_time)
+
+
+def iter_raw(entries: list[bytes]) -> Iterator[RawBSONDocument]:
+    for e in entries:
+        yield RawBSONDocument(e, RAW)

@@ -1,0 +1,344 @@
+"""KeyString V1 encoding of BSON values, as the server builds resume tokens.
+
+Strategy: a value is appended as a one-byte "ctype" followed by its bytes; the encoding is
+order-preserving, so comparing two keys' bytes compares their values. Type distinctions that the
+ordering ignores (Int32 vs Int64 vs Double, String vs Symbol) go into a separate bit stream, the
+"type bits", serialized next to the key. Resume tokens use an all-ascending ordering, so no byte
+is ever inverted except where the format itself inverts negative numbers.
+
+Source (facts only): mongodb/mongo src/mongo/db/storage/key_string.cpp (`CType`,
+`_appendBsonValue`, `_appendInteger`, `TypeBits`), summarized in shared/reference/mongodb-formats.md
+section A.3/A.4. Not supported (never seen in a resume token; raise ValueError): fractional
+doubles, magnitudes >= 2**63, Decimal128, DBRef, CodeWithScope.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from bson import Binary, Code, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.datetime_ms import DatetimeMS
+
+__all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_type_bits", "END"]
+
+MINKEY, UNDEFINED, NULL, NUMERIC_NAN = 0x0A, 0x0F, 0x14, 0x1E
+NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
+STRING, OBJECT, ARRAY, BINDATA, OID = 0x3C, 0x46, 0x50, 0x5A, 0x64
+FALSE, TRUE, DATE, TIMESTAMP, REGEX, CODE, MAXKEY = 0x6E, 0x6F, 0x78, 0x82, 0x8C, 0xA0, 0xF0
+END = 0x04
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+# Type-bit values for numbers, appended high bit first (TypeBits::kInt ... kDecimal).
+_TB_INT32, _TB_INT64, _TB_DOUBLE = 0b00, 0b01, 0b10
+
+
+def _escape(text: bytes) -> bytes:
+    # A NUL inside a string is written 00 FF so that the terminating 00 stays unambiguous.
+    return text.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+class KeyStringBuilder:
+    """Appends values; `data` and `type_bits` hold the result."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._bits: list[int] = []
+
+    @property
+    def data(self) -> bytes:
+        return bytes(self._buf)
+
+    @property
+    def type_bits(self) -> bytes:
+        return encode_type_bits(self._bits)
+
+    def append_end(self) -> None:
+        self._buf.append(END)
+
+    def append(self, value: Any) -> None:
+        self._buf.append(self._ctype(value))
+        self._append_body(value)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _numeric_bits(self, bits: int) -> None:
+        self._bits += [(bits >> 1) & 1, bits & 1]
+
+    @staticmethod
+    def _ctype(value: Any) -> int:
+        if value is None:
+            return NULL
+        if isinstance(value, bool):
+            return TRUE if value else FALSE
+        if isinstance(value, (int, float)):
+            return _integer_ctype(_integral(value))
+        if isinstance(value, str):
+            return STRING
+        if isinstance(value, Mapping):
+            return OBJECT
+        if isinstance(value, (list, tuple)):
+            return ARRAY
+        if isinstance(value, (bytes, Binary)):
+            return BINDATA
+        if isinstance(value, ObjectId):
+            return OID
+        if isinstance(value, (datetime.datetime, DatetimeMS)):
+            return DATE
+        if isinstance(value, Timestamp):
+            return TIMESTAMP
+        if isinstance(value, Regex):
+            return REGEX
+        if isinstance(value, Code):
+            return CODE
+        if isinstance(value, MinKey):
+            return MINKEY
+        if isinstance(value, MaxKey):
+            return MAXKEY
+        raise ValueError(f"cannot encode {type(value).__name__} in a KeyString")
+
+    def _append_body(self, value: Any) -> None:
+        buf = self._buf
+        if value is None or isinstance(value, (bool, MinKey, MaxKey)):
+            return
+        if isinstance(value, (int, float)):
+            if isinstance(value, Int64):
+                self._numeric_bits(_TB_INT64)
+            elif isinstance(value, float):
+                self._numeric_bits(_TB_DOUBLE)
+            elif -(2**31) <= value < 2**31:
+                self._numeric_bits(_TB_INT32)
+            else:
+                self._numeric_bits(_TB_INT64)
+            v = _integral(value)
+            if v:
+                m = abs(v) << 1
+                raw = m.to_bytes((m.bit_length() + 7) // 8, "big")
+                buf += raw if v > 0 else bytes(b ^ 0xFF for b in raw)
+            return
+        if isinstance(value, Code):  # Code is a str subclass: test it before str
+            buf += _escape(str(value).encode())
+        elif isinstance(value, str):
+            self._bits.append(0)  # String, not Symbol
+            buf += _escape(value.encode())
+        elif isinstance(value, Mapping):
+            for name, item in value.items():
+                buf.append(_generic_ctype(self._ctype(item)))
+                buf += _escape(name.encode())
+                self.append(item)
+            buf.append(0)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                self.append(item)
+            buf.append(0)
+        elif isinstance(value, (bytes, Binary)):
+            subtype = value.subtype if isinstance(value, Binary) else 0
+            payload = bytes(value)
+            buf += bytes([len(payload)]) if len(payload) < 0xFF else b"\xff" + struct.pack(">i", len(payload))
+            buf.append(subtype)
+            buf += payload
+        elif isinstance(value, ObjectId):
+            buf += value.binary
+        elif isinstance(value, (datetime.datetime, DatetimeMS)):
+            millis = int(value) if isinstance(value, DatetimeMS) else _millis(value)
+            buf += struct.pack(">Q", (millis & 0xFFFFFFFFFFFFFFFF) ^ (1 << 63))
+        elif isinstance(value, Timestamp):
+            buf += struct.pack(">II", value.time, value.inc)
+        elif isinstance(value, Regex):
+            buf += _escape(value.pattern.encode()) + _escape(str(value.flags).encode())
+
+
+def _millis(value: datetime.datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.timezone.utc)
+    delta = value - _EPOCH
+    return (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _integral(value: int | float) -> int:
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or value != int(value):
+            raise ValueError(f"KeyString encoding of the double {value!r} is not supported")
+        if value == 0 and str(value).startswith("-"):
+            raise ValueError("KeyString encoding of -0.0 is not supported")
+    v = int(value)
+    if abs(v) >= 2**63:
+        raise ValueError("KeyString encoding of magnitudes >= 2**63 is not supported")
+    return v
+
+
+def _integer_ctype(v: int) -> int:
+    if v == 0:
+        return NUM_ZERO
+    n = ((abs(v) << 1).bit_length() + 7) // 8
+    return NUM_POS_1BYTE - 1 + n if v > 0 else NUM_NEG_1BYTE + 1 - n
+
+
+def _generic_ctype(ctype: int) -> int:
+    # Inside objects, the byte before a field name names the value's type family, not the value.
+    if 0x1E <= ctype <= 0x33:
+        return NUMERIC_NAN
+    return ctype if ctype not in (TRUE, UNDEFINED) else {TRUE: FALSE, UNDEFINED: NULL}[ctype]
+
+
+def encode_type_bits(bits: list[int]) -> bytes:
+    """Serialize type bits (LSB-first packing; see mongodb-formats.md A.4). b"" means all zero."""
+    if not any(bits):
+        return b""
+    data = bytearray((len(bits) + 7) // 8)
+    for i, bit in enumerate(bits):
+        if bit:
+            data[i // 8] |= 1 << (i % 8)
+    if len(data) == 1 and data[0] < 0x80:
+        return bytes(data)
+    if len(data) <= 127:
+        return bytes([0x80 | len(data)]) + bytes(data)
+    return b"\x80" + struct.pack("<i", len(data)) + bytes(data)
+
+
+def decode_type_bits(raw: bytes) -> list[int]:
+    if not raw:
+        return []
+    if raw[0] < 0x80:
+        data = raw[:1]
+        if len(raw) != 1:
+            raise ValueError("invalid type bits: trailing bytes")
+    elif raw[0] == 0x80:
+        (size,) = struct.unpack_from("<i", raw, 1)
+        data = raw[5 : 5 + size]
+        if len(data) != size or len(raw) != 5 + size:
+            raise ValueError("invalid type bits length")
+    else:
+        size = raw[0] & 0x7F
+        data = raw[1 : 1 + size]
+        if len(data) != size or len(raw) != 1 + size:
+            raise ValueError("invalid type bits length")
+    return [(data[i // 8] >> (i % 8)) & 1 for i in range(len(data) * 8)]
+
+
+class KeyStringReader:
+    """Reads values back; numbers and strings take their exact BSON type from the type bits."""
+
+    def __init__(self, data: bytes, type_bits: bytes = b"") -> None:
+        self._data = data
+        self._pos = 0
+        self._bits = decode_type_bits(type_bits)
+        self._bit = 0
+
+    def at_end(self) -> bool:
+        return self._pos < len(self._data) and self._data[self._pos] == END
+
+    def finish(self) -> None:
+        if not self.at_end() or self._pos + 1 != len(self._data):
+            raise ValueError("KeyString does not end with its terminator")
+
+    def _next_bit(self) -> int:
+        bit = self._bits[self._bit] if self._bit < len(self._bits) else 0
+        self._bit += 1
+        return bit
+
+    def _take(self, n: int) -> bytes:
+        chunk = self._data[self._pos : self._pos + n]
+        if len(chunk) != n:
+            raise ValueError("truncated KeyString")
+        self._pos += n
+        return chunk
+
+    def _cstring(self) -> bytes:
+        out = bytearray()
+        data = self._data
+        while True:
+            if self._pos >= len(data):
+                raise ValueError("unterminated KeyString string")
+            b = data[self._pos]
+            self._pos += 1
+            if b == 0:
+                if self._pos < len(data) and data[self._pos] == 0xFF:
+                    out.append(0)
+                    self._pos += 1
+                    continue
+                return bytes(out)
+            out.append(b)
+
+    def read(self) -> Any:
+        (ctype,) = self._take(1)
+        return self._read_body(ctype)
+
+    def _read_body(self, ctype: int) -> Any:
+        if ctype == NULL:
+            return None
+        if ctype in (FALSE, TRUE):
+            return ctype == TRUE
+        if ctype == MINKEY:
+            return MinKey()
+        if ctype == MAXKEY:
+            return MaxKey()
+        if NUM_NEG_1BYTE - 7 <= ctype <= NUM_POS_1BYTE + 7:
+            return self._read_number(ctype)
+        if ctype == STRING:
+            text = self._cstring().decode()
+            if self._next_bit():
+                raise ValueError("Symbol values are not supported")
+            return text
+        if ctype == OBJECT:
+            obj: dict[str, Any] = {}
+            while True:
+                (generic,) = self._take(1)
+                if generic == 0:
+                    return obj
+                name = self._cstring().decode()
+                obj[name] = self.read()
+        if ctype == ARRAY:
+            items = []
+            while self._data[self._pos : self._pos + 1] != b"\x00":
+                items.append(self.read())
+            self._pos += 1
+            return items
+        if ctype == BINDATA:
+            (size,) = self._take(1)
+            if size == 0xFF:
+                (size,) = struct.unpack(">i", self._take(4))
+            (subtype,) = self._take(1)
+            return Binary(self._take(size), subtype)
+        if ctype == OID:
+            return ObjectId(self._take(12))
+        if ctype == DATE:
+            (raw,) = struct.unpack(">Q", self._take(8))
+            millis = raw ^ (1 << 63)
+            if millis >= 1 << 63:
+                millis -= 1 << 64
+            return DatetimeMS(millis)
+        if ctype == TIMESTAMP:
+            secs, inc = struct.unpack(">II", self._take(8))
+            return Timestamp(secs, inc)
+        if ctype == REGEX:
+            return Regex(self._cstring().decode(), self._cstring().decode())
+        if ctype == CODE:
+            return Code(self._cstring().decode())
+        raise ValueError(f"unsupported KeyString type byte {ctype:#04x}")
+
+    def _read_number(self, ctype: int) -> int | float:
+        kind = (self._next_bit() << 1) | self._next_bit()
+        if ctype == NUM_ZERO:
+            value = 0
+        elif ctype > NUM_ZERO:
+            m = int.from_bytes(self._take(ctype - NUM_POS_1BYTE + 1), "big")
+            if m & 1:
+                raise ValueError("fractional numbers in KeyStrings are not supported")
+            value = m >> 1
+        else:
+            raw = bytes(b ^ 0xFF for b in self._take(NUM_NEG_1BYTE + 1 - ctype))
+            m = int.from_bytes(raw, "big")
+            if m & 1:
+                raise ValueError("fractional numbers in KeyStrings are not supported")
+            value = -(m >> 1)
+        if kind == _TB_INT32:
+            return value
+        if kind == _TB_INT64:
+            return Int64(value)
+        if kind == _TB_DOUBLE:
+            return float(value)
+        raise ValueError("Decimal128 values in KeyStrings are not supported")

@@ -1,0 +1,155 @@
+"""Change-stream resume tokens: `{_data: <hex KeyString>, _typeBits?: BinData(0)}`.
+
+Invariant: for tokens of one stream, comparing `_data` strings (or `sort_key` bytes) orders them
+exactly as the server orders events: clusterTime, version, tokenType (high-water marks before
+events at equal time), txnOpIndex, fromInvalidate, uuid, eventIdentifier, fragmentNum.
+
+Source (facts only): mongodb/mongo src/mongo/db/pipeline/resume_token.{h,cpp}; the layout, the
+error codes and two public examples are in shared/reference/mongodb-formats.md section A.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Binary, Timestamp
+
+from mongoformats.errors import MongoError
+from mongoformats.keystring import KeyStringBuilder, KeyStringReader
+
+__all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
+           "high_water_mark", "token_sort_key"]
+
+HIGH_WATER_MARK = 0
+EVENT_TOKEN = 128
+DEFAULT_VERSION = 2  # 6.1+ (so 7.0 and 8.0) emit v2 tokens by default
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeTokenData:
+    cluster_time: Timestamp
+    version: int = DEFAULT_VERSION
+    token_type: int = EVENT_TOKEN
+    txn_op_index: int = 0
+    from_invalidate: bool = False
+    uuid: uuidlib.UUID | None = None
+    # v0/v1 classic events: the documentKey; v2 and expanded events: {operationType, documentKey |
+    # operationDescription}. Values keep their BSON types (Int64, float) because the type bits do.
+    event_identifier: Mapping[str, Any] | None = None
+    fragment_num: int | None = None
+
+
+def _bad(code: int | str, msg: str) -> MongoError:
+    return MongoError(code, msg)
+
+
+def encode_token(data: ResumeTokenData) -> dict[str, Any]:
+    """The resume token document the server emits for `data`."""
+    if data.version not in (0, 1, 2):
+        raise _bad(50795, f"Invalid resume token version: {data.version}")
+    if data.fragment_num is not None and data.version < 2:
+        raise _bad(7182504, "fragmentNum requires a version 2 resume token")
+    ks = KeyStringBuilder()
+    ks.append(data.cluster_time)
+    ks.append(data.version)
+    if data.version >= 1:
+        ks.append(data.token_type)
+    ks.append(data.txn_op_index)
+    if data.version >= 1:
+        ks.append(data.from_invalidate)
+    if data.uuid is not None:
+        ks.append(Binary(data.uuid.bytes, 4))
+    elif data.version >= 2:
+        ks.append(None)  # v2 writes a missing UUID as an explicit null
+    if data.event_identifier is not None:
+        ks.append(data.event_identifier)
+    if data.fragment_num is not None:
+        ks.append(data.fragment_num)
+    ks.append_end()
+    token: dict[str, Any] = {"_data": ks.data.hex().upper()}
+    bits = ks.type_bits
+    if bits:
+        token["_typeBits"] = Binary(bits, 0)
+    return token
+
+
+def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
+    """Parse a resume token document, raising the server's error codes for malformed ones."""
+    raw = token.get("_data")
+    if not isinstance(raw, str):
+        raise _bad(40647, "resume token _data must be a string")
+    bits = token.get("_typeBits", b"")
+    if isinstance(bits, Binary) and bits.subtype != 0 or not isinstance(bits, (bytes, Binary)):
+        raise _bad(40648, "resume token _typeBits must be BinData subtype 0")
+    try:
+        data = binascii.unhexlify(raw)
+    except (binascii.Error, ValueError) as exc:
+        raise _bad("FailedToParse", "resume token string was not a valid hex string") from exc
+    try:
+        return _decode(KeyStringReader(data, bytes(bits)))
+    except (ValueError, IndexError, TypeError) as exc:
+        raise _bad("InvalidResumeToken", f"invalid resume token: {exc}") from exc
+
+
+def _decode(r: KeyStringReader) -> ResumeTokenData:
+    ts = r.read()
+    if not isinstance(ts, Timestamp):
+        raise ValueError("clusterTime is not a Timestamp")
+    version = r.read()
+    if type(version) is not int or version not in (0, 1, 2):
+        raise _bad(50795, f"Invalid resume token version: {version!r}")
+    token_type = EVENT_TOKEN
+    if version >= 1:
+        token_type = r.read()
+        if token_type not in (HIGH_WATER_MARK, EVENT_TOKEN):
+            raise _bad(51057, f"Unknown tokenType {token_type!r}")
+    txn_op_index = r.read()
+    if type(txn_op_index) is not int:
+        raise _bad(50855, "txnOpIndex must be an Int32")
+    if txn_op_index < 0:
+        raise _bad(50794, "txnOpIndex must be non-negative")
+    from_invalidate = False
+    if version >= 1:
+        from_invalidate = r.read()
+        if not isinstance(from_invalidate, bool):
+            raise ValueError("fromInvalidate is not a bool")
+    uuid = None
+    event_identifier = None
+    fragment_num = None
+    if not r.at_end():
+        u = r.read()
+        if isinstance(u, Binary) and u.subtype == 4:
+            uuid = uuidlib.UUID(bytes=bytes(u))
+        elif u is not None:
+            raise ValueError("uuid is not BinData subtype 4")
+    if not r.at_end():
+        event_identifier = r.read()
+        if not isinstance(event_identifier, dict):
+            raise ValueError("eventIdentifier is not an object")
+    if not r.at_end() and version >= 2:
+        fragment_num = r.read()
+    if not r.at_end():
+        raise _bad(40646, "invalid oversized resume token")
+    r.finish()
+    return ResumeTokenData(ts, version, token_type, txn_op_index, from_invalidate, uuid, event_identifier,
+                           fragment_num)
+
+
+def high_water_mark(cluster_time: Timestamp, version: int = DEFAULT_VERSION) -> dict[str, Any]:
+    """The high-water-mark token a stream reports for "nothing before `cluster_time` is left"."""
+    return encode_token(ResumeTokenData(cluster_time, version, HIGH_WATER_MARK))
+
+
+def token_sort_key(token: Mapping[str, Any]) -> bytes:
+    """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never counts)."""
+    return binascii.unhexlify(token["_data"])
+
+
+def type_bits_b64(token: Mapping[str, Any]) -> str | None:
+    bits = token.get("_typeBits")
+    return base64.b64encode(bytes(bits)).decode() if bits is not None else None

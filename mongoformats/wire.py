@@ -1,0 +1,372 @@
+"""MongoDB wire messages: OP_MSG, the legacy OP_QUERY/OP_REPLY handshake pair, OP_COMPRESSED.
+
+Strategy: sans-IO. `MessageFramer.receive_data(bytes)` buffers; `next_message()` returns one
+decoded message or `NEED_DATA`. Encoders are plain functions returning bytes. BSON payloads are
+never decoded here: they stay `bytes` (the caller wraps them in `RawBSONDocument` when it needs a
+field), so a pass-through proxy copies bytes and nothing else.
+
+Spec: https://github.com/mongodb/specifications/blob/master/source/message/OP_MSG.md and
+https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/ (header, OP_QUERY, OP_REPLY,
+OP_COMPRESSED). Limits follow pymongo's receive_message: 16 < length <= maxMessageSizeBytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Final
+
+import crc32c
+
+from mongoformats.errors import ProtocolError
+
+__all__ = [
+    "NEED_DATA", "OP_MSG", "OP_QUERY", "OP_REPLY", "OP_COMPRESSED",
+    "FLAG_CHECKSUM_PRESENT", "FLAG_MORE_TO_COME", "FLAG_EXHAUST_ALLOWED",
+    "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "COMPRESSOR_IDS",
+    "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
+    "encode_op_msg", "encode_op_reply", "encode_op_query", "compress", "decode_message",
+]
+
+OP_REPLY: Final = 1
+OP_QUERY: Final = 2004
+OP_COMPRESSED: Final = 2012
+OP_MSG: Final = 2013
+
+FLAG_CHECKSUM_PRESENT: Final = 1 << 0
+FLAG_MORE_TO_COME: Final = 1 << 1
+FLAG_EXHAUST_ALLOWED: Final = 1 << 16
+# Bits 0-15 are "required": a receiver must reject unknown ones (OP_MSG.md, flagBits).
+_KNOWN_REQUIRED_FLAGS: Final = FLAG_CHECKSUM_PRESENT | FLAG_MORE_TO_COME
+
+MAX_MESSAGE_SIZE: Final = 48_000_000
+MAX_BSON_SIZE: Final = 16 * 1024 * 1024
+HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
+_I32 = struct.Struct("<i")
+_U32 = struct.Struct("<I")
+
+COMPRESSOR_IDS: Final = {"noop": 0, "snappy": 1, "zlib": 2, "zstd": 3}
+_COMPRESSOR_NAMES: Final = {v: k for k, v in COMPRESSOR_IDS.items()}
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class OpMsg:
+    """OP_MSG. `body` is the raw kind-0 BSON document; `sequences` maps identifier -> raw documents."""
+
+    request_id: int
+    response_to: int
+    flags: int
+    body: bytes
+    sequences: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
+    # The compressor the message arrived with ("zlib", ...), so a reply can use the same one.
+    compressor: str | None = None
+
+    @property
+    def more_to_come(self) -> bool:
+        return bool(self.flags & FLAG_MORE_TO_COME)
+
+    @property
+    def exhaust_allowed(self) -> bool:
+        return bool(self.flags & FLAG_EXHAUST_ALLOWED)
+
+
+@dataclass(frozen=True, slots=True)
+class OpQuery:
+    """Legacy OP_QUERY: accepted only for the first `isMaster`/`hello` of old drivers and mongosh."""
+
+    request_id: int
+    response_to: int
+    flags: int
+    full_collection_name: str
+    number_to_skip: int
+    number_to_return: int
+    query: bytes
+    fields: bytes | None = None
+    compressor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpReply:
+    request_id: int
+    response_to: int
+    response_flags: int
+    cursor_id: int
+    starting_from: int
+    documents: tuple[bytes, ...] = field(default=())
+    compressor: str | None = None
+
+
+Message = OpMsg | OpQuery | OpReply
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding (pure functions over one complete message)
+
+
+def _bson_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[bytes, int]:
+    """The BSON document starting at `pos`, checked against the frame end; returns (doc, next_pos)."""
+    if end - pos < 5:
+        raise ProtocolError("truncated BSON document")
+    (size,) = _I32.unpack_from(buf, pos)
+    if size < 5 or pos + size > end or size > MAX_BSON_SIZE + 16 * 1024:
+        raise ProtocolError(f"invalid BSON document length {size}")
+    if buf[pos + size - 1] != 0:
+        raise ProtocolError("BSON document is not NUL-terminated")
+    return bytes(buf[pos : pos + size]), pos + size
+
+
+def _cstring_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[str, int]:
+    raw = bytes(buf[pos:end])
+    nul = raw.find(b"\x00")
+    if nul < 0:
+        raise ProtocolError("unterminated C string")
+    try:
+        return raw[:nul].decode(), pos + nul + 1
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("C string is not valid UTF-8") from exc
+
+
+def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpMsg:
+    # `data` is the whole message, header included; checksums cover header..sections.
+    end = len(data)
+    if end < HEADER.size + 4 + 1:
+        raise ProtocolError("OP_MSG too short")
+    (flags,) = _U32.unpack_from(data, HEADER.size)
+    if flags & 0xFFFF & ~_KNOWN_REQUIRED_FLAGS:
+        raise ProtocolError(f"OP_MSG has unknown required flag bits {flags & 0xFFFF:#x}")
+    if flags & FLAG_CHECKSUM_PRESENT:
+        if end < HEADER.size + 4 + 4 + 1:
+            raise ProtocolError("OP_MSG too short for its checksum")
+        end -= 4
+        (expected,) = _U32.unpack_from(data, end)
+        if crc32c.crc32c(data[:end]) != expected:
+            raise ProtocolError("OP_MSG checksum mismatch")
+    pos = HEADER.size + 4
+    body: bytes | None = None
+    sequences: list[tuple[str, tuple[bytes, ...]]] = []
+    while pos < end:
+        kind = data[pos]
+        pos += 1
+        if kind == 0:
+            if body is not None:
+                raise ProtocolError("OP_MSG has more than one kind-0 section")
+            body, pos = _bson_at(data, pos, end)
+        elif kind == 1:
+            if end - pos < 4:
+                raise ProtocolError("truncated document sequence")
+            (size,) = _I32.unpack_from(data, pos)
+            seq_end = pos + size
+            if size < 5 or seq_end > end:
+                raise ProtocolError(f"invalid document sequence length {size}")
+            ident, p = _cstring_at(data, pos + 4, seq_end)
+            docs = []
+            while p < seq_end:
+                doc, p = _bson_at(data, p, seq_end)
+                docs.append(doc)
+            sequences.append((ident, tuple(docs)))
+            pos = seq_end
+        else:
+            raise ProtocolError(f"unknown OP_MSG section kind {kind}")
+    if body is None:
+        raise ProtocolError("OP_MSG has no kind-0 section")
+    return OpMsg(request_id, response_to, flags, body, tuple(sequences), compressor)
+
+
+def _decode_op_query(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpQuery:
+    end = len(data)
+    pos = HEADER.size
+    if end - pos < 4:
+        raise ProtocolError("OP_QUERY too short")
+    (flags,) = _I32.unpack_from(data, pos)
+    name, pos = _cstring_at(data, pos + 4, end)
+    if end - pos < 8:
+        raise ProtocolError("OP_QUERY too short")
+    skip, nret = struct.unpack_from("<ii", data, pos)
+    query, pos = _bson_at(data, pos + 8, end)
+    fields = None
+    if pos < end:
+        fields, pos = _bson_at(data, pos, end)
+    if pos != end:
+        raise ProtocolError("trailing bytes after OP_QUERY")
+    return OpQuery(request_id, response_to, flags, name, skip, nret, query, fields, compressor)
+
+
+def _decode_op_reply(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpReply:
+    end = len(data)
+    pos = HEADER.size
+    if end - pos < 20:
+        raise ProtocolError("OP_REPLY too short")
+    rflags, cursor_id, start, nret = struct.unpack_from("<iqii", data, pos)
+    pos += 20
+    docs = []
+    for _ in range(max(nret, 0)):
+        doc, pos = _bson_at(data, pos, end)
+        docs.append(doc)
+    if pos != end:
+        raise ProtocolError("OP_REPLY numberReturned does not match its documents")
+    return OpReply(request_id, response_to, rflags, cursor_id, start, tuple(docs), compressor)
+
+
+_DECODERS: Final = {OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply}
+
+
+def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
+    name = _COMPRESSOR_NAMES.get(compressor_id)
+    try:
+        if name == "noop":
+            out = payload
+        elif name == "zlib":
+            d = zlib.decompressobj()
+            out = d.decompress(payload, size + 1)
+        elif name == "snappy":
+            import cramjam
+
+            out = bytes(cramjam.snappy.decompress_raw(payload))
+        elif name == "zstd":
+            import zstandard
+
+            out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=size + 1)
+        else:
+            raise ProtocolError(f"unknown compressor id {compressor_id}")
+    except ProtocolError:
+        raise
+    except Exception as exc:  # each library raises its own error type for corrupt input
+        raise ProtocolError(f"cannot decompress {name} payload: {exc}") from exc
+    if len(out) != size:
+        raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} does not match {len(out)}")
+    return out
+
+
+def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
+    """Decode one complete message (`data` is exactly one frame, header included)."""
+    if len(data) < HEADER.size:
+        raise ProtocolError("message shorter than its header")
+    length, request_id, response_to, op_code = HEADER.unpack_from(data, 0)
+    if length != len(data):
+        raise ProtocolError("message length does not match its frame")
+    compressor = None
+    if op_code == OP_COMPRESSED:
+        if length < HEADER.size + 9:
+            raise ProtocolError("OP_COMPRESSED too short")
+        original, size, cid = struct.unpack_from("<iiB", data, HEADER.size)
+        if size < 0 or size + HEADER.size > max_size:
+            raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} out of range")
+        if original == OP_COMPRESSED:
+            raise ProtocolError("OP_COMPRESSED cannot wrap OP_COMPRESSED")
+        inner = _decompress(cid, data[HEADER.size + 9 :], size)
+        compressor = _COMPRESSOR_NAMES[cid]
+        op_code = original
+        data = HEADER.pack(HEADER.size + size, request_id, response_to, original) + inner
+    decoder = _DECODERS.get(op_code)
+    if decoder is None:
+        raise ProtocolError(f"unsupported opCode {op_code}")
+    return decoder(request_id, response_to, data, compressor)
+
+
+class MessageFramer:
+    """Incremental framer: feed bytes, pull whole messages.
+
+    `receive_data(b"")` marks EOF; after it, `next_message()` raises ProtocolError if a partial
+    frame is left (the peer closed mid-message) and returns NEED_DATA on a clean boundary.
+    """
+
+    def __init__(self, *, max_size: int = MAX_MESSAGE_SIZE) -> None:
+        self._buf = bytearray()
+        self._max_size = max_size
+        self._eof = False
+
+    def receive_data(self, data: bytes) -> None:
+        if not data:
+            self._eof = True
+        self._buf += data
+
+    @property
+    def trailing_data(self) -> bytes:
+        return bytes(self._buf)
+
+    def next_message(self) -> Message | _NeedData:
+        buf = self._buf
+        if len(buf) >= 4:
+            (length,) = _I32.unpack_from(buf, 0)
+            # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
+            if length <= HEADER.size or length > self._max_size:
+                raise ProtocolError(f"message length {length} out of range (16, {self._max_size}]")
+            if len(buf) >= length:
+                frame = bytes(buf[:length])
+                del buf[:length]
+                return decode_message(frame, max_size=self._max_size)
+        if self._eof and buf:
+            raise ProtocolError("connection closed in the middle of a message")
+        return NEED_DATA
+
+
+# ---------------------------------------------------------------------------------------------
+# encoding
+
+
+def encode_op_msg(
+    request_id: int,
+    response_to: int,
+    body: bytes,
+    *,
+    flags: int = 0,
+    sequences: tuple[tuple[str, tuple[bytes, ...]], ...] = (),
+) -> bytes:
+    parts = [_U32.pack(flags & ~FLAG_CHECKSUM_PRESENT), b"\x00", body]
+    for ident, docs in sequences:
+        payload = ident.encode() + b"\x00" + b"".join(docs)
+        parts += [b"\x01", _I32.pack(len(payload) + 4), payload]
+    payload = b"".join(parts)
+    header = HEADER.pack(HEADER.size + len(payload) + (4 if flags & FLAG_CHECKSUM_PRESENT else 0),
+                         request_id, response_to, OP_MSG)
+    if flags & FLAG_CHECKSUM_PRESENT:
+        payload = _U32.pack(flags) + payload[4:]
+        return header + payload + _U32.pack(crc32c.crc32c(header + payload))
+    return header + payload
+
+
+def encode_op_reply(request_id: int, response_to: int, documents: tuple[bytes, ...], *,
+                    response_flags: int = 8, cursor_id: int = 0, starting_from: int = 0) -> bytes:
+    # response_flags 8 = AwaitCapable, which every modern server sets on OP_REPLY.
+    payload = struct.pack("<iqii", response_flags, cursor_id, starting_from, len(documents)) + b"".join(documents)
+    return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_REPLY) + payload
+
+
+def encode_op_query(request_id: int, full_collection_name: str, query: bytes, *,
+                    flags: int = 0, number_to_skip: int = 0, number_to_return: int = -1) -> bytes:
+    payload = (_I32.pack(flags) + full_collection_name.encode() + b"\x00"
+               + struct.pack("<ii", number_to_skip, number_to_return) + query)
+    return HEADER.pack(HEADER.size + len(payload), request_id, 0, OP_QUERY) + payload
+
+
+def compress(message: bytes, compressor: str, *, level: int = -1) -> bytes:
+    """Wrap an encoded message in OP_COMPRESSED with `compressor` ("zlib", "snappy", "zstd", "noop")."""
+    length, request_id, response_to, op_code = HEADER.unpack_from(message, 0)
+    inner = message[HEADER.size:]
+    if compressor == "zlib":
+        packed = zlib.compress(inner, level)
+    elif compressor == "snappy":
+        import cramjam
+
+        packed = bytes(cramjam.snappy.compress_raw(inner))
+    elif compressor == "zstd":
+        import zstandard
+
+        packed = zstandard.ZstdCompressor().compress(inner)
+    elif compressor == "noop":
+        packed = inner
+    else:
+        raise ValueError(f"unknown compressor {compressor!r}")
+    payload = struct.pack("<iiB", op_code, len(inner), COMPRESSOR_IDS[compressor]) + packed
+    return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_COMPRESSED) + payload

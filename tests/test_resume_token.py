@@ -1,0 +1,117 @@
+"""Resume tokens: the public examples byte for byte, and a property test of round trip and order."""
+
+import uuid
+
+import pytest
+from bson import Binary, Int64, ObjectId, Timestamp
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mongoformats.errors import MongoError
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    HIGH_WATER_MARK,
+    ResumeTokenData,
+    decode_token,
+    encode_token,
+    high_water_mark,
+    token_sort_key,
+)
+
+# MongoDB manual, "Resume Tokens from Change Events" (v2 insert); also quoted in Debezium's SourceInfoTest.
+MANUAL_V2_INSERT = (
+    "82635019A0000000012B042C0100296E5A1004AB1154ACACD849A48C61756D70D3B21F463C6F7065726174696F6E5479706500"
+    "3C696E736572740046646F63756D656E744B65790046645F69640064635019A078BE67426D7CF4D2000004"
+)
+# shared/reference/mongodb-formats.md A.8: a v0 insert token.
+SEED_V0 = "825F156B3F0000000229295A1004C982483732384D28AE57C6500C6018BF46645F696400645F156B3F0DE1FAAEF1B3DF830004"
+
+
+def test_manual_v2_insert_token():
+    data = decode_token({"_data": MANUAL_V2_INSERT})
+    assert data == ResumeTokenData(
+        Timestamp(1666193824, 1), 2, EVENT_TOKEN, 0, False, uuid.UUID("ab1154ac-acd8-49a4-8c61-756d70d3b21f"),
+        {"operationType": "insert", "documentKey": {"_id": ObjectId("635019a078be67426d7cf4d2")}})
+    assert encode_token(data) == {"_data": MANUAL_V2_INSERT}
+
+
+def test_seed_v0_token():
+    data = decode_token({"_data": SEED_V0})
+    assert data.version == 0 and data.event_identifier == {"_id": ObjectId("5f156b3f0de1faaef1b3df83")}
+    assert encode_token(data) == {"_data": SEED_V0}
+
+
+def test_high_water_marks():
+    # Both quoted in mongodb-formats.md A.2 (v2 from mongo docs/change_streams.md).
+    assert high_water_mark(Timestamp(1773154695, 2)) == {"_data": "8269B03187000000022B0429296E1404"}
+    assert high_water_mark(Timestamp(1, 0), version=1) == {"_data": "8200000001000000002B0229296E04"}
+
+
+def test_type_bits_for_double_key():
+    # {_id: 3.0}: bit 7 set after six header bits and one string bit -> serialized 82 80 00 ("goAA").
+    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                          "documentKey": {"_id": 3.0}}))
+    assert bytes(tok["_typeBits"]) == b"\x82\x80\x00"
+    assert decode_token(tok).event_identifier["documentKey"]["_id"] == 3.0
+    assert type(decode_token(tok).event_identifier["documentKey"]["_id"]) is float
+
+
+@pytest.mark.parametrize("token,code", [
+    ({"_data": 5}, 40647),
+    ({"_data": "XYZ"}, 9),
+    ({"_data": "8200000001000000002B0629296E04"}, 50795),
+    ({"_data": "8269B03187000000022B0429296E1404", "_typeBits": Binary(b"\x01", 3)}, 40648),
+])
+def test_malformed_tokens_use_server_codes(token, code):
+    with pytest.raises(MongoError) as info:
+        decode_token(token)
+    assert info.value.code == code
+
+
+scalar = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**62), 2**62).map(Int64),
+    st.integers(-(2**52), 2**52).map(float),
+    st.text(max_size=8),
+    st.binary(min_size=12, max_size=12).map(ObjectId),
+    st.booleans(),
+    st.none(),
+)
+doc_key = st.dictionaries(st.text(min_size=1, max_size=5).filter(lambda s: "\x00" not in s), scalar, min_size=1,
+                          max_size=3)
+timestamps = st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+tokens = st.builds(
+    ResumeTokenData,
+    cluster_time=timestamps,
+    version=st.just(2),
+    token_type=st.sampled_from([HIGH_WATER_MARK, EVENT_TOKEN]),
+    txn_op_index=st.integers(0, 2**31 - 1),
+    from_invalidate=st.booleans(),
+    uuid=st.uuids() | st.none(),
+    event_identifier=st.one_of(st.none(), doc_key.map(lambda k: {"operationType": "insert", "documentKey": k})),
+)
+
+
+def _same(a, b):
+    # Equality that also compares BSON types (1 == 1.0 == Int64(1) in Python).
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@given(tokens)
+def test_round_trip(data):
+    back = decode_token(encode_token(data))
+    assert back == data and _same(back.event_identifier, data.event_identifier)
+
+
+@given(tokens, tokens)
+def test_byte_order_is_logical_order(a, b):
+    def logical(t):
+        return (t.cluster_time.time, t.cluster_time.inc, t.version, t.token_type, t.txn_op_index,
+                t.from_invalidate)
+    ka, kb = token_sort_key(encode_token(a)), token_sort_key(encode_token(b))
+    if logical(a) != logical(b):
+        assert (ka < kb) == (logical(a) < logical(b))
+    # _data strings order the same way as their bytes (uppercase hex).
+    assert (ka < kb) == (encode_token(a)["_data"] < encode_token(b)["_data"])

@@ -1,0 +1,94 @@
+"""Wire framing: every decoder on the whole input, one byte at a time, and with trailing bytes."""
+
+import struct
+
+import bson
+import pytest
+
+from mongoformats import wire
+from mongoformats.errors import ProtocolError
+
+BODY = bson.encode({"insert": "c", "$db": "test"})
+DOCS = (bson.encode({"_id": 1}), bson.encode({"_id": 2, "x": "y"}))
+
+
+def frames():
+    yield wire.encode_op_msg(7, 0, BODY)
+    yield wire.encode_op_msg(8, 3, BODY, flags=wire.FLAG_MORE_TO_COME, sequences=(("documents", DOCS),))
+    yield wire.encode_op_msg(9, 0, BODY, flags=wire.FLAG_CHECKSUM_PRESENT)
+    yield wire.encode_op_query(10, "admin.$cmd", bson.encode({"isMaster": 1}))
+    yield wire.encode_op_reply(11, 10, (bson.encode({"ismaster": True, "ok": 1.0}),))
+    for comp in ("zlib", "snappy", "zstd", "noop"):
+        yield wire.compress(wire.encode_op_msg(12, 0, BODY, sequences=(("documents", DOCS),)), comp)
+
+
+def feed(chunks):
+    framer = wire.MessageFramer()
+    out = []
+    for chunk in chunks:
+        framer.receive_data(chunk)
+        while (msg := framer.next_message()) is not wire.NEED_DATA:
+            out.append(msg)
+    return out, framer
+
+
+@pytest.mark.parametrize("frame", list(frames()))
+def test_whole_bytewise_and_trailing(frame):
+    whole, _ = feed([frame])
+    bytewise, _ = feed([frame[i : i + 1] for i in range(len(frame))])
+    assert whole == bytewise and len(whole) == 1
+    trailing, framer = feed([frame + b"\x10\x00"])
+    assert trailing == whole
+    assert framer.trailing_data == b"\x10\x00"
+
+
+def test_op_msg_fields_round_trip():
+    [msg], _ = feed([wire.encode_op_msg(8, 3, BODY, flags=wire.FLAG_MORE_TO_COME, sequences=(("documents", DOCS),))])
+    assert isinstance(msg, wire.OpMsg)
+    assert (msg.request_id, msg.response_to, msg.more_to_come, msg.body) == (8, 3, True, BODY)
+    assert msg.sequences == (("documents", DOCS),)
+
+
+def test_compressed_remembers_compressor():
+    [msg], _ = feed([wire.compress(wire.encode_op_msg(1, 0, BODY), "zlib")])
+    assert msg.compressor == "zlib" and msg.body == BODY
+
+
+def test_op_query_and_reply_fields():
+    [q], _ = feed([wire.encode_op_query(5, "admin.$cmd", BODY)])
+    assert isinstance(q, wire.OpQuery) and q.full_collection_name == "admin.$cmd" and q.query == BODY
+    [r], _ = feed([wire.encode_op_reply(6, 5, DOCS)])
+    assert isinstance(r, wire.OpReply) and r.documents == DOCS and r.response_to == 5
+
+
+def _mutate(frame: bytes, offset: int, value: bytes) -> bytes:
+    return frame[:offset] + value + frame[offset + len(value):]
+
+
+BAD = {
+    "length too small": struct.pack("<iiii", 16, 1, 0, 2013),
+    "length too large": struct.pack("<iiii", 48_000_001, 1, 0, 2013),
+    "unknown opcode": struct.pack("<iiii", 21, 1, 0, 9999) + b"\x00" * 5,
+    "bad checksum": _mutate(wire.encode_op_msg(9, 0, BODY, flags=wire.FLAG_CHECKSUM_PRESENT), 24, b"\xff"),
+    "unknown required flag": _mutate(wire.encode_op_msg(1, 0, BODY), 16, struct.pack("<I", 1 << 4)),
+    "unknown section kind": _mutate(wire.encode_op_msg(1, 0, BODY), 20, b"\x07"),
+    "bson length past frame": _mutate(wire.encode_op_msg(1, 0, BODY), 21, struct.pack("<i", 9999)),
+    "no kind-0 section": struct.pack("<iiiiI", 20, 1, 0, 2013, 0),
+    "compressed garbage": struct.pack("<iiiiiiB", 30, 1, 0, 2012, 2013, 10, 2) + b"garbage!",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_frames_raise_protocol_error(name):
+    with pytest.raises(ProtocolError):
+        feed([BAD[name]])
+
+
+def test_eof_mid_message():
+    frame = wire.encode_op_msg(1, 0, BODY)
+    framer = wire.MessageFramer()
+    framer.receive_data(frame[:10])
+    assert framer.next_message() is wire.NEED_DATA
+    framer.receive_data(b"")
+    with pytest.raises(ProtocolError):
+        framer.next_message()
