@@ -1,0 +1,36 @@
+"""`simcluster --shards 3 --port 27017`: run a simulated sharded cluster and print its addresses."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import trio
+
+from simcluster.cluster import open_cluster
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="simcluster", description=__doc__)
+    parser.add_argument("--shards", type=int, default=3)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
+    parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
+    parser.add_argument("--oplog-mb", type=int, default=1024)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+
+    async def run() -> None:
+        async with open_cluster(shards=args.shards, host=args.host, port=args.port, version=args.version,
+                                oplog_bytes=args.oplog_mb << 20) as cluster:
+            print(cluster.describe(), flush=True)
+            await trio.sleep_forever()
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

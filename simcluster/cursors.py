@@ -1,0 +1,97 @@
+"""Server-side cursors: a materialized result list, or a tailable awaitData cursor on the oplog."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from bson import Int64
+
+from mongoformats.errors import MongoError
+
+DEFAULT_AWAIT_MS = 1000  # the server's default await time for a tailable getMore
+
+
+@dataclass
+class Cursor:
+    ns: str
+    # A list cursor: documents not yet returned. A tailable cursor: `fetch(max_docs, deadline)`.
+    docs: list[Any] = field(default_factory=list)
+    fetch: Callable[[int, float], Awaitable[list[Any]]] | None = None
+    tailable: bool = False
+    await_data: bool = False
+    lsid: bytes | None = None
+    # Extra cursor-reply fields computed per batch (change streams: postBatchResumeToken).
+    extra: Callable[[], dict[str, Any]] | None = None
+    busy: bool = False
+
+
+class CursorManager:
+    """Cursor ids belong to one server; ids are random non-zero int64s, as the server's are."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._cursors: dict[int, Cursor] = {}
+        self._rng = random.Random(seed)
+        self._counter = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._cursors)
+
+    def register(self, cursor: Cursor) -> int:
+        cid = (self._rng.getrandbits(62) << 1) | 1
+        self._cursors[cid] = cursor
+        return cid
+
+    def get(self, cid: int, ns: str) -> Cursor:
+        cur = self._cursors.get(cid)
+        if cur is None:
+            raise MongoError("CursorNotFound", f"cursor id {cid} not found")
+        if cur.ns != ns:
+            raise MongoError("Unauthorized", f"Requested getMore on namespace '{ns}', but cursor belongs to a "
+                             f"different namespace {cur.ns}")
+        return cur
+
+    def kill(self, cid: int) -> bool:
+        return self._cursors.pop(cid, None) is not None
+
+    async def first_batch(self, cursor: Cursor, batch_size: int | None) -> dict[str, Any]:
+        cid = self.register(cursor)
+        return await self._batch(cid, cursor, batch_size if batch_size is not None else 101, "firstBatch",
+                                 None, first=True)
+
+    async def get_more(self, cid: int, ns: str, batch_size: int | None, max_time_ms: int | None) -> dict[str, Any]:
+        cursor = self.get(cid, ns)
+        if max_time_ms is not None and not cursor.await_data:
+            raise MongoError("BadValue", "cannot set maxTimeMS on getMore command for a non-awaitData cursor")
+        if cursor.busy:
+            raise MongoError("CursorInUse", f"cursor id {cid} is already in use")
+        return await self._batch(cid, cursor, batch_size or 0, "nextBatch", max_time_ms)
+
+    async def _batch(self, cid: int, cursor: Cursor, batch_size: int, key: str, max_time_ms: int | None,
+                     first: bool = False) -> dict[str, Any]:
+        limit = batch_size if batch_size > 0 else 1 << 30
+        if cursor.fetch is not None:
+            cursor.busy = True
+            try:
+                await_ms = 0 if first or not cursor.await_data else (
+                    max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
+                batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
+            except MongoError:
+                self.kill(cid)
+                raise
+            finally:
+                cursor.busy = False
+            alive = True
+        else:
+            batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]
+            alive = bool(cursor.docs)
+        if not alive:
+            self.kill(cid)
+        out: dict[str, Any] = {"id": Int64(cid if alive else 0), "ns": cursor.ns, key: batch}
+        if cursor.extra is not None:
+            out.update(cursor.extra())
+        return out

@@ -1,0 +1,413 @@
+"""The router (mongos) and the config metadata it keeps: databases, sharded collections, chunks.
+
+Strategy: the router calls its shards in-process (one trio process hosts the cluster), targeting
+by shard key like mongos: an insert goes to the chunk owning its key; reads and multi-writes whose
+filter pins the whole shard key go to one shard, the rest are scatter-gather.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson import Binary, Int64, MaxKey, MinKey, Timestamp
+
+from mongoformats.errors import MongoError
+from simcluster import query as q
+from simcluster.aggregate import run_pipeline
+from simcluster.cursors import Cursor
+from simcluster.node import ShardNode
+from simcluster.oplog import ClusterClock
+from simcluster.server import CommandServer, Request
+
+
+def hashed_value(value: Any) -> Int64:
+    """The int64 a hashed shard key maps a value to (md5 of the value, first 8 bytes, like the server's
+    BSONElementHasher in spirit; exact server hash values are not reproduced)."""
+    digest = hashlib.md5(bson.encode({"": value})).digest()
+    return Int64(struct.unpack("<q", digest[:8])[0])
+
+
+@dataclass
+class Chunk:
+    min: Any
+    max: Any
+    shard: str
+
+
+@dataclass
+class ShardedCollection:
+    ns: str
+    key: dict[str, Any]
+    uuid: uuidlib.UUID
+    unique: bool = False
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def hashed(self) -> bool:
+        return "hashed" in self.key.values()
+
+    def key_point(self, doc: dict[str, Any]) -> Any:
+        f = next(iter(self.key))
+        got = q.get_path(doc, f)
+        v = got[0] if got else None
+        return hashed_value(v) if self.hashed else v
+
+    def owner(self, point: Any) -> str:
+        for c in self.chunks:
+            lo_ok = isinstance(c.min, MinKey) or q.compare(point, c.min) >= 0
+            hi_ok = isinstance(c.max, MaxKey) or q.compare(point, c.max) < 0
+            if lo_ok and hi_ok:
+                return c.shard
+        return self.chunks[-1].shard
+
+
+class Mongos(CommandServer):
+    process_kind = "mongos"
+
+    def __init__(self, clock: ClusterClock, host: str, port: int, shards: dict[str, ShardNode], *,
+                 version: str = "7.0") -> None:
+        super().__init__(clock, host, port, version=version)
+        self.shards = shards
+        self.db_primary: dict[str, str] = {}
+        self.sharded: dict[str, ShardedCollection] = {}
+        self._next_primary = 0
+        self.commands.update({
+            "insert": self.cmd_insert, "update": self.cmd_update, "delete": self.cmd_delete,
+            "find": self.cmd_find, "count": self.cmd_count, "distinct": self.cmd_distinct,
+            "aggregate": self.cmd_aggregate, "findandmodify": self.cmd_find_and_modify,
+            "create": self.cmd_primary_ddl, "createindexes": self.cmd_owners_ddl,
+            "dropindexes": self.cmd_owners_ddl, "collmod": self.cmd_owners_ddl, "drop": self.cmd_drop,
+            "dropdatabase": self.cmd_drop_database, "renamecollection": self.cmd_rename,
+            "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
+            "listindexes": self.cmd_list_indexes, "enablesharding": self.cmd_enable_sharding,
+            "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
+            "movechunk": self.cmd_move_chunk, "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
+            "balancerstatus": self.cmd_balancer_status, "getshardmap": self.cmd_list_shards,
+            "dbstats": self.cmd_db_stats,
+        })
+
+    def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"isWritablePrimary": True, "msg": "isdbgrid"}
+
+    # -- metadata ----------------------------------------------------------------------------------
+
+    def primary_of(self, db: str) -> ShardNode:
+        sid = self.db_primary.get(db)
+        if sid is None:
+            # Real mongos puts a new database on the shard with the least data; round-robin here
+            # spreads databases across shards just as visibly and deterministically.
+            ids = sorted(self.shards)
+            sid = ids[self._next_primary % len(ids)]
+            self._next_primary += 1
+            self.db_primary[db] = sid
+        return self.shards[sid]
+
+    def owners(self, ns: str) -> list[ShardNode]:
+        sc = self.sharded.get(ns)
+        if sc is None:
+            return [self.primary_of(ns.split(".", 1)[0])]
+        return [self.shards[s] for s in sorted(self.shards)]
+
+    def target(self, ns: str, filt: dict[str, Any]) -> list[ShardNode]:
+        sc = self.sharded.get(ns)
+        if sc is None:
+            return self.owners(ns)
+        f = next(iter(sc.key))
+        v = filt.get(f, None) if isinstance(filt, dict) else None
+        if f in filt and not (isinstance(v, dict) and any(str(k).startswith("$") for k in v)):
+            return [self.shards[sc.owner(hashed_value(v) if sc.hashed else v)]]
+        return self.owners(ns)
+
+    def shard_for_doc(self, ns: str, doc: dict[str, Any]) -> ShardNode:
+        sc = self.sharded.get(ns)
+        if sc is None:
+            return self.primary_of(ns.split(".", 1)[0])
+        return self.shards[sc.owner(sc.key_point(doc))]
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['insert']}"
+        raws = cmd.get("$raw_documents")
+        n = 0
+        errors = []
+        for i, doc in enumerate(cmd.get("documents", [])):
+            shard = self.shard_for_doc(ns, doc)
+            try:
+                shard.insert_one(ns, doc, shard._session_fields(cmd, i), raw=raws[i] if raws else None)
+                n += 1
+            except MongoError as exc:
+                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
+                if cmd.get("ordered", True):
+                    break
+        out: dict[str, Any] = {"n": n}
+        if errors:
+            out["writeErrors"] = errors
+        return out
+
+    async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['update']}"
+        n = n_mod = 0
+        upserted, errors = [], []
+        for i, spec in enumerate(cmd.get("updates", [])):
+            try:
+                shards = self.target(ns, spec.get("q", {}))
+                result = {"n": 0, "nModified": 0}
+                for shard in shards:
+                    sub = dict(spec, upsert=False) if len(shards) > 1 else spec
+                    r = shard.update_docs(ns, sub, shard._session_fields(cmd, i))
+                    result["n"] += r["n"]
+                    result["nModified"] += r["nModified"]
+                    upserted += [{"index": i, "_id": u["_id"]} for u in r.get("upserted", [])]
+                    if r["n"] and not spec.get("multi"):
+                        break
+                if not result["n"] and spec.get("upsert") and len(shards) > 1:
+                    new = q.apply_update({k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
+                                         spec["u"], is_insert=True)
+                    shard = self.shard_for_doc(ns, new)
+                    r = shard.update_docs(ns, spec, shard._session_fields(cmd, i))
+                    upserted += [{"index": i, "_id": u["_id"]} for u in r.get("upserted", [])]
+                    result["n"] += r["n"]
+            except MongoError as exc:
+                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
+                if cmd.get("ordered", True):
+                    break
+                continue
+            n += result["n"]
+            n_mod += result["nModified"]
+        out: dict[str, Any] = {"n": n, "nModified": n_mod}
+        if upserted:
+            out["upserted"] = upserted
+        if errors:
+            out["writeErrors"] = errors
+        return out
+
+    async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['delete']}"
+        n = 0
+        for i, spec in enumerate(cmd.get("deletes", [])):
+            limit = spec.get("limit", 0)
+            for shard in self.target(ns, spec.get("q", {})):
+                got = shard.delete_docs(ns, spec.get("q", {}), limit, shard._session_fields(cmd, i))
+                n += got
+                if got and limit:
+                    break
+        return {"n": n}
+
+    async def cmd_find_and_modify(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['findAndModify']}"
+        shards = self.target(ns, cmd.get("query", {}))
+        for shard in shards:
+            if shard.select(ns, cmd.get("query", {}), limit=1):
+                return await shard.cmd_find_and_modify(db, cmd, req)
+        if cmd.get("upsert"):
+            new = q.apply_update({k: v for k, v in cmd.get("query", {}).items() if not k.startswith("$")},
+                                 cmd.get("update", {}), is_insert=True)
+            return await self.shard_for_doc(ns, new).cmd_find_and_modify(db, cmd, req)
+        return {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def gather(self, ns: str, filt: dict[str, Any]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for shard in self.target(ns, filt):
+            out += shard.select(ns, filt)
+        return out
+
+    async def cmd_find(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['find']}"
+        docs = self.gather(ns, cmd.get("filter", {}))
+        if cmd.get("sort"):
+            docs = q.sort_docs(docs, cmd["sort"])
+        docs = docs[cmd.get("skip", 0):]
+        if cmd.get("limit"):
+            docs = docs[: abs(cmd["limit"])]
+        docs = [q.project(d, cmd.get("projection")) for d in docs]
+        if cmd.get("singleBatch"):
+            docs = docs[: cmd.get("batchSize", 101) or None]
+        return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
+
+    async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        docs = self.gather(f"{db}.{cmd['count']}", cmd.get("query") or {})
+        docs = docs[cmd.get("skip", 0):]
+        return {"n": min(len(docs), cmd["limit"]) if cmd.get("limit") else len(docs)}
+
+    async def cmd_distinct(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        values: list[Any] = []
+        for d in self.gather(f"{db}.{cmd['distinct']}", cmd.get("query") or {}):
+            for v in q.get_path(d, cmd["key"]):
+                for item in v if isinstance(v, list) else [v]:
+                    if all(q.compare(item, x) != 0 for x in values):
+                        values.append(item)
+        return {"values": values}
+
+    async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        coll = cmd["aggregate"]
+        pipeline = cmd.get("pipeline", [])
+        if pipeline and "$changeStream" in pipeline[0]:
+            from simcluster.native_stream import open_native_stream
+
+            return await open_native_stream(self, db, cmd)
+        ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
+        first_match = pipeline[0].get("$match", {}) if pipeline else {}
+        docs = self.gather(ns, first_match) if isinstance(coll, str) else []
+        out = run_pipeline(docs, pipeline)
+        return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
+
+    # -- DDL ---------------------------------------------------------------------------------------
+
+    async def cmd_primary_ddl(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        name = next(iter(cmd)).lower()
+        shard = self.primary_of(db)
+        return await shard.commands[name](db, cmd, req)
+
+    async def cmd_owners_ddl(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        name = next(iter(cmd))
+        ns = f"{db}.{cmd[name]}"
+        reply: dict[str, Any] = {}
+        for shard in self.owners(ns):
+            sc = self.sharded.get(ns)
+            sub = dict(cmd, collectionUUID=Binary(sc.uuid.bytes, 4)) if sc and name == "createIndexes" else cmd
+            reply = await shard.commands[name.lower()](db, sub, req)
+        return reply
+
+    async def cmd_drop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['drop']}"
+        reply: dict[str, Any] = {}
+        for shard in self.owners(ns):
+            reply = await shard.cmd_drop(db, cmd, req)
+        self.sharded.pop(ns, None)
+        for shard in self.shards.values():
+            shard.shard_keys.pop(ns, None)
+        return reply
+
+    async def cmd_drop_database(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        for shard in self.shards.values():
+            if db in shard.dbs or self.db_primary.get(db) == shard.set_name:
+                await shard.cmd_drop_database(db, cmd, req)
+        for ns in [n for n in self.sharded if n.startswith(db + ".")]:
+            del self.sharded[ns]
+        self.db_primary.pop(db, None)
+        return {"dropped": db}
+
+    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        src = cmd["renameCollection"]
+        if src in self.sharded:
+            raise MongoError("IllegalOperation", "renameCollection of a sharded collection is not supported by simcluster")
+        return await self.primary_of(src.split(".", 1)[0]).cmd_rename(db, cmd, req)
+
+    async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        names = sorted({n for s in self.shards.values() for n in s.dbs})
+        dbs = [{"name": n, "sizeOnDisk": Int64(4096), "empty": False} for n in names]
+        if cmd.get("nameOnly"):
+            dbs = [{"name": n} for n in names]
+        return {"databases": dbs, "totalSize": Int64(4096 * len(dbs))}
+
+    async def cmd_list_collections(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return await self.primary_of(db).cmd_list_collections(db, cmd, req)
+
+    async def cmd_list_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['listIndexes']}"
+        return await self.owners(ns)[0].cmd_list_indexes(db, cmd, req)
+
+    async def cmd_db_stats(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        objects = sum(len(c.docs) for s in self.shards.values() for c in s.dbs.get(db, {}).values())
+        return {"db": db, "objects": objects, "raw": {}}
+
+    # -- sharding ----------------------------------------------------------------------------------
+
+    async def cmd_enable_sharding(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        self.primary_of(cmd["enableSharding"])
+        return {}
+
+    async def cmd_list_shards(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if db != "admin":
+            raise MongoError("Unauthorized", "listShards may only be run against the admin database.")
+        return {"shards": [{"_id": sid, "host": f"{s.set_name}/{s.address}", "state": 1,
+                            "topologyTime": Timestamp(1, 1)} for sid, s in sorted(self.shards.items())]}
+
+    async def cmd_balancer_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"mode": "off", "inBalancerRound": False, "numBalancerRounds": Int64(0)}
+
+    async def cmd_shard_collection(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = cmd["shardCollection"]
+        key = dict(cmd["key"])
+        if ns in self.sharded:
+            if self.sharded[ns].key == key:
+                return {"collectionsharded": ns}
+            raise MongoError("AlreadyInitialized", f"sharding already enabled for collection {ns}")
+        dbname = ns.split(".", 1)[0]
+        primary = self.primary_of(dbname)
+        existing = primary.coll(ns)
+        coll_uuid = existing.uuid if existing else uuidlib.uuid4()
+        if existing is None:
+            primary._create(dbname, ns.split(".", 1)[1], {}, coll_uuid)
+        sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")))
+        ids = sorted(self.shards)
+        if sc.hashed and (existing is None or not existing.docs):
+            # An empty hashed collection starts with one chunk per shard (7.0 default).
+            step = 2**64 // len(ids)
+            bounds = [MinKey()] + [Int64(-(2**63) + step * i) for i in range(1, len(ids))] + [MaxKey()]
+            sc.chunks = [Chunk(bounds[i], bounds[i + 1], ids[i]) for i in range(len(ids))]
+        else:
+            sc.chunks = [Chunk(MinKey(), MaxKey(), primary.set_name)]
+        self.sharded[ns] = sc
+        for sid in ids:
+            shard = self.shards[sid]
+            shard.shard_keys[ns] = key
+            if shard is not primary and shard.coll(ns) is None:
+                # Created silently on the other shards: the server does not log these as user DDL.
+                shard.dbs.setdefault(dbname, {})
+                from simcluster.storage import Collection
+
+                shard.dbs[dbname][ns.split(".", 1)[1]] = Collection(ns.split(".", 1)[1], uuid=coll_uuid)
+        o2 = {"shardCollection": ns, "shardKey": key, "unique": sc.unique, "numInitialChunks": Int64(0),
+              "presplitHashedZones": False}
+        primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4))
+        return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
+
+    async def cmd_move_chunk(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = cmd["moveChunk"]
+        sc = self.sharded.get(ns)
+        if sc is None:
+            raise MongoError("NamespaceNotSharded", f"{ns} is not sharded")
+        to = cmd["to"]
+        if to not in self.shards:
+            raise MongoError("ShardNotFound", f"Shard {to} not found")
+        if "find" in cmd:
+            point = sc.key_point(cmd["find"])
+            chunk = next(c for c in sc.chunks if c.shard == sc.owner(point) and
+                         (isinstance(c.min, MinKey) or q.compare(point, c.min) >= 0) and
+                         (isinstance(c.max, MaxKey) or q.compare(point, c.max) < 0))
+        else:
+            lo, hi = cmd["bounds"]
+            f = next(iter(sc.key))
+            chunk = next(c for c in sc.chunks if q.compare(c.min, lo[f]) == 0 or (
+                isinstance(c.min, MinKey) and isinstance(lo[f], MinKey)))
+            del hi
+        if chunk.shard == to:
+            return {"millis": 0}
+        donor, recipient = self.shards[chunk.shard], self.shards[to]
+        had_chunks = any(c.shard == to for c in sc.chunks)
+        if not had_chunks:
+            donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {to} with no chunks "
+                                      "for this collection"},
+                              {"migrateChunkToNewShard": ns, "fromShardId": donor.set_name, "toShardId": to},
+                              Binary(sc.uuid.bytes, 4))
+        moving = []
+        for doc in donor.select(ns, {}):
+            point = sc.key_point(doc)
+            if (isinstance(chunk.min, MinKey) or q.compare(point, chunk.min) >= 0) and (
+                    isinstance(chunk.max, MaxKey) or q.compare(point, chunk.max) < 0):
+                moving.append(doc)
+        for doc in moving:
+            recipient.insert_one(ns, doc, {}, from_migrate=True)
+        for doc in moving:
+            donor.delete_docs(ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+        chunk.shard = to
+        return {"millis": 0}

@@ -1,0 +1,521 @@
+"""A shard replica set's primary (mongod): storage, the oplog each write produces, oplog tailing.
+
+Oplog shapes follow shared/reference/mongodb-formats.md C.1-C.10 (field order op, ns, ui, o, o2,
+session fields, then ts, t, v, wall; inserts carry o2 = documentKey since 5.3; updates log `$v: 2`
+diffs; DDL is `op: "c"` on `<db>.$cmd`; appendOplogNote writes `{op: "n", ns: "", o: data}`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import bson
+from bson import Binary, Int64, ObjectId, Timestamp
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats.change_events import RAW
+from mongoformats.errors import MongoError
+from simcluster import query as q
+from simcluster.cursors import Cursor
+from simcluster.oplog import ClusterClock, Oplog, ts_key
+from simcluster.server import CommandServer, Request
+from simcluster.storage import Collection, id_key
+
+OPLOG_NS = "local.oplog.rs"
+
+
+class ShardNode(CommandServer):
+    """The primary of replica set `set_name`. Secondaries are not simulated yet (see README)."""
+
+    def __init__(self, clock: ClusterClock, host: str, port: int, set_name: str, *, version: str = "7.0",
+                 oplog_bytes: int = 1 << 30, shard_key_of: Any = None) -> None:
+        super().__init__(clock, host, port, version=version)
+        self.set_name = set_name
+        self.oplog = Oplog(clock, cap_bytes=oplog_bytes)
+        self.dbs: dict[str, dict[str, Collection]] = {}
+        self.election_id = ObjectId("7fffffff0000000000000001")
+        # ns -> shard key pattern (set by the router), so o2/documentKey holds shard key + _id.
+        self.shard_keys: dict[str, dict[str, Any]] = {}
+        self.commands.update({
+            "insert": self.cmd_insert, "update": self.cmd_update, "delete": self.cmd_delete,
+            "find": self.cmd_find, "count": self.cmd_count, "distinct": self.cmd_distinct,
+            "aggregate": self.cmd_aggregate, "findandmodify": self.cmd_find_and_modify,
+            "create": self.cmd_create, "drop": self.cmd_drop, "dropdatabase": self.cmd_drop_database,
+            "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
+            "listindexes": self.cmd_list_indexes, "createindexes": self.cmd_create_indexes,
+            "dropindexes": self.cmd_drop_indexes, "collmod": self.cmd_coll_mod,
+            "renamecollection": self.cmd_rename, "appendoplognote": self.cmd_append_oplog_note,
+            "replsetgetstatus": self.cmd_repl_status, "dbstats": self.cmd_db_stats,
+            "collstats": self.cmd_coll_stats,
+        })
+        self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
+
+    # -- identity ----------------------------------------------------------------------------------
+
+    def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        last = self.oplog.last_ts()
+        optime = {"ts": last, "t": Int64(self.oplog.term)}
+        wall = datetime.datetime.fromtimestamp(last.time, datetime.timezone.utc)
+        return {
+            "isWritablePrimary": True, "hosts": [self.address], "setName": self.set_name, "setVersion": 1,
+            "secondary": False, "primary": self.address, "me": self.address, "electionId": self.election_id,
+            "lastWrite": {"opTime": optime, "lastWriteDate": wall, "majorityOpTime": optime,
+                          "majorityWriteDate": wall},
+        }
+
+    async def cmd_repl_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        last = self.oplog.last_ts()
+        optime = {"ts": last, "t": Int64(self.oplog.term)}
+        return {"set": self.set_name, "myState": 1, "term": Int64(self.oplog.term),
+                "optimes": {"lastCommittedOpTime": optime, "appliedOpTime": optime, "durableOpTime": optime},
+                "members": [{"_id": 0, "name": self.address, "health": 1.0, "state": 1, "stateStr": "PRIMARY",
+                             "optime": optime, "self": True}]}
+
+    # -- storage helpers ---------------------------------------------------------------------------
+
+    def coll(self, ns: str, *, create: bool = False, uuid: Any = None) -> Collection | None:
+        db, _, name = ns.partition(".")
+        colls = self.dbs.get(db)
+        if colls is None or name not in colls:
+            if not create:
+                return None
+            return self._create(db, name, {}, uuid)
+        return colls[name]
+
+    def _create(self, db: str, name: str, options: dict[str, Any], uuid: Any = None) -> Collection:
+        if not name or "$" in name or not db:
+            raise MongoError("InvalidNamespace", f"Invalid collection name: {db}.{name}")
+        coll = Collection(name, options=dict(options))
+        if uuid is not None:
+            import uuid as uuidlib
+
+            coll.uuid = uuid if isinstance(uuid, uuidlib.UUID) else uuidlib.UUID(bytes=bytes(uuid))
+        self.dbs.setdefault(db, {})[name] = coll
+        o = {"create": name, **{k: v for k, v in options.items() if k not in ("idIndex",)},
+             "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}
+        if "viewOn" in options:
+            o.pop("idIndex")
+        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": o})
+        return coll
+
+    def document_key(self, ns: str, doc: dict[str, Any]) -> dict[str, Any]:
+        key = self.shard_keys.get(ns)
+        out: dict[str, Any] = {}
+        if key:
+            for f in key:
+                if f != "_id":
+                    got = q.get_path(doc, f)
+                    out[f] = got[0] if got else None
+        out["_id"] = doc["_id"]
+        return out
+
+    def _session_fields(self, cmd: dict[str, Any], stmt_id: int) -> dict[str, Any]:
+        if "lsid" not in cmd or "txnNumber" not in cmd:
+            return {}
+        return {"lsid": cmd["lsid"] | {"uid": Binary(b"\xe3\xb0\xc4B\x98\xfc\x1c\x14\x9a\xfb\xf4\xc8\x99o\xb9$'\xaeA\xe4d"
+                                                     b"\x9b\x93L\xa4\x95\x99\x1bxR\xb8U", 0)},
+                "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
+                "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def insert_one(self, ns: str, doc: dict[str, Any], session: dict[str, Any], *, from_migrate: bool = False,
+                   raw: bytes | None = None) -> None:
+        coll = self.coll(ns, create=True)
+        assert coll is not None
+        if "_id" not in doc:
+            doc = {"_id": ObjectId(), **doc}
+            raw = None
+        coll.check_unique(doc, ns)
+        coll.put(doc)
+        entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": coll.ui,
+                                 "o": RawBSONDocument(raw, RAW) if raw is not None else doc,
+                                 "o2": self.document_key(ns, doc)}
+        entry.update(session)
+        if from_migrate:
+            entry["fromMigrate"] = True
+        self.oplog.append(entry)
+
+    async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['insert']}"
+        docs = cmd.get("documents", [])
+        raws = cmd.get("$raw_documents")
+        errors = []
+        n = 0
+        for i, doc in enumerate(docs):
+            try:
+                self.insert_one(ns, doc, self._session_fields(cmd, i), raw=raws[i] if raws else None)
+                n += 1
+            except MongoError as exc:
+                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
+                if cmd.get("ordered", True):
+                    break
+        out: dict[str, Any] = {"n": n}
+        if errors:
+            out["writeErrors"] = errors
+        return out
+
+    def update_docs(self, ns: str, spec: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
+        coll = self.coll(ns)
+        filt, upd = spec.get("q", {}), spec.get("u", {})
+        if isinstance(upd, list):
+            raise MongoError("NotImplemented", "pipeline-style updates are not supported by simcluster yet")
+        multi = spec.get("multi", False)
+        if multi and upd and not next(iter(upd)).startswith("$"):
+            raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
+        matched = [d for d in coll if q.matches(d, filt)] if coll else []
+        if not multi:
+            matched = matched[:1]
+        n_modified = 0
+        for old in matched:
+            new = q.apply_update(old, upd, array_filters=spec.get("arrayFilters"))
+            assert coll is not None
+            coll.check_unique(new, ns, ignore=id_key(old["_id"]))
+            if new == old and all(type(new[k]) is type(old[k]) for k in new):
+                continue
+            coll.put(new, old)
+            n_modified += 1
+            replacement = bool(upd) and not next(iter(upd)).startswith("$")
+            o: Any = new if replacement else {"$v": 2, "diff": q.compute_diff(old, new)}
+            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
+            entry.update(session)
+            self.oplog.append(entry)
+        out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
+        if not matched and spec.get("upsert"):
+            base = {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
+            new = q.apply_update(base if upd and next(iter(upd)).startswith("$") else None, upd, is_insert=True)
+            if "_id" not in new:
+                new = {"_id": base.get("_id", ObjectId()), **new}
+            self.insert_one(ns, new, session)
+            out = {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
+        return out
+
+    async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['update']}"
+        n = n_mod = 0
+        upserted: list[dict[str, Any]] = []
+        errors = []
+        for i, spec in enumerate(cmd.get("updates", [])):
+            try:
+                r = self.update_docs(ns, spec, self._session_fields(cmd, i))
+            except MongoError as exc:
+                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
+                if cmd.get("ordered", True):
+                    break
+                continue
+            n += r["n"]
+            n_mod += r["nModified"]
+            for u in r.get("upserted", []):
+                upserted.append({"index": i, "_id": u["_id"]})
+        out: dict[str, Any] = {"n": n, "nModified": n_mod}
+        if upserted:
+            out["upserted"] = upserted
+        if errors:
+            out["writeErrors"] = errors
+        return out
+
+    def delete_docs(self, ns: str, filt: dict[str, Any], limit: int, session: dict[str, Any],
+                    *, from_migrate: bool = False) -> int:
+        coll = self.coll(ns)
+        if coll is None:
+            return 0
+        matched = [d for d in coll if q.matches(d, filt)]
+        if limit:
+            matched = matched[:limit]
+        for doc in matched:
+            coll.remove(doc)
+            entry: dict[str, Any] = {"op": "d", "ns": ns, "ui": coll.ui, "o": self.document_key(ns, doc)}
+            entry.update(session)
+            if from_migrate:
+                entry["fromMigrate"] = True
+            self.oplog.append(entry)
+        return len(matched)
+
+    async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['delete']}"
+        n = 0
+        for i, spec in enumerate(cmd.get("deletes", [])):
+            n += self.delete_docs(ns, spec.get("q", {}), spec.get("limit", 0), self._session_fields(cmd, i))
+        return {"n": n}
+
+    async def cmd_find_and_modify(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['findAndModify']}"
+        coll = self.coll(ns)
+        docs = [d for d in coll if q.matches(d, cmd.get("query", {}))] if coll else []
+        if cmd.get("sort"):
+            docs = q.sort_docs(docs, cmd["sort"])
+        old = docs[0] if docs else None
+        session = self._session_fields(cmd, 0)
+        if cmd.get("remove"):
+            if old is not None:
+                self.delete_docs(ns, {"_id": old["_id"]}, 1, session)
+            return {"lastErrorObject": {"n": 1 if old else 0}, "value": old}
+        r = self.update_docs(ns, {"q": {"_id": old["_id"]} if old else cmd.get("query", {}),
+                                  "u": cmd.get("update", {}), "upsert": cmd.get("upsert", False)}, session)
+        after = None
+        if cmd.get("new"):
+            target = old["_id"] if old else (r.get("upserted") or [{"_id": None}])[0]["_id"]
+            c = self.coll(ns)
+            after = c.docs.get(id_key(target)) if c else None
+        leo: dict[str, Any] = {"n": r["n"], "updatedExisting": bool(old)}
+        if r.get("upserted"):
+            leo["upserted"] = r["upserted"][0]["_id"]
+        return {"lastErrorObject": leo, "value": after if cmd.get("new") else old}
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def select(self, ns: str, filt: dict[str, Any], *, sort: Any = None, skip: int = 0, limit: int = 0,
+               projection: Any = None) -> list[dict[str, Any]]:
+        coll = self.coll(ns)
+        if coll is None:
+            return []
+        if set(filt) == {"_id"} and not isinstance(filt["_id"], dict):
+            d = coll.docs.get(id_key(filt["_id"]))
+            docs = [d] if d is not None else []
+        else:
+            docs = [d for d in coll if q.matches(d, filt)]
+        if sort:
+            docs = q.sort_docs(docs, sort)
+        if skip:
+            docs = docs[skip:]
+        if limit:
+            docs = docs[: abs(limit)]
+        return [q.project(d, projection) for d in docs]
+
+    async def cmd_find(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['find']}"
+        if ns == OPLOG_NS:
+            return await self._find_oplog(cmd)
+        docs = self.select(ns, cmd.get("filter", {}), sort=cmd.get("sort"), skip=cmd.get("skip", 0),
+                           limit=cmd.get("limit", 0), projection=cmd.get("projection"))
+        if cmd.get("singleBatch"):
+            docs = docs[: cmd.get("batchSize", 101) or None]
+        return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
+
+    async def _find_oplog(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A (tailable, awaitData) find on local.oplog.rs with a `{ts: {$gt|$gte: T}}` filter."""
+        filt = cmd.get("filter", {})
+        cond = filt.get("ts", {})
+        oplog = self.oplog
+        if isinstance(cond, dict) and ("$gte" in cond or "$gt" in cond):
+            start = ts_key(cond.get("$gte", cond.get("$gt")))
+            position = start - 1 if "$gte" in cond else start
+        else:
+            position = 0
+        rest = {k: v for k, v in filt.items() if k != "ts"}
+        tailable = bool(cmd.get("tailable"))
+        remaining = cmd.get("limit") or 0
+
+        async def fetch(limit: int, deadline: float) -> list[Any]:
+            nonlocal position
+            if oplog.truncated_before and position < oplog.truncated_before:
+                raise MongoError("CappedPositionLost", "CollectionScan died due to position in capped collection "
+                                 "being deleted")
+            nonlocal remaining
+            while True:
+                raws = oplog.read_after(position, min(limit, remaining) if remaining else limit)
+                if cmd.get("limit"):
+                    if not remaining:
+                        return []
+                    remaining -= len(raws)
+                if raws:
+                    position = oplog.entry_key(raws[-1])
+                    if rest:
+                        return [bson.decode(r) for r in raws if q.matches(bson.decode(r), rest)]
+                    return [RawBSONDocument(r, RAW) for r in raws]
+                if not tailable or not await oplog.wait_beyond(position, deadline):
+                    return []
+
+        cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")))
+        return {"cursor": await self.cursors.first_batch(cursor, cmd.get("batchSize"))}
+
+    async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"n": len(self.select(f"{db}.{cmd['count']}", cmd.get("query") or {}, skip=cmd.get("skip", 0),
+                                     limit=cmd.get("limit", 0)))}
+
+    async def cmd_distinct(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        values: list[Any] = []
+        for d in self.select(f"{db}.{cmd['distinct']}", cmd.get("query") or {}):
+            for v in q.get_path(d, cmd["key"]):
+                for item in v if isinstance(v, list) else [v]:
+                    if all(q.compare(item, x) != 0 for x in values):
+                        values.append(item)
+        return {"values": values}
+
+    async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        from simcluster.aggregate import run_pipeline
+
+        coll = cmd["aggregate"]
+        ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
+        pipeline = cmd.get("pipeline", [])
+        docs = self.select(ns, {}) if isinstance(coll, str) else []
+        out = run_pipeline(docs, pipeline)
+        return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
+
+    # -- DDL ---------------------------------------------------------------------------------------
+
+    async def cmd_create(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        name = cmd["create"]
+        if self.coll(f"{db}.{name}") is not None:
+            raise MongoError("NamespaceExists", f"Collection {db}.{name} already exists.")
+        opts = {k: v for k, v in cmd.items() if k not in ("create", "lsid", "$clusterTime", "writeConcern",
+                                                         "$readPreference", "collectionUUID")}
+        self._create(db, name, opts, cmd.get("collectionUUID"))
+        return {}
+
+    async def cmd_drop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        name = cmd["drop"]
+        coll = self.dbs.get(db, {}).pop(name, None)
+        if coll is None:
+            return {"ns": f"{db}.{name}", "nIndexesWas": 0}
+        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"drop": name},
+                           "o2": {"numRecords": len(coll.docs)}})
+        return {"ns": f"{db}.{name}", "nIndexesWas": len(coll.indexes)}
+
+    async def cmd_drop_database(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        colls = self.dbs.get(db, {})
+        for name in list(colls):
+            await self.cmd_drop(db, {"drop": name}, req)
+        self.dbs.pop(db, None)
+        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "o": {"dropDatabase": 1}})
+        return {"dropped": db}
+
+    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        src, dst = cmd["renameCollection"], cmd["to"]
+        coll = self.coll(src)
+        if coll is None:
+            raise MongoError("NamespaceNotFound", f"Source collection {src} does not exist")
+        target = self.coll(dst)
+        if target is not None and not cmd.get("dropTarget"):
+            raise MongoError("NamespaceExists", f"Target collection {dst} exists")
+        o: dict[str, Any] = {"renameCollection": src, "to": dst, "stayTemp": False}
+        if target is not None:
+            o["dropTarget"] = target.ui
+        sdb, _, sname = src.partition(".")
+        ddb, _, dname = dst.partition(".")
+        self.dbs[sdb].pop(sname)
+        coll.name = dname
+        self.dbs.setdefault(ddb, {})[dname] = coll
+        self.oplog.append({"op": "c", "ns": f"{sdb}.$cmd", "ui": coll.ui, "o": o})
+        return {}
+
+    async def cmd_create_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['createIndexes']}"
+        existed = self.coll(ns) is not None
+        coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"))
+        assert coll is not None
+        before = len(coll.indexes)
+        for spec in cmd.get("indexes", []):
+            spec = {"v": 2, **spec}
+            if coll.add_index(spec, ns):
+                # On an empty collection the server logs one createIndexes entry per index (C.8).
+                o = {"createIndexes": coll.name, **{k: spec[k] for k in ("v", "key", "name")},
+                     **{k: v for k, v in spec.items() if k not in ("v", "key", "name")}}
+                self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": o})
+        return {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
+                "createdCollectionAutomatically": not existed}
+
+    async def cmd_drop_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['dropIndexes']}"
+        coll = self.coll(ns)
+        if coll is None:
+            raise MongoError("NamespaceNotFound", f"ns not found {ns}")
+        which = cmd.get("index")
+        names = [n for n in coll.indexes if n != "_id_"] if which == "*" else (
+            [which] if isinstance(which, str) else
+            [n for n, ix in coll.indexes.items() if ix.key == dict(which)] if isinstance(which, dict) else list(which))
+        before = len(coll.indexes)
+        for name in names:
+            ix = coll.indexes.get(name)
+            if ix is None or name == "_id_":
+                raise MongoError("IndexNotFound", f"index not found with name [{name}]")
+            del coll.indexes[name]
+            self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                               "o": {"dropIndexes": coll.name, "index": name}, "o2": ix.spec})
+        return {"nIndexesWas": before}
+
+    async def cmd_coll_mod(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['collMod']}"
+        coll = self.coll(ns)
+        if coll is None:
+            raise MongoError("NamespaceNotFound", f"ns does not exist: {ns}")
+        changes = {k: v for k, v in cmd.items() if k not in ("collMod", "lsid", "$clusterTime", "writeConcern",
+                                                             "$readPreference")}
+        old_options = dict(coll.options)
+        coll.options.update({k: v for k, v in changes.items() if k != "index"})
+        o2: dict[str, Any] = {"collectionOptions_old": old_options}
+        if "index" in changes:
+            ix = next((i for i in coll.indexes.values() if i.name == changes["index"].get("name")
+                       or i.key == changes["index"].get("keyPattern")), None)
+            if ix is None:
+                raise MongoError("IndexNotFound", "cannot find index for collMod")
+            o2["indexOptions_old"] = {k: ix.spec.get(k, False) for k in changes["index"] if k not in ("name", "keyPattern")}
+            ix.spec.update({k: v for k, v in changes["index"].items() if k not in ("name", "keyPattern")})
+        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"collMod": coll.name, **changes},
+                           "o2": o2})
+        return {}
+
+    async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        dbs = [{"name": n, "sizeOnDisk": Int64(4096), "empty": not colls} for n, colls in sorted(self.dbs.items())]
+        if cmd.get("nameOnly"):
+            dbs = [{"name": d["name"]} for d in dbs]
+        return {"databases": dbs, "totalSize": Int64(4096 * len(dbs))}
+
+    def collection_infos(self, db: str) -> list[dict[str, Any]]:
+        out = []
+        for name, coll in sorted(self.dbs.get(db, {}).items()):
+            is_view = "viewOn" in coll.options
+            info: dict[str, Any] = {"name": name, "type": "view" if is_view else "collection",
+                                    "options": dict(coll.options), "info": {"readOnly": is_view}}
+            if not is_view:
+                info["info"]["uuid"] = coll.ui
+                info["idIndex"] = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+            out.append(info)
+        return out
+
+    async def cmd_list_collections(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        infos = [i for i in self.collection_infos(db) if q.matches(i, cmd.get("filter") or {})]
+        if cmd.get("nameOnly"):
+            infos = [{"name": i["name"], "type": i["type"]} for i in infos]
+        return {"cursor": await self.cursors.first_batch(Cursor(f"{db}.$cmd.listCollections", infos),
+                                                         cmd.get("cursor", {}).get("batchSize"))}
+
+    async def cmd_list_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        ns = f"{db}.{cmd['listIndexes']}"
+        coll = self.coll(ns)
+        if coll is None:
+            raise MongoError("NamespaceNotFound", f"ns does not exist: {ns}")
+        specs = [dict(ix.spec) for ix in coll.indexes.values()]
+        return {"cursor": await self.cursors.first_batch(Cursor(ns, specs), None)}
+
+    async def cmd_db_stats(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        colls = self.dbs.get(db, {})
+        return {"db": db, "collections": len(colls), "objects": sum(len(c.docs) for c in colls.values())}
+
+    async def cmd_coll_stats(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        coll = self.coll(f"{db}.{cmd['collStats']}")
+        return {"ns": f"{db}.{cmd['collStats']}", "count": len(coll.docs) if coll else 0}
+
+    # -- oplog notes -------------------------------------------------------------------------------
+
+    async def cmd_append_oplog_note(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if db != "admin":
+            raise MongoError("Unauthorized", "appendOplogNote may only be run against the admin database.")
+        data = cmd.get("data")
+        if not isinstance(data, dict):
+            raise MongoError("BadValue", "'data' field must be a document")
+        max_ct = cmd.get("maxClusterTime")
+        if max_ct is not None and ts_key(max_ct) <= self.oplog.last_key():
+            raise MongoError("StaleClusterTime", "maxClusterTime is not greater than the last applied timestamp")
+        self.oplog.append({"op": "n", "ns": "", "o": data})
+        return {}
+
+    def append_noop(self, o: dict[str, Any], o2: dict[str, Any] | None = None, ui: Any = None) -> Timestamp:
+        entry: dict[str, Any] = {"op": "n", "ns": "", "o": o}
+        if ui is not None:
+            entry["ui"] = ui
+        if o2 is not None:
+            entry["o2"] = o2
+        ts, _ = self.oplog.append(entry)
+        return ts

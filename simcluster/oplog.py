@@ -1,0 +1,148 @@
+"""A replica set's oplog (`local.oplog.rs`) and the hybrid logical clock that stamps it.
+
+Invariant: entries are raw BSON in `ts` order; `ts` values come from one `ClusterClock` per
+simulated cluster, so every node's timestamps are comparable, as with the server's gossiped
+clusterTime. The oplog is capped by bytes; truncating the oldest entries is what makes a resume
+from a lost point fail the way the server does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+import bson
+import trio
+from bson import Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats.change_events import RAW
+
+
+def ts_key(ts: Timestamp) -> int:
+    return (ts.time << 32) | ts.inc
+
+
+class ClusterClock:
+    """Hybrid logical clock: wall seconds plus an increment within the second."""
+
+    def __init__(self) -> None:
+        self._secs = int(time.time())
+        self._inc = 0
+
+    def tick(self) -> Timestamp:
+        now = int(time.time())
+        if now > self._secs:
+            self._secs, self._inc = now, 1
+        else:
+            self._inc += 1
+        return Timestamp(self._secs, self._inc)
+
+    def now(self) -> Timestamp:
+        return Timestamp(self._secs, self._inc)
+
+    def advance(self, ts: Timestamp) -> None:
+        """Gossip: never hand out a timestamp at or below one the cluster has seen."""
+        if (ts.time, ts.inc) > (self._secs, self._inc):
+            self._secs, self._inc = ts.time, ts.inc
+
+
+class Oplog:
+    """Capped, append-only log with awaitable growth.
+
+    `wait_beyond(key, deadline)` parks until an entry newer than `key` exists: tailable awaitData
+    cursors and replication both wait on it.
+    """
+
+    def __init__(self, clock: ClusterClock, *, cap_bytes: int = 1 << 30, term: int = 1) -> None:
+        self.clock = clock
+        self.cap_bytes = cap_bytes
+        self.term = term
+        self._keys: list[int] = []
+        self._entries: list[bytes] = []
+        self._bytes = 0
+        self._grew = trio.Event()
+        self.truncated_before: int = 0  # ts key of the newest entry ever truncated (0 = none)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def first_key(self) -> int:
+        return self._keys[0] if self._keys else 0
+
+    def last_key(self) -> int:
+        return self._keys[-1] if self._keys else 0
+
+    def last_ts(self) -> Timestamp:
+        k = self.last_key()
+        return Timestamp(k >> 32, k & 0xFFFFFFFF)
+
+    def append(self, fields: dict[str, Any], ts: Timestamp | None = None) -> tuple[Timestamp, bytes]:
+        """Stamp and append one entry: `fields` (op, ns, ui, o, ...) then ts, t, v, wall, as the server orders them."""
+        ts = ts or self.clock.tick()
+        doc = dict(fields)
+        doc["ts"] = ts
+        doc["t"] = Int64(self.term)
+        doc["v"] = Int64(2)
+        doc["wall"] = bson.datetime_ms.DatetimeMS(int(time.time() * 1000))
+        raw = bson.encode(doc)
+        self.append_raw(ts_key(ts), raw)
+        return ts, raw
+
+    def append_raw(self, key: int, raw: bytes) -> None:
+        if self._keys and key <= self._keys[-1]:
+            raise ValueError("oplog entries must be appended in ts order")
+        self._keys.append(key)
+        self._entries.append(raw)
+        self._bytes += len(raw)
+        if self._bytes > self.cap_bytes:
+            self._truncate()
+        self._grew.set()
+        self._grew = trio.Event()
+
+    def _truncate(self) -> None:
+        # Drop the oldest tenth past the cap at once, so truncation is amortized O(1) per entry.
+        target = self.cap_bytes * 9 // 10
+        n = 0
+        freed = 0
+        while self._bytes - freed > target and n < len(self._entries) - 1:
+            freed += len(self._entries[n])
+            n += 1
+        self.truncated_before = self._keys[n - 1]
+        del self._keys[:n]
+        del self._entries[:n]
+        self._bytes -= freed
+
+    def index_after(self, key: int) -> int:
+        return bisect.bisect_right(self._keys, key)
+
+    def index_at_or_after(self, key: int) -> int:
+        return bisect.bisect_left(self._keys, key)
+
+    def read_after(self, key: int, limit: int, max_bytes: int = 16 * 1024 * 1024) -> list[bytes]:
+        """Entries with ts > key, at most `limit` of them and about `max_bytes` (a reply's budget)."""
+        i = bisect.bisect_right(self._keys, key)
+        out = self._entries[i : i + limit]
+        total = 0
+        for n, e in enumerate(out):
+            total += len(e)
+            if total > max_bytes and n:
+                return out[:n]
+        return out
+
+    def entry_key(self, raw: bytes) -> int:
+        return ts_key(RawBSONDocument(raw, RAW)["ts"])
+
+    async def wait_beyond(self, key: int, deadline: float) -> bool:
+        """Wait until an entry newer than `key` exists or the trio deadline passes."""
+        while self.last_key() <= key:
+            with trio.move_on_at(deadline):
+                await self._grew.wait()
+                continue
+            return False
+        return True

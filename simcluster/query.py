@@ -1,0 +1,358 @@
+"""Query matching, projection, sorting and update operators over plain Python documents.
+
+Strategy: documents are `dict`s decoded by pymongo's codec (so Int32 stays `int`, Int64 stays
+`Int64`, doubles stay `float`: BSON types survive $inc like on the server). Updates return the new
+document and the `$v: 2` diff the server would log for it (mongodb-formats.md C.3).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from bson import Int64, ObjectId
+from bson.son import SON
+
+from mongoformats.errors import MongoError
+
+_MISSING = object()
+
+# BSON canonical type order, for comparisons across types (server: canonicalizeBSONType).
+_TYPE_ORDER = {type(None): 1, int: 2, float: 2, Int64: 2, str: 3, dict: 4, SON: 4, list: 5, bytes: 6,
+               ObjectId: 7, bool: 8}
+
+
+def _order(v: Any) -> int:
+    for t, rank in _TYPE_ORDER.items():
+        if type(v) is t:
+            return rank
+    return 10
+
+
+def compare(a: Any, b: Any) -> int:
+    oa, ob = _order(a), _order(b)
+    if oa != ob:
+        return -1 if oa < ob else 1
+    if isinstance(a, Mapping):
+        for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=False):
+            c = compare(ka, kb) or compare(va, vb)
+            if c:
+                return c
+        return (len(a) > len(b)) - (len(a) < len(b))
+    if isinstance(a, list):
+        for va, vb in zip(a, b, strict=False):
+            c = compare(va, vb)
+            if c:
+                return c
+        return (len(a) > len(b)) - (len(a) < len(b))
+    try:
+        return (a > b) - (a < b)
+    except TypeError:
+        return 0
+
+
+def get_path(doc: Any, path: str) -> list[Any]:
+    """All values at a dotted path, expanding arrays the way the query engine does."""
+    values: list[Any] = [doc]
+    for part in path.split("."):
+        nxt: list[Any] = []
+        for v in values:
+            if isinstance(v, Mapping):
+                if part in v:
+                    nxt.append(v[part])
+            elif isinstance(v, list):
+                if part.isdigit() and int(part) < len(v):
+                    nxt.append(v[int(part)])
+                for item in v:
+                    if isinstance(item, Mapping) and part in item:
+                        nxt.append(item[part])
+        values = nxt
+    return values
+
+
+def _candidates(values: list[Any]) -> list[Any]:
+    out = []
+    for v in values:
+        out.append(v)
+        if isinstance(v, list):
+            out.extend(v)
+    return out
+
+
+def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    cands = _candidates(values)
+    if op == "$eq":
+        return any(compare(v, arg) == 0 and _order(v) == _order(arg) for v in cands) or (
+            arg is None and not values)
+    if op == "$ne":
+        return not _match_op("$eq", arg, values, doc, path)
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        want = {"$gt": (1,), "$gte": (0, 1), "$lt": (-1,), "$lte": (-1, 0)}[op]
+        return any(_order(v) == _order(arg) and compare(v, arg) in want for v in cands)
+    if op == "$in":
+        return any(_match_op("$eq", a, values, doc, path) for a in arg)
+    if op == "$nin":
+        return not _match_op("$in", arg, values, doc, path)
+    if op == "$exists":
+        return bool(values) == bool(arg)
+    if op == "$size":
+        return any(isinstance(v, list) and len(v) == arg for v in values)
+    if op == "$all":
+        return all(_match_op("$eq", a, values, doc, path) for a in arg)
+    if op == "$elemMatch":
+        return any(isinstance(v, list) and any(
+            matches(item, arg) if isinstance(item, Mapping) and not _is_operator_doc(arg)
+            else _match_value(arg, [item], item, "") for item in v) for v in values)
+    if op == "$not":
+        return not _match_value(arg, values, doc, path)
+    if op == "$regex":
+        return any(isinstance(v, str) and re.search(arg, v) for v in cands)
+    if op == "$options":
+        return True
+    if op == "$type":
+        names = {"double": float, "string": str, "object": dict, "array": list, "objectId": ObjectId,
+                 "bool": bool, "null": type(None), "int": int, "long": Int64}
+        wanted = [names.get(a) if isinstance(a, str) else None for a in (arg if isinstance(arg, list) else [arg])]
+        return any(type(v) in wanted for v in values)
+    raise MongoError("BadValue", f"unknown operator: {op}")
+
+
+def _is_operator_doc(v: Any) -> bool:
+    return isinstance(v, Mapping) and bool(v) and all(str(k).startswith("$") for k in v)
+
+
+def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
+    if _is_operator_doc(cond):
+        if "$regex" in cond:
+            flags = re.I if "i" in cond.get("$options", "") else 0
+            pattern = re.compile(cond["$regex"], flags)
+            rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
+            return any(isinstance(v, str) and pattern.search(v) for v in _candidates(values)) and all(
+                _match_op(k, v, values, doc, path) for k, v in rest.items())
+        return all(_match_op(k, v, values, doc, path) for k, v in cond.items())
+    if isinstance(cond, re.Pattern):
+        return any(isinstance(v, str) and cond.search(v) for v in _candidates(values))
+    return _match_op("$eq", cond, values, doc, path)
+
+
+def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
+    for key, cond in query.items():
+        if key == "$and":
+            if not all(matches(doc, q) for q in cond):
+                return False
+        elif key == "$or":
+            if not any(matches(doc, q) for q in cond):
+                return False
+        elif key == "$nor":
+            if any(matches(doc, q) for q in cond):
+                return False
+        elif key in ("$comment", "$where"):
+            continue
+        elif not _match_value(cond, get_path(doc, key), doc, key):
+            return False
+    return True
+
+
+def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not projection:
+        return doc
+    include = [k for k, v in projection.items() if v and k != "_id"]
+    if include:
+        out: dict[str, Any] = {}
+        if projection.get("_id", 1) and "_id" in doc:
+            out["_id"] = doc["_id"]
+        for k in doc:
+            if k in include:
+                out[k] = doc[k]
+        return out
+    return {k: v for k, v in doc.items() if not (k in projection and not projection[k])}
+
+
+def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    import functools
+
+    def cmp(a: dict[str, Any], b: dict[str, Any]) -> int:
+        for field, direction in spec.items():
+            va, vb = get_path(a, field), get_path(b, field)
+            c = compare(va[0] if va else None, vb[0] if vb else None)
+            if c:
+                return c * (1 if direction >= 0 else -1)
+        return 0
+
+    return sorted(docs, key=functools.cmp_to_key(cmp))
+
+
+# ---------------------------------------------------------------------------------------------
+# updates
+
+
+def _walk(doc: dict[str, Any], path: str, create: bool) -> tuple[Any, str]:
+    parts = path.split(".")
+    cur: Any = doc
+    for part in parts[:-1]:
+        if isinstance(cur, list):
+            idx = int(part)
+            cur = cur[idx]
+            continue
+        if part not in cur:
+            if not create:
+                return None, parts[-1]
+            cur[part] = {}
+        cur = cur[part]
+    return cur, parts[-1]
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> None:
+    parent, last = _walk(doc, path, True)
+    if isinstance(parent, list):
+        idx = int(last)
+        while len(parent) <= idx:
+            parent.append(None)
+        parent[idx] = value
+    elif isinstance(parent, dict):
+        parent[last] = value
+    else:
+        raise MongoError(28, f"Cannot create field '{last}' in element {{{path}: {parent!r}}}")
+
+
+def _get(doc: dict[str, Any], path: str) -> Any:
+    parent, last = _walk(doc, path, False)
+    if isinstance(parent, dict):
+        return parent.get(last, _MISSING)
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    return _MISSING
+
+
+def _unset(doc: dict[str, Any], path: str) -> None:
+    parent, last = _walk(doc, path, False)
+    if isinstance(parent, dict):
+        parent.pop(last, None)
+    elif isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        parent[int(last)] = None
+
+
+def _arith(old: Any, operand: Any, op: str) -> Any:
+    if old is _MISSING:
+        old = 0 if op == "$inc" else type(operand)(0) if isinstance(operand, (int, float)) else 0
+    if not isinstance(old, (int, float)) or isinstance(old, bool):
+        raise MongoError("TypeMismatch", f"Cannot apply {op} to a value of non-numeric type")
+    result = old + operand if op == "$inc" else old * operand
+    # The server keeps the wider of the two types: Int32 + Int32 stays Int32 unless it overflows.
+    if isinstance(old, float) or isinstance(operand, float):
+        return float(result)
+    if isinstance(old, Int64) or isinstance(operand, Int64) or not -(2**31) <= result < 2**31:
+        return Int64(result)
+    return int(result)
+
+
+def apply_update(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
+                 array_filters: list[Any] | None = None) -> dict[str, Any]:
+    """A new document: `update` applied to a deep copy of `doc` (None for an upsert's new doc)."""
+    new = copy.deepcopy(doc) if doc is not None else {}
+    if not update or not all(k.startswith("$") for k in update):
+        # Replacement: keep _id first.
+        out: dict[str, Any] = {}
+        if doc is not None and "_id" in doc:
+            out["_id"] = doc["_id"]
+        for k, v in update.items():
+            if k == "_id" and doc is not None and v != doc["_id"]:
+                raise MongoError("ImmutableField", "After applying the update, the (immutable) field '_id' "
+                                 "was found to have been altered")
+            out[k] = v
+        return out
+    for op, fields in update.items():
+        for path, value in fields.items():
+            if op == "$set" or (op == "$setOnInsert" and is_insert):
+                _set(new, path, copy.deepcopy(value))
+            elif op == "$setOnInsert":
+                continue
+            elif op == "$unset":
+                _unset(new, path)
+            elif op in ("$inc", "$mul"):
+                _set(new, path, _arith(_get(new, path), value, op))
+            elif op in ("$min", "$max"):
+                old = _get(new, path)
+                if old is _MISSING or (compare(value, old) < 0) == (op == "$min") and compare(value, old) != 0:
+                    _set(new, path, value)
+            elif op == "$rename":
+                old = _get(new, path)
+                if old is not _MISSING:
+                    _unset(new, path)
+                    _set(new, value, old)
+            elif op == "$currentDate":
+                import datetime
+
+                _set(new, path, datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0))
+            elif op in ("$push", "$addToSet"):
+                arr = _get(new, path)
+                arr = [] if arr is _MISSING else list(arr)
+                items = value["$each"] if isinstance(value, Mapping) and "$each" in value else [value]
+                for item in items:
+                    if op == "$push" or all(compare(item, a) != 0 for a in arr):
+                        arr.append(copy.deepcopy(item))
+                if isinstance(value, Mapping) and "$slice" in value:
+                    n = value["$slice"]
+                    arr = arr[:n] if n >= 0 else arr[n:]
+                _set(new, path, arr)
+            elif op == "$pop":
+                arr = _get(new, path)
+                if isinstance(arr, list) and arr:
+                    _set(new, path, arr[1:] if value == -1 else arr[:-1])
+            elif op in ("$pull", "$pullAll"):
+                arr = _get(new, path)
+                if isinstance(arr, list):
+                    gone = value if op == "$pullAll" else [value]
+                    keep = [a for a in arr if not any(
+                        (matches(a, g) if isinstance(g, Mapping) and isinstance(a, Mapping) else
+                         _match_value(g, [a], a, "")) for g in gone)]
+                    _set(new, path, keep)
+            else:
+                raise MongoError("FailedToParse", f"Unknown modifier: {op}. Expected a valid update modifier or "
+                                 "pipeline-style update specified as an array")
+    if doc is not None and "_id" in doc and new.get("_id") != doc["_id"]:
+        raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
+                         "field '_id'")
+    return new
+
+
+def compute_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The `$v: 2` object diff from `old` to `new`: sections d, u, i, then s<field> sub-diffs."""
+    d = {k: False for k in old if k not in new}
+    u: dict[str, Any] = {}
+    i: dict[str, Any] = {}
+    s: dict[str, Any] = {}
+    for k, v in new.items():
+        if k not in old:
+            i[k] = v
+            continue
+        ov = old[k]
+        if type(ov) is type(v) and ov == v:
+            continue
+        if isinstance(ov, dict) and isinstance(v, dict) and list(ov)[: len(v)] == [x for x in v if x in ov]:
+            s["s" + k] = compute_diff(ov, v)
+        elif isinstance(ov, list) and isinstance(v, list):
+            s["s" + k] = _array_diff(ov, v)
+        else:
+            u[k] = v
+    out: dict[str, Any] = {}
+    if d:
+        out["d"] = d
+    if u:
+        out["u"] = u
+    if i:
+        out["i"] = i
+    out.update(s)
+    return out
+
+
+def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"a": True}
+    if len(new) < len(old):
+        out["l"] = len(new)
+    for idx, v in enumerate(new):
+        if idx >= len(old) or not (type(old[idx]) is type(v) and old[idx] == v):
+            out[f"u{idx}"] = v
+    return out

@@ -1,0 +1,308 @@
+"""What every simulated process shares: the wire front-end, hello, sessions, cursors, fail points.
+
+Strategy: one trio task per client connection runs a framer loop; each OP_MSG is decoded with
+pymongo's C codec, document sequences are folded into the body as the server does, and the
+command runs through a table `{name: handler}`. Any `MongoError` becomes an `{ok: 0}` reply; any
+other exception becomes InternalError (1): bad input never kills a node or another connection.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import bson
+import trio
+from bson import Binary, Int64, ObjectId, Timestamp
+from bson.codec_options import CodecOptions
+
+from mongoformats import wire
+from mongoformats.errors import MongoError, ProtocolError, is_resumable_change_stream_error
+from simcluster.cursors import CursorManager
+from simcluster.oplog import ClusterClock
+
+log = logging.getLogger("simcluster")
+
+MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
+DECODE = CodecOptions(tz_aware=True)  # dicts; UUIDs stay Binary subtype 4 (no representation chosen)
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class Request:
+    """What a handler may want beyond the command: the connection it came on."""
+
+    def __init__(self, conn_id: int, peer: str) -> None:
+        self.conn_id = conn_id
+        self.peer = peer
+
+
+class CommandServer:
+    """Base of mongod and mongos: subclasses add commands to `self.commands`."""
+
+    process_kind = "mongod"
+
+    def __init__(self, clock: ClusterClock, host: str, port: int, *, version: str = "7.0") -> None:
+        self.clock = clock
+        self.host = host
+        self.port = port
+        self.version = version
+        self.max_wire_version = MAX_WIRE_VERSION[version]
+        self.cursors = CursorManager()
+        self.process_id = ObjectId()
+        self._conn_ids = itertools.count(1)
+        self.fail_points: dict[str, dict[str, Any]] = {}
+        self.stopped = False
+        self._cancel = trio.CancelScope()
+        self.commands: dict[str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]] = {
+            "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
+            "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
+            "endsessions": self.cmd_ok, "killallsessions": self.cmd_ok, "startsession": self.cmd_start_session,
+            "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
+            "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
+            "getcmdlineopts": self.cmd_cmdline, "hostinfo": self.cmd_host_info, "getlog": self.cmd_get_log,
+            "whatsmyuri": self.cmd_whatsmyuri, "connectionstatus": self.cmd_connection_status,
+            "getfreemonitoringstatus": self.cmd_ok, "atlasversion": self.cmd_not_found,
+        }
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # -- wire ------------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        with self._cancel:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            self.port = listeners[0].socket.getsockname()[1]
+            task_status.started(self.port)
+            await trio.serve_listeners(self._handle_connection, listeners)
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection (a crashed or stopped process)."""
+        self.stopped = True
+        self._cancel.cancel()
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        conn_id = next(self._conn_ids)
+        framer = wire.MessageFramer()
+        req = Request(conn_id, str(stream.socket.getpeername()))
+        try:
+            async with stream:
+                while True:
+                    msg = framer.next_message()
+                    if msg is wire.NEED_DATA:
+                        data = await stream.receive_some(1 << 16)
+                        framer.receive_data(data)
+                        if not data and not framer.trailing_data:
+                            return
+                        continue
+                    reply = await self._dispatch(msg, req)
+                    if reply is None:
+                        continue
+                    if reply is _CLOSE:
+                        return
+                    await stream.send_all(reply)
+        except ProtocolError as exc:
+            log.info("closing connection %s: %s", conn_id, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _dispatch(self, msg: Any, req: Request) -> bytes | None | object:
+        if isinstance(msg, wire.OpQuery):
+            cmd = bson.decode(msg.query, DECODE)
+            if "$query" in cmd:
+                cmd = cmd["$query"]
+            db = msg.full_collection_name.split(".", 1)[0]
+            body = await self._run(db, cmd, req)
+            if body is _CLOSE:
+                return _CLOSE
+            reply = wire.encode_op_reply(0, msg.request_id, (bson.encode(body),))
+            return wire.compress(reply, msg.compressor) if msg.compressor else reply
+        if not isinstance(msg, wire.OpMsg):
+            raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
+        cmd = bson.decode(msg.body, DECODE)
+        for ident, docs in msg.sequences:
+            cmd[ident] = [bson.decode(d, DECODE) for d in docs]
+            if ident == "documents":
+                # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
+                # fullDocument) is byte-identical to what was sent, as on the server.
+                cmd["$raw_documents"] = docs
+        db = cmd.pop("$db", "admin")
+        body = await self._run(db, cmd, req)
+        if body is _CLOSE:
+            return _CLOSE
+        if msg.more_to_come:
+            return None
+        reply = wire.encode_op_msg(0, msg.request_id, bson.encode(body))
+        return wire.compress(reply, msg.compressor) if msg.compressor else reply
+
+    async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:
+        name = next(iter(cmd), "")
+        try:
+            if "$clusterTime" in cmd:
+                self.clock.advance(cmd["$clusterTime"]["clusterTime"])
+            fp = await self._fail_point(name)
+            if fp is _CLOSE:
+                return _CLOSE
+            handler = self.commands.get(name.lower())
+            if handler is None:
+                raise MongoError("CommandNotFound", f"no such command: '{name}'")
+            reply = await handler(db, cmd, req)
+            reply.setdefault("ok", 1.0)
+        except MongoError as exc:
+            if name in ("getMore", "aggregate") and is_resumable_change_stream_error(exc.code) and \
+                    getattr(exc, "change_stream", False):
+                exc = exc.with_labels("ResumableChangeStreamError")
+            reply = exc.to_reply()
+        except Exception as exc:  # a bug or unexpected input must not take the node down
+            log.exception("command %s failed", name)
+            reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
+        return self.decorate(reply)
+
+    def decorate(self, reply: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock.now()
+        reply["$clusterTime"] = {"clusterTime": now, "signature": {"hash": Binary(b"\x00" * 20, 0),
+                                                                  "keyId": Int64(0)}}
+        reply["operationTime"] = now
+        return reply
+
+    # -- fail points (configureFailPoint failCommand) ---------------------------------------------
+
+    async def _fail_point(self, name: str) -> object | None:
+        fp = self.fail_points.get("failCommand")
+        if not fp or name not in fp["data"].get("failCommands", ()):
+            return None
+        mode = fp["mode"]
+        if isinstance(mode, dict):
+            if mode.get("times", 0) <= 0:
+                self.fail_points.pop("failCommand", None)
+                return None
+            mode["times"] -= 1
+        elif mode == "off":
+            return None
+        data = fp["data"]
+        if data.get("blockConnection"):
+            await trio.sleep(data.get("blockTimeMS", 0) / 1000)
+        if data.get("closeConnection"):
+            return _CLOSE
+        if "errorCode" in data:
+            raise MongoError(int(data["errorCode"]), "Failing command via 'failCommand' failpoint",
+                             labels=tuple(data.get("errorLabels", ())))
+        return None
+
+    async def cmd_configure_fail_point(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        name = cmd["configureFailPoint"]
+        mode = cmd.get("mode", "off")
+        if mode == "off":
+            self.fail_points.pop(name, None)
+        else:
+            self.fail_points[name] = {"mode": dict(mode) if isinstance(mode, dict) else mode,
+                                      "data": cmd.get("data", {})}
+        return {"count": 0}
+
+    # -- generic commands -------------------------------------------------------------------------
+
+    def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def cmd_hello(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
+            raise MongoError(51760 if "topologyVersion" in cmd else 51758,
+                             "topologyVersion and maxAwaitTimeMS must be given together")
+        tv = cmd.get("topologyVersion")
+        if tv is not None and tv.get("processId") == self.process_id:
+            # Awaitable hello: our topology never changes on its own, so wait out maxAwaitTimeMS.
+            await trio.sleep(cmd["maxAwaitTimeMS"] / 1000)
+        legacy = next(iter(cmd)).lower() == "ismaster"
+        out: dict[str, Any] = {}
+        if cmd.get("helloOk"):
+            out["helloOk"] = True
+        out.update(self.hello_fields(cmd))
+        if legacy:
+            out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
+        out.update({
+            "topologyVersion": {"processId": self.process_id, "counter": Int64(0)},
+            "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
+            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.timezone.utc),
+            "logicalSessionTimeoutMinutes": 30, "connectionId": req.conn_id,
+            "minWireVersion": 0, "maxWireVersion": self.max_wire_version, "readOnly": False,
+        })
+        if "compression" in cmd:
+            supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
+            if supported:
+                out["compression"] = supported
+        return out
+
+    async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {}
+
+    async def cmd_not_found(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        raise MongoError("CommandNotFound", f"no such command: '{next(iter(cmd))}'")
+
+    async def cmd_ping(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {}
+
+    async def cmd_whatsmyuri(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"you": req.peer}
+
+    async def cmd_connection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
+
+    async def cmd_build_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        full = {"7.0": "7.0.14", "8.0": "8.0.4", "6.0": "6.0.19", "5.0": "5.0.30"}[self.version]
+        parts = [int(p) for p in full.split(".")] + [0]
+        return {"version": full, "gitVersion": "simcluster", "modules": [], "allocator": "system",
+                "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": parts,
+                "bits": 64, "debug": False, "maxBsonObjectSize": 16 * 1024 * 1024,
+                "storageEngines": ["wiredTiger"], "openssl": {"running": "disabled"}}
+
+    async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        params = {"featureCompatibilityVersion": {"version": self.version},
+                  "periodicNoopIntervalSecs": 10, "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}}}
+        if cmd.get("getParameter") == "*":
+            return dict(params)
+        return {k: v for k, v in params.items() if k in cmd}
+
+    async def cmd_start_session(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        import uuid
+
+        return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
+
+    async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"host": self.address, "version": self.version, "process": self.process_kind,
+                "uptime": 1.0, "connections": {"current": 0, "available": 1000},
+                "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))}}}}
+
+    async def cmd_cmdline(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"argv": [self.process_kind], "parsed": {}}
+
+    async def cmd_host_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"system": {"hostname": self.host, "numCores": 2}, "os": {"type": "Linux"}, "extra": {}}
+
+    async def cmd_get_log(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"totalLinesWritten": 0, "log": []} if cmd["getLog"] != "*" else {"names": ["global", "startupWarnings"]}
+
+    async def cmd_get_more(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        cid = int(cmd["getMore"])
+        coll = cmd.get("collection")
+        if not isinstance(coll, str):
+            raise MongoError("IDLFailedToParse", "BSON field 'getMore.collection' is missing but a required field")
+        cursor = await self.cursors.get_more(cid, f"{db}.{coll}", cmd.get("batchSize"), cmd.get("maxTimeMS"))
+        return {"cursor": cursor}
+
+    async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        killed, missing = [], []
+        for cid in cmd.get("cursors", []):
+            (killed if self.cursors.kill(int(cid)) else missing).append(Int64(cid))
+        return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
+
+
+_CLOSE = object()
+
+
+def ts_le(a: Timestamp, b: Timestamp) -> bool:
+    return (a.time, a.inc) <= (b.time, b.inc)
