@@ -1,0 +1,126 @@
+"""The proxy server: accepts client connections (TCP or TLS) and runs one ClientSession each."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+from typing import Any
+
+import trio
+from bson import ObjectId
+from prometheus_client import generate_latest
+
+from wireproxy.config import ProxyConfig
+from wireproxy.metrics import ProxyMetrics
+from wireproxy.router import CommandTable
+from wireproxy.session import ClientSession
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
+
+log = logging.getLogger("wireproxy")
+
+
+class ProxyServer:
+    def __init__(self, config: ProxyConfig, *, table: CommandTable | None = None,
+                 metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.table = table or CommandTable()
+        self.metrics = metrics or ProxyMetrics()
+        self.process_id = ObjectId()
+        self.wire_versions = (0, 21)
+        self.hosts = parse_hosts(config.upstream)
+        self._conn_ids = itertools.count(1)
+        self._limiter = trio.CapacityLimiter(config.max_connections)
+        self._upstream_ssl = self._make_upstream_ssl()
+        self.port = config.listen_port
+        self.handler_nursery: trio.Nursery | None = None
+        self._listener_scope: trio.CancelScope | None = None
+
+    def _make_upstream_ssl(self) -> ssl.SSLContext | None:
+        if not self.config.upstream_tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.config.upstream_tls_ca_file or None)
+        if self.config.upstream_tls_allow_invalid:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _client_ssl(self) -> ssl.SSLContext | None:
+        if not self.config.tls_cert_file:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.config.tls_cert_file)
+        if self.config.tls_ca_file:
+            ctx.load_verify_locations(self.config.tls_ca_file)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    async def connect_upstream(self) -> UpstreamConnection:
+        """A new connection to the first reachable upstream mongos."""
+        last: Exception | None = None
+        for host, port in self.hosts:
+            try:
+                return await open_upstream(host, port, ssl_context=self._upstream_ssl)
+            except UpstreamClosed as exc:
+                last = exc
+        raise UpstreamClosed(f"no upstream reachable: {last}")
+
+    async def _learn_upstream(self) -> None:
+        up = await self.connect_upstream()
+        try:
+            hello = await up.command("admin", {"hello": 1})
+            self.wire_versions = (int(hello.get("minWireVersion", 0)), int(hello.get("maxWireVersion", 21)))
+        finally:
+            await up.aclose()
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        await self._learn_upstream()
+        async with trio.open_nursery() as nursery:
+            self.handler_nursery = nursery
+            ssl_ctx = self._client_ssl()
+            listeners: list[Any] = await trio.open_tcp_listeners(self.config.listen_port, host=self.config.listen_host)
+            if ssl_ctx is not None:
+                listeners = [trio.SSLListener(lst, ssl_ctx, https_compatible=False) for lst in listeners]
+            sock = listeners[0].transport_listener.socket if ssl_ctx else listeners[0].socket
+            self.port = sock.getsockname()[1]
+            if self.config.metrics_port:
+                await nursery.start(self._serve_metrics)
+            with trio.CancelScope() as self._listener_scope:
+                task_status.started(self.port)
+                await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def shutdown(self) -> None:
+        """Stop accepting, give in-flight requests `shutdown_grace_s`, then close everything."""
+        if self._listener_scope is not None:
+            self._listener_scope.cancel()
+        if self.handler_nursery is not None:
+            self.handler_nursery.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace_s
+
+    async def _handle(self, stream: trio.abc.Stream) -> None:
+        try:
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            log.warning("max_connections reached: refusing a client")
+            await stream.aclose()
+            return
+        self.metrics.connections.inc()
+        try:
+            await ClientSession(self, stream, next(self._conn_ids)).run()
+        finally:
+            self.metrics.connections.dec()
+            self._limiter.release()
+
+    async def _serve_metrics(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.config.metrics_port, host=self.config.listen_host)
+        task_status.started(listeners[0].socket.getsockname()[1])
+
+        async def http(stream: trio.SocketStream) -> None:
+            async with stream:
+                with trio.move_on_after(5):
+                    await stream.receive_some(4096)
+                    body = generate_latest(self.metrics.registry)
+                    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n")
+                    await stream.send_all(head + body)
+
+        await trio.serve_listeners(http, listeners)

@@ -1,0 +1,206 @@
+"""One client connection: frames in, routed, replies out.
+
+Invariant: requests on one connection are handled in order, like on mongos; every pass-through
+request goes to the upstream connection pinned to this client connection, so SCRAM
+conversations, sessions, transactions, cursors and exhaust replies behave exactly as against mongos.
+Only requestID/responseTo are rewritten (the proxy numbers its own upstream requests).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import TYPE_CHECKING, Any
+
+import bson
+import trio
+from bson import Int64
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats import wire
+from mongoformats.change_events import RAW
+from mongoformats.errors import MongoError, ProtocolError
+from wireproxy.router import Route, classify
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection
+
+if TYPE_CHECKING:
+    from wireproxy.server import ProxyServer
+
+log = logging.getLogger("wireproxy")
+
+# What a driver may ask in hello that only the upstream can answer (authentication).
+_UPSTREAM_HELLO_FIELDS = ("saslSupportedMechs", "speculativeAuthenticate")
+
+
+class _CloseConnection(Exception):
+    pass
+
+
+class ClientSession:
+    def __init__(self, server: ProxyServer, stream: trio.abc.Stream, conn_id: int) -> None:
+        self.server = server
+        self.stream = stream
+        self.conn_id = conn_id
+        self.framer = wire.MessageFramer()
+        self.upstream: UpstreamConnection | None = None
+        self._reply_ids = 0
+        # The authenticated identity of this connection as far as the proxy can tell; engine cursors
+        # remember it so another connection cannot read them (Unauthorized, 13).
+        self.owner = f"conn{conn_id}"
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:  # per-connection tasks live and die here
+                self.nursery = nursery
+                await self._loop()
+                nursery.cancel_scope.cancel()
+        except ProtocolError as exc:
+            self.server.metrics.protocol_errors.inc()
+            log.info("conn%d: closing after a bad frame: %s", self.conn_id, exc)
+        except (UpstreamClosed, _CloseConnection) as exc:
+            log.info("conn%d: closing: %s", self.conn_id, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            if self.upstream is not None:
+                await self.upstream.aclose()
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await self.stream.aclose()
+
+    async def _receive(self) -> wire.Message | None:
+        idle = self.server.config.idle_timeout_s
+        while True:
+            msg = self.framer.next_message()
+            if msg is not wire.NEED_DATA:
+                return msg  # type: ignore[return-value]
+            with trio.move_on_after(idle if idle > 0 else float("inf")) as scope:
+                data = await self.stream.receive_some(1 << 18)
+            if scope.cancelled_caught:
+                raise _CloseConnection("idle timeout")
+            self.framer.receive_data(data)
+            if not data and not self.framer.trailing_data:
+                return None
+
+    async def _send(self, data: bytes, compressor: str | None) -> None:
+        await self.stream.send_all(wire.compress(data, compressor) if compressor else data)
+
+    def _next_reply_id(self) -> int:
+        self._reply_ids += 1
+        return self._reply_ids
+
+    async def _loop(self) -> None:
+        while (msg := await self._receive()) is not None:
+            if isinstance(msg, wire.OpQuery):
+                await self._legacy_query(msg)
+            elif isinstance(msg, wire.OpMsg):
+                await self._op_msg(msg)
+            else:
+                raise ProtocolError("clients may only send OP_MSG or OP_QUERY")
+
+    async def _legacy_query(self, msg: wire.OpQuery) -> None:
+        cmd = bson.decode(msg.query)
+        cmd = cmd.get("$query", cmd)
+        name = next(iter(cmd), "").lower()
+        if name in ("ismaster", "hello"):
+            reply = await self.hello(cmd)
+        else:
+            reply = MongoError("UnsupportedOpQueryCommand", f"Unsupported OP_QUERY command: {name}. The client "
+                               "driver may require an upgrade.").to_reply()
+        out = wire.encode_op_reply(self._next_reply_id(), msg.request_id, (bson.encode(reply),))
+        await self._send(out, msg.compressor)
+
+    async def _op_msg(self, msg: wire.OpMsg) -> None:
+        cmd = RawBSONDocument(msg.body, RAW)
+        try:
+            name = next(iter(cmd))
+        except StopIteration:
+            raise ProtocolError("empty command document") from None
+        route, handler = classify(cmd, self.server.table, accelerate=self.server.config.accelerate_change_streams)
+        self.server.metrics.commands.labels(command=name, route=route.value).inc()
+        if route is Route.PASSTHROUGH:
+            await self._forward(msg)
+            return
+        try:
+            if route is Route.HELLO:
+                reply = await self.hello(bson.decode(msg.body))
+            else:
+                decoded = bson.decode(msg.body)
+                for ident, docs in msg.sequences:
+                    decoded[ident] = [bson.decode(d) for d in docs]
+                assert handler is not None
+                reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+                reply.setdefault("ok", 1.0)
+        except MongoError as exc:
+            self.server.metrics.errors.labels(code=str(exc.code)).inc()
+            reply = exc.to_reply()
+        if not msg.more_to_come:
+            out = wire.encode_op_msg(self._next_reply_id(), msg.request_id, bson.encode(reply))
+            await self._send(out, msg.compressor)
+
+    # -- pass-through ------------------------------------------------------------------------------
+
+    async def get_upstream(self) -> UpstreamConnection:
+        if self.upstream is None or self.upstream.closed:
+            self.upstream = await self.server.connect_upstream()
+        return self.upstream
+
+    async def _forward(self, msg: wire.OpMsg) -> None:
+        up = await self.get_upstream()
+        rid = up.next_request_id()
+        start = trio.current_time()
+        await up.send(wire.encode_op_msg(rid, 0, msg.body, flags=msg.flags & ~wire.FLAG_CHECKSUM_PRESENT,
+                                         sequences=msg.sequences))
+        if msg.more_to_come:
+            return
+        response_to = msg.request_id
+        while True:
+            reply = await up.receive()
+            if not isinstance(reply, wire.OpMsg):
+                raise UpstreamClosed("upstream answered with a non-OP_MSG reply")
+            self.server.metrics.upstream_latency.observe(trio.current_time() - start)
+            reply_id = self._next_reply_id()
+            out = wire.encode_op_msg(reply_id, response_to, reply.body, flags=reply.flags & wire.FLAG_MORE_TO_COME,
+                                     sequences=reply.sequences)
+            await self._send(out, msg.compressor)
+            if not reply.more_to_come:  # exhaust: the upstream keeps sending until it clears moreToCome
+                return
+            response_to = reply_id
+
+    # -- hello -------------------------------------------------------------------------------------
+
+    async def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        server = self.server
+        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
+            raise MongoError(51760 if "topologyVersion" in cmd else 51758,
+                             "topologyVersion and maxAwaitTimeMS must be given together")
+        tv = cmd.get("topologyVersion")
+        if tv is not None and tv.get("processId") == server.process_id:
+            await trio.sleep(int(cmd["maxAwaitTimeMS"]) / 1000)
+        legacy = next(iter(cmd)).lower() == "ismaster"
+        reply: dict[str, Any] = {}
+        if cmd.get("helloOk"):
+            reply["helloOk"] = True
+        reply["ismaster" if legacy else "isWritablePrimary"] = True
+        reply.update({
+            "msg": "isdbgrid",
+            "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
+            "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
+            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.timezone.utc),
+            "logicalSessionTimeoutMinutes": 30, "connectionId": self.conn_id,
+            "minWireVersion": server.wire_versions[0], "maxWireVersion": server.wire_versions[1],
+        })
+        if "compression" in cmd:
+            chosen = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
+            if chosen:
+                reply["compression"] = chosen
+        if any(f in cmd for f in _UPSTREAM_HELLO_FIELDS):
+            # Authentication belongs to the upstream: ask it on the pinned connection.
+            up = await self.get_upstream()
+            sub = {k: v for k, v in cmd.items() if k not in ("compression", "topologyVersion", "maxAwaitTimeMS")}
+            got = await up.command(cmd.get("$db", "admin"), {k: v for k, v in sub.items() if k != "$db"}, check=False)
+            for f in _UPSTREAM_HELLO_FIELDS:
+                if f in got:
+                    reply[f] = bson.decode(bson.encode({"v": got[f]}))["v"]
+        reply["ok"] = 1.0
+        return reply

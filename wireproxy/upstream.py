@@ -1,0 +1,105 @@
+"""A trio connection to a MongoDB server (mongos or a shard member) over the sans-IO codec.
+
+Two uses: the proxy pins one per client connection and forwards frames verbatim apart from
+requestID/responseTo; the engine's shard readers run commands on it. Replies are returned as
+`RawBSONDocument`, so callers decode only the fields they need.
+"""
+
+from __future__ import annotations
+
+import itertools
+import ssl
+from typing import Any
+
+import bson
+import trio
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats import wire
+from mongoformats.change_events import RAW
+from mongoformats.errors import MongoError, ProtocolError
+
+__all__ = ["UpstreamConnection", "UpstreamClosed", "open_upstream", "parse_hosts"]
+
+
+class UpstreamClosed(Exception):
+    """The upstream server closed the connection or could not be reached."""
+
+
+def parse_hosts(uri: str) -> list[tuple[str, int]]:
+    """`mongodb://h1:p1,h2/...` -> [(h1, p1), (h2, 27017)] (credentials and options are ignored)."""
+    rest = uri.split("://", 1)[-1]
+    rest = rest.split("/", 1)[0].split("?", 1)[0]
+    rest = rest.rsplit("@", 1)[-1]
+    out = []
+    for part in rest.split(","):
+        host, _, port = part.rpartition(":") if part.count(":") == 1 else (part, "", "27017")
+        out.append((host or part, int(port or 27017)))
+    return out
+
+
+class UpstreamConnection:
+    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
+        self._stream = stream
+        self.address = address
+        self._framer = wire.MessageFramer()
+        self._ids = itertools.count(1)
+        self._lock = trio.Lock()
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await self._stream.aclose()
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.closed = True
+            raise UpstreamClosed(f"upstream {self.address}: {exc}") from exc
+
+    async def receive(self) -> wire.Message:
+        try:
+            while True:
+                msg = self._framer.next_message()
+                if msg is not wire.NEED_DATA:
+                    return msg  # type: ignore[return-value]
+                data = await self._stream.receive_some(1 << 18)
+                if not data:
+                    raise UpstreamClosed(f"upstream {self.address} closed the connection")
+                self._framer.receive_data(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
+            self.closed = True
+            raise UpstreamClosed(f"upstream {self.address}: {exc}") from exc
+
+    def next_request_id(self) -> int:
+        return next(self._ids)
+
+    async def command(self, db: str, cmd: dict[str, Any] | bytes, *, check: bool = True) -> RawBSONDocument:
+        """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`."""
+        body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
+        async with self._lock:
+            rid = self.next_request_id()
+            await self.send(wire.encode_op_msg(rid, 0, body))
+            msg = await self.receive()
+        if not isinstance(msg, wire.OpMsg) or msg.response_to != rid:
+            raise UpstreamClosed(f"upstream {self.address} answered out of turn")
+        reply = RawBSONDocument(msg.body, RAW)
+        if check and not reply.get("ok"):
+            raise MongoError.from_reply(bson.decode(msg.body))
+        return reply
+
+
+async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                        timeout: float = 10.0) -> UpstreamConnection:
+    try:
+        with trio.fail_after(timeout):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            if ssl_context is not None:
+                stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
+                await stream.do_handshake()
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        raise UpstreamClosed(f"cannot connect to {host}:{port}: {exc}") from exc
+    return UpstreamConnection(stream, f"{host}:{port}")
