@@ -1,0 +1,310 @@
+"""The engine behind the proxy's `parallelChangeStream` commands.
+
+Commands (admin database):
+  {parallelChangeStream: 1, nBuckets: N, name?, startAtOperationTime? | resumeAfter? | startAfter?,
+   showExpandedEvents?, pipeline?: [{$match: ...}], batchSize?, maxAwaitTimeMS?, shardBufferBytes?,
+   bucketBufferBytes?}
+      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets}
+      Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
+      one token, or a list of N tokens (one per bucket) to resume a whole stream.
+  {parallelChangeStream: 1, name, bucket: i, resumeAfter?: token, nBuckets?}
+      -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
+  {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
+  getMore / killCursors on the returned cursor ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from bson import Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats.change_events import RAW
+from mongoformats.errors import MongoError
+from mongoformats.resume_token import high_water_mark, token_sort_key
+from buckets.bucketing import MAX_BUCKETS
+from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
+from wireproxy.router import CommandTable
+from wireproxy.upstream import UpstreamConnection, parse_hosts
+
+log = logging.getLogger("buckets.engine")
+
+CURSOR_NS = "admin.$cmd.parallelChangeStream"
+_OPEN_FIELDS = frozenset({
+    "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
+    "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
+    "bucketBufferBytes", "readerProcesses",
+    # generic fields drivers add to every command
+    "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
+    "$db", "readConcern", "writeConcern"})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    shard_buffer_bytes: int = 1 << 30
+    bucket_buffer_bytes: int = 64 << 20
+    idle_teardown_s: float = 300.0     # a stream with no cursors for this long is torn down
+    max_await_ms: int = 1000
+    reader_await_ms: int = 200
+
+
+def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int | None:
+    value = cmd.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
+    if not low <= int(value) <= high:
+        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
+    return int(value)
+
+
+class Engine:
+    def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
+                 config: EngineConfig | None = None) -> None:
+        self.connect_upstream = connect_upstream
+        self.config = config or EngineConfig()
+        self.streams: dict[str, ParallelStream] = {}
+        self.cursors: dict[int, BucketCursor] = {}
+        self._private: dict[int, ParallelStream] = {}   # replay streams owned by one cursor
+        self._rng = random.Random()
+        self._nursery: trio.Nursery | None = None
+
+    def register(self, table: CommandTable) -> None:
+        table.register("parallelChangeStream", self.cmd_open)
+        table.register("parallelChangeStreamStatus", self.cmd_status)
+        table.owned_cursors = self.cursors
+        table.get_more = self.cmd_get_more
+        table.kill_cursors = self.cmd_kill_cursors
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep(1)
+                self._tear_down_idle()
+
+    def _tear_down_idle(self) -> None:
+        now = trio.current_time()
+        for name, stream in list(self.streams.items()):
+            if any(b.cursors for b in stream.buckets.values()):
+                stream.last_active = now
+            elif now - stream.last_active > self.config.idle_teardown_s:
+                log.info("tearing down idle stream %s", name)
+                stream.close()
+                del self.streams[name]
+
+    # -- upstream helpers --------------------------------------------------------------------------
+
+    async def _discover(self) -> tuple[dict[str, list[tuple[str, int]]], Timestamp]:
+        up = await self.connect_upstream()
+        try:
+            shards = await up.command("admin", {"listShards": 1})
+            hello = await up.command("admin", {"hello": 1})
+        finally:
+            await up.aclose()
+        out = {}
+        for s in shards["shards"]:
+            host = s["host"].split("/", 1)[-1]
+            out[s["_id"]] = parse_hosts("mongodb://" + host)
+        ct = hello.get("operationTime") or hello["$clusterTime"]["clusterTime"]
+        return out, ct
+
+    # -- commands ----------------------------------------------------------------------------------
+
+    async def cmd_open(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        if db != "admin":
+            raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
+        for key in cmd:
+            if key not in _OPEN_FIELDS:
+                raise MongoError("IDLUnknownField", f"BSON field 'parallelChangeStream.{key}' is an unknown field.")
+        starts = [k for k in ("startAtOperationTime", "resumeAfter", "startAfter") if k in cmd]
+        if len(starts) > 1:
+            raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
+        if cmd.get("fullDocument", "default") != "default":
+            raise MongoError("BadValue", "parallelChangeStream supports fullDocument 'default' only so far")
+        n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
+        bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
+        name = cmd.get("name")
+        if name is not None and not isinstance(name, str):
+            raise MongoError("BadValue", "name must be a string")
+        batch_size = _int_option(cmd, "batchSize", 0, 1 << 30)
+        if bucket is not None:
+            if name is None:
+                raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
+            return await self._attach_bucket(session, name, bucket, n, cmd, batch_size)
+        if n is None:
+            raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
+        name = name or f"pcs-{uuid.uuid4().hex[:12]}"
+        stream = self.streams.get(name)
+        if stream is None:
+            stream = await self._create(name, n, cmd)
+        elif stream.options.n_buckets != n:
+            raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}; "
+                             "re-bucketing an existing stream is not supported")
+        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+        per_bucket = tokens if isinstance(tokens, list) else [tokens] * n
+        cursors = []
+        for i in range(n):
+            token = per_bucket[i]
+            if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
+                raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
+                                 "events after that token; attach to the bucket alone to re-read them")
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+            cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
+                            "postBatchResumeToken": cur.last_token, "bucket": i})
+        return {"cursors": cursors, "name": name, "nBuckets": n}
+
+    async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None
+                      ) -> ParallelStream:
+        shards, now = await self._discover()
+        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+        if isinstance(tokens, list):
+            if len(tokens) != n:
+                raise MongoError("BadValue", f"resumeAfter has {len(tokens)} bucket tokens but nBuckets is {n}: "
+                                 "tokens of a stream with another bucket count cannot resume it")
+            floors = [token_sort_key(t) for t in tokens]
+            start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
+        elif tokens is not None:
+            start, key = start_point(tokens)
+            floors = [key] * n
+        else:
+            start = cmd.get("startAtOperationTime", now)
+            if not isinstance(start, Timestamp):
+                raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
+            floors = [token_sort_key(high_water_mark(start))] * n
+        pipeline = cmd.get("pipeline") or []
+        match = None
+        for stage in pipeline:
+            if set(stage) != {"$match"}:
+                raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages")
+            match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
+        options = StreamOptions(
+            n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
+            shard_buffer_bytes=int(cmd.get("shardBufferBytes", self.config.shard_buffer_bytes)),
+            bucket_buffer_bytes=int(cmd.get("bucketBufferBytes", self.config.bucket_buffer_bytes)),
+            max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
+            reader_await_ms=self.config.reader_await_ms, match=match)
+        stream = ParallelStream(name, options, shards, start, floors, keep=keep)
+        stream.last_active = trio.current_time()
+        assert self._nursery is not None, "Engine.run() must be started first"
+        self._nursery.start_soon(stream.run)
+        await stream.started.wait()
+        if keep is None:
+            self.streams[name] = stream
+        return stream
+
+    def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
+                    batch_size: int | None, token: Mapping[str, Any] | None) -> BucketCursor:
+        """A cursor on bucket `i`: after `token` if given, else at the bucket's live end."""
+        bucket = stream.buckets[i]
+        if token is not None:
+            key = token_sort_key(token)
+            position = bucket.position_after(key)
+            assert position is not None, "callers check retention first"
+        else:
+            position = bucket.end
+        cid = (self._rng.getrandbits(62) << 1) | 1
+        lsid = cmd.get("lsid")
+        cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else session.owner,
+                           ns=CURSOR_NS, batch_size=batch_size or None)
+        if token is not None:
+            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+        else:
+            cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
+        bucket.cursors.add(cur)
+        self.cursors[cid] = cur
+        return cur
+
+    async def _attach_bucket(self, session: Any, name: str, i: int, n: int | None, cmd: dict[str, Any],
+                             batch_size: int | None) -> dict[str, Any]:
+        stream = self.streams.get(name)
+        if stream is None:
+            if n is None:
+                raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
+                                 "pass nBuckets (and resumeAfter) to open it")
+            stream = await self._create(name, n, cmd)
+        if n is not None and n != stream.options.n_buckets:
+            raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}")
+        if i >= stream.options.n_buckets:
+            raise MongoError("BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})")
+        token = cmd.get("resumeAfter") or cmd.get("startAfter")
+        if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
+            # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
+            stream = await self._create(f"{name}#replay", stream.options.n_buckets,
+                                        {**cmd, "nBuckets": stream.options.n_buckets,
+                                         "showExpandedEvents": stream.options.show_expanded_events,
+                                         "pipeline": [{"$match": stream.options.match}] if stream.options.match
+                                         else []},
+                                        keep={i})
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+            self._private[cur.cursor_id] = stream
+        else:
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+        first: list[Any] = []
+        if batch_size:
+            events, _ = await cur.next_batch(batch_size, 0, first=True)
+            first = [RawBSONDocument(e.raw, RAW) for e in events]
+        return {"cursor": {"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": first,
+                           "postBatchResumeToken": cur.last_token}}
+
+    def _owned(self, session: Any, cid: int, cmd: dict[str, Any]) -> BucketCursor:
+        cur = self.cursors.get(cid)
+        if cur is None:
+            raise MongoError("CursorNotFound", f"cursor id {cid} not found")
+        lsid = cmd.get("lsid")
+        who = repr(lsid["id"]) if lsid else session.owner
+        if who != cur.owner:
+            raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
+        return cur
+
+    async def cmd_get_more(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        cid = int(cmd["getMore"])
+        cur = self._owned(session, cid, cmd)
+        if f"{db}.{cmd.get('collection')}" != cur.ns:
+            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{cmd.get('collection')}', "
+                             f"but cursor belongs to a different namespace {cur.ns}")
+        cur.last_used = trio.current_time()
+        try:
+            events, pbrt = await cur.next_batch(cmd.get("batchSize"), cmd.get("maxTimeMS"))
+        except MongoError:
+            self._drop_cursor(cid)
+            raise
+        return {"cursor": {"id": Int64(cid), "ns": cur.ns, "nextBatch": [RawBSONDocument(e.raw, RAW) for e in events],
+                           "postBatchResumeToken": pbrt}}
+
+    async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        killed, missing = [], []
+        for raw in cmd.get("cursors", []):
+            cid = int(raw)
+            if cid in self.cursors:
+                self._owned(session, cid, cmd)
+                self._drop_cursor(cid)
+                killed.append(Int64(cid))
+            else:
+                missing.append(Int64(cid))
+        return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
+
+    def _drop_cursor(self, cid: int) -> None:
+        cur = self.cursors.pop(cid, None)
+        if cur is not None:
+            cur.bucket.cursors.discard(cur)
+            cur.bucket._notify()
+        private = self._private.pop(cid, None)
+        if private is not None:
+            private.close()
+
+    async def cmd_status(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = cmd.get("name")
+        streams = [s for n, s in sorted(self.streams.items()) if name in (None, n)]
+        if name is not None and not streams:
+            raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
+        return {"streams": [s.status() for s in streams], "cursors": len(self.cursors)}

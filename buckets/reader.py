@@ -1,0 +1,185 @@
+"""ShardReader: tails one shard's `local.oplog.rs` and hands events plus high-water marks to the merge.
+
+Strategy: a tailable awaitData `find` from the start timestamp, then getMore forever. Each batch
+is transformed (raw BSON in, raw BSON events out) and sent as one `ShardBatch` carrying the
+shard's new mark: "the oplog is read through ts T, so nothing at or before T can follow". The
+batch's bytes are charged to the shard's ByteBudget before it is sent, so a slow merge stops the
+reader (no getMore is issued while the budget is full).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from bson import Timestamp
+
+from mongoformats.change_events import ChangeEvent, OplogTransformer
+from mongoformats.errors import MongoError
+from mongoformats.resume_token import high_water_mark, token_sort_key
+from buckets.budget import ByteBudget
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
+
+log = logging.getLogger("buckets.reader")
+
+NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
+
+
+def mark_after(ts: Timestamp) -> bytes:
+    """The merge key just above every event at `ts`: the high-water mark of the next tick."""
+    return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+
+
+@dataclass(slots=True)
+class ShardBatch:
+    shard: str
+    events: list[ChangeEvent]
+    mark: bytes
+    nbytes: int
+
+
+@dataclass
+class ShardStats:
+    host: str = ""
+    last_ts: Timestamp = field(default_factory=lambda: Timestamp(0, 0))
+    entries: int = 0
+    events: int = 0
+    batches: int = 0
+    noops: int = 0
+    reconnects: int = 0
+    noop_unavailable: str = ""
+
+
+class ShardReader:
+    def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
+                 transformer: OplogTransformer, budget: ByteBudget, await_ms: int = 200,
+                 batch_size: int = 0) -> None:
+        self.shard_id = shard_id
+        self.hosts = hosts
+        self.position = start          # next read starts at ts >= position (inclusive at first)
+        self.inclusive = True
+        self.skip_key = skip_key       # events at or below this key were delivered before
+        self.transformer = transformer
+        self.budget = budget
+        self.await_ms = await_ms
+        self.batch_size = batch_size
+        self.stats = ShardStats()
+        self.wants_progress = False    # set by the stream when this shard holds the merge back
+        self._last_noop = -1e9
+
+    async def _connect(self) -> UpstreamConnection:
+        last: Exception | None = None
+        for host, port in self.hosts:
+            try:
+                conn = await open_upstream(host, port)
+                self.stats.host = f"{host}:{port}"
+                return conn
+            except UpstreamClosed as exc:
+                last = exc
+        raise UpstreamClosed(f"shard {self.shard_id}: no member reachable: {last}")
+
+    async def check_history(self, conn: UpstreamConnection) -> None:
+        """Fail like the server if the oplog no longer reaches back to the start point."""
+        reply = await conn.command("local", {"find": "oplog.rs", "filter": {}, "sort": {"$natural": 1},
+                                             "limit": 1, "singleBatch": True})
+        first = reply["cursor"]["firstBatch"]
+        if not first:
+            return
+        entry = first[0]
+        ts = entry["ts"]
+        starts_set = entry["op"] == "n" and entry["o"].get("msg") in ("initiating set", "new primary")
+        if (ts.time, ts.inc) > (self.position.time, self.position.inc) and not starts_set:
+            raise MongoError("ChangeStreamHistoryLost",
+                             f"Resume of change stream was not possible, as the resume point may no longer be "
+                             f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})")
+
+    async def run(self, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        """Read until cancelled; reconnect and resume from the last position on network errors."""
+        first_connect = True
+        while True:
+            try:
+                conn = await self._connect()
+            except UpstreamClosed:
+                self.stats.reconnects += 1
+                await trio.sleep(0.2)
+                continue
+            try:
+                if first_connect:
+                    await self.check_history(conn)
+                    first_connect = False
+                await self._tail(conn, send)
+            except UpstreamClosed as exc:
+                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                self.stats.reconnects += 1
+                await trio.sleep(0.05)
+            except MongoError as exc:
+                if exc.code in (43, 136):  # cursor lost (CursorNotFound, CappedPositionLost): re-open
+                    if exc.code == 136:
+                        raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
+                                         f"the read position {self.position}") from exc
+                    continue
+                raise
+            finally:
+                await conn.aclose()
+
+    async def _tail(self, conn: UpstreamConnection, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        op = "$gte" if self.inclusive else "$gt"
+        find: dict[str, Any] = {"find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True,
+                                "awaitData": True}
+        if self.batch_size:
+            find["batchSize"] = self.batch_size
+        reply = await conn.command("local", find)
+        cursor = reply["cursor"]
+        cursor_id = cursor["id"]
+        batch = cursor["firstBatch"]
+        while True:
+            if len(batch):
+                await self._deliver(batch, send)
+            elif self.wants_progress:
+                await self._advance_idle_shard(conn)
+            if not cursor_id:
+                return
+            more: dict[str, Any] = {"getMore": cursor_id, "collection": "oplog.rs", "maxTimeMS": self.await_ms}
+            if self.batch_size:
+                more["batchSize"] = self.batch_size
+            reply = await conn.command("local", more)
+            cursor = reply["cursor"]
+            cursor_id = cursor["id"]
+            batch = cursor["nextBatch"]
+
+    async def _deliver(self, batch: Any, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        transform = self.transformer.transform
+        events: list[ChangeEvent] = []
+        skip = self.skip_key
+        for entry in batch:
+            for ev in transform(entry):
+                if ev.sort_key > skip:
+                    events.append(ev)
+        last_ts = batch[len(batch) - 1]["ts"]
+        nbytes = sum(len(e.raw) for e in events)
+        self.stats.entries += len(batch)
+        self.stats.events += len(events)
+        self.stats.batches += 1
+        self.stats.last_ts = last_ts
+        await self.budget.acquire(nbytes)
+        await send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
+        self.position, self.inclusive = last_ts, False
+
+    async def _advance_idle_shard(self, conn: UpstreamConnection) -> None:
+        """Write a noop so this idle shard's mark moves past events other shards are holding.
+
+        Rate-limited; real servers only write their periodic noop every 10 s, which is the
+        cold-shard latency this avoids. Without the appendOplogNote privilege we fall back to
+        waiting for periodic noops and say so in status.
+        """
+        now = trio.current_time()
+        if self.stats.noop_unavailable or now - self._last_noop < 0.02:
+            return
+        self._last_noop = now
+        try:
+            await conn.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
+            self.stats.noops += 1
+        except MongoError as exc:
+            self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"

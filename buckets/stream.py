@@ -1,0 +1,278 @@
+"""One parallel change stream: S shard readers -> MergedQueue -> N buckets, with bounded memory.
+
+Data flow and backpressure (every arrow is bounded):
+
+    ShardReader (one per shard) --ByteBudget(shard_buffer_bytes)--> channel --> merge pump
+    merge pump --MergedQueue.pop_ready--> Bucket.put (ByteBudget of the bucket) --> getMore
+
+A full bucket stops the pump; a stopped pump stops taking batches, whose byte budgets stay
+charged, which stops the readers from issuing getMore. Memory is bounded by configuration.
+
+Retention: a bucket keeps events it has delivered for as long as its byte budget has room, so a
+consumer that re-attaches with a recent token (a retried Spark task) is served from memory. An
+older token is served by a private replay stream that re-reads the shards' oplogs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from bson import Timestamp
+
+from mongoformats.change_events import ChangeEvent, OplogTransformer
+from mongoformats.resume_token import decode_token, token_sort_key
+from buckets.bucketing import buckets_for_event
+from buckets.budget import ByteBudget
+from buckets.merge import MergedQueue
+from buckets.reader import ShardBatch, ShardReader
+
+log = logging.getLogger("buckets.stream")
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    n_buckets: int
+    show_expanded_events: bool = False
+    shard_buffer_bytes: int = 1 << 30        # per shard, as in the design (1 GiB)
+    bucket_buffer_bytes: int = 64 << 20      # per bucket: pending plus retained events
+    max_await_ms: int = 1000                 # a getMore waits this long for events by default
+    reader_await_ms: int = 200
+    token_version: int = 2
+    match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
+
+
+def key_to_token(key: bytes) -> dict[str, Any]:
+    return {"_data": key.hex().upper()}
+
+
+class Bucket:
+    """Events of one bucket in token order: [retained (delivered) ... pending]."""
+
+    def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any]) -> None:
+        self.index = index
+        self.events: list[ChangeEvent] = []
+        self.keys: list[bytes] = []
+        self.base = 0                  # absolute index of events[0]
+        self.floor = floor             # every event above this key is (or will be) in self.events
+        self.frontier_token = floor_token
+        self.frontier = floor
+        self.budget = ByteBudget(limit_bytes)
+        self.changed = trio.Event()
+        self.cursors: set[BucketCursor] = set()
+        self.delivered_total = 0
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.events)
+
+    def depth(self) -> int:
+        """Events no live cursor has read yet."""
+        low = min((c.position for c in self.cursors), default=self.end)
+        return self.end - low
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _drop_delivered(self, need: int) -> None:
+        # Free retained events that every live cursor has passed, oldest first.
+        safe = min((c.position for c in self.cursors), default=self.end)
+        while self.events and self.base < safe and self.budget.used + need > self.budget.limit:
+            ev = self.events.pop(0)
+            self.keys.pop(0)
+            self.base += 1
+            self.floor = ev.sort_key
+            self.budget.release(len(ev.raw))
+
+    async def put(self, event: ChangeEvent) -> None:
+        if event.sort_key <= self.floor:
+            return  # a resumed stream: this bucket already had it
+        n = len(event.raw)
+        self._drop_delivered(n)
+        while self.budget.used and self.budget.used + n > self.budget.limit:
+            await self.changed.wait()   # a consumer must read before more can come: backpressure
+            self._drop_delivered(n)
+        await self.budget.acquire(n)
+        self.events.append(event)
+        self.keys.append(event.sort_key)
+        self._notify()
+
+    def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
+        if key > self.frontier:
+            self.frontier, self.frontier_token = key, token
+            self._notify()
+
+    def position_after(self, key: bytes) -> int | None:
+        """Absolute index of the first event above `key`, or None if that history was dropped."""
+        if key < self.floor:
+            return None
+        return self.base + bisect.bisect_right(self.keys, key)
+
+
+@dataclass(eq=False)
+class BucketCursor:
+    cursor_id: int
+    stream: ParallelStream
+    bucket: Bucket
+    position: int
+    owner: str
+    ns: str
+    batch_size: int | None = None
+    last_key: bytes = b""
+    last_token: dict[str, Any] = field(default_factory=dict)
+    last_used: float = 0.0
+
+    async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
+                         *, first: bool = False) -> tuple[list[ChangeEvent], dict[str, Any]]:
+        bucket = self.bucket
+        limit = batch_size or self.batch_size or 1 << 30
+        if not first:
+            deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
+                                              else self.stream.options.max_await_ms) / 1000
+            while self.position >= bucket.end and self.stream.error is None:
+                with trio.move_on_at(deadline):
+                    await bucket.changed.wait()
+                    continue
+                break
+        if self.stream.error is not None:
+            raise self.stream.error
+        if self.position < bucket.base:
+            from mongoformats.errors import MongoError
+
+            raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
+        start = self.position - bucket.base
+        batch: list[ChangeEvent] = []
+        size = 0
+        for ev in bucket.events[start:]:
+            if len(batch) >= limit or (batch and size + len(ev.raw) > 16 * 1024 * 1024 - 4096):
+                break
+            batch.append(ev)
+            size += len(ev.raw)
+        self.position += len(batch)
+        bucket.delivered_total += len(batch)
+        if batch:
+            self.last_key, self.last_token = batch[-1].sort_key, batch[-1].token
+        if self.position >= bucket.end and bucket.frontier > self.last_key:
+            # Drained: everything up to the merge frontier was dealt out, so the frontier is a
+            # resume point that moves even while this bucket is idle.
+            self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
+        bucket._notify()
+        return batch, self.last_token
+
+
+class ParallelStream:
+    def __init__(self, name: str, options: StreamOptions, shards: dict[str, list[tuple[str, int]]],
+                 start: Timestamp, floors: list[bytes], *, keep: set[int] | None = None) -> None:
+        self.name = name
+        self.options = options
+        self.start = start
+        n = options.n_buckets
+        self.keep = keep if keep is not None else set(range(n))
+        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
+                        for i in self.keep}
+        self.shard_budgets = {s: ByteBudget(options.shard_buffer_bytes) for s in shards}
+        skip = min(floors[i] for i in self.keep)
+        self.readers = {
+            s: ShardReader(s, hosts, start=start, skip_key=skip, budget=self.shard_budgets[s],
+                           transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
+                                                        token_version=options.token_version),
+                           await_ms=options.reader_await_ms)
+            for s, hosts in shards.items()}
+        self.merge = MergedQueue(shards)
+        self.error: Exception | None = None
+        self.events_merged = 0
+        self.last_active = 0.0
+        self.started = trio.Event()
+        self._frontier = b""
+        self._cancel = trio.CancelScope()
+
+    def close(self) -> None:
+        self._cancel.cancel()
+
+    async def run(self) -> None:
+        from mongoformats.errors import MongoError
+
+        with self._cancel:
+            try:
+                send, recv = trio.open_memory_channel[ShardBatch](2 * len(self.readers) + 2)
+                async with trio.open_nursery() as nursery:
+                    for reader in self.readers.values():
+                        nursery.start_soon(reader.run, send.clone())
+                    send.close()
+                    self.started.set()
+                    await self._pump(recv)
+            except MongoError as exc:
+                log.warning("stream %s failed: %s", self.name, exc)
+                self.error = exc
+                for b in self.buckets.values():
+                    b._notify()
+
+    async def _pump(self, recv: trio.MemoryReceiveChannel[ShardBatch]) -> None:
+        merge = self.merge
+        n = self.options.n_buckets
+        match = self.options.match
+        async for batch in recv:
+            for ev in batch.events:
+                merge.push(batch.shard, ev)
+            merge.advance(batch.shard, batch.mark)
+            ready = merge.pop_ready()
+            for shard, ev in ready:
+                self.shard_budgets[shard].release(len(ev.raw))
+                if match is not None and not _event_matches(ev, match):
+                    continue
+                for b in buckets_for_event(ev, n):
+                    bucket = self.buckets.get(b)
+                    if bucket is not None:
+                        await bucket.put(ev)
+            self.events_merged += len(ready)
+            frontier = merge.frontier()
+            if frontier > self._frontier:
+                # Every mark is a high-water-mark token key, so the frontier is itself a token;
+                # idle buckets report it as their postBatchResumeToken.
+                self._frontier = frontier
+                token = key_to_token(frontier)
+                for bucket in self.buckets.values():
+                    bucket.advance_frontier(frontier, token)
+            blocking = set(merge.blocking_shards())
+            for s, reader in self.readers.items():
+                reader.wants_progress = s in blocking
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
+            "mergeQueue": len(self.merge),
+            "error": str(self.error) if self.error else None,
+            "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts, "entriesRead": r.stats.entries,
+                        "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,
+                        "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
+                        "reconnects": r.stats.reconnects,
+                        "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
+            "buckets": [{"bucket": i, "depth": b.depth(), "retained": len(b.events), "bytes": b.budget.used,
+                         "limitBytes": b.budget.limit, "delivered": b.delivered_total, "cursors": len(b.cursors),
+                         "consumerPosition": max((c.last_token for c in b.cursors), default=None,
+                                                 key=lambda t: t.get("_data", "") if t else "")}
+                        for i, b in sorted(self.buckets.items())],
+        }
+
+
+def _ts_of_key(key: bytes) -> Timestamp:
+    # Every resume token key starts with the KeyString Timestamp: 0x82 + 8 bytes big-endian.
+    value = int.from_bytes(key[1:9], "big")
+    return Timestamp(value >> 32, value & 0xFFFFFFFF)
+
+
+def _event_matches(ev: ChangeEvent, match: dict[str, Any]) -> bool:
+    import bson
+
+    from mongoformats.mql import matches
+
+    return matches(bson.decode(ev.raw), match)
+
+
+def start_point(token: dict[str, Any]) -> tuple[Timestamp, bytes]:
+    data = decode_token(token)
+    return data.cluster_time, token_sort_key(token)

@@ -1,0 +1,63 @@
+"""`wireproxy --upstream mongodb://mongos:27017 --listen 127.0.0.1:27018`
+
+Configuration comes from (later wins): defaults, a TOML file (`--config`, table [wireproxy]),
+WIREPROXY_* environment variables, then command-line flags. SIGTERM/SIGINT stop accepting,
+give in-flight requests `shutdown_grace_s`, then close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+
+import trio
+
+from wireproxy.app import serve_proxy
+from wireproxy.config import ProxyConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="wireproxy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="TOML file with a [wireproxy] table")
+    parser.add_argument("--upstream", help="mongos connection string")
+    parser.add_argument("--listen", help="host:port to listen on")
+    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--accelerate-change-streams", action="store_true", default=None)
+    args = parser.parse_args(argv)
+    config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
+    config = ProxyConfig.from_env(base=config)
+    changes: dict[str, object] = {}
+    if args.upstream:
+        changes["upstream"] = args.upstream
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        changes.update(listen_host=host or "127.0.0.1", listen_port=int(port))
+    if args.metrics_port is not None:
+        changes["metrics_port"] = args.metrics_port
+    if args.accelerate_change_streams:
+        changes["accelerate_change_streams"] = True
+    config = dataclasses.replace(config, **changes)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_proxy, config)
+            logging.getLogger("wireproxy").info("listening on %s:%d, upstream %s", config.listen_host,
+                                                server.port, config.upstream)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    await server.shutdown()
+                    with trio.move_on_after(config.shutdown_grace_s + 1):
+                        while server.metrics.connections._value.get() > 0:
+                            await trio.sleep(0.1)
+                    nursery.cancel_scope.cancel()
+                    return
+
+    trio.run(run)
+
+
+if __name__ == "__main__":
+    main()
