@@ -30,7 +30,7 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from buckets.bucketing import MAX_BUCKETS
-from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
+from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
 from wireproxy.router import CommandTable
 from wireproxy.upstream import UpstreamConnection, parse_hosts
 
@@ -303,8 +303,26 @@ class Engine:
             private.close()
 
     async def cmd_status(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Status of every stream, or of `name` with its merge frontier.
+
+        With `after: [N tokens]` and `maxEvents: k` it also plans a micro-batch: `planEnd` is the
+        highest token such that buckets hold at most k events in (after_i, planEnd] (admission
+        control for Spark); without maxEvents, planEnd is the frontier.
+        """
         name = cmd.get("name")
         streams = [s for n, s in sorted(self.streams.items()) if name in (None, n)]
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
-        return {"streams": [s.status() for s in streams], "cursors": len(self.cursors)}
+        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors)}
+        if name is not None:
+            stream = streams[0]
+            stream.last_active = trio.current_time()
+            out["frontier"] = key_to_token(stream.frontier_key)
+            after = cmd.get("after")
+            if after is not None:
+                if len(after) != stream.options.n_buckets:
+                    raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
+                                     f"{stream.options.n_buckets} buckets")
+                end = stream.plan_end([token_sort_key(t) for t in after], _int_option(cmd, "maxEvents", 1, 1 << 62))
+                out["planEnd"] = key_to_token(end)
+        return out

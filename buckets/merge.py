@@ -49,6 +49,9 @@ class MergedQueue:
         if mark > self._marks[shard]:
             self._marks[shard] = mark
 
+    def mark_of(self, shard: str) -> bytes:
+        return self._marks[shard]
+
     def frontier(self) -> bytes:
         """Everything at or below this key has been pushed by every shard."""
         return min(self._marks.values()) if self._marks else b""

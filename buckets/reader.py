@@ -10,6 +10,7 @@ reader (no getMore is issued while the budget is full).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,8 @@ class ShardReader:
         self.await_ms = await_ms
         self.batch_size = batch_size
         self.stats = ShardStats()
-        self.wants_progress = False    # set by the stream when this shard holds the merge back
+        # Asked after an empty getMore: does this shard hold the merge (or a waiting consumer) back?
+        self.wants_progress: Callable[[str], bool] = lambda shard: False
         self._last_noop = -1e9
 
     async def _connect(self) -> UpstreamConnection:
@@ -137,7 +139,7 @@ class ShardReader:
         while True:
             if len(batch):
                 await self._deliver(batch, send)
-            elif self.wants_progress:
+            elif self.wants_progress(self.shard_id):
                 await self._advance_idle_shard(conn)
             if not cursor_id:
                 return

@@ -64,6 +64,7 @@ class Bucket:
         self.changed = trio.Event()
         self.cursors: set[BucketCursor] = set()
         self.delivered_total = 0
+        self.waiting = 0               # getMores parked on this bucket right now
 
     @property
     def end(self) -> int:
@@ -133,11 +134,17 @@ class BucketCursor:
         if not first:
             deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
                                               else self.stream.options.max_await_ms) / 1000
-            while self.position >= bucket.end and self.stream.error is None:
-                with trio.move_on_at(deadline):
-                    await bucket.changed.wait()
-                    continue
-                break
+            bucket.waiting += 1
+            try:
+                while self.position >= bucket.end and self.stream.error is None:
+                    with trio.move_on_at(deadline):
+                        await bucket.changed.wait()
+                        if self.position >= bucket.end and bucket.frontier > self.last_key:
+                            break  # an idle bucket still returns the advanced resume point promptly
+                        continue
+                    break
+            finally:
+                bucket.waiting -= 1
         if self.stream.error is not None:
             raise self.stream.error
         if self.position < bucket.base:
@@ -183,6 +190,8 @@ class ParallelStream:
                            await_ms=options.reader_await_ms)
             for s, hosts in shards.items()}
         self.merge = MergedQueue(shards)
+        for reader in self.readers.values():
+            reader.wants_progress = self._shard_holds_back
         self.error: Exception | None = None
         self.events_merged = 0
         self.last_active = 0.0
@@ -237,9 +246,41 @@ class ParallelStream:
                 token = key_to_token(frontier)
                 for bucket in self.buckets.values():
                     bucket.advance_frontier(frontier, token)
-            blocking = set(merge.blocking_shards())
-            for s, reader in self.readers.items():
-                reader.wants_progress = s in blocking
+
+    def _shard_holds_back(self, shard: str) -> bool:
+        """True when `shard`'s mark is what keeps pending events, or a waiting consumer, from moving."""
+        if shard in self.merge.blocking_shards():
+            return True
+        waiting = any(b.waiting for b in self.buckets.values())
+        return waiting and self.merge.mark_of(shard) <= self.merge.frontier()
+
+    @property
+    def frontier_key(self) -> bytes:
+        return max(self._frontier, min(b.floor for b in self.buckets.values()))
+
+    def plan_end(self, after: list[bytes], max_events: int | None) -> bytes:
+        """The end key of a micro-batch starting after `after` (one key per bucket).
+
+        Without a limit it is the frontier: every event at or below it has been dealt. With one,
+        it is lowered so that at most `max_events` retained events fall in (after_i, end]; if
+        bucket history was dropped the count is unknown there and the frontier is used.
+        """
+        frontier = self.frontier_key
+        if max_events is None:
+            return frontier
+        import heapq
+
+        runs = []
+        for i, bucket in self.buckets.items():
+            lo = bisect.bisect_right(bucket.keys, after[i])
+            hi = bisect.bisect_right(bucket.keys, frontier)
+            runs.append(bucket.keys[lo:min(hi, lo + max_events + 1)])
+        merged = list(heapq.merge(*runs))
+        # Keys repeat across buckets for multi-bucket events; count each key once per bucket run.
+        if len(merged) <= max_events:
+            return frontier
+        end = merged[max_events - 1]
+        return end
 
     def status(self) -> dict[str, Any]:
         return {

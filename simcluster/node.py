@@ -11,6 +11,7 @@ import datetime
 from typing import Any
 
 import bson
+import trio
 from bson import Binary, Int64, ObjectId, Timestamp
 from bson.raw_bson import RawBSONDocument
 
@@ -50,6 +51,17 @@ class ShardNode(CommandServer):
             "collstats": self.cmd_coll_stats,
         })
         self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
+        # periodicNoopIntervalSecs (server default 10 s): an idle primary writes a noop so that
+        # change streams on mongos can move past it. Settable with setParameter.
+        self.periodic_noop_interval_s = 10.0
+
+    async def background(self) -> None:
+        last_seen = self.oplog.last_key()
+        while True:
+            await trio.sleep(self.periodic_noop_interval_s)
+            if self.oplog.last_key() == last_seen:  # only when nothing was written since the last check
+                self.oplog.append({"op": "n", "ns": "", "o": {"msg": "periodic noop"}})
+            last_seen = self.oplog.last_key()
 
     # -- identity ----------------------------------------------------------------------------------
 
@@ -164,9 +176,7 @@ class ShardNode(CommandServer):
         multi = spec.get("multi", False)
         if multi and upd and not next(iter(upd)).startswith("$"):
             raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
-        matched = [d for d in coll if q.matches(d, filt)] if coll else []
-        if not multi:
-            matched = matched[:1]
+        matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
         for old in matched:
             new = q.apply_update(old, upd, array_filters=spec.get("arrayFilters"))
@@ -220,17 +230,16 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         if coll is None:
             return 0
-        matched = [d for d in coll if q.matches(d, filt)]
-        if limit:
-            matched = matched[:limit]
-        for doc in matched:
+        removed = 0
+        for doc in self.select(ns, filt, limit=limit):
             coll.remove(doc)
+            removed += 1
             entry: dict[str, Any] = {"op": "d", "ns": ns, "ui": coll.ui, "o": self.document_key(ns, doc)}
             entry.update(session)
             if from_migrate:
                 entry["fromMigrate"] = True
             self.oplog.append(entry)
-        return len(matched)
+        return removed
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['delete']}"
@@ -273,8 +282,15 @@ class ShardNode(CommandServer):
         if set(filt) == {"_id"} and not isinstance(filt["_id"], dict):
             d = coll.docs.get(id_key(filt["_id"]))
             docs = [d] if d is not None else []
+        elif limit and not sort and not skip:
+            docs = []
+            for d in coll.docs.values():
+                if q.matches(d, filt):
+                    docs.append(d)
+                    if len(docs) >= abs(limit):
+                        break
         else:
-            docs = [d for d in coll if q.matches(d, filt)]
+            docs = [d for d in coll.docs.values() if q.matches(d, filt)]
         if sort:
             docs = q.sort_docs(docs, sort)
         if skip:

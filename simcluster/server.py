@@ -60,6 +60,7 @@ class CommandServer:
         self.commands: dict[str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]] = {
             "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
             "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
+            "setparameter": self.cmd_set_parameter,
             "endsessions": self.cmd_ok, "killallsessions": self.cmd_ok, "startsession": self.cmd_start_session,
             "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
             "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
@@ -78,8 +79,13 @@ class CommandServer:
         with self._cancel:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             self.port = listeners[0].socket.getsockname()[1]
-            task_status.started(self.port)
-            await trio.serve_listeners(self._handle_connection, listeners)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.background)
+                task_status.started(self.port)
+                await trio.serve_listeners(self._handle_connection, listeners, handler_nursery=nursery)
+
+    async def background(self) -> None:
+        """Work a process does on its own (periodic noops, replication); stops with the process."""
 
     def stop(self) -> None:
         """Stop listening and drop every connection (a crashed or stopped process)."""
@@ -266,6 +272,20 @@ class CommandServer:
         if cmd.get("getParameter") == "*":
             return dict(params)
         return {k: v for k, v in params.items() if k in cmd}
+
+    async def cmd_set_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if db != "admin":
+            raise MongoError("Unauthorized", "setParameter may only be run against the admin database.")
+        out = {}
+        for key, value in cmd.items():
+            if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
+                continue
+            if key == "periodicNoopIntervalSecs" and hasattr(self, "periodic_noop_interval_s"):
+                out["was"] = self.periodic_noop_interval_s
+                self.periodic_noop_interval_s = float(value)
+            else:
+                raise MongoError("InvalidOptions", f"attempted to set unrecognized parameter [{key}]")
+        return out
 
     async def cmd_start_session(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         import uuid

@@ -1,0 +1,183 @@
+"""Replicate change events into a target MongoDB: what each Spark task does with its bucket.
+
+Events arrive per bucket in token order, so every namespace's events are in order. Runs of DML on
+one namespace become one ordered bulk write; DDL flushes the run and applies on its own.
+
+Idempotent on replay (a re-applied batch leaves the same state):
+- insert/replace -> replaceOne(documentKey, fullDocument, upsert): a replayed insert is no
+  duplicate-key error, and no update ever needs the (possibly null) post-image;
+- update -> $set/$unset (+ $push/$slice for truncated arrays) from updateDescription, never upsert:
+  replaying an update after a later delete leaves the document deleted;
+- delete -> deleteOne(documentKey); DDL ignores "already done" errors (NamespaceExists,
+  NamespaceNotFound, IndexNotFound, IndexAlreadyExists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+import pymongo
+from pymongo import DeleteOne, ReplaceOne, UpdateOne
+from pymongo.errors import OperationFailure
+
+_ALREADY_DONE = {26, 27, 48, 68, 85, 86}  # NamespaceNotFound, IndexNotFound, NamespaceExists, Index*
+
+
+@dataclass
+class ApplyStats:
+    applied: int = 0
+    ddl: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+def _update_spec(desc: Mapping[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if desc.get("updatedFields"):
+        spec["$set"] = dict(desc["updatedFields"])
+    if desc.get("removedFields"):
+        spec["$unset"] = {f: "" for f in desc["removedFields"]}
+    for t in desc.get("truncatedArrays") or []:
+        spec.setdefault("$push", {})[t["field"]] = {"$each": [], "$slice": t["newSize"]}
+    return spec
+
+
+def dml_op(ev: Mapping[str, Any]) -> Any:
+    kind = ev["operationType"]
+    key = ev["documentKey"]
+    if kind in ("insert", "replace"):
+        return ReplaceOne(key, ev["fullDocument"], upsert=True)
+    if kind == "update":
+        spec = _update_spec(ev["updateDescription"])
+        return UpdateOne(key, spec) if spec else None
+    if kind == "delete":
+        return DeleteOne(key)
+    raise ValueError(kind)
+
+
+def apply_ddl(client: pymongo.MongoClient[Any], ev: Mapping[str, Any]) -> None:
+    kind = ev["operationType"]
+    ns = ev["ns"]
+    db = client[ns["db"]]
+    desc = ev.get("operationDescription") or {}
+    try:
+        if kind == "drop":
+            db.drop_collection(ns["coll"])
+        elif kind == "dropDatabase":
+            client.drop_database(ns["db"])
+        elif kind == "rename":
+            to = ev["to"]
+            client.admin.command({"renameCollection": f"{ns['db']}.{ns['coll']}", "to": f"{to['db']}.{to['coll']}",
+                                  "dropTarget": True})
+        elif kind == "create":
+            db.command({"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}})
+        elif kind == "createIndexes":
+            db.command({"createIndexes": ns["coll"], "indexes": desc.get("indexes", [])})
+        elif kind == "dropIndexes":
+            for spec in desc.get("indexes", []):
+                db.command({"dropIndexes": ns["coll"], "index": spec["name"]})
+        elif kind == "modify":
+            db.command({"collMod": ns["coll"], **desc})
+        # shardCollection: the target's sharding layout is the operator's choice; not replayed.
+    except OperationFailure as exc:
+        if exc.code not in _ALREADY_DONE:
+            raise
+
+
+DML = frozenset({"insert", "update", "replace", "delete"})
+
+
+def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str, Any] | bytes]) -> ApplyStats:
+    """Apply events (decoded dicts or raw BSON) in order to the target cluster behind `client`."""
+    stats = ApplyStats()
+    run_ns: tuple[str, str] | None = None
+    run: list[Any] = []
+
+    def flush() -> None:
+        nonlocal run
+        if run and run_ns is not None:
+            client[run_ns[0]][run_ns[1]].bulk_write(run, ordered=True)
+        run = []
+
+    for raw in events:
+        ev = bson.decode(raw) if isinstance(raw, (bytes, bytearray)) else raw
+        kind = ev["operationType"]
+        stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
+        if kind in DML:
+            ns = (ev["ns"]["db"], ev["ns"]["coll"])
+            if ns != run_ns:
+                flush()
+                run_ns = ns
+            op = dml_op(ev)
+            if op is not None:
+                run.append(op)
+            stats.applied += 1
+        elif kind != "invalidate":
+            flush()
+            apply_ddl(client, ev)
+            stats.ddl += 1
+    flush()
+    return stats
+
+
+def replicate_partition(target_uri: str):  # type: ignore[no-untyped-def]
+    """A `foreachPartition` function: apply one bucket's rows (column `event`, BSON) to the target."""
+
+    def apply(rows: Iterable[Any]) -> None:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri, serverSelectionTimeoutMS=10_000)
+        try:
+            apply_events(client, (bytes(r["event"]) for r in rows))
+        finally:
+            client.close()
+
+    return apply
+
+
+CROSS_BUCKET = ("rename", "dropDatabase")
+
+
+def replicate_batch(target_uri: str, on_batch: Any = None):  # type: ignore[no-untyped-def]
+    """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
+
+    Events that span buckets (rename, dropDatabase) are barriers: the batch is cut at each one,
+    everything before it is applied in parallel, then the event itself once, on the driver, so no
+    bucket runs ahead of it. `on_batch(df, epoch_id)` may record per-batch figures.
+    """
+
+    def run(df: Any, epoch_id: int) -> None:
+        from pyspark.sql.functions import col
+
+        df = df.persist()
+        try:
+            if on_batch is not None:
+                on_batch(df, epoch_id)
+            barriers = sorted({r["token"]: bytes(r["event"]) for r in
+                               df.filter(col("operationType").isin(*CROSS_BUCKET)).select("token", "event")
+                               .collect()}.items())
+            low = None
+            for token, event in [*barriers, (None, None)]:
+                segment = df
+                if low is not None:
+                    segment = segment.filter(col("token") > low)
+                if token is not None:
+                    segment = segment.filter(col("token") < token)
+                segment.select("event").rdd.foreachPartition(replicate_partition(target_uri))
+                if event is not None:
+                    client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
+                    try:
+                        apply_events(client, [event])
+                    finally:
+                        client.close()
+                low = token
+        finally:
+            df.unpersist()
+
+    return run
+
+
+def parquet_sink(df: Any, path: str, checkpoint: str) -> Any:
+    """The plain sink: events as Parquet files partitioned by namespace."""
+    return (df.writeStream.format("parquet").partitionBy("db", "coll").option("path", path)
+            .option("checkpointLocation", checkpoint).start())

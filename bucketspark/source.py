@@ -1,0 +1,179 @@
+"""`spark.readStream.format("parallelchangestream")`: one Spark partition per bucket.
+
+Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages),
+startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
+maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize.
+
+Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
+reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
+from its merge frontier, so the set is fixed when planned and a retried task returns the same
+rows. The proxy keeps no durable state: after a proxy restart the stream is reopened from the
+checkpointed tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
+from bucketspark.rows import SCHEMA, event_row
+
+
+@dataclass(frozen=True)
+class BucketPartition(InputPartition):
+    bucket: int
+    start: str
+    end: str
+    spec: StreamSpec
+    with_json: bool
+    batch_size: int
+
+
+def _spec(options: dict[str, str]) -> StreamSpec:
+    uri = options.get("uri")
+    if not uri:
+        raise ValueError("parallelchangestream: option 'uri' (the proxy's connection string) is required")
+    n = int(options.get("nBuckets", "4"))
+    if not 1 <= n <= 1024:
+        raise ValueError("parallelchangestream: nBuckets must be between 1 and 1024")
+    pipeline = tuple(json.loads(options["pipeline"])) if options.get("pipeline") else ()
+    return StreamSpec(uri=uri, name=options.get("name", "spark"), n_buckets=n,
+                      show_expanded_events=options.get("showExpandedEvents", "true").lower() == "true",
+                      pipeline=pipeline)
+
+
+def _start_args(options: dict[str, str]) -> dict[str, Any]:
+    raw = options.get("startAtOperationTime")
+    if not raw:
+        return {}
+    from bson import Timestamp
+
+    t, _, i = raw.partition(",")
+    return {"startAtOperationTime": Timestamp(int(t), int(i or 0))}
+
+
+def _read(partition: BucketPartition) -> Iterator[tuple[Any, ...]]:
+    client = client_for(partition.spec.uri)
+    try:
+        for ev in read_bucket(client, partition.spec, partition.bucket, partition.start, partition.end,
+                              batch_size=partition.batch_size):
+            yield event_row(partition.bucket, ev, with_json=partition.with_json)
+    finally:
+        client.close()
+
+
+class ParallelChangeStreamDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "parallelchangestream"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _BatchReader(dict(self.options))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return _StreamReader(dict(self.options))
+
+
+class _StreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.spec = _spec(options)
+        self.with_json = options.get("jsonColumn", "false").lower() == "true"
+        self.batch_size = int(options.get("batchSize", "1000"))
+        limit = options.get("maxEventsPerTrigger")
+        self.max_events = int(limit) if limit else None
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = client_for(self.spec.uri)
+        return self._client
+
+    def initialOffset(self) -> dict[str, Any]:
+        tokens = open_stream(self.client, self.spec, **_start_args(self.options))
+        return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_events) if self.max_events else ReadAllAvailable()
+
+    def _check(self, offset: dict[str, Any]) -> None:
+        if offset.get("nBuckets") != self.spec.n_buckets or len(offset.get("tokens", ())) != self.spec.n_buckets:
+            raise ValueError(
+                f"parallelchangestream: the checkpoint was written with nBuckets={offset.get('nBuckets')} but the "
+                f"query now asks for nBuckets={self.spec.n_buckets}; re-bucketing a checkpointed stream is not "
+                "supported yet (start a new checkpoint, or keep the old nBuckets)")
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._check(start)
+        max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        from pymongo.errors import OperationFailure
+
+        try:
+            end = plan_end(self.client, self.spec, start["tokens"], max_events)
+        except OperationFailure as exc:
+            if exc.code != 26:  # NamespaceNotFound: the proxy restarted; reopen from the checkpoint
+                raise
+            open_stream(self.client, self.spec, resumeAfter=[{"_data": t} for t in start["tokens"]])
+            end = plan_end(self.client, self.spec, start["tokens"], max_events)
+        tokens = [max(t, end) for t in start["tokens"]]
+        return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._check(start)
+        return [BucketPartition(i, s, e, self.spec, self.with_json, self.batch_size)
+                for i, (s, e) in enumerate(zip(start["tokens"], end["tokens"], strict=True))]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, BucketPartition)
+        return _read(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        # Nothing to release: the proxy's buckets drop delivered events under memory pressure, and
+        # anything older is re-read from the oplogs on demand.
+        return None
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class _BatchReader(DataSourceReader):
+    """A bounded read: events from startAtOperationTime (or start tokens) up to now (or endToken)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.spec = _spec(options)
+        self.with_json = options.get("jsonColumn", "false").lower() == "true"
+        self.batch_size = int(options.get("batchSize", "1000"))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        client = client_for(self.spec.uri)
+        try:
+            if self.options.get("startTokens"):
+                starts = json.loads(self.options["startTokens"])
+                open_stream(client, self.spec, resumeAfter=[{"_data": t} for t in starts])
+            else:
+                starts = open_stream(client, self.spec, **_start_args(self.options))
+            end = self.options.get("endToken")
+            if not end:
+                from mongoformats.resume_token import high_water_mark
+
+                now = client.admin.command("ping")["operationTime"]
+                end = high_water_mark(now)["_data"]
+        finally:
+            client.close()
+        return [BucketPartition(i, s, end, self.spec, self.with_json, self.batch_size) for i, s in enumerate(starts)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, BucketPartition)
+        return _read(partition)
