@@ -198,6 +198,8 @@ class Engine:
         assert self._nursery is not None, "Engine.run() must be started first"
         self._nursery.start_soon(stream.run)
         await stream.started.wait()
+        if stream.error is not None:
+            raise stream.error
         if keep is None:
             self.streams[name] = stream
         return stream

@@ -97,8 +97,12 @@ class ShardReader:
                              f"Resume of change stream was not possible, as the resume point may no longer be "
                              f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})")
 
-    async def run(self, send: trio.MemorySendChannel[ShardBatch]) -> None:
-        """Read until cancelled; reconnect and resume from the last position on network errors."""
+    async def run(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None) -> None:
+        """Read until cancelled; reconnect and resume from the last position on network errors.
+
+        `checked` is set once the oplog is known to reach back to the start point, so that opening
+        a stream fails at once (ChangeStreamHistoryLost) instead of at the first getMore.
+        """
         first_connect = True
         while True:
             try:
@@ -111,6 +115,8 @@ class ShardReader:
                 if first_connect:
                     await self.check_history(conn)
                     first_connect = False
+                    if checked is not None:
+                        checked.set()
                 await self._tail(conn, send)
             except UpstreamClosed as exc:
                 log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)

@@ -209,16 +209,26 @@ class ParallelStream:
             try:
                 send, recv = trio.open_memory_channel[ShardBatch](2 * len(self.readers) + 2)
                 async with trio.open_nursery() as nursery:
+                    checks = []
                     for reader in self.readers.values():
-                        nursery.start_soon(reader.run, send.clone())
+                        checks.append(trio.Event())
+                        nursery.start_soon(reader.run, send.clone(), checks[-1])
                     send.close()
-                    self.started.set()
+                    nursery.start_soon(self._announce_start, checks)
                     await self._pump(recv)
-            except MongoError as exc:
+            except* MongoError as group:
+                exc = _first_leaf(group)
                 log.warning("stream %s failed: %s", self.name, exc)
                 self.error = exc
                 for b in self.buckets.values():
                     b._notify()
+            finally:
+                self.started.set()
+
+    async def _announce_start(self, checks: list[trio.Event]) -> None:
+        for event in checks:
+            await event.wait()
+        self.started.set()
 
     async def _pump(self, recv: trio.MemoryReceiveChannel[ShardBatch]) -> None:
         merge = self.merge
@@ -298,6 +308,14 @@ class ParallelStream:
                                                  key=lambda t: t.get("_data", "") if t else "")}
                         for i, b in sorted(self.buckets.items())],
         }
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
+    first = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, Exception)
+    return first
 
 
 def _ts_of_key(key: bytes) -> Timestamp:

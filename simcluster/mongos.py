@@ -88,7 +88,7 @@ class Mongos(CommandServer):
             "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
             "movechunk": self.cmd_move_chunk, "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
             "balancerstatus": self.cmd_balancer_status, "getshardmap": self.cmd_list_shards,
-            "dbstats": self.cmd_db_stats,
+            "dbstats": self.cmd_db_stats, "appendoplognote": self.cmd_append_oplog_note,
         })
 
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -318,6 +318,12 @@ class Mongos(CommandServer):
     async def cmd_db_stats(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         objects = sum(len(c.docs) for s in self.shards.values() for c in s.dbs.get(db, {}).values())
         return {"db": db, "objects": objects, "raw": {}}
+
+    async def cmd_append_oplog_note(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        # mongos writes the note on every shard (cluster_oplog_note_cmd).
+        for shard in self.shards.values():
+            await shard.cmd_append_oplog_note(db, cmd, req)
+        return {}
 
     # -- sharding ----------------------------------------------------------------------------------
 

@@ -319,6 +319,9 @@ class ShardNode(CommandServer):
             position = start - 1 if "$gte" in cond else start
         else:
             position = 0
+        # A scan that starts before the oldest entry starts at the oldest entry; only a cursor whose
+        # position is truncated away later dies with CappedPositionLost.
+        position = max(position, oplog.truncated_before)
         rest = {k: v for k, v in filt.items() if k != "ts"}
         tailable = bool(cmd.get("tailable"))
         remaining = cmd.get("limit") or 0

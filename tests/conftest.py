@@ -1,0 +1,64 @@
+"""Fixtures: a real simcluster and a real proxy on loopback, started inside each test's trio loop.
+
+pymongo is synchronous, so tests run client code with `await sync(fn)` on a worker thread while
+the servers keep running on the trio thread. Each such call has a deadline.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import pymongo
+import pytest
+import trio
+
+from simcluster import SimCluster, open_cluster
+from wireproxy.app import serve_proxy
+from wireproxy.config import ProxyConfig
+from wireproxy.server import ProxyServer
+
+T = TypeVar("T")
+
+
+async def sync(fn: Callable[..., T], *args: Any, timeout: float = 90, **kwargs: Any) -> T:
+    """Run blocking client code (pymongo) off the trio thread, with a deadline (no test may hang CI)."""
+    with trio.fail_after(timeout):
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), abandon_on_cancel=True)
+
+
+_OPEN_CLIENTS: list[pymongo.MongoClient[Any]] = []
+
+
+def client(uri: str, **kwargs: Any) -> pymongo.MongoClient[Any]:
+    """A pymongo client that is closed when the test ends."""
+    kwargs.setdefault("serverSelectionTimeoutMS", 5000)
+    c: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, **kwargs)
+    _OPEN_CLIENTS.append(c)
+    return c
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Any:
+    yield
+    while _OPEN_CLIENTS:
+        _OPEN_CLIENTS.pop().close()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[SimCluster]:
+    async with open_cluster(shards=3) as c:
+        yield c
+
+
+@pytest.fixture
+async def proxy(cluster: SimCluster) -> AsyncIterator[ProxyServer]:
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
+        yield server
+        nursery.cancel_scope.cancel()
+
+
+def proxy_uri(server: ProxyServer) -> str:
+    return f"mongodb://127.0.0.1:{server.port}/"

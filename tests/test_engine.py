@@ -1,0 +1,306 @@
+"""The parallelChangeStream command end to end: pymongo -> wireproxy -> engine -> simcluster.
+
+The reference stream is built the way mongos builds its own: every shard's oplog transformed to
+events and merged by resume token. The union of the buckets must equal it event for event and
+token for token; each bucket must be in token order; each namespace must keep its order.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import bson
+import pytest
+import trio
+from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
+from pymongo.command_cursor import CommandCursor
+from pymongo.errors import OperationFailure
+
+from buckets.bucketing import bucket_of
+from mongoformats.change_events import RAW, OplogTransformer
+from mongoformats.resume_token import high_water_mark, token_sort_key
+from simcluster import open_cluster
+from tests.conftest import client, proxy_uri, sync
+from wireproxy.app import serve_proxy
+from wireproxy.config import ProxyConfig
+
+NS = "$cmd.parallelChangeStream"
+
+
+def key(token: Any) -> bytes:
+    return bytes.fromhex(token["_data"])
+
+
+def workload(c: Any, seed: int, n: int = 300) -> None:
+    """Inserts, every update kind, replaces, deletes, DDL, a hashed and a ranged sharded collection and a
+    chunk migration; updates and deletes target documents that exist."""
+    rng = random.Random(seed)
+    c.admin.command("shardCollection", "w0.h", key={"_id": "hashed"})
+    c.admin.command("shardCollection", "w1.r", key={"k": 1})
+    live: list[tuple[str, str, int]] = []
+    for i in range(n):
+        op = rng.random()
+        if op < 0.45 or not live:
+            db, coll = f"w{rng.randrange(4)}", rng.choice(["a", "b", "c"])
+            c[db][coll].insert_one({"_id": i, "v": rng.randrange(100), "arr": [1, 2, 3], "sub": {"x": 1}})
+            c.w0.h.insert_one({"_id": i, "x": i})
+            live.append((db, coll, i))
+            continue
+        db, coll, doc_id = rng.choice(live)
+        target = c[db][coll]
+        if op < 0.55:
+            target.update_one({"_id": doc_id}, {"$inc": {"v": 1}, "$set": {"arr.1": 5, "sub.y": 2}})
+        elif op < 0.62:
+            target.update_one({"_id": doc_id}, {"$unset": {"sub": ""}, "$push": {"arr": 9}})
+        elif op < 0.68:
+            target.update_one({"_id": doc_id}, {"$pop": {"arr": 1}, "$rename": {"v": "w"}})
+        elif op < 0.76:
+            target.replace_one({"_id": doc_id}, {"replaced": True, "n": i})
+        elif op < 0.84:
+            target.delete_one({"_id": doc_id})
+            live.remove((db, coll, doc_id))
+        elif op < 0.9:
+            c.w0.h.update_many({"x": {"$lt": 5}}, {"$inc": {"x": 1}})
+        else:
+            c.w1.r.insert_many([{"k": rng.randrange(1000)} for _ in range(3)])
+    c.w2.a.create_index("v")
+    c.w2.command({"collMod": "a", "validationLevel": "moderate"})
+    c.w2.a.drop_index("v_1")
+    shards = sorted(s["_id"] for s in c.admin.command("listShards")["shards"])
+    c.admin.command("moveChunk", "w1.r", find={"k": 1}, to=shards[-1])
+
+
+def reference(cluster: Any, start: Timestamp, end_key: bytes) -> list[bytes]:
+    """Tokens of every event mongos would deliver in (HWM(start), end_key], in order."""
+    floor = token_sort_key(high_water_mark(start))
+    keys = []
+    for node in cluster.shards.values():
+        tr = OplogTransformer(show_expanded_events=True)
+        for raw in node.oplog.read_after(0, 1 << 30):
+            keys += [e.sort_key for e in tr.transform(RawBSONDocument(raw, RAW)) if floor < e.sort_key <= end_key]
+    return sorted(keys)
+
+
+def drain(c: Any, cursor_id: int, end_key: bytes, timeout: float = 30) -> list[RawBSONDocument]:
+    """getMore on one bucket until its postBatchResumeToken passes end_key."""
+    out: list[RawBSONDocument] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = c.admin.command({"getMore": cursor_id, "collection": NS, "maxTimeMS": 300},
+                            codec_options=RAW)
+        out += list(r["cursor"]["nextBatch"])
+        if key(r["cursor"]["postBatchResumeToken"]) >= end_key:
+            return out
+    raise AssertionError("bucket did not reach the end point in time")
+
+
+def end_point(c: Any) -> bytes:
+    """A note on every shard, then the high-water mark just past it."""
+    c.admin.command("appendOplogNote", data={"test": "end"})
+    ts = c.admin.command("ping")["operationTime"]
+    return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+
+
+@pytest.mark.parametrize("n_buckets", [1, 4, 16])
+async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets):
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": n_buckets, "showExpandedEvents": True,
+                                  "startAtOperationTime": start})
+        assert [cur["bucket"] for cur in opened["cursors"]] == list(range(n_buckets))
+        workload(c, seed=n_buckets)
+        end = end_point(c)
+        union: dict[bytes, RawBSONDocument] = {}
+        for cur in opened["cursors"]:
+            events = drain(c, cur["id"], end)
+            keys = [key(e["_id"]) for e in events]
+            assert keys == sorted(keys) and len(set(keys)) == len(keys), "bucket out of order or duplicated"
+            for e in events:
+                ns = e["ns"]
+                if "coll" in ns and e["operationType"] != "rename":
+                    assert bucket_of(f"{ns['db']}.{ns['coll']}", n_buckets) == cur["bucket"]
+                union[key(e["_id"])] = e
+        expected = reference(cluster, start, end)
+        assert sorted(union) == expected
+        assert len(expected) > 300
+        kinds = {e["operationType"] for e in union.values()}
+        assert {"insert", "update", "replace", "delete", "createIndexes", "dropIndexes", "modify",
+                "shardCollection", "create"} <= kinds
+        # No migration write leaks out (fromMigrate entries are hidden, as on mongos): the moved
+        # chunk's documents were inserted again on the recipient, yet each shows up once.
+        inserts = sum(1 for e in union.values() if e["operationType"] == "insert"
+                      and (e["ns"]["db"], e["ns"].get("coll")) == ("w1", "r"))
+        assert inserts == c.w1.r.count_documents({})
+    await sync(work)
+
+
+async def test_command_errors_use_server_codes(proxy):
+    def work():
+        c = client(proxy_uri(proxy))
+        cases = [({"nBuckets": 0}, 2), ({"nBuckets": 2000}, 2), ({"nBuckets": "4"}, 2), ({"nBuckets": True}, 2),
+                 ({"nBuckets": 4, "bogus": 1}, 40415),
+                 ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, 1))] * 3}, 2),
+                 ({"nBuckets": 4, "startAtOperationTime": Timestamp(1, 1), "resumeAfter": {"_data": "00"}}, 40674)]
+        for extra, code in cases:
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({"parallelChangeStream": 1, **extra})
+            assert info.value.code == code, extra
+        with pytest.raises(OperationFailure) as info:
+            c.test.command({"parallelChangeStream": 1, "nBuckets": 2})
+        assert info.value.code == 13
+        with pytest.raises(OperationFailure) as info:
+            c.admin.command({"parallelChangeStreamStatus": 1, "name": "nope"})
+        assert info.value.code == 26
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "mine"})
+        other = client(proxy_uri(proxy))
+        with pytest.raises(OperationFailure) as info:  # another session's cursor
+            other.admin.command({"getMore": opened["cursors"][0]["id"], "collection": NS})
+        assert info.value.code == 13
+    await sync(work)
+
+
+async def test_unknown_cursor_is_passed_to_mongos_and_fails_43(proxy):
+    def work():
+        c = client(proxy_uri(proxy))
+        with pytest.raises(OperationFailure) as info:
+            c.admin.command({"getMore": 987654321, "collection": "x"})
+        assert info.value.code == 43
+    await sync(work)
+
+
+async def test_history_lost_when_the_oplog_no_longer_reaches_back():
+    async with open_cluster(shards=2, oplog_bytes=40_000) as cluster, trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
+
+        def work():
+            c = client(proxy_uri(server))
+            start = c.admin.command("ping")["operationTime"]
+            for i in range(20):
+                c.t.c.insert_many([{"_id": i * 100 + j, "pad": "x" * 200} for j in range(100)])
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start})
+            assert info.value.code == 286 and info.value.details["codeName"] == "ChangeStreamHistoryLost"
+        await sync(work)
+        nursery.cancel_scope.cancel()
+
+
+async def test_slow_consumer_stays_within_the_byte_budgets(cluster, proxy):
+    def work():
+        c = client(proxy_uri(proxy))
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "slow",
+                                  "bucketBufferBytes": 16_000, "shardBufferBytes": 16_000})
+        for i in range(20):
+            c.t.c.insert_many([{"_id": i * 100 + j, "pad": "y" * 100} for j in range(100)])
+        time.sleep(1.0)  # let readers run into the full buffers
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "slow"})["streams"][0]
+        bucket = status["buckets"][0]
+        assert bucket["bytes"] <= 16_000
+        for shard in status["shards"]:
+            # A reader may hold one batch beyond the budget only when the budget was empty before it.
+            assert shard["bufferBytes"] <= 16_000 + 16 * 1024 * 1024
+        assert status["mergeQueue"] < 2000
+        end = end_point(c)
+        events = drain(c, opened["cursors"][0]["id"], end, timeout=60)
+        assert len([e for e in events if e["operationType"] == "insert"]) == 2000  # nothing lost
+    await sync(work)
+
+
+async def test_consumer_disconnects_and_resumes_from_its_token(cluster, proxy):
+    def work():
+        c = client(proxy_uri(proxy))
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "resume"})
+        c.r.c.insert_many([{"_id": i} for i in range(200)])
+        end = end_point(c)
+        b = bucket_of("r.c", 2)
+        first = c.admin.command({"getMore": opened["cursors"][b]["id"], "collection": NS, "batchSize": 50},
+                                codec_options=RAW)
+        got = list(first["cursor"]["nextBatch"])
+        assert len(got) == 50
+        c.admin.command({"killCursors": NS, "cursors": [opened["cursors"][b]["id"]]})
+        # A standard cursor document: unmodified pymongo iterates it with CommandCursor.
+        fresh = client(proxy_uri(proxy))
+        # Like the server, the proxy ties a cursor to the session that created it: iterate in it.
+        session = fresh.start_session()
+        att = fresh.admin.command({"parallelChangeStream": 1, "name": "resume", "bucket": b,
+                                   "resumeAfter": got[-1]["_id"], "batchSize": 10}, codec_options=RAW,
+                                  session=session)
+        cursor = CommandCursor(fresh.admin[NS], att["cursor"], fresh.address, max_await_time_ms=300,
+                               session=session)
+        rest = []
+        for ev in cursor:
+            rest.append(ev)
+            if len(rest) == 150:
+                break
+        cursor.close()
+        session.end_session()
+        ids = [e["documentKey"]["_id"] for e in got + rest]
+        assert ids == list(range(200))
+        assert key(rest[-1]["_id"]) <= end
+    await sync(work)
+
+
+async def test_proxy_restart_resumes_every_bucket(cluster):
+    async def start_proxy(nursery):
+        return await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
+
+    tokens: list[Any] = []
+    seen: dict[bytes, Any] = {}
+    async with trio.open_nursery() as n1:
+        p1 = await start_proxy(n1)
+
+        def phase1():
+            c = client(proxy_uri(p1))
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "restart"})
+            c.x.a.insert_many([{"_id": i} for i in range(100)])
+            c.x.b.insert_many([{"_id": i} for i in range(100)])
+            end = end_point(c)
+            for cur in opened["cursors"]:
+                r = c.admin.command({"getMore": cur["id"], "collection": NS, "batchSize": 30}, codec_options=RAW)
+                evs = list(r["cursor"]["nextBatch"])
+                for e in evs:
+                    seen[key(e["_id"])] = e
+                tokens.append(evs[-1]["_id"] if evs else r["cursor"]["postBatchResumeToken"])
+            c.x.c.insert_many([{"_id": i} for i in range(50)])
+            return end
+        await sync(phase1)
+        n1.cancel_scope.cancel()
+    async with trio.open_nursery() as n2:
+        p2 = await start_proxy(n2)
+
+        def phase2():
+            c = client(proxy_uri(p2))
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "restart",
+                                      "resumeAfter": [bson.decode(t.raw) for t in tokens]})
+            end = end_point(c)
+            for cur in opened["cursors"]:
+                for e in drain(c, cur["id"], end):
+                    k = key(e["_id"])
+                    assert k not in seen, "duplicate after restart"
+                    seen[k] = e
+            ids = sorted((e["ns"]["coll"], e["documentKey"]["_id"]) for e in seen.values()
+                         if e["operationType"] == "insert")
+            assert ids == sorted([(coll, i) for coll in "ab" for i in range(100)] + [("c", i) for i in range(50)])
+        await sync(phase2)
+        n2.cancel_scope.cancel()
+
+
+async def test_idle_shards_do_not_delay_events(cluster, proxy):
+    def work():
+        c = client(proxy_uri(proxy))
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "idle"})
+        time.sleep(0.5)
+        c.only.one.insert_one({"_id": 1})  # one shard writes; the two others stay idle
+        began = time.monotonic()
+        while True:
+            r = c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": NS, "maxTimeMS": 500})
+            if r["cursor"]["nextBatch"]:
+                break
+        waited = time.monotonic() - began
+        assert waited < 3.0, f"event held back {waited:.1f}s by idle shards (periodic noops are 10 s)"
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "idle"})["streams"][0]
+        assert sum(s["noops"] for s in status["shards"]) >= 1
+    await sync(work)

@@ -1,0 +1,162 @@
+"""simcluster against unmodified pymongo over real sockets: CRUD, oplog shapes, events, bad input.
+
+Expected oplog shapes cite shared/reference/mongodb-formats.md (section C), which gives the
+server source and real transcripts each shape comes from.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import bson
+import pytest
+from bson import Int64
+from bson.raw_bson import RawBSONDocument
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from mongoformats.change_events import RAW, OplogTransformer
+from mongoformats.resume_token import decode_token
+from tests.conftest import client, sync
+
+STRIP = ("ts", "t", "v", "wall", "ui", "lsid", "txnNumber", "stmtId", "prevOpTime")
+
+
+def _shard_with(cluster, db):
+    return cluster.mongos.primary_of(db)
+
+
+def _oplog_tail(node, n):
+    entries = node.oplog.read_after(0, 1 << 30)[-n:]
+    return [bson.decode(e) for e in entries]
+
+
+def _shape(entry):
+    return {k: v for k, v in entry.items() if k not in STRIP}
+
+
+async def test_crud_and_errors(cluster):
+    def work():
+        c = client(cluster.uri)
+        coll = c.t.c
+        coll.insert_many([{"_id": i, "n": i} for i in range(5)])
+        coll.create_index("n", unique=True)
+        with pytest.raises(DuplicateKeyError) as info:
+            coll.insert_one({"_id": 99, "n": 1})
+        assert info.value.details["keyPattern"] == {"n": 1}
+        assert coll.find_one_and_update({"_id": 2}, {"$inc": {"n": 10}}, return_document=True)["n"] == 12
+        assert [d["_id"] for d in coll.find({"n": {"$gte": 3}}).sort("n", -1)] == [2, 4, 3]
+        assert coll.count_documents({"n": {"$in": [0, 1]}}) == 2
+        assert sorted(coll.distinct("n")) == [0, 1, 3, 4, 12]
+        with pytest.raises(OperationFailure) as err:
+            c.t.command("noSuchCommand")
+        assert err.value.code == 59 and err.value.details["codeName"] == "CommandNotFound"
+        hello = c.admin.command("hello")
+        assert hello["msg"] == "isdbgrid" and hello["maxWireVersion"] == 21
+        member = client(cluster.shard_uri("shard0")).admin.command("hello")
+        assert member["setName"] == "shard0" and member["isWritablePrimary"] and "lastWrite" in member
+    await sync(work)
+
+
+async def test_malformed_frames_never_kill_a_node(cluster):
+    def work():
+        host, port = cluster.mongos.address.split(":")
+        for junk in (struct.pack("<iiii", 8, 1, 0, 2013), struct.pack("<iiii", 40, 1, 0, 7777) + b"\x00" * 24,
+                     b"\xff" * 64):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(junk)
+                s.settimeout(5)
+                assert s.recv(100) == b""  # closed, no crash
+        assert client(cluster.uri).admin.command("ping")["ok"] == 1.0
+    await sync(work)
+
+
+async def test_oplog_shapes_for_a_table_of_writes(cluster):
+    node = _shard_with(cluster, "shapes")
+
+    def work():
+        c = client(cluster.uri)
+        coll = c.shapes.c
+        coll.insert_one({"_id": 1, "a": 1, "n": 5, "arr": [1, 2], "x": {"y": 1}})
+        coll.update_one({"_id": 1}, {"$set": {"a": 2}})
+        coll.update_one({"_id": 1}, {"$set": {"b": 1}})
+        coll.update_one({"_id": 1}, {"$unset": {"b": ""}})
+        coll.update_one({"_id": 1}, {"$inc": {"n": 1}})
+        coll.update_one({"_id": 1}, {"$push": {"arr": 7}})
+        coll.update_one({"_id": 1}, {"$set": {"x.y": 5}})
+        coll.update_one({"_id": 1}, {"$pop": {"arr": 1}})
+        coll.replace_one({"_id": 1}, {"z": 1})
+        coll.delete_one({"_id": 1})
+        coll.create_index("a")
+        c.shapes.command({"collMod": "c", "validationLevel": "moderate"})
+        coll.drop_index("a_1")
+        c.admin.command({"renameCollection": "shapes.c", "to": "shapes.d"})
+        c.shapes.drop_collection("d")
+        c.drop_database("shapes")
+        c.admin.command("appendOplogNote", data={"hi": 1})
+    await sync(work)
+    # The note went to the shard mongos targets for admin commands: read it from every shard.
+    entries = _oplog_tail(node, 17)
+    shapes = [_shape(e) for e in entries[:16]]
+    expected = [
+        # C.2: inserts carry o2 = documentKey since 5.3
+        {"op": "i", "ns": "shapes.c", "o": {"_id": 1, "a": 1, "n": 5, "arr": [1, 2], "x": {"y": 1}}, "o2": {"_id": 1}},
+        # C.3: $v:2 diffs; u for an existing field, i for a new one, d for a removed one
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"u": {"a": 2}}}, "o2": {"_id": 1}},
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"i": {"b": 1}}}, "o2": {"_id": 1}},
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"d": {"b": False}}}, "o2": {"_id": 1}},
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"u": {"n": 6}}}, "o2": {"_id": 1}},
+        # array diffs: {a: true, u<idx>: value}, and l: <new length> when an array shrinks
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"sarr": {"a": True, "u2": 7}}}, "o2": {"_id": 1}},
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"sx": {"u": {"y": 5}}}}, "o2": {"_id": 1}},
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"sarr": {"a": True, "l": 2}}}, "o2": {"_id": 1}},
+        # C.4 replacement: o is the whole new document with _id
+        {"op": "u", "ns": "shapes.c", "o": {"_id": 1, "z": 1}, "o2": {"_id": 1}},
+        # C.5 delete: o is the documentKey
+        {"op": "d", "ns": "shapes.c", "o": {"_id": 1}},
+        # C.8 DDL on <db>.$cmd
+        {"op": "c", "ns": "shapes.$cmd", "o": {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"}},
+        {"op": "c", "ns": "shapes.$cmd", "o": {"collMod": "c", "validationLevel": "moderate"},
+         "o2": {"collectionOptions_old": {}}},
+        {"op": "c", "ns": "shapes.$cmd", "o": {"dropIndexes": "c", "index": "a_1"},
+         "o2": {"v": 2, "key": {"a": 1}, "name": "a_1"}},
+        {"op": "c", "ns": "shapes.$cmd", "o": {"renameCollection": "shapes.c", "to": "shapes.d", "stayTemp": False}},
+        {"op": "c", "ns": "shapes.$cmd", "o": {"drop": "d"}, "o2": {"numRecords": 0}},
+        {"op": "c", "ns": "shapes.$cmd", "o": {"dropDatabase": 1}},
+    ]
+    assert shapes == expected
+    assert type(bson.decode(node.oplog.read_after(0, 1 << 30)[-17])["o"]["n"]) is int  # Int32 kept
+    # Field order of a retryable insert (C.1 example and the appendOplogNote docs example):
+    insert = node.oplog.read_after(0, 1 << 30)[-17]
+    assert list(bson.decode(insert)) == ["op", "ns", "ui", "o", "o2", "lsid", "txnNumber", "stmtId", "prevOpTime",
+                                         "ts", "t", "v", "wall"]
+    assert bson.decode(insert)["v"] == Int64(2)
+
+
+async def test_events_from_the_oplog_entries(cluster):
+    node = _shard_with(cluster, "ev")
+
+    def work():
+        c = client(cluster.uri)
+        c.ev.c.insert_one({"_id": 1, "arr": [1, 2, 3]})
+        c.ev.c.update_one({"_id": 1}, {"$set": {"arr.0": 9}, "$unset": {"gone": ""}})
+        c.ev.c.update_one({"_id": 1}, {"$pop": {"arr": 1}})
+        c.ev.c.create_index("arr")
+    await sync(work)
+    tr = OplogTransformer(show_expanded_events=True)
+    events = []
+    for raw in node.oplog.read_after(0, 1 << 30):
+        events += [bson.decode(e.raw) for e in tr.transform(RawBSONDocument(raw, RAW))]
+    kinds = [e["operationType"] for e in events]
+    assert kinds == ["create", "insert", "update", "update", "createIndexes"]
+    insert = events[1]
+    # C.11 field order with showExpandedEvents
+    assert list(insert) == ["_id", "operationType", "clusterTime", "collectionUUID", "wallTime", "fullDocument",
+                            "ns", "documentKey"]
+    token = decode_token(insert["_id"])
+    assert token.version == 2 and token.event_identifier == {"operationType": "insert", "documentKey": {"_id": 1}}
+    assert events[2]["updateDescription"] == {"updatedFields": {"arr.0": 9}, "removedFields": [],
+                                              "truncatedArrays": [], "disambiguatedPaths": {"arr.0": ["arr", 0]}}
+    # the spec test "Test array truncation" shape
+    assert events[3]["updateDescription"]["truncatedArrays"] == [{"field": "arr", "newSize": 2}]
+    assert events[4]["operationDescription"] == {"indexes": [{"v": 2, "key": {"arr": 1}, "name": "arr_1"}]}
