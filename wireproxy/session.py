@@ -54,12 +54,12 @@ class ClientSession:
                 self.nursery = nursery
                 await self._loop()
                 nursery.cancel_scope.cancel()
-        except ProtocolError as exc:
+        except* ProtocolError as group:
             self.server.metrics.protocol_errors.inc()
-            log.info("conn%d: closing after a bad frame: %s", self.conn_id, exc)
-        except (UpstreamClosed, _CloseConnection) as exc:
-            log.info("conn%d: closing: %s", self.conn_id, exc)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            log.info("conn%d: closing after a bad frame: %s", self.conn_id, group.exceptions[0])
+        except* (UpstreamClosed, _CloseConnection) as group:
+            log.info("conn%d: closing: %s", self.conn_id, group.exceptions[0])
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             if self.upstream is not None:

@@ -1,0 +1,150 @@
+"""wireproxy with unmodified pymongo (sync and async) against simcluster, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import bson
+import pytest
+import trio
+from pymongo import AsyncMongoClient, InsertOne, UpdateOne
+
+from mongoformats import wire
+from tests.conftest import client, proxy_uri, sync
+from wireproxy.config import ProxyConfig
+from wireproxy.router import CommandTable, Route, classify
+from wireproxy.server import ProxyServer
+
+
+def test_routing_is_a_pure_function():
+    table = CommandTable()
+
+    async def mine(session, db, cmd):
+        return {}
+
+    table.register("parallelChangeStream", mine)
+    table.owned_cursors = {7}
+    table.get_more = mine
+    assert classify({"hello": 1}, table, accelerate=False)[0] is Route.HELLO
+    assert classify({"isMaster": 1}, table, accelerate=False)[0] is Route.HELLO
+    assert classify({"parallelChangeStream": 1}, table, accelerate=False) == (Route.LOCAL, mine)
+    assert classify({"getMore": 7, "collection": "x"}, table, accelerate=False)[0] is Route.LOCAL
+    assert classify({"getMore": 8, "collection": "x"}, table, accelerate=False)[0] is Route.PASSTHROUGH
+    assert classify({"find": "c"}, table, accelerate=True)[0] is Route.PASSTHROUGH
+
+
+def test_config_from_env_and_toml(tmp_path):
+    cfg = ProxyConfig.from_env({"WIREPROXY_LISTEN_PORT": "1234", "WIREPROXY_ACCELERATE_CHANGE_STREAMS": "true"})
+    assert cfg.listen_port == 1234 and cfg.accelerate_change_streams is True
+    path = tmp_path / "p.toml"
+    path.write_text('[wireproxy]\nupstream = "mongodb://m:1"\nmax_connections = 5\n')
+    assert ProxyConfig.from_toml(str(path)).max_connections == 5
+    path.write_text('[wireproxy]\nbogus = 1\n')
+    with pytest.raises(ValueError):
+        ProxyConfig.from_toml(str(path))
+
+
+async def test_pymongo_crud_cursors_bulk_and_sessions(proxy):
+    def work():
+        c = client(proxy_uri(proxy), compressors="zlib")
+        hello = c.admin.command("hello")
+        assert hello["msg"] == "isdbgrid" and hello["maxWireVersion"] == 21
+        coll = c.t.c
+        coll.insert_many([{"_id": i, "g": i % 3} for i in range(2500)])
+        assert len(list(coll.find({}, batch_size=100))) == 2500  # getMore passes through
+        res = coll.bulk_write([InsertOne({"_id": -1}), UpdateOne({"_id": 1}, {"$set": {"x": 1}})])
+        assert res.inserted_count == 1 and res.modified_count == 1
+        with c.start_session() as s:
+            coll.update_one({"_id": 2}, {"$set": {"y": 2}}, session=s)
+            assert coll.find_one({"_id": 2}, session=s)["y"] == 2
+        assert [d["_id"] for d in coll.aggregate([{"$group": {"_id": "$g", "n": {"$sum": 1}}},
+                                                  {"$sort": {"_id": 1}}])] == [None, 0, 1, 2]
+        cur = coll.find({}, batch_size=10)
+        next(cur)
+        cur.close()  # killCursors passes through
+    await sync(work)
+
+
+async def test_async_pymongo(proxy):
+    # pymongo's async API runs on asyncio: give it its own loop on a worker thread.
+    async def work():
+        c = AsyncMongoClient(proxy_uri(proxy), serverSelectionTimeoutMS=5000)
+        try:
+            await c.a.b.insert_one({"_id": 1})
+            return await c.a.b.find_one({"_id": 1})
+        finally:
+            await c.close()
+
+    assert await sync(asyncio.run, work()) == {"_id": 1}
+
+
+async def test_legacy_op_query_handshake(proxy):
+    def work():
+        with socket.create_connection(("127.0.0.1", proxy.port)) as s:
+            s.sendall(wire.encode_op_query(1, "admin.$cmd", bson.encode({"isMaster": 1, "helloOk": True})))
+            s.settimeout(5)
+            framer = wire.MessageFramer()
+            while (msg := framer.next_message()) is wire.NEED_DATA:
+                framer.receive_data(s.recv(65536))
+            assert isinstance(msg, wire.OpReply) and msg.response_to == 1
+            reply = bson.decode(msg.documents[0])
+            assert reply["ismaster"] is True and reply["msg"] == "isdbgrid" and reply["helloOk"] is True
+    await sync(work)
+
+
+async def test_bad_frames_close_only_their_connection(proxy):
+    def work():
+        good = client(proxy_uri(proxy))
+        good.t.c.insert_one({"_id": 1})
+        for junk in (struct.pack("<iiii", 12, 1, 0, 2013), struct.pack("<iiii", 60_000_000, 1, 0, 2013),
+                     struct.pack("<iiiiIB", 26, 1, 0, 2013, 0, 9) + b"\x00" * 5):
+            with socket.create_connection(("127.0.0.1", proxy.port)) as s:
+                s.sendall(junk)
+                s.settimeout(5)
+                assert s.recv(100) == b""
+        assert good.t.c.find_one({"_id": 1}) == {"_id": 1}
+        assert proxy.metrics.protocol_errors._value.get() == 3
+    await sync(work)
+
+
+async def test_upstream_failure_is_a_network_error_not_a_hang(cluster):
+    async with trio.open_nursery() as nursery:
+        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0))
+        await nursery.start(server.serve)
+
+        def work():
+            c = client(proxy_uri(server), retryWrites=False, retryReads=False)
+            c.t.c.insert_one({"_id": 1})
+            trio.from_thread.run_sync(cluster.mongos.stop)  # trio state is touched on its own thread
+            from pymongo.errors import AutoReconnect
+
+            with pytest.raises(AutoReconnect):
+                c.t.c.find_one({"_id": 1})
+        await sync(work)
+        nursery.cancel_scope.cancel()
+
+
+async def test_metrics_endpoint(cluster):
+    async with trio.open_nursery() as nursery:
+        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=0))
+        # metrics_port=0 means off; pick a free port for this test
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        server.config = ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port)
+        await nursery.start(server.serve)
+
+        def work():
+            client(proxy_uri(server)).t.c.insert_one({"_id": 1})
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+            text = data.decode()
+            assert "wireproxy_commands_total" in text and 'command="insert"' in text
+        await sync(work)
+        nursery.cancel_scope.cancel()
