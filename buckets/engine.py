@@ -151,6 +151,9 @@ class Engine:
             raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}; "
                              "re-bucketing an existing stream is not supported")
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+        if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
+            # Joining an existing stream at a time: the same point as a token for that time.
+            tokens = high_water_mark(cmd["startAtOperationTime"])
         per_bucket = tokens if isinstance(tokens, list) else [tokens] * n
         cursors = []
         for i in range(n):

@@ -99,10 +99,10 @@ def content_hash(coll: Any) -> tuple[int, str]:
     return len(docs), hashlib.sha256("\n".join(docs).encode()).hexdigest()[:16]
 
 
-def user_collections(client: pymongo.MongoClient[Any]) -> list[tuple[str, str]]:
+def user_collections(client: pymongo.MongoClient[Any], dbs: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
     out = []
     for db in client.list_database_names():
-        if db in ("admin", "config", "local"):
+        if db in ("admin", "config", "local") or (dbs is not None and db not in dbs):
             continue
         for coll in client[db].list_collection_names():
             if not coll.startswith("system."):
@@ -110,19 +110,22 @@ def user_collections(client: pymongo.MongoClient[Any]) -> list[tuple[str, str]]:
     return sorted(out)
 
 
-def verify(source: pymongo.MongoClient[Any], target: pymongo.MongoClient[Any]) -> list[tuple[str, Any, Any, bool]]:
+def verify(source: pymongo.MongoClient[Any], target: pymongo.MongoClient[Any],
+           dbs: tuple[str, ...] | None = None) -> list[tuple[str, Any, Any, bool]]:
+    """Per collection: (name, (source count+hash, indexes), (target ...), equal?)."""
     rows = []
-    names = sorted(set(user_collections(source)) | set(user_collections(target)))
-    for db, coll in names:
+    in_source, in_target = user_collections(source, dbs), user_collections(target, dbs)
+    for db, coll in sorted(set(in_source) | set(in_target)):
         s, t = content_hash(source[db][coll]), content_hash(target[db][coll])
-        si = sorted(ix["name"] for ix in source[db][coll].list_indexes()) if (db, coll) in user_collections(source) else []
-        ti = sorted(ix["name"] for ix in target[db][coll].list_indexes()) if (db, coll) in user_collections(target) else []
+        si = sorted(ix["name"] for ix in source[db][coll].list_indexes()) if (db, coll) in in_source else []
+        ti = sorted(ix["name"] for ix in target[db][coll].list_indexes()) if (db, coll) in in_target else []
         rows.append((f"{db}.{coll}", (s, si), (t, ti), s == t and si == ti))
     return rows
 
 
-def converged(source: pymongo.MongoClient[Any], target: pymongo.MongoClient[Any]) -> bool:
-    return all(ok for *_, ok in verify(source, target))
+def converged(source: pymongo.MongoClient[Any], target: pymongo.MongoClient[Any],
+              dbs: tuple[str, ...] | None = None) -> bool:
+    return all(ok for *_, ok in verify(source, target, dbs))
 
 
 def spark_session(app: str = "parallelchangestream-demo") -> Any:

@@ -35,20 +35,33 @@ class BucketPartition(InputPartition):
     batch_size: int
 
 
-def _spec(options: dict[str, str]) -> StreamSpec:
+class Options:
+    """Spark lowercases option names; look them up by their documented camelCase names."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = {str(k).lower(): str(v) for k, v in dict(raw).items()}
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._raw.get(name.lower(), default)
+
+    def __getitem__(self, name: str) -> str:
+        return self._raw[name.lower()]
+
+
+def _spec(options: Options) -> StreamSpec:
     uri = options.get("uri")
     if not uri:
         raise ValueError("parallelchangestream: option 'uri' (the proxy's connection string) is required")
-    n = int(options.get("nBuckets", "4"))
+    n = int(options.get("nBuckets", "4") or "4")
     if not 1 <= n <= 1024:
         raise ValueError("parallelchangestream: nBuckets must be between 1 and 1024")
     pipeline = tuple(json.loads(options["pipeline"])) if options.get("pipeline") else ()
-    return StreamSpec(uri=uri, name=options.get("name", "spark"), n_buckets=n,
-                      show_expanded_events=options.get("showExpandedEvents", "true").lower() == "true",
+    return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=n,
+                      show_expanded_events=(options.get("showExpandedEvents") or "true").lower() == "true",
                       pipeline=pipeline)
 
 
-def _start_args(options: dict[str, str]) -> dict[str, Any]:
+def _start_args(options: Options) -> dict[str, Any]:
     raw = options.get("startAtOperationTime")
     if not raw:
         return {}
@@ -77,18 +90,18 @@ class ParallelChangeStreamDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return _BatchReader(dict(self.options))
+        return _BatchReader(Options(self.options))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return _StreamReader(dict(self.options))
+        return _StreamReader(Options(self.options))
 
 
 class _StreamReader(DataSourceStreamReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Options) -> None:
         self.options = options
         self.spec = _spec(options)
-        self.with_json = options.get("jsonColumn", "false").lower() == "true"
-        self.batch_size = int(options.get("batchSize", "1000"))
+        self.with_json = (options.get("jsonColumn") or "false").lower() == "true"
+        self.batch_size = int(options.get("batchSize") or "1000")
         limit = options.get("maxEventsPerTrigger")
         self.max_events = int(limit) if limit else None
         self._client: Any = None
@@ -150,11 +163,11 @@ class _StreamReader(DataSourceStreamReader):
 class _BatchReader(DataSourceReader):
     """A bounded read: events from startAtOperationTime (or start tokens) up to now (or endToken)."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Options) -> None:
         self.options = options
         self.spec = _spec(options)
-        self.with_json = options.get("jsonColumn", "false").lower() == "true"
-        self.batch_size = int(options.get("batchSize", "1000"))
+        self.with_json = (options.get("jsonColumn") or "false").lower() == "true"
+        self.batch_size = int(options.get("batchSize") or "1000")
 
     def partitions(self) -> Sequence[InputPartition]:
         client = client_for(self.spec.uri)

@@ -1,0 +1,125 @@
+"""bucketspark with real Spark in local mode: one task per bucket, repeatable reads, checkpoint
+restart without loss or duplicates in the target, DDL replayed. One shared session (a session
+costs seconds to start)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket  # noqa: E402
+from bucketspark.demo import converged, spark_session  # noqa: E402
+from bucketspark.embedded import embedded_environment  # noqa: E402
+from bucketspark.sink import replicate_batch  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def env() -> Any:
+    with embedded_environment(shards=3) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    session = spark_session("bucketspark-tests")
+    yield session
+    session.stop()
+
+
+def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> None:
+    c = client_for(env.proxy_uri)
+    try:
+        start = c.admin.command("ping")["operationTime"]
+        c.bt.a.insert_many([{"_id": i} for i in range(300)])
+        c.bt.b.insert_many([{"_id": i} for i in range(200)])
+        c.bt2.c.insert_many([{"_id": i} for i in range(100)])
+    finally:
+        c.close()
+    reader = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
+              .option("name", "batch1").option("startAtOperationTime", f"{start.time},{start.inc}"))
+    df = reader.load()
+    assert df.rdd.getNumPartitions() == 4
+    rows = df.filter("operationType = 'insert'").collect()
+    assert len(rows) == 600
+    per_partition = df.rdd.mapPartitionsWithIndex(lambda i, it: [(i, sorted({r["bucket"] for r in it}))]).collect()
+    assert all(buckets in ([], [i]) for i, buckets in per_partition)
+    # Same (start, end] twice: the same rows, in the same order per bucket.
+    spec = StreamSpec(env.proxy_uri, "batch1", 4)
+    c = client_for(env.proxy_uri)
+    try:
+        starts = open_stream(c, spec)
+        del starts
+        c.admin.command("appendOplogNote", data={"t": 1})
+        after = [r["token"] for r in df.orderBy("token").limit(1).collect()]
+        end = plan_end(c, spec, [after[0]] * 4, None)
+        first = [list(read_bucket(c, spec, b, after[0], end)) for b in range(4)]
+        second = [list(read_bucket(c, spec, b, after[0], end)) for b in range(4)]
+        assert [[e.raw for e in b] for b in first] == [[e.raw for e in b] for b in second]
+    finally:
+        c.close()
+
+
+def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: Any, tmp_path: Any) -> None:
+    source, target = client_for(env.proxy_uri), client_for(env.target.uri)
+    checkpoint = str(tmp_path / "ckpt")
+
+    def start_query() -> Any:
+        df = (spark.readStream.format("parallelchangestream").option("uri", env.proxy_uri)
+              .option("nBuckets", "4").option("name", "repl").option("maxEventsPerTrigger", "400").load())
+        return (df.writeStream.foreachBatch(replicate_batch(env.target.uri)).option("checkpointLocation", checkpoint)
+                .trigger(processingTime="500 milliseconds").start())
+
+    def wait_until(cond: Any, timeout: float = 90) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if cond():
+                return
+            time.sleep(0.5)
+        raise AssertionError("condition not reached in time")
+
+    try:
+        query = start_query()
+        wait_until(lambda: query.lastProgress is not None)
+        source.rs.items.insert_many([{"_id": i, "v": i} for i in range(500)])
+        source.rs.items.create_index("v", name="v_idx")
+        source.rs.items.update_many({"v": {"$lt": 100}}, {"$set": {"low": True}})
+        wait_until(lambda: target.rs.items.count_documents({}) >= 200)
+        # Crash-stop the query mid-stream (its checkpoint is all that survives), write more, restart.
+        query.stop()
+        source.rs.items.delete_many({"v": {"$gte": 450}})
+        source.rs.other.insert_many([{"_id": i} for i in range(50)])
+        source.rs.command({"collMod": "items", "validationLevel": "moderate"})
+        source.admin.command({"renameCollection": "rs.other", "to": "rs.renamed"})
+        query = start_query()
+        wait_until(lambda: converged(source, target, ('rs',)))
+        assert target.rs.items.count_documents({"low": True}) == 100
+        assert "v_idx" in [ix["name"] for ix in target.rs.items.list_indexes()]
+        assert "renamed" in target.rs.list_collection_names() and "other" not in target.rs.list_collection_names()
+        progress = query.recentProgress
+        assert all(p["numInputRows"] <= 400 for p in progress)  # admission control
+        query.stop()
+    finally:
+        source.close()
+        target.close()
+
+
+def test_checkpoint_with_another_nbuckets_fails_fast(env: Any, spark: Any, tmp_path: Any) -> None:
+    checkpoint = str(tmp_path / "ckpt2")
+    (tmp_path / "ckpt2").mkdir()
+
+    def run(n: int) -> Any:
+        df = (spark.readStream.format("parallelchangestream").option("uri", env.proxy_uri)
+              .option("nBuckets", str(n)).option("name", f"nb{n}").load())
+        q = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(once=True).start()
+        q.awaitTermination(60)
+        return q
+
+    run(2)
+    with pytest.raises(Exception, match="nBuckets"):
+        run(3).awaitTermination(60)
