@@ -35,12 +35,15 @@ class SimCluster:
 
 @asynccontextmanager
 async def open_cluster(*, shards: int = 3, host: str = "127.0.0.1", port: int = 0, version: str = "7.0",
-                       oplog_bytes: int = 1 << 30) -> AsyncIterator[SimCluster]:
+                       oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0) -> AsyncIterator[SimCluster]:
     """Start a cluster on loopback. `port=0` picks free ports; otherwise mongos gets `port` and the
-    shards the ports after it."""
+    shards the ports after it. `periodic_noop_s` is the shards' periodicNoopIntervalSecs (server
+    default 10 s): it bounds how long an idle shard holds back a native mongos change stream."""
     clock = ClusterClock()
     nodes = {f"shard{i}": ShardNode(clock, host, port + 1 + i if port else 0, f"shard{i}", version=version,
                                     oplog_bytes=oplog_bytes) for i in range(shards)}
+    for node in nodes.values():
+        node.periodic_noop_interval_s = periodic_noop_s  # periodicNoopIntervalSecs
     mongos = Mongos(clock, host, port, nodes, version=version)
     async with trio.open_nursery() as nursery:
         for node in nodes.values():

@@ -27,6 +27,9 @@ class Cursor:
     lsid: bytes | None = None
     # Extra cursor-reply fields computed per batch (change streams: postBatchResumeToken).
     extra: Callable[[], dict[str, Any]] | None = None
+    # A tailable cursor that can end (a change stream after its invalidate event).
+    done: Callable[[], bool] | None = None
+    change_stream: bool = False
     busy: bool = False
 
 
@@ -63,8 +66,13 @@ class CursorManager:
         return await self._batch(cid, cursor, batch_size if batch_size is not None else 101, "firstBatch",
                                  None, first=True)
 
-    async def get_more(self, cid: int, ns: str, batch_size: int | None, max_time_ms: int | None) -> dict[str, Any]:
+    async def get_more(self, cid: int, ns: str, batch_size: int | None, max_time_ms: int | None,
+                       fail_after_checkout: MongoError | None = None) -> dict[str, Any]:
         cursor = self.get(cid, ns)
+        if fail_after_checkout is not None:
+            # failGetMoreAfterCursorCheckout: the getMore fails but the cursor survives.
+            fail_after_checkout.change_stream = cursor.change_stream  # type: ignore[attr-defined]
+            raise fail_after_checkout
         if max_time_ms is not None and not cursor.await_data:
             raise MongoError("BadValue", "cannot set maxTimeMS on getMore command for a non-awaitData cursor")
         if cursor.busy:
@@ -80,12 +88,13 @@ class CursorManager:
                 await_ms = 0 if first or not cursor.await_data else (
                     max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
                 batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
-            except MongoError:
+            except MongoError as exc:
                 self.kill(cid)
+                exc.change_stream = cursor.change_stream  # type: ignore[attr-defined]
                 raise
             finally:
                 cursor.busy = False
-            alive = True
+            alive = not (cursor.done is not None and cursor.done())
         else:
             batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]
             alive = bool(cursor.docs)

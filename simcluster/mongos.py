@@ -252,7 +252,11 @@ class Mongos(CommandServer):
         if pipeline and "$changeStream" in pipeline[0]:
             from simcluster.native_stream import open_native_stream
 
-            return await open_native_stream(self, db, cmd)
+            def lookup(ns: str, key: dict[str, Any]) -> Any:
+                found = self.gather(ns, key)
+                return found[0] if found else None
+
+            return await open_native_stream(self, db, cmd, list(self.shards.values()), lookup)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         first_match = pipeline[0].get("$match", {}) if pipeline else {}
         docs = self.gather(ns, first_match) if isinstance(coll, str) else []

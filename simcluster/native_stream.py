@@ -1,11 +1,234 @@
-"""Native change streams on mongos (the baseline the proxy is measured against): not built yet."""
+"""Native change streams, as a mongod (one oplog) or mongos (every shard, merged) serves them.
+
+The merge here is deliberately a separate implementation from the engine's MergedQueue, so the
+differential tests compare two independent mergers: each poll reads every shard's new oplog
+entries, and releases, in token order, the events at or below the oldest "read up to" timestamp
+among the shards (an idle shard holds the stream back until it writes, e.g. its periodic noop, as
+on a real cluster). postBatchResumeToken follows the server: the last event's token, or the
+high-water mark of the merge frontier once everything ready was returned.
+
+Sources: shared/reference/000 section 3.5 (mongos merge), mongodb-formats.md C.11 (invalidate),
+D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-streams spec.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import bson
+from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats.change_events import RAW, ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.errors import MongoError
+from mongoformats.mql import matches
+from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from simcluster.cursors import Cursor
+from simcluster.oplog import ts_key
+
+if TYPE_CHECKING:
+    from simcluster.node import ShardNode
+
+_OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter", "startAfter",
+                      "startAtOperationTime", "allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
+                      "showSystemEvents", "$_generateV2ResumeTokens"})
+_INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
 
 
-async def open_native_stream(mongos: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-    raise MongoError("NotImplemented", "simcluster does not serve $changeStream yet")
+class NativeStream:
+    def __init__(self, nodes: list[ShardNode], db: str, coll: str | None, spec: dict[str, Any],
+                 stages: list[dict[str, Any]], *, version: int = 2) -> None:
+        self.nodes = nodes
+        self.db, self.coll = db, coll
+        self.scope = "cluster" if spec.get("allChangesForCluster") else ("database" if coll is None else "collection")
+        self.full_document = spec.get("fullDocument", "default")
+        self.stages = stages
+        self.transformers = [OplogTransformer(show_expanded_events=bool(spec.get("showExpandedEvents")),
+                                              show_migration_events=bool(spec.get("showMigrationEvents")),
+                                              token_version=version) for _ in nodes]
+        token = spec.get("resumeAfter") or spec.get("startAfter")
+        if token is not None:
+            data = decode_token(token)
+            if data.from_invalidate and "resumeAfter" in spec:
+                raise MongoError(260, "Attempting to resume a change stream using 'resumeAfter' is not allowed "
+                                 "from an invalidate notification.")
+            start = data.cluster_time
+            self.skip_key = token_sort_key(token)
+            self.last_token: dict[str, Any] = dict(token)
+        else:
+            start = spec.get("startAtOperationTime") or nodes[0].clock.now()
+            if "startAtOperationTime" not in spec:
+                start = Timestamp(start.time, start.inc + 1)  # a new stream sees what happens after now
+            self.skip_key = token_sort_key(high_water_mark(start))
+            self.last_token = high_water_mark(start)
+        self.positions = [ts_key(start) - 1 for _ in nodes]
+        for node in nodes:
+            first = node.oplog.first_key()
+            if ts_key(start) < first and node.oplog.truncated_before:
+                raise MongoError("ChangeStreamHistoryLost", "Resume of change stream was not possible, as the resume "
+                                 "point may no longer be in the oplog.")
+        self.pending: list[ChangeEvent] = []
+        self.frontier = min(self.positions)
+        self.invalidated = False
+        self.done = False
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _in_scope(self, ev: ChangeEvent) -> bool:
+        if self.scope == "cluster":
+            return True
+        if self.scope == "database":
+            return ev.db == self.db
+        return f"{self.db}.{self.coll}" in ev.namespaces or (ev.db == self.db and ev.op_type == "dropDatabase")
+
+    def _poll(self) -> list[ChangeEvent]:
+        for i, node in enumerate(self.nodes):
+            raws = node.oplog.read_after(self.positions[i], 1 << 30)
+            if raws:
+                for raw in raws:
+                    for ev in self.transformers[i].transform(RawBSONDocument(raw, RAW)):
+                        if ev.sort_key > self.skip_key and self._in_scope(ev):
+                            self.pending.append(ev)
+                self.positions[i] = node.oplog.entry_key(raws[-1])
+        # Every shard has been read through its position: nothing at or below the oldest can still come.
+        frontier = self.frontier = min(self.positions)
+        ready = sorted((e for e in self.pending if ts_key(e.cluster_time) <= frontier), key=lambda e: e.sort_key)
+        self.pending = [e for e in self.pending if ts_key(e.cluster_time) > frontier]
+        return ready
+
+    def _shape(self, ev: ChangeEvent, node_for_lookup: Any) -> Any:
+        """Apply fullDocument lookups and the user's trailing stages to one event."""
+        if self.full_document in ("updateLookup", "whenAvailable", "required") and ev.op_type == "update":
+            doc = bson.decode(ev.raw)
+            key = doc["documentKey"]
+            found = node_for_lookup(f"{ev.db}.{ev.coll}", key)
+            if found is None and self.full_document == "required":
+                raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for "
+                                 "all update events, but the post-image was not found")
+            out: dict[str, Any] = {}
+            for k, v in doc.items():
+                out[k] = v
+                if k == "wallTime":
+                    out["fullDocument"] = found
+            return self._stages(out)
+        if not self.stages:
+            return RawBSONDocument(ev.raw, RAW)
+        return self._stages(bson.decode(ev.raw))
+
+    def _stages(self, doc: dict[str, Any]) -> Any:
+        for stage in self.stages:
+            (name, arg), = stage.items()
+            if name == "$match":
+                if not matches(doc, arg):
+                    return None
+            elif name in ("$project", "$unset", "$addFields", "$set", "$replaceRoot", "$redact"):
+                if name == "$project":
+                    if any(v in (0, False) for v in arg.values()):
+                        doc = {k: v for k, v in doc.items() if arg.get(k, 1) not in (0, False)}
+                    else:
+                        doc = {k: v for k, v in doc.items() if k == "_id" and arg.get("_id", 1) or k in arg}
+                elif name == "$unset":
+                    names = [arg] if isinstance(arg, str) else arg
+                    doc = {k: v for k, v in doc.items() if k not in names}
+                elif name in ("$addFields", "$set"):
+                    doc = {**doc, **arg}
+            else:
+                raise MongoError(40602 if name == "$changeStream" else 40324,
+                                 f"Unrecognized pipeline stage name: '{name}'")
+        if "_id" not in doc or doc["_id"] != doc.get("_id"):
+            raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which contains the "
+                             "resume token, was modified by the pipeline. Modifying the _id field of an event makes "
+                             "it impossible to resume the stream from that point. Only transformations that retain "
+                             "the unmodified _id field are allowed.")
+        return doc
+
+    async def fetch(self, limit: int, deadline: float, lookup: Any) -> list[Any]:
+        import trio
+
+        out: list[Any] = []
+        while True:
+            if self.done:
+                return out
+            for ev in self._poll():
+                if len(out) >= limit:
+                    self.pending.insert(0, ev)
+                    continue
+                shaped = self._shape(ev, lookup)
+                if shaped is not None:
+                    if "_id" not in shaped:
+                        raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which "
+                                         "contains the resume token, was modified by the pipeline.")
+                    out.append(shaped)
+                self.last_token = ev.token
+                if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
+                    inv = invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime"))
+                    out.append(RawBSONDocument(inv.raw, RAW))
+                    self.last_token = inv.token
+                    self.done = True
+                    return out
+            if out:
+                return out
+            if not self.pending:
+                hwm = high_water_mark(Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF))
+                if token_sort_key(hwm) > token_sort_key(self.last_token):
+                    self.last_token = hwm
+            if trio.current_time() >= deadline:
+                return out
+            with trio.move_on_at(deadline):
+                async with trio.open_nursery() as nursery:
+                    # Wake on the first write to any shard, like a getMore waiting on its shard cursors.
+                    for node in self.nodes:
+                        nursery.start_soon(_wake, node, nursery)
+
+
+async def _wake(node: Any, nursery: Any) -> None:
+    import trio
+
+    await node.oplog.wait_beyond(node.oplog.last_key(), trio.current_time() + 3600)
+    nursery.cancel_scope.cancel()
+
+
+def parse_change_stream(cmd: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    pipeline = cmd.get("pipeline", [])
+    spec = pipeline[0]["$changeStream"]
+    if not isinstance(spec, dict):
+        raise MongoError("TypeMismatch", "the $changeStream stage specification must be an object")
+    for key in spec:
+        if key not in _OPTIONS:
+            raise MongoError("IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field.")
+    if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
+        raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
+    if spec.get("fullDocument", "default") not in ("default", "updateLookup", "whenAvailable", "required"):
+        raise MongoError("BadValue", f"'{spec['fullDocument']}' is not a valid fullDocument option")
+    for stage in pipeline[1:]:
+        if "$changeStream" in stage:
+            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    return spec, pipeline[1:]
+
+
+async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[ShardNode] | None = None,
+                             lookup: Any = None) -> dict[str, Any]:
+    """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
+    spec, stages = parse_change_stream(cmd)
+    coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
+    if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
+        raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "
+                         "the 'admin' database, and with no collection name")
+    if db == "admin" and not spec.get("allChangesForCluster"):
+        raise MongoError(73, "$changeStream may not be opened on the internal admin database")
+    if nodes is None:
+        nodes = list(server.shards.values())
+    stream = NativeStream(nodes, db, coll, spec, stages)
+    ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+
+    async def fetch(limit: int, deadline: float) -> list[Any]:
+        try:
+            return await stream.fetch(limit, deadline, lookup)
+        except MongoError as exc:
+            exc.change_stream = True  # type: ignore[attr-defined]
+            raise
+
+    cursor = Cursor(ns, fetch=fetch, tailable=True, await_data=True, change_stream=True,
+                    extra=lambda: {"postBatchResumeToken": stream.last_token}, done=lambda: stream.done)
+    batch = cmd.get("cursor", {}).get("batchSize")
+    return {"cursor": await server.cursors.first_batch(cursor, 0 if batch is None else batch)}

@@ -172,7 +172,7 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         filt, upd = spec.get("q", {}), spec.get("u", {})
         if isinstance(upd, list):
-            raise MongoError("NotImplemented", "pipeline-style updates are not supported by simcluster yet")
+            return self._pipeline_update(ns, filt, upd, spec.get("multi", False), session)
         multi = spec.get("multi", False)
         if multi and upd and not next(iter(upd)).startswith("$"):
             raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
@@ -200,6 +200,27 @@ class ShardNode(CommandServer):
             self.insert_one(ns, new, session)
             out = {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
         return out
+
+    def _pipeline_update(self, ns: str, filt: dict[str, Any], pipeline: list[Any], multi: bool,
+                         session: dict[str, Any]) -> dict[str, Any]:
+        """An update given as an aggregation pipeline; logged as the $v:2 diff of old -> new."""
+        from simcluster.aggregate import run_pipeline
+
+        coll = self.coll(ns)
+        matched = self.select(ns, filt, limit=0 if multi else 1)
+        n_modified = 0
+        for old in matched:
+            new = run_pipeline([dict(old)], pipeline)[0]
+            if new == old:
+                continue
+            assert coll is not None
+            coll.put(new, old)
+            n_modified += 1
+            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": {"$v": 2, "diff": q.compute_diff(old, new)},
+                     "o2": self.document_key(ns, old)}
+            entry.update(session)
+            self.oplog.append(entry)
+        return {"n": len(matched), "nModified": n_modified}
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['update']}"
@@ -368,6 +389,14 @@ class ShardNode(CommandServer):
         coll = cmd["aggregate"]
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         pipeline = cmd.get("pipeline", [])
+        if pipeline and "$changeStream" in pipeline[0]:
+            from simcluster.native_stream import open_native_stream
+
+            def lookup(ns: str, key: dict[str, Any]) -> Any:
+                found = self.select(ns, key, limit=1)
+                return found[0] if found else None
+
+            return await open_native_stream(self, db, cmd, [self], lookup)
         docs = self.select(ns, {}) if isinstance(coll, str) else []
         out = run_pipeline(docs, pipeline)
         return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}

@@ -182,13 +182,8 @@ class CommandServer:
         fp = self.fail_points.get("failCommand")
         if not fp or name not in fp["data"].get("failCommands", ()):
             return None
-        mode = fp["mode"]
-        if isinstance(mode, dict):
-            if mode.get("times", 0) <= 0:
-                self.fail_points.pop("failCommand", None)
-                return None
-            mode["times"] -= 1
-        elif mode == "off":
+        if not self._fail_point_fires(fp):
+            self.fail_points.pop("failCommand", None)
             return None
         data = fp["data"]
         if data.get("blockConnection"):
@@ -311,8 +306,22 @@ class CommandServer:
         coll = cmd.get("collection")
         if not isinstance(coll, str):
             raise MongoError("IDLFailedToParse", "BSON field 'getMore.collection' is missing but a required field")
-        cursor = await self.cursors.get_more(cid, f"{db}.{coll}", cmd.get("batchSize"), cmd.get("maxTimeMS"))
+        fail = None
+        fp = self.fail_points.get("failGetMoreAfterCursorCheckout")
+        if fp and self._fail_point_fires(fp):
+            fail = MongoError(int(fp["data"].get("errorCode", 1)), "Failing command via "
+                              "'failGetMoreAfterCursorCheckout' failpoint")
+        cursor = await self.cursors.get_more(cid, f"{db}.{coll}", cmd.get("batchSize"), cmd.get("maxTimeMS"), fail)
         return {"cursor": cursor}
+
+    def _fail_point_fires(self, fp: dict[str, Any]) -> bool:
+        mode = fp["mode"]
+        if isinstance(mode, dict):
+            if mode.get("times", 0) <= 0:
+                return False
+            mode["times"] -= 1
+            return True
+        return mode == "alwaysOn"
 
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed, missing = [], []
