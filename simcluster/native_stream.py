@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter", "startAfter",
                       "startAtOperationTime", "allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
                       "showSystemEvents", "$_generateV2ResumeTokens"})
+# Stages allowed after $changeStream (the server's allow-list, minus those simcluster lacks).
+_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
+                     "$redact", "$changeStreamSplitLargeEvent"})
 _INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
 
 
@@ -121,20 +124,15 @@ class NativeStream:
             if name == "$match":
                 if not matches(doc, arg):
                     return None
-            elif name in ("$project", "$unset", "$addFields", "$set", "$replaceRoot", "$redact"):
-                if name == "$project":
-                    if any(v in (0, False) for v in arg.values()):
-                        doc = {k: v for k, v in doc.items() if arg.get(k, 1) not in (0, False)}
-                    else:
-                        doc = {k: v for k, v in doc.items() if k == "_id" and arg.get("_id", 1) or k in arg}
-                elif name == "$unset":
-                    names = [arg] if isinstance(arg, str) else arg
-                    doc = {k: v for k, v in doc.items() if k not in names}
-                elif name in ("$addFields", "$set"):
-                    doc = {**doc, **arg}
+            elif name == "$project":
+                doc = _project(doc, arg)
+            elif name == "$unset":
+                names = [arg] if isinstance(arg, str) else arg
+                doc = {k: v for k, v in doc.items() if k not in names}
+            elif name in ("$addFields", "$set"):
+                doc = {**doc, **{k: _expr(doc, v) for k, v in arg.items()}}
             else:
-                raise MongoError(40602 if name == "$changeStream" else 40324,
-                                 f"Unrecognized pipeline stage name: '{name}'")
+                raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
         if "_id" not in doc or doc["_id"] != doc.get("_id"):
             raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which contains the "
                              "resume token, was modified by the pipeline. Modifying the _id field of an event makes "
@@ -181,6 +179,47 @@ class NativeStream:
                         nursery.start_soon(_wake, node, nursery)
 
 
+def _expr(doc: dict[str, Any], e: Any) -> Any:
+    """Aggregation expressions the suite uses: "$field.path" references, nested documents, literals."""
+    if isinstance(e, str) and e.startswith("$"):
+        cur: Any = doc
+        for part in e[1:].split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        return cur
+    if isinstance(e, dict):
+        return {k: _expr(doc, v) for k, v in e.items()}
+    return e
+
+
+def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    if all(v in (0, False) for v in spec.values()):
+        return {k: v for k, v in doc.items() if k not in spec}
+    out: dict[str, Any] = {}
+    if spec.get("_id", 1) not in (0, False) and "_id" in doc:
+        out["_id"] = doc["_id"]
+    for k, v in spec.items():
+        if k == "_id":
+            continue
+        if "." in k:  # a dotted key computes (or includes) a nested field
+            head, rest = k.split(".", 1)
+            sub = doc.get(head) if isinstance(doc.get(head), dict) else {}
+            nested = _project({**sub, "_id": None}, {"_id": 0, rest: v}) if v in (1, True) else \
+                _set_path({}, rest, _expr(doc, v))
+            out[head] = {**out.get(head, {}), **nested}
+        elif v is True or (type(v) is int and v == 1):
+            if k in doc:
+                out[k] = doc[k]
+        else:
+            out[k] = _expr(doc, v)
+    return out
+
+
+def _set_path(target: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    head, _, rest = path.partition(".")
+    target[head] = _set_path(target.get(head, {}), rest, value) if rest else value
+    return target
+
+
 async def _wake(node: Any, nursery: Any) -> None:
     import trio
 
@@ -203,6 +242,9 @@ def parse_change_stream(cmd: dict[str, Any]) -> tuple[dict[str, Any], list[dict[
     for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+        name = next(iter(stage), "")
+        if name not in _STAGES:
+            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
     return spec, pipeline[1:]
 
 

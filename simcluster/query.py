@@ -217,6 +217,13 @@ def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any]:
     if len(new) < len(old):
         out["l"] = len(new)
     for idx, v in enumerate(new):
-        if idx >= len(old) or not (type(old[idx]) is type(v) and old[idx] == v):
+        if idx < len(old) and type(old[idx]) is type(v) and old[idx] == v:
+            continue
+        if idx < len(old) and isinstance(v, dict) and isinstance(old[idx], dict) and \
+                list(old[idx])[: len(v)] == [x for x in v if x in old[idx]]:
+            out[f"s{idx}"] = compute_diff(old[idx], v)  # a modified sub-document: a sub-diff
+        elif idx < len(old) and isinstance(v, list) and isinstance(old[idx], list):
+            out[f"s{idx}"] = _array_diff(old[idx], v)
+        else:
             out[f"u{idx}"] = v
     return out

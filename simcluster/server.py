@@ -20,7 +20,7 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from bson.codec_options import CodecOptions
 
 from mongoformats import wire
-from mongoformats.errors import MongoError, ProtocolError, is_resumable_change_stream_error
+from mongoformats.errors import MongoError, ProtocolError, has_category, is_resumable_change_stream_error
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
 
@@ -160,9 +160,12 @@ class CommandServer:
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
         except MongoError as exc:
-            if name in ("getMore", "aggregate") and is_resumable_change_stream_error(exc.code) and \
-                    getattr(exc, "change_stream", False):
-                exc = exc.with_labels("ResumableChangeStreamError")
+            if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
+                # Labels the server attaches to change stream errors (error_labels.cpp).
+                if is_resumable_change_stream_error(exc.code):
+                    exc = exc.with_labels("ResumableChangeStreamError")
+                elif has_category(exc.code, "NonResumableChangeStreamError"):
+                    exc = exc.with_labels("NonResumableChangeStreamError")
             reply = exc.to_reply()
         except Exception as exc:  # a bug or unexpected input must not take the node down
             log.exception("command %s failed", name)
