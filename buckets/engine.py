@@ -219,7 +219,9 @@ class Engine:
             position = bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
         lsid = cmd.get("lsid")
-        cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else session.owner,
+        # Like the server: a cursor opened in a session belongs to that session; one opened without a
+        # session belongs to the user (the proxy does not see users yet, so any connection may use it).
+        cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else "",
                            ns=CURSOR_NS, batch_size=batch_size or None)
         if token is not None:
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
@@ -266,8 +268,7 @@ class Engine:
         if cur is None:
             raise MongoError("CursorNotFound", f"cursor id {cid} not found")
         lsid = cmd.get("lsid")
-        who = repr(lsid["id"]) if lsid else session.owner
-        if who != cur.owner:
+        if cur.owner and (lsid is None or repr(lsid["id"]) != cur.owner):
             raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
         return cur
 

@@ -60,8 +60,51 @@ class KeyStringBuilder:
         self._buf.append(END)
 
     def append(self, value: Any) -> None:
+        fast = _FAST.get(type(value))
+        if fast is not None:
+            fast(self, value)
+            return
         self._buf.append(self._ctype(value))
         self._append_body(value)
+
+    # Exact-type fast paths (hot: every event token encodes a documentKey).
+    def _fast_oid(self, value: ObjectId) -> None:
+        self._buf.append(OID)
+        self._buf += value.binary
+
+    def _fast_int(self, value: int) -> None:
+        if not -(2**31) <= value < 2**31:
+            self._buf.append(self._ctype(value))
+            self._append_body(value)
+            return
+        self._bits += (0, 0)
+        if value == 0:
+            self._buf.append(NUM_ZERO)
+            return
+        m = abs(value) << 1
+        n = (m.bit_length() + 7) // 8
+        raw = m.to_bytes(n, "big")
+        if value > 0:
+            self._buf.append(NUM_POS_1BYTE - 1 + n)
+            self._buf += raw
+        else:
+            self._buf.append(NUM_NEG_1BYTE + 1 - n)
+            self._buf += bytes(b ^ 0xFF for b in raw)
+
+    def _fast_str(self, value: str) -> None:
+        self._buf.append(STRING)
+        self._bits.append(0)
+        self._buf += _escape(value.encode())
+
+    def _fast_dict(self, value: dict[str, Any]) -> None:
+        buf = self._buf
+        buf.append(OBJECT)
+        for name, item in value.items():
+            t = type(item)
+            buf.append(_GENERIC_BY_TYPE.get(t) or _generic_ctype(self._ctype(item)))
+            buf += _escape(name.encode())
+            self.append(item)
+        buf.append(0)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -149,6 +192,15 @@ class KeyStringBuilder:
             buf += struct.pack(">II", value.time, value.inc)
         elif isinstance(value, Regex):
             buf += _escape(value.pattern.encode()) + _escape(str(value.flags).encode())
+
+
+_FAST: dict[type, Any] = {
+    ObjectId: KeyStringBuilder._fast_oid, int: KeyStringBuilder._fast_int, str: KeyStringBuilder._fast_str,
+    dict: KeyStringBuilder._fast_dict,
+}
+_GENERIC_BY_TYPE: dict[type, int] = {ObjectId: OID, int: NUMERIC_NAN, float: NUMERIC_NAN, Int64: NUMERIC_NAN,
+                                     str: STRING, dict: OBJECT, list: ARRAY, type(None): NULL, bool: FALSE,
+                                     Timestamp: TIMESTAMP}
 
 
 def _millis(value: datetime.datetime) -> int:

@@ -48,8 +48,57 @@ def _bad(code: int | str, msg: str) -> MongoError:
     return MongoError(code, msg)
 
 
+_HEAD_CACHE: dict[tuple[int, int, int, bool], bytes] = {}
+_IDENT_CACHE: dict[str, bytes] = {}
+
+
+def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
+    """The common v2 event token {operationType, documentKey}, spliced from cached byte runs.
+
+    Produces exactly the bytes of the generic path (tests compare both); returns None for any
+    other shape so the generic encoder handles it.
+    """
+    ident = data.event_identifier
+    if data.version != 2 or data.fragment_num is not None or type(ident) is not dict or len(ident) != 2:
+        return None
+    keys = list(ident)
+    if keys != ["operationType", "documentKey"] or type(ident["documentKey"]) is not dict:
+        return None
+    head_key = (data.version, data.token_type, data.txn_op_index, data.from_invalidate)
+    head = _HEAD_CACHE.get(head_key)
+    if head is None:
+        ks = KeyStringBuilder()
+        for v in (data.version, data.token_type, data.txn_op_index, data.from_invalidate):
+            ks.append(v)
+        head = _HEAD_CACHE.setdefault(head_key, ks.data) if len(_HEAD_CACHE) < 4096 else ks.data
+    op = ident["operationType"]
+    op_bytes = _IDENT_CACHE.get(op)
+    if op_bytes is None:
+        ks = KeyStringBuilder()
+        ks.append(op)
+        op_bytes = _IDENT_CACHE.setdefault(op, ks.data)
+    key = KeyStringBuilder()
+    key._bits = [0, 0, 0, 0, 0, 0, 0]  # version, tokenType, txnOpIndex (2 bits each), operationType (1)
+    key.append(ident["documentKey"])
+    ts = data.cluster_time
+    parts = [b"\x82", ts.time.to_bytes(4, "big"), ts.inc.to_bytes(4, "big"), head]
+    parts.append(b"\x5a\x10\x04" + data.uuid.bytes if data.uuid is not None else b"\x14")
+    parts += [b"\x46\x3coperationType\x00", op_bytes, b"\x46documentKey\x00", key.data, b"\x00\x04"]
+    token: dict[str, Any] = {"_data": b"".join(parts).hex().upper()}
+    bits = key.type_bits
+    if bits:
+        token["_typeBits"] = Binary(bits, 0)
+    return token
+
+
 def encode_token(data: ResumeTokenData) -> dict[str, Any]:
     """The resume token document the server emits for `data`."""
+    fast = _event_token_fast(data)
+    return fast if fast is not None else encode_token_generic(data)
+
+
+def encode_token_generic(data: ResumeTokenData) -> dict[str, Any]:
+    """encode_token without the fast path: the reference the fast path is tested against."""
     if data.version not in (0, 1, 2):
         raise _bad(50795, f"Invalid resume token version: {data.version}")
     if data.fragment_num is not None and data.version < 2:

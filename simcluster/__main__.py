@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 import trio
@@ -17,13 +18,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
     parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
     parser.add_argument("--oplog-mb", type=int, default=1024)
+    parser.add_argument("--periodic-noop-s", type=float, default=10.0, help="periodicNoopIntervalSecs")
+    parser.add_argument("--prefill", type=int, default=0, help="insert this many documents before serving")
+    parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
 
     async def run() -> None:
         async with open_cluster(shards=args.shards, host=args.host, port=args.port, version=args.version,
-                                oplog_bytes=args.oplog_mb << 20) as cluster:
-            print(cluster.describe(), flush=True)
+                                oplog_bytes=args.oplog_mb << 20, periodic_noop_s=args.periodic_noop_s) as cluster:
+            if args.prefill:
+                from simcluster.launcher import prefill
+
+                prefill(cluster, args.prefill)
+            if args.json:
+                info = {"mongos": cluster.uri, "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
+                        "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)]}
+                print(json.dumps(info), flush=True)
+            else:
+                print(cluster.describe(), flush=True)
             await trio.sleep_forever()
 
     try:

@@ -13,6 +13,7 @@ D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-s
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any
 
 import bson
@@ -71,6 +72,7 @@ class NativeStream:
                 raise MongoError("ChangeStreamHistoryLost", "Resume of change stream was not possible, as the resume "
                                  "point may no longer be in the oplog.")
         self.pending: list[ChangeEvent] = []
+        self.ready: collections.deque[ChangeEvent] = collections.deque()
         self.frontier = min(self.positions)
         self.invalidated = False
         self.done = False
@@ -86,7 +88,8 @@ class NativeStream:
 
     def _poll(self) -> list[ChangeEvent]:
         for i, node in enumerate(self.nodes):
-            raws = node.oplog.read_after(self.positions[i], 1 << 30)
+            # Bounded reads, like one getMore batch per shard cursor.
+            raws = node.oplog.read_after(self.positions[i], 4096)
             if raws:
                 for raw in raws:
                     for ev in self.transformers[i].transform(RawBSONDocument(raw, RAW)):
@@ -144,13 +147,14 @@ class NativeStream:
         import trio
 
         out: list[Any] = []
+        ready = self.ready
         while True:
             if self.done:
                 return out
-            for ev in self._poll():
-                if len(out) >= limit:
-                    self.pending.insert(0, ev)
-                    continue
+            if not ready:
+                ready.extend(self._poll())
+            while ready and len(out) < limit:
+                ev = ready.popleft()
                 shaped = self._shape(ev, lookup)
                 if shaped is not None:
                     if "_id" not in shaped:
@@ -166,6 +170,11 @@ class NativeStream:
                     return out
             if out:
                 return out
+            if any(n.oplog.last_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
+                if trio.current_time() >= deadline:
+                    return out
+                await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
+                continue  # more entries to read right away
             if not self.pending:
                 hwm = high_water_mark(Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF))
                 if token_sort_key(hwm) > token_sort_key(self.last_token):

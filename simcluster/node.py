@@ -367,7 +367,9 @@ class ShardNode(CommandServer):
                 if not tailable or not await oplog.wait_beyond(position, deadline):
                     return []
 
-        cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")))
+        # A non-tailable scan ends (cursor id 0) once it has returned everything there is.
+        cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")),
+                        done=None if tailable else lambda: position >= oplog.last_key())
         return {"cursor": await self.cursors.first_batch(cursor, cmd.get("batchSize"))}
 
     async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

@@ -39,17 +39,24 @@ def client(uri: str, **kwargs: Any) -> pymongo.MongoClient[Any]:
     return c
 
 
-@pytest.fixture(autouse=True)
-def _close_clients() -> Any:
-    yield
+def _close_all() -> None:
     while _OPEN_CLIENTS:
         _OPEN_CLIENTS.pop().close()
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Any:
+    # Fallback for tests without the cluster fixture. Closing blocks on the servers answering
+    # endSessions, so the trio fixtures below close clients from a worker thread first.
+    yield
+    _close_all()
 
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[SimCluster]:
     async with open_cluster(shards=3) as c:
         yield c
+        await sync(_close_all)  # while the servers still run, so close() is not left waiting
 
 
 @pytest.fixture

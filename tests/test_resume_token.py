@@ -115,3 +115,10 @@ def test_byte_order_is_logical_order(a, b):
         assert (ka < kb) == (logical(a) < logical(b))
     # _data strings order the same way as their bytes (uppercase hex).
     assert (ka < kb) == (encode_token(a)["_data"] < encode_token(b)["_data"])
+
+
+@given(tokens)
+def test_fast_event_token_path_is_byte_identical_to_the_generic_encoder(data):
+    from mongoformats.resume_token import encode_token_generic
+
+    assert encode_token(data) == encode_token_generic(data)
