@@ -1,0 +1,53 @@
+"""The Node.js driver and mongosh, unmodified, through the proxy and directly against simcluster.
+
+The packages come from the npm registry; `make test` installs them into .node/ (see Makefile).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.conftest import proxy_uri
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_MODULES = ROOT / ".node" / "node_modules"
+MONGOSH = NODE_MODULES / ".bin" / "mongosh"
+
+pytestmark = [
+    pytest.mark.node,
+    pytest.mark.skipif(not shutil.which("node") or not (NODE_MODULES / "mongodb").exists(),
+                       reason="node or the npm packages are missing: run `make test`, which installs them"),
+]
+
+
+async def _run(*argv: str) -> str:
+    with trio.fail_after(120):
+        result = await trio.run_process(list(argv), capture_stdout=True, capture_stderr=True, check=False,
+                                        env={"NODE_PATH": str(NODE_MODULES), "PATH": "/usr/bin:/bin:/usr/local/bin",
+                                             "HOME": str(ROOT / ".node")})
+    out = result.stdout.decode()
+    assert result.returncode == 0, f"{argv[0]} failed:\n{out}\n{result.stderr.decode()}"
+    return out
+
+
+async def test_node_driver_through_the_proxy(proxy):
+    out = await _run("node", str(ROOT / "tests" / "node" / "driver.js"), proxy_uri(proxy))
+    assert json.loads(out.strip().splitlines()[-1])["ok"] is True
+
+
+@pytest.mark.skipif(not MONGOSH.exists(), reason="mongosh is not installed")
+async def test_mongosh_through_the_proxy_and_directly(cluster, proxy):
+    script = ("db.getSiblingDB('sh').c.insertMany([{_id: 1}, {_id: 2}]);"
+              "const r = db.adminCommand({parallelChangeStream: 1, nBuckets: 3, name: 'sh'});"
+              "print(JSON.stringify({n: db.getSiblingDB('sh').c.countDocuments({}), buckets: r.cursors.length}))")
+    for uri in (proxy_uri(proxy), cluster.uri, cluster.shard_uri("shard0")):
+        if uri != proxy_uri(proxy):
+            script = "print(JSON.stringify({n: db.getSiblingDB('sh2').c.insertOne({a: 1}).acknowledged ? 1 : 0}))"
+        out = await _run(str(MONGOSH), uri, "--quiet", "--norc", "--eval", script)
+        line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
+        assert json.loads(line)["n"] >= 1
