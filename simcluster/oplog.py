@@ -124,13 +124,13 @@ class Oplog:
     def index_at_or_after(self, key: int) -> int:
         return bisect.bisect_left(self._keys, key)
 
-    def read_after(self, key: int, limit: int, max_bytes: int = 16 * 1024 * 1024) -> list[bytes]:
-        """Entries with ts > key, at most `limit` of them and about `max_bytes` (a reply's budget)."""
+    def read_after(self, key: int, limit: int, max_bytes: int = 16 * 1024 * 1024 - 16 * 1024) -> list[bytes]:
+        """Entries with ts > key: at most `limit`, and few enough that the reply stays under 16 MiB."""
         i = bisect.bisect_right(self._keys, key)
         out = self._entries[i : i + limit]
         total = 0
         for n, e in enumerate(out):
-            total += len(e)
+            total += len(e) + 9  # each array element also costs a type byte and its index key
             if total > max_bytes and n:
                 return out[:n]
         return out
