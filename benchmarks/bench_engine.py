@@ -18,7 +18,6 @@ import trio
 from bson import Timestamp
 
 from benchmarks.common import write_results
-from mongoformats.resume_token import token_sort_key
 from simcluster.launcher import spawn_cluster
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
@@ -83,8 +82,8 @@ async def proxy_stream(mongos_uri: str, start: Timestamp, want: int, buckets: in
             try:
                 while not done.is_set():
                     # Raw bytes all the way: the consumer counts events without decoding them.
-                    reply = await conn.command("admin", {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream",
-                                                         "maxTimeMS": 200}, check=False)
+                    more = {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 200}
+                    reply = await conn.command("admin", more, check=False)
                     total += len(reply["cursor"]["nextBatch"])
                     if total >= want:
                         done.set()

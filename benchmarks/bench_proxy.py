@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
           f"  ratio {ratios['find_batched']:.2f}  (goal >= 0.7)")
     write_results("proxy_passthrough", {"direct": direct, "proxy": through, "ratios": ratios},
                   {"insert_one direct": direct["insert_one_per_s"], "insert_one proxy": through["insert_one_per_s"],
-                   "find/100 direct": direct["find_docs_per_s"] / 100, "find/100 proxy": through["find_docs_per_s"] / 100},
+                   "find/100 direct": direct["find_docs_per_s"] / 100,
+                   "find/100 proxy": through["find_docs_per_s"] / 100},
                   ylabel="ops/s (find: docs/s / 100)", title="pymongo directly vs through wireproxy")
 
 

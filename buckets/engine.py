@@ -26,12 +26,12 @@ import trio
 from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import RAW
-from mongoformats.errors import MongoError
-from mongoformats.resume_token import high_water_mark, token_sort_key
 from buckets.bucketing import MAX_BUCKETS
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
-from wireproxy.router import CommandTable
+from mongoformats.change_events import RAW
+from mongoformats.errors import MongoError
+from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import UpstreamConnection, parse_hosts
 
 log = logging.getLogger("buckets.engine")
@@ -78,6 +78,7 @@ class Engine:
         self._nursery: trio.Nursery | None = None
 
     def register(self, table: CommandTable) -> None:
+        table.change_stream_handler = self.cmd_change_stream
         table.register("parallelChangeStream", self.cmd_open)
         table.register("parallelChangeStreamStatus", self.cmd_status)
         table.owned_cursors = self.cursors
@@ -166,8 +167,8 @@ class Engine:
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n}
 
-    async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None
-                      ) -> ParallelStream:
+    async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
+                      scope: tuple[str, str | None] | None = None) -> ParallelStream:
         shards, now = await self._discover()
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if isinstance(tokens, list):
@@ -195,7 +196,7 @@ class Engine:
             shard_buffer_bytes=int(cmd.get("shardBufferBytes", self.config.shard_buffer_bytes)),
             bucket_buffer_bytes=int(cmd.get("bucketBufferBytes", self.config.bucket_buffer_bytes)),
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
-            reader_await_ms=self.config.reader_await_ms, match=match)
+            reader_await_ms=self.config.reader_await_ms, match=match, scope=scope)
         stream = ParallelStream(name, options, shards, start, floors, keep=keep)
         stream.last_active = trio.current_time()
         assert self._nursery is not None, "Engine.run() must be started first"
@@ -263,6 +264,44 @@ class Engine:
         return {"cursor": {"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": first,
                            "postBatchResumeToken": cur.last_token}}
 
+    async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
+
+        Only streams whose every event the engine reproduces exactly are accelerated: default
+        fullDocument and trailing $match stages. Anything else raises PassThrough, so the session
+        forwards the aggregate to mongos unchanged: acceleration never changes what a consumer sees.
+        """
+        pipeline = cmd.get("pipeline") or []
+        spec = pipeline[0]["$changeStream"]
+        stages = pipeline[1:]
+        accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
+                    "fullDocument"}
+        if (not isinstance(spec, dict) or set(spec) - accepted or spec.get("fullDocument", "default") != "default"
+                or any(set(st) != {"$match"} for st in stages)
+                or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
+            raise PassThrough()
+        coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
+        cluster_wide = bool(spec.get("allChangesForCluster"))
+        if cluster_wide != (db == "admin" and coll is None):
+            raise PassThrough()  # mongos answers the exact error for a misplaced stream
+        token = spec.get("resumeAfter") or spec.get("startAfter")
+        if token is not None and decode_token(token).from_invalidate:
+            raise PassThrough()  # resuming after an invalidate: mongos's rules, mongos's errors
+        sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents"))}
+        if token is not None:
+            sub["resumeAfter"] = token
+        elif "startAtOperationTime" in spec:
+            sub["startAtOperationTime"] = spec["startAtOperationTime"]
+        if stages:
+            sub["pipeline"] = stages
+        scope = None if cluster_wide else (db, coll)
+        stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope)
+        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token)
+        cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+        self._private[cur.cursor_id] = stream
+        return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
+                           "ns": cur.ns}}
+
     def _owned(self, session: Any, cid: int, cmd: dict[str, Any]) -> BucketCursor:
         cur = self.cursors.get(cid)
         if cur is None:
@@ -284,8 +323,11 @@ class Engine:
         except MongoError:
             self._drop_cursor(cid)
             raise
-        return {"cursor": {"id": Int64(cid), "ns": cur.ns, "nextBatch": [RawBSONDocument(e.raw, RAW) for e in events],
-                           "postBatchResumeToken": pbrt}}
+        alive = not cur.exhausted
+        if not alive:
+            self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
+        return {"cursor": {"id": Int64(cid if alive else 0), "ns": cur.ns,
+                           "nextBatch": [RawBSONDocument(e.raw, RAW) for e in events], "postBatchResumeToken": pbrt}}
 
     async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         killed, missing = [], []

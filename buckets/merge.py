@@ -65,7 +65,7 @@ class MergedQueue:
 
     def pop_ready(self, limit: int = 1 << 30) -> list[tuple[str, ChangeEvent]]:
         frontier = self.frontier()
-        out = []
+        out: list[tuple[str, ChangeEvent]] = []
         heap = self._heap
         while heap and heap[0][0] <= frontier and len(out) < limit:
             _, _, shard, event = heapq.heappop(heap)

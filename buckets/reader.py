@@ -17,10 +17,10 @@ from typing import Any
 import trio
 from bson import Timestamp
 
+from buckets.budget import ByteBudget
 from mongoformats.change_events import ChangeEvent, OplogTransformer
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from buckets.budget import ByteBudget
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
 
 log = logging.getLogger("buckets.reader")

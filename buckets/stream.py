@@ -20,15 +20,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
 import trio
 from bson import Timestamp
 
-from mongoformats.change_events import ChangeEvent, OplogTransformer
-from mongoformats.resume_token import decode_token, token_sort_key
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.merge import MergedQueue
 from buckets.reader import ShardBatch, ShardReader
+from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
+from mongoformats.resume_token import decode_token, token_sort_key
+from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 
 log = logging.getLogger("buckets.stream")
 
@@ -43,6 +45,9 @@ class StreamOptions:
     reader_await_ms: int = 200
     token_version: int = 2
     match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
+    # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
+    # stream; events outside it are dropped and the invalidating event ends the stream.
+    scope: tuple[str, str | None] | None = None
 
 
 def key_to_token(key: bytes) -> dict[str, Any]:
@@ -126,6 +131,7 @@ class BucketCursor:
     last_key: bytes = b""
     last_token: dict[str, Any] = field(default_factory=dict)
     last_used: float = 0.0
+    exhausted: bool = False
 
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
                          *, first: bool = False) -> tuple[list[ChangeEvent], dict[str, Any]]:
@@ -136,7 +142,7 @@ class BucketCursor:
                                               else self.stream.options.max_await_ms) / 1000
             bucket.waiting += 1
             try:
-                while self.position >= bucket.end and self.stream.error is None:
+                while self.position >= bucket.end and self.stream.error is None and not self.stream.ended:
                     with trio.move_on_at(deadline):
                         await bucket.changed.wait()
                         if self.position >= bucket.end and bucket.frontier > self.last_key:
@@ -154,11 +160,14 @@ class BucketCursor:
         start = self.position - bucket.base
         batch: list[ChangeEvent] = []
         size = 0
-        for ev in bucket.events[start:]:
-            if len(batch) >= limit or (batch and size + len(ev.raw) > 16 * 1024 * 1024 - 4096):
+        events = bucket.events
+        for i in range(start, len(events)):  # no slice copy: a bucket may hold many events
+            ev = events[i]
+            cost = len(ev.raw) + BATCH_ELEMENT_OVERHEAD
+            if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
                 break
             batch.append(ev)
-            size += len(ev.raw)
+            size += cost
         self.position += len(batch)
         bucket.delivered_total += len(batch)
         if batch:
@@ -168,6 +177,7 @@ class BucketCursor:
             # resume point that moves even while this bucket is idle.
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
         bucket._notify()
+        self.exhausted = self.stream.ended and self.position >= bucket.end
         return batch, self.last_token
 
 
@@ -197,6 +207,7 @@ class ParallelStream:
         self.last_active = 0.0
         self.started = trio.Event()
         self._frontier = b""
+        self.ended = False   # an accelerated single-collection or database stream was invalidated
         self._cancel = trio.CancelScope()
 
     def close(self) -> None:
@@ -234,6 +245,7 @@ class ParallelStream:
         merge = self.merge
         n = self.options.n_buckets
         match = self.options.match
+        scope = self.options.scope
         async for batch in recv:
             for ev in batch.events:
                 merge.push(batch.shard, ev)
@@ -241,7 +253,15 @@ class ParallelStream:
             ready = merge.pop_ready()
             for shard, ev in ready:
                 self.shard_budgets[shard].release(len(ev.raw))
+                if self.ended or (scope is not None and not _in_scope(ev, scope)):
+                    continue
                 if match is not None and not _event_matches(ev, match):
+                    continue
+                if scope is not None and _invalidates(ev, scope):
+                    for b in self.buckets.values():
+                        await b.put(ev)
+                        await b.put(invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime")))
+                    self.ended = True
                     continue
                 for b in buckets_for_event(ev, n):
                     bucket = self.buckets.get(b)
@@ -322,6 +342,18 @@ def _ts_of_key(key: bytes) -> Timestamp:
     # Every resume token key starts with the KeyString Timestamp: 0x82 + 8 bytes big-endian.
     value = int.from_bytes(key[1:9], "big")
     return Timestamp(value >> 32, value & 0xFFFFFFFF)
+
+
+def _in_scope(ev: ChangeEvent, scope: tuple[str, str | None]) -> bool:
+    db, coll = scope
+    if coll is None:
+        return ev.db == db
+    return f"{db}.{coll}" in ev.namespaces or (ev.db == db and ev.op_type == "dropDatabase")
+
+
+def _invalidates(ev: ChangeEvent, scope: tuple[str, str | None]) -> bool:
+    """drop/rename of the collection or dropDatabase end a collection stream; dropDatabase a db stream."""
+    return ev.op_type == "dropDatabase" or (scope[1] is not None and ev.op_type in ("drop", "rename"))
 
 
 def _event_matches(ev: ChangeEvent, match: dict[str, Any]) -> bool:

@@ -194,7 +194,7 @@ def _report(rows: list[tuple[str, Any, Any, bool]], per_batch: list[dict[str, An
     table = Table(title="source vs target")
     for col in ("collection", "source docs", "target docs", "hash", "indexes", "match"):
         table.add_column(col)
-    for name, (s, si), (t, ti), good in rows:
+    for name, (s, si), (t, _ti), good in rows:
         table.add_row(name, str(s[0]), str(t[0]), s[1], ",".join(si), "[green]yes" if good else "[red]NO")
     console.print(table)
     totals = {b: sum(p["counts"].get(b, 0) for p in per_batch) for b in range(buckets)}

@@ -21,5 +21,5 @@ def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool) -> tuple[Any
     key = ev.get("documentKey")
     doc_key = json_util.dumps(bson.decode(key.raw), json_options=json_util.CANONICAL_JSON_OPTIONS) if key else None
     as_json = json_util.dumps(bson.decode(ev.raw), json_options=json_util.RELAXED_JSON_OPTIONS) if with_json else None
-    return (bucket, ev["_id"]["_data"], datetime.datetime.fromtimestamp(ct.time, datetime.timezone.utc), ct.inc,
+    return (bucket, ev["_id"]["_data"], datetime.datetime.fromtimestamp(ct.time, datetime.UTC), ct.inc,
             ev["operationType"], ns.get("db"), ns.get("coll"), doc_key, bytes(ev.raw), as_json)

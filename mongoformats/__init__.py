@@ -15,7 +15,15 @@ from mongoformats.resume_token import (
     high_water_mark,
     token_sort_key,
 )
-from mongoformats.wire import NEED_DATA, MessageFramer, OpMsg, OpQuery, OpReply, encode_op_msg, encode_op_reply
+from mongoformats.wire import (
+    NEED_DATA,
+    MessageFramer,
+    OpMsg,
+    OpQuery,
+    OpReply,
+    encode_op_msg,
+    encode_op_reply,
+)
 
 __all__ = [
     "ChangeEvent", "OplogTransformer", "ddl_note", "invalidate_event",

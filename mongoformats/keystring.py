@@ -30,7 +30,7 @@ STRING, OBJECT, ARRAY, BINDATA, OID = 0x3C, 0x46, 0x50, 0x5A, 0x64
 FALSE, TRUE, DATE, TIMESTAMP, REGEX, CODE, MAXKEY = 0x6E, 0x6F, 0x78, 0x82, 0x8C, 0xA0, 0xF0
 END = 0x04
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 # Type-bit values for numbers, appended high bit first (TypeBits::kInt ... kDecimal).
 _TB_INT32, _TB_INT64, _TB_DOUBLE = 0b00, 0b01, 0b10
@@ -205,7 +205,7 @@ _GENERIC_BY_TYPE: dict[type, int] = {ObjectId: OID, int: NUMERIC_NAN, float: NUM
 
 def _millis(value: datetime.datetime) -> int:
     if value.tzinfo is None:
-        value = value.replace(tzinfo=datetime.timezone.utc)
+        value = value.replace(tzinfo=datetime.UTC)
     delta = value - _EPOCH
     return (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
 

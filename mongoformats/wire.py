@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -42,6 +43,10 @@ _KNOWN_REQUIRED_FLAGS: Final = FLAG_CHECKSUM_PRESENT | FLAG_MORE_TO_COME
 
 MAX_MESSAGE_SIZE: Final = 48_000_000
 MAX_BSON_SIZE: Final = 16 * 1024 * 1024
+# A cursor batch must leave room for its reply envelope, and every array element costs a type
+# byte and its index key on top of the document: batches are cut with this rule.
+BATCH_BYTES_LIMIT: Final = MAX_BSON_SIZE - 16 * 1024
+BATCH_ELEMENT_OVERHEAD: Final = 9
 HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -218,7 +223,8 @@ def _decode_op_reply(request_id: int, response_to: int, data: bytes, compressor:
     return OpReply(request_id, response_to, rflags, cursor_id, start, tuple(docs), compressor)
 
 
-_DECODERS: Final = {OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply}
+_Decoder = Callable[[int, int, bytes, "str | None"], "Message"]
+_DECODERS: Final[dict[int, _Decoder]] = {OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply}
 
 
 def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
@@ -286,7 +292,7 @@ class MessageFramer:
         self._max_size = max_size
         self._eof = False
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         if not data:
             self._eof = True
         self._buf += data

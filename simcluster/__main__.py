@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 
@@ -39,10 +40,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(cluster.describe(), flush=True)
             await trio.sleep_forever()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ class Mongos(CommandServer):
         if sc is None:
             return self.owners(ns)
         f = next(iter(sc.key))
-        v = filt.get(f, None) if isinstance(filt, dict) else None
+        v = filt.get(f) if isinstance(filt, dict) else None
         if f in filt and not (isinstance(v, dict) and any(str(k).startswith("$") for k in v)):
             return [self.shards[sc.owner(hashed_value(v) if sc.hashed else v)]]
         return self.owners(ns)
@@ -302,7 +302,8 @@ class Mongos(CommandServer):
     async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         src = cmd["renameCollection"]
         if src in self.sharded:
-            raise MongoError("IllegalOperation", "renameCollection of a sharded collection is not supported by simcluster")
+            raise MongoError("IllegalOperation",
+                             "renameCollection of a sharded collection is not supported by simcluster")
         return await self.primary_of(src.split(".", 1)[0]).cmd_rename(db, cmd, req)
 
     async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from simcluster.server import CommandServer, Request
 from simcluster.storage import Collection, id_key
 
 OPLOG_NS = "local.oplog.rs"
+# lsid.uid of an unauthenticated session: SHA-256 of the empty user name (mongodb-formats.md C.1).
+_ANONYMOUS_UID = __import__("hashlib").sha256(b"").digest()
 
 
 class ShardNode(CommandServer):
@@ -68,7 +70,7 @@ class ShardNode(CommandServer):
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
         last = self.oplog.last_ts()
         optime = {"ts": last, "t": Int64(self.oplog.term)}
-        wall = datetime.datetime.fromtimestamp(last.time, datetime.timezone.utc)
+        wall = datetime.datetime.fromtimestamp(last.time, datetime.UTC)
         return {
             "isWritablePrimary": True, "hosts": [self.address], "setName": self.set_name, "setVersion": 1,
             "secondary": False, "primary": self.address, "me": self.address, "electionId": self.election_id,
@@ -125,8 +127,7 @@ class ShardNode(CommandServer):
     def _session_fields(self, cmd: dict[str, Any], stmt_id: int) -> dict[str, Any]:
         if "lsid" not in cmd or "txnNumber" not in cmd:
             return {}
-        return {"lsid": cmd["lsid"] | {"uid": Binary(b"\xe3\xb0\xc4B\x98\xfc\x1c\x14\x9a\xfb\xf4\xc8\x99o\xb9$'\xaeA\xe4d"
-                                                     b"\x9b\x93L\xa4\x95\x99\x1bxR\xb8U", 0)},
+        return {"lsid": cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)},
                 "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
                 "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
 
@@ -500,7 +501,8 @@ class ShardNode(CommandServer):
                        or i.key == changes["index"].get("keyPattern")), None)
             if ix is None:
                 raise MongoError("IndexNotFound", "cannot find index for collMod")
-            o2["indexOptions_old"] = {k: ix.spec.get(k, False) for k in changes["index"] if k not in ("name", "keyPattern")}
+            changed = [k for k in changes["index"] if k not in ("name", "keyPattern")]
+            o2["indexOptions_old"] = {k: ix.spec.get(k, False) for k in changed}
             ix.spec.update({k: v for k, v in changes["index"].items() if k not in ("name", "keyPattern")})
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"collMod": coll.name, **changes},
                            "o2": o2})

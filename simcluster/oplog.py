@@ -18,6 +18,7 @@ from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.change_events import RAW
+from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 
 
 def ts_key(ts: Timestamp) -> int:
@@ -124,13 +125,13 @@ class Oplog:
     def index_at_or_after(self, key: int) -> int:
         return bisect.bisect_left(self._keys, key)
 
-    def read_after(self, key: int, limit: int, max_bytes: int = 16 * 1024 * 1024 - 16 * 1024) -> list[bytes]:
+    def read_after(self, key: int, limit: int, max_bytes: int = BATCH_BYTES_LIMIT) -> list[bytes]:
         """Entries with ts > key: at most `limit`, and few enough that the reply stays under 16 MiB."""
         i = bisect.bisect_right(self._keys, key)
         out = self._entries[i : i + limit]
         total = 0
         for n, e in enumerate(out):
-            total += len(e) + 9  # each array element also costs a type byte and its index key
+            total += len(e) + BATCH_ELEMENT_OVERHEAD
             if total > max_bytes and n:
                 return out[:n]
         return out

@@ -149,7 +149,7 @@ def apply_update(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_in
             elif op == "$currentDate":
                 import datetime
 
-                _set(new, path, datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0))
+                _set(new, path, datetime.datetime.now(datetime.UTC).replace(microsecond=0))
             elif op in ("$push", "$addToSet"):
                 arr = _get(new, path)
                 arr = [] if arr is _MISSING else list(arr)

@@ -231,7 +231,7 @@ class CommandServer:
         out.update({
             "topologyVersion": {"processId": self.process_id, "counter": Int64(0)},
             "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
-            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.timezone.utc),
+            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.UTC),
             "logicalSessionTimeoutMinutes": 30, "connectionId": req.conn_id,
             "minWireVersion": 0, "maxWireVersion": self.max_wire_version, "readOnly": False,
         })
@@ -266,7 +266,8 @@ class CommandServer:
 
     async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         params = {"featureCompatibilityVersion": {"version": self.version},
-                  "periodicNoopIntervalSecs": 10, "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}}}
+                  "periodicNoopIntervalSecs": getattr(self, "periodic_noop_interval_s", 10),
+                  "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}}}
         if cmd.get("getParameter") == "*":
             return dict(params)
         return {k: v for k, v in params.items() if k in cmd}

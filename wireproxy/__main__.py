@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import signal
+from typing import Any
 
 import trio
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
     config = ProxyConfig.from_env(base=config)
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     if args.upstream:
         changes["upstream"] = args.upstream
     if args.listen:

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class PassThrough(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by a local handler that declines a request: the session forwards it to the upstream."""
+
+
 class Route(enum.Enum):
     HELLO = "hello"
     LOCAL = "local"
@@ -24,7 +28,7 @@ class Route(enum.Enum):
 HELLO_NAMES = frozenset({"hello", "ismaster"})
 
 # handler(session, db, command) -> reply document
-LocalHandler = Callable[[Any, str, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+LocalHandler = Callable[[Any, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
-from wireproxy.router import Route, classify
+from wireproxy.router import PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -129,7 +129,11 @@ class ClientSession:
                 for ident, docs in msg.sequences:
                     decoded[ident] = [bson.decode(d) for d in docs]
                 assert handler is not None
-                reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+                try:
+                    reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+                except PassThrough:
+                    await self._forward(msg)
+                    return
                 reply.setdefault("ok", 1.0)
         except MongoError as exc:
             self.server.metrics.errors.labels(code=str(exc.code)).inc()
@@ -186,7 +190,7 @@ class ClientSession:
             "msg": "isdbgrid",
             "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
             "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
-            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.timezone.utc),
+            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.UTC),
             "logicalSessionTimeoutMinutes": 30, "connectionId": self.conn_id,
             "minWireVersion": server.wire_versions[0], "maxWireVersion": server.wire_versions[1],
         })

@@ -8,6 +8,7 @@ $$type operators. Spec: shared/spec-tests/unified-test-format/unified-test-forma
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -32,9 +33,9 @@ def requirements_met(reqs: list[dict[str, Any]] | None, topology: str) -> bool:
         return True
     for req in reqs:
         ok = True
-        if "minServerVersion" in req and SERVER_VERSION < _version(req["minServerVersion"]):
+        if "minServerVersion" in req and _version(req["minServerVersion"]) > SERVER_VERSION:
             ok = False
-        if "maxServerVersion" in req and SERVER_VERSION > _version(req["maxServerVersion"]):
+        if "maxServerVersion" in req and _version(req["maxServerVersion"]) < SERVER_VERSION:
             ok = False
         if "topologies" in req and topology not in req["topologies"]:
             ok = False
@@ -114,10 +115,10 @@ def match(expected: Any, actual: Any, path: str = "", root: bool = True) -> None
 
 
 def _is_type(value: Any, name: str) -> bool:
+    import datetime
+
     from bson import ObjectId, Timestamp
     from bson.datetime_ms import DatetimeMS
-
-    import datetime
 
     special = {"objectId": ObjectId, "timestamp": Timestamp, "date": (datetime.datetime, DatetimeMS)}
     if name in special:
@@ -142,16 +143,12 @@ class UnifiedTest:
 
     def close(self) -> None:
         for c, name in self.fail_point_clients:
-            try:
+            with contextlib.suppress(PyMongoError):
                 c.admin.command({"configureFailPoint": name, "mode": "off"})
-            except PyMongoError:
-                pass
         for entity in self.entities.values():
             if isinstance(entity, ChangeStream):
-                try:
+                with contextlib.suppress(PyMongoError):
                     entity.close()
-                except PyMongoError:
-                    pass
         for c in self.clients:
             c.close()
 

@@ -1,0 +1,64 @@
+"""Change stream acceleration: an unmodified `watch()` through the proxy, served by the engine,
+yields the events and tokens mongos yields; what the engine cannot reproduce passes through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import bson
+import trio
+
+from simcluster import open_cluster
+from tests.conftest import client, sync
+from wireproxy.app import serve_proxy
+from wireproxy.config import ProxyConfig
+
+
+def _collect(stream: Any, until: Any) -> list[dict[str, Any]]:
+    """Events up to and including the first one for which `until(event)` holds."""
+    out = []
+    while True:
+        ev = stream.try_next()
+        if ev is not None:
+            out.append(ev)
+            if until(ev):
+                stream.close()
+                return out
+
+
+def _is_marker(ev: dict[str, Any]) -> bool:
+    return ev["operationType"] == "insert" and ev["fullDocument"].get("marker") is True
+
+
+async def test_watch_through_the_accelerated_proxy_equals_mongos():
+    async with open_cluster(shards=3, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                              accelerate_change_streams=True))
+
+        def work():
+            direct = client(cluster.uri)
+            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
+            start = direct.admin.command("ping")["operationTime"]
+            direct.admin.command("shardCollection", "acc.h", key={"_id": "hashed"})
+            direct.acc.h.insert_many([{"_id": i, "v": i} for i in range(60)])
+            direct.acc.h.update_many({"v": {"$lt": 10}}, {"$set": {"low": True}})
+            direct.acc.other.insert_many([{"_id": i} for i in range(20)])
+            direct.acc.h.delete_many({"v": {"$gte": 50}})
+            direct.acc.other.drop()
+            direct.acc.h.insert_one({"_id": "end", "marker": True})
+            for name, target in (("collection", lambda c: c.acc.h), ("database", lambda c: c.acc),
+                                 ("cluster", lambda c: c)):
+                want = _collect(target(direct).watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
+                got = _collect(target(proxied).watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
+                assert len(want) > 60
+                assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], name
+            # A collection stream ends with the drop of its collection and an invalidate, through the engine too.
+            ev = _collect(proxied.acc.other.watch(start_at_operation_time=start, max_await_time_ms=200),
+                          lambda e: e["operationType"] == "invalidate")
+            assert [e["operationType"] for e in ev[-2:]] == ["drop", "invalidate"] and len(ev) == 22
+            # fullDocument: updateLookup is not accelerated: mongos serves it, through the proxy.
+            with proxied.acc.h.watch(full_document="updateLookup", start_at_operation_time=start) as s:
+                updates = [e for e in _collect(s, _is_marker) if e["operationType"] == "update"]
+            assert updates and all(u["fullDocument"]["low"] is True for u in updates)
+        await sync(work)
+        nursery.cancel_scope.cancel()
