@@ -19,7 +19,7 @@ from bson import Timestamp
 
 from benchmarks.common import write_results
 from simcluster.launcher import spawn_cluster
-from wireproxy.app import serve_proxy
+from wireproxy.app import serve_proxy, tune_gc_for_throughput
 from wireproxy.config import ProxyConfig
 from wireproxy.upstream import open_upstream, parse_hosts
 
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--buckets", type=int, default=4)
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
+    tune_gc_for_throughput()  # what the `wireproxy` entry point does
     cluster = spawn_cluster(shards=4, prefill_events=args.events)
     try:
         start = _ts(min(cluster.info["start"]))

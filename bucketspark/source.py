@@ -96,12 +96,26 @@ class ParallelChangeStreamDataSource(DataSource):
         return _StreamReader(Options(self.options))
 
 
-class _StreamReader(DataSourceStreamReader):
+class _ReaderOptions:
+    """What both readers take from the options, and the partition each bucket becomes."""
+
     def __init__(self, options: Options) -> None:
         self.options = options
         self.spec = _spec(options)
         self.with_json = (options.get("jsonColumn") or "false").lower() == "true"
         self.batch_size = int(options.get("batchSize") or "1000")
+
+    def partition(self, bucket: int, start: str, end: str) -> BucketPartition:
+        return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, BucketPartition)
+        return _read(partition)
+
+
+class _StreamReader(_ReaderOptions, DataSourceStreamReader):
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
         limit = options.get("maxEventsPerTrigger")
         self.max_events = int(limit) if limit else None
         self._client: Any = None
@@ -143,12 +157,7 @@ class _StreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         self._check(start)
-        return [BucketPartition(i, s, e, self.spec, self.with_json, self.batch_size)
-                for i, (s, e) in enumerate(zip(start["tokens"], end["tokens"], strict=True))]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, BucketPartition)
-        return _read(partition)
+        return [self.partition(i, s, e) for i, (s, e) in enumerate(zip(start["tokens"], end["tokens"], strict=True))]
 
     def commit(self, end: dict[str, Any]) -> None:
         # Nothing to release: the proxy's buckets drop delivered events under memory pressure, and
@@ -160,14 +169,8 @@ class _StreamReader(DataSourceStreamReader):
             self._client.close()
 
 
-class _BatchReader(DataSourceReader):
+class _BatchReader(_ReaderOptions, DataSourceReader):
     """A bounded read: events from startAtOperationTime (or start tokens) up to now (or endToken)."""
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self.spec = _spec(options)
-        self.with_json = (options.get("jsonColumn") or "false").lower() == "true"
-        self.batch_size = int(options.get("batchSize") or "1000")
 
     def partitions(self) -> Sequence[InputPartition]:
         client = client_for(self.spec.uri)
@@ -185,8 +188,4 @@ class _BatchReader(DataSourceReader):
                 end = high_water_mark(now)["_data"]
         finally:
             client.close()
-        return [BucketPartition(i, s, end, self.spec, self.with_json, self.batch_size) for i, s in enumerate(starts)]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, BucketPartition)
-        return _read(partition)
+        return [self.partition(i, s, end) for i, s in enumerate(starts)]

@@ -133,59 +133,33 @@ class Mongos(CommandServer):
 
     async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['insert']}"
-        raws = cmd.get("$raw_documents")
-        n = 0
-        errors = []
-        for i, doc in enumerate(cmd.get("documents", [])):
-            shard = self.shard_for_doc(ns, doc)
-            try:
-                shard.insert_one(ns, doc, shard._session_fields(cmd, i), raw=raws[i] if raws else None)
-                n += 1
-            except MongoError as exc:
-                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
-                if cmd.get("ordered", True):
-                    break
-        out: dict[str, Any] = {"n": n}
-        if errors:
-            out["writeErrors"] = errors
-        return out
+        return q.run_inserts(ns, cmd, lambda doc: self.shard_for_doc(ns, doc))
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['update']}"
-        n = n_mod = 0
-        upserted, errors = [], []
-        for i, spec in enumerate(cmd.get("updates", [])):
-            try:
-                shards = self.target(ns, spec.get("q", {}))
-                result = {"n": 0, "nModified": 0}
-                for shard in shards:
-                    sub = dict(spec, upsert=False) if len(shards) > 1 else spec
-                    r = shard.update_docs(ns, sub, shard._session_fields(cmd, i))
-                    result["n"] += r["n"]
-                    result["nModified"] += r["nModified"]
-                    upserted += [{"index": i, "_id": u["_id"]} for u in r.get("upserted", [])]
-                    if r["n"] and not spec.get("multi"):
-                        break
-                if not result["n"] and spec.get("upsert") and len(shards) > 1:
-                    new = q.apply_update({k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
-                                         spec["u"], is_insert=True)
-                    shard = self.shard_for_doc(ns, new)
-                    r = shard.update_docs(ns, spec, shard._session_fields(cmd, i))
-                    upserted += [{"index": i, "_id": u["_id"]} for u in r.get("upserted", [])]
-                    result["n"] += r["n"]
-            except MongoError as exc:
-                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
-                if cmd.get("ordered", True):
-                    break
-                continue
-            n += result["n"]
-            n_mod += result["nModified"]
-        out: dict[str, Any] = {"n": n, "nModified": n_mod}
-        if upserted:
-            out["upserted"] = upserted
-        if errors:
-            out["writeErrors"] = errors
-        return out
+        return q.run_updates(cmd, lambda i, spec: self._route_update(ns, cmd, i, spec))
+
+    def _route_update(self, ns: str, cmd: dict[str, Any], i: int, spec: dict[str, Any]) -> dict[str, Any]:
+        """One update statement: targeted by shard key when the filter pins it, else broadcast."""
+        shards = self.target(ns, spec.get("q", {}))
+        result: dict[str, Any] = {"n": 0, "nModified": 0, "upserted": []}
+        for shard in shards:
+            sub = dict(spec, upsert=False) if len(shards) > 1 else spec
+            r = shard.update_docs(ns, sub, shard._session_fields(cmd, i))
+            result["n"] += r["n"]
+            result["nModified"] += r["nModified"]
+            result["upserted"] += r.get("upserted", [])
+            if r["n"] and not spec.get("multi"):
+                break
+        if not result["n"] and spec.get("upsert") and len(shards) > 1:
+            # A broadcast upsert that matched nothing inserts on the shard owning the new document.
+            new = q.apply_update({k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
+                                 spec["u"], is_insert=True)
+            shard = self.shard_for_doc(ns, new)
+            r = shard.update_docs(ns, spec, shard._session_fields(cmd, i))
+            result["n"] += r["n"]
+            result["upserted"] += r.get("upserted", [])
+        return result
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['delete']}"
@@ -238,13 +212,8 @@ class Mongos(CommandServer):
         return {"n": min(len(docs), cmd["limit"]) if cmd.get("limit") else len(docs)}
 
     async def cmd_distinct(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        values: list[Any] = []
-        for d in self.gather(f"{db}.{cmd['distinct']}", cmd.get("query") or {}):
-            for v in q.get_path(d, cmd["key"]):
-                for item in v if isinstance(v, list) else [v]:
-                    if all(q.compare(item, x) != 0 for x in values):
-                        values.append(item)
-        return {"values": values}
+        return {"values": q.distinct_values(self.gather(f"{db}.{cmd['distinct']}", cmd.get("query") or {}),
+                                            cmd["key"])}
 
     async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         coll = cmd["aggregate"]

@@ -151,23 +151,7 @@ class ShardNode(CommandServer):
         self.oplog.append(entry)
 
     async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        ns = f"{db}.{cmd['insert']}"
-        docs = cmd.get("documents", [])
-        raws = cmd.get("$raw_documents")
-        errors = []
-        n = 0
-        for i, doc in enumerate(docs):
-            try:
-                self.insert_one(ns, doc, self._session_fields(cmd, i), raw=raws[i] if raws else None)
-                n += 1
-            except MongoError as exc:
-                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
-                if cmd.get("ordered", True):
-                    break
-        out: dict[str, Any] = {"n": n}
-        if errors:
-            out["writeErrors"] = errors
-        return out
+        return q.run_inserts(f"{db}.{cmd['insert']}", cmd, lambda doc: self)
 
     def update_docs(self, ns: str, spec: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
         coll = self.coll(ns)
@@ -225,27 +209,7 @@ class ShardNode(CommandServer):
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['update']}"
-        n = n_mod = 0
-        upserted: list[dict[str, Any]] = []
-        errors = []
-        for i, spec in enumerate(cmd.get("updates", [])):
-            try:
-                r = self.update_docs(ns, spec, self._session_fields(cmd, i))
-            except MongoError as exc:
-                errors.append({"index": i, "code": exc.code, "errmsg": exc.errmsg, **exc.extra})
-                if cmd.get("ordered", True):
-                    break
-                continue
-            n += r["n"]
-            n_mod += r["nModified"]
-            for u in r.get("upserted", []):
-                upserted.append({"index": i, "_id": u["_id"]})
-        out: dict[str, Any] = {"n": n, "nModified": n_mod}
-        if upserted:
-            out["upserted"] = upserted
-        if errors:
-            out["writeErrors"] = errors
-        return out
+        return q.run_updates(cmd, lambda i, spec: self.update_docs(ns, spec, self._session_fields(cmd, i)))
 
     def delete_docs(self, ns: str, filt: dict[str, Any], limit: int, session: dict[str, Any],
                     *, from_migrate: bool = False) -> int:
@@ -378,13 +342,8 @@ class ShardNode(CommandServer):
                                      limit=cmd.get("limit", 0)))}
 
     async def cmd_distinct(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        values: list[Any] = []
-        for d in self.select(f"{db}.{cmd['distinct']}", cmd.get("query") or {}):
-            for v in q.get_path(d, cmd["key"]):
-                for item in v if isinstance(v, list) else [v]:
-                    if all(q.compare(item, x) != 0 for x in values):
-                        values.append(item)
-        return {"values": values}
+        return {"values": q.distinct_values(self.select(f"{db}.{cmd['distinct']}", cmd.get("query") or {}),
+                                            cmd["key"])}
 
     async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         from simcluster.aggregate import run_pipeline

