@@ -90,8 +90,7 @@ async def proxy_stream(mongos_uri: str, start: Timestamp, want: int, buckets: in
             finally:
                 await conn.aclose()
 
-        # Consumers share the lsid-less identity of this process: open them on the control connection's owner.
-        server.table.owned_cursors  # noqa: B018 (documents that the cursors are the engine's)
+        # Session-less cursors belong to the user, so each consumer drains its bucket on its own connection.
         async with trio.open_nursery() as consumers:
             for cur in opened["cursors"]:
                 consumers.start_soon(consume, cur["id"])

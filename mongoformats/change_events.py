@@ -15,7 +15,7 @@ docs/change_stream_events.md, as summarized in shared/reference/mongodb-formats.
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -364,7 +364,3 @@ def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
     return ChangeEvent(token_sort_key(token), token, "invalidate", trigger.db, trigger.coll, bson.encode(doc),
                        trigger.namespaces, data.cluster_time)
 
-
-def iter_raw(entries: list[bytes]) -> Iterator[RawBSONDocument]:
-    for e in entries:
-        yield RawBSONDocument(e, RAW)

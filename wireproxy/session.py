@@ -44,9 +44,6 @@ class ClientSession:
         self.framer = wire.MessageFramer()
         self.upstream: UpstreamConnection | None = None
         self._reply_ids = 0
-        # The authenticated identity of this connection as far as the proxy can tell; engine cursors
-        # remember it so another connection cannot read them (Unauthorized, 13).
-        self.owner = f"conn{conn_id}"
 
     async def run(self) -> None:
         try:
