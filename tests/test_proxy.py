@@ -148,3 +148,42 @@ async def test_metrics_endpoint(cluster):
             assert "wireproxy_commands_total" in text and 'command="insert"' in text
         await sync(work)
         nursery.cancel_scope.cancel()
+
+
+async def test_client_tls_with_standard_connection_string_options(cluster, tmp_path):
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_file, ca_file = tmp_path / "proxy.pem", tmp_path / "ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    async with trio.open_nursery() as nursery:
+        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, tls_cert_file=str(cert_file)))
+        await nursery.start(server.serve)
+
+        def work():
+            uri = f"mongodb://127.0.0.1:{server.port}/?tls=true&tlsCAFile={ca_file}"
+            c = client(uri)
+            c.t.c.insert_one({"_id": "tls"})
+            assert c.t.c.find_one({"_id": "tls"}) == {"_id": "tls"}
+            # Without trusting the CA, the handshake fails: verification is really on.
+            from pymongo.errors import ServerSelectionTimeoutError
+
+            untrusting = client(f"mongodb://127.0.0.1:{server.port}/?tls=true", serverSelectionTimeoutMS=1000)
+            with pytest.raises(ServerSelectionTimeoutError):
+                untrusting.admin.command("ping")
+        await sync(work)
+        nursery.cancel_scope.cancel()
+
+
+async def test_retryable_write_survives_a_dropped_connection(proxy):
+    def work():
+        c = client(proxy_uri(proxy))
+        c.t.r.insert_one({"_id": 0})
+        # mongos drops the connection on the next insert; the driver retries once, through the proxy.
+        c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                         "data": {"failCommands": ["insert"], "closeConnection": True}})
+        c.t.r.insert_one({"_id": 1})
+        assert c.t.r.count_documents({}) == 2
+    await sync(work)
