@@ -182,10 +182,14 @@ class _BatchReader(_ReaderOptions, DataSourceReader):
                 starts = open_stream(client, self.spec, **_start_args(self.options))
             end = self.options.get("endToken")
             if not end:
+                from bson import Timestamp
+
                 from mongoformats.resume_token import high_water_mark
 
+                # "Up to now" includes events at exactly the current cluster time; a high-water mark
+                # sorts before events at its own time, so the end is the mark of the next tick.
                 now = client.admin.command("ping")["operationTime"]
-                end = high_water_mark(now)["_data"]
+                end = high_water_mark(Timestamp(now.time, now.inc + 1))["_data"]
         finally:
             client.close()
         return [self.partition(i, s, end) for i, s in enumerate(starts)]
