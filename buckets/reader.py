@@ -134,11 +134,8 @@ class ShardReader:
 
     async def _tail(self, conn: UpstreamConnection, send: trio.MemorySendChannel[ShardBatch]) -> None:
         op = "$gte" if self.inclusive else "$gt"
-        find: dict[str, Any] = {"find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True,
-                                "awaitData": True}
-        if self.batch_size:
-            find["batchSize"] = self.batch_size
-        reply = await conn.command("local", find)
+        reply = await conn.command("local", self._batched({"find": "oplog.rs", "filter": {"ts": {op: self.position}},
+                                                           "tailable": True, "awaitData": True}))
         cursor = reply["cursor"]
         cursor_id = cursor["id"]
         batch = cursor["firstBatch"]
@@ -149,13 +146,16 @@ class ShardReader:
                 await self._advance_idle_shard(conn)
             if not cursor_id:
                 return
-            more: dict[str, Any] = {"getMore": cursor_id, "collection": "oplog.rs", "maxTimeMS": self.await_ms}
-            if self.batch_size:
-                more["batchSize"] = self.batch_size
-            reply = await conn.command("local", more)
+            reply = await conn.command("local", self._batched({"getMore": cursor_id, "collection": "oplog.rs",
+                                                               "maxTimeMS": self.await_ms}))
             cursor = reply["cursor"]
             cursor_id = cursor["id"]
             batch = cursor["nextBatch"]
+
+    def _batched(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        if self.batch_size:
+            cmd["batchSize"] = self.batch_size
+        return cmd
 
     async def _deliver(self, batch: Any, send: trio.MemorySendChannel[ShardBatch]) -> None:
         transform = self.transformer.transform

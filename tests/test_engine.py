@@ -195,8 +195,11 @@ async def test_slow_consumer_stays_within_the_byte_budgets(cluster, proxy):
                                   "bucketBufferBytes": 16_000, "shardBufferBytes": 16_000})
         for i in range(20):
             c.t.c.insert_many([{"_id": i * 100 + j, "pad": "y" * 100} for j in range(100)])
-        time.sleep(1.0)  # let readers run into the full buffers
-        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "slow"})["streams"][0]
+        deadline = time.monotonic() + 20
+        while True:  # wait until the readers have run into the full buffers
+            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "slow"})["streams"][0]
+            if status["buckets"][0]["bytes"] > 8_000 or time.monotonic() > deadline:
+                break
         bucket = status["buckets"][0]
         assert bucket["bytes"] <= 16_000
         for shard in status["shards"]:
@@ -292,7 +295,6 @@ async def test_idle_shards_do_not_delay_events(cluster, proxy):
     def work():
         c = client(proxy_uri(proxy))
         opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "idle"})
-        time.sleep(0.5)
         c.only.one.insert_one({"_id": 1})  # one shard writes; the two others stay idle
         began = time.monotonic()
         while True:
