@@ -74,7 +74,6 @@ class NativeStream:
         self.pending: list[ChangeEvent] = []
         self.ready: collections.deque[ChangeEvent] = collections.deque()
         self.frontier = min(self.positions)
-        self.invalidated = False
         self.done = False
 
     # -- reading -----------------------------------------------------------------------------------
@@ -116,12 +115,12 @@ class NativeStream:
                 out[k] = v
                 if k == "wallTime":
                     out["fullDocument"] = found
-            return self._stages(out)
+            return self._stages(out, ev.token)
         if not self.stages:
             return RawBSONDocument(ev.raw, RAW)
-        return self._stages(bson.decode(ev.raw))
+        return self._stages(bson.decode(ev.raw), ev.token)
 
-    def _stages(self, doc: dict[str, Any]) -> Any:
+    def _stages(self, doc: dict[str, Any], token: dict[str, Any]) -> Any:
         for stage in self.stages:
             (name, arg), = stage.items()
             if name == "$match":
@@ -136,7 +135,9 @@ class NativeStream:
                 doc = {**doc, **{k: _expr(doc, v) for k, v in arg.items()}}
             else:
                 raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-        if "_id" not in doc or doc["_id"] != doc.get("_id"):
+        # The server compares tokens by _data only (ResumeToken::operator==).
+        _id = doc.get("_id")
+        if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
             raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which contains the "
                              "resume token, was modified by the pipeline. Modifying the _id field of an event makes "
                              "it impossible to resume the stream from that point. Only transformations that retain "
@@ -157,9 +158,6 @@ class NativeStream:
                 ev = ready.popleft()
                 shaped = self._shape(ev, lookup)
                 if shaped is not None:
-                    if "_id" not in shaped:
-                        raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which "
-                                         "contains the resume token, was modified by the pipeline.")
                     out.append(shaped)
                 self.last_token = ev.token
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:

@@ -160,3 +160,15 @@ async def test_events_from_the_oplog_entries(cluster):
     # the spec test "Test array truncation" shape
     assert events[3]["updateDescription"]["truncatedArrays"] == [{"field": "arr", "newSize": 2}]
     assert events[4]["operationDescription"] == {"indexes": [{"v": 2, "key": {"arr": 1}, "name": "arr_1"}]}
+
+
+async def test_change_stream_fails_when_the_pipeline_modifies_the_resume_token(cluster):
+    def work():
+        c = client(cluster.shard_uri("shard0"))
+        with c.m.c.watch([{"$addFields": {"_id": {"_data": "00"}}}], max_await_time_ms=200) as stream:
+            c.m.c.insert_one({"_id": 1})
+            with pytest.raises(OperationFailure) as info:
+                while stream.try_next() is None:
+                    pass
+        assert info.value.code == 280 and info.value.has_error_label("NonResumableChangeStreamError")
+    await sync(work)
