@@ -317,7 +317,6 @@ class Engine:
         if f"{db}.{cmd.get('collection')}" != cur.ns:
             raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{cmd.get('collection')}', "
                              f"but cursor belongs to a different namespace {cur.ns}")
-        cur.last_used = trio.current_time()
         try:
             events, pbrt = await cur.next_batch(cmd.get("batchSize"), cmd.get("maxTimeMS"))
         except MongoError:

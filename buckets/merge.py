@@ -33,11 +33,6 @@ class MergedQueue:
     def shards(self) -> list[str]:
         return list(self._marks)
 
-    def add_shard(self, shard: str, mark: bytes = b"") -> None:
-        """A new shard joins; until it reports a mark it holds the merge back (it may have older events)."""
-        self._marks.setdefault(shard, mark)
-        self.pending_bytes.setdefault(shard, 0)
-
     def push(self, shard: str, event: ChangeEvent) -> None:
         if event.sort_key <= self._marks[shard]:
             raise ValueError(f"shard {shard} pushed an event at or below its own high-water mark")

@@ -142,7 +142,6 @@ class BucketCursor:
     batch_size: int | None = None
     last_key: bytes = b""
     last_token: dict[str, Any] = field(default_factory=dict)
-    last_used: float = 0.0
     exhausted: bool = False
 
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
@@ -348,12 +347,6 @@ def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
         first = first.exceptions[0]
     assert isinstance(first, Exception)
     return first
-
-
-def _ts_of_key(key: bytes) -> Timestamp:
-    # Every resume token key starts with the KeyString Timestamp: 0x82 + 8 bytes big-endian.
-    value = int.from_bytes(key[1:9], "big")
-    return Timestamp(value >> 32, value & 0xFFFFFFFF)
 
 
 def _in_scope(ev: ChangeEvent, scope: tuple[str, str | None]) -> bool:

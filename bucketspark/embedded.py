@@ -10,7 +10,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -25,15 +24,10 @@ class Environment:
     source: SimCluster
     target: SimCluster | None
     proxy: ProxyServer
-    token: trio.lowlevel.TrioToken
 
     @property
     def proxy_uri(self) -> str:
         return f"mongodb://127.0.0.1:{self.proxy.port}/"
-
-    def call(self, fn: Any, *args: Any) -> Any:
-        """Run a sync function on the trio thread (to poke simcluster state safely)."""
-        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
 
 @contextmanager
@@ -51,7 +45,7 @@ def embedded_environment(*, shards: int = 3, with_target: bool = True, version: 
             try:
                 async with trio.open_nursery() as nursery:
                     proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=source.uri, listen_port=proxy_port))
-                    ready.append(Environment(source, target, proxy, trio.lowlevel.current_trio_token()))
+                    ready.append(Environment(source, target, proxy))
                     started.set()
                     while not stop.is_set():
                         await trio.sleep(0.05)

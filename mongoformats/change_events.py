@@ -131,12 +131,12 @@ class OplogTransformer:
             return self._command(doc)
         if doc.get("fromMigrate") and not self.show_migration_events:
             return []
-        ev = self._crud(doc, doc, doc["ts"], doc.get("wall"), 0, None)
+        ev = self._crud(doc, doc["ts"], doc.get("wall"), 0, None)
         return [ev] if ev is not None else []
 
     # -- CRUD --------------------------------------------------------------------------------------
 
-    def _crud(self, op_doc: Mapping[str, Any], outer: Mapping[str, Any], ts: Timestamp, wall: Any,
+    def _crud(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any,
               txn_op_index: int, txn: tuple[Any, Any] | None) -> ChangeEvent | None:
         ns = op_doc["ns"]
         if is_internal_namespace(ns):
@@ -312,7 +312,7 @@ class OplogTransformer:
         # txnOpIndex counts every operation of the transaction, including ones that make no event.
         out = []
         for index, op in enumerate(ops):
-            ev = self._crud(op, op, ts, wall, index, txn)
+            ev = self._crud(op, ts, wall, index, txn)
             if ev is not None:
                 out.append(ev)
         return out

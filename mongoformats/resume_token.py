@@ -10,7 +10,6 @@ error codes and two public examples are in shared/reference/mongodb-formats.md s
 
 from __future__ import annotations
 
-import base64
 import binascii
 import uuid as uuidlib
 from collections.abc import Mapping
@@ -198,7 +197,3 @@ def token_sort_key(token: Mapping[str, Any]) -> bytes:
     """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never counts)."""
     return binascii.unhexlify(token["_data"])
 
-
-def type_bits_b64(token: Mapping[str, Any]) -> str | None:
-    bits = token.get("_typeBits")
-    return base64.b64encode(bytes(bits)).decode() if bits is not None else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ class CursorManager:
     def __init__(self, seed: int | None = None) -> None:
         self._cursors: dict[int, Cursor] = {}
         self._rng = random.Random(seed)
-        self._counter = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self._cursors)

@@ -32,7 +32,7 @@ class ShardNode(CommandServer):
     """The primary of replica set `set_name`. Secondaries are not simulated yet (see README)."""
 
     def __init__(self, clock: ClusterClock, host: str, port: int, set_name: str, *, version: str = "7.0",
-                 oplog_bytes: int = 1 << 30, shard_key_of: Any = None) -> None:
+                 oplog_bytes: int = 1 << 30) -> None:
         super().__init__(clock, host, port, version=version)
         self.set_name = set_name
         self.oplog = Oplog(clock, cap_bytes=oplog_bytes)

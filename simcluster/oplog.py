@@ -119,12 +119,6 @@ class Oplog:
         del self._entries[:n]
         self._bytes -= freed
 
-    def index_after(self, key: int) -> int:
-        return bisect.bisect_right(self._keys, key)
-
-    def index_at_or_after(self, key: int) -> int:
-        return bisect.bisect_left(self._keys, key)
-
     def read_after(self, key: int, limit: int, max_bytes: int = BATCH_BYTES_LIMIT) -> list[bytes]:
         """Entries with ts > key: at most `limit`, and few enough that the reply stays under 16 MiB."""
         i = bisect.bisect_right(self._keys, key)

@@ -16,7 +16,7 @@ from typing import Any
 
 import bson
 import trio
-from bson import Binary, Int64, ObjectId, Timestamp
+from bson import Binary, Int64, ObjectId
 from bson.codec_options import CodecOptions
 
 from mongoformats import wire
@@ -28,9 +28,6 @@ log = logging.getLogger("simcluster")
 
 MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
 DECODE = CodecOptions(tz_aware=True)  # dicts; UUIDs stay Binary subtype 4 (no representation chosen)
-
-Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-
 
 class Request:
     """What a handler may want beyond the command: the connection it came on."""
@@ -55,7 +52,6 @@ class CommandServer:
         self.process_id = ObjectId()
         self._conn_ids = itertools.count(1)
         self.fail_points: dict[str, dict[str, Any]] = {}
-        self.stopped = False
         self._cancel = trio.CancelScope()
         self.commands: dict[str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]] = {
             "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
@@ -89,7 +85,6 @@ class CommandServer:
 
     def stop(self) -> None:
         """Stop listening and drop every connection (a crashed or stopped process)."""
-        self.stopped = True
         self._cancel.cancel()
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
@@ -336,6 +331,3 @@ class CommandServer:
 
 _CLOSE = object()
 
-
-def ts_le(a: Timestamp, b: Timestamp) -> bool:
-    return (a.time, a.inc) <= (b.time, b.inc)
