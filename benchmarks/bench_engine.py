@@ -3,25 +3,32 @@ simcluster's native mongos change stream, side by side in one run.
 
     .venv/bin/python -m benchmarks.bench_engine [--events 1000000] [--buckets 4]
 
-The cluster runs in its own process (its own core); the proxy, its engine and the consumers run
-in this process, whose CPU time gives "events per proxy CPU-second". Goals (issue 5): proxy/raw >=
-0.7, proxy/native >= 3, >= 80k events per proxy CPU-second.
+The cluster, the proxy (`python -m wireproxy`, with its readerProcesses workers) and the
+consumers (this process) are separate processes; the proxy's CPU time, workers included, gives
+"events per proxy CPU-second". The proxy is measured with each --reader-processes value. Goals
+(issue 5): proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import os
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psutil
 import trio
 from bson import Timestamp
 
 from benchmarks.common import write_results
 from simcluster.launcher import spawn_cluster
-from wireproxy.app import serve_proxy, tune_gc_for_throughput
-from wireproxy.config import ProxyConfig
-from wireproxy.upstream import open_upstream, parse_hosts
+from wireproxy.upstream import UpstreamClosed, open_upstream, parse_hosts
 
 
 def _ts(key: int) -> Timestamp:
@@ -67,36 +74,75 @@ async def native_stream(mongos_uri: str, start: Timestamp, want: int) -> int:
     return got
 
 
-async def proxy_stream(mongos_uri: str, start: Timestamp, want: int, buckets: int) -> tuple[int, dict[str, Any]]:
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_proxy, ProxyConfig(upstream=mongos_uri, listen_port=0))
-        ctl = await open_upstream("127.0.0.1", server.port)
-        opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": buckets, "name": "bench",
-                                             "startAtOperationTime": start})
-        total = 0
-        done = trio.Event()
+class ProxyProcess:
+    """`python -m wireproxy` in its own process, so its CPU time (workers included) is its own."""
 
-        async def consume(cursor_id: Any) -> None:
-            nonlocal total
-            conn = await open_upstream("127.0.0.1", server.port)
-            try:
-                while not done.is_set():
-                    # Raw bytes all the way: the consumer counts events without decoding them.
-                    more = {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 200}
-                    reply = await conn.command("admin", more, check=False)
-                    total += len(reply["cursor"]["nextBatch"])
-                    if total >= want:
-                        done.set()
-            finally:
-                await conn.aclose()
+    def __init__(self, upstream: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", upstream,
+                                         "--listen", f"127.0.0.1:{self.port}"], stderr=subprocess.DEVNULL)
+        self.ps = psutil.Process(self.process.pid)
 
-        # Session-less cursors belong to the user, so each consumer drains its bucket on its own connection.
-        async with trio.open_nursery() as consumers:
-            for cur in opened["cursors"]:
-                consumers.start_soon(consume, cur["id"])
-        status = await ctl.command("admin", {"parallelChangeStreamStatus": 1, "name": "bench"})
-        await ctl.aclose()
-        nursery.cancel_scope.cancel()
+    async def wait_ready(self) -> None:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    conn = await open_upstream("127.0.0.1", self.port, timeout=1)
+                    await conn.aclose()
+                    return
+                except UpstreamClosed:
+                    await trio.sleep(0.1)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the proxy and its live worker processes."""
+        total = sum(self.ps.cpu_times()[:2])
+        for child in self.ps.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += sum(child.cpu_times()[:2])
+        return total
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int,
+                       reader_processes: int) -> tuple[int, dict[str, Any]]:
+    """Open a stream on the proxy and drain its N buckets, one consumer connection per bucket."""
+    name = f"bench-rp{reader_processes}"
+    ctl = await open_upstream("127.0.0.1", proxy.port)
+    opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": buckets, "name": name,
+                                         "startAtOperationTime": start, "readerProcesses": reader_processes})
+    total = 0
+    done = trio.Event()
+
+    async def consume(cursor_id: Any) -> None:
+        nonlocal total
+        conn = await open_upstream("127.0.0.1", proxy.port)
+        try:
+            while not done.is_set():
+                # Raw bytes all the way: the consumer counts events without decoding them.
+                more = {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 200}
+                reply = await conn.command("admin", more, check=False)
+                total += len(reply["cursor"]["nextBatch"])
+                if total >= want:
+                    done.set()
+        finally:
+            await conn.aclose()
+
+    # Session-less cursors belong to the user, so each consumer drains its bucket on its own connection.
+    async with trio.open_nursery() as consumers:
+        for cur in opened["cursors"]:
+            consumers.start_soon(consume, cur["id"])
+    status = await ctl.command("admin", {"parallelChangeStreamStatus": 1, "name": name})
+    await ctl.command("admin", {"killCursors": "$cmd.parallelChangeStream",
+                                "cursors": [c["id"] for c in opened["cursors"]]})
+    await ctl.aclose()
     return total, {"noops": sum(s["noops"] for s in status["streams"][0]["shards"])}
 
 
@@ -104,39 +150,56 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--buckets", type=int, default=4)
+    parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1, 2],
+                        help="readerProcesses values to measure the proxy with")
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
-    tune_gc_for_throughput()  # what the `wireproxy` entry point does
     cluster = spawn_cluster(shards=4, prefill_events=args.events)
+    proxy = ProxyProcess(cluster.uri)
     try:
         start = _ts(min(cluster.info["start"]))
         shard_uris = list(cluster.info["shards"].values())
         results: dict[str, dict[str, float]] = {}
+        modes: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("raw", lambda: raw_read(shard_uris, start)),
+            ("native", lambda: native_stream(cluster.uri, start, args.events))]
+        for rp in args.reader_processes:
+            modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, args.events,
+                                                              args.buckets, rp)))
 
         async def run() -> None:
-            for name, fn in (("raw", lambda: raw_read(shard_uris, start)),
-                             ("native", lambda: native_stream(cluster.uri, start, args.events)),
-                             ("proxy", lambda: proxy_stream(cluster.uri, start, args.events, args.buckets))):
-                wall, cpu = time.perf_counter(), time.process_time()
+            await proxy.wait_ready()
+            for name, fn in modes:
+                wall, cpu, proxy_cpu = time.perf_counter(), time.process_time(), proxy.cpu_seconds()
                 out = await fn()
                 count = out[0] if isinstance(out, tuple) else out
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 results[name] = {"events": count, "seconds": wall, "events_per_s": count / wall,
-                                 "cpu_seconds_this_process": cpu}
-                print(f"{name:7} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s", flush=True)
+                                 "cpu_seconds_bench_process": cpu}
+                line = f"{name:12} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+                if name.startswith("proxy"):
+                    used = proxy.cpu_seconds() - proxy_cpu
+                    results[name].update(proxy_cpu_seconds=used, events_per_proxy_cpu_second=count / used)
+                    line += f"  {count / used:>8,.0f} events per proxy CPU-second"
+                print(line, flush=True)
 
         trio.run(run)
     finally:
+        proxy.close()
         cluster.close()
-    proxy, raw, native = results["proxy"], results["raw"], results["native"]
+    raw, native = results["raw"], results["native"]
+    best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
+    proxy_best = results[best]
     figures = {
-        "events": args.events, "buckets": args.buckets, "modes": results,
-        "proxy_over_raw": proxy["events_per_s"] / raw["events_per_s"],
-        "proxy_over_native": proxy["events_per_s"] / native["events_per_s"],
-        "proxy_events_per_cpu_second": proxy["events"] / max(proxy["cpu_seconds_this_process"], 1e-9),
-        "reader_processes": "not implemented yet: readers run in the proxy process",
+        "events": args.events, "buckets": args.buckets, "cpus": os.cpu_count(), "modes": results,
+        "best_proxy_mode": best,
+        "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
+        "proxy_over_native": proxy_best["events_per_s"] / native["events_per_s"],
+        "proxy_events_per_cpu_second": max(results[k]["events_per_proxy_cpu_second"]
+                                           for k in results if k.startswith("proxy")),
+        "reader_processes_scaling": {k: results[k]["events_per_s"] for k in results if k.startswith("proxy")},
     }
-    print(f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7)")
+    print(f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best})")
     print(f"proxy/native {figures['proxy_over_native']:.2f}   (goal >= 3)")
     print(f"proxy events per CPU-second {figures['proxy_events_per_cpu_second']:,.0f}   (goal >= 80,000)")
     path = write_results("engine_catchup", figures, {k: v["events_per_s"] for k, v in results.items()},

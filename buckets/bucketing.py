@@ -27,6 +27,9 @@ def bucket_of(ns: str, n: int) -> int:
 
 
 def buckets_for_event(event: ChangeEvent, n: int) -> tuple[int, ...]:
-    if not event.namespaces:  # database-level events
+    namespaces = event.namespaces
+    if len(namespaces) == 1:  # the common case: one collection
+        return (zlib.crc32(namespaces[0].encode("utf-8")) % n,)
+    if not namespaces:  # database-level events
         return tuple(range(n))
-    return tuple(sorted({bucket_of(ns, n) for ns in event.namespaces}))
+    return tuple(sorted({bucket_of(ns, n) for ns in namespaces}))

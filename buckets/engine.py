@@ -3,7 +3,7 @@
 Commands (admin database):
   {parallelChangeStream: 1, nBuckets: N, name?, startAtOperationTime? | resumeAfter? | startAfter?,
    showExpandedEvents?, pipeline?: [{$match: ...}], batchSize?, maxAwaitTimeMS?, shardBufferBytes?,
-   bucketBufferBytes?}
+   bucketBufferBytes?, readerProcesses?}
       -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets}
       Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
       one token, or a list of N tokens (one per bucket) to resume a whole stream.
@@ -22,14 +22,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import bson
 import trio
 from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
-from mongoformats.change_events import RAW
+from mongoformats.change_events import RAW, ChangeEvent
 from mongoformats.errors import MongoError
+from mongoformats.oplog_splice import array_of
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import UpstreamConnection, parse_hosts
@@ -53,6 +55,17 @@ class EngineConfig:
     idle_teardown_s: float = 300.0     # a stream with no cursors for this long is torn down
     max_await_ms: int = 1000
     reader_await_ms: int = 200
+    reader_processes: int = 0          # default for streams that do not pass readerProcesses
+
+
+def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[ChangeEvent],
+                    pbrt: Mapping[str, Any]) -> RawBSONDocument:
+    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding)."""
+    head = bson.encode({"id": Int64(cursor_id), "ns": ns})
+    tail = bson.encode({"postBatchResumeToken": pbrt})
+    body = b"".join((head[4:-1], b"\x04", batch_field.encode(), b"\x00", array_of([e.raw for e in events]),
+                     tail[4:-1]))
+    return RawBSONDocument((len(body) + 5).to_bytes(4, "little") + body + b"\x00", RAW)
 
 
 def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int | None:
@@ -196,7 +209,8 @@ class Engine:
             shard_buffer_bytes=int(cmd.get("shardBufferBytes", self.config.shard_buffer_bytes)),
             bucket_buffer_bytes=int(cmd.get("bucketBufferBytes", self.config.bucket_buffer_bytes)),
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
-            reader_await_ms=self.config.reader_await_ms, match=match, scope=scope)
+            reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
+            reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0)
         stream = ParallelStream(name, options, shards, start, floors, keep=keep)
         stream.last_active = trio.current_time()
         assert self._nursery is not None, "Engine.run() must be started first"
@@ -257,12 +271,10 @@ class Engine:
             self._private[cur.cursor_id] = stream
         else:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
-        first: list[Any] = []
+        events: list[ChangeEvent] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
-            first = [RawBSONDocument(e.raw, RAW) for e in events]
-        return {"cursor": {"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": first,
-                           "postBatchResumeToken": cur.last_token}}
+        return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
 
     async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
@@ -325,8 +337,7 @@ class Engine:
         alive = not cur.exhausted
         if not alive:
             self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
-        return {"cursor": {"id": Int64(cid if alive else 0), "ns": cur.ns,
-                           "nextBatch": [RawBSONDocument(e.raw, RAW) for e in events], "postBatchResumeToken": pbrt}}
+        return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
 
     async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         killed, missing = [], []

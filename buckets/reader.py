@@ -10,22 +10,27 @@ reader (no getMore is issued while the budget is full).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from bson import Timestamp
+from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
 from mongoformats.change_events import ChangeEvent, OplogTransformer
 from mongoformats.errors import MongoError
+from mongoformats.oplog_splice import splice_reply
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
 
 log = logging.getLogger("buckets.reader")
 
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 def mark_after(ts: Timestamp) -> bytes:
@@ -69,6 +74,8 @@ class ShardReader:
         self.stats = ShardStats()
         # Asked after an empty getMore: does this shard hold the merge (or a waiting consumer) back?
         self.wants_progress: Callable[[str], bool] = lambda shard: False
+        # Runs splice_reply: inline by default; a worker-process pool's run_sync with readerProcesses.
+        self.offload: Callable[..., Awaitable[Any]] = _inline
         self._last_noop = -1e9
 
     async def _connect(self) -> UpstreamConnection:
@@ -133,41 +140,45 @@ class ShardReader:
                 await conn.aclose()
 
     async def _tail(self, conn: UpstreamConnection, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        # Replies stay raw bytes: entries are sliced out of the reply and spliced into events,
+        # here or in a worker process (readerProcesses), by the same pure function.
         op = "$gte" if self.inclusive else "$gt"
         reply = await conn.command("local", self._batched({"find": "oplog.rs", "filter": {"ts": {op: self.position}},
                                                            "tailable": True, "awaitData": True}))
-        cursor = reply["cursor"]
-        cursor_id = cursor["id"]
-        batch = cursor["firstBatch"]
+        splice = self.transformer.token_version == 2
+        expanded = self.transformer.show_expanded_events
         while True:
-            if len(batch):
-                await self._deliver(batch, send)
+            cursor_id, last, items = await self.offload(splice_reply, bytes(reply.raw), splice, expanded)
+            if last is not None:
+                await self._deliver(items, Timestamp(*last), send)
             elif self.wants_progress(self.shard_id):
                 await self._advance_idle_shard(conn)
             if not cursor_id:
                 return
-            reply = await conn.command("local", self._batched({"getMore": cursor_id, "collection": "oplog.rs",
+            reply = await conn.command("local", self._batched({"getMore": Int64(cursor_id), "collection": "oplog.rs",
                                                                "maxTimeMS": self.await_ms}))
-            cursor = reply["cursor"]
-            cursor_id = cursor["id"]
-            batch = cursor["nextBatch"]
 
     def _batched(self, cmd: dict[str, Any]) -> dict[str, Any]:
         if self.batch_size:
             cmd["batchSize"] = self.batch_size
         return cmd
 
-    async def _deliver(self, batch: Any, send: trio.MemorySendChannel[ShardBatch]) -> None:
-        transform = self.transformer.transform
+    async def _deliver(self, items: list[Any], last_ts: Timestamp, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        transform = self.transformer.transform_decoded
         events: list[ChangeEvent] = []
         skip = self.skip_key
-        for entry in batch:
-            for ev in transform(entry):
-                if ev.sort_key > skip:
-                    events.append(ev)
-        last_ts = batch[len(batch) - 1]["ts"]
-        nbytes = sum(len(e.raw) for e in events)
-        self.stats.entries += len(batch)
+        nbytes = 0
+        for item in items:
+            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
+                for ev in transform(item):
+                    if ev.sort_key > skip:
+                        events.append(ev)
+                        nbytes += len(ev.raw)
+            elif item and item[0] > skip:
+                sort_key, token, op_type, db, coll, raw, namespaces, (secs, inc) = item
+                events.append(ChangeEvent(sort_key, token, op_type, db, coll, raw, namespaces, Timestamp(secs, inc)))
+                nbytes += len(raw)
+        self.stats.entries += len(items)
         self.stats.events += len(events)
         self.stats.batches += 1
         self.stats.last_ts = last_ts

@@ -16,12 +16,15 @@ older token is served by a private replay stream that re-reads the shards' oplog
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import bson
 import trio
+import trio_parallel
 from bson import Timestamp
 
 from buckets.bucketing import buckets_for_event
@@ -43,6 +46,9 @@ class StreamOptions:
     bucket_buffer_bytes: int = 64 << 20      # per bucket: pending plus retained events
     max_await_ms: int = 1000                 # a getMore waits this long for events by default
     reader_await_ms: int = 200
+    # Worker processes that turn oplog batches into events (one Python process is one core);
+    # 0 splices in the proxy process, which is cheaper when the proxy has a core to itself.
+    reader_processes: int = 0
     token_version: int = 2
     match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
     # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
@@ -106,17 +112,34 @@ class Bucket:
             self.base += k
             self.budget.release(freed)
 
-    async def put(self, event: ChangeEvent) -> None:
+    def put_nowait(self, event: ChangeEvent) -> bool:
+        """Append `event` if it fits now (the pump's fast path); False if the caller must `put`.
+
+        Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
+        """
         if event.sort_key <= self.floor:
-            return  # a resumed stream: this bucket already had it
+            return True  # a resumed stream: this bucket already had it
         n = len(event.raw)
-        self._drop_delivered(n)
-        while self.budget.used and self.budget.used + n > self.budget.limit:
-            await self.changed.wait()   # a consumer must read before more can come: backpressure
+        budget = self.budget
+        if budget.used + n > budget.limit:
             self._drop_delivered(n)
-        await self.budget.acquire(n)
+            if budget.used and budget.used + n > budget.limit:
+                return False
+        budget.used += n
+        if budget.used > budget.high_water:
+            budget.high_water = budget.used
         self.events.append(event)
         self.keys.append(event.sort_key)
+        return True
+
+    async def put(self, event: ChangeEvent) -> None:
+        """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
+        while not self.put_nowait(event):
+            self._notify()
+            await self.changed.wait()
+        self._notify()
+
+    def notify(self) -> None:
         self._notify()
 
     def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
@@ -230,7 +253,7 @@ class ParallelStream:
         with self._cancel:
             try:
                 send, recv = trio.open_memory_channel[ShardBatch](2 * len(self.readers) + 2)
-                async with trio.open_nursery() as nursery:
+                async with self._workers(), trio.open_nursery() as nursery:
                     checks = []
                     for reader in self.readers.values():
                         checks.append(trio.Event())
@@ -247,6 +270,21 @@ class ParallelStream:
             finally:
                 self.started.set()
 
+    @contextlib.asynccontextmanager
+    async def _workers(self) -> AsyncIterator[None]:
+        """With readerProcesses, a pool of worker processes shared by this stream's readers."""
+        if not self.options.reader_processes:
+            yield
+            return
+        limiter = trio.CapacityLimiter(self.options.reader_processes)
+        async with trio_parallel.open_worker_context(idle_timeout=60) as ctx:
+            async def offload(fn: Callable[..., Any], *args: Any) -> Any:
+                return await ctx.run_sync(fn, *args, limiter=limiter)
+
+            for reader in self.readers.values():
+                reader.offload = offload
+            yield
+
     async def _announce_start(self, checks: list[trio.Event]) -> None:
         for event in checks:
             await event.wait()
@@ -257,27 +295,39 @@ class ParallelStream:
         n = self.options.n_buckets
         match = self.options.match
         scope = self.options.scope
+        buckets = self.buckets
         async for batch in recv:
             for ev in batch.events:
                 merge.push(batch.shard, ev)
             merge.advance(batch.shard, batch.mark)
             ready = merge.pop_ready()
+            freed = dict.fromkeys(self.shard_budgets, 0)
+            touched: set[Bucket] = set()
             for shard, ev in ready:
-                self.shard_budgets[shard].release(len(ev.raw))
+                freed[shard] += len(ev.raw)
                 if self.ended or (scope is not None and not _in_scope(ev, scope)):
                     continue
                 if match is not None and not _event_matches(ev, match):
                     continue
                 if scope is not None and _invalidates(ev, scope):
-                    for only in self.buckets.values():
+                    for only in buckets.values():
                         await only.put(ev)
                         await only.put(invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime")))
                     self.ended = True
                     continue
                 for b in buckets_for_event(ev, n):
-                    bucket = self.buckets.get(b)
-                    if bucket is not None:
-                        await bucket.put(ev)
+                    bucket = buckets.get(b)
+                    if bucket is None:
+                        continue  # a private stream that keeps only some buckets
+                    if not bucket.put_nowait(ev):
+                        await bucket.put(ev)  # full: wakes its consumers and waits for them
+                    touched.add(bucket)
+            # Budgets and consumers are told once per merged batch, not once per event.
+            for shard, nbytes in freed.items():
+                if nbytes:
+                    self.shard_budgets[shard].release(nbytes)
+            for bucket in touched:
+                bucket.notify()
             self.events_merged += len(ready)
             frontier = merge.frontier()
             if frontier > self._frontier:
@@ -285,7 +335,7 @@ class ParallelStream:
                 # idle buckets report it as their postBatchResumeToken.
                 self._frontier = frontier
                 token = key_to_token(frontier)
-                for bucket in self.buckets.values():
+                for bucket in buckets.values():
                     bucket.advance_frontier(frontier, token)
 
     def _shard_holds_back(self, shard: str) -> bool:

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import bson
 from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
+from mongoformats.oplog_splice import splice_crud
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_sort_key
 from mongoformats.update_diff import update_description_from_diff
 
@@ -46,9 +46,12 @@ def is_internal_namespace(ns: str) -> bool:
     return db in _INTERNAL_DBS or coll.startswith("system.")
 
 
-@dataclass(frozen=True, slots=True)
-class ChangeEvent:
-    """One change event: the encoded document plus what ordering, filtering and bucketing need."""
+class ChangeEvent(NamedTuple):
+    """One change event: the encoded document plus what ordering, filtering and bucketing need.
+
+    A NamedTuple rather than a frozen dataclass: the hot path makes one per event, and a tuple is
+    built about ten times faster than a frozen dataclass (which assigns through object.__setattr__).
+    """
 
     sort_key: bytes           # resume token `_data` bytes: the total order of events
     token: dict[str, Any]     # the `_id` of the event
@@ -58,7 +61,7 @@ class ChangeEvent:
     raw: bytes                # the BSON event document, byte-identical to the server's
     # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
     namespaces: tuple[str, ...] = ()
-    cluster_time: Timestamp = field(default_factory=lambda: Timestamp(0, 0))
+    cluster_time: Timestamp = Timestamp(0, 0)
 
 
 def _uuid(value: Any) -> uuidlib.UUID | None:
@@ -123,6 +126,18 @@ class OplogTransformer:
 
     def transform(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
         """Events for one oplog entry (most entries give 0 or 1; a committed transaction gives many)."""
+        if self.token_version == 2:
+            raw = entry if isinstance(entry, bytes) else bytes(entry.raw)
+            fast = splice_crud(raw, expanded=self.show_expanded_events)
+            if fast is not None:
+                if not fast:
+                    return []
+                sort_key, token, op_type, db, coll, event, namespaces, (secs, inc) = fast
+                return [ChangeEvent(sort_key, token, op_type, db, coll, event, namespaces, Timestamp(secs, inc))]
+        return self.transform_decoded(entry)
+
+    def transform_decoded(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
+        """`transform` without the byte-splicing fast path: handles every entry (tests compare the two)."""
         doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
         op = doc["op"]
         if op == "n":

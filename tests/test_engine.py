@@ -104,13 +104,14 @@ def end_point(c: Any) -> bytes:
     return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
 
 
-@pytest.mark.parametrize("n_buckets", [1, 4, 16])
-async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets):
+@pytest.mark.parametrize(("n_buckets", "reader_processes"), [(1, 0), (4, 2), (16, 0)])
+async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets, reader_processes):
+    """With readerProcesses the entries are spliced in worker processes: the same events must come out."""
     def work():
         c = client(proxy_uri(proxy))
         start = c.admin.command("ping")["operationTime"]
         opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": n_buckets, "showExpandedEvents": True,
-                                  "startAtOperationTime": start})
+                                  "startAtOperationTime": start, "readerProcesses": reader_processes})
         assert [cur["bucket"] for cur in opened["cursors"]] == list(range(n_buckets))
         workload(c, seed=n_buckets)
         end = end_point(c)
@@ -142,7 +143,8 @@ async def test_command_errors_use_server_codes(proxy):
     def work():
         c = client(proxy_uri(proxy))
         cases = [({"nBuckets": 0}, 2), ({"nBuckets": 2000}, 2), ({"nBuckets": "4"}, 2), ({"nBuckets": True}, 2),
-                 ({"nBuckets": 4, "bogus": 1}, 40415),
+                 ({"nBuckets": 4, "bogus": 1}, 40415), ({"nBuckets": 2, "readerProcesses": -1}, 2),
+                 ({"nBuckets": 2, "readerProcesses": 65}, 2),
                  ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, 1))] * 3}, 2),
                  ({"nBuckets": 4, "startAtOperationTime": Timestamp(1, 1), "resumeAfter": {"_data": "00"}}, 40674)]
         for extra, code in cases:

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", help="host:port to listen on")
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument("--accelerate-change-streams", action="store_true", default=None)
+    parser.add_argument("--reader-processes", type=int,
+                        help="worker processes turning oplog batches into events (default 0: in the proxy)")
     args = parser.parse_args(argv)
     config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
     config = ProxyConfig.from_env(base=config)
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
         changes["metrics_port"] = args.metrics_port
     if args.accelerate_change_streams:
         changes["accelerate_change_streams"] = True
+    if args.reader_processes is not None:
+        changes["reader_processes"] = args.reader_processes
     config = dataclasses.replace(config, **changes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()

@@ -1,0 +1,131 @@
+"""The byte-splicing fast path gives exactly the events of the general transform.
+
+The general path (`transform_decoded`) is the one checked against the documented server shapes
+(test_simcluster) and the spec tests; these tests pin the fast path to it byte for byte.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import bson
+from bson import Binary, Int64, ObjectId, Timestamp
+from bson.raw_bson import RawBSONDocument
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mongoformats.change_events import RAW, OplogTransformer
+from mongoformats.oplog_splice import elements, splice_crud
+from tests.conftest import client, sync
+
+ids = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**62), 2**62).map(Int64),
+    st.text(max_size=12),
+    st.builds(ObjectId),
+    st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f == int(f) and abs(f) < 2**52),
+    st.none(),
+)
+values = st.recursive(st.one_of(st.integers(-5, 5), st.text(max_size=4), st.none(), st.booleans()),
+                      lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                              st.dictionaries(st.sampled_from("abxy"), inner, max_size=3)),
+                      max_leaves=6)
+diffs = st.fixed_dictionaries({}, optional={
+    "u": st.dictionaries(st.sampled_from(["a", "b", "1"]), values, min_size=1, max_size=2),
+    "i": st.dictionaries(st.sampled_from(["c", "d.e"]), values, min_size=1, max_size=2),
+    "d": st.dictionaries(st.sampled_from(["x", "y"]), st.just(False), min_size=1, max_size=2),
+    "sarr": st.fixed_dictionaries({"a": st.just(True), "l": st.integers(0, 3)}),
+})
+
+
+@st.composite
+def crud_entries(draw: st.DrawFn) -> dict[str, Any]:
+    op = draw(st.sampled_from(["i", "u", "r", "d"]))
+    _id = draw(ids)
+    key: dict[str, Any] = {"_id": _id}
+    if draw(st.booleans()):
+        key = {"sk": draw(ids), "_id": _id}
+    ns = draw(st.sampled_from(["db.c", "db.c.d", "admin.x", "db.system.views", "other.coll"]))
+    entry: dict[str, Any] = {"op": "u" if op == "r" else op, "ns": ns}
+    if draw(st.booleans()):
+        entry["ui"] = Binary(uuid.UUID(int=draw(st.integers(0, 2**128 - 1))).bytes, 4)
+    doc = {**key, "v": draw(values)}
+    if op == "i":
+        entry["o"] = doc
+        if draw(st.booleans()):
+            entry["o2"] = key
+    elif op == "d":
+        entry["o"] = key
+    elif op == "r":
+        entry["o"], entry["o2"] = doc, key
+    else:
+        entry["o"], entry["o2"] = {"$v": 2, "diff": draw(diffs)}, key
+    if draw(st.booleans()):
+        entry["lsid"] = {"id": Binary(uuid.uuid4().bytes, 4)}
+        entry["txnNumber"], entry["stmtId"] = Int64(draw(st.integers(0, 9))), 0
+    entry["ts"] = Timestamp(draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, 2**32 - 1)))
+    entry["t"], entry["v"] = Int64(1), Int64(2)
+    if draw(st.booleans()):
+        entry["wall"] = bson.datetime_ms.DatetimeMS(draw(st.integers(0, 2**41)))
+    return entry
+
+
+@settings(max_examples=400, deadline=None)
+@given(crud_entries(), st.booleans())
+def test_spliced_events_equal_the_general_transform(entry: dict[str, Any], expanded: bool) -> None:
+    raw = bson.encode(entry)
+    tr = OplogTransformer(show_expanded_events=expanded)
+    assert tr.transform(raw) == tr.transform_decoded(RawBSONDocument(raw, RAW))
+
+
+def test_the_fast_path_takes_the_common_shapes() -> None:
+    """Plain inserts, updates, replaces and deletes with ObjectId/int/string ids never fall back."""
+    for _id in (ObjectId(), 7, Int64(2**40), "k"):
+        for entry in ({"op": "i", "ns": "a.b", "o": {"_id": _id, "x": 1}, "o2": {"_id": _id}},
+                      {"op": "u", "ns": "a.b", "o": {"$v": 2, "diff": {"u": {"x": 2}}}, "o2": {"_id": _id}},
+                      {"op": "u", "ns": "a.b", "o": {"_id": _id, "x": 3}, "o2": {"_id": _id}},
+                      {"op": "d", "ns": "a.b", "o": {"_id": _id}}):
+            assert splice_crud(bson.encode({**entry, "ts": Timestamp(5, 1)}), expanded=False)
+
+
+def test_elements_walks_every_bson_type() -> None:
+    doc = {"d": 1.5, "s": "x", "o": {"a": 1}, "a": [1], "b": Binary(b"xy", 5), "id": ObjectId(), "t": True,
+           "dt": bson.datetime_ms.DatetimeMS(1), "n": None, "re": bson.Regex("a", "i"), "c": bson.Code("f"),
+           "i": 1, "ts": Timestamp(1, 2), "l": Int64(3), "dec": bson.Decimal128("1.1"),
+           "min": bson.MinKey(), "max": bson.MaxKey()}
+    raw = bson.encode(doc)
+    found = elements(raw)
+    assert [k.decode() for k in found] == list(doc)
+    for name, (t, v, e) in found.items():
+        body = bytes([t]) + name + b"\x00" + raw[v:e]
+        single = (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
+        assert single == bson.encode({name.decode(): doc[name.decode()]})
+
+
+async def test_a_real_workload_oplog_splices_like_the_general_path(cluster) -> None:  # type: ignore[no-untyped-def]
+    def work() -> None:
+        c = client(cluster.uri)
+        c.admin.command("enableSharding", "sp")
+        c.admin.command("shardCollection", "sp.h", key={"_id": "hashed"})
+        for i in range(40):
+            c.sp.h.insert_one({"_id": i, "s": str(i)})
+        c.sp.h.insert_many([{"_id": f"k{i}", "n": Int64(i)} for i in range(20)])
+        c.sp.h.update_many({}, {"$inc": {"n": 1}, "$push": {"arr": {"$each": [1, 2]}}})
+        c.sp.h.update_one({"_id": 3}, {"$unset": {"s": ""}, "$set": {"a.b": [1, {"c": 2}]}})
+        c.sp.h.replace_one({"_id": 4}, {"z": 1})
+        c.sp.h.delete_many({"_id": {"$lt": 10}})
+        c.sp.plain.insert_one({"x": 1})
+        c.sp.plain.create_index("x")
+        c.sp.plain.drop()
+    await sync(work)
+    checked = spliced = 0
+    for shard in cluster.shards.values():
+        for expanded in (False, True):
+            fast, slow = OplogTransformer(show_expanded_events=expanded), OplogTransformer(
+                show_expanded_events=expanded)
+            for raw in shard.oplog.read_after(0, 1 << 30):
+                assert fast.transform(raw) == slow.transform_decoded(RawBSONDocument(raw, RAW))
+                checked += 1
+                spliced += bool(splice_crud(raw, expanded=expanded))
+    assert checked > 200 and spliced > 150
