@@ -355,9 +355,14 @@ class OplogTransformer:
         if txn is not None:
             head["txnNumber"] = txn[1]
             head["lsid"] = txn[0]
-        head["_id"] = token
-        head.update(fields)
-        return ChangeEvent(token_sort_key(token), token, op_type, db, coll, bson.encode(head), namespaces, ts)
+        raw = bson.encode({"_id": token, **fields})
+        if head:
+            # These precede _id in the server's events (C.11), but bson.encode always writes a
+            # top-level _id first, so the two parts are encoded apart and joined.
+            pre = bson.encode(head)
+            body = pre[4:-1] + raw[4:-1]
+            raw = (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
+        return ChangeEvent(token_sort_key(token), token, op_type, db, coll, raw, namespaces, ts)
 
 
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})

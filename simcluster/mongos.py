@@ -23,6 +23,7 @@ from simcluster.cursors import Cursor
 from simcluster.node import ShardNode
 from simcluster.oplog import ClusterClock
 from simcluster.server import CommandServer, Request
+from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 
 
 def hashed_value(value: Any) -> Int64:
@@ -89,10 +90,51 @@ class Mongos(CommandServer):
             "movechunk": self.cmd_move_chunk, "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
             "balancerstatus": self.cmd_balancer_status, "getshardmap": self.cmd_list_shards,
             "dbstats": self.cmd_db_stats, "appendoplognote": self.cmd_append_oplog_note,
+            "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
         })
+        # Transactions this router has seen start, by session: lsid id -> txnNumber. Shards join a
+        # transaction when its first statement reaches them (get_or_start on the shard).
+        self.txn_numbers: dict[bytes, int] = {}
 
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
         return {"isWritablePrimary": True, "msg": "isdbgrid"}
+
+    # -- transactions ------------------------------------------------------------------------------
+
+    def check_session(self, name: str, cmd: dict[str, Any]) -> None:
+        if cmd.get("autocommit") is not False or "lsid" not in cmd:
+            return
+        lsid, number = txn_key(cmd)
+        if cmd.get("startTransaction"):
+            self.txn_numbers[lsid] = number
+        elif self.txn_numbers.get(lsid) != number:
+            raise no_such_transaction((lsid, number))
+
+    def _participants(self, key: TxnKey) -> list[ShardNode]:
+        return [s for _, s in sorted(self.shards.items()) if s.transactions.open(key) is not None]
+
+    async def cmd_commit_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """One participant commits directly; several go through two-phase commit, as mongos does."""
+        key = txn_key(cmd)
+        participants = self._participants(key)
+        if len(participants) == 1:
+            participants[0].transactions.commit(key)
+        elif participants:
+            prepared = [p.transactions.prepare(key) for p in participants]
+            commit_ts = max(prepared, key=lambda ts: (ts.time, ts.inc))
+            for p in participants:
+                p.transactions.commit_prepared(key, commit_ts)
+        return {}
+
+    async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        key = txn_key(cmd)
+        participants = self._participants(key)
+        if not participants and self.txn_numbers.get(key[0]) != key[1]:
+            raise no_such_transaction(key)
+        for p in participants:
+            p.transactions.abort(key)
+        self.txn_numbers.pop(key[0], None)
+        return {}
 
     # -- metadata ----------------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ diffs; DDL is `op: "c"` on `<db>.$cmd`; appendOplogNote writes `{op: "n", ns: ""
 from __future__ import annotations
 
 import datetime
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import bson
@@ -22,6 +24,7 @@ from simcluster.cursors import Cursor
 from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.server import CommandServer, Request
 from simcluster.storage import Collection, id_key
+from simcluster.transactions import TransactionTable, no_such_transaction, txn_key
 
 OPLOG_NS = "local.oplog.rs"
 # lsid.uid of an unauthenticated session: SHA-256 of the empty user name (mongodb-formats.md C.1).
@@ -50,8 +53,10 @@ class ShardNode(CommandServer):
             "dropindexes": self.cmd_drop_indexes, "collmod": self.cmd_coll_mod,
             "renamecollection": self.cmd_rename, "appendoplognote": self.cmd_append_oplog_note,
             "replsetgetstatus": self.cmd_repl_status, "dbstats": self.cmd_db_stats,
-            "collstats": self.cmd_coll_stats,
+            "collstats": self.cmd_coll_stats, "committransaction": self.cmd_commit_transaction,
+            "aborttransaction": self.cmd_abort_transaction,
         })
+        self.transactions = TransactionTable(self.oplog)
         self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
         # periodicNoopIntervalSecs (server default 10 s): an idle primary writes a noop so that
         # change streams on mongos can move past it. Settable with setParameter.
@@ -125,11 +130,38 @@ class ShardNode(CommandServer):
         return out
 
     def _session_fields(self, cmd: dict[str, Any], stmt_id: int) -> dict[str, Any]:
+        """What each write of `cmd` logs besides itself: retryable-write fields, or its transaction."""
         if "lsid" not in cmd or "txnNumber" not in cmd:
             return {}
-        return {"lsid": cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)},
-                "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
+        lsid = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
+        if cmd.get("autocommit") is False:
+            return {"$txn": self.transactions.get_or_start(cmd, lsid)}
+        return {"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
                 "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
+
+    def _log(self, entry: dict[str, Any], session: dict[str, Any], undo: Callable[[], None]) -> None:
+        """Append a write's oplog entry, or hold it in its transaction until commit."""
+        txn = session.get("$txn")
+        if txn is not None:
+            txn.record(entry, undo)
+            return
+        entry.update(session)
+        self.oplog.append(entry)
+
+    def check_session(self, name: str, cmd: dict[str, Any]) -> None:
+        """A statement of a transaction this node never started fails as the server does (251)."""
+        if cmd.get("autocommit") is False and not cmd.get("startTransaction") and "lsid" in cmd \
+                and name.lower() not in ("committransaction", "aborttransaction") \
+                and self.transactions.open(txn_key(cmd)) is None:
+            raise no_such_transaction(txn_key(cmd))
+
+    async def cmd_commit_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        self.transactions.commit(txn_key(cmd))
+        return {}
+
+    async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        self.transactions.abort(txn_key(cmd))
+        return {}
 
     # -- writes ------------------------------------------------------------------------------------
 
@@ -145,10 +177,9 @@ class ShardNode(CommandServer):
         entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": coll.ui,
                                  "o": RawBSONDocument(raw, RAW) if raw is not None else doc,
                                  "o2": self.document_key(ns, doc)}
-        entry.update(session)
         if from_migrate:
             entry["fromMigrate"] = True
-        self.oplog.append(entry)
+        self._log(entry, session, lambda: coll.remove(doc))
 
     async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return q.run_inserts(f"{db}.{cmd['insert']}", cmd, lambda doc: self)
@@ -174,8 +205,7 @@ class ShardNode(CommandServer):
             replacement = bool(upd) and not next(iter(upd)).startswith("$")
             o: Any = new if replacement else {"$v": 2, "diff": q.compute_diff(old, new)}
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
-            entry.update(session)
-            self.oplog.append(entry)
+            self._log(entry, session, functools.partial(coll.put, old, new))
         out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
         if not matched and spec.get("upsert"):
             base = {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
@@ -203,8 +233,7 @@ class ShardNode(CommandServer):
             n_modified += 1
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": {"$v": 2, "diff": q.compute_diff(old, new)},
                      "o2": self.document_key(ns, old)}
-            entry.update(session)
-            self.oplog.append(entry)
+            self._log(entry, session, functools.partial(coll.put, old, new))
         return {"n": len(matched), "nModified": n_modified}
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -221,10 +250,9 @@ class ShardNode(CommandServer):
             coll.remove(doc)
             removed += 1
             entry: dict[str, Any] = {"op": "d", "ns": ns, "ui": coll.ui, "o": self.document_key(ns, doc)}
-            entry.update(session)
             if from_migrate:
                 entry["fromMigrate"] = True
-            self.oplog.append(entry)
+            self._log(entry, session, functools.partial(coll.put, doc))
         return removed
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

@@ -152,6 +152,7 @@ class CommandServer:
             handler = self.commands.get(name.lower())
             if handler is None:
                 raise MongoError("CommandNotFound", f"no such command: '{name}'")
+            self.check_session(name, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
         except MongoError as exc:
@@ -166,6 +167,9 @@ class CommandServer:
             log.exception("command %s failed", name)
             reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
         return self.decorate(reply)
+
+    def check_session(self, name: str, cmd: dict[str, Any]) -> None:
+        """Hook: reject a command its session state does not allow (e.g. an unknown transaction)."""
 
     def decorate(self, reply: dict[str, Any]) -> dict[str, Any]:
         now = self.clock.now()

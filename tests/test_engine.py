@@ -66,6 +66,13 @@ def workload(c: Any, seed: int, n: int = 300) -> None:
             c.w0.h.update_many({"x": {"$lt": 5}}, {"$inc": {"x": 1}})
         else:
             c.w1.r.insert_many([{"k": rng.randrange(1000)} for _ in range(3)])
+    with c.start_session() as s:  # a transaction across shards (hashed w0.h) and another collection
+        s.with_transaction(lambda s: (c.w0.h.insert_many([{"_id": 10_000 + j, "x": j} for j in range(6)], session=s),
+                                      c.w3.t.update_many({}, {"$inc": {"t": 1}}, upsert=True, session=s)))
+    with c.start_session() as s:  # aborted: no events
+        s.start_transaction()
+        c.w0.h.insert_one({"_id": -5}, session=s)
+        s.abort_transaction()
     c.w2.a.create_index("v")
     c.w2.command({"collMod": "a", "validationLevel": "moderate"})
     c.w2.a.drop_index("v_1")
@@ -136,6 +143,8 @@ async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_bucke
         inserts = sum(1 for e in union.values() if e["operationType"] == "insert"
                       and (e["ns"]["db"], e["ns"].get("coll")) == ("w1", "r"))
         assert inserts == c.w1.r.count_documents({})
+        in_txn = [e for e in union.values() if "txnNumber" in e]
+        assert len(in_txn) == 7 and len({e["clusterTime"] for e in in_txn}) >= 2  # prepared on several shards
     await sync(work)
 
 

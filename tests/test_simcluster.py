@@ -172,3 +172,56 @@ async def test_change_stream_fails_when_the_pipeline_modifies_the_resume_token(c
                     pass
         assert info.value.code == 280 and info.value.has_error_label("NonResumableChangeStreamError")
     await sync(work)
+
+
+async def test_transactions_single_and_cross_shard(cluster):
+    """Oplog shapes of mongodb-formats.md C.6: one applyOps for a one-shard commit; prepare +
+    commitTransaction (same commitTimestamp, each shard its own ts) across shards; nothing for an
+    abort. The events carry lsid, txnNumber and txnOpIndex, and share the committing entry's ts."""
+    def work():
+        c = client(cluster.uri)
+        c.admin.command("enableSharding", "tx")
+        c.admin.command("shardCollection", "tx.h", key={"_id": "hashed"})
+        c.tx.one.insert_one({"_id": 0})
+        c.tx.h.insert_one({"_id": -1})
+        with c.start_session() as s:
+            s.with_transaction(lambda s: (c.tx.one.insert_one({"_id": 1}, session=s),
+                                          c.tx.one.update_one({"_id": 0}, {"$set": {"a": 1}}, session=s)))
+        with c.start_session() as s:
+            s.with_transaction(lambda s: c.tx.h.insert_many([{"_id": i} for i in range(12)], session=s))
+        with c.start_session() as s:
+            s.start_transaction()
+            c.tx.one.insert_one({"_id": 99}, session=s)
+            s.abort_transaction()
+        assert c.tx.one.count_documents({"_id": 99}) == 0 and c.tx.h.count_documents({}) == 13
+        with pytest.raises(OperationFailure) as info:  # a statement of a transaction never started
+            c.tx.command({"find": "one", "lsid": {"id": bson.Binary(b"x" * 16, 4)}, "txnNumber": Int64(5),
+                          "autocommit": False})
+        assert info.value.code == 251 and info.value.has_error_label("TransientTransactionError")
+    await sync(work)
+    entries = {sid: [bson.decode(r) for r in node.oplog.read_after(0, 1 << 30)]
+               for sid, node in cluster.shards.items()}
+    txn_entries = {sid: [e for e in es if e.get("ns") == "admin.$cmd"] for sid, es in entries.items()}
+    single = [e for es in txn_entries.values() for e in es if "prepare" not in e["o"] and "applyOps" in e["o"]]
+    assert len(single) == 1
+    assert [op["op"] for op in single[0]["o"]["applyOps"]] == ["i", "u"]
+    assert list(single[0])[:6] == ["op", "ns", "o", "lsid", "txnNumber", "prevOpTime"]
+    prepared = {sid: [e for e in es if e["o"].get("prepare")] for sid, es in txn_entries.items()}
+    commits = {sid: [e for e in es if "commitTransaction" in e["o"]] for sid, es in txn_entries.items()}
+    participants = [sid for sid in prepared if prepared[sid]]
+    assert len(participants) >= 2
+    (commit_ts,) = {commits[sid][0]["o"]["commitTimestamp"] for sid in participants}
+    for sid in participants:
+        assert commits[sid][0]["ts"] >= commit_ts >= prepared[sid][0]["ts"]
+        assert commits[sid][0]["prevOpTime"]["ts"] == prepared[sid][0]["ts"]
+    # Events: every op of a transaction at the committing entry's ts, txnOpIndex counting up.
+    events = []
+    for node in cluster.shards.values():
+        tr = OplogTransformer()
+        events += [bson.decode(e.raw) for raw in node.oplog.read_after(0, 1 << 30)
+                   for e in tr.transform(RawBSONDocument(raw, RAW))]
+    in_txn = [e for e in events if "txnNumber" in e]
+    assert len(in_txn) == 2 + 12
+    assert all(list(e)[:3] == ["txnNumber", "lsid", "_id"] for e in in_txn)
+    assert sorted(decode_token(e["_id"]).txn_op_index for e in in_txn if e["ns"]["coll"] == "one") == [0, 1]
+    assert not [e for e in events if e.get("documentKey", {}).get("_id") == 99]
