@@ -28,13 +28,14 @@ from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import MAX_BUCKETS
+from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
-from mongoformats.change_events import RAW, ChangeEvent
+from mongoformats.change_events import RAW, ChangeEvent, ddl_note
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import array_of
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
-from wireproxy.upstream import UpstreamConnection, parse_hosts
+from wireproxy.upstream import UpstreamConnection, open_upstream, parse_hosts
 
 log = logging.getLogger("buckets.engine")
 
@@ -89,6 +90,7 @@ class Engine:
         self._private: dict[int, ParallelStream] = {}   # replay streams owned by one cursor
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
+        self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
 
     def register(self, table: CommandTable) -> None:
         table.change_stream_handler = self.cmd_change_stream
@@ -97,6 +99,8 @@ class Engine:
         table.owned_cursors = self.cursors
         table.get_more = self.cmd_get_more
         table.kill_cursors = self.cmd_kill_cursors
+        for name in DDL_COMMANDS:
+            table.register(name, self.cmd_ddl)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -117,6 +121,35 @@ class Engine:
                 del self.streams[name]
 
     # -- upstream helpers --------------------------------------------------------------------------
+
+    async def lacks_expanded_events(self) -> bool:
+        """True for an upstream before 6.0: DDL events then come from the proxy's notes."""
+        if self._upstream_wire_version is None:
+            up = await self.connect_upstream()
+            try:
+                hello = await up.command("admin", {"hello": 1})
+            finally:
+                await up.aclose()
+            self._upstream_wire_version = int(hello.get("maxWireVersion", 0))
+        return self._upstream_wire_version < EXPANDED_EVENTS_WIRE_VERSION
+
+    async def _on_each_shard(self, shards: Mapping[str, list[tuple[str, int]]], db: str,
+                             cmd: dict[str, Any]) -> dict[str, Any]:
+        """Run `cmd` on every shard's primary directly (shard id -> reply)."""
+        out: dict[str, Any] = {}
+        for sid, hosts in shards.items():
+            conn = await open_upstream(*hosts[0])
+            try:
+                out[sid] = await conn.command(db, cmd)
+            finally:
+                await conn.aclose()
+        return out
+
+    async def _holders(self, shards: Mapping[str, list[tuple[str, int]]], ns: str) -> dict[str, Any]:
+        db, _, coll = ns.partition(".")
+        replies = await self._on_each_shard(shards, db, {"listCollections": 1, "filter": {"name": coll}})
+        return {sid: bson.decode(r.raw)["cursor"]["firstBatch"][0] for sid, r in replies.items()
+                if r["cursor"]["firstBatch"]}
 
     async def _discover(self) -> tuple[dict[str, list[tuple[str, int]]], Timestamp]:
         up = await self.connect_upstream()
@@ -210,7 +243,8 @@ class Engine:
             bucket_buffer_bytes=int(cmd.get("bucketBufferBytes", self.config.bucket_buffer_bytes)),
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
-            reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0)
+            reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
+            ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, shards, start, floors, keep=keep)
         stream.last_active = trio.current_time()
         assert self._nursery is not None, "Engine.run() must be started first"
@@ -322,6 +356,28 @@ class Engine:
         if cur.owner and (lsid is None or repr(lsid["id"]) != cur.owner):
             raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
         return cur
+
+    async def cmd_ddl(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
+        if not await self.lacks_expanded_events() or not isinstance(cmd.get(next(iter(cmd))), str):
+            raise PassThrough()
+        ns = target_namespace(db, cmd)
+        shards, _ = await self._discover()
+        before = await self._holders(shards, ns)
+        up = await session.get_upstream()
+        specs = None
+        if next(iter(cmd)) == "dropIndexes" and before:
+            listed = await up.command(ns.partition(".")[0], {"listIndexes": ns.partition(".")[2]}, check=False)
+            specs = {ix["name"]: ix for ix in bson.decode(listed.raw).get("cursor", {}).get("firstBatch", [])}
+        reply = bson.decode((await up.command(db, cmd, check=False)).raw)
+        if reply.get("ok"):
+            after = await self._holders(shards, ns)
+            for note in plan_notes(cmd, ns, before, after, specs):
+                data = ddl_note(note.op_type, note.ns, ui=note.ui, operation_description=note.operation_description,
+                                state_before_change=note.state_before_change)
+                await self._on_each_shard({s: shards[s] for s in note.shards}, "admin",
+                                          {"appendOplogNote": 1, "data": data})
+        return reply
 
     async def cmd_get_more(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         cid = int(cmd["getMore"])

@@ -49,6 +49,8 @@ class StreamOptions:
     # Worker processes that turn oplog batches into events (one Python process is one core);
     # 0 splices in the proxy process, which is cheaper when the proxy has a core to itself.
     reader_processes: int = 0
+    # Expanded DDL events from the proxy's notes (upstream before 6.0) instead of native entries.
+    ddl_notes: bool = False
     token_version: int = 2
     match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
     # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
@@ -230,7 +232,8 @@ class ParallelStream:
         self.readers = {
             s: ShardReader(s, hosts, start=start, skip_key=skip, budget=self.shard_budgets[s],
                            transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
-                                                        token_version=options.token_version),
+                                                        token_version=options.token_version,
+                                                        ddl_notes=options.ddl_notes),
                            await_ms=options.reader_await_ms)
             for s, hosts in shards.items()}
         self.merge = MergedQueue(shards)

@@ -105,13 +105,14 @@ class OplogTransformer:
             expanded fields (collectionUUID, operationDescription, disambiguatedPaths).
         show_migration_events: keep `fromMigrate` writes (hidden by default, like the server).
         token_version: 2 for 6.1+ servers (7.0, 8.0); 1 to emulate 4.2-6.0.
-        ddl_notes: turn our proxy's appendOplogNote DDL records into events (for servers whose
-            oplog lacks the native expanded events). A note never doubles a native event: the
-            proxy only writes notes where the native entry is missing.
+        ddl_notes: take the expanded DDL events (create, createIndexes, dropIndexes, modify,
+            shardCollection, and views) from our proxy's appendOplogNote records instead of the
+            native oplog entries: for servers before 6.0, whose change streams have no expanded
+            events. Exactly one of the two sources is used, so they never double up.
     """
 
     def __init__(self, *, show_expanded_events: bool = False, show_migration_events: bool = False,
-                 token_version: int = 2, ddl_notes: bool = True) -> None:
+                 token_version: int = 2, ddl_notes: bool = False) -> None:
         self.show_expanded_events = show_expanded_events
         self.show_migration_events = show_migration_events
         self.token_version = token_version
@@ -154,6 +155,8 @@ class OplogTransformer:
     def _crud(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any,
               txn_op_index: int, txn: tuple[Any, Any] | None) -> ChangeEvent | None:
         ns = op_doc["ns"]
+        if ns.endswith(".system.views"):
+            return self._view_event(op_doc, ts, wall)
         if is_internal_namespace(ns):
             return None
         if op_doc.get("fromMigrate") and not self.show_migration_events:
@@ -201,6 +204,19 @@ class OplogTransformer:
         ident = self._identifier(op_type, key, None)
         return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, (ns,), txn)
 
+    def _view_event(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any) -> ChangeEvent | None:
+        """6.0+ servers show a view's create and drop (writes to system.views) as expanded events."""
+        if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in ("i", "d"):
+            return None
+        o = _plain(op_doc["o"])
+        db, coll = _split_ns(str(o["_id"]))
+        if db in _INTERNAL_DBS:
+            return None
+        if op_doc["op"] == "i":
+            desc = {"viewOn": o["viewOn"], "pipeline": o.get("pipeline", [])}
+            return self._ddl_event("create", db, coll, ts, wall, None, desc)
+        return self._ddl_event("drop", db, coll, ts, wall, None, None, show_desc=False)
+
     # -- commands (DDL, transactions) ------------------------------------------------------------
 
     def _command(self, doc: RawBSONDocument) -> list[ChangeEvent]:
@@ -237,8 +253,8 @@ class OplogTransformer:
                                    extra_ns=(f"{dst_db}.{dst_coll}",))
         if first == "dropDatabase":
             return self._ddl_event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
-        if not expanded:
-            return None
+        if not expanded or self.ddl_notes:
+            return None  # with ddl_notes the proxy's notes stand for these entries
         if first == "create":
             desc = {k: v for k, v in _plain(o).items() if k != "create"}
             coll = o["create"]
@@ -288,7 +304,7 @@ class OplogTransformer:
     def _noop(self, doc: RawBSONDocument) -> list[ChangeEvent]:
         o2 = doc.get("o2")
         o = doc.get("o")
-        if o2 is not None and "shardCollection" in o2 and self.show_expanded_events:
+        if o2 is not None and "shardCollection" in o2 and self.show_expanded_events and not self.ddl_notes:
             ns = o2["shardCollection"]
             desc = {k: v for k, v in _plain(o2).items() if k != "shardCollection"}
             db, coll = _split_ns(ns)

@@ -206,6 +206,8 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         return None
     _, ns0, ns1 = f[b"ns"]
     ns = raw[ns0 + 4:ns1 - 1]
+    if ns.endswith(b".system.views"):
+        return None  # view DDL: the general path makes create/drop events of these
     names = _namespace(ns)
     if not names:
         return ()

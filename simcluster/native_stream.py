@@ -43,6 +43,7 @@ class NativeStream:
     def __init__(self, nodes: list[ShardNode], db: str, coll: str | None, spec: dict[str, Any],
                  stages: list[dict[str, Any]], *, version: int = 2) -> None:
         self.nodes = nodes
+        self.version = version
         self.db, self.coll = db, coll
         self.scope = "cluster" if spec.get("allChangesForCluster") else ("database" if coll is None else "collection")
         self.full_document = spec.get("fullDocument", "default")
@@ -63,8 +64,8 @@ class NativeStream:
             start = spec.get("startAtOperationTime") or nodes[0].clock.now()
             if "startAtOperationTime" not in spec:
                 start = Timestamp(start.time, start.inc + 1)  # a new stream sees what happens after now
-            self.skip_key = token_sort_key(high_water_mark(start))
-            self.last_token = high_water_mark(start)
+            self.skip_key = token_sort_key(high_water_mark(start, version))
+            self.last_token = high_water_mark(start, version)
         self.positions = [ts_key(start) - 1 for _ in nodes]
         for node in nodes:
             first = node.oplog.first_key()
@@ -174,7 +175,7 @@ class NativeStream:
                 await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
                 continue  # more entries to read right away
             if not self.pending:
-                hwm = high_water_mark(Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF))
+                hwm = high_water_mark(Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version)
                 if token_sort_key(hwm) > token_sort_key(self.last_token):
                     self.last_token = hwm
             if trio.current_time() >= deadline:
@@ -234,13 +235,14 @@ async def _wake(node: Any, nursery: Any) -> None:
     nursery.cancel_scope.cancel()
 
 
-def parse_change_stream(cmd: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The $changeStream spec and the stages after it; `version` 1 is a 5.0 server (no expanded events)."""
     pipeline = cmd.get("pipeline", [])
     spec = pipeline[0]["$changeStream"]
     if not isinstance(spec, dict):
         raise MongoError("TypeMismatch", "the $changeStream stage specification must be an object")
     for key in spec:
-        if key not in _OPTIONS:
+        if key not in _OPTIONS or (key == "showExpandedEvents" and version < 2):
             raise MongoError("IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field.")
     if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
         raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
@@ -258,7 +260,9 @@ def parse_change_stream(cmd: dict[str, Any]) -> tuple[dict[str, Any], list[dict[
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[ShardNode] | None = None,
                              lookup: Any = None) -> dict[str, Any]:
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
-    spec, stages = parse_change_stream(cmd)
+    # 5.0 servers (simcluster --version 5.0) write v1 tokens and know no expanded events.
+    version = 1 if server.version == "5.0" else 2
+    spec, stages = parse_change_stream(cmd, version)
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
     if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
         raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "
@@ -267,7 +271,7 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
         raise MongoError(73, "$changeStream may not be opened on the internal admin database")
     if nodes is None:
         nodes = list(server.shards.values())
-    stream = NativeStream(nodes, db, coll, spec, stages)
+    stream = NativeStream(nodes, db, coll, spec, stages, version=version)
     ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
 
     async def fetch(limit: int, deadline: float) -> list[Any]:

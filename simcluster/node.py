@@ -111,10 +111,14 @@ class ShardNode(CommandServer):
 
             coll.uuid = uuid if isinstance(uuid, uuidlib.UUID) else uuidlib.UUID(bytes=bytes(uuid))
         self.dbs.setdefault(db, {})[name] = coll
+        if "viewOn" in options:
+            # A view is a document in <db>.system.views, and that insert is what the oplog shows.
+            self.oplog.append({"op": "i", "ns": f"{db}.system.views", "ui": coll.ui,
+                               "o": {"_id": f"{db}.{name}", "viewOn": options["viewOn"],
+                                     "pipeline": list(options.get("pipeline", []))}})
+            return coll
         o = {"create": name, **{k: v for k, v in options.items() if k not in ("idIndex",)},
              "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}
-        if "viewOn" in options:
-            o.pop("idIndex")
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": o})
         return coll
 
@@ -407,6 +411,9 @@ class ShardNode(CommandServer):
         coll = self.dbs.get(db, {}).pop(name, None)
         if coll is None:
             return {"ns": f"{db}.{name}", "nIndexesWas": 0}
+        if "viewOn" in coll.options:  # dropping a view deletes its system.views document
+            self.oplog.append({"op": "d", "ns": f"{db}.system.views", "ui": coll.ui, "o": {"_id": f"{db}.{name}"}})
+            return {"ns": f"{db}.{name}"}
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"drop": name},
                            "o2": {"numRecords": len(coll.docs)}})
         return {"ns": f"{db}.{name}", "nIndexesWas": len(coll.indexes)}

@@ -24,8 +24,6 @@ SKIPS = {
     "change-streams-nsType.json": "nsType is a MongoDB 8.1 feature; simcluster reports 7.0",
     "The watch helper must not throw a custom exception when executed against a single server topology, but "
     "instead depend on a server error": "needs a standalone server; simcluster runs replica sets and mongos",
-    "when showExpandedEvents is true, create events on views are reported":
-        "simcluster records views as collections with viewOn, not in system.views",
 }
 
 
