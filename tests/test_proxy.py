@@ -64,6 +64,15 @@ async def test_pymongo_crud_cursors_bulk_and_sessions(proxy):
         cur = coll.find({}, batch_size=10)
         next(cur)
         cur.close()  # killCursors passes through
+        # A transaction across shards (hashed keys spread the documents), committed and aborted.
+        c.admin.command("shardCollection", "t.h", key={"_id": "hashed"})
+        with c.start_session() as s:
+            s.with_transaction(lambda s: c.t.h.insert_many([{"_id": i} for i in range(20)], session=s))
+        with c.start_session() as s:
+            s.start_transaction()
+            c.t.h.insert_one({"_id": "gone"}, session=s)
+            s.abort_transaction()
+        assert c.t.h.count_documents({}) == 20
     await sync(work)
 
 
@@ -73,6 +82,9 @@ async def test_async_pymongo(proxy):
         c = AsyncMongoClient(proxy_uri(proxy), serverSelectionTimeoutMS=5000)
         try:
             await c.a.b.insert_one({"_id": 1})
+            async with c.start_session() as s, await s.start_transaction():
+                await c.a.b.insert_one({"_id": 2}, session=s)
+            await c.a.b.delete_one({"_id": 2})
             return await c.a.b.find_one({"_id": 1})
         finally:
             await c.close()

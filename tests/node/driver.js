@@ -1,4 +1,4 @@
-// Unmodified Node.js driver against the proxy: CRUD, cursors, watch(), and one bucket of a
+// Unmodified Node.js driver against the proxy: CRUD, cursors, watch(), a transaction, and one bucket of a
 // parallelChangeStream iterated with plain commands. Usage: node driver.js <uri>
 const { MongoClient } = require("mongodb");
 
@@ -25,6 +25,16 @@ async function main() {
   for (let i = 0; i < 50 && !change; i++) change = await stream.tryNext();
   if (!change || change.operationType !== "insert") throw new Error("watch() saw " + JSON.stringify(change));
   await stream.close();
+
+  // A transaction across shards through the proxy.
+  await admin.command({ shardCollection: "nodetx.h", key: { _id: "hashed" } });
+  const session = client.startSession();
+  await session.withTransaction(async () => {
+    await client.db("nodetx").collection("h").insertMany(Array.from({ length: 10 }, (_, i) => ({ _id: i })), { session });
+  });
+  await session.endSession();
+  const inTxn = await client.db("nodetx").collection("h").countDocuments({});
+  if (inTxn !== 10) throw new Error("transaction wrote " + inTxn);
 
   let events = 0;
   for (let i = 0; i < 50 && events < 302; i++) {
