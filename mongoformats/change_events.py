@@ -209,7 +209,10 @@ class OplogTransformer:
         if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in ("i", "d"):
             return None
         o = _plain(op_doc["o"])
-        db, coll = _split_ns(str(o["_id"]))
+        name = o.get("_id")
+        if not isinstance(name, str) or "." not in name or (op_doc["op"] == "i" and "viewOn" not in o):
+            return None  # not a view definition the server would write
+        db, coll = _split_ns(name)
         if db in _INTERNAL_DBS:
             return None
         if op_doc["op"] == "i":
