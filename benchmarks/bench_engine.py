@@ -27,7 +27,7 @@ import trio
 from bson import Timestamp
 
 from benchmarks.common import write_results
-from simcluster.launcher import spawn_cluster
+from simcluster.launcher import spawn_cluster, stop_process
 from wireproxy.upstream import UpstreamClosed, open_upstream, parse_hosts
 
 
@@ -104,11 +104,7 @@ class ProxyProcess:
         return total
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
 
 
 async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int,

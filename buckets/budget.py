@@ -20,11 +20,18 @@ class ByteBudget:
         self.high_water = 0
         self._freed = trio.Event()
 
-    async def acquire(self, n: int) -> None:
-        while self.used and self.used + n > self.limit:
-            await self._freed.wait()
+    def try_acquire(self, n: int) -> bool:
+        """Take `n` bytes if they fit now (same rule as `acquire`); False instead of waiting."""
+        if self.used and self.used + n > self.limit:
+            return False
         self.used += n
-        self.high_water = max(self.high_water, self.used)
+        if self.used > self.high_water:
+            self.high_water = self.used
+        return True
+
+    async def acquire(self, n: int) -> None:
+        while not self.try_acquire(n):
+            await self._freed.wait()
 
     def release(self, n: int) -> None:
         self.used -= n

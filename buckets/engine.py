@@ -359,15 +359,17 @@ class Engine:
 
     async def cmd_ddl(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
-        if not await self.lacks_expanded_events() or not isinstance(cmd.get(next(iter(cmd))), str):
+        name = next(iter(cmd))
+        if not await self.lacks_expanded_events() or not isinstance(cmd[name], str):
             raise PassThrough()
         ns = target_namespace(db, cmd)
         shards, _ = await self._discover()
         before = await self._holders(shards, ns)
         up = await session.get_upstream()
         specs = None
-        if next(iter(cmd)) == "dropIndexes" and before:
-            listed = await up.command(ns.partition(".")[0], {"listIndexes": ns.partition(".")[2]}, check=False)
+        if name == "dropIndexes" and before:
+            target_db, _, coll = ns.partition(".")
+            listed = await up.command(target_db, {"listIndexes": coll}, check=False)
             specs = {ix["name"]: ix for ix in bson.decode(listed.raw).get("cursor", {}).get("firstBatch", [])}
         reply = bson.decode((await up.command(db, cmd, check=False)).raw)
         if reply.get("ok"):
@@ -411,7 +413,7 @@ class Engine:
         cur = self.cursors.pop(cid, None)
         if cur is not None:
             cur.bucket.cursors.discard(cur)
-            cur.bucket._notify()
+            cur.bucket.notify()
         private = self._private.pop(cid, None)
         if private is not None:
             private.close()

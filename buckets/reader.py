@@ -175,9 +175,8 @@ class ShardReader:
                         events.append(ev)
                         nbytes += len(ev.raw)
             elif item and item[0] > skip:
-                sort_key, token, op_type, db, coll, raw, namespaces, (secs, inc) = item
-                events.append(ChangeEvent(sort_key, token, op_type, db, coll, raw, namespaces, Timestamp(secs, inc)))
-                nbytes += len(raw)
+                events.append(ChangeEvent.from_spliced(item))
+                nbytes += len(item[5])
         self.stats.entries += len(items)
         self.stats.events += len(events)
         self.stats.batches += 1

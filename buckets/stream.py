@@ -88,7 +88,8 @@ class Bucket:
         low = min((c.position for c in self.cursors), default=self.end)
         return self.end - low
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
+        """Wake every getMore (and a full-bucket put) waiting on this bucket."""
         self.changed.set()
         self.changed = trio.Event()
 
@@ -122,14 +123,9 @@ class Bucket:
         if event.sort_key <= self.floor:
             return True  # a resumed stream: this bucket already had it
         n = len(event.raw)
-        budget = self.budget
-        if budget.used + n > budget.limit:
-            self._drop_delivered(n)
-            if budget.used and budget.used + n > budget.limit:
-                return False
-        budget.used += n
-        if budget.used > budget.high_water:
-            budget.high_water = budget.used
+        self._drop_delivered(n)  # returns at once while the budget has room
+        if not self.budget.try_acquire(n):
+            return False
         self.events.append(event)
         self.keys.append(event.sort_key)
         return True
@@ -137,17 +133,14 @@ class Bucket:
     async def put(self, event: ChangeEvent) -> None:
         """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
         while not self.put_nowait(event):
-            self._notify()
+            self.notify()
             await self.changed.wait()
-        self._notify()
-
-    def notify(self) -> None:
-        self._notify()
+        self.notify()
 
     def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
         if key > self.frontier:
             self.frontier, self.frontier_token = key, token
-            self._notify()
+            self.notify()
 
     def position_after(self, key: bytes) -> int | None:
         """Absolute index of the first event above `key`, or None if that history was dropped."""
@@ -212,7 +205,7 @@ class BucketCursor:
             # Drained: everything up to the merge frontier was dealt out, so the frontier is a
             # resume point that moves even while this bucket is idle.
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
-        bucket._notify()
+        bucket.notify()
         self.exhausted = self.stream.ended and self.position >= bucket.end
         return batch, self.last_token
 
@@ -269,7 +262,7 @@ class ParallelStream:
                 log.warning("stream %s failed: %s", self.name, exc)
                 self.error = exc
                 for b in self.buckets.values():
-                    b._notify()
+                    b.notify()
             finally:
                 self.started.set()
 

@@ -23,7 +23,7 @@ from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.oplog_splice import splice_crud
+from mongoformats.oplog_splice import Spliced, splice_crud
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_sort_key
 from mongoformats.update_diff import update_description_from_diff
 
@@ -62,6 +62,12 @@ class ChangeEvent(NamedTuple):
     # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
     namespaces: tuple[str, ...] = ()
     cluster_time: Timestamp = Timestamp(0, 0)
+
+    @classmethod
+    def from_spliced(cls, fields: Spliced) -> ChangeEvent:
+        """The event for what `splice_crud` returned (its cluster time is a (secs, inc) pair)."""
+        sort_key, token, op_type, db, coll, raw, namespaces, (secs, inc) = fields
+        return cls(sort_key, token, op_type, db, coll, raw, namespaces, Timestamp(secs, inc))
 
 
 def _uuid(value: Any) -> uuidlib.UUID | None:
@@ -131,10 +137,7 @@ class OplogTransformer:
             raw = entry if isinstance(entry, bytes) else bytes(entry.raw)
             fast = splice_crud(raw, expanded=self.show_expanded_events)
             if fast is not None:
-                if not fast:
-                    return []
-                sort_key, token, op_type, db, coll, event, namespaces, (secs, inc) = fast
-                return [ChangeEvent(sort_key, token, op_type, db, coll, event, namespaces, Timestamp(secs, inc))]
+                return [ChangeEvent.from_spliced(fast)] if fast else []
         return self.transform_decoded(entry)
 
     def transform_decoded(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:

@@ -25,7 +25,8 @@ from bson import Binary, Timestamp
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["array_items", "array_of", "cursor_batch", "elements", "splice_crud", "splice_reply", "timestamp_of"]
+__all__ = ["Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud", "splice_reply",
+           "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)

@@ -39,11 +39,16 @@ class ClusterProcess:
         return str(self.info["mongos"])
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
+
+
+def stop_process(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM, up to 10 s to exit, then SIGKILL."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def spawn_cluster(*, shards: int = 4, prefill_events: int = 0, version: str = "7.0",
