@@ -20,8 +20,9 @@ from mongoformats.errors import MongoError
 from simcluster import query as q
 from simcluster.aggregate import run_pipeline
 from simcluster.cursors import Cursor
-from simcluster.node import ShardNode
+from simcluster.node import WRITE_COMMANDS, ShardNode, wait_write_concern
 from simcluster.oplog import ClusterClock
+from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 
@@ -70,10 +71,11 @@ class ShardedCollection:
 class Mongos(CommandServer):
     process_kind = "mongos"
 
-    def __init__(self, clock: ClusterClock, host: str, port: int, shards: dict[str, ShardNode], *,
+    def __init__(self, clock: ClusterClock, host: str, port: int, replsets: dict[str, ReplicaSet], *,
                  version: str = "7.0") -> None:
         super().__init__(clock, host, port, version=version)
-        self.shards = shards
+        self.replsets = replsets
+        self.shards = Primaries(replsets)
         self.db_primary: dict[str, str] = {}
         self.sharded: dict[str, ShardedCollection] = {}
         self._next_primary = 0
@@ -101,7 +103,12 @@ class Mongos(CommandServer):
 
     # -- transactions ------------------------------------------------------------------------------
 
-    def check_session(self, name: str, cmd: dict[str, Any]) -> None:
+    async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
+        # During an election mongos waits for the new primary (defaultFindReplicaSetHostTimeoutMS,
+        # 20 s) before it fails with FailedToSatisfyReadPreference.
+        for rs in self.replsets.values():
+            if rs.primary_node is None:
+                await rs.wait_primary(20.0)
         if cmd.get("autocommit") is not False or "lsid" not in cmd:
             return
         lsid, number = txn_key(cmd)
@@ -109,6 +116,12 @@ class Mongos(CommandServer):
             self.txn_numbers[lsid] = number
         elif self.txn_numbers.get(lsid) != number:
             raise no_such_transaction((lsid, number))
+
+    async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+        if name.lower() in WRITE_COMMANDS:
+            for rs in self.replsets.values():
+                if len(rs.members) > 1:
+                    await wait_write_concern(rs, cmd, reply)
 
     def _participants(self, key: TxnKey) -> list[ShardNode]:
         return [s for _, s in sorted(self.shards.items()) if s.transactions.open(key) is not None]
@@ -267,7 +280,7 @@ class Mongos(CommandServer):
                 found = self.gather(ns, key)
                 return found[0] if found else None
 
-            return await open_native_stream(self, db, cmd, list(self.shards.values()), lookup)
+            return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         first_match = pipeline[0].get("$match", {}) if pipeline else {}
         docs = self.gather(ns, first_match) if isinstance(coll, str) else []
@@ -297,8 +310,9 @@ class Mongos(CommandServer):
         for shard in self.owners(ns):
             reply = await shard.cmd_drop(db, cmd, req)
         self.sharded.pop(ns, None)
-        for shard in self.shards.values():
-            shard.shard_keys.pop(ns, None)
+        for rs in self.replsets.values():
+            for member in rs.members:
+                member.shard_keys.pop(ns, None)
         return reply
 
     async def cmd_drop_database(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -350,8 +364,8 @@ class Mongos(CommandServer):
     async def cmd_list_shards(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if db != "admin":
             raise MongoError("Unauthorized", "listShards may only be run against the admin database.")
-        return {"shards": [{"_id": sid, "host": f"{s.set_name}/{s.address}", "state": 1,
-                            "topologyTime": Timestamp(1, 1)} for sid, s in sorted(self.shards.items())]}
+        return {"shards": [{"_id": sid, "host": f"{rs.set_name}/{','.join(rs.hosts)}", "state": 1,
+                            "topologyTime": Timestamp(1, 1)} for sid, rs in sorted(self.replsets.items())]}
 
     async def cmd_balancer_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"mode": "off", "inBalancerRound": False, "numBalancerRounds": Int64(0)}
@@ -381,7 +395,8 @@ class Mongos(CommandServer):
         self.sharded[ns] = sc
         for sid in ids:
             shard = self.shards[sid]
-            shard.shard_keys[ns] = key
+            for member in self.replsets[sid].members:
+                member.shard_keys[ns] = key
             if shard is not primary and shard.coll(ns) is None:
                 # Created silently on the other shards: the server does not log these as user DDL.
                 shard.dbs.setdefault(dbname, {})

@@ -14,7 +14,7 @@ D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-s
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import bson
 from bson import Timestamp
@@ -27,9 +27,6 @@ from mongoformats.resume_token import decode_token, high_water_mark, token_sort_
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 
-if TYPE_CHECKING:
-    from simcluster.node import ShardNode
-
 _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter", "startAfter",
                       "startAtOperationTime", "allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
                       "showSystemEvents", "$_generateV2ResumeTokens"})
@@ -39,8 +36,19 @@ _STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$rep
 _INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
 
 
+class OplogSource(Protocol):
+    """What a stream reads: one member (a replica set stream) or a whole shard's set (mongos)."""
+
+    oplog: Any
+    clock: Any
+
+    def commit_key(self) -> int: ...
+
+    async def wait_commit_beyond(self, key: int, deadline: float) -> bool: ...
+
+
 class NativeStream:
-    def __init__(self, nodes: list[ShardNode], db: str, coll: str | None, spec: dict[str, Any],
+    def __init__(self, nodes: list[OplogSource], db: str, coll: str | None, spec: dict[str, Any],
                  stages: list[dict[str, Any]], *, version: int = 2) -> None:
         self.nodes = nodes
         self.version = version
@@ -89,7 +97,7 @@ class NativeStream:
     def _poll(self) -> list[ChangeEvent]:
         for i, node in enumerate(self.nodes):
             # Bounded reads, like one getMore batch per shard cursor.
-            raws = node.oplog.read_after(self.positions[i], 4096)
+            raws = node.oplog.read_after(self.positions[i], 4096, upto=node.commit_key())
             if raws:
                 for raw in raws:
                     for ev in self.transformers[i].transform(RawBSONDocument(raw, RAW)):
@@ -169,7 +177,7 @@ class NativeStream:
                     return out
             if out:
                 return out
-            if any(n.oplog.last_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
+            if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
                 if trio.current_time() >= deadline:
                     return out
                 await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
@@ -231,7 +239,7 @@ def _set_path(target: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 async def _wake(node: Any, nursery: Any) -> None:
     import trio
 
-    await node.oplog.wait_beyond(node.oplog.last_key(), trio.current_time() + 3600)
+    await node.wait_commit_beyond(node.commit_key(), trio.current_time() + 3600)
     nursery.cancel_scope.cancel()
 
 
@@ -257,7 +265,7 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     return spec, pipeline[1:]
 
 
-async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[ShardNode] | None = None,
+async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
                              lookup: Any = None) -> dict[str, Any]:
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
     # 5.0 servers (simcluster --version 5.0) write v1 tokens and know no expanded events.

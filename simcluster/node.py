@@ -7,8 +7,11 @@ diffs; DDL is `op: "c"` on `<db>.$cmd`; appendOplogNote writes `{op: "n", ns: ""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
+import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,27 +23,65 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
 from simcluster import query as q
+from simcluster.apply import Applier
 from simcluster.cursors import Cursor
 from simcluster.oplog import ClusterClock, Oplog, ts_key
-from simcluster.server import CommandServer, Request
+from simcluster.replset import ReplicaSet
+from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
 from simcluster.transactions import TransactionTable, no_such_transaction, txn_key
 
+log = logging.getLogger("simcluster")
+
 OPLOG_NS = "local.oplog.rs"
+# Commands a secondary refuses with NotWritablePrimary, and reads it serves only with secondaryOk
+# (a non-primary $readPreference; drivers send primaryPreferred on a direct connection).
+WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findandmodify", "create", "drop", "dropdatabase",
+                     "createindexes", "dropindexes", "collmod", "renamecollection", "appendoplognote",
+                     "committransaction", "aborttransaction"})
+_SECONDARY_OK_READS = frozenset({"find", "aggregate", "count", "distinct", "listcollections", "listindexes",
+                                 "listdatabases", "dbstats", "collstats"})
+
+
+def _wall(key: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(key >> 32, datetime.UTC)
+
+
+async def wait_write_concern(rs: ReplicaSet, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+    """The implicit default write concern is majority (5.0+); w: 0/1 return at once. A timeout
+    is reported as the server does: the write stands, with a writeConcernError (64)."""
+    wc = cmd.get("writeConcern") or {}
+    if wc.get("w", "majority") in (0, 1):
+        return
+    primary = rs.primary_node
+    timeout = wc.get("wtimeout") or 0
+    if primary is None or not await rs.wait_majority(primary.oplog.last_key(), timeout / 1000 if timeout
+                                                      else math.inf):
+        reply["writeConcernError"] = {"code": 64, "codeName": "WriteConcernFailed",
+                                      "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": True}}
 # lsid.uid of an unauthenticated session: SHA-256 of the empty user name (mongodb-formats.md C.1).
 _ANONYMOUS_UID = __import__("hashlib").sha256(b"").digest()
 
 
 class ShardNode(CommandServer):
-    """The primary of replica set `set_name`. Secondaries are not simulated yet (see README)."""
+    """One member of shard replica set `set_name`: a primary takes writes, a secondary replicates them.
+
+    Roles and the commit point live in `simcluster.replset.ReplicaSet`; a node alone (the
+    default) is the primary of a set of one.
+    """
 
     def __init__(self, clock: ClusterClock, host: str, port: int, set_name: str, *, version: str = "7.0",
-                 oplog_bytes: int = 1 << 30) -> None:
+                 oplog_bytes: int = 1 << 30, initiate: bool = True) -> None:
         super().__init__(clock, host, port, version=version)
         self.set_name = set_name
         self.oplog = Oplog(clock, cap_bytes=oplog_bytes)
         self.dbs: dict[str, dict[str, Collection]] = {}
+        self.applier = Applier(self.dbs)
         self.election_id = ObjectId("7fffffff0000000000000001")
+        self.state = "PRIMARY" if initiate else "SECONDARY"
+        self.up = True
+        self.in_sync = True             # False from a restart until it caught up (or resynced)
+        self.frozen_until = -math.inf   # replSetStepDown: not electable before this trio time
         # ns -> shard key pattern (set by the router), so o2/documentKey holds shard key + _id.
         self.shard_keys: dict[str, dict[str, Any]] = {}
         self.commands.update({
@@ -52,44 +93,150 @@ class ShardNode(CommandServer):
             "listindexes": self.cmd_list_indexes, "createindexes": self.cmd_create_indexes,
             "dropindexes": self.cmd_drop_indexes, "collmod": self.cmd_coll_mod,
             "renamecollection": self.cmd_rename, "appendoplognote": self.cmd_append_oplog_note,
-            "replsetgetstatus": self.cmd_repl_status, "dbstats": self.cmd_db_stats,
-            "collstats": self.cmd_coll_stats, "committransaction": self.cmd_commit_transaction,
-            "aborttransaction": self.cmd_abort_transaction,
+            "replsetgetstatus": self.cmd_repl_status, "replsetstepdown": self.cmd_step_down,
+            "dbstats": self.cmd_db_stats, "collstats": self.cmd_coll_stats,
+            "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
         })
         self.transactions = TransactionTable(self.oplog)
-        self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
+        if initiate:
+            self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
         # periodicNoopIntervalSecs (server default 10 s): an idle primary writes a noop so that
         # change streams on mongos can move past it. Settable with setParameter.
         self.periodic_noop_interval_s = 10.0
+        self.replset = ReplicaSet(set_name, [self])
+
+    @property
+    def is_primary(self) -> bool:
+        return self.state == "PRIMARY"
+
+    def become_primary(self, term: int, election_id: ObjectId) -> None:
+        self.state = "PRIMARY"
+        self.oplog.term = term
+        self.election_id = election_id
+        self.oplog.append({"op": "n", "ns": "", "o": {"msg": "new primary"}})
 
     async def background(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._periodic_noops)
+            nursery.start_soon(self._replicate)
+
+    async def _periodic_noops(self) -> None:
         last_seen = self.oplog.last_key()
         while True:
             await trio.sleep(self.periodic_noop_interval_s)
-            if self.oplog.last_key() == last_seen:  # only when nothing was written since the last check
+            # Only a primary writes, and only when nothing was written since the last check.
+            if self.is_primary and self.oplog.last_key() == last_seen:
                 self.oplog.append({"op": "n", "ns": "", "o": {"msg": "periodic noop"}})
             last_seen = self.oplog.last_key()
 
+    async def _replicate(self) -> None:
+        """A secondary's sync loop: copy the primary's new entries (after the set's lag) and apply them."""
+        rs = self.replset
+        while True:
+            source = rs.primary_node
+            if self.is_primary or source is None or source is self:
+                with trio.move_on_after(0.05):  # roles change rarely; look again soon
+                    await rs.wait_primary(math.inf)
+                    await trio.sleep(0.05)
+                continue
+            mine = self.oplog.last_key()
+            if source.oplog.last_key() <= mine and self.in_sync:
+                await source.oplog.wait_beyond(mine, trio.current_time() + 0.1)
+                continue
+            if rs.lag_s:
+                await trio.sleep(rs.lag_s)
+            if source is not rs.primary_node:
+                continue
+            if mine and (not source.oplog.contains(mine) or mine < source.oplog.first_key()):
+                self._resync(source)  # rolled-back entries, or too stale to catch up: copy the primary
+            else:
+                for raw in source.oplog.read_after(mine, 10_000):
+                    doc = bson.decode(raw, DECODE)
+                    self.oplog.append_raw(ts_key(doc["ts"]), raw)
+                    self.applier.apply(doc)
+            self.in_sync = True
+            rs.member_applied()
+            await trio.lowlevel.checkpoint()
+
+    def _resync(self, source: ShardNode) -> None:
+        log.info("%s: rolling back to the primary's state (resync from %s)", self.address, source.address)
+        self.dbs.clear()
+        self.dbs.update(copy.deepcopy(source.dbs))
+        self.applier.pending = copy.deepcopy(source.applier.pending)
+        self.oplog.copy_from(source.oplog)
+
+    # -- what a change stream on this member may see: the majority-committed part of its oplog ---------
+
+    def commit_key(self) -> int:
+        return min(self.replset.commit_key(), self.oplog.last_key())
+
+    async def wait_commit_beyond(self, key: int, deadline: float) -> bool:
+        return await self.replset.wait_commit_beyond(key, deadline) and await self.oplog.wait_beyond(key, deadline)
+
+    # -- roles: what a secondary refuses (mongodb-formats.md D: 10107, 13435) -------------------------
+
+    async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
+        lname = name.lower()
+        if not self.is_primary:
+            # State-change errors carry the topologyVersion (4.4+), so a driver that already knows
+            # this version keeps the server instead of marking it Unknown (SDAM "stale errors").
+            tv = {"processId": self.process_id, "counter": Int64(self.topology_counter)}
+            if lname in WRITE_COMMANDS:
+                raise MongoError("NotWritablePrimary", "not primary", topologyVersion=tv)
+            rp = cmd.get("$readPreference")
+            secondary_ok = isinstance(rp, dict) and rp.get("mode", "primary") != "primary"
+            if lname in _SECONDARY_OK_READS and not secondary_ok:
+                raise MongoError("NotPrimaryNoSecondaryOk", "not primary and secondaryOk=false", topologyVersion=tv)
+        self.check_session(name, cmd)
+
+    async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+        if name.lower() in WRITE_COMMANDS and len(self.replset.members) > 1:
+            await wait_write_concern(self.replset, cmd, reply)
+
     # -- identity ----------------------------------------------------------------------------------
 
+    def _optime(self, key: int) -> dict[str, Any]:
+        return {"ts": Timestamp(key >> 32, key & 0xFFFFFFFF), "t": Int64(self.oplog.term)}
+
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        last = self.oplog.last_ts()
-        optime = {"ts": last, "t": Int64(self.oplog.term)}
-        wall = datetime.datetime.fromtimestamp(last.time, datetime.UTC)
-        return {
-            "isWritablePrimary": True, "hosts": [self.address], "setName": self.set_name, "setVersion": 1,
-            "secondary": False, "primary": self.address, "me": self.address, "electionId": self.election_id,
-            "lastWrite": {"opTime": optime, "lastWriteDate": wall, "majorityOpTime": optime,
-                          "majorityWriteDate": wall},
+        rs = self.replset
+        last, committed = self.oplog.last_key(), min(rs.commit_key(), self.oplog.last_key())
+        primary = rs.primary_node
+        out: dict[str, Any] = {
+            "isWritablePrimary": self.is_primary, "hosts": rs.hosts, "setName": self.set_name, "setVersion": 1,
+            "secondary": not self.is_primary,
         }
+        if primary is not None:
+            out["primary"] = primary.address
+        out["me"] = self.address
+        if self.is_primary:
+            out["electionId"] = self.election_id
+        out["lastWrite"] = {"opTime": self._optime(last), "lastWriteDate": _wall(last),
+                            "majorityOpTime": self._optime(committed), "majorityWriteDate": _wall(committed)}
+        return out
 
     async def cmd_repl_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        last = self.oplog.last_ts()
-        optime = {"ts": last, "t": Int64(self.oplog.term)}
-        return {"set": self.set_name, "myState": 1, "term": Int64(self.oplog.term),
-                "optimes": {"lastCommittedOpTime": optime, "appliedOpTime": optime, "durableOpTime": optime},
-                "members": [{"_id": 0, "name": self.address, "health": 1.0, "state": 1, "stateStr": "PRIMARY",
-                             "optime": optime, "self": True}]}
+        rs = self.replset
+        committed = self._optime(rs.commit_key())
+        members = []
+        for i, m in enumerate(rs.members):
+            state, name = ((1, "PRIMARY") if m.is_primary else (2, "SECONDARY")) if m.up else \
+                (8, "(not reachable/healthy)")
+            members.append({"_id": i, "name": m.address, "health": 1.0 if m.up else 0.0, "state": state,
+                            "stateStr": name, "optime": m._optime(m.oplog.last_key()),
+                            "optimeDate": _wall(m.oplog.last_key()), **({"self": True} if m is self else {})})
+        me = self._optime(self.oplog.last_key())
+        return {"set": self.set_name, "myState": 1 if self.is_primary else 2, "term": Int64(rs.term),
+                "optimes": {"lastCommittedOpTime": committed, "appliedOpTime": me, "durableOpTime": me},
+                "members": members}
+
+    async def cmd_step_down(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if db != "admin":
+            raise MongoError("Unauthorized", "replSetStepDown may only be run against the admin database.")
+        secs = float(cmd.get("replSetStepDown") or 60)
+        catch_up = float(cmd.get("secondaryCatchUpPeriodSecs", 10))
+        await self.replset.step_down(self, secs, catch_up, bool(cmd.get("force")))
+        return {}
 
     # -- storage helpers ---------------------------------------------------------------------------
 
@@ -343,6 +490,10 @@ class ShardNode(CommandServer):
         rest = {k: v for k, v in filt.items() if k != "ts"}
         tailable = bool(cmd.get("tailable"))
         remaining = cmd.get("limit") or 0
+        # Oplog entries are as visible as the writes they record (SERVER-23186): a majority read
+        # sees nothing past the commit point, so nothing it returns can be rolled back.
+        majority = (cmd.get("readConcern") or {}).get("level") == "majority"
+        rs = self.replset
 
         async def fetch(limit: int, deadline: float) -> list[Any]:
             nonlocal position
@@ -351,7 +502,8 @@ class ShardNode(CommandServer):
                                  "being deleted")
             nonlocal remaining
             while True:
-                raws = oplog.read_after(position, min(limit, remaining) if remaining else limit)
+                raws = oplog.read_after(position, min(limit, remaining) if remaining else limit,
+                                        upto=rs.commit_key() if majority else None)
                 if cmd.get("limit"):
                     if not remaining:
                         return []
@@ -361,7 +513,12 @@ class ShardNode(CommandServer):
                     if rest:
                         return [bson.decode(r) for r in raws if q.matches(bson.decode(r), rest)]
                     return [RawBSONDocument(r, RAW) for r in raws]
-                if not tailable or not await oplog.wait_beyond(position, deadline):
+                if not tailable:
+                    return []
+                # A lagging member may know a commit point beyond what it has applied: wait for both.
+                if majority and not await rs.wait_commit_beyond(position, deadline):
+                    return []
+                if not await oplog.wait_beyond(position, deadline):
                     return []
 
         # A non-tailable scan ends (cursor id 0) once it has returned everything there is.

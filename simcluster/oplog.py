@@ -119,9 +119,26 @@ class Oplog:
         del self._entries[:n]
         self._bytes -= freed
 
-    def read_after(self, key: int, limit: int, max_bytes: int = BATCH_BYTES_LIMIT) -> list[bytes]:
-        """Entries with ts > key: at most `limit`, and few enough that the reply stays under 16 MiB."""
+    def contains(self, key: int) -> bool:
+        i = bisect.bisect_left(self._keys, key)
+        return i < len(self._keys) and self._keys[i] == key
+
+    def copy_from(self, other: Oplog) -> None:
+        """Become a copy of another member's oplog (a resync)."""
+        self._keys, self._entries = list(other._keys), list(other._entries)
+        self._bytes, self.truncated_before, self.term = other._bytes, other.truncated_before, other.term
+        self._grew.set()
+        self._grew = trio.Event()
+
+    def read_after(self, key: int, limit: int, max_bytes: int = BATCH_BYTES_LIMIT,
+                   upto: int | None = None) -> list[bytes]:
+        """Entries with ts > key (and <= `upto`, a commit point): at most `limit`, and few enough
+        that the reply stays under 16 MiB."""
         i = bisect.bisect_right(self._keys, key)
+        if upto is not None:
+            limit = min(limit, bisect.bisect_right(self._keys, upto) - i)
+            if limit <= 0:
+                return []
         out = self._entries[i : i + limit]
         total = 0
         for n, e in enumerate(out):

@@ -53,6 +53,9 @@ class CommandServer:
         self._conn_ids = itertools.count(1)
         self.fail_points: dict[str, dict[str, Any]] = {}
         self._cancel = trio.CancelScope()
+        # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
+        self.topology_counter = 0
+        self._topology_changed = trio.Event()
         self.commands: dict[str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]] = {
             "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
             "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
@@ -72,6 +75,7 @@ class CommandServer:
     # -- wire ------------------------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        self._cancel = trio.CancelScope()  # a fresh scope, so a stopped process can be started again
         with self._cancel:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             self.port = listeners[0].socket.getsockname()[1]
@@ -86,6 +90,11 @@ class CommandServer:
     def stop(self) -> None:
         """Stop listening and drop every connection (a crashed or stopped process)."""
         self._cancel.cancel()
+
+    def bump_topology(self) -> None:
+        self.topology_counter += 1
+        self._topology_changed.set()
+        self._topology_changed = trio.Event()
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         conn_id = next(self._conn_ids)
@@ -152,10 +161,15 @@ class CommandServer:
             handler = self.commands.get(name.lower())
             if handler is None:
                 raise MongoError("CommandNotFound", f"no such command: '{name}'")
-            self.check_session(name, cmd)
+            await self.check_command(name, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
+            await self.settle(name, cmd, reply)
         except MongoError as exc:
+            if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
+                # 4.4+ servers label the errors a driver may retry a write on (error_labels.cpp);
+                # drivers no longer decide that themselves.
+                exc = exc.with_labels("RetryableWriteError")
             if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
                 # Labels the server attaches to change stream errors (error_labels.cpp).
                 if is_resumable_change_stream_error(exc.code):
@@ -168,8 +182,12 @@ class CommandServer:
             reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
         return self.decorate(reply)
 
-    def check_session(self, name: str, cmd: dict[str, Any]) -> None:
-        """Hook: reject a command its session state does not allow (e.g. an unknown transaction)."""
+    async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
+        """Hook: reject a command this process may not run now (a write on a secondary, a statement
+        of an unknown transaction)."""
+
+    async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+        """Hook: what a succeeded command waits for before its reply (its write concern)."""
 
     def decorate(self, reply: dict[str, Any]) -> dict[str, Any]:
         now = self.clock.now()
@@ -217,9 +235,10 @@ class CommandServer:
             raise MongoError(51760 if "topologyVersion" in cmd else 51758,
                              "topologyVersion and maxAwaitTimeMS must be given together")
         tv = cmd.get("topologyVersion")
-        if tv is not None and tv.get("processId") == self.process_id:
-            # Awaitable hello: our topology never changes on its own, so wait out maxAwaitTimeMS.
-            await trio.sleep(cmd["maxAwaitTimeMS"] / 1000)
+        if tv is not None and tv.get("processId") == self.process_id and tv.get("counter") == self.topology_counter:
+            # Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS.
+            with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
+                await self._topology_changed.wait()
         legacy = next(iter(cmd)).lower() == "ismaster"
         out: dict[str, Any] = {}
         if cmd.get("helloOk"):
@@ -228,7 +247,7 @@ class CommandServer:
         if legacy:
             out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
         out.update({
-            "topologyVersion": {"processId": self.process_id, "counter": Int64(0)},
+            "topologyVersion": {"processId": self.process_id, "counter": Int64(self.topology_counter)},
             "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
             "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.UTC),
             "logicalSessionTimeoutMinutes": 30, "connectionId": req.conn_id,
@@ -334,4 +353,13 @@ class CommandServer:
 
 
 _CLOSE = object()
+
+
+def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:
+    """A write sent with a txnNumber outside a transaction, or a transaction's commit/abort."""
+    lname = name.lower()
+    if lname in ("committransaction", "aborttransaction"):
+        return True
+    return "txnNumber" in cmd and "autocommit" not in cmd and lname in (
+        "insert", "update", "delete", "findandmodify")
 

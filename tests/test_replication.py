@@ -1,0 +1,165 @@
+"""simcluster replica sets against unmodified pymongo: secondaries, majority, stepdown, failover, rollback.
+
+Facts checked (see simcluster/replset.py for sources): secondaries hold byte-identical oplogs and
+the same data; a secondary refuses writes (10107) and reads without secondaryOk (13435); a
+stepdown elects a caught-up secondary in a new term that starts with a "new primary" noop; a
+stopped primary is replaced after electionTimeout; a majority oplog read never shows what a
+later rollback removes.
+"""
+
+from __future__ import annotations
+
+import bson
+import pytest
+import trio
+from bson import Timestamp
+from pymongo import ReadPreference
+from pymongo.errors import NotPrimaryError
+from pymongo.read_concern import ReadConcern
+
+from simcluster import open_cluster
+from tests.conftest import _close_all, client, sync
+
+
+def _oplog(node):
+    return node.oplog.read_after(0, 1 << 30)
+
+
+def _docs(node, ns):
+    coll = node.coll(ns)
+    return {k: bson.encode(v) for k, v in coll.docs.items()} if coll else {}
+
+
+async def _settled(rs):
+    """Wait until every live member applied all the primary has (the set's lag is 0 in these tests)."""
+    with trio.fail_after(10):
+        while any(m.up and m.oplog.last_key() < rs.primary.oplog.last_key() for m in rs.members):
+            await trio.sleep(0.01)
+
+
+async def test_secondaries_replicate_bytes_and_data():
+    async with open_cluster(shards=2, members=3) as cluster:
+        def work():
+            c = client(cluster.uri)
+            c.admin.command("enableSharding", "app")
+            c.admin.command("shardCollection", "app.items", key={"_id": "hashed"})
+            items = c.app.items
+            items.insert_many([{"_id": i, "tags": ["a", "b"], "sub": {"x": 1}} for i in range(40)])
+            items.update_many({}, {"$push": {"tags": "c"}, "$set": {"sub.y": 2}, "$inc": {"n": 1}})
+            items.update_one({"_id": 3}, {"$pop": {"tags": 1}, "$unset": {"sub.x": ""}})
+            items.replace_one({"_id": 4}, {"z": 1})
+            items.delete_many({"_id": {"$in": [5, 6]}})
+            items.create_index("n")
+            c.app.create_collection("plain")
+            c.app.command("collMod", "plain", validationLevel="moderate")
+            c.app.plain.insert_one({"_id": 1})
+            c.admin.command("renameCollection", "app.plain", to="app.renamed")
+            c.app.create_collection("view", viewOn="items", pipeline=[{"$match": {"n": 1}}])
+            with c.start_session() as s, s.start_transaction():
+                items.insert_one({"_id": 100}, session=s)
+                items.update_one({"_id": 7}, {"$set": {"t": 1}}, session=s)
+                items.insert_one({"_id": 101}, session=s)
+            # Read from a secondary through a replica set connection, as an analytics client does.
+            rs = client(cluster.shard_uri("shard0"), readPreference="secondary")
+            assert rs.app.items.count_documents({}) == len(cluster.replsets["shard0"].primary.coll("app.items").docs)
+        await sync(work)
+        for rs in cluster.replsets.values():
+            await _settled(rs)
+            primary = rs.primary
+            for m in rs.members:
+                assert _oplog(m) == _oplog(primary), "a secondary's oplog is the primary's, byte for byte"
+                for ns in ("app.items", "app.renamed", "app.view"):
+                    assert _docs(m, ns) == _docs(primary, ns), (m.address, ns)
+                def catalog(node):
+                    return {n: (c.uuid, sorted(c.indexes)) for n, c in node.dbs.get("app", {}).items()}
+                assert catalog(m) == catalog(primary)
+        await sync(_close_all)
+
+
+async def test_secondary_refuses_writes_and_unflagged_reads():
+    async with open_cluster(shards=1, members=2) as cluster:
+        rs = cluster.replsets["shard0"]
+        secondary = rs.members[1]
+
+        def work():
+            direct = client(f"mongodb://{secondary.address}/?directConnection=true")
+            hello = direct.admin.command("hello")
+            assert hello["secondary"] and not hello["isWritablePrimary"]
+            assert hello["primary"] == rs.members[0].address and hello["hosts"] == rs.hosts
+            with pytest.raises(NotPrimaryError) as err:
+                direct.t.c.insert_one({"x": 1})
+            assert err.value.details["code"] == 10107  # NotWritablePrimary
+            # pymongo sends primaryPreferred on a direct connection, so reads work ...
+            assert direct.t.c.count_documents({}) == 0
+            # ... and without a read preference the server refuses them (13435 NotPrimaryNoSecondaryOk).
+            with pytest.raises(NotPrimaryError) as err2:
+                direct.t.command({"find": "c", "$readPreference": {"mode": "primary"}})
+            assert err2.value.details["code"] == 13435
+            status = direct.admin.command("replSetGetStatus")
+            assert [m["stateStr"] for m in status["members"]] == ["PRIMARY", "SECONDARY"]
+        await sync(work)
+        await sync(_close_all)
+
+
+async def test_stepdown_elects_a_new_primary_in_a_new_term_and_clients_follow():
+    async with open_cluster(shards=1, members=3) as cluster:
+        rs = cluster.replsets["shard0"]
+        old = rs.primary
+
+        def work():
+            c = client(cluster.shard_uri("shard0"))
+            c.t.c.insert_many([{"_id": i} for i in range(10)])
+            c.admin.command("replSetStepDown", 60)
+            # A retryable write finds the new primary (the driver rediscovers after NotWritablePrimary).
+            for i in range(10, 20):
+                c.t.c.insert_one({"_id": i})
+            hello = c.admin.command("hello")
+            assert hello["primary"] != old.address
+            return c.t.c.count_documents({})
+        assert await sync(work) == 20
+        new = rs.primary
+        assert new is not old and rs.term == 2 and not old.is_primary
+        entries = [bson.decode(e) for e in _oplog(new)]
+        noop = next(e for e in entries if e["op"] == "n" and e["o"].get("msg") == "new primary")
+        assert noop["t"] == 2 and all(e["t"] == 2 for e in entries if e["ts"] > noop["ts"])
+        await _settled(rs)
+        assert _oplog(old) == _oplog(new)
+        await sync(_close_all)
+
+
+async def test_failover_after_a_primary_stops_and_rollback_on_its_return():
+    # Lag, so the primary holds w:1 writes no secondary has when it is stopped.
+    async with open_cluster(shards=1, members=3, replication_lag_s=0.3, election_timeout_s=0.2) as cluster:
+        rs = cluster.replsets["shard0"]
+        old = rs.primary
+
+        def committed():
+            c = client(cluster.uri)
+            c.t.c.insert_many([{"_id": i} for i in range(10)])  # majority: on a secondary before the reply
+            c.t.command({"insert": "c", "documents": [{"_id": "lost"}], "writeConcern": {"w": 1}})
+        await sync(committed)
+        lost_key = old.oplog.last_key()
+        # A majority read of the oplog never returns the w:1 write, which the failover will roll back.
+        reader = client(f"mongodb://{rs.members[1].address}/?directConnection=true").local["oplog.rs"].with_options(
+            read_concern=ReadConcern("majority"), read_preference=ReadPreference.SECONDARY_PREFERRED)
+        since = {"ts": {"$gte": Timestamp(lost_key >> 32, lost_key & 0xFFFFFFFF)}}
+        seen = await sync(lambda: list(reader.find(since)))
+        assert seen == []
+        rs.stop_member(old)
+        with trio.fail_after(10):
+            await rs.wait_primary(10)
+        assert rs.primary_node is not None and rs.primary_node is not old
+
+        def after():
+            c = client(cluster.uri)
+            c.t.c.insert_one({"_id": "after"})
+            return sorted(str(d["_id"]) for d in c.t.c.find())
+        ids = await sync(after)
+        assert "lost" not in ids and "after" in ids and len(ids) == 11
+        await rs.restart_member(old)
+        await _settled(rs)
+        await trio.sleep(0.5)
+        assert not old.is_primary and old.in_sync
+        assert _oplog(old) == _oplog(rs.primary), "the returning member rolled back to the primary's history"
+        assert _docs(old, "t.c") == _docs(rs.primary, "t.c")
+        await sync(_close_all)
