@@ -35,7 +35,7 @@ from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import array_of
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
-from wireproxy.upstream import UpstreamConnection, open_upstream, parse_hosts
+from wireproxy.upstream import UpstreamConnection, open_member, parse_hosts
 
 log = logging.getLogger("buckets.engine")
 
@@ -138,7 +138,7 @@ class Engine:
         """Run `cmd` on every shard's primary directly (shard id -> reply)."""
         out: dict[str, Any] = {}
         for sid, hosts in shards.items():
-            conn = await open_upstream(*hosts[0])
+            conn = await open_member(hosts, secondary=False)
             try:
                 out[sid] = await conn.command(db, cmd)
             finally:

@@ -1,6 +1,10 @@
 """ShardReader: tails one shard's `local.oplog.rs` and hands events plus high-water marks to the merge.
 
-Strategy: a tailable awaitData `find` from the start timestamp, then getMore forever. Each batch
+Strategy: a tailable awaitData `find` from the start timestamp, then getMore forever, on a
+secondary when one is up (the primary's load is the user's), with majority read concern: the
+oplog is then read only up to the set's commit point, so no event is ever for a write that a
+failover rolls back, and every member returns the same bytes up to there, so a reader that loses
+its member resumes from its position on another one without a gap or a duplicate. Each batch
 is transformed (raw BSON in, raw BSON events out) and sent as one `ShardBatch` carrying the
 shard's new mark: "the oplog is read through ts T, so nothing at or before T can follow". The
 batch's bytes are charged to the shard's ByteBudget before it is sent, so a slow merge stops the
@@ -19,13 +23,14 @@ from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
 from mongoformats.change_events import ChangeEvent, OplogTransformer
-from mongoformats.errors import MongoError
+from mongoformats.errors import MongoError, has_category
 from mongoformats.oplog_splice import splice_reply
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.reader")
 
+_SECONDARY_OK = {"mode": "secondaryPreferred"}
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
 
 
@@ -77,22 +82,17 @@ class ShardReader:
         # Runs splice_reply: inline by default; a worker-process pool's run_sync with readerProcesses.
         self.offload: Callable[..., Awaitable[Any]] = _inline
         self._last_noop = -1e9
+        self._primary: UpstreamConnection | None = None
 
     async def _connect(self) -> UpstreamConnection:
-        last: Exception | None = None
-        for host, port in self.hosts:
-            try:
-                conn = await open_upstream(host, port)
-                self.stats.host = f"{host}:{port}"
-                return conn
-            except UpstreamClosed as exc:
-                last = exc
-        raise UpstreamClosed(f"shard {self.shard_id}: no member reachable: {last}")
+        conn = await open_member(self.hosts, secondary=True)
+        self.stats.host = conn.address
+        return conn
 
     async def check_history(self, conn: UpstreamConnection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
         reply = await conn.command("local", {"find": "oplog.rs", "filter": {}, "sort": {"$natural": 1},
-                                             "limit": 1, "singleBatch": True})
+                                             "limit": 1, "singleBatch": True, "$readPreference": _SECONDARY_OK})
         first = reply["cursor"]["firstBatch"]
         if not first:
             return
@@ -110,6 +110,12 @@ class ShardReader:
         `checked` is set once the oplog is known to reach back to the start point, so that opening
         a stream fails at once (ChangeStreamHistoryLost) instead of at the first getMore.
         """
+        try:
+            await self._read_forever(send, checked)
+        finally:
+            await self.close_primary()
+
+    async def _read_forever(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None) -> None:
         first_connect = True
         while True:
             try:
@@ -130,12 +136,15 @@ class ShardReader:
                 self.stats.reconnects += 1
                 await trio.sleep(0.05)
             except MongoError as exc:
-                if exc.code in (43, 136):  # cursor lost (CursorNotFound, CappedPositionLost): re-open
-                    if exc.code == 136:
-                        raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
-                                         f"the read position {self.position}") from exc
-                    continue
-                raise
+                if exc.code == 136:  # CappedPositionLost
+                    raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
+                                     f"the read position {self.position}") from exc
+                if exc.code != 43 and not has_category(exc.code, "RetriableError"):
+                    raise
+                # Cursor lost, member stepped down, shutting down or recovering: another member.
+                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                self.stats.reconnects += 1
+                await trio.sleep(0.05)
             finally:
                 await conn.aclose()
 
@@ -143,8 +152,9 @@ class ShardReader:
         # Replies stay raw bytes: entries are sliced out of the reply and spliced into events,
         # here or in a worker process (readerProcesses), by the same pure function.
         op = "$gte" if self.inclusive else "$gt"
-        reply = await conn.command("local", self._batched({"find": "oplog.rs", "filter": {"ts": {op: self.position}},
-                                                           "tailable": True, "awaitData": True}))
+        reply = await conn.command("local", self._batched({
+            "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
+            "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK}))
         splice = self.transformer.token_version == 2
         expanded = self.transformer.show_expanded_events
         while True:
@@ -152,7 +162,7 @@ class ShardReader:
             if last is not None:
                 await self._deliver(items, Timestamp(*last), send)
             elif self.wants_progress(self.shard_id):
-                await self._advance_idle_shard(conn)
+                await self._advance_idle_shard()
             if not cursor_id:
                 return
             reply = await conn.command("local", self._batched({"getMore": Int64(cursor_id), "collection": "oplog.rs",
@@ -185,7 +195,7 @@ class ShardReader:
         await send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
         self.position, self.inclusive = last_ts, False
 
-    async def _advance_idle_shard(self, conn: UpstreamConnection) -> None:
+    async def _advance_idle_shard(self) -> None:
         """Write a noop so this idle shard's mark moves past events other shards are holding.
 
         Rate-limited; real servers only write their periodic noop every 10 s, which is the
@@ -197,7 +207,16 @@ class ShardReader:
             return
         self._last_noop = now
         try:
-            await conn.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
+            if self._primary is None:  # notes are writes: they go to the primary, not the member read
+                self._primary = await open_member(self.hosts, secondary=False)
+            await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
             self.stats.noops += 1
-        except MongoError as exc:
-            self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
+        except (UpstreamClosed, MongoError) as exc:
+            if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
+                self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
+            await self.close_primary()  # elections: find the primary again next time
+
+    async def close_primary(self) -> None:
+        if self._primary is not None:
+            await self._primary.aclose()
+            self._primary = None

@@ -64,8 +64,29 @@ class Applier:
         self.dbs = dbs
         # Transactions whose ops arrived (partialTxn chain, or prepared) but not yet their commit.
         self.pending: dict[tuple[bytes, int], list[Mapping[str, Any]]] = {}
+        # Retryable writes done, per session: lsid id -> (txnNumber, stmtIds). The server keeps
+        # this in config.transactions and rebuilds it from the oplog's session fields, so a new
+        # primary answers a retried statement it already has instead of applying it twice.
+        self.statements: dict[bytes, tuple[int, set[int]]] = {}
+
+    def record_statement(self, entry: Mapping[str, Any]) -> None:
+        if "stmtId" not in entry or "lsid" not in entry:
+            return
+        lsid, number = bytes(entry["lsid"]["id"]), int(entry["txnNumber"])
+        known = self.statements.get(lsid)
+        if known is None or known[0] != number:
+            known = self.statements[lsid] = (number, set())
+        known[1].add(int(entry["stmtId"]))
+
+    def executed(self, cmd: Mapping[str, Any], stmt_id: int) -> bool:
+        """Was statement `stmt_id` of this retryable write already done (a retry after a failover)?"""
+        if "txnNumber" not in cmd or "lsid" not in cmd or "autocommit" in cmd:
+            return False
+        known = self.statements.get(bytes(cmd["lsid"]["id"]))
+        return known is not None and known[0] == int(cmd["txnNumber"]) and stmt_id in known[1]
 
     def apply(self, entry: Mapping[str, Any]) -> None:
+        self.record_statement(entry)
         op = entry["op"]
         if op == "n":
             return

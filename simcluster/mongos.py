@@ -16,11 +16,11 @@ from typing import Any
 import bson
 from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 
-from mongoformats.errors import MongoError
+from mongoformats.errors import MongoError, has_category
 from simcluster import query as q
 from simcluster.aggregate import run_pipeline
 from simcluster.cursors import Cursor
-from simcluster.node import WRITE_COMMANDS, ShardNode, wait_write_concern
+from simcluster.node import WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
@@ -118,10 +118,22 @@ class Mongos(CommandServer):
             raise no_such_transaction((lsid, number))
 
     async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
-        if name.lower() in WRITE_COMMANDS:
-            for rs in self.replsets.values():
-                if len(rs.members) > 1:
-                    await wait_write_concern(rs, cmd, reply)
+        if name.lower() not in WRITE_COMMANDS:
+            return
+        # Each shard's newest entry, taken before any wait: no other task ran since the handler wrote.
+        written = [(rs, rs.primary_node.oplog.last_key()) for rs in self.replsets.values()
+                   if len(rs.members) > 1 and rs.primary_node is not None]
+        for rs, key in written:
+            try:
+                await rs.write_concern(cmd, reply, key)
+            except MongoError as exc:
+                if not has_category(exc.code, "NotPrimaryError"):
+                    raise
+                # A state-change error from a shard would make the driver mark mongos itself
+                # Unknown: mongos reports the shard connection it lost instead, which a driver
+                # retries (the retryable-write label) without doubting mongos.
+                raise MongoError("HostUnreachable", f"write to shard {rs.set_name} was interrupted :: caused by "
+                                 f":: {exc.code_name}: {exc.errmsg}") from exc
 
     def _participants(self, key: TxnKey) -> list[ShardNode]:
         return [s for _, s in sorted(self.shards.items()) if s.transactions.open(key) is not None]

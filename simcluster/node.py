@@ -47,18 +47,6 @@ def _wall(key: int) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(key >> 32, datetime.UTC)
 
 
-async def wait_write_concern(rs: ReplicaSet, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
-    """The implicit default write concern is majority (5.0+); w: 0/1 return at once. A timeout
-    is reported as the server does: the write stands, with a writeConcernError (64)."""
-    wc = cmd.get("writeConcern") or {}
-    if wc.get("w", "majority") in (0, 1):
-        return
-    primary = rs.primary_node
-    timeout = wc.get("wtimeout") or 0
-    if primary is None or not await rs.wait_majority(primary.oplog.last_key(), timeout / 1000 if timeout
-                                                      else math.inf):
-        reply["writeConcernError"] = {"code": 64, "codeName": "WriteConcernFailed",
-                                      "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": True}}
 # lsid.uid of an unauthenticated session: SHA-256 of the empty user name (mongodb-formats.md C.1).
 _ANONYMOUS_UID = __import__("hashlib").sha256(b"").digest()
 
@@ -154,7 +142,9 @@ class ShardNode(CommandServer):
                     doc = bson.decode(raw, DECODE)
                     self.oplog.append_raw(ts_key(doc["ts"]), raw)
                     self.applier.apply(doc)
-            self.in_sync = True
+            if not self.in_sync:  # RECOVERING -> SECONDARY: tell the drivers watching
+                self.in_sync = True
+                rs.notify()
             rs.member_applied()
             await trio.lowlevel.checkpoint()
 
@@ -163,6 +153,7 @@ class ShardNode(CommandServer):
         self.dbs.clear()
         self.dbs.update(copy.deepcopy(source.dbs))
         self.applier.pending = copy.deepcopy(source.applier.pending)
+        self.applier.statements = copy.deepcopy(source.applier.statements)
         self.oplog.copy_from(source.oplog)
 
     # -- what a change stream on this member may see: the majority-committed part of its oplog ---------
@@ -177,6 +168,10 @@ class ShardNode(CommandServer):
 
     async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
         lname = name.lower()
+        if not self.in_sync and lname in _SECONDARY_OK_READS:
+            # A member that rejoined serves no reads until it caught up or rolled back (RECOVERING),
+            # so no reader sees entries a rollback is about to remove.
+            raise MongoError("NotPrimaryOrSecondary", "node is not in primary or recovering state")
         if not self.is_primary:
             # State-change errors carry the topologyVersion (4.4+), so a driver that already knows
             # this version keeps the server instead of marking it Unknown (SDAM "stale errors").
@@ -190,8 +185,9 @@ class ShardNode(CommandServer):
         self.check_session(name, cmd)
 
     async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+        # The command's last write is the newest entry: no other task ran since the handler wrote.
         if name.lower() in WRITE_COMMANDS and len(self.replset.members) > 1:
-            await wait_write_concern(self.replset, cmd, reply)
+            await self.replset.write_concern(cmd, reply, self.oplog.last_key())
 
     # -- identity ----------------------------------------------------------------------------------
 
@@ -204,7 +200,7 @@ class ShardNode(CommandServer):
         primary = rs.primary_node
         out: dict[str, Any] = {
             "isWritablePrimary": self.is_primary, "hosts": rs.hosts, "setName": self.set_name, "setVersion": 1,
-            "secondary": not self.is_primary,
+            "secondary": not self.is_primary and self.in_sync,
         }
         if primary is not None:
             out["primary"] = primary.address
@@ -220,8 +216,8 @@ class ShardNode(CommandServer):
         committed = self._optime(rs.commit_key())
         members = []
         for i, m in enumerate(rs.members):
-            state, name = ((1, "PRIMARY") if m.is_primary else (2, "SECONDARY")) if m.up else \
-                (8, "(not reachable/healthy)")
+            state, name = ((1, "PRIMARY") if m.is_primary else (2, "SECONDARY") if m.in_sync else
+                           (3, "RECOVERING")) if m.up else (8, "(not reachable/healthy)")
             members.append({"_id": i, "name": m.address, "health": 1.0 if m.up else 0.0, "state": state,
                             "stateStr": name, "optime": m._optime(m.oplog.last_key()),
                             "optimeDate": _wall(m.oplog.last_key()), **({"self": True} if m is self else {})})
@@ -298,6 +294,7 @@ class ShardNode(CommandServer):
             return
         entry.update(session)
         self.oplog.append(entry)
+        self.applier.record_statement(entry)
 
     def check_session(self, name: str, cmd: dict[str, Any]) -> None:
         """A statement of a transaction this node never started fails as the server does (251)."""

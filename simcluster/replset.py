@@ -64,7 +64,7 @@ class ReplicaSet:
     def hosts(self) -> list[str]:
         return [m.address for m in self.members]
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
         for m in self.members:
@@ -103,6 +103,27 @@ class ReplicaSet:
         """writeConcern majority: wait until the commit point reaches `key`."""
         return await self.wait_commit_beyond(key - 1, trio.current_time() + timeout_s)
 
+    async def write_concern(self, cmd: dict[str, Any], reply: dict[str, Any], key: int) -> None:
+        """Wait out a write's concern; `key` is its (newest) oplog entry.
+
+        The implicit default is majority (5.0+); w: 0/1 return at once. A wtimeout is reported as
+        the server does: the write stands, with a writeConcernError (64). A write that a failover
+        rolled back fails with InterruptedDueToReplStateChange, which drivers retry.
+        """
+        wc = cmd.get("writeConcern") or {}
+        if wc.get("w", "majority") in (0, 1):
+            return
+        timeout = wc.get("wtimeout") or 0
+        if not await self.wait_majority(key, timeout / 1000 if timeout else math.inf):
+            reply["writeConcernError"] = {"code": 64, "codeName": "WriteConcernFailed",
+                                          "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": True}}
+            return
+        await self.wait_primary(20.0)
+        primary = self.primary_node
+        if primary is None or not (primary.oplog.contains(key) or key < primary.oplog.first_key()):
+            raise MongoError("InterruptedDueToReplStateChange", "operation was interrupted because the primary "
+                             "stepped down or was stopped before the write was majority committed")
+
     @property
     def oplog(self) -> Any:
         """The oplog a router reads: the primary's, else the newest live member's (same bytes up to
@@ -130,7 +151,7 @@ class ReplicaSet:
             m.state = "SECONDARY"
         winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
         self.primary_node = winner
-        self._notify()
+        self.notify()
         return winner
 
     async def _elect_after_timeout(self) -> None:
@@ -154,7 +175,7 @@ class ReplicaSet:
         node.state = "SECONDARY"
         self.primary_node = None
         if self.elect(exclude=node) is None:
-            self._notify()
+            self.notify()
             self._start(self._elect_after_timeout)
 
     # -- stopping and restarting members -----------------------------------------------------------
@@ -166,7 +187,7 @@ class ReplicaSet:
         if node is self.primary_node:
             self.primary_node = None
             node.state = "SECONDARY"
-            self._notify()
+            self.notify()
             self._start(self._elect_after_timeout)
 
     async def restart_member(self, node: ShardNode) -> None:
@@ -174,7 +195,7 @@ class ReplicaSet:
         assert self.nursery is not None
         node.up, node.in_sync, node.state = True, False, "SECONDARY"
         await self.nursery.start(node.serve)
-        self._notify()
+        self.notify()
         if self.primary_node is None:
             self._start(self._elect_after_timeout)
 

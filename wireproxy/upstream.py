@@ -19,7 +19,7 @@ from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 
-__all__ = ["UpstreamConnection", "UpstreamClosed", "open_upstream", "parse_hosts"]
+__all__ = ["UpstreamConnection", "UpstreamClosed", "open_member", "open_upstream", "parse_hosts"]
 
 
 class UpstreamClosed(Exception):
@@ -103,3 +103,37 @@ async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | N
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         raise UpstreamClosed(f"cannot connect to {host}:{port}: {exc}") from exc
     return UpstreamConnection(stream, f"{host}:{port}")
+
+
+async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
+                      ssl_context: ssl.SSLContext | None = None) -> UpstreamConnection:
+    """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
+    is reachable, else the primary (secondaryPreferred). Members that are down, recovering or in
+    rollback (neither primary nor secondary) are passed over."""
+    fallback: UpstreamConnection | None = None
+    errors = []
+    for host, port in hosts:
+        try:
+            conn = await open_upstream(host, port, ssl_context=ssl_context)
+        except UpstreamClosed as exc:
+            errors.append(str(exc))
+            continue
+        try:
+            hello = await conn.command("admin", {"hello": 1})
+        except (UpstreamClosed, MongoError) as exc:
+            errors.append(str(exc))
+            await conn.aclose()
+            continue
+        is_primary = bool(hello.get("isWritablePrimary"))
+        if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+            if fallback is not None:
+                await fallback.aclose()
+            return conn
+        if secondary and is_primary and fallback is None:
+            fallback = conn
+        else:
+            await conn.aclose()
+    if fallback is not None:
+        return fallback
+    names = ",".join(f"{h}:{p}" for h, p in hosts)
+    raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
