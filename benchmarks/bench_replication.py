@@ -1,0 +1,138 @@
+"""Replicating a backlog into a target cluster: Spark on parallel buckets vs per-event transactions.
+
+    python -m benchmarks.bench_replication --events 1000000 --baseline-events 20000
+
+Both pipelines replay the same backlog (N inserts over 8 sharded namespaces, prefilled on a
+4-shard simcluster) into a fresh target simcluster, in the same run:
+- baseline: the replay of shared/reference/004 — one native `watch()` on mongos with
+  fullDocument updateLookup and batchSize 2000, and one transaction per event on the target
+  (withTransaction around a single insert/replace/delete). Its rate does not depend on N, so it
+  runs on the first `--baseline-events` events to keep the run short;
+- ours: `spark.readStream.format("parallelchangestream")` through the proxy with 4 buckets (one
+  Spark task each, local[2]) and `replicate_batch` (ordered bulk writes per namespace run), timed
+  from query start until the target holds all N documents.
+Source, target and proxy each run in their own process. Prints the ratio (goal >= 5x) and writes
+benchmarks/results/replication.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import pymongo
+import trio
+from bson import Timestamp
+
+from benchmarks.bench_engine import ProxyProcess, _ts
+from benchmarks.common import write_results
+from bucketspark.sink import dml_op
+from simcluster.launcher import spawn_cluster
+
+NAMESPACES = [f"bench{i % 4}.c{i}" for i in range(8)]  # what simcluster.launcher.prefill writes
+
+
+def target_count(target: pymongo.MongoClient[Any]) -> int:
+    return sum(target[ns.split(".")[0]][ns.split(".")[1]].estimated_document_count() for ns in NAMESPACES)
+
+
+def clear(target: pymongo.MongoClient[Any]) -> None:
+    for db in {ns.split(".")[0] for ns in NAMESPACES}:
+        target.drop_database(db)
+
+
+def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, events: int) -> dict[str, Any]:
+    """The reference replay: native change stream, one target transaction per event."""
+    source: pymongo.MongoClient[Any] = pymongo.MongoClient(source_uri)
+    target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
+    done = 0
+    began = time.perf_counter()
+    with source.watch(start_at_operation_time=start, full_document="updateLookup", batch_size=2000) as stream:
+        for change in stream:
+            if change["operationType"] not in ("insert", "update", "replace", "delete"):
+                continue
+            coll = target[change["ns"]["db"]][change["ns"]["coll"]]
+            op = dml_op(change)
+            with target.start_session() as session:
+                session.with_transaction(lambda s, op=op, coll=coll: coll.bulk_write([op], session=s))
+            done += 1
+            if done >= events:
+                break
+    elapsed = time.perf_counter() - began
+    source.close()
+    target.close()
+    return {"events": done, "seconds": elapsed, "events_per_s": done / elapsed}
+
+
+def spark_buckets(proxy_uri: str, target_uri: str, start: Timestamp, events: int, buckets: int,
+                  timeout_s: float) -> dict[str, Any]:
+    from bucketspark.demo import spark_session
+    from bucketspark.sink import replicate_batch
+
+    spark = spark_session("pcs-bench-replication")
+    target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
+    checkpoint = tempfile.mkdtemp(prefix="pcs-bench-ckpt-")
+    batches: list[int] = []
+    try:
+        began = time.perf_counter()
+        df = (spark.readStream.format("parallelchangestream").option("uri", proxy_uri)
+              .option("nBuckets", str(buckets)).option("name", "bench-replication")
+              .option("startAtOperationTime", f"{start.time},{start.inc}").option("showExpandedEvents", "false")
+              .option("maxEventsPerTrigger", "200000").load())
+        query = (df.writeStream.foreachBatch(replicate_batch(target_uri, lambda d, e: batches.append(e)))
+                 .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start())
+        deadline = time.monotonic() + timeout_s
+        while target_count(target) < events and time.monotonic() < deadline:
+            time.sleep(0.5)
+        elapsed = time.perf_counter() - began
+        copied = target_count(target)
+        query.stop()
+    finally:
+        spark.stop()
+        target.close()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return {"events": copied, "seconds": elapsed, "events_per_s": copied / elapsed, "micro_batches": len(batches)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--baseline-events", type=int, default=20_000)
+    parser.add_argument("--buckets", type=int, default=4)
+    parser.add_argument("--timeout-s", type=float, default=3600)
+    args = parser.parse_args(argv)
+
+    source = spawn_cluster(shards=4, prefill_events=args.events)
+    target = spawn_cluster(shards=4)
+    proxy = ProxyProcess(source.uri)
+    try:
+        trio.run(proxy.wait_ready)
+        start = _ts(min(source.info["start"]))
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(target.uri)
+        print(f"backlog: {args.events:,} inserts on 4 shards; baseline on the first {args.baseline_events:,}")
+        baseline = per_event_transactions(source.uri, target.uri, start, min(args.baseline_events, args.events))
+        print(f"per-event transactions   {baseline['events_per_s']:>10,.0f} events/s "
+              f"({baseline['events']:,} in {baseline['seconds']:.1f}s)")
+        clear(client)
+        ours = spark_buckets(f"mongodb://127.0.0.1:{proxy.port}/", target.uri, start, args.events, args.buckets,
+                             args.timeout_s)
+        print(f"spark, {args.buckets} buckets          {ours['events_per_s']:>10,.0f} events/s "
+              f"({ours['events']:,} in {ours['seconds']:.1f}s, {ours['micro_batches']} micro-batches)")
+        client.close()
+    finally:
+        proxy.close()
+        source.close()
+        target.close()
+    ratio = ours["events_per_s"] / baseline["events_per_s"]
+    print(f"ratio spark/per-event-transactions: {ratio:.1f}x (goal >= 5x)")
+    write_results("replication", {"events": args.events, "buckets": args.buckets, "baseline": baseline,
+                                  "spark": ours, "ratio": ratio, "goal": 5.0},
+                  {"per-event txn": baseline["events_per_s"], f"spark {args.buckets} buckets": ours["events_per_s"]},
+                  ylabel="events/s", title=f"Replicating {args.events:,} events (ratio {ratio:.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
