@@ -130,15 +130,22 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
     return stats
 
 
-def replicate_partition(target_uri: str):  # type: ignore[no-untyped-def]
-    """A `foreachPartition` function: apply one bucket's rows (column `event`, BSON) to the target."""
+def replicate_arrow(target_uri: str):  # type: ignore[no-untyped-def]
+    """A `mapInArrow` function: apply one bucket's events (column `event`, BSON) to the target.
 
-    def apply(rows: Iterable[Any]) -> None:
+    Arrow carries the BSON column from the JVM as whole buffers; `foreachPartition` would pickle a
+    Row object per event. Yields one row: how many events the task applied.
+    """
+
+    def apply(batches: Iterable[Any]) -> Iterable[Any]:
+        import pyarrow as pa
+
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri, serverSelectionTimeoutMS=10_000)
         try:
-            apply_events(client, (bytes(r["event"]) for r in rows))
+            stats = apply_events(client, (raw for batch in batches for raw in batch.column(0).to_pylist()))
         finally:
             client.close()
+        yield pa.RecordBatch.from_pydict({"applied": [stats.applied + stats.ddl]})
 
     return apply
 
@@ -171,7 +178,7 @@ def replicate_batch(target_uri: str, on_batch: Any = None):  # type: ignore[no-u
                     segment = segment.filter(col("token") > low)
                 if token is not None:
                     segment = segment.filter(col("token") < token)
-                segment.select("event").rdd.foreachPartition(replicate_partition(target_uri))
+                segment.select("event").mapInArrow(replicate_arrow(target_uri), "applied LONG").collect()
                 if event is not None:
                     client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
                     try:

@@ -4,6 +4,8 @@ costs seconds to start)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -123,3 +125,39 @@ def test_checkpoint_with_another_nbuckets_fails_fast(env: Any, spark: Any, tmp_p
     run(2)
     with pytest.raises(Exception, match="nBuckets"):
         run(3).awaitTermination(60)
+
+
+def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_path: Any) -> None:
+    """The replication job (`pcs-replicate`) in its own process, killed -9 mid-stream and started again
+    with the same checkpoint: the target ends equal to the source, updates ($inc) applied once."""
+    source, target = client_for(env.proxy_uri), client_for(env.target.uri)
+    start = source.admin.command("ping")["operationTime"]
+    cmd = [sys.executable, "-m", "bucketspark.replicate", "--proxy", env.proxy_uri, "--target", env.target.uri,
+           "--checkpoint", str(tmp_path / "ckpt-kill"), "--name", "kill9", "--start", f"{start.time},{start.inc}",
+           "--max-events-per-trigger", "300", "--trigger-s", "0.2"]
+
+    def wait_until(cond: Any, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline and not cond():
+            time.sleep(0.3)
+        assert cond(), "condition not reached in time"
+
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        source.k9.items.insert_many([{"_id": i, "n": 0} for i in range(3000)])
+        for _ in range(3):
+            source.k9.items.update_many({"_id": {"$lt": 500}}, {"$inc": {"n": 1}})
+        wait_until(lambda: target.k9.items.count_documents({}) >= 300)
+        job.kill()  # SIGKILL: no cleanup; the checkpoint is all that survives, mid-stream
+        job.wait()
+        assert target.k9.items.count_documents({}) < 3000, "the kill should land mid-stream"
+        source.k9.items.delete_many({"_id": {"$gte": 2900}})
+        source.k9.more.insert_many([{"_id": i} for i in range(100)])
+        job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: converged(source, target, ("k9",)))
+        assert target.k9.items.count_documents({"n": 3}) == 500
+    finally:
+        job.kill()
+        job.wait()
+        source.close()
+        target.close()
