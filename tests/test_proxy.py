@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 
 import bson
 import pytest
@@ -199,3 +200,37 @@ async def test_retryable_write_survives_a_dropped_connection(proxy):
         c.t.r.insert_one({"_id": 1})
         assert c.t.r.count_documents({}) == 2
     await sync(work)
+
+
+async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
+    """`wireproxy` as users run it: SIGTERM stops accepting, lets the request in flight finish, exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", cluster.uri,
+                             "--listen", f"127.0.0.1:{port}", "--shutdown-grace-s", "5"], stderr=subprocess.DEVNULL)
+    try:
+        def work():
+            c = client(f"mongodb://127.0.0.1:{port}/", retryReads=False, serverSelectionTimeoutMS=2000)
+            c.t.c.insert_many([{"_id": i} for i in range(10)])
+            # mongos holds the next find for 1.5 s: SIGTERM arrives while it is in flight.
+            c.admin.command("configureFailPoint", "failCommand", mode={"times": 1},
+                            data={"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 1500})
+            import threading
+
+            threading.Timer(0.4, proc.send_signal, (signal.SIGTERM,)).start()
+            started = time.monotonic()
+            assert len(list(c.t.c.find())) == 10  # the in-flight request completed
+            assert time.monotonic() - started >= 1.4
+            c.close()
+            assert proc.wait(10) == 0
+            with pytest.raises(OSError):  # no longer accepting
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        await sync(work)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accelerate-change-streams", action="store_true", default=None)
     parser.add_argument("--reader-processes", type=int,
                         help="worker processes turning oplog batches into events (default 0: in the proxy)")
+    parser.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, how long in-flight requests get")
     args = parser.parse_args(argv)
     config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
     config = ProxyConfig.from_env(base=config)
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         changes["accelerate_change_streams"] = True
     if args.reader_processes is not None:
         changes["reader_processes"] = args.reader_processes
+    if args.shutdown_grace_s is not None:
+        changes["shutdown_grace_s"] = args.shutdown_grace_s
     config = dataclasses.replace(config, **changes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()
