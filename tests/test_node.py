@@ -51,3 +51,13 @@ async def test_mongosh_through_the_proxy_and_directly(cluster, proxy):
         out = await _run(str(MONGOSH), uri, "--quiet", "--norc", "--eval", script)
         line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
         assert json.loads(line)["n"] >= 1
+
+
+@pytest.mark.skipif(not MONGOSH.exists(), reason="mongosh is not installed")
+async def test_mongosh_script_through_the_proxy(proxy):
+    """CRUD, bulkWrite, getMore, killCursors, a multi-shard transaction, retryable writes and
+    watch() on a collection and on the cluster, from mongosh unmodified."""
+    out = await _run(str(MONGOSH), proxy_uri(proxy), "--quiet", "--norc", "--file",
+                     str(ROOT / "tests" / "node" / "shell.js"))
+    result = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    assert result == {"ok": True, "n": 251, "buckets": 2}
