@@ -78,12 +78,13 @@ class Applier:
             known = self.statements[lsid] = (number, set())
         known[1].add(int(entry["stmtId"]))
 
-    def executed(self, cmd: Mapping[str, Any], stmt_id: int) -> bool:
-        """Was statement `stmt_id` of this retryable write already done (a retry after a failover)?"""
-        if "txnNumber" not in cmd or "lsid" not in cmd or "autocommit" in cmd:
+    def already_done(self, session: Mapping[str, Any]) -> bool:
+        """Was this retryable-write statement (its session fields: lsid, txnNumber, stmtId) done
+        already, e.g. before a failover the driver retried across?"""
+        if "stmtId" not in session:
             return False
-        known = self.statements.get(bytes(cmd["lsid"]["id"]))
-        return known is not None and known[0] == int(cmd["txnNumber"]) and stmt_id in known[1]
+        known = self.statements.get(bytes(session["lsid"]["id"]))
+        return known is not None and known[0] == int(session["txnNumber"]) and int(session["stmtId"]) in known[1]
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         self.record_statement(entry)

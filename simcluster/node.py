@@ -331,6 +331,8 @@ class ShardNode(CommandServer):
         return q.run_inserts(f"{db}.{cmd['insert']}", cmd, lambda doc: self)
 
     def update_docs(self, ns: str, spec: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
+        if self.applier.already_done(session):  # a retried statement: it matched and modified one
+            return {"n": 1, "nModified": 1}
         coll = self.coll(ns)
         filt, upd = spec.get("q", {}), spec.get("u", {})
         if isinstance(upd, list):
@@ -388,6 +390,8 @@ class ShardNode(CommandServer):
 
     def delete_docs(self, ns: str, filt: dict[str, Any], limit: int, session: dict[str, Any],
                     *, from_migrate: bool = False) -> int:
+        if self.applier.already_done(session):  # a retried statement: it deleted one
+            return 1
         coll = self.coll(ns)
         if coll is None:
             return 0

@@ -241,11 +241,12 @@ def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any
     n = 0
     for i, doc in enumerate(cmd.get("documents", [])):
         node = node_for(doc)
-        if node.applier.executed(cmd, i):  # a retried statement the shard already has: done
+        session = node._session_fields(cmd, i)
+        if node.applier.already_done(session):  # a retried statement the shard already has: done
             n += 1
             continue
         try:
-            node.insert_one(ns, doc, node._session_fields(cmd, i), raw=raws[i] if raws else None)
+            node.insert_one(ns, doc, session, raw=raws[i] if raws else None)
             n += 1
         except MongoError as exc:
             errors.append(write_error(i, exc))

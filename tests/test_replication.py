@@ -12,7 +12,7 @@ from __future__ import annotations
 import bson
 import pytest
 import trio
-from bson import Timestamp
+from bson import Int64, Timestamp
 from pymongo import ReadPreference
 from pymongo.errors import NotPrimaryError
 from pymongo.read_concern import ReadConcern
@@ -162,4 +162,36 @@ async def test_failover_after_a_primary_stops_and_rollback_on_its_return():
         assert not old.is_primary and old.in_sync
         assert _oplog(old) == _oplog(rs.primary), "the returning member rolled back to the primary's history"
         assert _docs(old, "t.c") == _docs(rs.primary, "t.c")
+        await sync(_close_all)
+
+
+async def test_a_retried_write_statement_is_applied_once():
+    """The server keeps retryable-write results per (lsid, txnNumber, stmtId) (config.transactions):
+    the same statement sent again is acknowledged, not applied again, also by a new primary."""
+    bump = {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}], "txnNumber": Int64(103)}
+    async with open_cluster(shards=1, members=3) as cluster:
+        c = client(cluster.uri)
+        # pymongo puts its lsid on each command; the txnNumbers are ours, above any it used itself.
+        session = c.start_session()
+
+        def send_twice(cmd):
+            return [c.t.command(cmd, session=session)["n"] for _ in range(2)]  # the statement, then its retry
+
+        def work():
+            c.t.c.insert_one({"_id": 1, "n": 0})
+            assert send_twice({"insert": "c", "documents": [{"_id": 2}], "txnNumber": Int64(101)}) == [1, 1]
+            assert send_twice({"delete": "c", "deletes": [{"q": {"_id": 2}, "limit": 1}],
+                               "txnNumber": Int64(102)}) == [1, 1]
+            assert send_twice(bump) == [1, 1]
+            return c.t.c.find_one({"_id": 1})["n"], c.t.c.count_documents({})
+        assert await sync(work) == (1, 1)
+        rs = cluster.replsets["shard0"]
+        await _settled(rs)
+        await rs.step_down(rs.primary, 60, 10, False)
+
+        def retry_on_the_new_primary():
+            c.t.command(bump, session=session)
+            return c.t.c.find_one({"_id": 1})["n"]
+        assert await sync(retry_on_the_new_primary) == 1
+        await sync(session.end_session)
         await sync(_close_all)
