@@ -22,7 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
-from bucketspark.rows import SCHEMA, event_row
+from bucketspark.rows import SCHEMA, arrow_batches, arrow_schema, event_row
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,14 @@ def _start_args(options: Options) -> dict[str, Any]:
     return {"startAtOperationTime": Timestamp(int(t), int(i or 0))}
 
 
-def _read(partition: BucketPartition) -> Iterator[tuple[Any, ...]]:
+def _read(partition: BucketPartition) -> Iterator[Any]:
+    """One bucket's events in (start, end], as Arrow record batches of rows."""
     client = client_for(partition.spec.uri)
     try:
-        for ev in read_bucket(client, partition.spec, partition.bucket, partition.start, partition.end,
-                              batch_size=partition.batch_size):
-            yield event_row(partition.bucket, ev, with_json=partition.with_json)
+        events = read_bucket(client, partition.spec, partition.bucket, partition.start, partition.end,
+                             batch_size=partition.batch_size)
+        rows = (event_row(partition.bucket, ev, with_json=partition.with_json) for ev in events)
+        yield from arrow_batches(rows, arrow_schema())
     finally:
         client.close()
 
@@ -108,7 +110,7 @@ class _ReaderOptions:
     def partition(self, bucket: int, start: str, end: str) -> BucketPartition:
         return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, BucketPartition)
         return _read(partition)
 
