@@ -412,8 +412,7 @@ class Engine:
     def _drop_cursor(self, cid: int) -> None:
         cur = self.cursors.pop(cid, None)
         if cur is not None:
-            cur.bucket.cursors.discard(cur)
-            cur.bucket.notify()
+            cur.bucket.detach(cur)
         private = self._private.pop(cid, None)
         if private is not None:
             private.close()

@@ -78,6 +78,10 @@ class Bucket:
         self.cursors: set[BucketCursor] = set()
         self.delivered_total = 0
         self.waiting = 0               # getMores parked on this bucket right now
+        # How far consumers that have since left had read (absolute index). With no cursor open
+        # (a Spark micro-batch ended; the next attaches after where it stopped), only events up
+        # to here may be freed: the rest is what the next consumer will ask for.
+        self.read_mark = 0
 
     @property
     def end(self) -> int:
@@ -94,14 +98,15 @@ class Bucket:
         self.changed = trio.Event()
 
     def _drop_delivered(self, need: int) -> None:
-        """Free retained events that every live cursor has passed, oldest first.
+        """Free retained events that every live cursor (or, with none, the last to leave) has passed,
+        oldest first.
 
         Frees down to 7/8 of the budget in one slice deletion, so the list shift is paid once per
         eighth of the budget rather than once per event (which made a full bucket quadratic).
         """
         if self.budget.used + need <= self.budget.limit:
             return
-        safe = min((c.position for c in self.cursors), default=self.end) - self.base
+        safe = min((c.position for c in self.cursors), default=self.read_mark) - self.base
         target = self.budget.limit * 7 // 8 - need
         k = freed = 0
         events = self.events
@@ -114,6 +119,11 @@ class Bucket:
             del self.keys[:k]
             self.base += k
             self.budget.release(freed)
+
+    def detach(self, cursor: BucketCursor) -> None:
+        self.cursors.discard(cursor)
+        self.read_mark = max(self.read_mark, cursor.position)
+        self.notify()
 
     def put_nowait(self, event: ChangeEvent) -> bool:
         """Append `event` if it fits now (the pump's fast path); False if the caller must `put`.

@@ -1,8 +1,9 @@
 """The demo (README command 1): replicate a sharded cluster into another with Spark, then verify.
 
 Starts a 3-shard simcluster as source and another as target, the proxy in front of the source, a
-mixed workload (inserts, every update kind, replaces, deletes, DDL, a chunk migration) with a
-progress bar, and a Spark streaming job with one task per bucket replicating through the proxy.
+mixed workload (inserts, every update kind, replaces, deletes, multi-shard transactions, DDL, a
+chunk migration) with a progress bar, and a Spark streaming job with one task per bucket
+replicating through the proxy.
 When the target has caught up it compares every collection (count, content hash, indexes),
 prints a summary, writes a PNG of throughput per bucket, and exits non-zero on any mismatch.
 """
@@ -71,10 +72,20 @@ def run_workload(client: pymongo.MongoClient[Any], ops: int, seed: int = 7) -> i
                     else:
                         crm.customers.update_many({"visits": {"$lt": 1}}, {"$inc": {"visits": 1}})
                 done += batch // 4
-            elif choice < 0.9:
+            elif choice < 0.82:
                 for _ in range(batch // 8):
                     shop.orders.delete_one({"_id": rng.randrange(max(next_id, 1))})
                 done += batch // 8
+            elif choice < 0.9:
+                # A transaction across shards (orders is hashed) and collections: pay an order, log it.
+                for _ in range(5):
+                    oid = rng.randrange(max(next_id, 1))
+                    with client.start_session() as s:
+                        s.with_transaction(lambda s, oid=oid: (
+                            shop.orders.update_many({"_id": {"$in": [oid, oid + 1]}}, {"$set": {"paid": True}},
+                                                    session=s),
+                            crm.payments.insert_one({"order": oid, "amount": rng.randrange(1, 99)}, session=s)))
+                done += 10
             else:
                 shop.items.insert_many([{"sku": f"sku-{next_sku + i}", "price": i} for i in range(10)])
                 next_sku += 10

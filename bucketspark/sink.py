@@ -92,16 +92,46 @@ DML = frozenset({"insert", "update", "replace", "delete"})
 FLUSH_OPS = 1000  # ops per namespace held before they are written: bounds a task's memory
 
 
+def _txn_key(ev: Mapping[str, Any]) -> tuple[bytes, int] | None:
+    if "txnNumber" not in ev or "lsid" not in ev:
+        return None
+    return bytes(ev["lsid"]["id"]), int(ev["txnNumber"])
+
+
+def _write_unit(client: pymongo.MongoClient[Any], ops: list[tuple[tuple[str, str], Any]]) -> None:
+    """A source transaction's events (this bucket's share of it) as one target transaction, so a
+    reader of the target never sees half of it; plainly where the target has no transactions."""
+    by_ns: dict[tuple[str, str], list[Any]] = {}
+    for ns, op in ops:
+        by_ns.setdefault(ns, []).append(op)
+
+    def body(session: Any) -> None:
+        for (db, coll), run in by_ns.items():
+            client[db][coll].bulk_write(run, ordered=True, session=session)
+
+    with client.start_session() as session:
+        try:
+            session.with_transaction(body)
+        except OperationFailure as exc:
+            if exc.code != 20:  # IllegalOperation: a standalone target cannot run transactions
+                raise
+            body(None)
+
+
 def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str, Any] | bytes]) -> ApplyStats:
     """Apply events (decoded dicts or raw BSON) in order to the target cluster behind `client`.
 
     DML is gathered per namespace and written as ordered bulk writes: the order that matters is
     each namespace's own (a bucket interleaves several), so a bucket whose namespaces alternate
     still gets 1000-op bulk writes instead of one round trip per event. A DDL event writes
-    everything gathered before it, then applies, so it stays a barrier.
+    everything gathered before it, then applies, so it stays a barrier. The events of one source
+    transaction (consecutive in a bucket: same lsid and txnNumber) are written as one target
+    transaction, after what was gathered before them.
     """
     stats = ApplyStats()
     runs: dict[tuple[str, str], list[Any]] = {}
+    unit: list[tuple[tuple[str, str], Any]] = []
+    unit_key: tuple[bytes, int] | None = None
 
     def flush(ns: tuple[str, str] | None = None) -> None:
         for key in [ns] if ns is not None else list(runs):
@@ -109,14 +139,27 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
             if ops:
                 client[key[0]][key[1]].bulk_write(ops, ordered=True)
 
+    def end_unit() -> None:
+        nonlocal unit, unit_key
+        if unit:
+            flush()
+            _write_unit(client, unit)
+        unit, unit_key = [], None
+
     for raw in events:
         ev = bson.decode(raw) if isinstance(raw, (bytes, bytearray)) else raw
         kind = ev["operationType"]
         stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
+        txn = _txn_key(ev) if kind in DML else None
+        if txn != unit_key:
+            end_unit()
+            unit_key = txn
         if kind in DML:
             ns = (ev["ns"]["db"], ev["ns"]["coll"])
             op = dml_op(ev)
-            if op is not None:
+            if op is not None and txn is not None:
+                unit.append((ns, op))
+            elif op is not None:
                 run = runs.setdefault(ns, [])
                 run.append(op)
                 if len(run) >= FLUSH_OPS:
@@ -126,6 +169,7 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
             flush()
             apply_ddl(client, ev)
             stats.ddl += 1
+    end_unit()
     flush()
     return stats
 

@@ -98,9 +98,13 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: 
         source.rs.other.insert_many([{"_id": i} for i in range(50)])
         source.rs.command({"collMod": "items", "validationLevel": "moderate"})
         source.admin.command({"renameCollection": "rs.other", "to": "rs.renamed"})
+        with source.start_session() as s:  # replayed as one target transaction per bucket
+            s.with_transaction(lambda s: (source.rs.items.update_one({"_id": 1}, {"$set": {"paid": True}}, session=s),
+                                          source.rs.ledger.insert_one({"_id": 1, "amount": 5}, session=s)))
         query = start_query()
         wait_until(lambda: converged(source, target, ('rs',)))
         assert target.rs.items.count_documents({"low": True}) == 100
+        assert target.rs.items.find_one({"_id": 1})["paid"] and target.rs.ledger.count_documents({}) == 1
         assert "v_idx" in [ix["name"] for ix in target.rs.items.list_indexes()]
         assert "renamed" in target.rs.list_collection_names() and "other" not in target.rs.list_collection_names()
         progress = query.recentProgress
