@@ -20,7 +20,7 @@ from mongoformats.errors import MongoError, has_category
 from simcluster import query as q
 from simcluster.aggregate import run_pipeline
 from simcluster.cursors import Cursor
-from simcluster.node import WRITE_COMMANDS, ShardNode
+from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
@@ -104,11 +104,13 @@ class Mongos(CommandServer):
     # -- transactions ------------------------------------------------------------------------------
 
     async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
-        # During an election mongos waits for the new primary (defaultFindReplicaSetHostTimeoutMS,
-        # 20 s) before it fails with FailedToSatisfyReadPreference.
-        for rs in self.replsets.values():
-            if rs.primary_node is None:
-                await rs.wait_primary(20.0)
+        # During an election a command for the shards waits for the new primary
+        # (defaultFindReplicaSetHostTimeoutMS, 20 s) before it fails with FailedToSatisfyReadPreference;
+        # what mongos answers itself (hello, ping, ...) does not wait.
+        if name.lower() in WRITE_COMMANDS or name.lower() in READ_COMMANDS:
+            for rs in self.replsets.values():
+                if rs.primary_node is None:
+                    await rs.wait_primary(20.0)
         if cmd.get("autocommit") is not False or "lsid" not in cmd:
             return
         lsid, number = txn_key(cmd)

@@ -39,7 +39,7 @@ OPLOG_NS = "local.oplog.rs"
 WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findandmodify", "create", "drop", "dropdatabase",
                             "createindexes", "dropindexes", "collmod", "renamecollection", "appendoplognote",
                             "committransaction", "aborttransaction"})
-_SECONDARY_OK_READS = frozenset({"find", "aggregate", "count", "distinct", "listcollections", "listindexes",
+READ_COMMANDS = frozenset({"find", "aggregate", "count", "distinct", "listcollections", "listindexes",
                                  "listdatabases", "dbstats", "collstats"})
 
 
@@ -166,7 +166,7 @@ class ShardNode(CommandServer):
 
     async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
         lname = name.lower()
-        if not self.in_sync and lname in _SECONDARY_OK_READS:
+        if not self.in_sync and lname in READ_COMMANDS:
             # A member that rejoined serves no reads until it caught up or rolled back (RECOVERING),
             # so no reader sees entries a rollback is about to remove.
             raise MongoError("NotPrimaryOrSecondary", "node is not in primary or recovering state")
@@ -178,7 +178,7 @@ class ShardNode(CommandServer):
                 raise MongoError("NotWritablePrimary", "not primary", topologyVersion=tv)
             rp = cmd.get("$readPreference")
             secondary_ok = isinstance(rp, dict) and rp.get("mode", "primary") != "primary"
-            if lname in _SECONDARY_OK_READS and not secondary_ok:
+            if lname in READ_COMMANDS and not secondary_ok:
                 raise MongoError("NotPrimaryNoSecondaryOk", "not primary and secondaryOk=false", topologyVersion=tv)
         self.check_session(name, cmd)
 
