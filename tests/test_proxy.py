@@ -234,3 +234,37 @@ async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_max_connections_and_idle_timeout(cluster):
+    """Past max_connections a client is refused (closed at once); an idle client is closed after
+    idle_timeout_s; the clients within the limits keep working."""
+    async with trio.open_nursery() as nursery:
+        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, max_connections=2, idle_timeout_s=0.5))
+        await nursery.start(server.serve)
+        hello = wire.encode_op_msg(1, 0, bson.encode({"hello": 1, "$db": "admin"}))
+
+        async def ask(stream: trio.SocketStream) -> bool:
+            await stream.send_all(hello)
+            framer = wire.MessageFramer()
+            while (msg := framer.next_message()) is wire.NEED_DATA:
+                data = await stream.receive_some(1 << 16)
+                if not data:
+                    return False
+                framer.receive_data(data)
+            return bson.decode(msg.body)["ok"] == 1.0
+
+        first = await trio.open_tcp_stream("127.0.0.1", server.port)
+        second = await trio.open_tcp_stream("127.0.0.1", server.port)
+        assert await ask(first) and await ask(second)
+        third = await trio.open_tcp_stream("127.0.0.1", server.port)
+        with trio.fail_after(5):
+            assert await third.receive_some(10) == b""  # refused: closed without a reply
+        await trio.sleep(0.8)  # past the idle timeout: the proxy closed the first two
+        with trio.fail_after(5):
+            assert await first.receive_some(10) == b""
+        fresh = await trio.open_tcp_stream("127.0.0.1", server.port)  # room again
+        assert await ask(fresh)
+        for s in (first, second, third, fresh):
+            await s.aclose()
+        nursery.cancel_scope.cancel()
