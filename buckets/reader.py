@@ -113,7 +113,7 @@ class ShardReader:
         try:
             await self._read_forever(send, checked)
         finally:
-            await self.close_primary()
+            await self._close_primary()
 
     async def _read_forever(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None) -> None:
         first_connect = True
@@ -214,9 +214,9 @@ class ShardReader:
         except (UpstreamClosed, MongoError) as exc:
             if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
                 self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
-            await self.close_primary()  # elections: find the primary again next time
+            await self._close_primary()  # elections: find the primary again next time
 
-    async def close_primary(self) -> None:
+    async def _close_primary(self) -> None:
         if self._primary is not None:
             await self._primary.aclose()
             self._primary = None

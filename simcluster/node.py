@@ -194,7 +194,7 @@ class ShardNode(CommandServer):
 
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
         rs = self.replset
-        last, committed = self.oplog.last_key(), min(rs.commit_key(), self.oplog.last_key())
+        last, committed = self.oplog.last_key(), self.commit_key()
         primary = rs.primary_node
         out: dict[str, Any] = {
             "isWritablePrimary": self.is_primary, "hosts": rs.hosts, "setName": self.set_name, "setVersion": 1,

@@ -64,9 +64,14 @@ class ReplicaSet:
     def hosts(self) -> list[str]:
         return [m.address for m in self.members]
 
-    def notify(self) -> None:
+    def _wake(self) -> None:
+        """Wake everything waiting on the set: for a primary, a caught-up member, the commit point."""
         self._changed.set()
         self._changed = trio.Event()
+
+    def notify(self) -> None:
+        """A role changed: wake the set's waiters and the drivers' awaitable hellos."""
+        self._wake()
         for m in self.members:
             m.bump_topology()
 
@@ -86,8 +91,7 @@ class ReplicaSet:
         keys = sorted((m.oplog.last_key() for m in self.members if m.up and m.in_sync), reverse=True)
         if len(keys) >= self.majority and keys[self.majority - 1] > self._commit:
             self._commit = keys[self.majority - 1]
-            self._changed.set()
-            self._changed = trio.Event()
+            self._wake()
 
     async def wait_commit_beyond(self, key: int, deadline: float) -> bool:
         if len(self.members) == 1:
@@ -163,11 +167,14 @@ class ReplicaSet:
         if node is not self.primary_node:
             raise MongoError("NotWritablePrimary", "not primary so can't step down")
         target = node.oplog.last_key()
+
+        def caught_up() -> bool:
+            return any(m is not node and m.up and m.oplog.last_key() >= target for m in self.members)
+
         with trio.move_on_after(catch_up_s):
-            while not any(m is not node and m.up and m.oplog.last_key() >= target for m in self.members):
+            while not caught_up():
                 await self._changed.wait()
-        caught_up = any(m is not node and m.up and m.oplog.last_key() >= target for m in self.members)
-        if not caught_up and not force:
+        if not caught_up() and not force:
             raise MongoError("ExceededTimeLimit", "No electable secondaries caught up as of "
                              f"{trio.current_time():.3f}. Please use the replSetStepDown command with the argument "
                              "{force: true} to force node to step down.")
