@@ -21,6 +21,15 @@ from bucketspark.sink import replicate_batch  # noqa: E402
 pytestmark = pytest.mark.spark
 
 
+def wait_until(cond: Any, timeout: float = 120) -> None:
+    """Poll `cond` until it holds or the deadline passes: Spark's progress and the target's state
+    are outside this process, with no event to wait on."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
 def env() -> Any:
     with embedded_environment(shards=3) as e:
@@ -77,21 +86,13 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: 
         return (df.writeStream.foreachBatch(replicate_batch(env.target.uri)).option("checkpointLocation", checkpoint)
                 .trigger(processingTime="500 milliseconds").start())
 
-    def wait_until(cond: Any, timeout: float = 90) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if cond():
-                return
-            time.sleep(0.5)
-        raise AssertionError("condition not reached in time")
-
     try:
         query = start_query()
-        wait_until(lambda: query.lastProgress is not None)
+        wait_until(lambda: query.lastProgress is not None, timeout=90)
         source.rs.items.insert_many([{"_id": i, "v": i} for i in range(500)])
         source.rs.items.create_index("v", name="v_idx")
         source.rs.items.update_many({"v": {"$lt": 100}}, {"$set": {"low": True}})
-        wait_until(lambda: target.rs.items.count_documents({}) >= 200)
+        wait_until(lambda: target.rs.items.count_documents({}) >= 200, timeout=90)
         # Crash-stop the query mid-stream (its checkpoint is all that survives), write more, restart.
         query.stop()
         source.rs.items.delete_many({"v": {"$gte": 450}})
@@ -102,7 +103,7 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: 
             s.with_transaction(lambda s: (source.rs.items.update_one({"_id": 1}, {"$set": {"paid": True}}, session=s),
                                           source.rs.ledger.insert_one({"_id": 1, "amount": 5}, session=s)))
         query = start_query()
-        wait_until(lambda: converged(source, target, ('rs',)))
+        wait_until(lambda: converged(source, target, ('rs',)), timeout=90)
         assert target.rs.items.count_documents({"low": True}) == 100
         assert target.rs.items.find_one({"_id": 1})["paid"] and target.rs.ledger.count_documents({}) == 1
         assert "v_idx" in [ix["name"] for ix in target.rs.items.list_indexes()]
@@ -139,12 +140,6 @@ def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_pa
     cmd = [sys.executable, "-m", "bucketspark.replicate", "--proxy", env.proxy_uri, "--target", env.target.uri,
            "--checkpoint", str(tmp_path / "ckpt-kill"), "--name", "kill9", "--start", f"{start.time},{start.inc}",
            "--max-events-per-trigger", "300", "--trigger-s", "0.2"]
-
-    def wait_until(cond: Any, timeout: float = 120) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline and not cond():
-            time.sleep(0.3)
-        assert cond(), "condition not reached in time"
 
     job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
