@@ -295,6 +295,7 @@ class Engine:
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
         if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
+            stream.replays += 1
             stream = await self._create(f"{name}#replay", stream.options.n_buckets,
                                         {**cmd, "nBuckets": stream.options.n_buckets,
                                          "showExpandedEvents": stream.options.show_expanded_events,

@@ -106,7 +106,7 @@ class Bucket:
         """
         if self.budget.used + need <= self.budget.limit:
             return
-        safe = min((c.position for c in self.cursors), default=self.read_mark) - self.base
+        safe = min((c.acked for c in self.cursors), default=self.read_mark) - self.base
         target = self.budget.limit * 7 // 8 - need
         k = freed = 0
         events = self.events
@@ -122,7 +122,7 @@ class Bucket:
 
     def detach(self, cursor: BucketCursor) -> None:
         self.cursors.discard(cursor)
-        self.read_mark = max(self.read_mark, cursor.position)
+        self.read_mark = max(self.read_mark, cursor.acked)
         self.notify()
 
     def put_nowait(self, event: ChangeEvent) -> bool:
@@ -168,6 +168,14 @@ class BucketCursor:
     owner: str
     ns: str
     batch_size: int | None = None
+    # Where the consumer has surely been: the start of the last batch handed out. A consumer that
+    # stops inside a batch (a Spark task reading up to its end token, which then kills the
+    # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing
+    # up to `position` made the next micro-batch fall back to re-reading the oplogs.
+    acked: int = -1
+
+    def __post_init__(self) -> None:
+        self.acked = self.position
     last_key: bytes = b""
     last_token: dict[str, Any] = field(default_factory=dict)
     exhausted: bool = False
@@ -196,6 +204,7 @@ class BucketCursor:
             from mongoformats.errors import MongoError
 
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
+        self.acked = self.position  # asking for more means the previous batch was taken
         start = self.position - bucket.base
         batch: list[ChangeEvent] = []
         size = 0
@@ -244,6 +253,7 @@ class ParallelStream:
             reader.wants_progress = self._shard_holds_back
         self.error: Exception | None = None
         self.events_merged = 0
+        self.replays = 0     # attaches older than retention, served by re-reading the oplogs
         self.last_active = 0.0
         self.started = trio.Event()
         self._frontier = b""
@@ -382,7 +392,7 @@ class ParallelStream:
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
-            "mergeQueue": len(self.merge),
+            "mergeQueue": len(self.merge), "replays": self.replays,
             "error": str(self.error) if self.error else None,
             "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts, "entriesRead": r.stats.entries,
                         "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,

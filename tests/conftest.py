@@ -7,6 +7,7 @@ the servers keep running on the trio thread. Each such call has a deadline.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -72,3 +73,12 @@ async def proxy(cluster: SimCluster) -> AsyncIterator[ProxyServer]:
 
 def proxy_uri(server: ProxyServer) -> str:
     return f"mongodb://127.0.0.1:{server.port}/"
+
+
+def wait_until(cond: Any, timeout: float = 120) -> None:
+    """Poll `cond` until it holds or the deadline passes: Spark's progress, a proxy's buffers and a
+    target's state are outside the test's thread, with no event to wait on."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.3)

@@ -23,7 +23,7 @@ from buckets.bucketing import bucket_of
 from mongoformats.change_events import RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from simcluster import open_cluster
-from tests.conftest import client, proxy_uri, sync
+from tests.conftest import client, proxy_uri, sync, wait_until
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -220,6 +220,45 @@ async def test_slow_consumer_stays_within_the_byte_budgets(cluster, proxy):
         end = end_point(c)
         events = drain(c, opened["cursors"][0]["id"], end, timeout=60)
         assert len([e for e in events if e["operationType"] == "insert"]) == 2000  # nothing lost
+    await sync(work)
+
+
+async def test_a_consumer_that_stops_inside_a_batch_resumes_from_memory(cluster, proxy):
+    """A Spark task reads up to its end token, which may lie inside the last batch it fetched,
+    then kills its cursor. The next micro-batch attaches after that token: even once the bucket is
+    full, the proxy must still hold what follows it, not fall back to re-reading the oplogs."""
+    def work():
+        c = client(proxy_uri(proxy))
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "inside",
+                                  "bucketBufferBytes": 30_000})
+        c.m.c.insert_many([{"_id": i, "pad": "p" * 100} for i in range(100)])
+        end_point(c)
+        cid = opened["cursors"][0]["id"]
+        got: list[RawBSONDocument] = []
+        while len(got) < 60:
+            r = c.admin.command({"getMore": cid, "collection": NS, "batchSize": 100, "maxTimeMS": 300},
+                                codec_options=RAW)
+            got += list(r["cursor"]["nextBatch"])
+        c.admin.command({"killCursors": NS, "cursors": [cid]})
+        taken = got[:30]  # the task's end token was the 30th event of its last batch
+        c.m.c.insert_many([{"_id": i, "pad": "p" * 100} for i in range(100, 400)])
+        wait_until(lambda: c.admin.command({"parallelChangeStreamStatus": 1, "name": "inside"})
+                   ["streams"][0]["buckets"][0]["bytes"] > 25_000)
+        session = c.start_session()
+        att = c.admin.command({"parallelChangeStream": 1, "name": "inside", "bucket": 0,
+                               "resumeAfter": taken[-1]["_id"], "batchSize": 50}, codec_options=RAW,
+                              session=session)
+        cursor = CommandCursor(c.admin[NS], att["cursor"], c.address, max_await_time_ms=300, session=session)
+        rest = []
+        for ev in cursor:
+            rest.append(ev["documentKey"]["_id"])
+            if len(rest) == 370:
+                break
+        cursor.close()
+        session.end_session()
+        assert rest == list(range(30, 400))
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "inside"})["streams"][0]
+        assert status["replays"] == 0
     await sync(work)
 
 

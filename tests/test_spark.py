@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -17,17 +16,9 @@ from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, re
 from bucketspark.demo import converged, spark_session  # noqa: E402
 from bucketspark.embedded import embedded_environment  # noqa: E402
 from bucketspark.sink import replicate_batch  # noqa: E402
+from tests.conftest import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.spark
-
-
-def wait_until(cond: Any, timeout: float = 120) -> None:
-    """Poll `cond` until it holds or the deadline passes: Spark's progress and the target's state
-    are outside this process, with no event to wait on."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
