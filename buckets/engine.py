@@ -30,12 +30,13 @@ from bson.raw_bson import RawBSONDocument
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
+from buckets.topology import Topology, read_topology
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import array_of
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
-from wireproxy.upstream import UpstreamConnection, open_member, parse_hosts
+from wireproxy.upstream import UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.engine")
 
@@ -151,19 +152,12 @@ class Engine:
         return {sid: bson.decode(r.raw)["cursor"]["firstBatch"][0] for sid, r in replies.items()
                 if r["cursor"]["firstBatch"]}
 
-    async def _discover(self) -> tuple[dict[str, list[tuple[str, int]]], Timestamp]:
+    async def _discover(self) -> Topology:
         up = await self.connect_upstream()
         try:
-            shards = await up.command("admin", {"listShards": 1})
-            hello = await up.command("admin", {"hello": 1})
+            return await read_topology(up)
         finally:
             await up.aclose()
-        out = {}
-        for s in shards["shards"]:
-            host = s["host"].split("/", 1)[-1]
-            out[s["_id"]] = parse_hosts("mongodb://" + host)
-        ct = hello.get("operationTime") or hello["$clusterTime"]["clusterTime"]
-        return out, ct
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -215,7 +209,8 @@ class Engine:
 
     async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
                       scope: tuple[str, str | None] | None = None) -> ParallelStream:
-        shards, now = await self._discover()
+        topology = await self._discover()
+        now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if isinstance(tokens, list):
             if len(tokens) != n:
@@ -245,7 +240,8 @@ class Engine:
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
-        stream = ParallelStream(name, options, shards, start, floors, keep=keep)
+        stream = ParallelStream(name, options, topology, start, floors, keep=keep,
+                                connect_upstream=self.connect_upstream)
         stream.last_active = trio.current_time()
         assert self._nursery is not None, "Engine.run() must be started first"
         self._nursery.start_soon(stream.run)
@@ -364,7 +360,7 @@ class Engine:
         if not await self.lacks_expanded_events() or not isinstance(cmd[name], str):
             raise PassThrough()
         ns = target_namespace(db, cmd)
-        shards, _ = await self._discover()
+        shards = (await self._discover()).shards
         before = await self._holders(shards, ns)
         up = await session.get_upstream()
         specs = None

@@ -33,6 +33,13 @@ class MergedQueue:
     def shards(self) -> list[str]:
         return list(self._marks)
 
+    def add_shard(self, shard: str, mark: bytes) -> None:
+        """A shard joins with a mark at or above the frontier: what was released stays in order."""
+        if self._marks and mark < self.frontier():
+            raise ValueError(f"shard {shard} joins below the merge frontier")
+        self._marks[shard] = mark
+        self.pending_bytes[shard] = 0
+
     def push(self, shard: str, event: ChangeEvent) -> None:
         if event.sort_key <= self._marks[shard]:
             raise ValueError(f"shard {shard} pushed an event at or below its own high-water mark")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +30,12 @@ from bson import Timestamp
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.merge import MergedQueue
-from buckets.reader import ShardBatch, ShardReader
+from buckets.reader import ShardBatch, ShardReader, mark_after
+from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
-from mongoformats.resume_token import decode_token, token_sort_key
+from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
+from wireproxy.upstream import UpstreamConnection
 
 log = logging.getLogger("buckets.stream")
 
@@ -230,27 +232,29 @@ class BucketCursor:
 
 
 class ParallelStream:
-    def __init__(self, name: str, options: StreamOptions, shards: dict[str, list[tuple[str, int]]],
-                 start: Timestamp, floors: list[bytes], *, keep: set[int] | None = None) -> None:
+    def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
+                 floors: list[bytes], *, keep: set[int] | None = None,
+                 connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None) -> None:
         self.name = name
         self.options = options
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
+        self._offload_fn: Callable[..., Awaitable[Any]] | None = None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
                         for i in self.keep}
-        self.shard_budgets = {s: ByteBudget(options.shard_buffer_bytes) for s in shards}
-        skip = min(floors[i] for i in self.keep)
-        self.readers = {
-            s: ShardReader(s, hosts, start=start, skip_key=skip, budget=self.shard_budgets[s],
-                           transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
-                                                        token_version=options.token_version,
-                                                        ddl_notes=options.ddl_notes),
-                           await_ms=options.reader_await_ms)
-            for s, hosts in shards.items()}
-        self.merge = MergedQueue(shards)
-        for reader in self.readers.values():
-            reader.wants_progress = self._shard_holds_back
+        self._skip = min(floors[i] for i in self.keep)
+        self.shard_budgets: dict[str, ByteBudget] = {}
+        self.readers: dict[str, ShardReader] = {}
+        self.merge = MergedQueue(())
+        for sid, hosts in topology.shards.items():
+            self._new_reader(sid, hosts, start)
+        # Without an upstream to ask (a fixed shard list), nothing is added and nothing waits on it.
+        self.watcher: TopologyWatcher | None = None
+        if connect_upstream is not None:
+            self.watcher = TopologyWatcher(connect_upstream, topology,
+                                           holds_back=lambda: self._shard_holds_back(TOPOLOGY))
+            self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
         self.error: Exception | None = None
         self.events_merged = 0
         self.replays = 0     # attaches older than retention, served by re-reading the oplogs
@@ -259,6 +263,23 @@ class ParallelStream:
         self._frontier = b""
         self.ended = False   # an accelerated single-collection or database stream was invalidated
         self._cancel = trio.CancelScope()
+
+
+    def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
+        options = self.options
+        self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes)
+        reader = self.readers[sid] = ShardReader(
+            sid, hosts, start=start, skip_key=self._skip, budget=self.shard_budgets[sid],
+            transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
+                                         token_version=options.token_version, ddl_notes=options.ddl_notes),
+            await_ms=options.reader_await_ms)
+        reader.wants_progress = self._shard_holds_back
+        if self._offload_fn is not None:
+            reader.offload = self._offload_fn
+        # A shard that joins later starts with the mark of its start time: above the frontier,
+        # since it was not listed when the frontier was last allowed to move.
+        self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
+        return reader
 
     def close(self) -> None:
         self._cancel.cancel()
@@ -274,6 +295,8 @@ class ParallelStream:
                     for reader in self.readers.values():
                         checks.append(trio.Event())
                         nursery.start_soon(reader.run, send.clone(), checks[-1])
+                    if self.watcher is not None:
+                        nursery.start_soon(self._watch_topology, nursery, send.clone())
                     send.close()
                     nursery.start_soon(self._announce_start, checks)
                     await self._pump(recv)
@@ -297,9 +320,23 @@ class ParallelStream:
             async def offload(fn: Callable[..., Any], *args: Any) -> Any:
                 return await ctx.run_sync(fn, *args, limiter=limiter)
 
+            self._offload_fn = offload
             for reader in self.readers.values():
                 reader.offload = offload
             yield
+
+    async def _watch_topology(self, nursery: trio.Nursery, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        assert self.watcher is not None
+
+        async def advance(as_of: Timestamp) -> None:
+            await send.send(ShardBatch(TOPOLOGY, [], mark_after(as_of), 0))
+
+        def add_shard(sid: str, hosts: list[tuple[str, int]], joined: Timestamp) -> None:
+            reader = self._new_reader(sid, hosts, max(joined, self.start, key=lambda ts: (ts.time, ts.inc)))
+            nursery.start_soon(reader.run, send.clone())
+
+        async with send:
+            await self.watcher.run(advance, add_shard)
 
     async def _announce_start(self, checks: list[trio.Event]) -> None:
         for event in checks:
@@ -399,6 +436,7 @@ class ParallelStream:
                         "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
                         "reconnects": r.stats.reconnects,
                         "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
+            "topology": self.watcher.status() if self.watcher is not None else None,
             "buckets": [{"bucket": i, "depth": b.depth(), "retained": len(b.events), "bytes": b.budget.used,
                          "limitBytes": b.budget.limit, "delivered": b.delivered_total, "cursors": len(b.cursors),
                          "consumerPosition": max((c.last_token for c in b.cursors), default=None,

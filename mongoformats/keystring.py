@@ -15,6 +15,7 @@ doubles, magnitudes >= 2**63, Decimal128, DBRef, CodeWithScope.
 from __future__ import annotations
 
 import datetime
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +35,8 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 # Type-bit values for numbers, appended high bit first (TypeBits::kInt ... kDecimal).
 _TB_INT32, _TB_INT64, _TB_DOUBLE = 0b00, 0b01, 0b10
+_TB_SPECIAL_ZERO = 0b11           # a zero with 3 more bits: -0.0 or a Decimal128 zero
+_NEGATIVE_ZERO_BITS = [1, 1, 0, 0, 0]
 
 
 def _escape(text: bytes) -> bytes:
@@ -151,6 +154,11 @@ class KeyStringBuilder:
             if isinstance(value, Int64):
                 self._numeric_bits(_TB_INT64)
             elif isinstance(value, float):
+                if value == 0 and math.copysign(1.0, value) < 0:
+                    # -0.0 shares the zero key byte; its type bits are V1's 5-bit negative-zero
+                    # code 0b11000 (TypeBits::appendZero, kV1NegativeDoubleZero).
+                    self._bits += _NEGATIVE_ZERO_BITS
+                    return
                 self._numeric_bits(_TB_DOUBLE)
             elif -(2**31) <= value < 2**31:
                 self._numeric_bits(_TB_INT32)
@@ -211,11 +219,8 @@ def _millis(value: datetime.datetime) -> int:
 
 
 def _integral(value: int | float) -> int:
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")) or value != int(value):
-            raise ValueError(f"KeyString encoding of the double {value!r} is not supported")
-        if value == 0 and str(value).startswith("-"):
-            raise ValueError("KeyString encoding of -0.0 is not supported")
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value) or value != int(value)):
+        raise ValueError(f"KeyString encoding of the double {value!r} is not supported")
     v = int(value)
     if abs(v) >= 2**63:
         raise ValueError("KeyString encoding of magnitudes >= 2**63 is not supported")
@@ -393,4 +398,8 @@ class KeyStringReader:
             return Int64(value)
         if kind == _TB_DOUBLE:
             return float(value)
+        if ctype == NUM_ZERO and kind == _TB_SPECIAL_ZERO:
+            rest = [self._next_bit() for _ in range(3)]
+            if rest == _NEGATIVE_ZERO_BITS[2:]:
+                return -0.0
         raise ValueError("Decimal128 values in KeyStrings are not supported")

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--members", type=int, default=1, help="members per shard replica set")
     parser.add_argument("--replication-lag-s", type=float, default=0.0, help="how far secondaries trail")
     parser.add_argument("--election-timeout-s", type=float, default=10.0, help="electionTimeoutMillis / 1000")
+    parser.add_argument("--spare-shards", type=int, default=0,
+                        help="empty replica sets started beside the cluster, for addShard")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
     parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
         async with open_cluster(shards=args.shards, members=args.members, host=args.host, port=args.port,
                                 version=args.version, oplog_bytes=args.oplog_mb << 20,
                                 periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
-                                election_timeout_s=args.election_timeout_s) as cluster:
+                                election_timeout_s=args.election_timeout_s,
+                                spare_shards=args.spare_shards) as cluster:
             if args.prefill:
                 from simcluster.launcher import prefill
 

@@ -72,10 +72,15 @@ class Mongos(CommandServer):
     process_kind = "mongos"
 
     def __init__(self, clock: ClusterClock, host: str, port: int, replsets: dict[str, ReplicaSet], *,
-                 version: str = "7.0") -> None:
+                 version: str = "7.0", spares: dict[str, ReplicaSet] | None = None) -> None:
         super().__init__(clock, host, port, version=version)
         self.replsets = replsets
         self.shards = Primaries(replsets)
+        # Replica sets addShard can reach, by set name; and when each shard joined (config.shards'
+        # topologyTime): a change stream reads a shard added later from that time on.
+        self.spares = spares if spares is not None else {}
+        started = clock.tick()
+        self.topology_times: dict[str, Timestamp] = dict.fromkeys(replsets, started)
         self.db_primary: dict[str, str] = {}
         self.sharded: dict[str, ShardedCollection] = {}
         self._next_primary = 0
@@ -89,7 +94,8 @@ class Mongos(CommandServer):
             "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
             "listindexes": self.cmd_list_indexes, "enablesharding": self.cmd_enable_sharding,
             "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
-            "movechunk": self.cmd_move_chunk, "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
+            "movechunk": self.cmd_move_chunk, "addshard": self.cmd_add_shard,
+            "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
             "balancerstatus": self.cmd_balancer_status, "getshardmap": self.cmd_list_shards,
             "dbstats": self.cmd_db_stats, "appendoplognote": self.cmd_append_oplog_note,
             "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
@@ -294,7 +300,10 @@ class Mongos(CommandServer):
                 found = self.gather(ns, key)
                 return found[0] if found else None
 
-            return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup)
+            def topology() -> list[tuple[ReplicaSet, Timestamp]]:  # in the order shards were added
+                return [(rs, self.topology_times[sid]) for sid, rs in self.replsets.items()]
+
+            return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup, topology)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         first_match = pipeline[0].get("$match", {}) if pipeline else {}
         docs = self.gather(ns, first_match) if isinstance(coll, str) else []
@@ -379,7 +388,45 @@ class Mongos(CommandServer):
         if db != "admin":
             raise MongoError("Unauthorized", "listShards may only be run against the admin database.")
         return {"shards": [{"_id": sid, "host": f"{rs.set_name}/{','.join(rs.hosts)}", "state": 1,
-                            "topologyTime": Timestamp(1, 1)} for sid, rs in sorted(self.replsets.items())]}
+                            "topologyTime": self.topology_times[sid]} for sid, rs in sorted(self.replsets.items())]}
+
+    async def cmd_add_shard(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """`{addShard: "<set>/<host:port>,...", name?}`: the set must be running (one of the
+        cluster's spares) and hold no databases; the default shard name is the set name."""
+        if db != "admin":
+            raise MongoError("Unauthorized", "addShard may only be run against the admin database.")
+        seed = cmd["addShard"]
+        if not isinstance(seed, str):
+            raise MongoError("TypeMismatch", "BSON field 'addShard.addShard' is the wrong type, expected type "
+                             "'string'")
+        if "maxSize" in cmd:  # removed in 6.2
+            raise MongoError("InvalidOptions", "addShard no longer supports maxSize field")
+        set_name, _, hosts = seed.rpartition("/")
+        seeds = set(hosts.split(","))
+        for sid, member in self.replsets.items():
+            if seeds & set(member.hosts):  # adding the same set again answers as the first time did
+                if cmd.get("name", sid) != sid:
+                    raise MongoError("IllegalOperation", f"A shard already exists containing the replica set "
+                                     f"'{member.set_name}'")
+                return {"shardAdded": sid}
+        rs = next((r for r in self.spares.values() if seeds & set(r.hosts)), None)
+        if rs is None:
+            raise MongoError("OperationFailed", f"failed to run command {{ isMaster: 1 }} when attempting to add "
+                             f"shard {seed} :: caused by :: HostUnreachable: no member of {seed} answered")
+        if set_name and set_name != rs.set_name:
+            raise MongoError("OperationFailed", f"in seed list {seed}, host {next(iter(seeds))} does not belong to "
+                             f"replica set {set_name}; found {{ setName: \"{rs.set_name}\" }}")
+        name = cmd.get("name") or rs.set_name
+        if name in self.replsets:
+            raise MongoError("IllegalOperation", f"A shard named {name} already exists")
+        databases = sorted(d for d, colls in rs.primary.dbs.items() if colls and d not in ("admin", "config", "local"))
+        if databases:
+            raise MongoError("IllegalOperation", f"can't add shard '{seed}' because a local database "
+                             f"'{databases[0]}' exists in another shard")
+        del self.spares[rs.set_name]
+        self.topology_times[name] = self.clock.tick()
+        self.replsets[name] = rs
+        return {"shardAdded": name}
 
     async def cmd_balancer_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"mode": "off", "inBalancerRound": False, "numBalancerRounds": Int64(0)}

@@ -14,6 +14,7 @@ D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-s
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import bson
@@ -49,16 +50,19 @@ class OplogSource(Protocol):
 
 class NativeStream:
     def __init__(self, nodes: list[OplogSource], db: str, coll: str | None, spec: dict[str, Any],
-                 stages: list[dict[str, Any]], *, version: int = 2) -> None:
+                 stages: list[dict[str, Any]], *, version: int = 2,
+                 topology: Callable[[], list[tuple[OplogSource, Timestamp]]] | None = None) -> None:
         self.nodes = nodes
+        # mongos: every shard with the time it joined, in joining order. A shard added after the
+        # stream opened is read from its topologyTime, like mongos's kNewShardDetected handling.
+        self.topology = topology
+        self.spec = spec
         self.version = version
         self.db, self.coll = db, coll
         self.scope = "cluster" if spec.get("allChangesForCluster") else ("database" if coll is None else "collection")
         self.full_document = spec.get("fullDocument", "default")
         self.stages = stages
-        self.transformers = [OplogTransformer(show_expanded_events=bool(spec.get("showExpandedEvents")),
-                                              show_migration_events=bool(spec.get("showMigrationEvents")),
-                                              token_version=version) for _ in nodes]
+        self.transformers = [self._transformer() for _ in nodes]
         token = spec.get("resumeAfter") or spec.get("startAfter")
         if token is not None:
             data = decode_token(token)
@@ -94,7 +98,23 @@ class NativeStream:
             return ev.db == self.db
         return f"{self.db}.{self.coll}" in ev.namespaces or (ev.db == self.db and ev.op_type == "dropDatabase")
 
+    def _join_new_shards(self) -> None:
+        """Checked before each read, in the same synchronous step: no entry read in this poll can
+        be newer than a shard added before it, so the frontier never passed the new shard's start."""
+        if self.topology is None:
+            return
+        for node, joined in self.topology()[len(self.nodes):]:
+            self.nodes.append(node)
+            self.positions.append(max(ts_key(joined) - 1, self.frontier))
+            self.transformers.append(self._transformer())
+
+    def _transformer(self) -> OplogTransformer:
+        return OplogTransformer(show_expanded_events=bool(self.spec.get("showExpandedEvents")),
+                                show_migration_events=bool(self.spec.get("showMigrationEvents")),
+                                token_version=self.version)
+
     def _poll(self) -> list[ChangeEvent]:
+        self._join_new_shards()
         for i, node in enumerate(self.nodes):
             # Bounded reads, like one getMore batch per shard cursor.
             raws = node.oplog.read_after(self.positions[i], 4096, upto=node.commit_key())
@@ -266,7 +286,7 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
 
 
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
-                             lookup: Any = None) -> dict[str, Any]:
+                             lookup: Any = None, topology: Any = None) -> dict[str, Any]:
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
     # 5.0 servers (simcluster --version 5.0) write v1 tokens and know no expanded events.
     version = 1 if server.version == "5.0" else 2
@@ -279,7 +299,7 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
         raise MongoError(73, "$changeStream may not be opened on the internal admin database")
     if nodes is None:
         nodes = list(server.shards.values())
-    stream = NativeStream(nodes, db, coll, spec, stages, version=version)
+    stream = NativeStream(nodes, db, coll, spec, stages, version=version, topology=topology)
     ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
 
     async def fetch(limit: int, deadline: float) -> list[Any]:

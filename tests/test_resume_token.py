@@ -1,5 +1,6 @@
 """Resume tokens: the public examples byte for byte, and a property test of round trip and order."""
 
+import math
 import uuid
 
 import pytest
@@ -56,6 +57,19 @@ def test_type_bits_for_double_key():
     assert type(decode_token(tok).event_identifier["documentKey"]["_id"]) is float
 
 
+def test_type_bits_for_negative_zero_key():
+    # {_id: -0.0}: the zero key byte, and V1's 5-bit negative-zero code 11000 (TypeBits::appendZero
+    # in key_string.cpp) after the seven header bits -> bits 7 and 8 set -> serialized 82 80 01.
+    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                          "documentKey": {"_id": -0.0}}))
+    zero = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                           "documentKey": {"_id": 0}}))
+    assert tok["_data"] == zero["_data"]  # -0.0 == 0 == 0.0 in the index order
+    assert bytes(tok["_typeBits"]) == b"\x82\x80\x01"
+    back = decode_token(tok).event_identifier["documentKey"]["_id"]
+    assert type(back) is float and math.copysign(1.0, back) == -1.0
+
+
 @pytest.mark.parametrize("token,code", [
     ({"_data": 5}, 40647),
     ({"_data": "XYZ"}, 9),
@@ -72,6 +86,7 @@ scalar = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
     st.integers(-(2**62), 2**62).map(Int64),
     st.integers(-(2**52), 2**52).map(float),
+    st.just(-0.0),
     st.text(max_size=8),
     st.binary(min_size=12, max_size=12).map(ObjectId),
     st.booleans(),
@@ -96,6 +111,8 @@ def _same(a, b):
     # Equality that also compares BSON types (1 == 1.0 == Int64(1) in Python).
     if isinstance(a, dict):
         return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float):
+        return type(b) is float and a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
     return type(a) is type(b) and a == b
 
 
