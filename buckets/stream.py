@@ -301,13 +301,22 @@ class ParallelStream:
                     nursery.start_soon(self._announce_start, checks)
                     await self._pump(recv)
             except* MongoError as group:
-                exc = _first_leaf(group)
-                log.warning("stream %s failed: %s", self.name, exc)
-                self.error = exc
-                for b in self.buckets.values():
-                    b.notify()
+                self._fail(_first_leaf(group))
+            except* Exception as group:
+                # A bug (or an entry the transform cannot handle) fails this stream with
+                # InternalError, as a server fails one cursor; other streams and the proxy go on.
+                bug = _first_leaf(group)
+                log.error("stream %s: internal error", self.name, exc_info=bug)
+                self._fail(MongoError("InternalError", f"parallel change stream {self.name!r} failed: "
+                                      f"{type(bug).__name__}: {bug}"))
             finally:
                 self.started.set()
+
+    def _fail(self, exc: Exception) -> None:
+        log.warning("stream %s failed: %s", self.name, exc)
+        self.error = exc
+        for b in self.buckets.values():
+            b.notify()
 
     @contextlib.asynccontextmanager
     async def _workers(self) -> AsyncIterator[None]:

@@ -27,6 +27,11 @@ __all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_ty
 
 MINKEY, UNDEFINED, NULL, NUMERIC_NAN = 0x0A, 0x0F, 0x14, 0x1E
 NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
+# Doubles outside the integer encodings (V1): |x| < 1, |x| >= 2**63 (and infinities).
+NUM_NEG_LARGE, NUM_NEG_SMALL, NUM_POS_SMALL, NUM_POS_LARGE = 0x1F, 0x28, 0x2A, 0x33
+_MIN_LARGE_DOUBLE = 2.0**63
+_TINIEST_WITH_2BIT_DCM = 2.0**-255       # smaller doubles are scaled up by 2**256 first
+_ALL_ONES = (1 << 64) - 1
 STRING, OBJECT, ARRAY, BINDATA, OID = 0x3C, 0x46, 0x50, 0x5A, 0x64
 FALSE, TRUE, DATE, TIMESTAMP, REGEX, CODE, MAXKEY = 0x6E, 0x6F, 0x78, 0x82, 0x8C, 0xA0, 0xF0
 END = 0x04
@@ -120,6 +125,8 @@ class KeyStringBuilder:
             return NULL
         if isinstance(value, bool):
             return TRUE if value else FALSE
+        if isinstance(value, float) and not _is_integer_double(value):
+            return _double_key(value)[0]
         if isinstance(value, (int, float)):
             return _integer_ctype(_integral(value))
         if isinstance(value, str):
@@ -160,6 +167,9 @@ class KeyStringBuilder:
                     self._bits += _NEGATIVE_ZERO_BITS
                     return
                 self._numeric_bits(_TB_DOUBLE)
+                if not _is_integer_double(value):
+                    buf += _double_key(value)[1:]
+                    return
             elif -(2**31) <= value < 2**31:
                 self._numeric_bits(_TB_INT32)
             else:
@@ -216,6 +226,46 @@ def _millis(value: datetime.datetime) -> int:
         value = value.replace(tzinfo=datetime.UTC)
     delta = value - _EPOCH
     return (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _is_integer_double(value: float) -> bool:
+    """Doubles the key encodes exactly like integers: whole numbers with magnitude below 2**63."""
+    return math.isfinite(value) and value == int(value) and abs(value) < _MIN_LARGE_DOUBLE
+
+
+def _double_key(value: float) -> bytes:
+    """Type byte and body of a double that is not a whole number below 2**63 (key_string.cpp,
+    V1 `_appendDoubleWithoutTypeBits` with the equal-to-double marker 0). Negative values store
+    their magnitude's bytes inverted, so the byte order is the numeric order."""
+    if math.isnan(value):
+        return bytes([NUMERIC_NAN])
+    negative = value < 0
+    magnitude = -value if negative else value
+    if magnitude < 1.0:
+        ctype = NUM_NEG_SMALL if negative else NUM_POS_SMALL
+        if magnitude >= _TINIEST_WITH_2BIT_DCM:
+            encoded = _double_bits(magnitude) << 2                      # prefix 0b11 (the exponent's top bits)
+        else:
+            encoded = (_double_bits(math.ldexp(magnitude, 256)) << 1) + (1 << 62)  # prefix 0b01
+    elif magnitude < _MIN_LARGE_DOUBLE:
+        integer = int(magnitude)
+        fraction_bytes = (64 - (integer << 1).bit_length()) // 8
+        ctype = (0x20 + fraction_bytes) if negative else (0x32 - fraction_bytes)
+        # The whole part doubled plus one (the "has a fraction" bit), then the fraction's bytes.
+        encoded = int(math.ldexp(magnitude, 8 * fraction_bytes)) + ((integer + 1) << (8 * fraction_bytes))
+    else:
+        ctype = NUM_POS_LARGE if value > 0 else NUM_NEG_LARGE
+        encoded = _ALL_ONES if math.isinf(value) else (_double_bits(magnitude) << 1) & (_ALL_ONES >> 1)
+    body = encoded.to_bytes(8, "big")
+    return bytes([ctype]) + (bytes(b ^ 0xFF for b in body) if negative else body)
+
+
+def _double_bits(value: float) -> int:
+    return int.from_bytes(struct.pack(">d", value), "big")
+
+
+def _double_from_bits(bits: int) -> float:
+    return float(struct.unpack(">d", bits.to_bytes(8, "big"))[0])
 
 
 def _integral(value: int | float) -> int:
@@ -333,6 +383,8 @@ class KeyStringReader:
             return MinKey()
         if ctype == MAXKEY:
             return MaxKey()
+        if ctype in (NUMERIC_NAN, NUM_NEG_LARGE, NUM_NEG_SMALL, NUM_POS_SMALL, NUM_POS_LARGE):
+            return self._read_double(ctype)
         if NUM_NEG_1BYTE - 7 <= ctype <= NUM_POS_1BYTE + 7:
             return self._read_number(ctype)
         if ctype == STRING:
@@ -377,21 +429,43 @@ class KeyStringReader:
             return Code(self._cstring().decode())
         raise ValueError(f"unsupported KeyString type byte {ctype:#04x}")
 
+    def _read_double(self, ctype: int) -> float:
+        if self._next_bit() << 1 | self._next_bit() != _TB_DOUBLE:
+            raise ValueError("Decimal128 values in KeyStrings are not supported")
+        if ctype == NUMERIC_NAN:
+            return math.nan
+        negative = ctype in (NUM_NEG_LARGE, NUM_NEG_SMALL)
+        raw = self._take(8)
+        encoded = int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
+        if ctype in (NUM_NEG_LARGE, NUM_POS_LARGE):
+            # The shift dropped the exponent's top bit, which every double >= 2**63 has set.
+            magnitude = math.inf if encoded == _ALL_ONES else _double_from_bits((encoded >> 1) | (1 << 62))
+        elif encoded >> 62 == 0b11:
+            magnitude = _double_from_bits(encoded >> 2)
+        else:
+            magnitude = math.ldexp(_double_from_bits((encoded - (1 << 62)) >> 1), -256)
+        return -magnitude if negative else magnitude
+
     def _read_number(self, ctype: int) -> int | float:
         kind = (self._next_bit() << 1) | self._next_bit()
+        negative = ctype < NUM_ZERO
         if ctype == NUM_ZERO:
-            value = 0
-        elif ctype > NUM_ZERO:
-            m = int.from_bytes(self._take(ctype - NUM_POS_1BYTE + 1), "big")
-            if m & 1:
-                raise ValueError("fractional numbers in KeyStrings are not supported")
-            value = m >> 1
+            value: int | float = 0
         else:
-            raw = bytes(b ^ 0xFF for b in self._take(NUM_NEG_1BYTE + 1 - ctype))
-            m = int.from_bytes(raw, "big")
-            if m & 1:
-                raise ValueError("fractional numbers in KeyStrings are not supported")
-            value = -(m >> 1)
+            n = ctype - NUM_POS_1BYTE + 1 if not negative else NUM_NEG_1BYTE + 1 - ctype
+            raw = self._take(n)
+            m = int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
+            if m & 1:  # a double with a fraction: the rest of its 8 bytes follow
+                if kind != _TB_DOUBLE:
+                    raise ValueError("a fractional KeyString number must be a double")
+                rest = self._take(8 - n)
+                tail = int.from_bytes(bytes(b ^ 0xFF for b in rest) if negative else rest, "big")
+                shift = 8 * (8 - n)
+                encoded = (m << shift) | tail
+                value = math.ldexp(encoded - (((m >> 1) + 1) << shift), -shift)
+            else:
+                value = m >> 1
+            value = -value if negative else value
         if kind == _TB_INT32:
             return value
         if kind == _TB_INT64:
@@ -399,7 +473,7 @@ class KeyStringReader:
         if kind == _TB_DOUBLE:
             return float(value)
         if ctype == NUM_ZERO and kind == _TB_SPECIAL_ZERO:
-            rest = [self._next_bit() for _ in range(3)]
-            if rest == _NEGATIVE_ZERO_BITS[2:]:
+            zero_kind = [self._next_bit() for _ in range(3)]
+            if zero_kind == _NEGATIVE_ZERO_BITS[2:]:
                 return -0.0
         raise ValueError("Decimal128 values in KeyStrings are not supported")

@@ -14,7 +14,7 @@ from typing import Any
 import bson
 import pytest
 import trio
-from bson import Timestamp
+from bson import Decimal128, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
@@ -259,6 +259,32 @@ async def test_a_consumer_that_stops_inside_a_batch_resumes_from_memory(cluster,
         assert rest == list(range(30, 400))
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "inside"})["streams"][0]
         assert status["replays"] == 0
+    await sync(work)
+
+
+async def test_keys_of_every_double_and_a_failing_stream_hurts_no_other(cluster, proxy):
+    """Fractional, tiny, huge and negative-zero doubles are document keys like any other. A key the
+    engine cannot encode yet (Decimal128) fails that stream with InternalError, as a server fails
+    one cursor; the proxy and its other streams go on."""
+    def work():
+        c = client(proxy_uri(proxy))
+        before = c.admin.command("ping")["operationTime"]
+        c.d.bad.insert_one({"_id": Decimal128("1.5")})
+        now = c.admin.command("ping")["operationTime"]  # the insert's own time
+        after = Timestamp(now.time, now.inc + 1)
+        doomed = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": before})
+        ok = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": after})
+        doubles = [1.5, -0.0, 1e-300, -2.0**70, float("inf"), 0.1]
+        c.d.c.insert_many([{"_id": v} for v in doubles])
+        end = end_point(c)
+        events = drain(c, ok["cursors"][0]["id"], end)
+        assert [e["documentKey"]["_id"] for e in events] == doubles
+        with pytest.raises(OperationFailure) as info:
+            drain(c, doomed["cursors"][0]["id"], end)
+        assert info.value.code == 1 and info.value.details["codeName"] == "InternalError"
+        c.d.c.insert_one({"_id": 2.5})  # the other stream still runs
+        later = drain(c, ok["cursors"][0]["id"], end_point(c))
+        assert [e["documentKey"]["_id"] for e in later] == [2.5]
     await sync(work)
 
 

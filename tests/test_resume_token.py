@@ -70,6 +70,25 @@ def test_type_bits_for_negative_zero_key():
     assert type(back) is float and math.copysign(1.0, back) == -1.0
 
 
+# Hand-derived from key_string.cpp's V1 double rules (_appendDoubleWithoutTypeBits, _appendSmallDouble,
+# _appendLargeDouble, marker 0): the key byte and the 8 bytes that follow it.
+@pytest.mark.parametrize(("value", "key"), [
+    (1.5, "2B0380000000000000"),          # 1-byte whole part 2*1+1, then the fraction .5 = 0x80
+    (-1.5, "27FC7FFFFFFFFFFFFF"),         # the same bytes inverted under the negative type byte
+    (0.25, "2AFF40000000000000"),         # |x| < 1: the double's bits shifted left by 2
+    (2.0**70, "3308A0000000000000"),      # |x| >= 2**63: bits shifted left by 1, top bit cleared
+    (math.inf, "33FFFFFFFFFFFFFFFF"),
+])
+def test_double_keys(value, key):
+    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                          "documentKey": {"_id": value}}))
+    assert tok["_data"].endswith("5F6964" + "00" + key + "000004")
+    assert decode_token(tok).event_identifier["documentKey"]["_id"] == value
+    other = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                            "documentKey": {"_id": 1}}))
+    assert (tok["_data"] < other["_data"]) == (value < 1)
+
+
 @pytest.mark.parametrize("token,code", [
     ({"_data": 5}, 40647),
     ({"_data": "XYZ"}, 9),
@@ -87,6 +106,7 @@ scalar = st.one_of(
     st.integers(-(2**62), 2**62).map(Int64),
     st.integers(-(2**52), 2**52).map(float),
     st.just(-0.0),
+    st.floats(allow_nan=False),
     st.text(max_size=8),
     st.binary(min_size=12, max_size=12).map(ObjectId),
     st.booleans(),
