@@ -50,6 +50,9 @@ _OPEN_FIELDS = frozenset({
     "$db", "readConcern", "writeConcern"})
 
 
+_FULL_DOCUMENT = ("default", "updateLookup")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     shard_buffer_bytes: int = 1 << 30
@@ -68,6 +71,15 @@ def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Chan
     body = b"".join((head[4:-1], b"\x04", batch_field.encode(), b"\x00", array_of([e.raw for e in events]),
                      tail[4:-1]))
     return RawBSONDocument((len(body) + 5).to_bytes(4, "little") + body + b"\x00", RAW)
+
+
+def _mentions_full_document(stages: Any) -> bool:
+    """True if a field path anywhere in `stages` starts with fullDocument."""
+    if isinstance(stages, Mapping):
+        return any(str(k).split(".")[0] == "fullDocument" or _mentions_full_document(v) for k, v in stages.items())
+    if isinstance(stages, list):
+        return any(_mentions_full_document(v) for v in stages)
+    return isinstance(stages, str) and stages.startswith("$fullDocument")
 
 
 def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int | None:
@@ -170,8 +182,9 @@ class Engine:
         starts = [k for k in ("startAtOperationTime", "resumeAfter", "startAfter") if k in cmd]
         if len(starts) > 1:
             raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
-        if cmd.get("fullDocument", "default") != "default":
-            raise MongoError("BadValue", "parallelChangeStream supports fullDocument 'default' only so far")
+        if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
+            raise MongoError("BadValue", f"parallelChangeStream supports fullDocument {' or '.join(_FULL_DOCUMENT)}; "
+                             "pre- and post-image collections (whenAvailable, required) are not read yet")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
         name = cmd.get("name")
@@ -232,12 +245,17 @@ class Engine:
             if set(stage) != {"$match"}:
                 raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages")
             match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
+        if cmd.get("fullDocument") == "updateLookup" and _mentions_full_document(pipeline):
+            # The $match runs as events are dealt, before any lookup: it would not see post-images.
+            raise MongoError("BadValue", "with fullDocument: 'updateLookup', the pipeline's $match may not "
+                             "test fullDocument (it runs before the lookup)")
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
             shard_buffer_bytes=int(cmd.get("shardBufferBytes", self.config.shard_buffer_bytes)),
             bucket_buffer_bytes=int(cmd.get("bucketBufferBytes", self.config.bucket_buffer_bytes)),
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
+            full_document=str(cmd.get("fullDocument", "default")),
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
@@ -310,17 +328,20 @@ class Engine:
     async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
 
-        Only streams whose every event the engine reproduces exactly are accelerated: default
-        fullDocument and trailing $match stages. Anything else raises PassThrough, so the session
-        forwards the aggregate to mongos unchanged: acceleration never changes what a consumer sees.
+        Only streams whose every event the engine reproduces exactly are accelerated: fullDocument
+        default or updateLookup, and trailing $match stages (none on fullDocument with a lookup).
+        Anything else raises PassThrough, so the session forwards the aggregate to mongos unchanged:
+        acceleration never changes what a consumer sees.
         """
         pipeline = cmd.get("pipeline") or []
         spec = pipeline[0]["$changeStream"]
         stages = pipeline[1:]
         accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
                     "fullDocument"}
-        if (not isinstance(spec, dict) or set(spec) - accepted or spec.get("fullDocument", "default") != "default"
+        full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
+        if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
                 or any(set(st) != {"$match"} for st in stages)
+                or (full_document == "updateLookup" and _mentions_full_document(stages))
                 or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
             raise PassThrough()
         coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
@@ -330,7 +351,8 @@ class Engine:
         token = spec.get("resumeAfter") or spec.get("startAfter")
         if token is not None and decode_token(token).from_invalidate:
             raise PassThrough()  # resuming after an invalidate: mongos's rules, mongos's errors
-        sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents"))}
+        sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
+                               "fullDocument": spec.get("fullDocument", "default")}
         if token is not None:
             sub["resumeAfter"] = token
         elif "startAtOperationTime" in spec:

@@ -29,6 +29,7 @@ from bson import Timestamp
 
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
+from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
 from buckets.reader import ShardBatch, ShardReader, mark_after
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
@@ -58,6 +59,7 @@ class StreamOptions:
     # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
     # stream; events outside it are dropped and the invalidating event ends the stream.
     scope: tuple[str, str | None] | None = None
+    full_document: str = "default"           # or "updateLookup": updates carry the current document
 
 
 def key_to_token(key: bytes) -> dict[str, Any]:
@@ -218,6 +220,9 @@ class BucketCursor:
                 break
             batch.append(ev)
             size += cost
+        if self.stream.lookup is not None:
+            # Before the position moves: a failed lookup fails this getMore and loses nothing.
+            batch = _fit(await self.stream.lookup.with_post_images(batch))
         self.position += len(batch)
         bucket.delivered_total += len(batch)
         if batch:
@@ -241,6 +246,8 @@ class ParallelStream:
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
         self._offload_fn: Callable[..., Awaitable[Any]] | None = None
+        self.lookup = DocumentLookup(connect_upstream) if (
+            options.full_document == "updateLookup" and connect_upstream is not None) else None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
@@ -311,6 +318,9 @@ class ParallelStream:
                                       f"{type(bug).__name__}: {bug}"))
             finally:
                 self.started.set()
+                if self.lookup is not None:
+                    with trio.CancelScope(shield=True):
+                        await self.lookup.aclose()
 
     def _fail(self, exc: Exception) -> None:
         log.warning("stream %s failed: %s", self.name, exc)
@@ -452,6 +462,17 @@ class ParallelStream:
                                                  key=lambda t: t.get("_data", "") if t else "")}
                         for i, b in sorted(self.buckets.items())],
         }
+
+
+def _fit(batch: list[ChangeEvent]) -> list[ChangeEvent]:
+    """The longest head of `batch` within a reply's batch limit (at least one event): post-images
+    grow events after the batch was cut; the rest is returned by the next getMore."""
+    size = 0
+    for i, ev in enumerate(batch):
+        size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
+        if i and size > BATCH_BYTES_LIMIT:
+            return batch[:i]
+    return batch
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:

@@ -29,12 +29,15 @@ class StreamSpec:
     n_buckets: int
     show_expanded_events: bool = True
     pipeline: tuple[dict[str, Any], ...] = field(default=())
+    full_document: str = "default"     # or "updateLookup"
 
     def open_command(self, **extra: Any) -> dict[str, Any]:
         cmd: dict[str, Any] = {"parallelChangeStream": 1, "nBuckets": self.n_buckets, "name": self.name,
                                "showExpandedEvents": self.show_expanded_events}
         if self.pipeline:
             cmd["pipeline"] = list(self.pipeline)
+        if self.full_document != "default":
+            cmd["fullDocument"] = self.full_document
         cmd.update(extra)
         return cmd
 

@@ -1,6 +1,7 @@
 """`spark.readStream.format("parallelchangestream")`: one Spark partition per bucket.
 
-Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages),
+Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages), fullDocument
+("default" or "updateLookup"),
 startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
 maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize.
 
@@ -58,7 +59,7 @@ def _spec(options: Options) -> StreamSpec:
     pipeline = tuple(json.loads(options["pipeline"])) if options.get("pipeline") else ()
     return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=n,
                       show_expanded_events=(options.get("showExpandedEvents") or "true").lower() == "true",
-                      pipeline=pipeline)
+                      pipeline=pipeline, full_document=options.get("fullDocument") or "default")
 
 
 def _start_args(options: Options) -> dict[str, Any]:

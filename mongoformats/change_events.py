@@ -390,6 +390,17 @@ class OplogTransformer:
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
 
 
+def with_full_document(event: Mapping[str, Any], document: Any) -> dict[str, Any]:
+    """An update event with `fullDocument` (a looked-up post-image, or None once the document is
+    gone) where the server puts it: after wallTime, before ns, as in insert and replace events."""
+    out: dict[str, Any] = {}
+    for name, value in event.items():
+        if name == "ns":
+            out["fullDocument"] = document
+        out[name] = value
+    return out
+
+
 def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
     """The `invalidate` that follows an event closing a single-collection or database stream.
 

@@ -99,6 +99,16 @@ def array_of(items: list[bytes]) -> bytes:
     return _I32.pack(len(body) + 5) + body + b"\x00"
 
 
+def splice_full_document(event: bytes, document: bytes | None) -> bytes:
+    """`event` (BSON) with a `fullDocument` element (`document`'s BSON, or null) spliced in before
+    `ns`, where the server puts it; lsid/txnNumber ahead of `_id` stay where they are."""
+    _, ns_value, _ = elements(event)[b"ns"]
+    at = ns_value - len(b"\x03ns\x00")
+    element = b"\x03fullDocument\x00" + document if document is not None else b"\x0afullDocument\x00"
+    body = event[4:at] + element + event[at:-1]
+    return _I32.pack(len(body) + 5) + body + b"\x00"
+
+
 def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
     """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding them."""
     top = elements(reply)

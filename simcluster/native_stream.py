@@ -21,7 +21,7 @@ import bson
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import RAW, ChangeEvent, OplogTransformer, invalidate_event
+from mongoformats.change_events import RAW, ChangeEvent, OplogTransformer, invalidate_event, with_full_document
 from mongoformats.errors import MongoError
 from mongoformats.mql import matches
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
@@ -139,12 +139,7 @@ class NativeStream:
             if found is None and self.full_document == "required":
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for "
                                  "all update events, but the post-image was not found")
-            out: dict[str, Any] = {}
-            for k, v in doc.items():
-                out[k] = v
-                if k == "wallTime":
-                    out["fullDocument"] = found
-            return self._stages(out, ev.token)
+            return self._stages(with_full_document(doc, found), ev.token)
         if not self.stages:
             return RawBSONDocument(ev.raw, RAW)
         return self._stages(bson.decode(ev.raw), ev.token)

@@ -42,6 +42,7 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
             direct.admin.command("shardCollection", "acc.h", key={"_id": "hashed"})
             direct.acc.h.insert_many([{"_id": i, "v": i} for i in range(60)])
             direct.acc.h.update_many({"v": {"$lt": 10}}, {"$set": {"low": True}})
+            direct.acc.h.update_one({"v": 55}, {"$set": {"gone": "soon"}})  # its lookup finds nothing
             direct.acc.other.insert_many([{"_id": i} for i in range(20)])
             direct.acc.h.delete_many({"v": {"$gte": 50}})
             direct.acc.other.drop()
@@ -56,9 +57,17 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
             ev = _collect(proxied.acc.other.watch(start_at_operation_time=start, max_await_time_ms=200),
                           lambda e: e["operationType"] == "invalidate")
             assert [e["operationType"] for e in ev[-2:]] == ["drop", "invalidate"] and len(ev) == 22
-            # fullDocument: updateLookup is not accelerated: mongos serves it, through the proxy.
-            with proxied.acc.h.watch(full_document="updateLookup", start_at_operation_time=start) as s:
-                updates = [e for e in _collect(s, _is_marker) if e["operationType"] == "update"]
-            assert updates and all(u["fullDocument"]["low"] is True for u in updates)
+            # fullDocument: updateLookup is accelerated too: the engine looks the documents up.
+            for name, target in (("collection", lambda c: c.acc.h), ("cluster", lambda c: c)):
+                want = _collect(target(direct).watch(start_at_operation_time=start, max_await_time_ms=200,
+                                                     full_document="updateLookup"), _is_marker)
+                stream = target(proxied).watch(start_at_operation_time=start, max_await_time_ms=200,
+                                               full_document="updateLookup")
+                assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
+                got = _collect(stream, _is_marker)
+                assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], name
+            updates = [e for e in got if e["operationType"] == "update"]
+            assert len(updates) == 11 and sum(u["fullDocument"] is None for u in updates) == 1
+            assert all(u["fullDocument"]["low"] is True for u in updates if u["fullDocument"] is not None)
         await sync(work)
         nursery.cancel_scope.cancel()

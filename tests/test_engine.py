@@ -155,7 +155,10 @@ async def test_command_errors_use_server_codes(proxy):
                  ({"nBuckets": 4, "bogus": 1}, 40415), ({"nBuckets": 2, "readerProcesses": -1}, 2),
                  ({"nBuckets": 2, "readerProcesses": 65}, 2),
                  ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, 1))] * 3}, 2),
-                 ({"nBuckets": 4, "startAtOperationTime": Timestamp(1, 1), "resumeAfter": {"_data": "00"}}, 40674)]
+                 ({"nBuckets": 4, "startAtOperationTime": Timestamp(1, 1), "resumeAfter": {"_data": "00"}}, 40674),
+                 ({"nBuckets": 2, "fullDocument": "whenAvailable"}, 2),
+                 ({"nBuckets": 2, "fullDocument": "updateLookup",
+                   "pipeline": [{"$match": {"fullDocument.v": 1}}]}, 2)]
         for extra, code in cases:
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({"parallelChangeStream": 1, **extra})
