@@ -61,3 +61,25 @@ async def test_mongosh_script_through_the_proxy(proxy):
                      str(ROOT / "tests" / "node" / "shell.js"))
     result = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
     assert result == {"ok": True, "n": 251, "buckets": 2}
+
+
+async def test_node_driver_and_mongosh_directly_against_a_shard_replica_set():
+    """Issue 3: unmodified clients against a shard's three-member replica set, not through mongos."""
+    from simcluster import open_cluster
+
+    async with open_cluster(shards=1, members=3) as cluster:
+        uri = cluster.shard_uri("shard0")
+        out = await _run("node", str(ROOT / "tests" / "node" / "replset.js"), uri)
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["ok"] is True and result["count"] == 100 and result["members"] == 3
+        # 100 inserts, an update, a delete and the transaction's insert into the watched collection.
+        assert result["events"] == 103 and result["kinds"] == ["delete", "insert", "update"]
+        if MONGOSH.exists():
+            script = ("const s = db.getMongo().startSession();"
+                      "s.withTransaction(() => { s.getDatabase('shdb').c.insertOne({_id: 1}); });"
+                      "db.getSiblingDB('shdb').c.createIndex({a: 1});"
+                      "print(JSON.stringify({n: db.getSiblingDB('shdb').c.countDocuments({}),"
+                      " ix: db.getSiblingDB('shdb').c.getIndexes().length, set: db.hello().setName}))")
+            out = await _run(str(MONGOSH), uri, "--quiet", "--norc", "--eval", script)
+            line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
+            assert json.loads(line) == {"n": 1, "ix": 2, "set": "shard0"}
