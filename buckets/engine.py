@@ -29,6 +29,7 @@ from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
+from buckets.reader import ConnectMember
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
 from buckets.topology import Topology, read_topology
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
@@ -95,8 +96,9 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default:
 
 class Engine:
     def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, *, connect_member: ConnectMember = open_member) -> None:
         self.connect_upstream = connect_upstream
+        self.connect_member = connect_member  # shard members, with the same TLS settings as mongos
         self.config = config or EngineConfig()
         self.streams: dict[str, ParallelStream] = {}
         self.cursors: dict[int, BucketCursor] = {}
@@ -151,7 +153,7 @@ class Engine:
         """Run `cmd` on every shard's primary directly (shard id -> reply)."""
         out: dict[str, Any] = {}
         for sid, hosts in shards.items():
-            conn = await open_member(hosts, secondary=False)
+            conn = await self.connect_member(hosts, secondary=False)
             try:
                 out[sid] = await conn.command(db, cmd)
             finally:
@@ -235,7 +237,9 @@ class Engine:
             start, key = start_point(tokens)
             floors = [key] * n
         else:
-            start = cmd.get("startAtOperationTime", now)
+            # Like the server, a stream with no start point sees what happens after now: the
+            # newest write (at `now` itself) was before it opened.
+            start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
             if not isinstance(start, Timestamp):
                 raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
             floors = [token_sort_key(high_water_mark(start))] * n
@@ -259,7 +263,7 @@ class Engine:
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
-                                connect_upstream=self.connect_upstream)
+                                connect_upstream=self.connect_upstream, connect_member=self.connect_member)
         stream.last_active = trio.current_time()
         assert self._nursery is not None, "Engine.run() must be started first"
         self._nursery.start_soon(stream.run)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from bson import Int64, Timestamp
@@ -32,6 +32,12 @@ log = logging.getLogger("buckets.reader")
 
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
+
+
+class ConnectMember(Protocol):
+    """Opens a connection to a replica set member (open_member, with the proxy's TLS settings)."""
+
+    def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> Awaitable[UpstreamConnection]: ...
 
 
 async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
@@ -66,9 +72,10 @@ class ShardStats:
 class ShardReader:
     def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
                  transformer: OplogTransformer, budget: ByteBudget, await_ms: int = 200,
-                 batch_size: int = 0) -> None:
+                 batch_size: int = 0, connect_member: ConnectMember = open_member) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
+        self.connect_member = connect_member
         self.position = start          # next read starts at ts >= position (inclusive at first)
         self.inclusive = True
         self.skip_key = skip_key       # events at or below this key were delivered before
@@ -85,7 +92,7 @@ class ShardReader:
         self._primary: UpstreamConnection | None = None
 
     async def _connect(self) -> UpstreamConnection:
-        conn = await open_member(self.hosts, secondary=True)
+        conn = await self.connect_member(self.hosts, secondary=True)
         self.stats.host = conn.address
         return conn
 
@@ -208,7 +215,7 @@ class ShardReader:
         self._last_noop = now
         try:
             if self._primary is None:  # notes are writes: they go to the primary, not the member read
-                self._primary = await open_member(self.hosts, secondary=False)
+                self._primary = await self.connect_member(self.hosts, secondary=False)
             await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
             self.stats.noops += 1
         except (UpstreamClosed, MongoError) as exc:

@@ -31,12 +31,12 @@ from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
-from buckets.reader import ShardBatch, ShardReader, mark_after
+from buckets.reader import ConnectMember, ShardBatch, ShardReader, mark_after
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
-from wireproxy.upstream import UpstreamConnection
+from wireproxy.upstream import UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.stream")
 
@@ -239,13 +239,15 @@ class BucketCursor:
 class ParallelStream:
     def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
                  floors: list[bytes], *, keep: set[int] | None = None,
-                 connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None) -> None:
+                 connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
+                 connect_member: ConnectMember = open_member) -> None:
         self.name = name
         self.options = options
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
         self._offload_fn: Callable[..., Awaitable[Any]] | None = None
+        self._connect_member = connect_member
         self.lookup = DocumentLookup(connect_upstream) if (
             options.full_document == "updateLookup" and connect_upstream is not None) else None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
@@ -279,7 +281,7 @@ class ParallelStream:
             sid, hosts, start=start, skip_key=self._skip, budget=self.shard_budgets[sid],
             transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
                                          token_version=options.token_version, ddl_notes=options.ddl_notes),
-            await_ms=options.reader_await_ms)
+            await_ms=options.reader_await_ms, connect_member=self._connect_member)
         reader.wants_progress = self._shard_holds_back
         if self._offload_fn is not None:
             reader.offload = self._offload_fn

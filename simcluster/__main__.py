@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import ssl
 
 import trio
 
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--election-timeout-s", type=float, default=10.0, help="electionTimeoutMillis / 1000")
     parser.add_argument("--spare-shards", type=int, default=0,
                         help="empty replica sets started beside the cluster, for addShard")
+    parser.add_argument("--tls-cert-file", default="",
+                        help="PEM with certificate and key: every process then requires TLS (requireTLS)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
     parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
                                 version=args.version, oplog_bytes=args.oplog_mb << 20,
                                 periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
                                 election_timeout_s=args.election_timeout_s,
-                                spare_shards=args.spare_shards) as cluster:
+                                spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file)) as cluster:
             if args.prefill:
                 from simcluster.launcher import prefill
 
@@ -50,6 +53,14 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
+
+
+def _server_tls(cert_file: str) -> ssl.SSLContext | None:
+    if not cert_file:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert_file)
+    return ctx
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,6 +53,8 @@ class CommandServer:
         self.process_id = ObjectId()
         self._conn_ids = itertools.count(1)
         self.fail_points: dict[str, dict[str, Any]] = {}
+        # net.tls.mode requireTLS when set: every connection is TLS (the cluster sets one context).
+        self.ssl_context: ssl.SSLContext | None = None
         self._cancel = trio.CancelScope()
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
         self.topology_counter = 0
@@ -77,8 +80,11 @@ class CommandServer:
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self._cancel = trio.CancelScope()  # a fresh scope, so a stopped process can be started again
         with self._cancel:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
-            self.port = listeners[0].socket.getsockname()[1]
+            tcp = await trio.open_tcp_listeners(self.port, host=self.host)
+            self.port = tcp[0].socket.getsockname()[1]
+            listeners: list[Any] = list(tcp)
+            if self.ssl_context is not None:
+                listeners = [trio.SSLListener(t, self.ssl_context, https_compatible=False) for t in tcp]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.background)
                 task_status.started(self.port)
@@ -96,10 +102,11 @@ class CommandServer:
         self._topology_changed.set()
         self._topology_changed = trio.Event()
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+    async def _handle_connection(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
         conn_id = next(self._conn_ids)
         framer = wire.MessageFramer()
-        req = Request(conn_id, str(stream.socket.getpeername()))
+        sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+        req = Request(conn_id, str(sock.getpeername()))
         try:
             async with stream:
                 while True:

@@ -28,7 +28,8 @@ async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None
                       task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
     """Run the proxy and its engine until cancelled; `task_status.started(server)` once listening."""
     server = ProxyServer(config)
-    engine = Engine(server.connect_upstream, engine_config or EngineConfig(reader_processes=config.reader_processes))
+    engine = Engine(server.connect_upstream, engine_config or EngineConfig(reader_processes=config.reader_processes),
+                    connect_member=server.connect_member)
     engine.register(server.table)
     server.engine = engine  # type: ignore[attr-defined]
     async with trio.open_nursery() as nursery:

@@ -15,7 +15,7 @@ from wireproxy.config import ProxyConfig
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
-from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_member, open_upstream, parse_hosts
 
 log = logging.getLogger("wireproxy")
 
@@ -64,6 +64,10 @@ class ProxyServer:
             except UpstreamClosed as exc:
                 last = exc
         raise UpstreamClosed(f"no upstream reachable: {last}")
+
+    async def connect_member(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
+        """A connection to one member of a shard's replica set, with the upstream TLS settings."""
+        return await open_member(hosts, secondary=secondary, ssl_context=self._upstream_ssl)
 
     async def _learn_upstream(self) -> None:
         up = await self.connect_upstream()
