@@ -96,8 +96,12 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default:
 
 class Engine:
     def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
-                 config: EngineConfig | None = None, *, connect_member: ConnectMember = open_member) -> None:
+                 config: EngineConfig | None = None, *, connect_member: ConnectMember = open_member,
+                 requires_auth: bool = False) -> None:
         self.connect_upstream = connect_upstream
+        # The upstream requires authentication (the proxy logs in with its own credentials), so a
+        # client must have logged in on its connection before the engine serves it.
+        self.requires_auth = requires_auth
         self.connect_member = connect_member  # shard members, with the same TLS settings as mongos
         self.config = config or EngineConfig()
         self.streams: dict[str, ParallelStream] = {}
@@ -175,7 +179,15 @@ class Engine:
 
     # -- commands ----------------------------------------------------------------------------------
 
+    def _user(self, session: Any, command: str) -> str:
+        """The user `session` logged in as; Unauthorized (13) when the upstream needs one and there is none."""
+        user = getattr(session, "user", None) or ""
+        if self.requires_auth and not user:
+            raise MongoError("Unauthorized", f"Command {command} requires authentication")
+        return str(user)
+
     async def cmd_open(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        self._user(session, "parallelChangeStream")
         if db != "admin":
             raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
         for key in cmd:
@@ -289,7 +301,7 @@ class Engine:
         # Like the server: a cursor opened in a session belongs to that session; one opened without a
         # session belongs to the user (the proxy does not see users yet, so any connection may use it).
         cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else "",
-                           ns=CURSOR_NS, batch_size=batch_size or None)
+                           ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "")
         if token is not None:
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
         else:
@@ -337,6 +349,8 @@ class Engine:
         Anything else raises PassThrough, so the session forwards the aggregate to mongos unchanged:
         acceleration never changes what a consumer sees.
         """
+        if self.requires_auth and not getattr(session, "user", None):
+            raise PassThrough()  # mongos answers an unauthenticated aggregate with its own error
         pipeline = cmd.get("pipeline") or []
         spec = pipeline[0]["$changeStream"]
         stages = pipeline[1:]
@@ -375,6 +389,8 @@ class Engine:
         cur = self.cursors.get(cid)
         if cur is None:
             raise MongoError("CursorNotFound", f"cursor id {cid} not found")
+        if cur.user != self._user(session, next(iter(cmd))):
+            raise MongoError("Unauthorized", f"cursor id {cid} was not created by the authenticated user")
         lsid = cmd.get("lsid")
         if cur.owner and (lsid is None or repr(lsid["id"]) != cur.owner):
             raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
@@ -447,6 +463,7 @@ class Engine:
         highest token such that buckets hold at most k events in (after_i, planEnd] (admission
         control for Spark); without maxEvents, planEnd is the frontier.
         """
+        self._user(session, "parallelChangeStreamStatus")
         name = cmd.get("name")
         streams = [s for n, s in sorted(self.streams.items()) if name in (None, n)]
         if name is not None and not streams:

@@ -172,6 +172,7 @@ class BucketCursor:
     owner: str
     ns: str
     batch_size: int | None = None
+    user: str = ""           # who opened it, when the proxy requires authentication
     # Where the consumer has surely been: the start of the last batch handed out. A consumer that
     # stops inside a batch (a Spark task reading up to its end token, which then kills the
     # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing

@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="empty replica sets started beside the cluster, for addShard")
     parser.add_argument("--tls-cert-file", default="",
                         help="PEM with certificate and key: every process then requires TLS (requireTLS)")
+    parser.add_argument("--user", action="append", default=[], metavar="NAME:PASSWORD",
+                        help="require SCRAM-SHA-256 authentication and add this admin user (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
     parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
                                 version=args.version, oplog_bytes=args.oplog_mb << 20,
                                 periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
                                 election_timeout_s=args.election_timeout_s,
-                                spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file)) as cluster:
+                                spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file),
+                                users=dict(u.split(":", 1) for u in args.user) or None) as cluster:
             if args.prefill:
                 from simcluster.launcher import prefill
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import trio
 
+from mongoformats.scram import make_credential
 from simcluster.mongos import Mongos
 from simcluster.node import ShardNode
 from simcluster.oplog import ClusterClock
@@ -46,7 +47,8 @@ class SimCluster:
 async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.0.1", port: int = 0,
                        version: str = "7.0", oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0,
                        replication_lag_s: float = 0.0, election_timeout_s: float = 10.0,
-                       spare_shards: int = 0, tls: ssl.SSLContext | None = None) -> AsyncIterator[SimCluster]:
+                       spare_shards: int = 0, tls: ssl.SSLContext | None = None,
+                       users: dict[str, str] | None = None) -> AsyncIterator[SimCluster]:
     """Start a cluster on loopback. `port=0` picks free ports; otherwise mongos gets `port` and the
     shard members the ports after it. `periodic_noop_s` is the shards' periodicNoopIntervalSecs
     (server default 10 s): it bounds how long an idle shard holds back a native mongos change
@@ -54,7 +56,9 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
     apply every write again, which costs the simulator's one core). `election_timeout_s` is
     electionTimeoutMillis (server default 10 s). `spare_shards` more replica sets run beside the
     cluster, empty, for `addShard` to add (named shard<S>, shard<S+1>, ...). With `tls` (a server
-    context holding the certificate) every process requires TLS, like net.tls.mode requireTLS."""
+    context holding the certificate) every process requires TLS, like net.tls.mode requireTLS.
+    With `users` (name -> password, admin-database users with the root role) every process
+    requires SCRAM-SHA-256 authentication, like security.authorization enabled."""
     clock = ClusterClock()
 
     def replica_set(i: int) -> ReplicaSet:
@@ -69,11 +73,12 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
     spares = {rs.set_name: rs for rs in map(replica_set, range(shards, shards + spare_shards))}
     mongos = Mongos(clock, host, port, replsets, version=version, spares=spares)
     async with trio.open_nursery() as nursery:
-        mongos.ssl_context = tls
+        credentials = {name: make_credential(pw) for name, pw in users.items()} if users is not None else None
+        mongos.ssl_context, mongos.users = tls, credentials
         for rs in [*replsets.values(), *spares.values()]:
             rs.nursery = nursery
             for node in rs.members:
-                node.ssl_context = tls
+                node.ssl_context, node.users = tls, credentials
                 await nursery.start(node.serve)
         await nursery.start(mongos.serve)
         try:

@@ -22,6 +22,7 @@ from bson.codec_options import CodecOptions
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, is_resumable_change_stream_error
+from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
 
@@ -36,6 +37,13 @@ class Request:
     def __init__(self, conn_id: int, peer: str) -> None:
         self.conn_id = conn_id
         self.peer = peer
+        self.user: str | None = None                 # authenticated as (SCRAM), when auth is on
+        self.conversations: dict[int, tuple[ScramServer, bool]] = {}
+
+
+# What an unauthenticated connection may run when auth is on (the server's requiresAuth() false).
+_NO_AUTH = frozenset({"hello", "ismaster", "ping", "buildinfo", "saslstart", "saslcontinue", "connectionstatus",
+                      "logout", "getnonce", "endsessions", "whatsmyuri"})
 
 
 class CommandServer:
@@ -55,6 +63,8 @@ class CommandServer:
         self.fail_points: dict[str, dict[str, Any]] = {}
         # net.tls.mode requireTLS when set: every connection is TLS (the cluster sets one context).
         self.ssl_context: ssl.SSLContext | None = None
+        # security.authorization enabled when set: admin-database users and their SCRAM credentials.
+        self.users: dict[str, ScramCredential] | None = None
         self._cancel = trio.CancelScope()
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
         self.topology_counter = 0
@@ -69,6 +79,7 @@ class CommandServer:
             "getcmdlineopts": self.cmd_cmdline, "hostinfo": self.cmd_host_info, "getlog": self.cmd_get_log,
             "whatsmyuri": self.cmd_whatsmyuri, "connectionstatus": self.cmd_connection_status,
             "getfreemonitoringstatus": self.cmd_ok, "atlasversion": self.cmd_not_found,
+            "saslstart": self.cmd_sasl_start, "saslcontinue": self.cmd_sasl_continue, "logout": self.cmd_logout,
         }
 
     @property
@@ -168,6 +179,8 @@ class CommandServer:
             handler = self.commands.get(name.lower())
             if handler is None:
                 raise MongoError("CommandNotFound", f"no such command: '{name}'")
+            if self.users is not None and req.user is None and name.lower() not in _NO_AUTH:
+                raise MongoError("Unauthorized", f"Command {name} requires authentication")
             await self.check_command(name, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
@@ -264,6 +277,9 @@ class CommandServer:
             supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
             if supported:
                 out["compression"] = supported
+        mechs_for = cmd.get("saslSupportedMechs")
+        if self.users is not None and isinstance(mechs_for, str) and mechs_for.partition(".")[2] in self.users:
+            out["saslSupportedMechs"] = [MECHANISM]
         return out
 
     async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -279,7 +295,47 @@ class CommandServer:
         return {"you": req.peer}
 
     async def cmd_connection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
+        users = [{"user": req.user, "db": "admin"}] if req.user else []
+        roles = [{"role": "root", "db": "admin"}] if req.user else []
+        return {"authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": roles}}
+
+    # -- authentication (SCRAM-SHA-256; every user has the root role) -----------------------------
+
+    async def cmd_sasl_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if cmd.get("mechanism") != MECHANISM:
+            raise MongoError("MechanismUnavailable", f"Received authentication for mechanism {cmd.get('mechanism')} "
+                             "which is unknown or not enabled")
+        if self.users is None or db != "admin":
+            raise MongoError("AuthenticationFailed", "Authentication failed.")
+        conversation = ScramServer(self.users)
+        payload = conversation.first(bytes(cmd["payload"]))
+        cid = len(req.conversations) + 1
+        skip = bool((cmd.get("options") or {}).get("skipEmptyExchange"))
+        req.conversations[cid] = (conversation, skip)
+        return {"conversationId": cid, "done": False, "payload": Binary(payload, 0)}
+
+    async def cmd_sasl_continue(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        cid = cmd.get("conversationId")
+        if cid not in req.conversations:
+            raise MongoError("ProtocolError", "No SASL session state found")
+        conversation, skip = req.conversations[cid]
+        payload = bytes(cmd.get("payload", b""))
+        if not payload:  # the empty last step of a conversation without skipEmptyExchange
+            del req.conversations[cid]
+            return {"conversationId": cid, "done": True, "payload": Binary(b"", 0)}
+        try:
+            final = conversation.final(payload)
+        except MongoError:
+            del req.conversations[cid]
+            raise
+        req.user = conversation.user
+        if skip:
+            del req.conversations[cid]
+        return {"conversationId": cid, "done": skip, "payload": Binary(final, 0)}
+
+    async def cmd_logout(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        req.user = None
+        return {}
 
     async def cmd_build_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         full = {"7.0": "7.0.14", "8.0": "8.0.4", "6.0": "6.0.19", "5.0": "5.0.30"}[self.version]

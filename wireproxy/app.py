@@ -28,8 +28,9 @@ async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None
                       task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
     """Run the proxy and its engine until cancelled; `task_status.started(server)` once listening."""
     server = ProxyServer(config)
-    engine = Engine(server.connect_upstream, engine_config or EngineConfig(reader_processes=config.reader_processes),
-                    connect_member=server.connect_member)
+    engine = Engine(server.connect_engine_upstream,
+                    engine_config or EngineConfig(reader_processes=config.reader_processes),
+                    connect_member=server.connect_member, requires_auth=server.credentials is not None)
     engine.register(server.table)
     server.engine = engine  # type: ignore[attr-defined]
     async with trio.open_nursery() as nursery:

@@ -15,7 +15,15 @@ from wireproxy.config import ProxyConfig
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
-from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_member, open_upstream, parse_hosts
+from wireproxy.upstream import (
+    Credentials,
+    UpstreamClosed,
+    UpstreamConnection,
+    authenticate,
+    open_member,
+    open_upstream,
+    parse_hosts,
+)
 
 log = logging.getLogger("wireproxy")
 
@@ -29,6 +37,9 @@ class ProxyServer:
         self.process_id = ObjectId()
         self.wire_versions = (0, 21)
         self.hosts = parse_hosts(config.upstream)
+        # Credentials in the upstream URI are the engine's own login (readers, lookups, notes);
+        # a client's pinned connection is never logged in with them: each client authenticates itself.
+        self.credentials = Credentials.from_uri(config.upstream)
         self._conn_ids = itertools.count(1)
         self._limiter = trio.CapacityLimiter(config.max_connections)
         self._upstream_ssl = self._make_upstream_ssl()
@@ -65,9 +76,22 @@ class ProxyServer:
                 last = exc
         raise UpstreamClosed(f"no upstream reachable: {last}")
 
+    async def connect_engine_upstream(self) -> UpstreamConnection:
+        """A connection to mongos for the engine, logged in with the proxy's credentials."""
+        return await self._logged_in(await self.connect_upstream())
+
     async def connect_member(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
-        """A connection to one member of a shard's replica set, with the upstream TLS settings."""
-        return await open_member(hosts, secondary=secondary, ssl_context=self._upstream_ssl)
+        """A connection to one member of a shard's replica set for the engine (TLS, credentials)."""
+        return await self._logged_in(await open_member(hosts, secondary=secondary, ssl_context=self._upstream_ssl))
+
+    async def _logged_in(self, conn: UpstreamConnection) -> UpstreamConnection:
+        if self.credentials is not None:
+            try:
+                await authenticate(conn, self.credentials)
+            except BaseException:
+                await conn.aclose()
+                raise
+        return conn
 
     async def _learn_upstream(self) -> None:
         up = await self.connect_upstream()

@@ -32,6 +32,21 @@ log = logging.getLogger("wireproxy")
 _UPSTREAM_HELLO_FIELDS = ("saslSupportedMechs", "speculativeAuthenticate")
 
 
+_LOGIN_COMMANDS = frozenset({"saslstart", "saslcontinue", "logout"})
+
+
+def _scram_user(payload: Any) -> str | None:
+    """The user named by a SCRAM client-first message, or None for another mechanism."""
+    try:
+        text = bytes(payload).decode()
+    except (TypeError, UnicodeDecodeError):
+        return None
+    for part in text.split(",")[2:3]:
+        if part.startswith("n="):
+            return part[2:].replace("=2C", ",").replace("=3D", "=")
+    return None
+
+
 class _CloseConnection(Exception):
     pass
 
@@ -44,6 +59,10 @@ class ClientSession:
         self.framer = wire.MessageFramer()
         self.upstream: UpstreamConnection | None = None
         self._reply_ids = 0
+        # Who this client logged in as on its pinned upstream connection (seen in the SCRAM
+        # conversation passing through), for the engine's own commands and cursor ownership.
+        self.user: str | None = None
+        self._login_as: str | None = None
 
     async def run(self) -> None:
         try:
@@ -116,7 +135,9 @@ class ClientSession:
         route, handler = classify(cmd, self.server.table, accelerate=self.server.config.accelerate_change_streams)
         self.server.metrics.commands.labels(command=name, route=route.value).inc()
         if route is Route.PASSTHROUGH:
-            await self._forward(msg)
+            reply_body = await self._forward(msg)
+            if name.lower() in _LOGIN_COMMANDS and reply_body is not None:
+                self._follow_login(name.lower(), cmd, RawBSONDocument(reply_body, RAW))
             return
         try:
             if route is Route.HELLO:
@@ -146,14 +167,29 @@ class ClientSession:
             self.upstream = await self.server.connect_upstream()
         return self.upstream
 
-    async def _forward(self, msg: wire.OpMsg) -> None:
+    def _follow_login(self, name: str, cmd: Any, reply: Any) -> None:
+        """Learn the user from a SCRAM conversation the upstream accepted (the first message names
+        it: "n,,n=<user>,r=..."); a logout forgets it."""
+        if name == "logout":
+            self.user = self._login_as = None
+            return
+        if not reply.get("ok"):
+            self._login_as = None
+            return
+        if name == "saslstart":
+            self._login_as = _scram_user(cmd.get("payload"))
+        if reply.get("done") and self._login_as:
+            self.user = self._login_as
+
+    async def _forward(self, msg: wire.OpMsg) -> bytes | None:
+        """Send `msg` upstream and relay the replies; returns the (last) reply's body."""
         up = await self.get_upstream()
         rid = up.next_request_id()
         start = trio.current_time()
         await up.send(wire.encode_op_msg(rid, 0, msg.body, flags=msg.flags & ~wire.FLAG_CHECKSUM_PRESENT,
                                          sequences=msg.sequences))
         if msg.more_to_come:
-            return
+            return None
         response_to = msg.request_id
         while True:
             reply = await up.receive()
@@ -165,7 +201,7 @@ class ClientSession:
                                      sequences=reply.sequences)
             await self._send(out, msg.compressor)
             if not reply.more_to_come:  # exhaust: the upstream keeps sending until it clears moreToCome
-                return
+                return reply.body
             response_to = reply_id
 
     # -- hello -------------------------------------------------------------------------------------
@@ -203,5 +239,9 @@ class ClientSession:
             for f in _UPSTREAM_HELLO_FIELDS:
                 if f in got:
                     reply[f] = bson.decode(bson.encode({"v": got[f]}))["v"]
+            speculative = cmd.get("speculativeAuthenticate")
+            if isinstance(speculative, dict) and "speculativeAuthenticate" in got:
+                # The handshake started a login (speculative authentication): follow it too.
+                self._follow_login("saslstart", speculative, {"ok": 1, **reply["speculativeAuthenticate"]})
         reply["ok"] = 1.0
         return reply

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import itertools
 import ssl
-from typing import Any
+from typing import Any, NamedTuple
 
 import bson
 import trio
+from bson import Binary
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
+from mongoformats.scram import MECHANISM, ScramClient
 
-__all__ = ["UpstreamConnection", "UpstreamClosed", "open_member", "open_upstream", "parse_hosts"]
+__all__ = ["Credentials", "UpstreamConnection", "UpstreamClosed", "authenticate", "open_member", "open_upstream",
+           "parse_hosts"]
 
 
 class UpstreamClosed(Exception):
@@ -90,6 +93,39 @@ class UpstreamConnection:
         if check and not reply.get("ok"):
             raise MongoError.from_reply(bson.decode(msg.body))
         return reply
+
+
+class Credentials(NamedTuple):
+    """The proxy's own login on the upstream (from the `--upstream` URI), for the engine's connections."""
+
+    user: str
+    password: str
+    source: str = "admin"
+
+    @classmethod
+    def from_uri(cls, uri: str) -> Credentials | None:
+        from pymongo.uri_parser import parse_uri
+
+        parsed = parse_uri(uri, validate=False)
+        if not parsed.get("username"):
+            return None
+        options = parsed.get("options") or {}
+        return cls(parsed["username"], parsed.get("password") or "", options.get("authSource", "admin"))
+
+
+async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
+    """SCRAM-SHA-256 over saslStart/saslContinue; AuthenticationFailed (18) if refused."""
+    client = ScramClient(credentials.user, credentials.password)
+    reply = await conn.command(credentials.source, {"saslStart": 1, "mechanism": MECHANISM,
+                                                    "payload": Binary(client.first(), 0),
+                                                    "options": {"skipEmptyExchange": True}})
+    final = client.final(bytes(reply["payload"]))
+    reply = await conn.command(credentials.source, {"saslContinue": 1, "conversationId": reply["conversationId"],
+                                                    "payload": Binary(final, 0)})
+    client.verify(bytes(reply["payload"]))
+    while not reply.get("done"):
+        reply = await conn.command(credentials.source, {"saslContinue": 1, "conversationId": reply["conversationId"],
+                                                        "payload": Binary(b"", 0)})
 
 
 async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
