@@ -30,6 +30,9 @@ class StreamSpec:
     show_expanded_events: bool = True
     pipeline: tuple[dict[str, Any], ...] = field(default=())
     full_document: str = "default"     # or "updateLookup"
+    # Engine options passed through when the stream is created (shardBufferBytes, bucketBufferBytes,
+    # readerProcesses, maxAwaitTimeMS), as (name, value) pairs so the spec stays hashable.
+    engine_options: tuple[tuple[str, int], ...] = ()
 
     def open_command(self, **extra: Any) -> dict[str, Any]:
         cmd: dict[str, Any] = {"parallelChangeStream": 1, "nBuckets": self.n_buckets, "name": self.name,
@@ -38,6 +41,7 @@ class StreamSpec:
             cmd["pipeline"] = list(self.pipeline)
         if self.full_document != "default":
             cmd["fullDocument"] = self.full_document
+        cmd.update(self.engine_options)
         cmd.update(extra)
         return cmd
 

@@ -3,7 +3,9 @@
 Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages), fullDocument
 ("default" or "updateLookup"),
 startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
-maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize.
+maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's
+shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy creates
+the stream).
 
 Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
 reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
@@ -49,6 +51,9 @@ class Options:
         return self._raw[name.lower()]
 
 
+_ENGINE_OPTIONS = ("shardBufferBytes", "bucketBufferBytes", "readerProcesses", "maxAwaitTimeMS")
+
+
 def _spec(options: Options) -> StreamSpec:
     uri = options.get("uri")
     if not uri:
@@ -59,7 +64,8 @@ def _spec(options: Options) -> StreamSpec:
     pipeline = tuple(json.loads(options["pipeline"])) if options.get("pipeline") else ()
     return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=n,
                       show_expanded_events=(options.get("showExpandedEvents") or "true").lower() == "true",
-                      pipeline=pipeline, full_document=options.get("fullDocument") or "default")
+                      pipeline=pipeline, full_document=options.get("fullDocument") or "default",
+                      engine_options=tuple((k, int(v)) for k in _ENGINE_OPTIONS if (v := options.get(k))))
 
 
 def _start_args(options: Options) -> dict[str, Any]:

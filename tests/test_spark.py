@@ -44,9 +44,16 @@ def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> 
     finally:
         c.close()
     reader = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
-              .option("name", "batch1").option("startAtOperationTime", f"{start.time},{start.inc}"))
+              .option("name", "batch1").option("startAtOperationTime", f"{start.time},{start.inc}")
+              .option("bucketBufferBytes", str(8 << 20)))
     df = reader.load()
     assert df.rdd.getNumPartitions() == 4
+    c = client_for(env.proxy_uri)
+    try:  # engine options reach the stream the proxy created
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "batch1"})["streams"][0]
+        assert {b["limitBytes"] for b in status["buckets"]} == {8 << 20}
+    finally:
+        c.close()
     rows = df.filter("operationType = 'insert'").collect()
     assert len(rows) == 600
     per_partition = df.rdd.mapPartitionsWithIndex(lambda i, it: [(i, sorted({r["bucket"] for r in it}))]).collect()
