@@ -64,6 +64,9 @@ class Applier:
         self.dbs = dbs
         # Transactions whose ops arrived (partialTxn chain, or prepared) but not yet their commit.
         self.pending: dict[tuple[bytes, int], list[Mapping[str, Any]]] = {}
+        # Of those, the prepared ones: key -> (lsid, prepare ts). A member that becomes primary
+        # takes them over as prepared transactions, so the coordinator can still commit them.
+        self.prepared: dict[tuple[bytes, int], tuple[Mapping[str, Any], Any]] = {}
         # Retryable writes done, per session: lsid id -> (txnNumber, stmtIds). The server keeps
         # this in config.transactions and rebuilds it from the oplog's session fields, so a new
         # primary answers a retried statement it already has instead of applying it twice.
@@ -162,9 +165,11 @@ class Applier:
         elif name == "applyOps":
             self._apply_ops(entry)
         elif name == "commitTransaction":
+            self.prepared.pop(_txn(entry), None)
             for op in self.pending.pop(_txn(entry), []):
                 self.apply(op)
         elif name == "abortTransaction":
+            self.prepared.pop(_txn(entry), None)
             self.pending.pop(_txn(entry), None)
 
     def _coll_mod(self, coll: Collection, o: Mapping[str, Any]) -> None:
@@ -186,10 +191,19 @@ class Applier:
         key = _txn(entry)
         held = self.pending.setdefault(key, [])
         held.extend(ops)
+        if o.get("prepare"):
+            self.prepared[key] = (entry["lsid"], entry["ts"])
         if not o.get("partialTxn") and not o.get("prepare"):
             # The last link of a chain (or a one-entry commit): the whole transaction applies now.
             for op in self.pending.pop(key):
                 self.apply(op)
+
+
+def take_prepared(applier: Applier) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
+    """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid, prepare ts, ops)."""
+    out = [(key, lsid, ts, applier.pending.pop(key, [])) for key, (lsid, ts) in applier.prepared.items()]
+    applier.prepared.clear()
+    return out
 
 
 def _txn(entry: Mapping[str, Any]) -> tuple[bytes, int]:

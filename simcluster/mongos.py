@@ -21,7 +21,7 @@ from simcluster import query as q
 from simcluster.aggregate import run_pipeline
 from simcluster.cursors import Cursor
 from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
-from simcluster.oplog import ClusterClock
+from simcluster.oplog import ClusterClock, ts_key
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
@@ -103,6 +103,9 @@ class Mongos(CommandServer):
         # Transactions this router has seen start, by session: lsid id -> txnNumber. Shards join a
         # transaction when its first statement reaches them (get_or_start on the shard).
         self.txn_numbers: dict[bytes, int] = {}
+        # Two-phase commit decisions (the coordinator's config.transaction_coordinators): participants
+        # and commit timestamp, so a commit retried after a failover finishes what was decided.
+        self.commit_decisions: dict[TxnKey, tuple[list[str], Timestamp]] = {}
 
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
         return {"isWritablePrimary": True, "msg": "isdbgrid"}
@@ -143,29 +146,59 @@ class Mongos(CommandServer):
                 raise MongoError("HostUnreachable", f"write to shard {rs.set_name} was interrupted :: caused by "
                                  f":: {exc.code_name}: {exc.errmsg}") from exc
 
-    def _participants(self, key: TxnKey) -> list[ShardNode]:
-        return [s for _, s in sorted(self.shards.items()) if s.transactions.open(key) is not None]
+    def _participants(self, key: TxnKey) -> list[str]:
+        return [sid for sid, s in sorted(self.shards.items()) if s.transactions.open(key) is not None]
 
     async def cmd_commit_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """One participant commits directly; several go through two-phase commit, as mongos does."""
+        """One participant commits directly; several go through two-phase commit, as mongos's
+        coordinator does: prepare everywhere, wait until every prepare is majority-committed (so
+        a new primary still holds it), record the decision, then commit on each shard's current
+        primary. A retried commit finishes a recorded decision (after a failover, on the shards'
+        new primaries, which took the prepared transaction over)."""
         key = txn_key(cmd)
+        decided = self.commit_decisions.get(key)
+        if decided is not None:
+            await self._write_decision(key, *decided)
+            return {}
         participants = self._participants(key)
         if len(participants) == 1:
-            participants[0].transactions.commit(key)
+            self.shards[participants[0]].transactions.commit(key)
         elif participants:
-            prepared = [p.transactions.prepare(key) for p in participants]
-            commit_ts = max(prepared, key=lambda ts: (ts.time, ts.inc))
-            for p in participants:
-                p.transactions.commit_prepared(key, commit_ts)
+            prepared = {sid: self.shards[sid].transactions.prepare(key) for sid in participants}
+            commit_ts = max(prepared.values(), key=lambda ts: (ts.time, ts.inc))
+            for sid, ts in prepared.items():
+                rs = self.replsets[sid]
+                if len(rs.members) > 1:
+                    await rs.wait_majority(ts_key(ts), timeout_s=30.0)
+                    await rs.wait_primary(20.0)
+                    if rs.primary_node is None or rs.primary_node.transactions.open(key) is None:
+                        # A failover lost the prepare: the coordinator decides to abort.
+                        for other in participants:
+                            node = self.replsets[other].primary_node
+                            if node is not None and node.transactions.open(key) is not None:
+                                node.transactions.abort(key)
+                        raise no_such_transaction(key)
+            self.commit_decisions[key] = (participants, commit_ts)
+            await self.hang_while("hangBeforeWritingDecision")
+            await self._write_decision(key, participants, commit_ts)
         return {}
+
+    async def _write_decision(self, key: TxnKey, participants: list[str], commit_ts: Timestamp) -> None:
+        for sid in participants:
+            rs = self.replsets[sid]
+            await rs.wait_primary(20.0)
+            node = rs.primary  # FailedToSatisfyReadPreference if the shard still has none: retry
+            txn = node.transactions.open(key)
+            if txn is not None and txn.state == "prepared":
+                node.transactions.commit_prepared(key, commit_ts)
 
     async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         key = txn_key(cmd)
         participants = self._participants(key)
         if not participants and self.txn_numbers.get(key[0]) != key[1]:
             raise no_such_transaction(key)
-        for p in participants:
-            p.transactions.abort(key)
+        for sid in participants:
+            self.shards[sid].transactions.abort(key)
         self.txn_numbers.pop(key[0], None)
         return {}
 

@@ -23,7 +23,7 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
 from simcluster import query as q
-from simcluster.apply import Applier
+from simcluster.apply import Applier, take_prepared
 from simcluster.cursors import Cursor
 from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
@@ -102,6 +102,10 @@ class ShardNode(CommandServer):
         self.oplog.term = term
         self.election_id = election_id
         self.oplog.append({"op": "n", "ns": "", "o": {"msg": "new primary"}})
+        # Transactions prepared under the old primary stay prepared: the coordinator commits or
+        # aborts them here (the server restores them from the oplog the same way at step-up).
+        for key, lsid, prepare_ts, ops in take_prepared(self.applier):
+            self.transactions.restore_prepared(key, dict(lsid), prepare_ts, ops, self.applier.apply)
 
     async def background(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -151,6 +155,7 @@ class ShardNode(CommandServer):
         self.dbs.clear()
         self.dbs.update(copy.deepcopy(source.dbs))
         self.applier.pending = copy.deepcopy(source.applier.pending)
+        self.applier.prepared = copy.deepcopy(source.applier.prepared)
         self.applier.statements = copy.deepcopy(source.applier.statements)
         self.oplog.copy_from(source.oplog)
 

@@ -235,6 +235,11 @@ class CommandServer:
                              labels=tuple(data.get("errorLabels", ())))
         return None
 
+    async def hang_while(self, name: str) -> None:
+        """A hang fail point (e.g. hangBeforeWritingDecision): wait while it is configured on."""
+        while name in self.fail_points:
+            await trio.sleep(0.01)
+
     async def cmd_configure_fail_point(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         name = cmd["configureFailPoint"]
         mode = cmd.get("mode", "off")

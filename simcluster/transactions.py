@@ -50,6 +50,9 @@ class Transaction:
     undo: list[Callable[[], None]] = field(default_factory=list)
     state: str = "open"          # open -> prepared -> committed | aborted
     prepare_ts: Timestamp | None = None
+    # A prepared transaction this member took over at step-up: its ops are in the oplog but not
+    # applied here yet (a secondary applies them at commit); commit applies them with this.
+    apply_on_commit: Callable[[Any], None] | None = None
 
     def record(self, op: dict[str, Any], undo: Callable[[], None]) -> None:
         if self.state != "open":
@@ -122,10 +125,20 @@ class TransactionTable:
         assert txn.prepare_ts is not None
         return txn.prepare_ts
 
+    def restore_prepared(self, key: TxnKey, lsid: dict[str, Any], prepare_ts: Timestamp, ops: list[Any],
+                         apply: Callable[[Any], None]) -> None:
+        """A transaction prepared under an earlier primary, known from the oplog: still prepared here."""
+        self.txns[key] = Transaction(lsid, key[1], ops=list(ops), state="prepared", prepare_ts=prepare_ts,
+                                     apply_on_commit=apply)
+
     def commit_prepared(self, key: TxnKey, commit_ts: Timestamp) -> None:
         txn = self.txns[key]
         if txn.state == "committed":
             return
+        if txn.apply_on_commit is not None:
+            for op in txn.ops:
+                txn.apply_on_commit(op)
+            txn.apply_on_commit = None
         assert txn.prepare_ts is not None
         self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": {"commitTransaction": 1, "commitTimestamp": commit_ts},
                            **txn.session_fields(), "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)}})
@@ -139,7 +152,7 @@ class TransactionTable:
             self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": {"abortTransaction": 1}, **txn.session_fields(),
                                "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)}})
         if txn.state in ("open", "prepared"):
-            self._undo(txn)
+            self._undo(txn)  # a taken-over transaction has nothing to undo: its ops were never applied
         txn.state = "aborted"
 
     @staticmethod

@@ -9,6 +9,10 @@ later rollback removes.
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import bson
 import pytest
 import trio
@@ -193,4 +197,55 @@ async def test_a_retried_write_statement_is_applied_once():
             return c.t.c.find_one({"_id": 1})["n"]
         assert await sync(retry_on_the_new_primary) == 1
         await sync(session.end_session)
+        await sync(_close_all)
+
+
+async def test_prepared_transaction_survives_a_failover_between_prepare_and_commit():
+    """mongos's coordinator records its commit decision once every prepare is majority-committed;
+    a shard primary that dies before the decision reaches it is replaced by a member that took the
+    prepared transaction over from the oplog, and the commit lands there, exactly once."""
+    # Short periodic noops: the native stream waits for an idle shard's noop, as mongos does.
+    async with open_cluster(shards=2, members=3, election_timeout_s=0.2, periodic_noop_s=0.2) as cluster:
+        rs = cluster.replsets["shard0"]
+        old = rs.primary_node
+
+        def work() -> None:
+            c = client(cluster.uri)
+            c.admin.command("shardCollection", "tx.h", key={"_id": "hashed"})
+            start = c.admin.command("ping")["operationTime"]
+            native = c.watch(start_at_operation_time=start, max_await_time_ms=200)
+            c.admin.command("configureFailPoint", "hangBeforeWritingDecision", mode="alwaysOn")
+            done: list[Any] = []
+
+            def commit() -> None:
+                with c.start_session() as s:
+                    s.start_transaction()
+                    c.tx.h.insert_many([{"_id": 1000 + j} for j in range(8)], session=s)
+                    s.commit_transaction()
+                done.append(True)
+
+            worker = threading.Thread(target=commit)
+            worker.start()
+            deadline = time.monotonic() + 20
+            while not cluster.mongos.commit_decisions:
+                assert time.monotonic() < deadline, "the coordinator never decided"
+                time.sleep(0.02)
+            trio.from_thread.run_sync(rs.stop_member, old)  # before the decision reached shard0
+            while rs.primary_node in (None, old):
+                assert time.monotonic() < deadline, "no new primary"
+                time.sleep(0.02)
+            c.admin.command("configureFailPoint", "hangBeforeWritingDecision", mode="off")
+            worker.join(30)
+            assert done == [True]
+            assert sorted(d["_id"] for d in c.tx.h.find({"_id": {"$gte": 1000}})) == list(range(1000, 1008))
+            on_new = [d["_id"] for d in rs.primary_node.select("tx.h", {})]
+            assert on_new, "shard0 owns part of the transaction"
+            seen = []
+            while len(seen) < 8:
+                change = native.try_next()
+                if change is not None and change["operationType"] == "insert":
+                    seen.append(change["documentKey"]["_id"])
+            assert sorted(seen) == list(range(1000, 1008))  # each write once, after the failover too
+            native.close()
+        await sync(work)
         await sync(_close_all)
