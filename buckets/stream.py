@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -453,7 +454,9 @@ class ParallelStream:
             "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
             "mergeQueue": len(self.merge), "replays": self.replays,
             "error": str(self.error) if self.error else None,
-            "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts, "entriesRead": r.stats.entries,
+            "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts,
+                        "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time) if r.stats.last_ts.time else None,
+                        "entriesRead": r.stats.entries,
                         "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,
                         "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
                         "reconnects": r.stats.reconnects,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 
 from buckets.engine import Engine, EngineConfig
+from buckets.metrics import EngineCollector
 from wireproxy.config import ProxyConfig
 from wireproxy.server import ProxyServer
 
@@ -32,6 +33,7 @@ async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None
                     engine_config or EngineConfig(reader_processes=config.reader_processes),
                     connect_member=server.connect_member, requires_auth=server.credentials is not None)
     engine.register(server.table)
+    server.metrics.registry.register(EngineCollector(engine))
     server.engine = engine  # type: ignore[attr-defined]
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
