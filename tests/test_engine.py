@@ -422,3 +422,24 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(cluster):
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                             stream_idle_teardown_s=0.5))
+
+        def work():
+            c = client(proxy_uri(proxy))
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "short-lived"})
+            c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})  # there while cursors live
+            c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in opened["cursors"]]})
+
+            # Watched on the engine itself: a status command counts as activity (Spark plans with it).
+            wait_until(lambda: "short-lived" not in proxy.engine.streams, timeout=10)
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})
+            assert info.value.code == 26
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reader-processes", type=int,
                         help="worker processes turning oplog batches into events (default 0: in the proxy)")
     parser.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, how long in-flight requests get")
+    parser.add_argument("--stream-idle-teardown-s", type=float,
+                        help="close a parallel change stream that has had no cursor this long (default 300)")
     args = parser.parse_args(argv)
     config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
     config = ProxyConfig.from_env(base=config)
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         changes["reader_processes"] = args.reader_processes
     if args.shutdown_grace_s is not None:
         changes["shutdown_grace_s"] = args.shutdown_grace_s
+    if args.stream_idle_teardown_s is not None:
+        changes["stream_idle_teardown_s"] = args.stream_idle_teardown_s
     config = dataclasses.replace(config, **changes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()

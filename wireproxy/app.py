@@ -30,7 +30,8 @@ async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None
     """Run the proxy and its engine until cancelled; `task_status.started(server)` once listening."""
     server = ProxyServer(config)
     engine = Engine(server.connect_engine_upstream,
-                    engine_config or EngineConfig(reader_processes=config.reader_processes),
+                    engine_config or EngineConfig(reader_processes=config.reader_processes,
+                                                  idle_teardown_s=config.stream_idle_teardown_s),
                     connect_member=server.connect_member, requires_auth=server.credentials is not None)
     engine.register(server.table)
     server.metrics.registry.register(EngineCollector(engine))
