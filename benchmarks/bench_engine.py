@@ -24,9 +24,10 @@ from typing import Any
 
 import psutil
 import trio
-from bson import Timestamp
+from bson import Int64, Timestamp
 
 from benchmarks.common import write_results
+from mongoformats.oplog_splice import cursor_batch
 from simcluster.launcher import spawn_cluster, stop_process
 from wireproxy.upstream import UpstreamClosed, open_upstream, parse_hosts
 
@@ -43,13 +44,14 @@ async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
         nonlocal total
         host, port = parse_hosts(uri)[0]
         conn = await open_upstream(host, port)
+        # Entries are counted as byte slices of the reply (what a reader receives), never decoded.
         reply = await conn.command("local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}})
-        cursor = reply["cursor"]
-        total += len(cursor["firstBatch"])
-        while cursor["id"]:
-            reply = await conn.command("local", {"getMore": cursor["id"], "collection": "oplog.rs"})
-            cursor = reply["cursor"]
-            total += len(cursor["nextBatch"])
+        cursor_id, entries = cursor_batch(bytes(reply.raw))
+        total += len(entries)
+        while cursor_id:
+            reply = await conn.command("local", {"getMore": Int64(cursor_id), "collection": "oplog.rs"})
+            cursor_id, entries = cursor_batch(bytes(reply.raw))
+            total += len(entries)
         await conn.aclose()
 
     async with trio.open_nursery() as nursery:

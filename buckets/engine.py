@@ -34,7 +34,7 @@ from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_t
 from buckets.topology import Topology, read_topology
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
 from mongoformats.errors import MongoError
-from mongoformats.oplog_splice import array_of
+from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import UpstreamConnection, open_member
@@ -67,11 +67,8 @@ class EngineConfig:
 def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[ChangeEvent],
                     pbrt: Mapping[str, Any]) -> RawBSONDocument:
     """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding)."""
-    head = bson.encode({"id": Int64(cursor_id), "ns": ns})
-    tail = bson.encode({"postBatchResumeToken": pbrt})
-    body = b"".join((head[4:-1], b"\x04", batch_field.encode(), b"\x00", array_of([e.raw for e in events]),
-                     tail[4:-1]))
-    return RawBSONDocument((len(body) + 5).to_bytes(4, "little") + body + b"\x00", RAW)
+    raw = splice_cursor(cursor_id, ns, batch_field, [e.raw for e in events], {"postBatchResumeToken": pbrt})
+    return RawBSONDocument(raw, RAW)
 
 
 def _mentions_full_document(stages: Any) -> bool:

@@ -99,6 +99,16 @@ def array_of(items: list[bytes]) -> bytes:
     return _I32.pack(len(body) + 5) + body + b"\x00"
 
 
+def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[bytes],
+                    extra: dict[str, Any] | None = None) -> bytes:
+    """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
+    spliced from the documents' own bytes: no per-document object is built or re-encoded."""
+    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})
+    tail = bson.encode(extra or {})
+    body = b"".join((head[4:-1], b"\x04", batch_field.encode(), b"\x00", array_of(items), tail[4:-1]))
+    return _I32.pack(len(body) + 5) + body + b"\x00"
+
+
 def splice_full_document(event: bytes, document: bytes | None) -> bytes:
     """`event` (BSON) with a `fullDocument` element (`document`'s BSON, or null) spliced in before
     `ns`, where the server puts it; lsid/txnNumber ahead of `_id` stay where they are."""

@@ -9,10 +9,17 @@ from typing import Any
 
 import trio
 from bson import Int64
+from bson.raw_bson import RawBSONDocument
 
 from mongoformats.errors import MongoError
+from mongoformats.oplog_splice import cursor_document
 
 DEFAULT_AWAIT_MS = 1000  # the server's default await time for a tailable getMore
+
+
+class RawBatch(list[bytes]):
+    """A batch of documents kept as their BSON bytes (the oplog's entries): spliced into the reply
+    as they are, which makes serving the oplog a copy rather than an object per entry."""
 
 
 @dataclass
@@ -59,13 +66,13 @@ class CursorManager:
     def kill(self, cid: int) -> bool:
         return self._cursors.pop(cid, None) is not None
 
-    async def first_batch(self, cursor: Cursor, batch_size: int | None) -> dict[str, Any]:
+    async def first_batch(self, cursor: Cursor, batch_size: int | None) -> Any:
         cid = self.register(cursor)
         return await self._batch(cid, cursor, batch_size if batch_size is not None else 101, "firstBatch",
                                  None, first=True)
 
     async def get_more(self, cid: int, ns: str, batch_size: int | None, max_time_ms: int | None,
-                       fail_after_checkout: MongoError | None = None) -> dict[str, Any]:
+                       fail_after_checkout: MongoError | None = None) -> Any:
         cursor = self.get(cid, ns)
         if fail_after_checkout is not None:
             # failGetMoreAfterCursorCheckout: the getMore fails but the cursor survives.
@@ -78,7 +85,7 @@ class CursorManager:
         return await self._batch(cid, cursor, batch_size or 0, "nextBatch", max_time_ms)
 
     async def _batch(self, cid: int, cursor: Cursor, batch_size: int, key: str, max_time_ms: int | None,
-                     first: bool = False) -> dict[str, Any]:
+                     first: bool = False) -> Any:
         limit = batch_size if batch_size > 0 else 1 << 30
         if cursor.fetch is not None:
             cursor.busy = True
@@ -98,6 +105,9 @@ class CursorManager:
             alive = bool(cursor.docs)
         if not alive:
             self.kill(cid)
+        if isinstance(batch, RawBatch):
+            extra = cursor.extra() if cursor.extra is not None else None
+            return RawBSONDocument(cursor_document(cid if alive else 0, cursor.ns, key, batch, extra))
         out: dict[str, Any] = {"id": Int64(cid if alive else 0), "ns": cursor.ns, key: batch}
         if cursor.extra is not None:
             out.update(cursor.extra())

@@ -24,7 +24,7 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
 from simcluster import query as q
 from simcluster.apply import Applier, take_prepared
-from simcluster.cursors import Cursor
+from simcluster.cursors import Cursor, RawBatch
 from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
@@ -516,7 +516,7 @@ class ShardNode(CommandServer):
                     position = oplog.entry_key(raws[-1])
                     if rest:
                         return [bson.decode(r) for r in raws if q.matches(bson.decode(r), rest)]
-                    return [RawBSONDocument(r, RAW) for r in raws]
+                    return RawBatch(raws)
                 if not tailable:
                     return []
                 # A lagging member may know a commit point beyond what it has applied: wait for both.
