@@ -283,7 +283,9 @@ class ShardNode(CommandServer):
         """What each write of `cmd` logs besides itself: retryable-write fields, or its transaction."""
         if "lsid" not in cmd or "txnNumber" not in cmd:
             return {}
-        lsid = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
+        lsid = cmd.get("$lsid_logged")  # computed once per command, not once per statement
+        if lsid is None:
+            lsid = cmd["$lsid_logged"] = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
         if cmd.get("autocommit") is False:
             return {"$txn": self.transactions.get_or_start(cmd, lsid)}
         return {"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
@@ -323,8 +325,9 @@ class ShardNode(CommandServer):
         if "_id" not in doc:
             doc = {"_id": ObjectId(), **doc}
             raw = None
-        coll.check_unique(doc, ns)
-        coll.put(doc)
+        key = id_key(doc["_id"])
+        coll.check_unique(doc, ns, key=key)
+        coll.put(doc, key=key)
         entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": coll.ui,
                                  "o": RawBSONDocument(raw, RAW) if raw is not None else doc,
                                  "o2": self.document_key(ns, doc)}

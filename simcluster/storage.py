@@ -56,13 +56,18 @@ class Collection:
 
     @property
     def ui(self) -> Binary:
-        return Binary(self.uuid.bytes, 4)
+        # Every write logs it: built once per uuid (which a create with a given UUID may still set).
+        cached = self.__dict__.get("_ui")
+        if cached is None or cached[0] is not self.uuid:
+            cached = self.__dict__["_ui"] = (self.uuid, Binary(self.uuid.bytes, 4))
+        return cached[1]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(list(self.docs.values()))
 
-    def check_unique(self, doc: dict[str, Any], ns: str, ignore: bytes | None = None) -> None:
-        k = id_key(doc["_id"])
+    def check_unique(self, doc: dict[str, Any], ns: str, ignore: bytes | None = None, *,
+                     key: bytes | None = None) -> None:
+        k = key or id_key(doc["_id"])
         if k in self.docs and k != ignore:
             raise MongoError("DuplicateKey", f"E11000 duplicate key error collection: {ns} index: _id_ dup key: "
                              f"{{ _id: {doc['_id']!r} }}", keyPattern={"_id": 1}, keyValue={"_id": doc["_id"]})
@@ -74,8 +79,8 @@ class Collection:
                     raise MongoError("DuplicateKey", f"E11000 duplicate key error collection: {ns} index: "
                                      f"{ix.name} dup key: {kv!r}", keyPattern=ix.key, keyValue=kv)
 
-    def put(self, doc: dict[str, Any], old: dict[str, Any] | None = None) -> None:
-        k = id_key(doc["_id"])
+    def put(self, doc: dict[str, Any], old: dict[str, Any] | None = None, *, key: bytes | None = None) -> None:
+        k = key or id_key(doc["_id"])
         for ix in self.indexes.values():
             if ix.unique:
                 if old is not None:
