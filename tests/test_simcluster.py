@@ -225,3 +225,16 @@ async def test_transactions_single_and_cross_shard(cluster):
     assert all(list(e)[:3] == ["txnNumber", "lsid", "_id"] for e in in_txn)
     assert sorted(decode_token(e["_id"]).txn_op_index for e in in_txn if e["ns"]["coll"] == "one") == [0, 1]
     assert not [e for e in events if e.get("documentKey", {}).get("_id") == 99]
+
+
+def test_oplog_stamp_spliced_as_bytes_equals_encoding_the_stamped_entry():
+    from bson import Int64
+
+    from simcluster.oplog import ClusterClock, Oplog
+
+    oplog = Oplog(ClusterClock(), term=7)
+    fields = {"op": "i", "ns": "a.b", "ui": bson.Binary(b"\x01" * 16, 4), "o": {"_id": 1, "x": [1, 2]},
+              "o2": {"_id": 1}}
+    ts, raw = oplog.append(fields)
+    wall = bson.decode(raw)["wall"]
+    assert raw == bson.encode({**fields, "ts": ts, "t": Int64(7), "v": Int64(2), "wall": wall})
