@@ -390,15 +390,19 @@ class OplogTransformer:
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
 
 
-def with_full_document(event: Mapping[str, Any], document: Any) -> dict[str, Any]:
-    """An update event with `fullDocument` (a looked-up post-image, or None once the document is
-    gone) where the server puts it: after wallTime, before ns, as in insert and replace events."""
+def with_field_before_ns(event: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """`event` with `name` set just before `ns`: where the server puts fullDocument (a looked-up or
+    recorded post-image, or None) and, after it, fullDocumentBeforeChange."""
     out: dict[str, Any] = {}
-    for name, value in event.items():
-        if name == "ns":
-            out["fullDocument"] = document
-        out[name] = value
+    for key, item in event.items():
+        if key == "ns":
+            out[name] = value
+        out[key] = item
     return out
+
+
+def with_full_document(event: Mapping[str, Any], document: Any) -> dict[str, Any]:
+    return with_field_before_ns(event, "fullDocument", document)
 
 
 def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:

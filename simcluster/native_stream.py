@@ -21,7 +21,14 @@ import bson
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import RAW, ChangeEvent, OplogTransformer, invalidate_event, with_full_document
+from mongoformats.change_events import (
+    RAW,
+    ChangeEvent,
+    OplogTransformer,
+    invalidate_event,
+    with_field_before_ns,
+    with_full_document,
+)
 from mongoformats.errors import MongoError
 from mongoformats.mql import matches
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
@@ -34,6 +41,7 @@ _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter",
 # Stages allowed after $changeStream (the server's allow-list, minus those simcluster lacks).
 _STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
                      "$redact", "$changeStreamSplitLargeEvent"})
+_IMAGE_MODES = ("whenAvailable", "required")
 _INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
 
 
@@ -61,6 +69,9 @@ class NativeStream:
         self.db, self.coll = db, coll
         self.scope = "cluster" if spec.get("allChangesForCluster") else ("database" if coll is None else "collection")
         self.full_document = spec.get("fullDocument", "default")
+        self.before_change = spec.get("fullDocumentBeforeChange", "off")
+        # Which member set each pending event came from: its pre- and post-images live there.
+        self.origin: dict[bytes, Any] = {}
         self.stages = stages
         self.transformers = [self._transformer() for _ in nodes]
         token = spec.get("resumeAfter") or spec.get("startAfter")
@@ -123,6 +134,8 @@ class NativeStream:
                     for ev in self.transformers[i].transform(RawBSONDocument(raw, RAW)):
                         if ev.sort_key > self.skip_key and self._in_scope(ev):
                             self.pending.append(ev)
+                            if self.before_change != "off" or self.full_document in _IMAGE_MODES:
+                                self.origin[ev.sort_key] = node
                 self.positions[i] = node.oplog.entry_key(raws[-1])
         # Every shard has been read through its position: nothing at or below the oldest can still come.
         frontier = self.frontier = min(self.positions)
@@ -131,18 +144,32 @@ class NativeStream:
         return ready
 
     def _shape(self, ev: ChangeEvent, node_for_lookup: Any) -> Any:
-        """Apply fullDocument lookups and the user's trailing stages to one event."""
-        if self.full_document in ("updateLookup", "whenAvailable", "required") and ev.op_type == "update":
-            doc = bson.decode(ev.raw)
-            key = doc["documentKey"]
-            found = node_for_lookup(f"{ev.db}.{ev.coll}", key)
-            if found is None and self.full_document == "required":
-                raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for "
-                                 "all update events, but the post-image was not found")
-            return self._stages(with_full_document(doc, found), ev.token)
-        if not self.stages:
-            return RawBSONDocument(ev.raw, RAW)
-        return self._stages(bson.decode(ev.raw), ev.token)
+        """Apply fullDocument lookups or post-images, pre-images and the user's stages to one event."""
+        origin = self.origin.pop(ev.sort_key, None)
+        wants_post = ev.op_type == "update" and self.full_document != "default"
+        wants_pre = self.before_change != "off" and ev.op_type in ("update", "replace", "delete")
+        if not (wants_post or wants_pre):
+            if not self.stages:
+                return RawBSONDocument(ev.raw, RAW)
+            return self._stages(bson.decode(ev.raw), ev.token)
+        doc = bson.decode(ev.raw)
+        images = origin.images.get((f"{ev.db}.{ev.coll}", ts_key(ev.cluster_time))) if origin is not None else None
+        if wants_post:
+            if self.full_document == "updateLookup":
+                after = node_for_lookup(f"{ev.db}.{ev.coll}", doc["documentKey"])
+            else:  # whenAvailable / required: the post-image recorded with the write
+                after = images[1] if images is not None else None
+                if after is None and self.full_document == "required":
+                    raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image "
+                                     "for all update events, but the post-image was not found")
+            doc = with_full_document(doc, after)
+        if wants_pre:
+            before = images[0] if images is not None else None
+            if before is None and self.before_change == "required":
+                raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
+                                 "update, delete and replace events, but the pre-image was not found")
+            doc = with_field_before_ns(doc, "fullDocumentBeforeChange", before)
+        return self._stages(doc, ev.token)
 
     def _stages(self, doc: dict[str, Any], token: dict[str, Any]) -> Any:
         for stage in self.stages:
@@ -265,12 +292,15 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     if not isinstance(spec, dict):
         raise MongoError("TypeMismatch", "the $changeStream stage specification must be an object")
     for key in spec:
-        if key not in _OPTIONS or (key == "showExpandedEvents" and version < 2):
+        if key not in _OPTIONS or (key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2):
             raise MongoError("IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field.")
     if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
         raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
     if spec.get("fullDocument", "default") not in ("default", "updateLookup", "whenAvailable", "required"):
         raise MongoError("BadValue", f"'{spec['fullDocument']}' is not a valid fullDocument option")
+    if spec.get("fullDocumentBeforeChange", "off") not in ("off", "whenAvailable", "required"):
+        raise MongoError("BadValue", f"'{spec['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
+                         "option")
     for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")

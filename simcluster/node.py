@@ -156,6 +156,7 @@ class ShardNode(CommandServer):
         self.dbs.update(copy.deepcopy(source.dbs))
         self.applier.pending = copy.deepcopy(source.applier.pending)
         self.applier.prepared = copy.deepcopy(source.applier.prepared)
+        self.applier.images = copy.deepcopy(source.applier.images)
         self.applier.statements = copy.deepcopy(source.applier.statements)
         self.oplog.copy_from(source.oplog)
 
@@ -163,6 +164,10 @@ class ShardNode(CommandServer):
 
     def commit_key(self) -> int:
         return min(self.replset.commit_key(), self.oplog.last_key())
+
+    @property
+    def images(self) -> dict[tuple[str, int], tuple[Any, Any]]:
+        return self.applier.images
 
     async def wait_commit_beyond(self, key: int, deadline: float) -> bool:
         return await self.replset.wait_commit_beyond(key, deadline) and await self.oplog.wait_beyond(key, deadline)
@@ -291,15 +296,20 @@ class ShardNode(CommandServer):
         return {"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
                 "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
 
-    def _log(self, entry: dict[str, Any], session: dict[str, Any], undo: Callable[[], None]) -> None:
-        """Append a write's oplog entry, or hold it in its transaction until commit."""
+    def _log(self, entry: dict[str, Any], session: dict[str, Any], undo: Callable[[], None],
+             images: tuple[Any, Any] | None = None, coll: Collection | None = None) -> None:
+        """Append a write's oplog entry, or hold it in its transaction until commit. `images` are
+        the document before and after an update or delete, kept if the collection asks for them
+        (writes inside transactions keep none: their pre-images are not recorded yet)."""
         txn = session.get("$txn")
         if txn is not None:
             txn.record(entry, undo)
             return
         entry.update(session)
-        self.oplog.append(entry)
+        ts, _ = self.oplog.append(entry)
         self.applier.record_statement(entry)
+        if images is not None and coll is not None:
+            self.applier.record_images(coll, entry["ns"], ts, *images)
 
     def check_session(self, name: str, cmd: dict[str, Any]) -> None:
         """A statement of a transaction this node never started fails as the server does (251)."""
@@ -361,7 +371,7 @@ class ShardNode(CommandServer):
             replacement = bool(upd) and not next(iter(upd)).startswith("$")
             o: Any = new if replacement else {"$v": 2, "diff": q.compute_diff(old, new)}
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
-            self._log(entry, session, functools.partial(coll.put, old, new))
+            self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
         if not matched and spec.get("upsert"):
             base = {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
@@ -389,7 +399,7 @@ class ShardNode(CommandServer):
             n_modified += 1
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": {"$v": 2, "diff": q.compute_diff(old, new)},
                      "o2": self.document_key(ns, old)}
-            self._log(entry, session, functools.partial(coll.put, old, new))
+            self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         return {"n": len(matched), "nModified": n_modified}
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -410,7 +420,7 @@ class ShardNode(CommandServer):
             entry: dict[str, Any] = {"op": "d", "ns": ns, "ui": coll.ui, "o": self.document_key(ns, doc)}
             if from_migrate:
                 entry["fromMigrate"] = True
-            self._log(entry, session, functools.partial(coll.put, doc))
+            self._log(entry, session, functools.partial(coll.put, doc), (doc, None), coll)
         return removed
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

@@ -137,6 +137,13 @@ class ReplicaSet:
         return node.oplog
 
     @property
+    def images(self) -> Any:
+        """Pre- and post-images, from the same member `oplog` reads."""
+        live = [m for m in self.members if m.up] or self.members
+        node = self.primary_node or max(live, key=lambda m: m.oplog.last_key())
+        return node.applier.images
+
+    @property
     def clock(self) -> Any:
         return self.members[0].clock
 

@@ -20,7 +20,6 @@ SPEC_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "spec-test
 
 # Why some tests cannot run here; everything else must pass.
 SKIPS = {
-    "change-streams-pre_and_post_images.json": "simcluster keeps no pre-/post-image collection yet",
     "change-streams-nsType.json": "nsType is a MongoDB 8.1 feature; simcluster reports 7.0",
     "The watch helper must not throw a custom exception when executed against a single server topology, but "
     "instead depend on a server error": "needs a standalone server; simcluster runs replica sets and mongos",
