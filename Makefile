@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(PY) -m bucketspark.demo
 
 test: $(STAMP) $(NODE_DEPS)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

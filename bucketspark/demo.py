@@ -80,11 +80,13 @@ def run_workload(client: pymongo.MongoClient[Any], ops: int, seed: int = 7) -> i
                 # A transaction across shards (orders is hashed) and collections: pay an order, log it.
                 for _ in range(5):
                     oid = rng.randrange(max(next_id, 1))
+
+                    def pay(s: Any, oid: int = oid) -> None:
+                        shop.orders.update_many({"_id": {"$in": [oid, oid + 1]}}, {"$set": {"paid": True}}, session=s)
+                        crm.payments.insert_one({"order": oid, "amount": rng.randrange(1, 99)}, session=s)
+
                     with client.start_session() as s:
-                        s.with_transaction(lambda s, oid=oid: (
-                            shop.orders.update_many({"_id": {"$in": [oid, oid + 1]}}, {"$set": {"paid": True}},
-                                                    session=s),
-                            crm.payments.insert_one({"order": oid, "amount": rng.randrange(1, 99)}, session=s)))
+                        s.with_transaction(pay)
                 done += 10
             else:
                 shop.items.insert_many([{"sku": f"sku-{next_sku + i}", "price": i} for i in range(10)])
@@ -178,8 +180,8 @@ def _demo(env: Environment, ops: int, buckets: int, timeout_s: float) -> int:
                  .option("nBuckets", str(buckets)).option("name", "demo").load())
     query = (stream_df.writeStream.foreachBatch(replicate_batch(env.target.uri, record))
              .option("checkpointLocation", checkpoint).trigger(processingTime="1 second").start())
-    source = pymongo.MongoClient(env.proxy_uri)
-    target = pymongo.MongoClient(env.target.uri)
+    source: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(env.proxy_uri)
+    target: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(env.target.uri)
     started = time.time()
     try:
         while not query.lastProgress and time.time() - started < 60:

@@ -174,7 +174,7 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
     return stats
 
 
-def replicate_arrow(target_uri: str):  # type: ignore[no-untyped-def]
+def replicate_arrow(target_uri: str) -> Any:
     """A `mapInArrow` function: apply one bucket's events (column `event`, BSON) to the target.
 
     Arrow carries the BSON column from the JVM as whole buffers; `foreachPartition` would pickle a
@@ -197,7 +197,7 @@ def replicate_arrow(target_uri: str):  # type: ignore[no-untyped-def]
 CROSS_BUCKET = ("rename", "dropDatabase")
 
 
-def replicate_batch(target_uri: str, on_batch: Any = None):  # type: ignore[no-untyped-def]
+def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
     """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
 
     Events that span buckets (rename, dropDatabase) are barriers: the batch is cut at each one,

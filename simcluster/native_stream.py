@@ -260,7 +260,8 @@ def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
             continue
         if "." in k:  # a dotted key computes (or includes) a nested field
             head, rest = k.split(".", 1)
-            sub = doc.get(head) if isinstance(doc.get(head), dict) else {}
+            found = doc.get(head)
+            sub: dict[str, Any] = found if isinstance(found, dict) else {}
             nested = _project({**sub, "_id": None}, {"_id": 0, rest: v}) if v in (1, True) else \
                 _set_path({}, rest, _expr(doc, v))
             out[head] = {**out.get(head, {}), **nested}

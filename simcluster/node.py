@@ -497,7 +497,8 @@ class ShardNode(CommandServer):
         cond = filt.get("ts", {})
         oplog = self.oplog
         if isinstance(cond, dict) and ("$gte" in cond or "$gt" in cond):
-            start = ts_key(cond.get("$gte", cond.get("$gt")))
+            bound = cond["$gte"] if "$gte" in cond else cond["$gt"]
+            start = ts_key(bound)
             position = start - 1 if "$gte" in cond else start
         else:
             position = 0
@@ -640,7 +641,7 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         if coll is None:
             raise MongoError("NamespaceNotFound", f"ns not found {ns}")
-        which = cmd.get("index")
+        which: Any = cmd.get("index")
         names = [n for n in coll.indexes if n != "_id_"] if which == "*" else (
             [which] if isinstance(which, str) else
             [n for n, ix in coll.indexes.items() if ix.key == dict(which)] if isinstance(which, dict) else list(which))

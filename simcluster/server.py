@@ -29,7 +29,8 @@ from simcluster.oplog import ClusterClock
 log = logging.getLogger("simcluster")
 
 MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
-DECODE = CodecOptions(tz_aware=True)  # dicts; UUIDs stay Binary subtype 4 (no representation chosen)
+# Decoded commands are dicts; UUIDs stay Binary subtype 4 (no representation chosen).
+DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True)
 
 class Request:
     """What a handler may want beyond the command: the connection it came on."""
@@ -133,6 +134,7 @@ class CommandServer:
                         continue
                     if reply is _CLOSE:
                         return
+                    assert isinstance(reply, bytes)
                     await stream.send_all(reply)
         except ProtocolError as exc:
             log.info("closing connection %s: %s", conn_id, exc)
@@ -366,8 +368,8 @@ class CommandServer:
             if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
                 continue
             if key == "periodicNoopIntervalSecs" and hasattr(self, "periodic_noop_interval_s"):
-                out["was"] = self.periodic_noop_interval_s
-                self.periodic_noop_interval_s = float(value)
+                out["was"] = getattr(self, "periodic_noop_interval_s")  # noqa: B009 (a mongod's setting only)
+                setattr(self, "periodic_noop_interval_s", float(value))  # noqa: B010
             else:
                 raise MongoError("InvalidOptions", f"attempted to set unrecognized parameter [{key}]")
         return out
@@ -414,7 +416,8 @@ class CommandServer:
         return mode == "alwaysOn"
 
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        killed, missing = [], []
+        killed: list[Int64] = []
+        missing: list[Int64] = []
         for cid in cmd.get("cursors", []):
             (killed if self.cursors.kill(int(cid)) else missing).append(Int64(cid))
         return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
