@@ -295,8 +295,8 @@ class Engine:
             position = bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
         lsid = cmd.get("lsid")
-        # Like the server: a cursor opened in a session belongs to that session; one opened without a
-        # session belongs to the user (the proxy does not see users yet, so any connection may use it).
+        # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
+        # _user) and, if opened in a session, to that session too.
         cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else "",
                            ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "")
         if token is not None:
