@@ -55,6 +55,15 @@ def _value_end(buf: bytes, t: int, p: int) -> int:
     raise ValueError(f"unknown BSON type 0x{t:02x}")
 
 
+def leading_id(doc: bytes) -> tuple[int, bytes] | None:
+    """(BSON type, value bytes) of `doc`'s `_id` when it is the first element (drivers put it
+    there), else None."""
+    if len(doc) < 10 or doc[5:9] != b"_id\x00":
+        return None
+    t = doc[4]
+    return t, doc[9:_value_end(doc, t, 9)]
+
+
 def elements(buf: bytes, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
     """The elements of the BSON document at `start`: name -> (type, value start, value end)."""
     unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED

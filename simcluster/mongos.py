@@ -241,6 +241,9 @@ class Mongos(CommandServer):
 
     async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['insert']}"
+        if ns not in self.sharded:  # every document goes to the database's primary shard
+            primary = self.primary_of(db)
+            return q.run_inserts(ns, cmd, lambda doc: primary)
         return q.run_inserts(ns, cmd, lambda doc: self.shard_for_doc(ns, doc))
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

@@ -12,8 +12,10 @@ import datetime
 import functools
 import logging
 import math
+import struct
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import bson
 import trio
@@ -22,6 +24,7 @@ from bson.raw_bson import RawBSONDocument
 
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
+from mongoformats.oplog_splice import leading_id
 from simcluster import query as q
 from simcluster.apply import Applier, take_prepared
 from simcluster.cursors import Cursor, RawBatch
@@ -49,6 +52,82 @@ def _wall(key: int) -> datetime.datetime:
 
 # lsid.uid of an unauthenticated session: SHA-256 of the empty user name (mongodb-formats.md C.1).
 _ANONYMOUS_UID = __import__("hashlib").sha256(b"").digest()
+_I32 = struct.Struct("<i")
+
+
+class _SessionBytes(NamedTuple):
+    """A retryable write's session fields as bytes, around each statement's stmtId."""
+
+    lsid_id: bytes
+    txn_number: int
+    head: bytes   # lsid, txnNumber, and the stmtId element's type and name
+    tail: bytes   # prevOpTime
+
+
+def _session_bytes(cmd: dict[str, Any]) -> _SessionBytes | None:
+    """The session fields every statement of `cmd` logs (encoded once per command), or None."""
+    if "lsid" not in cmd or "txnNumber" not in cmd:
+        return None
+    cached = cmd.get("$session_bytes")
+    if cached is None:
+        lsid = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
+        head = bson.encode({"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"])})[4:-1] + b"\x10stmtId\x00"
+        tail = bson.encode({"prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}})[4:-1]
+        cached = cmd["$session_bytes"] = _SessionBytes(bytes(cmd["lsid"]["id"]), int(cmd["txnNumber"]), head, tail)
+    return cached
+
+
+class SentInserts:
+    """The inserts of one insert command on one node, outside a transaction, logged from the
+    bytes the client sent: the same entries ShardNode.insert_one writes, with what every
+    document shares (collection, entry head, session fields) worked out once per command."""
+
+    def __init__(self, node: ShardNode, ns: str, cmd: Any) -> None:
+        self.node, self.ns = node, ns
+        self.session = _session_bytes(cmd)
+        self.known: set[int] | None = None
+        if self.session is not None:
+            known = node.applier.statements.get(self.session.lsid_id)
+            if known is None or known[0] != self.session.txn_number:
+                known = node.applier.statements[self.session.lsid_id] = (self.session.txn_number, set())
+            self.known = known[1]
+        shard_key = node.shard_keys.get(ns)
+        self.whole_key = bool(shard_key) and set(shard_key or ()) != {"_id"}  # documentKey beyond _id
+        self.coll: Collection | None = None
+        self.head = b""
+        self.wall_ms = int(time.time() * 1000)  # one clock reading for the command's writes
+
+    def insert(self, doc: dict[str, Any], raw: bytes, stmt_id: int) -> bool:
+        """Insert one document; False when it needs the general path (its _id is not first)."""
+        ident = leading_id(raw)
+        if ident is None or ".system." in self.ns:
+            return False
+        if self.known is not None and stmt_id in self.known:
+            return True  # a retried statement the shard already has: done
+        node = self.node
+        coll = self.coll
+        if coll is None:
+            coll = self.coll = node.coll(self.ns, create=True)
+            assert coll is not None
+            self.head = bson.encode({"op": "i", "ns": self.ns, "ui": coll.ui})[4:-1] + b"\x03o\x00"
+        t, value = ident
+        key = b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value)  # id_key(_id), from the bytes
+        coll.check_unique(doc, self.ns, key=key)
+        coll.put(doc, key=key)
+        if self.whole_key:
+            o2 = bson.encode(node.document_key(self.ns, doc))
+        else:
+            o2 = b"%b%b\x00" % (_I32.pack(len(value) + 10), raw[4:9 + len(value)])
+        session = self.session
+        if session is None:
+            node.oplog.append_body(b"%b%b\x03o2\x00%b" % (self.head, raw, o2), wake=False, wall_ms=self.wall_ms)
+        else:
+            node.oplog.append_body(b"%b%b\x03o2\x00%b%b%b%b" % (self.head, raw, o2, session.head,
+                                                              _I32.pack(stmt_id), session.tail),
+                                   wake=False, wall_ms=self.wall_ms)
+            assert self.known is not None
+            self.known.add(stmt_id)
+        return True
 
 
 class ShardNode(CommandServer):
@@ -72,6 +151,8 @@ class ShardNode(CommandServer):
         self.frozen_until = -math.inf   # replSetStepDown: not electable before this trio time
         # ns -> shard key pattern (set by the router), so o2/documentKey holds shard key + _id.
         self.shard_keys: dict[str, dict[str, Any]] = {}
+        # The constant head (op, ns, ui) of each collection's insert entries, for insert_sent.
+        self._insert_prefixes: dict[tuple[str, Any], bytes] = {}
         self.commands.update({
             "insert": self.cmd_insert, "update": self.cmd_update, "delete": self.cmd_delete,
             "find": self.cmd_find, "count": self.cmd_count, "distinct": self.cmd_distinct,

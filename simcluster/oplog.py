@@ -50,6 +50,16 @@ class ClusterClock:
             self._inc += 1
         return Timestamp(self._secs, self._inc)
 
+    def tick_key(self, now: int | None = None) -> int:
+        """`tick()` as the oplog's integer key (seconds << 32 | increment), with no Timestamp built;
+        `now` (wall seconds) may be read once for a batch of writes."""
+        now = int(time.time()) if now is None else now
+        if now > self._secs:
+            self._secs, self._inc = now, 1
+        else:
+            self._inc += 1
+        return (self._secs << 32) | self._inc
+
     def now(self) -> Timestamp:
         return Timestamp(self._secs, self._inc)
 
@@ -104,7 +114,22 @@ class Oplog:
         self.append_raw(ts_key(ts), raw)
         return ts, raw
 
-    def append_raw(self, key: int, raw: bytes) -> None:
+    def append_body(self, body: bytes, *, wake: bool = True, wall_ms: int | None = None) -> tuple[int, bytes]:
+        """Stamp and append an entry given as its encoded elements (op ... session fields);
+        `wall_ms` is the write's wall time if the caller read the clock once for a batch."""
+        wall_ms = int(time.time() * 1000) if wall_ms is None else wall_ms
+        key = self.clock.tick_key(wall_ms // 1000)
+        raw = b"".join((_I32.pack(len(body) + 5 + _STAMP.size), body,
+                        _stamp(key & 0xFFFFFFFF, key >> 32, self.term, wall_ms), b"\x00"))
+        self.append_raw(key, raw, wake=wake)
+        return key, raw
+
+    def wake(self) -> None:
+        """Wake the tailers and secondaries waiting on this oplog (after quiet appends)."""
+        self._grew.set()
+        self._grew = trio.Event()
+
+    def append_raw(self, key: int, raw: bytes, *, wake: bool = True) -> None:
         if self._keys and key <= self._keys[-1]:
             raise ValueError("oplog entries must be appended in ts order")
         self._keys.append(key)
@@ -112,8 +137,8 @@ class Oplog:
         self._bytes += len(raw)
         if self._bytes > self.cap_bytes:
             self._truncate()
-        self._grew.set()
-        self._grew = trio.Event()
+        if wake:
+            self.wake()
 
     def _truncate(self) -> None:
         # Drop the oldest tenth past the cap at once, so truncation is amortized O(1) per entry.

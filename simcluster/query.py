@@ -237,10 +237,30 @@ def write_error(index: int, exc: MongoError) -> dict[str, Any]:
 def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any]:
     """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to write to."""
     raws = cmd.get("$raw_documents")
+    # Outside a transaction, the documents' own bytes make the oplog entries (ShardNode.insert_sent).
+    sent = raws is not None and cmd.get("autocommit") is not False
     errors = []
     n = 0
+    batches: dict[Any, Any] = {}  # node -> SentInserts
     for i, doc in enumerate(cmd.get("documents", [])):
         node = node_for(doc)
+        if sent:
+            assert raws is not None
+            batch = batches.get(node)
+            if batch is None:
+                from simcluster.node import SentInserts
+
+                batch = batches[node] = SentInserts(node, ns, cmd)
+            try:
+                done = batch.insert(doc, raws[i], i)
+            except MongoError as exc:
+                errors.append(write_error(i, exc))
+                if cmd.get("ordered", True):
+                    break
+                continue
+            if done:
+                n += 1
+                continue
         session = node._session_fields(cmd, i)
         if node.applier.already_done(session):  # a retried statement the shard already has: done
             n += 1
@@ -252,6 +272,8 @@ def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any
             errors.append(write_error(i, exc))
             if cmd.get("ordered", True):
                 break
+    for node in batches:
+        node.oplog.wake()  # once per command: tailers and secondaries read the whole batch
     out: dict[str, Any] = {"n": n}
     if errors:
         out["writeErrors"] = errors

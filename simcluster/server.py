@@ -156,7 +156,7 @@ class CommandServer:
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
         cmd = bson.decode(msg.body, DECODE)
         for ident, docs in msg.sequences:
-            cmd[ident] = [bson.decode(d, DECODE) for d in docs]
+            cmd[ident] = bson.decode_all(b"".join(docs), DECODE)  # one C loop for the whole batch
             if ident == "documents":
                 # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
                 # fullDocument) is byte-identical to what was sent, as on the server.

@@ -238,3 +238,32 @@ def test_oplog_stamp_spliced_as_bytes_equals_encoding_the_stamped_entry():
     ts, raw = oplog.append(fields)
     wall = bson.decode(raw)["wall"]
     assert raw == bson.encode({**fields, "ts": ts, "t": Int64(7), "v": Int64(2), "wall": wall})
+
+
+async def test_inserts_spliced_from_the_sent_bytes_log_the_same_entries():
+    """insert_sent (the bytes the driver sent) and insert_one (documents as dicts) write the same
+    entries: field order, values and BSON types, with and without a session."""
+    from bson import Int64
+
+    from simcluster import open_cluster
+    from simcluster.query import run_inserts
+
+    async with open_cluster(shards=1) as cluster:
+        node = cluster.shards["shard0"]
+        docs = [{"_id": 1, "a": "x"}, {"_id": "s", "b": [1, Int64(2)]}, {"_id": {"k": 1.5}, "c": None}]
+        for with_session in (False, True):
+            def session(n: int, on: bool = with_session) -> dict:
+                # A statement is done once per (lsid, txnNumber, stmtId): each command its own session.
+                return {"lsid": {"id": bson.Binary(bytes([n]) * 16, 4)}, "txnNumber": Int64(5)} if on else {}
+            since = node.oplog.last_key()
+            run_inserts("db.sent", {"insert": "sent", "documents": docs, **session(1),
+                                    "$raw_documents": [bson.encode(d) for d in docs]}, lambda d: node)
+            run_inserts("db.dicts", {"insert": "dicts", "documents": docs, **session(2)}, lambda d: node)
+            entries = [bson.decode(r) for r in node.oplog.read_after(since, 1000)]
+            varying = ("ts", "wall", "ui", "ns", "lsid")
+            sent = [bson.encode({k: v for k, v in e.items() if k not in varying})
+                    for e in entries if e.get("ns") == "db.sent"]
+            dicts = [bson.encode({k: v for k, v in e.items() if k not in varying})
+                     for e in entries if e.get("ns") == "db.dicts"]
+            assert sent == dicts and len(sent) == 3
+            node.dbs.clear()  # the same documents again in the next round
