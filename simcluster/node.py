@@ -172,7 +172,7 @@ class ShardNode(CommandServer):
         # periodicNoopIntervalSecs (server default 10 s): an idle primary writes a noop so that
         # change streams on mongos can move past it. Settable with setParameter.
         self.periodic_noop_interval_s = 10.0
-        self.replset = ReplicaSet(set_name, [self])
+        self.replset: ReplicaSet  # assigned by the ReplicaSet this member joins (open_cluster builds both)
 
     @property
     def is_primary(self) -> bool:
@@ -311,7 +311,8 @@ class ShardNode(CommandServer):
                             "stateStr": name, "optime": m._optime(m.oplog.last_key()),
                             "optimeDate": _wall(m.oplog.last_key()), **({"self": True} if m is self else {})})
         me = self._optime(self.oplog.last_key())
-        return {"set": self.set_name, "myState": 1 if self.is_primary else 2, "term": Int64(rs.term),
+        my_state = next(m["state"] for m in members if m.get("self"))  # RECOVERING (3) while catching up
+        return {"set": self.set_name, "myState": my_state, "term": Int64(rs.term),
                 "optimes": {"lastCommittedOpTime": committed, "appliedOpTime": me, "durableOpTime": me},
                 "members": members}
 

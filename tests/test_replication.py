@@ -101,6 +101,10 @@ async def test_secondary_refuses_writes_and_unflagged_reads():
             assert err2.value.details["code"] == 13435
             status = direct.admin.command("replSetGetStatus")
             assert [m["stateStr"] for m in status["members"]] == ["PRIMARY", "SECONDARY"]
+            assert status["myState"] == 2
+            rs.members[1].in_sync = False  # as a member that rejoined and is catching up
+            assert direct.admin.command("replSetGetStatus")["myState"] == 3  # RECOVERING
+            rs.members[1].in_sync = True
         await sync(work)
         await sync(_close_all)
 
