@@ -110,7 +110,9 @@ class Credentials(NamedTuple):
         if not parsed.get("username"):
             return None
         options = parsed.get("options") or {}
-        return cls(parsed["username"], parsed.get("password") or "", options.get("authSource", "admin"))
+        # As drivers do: authSource, else the URI's database, else admin.
+        source = options.get("authSource") or parsed.get("database") or "admin"
+        return cls(parsed["username"], parsed.get("password") or "", source)
 
 
 async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
