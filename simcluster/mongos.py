@@ -159,6 +159,7 @@ class Mongos(CommandServer):
         decided = self.commit_decisions.get(key)
         if decided is not None:
             await self._write_decision(key, *decided)
+            self.commit_decisions.pop(key, None)
             return {}
         participants = self._participants(key)
         if len(participants) == 1:
@@ -181,6 +182,8 @@ class Mongos(CommandServer):
             self.commit_decisions[key] = (participants, commit_ts)
             await self.hang_while("hangBeforeWritingDecision")
             await self._write_decision(key, participants, commit_ts)
+            # Written everywhere: a commit retried from now on finds no participant and answers ok.
+            self.commit_decisions.pop(key, None)
         return {}
 
     async def _write_decision(self, key: TxnKey, participants: list[str], commit_ts: Timestamp) -> None:
