@@ -45,13 +45,14 @@ CURSOR_NS = "admin.$cmd.parallelChangeStream"
 _OPEN_FIELDS = frozenset({
     "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
     "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
-    "bucketBufferBytes", "readerProcesses",
+    "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange",
     # generic fields drivers add to every command
     "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
     "$db", "readConcern", "writeConcern"})
 
 
 _FULL_DOCUMENT = ("default", "updateLookup")
+_BEFORE_CHANGE = ("off", "whenAvailable", "required")
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,9 @@ def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Chan
 
 
 def _mentions_full_document(stages: Any) -> bool:
-    """True if a field path anywhere in `stages` starts with fullDocument."""
+    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange)."""
     if isinstance(stages, Mapping):
-        return any(str(k).split(".")[0] == "fullDocument" or _mentions_full_document(v) for k, v in stages.items())
+        return any(str(k).startswith("fullDocument") or _mentions_full_document(v) for k, v in stages.items())
     if isinstance(stages, list):
         return any(_mentions_full_document(v) for v in stages)
     return isinstance(stages, str) and stages.startswith("$fullDocument")
@@ -196,6 +197,9 @@ class Engine:
         if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
             raise MongoError("BadValue", f"parallelChangeStream supports fullDocument {' or '.join(_FULL_DOCUMENT)}; "
                              "pre- and post-image collections (whenAvailable, required) are not read yet")
+        if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
+            raise MongoError("BadValue", f"'{cmd['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
+                             f"option; use one of {', '.join(_BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
         name = cmd.get("name")
@@ -258,10 +262,11 @@ class Engine:
             if set(stage) != {"$match"}:
                 raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages")
             match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
-        if cmd.get("fullDocument") == "updateLookup" and _mentions_full_document(pipeline):
+        if (cmd.get("fullDocument") == "updateLookup" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
+                and _mentions_full_document(pipeline):
             # The $match runs as events are dealt, before any lookup: it would not see post-images.
-            raise MongoError("BadValue", "with fullDocument: 'updateLookup', the pipeline's $match may not "
-                             "test fullDocument (it runs before the lookup)")
+            raise MongoError("BadValue", "with fullDocument: 'updateLookup' or fullDocumentBeforeChange, the "
+                             "pipeline's $match may not test those fields (it runs before the lookups)")
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
             shard_buffer_bytes=int(cmd.get("shardBufferBytes", self.config.shard_buffer_bytes)),
@@ -269,6 +274,7 @@ class Engine:
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
+            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
@@ -352,9 +358,12 @@ class Engine:
         spec = pipeline[0]["$changeStream"]
         stages = pipeline[1:]
         accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
-                    "fullDocument"}
+                    "fullDocument", "fullDocumentBeforeChange"}
         full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
+        before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
         if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
+                or before_change not in _BEFORE_CHANGE
+                or (before_change != "off" and _mentions_full_document(stages))
                 or any(set(st) != {"$match"} for st in stages)
                 or (full_document == "updateLookup" and _mentions_full_document(stages))
                 or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
@@ -367,7 +376,8 @@ class Engine:
         if token is not None and decode_token(token).from_invalidate:
             raise PassThrough()  # resuming after an invalidate: mongos's rules, mongos's errors
         sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
-                               "fullDocument": spec.get("fullDocument", "default")}
+                               "fullDocument": spec.get("fullDocument", "default"),
+                               "fullDocumentBeforeChange": before_change}
         if token is not None:
             sub["resumeAfter"] = token
         elif "startAtOperationTime" in spec:

@@ -1,9 +1,14 @@
-"""`fullDocument: "updateLookup"`: update events get the document as it is now, read through the
-upstream (mongos), as the server's change streams do: the post-image is the current majority-
-committed version at the time the event is returned, or null once the document is gone.
+"""Documents added to events as a batch is returned, as the server's change streams add them.
 
-One `find` per namespace per returned batch (the batch's document keys in one `$or`), not one per
-event, so a batch of updates costs a round trip per collection it touches.
+- `fullDocument: "updateLookup"`: update events get the document as it is now, read through the
+  upstream (mongos) with majority read concern, or null once it is gone. One `find` per namespace
+  per batch (the batch's document keys in one `$or`).
+- `fullDocumentBeforeChange: "whenAvailable" | "required"`: update, replace and delete events get
+  the document as it was before, from the pre-image the shard recorded with the write (collections
+  with changeStreamPreAndPostImages), read from a member of the shard the event came from, in
+  `config.system.preimages` by `{nsUUID, ts, applyOpsIndex}`. One `find` per shard per batch.
+
+Both are spliced in before `ns`, fullDocument first, as the server orders them.
 """
 
 from __future__ import annotations
@@ -14,29 +19,34 @@ from typing import Any
 
 import bson
 import trio
+from bson import Binary, Int64
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.change_events import RAW, ChangeEvent
 from mongoformats.errors import MongoError
-from mongoformats.oplog_splice import splice_full_document
+from mongoformats.oplog_splice import splice_before_ns
+from mongoformats.resume_token import decode_token
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
-_LOOKUP_CHUNK = 500  # document keys per find: bounds the $or a shard evaluates
+_LOOKUP_CHUNK = 500  # keys per find: bounds the $or (or $in) a server evaluates
+_MONGOS = ""         # the connection key of the upstream mongos (shards use their id)
 
 
 class DocumentLookup:
-    """Looks documents up over one upstream connection, one request at a time (shared by a stream's
-    cursors; a lost connection is reopened once per request)."""
+    """Looks documents up over one connection to mongos and one per shard, one request at a time
+    (shared by a stream's cursors; a lost connection is reopened once per request)."""
 
-    def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]]) -> None:
+    def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]],
+                 connect_shard: Callable[[str], Awaitable[UpstreamConnection]] | None = None) -> None:
         self._connect = connect
-        self._conn: UpstreamConnection | None = None
+        self._connect_shard = connect_shard
+        self._conns: dict[str, UpstreamConnection] = {}
         self._lock = trio.Lock()
 
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.aclose()
-            self._conn = None
+        conns, self._conns = self._conns, {}
+        for conn in conns.values():
+            await conn.aclose()
 
     async def with_post_images(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
         updates: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -51,7 +61,37 @@ class DocumentLookup:
             found = await self._find(db, coll, keys)
             for i, key in zip(indexes, keys, strict=True):
                 doc = found.get(bson.encode({"_id": key["_id"]}))
-                out[i] = events[i]._replace(raw=splice_full_document(events[i].raw, doc))
+                out[i] = out[i]._replace(raw=splice_before_ns(out[i].raw, "fullDocument", doc))
+        return out
+
+    async def with_pre_images(self, events: list[ChangeEvent], *, required: bool) -> list[ChangeEvent]:
+        by_shard: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+        for i, ev in enumerate(events):
+            if ev.op_type in ("update", "replace", "delete"):
+                data = decode_token(ev.token)
+                if data.uuid is None:
+                    continue
+                by_shard[ev.shard].append((i, {"nsUUID": Binary(data.uuid.bytes, 4), "ts": data.cluster_time,
+                                               "applyOpsIndex": Int64(data.txn_op_index)}))
+        if not by_shard:
+            return events
+        out = list(events)
+        for shard, wanted in by_shard.items():
+            found: dict[bytes, bytes] = {}
+            for lo in range(0, len(wanted), _LOOKUP_CHUNK):
+                ids = [image_id for _, image_id in wanted[lo:lo + _LOOKUP_CHUNK]]
+                reply = await self._command(shard, "config", {
+                    "find": "system.preimages", "filter": {"_id": {"$in": ids}}, "batchSize": len(ids),
+                    "singleBatch": True, "$readPreference": {"mode": "secondaryPreferred"}})
+                for doc in reply["cursor"]["firstBatch"]:
+                    found[bson.encode(doc["_id"])] = doc["preImage"].raw
+            for i, image_id in wanted:
+                before = found.get(bson.encode(image_id))
+                if before is None and required:
+                    raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for "
+                                     "all update, delete and replace events, but the pre-image was not found for "
+                                     f"the event at {image_id['ts']}")
+                out[i] = out[i]._replace(raw=splice_before_ns(out[i].raw, "fullDocumentBeforeChange", before))
         return out
 
     async def _find(self, db: str, coll: str, keys: list[Any]) -> dict[bytes, bytes]:
@@ -61,20 +101,28 @@ class DocumentLookup:
             chunk = [bson.decode(k.raw) for k in keys[lo:lo + _LOOKUP_CHUNK]]
             cmd = {"find": coll, "filter": {"$or": chunk} if len(chunk) > 1 else chunk[0],
                    "batchSize": len(chunk), "singleBatch": True, "readConcern": {"level": "majority"}}
-            reply = await self._command(db, cmd)
+            reply = await self._command(_MONGOS, db, cmd)
             for doc in reply["cursor"]["firstBatch"]:
                 out[bson.encode({"_id": doc["_id"]})] = doc.raw
         return out
 
-    async def _command(self, db: str, cmd: dict[str, Any]) -> RawBSONDocument:
+    async def _command(self, target: str, db: str, cmd: dict[str, Any]) -> RawBSONDocument:
         async with self._lock:
             for attempt in (1, 2):
                 try:
-                    if self._conn is None:
-                        self._conn = await self._connect()
-                    return await self._conn.command(db, cmd)
+                    conn = self._conns.get(target)
+                    if conn is None:
+                        if target == _MONGOS:
+                            conn = await self._connect()
+                        else:
+                            assert self._connect_shard is not None
+                            conn = await self._connect_shard(target)
+                        self._conns[target] = conn
+                    return await conn.command(db, cmd)
                 except UpstreamClosed as exc:
-                    await self.aclose()
+                    lost = self._conns.pop(target, None)
+                    if lost is not None:
+                        await lost.aclose()
                     if attempt == 2:
-                        raise MongoError("HostUnreachable", f"looking up the full document failed: {exc}") from exc
+                        raise MongoError("HostUnreachable", f"looking up documents failed: {exc}") from exc
         raise AssertionError("unreachable")

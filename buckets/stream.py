@@ -61,6 +61,7 @@ class StreamOptions:
     # stream; events outside it are dropped and the invalidating event ends the stream.
     scope: tuple[str, str | None] | None = None
     full_document: str = "default"           # or "updateLookup": updates carry the current document
+    full_document_before_change: str = "off"  # or "whenAvailable" / "required": recorded pre-images
 
 
 def key_to_token(key: bytes) -> dict[str, Any]:
@@ -222,9 +223,14 @@ class BucketCursor:
                 break
             batch.append(ev)
             size += cost
-        if self.stream.lookup is not None:
+        lookup, options = self.stream.lookup, self.stream.options
+        if lookup is not None:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            batch = _fit(await self.stream.lookup.with_post_images(batch))
+            if options.full_document == "updateLookup":
+                batch = await lookup.with_post_images(batch)
+            if options.full_document_before_change != "off":
+                batch = await lookup.with_pre_images(batch, required=options.full_document_before_change == "required")
+            batch = _fit(batch)
         self.position += len(batch)
         bucket.delivered_total += len(batch)
         if batch:
@@ -250,8 +256,8 @@ class ParallelStream:
         self.keep = keep if keep is not None else set(range(n))
         self._offload_fn: Callable[..., Awaitable[Any]] | None = None
         self._connect_member = connect_member
-        self.lookup = DocumentLookup(connect_upstream) if (
-            options.full_document == "updateLookup" and connect_upstream is not None) else None
+        self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
+            options.full_document == "updateLookup" or options.full_document_before_change != "off") else None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
@@ -275,6 +281,10 @@ class ParallelStream:
         self.ended = False   # an accelerated single-collection or database stream was invalidated
         self._cancel = trio.CancelScope()
 
+
+    async def _connect_shard(self, sid: str) -> UpstreamConnection:
+        """A connection to a member of shard `sid` (pre-images live on the shard that wrote them)."""
+        return await self._connect_member(self.readers[sid].hosts, secondary=True)
 
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
@@ -372,9 +382,11 @@ class ParallelStream:
         match = self.options.match
         scope = self.options.scope
         buckets = self.buckets
+        tag_shard = self.options.full_document_before_change != "off"
         async for batch in recv:
             for ev in batch.events:
-                merge.push(batch.shard, ev)
+                # Pre-images are read from the shard that wrote the event: remember which one.
+                merge.push(batch.shard, ev._replace(shard=batch.shard) if tag_shard else ev)
             merge.advance(batch.shard, batch.mark)
             ready = merge.pop_ready()
             freed = dict.fromkeys(self.shard_budgets, 0)

@@ -62,6 +62,7 @@ class ChangeEvent(NamedTuple):
     # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
     namespaces: tuple[str, ...] = ()
     cluster_time: Timestamp = Timestamp(0, 0)
+    shard: str = ""           # the shard whose oplog it came from (set only when lookups need it)
 
     @classmethod
     def from_spliced(cls, fields: Spliced) -> ChangeEvent:

@@ -118,12 +118,14 @@ def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[bytes
     return _I32.pack(len(body) + 5) + body + b"\x00"
 
 
-def splice_full_document(event: bytes, document: bytes | None) -> bytes:
-    """`event` (BSON) with a `fullDocument` element (`document`'s BSON, or null) spliced in before
-    `ns`, where the server puts it; lsid/txnNumber ahead of `_id` stay where they are."""
+def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
+    """`event` (BSON) with a `name` element (`document`'s BSON, or null) spliced in just before
+    `ns`: where the server puts fullDocument and, after it, fullDocumentBeforeChange. Fields
+    ahead of `_id` (a transaction's lsid/txnNumber) stay where they are."""
     _, ns_value, _ = elements(event)[b"ns"]
     at = ns_value - len(b"\x03ns\x00")
-    element = b"\x03fullDocument\x00" + document if document is not None else b"\x0afullDocument\x00"
+    key = name.encode()
+    element = b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
     body = event[4:at] + element + event[at:-1]
     return _I32.pack(len(body) + 5) + body + b"\x00"
 

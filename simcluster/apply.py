@@ -76,13 +76,14 @@ class Applier:
         # primary answers a retried statement it already has instead of applying it twice.
         self.statements: dict[bytes, tuple[int, set[int]]] = {}
         # Pre- and post-images of writes to collections with changeStreamPreAndPostImages enabled
-        # (the server's config.system.preimages), by (ns, oplog ts key): (before, after).
-        self.images: dict[tuple[str, int], tuple[Any, Any]] = {}
+        # (the server's config.system.preimages), by (collection UUID bytes, oplog ts key):
+        # (before, after).
+        self.images: dict[tuple[bytes, int], tuple[Any, Any]] = {}
 
-    def record_images(self, coll: Collection, ns: str, ts: Any, before: Any, after: Any) -> None:
+    def record_images(self, coll: Collection, ts: Any, before: Any, after: Any) -> None:
         """Keep a write's images if its collection had pre- and post-images enabled at the time."""
         if (coll.options.get("changeStreamPreAndPostImages") or {}).get("enabled"):
-            self.images[(ns, (ts.time << 32) | ts.inc)] = (before, after)
+            self.images[(coll.uuid.bytes, (ts.time << 32) | ts.inc)] = (before, after)
             if len(self.images) > MAX_IMAGES:
                 # The server expires pre-images with the oplog; the simulator keeps the newest ones.
                 for key in list(itertools.islice(self.images, len(self.images) // 2)):
@@ -124,14 +125,14 @@ class Applier:
             new = apply_diff(old or {}, o["diff"]) if o.get("$v") == 2 else dict(o)
             coll.put(new, old)
             if old is not None and "ts" in entry:  # not for a transaction's ops (no images kept yet)
-                self.record_images(coll, ns, entry["ts"], old, new)
+                self.record_images(coll, entry["ts"], old, new)
         elif op == "d":
             coll = self._coll(ns, entry.get("ui"))
             found = coll.docs.get(id_key(entry["o"]["_id"]))
             if found is not None:
                 coll.remove(found)
                 if "ts" in entry:
-                    self.record_images(coll, ns, entry["ts"], found, None)
+                    self.record_images(coll, entry["ts"], found, None)
 
     # -- helpers -----------------------------------------------------------------------------------
 

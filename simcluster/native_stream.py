@@ -153,7 +153,8 @@ class NativeStream:
                 return RawBSONDocument(ev.raw, RAW)
             return self._stages(bson.decode(ev.raw), ev.token)
         doc = bson.decode(ev.raw)
-        images = origin.images.get((f"{ev.db}.{ev.coll}", ts_key(ev.cluster_time))) if origin is not None else None
+        uuid = decode_token(ev.token).uuid
+        images = origin.images.get((uuid.bytes, ts_key(ev.cluster_time))) if origin is not None and uuid else None
         if wants_post:
             if self.full_document == "updateLookup":
                 after = node_for_lookup(f"{ev.db}.{ev.coll}", doc["documentKey"])

@@ -37,6 +37,7 @@ from simcluster.transactions import TransactionTable, no_such_transaction, txn_k
 log = logging.getLogger("simcluster")
 
 OPLOG_NS = "local.oplog.rs"
+PREIMAGES_NS = "config.system.preimages"
 # Commands a secondary refuses with NotWritablePrimary, and reads it serves only with secondaryOk
 # (a non-primary $readPreference; drivers send primaryPreferred on a direct connection).
 WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findandmodify", "create", "drop", "dropdatabase",
@@ -247,7 +248,7 @@ class ShardNode(CommandServer):
         return min(self.replset.commit_key(), self.oplog.last_key())
 
     @property
-    def images(self) -> dict[tuple[str, int], tuple[Any, Any]]:
+    def images(self) -> dict[tuple[bytes, int], tuple[Any, Any]]:
         return self.applier.images
 
     async def wait_commit_beyond(self, key: int, deadline: float) -> bool:
@@ -391,7 +392,7 @@ class ShardNode(CommandServer):
         ts, _ = self.oplog.append(entry)
         self.applier.record_statement(entry)
         if images is not None and coll is not None:
-            self.applier.record_images(coll, entry["ns"], ts, *images)
+            self.applier.record_images(coll, ts, *images)
 
     def check_session(self, name: str, cmd: dict[str, Any]) -> None:
         """A statement of a transaction this node never started fails as the server does (251)."""
@@ -563,10 +564,31 @@ class ShardNode(CommandServer):
             docs = docs[: abs(limit)]
         return [q.project(d, projection) for d in docs]
 
+    def _preimage_docs(self, filt: dict[str, Any]) -> list[dict[str, Any]]:
+        """config.system.preimages as the server keeps it: {_id: {nsUUID, ts, applyOpsIndex},
+        operationTime, preImage}; an `_id: {$in: [...]}` or `_id: {...}` filter is looked up directly."""
+        ids = filt.get("_id")
+        wanted = ids.get("$in") if isinstance(ids, dict) and "$in" in ids else [ids] if isinstance(ids, dict) else None
+        keys = ([(bytes(i["nsUUID"]), ts_key(i["ts"])) for i in wanted if isinstance(i, dict) and "nsUUID" in i]
+                if wanted is not None else list(self.applier.images))
+        out = []
+        for uuid_bytes, key in keys:
+            images = self.applier.images.get((uuid_bytes, key))
+            if images is None or images[0] is None:
+                continue
+            ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
+            out.append({"_id": {"nsUUID": Binary(uuid_bytes, 4), "ts": ts, "applyOpsIndex": Int64(0)},
+                        "operationTime": datetime.datetime.fromtimestamp(ts.time, datetime.UTC),
+                        "preImage": images[0]})
+        return out
+
     async def cmd_find(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['find']}"
         if ns == OPLOG_NS:
             return await self._find_oplog(cmd)
+        if ns == PREIMAGES_NS:
+            docs = [d for d in self._preimage_docs(cmd.get("filter") or {}) if q.matches(d, cmd.get("filter") or {})]
+            return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
         docs = self.select(ns, cmd.get("filter", {}), sort=cmd.get("sort"), skip=cmd.get("skip", 0),
                            limit=cmd.get("limit", 0), projection=cmd.get("projection"))
         if cmd.get("singleBatch"):

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import bson
+import pytest
 import trio
+from pymongo.errors import OperationFailure
 
 from simcluster import open_cluster
 from tests.conftest import client, sync
@@ -69,5 +71,46 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
             updates = [e for e in got if e["operationType"] == "update"]
             assert len(updates) == 11 and sum(u["fullDocument"] is None for u in updates) == 1
             assert all(u["fullDocument"]["low"] is True for u in updates if u["fullDocument"] is not None)
+        await sync(work)
+        nursery.cancel_scope.cancel()
+
+
+async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
+    """fullDocumentBeforeChange: the engine reads the pre-images the shards recorded."""
+    async with open_cluster(shards=2, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                              accelerate_change_streams=True))
+
+        def work():
+            direct = client(cluster.uri)
+            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
+            direct.admin.command("shardCollection", "pre.h", key={"_id": "hashed"})
+            direct.pre.command({"collMod": "h", "changeStreamPreAndPostImages": {"enabled": True}})
+            direct.pre.plain.insert_one({"_id": 0})
+            start = direct.admin.command("ping")["operationTime"]
+            direct.pre.h.insert_many([{"_id": i, "v": i} for i in range(20)])
+            direct.pre.h.update_many({"v": {"$lt": 5}}, {"$inc": {"v": 100}})
+            direct.pre.h.replace_one({"_id": 7}, {"replaced": True})
+            direct.pre.h.delete_many({"v": {"$gte": 15}})
+            direct.pre.h.insert_one({"_id": "end", "marker": True})
+            for name, target in (("collection", lambda c: c.pre.h), ("cluster", lambda c: c)):
+                want = _collect(target(direct).watch(start_at_operation_time=start, max_await_time_ms=200,
+                                                     full_document_before_change="whenAvailable"), _is_marker)
+                stream = target(proxied).watch(start_at_operation_time=start, max_await_time_ms=200,
+                                               full_document_before_change="whenAvailable")
+                assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
+                got = _collect(stream, _is_marker)
+                assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], name
+            before = [e["fullDocumentBeforeChange"] for e in got if e["operationType"] != "insert"]
+            # 5 updates, a replace, and 10 deletes (v >= 15, counting the 5 updated past 100)
+            assert len(before) == 16 and {"_id": 7, "v": 7} in before and all(b is not None for b in before)
+            # required, on a collection that keeps no pre-images: the server's error, through the engine too.
+            direct.pre.plain.delete_one({"_id": 0})
+            with proxied.pre.plain.watch(start_at_operation_time=start, max_await_time_ms=200,
+                                         full_document_before_change="required") as s, \
+                    pytest.raises(OperationFailure) as info:
+                for _ in range(50):
+                    s.try_next()
+            assert info.value.code == 47  # NoMatchingDocument
         await sync(work)
         nursery.cancel_scope.cancel()
