@@ -51,7 +51,7 @@ _OPEN_FIELDS = frozenset({
     "$db", "readConcern", "writeConcern"})
 
 
-_FULL_DOCUMENT = ("default", "updateLookup")
+_FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 _BEFORE_CHANGE = ("off", "whenAvailable", "required")
 
 
@@ -195,8 +195,8 @@ class Engine:
         if len(starts) > 1:
             raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
         if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
-            raise MongoError("BadValue", f"parallelChangeStream supports fullDocument {' or '.join(_FULL_DOCUMENT)}; "
-                             "pre- and post-image collections (whenAvailable, required) are not read yet")
+            raise MongoError("BadValue", f"'{cmd['fullDocument']}' is not a valid fullDocument option; use one of "
+                             f"{', '.join(_FULL_DOCUMENT)}")
         if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
             raise MongoError("BadValue", f"'{cmd['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
                              f"option; use one of {', '.join(_BEFORE_CHANGE)}")
@@ -262,7 +262,7 @@ class Engine:
             if set(stage) != {"$match"}:
                 raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages")
             match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
-        if (cmd.get("fullDocument") == "updateLookup" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
+        if (cmd.get("fullDocument", "default") != "default" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
                 and _mentions_full_document(pipeline):
             # The $match runs as events are dealt, before any lookup: it would not see post-images.
             raise MongoError("BadValue", "with fullDocument: 'updateLookup' or fullDocumentBeforeChange, the "
@@ -365,7 +365,7 @@ class Engine:
                 or before_change not in _BEFORE_CHANGE
                 or (before_change != "off" and _mentions_full_document(stages))
                 or any(set(st) != {"$match"} for st in stages)
-                or (full_document == "updateLookup" and _mentions_full_document(stages))
+                or (full_document != "default" and _mentions_full_document(stages))
                 or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
             raise PassThrough()
         coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None

@@ -7,6 +7,8 @@
   the document as it was before, from the pre-image the shard recorded with the write (collections
   with changeStreamPreAndPostImages), read from a member of the shard the event came from, in
   `config.system.preimages` by `{nsUUID, ts, applyOpsIndex}`. One `find` per shard per batch.
+- `fullDocument: "whenAvailable" | "required"`: update events get that pre-image with the update
+  applied (the server computes the post-image the same way).
 
 Both are spliced in before `ns`, fullDocument first, as the server orders them.
 """
@@ -26,6 +28,7 @@ from mongoformats.change_events import RAW, ChangeEvent
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import splice_before_ns
 from mongoformats.resume_token import decode_token
+from mongoformats.update_diff import post_image
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 _LOOKUP_CHUNK = 500  # keys per find: bounds the $or (or $in) a server evaluates
@@ -64,18 +67,16 @@ class DocumentLookup:
                 out[i] = out[i]._replace(raw=splice_before_ns(out[i].raw, "fullDocument", doc))
         return out
 
-    async def with_pre_images(self, events: list[ChangeEvent], *, required: bool) -> list[ChangeEvent]:
+    async def pre_images(self, events: list[ChangeEvent]) -> dict[int, bytes | None]:
+        """The recorded pre-image of each update, replace and delete in `events` (by index), or None."""
         by_shard: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
         for i, ev in enumerate(events):
             if ev.op_type in ("update", "replace", "delete"):
                 data = decode_token(ev.token)
-                if data.uuid is None:
-                    continue
-                by_shard[ev.shard].append((i, {"nsUUID": Binary(data.uuid.bytes, 4), "ts": data.cluster_time,
-                                               "applyOpsIndex": Int64(data.txn_op_index)}))
-        if not by_shard:
-            return events
-        out = list(events)
+                if data.uuid is not None:
+                    by_shard[ev.shard].append((i, {"nsUUID": Binary(data.uuid.bytes, 4), "ts": data.cluster_time,
+                                                   "applyOpsIndex": Int64(data.txn_op_index)}))
+        out: dict[int, bytes | None] = {}
         for shard, wanted in by_shard.items():
             found: dict[bytes, bytes] = {}
             for lo in range(0, len(wanted), _LOOKUP_CHUNK):
@@ -86,12 +87,41 @@ class DocumentLookup:
                 for doc in reply["cursor"]["firstBatch"]:
                     found[bson.encode(doc["_id"])] = doc["preImage"].raw
             for i, image_id in wanted:
-                before = found.get(bson.encode(image_id))
-                if before is None and required:
-                    raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for "
-                                     "all update, delete and replace events, but the pre-image was not found for "
-                                     f"the event at {image_id['ts']}")
-                out[i] = out[i]._replace(raw=splice_before_ns(out[i].raw, "fullDocumentBeforeChange", before))
+                out[i] = found.get(bson.encode(image_id))
+        return out
+
+    @staticmethod
+    def with_pre_images(events: list[ChangeEvent], pre: dict[int, bytes | None], *,
+                        required: bool) -> list[ChangeEvent]:
+        out = list(events)
+        for i, ev in enumerate(events):
+            if ev.op_type not in ("update", "replace", "delete"):
+                continue
+            before = pre.get(i)
+            if before is None and required:
+                raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
+                                 "update, delete and replace events, but the pre-image was not found for the event "
+                                 f"at {ev.cluster_time}")
+            out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocumentBeforeChange", before))
+        return out
+
+    @staticmethod
+    def with_recorded_post_images(events: list[ChangeEvent], pre: dict[int, bytes | None], *,
+                                  required: bool) -> list[ChangeEvent]:
+        """fullDocument whenAvailable / required: each update's pre-image with the update applied."""
+        out = list(events)
+        for i, ev in enumerate(events):
+            if ev.op_type != "update":
+                continue
+            before = pre.get(i)
+            after = None
+            if before is not None:
+                description = bson.decode(ev.raw)["updateDescription"]
+                after = bson.encode(post_image(bson.decode(before), description))
+            elif required:
+                raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for all "
+                                 f"update events, but the post-image was not found for the event at {ev.cluster_time}")
+            out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocument", after))
         return out
 
     async def _find(self, db: str, coll: str, keys: list[Any]) -> dict[bytes, bytes]:

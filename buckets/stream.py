@@ -63,6 +63,11 @@ class StreamOptions:
     full_document: str = "default"           # or "updateLookup": updates carry the current document
     full_document_before_change: str = "off"  # or "whenAvailable" / "required": recorded pre-images
 
+    @property
+    def needs_pre_images(self) -> bool:
+        """Recorded pre-images are read (for fullDocumentBeforeChange, or to compute post-images)."""
+        return self.full_document_before_change != "off" or self.full_document in ("whenAvailable", "required")
+
 
 def key_to_token(key: bytes) -> dict[str, Any]:
     return {"_data": key.hex().upper()}
@@ -226,10 +231,14 @@ class BucketCursor:
         lookup, options = self.stream.lookup, self.stream.options
         if lookup is not None:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            if options.full_document == "updateLookup":
+            full, before = options.full_document, options.full_document_before_change
+            pre = await lookup.pre_images(batch) if options.needs_pre_images else {}
+            if full == "updateLookup":
                 batch = await lookup.with_post_images(batch)
-            if options.full_document_before_change != "off":
-                batch = await lookup.with_pre_images(batch, required=options.full_document_before_change == "required")
+            elif full in ("whenAvailable", "required"):
+                batch = lookup.with_recorded_post_images(batch, pre, required=full == "required")
+            if before != "off":
+                batch = lookup.with_pre_images(batch, pre, required=before == "required")
             batch = _fit(batch)
         self.position += len(batch)
         bucket.delivered_total += len(batch)
@@ -257,7 +266,7 @@ class ParallelStream:
         self._offload_fn: Callable[..., Awaitable[Any]] | None = None
         self._connect_member = connect_member
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
-            options.full_document == "updateLookup" or options.full_document_before_change != "off") else None
+            options.full_document == "updateLookup" or options.needs_pre_images) else None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
@@ -382,7 +391,7 @@ class ParallelStream:
         match = self.options.match
         scope = self.options.scope
         buckets = self.buckets
-        tag_shard = self.options.full_document_before_change != "off"
+        tag_shard = self.options.needs_pre_images
         async for batch in recv:
             for ev in batch.events:
                 # Pre-images are read from the shard that wrote the event: remember which one.

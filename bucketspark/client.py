@@ -29,7 +29,8 @@ class StreamSpec:
     n_buckets: int
     show_expanded_events: bool = True
     pipeline: tuple[dict[str, Any], ...] = field(default=())
-    full_document: str = "default"     # or "updateLookup"
+    full_document: str = "default"     # or "updateLookup", "whenAvailable", "required"
+    full_document_before_change: str = "off"
     # Engine options passed through when the stream is created (shardBufferBytes, bucketBufferBytes,
     # readerProcesses, maxAwaitTimeMS), as (name, value) pairs so the spec stays hashable.
     engine_options: tuple[tuple[str, int], ...] = ()
@@ -41,6 +42,8 @@ class StreamSpec:
             cmd["pipeline"] = list(self.pipeline)
         if self.full_document != "default":
             cmd["fullDocument"] = self.full_document
+        if self.full_document_before_change != "off":
+            cmd["fullDocumentBeforeChange"] = self.full_document_before_change
         cmd.update(self.engine_options)
         cmd.update(extra)
         return cmd

@@ -1,7 +1,7 @@
 """`spark.readStream.format("parallelchangestream")`: one Spark partition per bucket.
 
 Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages), fullDocument
-("default" or "updateLookup"),
+("default", "updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange,
 startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
 maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's
 shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy creates
@@ -65,6 +65,7 @@ def _spec(options: Options) -> StreamSpec:
     return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=n,
                       show_expanded_events=(options.get("showExpandedEvents") or "true").lower() == "true",
                       pipeline=pipeline, full_document=options.get("fullDocument") or "default",
+                      full_document_before_change=options.get("fullDocumentBeforeChange") or "off",
                       engine_options=tuple((k, int(v)) for k in _ENGINE_OPTIONS if (v := options.get(k))))
 
 

@@ -72,3 +72,56 @@ def update_description_from_diff(diff: Mapping[str, Any], *, disambiguate: bool 
     if disambiguate:
         out["disambiguatedPaths"] = disambiguated
     return out
+
+
+def post_image(before: Mapping[str, Any], description: Mapping[str, Any]) -> dict[str, Any]:
+    """The document after an update, from the document before it and the event's updateDescription
+    (what the server computes for `fullDocument: whenAvailable | required` from a pre-image).
+
+    A dotted path is walked through `before`: a numeric component indexes an array, else it names
+    a field; `disambiguatedPaths` (expanded events) gives the exact components when present.
+    """
+    import copy
+
+    doc: Any = copy.deepcopy(dict(before))
+    exact = description.get("disambiguatedPaths") or {}
+
+    def parts(path: str) -> list[Any]:
+        return list(exact[path]) if path in exact else path.split(".")
+
+    def parent(path: str) -> tuple[Any, Any]:
+        steps = parts(path)
+        node = doc
+        for step in steps[:-1]:
+            key = _index(node, step)
+            if isinstance(node, list):
+                while len(node) <= key:
+                    node.append(None)
+                if not isinstance(node[key], (dict, list)):
+                    node[key] = {}
+                node = node[key]
+            else:
+                node = node.setdefault(key, {})
+        return node, _index(node, steps[-1])
+
+    for t in description.get("truncatedArrays") or []:
+        node, key = parent(t["field"])
+        del node[key][t["newSize"]:]
+    for path in description.get("removedFields") or []:
+        node, key = parent(path)
+        if isinstance(node, dict):
+            node.pop(key, None)
+    for path, value in (description.get("updatedFields") or {}).items():
+        node, key = parent(path)
+        if isinstance(node, list):
+            while len(node) <= key:
+                node.append(None)
+        node[key] = value
+    return doc
+
+
+def _index(node: Any, step: Any) -> Any:
+    """A path component as the key it is in `node`: an array index, or a field name."""
+    if isinstance(node, list):
+        return int(step)
+    return str(step)

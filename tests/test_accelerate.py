@@ -93,14 +93,18 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
             direct.pre.h.replace_one({"_id": 7}, {"replaced": True})
             direct.pre.h.delete_many({"v": {"$gte": 15}})
             direct.pre.h.insert_one({"_id": "end", "marker": True})
+            images = ({"full_document_before_change": "whenAvailable"}, {"full_document": "whenAvailable"},
+                      {"full_document": "required", "full_document_before_change": "required"})
             for name, target in (("collection", lambda c: c.pre.h), ("cluster", lambda c: c)):
-                want = _collect(target(direct).watch(start_at_operation_time=start, max_await_time_ms=200,
-                                                     full_document_before_change="whenAvailable"), _is_marker)
-                stream = target(proxied).watch(start_at_operation_time=start, max_await_time_ms=200,
-                                               full_document_before_change="whenAvailable")
-                assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
-                got = _collect(stream, _is_marker)
-                assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], name
+                for options in images:
+                    want = _collect(target(direct).watch(start_at_operation_time=start, max_await_time_ms=200,
+                                                         **options), _is_marker)
+                    stream = target(proxied).watch(start_at_operation_time=start, max_await_time_ms=200, **options)
+                    assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
+                    got = _collect(stream, _is_marker)
+                    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], (name, options)
+            after = [e["fullDocument"] for e in got if e["operationType"] == "update"]
+            assert len(after) == 5 and all(a["v"] >= 100 for a in after)  # post-images: pre-image + update
             before = [e["fullDocumentBeforeChange"] for e in got if e["operationType"] != "insert"]
             # 5 updates, a replace, and 10 deletes (v >= 15, counting the 5 updated past 100)
             assert len(before) == 16 and {"_id": 7, "v": 7} in before and all(b is not None for b in before)

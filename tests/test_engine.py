@@ -156,7 +156,8 @@ async def test_command_errors_use_server_codes(proxy):
                  ({"nBuckets": 2, "readerProcesses": 65}, 2),
                  ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, 1))] * 3}, 2),
                  ({"nBuckets": 4, "startAtOperationTime": Timestamp(1, 1), "resumeAfter": {"_data": "00"}}, 40674),
-                 ({"nBuckets": 2, "fullDocument": "whenAvailable"}, 2),
+                 ({"nBuckets": 2, "fullDocument": "bogus"}, 2),
+                 ({"nBuckets": 2, "fullDocumentBeforeChange": "sometimes"}, 2),
                  ({"nBuckets": 2, "fullDocument": "updateLookup",
                    "pipeline": [{"$match": {"fullDocument.v": 1}}]}, 2)]
         for extra, code in cases:
