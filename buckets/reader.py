@@ -85,7 +85,8 @@ class ShardReader:
         self.batch_size = batch_size
         self.stats = ShardStats()
         # Asked after an empty getMore: does this shard hold the merge (or a waiting consumer) back?
-        self.wants_progress: Callable[[str], bool] = lambda shard: False
+        # Asked after an empty getMore: how often this shard's mark should be nudged, or None.
+        self.wants_progress: Callable[[str], float | None] = lambda shard: None
         # Runs splice_reply: inline by default; a worker-process pool's run_sync with readerProcesses.
         self.offload: Callable[..., Awaitable[Any]] = _inline
         self._last_noop = -1e9
@@ -168,8 +169,8 @@ class ShardReader:
             cursor_id, last, items = await self.offload(splice_reply, bytes(reply.raw), splice, expanded)
             if last is not None:
                 await self._deliver(items, Timestamp(*last), send)
-            elif self.wants_progress(self.shard_id):
-                await self._advance_idle_shard()
+            elif (interval := self.wants_progress(self.shard_id)) is not None:
+                await self._advance_idle_shard(interval)
             if not cursor_id:
                 return
             reply = await conn.command("local", self._batched({"getMore": Int64(cursor_id), "collection": "oplog.rs",
@@ -202,15 +203,15 @@ class ShardReader:
         await send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
         self.position, self.inclusive = last_ts, False
 
-    async def _advance_idle_shard(self) -> None:
+    async def _advance_idle_shard(self, interval: float) -> None:
         """Write a noop so this idle shard's mark moves past events other shards are holding.
 
-        Rate-limited; real servers only write their periodic noop every 10 s, which is the
-        cold-shard latency this avoids. Without the appendOplogNote privilege we fall back to
-        waiting for periodic noops and say so in status.
+        At most one note per `interval`; real servers only write their periodic noop every 10 s,
+        which is the cold-shard latency this avoids. Without the appendOplogNote privilege we fall
+        back to waiting for periodic noops and say so in status.
         """
         now = trio.current_time()
-        if self.stats.noop_unavailable or now - self._last_noop < 0.02:
+        if self.stats.noop_unavailable or now - self._last_noop < interval:
             return
         self._last_noop = now
         try:

@@ -41,6 +41,9 @@ from wireproxy.upstream import UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.stream")
 
+URGENT_PROGRESS_S = 0.02   # an idle shard (or the shard list) holds events back: nudge it this often
+IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
+
 
 @dataclass(frozen=True)
 class StreamOptions:
@@ -435,12 +438,17 @@ class ParallelStream:
                 for bucket in buckets.values():
                     bucket.advance_frontier(frontier, token)
 
-    def _shard_holds_back(self, shard: str) -> bool:
-        """True when `shard`'s mark is what keeps pending events, or a waiting consumer, from moving."""
+    def _shard_holds_back(self, shard: str) -> float | None:
+        """How soon `shard`'s mark should move (seconds between nudges), or None if it holds
+        nothing back. Pending events wait on it: soon (URGENT_PROGRESS_S). Only a waiting
+        consumer's resume point does: lazily (IDLE_PROGRESS_S), so an idle cluster with consumers
+        attached gets a note a second per shard, not fifty."""
         if shard in self.merge.blocking_shards():
-            return True
+            return URGENT_PROGRESS_S
         waiting = any(b.waiting for b in self.buckets.values())
-        return waiting and self.merge.mark_of(shard) <= self.merge.frontier()
+        if waiting and self.merge.mark_of(shard) <= self.merge.frontier():
+            return IDLE_PROGRESS_S
+        return None
 
     @property
     def frontier_key(self) -> bytes:

@@ -8,9 +8,9 @@ than T leaves the merge before the shard list has been checked past it. A shard 
 read from its topologyTime; since it did not exist at the previous check, that time is above the
 merge frontier and nothing it writes can arrive too late.
 
-The list is fetched only while the TOPOLOGY mark is what holds the merge (or a waiting consumer)
-back, at most once per `min_interval_s`: a catch-up over a backlog older than the last check costs
-no round trip at all; a live tail pays at most that interval in latency.
+The list is fetched only while the TOPOLOGY mark is what holds the merge back (at most every
+20 ms: a live tail pays at most that in latency) or a waiting consumer's resume point (at most once
+a second); a catch-up over a backlog older than the last check costs no round trip at all.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ async def read_topology(conn: UpstreamConnection) -> Topology:
 
 class TopologyWatcher:
     def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]], known: Topology, *,
-                 holds_back: Callable[[], bool], min_interval_s: float = 0.02) -> None:
+                 holds_back: Callable[[], float | None], min_interval_s: float = 0.02) -> None:
         self.connect = connect
         self.known = set(known.shards)
         self.as_of = known.as_of
@@ -64,11 +64,14 @@ class TopologyWatcher:
         """Forever: when the shard list holds the merge back, re-read it; start readers for new
         shards (`add_shard`) before the mark moves past their start (`advance`)."""
         conn: UpstreamConnection | None = None
+        last_check = -1e9
         try:
             while True:
                 await trio.sleep(self.min_interval_s)
-                if not self.holds_back():
+                interval = self.holds_back()
+                if interval is None or trio.current_time() - last_check < interval:
                     continue
+                last_check = trio.current_time()
                 try:
                     if conn is None:
                         conn = await self.connect()

@@ -11,7 +11,7 @@ import trio
 from pymongo.errors import OperationFailure
 
 from simcluster import open_cluster
-from tests.conftest import client, sync
+from tests.conftest import _close_all, client, sync
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -72,6 +72,7 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
             assert len(updates) == 11 and sum(u["fullDocument"] is None for u in updates) == 1
             assert all(u["fullDocument"]["low"] is True for u in updates if u["fullDocument"] is not None)
         await sync(work)
+        await sync(_close_all)  # while the proxy still answers endSessions
         nursery.cancel_scope.cancel()
 
 
@@ -117,4 +118,5 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
                     s.try_next()
             assert info.value.code == 47  # NoMatchingDocument
         await sync(work)
+        await sync(_close_all)  # while the proxy still answers endSessions
         nursery.cancel_scope.cancel()

@@ -200,6 +200,7 @@ async def test_history_lost_when_the_oplog_no_longer_reaches_back():
                 c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start})
             assert info.value.code == 286 and info.value.details["codeName"] == "ChangeStreamHistoryLost"
         await sync(work)
+        await sync(_close_all)  # while the proxy still answers endSessions
         nursery.cancel_scope.cancel()
 
 
@@ -444,3 +445,23 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, proxy):
+    """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a
+    second per shard; notes come every 20 ms only while events wait on an idle shard."""
+    def work():
+        c = client(proxy_uri(proxy))
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "idle"})
+        window = time.monotonic() + 3
+        marks = []
+        while time.monotonic() < window:  # a consumer polling an idle bucket for three seconds
+            more = c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": NS, "maxTimeMS": 1000})
+            assert more["cursor"]["nextBatch"] == []
+            marks.append(more["cursor"]["postBatchResumeToken"]["_data"])
+        assert len(set(marks)) >= 2  # the resume point kept moving
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "idle"})["streams"][0]
+        noops = [s["noops"] for s in status["shards"]]
+        assert max(noops) <= 8, noops  # ~1 a second each; fifty a second before
+        assert status["topology"]["checks"] <= 8
+    await sync(work)
