@@ -76,14 +76,14 @@ class Applier:
         # primary answers a retried statement it already has instead of applying it twice.
         self.statements: dict[bytes, tuple[int, set[int]]] = {}
         # Pre- and post-images of writes to collections with changeStreamPreAndPostImages enabled
-        # (the server's config.system.preimages), by (collection UUID bytes, oplog ts key):
-        # (before, after).
-        self.images: dict[tuple[bytes, int], tuple[Any, Any]] = {}
+        # (the server's config.system.preimages), by (collection UUID bytes, oplog ts key, index in
+        # the applyOps entry, 0 outside transactions): (before, after).
+        self.images: dict[tuple[bytes, int, int], tuple[Any, Any]] = {}
 
-    def record_images(self, coll: Collection, ts: Any, before: Any, after: Any) -> None:
+    def record_images(self, coll: Collection, ts: Any, before: Any, after: Any, index: int = 0) -> None:
         """Keep a write's images if its collection had pre- and post-images enabled at the time."""
         if (coll.options.get("changeStreamPreAndPostImages") or {}).get("enabled"):
-            self.images[(coll.uuid.bytes, (ts.time << 32) | ts.inc)] = (before, after)
+            self.images[(coll.uuid.bytes, (ts.time << 32) | ts.inc, index)] = (before, after)
             if len(self.images) > MAX_IMAGES:
                 # The server expires pre-images with the oplog; the simulator keeps the newest ones.
                 for key in list(itertools.islice(self.images, len(self.images) // 2)):
@@ -106,8 +106,11 @@ class Applier:
         known = self.statements.get(bytes(session["lsid"]["id"]))
         return known is not None and known[0] == int(session["txnNumber"]) and int(session["stmtId"]) in known[1]
 
-    def apply(self, entry: Mapping[str, Any]) -> None:
+    def apply(self, entry: Mapping[str, Any], *, at: tuple[Any, int] | None = None) -> None:
+        """Apply one entry; `at` is (ts, index) of an op inside a one-entry transaction's applyOps,
+        which is where its images are recorded."""
         self.record_statement(entry)
+        at = at if at is not None else (entry["ts"], 0) if "ts" in entry else None
         op = entry["op"]
         if op == "n":
             return
@@ -124,15 +127,15 @@ class Applier:
             o = entry["o"]
             new = apply_diff(old or {}, o["diff"]) if o.get("$v") == 2 else dict(o)
             coll.put(new, old)
-            if old is not None and "ts" in entry:  # not for a transaction's ops (no images kept yet)
-                self.record_images(coll, entry["ts"], old, new)
+            if old is not None and at is not None:
+                self.record_images(coll, at[0], old, new, at[1])
         elif op == "d":
             coll = self._coll(ns, entry.get("ui"))
             found = coll.docs.get(id_key(entry["o"]["_id"]))
             if found is not None:
                 coll.remove(found)
-                if "ts" in entry:
-                    self.record_images(coll, entry["ts"], found, None)
+                if at is not None:
+                    self.record_images(coll, at[0], found, None, at[1])
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -216,8 +219,11 @@ class Applier:
             self.prepared[key] = (entry["lsid"], entry["ts"])
         if not o.get("partialTxn") and not o.get("prepare"):
             # The last link of a chain (or a one-entry commit): the whole transaction applies now.
-            for op in self.pending.pop(key):
-                self.apply(op)
+            # Images are kept for one-entry commits, keyed by this entry's ts and each op's index.
+            ops_here = self.pending.pop(key)
+            single = len(ops_here) == len(ops)
+            for index, op in enumerate(ops_here):
+                self.apply(op, at=(entry["ts"], index) if single else None)
 
 
 def take_prepared(applier: Applier) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:

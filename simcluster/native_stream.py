@@ -153,8 +153,9 @@ class NativeStream:
                 return RawBSONDocument(ev.raw, RAW)
             return self._stages(bson.decode(ev.raw), ev.token)
         doc = bson.decode(ev.raw)
-        uuid = decode_token(ev.token).uuid
-        images = origin.images.get((uuid.bytes, ts_key(ev.cluster_time))) if origin is not None and uuid else None
+        data = decode_token(ev.token)
+        images = origin.images.get((data.uuid.bytes, ts_key(ev.cluster_time), data.txn_op_index)) \
+            if origin is not None and data.uuid else None
         if wants_post:
             if self.full_document == "updateLookup":
                 after = node_for_lookup(f"{ev.db}.{ev.coll}", doc["documentKey"])

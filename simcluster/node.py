@@ -167,7 +167,7 @@ class ShardNode(CommandServer):
             "dbstats": self.cmd_db_stats, "collstats": self.cmd_coll_stats,
             "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
         })
-        self.transactions = TransactionTable(self.oplog)
+        self.transactions = TransactionTable(self.oplog, self.applier.record_images)
         if initiate:
             self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
         # periodicNoopIntervalSecs (server default 10 s): an idle primary writes a noop so that
@@ -248,7 +248,7 @@ class ShardNode(CommandServer):
         return min(self.replset.commit_key(), self.oplog.last_key())
 
     @property
-    def images(self) -> dict[tuple[bytes, int], tuple[Any, Any]]:
+    def images(self) -> dict[tuple[bytes, int, int], tuple[Any, Any]]:
         return self.applier.images
 
     async def wait_commit_beyond(self, key: int, deadline: float) -> bool:
@@ -383,10 +383,10 @@ class ShardNode(CommandServer):
              images: tuple[Any, Any] | None = None, coll: Collection | None = None) -> None:
         """Append a write's oplog entry, or hold it in its transaction until commit. `images` are
         the document before and after an update or delete, kept if the collection asks for them
-        (writes inside transactions keep none: their pre-images are not recorded yet)."""
+        (in a transaction, at its commit)."""
         txn = session.get("$txn")
         if txn is not None:
-            txn.record(entry, undo)
+            txn.record(entry, undo, (coll, *images) if images is not None and coll is not None else None)
             return
         entry.update(session)
         ts, _ = self.oplog.append(entry)
@@ -569,15 +569,16 @@ class ShardNode(CommandServer):
         operationTime, preImage}; an `_id: {$in: [...]}` or `_id: {...}` filter is looked up directly."""
         ids = filt.get("_id")
         wanted = ids.get("$in") if isinstance(ids, dict) and "$in" in ids else [ids] if isinstance(ids, dict) else None
-        keys = ([(bytes(i["nsUUID"]), ts_key(i["ts"])) for i in wanted if isinstance(i, dict) and "nsUUID" in i]
+        keys = ([(bytes(i["nsUUID"]), ts_key(i["ts"]), int(i.get("applyOpsIndex", 0)))
+                 for i in wanted if isinstance(i, dict) and "nsUUID" in i]
                 if wanted is not None else list(self.applier.images))
         out = []
-        for uuid_bytes, key in keys:
-            images = self.applier.images.get((uuid_bytes, key))
+        for uuid_bytes, key, index in keys:
+            images = self.applier.images.get((uuid_bytes, key, index))
             if images is None or images[0] is None:
                 continue
             ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
-            out.append({"_id": {"nsUUID": Binary(uuid_bytes, 4), "ts": ts, "applyOpsIndex": Int64(0)},
+            out.append({"_id": {"nsUUID": Binary(uuid_bytes, 4), "ts": ts, "applyOpsIndex": Int64(index)},
                         "operationTime": datetime.datetime.fromtimestamp(ts.time, datetime.UTC),
                         "preImage": images[0]})
         return out

@@ -48,17 +48,20 @@ class Transaction:
     txn_number: int
     ops: list[dict[str, Any]] = field(default_factory=list)
     undo: list[Callable[[], None]] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)  # per op: (collection, before, after) or None
     state: str = "open"          # open -> prepared -> committed | aborted
     prepare_ts: Timestamp | None = None
     # A prepared transaction this member took over at step-up: its ops are in the oplog but not
     # applied here yet (a secondary applies them at commit); commit applies them with this.
     apply_on_commit: Callable[[Any], None] | None = None
 
-    def record(self, op: dict[str, Any], undo: Callable[[], None]) -> None:
+    def record(self, op: dict[str, Any], undo: Callable[[], None], images: Any = None) -> None:
+        """Hold a write until commit; `images` (collection, before, after) if it may keep them."""
         if self.state != "open":
             raise MongoError("PreparedTransactionInProgress", "cannot write to a prepared transaction")
         self.ops.append(op)
         self.undo.append(undo)
+        self.images.append(images)
 
     def session_fields(self) -> dict[str, Any]:
         return {"lsid": self.lsid, "txnNumber": Int64(self.txn_number)}
@@ -67,9 +70,13 @@ class Transaction:
 class TransactionTable:
     """The transactions of one shard primary, by (lsid id, txnNumber)."""
 
-    def __init__(self, oplog: Oplog) -> None:
+    def __init__(self, oplog: Oplog, record_images: Callable[..., None] | None = None) -> None:
         self.oplog = oplog
         self.txns: dict[TxnKey, Transaction] = {}
+        # Applier.record_images: a one-entry commit keeps its writes' images at (entry ts, index),
+        # the ids the server gives pre-images of transaction writes. Chains and prepared
+        # transactions keep none.
+        self.record_images = record_images
 
     def get_or_start(self, cmd: dict[str, Any], lsid: dict[str, Any]) -> Transaction:
         key = txn_key(cmd)
@@ -111,6 +118,10 @@ class TransactionTable:
                 ts, _ = self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": o, **txn.session_fields(),
                                            "prevOpTime": prev})
                 prev = {"ts": ts, "t": Int64(self.oplog.term)}
+            if len(chunks) == 1 and self.record_images is not None:
+                for index, images in enumerate(txn.images):
+                    if images is not None:
+                        self.record_images(images[0], ts, images[1], images[2], index)
         txn.state = "committed"
 
     def prepare(self, key: TxnKey) -> Timestamp:
@@ -161,3 +172,4 @@ class TransactionTable:
             undo()
         txn.undo.clear()
         txn.ops.clear()
+        txn.images.clear()

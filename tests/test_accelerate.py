@@ -93,6 +93,9 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
             direct.pre.h.update_many({"v": {"$lt": 5}}, {"$inc": {"v": 100}})
             direct.pre.h.replace_one({"_id": 7}, {"replaced": True})
             direct.pre.h.delete_many({"v": {"$gte": 15}})
+            with direct.start_session() as s:  # one shard, one applyOps entry: images at (its ts, index)
+                s.with_transaction(lambda s: (direct.pre.h.update_one({"_id": 10}, {"$set": {"t": 1}}, session=s),
+                                              direct.pre.h.update_one({"_id": 10}, {"$inc": {"t": 1}}, session=s)))
             direct.pre.h.insert_one({"_id": "end", "marker": True})
             images = ({"full_document_before_change": "whenAvailable"}, {"full_document": "whenAvailable"},
                       {"full_document": "required", "full_document_before_change": "required"})
@@ -104,9 +107,14 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
                     assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
                     got = _collect(stream, _is_marker)
                     assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], (name, options)
-            after = [e["fullDocument"] for e in got if e["operationType"] == "update"]
+            in_txn = [e for e in got if "txnNumber" in e]
+            assert [(e["fullDocumentBeforeChange"], e["fullDocument"]) for e in in_txn] == [
+                ({"_id": 10, "v": 10}, {"_id": 10, "v": 10, "t": 1}),
+                ({"_id": 10, "v": 10, "t": 1}, {"_id": 10, "v": 10, "t": 2})]
+            after = [e["fullDocument"] for e in got if e["operationType"] == "update" and "txnNumber" not in e]
             assert len(after) == 5 and all(a["v"] >= 100 for a in after)  # post-images: pre-image + update
-            before = [e["fullDocumentBeforeChange"] for e in got if e["operationType"] != "insert"]
+            before = [e["fullDocumentBeforeChange"] for e in got
+                      if e["operationType"] != "insert" and "txnNumber" not in e]
             # 5 updates, a replace, and 10 deletes (v >= 15, counting the 5 updated past 100)
             assert len(before) == 16 and {"_id": 7, "v": 7} in before and all(b is not None for b in before)
             # required, on a collection that keeps no pre-images: the server's error, through the engine too.

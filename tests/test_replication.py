@@ -22,7 +22,7 @@ from pymongo.errors import NotPrimaryError
 from pymongo.read_concern import ReadConcern
 
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, sync
+from tests.conftest import _close_all, client, sync, wait_until
 
 
 def _oplog(node):
@@ -251,5 +251,28 @@ async def test_prepared_transaction_survives_a_failover_between_prepare_and_comm
                     seen.append(change["documentKey"]["_id"])
             assert sorted(seen) == list(range(1000, 1008))  # each write once, after the failover too
             native.close()
+        await sync(work)
+        await sync(_close_all)
+
+
+async def test_secondaries_keep_the_pre_images_the_primary_kept():
+    """Pre-images are written on every member as it applies the oplog (as in config.system.preimages),
+    also for a transaction's writes, so a new primary still has them."""
+    async with open_cluster(shards=1, members=2) as cluster:
+        rs = cluster.replsets["shard0"]
+
+        def work() -> None:
+            c = client(cluster.uri)
+            c.pre.create_collection("c", changeStreamPreAndPostImages={"enabled": True})
+            c.pre.c.insert_many([{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
+            c.pre.c.update_one({"_id": 1}, {"$set": {"v": 10}})
+            with c.start_session() as s:
+                s.with_transaction(lambda s: (c.pre.c.delete_one({"_id": 2}, session=s),
+                                              c.pre.c.update_one({"_id": 1}, {"$inc": {"v": 1}}, session=s)))
+            primary, secondary = rs.members
+            wait_until(lambda: len(secondary.images) == len(primary.images) == 3, timeout=10)
+            assert secondary.images == primary.images
+            assert sorted(before["v"] for before, _ in primary.images.values()) == [1, 2, 10]
+            assert sorted(index for _, _, index in primary.images) == [0, 0, 1]
         await sync(work)
         await sync(_close_all)
