@@ -33,6 +33,7 @@ from buckets.reader import ConnectMember
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
 from buckets.topology import Topology, read_topology
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
+from mongoformats.change_stages import SUPPORTED_STAGES
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
@@ -236,7 +237,8 @@ class Engine:
         return {"cursors": cursors, "name": name, "nBuckets": n}
 
     async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
-                      scope: tuple[str, str | None] | None = None) -> ParallelStream:
+                      scope: tuple[str, str | None] | None = None,
+                      stages: tuple[dict[str, Any], ...] = ()) -> ParallelStream:
         topology = await self._discover()
         now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
@@ -274,7 +276,7 @@ class Engine:
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
-            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
+            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")), stages=stages,
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
@@ -347,10 +349,11 @@ class Engine:
     async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
 
-        Only streams whose every event the engine reproduces exactly are accelerated: fullDocument
-        default or updateLookup, and trailing $match stages (none on fullDocument with a lookup).
-        Anything else raises PassThrough, so the session forwards the aggregate to mongos unchanged:
-        acceleration never changes what a consumer sees.
+        Only streams whose every event the engine reproduces exactly are accelerated: every
+        fullDocument and fullDocumentBeforeChange mode, and the stages of mongoformats.change_stages
+        ($match, $project, $addFields/$set, $unset). Anything else raises PassThrough, so the
+        session forwards the aggregate to mongos unchanged: acceleration never changes what a
+        consumer sees.
         """
         if self.requires_auth and not getattr(session, "user", None):
             raise PassThrough()  # mongos answers an unauthenticated aggregate with its own error
@@ -363,9 +366,7 @@ class Engine:
         before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
         if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
                 or before_change not in _BEFORE_CHANGE
-                or (before_change != "off" and _mentions_full_document(stages))
-                or any(set(st) != {"$match"} for st in stages)
-                or (full_document != "default" and _mentions_full_document(stages))
+                or any(len(st) != 1 or next(iter(st)) not in SUPPORTED_STAGES for st in stages)
                 or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
             raise PassThrough()
         coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
@@ -382,10 +383,15 @@ class Engine:
             sub["resumeAfter"] = token
         elif "startAtOperationTime" in spec:
             sub["startAtOperationTime"] = spec["startAtOperationTime"]
-        if stages:
+        # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
+        # lookup the stages may test, means the whole pipeline runs on each returned event.
+        plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
+            and before_change == "off"
+        if stages and plain_match:
             sub["pipeline"] = stages
         scope = None if cluster_wide else (db, coll)
-        stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope)
+        stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
+                                    stages=() if plain_match else tuple(stages))
         cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token)
         cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
         self._private[cur.cursor_id] = stream

@@ -35,6 +35,7 @@ from buckets.merge import MergedQueue
 from buckets.reader import ConnectMember, ShardBatch, ShardReader, mark_after
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
+from mongoformats.change_stages import apply_stages, encode_in_order
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import UpstreamConnection, open_member
@@ -65,6 +66,9 @@ class StreamOptions:
     scope: tuple[str, str | None] | None = None
     full_document: str = "default"           # or "updateLookup": updates carry the current document
     full_document_before_change: str = "off"  # or "whenAvailable" / "required": recorded pre-images
+    # Stages after $changeStream applied to each event as it is returned, after the lookups (an
+    # accelerated watch() with $project, $addFields, ..., or a $match that tests fullDocument).
+    stages: tuple[dict[str, Any], ...] = ()
 
     @property
     def needs_pre_images(self) -> bool:
@@ -195,6 +199,31 @@ class BucketCursor:
     last_token: dict[str, Any] = field(default_factory=dict)
     exhausted: bool = False
 
+    async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
+        """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
+        for each event that remains."""
+        lookup, options = self.stream.lookup, self.stream.options
+        if lookup is not None:
+            full, before = options.full_document, options.full_document_before_change
+            pre = await lookup.pre_images(batch) if options.needs_pre_images else {}
+            if full == "updateLookup":
+                batch = await lookup.with_post_images(batch)
+            elif full in ("whenAvailable", "required"):
+                batch = lookup.with_recorded_post_images(batch, pre, required=full == "required")
+            if before != "off":
+                batch = lookup.with_pre_images(batch, pre, required=before == "required")
+        if not options.stages:
+            return list(enumerate(batch))
+        out = []
+        for i, ev in enumerate(batch):
+            if ev.op_type == "invalidate":  # the stream's end, as the native stream returns it
+                out.append((i, ev))
+                continue
+            doc = apply_stages(bson.decode(ev.raw), options.stages, ev.token)
+            if doc is not None:
+                out.append((i, ev._replace(raw=encode_in_order(doc))))
+        return out
+
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
                          *, first: bool = False) -> tuple[list[ChangeEvent], dict[str, Any]]:
         bucket = self.bucket
@@ -231,22 +260,17 @@ class BucketCursor:
                 break
             batch.append(ev)
             size += cost
+        taken = batch
         lookup, options = self.stream.lookup, self.stream.options
-        if lookup is not None:
+        if lookup is not None or options.stages:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            full, before = options.full_document, options.full_document_before_change
-            pre = await lookup.pre_images(batch) if options.needs_pre_images else {}
-            if full == "updateLookup":
-                batch = await lookup.with_post_images(batch)
-            elif full in ("whenAvailable", "required"):
-                batch = lookup.with_recorded_post_images(batch, pre, required=full == "required")
-            if before != "off":
-                batch = lookup.with_pre_images(batch, pre, required=before == "required")
-            batch = _fit(batch)
-        self.position += len(batch)
+            batch, consumed = _fit(await self._shape(batch))
+            taken = taken[:consumed]
+        self.position += len(taken)
         bucket.delivered_total += len(batch)
-        if batch:
-            self.last_key, self.last_token = batch[-1].sort_key, batch[-1].token
+        if taken:
+            # Events a stage dropped were still examined: the resume point passes them.
+            self.last_key, self.last_token = taken[-1].sort_key, taken[-1].token
         if self.position >= bucket.end and bucket.frontier > self.last_key:
             # Drained: everything up to the merge frontier was dealt out, so the frontier is a
             # resume point that moves even while this bucket is idle.
@@ -499,15 +523,16 @@ class ParallelStream:
         }
 
 
-def _fit(batch: list[ChangeEvent]) -> list[ChangeEvent]:
-    """The longest head of `batch` within a reply's batch limit (at least one event): post-images
-    grow events after the batch was cut; the rest is returned by the next getMore."""
+def _fit(shaped: list[tuple[int, ChangeEvent]]) -> tuple[list[ChangeEvent], int | None]:
+    """The longest head of the shaped events within a reply's batch limit (at least one), and how
+    many of the taken events it consumed (None: all of them). Lookups and stages grow events after
+    the batch was cut; what does not fit is returned by the next getMore."""
     size = 0
-    for i, ev in enumerate(batch):
+    for k, (_, ev) in enumerate(shaped):
         size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
-        if i and size > BATCH_BYTES_LIMIT:
-            return batch[:i]
-    return batch
+        if k and size > BATCH_BYTES_LIMIT:
+            return [e for _, e in shaped[:k]], shaped[k][0]
+    return [e for _, e in shaped], None
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:

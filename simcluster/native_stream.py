@@ -29,8 +29,8 @@ from mongoformats.change_events import (
     with_field_before_ns,
     with_full_document,
 )
+from mongoformats.change_stages import apply_stages, encode_in_order
 from mongoformats.errors import MongoError
-from mongoformats.mql import matches
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
@@ -174,28 +174,7 @@ class NativeStream:
         return self._stages(doc, ev.token)
 
     def _stages(self, doc: dict[str, Any], token: dict[str, Any]) -> Any:
-        for stage in self.stages:
-            (name, arg), = stage.items()
-            if name == "$match":
-                if not matches(doc, arg):
-                    return None
-            elif name == "$project":
-                doc = _project(doc, arg)
-            elif name == "$unset":
-                names = [arg] if isinstance(arg, str) else arg
-                doc = {k: v for k, v in doc.items() if k not in names}
-            elif name in ("$addFields", "$set"):
-                doc = {**doc, **{k: _expr(doc, v) for k, v in arg.items()}}
-            else:
-                raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-        # The server compares tokens by _data only (ResumeToken::operator==).
-        _id = doc.get("_id")
-        if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
-            raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which contains the "
-                             "resume token, was modified by the pipeline. Modifying the _id field of an event makes "
-                             "it impossible to resume the stream from that point. Only transformations that retain "
-                             "the unmodified _id field are allowed.")
-        return doc
+        return apply_stages(doc, self.stages, token)
 
     async def fetch(self, limit: int, deadline: float, lookup: Any) -> list[Any]:
         import trio
@@ -210,6 +189,8 @@ class NativeStream:
             while ready and len(out) < limit:
                 ev = ready.popleft()
                 shaped = self._shape(ev, lookup)
+                if isinstance(shaped, dict):  # in the event's own field order, as the server sends it
+                    shaped = RawBSONDocument(encode_in_order(shaped), RAW)
                 if shaped is not None:
                     out.append(shaped)
                 self.last_token = ev.token
@@ -237,48 +218,6 @@ class NativeStream:
                     # Wake on the first write to any shard, like a getMore waiting on its shard cursors.
                     for node in self.nodes:
                         nursery.start_soon(_wake, node, nursery)
-
-
-def _expr(doc: dict[str, Any], e: Any) -> Any:
-    """Aggregation expressions the suite uses: "$field.path" references, nested documents, literals."""
-    if isinstance(e, str) and e.startswith("$"):
-        cur: Any = doc
-        for part in e[1:].split("."):
-            cur = cur.get(part) if isinstance(cur, dict) else None
-        return cur
-    if isinstance(e, dict):
-        return {k: _expr(doc, v) for k, v in e.items()}
-    return e
-
-
-def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    if all(v in (0, False) for v in spec.values()):
-        return {k: v for k, v in doc.items() if k not in spec}
-    out: dict[str, Any] = {}
-    if spec.get("_id", 1) not in (0, False) and "_id" in doc:
-        out["_id"] = doc["_id"]
-    for k, v in spec.items():
-        if k == "_id":
-            continue
-        if "." in k:  # a dotted key computes (or includes) a nested field
-            head, rest = k.split(".", 1)
-            found = doc.get(head)
-            sub: dict[str, Any] = found if isinstance(found, dict) else {}
-            nested = _project({**sub, "_id": None}, {"_id": 0, rest: v}) if v in (1, True) else \
-                _set_path({}, rest, _expr(doc, v))
-            out[head] = {**out.get(head, {}), **nested}
-        elif v is True or (type(v) is int and v == 1):
-            if k in doc:
-                out[k] = doc[k]
-        else:
-            out[k] = _expr(doc, v)
-    return out
-
-
-def _set_path(target: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    head, _, rest = path.partition(".")
-    target[head] = _set_path(target.get(head, {}), rest, value) if rest else value
-    return target
 
 
 async def _wake(node: Any, nursery: Any) -> None:

@@ -68,6 +68,18 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
                 assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
                 got = _collect(stream, _is_marker)
                 assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], name
+            # Other stages, and a $match that tests the looked-up document: still accelerated.
+            pipelines = ([{"$project": {"operationType": 1, "fullDocument": 1, "ns": 1}}, {"$addFields": {"k": 1}}],
+                         [{"$set": {"coll": "$ns.coll"}}, {"$match": {"fullDocument.v": {"$ne": 3}}},
+                          {"$unset": "wallTime"}])
+            for pipeline in pipelines:
+                want = _collect(direct.acc.h.watch(pipeline, start_at_operation_time=start, max_await_time_ms=200,
+                                                   full_document="updateLookup"), _is_marker)
+                stream = proxied.acc.h.watch(pipeline, start_at_operation_time=start, max_await_time_ms=200,
+                                             full_document="updateLookup")
+                assert proxied.admin.command("parallelChangeStreamStatus")["cursors"] == 1  # the engine's
+                shaped = _collect(stream, _is_marker)
+                assert [bson.encode(e) for e in shaped] == [bson.encode(e) for e in want], pipeline
             updates = [e for e in got if e["operationType"] == "update"]
             assert len(updates) == 11 and sum(u["fullDocument"] is None for u in updates) == 1
             assert all(u["fullDocument"]["low"] is True for u in updates if u["fullDocument"] is not None)
