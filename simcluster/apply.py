@@ -89,14 +89,18 @@ class Applier:
                 for key in list(itertools.islice(self.images, len(self.images) // 2)):
                     del self.images[key]
 
+    def statements_of(self, lsid: bytes, txn_number: int) -> set[int]:
+        """The statements done for this session's retryable write `txn_number` (a newer one
+        replaces an older one's)."""
+        known = self.statements.get(lsid)
+        if known is None or known[0] != txn_number:
+            known = self.statements[lsid] = (txn_number, set())
+        return known[1]
+
     def record_statement(self, entry: Mapping[str, Any]) -> None:
         if "stmtId" not in entry or "lsid" not in entry:
             return
-        lsid, number = bytes(entry["lsid"]["id"]), int(entry["txnNumber"])
-        known = self.statements.get(lsid)
-        if known is None or known[0] != number:
-            known = self.statements[lsid] = (number, set())
-        known[1].add(int(entry["stmtId"]))
+        self.statements_of(bytes(entry["lsid"]["id"]), int(entry["txnNumber"])).add(int(entry["stmtId"]))
 
     def already_done(self, session: Mapping[str, Any]) -> bool:
         """Was this retryable-write statement (its session fields: lsid, txnNumber, stmtId) done

@@ -65,14 +65,21 @@ class _SessionBytes(NamedTuple):
     tail: bytes   # prevOpTime
 
 
+def _logged_lsid(cmd: dict[str, Any]) -> dict[str, Any]:
+    """The lsid a command's writes log (with the user's uid), built once per command."""
+    lsid = cmd.get("$lsid_logged")
+    if lsid is None:
+        lsid = cmd["$lsid_logged"] = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
+    return lsid
+
+
 def _session_bytes(cmd: dict[str, Any]) -> _SessionBytes | None:
     """The session fields every statement of `cmd` logs (encoded once per command), or None."""
     if "lsid" not in cmd or "txnNumber" not in cmd:
         return None
     cached = cmd.get("$session_bytes")
     if cached is None:
-        lsid = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
-        head = bson.encode({"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"])})[4:-1] + b"\x10stmtId\x00"
+        head = bson.encode({"lsid": _logged_lsid(cmd), "txnNumber": Int64(cmd["txnNumber"])})[4:-1] + b"\x10stmtId\x00"
         tail = bson.encode({"prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}})[4:-1]
         cached = cmd["$session_bytes"] = _SessionBytes(bytes(cmd["lsid"]["id"]), int(cmd["txnNumber"]), head, tail)
     return cached
@@ -86,12 +93,8 @@ class SentInserts:
     def __init__(self, node: ShardNode, ns: str, cmd: Any) -> None:
         self.node, self.ns = node, ns
         self.session = _session_bytes(cmd)
-        self.known: set[int] | None = None
-        if self.session is not None:
-            known = node.applier.statements.get(self.session.lsid_id)
-            if known is None or known[0] != self.session.txn_number:
-                known = node.applier.statements[self.session.lsid_id] = (self.session.txn_number, set())
-            self.known = known[1]
+        self.known = (node.applier.statements_of(self.session.lsid_id, self.session.txn_number)
+                      if self.session is not None else None)
         shard_key = node.shard_keys.get(ns)
         self.whole_key = bool(shard_key) and set(shard_key or ()) != {"_id"}  # documentKey beyond _id
         self.coll: Collection | None = None
@@ -152,8 +155,6 @@ class ShardNode(CommandServer):
         self.frozen_until = -math.inf   # replSetStepDown: not electable before this trio time
         # ns -> shard key pattern (set by the router), so o2/documentKey holds shard key + _id.
         self.shard_keys: dict[str, dict[str, Any]] = {}
-        # The constant head (op, ns, ui) of each collection's insert entries, for insert_sent.
-        self._insert_prefixes: dict[tuple[str, Any], bytes] = {}
         self.commands.update({
             "insert": self.cmd_insert, "update": self.cmd_update, "delete": self.cmd_delete,
             "find": self.cmd_find, "count": self.cmd_count, "distinct": self.cmd_distinct,
@@ -371,9 +372,7 @@ class ShardNode(CommandServer):
         """What each write of `cmd` logs besides itself: retryable-write fields, or its transaction."""
         if "lsid" not in cmd or "txnNumber" not in cmd:
             return {}
-        lsid = cmd.get("$lsid_logged")  # computed once per command, not once per statement
-        if lsid is None:
-            lsid = cmd["$lsid_logged"] = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
+        lsid = _logged_lsid(cmd)
         if cmd.get("autocommit") is False:
             return {"$txn": self.transactions.get_or_start(cmd, lsid)}
         return {"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,

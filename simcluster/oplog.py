@@ -43,12 +43,8 @@ class ClusterClock:
         self._inc = 0
 
     def tick(self) -> Timestamp:
-        now = int(time.time())
-        if now > self._secs:
-            self._secs, self._inc = now, 1
-        else:
-            self._inc += 1
-        return Timestamp(self._secs, self._inc)
+        key = self.tick_key()
+        return Timestamp(key >> 32, key & 0xFFFFFFFF)
 
     def tick_key(self, now: int | None = None) -> int:
         """`tick()` as the oplog's integer key (seconds << 32 | increment), with no Timestamp built;
