@@ -3,6 +3,8 @@ yields the events and tokens mongos yields; what the engine cannot reproduce pas
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import bson
@@ -32,10 +34,19 @@ def _is_marker(ev: dict[str, Any]) -> bool:
     return ev["operationType"] == "insert" and ev["fullDocument"].get("marker") is True
 
 
-async def test_watch_through_the_accelerated_proxy_equals_mongos():
-    async with open_cluster(shards=3, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
+@contextlib.asynccontextmanager
+async def accelerated(shards: int) -> AsyncIterator[tuple[Any, Any]]:
+    """A cluster (short periodic noops, so native streams move on) and a proxy with acceleration on."""
+    async with open_cluster(shards=shards, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
                                                               accelerate_change_streams=True))
+        yield cluster, server
+        await sync(_close_all)  # while the proxy still answers endSessions
+        nursery.cancel_scope.cancel()
+
+
+async def test_watch_through_the_accelerated_proxy_equals_mongos():
+    async with accelerated(shards=3) as (cluster, server):
 
         def work():
             direct = client(cluster.uri)
@@ -84,15 +95,11 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
             assert len(updates) == 11 and sum(u["fullDocument"] is None for u in updates) == 1
             assert all(u["fullDocument"]["low"] is True for u in updates if u["fullDocument"] is not None)
         await sync(work)
-        await sync(_close_all)  # while the proxy still answers endSessions
-        nursery.cancel_scope.cancel()
 
 
 async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
     """fullDocumentBeforeChange: the engine reads the pre-images the shards recorded."""
-    async with open_cluster(shards=2, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
-        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
-                                                              accelerate_change_streams=True))
+    async with accelerated(shards=2) as (cluster, server):
 
         def work():
             direct = client(cluster.uri)
@@ -138,5 +145,3 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
                     s.try_next()
             assert info.value.code == 47  # NoMatchingDocument
         await sync(work)
-        await sync(_close_all)  # while the proxy still answers endSessions
-        nursery.cancel_scope.cancel()

@@ -10,7 +10,6 @@ later rollback removes.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import bson
@@ -230,14 +229,9 @@ async def test_prepared_transaction_survives_a_failover_between_prepare_and_comm
 
             worker = threading.Thread(target=commit)
             worker.start()
-            deadline = time.monotonic() + 20
-            while not cluster.mongos.commit_decisions:
-                assert time.monotonic() < deadline, "the coordinator never decided"
-                time.sleep(0.02)
+            wait_until(lambda: cluster.mongos.commit_decisions, timeout=20)  # the coordinator decided
             trio.from_thread.run_sync(rs.stop_member, old)  # before the decision reached shard0
-            while rs.primary_node in (None, old):
-                assert time.monotonic() < deadline, "no new primary"
-                time.sleep(0.02)
+            wait_until(lambda: rs.primary_node not in (None, old), timeout=20)  # a new primary
             c.admin.command("configureFailPoint", "hangBeforeWritingDecision", mode="off")
             worker.join(30)
             assert done == [True]
