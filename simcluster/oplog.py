@@ -99,20 +99,16 @@ class Oplog:
         k = self.last_key()
         return Timestamp(k >> 32, k & 0xFFFFFFFF)
 
-    def append(self, fields: dict[str, Any], ts: Timestamp | None = None) -> tuple[Timestamp, bytes]:
+    def append(self, fields: dict[str, Any]) -> tuple[Timestamp, bytes]:
         """Stamp and append one entry: `fields` (op, ns, ui, o, ...) then ts, t, v, wall, as the server orders them."""
-        ts = ts or self.clock.tick()
-        # The stamp is spliced on as bytes (ts, t, v, wall in the server's order): the same BSON
-        # as encoding the four fields, without building four objects per write.
-        head = bson.encode(fields)
-        tail = _stamp(ts.inc, ts.time, self.term, int(time.time() * 1000))
-        raw = _I32.pack(len(head) + len(tail)) + head[4:-1] + tail + b"\x00"
-        self.append_raw(ts_key(ts), raw)
-        return ts, raw
+        key, raw = self.append_body(bson.encode(fields)[4:-1])
+        return Timestamp(key >> 32, key & 0xFFFFFFFF), raw
 
     def append_body(self, body: bytes, *, wake: bool = True, wall_ms: int | None = None) -> tuple[int, bytes]:
         """Stamp and append an entry given as its encoded elements (op ... session fields);
-        `wall_ms` is the write's wall time if the caller read the clock once for a batch."""
+        `wall_ms` is the write's wall time if the caller read the clock once for a batch. The
+        stamp is spliced on as bytes (ts, t, v, wall in the server's order): the same BSON as
+        encoding the four fields, without building four objects per write."""
         wall_ms = int(time.time() * 1000) if wall_ms is None else wall_ms
         key = self.clock.tick_key(wall_ms // 1000)
         raw = b"".join((_I32.pack(len(body) + 5 + _STAMP.size), body,
