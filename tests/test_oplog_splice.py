@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mongoformats.change_events import RAW, OplogTransformer
-from mongoformats.oplog_splice import elements, splice_crud
+from mongoformats.oplog_splice import _fixed_layout, _walked_layout, elements, splice_crud
 from tests.conftest import client, sync
 
 ids = st.one_of(
@@ -77,6 +77,18 @@ def test_spliced_events_equal_the_general_transform(entry: dict[str, Any], expan
     raw = bson.encode(entry)
     tr = OplogTransformer(show_expanded_events=expanded)
     assert tr.transform(raw) == tr.transform_decoded(RawBSONDocument(raw, RAW))
+
+
+@settings(max_examples=300, deadline=None)
+@given(crud_entries())
+def test_the_fixed_layout_agrees_with_the_walk(entry: dict[str, Any]) -> None:
+    """Where the fixed-position parse of the usual entry shape applies, it finds what the walk finds."""
+    raw = bson.encode(entry)
+    fixed = _fixed_layout(raw)
+    assert fixed is None or fixed == _walked_layout(raw)
+    usual = {k: v for k, v in entry.items() if k not in ("lsid", "txnNumber", "stmtId")}
+    if "wall" in usual and entry["op"] in ("i", "u", "d"):  # the shape servers write outside a session
+        assert _fixed_layout(bson.encode(usual)) is not None
 
 
 def test_the_fast_path_takes_the_common_shapes() -> None:
