@@ -5,72 +5,121 @@ leave only when its sort key (resume token bytes) is <= every shard's high-water
 shard has promised that nothing earlier can still come from it. A shard's mark advances when its
 reader has read the oplog through some timestamp T: nothing at or before T can follow.
 
+Each shard's events already arrive in token order (its oplog's order), so the queue keeps one
+sorted run per shard and merges the releasable prefixes of the runs with one `list.sort`, whose
+run detection makes that a k-way merge in C. A heap push and pop per event cost about as much as
+a fifth of the whole splice.
+
 Pure and synchronous (no I/O, no trio): the async pump around it lives in stream.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import bisect
 from collections.abc import Iterable
+from operator import itemgetter
 
 from mongoformats.change_events import ChangeEvent
 
 __all__ = ["MergedQueue"]
 
+_SORT_KEY = itemgetter(0)   # ChangeEvent.sort_key
+_RAW = itemgetter(5)        # ChangeEvent.raw
+_COMPACT_AT = 4096          # released events are cut off a run's front in slices of at least this
+
+
+class _Run:
+    """One shard's pending events, in token order: events[head:] are still to be released."""
+
+    __slots__ = ("events", "head", "mark")
+
+    def __init__(self, mark: bytes) -> None:
+        self.events: list[ChangeEvent] = []
+        self.head = 0
+        self.mark = mark
+
+    def take_through(self, key: bytes) -> list[ChangeEvent]:
+        events, head = self.events, self.head
+        if head == len(events) or events[head].sort_key > key:
+            return []
+        end = len(events) if events[-1].sort_key <= key else bisect.bisect_right(events, key, head, key=_SORT_KEY)
+        taken = events[head:end]
+        if end == len(events):
+            events.clear()
+            self.head = 0
+        elif end >= _COMPACT_AT and end * 2 >= len(events):
+            del events[:end]
+            self.head = 0
+        else:
+            self.head = end
+        return taken
+
 
 class MergedQueue:
     def __init__(self, shards: Iterable[str]) -> None:
-        self._heap: list[tuple[bytes, int, str, ChangeEvent]] = []
-        self._marks: dict[str, bytes] = {s: b"" for s in shards}
-        self._seq = itertools.count()
-        self.pending_bytes: dict[str, int] = {s: 0 for s in self._marks}
+        self._runs: dict[str, _Run] = {s: _Run(b"") for s in shards}
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return sum(len(r.events) - r.head for r in self._runs.values())
 
     @property
     def shards(self) -> list[str]:
-        return list(self._marks)
+        return list(self._runs)
 
     def add_shard(self, shard: str, mark: bytes) -> None:
         """A shard joins with a mark at or above the frontier: what was released stays in order."""
-        if self._marks and mark < self.frontier():
+        if self._runs and mark < self.frontier():
             raise ValueError(f"shard {shard} joins below the merge frontier")
-        self._marks[shard] = mark
-        self.pending_bytes[shard] = 0
+        self._runs[shard] = _Run(mark)
+
+    def extend(self, shard: str, events: list[ChangeEvent]) -> None:
+        """Queue a batch of `shard`'s events, in token order and above its mark."""
+        if not events:
+            return
+        run = self._runs[shard]
+        last = run.events[-1].sort_key if len(run.events) > run.head else run.mark
+        # Only the ends are checked: a batch is one oplog read, in oplog order by construction.
+        if events[0].sort_key <= last or events[-1].sort_key < events[0].sort_key:
+            raise ValueError(f"shard {shard} pushed events out of token order or at or below its mark")
+        run.events += events
 
     def push(self, shard: str, event: ChangeEvent) -> None:
-        if event.sort_key <= self._marks[shard]:
-            raise ValueError(f"shard {shard} pushed an event at or below its own high-water mark")
-        heapq.heappush(self._heap, (event.sort_key, next(self._seq), shard, event))
-        self.pending_bytes[shard] += len(event.raw)
+        self.extend(shard, [event])
 
     def advance(self, shard: str, mark: bytes) -> None:
         """Shard promises nothing at or below `mark` is still to come. Marks never move back."""
-        if mark > self._marks[shard]:
-            self._marks[shard] = mark
+        run = self._runs[shard]
+        if mark > run.mark:
+            run.mark = mark
 
     def mark_of(self, shard: str) -> bytes:
-        return self._marks[shard]
+        return self._runs[shard].mark
 
     def frontier(self) -> bytes:
         """Everything at or below this key has been pushed by every shard."""
-        return min(self._marks.values()) if self._marks else b""
+        return min(r.mark for r in self._runs.values()) if self._runs else b""
 
     def blocking_shards(self) -> list[str]:
         """Shards whose mark holds back a pending event (they need a noop to move on)."""
-        if not self._heap:
+        heads = [r.events[r.head].sort_key for r in self._runs.values() if len(r.events) > r.head]
+        if not heads:
             return []
-        head = self._heap[0][0]
-        return [s for s, m in self._marks.items() if m < head]
+        head = min(heads)
+        return [s for s, r in self._runs.items() if r.mark < head]
 
-    def pop_ready(self, limit: int = 1 << 30) -> list[tuple[str, ChangeEvent]]:
+    def pop_ready(self) -> tuple[list[ChangeEvent], dict[str, int]]:
+        """Every event now at or below the frontier, in token order, and the bytes each shard's
+        released events hold (for its buffer budget). Ties between shards keep shard order."""
         frontier = self.frontier()
-        out: list[tuple[str, ChangeEvent]] = []
-        heap = self._heap
-        while heap and heap[0][0] <= frontier and len(out) < limit:
-            _, _, shard, event = heapq.heappop(heap)
-            self.pending_bytes[shard] -= len(event.raw)
-            out.append((shard, event))
-        return out
+        out: list[ChangeEvent] = []
+        freed: dict[str, int] = {}
+        runs = 0
+        for shard, run in self._runs.items():
+            taken = run.take_through(frontier)
+            if taken:
+                freed[shard] = sum(map(len, map(_RAW, taken)))
+                out += taken
+                runs += 1
+        if runs > 1:
+            out.sort(key=_SORT_KEY)  # stable: equal keys keep shard order
+        return out, freed

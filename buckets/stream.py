@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import bson
@@ -44,6 +45,9 @@ log = logging.getLogger("buckets.stream")
 
 URGENT_PROGRESS_S = 0.02   # an idle shard (or the shard list) holds events back: nudge it this often
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
+_ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
+_SORT_KEY = itemgetter(0)  # ChangeEvent.sort_key
+_RAW = itemgetter(5)       # ChangeEvent.raw
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,25 @@ class Bucket:
         self.events.append(event)
         self.keys.append(event.sort_key)
         return True
+
+    async def put_many(self, events: list[ChangeEvent]) -> None:
+        """Append `events` (token order) and wake consumers; one budget charge when they all fit,
+        else one by one, waiting for consumers as `put` does."""
+        if events[0].sort_key <= self.floor:  # a resumed stream: this bucket already had some
+            events = [ev for ev in events if ev.sort_key > self.floor]
+            if not events:
+                return
+        n = sum(map(len, map(_RAW, events)))
+        self._drop_delivered(n)
+        # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
+        if self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
+            self.events += events
+            self.keys += map(_SORT_KEY, events)
+        else:
+            for ev in events:
+                if not self.put_nowait(ev):
+                    await self.put(ev)
+        self.notify()
 
     async def put(self, event: ChangeEvent) -> None:
         """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
@@ -298,6 +321,7 @@ class ParallelStream:
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
         self.shard_budgets: dict[str, ByteBudget] = {}
+        self._routes: dict[tuple[str, ...], tuple[int, ...]] = {}
         self.readers: dict[str, ShardReader] = {}
         self.merge = MergedQueue(())
         for sid, hosts in topology.shards.items():
@@ -414,44 +438,18 @@ class ParallelStream:
 
     async def _pump(self, recv: trio.MemoryReceiveChannel[ShardBatch]) -> None:
         merge = self.merge
-        n = self.options.n_buckets
-        match = self.options.match
-        scope = self.options.scope
-        buckets = self.buckets
         tag_shard = self.options.needs_pre_images
         async for batch in recv:
-            for ev in batch.events:
-                # Pre-images are read from the shard that wrote the event: remember which one.
-                merge.push(batch.shard, ev._replace(shard=batch.shard) if tag_shard else ev)
+            events = batch.events
+            if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
+                events = [ev._replace(shard=batch.shard) for ev in events]
+            merge.extend(batch.shard, events)
             merge.advance(batch.shard, batch.mark)
-            ready = merge.pop_ready()
-            freed = dict.fromkeys(self.shard_budgets, 0)
-            touched: set[Bucket] = set()
-            for shard, ev in ready:
-                freed[shard] += len(ev.raw)
-                if self.ended or (scope is not None and not _in_scope(ev, scope)):
-                    continue
-                if match is not None and not _event_matches(ev, match):
-                    continue
-                if scope is not None and _invalidates(ev, scope):
-                    for only in buckets.values():
-                        await only.put(ev)
-                        await only.put(invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime")))
-                    self.ended = True
-                    continue
-                for b in buckets_for_event(ev, n):
-                    bucket = buckets.get(b)
-                    if bucket is None:
-                        continue  # a private stream that keeps only some buckets
-                    if not bucket.put_nowait(ev):
-                        await bucket.put(ev)  # full: wakes its consumers and waits for them
-                    touched.add(bucket)
-            # Budgets and consumers are told once per merged batch, not once per event.
+            ready, freed = merge.pop_ready()
+            await self._deal(ready)
+            # Budgets are released once per merged batch, not once per event.
             for shard, nbytes in freed.items():
-                if nbytes:
-                    self.shard_budgets[shard].release(nbytes)
-            for bucket in touched:
-                bucket.notify()
+                self.shard_budgets[shard].release(nbytes)
             self.events_merged += len(ready)
             frontier = merge.frontier()
             if frontier > self._frontier:
@@ -459,8 +457,50 @@ class ParallelStream:
                 # idle buckets report it as their postBatchResumeToken.
                 self._frontier = frontier
                 token = key_to_token(frontier)
-                for bucket in buckets.values():
+                for bucket in self.buckets.values():
                     bucket.advance_frontier(frontier, token)
+
+    async def _deal(self, ready: list[ChangeEvent]) -> None:
+        """Deal merged events into their buckets: each bucket's share is appended in one step."""
+        scope, match, buckets = self.options.scope, self.options.match, self.buckets
+        shares: dict[int, list[ChangeEvent]] = {}
+        for ev in ready:
+            if self.ended:
+                break
+            if scope is not None and not _in_scope(ev, scope):
+                continue
+            if match is not None and not _event_matches(ev, match):
+                continue
+            if scope is not None and _invalidates(ev, scope):
+                await self._put_shares(shares)
+                shares = {}
+                for only in buckets.values():
+                    await only.put(ev)
+                    await only.put(invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime")))
+                self.ended = True
+                break
+            route = self._routes.get(ev.namespaces)
+            if route is None:
+                route = self._route(ev)
+            for b in route:
+                share = shares.get(b)
+                if share is None:
+                    shares[b] = [ev]
+                else:
+                    share.append(ev)
+        await self._put_shares(shares)
+
+    def _route(self, ev: ChangeEvent) -> tuple[int, ...]:
+        """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""
+        if len(self._routes) >= _ROUTES_CACHED:
+            self._routes.clear()
+        route = self._routes[ev.namespaces] = tuple(b for b in buckets_for_event(ev, self.options.n_buckets)
+                                                    if b in self.buckets)
+        return route
+
+    async def _put_shares(self, shares: dict[int, list[ChangeEvent]]) -> None:
+        for b, share in shares.items():
+            await self.buckets[b].put_many(share)
 
     def _shard_holds_back(self, shard: str) -> float | None:
         """How soon `shard`'s mark should move (seconds between nudges), or None if it holds

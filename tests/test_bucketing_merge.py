@@ -1,5 +1,6 @@
 """Bucket assignment is pinned; the MergedQueue releases events in token order under the mark rule."""
 
+import pytest
 from bson import Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
@@ -38,11 +39,11 @@ def test_event_waits_for_every_shard_mark():
     q = MergedQueue(["s0", "s1"])
     q.push("s0", _event(10))
     q.advance("s0", _mark(10))
-    assert q.pop_ready() == [] and q.blocking_shards() == ["s1"]
+    assert q.pop_ready() == ([], {}) and q.blocking_shards() == ["s1"]
     q.advance("s1", _mark(9))
-    assert q.pop_ready() == []
+    assert q.pop_ready() == ([], {})
     q.advance("s1", _mark(10))
-    assert len(q.pop_ready()) == 1 and len(q) == 0
+    assert len(q.pop_ready()[0]) == 1 and len(q) == 0
 
 
 @given(st.lists(st.lists(st.integers(1, 10_000), max_size=30), min_size=1, max_size=5), st.randoms())
@@ -61,20 +62,23 @@ def test_merge_outputs_every_event_in_token_order(streams, rnd):
     while any(c < len(p) for c, p in zip(cursors, per_shard, strict=True)):
         i = rnd.randrange(len(shards))
         if cursors[i] < len(per_shard[i]):
-            ts = per_shard[i][cursors[i]]
-            cursors[i] += 1
-            q.push(shards[i], _event(ts))
-            q.advance(shards[i], _mark(ts))
-        out += [e.sort_key for _, e in q.pop_ready()]
+            batch = per_shard[i][cursors[i]:cursors[i] + rnd.randint(1, 4)]  # one read of a shard's oplog
+            cursors[i] += len(batch)
+            q.extend(shards[i], [_event(ts) for ts in batch])
+            q.advance(shards[i], _mark(batch[-1]))
+        out += [e.sort_key for e in q.pop_ready()[0]]
     for s in shards:
         q.advance(s, _mark(20_000))
-    out += [e.sort_key for _, e in q.pop_ready()]
+    out += [e.sort_key for e in q.pop_ready()[0]]
     assert out == sorted(out) and len(out) == sum(len(p) for p in per_shard)
 
 
-def test_pop_ready_respects_limit():
+def test_a_batch_below_its_shards_mark_is_refused():
     q = MergedQueue(["s0"])
-    for t in range(1, 6):
-        q.push("s0", _event(t))
+    q.extend("s0", [_event(3), _event(4)])
+    with pytest.raises(ValueError):
+        q.extend("s0", [_event(4)])
     q.advance("s0", _mark(10))
-    assert len(q.pop_ready(limit=2)) == 2 and len(q) == 3
+    events, freed = q.pop_ready()
+    assert [e.sort_key for e in events] == [_event(3).sort_key, _event(4).sort_key]
+    assert freed == {"s0": sum(len(e.raw) for e in events)}
