@@ -193,7 +193,7 @@ class ShardReader:
                         events.append(ev)
                         nbytes += len(ev.raw)
             elif item and item[0] > skip:
-                events.append(ChangeEvent.from_spliced(item))
+                events.append(ChangeEvent._make(item))
                 nbytes += len(item[5])
         self.stats.entries += len(items)
         self.stats.events += len(events)

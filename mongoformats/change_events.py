@@ -14,16 +14,18 @@ docs/change_stream_events.md, as summarized in shared/reference/mongodb-formats.
 
 from __future__ import annotations
 
+import struct
 import uuid as uuidlib
+from binascii import hexlify
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import bson
-from bson import Timestamp
+from bson import Binary, Timestamp
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.oplog_splice import Spliced, splice_crud
+from mongoformats.oplog_splice import splice_crud
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_sort_key
 from mongoformats.update_diff import update_description_from_diff
 
@@ -51,24 +53,42 @@ class ChangeEvent(NamedTuple):
 
     A NamedTuple rather than a frozen dataclass: the hot path makes one per event, and a tuple is
     built about ten times faster than a frozen dataclass (which assigns through object.__setattr__).
+    The token and the cluster time are derived from `sort_key` when asked for, not stored: the
+    hot path only ever needs them for the last event of a batch.
     """
 
     sort_key: bytes           # resume token `_data` bytes: the total order of events
-    token: dict[str, Any]     # the `_id` of the event
+    type_bits: bytes          # the token's `_typeBits` (b"" when its KeyString needs none)
     op_type: str
     db: str
     coll: str | None          # None for database-level events (dropDatabase)
     raw: bytes                # the BSON event document, byte-identical to the server's
     # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
     namespaces: tuple[str, ...] = ()
-    cluster_time: Timestamp = Timestamp(0, 0)
     shard: str = ""           # the shard whose oplog it came from (set only when lookups need it)
 
     @classmethod
-    def from_spliced(cls, fields: Spliced) -> ChangeEvent:
-        """The event for what `splice_crud` returned (its cluster time is a (secs, inc) pair)."""
-        sort_key, token, op_type, db, coll, raw, namespaces, (secs, inc) = fields
-        return cls(sort_key, token, op_type, db, coll, raw, namespaces, Timestamp(secs, inc))
+    def for_token(cls, token: Mapping[str, Any], op_type: str, db: str, coll: str | None, raw: bytes,
+                  namespaces: tuple[str, ...] = ()) -> ChangeEvent:
+        return cls(token_sort_key(token), bytes(token.get("_typeBits", b"")), op_type, db, coll, raw, namespaces)
+
+    @property
+    def token(self) -> dict[str, Any]:
+        """The event's `_id`: {_data: hex of the KeyString, _typeBits?}."""
+        token: dict[str, Any] = {"_data": hexlify(self.sort_key).upper().decode()}
+        if self.type_bits:
+            token["_typeBits"] = Binary(self.type_bits, 0)
+        return token
+
+    @property
+    def cluster_time(self) -> Timestamp:
+        """Every token's KeyString starts with its cluster time: type byte 0x82, then seconds and
+        increment, big-endian."""
+        secs, inc = _TOKEN_TS.unpack_from(self.sort_key, 1)
+        return Timestamp(secs, inc)
+
+
+_TOKEN_TS = struct.Struct(">II")
 
 
 def _uuid(value: Any) -> uuidlib.UUID | None:
@@ -138,7 +158,7 @@ class OplogTransformer:
             raw = entry if isinstance(entry, bytes) else bytes(entry.raw)
             fast = splice_crud(raw, expanded=self.show_expanded_events)
             if fast is not None:
-                return [ChangeEvent.from_spliced(fast)] if fast else []
+                return [ChangeEvent._make(fast)] if fast else []
         return self.transform_decoded(entry)
 
     def transform_decoded(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
@@ -385,7 +405,7 @@ class OplogTransformer:
             pre = bson.encode(head)
             body = pre[4:-1] + raw[4:-1]
             raw = (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
-        return ChangeEvent(token_sort_key(token), token, op_type, db, coll, raw, namespaces, ts)
+        return ChangeEvent.for_token(token, op_type, db, coll, raw, namespaces)
 
 
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
@@ -419,6 +439,5 @@ def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
     doc: dict[str, Any] = {"_id": token, "operationType": "invalidate", "clusterTime": data.cluster_time}
     if wall is not None:
         doc["wallTime"] = wall
-    return ChangeEvent(token_sort_key(token), token, "invalidate", trigger.db, trigger.coll, bson.encode(doc),
-                       trigger.namespaces, data.cluster_time)
+    return ChangeEvent.for_token(token, "invalidate", trigger.db, trigger.coll, bson.encode(doc), trigger.namespaces)
 

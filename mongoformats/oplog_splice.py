@@ -21,7 +21,7 @@ from binascii import hexlify
 from typing import Any
 
 import bson
-from bson import Binary, Timestamp
+from bson import Timestamp
 
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.update_diff import update_description_from_diff
@@ -220,8 +220,10 @@ _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
 _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
 
 
-# What splice_crud returns: ChangeEvent's fields, the cluster time as (secs, inc).
-Spliced = tuple[bytes, dict[str, Any], str, str, str, bytes, tuple[str, ...], tuple[int, int]]
+# What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it pickles faster, for
+# readerProcesses; `ChangeEvent._make` makes it an event): sort_key, type_bits, op_type, db,
+# coll, raw, namespaces, shard.
+Spliced = tuple[bytes, bytes, str, str, str, bytes, tuple[str, ...], str]
 
 
 # Where an entry's values lie: (op code, ns, ui value or None, o value, o2 value or None, offset of
@@ -289,9 +291,8 @@ def _walked_layout(raw: bytes) -> _Layout | None:
 def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     """The event for a plain insert/update/replace/delete entry, or None to use the general path.
 
-    Returns the fields of a ChangeEvent in its order (sort_key, token, op_type, db, coll,
-    event_bytes, namespaces, cluster_time), the cluster time as a (secs, inc) pair (it pickles ~3x
-    faster than a Timestamp), or () when the entry makes no event (an internal namespace).
+    Returns the fields of a ChangeEvent in its order (`Spliced`), or () when the entry makes no
+    event (an internal namespace).
     """
     layout = _fixed_layout(raw) or _walked_layout(raw)
     if layout is None:
@@ -347,12 +348,10 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     sort_key = b"".join((b"\x82", _TS_KEY.pack(secs, inc), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key,
                          b"\x00\x04"))
     hex_data = hexlify(sort_key).upper()
-    token: dict[str, Any] = {"_data": hex_data.decode()}
     data_element = b"\x02_data\x00" + _I32.pack(len(hex_data) + 1) + hex_data + b"\x00"
     type_bits = encode_type_bits(bits) if bits else b""
     if type_bits:
         data_element += b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits
-        token["_typeBits"] = Binary(type_bits, 0)
     parts = [b"\x03_id\x00", _I32.pack(len(data_element) + 5), data_element, b"\x00", _OP_ELEMENT[op_type],
              b"\x11clusterTime\x00", raw[t0:t0 + 8]]
     if expanded and ui is not None:
@@ -366,8 +365,7 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     if desc is not None:
         parts += (b"\x03updateDescription\x00", desc)
     body = b"".join(parts)
-    return (sort_key, token, op_type, db, coll, _I32.pack(len(body) + 5) + body + b"\x00", namespaces,
-            (secs, inc))
+    return sort_key, type_bits, op_type, db, coll, _I32.pack(len(body) + 5) + body + b"\x00", namespaces, ""
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

@@ -21,7 +21,7 @@ def test_bucket_of_is_pinned_crc32():
 def _event(ts, idx=0, ns=("db.c",)):
     tok = encode_token(ResumeTokenData(Timestamp(ts, 1), txn_op_index=idx,
                                        event_identifier={"operationType": "insert", "documentKey": {"_id": ts}}))
-    return ChangeEvent(token_sort_key(tok), tok, "insert", "db", "c", b"x" * 10, ns)
+    return ChangeEvent.for_token(tok, "insert", "db", "c", b"x" * 10, ns)
 
 
 def _mark(ts):
