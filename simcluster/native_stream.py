@@ -181,6 +181,7 @@ class NativeStream:
 
         out: list[Any] = []
         ready = self.ready
+        last: ChangeEvent | None = None  # the last event returned: its token is computed once
         while True:
             if self.done:
                 return out
@@ -193,13 +194,15 @@ class NativeStream:
                     shaped = RawBSONDocument(encode_in_order(shaped), RAW)
                 if shaped is not None:
                     out.append(shaped)
-                self.last_token = ev.token
+                last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
                     inv = invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime"))
                     out.append(RawBSONDocument(inv.raw, RAW))
                     self.last_token = inv.token
                     self.done = True
                     return out
+            if last is not None:
+                self.last_token, last = last.token, None
             if out:
                 return out
             if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
