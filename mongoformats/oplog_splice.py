@@ -26,8 +26,8 @@ from bson import Timestamp
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud", "splice_reply",
-           "timestamp_of"]
+__all__ = ["Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud", "splice_entries",
+           "splice_reply", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
@@ -386,24 +386,27 @@ def _namespace(ns: bytes) -> _NamespaceParts | tuple[()]:
     return parts
 
 
-def splice_reply(reply: bytes, splice: bool = True, expanded: bool = False) -> tuple[int, tuple[int, int] | None,
-                                                                                     list[Any]]:
-    """One oplog find/getMore reply -> (cursor id, last entry's ts as (secs, inc), items).
-
-    Each item stands for one entry, in order: what `splice_crud` returns for it, or the entry's own
-    bytes when the general, stateful transform must handle it (transactions, DDL, noops). Pure and
-    picklable in and out, so a reader can run it in a worker process (readerProcesses).
-    """
-    cursor_id, entries = cursor_batch(reply)
+def splice_entries(entries: list[bytes], splice: bool = True, expanded: bool = False) -> list[Any]:
+    """One item for each oplog entry, in order: what `splice_crud` returns for it, or the entry's
+    own bytes when the general, stateful transform must handle it (transactions, DDL, noops)."""
+    if not splice:
+        return list(entries)
     items: list[Any] = []
     for raw in entries:
-        fast = splice_crud(raw, expanded=expanded) if splice else None
-        if fast is None:
-            items.append(raw)
-        else:
-            items.append(fast)
+        fast = splice_crud(raw, expanded=expanded)
+        items.append(raw if fast is None else fast)
+    return items
+
+
+def splice_reply(reply: bytes, splice: bool = True, expanded: bool = False) -> tuple[int, tuple[int, int] | None,
+                                                                                     list[Any]]:
+    """One oplog find/getMore reply -> (cursor id, last entry's ts as (secs, inc), items of
+    `splice_entries`). Pure and picklable in and out, so a reader can run it in a worker process
+    (readerProcesses).
+    """
+    cursor_id, entries = cursor_batch(reply)
     last = None
     if entries:
         ts = timestamp_of(entries[-1])
         last = (ts.time, ts.inc)
-    return cursor_id, last, items
+    return cursor_id, last, splice_entries(entries, splice, expanded)
