@@ -52,7 +52,7 @@ async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
             reply = await conn.command("local", {"getMore": Int64(cursor_id), "collection": "oplog.rs"})
             cursor_id, entries = cursor_batch(bytes(reply.raw))
             total += len(entries)
-            await conn.aclose()
+        await conn.aclose()
 
     async with trio.open_nursery() as nursery:
         for uri in shard_uris:
