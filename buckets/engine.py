@@ -36,6 +36,7 @@ from mongoformats.change_events import RAW, ChangeEvent, ddl_note
 from mongoformats.change_stages import SUPPORTED_STAGES
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import cursor_document as splice_cursor
+from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import UpstreamConnection, open_member
@@ -185,10 +186,22 @@ class Engine:
             raise MongoError("Unauthorized", f"Command {command} requires authentication")
         return str(user)
 
+    async def _may_watch(self, session: Any, resource: dict[str, Any]) -> bool:
+        """Whether the client's own user holds find and changeStream on `resource`, as mongos
+        would check for a change stream: the engine reads the shards with the proxy's login, so
+        it asks the client's connection for its privileges (connectionStatus showPrivileges)."""
+        if not self.requires_auth:
+            return True
+        return allows(await session.privileges(), ("find", "changeStream"), resource)
+
     async def cmd_open(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         self._user(session, "parallelChangeStream")
         if db != "admin":
             raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
+        # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
+        if not await self._may_watch(session, change_stream_resource(None, None)):
+            raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
+                             "it needs find and changeStream on every database ({db: '', collection: ''})")
         for key in cmd:
             if key not in _OPEN_FIELDS:
                 raise MongoError("IDLUnknownField", f"BSON field 'parallelChangeStream.{key}' is an unknown field.")
@@ -373,6 +386,8 @@ class Engine:
         cluster_wide = bool(spec.get("allChangesForCluster"))
         if cluster_wide != (db == "admin" and coll is None):
             raise PassThrough()  # mongos answers the exact error for a misplaced stream
+        if not await self._may_watch(session, change_stream_resource(None if cluster_wide else db, coll)):
+            raise PassThrough()  # mongos answers Unauthorized, in its own words
         token = spec.get("resumeAfter") or spec.get("startAfter")
         if token is not None and decode_token(token).from_invalidate:
             raise PassThrough()  # resuming after an invalidate: mongos's rules, mongos's errors

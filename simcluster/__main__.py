@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="PEM with certificate and key: every process then requires TLS (requireTLS)")
     parser.add_argument("--user", action="append", default=[], metavar="NAME:PASSWORD",
                         help="require SCRAM-SHA-256 authentication and add this admin user (repeatable)")
+    parser.add_argument("--role", action="append", default=[], metavar="NAME:ROLE@DB",
+                        help="give user NAME this built-in role (read, readWrite, dbAdmin, readAnyDatabase, "
+                             "readWriteAnyDatabase, clusterAdmin, root) instead of root (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
     parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
@@ -41,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
                                 periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
                                 election_timeout_s=args.election_timeout_s,
                                 spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file),
-                                users=dict(u.split(":", 1) for u in args.user) or None) as cluster:
+                                users=dict(u.split(":", 1) for u in args.user) or None,
+                                roles=_roles(args.role)) as cluster:
             if args.prefill:
                 from simcluster.launcher import prefill
 
@@ -56,6 +60,20 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
+
+
+def _roles(specs: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """--role NAME:ROLE@DB flags -> {name: [(role, db)]}."""
+    from mongoformats.privileges import BUILTIN_ROLES
+
+    roles: dict[str, list[tuple[str, str]]] = {}
+    for spec in specs:
+        name, _, grant = spec.partition(":")
+        role, _, db = grant.partition("@")
+        if role not in BUILTIN_ROLES:
+            raise SystemExit(f"--role {spec}: unknown role {role!r} (one of {', '.join(BUILTIN_ROLES)})")
+        roles.setdefault(name, []).append((role, db or "admin"))
+    return roles
 
 
 def _server_tls(cert_file: str) -> ssl.SSLContext | None:

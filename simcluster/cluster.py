@@ -48,7 +48,8 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
                        version: str = "7.0", oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0,
                        replication_lag_s: float = 0.0, election_timeout_s: float = 10.0,
                        spare_shards: int = 0, tls: ssl.SSLContext | None = None,
-                       users: dict[str, str] | None = None) -> AsyncIterator[SimCluster]:
+                       users: dict[str, str] | None = None,
+                       roles: dict[str, list[tuple[str, str]]] | None = None) -> AsyncIterator[SimCluster]:
     """Start a cluster on loopback. `port=0` picks free ports; otherwise mongos gets `port` and the
     shard members the ports after it. `periodic_noop_s` is the shards' periodicNoopIntervalSecs
     (server default 10 s): it bounds how long an idle shard holds back a native mongos change
@@ -57,8 +58,9 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
     electionTimeoutMillis (server default 10 s). `spare_shards` more replica sets run beside the
     cluster, empty, for `addShard` to add (named shard<S>, shard<S+1>, ...). With `tls` (a server
     context holding the certificate) every process requires TLS, like net.tls.mode requireTLS.
-    With `users` (name -> password, admin-database users with the root role) every process
-    requires SCRAM-SHA-256 authentication, like security.authorization enabled."""
+    With `users` (name -> password, admin-database users) every process requires SCRAM-SHA-256
+    authentication, like security.authorization enabled. A user has the root role unless `roles`
+    gives it built-in roles ([(role, db)], see mongoformats.privileges); commands check them."""
     clock = ClusterClock()
 
     def replica_set(i: int) -> ReplicaSet:
@@ -74,11 +76,11 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
     mongos = Mongos(clock, host, port, replsets, version=version, spares=spares)
     async with trio.open_nursery() as nursery:
         credentials = {name: make_credential(pw) for name, pw in users.items()} if users is not None else None
-        mongos.ssl_context, mongos.users = tls, credentials
+        mongos.ssl_context, mongos.users, mongos.user_roles = tls, credentials, dict(roles or {})
         for rs in [*replsets.values(), *spares.values()]:
             rs.nursery = nursery
             for node in rs.members:
-                node.ssl_context, node.users = tls, credentials
+                node.ssl_context, node.users, node.user_roles = tls, credentials, dict(roles or {})
                 await nursery.start(node.serve)
         await nursery.start(mongos.serve)
         try:

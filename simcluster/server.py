@@ -22,7 +22,9 @@ from bson.codec_options import CodecOptions
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, is_resumable_change_stream_error
+from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
+from simcluster.authz import required_privileges
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
 
@@ -66,6 +68,8 @@ class CommandServer:
         self.ssl_context: ssl.SSLContext | None = None
         # security.authorization enabled when set: admin-database users and their SCRAM credentials.
         self.users: dict[str, ScramCredential] | None = None
+        # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
+        self.user_roles: dict[str, list[tuple[str, str]]] = {}
         self._cancel = trio.CancelScope()
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
         self.topology_counter = 0
@@ -181,8 +185,10 @@ class CommandServer:
             handler = self.commands.get(name.lower())
             if handler is None:
                 raise MongoError("CommandNotFound", f"no such command: '{name}'")
-            if self.users is not None and req.user is None and name.lower() not in _NO_AUTH:
-                raise MongoError("Unauthorized", f"Command {name} requires authentication")
+            if self.users is not None and name.lower() not in _NO_AUTH:
+                if req.user is None:
+                    raise MongoError("Unauthorized", f"Command {name} requires authentication")
+                self._authorize(name, db, cmd, req.user)
             await self.check_command(name, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
@@ -203,6 +209,17 @@ class CommandServer:
             log.exception("command %s failed", name)
             reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
         return self.decorate(reply)
+
+    def roles_of(self, user: str) -> list[tuple[str, str]]:
+        return self.user_roles.get(user, [("root", "admin")])
+
+    def _authorize(self, name: str, db: str, cmd: dict[str, Any], user: str) -> None:
+        privileges = privileges_of_roles(self.roles_of(user))
+        for actions, resource in required_privileges(name, db, cmd):
+            if not allows(privileges, actions, resource):
+                target = cmd.get(name)
+                shown = f'"{target}"' if isinstance(target, str) else target
+                raise MongoError("Unauthorized", f"not authorized on {db} to execute command {{ {name}: {shown} }}")
 
     async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
         """Hook: reject a command this process may not run now (a write on a secondary, a statement
@@ -303,10 +320,14 @@ class CommandServer:
 
     async def cmd_connection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         users = [{"user": req.user, "db": "admin"}] if req.user else []
-        roles = [{"role": "root", "db": "admin"}] if req.user else []
-        return {"authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": roles}}
+        granted = self.roles_of(req.user) if req.user else []
+        info: dict[str, Any] = {"authenticatedUsers": users,
+                                "authenticatedUserRoles": [{"role": r, "db": d} for r, d in granted]}
+        if cmd.get("showPrivileges"):
+            info["authenticatedUserPrivileges"] = privileges_of_roles(granted)
+        return {"authInfo": info}
 
-    # -- authentication (SCRAM-SHA-256; every user has the root role) -----------------------------
+    # -- authentication (SCRAM-SHA-256) -------------------------------------------------------------
 
     async def cmd_sasl_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if cmd.get("mechanism") != MECHANISM:

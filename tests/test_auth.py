@@ -62,3 +62,58 @@ async def test_logins_pass_through_and_the_engine_uses_its_own():
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_users_get_only_the_change_streams_their_roles_allow():
+    """A user with `read` on one database: mongos (simcluster) lets it watch that database and
+    nothing wider, and so does the proxy, which asks the client's own connection for its
+    privileges; the engine itself reads the shards as the proxy's user, which may read all."""
+    roles = {"reader": [("read", "shop")]}
+    async with open_cluster(shards=2, users=USERS | {"reader": "reader-pw"}, roles=roles) as cluster, \
+            trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc", "proxy-pw"),
+                                                             listen_port=0, accelerate_change_streams=True))
+        base = f"mongodb://127.0.0.1:{proxy.port}/"
+
+        def work() -> None:
+            direct = client(with_user(cluster.uri, "reader", "reader-pw"))
+            privileges = direct.admin.command("connectionStatus", showPrivileges=True)["authInfo"]
+            assert privileges["authenticatedUserRoles"] == [{"role": "read", "db": "shop"}]
+            assert [p["resource"] for p in privileges["authenticatedUserPrivileges"]] == [
+                {"db": "shop", "collection": ""}]
+            with pytest.raises(OperationFailure) as info:
+                direct.shop.orders.insert_one({"_id": 0})  # read only
+            assert info.value.code == 13
+            with pytest.raises(OperationFailure) as info:
+                direct.other.c.find_one()
+            assert info.value.code == 13
+
+            reader = client(with_user(base, "reader", "reader-pw"))
+            with pytest.raises(OperationFailure) as info:
+                reader.admin.command({"parallelChangeStream": 1, "nBuckets": 1})  # reads every database
+            assert info.value.code == 13
+            for scope in (lambda c: c.watch(), lambda c: c.other.watch(), lambda c: c.other.c.watch()):
+                with pytest.raises(OperationFailure) as native, scope(direct):
+                    pass
+                with pytest.raises(OperationFailure) as proxied, scope(reader):
+                    pass
+                assert proxied.value.code == native.value.code == 13
+                assert proxied.value.details["errmsg"] == native.value.details["errmsg"]
+
+            alice = client(with_user(base, "alice", "alice-pw"))  # root
+            with reader.shop.watch() as db_stream, reader.shop.orders.watch() as coll_stream:
+                alice.shop.orders.insert_many([{"_id": i} for i in range(5)])
+                alice.other.c.insert_one({"_id": "not for the reader"})
+                alice.shop.orders.insert_one({"_id": "end"})
+                for stream in (db_stream, coll_stream):
+                    ids = []
+                    while not ids or ids[-1] != "end":
+                        ev = stream.try_next()
+                        if ev is not None:
+                            ids.append(ev["documentKey"]["_id"])
+                    assert ids == [0, 1, 2, 3, 4, "end"]
+                served = alice.admin.command({"parallelChangeStreamStatus": 1})["cursors"]
+                assert served == 2, "the engine serves the reader's streams"
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()

@@ -63,6 +63,7 @@ class ClientSession:
         # conversation passing through), for the engine's own commands and cursor ownership.
         self.user: str | None = None
         self._login_as: str | None = None
+        self._privileges: list[dict[str, Any]] | None = None  # of `user`, asked once per login
 
     async def run(self) -> None:
         try:
@@ -170,6 +171,7 @@ class ClientSession:
     def _follow_login(self, name: str, cmd: Any, reply: Any) -> None:
         """Learn the user from a SCRAM conversation the upstream accepted (the first message names
         it: "n,,n=<user>,r=..."); a logout forgets it."""
+        self._privileges = None
         if name == "logout":
             self.user = self._login_as = None
             return
@@ -180,6 +182,16 @@ class ClientSession:
             self._login_as = _scram_user(cmd.get("payload"))
         if reply.get("done") and self._login_as:
             self.user = self._login_as
+
+    async def privileges(self) -> list[dict[str, Any]]:
+        """The logged-in user's privileges, as the upstream reports them on this client's own
+        connection (connectionStatus with showPrivileges); [] when nobody is logged in."""
+        if self._privileges is None:
+            up = await self.get_upstream()
+            reply = await up.command("admin", {"connectionStatus": 1, "showPrivileges": True})
+            info = bson.decode(reply.raw).get("authInfo", {})
+            self._privileges = list(info.get("authenticatedUserPrivileges", []))
+        return self._privileges
 
     async def _forward(self, msg: wire.OpMsg) -> bytes | None:
         """Send `msg` upstream and relay the replies; returns the (last) reply's body."""
