@@ -1,9 +1,10 @@
 """Run every benchmark in turn (`make bench`); each prints its ratios and writes JSON + PNG."""
 
-from benchmarks import bench_engine, bench_proxy, bench_replication, bench_simcluster
+from benchmarks import bench_engine, bench_latency, bench_proxy, bench_replication, bench_simcluster
 
 if __name__ == "__main__":
     bench_simcluster.main([])
     bench_proxy.main([])
     bench_engine.main([])
+    bench_latency.main([])
     bench_replication.main([])

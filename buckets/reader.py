@@ -31,6 +31,8 @@ from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_member
 log = logging.getLogger("buckets.reader")
 
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
+URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
+PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
 INLINE_CHUNK = 1024  # oplog entries spliced between two checkpoints without readerProcesses (~6 ms)
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
 
@@ -92,6 +94,9 @@ class ShardReader:
         self.offload: Callable[..., Awaitable[Any]] = _inline
         self._last_noop = -1e9
         self._primary: UpstreamConnection | None = None
+        self._notes = trio.Lock()              # one note at a time on the primary connection
+        self._nudged = trio.Event()
+        self._parked_since: float | None = None  # while an awaitData getMore waits for entries
 
     async def _connect(self) -> UpstreamConnection:
         conn = await self.connect_member(self.hosts, secondary=True)
@@ -120,9 +125,31 @@ class ShardReader:
         a stream fails at once (ChangeStreamHistoryLost) instead of at the first getMore.
         """
         try:
-            await self._read_forever(send, checked)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._answer_nudges)
+                await self._read_forever(send, checked)
         finally:
             await self._close_primary()
+
+    def nudge(self) -> None:
+        """The merge holds events back on this shard's mark (a no-I/O call, for the pump)."""
+        self._nudged.set()
+
+    async def _answer_nudges(self) -> None:
+        """Write a note as soon as pending events wait on this shard while it is idle, instead
+        of when the reader's awaitData getMore times out (up to await_ms later).
+
+        Idle means the reader has sat in a getMore for PARKED_S: a reader that is reading moves
+        its mark by itself, so a catch-up writes no notes. Polls every PARKED_S only while the
+        merge is held back."""
+        while True:
+            await self._nudged.wait()
+            self._nudged = trio.Event()
+            while (interval := self.wants_progress(self.shard_id)) is not None and interval <= URGENT_NOTE_S:
+                parked = self._parked_since
+                if parked is not None and trio.current_time() - parked >= PARKED_S:
+                    await self._advance_idle_shard(interval)
+                await trio.sleep(PARKED_S)
 
     async def _read_forever(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None) -> None:
         first_connect = True
@@ -185,8 +212,12 @@ class ShardReader:
                 await self._advance_idle_shard(interval)
             if not cursor_id:
                 return
-            reply = await conn.command("local", self._batched({"getMore": Int64(cursor_id), "collection": "oplog.rs",
-                                                               "maxTimeMS": self.await_ms}))
+            self._parked_since = trio.current_time()
+            try:
+                reply = await conn.command("local", self._batched({
+                    "getMore": Int64(cursor_id), "collection": "oplog.rs", "maxTimeMS": self.await_ms}))
+            finally:
+                self._parked_since = None
 
     def _batched(self, cmd: dict[str, Any]) -> dict[str, Any]:
         if self.batch_size:
@@ -222,19 +253,20 @@ class ShardReader:
         which is the cold-shard latency this avoids. Without the appendOplogNote privilege we fall
         back to waiting for periodic noops and say so in status.
         """
-        now = trio.current_time()
-        if self.stats.noop_unavailable or now - self._last_noop < interval:
-            return
-        self._last_noop = now
-        try:
-            if self._primary is None:  # notes are writes: they go to the primary, not the member read
-                self._primary = await self.connect_member(self.hosts, secondary=False)
-            await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
-            self.stats.noops += 1
-        except (UpstreamClosed, MongoError) as exc:
-            if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
-                self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
-            await self._close_primary()  # elections: find the primary again next time
+        async with self._notes:  # the reader's own loop and nudges both write notes
+            now = trio.current_time()
+            if self.stats.noop_unavailable or now - self._last_noop < interval:
+                return
+            self._last_noop = now
+            try:
+                if self._primary is None:  # notes are writes: they go to the primary, not the member read
+                    self._primary = await self.connect_member(self.hosts, secondary=False)
+                await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
+                self.stats.noops += 1
+            except (UpstreamClosed, MongoError) as exc:
+                if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
+                    self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
+                await self._close_primary()  # elections: find the primary again next time
 
     async def _close_primary(self) -> None:
         if self._primary is not None:

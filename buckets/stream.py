@@ -33,7 +33,7 @@ from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
-from buckets.reader import ConnectMember, ShardBatch, ShardReader, mark_after
+from buckets.reader import URGENT_NOTE_S, ConnectMember, ShardBatch, ShardReader, mark_after
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
@@ -43,7 +43,7 @@ from wireproxy.upstream import UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.stream")
 
-URGENT_PROGRESS_S = 0.02   # an idle shard (or the shard list) holds events back: nudge it this often
+URGENT_PROGRESS_S = URGENT_NOTE_S  # an idle shard (or the shard list) holds events back: nudge it this often
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
 _SORT_KEY = itemgetter(0)  # ChangeEvent.sort_key
@@ -446,6 +446,15 @@ class ParallelStream:
             merge.extend(batch.shard, events)
             merge.advance(batch.shard, batch.mark)
             ready, freed = merge.pop_ready()
+            if len(merge):
+                # Events wait on some marks: idle shards write a note now, not at their next
+                # getMore timeout, and the shard list is re-read (live-tail latency).
+                for shard in merge.blocking_shards():
+                    reader = self.readers.get(shard)
+                    if reader is not None:
+                        reader.nudge()
+                    elif shard == TOPOLOGY and self.watcher is not None:
+                        self.watcher.nudge()
             await self._deal(ready)
             # Budgets are released once per merged batch, not once per event.
             for shard, nbytes in freed.items():

@@ -58,6 +58,11 @@ class TopologyWatcher:
         self.min_interval_s = min_interval_s
         self.checks = 0
         self.added: list[str] = []
+        self._nudged = trio.Event()
+
+    def nudge(self) -> None:
+        """Events wait on the shard list's mark: re-read it now (at most every min_interval_s)."""
+        self._nudged.set()
 
     async def run(self, advance: Callable[[Timestamp], Awaitable[None]],
                   add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None]) -> None:
@@ -67,7 +72,9 @@ class TopologyWatcher:
         last_check = -1e9
         try:
             while True:
-                await trio.sleep(self.min_interval_s)
+                with trio.move_on_after(self.min_interval_s):
+                    await self._nudged.wait()
+                self._nudged = trio.Event()
                 interval = self.holds_back()
                 if interval is None or trio.current_time() - last_check < interval:
                     continue
