@@ -7,6 +7,7 @@ token for token; each bucket must be in token order; each namespace must keep it
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Any
@@ -465,3 +466,34 @@ async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, pr
         assert max(noops) <= 8, noops  # ~1 a second each; fifty a second before
         assert status["topology"]["checks"] <= 8
     await sync(work)
+
+
+async def test_idle_shards_are_nudged_as_soon_as_events_wait_on_them():
+    """A write on one shard while the others idle: nothing would move the idle shards' marks here
+    (no periodic noops, readers' getMores that wait an hour), so the event arrives only because
+    the merge nudges the idle shards into writing a note."""
+    from buckets.engine import EngineConfig
+
+    async with open_cluster(shards=3, periodic_noop_s=3600) as cluster, trio.open_nursery() as nursery:
+        proxy = await nursery.start(functools.partial(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0),
+                                                      engine_config=EngineConfig(reader_await_ms=3_600_000)))
+
+        def work():
+            c = client(proxy_uri(proxy))
+            c.admin.command("enableSharding", "nudge")
+            c.nudge.create_collection("c")  # unsharded: it lives on one shard
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "nudged"})
+            cid = opened["cursors"][0]["id"]
+            c.nudge.c.insert_one({"_id": "hot"})
+            got: list[Any] = []
+
+            def arrived() -> bool:
+                r = c.admin.command({"getMore": cid, "collection": NS, "maxTimeMS": 300})
+                got.extend(r["cursor"]["nextBatch"])
+                return any(e.get("documentKey") == {"_id": "hot"} for e in got)
+            wait_until(arrived, timeout=30)
+            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "nudged"})["streams"][0]
+            assert sum(s["noops"] for s in status["shards"]) >= 2  # the idle shards wrote notes
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
