@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import struct
 from binascii import hexlify
+from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 import bson
@@ -104,9 +106,21 @@ def array_items(buf: bytes, start: int = 0) -> list[bytes]:
     return out
 
 
+@functools.lru_cache(maxsize=17)
+def _index_keys(size_class: int) -> tuple[bytes, ...]:
+    """The element headers `\x03<i>\x00` of an array's first 2**size_class documents (memoized:
+    every getMore reply would otherwise format one per event)."""
+    return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
+
+
 def array_of(items: list[bytes]) -> bytes:
     """A BSON array of the given encoded documents (the inverse of array_items)."""
-    body = b"".join([b"\x03%d\x00%b" % (i, item) for i, item in enumerate(items)])
+    size_class = len(items).bit_length()
+    if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
+        keys: Iterable[bytes] = _index_keys(size_class)
+    else:
+        keys = (b"\x03%d\x00" % i for i in range(len(items)))
+    body = b"".join(chain.from_iterable(zip(keys, items, strict=False)))  # keys may run longer
     return _I32.pack(len(body) + 5) + body + b"\x00"
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mongoformats.change_events import RAW, OplogTransformer
-from mongoformats.oplog_splice import _fixed_layout, _walked_layout, elements, splice_crud
+from mongoformats.oplog_splice import _fixed_layout, _walked_layout, array_of, elements, splice_crud
 from tests.conftest import client, sync
 
 ids = st.one_of(
@@ -141,3 +141,9 @@ async def test_a_real_workload_oplog_splices_like_the_general_path(cluster) -> N
                 checked += 1
                 spliced += bool(splice_crud(raw, expanded=expanded))
     assert checked > 200 and spliced > 150
+
+
+def test_array_of_encodes_like_bson_at_every_size():
+    for n in (0, 1, 2, 3, 4, 5, 1023, 1024, 1025, 70_000):  # cached index keys, and past the cache
+        items = [bson.encode({"a": i}) for i in range(n)]
+        assert b"\x04x\x00" + array_of(items) == bson.encode({"x": [{"a": i} for i in range(n)]})[4:-1]
