@@ -108,8 +108,8 @@ def array_items(buf: bytes, start: int = 0) -> list[bytes]:
 
 @functools.lru_cache(maxsize=17)
 def _index_keys(size_class: int) -> tuple[bytes, ...]:
-    """The element headers `\x03<i>\x00` of an array's first 2**size_class documents (memoized:
-    every getMore reply would otherwise format one per event)."""
+    """The element headers (type 0x03, then the index as a C string) of an array's first
+    2**size_class documents; memoized: every getMore reply would otherwise format one per event."""
     return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
 
 
