@@ -33,7 +33,7 @@ from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
-from buckets.reader import URGENT_NOTE_S, ConnectMember, ShardBatch, ShardReader, mark_after
+from buckets.reader import OFFLOAD_BATCH, URGENT_NOTE_S, ConnectMember, ShardBatch, ShardReader, mark_after
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
@@ -353,7 +353,8 @@ class ParallelStream:
             sid, hosts, start=start, skip_key=self._skip, budget=self.shard_budgets[sid],
             transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
                                          token_version=options.token_version, ddl_notes=options.ddl_notes),
-            await_ms=options.reader_await_ms, connect_member=self._connect_member)
+            await_ms=options.reader_await_ms, connect_member=self._connect_member,
+            batch_size=OFFLOAD_BATCH if options.reader_processes else 0)
         reader.wants_progress = self._shard_holds_back
         if self._offload_fn is not None:
             reader.offload = self._offload_fn
