@@ -117,7 +117,9 @@ class ProxyProcess:
 async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int,
                        reader_processes: int) -> tuple[int, dict[str, Any]]:
     """Open a stream on the proxy and drain its N buckets, one consumer connection per bucket."""
-    name = f"bench-rp{reader_processes}"
+    # A fresh name each time: re-attaching to an earlier stream would serve its retained events
+    # from memory (when the same readerProcesses value is measured twice).
+    name = f"bench-rp{reader_processes}-{time.monotonic_ns()}"
     ctl = await open_upstream("127.0.0.1", proxy.port)
     opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": buckets, "name": name,
                                          "startAtOperationTime": start, "readerProcesses": reader_processes})
