@@ -247,25 +247,32 @@ _Layout = tuple[bytes, bytes, "_Range | None", _Range, "_Range | None", int, "_R
 
 _OP_HEAD = b"\x02op\x00\x02\x00\x00\x00"
 _UI_HEAD = b"\x05ui\x00\x10\x00\x00\x00\x04"
-# ts, t, v, wall and the document's end, as a 7.0/8.0 server (and simcluster) closes a CRUD entry.
-_STAMP_TAIL = 49
+_STAMP_BYTES = 48  # the ts, t, v and wall elements, in that order, as every entry has them
 _CRUD_CODES = (b"i", b"u", b"d")
 
 
 def _fixed_layout(raw: bytes) -> _Layout | None:
-    """The layout of an entry shaped `{op, ns, ui?, o, o2?, ts, t, v, wall}` in that order, the
-    shape a server writes for a plain CRUD op outside a session; None for any other shape.
+    """The layout of an entry shaped as a server writes a plain CRUD op, in the order of its
+    OplogEntryBase IDL: `{lsid?, txnNumber?, op, ns, ui?, o, o2?, stmtId?, ts, t, v, wall,
+    prevOpTime?}` (the session fields are a retryable write's); None for any other shape.
 
     Why: walking the entry element by element (`elements`) is half the cost of a splice. Here
     each expected element is checked where it must start, so the common entry costs a few slice
     compares; the walk stays for everything else. Every element boundary is still derived from
     the BSON lengths, so an entry only matches if it really is exactly this sequence.
     """
-    if raw[4:12] != _OP_HEAD or raw[13] != 0 or raw[14:18] != b"\x02ns\x00":
+    p = 4
+    if raw[4:10] == b"\x03lsid\x00":  # a retryable write: lsid and txnNumber lead
+        p = 10 + _I32.unpack_from(raw, 10)[0]
+        if raw[p:p + 11] != b"\x12txnNumber\x00":
+            return None
+        p += 19
+    if raw[p:p + 8] != _OP_HEAD or raw[p + 9] != 0 or raw[p + 10:p + 14] != b"\x02ns\x00":
         return None
-    code = raw[12:13]
-    p = 22 + _I32.unpack_from(raw, 18)[0]  # past the ns string
-    ns = raw[22:p - 1]
+    code = raw[p + 8:p + 9]
+    q = p + 18 + _I32.unpack_from(raw, p + 14)[0]  # past the ns string
+    ns = raw[p + 18:q - 1]
+    p = q
     ui = None
     if raw[p:p + 9] == _UI_HEAD:
         ui = (p + 4, p + 25)
@@ -278,9 +285,14 @@ def _fixed_layout(raw: bytes) -> _Layout | None:
     if raw[p:p + 4] == b"\x03o2\x00":
         o2 = (p + 4, p + 4 + _I32.unpack_from(raw, p + 4)[0])
         p = o2[1]
-    n = len(raw)
-    if (p != n - _STAMP_TAIL or raw[p:p + 4] != b"\x11ts\x00" or raw[p + 12:p + 15] != b"\x12t\x00"
-            or raw[p + 23:p + 26] != b"\x12v\x00" or raw[p + 34:p + 40] != b"\x09wall\x00" or raw[-1] != 0):
+    if raw[p:p + 8] == b"\x10stmtId\x00":
+        p += 12
+    end = p + _STAMP_BYTES
+    if (raw[p:p + 4] != b"\x11ts\x00" or raw[p + 12:p + 15] != b"\x12t\x00" or raw[p + 23:p + 26] != b"\x12v\x00"
+            or raw[p + 34:p + 40] != b"\x09wall\x00" or raw[-1] != 0):
+        return None
+    n = len(raw) - 1  # where the document's terminator must be
+    if end != n and (raw[end:end + 12] != b"\x03prevOpTime\x00" or end + 12 + _I32.unpack_from(raw, end + 12)[0] != n):
         return None
     return code, ns, ui, o, o2, p + 4, (p + 40, p + 48)
 

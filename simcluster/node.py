@@ -61,8 +61,8 @@ class _SessionBytes(NamedTuple):
 
     lsid_id: bytes
     txn_number: int
-    head: bytes   # lsid, txnNumber, and the stmtId element's type and name
-    tail: bytes   # prevOpTime
+    head: bytes   # lsid, txnNumber: before op
+    tail: bytes   # prevOpTime: after wall
 
 
 def _logged_lsid(cmd: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def _session_bytes(cmd: dict[str, Any]) -> _SessionBytes | None:
         return None
     cached = cmd.get("$session_bytes")
     if cached is None:
-        head = bson.encode({"lsid": _logged_lsid(cmd), "txnNumber": Int64(cmd["txnNumber"])})[4:-1] + b"\x10stmtId\x00"
+        head = bson.encode({"lsid": _logged_lsid(cmd), "txnNumber": Int64(cmd["txnNumber"])})[4:-1]
         tail = bson.encode({"prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}})[4:-1]
         cached = cmd["$session_bytes"] = _SessionBytes(bytes(cmd["lsid"]["id"]), int(cmd["txnNumber"]), head, tail)
     return cached
@@ -126,9 +126,8 @@ class SentInserts:
         if session is None:
             node.oplog.append_body(b"%b%b\x03o2\x00%b" % (self.head, raw, o2), wake=False, wall_ms=self.wall_ms)
         else:
-            node.oplog.append_body(b"%b%b\x03o2\x00%b%b%b%b" % (self.head, raw, o2, session.head,
-                                                              _I32.pack(stmt_id), session.tail),
-                                   wake=False, wall_ms=self.wall_ms)
+            node.oplog.append_body(b"%b%b\x03o2\x00%b\x10stmtId\x00%b" % (self.head, raw, o2, _I32.pack(stmt_id)),
+                                   head=session.head, tail=session.tail, wake=False, wall_ms=self.wall_ms)
             assert self.known is not None
             self.known.add(stmt_id)
         return True

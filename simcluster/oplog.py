@@ -29,6 +29,9 @@ def ts_key(ts: Timestamp) -> int:
 # ts (Timestamp: increment, seconds), t (int64 term), v (int64 2), wall (UTC datetime, ms).
 _STAMP = struct.Struct("<4sII3sq3sq6sq")
 _I32 = struct.Struct("<i")
+# Fields that go before op (OperationSessionInfo) and after wall (prevOpTime, multiOpType).
+_SESSION_HEAD = ("lsid", "txnNumber", "txnRetryCounter")
+_ENTRY_TAIL = ("prevOpTime", "multiOpType")
 
 
 def _stamp(inc: int, secs: int, term: int, wall_ms: int) -> bytes:
@@ -100,19 +103,27 @@ class Oplog:
         return Timestamp(k >> 32, k & 0xFFFFFFFF)
 
     def append(self, fields: dict[str, Any]) -> tuple[Timestamp, bytes]:
-        """Stamp and append one entry: `fields` (op, ns, ui, o, ...) then ts, t, v, wall, as the server orders them."""
-        key, raw = self.append_body(bson.encode(fields)[4:-1])
+        """Stamp and append one entry: `fields` (op, ns, ui, o, ..., session fields), in the
+        server's field order (see `append_body`)."""
+        head = {k: fields[k] for k in _SESSION_HEAD if k in fields}
+        tail = {k: fields[k] for k in _ENTRY_TAIL if k in fields}
+        body = {k: v for k, v in fields.items() if k not in head and k not in tail}
+        key, raw = self.append_body(bson.encode(body)[4:-1], head=bson.encode(head)[4:-1] if head else b"",
+                                    tail=bson.encode(tail)[4:-1] if tail else b"")
         return Timestamp(key >> 32, key & 0xFFFFFFFF), raw
 
-    def append_body(self, body: bytes, *, wake: bool = True, wall_ms: int | None = None) -> tuple[int, bytes]:
-        """Stamp and append an entry given as its encoded elements (op ... session fields);
-        `wall_ms` is the write's wall time if the caller read the clock once for a batch. The
-        stamp is spliced on as bytes (ts, t, v, wall in the server's order): the same BSON as
-        encoding the four fields, without building four objects per write."""
+    def append_body(self, body: bytes, *, head: bytes = b"", tail: bytes = b"", wake: bool = True,
+                    wall_ms: int | None = None) -> tuple[int, bytes]:
+        """Stamp and append an entry given as encoded elements, in the order of the server's
+        OplogEntryBase IDL: `head` (the session: lsid, txnNumber), `body` (op, ns, ui, o, o2, stmtId,
+        fromMigrate), the stamp (ts, t, v, wall), then `tail` (prevOpTime). `wall_ms` is the
+        write's wall time if the caller read the clock once for a batch. The stamp is spliced in
+        as bytes: the same BSON as encoding the four fields, without building four objects per
+        write."""
         wall_ms = int(time.time() * 1000) if wall_ms is None else wall_ms
         key = self.clock.tick_key(wall_ms // 1000)
-        raw = b"".join((_I32.pack(len(body) + 5 + _STAMP.size), body,
-                        _stamp(key & 0xFFFFFFFF, key >> 32, self.term, wall_ms), b"\x00"))
+        raw = b"".join((_I32.pack(len(head) + len(body) + len(tail) + 5 + _STAMP.size), head, body,
+                        _stamp(key & 0xFFFFFFFF, key >> 32, self.term, wall_ms), tail, b"\x00"))
         self.append_raw(key, raw, wake=wake)
         return key, raw
 

@@ -126,10 +126,12 @@ async def test_oplog_shapes_for_a_table_of_writes(cluster):
     ]
     assert shapes == expected
     assert type(bson.decode(node.oplog.read_after(0, 1 << 30)[-17])["o"]["n"]) is int  # Int32 kept
-    # Field order of a retryable insert (C.1 example and the appendOplogNote docs example):
+    # Field order of a retryable insert: the server's OplogEntryBase IDL serializes its chained
+    # structs first (OperationSessionInfo, DurableReplOperation, OpTimeBase), then v, wall and
+    # prevOpTime (mongo src/mongo/db/repl/oplog_entry.idl).
     insert = node.oplog.read_after(0, 1 << 30)[-17]
-    assert list(bson.decode(insert)) == ["op", "ns", "ui", "o", "o2", "lsid", "txnNumber", "stmtId", "prevOpTime",
-                                         "ts", "t", "v", "wall"]
+    assert list(bson.decode(insert)) == ["lsid", "txnNumber", "op", "ns", "ui", "o", "o2", "stmtId",
+                                         "ts", "t", "v", "wall", "prevOpTime"]
     assert bson.decode(insert)["v"] == Int64(2)
 
 
@@ -205,7 +207,7 @@ async def test_transactions_single_and_cross_shard(cluster):
     single = [e for es in txn_entries.values() for e in es if "prepare" not in e["o"] and "applyOps" in e["o"]]
     assert len(single) == 1
     assert [op["op"] for op in single[0]["o"]["applyOps"]] == ["i", "u"]
-    assert list(single[0])[:6] == ["op", "ns", "o", "lsid", "txnNumber", "prevOpTime"]
+    assert list(single[0]) == ["lsid", "txnNumber", "op", "ns", "o", "ts", "t", "v", "wall", "prevOpTime"]
     prepared = {sid: [e for e in es if e["o"].get("prepare")] for sid, es in txn_entries.items()}
     commits = {sid: [e for e in es if "commitTransaction" in e["o"]] for sid, es in txn_entries.items()}
     participants = [sid for sid in prepared if prepared[sid]]
