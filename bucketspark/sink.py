@@ -174,62 +174,90 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
     return stats
 
 
+CROSS_BUCKET = ("rename", "dropDatabase")
+_APPLIED_SCHEMA = "bucket INT, applied LONG, barrierToken STRING, barrierEvent BINARY"
+
+
 def replicate_arrow(target_uri: str) -> Any:
-    """A `mapInArrow` function: apply one bucket's events (column `event`, BSON) to the target.
+    """A `mapInArrow` function: apply one bucket's events (columns bucket, token, operationType,
+    event) to the target, in order, up to its first cross-bucket event (exclusive).
 
     Arrow carries the BSON column from the JVM as whole buffers; `foreachPartition` would pickle a
-    Row object per event. Yields one row: how many events the task applied.
+    Row object per event. Yields one row: the bucket, how many events the task applied, and the
+    cross-bucket event it stopped at (token and BSON), if any.
     """
 
     def apply(batches: Iterable[Any]) -> Iterable[Any]:
         import pyarrow as pa
 
+        bucket: int | None = None
+        barrier: tuple[str, bytes] | None = None
+
+        def events() -> Iterable[bytes]:
+            nonlocal bucket, barrier
+            for batch in batches:
+                columns = batch.to_pydict()
+                for b, token, kind, raw in zip(columns["bucket"], columns["token"], columns["operationType"],
+                                               columns["event"], strict=True):
+                    if bucket is not None and b != bucket:  # the source's contract: a partition is a bucket
+                        raise ValueError(f"a partition holds buckets {bucket} and {b}")
+                    bucket = b
+                    if kind in CROSS_BUCKET:
+                        barrier = (token, raw)
+                        return
+                    yield raw
+
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri, serverSelectionTimeoutMS=10_000)
         try:
-            stats = apply_events(client, (raw for batch in batches for raw in batch.column(0).to_pylist()))
+            stats = apply_events(client, events())
         finally:
             client.close()
-        yield pa.RecordBatch.from_pydict({"applied": [stats.applied + stats.ddl]})
+        yield pa.RecordBatch.from_pydict(
+            {"bucket": [bucket], "applied": [stats.applied + stats.ddl],
+             "barrierToken": [barrier[0] if barrier else None], "barrierEvent": [barrier[1] if barrier else None]},
+            schema=pa.schema([("bucket", pa.int32()), ("applied", pa.int64()), ("barrierToken", pa.string()),
+                              ("barrierEvent", pa.binary())]))
 
     return apply
-
-
-CROSS_BUCKET = ("rename", "dropDatabase")
 
 
 def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
     """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
 
-    Events that span buckets (rename, dropDatabase) are barriers: the batch is cut at each one,
-    everything before it is applied in parallel, then the event itself once, on the driver, so no
-    bucket runs ahead of it. `on_batch(df, epoch_id)` may record per-batch figures.
+    Events that span buckets (rename, dropDatabase) are barriers, for the buckets they are in:
+    such a bucket's task stops before one, the driver applies the earliest barrier once, and
+    the buckets that stopped go on from there in another job. A bucket without barriers runs
+    through (its namespaces' order does not depend on them), so the usual batch, with none, is
+    one Spark job. `on_batch(df, epoch_id)` may record per-batch figures.
     """
 
     def run(df: Any, epoch_id: int) -> None:
-        from pyspark.sql.functions import col
+        from pyspark.sql.functions import col, lit
 
         df = df.persist()
         try:
             if on_batch is not None:
                 on_batch(df, epoch_id)
-            barriers = sorted({r["token"]: bytes(r["event"]) for r in
-                               df.filter(col("operationType").isin(*CROSS_BUCKET)).select("token", "event")
-                               .collect()}.items())
-            low = None
-            for token, event in [*barriers, (None, None)]:
-                segment = df
-                if low is not None:
-                    segment = segment.filter(col("token") > low)
-                if token is not None:
-                    segment = segment.filter(col("token") < token)
-                segment.select("event").mapInArrow(replicate_arrow(target_uri), "applied LONG").collect()
-                if event is not None:
-                    client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
-                    try:
-                        apply_events(client, [event])
-                    finally:
-                        client.close()
-                low = token
+            columns = df.select("bucket", "token", "operationType", "event")
+            segment = columns
+            while True:
+                stops = [r for r in segment.mapInArrow(replicate_arrow(target_uri), _APPLIED_SCHEMA).collect()
+                         if r["barrierToken"] is not None]
+                if not stops:
+                    return
+                first = min(r["barrierToken"] for r in stops)
+                client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
+                try:
+                    apply_events(client, [bytes(next(r["barrierEvent"] for r in stops if r["barrierToken"] == first))])
+                finally:
+                    client.close()
+                # Buckets that stopped at the applied barrier go on after it; those stopped at a
+                # later one start at it again (and stop there at once); the others are done.
+                resume = lit(False)
+                for r in stops:
+                    after = col("token") > first if r["barrierToken"] == first else col("token") >= r["barrierToken"]
+                    resume = resume | ((col("bucket") == r["bucket"]) & after)
+                segment = columns.filter(resume)
         finally:
             df.unpersist()
 
