@@ -82,7 +82,7 @@ def spark_buckets(proxy_uri: str, target_uri: str, start: Timestamp, events: int
               .option("nBuckets", str(buckets)).option("name", "bench-replication")
               .option("startAtOperationTime", f"{start.time},{start.inc}").option("showExpandedEvents", "false")
               .option("maxEventsPerTrigger", "200000").load())
-        query = (df.writeStream.foreachBatch(replicate_batch(target_uri, lambda d, e: batches.append(e)))
+        query = (df.writeStream.foreachBatch(replicate_batch(target_uri, lambda e, counts: batches.append(e)))
                  .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start())
         deadline = time.monotonic() + timeout_s
         while target_count(target) < events and time.monotonic() < deadline:

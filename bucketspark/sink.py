@@ -228,24 +228,30 @@ def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
     such a bucket's task stops before one, the driver applies the earliest barrier once, and
     the buckets that stopped go on from there in another job. A bucket without barriers runs
     through (its namespaces' order does not depend on them), so the usual batch, with none, is
-    one Spark job. `on_batch(df, epoch_id)` may record per-batch figures.
+    one Spark job. `on_batch(epoch_id, applied)` may record per-batch figures: the events each
+    bucket applied (from the tasks' results, so recording costs no Spark job of its own).
     """
 
     def run(df: Any, epoch_id: int) -> None:
         from pyspark.sql.functions import col, lit
 
         df = df.persist()
+        applied: dict[int, int] = {}
         try:
-            if on_batch is not None:
-                on_batch(df, epoch_id)
             columns = df.select("bucket", "token", "operationType", "event")
             segment = columns
             while True:
-                stops = [r for r in segment.mapInArrow(replicate_arrow(target_uri), _APPLIED_SCHEMA).collect()
-                         if r["barrierToken"] is not None]
+                results = segment.mapInArrow(replicate_arrow(target_uri), _APPLIED_SCHEMA).collect()
+                for r in results:
+                    if r["bucket"] is not None:
+                        applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
+                stops = [r for r in results if r["barrierToken"] is not None]
                 if not stops:
-                    return
+                    break
                 first = min(r["barrierToken"] for r in stops)
+                for r in stops:
+                    if r["barrierToken"] == first:  # the barrier is each of these buckets' event
+                        applied[r["bucket"]] += 1
                 client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
                 try:
                     apply_events(client, [bytes(next(r["barrierEvent"] for r in stops if r["barrierToken"] == first))])
@@ -260,6 +266,8 @@ def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
                 segment = columns.filter(resume)
         finally:
             df.unpersist()
+        if on_batch is not None:
+            on_batch(epoch_id, applied)
 
     return run
 
