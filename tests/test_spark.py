@@ -158,3 +158,33 @@ def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_pa
         job.wait()
         source.close()
         target.close()
+
+
+def test_a_batch_with_several_cross_bucket_events_replays_in_order(env: Any, spark: Any) -> None:
+    """Two renames and a dropDatabase in one micro-batch: the buckets they are in stop before
+    each, the driver applies them one by one, and every namespace ends as on the source."""
+    source, target = client_for(env.proxy_uri), client_for(env.target.uri)
+    try:
+        start = source.admin.command("ping")["operationTime"]
+        source.xb.a.insert_many([{"_id": i} for i in range(10)])
+        source.xb2.z.insert_many([{"_id": i} for i in range(5)])
+        source.xb.other.insert_many([{"_id": i} for i in range(20)])  # a bucket that may run through
+        source.admin.command({"renameCollection": "xb.a", "to": "xb.b"})
+        source.xb.b.insert_many([{"_id": i} for i in range(10, 15)])
+        source.xb.a.insert_one({"_id": "recreated"})
+        source.drop_database("xb2")
+        source.xb2.z.insert_one({"_id": "after the drop"})
+        source.admin.command({"renameCollection": "xb.b", "to": "xb.c"})
+        source.xb.c.update_one({"_id": 0}, {"$set": {"last": True}})
+        df = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
+              .option("name", "barriers").option("startAtOperationTime", f"{start.time},{start.inc}").load())
+        applied: dict[int, int] = {}
+        replicate_batch(env.target.uri, lambda epoch, counts: applied.update(counts))(df, 0)
+        assert converged(source, target, ("xb", "xb2"))
+        assert sorted(target.xb.list_collection_names()) == ["a", "c", "other"]
+        assert target.xb.c.find_one({"_id": 0}) == {"_id": 0, "last": True}
+        assert target.xb2.z.count_documents({}) == 1
+        assert sum(applied.values()) >= 55  # every event, a cross-bucket one once per bucket it is in
+    finally:
+        source.close()
+        target.close()
