@@ -33,6 +33,7 @@ log = logging.getLogger("buckets.reader")
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
 URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
+MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
 INLINE_CHUNK = 1024  # oplog entries spliced between two checkpoints without readerProcesses (~6 ms)
 # With readerProcesses a reply is one job for a worker: 4096 entries (~25 ms of splicing) keep
 # the readers, the workers and the merge overlapping, where a 16 MiB reply (~50k entries) held a
@@ -144,16 +145,21 @@ class ShardReader:
         of when the reader's awaitData getMore times out (up to await_ms later).
 
         Idle means the reader has sat in a getMore for PARKED_S: a reader that is reading moves
-        its mark by itself, so a catch-up writes no notes. Polls every PARKED_S only while the
-        merge is held back."""
+        its mark by itself, so a catch-up writes no notes. Polls only while the merge is held
+        back: every PARKED_S, backing off to MAX_NUDGE_POLL_S while the reader is busy (a long
+        catch-up, or a reader stopped by a full buffer)."""
         while True:
             await self._nudged.wait()
             self._nudged = trio.Event()
+            poll = PARKED_S
             while (interval := self.wants_progress(self.shard_id)) is not None and interval <= URGENT_NOTE_S:
                 parked = self._parked_since
                 if parked is not None and trio.current_time() - parked >= PARKED_S:
                     await self._advance_idle_shard(interval)
-                await trio.sleep(PARKED_S)
+                    poll = PARKED_S
+                else:
+                    poll = min(poll * 2, MAX_NUDGE_POLL_S)
+                await trio.sleep(poll)
 
     async def _read_forever(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None) -> None:
         first_connect = True
