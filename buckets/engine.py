@@ -30,14 +30,14 @@ from bson.raw_bson import RawBSONDocument
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.reader import ConnectMember
-from buckets.stream import BucketCursor, ParallelStream, StreamOptions, key_to_token, start_point
+from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, read_topology
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
 from mongoformats.change_stages import SUPPORTED_STAGES
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
-from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import UpstreamConnection, open_member
 
@@ -500,12 +500,12 @@ class Engine:
         if name is not None:
             stream = streams[0]
             stream.last_active = trio.current_time()
-            out["frontier"] = key_to_token(stream.frontier_key)
+            out["frontier"] = token_from_key(stream.frontier_key)
             after = cmd.get("after")
             if after is not None:
                 if len(after) != stream.options.n_buckets:
                     raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
                                      f"{stream.options.n_buckets} buckets")
                 end = stream.plan_end([token_sort_key(t) for t in after], _int_option(cmd, "maxEvents", 1, 1 << 62))
-                out["planEnd"] = key_to_token(end)
+                out["planEnd"] = token_from_key(end)
         return out

@@ -83,9 +83,6 @@ class MergedQueue:
             raise ValueError(f"shard {shard} pushed events out of token order or at or below its mark")
         run.events += events
 
-    def push(self, shard: str, event: ChangeEvent) -> None:
-        self.extend(shard, [event])
-
     def advance(self, shard: str, mark: bytes) -> None:
         """Shard promises nothing at or below `mark` is still to come. Marks never move back."""
         run = self._runs[shard]

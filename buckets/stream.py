@@ -37,13 +37,12 @@ from buckets.reader import OFFLOAD_BATCH, URGENT_NOTE_S, ConnectMember, ShardBat
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
-from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.stream")
 
-URGENT_PROGRESS_S = URGENT_NOTE_S  # an idle shard (or the shard list) holds events back: nudge it this often
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
 _SORT_KEY = itemgetter(0)  # ChangeEvent.sort_key
@@ -78,10 +77,6 @@ class StreamOptions:
     def needs_pre_images(self) -> bool:
         """Recorded pre-images are read (for fullDocumentBeforeChange, or to compute post-images)."""
         return self.full_document_before_change != "off" or self.full_document in ("whenAvailable", "required")
-
-
-def key_to_token(key: bytes) -> dict[str, Any]:
-    return {"_data": key.hex().upper()}
 
 
 class Bucket:
@@ -317,7 +312,7 @@ class ParallelStream:
         self._connect_member = connect_member
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
-        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], key_to_token(floors[i]))
+        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], token_from_key(floors[i]))
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
         self.shard_budgets: dict[str, ByteBudget] = {}
@@ -466,7 +461,7 @@ class ParallelStream:
                 # Every mark is a high-water-mark token key, so the frontier is itself a token;
                 # idle buckets report it as their postBatchResumeToken.
                 self._frontier = frontier
-                token = key_to_token(frontier)
+                token = token_from_key(frontier)
                 for bucket in self.buckets.values():
                     bucket.advance_frontier(frontier, token)
 
@@ -514,11 +509,11 @@ class ParallelStream:
 
     def _shard_holds_back(self, shard: str) -> float | None:
         """How soon `shard`'s mark should move (seconds between nudges), or None if it holds
-        nothing back. Pending events wait on it: soon (URGENT_PROGRESS_S). Only a waiting
+        nothing back. Pending events wait on it: soon (URGENT_NOTE_S). Only a waiting
         consumer's resume point does: lazily (IDLE_PROGRESS_S), so an idle cluster with consumers
         attached gets a note a second per shard, not fifty."""
         if shard in self.merge.blocking_shards():
-            return URGENT_PROGRESS_S
+            return URGENT_NOTE_S
         waiting = any(b.waiting for b in self.buckets.values())
         if waiting and self.merge.mark_of(shard) <= self.merge.frontier():
             return IDLE_PROGRESS_S

@@ -249,12 +249,12 @@ def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
                 if not stops:
                     break
                 first = min(r["barrierToken"] for r in stops)
-                for r in stops:
-                    if r["barrierToken"] == first:  # the barrier is each of these buckets' event
-                        applied[r["bucket"]] += 1
+                at_first = [r for r in stops if r["barrierToken"] == first]
+                for r in at_first:  # the barrier is each of these buckets' event
+                    applied[r["bucket"]] += 1
                 client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
                 try:
-                    apply_events(client, [bytes(next(r["barrierEvent"] for r in stops if r["barrierToken"] == first))])
+                    apply_events(client, [bytes(at_first[0]["barrierEvent"])])
                 finally:
                     client.close()
                 # Buckets that stopped at the applied barrier go on after it; those stopped at a

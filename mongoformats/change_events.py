@@ -14,19 +14,17 @@ docs/change_stream_events.md, as summarized in shared/reference/mongodb-formats.
 
 from __future__ import annotations
 
-import struct
 import uuid as uuidlib
-from binascii import hexlify
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import bson
-from bson import Binary, Timestamp
+from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.oplog_splice import splice_crud
-from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_sort_key
+from mongoformats.oplog_splice import TOKEN_TIMESTAMP, splice_crud
+from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_from_key, token_sort_key
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["ChangeEvent", "OplogTransformer", "RAW", "PCS_NOTE_KEY", "ddl_note", "invalidate_event",
@@ -75,20 +73,14 @@ class ChangeEvent(NamedTuple):
     @property
     def token(self) -> dict[str, Any]:
         """The event's `_id`: {_data: hex of the KeyString, _typeBits?}."""
-        token: dict[str, Any] = {"_data": hexlify(self.sort_key).upper().decode()}
-        if self.type_bits:
-            token["_typeBits"] = Binary(self.type_bits, 0)
-        return token
+        return token_from_key(self.sort_key, self.type_bits)
 
     @property
     def cluster_time(self) -> Timestamp:
         """Every token's KeyString starts with its cluster time: type byte 0x82, then seconds and
         increment, big-endian."""
-        secs, inc = _TOKEN_TS.unpack_from(self.sort_key, 1)
+        secs, inc = TOKEN_TIMESTAMP.unpack_from(self.sort_key, 1)
         return Timestamp(secs, inc)
-
-
-_TOKEN_TS = struct.Struct(">II")
 
 
 def _uuid(value: Any) -> uuidlib.UUID | None:

@@ -28,12 +28,12 @@ from bson import Timestamp
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud", "splice_entries",
-           "splice_reply", "timestamp_of"]
+__all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud",
+           "splice_entries", "splice_reply", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
-_TS_KEY = struct.Struct(">II")  # a token's timestamp: seconds, then increment, big-endian
+TOKEN_TIMESTAMP = struct.Struct(">II")  # a token's timestamp: seconds, then increment, big-endian
 
 # Sizes of fixed-width BSON values by type byte.
 _FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0x06: 0,
@@ -371,7 +371,7 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     inc, secs = _TS.unpack_from(raw, t0)
     # ui's value is int32 16, subtype 4, then the UUID's 16 bytes.
     uuid_ks = b"\x5a\x10\x04" + raw[ui[0] + 5:ui[1]] if ui is not None else b"\x14"
-    sort_key = b"".join((b"\x82", _TS_KEY.pack(secs, inc), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key,
+    sort_key = b"".join((b"\x82", TOKEN_TIMESTAMP.pack(secs, inc), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key,
                          b"\x00\x04"))
     hex_data = hexlify(sort_key).upper()
     data_element = b"\x02_data\x00" + _I32.pack(len(hex_data) + 1) + hex_data + b"\x00"

@@ -197,3 +197,11 @@ def token_sort_key(token: Mapping[str, Any]) -> bytes:
     """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never counts)."""
     return binascii.unhexlify(token["_data"])
 
+
+def token_from_key(key: bytes, type_bits: bytes = b"") -> dict[str, Any]:
+    """The token whose sort key is `key` (the inverse of token_sort_key), with its `_typeBits`."""
+    token: dict[str, Any] = {"_data": binascii.hexlify(key).upper().decode()}
+    if type_bits:
+        token["_typeBits"] = Binary(type_bits, 0)
+    return token
+

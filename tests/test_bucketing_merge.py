@@ -37,7 +37,7 @@ def test_cross_namespace_events_reach_every_affected_bucket():
 
 def test_event_waits_for_every_shard_mark():
     q = MergedQueue(["s0", "s1"])
-    q.push("s0", _event(10))
+    q.extend("s0", [_event(10)])
     q.advance("s0", _mark(10))
     assert q.pop_ready() == ([], {}) and q.blocking_shards() == ["s1"]
     q.advance("s1", _mark(9))
