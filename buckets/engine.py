@@ -31,10 +31,10 @@ from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.reader import ConnectMember
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
-from buckets.topology import Topology, read_topology
+from buckets.topology import Topology, discover
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
 from mongoformats.change_stages import SUPPORTED_STAGES
-from mongoformats.errors import MongoError
+from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
@@ -110,6 +110,8 @@ class Engine:
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
         self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
+        # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
+        self.watches = {"accelerated": 0, "passedThrough": 0}
 
     def register(self, table: CommandTable) -> None:
         table.change_stream_handler = self.cmd_change_stream
@@ -173,7 +175,7 @@ class Engine:
     async def _discover(self) -> Topology:
         up = await self.connect_upstream()
         try:
-            return await read_topology(up)
+            return await discover(up)
         finally:
             await up.aclose()
 
@@ -360,6 +362,15 @@ class Engine:
         return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
 
     async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        try:
+            reply = await self._accelerate_watch(session, db, cmd)
+        except PassThrough:
+            self.watches["passedThrough"] += 1
+            raise
+        self.watches["accelerated"] += 1
+        return reply
+
+    async def _accelerate_watch(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
 
         Only streams whose every event the engine reproduces exactly are accelerated: every
@@ -404,9 +415,14 @@ class Engine:
             and before_change == "off"
         if stages and plain_match:
             sub["pipeline"] = stages
+        if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
+            return failed
         scope = None if cluster_wide else (db, coll)
-        stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
-                                    stages=() if plain_match else tuple(stages))
+        try:
+            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
+                                        stages=() if plain_match else tuple(stages))
+        except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
+            raise with_change_stream_label(exc) from None
         cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token)
         cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
         self._private[cur.cursor_id] = stream
@@ -449,22 +465,29 @@ class Engine:
         return reply
 
     async def cmd_get_more(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        # The upstream's test fail points apply to getMores the proxy answers too (wireproxy/failpoints.py).
+        if (failed := await session.fail_point_reply("getMore", db, cmd)) is not None:
+            return failed
         cid = int(cmd["getMore"])
         cur = self._owned(session, cid, cmd)
         if f"{db}.{cmd.get('collection')}" != cur.ns:
             raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{cmd.get('collection')}', "
                              f"but cursor belongs to a different namespace {cur.ns}")
+        if (fail := await session.fail_after_checkout()) is not None:
+            raise with_change_stream_label(fail)  # like the server's: the cursor survives it
         try:
             events, pbrt = await cur.next_batch(cmd.get("batchSize"), cmd.get("maxTimeMS"))
-        except MongoError:
+        except MongoError as exc:
             self._drop_cursor(cid)
-            raise
+            raise with_change_stream_label(exc) from None
         alive = not cur.exhausted
         if not alive:
             self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
         return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
 
     async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
+            return failed
         killed, missing = [], []
         for raw in cmd.get("cursors", []):
             cid = int(raw)
@@ -496,7 +519,8 @@ class Engine:
         streams = [s for n, s in sorted(self.streams.items()) if name in (None, n)]
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
-        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors)}
+        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
+                               "watches": dict(self.watches)}
         if name is not None:
             stream = streams[0]
             stream.last_active = trio.current_time()

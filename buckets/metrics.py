@@ -66,4 +66,8 @@ class EngineCollector(Collector):
                     bucket[key].add_metric(labels, b[field])
         yield from shard.values()
         yield from bucket.values()
-        yield from (merged, queue, replays)
+        watches = CounterMetricFamily("pcs_watches", "Change stream aggregates (watch()) the engine served or "
+                                      "forwarded to the upstream", labels=["outcome"])
+        for outcome, count in self.engine.watches.items():
+            watches.add_metric([outcome], count)
+        yield from (merged, queue, replays, watches)

@@ -321,9 +321,10 @@ class ParallelStream:
         self.merge = MergedQueue(())
         for sid, hosts in topology.shards.items():
             self._new_reader(sid, hosts, start)
-        # Without an upstream to ask (a fixed shard list), nothing is added and nothing waits on it.
+        # Without an upstream to ask (a fixed shard list, or a replica set), nothing is added and
+        # nothing waits on it.
         self.watcher: TopologyWatcher | None = None
-        if connect_upstream is not None:
+        if connect_upstream is not None and topology.sharded:
             self.watcher = TopologyWatcher(connect_upstream, topology,
                                            holds_back=lambda: self._shard_holds_back(TOPOLOGY))
             self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))

@@ -35,6 +35,27 @@ class Topology(NamedTuple):
     shards: dict[str, list[tuple[str, int]]]   # shard id -> its members' addresses
     joined: dict[str, Timestamp]               # shard id -> topologyTime
     as_of: Timestamp                           # every shard that joined at or before this is listed
+    # A replica set upstream is its one and only "shard": nothing can join it, so no watcher.
+    sharded: bool = True
+
+
+async def discover(conn: UpstreamConnection) -> Topology:
+    """What the engine reads behind `conn`: a mongos's shards, or a replica set as one shard.
+
+    A replica set's change stream is the same stream on one shard (same events, tokens and
+    errors), so the proxy accelerates it too: one reader, the consumers spread over buckets. A
+    standalone server has no oplog to read; like the server, it refuses change streams.
+    """
+    hello = await conn.command("admin", {"hello": 1})
+    if hello.get("msg") == "isdbgrid":
+        return await read_topology(conn)
+    set_name = hello.get("setName")
+    if not set_name:
+        raise MongoError(40573, "The $changeStream stage is only supported on replica sets")
+    members = [*hello.get("hosts", []), *hello.get("passives", [])]
+    as_of = hello.get("operationTime") or hello["$clusterTime"]["clusterTime"]
+    return Topology({set_name: parse_hosts("mongodb://" + ",".join(members))}, {set_name: Timestamp(0, 0)},
+                    as_of, sharded=False)
 
 
 async def read_topology(conn: UpstreamConnection) -> Topology:

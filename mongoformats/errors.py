@@ -21,6 +21,7 @@ __all__ = [
     "code_of",
     "has_category",
     "is_resumable_change_stream_error",
+    "with_change_stream_label",
     "RESUMABLE_LABEL",
 ]
 
@@ -97,3 +98,13 @@ def is_resumable_change_stream_error(code: int) -> bool:
         or has_category(code, "NeedRetargettingError")
         or code in (code_of("RetryChangeStream"), code_of("FailedToSatisfyReadPreference"))
     )
+
+
+def with_change_stream_label(exc: MongoError) -> MongoError:
+    """`exc` as a server answers it when a change stream's aggregate or getMore fails: with
+    ResumableChangeStreamError or NonResumableChangeStreamError by its code (error_labels.cpp)."""
+    if is_resumable_change_stream_error(exc.code):
+        return exc.with_labels(RESUMABLE_LABEL)
+    if has_category(exc.code, "NonResumableChangeStreamError"):
+        return exc.with_labels("NonResumableChangeStreamError")
+    return exc

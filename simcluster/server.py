@@ -21,7 +21,7 @@ from bson import Binary, Int64, ObjectId
 from bson.codec_options import CodecOptions
 
 from mongoformats import wire
-from mongoformats.errors import MongoError, ProtocolError, has_category, is_resumable_change_stream_error
+from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
 from simcluster.authz import required_privileges
@@ -199,11 +199,7 @@ class CommandServer:
                 # drivers no longer decide that themselves.
                 exc = exc.with_labels("RetryableWriteError")
             if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
-                # Labels the server attaches to change stream errors (error_labels.cpp).
-                if is_resumable_change_stream_error(exc.code):
-                    exc = exc.with_labels("ResumableChangeStreamError")
-                elif has_category(exc.code, "NonResumableChangeStreamError"):
-                    exc = exc.with_labels("NonResumableChangeStreamError")
+                exc = with_change_stream_label(exc)
             reply = exc.to_reply()
         except Exception as exc:  # a bug or unexpected input must not take the node down
             log.exception("command %s failed", name)

@@ -145,3 +145,76 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
                     s.try_next()
             assert info.value.code == 47  # NoMatchingDocument
         await sync(work)
+
+
+async def test_fail_points_hit_the_proxys_cursors_as_often_as_mongos_alone_would():
+    """A fail point armed on mongos through the proxy fires on the engine's getMores too, and the
+    two together fire no more often than mongos alone would (wireproxy/failpoints.py)."""
+    async with accelerated(shards=2) as (_cluster, server):
+
+        def work():
+            proxied = client(f"mongodb://127.0.0.1:{server.port}/", retryReads=False)
+            proxied.fp.c.insert_many([{"_id": i} for i in range(10)])
+
+            def arm(name: str, times: int, **data: Any) -> None:
+                proxied.admin.command("configureFailPoint", name, mode={"times": times},
+                                      data={"errorCode": 2, **data})
+
+            found = proxied.fp.c.find(batch_size=2)  # a cursor of mongos's, passed through
+            next(found), next(found)  # its first batch: the next document takes a getMore
+            stream = proxied.fp.c.watch(max_await_time_ms=50)  # the engine's
+            # failCommand twice: the engine's getMore takes one firing (mongos decides, by a
+            # probe), mongos's own getMore the other, and then it is spent.
+            arm("failCommand", 2, failCommands=["getMore"])
+            with pytest.raises(OperationFailure) as info:
+                stream.try_next()
+            assert info.value.code == 2
+            with pytest.raises(OperationFailure) as info:
+                next(found)
+            assert info.value.code == 2
+            stream = proxied.fp.c.watch(max_await_time_ms=50)
+            assert stream.try_next() is None
+            assert len(list(proxied.fp.c.find(batch_size=2))) == 10
+            # failGetMoreAfterCursorCheckout once: the proxy fires it on its cursor, then mongos's
+            # copy is off, so mongos's next getMore succeeds.
+            arm("failGetMoreAfterCursorCheckout", 1)
+            with pytest.raises(OperationFailure) as info:
+                stream.try_next()
+            assert info.value.code == 2
+            assert len(list(proxied.fp.c.find(batch_size=2))) == 10
+            assert server.engine.watches == {"accelerated": 2, "passedThrough": 0}
+        await sync(work)
+
+
+async def test_a_replica_set_upstream_is_one_shard_to_the_engine():
+    """In front of a replica set (no mongos), parallelChangeStream and watch() are the engine's:
+    one reader, the same events and tokens as the set's own stream, dealt into buckets."""
+    async with open_cluster(shards=1, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
+        upstream = f"mongodb://{cluster.shards['shard0'].address}/"
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=upstream, listen_port=0,
+                                                              accelerate_change_streams=True))
+
+        def work():
+            direct = client(cluster.shard_uri("shard0"))
+            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
+            start = direct.admin.command("ping")["operationTime"]
+            opened = proxied.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start})
+            for i in range(3):
+                direct.rs[f"c{i}"].insert_many([{"_id": j} for j in range(5)])
+            direct.rs.c0.insert_one({"_id": "end", "marker": True})
+            want = _collect(direct.watch(start_at_operation_time=start, max_await_time_ms=100), _is_marker)
+            got = _collect(proxied.watch(start_at_operation_time=start, max_await_time_ms=100), _is_marker)
+            assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want] and len(want) == 16
+            union = []
+            for cur in opened["cursors"]:
+                while True:
+                    reply = proxied.admin.command({"getMore": cur["id"], "collection": "$cmd.parallelChangeStream",
+                                                   "maxTimeMS": 100})
+                    union += reply["cursor"]["nextBatch"]
+                    if reply["cursor"]["postBatchResumeToken"]["_data"] >= want[-1]["_id"]["_data"]:
+                        break
+            assert sorted(bson.encode(e) for e in union) == sorted(bson.encode(e) for e in want)
+            assert server.engine.watches["accelerated"] == 1
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()

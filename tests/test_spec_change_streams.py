@@ -47,11 +47,13 @@ def _load(filename: str, description: str) -> tuple[dict[str, Any], dict[str, An
     return data, next(t for t in data["tests"] if t["description"] == description)
 
 
-@pytest.mark.parametrize("via", ["direct", "proxy"])
+@pytest.mark.parametrize("via", ["direct", "proxy", "accelerated"])
 @pytest.mark.parametrize("filename,description", _cases())
 async def test_change_streams_spec(filename: str, description: str, via: str) -> None:
     data, test = _load(filename, description)
-    topologies = ["replicaset", "sharded"]
+    # Accelerated: on the sharded cluster where a test allows it (the engine merges its shards),
+    # else on the replica set (one shard to the engine).
+    topologies = ["sharded", "replicaset"] if via == "accelerated" else ["replicaset", "sharded"]
     runnable = [t for t in topologies if requirements_met(data.get("runOnRequirements"), t)
                 and requirements_met(test.get("runOnRequirements"), t)]
     if not runnable:
@@ -60,13 +62,18 @@ async def test_change_streams_spec(filename: str, description: str, via: str) ->
     async with open_cluster(shards=2 if topology == "sharded" else 1, periodic_noop_s=0.2) as cluster:
         uri = cluster.uri if topology == "sharded" else cluster.shard_uri("shard0")
         async with trio.open_nursery() as nursery:
-            if via == "proxy":
+            if via in ("proxy", "accelerated"):
                 upstream = cluster.uri if topology == "sharded" else f"mongodb://{cluster.shards['shard0'].address}/"
-                server = await nursery.start(serve_proxy, ProxyConfig(upstream=upstream, listen_port=0))
+                server = await nursery.start(serve_proxy, ProxyConfig(
+                    upstream=upstream, listen_port=0, accelerate_change_streams=via == "accelerated"))
                 uri = f"mongodb://127.0.0.1:{server.port}/"
-                if topology == "replicaset" and "sharded" not in (data.get("runOnRequirements") or [{}])[0].get(
-                        "topologies", ["sharded"]):
-                    # The proxy presents itself as a mongos; the suite's replica-set-only tests still hold.
-                    pass
             await sync(UnifiedTest(uri, data, test).run, timeout=60)
+            if via == "accelerated" and _opens_a_stream(test):
+                # The streams were the engine's, not mongos's passed through.
+                assert server.engine.watches["accelerated"] > 0, server.engine.watches
             nursery.cancel_scope.cancel()
+
+
+def _opens_a_stream(test: dict[str, Any]) -> bool:
+    """The test opens a change stream that the server accepts (not one it must refuse)."""
+    return any(op["name"] == "createChangeStream" and "expectError" not in op for op in test["operations"])

@@ -12,6 +12,7 @@ from bson import ObjectId
 from prometheus_client import generate_latest
 
 from wireproxy.config import ProxyConfig
+from wireproxy.failpoints import UpstreamFailPoints
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
@@ -34,6 +35,7 @@ class ProxyServer:
         self.config = config
         self.table = table or CommandTable()
         self.metrics = metrics or ProxyMetrics()
+        self.fail_points = UpstreamFailPoints()  # armed on mongos through this proxy (tests only)
         self.process_id = ObjectId()
         self.wire_versions = (0, 21)
         self.hosts = parse_hosts(config.upstream)

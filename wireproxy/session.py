@@ -139,6 +139,8 @@ class ClientSession:
             reply_body = await self._forward(msg)
             if name.lower() in _LOGIN_COMMANDS and reply_body is not None:
                 self._follow_login(name.lower(), cmd, RawBSONDocument(reply_body, RAW))
+            elif name.lower() == "configurefailpoint" and reply_body is not None:
+                self.server.fail_points.observe(bson.decode(msg.body), bool(bson.decode(reply_body).get("ok")))
             return
         try:
             if route is Route.HELLO:
@@ -160,6 +162,16 @@ class ClientSession:
         if not msg.more_to_come:
             out = wire.encode_op_msg(self._next_reply_id(), msg.request_id, bson.encode(reply))
             await self._send(out, msg.compressor)
+
+    # -- the upstream's fail points on local commands (see wireproxy/failpoints.py) ----------------
+
+    async def fail_point_reply(self, name: str, db: str, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        """mongos's answer to the local command `name` if its failCommand fail point fires for it."""
+        return await self.server.fail_points.probe(await self.get_upstream(), name, db, cmd)
+
+    async def fail_after_checkout(self) -> MongoError | None:
+        """The failGetMoreAfterCursorCheckout error for a getMore on a cursor of the proxy's own."""
+        return await self.server.fail_points.after_checkout(await self.get_upstream())
 
     # -- pass-through ------------------------------------------------------------------------------
 
