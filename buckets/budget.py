@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 
@@ -19,6 +21,8 @@ class ByteBudget:
         self.used = 0
         self.high_water = 0
         self._freed = trio.Event()
+        # Told of every release: a reader process's own budget for this shard gets the bytes back.
+        self.on_release: Callable[[int], None] | None = None
 
     def try_acquire(self, n: int) -> bool:
         """Take `n` bytes if they fit now (same rule as `acquire`); False instead of waiting."""
@@ -37,3 +41,5 @@ class ByteBudget:
         self.used -= n
         self._freed.set()
         self._freed = trio.Event()
+        if self.on_release is not None:
+            self.on_release(n)

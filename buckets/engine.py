@@ -29,7 +29,6 @@ from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
-from buckets.reader import ConnectMember
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
 from mongoformats.change_events import RAW, ChangeEvent, ddl_note
@@ -39,7 +38,7 @@ from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from wireproxy.router import CommandTable, PassThrough
-from wireproxy.upstream import UpstreamConnection, open_member
+from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.engine")
 

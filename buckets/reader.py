@@ -1,20 +1,26 @@
-"""ShardReader: tails one shard's `local.oplog.rs` and hands events plus high-water marks to the merge.
+"""Reading one shard: an OplogTail reads and transforms, a ShardReader feeds the merge.
 
 Strategy: a tailable awaitData `find` from the start timestamp, then getMore forever, on a
 secondary when one is up (the primary's load is the user's), with majority read concern: the
 oplog is then read only up to the set's commit point, so no event is ever for a write that a
-failover rolls back, and every member returns the same bytes up to there, so a reader that loses
-its member resumes from its position on another one without a gap or a duplicate. Each batch
-is transformed (raw BSON in, raw BSON events out) and sent as one `ShardBatch` carrying the
-shard's new mark: "the oplog is read through ts T, so nothing at or before T can follow". The
-batch's bytes are charged to the shard's ByteBudget before it is sent, so a slow merge stops the
-reader (no getMore is issued while the budget is full).
+failover rolls back, and every member returns the same bytes up to there, so a tail that loses
+its member resumes from its position on another one without a gap or a duplicate. Each chunk of
+entries is transformed (raw BSON in, raw BSON events out) and sent as one `ShardBatch` carrying
+the shard's new mark: "the oplog is read through ts T, so nothing at or before T can follow". The
+chunk's bytes are charged to the shard's ByteBudget before it is sent, so a slow merge stops the
+tail (no getMore is issued while the budget is full).
+
+The two halves are split so the reading can leave the proxy's process (readerProcesses, see
+buckets/reader_process.py): an `OplogTail` is picklable until it runs and talks to whatever
+`TailOutput` it is given. In the proxy process that is its ShardReader itself; in a reader
+process it is the pipe back to the ShardReader, which stays in the proxy process with the
+budget, the statistics and the notes that move idle shards on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,9 +30,9 @@ from bson import Int64, Timestamp
 from buckets.budget import ByteBudget
 from mongoformats.change_events import ChangeEvent, OplogTransformer
 from mongoformats.errors import MongoError, has_category
-from mongoformats.oplog_splice import cursor_batch, splice_entries, splice_reply, timestamp_of
+from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_member
+from wireproxy.upstream import ConnectMember, UpstreamClosed, UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.reader")
 
@@ -34,22 +40,11 @@ _SECONDARY_OK = {"mode": "secondaryPreferred"}
 URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
 MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
-INLINE_CHUNK = 1024  # oplog entries spliced between two checkpoints without readerProcesses (~6 ms)
-# With readerProcesses a reply is one job for a worker: 4096 entries (~25 ms of splicing) keep
-# the readers, the workers and the merge overlapping, where a 16 MiB reply (~50k entries) held a
-# worker ~0.4 s while the merge waited for it (bench_engine, 400k events: 89k -> 108k events/s).
-OFFLOAD_BATCH = 4096
+# Oplog entries spliced between two checkpoints (~6 ms): a catch-up reply holds up to 16 MiB
+# (~50k entries), a third of a second of splicing, so it is spliced and sent on in chunks; other
+# connections are served meanwhile and the merge starts on the first chunk.
+CHUNK = 1024
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
-
-
-class ConnectMember(Protocol):
-    """Opens a connection to a replica set member (open_member, with the proxy's TLS settings)."""
-
-    def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> Awaitable[UpstreamConnection]: ...
-
-
-async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
 
 
 def mark_after(ts: Timestamp) -> bytes:
@@ -77,10 +72,36 @@ class ShardStats:
     noop_unavailable: str = ""
 
 
-class ShardReader:
+class TailOutput(Protocol):
+    """What an OplogTail reports, in order."""
+
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        """Events of entries read through `last_ts` (`nbytes` of them; ChangeEvents or their
+        fields as plain tuples): returns once they are charged to the shard's budget and handed on."""
+
+    async def checked(self) -> None:
+        """The oplog reaches back to the start point (the stream may report itself open)."""
+
+    async def parked(self, waiting: bool) -> None:
+        """An awaitData getMore starts (True: the shard's oplog was read to its end) or returns."""
+
+    async def idle(self) -> None:
+        """An awaitData getMore returned nothing: the shard's mark may need a note to move."""
+
+    async def connected(self, host: str, reconnects: int) -> None:
+        """Reading from member `host`, after `reconnects` lost connections so far."""
+
+
+class OplogTail:
+    """Reads one shard's oplog from `start`, forever, reconnecting to another member on failures.
+
+    Picklable until it runs (its connector is a function or a MemberConnector), so a reader
+    process can run it.
+    """
+
     def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
-                 transformer: OplogTransformer, budget: ByteBudget, await_ms: int = 200,
-                 batch_size: int = 0, connect_member: ConnectMember = open_member) -> None:
+                 transformer: OplogTransformer, await_ms: int = 200,
+                 connect_member: ConnectMember = open_member) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
         self.connect_member = connect_member
@@ -88,25 +109,8 @@ class ShardReader:
         self.inclusive = True
         self.skip_key = skip_key       # events at or below this key were delivered before
         self.transformer = transformer
-        self.budget = budget
         self.await_ms = await_ms
-        self.batch_size = batch_size
-        self.stats = ShardStats()
-        # Asked after an empty getMore: does this shard hold the merge (or a waiting consumer) back?
-        # Asked after an empty getMore: how often this shard's mark should be nudged, or None.
-        self.wants_progress: Callable[[str], float | None] = lambda shard: None
-        # Runs splice_reply: inline by default; a worker-process pool's run_sync with readerProcesses.
-        self.offload: Callable[..., Awaitable[Any]] = _inline
-        self._last_noop = -1e9
-        self._primary: UpstreamConnection | None = None
-        self._notes = trio.Lock()              # one note at a time on the primary connection
-        self._nudged = trio.Event()
-        self._parked_since: float | None = None  # while an awaitData getMore waits for entries
-
-    async def _connect(self) -> UpstreamConnection:
-        conn = await self.connect_member(self.hosts, secondary=True)
-        self.stats.host = conn.address
-        return conn
+        self.reconnects = 0
 
     async def check_history(self, conn: UpstreamConnection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
@@ -123,18 +127,160 @@ class ShardReader:
                              f"Resume of change stream was not possible, as the resume point may no longer be "
                              f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})")
 
-    async def run(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None) -> None:
-        """Read until cancelled; reconnect and resume from the last position on network errors.
+    async def run(self, out: TailOutput) -> None:
+        """Read until cancelled; reconnect and resume from the last position on network errors."""
+        first_connect = True
+        while True:
+            try:
+                conn = await self.connect_member(self.hosts, secondary=True)
+            except UpstreamClosed:
+                self.reconnects += 1
+                await trio.sleep(0.2)
+                continue
+            try:
+                await out.connected(conn.address, self.reconnects)
+                if first_connect:
+                    await self.check_history(conn)
+                    first_connect = False
+                    await out.checked()
+                await self._tail(conn, out)
+            except UpstreamClosed as exc:
+                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                self.reconnects += 1
+                await trio.sleep(0.05)
+            except MongoError as exc:
+                if exc.code == 136:  # CappedPositionLost
+                    raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
+                                     f"the read position {self.position}") from exc
+                if exc.code != 43 and not has_category(exc.code, "RetriableError"):
+                    raise
+                # Cursor lost, member stepped down, shutting down or recovering: another member.
+                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                self.reconnects += 1
+                await trio.sleep(0.05)
+            finally:
+                await conn.aclose()
 
-        `checked` is set once the oplog is known to reach back to the start point, so that opening
-        a stream fails at once (ChangeStreamHistoryLost) instead of at the first getMore.
-        """
+    async def _tail(self, conn: UpstreamConnection, out: TailOutput) -> None:
+        # Replies stay raw bytes: entries are sliced out of the reply and spliced into events.
+        op = "$gte" if self.inclusive else "$gt"
+        reply = await conn.command("local", {
+            "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
+            "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK})
+        splice = self.transformer.token_version == 2
+        expanded = self.transformer.show_expanded_events
+        while True:
+            cursor_id, entries = cursor_batch(bytes(reply.raw))
+            for i in range(0, len(entries), CHUNK):
+                chunk = entries[i:i + CHUNK]
+                await self._deliver(splice_entries(chunk, splice, expanded), timestamp_of(chunk[-1]), out)
+            if not entries:
+                await out.idle()
+            if not cursor_id:
+                return
+            await out.parked(True)
+            try:
+                reply = await conn.command("local", {
+                    "getMore": Int64(cursor_id), "collection": "oplog.rs", "maxTimeMS": self.await_ms})
+            finally:
+                await out.parked(False)
+
+    async def _deliver(self, items: list[Any], last_ts: Timestamp, out: TailOutput) -> None:
+        transform = self.transformer.transform_decoded
+        events: list[Any] = []  # ChangeEvents and their fields as plain tuples
+        skip = self.skip_key
+        nbytes = 0
+        for item in items:
+            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
+                for ev in transform(item):
+                    if ev.sort_key > skip:
+                        events.append(ev)
+                        nbytes += len(ev.raw)
+            elif item and item[0] > skip:
+                events.append(item)  # a spliced event: a plain tuple (cheap to pickle) until delivered
+                nbytes += len(item[5])
+        await out.deliver(events, nbytes, len(items), last_ts)
+        self.position, self.inclusive = last_ts, False
+
+
+class ReadsElsewhere(Protocol):
+    """Runs a ShardReader's tail somewhere else (a reader process) and reports to the reader."""
+
+    async def read(self, reader: ShardReader) -> None: ...
+
+
+class ShardReader:
+    """One shard's input to the merge, in the proxy process: charges each batch to the shard's
+    budget and sends it on, and writes a note when the merge waits on this shard while it is idle.
+
+    Its tail runs here (the reader is its TailOutput) or, with readerProcesses, in a reader
+    process (`elsewhere`) that reports to the same methods.
+    """
+
+    def __init__(self, tail: OplogTail, *, budget: ByteBudget, elsewhere: ReadsElsewhere | None = None) -> None:
+        self.tail = tail
+        self.shard_id = tail.shard_id
+        self.hosts = tail.hosts
+        self.budget = budget
+        self.elsewhere = elsewhere
+        self.stats = ShardStats()
+        # How often this shard's mark should be nudged while the merge or a consumer waits, or None.
+        self.wants_progress: Callable[[str], float | None] = lambda shard: None
+        self._send: trio.MemorySendChannel[ShardBatch] | None = None
+        self._checked: trio.Event | None = None
+        self._nursery: trio.Nursery | None = None
+        self._last_noop = -1e9
+        self._primary: UpstreamConnection | None = None
+        self._notes = trio.Lock()              # one note at a time on the primary connection
+        self._nudged = trio.Event()
+        self._parked_since: float | None = None  # while an awaitData getMore waits for entries
+
+    async def run(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None) -> None:
+        """Read until cancelled. `checked` is set once the oplog is known to reach back to the
+        start point, so that opening a stream fails at once (ChangeStreamHistoryLost) instead of
+        at the first getMore."""
+        self._send, self._checked = send, checked
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._answer_nudges)
-                await self._read_forever(send, checked)
+                if self.elsewhere is None:
+                    await self.tail.run(self)
+                else:
+                    await self.elsewhere.read(self)
+                nursery.cancel_scope.cancel()
         finally:
             await self._close_primary()
+
+    # -- TailOutput --------------------------------------------------------------------------------
+
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        assert self._send is not None
+        stats = self.stats
+        stats.entries += entries
+        stats.events += len(events)
+        events = list(map(ChangeEvent._make, events))
+        stats.batches += 1
+        stats.last_ts = last_ts
+        # (A reader process waits for the same budget on its side first, so this never waits then.)
+        await self.budget.acquire(nbytes)
+        await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
+
+    async def checked(self) -> None:
+        if self._checked is not None:
+            self._checked.set()
+
+    async def parked(self, waiting: bool) -> None:
+        self._parked_since = trio.current_time() if waiting else None
+
+    async def idle(self) -> None:
+        if (interval := self.wants_progress(self.shard_id)) is not None and self._nursery is not None:
+            self._nursery.start_soon(self._advance_idle_shard, interval)
+
+    async def connected(self, host: str, reconnects: int) -> None:
+        self.stats.host, self.stats.reconnects = host, reconnects
+
+    # -- notes ---------------------------------------------------------------------------------------
 
     def nudge(self) -> None:
         """The merge holds events back on this shard's mark (a no-I/O call, for the pump)."""
@@ -142,12 +288,12 @@ class ShardReader:
 
     async def _answer_nudges(self) -> None:
         """Write a note as soon as pending events wait on this shard while it is idle, instead
-        of when the reader's awaitData getMore times out (up to await_ms later).
+        of when the tail's awaitData getMore times out (up to await_ms later).
 
-        Idle means the reader has sat in a getMore for PARKED_S: a reader that is reading moves
-        its mark by itself, so a catch-up writes no notes. Polls only while the merge is held
-        back: every PARKED_S, backing off to MAX_NUDGE_POLL_S while the reader is busy (a long
-        catch-up, or a reader stopped by a full buffer)."""
+        Idle means the tail has sat in a getMore for PARKED_S: a tail that is reading moves its
+        mark by itself, so a catch-up writes no notes. Polls only while the merge is held back:
+        every PARKED_S, backing off to MAX_NUDGE_POLL_S while the tail is busy (a long catch-up,
+        or a tail stopped by a full buffer)."""
         while True:
             await self._nudged.wait()
             self._nudged = trio.Event()
@@ -161,101 +307,6 @@ class ShardReader:
                     poll = min(poll * 2, MAX_NUDGE_POLL_S)
                 await trio.sleep(poll)
 
-    async def _read_forever(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None) -> None:
-        first_connect = True
-        while True:
-            try:
-                conn = await self._connect()
-            except UpstreamClosed:
-                self.stats.reconnects += 1
-                await trio.sleep(0.2)
-                continue
-            try:
-                if first_connect:
-                    await self.check_history(conn)
-                    first_connect = False
-                    if checked is not None:
-                        checked.set()
-                await self._tail(conn, send)
-            except UpstreamClosed as exc:
-                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
-                self.stats.reconnects += 1
-                await trio.sleep(0.05)
-            except MongoError as exc:
-                if exc.code == 136:  # CappedPositionLost
-                    raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
-                                     f"the read position {self.position}") from exc
-                if exc.code != 43 and not has_category(exc.code, "RetriableError"):
-                    raise
-                # Cursor lost, member stepped down, shutting down or recovering: another member.
-                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
-                self.stats.reconnects += 1
-                await trio.sleep(0.05)
-            finally:
-                await conn.aclose()
-
-    async def _tail(self, conn: UpstreamConnection, send: trio.MemorySendChannel[ShardBatch]) -> None:
-        # Replies stay raw bytes: entries are sliced out of the reply and spliced into events,
-        # here or in a worker process (readerProcesses), by the same pure function.
-        op = "$gte" if self.inclusive else "$gt"
-        reply = await conn.command("local", self._batched({
-            "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
-            "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK}))
-        splice = self.transformer.token_version == 2
-        expanded = self.transformer.show_expanded_events
-        while True:
-            if self.offload is _inline:
-                # In this process: a catch-up reply holds up to 16 MiB (~50k entries), a third of
-                # a second of splicing. Spliced and sent on in chunks, every chunk a checkpoint, so
-                # other connections are served meanwhile and the merge starts on the first chunk.
-                cursor_id, entries = cursor_batch(bytes(reply.raw))
-                for i in range(0, len(entries), INLINE_CHUNK):
-                    chunk = entries[i:i + INLINE_CHUNK]
-                    await self._deliver(splice_entries(chunk, splice, expanded), timestamp_of(chunk[-1]), send)
-                progressed = bool(entries)
-            else:
-                cursor_id, last, items = await self.offload(splice_reply, bytes(reply.raw), splice, expanded)
-                if last is not None:
-                    await self._deliver(items, Timestamp(*last), send)
-                progressed = last is not None
-            if not progressed and (interval := self.wants_progress(self.shard_id)) is not None:
-                await self._advance_idle_shard(interval)
-            if not cursor_id:
-                return
-            self._parked_since = trio.current_time()
-            try:
-                reply = await conn.command("local", self._batched({
-                    "getMore": Int64(cursor_id), "collection": "oplog.rs", "maxTimeMS": self.await_ms}))
-            finally:
-                self._parked_since = None
-
-    def _batched(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        if self.batch_size:
-            cmd["batchSize"] = self.batch_size
-        return cmd
-
-    async def _deliver(self, items: list[Any], last_ts: Timestamp, send: trio.MemorySendChannel[ShardBatch]) -> None:
-        transform = self.transformer.transform_decoded
-        events: list[ChangeEvent] = []
-        skip = self.skip_key
-        nbytes = 0
-        for item in items:
-            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
-                for ev in transform(item):
-                    if ev.sort_key > skip:
-                        events.append(ev)
-                        nbytes += len(ev.raw)
-            elif item and item[0] > skip:
-                events.append(ChangeEvent._make(item))
-                nbytes += len(item[5])
-        self.stats.entries += len(items)
-        self.stats.events += len(events)
-        self.stats.batches += 1
-        self.stats.last_ts = last_ts
-        await self.budget.acquire(nbytes)
-        await send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
-        self.position, self.inclusive = last_ts, False
-
     async def _advance_idle_shard(self, interval: float) -> None:
         """Write a noop so this idle shard's mark moves past events other shards are holding.
 
@@ -263,14 +314,14 @@ class ShardReader:
         which is the cold-shard latency this avoids. Without the appendOplogNote privilege we fall
         back to waiting for periodic noops and say so in status.
         """
-        async with self._notes:  # the reader's own loop and nudges both write notes
+        async with self._notes:  # empty replies and nudges both write notes
             now = trio.current_time()
             if self.stats.noop_unavailable or now - self._last_noop < interval:
                 return
             self._last_noop = now
             try:
                 if self._primary is None:  # notes are writes: they go to the primary, not the member read
-                    self._primary = await self.connect_member(self.hosts, secondary=False)
+                    self._primary = await self.tail.connect_member(self.hosts, secondary=False)
                 await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
                 self.stats.noops += 1
             except (UpstreamClosed, MongoError) as exc:

@@ -26,20 +26,20 @@ from typing import Any
 
 import bson
 import trio
-import trio_parallel
 from bson import Timestamp
 
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
-from buckets.reader import OFFLOAD_BATCH, URGENT_NOTE_S, ConnectMember, ShardBatch, ShardReader, mark_after
+from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
+from buckets.reader_process import ReaderHost, reader_hosts
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
-from wireproxy.upstream import UpstreamConnection, open_member
+from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.stream")
 
@@ -57,8 +57,8 @@ class StreamOptions:
     bucket_buffer_bytes: int = 64 << 20      # per bucket: pending plus retained events
     max_await_ms: int = 1000                 # a getMore waits this long for events by default
     reader_await_ms: int = 200
-    # Worker processes that turn oplog batches into events (one Python process is one core);
-    # 0 splices in the proxy process, which is cheaper when the proxy has a core to itself.
+    # Processes that read the shards' oplogs and turn entries into events (one Python process is
+    # one core; buckets/reader_process.py); 0 reads in the proxy process.
     reader_processes: int = 0
     # Expanded DDL events from the proxy's notes (upstream before 6.0) instead of native entries.
     ddl_notes: bool = False
@@ -308,7 +308,7 @@ class ParallelStream:
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
-        self._offload_fn: Callable[..., Awaitable[Any]] | None = None
+        self._hosts: list[ReaderHost] = []    # reader processes, with readerProcesses
         self._connect_member = connect_member
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
@@ -345,15 +345,15 @@ class ParallelStream:
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes)
-        reader = self.readers[sid] = ShardReader(
-            sid, hosts, start=start, skip_key=self._skip, budget=self.shard_budgets[sid],
-            transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
-                                         token_version=options.token_version, ddl_notes=options.ddl_notes),
-            await_ms=options.reader_await_ms, connect_member=self._connect_member,
-            batch_size=OFFLOAD_BATCH if options.reader_processes else 0)
+        tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
+                         transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
+                                                      token_version=options.token_version,
+                                                      ddl_notes=options.ddl_notes),
+                         connect_member=self._connect_member)
+        reader = self.readers[sid] = ShardReader(tail, budget=self.shard_budgets[sid])
+        if self._hosts:  # with readerProcesses: shards are dealt over the reader processes in turn
+            reader.elsewhere = self._hosts[(len(self.readers) - 1) % len(self._hosts)]
         reader.wants_progress = self._shard_holds_back
-        if self._offload_fn is not None:
-            reader.offload = self._offload_fn
         # A shard that joins later starts with the mark of its start time: above the frontier,
         # since it was not listed when the frontier was last allowed to move.
         self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
@@ -368,7 +368,7 @@ class ParallelStream:
         with self._cancel:
             try:
                 send, recv = trio.open_memory_channel[ShardBatch](2 * len(self.readers) + 2)
-                async with self._workers(), trio.open_nursery() as nursery:
+                async with self._reader_processes(), trio.open_nursery() as nursery:
                     checks = []
                     for reader in self.readers.values():
                         checks.append(trio.Event())
@@ -400,19 +400,15 @@ class ParallelStream:
             b.notify()
 
     @contextlib.asynccontextmanager
-    async def _workers(self) -> AsyncIterator[None]:
-        """With readerProcesses, a pool of worker processes shared by this stream's readers."""
+    async def _reader_processes(self) -> AsyncIterator[None]:
+        """With readerProcesses, the shards' tails run in that many processes of their own."""
         if not self.options.reader_processes:
             yield
             return
-        limiter = trio.CapacityLimiter(self.options.reader_processes)
-        async with trio_parallel.open_worker_context(idle_timeout=60) as ctx:
-            async def offload(fn: Callable[..., Any], *args: Any) -> Any:
-                return await ctx.run_sync(fn, *args, limiter=limiter)
-
-            self._offload_fn = offload
-            for reader in self.readers.values():
-                reader.offload = offload
+        async with reader_hosts(self.options.reader_processes, self.name) as hosts:
+            self._hosts = hosts
+            for i, reader in enumerate(self.readers.values()):
+                reader.elsewhere = hosts[i % len(hosts)]
             yield
 
     async def _watch_topology(self, nursery: trio.Nursery, send: trio.MemorySendChannel[ShardBatch]) -> None:

@@ -29,7 +29,7 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud",
-           "splice_entries", "splice_reply", "timestamp_of"]
+           "splice_entries", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
@@ -422,17 +422,3 @@ def splice_entries(entries: list[bytes], splice: bool = True, expanded: bool = F
         fast = splice_crud(raw, expanded=expanded)
         items.append(raw if fast is None else fast)
     return items
-
-
-def splice_reply(reply: bytes, splice: bool = True, expanded: bool = False) -> tuple[int, tuple[int, int] | None,
-                                                                                     list[Any]]:
-    """One oplog find/getMore reply -> (cursor id, last entry's ts as (secs, inc), items of
-    `splice_entries`). Pure and picklable in and out, so a reader can run it in a worker process
-    (readerProcesses).
-    """
-    cursor_id, entries = cursor_batch(reply)
-    last = None
-    if entries:
-        ts = timestamp_of(entries[-1])
-        last = (ts.time, ts.inc)
-    return cursor_id, last, splice_entries(entries, splice, expanded)

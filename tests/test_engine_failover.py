@@ -8,8 +8,11 @@ stream would deliver (tests/test_engine.reference) — zero lost, zero duplicate
 from __future__ import annotations
 
 import bson
+import psutil
+import pytest
 import trio
 from bson.raw_bson import RawBSONDocument
+from pymongo.errors import OperationFailure
 
 from buckets.bucketing import bucket_of
 from simcluster import open_cluster
@@ -22,7 +25,9 @@ N_BUCKETS = 4
 NAMESPACES = ["fo.h", "fo.a", "fo.b", "fx.c"]
 
 
-async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failover():
+@pytest.mark.parametrize("reader_processes", [0, 1])
+async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failover(reader_processes):
+    """With readerProcesses 1 the tails reconnect inside a reader process."""
     # Secondaries trail by 20 ms, so a stopped primary always holds entries nobody else has: they
     # are rolled back, and no bucket may ever have shown them.
     async with open_cluster(shards=2, members=3, periodic_noop_s=0.2, election_timeout_s=0.3,
@@ -36,7 +41,8 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
             c.admin.command("shardCollection", "fo.h", key={"_id": "hashed"})
             start = c.admin.command("ping")["operationTime"]
             opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": N_BUCKETS, "name": "failover",
-                                      "startAtOperationTime": start, "showExpandedEvents": True})
+                                      "startAtOperationTime": start, "showExpandedEvents": True,
+                                      "readerProcesses": reader_processes})
             return start, opened
 
         def write(total):
@@ -112,3 +118,44 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
         assert bson.encode(status)  # the status document stays valid BSON through it all
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_killed_reader_process_fails_its_stream_and_the_buckets_resume_from_their_tokens(cluster, proxy):
+    """readerProcesses: the process reading the shards dies. The stream fails with InternalError
+    (never a silent gap); a stream reopened from the buckets' last tokens delivers the rest, once."""
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "doomed",
+                                  "startAtOperationTime": start, "readerProcesses": 1,
+                                  "showExpandedEvents": True})
+        c.kp.a.insert_many([{"_id": i} for i in range(50)])
+        c.kp.b.insert_many([{"_id": i} for i in range(50)])
+        end = end_point(c)
+        seen: dict[bytes, RawBSONDocument] = {}
+        tokens = []
+        for cur in opened["cursors"]:  # the first part, read before the process dies
+            events = drain(c, cur["id"], end)
+            seen.update((key(e["_id"]), e) for e in events)
+            tokens.append(events[-1]["_id"] if events else cur["postBatchResumeToken"])
+        workers = [p for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+        assert workers, "the stream's reader process"
+        for p in workers:
+            p.kill()
+        with pytest.raises(OperationFailure) as info:
+            for _ in range(100):
+                c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": "$cmd.parallelChangeStream",
+                                 "maxTimeMS": 100})
+        assert info.value.code == 1 and "reader process" in str(info.value)
+        c.kp.a.insert_many([{"_id": i} for i in range(50, 80)])
+        end = end_point(c)
+        again = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "again",
+                                 "resumeAfter": tokens, "readerProcesses": 1,
+                                 "showExpandedEvents": True})
+        for cur in again["cursors"]:
+            for e in drain(c, cur["id"], end):
+                assert key(e["_id"]) not in seen, "delivered twice"
+                seen[key(e["_id"])] = e
+        assert sorted(seen) == reference(cluster, start, end)
+        assert sum(e["operationType"] == "insert" for e in seen.values()) == 130
+    await sync(work)

@@ -18,12 +18,13 @@ from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
 from wireproxy.upstream import (
     Credentials,
+    MemberConnector,
     UpstreamClosed,
     UpstreamConnection,
     authenticate,
-    open_member,
     open_upstream,
     parse_hosts,
+    upstream_ssl_context,
 )
 
 log = logging.getLogger("wireproxy")
@@ -44,19 +45,14 @@ class ProxyServer:
         self.credentials = Credentials.from_uri(config.upstream)
         self._conn_ids = itertools.count(1)
         self._limiter = trio.CapacityLimiter(config.max_connections)
-        self._upstream_ssl = self._make_upstream_ssl()
+        self._upstream_ssl = upstream_ssl_context(config.upstream_tls, config.upstream_tls_ca_file,
+                                                  config.upstream_tls_allow_invalid)
+        # The engine's connections to shard members: same TLS settings, the proxy's own login.
+        self.connect_member = MemberConnector(config.upstream_tls, config.upstream_tls_ca_file,
+                                              config.upstream_tls_allow_invalid, self.credentials)
         self.port = config.listen_port
         self.handler_nursery: trio.Nursery | None = None
         self._listener_scope: trio.CancelScope | None = None
-
-    def _make_upstream_ssl(self) -> ssl.SSLContext | None:
-        if not self.config.upstream_tls:
-            return None
-        ctx = ssl.create_default_context(cafile=self.config.upstream_tls_ca_file or None)
-        if self.config.upstream_tls_allow_invalid:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
 
     def _client_ssl(self) -> ssl.SSLContext | None:
         if not self.config.tls_cert_file:
@@ -81,10 +77,6 @@ class ProxyServer:
     async def connect_engine_upstream(self) -> UpstreamConnection:
         """A connection to mongos for the engine, logged in with the proxy's credentials."""
         return await self._logged_in(await self.connect_upstream())
-
-    async def connect_member(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
-        """A connection to one member of a shard's replica set for the engine (TLS, credentials)."""
-        return await self._logged_in(await open_member(hosts, secondary=secondary, ssl_context=self._upstream_ssl))
 
     async def _logged_in(self, conn: UpstreamConnection) -> UpstreamConnection:
         if self.credentials is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import ssl
-from typing import Any, NamedTuple
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import bson
 import trio
@@ -21,8 +23,8 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.scram import MECHANISM, ScramClient
 
-__all__ = ["Credentials", "UpstreamConnection", "UpstreamClosed", "authenticate", "open_member", "open_upstream",
-           "parse_hosts"]
+__all__ = ["ConnectMember", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed", "authenticate",
+           "open_member", "open_upstream", "parse_hosts", "upstream_ssl_context"]
 
 
 class UpstreamClosed(Exception):
@@ -175,3 +177,54 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
         return fallback
     names = ",".join(f"{h}:{p}" for h, p in hosts)
     raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
+
+
+class ConnectMember(Protocol):
+    """Opens a connection to a replica set member (open_member, or a MemberConnector)."""
+
+    def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> Awaitable[UpstreamConnection]: ...
+
+
+def upstream_ssl_context(tls: bool, ca_file: str = "", allow_invalid: bool = False) -> ssl.SSLContext | None:
+    """The client-side TLS context for upstream connections (None: plain TCP)."""
+    if not tls:
+        return None
+    ctx = ssl.create_default_context(cafile=ca_file or None)
+    if allow_invalid:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+@dataclass(frozen=True)
+class MemberConnector:
+    """The engine's way to a shard member: TLS settings and the proxy's own login.
+
+    Settings only, so it pickles: a reader process (readerProcesses) connects with the same
+    settings as the proxy process. The TLS context is built once per process, on first use.
+    """
+
+    tls: bool = False
+    tls_ca_file: str = ""
+    tls_allow_invalid: bool = False
+    credentials: Credentials | None = None
+
+    async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
+        conn = await open_member(hosts, secondary=secondary, ssl_context=self._ssl())
+        if self.credentials is not None:
+            try:
+                await authenticate(conn, self.credentials)
+            except BaseException:
+                await conn.aclose()
+                raise
+        return conn
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        cached: ssl.SSLContext | None = self.__dict__.get("_ctx")
+        if cached is None and self.tls:
+            cached = upstream_ssl_context(self.tls, self.tls_ca_file, self.tls_allow_invalid)
+            object.__setattr__(self, "_ctx", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_ctx"}  # an SSLContext does not pickle
