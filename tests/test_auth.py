@@ -44,7 +44,9 @@ async def test_logins_pass_through_and_the_engine_uses_its_own():
             alice = client(with_user(base, "alice", "alice-pw"))
             status = alice.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"]
             assert status == [{"user": "alice", "db": "admin"}]
-            opened = alice.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "mine"})
+            # Read in a reader process, which logs in as the engine too.
+            opened = alice.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "mine",
+                                          "readerProcesses": 1})
             alice.t.c.insert_many([{"_id": i} for i in range(50)])
             events = drain(alice, opened["cursors"][0]["id"], end_point(alice))  # shards read as "cdc"
             assert [e["documentKey"]["_id"] for e in events] == list(range(50))

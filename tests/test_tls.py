@@ -51,7 +51,8 @@ async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates):
                 plain.admin.command("ping")
 
             c = client(f"mongodb://127.0.0.1:{proxy.port}/?{tls}")
-            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1})
+            # Read in a reader process: the engine's TLS settings travel there (MemberConnector).
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "readerProcesses": 1})
             c.admin.command("shardCollection", "t.h", key={"_id": "hashed"})
             c.t.h.insert_many([{"_id": i} for i in range(100)])  # on both shards
             events = drain(c, opened["cursors"][0]["id"], end_point(c))

@@ -21,7 +21,7 @@ from wireproxy.upstream import (
     MemberConnector,
     UpstreamClosed,
     UpstreamConnection,
-    authenticate,
+    logged_in,
     open_upstream,
     parse_hosts,
     upstream_ssl_context,
@@ -76,16 +76,7 @@ class ProxyServer:
 
     async def connect_engine_upstream(self) -> UpstreamConnection:
         """A connection to mongos for the engine, logged in with the proxy's credentials."""
-        return await self._logged_in(await self.connect_upstream())
-
-    async def _logged_in(self, conn: UpstreamConnection) -> UpstreamConnection:
-        if self.credentials is not None:
-            try:
-                await authenticate(conn, self.credentials)
-            except BaseException:
-                await conn.aclose()
-                raise
-        return conn
+        return await logged_in(await self.connect_upstream(), self.credentials)
 
     async def _learn_upstream(self) -> None:
         up = await self.connect_upstream()

@@ -24,7 +24,7 @@ from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.scram import MECHANISM, ScramClient
 
 __all__ = ["ConnectMember", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed", "authenticate",
-           "open_member", "open_upstream", "parse_hosts", "upstream_ssl_context"]
+           "logged_in", "open_member", "open_upstream", "parse_hosts", "upstream_ssl_context"]
 
 
 class UpstreamClosed(Exception):
@@ -179,6 +179,17 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
     raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
 
 
+async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -> UpstreamConnection:
+    """`conn`, authenticated with `credentials` if any (closed if that fails)."""
+    if credentials is not None:
+        try:
+            await authenticate(conn, credentials)
+        except BaseException:
+            await conn.aclose()
+            raise
+    return conn
+
+
 class ConnectMember(Protocol):
     """Opens a connection to a replica set member (open_member, or a MemberConnector)."""
 
@@ -210,14 +221,8 @@ class MemberConnector:
     credentials: Credentials | None = None
 
     async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
-        conn = await open_member(hosts, secondary=secondary, ssl_context=self._ssl())
-        if self.credentials is not None:
-            try:
-                await authenticate(conn, self.credentials)
-            except BaseException:
-                await conn.aclose()
-                raise
-        return conn
+        return await logged_in(await open_member(hosts, secondary=secondary, ssl_context=self._ssl()),
+                               self.credentials)
 
     def _ssl(self) -> ssl.SSLContext | None:
         cached: ssl.SSLContext | None = self.__dict__.get("_ctx")
