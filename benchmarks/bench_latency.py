@@ -5,7 +5,8 @@
 A writer inserts documents stamped with their wall time at a steady rate; a consumer reports,
 for each event, how long after its write it arrived. Two workloads, each streamed natively
 (`watch()` on mongos, the whole cluster) and through the proxy (`parallelChangeStream`, 4
-buckets, one consumer per bucket), one after the other on the same cluster:
+buckets, one consumer per bucket; readerProcesses 0 and 1), one after the other on the same
+cluster:
 - spread: a hashed-sharded collection, so every shard writes all the time;
 - one hot shard: an unsharded collection, which lives on one shard while the other three idle.
   A stream may return an event only once every shard has promised nothing earlier can come,
@@ -70,9 +71,11 @@ async def native_consumer(uri: str, out: list[float], stop: trio.Event,
 
 
 async def proxy_consumers(proxy: ProxyProcess, out: list[float], stop: trio.Event,
-                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED, *,
+                          reader_processes: int = 0) -> None:
     ctl = await open_upstream("127.0.0.1", proxy.port)
-    opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": 4})
+    opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": 4,
+                                         "readerProcesses": reader_processes})
 
     async def consume(cursor_id: Any) -> None:
         conn = await open_upstream("127.0.0.1", proxy.port)
@@ -118,7 +121,10 @@ def main(argv: list[str] | None = None) -> None:
             await writer.command("lat", {"create": "hot"})
             consumers: dict[str, Callable[..., Awaitable[None]]] = {
                 "native": lambda out, stop, task_status: native_consumer(cluster.uri, out, stop, task_status),
-                "proxy": lambda out, stop, task_status: proxy_consumers(proxy, out, stop, task_status)}
+                "proxy": lambda out, stop, task_status: proxy_consumers(proxy, out, stop, task_status),
+                # The shards read in a reader process: nudges and notes cross the process boundary.
+                "proxy rp1": lambda out, stop, task_status: proxy_consumers(proxy, out, stop, task_status,
+                                                                            reader_processes=1)}
             # Native first: a proxy stream keeps reading (and writing notes) after its cursors close,
             # until its idle teardown, which would move a native stream's idle shards too.
             for mode, consumer in consumers.items():
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                     name = f"{workload}, {mode}"
                     results[name] = summary(out, written)
                     r = results[name]
-                    print(f"{name:22} {r['events']:>6,}/{written:,} events  p50 {r.get('p50_ms', 0):8.1f} ms  "
+                    print(f"{name:26} {r['events']:>6,}/{written:,} events  p50 {r.get('p50_ms', 0):8.1f} ms  "
                           f"p99 {r.get('p99_ms', 0):8.1f} ms  max {r.get('max_ms', 0):8.1f} ms", flush=True)
             await writer.aclose()
 
