@@ -8,8 +8,8 @@ is ever inverted except where the format itself inverts negative numbers.
 
 Source (facts only): mongodb/mongo src/mongo/db/storage/key_string.cpp (`CType`,
 `_appendBsonValue`, `_appendInteger`, `TypeBits`), summarized in shared/reference/mongodb-formats.md
-section A.3/A.4. Not supported (never seen in a resume token; raise ValueError): fractional
-doubles, magnitudes >= 2**63, Decimal128, DBRef, CodeWithScope.
+section A.3/A.4. Decimal128 values are keystring_decimal.py's. Not supported (raise ValueError):
+DBRef, CodeWithScope, and decimals beyond the double range.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import datetime
 import math
 import struct
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
-from bson import Binary, Code, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
 __all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_type_bits", "END"]
@@ -40,6 +41,7 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 # Type-bit values for numbers, appended high bit first (TypeBits::kInt ... kDecimal).
 _TB_INT32, _TB_INT64, _TB_DOUBLE = 0b00, 0b01, 0b10
+_TB_DECIMAL = 0b11                # Decimal128: 6 bits of its exponent follow
 _TB_SPECIAL_ZERO = 0b11           # a zero with 3 more bits: -0.0 or a Decimal128 zero
 _NEGATIVE_ZERO_BITS = [1, 1, 0, 0, 0]
 
@@ -99,6 +101,13 @@ class KeyStringBuilder:
             self._buf.append(NUM_NEG_1BYTE + 1 - n)
             self._buf += bytes(b ^ 0xFF for b in raw)
 
+    def _decimal(self, value: Decimal128) -> None:
+        from mongoformats.keystring_decimal import decimal_key  # (it builds on this module's encoders)
+
+        key, bits = decimal_key(value)
+        self._buf += key
+        self._bits += bits
+
     def _fast_str(self, value: str) -> None:
         self._buf.append(STRING)
         self._bits.append(0)
@@ -126,7 +135,7 @@ class KeyStringBuilder:
         if isinstance(value, bool):
             return TRUE if value else FALSE
         if isinstance(value, float) and not _is_integer_double(value):
-            return _double_key(value)[0]
+            return double_key(value)[0]
         if isinstance(value, (int, float)):
             return _integer_ctype(_integral(value))
         if isinstance(value, str):
@@ -151,6 +160,8 @@ class KeyStringBuilder:
             return MINKEY
         if isinstance(value, MaxKey):
             return MAXKEY
+        if isinstance(value, Decimal128):
+            return NUMERIC_NAN  # its family; `append` writes the exact type byte (keystring_decimal)
         raise ValueError(f"cannot encode {type(value).__name__} in a KeyString")
 
     def _append_body(self, value: Any) -> None:
@@ -168,7 +179,7 @@ class KeyStringBuilder:
                     return
                 self._numeric_bits(_TB_DOUBLE)
                 if not _is_integer_double(value):
-                    buf += _double_key(value)[1:]
+                    buf += double_key(value)[1:]
                     return
             elif -(2**31) <= value < 2**31:
                 self._numeric_bits(_TB_INT32)
@@ -214,11 +225,11 @@ class KeyStringBuilder:
 
 _FAST: dict[type, Any] = {
     ObjectId: KeyStringBuilder._fast_oid, int: KeyStringBuilder._fast_int, str: KeyStringBuilder._fast_str,
-    dict: KeyStringBuilder._fast_dict,
+    dict: KeyStringBuilder._fast_dict, Decimal128: KeyStringBuilder._decimal,
 }
 _GENERIC_BY_TYPE: dict[type, int] = {ObjectId: OID, int: NUMERIC_NAN, float: NUMERIC_NAN, Int64: NUMERIC_NAN,
                                      str: STRING, dict: OBJECT, list: ARRAY, type(None): NULL, bool: FALSE,
-                                     Timestamp: TIMESTAMP}
+                                     Timestamp: TIMESTAMP, Decimal128: NUMERIC_NAN}
 
 
 def _millis(value: datetime.datetime) -> int:
@@ -233,10 +244,15 @@ def _is_integer_double(value: float) -> bool:
     return math.isfinite(value) and value == int(value) and abs(value) < _MIN_LARGE_DOUBLE
 
 
-def _double_key(value: float) -> bytes:
+def double_key(value: float, dcm: int = 0) -> bytes:
     """Type byte and body of a double that is not a whole number below 2**63 (key_string.cpp,
-    V1 `_appendDoubleWithoutTypeBits` with the equal-to-double marker 0). Negative values store
-    their magnitude's bytes inverted, so the byte order is the numeric order."""
+    V1 `_appendDoubleWithoutTypeBits`). Negative values store their magnitude's bytes inverted,
+    so the byte order is the numeric order.
+
+    `dcm` is the decimal continuation marker a Decimal128 stores in the spare low bits (0 for a
+    double; keystring_decimal.py): two bits below 2**63, one bit in the tiny and large ranges.
+    With a marker, a whole number takes the fraction form too.
+    """
     if math.isnan(value):
         return bytes([NUMERIC_NAN])
     negative = value < 0
@@ -244,20 +260,33 @@ def _double_key(value: float) -> bytes:
     if magnitude < 1.0:
         ctype = NUM_NEG_SMALL if negative else NUM_POS_SMALL
         if magnitude >= _TINIEST_WITH_2BIT_DCM:
-            encoded = _double_bits(magnitude) << 2                      # prefix 0b11 (the exponent's top bits)
-        else:
-            encoded = (_double_bits(math.ldexp(magnitude, 256)) << 1) + (1 << 62)  # prefix 0b01
+            encoded = (_double_bits(magnitude) << 2) | dcm            # prefix 0b11 (the exponent's top bits)
+        else:                                                         # prefix 0b01 or 0b10
+            encoded = ((_double_bits(math.ldexp(magnitude, 256)) << 1) | (dcm != 0)) + (1 << 62)
     elif magnitude < _MIN_LARGE_DOUBLE:
         integer = int(magnitude)
+        if dcm == 0 and integer == magnitude:
+            return preshifted_key(integer << 1, negative)
         fraction_bytes = (64 - (integer << 1).bit_length()) // 8
         ctype = (0x20 + fraction_bytes) if negative else (0x32 - fraction_bytes)
         # The whole part doubled plus one (the "has a fraction" bit), then the fraction's bytes.
-        encoded = int(math.ldexp(magnitude, 8 * fraction_bytes)) + ((integer + 1) << (8 * fraction_bytes))
+        encoded = int(math.ldexp(magnitude, 8 * fraction_bytes)) + ((integer + 1) << (8 * fraction_bytes)) | dcm
     else:
         ctype = NUM_POS_LARGE if value > 0 else NUM_NEG_LARGE
-        encoded = _ALL_ONES if math.isinf(value) else (_double_bits(magnitude) << 1) & (_ALL_ONES >> 1)
-    body = encoded.to_bytes(8, "big")
-    return bytes([ctype]) + (bytes(b ^ 0xFF for b in body) if negative else body)
+        encoded = _ALL_ONES if math.isinf(value) else ((_double_bits(magnitude) << 1) & (_ALL_ONES >> 1)) | (dcm != 0)
+    return bytes([ctype]) + _magnitude_bytes(encoded.to_bytes(8, "big"), negative)
+
+
+def _magnitude_bytes(body: bytes, negative: bool) -> bytes:
+    return bytes(b ^ 0xFF for b in body) if negative else body
+
+
+def preshifted_key(preshifted: int, negative: bool) -> bytes:
+    """A whole number's key from its magnitude doubled, plus 1 if a fraction follows
+    (`_appendPreshiftedIntegerPortion`): a type byte that counts its bytes, then the bytes."""
+    n = (preshifted.bit_length() + 7) // 8
+    ctype = NUM_NEG_1BYTE + 1 - n if negative else NUM_POS_1BYTE - 1 + n
+    return bytes([ctype]) + _magnitude_bytes(preshifted.to_bytes(n, "big"), negative)
 
 
 def _double_bits(value: float) -> int:
@@ -429,51 +458,98 @@ class KeyStringReader:
             return Code(self._cstring().decode())
         raise ValueError(f"unsupported KeyString type byte {ctype:#04x}")
 
-    def _read_double(self, ctype: int) -> float:
-        if self._next_bit() << 1 | self._next_bit() != _TB_DOUBLE:
-            raise ValueError("Decimal128 values in KeyStrings are not supported")
+    def _read_double(self, ctype: int) -> float | Decimal128:
+        kind = self._next_bit() << 1 | self._next_bit()
+        if kind not in (_TB_DOUBLE, _TB_DECIMAL):
+            raise ValueError(f"a KeyString number with type byte {ctype:#04x} must be a double or a decimal")
         if ctype == NUMERIC_NAN:
-            return math.nan
+            return math.nan if kind == _TB_DOUBLE else Decimal128("NaN")
         negative = ctype in (NUM_NEG_LARGE, NUM_NEG_SMALL)
-        raw = self._take(8)
-        encoded = int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
+        encoded = self._magnitude(8, negative)
+        dcm = 0
         if ctype in (NUM_NEG_LARGE, NUM_POS_LARGE):
+            if encoded == _ALL_ONES:
+                return (-math.inf if negative else math.inf) if kind == _TB_DOUBLE else \
+                    Decimal128("-Infinity" if negative else "Infinity")
+            if encoded >> 63:
+                raise ValueError("Decimal128 values beyond the double range are not supported in KeyStrings")
             # The shift dropped the exponent's top bit, which every double >= 2**63 has set.
-            magnitude = math.inf if encoded == _ALL_ONES else _double_from_bits((encoded >> 1) | (1 << 62))
+            magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
+            dcm = 3 * (encoded & 1)
         elif encoded >> 62 == 0b11:
             magnitude = _double_from_bits(encoded >> 2)
-        else:
+            dcm = encoded & 3
+        elif encoded >> 62:
             magnitude = math.ldexp(_double_from_bits((encoded - (1 << 62)) >> 1), -256)
-        return -magnitude if negative else magnitude
-
-    def _read_number(self, ctype: int) -> int | float:
-        kind = (self._next_bit() << 1) | self._next_bit()
-        negative = ctype < NUM_ZERO
-        if ctype == NUM_ZERO:
-            value: int | float = 0
+            dcm = 3 * (encoded & 1)
         else:
-            n = ctype - NUM_POS_1BYTE + 1 if not negative else NUM_NEG_1BYTE + 1 - ctype
-            raw = self._take(n)
-            m = int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
-            if m & 1:  # a double with a fraction: the rest of its 8 bytes follow
-                if kind != _TB_DOUBLE:
-                    raise ValueError("a fractional KeyString number must be a double")
-                rest = self._take(8 - n)
-                tail = int.from_bytes(bytes(b ^ 0xFF for b in rest) if negative else rest, "big")
-                shift = 8 * (8 - n)
-                encoded = (m << shift) | tail
-                value = math.ldexp(encoded - (((m >> 1) + 1) << shift), -shift)
-            else:
-                value = m >> 1
-            value = -value if negative else value
+            raise ValueError("Decimal128 values below the double range are not supported in KeyStrings")
+        if kind == _TB_DOUBLE:
+            return -magnitude if negative else magnitude
+        return self._decimal(Decimal(magnitude), dcm, negative)
+
+    def _magnitude(self, n: int, negative: bool) -> int:
+        """The next `n` bytes as an unsigned big-endian number (stored inverted if negative)."""
+        raw = self._take(n)
+        return int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
+
+    def _decimal(self, magnitude: Decimal, dcm: int, negative: bool) -> Decimal128:
+        from mongoformats.keystring_decimal import read_decimal_value  # (it builds on this module)
+
+        continuation = self._magnitude(8, negative) if dcm in (1, 3) else None
+        exponent_bits = 0
+        for _ in range(6):
+            exponent_bits = exponent_bits << 1 | self._next_bit()
+        return read_decimal_value(magnitude, dcm, continuation, negative, exponent_bits)
+
+    def _read_number(self, ctype: int) -> int | float | Decimal128:
+        kind = (self._next_bit() << 1) | self._next_bit()
+        if ctype == NUM_ZERO:
+            if kind == _TB_INT32:
+                return 0
+            if kind == _TB_INT64:
+                return Int64(0)
+            if kind == _TB_DOUBLE:
+                return 0.0
+            zero_kind = [self._next_bit() for _ in range(3)]
+            if zero_kind == _NEGATIVE_ZERO_BITS[2:]:
+                return -0.0
+            return self._decimal_zero(zero_kind)
+        negative = ctype < NUM_ZERO
+        n = ctype - NUM_POS_1BYTE + 1 if not negative else NUM_NEG_1BYTE + 1 - ctype
+        m = self._magnitude(n, negative)
+        whole = m >> 1
+        value: int | float
+        if m & 1:  # a fraction (or a decimal's marker): the rest of 8 bytes follows
+            if kind not in (_TB_DOUBLE, _TB_DECIMAL):
+                raise ValueError("a fractional KeyString number must be a double or a decimal")
+            shift = 8 * (8 - n)
+            encoded = (m << shift) | self._magnitude(8 - n, negative)
+            if kind == _TB_DECIMAL:
+                # Whole parts from 2**53 on are exact and the byte after them is only the marker;
+                # 8 whole-part bytes leave no room for one: a continuation always follows.
+                dcm = encoded & 3 if shift else 3
+                exact = Decimal(whole) if whole >= 2**53 else \
+                    Decimal(math.ldexp((encoded & ~3) - ((whole + 1) << shift), -shift))
+                return self._decimal(exact, dcm, negative)
+            value = math.ldexp(encoded - ((whole + 1) << shift), -shift)
+        else:
+            value = whole
+        value = -value if negative else value
         if kind == _TB_INT32:
             return value
         if kind == _TB_INT64:
             return Int64(value)
         if kind == _TB_DOUBLE:
             return float(value)
-        if ctype == NUM_ZERO and kind == _TB_SPECIAL_ZERO:
-            zero_kind = [self._next_bit() for _ in range(3)]
-            if zero_kind == _NEGATIVE_ZERO_BITS[2:]:
-                return -0.0
-        raise ValueError("Decimal128 values in KeyStrings are not supported")
+        return self._decimal(Decimal(whole), 0, negative)
+
+    def _decimal_zero(self, prefix_tail: list[int]) -> Decimal128:
+        """A decimal zero: 0b11 and these 3 bits, then 12 more bits, name its exponent and sign."""
+        from mongoformats.keystring_decimal import read_decimal_zero  # (it builds on this module)
+
+        head = 0b11000 | prefix_tail[0] << 2 | prefix_tail[1] << 1 | prefix_tail[2]
+        low = 0
+        for _ in range(12):
+            low = low << 1 | self._next_bit()
+        return read_decimal_zero(head, low)

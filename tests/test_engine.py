@@ -268,23 +268,30 @@ async def test_a_consumer_that_stops_inside_a_batch_resumes_from_memory(cluster,
     await sync(work)
 
 
-async def test_keys_of_every_double_and_a_failing_stream_hurts_no_other(cluster, proxy):
-    """Fractional, tiny, huge and negative-zero doubles are document keys like any other. A key the
-    engine cannot encode yet (Decimal128) fails that stream with InternalError, as a server fails
-    one cursor; the proxy and its other streams go on."""
+async def test_keys_of_every_number_and_a_failing_stream_hurts_no_other(cluster, proxy):
+    """Fractional, tiny, huge and negative-zero doubles and decimals (with 34 digits too) are
+    document keys like any other. A key the engine cannot encode (a decimal beyond the double
+    range) fails that stream with InternalError, as a server fails one cursor; the proxy and its
+    other streams go on."""
     def work():
         c = client(proxy_uri(proxy))
         before = c.admin.command("ping")["operationTime"]
-        c.d.bad.insert_one({"_id": Decimal128("1.5")})
+        c.d.bad.insert_one({"_id": Decimal128("1E+400")})
         now = c.admin.command("ping")["operationTime"]  # the insert's own time
         after = Timestamp(now.time, now.inc + 1)
         doomed = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": before})
         ok = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": after})
-        doubles = [1.5, -0.0, 1e-300, -2.0**70, float("inf"), 0.1]
-        c.d.c.insert_many([{"_id": v} for v in doubles])
+        keys = [1.5, -0.0, 1e-300, -2.0**70, float("inf"), 0.1, Decimal128("0.1"), Decimal128("1.50"),
+                Decimal128("-12345678901234567890.12345678901234"), Decimal128("-0E+5"), Decimal128("NaN")]
+        c.d.c.insert_many([{"_id": v} for v in keys])
         end = end_point(c)
         events = drain(c, ok["cursors"][0]["id"], end)
-        assert [e["documentKey"]["_id"] for e in events] == doubles
+        got = [e["documentKey"]["_id"] for e in events]
+        assert [repr(k) for k in got] == [repr(k) for k in keys]
+        # The tokens carry the decimals' type bits, and resuming after each one works.
+        assert all("_typeBits" in e["_id"] for e in events[6:])
+        for e in events[6:]:
+            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "resumeAfter": e["_id"]})
         with pytest.raises(OperationFailure) as info:
             drain(c, doomed["cursors"][0]["id"], end)
         assert info.value.code == 1 and info.value.details["codeName"] == "InternalError"
