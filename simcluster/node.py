@@ -198,7 +198,8 @@ class ShardNode(CommandServer):
         last_seen = self.oplog.last_key()
         while True:
             await trio.sleep(self.periodic_noop_interval_s)
-            # Only a primary writes, and only when nothing was written since the last check.
+            # Only a primary writes, and only when nothing was written since the last check, as
+            # the server's NoopWriter does (noop_writer.cpp): an idle shard may wait two intervals.
             if self.is_primary and self.oplog.last_key() == last_seen:
                 self.oplog.append({"op": "n", "ns": "", "o": {"msg": "periodic noop"}})
             last_seen = self.oplog.last_key()
