@@ -28,7 +28,7 @@ import trio
 from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
-from mongoformats.change_events import ChangeEvent, OplogTransformer
+from mongoformats.change_events import ChangeEvent, OplogTransformer, events_from_fields
 from mongoformats.errors import MongoError, has_category
 from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -259,7 +259,7 @@ class ShardReader:
         stats = self.stats
         stats.entries += entries
         stats.events += len(events)
-        events = list(map(ChangeEvent._make, events))
+        events = events_from_fields(events)
         stats.batches += 1
         stats.last_ts = last_ts
         # (A reader process waits for the same budget on its side first, so this never waits then.)

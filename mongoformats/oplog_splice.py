@@ -235,7 +235,7 @@ _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) 
 
 
 # What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it pickles faster, for
-# readerProcesses; `ChangeEvent._make` makes it an event): sort_key, type_bits, op_type, db,
+# readerProcesses; `events_from_fields` makes them events): sort_key, type_bits, op_type, db,
 # coll, raw, namespaces, shard.
 Spliced = tuple[bytes, bytes, str, str, str, bytes, tuple[str, ...], str]
 
