@@ -74,8 +74,10 @@ class DocumentLookup:
             if ev.op_type in ("update", "replace", "delete"):
                 data = decode_token(ev.token)
                 if data.uuid is not None:
-                    by_shard[ev.shard].append((i, {"nsUUID": Binary(data.uuid.bytes, 4), "ts": data.cluster_time,
-                                                   "applyOpsIndex": Int64(data.txn_op_index)}))
+                    # Images are kept under the applyOps entry that holds the write (ChangeEvent.applied_at).
+                    ts, index = ev.applied_at or (data.cluster_time, data.txn_op_index)
+                    by_shard[ev.shard].append((i, {"nsUUID": Binary(data.uuid.bytes, 4), "ts": ts,
+                                                   "applyOpsIndex": Int64(index)}))
         out: dict[int, bytes | None] = {}
         for shard, wanted in by_shard.items():
             found: dict[bytes, bytes] = {}

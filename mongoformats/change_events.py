@@ -65,6 +65,11 @@ class ChangeEvent(NamedTuple):
     # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
     namespaces: tuple[str, ...] = ()
     shard: str = ""           # the shard whose oplog it came from (set only when lookups need it)
+    # An op of a transaction: (ts of the applyOps entry that holds it, its index there), where
+    # the server records its pre- and post-images (the unwinder's applyOpsTs and applyOpsIndex).
+    # It differs from (clusterTime, txnOpIndex) in a chained or prepared transaction. None: at
+    # (clusterTime, 0), as for every write outside a transaction.
+    applied_at: tuple[Timestamp, int] | None = None
 
     @classmethod
     def for_token(cls, token: Mapping[str, Any], op_type: str, db: str, coll: str | None, raw: bytes,
@@ -147,8 +152,9 @@ class OplogTransformer:
         self.show_migration_events = show_migration_events
         self.token_version = token_version
         self.ddl_notes = ddl_notes
-        # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries.
-        self._pending_txns: dict[tuple[bytes, int], list[RawBSONDocument]] = {}
+        # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries, each with
+        # the ts of its entry and its index there (where the server records its images).
+        self._pending_txns: dict[tuple[bytes, int], list[tuple[Any, Timestamp, int]]] = {}
 
     def pending_transactions(self) -> int:
         return len(self._pending_txns)
@@ -354,7 +360,8 @@ class OplogTransformer:
         return (bytes(lsid["id"]) if lsid is not None else b"", int(doc.get("txnNumber", -1)))
 
     def _apply_ops(self, doc: RawBSONDocument, o: RawBSONDocument) -> list[ChangeEvent]:
-        ops = list(o["applyOps"])
+        # Each op with where it was written: (op, the entry's ts, its index in the entry).
+        ops = [(op, doc["ts"], i) for i, op in enumerate(o["applyOps"])]
         if o.get("partialTxn") or o.get("prepare"):
             self._pending_txns.setdefault(self._txn_key(doc), []).extend(ops)
             return []
@@ -369,13 +376,15 @@ class OplogTransformer:
         ops = self._pending_txns.pop(self._txn_key(doc), [])
         return self._unwind(ops, doc["ts"], doc.get("wall"), (doc["lsid"], doc["txnNumber"]))
 
-    def _unwind(self, ops: list[Any], ts: Timestamp, wall: Any, txn: tuple[Any, Any] | None) -> list[ChangeEvent]:
+    def _unwind(self, ops: list[tuple[Any, Timestamp, int]], ts: Timestamp, wall: Any,
+                txn: tuple[Any, Any] | None) -> list[ChangeEvent]:
         # txnOpIndex counts every operation of the transaction, including ones that make no event.
         out = []
-        for index, op in enumerate(ops):
+        for index, (op, entry_ts, entry_index) in enumerate(ops):
             ev = self._crud(op, ts, wall, index, txn)
             if ev is not None:
-                out.append(ev)
+                out.append(ev if (entry_ts, entry_index) == (ts, index) else
+                           ev._replace(applied_at=(entry_ts, entry_index)))
         return out
 
     # -- tokens ------------------------------------------------------------------------------------

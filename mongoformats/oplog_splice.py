@@ -236,8 +236,8 @@ _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) 
 
 # What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it pickles faster, for
 # readerProcesses; `events_from_fields` makes them events): sort_key, type_bits, op_type, db,
-# coll, raw, namespaces, shard.
-Spliced = tuple[bytes, bytes, str, str, str, bytes, tuple[str, ...], str]
+# coll, raw, namespaces, shard, applied_at.
+Spliced = tuple[bytes, bytes, str, str, str, bytes, tuple[str, ...], str, None]
 
 
 # Where an entry's values lie: (op code, ns, ui value or None, o value, o2 value or None, offset of
@@ -391,7 +391,7 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     if desc is not None:
         parts += (b"\x03updateDescription\x00", desc)
     body = b"".join(parts)
-    return sort_key, type_bits, op_type, db, coll, _I32.pack(len(body) + 5) + body + b"\x00", namespaces, ""
+    return sort_key, type_bits, op_type, db, coll, _I32.pack(len(body) + 5) + body + b"\x00", namespaces, "", None
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

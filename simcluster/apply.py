@@ -66,8 +66,9 @@ class Applier:
 
     def __init__(self, dbs: dict[str, dict[str, Collection]]) -> None:
         self.dbs = dbs
-        # Transactions whose ops arrived (partialTxn chain, or prepared) but not yet their commit.
-        self.pending: dict[tuple[bytes, int], list[Mapping[str, Any]]] = {}
+        # Transactions whose ops arrived (partialTxn chain, or prepared) but not yet their commit:
+        # each op with (its entry's ts, its index there), where its images are recorded.
+        self.pending: dict[tuple[bytes, int], list[tuple[Mapping[str, Any], tuple[Any, int]]]] = {}
         # Of those, the prepared ones: key -> (lsid, prepare ts). A member that becomes primary
         # takes them over as prepared transactions, so the coordinator can still commit them.
         self.prepared: dict[tuple[bytes, int], tuple[Mapping[str, Any], Any]] = {}
@@ -111,7 +112,7 @@ class Applier:
         return known is not None and known[0] == int(session["txnNumber"]) and int(session["stmtId"]) in known[1]
 
     def apply(self, entry: Mapping[str, Any], *, at: tuple[Any, int] | None = None) -> None:
-        """Apply one entry; `at` is (ts, index) of an op inside a one-entry transaction's applyOps,
+        """Apply one entry; `at` is (ts, index) of an op inside a transaction's applyOps entry,
         which is where its images are recorded."""
         self.record_statement(entry)
         at = at if at is not None else (entry["ts"], 0) if "ts" in entry else None
@@ -194,8 +195,8 @@ class Applier:
             self._apply_ops(entry)
         elif name == "commitTransaction":
             self.prepared.pop(_txn(entry), None)
-            for op in self.pending.pop(_txn(entry), []):
-                self.apply(op)
+            for op, at in self.pending.pop(_txn(entry), []):
+                self.apply(op, at=at)
         elif name == "abortTransaction":
             self.prepared.pop(_txn(entry), None)
             self.pending.pop(_txn(entry), None)
@@ -213,26 +214,25 @@ class Applier:
         o = entry["o"]
         ops = list(o["applyOps"])
         if "lsid" not in entry:  # a plain applyOps command: apply now
-            for op in ops:
-                self.apply(op)
+            for i, op in enumerate(ops):
+                self.apply(op, at=(entry["ts"], i))
             return
         key = _txn(entry)
-        held = self.pending.setdefault(key, [])
-        held.extend(ops)
+        self.pending.setdefault(key, []).extend((op, (entry["ts"], i)) for i, op in enumerate(ops))
         if o.get("prepare"):
             self.prepared[key] = (entry["lsid"], entry["ts"])
         if not o.get("partialTxn") and not o.get("prepare"):
-            # The last link of a chain (or a one-entry commit): the whole transaction applies now.
-            # Images are kept for one-entry commits, keyed by this entry's ts and each op's index.
-            ops_here = self.pending.pop(key)
-            single = len(ops_here) == len(ops)
-            for index, op in enumerate(ops_here):
-                self.apply(op, at=(entry["ts"], index) if single else None)
+            # The last link of a chain (or a one-entry commit): the whole transaction applies now,
+            # each op's images kept under its own entry's ts and its index there, as the server
+            # keys pre-images (applyOpsTs, applyOpsIndex).
+            for op, at in self.pending.pop(key):
+                self.apply(op, at=at)
 
 
 def take_prepared(applier: Applier) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
     """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid, prepare ts, ops)."""
-    out = [(key, lsid, ts, applier.pending.pop(key, [])) for key, (lsid, ts) in applier.prepared.items()]
+    out = [(key, lsid, ts, [op for op, _ in applier.pending.pop(key, [])])
+           for key, (lsid, ts) in applier.prepared.items()]
     applier.prepared.clear()
     return out
 

@@ -154,7 +154,8 @@ class NativeStream:
             return self._stages(bson.decode(ev.raw), ev.token)
         doc = bson.decode(ev.raw)
         data = decode_token(ev.token)
-        images = origin.images.get((data.uuid.bytes, ts_key(ev.cluster_time), data.txn_op_index)) \
+        at_ts, at_index = ev.applied_at or (ev.cluster_time, data.txn_op_index)  # where they were recorded
+        images = origin.images.get((data.uuid.bytes, ts_key(at_ts), at_index)) \
             if origin is not None and data.uuid else None
         if wants_post:
             if self.full_document == "updateLookup":

@@ -53,7 +53,7 @@ class Transaction:
     prepare_ts: Timestamp | None = None
     # A prepared transaction this member took over at step-up: its ops are in the oplog but not
     # applied here yet (a secondary applies them at commit); commit applies them with this.
-    apply_on_commit: Callable[[Any], None] | None = None
+    apply_on_commit: Callable[..., None] | None = None
 
     def record(self, op: dict[str, Any], undo: Callable[[], None], images: Any = None) -> None:
         """Hold a write until commit; `images` (collection, before, after) if it may keep them."""
@@ -73,9 +73,8 @@ class TransactionTable:
     def __init__(self, oplog: Oplog, record_images: Callable[..., None] | None = None) -> None:
         self.oplog = oplog
         self.txns: dict[TxnKey, Transaction] = {}
-        # Applier.record_images: a one-entry commit keeps its writes' images at (entry ts, index),
-        # the ids the server gives pre-images of transaction writes. Chains and prepared
-        # transactions keep none.
+        # Applier.record_images: a commit keeps its writes' images at (entry ts, index in the
+        # entry), the ids the server gives pre-images of transaction writes.
         self.record_images = record_images
 
     def get_or_start(self, cmd: dict[str, Any], lsid: dict[str, Any]) -> Transaction:
@@ -109,6 +108,7 @@ class TransactionTable:
         if txn.ops:
             chunks = [txn.ops[i:i + MAX_OPS_PER_ENTRY] for i in range(0, len(txn.ops), MAX_OPS_PER_ENTRY)]
             prev = {"ts": Timestamp(0, 0), "t": Int64(-1)}
+            entry_ts = []
             for i, chunk in enumerate(chunks):
                 o: dict[str, Any] = {"applyOps": chunk}
                 if i < len(chunks) - 1:
@@ -117,11 +117,9 @@ class TransactionTable:
                     o["count"] = Int64(len(txn.ops))
                 ts, _ = self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": o, **txn.session_fields(),
                                            "prevOpTime": prev})
+                entry_ts.append(ts)
                 prev = {"ts": ts, "t": Int64(self.oplog.term)}
-            if len(chunks) == 1 and self.record_images is not None:
-                for index, images in enumerate(txn.images):
-                    if images is not None:
-                        self.record_images(images[0], ts, images[1], images[2], index)
+            self._record_images(txn, lambda i: (entry_ts[i // MAX_OPS_PER_ENTRY], i % MAX_OPS_PER_ENTRY))
         txn.state = "committed"
 
     def prepare(self, key: TxnKey) -> Timestamp:
@@ -137,7 +135,7 @@ class TransactionTable:
         return txn.prepare_ts
 
     def restore_prepared(self, key: TxnKey, lsid: dict[str, Any], prepare_ts: Timestamp, ops: list[Any],
-                         apply: Callable[[Any], None]) -> None:
+                         apply: Callable[..., None]) -> None:
         """A transaction prepared under an earlier primary, known from the oplog: still prepared here."""
         self.txns[key] = Transaction(lsid, key[1], ops=list(ops), state="prepared", prepare_ts=prepare_ts,
                                      apply_on_commit=apply)
@@ -146,14 +144,27 @@ class TransactionTable:
         txn = self.txns[key]
         if txn.state == "committed":
             return
-        if txn.apply_on_commit is not None:
-            for op in txn.ops:
-                txn.apply_on_commit(op)
-            txn.apply_on_commit = None
         assert txn.prepare_ts is not None
+        prepare_ts = txn.prepare_ts
+        if txn.apply_on_commit is not None:  # taken over at step-up: applied (and imaged) only now
+            for index, op in enumerate(txn.ops):
+                txn.apply_on_commit(op, at=(prepare_ts, index))
+            txn.apply_on_commit = None
+        # All its ops are in the one prepare entry: their images are kept under its ts.
+        self._record_images(txn, lambda i: (prepare_ts, i))
         self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": {"commitTransaction": 1, "commitTimestamp": commit_ts},
                            **txn.session_fields(), "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)}})
         txn.state = "committed"
+
+    def _record_images(self, txn: Transaction, where: Callable[[int], tuple[Timestamp, int]]) -> None:
+        """Keep the images of a committed transaction's writes where the server keys them: the
+        ts of the applyOps entry holding the write and its index there (`where(op index)`)."""
+        if self.record_images is None:
+            return
+        for i, images in enumerate(txn.images):
+            if images is not None:
+                ts, index = where(i)
+                self.record_images(images[0], ts, images[1], images[2], index)
 
     def abort(self, key: TxnKey) -> None:
         txn = self.txns.get(key)
