@@ -13,6 +13,8 @@ import pytest
 import trio
 
 from tests.conftest import proxy_uri
+from wireproxy.app import serve_proxy
+from wireproxy.config import ProxyConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_MODULES = ROOT / ".node" / "node_modules"
@@ -38,6 +40,18 @@ async def _run(*argv: str) -> str:
 async def test_node_driver_through_the_proxy(proxy):
     out = await _run("node", str(ROOT / "tests" / "node" / "driver.js"), proxy_uri(proxy))
     assert json.loads(out.strip().splitlines()[-1])["ok"] is True
+
+
+async def test_node_driver_watch_through_the_accelerated_proxy(cluster):
+    """The same script with change stream acceleration on: its collection and cluster watch()
+    are served by the engine, unmodified Node driver and all."""
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                              accelerate_change_streams=True))
+        out = await _run("node", str(ROOT / "tests" / "node" / "driver.js"), proxy_uri(server))
+        assert json.loads(out.strip().splitlines()[-1])["ok"] is True
+        assert server.engine.watches["accelerated"] >= 2 and server.engine.watches["passedThrough"] == 0
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.skipif(not MONGOSH.exists(), reason="mongosh is not installed")
