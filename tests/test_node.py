@@ -68,13 +68,20 @@ async def test_mongosh_through_the_proxy_and_directly(cluster, proxy):
 
 
 @pytest.mark.skipif(not MONGOSH.exists(), reason="mongosh is not installed")
-async def test_mongosh_script_through_the_proxy(proxy):
+@pytest.mark.parametrize("accelerate", [False, True])
+async def test_mongosh_script_through_the_proxy(cluster, accelerate):
     """CRUD, bulkWrite, getMore, killCursors, a multi-shard transaction, retryable writes and
-    watch() on a collection and on the cluster, from mongosh unmodified."""
-    out = await _run(str(MONGOSH), proxy_uri(proxy), "--quiet", "--norc", "--file",
-                     str(ROOT / "tests" / "node" / "shell.js"))
-    result = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-    assert result == {"ok": True, "n": 251, "buckets": 2}
+    watch() on a collection and on the cluster, from mongosh unmodified (the watches served by
+    the engine when acceleration is on)."""
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                              accelerate_change_streams=accelerate))
+        out = await _run(str(MONGOSH), proxy_uri(server), "--quiet", "--norc", "--file",
+                         str(ROOT / "tests" / "node" / "shell.js"))
+        result = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+        assert result == {"ok": True, "n": 251, "buckets": 2}
+        assert (server.engine.watches["accelerated"] > 0) == accelerate
+        nursery.cancel_scope.cancel()
 
 
 async def test_node_driver_and_mongosh_directly_against_a_shard_replica_set():
