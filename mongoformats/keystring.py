@@ -91,15 +91,7 @@ class KeyStringBuilder:
         if value == 0:
             self._buf.append(NUM_ZERO)
             return
-        m = abs(value) << 1
-        n = (m.bit_length() + 7) // 8
-        raw = m.to_bytes(n, "big")
-        if value > 0:
-            self._buf.append(NUM_POS_1BYTE - 1 + n)
-            self._buf += raw
-        else:
-            self._buf.append(NUM_NEG_1BYTE + 1 - n)
-            self._buf += bytes(b ^ 0xFF for b in raw)
+        self._buf += preshifted_key(abs(value) << 1, value < 0)
 
     def _decimal(self, value: Decimal128) -> None:
         from mongoformats.keystring_decimal import decimal_key  # (it builds on this module's encoders)
@@ -187,9 +179,7 @@ class KeyStringBuilder:
                 self._numeric_bits(_TB_INT64)
             v = _integral(value)
             if v:
-                m = abs(v) << 1
-                raw = m.to_bytes((m.bit_length() + 7) // 8, "big")
-                buf += raw if v > 0 else bytes(b ^ 0xFF for b in raw)
+                buf += preshifted_key(abs(v) << 1, v < 0)[1:]  # (its type byte is written already)
             return
         if isinstance(value, Code):  # Code is a str subclass: test it before str
             buf += _escape(str(value).encode())
@@ -245,9 +235,10 @@ def _is_integer_double(value: float) -> bool:
 
 
 def double_key(value: float, dcm: int = 0) -> bytes:
-    """Type byte and body of a double that is not a whole number below 2**63 (key_string.cpp,
-    V1 `_appendDoubleWithoutTypeBits`). Negative values store their magnitude's bytes inverted,
-    so the byte order is the numeric order.
+    """Type byte and body of a number keyed as a double (key_string.cpp, V1
+    `_appendDoubleWithoutTypeBits`): whole numbers below 2**63 take the integer form, others one
+    of the fraction, small and large forms. Negative values store their magnitude's bytes
+    inverted, so the byte order is the numeric order.
 
     `dcm` is the decimal continuation marker a Decimal128 stores in the spare low bits (0 for a
     double; keystring_decimal.py): two bits below 2**63, one bit in the tiny and large ranges.

@@ -25,7 +25,7 @@ from typing import Any
 import bson
 from bson import Timestamp
 
-from mongoformats.keystring import KeyStringBuilder, encode_type_bits
+from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud",
@@ -175,22 +175,8 @@ def _doc(body: bytes) -> bytes:
 
 
 # -- KeyString of a documentKey, straight from its BSON bytes -----------------------------------
-# The ctype bytes are those of keystring.py (CType in the server's key_string.cpp).
-
-_KS_NUMERIC_FAMILY, _KS_STRING, _KS_OBJECT, _KS_OID = 0x1E, 0x3C, 0x46, 0x64
-_KS_ZERO, _KS_POS1, _KS_NEG1 = 0x29, 0x2B, 0x27
-
-
-def _ks_integer(v: int) -> bytes:
-    if v == 0:
-        return bytes((_KS_ZERO,))
-    m = abs(v) << 1
-    n = (m.bit_length() + 7) // 8
-    raw = m.to_bytes(n, "big")
-    if v > 0:
-        return bytes((_KS_POS1 - 1 + n,)) + raw
-    return bytes((_KS_NEG1 + 1 - n,)) + bytes(b ^ 0xFF for b in raw)
-
+# The ctype bytes are those of keystring.py (CType in the server's key_string.cpp): 0x1E the
+# numeric family, 0x29 zero, 0x3C string, 0x46 object, 0x64 ObjectId.
 
 def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
     """KeyString of the document at `start` as an object value; None for a value type we leave to the
@@ -207,7 +193,7 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
             value = int.from_bytes(buf[v:e], "little", signed=True)
             if t == 0x12 and abs(value) >= 2**63 - 1:
                 return None
-            out += (b"\x1e", name, b"\x00", _ks_integer(value))
+            out += (b"\x1e", name, b"\x00", preshifted_key(abs(value) << 1, value < 0) if value else b"\x29")
             bits += (0, 0) if t == 0x10 else (0, 1)
         else:
             return None
