@@ -101,8 +101,8 @@ class UpstreamFailPoints:
         if isinstance(mode, dict) and int(mode.get("skip", 0)) > 0:
             mode["skip"] = int(mode["skip"]) - 1
             fires = False
-        else:
-            fires = mode == "alwaysOn" or (isinstance(mode, dict) and int(mode.get("times", 0)) > 0)
+        else:  # alwaysOn, {times: n} while n > 0, or {skip: n} once n are skipped
+            fires = mode == "alwaysOn" or (isinstance(mode, dict) and int(mode.get("times", 1)) > 0)
         data = fp["data"]
         if fires:
             self._spend(AFTER_CHECKOUT)
