@@ -9,7 +9,7 @@ is ever inverted except where the format itself inverts negative numbers.
 Source (facts only): mongodb/mongo src/mongo/db/storage/key_string.cpp (`CType`,
 `_appendBsonValue`, `_appendInteger`, `TypeBits`), summarized in shared/reference/mongodb-formats.md
 section A.3/A.4. Decimal128 values are keystring_decimal.py's. Not supported (raise ValueError):
-DBRef, CodeWithScope, and decimals beyond the double range.
+the deprecated DBPointer type, and decimals beyond the double range.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
 __all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_type_bits", "END"]
@@ -34,7 +34,7 @@ _MIN_LARGE_DOUBLE = 2.0**63
 _TINIEST_WITH_2BIT_DCM = 2.0**-255       # smaller doubles are scaled up by 2**256 first
 _ALL_ONES = (1 << 64) - 1
 STRING, OBJECT, ARRAY, BINDATA, OID = 0x3C, 0x46, 0x50, 0x5A, 0x64
-FALSE, TRUE, DATE, TIMESTAMP, REGEX, CODE, MAXKEY = 0x6E, 0x6F, 0x78, 0x82, 0x8C, 0xA0, 0xF0
+FALSE, TRUE, DATE, TIMESTAMP, REGEX, CODE, CODE_WITH_SCOPE, MAXKEY = 0x6E, 0x6F, 0x78, 0x82, 0x8C, 0xA0, 0xAA, 0xF0
 END = 0x04
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -74,6 +74,8 @@ class KeyStringBuilder:
         if fast is not None:
             fast(self, value)
             return
+        if isinstance(value, DBRef):  # a document {$ref, $id, ...} that pymongo decoded as a DBRef
+            value = value.as_doc()
         self._buf.append(self._ctype(value))
         self._append_body(value)
 
@@ -130,8 +132,12 @@ class KeyStringBuilder:
             return double_key(value)[0]
         if isinstance(value, (int, float)):
             return _integer_ctype(_integral(value))
+        if isinstance(value, Code):  # a str subclass: before str
+            return CODE if value.scope is None else CODE_WITH_SCOPE
         if isinstance(value, str):
             return STRING
+        if isinstance(value, DBRef):
+            return OBJECT
         if isinstance(value, Mapping):
             return OBJECT
         if isinstance(value, (list, tuple)):
@@ -146,8 +152,6 @@ class KeyStringBuilder:
             return TIMESTAMP
         if isinstance(value, Regex):
             return REGEX
-        if isinstance(value, Code):
-            return CODE
         if isinstance(value, MinKey):
             return MINKEY
         if isinstance(value, MaxKey):
@@ -183,15 +187,13 @@ class KeyStringBuilder:
             return
         if isinstance(value, Code):  # Code is a str subclass: test it before str
             buf += _escape(str(value).encode())
+            if value.scope is not None:  # then the scope's elements, as an object's
+                self._object_body(value.scope)
         elif isinstance(value, str):
             self._bits.append(0)  # String, not Symbol
             buf += _escape(value.encode())
         elif isinstance(value, Mapping):
-            for name, item in value.items():
-                buf.append(_generic_ctype(self._ctype(item)))
-                buf += _escape(name.encode())
-                self.append(item)
-            buf.append(0)
+            self._object_body(value)
         elif isinstance(value, (list, tuple)):
             for item in value:
                 self.append(item)
@@ -211,6 +213,16 @@ class KeyStringBuilder:
             buf += struct.pack(">II", value.time, value.inc)
         elif isinstance(value, Regex):
             buf += _escape(value.pattern.encode()) + _escape(str(value.flags).encode())
+
+
+    def _object_body(self, value: Mapping[str, Any]) -> None:
+        """An object's elements (generic type byte, name, value), then its terminator."""
+        buf = self._buf
+        for name, item in value.items():
+            buf.append(_generic_ctype(self._ctype(item)))
+            buf += _escape(name.encode())
+            self.append(item)
+        buf.append(0)
 
 
 _FAST: dict[type, Any] = {
@@ -413,13 +425,7 @@ class KeyStringReader:
                 raise ValueError("Symbol values are not supported")
             return text
         if ctype == OBJECT:
-            obj: dict[str, Any] = {}
-            while True:
-                (generic,) = self._take(1)
-                if generic == 0:
-                    return obj
-                name = self._cstring().decode()
-                obj[name] = self.read()
+            return self._object()
         if ctype == ARRAY:
             items = []
             while self._data[self._pos : self._pos + 1] != b"\x00":
@@ -447,7 +453,19 @@ class KeyStringReader:
             return Regex(self._cstring().decode(), self._cstring().decode())
         if ctype == CODE:
             return Code(self._cstring().decode())
+        if ctype == CODE_WITH_SCOPE:
+            code = self._cstring().decode()
+            return Code(code, self._object())
         raise ValueError(f"unsupported KeyString type byte {ctype:#04x}")
+
+    def _object(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        while True:
+            (generic,) = self._take(1)
+            if generic == 0:
+                return obj
+            name = self._cstring().decode()
+            obj[name] = self.read()
 
     def _read_double(self, ctype: int) -> float | Decimal128:
         kind = self._next_bit() << 1 | self._next_bit()

@@ -3,8 +3,9 @@
 import math
 import uuid
 
+import bson
 import pytest
-from bson import Binary, Int64, ObjectId, Timestamp
+from bson import Binary, Code, DBRef, Int64, ObjectId, Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -87,6 +88,22 @@ def test_double_keys(value, key):
     other = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
                                                                             "documentKey": {"_id": 1}}))
     assert (tok["_data"] < other["_data"]) == (value < 1)
+
+
+# key_string.cpp: kCode (160) then the code as a C string; kCodeWithScope (170) then the code and
+# the scope's elements as an object's (_appendCodeWString); a {$ref, $id} document, which pymongo
+# decodes as a DBRef, is an object like any other.
+@pytest.mark.parametrize(("value", "key"), [
+    (Code("f"), "A06600"),
+    (Code("f", {"a": 1}), "AA66001E61002B0200"),
+    (DBRef("c", 1), "463C24726566003C63001E246964002B0200"),
+])
+def test_code_and_dbref_keys(value, key):
+    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                          "documentKey": {"_id": value}}))
+    assert tok["_data"].endswith("5F6964" + "00" + key + "000004")
+    back = decode_token(tok).event_identifier["documentKey"]["_id"]
+    assert bson.encode({"v": back}) == bson.encode({"v": value})
 
 
 @pytest.mark.parametrize("token,code", [
