@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+import bson
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
@@ -212,7 +213,7 @@ class KeyStringBuilder:
         elif isinstance(value, Timestamp):
             buf += struct.pack(">II", value.time, value.inc)
         elif isinstance(value, Regex):
-            buf += _escape(value.pattern.encode()) + _escape(str(value.flags).encode())
+            buf += _escape(value.pattern.encode()) + _escape(_regex_flags(value))
 
 
     def _object_body(self, value: Mapping[str, Any]) -> None:
@@ -232,6 +233,14 @@ _FAST: dict[type, Any] = {
 _GENERIC_BY_TYPE: dict[type, int] = {ObjectId: OID, int: NUMERIC_NAN, float: NUMERIC_NAN, Int64: NUMERIC_NAN,
                                      str: STRING, dict: OBJECT, list: ARRAY, type(None): NULL, bool: FALSE,
                                      Timestamp: TIMESTAMP, Decimal128: NUMERIC_NAN}
+
+
+def _regex_flags(value: Regex[Any]) -> bytes:
+    """The flags as BSON stores them ("imx"): pymongo decodes them into re-module bits."""
+    if isinstance(value.flags, str):
+        return value.flags.encode()
+    raw = bson.encode({"": value})  # {"": regex}: header, type, name, pattern\0, flags\0, end
+    return raw[6 + len(value.pattern.encode()) + 1:-2]
 
 
 def _millis(value: datetime.datetime) -> int:

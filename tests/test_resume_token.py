@@ -5,7 +5,7 @@ import uuid
 
 import bson
 import pytest
-from bson import Binary, Code, DBRef, Int64, ObjectId, Timestamp
+from bson import Binary, Code, DBRef, Int64, ObjectId, Regex, Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -92,13 +92,15 @@ def test_double_keys(value, key):
 
 # key_string.cpp: kCode (160) then the code as a C string; kCodeWithScope (170) then the code and
 # the scope's elements as an object's (_appendCodeWString); a {$ref, $id} document, which pymongo
-# decodes as a DBRef, is an object like any other.
+# decodes as a DBRef, is an object like any other; kRegEx (140), pattern and flags (_appendRegex).
 @pytest.mark.parametrize(("value", "key"), [
     (Code("f"), "A06600"),
     (Code("f", {"a": 1}), "AA66001E61002B0200"),
     (DBRef("c", 1), "463C24726566003C63001E246964002B0200"),
+    # kRegEx, pattern, flags as BSON stores them (pymongo decodes them into re-module bits)
+    (bson.decode(bson.encode({"r": Regex("ab", "imx")}))["r"], "8C616200696D7800"),
 ])
-def test_code_and_dbref_keys(value, key):
+def test_code_regex_and_dbref_keys(value, key):
     tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
                                                                           "documentKey": {"_id": value}}))
     assert tok["_data"].endswith("5F6964" + "00" + key + "000004")
