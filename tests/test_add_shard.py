@@ -52,7 +52,9 @@ async def test_add_shard_errors_and_listing(growing):
     await sync(work)
 
 
-async def test_streams_read_a_shard_added_while_they_run(growing):
+@pytest.mark.parametrize("reader_processes", [0, 2])
+async def test_streams_read_a_shard_added_while_they_run(growing, reader_processes):
+    """With readerProcesses the new shard's tail goes to one of the stream's reader processes."""
     cluster, proxy = growing
 
     def work() -> None:
@@ -60,7 +62,8 @@ async def test_streams_read_a_shard_added_while_they_run(growing):
         direct = client(cluster.uri)
         start = c.admin.command("ping")["operationTime"]
         opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
-                                  "showExpandedEvents": True, "startAtOperationTime": start})
+                                  "showExpandedEvents": True, "startAtOperationTime": start,
+                                  "readerProcesses": reader_processes})
         native = direct.watch(start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=200)
         c.admin.command("shardCollection", "g.h", key={"_id": "hashed"})
         c.g.h.insert_many([{"_id": i} for i in range(50)])
