@@ -18,17 +18,19 @@ from __future__ import annotations
 import functools
 import struct
 from binascii import hexlify
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
 import bson
 from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
 
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "elements", "splice_crud",
+__all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "document_parts", "elements",
+           "splice_crud",
            "splice_entries", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
@@ -113,25 +115,61 @@ def _index_keys(size_class: int) -> tuple[bytes, ...]:
     return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
 
 
+def _array_parts(items: list[bytes]) -> tuple[int, Iterable[bytes]]:
+    """A BSON array of the given encoded documents as (its size, the pieces after its length).
+
+    Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
+    bytes object costs an allocation of that size, and such fresh memory faults in page by page:
+    a 400 KB reply built with three `+` took 1.3 us an event, joined once 0.1 us.
+    """
+    n = len(items)
+    size_class = n.bit_length()
+    if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
+        keys: Sequence[bytes] = _index_keys(size_class)[:n]
+    else:
+        keys = [b"\x03%d\x00" % i for i in range(n)]
+    size = 5 + sum(map(len, keys)) + sum(map(len, items))
+    return size, chain(chain.from_iterable(zip(keys, items, strict=True)), (b"\x00",))
+
+
 def array_of(items: list[bytes]) -> bytes:
     """A BSON array of the given encoded documents (the inverse of array_items)."""
-    size_class = len(items).bit_length()
-    if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
-        keys: Iterable[bytes] = _index_keys(size_class)
-    else:
-        keys = (b"\x03%d\x00" % i for i in range(len(items)))
-    body = b"".join(chain.from_iterable(zip(keys, items, strict=False)))  # keys may run longer
-    return _I32.pack(len(body) + 5) + body + b"\x00"
+    size, parts = _array_parts(items)
+    return b"".join(chain((_I32.pack(size),), parts))
 
 
 def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[bytes],
                     extra: dict[str, Any] | None = None) -> bytes:
     """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
-    spliced from the documents' own bytes: no per-document object is built or re-encoded."""
-    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})
-    tail = bson.encode(extra or {})
-    body = b"".join((head[4:-1], b"\x04", batch_field.encode(), b"\x00", array_of(items), tail[4:-1]))
-    return _I32.pack(len(body) + 5) + body + b"\x00"
+    spliced from the documents' own bytes: no per-document object is built or re-encoded, and
+    the whole document is joined once."""
+    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
+    tail = bson.encode(extra or {})[4:-1]
+    name = b"\x04" + batch_field.encode() + b"\x00"
+    array_size, array_parts = _array_parts(items)
+    size = 4 + len(head) + len(name) + array_size + len(tail) + 1
+    return b"".join(chain((_I32.pack(size), head, name, _I32.pack(array_size)), array_parts, (tail, b"\x00")))
+
+
+def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
+    """`doc` as BSON, in pieces to join once (with the wire header, by `encode_op_msg`): the
+    embedded raw documents (a reply's cursor, megabytes of events) are not copied into an
+    encoder's growing buffer, which reallocates and faults in a reply-sized block each time."""
+    parts: list[bytes | memoryview] = [b""]
+    plain: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, RawBSONDocument):
+            if plain:
+                parts.append(bson.encode(plain)[4:-1])
+                plain = {}
+            parts += (b"\x03" + key.encode() + b"\x00", value.raw)
+        else:
+            plain[key] = value
+    if plain:
+        parts.append(bson.encode(plain)[4:-1])
+    parts.append(b"\x00")
+    parts[0] = _I32.pack(sum(map(len, parts)) + 4)
+    return parts
 
 
 def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:

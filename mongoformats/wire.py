@@ -324,22 +324,24 @@ class MessageFramer:
 def encode_op_msg(
     request_id: int,
     response_to: int,
-    body: bytes,
+    body: bytes | list[bytes | memoryview],
     *,
     flags: int = 0,
     sequences: tuple[tuple[str, tuple[bytes, ...]], ...] = (),
 ) -> bytes:
-    parts = [_U32.pack(flags & ~FLAG_CHECKSUM_PRESENT), b"\x00", body]
+    """An OP_MSG; `body` is the body document's BSON, or its pieces (oplog_splice.document_parts)."""
+    # One join for the whole message: replies run to megabytes, and every `+` of such a bytes
+    # object is a fresh allocation of that size, which faults in page by page.
+    parts: list[bytes | memoryview] = [b"", _U32.pack(flags), b"\x00", *(body if isinstance(body, list) else (body,))]
     for ident, docs in sequences:
-        payload = ident.encode() + b"\x00" + b"".join(docs)
-        parts += [b"\x01", _I32.pack(len(payload) + 4), payload]
-    payload = b"".join(parts)
-    header = HEADER.pack(HEADER.size + len(payload) + (4 if flags & FLAG_CHECKSUM_PRESENT else 0),
-                         request_id, response_to, OP_MSG)
-    if flags & FLAG_CHECKSUM_PRESENT:
-        payload = _U32.pack(flags) + payload[4:]
-        return header + payload + _U32.pack(crc32c.crc32c(header + payload))
-    return header + payload
+        name = ident.encode() + b"\x00"
+        parts += [b"\x01", _I32.pack(4 + len(name) + sum(map(len, docs))), name, *docs]
+    checksum = 4 if flags & FLAG_CHECKSUM_PRESENT else 0
+    parts[0] = HEADER.pack(sum(map(len, parts)) + HEADER.size + checksum, request_id, response_to, OP_MSG)
+    message = b"".join(parts)
+    if checksum:
+        return message + _U32.pack(crc32c.crc32c(message))
+    return message
 
 
 def encode_op_reply(request_id: int, response_to: int, documents: tuple[bytes, ...], *,

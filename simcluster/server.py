@@ -22,6 +22,7 @@ from bson.codec_options import CodecOptions
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
+from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
 from simcluster.authz import required_privileges
@@ -171,7 +172,7 @@ class CommandServer:
             return _CLOSE
         if msg.more_to_come:
             return None
-        reply = wire.encode_op_msg(0, msg.request_id, bson.encode(body))
+        reply = wire.encode_op_msg(0, msg.request_id, document_parts(body))
         return wire.compress(reply, msg.compressor) if msg.compressor else reply
 
     async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:

@@ -20,6 +20,7 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
+from mongoformats.oplog_splice import document_parts
 from wireproxy.router import PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
@@ -160,7 +161,7 @@ class ClientSession:
             self.server.metrics.errors.labels(code=str(exc.code)).inc()
             reply = exc.to_reply()
         if not msg.more_to_come:
-            out = wire.encode_op_msg(self._next_reply_id(), msg.request_id, bson.encode(reply))
+            out = wire.encode_op_msg(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(out, msg.compressor)
 
     # -- the upstream's fail points on local commands (see wireproxy/failpoints.py) ----------------
