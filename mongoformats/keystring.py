@@ -8,8 +8,9 @@ is ever inverted except where the format itself inverts negative numbers.
 
 Source (facts only): mongodb/mongo src/mongo/db/storage/key_string.cpp (`CType`,
 `_appendBsonValue`, `_appendInteger`, `TypeBits`), summarized in shared/reference/mongodb-formats.md
-section A.3/A.4. Decimal128 values are keystring_decimal.py's. Not supported (raise ValueError):
-the deprecated DBPointer type, and decimals beyond the double range.
+section A.3/A.4. Decimal128 values are keystring_decimal.py's. pymongo decodes the deprecated
+Symbol, Undefined and DBPointer types as str, None and DBRef, so keys of those types are encoded
+as the types they decode to.
 """
 
 from __future__ import annotations
@@ -484,41 +485,42 @@ class KeyStringReader:
             return math.nan if kind == _TB_DOUBLE else Decimal128("NaN")
         negative = ctype in (NUM_NEG_LARGE, NUM_NEG_SMALL)
         encoded = self._magnitude(8, negative)
-        dcm = 0
-        if ctype in (NUM_NEG_LARGE, NUM_POS_LARGE):
-            if encoded == _ALL_ONES:
-                return (-math.inf if negative else math.inf) if kind == _TB_DOUBLE else \
-                    Decimal128("-Infinity" if negative else "Infinity")
-            if encoded >> 63:
-                raise ValueError("Decimal128 values beyond the double range are not supported in KeyStrings")
+        large = ctype in (NUM_NEG_LARGE, NUM_POS_LARGE)
+        if large and encoded == _ALL_ONES:
+            if kind == _TB_DOUBLE:
+                return -math.inf if negative else math.inf
+            return Decimal128("-Infinity" if negative else "Infinity")
+        if kind == _TB_DECIMAL:
+            from mongoformats.keystring_decimal import read_decimal  # (it builds on this module)
+
+            return read_decimal(large, encoded, negative, lambda: self._magnitude(8, negative),
+                                self._decimal_exponent_bits())
+        if large:
             # The shift dropped the exponent's top bit, which every double >= 2**63 has set.
             magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
-            dcm = 3 * (encoded & 1)
         elif encoded >> 62 == 0b11:
             magnitude = _double_from_bits(encoded >> 2)
-            dcm = encoded & 3
-        elif encoded >> 62:
-            magnitude = math.ldexp(_double_from_bits((encoded - (1 << 62)) >> 1), -256)
-            dcm = 3 * (encoded & 1)
         else:
-            raise ValueError("Decimal128 values below the double range are not supported in KeyStrings")
-        if kind == _TB_DOUBLE:
-            return -magnitude if negative else magnitude
-        return self._decimal(Decimal(magnitude), dcm, negative)
+            magnitude = math.ldexp(_double_from_bits((encoded - (1 << 62)) >> 1), -256)
+        return -magnitude if negative else magnitude
 
     def _magnitude(self, n: int, negative: bool) -> int:
         """The next `n` bytes as an unsigned big-endian number (stored inverted if negative)."""
         raw = self._take(n)
         return int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
 
+    def _decimal_exponent_bits(self) -> int:
+        """The low 6 bits of a decimal's biased exponent, which follow its type bits `11`."""
+        bits = 0
+        for _ in range(6):
+            bits = bits << 1 | self._next_bit()
+        return bits
+
     def _decimal(self, magnitude: Decimal, dcm: int, negative: bool) -> Decimal128:
         from mongoformats.keystring_decimal import read_decimal_value  # (it builds on this module)
 
         continuation = self._magnitude(8, negative) if dcm in (1, 3) else None
-        exponent_bits = 0
-        for _ in range(6):
-            exponent_bits = exponent_bits << 1 | self._next_bit()
-        return read_decimal_value(magnitude, dcm, continuation, negative, exponent_bits)
+        return read_decimal_value(magnitude, dcm, continuation, negative, self._decimal_exponent_bits())
 
     def _read_number(self, ctype: int) -> int | float | Decimal128:
         kind = (self._next_bit() << 1) | self._next_bit()

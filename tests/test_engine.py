@@ -269,20 +269,20 @@ async def test_a_consumer_that_stops_inside_a_batch_resumes_from_memory(cluster,
 
 
 async def test_keys_of_every_number_and_a_failing_stream_hurts_no_other(cluster, proxy):
-    """Fractional, tiny, huge and negative-zero doubles and decimals (with 34 digits too) are
-    document keys like any other. A key the engine cannot encode (a decimal beyond the double
-    range) fails that stream with InternalError, as a server fails one cursor; the proxy and its
-    other streams go on."""
+    """Fractional, tiny, huge and negative-zero doubles and decimals (with 34 digits, and beyond
+    the double range) are document keys like any other. An oplog entry the engine cannot
+    transform (an insert without _id, written straight into a shard's oplog) fails that stream
+    with InternalError, as a server fails one cursor; the proxy and its other streams go on."""
     def work():
         c = client(proxy_uri(proxy))
         before = c.admin.command("ping")["operationTime"]
-        c.d.bad.insert_one({"_id": Decimal128("1E+400")})
-        now = c.admin.command("ping")["operationTime"]  # the insert's own time
+        now, _ = cluster.shards["shard0"].oplog.append({"op": "i", "ns": "d.bad", "o": {"no": "id"}})
         after = Timestamp(now.time, now.inc + 1)
         doomed = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": before})
         ok = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": after})
         keys = [1.5, -0.0, 1e-300, -2.0**70, float("inf"), 0.1, Decimal128("0.1"), Decimal128("1.50"),
-                Decimal128("-12345678901234567890.12345678901234"), Decimal128("-0E+5"), Decimal128("NaN")]
+                Decimal128("-12345678901234567890.12345678901234"), Decimal128("-0E+5"), Decimal128("NaN"),
+                Decimal128("1E+400"), Decimal128("-2.5E-310"), Decimal128("1E-6176")]
         c.d.c.insert_many([{"_id": v} for v in keys])
         end = end_point(c)
         events = drain(c, ok["cursors"][0]["id"], end)
