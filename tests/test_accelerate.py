@@ -97,15 +97,21 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
         await sync(work)
 
 
+def _imaged_hashed_collection(cluster: Any, server: Any, db: str) -> tuple[Any, Any]:
+    """Clients to mongos and to the proxy, and `db`.h hashed over the shards with pre- and
+    post-images recorded."""
+    direct = client(cluster.uri)
+    direct.admin.command("shardCollection", f"{db}.h", key={"_id": "hashed"})
+    direct[db].command({"collMod": "h", "changeStreamPreAndPostImages": {"enabled": True}})
+    return direct, client(f"mongodb://127.0.0.1:{server.port}/")
+
+
 async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
     """fullDocumentBeforeChange: the engine reads the pre-images the shards recorded."""
     async with accelerated(shards=2) as (cluster, server):
 
         def work():
-            direct = client(cluster.uri)
-            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
-            direct.admin.command("shardCollection", "pre.h", key={"_id": "hashed"})
-            direct.pre.command({"collMod": "h", "changeStreamPreAndPostImages": {"enabled": True}})
+            direct, proxied = _imaged_hashed_collection(cluster, server, "pre")
             direct.pre.plain.insert_one({"_id": 0})
             start = direct.admin.command("ping")["operationTime"]
             direct.pre.h.insert_many([{"_id": i, "v": i} for i in range(20)])
@@ -228,10 +234,7 @@ async def test_images_of_chained_and_prepared_transactions_are_found_where_the_s
     async with accelerated(shards=2) as (cluster, server):
 
         def work():
-            direct = client(cluster.uri)
-            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
-            direct.admin.command("shardCollection", "img.h", key={"_id": "hashed"})
-            direct.img.command({"collMod": "h", "changeStreamPreAndPostImages": {"enabled": True}})
+            direct, proxied = _imaged_hashed_collection(cluster, server, "img")
             direct.img.command({"create": "u", "changeStreamPreAndPostImages": {"enabled": True}})  # one shard
             direct.img.h.insert_many([{"_id": i, "v": 0} for i in range(20)])
             direct.img.u.insert_many([{"_id": i, "v": 0} for i in range(700)])
