@@ -197,9 +197,11 @@ async def test_history_lost_when_the_oplog_no_longer_reaches_back():
             start = c.admin.command("ping")["operationTime"]
             for i in range(20):
                 c.t.c.insert_many([{"_id": i * 100 + j, "pad": "x" * 200} for j in range(100)])
-            with pytest.raises(OperationFailure) as info:
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start})
-            assert info.value.code == 286 and info.value.details["codeName"] == "ChangeStreamHistoryLost"
+            for reader_processes in (0, 1):  # the check runs where the tail runs
+                with pytest.raises(OperationFailure) as info:
+                    c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start,
+                                     "readerProcesses": reader_processes})
+                assert info.value.code == 286 and info.value.details["codeName"] == "ChangeStreamHistoryLost"
         await sync(work)
         await sync(_close_all)  # while the proxy still answers endSessions
         nursery.cancel_scope.cancel()
