@@ -206,6 +206,8 @@ class OplogTail:
 class ReadsElsewhere(Protocol):
     """Runs a ShardReader's tail somewhere else (a reader process) and reports to the reader."""
 
+    index: int  # which of the stream's reader processes (for status)
+
     async def read(self, reader: ShardReader) -> None: ...
 
 

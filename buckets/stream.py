@@ -555,6 +555,7 @@ class ParallelStream:
                         "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,
                         "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
                         "reconnects": r.stats.reconnects,
+                        "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
                         "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
             "topology": self.watcher.status() if self.watcher is not None else None,
             "buckets": [{"bucket": i, "depth": b.depth(), "retained": len(b.events), "bytes": b.budget.used,

@@ -115,6 +115,8 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
             assert ids == sorted(ids)
         status = await sync(lambda: c.admin.command({"parallelChangeStreamStatus": 1, "name": "failover"}))
         assert sum(s["reconnects"] for s in status["streams"][0]["shards"]) >= 1
+        # Which reader process reads each shard (None: the proxy process).
+        assert {s["readerProcess"] for s in status["streams"][0]["shards"]} == ({0} if reader_processes else {None})
         assert bson.encode(status)  # the status document stays valid BSON through it all
         await sync(_close_all)
         nursery.cancel_scope.cancel()
