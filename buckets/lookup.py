@@ -25,6 +25,7 @@ from bson import Binary, Int64
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.change_events import RAW, ChangeEvent
+from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import splice_before_ns
 from mongoformats.resume_token import decode_token
@@ -118,8 +119,8 @@ class DocumentLookup:
             before = pre.get(i)
             after = None
             if before is not None:
-                description = bson.decode(ev.raw)["updateDescription"]
-                after = bson.encode(post_image(bson.decode(before), description))
+                description = bson.decode(ev.raw, PLAIN)["updateDescription"]
+                after = bson.encode(post_image(bson.decode(before, PLAIN), description))
             elif required:
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for all "
                                  f"update events, but the post-image was not found for the event at {ev.cluster_time}")
@@ -130,7 +131,7 @@ class DocumentLookup:
         """Current documents by their encoded `{_id}`."""
         out: dict[bytes, bytes] = {}
         for lo in range(0, len(keys), _LOOKUP_CHUNK):
-            chunk = [bson.decode(k.raw) for k in keys[lo:lo + _LOOKUP_CHUNK]]
+            chunk = [bson.decode(k.raw, PLAIN) for k in keys[lo:lo + _LOOKUP_CHUNK]]
             cmd = {"find": coll, "filter": {"$or": chunk} if len(chunk) > 1 else chunk[0],
                    "batchSize": len(chunk), "singleBatch": True, "readConcern": {"level": "majority"}}
             reply = await self._command(_MONGOS, db, cmd)

@@ -37,6 +37,7 @@ from buckets.reader_process import ReaderHost, reader_hosts
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
+from mongoformats.codecs import PLAIN
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
@@ -237,7 +238,7 @@ class BucketCursor:
             if ev.op_type == "invalidate":  # the stream's end, as the native stream returns it
                 out.append((i, ev))
                 continue
-            doc = apply_stages(bson.decode(ev.raw), options.stages, ev.token)
+            doc = apply_stages(bson.decode(ev.raw, PLAIN), options.stages, ev.token)
             if doc is not None:
                 out.append((i, ev._replace(raw=encode_in_order(doc))))
         return out
@@ -478,7 +479,7 @@ class ParallelStream:
                 shares = {}
                 for only in buckets.values():
                     await only.put(ev)
-                    await only.put(invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime")))
+                    await only.put(invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime")))
                 self.ended = True
                 break
             route = self._routes.get(ev.namespaces)
@@ -603,7 +604,7 @@ def _event_matches(ev: ChangeEvent, match: dict[str, Any]) -> bool:
 
     from mongoformats.mql import matches
 
-    return matches(bson.decode(ev.raw), match)
+    return matches(bson.decode(ev.raw, PLAIN), match)
 
 
 def start_point(token: dict[str, Any]) -> tuple[Timestamp, bytes]:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pymongo
-from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-RAW_OPTS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+from mongoformats.codecs import RAW as RAW_OPTS
+
 CURSOR_COLLECTION = "$cmd.parallelChangeStream"
 
 

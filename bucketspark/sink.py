@@ -23,6 +23,8 @@ import pymongo
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.errors import OperationFailure
 
+from mongoformats.codecs import PLAIN
+
 _ALREADY_DONE = {26, 27, 48, 68, 85, 86}  # NamespaceNotFound, IndexNotFound, NamespaceExists, Index*
 
 
@@ -147,7 +149,7 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
         unit, unit_key = [], None
 
     for raw in events:
-        ev = bson.decode(raw) if isinstance(raw, (bytes, bytearray)) else raw
+        ev = bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw
         kind = ev["operationType"]
         stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
         txn = _txn_key(ev) if kind in DML else None

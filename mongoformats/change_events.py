@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import bson
 from bson import Timestamp
-from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
+from mongoformats.codecs import PLAIN, RAW
 from mongoformats.oplog_splice import TOKEN_TIMESTAMP, splice_crud
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_from_key, token_sort_key
 from mongoformats.update_diff import update_description_from_diff
@@ -31,9 +31,6 @@ from mongoformats.update_diff import update_description_from_diff
 __all__ = ["ChangeEvent", "OplogTransformer", "RAW", "PCS_NOTE_KEY", "ddl_note", "invalidate_event",
            "is_internal_namespace"]
 
-# Nested documents stay raw slices; UUIDs decode as bson.Binary subtype 4 (the server's bytes).
-RAW: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
-_PLAIN: CodecOptions[dict[str, Any]] = CodecOptions()
 
 # The key our proxy writes in appendOplogNote payloads that describe DDL (see buckets DDL notes).
 PCS_NOTE_KEY = "parallelChangeStreamDDL"
@@ -110,7 +107,7 @@ def _uuid(value: Any) -> uuidlib.UUID | None:
 def _plain(doc: Any) -> Any:
     """Decode a raw sub-document into Python values (types kept: Int64 stays Int64)."""
     if isinstance(doc, RawBSONDocument):
-        return bson.decode(doc.raw, _PLAIN)
+        return bson.decode(doc.raw, PLAIN)
     return doc
 
 

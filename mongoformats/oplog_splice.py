@@ -26,6 +26,7 @@ import bson
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
+from mongoformats.codecs import PLAIN
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
 
@@ -382,7 +383,7 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
             if version is None or diff is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
                 return None
             op_type = "update"
-            desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]]),
+            desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]], PLAIN),
                                                             disambiguate=expanded))
     ks_key: bytes | None
     if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey

@@ -30,6 +30,7 @@ from mongoformats.change_events import (
     with_full_document,
 )
 from mongoformats.change_stages import apply_stages, encode_in_order
+from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from simcluster.cursors import Cursor
@@ -151,8 +152,8 @@ class NativeStream:
         if not (wants_post or wants_pre):
             if not self.stages:
                 return RawBSONDocument(ev.raw, RAW)
-            return self._stages(bson.decode(ev.raw), ev.token)
-        doc = bson.decode(ev.raw)
+            return self._stages(bson.decode(ev.raw, PLAIN), ev.token)
+        doc = bson.decode(ev.raw, PLAIN)
         data = decode_token(ev.token)
         at_ts, at_index = ev.applied_at or (ev.cluster_time, data.txn_op_index)  # where they were recorded
         images = origin.images.get((data.uuid.bytes, ts_key(at_ts), at_index)) \
@@ -197,7 +198,7 @@ class NativeStream:
                     out.append(shaped)
                 last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
-                    inv = invalidate_event(ev, wall=bson.decode(ev.raw).get("wallTime"))
+                    inv = invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime"))
                     out.append(RawBSONDocument(inv.raw, RAW))
                     self.last_token = inv.token
                     self.done = True

@@ -633,7 +633,7 @@ class ShardNode(CommandServer):
                 if raws:
                     position = oplog.entry_key(raws[-1])
                     if rest:
-                        return [bson.decode(r) for r in raws if q.matches(bson.decode(r), rest)]
+                        return [bson.decode(r, DECODE) for r in raws if q.matches(bson.decode(r, DECODE), rest)]
                     return RawBatch(raws)
                 if not tailable:
                     return []

@@ -18,7 +18,7 @@ from typing import Any
 import bson
 import trio
 from bson import Binary, Int64, ObjectId
-from bson.codec_options import CodecOptions
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
@@ -33,7 +33,10 @@ log = logging.getLogger("simcluster")
 
 MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
 # Decoded commands are dicts; UUIDs stay Binary subtype 4 (no representation chosen).
-DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True)
+# Dates beyond Python's datetime (years 1-9999; BSON spans ±292 million years) decode as DatetimeMS,
+# as a server takes them (pymongo's default would refuse the command).
+DECODE: CodecOptions[Any] = CodecOptions(tz_aware=True,
+                                         datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 class Request:
     """What a handler may want beyond the command: the connection it came on."""

@@ -506,3 +506,33 @@ async def test_idle_shards_are_nudged_as_soon_as_events_wait_on_them():
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_dates_outside_pythons_range_pass_through_the_engine(cluster, proxy):
+    """BSON dates span ±292 million years, Python's datetime years 1 to 9999. Such a date as a
+    key, in a document, in an update and under a $match is an event like any other (pymongo's
+    default decoding would fail the stream)."""
+    from bson.codec_options import CodecOptions, DatetimeConversion
+    from bson.datetime_ms import DatetimeMS
+
+    def work():
+        opts = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+        c = client(proxy_uri(proxy), datetime_conversion="DATETIME_AUTO")
+        direct = client(cluster.uri, datetime_conversion="DATETIME_AUTO")
+        start = c.admin.command("ping")["operationTime"]
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": start,
+                                  "pipeline": [{"$match": {"operationType": {"$in": ["insert", "update"]}}}]})
+        early, late = DatetimeMS(-(10**15)), DatetimeMS(10**15)  # 29700 BC, 33658 AD
+        c.dt.c.insert_one({"_id": early, "when": late})
+        c.dt.c.update_one({"_id": early}, {"$set": {"when": early}})
+        end = end_point(c)
+        got = drain(c, opened["cursors"][0]["id"], end)
+        want = []
+        with direct.dt.c.watch(start_at_operation_time=start, max_await_time_ms=200) as stream:
+            while len(want) < 2:
+                ev = stream.try_next()
+                if ev is not None:
+                    want.append(ev)
+        assert [bson.encode(bson.decode(e.raw, opts)) for e in got] == [bson.encode(e) for e in want]
+        assert bson.decode(got[1].raw, opts)["updateDescription"]["updatedFields"]["when"] == early
+    await sync(work)
