@@ -21,6 +21,7 @@ Probes are sent only while such a fail point is armed, which a production cluste
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import bson
@@ -32,6 +33,7 @@ from wireproxy.upstream import UpstreamConnection
 FAIL_COMMAND = "failCommand"
 AFTER_CHECKOUT = "failGetMoreAfterCursorCheckout"
 _FOLLOWED = (FAIL_COMMAND, AFTER_CHECKOUT)
+GetUpstream = Callable[[], Awaitable[UpstreamConnection]]  # the client's pinned mongos connection
 
 
 class UpstreamFailPoints:
@@ -62,11 +64,13 @@ class UpstreamFailPoints:
             if mode["times"] <= 0:
                 del self._armed[name]
 
-    async def probe(self, up: UpstreamConnection, name: str, db: str, cmd: dict[str, Any]) -> dict[str, Any] | None:
-        """mongos's answer if its failCommand fires for the local command `name`, else None."""
+    async def probe(self, upstream: GetUpstream, name: str, db: str, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        """mongos's answer if its failCommand fires for the local command `name`, else None.
+        `upstream` is called only then: a session need not open a mongos connection for this."""
         fp = self._armed.get(FAIL_COMMAND)
         if fp is None or name not in fp["data"].get("failCommands", ()):
             return None
+        up = await upstream()
         fake = Int64(self._rng.getrandbits(62) | 1)
         if name == "getMore":
             reply = bson.decode((await up.command(db, {"getMore": fake, "collection": cmd.get("collection")},
@@ -91,7 +95,7 @@ class UpstreamFailPoints:
         self._spend(FAIL_COMMAND)
         return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
 
-    async def after_checkout(self, up: UpstreamConnection) -> MongoError | None:
+    async def after_checkout(self, upstream: GetUpstream) -> MongoError | None:
         """The error of failGetMoreAfterCursorCheckout if it fires on a getMore of the proxy's own
         cursor; mongos is then re-armed with what is left of its count."""
         fp = self._armed.get(AFTER_CHECKOUT)
@@ -108,7 +112,7 @@ class UpstreamFailPoints:
             self._spend(AFTER_CHECKOUT)
         if isinstance(mode, dict):  # a count moved: mongos's copy follows it
             left = self._armed.get(AFTER_CHECKOUT)
-            await up.command("admin", {"configureFailPoint": AFTER_CHECKOUT,
+            await (await upstream()).command("admin", {"configureFailPoint": AFTER_CHECKOUT,
                                        "mode": "off" if left is None else left["mode"], "data": data}, check=False)
         if not fires:
             return None

@@ -168,11 +168,11 @@ class ClientSession:
 
     async def fail_point_reply(self, name: str, db: str, cmd: dict[str, Any]) -> dict[str, Any] | None:
         """mongos's answer to the local command `name` if its failCommand fail point fires for it."""
-        return await self.server.fail_points.probe(await self.get_upstream(), name, db, cmd)
+        return await self.server.fail_points.probe(self.get_upstream, name, db, cmd)
 
     async def fail_after_checkout(self) -> MongoError | None:
         """The failGetMoreAfterCursorCheckout error for a getMore on a cursor of the proxy's own."""
-        return await self.server.fail_points.after_checkout(await self.get_upstream())
+        return await self.server.fail_points.after_checkout(self.get_upstream)
 
     # -- pass-through ------------------------------------------------------------------------------
 
