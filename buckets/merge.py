@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from operator import itemgetter
 
-from mongoformats.change_events import ChangeEvent
+from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, ChangeEvent
 
 __all__ = ["MergedQueue"]
 
-_SORT_KEY = itemgetter(0)   # ChangeEvent.sort_key
-_RAW = itemgetter(5)        # ChangeEvent.raw
 _COMPACT_AT = 4096          # released events are cut off a run's front in slices of at least this
 
 
@@ -42,7 +39,7 @@ class _Run:
         events, head = self.events, self.head
         if head == len(events) or events[head].sort_key > key:
             return []
-        end = len(events) if events[-1].sort_key <= key else bisect.bisect_right(events, key, head, key=_SORT_KEY)
+        end = len(events) if events[-1].sort_key <= key else bisect.bisect_right(events, key, head, key=EVENT_SORT_KEY)
         taken = events[head:end]
         if end == len(events):
             events.clear()
@@ -114,9 +111,9 @@ class MergedQueue:
         for shard, run in self._runs.items():
             taken = run.take_through(frontier)
             if taken:
-                freed[shard] = sum(map(len, map(_RAW, taken)))
+                freed[shard] = sum(map(len, map(EVENT_BYTES, taken)))
                 out += taken
                 runs += 1
         if runs > 1:
-            out.sort(key=_SORT_KEY)  # stable: equal keys keep shard order
+            out.sort(key=EVENT_SORT_KEY)  # stable: equal keys keep shard order
         return out, freed

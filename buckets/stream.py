@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 import bson
@@ -35,7 +34,7 @@ from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, reader_hosts
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
-from mongoformats.change_events import ChangeEvent, OplogTransformer, invalidate_event
+from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
@@ -46,8 +45,6 @@ log = logging.getLogger("buckets.stream")
 
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
-_SORT_KEY = itemgetter(0)  # ChangeEvent.sort_key
-_RAW = itemgetter(5)       # ChangeEvent.raw
 
 
 @dataclass(frozen=True)
@@ -165,12 +162,12 @@ class Bucket:
             events = [ev for ev in events if ev.sort_key > self.floor]
             if not events:
                 return
-        n = sum(map(len, map(_RAW, events)))
+        n = sum(map(len, map(EVENT_BYTES, events)))
         self._drop_delivered(n)
         # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
         if self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
             self.events += events
-            self.keys += map(_SORT_KEY, events)
+            self.keys += map(EVENT_SORT_KEY, events)
         else:
             for ev in events:
                 if not self.put_nowait(ev):
@@ -600,8 +597,6 @@ def _invalidates(ev: ChangeEvent, scope: tuple[str, str | None]) -> bool:
 
 
 def _event_matches(ev: ChangeEvent, match: dict[str, Any]) -> bool:
-    import bson
-
     from mongoformats.mql import matches
 
     return matches(bson.decode(ev.raw, PLAIN), match)

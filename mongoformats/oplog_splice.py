@@ -31,8 +31,7 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifte
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "document_parts", "elements",
-           "splice_crud",
-           "splice_entries", "timestamp_of"]
+           "splice_crud", "splice_entries", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
