@@ -184,7 +184,7 @@ async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -
     if credentials is not None:
         try:
             await authenticate(conn, credentials)
-        except BaseException:
+        except BaseException:  # a refused login, a dead socket or a cancellation: no socket leaks
             await conn.aclose()
             raise
     return conn
