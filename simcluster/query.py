@@ -53,32 +53,53 @@ def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[
 
 
 def _walk(doc: dict[str, Any], path: str, create: bool) -> tuple[Any, str]:
+    """(the element holding `path`'s last part, that part). With `create` the missing parents are
+    made as the server makes them: documents, and an array index past the end pads the array with
+    nulls. A scalar (or an array asked for a field name) in the way is PathNotViable (28) then;
+    without `create` it means the path is missing: (None, last)."""
     parts = path.split(".")
     cur: Any = doc
+    name = ""
     for part in parts[:-1]:
-        if isinstance(cur, list):
+        if isinstance(cur, list) and part.isdigit():
             idx = int(part)
+            if idx >= len(cur):
+                if not create:
+                    return None, parts[-1]
+                cur.extend([None] * (idx - len(cur)))
+                cur.append({})
             cur = cur[idx]
-            continue
-        if part not in cur:
-            if not create:
-                return None, parts[-1]
-            cur[part] = {}
-        cur = cur[part]
+        elif isinstance(cur, dict):
+            if part not in cur:
+                if not create:
+                    return None, parts[-1]
+                cur[part] = {}
+            cur = cur[part]
+        elif create:
+            raise _not_viable(part, name, cur)
+        else:
+            return None, parts[-1]
+        name = part
+    if create and not isinstance(cur, (dict, list)):
+        raise _not_viable(parts[-1], name, cur)
     return cur, parts[-1]
+
+
+def _not_viable(field: str, name: str, value: Any) -> MongoError:
+    return MongoError(28, f"Cannot create field '{field}' in element {{{name}: {value!r}}}")
 
 
 def _set(doc: dict[str, Any], path: str, value: Any) -> None:
     parent, last = _walk(doc, path, True)
     if isinstance(parent, list):
+        if not last.isdigit():
+            raise _not_viable(last, path.rpartition(".")[0].rpartition(".")[2], parent)
         idx = int(last)
         while len(parent) <= idx:
             parent.append(None)
         parent[idx] = value
-    elif isinstance(parent, dict):
-        parent[last] = value
     else:
-        raise MongoError(28, f"Cannot create field '{last}' in element {{{path}: {parent!r}}}")
+        parent[last] = value
 
 
 def _get(doc: dict[str, Any], path: str) -> Any:

@@ -13,7 +13,7 @@ import bson
 import pytest
 from bson import Int64
 from bson.raw_bson import RawBSONDocument
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from mongoformats.change_events import RAW, OplogTransformer
 from mongoformats.resume_token import decode_token
@@ -48,6 +48,16 @@ async def test_crud_and_errors(cluster):
         assert [d["_id"] for d in coll.find({"n": {"$gte": 3}}).sort("n", -1)] == [2, 4, 3]
         assert coll.count_documents({"n": {"$in": [0, 1]}}) == 2
         assert sorted(coll.distinct("n")) == [0, 1, 3, 4, 12]
+        # A path through an index past an array's end pads it with nulls, as the server does; a
+        # scalar in a path's way is PathNotViable (28), the document unchanged.
+        coll.insert_one({"_id": "arr", "arr": [1], "s": 5})
+        coll.update_one({"_id": "arr"}, {"$set": {"arr.2.q": 1}})
+        assert coll.find_one({"_id": "arr"})["arr"] == [1, None, {"q": 1}]
+        for path in ("arr.0.q", "s.t", "s.t.u", "arr.x"):
+            with pytest.raises(WriteError) as write_error:
+                coll.update_one({"_id": "arr"}, {"$set": {path: 2}})
+            assert write_error.value.code == 28, path
+        assert coll.find_one({"_id": "arr"}) == {"_id": "arr", "arr": [1, None, {"q": 1}], "s": 5}
         with pytest.raises(OperationFailure) as err:
             c.t.command("noSuchCommand")
         assert err.value.code == 59 and err.value.details["codeName"] == "CommandNotFound"
