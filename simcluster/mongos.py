@@ -13,7 +13,6 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import bson
 from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 
 from mongoformats.errors import MongoError, has_category
@@ -24,13 +23,16 @@ from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
+from simcluster.storage import id_key
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 
 
 def hashed_value(value: Any) -> Int64:
-    """The int64 a hashed shard key maps a value to (md5 of the value, first 8 bytes, like the server's
-    BSONElementHasher in spirit; exact server hash values are not reproduced)."""
-    digest = hashlib.md5(bson.encode({"": value})).digest()
+    """The int64 a hashed shard key maps a value to (md5 of the value's index key, first 8 bytes, like
+    the server's BSONElementHasher in spirit; exact server hash values are not reproduced). Values the
+    _id index holds equal (1, 1.0, NumberLong(1)) hash alike, so they meet on one shard, where the
+    second is a duplicate key, as on a real cluster."""
+    digest = hashlib.md5(id_key(value)).digest()
     return Int64(struct.unpack("<q", digest[:8])[0])
 
 
@@ -94,7 +96,7 @@ class Mongos(CommandServer):
             "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
             "listindexes": self.cmd_list_indexes, "enablesharding": self.cmd_enable_sharding,
             "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
-            "movechunk": self.cmd_move_chunk, "addshard": self.cmd_add_shard,
+            "movechunk": self.cmd_move_chunk, "split": self.cmd_split, "addshard": self.cmd_add_shard,
             "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
             "balancerstatus": self.cmd_balancer_status, "getshardmap": self.cmd_list_shards,
             "dbstats": self.cmd_db_stats, "appendoplognote": self.cmd_append_oplog_note,
@@ -507,6 +509,29 @@ class Mongos(CommandServer):
               "presplitHashedZones": False}
         primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4))
         return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
+
+    async def cmd_split(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """sh.splitAt: `{split: ns, middle: {<shard key>: value}}` cuts the chunk holding `middle`
+        in two there (for a hashed key, `middle` holds a hash value, as on the server). Both halves
+        stay on the chunk's shard; nothing moves, nothing is logged."""
+        ns = cmd["split"]
+        sc = self.sharded.get(ns)
+        if sc is None:
+            raise MongoError("NamespaceNotSharded", f"{ns} is not sharded")
+        if not isinstance(cmd.get("middle"), dict):
+            raise MongoError("InvalidOptions", "split needs a 'middle' key here (the 'find' and 'bounds' forms "
+                                               "are not simulated)")
+        field = next(iter(sc.key))
+        got = q.get_path(cmd["middle"], field)
+        point = got[0] if got else None
+        for i, c in enumerate(sc.chunks):
+            if (isinstance(c.min, MinKey) or q.compare(point, c.min) >= 0) and (
+                    isinstance(c.max, MaxKey) or q.compare(point, c.max) < 0):
+                if not isinstance(c.min, MinKey) and q.compare(point, c.min) == 0:
+                    raise MongoError("CannotSplit", f"cannot split a chunk of {ns} at its lower bound {cmd['middle']}")
+                sc.chunks[i:i + 1] = [Chunk(c.min, point, c.shard), Chunk(point, c.max, c.shard)]
+                return {}
+        raise MongoError("CannotSplit", f"no chunk of {ns} holds {cmd['middle']}")
 
     async def cmd_move_chunk(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = cmd["moveChunk"]

@@ -115,7 +115,8 @@ class SentInserts:
             assert coll is not None
             self.head = bson.encode({"op": "i", "ns": self.ns, "ui": coll.ui})[4:-1] + b"\x03o\x00"
         t, value = ident
-        key = b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value)  # id_key(_id), from the bytes
+        # A string's or an ObjectId's id_key is its BSON bytes: made straight from the sent bytes.
+        key = b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value) if t in (0x02, 0x07) else id_key(doc["_id"])
         coll.check_unique(doc, self.ns, key=key)
         coll.put(doc, key=key)
         if self.whole_key:

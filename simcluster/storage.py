@@ -8,14 +8,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import bson
-from bson import Binary
+from bson import Binary, ObjectId
 
 from mongoformats.errors import MongoError
+from mongoformats.keystring import KeyStringBuilder
+
+# Keys of the KeyString kind start with what no BSON document starts with (a length of 0), so they
+# never meet the BSON-bytes kind in one dict.
+_KEYSTRING_KIND = b"\x00\x00\x00\x00"
 
 
 def id_key(value: Any) -> bytes:
-    """A hashable key for an _id (or any value): its BSON bytes, which are unique per value and type."""
-    return bson.encode({"": value})
+    """A hashable key for an _id: equal for values the server's _id index holds equal.
+
+    An index compares values, not types: 1, 1.0, NumberLong(1) and Decimal128("1") are one key,
+    as are {a: 1} and {a: 1.0}, so a second of them is a duplicate key. The server's index keys are
+    KeyStrings without type bits; those are used here. ObjectIds and strings (the usual _ids) equal
+    only themselves, so their BSON bytes serve and cost less; ShardNode's insert path builds those
+    bytes straight from the document it was sent.
+    """
+    if type(value) is ObjectId or type(value) is str:
+        return bson.encode({"": value})
+    return index_key([value])
+
+
+def index_key(values: list[Any]) -> bytes:
+    """The key of an index entry with these field values (see id_key)."""
+    ks = KeyStringBuilder()
+    for value in values:
+        ks.append(value)
+    return _KEYSTRING_KIND + ks.data
 
 
 @dataclass
@@ -34,7 +56,7 @@ class Index:
         for f in self.key:
             got = get_path(doc, f)
             vals.append(got[0] if got else None)
-        return bson.encode({"k": vals})
+        return index_key(vals)
 
     def key_value(self, doc: dict[str, Any]) -> dict[str, Any]:
         from simcluster.query import get_path

@@ -282,10 +282,11 @@ async def test_keys_of_every_number_and_a_failing_stream_hurts_no_other(cluster,
         after = Timestamp(now.time, now.inc + 1)
         doomed = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": before})
         ok = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": after})
-        keys = [1.5, -0.0, 1e-300, -2.0**70, float("inf"), 0.1, Decimal128("0.1"), Decimal128("1.50"),
-                Decimal128("-12345678901234567890.12345678901234"), Decimal128("-0E+5"), Decimal128("NaN"),
-                Decimal128("1E+400"), Decimal128("-2.5E-310"), Decimal128("1E-6176")]
-        c.d.c.insert_many([{"_id": v} for v in keys])
+        keys = [1.5, -0.0, 1e-300, -2.0**70, float("inf"), 0.1, Decimal128("0.1"), Decimal128("3.50"),
+                Decimal128("-12345678901234567890.12345678901234"), Decimal128("NaN"),
+                Decimal128("1E+400"), Decimal128("-2.5E-310"), Decimal128("1E-6176"), Decimal128("-0E+5")]
+        c.d.c.insert_many([{"_id": v} for v in keys[:-1]])
+        c.d.zero.insert_one({"_id": keys[-1]})  # equal to -0.0, so a duplicate key in d.c
         end = end_point(c)
         events = drain(c, ok["cursors"][0]["id"], end)
         got = [e["documentKey"]["_id"] for e in events]
