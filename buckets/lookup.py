@@ -27,6 +27,8 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats.change_events import RAW, ChangeEvent
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
+from mongoformats.keystring import KeyStringBuilder
+from mongoformats.mql import get_path
 from mongoformats.oplog_splice import splice_before_ns
 from mongoformats.resume_token import decode_token
 from mongoformats.update_diff import post_image
@@ -34,6 +36,23 @@ from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 _LOOKUP_CHUNK = 500  # keys per find: bounds the $or (or $in) a server evaluates
 _MONGOS = ""         # the connection key of the upstream mongos (shards use their id)
+
+
+# A documentKey's field names, and its values as an index compares them (1 and 1.0 are one key).
+_Identity = tuple[tuple[str, ...], bytes]
+
+
+def _key_identity(key: dict[str, Any]) -> _Identity:
+    ks = KeyStringBuilder()
+    for value in key.values():
+        ks.append(value)
+    return tuple(key), ks.data
+
+
+def _field(doc: dict[str, Any], path: str) -> Any:
+    """The value at a shard key's dotted path (null when missing, as a documentKey holds it)."""
+    values = get_path(doc, path)
+    return values[0] if values else None
 
 
 class DocumentLookup:
@@ -61,10 +80,10 @@ class DocumentLookup:
             return events
         out = list(events)
         for (db, coll), indexes in updates.items():
-            keys = [RawBSONDocument(events[i].raw, RAW)["documentKey"] for i in indexes]
+            keys = [bson.decode(RawBSONDocument(events[i].raw, RAW)["documentKey"].raw, PLAIN) for i in indexes]
             found = await self._find(db, coll, keys)
             for i, key in zip(indexes, keys, strict=True):
-                doc = found.get(bson.encode({"_id": key["_id"]}))
+                doc = found.get(_key_identity(key))
                 out[i] = out[i]._replace(raw=splice_before_ns(out[i].raw, "fullDocument", doc))
         return out
 
@@ -127,16 +146,25 @@ class DocumentLookup:
             out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocument", after))
         return out
 
-    async def _find(self, db: str, coll: str, keys: list[Any]) -> dict[bytes, bytes]:
-        """Current documents by their encoded `{_id}`."""
-        out: dict[bytes, bytes] = {}
-        for lo in range(0, len(keys), _LOOKUP_CHUNK):
-            chunk = [bson.decode(k.raw, PLAIN) for k in keys[lo:lo + _LOOKUP_CHUNK]]
+    async def _find(self, db: str, coll: str, keys: list[dict[str, Any]]) -> dict[_Identity, bytes]:
+        """Current documents by the identity of their documentKey. Matched on the whole key, as the
+        server's updateLookup matches: the shard key and `_id`, since `_id` alone is unique only on
+        each shard."""
+        wanted = {_key_identity(k): k for k in keys}  # a document updated twice in a batch: found once
+        shapes = {names for names, _ in wanted}
+        unique = list(wanted.values())
+        out: dict[_Identity, bytes] = {}
+        for lo in range(0, len(unique), _LOOKUP_CHUNK):
+            chunk = unique[lo:lo + _LOOKUP_CHUNK]
             cmd = {"find": coll, "filter": {"$or": chunk} if len(chunk) > 1 else chunk[0],
                    "batchSize": len(chunk), "singleBatch": True, "readConcern": {"level": "majority"}}
             reply = await self._command(_MONGOS, db, cmd)
-            for doc in reply["cursor"]["firstBatch"]:
-                out[bson.encode({"_id": doc["_id"]})] = doc.raw
+            for raw in reply["cursor"]["firstBatch"]:
+                doc = bson.decode(raw.raw, PLAIN)
+                for names in shapes:
+                    identity = _key_identity({name: _field(doc, name) for name in names})
+                    if identity in wanted:
+                        out[identity] = raw.raw
         return out
 
     async def _command(self, target: str, db: str, cmd: dict[str, Any]) -> RawBSONDocument:

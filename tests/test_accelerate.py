@@ -10,7 +10,8 @@ from typing import Any
 import bson
 import pytest
 import trio
-from pymongo.errors import OperationFailure
+from bson import Decimal128, Int64
+from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
@@ -94,6 +95,42 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
             updates = [e for e in got if e["operationType"] == "update"]
             assert len(updates) == 11 and sum(u["fullDocument"] is None for u in updates) == 1
             assert all(u["fullDocument"]["low"] is True for u in updates if u["fullDocument"] is not None)
+        await sync(work)
+
+
+async def test_update_lookup_tells_documents_apart_by_the_whole_document_key():
+    """`_id` is unique only on each shard: two documents with one `_id` on two shards differ by their
+    shard key, and the engine's updateLookup finds each its own document, as mongos does. Values an
+    index holds equal (14, 14.0, NumberLong 14) are one `_id`, in simcluster as on a server."""
+    async with accelerated(shards=2) as (cluster, server):
+
+        def work():
+            direct = client(cluster.uri)
+            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
+            direct.admin.command("shardCollection", "acc.r", key={"k": 1})
+            direct.admin.command("split", "acc.r", middle={"k": 500})
+            shards = sorted(s["_id"] for s in direct.admin.command("listShards")["shards"])
+            direct.admin.command("moveChunk", "acc.r", find={"k": 1}, to=shards[0])
+            direct.admin.command("moveChunk", "acc.r", find={"k": 900}, to=shards[1])
+            start = direct.admin.command("ping")["operationTime"]
+            direct.acc.r.insert_many([{"_id": 1, "k": 1}, {"_id": 1, "k": 900}])
+            direct.acc.r.update_many({"_id": 1}, {"$set": {"seen": True}})
+            direct.acc.r.insert_one({"_id": "end", "k": 2, "marker": True})
+            want = _collect(direct.acc.r.watch(start_at_operation_time=start, max_await_time_ms=200,
+                                               full_document="updateLookup"), _is_marker)
+            got = _collect(proxied.acc.r.watch(start_at_operation_time=start, max_await_time_ms=200,
+                                               full_document="updateLookup"), _is_marker)
+            assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want]
+            assert sorted((e["documentKey"]["k"], e["fullDocument"]["k"]) for e in got
+                          if e["operationType"] == "update") == [(1, 1), (900, 900)]
+            direct.admin.command("shardCollection", "acc.h", key={"_id": "hashed"})
+            for coll in (direct.acc.plain, direct.acc.h):
+                coll.insert_one({"_id": 14})
+                for same in (14.0, Int64(14), Decimal128("14")):
+                    with pytest.raises(DuplicateKeyError):
+                        coll.insert_one({"_id": same})
+                assert coll.count_documents({}) == 1
+
         await sync(work)
 
 
