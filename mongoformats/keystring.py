@@ -33,6 +33,7 @@ NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
 # Doubles outside the integer encodings (V1): |x| < 1, |x| >= 2**63 (and infinities).
 NUM_NEG_LARGE, NUM_NEG_SMALL, NUM_POS_SMALL, NUM_POS_LARGE = 0x1F, 0x28, 0x2A, 0x33
 _MIN_LARGE_DOUBLE = 2.0**63
+_INT64_MIN = -(2**63)
 _TINIEST_WITH_2BIT_DCM = 2.0**-255       # smaller doubles are scaled up by 2**256 first
 _ALL_ONES = (1 << 64) - 1
 STRING, OBJECT, ARRAY, BINDATA, OID = 0x3C, 0x46, 0x50, 0x5A, 0x64
@@ -132,6 +133,8 @@ class KeyStringBuilder:
             return TRUE if value else FALSE
         if isinstance(value, float) and not _is_integer_double(value):
             return double_key(value)[0]
+        if isinstance(value, int) and value == _INT64_MIN:
+            return NUM_NEG_LARGE
         if isinstance(value, (int, float)):
             return _integer_ctype(_integral(value))
         if isinstance(value, Code):  # a str subclass: before str
@@ -183,6 +186,10 @@ class KeyStringBuilder:
                 self._numeric_bits(_TB_INT32)
             else:
                 self._numeric_bits(_TB_INT64)
+            if value == _INT64_MIN and not isinstance(value, float):
+                # No positive int64 holds its magnitude: keyed as that double (_appendInteger).
+                buf += double_key(float(value))[1:]
+                return
             v = _integral(value)
             if v:
                 buf += preshifted_key(abs(v) << 1, v < 0)[1:]  # (its type byte is written already)
@@ -308,6 +315,10 @@ def _double_bits(value: float) -> int:
 
 def _double_from_bits(bits: int) -> float:
     return float(struct.unpack(">d", bits.to_bytes(8, "big"))[0])
+
+
+# The body of Int64(-2**63)'s key: the double -2**63's (see `_append_body`).
+_INT64_MIN_BODY = double_key(float(_INT64_MIN))[1:]
 
 
 def _integral(value: int | float) -> int:
@@ -479,6 +490,8 @@ class KeyStringReader:
 
     def _read_double(self, ctype: int) -> float | Decimal128:
         kind = self._next_bit() << 1 | self._next_bit()
+        if kind == _TB_INT64 and ctype == NUM_NEG_LARGE and self._take(8) == _INT64_MIN_BODY:
+            return Int64(_INT64_MIN)  # the one integer keyed as a double
         if kind not in (_TB_DOUBLE, _TB_DECIMAL):
             raise ValueError(f"a KeyString number with type byte {ctype:#04x} must be a double or a decimal")
         if ctype == NUMERIC_NAN:
