@@ -6,49 +6,56 @@ events). BSON types are the codec's: int (Int32), Int64, float, str, dict, list,
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from bson import Int64, ObjectId
+from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.datetime_ms import DatetimeMS
 from bson.son import SON
 
 from mongoformats.errors import MongoError
+from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE, KeyStringBuilder
 
 _MISSING = object()
 
-# BSON canonical type order, for comparisons across types (server: canonicalizeBSONType).
-_TYPE_ORDER = {type(None): 1, int: 2, float: 2, Int64: 2, str: 3, dict: 4, SON: 4, list: 5, bytes: 6,
-               ObjectId: 7, bool: 8}
+
+# $type: BSON type numbers -> the Python types pymongo decodes them to (string aliases below).
+_TYPES: dict[int | str, tuple[type, ...]] = {
+    1: (float,), 2: (str,), 3: (dict, SON, DBRef), 4: (list,), 5: (bytes, Binary), 7: (ObjectId,), 8: (bool,),
+    9: (datetime.datetime, DatetimeMS), 10: (type(None),), 11: (Regex,), 13: (Code,), 16: (int,), 17: (Timestamp,),
+    18: (Int64,), 19: (Decimal128,), -1: (MinKey,), 127: (MaxKey,),
+    "number": (int, Int64, float, Decimal128),
+}
+_TYPE_ALIASES = {"double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
+                 "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
+                 "decimal": 19, "minKey": -1, "maxKey": 127}
 
 
-def _order(v: Any) -> int:
-    for t, rank in _TYPE_ORDER.items():
-        if type(v) is t:
-            return rank
-    return 10
+def sort_key(value: Any) -> bytes:
+    """`value`'s place in BSON's comparison order: its KeyString without type bits. The server's
+    index keys are these bytes, built to order values as BSONObj::woCompare does: first by
+    canonical type (MinKey, null, numbers, strings, objects, arrays, binData, ObjectId, bool, date,
+    timestamp, regex, code, MaxKey), then by value, numbers of every type exactly against each
+    other (so 1, 1.0, NumberLong(1) and Decimal128("1") are equal)."""
+    ks = KeyStringBuilder()
+    ks.append(value)
+    return ks.data
 
 
 def compare(a: Any, b: Any) -> int:
-    oa, ob = _order(a), _order(b)
-    if oa != ob:
-        return -1 if oa < ob else 1
-    if isinstance(a, Mapping):
-        for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=False):
-            c = compare(ka, kb) or compare(va, vb)
-            if c:
-                return c
-        return (len(a) > len(b)) - (len(a) < len(b))
-    if isinstance(a, list):
-        for va, vb in zip(a, b, strict=False):
-            c = compare(va, vb)
-            if c:
-                return c
-        return (len(a) > len(b)) - (len(a) < len(b))
-    try:
-        return (a > b) - (a < b)
-    except TypeError:
-        return 0
+    ka, kb = sort_key(a), sort_key(b)
+    return (ka > kb) - (ka < kb)
+
+
+def _bracket(value: Any) -> int:
+    """The canonical type of `value` (canonicalizeBSONType): a query's comparisons only match
+    values of the comparand's type ("type bracketing"), every number being of one type."""
+    ctype = sort_key(value)[0]
+    if NUMERIC_NAN <= ctype < STRING:
+        return NUMERIC_NAN
+    return FALSE if ctype == TRUE else ctype
 
 
 def get_path(doc: Any, path: str) -> list[Any]:
@@ -82,15 +89,16 @@ def _candidates(values: list[Any]) -> list[Any]:
 def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
     cands = _candidates(values)
     if op == "$eq":
-        return any(compare(v, arg) == 0 and _order(v) == _order(arg) for v in cands) or (
-            arg is None and not values)
+        return any(compare(v, arg) == 0 for v in cands) or (arg is None and not values)
     if op == "$ne":
         return not _match_op("$eq", arg, values, doc, path)
     if op in ("$gt", "$gte", "$lt", "$lte"):
         want = {"$gt": (1,), "$gte": (0, 1), "$lt": (-1,), "$lte": (-1, 0)}[op]
-        return any(_order(v) == _order(arg) and compare(v, arg) in want for v in cands)
-    if op == "$in":
-        return any(_match_op("$eq", a, values, doc, path) for a in arg)
+        bracket = _bracket(arg)
+        return any(_bracket(v) == bracket and compare(v, arg) in want for v in cands)
+    if op == "$in":  # a regular expression in the list matches strings, as one outside it does
+        return any(_regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else
+                   _match_op("$eq", a, values, doc, path) for a in arg)
     if op == "$nin":
         return not _match_op("$in", arg, values, doc, path)
     if op == "$exists":
@@ -110,9 +118,12 @@ def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool
     if op == "$options":
         return True
     if op == "$type":
-        names = {"double": float, "string": str, "object": dict, "array": list, "objectId": ObjectId,
-                 "bool": bool, "null": type(None), "int": int, "long": Int64}
-        wanted = [names.get(a) if isinstance(a, str) else None for a in (arg if isinstance(arg, list) else [arg])]
+        wanted: set[type] = set()
+        for name in arg if isinstance(arg, list) else [arg]:
+            types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
+            if types is None:
+                raise MongoError("BadValue", f"Unknown type name alias: {name}")
+            wanted.update(types)
         return any(type(v) in wanted for v in values)
     raise MongoError("BadValue", f"unknown operator: {op}")
 
@@ -130,9 +141,14 @@ def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
             return any(isinstance(v, str) and pattern.search(v) for v in _candidates(values)) and all(
                 _match_op(k, v, values, doc, path) for k, v in rest.items())
         return all(_match_op(k, v, values, doc, path) for k, v in cond.items())
-    if isinstance(cond, re.Pattern):
-        return any(isinstance(v, str) and cond.search(v) for v in _candidates(values))
+    if isinstance(cond, (re.Pattern, Regex)):
+        return _regex_matches(cond, values)
     return _match_op("$eq", cond, values, doc, path)
+
+
+def _regex_matches(pattern: re.Pattern[str] | Regex[Any], values: list[Any]) -> bool:
+    compiled = pattern.try_compile() if isinstance(pattern, Regex) else pattern
+    return any(isinstance(v, str) and compiled.search(v) for v in _candidates(values))
 
 
 def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:

@@ -8,16 +8,18 @@ document and the `$v: 2` diff the server would log for it (mongodb-formats.md C.
 from __future__ import annotations
 
 import copy
+import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from bson import Int64, ObjectId
+from bson import Int64, ObjectId, Regex
 
 from mongoformats.errors import MongoError
-from mongoformats.mql import _MISSING, _match_value, _order, compare, get_path, matches
+from mongoformats.mql import _MISSING, _match_value, compare, get_path, matches, sort_key
 
 __all__ = ["compare", "get_path", "matches", "project", "sort_docs", "apply_update", "compute_diff",
-           "_MISSING", "_order", "ObjectId"]
+           "_MISSING", "ObjectId"]
 
 def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:
     if not projection:
@@ -34,18 +36,43 @@ def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[s
     return {k: v for k, v in doc.items() if not (k in projection and not projection[k])}
 
 
+def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
+    """The `_id` values a filter can only match (`{_id: v, ...}`, `{_id: {$in: [...]}, ...}`, or an
+    `$or` of such branches), or None when it may match others: those filters are answered from
+    the `_id` index, as the server's planner answers them, instead of a collection scan (the
+    engine's lookups send an `$or` of up to 500 document keys)."""
+    if set(filt) == {"$or"} and isinstance(filt["$or"], list):
+        out: list[Any] = []
+        for branch in filt["$or"]:
+            ids = pinned_ids(branch) if isinstance(branch, Mapping) else None
+            if ids is None:
+                return None
+            out += ids
+        return out
+    if "_id" not in filt:
+        return None
+    cond = filt["_id"]
+    if not isinstance(cond, Mapping) or not any(str(k).startswith("$") for k in cond):
+        return [cond]
+    if set(cond) == {"$eq"}:
+        return [cond["$eq"]]
+    if set(cond) == {"$in"} and isinstance(cond["$in"], list) and not any(
+            isinstance(v, (re.Pattern, Regex)) for v in cond["$in"]):
+        return list(cond["$in"])
+    return None
+
+
 def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    import functools
+    """`docs` in the order of `spec` ({field: 1 | -1}), values in BSON order (a missing field as null).
+    One stable sort per field, the last field first: each value's key is built once."""
+    out = list(docs)
+    for field, direction in reversed(list(spec.items())):
+        out.sort(key=functools.partial(_field_key, field), reverse=direction < 0)
+    return out
 
-    def cmp(a: dict[str, Any], b: dict[str, Any]) -> int:
-        for field, direction in spec.items():
-            va, vb = get_path(a, field), get_path(b, field)
-            c = compare(va[0] if va else None, vb[0] if vb else None)
-            if c:
-                return c * (1 if direction >= 0 else -1)
-        return 0
 
-    return sorted(docs, key=functools.cmp_to_key(cmp))
+def _field_key(field: str, doc: dict[str, Any]) -> bytes:
+    return sort_key(next(iter(get_path(doc, field)), None))
 
 
 # ---------------------------------------------------------------------------------------------

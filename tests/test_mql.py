@@ -1,0 +1,71 @@
+"""mongoformats.mql: BSON comparison order and query matching, as the server compares values
+(shared by simcluster's queries and the engine's $match on events)."""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mongoformats.mql import compare, matches
+
+# One value of each canonical type, in the order the server documents for comparison and sort
+# (docs: "Comparison/Sort Order"): MinKey, null, numbers, strings, objects, arrays, binData,
+# ObjectId, booleans, dates, timestamps, regular expressions, MaxKey.
+ASCENDING = [MinKey(), None, -1e300, -3, 0, Decimal128("0.5"), 1.0, Int64(2**40), "", "a", "b", {}, {"a": 1}, [],
+             [1], Binary(b"", 0), Binary(b"\x00", 0), ObjectId("000000000000000000000000"), False, True,
+             datetime.datetime(1970, 1, 1), datetime.datetime(2020, 1, 1), Timestamp(1, 1), Timestamp(1, 2),
+             Regex("a"), Code("x"), MaxKey()]
+
+
+def test_values_of_every_type_compare_in_the_servers_order():
+    for i, a in enumerate(ASCENDING):
+        for j, b in enumerate(ASCENDING):
+            assert compare(a, b) == (i > j) - (i < j), (a, b)
+
+
+numbers = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**63 - 1).map(Int64),
+                    st.integers(-(2**53), 2**53).map(float))
+
+
+@given(numbers, numbers)
+def test_numbers_of_every_type_compare_by_value(a, b):
+    assert compare(a, b) == (int(a) > int(b)) - (int(a) < int(b))
+    assert compare(Decimal128(str(int(a))), b) == compare(a, b)
+
+
+def test_equality_matches_equal_numbers_and_nothing_of_another_type():
+    docs = [{"_id": 14}, {"_id": 14.0}, {"_id": Int64(14)}, {"_id": Decimal128("14")}, {"_id": Decimal128("14.5")},
+            {"_id": datetime.datetime(2020, 1, 1)}, {"_id": Binary(b"x", 4)}, {"_id": "14"}, {"_id": [14]}]
+    # Before, any two values of types the comparison did not know (Decimal128, dates, binData) were equal.
+    for probe, want in ((14, 5), (Decimal128("14.5"), 1), (datetime.datetime(2020, 1, 1), 1), ("14", 1)):
+        assert sum(matches(d, {"_id": probe}) for d in docs) == want, probe
+    assert [d["_id"] for d in docs if matches(d, {"$or": [{"_id": Decimal128("14.5")}, {"_id": "14"}]})] == [
+        Decimal128("14.5"), "14"]
+
+
+def test_range_operators_only_match_values_of_the_comparands_type():
+    docs = [{"v": 5}, {"v": Decimal128("7.5")}, {"v": "z"}, {"v": datetime.datetime(2020, 1, 1)}, {"v": None},
+            {"v": True}, {"v": MaxKey()}]
+    assert [d["v"] for d in docs if matches(d, {"v": {"$gt": 1}})] == [5, Decimal128("7.5")]
+    assert [d["v"] for d in docs if matches(d, {"v": {"$lt": "zz"}})] == ["z"]
+    assert [d["v"] for d in docs if matches(d, {"v": {"$gte": datetime.datetime(2000, 1, 1)}})] == [
+        datetime.datetime(2020, 1, 1)]
+    assert [d["v"] for d in docs if matches(d, {"v": {"$gte": False}})] == [True]
+    assert [d["v"] for d in docs if matches(d, {"v": {"$in": [Decimal128("5"), re.compile("^z")]}})] == [5, "z"]
+
+
+def test_type_matches_by_alias_or_number():
+    docs = [{"v": 1}, {"v": Int64(1)}, {"v": 1.5}, {"v": Decimal128("1")}, {"v": "s"},
+            {"v": datetime.datetime(2020, 1, 1)}, {"v": Timestamp(1, 1)}, {"v": True}, {"v": None}]
+
+    def typed(alias):
+        return [d["v"] for d in docs if matches(d, {"v": {"$type": alias}})]
+
+    assert typed("number") == [1, Int64(1), 1.5, Decimal128("1")]
+    assert typed("decimal") == [Decimal128("1")] and typed(18) == [Int64(1)] and typed("null") == [None]
+    assert typed("date") == [datetime.datetime(2020, 1, 1)] and typed("timestamp") == [Timestamp(1, 1)]
+    assert typed(["string", "bool"]) == ["s", True]
