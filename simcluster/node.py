@@ -544,9 +544,10 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         if coll is None:
             return []
-        if set(filt) == {"_id"} and not isinstance(filt["_id"], dict):
-            d = coll.docs.get(id_key(filt["_id"]))
-            docs = [d] if d is not None else []
+        ids = q.pinned_ids(filt)
+        if ids is not None:
+            found = {id(d): d for d in map(coll.docs.get, map(id_key, ids)) if d is not None}
+            docs = [d for d in found.values() if q.matches(d, filt)]
         elif limit and not sort and not skip:
             docs = []
             for d in coll.docs.values():
