@@ -18,7 +18,7 @@ class ProxyConfig:
     idle_timeout_s: float = 0.0                   # close client connections idle this long; 0 = never
     shutdown_grace_s: float = 10.0                # in-flight requests get this long on SIGTERM
     accelerate_change_streams: bool = False       # serve $changeStream aggregates from the engine
-    reader_processes: int = 0                     # worker processes that splice oplog batches; 0 = in-process
+    reader_processes: int = 0                     # processes that read and transform the oplogs; 0 = in-process
     stream_idle_teardown_s: float = 300.0         # a parallel change stream with no cursor this long is closed
     tls_cert_file: str = ""                       # client-side TLS: server certificate+key (PEM)
     tls_ca_file: str = ""                         # verify client certificates against this CA
