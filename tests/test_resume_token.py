@@ -90,6 +90,19 @@ def test_double_keys(value, key):
     assert (tok["_data"] < other["_data"]) == (value < 1)
 
 
+def test_the_smallest_long_is_keyed_as_the_double_of_its_value():
+    # key_string.cpp _appendInteger: no positive int64 holds 2**63, so NumberLong(-2**63) takes the
+    # key of the double -2**63 (large-magnitude form), keeping its NumberLong type bits.
+    def token(value):
+        return encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
+                                                                              "documentKey": {"_id": value}}))
+    long_min, double = token(Int64(-(2**63))), token(-(2.0**63))
+    assert long_min["_data"] == double["_data"] and long_min["_data"].endswith("5F6964001FF83FFFFFFFFFFFFF000004")
+    assert long_min["_typeBits"] != double["_typeBits"]
+    back = decode_token(long_min).event_identifier["documentKey"]["_id"]
+    assert type(back) is Int64 and back == -(2**63)
+
+
 # key_string.cpp: kCode (160) then the code as a C string; kCodeWithScope (170) then the code and
 # the scope's elements as an object's (_appendCodeWString); a {$ref, $id} document, which pymongo
 # decodes as a DBRef, is an object like any other; kRegEx (140), pattern and flags (_appendRegex).
@@ -122,7 +135,7 @@ def test_malformed_tokens_use_server_codes(token, code):
 
 scalar = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
-    st.integers(-(2**62), 2**62).map(Int64),
+    st.integers(-(2**63), 2**63 - 1).map(Int64),
     st.integers(-(2**52), 2**52).map(float),
     st.just(-0.0),
     st.floats(allow_nan=False),
