@@ -54,6 +54,8 @@ _OPEN_FIELDS = frozenset({
 
 _FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 _BEFORE_CHANGE = ("off", "whenAvailable", "required")
+# Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
+_V2_TOKENS_WIRE_VERSION = 18
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,7 @@ class Engine:
 
     # -- upstream helpers --------------------------------------------------------------------------
 
-    async def lacks_expanded_events(self) -> bool:
-        """True for an upstream before 6.0: DDL events then come from the proxy's notes."""
+    async def upstream_wire_version(self) -> int:
         if self._upstream_wire_version is None:
             up = await self.connect_upstream()
             try:
@@ -151,7 +152,11 @@ class Engine:
             finally:
                 await up.aclose()
             self._upstream_wire_version = int(hello.get("maxWireVersion", 0))
-        return self._upstream_wire_version < EXPANDED_EVENTS_WIRE_VERSION
+        return self._upstream_wire_version
+
+    async def lacks_expanded_events(self) -> bool:
+        """True for an upstream before 6.0: DDL events then come from the proxy's notes."""
+        return await self.upstream_wire_version() < EXPANDED_EVENTS_WIRE_VERSION
 
     async def _on_each_shard(self, shards: Mapping[str, list[tuple[str, int]]], db: str,
                              cmd: dict[str, Any]) -> dict[str, Any]:
@@ -380,6 +385,8 @@ class Engine:
         """
         if self.requires_auth and not getattr(session, "user", None):
             raise PassThrough()  # mongos answers an unauthenticated aggregate with its own error
+        if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
+            raise PassThrough()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         pipeline = cmd.get("pipeline") or []
         spec = pipeline[0]["$changeStream"]
         stages = pipeline[1:]

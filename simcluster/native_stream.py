@@ -233,7 +233,8 @@ async def _wake(node: Any, nursery: Any) -> None:
 
 
 def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The $changeStream spec and the stages after it; `version` 1 is a 5.0 server (no expanded events)."""
+    """The $changeStream spec and the stages after it; `version` 1 is a 5.0 server (no expanded events,
+    no pre-images)."""
     pipeline = cmd.get("pipeline", [])
     spec = pipeline[0]["$changeStream"]
     if not isinstance(spec, dict):
@@ -260,9 +261,10 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
                              lookup: Any = None, topology: Any = None) -> dict[str, Any]:
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
-    # 5.0 servers (simcluster --version 5.0) write v1 tokens and know no expanded events.
-    version = 1 if server.version == "5.0" else 2
-    spec, stages = parse_change_stream(cmd, version)
+    # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
+    # shared/reference/mongodb-formats.md A.6).
+    version = 1 if server.version in ("5.0", "6.0") else 2
+    spec, stages = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
     if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
         raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "

@@ -13,6 +13,7 @@ import trio
 from bson import Decimal128, Int64
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
+from mongoformats.resume_token import decode_token
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
 from wireproxy.app import serve_proxy
@@ -36,9 +37,10 @@ def _is_marker(ev: dict[str, Any]) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def accelerated(shards: int) -> AsyncIterator[tuple[Any, Any]]:
+async def accelerated(shards: int, version: str = "7.0") -> AsyncIterator[tuple[Any, Any]]:
     """A cluster (short periodic noops, so native streams move on) and a proxy with acceleration on."""
-    async with open_cluster(shards=shards, periodic_noop_s=0.2) as cluster, trio.open_nursery() as nursery:
+    async with open_cluster(shards=shards, periodic_noop_s=0.2, version=version) as cluster, \
+            trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
                                                               accelerate_change_streams=True))
         yield cluster, server
@@ -130,6 +132,26 @@ async def test_update_lookup_tells_documents_apart_by_the_whole_document_key():
                     with pytest.raises(DuplicateKeyError):
                         coll.insert_one({"_id": same})
                 assert coll.count_documents({}) == 1
+
+        await sync(work)
+
+
+@pytest.mark.parametrize("version", ["5.0", "6.0"])
+async def test_servers_before_6_1_keep_their_own_streams(version):
+    """5.0 and 6.0 servers write v1 resume tokens, the engine v2: their watch() passes through."""
+    async with accelerated(shards=2, version=version) as (cluster, server):
+
+        def work():
+            direct = client(cluster.uri)
+            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
+            start = direct.admin.command("ping")["operationTime"]
+            direct.old.c.insert_many([{"_id": i} for i in range(5)] + [{"_id": "end", "marker": True}])
+            want = _collect(direct.old.c.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
+            got = _collect(proxied.old.c.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
+            assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want] and len(got) == 6
+            assert decode_token(got[0]["_id"]).version == 1
+            watches = proxied.admin.command("parallelChangeStreamStatus")["watches"]
+            assert watches == {"accelerated": 0, "passedThrough": 1}
 
         await sync(work)
 
