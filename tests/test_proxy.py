@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
 import time
@@ -267,4 +268,31 @@ async def test_max_connections_and_idle_timeout(cluster):
         assert await ask(fresh)
         for s in (first, second, third, fresh):
             await s.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_member_connection_cancelled_mid_handshake_leaves_no_socket_open():
+    """The engine's connections to shard members (reader tails, notes, lookups) are cancelled
+    when a stream closes; one cancelled while `hello` is still unanswered is closed, not left to
+    the garbage collector (found by the randomized watch test: a note's connection leaked)."""
+    import gc
+    import warnings
+
+    from wireproxy.upstream import open_member
+
+    accepted: list[trio.SocketStream] = []
+
+    async def silent(stream: trio.SocketStream) -> None:  # accepts, never answers
+        accepted.append(stream)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with trio.move_on_after(0.3):
+                await open_member([("127.0.0.1", port)], secondary=False)
+            gc.collect()
+        assert accepted and not [w for w in caught if issubclass(w.category, ResourceWarning)]
         nursery.cancel_scope.cancel()

@@ -152,27 +152,34 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
     rollback (neither primary nor secondary) are passed over."""
     fallback: UpstreamConnection | None = None
     errors = []
-    for host, port in hosts:
-        try:
-            conn = await open_upstream(host, port, ssl_context=ssl_context)
-        except UpstreamClosed as exc:
-            errors.append(str(exc))
-            continue
-        try:
-            hello = await conn.command("admin", {"hello": 1})
-        except (UpstreamClosed, MongoError) as exc:
-            errors.append(str(exc))
-            await conn.aclose()
-            continue
-        is_primary = bool(hello.get("isWritablePrimary"))
-        if (secondary and hello.get("secondary")) or (not secondary and is_primary):
-            if fallback is not None:
-                await fallback.aclose()
-            return conn
-        if secondary and is_primary and fallback is None:
-            fallback = conn
-        else:
-            await conn.aclose()
+    try:
+        for host, port in hosts:
+            try:
+                conn = await open_upstream(host, port, ssl_context=ssl_context)
+            except UpstreamClosed as exc:
+                errors.append(str(exc))
+                continue
+            try:
+                hello = await conn.command("admin", {"hello": 1})
+            except BaseException as exc:  # cancelled mid-handshake too: no socket is left open
+                await conn.aclose()
+                if not isinstance(exc, (UpstreamClosed, MongoError)):
+                    raise
+                errors.append(str(exc))
+                continue
+            is_primary = bool(hello.get("isWritablePrimary"))
+            if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+                if fallback is not None:
+                    await fallback.aclose()
+                return conn
+            if secondary and is_primary and fallback is None:
+                fallback = conn
+            else:
+                await conn.aclose()
+    except BaseException:
+        if fallback is not None:
+            await fallback.aclose()
+        raise
     if fallback is not None:
         return fallback
     names = ",".join(f"{h}:{p}" for h, p in hosts)
