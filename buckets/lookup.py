@@ -27,7 +27,7 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats.change_events import RAW, ChangeEvent
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.keystring import KeyStringBuilder
+from mongoformats.keystring import key_of
 from mongoformats.mql import get_path
 from mongoformats.oplog_splice import splice_before_ns
 from mongoformats.resume_token import decode_token
@@ -43,10 +43,7 @@ _Identity = tuple[tuple[str, ...], bytes]
 
 
 def _key_identity(key: dict[str, Any]) -> _Identity:
-    ks = KeyStringBuilder()
-    for value in key.values():
-        ks.append(value)
-    return tuple(key), ks.data
+    return tuple(key), key_of(key.values())
 
 
 def _field(doc: dict[str, Any], path: str) -> Any:

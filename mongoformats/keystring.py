@@ -26,7 +26,7 @@ import bson
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
-__all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_type_bits", "END"]
+__all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_type_bits", "END", "key_of"]
 
 MINKEY, UNDEFINED, NULL, NUMERIC_NAN = 0x0A, 0x0F, 0x14, 0x1E
 NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
@@ -47,6 +47,15 @@ _TB_INT32, _TB_INT64, _TB_DOUBLE = 0b00, 0b01, 0b10
 _TB_DECIMAL = 0b11                # Decimal128: 6 bits of its exponent follow
 _TB_SPECIAL_ZERO = 0b11           # a zero with 3 more bits: -0.0 or a Decimal128 zero
 _NEGATIVE_ZERO_BITS = [1, 1, 0, 0, 0]
+
+
+def key_of(values: Any) -> bytes:
+    """The KeyString of `values` in order, without type bits: the bytes an index compares, so
+    values the server holds equal (1, 1.0, NumberLong(1), Decimal128("1")) give equal keys."""
+    ks = KeyStringBuilder()
+    for value in values:
+        ks.append(value)
+    return ks.data
 
 
 def _escape(text: bytes) -> bytes:

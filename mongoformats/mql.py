@@ -16,7 +16,7 @@ from bson.datetime_ms import DatetimeMS
 from bson.son import SON
 
 from mongoformats.errors import MongoError
-from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE, KeyStringBuilder
+from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE, key_of
 
 _MISSING = object()
 
@@ -39,9 +39,7 @@ def sort_key(value: Any) -> bytes:
     canonical type (MinKey, null, numbers, strings, objects, arrays, binData, ObjectId, bool, date,
     timestamp, regex, code, MaxKey), then by value, numbers of every type exactly against each
     other (so 1, 1.0, NumberLong(1) and Decimal128("1") are equal)."""
-    ks = KeyStringBuilder()
-    ks.append(value)
-    return ks.data
+    return key_of((value,))
 
 
 def compare(a: Any, b: Any) -> int:

@@ -11,7 +11,7 @@ import bson
 from bson import Binary, ObjectId
 
 from mongoformats.errors import MongoError
-from mongoformats.keystring import KeyStringBuilder
+from mongoformats.keystring import key_of
 
 # Keys of the KeyString kind start with what no BSON document starts with (a length of 0), so they
 # never meet the BSON-bytes kind in one dict.
@@ -34,10 +34,7 @@ def id_key(value: Any) -> bytes:
 
 def index_key(values: list[Any]) -> bytes:
     """The key of an index entry with these field values (see id_key)."""
-    ks = KeyStringBuilder()
-    for value in values:
-        ks.append(value)
-    return _KEYSTRING_KIND + ks.data
+    return _KEYSTRING_KIND + key_of(values)
 
 
 @dataclass
