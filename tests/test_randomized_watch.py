@@ -3,7 +3,8 @@ streams are byte for byte the same, with every fullDocument mode and resumed fro
 
 Such runs (more seeds, longer workloads: `RANDOM_WATCH_SEEDS=0-20 RANDOM_WATCH_OPS=600`) found
 simcluster values that compared equal across types, an updateLookup that matched on `_id` alone,
-and v2 tokens served for a 5.0 upstream; this keeps one short run in the suite."""
+v2 tokens served for a 5.0 upstream and a shard connection left open by a closing stream; this
+keeps one short run in the suite."""
 
 from __future__ import annotations
 
