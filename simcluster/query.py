@@ -18,7 +18,7 @@ from bson import Int64, ObjectId, Regex
 from mongoformats.errors import MongoError
 from mongoformats.mql import _MISSING, _match_value, compare, get_path, matches, sort_key
 
-__all__ = ["compare", "get_path", "matches", "project", "sort_docs", "apply_update", "compute_diff",
+__all__ = ["compare", "get_path", "matches", "pinned_ids", "project", "sort_docs", "apply_update", "compute_diff",
            "_MISSING", "ObjectId"]
 
 def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:
