@@ -159,29 +159,26 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
             except UpstreamClosed as exc:
                 errors.append(str(exc))
                 continue
+            kept = False
             try:
                 hello = await conn.command("admin", {"hello": 1})
-            except BaseException as exc:  # cancelled mid-handshake too: no socket is left open
-                await conn.aclose()
-                if not isinstance(exc, (UpstreamClosed, MongoError)):
-                    raise
+                is_primary = bool(hello.get("isWritablePrimary"))
+                if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+                    kept = True
+                    return conn
+                if secondary and is_primary and fallback is None:
+                    fallback, kept = conn, True
+            except (UpstreamClosed, MongoError) as exc:
                 errors.append(str(exc))
-                continue
-            is_primary = bool(hello.get("isWritablePrimary"))
-            if (secondary and hello.get("secondary")) or (not secondary and is_primary):
-                if fallback is not None:
-                    await fallback.aclose()
-                return conn
-            if secondary and is_primary and fallback is None:
-                fallback = conn
-            else:
-                await conn.aclose()
-    except BaseException:
+            finally:
+                if not kept:  # passed over, failed, or cancelled mid-handshake: no socket is left open
+                    await conn.aclose()
         if fallback is not None:
+            conn, fallback = fallback, None
+            return conn
+    finally:
+        if fallback is not None:  # a better member answered, or the search was cancelled
             await fallback.aclose()
-        raise
-    if fallback is not None:
-        return fallback
     names = ",".join(f"{h}:{p}" for h, p in hosts)
     raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
 
