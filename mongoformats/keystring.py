@@ -409,6 +409,13 @@ class KeyStringReader:
         self._bit += 1
         return bit
 
+    def _next_bits(self, n: int) -> int:
+        """The next `n` type bits as a number, the first the most significant."""
+        value = 0
+        for _ in range(n):
+            value = value << 1 | self._next_bit()
+        return value
+
     def _take(self, n: int) -> bytes:
         chunk = self._data[self._pos : self._pos + n]
         if len(chunk) != n:
@@ -498,7 +505,7 @@ class KeyStringReader:
             obj[name] = self.read()
 
     def _read_double(self, ctype: int) -> float | Decimal128:
-        kind = self._next_bit() << 1 | self._next_bit()
+        kind = self._next_bits(2)
         if kind == _TB_INT64 and ctype == NUM_NEG_LARGE and self._take(8) == _INT64_MIN_BODY:
             return Int64(_INT64_MIN)  # the one integer keyed as a double
         if kind not in (_TB_DOUBLE, _TB_DECIMAL):
@@ -528,15 +535,11 @@ class KeyStringReader:
 
     def _magnitude(self, n: int, negative: bool) -> int:
         """The next `n` bytes as an unsigned big-endian number (stored inverted if negative)."""
-        raw = self._take(n)
-        return int.from_bytes(bytes(b ^ 0xFF for b in raw) if negative else raw, "big")
+        return int.from_bytes(_magnitude_bytes(self._take(n), negative), "big")
 
     def _decimal_exponent_bits(self) -> int:
         """The low 6 bits of a decimal's biased exponent, which follow its type bits `11`."""
-        bits = 0
-        for _ in range(6):
-            bits = bits << 1 | self._next_bit()
-        return bits
+        return self._next_bits(6)
 
     def _decimal(self, magnitude: Decimal, dcm: int, negative: bool) -> Decimal128:
         from mongoformats.keystring_decimal import read_decimal_value  # (it builds on this module)
@@ -545,7 +548,7 @@ class KeyStringReader:
         return read_decimal_value(magnitude, dcm, continuation, negative, self._decimal_exponent_bits())
 
     def _read_number(self, ctype: int) -> int | float | Decimal128:
-        kind = (self._next_bit() << 1) | self._next_bit()
+        kind = self._next_bits(2)
         if ctype == NUM_ZERO:
             if kind == _TB_INT32:
                 return 0
@@ -553,8 +556,8 @@ class KeyStringReader:
                 return Int64(0)
             if kind == _TB_DOUBLE:
                 return 0.0
-            zero_kind = [self._next_bit() for _ in range(3)]
-            if zero_kind == _NEGATIVE_ZERO_BITS[2:]:
+            zero_kind = self._next_bits(3)
+            if zero_kind == 0:  # _NEGATIVE_ZERO_BITS after its leading 11
                 return -0.0
             return self._decimal_zero(zero_kind)
         negative = ctype < NUM_ZERO
@@ -586,12 +589,8 @@ class KeyStringReader:
             return float(value)
         return self._decimal(Decimal(whole), 0, negative)
 
-    def _decimal_zero(self, prefix_tail: list[int]) -> Decimal128:
+    def _decimal_zero(self, prefix_tail: int) -> Decimal128:
         """A decimal zero: 0b11 and these 3 bits, then 12 more bits, name its exponent and sign."""
         from mongoformats.keystring_decimal import read_decimal_zero  # (it builds on this module)
 
-        head = 0b11000 | prefix_tail[0] << 2 | prefix_tail[1] << 1 | prefix_tail[2]
-        low = 0
-        for _ in range(12):
-            low = low << 1 | self._next_bit()
-        return read_decimal_zero(head, low)
+        return read_decimal_zero(0b11000 | prefix_tail, self._next_bits(12))
