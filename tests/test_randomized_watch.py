@@ -20,7 +20,7 @@ from bson import Binary, Decimal128, Int64, ObjectId
 from pymongo.errors import DuplicateKeyError, WriteError
 
 from tests.conftest import client, sync
-from tests.test_accelerate import accelerated
+from tests.test_accelerate import _collect, accelerated
 
 
 def _seeds() -> list[int]:
@@ -110,14 +110,7 @@ async def test_a_random_workload_watched_through_the_proxy_equals_mongos(seed):
     async with accelerated(shards=3) as (cluster, server):
 
         def collect(stream: Any) -> list[Any]:
-            out = []
-            while True:
-                ev = stream.try_next()
-                if ev is not None:
-                    out.append(ev)
-                    if ev["ns"].get("db") == "end":
-                        stream.close()
-                        return out
+            return _collect(stream, lambda ev: ev["ns"].get("db") == "end")
 
         def work():
             direct = client(cluster.uri)
