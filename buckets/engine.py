@@ -25,15 +25,15 @@ from typing import Any
 import bson
 import trio
 from bson import Int64, Timestamp
-from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
-from mongoformats.change_events import RAW, ChangeEvent, ddl_note
+from mongoformats.change_events import ChangeEvent, ddl_note
 from mongoformats.change_stages import SUPPORTED_STAGES
 from mongoformats.errors import MongoError, with_change_stream_label
+from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
@@ -69,10 +69,9 @@ class EngineConfig:
 
 
 def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[ChangeEvent],
-                    pbrt: Mapping[str, Any]) -> RawBSONDocument:
+                    pbrt: Mapping[str, Any]) -> SplicedDocument:
     """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding)."""
-    raw = splice_cursor(cursor_id, ns, batch_field, [e.raw for e in events], {"postBatchResumeToken": pbrt})
-    return RawBSONDocument(raw, RAW)
+    return splice_cursor(cursor_id, ns, batch_field, [e.raw for e in events], {"postBatchResumeToken": pbrt})
 
 
 def _mentions_full_document(stages: Any) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import struct
 from binascii import hexlify
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -26,12 +26,12 @@ import bson
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.codecs import PLAIN
+from mongoformats.codecs import PLAIN, RAW
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["TOKEN_TIMESTAMP", "Spliced", "array_items", "array_of", "cursor_batch", "document_parts", "elements",
-           "splice_crud", "splice_entries", "timestamp_of"]
+__all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "cursor_batch",
+           "document_parts", "elements", "splice_crud", "splice_entries", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
@@ -138,37 +138,92 @@ def array_of(items: list[bytes]) -> bytes:
     return b"".join(chain((_I32.pack(size),), parts))
 
 
+class SplicedDocument(Mapping[str, Any]):
+    """A BSON document held as the pieces it was spliced from, joined only if its bytes are asked for.
+
+    Why: a reply's cursor holds megabytes of events. Joined here and then again into the wire
+    message, each event was copied twice into fresh reply-sized memory, which faults in page by
+    page (~0.4 us an event in the proxy). `document_parts` embeds the pieces as they are, so the
+    message is the one join. Elsewhere it reads like a RawBSONDocument: `raw`, a read-only
+    mapping, and bson.encode takes it by its type marker.
+    """
+
+    _type_marker = 101  # what bson.encode looks for to embed a document's `raw` bytes as they are
+    __slots__ = ("parts", "size", "_raw", "_document")
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts  # the first piece is the int32 length of the whole
+        self.size = _I32.unpack(parts[0])[0]
+        self._raw: bytes | None = None
+        self._document: RawBSONDocument | None = None
+
+    @property
+    def raw(self) -> bytes:
+        if self._raw is None:
+            self._raw = b"".join(self.parts)
+        return self._raw
+
+    def _inflated(self) -> RawBSONDocument:
+        if self._document is None:
+            self._document = RawBSONDocument(self.raw, RAW)
+        return self._document
+
+    def __getitem__(self, key: str) -> Any:
+        return self._inflated()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._inflated())
+
+    def __len__(self) -> int:
+        return len(self._inflated())
+
+
 def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[bytes],
-                    extra: dict[str, Any] | None = None) -> bytes:
+                    extra: dict[str, Any] | None = None) -> SplicedDocument:
     """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
     spliced from the documents' own bytes: no per-document object is built or re-encoded, and
-    the whole document is joined once."""
+    nothing is joined until the reply is (see SplicedDocument)."""
     head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
     tail = bson.encode(extra or {})[4:-1]
     name = b"\x04" + batch_field.encode() + b"\x00"
     array_size, array_parts = _array_parts(items)
     size = 4 + len(head) + len(name) + array_size + len(tail) + 1
-    return b"".join(chain((_I32.pack(size), head, name, _I32.pack(array_size)), array_parts, (tail, b"\x00")))
+    return SplicedDocument([_I32.pack(size), head, name, _I32.pack(array_size), *array_parts, tail, b"\x00"])
 
 
 def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
     """`doc` as BSON, in pieces to join once (with the wire header, by `encode_op_msg`): the
     embedded raw documents (a reply's cursor, megabytes of events) are not copied into an
-    encoder's growing buffer, which reallocates and faults in a reply-sized block each time."""
+    encoder's growing buffer, which reallocates and faults in a reply-sized block each time,
+    and a SplicedDocument's pieces go in as they are."""
     parts: list[bytes | memoryview] = [b""]
+    size = 4 + 1  # the length and the terminator
     plain: dict[str, Any] = {}
+
+    def flush() -> None:
+        nonlocal size
+        if plain:
+            encoded = bson.encode(plain)[4:-1]
+            parts.append(encoded)
+            size += len(encoded)
+            plain.clear()
+
     for key, value in doc.items():
-        if isinstance(value, RawBSONDocument):
-            if plain:
-                parts.append(bson.encode(plain)[4:-1])
-                plain = {}
-            parts += (b"\x03" + key.encode() + b"\x00", value.raw)
+        if isinstance(value, (RawBSONDocument, SplicedDocument)):
+            flush()
+            name = b"\x03" + key.encode() + b"\x00"
+            if isinstance(value, SplicedDocument):
+                parts.append(name)
+                parts += value.parts
+                size += len(name) + value.size
+            else:
+                parts += (name, value.raw)
+                size += len(name) + len(value.raw)
         else:
             plain[key] = value
-    if plain:
-        parts.append(bson.encode(plain)[4:-1])
+    flush()
     parts.append(b"\x00")
-    parts[0] = _I32.pack(sum(map(len, parts)) + 4)
+    parts[0] = _I32.pack(size)
     return parts
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import trio
 from bson import Int64
-from bson.raw_bson import RawBSONDocument
 
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import cursor_document
@@ -107,7 +106,7 @@ class CursorManager:
             self.kill(cid)
         if isinstance(batch, RawBatch):
             extra = cursor.extra() if cursor.extra is not None else None
-            return RawBSONDocument(cursor_document(cid if alive else 0, cursor.ns, key, batch, extra))
+            return cursor_document(cid if alive else 0, cursor.ns, key, batch, extra)
         out: dict[str, Any] = {"id": Int64(cid if alive else 0), "ns": cursor.ns, key: batch}
         if cursor.extra is not None:
             out.update(cursor.extra())

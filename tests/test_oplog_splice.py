@@ -16,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mongoformats.change_events import RAW, OplogTransformer
-from mongoformats.oplog_splice import _fixed_layout, _walked_layout, array_of, elements, splice_crud
+from mongoformats.oplog_splice import (
+    _fixed_layout,
+    _walked_layout,
+    array_of,
+    cursor_document,
+    document_parts,
+    elements,
+    splice_crud,
+)
 from tests.conftest import client, sync
 
 ids = st.one_of(
@@ -151,3 +159,16 @@ def test_array_of_encodes_like_bson_at_every_size():
     for n in (0, 1, 2, 3, 4, 5, 1023, 1024, 1025, 70_000):  # cached index keys, and past the cache
         items = [bson.encode({"a": i}) for i in range(n)]
         assert b"\x04x\x00" + array_of(items) == bson.encode({"x": [{"a": i} for i in range(n)]})[4:-1]
+
+
+def test_a_spliced_cursor_document_encodes_like_bson_wherever_it_is_embedded():
+    """A reply's cursor stays pieces until the reply is joined; embedded at the top (document_parts),
+    in an array (bson.encode) or read as a mapping, it is the same document."""
+    items = [bson.encode({"_id": i, "v": "x" * i}) for i in range(50)]
+    cursor = cursor_document(7, "db.coll", "nextBatch", items, {"postBatchResumeToken": {"_data": "82AB"}})
+    plain = {"id": Int64(7), "ns": "db.coll", "nextBatch": [bson.decode(d) for d in items],
+             "postBatchResumeToken": {"_data": "82AB"}}
+    assert cursor.raw == bson.encode(plain) and cursor.size == len(cursor.raw)
+    assert b"".join(document_parts({"cursor": cursor, "ok": 1.0})) == bson.encode({"cursor": plain, "ok": 1.0})
+    assert bson.encode({"cursors": [cursor]}) == bson.encode({"cursors": [plain]})
+    assert cursor["id"] == 7 and len(cursor["nextBatch"]) == 50 and list(cursor) == list(plain)
