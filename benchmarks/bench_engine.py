@@ -7,6 +7,10 @@ The cluster, the proxy (`python -m wireproxy`, with its readerProcesses workers)
 consumers (this process) are separate processes; the proxy's CPU time, workers included, gives
 "events per proxy CPU-second". The proxy is measured with each --reader-processes value. Goals
 (issue 5): proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second.
+
+The same cluster-wide watch() as the native mode, pointed at a proxy that accelerates change
+streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer
+gains: one cursor, so one merge and one consumer, where the proxy modes deal into 4 buckets.
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
     return total
 
 
-async def native_stream(mongos_uri: str, start: Timestamp, want: int) -> int:
-    host, port = parse_hosts(mongos_uri)[0]
+async def watch_stream(uri: str, start: Timestamp, want: int) -> int:
+    """A cluster-wide change stream (what a driver's `client.watch()` sends) through `uri`, mongos
+    or the accelerating proxy, drained with raw getMores."""
+    host, port = parse_hosts(uri)[0]
     conn = await open_upstream(host, port)
     reply = await conn.command("admin", {"aggregate": 1, "pipeline": [
         {"$changeStream": {"allChangesForCluster": True, "startAtOperationTime": start}}], "cursor": {}})
@@ -79,12 +85,13 @@ async def native_stream(mongos_uri: str, start: Timestamp, want: int) -> int:
 class ProxyProcess:
     """`python -m wireproxy` in its own process, so its CPU time (workers included) is its own."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *flags: str) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
+        self.uri = f"mongodb://127.0.0.1:{self.port}/"
         self.process = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", upstream,
-                                         "--listen", f"127.0.0.1:{self.port}"], stderr=subprocess.DEVNULL)
+                                         "--listen", f"127.0.0.1:{self.port}", *flags], stderr=subprocess.DEVNULL)
         self.ps = psutil.Process(self.process.pid)
 
     async def wait_ready(self) -> None:
@@ -157,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1, 2],
                         help="readerProcesses values to measure the proxy with")
+    parser.add_argument("--watch-reader-processes", type=int, nargs="*", default=[0, 2],
+                        help="reader processes of the accelerated watch() measured (one proxy process each)")
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
@@ -164,43 +173,54 @@ def main(argv: list[str] | None = None) -> None:
     # cost in its rate, not throughput (the proxy writes its own notes and does not wait).
     cluster = spawn_cluster(shards=4, prefill_events=args.events, periodic_noop_s=0.5)
     proxy = ProxyProcess(cluster.uri)
+    # The unchanged consumer: a driver's cluster-wide watch() pointed at a proxy that accelerates
+    # change streams. Its readerProcesses is the proxy's setting, so each value is its own proxy.
+    watch_proxies = {rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
+                     for rp in args.watch_reader_processes}
     try:
         start = _ts(min(cluster.info["start"]))
         shard_uris = list(cluster.info["shards"].values())
         results: dict[str, dict[str, float]] = {}
-        modes: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
-            ("raw", lambda: raw_read(shard_uris, start)),
-            ("native", lambda: native_stream(cluster.uri, start, args.events))]
+        # (name, what it runs, the proxy process whose CPU it uses, or None)
+        modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
+            ("raw", lambda: raw_read(shard_uris, start), None),
+            ("native", lambda: watch_stream(cluster.uri, start, args.events), None)]
         for rp in args.reader_processes:
             modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, args.events,
-                                                              args.buckets, rp)))
+                                                              args.buckets, rp), proxy))
+        for rp, watch_proxy in watch_proxies.items():
+            modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, args.events),
+                          watch_proxy))
 
         async def run() -> None:
-            await proxy.wait_ready()
-            for name, fn in modes:
-                wall, cpu, proxy_cpu = time.perf_counter(), time.process_time(), proxy.cpu_seconds()
+            for each in (proxy, *watch_proxies.values()):
+                await each.wait_ready()
+            for name, fn, used in modes:
+                wall, cpu = time.perf_counter(), time.process_time()
+                proxy_cpu = used.cpu_seconds() if used is not None else None
                 out = await fn()
                 count = out[0] if isinstance(out, tuple) else out
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 results[name] = {"events": count, "seconds": wall, "events_per_s": count / wall,
                                  "cpu_seconds_bench_process": cpu}
-                line = f"{name:12} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
-                if name.startswith("proxy"):
-                    main_cpu, worker_cpu = proxy.cpu_used(proxy_cpu)
-                    used = main_cpu + worker_cpu
+                line = f"{name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+                if used is not None and proxy_cpu is not None:
+                    main_cpu, worker_cpu = used.cpu_used(proxy_cpu)
+                    total = main_cpu + worker_cpu
                     # The main process merges, deals and serves every event whatever readerProcesses
                     # is: events per main-process CPU-second is the most the proxy can reach with
                     # enough cores for its workers.
-                    results[name].update(proxy_cpu_seconds=used, main_process_cpu_seconds=main_cpu,
-                                         worker_cpu_seconds=worker_cpu, events_per_proxy_cpu_second=count / used,
+                    results[name].update(proxy_cpu_seconds=total, main_process_cpu_seconds=main_cpu,
+                                         worker_cpu_seconds=worker_cpu, events_per_proxy_cpu_second=count / total,
                                          events_per_main_process_cpu_second=count / main_cpu)
-                    line += (f"  {count / used:>8,.0f} events per proxy CPU-second"
+                    line += (f"  {count / total:>8,.0f} events per proxy CPU-second"
                              f"  ({count / main_cpu:,.0f} per main-process CPU-second)")
                 print(line, flush=True)
 
         trio.run(run)
     finally:
-        proxy.close()
+        for each in (proxy, *watch_proxies.values()):
+            each.close()
         cluster.close()
     raw, native = results["raw"], results["native"]
     best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
@@ -217,11 +237,19 @@ def main(argv: list[str] | None = None) -> None:
                                            for k in results if k.startswith("proxy")),
         "reader_processes_scaling": {k: results[k]["events_per_s"] for k in results if k.startswith("proxy")},
     }
+    watches = [k for k in results if k.startswith("watch()")]
+    if watches:
+        best_watch = max(watches, key=lambda k: results[k]["events_per_s"])
+        figures.update(best_watch_mode=best_watch,
+                       watch_over_native=results[best_watch]["events_per_s"] / native["events_per_s"])
     print(f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best})")
     print(f"proxy/native {figures['proxy_over_native']:.2f}   (goal >= 3)")
     print(f"proxy main-process ceiling/native {figures['proxy_main_process_ceiling_over_native']:.2f}   "
           "(the most readerProcesses can reach with a core per worker)")
     print(f"proxy events per CPU-second {figures['proxy_events_per_cpu_second']:,.0f}   (goal >= 80,000)")
+    if watches:
+        print(f"accelerated watch()/native {figures['watch_over_native']:.2f}   ({figures['best_watch_mode']}: "
+              "the same consumer, pointed at the proxy)")
     path = write_results("engine_catchup", figures, {k: v["events_per_s"] for k, v in results.items()},
                          ylabel="events/s",
                          title=f"catch-up of {args.events:,} events over 4 shards")
