@@ -1,34 +1,96 @@
-"""The aggregation stages simcluster supports: $match $project $addFields $group $sort $skip $limit
-$count $unwind. Enough for drivers' helpers (count_documents, estimated counts) and simple reports."""
+"""The aggregation stages simcluster supports: $match $project $addFields/$set $unset $replaceRoot
+$replaceWith $group $sort $skip $limit $count $unwind. Enough for drivers' helpers (count_documents,
+estimated counts), simple reports and pipeline-style updates."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from mongoformats.errors import MongoError
+from mongoformats.mql import _MISSING
 from simcluster import query as q
 
 
 def _expr(doc: dict[str, Any], e: Any) -> Any:
+    """An aggregation expression's value in `doc` (the operators simcluster knows)."""
     if isinstance(e, str) and e.startswith("$"):
+        if e.startswith("$$"):
+            var, _, rest = e[2:].partition(".")
+            if var == "REMOVE":
+                return _MISSING
+            if var not in ("ROOT", "CURRENT"):
+                raise MongoError(17276, f"Use of undefined variable: {var}")
+            if not rest:
+                return doc
+            e = "$" + rest
         got = q.get_path(doc, e[1:])
-        return got[0] if got else None
-    if isinstance(e, dict) and len(e) == 1:
-        (op, arg), = e.items()
-        if op == "$literal":
-            return arg
-        if op in ("$add", "$multiply", "$subtract"):
-            vals = [_expr(doc, a) for a in arg]
-            if op == "$subtract":
-                return vals[0] - vals[1]
-            out = 0 if op == "$add" else 1
-            for v in vals:
-                out = out + v if op == "$add" else out * v
-            return out
-        if op == "$size":
-            v = _expr(doc, arg)
-            return len(v) if isinstance(v, list) else 0
-    return e
+        return got[0] if got else _MISSING
+    if isinstance(e, list):
+        return [_value(_expr(doc, x)) for x in e]
+    if not isinstance(e, dict):
+        return e
+    if len(e) != 1 or not next(iter(e)).startswith("$"):  # an object literal: each field evaluated
+        return {k: v for k, x in e.items() if (v := _expr(doc, x)) is not _MISSING}
+    (op, arg), = e.items()
+    if op == "$literal":
+        return arg
+    if op in ("$add", "$multiply", "$subtract"):
+        vals = [_value(_expr(doc, a)) for a in arg]
+        if op == "$subtract":
+            return vals[0] - vals[1]
+        out = 0 if op == "$add" else 1
+        for v in vals:
+            out = out + v if op == "$add" else out * v
+        return out
+    if op == "$size":
+        v = _expr(doc, arg)
+        return len(v) if isinstance(v, list) else 0
+    if op == "$concat":
+        parts = [_value(_expr(doc, a)) for a in arg]
+        return None if any(p is None for p in parts) else "".join(parts)
+    if op == "$ifNull":
+        *tries, fallback = arg
+        for t in tries:
+            if (v := _value(_expr(doc, t))) is not None:
+                return v
+        return _expr(doc, fallback)
+    if op == "$mergeObjects":
+        merged: dict[str, Any] = {}
+        for part in arg if isinstance(arg, list) else [arg]:
+            v = _value(_expr(doc, part))
+            if v is not None:
+                merged.update(v)
+        return merged
+    if op in ("$getField", "$setField", "$unsetField"):
+        spec = arg if isinstance(arg, dict) else {"field": arg}
+        source = _expr(doc, spec.get("input", "$$CURRENT"))
+        field = spec["field"]
+        if op == "$getField":
+            return source.get(field, _MISSING) if isinstance(source, dict) else _MISSING
+        if source is None or source is _MISSING:
+            return None
+        fields = dict(source)
+        value = _expr(doc, spec["value"]) if op == "$setField" else _MISSING
+        if value is _MISSING:
+            fields.pop(field, None)
+        else:
+            fields[field] = value
+        return fields
+    raise MongoError(168, f"Unrecognized expression '{op}'")
+
+
+def _value(v: Any) -> Any:
+    """A missing value where a value is needed: null."""
+    return None if v is _MISSING else v
+
+
+def _new_root(doc: dict[str, Any], e: Any, stage: str) -> dict[str, Any]:
+    root = _value(_expr(doc, e))
+    if not isinstance(root, dict):
+        raise MongoError(40228, f"'{stage}' expression must evaluate to an object, but resulting value was: {root!r}."
+                         f" Type of resulting value: '{type(root).__name__}'. Input document: {doc}")
+    return root
 
 
 def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -39,14 +101,15 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
         if name == "$match":
             docs = [d for d in docs if q.matches(d, spec)]
         elif name == "$project":
-            if any(isinstance(v, (dict, str)) for v in spec.values()):
-                docs = [{"_id": d.get("_id"), **{k: _expr(d, v) for k, v in spec.items() if v not in (0, False)}}
-                        if spec.get("_id", 1) else {k: _expr(d, v) for k, v in spec.items() if k != "_id"}
-                        for d in docs]
-            else:
-                docs = [q.project(d, spec) for d in docs]
+            docs = [_project(d, spec) for d in docs]
         elif name in ("$addFields", "$set"):
-            docs = [{**d, **{k: _expr(d, v) for k, v in spec.items()}} for d in docs]
+            docs = [_add_fields(d, spec) for d in docs]
+        elif name == "$unset":
+            docs = [_unset(d, [spec] if isinstance(spec, str) else spec) for d in docs]
+        elif name == "$replaceRoot":
+            docs = [_new_root(d, spec["newRoot"], "newRoot") for d in docs]
+        elif name == "$replaceWith":
+            docs = [_new_root(d, spec, "replacement document") for d in docs]
         elif name == "$sort":
             docs = q.sort_docs(docs, spec)
         elif name == "$skip":
@@ -70,20 +133,65 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
     return docs
 
 
+def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """$project: inclusions and exclusions as find's projection, then the computed fields."""
+    computed = {k: e for k, e in spec.items() if isinstance(e, (dict, str, list))}
+    plain = {k: v for k, v in spec.items() if k not in computed}
+    if any(v not in (0, False) for k, v in plain.items() if k != "_id") or not computed:
+        out = q.project(doc, plain)
+    else:  # only computed fields (and perhaps _id: 0)
+        out = {"_id": doc["_id"]} if "_id" in doc and plain.get("_id", 1) not in (0, False) else {}
+    for k, e in computed.items():
+        if (v := _expr(doc, e)) is not _MISSING:
+            out[k] = v
+    return out
+
+
+def _unset(doc: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """$unset: each (dotted) path removed; through arrays, from each of their documents."""
+    out = copy.deepcopy(doc)
+
+    def drop(value: Any, parts: list[str]) -> None:
+        if isinstance(value, list):
+            for item in value:
+                drop(item, parts)
+        elif isinstance(value, dict):
+            if len(parts) == 1:
+                value.pop(parts[0], None)
+            elif parts[0] in value:
+                drop(value[parts[0]], parts[1:])
+
+    for path in paths:
+        drop(out, path.split("."))
+    return out
+
+
+def _add_fields(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """$set/$addFields: each field set to its expression's value (a missing value removes it)."""
+    out = dict(doc)
+    for k, e in spec.items():
+        v = _expr(doc, e)
+        if v is _MISSING:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
 def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     groups: dict[bytes, dict[str, Any]] = {}
     import bson
 
     for d in docs:
-        key = _expr(d, spec["_id"]) if not isinstance(spec["_id"], dict) else {
-            k: _expr(d, v) for k, v in spec["_id"].items()}
+        key = _value(_expr(d, spec["_id"])) if not isinstance(spec["_id"], dict) else {
+            k: _value(_expr(d, v)) for k, v in spec["_id"].items()}
         gk = bson.encode({"k": key})
         acc = groups.setdefault(gk, {"_id": key})
         for field, op_spec in spec.items():
             if field == "_id":
                 continue
             (op, arg), = op_spec.items()
-            v = _expr(d, arg)
+            v = _value(_expr(d, arg))
             if op == "$sum":
                 acc[field] = acc.get(field, 0) + (v if isinstance(v, (int, float)) else 0)
             elif op == "$avg":

@@ -25,6 +25,7 @@ from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
 from simcluster.storage import id_key
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
+from simcluster.updates import apply_update
 
 
 def hashed_value(value: Any) -> Int64:
@@ -269,7 +270,7 @@ class Mongos(CommandServer):
                 break
         if not result["n"] and spec.get("upsert") and len(shards) > 1:
             # A broadcast upsert that matched nothing inserts on the shard owning the new document.
-            new = q.apply_update({k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
+            new = apply_update({k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
                                  spec["u"], is_insert=True)
             shard = self.shard_for_doc(ns, new)
             r = shard.update_docs(ns, spec, shard._session_fields(cmd, i))
@@ -296,7 +297,7 @@ class Mongos(CommandServer):
             if shard.select(ns, cmd.get("query", {}), limit=1):
                 return await shard.cmd_find_and_modify(db, cmd, req)
         if cmd.get("upsert"):
-            new = q.apply_update({k: v for k, v in cmd.get("query", {}).items() if not k.startswith("$")},
+            new = apply_update({k: v for k, v in cmd.get("query", {}).items() if not k.startswith("$")},
                                  cmd.get("update", {}), is_insert=True)
             return await self.shard_for_doc(ns, new).cmd_find_and_modify(db, cmd, req)
         return {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}

@@ -33,6 +33,7 @@ from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
 from simcluster.transactions import TransactionTable, no_such_transaction, txn_key
+from simcluster.updates import apply_update, pipeline_diff, replaced_by_pipeline, update_with_diff
 
 log = logging.getLogger("simcluster")
 
@@ -132,6 +133,10 @@ class SentInserts:
             assert self.known is not None
             self.known.add(stmt_id)
         return True
+
+
+# The stages an update pipeline may hold (the others fail as on a server).
+_UPDATE_PIPELINE_STAGES = frozenset({"$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"})
 
 
 class ShardNode(CommandServer):
@@ -443,22 +448,22 @@ class ShardNode(CommandServer):
             raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
+        replacement = bool(upd) and not next(iter(upd)).startswith("$")
         for old in matched:
-            new = q.apply_update(old, upd, array_filters=spec.get("arrayFilters"))
+            new, diff = update_with_diff(old, upd, array_filters=spec.get("arrayFilters"), query=filt)
             assert coll is not None
             coll.check_unique(new, ns, ignore=id_key(old["_id"]))
-            if new == old and all(type(new[k]) is type(old[k]) for k in new):
-                continue
+            if diff is None and not (replacement and bson.encode(new) != bson.encode(old)):
+                continue  # nothing changed: no oplog entry, not counted as modified
             coll.put(new, old)
             n_modified += 1
-            replacement = bool(upd) and not next(iter(upd)).startswith("$")
-            o: Any = new if replacement else {"$v": 2, "diff": q.compute_diff(old, new)}
+            o: Any = new if replacement else {"$v": 2, "diff": diff}
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
         if not matched and spec.get("upsert"):
             base = {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
-            new = q.apply_update(base if upd and next(iter(upd)).startswith("$") else None, upd, is_insert=True)
+            new = apply_update(base if upd and next(iter(upd)).startswith("$") else None, upd, is_insert=True)
             if "_id" not in new:
                 new = {"_id": base.get("_id", ObjectId()), **new}
             self.insert_one(ns, new, session)
@@ -470,17 +475,24 @@ class ShardNode(CommandServer):
         """An update given as an aggregation pipeline; logged as the $v:2 diff of old -> new."""
         from simcluster.aggregate import run_pipeline
 
+        for stage in pipeline:
+            name = next(iter(stage), "")
+            if name not in _UPDATE_PIPELINE_STAGES:
+                raise MongoError("InvalidOptions", f"{name} is not allowed to be used within an update")
         coll = self.coll(ns)
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
         for old in matched:
-            new = run_pipeline([dict(old)], pipeline)[0]
-            if new == old:
+            new = replaced_by_pipeline(old, run_pipeline([dict(old)], pipeline)[0])
+            if bson.encode(new) == bson.encode(old):
                 continue
             assert coll is not None
+            coll.check_unique(new, ns, ignore=id_key(old["_id"]))
             coll.put(new, old)
             n_modified += 1
-            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": {"$v": 2, "diff": q.compute_diff(old, new)},
+            # A diff when it is smaller than the document, else the whole document: a replace event.
+            diff = pipeline_diff(old, new)
+            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": {"$v": 2, "diff": diff} if diff is not None else new,
                      "o2": self.document_key(ns, old)}
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         return {"n": len(matched), "nModified": n_modified}

@@ -1,6 +1,7 @@
 """post_image (the engine's fullDocument whenAvailable/required): a pre-image with an event's
 updateDescription applied equals the document the update produced, for updates simcluster logs as
-`$v: 2` diffs (property-tested over generated documents and update operators)."""
+`$v: 2` diffs (property-tested over generated documents, update operators, several operators at
+once, positional paths and pipeline updates)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mongoformats.update_diff import post_image, update_description_from_diff
-from simcluster import query as q
+from simcluster.updates import pipeline_diff, update_with_diff
 
 names = st.sampled_from(["a", "b", "c", "arr", "sub"])
 scalars = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none())
@@ -26,6 +27,14 @@ updates = st.one_of(
     st.builds(lambda v: {"$push": {"arr": v}}, scalars),
     st.builds(lambda end: {"$pop": {"arr": end}}, st.sampled_from([1, -1])),
     st.builds(lambda n: {"$push": {"arr": {"$each": [], "$slice": n}}}, st.integers(0, 3)),
+    st.builds(lambda v: {"$push": {"arr": {"$each": [v, v]}}}, scalars),
+    st.builds(lambda v: {"$addToSet": {"arr": v}}, scalars),
+    st.builds(lambda v: {"$pull": {"arr": v}}, scalars),
+    st.builds(lambda v: {"$set": {"arr.$[]": v}}, scalars),
+    st.builds(lambda v: {"$set": {"sub": {"x": v}}}, scalars),
+    st.builds(lambda v: {"$set": {"new.deep.f": v, "new.deep.g": v, "a": v}}, scalars),
+    st.builds(lambda v: {"$unset": {"arr.0": ""}, "$set": {"b": v}, "$inc": {"n": 1}}, scalars),
+    st.builds(lambda k: {"$rename": {k: "renamed"}}, st.sampled_from(["a", "b", "sub"])),
 )
 
 
@@ -36,8 +45,23 @@ def test_post_image_equals_the_updated_document(before: dict[str, Any], update: 
         before = {**before, "arr": [1, 2, 3]}
     if "sub.x" in next(iter(update.values())) and not isinstance(before.get("sub"), dict):
         before = {**before, "sub": {}}
-    after = q.apply_update(before, update)
-    if after == before:
+    after, diff = update_with_diff(before, update)
+    if diff is None:
+        assert bson.encode(after) == bson.encode(before)  # no diff: nothing changed
         return
-    description = update_description_from_diff(q.compute_diff(before, after))
+    description = update_description_from_diff(diff)
     assert bson.encode(post_image(before, description)) == bson.encode(after)  # field order and types too
+
+
+@settings(max_examples=300, deadline=None)
+@given(docs, docs)
+def test_post_image_of_a_pipeline_update_equals_its_result(before: dict[str, Any], other: dict[str, Any]) -> None:
+    """A pipeline update whose result keeps the old fields' order ($set, $unset stages): the
+    server's document diff, when it logs one, rebuilds the result."""
+    after = {k: other.get(k, v) for k, v in before.items() if k == "_id" or k in other or len(k) % 2}
+    after.update((k, v) for k, v in other.items() if k not in after)
+    after["_id"] = before["_id"]
+    diff = pipeline_diff(before, after)
+    if diff is not None:
+        description = update_description_from_diff(diff)
+        assert bson.encode(post_image(before, description)) == bson.encode(after)

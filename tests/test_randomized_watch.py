@@ -46,6 +46,11 @@ _UPDATES = [
     {"$inc": {"arr.$[]": 1}},
     {"$unset": {"arr.0": ""}, "$set": {"sub.x": [{"a": 1}]}},
     {"$set": {"0": {"1": "x"}, "sub.0.1": True}},
+    [{"$replaceWith": {"$mergeObjects": ["$$ROOT", {"rw": "$v"}]}}],
+    [{"$unset": ["t", "sub.0"]}, {"$set": {"u": {"$concat": ["a", "b"]}}}],
+    ({"$set": {"arr.$[e].q": 7}}, [{"e.q": {"$gte": 2}}]),
+    {"$addToSet": {"arr": {"$each": [1, 99]}}, "$max": {"v": 50}},
+    {"$push": {"arr": {"$each": [0], "$position": 0}}, "$mul": {"v": 2}},
 ]
 
 
@@ -73,10 +78,13 @@ def _workload(c: Any, rng: random.Random, n: int) -> None:
             c.r1.k.update_many({"_id": i}, {"$inc": {"n": 1}})
         elif op < 0.8:
             coll, _id = rng.choice(live)
+            chosen = rng.choice(_UPDATES)
+            update, filters = chosen if isinstance(chosen, tuple) else (chosen, None)
             try:
-                coll.update_one({"_id": _id}, rng.choice(_UPDATES))
+                coll.update_one({"_id": _id}, update, array_filters=filters)
             except WriteError as exc:
-                assert exc.code in (14, 28)  # TypeMismatch, PathNotViable: the document is unchanged
+                # BadValue ($[] on a missing array), TypeMismatch, PathNotViable: the document is unchanged
+                assert exc.code in (2, 14, 28)
         elif op < 0.86:
             coll, _id = rng.choice(live)
             coll.replace_one({"_id": _id}, {"replaced": i})

@@ -116,10 +116,11 @@ async def test_oplog_shapes_for_a_table_of_writes(cluster):
         {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"i": {"b": 1}}}, "o2": {"_id": 1}},
         {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"d": {"b": False}}}, "o2": {"_id": 1}},
         {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"u": {"n": 6}}}, "o2": {"_id": 1}},
-        # array diffs: {a: true, u<idx>: value}, and l: <new length> when an array shrinks
+        # array diffs: {a: true, u<idx>: value}; $push that appends logs only the new elements
         {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"sarr": {"a": True, "u2": 7}}}, "o2": {"_id": 1}},
         {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"sx": {"u": {"y": 5}}}}, "o2": {"_id": 1}},
-        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"sarr": {"a": True, "l": 2}}}, "o2": {"_id": 1}},
+        # $pop logs the whole array (ModifierNode's log); only pipeline updates' diffs truncate (l)
+        {"op": "u", "ns": "shapes.c", "o": {"$v": 2, "diff": {"u": {"arr": [1, 2]}}}, "o2": {"_id": 1}},
         # C.4 replacement: o is the whole new document with _id
         {"op": "u", "ns": "shapes.c", "o": {"_id": 1, "z": 1}, "o2": {"_id": 1}},
         # C.5 delete: o is the documentKey
@@ -150,9 +151,10 @@ async def test_events_from_the_oplog_entries(cluster):
 
     def work():
         c = client(cluster.uri)
-        c.ev.c.insert_one({"_id": 1, "arr": [1, 2, 3]})
+        c.ev.c.insert_one({"_id": 1, "arr": [1, 2, 3], "pad": "x" * 40})
         c.ev.c.update_one({"_id": 1}, {"$set": {"arr.0": 9}, "$unset": {"gone": ""}})
-        c.ev.c.update_one({"_id": 1}, {"$pop": {"arr": 1}})
+        # A pipeline update is logged as the documents' diff, where a shorter array is a truncation.
+        c.ev.c.update_one({"_id": 1}, [{"$set": {"arr": [9, 2]}}])
         c.ev.c.create_index("arr")
     await sync(work)
     tr = OplogTransformer(show_expanded_events=True)
@@ -172,6 +174,73 @@ async def test_events_from_the_oplog_entries(cluster):
     # the spec test "Test array truncation" shape
     assert events[3]["updateDescription"]["truncatedArrays"] == [{"field": "arr", "newSize": 2}]
     assert events[4]["operationDescription"] == {"indexes": [{"v": 2, "key": {"arr": 1}, "name": "arr_1"}]}
+
+
+async def test_pipeline_updates_log_a_diff_or_the_whole_document_as_a_server_does(cluster):
+    """The server compares the documents for a pipeline update and logs the diff only when it is
+    smaller than the new document (with the `$v`/`diff` wrapper's 15 bytes): else the whole
+    document, which a change stream shows as a replace. `_id` is kept when the pipeline drops it
+    and may not change."""
+    node = _shard_with(cluster, "pu")
+
+    def work():
+        coll = client(cluster.uri).pu.c
+        coll.insert_many([{"_id": 1, "a": 1, "pad": "x" * 60}, {"_id": 2, "a": 1}])
+        coll.update_one({"_id": 1}, [{"$set": {"a": 2}}])
+        coll.update_one({"_id": 2}, [{"$set": {"a": 2}}])
+        coll.update_one({"_id": 1}, [{"$replaceWith": {"$mergeObjects": ["$$ROOT", {"b": "$a"}]}}])
+        coll.update_one({"_id": 1}, [{"$replaceWith": {"pad": "$pad", "b": "$b"}}])  # no _id: kept, first
+        coll.update_one({"_id": 2}, [{"$unset": "a"}, {"$set": {"z": {"$concat": ["p", "q"]}}}])
+        with pytest.raises(OperationFailure) as info:
+            coll.update_one({"_id": 2}, [{"$replaceWith": {"_id": 3}}])
+        assert info.value.code == 66
+        with pytest.raises(OperationFailure) as info:
+            coll.update_one({"_id": 2}, [{"$group": {"_id": 1}}])
+        assert info.value.code == 72  # InvalidOptions: not a stage an update may hold
+        return list(coll.find({}, sort=[("_id", 1)]))
+    docs = await sync(work)
+    assert docs == [{"_id": 1, "pad": "x" * 60, "b": 2}, {"_id": 2, "z": "pq"}]
+    assert list(docs[0]) == ["_id", "pad", "b"]
+    updates = [bson.decode(e) for e in node.oplog.read_after(0, 1 << 30)]
+    updates = [e["o"] for e in updates if e["op"] == "u" and e["ns"] == "pu.c"]
+    assert updates == [
+        {"$v": 2, "diff": {"u": {"a": 2}}},
+        {"_id": 2, "a": 2},  # the diff would not be smaller: the whole document
+        {"$v": 2, "diff": {"i": {"b": 2}}},
+        {"$v": 2, "diff": {"d": {"a": False}}},
+        {"_id": 2, "z": "pq"},
+    ]
+
+
+async def test_operator_updates_log_what_each_operator_did(cluster):
+    """Operators apply in path order and are logged as the server's log builder logs them: a value
+    set whole stays whole, an append logs the new elements, `$[]`/`$[<id>]`/`$` reach the elements
+    they select; nothing is logged (and nModified is 0) when nothing changed."""
+    node = _shard_with(cluster, "ou")
+
+    def work():
+        coll = client(cluster.uri).ou.c
+        coll.insert_one({"_id": 1, "sub": {"x": 0, "y": 1}, "arr": [{"q": 1}, {"q": 2}], "tags": ["a"]})
+        coll.update_one({"_id": 1}, {"$set": {"z": 1, "sub": {"x": 1}, "a": 1, "10": 1, "9": 1}})
+        coll.update_one({"_id": 1}, {"$inc": {"arr.$[].q": 1}, "$push": {"tags": {"$each": ["b", "c"]}}})
+        coll.update_one({"_id": 1}, {"$set": {"arr.$[e].r": True}}, array_filters=[{"e.q": {"$gt": 2}}])
+        coll.update_one({"_id": 1, "arr.q": 2}, {"$unset": {"arr.$.q": ""}, "$pull": {"tags": "a"}})
+        assert coll.update_one({"_id": 1}, {"$set": {"z": 1}, "$addToSet": {"tags": "b"}}).modified_count == 0
+        with pytest.raises(OperationFailure) as info:
+            coll.update_one({"_id": 1}, {"$set": {"sub.x": 2}, "$inc": {"sub": 1}})
+        assert info.value.code == 40  # ConflictingUpdateOperators
+        return coll.find_one({"_id": 1})
+    doc = await sync(work)
+    assert list(doc) == ["_id", "sub", "arr", "tags", "9", "10", "a", "z"]  # new fields in path order
+    assert doc["arr"] == [{}, {"q": 3, "r": True}] and doc["tags"] == ["b", "c"]
+    updates = [bson.decode(e) for e in node.oplog.read_after(0, 1 << 30)]
+    updates = [e["o"]["diff"] for e in updates if e["op"] == "u" and e["ns"] == "ou.c"]
+    assert updates == [
+        {"u": {"sub": {"x": 1}}, "i": {"9": 1, "10": 1, "a": 1, "z": 1}},
+        {"sarr": {"a": True, "s0": {"u": {"q": 2}}, "s1": {"u": {"q": 3}}}, "stags": {"a": True, "u1": "b", "u2": "c"}},
+        {"sarr": {"a": True, "s1": {"i": {"r": True}}}},
+        {"sarr": {"a": True, "s0": {"d": {"q": False}}}, "u": {"tags": ["b", "c"]}},
+    ]
 
 
 async def test_change_stream_fails_when_the_pipeline_modifies_the_resume_token(cluster):

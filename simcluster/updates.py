@@ -1,0 +1,522 @@
+"""Updates as a server applies and logs them: operators in path order, positional paths, and the
+`$v: 2` diff it writes to the oplog.
+
+Why a diff is not just "old versus new" here: the server logs what each operator did
+(update_executor's log builder), not a comparison of the documents. `$set: {a: {x: 1}}` over
+`a: {x: 0, y: 1}` logs `u: {a: {x: 1}}`, where a comparison would log a sub-diff; `$pull` logs the
+whole array; `$push` logs only the appended elements. Change events carry those shapes as their
+updateDescription, so a simulator that compared documents would show drivers other events than
+a server does. Pipeline updates are the exception: the server does compare the two documents
+(`pipeline_diff`), and logs the whole new document instead when the diff is not smaller.
+
+Facts from the server (src/mongo/db/update): operators apply in the order of their paths, names
+compared as numbers when both are numeric (update_object_node); a modifier that changes nothing
+logs nothing (binary-equal values); a path that did not exist is logged where it starts to be
+new, with its whole new subtree; $unset of an array element sets it to null and logs that; $push
+that only appends logs each new element; the diff's sections come d, u, i, then sub-diffs, and an
+array diff is `{a: true, u<i>|s<i>...}` by index (v2_log_builder, document_diff_calculator).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+
+from mongoformats.errors import MongoError
+from mongoformats.mql import _MISSING, _match_value, compare, matches
+
+__all__ = ["apply_update", "pipeline_diff", "update_with_diff"]
+
+# -- the diff, built as the server's log builder builds it ----------------------------------------
+
+
+class _DocDiff:
+    """A document's sub-diff: its sections in the order entries were logged."""
+
+    def __init__(self) -> None:
+        self.deletes: list[str] = []
+        self.updates: dict[str, Any] = {}
+        self.inserts: dict[str, Any] = {}
+        self.children: dict[str, _DocDiff | _ArrayDiff] = {}  # the s<name> sub-diffs, in order added
+
+    def serialize(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.deletes:
+            out["d"] = dict.fromkeys(self.deletes, False)
+        if self.updates:
+            out["u"] = dict(self.updates)
+        if self.inserts:
+            out["i"] = dict(self.inserts)
+        for name, child in self.children.items():
+            out["s" + name] = child.serialize()
+        return out
+
+
+class _ArrayDiff:
+    def __init__(self) -> None:
+        self.items: dict[int, Any] = {}  # index -> a new value, or a _DocDiff/_ArrayDiff
+
+    def serialize(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"a": True}
+        for idx in sorted(self.items):
+            item = self.items[idx]
+            if isinstance(item, (_DocDiff, _ArrayDiff)):
+                out[f"s{idx}"] = item.serialize()
+            else:
+                out[f"u{idx}"] = item
+        return out
+
+
+class _Log:
+    """What the operators did, as the paths they changed (V2LogBuilder's tree)."""
+
+    def __init__(self) -> None:
+        self.root = _DocDiff()
+        self.changed = False
+
+    def add(self, parts: list[str], in_array: list[bool], kind: str, value: Any = None) -> None:
+        """Log `kind` ("u" updated, "i" created, "d" deleted) at `parts`; `in_array[j]` says whether
+        parts[j] is an index into an array."""
+        self.changed = True
+        node: _DocDiff | _ArrayDiff = self.root
+        for j, part in enumerate(parts[:-1]):
+            if isinstance(node, _ArrayDiff):
+                child = node.items.get(int(part), _MISSING)
+            else:
+                child = node.children.get(part, node.inserts.get(part, _MISSING))
+            if child is _MISSING:
+                child = _ArrayDiff() if in_array[j + 1] else _DocDiff()
+                if isinstance(node, _ArrayDiff):
+                    node.items[int(part)] = child
+                else:
+                    node.children[part] = child
+            elif not isinstance(child, (_DocDiff, _ArrayDiff)):
+                return  # inside a value logged whole (a created subtree): that value is the final one
+            node = child
+        last = parts[-1]
+        if isinstance(node, _ArrayDiff):
+            node.items[int(last)] = value  # array entries are u<i>, created or updated
+        elif kind == "d":
+            node.deletes.append(last)
+        elif kind == "u":
+            node.updates[last] = value
+        else:
+            node.inserts[last] = value
+
+    def diff(self) -> dict[str, Any]:
+        return self.root.serialize()
+
+
+# -- applying the operators ----------------------------------------------------------------------
+
+_NOOP, _UPDATED, _CREATED = "noop", "u", "i"
+
+
+def _numeric(name: str) -> bool:
+    return name.isdigit() and name.isascii()
+
+
+def _compare_parts(a: str, b: str) -> int:
+    """Field names in the order the server applies them: numbers by value, the rest bytewise."""
+    if _numeric(a) and _numeric(b):
+        return (int(a) > int(b)) - (int(a) < int(b))
+    x, y = a.encode(), b.encode()
+    return (x > y) - (x < y)
+
+
+def _path_order(parts: list[str]) -> Any:
+    return [functools.cmp_to_key(_compare_parts)(p) for p in parts]
+
+
+def _lookup(doc: Any, parts: list[str]) -> tuple[int, list[bool], Any]:
+    """(how many leading parts exist, whether each existing part indexes an array, the value at
+    the deepest existing part)."""
+    cur, flags = doc, []
+    for depth, part in enumerate(parts):
+        if isinstance(cur, list) and _numeric(part) and int(part) < len(cur):
+            flags.append(True)
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            flags.append(False)
+            cur = cur[part]
+        else:
+            return depth, flags, cur
+    return len(parts), flags, cur
+
+
+def _not_viable(field: str, name: str, value: Any) -> MongoError:
+    return MongoError(28, f"Cannot create field '{field}' in element {{{name}: {value!r}}}")
+
+
+def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, list[bool]]:
+    """Put `value` at `parts`, making missing documents on the way as the server does (an index
+    past an array's end pads it with nulls); (the first part created, array flags of the path)."""
+    found, flags, _ = _lookup(doc, parts)
+    cur: Any = doc
+    for j, part in enumerate(parts):
+        last = j == len(parts) - 1
+        if isinstance(cur, list):
+            if not _numeric(part):
+                raise _not_viable(part, parts[j - 1] if j else "", cur)
+            idx = int(part)
+            if j >= found:
+                flags.append(True)
+            while len(cur) <= idx:
+                cur.append(None)
+            if last:
+                cur[idx] = value
+            elif j >= found:
+                cur[idx] = {}
+            cur = cur[idx]
+        elif isinstance(cur, dict):
+            if j >= found:
+                flags.append(False)
+            if last:
+                cur[part] = value
+            elif j >= found:
+                cur[part] = {}
+            cur = cur[part]
+        else:
+            raise _not_viable(part, parts[j - 1] if j else "", cur)
+    return found, flags
+
+
+def _arith(old: Any, operand: Any, op: str) -> Any:
+    if not isinstance(operand, (int, float)) or isinstance(operand, bool):
+        verb = "increment" if op == "$inc" else "multiply"
+        raise MongoError("TypeMismatch", f"Cannot {verb} with non-numeric argument: {operand!r}")
+    if old is _MISSING:  # $inc creates the operand, $mul a zero of the operand's type
+        return operand if op == "$inc" else type(operand)(0)
+    if not isinstance(old, (int, float)) or isinstance(old, bool):
+        raise MongoError("TypeMismatch", f"Cannot apply {op} to a value of non-numeric type")
+    result = old + operand if op == "$inc" else old * operand
+    # The server keeps the wider of the two types: Int32 + Int32 stays Int32 unless it overflows.
+    if isinstance(old, float) or isinstance(operand, float):
+        return float(result)
+    if isinstance(old, bson.Int64) or isinstance(operand, bson.Int64) or not -(2**31) <= result < 2**31:
+        return bson.Int64(result)
+    return int(result)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Binary-equal BSON values (same type and bytes): what makes a modifier a no-op."""
+    return bson.encode({"v": a}) == bson.encode({"v": b})
+
+
+def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, int]:
+    """(what happened, the new value, how many elements were appended) for one modifier at one
+    path whose current value is `old` (_MISSING if absent)."""
+    exists = old is not _MISSING
+    created = _UPDATED if exists else _CREATED
+    if op in ("$set", "$setOnInsert"):
+        if op == "$setOnInsert" and not is_insert:
+            return _NOOP, old, 0
+        return (_NOOP, old, 0) if exists and _same(old, value) else (created, copy.deepcopy(value), 0)
+    if op in ("$inc", "$mul"):
+        new = _arith(old, value, op)
+        return (_NOOP, old, 0) if exists and _same(old, new) else (created, new, 0)
+    if op in ("$min", "$max"):
+        if exists and (compare(value, old) >= 0 if op == "$min" else compare(value, old) <= 0):
+            return _NOOP, old, 0
+        return created, copy.deepcopy(value), 0
+    if op == "$currentDate":
+        return created, datetime.datetime.now(datetime.UTC).replace(microsecond=0), 0
+    if op in ("$push", "$addToSet"):
+        each = isinstance(value, Mapping) and "$each" in value
+        items = list(value["$each"]) if each else [value]
+        if exists and not isinstance(old, list):
+            raise MongoError("BadValue", f"The field must be an array but is of type {type(old).__name__}")
+        arr = list(old) if exists else []
+        before = len(arr)
+        if op == "$addToSet":
+            for item in items:
+                if all(compare(item, a) != 0 for a in arr):
+                    arr.append(copy.deepcopy(item))
+            if exists and len(arr) == before:
+                return _NOOP, old, 0
+            return created, arr, 0
+        position = value.get("$position") if each else None
+        if position is not None and position < before:
+            at = max(before + position, 0) if position < 0 else position
+            arr[at:at] = copy.deepcopy(items)
+        else:
+            arr += copy.deepcopy(items)
+        appended = before > 0 and (position is None or position >= before) and bool(items)
+        if each and "$sort" in value:
+            spec = value["$sort"]
+            if isinstance(spec, Mapping):
+                from simcluster.query import sort_docs
+
+                arr = sort_docs(arr, spec)
+            else:
+                arr = sorted(arr, key=functools.cmp_to_key(compare), reverse=spec < 0)
+            appended = False
+        if each and "$slice" in value:
+            n = value["$slice"]
+            sliced = arr[:n] if n >= 0 else arr[len(arr) + n:] if n else []
+            appended = appended and len(sliced) == len(arr)
+            arr = sliced
+        if exists and not items and len(arr) == before:
+            return _NOOP, old, 0
+        return (created, arr, len(items) if appended and exists else 0)
+    if op == "$pop":
+        if not exists:
+            return _NOOP, old, 0
+        if not isinstance(old, list):
+            raise MongoError("TypeMismatch", "Path must be an array to $pop")
+        if not old:
+            return _NOOP, old, 0
+        return _UPDATED, old[1:] if value == -1 else old[:-1], 0
+    if op in ("$pull", "$pullAll"):
+        if not exists:
+            return _NOOP, old, 0
+        if not isinstance(old, list):
+            raise MongoError("BadValue", "Cannot apply $pull to a non-array value")
+        gone = value if op == "$pullAll" else [value]
+        keep = [a for a in old if not any(
+            (matches(a, g) if isinstance(g, Mapping) and isinstance(a, Mapping) else
+             _match_value(g, [a], a, "")) for g in gone)]
+        return (_NOOP, old, 0) if len(keep) == len(old) else (_UPDATED, keep, 0)
+    raise MongoError("FailedToParse", f"Unknown modifier: {op}. Expected a valid update modifier or "
+                     "pipeline-style update specified as an array")
+
+
+_MODIFIERS = frozenset({"$set", "$setOnInsert", "$inc", "$mul", "$min", "$max", "$currentDate", "$push",
+                        "$addToSet", "$pop", "$pull", "$pullAll", "$unset", "$rename"})
+
+
+def _expand(doc: Any, parts: list[str], array_filters: Mapping[str, Any], query: Mapping[str, Any],
+            path: str) -> list[list[str]]:
+    """The concrete paths of one update path: `$[]`, `$[<id>]` and `$` become the indexes they
+    select in this document, in index order."""
+    out: list[list[str]] = [[]]
+    for part in parts:
+        if not (part.startswith("$[") or part == "$"):
+            for p in out:
+                p.append(part)
+            continue
+        grown: list[list[str]] = []
+        for prefix in out:
+            found, _, value = _lookup(doc, prefix)
+            where = ".".join(prefix)
+            if found < len(prefix):
+                raise MongoError("BadValue", f"The path '{where}' must exist in the document in order to apply "
+                                 "array updates.")
+            if not isinstance(value, list):
+                raise MongoError("BadValue", f"Cannot apply array updates to non-array element {where}: {value!r}")
+            if part == "$":
+                grown.append([*prefix, str(_positional(value, where, query))])
+                continue
+            ident = part[2:-1]
+            if ident and ident not in array_filters:
+                raise MongoError("BadValue", f"No array filter found for identifier '{ident}' in path '{path}'")
+            for idx, element in enumerate(value):
+                if not ident or matches({ident: element}, array_filters[ident]):
+                    grown.append([*prefix, str(idx)])
+        out = grown
+    return out
+
+
+def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
+    """The index `$` stands for: the first element the query's conditions on this array match."""
+    terms = [(k, v) for k, v in query.items() if k == where or k.startswith(where + ".")]
+    for clause in query.get("$and", []):
+        terms += [(k, v) for k, v in clause.items() if k == where or k.startswith(where + ".")]
+    if terms:
+        for idx, element in enumerate(array):
+            if all(matches({where: [element]} if k == where else {where: element}, {k: v}) for k, v in terms):
+                return idx
+    raise MongoError("BadValue", "The positional operator did not find the match needed from the query.")
+
+
+def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
+                     array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None,
+                     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the updated copy of `doc`, the `$v: 2` diff the server logs for it, or None if nothing changed).
+    A replacement document gives (the new document, None) too: the oplog holds it whole."""
+    new = copy.deepcopy(doc) if doc is not None else {}
+    if not update or not all(k.startswith("$") for k in update):
+        return _replace(doc, update), None
+    filters: dict[str, Any] = {}
+    for spec in array_filters or ():
+        for key in spec:
+            filters.setdefault(key.split(".")[0], {})[key] = spec[key]
+    # Every (operator, concrete path, argument), then applied in path order (renames at their target).
+    steps: list[tuple[list[str], str, list[str], Any]] = []
+    for op, fields in update.items():
+        if op not in _MODIFIERS:
+            _modify(op, _MISSING, None, is_insert)  # raises the server's unknown-modifier error
+        for path, value in fields.items():
+            if op == "$rename":
+                steps.append((value.split("."), op, path.split("."), value))
+                continue
+            for parts in _expand(new, path.split("."), filters, query or {}, path):
+                steps.append((parts, op, parts, value))
+    steps.sort(key=lambda s: _path_order(s[0]))
+    for a, b in zip(steps, steps[1:], strict=False):
+        if b[0][:len(a[0])] == a[0]:
+            raise MongoError("ConflictingUpdateOperators", f"Updating the path '{'.'.join(b[0])}' would create a "
+                             f"conflict at '{'.'.join(a[0])}'")
+    log = _Log()
+    for target, op, parts, value in steps:
+        if op == "$unset":
+            found, flags, _ = _lookup(new, parts)
+            if found == len(parts):
+                _unset(new, parts, flags, log)
+        elif op == "$rename":
+            found, flags, old = _lookup(new, parts)
+            if found == len(parts):
+                _unset(new, parts, flags, log, renamed=True)
+                _put(new, target, old, log)
+        else:
+            found, flags, old = _lookup(new, parts)
+            kind, result, appended = _modify(op, old if found == len(parts) else _MISSING, value, is_insert)
+            if kind == _NOOP:
+                continue
+            if appended:  # $push that only appended: each new element, not the array
+                for idx in range(len(result) - appended, len(result)):
+                    log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
+                _place(new, parts, result)
+            else:
+                _put(new, parts, result, log)
+    if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
+        raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
+                         "field '_id'")
+    return new, log.diff() if log.changed else None
+
+
+def _place(doc: dict[str, Any], parts: list[str], value: Any) -> None:
+    _create(doc, parts, value)
+
+
+def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
+    """Set `parts` to `value` and log it: updated where the path existed, else created from its
+    first new part (with that part's whole new subtree)."""
+    found, flags = _create(doc, parts, value)
+    if found == len(parts):
+        log.add(parts, flags, "u", value)
+    else:
+        _, _, subtree = _lookup(doc, parts[:found + 1])
+        log.add(parts[:found + 1], flags[:found + 1], "i", subtree)
+
+
+def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: _Log, *, renamed: bool = False) -> None:
+    _, _, parent = _lookup(doc, parts[:-1])
+    if flags[-1]:
+        if renamed:
+            raise MongoError("BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'")
+        parent[int(parts[-1])] = None  # $unset of an array element leaves a null in its place
+        log.add(parts, flags, "u", None)
+    else:
+        del parent[parts[-1]]
+        log.add(parts, flags, "d")
+
+
+def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> dict[str, Any]:
+    """A replacement keeps `_id` first, and may not change it."""
+    out: dict[str, Any] = {}
+    if doc is not None and "_id" in doc:
+        out["_id"] = doc["_id"]
+    for k, v in replacement.items():
+        if k == "_id" and doc is not None and "_id" in doc and not _same(v, doc["_id"]):
+            raise MongoError("ImmutableField", "After applying the update, the (immutable) field '_id' was found "
+                             "to have been altered to _id: " + repr(v))
+        out[k] = v
+    return out
+
+
+def apply_update(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
+                 array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The updated copy of `doc` (None for an upsert's new document)."""
+    return update_with_diff(doc, update, is_insert=is_insert, array_filters=array_filters, query=query)[0]
+
+
+def replaced_by_pipeline(doc: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """The document a pipeline update stores: its result, `_id` kept (and put first) when the
+    pipeline dropped it, ImmutableField when it changed it (ObjectReplaceExecutor)."""
+    return _replace(doc, result)
+
+
+# -- pipeline updates: the server compares the documents -----------------------------------------
+
+_DELTA_METADATA_BYTES = 15  # `$v: 2` and the `diff` element around a diff (kSizeOfDeltaOplogEntryMetadata)
+
+
+def _size(value: Any) -> int:
+    return len(bson.encode(value if isinstance(value, Mapping) else {str(i): v for i, v in enumerate(value)}))
+
+
+def pipeline_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The diff the server logs for a pipeline update from `old` to `new`, or None when it logs the
+    whole new document instead (a diff, with its metadata, no smaller than the document)."""
+    return _doc_diff(old, new, _DELTA_METADATA_BYTES)
+
+
+def _doc_diff(old: Mapping[str, Any], new: Mapping[str, Any], padding: int = 0) -> dict[str, Any] | None:
+    """computeDocDiff: both documents walked side by side; a field whose name differs from the new
+    document's field at that place is deleted unless it comes again later (then it is an insert,
+    which moves it); None if the diff is no smaller than `new`."""
+    deletes: list[str] = []
+    updates: dict[str, Any] = {}
+    inserts: dict[str, Any] = {}
+    subs: dict[str, Any] = {}
+    old_items, new_items = list(old.items()), list(new.items())
+    gone: set[str] = set()
+    i = j = 0
+    while i < len(old_items) and j < len(new_items):
+        (name, before), (new_name, after) = old_items[i], new_items[j]
+        if name != new_name:
+            gone.add(name)
+            i += 1
+            continue
+        if not _same(before, after):
+            sub = _sub_diff(before, after)
+            if sub is None:
+                updates[name] = after
+            else:
+                subs["s" + name] = sub
+        i, j = i + 1, j + 1
+    deletes += (name for name, _ in old_items[i:])
+    for name, after in new_items[j:]:
+        inserts[name] = after
+        gone.discard(name)
+    deletes += sorted(gone, key=str.encode)
+    out: dict[str, Any] = {}
+    if deletes:
+        out["d"] = dict.fromkeys(deletes, False)
+    if updates:
+        out["u"] = updates
+    if inserts:
+        out["i"] = inserts
+    out.update(subs)
+    return out if _size(out) + padding < _size(new) else None
+
+
+def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
+    """computeArrayDiff: index by index; a shorter array is a resize (`l`)."""
+    out: dict[str, Any] = {"a": True}
+    if len(old) > len(new):
+        out["l"] = len(new)
+    for idx, after in enumerate(new):
+        if idx < len(old) and _same(old[idx], after):
+            continue
+        sub = _sub_diff(old[idx], after) if idx < len(old) else None
+        if sub is None:
+            out[f"u{idx}"] = after
+        else:
+            out[f"s{idx}"] = sub
+    return out if _size(out) < _size(new) else None
+
+
+def _sub_diff(before: Any, after: Any) -> dict[str, Any] | None:
+    """The sub-diff of two documents or two arrays, or None: then the new value is logged whole."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return _doc_diff(before, after)
+    if isinstance(before, list) and isinstance(after, list):
+        return _array_diff(before, after)
+    return None
