@@ -537,7 +537,9 @@ class ShardNode(CommandServer):
             if old is not None:
                 self.delete_docs(ns, {"_id": old["_id"]}, 1, session)
             return {"lastErrorObject": {"n": 1 if old else 0}, "value": old}
-        r = self.update_docs(ns, {"q": {"_id": old["_id"]} if old else cmd.get("query", {}),
+        # The document found, by _id; the query still stands beside it for a positional `$` path.
+        query = cmd.get("query", {})
+        r = self.update_docs(ns, {"q": {"$and": [{"_id": old["_id"]}, query]} if old else query,
                                   "u": cmd.get("update", {}), "upsert": cmd.get("upsert", False)}, session)
         after = None
         if cmd.get("new"):

@@ -35,10 +35,10 @@ def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[s
 
 
 def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
-    """The `_id` values a filter can only match (`{_id: v, ...}`, `{_id: {$in: [...]}, ...}`, or an
-    `$or` of such branches), or None when it may match others: those filters are answered from
-    the `_id` index, as the server's planner answers them, instead of a collection scan (the
-    engine's lookups send an `$or` of up to 500 document keys)."""
+    """The `_id` values a filter can only match (`{_id: v, ...}`, `{_id: {$in: [...]}, ...}`, an
+    `$or` of such branches, or an `$and` with such a clause), or None when it may match others:
+    those filters are answered from the `_id` index, as the server's planner answers them, instead
+    of a collection scan (the engine's lookups send an `$or` of up to 500 document keys)."""
     if set(filt) == {"$or"} and isinstance(filt["$or"], list):
         out: list[Any] = []
         for branch in filt["$or"]:
@@ -47,6 +47,10 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
                 return None
             out += ids
         return out
+    if isinstance(filt.get("$and"), list):  # any clause that pins _id pins the whole conjunction
+        for clause in filt["$and"]:
+            if isinstance(clause, Mapping) and (ids := pinned_ids(clause)) is not None:
+                return ids
     if "_id" not in filt:
         return None
     cond = filt["_id"]

@@ -258,7 +258,7 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, i
             appended = False
         if each and "$slice" in value:
             n = value["$slice"]
-            sliced = arr[:n] if n >= 0 else arr[len(arr) + n:] if n else []
+            sliced = arr[:n] if n >= 0 else arr[n:]
             appended = appended and len(sliced) == len(arr)
             arr = sliced
         if exists and not items and len(arr) == before:
@@ -381,17 +381,13 @@ def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, i
             if appended:  # $push that only appended: each new element, not the array
                 for idx in range(len(result) - appended, len(result)):
                     log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
-                _place(new, parts, result)
+                _create(new, parts, result)
             else:
                 _put(new, parts, result, log)
     if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
         raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
                          "field '_id'")
     return new, log.diff() if log.changed else None
-
-
-def _place(doc: dict[str, Any], parts: list[str], value: Any) -> None:
-    _create(doc, parts, value)
 
 
 def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:

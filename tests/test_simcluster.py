@@ -348,3 +348,13 @@ async def test_inserts_spliced_from_the_sent_bytes_log_the_same_entries():
                      for e in entries if e.get("ns") == "db.dicts"]
             assert sent == dicts and len(sent) == 3
             node.dbs.clear()  # the same documents again in the next round
+
+
+async def test_find_and_modify_updates_the_element_its_query_matched(cluster):
+    """A positional `$` path in findAndModify reaches the array element the query matched."""
+    def work():
+        coll = client(cluster.uri).fm.c
+        coll.insert_one({"_id": 1, "arr": [{"k": 1}, {"k": 2}]})
+        return coll.find_one_and_update({"arr.k": 2}, {"$set": {"arr.$.hit": True}}, return_document=True)
+    doc = await sync(work)
+    assert doc["arr"] == [{"k": 1}, {"k": 2, "hit": True}]
