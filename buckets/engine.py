@@ -28,6 +28,7 @@ from bson import Int64, Timestamp
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
+from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
 from mongoformats.change_events import ChangeEvent, ddl_note
@@ -109,6 +110,7 @@ class Engine:
         self._private: dict[int, ParallelStream] = {}   # replay streams owned by one cursor
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
+        self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
         self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
         # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
         self.watches = {"accelerated": 0, "passedThrough": 0}
@@ -124,8 +126,8 @@ class Engine:
             table.register(name, self.cmd_ddl)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+        async with reader_pool() as pool, trio.open_nursery() as nursery:
+            self._nursery, self._reader_pool = nursery, pool
             task_status.started()
             while True:
                 await trio.sleep(1)
@@ -298,7 +300,8 @@ class Engine:
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
-                                connect_upstream=self.connect_upstream, connect_member=self.connect_member)
+                                connect_upstream=self.connect_upstream, connect_member=self.connect_member,
+                                readers_pool=self._reader_pool)
         stream.last_active = trio.current_time()
         assert self._nursery is not None, "Engine.run() must be started first"
         self._nursery.start_soon(stream.run)

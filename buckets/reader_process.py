@@ -1,17 +1,24 @@
 """Reader processes (readerProcesses): shards' oplogs read and transformed outside the proxy process.
 
-One Python process is one core. With `readerProcesses: k`, a stream starts k reader processes
-and deals its shards over them; each process runs the shards' OplogTails (connections, getMores,
-splicing, transactions) in its own trio loop and sends their events back. The proxy process is
-left with merging, dealing and serving consumers, and never touches an oplog reply.
+One Python process is one core. With `readerProcesses: k`, a stream deals its shards over k
+reader processes; each process runs the shards' OplogTails (connections, getMores, splicing,
+transactions) in its own trio loop and sends their events back. The proxy process is left with
+merging, dealing and serving consumers, and never touches an oplog reply.
+
+The processes are a pool of the engine's (ReaderPool), started when a stream first asks for
+them and kept: streams share them, so opening a stream, or an accelerated watch() on a proxy
+with reader processes, does not wait for interpreters to start (~0.5 s each). A process that
+dies fails the streams reading through it (they resume from their tokens); the next stream
+that asks gets a new one in its place.
 
 Transport: the proxy process listens on a Unix socket in a private directory; each reader
-process, started by trio_parallel (which kills it when the stream closes), connects to it. Both
-directions carry length-prefixed pickles:
+process, started by trio_parallel (which kills it when the pool closes), connects to it. Both
+directions carry length-prefixed pickles; `key` names one tail (one shard of one stream):
 
-    proxy -> reader:  ("add", OplogTail, budget bytes)    ("credit", {shard: bytes freed})
-    reader -> proxy:  ("batch", shard, events, nbytes, entries, (secs, inc))
-                      ("checked" | "idle" | "parked" | "connected" | "failed", shard, ...)
+    proxy -> reader:  ("add", key, OplogTail, budget bytes)    ("remove", key)
+                      ("credit", {key: bytes freed})
+    reader -> proxy:  ("batch", key, events, nbytes, entries, (secs, inc))
+                      ("checked" | "idle" | "parked" | "connected" | "failed", key, ...)
 
 Flow control: each tail charges a ByteBudget of the shard's size in its own process before it
 sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits
@@ -22,6 +29,7 @@ buffer stops only its own shard's getMores, in the reader process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import pickle
@@ -84,62 +92,88 @@ class MessageStream:
 
 
 class ReaderHost:
-    """The proxy-side end of one reader process: starts it, hands it tails, relays what they report."""
+    """The proxy-side end of one reader process: starts it, hands it tails of any stream, relays
+    what they report."""
 
-    def __init__(self, index: int, stream_name: str) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.stream_name = stream_name
+        self.started = False  # connected back and relaying
+        self.alive = True
         self._channel: MessageStream | None = None
-        self._readers: dict[str, ShardReader] = {}
-        self._failures: dict[str, trio.Event] = {}
-        self._errors: dict[str, Exception] = {}
-        self._credit: dict[str, int] = {}
+        self._keys = itertools.count()
+        self._readers: dict[int, ShardReader] = {}
+        self._failures: dict[int, trio.Event] = {}
+        self._errors: dict[int, Exception] = {}
+        self._credit: dict[int, int] = {}
         self._credit_due = trio.Event()
+        self._death = "closed its connection"
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the process, wait for it to connect, then relay until cancelled (which kills it)."""
-        with tempfile.TemporaryDirectory(prefix="pcs-readers-") as private:  # 0700: only this user connects
-            path = os.path.join(private, f"r{self.index}.sock")
-            listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-            with listener:
-                await listener.bind(path)
-                listener.listen(1)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._process, path)
-                    with trio.fail_after(START_TIMEOUT_S):
-                        sock, _ = await listener.accept()
-                    self._channel = MessageStream(trio.SocketStream(sock))
-                    nursery.start_soon(self._send_credit)
-                    task_status.started()
-                    try:
-                        await self._relay(self._channel)
-                    finally:
-                        await self._channel.stream.aclose()
-                    nursery.cancel_scope.cancel()
+        """Start the process, wait for it to connect, then relay until cancelled (which kills it)
+        or until it dies (which fails the tails it ran)."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="pcs-readers-") as private:  # 0700: only this user connects
+                path = os.path.join(private, f"r{self.index}.sock")
+                listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+                with listener:
+                    await listener.bind(path)
+                    listener.listen(1)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._process, path)
+                        with trio.fail_after(START_TIMEOUT_S):
+                            sock, _ = await listener.accept()
+                        self._channel = MessageStream(trio.SocketStream(sock))
+                        nursery.start_soon(self._send_credit)
+                        self.started = True
+                        task_status.started()
+                        try:
+                            await self._relay(self._channel)
+                        finally:
+                            await self._channel.stream.aclose()
+                        nursery.cancel_scope.cancel()
+        finally:
+            self.alive = False
+            for key in list(self._readers):
+                self._fail(key, MongoError("InternalError", f"reader process {self.index} {self._death}"))
 
     async def _process(self, path: str) -> None:
         limiter = trio.CapacityLimiter(1)  # not the default limiter: that one admits only os.cpu_count() jobs
         try:
             await trio_parallel.run_sync(serve_readers, path, kill_on_cancel=True, limiter=limiter)
         except trio_parallel.BrokenWorkerError as exc:  # killed, out of memory, ...
-            raise MongoError("InternalError", f"reader process {self.index} of stream {self.stream_name!r} "
-                             f"died: {exc.args[-1] if exc.args else exc}") from None
-        raise MongoError("InternalError", f"reader process {self.index} of stream {self.stream_name!r} exited")
+            self._death = f"died: {exc.args[-1] if exc.args else exc}"
+        else:
+            self._death = "exited"
+        raise MongoError("InternalError", f"reader process {self.index} {self._death}")
 
     async def read(self, reader: ShardReader) -> None:
-        """Run `reader`'s tail in this process; returns never, raises what the tail raised."""
+        """Run `reader`'s tail in this process; returns never, raises what the tail raised. When
+        cancelled (its stream closes), the tail is stopped in the process, which goes on."""
         assert self._channel is not None, "ReaderHost.run must be started first"
-        sid = reader.shard_id
-        self._readers[sid] = reader
-        failed = self._failures[sid] = trio.Event()
-        reader.budget.on_release = lambda n: self._give_credit(sid, n)
-        await self._channel.send(("add", reader.tail, reader.budget.limit))
-        await failed.wait()
-        raise self._errors[sid]
+        key = next(self._keys)
+        self._readers[key] = reader
+        failed = self._failures[key] = trio.Event()
+        reader.budget.on_release = lambda n: self._give_credit(key, n)
+        try:
+            if not self.alive:
+                raise MongoError("InternalError", f"reader process {self.index} {self._death}")
+            await self._channel.send(("add", key, reader.tail, reader.budget.limit))
+            await failed.wait()
+            raise self._errors[key]
+        finally:
+            gone = self._readers.pop(key, None) is not None
+            self._failures.pop(key, None)
+            self._errors.pop(key, None)
+            self._credit.pop(key, None)
+            if gone and self.alive:  # still running there: stop it
+                with (trio.CancelScope(shield=True), trio.move_on_after(5),
+                      contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
+                    await self._channel.send(("remove", key))
 
-    def _give_credit(self, sid: str, n: int) -> None:
-        self._credit[sid] = self._credit.get(sid, 0) + n
-        self._credit_due.set()
+    def _give_credit(self, key: int, n: int) -> None:
+        if key in self._readers:
+            self._credit[key] = self._credit.get(key, 0) + n
+            self._credit_due.set()
 
     async def _send_credit(self) -> None:
         """Budget the merge freed goes back to the tails, coalesced: one message per wake-up."""
@@ -152,9 +186,9 @@ class ReaderHost:
 
     async def _relay(self, channel: MessageStream) -> None:
         while (message := await channel.receive()) is not None:
-            kind, sid = message[0], message[1]
-            reader = self._readers.get(sid)
-            if reader is None:
+            kind, key = message[0], message[1]
+            reader = self._readers.get(key)
+            if reader is None:  # a tail that was removed: what it sent last is not wanted
                 continue
             if kind == "batch":
                 _, _, events, nbytes, entries, (secs, inc) = message
@@ -168,26 +202,53 @@ class ReaderHost:
             elif kind == "connected":
                 await reader.connected(message[2], message[3])
             elif kind == "failed":
-                self._fail(sid, MongoError(message[2], message[3]))
-        for sid in list(self._readers):
-            self._fail(sid, MongoError("InternalError", f"reader process {self.index} of stream "
-                                       f"{self.stream_name!r} closed its connection"))
+                self._fail(key, MongoError(message[2], message[3]))
 
-    def _fail(self, sid: str, exc: Exception) -> None:
-        self._errors[sid] = exc
-        self._failures[sid].set()
-        self._readers.pop(sid, None)
+    def _fail(self, key: int, exc: Exception) -> None:
+        if self._readers.pop(key, None) is not None:
+            self._errors[key] = exc
+            self._failures[key].set()
+
+
+class ReaderPool:
+    """The reader processes the streams of one engine share, started on first use and kept."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._slots: list[ReaderHost] = []
+        self._lock = trio.Lock()  # one caller starts missing processes at a time
+
+    async def hosts(self, count: int) -> list[ReaderHost]:
+        """The first `count` processes, starting any that are missing or dead (side by side)."""
+        async with self._lock:
+            fresh = [ReaderHost(i) for i in range(count) if i >= len(self._slots) or not self._slots[i].alive]
+            async with trio.open_nursery() as starting:
+                for host in fresh:
+                    starting.start_soon(self._nursery.start, self._keep, host)
+            for host in fresh:
+                if host.index < len(self._slots):
+                    self._slots[host.index] = host
+                else:
+                    self._slots.append(host)
+            return self._slots[:count]
+
+    @staticmethod
+    async def _keep(host: ReaderHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run `host`; once it has started, its death fails only its own tails (host.run does
+        that), never the engine."""
+        try:
+            await host.run(task_status=task_status)
+        except* MongoError as group:  # from the process's task, inside host.run's nursery
+            if not host.started:
+                raise  # the stream that asked for it fails to open
+            log.warning("%s; streams reading through it fail and resume from their tokens", group.exceptions[0])
 
 
 @contextlib.asynccontextmanager
-async def reader_hosts(count: int, stream_name: str) -> AsyncIterator[list[ReaderHost]]:
-    """`count` running reader processes for one stream, stopped (killed) on exit."""
+async def reader_pool() -> AsyncIterator[ReaderPool]:
+    """A pool of reader processes, all killed on exit."""
     async with trio.open_nursery() as nursery:
-        hosts = [ReaderHost(i, stream_name) for i in range(count)]
-        async with trio.open_nursery() as starting:  # processes start side by side (~0.5 s each)
-            for host in hosts:
-                starting.start_soon(nursery.start, host.run)
-        yield hosts
+        yield ReaderPool(nursery)
         nursery.cancel_scope.cancel()
 
 
@@ -202,48 +263,62 @@ def serve_readers(path: str) -> None:
 class _Report:
     """A tail's TailOutput in a reader process: every report becomes a message to the proxy."""
 
-    def __init__(self, sid: str, channel: MessageStream, budget: ByteBudget) -> None:
-        self.sid = sid
+    def __init__(self, key: int, channel: MessageStream, budget: ByteBudget) -> None:
+        self.key = key
         self.channel = channel
         self.budget = budget
 
     async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         await self.budget.acquire(nbytes)
-        await self.channel.send(("batch", self.sid, events, nbytes, entries, (last_ts.time, last_ts.inc)))
+        await self.channel.send(("batch", self.key, events, nbytes, entries, (last_ts.time, last_ts.inc)))
 
     async def checked(self) -> None:
-        await self.channel.send(("checked", self.sid))
+        await self.channel.send(("checked", self.key))
 
     async def parked(self, waiting: bool) -> None:
-        await self.channel.send(("parked", self.sid, waiting))
+        await self.channel.send(("parked", self.key, waiting))
 
     async def idle(self) -> None:
-        await self.channel.send(("idle", self.sid))
+        await self.channel.send(("idle", self.key))
 
     async def connected(self, host: str, reconnects: int) -> None:
-        await self.channel.send(("connected", self.sid, host, reconnects))
+        await self.channel.send(("connected", self.key, host, reconnects))
 
 
 async def _serve(path: str) -> None:
     channel = MessageStream(await trio.open_unix_socket(path))
-    budgets: dict[str, ByteBudget] = {}
+    budgets: dict[int, ByteBudget] = {}
+    tails: dict[int, trio.CancelScope] = {}
+
+    async def run_tail(key: int, tail: OplogTail) -> None:
+        try:
+            with tails[key]:
+                await _run_tail(tail, _Report(key, channel, budgets[key]))
+        finally:
+            tails.pop(key, None)
+            budgets.pop(key, None)
+
     async with trio.open_nursery() as nursery:
         while (message := await channel.receive()) is not None:
             if message[0] == "add":
-                _, tail, limit = message
-                budgets[tail.shard_id] = ByteBudget(limit)
-                nursery.start_soon(_run_tail, tail, _Report(tail.shard_id, channel, budgets[tail.shard_id]))
+                _, key, tail, limit = message
+                budgets[key], tails[key] = ByteBudget(limit), trio.CancelScope()
+                nursery.start_soon(run_tail, key, tail)
+            elif message[0] == "remove":  # its stream closed
+                if (scope := tails.get(message[1])) is not None:
+                    scope.cancel()
             elif message[0] == "credit":
-                for sid, n in message[1].items():
-                    budgets[sid].release(n)
-        nursery.cancel_scope.cancel()  # the proxy closed the stream: stop every tail
+                for key, n in message[1].items():
+                    if key in budgets:
+                        budgets[key].release(n)
+        nursery.cancel_scope.cancel()  # the proxy closed the pool: stop every tail
 
 
 async def _run_tail(tail: OplogTail, report: _Report) -> None:
     try:
         await tail.run(report)
     except MongoError as exc:
-        await report.channel.send(("failed", tail.shard_id, exc.code, exc.errmsg))
+        await report.channel.send(("failed", report.key, exc.code, exc.errmsg))
     except Exception as exc:  # a bug, or an entry the transform cannot handle: this stream fails alone
         log.exception("shard %s: reader failed", tail.shard_id)
-        await report.channel.send(("failed", tail.shard_id, 1, f"{type(exc).__name__}: {exc}"))
+        await report.channel.send(("failed", report.key, 1, f"{type(exc).__name__}: {exc}"))

@@ -32,7 +32,7 @@ from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
-from buckets.reader_process import ReaderHost, reader_hosts
+from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
@@ -300,8 +300,9 @@ class ParallelStream:
     def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
                  floors: list[bytes], *, keep: set[int] | None = None,
                  connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
-                 connect_member: ConnectMember = open_member) -> None:
+                 connect_member: ConnectMember = open_member, readers_pool: ReaderPool | None = None) -> None:
         self.name = name
+        self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
         self.start = start
         n = options.n_buckets
@@ -403,8 +404,9 @@ class ParallelStream:
         if not self.options.reader_processes:
             yield
             return
-        async with reader_hosts(self.options.reader_processes, self.name) as hosts:
-            self._hosts = hosts
+        async with contextlib.AsyncExitStack() as stack:
+            pool = self._pool if self._pool is not None else await stack.enter_async_context(reader_pool())
+            hosts = self._hosts = await pool.hosts(self.options.reader_processes)
             for i, reader in enumerate(self.readers.values()):
                 reader.elsewhere = hosts[i % len(hosts)]
             yield

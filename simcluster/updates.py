@@ -282,8 +282,12 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, i
             (matches(a, g) if isinstance(g, Mapping) and isinstance(a, Mapping) else
              _match_value(g, [a], a, "")) for g in gone)]
         return (_NOOP, old, 0) if len(keep) == len(old) else (_UPDATED, keep, 0)
-    raise MongoError("FailedToParse", f"Unknown modifier: {op}. Expected a valid update modifier or "
-                     "pipeline-style update specified as an array")
+    raise _unknown_modifier(op)
+
+
+def _unknown_modifier(op: str) -> MongoError:
+    return MongoError("FailedToParse", f"Unknown modifier: {op}. Expected a valid update modifier or "
+                      "pipeline-style update specified as an array")
 
 
 _MODIFIERS = frozenset({"$set", "$setOnInsert", "$inc", "$mul", "$min", "$max", "$currentDate", "$push",
@@ -350,7 +354,7 @@ def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, i
     steps: list[tuple[list[str], str, list[str], Any]] = []
     for op, fields in update.items():
         if op not in _MODIFIERS:
-            _modify(op, _MISSING, None, is_insert)  # raises the server's unknown-modifier error
+            raise _unknown_modifier(op)
         for path, value in fields.items():
             if op == "$rename":
                 steps.append((value.split("."), op, path.split("."), value))

@@ -16,7 +16,7 @@ from pymongo.errors import OperationFailure
 
 from buckets.bucketing import bucket_of
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, proxy_uri, sync
+from tests.conftest import _close_all, client, proxy_uri, sync, wait_until
 from tests.test_engine import drain, end_point, key, reference
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
@@ -161,3 +161,41 @@ async def test_a_killed_reader_process_fails_its_stream_and_the_buckets_resume_f
         assert sorted(seen) == reference(cluster, start, end)
         assert sum(e["operationType"] == "insert" for e in seen.values()) == 130
     await sync(work)
+
+
+def _reader_processes() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())}
+
+
+async def test_streams_share_the_engines_reader_processes(cluster):
+    """Reader processes belong to the engine: a second stream (and an accelerated watch()) reads
+    through the process the first one started, and a stream torn down stops only its own tails."""
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, reader_processes=1,
+                                                             accelerate_change_streams=True,
+                                                             stream_idle_teardown_s=0.5))
+
+        def work():
+            c = client(proxy_uri(proxy))
+            start = c.admin.command("ping")["operationTime"]
+            before = _reader_processes()
+            a = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "a", "startAtOperationTime": start})
+            started = _reader_processes() - before
+            assert len(started) == 1
+            b = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "b", "startAtOperationTime": start})
+            with c.sp.x.watch(start_at_operation_time=start, max_await_time_ms=200) as watched:
+                assert _reader_processes() - before == started  # no process started for b or the watch()
+                c.sp.x.insert_one({"_id": 1})
+                assert watched.next()["documentKey"] == {"_id": 1}
+            c.admin.command({"killCursors": "$cmd.parallelChangeStream", "cursors": [a["cursors"][0]["id"]]})
+            wait_until(lambda: [s["name"] for s in c.admin.command({"parallelChangeStreamStatus": 1})["streams"]]
+                       == ["b"])  # (the status of a stream by name would keep it alive)
+            c.sp.x.insert_one({"_id": 2})
+            end = end_point(c)
+            got = [bson.decode(e.raw)["documentKey"] for e in drain(c, b["cursors"][0]["id"], end)
+                   if e["operationType"] == "insert"]
+            assert got == [{"_id": 1}, {"_id": 2}]  # b read on after a's tails stopped in the shared process
+            assert _reader_processes() - before == started
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
