@@ -159,30 +159,21 @@ def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, lis
     found, flags, _ = _lookup(doc, parts)
     cur: Any = doc
     for j, part in enumerate(parts):
-        last = j == len(parts) - 1
-        if isinstance(cur, list):
-            if not _numeric(part):
-                raise _not_viable(part, parts[j - 1] if j else "", cur)
-            idx = int(part)
-            if j >= found:
-                flags.append(True)
-            while len(cur) <= idx:
-                cur.append(None)
-            if last:
-                cur[idx] = value
-            elif j >= found:
-                cur[idx] = {}
-            cur = cur[idx]
+        key: int | str
+        if isinstance(cur, list) and _numeric(part):
+            key = int(part)
+            cur.extend([None] * (key + 1 - len(cur)))
         elif isinstance(cur, dict):
-            if j >= found:
-                flags.append(False)
-            if last:
-                cur[part] = value
-            elif j >= found:
-                cur[part] = {}
-            cur = cur[part]
-        else:
+            key = part
+        else:  # a scalar in the way, or a field name asked of an array
             raise _not_viable(part, parts[j - 1] if j else "", cur)
+        if j >= found:
+            flags.append(isinstance(cur, list))
+        if j == len(parts) - 1:
+            cur[key] = value
+        elif j >= found:
+            cur[key] = {}
+        cur = cur[key]
     return found, flags
 
 
