@@ -400,7 +400,8 @@ class ParallelStream:
 
     @contextlib.asynccontextmanager
     async def _reader_processes(self) -> AsyncIterator[None]:
-        """With readerProcesses, the shards' tails run in that many processes of their own."""
+        """With readerProcesses, the shards' tails run in that many of the engine's reader processes
+        (a private pool when the stream has no engine)."""
         if not self.options.reader_processes:
             yield
             return

@@ -141,11 +141,12 @@ def array_of(items: list[bytes]) -> bytes:
 class SplicedDocument(Mapping[str, Any]):
     """A BSON document held as the pieces it was spliced from, joined only if its bytes are asked for.
 
-    Why: a reply's cursor holds megabytes of events. Joined here and then again into the wire
-    message, each event was copied twice into fresh reply-sized memory, which faults in page by
-    page (~0.4 us an event in the proxy). `document_parts` embeds the pieces as they are, so the
-    message is the one join. Elsewhere it reads like a RawBSONDocument: `raw`, a read-only
-    mapping, and bson.encode takes it by its type marker.
+    Why: a reply's cursor may hold megabytes of events (a shard's oplog batch, a consumer that
+    fell behind). Joined here and then again into the wire message, each event was copied twice
+    into fresh reply-sized memory, which faults in page by page: ~0.4 us an event for a reply of
+    20k events. `document_parts` embeds the pieces as they are, so the message is the one join.
+    Elsewhere it reads like a RawBSONDocument: `raw`, a read-only mapping, and bson.encode takes
+    it by its type marker.
     """
 
     _type_marker = 101  # what bson.encode looks for to embed a document's `raw` bytes as they are

@@ -448,7 +448,7 @@ class ShardNode(CommandServer):
             raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
-        replacement = bool(upd) and not next(iter(upd)).startswith("$")
+        replacement = not any(k.startswith("$") for k in upd)  # `{}` too: it replaces with an empty document
         for old in matched:
             new, diff = update_with_diff(old, upd, array_filters=spec.get("arrayFilters"), query=filt)
             assert coll is not None
@@ -472,7 +472,8 @@ class ShardNode(CommandServer):
 
     def _pipeline_update(self, ns: str, filt: dict[str, Any], pipeline: list[Any], multi: bool,
                          session: dict[str, Any]) -> dict[str, Any]:
-        """An update given as an aggregation pipeline; logged as the $v:2 diff of old -> new."""
+        """An update given as an aggregation pipeline; logged as the server logs it: the $v:2 diff of
+        old -> new, or the whole new document when that diff is not smaller (updates.pipeline_diff)."""
         from simcluster.aggregate import run_pipeline
 
         for stage in pipeline:
