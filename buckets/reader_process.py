@@ -234,14 +234,16 @@ class ReaderPool:
 
     @staticmethod
     async def _keep(host: ReaderHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run `host`; once it has started, its death fails only its own tails (host.run does
-        that), never the engine."""
+        """Run `host`; once it has started, however it ends (the process killed, its socket
+        broken), that fails only its own tails (host.run does that), never the engine and the
+        other processes."""
         try:
             await host.run(task_status=task_status)
-        except* MongoError as group:  # from the process's task, inside host.run's nursery
+        except* Exception as group:
             if not host.started:
                 raise  # the stream that asked for it fails to open
-            log.warning("%s; streams reading through it fail and resume from their tokens", group.exceptions[0])
+            log.warning("reader process %d ended (%s); streams reading through it fail and resume from their "
+                        "tokens", host.index, group.exceptions[0])
 
 
 @contextlib.asynccontextmanager
