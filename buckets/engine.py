@@ -133,6 +133,10 @@ class Engine:
                 await trio.sleep(1)
                 self._tear_down_idle()
 
+    def reader_processes(self) -> list[dict[str, Any]]:
+        """The shared reader processes: index, alive, tails (shards of streams) each reads."""
+        return self._reader_pool.status() if self._reader_pool is not None else []
+
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
         for name, stream in list(self.streams.items()):
@@ -528,7 +532,7 @@ class Engine:
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
-                               "watches": dict(self.watches)}
+                               "watches": dict(self.watches), "readerProcesses": self.reader_processes()}
         if name is not None:
             stream = streams[0]
             stream.last_active = trio.current_time()

@@ -70,4 +70,11 @@ class EngineCollector(Collector):
                                       "forwarded to the upstream", labels=["outcome"])
         for outcome, count in self.engine.watches.items():
             watches.add_metric([outcome], count)
-        yield from (merged, queue, replays, watches)
+        tails = GaugeMetricFamily("pcs_reader_process_tails", "Shards (of all streams) a shared reader process "
+                                  "reads; absent until a stream asks for reader processes", labels=["process"])
+        alive = GaugeMetricFamily("pcs_reader_process_alive", "1 while the reader process runs",
+                                  labels=["process"])
+        for proc in self.engine.reader_processes():
+            tails.add_metric([str(proc["index"])], proc["tails"])
+            alive.add_metric([str(proc["index"])], int(proc["alive"]))
+        yield from (merged, queue, replays, watches, tails, alive)

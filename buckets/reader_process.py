@@ -170,6 +170,9 @@ class ReaderHost:
                       contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
                     await self._channel.send(("remove", key))
 
+    def status(self) -> dict[str, Any]:
+        return {"index": self.index, "alive": self.alive, "tails": len(self._readers)}
+
     def _give_credit(self, key: int, n: int) -> None:
         if key in self._readers:
             self._credit[key] = self._credit.get(key, 0) + n
@@ -217,6 +220,10 @@ class ReaderPool:
         self._nursery = nursery
         self._slots: list[ReaderHost] = []
         self._lock = trio.Lock()  # one caller starts missing processes at a time
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each process started so far: its index, whether it runs, how many tails it reads."""
+        return [host.status() for host in self._slots]
 
     async def hosts(self, count: int) -> list[ReaderHost]:
         """The first `count` processes, starting any that are missing or dead (side by side)."""

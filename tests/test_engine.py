@@ -412,7 +412,8 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
 
         def work():
             c = client(proxy_uri(proxy))
-            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "scraped"})
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "scraped",
+                                      "readerProcesses": 1})
             c.m.c.insert_many([{"_id": i} for i in range(40)])
             b = bucket_of("m.c", 2)
             events = drain(c, opened["cursors"][b]["id"], end_point(c))
@@ -432,6 +433,9 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
                            "pcs_bucket_depth", "pcs_stream_events_merged_total"):
                 assert sum(ln.startswith(family + "{") for ln in lines) >= 1, family
             assert sum(ln.startswith("pcs_shard_entries_total{") for ln in lines) == 3  # one per shard
+            # the shared reader process, reading the stream's three shards
+            assert {'pcs_reader_process_tails{process="0"} 3.0',
+                    'pcs_reader_process_alive{process="0"} 1.0'} <= set(lines)
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

@@ -196,6 +196,9 @@ async def test_streams_share_the_engines_reader_processes(cluster):
                    if e["operationType"] == "insert"]
             assert got == [{"_id": 1}, {"_id": 2}]  # b read on after a's tails stopped in the shared process
             assert _reader_processes() - before == started
+            status = c.admin.command({"parallelChangeStreamStatus": 1})
+            shards = len(status["streams"][0]["shards"])
+            assert status["readerProcesses"] == [{"index": 0, "alive": True, "tails": shards}]  # b's alone
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
