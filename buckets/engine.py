@@ -126,7 +126,8 @@ class Engine:
             table.register(name, self.cmd_ddl)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with reader_pool() as pool, trio.open_nursery() as nursery:
+        # A reader process that reads nothing is stopped after the time an unused stream is kept.
+        async with reader_pool(self.config.idle_teardown_s) as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool
             task_status.started()
             while True:

@@ -99,6 +99,8 @@ class ReaderHost:
         self.index = index
         self.started = False  # connected back and relaying
         self.alive = True
+        self.idle_since: float | None = trio.current_time()  # since when it reads nothing (None: it reads)
+        self.scope = trio.CancelScope()  # cancelled to retire it
         self._channel: MessageStream | None = None
         self._keys = itertools.count()
         self._readers: dict[int, ShardReader] = {}
@@ -152,6 +154,7 @@ class ReaderHost:
         assert self._channel is not None, "ReaderHost.run must be started first"
         key = next(self._keys)
         self._readers[key] = reader
+        self.idle_since = None
         failed = self._failures[key] = trio.Event()
         reader.budget.on_release = lambda n: self._give_credit(key, n)
         try:
@@ -162,6 +165,7 @@ class ReaderHost:
             raise self._errors[key]
         finally:
             gone = self._readers.pop(key, None) is not None
+            self._note_idle()
             self._failures.pop(key, None)
             self._errors.pop(key, None)
             self._credit.pop(key, None)
@@ -172,6 +176,11 @@ class ReaderHost:
 
     def status(self) -> dict[str, Any]:
         return {"index": self.index, "alive": self.alive, "tails": len(self._readers)}
+
+    def retire(self) -> None:
+        """Stop the process (it reads nothing): no stream can be handed it any more."""
+        self.alive = False
+        self.scope.cancel()
 
     def _give_credit(self, key: int, n: int) -> None:
         if key in self._readers:
@@ -211,15 +220,32 @@ class ReaderHost:
         if self._readers.pop(key, None) is not None:
             self._errors[key] = exc
             self._failures[key].set()
+        self._note_idle()
+
+    def _note_idle(self) -> None:
+        if not self._readers and self.idle_since is None:
+            self.idle_since = trio.current_time()
 
 
 class ReaderPool:
-    """The reader processes the streams of one engine share, started on first use and kept."""
+    """The reader processes the streams of one engine share, started on first use and kept while
+    they read something; one that has read nothing for `idle_s` is stopped (memory is bounded by
+    what streams use, not by the most they ever asked for) and started again when asked."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, idle_s: float) -> None:
         self._nursery = nursery
         self._slots: list[ReaderHost] = []
         self._lock = trio.Lock()  # one caller starts missing processes at a time
+        self.idle_s = idle_s
+
+    async def retire_idle(self) -> None:
+        while True:
+            await trio.sleep(min(self.idle_s, 10.0))
+            now = trio.current_time()
+            for host in self._slots:
+                if host.alive and host.idle_since is not None and now - host.idle_since >= self.idle_s:
+                    log.info("reader process %d read nothing for %.0f s: stopped", host.index, self.idle_s)
+                    host.retire()
 
     def status(self) -> list[dict[str, Any]]:
         """Each process started so far: its index, whether it runs, how many tails it reads."""
@@ -237,7 +263,11 @@ class ReaderPool:
                     self._slots[host.index] = host
                 else:
                     self._slots.append(host)
-            return self._slots[:count]
+            handed = self._slots[:count]
+            for host in handed:  # a fresh idle timer: the stream hands it tails in a moment
+                if host.idle_since is not None:
+                    host.idle_since = trio.current_time()
+            return handed
 
     @staticmethod
     async def _keep(host: ReaderHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -245,7 +275,8 @@ class ReaderPool:
         broken), that fails only its own tails (host.run does that), never the engine and the
         other processes."""
         try:
-            await host.run(task_status=task_status)
+            with host.scope:
+                await host.run(task_status=task_status)
         except* Exception as group:
             if not host.started:
                 raise  # the stream that asked for it fails to open
@@ -254,10 +285,12 @@ class ReaderPool:
 
 
 @contextlib.asynccontextmanager
-async def reader_pool() -> AsyncIterator[ReaderPool]:
+async def reader_pool(idle_s: float = 300.0) -> AsyncIterator[ReaderPool]:
     """A pool of reader processes, all killed on exit."""
     async with trio.open_nursery() as nursery:
-        yield ReaderPool(nursery)
+        pool = ReaderPool(nursery, idle_s)
+        nursery.start_soon(pool.retire_idle)
+        yield pool
         nursery.cancel_scope.cancel()
 
 

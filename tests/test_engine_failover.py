@@ -169,7 +169,8 @@ def _reader_processes() -> set[int]:
 
 async def test_streams_share_the_engines_reader_processes(cluster):
     """Reader processes belong to the engine: a second stream (and an accelerated watch()) reads
-    through the process the first one started, and a stream torn down stops only its own tails."""
+    through the process the first one started, a stream torn down stops only its own tails, and a
+    process left with nothing to read is stopped."""
     async with trio.open_nursery() as nursery:
         proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, reader_processes=1,
                                                              accelerate_change_streams=True,
@@ -199,6 +200,10 @@ async def test_streams_share_the_engines_reader_processes(cluster):
             status = c.admin.command({"parallelChangeStreamStatus": 1})
             shards = len(status["streams"][0]["shards"])
             assert status["readerProcesses"] == [{"index": 0, "alive": True, "tails": shards}]  # b's alone
+            # With no stream left, the process reads nothing: it is stopped after the same idle time.
+            c.admin.command({"killCursors": "$cmd.parallelChangeStream", "cursors": [b["cursors"][0]["id"]]})
+            wait_until(lambda: not started & _reader_processes())
+            assert c.admin.command({"parallelChangeStreamStatus": 1})["readerProcesses"][0]["alive"] is False
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
