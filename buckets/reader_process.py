@@ -9,10 +9,11 @@ The processes are a pool of the engine's (ReaderPool), started when a stream fir
 them and kept: streams share them, so opening a stream, or an accelerated watch() on a proxy
 with reader processes, does not wait for interpreters to start (~0.5 s each). A process that
 dies fails the streams reading through it (they resume from their tokens); the next stream
-that asks gets a new one in its place.
+that asks gets a new one in its place. One that reads nothing for the engine's stream teardown
+time is stopped.
 
 Transport: the proxy process listens on a Unix socket in a private directory; each reader
-process, started by trio_parallel (which kills it when the pool closes), connects to it. Both
+process, started by trio_parallel (which kills it when the pool closes or retires it), connects to it. Both
 directions carry length-prefixed pickles; `key` names one tail (one shard of one stream):
 
     proxy -> reader:  ("add", key, OplogTail, budget bytes)    ("remove", key)
