@@ -224,7 +224,7 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, i
             raise MongoError("BadValue", f"The field must be an array but is of type {type(old).__name__}")
         arr = list(old) if exists else []
         before = len(arr)
-        if op == "$addToSet":
+        if op == "$addToSet":  # logged whole, as 7.0/8.0 do (newer servers log the appended elements)
             for item in items:
                 if all(compare(item, a) != 0 for a in arr):
                     arr.append(copy.deepcopy(item))
@@ -365,9 +365,11 @@ def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, i
                 _unset(new, parts, flags, log)
         elif op == "$rename":
             found, flags, old = _lookup(new, parts)
-            if found == len(parts):
-                _unset(new, parts, flags, log, renamed=True)
+            if found == len(parts):  # as RenameNode: the target is set, then the source removed
+                if flags[-1]:
+                    raise MongoError("BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'")
                 _put(new, target, old, log)
+                _unset(new, parts, flags, log)
         else:
             found, flags, old = _lookup(new, parts)
             kind, result, appended = _modify(op, old if found == len(parts) else _MISSING, value, is_insert)
@@ -396,11 +398,9 @@ def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
         log.add(parts[:found + 1], flags[:found + 1], "i", subtree)
 
 
-def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: _Log, *, renamed: bool = False) -> None:
+def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: _Log) -> None:
     _, _, parent = _lookup(doc, parts[:-1])
     if flags[-1]:
-        if renamed:
-            raise MongoError("BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'")
         parent[int(parts[-1])] = None  # $unset of an array element leaves a null in its place
         log.add(parts, flags, "u", None)
     else:
