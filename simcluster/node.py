@@ -33,7 +33,7 @@ from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
 from simcluster.transactions import TransactionTable, no_such_transaction, txn_key
-from simcluster.updates import apply_update, pipeline_diff, replaced_by_pipeline, update_with_diff
+from simcluster.updates import apply_update, pipeline_entry, replaced_by_pipeline, update_with_entry
 
 log = logging.getLogger("simcluster")
 
@@ -448,16 +448,14 @@ class ShardNode(CommandServer):
             raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
-        replacement = not any(k.startswith("$") for k in upd)  # `{}` too: it replaces with an empty document
         for old in matched:
-            new, diff = update_with_diff(old, upd, array_filters=spec.get("arrayFilters"), query=filt)
+            new, o = update_with_entry(old, upd, array_filters=spec.get("arrayFilters"), query=filt)
             assert coll is not None
             coll.check_unique(new, ns, ignore=id_key(old["_id"]))
-            if diff is None and not (replacement and bson.encode(new) != bson.encode(old)):
+            if o is None:
                 continue  # nothing changed: no oplog entry, not counted as modified
             coll.put(new, old)
             n_modified += 1
-            o: Any = new if replacement else {"$v": 2, "diff": diff}
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
@@ -473,7 +471,7 @@ class ShardNode(CommandServer):
     def _pipeline_update(self, ns: str, filt: dict[str, Any], pipeline: list[Any], multi: bool,
                          session: dict[str, Any]) -> dict[str, Any]:
         """An update given as an aggregation pipeline; logged as the server logs it: the $v:2 diff of
-        old -> new, or the whole new document when that diff is not smaller (updates.pipeline_diff)."""
+        old -> new, or the whole new document when that diff is not smaller (updates.pipeline_entry)."""
         from simcluster.aggregate import run_pipeline
 
         for stage in pipeline:
@@ -485,16 +483,14 @@ class ShardNode(CommandServer):
         n_modified = 0
         for old in matched:
             new = replaced_by_pipeline(old, run_pipeline([dict(old)], pipeline)[0])
-            if bson.encode(new) == bson.encode(old):
+            o = pipeline_entry(old, new)
+            if o is None:
                 continue
             assert coll is not None
             coll.check_unique(new, ns, ignore=id_key(old["_id"]))
             coll.put(new, old)
             n_modified += 1
-            # A diff when it is smaller than the document, else the whole document: a replace event.
-            diff = pipeline_diff(old, new)
-            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": {"$v": 2, "diff": diff} if diff is not None else new,
-                     "o2": self.document_key(ns, old)}
+            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         return {"n": len(matched), "nModified": n_modified}
 

@@ -29,8 +29,9 @@ import bson
 
 from mongoformats.errors import MongoError
 from mongoformats.mql import _MISSING, _match_value, compare, matches
+from simcluster.query import sort_docs
 
-__all__ = ["apply_update", "pipeline_diff", "update_with_diff"]
+__all__ = ["apply_update", "pipeline_diff", "pipeline_entry", "replaced_by_pipeline", "update_with_entry"]
 
 # -- the diff, built as the server's log builder builds it ----------------------------------------
 
@@ -113,8 +114,6 @@ class _Log:
 
 
 # -- applying the operators ----------------------------------------------------------------------
-
-_NOOP, _UPDATED, _CREATED = "noop", "u", "i"
 
 
 def _numeric(name: str) -> bool:
@@ -199,24 +198,23 @@ def _same(a: Any, b: Any) -> bool:
     return bson.encode({"v": a}) == bson.encode({"v": b})
 
 
-def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, int]:
-    """(what happened, the new value, how many elements were appended) for one modifier at one
-    path whose current value is `old` (_MISSING if absent)."""
+def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[Any, int] | None:
+    """(the new value, how many elements were appended) for one modifier at one path whose current
+    value is `old` (_MISSING if absent), or None when it changes nothing (and so logs nothing)."""
     exists = old is not _MISSING
-    created = _UPDATED if exists else _CREATED
     if op in ("$set", "$setOnInsert"):
         if op == "$setOnInsert" and not is_insert:
-            return _NOOP, old, 0
-        return (_NOOP, old, 0) if exists and _same(old, value) else (created, copy.deepcopy(value), 0)
+            return None
+        return None if exists and _same(old, value) else (copy.deepcopy(value), 0)
     if op in ("$inc", "$mul"):
         new = _arith(old, value, op)
-        return (_NOOP, old, 0) if exists and _same(old, new) else (created, new, 0)
+        return None if exists and _same(old, new) else (new, 0)
     if op in ("$min", "$max"):
         if exists and (compare(value, old) >= 0 if op == "$min" else compare(value, old) <= 0):
-            return _NOOP, old, 0
-        return created, copy.deepcopy(value), 0
+            return None
+        return copy.deepcopy(value), 0
     if op == "$currentDate":
-        return created, datetime.datetime.now(datetime.UTC).replace(microsecond=0), 0
+        return datetime.datetime.now(datetime.UTC).replace(microsecond=0), 0
     if op in ("$push", "$addToSet"):
         each = isinstance(value, Mapping) and "$each" in value
         items = list(value["$each"]) if each else [value]
@@ -228,9 +226,7 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, i
             for item in items:
                 if all(compare(item, a) != 0 for a in arr):
                     arr.append(copy.deepcopy(item))
-            if exists and len(arr) == before:
-                return _NOOP, old, 0
-            return created, arr, 0
+            return None if exists and len(arr) == before else (arr, 0)
         position = value.get("$position") if each else None
         if position is not None and position < before:
             at = max(before + position, 0) if position < 0 else position
@@ -241,8 +237,6 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, i
         if each and "$sort" in value:
             spec = value["$sort"]
             if isinstance(spec, Mapping):
-                from simcluster.query import sort_docs
-
                 arr = sort_docs(arr, spec)
             else:
                 arr = sorted(arr, key=functools.cmp_to_key(compare), reverse=spec < 0)
@@ -253,26 +247,24 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[str, Any, i
             appended = appended and len(sliced) == len(arr)
             arr = sliced
         if exists and not items and len(arr) == before:
-            return _NOOP, old, 0
-        return (created, arr, len(items) if appended and exists else 0)
+            return None
+        return arr, len(items) if appended and exists else 0
     if op == "$pop":
         if not exists:
-            return _NOOP, old, 0
+            return None
         if not isinstance(old, list):
             raise MongoError("TypeMismatch", "Path must be an array to $pop")
-        if not old:
-            return _NOOP, old, 0
-        return _UPDATED, old[1:] if value == -1 else old[:-1], 0
+        return (old[1:] if value == -1 else old[:-1], 0) if old else None
     if op in ("$pull", "$pullAll"):
         if not exists:
-            return _NOOP, old, 0
+            return None
         if not isinstance(old, list):
             raise MongoError("BadValue", "Cannot apply $pull to a non-array value")
         gone = value if op == "$pullAll" else [value]
         keep = [a for a in old if not any(
             (matches(a, g) if isinstance(g, Mapping) and isinstance(a, Mapping) else
              _match_value(g, [a], a, "")) for g in gone)]
-        return (_NOOP, old, 0) if len(keep) == len(old) else (_UPDATED, keep, 0)
+        return None if len(keep) == len(old) else (keep, 0)
     raise _unknown_modifier(op)
 
 
@@ -329,14 +321,17 @@ def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
     raise MongoError("BadValue", "The positional operator did not find the match needed from the query.")
 
 
-def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
-                     array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None,
-                     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the updated copy of `doc`, the `$v: 2` diff the server logs for it, or None if nothing changed).
-    A replacement document gives (the new document, None) too: the oplog holds it whole."""
+def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
+                      array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None,
+                      ) -> tuple[dict[str, Any], Any]:
+    """(the updated copy of `doc`, the `o` of the oplog entry the server writes for it, or None when
+    nothing changed): a `$v: 2` diff for update operators, the new document for a replacement."""
     new = copy.deepcopy(doc) if doc is not None else {}
     if not update or not all(k.startswith("$") for k in update):
-        return _replace(doc, update), None
+        new = _replace(doc, update)
+        replacement = not any(k.startswith("$") for k in update)
+        changed = doc is None or bson.encode(new) != bson.encode(doc)
+        return new, new if replacement and changed else None
     filters: dict[str, Any] = {}
     for spec in array_filters or ():
         for key in spec:
@@ -372,9 +367,10 @@ def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, i
                 _unset(new, parts, flags, log)
         else:
             found, flags, old = _lookup(new, parts)
-            kind, result, appended = _modify(op, old if found == len(parts) else _MISSING, value, is_insert)
-            if kind == _NOOP:
+            modified = _modify(op, old if found == len(parts) else _MISSING, value, is_insert)
+            if modified is None:
                 continue
+            result, appended = modified
             if appended:  # $push that only appended: each new element, not the array
                 for idx in range(len(result) - appended, len(result)):
                     log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
@@ -384,7 +380,7 @@ def update_with_diff(doc: dict[str, Any] | None, update: Mapping[str, Any], *, i
     if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
         raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
                          "field '_id'")
-    return new, log.diff() if log.changed else None
+    return new, {"$v": 2, "diff": log.diff()} if log.changed else None
 
 
 def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
@@ -424,7 +420,7 @@ def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> d
 def apply_update(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
                  array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The updated copy of `doc` (None for an upsert's new document)."""
-    return update_with_diff(doc, update, is_insert=is_insert, array_filters=array_filters, query=query)[0]
+    return update_with_entry(doc, update, is_insert=is_insert, array_filters=array_filters, query=query)[0]
 
 
 def replaced_by_pipeline(doc: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
@@ -442,6 +438,15 @@ def _size(value: Any) -> int:
     return len(bson.encode(value if isinstance(value, Mapping) else {str(i): v for i, v in enumerate(value)}))
 
 
+def pipeline_entry(old: Mapping[str, Any], new: Mapping[str, Any]) -> Any:
+    """The `o` of the oplog entry for a pipeline update from `old` to `new`: the diff when it is
+    smaller than the document, else the whole document (a replace event); None if nothing changed."""
+    if bson.encode(new) == bson.encode(old):
+        return None
+    diff = pipeline_diff(old, new)
+    return {"$v": 2, "diff": diff} if diff is not None else new
+
+
 def pipeline_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
     """The diff the server logs for a pipeline update from `old` to `new`, or None when it logs the
     whole new document instead (a diff, with its metadata, no smaller than the document)."""
@@ -452,10 +457,8 @@ def _doc_diff(old: Mapping[str, Any], new: Mapping[str, Any], padding: int = 0) 
     """computeDocDiff: both documents walked side by side; a field whose name differs from the new
     document's field at that place is deleted unless it comes again later (then it is an insert,
     which moves it); None if the diff is no smaller than `new`."""
-    deletes: list[str] = []
-    updates: dict[str, Any] = {}
-    inserts: dict[str, Any] = {}
-    subs: dict[str, Any] = {}
+    node = _DocDiff()
+    subs: dict[str, Any] = {}  # already serialized, bottom-up
     old_items, new_items = list(old.items()), list(new.items())
     gone: set[str] = set()
     i = j = 0
@@ -468,22 +471,16 @@ def _doc_diff(old: Mapping[str, Any], new: Mapping[str, Any], padding: int = 0) 
         if not _same(before, after):
             sub = _sub_diff(before, after)
             if sub is None:
-                updates[name] = after
+                node.updates[name] = after
             else:
                 subs["s" + name] = sub
         i, j = i + 1, j + 1
-    deletes += (name for name, _ in old_items[i:])
+    node.deletes += (name for name, _ in old_items[i:])
     for name, after in new_items[j:]:
-        inserts[name] = after
+        node.inserts[name] = after
         gone.discard(name)
-    deletes += sorted(gone, key=str.encode)
-    out: dict[str, Any] = {}
-    if deletes:
-        out["d"] = dict.fromkeys(deletes, False)
-    if updates:
-        out["u"] = updates
-    if inserts:
-        out["i"] = inserts
+    node.deletes += sorted(gone, key=str.encode)
+    out = node.serialize()  # the sections in the log builder's order, then the sub-diffs
     out.update(subs)
     return out if _size(out) + padding < _size(new) else None
 

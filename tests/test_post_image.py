@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mongoformats.update_diff import post_image, update_description_from_diff
-from simcluster.updates import pipeline_diff, update_with_diff
+from simcluster.updates import pipeline_diff, update_with_entry
 
 names = st.sampled_from(["a", "b", "c", "arr", "sub"])
 scalars = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none())
@@ -45,11 +45,11 @@ def test_post_image_equals_the_updated_document(before: dict[str, Any], update: 
         before = {**before, "arr": [1, 2, 3]}
     if "sub.x" in next(iter(update.values())) and not isinstance(before.get("sub"), dict):
         before = {**before, "sub": {}}
-    after, diff = update_with_diff(before, update)
-    if diff is None:
-        assert bson.encode(after) == bson.encode(before)  # no diff: nothing changed
+    after, entry = update_with_entry(before, update)
+    if entry is None:
+        assert bson.encode(after) == bson.encode(before)  # no entry: nothing changed
         return
-    description = update_description_from_diff(diff)
+    description = update_description_from_diff(entry["diff"])
     assert bson.encode(post_image(before, description)) == bson.encode(after)  # field order and types too
 
 
