@@ -4,7 +4,6 @@ estimated counts), simple reports and pipeline-style updates."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from mongoformats.errors import MongoError
@@ -105,7 +104,8 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
         elif name in ("$addFields", "$set"):
             docs = [_add_fields(d, spec) for d in docs]
         elif name == "$unset":
-            docs = [_unset(d, [spec] if isinstance(spec, str) else spec) for d in docs]
+            # $unset is an exclusion $project of its paths
+            docs = [q.project(d, dict.fromkeys([spec] if isinstance(spec, str) else spec, 0)) for d in docs]
         elif name == "$replaceRoot":
             docs = [_new_root(d, spec["newRoot"], "newRoot") for d in docs]
         elif name == "$replaceWith":
@@ -144,25 +144,6 @@ def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     for k, e in computed.items():
         if (v := _expr(doc, e)) is not _MISSING:
             out[k] = v
-    return out
-
-
-def _unset(doc: dict[str, Any], paths: list[str]) -> dict[str, Any]:
-    """$unset: each (dotted) path removed; through arrays, from each of their documents."""
-    out = copy.deepcopy(doc)
-
-    def drop(value: Any, parts: list[str]) -> None:
-        if isinstance(value, list):
-            for item in value:
-                drop(item, parts)
-        elif isinstance(value, dict):
-            if len(parts) == 1:
-                value.pop(parts[0], None)
-            elif parts[0] in value:
-                drop(value[parts[0]], parts[1:])
-
-    for path in paths:
-        drop(out, path.split("."))
     return out
 
 

@@ -31,7 +31,23 @@ def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[s
             if k in include:
                 out[k] = doc[k]
         return out
-    return {k: v for k, v in doc.items() if not (k in projection and not projection[k])}
+    out = dict(doc)  # a new document, as every projection returns
+    for path, keep in projection.items():
+        if not keep:
+            out = _without(out, path.split("."))
+    return out
+
+
+def _without(value: Any, parts: list[str]) -> Any:
+    """`value` without the (dotted) path `parts`, through arrays into each of their documents;
+    a copy along the path only, so a stored document is never changed."""
+    if isinstance(value, list):
+        return [_without(item, parts) for item in value]
+    if not isinstance(value, dict) or parts[0] not in value:
+        return value
+    if len(parts) == 1:
+        return {k: v for k, v in value.items() if k != parts[0]}
+    return {**value, parts[0]: _without(value[parts[0]], parts[1:])}
 
 
 def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:

@@ -358,3 +358,17 @@ async def test_find_and_modify_updates_the_element_its_query_matched(cluster):
         return coll.find_one_and_update({"arr.k": 2}, {"$set": {"arr.$.hit": True}}, return_document=True)
     doc = await sync(work)
     assert doc["arr"] == [{"k": 1}, {"k": 2, "hit": True}]
+
+
+async def test_a_dotted_exclusion_removes_the_nested_field(cluster):
+    """find's exclusion projection and $unset (an exclusion $project) remove dotted paths, through arrays."""
+    def work():
+        coll = client(cluster.uri).px.c
+        coll.insert_one({"_id": 1, "a": 1, "b": {"c": 2, "e": 3}, "arr": [{"c": 1, "k": 2}, 5]})
+        found = coll.find_one({}, {"b.c": 0, "arr.c": 0})
+        unset = next(coll.aggregate([{"$unset": ["a", "b.c"]}]))
+        return found, unset, coll.find_one()
+    found, unset, stored = await sync(work)
+    assert found == {"_id": 1, "a": 1, "b": {"e": 3}, "arr": [{"k": 2}, 5]}
+    assert unset == {"_id": 1, "b": {"e": 3}, "arr": [{"c": 1, "k": 2}, 5]}
+    assert stored["b"] == {"c": 2, "e": 3}  # the stored document is untouched
