@@ -101,6 +101,11 @@ class MergedQueue:
         head = min(heads)
         return [s for s, r in self._runs.items() if r.mark < head]
 
+    def drop_pending(self) -> None:
+        """Forget every queued event (the stream is closing); marks stay."""
+        for run in self._runs.values():
+            run.events, run.head = [], 0
+
     def pop_ready(self) -> tuple[list[ChangeEvent], dict[str, int]]:
         """Every event now at or below the frontier, in token order, and the bytes each shard's
         released events hold (for its buffer budget). Ties between shards keep shard order."""

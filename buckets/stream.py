@@ -135,6 +135,14 @@ class Bucket:
             self.base += k
             self.budget.release(freed)
 
+    def clear(self) -> None:
+        """Drop every retained event (the stream is closing): its memory returns at once."""
+        self.floor = max(self.floor, self.keys[-1]) if self.keys else self.floor
+        self.base += len(self.events)
+        self.events, self.keys = [], []
+        self.budget.release(self.budget.used)
+        self.notify()
+
     def detach(self, cursor: BucketCursor) -> None:
         self.cursors.discard(cursor)
         self.read_mark = max(self.read_mark, cursor.acked)
@@ -359,7 +367,17 @@ class ParallelStream:
         return reader
 
     def close(self) -> None:
+        """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`)."""
         self._cancel.cancel()
+
+    def _release(self) -> None:
+        """Drop the events a closed stream holds. A stream sits in reference cycles (its readers
+        call back into it, its tasks' frames hold it), and the proxy's collector thresholds make
+        full collections rare (wireproxy.app.tune_gc_for_throughput): left to the collector, a
+        closed stream's retention (up to every bucket budget) stayed allocated."""
+        for bucket in self.buckets.values():
+            bucket.clear()
+        self.merge.drop_pending()
 
     async def run(self) -> None:
         from mongoformats.errors import MongoError
@@ -391,6 +409,8 @@ class ParallelStream:
                 if self.lookup is not None:
                     with trio.CancelScope(shield=True):
                         await self.lookup.aclose()
+                if self._cancel.cancel_called:
+                    self._release()
 
     def _fail(self, exc: Exception) -> None:
         log.warning("stream %s failed: %s", self.name, exc)

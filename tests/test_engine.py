@@ -449,11 +449,17 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
         def work():
             c = client(proxy_uri(proxy))
             opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "short-lived"})
-            c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})  # there while cursors live
+            c.teardown.c.insert_many([{"i": i} for i in range(50)])
+            wait_until(lambda: c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})
+                       ["streams"][0]["eventsMerged"] >= 50)  # retained in the buckets, while cursors live
+            stream = proxy.engine.streams["short-lived"]
             c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in opened["cursors"]]})
 
             # Watched on the engine itself: a status command counts as activity (Spark plans with it).
             wait_until(lambda: "short-lived" not in proxy.engine.streams, timeout=10)
+            # Its events are freed once it has unwound, not left to the rare full collections.
+            wait_until(lambda: not any(b.events or b.budget.used for b in stream.buckets.values()), timeout=10)
+            assert len(stream.merge) == 0
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})
             assert info.value.code == 26
