@@ -67,6 +67,13 @@ class EngineConfig:
     max_await_ms: int = 1000
     reader_await_ms: int = 200
     reader_processes: int = 0          # default for streams that do not pass readerProcesses
+    # A cursor no getMore has used for this long is killed, as the server's cursorTimeoutMillis
+    # (10 min) kills idle cursors; one opened in a session lives as long as its session would on
+    # the server (logicalSessionTimeoutMinutes, 30 min), counted from the cursor's last use.
+    # Otherwise the cursor of a consumer that vanished (a crashed app's watch(), a killed Spark
+    # task) kept its stream reading every shard, and its buffers full, for the proxy's lifetime.
+    cursor_timeout_s: float = 600.0
+    session_cursor_timeout_s: float = 1800.0
 
 
 def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[ChangeEvent],
@@ -114,6 +121,7 @@ class Engine:
         self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
         # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
         self.watches = {"accelerated": 0, "passedThrough": 0}
+        self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
 
     def register(self, table: CommandTable) -> None:
         table.change_stream_handler = self.cmd_change_stream
@@ -132,11 +140,21 @@ class Engine:
             task_status.started()
             while True:
                 await trio.sleep(1)
+                self._kill_idle_cursors()
                 self._tear_down_idle()
 
     def reader_processes(self) -> list[dict[str, Any]]:
         """The shared reader processes: index, alive, tails (shards of streams) each reads."""
         return self._reader_pool.status() if self._reader_pool is not None else []
+
+    def _kill_idle_cursors(self) -> None:
+        now = trio.current_time()
+        for cid, cur in list(self.cursors.items()):
+            limit = self.config.session_cursor_timeout_s if cur.owner else self.config.cursor_timeout_s
+            if not cur.busy and now - cur.last_used > limit:
+                log.info("killing cursor %d of stream %s: unused for %.0f s", cid, cur.stream.name, now - cur.last_used)
+                self.cursors_timed_out += 1
+                self._drop_cursor(cid)
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -332,7 +350,8 @@ class Engine:
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
         cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else "",
-                           ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "")
+                           ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
+                           last_used=trio.current_time())
         if token is not None:
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
         else:
@@ -488,11 +507,16 @@ class Engine:
                              f"but cursor belongs to a different namespace {cur.ns}")
         if (fail := await session.fail_after_checkout()) is not None:
             raise with_change_stream_label(fail)  # like the server's: the cursor survives it
+        if cur.busy:  # mongos pins a cursor for one operation at a time
+            raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
+        cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
             events, pbrt = await cur.next_batch(cmd.get("batchSize"), cmd.get("maxTimeMS"))
         except MongoError as exc:
             self._drop_cursor(cid)
             raise with_change_stream_label(exc) from None
+        finally:
+            cur.busy, cur.last_used = False, trio.current_time()
         alive = not cur.exhausted
         if not alive:
             self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
@@ -533,7 +557,8 @@ class Engine:
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
-                               "watches": dict(self.watches), "readerProcesses": self.reader_processes()}
+                               "watches": dict(self.watches), "readerProcesses": self.reader_processes(),
+                               "cursorsTimedOut": self.cursors_timed_out}
         if name is not None:
             stream = streams[0]
             stream.last_active = trio.current_time()

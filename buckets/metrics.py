@@ -74,7 +74,9 @@ class EngineCollector(Collector):
                                   "reads; absent until a stream asks for reader processes", labels=["process"])
         alive = GaugeMetricFamily("pcs_reader_process_alive", "1 while the reader process runs",
                                   labels=["process"])
+        timed_out = CounterMetricFamily("pcs_cursors_timed_out", "Idle cursors the engine killed "
+                                        "(unused for the cursor timeout)", value=self.engine.cursors_timed_out)
         for proc in self.engine.reader_processes():
             tails.add_metric([str(proc["index"])], proc["tails"])
             alive.add_metric([str(proc["index"])], int(proc["alive"]))
-        yield from (merged, queue, replays, watches, tails, alive)
+        yield from (merged, queue, replays, watches, tails, alive, timed_out)

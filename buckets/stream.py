@@ -211,6 +211,8 @@ class BucketCursor:
     ns: str
     batch_size: int | None = None
     user: str = ""           # who opened it, when the proxy requires authentication
+    last_used: float = 0.0   # trio time of its creation or last getMore (idle cursors are killed)
+    busy: bool = False       # a getMore is running on it
     # Where the consumer has surely been: the start of the last batch handed out. A consumer that
     # stops inside a batch (a Spark task reading up to its end token, which then kills the
     # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing

@@ -468,6 +468,62 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
         nursery.cancel_scope.cancel()
 
 
+async def test_cursors_of_vanished_consumers_time_out(cluster):
+    """A consumer that stops calling getMore without killCursors (a crashed app) loses its cursor
+    after the cursor timeout, or after the session timeout if it opened it in a session, as
+    mongos would kill it; then the stream is torn down."""
+    from buckets.engine import EngineConfig
+    from wireproxy.upstream import open_upstream
+
+    config = EngineConfig(cursor_timeout_s=1.0, session_cursor_timeout_s=4.0, idle_teardown_s=0.5)
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(functools.partial(
+            serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0), engine_config=config))
+        # No lsid on this raw connection: a session-less cursor.
+        raw = await open_upstream("127.0.0.1", proxy.port)
+        opened = await raw.command("admin", {"parallelChangeStream": 1, "nBuckets": 3, "name": "abandoned"})
+        bare, waiting, kept = (cur["id"] for cur in opened["cursors"])
+
+        def work():
+            c = client(proxy_uri(proxy))
+            in_session = c.admin.command({"parallelChangeStream": 1, "name": "abandoned", "bucket": 0,
+                                          "resumeAfter": opened["cursors"][0]["postBatchResumeToken"]})
+            return c, in_session["cursor"]["id"]
+        c, session_cursor = await sync(work)
+
+        async def getmore(cid):
+            reply = await raw.command("admin", {"getMore": cid, "collection": NS, "maxTimeMS": 0}, check=False)
+            return reply.get("code")
+
+        waiter = await open_upstream("127.0.0.1", proxy.port)
+        nursery.start_soon(lambda: waiter.command(
+            "admin", {"getMore": waiting, "collection": NS, "maxTimeMS": 5000}))
+        with trio.fail_after(5):
+            while not proxy.engine.cursors[waiting].busy:  # parked: an idle bucket answers in ~1 s
+                await trio.sleep(0.01)
+        assert await getmore(waiting) == 143  # CursorInUse: one getMore at a time, as mongos
+        for _ in range(8):  # 2 s of a consumer that keeps reading
+            await trio.sleep(0.25)
+            assert await getmore(kept) is None
+        assert await getmore(bare) == 43  # CursorNotFound: unused for longer than cursor_timeout_s
+        status = await raw.command("admin", {"parallelChangeStreamStatus": 1})
+        assert status["cursorsTimedOut"] >= 1  # (`waiting`, whose getMore returned at ~1 s, may be too)
+
+        def session_cursor_outlives_the_cursor_timeout():
+            c.admin.command({"getMore": session_cursor, "collection": NS, "maxTimeMS": 0})
+        await sync(session_cursor_outlives_the_cursor_timeout)
+        await trio.sleep(0.5)
+        await waiter.aclose()
+        # Every consumer leaves: the cursors time out, then the stream is torn down.
+        with trio.fail_after(15):
+            while "abandoned" in proxy.engine.streams:
+                await trio.sleep(0.2)
+        assert proxy.engine.cursors_timed_out == 4
+        await raw.aclose()
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, proxy):
     """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a
     second per shard; notes come every 20 ms only while events wait on an idle shard."""

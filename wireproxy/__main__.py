@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, how long in-flight requests get")
     parser.add_argument("--stream-idle-teardown-s", type=float,
                         help="close a parallel change stream that has had no cursor this long (default 300)")
+    parser.add_argument("--cursor-timeout-s", type=float,
+                        help="kill engine cursors unused this long, as cursorTimeoutMillis does (default 600; "
+                             "cursors opened in a session: 1800, the session timeout)")
     args = parser.parse_args(argv)
     config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
     config = ProxyConfig.from_env(base=config)
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         changes["shutdown_grace_s"] = args.shutdown_grace_s
     if args.stream_idle_teardown_s is not None:
         changes["stream_idle_teardown_s"] = args.stream_idle_teardown_s
+    if args.cursor_timeout_s is not None:
+        changes["cursor_timeout_s"] = args.cursor_timeout_s
     config = dataclasses.replace(config, **changes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()
