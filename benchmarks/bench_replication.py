@@ -18,6 +18,7 @@ benchmarks/results/replication.json and .png.
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import tempfile
 import time
@@ -44,6 +45,10 @@ def clear(target: pymongo.MongoClient[Any]) -> None:
         target.drop_database(db)
 
 
+def _write_one(coll: Any, op: Any, session: Any) -> Any:
+    return coll.bulk_write([op], session=session)
+
+
 def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, events: int) -> dict[str, Any]:
     """The reference replay: native change stream, one target transaction per event."""
     source: pymongo.MongoClient[Any] = pymongo.MongoClient(source_uri)
@@ -57,7 +62,7 @@ def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, e
             coll = target[change["ns"]["db"]][change["ns"]["coll"]]
             op = dml_op(change)
             with target.start_session() as session:
-                session.with_transaction(lambda s, op=op, coll=coll: coll.bulk_write([op], session=s))
+                session.with_transaction(functools.partial(_write_one, coll, op))
             done += 1
             if done >= events:
                 break
