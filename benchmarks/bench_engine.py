@@ -11,6 +11,11 @@ consumers (this process) are separate processes; the proxy's CPU time, workers i
 The same cluster-wide watch() as the native mode, pointed at a proxy that accelerates change
 streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer
 gains: one cursor, so one merge and one consumer, where the proxy modes deal into 4 buckets.
+
+With --repeat R every mode runs R times, the modes taking turns (raw, native, proxy..., then
+again), and each figure is the median of its R runs: this machine's speed drifts by a fifth
+within minutes, and taking turns spreads that drift over every mode alike. The JSON keeps
+every run's figures (`runs`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import functools
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -166,13 +172,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="readerProcesses values to measure the proxy with")
     parser.add_argument("--watch-reader-processes", type=int, nargs="*", default=[0, 2],
                         help="reader processes of the accelerated watch() measured (one proxy process each)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each mode, taking turns; medians reported")
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
     # stream's last events wait for every shard's mark, and 10 s of that tail would be a fixed
     # cost in its rate, not throughput (the proxy writes its own notes and does not wait).
     cluster = spawn_cluster(shards=4, prefill_events=args.events, periodic_noop_s=0.5)
-    proxy = ProxyProcess(cluster.uri)
+    # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
+    # runs that follow do not share the proxy with the retention of earlier ones.
+    proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
     # The unchanged consumer: a driver's cluster-wide watch() pointed at a proxy that accelerates
     # change streams. Its readerProcesses is the proxy's setting, so each value is its own proxy.
     watch_proxies = {rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         start = _ts(min(cluster.info["start"]))
         shard_uris = list(cluster.info["shards"].values())
-        results: dict[str, dict[str, float]] = {}
+        results: dict[str, dict[str, Any]] = {}
         # (name, what it runs, the proxy process whose CPU it uses, or None)
         modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
             ("raw", lambda: raw_read(shard_uris, start), None),
@@ -192,41 +201,56 @@ def main(argv: list[str] | None = None) -> None:
             modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, args.events),
                           watch_proxy))
 
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in modes}
+
         async def run() -> None:
             for each in (proxy, *watch_proxies.values()):
                 await each.wait_ready()
-            for name, fn, used in modes:
-                wall, cpu = time.perf_counter(), time.process_time()
-                proxy_cpu = used.cpu_seconds() if used is not None else None
-                out = await fn()
-                count = out[0] if isinstance(out, tuple) else out
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                results[name] = {"events": count, "seconds": wall, "events_per_s": count / wall,
-                                 "cpu_seconds_bench_process": cpu}
-                line = f"{name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
-                if used is not None and proxy_cpu is not None:
-                    main_cpu, worker_cpu = used.cpu_used(proxy_cpu)
-                    total = main_cpu + worker_cpu
-                    # The main process merges, deals and serves every event whatever readerProcesses
-                    # is: events per main-process CPU-second is the most the proxy can reach with
-                    # enough cores for its workers.
-                    results[name].update(proxy_cpu_seconds=total, main_process_cpu_seconds=main_cpu,
-                                         worker_cpu_seconds=worker_cpu, events_per_proxy_cpu_second=count / total,
-                                         events_per_main_process_cpu_second=count / main_cpu)
-                    line += (f"  {count / total:>8,.0f} events per proxy CPU-second"
-                             f"  ({count / main_cpu:,.0f} per main-process CPU-second)")
-                print(line, flush=True)
+            for rep in range(args.repeat):
+                for name, fn, used in modes:
+                    runs[name].append(await measure(name, fn, used, rep))
+
+        async def measure(name: str, fn: Callable[[], Awaitable[Any]], used: ProxyProcess | None,
+                          rep: int) -> dict[str, float]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            proxy_cpu = used.cpu_seconds() if used is not None else None
+            out = await fn()
+            count = out[0] if isinstance(out, tuple) else out
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            result = {"events": count, "seconds": wall, "events_per_s": count / wall,
+                      "cpu_seconds_bench_process": cpu}
+            line = f"{rep + 1}/{args.repeat} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+            if used is not None and proxy_cpu is not None:
+                main_cpu, worker_cpu = used.cpu_used(proxy_cpu)
+                total = main_cpu + worker_cpu
+                # The main process merges, deals and serves every event whatever readerProcesses
+                # is: events per main-process CPU-second is the most the proxy can reach with
+                # enough cores for its workers.
+                result.update(proxy_cpu_seconds=total, main_process_cpu_seconds=main_cpu,
+                              worker_cpu_seconds=worker_cpu, events_per_proxy_cpu_second=count / total,
+                              events_per_main_process_cpu_second=count / main_cpu)
+                line += (f"  {count / total:>8,.0f} events per proxy CPU-second"
+                         f"  ({count / main_cpu:,.0f} per main-process CPU-second)")
+            print(line, flush=True)
+            if used is not None:
+                await trio.sleep(3)  # the stream's teardown is not charged to the next mode
+            return result
 
         trio.run(run)
     finally:
         for each in (proxy, *watch_proxies.values()):
             each.close()
         cluster.close()
+    # Each figure of each mode: its median over the runs.
+    for name, measured in runs.items():
+        results[name] = {k: statistics.median(r[k] for r in measured) for k in measured[0]}
+        results[name]["runs"] = measured
     raw, native = results["raw"], results["native"]
     best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
     proxy_best = results[best]
     figures = {
-        "events": args.events, "buckets": args.buckets, "cpus": os.cpu_count(), "modes": results,
+        "events": args.events, "buckets": args.buckets, "cpus": os.cpu_count(), "repeat": args.repeat,
+        "modes": results,
         "best_proxy_mode": best,
         "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
         "proxy_over_native": proxy_best["events_per_s"] / native["events_per_s"],
