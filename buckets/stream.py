@@ -129,18 +129,20 @@ class Bucket:
             freed += len(events[k].raw)
             k += 1
         if k:
-            self.floor = events[k - 1].sort_key
-            del events[:k]
-            del self.keys[:k]
-            self.base += k
-            self.budget.release(freed)
+            self._forget(k, freed)
+
+    def _forget(self, k: int, nbytes: int) -> None:
+        """Drop the first `k` retained events, which hold `nbytes` of the budget."""
+        self.floor = self.events[k - 1].sort_key
+        del self.events[:k]
+        del self.keys[:k]
+        self.base += k
+        self.budget.release(nbytes)
 
     def clear(self) -> None:
         """Drop every retained event (the stream is closing): its memory returns at once."""
-        self.floor = max(self.floor, self.keys[-1]) if self.keys else self.floor
-        self.base += len(self.events)
-        self.events, self.keys = [], []
-        self.budget.release(self.budget.used)
+        if self.events:
+            self._forget(len(self.events), self.budget.used)
         self.notify()
 
     def detach(self, cursor: BucketCursor) -> None:
