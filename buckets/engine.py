@@ -132,6 +132,8 @@ class Engine:
         table.kill_cursors = self.cmd_kill_cursors
         for name in DDL_COMMANDS:
             table.register(name, self.cmd_ddl)
+        for name in ("killSessions", "killAllSessions"):
+            table.register(name, self.cmd_kill_sessions)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after the time an unused stream is kept.
@@ -525,7 +527,7 @@ class Engine:
     async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
             return failed
-        killed, missing = [], []
+        killed, others = [], []
         for raw in cmd.get("cursors", []):
             cid = int(raw)
             if cid in self.cursors:
@@ -533,12 +535,46 @@ class Engine:
                 self._drop_cursor(cid)
                 killed.append(Int64(cid))
             else:
-                missing.append(Int64(cid))
-        return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
+                others.append(raw)
+        reply: dict[str, Any] = {"cursorsKilled": killed, "cursorsNotFound": [], "cursorsAlive": [],
+                                 "cursorsUnknown": []}
+        if others:  # ids of mongos's cursors in the same command: mongos kills those
+            up = await session.get_upstream()
+            theirs = bson.decode((await up.command(db, {**cmd, "cursors": others}, check=False)).raw)
+            if not theirs.get("ok"):
+                return theirs
+            for field_name in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
+                reply[field_name] += theirs.get(field_name, [])
+        return reply
+
+    async def cmd_kill_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """killSessions / killAllSessions, forwarded; once mongos has accepted, the engine's
+        cursors of those sessions are killed too, as the server closes a killed session's cursors
+        (the unified test runner kills all sessions between tests)."""
+        name = next(iter(cmd))
+        up = await session.get_upstream()
+        reply = bson.decode((await up.command(db, cmd, check=False)).raw)
+        if not reply.get("ok"):
+            return reply
+        specs = cmd[name] if isinstance(cmd[name], list) else []
+        user = getattr(session, "user", None) or ""
+        for cid, cur in list(self.cursors.items()):
+            if not cur.owner:
+                continue  # opened outside any session
+            if name.lower() == "killsessions":
+                # Session ids are the caller's own under access control; [] is all of them.
+                hit = not specs or any(repr(spec.get("id")) == cur.owner for spec in specs)
+                hit = hit and (not self.requires_auth or cur.user == user)
+            else:  # killAllSessions: [{user, db}] (users are known here by name), [] every user
+                hit = not specs or any(spec.get("user") == cur.user for spec in specs)
+            if hit:
+                self._drop_cursor(cid)
+        return reply
 
     def _drop_cursor(self, cid: int) -> None:
         cur = self.cursors.pop(cid, None)
         if cur is not None:
+            cur.killed = True  # before detach wakes a getMore parked on it
             cur.bucket.detach(cur)
         private = self._private.pop(cid, None)
         if private is not None:

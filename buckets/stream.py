@@ -37,6 +37,7 @@ from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, ChangeEvent, OplogTransformer, invalidate_event
 from mongoformats.change_stages import apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
+from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
@@ -226,6 +227,9 @@ class BucketCursor:
     last_key: bytes = b""
     last_token: dict[str, Any] = field(default_factory=dict)
     exhausted: bool = False
+    # Killed (killCursors, a killed session, a timeout): a getMore parked on it fails with
+    # CursorKilled, as mongos interrupts the operation that has a cursor checked out.
+    killed: bool = False
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
@@ -261,7 +265,8 @@ class BucketCursor:
                                               else self.stream.options.max_await_ms) / 1000
             bucket.waiting += 1
             try:
-                while self.position >= bucket.end and self.stream.error is None and not self.stream.ended:
+                while (self.position >= bucket.end and self.stream.error is None and not self.stream.ended
+                       and not self.killed):
                     with trio.move_on_at(deadline):
                         await bucket.changed.wait()
                         if self.position >= bucket.end and bucket.frontier > self.last_key:
@@ -270,11 +275,11 @@ class BucketCursor:
                     break
             finally:
                 bucket.waiting -= 1
+            if self.killed:
+                raise MongoError("CursorKilled", "operation was interrupted")
         if self.stream.error is not None:
             raise self.stream.error
         if self.position < bucket.base:
-            from mongoformats.errors import MongoError
-
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         self.acked = self.position  # asking for more means the previous batch was taken
         start = self.position - bucket.base
@@ -384,8 +389,6 @@ class ParallelStream:
         self.merge.drop_pending()
 
     async def run(self) -> None:
-        from mongoformats.errors import MongoError
-
         with self._cancel:
             try:
                 send, recv = trio.open_memory_channel[ShardBatch](2 * len(self.readers) + 2)

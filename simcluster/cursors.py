@@ -29,13 +29,16 @@ class Cursor:
     fetch: Callable[[int, float], Awaitable[list[Any]]] | None = None
     tailable: bool = False
     await_data: bool = False
-    lsid: bytes | None = None
+    lsid: bytes | None = None    # the id of the session that opened it (killSessions closes it)
+    user: str | None = None      # who opened it, when auth is on
     # Extra cursor-reply fields computed per batch (change streams: postBatchResumeToken).
     extra: Callable[[], dict[str, Any]] | None = None
     # A tailable cursor that can end (a change stream after its invalidate event).
     done: Callable[[], bool] | None = None
     change_stream: bool = False
     busy: bool = False
+    # While a getMore has it checked out: killing the cursor interrupts that getMore (CursorKilled).
+    operation: trio.CancelScope | None = None
 
 
 class CursorManager:
@@ -63,7 +66,21 @@ class CursorManager:
         return cur
 
     def kill(self, cid: int) -> bool:
-        return self._cursors.pop(cid, None) is not None
+        cursor = self._cursors.pop(cid, None)
+        if cursor is not None and cursor.operation is not None:
+            cursor.operation.cancel()  # a pinned cursor: its getMore fails with CursorKilled
+        return cursor is not None
+
+    def opened_in(self, cid: int, lsid: bytes, user: str | None) -> None:
+        """Record the session (and user) a cursor was opened in."""
+        if (cursor := self._cursors.get(cid)) is not None:
+            cursor.lsid, cursor.user = lsid, user
+
+    def kill_sessions(self, match: Callable[[Cursor], bool]) -> None:
+        """Kill every cursor opened in a session that `match` selects (killSessions, killAllSessions)."""
+        for cid, cursor in list(self._cursors.items()):
+            if cursor.lsid is not None and match(cursor):
+                self.kill(cid)
 
     async def first_batch(self, cursor: Cursor, batch_size: int | None) -> Any:
         cid = self.register(cursor)
@@ -91,13 +108,16 @@ class CursorManager:
             try:
                 await_ms = 0 if first or not cursor.await_data else (
                     max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
-                batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
+                with trio.CancelScope() as cursor.operation:
+                    batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
+                if cursor.operation.cancelled_caught:
+                    raise MongoError("CursorKilled", "operation was interrupted")
             except MongoError as exc:
                 self.kill(cid)
                 exc.change_stream = cursor.change_stream  # type: ignore[attr-defined]
                 raise
             finally:
-                cursor.busy = False
+                cursor.busy, cursor.operation = False, None
             alive = not (cursor.done is not None and cursor.done())
         else:
             batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]

@@ -12,7 +12,8 @@ import datetime
 import itertools
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import bson
@@ -82,7 +83,8 @@ class CommandServer:
             "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
             "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
             "setparameter": self.cmd_set_parameter,
-            "endsessions": self.cmd_ok, "killallsessions": self.cmd_ok, "startsession": self.cmd_start_session,
+            "endsessions": self.cmd_ok, "killallsessions": self.cmd_kill_sessions,
+            "killsessions": self.cmd_kill_sessions, "startsession": self.cmd_start_session,
             "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
             "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
             "getcmdlineopts": self.cmd_cmdline, "hostinfo": self.cmd_host_info, "getlog": self.cmd_get_log,
@@ -196,6 +198,8 @@ class CommandServer:
             await self.check_command(name, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
+            if "lsid" in cmd and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id"):
+                self.cursors.opened_in(int(cursor["id"]), _session_id(cmd["lsid"]["id"]), req.user)
             await self.settle(name, cmd, reply)
         except MongoError as exc:
             if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
@@ -436,6 +440,21 @@ class CommandServer:
             return True
         return mode == "alwaysOn"
 
+    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """killSessions [{id}] / killAllSessions [{user, db}]: the sessions' cursors are closed (a
+        getMore running on one fails with CursorKilled). An empty list names every session, or
+        under access control killSessions names the caller's own."""
+        name = next(iter(cmd))
+        specs = cmd[name] if isinstance(cmd[name], list) else []
+        if name.lower() == "killsessions":
+            ids = {_session_id(spec["id"]) for spec in specs}
+            own = self.users is not None
+            self.cursors.kill_sessions(lambda c: (not ids or c.lsid in ids) and (not own or c.user == req.user))
+        else:
+            users = {spec.get("user") for spec in specs}
+            self.cursors.kill_sessions(lambda c: not users or c.user in users)
+        return {}
+
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed: list[Int64] = []
         missing: list[Int64] = []
@@ -445,6 +464,11 @@ class CommandServer:
 
 
 _CLOSE = object()
+
+
+def _session_id(value: Any) -> bytes:
+    """A session id (UUID, decoded as Binary subtype 4 or uuid.UUID) as its 16 bytes."""
+    return value.bytes if isinstance(value, uuid.UUID) else bytes(value)
 
 
 def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:

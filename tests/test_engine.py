@@ -524,6 +524,60 @@ async def test_cursors_of_vanished_consumers_time_out(cluster):
         nursery.cancel_scope.cancel()
 
 
+async def test_killing_cursors_and_sessions(cluster, proxy):
+    """killCursors interrupts a getMore waiting on the cursor (CursorKilled, as mongos); a
+    killCursors naming mongos's cursors too kills those upstream; killSessions closes the engine's
+    cursors of those sessions, as the server closes a killed session's cursors."""
+    from wireproxy.upstream import open_upstream
+
+    raw = await open_upstream("127.0.0.1", proxy.port)
+    opened = await raw.command("admin", {"parallelChangeStream": 1, "nBuckets": 2, "name": "killed"})
+    parked, other = (cur["id"] for cur in opened["cursors"])
+    outcome: dict[str, Any] = {}
+
+    async def wait_on_parked() -> None:
+        waiter = await open_upstream("127.0.0.1", proxy.port)
+        started = trio.current_time()
+        reply = await waiter.command("admin", {"getMore": parked, "collection": NS, "maxTimeMS": 30_000}, check=False)
+        outcome.update(code=reply.get("code"), message=reply.get("errmsg"), seconds=trio.current_time() - started)
+        await waiter.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait_on_parked)
+        with trio.fail_after(5):
+            while not proxy.engine.cursors[parked].busy:
+                await trio.sleep(0.01)
+        # The bucket is idle but its resume point moves: the getMore may return within ~1 s and be
+        # parked again, so the kill is sent while it is parked.
+        killed = await raw.command("admin", {"killCursors": NS, "cursors": [parked]})
+        assert killed["cursorsKilled"] == [parked]
+    if outcome["code"] is not None:  # else the getMore returned just before the kill
+        assert (outcome["code"], outcome["message"]) == (237, "operation was interrupted")  # CursorKilled
+        assert outcome["seconds"] < 5
+
+    def work():
+        c = client(proxy_uri(proxy))
+        c.kc.c.insert_many([{"i": i} for i in range(5)])
+        found = c.kc.command({"find": "c", "batchSize": 1})["cursor"]["id"]  # a mongos cursor
+        reply = c.admin.command({"killCursors": NS, "cursors": [other, found]})
+        assert sorted(reply["cursorsKilled"]) == sorted([other, found]), reply
+        with pytest.raises(OperationFailure) as info:
+            c.kc.command({"getMore": found, "collection": "c"})
+        assert info.value.code == 43
+
+        with c.start_session() as s, c.start_session() as bystander:
+            mine = c.admin.command({"parallelChangeStream": 1, "name": "killed", "bucket": 0}, session=s)
+            theirs = c.admin.command({"parallelChangeStream": 1, "name": "killed", "bucket": 1}, session=bystander)
+            c.admin.command({"killSessions": [s.session_id]})
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({"getMore": mine["cursor"]["id"], "collection": NS, "maxTimeMS": 0}, session=s)
+            assert info.value.code == 43
+            c.admin.command({"getMore": theirs["cursor"]["id"], "collection": NS, "maxTimeMS": 0},
+                            session=bystander)
+    await sync(work)
+    await raw.aclose()
+
+
 async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, proxy):
     """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a
     second per shard; notes come every 20 ms only while events wait on an idle shard."""

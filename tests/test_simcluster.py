@@ -372,3 +372,49 @@ async def test_a_dotted_exclusion_removes_the_nested_field(cluster):
     assert found == {"_id": 1, "a": 1, "b": {"e": 3}, "arr": [{"k": 2}, 5]}
     assert unset == {"_id": 1, "b": {"e": 3}, "arr": [{"c": 1, "k": 2}, 5]}
     assert stored["b"] == {"c": 2, "e": 3}  # the stored document is untouched
+
+
+async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a_sessions_cursors(cluster):
+    """As on the server: killCursors on a cursor a getMore has checked out fails that getMore
+    with CursorKilled (237); killSessions and killAllSessions close the cursors opened in those
+    sessions, and no others."""
+    import threading
+    import time
+
+    def work():
+        c = client(cluster.uri)
+        c.ks.c.insert_many([{"i": i} for i in range(5)])
+        stream = c.ks.c.watch(max_await_time_ms=20_000)  # a tailable awaitData cursor on mongos
+        cid = stream._cursor.cursor_id
+        failure: list[OperationFailure] = []
+
+        def wait() -> None:
+            try:
+                c.ks.command({"getMore": cid, "collection": "c", "maxTimeMS": 20_000})
+            except OperationFailure as exc:
+                failure.append(exc)
+        waiter = threading.Thread(target=wait)
+        started = time.monotonic()
+        waiter.start()
+        time.sleep(0.3)  # parked in its awaitData wait
+        other = client(cluster.uri)
+        assert other.ks.command({"killCursors": "c", "cursors": [cid]})["cursorsKilled"] == [cid]
+        waiter.join(10)
+        assert failure and failure[0].code == 237 and time.monotonic() - started < 5
+        assert failure[0].details["errmsg"] == "operation was interrupted"
+
+        with c.start_session() as s, c.start_session() as bystander:
+            mine = c.ks.command({"find": "c", "batchSize": 1}, session=s)["cursor"]["id"]
+            theirs = c.ks.command({"find": "c", "batchSize": 1}, session=bystander)["cursor"]["id"]
+            outside = c.ks.command({"find": "c", "batchSize": 1})["cursor"]["id"]  # implicit session
+            c.admin.command({"killSessions": [s.session_id]})
+            with pytest.raises(OperationFailure) as info:
+                c.ks.command({"getMore": mine, "collection": "c", "batchSize": 1}, session=s)
+            assert info.value.code == 43
+            c.ks.command({"getMore": theirs, "collection": "c", "batchSize": 1}, session=bystander)
+            c.admin.command({"killAllSessions": []})
+            for cursor_id, session in ((theirs, bystander), (outside, None)):
+                with pytest.raises(OperationFailure) as info:
+                    c.ks.command({"getMore": cursor_id, "collection": "c", "batchSize": 1}, session=session)
+                assert info.value.code == 43
+    await sync(work)
