@@ -145,6 +145,11 @@ class Engine:
                 self._kill_idle_cursors()
                 self._tear_down_idle()
 
+    def all_streams(self) -> dict[str, ParallelStream]:
+        """Named streams and the private ones each serving one cursor (an accelerated watch(), a
+        bucket re-read from the oplogs), by name: status and /metrics show both."""
+        return {**self.streams, **{s.name: s for s in self._private.values()}}
+
     def reader_processes(self) -> list[dict[str, Any]]:
         """The shared reader processes: index, alive, tails (shards of streams) each reads."""
         return self._reader_pool.status() if self._reader_pool is not None else []
@@ -260,6 +265,7 @@ class Engine:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
         name = name or f"pcs-{uuid.uuid4().hex[:12]}"
         stream = self.streams.get(name)
+        created = stream is None
         if stream is None:
             stream = await self._create(name, n, cmd)
         elif stream.options.n_buckets != n:
@@ -276,7 +282,7 @@ class Engine:
             if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
                 raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
                                  "events after that token; attach to the bucket alone to re-read them")
-            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n}
@@ -338,13 +344,24 @@ class Engine:
         return stream
 
     def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
-                    batch_size: int | None, token: Mapping[str, Any] | None) -> BucketCursor:
-        """A cursor on bucket `i`: after `token` if given, else at the bucket's live end."""
+                    batch_size: int | None, token: Mapping[str, Any] | None, *,
+                    from_start: bool = False) -> BucketCursor:
+        """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
+        (`from_start`), at the stream's start point; else at the bucket's live end.
+
+        Why `from_start`: a new stream's readers start as soon as every oplog is known to reach
+        back far enough, and may deal events before the command that created it gets to run again.
+        Those events are after the start point the command asked for, so its cursor must see them:
+        placed at the live end, it skipped them (a 1M-event catch-up lost the first few hundred).
+        Nothing leaves a bucket before a cursor has read it, so the bucket still holds them all.
+        """
         bucket = stream.buckets[i]
         if token is not None:
             key = token_sort_key(token)
             position = bucket.position_after(key)
             assert position is not None, "callers check retention first"
+        elif from_start:
+            position = bucket.base
         else:
             position = bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
@@ -356,6 +373,8 @@ class Engine:
                            last_used=trio.current_time())
         if token is not None:
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+        elif from_start:  # the start point: below every event the bucket holds
+            cur.last_key, cur.last_token = bucket.floor, token_from_key(bucket.floor)
         else:
             cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
         bucket.cursors.add(cur)
@@ -365,6 +384,7 @@ class Engine:
     async def _attach_bucket(self, session: Any, name: str, i: int, n: int | None, cmd: dict[str, Any],
                              batch_size: int | None) -> dict[str, Any]:
         stream = self.streams.get(name)
+        created = stream is None
         if stream is None:
             if n is None:
                 raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
@@ -378,7 +398,7 @@ class Engine:
         if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
             stream.replays += 1
-            stream = await self._create(f"{name}#replay", stream.options.n_buckets,
+            stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
                                         {**cmd, "nBuckets": stream.options.n_buckets,
                                          "showExpandedEvents": stream.options.show_expanded_events,
                                          "pipeline": [{"$match": stream.options.match}] if stream.options.match
@@ -387,7 +407,7 @@ class Engine:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
         else:
-            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
         events: list[ChangeEvent] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
@@ -457,7 +477,8 @@ class Engine:
                                         stages=() if plain_match else tuple(stages))
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
             raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token)
+        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token,
+                               from_start=True)
         cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
         self._private[cur.cursor_id] = stream
         return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
@@ -589,7 +610,7 @@ class Engine:
         """
         self._user(session, "parallelChangeStreamStatus")
         name = cmd.get("name")
-        streams = [s for n, s in sorted(self.streams.items()) if name in (None, n)]
+        streams = [s for n, s in sorted(self.all_streams().items()) if name in (None, n)]
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),

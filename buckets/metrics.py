@@ -45,7 +45,7 @@ class EngineCollector(Collector):
                                   labels=stream_labels)
         replays = CounterMetricFamily("pcs_stream_replays", "Bucket attaches served by re-reading the oplogs",
                                       labels=stream_labels)
-        for name, stream in sorted(self.engine.streams.items()):
+        for name, stream in sorted(self.engine.all_streams().items()):
             status = stream.status()
             merged.add_metric([name], status["eventsMerged"])
             queue.add_metric([name], status["mergeQueue"])

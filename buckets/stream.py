@@ -93,6 +93,7 @@ class Bucket:
         self.changed = trio.Event()
         self.cursors: set[BucketCursor] = set()
         self.delivered_total = 0
+        self.dealt_total = 0           # events the merge dealt in (delivered_total counts them out)
         self.waiting = 0               # getMores parked on this bucket right now
         # How far consumers that have since left had read (absolute index). With no cursor open
         # (a Spark micro-batch ended; the next attaches after where it stopped), only events up
@@ -164,6 +165,7 @@ class Bucket:
             return False
         self.events.append(event)
         self.keys.append(event.sort_key)
+        self.dealt_total += 1
         return True
 
     async def put_many(self, events: list[ChangeEvent]) -> None:
@@ -179,6 +181,7 @@ class Bucket:
         if self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
             self.events += events
             self.keys += map(EVENT_SORT_KEY, events)
+            self.dealt_total += len(events)
         else:
             for ev in events:
                 if not self.put_nowait(ev):
@@ -587,7 +590,8 @@ class ParallelStream:
                         "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
             "topology": self.watcher.status() if self.watcher is not None else None,
             "buckets": [{"bucket": i, "depth": b.depth(), "retained": len(b.events), "bytes": b.budget.used,
-                         "limitBytes": b.budget.limit, "delivered": b.delivered_total, "cursors": len(b.cursors),
+                         "limitBytes": b.budget.limit, "dealt": b.dealt_total, "delivered": b.delivered_total,
+                         "cursors": len(b.cursors),
                          "consumerPosition": max((c.last_token for c in b.cursors), default=None,
                                                  key=lambda t: t.get("_data", "") if t else "")}
                         for i, b in sorted(self.buckets.items())],

@@ -524,6 +524,28 @@ async def test_cursors_of_vanished_consumers_time_out(cluster):
         nursery.cancel_scope.cancel()
 
 
+async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_were_dealt_first(cluster, proxy):
+    """The readers of a new stream may deal events before the command that created it makes its
+    cursors (tests/test_accelerate.py has the race end to end): made here on purpose, the cursor
+    still starts at the stream's start point, with that point as its resume token."""
+    def backlog():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        c.dealt.c.insert_many([{"i": i} for i in range(500)])
+        return start
+    start = await sync(backlog)
+    engine = proxy.engine
+    stream = await engine._create("dealt-first", 1, {"nBuckets": 1, "startAtOperationTime": start})
+    with trio.fail_after(10):
+        while stream.buckets[0].end < 500:
+            await trio.sleep(0.01)
+    cur = engine._new_cursor(None, stream, 0, {}, None, None, from_start=True)
+    assert cur.last_token == high_water_mark(start)
+    events, _ = await cur.next_batch(None, 0)
+    assert [bson.decode(ev.raw)["fullDocument"]["i"] for ev in events] == list(range(500))
+    engine._drop_cursor(cur.cursor_id)
+
+
 async def test_killing_cursors_and_sessions(cluster, proxy):
     """killCursors interrupts a getMore waiting on the cursor (CursorKilled, as mongos); a
     killCursors naming mongos's cursors too kills those upstream; killSessions closes the engine's
