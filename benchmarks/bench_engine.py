@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="readerProcesses values to measure the proxy with")
     parser.add_argument("--watch-reader-processes", type=int, nargs="*", default=[0, 2],
                         help="reader processes of the accelerated watch() measured (one proxy process each)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each mode, taking turns; medians reported")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each mode, taking turns; medians reported")
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
