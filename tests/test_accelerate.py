@@ -48,13 +48,17 @@ async def accelerated(shards: int, version: str = "7.0") -> AsyncIterator[tuple[
         nursery.cancel_scope.cancel()
 
 
+def _clients(cluster: Any, server: Any) -> tuple[Any, Any, Any]:
+    """A client of mongos, one of the proxy, and the cluster time now (where streams start)."""
+    direct = client(cluster.uri)
+    return direct, client(f"mongodb://127.0.0.1:{server.port}/"), direct.admin.command("ping")["operationTime"]
+
+
 async def test_watch_through_the_accelerated_proxy_equals_mongos():
     async with accelerated(shards=3) as (cluster, server):
 
         def work():
-            direct = client(cluster.uri)
-            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
-            start = direct.admin.command("ping")["operationTime"]
+            direct, proxied, start = _clients(cluster, server)
             direct.admin.command("shardCollection", "acc.h", key={"_id": "hashed"})
             direct.acc.h.insert_many([{"_id": i, "v": i} for i in range(60)])
             direct.acc.h.update_many({"v": {"$lt": 10}}, {"$set": {"low": True}})
@@ -142,9 +146,7 @@ async def test_servers_before_6_1_keep_their_own_streams(version):
     async with accelerated(shards=2, version=version) as (cluster, server):
 
         def work():
-            direct = client(cluster.uri)
-            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
-            start = direct.admin.command("ping")["operationTime"]
+            direct, proxied, start = _clients(cluster, server)
             direct.old.c.insert_many([{"_id": i} for i in range(5)] + [{"_id": "end", "marker": True}])
             want = _collect(direct.old.c.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
             got = _collect(proxied.old.c.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
@@ -333,9 +335,7 @@ async def test_a_watch_from_a_past_time_sees_every_event_its_readers_dealt_befor
     async with accelerated(shards=3) as (cluster, server):
 
         def work():
-            direct = client(cluster.uri)
-            proxied = client(f"mongodb://127.0.0.1:{server.port}/")
-            start = direct.admin.command("ping")["operationTime"]
+            direct, proxied, start = _clients(cluster, server)
             direct.admin.command("shardCollection", "past.h", key={"_id": "hashed"})
             for chunk in range(8):
                 direct.past.h.insert_many([{"_id": chunk * 1000 + i} for i in range(1000)])
