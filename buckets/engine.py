@@ -114,7 +114,8 @@ class Engine:
         self.config = config or EngineConfig()
         self.streams: dict[str, ParallelStream] = {}
         self.cursors: dict[int, BucketCursor] = {}
-        self._private: dict[int, ParallelStream] = {}   # replay streams owned by one cursor
+        self._private: dict[int, ParallelStream] = {}   # watch() and replay streams, by their one cursor
+        self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
         self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
@@ -264,11 +265,8 @@ class Engine:
         if n is None:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
         name = name or f"pcs-{uuid.uuid4().hex[:12]}"
-        stream = self.streams.get(name)
-        created = stream is None
-        if stream is None:
-            stream = await self._create(name, n, cmd)
-        elif stream.options.n_buckets != n:
+        stream, created = await self._named(name, n, cmd)
+        if stream.options.n_buckets != n:
             raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}; "
                              "re-bucketing an existing stream is not supported")
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
@@ -286,6 +284,26 @@ class Engine:
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n}
+
+    async def _named(self, name: str, n: int | None, cmd: dict[str, Any]) -> tuple[ParallelStream, bool]:
+        """The open stream `name`, or one created from `cmd` (then True). Commands that find it
+        missing at once (the N Spark tasks of a micro-batch after a proxy restart each attach
+        their bucket with nBuckets) wait for one creation: each made its own, and all but the
+        last were left outside `streams`, never torn down, reading every shard for good."""
+        while (pending := self._creating.get(name)) is not None:
+            await pending.wait()
+        stream = self.streams.get(name)
+        if stream is not None:
+            return stream, False
+        if n is None:
+            raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
+                             "pass nBuckets (and resumeAfter) to open it")
+        done = self._creating[name] = trio.Event()
+        try:
+            return await self._create(name, n, cmd), True
+        finally:
+            del self._creating[name]
+            done.set()
 
     async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
                       scope: tuple[str, str | None] | None = None,
@@ -383,13 +401,7 @@ class Engine:
 
     async def _attach_bucket(self, session: Any, name: str, i: int, n: int | None, cmd: dict[str, Any],
                              batch_size: int | None) -> dict[str, Any]:
-        stream = self.streams.get(name)
-        created = stream is None
-        if stream is None:
-            if n is None:
-                raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
-                                 "pass nBuckets (and resumeAfter) to open it")
-            stream = await self._create(name, n, cmd)
+        stream, created = await self._named(name, n, cmd)
         if n is not None and n != stream.options.n_buckets:
             raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}")
         if i >= stream.options.n_buckets:

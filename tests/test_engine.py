@@ -546,6 +546,33 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     engine._drop_cursor(cur.cursor_id)
 
 
+async def test_buckets_attached_at_once_to_a_missing_stream_share_one_stream(cluster, proxy):
+    """After a proxy restart, the tasks of a micro-batch each attach their bucket with nBuckets
+    and a token at the same moment: one stream is created for all of them (each made its own,
+    and the extra ones were never torn down)."""
+    from wireproxy.upstream import open_upstream
+
+    def start_time():
+        return client(proxy_uri(proxy)).admin.command("ping")["operationTime"]
+    token = high_water_mark(await sync(start_time))
+    replies: list[Any] = []
+
+    async def attach(i: int) -> None:
+        conn = await open_upstream("127.0.0.1", proxy.port)
+        replies.append(await conn.command("admin", {"parallelChangeStream": 1, "name": "restarted", "nBuckets": 4,
+                                                    "bucket": i, "resumeAfter": token}))
+        await conn.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(attach, i)
+    ids = [r["cursor"]["id"] for r in replies]
+    engine = proxy.engine
+    assert {engine.cursors[cid].stream for cid in ids} == {engine.streams["restarted"]}
+    for cid in ids:
+        engine._drop_cursor(cid)
+
+
 async def test_killing_cursors_and_sessions(cluster, proxy):
     """killCursors interrupts a getMore waiting on the cursor (CursorKilled, as mongos); a
     killCursors naming mongos's cursors too kills those upstream; killSessions closes the engine's
