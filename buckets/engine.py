@@ -74,6 +74,9 @@ class EngineConfig:
     # task) kept its stream reading every shard, and its buffers full, for the proxy's lifetime.
     cursor_timeout_s: float = 600.0
     session_cursor_timeout_s: float = 1800.0
+    # Cursors of sessions a client ended (endSessions) are killed at the next session refresh,
+    # as the server's logical session cache does every logicalSessionRefreshMillis (5 min).
+    session_refresh_s: float = 300.0
 
 
 def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[ChangeEvent],
@@ -116,6 +119,7 @@ class Engine:
         self.cursors: dict[int, BucketCursor] = {}
         self._private: dict[int, ParallelStream] = {}   # watch() and replay streams, by their one cursor
         self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
+        self._ended_sessions: set[str] = set()        # ended since the last session refresh (cursor owners)
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
         self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
@@ -135,14 +139,19 @@ class Engine:
             table.register(name, self.cmd_ddl)
         for name in ("killSessions", "killAllSessions"):
             table.register(name, self.cmd_kill_sessions)
+        table.register("endSessions", self.cmd_end_sessions)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after the time an unused stream is kept.
         async with reader_pool(self.config.idle_teardown_s) as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool
             task_status.started()
+            next_refresh = trio.current_time() + self.config.session_refresh_s
             while True:
                 await trio.sleep(1)
+                if trio.current_time() >= next_refresh:
+                    next_refresh += self.config.session_refresh_s
+                    self._reap_ended_sessions()
                 self._kill_idle_cursors()
                 self._tear_down_idle()
 
@@ -162,6 +171,13 @@ class Engine:
             if not cur.busy and now - cur.last_used > limit:
                 log.info("killing cursor %d of stream %s: unused for %.0f s", cid, cur.stream.name, now - cur.last_used)
                 self.cursors_timed_out += 1
+                self._drop_cursor(cid)
+
+    def _reap_ended_sessions(self) -> None:
+        ended, self._ended_sessions = self._ended_sessions, set()
+        for cid, cur in list(self.cursors.items()):
+            if cur.owner in ended:
+                log.info("killing cursor %d of stream %s: its session was ended", cid, cur.stream.name)
                 self._drop_cursor(cid)
 
     def _tear_down_idle(self) -> None:
@@ -578,6 +594,16 @@ class Engine:
                 return theirs
             for field_name in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
                 reply[field_name] += theirs.get(field_name, [])
+        return reply
+
+    async def cmd_end_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """endSessions, forwarded; the engine's cursors of those sessions are killed at the next
+        session refresh (EngineConfig.session_refresh_s), when the server kills those it holds."""
+        reply = bson.decode((await (await session.get_upstream()).command(db, cmd, check=False)).raw)
+        if reply.get("ok") and isinstance(cmd["endSessions"], list):
+            owners = {cur.owner for cur in self.cursors.values()}  # only those: drivers end thousands
+            self._ended_sessions.update(owner for spec in cmd["endSessions"] if isinstance(spec, Mapping)
+                                        and (owner := repr(spec.get("id"))) in owners)
         return reply
 
     async def cmd_kill_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:

@@ -627,6 +627,33 @@ async def test_killing_cursors_and_sessions(cluster, proxy):
     await raw.aclose()
 
 
+async def test_cursors_of_ended_sessions_are_killed_at_the_next_session_refresh(cluster):
+    """endSessions does not kill cursors at once; the server kills those of ended sessions at its
+    next session refresh, and so does the engine (every session_refresh_s)."""
+    from buckets.engine import EngineConfig
+
+    config = EngineConfig(session_refresh_s=2.0)
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(functools.partial(
+            serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0), engine_config=config))
+
+        def work():
+            c = client(proxy_uri(proxy))
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "ended"})
+            ended, kept = c.start_session(), c.start_session()
+            mine = c.admin.command({"parallelChangeStream": 1, "name": "ended", "bucket": 0,
+                                    "resumeAfter": opened["cursors"][0]["postBatchResumeToken"]}, session=ended)
+            theirs = c.admin.command({"parallelChangeStream": 1, "name": "ended", "bucket": 1,
+                                      "resumeAfter": opened["cursors"][1]["postBatchResumeToken"]}, session=kept)
+            c.admin.command({"endSessions": [ended.session_id]})
+            wait_until(lambda: mine["cursor"]["id"] not in proxy.engine.cursors, timeout=10)
+            assert theirs["cursor"]["id"] in proxy.engine.cursors
+            kept.end_session()
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, proxy):
     """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a
     second per shard; notes come every 20 ms only while events wait on an idle shard."""
