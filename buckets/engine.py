@@ -105,6 +105,12 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default:
     return int(value)
 
 
+async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """`cmd` run on the client's upstream connection, as mongos answers it (errors included)."""
+    up = await session.get_upstream()
+    return dict(bson.decode((await up.command(db, cmd, check=False)).raw))
+
+
 class Engine:
     def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
                  config: EngineConfig | None = None, *, connect_member: ConnectMember = open_member,
@@ -531,13 +537,12 @@ class Engine:
         ns = target_namespace(db, cmd)
         shards = (await self._discover()).shards
         before = await self._holders(shards, ns)
-        up = await session.get_upstream()
         specs = None
         if name == "dropIndexes" and before:
             target_db, _, coll = ns.partition(".")
-            listed = await up.command(target_db, {"listIndexes": coll}, check=False)
-            specs = {ix["name"]: ix for ix in bson.decode(listed.raw).get("cursor", {}).get("firstBatch", [])}
-        reply = bson.decode((await up.command(db, cmd, check=False)).raw)
+            listed = await _forward(session, target_db, {"listIndexes": coll})
+            specs = {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
+        reply = await _forward(session, db, cmd)
         if reply.get("ok"):
             after = await self._holders(shards, ns)
             for note in plan_notes(cmd, ns, before, after, specs):
@@ -588,8 +593,7 @@ class Engine:
         reply: dict[str, Any] = {"cursorsKilled": killed, "cursorsNotFound": [], "cursorsAlive": [],
                                  "cursorsUnknown": []}
         if others:  # ids of mongos's cursors in the same command: mongos kills those
-            up = await session.get_upstream()
-            theirs = bson.decode((await up.command(db, {**cmd, "cursors": others}, check=False)).raw)
+            theirs = await _forward(session, db, {**cmd, "cursors": others})
             if not theirs.get("ok"):
                 return theirs
             for field_name in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
@@ -599,7 +603,7 @@ class Engine:
     async def cmd_end_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """endSessions, forwarded; the engine's cursors of those sessions are killed at the next
         session refresh (EngineConfig.session_refresh_s), when the server kills those it holds."""
-        reply = bson.decode((await (await session.get_upstream()).command(db, cmd, check=False)).raw)
+        reply = await _forward(session, db, cmd)
         if reply.get("ok") and isinstance(cmd["endSessions"], list):
             owners = {cur.owner for cur in self.cursors.values()}  # only those: drivers end thousands
             self._ended_sessions.update(owner for spec in cmd["endSessions"] if isinstance(spec, Mapping)
@@ -611,8 +615,7 @@ class Engine:
         cursors of those sessions are killed too, as the server closes a killed session's cursors
         (the unified test runner kills all sessions between tests)."""
         name = next(iter(cmd))
-        up = await session.get_upstream()
-        reply = bson.decode((await up.command(db, cmd, check=False)).raw)
+        reply = await _forward(session, db, cmd)
         if not reply.get("ok"):
             return reply
         specs = cmd[name] if isinstance(cmd[name], list) else []
