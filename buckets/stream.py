@@ -279,7 +279,7 @@ class BucketCursor:
             finally:
                 bucket.waiting -= 1
             if self.killed:
-                raise MongoError("CursorKilled", "operation was interrupted")
+                raise _interrupted()
         if self.stream.error is not None:
             raise self.stream.error
         if self.position < bucket.base:
@@ -302,6 +302,8 @@ class BucketCursor:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
             batch, consumed = _fit(await self._shape(batch))
             taken = taken[:consumed]
+            if self.killed:  # while its lookups ran
+                raise _interrupted()
         self.position += len(taken)
         bucket.delivered_total += len(batch)
         if taken:
@@ -608,6 +610,11 @@ def _fit(shaped: list[tuple[int, ChangeEvent]]) -> tuple[list[ChangeEvent], int 
         if k and size > BATCH_BYTES_LIMIT:
             return [e for _, e in shaped[:k]], shaped[k][0]
     return [e for _, e in shaped], None
+
+
+def _interrupted() -> MongoError:
+    """What a getMore whose cursor was killed under it fails with, as mongos's does."""
+    return MongoError("CursorKilled", "operation was interrupted")
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:

@@ -654,6 +654,46 @@ async def test_cursors_of_ended_sessions_are_killed_at_the_next_session_refresh(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_cursor_killed_while_its_lookups_run_fails_that_getmore(cluster, proxy):
+    """fullDocument: updateLookup reads documents through mongos while the getMore runs; a
+    killCursors meanwhile interrupts it with CursorKilled instead of letting it return the batch."""
+    from wireproxy.upstream import open_upstream, parse_hosts
+
+    def setup():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        c.lk.c.insert_one({"_id": 1})
+        c.lk.c.update_one({"_id": 1}, {"$set": {"x": 1}})
+        return start
+    start = await sync(setup)
+    raw = await open_upstream("127.0.0.1", proxy.port)
+    opened = await raw.command("admin", {"parallelChangeStream": 1, "nBuckets": 1, "name": "lookups",
+                                         "fullDocument": "updateLookup", "startAtOperationTime": start})
+    cid = opened["cursors"][0]["id"]
+    direct = await open_upstream(*parse_hosts(cluster.uri)[0])
+    await direct.command("admin", {"configureFailPoint": "failCommand", "mode": {"times": 1},
+                                   "data": {"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 3000}})
+    outcome: dict[str, Any] = {}
+
+    async def get_more() -> None:
+        waiter = await open_upstream("127.0.0.1", proxy.port)
+        reply = await waiter.command("admin", {"getMore": cid, "collection": NS, "maxTimeMS": 10_000}, check=False)
+        outcome.update(code=reply.get("code"), events=len(reply.get("cursor", {}).get("nextBatch", [])))
+        await waiter.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(get_more)
+        with trio.fail_after(5):
+            while not proxy.engine.cursors[cid].busy:
+                await trio.sleep(0.01)
+        await trio.sleep(0.5)  # inside the lookup, which the fail point holds for 3 s
+        await raw.command("admin", {"killCursors": NS, "cursors": [cid]})
+    assert outcome == {"code": 237, "events": 0}
+    await direct.command("admin", {"configureFailPoint": "failCommand", "mode": "off"})
+    await direct.aclose()
+    await raw.aclose()
+
+
 async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, proxy):
     """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a
     second per shard; notes come every 20 ms only while events wait on an idle shard."""
