@@ -524,6 +524,32 @@ async def test_cursors_of_vanished_consumers_time_out(cluster):
         nursery.cancel_scope.cancel()
 
 
+async def _kill_during_get_more(proxy: Any, conn: Any, cid: int, *, after_s: float = 0.0) -> dict[str, Any]:
+    """Run a getMore on `cid` from another connection and, once it runs (plus `after_s`), kill the
+    cursor through `conn`: the getMore's code, errmsg, event count and duration."""
+    from wireproxy.upstream import open_upstream
+
+    outcome: dict[str, Any] = {}
+
+    async def get_more() -> None:
+        waiter = await open_upstream("127.0.0.1", proxy.port)
+        started = trio.current_time()
+        reply = await waiter.command("admin", {"getMore": cid, "collection": NS, "maxTimeMS": 30_000}, check=False)
+        outcome.update(code=reply.get("code"), message=reply.get("errmsg"), seconds=trio.current_time() - started,
+                       events=len(reply.get("cursor", {}).get("nextBatch", [])))
+        await waiter.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(get_more)
+        with trio.fail_after(5):
+            while not proxy.engine.cursors[cid].busy:
+                await trio.sleep(0.01)
+        await trio.sleep(after_s)
+        killed = await conn.command("admin", {"killCursors": NS, "cursors": [cid]})
+        assert killed["cursorsKilled"] == [cid]
+    return outcome
+
+
 async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_were_dealt_first(cluster, proxy):
     """The readers of a new stream may deal events before the command that created it makes its
     cursors (tests/test_accelerate.py has the race end to end): made here on purpose, the cursor
@@ -582,25 +608,9 @@ async def test_killing_cursors_and_sessions(cluster, proxy):
     raw = await open_upstream("127.0.0.1", proxy.port)
     opened = await raw.command("admin", {"parallelChangeStream": 1, "nBuckets": 2, "name": "killed"})
     parked, other = (cur["id"] for cur in opened["cursors"])
-    outcome: dict[str, Any] = {}
-
-    async def wait_on_parked() -> None:
-        waiter = await open_upstream("127.0.0.1", proxy.port)
-        started = trio.current_time()
-        reply = await waiter.command("admin", {"getMore": parked, "collection": NS, "maxTimeMS": 30_000}, check=False)
-        outcome.update(code=reply.get("code"), message=reply.get("errmsg"), seconds=trio.current_time() - started)
-        await waiter.aclose()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait_on_parked)
-        with trio.fail_after(5):
-            while not proxy.engine.cursors[parked].busy:
-                await trio.sleep(0.01)
-        # The bucket is idle but its resume point moves: the getMore may return within ~1 s and be
-        # parked again, so the kill is sent while it is parked.
-        killed = await raw.command("admin", {"killCursors": NS, "cursors": [parked]})
-        assert killed["cursorsKilled"] == [parked]
-    if outcome["code"] is not None:  # else the getMore returned just before the kill
+    outcome = await _kill_during_get_more(proxy, raw, parked)
+    # (An idle bucket's getMore returns once its resume point moves, ~1 s: rarely, just before the kill.)
+    if outcome["code"] is not None:
         assert (outcome["code"], outcome["message"]) == (237, "operation was interrupted")  # CursorKilled
         assert outcome["seconds"] < 5
 
@@ -673,22 +683,8 @@ async def test_a_cursor_killed_while_its_lookups_run_fails_that_getmore(cluster,
     direct = await open_upstream(*parse_hosts(cluster.uri)[0])
     await direct.command("admin", {"configureFailPoint": "failCommand", "mode": {"times": 1},
                                    "data": {"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 3000}})
-    outcome: dict[str, Any] = {}
-
-    async def get_more() -> None:
-        waiter = await open_upstream("127.0.0.1", proxy.port)
-        reply = await waiter.command("admin", {"getMore": cid, "collection": NS, "maxTimeMS": 10_000}, check=False)
-        outcome.update(code=reply.get("code"), events=len(reply.get("cursor", {}).get("nextBatch", [])))
-        await waiter.aclose()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(get_more)
-        with trio.fail_after(5):
-            while not proxy.engine.cursors[cid].busy:
-                await trio.sleep(0.01)
-        await trio.sleep(0.5)  # inside the lookup, which the fail point holds for 3 s
-        await raw.command("admin", {"killCursors": NS, "cursors": [cid]})
-    assert outcome == {"code": 237, "events": 0}
+    outcome = await _kill_during_get_more(proxy, raw, cid, after_s=0.5)  # inside the lookup, held 3 s
+    assert (outcome["code"], outcome["events"]) == (237, 0)
     await direct.command("admin", {"configureFailPoint": "failCommand", "mode": "off"})
     await direct.aclose()
     await raw.aclose()
