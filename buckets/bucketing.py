@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import zlib
 
-from mongoformats.change_events import ChangeEvent
+from mongoformats.change_events import EV_NAMESPACES, EventFields
 
 __all__ = ["bucket_of", "buckets_for_event", "MAX_BUCKETS"]
 
@@ -26,8 +26,8 @@ def bucket_of(ns: str, n: int) -> int:
     return zlib.crc32(ns.encode("utf-8")) % n
 
 
-def buckets_for_event(event: ChangeEvent, n: int) -> tuple[int, ...]:
-    namespaces = event.namespaces
+def buckets_for_event(event: EventFields, n: int) -> tuple[int, ...]:
+    namespaces = event[EV_NAMESPACES]
     if len(namespaces) == 1:  # the common case: one collection
         return (zlib.crc32(namespaces[0].encode("utf-8")) % n,)
     if not namespaces:  # database-level events

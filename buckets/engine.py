@@ -31,7 +31,7 @@ from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_n
 from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
-from mongoformats.change_events import ChangeEvent, ddl_note
+from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
 from mongoformats.change_stages import SUPPORTED_STAGES
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.oplog_splice import SplicedDocument
@@ -79,10 +79,10 @@ class EngineConfig:
     session_refresh_s: float = 300.0
 
 
-def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[ChangeEvent],
+def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[EventFields],
                     pbrt: Mapping[str, Any]) -> SplicedDocument:
     """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding)."""
-    return splice_cursor(cursor_id, ns, batch_field, [e.raw for e in events], {"postBatchResumeToken": pbrt})
+    return splice_cursor(cursor_id, ns, batch_field, list(map(EVENT_BYTES, events)), {"postBatchResumeToken": pbrt})
 
 
 def _mentions_full_document(stages: Any) -> bool:
@@ -442,7 +442,7 @@ class Engine:
             self._private[cur.cursor_id] = stream
         else:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
-        events: list[ChangeEvent] = []
+        events: list[EventFields] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
         return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}

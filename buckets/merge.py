@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, ChangeEvent
+from mongoformats.change_events import EV_SORT_KEY, EVENT_BYTES, EVENT_SORT_KEY, EventFields
 
 __all__ = ["MergedQueue"]
 
@@ -31,15 +31,18 @@ class _Run:
     __slots__ = ("events", "head", "mark")
 
     def __init__(self, mark: bytes) -> None:
-        self.events: list[ChangeEvent] = []
+        self.events: list[EventFields] = []
         self.head = 0
         self.mark = mark
 
-    def take_through(self, key: bytes) -> list[ChangeEvent]:
+    def take_through(self, key: bytes) -> list[EventFields]:
         events, head = self.events, self.head
-        if head == len(events) or events[head].sort_key > key:
+        if head == len(events) or events[head][EV_SORT_KEY] > key:
             return []
-        end = len(events) if events[-1].sort_key <= key else bisect.bisect_right(events, key, head, key=EVENT_SORT_KEY)
+        if events[-1][EV_SORT_KEY] <= key:
+            end = len(events)
+        else:
+            end = bisect.bisect_right(events, key, head, key=EVENT_SORT_KEY)
         taken = events[head:end]
         if end == len(events):
             events.clear()
@@ -69,14 +72,14 @@ class MergedQueue:
             raise ValueError(f"shard {shard} joins below the merge frontier")
         self._runs[shard] = _Run(mark)
 
-    def extend(self, shard: str, events: list[ChangeEvent]) -> None:
+    def extend(self, shard: str, events: list[EventFields]) -> None:
         """Queue a batch of `shard`'s events, in token order and above its mark."""
         if not events:
             return
         run = self._runs[shard]
-        last = run.events[-1].sort_key if len(run.events) > run.head else run.mark
+        last = run.events[-1][EV_SORT_KEY] if len(run.events) > run.head else run.mark
         # Only the ends are checked: a batch is one oplog read, in oplog order by construction.
-        if events[0].sort_key <= last or events[-1].sort_key < events[0].sort_key:
+        if events[0][EV_SORT_KEY] <= last or events[-1][EV_SORT_KEY] < events[0][EV_SORT_KEY]:
             raise ValueError(f"shard {shard} pushed events out of token order or at or below its mark")
         run.events += events
 
@@ -95,7 +98,7 @@ class MergedQueue:
 
     def blocking_shards(self) -> list[str]:
         """Shards whose mark holds back a pending event (they need a noop to move on)."""
-        heads = [r.events[r.head].sort_key for r in self._runs.values() if len(r.events) > r.head]
+        heads = [r.events[r.head][EV_SORT_KEY] for r in self._runs.values() if len(r.events) > r.head]
         if not heads:
             return []
         head = min(heads)
@@ -106,11 +109,11 @@ class MergedQueue:
         for run in self._runs.values():
             run.events, run.head = [], 0
 
-    def pop_ready(self) -> tuple[list[ChangeEvent], dict[str, int]]:
+    def pop_ready(self) -> tuple[list[EventFields], dict[str, int]]:
         """Every event now at or below the frontier, in token order, and the bytes each shard's
         released events hold (for its buffer budget). Ties between shards keep shard order."""
         frontier = self.frontier()
-        out: list[ChangeEvent] = []
+        out: list[EventFields] = []
         freed: dict[str, int] = {}
         runs = 0
         for shard, run in self._runs.items():

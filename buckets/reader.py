@@ -28,7 +28,7 @@ import trio
 from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
-from mongoformats.change_events import ChangeEvent, OplogTransformer, events_from_fields
+from mongoformats.change_events import EventFields, OplogTransformer
 from mongoformats.errors import MongoError, has_category
 from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -55,7 +55,7 @@ def mark_after(ts: Timestamp) -> bytes:
 @dataclass(slots=True)
 class ShardBatch:
     shard: str
-    events: list[ChangeEvent]
+    events: list[EventFields]  # plain tuples (see EventFields)
     mark: bytes
     nbytes: int
 
@@ -75,9 +75,9 @@ class ShardStats:
 class TailOutput(Protocol):
     """What an OplogTail reports, in order."""
 
-    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
-        """Events of entries read through `last_ts` (`nbytes` of them; ChangeEvents or their
-        fields as plain tuples): returns once they are charged to the shard's budget and handed on."""
+    async def deliver(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        """Events of entries read through `last_ts` (`nbytes` of them, as plain tuples): returns
+        once they are charged to the shard's budget and handed on."""
 
     async def checked(self) -> None:
         """The oplog reaches back to the start point (the stream may report itself open)."""
@@ -187,14 +187,14 @@ class OplogTail:
 
     async def _deliver(self, items: list[Any], last_ts: Timestamp, out: TailOutput) -> None:
         transform = self.transformer.transform_decoded
-        events: list[Any] = []  # ChangeEvents and their fields as plain tuples
+        events: list[EventFields] = []  # plain tuples: spliced ones as they are, others' fields
         skip = self.skip_key
         nbytes = 0
         for item in items:
             if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
                 for ev in transform(item):
                     if ev.sort_key > skip:
-                        events.append(ev)
+                        events.append(tuple(ev))
                         nbytes += len(ev.raw)
             elif item and item[0] > skip:
                 events.append(item)  # a spliced event: a plain tuple (cheap to pickle) until delivered
@@ -256,12 +256,11 @@ class ShardReader:
 
     # -- TailOutput --------------------------------------------------------------------------------
 
-    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         assert self._send is not None
         stats = self.stats
         stats.entries += entries
         stats.events += len(events)
-        events = events_from_fields(events)
         stats.batches += 1
         stats.last_ts = last_ts
         # (A reader process waits for the same budget on its side first, so this never waits then.)

@@ -34,7 +34,22 @@ from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
-from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, ChangeEvent, OplogTransformer, invalidate_event
+from mongoformats.change_events import (
+    EV_DB,
+    EV_NAMESPACES,
+    EV_OP_TYPE,
+    EV_RAW,
+    EV_SHARD,
+    EV_SORT_KEY,
+    EVENT_BYTES,
+    EVENT_SORT_KEY,
+    ChangeEvent,
+    EventFields,
+    OplogTransformer,
+    event_token,
+    events_from_fields,
+    invalidate_event,
+)
 from mongoformats.change_stages import apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
@@ -83,7 +98,7 @@ class Bucket:
 
     def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any]) -> None:
         self.index = index
-        self.events: list[ChangeEvent] = []
+        self.events: list[EventFields] = []   # plain tuples (see EventFields)
         self.keys: list[bytes] = []
         self.base = 0                  # absolute index of events[0]
         self.floor = floor             # every event above this key is (or will be) in self.events
@@ -128,14 +143,14 @@ class Bucket:
         k = freed = 0
         events = self.events
         while k < min(safe, len(events)) and self.budget.used - freed > target:
-            freed += len(events[k].raw)
+            freed += len(events[k][EV_RAW])
             k += 1
         if k:
             self._forget(k, freed)
 
     def _forget(self, k: int, nbytes: int) -> None:
         """Drop the first `k` retained events, which hold `nbytes` of the budget."""
-        self.floor = self.events[k - 1].sort_key
+        self.floor = self.events[k - 1][EV_SORT_KEY]
         del self.events[:k]
         del self.keys[:k]
         self.base += k
@@ -152,27 +167,27 @@ class Bucket:
         self.read_mark = max(self.read_mark, cursor.acked)
         self.notify()
 
-    def put_nowait(self, event: ChangeEvent) -> bool:
+    def put_nowait(self, event: EventFields) -> bool:
         """Append `event` if it fits now (the pump's fast path); False if the caller must `put`.
 
         Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
         """
-        if event.sort_key <= self.floor:
+        if event[EV_SORT_KEY] <= self.floor:
             return True  # a resumed stream: this bucket already had it
-        n = len(event.raw)
+        n = len(event[EV_RAW])
         self._drop_delivered(n)  # returns at once while the budget has room
         if not self.budget.try_acquire(n):
             return False
         self.events.append(event)
-        self.keys.append(event.sort_key)
+        self.keys.append(event[EV_SORT_KEY])
         self.dealt_total += 1
         return True
 
-    async def put_many(self, events: list[ChangeEvent]) -> None:
+    async def put_many(self, events: list[EventFields]) -> None:
         """Append `events` (token order) and wake consumers; one budget charge when they all fit,
         else one by one, waiting for consumers as `put` does."""
-        if events[0].sort_key <= self.floor:  # a resumed stream: this bucket already had some
-            events = [ev for ev in events if ev.sort_key > self.floor]
+        if events[0][EV_SORT_KEY] <= self.floor:  # a resumed stream: this bucket already had some
+            events = [ev for ev in events if ev[EV_SORT_KEY] > self.floor]
             if not events:
                 return
         n = sum(map(len, map(EVENT_BYTES, events)))
@@ -188,7 +203,7 @@ class Bucket:
                     await self.put(ev)
         self.notify()
 
-    async def put(self, event: ChangeEvent) -> None:
+    async def put(self, event: EventFields) -> None:
         """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
         while not self.put_nowait(event):
             self.notify()
@@ -260,7 +275,7 @@ class BucketCursor:
         return out
 
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
-                         *, first: bool = False) -> tuple[list[ChangeEvent], dict[str, Any]]:
+                         *, first: bool = False) -> tuple[list[EventFields], dict[str, Any]]:
         bucket = self.bucket
         limit = batch_size or self.batch_size or 1 << 30
         if not first:
@@ -286,12 +301,12 @@ class BucketCursor:
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         self.acked = self.position  # asking for more means the previous batch was taken
         start = self.position - bucket.base
-        batch: list[ChangeEvent] = []
+        batch: list[EventFields] = []
         size = 0
         events = bucket.events
         for i in range(start, len(events)):  # no slice copy: a bucket may hold many events
             ev = events[i]
-            cost = len(ev.raw) + BATCH_ELEMENT_OVERHEAD
+            cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
             if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
                 break
             batch.append(ev)
@@ -300,7 +315,7 @@ class BucketCursor:
         lookup, options = self.stream.lookup, self.stream.options
         if lookup is not None or options.stages:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            batch, consumed = _fit(await self._shape(batch))
+            batch, consumed = _fit(await self._shape(events_from_fields(batch)))
             taken = taken[:consumed]
             if self.killed:  # while its lookups ran
                 raise _interrupted()
@@ -308,7 +323,7 @@ class BucketCursor:
         bucket.delivered_total += len(batch)
         if taken:
             # Events a stage dropped were still examined: the resume point passes them.
-            self.last_key, self.last_token = taken[-1].sort_key, taken[-1].token
+            self.last_key, self.last_token = taken[-1][EV_SORT_KEY], event_token(taken[-1])
         if self.position >= bucket.end and bucket.frontier > self.last_key:
             # Drained: everything up to the merge frontier was dealt out, so the frontier is a
             # resume point that moves even while this bucket is idle.
@@ -468,7 +483,7 @@ class ParallelStream:
         async for batch in recv:
             events = batch.events
             if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
-                events = [ev._replace(shard=batch.shard) for ev in events]
+                events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in events]
             merge.extend(batch.shard, events)
             merge.advance(batch.shard, batch.mark)
             ready, freed = merge.pop_ready()
@@ -495,10 +510,10 @@ class ParallelStream:
                 for bucket in self.buckets.values():
                     bucket.advance_frontier(frontier, token)
 
-    async def _deal(self, ready: list[ChangeEvent]) -> None:
+    async def _deal(self, ready: list[EventFields]) -> None:
         """Deal merged events into their buckets: each bucket's share is appended in one step."""
         scope, match, buckets = self.options.scope, self.options.match, self.buckets
-        shares: dict[int, list[ChangeEvent]] = {}
+        shares: dict[int, list[EventFields]] = {}
         for ev in ready:
             if self.ended:
                 break
@@ -511,10 +526,11 @@ class ParallelStream:
                 shares = {}
                 for only in buckets.values():
                     await only.put(ev)
-                    await only.put(invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime")))
+                    end = invalidate_event(ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime"))
+                    await only.put(tuple(end))
                 self.ended = True
                 break
-            route = self._routes.get(ev.namespaces)
+            route = self._routes.get(ev[EV_NAMESPACES])
             if route is None:
                 route = self._route(ev)
             for b in route:
@@ -525,15 +541,15 @@ class ParallelStream:
                     share.append(ev)
         await self._put_shares(shares)
 
-    def _route(self, ev: ChangeEvent) -> tuple[int, ...]:
+    def _route(self, ev: EventFields) -> tuple[int, ...]:
         """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""
         if len(self._routes) >= _ROUTES_CACHED:
             self._routes.clear()
-        route = self._routes[ev.namespaces] = tuple(b for b in buckets_for_event(ev, self.options.n_buckets)
+        route = self._routes[ev[EV_NAMESPACES]] = tuple(b for b in buckets_for_event(ev, self.options.n_buckets)
                                                     if b in self.buckets)
         return route
 
-    async def _put_shares(self, shares: dict[int, list[ChangeEvent]]) -> None:
+    async def _put_shares(self, shares: dict[int, list[EventFields]]) -> None:
         for b, share in shares.items():
             await self.buckets[b].put_many(share)
 
@@ -600,7 +616,7 @@ class ParallelStream:
         }
 
 
-def _fit(shaped: list[tuple[int, ChangeEvent]]) -> tuple[list[ChangeEvent], int | None]:
+def _fit(shaped: list[tuple[int, ChangeEvent]]) -> tuple[list[EventFields], int | None]:
     """The longest head of the shaped events within a reply's batch limit (at least one), and how
     many of the taken events it consumed (None: all of them). Lookups and stages grow events after
     the batch was cut; what does not fit is returned by the next getMore."""
@@ -625,22 +641,23 @@ def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
     return first
 
 
-def _in_scope(ev: ChangeEvent, scope: tuple[str, str | None]) -> bool:
+def _in_scope(ev: EventFields, scope: tuple[str, str | None]) -> bool:
     db, coll = scope
     if coll is None:
-        return ev.db == db
-    return f"{db}.{coll}" in ev.namespaces or (ev.db == db and ev.op_type == "dropDatabase")
+        return bool(ev[EV_DB] == db)
+    return f"{db}.{coll}" in ev[EV_NAMESPACES] or (ev[EV_DB] == db and ev[EV_OP_TYPE] == "dropDatabase")
 
 
-def _invalidates(ev: ChangeEvent, scope: tuple[str, str | None]) -> bool:
+def _invalidates(ev: EventFields, scope: tuple[str, str | None]) -> bool:
     """drop/rename of the collection or dropDatabase end a collection stream; dropDatabase a db stream."""
-    return ev.op_type == "dropDatabase" or (scope[1] is not None and ev.op_type in ("drop", "rename"))
+    op_type = ev[EV_OP_TYPE]
+    return bool(op_type == "dropDatabase" or (scope[1] is not None and op_type in ("drop", "rename")))
 
 
-def _event_matches(ev: ChangeEvent, match: dict[str, Any]) -> bool:
+def _event_matches(ev: EventFields, match: dict[str, Any]) -> bool:
     from mongoformats.mql import matches
 
-    return matches(bson.decode(ev.raw, PLAIN), match)
+    return matches(bson.decode(ev[EV_RAW], PLAIN), match)
 
 
 def start_point(token: dict[str, Any]) -> tuple[Timestamp, bytes]:

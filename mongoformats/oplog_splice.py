@@ -315,8 +315,8 @@ _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) 
 
 
 # What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it pickles faster, for
-# readerProcesses; `events_from_fields` makes them events): sort_key, type_bits, op_type, db,
-# coll, raw, namespaces, shard, applied_at.
+# readerProcesses, and the engine keeps events so, see change_events.EventFields): sort_key,
+# type_bits, op_type, db, coll, raw, namespaces, shard, applied_at.
 Spliced = tuple[bytes, bytes, str, str, str, bytes, tuple[str, ...], str, None]
 
 

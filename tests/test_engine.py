@@ -21,7 +21,7 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
 from buckets.bucketing import bucket_of
-from mongoformats.change_events import RAW, OplogTransformer
+from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, proxy_uri, sync, wait_until
@@ -568,7 +568,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     cur = engine._new_cursor(None, stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
     events, _ = await cur.next_batch(None, 0)
-    assert [bson.decode(ev.raw)["fullDocument"]["i"] for ev in events] == list(range(500))
+    assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in events] == list(range(500))
     engine._drop_cursor(cur.cursor_id)
 
 
