@@ -172,19 +172,23 @@ class Engine:
 
     def _kill_idle_cursors(self) -> None:
         now = trio.current_time()
-        for cid, cur in list(self.cursors.items()):
+
+        def idle(cur: BucketCursor) -> bool:
             limit = self.config.session_cursor_timeout_s if cur.owner else self.config.cursor_timeout_s
-            if not cur.busy and now - cur.last_used > limit:
-                log.info("killing cursor %d of stream %s: unused for %.0f s", cid, cur.stream.name, now - cur.last_used)
-                self.cursors_timed_out += 1
-                self._drop_cursor(cid)
+            return not cur.busy and now - cur.last_used > limit
+        self.cursors_timed_out += self._kill_cursors_where(idle, "unused for the cursor timeout")
 
     def _reap_ended_sessions(self) -> None:
         ended, self._ended_sessions = self._ended_sessions, set()
-        for cid, cur in list(self.cursors.items()):
-            if cur.owner in ended:
-                log.info("killing cursor %d of stream %s: its session was ended", cid, cur.stream.name)
-                self._drop_cursor(cid)
+        self._kill_cursors_where(lambda cur: cur.owner in ended, "its session was ended")
+
+    def _kill_cursors_where(self, match: Callable[[BucketCursor], bool], why: str) -> int:
+        """Kill every cursor `match` selects (timeouts, ended or killed sessions); how many."""
+        doomed = [cid for cid, cur in self.cursors.items() if match(cur)]
+        for cid in doomed:
+            log.info("killing cursor %d of stream %s: %s", cid, self.cursors[cid].stream.name, why)
+            self._drop_cursor(cid)
+        return len(doomed)
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -396,12 +400,12 @@ class Engine:
         Nothing leaves a bucket before a cursor has read it, so the bucket still holds them all.
         """
         bucket = stream.buckets[i]
+        if token is None and from_start:
+            token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
         if token is not None:
             key = token_sort_key(token)
             position = bucket.position_after(key)
             assert position is not None, "callers check retention first"
-        elif from_start:
-            position = bucket.base
         else:
             position = bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
@@ -413,8 +417,6 @@ class Engine:
                            last_used=trio.current_time())
         if token is not None:
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
-        elif from_start:  # the start point: below every event the bucket holds
-            cur.last_key, cur.last_token = bucket.floor, token_from_key(bucket.floor)
         else:
             cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
         bucket.cursors.add(cur)
@@ -620,17 +622,17 @@ class Engine:
             return reply
         specs = cmd[name] if isinstance(cmd[name], list) else []
         user = getattr(session, "user", None) or ""
-        for cid, cur in list(self.cursors.items()):
+
+        def killed(cur: BucketCursor) -> bool:
             if not cur.owner:
-                continue  # opened outside any session
+                return False  # opened outside any session
             if name.lower() == "killsessions":
                 # Session ids are the caller's own under access control; [] is all of them.
                 hit = not specs or any(repr(spec.get("id")) == cur.owner for spec in specs)
-                hit = hit and (not self.requires_auth or cur.user == user)
-            else:  # killAllSessions: [{user, db}] (users are known here by name), [] every user
-                hit = not specs or any(spec.get("user") == cur.user for spec in specs)
-            if hit:
-                self._drop_cursor(cid)
+                return hit and (not self.requires_auth or cur.user == user)
+            # killAllSessions: [{user, db}] (users are known here by name), [] every user
+            return not specs or any(spec.get("user") == cur.user for spec in specs)
+        self._kill_cursors_where(killed, f"its session was killed ({name})")
         return reply
 
     def _drop_cursor(self, cid: int) -> None:
