@@ -36,9 +36,12 @@ class Cursor:
     # A tailable cursor that can end (a change stream after its invalidate event).
     done: Callable[[], bool] | None = None
     change_stream: bool = False
-    busy: bool = False
     # While a getMore has it checked out: killing the cursor interrupts that getMore (CursorKilled).
     operation: trio.CancelScope | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.operation is not None
 
 
 class CursorManager:
@@ -104,20 +107,20 @@ class CursorManager:
                      first: bool = False) -> Any:
         limit = batch_size if batch_size > 0 else 1 << 30
         if cursor.fetch is not None:
-            cursor.busy = True
+            operation = cursor.operation = trio.CancelScope()
             try:
                 await_ms = 0 if first or not cursor.await_data else (
                     max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
-                with trio.CancelScope() as cursor.operation:
+                with operation:
                     batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
-                if cursor.operation.cancelled_caught:
+                if operation.cancelled_caught:
                     raise MongoError("CursorKilled", "operation was interrupted")
             except MongoError as exc:
                 self.kill(cid)
                 exc.change_stream = cursor.change_stream  # type: ignore[attr-defined]
                 raise
             finally:
-                cursor.busy, cursor.operation = False, None
+                cursor.operation = None
             alive = not (cursor.done is not None and cursor.done())
         else:
             batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]

@@ -17,7 +17,7 @@ from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from mongoformats.change_events import RAW, OplogTransformer
 from mongoformats.resume_token import decode_token
-from tests.conftest import client, sync
+from tests.conftest import client, sync, wait_until
 
 STRIP = ("ts", "t", "v", "wall", "ui", "lsid", "txnNumber", "stmtId", "prevOpTime")
 
@@ -396,7 +396,7 @@ async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a
         waiter = threading.Thread(target=wait)
         started = time.monotonic()
         waiter.start()
-        time.sleep(0.3)  # parked in its awaitData wait
+        wait_until(lambda: cluster.mongos.cursors.get(cid, "ks.c").busy, timeout=10)  # parked in its wait
         other = client(cluster.uri)
         assert other.ks.command({"killCursors": "c", "cursors": [cid]})["cursorsKilled"] == [cid]
         waiter.join(10)
