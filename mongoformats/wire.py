@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -288,33 +289,71 @@ class MessageFramer:
     """
 
     def __init__(self, *, max_size: int = MAX_MESSAGE_SIZE) -> None:
-        self._buf = bytearray()
+        # Received data is kept as the chunks it came in, and a frame is cut from them with one
+        # copy. Why not one growing bytearray: an oplog getMore reply is up to 16 MB in 256 KB
+        # receives, and growing a buffer that size, then copying the frame out of it twice
+        # (slice, bytes), cost a reader a seventh of its time.
+        self._chunks: deque[bytes] = deque()
+        self._start = 0  # where the unread data begins in the first chunk
+        self._size = 0   # unread bytes in all
         self._max_size = max_size
         self._eof = False
 
     def receive_data(self, data: bytes | bytearray) -> None:
         if not data:
             self._eof = True
-        self._buf += data
+            return
+        self._chunks.append(bytes(data))
+        self._size += len(data)
 
     @property
     def trailing_data(self) -> bytes:
-        return bytes(self._buf)
+        return b"".join(self._chunks)[self._start:]
 
     def next_message(self) -> Message | _NeedData:
-        buf = self._buf
-        if len(buf) >= 4:
-            (length,) = _I32.unpack_from(buf, 0)
+        if self._size >= 4:
+            chunks = self._chunks
+            if len(chunks[0]) - self._start < 4:  # the length itself is split between chunks
+                whole = self.trailing_data
+                chunks.clear()
+                chunks.append(whole)
+                self._start = 0
+            (length,) = _I32.unpack_from(chunks[0], self._start)
             # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
             if length <= HEADER.size or length > self._max_size:
                 raise ProtocolError(f"message length {length} out of range (16, {self._max_size}]")
-            if len(buf) >= length:
-                frame = bytes(buf[:length])
-                del buf[:length]
-                return decode_message(frame, max_size=self._max_size)
-        if self._eof and buf:
+            if self._size >= length:
+                return decode_message(self._take(length), max_size=self._max_size)
+        if self._eof and self._size:
             raise ProtocolError("connection closed in the middle of a message")
         return NEED_DATA
+
+    def _take(self, n: int) -> bytes:
+        """The next `n` unread bytes (there are that many), copied once at most."""
+        chunks, start = self._chunks, self._start
+        self._size -= n
+        first = chunks[0]
+        if start == 0 and len(first) == n:  # a frame that came in one piece: no copy at all
+            chunks.popleft()
+            return first
+        if len(first) - start > n:
+            self._start = start + n
+            return first[start:start + n]
+        pieces: list[bytes | memoryview] = [memoryview(first)[start:]]
+        need = n - (len(first) - start)
+        chunks.popleft()
+        while need:
+            chunk = chunks[0]
+            if len(chunk) > need:
+                pieces.append(memoryview(chunk)[:need])
+                self._start = need
+                break
+            pieces.append(chunk)
+            need -= len(chunk)
+            chunks.popleft()
+        else:
+            self._start = 0
+        return b"".join(pieces)
 
 
 # ---------------------------------------------------------------------------------------------

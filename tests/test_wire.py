@@ -4,6 +4,8 @@ import struct
 
 import bson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mongoformats import wire
 from mongoformats.errors import ProtocolError
@@ -92,3 +94,15 @@ def test_eof_mid_message():
     framer.receive_data(b"")
     with pytest.raises(ProtocolError):
         framer.next_message()
+
+
+@given(cuts=st.lists(st.integers(min_value=0, max_value=2_000), max_size=40))
+def test_any_split_of_a_stream_gives_the_same_messages(cuts):
+    """The framer cuts frames out of the chunks they arrive in: a frame in one chunk, a frame
+    across many, several in one, a length split between two."""
+    stream = b"".join(frames())
+    expected, _ = feed([stream])
+    at = sorted({min(c, len(stream)) for c in cuts})
+    chunks = [stream[a:b] for a, b in zip([0, *at], [*at, len(stream)], strict=True) if b > a]
+    got, framer = feed(chunks)
+    assert got == expected and framer.trailing_data == b""
