@@ -32,8 +32,9 @@ from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
 from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
-from mongoformats.change_stages import SUPPORTED_STAGES
+from mongoformats.change_stages import unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
+from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
@@ -356,8 +357,10 @@ class Engine:
         pipeline = cmd.get("pipeline") or []
         match = None
         for stage in pipeline:
-            if set(stage) != {"$match"}:
+            if not isinstance(stage, dict) or set(stage) != {"$match"}:
                 raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages")
+            if (unsupported := unsupported_in_query(stage["$match"])) is not None:
+                raise MongoError("BadValue", f"parallelChangeStream's $match does not support {unsupported}")
             match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
         if (cmd.get("fullDocument", "default") != "default" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
                 and _mentions_full_document(pipeline):
@@ -462,8 +465,8 @@ class Engine:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
 
         Only streams whose every event the engine reproduces exactly are accelerated: every
-        fullDocument and fullDocumentBeforeChange mode, and the stages of mongoformats.change_stages
-        ($match, $project, $addFields/$set, $unset). Anything else raises PassThrough, so the
+        fullDocument and fullDocumentBeforeChange mode, and the stages, operators and expressions
+        mongoformats.change_stages evaluates. Anything else raises PassThrough, so the
         session forwards the aggregate to mongos unchanged: acceleration never changes what a
         consumer sees.
         """
@@ -480,7 +483,7 @@ class Engine:
         before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
         if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
                 or before_change not in _BEFORE_CHANGE
-                or any(len(st) != 1 or next(iter(st)) not in SUPPORTED_STAGES for st in stages)
+                or unsupported_in_stages(stages) is not None
                 or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
             raise PassThrough()
         coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None

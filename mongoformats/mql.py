@@ -84,6 +84,57 @@ def _candidates(values: list[Any]) -> list[Any]:
     return out
 
 
+# The operators _match_op evaluates; unsupported_in_query names anything else a query uses.
+_FIELD_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$size", "$all",
+                              "$elemMatch", "$not", "$regex", "$options", "$type"})
+_LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
+
+
+def unsupported_in_query(query: Any) -> str | None:
+    """The first operator of `query` that `matches` does not evaluate as the server does (e.g.
+    "$expr"), or None when it evaluates all of it.
+
+    Why: a caller that can hand the query to a real server instead (the proxy, for a watch()'s
+    $match) must know before it answers anything, not find out on some later event.
+    """
+    if not isinstance(query, Mapping):
+        return "a query that is not a document"
+    for key, cond in query.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(cond, list) or not cond:
+                return f"{key} without a non-empty array"
+            for sub in cond:
+                if (found := unsupported_in_query(sub)) is not None:
+                    return found
+        elif key == "$comment":
+            continue
+        elif str(key).startswith("$"):
+            return str(key)  # $expr, $where, $text, $jsonSchema, ...
+        elif (found := _unsupported_in_condition(cond)) is not None:
+            return found
+    return None
+
+
+def _unsupported_in_condition(cond: Any) -> str | None:
+    if not _is_operator_doc(cond):
+        if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
+            return "a condition that mixes operators and fields"
+        return None  # equality with a value, or a regular expression
+    for op, arg in cond.items():
+        if op not in _FIELD_OPERATORS:
+            return op
+        if op in _LIST_ARGUMENTS and not isinstance(arg, list):
+            return f"{op} without an array"
+        if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
+            return "$not without an operator document or a regular expression"
+        if op in ("$not", "$elemMatch") and _is_operator_doc(arg):
+            if (found := _unsupported_in_condition(arg)) is not None:
+                return found
+        elif op == "$elemMatch" and (found := unsupported_in_query(arg)) is not None:
+            return found
+    return None
+
+
 def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
     cands = _candidates(values)
     if op == "$eq":

@@ -29,7 +29,7 @@ from mongoformats.change_events import (
     with_field_before_ns,
     with_full_document,
 )
-from mongoformats.change_stages import apply_stages, encode_in_order
+from mongoformats.change_stages import apply_stages, encode_in_order, unsupported_in_stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
@@ -255,6 +255,9 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
         name = next(iter(stage), "")
         if name not in _STAGES:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+    if (unsupported := unsupported_in_stages(pipeline[1:])) is not None:
+        # Said at once, not as some later event's error or, worse, as events shaped wrongly.
+        raise MongoError("NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream")
     return spec, pipeline[1:]
 
 

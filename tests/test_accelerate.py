@@ -158,6 +158,29 @@ async def test_servers_before_6_1_keep_their_own_streams(version):
         await sync(work)
 
 
+async def test_stages_the_engine_does_not_evaluate_go_to_mongos():
+    """A watch() whose stages use what mongoformats.change_stages does not evaluate ($expr,
+    $replaceRoot, an operator expression) is mongos's: the consumer gets mongos's own answer,
+    here simcluster's, which evaluates no more than the engine does."""
+    async with accelerated(shards=2) as (cluster, server):
+
+        def work():
+            direct, proxied, start = _clients(cluster, server)
+            for pipeline in ([{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}],
+                             [{"$replaceRoot": {"newRoot": "$fullDocument"}}],
+                             [{"$project": {"x": {"$concat": ["$ns.db", "."]}}}]):
+                errors = []
+                for c in (direct, proxied):
+                    with pytest.raises(OperationFailure) as info:
+                        c.pass_.c.watch(pipeline, start_at_operation_time=start).try_next()
+                    errors.append((info.value.code, str(info.value)))
+                assert errors[0] == errors[1] and errors[0][0] == 238, errors
+            watches = proxied.admin.command("parallelChangeStreamStatus")["watches"]
+            assert watches == {"accelerated": 0, "passedThrough": 3}
+
+        await sync(work)
+
+
 def _imaged_hashed_collection(cluster: Any, server: Any, db: str) -> tuple[Any, Any]:
     """Clients to mongos and to the proxy, and `db`.h hashed over the shards with pre- and
     post-images recorded."""

@@ -160,7 +160,9 @@ async def test_command_errors_use_server_codes(proxy):
                  ({"nBuckets": 2, "fullDocument": "bogus"}, 2),
                  ({"nBuckets": 2, "fullDocumentBeforeChange": "sometimes"}, 2),
                  ({"nBuckets": 2, "fullDocument": "updateLookup",
-                   "pipeline": [{"$match": {"fullDocument.v": 1}}]}, 2)]
+                   "pipeline": [{"$match": {"fullDocument.v": 1}}]}, 2),
+                 ({"nBuckets": 2, "pipeline": [{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}]}, 2),
+                 ({"nBuckets": 2, "pipeline": [{"$match": {"v": {"$mod": [2, 0]}}}]}, 2)]
         for extra, code in cases:
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({"parallelChangeStream": 1, **extra})

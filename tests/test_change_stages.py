@@ -1,0 +1,103 @@
+"""The stages after $changeStream, applied in the proxy: $project by the server's rules, and
+everything apply_stages does not evaluate named by unsupported_in_stages (so the proxy leaves
+such a watch() to mongos)."""
+
+import pytest
+
+from mongoformats.change_stages import apply_stages, unsupported_in_stages
+from mongoformats.errors import MongoError
+
+TOKEN = {"_data": "82AA"}
+
+
+def project(doc, spec):
+    """`doc` (given an `_id` token, which $project keeps where it is) through one $project."""
+    out = apply_stages({"_id": TOKEN, **doc}, [{"$project": spec}], TOKEN)
+    assert out.pop("_id") == TOKEN
+    return out
+
+
+def as_list(doc):
+    return [(k, as_list(v) if isinstance(v, dict) else v) for k, v in doc.items()]
+
+
+@pytest.mark.parametrize(("doc", "spec", "want"), [
+    # Included fields keep the input's order, whatever the spec's.
+    ({"b": 1, "a": 0, "c": 2}, {"a": 1, "b": True, "c": 5}, {"b": 1, "a": 0, "c": 2}),
+    # Computed fields follow the inclusions, in the spec's order, even one replacing a field.
+    ({"b": 1, "a": 1}, {"b": {"$literal": "new"}, "a": 1}, {"a": 1, "b": "new"}),
+    ({"x": 1}, {"second": "$x", "first": "lit"}, {"second": 1, "first": "lit"}),
+    # A dotted inclusion: a sub-document keeps its own order; a missing or scalar parent is left out.
+    ({"a": {"c": 2, "b": 1, "d": 3}}, {"a.b": 1, "a.c": 1}, {"a": {"c": 2, "b": 1}}),
+    ({"a": {"c": 1}}, {"a.b": 1}, {"a": {}}),
+    ({"a": "scalar"}, {"a.b": 1}, {}),
+    # Through an array, element by element: what is neither document nor array is dropped.
+    ({"a": [1, {}, {"b": 1, "c": 2}, [], [1, {"c": 1}]]}, {"a.b": 1}, {"a": [{}, {"b": 1}, [], [{}]]}),
+    # A computed dotted field makes documents of scalars, in arrays too, and of a missing parent.
+    ({"a": [1, {"b": 1, "c": 2}, []]}, {"a.b": "$z"}, {"a": [{"b": None}, {"b": None}, []]}),
+    ({}, {"s.t": "v"}, {"s": {"t": "v"}}),
+    # A nested rule keeps its field's input position, even when it computes into a scalar.
+    ({"b": 4, "a": 1}, {"b.c": "new", "a": 1}, {"b": {"c": "new"}, "a": 1}),
+    # Dotted paths and nested documents of fields are the same rules.
+    ({"a": {"b": 1, "c": 2, "d": 3}}, {"a.b": 1, "a": {"d": 1, "X": "x"}}, {"a": {"b": 1, "d": 3, "X": "x"}}),
+    # Exclusion, dotted and through arrays.
+    ({"a": [{"b": 1, "c": 2}, 5], "d": 1}, {"a.b": 0, "d": 0}, {"a": [{"c": 2}, 5]}),
+    # Expressions: arrays of expressions and $literal.
+    ({"x": 1}, {"v": ["$x", {"$literal": "$x"}, {"k": "$x"}]}, {"v": [1, "$x", {"k": 1}]}),
+])
+def test_project_follows_the_servers_rules(doc, spec, want):
+    got = project(doc, spec)
+    assert as_list(got) == as_list(want)
+
+
+@pytest.mark.parametrize(("doc", "spec", "want"), [
+    # A field set anew keeps its place; new fields follow in the spec's order; true is a value.
+    ({"first": 0, "second": 1, "third": 2}, {"new": True, "second": "$third"},
+     {"first": 0, "second": 2, "third": 2, "new": True}),
+    # A nested rule keeps the sub-document's other fields and appends new ones.
+    ({"a": {"c": 1, "b": 0}}, {"a.b": 1, "a": {"d": "$a.c"}}, {"a": {"c": 1, "b": 1, "d": 1}}),
+    # ... makes documents of scalars and of missing parents ...
+    ({"a": {"b": "other"}}, {"a.b.c": "v"}, {"a": {"b": {"c": "v"}}}),
+    # ... and applies to each element of an array, nested arrays too.
+    ({"a": [1, {}, {"c": 2}, [], [1, {"c": 1}]]}, {"a.b": True},
+     {"a": [{"b": True}, {"b": True}, {"c": 2, "b": True}, [], [{"b": True}, {"c": 1, "b": True}]]}),
+])
+def test_add_fields_follows_the_servers_rules(doc, spec, want):
+    for name in ("$addFields", "$set"):
+        out = apply_stages({"_id": TOKEN, **doc}, [{name: spec}], TOKEN)
+        assert out.pop("_id") == TOKEN
+        assert as_list(out) == as_list(want)
+
+
+def test_unset_removes_dotted_paths_through_arrays():
+    out = apply_stages({"_id": TOKEN, "a": [{"b": 1, "c": 2}, 3], "d": 4}, [{"$unset": ["a.b", "d"]}], TOKEN)
+    assert out == {"_id": TOKEN, "a": [{"c": 2}, 3]}
+
+
+def test_project_that_drops_the_token_fails_the_stream():
+    with pytest.raises(MongoError) as err:
+        apply_stages({"_id": TOKEN, "a": 1}, [{"$project": {"a": 1, "_id": 0}}], TOKEN)
+    assert err.value.code == 280
+
+
+@pytest.mark.parametrize(("stages", "named"), [
+    ([{"$match": {"operationType": {"$in": ["insert"]}}}, {"$project": {"ns.coll": 1, "x": "$ns.db"}},
+      {"$set": {"k": ["$operationType", 1]}}, {"$unset": ["wallTime"]}], None),
+    ([{"$match": {"$or": [{"a": 1}, {"b": {"$not": {"$gt": 2}}}], "$comment": "c"}}], None),
+    ([{"$replaceRoot": {"newRoot": "$fullDocument"}}], "$replaceRoot"),
+    ([{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}], "$expr"),
+    ([{"$match": {"$where": "true"}}], "$where"),
+    ([{"$match": {"a": {"$mod": [2, 0]}}}], "$mod"),
+    ([{"$match": {"a": {"$elemMatch": {"b": {"$bitsAllSet": 1}}}}}], "$bitsAllSet"),
+    ([{"$match": {"a": {"$in": 5}}}], "$in without an array"),
+    ([{"$project": {"x": {"$concat": ["$a", "b"]}}}], "$concat"),
+    ([{"$project": {"x": "$$ROOT"}}], "$$ROOT"),
+    ([{"$project": {"a": 1, "b": 0}}], "a $project that mixes inclusion and exclusion"),
+    ([{"$project": {"a": 1, "a.b": 1}}], "a $project path collision at 'a.b'"),
+    ([{"$set": {"fullDocument.x": 1, "ns": {"db": "x"}}}, {"$unset": ["fullDocument.y"]}], None),
+    ([{"$set": {"a.$b": 1}}], "the $project field 'a.$b'"),
+    ([{"$unset": []}], "an $unset without field names"),
+    ([{"$addFields": {"a": "$$NOW"}}], "$$NOW"),
+])
+def test_unsupported_in_stages_names_what_apply_stages_does_not_evaluate(stages, named):
+    assert unsupported_in_stages(stages) == named
