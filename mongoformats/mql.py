@@ -18,7 +18,7 @@ from bson.son import SON
 from mongoformats.errors import MongoError
 from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE, key_of
 
-_MISSING = object()
+MISSING = object()
 
 
 # $type: BSON type numbers -> the Python types pymongo decodes them to (string aliases below).

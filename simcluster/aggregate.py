@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from mongoformats.errors import MongoError
-from mongoformats.mql import _MISSING
+from mongoformats.mql import MISSING
+from mongoformats.projection import add_fields, project, spec_problem, unset
 from simcluster import query as q
 
 
@@ -17,20 +18,20 @@ def _expr(doc: dict[str, Any], e: Any) -> Any:
         if e.startswith("$$"):
             var, _, rest = e[2:].partition(".")
             if var == "REMOVE":
-                return _MISSING
+                return MISSING
             if var not in ("ROOT", "CURRENT"):
                 raise MongoError(17276, f"Use of undefined variable: {var}")
             if not rest:
                 return doc
             e = "$" + rest
         got = q.get_path(doc, e[1:])
-        return got[0] if got else _MISSING
+        return got[0] if got else MISSING
     if isinstance(e, list):
         return [_value(_expr(doc, x)) for x in e]
     if not isinstance(e, dict):
         return e
     if len(e) != 1 or not next(iter(e)).startswith("$"):  # an object literal: each field evaluated
-        return {k: v for k, x in e.items() if (v := _expr(doc, x)) is not _MISSING}
+        return {k: v for k, x in e.items() if (v := _expr(doc, x)) is not MISSING}
     (op, arg), = e.items()
     if op == "$literal":
         return arg
@@ -66,12 +67,12 @@ def _expr(doc: dict[str, Any], e: Any) -> Any:
         source = _expr(doc, spec.get("input", "$$CURRENT"))
         field = spec["field"]
         if op == "$getField":
-            return source.get(field, _MISSING) if isinstance(source, dict) else _MISSING
-        if source is None or source is _MISSING:
+            return source.get(field, MISSING) if isinstance(source, dict) else MISSING
+        if source is None or source is MISSING:
             return None
         fields = dict(source)
-        value = _expr(doc, spec["value"]) if op == "$setField" else _MISSING
-        if value is _MISSING:
+        value = _expr(doc, spec["value"]) if op == "$setField" else MISSING
+        if value is MISSING:
             fields.pop(field, None)
         else:
             fields[field] = value
@@ -81,7 +82,7 @@ def _expr(doc: dict[str, Any], e: Any) -> Any:
 
 def _value(v: Any) -> Any:
     """A missing value where a value is needed: null."""
-    return None if v is _MISSING else v
+    return None if v is MISSING else v
 
 
 def _new_root(doc: dict[str, Any], e: Any, stage: str) -> dict[str, Any]:
@@ -99,13 +100,8 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
         (name, spec), = stage.items()
         if name == "$match":
             docs = [d for d in docs if q.matches(d, spec)]
-        elif name == "$project":
-            docs = [_project(d, spec) for d in docs]
-        elif name in ("$addFields", "$set"):
-            docs = [_add_fields(d, spec) for d in docs]
-        elif name == "$unset":
-            # $unset is an exclusion $project of its paths
-            docs = [q.project(d, dict.fromkeys([spec] if isinstance(spec, str) else spec, 0)) for d in docs]
+        elif name in ("$project", "$addFields", "$set", "$unset"):
+            docs = _projected(docs, name, spec)
         elif name == "$replaceRoot":
             docs = [_new_root(d, spec["newRoot"], "newRoot") for d in docs]
         elif name == "$replaceWith":
@@ -133,30 +129,15 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
     return docs
 
 
-def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """$project: inclusions and exclusions as find's projection, then the computed fields."""
-    computed = {k: e for k, e in spec.items() if isinstance(e, (dict, str, list))}
-    plain = {k: v for k, v in spec.items() if k not in computed}
-    if any(v not in (0, False) for k, v in plain.items() if k != "_id") or not computed:
-        out = q.project(doc, plain)
-    else:  # only computed fields (and perhaps _id: 0)
-        out = {"_id": doc["_id"]} if "_id" in doc and plain.get("_id", 1) not in (0, False) else {}
-    for k, e in computed.items():
-        if (v := _expr(doc, e)) is not _MISSING:
-            out[k] = v
-    return out
-
-
-def _add_fields(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """$set/$addFields: each field set to its expression's value (a missing value removes it)."""
-    out = dict(doc)
-    for k, e in spec.items():
-        v = _expr(doc, e)
-        if v is _MISSING:
-            out.pop(k, None)
-        else:
-            out[k] = v
-    return out
+def _projected(docs: list[dict[str, Any]], stage: str, spec: Any) -> list[dict[str, Any]]:
+    """$project, $addFields/$set, $unset: the server's rules, shared with the engine's stages."""
+    if stage == "$unset":
+        return [unset(d, spec) for d in docs]
+    computed_only = stage != "$project"
+    if (problem := spec_problem(spec, computed_only=computed_only)) is not None:
+        raise MongoError("NotImplemented", f"simcluster does not evaluate {problem}")
+    apply = add_fields if computed_only else project
+    return [apply(d, spec, _expr) for d in docs]
 
 
 def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:

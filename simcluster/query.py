@@ -15,9 +15,9 @@ from typing import Any
 from bson import ObjectId, Regex
 
 from mongoformats.errors import MongoError
-from mongoformats.mql import _MISSING, compare, get_path, matches, sort_key
+from mongoformats.mql import MISSING, compare, get_path, matches, sort_key
 
-__all__ = ["compare", "get_path", "matches", "pinned_ids", "project", "sort_docs", "_MISSING", "ObjectId"]
+__all__ = ["compare", "get_path", "matches", "pinned_ids", "project", "sort_docs", "MISSING", "ObjectId"]
 
 def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:
     if not projection:

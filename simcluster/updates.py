@@ -28,7 +28,7 @@ from typing import Any
 import bson
 
 from mongoformats.errors import MongoError
-from mongoformats.mql import _MISSING, _match_value, compare, matches
+from mongoformats.mql import MISSING, _match_value, compare, matches
 from simcluster.query import sort_docs
 
 __all__ = ["apply_update", "pipeline_diff", "pipeline_entry", "replaced_by_pipeline", "update_with_entry"]
@@ -87,10 +87,10 @@ class _Log:
         node: _DocDiff | _ArrayDiff = self.root
         for j, part in enumerate(parts[:-1]):
             if isinstance(node, _ArrayDiff):
-                child = node.items.get(int(part), _MISSING)
+                child = node.items.get(int(part), MISSING)
             else:
-                child = node.children.get(part, node.inserts.get(part, _MISSING))
-            if child is _MISSING:
+                child = node.children.get(part, node.inserts.get(part, MISSING))
+            if child is MISSING:
                 child = _ArrayDiff() if in_array[j + 1] else _DocDiff()
                 if isinstance(node, _ArrayDiff):
                     node.items[int(part)] = child
@@ -180,7 +180,7 @@ def _arith(old: Any, operand: Any, op: str) -> Any:
     if not isinstance(operand, (int, float)) or isinstance(operand, bool):
         verb = "increment" if op == "$inc" else "multiply"
         raise MongoError("TypeMismatch", f"Cannot {verb} with non-numeric argument: {operand!r}")
-    if old is _MISSING:  # $inc creates the operand, $mul a zero of the operand's type
+    if old is MISSING:  # $inc creates the operand, $mul a zero of the operand's type
         return operand if op == "$inc" else type(operand)(0)
     if not isinstance(old, (int, float)) or isinstance(old, bool):
         raise MongoError("TypeMismatch", f"Cannot apply {op} to a value of non-numeric type")
@@ -200,8 +200,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[Any, int] | None:
     """(the new value, how many elements were appended) for one modifier at one path whose current
-    value is `old` (_MISSING if absent), or None when it changes nothing (and so logs nothing)."""
-    exists = old is not _MISSING
+    value is `old` (MISSING if absent), or None when it changes nothing (and so logs nothing)."""
+    exists = old is not MISSING
     if op in ("$set", "$setOnInsert"):
         if op == "$setOnInsert" and not is_insert:
             return None
@@ -367,7 +367,7 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
                 _unset(new, parts, flags, log)
         else:
             found, flags, old = _lookup(new, parts)
-            modified = _modify(op, old if found == len(parts) else _MISSING, value, is_insert)
+            modified = _modify(op, old if found == len(parts) else MISSING, value, is_insert)
             if modified is None:
                 continue
             result, appended = modified

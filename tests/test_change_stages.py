@@ -34,7 +34,7 @@ def as_list(doc):
     # Through an array, element by element: what is neither document nor array is dropped.
     ({"a": [1, {}, {"b": 1, "c": 2}, [], [1, {"c": 1}]]}, {"a.b": 1}, {"a": [{}, {"b": 1}, [], [{}]]}),
     # A computed dotted field makes documents of scalars, in arrays too, and of a missing parent.
-    ({"a": [1, {"b": 1, "c": 2}, []]}, {"a.b": "$z"}, {"a": [{"b": None}, {"b": None}, []]}),
+    ({"a": [1, {"b": 1, "c": 2}, []]}, {"a.b": "new"}, {"a": [{"b": "new"}, {"b": "new"}, []]}),
     ({}, {"s.t": "v"}, {"s": {"t": "v"}}),
     # A nested rule keeps its field's input position, even when it computes into a scalar.
     ({"b": 4, "a": 1}, {"b.c": "new", "a": 1}, {"b": {"c": "new"}, "a": 1}),
@@ -42,8 +42,11 @@ def as_list(doc):
     ({"a": {"b": 1, "c": 2, "d": 3}}, {"a.b": 1, "a": {"d": 1, "X": "x"}}, {"a": {"b": 1, "d": 3, "X": "x"}}),
     # Exclusion, dotted and through arrays.
     ({"a": [{"b": 1, "c": 2}, 5], "d": 1}, {"a.b": 0, "d": 0}, {"a": [{"c": 2}, 5]}),
-    # Expressions: arrays of expressions and $literal.
-    ({"x": 1}, {"v": ["$x", {"$literal": "$x"}, {"k": "$x"}]}, {"v": [1, "$x", {"k": 1}]}),
+    # Expressions: arrays of expressions and $literal; a path that finds nothing leaves its field
+    # out, is null in an array; a path through an array collects what its elements hold.
+    ({"x": 1}, {"v": ["$x", {"$literal": "$x"}, {"k": "$x", "m": "$no"}, "$no"], "w": "$no"},
+     {"v": [1, "$x", {"k": 1}, None]}),
+    ({"a": [{"b": 1}, {"c": 2}, 3, [{"b": 4}]]}, {"v": "$a.b"}, {"v": [1, [4]]}),
 ])
 def test_project_follows_the_servers_rules(doc, spec, want):
     got = project(doc, spec)
