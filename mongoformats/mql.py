@@ -173,7 +173,8 @@ def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool
             if types is None:
                 raise MongoError("BadValue", f"Unknown type name alias: {name}")
             wanted.update(types)
-        return any(type(v) in wanted for v in values)
+        # Like every leaf operator, $type also tests an array's elements.
+        return any(type(v) in wanted for v in _candidates(values))
     raise MongoError("BadValue", f"unknown operator: {op}")
 
 
@@ -184,7 +185,11 @@ def _is_operator_doc(v: Any) -> bool:
 def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
     if _is_operator_doc(cond):
         if "$regex" in cond:
-            flags = re.I if "i" in cond.get("$options", "") else 0
+            options = cond.get("$options", "")
+            flags = 0
+            for letter, flag in (("i", re.I), ("m", re.M), ("s", re.S), ("x", re.X)):
+                if letter in options:
+                    flags |= flag
             pattern = re.compile(cond["$regex"], flags)
             rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
             return any(isinstance(v, str) and pattern.search(v) for v in _candidates(values)) and all(

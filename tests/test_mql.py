@@ -69,3 +69,11 @@ def test_type_matches_by_alias_or_number():
     assert typed("decimal") == [Decimal128("1")] and typed(18) == [Int64(1)] and typed("null") == [None]
     assert typed("date") == [datetime.datetime(2020, 1, 1)] and typed("timestamp") == [Timestamp(1, 1)]
     assert typed(["string", "bool"]) == ["s", True]
+
+
+def test_type_tests_array_elements_and_regex_options_take_every_flag():
+    assert matches({"v": [1, "x"]}, {"v": {"$type": "string"}})
+    assert matches({"v": [1]}, {"v": {"$type": "array"}}) and not matches({"v": 1}, {"v": {"$type": "array"}})
+    assert matches({"v": "a\nB"}, {"v": {"$regex": "^b$", "$options": "im"}})
+    assert matches({"v": "a\nb"}, {"v": {"$regex": "a.b", "$options": "s"}})
+    assert matches({"v": "ab"}, {"v": {"$regex": "a b # spaced", "$options": "x"}})
