@@ -7,8 +7,6 @@ filter pins the whole shard key go to one shard, the rest are scatter-gather.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 
 from mongoformats.errors import MongoError, has_category
+from mongoformats.hashed_key import hashed_value
 from simcluster import query as q
 from simcluster.aggregate import run_pipeline
 from simcluster.cursors import Cursor
@@ -23,18 +22,8 @@ from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
-from simcluster.storage import id_key
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 from simcluster.updates import apply_update
-
-
-def hashed_value(value: Any) -> Int64:
-    """The int64 a hashed shard key maps a value to (md5 of the value's index key, first 8 bytes, like
-    the server's BSONElementHasher in spirit; exact server hash values are not reproduced). Values the
-    _id index holds equal (1, 1.0, NumberLong(1)) hash alike, so they meet on one shard, where the
-    second is a duplicate key, as on a real cluster."""
-    digest = hashlib.md5(id_key(value)).digest()
-    return Int64(struct.unpack("<q", digest[:8])[0])
 
 
 @dataclass
