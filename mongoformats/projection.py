@@ -23,7 +23,9 @@ def project(doc: dict[str, Any], spec: Mapping[str, Any], evaluate: Evaluate) ->
     keep the input's order, `_id` included unless excluded; computed fields follow, in the spec's
     order; a path through an array applies to each element. Expressions read the whole document."""
     tree = _projection_tree(spec)
-    if all(rule == EXCLUDE for name, rule in _leaves(tree) if name != "_id"):
+    others = [rule for name, rule in _leaves(tree) if name != "_id"]
+    # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
+    if all(rule == EXCLUDE for rule in others) if others else tree.get("_id") == EXCLUDE:
         return _exclude(doc, tree)
     tree.setdefault("_id", INCLUDE)
     return _include(doc, tree, doc, evaluate)
@@ -66,8 +68,8 @@ def _is_flag(v: Any) -> bool:
 
 
 def _is_nested_spec(v: Any) -> bool:
-    """A document of fields, which $project and $addFields read as specs of the nested fields (not
-    a literal); apply_stages leaves those to the server."""
+    """A document of fields, which $project and $addFields read as specs of the nested fields, not
+    as a literal document."""
     return isinstance(v, Mapping) and not any(str(k).startswith("$") for k in v)
 
 
@@ -80,30 +82,30 @@ INCLUDE, EXCLUDE = ("include",), ("exclude",)
 
 def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) -> _Tree:
     """The tree of `spec`; ValueError for what the server rejects (a `$` or empty field name, an
-    empty nested document, two rules for one path) or apply_stages leaves to it. With
-    `computed_only` ($addFields), true and numbers are values, not inclusions."""
+    empty nested document, two rules for one path). With `computed_only` ($addFields), true and
+    numbers are values, not inclusions."""
     tree: _Tree = {}
     for key, v in spec.items():
         parts = key.split(".")
         if any(not part or part.startswith("$") for part in parts):
-            raise ValueError(f"the $project field {key!r}")
+            raise ValueError(f"the field name {key!r}")
         node = tree
         *parents, leaf = parts
         for name in parents:
             rule = node.setdefault(name, ("nested", {}))
             if rule[0] != "nested":
-                raise ValueError(f"a $project path collision at {key!r}")
+                raise ValueError(f"a path collision at {key!r}")
             node = rule[1]
         if _is_nested_spec(v):
             if not v:
-                raise ValueError(f"an empty document for the $project field {key!r}")
+                raise ValueError(f"an empty document for the field {key!r}")
             rule = node.setdefault(leaf, ("nested", {}))
             sub = _projection_tree(v, computed_only=computed_only)
             if rule[0] != "nested" or set(sub) & set(rule[1]):
-                raise ValueError(f"a $project path collision at {key!r}")
+                raise ValueError(f"a path collision at {key!r}")
             rule[1].update(sub)
         elif leaf in node:
-            raise ValueError(f"a $project path collision at {key!r}")
+            raise ValueError(f"a path collision at {key!r}")
         else:
             node[leaf] = (INCLUDE if v else EXCLUDE) if _is_flag(v) and not computed_only else ("compute", v)
     return tree

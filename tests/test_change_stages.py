@@ -40,6 +40,8 @@ def as_list(doc):
     ({"b": 4, "a": 1}, {"b.c": "new", "a": 1}, {"b": {"c": "new"}, "a": 1}),
     # Dotted paths and nested documents of fields are the same rules.
     ({"a": {"b": 1, "c": 2, "d": 3}}, {"a.b": 1, "a": {"d": 1, "X": "x"}}, {"a": {"b": 1, "d": 3, "X": "x"}}),
+    # _id alone: 1 keeps only it, 0 drops only it (here the token, see below).
+    ({"a": 1}, {"_id": 1}, {}),
     # Exclusion, dotted and through arrays.
     ({"a": [{"b": 1, "c": 2}, 5], "d": 1}, {"a.b": 0, "d": 0}, {"a": [{"c": 2}, 5]}),
     # Expressions: arrays of expressions and $literal; a path that finds nothing leaves its field
@@ -96,9 +98,9 @@ def test_project_that_drops_the_token_fails_the_stream():
     ([{"$project": {"x": {"$concat": ["$a", "b"]}}}], "$concat"),
     ([{"$project": {"x": "$$ROOT"}}], "$$ROOT"),
     ([{"$project": {"a": 1, "b": 0}}], "a $project that mixes inclusion and exclusion"),
-    ([{"$project": {"a": 1, "a.b": 1}}], "a $project path collision at 'a.b'"),
+    ([{"$project": {"a": 1, "a.b": 1}}], "a path collision at 'a.b'"),
     ([{"$set": {"fullDocument.x": 1, "ns": {"db": "x"}}}, {"$unset": ["fullDocument.y"]}], None),
-    ([{"$set": {"a.$b": 1}}], "the $project field 'a.$b'"),
+    ([{"$set": {"a.$b": 1}}], "the field name 'a.$b'"),
     ([{"$unset": []}], "an $unset without field names"),
     ([{"$addFields": {"a": "$$NOW"}}], "$$NOW"),
 ])
