@@ -79,7 +79,7 @@ class ChangeEvent(NamedTuple):
     @property
     def token(self) -> dict[str, Any]:
         """The event's `_id`: {_data: hex of the KeyString, _typeBits?}."""
-        return token_from_key(self.sort_key, self.type_bits)
+        return event_token(self)
 
     @property
     def cluster_time(self) -> Timestamp:
@@ -93,11 +93,6 @@ class ChangeEvent(NamedTuple):
 # reader process). tuple.__new__ skips NamedTuple._make's Python-level wrapper and length check
 # (a third of the cost); the tuples are ours, always all nine fields.
 _event_from_fields = functools.partial(tuple.__new__, ChangeEvent)
-# A ChangeEvent's sort key and bytes by position: for key= and map() over many events, where an
-# itemgetter is cheaper than attribute access.
-EVENT_SORT_KEY = itemgetter(0)
-EVENT_BYTES = itemgetter(5)
-
 # Where many events wait a while (the engine's merge and buckets), each is the plain tuple of a
 # ChangeEvent's fields, read by position (a ChangeEvent reads the same way). Why: the collector
 # stops tracking a plain tuple of bytes and str after one collection, never a tuple subclass, and
@@ -105,6 +100,10 @@ EVENT_BYTES = itemgetter(5)
 # 0.016 s with the same million as plain tuples (measured), a pause that grows with the buffers.
 EventFields = tuple[Any, ...]
 EV_SORT_KEY, EV_TYPE_BITS, EV_OP_TYPE, EV_DB, EV_COLL, EV_RAW, EV_NAMESPACES, EV_SHARD, EV_APPLIED_AT = range(9)
+# An event's sort key and bytes by position: for key= and map() over many events, where an
+# itemgetter is cheaper than attribute access or indexing in a lambda.
+EVENT_SORT_KEY = itemgetter(EV_SORT_KEY)
+EVENT_BYTES = itemgetter(EV_RAW)
 
 
 def event_token(event: EventFields) -> dict[str, Any]:
