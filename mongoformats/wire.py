@@ -313,10 +313,9 @@ class MessageFramer:
     def next_message(self) -> Message | _NeedData:
         if self._size >= 4:
             chunks = self._chunks
-            if len(chunks[0]) - self._start < 4:  # the length itself is split between chunks
-                whole = self.trailing_data
-                chunks.clear()
-                chunks.append(whole)
+            while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks:
+                head = chunks.popleft()[self._start:]  # join the first two only, not all received
+                chunks[0] = head + chunks[0]
                 self._start = 0
             (length,) = _I32.unpack_from(chunks[0], self._start)
             # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
