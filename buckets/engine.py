@@ -32,7 +32,7 @@ from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
 from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
-from mongoformats.change_stages import unsupported_in_stages
+from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
@@ -374,7 +374,8 @@ class Engine:
             max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
-            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")), stages=stages,
+            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
+            stages=compile_stages(stages),
             reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,

@@ -50,7 +50,7 @@ from mongoformats.change_events import (
     events_from_fields,
     invalidate_event,
 )
-from mongoformats.change_stages import apply_stages, encode_in_order
+from mongoformats.change_stages import Stages, apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
@@ -85,7 +85,7 @@ class StreamOptions:
     full_document_before_change: str = "off"  # or "whenAvailable" / "required": recorded pre-images
     # Stages after $changeStream applied to each event as it is returned, after the lookups (an
     # accelerated watch() with $project, $addFields, ..., or a $match that tests fullDocument).
-    stages: tuple[dict[str, Any], ...] = ()
+    stages: Stages = ()  # compiled (change_stages.compile_stages)
 
     @property
     def needs_pre_images(self) -> bool:

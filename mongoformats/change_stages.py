@@ -18,11 +18,25 @@ import bson
 
 from mongoformats.errors import MongoError
 from mongoformats.mql import MISSING, matches, unsupported_in_query
-from mongoformats.projection import add_fields, computed_values, project, spec_problem, unset
+from mongoformats.projection import Projection, computed_values, spec_problem
 
-__all__ = ["SUPPORTED_STAGES", "apply_stages", "encode_in_order", "unsupported_in_stages"]
+__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "unsupported_in_stages"]
 
 SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset"})
+
+# Stages ready to apply to many events: (name, the $match query or the parsed Projection).
+Stages = tuple[tuple[str, Any], ...]
+
+
+def compile_stages(stages: Iterable[Mapping[str, Any]]) -> Stages:
+    """`stages` with each projection parsed once, for apply_stages (which runs per event)."""
+    out = []
+    for stage in stages:
+        (name, arg), = stage.items()
+        if name not in SUPPORTED_STAGES:
+            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+        out.append((name, arg if name == "$match" else Projection(name, arg)))
+    return tuple(out)
 
 
 def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
@@ -76,21 +90,14 @@ def encode_in_order(doc: Mapping[str, Any]) -> bytes:
     return wrapped[6:-1]  # int32 length, type 0x03, empty name NUL, the document, NUL
 
 
-def apply_stages(doc: dict[str, Any], stages: Iterable[Mapping[str, Any]], token: Mapping[str, Any]) -> Any:
-    """`doc` through `stages`, or None if a `$match` drops it."""
-    for stage in stages:
-        (name, arg), = stage.items()
+def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) -> Any:
+    """`doc` through `stages` (compile_stages), or None if a `$match` drops it."""
+    for name, arg in stages:
         if name == "$match":
             if not matches(doc, arg):
                 return None
-        elif name == "$project":
-            doc = project(doc, arg, _expr)
-        elif name == "$unset":
-            doc = unset(doc, arg)
-        elif name in ("$addFields", "$set"):
-            doc = add_fields(doc, arg, _expr)
         else:
-            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+            doc = arg.apply(doc, _expr)
     # The server compares tokens by _data only (ResumeToken::operator==).
     _id = doc.get("_id")
     if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:

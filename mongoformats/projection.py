@@ -13,32 +13,45 @@ from typing import Any
 
 from mongoformats.mql import MISSING
 
-__all__ = ["Evaluate", "add_fields", "computed_values", "project", "spec_problem", "unset"]
+__all__ = ["Evaluate", "Projection", "computed_values", "spec_problem"]
 
 Evaluate = Callable[[dict[str, Any], Any], Any]
 
 
-def project(doc: dict[str, Any], spec: Mapping[str, Any], evaluate: Evaluate) -> dict[str, Any]:
-    """$project, with the server's rules (its inclusion projection unit tests): included fields
+class Projection:
+    """A $project, $addFields/$set or $unset spec, parsed once into a tree of rules and applied to
+    many documents. Why once: parsing a spec costs about as much as applying it, and a stream
+    applies one spec to every event.
+
+    $project follows the server's rules (its inclusion projection unit tests): included fields
     keep the input's order, `_id` included unless excluded; computed fields follow, in the spec's
-    order; a path through an array applies to each element. Expressions read the whole document."""
-    tree = _projection_tree(spec)
-    others = [rule for name, rule in _leaves(tree) if name != "_id"]
-    # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
-    if all(rule == EXCLUDE for rule in others) if others else tree.get("_id") == EXCLUDE:
-        return _exclude(doc, tree)
-    tree.setdefault("_id", INCLUDE)
-    return _include(doc, tree, doc, evaluate)
+    order; a path through an array applies to each element. $unset is an exclusion $project of
+    its paths. Expressions read the whole document.
+    """
 
+    __slots__ = ("_tree", "_mode")
 
-def add_fields(doc: dict[str, Any], spec: Mapping[str, Any], evaluate: Evaluate) -> dict[str, Any]:
-    """$addFields/$set."""
-    return _add_fields(doc, _projection_tree(spec, computed_only=True), doc, evaluate)
+    def __init__(self, stage: str, spec: Any) -> None:
+        if stage == "$unset":
+            spec = dict.fromkeys([spec] if isinstance(spec, str) else spec, 0)
+        computed_only = stage in ("$addFields", "$set")
+        self._tree = _projection_tree(spec, computed_only=computed_only)
+        others = [rule for name, rule in _leaves(self._tree) if name != "_id"]
+        if computed_only:
+            self._mode = "add"
+        # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
+        elif all(rule == EXCLUDE for rule in others) if others else self._tree.get("_id") == EXCLUDE:
+            self._mode = "exclude"
+        else:
+            self._tree.setdefault("_id", INCLUDE)
+            self._mode = "include"
 
-
-def unset(doc: dict[str, Any], names: str | list[str]) -> dict[str, Any]:
-    """$unset: an exclusion $project of its paths."""
-    return _exclude(doc, _projection_tree(dict.fromkeys([names] if isinstance(names, str) else names, 0)))
+    def apply(self, doc: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
+        if self._mode == "exclude":
+            return _exclude(doc, self._tree)
+        if self._mode == "add":
+            return _add_fields(doc, self._tree, doc, evaluate)
+        return _include(doc, self._tree, doc, evaluate)
 
 
 def spec_problem(spec: Any, *, computed_only: bool = False) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from mongoformats.errors import MongoError
 from mongoformats.mql import MISSING
-from mongoformats.projection import add_fields, project, spec_problem, unset
+from mongoformats.projection import Projection, spec_problem
 from simcluster import query as q
 
 
@@ -131,13 +131,10 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
 
 def _projected(docs: list[dict[str, Any]], stage: str, spec: Any) -> list[dict[str, Any]]:
     """$project, $addFields/$set, $unset: the server's rules, shared with the engine's stages."""
-    if stage == "$unset":
-        return [unset(d, spec) for d in docs]
-    computed_only = stage != "$project"
-    if (problem := spec_problem(spec, computed_only=computed_only)) is not None:
+    if stage != "$unset" and (problem := spec_problem(spec, computed_only=stage != "$project")) is not None:
         raise MongoError("NotImplemented", f"simcluster does not evaluate {problem}")
-    apply = add_fields if computed_only else project
-    return [apply(d, spec, _expr) for d in docs]
+    projection = Projection(stage, spec)
+    return [projection.apply(d, _expr) for d in docs]
 
 
 def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:

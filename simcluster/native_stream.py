@@ -29,7 +29,7 @@ from mongoformats.change_events import (
     with_field_before_ns,
     with_full_document,
 )
-from mongoformats.change_stages import apply_stages, encode_in_order, unsupported_in_stages
+from mongoformats.change_stages import apply_stages, compile_stages, encode_in_order, unsupported_in_stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
@@ -73,7 +73,7 @@ class NativeStream:
         self.before_change = spec.get("fullDocumentBeforeChange", "off")
         # Which member set each pending event came from: its pre- and post-images live there.
         self.origin: dict[bytes, Any] = {}
-        self.stages = stages
+        self.stages = compile_stages(stages)
         self.transformers = [self._transformer() for _ in nodes]
         token = spec.get("resumeAfter") or spec.get("startAfter")
         if token is not None:

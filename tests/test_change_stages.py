@@ -4,7 +4,7 @@ such a watch() to mongos)."""
 
 import pytest
 
-from mongoformats.change_stages import apply_stages, unsupported_in_stages
+from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError
 
 TOKEN = {"_data": "82AA"}
@@ -12,7 +12,7 @@ TOKEN = {"_data": "82AA"}
 
 def project(doc, spec):
     """`doc` (given an `_id` token, which $project keeps where it is) through one $project."""
-    out = apply_stages({"_id": TOKEN, **doc}, [{"$project": spec}], TOKEN)
+    out = apply_stages({"_id": TOKEN, **doc}, compile_stages([{"$project": spec}]), TOKEN)
     assert out.pop("_id") == TOKEN
     return out
 
@@ -69,19 +69,20 @@ def test_project_follows_the_servers_rules(doc, spec, want):
 ])
 def test_add_fields_follows_the_servers_rules(doc, spec, want):
     for name in ("$addFields", "$set"):
-        out = apply_stages({"_id": TOKEN, **doc}, [{name: spec}], TOKEN)
+        out = apply_stages({"_id": TOKEN, **doc}, compile_stages([{name: spec}]), TOKEN)
         assert out.pop("_id") == TOKEN
         assert as_list(out) == as_list(want)
 
 
 def test_unset_removes_dotted_paths_through_arrays():
-    out = apply_stages({"_id": TOKEN, "a": [{"b": 1, "c": 2}, 3], "d": 4}, [{"$unset": ["a.b", "d"]}], TOKEN)
+    doc = {"_id": TOKEN, "a": [{"b": 1, "c": 2}, 3], "d": 4}
+    out = apply_stages(doc, compile_stages([{"$unset": ["a.b", "d"]}]), TOKEN)
     assert out == {"_id": TOKEN, "a": [{"c": 2}, 3]}
 
 
 def test_project_that_drops_the_token_fails_the_stream():
     with pytest.raises(MongoError) as err:
-        apply_stages({"_id": TOKEN, "a": 1}, [{"$project": {"a": 1, "_id": 0}}], TOKEN)
+        apply_stages({"_id": TOKEN, "a": 1}, compile_stages([{"$project": {"a": 1, "_id": 0}}]), TOKEN)
     assert err.value.code == 280
 
 
