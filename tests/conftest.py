@@ -29,6 +29,15 @@ async def sync(fn: Callable[..., T], *args: Any, timeout: float = 90, **kwargs: 
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), abandon_on_cancel=True)
 
 
+async def poll_until(cond: Callable[[], Any], timeout: float, interval: float = 0.01) -> None:
+    """Wait, in the test's trio loop, until `cond` holds; fail after `timeout` seconds. For state
+    the engine or simcluster changes with no event a test can wait on (a getMore parked, events
+    dealt, members caught up)."""
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(interval)
+
+
 _OPEN_CLIENTS: list[pymongo.MongoClient[Any]] = []
 
 

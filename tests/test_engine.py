@@ -24,7 +24,7 @@ from buckets.bucketing import bucket_of
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, proxy_uri, sync, wait_until
+from tests.conftest import _close_all, client, poll_until, proxy_uri, sync, wait_until
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -500,9 +500,7 @@ async def test_cursors_of_vanished_consumers_time_out(cluster):
         waiter = await open_upstream("127.0.0.1", proxy.port)
         nursery.start_soon(lambda: waiter.command(
             "admin", {"getMore": waiting, "collection": NS, "maxTimeMS": 5000}))
-        with trio.fail_after(5):
-            while not proxy.engine.cursors[waiting].busy:  # parked: an idle bucket answers in ~1 s
-                await trio.sleep(0.01)
+        await poll_until(lambda: proxy.engine.cursors[waiting].busy, 5)  # parked: an idle bucket answers in ~1 s
         assert await getmore(waiting) == 143  # CursorInUse: one getMore at a time, as mongos
         for _ in range(8):  # 2 s of a consumer that keeps reading
             await trio.sleep(0.25)
@@ -543,9 +541,7 @@ async def _kill_during_get_more(proxy: Any, conn: Any, cid: int, *, after_s: flo
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(get_more)
-        with trio.fail_after(5):
-            while not proxy.engine.cursors[cid].busy:
-                await trio.sleep(0.01)
+        await poll_until(lambda: proxy.engine.cursors[cid].busy, 5)
         await trio.sleep(after_s)
         killed = await conn.command("admin", {"killCursors": NS, "cursors": [cid]})
         assert killed["cursorsKilled"] == [cid]
@@ -564,9 +560,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     start = await sync(backlog)
     engine = proxy.engine
     stream = await engine._create("dealt-first", 1, {"nBuckets": 1, "startAtOperationTime": start})
-    with trio.fail_after(10):
-        while stream.buckets[0].end < 500:
-            await trio.sleep(0.01)
+    await poll_until(lambda: stream.buckets[0].end >= 500, 10)
     cur = engine._new_cursor(None, stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
     events, _ = await cur.next_batch(None, 0)

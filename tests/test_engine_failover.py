@@ -16,7 +16,7 @@ from pymongo.errors import OperationFailure
 
 from buckets.bucketing import bucket_of
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, proxy_uri, sync, wait_until
+from tests.conftest import _close_all, client, poll_until, proxy_uri, sync, wait_until
 from tests.test_engine import drain, end_point, key, reference
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
@@ -59,9 +59,7 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
             return next(s["host"] for s in status["streams"][0]["shards"] if s["shard"] == shard)
 
         async def after(n):
-            with trio.fail_after(60):
-                while written[0] < n:
-                    await trio.sleep(0.02)
+            await poll_until(lambda: written[0] >= n, 60, interval=0.02)
 
         start, opened = await sync(open_stream)
         total = 600

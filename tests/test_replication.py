@@ -21,7 +21,7 @@ from pymongo.errors import NotPrimaryError
 from pymongo.read_concern import ReadConcern
 
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, sync, wait_until
+from tests.conftest import _close_all, client, poll_until, sync, wait_until
 
 
 def _oplog(node):
@@ -35,9 +35,8 @@ def _docs(node, ns):
 
 async def _settled(rs):
     """Wait until every live member is in sync (caught up or rolled back) and has all the primary has."""
-    with trio.fail_after(10):
-        while any(m.up and (not m.in_sync or m.oplog.last_key() < rs.primary.oplog.last_key()) for m in rs.members):
-            await trio.sleep(0.01)
+    await poll_until(lambda: not any(m.up and (not m.in_sync or m.oplog.last_key() < rs.primary.oplog.last_key())
+                                     for m in rs.members), 10)
 
 
 async def test_secondaries_replicate_bytes_and_data():
