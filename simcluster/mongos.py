@@ -8,7 +8,6 @@ filter pins the whole shard key go to one shard, the rest are scatter-gather.
 from __future__ import annotations
 
 import uuid as uuidlib
-from dataclasses import dataclass, field
 from typing import Any
 
 from bson import Binary, Int64, MaxKey, MinKey, Timestamp
@@ -17,6 +16,8 @@ from mongoformats.errors import MongoError, has_category
 from mongoformats.hashed_key import hashed_value
 from simcluster import query as q
 from simcluster.aggregate import run_pipeline
+from simcluster.balancer import Balancer, chunk_bytes, plan_migrations, range_end
+from simcluster.chunks import Chunk, ShardedCollection, migrate
 from simcluster.cursors import Cursor
 from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
@@ -24,40 +25,6 @@ from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 from simcluster.updates import apply_update
-
-
-@dataclass
-class Chunk:
-    min: Any
-    max: Any
-    shard: str
-
-
-@dataclass
-class ShardedCollection:
-    ns: str
-    key: dict[str, Any]
-    uuid: uuidlib.UUID
-    unique: bool = False
-    chunks: list[Chunk] = field(default_factory=list)
-
-    @property
-    def hashed(self) -> bool:
-        return "hashed" in self.key.values()
-
-    def key_point(self, doc: dict[str, Any]) -> Any:
-        f = next(iter(self.key))
-        got = q.get_path(doc, f)
-        v = got[0] if got else None
-        return hashed_value(v) if self.hashed else v
-
-    def owner(self, point: Any) -> str:
-        for c in self.chunks:
-            lo_ok = isinstance(c.min, MinKey) or q.compare(point, c.min) >= 0
-            hi_ok = isinstance(c.max, MaxKey) or q.compare(point, c.max) < 0
-            if lo_ok and hi_ok:
-                return c.shard
-        return self.chunks[-1].shard
 
 
 class Mongos(CommandServer):
@@ -87,8 +54,10 @@ class Mongos(CommandServer):
             "listindexes": self.cmd_list_indexes, "enablesharding": self.cmd_enable_sharding,
             "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
             "movechunk": self.cmd_move_chunk, "split": self.cmd_split, "addshard": self.cmd_add_shard,
-            "balancerstart": self.cmd_ok, "balancerstop": self.cmd_ok,
-            "balancerstatus": self.cmd_balancer_status, "getshardmap": self.cmd_list_shards,
+            "moverange": self.cmd_move_range, "balancerstart": self.cmd_balancer_start,
+            "balancerstop": self.cmd_balancer_stop, "balancerstatus": self.cmd_balancer_status,
+            "configurecollectionbalancing": self.cmd_configure_collection_balancing,
+            "balancercollectionstatus": self.cmd_balancer_collection_status, "getshardmap": self.cmd_list_shards,
             "dbstats": self.cmd_db_stats, "appendoplognote": self.cmd_append_oplog_note,
             "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
         })
@@ -98,6 +67,10 @@ class Mongos(CommandServer):
         # Two-phase commit decisions (the coordinator's config.transaction_coordinators): participants
         # and commit timestamp, so a commit retried after a failover finishes what was decided.
         self.commit_decisions: dict[TxnKey, tuple[list[str], Timestamp]] = {}
+        self.balancer = Balancer(self)
+
+    async def background(self) -> None:
+        await self.balancer.run()
 
     def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
         return {"isWritablePrimary": True, "msg": "isdbgrid"}
@@ -459,8 +432,43 @@ class Mongos(CommandServer):
         self.replsets[name] = rs
         return {"shardAdded": name}
 
+    # -- balancing (simcluster/balancer.py) -------------------------------------------------------
+
     async def cmd_balancer_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"mode": "off", "inBalancerRound": False, "numBalancerRounds": Int64(0)}
+        return self.balancer.status()
+
+    async def cmd_balancer_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        self.balancer.set_mode("full")
+        return {}
+
+    async def cmd_balancer_stop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        self.balancer.set_mode("off")  # a round never spans a yield, so none is left running
+        return {}
+
+    def _sharded(self, ns: Any) -> ShardedCollection:
+        sc = self.sharded.get(ns) if isinstance(ns, str) else None
+        if sc is None:
+            raise MongoError("NamespaceNotSharded", f"{ns} is not sharded")
+        return sc
+
+    async def cmd_configure_collection_balancing(self, db: str, cmd: dict[str, Any],
+                                                 req: Request) -> dict[str, Any]:
+        """chunkSize in MB, 1 to 1024; 0 goes back to the cluster's chunk size."""
+        sc = self._sharded(cmd["configureCollectionBalancing"])
+        if "chunkSize" in cmd:
+            mb = cmd["chunkSize"]
+            if not isinstance(mb, int) or isinstance(mb, bool) or not 0 <= mb <= 1024:
+                raise MongoError("InvalidOptions", f"chunk size must be an integer between 1 and 1024 MB, or 0 for "
+                                                   f"the default; got {mb!r}")
+            sc.chunk_bytes = mb << 20 or None
+        return {}
+
+    async def cmd_balancer_collection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        sc = self._sharded(cmd["balancerCollectionStatus"])
+        reply: dict[str, Any] = {"chunkSize": chunk_bytes(sc) / (1 << 20), "balancerCompliant": True}
+        if plan_migrations(sc, self.balancer.data_sizes(sc), chunk_bytes(sc), set(self.replsets)):
+            reply.update(balancerCompliant=False, firstComplianceViolation="chunksImbalance")
+        return reply
 
     async def cmd_shard_collection(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = cmd["shardCollection"]
@@ -505,61 +513,68 @@ class Mongos(CommandServer):
         in two there (for a hashed key, `middle` holds a hash value, as on the server). Both halves
         stay on the chunk's shard; nothing moves, nothing is logged."""
         ns = cmd["split"]
-        sc = self.sharded.get(ns)
-        if sc is None:
-            raise MongoError("NamespaceNotSharded", f"{ns} is not sharded")
+        sc = self._sharded(ns)
         if not isinstance(cmd.get("middle"), dict):
             raise MongoError("InvalidOptions", "split needs a 'middle' key here (the 'find' and 'bounds' forms "
                                                "are not simulated)")
-        field = next(iter(sc.key))
-        got = q.get_path(cmd["middle"], field)
-        point = got[0] if got else None
-        for i, c in enumerate(sc.chunks):
-            if (isinstance(c.min, MinKey) or q.compare(point, c.min) >= 0) and (
-                    isinstance(c.max, MaxKey) or q.compare(point, c.max) < 0):
-                if not isinstance(c.min, MinKey) and q.compare(point, c.min) == 0:
-                    raise MongoError("CannotSplit", f"cannot split a chunk of {ns} at its lower bound {cmd['middle']}")
-                sc.chunks[i:i + 1] = [Chunk(c.min, point, c.shard), Chunk(point, c.max, c.shard)]
-                return {}
-        raise MongoError("CannotSplit", f"no chunk of {ns} holds {cmd['middle']}")
+        point = self._bound(sc, cmd["middle"])
+        chunk = sc.chunk_at(point)
+        if q.compare(point, chunk.min) == 0:
+            raise MongoError("CannotSplit", f"cannot split a chunk of {ns} at its lower bound {cmd['middle']}")
+        sc.split(chunk, point)
+        return {}
 
-    async def cmd_move_chunk(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        ns = cmd["moveChunk"]
-        sc = self.sharded.get(ns)
-        if sc is None:
-            raise MongoError("NamespaceNotSharded", f"{ns} is not sharded")
-        to = cmd["to"]
+    @staticmethod
+    def _bound(sc: ShardedCollection, bound: dict[str, Any]) -> Any:
+        """A key-space point given as {<shard key field>: value} (a hash value for a hashed key)."""
+        got = q.get_path(bound, next(iter(sc.key)))
+        return got[0] if got else None
+
+    def _recipient(self, to: Any) -> ShardNode:
         if to not in self.shards:
             raise MongoError("ShardNotFound", f"Shard {to} not found")
+        return self.shards[to]
+
+    async def cmd_move_chunk(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """`{moveChunk: ns, find: <doc> | bounds: [min, max], to}` moves the whole chunk."""
+        sc = self._sharded(cmd["moveChunk"])
+        recipient = self._recipient(cmd["to"])
         if "find" in cmd:
-            point = sc.key_point(cmd["find"])
-            chunk = next(c for c in sc.chunks if c.shard == sc.owner(point) and
-                         (isinstance(c.min, MinKey) or q.compare(point, c.min) >= 0) and
-                         (isinstance(c.max, MaxKey) or q.compare(point, c.max) < 0))
+            chunk = sc.chunk_at(sc.key_point(cmd["find"]))
         else:
-            lo, hi = cmd["bounds"]
-            f = next(iter(sc.key))
-            chunk = next(c for c in sc.chunks if q.compare(c.min, lo[f]) == 0 or (
-                isinstance(c.min, MinKey) and isinstance(lo[f], MinKey)))
-            del hi
-        if chunk.shard == to:
-            return {"millis": 0}
-        donor, recipient = self.shards[chunk.shard], self.shards[to]
-        had_chunks = any(c.shard == to for c in sc.chunks)
-        if not had_chunks:
-            donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {to} with no chunks "
-                                      "for this collection"},
-                              {"migrateChunkToNewShard": ns, "fromShardId": donor.set_name, "toShardId": to},
-                              Binary(sc.uuid.bytes, 4))
-        moving = []
-        for doc in donor.select(ns, {}):
-            point = sc.key_point(doc)
-            if (isinstance(chunk.min, MinKey) or q.compare(point, chunk.min) >= 0) and (
-                    isinstance(chunk.max, MaxKey) or q.compare(point, chunk.max) < 0):
-                moving.append(doc)
-        for doc in moving:
-            recipient.insert_one(ns, doc, {}, from_migrate=True)
-        for doc in moving:
-            donor.delete_docs(ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
-        chunk.shard = to
+            lo = self._bound(sc, cmd["bounds"][0])
+            starting = [c for c in sc.chunks if q.compare(c.min, lo) == 0]
+            if not starting:
+                raise MongoError("InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}")
+            chunk = starting[0]
+        if chunk.shard != recipient.set_name:
+            migrate(sc, chunk, self.shards[chunk.shard], recipient)
         return {"millis": 0}
+
+    async def cmd_move_range(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """`{moveRange: ns, toShard, min, max?}` (6.0+, what the balancer runs): the range from `min`
+        moves, cut out of its chunk first; without `max` it ends where the donor counts about one
+        chunk size of documents (simcluster/balancer.py: range_end)."""
+        sc = self._sharded(cmd["moveRange"])
+        recipient = self._recipient(cmd.get("toShard"))
+        if not isinstance(cmd.get("min"), dict):
+            raise MongoError("InvalidOptions", "moveRange needs 'min' here (a range given by 'max' alone is "
+                                               "not simulated)")
+        lo = self._bound(sc, cmd["min"])
+        chunk = sc.chunk_at(lo)
+        hi = self._bound(sc, cmd["max"]) if isinstance(cmd.get("max"), dict) else None
+        if hi is not None and (q.compare(hi, lo) <= 0 or q.compare(hi, chunk.max) > 0):  # checked before any change
+            raise MongoError("InvalidOptions", f"the range of moveRange must lie within one chunk: {cmd['max']} "
+                                               f"is not inside the chunk holding {cmd['min']}")
+        if q.compare(chunk.min, lo) != 0:
+            chunk = sc.split(chunk, lo)
+        donor = self.shards[chunk.shard]
+        if hi is None:
+            hi = range_end(sc, donor, chunk, chunk_bytes(sc))
+        elif q.compare(hi, chunk.max) == 0:
+            hi = None
+        if hi is not None:
+            sc.split(chunk, hi)
+        if chunk.shard != recipient.set_name:
+            migrate(sc, chunk, donor, recipient)
+        return {}

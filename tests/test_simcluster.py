@@ -418,3 +418,79 @@ async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a
                     c.ks.command({"getMore": cursor_id, "collection": "c", "batchSize": 1}, session=session)
                 assert info.value.code == 43
     await sync(work)
+
+
+async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_by_less_than_three(cluster):
+    """7.0's balancer (simcluster/balancer.py): on by default; at the default 128 MB chunk size a few
+    MB never move; at 1 MB, ranges of about 1 MB move from the fullest shard while shards differ by
+    3 MB or more. Nothing is lost or doubled, and a change stream sees none of it."""
+    def work():
+        c = client(cluster.uri)
+        admin = c.admin
+        assert admin.command("balancerStatus")["mode"] == "full"
+        admin.command("configureFailPoint", "overrideBalanceRoundInterval", mode="alwaysOn",
+                      data={"intervalMs": 20})
+        admin.command("balancerStart")  # ends the pause the round interval was set during, as on a server
+        start = admin.command("ping")["operationTime"]
+        admin.command("shardCollection", "bal.c", key={"k": 1})
+        pad = "x" * 10_000
+        c.bal.c.insert_many([{"_id": i, "k": i, "pad": pad} for i in range(500)])  # 4.8 MB on one shard
+        rounds = admin.command("balancerStatus")["numBalancerRounds"]
+        wait_until(lambda: admin.command("balancerStatus")["numBalancerRounds"] > rounds + 3, timeout=10)
+        status = admin.command("balancerCollectionStatus", "bal.c")
+        assert (status["chunkSize"], status["balancerCompliant"]) == (128.0, True)
+        assert len(cluster.mongos.sharded["bal.c"].chunks) == 1
+
+        for bad in (-1, 1025, "1"):
+            with pytest.raises(OperationFailure) as err:
+                admin.command("configureCollectionBalancing", "bal.c", chunkSize=bad)
+            assert err.value.code == 72  # InvalidOptions
+        admin.command("balancerStop")
+        admin.command("configureCollectionBalancing", "bal.c", chunkSize=1)
+        status = admin.command("balancerCollectionStatus", "bal.c")
+        assert (status["balancerCompliant"], status["firstComplianceViolation"]) == (False, "chunksImbalance")
+        admin.command("balancerStart")
+        wait_until(lambda: admin.command("balancerCollectionStatus", "bal.c")["balancerCompliant"], timeout=20)
+
+        counts = {sid: client(cluster.shard_uri(sid)).bal.c.count_documents({}) for sid in sorted(cluster.replsets)}
+        # 4.8 MB: 1 MB goes to each empty shard (one migration per shard per round), then 2.8 - 1 < 3.
+        assert sorted(counts.values()) == [104, 104, 292], counts
+        assert sum(counts.values()) == c.bal.c.count_documents({}) == 500
+        for sid, n in counts.items():  # each shard holds the keys of its own chunks
+            keys = [d["k"] for d in client(cluster.shard_uri(sid)).bal.c.find({}, {"k": 1})]
+            assert all(cluster.mongos.sharded["bal.c"].owner(k) == sid for k in keys) and len(keys) == n
+
+        admin.command("balancerStop")
+        stopped = admin.command("balancerStatus")
+        assert stopped["mode"] == "off"
+        c.bal.c.insert_one({"_id": "end", "k": 10_000})
+        admin.command("appendOplogNote", data={"test": "end"})  # every shard past the end: no wait for idle ones
+        stream = c.bal.c.watch(start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=100)
+        events = []
+        while not events or events[-1].get("documentKey", {}).get("_id") != "end":
+            ev = stream.try_next()
+            if ev is not None:
+                events.append(ev)
+        assert [e["operationType"] for e in events] == ["create", "shardCollection"] + ["insert"] * 501
+    await sync(work)
+
+
+async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
+    def work():
+        c = client(cluster.uri)
+        c.admin.command("shardCollection", "mr.c", key={"k": 1})
+        c.mr.c.insert_many([{"_id": i, "k": i} for i in range(10)])
+        sc = cluster.mongos.sharded["mr.c"]
+        home = sc.chunks[0].shard
+        other = next(sid for sid in sorted(cluster.replsets) if sid != home)
+        c.admin.command("moveRange", "mr.c", toShard=other, min={"k": 3}, max={"k": 6})
+        assert [(ch.min, ch.max, ch.shard) for ch in sc.chunks][1:] == [(3, 6, other), (6, sc.chunks[2].max, home)]
+        assert sorted(d["k"] for d in client(cluster.shard_uri(other)).mr.c.find()) == [3, 4, 5]
+        for bad in ({"min": {"k": 7}, "max": {"k": 7}}, {"min": {"k": 7}, "max": {"k": 3}}, {"max": {"k": 3}}):
+            with pytest.raises(OperationFailure) as err:
+                c.admin.command("moveRange", "mr.c", toShard=other, **bad)
+            assert err.value.code == 72  # InvalidOptions
+        c.admin.command("moveRange", "mr.c", toShard=other, min={"k": 6})  # less than a chunk size: all of it
+        assert sorted(d["k"] for d in client(cluster.shard_uri(other)).mr.c.find()) == [3, 4, 5, 6, 7, 8, 9]
+        assert c.mr.c.count_documents({}) == 10
+    await sync(work)

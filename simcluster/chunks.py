@@ -1,0 +1,91 @@
+"""A sharded collection's config metadata (shard key, chunks) and moving a range of it to another shard.
+
+A migration here is one synchronous step, so no other task of the cluster's trio process runs
+during it: the recipient inserts the range's documents and the donor deletes them, both logged with
+`fromMigrate: true` as the server's cloner and range deleter log them (change streams hide them).
+When the recipient owns no chunk of the collection yet, the donor first logs the
+`migrateChunkToNewShard` noop, which 6.0+ change streams turn into that event so a stream starts
+reading the new shard (shared/reference/mongodb-formats.md C.8).
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bson import Binary, MaxKey, MinKey
+
+from mongoformats.hashed_key import hashed_value
+from mongoformats.mql import compare, get_path, sort_key
+
+if TYPE_CHECKING:
+    from simcluster.node import ShardNode
+
+
+@dataclass
+class Chunk:
+    min: Any
+    max: Any
+    shard: str
+
+    def holds(self, point: Any) -> bool:
+        """min <= point < max, MinKey and MaxKey being open ends."""
+        return (isinstance(self.min, MinKey) or compare(point, self.min) >= 0) and (
+            isinstance(self.max, MaxKey) or compare(point, self.max) < 0)
+
+
+@dataclass
+class ShardedCollection:
+    ns: str
+    key: dict[str, Any]
+    uuid: uuidlib.UUID
+    unique: bool = False
+    chunks: list[Chunk] = field(default_factory=list)
+    # configureCollectionBalancing's chunkSize, in bytes; None: the cluster's (config.settings chunksize).
+    chunk_bytes: int | None = None
+
+    @property
+    def hashed(self) -> bool:
+        return "hashed" in self.key.values()
+
+    def key_point(self, doc: dict[str, Any]) -> Any:
+        """Where a document sits in the key space: its shard key value (hashed for a hashed key)."""
+        got = get_path(doc, next(iter(self.key)))
+        v = got[0] if got else None
+        return hashed_value(v) if self.hashed else v
+
+    def chunk_at(self, point: Any) -> Chunk:
+        return next((c for c in self.chunks if c.holds(point)), self.chunks[-1])
+
+    def owner(self, point: Any) -> str:
+        return self.chunk_at(point).shard
+
+    def split(self, chunk: Chunk, point: Any) -> Chunk:
+        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the upper half."""
+        upper = Chunk(point, chunk.max, chunk.shard)
+        self.chunks.insert(self.chunks.index(chunk) + 1, upper)
+        chunk.max = point
+        return upper
+
+    def documents_in(self, shard: ShardNode, chunk: Chunk) -> list[tuple[Any, dict[str, Any]]]:
+        """The shard's documents in the chunk's range as (key point, document), in key order."""
+        found = [(self.key_point(doc), doc) for doc in shard.select(self.ns, {})]
+        return sorted(((p, d) for p, d in found if chunk.holds(p)), key=lambda pd: sort_key(pd[0]))
+
+
+def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode) -> int:
+    """Move one chunk's documents from donor to recipient and give it the recipient; returns how many moved."""
+    if not any(c.shard == recipient.set_name for c in sc.chunks):
+        donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
+                                  "with no chunks for this collection"},
+                          {"migrateChunkToNewShard": sc.ns, "fromShardId": donor.set_name,
+                           "toShardId": recipient.set_name},
+                          Binary(sc.uuid.bytes, 4))
+    moving = [doc for _, doc in sc.documents_in(donor, chunk)]
+    for doc in moving:
+        recipient.insert_one(sc.ns, doc, {}, from_migrate=True)
+    for doc in moving:
+        donor.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+    chunk.shard = recipient.set_name
+    return len(moving)
