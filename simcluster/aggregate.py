@@ -4,6 +4,7 @@ estimated counts), simple reports and pipeline-style updates."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mongoformats.errors import MongoError
@@ -101,7 +102,7 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
         if name == "$match":
             docs = [d for d in docs if q.matches(d, spec)]
         elif name in ("$project", "$addFields", "$set", "$unset"):
-            docs = _projected(docs, name, spec)
+            docs = list(map(_compiled(name, spec), docs))
         elif name == "$replaceRoot":
             docs = [_new_root(d, spec["newRoot"], "newRoot") for d in docs]
         elif name == "$replaceWith":
@@ -129,12 +130,24 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
     return docs
 
 
-def _projected(docs: list[dict[str, Any]], stage: str, spec: Any) -> list[dict[str, Any]]:
+def _compiled(stage: str, spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """$project, $addFields/$set, $unset: the server's rules, shared with the engine's stages."""
     if stage != "$unset" and (problem := spec_problem(spec, computed_only=stage != "$project")) is not None:
         raise MongoError("NotImplemented", f"simcluster does not evaluate {problem}")
     projection = Projection(stage, spec)
-    return [projection.apply(d, _expr) for d in docs]
+    return lambda doc: projection.apply(doc, _expr)
+
+
+def find_projection(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A find's projection: since 4.4 the rules and expressions of $project. The find-only forms
+    ($slice, $elemMatch, a positional `a.$`) are not simulated, and are refused rather than read
+    as something else."""
+    if not spec:
+        return lambda doc: doc
+    for name, value in spec.items():
+        if name.endswith("$") or isinstance(value, dict) and {"$slice", "$elemMatch"} & set(value):
+            raise MongoError("NotImplemented", f"simcluster does not evaluate the find projection {name}: {value}")
+    return _compiled("$project", spec)
 
 
 def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:

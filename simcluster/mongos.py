@@ -15,7 +15,7 @@ from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 from mongoformats.errors import MongoError, has_category
 from mongoformats.hashed_key import hashed_value
 from simcluster import query as q
-from simcluster.aggregate import run_pipeline
+from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.balancer import Balancer, chunk_bytes, plan_migrations, range_end
 from simcluster.chunks import Chunk, ShardedCollection, migrate
 from simcluster.cursors import Cursor
@@ -280,7 +280,7 @@ class Mongos(CommandServer):
         docs = docs[cmd.get("skip", 0):]
         if cmd.get("limit"):
             docs = docs[: abs(cmd["limit"])]
-        docs = [q.project(d, cmd.get("projection")) for d in docs]
+        docs = list(map(find_projection(cmd.get("projection")), docs))
         if cmd.get("singleBatch"):
             docs = docs[: cmd.get("batchSize", 101) or None]
         return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}

@@ -26,6 +26,7 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import leading_id
 from simcluster import query as q
+from simcluster.aggregate import find_projection
 from simcluster.apply import Applier, take_prepared
 from simcluster.cursors import Cursor, RawBatch
 from simcluster.oplog import ClusterClock, Oplog, ts_key
@@ -574,7 +575,7 @@ class ShardNode(CommandServer):
             docs = docs[skip:]
         if limit:
             docs = docs[: abs(limit)]
-        return [q.project(d, projection) for d in docs]
+        return list(map(find_projection(projection), docs))
 
     def _preimage_docs(self, filt: dict[str, Any]) -> list[dict[str, Any]]:
         """config.system.preimages as the server keeps it: {_id: {nsUUID, ts, applyOpsIndex},

@@ -17,38 +17,7 @@ from bson import ObjectId, Regex
 from mongoformats.errors import MongoError
 from mongoformats.mql import MISSING, compare, get_path, matches, sort_key
 
-__all__ = ["compare", "get_path", "matches", "pinned_ids", "project", "sort_docs", "MISSING", "ObjectId"]
-
-def project(doc: dict[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:
-    if not projection:
-        return doc
-    include = [k for k, v in projection.items() if v and k != "_id"]
-    if include:
-        out: dict[str, Any] = {}
-        if projection.get("_id", 1) and "_id" in doc:
-            out["_id"] = doc["_id"]
-        for k in doc:
-            if k in include:
-                out[k] = doc[k]
-        return out
-    out = dict(doc)  # a new document, as every projection returns
-    for path, keep in projection.items():
-        if not keep:
-            out = _without(out, path.split("."))
-    return out
-
-
-def _without(value: Any, parts: list[str]) -> Any:
-    """`value` without the (dotted) path `parts`, through arrays into each of their documents;
-    a copy along the path only, so a stored document is never changed."""
-    if isinstance(value, list):
-        return [_without(item, parts) for item in value]
-    if not isinstance(value, dict) or parts[0] not in value:
-        return value
-    if len(parts) == 1:
-        return {k: v for k, v in value.items() if k != parts[0]}
-    return {**value, parts[0]: _without(value[parts[0]], parts[1:])}
-
+__all__ = ["compare", "get_path", "matches", "pinned_ids", "sort_docs", "MISSING", "ObjectId"]
 
 def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
     """The `_id` values a filter can only match (`{_id: v, ...}`, `{_id: {$in: [...]}, ...}`, an

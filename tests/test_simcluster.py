@@ -374,6 +374,23 @@ async def test_a_dotted_exclusion_removes_the_nested_field(cluster):
     assert stored["b"] == {"c": 2, "e": 3}  # the stored document is untouched
 
 
+async def test_find_projections_follow_the_project_rules_and_refuse_find_only_forms(cluster):
+    """Since 4.4 a find projection is a $project (mongoformats/projection.py): dotted inclusions
+    through arrays, the input's field order, expressions. $slice, $elemMatch and positional
+    projections are not simulated: NotImplemented, never a wrong document."""
+    def work():
+        coll = client(cluster.uri).fp.c
+        coll.insert_one({"_id": 1, "z": 0, "b": {"c": 2, "e": 3}, "arr": [{"c": 1, "k": 2}, 5], "v": 4})
+        got = [coll.find_one({}, spec) for spec in (
+            {"v": 1, "b.c": 1}, {"arr.c": 1, "_id": 0}, {"w": {"$add": ["$v", 1]}, "z": 1})]
+        for spec in ({"arr": {"$slice": 1}}, {"arr": {"$elemMatch": {"c": 1}}}, {"arr.$": 1}):
+            with pytest.raises(OperationFailure) as err:
+                coll.find_one({"arr.c": 1}, spec)
+            assert err.value.code == 238
+        return got
+    assert await sync(work) == [{"_id": 1, "b": {"c": 2}, "v": 4}, {"arr": [{"c": 1}]}, {"_id": 1, "z": 0, "w": 5}]
+
+
 async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a_sessions_cursors(cluster):
     """As on the server: killCursors on a cursor a getMore has checked out fails that getMore
     with CursorKilled (237); killSessions and killAllSessions close the cursors opened in those
