@@ -8,6 +8,7 @@ token for token; each bucket must be in token order; each namespace must keep it
 from __future__ import annotations
 
 import functools
+import os
 import random
 import time
 from typing import Any
@@ -70,7 +71,7 @@ def workload(c: Any, seed: int, n: int = 300) -> None:
         elif op < 0.68:
             target.update_one({"_id": doc_id}, {"$pop": {"arr": 1}, "$rename": {"v": "w"}})
         elif op < 0.76:
-            target.replace_one({"_id": doc_id}, {"replaced": True, "n": i})
+            target.replace_one({"_id": doc_id}, {"replaced": True, "n": i, "arr": [i]})  # arr stays an array
         elif op < 0.84:
             target.delete_one({"_id": doc_id})
             live.remove((db, coll, doc_id))
@@ -140,8 +141,18 @@ def end_point(c: Any) -> bytes:
     return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
 
 
-@pytest.mark.parametrize(("n_buckets", "reader_processes"), [(1, 0), (4, 2), (16, 0)])
-async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets, reader_processes):
+def _union_cases() -> list[tuple[int, int, int]]:
+    """(nBuckets, readerProcesses, workload seed): three in the suite; UNION_SEEDS=100-160 adds a
+    longer run over more bucket counts and reader processes."""
+    cases = [(1, 0, 1), (4, 2, 4), (16, 0, 16)]
+    lo, _, hi = os.environ.get("UNION_SEEDS", "").partition("-")
+    if lo:
+        cases += [([1, 3, 4, 7, 16][s % 5], s % 3, s) for s in range(int(lo), int(hi or lo) + 1)]
+    return cases
+
+
+@pytest.mark.parametrize(("n_buckets", "reader_processes", "seed"), _union_cases())
+async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets, reader_processes, seed):
     """With readerProcesses the entries are spliced in worker processes: the same events must come out."""
     def work():
         c = client(proxy_uri(proxy))
@@ -149,7 +160,7 @@ async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_bucke
         opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": n_buckets, "showExpandedEvents": True,
                                   "startAtOperationTime": start, "readerProcesses": reader_processes})
         assert [cur["bucket"] for cur in opened["cursors"]] == list(range(n_buckets))
-        workload(c, seed=n_buckets)
+        workload(c, seed=seed)
         end = end_point(c)
         union: dict[bytes, RawBSONDocument] = {}
         for cur in opened["cursors"]:
