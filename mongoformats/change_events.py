@@ -155,6 +155,8 @@ class OplogTransformer:
         show_expanded_events: emit create/createIndexes/dropIndexes/modify/shardCollection and the
             expanded fields (collectionUUID, operationDescription, disambiguatedPaths).
         show_migration_events: keep `fromMigrate` writes (hidden by default, like the server).
+        show_system_events: with show_expanded_events, emit `migrateLastChunkFromShard` when a
+            migration leaves a shard without chunks of a collection (the server shows it only then).
         token_version: 2 for 6.1+ servers (7.0, 8.0); 1 to emulate 4.2-6.0.
         ddl_notes: take the expanded DDL events (create, createIndexes, dropIndexes, modify,
             shardCollection, and views) from our proxy's appendOplogNote records instead of the
@@ -163,9 +165,10 @@ class OplogTransformer:
     """
 
     def __init__(self, *, show_expanded_events: bool = False, show_migration_events: bool = False,
-                 token_version: int = 2, ddl_notes: bool = False) -> None:
+                 show_system_events: bool = False, token_version: int = 2, ddl_notes: bool = False) -> None:
         self.show_expanded_events = show_expanded_events
         self.show_migration_events = show_migration_events
+        self.show_system_events = show_system_events
         self.token_version = token_version
         self.ddl_notes = ddl_notes
         # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries, each with
@@ -361,6 +364,12 @@ class OplogTransformer:
             desc = {k: v for k, v in _plain(o2).items() if k != "shardCollection"}
             db, coll = _split_ns(ns)
             return [self._ddl_event("shardCollection", db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc)]
+        if o2 is not None and "migrateLastChunkFromShard" in o2 and self.show_expanded_events \
+                and self.show_system_events:
+            db, coll = _split_ns(o2["migrateLastChunkFromShard"])
+            desc = {k: v for k, v in _plain(o2).items() if k != "migrateLastChunkFromShard"}
+            return [self._ddl_event("migrateLastChunkFromShard", db, coll, doc["ts"], doc.get("wall"), doc.get("ui"),
+                                    desc)]
         if self.ddl_notes and self.show_expanded_events and o is not None and PCS_NOTE_KEY in o:
             note = _plain(o)[PCS_NOTE_KEY]
             db, coll = _split_ns(note["ns"])

@@ -5,7 +5,9 @@ during it: the recipient inserts the range's documents and the donor deletes the
 `fromMigrate: true` as the server's cloner and range deleter log them (change streams hide them).
 When the recipient owns no chunk of the collection yet, the donor first logs the
 `migrateChunkToNewShard` noop, which 6.0+ change streams turn into that event so a stream starts
-reading the new shard (shared/reference/mongodb-formats.md C.8).
+reading the new shard; when the donor is left with none, it logs `migrateLastChunkFromShard`
+(an event only with showSystemEvents). Both name the collection (ns, ui), as
+migration_util.cpp writes them (shared/reference/mongodb-formats.md C.7).
 """
 
 from __future__ import annotations
@@ -76,16 +78,19 @@ class ShardedCollection:
 
 def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode) -> int:
     """Move one chunk's documents from donor to recipient and give it the recipient; returns how many moved."""
+    ui = Binary(sc.uuid.bytes, 4)
     if not any(c.shard == recipient.set_name for c in sc.chunks):
         donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
                                   "with no chunks for this collection"},
                           {"migrateChunkToNewShard": sc.ns, "fromShardId": donor.set_name,
-                           "toShardId": recipient.set_name},
-                          Binary(sc.uuid.bytes, 4))
+                           "toShardId": recipient.set_name}, ui, sc.ns)
     moving = [doc for _, doc in sc.documents_in(donor, chunk)]
     for doc in moving:
         recipient.insert_one(sc.ns, doc, {}, from_migrate=True)
     for doc in moving:
         donor.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
     chunk.shard = recipient.set_name
+    if not any(c.shard == donor.set_name for c in sc.chunks):
+        donor.append_noop({"msg": f"Migrate the last chunk for {sc.ns} off shard {donor.set_name}"},
+                          {"migrateLastChunkFromShard": sc.ns, "shardId": donor.set_name}, ui, sc.ns)
     return len(moving)

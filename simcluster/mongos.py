@@ -505,7 +505,7 @@ class Mongos(CommandServer):
                 shard.dbs[dbname][ns.split(".", 1)[1]] = Collection(ns.split(".", 1)[1], uuid=coll_uuid)
         o2 = {"shardCollection": ns, "shardKey": key, "unique": sc.unique, "numInitialChunks": Int64(0),
               "presplitHashedZones": False}
-        primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4))
+        primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4), ns)
         return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
 
     async def cmd_split(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

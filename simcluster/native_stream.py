@@ -123,6 +123,7 @@ class NativeStream:
     def _transformer(self) -> OplogTransformer:
         return OplogTransformer(show_expanded_events=bool(self.spec.get("showExpandedEvents")),
                                 show_migration_events=bool(self.spec.get("showMigrationEvents")),
+                                show_system_events=bool(self.spec.get("showSystemEvents")),
                                 token_version=self.version)
 
     def _poll(self) -> list[ChangeEvent]:

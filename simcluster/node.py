@@ -850,8 +850,10 @@ class ShardNode(CommandServer):
         self.oplog.append({"op": "n", "ns": "", "o": data})
         return {}
 
-    def append_noop(self, o: dict[str, Any], o2: dict[str, Any] | None = None, ui: Any = None) -> Timestamp:
-        entry: dict[str, Any] = {"op": "n", "ns": "", "o": o}
+    def append_noop(self, o: dict[str, Any], o2: dict[str, Any] | None = None, ui: Any = None,
+                    ns: str = "") -> Timestamp:
+        """A noop entry; sharding's notices for change streams name their collection (`ns`, `ui`)."""
+        entry: dict[str, Any] = {"op": "n", "ns": ns, "o": o}
         if ui is not None:
             entry["ui"] = ui
         if o2 is not None:

@@ -11,7 +11,7 @@ import struct
 
 import bson
 import pytest
-from bson import Int64
+from bson import Int64, MinKey
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
@@ -495,6 +495,7 @@ async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_b
 async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
     def work():
         c = client(cluster.uri)
+        start = c.admin.command("ping")["operationTime"]
         c.admin.command("shardCollection", "mr.c", key={"k": 1})
         c.mr.c.insert_many([{"_id": i, "k": i} for i in range(10)])
         sc = cluster.mongos.sharded["mr.c"]
@@ -509,5 +510,44 @@ async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
             assert err.value.code == 72  # InvalidOptions
         c.admin.command("moveRange", "mr.c", toShard=other, min={"k": 6})  # less than a chunk size: all of it
         assert sorted(d["k"] for d in client(cluster.shard_uri(other)).mr.c.find()) == [3, 4, 5, 6, 7, 8, 9]
-        assert c.mr.c.count_documents({}) == 10
+        c.admin.command("moveRange", "mr.c", toShard=other, min={"k": MinKey()})  # home's last chunk
+        assert c.mr.c.count_documents({}) == 10 and {ch.shard for ch in sc.chunks} == {other}
+        # The donor's notice, an event only with showSystemEvents and showExpandedEvents.
+        spec = {"startAtOperationTime": start, "showExpandedEvents": True}
+        end = c.admin.command("ping")["operationTime"]
+        c.admin.command("appendOplogNote", data={"test": "end"})  # every shard past the moves
+        for system, seen in ((False, []), (True, [{"shardId": home}])):
+            cursor = c.mr.command("aggregate", "c", cursor={}, pipeline=[
+                {"$changeStream": {**spec, "showSystemEvents": system}},
+                {"$match": {"operationType": {"$nin": ["insert", "create", "shardCollection"]}}}])["cursor"]
+            batch = cursor["firstBatch"]
+            while decode_token(cursor["postBatchResumeToken"]).cluster_time < end:
+                cursor = c.mr.command("getMore", cursor["id"], collection="c", maxTimeMS=100)["cursor"]
+                batch += cursor["nextBatch"]
+            assert [e["operationDescription"] for e in batch] == seen
+            assert all(e["operationType"] == "migrateLastChunkFromShard" and e["ns"] == {"db": "mr", "coll": "c"}
+                       for e in batch)
+    await sync(work)
+
+
+async def test_the_balancer_does_not_move_a_collection_a_transaction_holds_writes_to(cluster):
+    def work():
+        c = client(cluster.uri)
+        admin = c.admin
+        admin.command("configureFailPoint", "overrideBalanceRoundInterval", mode="alwaysOn", data={"intervalMs": 20})
+        admin.command("balancerStop")
+        admin.command("shardCollection", "tx.c", key={"k": 1})
+        admin.command("configureCollectionBalancing", "tx.c", chunkSize=1)
+        c.tx.c.insert_many([{"_id": i, "k": i, "pad": "x" * 10_000} for i in range(400)])
+        with c.start_session() as s:
+            s.start_transaction()
+            c.tx.c.insert_one({"_id": "t", "k": -1}, session=s)
+            admin.command("balancerStart")
+            rounds = admin.command("balancerStatus")["numBalancerRounds"]
+            wait_until(lambda: admin.command("balancerStatus")["numBalancerRounds"] > rounds + 3, timeout=10)
+            assert len(cluster.mongos.sharded["tx.c"].chunks) == 1  # held back while the transaction is open
+            s.commit_transaction()
+        wait_until(lambda: admin.command("balancerCollectionStatus", "tx.c")["balancerCompliant"], timeout=20)
+        assert len({ch.shard for ch in cluster.mongos.sharded["tx.c"].chunks}) > 1
+        assert c.tx.c.count_documents({}) == 401
     await sync(work)
