@@ -359,17 +359,14 @@ class OplogTransformer:
     def _noop(self, doc: RawBSONDocument) -> list[ChangeEvent]:
         o2 = doc.get("o2")
         o = doc.get("o")
-        if o2 is not None and "shardCollection" in o2 and self.show_expanded_events and not self.ddl_notes:
-            ns = o2["shardCollection"]
-            desc = {k: v for k, v in _plain(o2).items() if k != "shardCollection"}
-            db, coll = _split_ns(ns)
-            return [self._ddl_event("shardCollection", db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc)]
-        if o2 is not None and "migrateLastChunkFromShard" in o2 and self.show_expanded_events \
-                and self.show_system_events:
-            db, coll = _split_ns(o2["migrateLastChunkFromShard"])
-            desc = {k: v for k, v in _plain(o2).items() if k != "migrateLastChunkFromShard"}
-            return [self._ddl_event("migrateLastChunkFromShard", db, coll, doc["ts"], doc.get("wall"), doc.get("ui"),
-                                    desc)]
+        # Sharding's notices: {<event name>: "db.c", ...} in o2, the rest its operationDescription.
+        if o2 is not None and self.show_expanded_events:
+            for kind, shown in (("shardCollection", not self.ddl_notes),
+                                ("migrateLastChunkFromShard", self.show_system_events)):
+                if kind in o2 and shown:
+                    db, coll = _split_ns(o2[kind])
+                    desc = {k: v for k, v in _plain(o2).items() if k != kind}
+                    return [self._ddl_event(kind, db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc)]
         if self.ddl_notes and self.show_expanded_events and o is not None and PCS_NOTE_KEY in o:
             note = _plain(o)[PCS_NOTE_KEY]
             db, coll = _split_ns(note["ns"])
