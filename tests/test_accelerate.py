@@ -4,6 +4,7 @@ yields the events and tokens mongos yields; what the engine cannot reproduce pas
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,10 +21,12 @@ from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
 
-def _collect(stream: Any, until: Any) -> list[dict[str, Any]]:
+def _collect(stream: Any, until: Any, timeout: float = 120) -> list[dict[str, Any]]:
     """Events up to and including the first one for which `until(event)` holds."""
     out = []
+    deadline = time.monotonic() + timeout
     while True:
+        assert time.monotonic() < deadline, f"no closing event in {timeout} s ({len(out)} events read)"
         ev = stream.try_next()
         if ev is not None:
             out.append(ev)

@@ -102,11 +102,8 @@ def native_stream(c: Any, start: Timestamp, end_key: bytes) -> list[RawBSONDocum
     reply = c.admin.command({"aggregate": 1, "cursor": {}, "pipeline": [{"$changeStream": {
         "allChangesForCluster": True, "showExpandedEvents": True, "startAtOperationTime": start}}]},
         codec_options=RAW)
-    events, cursor = list(reply["cursor"]["firstBatch"]), reply["cursor"]
-    while key(cursor["postBatchResumeToken"]) < end_key:
-        cursor = c.admin.command({"getMore": cursor["id"], "collection": "$cmd.aggregate", "maxTimeMS": 300},
-                                 codec_options=RAW)["cursor"]
-        events += cursor["nextBatch"]
+    events = list(reply["cursor"]["firstBatch"]) + drain(c, reply["cursor"]["id"], end_key,
+                                                          collection="$cmd.aggregate")
     return [e for e in events if key(e["_id"]) <= end_key]
 
 
@@ -121,13 +118,14 @@ def reference(cluster: Any, start: Timestamp, end_key: bytes) -> list[bytes]:
     return sorted(keys)
 
 
-def drain(c: Any, cursor_id: int, end_key: bytes, timeout: float = 30) -> list[RawBSONDocument]:
-    """getMore on one bucket until its postBatchResumeToken passes end_key."""
+def drain(c: Any, cursor_id: int, end_key: bytes, timeout: float = 30, *, db: str = "admin",
+          collection: str = NS) -> list[RawBSONDocument]:
+    """getMore on one bucket (or another change stream cursor) until its postBatchResumeToken passes end_key."""
     out: list[RawBSONDocument] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = c.admin.command({"getMore": cursor_id, "collection": NS, "maxTimeMS": 300},
-                            codec_options=RAW)
+        r = c[db].command({"getMore": cursor_id, "collection": collection, "maxTimeMS": 300},
+                          codec_options=RAW)
         out += list(r["cursor"]["nextBatch"])
         if key(r["cursor"]["postBatchResumeToken"]) >= end_key:
             return out

@@ -16,8 +16,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from mongoformats.change_events import RAW, OplogTransformer
-from mongoformats.resume_token import decode_token
+from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from tests.conftest import client, sync, wait_until
+from tests.test_accelerate import _collect
+from tests.test_engine import drain
 
 STRIP = ("ts", "t", "v", "wall", "ui", "lsid", "txnNumber", "stmtId", "prevOpTime")
 
@@ -483,11 +485,7 @@ async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_b
         c.bal.c.insert_one({"_id": "end", "k": 10_000})
         admin.command("appendOplogNote", data={"test": "end"})  # every shard past the end: no wait for idle ones
         stream = c.bal.c.watch(start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=100)
-        events = []
-        while not events or events[-1].get("documentKey", {}).get("_id") != "end":
-            ev = stream.try_next()
-            if ev is not None:
-                events.append(ev)
+        events = _collect(stream, lambda ev: ev.get("documentKey", {}).get("_id") == "end")
         assert [e["operationType"] for e in events] == ["create", "shardCollection"] + ["insert"] * 501
     await sync(work)
 
@@ -520,12 +518,10 @@ async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
             cursor = c.mr.command("aggregate", "c", cursor={}, pipeline=[
                 {"$changeStream": {**spec, "showSystemEvents": system}},
                 {"$match": {"operationType": {"$nin": ["insert", "create", "shardCollection"]}}}])["cursor"]
-            batch = cursor["firstBatch"]
-            while decode_token(cursor["postBatchResumeToken"]).cluster_time < end:
-                cursor = c.mr.command("getMore", cursor["id"], collection="c", maxTimeMS=100)["cursor"]
-                batch += cursor["nextBatch"]
-            assert [e["operationDescription"] for e in batch] == seen
-            assert all(e["operationType"] == "migrateLastChunkFromShard" and e["ns"] == {"db": "mr", "coll": "c"}
+            batch = cursor["firstBatch"] + drain(c, cursor["id"], token_sort_key(high_water_mark(end)), db="mr",
+                                                 collection="c")
+            assert [dict(e["operationDescription"]) for e in batch] == seen
+            assert all(e["operationType"] == "migrateLastChunkFromShard" and dict(e["ns"]) == {"db": "mr", "coll": "c"}
                        for e in batch)
     await sync(work)
 
