@@ -13,8 +13,11 @@ The rules, from the server's source (read for facts only):
 - migration_source_manager.cpp `computeOtherBound` with `autoSplitVector`: the donor ends the range
   where about one chunk size of documents (by average size) has been counted, at a new key value;
   a chunk smaller than that moves whole.
-- The chunk size is 128 MB unless `configureCollectionBalancing` gives a collection its own (1 to
-  1024 MB); at the default nothing moves until shards differ by 384 MB.
+- The chunk size is config.settings' `chunksize` (MB; 128 when absent or not in 1..1024), unless
+  `configureCollectionBalancing` gives a collection its own (1 to 1024 MB); at 128 MB nothing
+  moves until shards differ by 384 MB.
+- On or off is config.settings' `balancer` document (`mode`, or the legacy `stopped`), which
+  balancerStart and balancerStop write; a round reads it, so a write to the document also counts.
 
 A migration does not start while a transaction holds writes to the collection on some shard (the
 server's critical section waits for such transactions), nor while a shard has no primary.
@@ -29,7 +32,7 @@ import trio
 from bson import Int64
 
 from mongoformats.mql import compare
-from simcluster.chunks import Chunk, ShardedCollection, migrate
+from simcluster.chunks import Chunk, ShardedCollection
 
 if TYPE_CHECKING:
     from simcluster.mongos import Mongos
@@ -43,24 +46,28 @@ SHORT_ROUND_S = 1.0
 class Balancer:
     def __init__(self, mongos: Mongos) -> None:
         self.mongos = mongos
-        self.mode = "full"  # balancerStart / balancerStop: "full" | "off"
         self.rounds = 0
         self.migrations = 0
         self._wake = trio.Event()
 
     def status(self) -> dict[str, Any]:
         # Rounds run without yielding to other tasks, so no command ever sees one in progress.
-        return {"mode": self.mode, "inBalancerRound": False, "numBalancerRounds": Int64(self.rounds)}
+        return {"mode": self.mongos.config.balancer_mode(), "inBalancerRound": False,
+                "numBalancerRounds": Int64(self.rounds)}
 
-    def set_mode(self, mode: str) -> None:
-        """balancerStart / balancerStop; like the server's notice of changed balancer settings, it
+    def wake(self) -> None:
+        """balancerStart / balancerStop: like the server's notice of changed balancer settings, it
         cuts the pause short, so a fail point set before it takes effect at once."""
-        self.mode = mode
         self._wake.set()
+
+    def chunk_bytes(self, sc: ShardedCollection) -> int:
+        """The collection's chunk size, else the cluster's setting, else 128 MB."""
+        cluster_mb = self.mongos.config.chunk_size_mb()
+        return sc.chunk_bytes or (cluster_mb << 20 if cluster_mb else DEFAULT_CHUNK_BYTES)
 
     async def run(self) -> None:
         while True:
-            moved = self.round() if self.mode == "full" else 0
+            moved = self.round() if self.mongos.config.balancer_mode() == "full" else 0
             self._wake = trio.Event()
             with trio.move_on_after(self._pause(moved)):
                 await self._wake.wait()
@@ -83,12 +90,12 @@ class Balancer:
             sc = self.mongos.sharded[ns]
             if self._in_transaction(ns):
                 continue
-            for chunk, to in plan_migrations(sc, self.data_sizes(sc), chunk_bytes(sc), available):
-                donor = self.mongos.shards[chunk.shard]
-                end = range_end(sc, donor, chunk, chunk_bytes(sc))
+            size = self.chunk_bytes(sc)
+            for chunk, to in plan_migrations(sc, self.data_sizes(sc), size, available):
+                end = range_end(sc, self.mongos.shards[chunk.shard], chunk, size)
                 if end is not None:
                     sc.split(chunk, end)
-                migrate(sc, chunk, donor, self.mongos.shards[to])
+                self.mongos.migrate(sc, chunk, self.mongos.shards[to])
                 moved += 1
         self.migrations += moved
         return moved
@@ -98,16 +105,12 @@ class Balancer:
         sizes = {}
         for sid, shard in sorted(self.mongos.shards.items()):
             coll = shard.coll(sc.ns)
-            sizes[sid] = sum(len(bson.encode(doc)) for doc in coll.docs.values()) if coll is not None else 0
+            sizes[sid] = coll.data_size() if coll is not None else 0
         return sizes
 
     def _in_transaction(self, ns: str) -> bool:
         return any(txn.state in ("open", "prepared") and any(op.get("ns") == ns for op in txn.ops)
                    for shard in self.mongos.shards.values() for txn in shard.transactions.txns.values())
-
-
-def chunk_bytes(sc: ShardedCollection) -> int:
-    return sc.chunk_bytes or DEFAULT_CHUNK_BYTES
 
 
 def plan_migrations(sc: ShardedCollection, sizes: dict[str, int], max_bytes: int,

@@ -12,11 +12,12 @@ migration_util.cpp writes them (shared/reference/mongodb-formats.md C.7).
 
 from __future__ import annotations
 
+import datetime
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bson import Binary, MaxKey, MinKey
+from bson import Binary, MaxKey, MinKey, ObjectId, Timestamp
 
 from mongoformats.hashed_key import hashed_value
 from mongoformats.mql import compare, get_path, sort_key
@@ -30,6 +31,11 @@ class Chunk:
     min: Any
     max: Any
     shard: str
+    # config.chunks' bookkeeping: the chunk version (major, minor) that routers compare, and the
+    # shards it has been on, newest first, each from when (`history` [{validAfter, shard}]).
+    version: tuple[int, int] = (1, 0)
+    history: list[tuple[Timestamp, str]] = field(default_factory=list)
+    id: ObjectId = field(default_factory=ObjectId)
 
     def holds(self, point: Any) -> bool:
         """min <= point < max, MinKey and MaxKey being open ends."""
@@ -46,6 +52,11 @@ class ShardedCollection:
     chunks: list[Chunk] = field(default_factory=list)
     # configureCollectionBalancing's chunkSize, in bytes; None: the cluster's (config.settings chunksize).
     chunk_bytes: int | None = None
+    # config.collections' incarnation fields: set when the collection is sharded, never changed here
+    # (they change on drop and re-create, or a refined shard key).
+    timestamp: Timestamp = field(default_factory=lambda: Timestamp(0, 0))
+    epoch: ObjectId = field(default_factory=ObjectId)
+    sharded_at: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
 
     @property
     def hashed(self) -> bool:
@@ -63,11 +74,20 @@ class ShardedCollection:
     def owner(self, point: Any) -> str:
         return self.chunk_at(point).shard
 
+    @property
+    def version(self) -> tuple[int, int]:
+        """The collection version: the highest of its chunks' versions."""
+        return max(c.version for c in self.chunks)
+
     def split(self, chunk: Chunk, point: Any) -> Chunk:
-        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the upper half."""
-        upper = Chunk(point, chunk.max, chunk.shard)
+        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the upper half.
+
+        As the config server commits a split, both halves take the next minor versions of the
+        collection version; the lower half keeps the chunk's identity."""
+        major, minor = self.version
+        upper = Chunk(point, chunk.max, chunk.shard, (major, minor + 2), list(chunk.history))
         self.chunks.insert(self.chunks.index(chunk) + 1, upper)
-        chunk.max = point
+        chunk.max, chunk.version = point, (major, minor + 1)
         return upper
 
     def documents_in(self, shard: ShardNode, chunk: Chunk) -> list[tuple[Any, dict[str, Any]]]:
@@ -77,7 +97,11 @@ class ShardedCollection:
 
 
 def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode) -> int:
-    """Move one chunk's documents from donor to recipient and give it the recipient; returns how many moved."""
+    """Move one chunk's documents from donor to recipient and give it the recipient; returns how many moved.
+
+    The commit bumps the collection's major version: the moved chunk takes (major + 1, 0) and, if
+    the donor keeps any chunk, its first one takes (major + 1, 1), so the donor's shard version
+    changes too (commitChunkMigration's "control chunk")."""
     ui = Binary(sc.uuid.bytes, 4)
     if not any(c.shard == recipient.set_name for c in sc.chunks):
         donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
@@ -89,8 +113,13 @@ def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: Sh
         recipient.insert_one(sc.ns, doc, {}, from_migrate=True)
     for doc in moving:
         donor.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
-    chunk.shard = recipient.set_name
-    if not any(c.shard == donor.set_name for c in sc.chunks):
+    major = sc.version[0] + 1
+    chunk.shard, chunk.version = recipient.set_name, (major, 0)
+    chunk.history.insert(0, (donor.clock.now(), recipient.set_name))
+    control = next((c for c in sc.chunks if c.shard == donor.set_name), None)
+    if control is not None:
+        control.version = (major, 1)
+    else:
         donor.append_noop({"msg": f"Migrate the last chunk for {sc.ns} off shard {donor.set_name}"},
                           {"migrateLastChunkFromShard": sc.ns, "shardId": donor.set_name}, ui, sc.ns)
     return len(moving)

@@ -7,6 +7,7 @@ filter pins the whole shard key go to one shard, the rest are scatter-gather.
 
 from __future__ import annotations
 
+import datetime
 import uuid as uuidlib
 from typing import Any
 
@@ -16,8 +17,9 @@ from mongoformats.errors import MongoError, has_category
 from mongoformats.hashed_key import hashed_value
 from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
-from simcluster.balancer import Balancer, chunk_bytes, plan_migrations, range_end
+from simcluster.balancer import Balancer, plan_migrations, range_end
 from simcluster.chunks import Chunk, ShardedCollection, migrate
+from simcluster.config_server import CONFIG_DATABASES, ConfigServer, bound_doc
 from simcluster.cursors import Cursor
 from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
@@ -41,6 +43,10 @@ class Mongos(CommandServer):
         started = clock.tick()
         self.topology_times: dict[str, Timestamp] = dict.fromkeys(replsets, started)
         self.db_primary: dict[str, str] = {}
+        # Each database's version (config.databases `version`: uuid, timestamp), set with its primary.
+        self.db_versions: dict[str, tuple[uuidlib.UUID, Timestamp]] = {}
+        self.started_at = datetime.datetime.now(datetime.UTC)
+        self.config = ConfigServer(clock, host, version=version)
         self.sharded: dict[str, ShardedCollection] = {}
         self._next_primary = 0
         self.commands.update({
@@ -173,6 +179,8 @@ class Mongos(CommandServer):
     # -- metadata ----------------------------------------------------------------------------------
 
     def primary_of(self, db: str) -> ShardNode:
+        if db in CONFIG_DATABASES:
+            return self.config.node
         sid = self.db_primary.get(db)
         if sid is None:
             # Real mongos puts a new database on the shard with the least data; round-robin here
@@ -181,6 +189,7 @@ class Mongos(CommandServer):
             sid = ids[self._next_primary % len(ids)]
             self._next_primary += 1
             self.db_primary[db] = sid
+            self.db_versions[db] = (uuidlib.uuid4(), self.clock.tick())
         return self.shards[sid]
 
     def owners(self, ns: str) -> list[ShardNode]:
@@ -209,6 +218,7 @@ class Mongos(CommandServer):
 
     async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['insert']}"
+        self.config.check_write(ns)
         if ns not in self.sharded:  # every document goes to the database's primary shard
             primary = self.primary_of(db)
             return q.run_inserts(ns, cmd, lambda doc: primary)
@@ -216,6 +226,7 @@ class Mongos(CommandServer):
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['update']}"
+        self.config.check_write(ns)
         return q.run_updates(cmd, lambda i, spec: self._route_update(ns, cmd, i, spec))
 
     def _route_update(self, ns: str, cmd: dict[str, Any], i: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +253,7 @@ class Mongos(CommandServer):
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['delete']}"
+        self.config.check_write(ns)
         n = 0
         for i, spec in enumerate(cmd.get("deletes", [])):
             limit = spec.get("limit", 0)
@@ -254,6 +266,7 @@ class Mongos(CommandServer):
 
     async def cmd_find_and_modify(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['findAndModify']}"
+        self.config.check_write(ns)
         shards = self.target(ns, cmd.get("query", {}))
         for shard in shards:
             if shard.select(ns, cmd.get("query", {}), limit=1):
@@ -267,6 +280,9 @@ class Mongos(CommandServer):
     # -- reads -------------------------------------------------------------------------------------
 
     def gather(self, ns: str, filt: dict[str, Any]) -> list[dict[str, Any]]:
+        catalog = self.config.catalog(self, ns)
+        if catalog is not None:
+            return [doc for doc in catalog if q.matches(doc, filt)]
         out: list[dict[str, Any]] = []
         for shard in self.target(ns, filt):
             out += shard.select(ns, filt)
@@ -309,10 +325,31 @@ class Mongos(CommandServer):
 
             return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup, topology)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
-        first_match = pipeline[0].get("$match", {}) if pipeline else {}
-        docs = self.gather(ns, first_match) if isinstance(coll, str) else []
+        if pipeline and "$shardedDataDistribution" in pipeline[0]:
+            if db != "admin" or coll != 1:
+                raise MongoError("InvalidNamespace", "The $shardedDataDistribution stage can only be run on "
+                                                     "the admin database with {aggregate: 1}")
+            docs, pipeline = self.sharded_data_distribution(), pipeline[1:]
+        else:
+            first_match = pipeline[0].get("$match", {}) if pipeline else {}
+            docs = self.gather(ns, first_match) if isinstance(coll, str) else []
         out = run_pipeline(docs, pipeline)
         return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
+
+    def sharded_data_distribution(self) -> list[dict[str, Any]]:
+        """$shardedDataDistribution (6.0.3+): per sharded collection, each shard holding it with its
+        documents and their BSON bytes. A migration here deletes its range at once, so nothing is
+        ever orphaned."""
+        out = []
+        for ns, _ in sorted(self.sharded.items()):
+            shards = []
+            for sid, shard in sorted(self.shards.items()):
+                coll = shard.coll(ns)
+                if coll is not None:
+                    shards.append({"shardName": sid, "numOrphanedDocs": 0, "numOwnedDocuments": len(coll.docs),
+                                   "ownedSizeBytes": coll.data_size(), "orphanedSizeBytes": 0})
+            out.append({"ns": ns, "shards": shards})
+        return out
 
     # -- DDL ---------------------------------------------------------------------------------------
 
@@ -349,6 +386,7 @@ class Mongos(CommandServer):
         for ns in [n for n in self.sharded if n.startswith(db + ".")]:
             del self.sharded[ns]
         self.db_primary.pop(db, None)
+        self.db_versions.pop(db, None)
         return {"dropped": db}
 
     async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -359,7 +397,7 @@ class Mongos(CommandServer):
         return await self.primary_of(src.split(".", 1)[0]).cmd_rename(db, cmd, req)
 
     async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        names = sorted({n for s in self.shards.values() for n in s.dbs})
+        names = sorted({n for s in [self.config.node, *self.shards.values()] for n in s.dbs})
         dbs = [{"name": n, "sizeOnDisk": Int64(4096), "empty": False} for n in names]
         if cmd.get("nameOnly"):
             dbs = [{"name": n} for n in names]
@@ -391,8 +429,12 @@ class Mongos(CommandServer):
     async def cmd_list_shards(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if db != "admin":
             raise MongoError("Unauthorized", "listShards may only be run against the admin database.")
-        return {"shards": [{"_id": sid, "host": f"{rs.set_name}/{','.join(rs.hosts)}", "state": 1,
-                            "topologyTime": self.topology_times[sid]} for sid, rs in sorted(self.replsets.items())]}
+        return {"shards": self.shard_docs()}
+
+    def shard_docs(self) -> list[dict[str, Any]]:
+        """config.shards, which listShards returns as it is (ShardType)."""
+        return [{"_id": sid, "host": f"{rs.set_name}/{','.join(rs.hosts)}", "state": 1,
+                 "topologyTime": self.topology_times[sid]} for sid, rs in sorted(self.replsets.items())]
 
     async def cmd_add_shard(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """`{addShard: "<set>/<host:port>,...", name?}`: the set must be running (one of the
@@ -438,12 +480,23 @@ class Mongos(CommandServer):
         return self.balancer.status()
 
     async def cmd_balancer_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        self.balancer.set_mode("full")
+        self.config.set_balancer_mode("full")
+        self.balancer.wake()
         return {}
 
     async def cmd_balancer_stop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        self.balancer.set_mode("off")  # a round never spans a yield, so none is left running
+        self.config.set_balancer_mode("off")  # a round never spans a yield, so none is left running
+        self.balancer.wake()
         return {}
+
+    def migrate(self, sc: ShardedCollection, chunk: Chunk, recipient: ShardNode) -> None:
+        """Move a chunk (moveChunk, moveRange, the balancer) and log it in config.changelog."""
+        donor = self.shards[chunk.shard]
+        lo, hi = chunk.min, chunk.max
+        migrate(sc, chunk, donor, recipient)
+        self.config.log_change(self, "moveChunk.from", sc.ns, {
+            "min": bound_doc(sc, lo), "max": bound_doc(sc, hi), "from": donor.set_name, "to": recipient.set_name,
+            "note": "success"}, shard=donor.set_name)
 
     def _sharded(self, ns: Any) -> ShardedCollection:
         sc = self.sharded.get(ns) if isinstance(ns, str) else None
@@ -465,8 +518,9 @@ class Mongos(CommandServer):
 
     async def cmd_balancer_collection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         sc = self._sharded(cmd["balancerCollectionStatus"])
-        reply: dict[str, Any] = {"chunkSize": chunk_bytes(sc) / (1 << 20), "balancerCompliant": True}
-        if plan_migrations(sc, self.balancer.data_sizes(sc), chunk_bytes(sc), set(self.replsets)):
+        size = self.balancer.chunk_bytes(sc)
+        reply: dict[str, Any] = {"chunkSize": size / (1 << 20), "balancerCompliant": True}
+        if plan_migrations(sc, self.balancer.data_sizes(sc), size, set(self.replsets)):
             reply.update(balancerCompliant=False, firstComplianceViolation="chunksImbalance")
         return reply
 
@@ -483,15 +537,18 @@ class Mongos(CommandServer):
         coll_uuid = existing.uuid if existing else uuidlib.uuid4()
         if existing is None:
             primary._create(dbname, ns.split(".", 1)[1], {}, coll_uuid)
-        sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")))
+        created = self.clock.tick()
+        sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")), timestamp=created)
         ids = sorted(self.shards)
         if sc.hashed and (existing is None or not existing.docs):
             # An empty hashed collection starts with one chunk per shard (7.0 default).
             step = 2**64 // len(ids)
             bounds = [MinKey()] + [Int64(-(2**63) + step * i) for i in range(1, len(ids))] + [MaxKey()]
-            sc.chunks = [Chunk(bounds[i], bounds[i + 1], ids[i]) for i in range(len(ids))]
+            owners = ids
         else:
-            sc.chunks = [Chunk(MinKey(), MaxKey(), primary.set_name)]
+            bounds, owners = [MinKey(), MaxKey()], [primary.set_name]
+        # Versions 1|0, 1|1, ... in key order; each chunk on its first shard since the collection's timestamp.
+        sc.chunks = [Chunk(bounds[i], bounds[i + 1], sid, (1, i), [(created, sid)]) for i, sid in enumerate(owners)]
         self.sharded[ns] = sc
         for sid in ids:
             shard = self.shards[sid]
@@ -548,7 +605,7 @@ class Mongos(CommandServer):
                 raise MongoError("InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}")
             chunk = starting[0]
         if chunk.shard != recipient.set_name:
-            migrate(sc, chunk, self.shards[chunk.shard], recipient)
+            self.migrate(sc, chunk, recipient)
         return {"millis": 0}
 
     async def cmd_move_range(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -570,11 +627,11 @@ class Mongos(CommandServer):
             chunk = sc.split(chunk, lo)
         donor = self.shards[chunk.shard]
         if hi is None:
-            hi = range_end(sc, donor, chunk, chunk_bytes(sc))
+            hi = range_end(sc, donor, chunk, self.balancer.chunk_bytes(sc))
         elif q.compare(hi, chunk.max) == 0:
             hi = None
         if hi is not None:
             sc.split(chunk, hi)
         if chunk.shard != recipient.set_name:
-            migrate(sc, chunk, donor, recipient)
+            self.migrate(sc, chunk, recipient)
         return {}

@@ -369,8 +369,13 @@ class CommandServer:
         req.user = None
         return {}
 
+    @property
+    def full_version(self) -> str:
+        """The release this process reports (buildInfo's `version`) for its feature version."""
+        return {"7.0": "7.0.14", "8.0": "8.0.4", "6.0": "6.0.19", "5.0": "5.0.30"}[self.version]
+
     async def cmd_build_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        full = {"7.0": "7.0.14", "8.0": "8.0.4", "6.0": "6.0.19", "5.0": "5.0.30"}[self.version]
+        full = self.full_version
         parts = [int(p) for p in full.split(".")] + [0]
         return {"version": full, "gitVersion": "simcluster", "modules": [], "allocator": "system",
                 "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": parts,

@@ -81,6 +81,10 @@ class Collection:
             cached = self.__dict__["_ui"] = (self.uuid, Binary(self.uuid.bytes, 4))
         return cached[1]
 
+    def data_size(self) -> int:
+        """The BSON bytes of its documents (collStats' `size`)."""
+        return sum(len(bson.encode(doc)) for doc in self.docs.values())
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(list(self.docs.values()))
 

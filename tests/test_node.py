@@ -104,3 +104,20 @@ async def test_node_driver_and_mongosh_directly_against_a_shard_replica_set():
             out = await _run(str(MONGOSH), uri, "--quiet", "--norc", "--eval", script)
             line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
             assert json.loads(line) == {"n": 1, "ix": 2, "set": "shard0"}
+
+
+@pytest.mark.skipif(not MONGOSH.exists(), reason="mongosh is not installed")
+async def test_mongosh_sharding_helpers_through_the_proxy(cluster, proxy):
+    """sh.status(), sh.getBalancerState() and the balancer helpers read the config database;
+    through the proxy (pass-through) they see the simulator's catalog as they would a server's."""
+    out = await _run(str(MONGOSH), proxy_uri(proxy), "--quiet", "--norc", "--file",
+                     str(ROOT / "tests" / "node" / "sharding.js"))
+    got = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    home = cluster.mongos.sharded["shst.c"].chunks[0].shard
+    other = next(sid for sid in sorted(cluster.replsets) if sid != home)
+    assert (got["stopped"], got["started"], got["shards"]) == (False, True, len(cluster.replsets))
+    assert got["balancer"]["Currently enabled"] == "yes"
+    assert got["balancer"]["Migration Results for the last 24 hours"] == {"1": "Success"}
+    assert got["chunks"] == [[True, home], [True, other]]
+    assert sorted(map(tuple, (m.values() for m in got["chunkMetadata"]))) == sorted([(home, 1), (other, 1)])
+    assert dict(got["distribution"])[home] == dict(got["distribution"])[other] == 10

@@ -11,7 +11,7 @@ import struct
 
 import bson
 import pytest
-from bson import Int64, MinKey
+from bson import Int64, MaxKey, MinKey, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
@@ -546,4 +546,76 @@ async def test_the_balancer_does_not_move_a_collection_a_transaction_holds_write
         wait_until(lambda: admin.command("balancerCollectionStatus", "tx.c")["balancerCompliant"], timeout=20)
         assert len({ch.shard for ch in cluster.mongos.sharded["tx.c"].chunks}) > 1
         assert c.tx.c.count_documents({}) == 401
+    await sync(work)
+
+
+async def test_the_config_database_is_the_routing_metadata_and_its_settings_drive_the_balancer(cluster):
+    """mongos serves the config server's catalog (simcluster/config_server.py): config.shards,
+    databases, collections and chunks are the routing table in the server's shapes, with chunk
+    versions that move as a split and a migration commit; config.settings is stored and the
+    balancer obeys it; migrations land in config.changelog; the catalog refuses writes."""
+    def work():
+        c = client(cluster.uri)
+        admin, config = c.admin, c.config
+        admin.command("configureFailPoint", "overrideBalanceRoundInterval", mode="alwaysOn", data={"intervalMs": 20})
+        admin.command("balancerStop")
+        assert config.settings.find_one({"_id": "balancer"}) == {"_id": "balancer", "mode": "off", "stopped": True}
+        assert admin.command("balancerStatus")["mode"] == "off"
+        admin.command("shardCollection", "cat.c", key={"k": 1})
+        c.cat.c.insert_many([{"_id": i, "k": i, "pad": "x" * 10_000} for i in range(600)])  # 6 MB, one shard
+
+        assert list(config.version.find_one()) == ["_id", "clusterId"]
+        assert [s["_id"] for s in config.shards.find()] == sorted(cluster.replsets)
+        assert config.shards.find_one({"_id": "shard0"}) == admin.command("listShards")["shards"][0]
+        db_doc = config.databases.find_one({"_id": "cat"})
+        assert (db_doc["primary"], list(db_doc["version"])) == (cluster.mongos.db_primary["cat"],
+                                                               ["uuid", "timestamp", "lastMod"])
+        coll = config.collections.find_one({"_id": "cat.c"})
+        assert list(coll) == ["_id", "lastmodEpoch", "lastmod", "timestamp", "uuid", "key", "unique", "noBalance"]
+        uuid = next(c.cat.list_collections())["info"]["uuid"]
+        assert (coll["key"], coll["unique"], coll["uuid"]) == ({"k": 1}, False, uuid)
+        [chunk] = list(config.chunks.find({"uuid": coll["uuid"]}))
+        assert (chunk["min"], chunk["max"], chunk["lastmod"]) == ({"k": MinKey()}, {"k": MaxKey()}, Timestamp(1, 0))
+        assert chunk["history"] == [{"validAfter": coll["timestamp"], "shard": chunk["shard"]}]
+
+        # A split takes the next minor versions; a migration bumps the major, the donor's chunk too.
+        home = chunk["shard"]
+        other = next(sid for sid in sorted(cluster.replsets) if sid != home)
+        admin.command("split", "cat.c", middle={"k": 100})
+        admin.command("moveChunk", "cat.c", find={"k": 0}, to=other)
+        chunks = [(ch["min"]["k"], ch["shard"], ch["lastmod"]) for ch in config.chunks.find({"uuid": coll["uuid"]})]
+        assert chunks == [(MinKey(), other, Timestamp(2, 0)), (100, home, Timestamp(2, 1))]
+        moved = config.chunks.find_one({"uuid": coll["uuid"], "shard": other})
+        assert [h["shard"] for h in moved["history"]] == [other, home]
+        assert moved["onCurrentShardSince"] == moved["history"][0]["validAfter"]
+        [log] = list(config.changelog.find({"what": "moveChunk.from", "ns": "cat.c"}))
+        assert log["details"] == {"min": {"k": MinKey()}, "max": {"k": 100}, "from": home, "to": other,
+                                  "note": "success"}
+        spread = {d["shardName"]: d["numOwnedDocuments"] for d in admin.aggregate(
+            [{"$shardedDataDistribution": {}}, {"$match": {"ns": "cat.c"}}]).next()["shards"]}
+        assert spread == {home: 500, other: 100, **{s: 0 for s in cluster.replsets if s not in (home, other)}}
+        with pytest.raises(OperationFailure) as err:
+            c.cat.command("aggregate", 1, pipeline=[{"$shardedDataDistribution": {}}], cursor={})
+        assert err.value.code == 73  # InvalidNamespace: the admin database only
+
+        # The cluster's chunk size is config.settings' chunksize (MB); out of 1..1024 it is ignored.
+        config.settings.update_one({"_id": "chunksize"}, {"$set": {"value": 2000}}, upsert=True)
+        assert admin.command("balancerCollectionStatus", "cat.c")["chunkSize"] == 128.0
+        config.settings.update_one({"_id": "chunksize"}, {"$set": {"value": 1}})
+        status = admin.command("balancerCollectionStatus", "cat.c")
+        assert (status["chunkSize"], status["balancerCompliant"]) == (1.0, False)
+        assert len(config.chunks.find({"uuid": coll["uuid"]}).distinct("shard")) == 2  # stopped: nothing moves
+        # A write to the settings document turns the balancer on, as balancerStart does.
+        config.settings.update_one({"_id": "balancer"}, {"$set": {"mode": "full", "stopped": False}})
+        wait_until(lambda: admin.command("balancerCollectionStatus", "cat.c")["balancerCompliant"], timeout=20)
+        assert len(config.chunks.find({"uuid": coll["uuid"]}).distinct("shard")) == len(cluster.replsets)
+        assert config.changelog.count_documents({"what": "moveChunk.from"}) == cluster.mongos.balancer.migrations + 1
+
+        for write in (lambda: config.chunks.delete_many({}), lambda: config.shards.insert_one({"_id": "x"}),
+                      lambda: config.collections.update_one({"_id": "cat.c"}, {"$set": {"noBalance": True}})):
+            with pytest.raises(OperationFailure) as err:
+                write()
+            assert err.value.code == 20  # IllegalOperation
+        assert c.cat.c.count_documents({}) == 600
+        assert "config" in c.list_database_names() and "cat" not in cluster.mongos.config.node.dbs
     await sync(work)
