@@ -25,7 +25,7 @@ from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
-from simcluster.transactions import TxnKey, no_such_transaction, txn_key
+from simcluster.transactions import TxnKey, killed_by, no_such_transaction, txn_key
 from simcluster.updates import apply_update
 
 
@@ -133,6 +133,12 @@ class Mongos(CommandServer):
             self.commit_decisions.pop(key, None)
             return {}
         participants = self._participants(key)
+        if any(getattr(s.transactions.txns.get(key), "state", None) == "aborted" for s in self.shards.values()):
+            # A participant already ended it (killSessions, transactionLifetimeLimitSeconds): the
+            # router, which knows every participant, aborts the rest rather than commit a part.
+            for sid in participants:
+                self.shards[sid].transactions.abort(key)
+            raise no_such_transaction(key)
         if len(participants) == 1:
             self.shards[participants[0]].transactions.commit(key)
         elif participants:
@@ -165,6 +171,17 @@ class Mongos(CommandServer):
             txn = node.transactions.open(key)
             if txn is not None and txn.state == "prepared":
                 node.transactions.commit_prepared(key, commit_ts)
+
+    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """Its own cursors, then on to every shard (cluster_kill_sessions forwards it), whose
+        unprepared transactions of those sessions end; the router forgets them too."""
+        reply = await super().cmd_kill_sessions(db, cmd, req)
+        killed = killed_by(cmd, access_control=self.users is not None)
+        for shard in self.shards.values():
+            shard.transactions.abort_unprepared(lambda key, txn: killed(key[0]))
+        for lsid in [lsid for lsid in self.txn_numbers if killed(lsid)]:
+            del self.txn_numbers[lsid]
+        return reply
 
     async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         key = txn_key(cmd)

@@ -33,7 +33,7 @@ from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
-from simcluster.transactions import TransactionTable, no_such_transaction, txn_key
+from simcluster.transactions import Transaction, TransactionTable, TxnKey, killed_by, no_such_transaction, txn_key
 from simcluster.updates import apply_update, pipeline_entry, replaced_by_pipeline, update_with_entry
 
 log = logging.getLogger("simcluster")
@@ -147,6 +147,9 @@ class ShardNode(CommandServer):
     default) is the primary of a set of one.
     """
 
+    runtime_parameters = {"periodicNoopIntervalSecs": "periodic_noop_interval_s",
+                          "transactionLifetimeLimitSeconds": "transaction_lifetime_s"}
+
     def __init__(self, clock: ClusterClock, host: str, port: int, set_name: str, *, version: str = "7.0",
                  oplog_bytes: int = 1 << 30, initiate: bool = True) -> None:
         super().__init__(clock, host, port, version=version)
@@ -180,6 +183,11 @@ class ShardNode(CommandServer):
         # periodicNoopIntervalSecs (server default 10 s): an idle primary writes a noop so that
         # change streams on mongos can move past it. Settable with setParameter.
         self.periodic_noop_interval_s = 10.0
+        # transactionLifetimeLimitSeconds (server default 60): an unprepared transaction older than
+        # this is aborted by a periodic pass, so an abandoned one frees what it holds (the
+        # balancer waits for transactions on a collection). Settable with setParameter.
+        self.transaction_lifetime_s = 60
+        self.expired_transaction_passes = 0  # serverStatus metrics.abortExpiredTransactions.passes
         self.replset: ReplicaSet  # assigned by the ReplicaSet this member joins (open_cluster builds both)
 
     @property
@@ -200,6 +208,24 @@ class ShardNode(CommandServer):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._periodic_noops)
             nursery.start_soon(self._replicate)
+            nursery.start_soon(self._abort_expired_transactions)
+
+    async def _abort_expired_transactions(self) -> None:
+        """The server's abortExpiredTransactions job: a pass every half lifetime, at most a
+        minute apart. The period is read again every quarter second, so a setParameter takes
+        effect at once, as the server's parameter hook resets the job's period."""
+        def expired(key: TxnKey, txn: Transaction) -> bool:
+            return time.monotonic() - txn.started >= self.transaction_lifetime_s
+
+        last = trio.current_time()
+        while True:
+            await trio.sleep(0.25)
+            if trio.current_time() - last < min(self.transaction_lifetime_s / 2, 60.0):
+                continue
+            last = trio.current_time()
+            if self.is_primary:
+                self.transactions.abort_unprepared(expired)
+            self.expired_transaction_passes += 1
 
     async def _periodic_noops(self) -> None:
         last_seen = self.oplog.last_key()
@@ -406,6 +432,18 @@ class ShardNode(CommandServer):
                 and name.lower() not in ("committransaction", "aborttransaction") \
                 and self.transactions.open(txn_key(cmd)) is None:
             raise no_such_transaction(txn_key(cmd))
+
+    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """Cursors, then the sessions' unprepared transactions (killSessionsAbortUnpreparedTransactions)."""
+        reply = await super().cmd_kill_sessions(db, cmd, req)
+        killed = killed_by(cmd, access_control=self.users is not None)
+        self.transactions.abort_unprepared(lambda key, txn: killed(key[0]))
+        return reply
+
+    async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        reply = await super().cmd_server_status(db, cmd, req)
+        reply["metrics"]["abortExpiredTransactions"] = {"passes": Int64(self.expired_transaction_passes)}
+        return reply
 
     async def cmd_commit_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         self.transactions.commit(txn_key(cmd))

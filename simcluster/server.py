@@ -29,6 +29,7 @@ from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
 from simcluster.authz import required_privileges
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
+from simcluster.transactions import session_id
 
 log = logging.getLogger("simcluster")
 
@@ -58,6 +59,9 @@ class CommandServer:
     """Base of mongod and mongos: subclasses add commands to `self.commands`."""
 
     process_kind = "mongod"
+    # The server parameters getParameter reports and setParameter changes at run time, each with
+    # the attribute that holds it.
+    runtime_parameters: dict[str, str] = {}
 
     def __init__(self, clock: ClusterClock, host: str, port: int, *, version: str = "7.0") -> None:
         self.clock = clock
@@ -199,7 +203,7 @@ class CommandServer:
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
             if "lsid" in cmd and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id"):
-                self.cursors.opened_in(int(cursor["id"]), _session_id(cmd["lsid"]["id"]), req.user)
+                self.cursors.opened_in(int(cursor["id"]), session_id(cmd["lsid"]["id"]), req.user)
             await self.settle(name, cmd, reply)
         except MongoError as exc:
             if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
@@ -384,8 +388,8 @@ class CommandServer:
 
     async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         params = {"featureCompatibilityVersion": {"version": self.version},
-                  "periodicNoopIntervalSecs": getattr(self, "periodic_noop_interval_s", 10),
-                  "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}}}
+                  "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
+                  **{name: getattr(self, attr) for name, attr in self.runtime_parameters.items()}}
         if cmd.get("getParameter") == "*":
             return dict(params)
         return {k: v for k, v in params.items() if k in cmd}
@@ -397,16 +401,16 @@ class CommandServer:
         for key, value in cmd.items():
             if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
                 continue
-            if key == "periodicNoopIntervalSecs" and hasattr(self, "periodic_noop_interval_s"):
-                out["was"] = getattr(self, "periodic_noop_interval_s")  # noqa: B009 (a mongod's setting only)
-                setattr(self, "periodic_noop_interval_s", float(value))  # noqa: B010
-            else:
+            attr = self.runtime_parameters.get(key)
+            if attr is None:
                 raise MongoError("InvalidOptions", f"attempted to set unrecognized parameter [{key}]")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise MongoError("BadValue", f"Invalid value for parameter {key}: {value!r} is not a positive number")
+            out["was"] = getattr(self, attr)
+            setattr(self, attr, value)
         return out
 
     async def cmd_start_session(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        import uuid
-
         return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
 
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -452,7 +456,7 @@ class CommandServer:
         name = next(iter(cmd))
         specs = cmd[name] if isinstance(cmd[name], list) else []
         if name.lower() == "killsessions":
-            ids = {_session_id(spec["id"]) for spec in specs}
+            ids = {session_id(spec["id"]) for spec in specs}
             own = self.users is not None
             self.cursors.kill_sessions(lambda c: (not ids or c.lsid in ids) and (not own or c.user == req.user))
         else:
@@ -469,11 +473,6 @@ class CommandServer:
 
 
 _CLOSE = object()
-
-
-def _session_id(value: Any) -> bytes:
-    """A session id (UUID, decoded as Binary subtype 4 or uuid.UUID) as its 16 bytes."""
-    return value.bytes if isinstance(value, uuid.UUID) else bytes(value)
 
 
 def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:

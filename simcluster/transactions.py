@@ -15,6 +15,8 @@ commit. No change stream can tell, since events come only from the committed opl
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +26,7 @@ from bson import Int64, Timestamp
 from mongoformats.errors import MongoError
 from simcluster.oplog import Oplog
 
-__all__ = ["Transaction", "TransactionTable", "TxnKey", "no_such_transaction", "txn_key"]
+__all__ = ["Transaction", "TransactionTable", "TxnKey", "killed_by", "no_such_transaction", "session_id", "txn_key"]
 
 TxnKey = tuple[bytes, int]
 
@@ -42,6 +44,25 @@ def no_such_transaction(key: TxnKey) -> MongoError:
                       "started").with_labels("TransientTransactionError")
 
 
+def session_id(value: Any) -> bytes:
+    """A session id (UUID, decoded as Binary subtype 4 or uuid.UUID) as its 16 bytes."""
+    return value.bytes if isinstance(value, uuid.UUID) else bytes(value)
+
+
+def killed_by(cmd: dict[str, Any], *, access_control: bool) -> Callable[[bytes], bool]:
+    """Which sessions (by id) a killSessions [{id}] or killAllSessions [{user, db}] ends the
+    transactions of (besides their cursors). A transaction keeps no user here, so it is ended by its session's id, or
+    by an empty list: every session, except for killSessions under access control, where an
+    empty list means the caller's own and the caller's are not known."""
+    name = next(iter(cmd))
+    specs = cmd[name] if isinstance(cmd[name], list) else []
+    if name.lower() == "killsessions" and specs:
+        ids = {session_id(spec["id"]) for spec in specs}
+        return ids.__contains__
+    everything = not specs and not (name.lower() == "killsessions" and access_control)
+    return lambda lsid: everything
+
+
 @dataclass
 class Transaction:
     lsid: dict[str, Any]
@@ -51,6 +72,8 @@ class Transaction:
     images: list[Any] = field(default_factory=list)  # per op: (collection, before, after) or None
     state: str = "open"          # open -> prepared -> committed | aborted
     prepare_ts: Timestamp | None = None
+    # When it started (time.monotonic()): it expires transactionLifetimeLimitSeconds later, unless prepared.
+    started: float = field(default_factory=time.monotonic)
     # A prepared transaction this member took over at step-up: its ops are in the oplog but not
     # applied here yet (a secondary applies them at commit); commit applies them with this.
     apply_on_commit: Callable[..., None] | None = None
@@ -165,6 +188,15 @@ class TransactionTable:
             if images is not None:
                 ts, index = where(i)
                 self.record_images(images[0], ts, images[1], images[2], index)
+
+    def abort_unprepared(self, which: Callable[[TxnKey, Transaction], bool]) -> int:
+        """Abort the open, unprepared transactions `which` picks, as killSessions and the expiry
+        of transactionLifetimeLimitSeconds do (a prepared one must wait for its coordinator's
+        decision); returns how many. Their next statement fails with NoSuchTransaction."""
+        picked = [key for key, txn in self.txns.items() if txn.state == "open" and which(key, txn)]
+        for key in picked:
+            self.abort(key)
+        return len(picked)
 
     def abort(self, key: TxnKey) -> None:
         txn = self.txns.get(key)

@@ -619,3 +619,47 @@ async def test_the_config_database_is_the_routing_metadata_and_its_settings_driv
         assert c.cat.c.count_documents({}) == 600
         assert "config" in c.list_database_names() and "cat" not in cluster.mongos.config.node.dbs
     await sync(work)
+
+
+async def test_transactions_end_when_their_lifetime_expires_or_their_session_is_killed(cluster):
+    """As on a server: an unprepared transaction older than transactionLifetimeLimitSeconds is
+    aborted by a periodic pass, and killSessions through mongos ends the sessions' transactions on
+    every shard; what they wrote is undone, and the next statement or the commit fails with
+    NoSuchTransaction, a transient transaction error."""
+    def work():
+        c = client(cluster.uri)
+        c.admin.command("shardCollection", "life.c", key={"_id": "hashed"})
+        shards = [client(cluster.shard_uri(sid)).admin for sid in sorted(cluster.replsets)]
+        assert shards[0].command("getParameter", 1, transactionLifetimeLimitSeconds=1)[
+            "transactionLifetimeLimitSeconds"] == 60
+        with pytest.raises(OperationFailure) as err:
+            shards[0].command("setParameter", 1, transactionLifetimeLimitSeconds=0)
+        assert err.value.code == 2  # BadValue
+
+        with c.start_session() as s:
+            s.start_transaction()
+            c.life.c.insert_many([{"_id": i} for i in range(20)], session=s)  # on every shard
+            assert c.life.c.count_documents({}) == 20  # (simcluster applies a transaction's writes at once)
+            c.admin.command("killSessions", [{"id": s.session_id["id"]}])
+            assert c.life.c.count_documents({}) == 0
+            with pytest.raises(OperationFailure) as err:
+                s.commit_transaction()
+            assert err.value.code == 251 and err.value.has_error_label("TransientTransactionError")
+
+        for admin in shards:
+            assert admin.command("setParameter", 1, transactionLifetimeLimitSeconds=1)["was"] == 60
+        with c.start_session() as s:
+            s.start_transaction()
+            c.life.c.insert_many([{"_id": i} for i in range(20)], session=s)
+            passes = [a.command("serverStatus")["metrics"]["abortExpiredTransactions"]["passes"] for a in shards]
+            # The third pass from now (one every half second) is a second or more after the start.
+            wait_until(lambda: all(a.command("serverStatus")["metrics"]["abortExpiredTransactions"]["passes"] >= p + 3
+                                   for a, p in zip(shards, passes, strict=True)), timeout=10)
+            with pytest.raises(OperationFailure) as err:
+                c.life.c.insert_one({"_id": "late"}, session=s)
+            assert err.value.code == 251
+            with pytest.raises(OperationFailure) as err:
+                s.commit_transaction()
+            assert err.value.code == 251
+        assert c.life.c.count_documents({}) == 0
+    await sync(work)
