@@ -6,8 +6,10 @@ an int64 (doubles truncated toward zero and saturated, NaN as 0), so 1, 1.5, Num
 alike; documents and arrays as each element's canonical type, name (with its NUL) and value, then
 the terminating EOO's type; code with scope as its code string then its scope's elements; any
 other value as its BSON value bytes. The first 8 bytes of the digest, little-endian, are the hash.
-The server's own test vectors (hasher_test.cpp) are tests/test_hashed_key.py; none was at hand for
-Decimal128, which is squashed as a double is.
+The server's own test vectors (hasher_test.cpp) are tests/test_hashed_key.py. Its squashing
+(BSONElement::safeNumberLongForHash, read for facts only) has two edges the vectors miss: the
+double 2^63 squashes to -2^63 (an old overflow kept so hashes never change), and a Decimal128 is
+rounded half to even (Decimal128::toLong's default), not truncated as a double is.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN
 from typing import Any
 
 import bson
@@ -80,15 +82,19 @@ def _as_int64(t: int, buf: bytes, p: int) -> int:
     if t == 0x12:
         return _I64.unpack_from(buf, p)[0]
     if t == 0x01:
-        number: float | Decimal = _F64.unpack_from(buf, p)[0]
-        if math.isnan(number):
+        d = _F64.unpack_from(buf, p)[0]
+        if math.isnan(d):
             return 0
-    else:
-        number = Decimal128.from_bid(bytes(buf[p:p + 16])).to_decimal()
-        if number.is_nan():
-            return 0
-    if number >= 2**63:  # +infinity too
+        if d == 2.0**63:
+            return _INT64_MIN
+        if d > 2.0**63:  # +infinity too
+            return _INT64_MAX
+        return _INT64_MIN if d < _INT64_MIN else int(d)  # toward zero
+    number = Decimal128.from_bid(bytes(buf[p:p + 16])).to_decimal()
+    if number.is_nan():
+        return 0
+    if number > _INT64_MAX:  # +infinity too
         return _INT64_MAX
     if number < _INT64_MIN:
         return _INT64_MIN
-    return int(number)  # toward zero
+    return int(number.to_integral_value(rounding=ROUND_HALF_EVEN))

@@ -1,7 +1,7 @@
 """Hashed index values: the server's hasher test vectors (hasher_test.cpp), value for value."""
 
 import pytest
-from bson import Binary, Code, Int64, MaxKey, MinKey, ObjectId, Regex
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex
 from bson.datetime_ms import DatetimeMS
 
 from mongoformats.hashed_key import hashed_value
@@ -35,3 +35,20 @@ VECTORS = [
 @pytest.mark.parametrize(("value", "want"), VECTORS)
 def test_the_servers_hash_vectors(value, want):
     assert hashed_value(value) == want
+
+
+# Numbers squash to an int64 by BSONElement::safeNumberLongForHash (bsonelement.h); the server's
+# vectors above miss its two edges, so these pairs say which int64 each value must hash as.
+SQUASHED = [
+    (2.0**63, Int64(-(2**63))),  # an overflow of old, kept: the double 2^63 hashes as -2^63
+    (float("inf"), Int64(2**63 - 1)), (float("-inf"), Int64(-(2**63))),
+    (Decimal128("42"), 42), (Decimal128("1.4"), 1), (Decimal128("1.5"), 2), (Decimal128("2.5"), 2),
+    (Decimal128("1.7"), 2), (Decimal128("-1.5"), -2), (Decimal128("-0.5"), 0),  # Decimal128::toLong: half to even
+    (Decimal128("NaN"), 0), (Decimal128("Infinity"), Int64(2**63 - 1)), (Decimal128("-Infinity"), Int64(-(2**63))),
+    (Decimal128("1E+30"), Int64(2**63 - 1)), (Decimal128("-1E+30"), Int64(-(2**63))),
+]
+
+
+@pytest.mark.parametrize(("value", "same_as"), SQUASHED)
+def test_numbers_hash_as_the_int64_they_squash_to(value, same_as):
+    assert hashed_value(value) == hashed_value(Int64(same_as))
