@@ -88,7 +88,7 @@ class Balancer:
         moved = 0
         for ns in sorted(self.mongos.sharded):
             sc = self.mongos.sharded[ns]
-            if self._in_transaction(ns):
+            if self.mongos.in_transaction(ns):
                 continue
             size = self.chunk_bytes(sc)
             for chunk, to in plan_migrations(sc, self.data_sizes(sc), size, available):
@@ -108,9 +108,6 @@ class Balancer:
             sizes[sid] = coll.data_size() if coll is not None else 0
         return sizes
 
-    def _in_transaction(self, ns: str) -> bool:
-        return any(txn.state in ("open", "prepared") and any(op.get("ns") == ns for op in txn.ops)
-                   for shard in self.mongos.shards.values() for txn in shard.transactions.txns.values())
 
 
 def plan_migrations(sc: ShardedCollection, sizes: dict[str, int], max_bytes: int,

@@ -11,6 +11,7 @@ import datetime
 import uuid as uuidlib
 from typing import Any
 
+import trio
 from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 
 from mongoformats.errors import MongoError, has_category
@@ -506,6 +507,18 @@ class Mongos(CommandServer):
         self.balancer.wake()
         return {}
 
+    def in_transaction(self, ns: str) -> bool:
+        """Whether an open or prepared transaction holds writes to `ns` on some shard."""
+        return any(txn.state in ("open", "prepared") and any(op.get("ns") == ns for op in txn.ops)
+                   for shard in self.shards.values() for txn in shard.transactions.txns.values())
+
+    async def _wait_for_transactions(self, ns: str) -> None:
+        """A migration's critical section waits for the transactions holding the collection's
+        locks; they end by commit, abort, killSessions or expiry (transactionLifetimeLimitSeconds),
+        none of which signals here, so this polls."""
+        while self.in_transaction(ns):
+            await trio.sleep(0.01)
+
     def migrate(self, sc: ShardedCollection, chunk: Chunk, recipient: ShardNode) -> None:
         """Move a chunk (moveChunk, moveRange, the balancer) and log it in config.changelog."""
         donor = self.shards[chunk.shard]
@@ -613,6 +626,7 @@ class Mongos(CommandServer):
         """`{moveChunk: ns, find: <doc> | bounds: [min, max], to}` moves the whole chunk."""
         sc = self._sharded(cmd["moveChunk"])
         recipient = self._recipient(cmd["to"])
+        await self._wait_for_transactions(sc.ns)  # then no other task runs until the move is done
         if "find" in cmd:
             chunk = sc.chunk_at(sc.key_point(cmd["find"]))
         else:
@@ -631,6 +645,7 @@ class Mongos(CommandServer):
         chunk size of documents (simcluster/balancer.py: range_end)."""
         sc = self._sharded(cmd["moveRange"])
         recipient = self._recipient(cmd.get("toShard"))
+        await self._wait_for_transactions(sc.ns)  # then no other task runs until the move is done
         if not isinstance(cmd.get("min"), dict):
             raise MongoError("InvalidOptions", "moveRange needs 'min' here (a range given by 'max' alone is "
                                                "not simulated)")

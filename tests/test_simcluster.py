@@ -6,6 +6,7 @@ server source and real transcripts each shape comes from.
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 import struct
 
@@ -542,7 +543,15 @@ async def test_the_balancer_does_not_move_a_collection_a_transaction_holds_write
             rounds = admin.command("balancerStatus")["numBalancerRounds"]
             wait_until(lambda: admin.command("balancerStatus")["numBalancerRounds"] > rounds + 3, timeout=10)
             assert len(cluster.mongos.sharded["tx.c"].chunks) == 1  # held back while the transaction is open
-            s.commit_transaction()
+            # So is an explicit moveChunk: its critical section waits for the transaction's locks.
+            home = cluster.mongos.sharded["tx.c"].chunks[0].shard
+            other = next(sid for sid in sorted(cluster.replsets) if sid != home)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                moving = pool.submit(admin.command, "moveChunk", "tx.c", find={"k": 0}, to=other)
+                with pytest.raises(concurrent.futures.TimeoutError):
+                    moving.result(timeout=0.5)
+                s.commit_transaction()
+                assert moving.result(timeout=10)["ok"] == 1
         wait_until(lambda: admin.command("balancerCollectionStatus", "tx.c")["balancerCompliant"], timeout=20)
         assert len({ch.shard for ch in cluster.mongos.sharded["tx.c"].chunks}) > 1
         assert c.tx.c.count_documents({}) == 401
