@@ -48,9 +48,6 @@ class ConfigServer:
         for name in sorted(CATALOG | {"settings", "changelog", "actionlog"}):  # what `show collections` lists
             self.node.coll(f"config.{name}", create=True)
 
-    def serves(self, ns: str) -> bool:
-        return ns.split(".", 1)[0] in CONFIG_DATABASES
-
     def catalog(self, mongos: Mongos, ns: str) -> list[dict[str, Any]] | None:
         """The documents of a catalog collection (`config.<one of CATALOG>`), or None for any other ns."""
         db, _, coll = ns.partition(".")

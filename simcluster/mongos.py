@@ -179,7 +179,7 @@ class Mongos(CommandServer):
         reply = await super().cmd_kill_sessions(db, cmd, req)
         killed = killed_by(cmd, access_control=self.users is not None)
         for shard in self.shards.values():
-            shard.transactions.abort_unprepared(lambda key, txn: killed(key[0]))
+            shard.transactions.kill_sessions(killed)
         for lsid in [lsid for lsid in self.txn_numbers if killed(lsid)]:
             del self.txn_numbers[lsid]
         return reply
@@ -645,10 +645,10 @@ class Mongos(CommandServer):
         chunk size of documents (simcluster/balancer.py: range_end)."""
         sc = self._sharded(cmd["moveRange"])
         recipient = self._recipient(cmd.get("toShard"))
-        await self._wait_for_transactions(sc.ns)  # then no other task runs until the move is done
         if not isinstance(cmd.get("min"), dict):
             raise MongoError("InvalidOptions", "moveRange needs 'min' here (a range given by 'max' alone is "
                                                "not simulated)")
+        await self._wait_for_transactions(sc.ns)  # then no other task runs until the move is done
         lo = self._bound(sc, cmd["min"])
         chunk = sc.chunk_at(lo)
         hi = self._bound(sc, cmd["max"]) if isinstance(cmd.get("max"), dict) else None

@@ -436,8 +436,7 @@ class ShardNode(CommandServer):
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """Cursors, then the sessions' unprepared transactions (killSessionsAbortUnpreparedTransactions)."""
         reply = await super().cmd_kill_sessions(db, cmd, req)
-        killed = killed_by(cmd, access_control=self.users is not None)
-        self.transactions.abort_unprepared(lambda key, txn: killed(key[0]))
+        self.transactions.kill_sessions(killed_by(cmd, access_control=self.users is not None))
         return reply
 
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

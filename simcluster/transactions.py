@@ -189,6 +189,10 @@ class TransactionTable:
                 ts, index = where(i)
                 self.record_images(images[0], ts, images[1], images[2], index)
 
+    def kill_sessions(self, killed: Callable[[bytes], bool]) -> None:
+        """killSessions / killAllSessions (see killed_by): the named sessions' unprepared transactions end."""
+        self.abort_unprepared(lambda key, txn: killed(key[0]))
+
     def abort_unprepared(self, which: Callable[[TxnKey, Transaction], bool]) -> int:
         """Abort the open, unprepared transactions `which` picks, as killSessions and the expiry
         of transactionLifetimeLimitSeconds do (a prepared one must wait for its coordinator's
