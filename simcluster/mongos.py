@@ -26,7 +26,7 @@ from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
-from simcluster.transactions import TxnKey, killed_by, no_such_transaction, txn_key
+from simcluster.transactions import UNKNOWN_USER, SessionsNamed, TxnKey, no_such_transaction, txn_key
 from simcluster.updates import apply_update
 
 
@@ -173,16 +173,14 @@ class Mongos(CommandServer):
             if txn is not None and txn.state == "prepared":
                 node.transactions.commit_prepared(key, commit_ts)
 
-    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    def kill_sessions(self, named: SessionsNamed) -> None:
         """Its own cursors, then on to every shard (cluster_kill_sessions forwards it), whose
         unprepared transactions of those sessions end; the router forgets them too."""
-        reply = await super().cmd_kill_sessions(db, cmd, req)
-        killed = killed_by(cmd, access_control=self.users is not None)
+        super().kill_sessions(named)
         for shard in self.shards.values():
-            shard.transactions.kill_sessions(killed)
-        for lsid in [lsid for lsid in self.txn_numbers if killed(lsid)]:
+            shard.transactions.kill_sessions(named)
+        for lsid in [lsid for lsid in self.txn_numbers if named(lsid, UNKNOWN_USER)]:
             del self.txn_numbers[lsid]
-        return reply
 
     async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         key = txn_key(cmd)

@@ -33,7 +33,14 @@ from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
-from simcluster.transactions import Transaction, TransactionTable, TxnKey, killed_by, no_such_transaction, txn_key
+from simcluster.transactions import (
+    SessionsNamed,
+    Transaction,
+    TransactionTable,
+    TxnKey,
+    no_such_transaction,
+    txn_key,
+)
 from simcluster.updates import apply_update, pipeline_entry, replaced_by_pipeline, update_with_entry
 
 log = logging.getLogger("simcluster")
@@ -433,11 +440,10 @@ class ShardNode(CommandServer):
                 and self.transactions.open(txn_key(cmd)) is None:
             raise no_such_transaction(txn_key(cmd))
 
-    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    def kill_sessions(self, named: SessionsNamed) -> None:
         """Cursors, then the sessions' unprepared transactions (killSessionsAbortUnpreparedTransactions)."""
-        reply = await super().cmd_kill_sessions(db, cmd, req)
-        self.transactions.kill_sessions(killed_by(cmd, access_control=self.users is not None))
-        return reply
+        super().kill_sessions(named)
+        self.transactions.kill_sessions(named)
 
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         reply = await super().cmd_server_status(db, cmd, req)

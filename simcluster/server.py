@@ -29,7 +29,7 @@ from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
 from simcluster.authz import required_privileges
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
-from simcluster.transactions import session_id
+from simcluster.transactions import SessionsNamed, session_id, sessions_named
 
 log = logging.getLogger("simcluster")
 
@@ -450,19 +450,14 @@ class CommandServer:
         return mode == "alwaysOn"
 
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """killSessions [{id}] / killAllSessions [{user, db}]: the sessions' cursors are closed (a
-        getMore running on one fails with CursorKilled). An empty list names every session, or
-        under access control killSessions names the caller's own."""
-        name = next(iter(cmd))
-        specs = cmd[name] if isinstance(cmd[name], list) else []
-        if name.lower() == "killsessions":
-            ids = {session_id(spec["id"]) for spec in specs}
-            own = self.users is not None
-            self.cursors.kill_sessions(lambda c: (not ids or c.lsid in ids) and (not own or c.user == req.user))
-        else:
-            users = {spec.get("user") for spec in specs}
-            self.cursors.kill_sessions(lambda c: not users or c.user in users)
+        """killSessions [{id}] / killAllSessions [{user, db}] (transactions.sessions_named)."""
+        self.kill_sessions(sessions_named(cmd, req.user, access_control=self.users is not None))
         return {}
+
+    def kill_sessions(self, named: SessionsNamed) -> None:
+        """What ends with the named sessions: here their cursors (a getMore running on one fails
+        with CursorKilled); a shard and mongos end their transactions too."""
+        self.cursors.kill_sessions(lambda c: named(c.lsid, c.user))
 
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed: list[Int64] = []

@@ -26,7 +26,12 @@ from bson import Int64, Timestamp
 from mongoformats.errors import MongoError
 from simcluster.oplog import Oplog
 
-__all__ = ["Transaction", "TransactionTable", "TxnKey", "killed_by", "no_such_transaction", "session_id", "txn_key"]
+__all__ = ["UNKNOWN_USER", "SessionsNamed", "Transaction", "TransactionTable", "TxnKey", "no_such_transaction",
+           "session_id", "sessions_named", "txn_key"]
+
+# The user of something that keeps none (a transaction here): only an id or an empty list names it.
+UNKNOWN_USER = object()
+SessionsNamed = Callable[[bytes | None, Any], bool]  # (session id or None, user or UNKNOWN_USER) -> named?
 
 TxnKey = tuple[bytes, int]
 
@@ -49,18 +54,23 @@ def session_id(value: Any) -> bytes:
     return value.bytes if isinstance(value, uuid.UUID) else bytes(value)
 
 
-def killed_by(cmd: dict[str, Any], *, access_control: bool) -> Callable[[bytes], bool]:
-    """Which sessions (by id) a killSessions [{id}] or killAllSessions [{user, db}] ends the
-    transactions of (besides their cursors). A transaction keeps no user here, so it is ended by its session's id, or
-    by an empty list: every session, except for killSessions under access control, where an
-    empty list means the caller's own and the caller's are not known."""
+def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: bool) -> SessionsNamed:
+    """Which sessions a killSessions [{id}] or killAllSessions [{user, db}] names, as a test of
+    (session id, user). An empty list names every session, except that under access control
+    killSessions names the caller's own. Of something with UNKNOWN_USER, only an id in the list,
+    or an empty list that names every session, can tell."""
     name = next(iter(cmd))
     specs = cmd[name] if isinstance(cmd[name], list) else []
-    if name.lower() == "killsessions" and specs:
+    if name.lower() == "killsessions":
         ids = {session_id(spec["id"]) for spec in specs}
-        return ids.__contains__
-    everything = not specs and not (name.lower() == "killsessions" and access_control)
-    return lambda lsid: everything
+
+        def named(lsid: bytes | None, user: Any) -> bool:
+            if ids and lsid not in ids:
+                return False
+            return not access_control or (bool(ids) if user is UNKNOWN_USER else user == caller)
+        return named
+    users = {spec.get("user") for spec in specs}
+    return lambda lsid, user: not users or (user is not UNKNOWN_USER and user in users)
 
 
 @dataclass
@@ -189,9 +199,10 @@ class TransactionTable:
                 ts, index = where(i)
                 self.record_images(images[0], ts, images[1], images[2], index)
 
-    def kill_sessions(self, killed: Callable[[bytes], bool]) -> None:
-        """killSessions / killAllSessions (see killed_by): the named sessions' unprepared transactions end."""
-        self.abort_unprepared(lambda key, txn: killed(key[0]))
+    def kill_sessions(self, named: SessionsNamed) -> None:
+        """killSessions / killAllSessions (see sessions_named): the named sessions' unprepared
+        transactions end. They keep no user (UNKNOWN_USER)."""
+        self.abort_unprepared(lambda key, txn: named(key[0], UNKNOWN_USER))
 
     def abort_unprepared(self, which: Callable[[TxnKey, Transaction], bool]) -> int:
         """Abort the open, unprepared transactions `which` picks, as killSessions and the expiry
