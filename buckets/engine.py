@@ -6,7 +6,9 @@ Commands (admin database):
    bucketBufferBytes?, readerProcesses?}
       -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets}
       Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
-      one token, or a list of N tokens (one per bucket) to resume a whole stream.
+      one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket count
+      changes from a common token: a list of tokens all alike, whatever its length, is that one
+      token, and a name open with another nBuckets and no cursors is reopened with the new count.
   {parallelChangeStream: 1, name, bucket: i, resumeAfter?: token, nBuckets?}
       -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
   {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
@@ -53,6 +55,10 @@ _OPEN_FIELDS = frozenset({
     "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
     "$db", "readConcern", "writeConcern"})
 
+
+# A bucket cursor no getMore has used for this long is no longer read (consumers getMore again
+# within their await time, a second or so), so it no longer holds its stream's bucket count.
+CURSOR_IN_USE_S = 10.0
 
 _FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 _BEFORE_CHANGE = ("off", "whenAvailable", "required")
@@ -106,6 +112,28 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default:
     return int(value)
 
 
+def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
+    """`cmd` with a `resumeAfter`/`startAfter` list of bucket tokens checked against `n`: a list of
+    another length is accepted only when its tokens are all the same (a common token), and is
+    then that one token.
+
+    Why: bucket i of an N-bucket stream holds the namespaces with crc32(ns) % N == i, so its
+    token says nothing of where a namespace dealt to another bucket of an M-bucket stream stands.
+    At a common token every namespace stands at the same point, which any bucket count can
+    resume from. (Spark's micro-batches all end at one planned token, so its checkpoints hold one.)
+    """
+    for field in ("resumeAfter", "startAfter"):
+        tokens = cmd.get(field)
+        if not isinstance(tokens, list) or n is None or len(tokens) == n:
+            continue
+        if len({token_sort_key(t) for t in tokens}) != 1:
+            raise MongoError("BadValue", f"{field} has {len(tokens)} bucket tokens but nBuckets is {n}: tokens of a "
+                             "stream with another bucket count resume it only if they are all the same token "
+                             "(read every bucket up to one token first)")
+        return {**cmd, field: tokens[0]}
+    return cmd
+
+
 async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
     """`cmd` run on the client's upstream connection, as mongos answers it (errors included)."""
     up = await session.get_upstream()
@@ -134,6 +162,7 @@ class Engine:
         # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
         self.watches = {"accelerated": 0, "passedThrough": 0}
         self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
+        self.rebucketed = 0         # named streams reopened with another nBuckets
 
     def register(self, table: CommandTable) -> None:
         table.change_stream_handler = self.cmd_change_stream
@@ -281,6 +310,7 @@ class Engine:
                              f"option; use one of {', '.join(_BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
+        cmd = _one_token_if_common(cmd, n)
         name = cmd.get("name")
         if name is not None and not isinstance(name, str):
             raise MongoError("BadValue", "name must be a string")
@@ -293,9 +323,6 @@ class Engine:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
         name = name or f"pcs-{uuid.uuid4().hex[:12]}"
         stream, created = await self._named(name, n, cmd)
-        if stream.options.n_buckets != n:
-            raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}; "
-                             "re-bucketing an existing stream is not supported")
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
             # Joining an existing stream at a time: the same point as a token for that time.
@@ -320,6 +347,9 @@ class Engine:
         while (pending := self._creating.get(name)) is not None:
             await pending.wait()
         stream = self.streams.get(name)
+        if stream is not None and n is not None and n != stream.options.n_buckets:
+            self._close_to_rebucket(stream, n)
+            stream = None
         if stream is not None:
             return stream, False
         if n is None:
@@ -332,6 +362,34 @@ class Engine:
             del self._creating[name]
             done.set()
 
+    def _close_to_rebucket(self, stream: ParallelStream, n: int) -> None:
+        """Close `stream` so that its name can be opened again with `n` buckets.
+
+        Why: a Spark query restarted with another nBuckets (more tasks) reopens its stream under
+        the same name from its checkpoint. Bucket tokens are per bucket count, so the old stream's
+        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by closing
+        it, and the new stream re-reads from the given start. A stream whose cursors are in use is
+        still someone's: refused (ConflictingOperationInProgress, which the caller may retry), so
+        one job never pulls the buckets from under another. Cursors no getMore has used for
+        CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never kills its
+        cursor, and the cursor timeout is 10 minutes or more): they are killed with the stream.
+        """
+        now = trio.current_time()
+        cursors = [cur for b in stream.buckets.values() for cur in b.cursors]
+        in_use = sum(cur.busy or now - cur.last_used < CURSOR_IN_USE_S for cur in cursors)
+        if in_use:
+            raise MongoError("ConflictingOperationInProgress",
+                             f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} and "
+                             f"{in_use} cursor(s) read it; close them (or use another name) to reopen it with "
+                             f"nBuckets {n}")
+        log.info("reopening stream %s with %d buckets instead of %d (%d abandoned cursors killed)",
+                 stream.name, n, stream.options.n_buckets, len(cursors))
+        for cur in cursors:
+            self._drop_cursor(cur.cursor_id)
+        stream.close()
+        del self.streams[stream.name]
+        self.rebucketed += 1
+
     async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
                       scope: tuple[str, str | None] | None = None,
                       stages: tuple[dict[str, Any], ...] = ()) -> ParallelStream:
@@ -339,9 +397,6 @@ class Engine:
         now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if isinstance(tokens, list):
-            if len(tokens) != n:
-                raise MongoError("BadValue", f"resumeAfter has {len(tokens)} bucket tokens but nBuckets is {n}: "
-                                 "tokens of a stream with another bucket count cannot resume it")
             floors = [token_sort_key(t) for t in tokens]
             start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
         elif tokens is not None:
@@ -430,11 +485,11 @@ class Engine:
     async def _attach_bucket(self, session: Any, name: str, i: int, n: int | None, cmd: dict[str, Any],
                              batch_size: int | None) -> dict[str, Any]:
         stream, created = await self._named(name, n, cmd)
-        if n is not None and n != stream.options.n_buckets:
-            raise MongoError("BadValue", f"stream {name!r} has nBuckets {stream.options.n_buckets}, not {n}")
         if i >= stream.options.n_buckets:
             raise MongoError("BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})")
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
+        if isinstance(token, list):
+            raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
         if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
             stream.replays += 1
@@ -662,7 +717,7 @@ class Engine:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
                                "watches": dict(self.watches), "readerProcesses": self.reader_processes(),
-                               "cursorsTimedOut": self.cursors_timed_out}
+                               "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed}
         if name is not None:
             stream = streams[0]
             stream.last_active = trio.current_time()

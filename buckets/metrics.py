@@ -76,7 +76,9 @@ class EngineCollector(Collector):
                                   labels=["process"])
         timed_out = CounterMetricFamily("pcs_cursors_timed_out", "Idle cursors the engine killed "
                                         "(unused for the cursor timeout)", value=self.engine.cursors_timed_out)
+        rebucketed = CounterMetricFamily("pcs_streams_rebucketed", "Named streams reopened with another nBuckets",
+                                         value=self.engine.rebucketed)
         for proc in self.engine.reader_processes():
             tails.add_metric([str(proc["index"])], proc["tails"])
             alive.add_metric([str(proc["index"])], int(proc["alive"]))
-        yield from (merged, queue, replays, watches, tails, alive, timed_out)
+        yield from (merged, queue, replays, watches, tails, alive, timed_out, rebucketed)

@@ -11,12 +11,14 @@ Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, .
 reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
 from its merge frontier, so the set is fixed when planned and a retried task returns the same
 rows. The proxy keeps no durable state: after a proxy restart the stream is reopened from the
-checkpointed tokens.
+checkpointed tokens. A query may be restarted on its checkpoint with another nBuckets (more or
+fewer tasks): a micro-batch ends every bucket at one token, from which any bucket count resumes.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,10 @@ class Options:
     def __getitem__(self, name: str) -> str:
         return self._raw[name.lower()]
 
+
+# How long a restarted query waits for the proxy to release its stream's old bucket count (the
+# proxy's CURSOR_IN_USE_S, 10 s, with room to spare).
+REOPEN_WAIT_S = 30.0
 
 _ENGINE_OPTIONS = ("shardBufferBytes", "bucketBufferBytes", "readerProcesses", "maxAwaitTimeMS")
 
@@ -143,31 +149,69 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_events) if self.max_events else ReadAllAvailable()
 
-    def _check(self, offset: dict[str, Any]) -> None:
-        if offset.get("nBuckets") != self.spec.n_buckets or len(offset.get("tokens", ())) != self.spec.n_buckets:
+    def _tokens(self, offset: dict[str, Any]) -> list[str]:
+        """The offset's token for each of this query's buckets.
+
+        An offset written with another nBuckets (the query was restarted with more or fewer tasks)
+        carries over if its buckets all stand at one token: every micro-batch ends all buckets at
+        its one planned end, so a checkpoint's offsets normally do. That token then starts every
+        new bucket (the proxy accepts it whatever the bucket count; see the engine's open command).
+        """
+        tokens = list(offset.get("tokens", ()))
+        if offset.get("nBuckets") == self.spec.n_buckets and len(tokens) == self.spec.n_buckets:
+            return tokens
+        if len(set(tokens)) != 1:
             raise ValueError(
-                f"parallelchangestream: the checkpoint was written with nBuckets={offset.get('nBuckets')} but the "
-                f"query now asks for nBuckets={self.spec.n_buckets}; re-bucketing a checkpointed stream is not "
-                "supported yet (start a new checkpoint, or keep the old nBuckets)")
+                f"parallelchangestream: the checkpoint was written with nBuckets={offset.get('nBuckets')} and its "
+                f"buckets stand at different tokens; the query asks for nBuckets={self.spec.n_buckets}, which "
+                "can only start from one common token (restart once with the old nBuckets, or start a new "
+                "checkpoint)")
+        return tokens[:1] * self.spec.n_buckets
+
+    def _reopen(self, tokens: list[str]) -> None:
+        """Open the stream from `tokens`, or reopen it with this query's nBuckets.
+
+        The proxy refuses to reopen a stream whose cursors are still read, with
+        ConflictingOperationInProgress: after a restart those are the cursors of the previous run's
+        cancelled tasks, which the proxy deems abandoned once unused for 10 s. Retried that long.
+        """
+        from pymongo.errors import OperationFailure
+
+        deadline = time.monotonic() + REOPEN_WAIT_S
+        while True:
+            try:
+                open_stream(self.client, self.spec, resumeAfter=[{"_data": t} for t in tokens])
+                return
+            except OperationFailure as exc:
+                if exc.code != 117 or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        self._check(start)
+        after = self._tokens(start)
+        if start.get("nBuckets") != self.spec.n_buckets:
+            self._reopen(after)  # the proxy's stream of this name has the old count
         max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         from pymongo.errors import OperationFailure
 
         try:
-            end = plan_end(self.client, self.spec, start["tokens"], max_events)
+            end = plan_end(self.client, self.spec, after, max_events)
         except OperationFailure as exc:
             if exc.code != 26:  # NamespaceNotFound: the proxy restarted; reopen from the checkpoint
                 raise
-            open_stream(self.client, self.spec, resumeAfter=[{"_data": t} for t in start["tokens"]])
-            end = plan_end(self.client, self.spec, start["tokens"], max_events)
-        tokens = [max(t, end) for t in start["tokens"]]
+            self._reopen(after)
+            end = plan_end(self.client, self.spec, after, max_events)
+        tokens = [max(t, end) for t in after]
         return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        self._check(start)
-        return [self.partition(i, s, e) for i, (s, e) in enumerate(zip(start["tokens"], end["tokens"], strict=True))]
+        # A batch planned before a restart with another nBuckets (run again at the restart, with
+        # no latestOffset first) is re-read with the new count: at common start and end tokens, its
+        # buckets together hold the same events, dealt anew.
+        starts = self._tokens(start)
+        if start.get("nBuckets") != self.spec.n_buckets:
+            self._reopen(starts)
+        return [self.partition(i, s, e) for i, (s, e) in enumerate(zip(starts, self._tokens(end), strict=True))]
 
     def commit(self, end: dict[str, Any]) -> None:
         # Nothing to release: the proxy's buckets drop delivered events under memory pressure, and

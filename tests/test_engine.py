@@ -21,9 +21,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
+import buckets.engine as engine_module
 from buckets.bucketing import bucket_of
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
-from mongoformats.resume_token import high_water_mark, token_sort_key
+from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync, wait_until
 from wireproxy.app import serve_proxy
@@ -196,7 +197,8 @@ async def test_command_errors_use_server_codes(proxy):
         cases = [({"nBuckets": 0}, 2), ({"nBuckets": 2000}, 2), ({"nBuckets": "4"}, 2), ({"nBuckets": True}, 2),
                  ({"nBuckets": 4, "bogus": 1}, 40415), ({"nBuckets": 2, "readerProcesses": -1}, 2),
                  ({"nBuckets": 2, "readerProcesses": 65}, 2),
-                 ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, 1))] * 3}, 2),
+                 # bucket tokens of another bucket count, not all the same
+                 ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, i)) for i in (1, 2, 1)]}, 2),
                  ({"nBuckets": 4, "startAtOperationTime": Timestamp(1, 1), "resumeAfter": {"_data": "00"}}, 40674),
                  ({"nBuckets": 2, "fullDocument": "bogus"}, 2),
                  ({"nBuckets": 2, "fullDocumentBeforeChange": "sometimes"}, 2),
@@ -424,6 +426,51 @@ async def test_proxy_restart_resumes_every_bucket(cluster):
             assert ids == sorted([(coll, i) for coll in "ab" for i in range(100)] + [("c", i) for i in range(50)])
         await sync(phase2)
         n2.cancel_scope.cancel()
+
+
+async def test_a_stream_changes_its_bucket_count_from_a_common_token(cluster, proxy, monkeypatch):
+    """A consumer reads every bucket of a 2-bucket stream up to one token, then reopens the same
+    name with 4 buckets from that token: the 4 buckets hold exactly what came after it, each
+    namespace in its new bucket. Not while the old buckets are still read; their cursors, once
+    unused, are killed with the old stream."""
+    monkeypatch.setattr(engine_module, "CURSOR_IN_USE_S", 0.5)  # instead of 10 s
+
+    def work():
+        c = client(proxy_uri(proxy))
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "grow"})
+        colls = [c.g.a, c.g.b, c.h.c]  # g.a and g.b share bucket 1 of 2, and go to buckets 1 and 3 of 4
+        for coll in colls:
+            coll.insert_many([{"_id": i} for i in range(60)])
+        end = end_point(c)
+        before = [e for cur in opened["cursors"] for e in drain(c, cur["id"], end) if key(e["_id"]) <= end]
+        assert len(before) == 180
+        common = token_from_key(end)
+        with pytest.raises(OperationFailure, match="cursor.* read it") as info:
+            c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow", "resumeAfter": [common] * 2})
+        assert info.value.code == 117  # ConflictingOperationInProgress
+        time.sleep(0.6)  # the consumer stops without killCursors
+        for coll in colls:
+            coll.insert_many([{"_id": i} for i in range(60, 100)])
+        with pytest.raises(OperationFailure, match="all the same token") as info:
+            c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
+                             "resumeAfter": [common, before[0]["_id"]]})
+        reopened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
+                                    "resumeAfter": [common] * 2})
+        assert reopened["nBuckets"] == 4 and len(reopened["cursors"]) == 4
+        with pytest.raises(OperationFailure) as info:
+            c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": NS})
+        assert info.value.code == 43
+        end = end_point(c)
+        after = {}
+        for b, cur in enumerate(reopened["cursors"]):
+            for e in drain(c, cur["id"], end):
+                ns = f"{e['ns']['db']}.{e['ns']['coll']}"
+                assert bucket_of(ns, 4) == b
+                after.setdefault(ns, []).append(e["documentKey"]["_id"])
+        assert after == {coll.full_name: list(range(60, 100)) for coll in colls}
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "grow"})
+        assert status["streamsRebucketed"] == 1 and status["streams"][0]["nBuckets"] == 4
+    await sync(work)
 
 
 async def test_idle_shards_do_not_delay_events(cluster, proxy):
