@@ -41,6 +41,7 @@ from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
+from mongoformats.sessions import session_id, sessions_named
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
 
@@ -154,7 +155,7 @@ class Engine:
         self.cursors: dict[int, BucketCursor] = {}
         self._private: dict[int, ParallelStream] = {}   # watch() and replay streams, by their one cursor
         self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
-        self._ended_sessions: set[str] = set()        # ended since the last session refresh (cursor owners)
+        self._ended_sessions: set[bytes] = set()      # ended since the last session refresh (cursor owners)
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
         self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
@@ -471,7 +472,7 @@ class Engine:
         lsid = cmd.get("lsid")
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
-        cur = BucketCursor(cid, stream, bucket, position, owner=repr(lsid["id"]) if lsid else "",
+        cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
                            ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
                            last_used=trio.current_time())
         if token is not None:
@@ -586,7 +587,7 @@ class Engine:
         if cur.user != self._user(session, next(iter(cmd))):
             raise MongoError("Unauthorized", f"cursor id {cid} was not created by the authenticated user")
         lsid = cmd.get("lsid")
-        if cur.owner and (lsid is None or repr(lsid["id"]) != cur.owner):
+        if cur.owner and (lsid is None or session_id(lsid["id"]) != cur.owner):
             raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
         return cur
 
@@ -668,7 +669,7 @@ class Engine:
         if reply.get("ok") and isinstance(cmd["endSessions"], list):
             owners = {cur.owner for cur in self.cursors.values()}  # only those: drivers end thousands
             self._ended_sessions.update(owner for spec in cmd["endSessions"] if isinstance(spec, Mapping)
-                                        and (owner := repr(spec.get("id"))) in owners)
+                                        and "id" in spec and (owner := session_id(spec["id"])) in owners)
         return reply
 
     async def cmd_kill_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -679,19 +680,10 @@ class Engine:
         reply = await _forward(session, db, cmd)
         if not reply.get("ok"):
             return reply
-        specs = cmd[name] if isinstance(cmd[name], list) else []
-        user = getattr(session, "user", None) or ""
-
-        def killed(cur: BucketCursor) -> bool:
-            if not cur.owner:
-                return False  # opened outside any session
-            if name.lower() == "killsessions":
-                # Session ids are the caller's own under access control; [] is all of them.
-                hit = not specs or any(repr(spec.get("id")) == cur.owner for spec in specs)
-                return hit and (not self.requires_auth or cur.user == user)
-            # killAllSessions: [{user, db}] (users are known here by name), [] every user
-            return not specs or any(spec.get("user") == cur.user for spec in specs)
-        self._kill_cursors_where(killed, f"its session was killed ({name})")
+        named = sessions_named(cmd, getattr(session, "user", None) or "", access_control=self.requires_auth)
+        # Cursors opened outside any session belong to no session a command can name.
+        self._kill_cursors_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
+                                 f"its session was killed ({name})")
         return reply
 
     def _drop_cursor(self, cid: int) -> None:

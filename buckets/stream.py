@@ -228,7 +228,7 @@ class BucketCursor:
     stream: ParallelStream
     bucket: Bucket
     position: int
-    owner: str
+    owner: bytes             # the id of the session it was opened in (b"": none)
     ns: str
     batch_size: int | None = None
     user: str = ""           # who opened it, when the proxy requires authentication

@@ -16,6 +16,7 @@ from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 
 from mongoformats.errors import MongoError, has_category
 from mongoformats.hashed_key import hashed_value
+from mongoformats.sessions import UNKNOWN_USER, SessionsNamed
 from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.balancer import Balancer, plan_migrations, range_end
@@ -26,7 +27,7 @@ from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
 from simcluster.oplog import ClusterClock, ts_key
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.server import CommandServer, Request
-from simcluster.transactions import UNKNOWN_USER, SessionsNamed, TxnKey, no_such_transaction, txn_key
+from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 from simcluster.updates import apply_update
 
 

@@ -25,6 +25,7 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import leading_id
+from mongoformats.sessions import SessionsNamed
 from simcluster import query as q
 from simcluster.aggregate import find_projection
 from simcluster.apply import Applier, take_prepared
@@ -33,14 +34,7 @@ from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
-from simcluster.transactions import (
-    SessionsNamed,
-    Transaction,
-    TransactionTable,
-    TxnKey,
-    no_such_transaction,
-    txn_key,
-)
+from simcluster.transactions import Transaction, TransactionTable, TxnKey, no_such_transaction, txn_key
 from simcluster.updates import apply_update, pipeline_entry, replaced_by_pipeline, update_with_entry
 
 log = logging.getLogger("simcluster")

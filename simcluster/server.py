@@ -26,10 +26,10 @@ from mongoformats.errors import MongoError, ProtocolError, has_category, with_ch
 from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
+from mongoformats.sessions import SessionsNamed, session_id, sessions_named
 from simcluster.authz import required_privileges
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
-from simcluster.transactions import SessionsNamed, session_id, sessions_named
 
 log = logging.getLogger("simcluster")
 

@@ -16,7 +16,6 @@ commit. No change stream can tell, since events come only from the committed opl
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,14 +23,10 @@ from typing import Any
 from bson import Int64, Timestamp
 
 from mongoformats.errors import MongoError
+from mongoformats.sessions import UNKNOWN_USER, SessionsNamed
 from simcluster.oplog import Oplog
 
-__all__ = ["UNKNOWN_USER", "SessionsNamed", "Transaction", "TransactionTable", "TxnKey", "no_such_transaction",
-           "session_id", "sessions_named", "txn_key"]
-
-# The user of something that keeps none (a transaction here): only an id or an empty list names it.
-UNKNOWN_USER = object()
-SessionsNamed = Callable[[bytes | None, Any], bool]  # (session id or None, user or UNKNOWN_USER) -> named?
+__all__ = ["Transaction", "TransactionTable", "TxnKey", "no_such_transaction", "txn_key"]
 
 TxnKey = tuple[bytes, int]
 
@@ -47,30 +42,6 @@ def txn_key(cmd: dict[str, Any]) -> TxnKey:
 def no_such_transaction(key: TxnKey) -> MongoError:
     return MongoError("NoSuchTransaction", f"Transaction with txnNumber {key[1]} has been aborted or was never "
                       "started").with_labels("TransientTransactionError")
-
-
-def session_id(value: Any) -> bytes:
-    """A session id (UUID, decoded as Binary subtype 4 or uuid.UUID) as its 16 bytes."""
-    return value.bytes if isinstance(value, uuid.UUID) else bytes(value)
-
-
-def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: bool) -> SessionsNamed:
-    """Which sessions a killSessions [{id}] or killAllSessions [{user, db}] names, as a test of
-    (session id, user). An empty list names every session, except that under access control
-    killSessions names the caller's own. Of something with UNKNOWN_USER, only an id in the list,
-    or an empty list that names every session, can tell."""
-    name = next(iter(cmd))
-    specs = cmd[name] if isinstance(cmd[name], list) else []
-    if name.lower() == "killsessions":
-        ids = {session_id(spec["id"]) for spec in specs}
-
-        def named(lsid: bytes | None, user: Any) -> bool:
-            if ids and lsid not in ids:
-                return False
-            return not access_control or (bool(ids) if user is UNKNOWN_USER else user == caller)
-        return named
-    users = {spec.get("user") for spec in specs}
-    return lambda lsid, user: not users or (user is not UNKNOWN_USER and user in users)
 
 
 @dataclass
