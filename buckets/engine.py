@@ -36,6 +36,7 @@ from buckets.topology import Topology, discover
 from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
+from mongoformats.idl import get_more_fields, kill_cursors_ids, optional_number, wrong_type
 from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
@@ -103,14 +104,37 @@ def _mentions_full_document(stages: Any) -> bool:
 
 
 def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int | None:
-    value = cmd.get(name, default)
-    if value is None:
-        return None
+    value = cmd.get(name)
+    if value is None:  # absent or null: the server's parsers take a null optional field as absent
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
         raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
     if not low <= int(value) <= high:
         raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
     return int(value)
+
+
+_MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
+_MAX_AWAIT_MS = (1 << 31) - 1
+
+
+def _check_open_options(cmd: dict[str, Any]) -> None:
+    """Types and ranges of the open command's options, checked before anything is created, with
+    the errors the server gives for the same fields of $changeStream: a malformed option fails the
+    command, never the stream later (an InternalError from deep inside the engine)."""
+    for name in ("shardBufferBytes", "bucketBufferBytes"):
+        _int_option(cmd, name, 1, _MAX_BYTES)
+    _int_option(cmd, "maxAwaitTimeMS", 0, _MAX_AWAIT_MS)
+    if "showExpandedEvents" in cmd and not isinstance(cmd["showExpandedEvents"], bool):
+        raise wrong_type("parallelChangeStream.showExpandedEvents", cmd["showExpandedEvents"], "bool")
+    for field in ("resumeAfter", "startAfter"):
+        if field not in cmd:
+            continue
+        tokens = cmd[field]
+        for token in tokens if isinstance(tokens, list) else [tokens]:
+            if not isinstance(token, Mapping):
+                raise wrong_type(f"parallelChangeStream.{field}", token, "object")
+            decode_token(token)  # 40647, 40648, FailedToParse, InvalidResumeToken as the server's
 
 
 def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
@@ -311,6 +335,7 @@ class Engine:
                              f"option; use one of {', '.join(_BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
+        _check_open_options(cmd)
         cmd = _one_token_if_common(cmd, n)
         name = cmd.get("name")
         if name is not None and not isinstance(name, str):
@@ -425,9 +450,10 @@ class Engine:
                              "pipeline's $match may not test those fields (it runs before the lookups)")
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
-            shard_buffer_bytes=int(cmd.get("shardBufferBytes", self.config.shard_buffer_bytes)),
-            bucket_buffer_bytes=int(cmd.get("bucketBufferBytes", self.config.bucket_buffer_bytes)),
-            max_await_ms=int(cmd.get("maxAwaitTimeMS", self.config.max_await_ms)),
+            shard_buffer_bytes=_int_option(cmd, "shardBufferBytes", 1, _MAX_BYTES, self.config.shard_buffer_bytes) or 0,
+            bucket_buffer_bytes=_int_option(cmd, "bucketBufferBytes", 1, _MAX_BYTES,
+                                            self.config.bucket_buffer_bytes) or 0,
+            max_await_ms=_int_option(cmd, "maxAwaitTimeMS", 0, _MAX_AWAIT_MS, self.config.max_await_ms) or 0,
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
@@ -618,10 +644,12 @@ class Engine:
         # The upstream's test fail points apply to getMores the proxy answers too (wireproxy/failpoints.py).
         if (failed := await session.fail_point_reply("getMore", db, cmd)) is not None:
             return failed
-        cid = int(cmd["getMore"])
+        cid, coll = get_more_fields(cmd)
+        batch_size, max_time_ms = optional_number(cmd, "getMore", "batchSize"), optional_number(cmd, "getMore",
+                                                                                              "maxTimeMS")
         cur = self._owned(session, cid, cmd)
-        if f"{db}.{cmd.get('collection')}" != cur.ns:
-            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{cmd.get('collection')}', "
+        if f"{db}.{coll}" != cur.ns:
+            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{coll}', "
                              f"but cursor belongs to a different namespace {cur.ns}")
         if (fail := await session.fail_after_checkout()) is not None:
             raise with_change_stream_label(fail)  # like the server's: the cursor survives it
@@ -629,7 +657,7 @@ class Engine:
             raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
         cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
-            events, pbrt = await cur.next_batch(cmd.get("batchSize"), cmd.get("maxTimeMS"))
+            events, pbrt = await cur.next_batch(batch_size, max_time_ms)
         except MongoError as exc:
             self._drop_cursor(cid)
             raise with_change_stream_label(exc) from None
@@ -644,14 +672,13 @@ class Engine:
         if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
             return failed
         killed, others = [], []
-        for raw in cmd.get("cursors", []):
-            cid = int(raw)
+        for cid in kill_cursors_ids(cmd):
             if cid in self.cursors:
                 self._owned(session, cid, cmd)
                 self._drop_cursor(cid)
                 killed.append(Int64(cid))
             else:
-                others.append(raw)
+                others.append(Int64(cid))
         reply: dict[str, Any] = {"cursorsKilled": killed, "cursorsNotFound": [], "cursorsAlive": [],
                                  "cursorsUnknown": []}
         if others:  # ids of mongos's cursors in the same command: mongos kills those

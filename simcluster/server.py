@@ -23,6 +23,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
+from mongoformats.idl import get_more_fields, kill_cursors_ids, optional_number
 from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
@@ -428,16 +429,15 @@ class CommandServer:
         return {"totalLinesWritten": 0, "log": []} if cmd["getLog"] != "*" else {"names": ["global", "startupWarnings"]}
 
     async def cmd_get_more(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        cid = int(cmd["getMore"])
-        coll = cmd.get("collection")
-        if not isinstance(coll, str):
-            raise MongoError("IDLFailedToParse", "BSON field 'getMore.collection' is missing but a required field")
+        cid, coll = get_more_fields(cmd)
+        batch_size, max_time_ms = optional_number(cmd, "getMore", "batchSize"), optional_number(cmd, "getMore",
+                                                                                              "maxTimeMS")
         fail = None
         fp = self.fail_points.get("failGetMoreAfterCursorCheckout")
         if fp and self._fail_point_fires(fp):
             fail = MongoError(int(fp["data"].get("errorCode", 1)), "Failing command via "
                               "'failGetMoreAfterCursorCheckout' failpoint")
-        cursor = await self.cursors.get_more(cid, f"{db}.{coll}", cmd.get("batchSize"), cmd.get("maxTimeMS"), fail)
+        cursor = await self.cursors.get_more(cid, f"{db}.{coll}", batch_size, max_time_ms, fail)
         return {"cursor": cursor}
 
     def _fail_point_fires(self, fp: dict[str, Any]) -> bool:
@@ -462,8 +462,8 @@ class CommandServer:
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed: list[Int64] = []
         missing: list[Int64] = []
-        for cid in cmd.get("cursors", []):
-            (killed if self.cursors.kill(int(cid)) else missing).append(Int64(cid))
+        for cid in kill_cursors_ids(cmd):
+            (killed if self.cursors.kill(cid) else missing).append(Int64(cid))
         return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
 
 

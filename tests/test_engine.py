@@ -16,7 +16,7 @@ from typing import Any
 import bson
 import pytest
 import trio
-from bson import Decimal128, Timestamp
+from bson import Decimal128, Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
@@ -224,11 +224,45 @@ async def test_command_errors_use_server_codes(proxy):
     await sync(work)
 
 
+async def test_malformed_cursor_commands_fail_as_the_servers_parser_fails_them(cluster, proxy):
+    """The IDL errors of getMore and killCursors, for mongos's cursors and the engine's alike."""
+    def work():
+        c = client(proxy_uri(proxy))
+        mine = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1})["cursors"][0]["id"]
+        theirs = c.idl.c.insert_many([{"_id": i} for i in range(3)]) and \
+            c.idl.command("find", "c", batchSize=1)["cursor"]["id"]
+        cases = [
+            ({"getMore": 5, "collection": "c"}, 14, "BSON field 'getMore.getMore' is the wrong type 'int', "
+             "expected type 'long'"),
+            ({"getMore": "{id}"}, 40414, "BSON field 'getMore.collection' is missing but a required field"),
+            ({"getMore": "{id}", "collection": 1}, 14, "BSON field 'getMore.collection' is the wrong type 'int', "
+             "expected type 'string'"),
+            ({"getMore": "{id}", "collection": "{coll}", "maxTimeMS": "x"}, 14, "BSON field 'getMore.maxTimeMS' "
+             "is the wrong type 'string', expected types '[long, int, decimal, double']"),
+            ({"killCursors": "{coll}"}, 40414, "BSON field 'killCursors.cursors' is missing but a required field"),
+            ({"killCursors": "{coll}", "cursors": 5}, 14, "BSON field 'killCursors.cursors' is the wrong type "
+             "'int', expected type 'array'"),
+            ({"killCursors": "{coll}", "cursors": ["{id}", 7]}, 14, "BSON field 'killCursors.cursors.1' is the "
+             "wrong type 'int', expected type 'long'"),
+        ]
+        for db, cid, coll in (("idl", theirs, "c"), ("admin", mine, NS)):
+            for template, code, message in cases:
+                cmd = {k: (cid if v == "{id}" else coll if v == "{coll}" else
+                           [cid if x == "{id}" else x for x in v] if isinstance(v, list) else v)
+                       for k, v in template.items()}
+                with pytest.raises(OperationFailure) as info:
+                    c[db].command(cmd)
+                assert (info.value.code, info.value.details["errmsg"]) == (code, message), (db, cmd)
+            wait = {"maxTimeMS": 10} if db == "admin" else {}  # (a find cursor takes none)
+            assert c[db].command({"getMore": cid, "collection": coll, **wait})["ok"] == 1  # the cursor lives on
+    await sync(work)
+
+
 async def test_unknown_cursor_is_passed_to_mongos_and_fails_43(proxy):
     def work():
         c = client(proxy_uri(proxy))
         with pytest.raises(OperationFailure) as info:
-            c.admin.command({"getMore": 987654321, "collection": "x"})
+            c.admin.command({"getMore": Int64(987654321), "collection": "x"})
         assert info.value.code == 43
     await sync(work)
 

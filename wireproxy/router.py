@@ -46,6 +46,12 @@ class CommandTable:
         self.commands[name.lower()] = handler
 
 
+def _cursor_id(value: Any) -> int | None:
+    """A cursor id (an integer), else None: a command with a malformed id passes through, and
+    mongos answers it with its own error."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def classify(cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool) -> tuple[Route, LocalHandler | None]:
     name = next(iter(cmd), "").lower()
     if name in HELLO_NAMES:
@@ -53,10 +59,10 @@ def classify(cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool) -
     handler = table.commands.get(name)
     if handler is not None:
         return Route.LOCAL, handler
-    if name == "getmore" and table.get_more and int(cmd["getMore"]) in table.owned_cursors:
+    if name == "getmore" and table.get_more and _cursor_id(cmd["getMore"]) in table.owned_cursors:
         return Route.LOCAL, table.get_more
-    if name == "killcursors" and table.kill_cursors and any(
-            int(c) in table.owned_cursors for c in cmd.get("cursors", ())):
+    if name == "killcursors" and table.kill_cursors and isinstance(cursors := cmd.get("cursors"), list) and any(
+            _cursor_id(c) in table.owned_cursors for c in cursors):
         return Route.LOCAL, table.kill_cursors
     if name == "aggregate" and accelerate and table.change_stream_handler:
         pipeline = cmd.get("pipeline") or []

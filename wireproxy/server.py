@@ -117,8 +117,13 @@ class ProxyServer:
             await stream.aclose()
             return
         self.metrics.connections.inc()
+        conn_id = next(self._conn_ids)
         try:
-            await ClientSession(self, stream, next(self._conn_ids)).run()
+            await ClientSession(self, stream, conn_id).run()
+        except Exception:
+            # Left to propagate, one connection's failure would end serve_listeners, and with it
+            # every other client. The session has closed its sockets on the way out.
+            log.exception("conn%d: closed after an unexpected error", conn_id)
         finally:
             self.metrics.connections.dec()
             self._limiter.release()

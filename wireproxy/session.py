@@ -160,6 +160,15 @@ class ClientSession:
         except MongoError as exc:
             self.server.metrics.errors.labels(code=str(exc.code)).inc()
             reply = exc.to_reply()
+        except (UpstreamClosed, _CloseConnection, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise  # the connection ends, as a pass-through command's would
+        except Exception as exc:
+            # A bug of ours must cost this one command, not the connection, nor (through the
+            # listeners' nursery) every client of the proxy. The server's answer to its own
+            # unexpected failures is InternalError.
+            log.exception("conn%d: %s failed", self.conn_id, name)
+            self.server.metrics.errors.labels(code="1").inc()
+            reply = MongoError("InternalError", f"{name} failed in the proxy: {type(exc).__name__}: {exc}").to_reply()
         if not msg.more_to_come:
             out = wire.encode_op_msg(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(out, msg.compressor)
