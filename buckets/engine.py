@@ -103,15 +103,21 @@ def _mentions_full_document(stages: Any) -> bool:
     return isinstance(stages, str) and stages.startswith("$fullDocument")
 
 
-def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int | None:
+def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
     value = cmd.get(name)
     if value is None:  # absent or null: the server's parsers take a null optional field as absent
-        return default
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
         raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
     if not low <= int(value) <= high:
         raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
     return int(value)
+
+
+def _int_setting(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int) -> int:
+    """An integer option that has a default (`_int_option`'s checks)."""
+    value = _int_option(cmd, name, low, high)
+    return default if value is None else value
 
 
 _MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
@@ -450,15 +456,14 @@ class Engine:
                              "pipeline's $match may not test those fields (it runs before the lookups)")
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
-            shard_buffer_bytes=_int_option(cmd, "shardBufferBytes", 1, _MAX_BYTES, self.config.shard_buffer_bytes) or 0,
-            bucket_buffer_bytes=_int_option(cmd, "bucketBufferBytes", 1, _MAX_BYTES,
-                                            self.config.bucket_buffer_bytes) or 0,
-            max_await_ms=_int_option(cmd, "maxAwaitTimeMS", 0, _MAX_AWAIT_MS, self.config.max_await_ms) or 0,
+            shard_buffer_bytes=_int_setting(cmd, "shardBufferBytes", 1, _MAX_BYTES, self.config.shard_buffer_bytes),
+            bucket_buffer_bytes=_int_setting(cmd, "bucketBufferBytes", 1, _MAX_BYTES, self.config.bucket_buffer_bytes),
+            max_await_ms=_int_setting(cmd, "maxAwaitTimeMS", 0, _MAX_AWAIT_MS, self.config.max_await_ms),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
             stages=compile_stages(stages),
-            reader_processes=_int_option(cmd, "readerProcesses", 0, 64, self.config.reader_processes) or 0,
+            reader_processes=_int_setting(cmd, "readerProcesses", 0, 64, self.config.reader_processes),
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
                                 connect_upstream=self.connect_upstream, connect_member=self.connect_member,
