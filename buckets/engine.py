@@ -330,6 +330,9 @@ class Engine:
         for key in cmd:
             if key not in _OPEN_FIELDS:
                 raise MongoError("IDLUnknownField", f"BSON field 'parallelChangeStream.{key}' is an unknown field.")
+        # An option set to null is an option not given, as the server's parsers take null optional fields.
+        first = next(iter(cmd))
+        cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
         starts = [k for k in ("startAtOperationTime", "resumeAfter", "startAfter") if k in cmd]
         if len(starts) > 1:
             raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")

@@ -216,6 +216,9 @@ async def test_command_errors_use_server_codes(proxy):
         with pytest.raises(OperationFailure) as info:
             c.admin.command({"parallelChangeStreamStatus": 1, "name": "nope"})
         assert info.value.code == 26
+        # null options are options not given, as for the server's parsers
+        c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "fullDocument": None, "resumeAfter": None,
+                         "startAtOperationTime": None, "shardBufferBytes": None, "name": None})
         opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "mine"})
         other = client(proxy_uri(proxy))
         with pytest.raises(OperationFailure) as info:  # another session's cursor
