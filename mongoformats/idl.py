@@ -11,6 +11,8 @@ assert those codes, so the simulator and the proxy answer malformed cursor comma
 from __future__ import annotations
 
 import datetime
+import decimal
+import math
 from typing import Any
 
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -18,7 +20,8 @@ from bson.datetime_ms import DatetimeMS
 
 from mongoformats.errors import MongoError
 
-__all__ = ["SAFE_INT64", "get_more_fields", "kill_cursors_ids", "optional_number", "type_name", "wrong_type"]
+__all__ = ["SAFE_INT64", "get_more_fields", "kill_cursors_ids", "optional_number", "safe_long", "type_name",
+           "wrong_type"]
 
 # The types of IDL's safeInt64 (batchSize, maxTimeMS), in the order its errors list them.
 SAFE_INT64 = ("long", "int", "decimal", "double")
@@ -57,7 +60,25 @@ def optional_number(cmd: dict[str, Any], command: str, field: str) -> int | None
         return None
     if type_name(value) not in SAFE_INT64:
         raise wrong_type(f"{command}.{field}", value, *SAFE_INT64)
-    return int(value.to_decimal()) if isinstance(value, Decimal128) else int(value)
+    return safe_long(value)
+
+
+def safe_long(value: Any) -> int:
+    """A number as the server's safeNumberLong reads it: NaN is 0, a value past the int64 range
+    is its nearest bound, a fraction is cut toward zero."""
+    if isinstance(value, int):
+        return value
+    number = value.to_decimal() if isinstance(value, Decimal128) else value
+    if number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number):
+        return 0
+    if number >= _INT64_LIMIT:
+        return _INT64_LIMIT - 1
+    if number <= -_INT64_LIMIT:
+        return -_INT64_LIMIT
+    return int(number)
+
+
+_INT64_LIMIT = 1 << 63
 
 
 def get_more_fields(cmd: dict[str, Any]) -> tuple[int, str]:

@@ -66,10 +66,14 @@ async def test_random_commands_get_errors_with_codes_and_hurt_nothing(cluster):
                 "maxTimeMS": st.one_of(st.integers(-3, 20), st.floats(-1, 20), st.text(max_size=2))},
                 optional={"batchSize": st.one_of(st.integers(-3, 5), values)})
 
+            # A getMore for mongos (no cursor of the engine's): its parser's errors, then CursorNotFound.
+            theirs = st.fixed_dictionaries(
+                {"getMore": st.one_of(st.builds(Int64, st.integers(1, 2**40)), values),
+                 "collection": st.one_of(st.just("c"), values)},
+                optional={"batchSize": values, "maxTimeMS": values})
+
             @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-            @given(cmd=commands, more=st.fixed_dictionaries({"getMore": values, "collection": values},
-                                                           optional={"batchSize": values, "maxTimeMS": values}),
-                   mine=owned_more)
+            @given(cmd=commands, more=theirs, mine=owned_more)
             def one(cmd: dict[str, Any], more: dict[str, Any], mine: dict[str, Any]) -> None:
                 nonlocal streams_opened
 
