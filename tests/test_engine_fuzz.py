@@ -31,9 +31,10 @@ tokens = st.one_of(
     st.builds(lambda t, i: high_water_mark(Timestamp(t, i)), st.integers(0, 2**32 - 1), st.integers(0, 9)),
     st.builds(lambda h: {"_data": h}, st.text("0123456789ABCDEFabcdefXZ", max_size=40)),
     values)
-# Each option: a valid value two times in three, anything else the third, so that many commands
-# succeed and the rest fail on one field or several.
-VALID = {
+# Valid values of each option (readerProcesses and bogus: only invalid ones). A command takes a
+# valid value two times in three, anything else the third, so that many commands succeed and the
+# rest fail on one field or several.
+OPTIONS = {
     "name": st.sampled_from(["f1", "f2"]), "bucket": st.integers(0, 3),
     "pipeline": st.sampled_from([[], [{"$match": {"operationType": "insert"}}]]),
     "fullDocument": st.sampled_from(["default", "updateLookup"]), "showExpandedEvents": st.booleans(),
@@ -47,7 +48,7 @@ VALID = {
 }
 commands = st.fixed_dictionaries(
     {"parallelChangeStream": values, "nBuckets": st.one_of(st.integers(1, 4), st.integers(1, 4), values)},
-    optional={k: (v if k in ("readerProcesses", "bogus") else st.one_of(v, v, values)) for k, v in VALID.items()})
+    optional={k: (v if k in ("readerProcesses", "bogus") else st.one_of(v, v, values)) for k, v in OPTIONS.items()})
 
 
 async def test_random_commands_get_errors_with_codes_and_hurt_nothing(cluster):
@@ -57,7 +58,6 @@ async def test_random_commands_get_errors_with_codes_and_hurt_nothing(cluster):
 
         def work() -> None:
             c = client(proxy_uri(proxy))
-            opened: list[Any] = []
             streams_opened = 0
 
             # A getMore on a cursor of the engine's: short waits only (a long maxTimeMS would wait).
@@ -84,6 +84,7 @@ async def test_random_commands_get_errors_with_codes_and_hurt_nothing(cluster):
                         assert exc.code not in (None, 1), (command, exc.details)
                         return None
 
+                opened: list[Any] = []
                 if (reply := run(cmd)) is not None:
                     streams_opened += 1
                     opened.extend(cur["id"] for cur in reply.get("cursors", []))
@@ -94,7 +95,6 @@ async def test_random_commands_get_errors_with_codes_and_hurt_nothing(cluster):
                 for command in (more, {"killCursors": NS, "cursors": [more["getMore"]]},
                                 {"killCursors": NS, "cursors": [*opened, more["getMore"]]}):
                     run(command)
-                opened.clear()
                 assert c.admin.command("ping")["ok"] == 1
 
             one()
