@@ -65,20 +65,23 @@ def optional_number(cmd: dict[str, Any], command: str, field: str) -> int | None
 
 def safe_long(value: Any) -> int:
     """A number as the server's safeNumberLong reads it: NaN is 0, a value past the int64 range
-    is its nearest bound, a fraction is cut toward zero."""
+    is its nearest bound; within it a double is cut toward zero and a Decimal128 rounded half to
+    even (Decimal128::toLong's default rounding)."""
     if isinstance(value, int):
         return value
     number = value.to_decimal() if isinstance(value, Decimal128) else value
     if number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number):
         return 0
-    if number >= _INT64_LIMIT:
-        return _INT64_LIMIT - 1
-    if number <= -_INT64_LIMIT:
-        return -_INT64_LIMIT
+    if number > INT64_MAX:  # +infinity too
+        return INT64_MAX
+    if number < INT64_MIN:
+        return INT64_MIN
+    if isinstance(number, decimal.Decimal):
+        return int(number.to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
     return int(number)
 
 
-_INT64_LIMIT = 1 << 63
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def get_more_fields(cmd: dict[str, Any]) -> tuple[int, str]:
