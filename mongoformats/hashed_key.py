@@ -15,20 +15,18 @@ rounded half to even (Decimal128::toLong's default), not truncated as a double i
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
-from decimal import ROUND_HALF_EVEN
 from typing import Any
 
 import bson
 from bson import Decimal128, Int64
 
+from mongoformats.idl import INT64_MIN, safe_long
 from mongoformats.oplog_splice import _value_end
 
 __all__ = ["hashed_value"]
 
 _I32, _I64, _F64 = struct.Struct("<i"), struct.Struct("<q"), struct.Struct("<d")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # BSON type byte -> canonical type (canonicalizeBSONType); EOO and Undefined share 0.
 _CANONICAL = {0x00: 0, 0x06: 0, 0xFF: -1, 0x0A: 5, 0x01: 10, 0x10: 10, 0x12: 10, 0x13: 10, 0x02: 15, 0x0E: 15,
@@ -76,25 +74,13 @@ def _hash_elements(digest: Any, buf: bytes, p: int) -> None:
 
 
 def _as_int64(t: int, buf: bytes, p: int) -> int:
-    """safeNumberLongForHash: an int64 for any number, NaN as 0, out-of-range values saturated."""
+    """safeNumberLongForHash: safeNumberLong (NaN as 0, saturated, doubles toward zero, decimals
+    half to even), except for the double 2^63."""
     if t == 0x10:
         return _I32.unpack_from(buf, p)[0]
     if t == 0x12:
         return _I64.unpack_from(buf, p)[0]
     if t == 0x01:
         d = _F64.unpack_from(buf, p)[0]
-        if math.isnan(d):
-            return 0
-        if d == 2.0**63:
-            return _INT64_MIN
-        if d > 2.0**63:  # +infinity too
-            return _INT64_MAX
-        return _INT64_MIN if d < _INT64_MIN else int(d)  # toward zero
-    number = Decimal128.from_bid(bytes(buf[p:p + 16])).to_decimal()
-    if number.is_nan():
-        return 0
-    if number > _INT64_MAX:  # +infinity too
-        return _INT64_MAX
-    if number < _INT64_MIN:
-        return _INT64_MIN
-    return int(number.to_integral_value(rounding=ROUND_HALF_EVEN))
+        return INT64_MIN if d == 2.0**63 else safe_long(d)
+    return safe_long(Decimal128.from_bid(bytes(buf[p:p + 16])))

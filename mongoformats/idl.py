@@ -20,8 +20,8 @@ from bson.datetime_ms import DatetimeMS
 
 from mongoformats.errors import MongoError
 
-__all__ = ["SAFE_INT64", "get_more_fields", "kill_cursors_ids", "optional_number", "safe_long", "type_name",
-           "wrong_type"]
+__all__ = ["INT64_MAX", "INT64_MIN", "SAFE_INT64", "get_more_fields", "kill_cursors_ids", "optional_number",
+           "safe_long", "type_name", "wrong_type"]
 
 # The types of IDL's safeInt64 (batchSize, maxTimeMS), in the order its errors list them.
 SAFE_INT64 = ("long", "int", "decimal", "double")
