@@ -36,7 +36,7 @@ from buckets.topology import Topology, discover
 from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.idl import get_more_fields, kill_cursors_ids, optional_number, wrong_type
+from mongoformats.idl import get_more_request, kill_cursors_ids, wrong_type
 from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
@@ -652,12 +652,11 @@ class Engine:
         # The upstream's test fail points apply to getMores the proxy answers too (wireproxy/failpoints.py).
         if (failed := await session.fail_point_reply("getMore", db, cmd)) is not None:
             return failed
-        cid, coll = get_more_fields(cmd)
-        batch_size, max_time_ms = optional_number(cmd, "getMore", "batchSize"), optional_number(cmd, "getMore",
-                                                                                              "maxTimeMS")
+        more = get_more_request(cmd)
+        cid = more.cursor_id
         cur = self._owned(session, cid, cmd)
-        if f"{db}.{coll}" != cur.ns:
-            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{coll}', "
+        if f"{db}.{more.collection}" != cur.ns:
+            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{more.collection}', "
                              f"but cursor belongs to a different namespace {cur.ns}")
         if (fail := await session.fail_after_checkout()) is not None:
             raise with_change_stream_label(fail)  # like the server's: the cursor survives it
@@ -665,7 +664,7 @@ class Engine:
             raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
         cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
-            events, pbrt = await cur.next_batch(batch_size, max_time_ms)
+            events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
         except MongoError as exc:
             self._drop_cursor(cid)
             raise with_change_stream_label(exc) from None

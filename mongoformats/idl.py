@@ -13,15 +13,15 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
 from mongoformats.errors import MongoError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "SAFE_INT64", "get_more_fields", "kill_cursors_ids", "optional_number",
-           "safe_long", "type_name", "wrong_type"]
+__all__ = ["INT64_MAX", "INT64_MIN", "SAFE_INT64", "GetMore", "get_more_request", "kill_cursors_ids", "safe_long",
+           "type_name", "wrong_type"]
 
 # The types of IDL's safeInt64 (batchSize, maxTimeMS), in the order its errors list them.
 SAFE_INT64 = ("long", "int", "decimal", "double")
@@ -53,7 +53,7 @@ def _missing(path: str) -> MongoError:
     return MongoError("IDLFailedToParse", f"BSON field '{path}' is missing but a required field")
 
 
-def optional_number(cmd: dict[str, Any], command: str, field: str) -> int | None:
+def _optional_number(cmd: dict[str, Any], command: str, field: str) -> int | None:
     """An optional safeInt64 field (batchSize, maxTimeMS), or None when absent or null."""
     value = cmd.get(field)
     if value is None:
@@ -84,8 +84,15 @@ def safe_long(value: Any) -> int:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def get_more_fields(cmd: dict[str, Any]) -> tuple[int, str]:
-    """A getMore's cursor id (a long) and collection (a string)."""
+class GetMore(NamedTuple):
+    cursor_id: int
+    collection: str
+    batch_size: int | None
+    max_time_ms: int | None
+
+
+def get_more_request(cmd: dict[str, Any]) -> GetMore:
+    """A getMore's fields: the cursor id (a long), collection (a string), batchSize and maxTimeMS."""
     cid, coll = cmd["getMore"], cmd.get("collection")
     if not isinstance(cid, Int64):
         raise wrong_type("getMore.getMore", cid, "long")
@@ -93,7 +100,8 @@ def get_more_fields(cmd: dict[str, Any]) -> tuple[int, str]:
         raise _missing("getMore.collection")
     if not isinstance(coll, str):
         raise wrong_type("getMore.collection", coll, "string")
-    return int(cid), coll
+    return GetMore(int(cid), coll, _optional_number(cmd, "getMore", "batchSize"),
+                   _optional_number(cmd, "getMore", "maxTimeMS"))
 
 
 def kill_cursors_ids(cmd: dict[str, Any]) -> list[int]:

@@ -23,7 +23,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
-from mongoformats.idl import get_more_fields, kill_cursors_ids, optional_number
+from mongoformats.idl import get_more_request, kill_cursors_ids
 from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
@@ -429,15 +429,14 @@ class CommandServer:
         return {"totalLinesWritten": 0, "log": []} if cmd["getLog"] != "*" else {"names": ["global", "startupWarnings"]}
 
     async def cmd_get_more(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        cid, coll = get_more_fields(cmd)
-        batch_size, max_time_ms = optional_number(cmd, "getMore", "batchSize"), optional_number(cmd, "getMore",
-                                                                                              "maxTimeMS")
+        more = get_more_request(cmd)
         fail = None
         fp = self.fail_points.get("failGetMoreAfterCursorCheckout")
         if fp and self._fail_point_fires(fp):
             fail = MongoError(int(fp["data"].get("errorCode", 1)), "Failing command via "
                               "'failGetMoreAfterCursorCheckout' failpoint")
-        cursor = await self.cursors.get_more(cid, f"{db}.{coll}", batch_size, max_time_ms, fail)
+        cursor = await self.cursors.get_more(more.cursor_id, f"{db}.{more.collection}", more.batch_size,
+                                             more.max_time_ms, fail)
         return {"cursor": cursor}
 
     def _fail_point_fires(self, fp: dict[str, Any]) -> bool:
