@@ -114,23 +114,24 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int |
     return int(value)
 
 
-def _int_setting(cmd: Mapping[str, Any], name: str, low: int, high: int, default: int) -> int:
-    """An integer option that has a default (`_int_option`'s checks)."""
-    value = _int_option(cmd, name, low, high)
-    return default if value is None else value
-
-
 _MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
-_MAX_AWAIT_MS = (1 << 31) - 1
+# The stream settings an open command may pass, with their ranges (defaults: EngineConfig).
+_SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
+             "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, 64)}
+
+
+def _setting(cmd: Mapping[str, Any], name: str, default: int) -> int:
+    """One of _SETTINGS (checked when the command came in, _check_open_options), or its default."""
+    value = cmd.get(name)
+    return default if value is None else int(value)
 
 
 def _check_open_options(cmd: dict[str, Any]) -> None:
     """Types and ranges of the open command's options, checked before anything is created, with
     the errors the server gives for the same fields of $changeStream: a malformed option fails the
     command, never the stream later (an InternalError from deep inside the engine)."""
-    for name in ("shardBufferBytes", "bucketBufferBytes"):
-        _int_option(cmd, name, 1, _MAX_BYTES)
-    _int_option(cmd, "maxAwaitTimeMS", 0, _MAX_AWAIT_MS)
+    for name, (low, high) in _SETTINGS.items():
+        _int_option(cmd, name, low, high)
     if "showExpandedEvents" in cmd and not isinstance(cmd["showExpandedEvents"], bool):
         raise wrong_type("parallelChangeStream.showExpandedEvents", cmd["showExpandedEvents"], "bool")
     for field in ("resumeAfter", "startAfter"):
@@ -459,14 +460,14 @@ class Engine:
                              "pipeline's $match may not test those fields (it runs before the lookups)")
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
-            shard_buffer_bytes=_int_setting(cmd, "shardBufferBytes", 1, _MAX_BYTES, self.config.shard_buffer_bytes),
-            bucket_buffer_bytes=_int_setting(cmd, "bucketBufferBytes", 1, _MAX_BYTES, self.config.bucket_buffer_bytes),
-            max_await_ms=_int_setting(cmd, "maxAwaitTimeMS", 0, _MAX_AWAIT_MS, self.config.max_await_ms),
+            shard_buffer_bytes=_setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
+            bucket_buffer_bytes=_setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
+            max_await_ms=_setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
             stages=compile_stages(stages),
-            reader_processes=_int_setting(cmd, "readerProcesses", 0, 64, self.config.reader_processes),
+            reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
             ddl_notes=await self.lacks_expanded_events())
         stream = ParallelStream(name, options, topology, start, floors, keep=keep,
                                 connect_upstream=self.connect_upstream, connect_member=self.connect_member,
