@@ -485,14 +485,25 @@ async def test_a_stream_changes_its_bucket_count_from_a_common_token(cluster, pr
         with pytest.raises(OperationFailure, match="cursor.* read it") as info:
             c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow", "resumeAfter": [common] * 2})
         assert info.value.code == 117  # ConflictingOperationInProgress
-        time.sleep(0.6)  # the consumer stops without killCursors
+        # The consumer stops without killCursors.
         for coll in colls:
             coll.insert_many([{"_id": i} for i in range(60, 100)])
         with pytest.raises(OperationFailure, match="all the same token") as info:
             c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
                              "resumeAfter": [common, before[0]["_id"]]})
-        reopened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
-                                    "resumeAfter": [common] * 2})
+        replies = []
+
+        def reopen() -> bool:
+            """As the Spark source does: retried while refused, until the old cursors count as unused."""
+            try:
+                replies.append(c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
+                                                "resumeAfter": [common] * 2}))
+                return True
+            except OperationFailure as exc:
+                assert exc.code == 117
+                return False
+        wait_until(reopen, timeout=10)
+        reopened = replies[0]
         assert reopened["nBuckets"] == 4 and len(reopened["cursors"]) == 4
         with pytest.raises(OperationFailure) as info:
             c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": NS})
