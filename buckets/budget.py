@@ -28,10 +28,15 @@ class ByteBudget:
         """Take `n` bytes if they fit now (same rule as `acquire`); False instead of waiting."""
         if self.used and self.used + n > self.limit:
             return False
+        self.charge(n)
+        return True
+
+    def charge(self, n: int) -> None:
+        """Count `n` bytes that were admitted elsewhere: a reader process acquired them from its
+        own budget for this shard, which gets them back only as this one releases them."""
         self.used += n
         if self.used > self.high_water:
             self.high_water = self.used
-        return True
 
     async def acquire(self, n: int) -> None:
         while not self.try_acquire(n):

@@ -236,6 +236,9 @@ class ShardReader:
         self._notes = trio.Lock()              # one note at a time on the primary connection
         self._nudged = trio.Event()
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
+        # A reader process's batches that arrived and are not yet in the merge's channel (see arrived).
+        self._arrived: ShardBatch | None = None
+        self._arrival = trio.Event()
 
     async def run(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None) -> None:
         """Read until cancelled. `checked` is set once the oplog is known to reach back to the
@@ -249,6 +252,7 @@ class ShardReader:
                 if self.elsewhere is None:
                     await self.tail.run(self)
                 else:
+                    nursery.start_soon(self._forward_arrivals)
                     await self.elsewhere.read(self)
                 nursery.cancel_scope.cancel()
         finally:
@@ -258,14 +262,47 @@ class ShardReader:
 
     async def deliver(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         assert self._send is not None
+        self._count(events, entries, last_ts)
+        await self.budget.acquire(nbytes)
+        await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
+
+    def arrived(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        """A batch from the reader process that runs this tail: taken at once, never waited on.
+
+        Why not `deliver`: one connection relays the batches of every stream the process reads,
+        so a relay that waited for this stream's merge (a consumer that stopped reading) held up
+        every other stream of the process. The wait is the reader process's instead: it charged
+        the shard's budget before sending, and gets the bytes back only as the merge frees them,
+        so what waits here is bounded by that budget. Batches that arrive while the merge is
+        behind are joined into one, so the marks of event-less batches (the shard's noops) take
+        no room either.
+        """
+        self._count(events, entries, last_ts)
+        self.budget.charge(nbytes)
+        held = self._arrived
+        if held is None:
+            self._arrived = ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes)
+            self._arrival.set()
+        else:
+            held.events += events
+            held.nbytes += nbytes
+            held.mark = mark_after(last_ts)
+
+    async def _forward_arrivals(self) -> None:
+        assert self._send is not None
+        while True:
+            await self._arrival.wait()
+            self._arrival = trio.Event()
+            batch, self._arrived = self._arrived, None
+            if batch is not None:
+                await self._send.send(batch)
+
+    def _count(self, events: list[EventFields], entries: int, last_ts: Timestamp) -> None:
         stats = self.stats
         stats.entries += entries
         stats.events += len(events)
         stats.batches += 1
         stats.last_ts = last_ts
-        # (A reader process waits for the same budget on its side first, so this never waits then.)
-        await self.budget.acquire(nbytes)
-        await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
 
     async def checked(self) -> None:
         if self._checked is not None:

@@ -22,9 +22,11 @@ directions carry length-prefixed pickles; `key` names one tail (one shard of one
                       ("checked" | "idle" | "parked" | "connected" | "failed", key, ...)
 
 Flow control: each tail charges a ByteBudget of the shard's size in its own process before it
-sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits
-for budget, so one process's shards never hold each other up on the shared socket; a full
-buffer stops only its own shard's getMores, in the reader process.
+sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits,
+for budget or for a stream's merge (ShardReader.arrived), so the tails of one process, of any
+stream, never hold each other up on the shared socket; a full buffer stops only its own shard's
+getMores, in the reader process. Sends are never cut short by a cancellation (MessageStream.send):
+half a message would put the rest of the socket out of step for every tail.
 """
 
 from __future__ import annotations
@@ -68,10 +70,19 @@ class MessageStream:
             stream.setsockopt(trio.socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
 
     async def send(self, message: Any) -> None:
+        """Send one message whole, even if the caller is cancelled meanwhile.
+
+        Why shielded: a send cancelled part-way leaves half a message on the socket, and the other
+        side then reads the rest of the stream out of step. That broke every stream of the
+        process, not just the one whose tail was stopped (a stream closing while its tail was
+        sending a batch). The other side is our own process, which always reads on, so the send
+        ends soon; if that process is gone, the socket is broken and the send fails at once.
+        """
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         async with self._send_lock:
-            await self.stream.send_all(_HEADER.pack(len(data)))
-            await self.stream.send_all(data)
+            with trio.CancelScope(shield=True):
+                await self.stream.send_all(_HEADER.pack(len(data)))
+                await self.stream.send_all(data)
 
     async def receive(self) -> Any:
         """The next message, or None once the other side has closed."""
@@ -203,9 +214,9 @@ class ReaderHost:
             reader = self._readers.get(key)
             if reader is None:  # a tail that was removed: what it sent last is not wanted
                 continue
-            if kind == "batch":
+            if kind == "batch":  # taken without waiting: this connection serves every stream's tails
                 _, _, events, nbytes, entries, (secs, inc) = message
-                await reader.deliver(events, nbytes, entries, Timestamp(secs, inc))
+                reader.arrived(events, nbytes, entries, Timestamp(secs, inc))
             elif kind == "parked":
                 await reader.parked(message[2])
             elif kind == "idle":

@@ -215,3 +215,25 @@ async def test_streams_share_the_engines_reader_processes(cluster):
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stalled_stream_never_holds_up_another_in_a_shared_reader_process(cluster, proxy):
+    """Two streams read through one reader process. Nobody reads the first, so its bucket fills and
+    its merge stops; the second must read on (its own consumer, its own pace). A stall must stay
+    the stalled stream's own, as it does without reader processes."""
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        stalled = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "stalled",
+                                   "startAtOperationTime": start, "readerProcesses": 1, "bucketBufferBytes": 1})
+        live = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "live",
+                                "startAtOperationTime": start, "readerProcesses": 1})
+        got = 0
+        for i in range(60):  # one write a batch: far more batches than a stream's merge channel holds
+            c.hl.x.insert_one({"_id": i, "pad": "x" * 1000})
+            if i % 10 == 9:
+                end = end_point(c)
+                got += sum(e["operationType"] == "insert" for e in drain(c, live["cursors"][0]["id"], end, 20))
+        assert got == 60
+        assert stalled["cursors"][0]["id"]  # still open, still unread
+    await sync(work)
