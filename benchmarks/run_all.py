@@ -1,6 +1,6 @@
 """Run every benchmark in turn (`make bench`); each prints its ratios and writes JSON + PNG."""
 
-from benchmarks import bench_engine, bench_latency, bench_proxy, bench_replication, bench_simcluster
+from benchmarks import bench_engine, bench_latency, bench_proxy, bench_replication, bench_simcluster, bench_soak
 
 if __name__ == "__main__":
     bench_simcluster.main([])
@@ -8,3 +8,4 @@ if __name__ == "__main__":
     bench_engine.main([])
     bench_latency.main([])
     bench_replication.main([])
+    bench_soak.main([])

@@ -1,0 +1,196 @@
+"""Soak: the proxy's memory and one stream's completeness while other streams come and go.
+
+    .venv/bin/python -m benchmarks.bench_soak [--seconds 90] [--reader-processes 0 1]
+
+For each readerProcesses value, a fresh 3-shard cluster and proxy (its own processes), and:
+- a writer inserting 200-document batches into a hashed-sharded and eight unsharded collections;
+- one long-lived named stream with 4 buckets, each drained by its own consumer connection;
+- churn, one client every 0.2 s: a stream opened with 1, 4 or 16 buckets and read a little, an
+  accelerated `watch()`, a getMore hung up on mid-wait, a named stream reopened with another
+  bucket count, a status call, a getMore on an unknown cursor. Each client leaves without
+  killing its cursors: the proxy's cursor timeout (10 s here) and stream teardown (5 s) reap them.
+
+Reports the proxy's resident memory (main and reader processes) over time, and whether the
+long-lived stream saw every insert once. Memory must level off: what churn leaves behind is freed
+by the timeouts, so the second half's peak should stay near the first half's. Writes JSON and a
+PNG to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import time
+from typing import Any
+
+import bson
+import psutil
+import trio
+
+from benchmarks.bench_engine import ProxyProcess
+from benchmarks.common import plot_series, write_json
+from simcluster.launcher import spawn_cluster
+from wireproxy.upstream import UpstreamConnection, open_upstream
+
+NS = "$cmd.parallelChangeStream"
+SAMPLE_S = 5.0
+
+
+def resident_bytes(proxy: ProxyProcess) -> int:
+    total = proxy.ps.memory_info().rss
+    for child in proxy.ps.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a reader process may just be stopping
+            total += child.memory_info().rss
+    return total
+
+
+class Soak:
+    def __init__(self, proxy: ProxyProcess, reader_processes: int) -> None:
+        self.proxy = proxy
+        self.rp = reader_processes
+        self.writing = True
+        self.running = True
+        self.written: set[bytes] = set()
+        self.seen: set[bytes] = set()
+        self.duplicates = 0
+        self.churned: dict[str, int] = {}
+        self.samples: list[tuple[float, float]] = []  # (seconds, MiB)
+
+    async def connect(self) -> UpstreamConnection:
+        return await open_upstream("127.0.0.1", self.proxy.port)
+
+    async def write(self) -> None:
+        conn = await self.connect()
+        await conn.command("admin", {"enableSharding": "soak"})
+        await conn.command("admin", {"shardCollection": "soak.h", "key": {"_id": "hashed"}})
+        while self.writing:
+            for coll in ("h", f"u{random.randrange(8)}"):
+                ids = [bson.ObjectId() for _ in range(200)]
+                await conn.command("soak", {"insert": coll, "documents": [{"_id": i, "pad": "x" * 200} for i in ids]})
+                self.written.update(i.binary for i in ids)
+            await conn.command("soak", {"update": "h", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}}]})
+            await trio.sleep(0.05)
+        await conn.aclose()
+
+    async def consume_steadily(self) -> None:
+        ctl = await self.connect()
+        opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": 4, "name": "steady",
+                                             "readerProcesses": self.rp})
+
+        async def bucket(cursor_id: Any) -> None:
+            conn = await self.connect()
+            while self.running:
+                reply = await conn.command("admin", {"getMore": cursor_id, "collection": NS, "maxTimeMS": 200})
+                for event in reply["cursor"]["nextBatch"]:
+                    if event["operationType"] == "insert":
+                        key = event["documentKey"]["_id"].binary
+                        if key in self.seen:
+                            self.duplicates += 1
+                        self.seen.add(key)
+
+        async with trio.open_nursery() as nursery:
+            for cursor in opened["cursors"]:
+                nursery.start_soon(bucket, cursor["id"])
+
+    async def churn_once(self, conn: UpstreamConnection) -> str:
+        kind = random.choice(["stream", "watch", "hang up", "rebucket", "status", "unknown cursor"])
+        if kind == "stream":
+            opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": random.choice([1, 4, 16]),
+                                                  "readerProcesses": self.rp})
+            for cursor in opened["cursors"][:2]:
+                await conn.command("admin", {"getMore": cursor["id"], "collection": NS, "maxTimeMS": 50})
+        elif kind == "watch":
+            opened = await conn.command("soak", {"aggregate": "h", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+            await conn.command("soak", {"getMore": opened["cursor"]["id"], "collection": "h", "maxTimeMS": 50})
+        elif kind == "hang up":  # the connection closes while its getMore waits for events
+            opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": 2,
+                                                  "readerProcesses": self.rp})
+            with trio.move_on_after(0.05):
+                await conn.command("admin", {"getMore": opened["cursors"][0]["id"], "collection": NS,
+                                             "maxTimeMS": 5000})
+        elif kind == "rebucket":
+            opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": random.choice([2, 3]),
+                                                  "name": f"re{random.randrange(3)}", "readerProcesses": self.rp},
+                                        check=False)
+            if opened.get("ok"):
+                await conn.command("admin", {"killCursors": NS, "cursors": [c["id"] for c in opened["cursors"]]})
+        elif kind == "status":
+            await conn.command("admin", {"parallelChangeStreamStatus": 1})
+        else:
+            await conn.command("admin", {"getMore": bson.Int64(12345), "collection": NS}, check=False)
+        return kind
+
+    async def churn(self) -> None:
+        while self.running:
+            conn = await self.connect()
+            kind = await self.churn_once(conn)
+            self.churned[kind] = self.churned.get(kind, 0) + 1
+            await conn.aclose()  # its cursors are left to the timeouts
+            await trio.sleep(0.2)
+
+    async def sample(self, started: float) -> None:
+        while self.running:
+            elapsed = time.monotonic() - started
+            self.samples.append((elapsed, resident_bytes(self.proxy) / 2**20))
+            print(f"  rp={self.rp} {elapsed:5.0f}s  proxy {self.samples[-1][1]:7.1f} MiB  "
+                  f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read  churn {self.churned}",
+                  flush=True)
+            await trio.sleep(SAMPLE_S)
+
+    async def run(self, seconds: float) -> None:
+        await self.proxy.wait_ready()
+        started = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.write)
+            nursery.start_soon(self.consume_steadily)
+            nursery.start_soon(self.churn)
+            nursery.start_soon(self.sample, started)
+            await trio.sleep(seconds)
+            self.writing = False
+            with trio.move_on_after(30):  # the long-lived stream catches up with the last writes
+                while len(self.seen) < len(self.written):
+                    await trio.sleep(0.2)
+            self.running = False
+            nursery.cancel_scope.cancel()
+
+    def figures(self, seconds: float) -> dict[str, Any]:
+        first = max(m for t, m in self.samples if t <= seconds / 2)
+        second = max(m for t, m in self.samples if t > seconds / 2)
+        return {"seconds": seconds, "inserts_written": len(self.written), "inserts_read": len(self.seen),
+                "inserts_lost": len(self.written - self.seen), "inserts_duplicated": self.duplicates,
+                "churn": self.churned, "proxy_mib_first_half_peak": first, "proxy_mib_second_half_peak": second,
+                "second_over_first_half_peak": second / first, "samples": self.samples}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=90)
+    parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1])
+    args = parser.parse_args(argv)
+    results: dict[str, dict[str, Any]] = {}
+    for rp in args.reader_processes:
+        cluster = spawn_cluster(shards=3, periodic_noop_s=1)
+        proxy = ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp),
+                             "--stream-idle-teardown-s", "5", "--cursor-timeout-s", "10")
+        try:
+            soak = Soak(proxy, rp)
+            trio.run(soak.run, args.seconds)
+        finally:
+            proxy.close()
+            cluster.close()
+        results[f"rp={rp}"] = figures = soak.figures(args.seconds)
+        print(f"rp={rp}: {figures['inserts_read']:,} of {figures['inserts_written']:,} inserts read "
+              f"({figures['inserts_lost']} lost, {figures['inserts_duplicated']} twice); proxy peak "
+              f"{figures['proxy_mib_first_half_peak']:.0f} MiB in the first half, "
+              f"{figures['proxy_mib_second_half_peak']:.0f} MiB in the second "
+              f"({figures['second_over_first_half_peak']:.2f}x)")
+    path = write_json("soak", {"modes": results})
+    plot_series("soak", {name: r["samples"] for name, r in results.items()}, xlabel="seconds",
+                ylabel="proxy resident MiB (main + reader processes)",
+                title=f"proxy memory under stream churn, {args.seconds:.0f} s")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
