@@ -163,6 +163,9 @@ class ShardNode(CommandServer):
         self.up = True
         self.in_sync = True             # False from a restart until it caught up (or resynced)
         self.frozen_until = -math.inf   # replSetStepDown: not electable before this trio time
+        # After an election this member lost entries to: its last entry the set's history shares.
+        # Entries after it are rolled back at its next sync; until then they count for nothing.
+        self.branch_end: int | None = None
         # ns -> shard key pattern (set by the router), so o2/documentKey holds shard key + _id.
         self.shard_keys: dict[str, dict[str, Any]] = {}
         self.commands.update({
@@ -243,7 +246,8 @@ class ShardNode(CommandServer):
         rs = self.replset
         while True:
             source = rs.primary_node
-            if self.is_primary or source is None or source is self:
+            # stopReplProducer: the server's fail point that stops this member fetching entries.
+            if self.is_primary or source is None or source is self or "stopReplProducer" in self.fail_points:
                 await trio.sleep(0.05)  # nothing to sync from: roles change rarely, look again soon
                 continue
             mine = self.oplog.last_key()
@@ -276,17 +280,30 @@ class ShardNode(CommandServer):
         self.applier.images = copy.deepcopy(source.applier.images)
         self.applier.statements = copy.deepcopy(source.applier.statements)
         self.oplog.copy_from(source.oplog)
+        self.branch_end = None
+        self.replset.notify()  # ROLLBACK -> SECONDARY; majority readers here may read on
 
     # -- what a change stream on this member may see: the majority-committed part of its oplog ---------
 
+    def applied_key(self) -> int:
+        """The newest entry of this member's that is on the set's history (what counts toward a majority)."""
+        last = self.oplog.last_key()
+        return last if self.branch_end is None else min(last, self.branch_end)
+
     def commit_key(self) -> int:
-        return min(self.replset.commit_key(), self.oplog.last_key())
+        return min(self.replset.commit_key(), self.applied_key())
 
     @property
     def images(self) -> dict[tuple[bytes, int, int], tuple[Any, Any]]:
         return self.applier.images
 
     async def wait_commit_beyond(self, key: int, deadline: float) -> bool:
+        """Wait until this member's own commit point passes `key`: the set's has, and this member
+        applied that far on the set's history (a lagging member may know a commit point beyond
+        what it has; one on a lost branch sees nothing more until it rolled back)."""
+        while self.branch_end is not None and self.branch_end <= key:
+            if not await self.replset.wait_changed(deadline):
+                return False
         return await self.replset.wait_commit_beyond(key, deadline) and await self.oplog.wait_beyond(key, deadline)
 
     # -- roles: what a secondary refuses (mongodb-formats.md D: 10107, 13435) -------------------------
@@ -666,7 +683,6 @@ class ShardNode(CommandServer):
         # Oplog entries are as visible as the writes they record (SERVER-23186): a majority read
         # sees nothing past the commit point, so nothing it returns can be rolled back.
         majority = (cmd.get("readConcern") or {}).get("level") == "majority"
-        rs = self.replset
 
         async def fetch(limit: int, deadline: float) -> list[Any]:
             nonlocal position
@@ -676,7 +692,7 @@ class ShardNode(CommandServer):
             nonlocal remaining
             while True:
                 raws = oplog.read_after(position, min(limit, remaining) if remaining else limit,
-                                        upto=rs.commit_key() if majority else None)
+                                        upto=self.commit_key() if majority else None)
                 if cmd.get("limit"):
                     if not remaining:
                         return []
@@ -688,10 +704,8 @@ class ShardNode(CommandServer):
                     return RawBatch(raws)
                 if not tailable:
                     return []
-                # A lagging member may know a commit point beyond what it has applied: wait for both.
-                if majority and not await rs.wait_commit_beyond(position, deadline):
-                    return []
-                if not await oplog.wait_beyond(position, deadline):
+                waited = self.wait_commit_beyond if majority else oplog.wait_beyond
+                if not await waited(position, deadline):
                     return []
 
         # A non-tailable scan ends (cursor id 0) once it has returned everything there is.

@@ -98,6 +98,12 @@ class Oplog:
     def last_key(self) -> int:
         return self._keys[-1] if self._keys else 0
 
+    def last_optime(self) -> tuple[int, int]:
+        """(term, ts key) of the newest entry: the order in which elections compare members' oplogs."""
+        if not self._entries:
+            return (0, 0)
+        return (int(RawBSONDocument(self._entries[-1], RAW)["t"]), self._keys[-1])
+
     def last_ts(self) -> Timestamp:
         k = self.last_key()
         return Timestamp(k >> 32, k & 0xFFFFFFFF)

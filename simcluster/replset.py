@@ -6,15 +6,25 @@ Facts kept from the server (replication_coordinator_impl.cpp, and the docs on el
 - a primary that is stopped is replaced after electionTimeoutMillis by the live member with the
   newest oplog, if a majority of members is up; each election starts a new term, and the new
   primary writes a `{msg: "new primary"}` noop;
+- a member votes for a candidate only if the candidate's last entry is at least as new as its
+  own, by (term, timestamp); a candidate needs a majority of votes. So a member that lacks a
+  majority-committed entry is never elected (some member of every majority has it): with no
+  other member electable, the set stays without a primary until one is (topology_coordinator.cpp,
+  processReplSetRequestVotes);
 - `replSetStepDown` waits up to secondaryCatchUpPeriodSecs for an electable secondary to catch up
   (ExceededTimeLimit otherwise, unless `force`), and the old primary may not stand again for
   the stepdown period;
 - a member that comes back with oplog entries the new primary never had rolls them back. The
-  simulator does it by resyncing from the primary (the state it reaches is the server's).
+  simulator does it by resyncing from the primary (the state it reaches is the server's);
+- until then, such entries are on another branch: they count toward no majority, and the member's
+  own commit point stops before them (a secondary does not advance its commit point to a greater
+  term than its lastApplied's: jstests/replsets/secondaries_do_not_advance_commit_point_to_greater_term),
+  so a majority read on it never returns them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,6 +38,8 @@ if TYPE_CHECKING:
     from simcluster.node import ShardNode
 
 __all__ = ["Primaries", "ReplicaSet"]
+
+log = logging.getLogger("simcluster")
 
 
 class ReplicaSet:
@@ -88,7 +100,7 @@ class ReplicaSet:
 
     def member_applied(self) -> None:
         """Recompute the commit point after a member applied entries (it never moves back)."""
-        keys = sorted((m.oplog.last_key() for m in self.members if m.up and m.in_sync), reverse=True)
+        keys = sorted((m.applied_key() for m in self.members if m.up and m.in_sync), reverse=True)
         if len(keys) >= self.majority and keys[self.majority - 1] > self._commit:
             self._commit = keys[self.majority - 1]
             self._wake()
@@ -102,6 +114,13 @@ class ReplicaSet:
                 continue
             return False
         return True
+
+    async def wait_changed(self, deadline: float) -> bool:
+        """Wait for the next change of the commit point or of a role; False at the deadline."""
+        with trio.move_on_at(deadline):
+            await self._changed.wait()
+            return True
+        return False
 
     async def wait_majority(self, key: int, timeout_s: float = math.inf) -> bool:
         """writeConcern majority: wait until the commit point reaches `key`."""
@@ -150,14 +169,25 @@ class ReplicaSet:
     # -- elections ---------------------------------------------------------------------------------
 
     def elect(self, *, exclude: ShardNode | None = None) -> ShardNode | None:
-        """Make the live member with the newest oplog primary, if a majority is up."""
+        """Make the live member with the newest oplog primary, if a majority of members vote for it."""
         now = trio.current_time()
         up = [m for m in self.members if m.up]
-        candidates = [m for m in up if m is not exclude and m.in_sync and m.frozen_until <= now]
-        if len(up) < self.majority or not candidates:
+        newest = {m: m.oplog.last_optime() for m in up}
+        candidates = [m for m in up if m is not exclude and m.in_sync and m.frozen_until <= now
+                      and sum(newest[voter] <= newest[m] for voter in up) >= self.majority]
+        if not candidates:
             return None
-        winner = max(candidates, key=lambda m: (m.oplog.last_key(), -self.members.index(m)))
+        winner = max(candidates, key=lambda m: (newest[m], -self.members.index(m)))
+        # Whoever holds entries past the winner's last one holds what the new history never has.
+        branch = winner.oplog.last_key()
+        winner.branch_end = None
+        for m in self.members:
+            if m.oplog.last_key() > branch:
+                m.branch_end = branch if m.branch_end is None else min(m.branch_end, branch)
         self.term += 1
+        log.info("%s: %s elected primary in term %d; members' last entries %s, commit point %s", self.set_name,
+                 winner.address, self.term, {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end)
+                                             for m in self.members}, self._commit)
         for m in self.members:
             m.state = "SECONDARY"
         winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))

@@ -170,6 +170,72 @@ async def test_failover_after_a_primary_stops_and_rollback_on_its_return():
         await sync(_close_all)
 
 
+async def test_a_stepped_down_primary_never_shows_a_majority_reader_what_it_will_roll_back():
+    """A forced stepdown leaves the old primary up, as a secondary, holding a w:1 write no other
+    member has. Until it rolls back, a majority read on it must not return that write, however far
+    the new primary's commit point moves: its commit point stays on its own branch (a secondary
+    does not advance it past its lastApplied's term; the server's jstest
+    secondaries_do_not_advance_commit_point_to_greater_term). Nor does the write count toward the
+    set's majority."""
+    async with open_cluster(shards=1, members=3, replication_lag_s=0.5) as cluster:
+        rs = cluster.replsets["shard0"]
+        old = rs.primary
+        await sync(lambda: client(cluster.uri).t.c.insert_many([{"_id": i} for i in range(5)]))
+        old.insert_one("t.c", {"_id": "doomed"}, {})  # w:1: the secondaries trail by 0.5 s
+        doomed = old.oplog.last_key()
+        await rs.step_down(old, 60, 0, True)
+        new = rs.primary
+        assert new is not old and not new.oplog.contains(doomed)
+        # Whenever a member applies entries the commit point is recomputed; the old primary has not
+        # rolled back yet (it finds out when it next syncs, after the lag).
+        rs.member_applied()
+        assert old.oplog.contains(doomed)
+        assert rs.commit_key() < doomed, "a write only the old primary has is not majority committed"
+        reader = client(f"mongodb://{old.address}/?directConnection=true").local["oplog.rs"].with_options(
+            read_concern=ReadConcern("majority"), read_preference=ReadPreference.SECONDARY_PREFERRED)
+        since = {"ts": {"$gte": Timestamp(doomed >> 32, doomed & 0xFFFFFFFF)}}
+        # The new primary's entries reach the third member: the set's commit point passes the
+        # doomed write's time, and still the old primary's majority reads stop short of it.
+        await poll_until(lambda: rs.commit_key() > doomed, 10, interval=0.01)
+        if old.oplog.contains(doomed):  # (it may have rolled back meanwhile: then there is nothing to see)
+            assert [e["o"] for e in await sync(lambda: list(reader.find(since)))] == []
+        await _settled(rs)
+        assert not old.oplog.contains(doomed) and not old.select("t.c", {"_id": "doomed"})
+        await sync(_close_all)
+
+
+async def test_a_member_that_lacks_a_committed_write_is_never_elected():
+    """Votes go only to a candidate whose oplog is as new as the voter's, so the set rather stays
+    without a primary than elects a member that would roll back a majority-committed write.
+
+    C stops fetching (the stopReplProducer fail point), a majority write lands on A and B, A steps
+    down (B wins), then B steps down too: C alone could stand, and it lacks the write."""
+    async with open_cluster(shards=1, members=3, election_timeout_s=0.1) as cluster:
+        rs = cluster.replsets["shard0"]
+        a, b, c = rs.members
+
+        def write():
+            client(f"mongodb://{c.address}/?directConnection=true").admin.command(
+                "configureFailPoint", "stopReplProducer", mode="alwaysOn")
+            client(cluster.uri).t.c.insert_one({"_id": "committed"})  # w: majority, on A and B
+        await sync(write)
+        committed = a.oplog.last_key()
+        assert b.oplog.contains(committed) and not c.oplog.contains(committed)
+        assert rs.commit_key() >= committed
+        await rs.step_down(a, 60, 0, True)
+        assert rs.primary is b
+        await poll_until(lambda: a.oplog.last_key() == b.oplog.last_key(), 10)  # A follows B
+        await rs.step_down(b, 1, 0, True)  # C is the only member that may stand, for a second
+        await trio.sleep(0.5)  # elections come and go every 0.1 s
+        assert rs.primary_node is None, "C has not the votes of A and B"
+        await rs.wait_primary(10)  # B may stand again after its second
+        assert rs.primary is b and rs.primary.oplog.contains(committed)
+        c.fail_points.pop("stopReplProducer")
+        await _settled(rs)
+        assert all(m.select("t.c", {"_id": "committed"}) for m in rs.members)
+        await sync(_close_all)
+
+
 async def test_a_retried_write_statement_is_applied_once():
     """The server keeps retryable-write results per (lsid, txnNumber, stmtId) (config.transactions):
     the same statement sent again is acknowledged, not applied again, also by a new primary."""
