@@ -52,6 +52,7 @@ class Soak:
         self.writing = True
         self.running = True
         self.written: set[bytes] = set()
+        self.written_all = trio.Event()
         self.seen: set[bytes] = set()
         self.duplicates = 0
         self.churned: dict[str, int] = {}
@@ -72,6 +73,7 @@ class Soak:
             await conn.command("soak", {"update": "h", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}}]})
             await trio.sleep(0.05)
         await conn.aclose()
+        self.written_all.set()
 
     async def consume_steadily(self) -> None:
         ctl = await self.connect()
@@ -148,8 +150,9 @@ class Soak:
             nursery.start_soon(self.sample, started)
             await trio.sleep(seconds)
             self.writing = False
-            with trio.move_on_after(30):  # the long-lived stream catches up with the last writes
-                while len(self.seen) < len(self.written):
+            with trio.move_on_after(30):  # the last write ends, and the long-lived stream catches up with it
+                await self.written_all.wait()
+                while not self.written <= self.seen:
                     await trio.sleep(0.2)
             self.running = False
             nursery.cancel_scope.cancel()
