@@ -10,6 +10,10 @@ For each readerProcesses value, a fresh 3-shard cluster and proxy (its own proce
   bucket count, a status call, a getMore on an unknown cursor. Each client leaves without
   killing its cursors: the proxy's cursor timeout (10 s here) and stream teardown (5 s) reap them.
 
+With `--stepdown-every S`, each shard is a 3-member replica set and every S seconds the primary
+of a random shard is stepped down (forced), so the readers switch members and writes are retried
+(w: majority; an acknowledged insert must never go missing, a rolled-back one never show up).
+
 Reports the proxy's resident memory (main and reader processes) over time, and whether the
 long-lived stream saw every insert once. Memory must level off: what churn leaves behind is freed
 by the timeouts, so the second half's peak should stay near the first half's. Writes JSON and a
@@ -30,8 +34,9 @@ import trio
 
 from benchmarks.bench_engine import ProxyProcess
 from benchmarks.common import plot_series, write_json
+from mongoformats.errors import MongoError, has_category
 from simcluster.launcher import spawn_cluster
-from wireproxy.upstream import UpstreamConnection, open_upstream
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
 
 NS = "$cmd.parallelChangeStream"
 SAMPLE_S = 5.0
@@ -56,6 +61,7 @@ class Soak:
         self.seen: set[bytes] = set()
         self.duplicates = 0
         self.churned: dict[str, int] = {}
+        self.stepdowns = 0
         self.samples: list[tuple[float, float]] = []  # (seconds, MiB)
 
     async def connect(self) -> UpstreamConnection:
@@ -68,12 +74,31 @@ class Soak:
         while self.writing:
             for coll in ("h", f"u{random.randrange(8)}"):
                 ids = [bson.ObjectId() for _ in range(200)]
-                await conn.command("soak", {"insert": coll, "documents": [{"_id": i, "pad": "x" * 200} for i in ids]})
+                conn = await self.insert(conn, coll, ids)
                 self.written.update(i.binary for i in ids)
-            await conn.command("soak", {"update": "h", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}}]})
+            await conn.command("soak", {"update": "h", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}}]}, check=False)
             await trio.sleep(0.05)
         await conn.aclose()
         self.written_all.set()
+
+    async def insert(self, conn: UpstreamConnection, coll: str, ids: list[bson.ObjectId]) -> UpstreamConnection:
+        """Insert documents with these ids, majority-acknowledged, retrying through failovers. Unordered,
+        so a retry inserts what the failed attempt did not (duplicate keys are what it did)."""
+        cmd = {"insert": coll, "ordered": False, "writeConcern": {"w": "majority"},
+               "documents": [{"_id": i, "pad": "x" * 200} for i in ids]}
+        for _ in range(100):
+            try:
+                reply = await conn.command("soak", cmd)
+                if not reply.get("writeConcernError") and all(e["code"] == 11000
+                                                                for e in reply.get("writeErrors", [])):
+                    return conn
+            except UpstreamClosed:
+                conn = await self.connect()
+            except MongoError as exc:
+                if not has_category(exc.code, "RetriableError"):
+                    raise
+            await trio.sleep(0.3)
+        raise RuntimeError(f"insert into soak.{coll} failed 100 times")
 
     async def consume_steadily(self) -> None:
         ctl = await self.connect()
@@ -140,10 +165,12 @@ class Soak:
                   flush=True)
             await trio.sleep(SAMPLE_S)
 
-    async def run(self, seconds: float) -> None:
+    async def run(self, seconds: float, shards: dict[str, str], stepdown_every_s: float) -> None:
         await self.proxy.wait_ready()
         started = time.monotonic()
         async with trio.open_nursery() as nursery:
+            if stepdown_every_s:
+                nursery.start_soon(self.step_down_primaries, shards, stepdown_every_s)
             nursery.start_soon(self.write)
             nursery.start_soon(self.consume_steadily)
             nursery.start_soon(self.churn)
@@ -157,12 +184,28 @@ class Soak:
             self.running = False
             nursery.cancel_scope.cancel()
 
+    async def step_down_primaries(self, shards: dict[str, str], every_s: float) -> None:
+        """Every `every_s`, step down (forced) whichever member of a random shard is primary."""
+        while True:
+            await trio.sleep(every_s)
+            for host, port in parse_hosts(random.choice(list(shards.values()))):
+                with contextlib.suppress(UpstreamClosed, MongoError):
+                    member = await open_upstream(host, port)
+                    try:
+                        if (await member.command("admin", {"hello": 1})).get("isWritablePrimary"):
+                            await member.command("admin", {"replSetStepDown": 5, "secondaryCatchUpPeriodSecs": 2,
+                                                           "force": True}, check=False)
+                            self.stepdowns += 1
+                    finally:
+                        await member.aclose()
+
     def figures(self, seconds: float) -> dict[str, Any]:
         first = max(m for t, m in self.samples if t <= seconds / 2)
         second = max(m for t, m in self.samples if t > seconds / 2)
         return {"seconds": seconds, "inserts_written": len(self.written), "inserts_read": len(self.seen),
                 "inserts_lost": len(self.written - self.seen), "inserts_duplicated": self.duplicates,
-                "churn": self.churned, "proxy_mib_first_half_peak": first, "proxy_mib_second_half_peak": second,
+                "churn": self.churned, "stepdowns": self.stepdowns,
+                "proxy_mib_first_half_peak": first, "proxy_mib_second_half_peak": second,
                 "second_over_first_half_peak": second / first, "samples": self.samples}
 
 
@@ -170,28 +213,37 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=90)
     parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1])
+    parser.add_argument("--stepdown-every", type=float, default=0.0, metavar="S",
+                        help="3-member shards, a random shard's primary stepped down every S seconds (0: off)")
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
     for rp in args.reader_processes:
-        cluster = spawn_cluster(shards=3, periodic_noop_s=1)
+        if args.stepdown_every:
+            cluster = spawn_cluster(shards=3, periodic_noop_s=1, members=3,
+                                    flags=["--election-timeout-s", "0.5", "--replication-lag-s", "0.01"])
+        else:
+            cluster = spawn_cluster(shards=3, periodic_noop_s=1)
         proxy = ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp),
                              "--stream-idle-teardown-s", "5", "--cursor-timeout-s", "10")
         try:
             soak = Soak(proxy, rp)
-            trio.run(soak.run, args.seconds)
+            trio.run(soak.run, args.seconds, cluster.info["shards"], args.stepdown_every)
         finally:
             proxy.close()
             cluster.close()
         results[f"rp={rp}"] = figures = soak.figures(args.seconds)
         print(f"rp={rp}: {figures['inserts_read']:,} of {figures['inserts_written']:,} inserts read "
-              f"({figures['inserts_lost']} lost, {figures['inserts_duplicated']} twice); proxy peak "
+              f"({figures['inserts_lost']} lost, {figures['inserts_duplicated']} twice; "
+              f"{figures['stepdowns']} stepdowns); proxy peak "
               f"{figures['proxy_mib_first_half_peak']:.0f} MiB in the first half, "
               f"{figures['proxy_mib_second_half_peak']:.0f} MiB in the second "
               f"({figures['second_over_first_half_peak']:.2f}x)")
-    path = write_json("soak", {"modes": results})
-    plot_series("soak", {name: r["samples"] for name, r in results.items()}, xlabel="seconds",
+    name = "soak_stepdowns" if args.stepdown_every else "soak"
+    path = write_json(name, {"stepdown_every_s": args.stepdown_every, "modes": results})
+    plot_series(name, {name: r["samples"] for name, r in results.items()}, xlabel="seconds",
                 ylabel="proxy resident MiB (main + reader processes)",
-                title=f"proxy memory under stream churn, {args.seconds:.0f} s")
+                title=f"proxy memory under stream churn, {args.seconds:.0f} s"
+                + (f", a stepdown every {args.stepdown_every:g} s" if args.stepdown_every else ""))
     print(f"wrote {path}")
 
 

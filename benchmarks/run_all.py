@@ -9,3 +9,4 @@ if __name__ == "__main__":
     bench_latency.main([])
     bench_replication.main([])
     bench_soak.main([])
+    bench_soak.main(["--stepdown-every", "6"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +53,12 @@ def stop_process(process: subprocess.Popen[Any]) -> None:
 
 
 def spawn_cluster(*, shards: int = 4, prefill_events: int = 0, version: str = "7.0",
-                  periodic_noop_s: float = 10.0) -> ClusterProcess:
-    """Start `python -m simcluster --json` in a subprocess; returns once it printed its addresses."""
+                  periodic_noop_s: float = 10.0, members: int = 1, flags: Sequence[str] = ()) -> ClusterProcess:
+    """Start `python -m simcluster --json` in a subprocess; returns once it printed its addresses.
+    `flags` are more of its command-line options."""
     cmd = [sys.executable, "-m", "simcluster", "--shards", str(shards), "--port", "0", "--json",
-           "--prefill", str(prefill_events), "--version", version, "--periodic-noop-s", str(periodic_noop_s)]
+           "--prefill", str(prefill_events), "--version", version, "--periodic-noop-s", str(periodic_noop_s),
+           "--members", str(members), *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
