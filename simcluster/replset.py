@@ -185,9 +185,10 @@ class ReplicaSet:
             if m.oplog.last_key() > branch:
                 m.branch_end = branch if m.branch_end is None else min(m.branch_end, branch)
         self.term += 1
-        log.info("%s: %s elected primary in term %d; members' last entries %s, commit point %s", self.set_name,
-                 winner.address, self.term, {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end)
-                                             for m in self.members}, self._commit)
+        log.info("%s: %s elected primary in term %d (its last entry %s)", self.set_name, winner.address, self.term,
+                 winner.oplog.last_ts())
+        log.debug("%s: members' last entries, up, in sync, branch end: %s; commit point %s", self.set_name,
+                  {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end) for m in self.members}, self._commit)
         for m in self.members:
             m.state = "SECONDARY"
         winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
