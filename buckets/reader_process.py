@@ -56,6 +56,7 @@ log = logging.getLogger("buckets.reader_process")
 _HEADER = struct.Struct("<I")
 SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel; it may grant less (net.core.wmem_max)
 START_TIMEOUT_S = 60.0   # a reader process must connect back this soon (interpreter start, imports)
+SEND_TIMEOUT_S = 60.0    # a message not taken this long means the other process hangs
 
 
 class MessageStream:
@@ -76,13 +77,19 @@ class MessageStream:
         side then reads the rest of the stream out of step. That broke every stream of the
         process, not just the one whose tail was stopped (a stream closing while its tail was
         sending a batch). The other side is our own process, which always reads on, so the send
-        ends soon; if that process is gone, the socket is broken and the send fails at once.
+        ends soon; if that process is gone, the socket is broken and the send fails at once. One
+        that stops reading for SEND_TIMEOUT_S is taken for hung: the connection is closed (which
+        fails that process's tails) rather than left with half a message.
         """
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         async with self._send_lock:
             with trio.CancelScope(shield=True):
-                await self.stream.send_all(_HEADER.pack(len(data)))
-                await self.stream.send_all(data)
+                with trio.move_on_after(SEND_TIMEOUT_S):
+                    await self.stream.send_all(_HEADER.pack(len(data)))
+                    await self.stream.send_all(data)
+                    return
+                await self.stream.aclose()
+        raise trio.BrokenResourceError(f"the other process read nothing for {SEND_TIMEOUT_S:.0f} s")
 
     async def receive(self) -> Any:
         """The next message, or None once the other side has closed."""

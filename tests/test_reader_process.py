@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
+from buckets import reader_process
 from buckets.reader_process import MessageStream
 
 
@@ -30,3 +32,16 @@ async def test_a_send_cancelled_midway_still_sends_its_whole_message():
     assert got == [("batch", 1, big), ("idle", 2)]
     await sender.stream.aclose()
     await receiver.stream.aclose()
+
+
+async def test_a_send_the_other_process_never_takes_breaks_the_connection(monkeypatch):
+    """A process that stops reading is hung: after SEND_TIMEOUT_S the connection is closed (its
+    tails fail and resume from their tokens) instead of waiting forever or leaving half a message."""
+    monkeypatch.setattr(reader_process, "SEND_TIMEOUT_S", 0.3)
+    left, right = trio.socket.socketpair()
+    sender = MessageStream(trio.SocketStream(left))
+    with pytest.raises(trio.BrokenResourceError), trio.fail_after(5):
+        await sender.send(("batch", 1, b"x" * (64 << 20)))
+    with pytest.raises(trio.ClosedResourceError):
+        await sender.send(("idle", 2))
+    right.close()
