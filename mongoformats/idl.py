@@ -23,6 +23,8 @@ from mongoformats.errors import MongoError
 __all__ = ["INT64_MAX", "INT64_MIN", "SAFE_INT64", "GetMore", "get_more_request", "kill_cursors_ids", "safe_long",
            "type_name", "wrong_type"]
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 # The types of IDL's safeInt64 (batchSize, maxTimeMS), in the order its errors list them.
 SAFE_INT64 = ("long", "int", "decimal", "double")
 
@@ -80,8 +82,6 @@ def safe_long(value: Any) -> int:
         return int(number.to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
     return int(number)
 
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class GetMore(NamedTuple):

@@ -358,7 +358,7 @@ class Mongos(CommandServer):
         documents and their BSON bytes. A migration here deletes its range at once, so nothing is
         ever orphaned."""
         out = []
-        for ns, _ in sorted(self.sharded.items()):
+        for ns in sorted(self.sharded):
             shards = []
             for sid, shard in sorted(self.shards.items()):
                 coll = shard.coll(ns)

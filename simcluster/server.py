@@ -449,7 +449,7 @@ class CommandServer:
         return mode == "alwaysOn"
 
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """killSessions [{id}] / killAllSessions [{user, db}] (transactions.sessions_named)."""
+        """killSessions [{id}] / killAllSessions [{user, db}] (mongoformats.sessions.sessions_named)."""
         self.kill_sessions(sessions_named(cmd, req.user, access_control=self.users is not None))
         return {}
 
