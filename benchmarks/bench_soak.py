@@ -5,10 +5,13 @@
 For each readerProcesses value, a fresh 3-shard cluster and proxy (its own processes), and:
 - a writer inserting 200-document batches into a hashed-sharded and eight unsharded collections;
 - one long-lived named stream with 4 buckets, each drained by its own consumer connection;
-- churn, one client every 0.2 s: a stream opened with 1, 4 or 16 buckets and read a little, an
-  accelerated `watch()`, a getMore hung up on mid-wait, a named stream reopened with another
-  bucket count, a status call, a getMore on an unknown cursor. Each client leaves without
-  killing its cursors: the proxy's cursor timeout (10 s here) and stream teardown (5 s) reap them.
+- churn, one client every 0.2 s: a stream opened with 1, 4 or 16 buckets (default budgets or
+  small ones) and read a little, an accelerated `watch()`, a getMore hung up on mid-wait, a
+  named stream reopened with another bucket count, a status call, a getMore on an unknown
+  cursor. Each client leaves without killing its cursors: the proxy's cursor timeout (10 s here)
+  and stream teardown (5 s) reap them. The proxy's memory limit (6 GiB here) refuses streams
+  whose budgets no longer fit beside the others' (ExceededMemoryLimit; a watch() is then served
+  by mongos).
 
 With `--stepdown-every S`, each shard is a 3-member replica set and every S seconds the primary
 of a random shard is stepped down (forced), so the readers switch members and writes are retried
@@ -40,6 +43,10 @@ from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
 
 NS = "$cmd.parallelChangeStream"
 SAMPLE_S = 5.0
+MIB = 1 << 20
+# The proxy's --memory-limit-bytes: the long-lived stream reserves 1 GiB of it (3 shards x 256 MiB,
+# 4 buckets x 64 MiB), the churn's abandoned streams the rest, until opens are refused.
+MEMORY_LIMIT = 6 << 30
 
 
 def resident_bytes(proxy: ProxyProcess) -> int:
@@ -63,6 +70,7 @@ class Soak:
         self.churned: dict[str, int] = {}
         self.stepdowns = 0
         self.samples: list[tuple[float, float]] = []  # (seconds, MiB)
+        self.engine_status: dict[str, Any] = {}  # the proxy's memory and watch() figures at the end
 
     async def connect(self) -> UpstreamConnection:
         return await open_upstream("127.0.0.1", self.proxy.port)
@@ -103,7 +111,7 @@ class Soak:
     async def consume_steadily(self) -> None:
         ctl = await self.connect()
         opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": 4, "name": "steady",
-                                             "readerProcesses": self.rp})
+                                             "readerProcesses": self.rp, "shardBufferBytes": 256 * MIB})
 
         async def bucket(cursor_id: Any) -> None:
             conn = await self.connect()
@@ -123,8 +131,12 @@ class Soak:
     async def churn_once(self, conn: UpstreamConnection) -> str:
         kind = random.choice(["stream", "watch", "hang up", "rebucket", "status", "unknown cursor"])
         if kind == "stream":
+            # Half with the default budgets, which seldom fit beside the others under the memory limit.
+            budgets = random.choice([{}, {"shardBufferBytes": 64 * MIB, "bucketBufferBytes": 8 * MIB}])
             opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": random.choice([1, 4, 16]),
-                                                  "readerProcesses": self.rp})
+                                                  "readerProcesses": self.rp, **budgets}, check=False)
+            if opened.get("code") == 146:  # ExceededMemoryLimit
+                return "stream refused"
             for cursor in opened["cursors"][:2]:
                 await conn.command("admin", {"getMore": cursor["id"], "collection": NS, "maxTimeMS": 50})
         elif kind == "watch":
@@ -132,7 +144,7 @@ class Soak:
             await conn.command("soak", {"getMore": opened["cursor"]["id"], "collection": "h", "maxTimeMS": 50})
         elif kind == "hang up":  # the connection closes while its getMore waits for events
             opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": 2,
-                                                  "readerProcesses": self.rp})
+                                                  "readerProcesses": self.rp, "shardBufferBytes": 64 * MIB})
             with trio.move_on_after(0.05):
                 await conn.command("admin", {"getMore": opened["cursors"][0]["id"], "collection": NS,
                                              "maxTimeMS": 5000})
@@ -140,6 +152,8 @@ class Soak:
             opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": random.choice([2, 3]),
                                                   "name": f"re{random.randrange(3)}", "readerProcesses": self.rp},
                                         check=False)
+            if opened.get("code") == 146:
+                return "rebucket refused"
             if opened.get("ok"):
                 await conn.command("admin", {"killCursors": NS, "cursors": [c["id"] for c in opened["cursors"]]})
         elif kind == "status":
@@ -182,6 +196,9 @@ class Soak:
                 while not self.written <= self.seen:
                     await trio.sleep(0.2)
             self.running = False
+            conn = await self.connect()
+            status = await conn.command("admin", {"parallelChangeStreamStatus": 1})
+            self.engine_status = {"memory": status["memory"], "watches": status["watches"]}
             nursery.cancel_scope.cancel()
 
     async def step_down_primaries(self, shards: dict[str, str], every_s: float) -> None:
@@ -204,7 +221,7 @@ class Soak:
         second = max(m for t, m in self.samples if t > seconds / 2)
         return {"seconds": seconds, "inserts_written": len(self.written), "inserts_read": len(self.seen),
                 "inserts_lost": len(self.written - self.seen), "inserts_duplicated": self.duplicates,
-                "churn": self.churned, "stepdowns": self.stepdowns,
+                "churn": self.churned, "stepdowns": self.stepdowns, "proxy_status_at_end": self.engine_status,
                 "proxy_mib_first_half_peak": first, "proxy_mib_second_half_peak": second,
                 "second_over_first_half_peak": second / first, "samples": self.samples}
 
@@ -224,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         else:
             cluster = spawn_cluster(shards=3, periodic_noop_s=1)
         proxy = ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp),
-                             "--stream-idle-teardown-s", "5", "--cursor-timeout-s", "10")
+                             "--stream-idle-teardown-s", "5", "--cursor-timeout-s", "10",
+                             "--memory-limit-bytes", str(MEMORY_LIMIT))
         try:
             soak = Soak(proxy, rp)
             trio.run(soak.run, args.seconds, cluster.info["shards"], args.stepdown_every)

@@ -30,6 +30,7 @@ from bson import Int64, Timestamp
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
+from buckets.memory_limit import check_fits, default_memory_limit
 from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
@@ -86,6 +87,12 @@ class EngineConfig:
     # Cursors of sessions a client ended (endSessions) are killed at the next session refresh,
     # as the server's logical session cache does every logicalSessionRefreshMillis (5 min).
     session_refresh_s: float = 300.0
+    # Streams are admitted while their budgets fit under this (buckets/memory_limit.py); 0: half
+    # of the machine's (or the cgroup's) memory.
+    memory_limit_bytes: int = 0
+    # An accelerated watch() has one consumer, which cannot drain faster than a few batches of
+    # read-ahead give it; its shards' budgets are this, so that many watches fit the limit.
+    watch_shard_buffer_bytes: int = 64 << 20
 
 
 def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[EventFields],
@@ -195,6 +202,9 @@ class Engine:
         self.watches = {"accelerated": 0, "passedThrough": 0}
         self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
         self.rebucketed = 0         # named streams reopened with another nBuckets
+        self.memory_limit = self.config.memory_limit_bytes or default_memory_limit()
+        self._admitting = 0         # budgets of streams being created, not yet listed
+        self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
 
     def register(self, table: CommandTable) -> None:
         table.change_stream_handler = self.cmd_change_stream
@@ -228,6 +238,14 @@ class Engine:
         bucket re-read from the oplogs), by name: status and /metrics show both."""
         return {**self.streams, **{s.name: s for s in self._private.values()}}
 
+    def memory_reserved(self) -> int:
+        """Bytes the open streams' budgets may hold, and those of streams being created."""
+        return sum(s.reserved_bytes() for s in self.all_streams().values()) + self._admitting
+
+    def memory_status(self) -> dict[str, int]:
+        return {"limitBytes": self.memory_limit, "reservedBytes": self.memory_reserved(),
+                "streamsRefused": self.refused_for_memory}
+
     def reader_processes(self) -> list[dict[str, Any]]:
         """The shared reader processes: index, alive, tails (shards of streams) each reads."""
         return self._reader_pool.status() if self._reader_pool is not None else []
@@ -251,6 +269,20 @@ class Engine:
             log.info("killing cursor %d of stream %s: %s", cid, self.cursors[cid].stream.name, why)
             self._drop_cursor(cid)
         return len(doomed)
+
+    def _make_room(self, need: int) -> None:
+        """Close streams without cursors, least recently used first, until `need` more bytes fit
+        under the memory limit (or none is left). Such a stream is kept only so that a consumer can
+        re-attach to its retained events until the idle teardown; one re-attaching later reopens it
+        from its token. Streams with cursors are never closed to admit another."""
+        idle = sorted((s for s in self.streams.values() if not any(b.cursors for b in s.buckets.values())),
+                      key=lambda s: s.last_active)
+        for stream in idle:
+            if self.memory_reserved() + need <= self.memory_limit:
+                return
+            log.info("tearing down idle stream %s early: its budgets are needed for a new stream", stream.name)
+            stream.close()
+            del self.streams[stream.name]
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -469,18 +501,34 @@ class Engine:
             stages=compile_stages(stages),
             reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
             ddl_notes=await self.lacks_expanded_events())
-        stream = ParallelStream(name, options, topology, start, floors, keep=keep,
-                                connect_upstream=self.connect_upstream, connect_member=self.connect_member,
-                                readers_pool=self._reader_pool)
-        stream.last_active = trio.current_time()
-        assert self._nursery is not None, "Engine.run() must be started first"
-        self._nursery.start_soon(stream.run)
-        await stream.started.wait()
-        if stream.error is not None:
-            raise stream.error
-        if keep is None:
-            self.streams[name] = stream
-        return stream
+        kept = len(keep) if keep is not None else n
+        need = len(topology.shards) * options.shard_buffer_bytes + kept * options.bucket_buffer_bytes
+        self._make_room(need)
+        try:
+            check_fits(need, self.memory_reserved(), self.memory_limit, streams=len(self.all_streams()),
+                       shards=len(topology.shards), shard_bytes=options.shard_buffer_bytes, buckets=kept,
+                       bucket_bytes=options.bucket_buffer_bytes)
+        except MongoError:
+            self.refused_for_memory += 1
+            raise
+        # Held until the stream is listed (by the caller, for a private one: no await between),
+        # so that streams created at once cannot each fit beside the others' absence.
+        self._admitting += need
+        try:
+            stream = ParallelStream(name, options, topology, start, floors, keep=keep,
+                                    connect_upstream=self.connect_upstream, connect_member=self.connect_member,
+                                    readers_pool=self._reader_pool)
+            stream.last_active = trio.current_time()
+            assert self._nursery is not None, "Engine.run() must be started first"
+            self._nursery.start_soon(stream.run)
+            await stream.started.wait()
+            if stream.error is not None:
+                raise stream.error
+            if keep is None:
+                self.streams[name] = stream
+            return stream
+        finally:
+            self._admitting -= need
 
     def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
                     batch_size: int | None, token: Mapping[str, Any] | None, *,
@@ -532,6 +580,8 @@ class Engine:
             stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
                                         {**cmd, "nBuckets": stream.options.n_buckets,
                                          "showExpandedEvents": stream.options.show_expanded_events,
+                                         "shardBufferBytes": stream.options.shard_buffer_bytes,
+                                         "bucketBufferBytes": stream.options.bucket_buffer_bytes,
                                          "pipeline": [{"$match": stream.options.match}] if stream.options.match
                                          else []},
                                         keep={i})
@@ -589,7 +639,8 @@ class Engine:
             raise PassThrough()  # resuming after an invalidate: mongos's rules, mongos's errors
         sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
                                "fullDocument": spec.get("fullDocument", "default"),
-                               "fullDocumentBeforeChange": before_change}
+                               "fullDocumentBeforeChange": before_change,
+                               "shardBufferBytes": self.config.watch_shard_buffer_bytes}
         if token is not None:
             sub["resumeAfter"] = token
         elif "startAtOperationTime" in spec:
@@ -607,6 +658,10 @@ class Engine:
             stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
                                         stages=() if plain_match else tuple(stages))
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
+            if exc.code_name == "ExceededMemoryLimit":
+                # The stream mongos serves is the same stream, only slower: better than none.
+                log.warning("watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc)
+                raise PassThrough() from None
             raise with_change_stream_label(exc) from None
         cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token,
                                from_start=True)
@@ -744,7 +799,8 @@ class Engine:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
                                "watches": dict(self.watches), "readerProcesses": self.reader_processes(),
-                               "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed}
+                               "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed,
+                               "memory": self.memory_status()}
         if name is not None:
             stream = streams[0]
             stream.last_active = trio.current_time()

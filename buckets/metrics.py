@@ -78,7 +78,15 @@ class EngineCollector(Collector):
                                         "(unused for the cursor timeout)", value=self.engine.cursors_timed_out)
         rebucketed = CounterMetricFamily("pcs_streams_rebucketed", "Named streams reopened with another nBuckets",
                                          value=self.engine.rebucketed)
+        memory = self.engine.memory_status()
+        limit = GaugeMetricFamily("pcs_memory_limit_bytes", "Streams are admitted while their buffer budgets fit "
+                                  "under this", value=memory["limitBytes"])
+        reserved = GaugeMetricFamily("pcs_memory_reserved_bytes", "Buffer budgets of the open streams",
+                                     value=memory["reservedBytes"])
+        refused = CounterMetricFamily("pcs_streams_refused_for_memory", "Streams refused (watch(): passed "
+                                      "through) because their budgets did not fit the memory limit",
+                                      value=memory["streamsRefused"])
         for proc in self.engine.reader_processes():
             tails.add_metric([str(proc["index"])], proc["tails"])
             alive.add_metric([str(proc["index"])], int(proc["alive"]))
-        yield from (merged, queue, replays, watches, tails, alive, timed_out, rebucketed)
+        yield from (merged, queue, replays, watches, tails, alive, timed_out, rebucketed, limit, reserved, refused)

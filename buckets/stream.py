@@ -395,6 +395,11 @@ class ParallelStream:
         self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
         return reader
 
+    def reserved_bytes(self) -> int:
+        """The most this stream's buffers may hold (shards added later included): what it takes
+        of the proxy's memory limit."""
+        return sum(b.limit for b in self.shard_budgets.values()) + sum(b.budget.limit for b in self.buckets.values())
+
     def close(self) -> None:
         """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`)."""
         self._cancel.cancel()

@@ -376,7 +376,8 @@ async def test_keys_of_every_number_and_a_failing_stream_hurts_no_other(cluster,
         # The tokens carry the decimals' type bits, and resuming after each one works.
         assert all("_typeBits" in e["_id"] for e in events[6:])
         for e in events[6:]:
-            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "resumeAfter": e["_id"]})
+            resumed = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "resumeAfter": e["_id"]})
+            c.admin.command({"killCursors": NS, "cursors": [resumed["cursors"][0]["id"]]})  # frees its budgets
         with pytest.raises(OperationFailure) as info:
             drain(c, doomed["cursors"][0]["id"], end)
         assert info.value.code == 1 and info.value.details["codeName"] == "InternalError"
@@ -570,6 +571,8 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
             for family in ("pcs_shard_lag_seconds", "pcs_shard_buffer_bytes", "pcs_shard_read_position_seconds",
                            "pcs_bucket_depth", "pcs_stream_events_merged_total"):
                 assert sum(ln.startswith(family + "{") for ln in lines) >= 1, family
+            assert any(ln.startswith("pcs_memory_reserved_bytes ") and float(ln.split()[-1]) > 3 << 30
+                       for ln in lines)  # three shards of 1 GiB, and the buckets
             assert sum(ln.startswith("pcs_shard_entries_total{") for ln in lines) == 3  # one per shard
             # the shared reader process, reading the stream's three shards
             assert {'pcs_reader_process_tails{process="0"} 3.0',
@@ -601,6 +604,43 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})
             assert info.value.code == 26
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_through(cluster):
+    """Streams reserve their buffer budgets under the proxy's memory limit: one that does not fit
+    is refused with ExceededMemoryLimit (a parallel stream) or served by mongos (a watch()), and
+    fits once the cursors of another are killed."""
+    mib = 1 << 20
+    config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=100 * mib,
+                         accelerate_change_streams=True)
+    small = {"parallelChangeStream": 1, "nBuckets": 2, "shardBufferBytes": 20 * mib, "bucketBufferBytes": 4 * mib}
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, config)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            first = c.admin.command({**small, "name": "first"})
+            status = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+            assert status == {"limitBytes": 100 * mib, "reservedBytes": 68 * mib, "streamsRefused": 0}  # 3x20 + 2x4
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({**small, "name": "second"})
+            assert info.value.code == 146
+            assert "68 MiB of the proxy's 100 MiB memory limit is reserved by 1 open streams" in str(info.value)
+            assert "second" not in proxy.engine.streams
+            # A watch() (3 x 64 MiB shards + 64 MiB) does not fit either: mongos serves it instead.
+            with c.mem.c.watch(max_await_time_ms=500) as watch:
+                c.mem.c.insert_one({"_id": 1})
+                assert watch.next()["documentKey"] == {"_id": 1}
+            assert proxy.engine.watches == {"accelerated": 0, "passedThrough": 1}
+            # A stream without cursors is kept for re-attaching until the idle teardown (300 s),
+            # unless its budgets are needed: then it goes at once.
+            c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in first["cursors"]]})
+            c.admin.command({**small, "name": "second"})
+            assert set(proxy.engine.streams) == {"second"}
+            assert c.admin.command({"parallelChangeStreamStatus": 1})["memory"]["streamsRefused"] == 2
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cursor-timeout-s", type=float,
                         help="kill engine cursors unused this long, as cursorTimeoutMillis does (default 600; "
                              "cursors opened in a session: 1800, the session timeout)")
+    parser.add_argument("--memory-limit-bytes", type=int,
+                        help="refuse new streams (ExceededMemoryLimit) when their buffer budgets would not fit "
+                             "beside the open streams' (default 0: half the machine's or cgroup's memory)")
     args = parser.parse_args(argv)
     config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
     config = ProxyConfig.from_env(base=config)
@@ -44,18 +47,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.listen:
         host, _, port = args.listen.rpartition(":")
         changes.update(listen_host=host or "127.0.0.1", listen_port=int(port))
-    if args.metrics_port is not None:
-        changes["metrics_port"] = args.metrics_port
     if args.accelerate_change_streams:
         changes["accelerate_change_streams"] = True
-    if args.reader_processes is not None:
-        changes["reader_processes"] = args.reader_processes
-    if args.shutdown_grace_s is not None:
-        changes["shutdown_grace_s"] = args.shutdown_grace_s
-    if args.stream_idle_teardown_s is not None:
-        changes["stream_idle_teardown_s"] = args.stream_idle_teardown_s
-    if args.cursor_timeout_s is not None:
-        changes["cursor_timeout_s"] = args.cursor_timeout_s
+    # Flags named after their ProxyConfig field: those given override the file and environment.
+    for field in ("metrics_port", "reader_processes", "shutdown_grace_s", "stream_idle_teardown_s",
+                  "cursor_timeout_s", "memory_limit_bytes"):
+        if (value := getattr(args, field)) is not None:
+            changes[field] = value
     config = dataclasses.replace(config, **changes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()

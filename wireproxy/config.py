@@ -21,6 +21,7 @@ class ProxyConfig:
     reader_processes: int = 0                     # processes that read and transform the oplogs; 0 = in-process
     stream_idle_teardown_s: float = 300.0         # a parallel change stream with no cursor this long is closed
     cursor_timeout_s: float = 600.0               # engine cursors unused this long are killed (session ones: 1800)
+    memory_limit_bytes: int = 0                   # streams' buffer budgets fit under this; 0 = half the memory
     tls_cert_file: str = ""                       # client-side TLS: server certificate+key (PEM)
     tls_ca_file: str = ""                         # verify client certificates against this CA
     upstream_tls: bool = False
