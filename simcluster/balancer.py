@@ -20,23 +20,28 @@ The rules, from the server's source (read for facts only):
   balancerStart and balancerStop write; a round reads it, so a write to the document also counts.
 
 A migration does not start while a transaction holds writes to the collection on some shard (the
-server's critical section waits for such transactions), nor while a shard has no primary.
+server's critical section waits for such transactions), nor while a shard has no primary. A
+migration that fails (a failover on its recipient or donor) is tried again in a later round.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import bson
 import trio
 from bson import Int64
 
+from mongoformats.errors import MongoError
 from mongoformats.mql import compare
 from simcluster.chunks import Chunk, ShardedCollection
 
 if TYPE_CHECKING:
     from simcluster.mongos import Mongos
     from simcluster.node import ShardNode
+
+log = logging.getLogger("simcluster.balancer")
 
 DEFAULT_CHUNK_BYTES = 128 << 20
 ROUND_S = 10.0
@@ -49,11 +54,17 @@ class Balancer:
         self.rounds = 0
         self.migrations = 0
         self._wake = trio.Event()
+        self.in_round = False
+        self._round_over = trio.Event()
 
     def status(self) -> dict[str, Any]:
-        # Rounds run without yielding to other tasks, so no command ever sees one in progress.
-        return {"mode": self.mongos.config.balancer_mode(), "inBalancerRound": False,
+        return {"mode": self.mongos.config.balancer_mode(), "inBalancerRound": self.in_round,
                 "numBalancerRounds": Int64(self.rounds)}
+
+    async def wait_round_over(self) -> None:
+        """Until no round is running (balancerStop returns once the balancer has stopped)."""
+        while self.in_round:
+            await self._round_over.wait()
 
     def wake(self) -> None:
         """balancerStart / balancerStop: like the server's notice of changed balancer settings, it
@@ -67,7 +78,15 @@ class Balancer:
 
     async def run(self) -> None:
         while True:
-            moved = self.round() if self.mongos.config.balancer_mode() == "full" else 0
+            moved = 0
+            if self.mongos.config.balancer_mode() == "full":
+                self.in_round = True
+                try:
+                    moved = await self.round()
+                finally:
+                    self.in_round = False
+                    self._round_over.set()
+                    self._round_over = trio.Event()
             self._wake = trio.Event()
             with trio.move_on_after(self._pause(moved)):
                 await self._wake.wait()
@@ -78,7 +97,7 @@ class Balancer:
             return float(fp["data"].get("intervalMs", ROUND_S * 1000)) / 1000
         return SHORT_ROUND_S if moved else ROUND_S
 
-    def round(self) -> int:
+    async def round(self) -> int:
         """One balancing round; returns how many ranges moved."""
         self.rounds += 1
         replsets = self.mongos.replsets
@@ -87,15 +106,25 @@ class Balancer:
         available = set(replsets)
         moved = 0
         for ns in sorted(self.mongos.sharded):
-            sc = self.mongos.sharded[ns]
-            if self.mongos.in_transaction(ns):
+            sc = self.mongos.sharded.get(ns)
+            if sc is None or self.mongos.in_transaction(ns) or self.mongos.migrating(ns):
                 continue
             size = self.chunk_bytes(sc)
             for chunk, to in plan_migrations(sc, self.data_sizes(sc), size, available):
+                # Migrations yield (the commit waits for the recipient's majority): the plan may
+                # have gone stale, and the balancer may have been stopped, meanwhile.
+                if (self.mongos.config.balancer_mode() != "full" or self.mongos.in_transaction(ns)
+                        or self.mongos.migrating(ns) or chunk not in sc.chunks or chunk.shard == to
+                        or any(rs.primary_node is None for rs in replsets.values())):
+                    break
                 end = range_end(sc, self.mongos.shards[chunk.shard], chunk, size)
                 if end is not None:
                     sc.split(chunk, end)
-                self.mongos.migrate(sc, chunk, self.mongos.shards[to])
+                try:
+                    await self.mongos.migrate(sc, chunk, self.mongos.shards[to])
+                except MongoError as exc:
+                    log.info("balancer: moving a range of %s to %s failed, retried next round: %s", ns, to, exc)
+                    break
                 moved += 1
         self.migrations += moved
         return moved

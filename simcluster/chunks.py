@@ -1,8 +1,13 @@
 """A sharded collection's config metadata (shard key, chunks) and moving a range of it to another shard.
 
-A migration here is one synchronous step, so no other task of the cluster's trio process runs
-during it: the recipient inserts the range's documents and the donor deletes them, both logged with
-`fromMigrate: true` as the server's cloner and range deleter log them (change streams hide them).
+A migration has the server's phases (the router, simcluster/mongos.py, runs them and holds the
+collection's writes meanwhile, as the donor's critical section does):
+- `clone_range`: the recipient inserts the range's documents, logged with `fromMigrate: true` as the
+  server's cloner logs them (change streams hide them);
+- the router waits until the recipient's copies are majority-committed, so a failover on the
+  recipient cannot roll back documents the donor has given away;
+- `commit_migration`: the chunk changes hands and the donor deletes its copies (`fromMigrate`, as
+  the range deleter logs them); or `delete_orphans` on the recipient if the migration failed.
 When the recipient owns no chunk of the collection yet, the donor first logs the
 `migrateChunkToNewShard` noop, which 6.0+ change streams turn into that event so a stream starts
 reading the new shard; when the donor is left with none, it logs `migrateLastChunkFromShard`
@@ -96,14 +101,23 @@ class ShardedCollection:
         return sorted(((p, d) for p, d in found if chunk.holds(p)), key=lambda pd: sort_key(pd[0]))
 
 
-def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode) -> int:
-    """Move one chunk's documents from donor to recipient and give it the recipient; returns how many moved.
+def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardNode) -> int:
+    """Delete `shard`'s documents in the chunk's range, which it does not own (what a failed
+    migration left there); how many. Logged `fromMigrate`, as the range deleter logs them."""
+    found = [doc for _, doc in sc.documents_in(shard, chunk)]
+    for doc in found:
+        shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+    return len(found)
 
-    The commit bumps the collection's major version: the moved chunk takes (major + 1, 0) and, if
-    the donor keeps any chunk, its first one takes (major + 1, 1), so the donor's shard version
-    changes too (commitChunkMigration's "control chunk")."""
-    ui = Binary(sc.uuid.bytes, 4)
+
+def clone_range(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode) -> list[dict[str, Any]]:
+    """Copy the chunk's documents from donor to recipient (the chunk stays the donor's); returns them.
+
+    Orphans a failed migration left on the recipient go first, as the recipient waits for the
+    range deletions overlapping the range it is to receive."""
+    delete_orphans(sc, chunk, recipient)
     if not any(c.shard == recipient.set_name for c in sc.chunks):
+        ui = Binary(sc.uuid.bytes, 4)
         donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
                                   "with no chunks for this collection"},
                           {"migrateChunkToNewShard": sc.ns, "fromShardId": donor.set_name,
@@ -111,7 +125,17 @@ def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: Sh
     moving = [doc for _, doc in sc.documents_in(donor, chunk)]
     for doc in moving:
         recipient.insert_one(sc.ns, doc, {}, from_migrate=True)
-    for doc in moving:
+    return moving
+
+
+def commit_migration(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode,
+                     moved: list[dict[str, Any]]) -> None:
+    """Give the chunk to the recipient and delete the donor's copies of `moved`.
+
+    The commit bumps the collection's major version: the moved chunk takes (major + 1, 0) and, if
+    the donor keeps any chunk, its first one takes (major + 1, 1), so the donor's shard version
+    changes too (commitChunkMigration's "control chunk")."""
+    for doc in moved:
         donor.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
     major = sc.version[0] + 1
     chunk.shard, chunk.version = recipient.set_name, (major, 0)
@@ -121,5 +145,5 @@ def migrate(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: Sh
         control.version = (major, 1)
     else:
         donor.append_noop({"msg": f"Migrate the last chunk for {sc.ns} off shard {donor.set_name}"},
-                          {"migrateLastChunkFromShard": sc.ns, "shardId": donor.set_name}, ui, sc.ns)
-    return len(moving)
+                          {"migrateLastChunkFromShard": sc.ns, "shardId": donor.set_name},
+                          Binary(sc.uuid.bytes, 4), sc.ns)

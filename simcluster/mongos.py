@@ -20,7 +20,7 @@ from mongoformats.sessions import UNKNOWN_USER, SessionsNamed
 from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.balancer import Balancer, plan_migrations, range_end
-from simcluster.chunks import Chunk, ShardedCollection, migrate
+from simcluster.chunks import Chunk, ShardedCollection, clone_range, commit_migration, delete_orphans
 from simcluster.config_server import CONFIG_DATABASES, ConfigServer, bound_doc
 from simcluster.cursors import Cursor
 from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
@@ -30,6 +30,8 @@ from simcluster.server import CommandServer, Request
 from simcluster.transactions import TxnKey, no_such_transaction, txn_key
 from simcluster.updates import apply_update
 
+# How long a migration's commit waits for the recipient's copies to be majority-committed.
+MIGRATION_MAJORITY_TIMEOUT_S = 60
 
 class Mongos(CommandServer):
     process_kind = "mongos"
@@ -76,6 +78,8 @@ class Mongos(CommandServer):
         # and commit timestamp, so a commit retried after a failover finishes what was decided.
         self.commit_decisions: dict[TxnKey, tuple[list[str], Timestamp]] = {}
         self.balancer = Balancer(self)
+        # Collections with a migration in its critical section: their writes wait for the event.
+        self._migrating: dict[str, trio.Event] = {}
 
     async def background(self) -> None:
         await self.balancer.run()
@@ -233,9 +237,17 @@ class Mongos(CommandServer):
 
     # -- writes ------------------------------------------------------------------------------------
 
+    async def _writable(self, ns: str) -> None:
+        """Writes to a collection wait while a migration of it is in its critical section (the
+        server's shards hold them, then mongos retries them at the new owner): a write in between
+        would land on the donor after its documents were copied, and be lost at the commit."""
+        self.config.check_write(ns)
+        while (held := self._migrating.get(ns)) is not None:
+            await held.wait()
+
     async def cmd_insert(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['insert']}"
-        self.config.check_write(ns)
+        await self._writable(ns)
         if ns not in self.sharded:  # every document goes to the database's primary shard
             primary = self.primary_of(db)
             return q.run_inserts(ns, cmd, lambda doc: primary)
@@ -243,7 +255,7 @@ class Mongos(CommandServer):
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['update']}"
-        self.config.check_write(ns)
+        await self._writable(ns)
         return q.run_updates(cmd, lambda i, spec: self._route_update(ns, cmd, i, spec))
 
     def _route_update(self, ns: str, cmd: dict[str, Any], i: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -270,7 +282,7 @@ class Mongos(CommandServer):
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['delete']}"
-        self.config.check_write(ns)
+        await self._writable(ns)
         n = 0
         for i, spec in enumerate(cmd.get("deletes", [])):
             limit = spec.get("limit", 0)
@@ -283,7 +295,7 @@ class Mongos(CommandServer):
 
     async def cmd_find_and_modify(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['findAndModify']}"
-        self.config.check_write(ns)
+        await self._writable(ns)
         shards = self.target(ns, cmd.get("query", {}))
         for shard in shards:
             if shard.select(ns, cmd.get("query", {}), limit=1):
@@ -301,8 +313,16 @@ class Mongos(CommandServer):
         if catalog is not None:
             return [doc for doc in catalog if q.matches(doc, filt)]
         out: list[dict[str, Any]] = []
+        sc = self.sharded.get(ns)
         for shard in self.target(ns, filt):
-            out += shard.select(ns, filt)
+            found = shard.select(ns, filt)
+            owned = {c.shard == shard.set_name for c in sc.chunks} if sc is not None else {True}
+            if owned != {True}:
+                # A migration's copies on its recipient are not the recipient's until the commit (and
+                # a failed one's stay until deleted): shards filter such orphans out of reads by the
+                # chunk ownership they know.
+                found = [d for d in found if sc is not None and sc.owner(sc.key_point(d)) == shard.set_name]
+            out += found
         return out
 
     async def cmd_find(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -502,8 +522,9 @@ class Mongos(CommandServer):
         return {}
 
     async def cmd_balancer_stop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        self.config.set_balancer_mode("off")  # a round never spans a yield, so none is left running
+        self.config.set_balancer_mode("off")
         self.balancer.wake()
+        await self.balancer.wait_round_over()  # the round's migration in progress ends; no other starts
         return {}
 
     def in_transaction(self, ns: str) -> bool:
@@ -511,21 +532,65 @@ class Mongos(CommandServer):
         return any(txn.state in ("open", "prepared") and any(op.get("ns") == ns for op in txn.ops)
                    for shard in self.shards.values() for txn in shard.transactions.txns.values())
 
-    async def _wait_for_transactions(self, ns: str) -> None:
-        """A migration's critical section waits for the transactions holding the collection's
-        locks; they end by commit, abort, killSessions or expiry (transactionLifetimeLimitSeconds),
-        none of which signals here, so this polls."""
-        while self.in_transaction(ns):
+    def migrating(self, ns: str) -> bool:
+        return ns in self._migrating
+
+    async def _wait_to_migrate(self, ns: str) -> None:
+        """Until no other migration of the collection runs (one at a time, as the server's
+        ActiveMigrationsRegistry allows) and no transaction holds its locks (a migration's critical
+        section waits for them). Transactions end by commit, abort, killSessions or expiry
+        (transactionLifetimeLimitSeconds), none of which signals here, so this polls. No task runs
+        between its return and the start of the caller's migration."""
+        while self.in_transaction(ns) or self.migrating(ns):
             await trio.sleep(0.01)
 
-    def migrate(self, sc: ShardedCollection, chunk: Chunk, recipient: ShardNode) -> None:
-        """Move a chunk (moveChunk, moveRange, the balancer) and log it in config.changelog."""
+    async def migrate(self, sc: ShardedCollection, chunk: Chunk, recipient: ShardNode) -> None:
+        """Move a chunk (moveChunk, moveRange, the balancer) and log it in config.changelog.
+
+        As the server's migrations: the collection's writes are held from the clone to the commit,
+        and the commit waits until the recipient's copies are majority-committed. A recipient or
+        donor failover meanwhile fails the migration (OperationFailed) and leaves the chunk where it
+        was; the copies the recipient still holds are deleted as orphans. Committing on w:1 copies
+        lost the documents when the recipient's primary stepped down before its secondaries had them.
+        """
+        assert not self.migrating(sc.ns), "callers wait for the collection's other migration (_wait_to_migrate)"
         donor = self.shards[chunk.shard]
         lo, hi = chunk.min, chunk.max
-        migrate(sc, chunk, donor, recipient)
+        held = self._migrating[sc.ns] = trio.Event()
+        try:
+            moved = clone_range(sc, chunk, donor, recipient)
+            await self._wait_for_copies(recipient, bool(moved))
+            if self.replsets[donor.set_name].primary_node is not donor:
+                raise MongoError("InterruptedDueToReplStateChange", f"donor {donor.set_name} stepped down")
+            commit_migration(sc, chunk, donor, recipient, moved)
+        except MongoError as exc:
+            rs = self.replsets[recipient.set_name]
+            if rs.primary_node is not None:
+                delete_orphans(sc, chunk, rs.primary_node)
+            self.config.log_change(self, "moveChunk.from", sc.ns, {
+                "min": bound_doc(sc, lo), "max": bound_doc(sc, hi), "from": donor.set_name,
+                "to": recipient.set_name, "note": "aborted"}, shard=donor.set_name)
+            raise MongoError("OperationFailed", f"Data transfer error: migrate failed: {exc.code_name}: "
+                             f"{exc.errmsg}") from exc
+        finally:
+            del self._migrating[sc.ns]
+            held.set()
         self.config.log_change(self, "moveChunk.from", sc.ns, {
             "min": bound_doc(sc, lo), "max": bound_doc(sc, hi), "from": donor.set_name, "to": recipient.set_name,
             "note": "success"}, shard=donor.set_name)
+
+    async def _wait_for_copies(self, recipient: ShardNode, copied: bool) -> None:
+        """Until the recipient's newest entry is majority-committed (the server's cloner waits for
+        majority before the commit), at most MIGRATION_MAJORITY_TIMEOUT_S."""
+        rs = self.replsets[recipient.set_name]
+        if not copied or len(rs.members) == 1:
+            return
+        reply: dict[str, Any] = {}
+        await rs.write_concern({"writeConcern": {"w": "majority", "wtimeout": MIGRATION_MAJORITY_TIMEOUT_S * 1000}},
+                               reply, recipient.oplog.last_key())
+        if "writeConcernError" in reply:
+            raise MongoError("WriteConcernFailed", f"the copies on {recipient.set_name} were not majority-committed "
+                             f"within {MIGRATION_MAJORITY_TIMEOUT_S} s")
 
     def _sharded(self, ns: Any) -> ShardedCollection:
         sc = self.sharded.get(ns) if isinstance(ns, str) else None
@@ -625,7 +690,7 @@ class Mongos(CommandServer):
         """`{moveChunk: ns, find: <doc> | bounds: [min, max], to}` moves the whole chunk."""
         sc = self._sharded(cmd["moveChunk"])
         recipient = self._recipient(cmd["to"])
-        await self._wait_for_transactions(sc.ns)  # then no other task runs until the move is done
+        await self._wait_to_migrate(sc.ns)
         if "find" in cmd:
             chunk = sc.chunk_at(sc.key_point(cmd["find"]))
         else:
@@ -635,7 +700,7 @@ class Mongos(CommandServer):
                 raise MongoError("InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}")
             chunk = starting[0]
         if chunk.shard != recipient.set_name:
-            self.migrate(sc, chunk, recipient)
+            await self.migrate(sc, chunk, recipient)
         return {"millis": 0}
 
     async def cmd_move_range(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -647,7 +712,7 @@ class Mongos(CommandServer):
         if not isinstance(cmd.get("min"), dict):
             raise MongoError("InvalidOptions", "moveRange needs 'min' here (a range given by 'max' alone is "
                                                "not simulated)")
-        await self._wait_for_transactions(sc.ns)  # then no other task runs until the move is done
+        await self._wait_to_migrate(sc.ns)
         lo = self._bound(sc, cmd["min"])
         chunk = sc.chunk_at(lo)
         hi = self._bound(sc, cmd["max"]) if isinstance(cmd.get("max"), dict) else None
@@ -664,5 +729,5 @@ class Mongos(CommandServer):
         if hi is not None:
             sc.split(chunk, hi)
         if chunk.shard != recipient.set_name:
-            self.migrate(sc, chunk, recipient)
+            await self.migrate(sc, chunk, recipient)
         return {}

@@ -337,3 +337,64 @@ async def test_secondaries_keep_the_pre_images_the_primary_kept():
             assert sorted(index for _, _, index in primary.images) == [0, 0, 1]
         await sync(work)
         await sync(_close_all)
+
+
+async def test_a_migration_commits_only_copies_no_failover_can_roll_back():
+    """A chunk changes hands only once the recipient's copies are majority-committed, with the
+    collection's writes held meanwhile. The recipient's secondaries stop fetching, so its copies
+    stay on its primary alone; that primary steps down and rolls them back: the migration fails
+    (OperationFailed) and the chunk, its documents and the write held during it stay on the donor.
+    (Committed at once, the migration lost all fifty documents.)"""
+    async with open_cluster(shards=2, members=3, election_timeout_s=0.1) as cluster:
+        c = client(cluster.uri)
+
+        def setup():
+            c.admin.command("balancerStop")
+            c.admin.command("enableSharding", "mig")
+            c.admin.command("shardCollection", "mig.c", key={"k": 1})
+            c.mig.c.insert_many([{"_id": i, "k": i} for i in range(50)])
+            return c.config.chunks.find_one({})["shard"]
+        donor_id = await sync(setup)
+        recipient_id = next(s for s in cluster.replsets if s != donor_id)
+        rs = cluster.replsets[recipient_id]
+        old = rs.primary
+        for member in rs.members:
+            if member is not old:
+                member.fail_points["stopReplProducer"] = {"mode": "alwaysOn", "data": {}}
+        outcome: dict[str, Any] = {}
+
+        def move():
+            try:
+                c.admin.command("moveChunk", "mig.c", find={"k": 0}, to=recipient_id)
+            except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+                outcome["error"] = exc
+
+        def write_during_migration():
+            c.mig.c.insert_one({"_id": 100, "k": 100})
+            outcome["written_while_migrating"] = cluster.mongos.migrating("mig.c")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sync, move)
+            await poll_until(lambda: len(old.select("mig.c", {})) == 50, 10)  # cloned, not committed
+            nursery.start_soon(sync, write_during_migration)
+            await trio.sleep(0.3)
+            assert cluster.mongos.migrating("mig.c") and "written_while_migrating" not in outcome
+            # The chunk still reads as the donor's: the recipient's copies are orphans.
+            assert await sync(lambda: c.mig.c.count_documents({})) == 50
+            await rs.step_down(old, 60, 0, True)
+            for member in rs.members:
+                member.fail_points.pop("stopReplProducer", None)
+        error = outcome["error"]
+        assert error.code == 96 and "migrate failed" in str(error), error  # OperationFailed
+        assert outcome["written_while_migrating"] is False
+        await _settled(rs)
+        assert all(not m.select("mig.c", {}) for m in rs.members)  # rolled back, or deleted as orphans
+
+        def check():
+            assert {d["_id"] for d in c.mig.c.find()} == set(range(50)) | {100}
+            assert c.config.chunks.find_one({})["shard"] == donor_id
+            c.admin.command("moveChunk", "mig.c", find={"k": 0}, to=recipient_id)  # now it goes through
+            assert {d["_id"] for d in c.mig.c.find()} == set(range(50)) | {100}
+        await sync(check)
+        await poll_until(lambda: all(len(m.select("mig.c", {})) == 51 for m in rs.members), 10)
+        await sync(_close_all)
