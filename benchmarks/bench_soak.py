@@ -49,12 +49,13 @@ MIB = 1 << 20
 MEMORY_LIMIT = 6 << 30
 
 
-def resident_bytes(proxy: ProxyProcess) -> int:
-    total = proxy.ps.memory_info().rss
+def resident_mib(proxy: ProxyProcess) -> tuple[float, float]:
+    """Resident MiB of the proxy's main process, and of its reader processes together."""
+    children = 0
     for child in proxy.ps.children(recursive=True):
         with contextlib.suppress(psutil.Error):  # a reader process may just be stopping
-            total += child.memory_info().rss
-    return total
+            children += child.memory_info().rss
+    return proxy.ps.memory_info().rss / 2**20, children / 2**20
 
 
 class Soak:
@@ -144,7 +145,10 @@ class Soak:
             await conn.command("soak", {"getMore": opened["cursor"]["id"], "collection": "h", "maxTimeMS": 50})
         elif kind == "hang up":  # the connection closes while its getMore waits for events
             opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": 2,
-                                                  "readerProcesses": self.rp, "shardBufferBytes": 64 * MIB})
+                                                  "readerProcesses": self.rp, "shardBufferBytes": 64 * MIB},
+                                        check=False)
+            if opened.get("code") == 146:
+                return "hang up refused"
             with trio.move_on_after(0.05):
                 await conn.command("admin", {"getMore": opened["cursors"][0]["id"], "collection": NS,
                                              "maxTimeMS": 5000})
@@ -173,8 +177,9 @@ class Soak:
     async def sample(self, started: float) -> None:
         while self.running:
             elapsed = time.monotonic() - started
-            self.samples.append((elapsed, resident_bytes(self.proxy) / 2**20))
-            print(f"  rp={self.rp} {elapsed:5.0f}s  proxy {self.samples[-1][1]:7.1f} MiB  "
+            main, readers = resident_mib(self.proxy)
+            self.samples.append((elapsed, main + readers))
+            print(f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB  "
                   f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read  churn {self.churned}",
                   flush=True)
             await trio.sleep(SAMPLE_S)
@@ -197,7 +202,7 @@ class Soak:
                     await trio.sleep(0.2)
             self.running = False
             conn = await self.connect()
-            status = await conn.command("admin", {"parallelChangeStreamStatus": 1})
+            status = bson.decode((await conn.command("admin", {"parallelChangeStreamStatus": 1})).raw)
             self.engine_status = {"memory": status["memory"], "watches": status["watches"]}
             nursery.cancel_scope.cancel()
 

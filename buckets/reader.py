@@ -256,6 +256,9 @@ class ShardReader:
                     await self.elsewhere.read(self)
                 nursery.cancel_scope.cancel()
         finally:
+            # Batches that arrived after the merge stopped taking them (a closed stream's): up to
+            # the shard's budget, left to the rare full collections if the reader kept them.
+            self._arrived = None
             await self._close_primary()
 
     # -- TailOutput --------------------------------------------------------------------------------

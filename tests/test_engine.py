@@ -646,6 +646,31 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
         nursery.cancel_scope.cancel()
 
 
+async def test_a_closed_stream_drops_what_its_reader_processes_sent_ahead(cluster):
+    """Batches a reader process sent while the merge was stopped (a full bucket nobody reads) are
+    held by the stream's shard reader; a closed stream drops them at once. Kept, they waited for
+    a full collection, and a churn soak's proxy grew by 1 GiB in three minutes."""
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                             stream_idle_teardown_s=0.5))
+
+        def work():
+            c = client(proxy_uri(proxy))
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "stalled",
+                                      "readerProcesses": 1, "bucketBufferBytes": 1})
+            stream = proxy.engine.streams["stalled"]
+            for i in range(30):  # more batches than the merge's channel holds: the rest wait in the readers
+                c.stalled.c.insert_many([{"_id": (i, k), "pad": "x" * 100} for k in range(100)])
+                time.sleep(0.02)
+            wait_until(lambda: any(r._arrived for r in stream.readers.values()), timeout=30)
+            c.admin.command({"killCursors": NS, "cursors": [opened["cursors"][0]["id"]]})
+            wait_until(lambda: "stalled" not in proxy.engine.streams, timeout=10)
+            wait_until(lambda: not any(r._arrived for r in stream.readers.values()), timeout=10)
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
 async def test_cursors_of_vanished_consumers_time_out(cluster):
     """A consumer that stops calling getMore without killCursors (a crashed app) loses its cursor
     after the cursor timeout, or after the session timeout if it opened it in a session, as
