@@ -54,5 +54,5 @@ def check_fits(need: int, reserved: int, limit: int, *, streams: int, shards: in
                      f"shardBufferBytes + {buckets} buckets x {_mib(bucket_bytes)} bucketBufferBytes), but "
                      f"{_mib(reserved)} of the proxy's {_mib(limit)} memory limit is reserved by {streams} open "
                      "streams; pass smaller shardBufferBytes/bucketBufferBytes, close streams you no longer read "
-                     "(killCursors; a stream without cursors is torn down after the idle teardown), or start the "
-                     "proxy with a higher --memory-limit-bytes")
+                     "(killCursors: a stream left without cursors makes room at once), or start the proxy with a "
+                     "higher --memory-limit-bytes")

@@ -121,7 +121,7 @@ class Balancer:
                 if end is not None:
                     sc.split(chunk, end)
                 try:
-                    await self.mongos.migrate(sc, chunk, self.mongos.shards[to])
+                    await self.mongos.migrate(sc, chunk, to)
                 except MongoError as exc:
                     log.info("balancer: moving a range of %s to %s failed, retried next round: %s", ns, to, exc)
                     break

@@ -33,6 +33,7 @@ from simcluster.updates import apply_update
 # How long a migration's commit waits for the recipient's copies to be majority-committed.
 MIGRATION_MAJORITY_TIMEOUT_S = 60
 
+
 class Mongos(CommandServer):
     process_kind = "mongos"
 
@@ -544,7 +545,7 @@ class Mongos(CommandServer):
         while self.in_transaction(ns) or self.migrating(ns):
             await trio.sleep(0.01)
 
-    async def migrate(self, sc: ShardedCollection, chunk: Chunk, recipient: ShardNode) -> None:
+    async def migrate(self, sc: ShardedCollection, chunk: Chunk, to: str) -> None:
         """Move a chunk (moveChunk, moveRange, the balancer) and log it in config.changelog.
 
         As the server's migrations: the collection's writes are held from the clone to the commit,
@@ -554,7 +555,8 @@ class Mongos(CommandServer):
         lost the documents when the recipient's primary stepped down before its secondaries had them.
         """
         assert not self.migrating(sc.ns), "callers wait for the collection's other migration (_wait_to_migrate)"
-        donor = self.shards[chunk.shard]
+        # Each side's current primary (an election may have come since the caller looked).
+        donor, recipient = self.shards[chunk.shard], self.shards[to]
         lo, hi = chunk.min, chunk.max
         held = self._migrating[sc.ns] = trio.Event()
         try:
@@ -700,7 +702,7 @@ class Mongos(CommandServer):
                 raise MongoError("InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}")
             chunk = starting[0]
         if chunk.shard != recipient.set_name:
-            await self.migrate(sc, chunk, recipient)
+            await self.migrate(sc, chunk, recipient.set_name)
         return {"millis": 0}
 
     async def cmd_move_range(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -729,5 +731,5 @@ class Mongos(CommandServer):
         if hi is not None:
             sc.split(chunk, hi)
         if chunk.shard != recipient.set_name:
-            await self.migrate(sc, chunk, recipient)
+            await self.migrate(sc, chunk, recipient.set_name)
         return {}
