@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.bench_soak [--seconds 90] [--reader-processes 0 1]
 
 For each readerProcesses value, a fresh 3-shard cluster and proxy (its own processes), and:
-- a writer inserting 200-document batches into a hashed-sharded and eight unsharded collections;
+- a writer inserting 200-document batches into a hashed-sharded collection, a range-sharded one
+  with 1 MB chunks (the balancer moves ranges all along) and eight unsharded ones;
 - one long-lived named stream with 4 buckets, each drained by its own consumer connection;
 - churn, one client every 0.2 s: a stream opened with 1, 4 or 16 buckets (default budgets or
   small ones) and read a little, an accelerated `watch()`, a getMore hung up on mid-wait, a
@@ -80,8 +81,13 @@ class Soak:
         conn = await self.connect()
         await conn.command("admin", {"enableSharding": "soak"})
         await conn.command("admin", {"shardCollection": "soak.h", "key": {"_id": "hashed"}})
+        # Range-sharded on an ever-growing key, with 1 MB chunks: every insert lands on the last
+        # chunk's shard, so the balancer keeps moving ranges off it (migrations, and with
+        # --stepdown-every, migrations cut short by failovers).
+        await conn.command("admin", {"shardCollection": "soak.r", "key": {"_id": 1}})
+        await conn.command("admin", {"configureCollectionBalancing": "soak.r", "chunkSize": 1})
         while self.writing:
-            for coll in ("h", f"u{random.randrange(8)}"):
+            for coll in ("h", "r", f"u{random.randrange(8)}"):
                 ids = [bson.ObjectId() for _ in range(200)]
                 conn = await self.insert(conn, coll, ids)
                 self.written.update(i.binary for i in ids)
@@ -203,7 +209,9 @@ class Soak:
             self.running = False
             conn = await self.connect()
             status = bson.decode((await conn.command("admin", {"parallelChangeStreamStatus": 1})).raw)
-            self.engine_status = {"memory": status["memory"], "watches": status["watches"]}
+            moves = {note: (await conn.command("config", {"count": "changelog", "query": {
+                "what": "moveChunk.from", "details.note": note}}))["n"] for note in ("success", "aborted")}
+            self.engine_status = {"memory": status["memory"], "watches": status["watches"], "migrations": moves}
             nursery.cancel_scope.cancel()
 
     async def step_down_primaries(self, shards: dict[str, str], every_s: float) -> None:
