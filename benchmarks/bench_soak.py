@@ -98,9 +98,11 @@ class Soak:
 
     async def insert(self, conn: UpstreamConnection, coll: str, ids: list[bson.ObjectId]) -> UpstreamConnection:
         """Insert documents with these ids, majority-acknowledged, retrying through failovers. Unordered,
-        so a retry inserts what the failed attempt did not (duplicate keys are what it did)."""
+        so a retry inserts what the failed attempt did not (duplicate keys are what it did). soak.r's
+        documents are larger, so that its 1 MB chunks fill in seconds."""
+        pad = "x" * (2000 if coll == "r" else 200)
         cmd = {"insert": coll, "ordered": False, "writeConcern": {"w": "majority"},
-               "documents": [{"_id": i, "pad": "x" * 200} for i in ids]}
+               "documents": [{"_id": i, "pad": pad} for i in ids]}
         for _ in range(100):
             try:
                 reply = await conn.command("soak", cmd)
@@ -185,7 +187,16 @@ class Soak:
             elapsed = time.monotonic() - started
             main, readers = resident_mib(self.proxy)
             self.samples.append((elapsed, main + readers))
-            print(f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB  "
+            balancer = ""
+            with contextlib.suppress(UpstreamClosed, MongoError):  # mongos may be waiting out an election
+                conn = await self.connect()
+                rounds = (await conn.command("admin", {"balancerStatus": 1}))["numBalancerRounds"]
+                moves = (await conn.command("config", {"count": "changelog", "query": {"what": "moveChunk.from"}}))["n"]
+                compliant = (await conn.command("admin", {"balancerCollectionStatus": "soak.r"}, check=False)).get(
+                    "balancerCompliant")
+                await conn.aclose()
+                balancer = f"balancer rounds {rounds}, {moves} moves, compliant {compliant}  "
+            print(f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB  {balancer}"
                   f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read  churn {self.churned}",
                   flush=True)
             await trio.sleep(SAMPLE_S)
@@ -215,19 +226,28 @@ class Soak:
             nursery.cancel_scope.cancel()
 
     async def step_down_primaries(self, shards: dict[str, str], every_s: float) -> None:
-        """Every `every_s`, step down (forced) whichever member of a random shard is primary."""
+        """Every `every_s`, step down (forced) whichever member of a random shard is primary: one
+        member, the first found (going on through the list stepped down the member just elected
+        too, which left the shard without a primary for seconds)."""
         while True:
             await trio.sleep(every_s)
             for host, port in parse_hosts(random.choice(list(shards.values()))):
-                with contextlib.suppress(UpstreamClosed, MongoError):
-                    member = await open_upstream(host, port)
-                    try:
-                        if (await member.command("admin", {"hello": 1})).get("isWritablePrimary"):
-                            await member.command("admin", {"replSetStepDown": 5, "secondaryCatchUpPeriodSecs": 2,
-                                                           "force": True}, check=False)
-                            self.stepdowns += 1
-                    finally:
-                        await member.aclose()
+                if await self.step_down_if_primary(host, port):
+                    self.stepdowns += 1
+                    break
+
+    @staticmethod
+    async def step_down_if_primary(host: str, port: int) -> bool:
+        with contextlib.suppress(UpstreamClosed, MongoError):
+            member = await open_upstream(host, port)
+            try:
+                if (await member.command("admin", {"hello": 1})).get("isWritablePrimary"):
+                    await member.command("admin", {"replSetStepDown": 5, "secondaryCatchUpPeriodSecs": 2,
+                                                   "force": True}, check=False)
+                    return True
+            finally:
+                await member.aclose()
+        return False
 
     def figures(self, seconds: float) -> dict[str, Any]:
         first = max(m for t, m in self.samples if t <= seconds / 2)
