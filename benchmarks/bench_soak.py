@@ -35,6 +35,7 @@ from typing import Any
 import bson
 import psutil
 import trio
+from bson.raw_bson import RawBSONDocument
 
 from benchmarks.bench_engine import ProxyProcess
 from benchmarks.common import plot_series, write_json
@@ -137,34 +138,36 @@ class Soak:
             for cursor in opened["cursors"]:
                 nursery.start_soon(bucket, cursor["id"])
 
+    async def open_stream(self, conn: UpstreamConnection, **options: Any) -> RawBSONDocument | None:
+        """A parallelChangeStream's reply, or None if the proxy's memory limit refused it
+        (ExceededMemoryLimit); other errors are in the reply."""
+        opened = await conn.command("admin", {"parallelChangeStream": 1, "readerProcesses": self.rp, **options},
+                                    check=False)
+        return None if opened.get("code") == 146 else opened
+
     async def churn_once(self, conn: UpstreamConnection) -> str:
         kind = random.choice(["stream", "watch", "hang up", "rebucket", "status", "unknown cursor"])
         if kind == "stream":
             # Half with the default budgets, which seldom fit beside the others under the memory limit.
             budgets = random.choice([{}, {"shardBufferBytes": 64 * MIB, "bucketBufferBytes": 8 * MIB}])
-            opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": random.choice([1, 4, 16]),
-                                                  "readerProcesses": self.rp, **budgets}, check=False)
-            if opened.get("code") == 146:  # ExceededMemoryLimit
+            opened = await self.open_stream(conn, nBuckets=random.choice([1, 4, 16]), **budgets)
+            if opened is None:
                 return "stream refused"
             for cursor in opened["cursors"][:2]:
                 await conn.command("admin", {"getMore": cursor["id"], "collection": NS, "maxTimeMS": 50})
         elif kind == "watch":
-            opened = await conn.command("soak", {"aggregate": "h", "pipeline": [{"$changeStream": {}}], "cursor": {}})
-            await conn.command("soak", {"getMore": opened["cursor"]["id"], "collection": "h", "maxTimeMS": 50})
+            watch = await conn.command("soak", {"aggregate": "h", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+            await conn.command("soak", {"getMore": watch["cursor"]["id"], "collection": "h", "maxTimeMS": 50})
         elif kind == "hang up":  # the connection closes while its getMore waits for events
-            opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": 2,
-                                                  "readerProcesses": self.rp, "shardBufferBytes": 64 * MIB},
-                                        check=False)
-            if opened.get("code") == 146:
+            opened = await self.open_stream(conn, nBuckets=2, shardBufferBytes=64 * MIB)
+            if opened is None:
                 return "hang up refused"
             with trio.move_on_after(0.05):
                 await conn.command("admin", {"getMore": opened["cursors"][0]["id"], "collection": NS,
                                              "maxTimeMS": 5000})
         elif kind == "rebucket":
-            opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": random.choice([2, 3]),
-                                                  "name": f"re{random.randrange(3)}", "readerProcesses": self.rp},
-                                        check=False)
-            if opened.get("code") == 146:
+            opened = await self.open_stream(conn, nBuckets=random.choice([2, 3]), name=f"re{random.randrange(3)}")
+            if opened is None:
                 return "rebucket refused"
             if opened.get("ok"):
                 await conn.command("admin", {"killCursors": NS, "cursors": [c["id"] for c in opened["cursors"]]})

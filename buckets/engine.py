@@ -275,24 +275,25 @@ class Engine:
         under the memory limit (or none is left). Such a stream is kept only so that a consumer can
         re-attach to its retained events until the idle teardown; one re-attaching later reopens it
         from its token. Streams with cursors are never closed to admit another."""
-        idle = sorted((s for s in self.streams.values() if not any(b.cursors for b in s.buckets.values())),
-                      key=lambda s: s.last_active)
+        idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
         for stream in idle:
             if self.memory_reserved() + need <= self.memory_limit:
                 return
-            log.info("tearing down idle stream %s early: its budgets are needed for a new stream", stream.name)
-            stream.close()
-            del self.streams[stream.name]
+            self._close_named(stream, "tearing down idle stream %s early: its budgets are needed for a new stream")
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
-        for name, stream in list(self.streams.items()):
-            if any(b.cursors for b in stream.buckets.values()):
+        for stream in list(self.streams.values()):
+            if stream.has_cursors():
                 stream.last_active = now
             elif now - stream.last_active > self.config.idle_teardown_s:
-                log.info("tearing down idle stream %s", name)
-                stream.close()
-                del self.streams[name]
+                self._close_named(stream, "tearing down idle stream %s")
+
+    def _close_named(self, stream: ParallelStream, why: str) -> None:
+        """Close a named stream and forget it; `why` is logged, with %s for its name."""
+        log.info(why, stream.name)
+        stream.close()
+        del self.streams[stream.name]
 
     # -- upstream helpers --------------------------------------------------------------------------
 
@@ -450,12 +451,10 @@ class Engine:
                              f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} and "
                              f"{in_use} cursor(s) read it; close them (or use another name) to reopen it with "
                              f"nBuckets {n}")
-        log.info("reopening stream %s with %d buckets instead of %d (%d abandoned cursors killed)",
-                 stream.name, n, stream.options.n_buckets, len(cursors))
         for cur in cursors:
             self._drop_cursor(cur.cursor_id)
-        stream.close()
-        del self.streams[stream.name]
+        self._close_named(stream, f"reopening stream %s with {n} buckets instead of {stream.options.n_buckets} "
+                                  f"({len(cursors)} abandoned cursors killed)")
         self.rebucketed += 1
 
     async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,

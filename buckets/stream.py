@@ -395,6 +395,9 @@ class ParallelStream:
         self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
         return reader
 
+    def has_cursors(self) -> bool:
+        return any(b.cursors for b in self.buckets.values())
+
     def reserved_bytes(self) -> int:
         """The most this stream's buffers may hold (shards added later included): what it takes
         of the proxy's memory limit."""

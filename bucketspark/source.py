@@ -187,10 +187,16 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
                     raise
             time.sleep(1)
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        after = self._tokens(start)
+    def _start_tokens(self, start: dict[str, Any]) -> list[str]:
+        """`_tokens` of a batch's start; if it was written with another nBuckets, the proxy's
+        stream of this name still has the old count, and is reopened with this query's first."""
+        tokens = self._tokens(start)
         if start.get("nBuckets") != self.spec.n_buckets:
-            self._reopen(after)  # the proxy's stream of this name has the old count
+            self._reopen(tokens)
+        return tokens
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        after = self._start_tokens(start)
         max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         from pymongo.errors import OperationFailure
 
@@ -208,9 +214,7 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         # A batch planned before a restart with another nBuckets (run again at the restart, with
         # no latestOffset first) is re-read with the new count: at common start and end tokens, its
         # buckets together hold the same events, dealt anew.
-        starts = self._tokens(start)
-        if start.get("nBuckets") != self.spec.n_buckets:
-            self._reopen(starts)
+        starts = self._start_tokens(start)
         return [self.partition(i, s, e) for i, (s, e) in enumerate(zip(starts, self._tokens(end), strict=True))]
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -83,7 +83,6 @@ def safe_long(value: Any) -> int:
     return int(number)
 
 
-
 class GetMore(NamedTuple):
     cursor_id: int
     collection: str

@@ -84,10 +84,10 @@ def proxy_uri(server: ProxyServer) -> str:
     return f"mongodb://127.0.0.1:{server.port}/"
 
 
-def wait_until(cond: Any, timeout: float = 120) -> None:
-    """Poll `cond` until it holds or the deadline passes: Spark's progress, a proxy's buffers and a
-    target's state are outside the test's thread, with no event to wait on."""
+def wait_until(cond: Any, timeout: float = 120, interval: float = 0.3) -> None:
+    """Poll `cond` every `interval` until it holds or the deadline passes: Spark's progress, a
+    proxy's buffers and a target's state are outside the test's thread, with no event to wait on."""
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.3)
+        time.sleep(interval)

@@ -661,7 +661,9 @@ async def test_a_closed_stream_drops_what_its_reader_processes_sent_ahead(cluste
             stream = proxy.engine.streams["stalled"]
             for i in range(30):  # more batches than the merge's channel holds: the rest wait in the readers
                 c.stalled.c.insert_many([{"_id": (i, k), "pad": "x" * 100} for k in range(100)])
-                time.sleep(0.02)
+                # Read before the next insert, so that each insert is a batch of its own.
+                wait_until(lambda i=i: sum(r.stats.events for r in stream.readers.values()) >= 100 * (i + 1),
+                           timeout=10, interval=0.005)
             wait_until(lambda: any(r._arrived for r in stream.readers.values()), timeout=30)
             c.admin.command({"killCursors": NS, "cursors": [opened["cursors"][0]["id"]]})
             wait_until(lambda: "stalled" not in proxy.engine.streams, timeout=10)
