@@ -272,13 +272,18 @@ class Engine:
 
     def _make_room(self, need: int) -> None:
         """Close streams without cursors, least recently used first, until `need` more bytes fit
-        under the memory limit (or none is left). Such a stream is kept only so that a consumer can
-        re-attach to its retained events until the idle teardown; one re-attaching later reopens it
-        from its token. Streams with cursors are never closed to admit another."""
+        under the memory limit. Such a stream is kept only so that a consumer can re-attach to its
+        retained events until the idle teardown; one re-attaching later reopens it from its token.
+        Streams with cursors are never closed to admit another, and if closing every idle stream
+        would still not make room, none is closed: the new stream is refused either way."""
         idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
+        over = self.memory_reserved() + need - self.memory_limit
+        if over > sum(s.reserved_bytes() for s in idle):
+            return
         for stream in idle:
-            if self.memory_reserved() + need <= self.memory_limit:
+            if over <= 0:
                 return
+            over -= stream.reserved_bytes()
             self._close_named(stream, "tearing down idle stream %s early: its budgets are needed for a new stream")
 
     def _tear_down_idle(self) -> None:

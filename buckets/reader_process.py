@@ -14,7 +14,7 @@ time is stopped.
 
 Transport: the proxy process listens on a Unix socket in a private directory; each reader
 process, started by trio_parallel (which kills it when the pool closes or retires it), connects to it. Both
-directions carry length-prefixed pickles; `key` names one tail (one shard of one stream):
+directions carry length-prefixed messages (see `encode_message`); `key` names one tail (one shard of one stream):
 
     proxy -> reader:  ("add", key, OplogTail, budget bytes)    ("remove", key)
                       ("credit", {key: bytes freed})
@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import marshal
 import os
 import pickle
 import struct
@@ -53,14 +54,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("buckets.reader_process")
 
-_HEADER = struct.Struct("<I")
+_HEADER = struct.Struct("<IB")  # body length, body format (_MARSHAL or _PICKLE)
+_MARSHAL, _PICKLE = 0, 1
 SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel; it may grant less (net.core.wmem_max)
 START_TIMEOUT_S = 60.0   # a reader process must connect back this soon (interpreter start, imports)
 SEND_TIMEOUT_S = 60.0    # a message not taken this long means the other process hangs
 
 
+def encode_message(message: Any) -> tuple[int, bytes]:
+    """(format, body) of a message: marshal when it holds only builtin values, else pickle.
+
+    Why marshal first: a batch of spliced events is tuples of bytes and str, and marshal writes it
+    about six times faster than pickle (0.14 against 0.84 us an event, measured on 100k inserts),
+    which was a sixth of a reader process's time per event. Both ends are the same interpreter
+    (trio_parallel starts this one), the one condition marshal sets. A message with another type
+    in it (a tail to add, a transaction's event with its Timestamp) makes marshal raise at once
+    and goes as a pickle. One difference remains: marshal reads any bytes-like value back as
+    plain bytes (a bson.Binary too); no message holds one where its type matters.
+    """
+    try:
+        return _MARSHAL, marshal.dumps(message)
+    except ValueError:
+        return _PICKLE, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_message(fmt: int, body: bytes | bytearray) -> Any:
+    return marshal.loads(body) if fmt == _MARSHAL else pickle.loads(body)
+
+
 class MessageStream:
-    """Length-prefixed pickles over a connected socket; sends are serialized, receives are one
+    """Length-prefixed messages over a connected socket; sends are serialized, receives are one
     reader's. A message is received straight into a buffer of its size (`recv_into`): a batch of
     events is large, and reading it in pieces and joining them cost a copy per piece."""
 
@@ -81,11 +104,11 @@ class MessageStream:
         that stops reading for SEND_TIMEOUT_S is taken for hung: the connection is closed (which
         fails that process's tails) rather than left with half a message.
         """
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        fmt, data = encode_message(message)
         async with self._send_lock:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(SEND_TIMEOUT_S):
-                    await self.stream.send_all(_HEADER.pack(len(data)))
+                    await self.stream.send_all(_HEADER.pack(len(data), fmt))
                     await self.stream.send_all(data)
                     return
                 await self.stream.aclose()
@@ -96,8 +119,9 @@ class MessageStream:
         header = await self._exactly(_HEADER.size)
         if header is None:
             return None
-        body = await self._exactly(_HEADER.unpack(header)[0])
-        return None if body is None else pickle.loads(body)
+        size, fmt = _HEADER.unpack(header)
+        body = await self._exactly(size)
+        return None if body is None else decode_message(fmt, body)
 
     async def _exactly(self, n: int) -> bytearray | None:
         buf = bytearray(n)

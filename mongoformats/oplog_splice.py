@@ -34,6 +34,9 @@ __all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "arra
            "document_parts", "elements", "splice_crud", "splice_entries", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
+# An event's `_id` up to the hex of its token: the element's header, the document's length, then
+# the `_data` string's header and length.
+_ID_HEAD = struct.Struct("<5si7si")
 _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
 TOKEN_TIMESTAMP = struct.Struct(">II")  # a token's timestamp: seconds, then increment, big-endian
 
@@ -448,18 +451,22 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         ks_key = _ks_document_key(key, 0, bits)
         if ks_key is None:
             return None
-    inc, secs = _TS.unpack_from(raw, t0)
     # ui's value is int32 16, subtype 4, then the UUID's 16 bytes.
     uuid_ks = b"\x5a\x10\x04" + raw[ui[0] + 5:ui[1]] if ui is not None else b"\x14"
-    sort_key = b"".join((b"\x82", TOKEN_TIMESTAMP.pack(secs, inc), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key,
-                         b"\x00\x04"))
+    # A token's timestamp is the entry's ts reversed: BSON has the increment, then the seconds,
+    # little-endian; the KeyString the seconds, then the increment, big-endian.
+    ts = raw[t0:t0 + 8]
+    sort_key = b"".join((b"\x82", ts[::-1], _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key, b"\x00\x04"))
     hex_data = hexlify(sort_key).upper()
-    data_element = b"\x02_data\x00" + _I32.pack(len(hex_data) + 1) + hex_data + b"\x00"
-    type_bits = encode_type_bits(bits) if bits else b""
-    if type_bits:
-        data_element += b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits
-    parts = [b"\x03_id\x00", _I32.pack(len(data_element) + 5), data_element, b"\x00", _OP_ELEMENT[op_type],
-             b"\x11clusterTime\x00", raw[t0:t0 + 8]]
+    n = len(hex_data)
+    if bits and (type_bits := encode_type_bits(bits)):
+        typed = b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits
+        head = _ID_HEAD.pack(b"\x03_id\x00", n + 17 + len(typed), b"\x02_data\x00", n + 1)
+        parts = [head, hex_data, b"\x00", typed, b"\x00"]
+    else:
+        type_bits = b""
+        parts = [_ID_HEAD.pack(b"\x03_id\x00", n + 17, b"\x02_data\x00", n + 1), hex_data, b"\x00\x00"]
+    parts += (_OP_ELEMENT[op_type], b"\x11clusterTime\x00", ts)
     if expanded and ui is not None:
         parts += (b"\x05collectionUUID\x00", raw[ui[0]:ui[1]])
     if wall is not None:
@@ -471,7 +478,8 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     if desc is not None:
         parts += (b"\x03updateDescription\x00", desc)
     body = b"".join(parts)
-    return sort_key, type_bits, op_type, db, coll, _I32.pack(len(body) + 5) + body + b"\x00", namespaces, "", None
+    return sort_key, type_bits, op_type, db, coll, b"".join((_I32.pack(len(body) + 5), body, b"\x00")), namespaces, \
+        "", None
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

@@ -612,7 +612,8 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
 async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_through(cluster):
     """Streams reserve their buffer budgets under the proxy's memory limit: one that does not fit
     is refused with ExceededMemoryLimit (a parallel stream) or served by mongos (a watch()), and
-    fits once the cursors of another are killed."""
+    fits once the cursors of another are killed. Idle streams are closed for a new one only if
+    that makes room."""
     mib = 1 << 20
     config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=100 * mib,
                          accelerate_change_streams=True)
@@ -638,9 +639,15 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             # A stream without cursors is kept for re-attaching until the idle teardown (300 s),
             # unless its budgets are needed: then it goes at once.
             c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in first["cursors"]]})
-            c.admin.command({**small, "name": "second"})
+            second = c.admin.command({**small, "name": "second"})
             assert set(proxy.engine.streams) == {"second"}
             assert c.admin.command({"parallelChangeStreamStatus": 1})["memory"]["streamsRefused"] == 2
+            # One that would not fit even in all the idle streams' room is refused, and they are spared.
+            c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in second["cursors"]]})
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({**small, "name": "big", "shardBufferBytes": 40 * mib})  # 3x40 + 2x4
+            assert info.value.code == 146
+            assert set(proxy.engine.streams) == {"second"}
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+from bson import Timestamp
 
 from buckets import reader_process
 from buckets.reader_process import MessageStream
@@ -45,3 +46,20 @@ async def test_a_send_the_other_process_never_takes_breaks_the_connection(monkey
     with pytest.raises(trio.ClosedResourceError):
         await sender.send(("idle", 2))
     right.close()
+
+
+async def test_batches_go_as_marshal_and_other_messages_as_pickles():
+    """Spliced events (tuples of bytes and str) take the fast format; a message holding another
+    type (a transaction's event keeps a Timestamp) falls back to pickle; both arrive equal."""
+    spliced = (b"\x82sort", b"", "insert", "db", "c", b"\x05\x00\x00\x00\x00", ("db.c",), "", None)
+    in_txn = (*spliced[:8], (Timestamp(5, 1), 0))
+    batch = ("batch", 1, [spliced], 5, 1, (5, 1))
+    assert reader_process.encode_message(batch)[0] == reader_process._MARSHAL
+    assert reader_process.encode_message(("batch", 1, [in_txn], 5, 1, (5, 1)))[0] == reader_process._PICKLE
+    left, right = trio.socket.socketpair()
+    sender, receiver = MessageStream(trio.SocketStream(left)), MessageStream(trio.SocketStream(right))
+    for message in (batch, ("batch", 1, [spliced, in_txn], 10, 2, (5, 1)), ("credit", {1: 5})):
+        await sender.send(message)
+        assert await receiver.receive() == message
+    await sender.stream.aclose()
+    await receiver.stream.aclose()
