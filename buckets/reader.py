@@ -197,7 +197,7 @@ class OplogTail:
                         events.append(tuple(ev))
                         nbytes += len(ev.raw)
             elif item and item[0] > skip:
-                events.append(item)  # a spliced event: a plain tuple (cheap to pickle) until delivered
+                events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
                 nbytes += len(item[5])
         await out.deliver(events, nbytes, len(items), last_ts)
         self.position, self.inclusive = last_ts, False

@@ -89,7 +89,7 @@ class ChangeEvent(NamedTuple):
         return Timestamp(secs, inc)
 
 
-# Events from their fields as plain tuples (splice_crud's items, or events pickled as tuples by a
+# Events from their fields as plain tuples (splice_crud's items, or events sent as tuples by a
 # reader process). tuple.__new__ skips NamedTuple._make's Python-level wrapper and length check
 # (a third of the cost); the tuples are ours, always all nine fields.
 _event_from_fields = functools.partial(tuple.__new__, ChangeEvent)

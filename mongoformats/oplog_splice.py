@@ -317,7 +317,7 @@ _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
 _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
 
 
-# What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it pickles faster, for
+# What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it is sent faster, for
 # readerProcesses, and the engine keeps events so, see change_events.EventFields): sort_key,
 # type_bits, op_type, db, coll, raw, namespaces, shard, applied_at.
 Spliced = tuple[bytes, bytes, str, str, str, bytes, tuple[str, ...], str, None]

@@ -20,8 +20,11 @@ The rules, from the server's source (read for facts only):
   balancerStart and balancerStop write; a round reads it, so a write to the document also counts.
 
 A migration does not start while a transaction holds writes to the collection on some shard (the
-server's critical section waits for such transactions), nor while a shard has no primary. A
-migration that fails (a failover on its recipient or donor) is tried again in a later round.
+server's critical section waits for such transactions). A round does nothing while any shard has
+no primary: the server's round first gathers every shard's data size (cluster_statistics_impl.cpp)
+and fails as a whole, "Unable to obtain shard utilization information", if one shard does not
+answer. A migration that fails (a failover on its recipient or donor) is tried again in a later
+round.
 """
 
 from __future__ import annotations

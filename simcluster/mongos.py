@@ -376,8 +376,10 @@ class Mongos(CommandServer):
 
     def sharded_data_distribution(self) -> list[dict[str, Any]]:
         """$shardedDataDistribution (6.0.3+): per sharded collection, each shard holding it with its
-        documents and their BSON bytes. A migration here deletes its range at once, so nothing is
-        ever orphaned."""
+        documents and their BSON bytes. A migration here deletes its range at once, and a failed
+        one its copies on the recipient, so nothing stays orphaned; except (not counted here) the
+        copies of a migration that failed while its recipient had no primary, which stay until the
+        next migration of their range (see `migrate`)."""
         out = []
         for ns in sorted(self.sharded):
             shards = []
