@@ -96,10 +96,10 @@ def test_spliced_events_equal_the_general_transform(entry: dict[str, Any], expan
 def test_the_fixed_layout_agrees_with_the_walk(entry: dict[str, Any]) -> None:
     """Where the fixed-position parse of the usual entry shape applies, it finds what the walk finds."""
     raw = bson.encode(entry)
-    fixed = _fixed_layout(raw)
-    assert fixed is None or fixed == _walked_layout(raw)
+    fixed, walked = _fixed_layout(raw), _walked_layout(raw)
+    assert fixed is None or fixed == walked
     idl = ["lsid", "txnNumber", "op", "ns", "ui", "o", "o2", "stmtId", "ts", "t", "v", "wall", "prevOpTime"]
-    if "wall" in entry and list(entry) == sorted(entry, key=idl.index):  # the order servers write
+    if "wall" in entry and list(entry) == sorted(entry, key=idl.index) and walked is not None:  # as servers write
         assert fixed is not None
 
 
