@@ -363,7 +363,7 @@ def _fixed_head(head: bytes) -> tuple[_Head | tuple[()] | None, int]:
     follows in the entry. An entry without ui puts part of its `o` into the key, and so misses,
     bounded by the cache's size; servers since 3.6 give every CRUD entry a ui.
     """
-    if head[:8] != _OP_HEAD or head[9] != 0 or head[10:14] != b"\x02ns\x00":
+    if head[:8] != _OP_HEAD or head[9:10] != b"\x00" or head[10:14] != b"\x02ns\x00" or len(head) < 18:
         return None, 0
     q = 18 + _I32.unpack_from(head, 14)[0]  # past the ns string
     if q <= 18 or head[q - 1:q] != b"\x00":
@@ -389,7 +389,7 @@ def _fixed_layout(raw: bytes) -> _Layout | None:
         if raw[p:p + 11] != b"\x12txnNumber\x00":
             return None
         p += 19
-    if raw[p:p + 8] != _OP_HEAD:
+    if raw[p:p + 8] != _OP_HEAD or len(raw) < p + 18:
         return None
     # The op element is 10 bytes, then the ns string's element header and length 8.
     head, n = _fixed_head(raw[p:p + 18 + _UI_BYTES + _I32.unpack_from(raw, p + 14)[0]])
@@ -417,21 +417,20 @@ def _fixed_layout(raw: bytes) -> _Layout | None:
 
 def _walked_layout(raw: bytes) -> _Layout | None:
     """The layout of a CRUD entry of any field order (sessions, extra fields); None if it is not
-    one the splice handles (not i/u/d, a migration's write, a UUID that is not 16 bytes)."""
+    one the splice handles (not i/u/d, a migration's write, a UUID that is not 16 bytes, a field
+    missing or of another type: the general path reports what is wrong)."""
     f = elements(raw)
-    op = f.get(b"op")
-    if op is None or op[0] != 0x02 or b"fromMigrate" in f:
+    op, ns, ui, o, o2, ts, wall = map(f.get, (b"op", b"ns", b"ui", b"o", b"o2", b"ts", b"wall"))
+    if (op is None or op[0] != 0x02 or ns is None or ns[0] != 0x02 or o is None or o[0] != 0x03
+            or ts is None or ts[0] != 0x11 or (o2 is not None and o2[0] != 0x03)
+            or (wall is not None and wall[0] != 0x09) or b"fromMigrate" in f):
         return None
-    _, ns0, ns1 = f[b"ns"]
-    ui = f.get(b"ui")
-    if ui is not None and (_I32.unpack_from(raw, ui[1])[0] != 16 or raw[ui[1] + 4] != 4):
+    if ui is not None and (ui[0] != 0x05 or _I32.unpack_from(raw, ui[1])[0] != 16 or raw[ui[1] + 4] != 4):
         return None
-    head = _head(raw[op[1] + 4:op[2] - 1], raw[ns0 + 4:ns1 - 1], ui and raw[ui[1]:ui[2]])
+    head = _head(raw[op[1] + 4:op[2] - 1], raw[ns[1] + 4:ns[2] - 1], ui and raw[ui[1]:ui[2]])
     if head is None:
         return None
-    _, o0, o1 = f[b"o"]
-    o2, wall = f.get(b"o2"), f.get(b"wall")
-    return head, (o0, o1), o2 and o2[1:], f[b"ts"][1], wall and wall[1:]
+    return head, o[1:], o2 and o2[1:], ts[1], wall and wall[1:]
 
 
 def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
