@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
               f"({figures['second_over_first_half_peak']:.2f}x)")
     name = "soak_stepdowns" if args.stepdown_every else "soak"
     path = write_json(name, {"stepdown_every_s": args.stepdown_every, "modes": results})
-    plot_series(name, {name: r["samples"] for name, r in results.items()}, xlabel="seconds",
+    plot_series(name, {mode: r["samples"] for mode, r in results.items()}, xlabel="seconds",
                 ylabel="proxy resident MiB (main + reader processes)",
                 title=f"proxy memory under stream churn, {args.seconds:.0f} s"
                 + (f", a stepdown every {args.stepdown_every:g} s" if args.stepdown_every else ""))

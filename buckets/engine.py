@@ -270,21 +270,23 @@ class Engine:
             self._drop_cursor(cid)
         return len(doomed)
 
-    def _make_room(self, need: int) -> None:
+    def _make_room(self, need: int) -> int:
         """Close streams without cursors, least recently used first, until `need` more bytes fit
-        under the memory limit. Such a stream is kept only so that a consumer can re-attach to its
-        retained events until the idle teardown; one re-attaching later reopens it from its token.
-        Streams with cursors are never closed to admit another, and if closing every idle stream
-        would still not make room, none is closed: the new stream is refused either way."""
+        under the memory limit; returns what is then reserved (memory_reserved). Such a stream is
+        kept only so that a consumer can re-attach to its retained events until the idle teardown;
+        one re-attaching later reopens it from its token. Streams with cursors are never closed to
+        admit another, and if closing every idle stream would still not make room, none is closed:
+        the new stream is refused either way."""
         idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
-        over = self.memory_reserved() + need - self.memory_limit
-        if over > sum(s.reserved_bytes() for s in idle):
-            return
+        reserved = self.memory_reserved()
+        if reserved + need - self.memory_limit > sum(s.reserved_bytes() for s in idle):
+            return reserved
         for stream in idle:
-            if over <= 0:
-                return
-            over -= stream.reserved_bytes()
+            if reserved + need <= self.memory_limit:
+                break
+            reserved -= stream.reserved_bytes()
             self._close_named(stream, "tearing down idle stream %s early: its budgets are needed for a new stream")
+        return reserved
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -507,9 +509,9 @@ class Engine:
             ddl_notes=await self.lacks_expanded_events())
         kept = len(keep) if keep is not None else n
         need = len(topology.shards) * options.shard_buffer_bytes + kept * options.bucket_buffer_bytes
-        self._make_room(need)
+        reserved = self._make_room(need)
         try:
-            check_fits(need, self.memory_reserved(), self.memory_limit, streams=len(self.all_streams()),
+            check_fits(need, reserved, self.memory_limit, streams=len(self.all_streams()),
                        shards=len(topology.shards), shard_bytes=options.shard_buffer_bytes, buckets=kept,
                        bucket_bytes=options.bucket_buffer_bytes)
         except MongoError:

@@ -103,10 +103,9 @@ class Balancer:
     async def round(self) -> int:
         """One balancing round; returns how many ranges moved."""
         self.rounds += 1
-        replsets = self.mongos.replsets
-        if any(rs.primary_node is None for rs in replsets.values()):
+        if self._shard_without_primary():
             return 0
-        available = set(replsets)
+        available = set(self.mongos.replsets)
         moved = 0
         for ns in sorted(self.mongos.sharded):
             sc = self.mongos.sharded.get(ns)
@@ -118,7 +117,7 @@ class Balancer:
                 # have gone stale, and the balancer may have been stopped, meanwhile.
                 if (self.mongos.config.balancer_mode() != "full" or self.mongos.in_transaction(ns)
                         or self.mongos.migrating(ns) or chunk not in sc.chunks or chunk.shard == to
-                        or any(rs.primary_node is None for rs in replsets.values())):
+                        or self._shard_without_primary()):
                     break
                 end = range_end(sc, self.mongos.shards[chunk.shard], chunk, size)
                 if end is not None:
@@ -131,6 +130,10 @@ class Balancer:
                 moved += 1
         self.migrations += moved
         return moved
+
+    def _shard_without_primary(self) -> bool:
+        """Whether some shard has no primary: a round then does nothing (see the module's notes)."""
+        return any(rs.primary_node is None for rs in self.mongos.replsets.values())
 
     def data_sizes(self, sc: ShardedCollection) -> dict[str, int]:
         """Each shard's bytes of the collection (the server's _shardsvrGetStatsForBalancing, orphans aside)."""

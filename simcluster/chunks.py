@@ -101,12 +101,17 @@ class ShardedCollection:
         return sorted(((p, d) for p, d in found if chunk.holds(p)), key=lambda pd: sort_key(pd[0]))
 
 
+def _delete_range(sc: ShardedCollection, shard: ShardNode, docs: list[dict[str, Any]]) -> None:
+    """Delete these documents of `shard`'s, logged `fromMigrate` as the range deleter logs them."""
+    for doc in docs:
+        shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+
+
 def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardNode) -> int:
     """Delete `shard`'s documents in the chunk's range, which it does not own (what a failed
-    migration left there); how many. Logged `fromMigrate`, as the range deleter logs them."""
+    migration left there); how many."""
     found = [doc for _, doc in sc.documents_in(shard, chunk)]
-    for doc in found:
-        shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+    _delete_range(sc, shard, found)
     return len(found)
 
 
@@ -135,8 +140,7 @@ def commit_migration(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, reci
     The commit bumps the collection's major version: the moved chunk takes (major + 1, 0) and, if
     the donor keeps any chunk, its first one takes (major + 1, 1), so the donor's shard version
     changes too (commitChunkMigration's "control chunk")."""
-    for doc in moved:
-        donor.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+    _delete_range(sc, donor, moved)
     major = sc.version[0] + 1
     chunk.shard, chunk.version = recipient.set_name, (major, 0)
     chunk.history.insert(0, (donor.clock.now(), recipient.set_name))

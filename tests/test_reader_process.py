@@ -10,12 +10,17 @@ from buckets import reader_process
 from buckets.reader_process import MessageStream
 
 
+def _connected_pair() -> tuple[MessageStream, MessageStream]:
+    """Two ends of one message stream, on a real socket pair."""
+    left, right = trio.socket.socketpair()
+    return MessageStream(trio.SocketStream(left)), MessageStream(trio.SocketStream(right))
+
+
 async def test_a_send_cancelled_midway_still_sends_its_whole_message():
     """A tail stopped while it sends a batch (its stream closed) must not leave half a message on
     the connection its process shares with every other tail: the next message would be read out
     of step, and every stream of the process would fail."""
-    left, right = trio.socket.socketpair()
-    sender, receiver = MessageStream(trio.SocketStream(left)), MessageStream(trio.SocketStream(right))
+    sender, receiver = _connected_pair()
     big = b"x" * (64 << 20)  # far more than the socket buffers hold: the send blocks part-way
     got = []
 
@@ -39,13 +44,12 @@ async def test_a_send_the_other_process_never_takes_breaks_the_connection(monkey
     """A process that stops reading is hung: after SEND_TIMEOUT_S the connection is closed (its
     tails fail and resume from their tokens) instead of waiting forever or leaving half a message."""
     monkeypatch.setattr(reader_process, "SEND_TIMEOUT_S", 0.3)
-    left, right = trio.socket.socketpair()
-    sender = MessageStream(trio.SocketStream(left))
+    sender, receiver = _connected_pair()  # the receiver never reads
     with pytest.raises(trio.BrokenResourceError), trio.fail_after(5):
         await sender.send(("batch", 1, b"x" * (64 << 20)))
     with pytest.raises(trio.ClosedResourceError):
         await sender.send(("idle", 2))
-    right.close()
+    await receiver.stream.aclose()
 
 
 async def test_batches_go_as_marshal_and_other_messages_as_pickles():
@@ -56,8 +60,7 @@ async def test_batches_go_as_marshal_and_other_messages_as_pickles():
     batch = ("batch", 1, [spliced], 5, 1, (5, 1))
     assert reader_process.encode_message(batch)[0] == reader_process._MARSHAL
     assert reader_process.encode_message(("batch", 1, [in_txn], 5, 1, (5, 1)))[0] == reader_process._PICKLE
-    left, right = trio.socket.socketpair()
-    sender, receiver = MessageStream(trio.SocketStream(left)), MessageStream(trio.SocketStream(right))
+    sender, receiver = _connected_pair()
     for message in (batch, ("batch", 1, [spliced, in_txn], 10, 2, (5, 1)), ("credit", {1: 5})):
         await sender.send(message)
         assert await receiver.receive() == message
