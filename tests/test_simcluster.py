@@ -9,15 +9,20 @@ from __future__ import annotations
 import concurrent.futures
 import socket
 import struct
+import uuid
 
 import bson
 import pytest
 from bson import Int64, MaxKey, MinKey, Timestamp
 from bson.raw_bson import RawBSONDocument
+from hypothesis import given
+from hypothesis import strategies as st
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from mongoformats.change_events import RAW, OplogTransformer
+from mongoformats.mql import sort_key
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from simcluster.chunks import Chunk, ShardedCollection
 from tests.conftest import client, sync, wait_until
 from tests.test_accelerate import _collect
 from tests.test_engine import drain
@@ -525,6 +530,28 @@ async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
             assert all(e["operationType"] == "migrateLastChunkFromShard" and dict(e["ns"]) == {"db": "mr", "coll": "c"}
                        for e in batch)
     await sync(work)
+
+
+_KEY_VALUES = st.one_of(st.integers(-50, 50), st.floats(-50, 50, allow_nan=False), st.text(max_size=3),
+                        st.none(), st.booleans())
+
+
+@given(bounds=st.lists(_KEY_VALUES, max_size=12), points=st.lists(_KEY_VALUES, max_size=12),
+       splits=st.lists(st.tuples(st.integers(0, 20), _KEY_VALUES), max_size=4))
+def test_chunk_at_finds_the_chunk_whose_range_holds_the_point(bounds, points, splits):
+    """The binary search agrees with the definition (min <= point < max), over mixed BSON types,
+    before and after splits."""
+    cuts = sorted({sort_key(b): b for b in bounds}.items())
+    edges = [MinKey(), *(b for _, b in cuts), MaxKey()]
+    sc = ShardedCollection("d.c", {"k": 1}, uuid.uuid4(),
+                           chunks=[Chunk(edges[i], edges[i + 1], f"s{i % 3}") for i in range(len(edges) - 1)])
+    for index, point in splits:
+        chunk = sc.chunks[index % len(sc.chunks)]
+        inside = chunk.holds(point) and (isinstance(chunk.min, MinKey) or sort_key(point) != sort_key(chunk.min))
+        if inside:  # a split cuts strictly inside a chunk
+            sc.split(chunk, point)
+    for point in [*points, *bounds, MinKey(), MaxKey()]:
+        assert sc.chunk_at(point) is next((c for c in sc.chunks if c.holds(point)), sc.chunks[-1])
 
 
 async def test_the_balancer_does_not_move_a_collection_a_transaction_holds_writes_to(cluster):
