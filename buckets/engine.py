@@ -114,9 +114,9 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int |
     value = cmd.get(name)
     if value is None:  # absent or null: the server's parsers take a null optional field as absent
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
-    if not low <= int(value) <= high:
+    # Range first, then integrality: int() of an infinite or NaN double raises (NaN fails the range).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
+            or int(value) != value:
         raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
     return int(value)
 

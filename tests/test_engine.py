@@ -195,6 +195,9 @@ async def test_command_errors_use_server_codes(proxy):
     def work():
         c = client(proxy_uri(proxy))
         cases = [({"nBuckets": 0}, 2), ({"nBuckets": 2000}, 2), ({"nBuckets": "4"}, 2), ({"nBuckets": True}, 2),
+                 # doubles with no integer value (found by the fuzz test: int() of them raised)
+                 ({"nBuckets": float("inf")}, 2), ({"nBuckets": float("nan")}, 2),
+                 ({"nBuckets": 2, "maxAwaitTimeMS": float("-inf")}, 2),
                  ({"nBuckets": 4, "bogus": 1}, 40415), ({"nBuckets": 2, "readerProcesses": -1}, 2),
                  ({"nBuckets": 2, "readerProcesses": 65}, 2),
                  # bucket tokens of another bucket count, not all the same
