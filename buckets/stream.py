@@ -53,6 +53,7 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages, apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
+from mongoformats.large_events import MAX_EVENT_BYTES, event_too_large
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
@@ -61,6 +62,9 @@ log = logging.getLogger("buckets.stream")
 
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
+# Events longer than this are measured as the server measures them (with mongos's merge metadata,
+# a few hundred bytes more); every other event passes with the length compare it already has.
+_CHECK_SIZE_ABOVE = MAX_EVENT_BYTES - 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -309,13 +313,17 @@ class BucketCursor:
             cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
             if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
                 break
+            if cost > _CHECK_SIZE_ABOVE and (too_large := self.stream.too_large(ev[EV_RAW])) is not None:
+                if batch:
+                    break  # the events before it first; the next getMore fails
+                raise too_large
             batch.append(ev)
             size += cost
         taken = batch
         lookup, options = self.stream.lookup, self.stream.options
         if lookup is not None or options.stages:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            batch, consumed = _fit(await self._shape(events_from_fields(batch)))
+            batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.too_large)
             taken = taken[:consumed]
             if self.killed:  # while its lookups ran
                 raise _interrupted()
@@ -341,6 +349,7 @@ class ParallelStream:
         self.name = name
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
+        self.sharded = topology.sharded  # mongos sizes events as its shards send them, with their sort key
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
@@ -601,6 +610,10 @@ class ParallelStream:
         end = merged[max_events - 1]
         return end
 
+    def too_large(self, raw: bytes) -> MongoError | None:
+        """BSONObjectTooLarge if a server could not return this event (see large_events)."""
+        return event_too_large(raw, merged=self.sharded)
+
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
@@ -624,14 +637,21 @@ class ParallelStream:
         }
 
 
-def _fit(shaped: list[tuple[int, ChangeEvent]]) -> tuple[list[EventFields], int | None]:
+def _fit(shaped: list[tuple[int, ChangeEvent]],
+         too_large: Callable[[bytes], MongoError | None]) -> tuple[list[EventFields], int | None]:
     """The longest head of the shaped events within a reply's batch limit (at least one), and how
     many of the taken events it consumed (None: all of them). Lookups and stages grow events after
-    the batch was cut; what does not fit is returned by the next getMore."""
+    the batch was cut; what does not fit is returned by the next getMore. An event grown past
+    what a server can return (a document looked up beside a large update) ends the head; the
+    getMore that reaches it fails with BSONObjectTooLarge, as the server's does."""
     size = 0
     for k, (_, ev) in enumerate(shaped):
         size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
         if k and size > BATCH_BYTES_LIMIT:
+            return [e for _, e in shaped[:k]], shaped[k][0]
+        if len(ev.raw) > _CHECK_SIZE_ABOVE and (error := too_large(ev.raw)) is not None:
+            if not k:
+                raise error
             return [e for _, e in shaped[:k]], shaped[k][0]
     return [e for _, e in shaped], None
 

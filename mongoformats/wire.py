@@ -26,7 +26,7 @@ from mongoformats.errors import ProtocolError
 __all__ = [
     "NEED_DATA", "OP_MSG", "OP_QUERY", "OP_REPLY", "OP_COMPRESSED",
     "FLAG_CHECKSUM_PRESENT", "FLAG_MORE_TO_COME", "FLAG_EXHAUST_ALLOWED",
-    "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "COMPRESSOR_IDS",
+    "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
     "encode_op_msg", "encode_op_reply", "encode_op_query", "compress", "decode_message",
 ]
@@ -44,6 +44,9 @@ _KNOWN_REQUIRED_FLAGS: Final = FLAG_CHECKSUM_PRESENT | FLAG_MORE_TO_COME
 
 MAX_MESSAGE_SIZE: Final = 48_000_000
 MAX_BSON_SIZE: Final = 16 * 1024 * 1024
+# BSONObjMaxInternalSize: what the server lets a document it builds or reads reach (a command
+# sent with its payload, a change event), the user limit plus room for its own fields.
+MAX_INTERNAL_BSON_SIZE: Final = MAX_BSON_SIZE + 16 * 1024
 # A cursor batch must leave room for its reply envelope, and every array element costs a type
 # byte and its index key on top of the document: batches are cut with this rule.
 BATCH_BYTES_LIMIT: Final = MAX_BSON_SIZE - 16 * 1024
@@ -125,7 +128,7 @@ def _bson_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[bytes, int]:
     if end - pos < 5:
         raise ProtocolError("truncated BSON document")
     (size,) = _I32.unpack_from(buf, pos)
-    if size < 5 or pos + size > end or size > MAX_BSON_SIZE + 16 * 1024:
+    if size < 5 or pos + size > end or size > MAX_INTERNAL_BSON_SIZE:
         raise ProtocolError(f"invalid BSON document length {size}")
     if buf[pos + size - 1] != 0:
         raise ProtocolError("BSON document is not NUL-terminated")

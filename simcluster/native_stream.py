@@ -14,6 +14,7 @@ D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-s
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,7 +33,9 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import apply_stages, compile_stages, encode_in_order, unsupported_in_stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from mongoformats.large_events import SPLIT_ABOVE_BYTES, SPLIT_STAGE, event_too_large, split_event
+from mongoformats.resume_token import decode_token, encode_token, high_water_mark, token_sort_key
+from mongoformats.wire import BATCH_BYTES_LIMIT
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 
@@ -43,6 +46,9 @@ _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter",
 _STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
                      "$redact", "$changeStreamSplitLargeEvent"})
 _IMAGE_MODES = ("whenAvailable", "required")
+# Events this much below the split size are checked exactly (event_bytes adds the merge metadata,
+# a few hundred bytes); the rest, nearly all, pass with one length compare.
+_LARGE_MARGIN = 64 * 1024
 _INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
 
 
@@ -60,7 +66,8 @@ class OplogSource(Protocol):
 class NativeStream:
     def __init__(self, nodes: list[OplogSource], db: str, coll: str | None, spec: dict[str, Any],
                  stages: list[dict[str, Any]], *, version: int = 2,
-                 topology: Callable[[], list[tuple[OplogSource, Timestamp]]] | None = None) -> None:
+                 topology: Callable[[], list[tuple[OplogSource, Timestamp]]] | None = None,
+                 split: bool = False) -> None:
         self.nodes = nodes
         # mongos: every shard with the time it joined, in joining order. A shard added after the
         # stream opened is read from its topologyTime, like mongos's kNewShardDetected handling.
@@ -74,6 +81,11 @@ class NativeStream:
         # Which member set each pending event came from: its pre- and post-images live there.
         self.origin: dict[bytes, Any] = {}
         self.stages = compile_stages(stages)
+        # $changeStreamSplitLargeEvent ends the pipeline: events too large are returned in fragments.
+        # On mongos the shards split (and size) events with their merge metadata.
+        self.split, self.merged = split, topology is not None
+        self.fragments: collections.deque[tuple[RawBSONDocument, dict[str, Any]]] = collections.deque()
+        self.resume_fragment: tuple[bytes, int] | None = None  # (the split event's key, fragments to skip)
         self.transformers = [self._transformer() for _ in nodes]
         token = spec.get("resumeAfter") or spec.get("startAfter")
         if token is not None:
@@ -83,6 +95,9 @@ class NativeStream:
                                  "from an invalidate notification.")
             start = data.cluster_time
             self.skip_key = token_sort_key(token)
+            if data.fragment_num is not None and split:  # that event again, past the fragment returned
+                whole = encode_token(dataclasses.replace(data, fragment_num=None))
+                self.resume_fragment = (token_sort_key(whole), data.fragment_num + 1)
             self.last_token: dict[str, Any] = dict(token)
         else:
             start = spec.get("startAtOperationTime") or nodes[0].clock.now()
@@ -134,7 +149,8 @@ class NativeStream:
             if raws:
                 for raw in raws:
                     for ev in self.transformers[i].transform(RawBSONDocument(raw, RAW)):
-                        if ev.sort_key > self.skip_key and self._in_scope(ev):
+                        resumed_in = self.resume_fragment is not None and ev.sort_key == self.resume_fragment[0]
+                        if (ev.sort_key > self.skip_key or resumed_in) and self._in_scope(ev):
                             self.pending.append(ev)
                             if self.before_change != "off" or self.full_document in _IMAGE_MODES:
                                 self.origin[ev.sort_key] = node
@@ -176,6 +192,20 @@ class NativeStream:
             doc = with_field_before_ns(doc, "fullDocumentBeforeChange", before)
         return self._stages(doc, ev.token)
 
+    def _large(self, ev: ChangeEvent, raw: bytes) -> Any:
+        """A large event as the server returns it: whole, in fragments (with their tokens) when
+        the pipeline ends with the split stage, or BSONObjectTooLarge."""
+        skip = 0
+        if self.resume_fragment is not None and ev.sort_key == self.resume_fragment[0]:
+            skip, self.resume_fragment = self.resume_fragment[1], None
+        if self.split:
+            fragments = split_event(raw, merged=self.merged, skip=skip)
+            if fragments is not None:
+                return [(RawBSONDocument(f, RAW), bson.decode(f)["_id"]) for f in fragments]
+        elif (too_large := event_too_large(raw, merged=self.merged)) is not None:
+            raise too_large
+        return RawBSONDocument(raw, RAW)
+
     def _stages(self, doc: dict[str, Any], token: dict[str, Any]) -> Any:
         return apply_stages(doc, self.stages, token)
 
@@ -185,8 +215,19 @@ class NativeStream:
         out: list[Any] = []
         ready = self.ready
         last: ChangeEvent | None = None  # the last event returned: its token is computed once
+        size = 0
         while True:
             if self.done:
+                return out
+            while self.fragments and len(out) < limit:  # a split event's, one reply's worth at a time
+                fragment, token = self.fragments[0]
+                if out and size + len(fragment.raw) > BATCH_BYTES_LIMIT:
+                    return out
+                self.fragments.popleft()
+                out.append(fragment)
+                size += len(fragment.raw)
+                self.last_token = token
+            if self.fragments:
                 return out
             if not ready:
                 ready.extend(self._poll())
@@ -195,8 +236,17 @@ class NativeStream:
                 shaped = self._shape(ev, lookup)
                 if isinstance(shaped, dict):  # in the event's own field order, as the server sends it
                     shaped = RawBSONDocument(encode_in_order(shaped), RAW)
+                if shaped is not None and (len(shaped.raw) > SPLIT_ABOVE_BYTES - _LARGE_MARGIN
+                                           or self.resume_fragment is not None):
+                    shaped = self._large(ev, shaped.raw)
+                    if isinstance(shaped, list):  # fragments: returned from the top of the loop
+                        if last is not None:
+                            self.last_token, last = last.token, None
+                        self.fragments.extend(shaped)
+                        break
                 if shaped is not None:
                     out.append(shaped)
+                    size += len(shaped.raw)
                 last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
                     inv = invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime"))
@@ -204,6 +254,8 @@ class NativeStream:
                     self.last_token = inv.token
                     self.done = True
                     return out
+            if self.fragments:
+                continue
             if last is not None:
                 self.last_token, last = last.token, None
             if out:
@@ -233,9 +285,9 @@ async def _wake(node: Any, nursery: Any) -> None:
     nursery.cancel_scope.cancel()
 
 
-def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The $changeStream spec and the stages after it; `version` 1 is a 5.0 server (no expanded events,
-    no pre-images)."""
+def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+    """The $changeStream spec, the stages after it but $changeStreamSplitLargeEvent, and whether
+    that one ends the pipeline; `version` 1 is a 5.0 server (no expanded events, no pre-images)."""
     pipeline = cmd.get("pipeline", [])
     spec = pipeline[0]["$changeStream"]
     if not isinstance(spec, dict):
@@ -250,16 +302,22 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     if spec.get("fullDocumentBeforeChange", "off") not in ("off", "whenAvailable", "required"):
         raise MongoError("BadValue", f"'{spec['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
                          "option")
-    for stage in pipeline[1:]:
+    for i, stage in enumerate(pipeline[1:], start=1):
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
         name = next(iter(stage), "")
-        if name not in _STAGES:
+        if name not in _STAGES or (name == SPLIT_STAGE and version < 2):  # 5.0 has no such stage
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-    if (unsupported := unsupported_in_stages(pipeline[1:])) is not None:
+        if name == SPLIT_STAGE:
+            if not isinstance(stage[name], dict) or stage[name]:
+                raise MongoError(7182800, f"{SPLIT_STAGE} spec should be an empty object")
+            if i != len(pipeline) - 1:
+                raise MongoError(7182802, f"{SPLIT_STAGE} must be the last stage in the pipeline")
+    stages = [s for s in pipeline[1:] if SPLIT_STAGE not in s]
+    if (unsupported := unsupported_in_stages(stages)) is not None:
         # Said at once, not as some later event's error or, worse, as events shaped wrongly.
         raise MongoError("NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream")
-    return spec, pipeline[1:]
+    return spec, stages, len(stages) < len(pipeline) - 1
 
 
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
@@ -267,8 +325,9 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
     # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
     # shared/reference/mongodb-formats.md A.6).
-    version = 1 if server.version in ("5.0", "6.0") else 2
-    spec, stages = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
+    spec, stages, split = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
+    # The split stage makes a 6.0 stream write v2 tokens (fragmentNum needs them).
+    version = 1 if server.version in ("5.0", "6.0") and not split else 2
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
     if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
         raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "
@@ -277,7 +336,7 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
         raise MongoError(73, "$changeStream may not be opened on the internal admin database")
     if nodes is None:
         nodes = list(server.shards.values())
-    stream = NativeStream(nodes, db, coll, spec, stages, version=version, topology=topology)
+    stream = NativeStream(nodes, db, coll, spec, stages, version=version, topology=topology, split=split)
     ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
 
     async def fetch(limit: int, deadline: float) -> list[Any]:
