@@ -53,7 +53,7 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages, apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.large_events import MAX_EVENT_BYTES, event_too_large
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, event_too_large
 from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
@@ -62,9 +62,6 @@ log = logging.getLogger("buckets.stream")
 
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
-# Events longer than this are measured as the server measures them (with mongos's merge metadata,
-# a few hundred bytes more); every other event passes with the length compare it already has.
-_CHECK_SIZE_ABOVE = MAX_EVENT_BYTES - 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -313,7 +310,7 @@ class BucketCursor:
             cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
             if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
                 break
-            if cost > _CHECK_SIZE_ABOVE and (too_large := self.stream.too_large(ev[EV_RAW])) is not None:
+            if cost > MEASURE_ABOVE_BYTES and (too_large := self.stream.too_large(ev[EV_RAW])) is not None:
                 if batch:
                     break  # the events before it first; the next getMore fails
                 raise too_large
@@ -649,7 +646,7 @@ def _fit(shaped: list[tuple[int, ChangeEvent]],
         size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
         if k and size > BATCH_BYTES_LIMIT:
             return [e for _, e in shaped[:k]], shaped[k][0]
-        if len(ev.raw) > _CHECK_SIZE_ABOVE and (error := too_large(ev.raw)) is not None:
+        if len(ev.raw) > MEASURE_ABOVE_BYTES and (error := too_large(ev.raw)) is not None:
             if not k:
                 raise error
             return [e for _, e in shaped[:k]], shaped[k][0]

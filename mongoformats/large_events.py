@@ -33,11 +33,15 @@ from mongoformats.oplog_splice import elements
 from mongoformats.resume_token import decode_token, encode_token
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
-__all__ = ["MAX_EVENT_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes", "event_too_large", "split_event"]
+__all__ = ["MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
+           "event_too_large", "split_event"]
 
 SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 MAX_EVENT_BYTES = MAX_INTERNAL_BSON_SIZE
 SPLIT_ABOVE_BYTES = MAX_EVENT_BYTES - 8 * 1024  # kBSONObjMaxChangeEventSize
+# Events shorter than this are within both limits whatever their token (the merge metadata adds
+# the token's size once more): the hot paths measure only longer ones, with one length compare.
+MEASURE_ABOVE_BYTES = SPLIT_ABOVE_BYTES - 64 * 1024
 
 
 def _sort_key_field_bytes(token_bytes: int) -> int:

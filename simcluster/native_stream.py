@@ -33,7 +33,7 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import apply_stages, compile_stages, encode_in_order, unsupported_in_stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.large_events import SPLIT_ABOVE_BYTES, SPLIT_STAGE, event_too_large, split_event
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_STAGE, event_too_large, split_event
 from mongoformats.resume_token import decode_token, encode_token, high_water_mark, token_sort_key
 from mongoformats.wire import BATCH_BYTES_LIMIT
 from simcluster.cursors import Cursor
@@ -46,9 +46,6 @@ _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter",
 _STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
                      "$redact", "$changeStreamSplitLargeEvent"})
 _IMAGE_MODES = ("whenAvailable", "required")
-# Events this much below the split size are checked exactly (event_bytes adds the merge metadata,
-# a few hundred bytes); the rest, nearly all, pass with one length compare.
-_LARGE_MARGIN = 64 * 1024
 _INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
 
 
@@ -236,7 +233,7 @@ class NativeStream:
                 shaped = self._shape(ev, lookup)
                 if isinstance(shaped, dict):  # in the event's own field order, as the server sends it
                     shaped = RawBSONDocument(encode_in_order(shaped), RAW)
-                if shaped is not None and (len(shaped.raw) > SPLIT_ABOVE_BYTES - _LARGE_MARGIN
+                if shaped is not None and (len(shaped.raw) > MEASURE_ABOVE_BYTES
                                            or self.resume_fragment is not None):
                     shaped = self._large(ev, shaped.raw)
                     if isinstance(shaped, list):  # fragments: returned from the top of the loop
