@@ -83,8 +83,10 @@ def event_too_large(raw: bytes, *, merged: bool = False) -> MongoError | None:
                       f"and {MAX_EVENT_BYTES}(16MB) First element: _id: {{ {shown} }}")
 
 
-def split_event(raw: bytes, *, merged: bool = False, skip: int = 0) -> list[bytes] | None:
-    """The fragments of a too-large event after the first `skip`, or None if it needs no split.
+def split_event(raw: bytes, *, merged: bool = False,
+                skip: int = 0) -> list[tuple[dict[str, Any], bytes]] | None:
+    """The fragments of a too-large event after the first `skip`, each as (its token, its BSON),
+    or None if it needs no split.
 
     `skip` is the fragmentNum of the token a stream resumes from, plus one: that fragment was
     returned. The server fails such a resume if the event now splits otherwise."""
@@ -130,5 +132,5 @@ def split_event(raw: bytes, *, merged: bool = False, skip: int = 0) -> list[byte
         if number > skip:
             head = bson.encode({"_id": fragment_token, "splitEvent": {"fragment": number, "of": len(fragments)}})
             body = head[4:-1] + b"".join(taken)
-            out.append((len(body) + 5).to_bytes(4, "little") + body + b"\x00")
+            out.append((fragment_token, (len(body) + 5).to_bytes(4, "little") + body + b"\x00"))
     return out

@@ -489,14 +489,10 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     sort_key = b"".join((b"\x82", ts[::-1], _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key, b"\x00\x04"))
     hex_data = hexlify(sort_key).upper()
     n = len(hex_data)
-    if bits and (type_bits := encode_type_bits(bits)):
-        typed = b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits
-        id_head = _ID_HEAD.pack(b"\x03_id\x00", n + 17 + len(typed), b"\x02_data\x00", n + 1)
-        parts = [id_head, hex_data, b"\x00", typed, b"\x00"]
-    else:
-        type_bits = b""
-        parts = [_ID_HEAD.pack(b"\x03_id\x00", n + 17, b"\x02_data\x00", n + 1), hex_data, b"\x00\x00"]
-    parts += (_OP_ELEMENT[op_type], b"\x11clusterTime\x00", ts)
+    type_bits = encode_type_bits(bits) if bits else b""
+    typed = b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits if type_bits else b""
+    parts = [_ID_HEAD.pack(b"\x03_id\x00", n + 17 + len(typed), b"\x02_data\x00", n + 1), hex_data, b"\x00", typed,
+             b"\x00", _OP_ELEMENT[op_type], b"\x11clusterTime\x00", ts]
     if expanded and ui is not None:
         parts += (b"\x05collectionUUID\x00", ui)
     if wall is not None:

@@ -198,7 +198,7 @@ class NativeStream:
         if self.split:
             fragments = split_event(raw, merged=self.merged, skip=skip)
             if fragments is not None:
-                return [(RawBSONDocument(f, RAW), bson.decode(f)["_id"]) for f in fragments]
+                return [(RawBSONDocument(fragment, RAW), token) for token, fragment in fragments]
         elif (too_large := event_too_large(raw, merged=self.merged)) is not None:
             raise too_large
         return RawBSONDocument(raw, RAW)

@@ -44,14 +44,16 @@ def test_split_deals_fields_by_size_into_fragments_with_fragment_tokens():
     raw = _event(updateDescription={"updatedFields": {"v": "z" * TEN_MB}},
                  fullDocumentBeforeChange={"_id": 1, "v": "q" * TEN_MB})
     assert split_event(_event(small=1)) is None
-    fragments = [bson.decode(f) for f in split_event(raw)]
+    split = split_event(raw)
+    fragments = [bson.decode(f) for _, f in split]
+    assert [token for token, _ in split] == [f["_id"] for f in fragments]
     assert [f["splitEvent"] for f in fragments] == [{"fragment": 1, "of": 2}, {"fragment": 2, "of": 2}]
     # Every field but _id once, smallest first (then by name), each fragment within the limit:
     # the pre-image's element is 4 bytes shorter than the update description's.
     assert list(fragments[0]) == ["_id", "splitEvent", "clusterTime", "operationType", "documentKey", "ns",
                                   "fullDocumentBeforeChange"]
     assert list(fragments[1]) == ["_id", "splitEvent", "updateDescription"]
-    assert all(len(f) <= SPLIT_ABOVE_BYTES for f in split_event(raw))
+    assert all(len(f) <= SPLIT_ABOVE_BYTES for _, f in split)
     whole = bson.decode(raw)
     assert {k: v for f in fragments for k, v in f.items() if k not in ("_id", "splitEvent")} == \
         {k: v for k, v in whole.items() if k != "_id"}
@@ -61,7 +63,7 @@ def test_split_deals_fields_by_size_into_fragments_with_fragment_tokens():
     assert keys == sorted(keys) and len(set(keys)) == 3
     # Resuming past fragment 1 returns fragment 2; past the last, nothing; a split that no longer
     # matches the token fails the stream, as the server's does.
-    assert split_event(raw, skip=1) == split_event(raw)[1:] and split_event(raw, skip=2) == []
+    assert split_event(raw, skip=1) == split[1:] and split_event(raw, skip=2) == []
     for bad_raw, skip in ((raw, 3), (_event(small=1), 1)):
         with pytest.raises(MongoError) as err:
             split_event(bad_raw, skip=skip)
