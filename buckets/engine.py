@@ -42,7 +42,7 @@ from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
-from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
+from mongoformats.resume_token import EVENT_TOKEN, decode_token, high_water_mark, token_from_key, token_sort_key
 from mongoformats.sessions import session_id, sessions_named
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
@@ -641,13 +641,19 @@ class Engine:
         if not await self._may_watch(session, change_stream_resource(None if cluster_wide else db, coll)):
             raise PassThrough()  # mongos answers Unauthorized, in its own words
         token = spec.get("resumeAfter") or spec.get("startAfter")
-        if token is not None and decode_token(token).from_invalidate:
-            raise PassThrough()  # resuming after an invalidate: mongos's rules, mongos's errors
+        resumed = decode_token(token) if token is not None else None
+        if resumed is not None and (resumed.from_invalidate or resumed.fragment_num is not None):
+            # After an invalidate, or a fragment of a split event (which the engine does not
+            # split): mongos's rules, mongos's errors.
+            raise PassThrough()
         sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
                                "fullDocument": spec.get("fullDocument", "default"),
                                "fullDocumentBeforeChange": before_change,
                                "shardBufferBytes": self.config.watch_shard_buffer_bytes}
-        if token is not None:
+        if resumed is not None and resumed.token_type == EVENT_TOKEN:
+            # From the high-water mark of its time: the stream must meet the event again (below).
+            sub["resumeAfter"] = high_water_mark(resumed.cluster_time)
+        elif token is not None:
             sub["resumeAfter"] = token
         elif "startAtOperationTime" in spec:
             sub["startAtOperationTime"] = spec["startAtOperationTime"]
@@ -669,8 +675,12 @@ class Engine:
                 log.warning("watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc)
                 raise PassThrough() from None
             raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"), token,
-                               from_start=True)
+        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"),
+                               sub.get("resumeAfter"), from_start=True)
+        if resumed is not None and resumed.token_type == EVENT_TOKEN:
+            assert token is not None
+            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+            cur.must_meet = cur.last_key
         cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
         self._private[cur.cursor_id] = stream
         return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),

@@ -28,7 +28,7 @@ import trio
 from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
-from mongoformats.change_events import EventFields, OplogTransformer
+from mongoformats.change_events import EventFields, OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
 from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -173,7 +173,7 @@ class OplogTail:
             cursor_id, entries = cursor_batch(bytes(reply.raw))
             for i in range(0, len(entries), CHUNK):
                 chunk = entries[i:i + CHUNK]
-                await self._deliver(splice_entries(chunk, splice, expanded), timestamp_of(chunk[-1]), out)
+                await self._deliver(splice_entries(chunk, splice, expanded), timestamp_of(chunk[-1]), out, conn)
             if not entries:
                 await out.idle()
             if not cursor_id:
@@ -185,13 +185,16 @@ class OplogTail:
             finally:
                 await out.parked(False)
 
-    async def _deliver(self, items: list[Any], last_ts: Timestamp, out: TailOutput) -> None:
-        transform = self.transformer.transform_decoded
+    async def _deliver(self, items: list[Any], last_ts: Timestamp, out: TailOutput, conn: UpstreamConnection) -> None:
+        transformer = self.transformer
+        transform = transformer.transform_decoded
         events: list[EventFields] = []  # plain tuples: spliced ones as they are, others' fields
         skip = self.skip_key
         nbytes = 0
         for item in items:
             if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
+                if (gap := transformer.missing_chain(item)) is not None:
+                    transformer.adopt_chain(await self._chain_through(conn, gap))
                 for ev in transform(item):
                     if ev.sort_key > skip:
                         events.append(tuple(ev))
@@ -201,6 +204,25 @@ class OplogTail:
                 nbytes += len(item[5])
         await out.deliver(events, nbytes, len(items), last_ts)
         self.position, self.inclusive = last_ts, False
+
+
+    async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:
+        """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
+        one entry a query, as the server's change stream reads a chain that began before it."""
+        out: list[bytes] = []
+        at: Timestamp | None = ts
+        while at is not None:
+            reply = await conn.command("local", {"find": "oplog.rs", "filter": {"ts": at}, "limit": 1,
+                                                 "singleBatch": True, "readConcern": {"level": "majority"},
+                                                 "$readPreference": _SECONDARY_OK})
+            _, entries = cursor_batch(bytes(reply.raw))
+            if not entries:
+                raise MongoError("IncompleteTransactionHistory", "oplog no longer contains the complete write "
+                                 f"history of this transaction, log with ts {at} cannot be found on shard "
+                                 f"{self.shard_id}")
+            out.append(entries[0])
+            at = prev_op_ts(entries[0])
+        return out[::-1]
 
 
 class ReadsElsewhere(Protocol):

@@ -54,7 +54,7 @@ from mongoformats.change_stages import Stages, apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.large_events import MEASURE_ABOVE_BYTES, event_too_large
-from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
+from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key, token_text
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
 
@@ -249,6 +249,11 @@ class BucketCursor:
     # Killed (killCursors, a killed session, a timeout): a getMore parked on it fails with
     # CursorKilled, as mongos interrupts the operation that has a cursor checked out.
     killed: bool = False
+    # A watch() resumed from an event's token must meet that event again, after its scope and
+    # stages, before any later one, as mongos's EnsureResumeTokenPresent stage requires: the
+    # event's key until then (the cursor starts at the high-water mark of its time), else None.
+    must_meet: bytes | None = None
+    met: bool = False
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
@@ -324,11 +329,15 @@ class BucketCursor:
             taken = taken[:consumed]
             if self.killed:  # while its lookups ran
                 raise _interrupted()
+        if self.must_meet is not None:
+            batch = self._past_resume_point(batch)
         self.position += len(taken)
         bucket.delivered_total += len(batch)
-        if taken:
-            # Events a stage dropped were still examined: the resume point passes them.
-            self.last_key, self.last_token = taken[-1][EV_SORT_KEY], event_token(taken[-1])
+        if batch:
+            # The last event returned, as on a server: one a stage dropped is not a resume point
+            # (a stream resumed from it would not meet it again). A drained bucket's frontier
+            # moves it on below.
+            self.last_key, self.last_token = batch[-1][EV_SORT_KEY], event_token(batch[-1])
         if self.position >= bucket.end and bucket.frontier > self.last_key:
             # Drained: everything up to the merge frontier was dealt out, so the frontier is a
             # resume point that moves even while this bucket is idle.
@@ -336,6 +345,22 @@ class BucketCursor:
         bucket.notify()
         self.exhausted = self.stream.ended and self.position >= bucket.end
         return batch, self.last_token
+
+    def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:
+        """`batch` less the events up to the one resumed from; ChangeStreamFatalError if a later
+        event comes first (the token's event was filtered out, or is in no such stream)."""
+        assert self.must_meet is not None
+        for i, ev in enumerate(batch):
+            key = ev[EV_SORT_KEY]
+            if key == self.must_meet:
+                self.met = True
+            elif key > self.must_meet:
+                if not self.met:
+                    raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
+                                     f"found. {token_text(event_token(ev))}")
+                self.must_meet = None
+                return batch[i:]
+        return []
 
 
 class ParallelStream:

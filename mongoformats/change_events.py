@@ -32,13 +32,16 @@ from mongoformats.update_diff import update_description_from_diff
 __all__ = ["EVENT_BYTES", "EVENT_SORT_KEY", "EV_APPLIED_AT", "EV_COLL", "EV_DB", "EV_NAMESPACES", "EV_OP_TYPE",
            "EV_RAW", "EV_SHARD", "EV_SORT_KEY", "EV_TYPE_BITS", "PCS_NOTE_KEY", "RAW", "ChangeEvent", "EventFields",
            "OplogTransformer", "ddl_note", "event_token", "events_from_fields", "invalidate_event",
-           "is_internal_namespace"]
+           "is_internal_namespace", "prev_op_ts"]
 
 
 # The key our proxy writes in appendOplogNote payloads that describe DDL (see buckets DDL notes).
 PCS_NOTE_KEY = "parallelChangeStreamDDL"
 
 _INTERNAL_DBS = frozenset({"admin", "config", "local"})
+
+
+_COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 
 
 def is_internal_namespace(ns: str) -> bool:
@@ -174,9 +177,52 @@ class OplogTransformer:
         # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries, each with
         # the ts of its entry and its index there (where the server records its images).
         self._pending_txns: dict[tuple[bytes, int], list[tuple[Any, Timestamp, int]]] = {}
+        # Chains whose first entry read links back (prevOpTime) to entries before the read began:
+        # (lsid id bytes, txnNumber) -> the ts of the last entry missing.
+        self._chain_gaps: dict[tuple[bytes, int], Timestamp] = {}
 
     def pending_transactions(self) -> int:
         return len(self._pending_txns)
+
+    def missing_chain(self, entry: bytes) -> Timestamp | None:
+        """For a transaction's commit entry whose earlier entries (a partialTxn chain, a prepare)
+        were before the read began: the ts of the last of them, where the reader walks the chain
+        back by prevOpTime, as the server's change stream does when it meets a commit. Else None.
+
+        A stream that starts or resumes inside a transaction's chain needs them: the events all
+        carry the commit's time, and their txnOpIndex counts every operation of the chain. The
+        reader gives the entries to `adopt_chain`, then transforms the commit as usual."""
+        if _COMMAND_OP not in entry:  # a byte search: most entries are not commands
+            return None
+        doc = RawBSONDocument(entry, RAW)
+        if doc["op"] != "c" or "lsid" not in doc:
+            return None
+        o = doc["o"]
+        first = next(iter(o.keys()))
+        if first == "applyOps":
+            if o.get("partialTxn") or o.get("prepare") or doc.get("multiOpType") == 1:
+                return None
+        elif first != "commitTransaction":
+            return None
+        key = self._txn_key(doc)
+        if key in self._chain_gaps:
+            return self._chain_gaps[key]
+        if key in self._pending_txns:
+            return None
+        return prev_op_ts(doc)
+
+    def adopt_chain(self, entries: list[bytes]) -> None:
+        """The entries `missing_chain` asked for, oldest first: their operations go before those
+        already buffered for the same transaction."""
+        key = None
+        ops: list[tuple[Any, Timestamp, int]] = []
+        for entry in entries:
+            doc = RawBSONDocument(entry, RAW)
+            key = self._txn_key(doc)
+            ops += [(op, doc["ts"], i) for i, op in enumerate(doc["o"]["applyOps"])]
+        if key is not None:
+            self._chain_gaps.pop(key, None)
+            self._pending_txns[key] = ops + self._pending_txns.get(key, [])
 
     # -- public entry point ----------------------------------------------------------------------
 
@@ -283,6 +329,7 @@ class OplogTransformer:
             return self._commit_prepared(doc)
         if first == "abortTransaction":
             self._pending_txns.pop(self._txn_key(doc), None)
+            self._chain_gaps.pop(self._txn_key(doc), None)
             return []
         if doc.get("fromMigrate") and not self.show_migration_events:
             return []
@@ -385,7 +432,10 @@ class OplogTransformer:
         # Each op with where it was written: (op, the entry's ts, its index in the entry).
         ops = [(op, doc["ts"], i) for i, op in enumerate(o["applyOps"])]
         if o.get("partialTxn") or o.get("prepare"):
-            self._pending_txns.setdefault(self._txn_key(doc), []).extend(ops)
+            key = self._txn_key(doc)
+            if key not in self._pending_txns and (prev := prev_op_ts(doc)) is not None:
+                self._chain_gaps[key] = prev  # the chain began before this read did
+            self._pending_txns.setdefault(key, []).extend(ops)
             return []
         if "lsid" in doc and doc.get("multiOpType") != 1:
             ops = self._pending_txns.pop(self._txn_key(doc), []) + ops
@@ -475,3 +525,12 @@ def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
         doc["wallTime"] = wall
     return ChangeEvent.for_token(token, "invalidate", trigger.db, trigger.coll, bson.encode(doc), trigger.namespaces)
 
+
+
+def prev_op_ts(entry: bytes | RawBSONDocument) -> Timestamp | None:
+    """The ts of the entry before this one in its transaction's chain (prevOpTime), or None for
+    the chain's first entry (the null optime)."""
+    doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
+    prev = doc.get("prevOpTime")
+    ts = prev["ts"] if prev is not None else None
+    return ts if ts is not None and (ts.time or ts.inc) else None

@@ -30,7 +30,7 @@ import bson
 
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import elements
-from mongoformats.resume_token import decode_token, encode_token
+from mongoformats.resume_token import decode_token, encode_token, token_text
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
 __all__ = ["MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
@@ -74,13 +74,9 @@ def event_too_large(raw: bytes, *, merged: bool = False) -> MongoError | None:
     if size <= MAX_EVENT_BYTES:
         return None
     v, e = _id_span(raw)
-    token = bson.decode(raw[v:e])
-    shown = f'_data: "{token["_data"]}"'
-    if "_typeBits" in token:
-        bits = bytes(token["_typeBits"])
-        shown += f", _typeBits: BinData({token['_typeBits'].subtype}, {bits.hex().upper()})"
+    shown = token_text(bson.decode(raw[v:e]), spaced=True)
     return MongoError("BSONObjectTooLarge", f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 "
-                      f"and {MAX_EVENT_BYTES}(16MB) First element: _id: {{ {shown} }}")
+                      f"and {MAX_EVENT_BYTES}(16MB) First element: _id: {shown}")
 
 
 def split_event(raw: bytes, *, merged: bool = False,

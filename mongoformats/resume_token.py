@@ -22,7 +22,7 @@ from mongoformats.errors import MongoError
 from mongoformats.keystring import KeyStringBuilder, KeyStringReader
 
 __all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
-           "high_water_mark", "token_sort_key"]
+           "high_water_mark", "token_sort_key", "token_text"]
 
 HIGH_WATER_MARK = 0
 EVENT_TOKEN = 128
@@ -191,6 +191,17 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
 def high_water_mark(cluster_time: Timestamp, version: int = DEFAULT_VERSION) -> dict[str, Any]:
     """The high-water-mark token a stream reports for "nothing before `cluster_time` is left"."""
     return encode_token(ResumeTokenData(cluster_time, version, HIGH_WATER_MARK))
+
+
+def token_text(token: Mapping[str, Any], *, spaced: bool = False) -> str:
+    """A token as the server prints it in an error message: BSONObj's toString pads its braces
+    (`{ _data: "..." }`, BSONObjectTooLarge), a pipeline Document's does not (`{_data: "..."}`,
+    "resume token was not found")."""
+    shown = f'_data: "{token["_data"]}"'
+    if "_typeBits" in token:
+        bits = bytes(token["_typeBits"])
+        shown += f", _typeBits: BinData({token['_typeBits'].subtype}, {bits.hex().upper()})"
+    return f"{{ {shown} }}" if spaced else f"{{{shown}}}"
 
 
 def token_sort_key(token: Mapping[str, Any]) -> bytes:

@@ -4,8 +4,11 @@ The merge here is deliberately a separate implementation from the engine's Merge
 differential tests compare two independent mergers: each poll reads every shard's new oplog
 entries, and releases, in token order, the events at or below the oldest "read up to" timestamp
 among the shards (an idle shard holds the stream back until it writes, e.g. its periodic noop, as
-on a real cluster). postBatchResumeToken follows the server: the last event's token, or the
-high-water mark of the merge frontier once everything ready was returned.
+on a real cluster). postBatchResumeToken follows the server: the last returned event's token
+(never one the stages dropped), or the high-water mark of the merge frontier once everything
+ready was returned. A stream resumed from an event's token must meet that event again after its
+scope and stages (EnsureResumeTokenPresent), else ChangeStreamFatalError; a transaction whose
+commit is read without its earlier entries has them read back by prevOpTime.
 
 Sources: shared/reference/000 section 3.5 (mongos merge), mongodb-formats.md C.11 (invalidate),
 D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-streams spec.
@@ -34,7 +37,14 @@ from mongoformats.change_stages import apply_stages, compile_stages, encode_in_o
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_STAGE, event_too_large, split_event
-from mongoformats.resume_token import decode_token, encode_token, high_water_mark, token_sort_key
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    decode_token,
+    encode_token,
+    high_water_mark,
+    token_sort_key,
+    token_text,
+)
 from mongoformats.wire import BATCH_BYTES_LIMIT
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
@@ -83,6 +93,11 @@ class NativeStream:
         self.split, self.merged = split, topology is not None
         self.fragments: collections.deque[tuple[RawBSONDocument, dict[str, Any]]] = collections.deque()
         self.resume_fragment: tuple[bytes, int] | None = None  # (the split event's key, fragments to skip)
+        # Resuming from an event's token, that event must be met again (the server's
+        # EnsureResumeTokenPresent stage, which runs after scope and $match filtering): its key
+        # until then. Passing it unmet fails the stream; a high-water mark needs no event.
+        self.must_meet: bytes | None = None
+        self.met = False
         self.transformers = [self._transformer() for _ in nodes]
         token = spec.get("resumeAfter") or spec.get("startAfter")
         if token is not None:
@@ -92,9 +107,14 @@ class NativeStream:
                                  "from an invalidate notification.")
             start = data.cluster_time
             self.skip_key = token_sort_key(token)
-            if data.fragment_num is not None and split:  # that event again, past the fragment returned
-                whole = encode_token(dataclasses.replace(data, fragment_num=None))
-                self.resume_fragment = (token_sort_key(whole), data.fragment_num + 1)
+            if data.fragment_num is not None and not split:
+                raise MongoError("ChangeStreamFatalError", "To resume from a split event, the $changeStream pipeline "
+                                 f"must include a {SPLIT_STAGE} stage")
+            if data.token_type == EVENT_TOKEN and not data.from_invalidate:
+                self.must_meet = token_sort_key(encode_token(dataclasses.replace(data, fragment_num=None)))
+            if data.fragment_num is not None:  # that event again, past the fragment returned
+                assert self.must_meet is not None
+                self.resume_fragment = (self.must_meet, data.fragment_num + 1)
             self.last_token: dict[str, Any] = dict(token)
         else:
             start = spec.get("startAtOperationTime") or nodes[0].clock.now()
@@ -144,10 +164,12 @@ class NativeStream:
             # Bounded reads, like one getMore batch per shard cursor.
             raws = node.oplog.read_after(self.positions[i], 4096, upto=node.commit_key())
             if raws:
+                transformer = self.transformers[i]
                 for raw in raws:
-                    for ev in self.transformers[i].transform(RawBSONDocument(raw, RAW)):
-                        resumed_in = self.resume_fragment is not None and ev.sort_key == self.resume_fragment[0]
-                        if (ev.sort_key > self.skip_key or resumed_in) and self._in_scope(ev):
+                    if (gap := transformer.missing_chain(raw)) is not None:
+                        transformer.adopt_chain(node.oplog.chain_through(gap))
+                    for ev in transformer.transform(RawBSONDocument(raw, RAW)):
+                        if (ev.sort_key > self.skip_key or ev.sort_key == self.must_meet) and self._in_scope(ev):
                             self.pending.append(ev)
                             if self.before_change != "off" or self.full_document in _IMAGE_MODES:
                                 self.origin[ev.sort_key] = node
@@ -233,18 +255,29 @@ class NativeStream:
                 shaped = self._shape(ev, lookup)
                 if isinstance(shaped, dict):  # in the event's own field order, as the server sends it
                     shaped = RawBSONDocument(encode_in_order(shaped), RAW)
-                if shaped is not None and (len(shaped.raw) > MEASURE_ABOVE_BYTES
-                                           or self.resume_fragment is not None):
-                    shaped = self._large(ev, shaped.raw)
-                    if isinstance(shaped, list):  # fragments: returned from the top of the loop
-                        if last is not None:
-                            self.last_token, last = last.token, None
-                        self.fragments.extend(shaped)
-                        break
-                if shaped is not None:
+                if shaped is not None and self.must_meet is not None:
+                    if ev.sort_key == self.must_meet:
+                        # The event the client has: swallowed, unless a fragment of it was what
+                        # the client had, then split again. Once met, a copy is swallowed too.
+                        if self.met or self.resume_fragment is None:
+                            shaped = None
+                        self.met = True
+                    elif not self.met:
+                        raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
+                                         f"found. {token_text(ev.token)}")
+                    else:
+                        self.must_meet = None  # passed it
+                if shaped is not None:  # (one the stages dropped is never a resume point, as on a server)
+                    if len(shaped.raw) > MEASURE_ABOVE_BYTES or self.resume_fragment is not None:
+                        shaped = self._large(ev, shaped.raw)
+                        if isinstance(shaped, list):  # fragments: returned from the top of the loop
+                            if last is not None:
+                                self.last_token, last = last.token, None
+                            self.fragments.extend(shaped)
+                            break
                     out.append(shaped)
                     size += len(shaped.raw)
-                last = ev
+                    last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
                     inv = invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime"))
                     out.append(RawBSONDocument(inv.raw, RAW))

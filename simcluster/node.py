@@ -664,16 +664,20 @@ class ShardNode(CommandServer):
         return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
 
     async def _find_oplog(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        """A (tailable, awaitData) find on local.oplog.rs with a `{ts: {$gt|$gte: T}}` filter."""
+        """A (tailable, awaitData) find on local.oplog.rs; its `ts` condition (`$gt`, `$gte`, `$lt`,
+        `$lte` or a timestamp) bounds the scan, as the server bounds an oplog scan by record id."""
         filt = cmd.get("filter", {})
         cond = filt.get("ts", {})
         oplog = self.oplog
-        if isinstance(cond, dict) and ("$gte" in cond or "$gt" in cond):
-            bound = cond["$gte"] if "$gte" in cond else cond["$gt"]
-            start = ts_key(bound)
-            position = start - 1 if "$gte" in cond else start
-        else:
-            position = 0
+        position, upper = 0, None
+        if isinstance(cond, Timestamp):
+            position, upper = ts_key(cond) - 1, ts_key(cond)
+        elif isinstance(cond, dict):
+            if "$gte" in cond or "$gt" in cond:
+                start = ts_key(cond["$gte"] if "$gte" in cond else cond["$gt"])
+                position = start - 1 if "$gte" in cond else start
+            if "$lte" in cond or "$lt" in cond:
+                upper = ts_key(cond["$lte"]) if "$lte" in cond else ts_key(cond["$lt"]) - 1
         # A scan that starts before the oldest entry starts at the oldest entry; only a cursor whose
         # position is truncated away later dies with CappedPositionLost.
         position = max(position, oplog.truncated_before)
@@ -691,8 +695,10 @@ class ShardNode(CommandServer):
                                  "being deleted")
             nonlocal remaining
             while True:
-                raws = oplog.read_after(position, min(limit, remaining) if remaining else limit,
-                                        upto=self.commit_key() if majority else None)
+                upto = self.commit_key() if majority else None
+                if upper is not None:
+                    upto = upper if upto is None else min(upto, upper)
+                raws = oplog.read_after(position, min(limit, remaining) if remaining else limit, upto=upto)
                 if cmd.get("limit"):
                     if not remaining:
                         return []
@@ -710,7 +716,7 @@ class ShardNode(CommandServer):
 
         # A non-tailable scan ends (cursor id 0) once it has returned everything there is.
         cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")),
-                        done=None if tailable else lambda: position >= oplog.last_key())
+                        done=None if tailable else lambda: position >= min(oplog.last_key(), upper or 1 << 64))
         return {"cursor": await self.cursors.first_batch(cursor, cmd.get("batchSize"))}
 
     async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

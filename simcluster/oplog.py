@@ -18,7 +18,8 @@ import trio
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import RAW
+from mongoformats.change_events import RAW, prev_op_ts
+from mongoformats.errors import MongoError
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 
 
@@ -161,6 +162,21 @@ class Oplog:
         del self._keys[:n]
         del self._entries[:n]
         self._bytes -= freed
+
+    def chain_through(self, ts: Timestamp) -> list[bytes]:
+        """A transaction's entries up to the one at `ts`, oldest first, found as the server's
+        transaction history iterator finds them: by prevOpTime, back to the chain's first."""
+        out: list[bytes] = []
+        at: Timestamp | None = ts
+        while at is not None:
+            i = bisect.bisect_left(self._keys, ts_key(at))
+            if i == len(self._keys) or self._keys[i] != ts_key(at):
+                raise MongoError("IncompleteTransactionHistory", "oplog no longer contains the complete write "
+                                 f"history of this transaction, log with opTime {{ ts: {at}, t: {self.term} }} "
+                                 "cannot be found")
+            out.append(self._entries[i])
+            at = prev_op_ts(self._entries[i])
+        return out[::-1]
 
     def contains(self, key: int) -> bool:
         i = bisect.bisect_left(self._keys, key)
