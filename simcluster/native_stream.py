@@ -45,7 +45,7 @@ from mongoformats.resume_token import (
     token_sort_key,
     token_text,
 )
-from mongoformats.wire import BATCH_BYTES_LIMIT
+from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 
@@ -91,7 +91,10 @@ class NativeStream:
         # $changeStreamSplitLargeEvent ends the pipeline: events too large are returned in fragments.
         # On mongos the shards split (and size) events with their merge metadata.
         self.split, self.merged = split, topology is not None
-        self.fragments: collections.deque[tuple[RawBSONDocument, dict[str, Any]]] = collections.deque()
+        # Shaped events to return first, with their tokens: a split event's fragments, or an event
+        # (and its invalidate) the last reply had no room for, as a server stashes the document
+        # that would take a reply past 16 MiB for the next getMore.
+        self.held: collections.deque[tuple[RawBSONDocument, dict[str, Any]]] = collections.deque()
         self.resume_fragment: tuple[bytes, int] | None = None  # (the split event's key, fragments to skip)
         # Resuming from an event's token, that event must be met again (the server's
         # EnsureResumeTokenPresent stage, which runs after scope and $match filtering): its key
@@ -236,17 +239,15 @@ class NativeStream:
         last: ChangeEvent | None = None  # the last event returned: its token is computed once
         size = 0
         while True:
-            if self.done:
-                return out
-            while self.fragments and len(out) < limit:  # a split event's, one reply's worth at a time
-                fragment, token = self.fragments[0]
-                if out and size + len(fragment.raw) > BATCH_BYTES_LIMIT:
+            while self.held and len(out) < limit:
+                doc, token = self.held[0]
+                if out and size + len(doc.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT:
                     return out
-                self.fragments.popleft()
-                out.append(fragment)
-                size += len(fragment.raw)
+                self.held.popleft()
+                out.append(doc)
+                size += len(doc.raw) + BATCH_ELEMENT_OVERHEAD
                 self.last_token = token
-            if self.fragments:
+            if self.held or self.done:
                 return out
             if not ready:
                 ready.extend(self._poll())
@@ -270,24 +271,28 @@ class NativeStream:
                 if shaped is not None:  # (one the stages dropped is never a resume point, as on a server)
                     if len(shaped.raw) > MEASURE_ABOVE_BYTES or self.resume_fragment is not None:
                         shaped = self._large(ev, shaped.raw)
-                        if isinstance(shaped, list):  # fragments: returned from the top of the loop
-                            if last is not None:
-                                self.last_token, last = last.token, None
-                            self.fragments.extend(shaped)
-                            break
-                    out.append(shaped)
-                    size += len(shaped.raw)
-                    last = ev
+                    if isinstance(shaped, list):  # fragments: returned from the top of the loop
+                        self.held.extend(shaped)
+                    elif self.held or (out and size + len(shaped.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT):
+                        self.held.append((shaped, ev.token))
+                    else:
+                        out.append(shaped)
+                        size += len(shaped.raw) + BATCH_ELEMENT_OVERHEAD
+                        last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
                     inv = invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime"))
-                    out.append(RawBSONDocument(inv.raw, RAW))
-                    self.last_token = inv.token
+                    if self.held:
+                        self.held.append((RawBSONDocument(inv.raw, RAW), inv.token))
+                    else:
+                        out.append(RawBSONDocument(inv.raw, RAW))
+                        last = inv
                     self.done = True
-                    return out
-            if self.fragments:
-                continue
+                if self.held or self.done:
+                    break
             if last is not None:
                 self.last_token, last = last.token, None
+            if self.held or self.done:
+                continue  # the held ones go out first, as far as this reply has room
             if out:
                 return out
             if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):

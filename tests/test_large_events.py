@@ -10,6 +10,8 @@ import pymongo
 import pytest
 import trio
 from bson import Timestamp
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 
 from mongoformats.errors import MongoError
 from mongoformats.large_events import MAX_EVENT_BYTES, SPLIT_ABOVE_BYTES, event_too_large, split_event
@@ -127,3 +129,31 @@ async def test_a_bucket_returns_the_events_before_a_too_large_one_then_fails_lik
             assert gone.value.code == 43
         await sync(work, timeout=120)
         await trio.lowlevel.checkpoint()
+
+
+async def test_a_native_reply_stays_under_16_mib_whatever_its_events():
+    """A server stops a batch at the document that would take the reply past 16 MiB and returns
+    it first in the next getMore. simcluster's mongos filled a catch-up reply with one oplog read
+    of each shard, up to 16 MiB each: with two shards' worth of one-MiB inserts, a 31 MiB reply."""
+    async with accelerated(shards=2) as (cluster, server):
+
+        def work():
+            c = client(cluster.uri)
+            c.admin.command("shardCollection", "big.c", key={"_id": "hashed"})
+            start = c.admin.command("ping")["operationTime"]
+            c.big.c.insert_many([{"_id": i, "v": "x" * (1 << 20)} for i in range(40)])
+            raw = CodecOptions(document_class=RawBSONDocument)
+            reply = c.big.command({"aggregate": "c", "pipeline": [{"$changeStream": {"startAtOperationTime": start}}],
+                                   "cursor": {}}, codec_options=raw)
+            sizes = [len(reply.raw)]
+            ids = [bson.decode(e.raw)["documentKey"]["_id"] for e in reply["cursor"]["firstBatch"]]
+            cursor_id = reply["cursor"]["id"]
+            while len(ids) < 40:
+                reply = c.big.command({"getMore": cursor_id, "collection": "c", "maxTimeMS": 500},
+                                      codec_options=raw)
+                sizes.append(len(reply.raw))
+                ids += [bson.decode(e.raw)["documentKey"]["_id"] for e in reply["cursor"]["nextBatch"]]
+            assert sorted(ids) == list(range(40))
+            assert max(sizes) <= 16 * 1024 * 1024 and len(sizes) >= 3, sizes
+
+        await sync(work)
