@@ -310,20 +310,23 @@ class BucketCursor:
         batch: list[EventFields] = []
         size = 0
         events = bucket.events
+        lookup, options = self.stream.lookup, self.stream.options
+        # Lookups and stages change events after this: the server measures what they make (_fit).
+        shaped = lookup is not None or bool(options.stages)
         for i in range(start, len(events)):  # no slice copy: a bucket may hold many events
             ev = events[i]
             cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
             if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
                 break
-            if cost > MEASURE_ABOVE_BYTES and (too_large := self.stream.too_large(ev[EV_RAW])) is not None:
+            if (cost > MEASURE_ABOVE_BYTES and not shaped
+                    and (too_large := self.stream.too_large(ev[EV_RAW])) is not None):
                 if batch:
                     break  # the events before it first; the next getMore fails
                 raise too_large
             batch.append(ev)
             size += cost
         taken = batch
-        lookup, options = self.stream.lookup, self.stream.options
-        if lookup is not None or options.stages:
+        if shaped:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
             batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.too_large)
             taken = taken[:consumed]
