@@ -38,11 +38,19 @@ from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.idl import get_more_request, kill_cursors_ids, wrong_type
+from mongoformats.large_events import SPLIT_STAGE, without_split_stage
 from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
-from mongoformats.resume_token import EVENT_TOKEN, decode_token, high_water_mark, token_from_key, token_sort_key
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    decode_token,
+    fragment_of,
+    high_water_mark,
+    token_from_key,
+    token_sort_key,
+)
 from mongoformats.sessions import session_id, sessions_named
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
@@ -407,7 +415,7 @@ class Engine:
         cursors = []
         for i in range(n):
             token = per_bucket[i]
-            if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
+            if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
                 raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
                                  "events after that token; attach to the bucket alone to re-read them")
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
@@ -483,11 +491,12 @@ class Engine:
             if not isinstance(start, Timestamp):
                 raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
             floors = [token_sort_key(high_water_mark(start))] * n
-        pipeline = cmd.get("pipeline") or []
+        pipeline, split = without_split_stage(list(cmd.get("pipeline") or []))
         match = None
         for stage in pipeline:
             if not isinstance(stage, dict) or set(stage) != {"$match"}:
-                raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages")
+                raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages "
+                             f"(and a final {SPLIT_STAGE})")
             if (unsupported := unsupported_in_query(stage["$match"])) is not None:
                 raise MongoError("BadValue", f"parallelChangeStream's $match does not support {unsupported}")
             match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
@@ -504,7 +513,7 @@ class Engine:
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
-            stages=compile_stages(stages),
+            stages=compile_stages(stages), split_large_events=split,
             reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
             ddl_notes=await self.lacks_expanded_events())
         kept = len(keep) if keep is not None else n
@@ -551,10 +560,17 @@ class Engine:
         bucket = stream.buckets[i]
         if token is None and from_start:
             token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
+        fragments_sent = 0
         if token is not None:
-            key = token_sort_key(token)
-            position = bucket.position_after(key)
+            position = bucket.position_after(start_point(token)[1])
             assert position is not None, "callers check retention first"
+            if (fragment := fragment_of(token)) is not None:
+                # Resumed inside a split event: at the event, past the fragments returned.
+                if position < bucket.end and bucket.keys[position - bucket.base] == fragment[0]:
+                    fragments_sent = fragment[1] + 1
+                else:  # not here (another bucket's, or a different stream's): after it
+                    position = bucket.position_after(token_sort_key(token))
+                    assert position is not None
         else:
             position = bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
@@ -563,7 +579,7 @@ class Engine:
         # _user) and, if opened in a session, to that session too.
         cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
                            ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
-                           last_used=trio.current_time())
+                           last_used=trio.current_time(), fragments_sent=fragments_sent)
         if token is not None:
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
         else:
@@ -580,7 +596,7 @@ class Engine:
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
         if isinstance(token, list):
             raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
-        if token is not None and stream.buckets[i].position_after(token_sort_key(token)) is None:
+        if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
             stream.replays += 1
             stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
@@ -588,8 +604,9 @@ class Engine:
                                          "showExpandedEvents": stream.options.show_expanded_events,
                                          "shardBufferBytes": stream.options.shard_buffer_bytes,
                                          "bucketBufferBytes": stream.options.bucket_buffer_bytes,
-                                         "pipeline": [{"$match": stream.options.match}] if stream.options.match
-                                         else []},
+                                         "pipeline": ([{"$match": stream.options.match}] if stream.options.match
+                                                      else [])
+                                         + ([{SPLIT_STAGE: {}}] if stream.options.split_large_events else [])},
                                         keep={i})
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
@@ -624,7 +641,10 @@ class Engine:
             raise PassThrough()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         pipeline = cmd.get("pipeline") or []
         spec = pipeline[0]["$changeStream"]
-        stages = pipeline[1:]
+        try:
+            stages, split = without_split_stage(pipeline[1:])
+        except MongoError:
+            raise PassThrough() from None  # mongos answers a misplaced split stage
         accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
                     "fullDocument", "fullDocumentBeforeChange"}
         full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
@@ -642,9 +662,9 @@ class Engine:
             raise PassThrough()  # mongos answers Unauthorized, in its own words
         token = spec.get("resumeAfter") or spec.get("startAfter")
         resumed = decode_token(token) if token is not None else None
-        if resumed is not None and (resumed.from_invalidate or resumed.fragment_num is not None):
-            # After an invalidate, or a fragment of a split event (which the engine does not
-            # split): mongos's rules, mongos's errors.
+        if resumed is not None and (resumed.from_invalidate or (resumed.fragment_num is not None and not split)):
+            # After an invalidate, or from a fragment without the split stage: mongos's rules,
+            # mongos's errors.
             raise PassThrough()
         sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
                                "fullDocument": spec.get("fullDocument", "default"),
@@ -661,8 +681,7 @@ class Engine:
         # lookup the stages may test, means the whole pipeline runs on each returned event.
         plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
             and before_change == "off"
-        if stages and plain_match:
-            sub["pipeline"] = stages
+        sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
         if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
             return failed
         scope = None if cluster_wide else (db, coll)
@@ -680,7 +699,9 @@ class Engine:
         if resumed is not None and resumed.token_type == EVENT_TOKEN:
             assert token is not None
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
-            cur.must_meet = cur.last_key
+            fragment = fragment_of(token)
+            cur.must_meet = fragment[0] if fragment is not None else cur.last_key
+            cur.fragments_sent = fragment[1] + 1 if fragment is not None else 0
         cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
         self._private[cur.cursor_id] = stream
         return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),

@@ -19,9 +19,9 @@ import bisect
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import bson
 import trio
@@ -53,13 +53,22 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages, apply_stages, encode_in_order
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.large_events import MEASURE_ABOVE_BYTES, event_too_large
-from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key, token_text
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_ABOVE_BYTES, event_bytes, event_too_large, split_event
+from mongoformats.resume_token import (
+    decode_token,
+    fragment_of,
+    high_water_mark,
+    token_from_key,
+    token_sort_key,
+    token_text,
+)
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
 
 log = logging.getLogger("buckets.stream")
 
+# What ParallelStream.oversize answers for an event to return in fragments.
+SPLIT: Literal[True] = True
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
 
@@ -87,6 +96,9 @@ class StreamOptions:
     # Stages after $changeStream applied to each event as it is returned, after the lookups (an
     # accelerated watch() with $project, $addFields, ..., or a $match that tests fullDocument).
     stages: Stages = ()  # compiled (change_stages.compile_stages)
+    # $changeStreamSplitLargeEvent: an event over the split size is returned in fragments
+    # (mongoformats/large_events.py) instead of failing the getMore that reaches it.
+    split_large_events: bool = False
 
     @property
     def needs_pre_images(self) -> bool:
@@ -254,6 +266,9 @@ class BucketCursor:
     # event's key until then (the cursor starts at the high-water mark of its time), else None.
     must_meet: bytes | None = None
     met: bool = False
+    # Fragments of the split event at `position` already returned (or, resumed from a fragment's
+    # token, that fragment's number plus one): the event is consumed once its last one is out.
+    fragments_sent: int = 0
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
@@ -318,22 +333,27 @@ class BucketCursor:
             cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
             if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
                 break
-            if (cost > MEASURE_ABOVE_BYTES and not shaped
-                    and (too_large := self.stream.too_large(ev[EV_RAW])) is not None):
+            if cost > MEASURE_ABOVE_BYTES and not shaped and (big := self.stream.oversize(ev[EV_RAW])) is not None:
                 if batch:
-                    break  # the events before it first; the next getMore fails
-                raise too_large
+                    break  # the events before it first; the next getMore fails or splits it
+                if big is not SPLIT:
+                    raise big
+                batch.append(ev)  # alone: its fragments are the reply
+                break
             batch.append(ev)
             size += cost
         taken = batch
         if shaped:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.too_large)
+            batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.oversize)
             taken = taken[:consumed]
             if self.killed:  # while its lookups ran
                 raise _interrupted()
         if self.must_meet is not None:
             batch = self._past_resume_point(batch)
+        if batch and (self.fragments_sent or (len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES
+                                              and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
+            batch, taken = self._fragments(batch[0], taken)
         self.position += len(taken)
         bucket.delivered_total += len(batch)
         if batch:
@@ -349,12 +369,37 @@ class BucketCursor:
         self.exhausted = self.stream.ended and self.position >= bucket.end
         return batch, self.last_token
 
+    def _fragments(self, event: EventFields, taken: list[EventFields]) -> tuple[list[EventFields], list[EventFields]]:
+        """The reply for a split event that heads the batch: its next fragments, as many as fit
+        (at least one), and the taken events it consumes (up to the event, and the event itself
+        once its last fragment is out). Resumed from a fragment, an event that now splits
+        otherwise, or not at all, fails the stream as the server's does (ChangeStreamFatalError)."""
+        fragments = split_event(event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent) or []
+        out: list[EventFields] = []
+        size = 0
+        for token, raw in fragments:
+            size += len(raw) + BATCH_ELEMENT_OVERHEAD
+            if out and size > BATCH_BYTES_LIMIT:
+                break
+            out.append(tuple(ChangeEvent._make(event)._replace(
+                sort_key=token_sort_key(token), type_bits=bytes(token.get("_typeBits", b"")), raw=raw)))
+        at = next(i for i, ev in enumerate(taken) if ev[EV_SORT_KEY] == event[EV_SORT_KEY])
+        if len(out) < len(fragments):
+            self.fragments_sent += len(out)
+            return out, taken[:at]
+        self.fragments_sent = 0
+        return out, taken[:at + 1]
+
     def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:
         """`batch` less the events up to the one resumed from; ChangeStreamFatalError if a later
-        event comes first (the token's event was filtered out, or is in no such stream)."""
+        event comes first (the token's event was filtered out, or is in no such stream).
+        Resumed from a fragment's token, the event stays, to be split again."""
         assert self.must_meet is not None
         for i, ev in enumerate(batch):
             key = ev[EV_SORT_KEY]
+            if key == self.must_meet and self.fragments_sent and not self.met:
+                self.met, self.must_meet = True, None
+                return batch[i:]
             if key == self.must_meet:
                 self.met = True
             elif key > self.must_meet:
@@ -635,8 +680,11 @@ class ParallelStream:
         end = merged[max_events - 1]
         return end
 
-    def too_large(self, raw: bytes) -> MongoError | None:
-        """BSONObjectTooLarge if a server could not return this event (see large_events)."""
+    def oversize(self, raw: bytes) -> MongoError | Literal[True] | None:
+        """What a server does with an event of this size: split it (SPLIT, with the split stage and
+        over the split size), fail with BSONObjectTooLarge (returned) or return it whole (None)."""
+        if self.options.split_large_events:
+            return SPLIT if event_bytes(raw, merged=self.sharded) > SPLIT_ABOVE_BYTES else None
         return event_too_large(raw, merged=self.sharded)
 
     def status(self) -> dict[str, Any]:
@@ -663,21 +711,24 @@ class ParallelStream:
 
 
 def _fit(shaped: list[tuple[int, ChangeEvent]],
-         too_large: Callable[[bytes], MongoError | None]) -> tuple[list[EventFields], int | None]:
+         oversize: Callable[[bytes], MongoError | Literal[True] | None]) -> tuple[list[EventFields], int | None]:
     """The longest head of the shaped events within a reply's batch limit (at least one), and how
     many of the taken events it consumed (None: all of them). Lookups and stages grow events after
     the batch was cut; what does not fit is returned by the next getMore. An event grown past
     what a server can return (a document looked up beside a large update) ends the head; the
-    getMore that reaches it fails with BSONObjectTooLarge, as the server's does."""
+    getMore that reaches it fails with BSONObjectTooLarge, as the server's does, or, with the
+    split stage, returns it alone, to be split."""
     size = 0
     for k, (_, ev) in enumerate(shaped):
         size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
         if k and size > BATCH_BYTES_LIMIT:
             return [e for _, e in shaped[:k]], shaped[k][0]
-        if len(ev.raw) > MEASURE_ABOVE_BYTES and (error := too_large(ev.raw)) is not None:
-            if not k:
-                raise error
-            return [e for _, e in shaped[:k]], shaped[k][0]
+        if len(ev.raw) > MEASURE_ABOVE_BYTES and (big := oversize(ev.raw)) is not None:
+            if k:
+                return [e for _, e in shaped[:k]], shaped[k][0]
+            if big is not SPLIT:
+                raise big
+            return [ev], shaped[1][0] if len(shaped) > 1 else None
     return [e for _, e in shaped], None
 
 
@@ -713,6 +764,12 @@ def _event_matches(ev: EventFields, match: dict[str, Any]) -> bool:
     return matches(bson.decode(ev[EV_RAW], PLAIN), match)
 
 
-def start_point(token: dict[str, Any]) -> tuple[Timestamp, bytes]:
+def start_point(token: Mapping[str, Any]) -> tuple[Timestamp, bytes]:
+    """Where a stream resumed from `token` starts: the token's time, and the bucket floor (the
+    events above it are dealt). For a fragment's token the floor is just below its event, which
+    is dealt again to be split: a KeyString ends with its end byte (4), so the event's key less
+    that byte sorts below the event's and above every key below it, which differs earlier or goes
+    on with a type byte (all above 4)."""
     data = decode_token(token)
-    return data.cluster_time, token_sort_key(token)
+    fragment = fragment_of(token)
+    return data.cluster_time, fragment[0][:-1] if fragment is not None else token_sort_key(token)

@@ -34,7 +34,7 @@ from mongoformats.resume_token import decode_token, encode_token, token_text
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
 __all__ = ["MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
-           "event_too_large", "split_event"]
+           "event_too_large", "split_event", "without_split_stage"]
 
 SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 MAX_EVENT_BYTES = MAX_INTERNAL_BSON_SIZE
@@ -42,6 +42,20 @@ SPLIT_ABOVE_BYTES = MAX_EVENT_BYTES - 8 * 1024  # kBSONObjMaxChangeEventSize
 # Events shorter than this are within both limits whatever their token (the merge metadata adds
 # the token's size once more): the hot paths measure only longer ones, with one length compare.
 MEASURE_ABOVE_BYTES = SPLIT_ABOVE_BYTES - 64 * 1024
+
+
+def without_split_stage(stages: list[Any]) -> tuple[list[Any], bool]:
+    """`stages` (those after $changeStream) less a final `$changeStreamSplitLargeEvent`, and
+    whether it was there, with the server's errors for one whose spec is not an empty object
+    (7182800) or that is not the last stage (7182802)."""
+    for i, stage in enumerate(stages):
+        if isinstance(stage, dict) and SPLIT_STAGE in stage:
+            if not isinstance(stage[SPLIT_STAGE], dict) or stage[SPLIT_STAGE]:
+                raise MongoError(7182800, f"{SPLIT_STAGE} spec should be an empty object")
+            if i != len(stages) - 1:
+                raise MongoError(7182802, f"{SPLIT_STAGE} must be the last stage in the pipeline")
+            return stages[:-1], True
+    return stages, False
 
 
 def _sort_key_field_bytes(token_bytes: int) -> int:

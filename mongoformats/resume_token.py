@@ -13,7 +13,7 @@ from __future__ import annotations
 import binascii
 import uuid as uuidlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bson import Binary, Timestamp
@@ -22,7 +22,7 @@ from mongoformats.errors import MongoError
 from mongoformats.keystring import KeyStringBuilder, KeyStringReader
 
 __all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
-           "high_water_mark", "token_sort_key", "token_text"]
+           "high_water_mark", "token_sort_key", "token_text", "fragment_of"]
 
 HIGH_WATER_MARK = 0
 EVENT_TOKEN = 128
@@ -191,6 +191,16 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
 def high_water_mark(cluster_time: Timestamp, version: int = DEFAULT_VERSION) -> dict[str, Any]:
     """The high-water-mark token a stream reports for "nothing before `cluster_time` is left"."""
     return encode_token(ResumeTokenData(cluster_time, version, HIGH_WATER_MARK))
+
+
+def fragment_of(token: Mapping[str, Any]) -> tuple[bytes, int] | None:
+    """For the token of a split event's fragment: the key of the whole event's token (the same
+    token without fragmentNum, which sorts before every fragment's) and the fragment's number.
+    None for any other token."""
+    data = decode_token(token)
+    if data.fragment_num is None:
+        return None
+    return token_sort_key(encode_token(replace(data, fragment_num=None))), data.fragment_num
 
 
 def token_text(token: Mapping[str, Any], *, spaced: bool = False) -> str:

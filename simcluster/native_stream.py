@@ -17,7 +17,6 @@ D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-s
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,11 +35,17 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import apply_stages, compile_stages, encode_in_order, unsupported_in_stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_STAGE, event_too_large, split_event
+from mongoformats.large_events import (
+    MEASURE_ABOVE_BYTES,
+    SPLIT_STAGE,
+    event_too_large,
+    split_event,
+    without_split_stage,
+)
 from mongoformats.resume_token import (
     EVENT_TOKEN,
     decode_token,
-    encode_token,
+    fragment_of,
     high_water_mark,
     token_sort_key,
     token_text,
@@ -113,11 +118,11 @@ class NativeStream:
             if data.fragment_num is not None and not split:
                 raise MongoError("ChangeStreamFatalError", "To resume from a split event, the $changeStream pipeline "
                                  f"must include a {SPLIT_STAGE} stage")
+            fragment = fragment_of(token)
             if data.token_type == EVENT_TOKEN and not data.from_invalidate:
-                self.must_meet = token_sort_key(encode_token(dataclasses.replace(data, fragment_num=None)))
-            if data.fragment_num is not None:  # that event again, past the fragment returned
-                assert self.must_meet is not None
-                self.resume_fragment = (self.must_meet, data.fragment_num + 1)
+                self.must_meet = fragment[0] if fragment is not None else token_sort_key(token)
+            if fragment is not None:  # that event again, past the fragment returned
+                self.resume_fragment = (fragment[0], fragment[1] + 1)
             self.last_token: dict[str, Any] = dict(token)
         else:
             start = spec.get("startAtOperationTime") or nodes[0].clock.now()
@@ -337,22 +342,17 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     if spec.get("fullDocumentBeforeChange", "off") not in ("off", "whenAvailable", "required"):
         raise MongoError("BadValue", f"'{spec['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
                          "option")
-    for i, stage in enumerate(pipeline[1:], start=1):
+    for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
         name = next(iter(stage), "")
         if name not in _STAGES or (name == SPLIT_STAGE and version < 2):  # 5.0 has no such stage
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-        if name == SPLIT_STAGE:
-            if not isinstance(stage[name], dict) or stage[name]:
-                raise MongoError(7182800, f"{SPLIT_STAGE} spec should be an empty object")
-            if i != len(pipeline) - 1:
-                raise MongoError(7182802, f"{SPLIT_STAGE} must be the last stage in the pipeline")
-    stages = [s for s in pipeline[1:] if SPLIT_STAGE not in s]
+    stages, split = without_split_stage(pipeline[1:])
     if (unsupported := unsupported_in_stages(stages)) is not None:
         # Said at once, not as some later event's error or, worse, as events shaped wrongly.
         raise MongoError("NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream")
-    return spec, stages, len(stages) < len(pipeline) - 1
+    return spec, stages, split
 
 
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
