@@ -16,6 +16,7 @@ import pymongo
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import RAW as RAW_OPTS
+from mongoformats.large_events import join_fragments
 
 CURSOR_COLLECTION = "$cmd.parallelChangeStream"
 
@@ -60,7 +61,11 @@ def client_for(uri: str) -> pymongo.MongoClient[Any]:
 def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int, start: str, end: str, *,
                 batch_size: int = 1000, max_await_ms: int = 500, max_events: int | None = None
                 ) -> Iterator[RawBSONDocument]:
-    """Events of `bucket` with start < token <= end (tokens given as `_data` hex strings)."""
+    """Events of `bucket` with start < token <= end (tokens given as `_data` hex strings).
+
+    A stream opened with $changeStreamSplitLargeEvent returns an event over 16 MiB in fragments,
+    which may span getMores: they are joined back into the event, whose token is the one compared
+    with `end` (a batch's end is an event's token, never a fragment's)."""
     end_key = token_key(end)
     if token_key(start) >= end_key:
         return
@@ -72,16 +77,22 @@ def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int,
     batch = cursor["firstBatch"]
     pbrt = cursor["postBatchResumeToken"]
     seen = 0
+    fragments: list[bytes] = []
     try:
         while True:
             for ev in batch:
+                if "splitEvent" in ev:
+                    fragments.append(bytes(ev.raw))
+                    if ev["splitEvent"]["fragment"] < ev["splitEvent"]["of"]:
+                        continue
+                    ev, fragments = RawBSONDocument(join_fragments(fragments), RAW_OPTS), []
                 if token_key(ev["_id"]["_data"]) > end_key:
                     return
                 yield ev
                 seen += 1
                 if max_events is not None and seen >= max_events:
                     return
-            if token_key(pbrt["_data"]) >= end_key:
+            if token_key(pbrt["_data"]) >= end_key and not fragments:
                 return
             more = admin.command({"getMore": cid, "collection": CURSOR_COLLECTION, "batchSize": batch_size,
                                   "maxTimeMS": max_await_ms}, codec_options=RAW_OPTS)

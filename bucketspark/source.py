@@ -1,6 +1,8 @@
 """`spark.readStream.format("parallelchangestream")`: one Spark partition per bucket.
 
-Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages), fullDocument
+Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages, and a final
+$changeStreamSplitLargeEvent: an event over 16 MiB then arrives in fragments, joined back into one
+row, where without it the read fails with BSONObjectTooLarge), fullDocument
 ("default", "updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange,
 startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
 maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's

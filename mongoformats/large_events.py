@@ -34,7 +34,7 @@ from mongoformats.resume_token import decode_token, encode_token, token_text
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
 __all__ = ["MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
-           "event_too_large", "split_event", "without_split_stage"]
+           "event_too_large", "join_fragments", "split_event", "without_split_stage"]
 
 SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 MAX_EVENT_BYTES = MAX_INTERNAL_BSON_SIZE
@@ -144,3 +144,19 @@ def split_event(raw: bytes, *, merged: bool = False,
             body = head[4:-1] + b"".join(taken)
             out.append((fragment_token, (len(body) + 5).to_bytes(4, "little") + body + b"\x00"))
     return out
+
+
+def join_fragments(fragments: list[bytes]) -> bytes:
+    """The event that `fragments` (all of a split event's, in order) were cut from, for a consumer
+    that needs whole events: its token (without fragmentNum) as `_id`, then every fragment's
+    fields but `_id` and `splitEvent`, in the fragments' order (the event's own order is lost;
+    the split dealt its fields by size). Over 16 MiB, so never sent on the wire."""
+    v, e = _id_span(fragments[0])
+    token = encode_token(dataclasses.replace(decode_token(bson.decode(fragments[0][v:e])), fragment_num=None))
+    body = [bson.encode({"_id": token})[4:-1]]
+    for raw in fragments:
+        for name, (_, start, end) in elements(raw).items():
+            if name not in (b"_id", b"splitEvent"):
+                body.append(raw[start - len(name) - 2:end])
+    joined = b"".join(body)
+    return (len(joined) + 5).to_bytes(4, "little") + joined + b"\x00"

@@ -13,9 +13,10 @@ from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
+from bucketspark.client import StreamSpec, read_bucket
 from mongoformats.errors import MongoError
 from mongoformats.large_events import MAX_EVENT_BYTES, SPLIT_ABOVE_BYTES, event_too_large, split_event
-from mongoformats.resume_token import ResumeTokenData, decode_token, encode_token, token_sort_key
+from mongoformats.resume_token import ResumeTokenData, decode_token, encode_token, fragment_of, token_sort_key
 from tests.conftest import client, sync
 from tests.test_accelerate import accelerated
 
@@ -151,6 +152,19 @@ async def test_the_engine_splits_large_events_as_mongos_does():
                                               "maxTimeMS": 300})
                 rest += more["cursor"]["nextBatch"]
             assert [bson.encode(e) for e in rest[:2]] == [bson.encode(e) for e in want[1:]]
+
+            # A Spark task's read: the fragments joined back into the event, up to the event's token.
+            spec = StreamSpec(uri=f"mongodb://127.0.0.1:{server.port}/", name="big", n_buckets=1,
+                              pipeline=tuple(split), full_document_before_change="required")
+            whole = fragment_of(want[0]["_id"])
+            assert whole is not None
+            events = list(read_bucket(proxied, spec, 0, opened["cursors"][0]["postBatchResumeToken"]["_data"],
+                                      whole[0].hex().upper()))
+            assert len(events) == 1 and events[0]["_id"]["_data"] == whole[0].hex().upper()
+            joined = bson.decode(events[0].raw)
+            assert "splitEvent" not in joined and joined["fullDocumentBeforeChange"]["value"] == "q" * TEN_MB
+            assert {k: v for k, v in joined.items() if k != "_id"} == \
+                {k: v for f in want[:2] for k, v in f.items() if k not in ("_id", "splitEvent")}
         await sync(work, timeout=120)
 
 
