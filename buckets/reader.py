@@ -205,7 +205,6 @@ class OplogTail:
         await out.deliver(events, nbytes, len(items), last_ts)
         self.position, self.inclusive = last_ts, False
 
-
     async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:
         """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
         one entry a query, as the server's change stream reads a chain that began before it."""

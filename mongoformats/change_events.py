@@ -39,8 +39,6 @@ __all__ = ["EVENT_BYTES", "EVENT_SORT_KEY", "EV_APPLIED_AT", "EV_COLL", "EV_DB",
 PCS_NOTE_KEY = "parallelChangeStreamDDL"
 
 _INTERNAL_DBS = frozenset({"admin", "config", "local"})
-
-
 _COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 
 
@@ -524,7 +522,6 @@ def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
     if wall is not None:
         doc["wallTime"] = wall
     return ChangeEvent.for_token(token, "invalidate", trigger.db, trigger.coll, bson.encode(doc), trigger.namespaces)
-
 
 
 def prev_op_ts(entry: bytes | RawBSONDocument) -> Timestamp | None:
