@@ -25,7 +25,7 @@ from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import PLAIN, RAW
-from mongoformats.oplog_splice import TOKEN_TIMESTAMP, splice_crud
+from mongoformats.oplog_splice import TOKEN_TIMESTAMP, document_of, splice_crud
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_from_key, token_sort_key
 from mongoformats.update_diff import update_description_from_diff
 
@@ -484,9 +484,7 @@ class OplogTransformer:
         if head:
             # These precede _id in the server's events (C.11), but bson.encode always writes a
             # top-level _id first, so the two parts are encoded apart and joined.
-            pre = bson.encode(head)
-            body = pre[4:-1] + raw[4:-1]
-            raw = (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
+            raw = document_of(bson.encode(head)[4:-1] + raw[4:-1])
         return ChangeEvent.for_token(token, op_type, db, coll, raw, namespaces)
 
 

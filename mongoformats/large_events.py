@@ -29,7 +29,7 @@ from typing import Any
 import bson
 
 from mongoformats.errors import MongoError
-from mongoformats.oplog_splice import elements
+from mongoformats.oplog_splice import document_of, elements
 from mongoformats.resume_token import decode_token, encode_token, token_text
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
@@ -141,8 +141,7 @@ def split_event(raw: bytes, *, merged: bool = False,
     for number, (fragment_token, taken) in enumerate(fragments, start=1):
         if number > skip:
             head = bson.encode({"_id": fragment_token, "splitEvent": {"fragment": number, "of": len(fragments)}})
-            body = head[4:-1] + b"".join(taken)
-            out.append((fragment_token, (len(body) + 5).to_bytes(4, "little") + body + b"\x00"))
+            out.append((fragment_token, document_of(head[4:-1] + b"".join(taken))))
     return out
 
 
@@ -158,5 +157,4 @@ def join_fragments(fragments: list[bytes]) -> bytes:
         for name, (_, start, end) in elements(raw).items():
             if name not in (b"_id", b"splitEvent"):
                 body.append(raw[start - len(name) - 2:end])
-    joined = b"".join(body)
-    return (len(joined) + 5).to_bytes(4, "little") + joined + b"\x00"
+    return document_of(b"".join(body))

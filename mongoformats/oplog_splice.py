@@ -31,7 +31,7 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifte
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "cursor_batch",
-           "document_parts", "elements", "splice_crud", "splice_entries", "timestamp_of"]
+           "document_of", "document_parts", "elements", "splice_crud", "splice_entries", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
@@ -239,8 +239,7 @@ def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
     at = ns_value - len(b"\x03ns\x00")
     key = name.encode()
     element = b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
-    body = event[4:at] + element + event[at:-1]
-    return _I32.pack(len(body) + 5) + body + b"\x00"
+    return document_of(event[4:at] + element + event[at:-1])
 
 
 def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
@@ -267,7 +266,8 @@ def _string(value: bytes) -> bytes:
     return _I32.pack(len(value) + 1) + value + b"\x00"
 
 
-def _doc(body: bytes) -> bytes:
+def document_of(body: bytes) -> bytes:
+    """A BSON document of the elements `body` (its length, then the elements, then the end byte)."""
     return _I32.pack(len(body) + 5) + body + b"\x00"
 
 
@@ -456,7 +456,7 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
             ident = elements(raw, o0).get(b"_id")
             if ident is None:
                 return None
-            key = _doc(_cstring_element(ident[0], b"_id", raw[ident[1]:ident[2]]))
+            key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1]:ident[2]]))
     elif code == b"d":
         op_type = "delete"
         key = raw[o0:o1]
@@ -521,7 +521,7 @@ def _namespace(ns: bytes) -> _NamespaceParts | tuple[()]:
     db, _, coll = ns.partition(b".")
     parts: _NamespaceParts | tuple[()] = ()
     if db not in _INTERNAL_DBS and not coll.startswith(b"system."):
-        element = b"\x03ns\x00" + _doc(b"\x02db\x00" + _string(db) + b"\x02coll\x00" + _string(coll))
+        element = b"\x03ns\x00" + document_of(b"\x02db\x00" + _string(db) + b"\x02coll\x00" + _string(coll))
         parts = (element, db.decode(), coll.decode(), (ns.decode(),))
     return parts
 
