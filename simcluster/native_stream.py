@@ -100,7 +100,9 @@ class NativeStream:
         # (and its invalidate) the last reply had no room for, as a server stashes the document
         # that would take a reply past 16 MiB for the next getMore.
         self.held: collections.deque[tuple[RawBSONDocument, dict[str, Any]]] = collections.deque()
-        self.resume_fragment: tuple[bytes, int] | None = None  # (the split event's key, fragments to skip)
+        # Resumed from a fragment's token: the fragments of the event resumed from (`must_meet`)
+        # the client already has, skipped when it is split again.
+        self.skip_fragments = 0
         # Resuming from an event's token, that event must be met again (the server's
         # EnsureResumeTokenPresent stage, which runs after scope and $match filtering): its key
         # until then. Passing it unmet fails the stream; a high-water mark needs no event.
@@ -122,7 +124,7 @@ class NativeStream:
             if data.token_type == EVENT_TOKEN and not data.from_invalidate:
                 self.must_meet = fragment[0] if fragment is not None else token_sort_key(token)
             if fragment is not None:  # that event again, past the fragment returned
-                self.resume_fragment = (fragment[0], fragment[1] + 1)
+                self.skip_fragments = fragment[1] + 1
             self.last_token: dict[str, Any] = dict(token)
         else:
             start = spec.get("startAtOperationTime") or nodes[0].clock.now()
@@ -219,12 +221,9 @@ class NativeStream:
             doc = with_field_before_ns(doc, "fullDocumentBeforeChange", before)
         return self._stages(doc, ev.token)
 
-    def _large(self, ev: ChangeEvent, raw: bytes) -> Any:
-        """A large event as the server returns it: whole, in fragments (with their tokens) when
-        the pipeline ends with the split stage, or BSONObjectTooLarge."""
-        skip = 0
-        if self.resume_fragment is not None and ev.sort_key == self.resume_fragment[0]:
-            skip, self.resume_fragment = self.resume_fragment[1], None
+    def _large(self, raw: bytes, skip: int) -> Any:
+        """A large event as the server returns it: whole, in fragments (with their tokens, past the
+        first `skip`) when the pipeline ends with the split stage, or BSONObjectTooLarge."""
         if self.split:
             fragments = split_event(raw, merged=self.merged, skip=skip)
             if fragments is not None:
@@ -261,21 +260,22 @@ class NativeStream:
                 shaped = self._shape(ev, lookup)
                 if isinstance(shaped, dict):  # in the event's own field order, as the server sends it
                     shaped = RawBSONDocument(encode_in_order(shaped), RAW)
+                skip = 0
                 if shaped is not None and self.must_meet is not None:
                     if ev.sort_key == self.must_meet:
-                        # The event the client has: swallowed, unless a fragment of it was what
-                        # the client had, then split again. Once met, a copy is swallowed too.
-                        if self.met or self.resume_fragment is None:
+                        # The event the client has: swallowed, unless the client had fragments
+                        # of it, then split again past them. Once met, a copy is swallowed too.
+                        if self.met or not self.skip_fragments:
                             shaped = None
-                        self.met = True
+                        skip, self.met = self.skip_fragments, True
                     elif not self.met:
                         raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
                                          f"found. {token_text(ev.token)}")
                     else:
                         self.must_meet = None  # passed it
                 if shaped is not None:  # (one the stages dropped is never a resume point, as on a server)
-                    if len(shaped.raw) > MEASURE_ABOVE_BYTES or self.resume_fragment is not None:
-                        shaped = self._large(ev, shaped.raw)
+                    if len(shaped.raw) > MEASURE_ABOVE_BYTES or skip:
+                        shaped = self._large(shaped.raw, skip)
                     if isinstance(shaped, list):  # fragments: returned from the top of the loop
                         self.held.extend(shaped)
                     elif self.held or (out and size + len(shaped.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT):
