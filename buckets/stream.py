@@ -269,6 +269,10 @@ class BucketCursor:
     # Fragments of the split event at `position` already returned (or, resumed from a fragment's
     # token, that fragment's number plus one): the event is consumed once its last one is out.
     fragments_sent: int = 0
+    # The fragments of that event still to return. The server splits an event once and queues
+    # its fragments; split again for each getMore, an event whose updateLookup document changed
+    # in between would come back in pieces of two different events.
+    split_rest: list[EventFields] = field(default_factory=list)
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
@@ -322,9 +326,31 @@ class BucketCursor:
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         self.acked = self.position  # asking for more means the previous batch was taken
         start = self.position - bucket.base
+        events = bucket.events
+        if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
+            batch, taken = self._fragments(events[start], events[start:start + 1])
+        else:
+            batch, taken = await self._read(events, start, limit)
+        self.position += len(taken)
+        bucket.delivered_total += len(batch)
+        if batch:
+            # The last event returned, as on a server: one a stage dropped is not a resume point
+            # (a stream resumed from it would not meet it again). A drained bucket's frontier
+            # moves it on below.
+            self.last_key, self.last_token = batch[-1][EV_SORT_KEY], event_token(batch[-1])
+        if self.position >= bucket.end and bucket.frontier > self.last_key:
+            # Drained: everything up to the merge frontier was dealt out, so the frontier is a
+            # resume point that moves even while this bucket is idle.
+            self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
+        bucket.notify()
+        self.exhausted = self.stream.ended and self.position >= bucket.end
+        return batch, self.last_token
+
+    async def _read(self, events: list[EventFields], start: int, limit: int) -> tuple[list[EventFields], list[EventFields]]:
+        """The next reply from the bucket's events at `start`: (events to return, events consumed),
+        after lookups, stages, the resume point and a split."""
         batch: list[EventFields] = []
         size = 0
-        events = bucket.events
         lookup, options = self.stream.lookup, self.stream.options
         # Lookups and stages change events after this: the server measures what they make (_fit).
         shaped = lookup is not None or bool(options.stages)
@@ -354,40 +380,32 @@ class BucketCursor:
         if batch and (self.fragments_sent or (len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES
                                               and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
             batch, taken = self._fragments(batch[0], taken)
-        self.position += len(taken)
-        bucket.delivered_total += len(batch)
-        if batch:
-            # The last event returned, as on a server: one a stage dropped is not a resume point
-            # (a stream resumed from it would not meet it again). A drained bucket's frontier
-            # moves it on below.
-            self.last_key, self.last_token = batch[-1][EV_SORT_KEY], event_token(batch[-1])
-        if self.position >= bucket.end and bucket.frontier > self.last_key:
-            # Drained: everything up to the merge frontier was dealt out, so the frontier is a
-            # resume point that moves even while this bucket is idle.
-            self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
-        bucket.notify()
-        self.exhausted = self.stream.ended and self.position >= bucket.end
-        return batch, self.last_token
+        return batch, taken
 
     def _fragments(self, event: EventFields, taken: list[EventFields]) -> tuple[list[EventFields], list[EventFields]]:
         """The reply for a split event that heads the batch: its next fragments, as many as fit
         (at least one), and the taken events it consumes (up to the event, and the event itself
-        once its last fragment is out). Resumed from a fragment, an event that now splits
-        otherwise, or not at all, fails the stream as the server's does (ChangeStreamFatalError)."""
-        fragments = split_event(event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent) or []
+        once its last fragment is out). The event is split on the first call and its fragments
+        kept in `split_rest` for the getMores that follow. Resumed from a fragment, an event that
+        now splits otherwise, or not at all, fails the stream as the server's does
+        (ChangeStreamFatalError)."""
+        pieces = self.split_rest or [
+            tuple(ChangeEvent._make(event)._replace(sort_key=token_sort_key(token),
+                                                    type_bits=bytes(token.get("_typeBits", b"")), raw=raw))
+            for token, raw in split_event(event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent) or []]
         out: list[EventFields] = []
         size = 0
-        for token, raw in fragments:
-            size += len(raw) + BATCH_ELEMENT_OVERHEAD
+        for piece in pieces:
+            size += len(piece[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
             if out and size > BATCH_BYTES_LIMIT:
                 break
-            out.append(tuple(ChangeEvent._make(event)._replace(
-                sort_key=token_sort_key(token), type_bits=bytes(token.get("_typeBits", b"")), raw=raw)))
+            out.append(piece)
         at = next(i for i, ev in enumerate(taken) if ev[EV_SORT_KEY] == event[EV_SORT_KEY])
-        if len(out) < len(fragments):
+        if len(out) < len(pieces):
             self.fragments_sent += len(out)
+            self.split_rest = pieces[len(out):]
             return out, taken[:at]
-        self.fragments_sent = 0
+        self.fragments_sent, self.split_rest = 0, []
         return out, taken[:at + 1]
 
     def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:

@@ -168,6 +168,32 @@ async def test_the_engine_splits_large_events_as_mongos_does():
         await sync(work, timeout=120)
 
 
+async def test_a_split_event_comes_from_one_lookup_even_if_the_document_changes_meanwhile():
+    """The server splits an event once and queues its fragments. The engine split it again for
+    each getMore, so a document that changed between two fragments' getMores gave fragments of
+    two different events (here: a second fragment of an event that no longer splits)."""
+    async with accelerated(shards=2) as (cluster, server):
+        def work():
+            direct, proxied = client(cluster.uri), client(f"mongodb://127.0.0.1:{server.port}/")
+            direct.big.c.insert_one({"_id": 1, "value": "q"})
+            now = direct.admin.command("ping")["operationTime"]
+            start = Timestamp(now.time, now.inc + 1)
+            direct.big.c.update_one({"_id": 1}, {"$set": {"value": "z" * TEN_MB}})
+            for c in (direct, proxied):
+                with c.big.c.watch([{"$changeStreamSplitLargeEvent": {}}], full_document="updateLookup",
+                                   start_at_operation_time=start, max_await_time_ms=300) as stream:
+                    first = stream.next()
+                    direct.big.c.update_one({"_id": 1}, {"$set": {"value": "small"}})
+                    second = stream.next()
+                direct.big.c.update_one({"_id": 1}, {"$set": {"value": "z" * TEN_MB}})  # as it was
+                assert [first["splitEvent"], second["splitEvent"]] == [{"fragment": 1, "of": 2},
+                                                                       {"fragment": 2, "of": 2}]
+                joined = {**first, **second}
+                assert joined["fullDocument"]["value"] == joined["updateDescription"]["updatedFields"]["value"]
+            assert server.engine.watches == {"accelerated": 1, "passedThrough": 0}, server.engine.watches
+        await sync(work, timeout=120)
+
+
 async def test_a_bucket_returns_the_events_before_a_too_large_one_then_fails_like_the_server():
     async with accelerated(shards=2) as (cluster, server):
         def work():
