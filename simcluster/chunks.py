@@ -48,6 +48,18 @@ class Chunk:
             isinstance(self.max, MaxKey) or compare(point, self.max) < 0)
 
 
+def key_text(value: Any) -> str:
+    """A shard key or bound as BSONObj::toString prints it in an error message: `{ a: 1, b: "x" }`,
+    the ends as MinKey and MaxKey (values of other types in their Python form)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k}: {key_text(v)}" for k, v in value.items()) + " }" if value else "{}"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, MinKey | MaxKey):
+        return type(value).__name__
+    return str(value)
+
+
 @dataclass
 class ShardedCollection:
     ns: str
@@ -64,14 +76,29 @@ class ShardedCollection:
     sharded_at: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
 
     @property
-    def hashed(self) -> bool:
-        return "hashed" in self.key.values()
+    def presplit(self) -> bool:
+        """Whether an empty collection starts with a chunk per shard: when the key's first field is
+        hashed (InitialSplitPolicy; a hashed field after a range prefix starts with one chunk)."""
+        return next(iter(self.key.values())) == "hashed"
+
+    def point(self, values: list[Any]) -> Any:
+        """The key-space point of the shard key fields' values (in key order), a hashed field's
+        value hashed. One field: the value itself. Several: the list of them, which compares
+        field by field, as the server compares key documents (sort_key of a list)."""
+        out = [hashed_value(v) if kind == "hashed" else v for v, kind in zip(values, self.key.values(), strict=True)]
+        return out[0] if len(out) == 1 else out
+
+    def edge(self, end: type[MinKey] | type[MaxKey]) -> Any:
+        """The point below (MinKey) or above (MaxKey) every key: each field at that end."""
+        return end() if len(self.key) == 1 else [end() for _ in self.key]
 
     def key_point(self, doc: dict[str, Any]) -> Any:
-        """Where a document sits in the key space: its shard key value (hashed for a hashed key)."""
-        got = get_path(doc, next(iter(self.key)))
-        v = got[0] if got else None
-        return hashed_value(v) if self.hashed else v
+        """Where a document sits in the key space (a missing field counts as null)."""
+        values = []
+        for name in self.key:
+            got = get_path(doc, name)
+            values.append(got[0] if got else None)
+        return self.point(values)
 
     def chunk_at(self, point: Any) -> Chunk:
         """The chunk whose range holds `point`.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
-from bson import Binary, Int64, MaxKey, MinKey, ObjectId, Timestamp
+from bson import Binary, Int64, ObjectId, Timestamp
 
 from mongoformats.errors import MongoError
 from simcluster.node import ShardNode
@@ -135,8 +135,5 @@ def chunk_doc(sc: ShardedCollection, chunk: Chunk) -> dict[str, Any]:
 
 
 def bound_doc(sc: ShardedCollection, point: Any) -> dict[str, Any]:
-    """A chunk bound as the catalog writes it: a value for every shard key field. simcluster's ranges
-    cut on the first field only, so the fields after it sit at MinKey (or MaxKey past the last chunk)."""
-    first, *rest = sc.key
-    fill: Any = MaxKey() if isinstance(point, MaxKey) else MinKey()
-    return {first: point, **dict.fromkeys(rest, fill)}
+    """A chunk bound as the catalog writes it: a value for every shard key field."""
+    return dict(zip(sc.key, point if len(sc.key) > 1 else [point], strict=True))

@@ -15,12 +15,11 @@ import trio
 from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 
 from mongoformats.errors import MongoError, has_category
-from mongoformats.hashed_key import hashed_value
 from mongoformats.sessions import UNKNOWN_USER, SessionsNamed
 from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.balancer import Balancer, plan_migrations, range_end
-from simcluster.chunks import Chunk, ShardedCollection, clone_range, commit_migration, delete_orphans
+from simcluster.chunks import Chunk, ShardedCollection, clone_range, commit_migration, delete_orphans, key_text
 from simcluster.config_server import CONFIG_DATABASES, ConfigServer, bound_doc
 from simcluster.cursors import Cursor
 from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
@@ -224,11 +223,10 @@ class Mongos(CommandServer):
         sc = self.sharded.get(ns)
         if sc is None:
             return self.owners(ns)
-        f = next(iter(sc.key))
-        v = filt.get(f) if isinstance(filt, dict) else None
-        if f in filt and not (isinstance(v, dict) and any(str(k).startswith("$") for k in v)):
-            return [self.shards[sc.owner(hashed_value(v) if sc.hashed else v)]]
-        return self.owners(ns)
+        # Equality on every shard key field names one point, so one shard; anything else may
+        # match on any shard (a key prefix is a range of points, which may span chunks).
+        point = _equality_point(sc, filt)
+        return [self.shards[sc.owner(point)]] if point is not _NO_POINT else self.owners(ns)
 
     def shard_for_doc(self, ns: str, doc: dict[str, Any]) -> ShardNode:
         sc = self.sharded.get(ns)
@@ -637,13 +635,16 @@ class Mongos(CommandServer):
         created = self.clock.tick()
         sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")), timestamp=created)
         ids = sorted(self.shards)
-        if sc.hashed and (existing is None or not existing.docs):
-            # An empty hashed collection starts with one chunk per shard (7.0 default).
+        low, high = sc.edge(MinKey), sc.edge(MaxKey)
+        if sc.presplit and (existing is None or not existing.docs):
+            # An empty collection hashed on its first field starts with one chunk per shard (7.0
+            # default), cut on hash values; the fields after it sit at MinKey in each cut.
             step = 2**64 // len(ids)
-            bounds = [MinKey()] + [Int64(-(2**63) + step * i) for i in range(1, len(ids))] + [MaxKey()]
+            cuts = [Int64(-(2**63) + step * i) for i in range(1, len(ids))]
+            bounds = [low, *(cut if len(key) == 1 else [cut, *low[1:]] for cut in cuts), high]
             owners = ids
         else:
-            bounds, owners = [MinKey(), MaxKey()], [primary.set_name]
+            bounds, owners = [low, high], [primary.set_name]
         # Versions 1|0, 1|1, ... in key order; each chunk on its first shard since the collection's timestamp.
         sc.chunks = [Chunk(bounds[i], bounds[i + 1], sid, (1, i), [(created, sid)]) for i, sid in enumerate(owners)]
         self.sharded[ns] = sc
@@ -671,18 +672,24 @@ class Mongos(CommandServer):
         if not isinstance(cmd.get("middle"), dict):
             raise MongoError("InvalidOptions", "split needs a 'middle' key here (the 'find' and 'bounds' forms "
                                                "are not simulated)")
-        point = self._bound(sc, cmd["middle"])
+        point = self._bound(sc, cmd["middle"], "new split key {} is not valid for shard key pattern {}")
         chunk = sc.chunk_at(point)
         if q.compare(point, chunk.min) == 0:
-            raise MongoError("CannotSplit", f"cannot split a chunk of {ns} at its lower bound {cmd['middle']}")
+            lo, hi = (key_text(bound_doc(sc, p)) for p in (chunk.min, chunk.max))
+            raise MongoError("CannotSplit", f"new split key {key_text(bound_doc(sc, point))} is a boundary key of "
+                             f"existing chunk [{lo},{hi})")
         sc.split(chunk, point)
         return {}
 
     @staticmethod
-    def _bound(sc: ShardedCollection, bound: dict[str, Any]) -> Any:
-        """A key-space point given as {<shard key field>: value} (a hash value for a hashed key)."""
-        got = q.get_path(bound, next(iter(sc.key)))
-        return got[0] if got else None
+    def _bound(sc: ShardedCollection, bound: Any, wording: str, *, code: int | str = "InvalidOptions") -> Any:
+        """The key-space point a bound names: {<shard key field>: value, ...} with every field of
+        the key, in any order (a hash value for a hashed field), as the server's isShardKey
+        requires; else `code` in the command's `wording` (of the bound, then the key)."""
+        got = [q.get_path(bound, f) if isinstance(bound, dict) else [] for f in sc.key]
+        if not all(got):
+            raise MongoError(code, wording.format(key_text(bound), key_text(sc.key)))
+        return [v[0] for v in got] if len(got) > 1 else got[0][0]
 
     def _recipient(self, to: Any) -> ShardNode:
         if to not in self.shards:
@@ -695,9 +702,13 @@ class Mongos(CommandServer):
         recipient = self._recipient(cmd["to"])
         await self._wait_to_migrate(sc.ns)
         if "find" in cmd:
-            chunk = sc.chunk_at(sc.key_point(cmd["find"]))
+            point = _equality_point(sc, cmd["find"])
+            if point is _NO_POINT:
+                raise MongoError(656450, f"no shard key found in chunk query {key_text(cmd['find'])}")
+            chunk = sc.chunk_at(point)
         else:
-            lo = self._bound(sc, cmd["bounds"][0])
+            lo = self._bound(sc, cmd["bounds"][0], "shard key bounds [{},...) are not valid for shard key pattern {}",
+                             code=656451)
             starting = [c for c in sc.chunks if q.compare(c.min, lo) == 0]
             if not starting:
                 raise MongoError("InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}")
@@ -716,9 +727,10 @@ class Mongos(CommandServer):
             raise MongoError("InvalidOptions", "moveRange needs 'min' here (a range given by 'max' alone is "
                                                "not simulated)")
         await self._wait_to_migrate(sc.ns)
-        lo = self._bound(sc, cmd["min"])
+        wording = "moveRange bound {} is not a full shard key of pattern {}"  # simcluster's words
+        lo = self._bound(sc, cmd["min"], wording)
         chunk = sc.chunk_at(lo)
-        hi = self._bound(sc, cmd["max"]) if isinstance(cmd.get("max"), dict) else None
+        hi = self._bound(sc, cmd["max"], wording) if isinstance(cmd.get("max"), dict) else None
         if hi is not None and (q.compare(hi, lo) <= 0 or q.compare(hi, chunk.max) > 0):  # checked before any change
             raise MongoError("InvalidOptions", f"the range of moveRange must lie within one chunk: {cmd['max']} "
                                                f"is not inside the chunk holding {cmd['min']}")
@@ -734,3 +746,18 @@ class Mongos(CommandServer):
         if chunk.shard != recipient.set_name:
             await self.migrate(sc, chunk, recipient.set_name)
         return {}
+
+
+_NO_POINT = object()
+
+
+def _equality_point(sc: ShardedCollection, filt: Any) -> Any:
+    """The key-space point a query names by equality on every shard key field (a plain value, not
+    an operator document), as the server's extractShardKeyFromQuery finds it; else _NO_POINT."""
+    if not isinstance(filt, dict) or not all(f in filt and not _has_operator(filt[f]) for f in sc.key):
+        return _NO_POINT
+    return sc.point([filt[f] for f in sc.key])
+
+
+def _has_operator(value: Any) -> bool:
+    return isinstance(value, dict) and any(str(k).startswith("$") for k in value)

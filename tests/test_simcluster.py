@@ -532,6 +532,51 @@ async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
     await sync(work)
 
 
+async def test_a_compound_shard_key_cuts_chunks_on_every_field(cluster):
+    """Chunk bounds of a compound key hold a value for each field and compare field by field:
+    documents with one `a` land on either side of a split at {a: 5, b: "m"}. A partial bound or
+    query fails as the server's isShardKey and extractShardKeyFromQuery make it fail."""
+    def work():
+        c = client(cluster.uri)
+        c.admin.command("shardCollection", "ck.c", key={"a": 1, "b": 1})
+        c.admin.command("split", "ck.c", middle={"b": "m", "a": 5})  # fields in any order
+        sc = cluster.mongos.sharded["ck.c"]
+        home = sc.chunks[0].shard
+        other = next(sid for sid in sorted(cluster.replsets) if sid != home)
+        c.admin.command("moveChunk", "ck.c", find={"a": 5, "b": "z"}, to=other)
+        c.ck.c.insert_many([{"_id": i, "a": 5, "b": b} for i, b in enumerate("amqz")] + [{"_id": 9, "a": 6}])
+        assert sorted(d["b"] for d in client(cluster.shard_uri(home)).ck.c.find()) == ["a"]
+        assert sorted(d.get("b", "-") for d in client(cluster.shard_uri(other)).ck.c.find()) == ["-", "m", "q", "z"]
+        chunks = list(c.config.chunks.find({"uuid": c.config.collections.find_one({"_id": "ck.c"})["uuid"]},
+                                           sort=[("min", 1)]))
+        assert [(ch["min"], ch["max"], ch["shard"]) for ch in chunks] == [
+            ({"a": MinKey(), "b": MinKey()}, {"a": 5, "b": "m"}, home),
+            ({"a": 5, "b": "m"}, {"a": MaxKey(), "b": MaxKey()}, other)]
+        # Equality on every field targets one shard; on a prefix, every shard that may hold it.
+        assert c.ck.c.find_one({"a": 5, "b": "a"})["_id"] == 0
+        assert c.ck.c.count_documents({"a": 5}) == 4
+        with pytest.raises(OperationFailure) as err:
+            c.admin.command("split", "ck.c", middle={"a": 7})
+        assert err.value.details["errmsg"] == 'new split key { a: 7 } is not valid for shard key pattern { a: 1, b: 1 }'
+        with pytest.raises(OperationFailure) as err:
+            c.admin.command("split", "ck.c", middle={"a": 5, "b": "m"})
+        assert err.value.details["errmsg"] == ('new split key { a: 5, b: "m" } is a boundary key of existing chunk '
+                                               '[{ a: 5, b: "m" },{ a: MaxKey, b: MaxKey })')
+        with pytest.raises(OperationFailure) as err:
+            c.admin.command("moveChunk", "ck.c", find={"a": 5}, to=home)
+        assert err.value.code == 656450 and err.value.details["errmsg"] == "no shard key found in chunk query { a: 5 }"
+
+        # Hashed first: an empty collection starts with a chunk per shard, cut on the hash, the
+        # other fields at MinKey. Hashed after a range prefix: one chunk.
+        c.admin.command("shardCollection", "ck.h", key={"h": "hashed", "r": 1})
+        mins = [ch.min for ch in cluster.mongos.sharded["ck.h"].chunks]
+        assert len(mins) == len(cluster.replsets) and all(isinstance(m[1], MinKey) for m in mins)
+        assert all(isinstance(m[0], Int64) for m in mins[1:])
+        c.admin.command("shardCollection", "ck.r", key={"r": 1, "h": "hashed"})
+        assert len(cluster.mongos.sharded["ck.r"].chunks) == 1
+    await sync(work)
+
+
 _KEY_VALUES = st.one_of(st.integers(-50, 50), st.floats(-50, 50, allow_nan=False), st.text(max_size=3),
                         st.none(), st.booleans())
 
