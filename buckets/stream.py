@@ -346,7 +346,8 @@ class BucketCursor:
         self.exhausted = self.stream.ended and self.position >= bucket.end
         return batch, self.last_token
 
-    async def _read(self, events: list[EventFields], start: int, limit: int) -> tuple[list[EventFields], list[EventFields]]:
+    async def _read(self, events: list[EventFields], start: int,
+                    limit: int) -> tuple[list[EventFields], list[EventFields]]:
         """The next reply from the bucket's events at `start`: (events to return, events consumed),
         after lookups, stages, the resume point and a split."""
         batch: list[EventFields] = []

@@ -2,8 +2,10 @@
 
 simcluster's native streams and the proxy's accelerated `watch()` both run them, so an
 accelerated stream shapes events exactly as the native one does. Supported: `$match` (the query
-operators of mql), `$project`, `$addFields`/`$set`, `$unset`, with the aggregation expressions
-the drivers' suite uses (field paths, literals, `$literal`, arrays and documents of those).
+operators of mql), `$project`, `$addFields`/`$set`, `$unset`, `$replaceRoot`/`$replaceWith`,
+with the aggregation expressions the drivers' suite and Debezium use (field paths, literals,
+`$literal`, `$concat`, the variables `$$ROOT`, `$$CURRENT` and `$$REMOVE`, arrays and documents of
+those).
 `unsupported_in_stages` names whatever else a pipeline uses, so a caller can leave such a pipeline
 to a real server instead of answering it differently. Like the server, a stage that changes the
 event's `_id` (its resume token) fails the stream with ChangeStreamFatalError (280).
@@ -17,14 +19,17 @@ from typing import Any
 import bson
 
 from mongoformats.errors import MongoError
+from mongoformats.idl import type_name
 from mongoformats.mql import MISSING, matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
 __all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "unsupported_in_stages"]
 
-SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset"})
+SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"})
+_VARIABLES = ("$$ROOT", "$$CURRENT")  # the document the stage reads ($$REMOVE aside, the only ones evaluated)
 
-# Stages ready to apply to many events: (name, the $match query or the parsed Projection).
+# Stages ready to apply to many events: (name, the $match query, the parsed Projection, or the
+# new root's expression).
 Stages = tuple[tuple[str, Any], ...]
 
 
@@ -35,21 +40,48 @@ def compile_stages(stages: Iterable[Mapping[str, Any]]) -> Stages:
         (name, arg), = stage.items()
         if name not in SUPPORTED_STAGES:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-        out.append((name, arg if name == "$match" else Projection(name, arg)))
+        if name in ("$replaceRoot", "$replaceWith"):
+            out.append((name, _new_root(name, arg)))
+        else:
+            out.append((name, arg if name == "$match" else Projection(name, arg)))
     return tuple(out)
+
+
+def _new_root(name: str, arg: Any) -> Any:
+    """The expression of a $replaceRoot ({newRoot: <expression>}) or $replaceWith (<expression>)."""
+    if name == "$replaceWith":
+        return arg
+    if not isinstance(arg, Mapping) or "newRoot" not in arg:
+        raise MongoError(40231, "no newRoot specified for the $replaceRoot stage")
+    return arg["newRoot"]
 
 
 def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     """The first stage, operator or expression of `stages` that apply_stages does not evaluate as
     the server does (e.g. "$replaceRoot", "$expr", "$concat", "a dotted $set field"); None when it
-    evaluates them all."""
+    evaluates them all.
+
+    A new root must be known to be a document (an expression document, `$$ROOT`, or a field an
+    earlier $replaceRoot of the pipeline set to one of those): otherwise a server fails the
+    stream at the first event where it is not, in words (the event printed) not reproduced here.
+    Debezium's pipeline is of that kind: {namespace: {$concat: ...}, event: "$$ROOT"}, a $match,
+    then "$event" as the root again."""
+    documents: set[str] = set()  # top-level fields known to hold documents (for a later new root)
     for stage in stages:
         if not isinstance(stage, Mapping) or len(stage) != 1:
             return "a stage that is not a document with one field"
         (name, arg), = stage.items()
         if name not in SUPPORTED_STAGES:
             return str(name)
-        if name == "$match":
+        if name in ("$replaceRoot", "$replaceWith"):
+            if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
+                return "a $replaceRoot spec other than {newRoot: <expression>}"
+            root = _new_root(name, arg)
+            found = _unsupported_in_expression(root)
+            if found is None and not (_is_document(root) or (isinstance(root, str) and root[1:] in documents)):
+                return f"a {name} whose new root may not be a document"
+            documents = {k for k, v in root.items() if _is_document(v)} if isinstance(root, Mapping) else set()
+        elif name == "$match":
             found = unsupported_in_query(arg)
         elif name == "$project":
             found = _unsupported_in_projection(arg)
@@ -61,7 +93,15 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
             found = _unsupported_in_projection(arg, computed_only=True)
         if found is not None:
             return found
+        if name not in ("$match", "$replaceRoot", "$replaceWith"):
+            documents = set()  # a projection may have changed them
     return None
+
+
+def _is_document(e: Any) -> bool:
+    """Whether expression `e` always evaluates to a document: a document of expressions (not an
+    operator), or the stage's input document."""
+    return (isinstance(e, Mapping) and not any(str(k).startswith("$") for k in e)) or e in _VARIABLES
 
 
 def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str | None:
@@ -73,12 +113,18 @@ def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str
 
 def _unsupported_in_expression(e: Any) -> str | None:
     if isinstance(e, str):
-        return e if e.startswith("$$") else None  # variables ($$ROOT, $$REMOVE, ...)
+        if e.startswith("$$") and e.split(".")[0] not in (*_VARIABLES, "$$REMOVE"):
+            return e.split(".")[0]  # $$NOW, $$CLUSTER_TIME, user variables, ...
+        return None
     if isinstance(e, list):
         return next(filter(None, map(_unsupported_in_expression, e)), None)
     if isinstance(e, Mapping):
         if any(str(k).startswith("$") for k in e):
-            return None if list(e) == ["$literal"] else str(next(iter(e)))
+            if list(e) == ["$literal"]:
+                return None
+            if list(e) == ["$concat"]:
+                return _unsupported_in_expression(e["$concat"])
+            return str(next(iter(e)))
         return next(filter(None, map(_unsupported_in_expression, e.values())), None)
     return None
 
@@ -96,6 +142,14 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
         if name == "$match":
             if not matches(doc, arg):
                 return None
+        elif name in ("$replaceRoot", "$replaceWith"):
+            root = _expr(doc, arg)
+            if not isinstance(root, dict):  # unsupported_in_stages admits only roots that are documents
+                what = "'newRoot' expression" if name == "$replaceRoot" else "'replacement document'"
+                raise MongoError(40228, f"{what} must evaluate to an object, but resulting value was: "
+                                 f"{'MISSING' if root is MISSING else root}. Type of resulting value: "
+                                 f"'{'missing' if root is MISSING else type_name(root)}'.")
+            doc = root
         else:
             doc = arg.apply(doc, _expr)
     # The server compares tokens by _data only (ResumeToken::operator==).
@@ -109,18 +163,38 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
 
 
 def _expr(doc: dict[str, Any], e: Any) -> Any:
-    """Aggregation expressions the suite uses: "$field.path" references, `$literal`, arrays and
+    """Aggregation expressions the suite and Debezium use: "$field.path" references, the
+    variables of _VARIABLES (and their paths) and $$REMOVE, `$literal`, `$concat`, arrays and
     documents of expressions, literals. A path that finds nothing is MISSING (the field is left
     out); inside an array it is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
+        if e.startswith("$$"):
+            variable, *parts = e.split(".")
+            return MISSING if variable == "$$REMOVE" else _path(doc, parts)
         return _path(doc, e[1:].split("."))
     if isinstance(e, dict):
         if list(e) == ["$literal"]:
             return e["$literal"]
+        if list(e) == ["$concat"]:
+            return _concat(doc, e["$concat"])
         return {k: v for k, x in e.items() if (v := _expr(doc, x)) is not MISSING}
     if isinstance(e, list):
         return [None if (v := _expr(doc, x)) is MISSING else v for x in e]
     return e
+
+
+def _concat(doc: dict[str, Any], args: Any) -> Any:
+    """$concat as ExpressionConcat evaluates it: argument by argument, null at the first that is
+    null or missing, an error at the first that is not a string."""
+    out = []
+    for arg in args if isinstance(args, list) else [args]:
+        value = _expr(doc, arg)
+        if value is None or value is MISSING:
+            return None
+        if not isinstance(value, str):
+            raise MongoError(16702, f"$concat only supports strings, not {type_name(value)}")
+        out.append(value)
+    return "".join(out)
 
 
 def _path(value: Any, parts: list[str]) -> Any:

@@ -86,18 +86,64 @@ def test_project_that_drops_the_token_fails_the_stream():
     assert err.value.code == 280
 
 
+# Debezium's pipeline in its default regex filter mode (ChangeStreamPipelineFactory): the event
+# under `event` beside its namespace, matched there, then made the root again.
+DEBEZIUM = [
+    {"$replaceRoot": {"newRoot": {"namespace": {"$concat": ["$ns.db", ".", "$ns.coll"]}, "event": "$$ROOT"}}},
+    {"$match": {"$and": [{"namespace": {"$regex": "shop\\.(orders|items)", "$options": "i"}},
+                         {"event.operationType": {"$in": ["insert", "update", "replace", "delete"]}}]}},
+    {"$replaceRoot": {"newRoot": "$event"}},
+]
+
+
+def test_debeziums_pipeline_returns_the_events_it_matches_unchanged():
+    event = {"_id": TOKEN, "operationType": "insert", "ns": {"db": "shop", "coll": "Orders"}, "documentKey": {"_id": 1}}
+    stages = compile_stages(DEBEZIUM)
+    assert apply_stages(dict(event), stages, TOKEN) == event
+    assert apply_stages({**event, "ns": {"db": "shop", "coll": "carts"}}, stages, TOKEN) is None
+    assert apply_stages({**event, "ns": {"db": "shop"}}, stages, TOKEN) is None  # namespace null
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (["$s", "-", "$s"], "x-x"), (["$s", "$missing", 5], None), (["$s", None], None), ("$s", "x"), ([], ""),
+])
+def test_concat_is_null_at_the_first_null_or_missing_argument(args, want):
+    out = apply_stages({"_id": TOKEN, "s": "x"}, compile_stages([{"$set": {"c": {"$concat": args}}}]), TOKEN)
+    assert out["c"] == want
+
+
+def test_concat_of_a_non_string_and_a_root_that_is_no_document_fail_as_the_server_does():
+    with pytest.raises(MongoError) as err:
+        apply_stages({"_id": TOKEN, "n": 1}, compile_stages([{"$set": {"c": {"$concat": ["$n", "$missing"]}}}]), TOKEN)
+    assert (err.value.code, err.value.errmsg) == (16702, "$concat only supports strings, not int")
+    with pytest.raises(MongoError) as err:
+        apply_stages({"_id": TOKEN}, compile_stages([{"$replaceWith": "$missing"}]), TOKEN)
+    assert err.value.code == 40228 and err.value.errmsg.startswith(
+        "'replacement document' must evaluate to an object, but resulting value was: MISSING. Type of resulting "
+        "value: 'missing'.")
+    assert apply_stages({"_id": TOKEN, "a": 1}, compile_stages([{"$set": {"a": "$$REMOVE"}}]), TOKEN) == {"_id": TOKEN}
+
+
 @pytest.mark.parametrize(("stages", "named"), [
     ([{"$match": {"operationType": {"$in": ["insert"]}}}, {"$project": {"ns.coll": 1, "x": "$ns.db"}},
       {"$set": {"k": ["$operationType", 1]}}, {"$unset": ["wallTime"]}], None),
     ([{"$match": {"$or": [{"a": 1}, {"b": {"$not": {"$gt": 2}}}], "$comment": "c"}}], None),
-    ([{"$replaceRoot": {"newRoot": "$fullDocument"}}], "$replaceRoot"),
+    ([{"$replaceRoot": {"newRoot": "$fullDocument"}}], "a $replaceRoot whose new root may not be a document"),
+    ([{"$replaceWith": {"$mergeObjects": ["$$ROOT", {"a": 1}]}}], "$mergeObjects"),
+    ([{"$replaceRoot": {"newRoot": {"e": "$$ROOT"}, "x": 1}}],
+     "a $replaceRoot spec other than {newRoot: <expression>}"),
+    (DEBEZIUM, None),
+    # A field known to be a document no longer is once a projection may have changed it.
+    (DEBEZIUM[:2] + [{"$set": {"event": 1}}, DEBEZIUM[2]], "a $replaceRoot whose new root may not be a document"),
     ([{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}], "$expr"),
     ([{"$match": {"$where": "true"}}], "$where"),
     ([{"$match": {"a": {"$mod": [2, 0]}}}], "$mod"),
     ([{"$match": {"a": {"$elemMatch": {"b": {"$bitsAllSet": 1}}}}}], "$bitsAllSet"),
     ([{"$match": {"a": {"$in": 5}}}], "$in without an array"),
-    ([{"$project": {"x": {"$concat": ["$a", "b"]}}}], "$concat"),
-    ([{"$project": {"x": "$$ROOT"}}], "$$ROOT"),
+    ([{"$project": {"x": {"$concat": ["$a", "b"]}}}], None),
+    ([{"$project": {"x": {"$toUpper": "$a"}}}], "$toUpper"),
+    ([{"$project": {"x": "$$ROOT", "y": "$$CURRENT.a"}}], None),
+    ([{"$project": {"x": "$$CLUSTER_TIME"}}], "$$CLUSTER_TIME"),
     ([{"$project": {"a": 1, "b": 0}}], "a $project that mixes inclusion and exclusion"),
     ([{"$project": {"a": 1, "a.b": 1}}], "a path collision at 'a.b'"),
     ([{"$set": {"fullDocument.x": 1, "ns": {"db": "x"}}}, {"$unset": ["fullDocument.y"]}], None),
