@@ -58,7 +58,7 @@ def _new_root(name: str, arg: Any) -> Any:
 
 def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     """The first stage, operator or expression of `stages` that apply_stages does not evaluate as
-    the server does (e.g. "$replaceRoot", "$expr", "$concat", "a dotted $set field"); None when it
+    the server does (e.g. "$redact", "$expr", "$mergeObjects", "a dotted $set field"); None when it
     evaluates them all.
 
     A new root must be known to be a document (an expression document, `$$ROOT`, or a field an
