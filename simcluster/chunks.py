@@ -81,16 +81,25 @@ class ShardedCollection:
         hashed (InitialSplitPolicy; a hashed field after a range prefix starts with one chunk)."""
         return next(iter(self.key.values())) == "hashed"
 
+    def as_point(self, values: list[Any]) -> Any:
+        """The key-space point of the shard key fields' positions (in key order, hash values for a
+        hashed field). One field: the value itself. Several: the list of them, which compares
+        field by field, as the server compares key documents (sort_key of a list)."""
+        return values[0] if len(values) == 1 else values
+
+    def values_of(self, point: Any) -> list[Any]:
+        """The fields' positions of a point (the inverse of as_point)."""
+        return point if len(self.key) > 1 else [point]
+
     def point(self, values: list[Any]) -> Any:
         """The key-space point of the shard key fields' values (in key order), a hashed field's
-        value hashed. One field: the value itself. Several: the list of them, which compares
-        field by field, as the server compares key documents (sort_key of a list)."""
-        out = [hashed_value(v) if kind == "hashed" else v for v, kind in zip(values, self.key.values(), strict=True)]
-        return out[0] if len(out) == 1 else out
+        value hashed."""
+        return self.as_point([hashed_value(v) if kind == "hashed" else v
+                              for v, kind in zip(values, self.key.values(), strict=True)])
 
     def edge(self, end: type[MinKey] | type[MaxKey]) -> Any:
         """The point below (MinKey) or above (MaxKey) every key: each field at that end."""
-        return end() if len(self.key) == 1 else [end() for _ in self.key]
+        return self.as_point([end() for _ in self.key])
 
     def key_point(self, doc: dict[str, Any]) -> Any:
         """Where a document sits in the key space (a missing field counts as null)."""

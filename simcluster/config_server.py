@@ -136,4 +136,4 @@ def chunk_doc(sc: ShardedCollection, chunk: Chunk) -> dict[str, Any]:
 
 def bound_doc(sc: ShardedCollection, point: Any) -> dict[str, Any]:
     """A chunk bound as the catalog writes it: a value for every shard key field."""
-    return dict(zip(sc.key, point if len(sc.key) > 1 else [point], strict=True))
+    return dict(zip(sc.key, sc.values_of(point), strict=True))

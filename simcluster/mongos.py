@@ -641,7 +641,7 @@ class Mongos(CommandServer):
             # default), cut on hash values; the fields after it sit at MinKey in each cut.
             step = 2**64 // len(ids)
             cuts = [Int64(-(2**63) + step * i) for i in range(1, len(ids))]
-            bounds = [low, *(cut if len(key) == 1 else [cut, *low[1:]] for cut in cuts), high]
+            bounds = [low, *(sc.as_point([cut, *sc.values_of(low)[1:]]) for cut in cuts), high]
             owners = ids
         else:
             bounds, owners = [low, high], [primary.set_name]
@@ -689,7 +689,7 @@ class Mongos(CommandServer):
         got = [q.get_path(bound, f) if isinstance(bound, dict) else [] for f in sc.key]
         if not all(got):
             raise MongoError(code, wording.format(key_text(bound), key_text(sc.key)))
-        return [v[0] for v in got] if len(got) > 1 else got[0][0]
+        return sc.as_point([v[0] for v in got])
 
     def _recipient(self, to: Any) -> ShardNode:
         if to not in self.shards:
