@@ -169,8 +169,9 @@ class Oplog:
         out: list[bytes] = []
         at: Timestamp | None = ts
         while at is not None:
-            i = bisect.bisect_left(self._keys, ts_key(at))
-            if i == len(self._keys) or self._keys[i] != ts_key(at):
+            key = ts_key(at)
+            i = bisect.bisect_left(self._keys, key)
+            if i == len(self._keys) or self._keys[i] != key:
                 raise MongoError("IncompleteTransactionHistory", "oplog no longer contains the complete write "
                                  f"history of this transaction, log with opTime {{ ts: {at}, t: {self.term} }} "
                                  "cannot be found")
