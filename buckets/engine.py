@@ -37,6 +37,7 @@ from buckets.topology import Topology, discover
 from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
+from mongoformats.expressions import VARIABLES
 from mongoformats.idl import get_more_request, kill_cursors_ids, wrong_type
 from mongoformats.large_events import SPLIT_STAGE, without_split_stage
 from mongoformats.mql import unsupported_in_query
@@ -110,12 +111,16 @@ def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Even
 
 
 def _mentions_full_document(stages: Any) -> bool:
-    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange)."""
+    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange),
+    or an expression reads the whole event ($$ROOT, $$CURRENT), which holds those fields."""
     if isinstance(stages, Mapping):
         return any(str(k).startswith("fullDocument") or _mentions_full_document(v) for k, v in stages.items())
     if isinstance(stages, list):
         return any(_mentions_full_document(v) for v in stages)
-    return isinstance(stages, str) and stages.startswith("$fullDocument")
+    if not isinstance(stages, str):
+        return False
+    variable, _, path = stages.partition(".") if stages.startswith("$$") else ("", "", stages[1:])
+    return (variable in VARIABLES and not path) or (stages.startswith("$") and path.startswith("fullDocument"))
 
 
 def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int | None:

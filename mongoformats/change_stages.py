@@ -2,10 +2,8 @@
 
 simcluster's native streams and the proxy's accelerated `watch()` both run them, so an
 accelerated stream shapes events exactly as the native one does. Supported: `$match` (the query
-operators of mql), `$project`, `$addFields`/`$set`, `$unset`, `$replaceRoot`/`$replaceWith`,
-with the aggregation expressions the drivers' suite and Debezium use (field paths, literals,
-`$literal`, `$concat`, the variables `$$ROOT`, `$$CURRENT` and `$$REMOVE`, arrays and documents of
-those).
+operators of mql, `$expr` too), `$project`, `$addFields`/`$set`, `$unset`,
+`$replaceRoot`/`$replaceWith`, with the aggregation expressions of the expressions module.
 `unsupported_in_stages` names whatever else a pipeline uses, so a caller can leave such a pipeline
 to a real server instead of answering it differently. Like the server, a stage that changes the
 event's `_id` (its resume token) fails the stream with ChangeStreamFatalError (280).
@@ -18,15 +16,16 @@ from typing import Any
 
 import bson
 
+from mongoformats.bson_order import MISSING
 from mongoformats.errors import MongoError
+from mongoformats.expressions import VARIABLES, evaluate, unsupported_in_expression
 from mongoformats.idl import type_name
-from mongoformats.mql import MISSING, matches, unsupported_in_query
+from mongoformats.mql import matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
 __all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "unsupported_in_stages"]
 
 SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"})
-_VARIABLES = ("$$ROOT", "$$CURRENT")  # the document the stage reads ($$REMOVE aside, the only ones evaluated)
 
 # Stages ready to apply to many events: (name, the $match query, the parsed Projection, or the
 # new root's expression).
@@ -58,7 +57,7 @@ def _new_root(name: str, arg: Any) -> Any:
 
 def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     """The first stage, operator or expression of `stages` that apply_stages does not evaluate as
-    the server does (e.g. "$redact", "$expr", "$mergeObjects", "a dotted $set field"); None when it
+    the server does (e.g. "$redact", "$mergeObjects", "a dotted $set field"); None when it
     evaluates them all.
 
     A new root must be known to be a document (an expression document, `$$ROOT`, or a field an
@@ -77,7 +76,7 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
             if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
                 return "a $replaceRoot spec other than {newRoot: <expression>}"
             root = _new_root(name, arg)
-            found = _unsupported_in_expression(root)
+            found = unsupported_in_expression(root)
             if found is None and not (_is_document(root) or (isinstance(root, str) and root[1:] in documents)):
                 return f"a {name} whose new root may not be a document"
             documents = {k for k, v in root.items() if _is_document(v)} if isinstance(root, Mapping) else set()
@@ -101,32 +100,14 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
 def _is_document(e: Any) -> bool:
     """Whether expression `e` always evaluates to a document: a document of expressions (not an
     operator), or the stage's input document."""
-    return (isinstance(e, Mapping) and not any(str(k).startswith("$") for k in e)) or e in _VARIABLES
+    return (isinstance(e, Mapping) and not any(str(k).startswith("$") for k in e)) or e in VARIABLES
 
 
 def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str | None:
     if (problem := spec_problem(spec, computed_only=computed_only)) is not None:
         return problem
-    return next(filter(None, map(_unsupported_in_expression, computed_values(spec, computed_only=computed_only))),
+    return next(filter(None, map(unsupported_in_expression, computed_values(spec, computed_only=computed_only))),
                 None)
-
-
-def _unsupported_in_expression(e: Any) -> str | None:
-    if isinstance(e, str):
-        if e.startswith("$$") and e.split(".")[0] not in (*_VARIABLES, "$$REMOVE"):
-            return e.split(".")[0]  # $$NOW, $$CLUSTER_TIME, user variables, ...
-        return None
-    if isinstance(e, list):
-        return next(filter(None, map(_unsupported_in_expression, e)), None)
-    if isinstance(e, Mapping):
-        if any(str(k).startswith("$") for k in e):
-            if list(e) == ["$literal"]:
-                return None
-            if list(e) == ["$concat"]:
-                return _unsupported_in_expression(e["$concat"])
-            return str(next(iter(e)))
-        return next(filter(None, map(_unsupported_in_expression, e.values())), None)
-    return None
 
 
 def encode_in_order(doc: Mapping[str, Any]) -> bytes:
@@ -143,7 +124,7 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             if not matches(doc, arg):
                 return None
         elif name in ("$replaceRoot", "$replaceWith"):
-            root = _expr(doc, arg)
+            root = evaluate(doc, arg)
             if not isinstance(root, dict):  # unsupported_in_stages admits only roots that are documents
                 what = "'newRoot' expression" if name == "$replaceRoot" else "'replacement document'"
                 raise MongoError(40228, f"{what} must evaluate to an object, but resulting value was: "
@@ -151,7 +132,7 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
                                  f"'{'missing' if root is MISSING else type_name(root)}'.")
             doc = root
         else:
-            doc = arg.apply(doc, _expr)
+            doc = arg.apply(doc, evaluate)
     # The server compares tokens by _data only (ResumeToken::operator==).
     _id = doc.get("_id")
     if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
@@ -160,49 +141,3 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
                          "it impossible to resume the stream from that point. Only transformations that retain "
                          "the unmodified _id field are allowed.")
     return doc
-
-
-def _expr(doc: dict[str, Any], e: Any) -> Any:
-    """Aggregation expressions the suite and Debezium use: "$field.path" references, the
-    variables of _VARIABLES (and their paths) and $$REMOVE, `$literal`, `$concat`, arrays and
-    documents of expressions, literals. A path that finds nothing is MISSING (the field is left
-    out); inside an array it is null, inside a document left out, as on the server."""
-    if isinstance(e, str) and e.startswith("$"):
-        if e.startswith("$$"):
-            variable, *parts = e.split(".")
-            return MISSING if variable == "$$REMOVE" else _path(doc, parts)
-        return _path(doc, e[1:].split("."))
-    if isinstance(e, dict):
-        if list(e) == ["$literal"]:
-            return e["$literal"]
-        if list(e) == ["$concat"]:
-            return _concat(doc, e["$concat"])
-        return {k: v for k, x in e.items() if (v := _expr(doc, x)) is not MISSING}
-    if isinstance(e, list):
-        return [None if (v := _expr(doc, x)) is MISSING else v for x in e]
-    return e
-
-
-def _concat(doc: dict[str, Any], args: Any) -> Any:
-    """$concat as ExpressionConcat evaluates it: argument by argument, null at the first that is
-    null or missing, an error at the first that is not a string."""
-    out = []
-    for arg in args if isinstance(args, list) else [args]:
-        value = _expr(doc, arg)
-        if value is None or value is MISSING:
-            return None
-        if not isinstance(value, str):
-            raise MongoError(16702, f"$concat only supports strings, not {type_name(value)}")
-        out.append(value)
-    return "".join(out)
-
-
-def _path(value: Any, parts: list[str]) -> Any:
-    """A field path's value: through an array, the values found in its documents and arrays."""
-    if not parts:
-        return value
-    if isinstance(value, dict):
-        return _path(value[parts[0]], parts[1:]) if parts[0] in value else MISSING
-    if isinstance(value, list):
-        return [v for item in value if isinstance(item, (dict, list)) and (v := _path(item, parts)) is not MISSING]
-    return MISSING

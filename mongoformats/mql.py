@@ -15,11 +15,10 @@ from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectI
 from bson.datetime_ms import DatetimeMS
 from bson.son import SON
 
+from mongoformats.bson_order import compare, sort_key
 from mongoformats.errors import MongoError
-from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE, key_of
-
-MISSING = object()
-
+from mongoformats.expressions import evaluate, is_true, unsupported_in_expression
+from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE
 
 # $type: BSON type numbers -> the Python types pymongo decodes them to (string aliases below).
 _TYPES: dict[int | str, tuple[type, ...]] = {
@@ -31,20 +30,6 @@ _TYPES: dict[int | str, tuple[type, ...]] = {
 _TYPE_ALIASES = {"double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
                  "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
                  "decimal": 19, "minKey": -1, "maxKey": 127}
-
-
-def sort_key(value: Any) -> bytes:
-    """`value`'s place in BSON's comparison order: its KeyString without type bits. The server's
-    index keys are these bytes, built to order values as BSONObj::woCompare does: first by
-    canonical type (MinKey, null, numbers, strings, objects, arrays, binData, ObjectId, bool, date,
-    timestamp, regex, code, MaxKey), then by value, numbers of every type exactly against each
-    other (so 1, 1.0, NumberLong(1) and Decimal128("1") are equal)."""
-    return key_of((value,))
-
-
-def compare(a: Any, b: Any) -> int:
-    ka, kb = sort_key(a), sort_key(b)
-    return (ka > kb) - (ka < kb)
 
 
 def _bracket(value: Any) -> int:
@@ -90,9 +75,10 @@ _FIELD_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in",
 _LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
 
 
-def unsupported_in_query(query: Any) -> str | None:
+def unsupported_in_query(query: Any, *, top_level: bool = True) -> str | None:
     """The first operator of `query` that `matches` does not evaluate as the server does (e.g.
-    "$expr"), or None when it evaluates all of it.
+    "$where"), or None when it evaluates all of it. `top_level`: whether `$expr` may be used
+    (not inside $elemMatch, where the server refuses it).
 
     Why: a caller that can hand the query to a real server instead (the proxy, for a watch()'s
     $match) must know before it answers anything, not find out on some later event.
@@ -104,10 +90,13 @@ def unsupported_in_query(query: Any) -> str | None:
             if not isinstance(cond, list) or not cond:
                 return f"{key} without a non-empty array"
             for sub in cond:
-                if (found := unsupported_in_query(sub)) is not None:
+                if (found := unsupported_in_query(sub, top_level=top_level)) is not None:
                     return found
         elif key == "$comment":
             continue
+        elif key == "$expr" and top_level:
+            if (found := unsupported_in_expression(cond)) is not None:
+                return found
         elif str(key).startswith("$"):
             return str(key)  # $expr, $where, $text, $jsonSchema, ...
         elif (found := _unsupported_in_condition(cond)) is not None:
@@ -130,7 +119,7 @@ def _unsupported_in_condition(cond: Any) -> str | None:
         if op in ("$not", "$elemMatch") and _is_operator_doc(arg):
             if (found := _unsupported_in_condition(arg)) is not None:
                 return found
-        elif op == "$elemMatch" and (found := unsupported_in_query(arg)) is not None:
+        elif op == "$elemMatch" and (found := unsupported_in_query(arg, top_level=False)) is not None:
             return found
     return None
 
@@ -215,6 +204,9 @@ def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
                 return False
         elif key == "$nor":
             if any(matches(doc, q) for q in cond):
+                return False
+        elif key == "$expr":
+            if not is_true(evaluate(doc, cond)):
                 return False
         elif key in ("$comment", "$where"):
             continue

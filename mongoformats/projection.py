@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mongoformats.mql import MISSING
+from mongoformats.bson_order import MISSING
 
 __all__ = ["Evaluate", "Projection", "computed_values", "spec_problem"]
 

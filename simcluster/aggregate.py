@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mongoformats.bson_order import MISSING
 from mongoformats.errors import MongoError
-from mongoformats.mql import MISSING
 from mongoformats.projection import Projection, spec_problem
 from simcluster import query as q
 

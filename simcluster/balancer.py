@@ -36,8 +36,8 @@ import bson
 import trio
 from bson import Int64
 
+from mongoformats.bson_order import compare
 from mongoformats.errors import MongoError
-from mongoformats.mql import compare
 from simcluster.chunks import Chunk, ShardedCollection
 
 if TYPE_CHECKING:

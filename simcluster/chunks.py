@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from bson import Binary, MaxKey, MinKey, ObjectId, Timestamp
 
+from mongoformats.bson_order import compare, sort_key
 from mongoformats.hashed_key import hashed_value
-from mongoformats.mql import compare, get_path, sort_key
+from mongoformats.mql import get_path
 
 if TYPE_CHECKING:
     from simcluster.node import ShardNode

@@ -14,8 +14,9 @@ from typing import Any
 
 from bson import ObjectId, Regex
 
+from mongoformats.bson_order import MISSING, compare, sort_key
 from mongoformats.errors import MongoError
-from mongoformats.mql import MISSING, compare, get_path, matches, sort_key
+from mongoformats.mql import get_path, matches
 
 __all__ = ["compare", "get_path", "matches", "pinned_ids", "sort_docs", "MISSING", "ObjectId"]
 

@@ -27,8 +27,9 @@ from typing import Any
 
 import bson
 
+from mongoformats.bson_order import MISSING, compare
 from mongoformats.errors import MongoError
-from mongoformats.mql import MISSING, _match_value, compare, matches
+from mongoformats.mql import _match_value, matches
 from simcluster.query import sort_docs
 
 __all__ = ["apply_update", "pipeline_diff", "pipeline_entry", "replaced_by_pipeline", "update_with_entry"]

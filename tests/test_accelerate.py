@@ -17,7 +17,7 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 from mongoformats.resume_token import decode_token
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
-from tests.test_change_stages import DEBEZIUM
+from tests.test_change_stages import DEBEZIUM, DEBEZIUM_SKIP
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -163,14 +163,14 @@ async def test_servers_before_6_1_keep_their_own_streams(version):
 
 
 async def test_stages_the_engine_does_not_evaluate_go_to_mongos():
-    """A watch() whose stages use what mongoformats.change_stages does not evaluate ($expr, a
-    $replaceRoot that may not make a document, an operator expression) is mongos's: the consumer
+    """A watch() whose stages use what mongoformats.change_stages does not evaluate (an operator
+    expression in $expr or a projection, a $replaceRoot that may not make a document) is mongos's: the consumer
     gets mongos's own answer, here simcluster's, which evaluates no more than the engine does."""
     async with accelerated(shards=2) as (cluster, server):
 
         def work():
             direct, proxied, start = _clients(cluster, server)
-            for pipeline in ([{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}],
+            for pipeline in ([{"$match": {"$expr": {"$eq": [{"$toLower": "$operationType"}, "insert"]}}}],
                              [{"$replaceRoot": {"newRoot": "$fullDocument"}}],
                              [{"$project": {"x": {"$toUpper": "$ns.db"}}}]):
                 errors = []
@@ -185,23 +185,26 @@ async def test_stages_the_engine_does_not_evaluate_go_to_mongos():
         await sync(work)
 
 
-async def test_debeziums_watch_is_accelerated_and_equals_mongos():
+@pytest.mark.parametrize(("pipeline", "events"), [(DEBEZIUM, 43), (DEBEZIUM_SKIP + DEBEZIUM, 41)])
+async def test_debeziums_watch_is_accelerated_and_equals_mongos(pipeline, events):
     """Debezium's default pipeline ($replaceRoot with $concat and $$ROOT, a $match by regex on the
     namespace, then the event made the root again; tests/test_change_stages.py DEBEZIUM), as
-    its connector opens it on a cluster: served by the engine, event for event as mongos."""
+    its connector opens it on a cluster, and with its oversize "skip" mode ($expr, $bsonSize)
+    before it: served by the engine, event for event as mongos."""
     async with accelerated(shards=2) as (cluster, server):
 
         def work():
             direct, proxied, start = _clients(cluster, server)
             direct.admin.command("shardCollection", "shop.orders", key={"_id": "hashed"})
             direct.shop.orders.insert_many([{"_id": i} for i in range(20)])
+            direct.shop.orders.insert_one({"_id": 100, "pad": "x" * 64})  # over the skip mode's 40 bytes
             direct.shop.carts.insert_one({"_id": 1})  # not matched
             direct.shop.orders.update_many({}, {"$set": {"paid": True}})
             direct.shop.items.delete_many({})
             direct.shop.items.insert_one({"_id": "last"})
-            runs = [_collect(c.watch(DEBEZIUM, start_at_operation_time=start, full_document="updateLookup"),
+            runs = [_collect(c.watch(pipeline, start_at_operation_time=start, full_document="updateLookup"),
                              lambda ev: ev["documentKey"]["_id"] == "last") for c in (direct, proxied)]
-            assert len(runs[0]) == 41 and [bson.encode(e) for e in runs[1]] == [bson.encode(e) for e in runs[0]]
+            assert len(runs[0]) == events and [bson.encode(e) for e in runs[1]] == [bson.encode(e) for e in runs[0]]
             assert proxied.admin.command("parallelChangeStreamStatus")["watches"] == {"accelerated": 1,
                                                                                      "passedThrough": 0}
 

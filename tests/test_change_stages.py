@@ -3,6 +3,7 @@ everything apply_stages does not evaluate named by unsupported_in_stages (so the
 such a watch() to mongos)."""
 
 import pytest
+from bson import Decimal128, Int64, MinKey
 
 from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError
@@ -95,6 +96,13 @@ DEBEZIUM = [
     {"$replaceRoot": {"newRoot": "$event"}},
 ]
 
+# What Debezium puts first in its oversize "skip" mode: events whose documents are over a size
+# limit are dropped. $bsonSize of a missing document is null, which is below every number.
+DEBEZIUM_SKIP = [
+    {"$match": {"$and": [{"$expr": {"$lte": [{"$bsonSize": "$fullDocument"}, 40]}},
+                         {"$expr": {"$lte": [{"$bsonSize": "$fullDocumentBeforeChange"}, 40]}}]}},
+]
+
 
 def test_debeziums_pipeline_returns_the_events_it_matches_unchanged():
     event = {"_id": TOKEN, "operationType": "insert", "ns": {"db": "shop", "coll": "Orders"}, "documentKey": {"_id": 1}}
@@ -135,7 +143,14 @@ def test_concat_of_a_non_string_and_a_root_that_is_no_document_fail_as_the_serve
     (DEBEZIUM, None),
     # A field known to be a document no longer is once a projection may have changed it.
     (DEBEZIUM[:2] + [{"$set": {"event": 1}}, DEBEZIUM[2]], "a $replaceRoot whose new root may not be a document"),
-    ([{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}], "$expr"),
+    ([{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}], None),
+    (DEBEZIUM_SKIP + DEBEZIUM, None),
+    ([{"$match": {"a": {"$elemMatch": {"$expr": {"$eq": ["$b", 1]}}}}}], "$expr"),
+    ([{"$match": {"$expr": {"$lte": [1]}}}], "$lte with 1 arguments"),
+    ([{"$match": {"$expr": {"$eq": [1, 1], "x": 1}}}], "an expression object with an operator and other fields"),
+    ([{"$match": {"$expr": {"$bsonSize": ["$a", "$b"]}}}], "$bsonSize with 2 arguments"),
+    ([{"$match": {"$expr": {"$mergeObjects": ["$a"]}}}], "$mergeObjects"),
+    ([{"$set": {"x": "$a..b"}}], "the field path '$a..b'"),
     ([{"$match": {"$where": "true"}}], "$where"),
     ([{"$match": {"a": {"$mod": [2, 0]}}}], "$mod"),
     ([{"$match": {"a": {"$elemMatch": {"b": {"$bitsAllSet": 1}}}}}], "$bitsAllSet"),
@@ -153,3 +168,54 @@ def test_concat_of_a_non_string_and_a_root_that_is_no_document_fail_as_the_serve
 ])
 def test_unsupported_in_stages_names_what_apply_stages_does_not_evaluate(stages, named):
     assert unsupported_in_stages(stages) == named
+
+
+def test_debeziums_skip_mode_drops_only_events_whose_documents_are_over_its_limit():
+    event = {"_id": TOKEN, "operationType": "update", "ns": {"db": "shop", "coll": "orders"},
+             "documentKey": {"_id": 1}}
+    stages = compile_stages(DEBEZIUM_SKIP + DEBEZIUM)
+    assert apply_stages(dict(event), stages, TOKEN) == event  # no documents: null <= 40
+    small = {**event, "fullDocument": {"_id": 1, "s": "x" * 18}}  # 40 bytes: 4 + 9 (_id) + 26 (s) + 1
+    assert apply_stages(dict(small), stages, TOKEN) == small
+    assert apply_stages({**small, "fullDocument": {"_id": 1, "s": "x" * 19}}, stages, TOKEN) is None
+    assert apply_stages({**event, "fullDocumentBeforeChange": {"_id": 1, "s": "x" * 19}}, stages, TOKEN) is None
+    assert apply_stages({**event, "fullDocument": None}, stages, TOKEN) == {**event, "fullDocument": None}
+
+
+def expr(doc, e):
+    """Whether `doc` passes {$match: {$expr: e}}."""
+    return apply_stages({"_id": TOKEN, **doc}, compile_stages([{"$match": {"$expr": e}}]), TOKEN) is not None
+
+
+@pytest.mark.parametrize(("e", "want"), [
+    # Value::compare: a missing value ranks below null (with undefined), above MinKey; no type
+    # bracketing: a string is above every number.
+    ({"$lt": ["$missing", None]}, True), ({"$eq": ["$missing", None]}, False), ({"$eq": ["$n", None]}, True),
+    ({"$gt": ["$missing", {"$literal": MinKey()}]}, True), ({"$gt": ["abc", 10**9]}, True),
+    ({"$eq": ["$i", 1.0]}, True), ({"$gte": ["$i", Int64(2)]}, False), ({"$ne": ["$s", "x"]}, False),
+    ({"$cmp": ["$s", "y"]}, True), ({"$cmp": ["$s", "x"]}, False),  # -1 is true, 0 false
+    # $in compares as $eq does: null is not missing.
+    ({"$in": ["$s", ["a", "x"]]}, True), ({"$in": ["$missing", [None]]}, False), ({"$in": ["$i", [1.0]]}, True),
+    # Conditions as coerceToBool takes them: numeric zero, null and missing are false, NaN and "" true.
+    ({"$and": ["$i", "$s", "$nan", "$empty"]}, True), ({"$or": ["$zero", "$n", "$missing", False]}, False),
+    ({"$not": "$zero"}, True), ({"$not": ["$i"]}, False), ({"$and": []}, True), ({"$or": []}, False),
+    ("$d0", False), ("$d1", True),
+    # $bsonSize: a document's encoded size; null for null and missing.
+    ({"$eq": [{"$bsonSize": "$doc"}, 12]}, True), ({"$eq": [{"$bsonSize": "$missing"}, None]}, True),
+    ({"$eq": [{"$bsonSize": "$$ROOT"}, None]}, False),
+])
+def test_expr_evaluates_as_the_server_does(e, want):
+    doc = {"i": 1, "s": "x", "n": None, "nan": float("nan"), "empty": "", "zero": 0.0, "doc": {"a": 1},
+           "d0": Decimal128("0.00"), "d1": Decimal128("NaN")}
+    assert expr(doc, e) is want
+
+
+@pytest.mark.parametrize(("e", "code", "message"), [
+    ({"$bsonSize": "$s"}, 31393, "$bsonSize requires a document input, found: string"),
+    ({"$in": [1, "$missing"]}, 40081, "$in requires an array as a second argument, found: missing"),
+    ({"$in": [1, "$s"]}, 40081, "$in requires an array as a second argument, found: string"),
+])
+def test_expr_errors_are_the_servers(e, code, message):
+    with pytest.raises(MongoError) as err:
+        expr({"s": "x"}, e)
+    assert (err.value.code, err.value.errmsg) == (code, message)

@@ -207,7 +207,10 @@ async def test_command_errors_use_server_codes(proxy):
                  ({"nBuckets": 2, "fullDocumentBeforeChange": "sometimes"}, 2),
                  ({"nBuckets": 2, "fullDocument": "updateLookup",
                    "pipeline": [{"$match": {"fullDocument.v": 1}}]}, 2),
-                 ({"nBuckets": 2, "pipeline": [{"$match": {"$expr": {"$eq": ["$operationType", "insert"]}}}]}, 2),
+                 # $$ROOT holds the post-image too, which the $match (run before lookups) would not see
+                 ({"nBuckets": 2, "fullDocument": "updateLookup",
+                   "pipeline": [{"$match": {"$expr": {"$lt": [{"$bsonSize": "$$ROOT"}, 100]}}}]}, 2),
+                 ({"nBuckets": 2, "pipeline": [{"$match": {"$expr": {"$eq": [{"$toUpper": "$v"}, "A"]}}}]}, 2),
                  ({"nBuckets": 2, "pipeline": [{"$match": {"v": {"$mod": [2, 0]}}}]}, 2)]
         for extra, code in cases:
             with pytest.raises(OperationFailure) as info:
@@ -977,4 +980,22 @@ async def test_dates_outside_pythons_range_pass_through_the_engine(cluster, prox
                     want.append(ev)
         assert [bson.encode(bson.decode(e.raw, opts)) for e in got] == [bson.encode(e) for e in want]
         assert bson.decode(got[1].raw, opts)["updateDescription"]["updatedFields"]["when"] == early
+    await sync(work)
+
+
+async def test_a_match_by_expr_filters_the_events_as_they_are_dealt(proxy):
+    """$expr in a parallelChangeStream's $match (here Debezium's kind of size limit, as its
+    oversize "skip" mode writes it): the events it drops reach no bucket."""
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        limit = {"$expr": {"$lte": [{"$bsonSize": "$fullDocument"}, 40]}}  # null (no document) passes
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start,
+                                  "pipeline": [{"$match": limit}]})
+        c.ex.c.insert_many([{"_id": i, "pad": "x" * (10 * i)} for i in range(4)])  # 26, 36, 46, 56 bytes
+        c.ex.c.delete_many({})
+        end = end_point(c)
+        got = [bson.decode(e.raw) for cur in opened["cursors"] for e in drain(c, cur["id"], end)]
+        assert sorted((e["operationType"], e["documentKey"]["_id"]) for e in got) == [
+            ("delete", 0), ("delete", 1), ("delete", 2), ("delete", 3), ("insert", 0), ("insert", 1)]
     await sync(work)

@@ -10,7 +10,8 @@ from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Rege
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mongoformats.mql import compare, matches
+from mongoformats.bson_order import compare
+from mongoformats.mql import matches
 
 # One value of each canonical type, in the order the server documents for comparison and sort
 # (docs: "Comparison/Sort Order"): MinKey, null, numbers, strings, objects, arrays, binData,

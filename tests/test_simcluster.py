@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
+from mongoformats.bson_order import sort_key
 from mongoformats.change_events import RAW, OplogTransformer
-from mongoformats.mql import sort_key
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from simcluster.chunks import Chunk, ShardedCollection
 from tests.conftest import client, sync, wait_until
