@@ -72,6 +72,12 @@ _OPEN_FIELDS = frozenset({
 # within their await time, a second or so), so it no longer holds its stream's bucket count.
 CURSOR_IN_USE_S = 10.0
 
+# The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
+# explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
+_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db", "$clusterTime",
+                           "$readPreference", "readConcern", "apiVersion", "apiStrict", "apiDeprecationErrors",
+                           "allowDiskUse"})
+_SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
 _FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 _BEFORE_CHANGE = ("off", "whenAvailable", "required")
 # Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
@@ -644,6 +650,8 @@ class Engine:
             raise PassThrough()  # mongos answers an unauthenticated aggregate with its own error
         if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             raise PassThrough()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
+        if set(cmd) - _WATCH_FIELDS - {"collation"} or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
+            raise PassThrough()
         pipeline = cmd.get("pipeline") or []
         spec = pipeline[0]["$changeStream"]
         try:

@@ -330,6 +330,12 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     that one ends the pipeline; `version` 1 is a 5.0 server (no expanded events, no pre-images)."""
     pipeline = cmd.get("pipeline", [])
     spec = pipeline[0]["$changeStream"]
+    # Said at once rather than answered as if they were not there: an explain is no cursor, and
+    # a collation changes what the stages' comparisons match.
+    if cmd.get("explain"):
+        raise MongoError("NotImplemented", "simcluster does not explain change streams")
+    if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
+        raise MongoError("NotImplemented", "simcluster does not compare by a collation in a change stream")
     if not isinstance(spec, dict):
         raise MongoError("TypeMismatch", "the $changeStream stage specification must be an object")
     for key in spec:
