@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bson import MinKey
+from bson import Int64, MinKey
 
 from mongoformats.keystring import key_of
 
@@ -27,7 +27,17 @@ def sort_key(value: Any) -> bytes:
     return key_of((value,))
 
 
+# Python orders these as BSON does, within strings and within integers: UTF-8's byte order is
+# its code points' order, and Int32 and Int64 are both exact integers. Floats are not among them
+# (NaN is below every number in BSON, unordered in Python).
+_INTEGERS = frozenset({int, Int64})
+
+
 def compare(a: Any, b: Any) -> int:
+    """-1, 0 or 1 as `a` sorts below, with or above `b` in BSON's order."""
+    ta, tb = type(a), type(b)
+    if (ta is str and tb is str) or (ta in _INTEGERS and tb in _INTEGERS):  # no KeyString needed
+        return (a > b) - (a < b)
     ka, kb = sort_key(a), sort_key(b)
     return (ka > kb) - (ka < kb)
 

@@ -7,6 +7,7 @@ events). BSON types are the codec's: int (Int32), Int64, float, str, dict, list,
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -124,10 +125,23 @@ def _unsupported_in_condition(cond: Any) -> str | None:
     return None
 
 
+# Types whose Python equality is BSON's, between two values of the one type: equal values need
+# no KeyString (compare builds two for each test). Not float: NaN equals NaN in BSON's order.
+_EXACT_TYPES = frozenset({str, int, Int64, bool, ObjectId, type(None)})
+
+
+def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
+    """$eq: some candidate equals `arg`, or `arg` is null and the path has no value."""
+    t = type(arg)
+    if t in _EXACT_TYPES:
+        return any(v == arg if type(v) is t else compare(v, arg) == 0 for v in cands) or (arg is None and not values)
+    return any(compare(v, arg) == 0 for v in cands) or (arg is None and not values)
+
+
 def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
     cands = _candidates(values)
     if op == "$eq":
-        return any(compare(v, arg) == 0 for v in cands) or (arg is None and not values)
+        return _equals(arg, cands, values)
     if op == "$ne":
         return not _match_op("$eq", arg, values, doc, path)
     if op in ("$gt", "$gte", "$lt", "$lte"):
@@ -135,8 +149,8 @@ def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool
         bracket = _bracket(arg)
         return any(_bracket(v) == bracket and compare(v, arg) in want for v in cands)
     if op == "$in":  # a regular expression in the list matches strings, as one outside it does
-        return any(_regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else
-                   _match_op("$eq", a, values, doc, path) for a in arg)
+        return any(_regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else _equals(a, cands, values)
+                   for a in arg)
     if op == "$nin":
         return not _match_op("$in", arg, values, doc, path)
     if op == "$exists":
@@ -174,12 +188,7 @@ def _is_operator_doc(v: Any) -> bool:
 def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
     if _is_operator_doc(cond):
         if "$regex" in cond:
-            options = cond.get("$options", "")
-            flags = 0
-            for letter, flag in (("i", re.I), ("m", re.M), ("s", re.S), ("x", re.X)):
-                if letter in options:
-                    flags |= flag
-            pattern = re.compile(cond["$regex"], flags)
+            pattern = _compiled(cond["$regex"], cond.get("$options", ""))
             rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
             return any(isinstance(v, str) and pattern.search(v) for v in _candidates(values)) and all(
                 _match_op(k, v, values, doc, path) for k, v in rest.items())
@@ -187,6 +196,16 @@ def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
     if isinstance(cond, (re.Pattern, Regex)):
         return _regex_matches(cond, values)
     return _match_op("$eq", cond, values, doc, path)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str, options: str) -> re.Pattern[str]:
+    """A $regex with its $options, compiled once (a stream's $match tests it on every event)."""
+    flags = 0
+    for letter, flag in (("i", re.I), ("m", re.M), ("s", re.S), ("x", re.X)):
+        if letter in options:
+            flags |= flag
+    return re.compile(pattern, flags)
 
 
 def _regex_matches(pattern: re.Pattern[str] | Regex[Any], values: list[Any]) -> bool:

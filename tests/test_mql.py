@@ -10,7 +10,7 @@ from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Rege
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mongoformats.bson_order import compare
+from mongoformats.bson_order import compare, sort_key
 from mongoformats.mql import matches
 
 # One value of each canonical type, in the order the server documents for comparison and sort
@@ -36,6 +36,15 @@ numbers = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**6
 def test_numbers_of_every_type_compare_by_value(a, b):
     assert compare(a, b) == (int(a) > int(b)) - (int(a) < int(b))
     assert compare(Decimal128(str(int(a))), b) == compare(a, b)
+
+
+@given(st.one_of(st.text(), numbers), st.one_of(st.text(), numbers))
+def test_strings_and_integers_compare_as_their_keystrings_do(a, b):
+    """compare's shortcut for two strings or two integers orders them as their KeyStrings do
+    (strings by UTF-8 bytes), as the matcher's equality shortcut does for equal types."""
+    ka, kb = sort_key(a), sort_key(b)
+    assert compare(a, b) == (ka > kb) - (ka < kb)
+    assert matches({"v": a}, {"v": b}) == (ka == kb) == matches({"v": a}, {"v": {"$in": [b]}})
 
 
 def test_equality_matches_equal_numbers_and_nothing_of_another_type():
