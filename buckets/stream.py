@@ -33,6 +33,7 @@ from buckets.lookup import DocumentLookup
 from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
+from buckets.shaping import Shaper
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import (
     EV_DB,
@@ -50,7 +51,7 @@ from mongoformats.change_events import (
     events_from_fields,
     invalidate_event,
 )
-from mongoformats.change_stages import Stages, apply_stages, encode_in_order
+from mongoformats.change_stages import Stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_ABOVE_BYTES, event_bytes, event_too_large, split_event
@@ -82,7 +83,8 @@ class StreamOptions:
     max_await_ms: int = 1000                 # a getMore waits this long for events by default
     reader_await_ms: int = 200
     # Processes that read the shards' oplogs and turn entries into events (one Python process is
-    # one core; buckets/reader_process.py); 0 reads in the proxy process.
+    # one core; buckets/reader_process.py), and as many that apply `stages` (buckets/shaping.py);
+    # 0 does both in the proxy process.
     reader_processes: int = 0
     # Expanded DDL events from the proxy's notes (upstream before 6.0) instead of native entries.
     ddl_notes: bool = False
@@ -289,14 +291,14 @@ class BucketCursor:
                 batch = lookup.with_pre_images(batch, pre, required=before == "required")
         if not options.stages:
             return list(enumerate(batch))
+        # The stream's end passes as it is, as the native stream returns it.
+        todo = [i for i, ev in enumerate(batch) if ev.op_type != "invalidate"]
+        shaped = iter(await self.stream.shaper.shape([batch[i].raw for i in todo], [batch[i].token for i in todo]))
         out = []
         for i, ev in enumerate(batch):
-            if ev.op_type == "invalidate":  # the stream's end, as the native stream returns it
-                out.append((i, ev))
-                continue
-            doc = apply_stages(bson.decode(ev.raw, PLAIN), options.stages, ev.token)
-            if doc is not None:
-                out.append((i, ev._replace(raw=encode_in_order(doc))))
+            raw = ev.raw if ev.op_type == "invalidate" else next(shaped)
+            if raw is not None:
+                out.append((i, ev._replace(raw=raw)))
         return out
 
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
@@ -443,6 +445,7 @@ class ParallelStream:
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
         self._hosts: list[ReaderHost] = []    # reader processes, with readerProcesses
+        self.shaper = Shaper(options.stages, options.reader_processes)  # the stages, over as many processes
         self._connect_member = connect_member
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
@@ -709,7 +712,7 @@ class ParallelStream:
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
-            "mergeQueue": len(self.merge), "replays": self.replays,
+            "mergeQueue": len(self.merge), "replays": self.replays, "stageRunsInProcesses": self.shaper.runs_sent,
             "error": str(self.error) if self.error else None,
             "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts,
                         "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time) if r.stats.last_ts.time else None,

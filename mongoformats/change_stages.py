@@ -11,19 +11,21 @@ event's `_id` (its resume token) fails the stream with ChangeStreamFatalError (2
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import bson
 
 from mongoformats.bson_order import MISSING
+from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.expressions import VARIABLES, evaluate, unsupported_in_expression
 from mongoformats.idl import type_name
 from mongoformats.mql import matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
-__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "unsupported_in_stages"]
+__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "shape_events",
+           "unsupported_in_stages"]
 
 SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"})
 
@@ -115,6 +117,16 @@ def encode_in_order(doc: Mapping[str, Any]) -> bytes:
     would move a transaction event's lsid and txnNumber after it.)"""
     wrapped = bson.encode({"": doc})
     return wrapped[6:-1]  # int32 length, type 0x03, empty name NUL, the document, NUL
+
+
+def shape_events(raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]], stages: Stages) -> list[bytes | None]:
+    """Each event (its BSON and its token) through `stages`: the event's new BSON, or None where a
+    $match dropped it. Whole batches at a time, so that a worker process can shape one."""
+    out: list[bytes | None] = []
+    for raw, token in zip(raws, tokens, strict=True):
+        doc = apply_stages(bson.decode(raw, PLAIN), stages, token)
+        out.append(None if doc is None else encode_in_order(doc))
+    return out
 
 
 def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) -> Any:

@@ -60,6 +60,11 @@ class MongoError(Exception):
         self.extra = extra
         super().__init__(f"{self.code_name} ({self.code}): {errmsg}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its fields (Exception would pass its formatted message as the only
+        # argument): a worker process's error reaches the proxy as it was raised there.
+        return _rebuilt, (self.code, self.errmsg, self.labels, self.extra)
+
     def has_label(self, label: str) -> bool:
         return label in self.labels
 
@@ -81,6 +86,10 @@ class MongoError(Exception):
                                                               "$clusterTime", "operationTime")}
         return cls(int(reply.get("code", 8)), str(reply.get("errmsg", "")),
                    labels=tuple(reply.get("errorLabels", ())), **extra)
+
+
+def _rebuilt(code: int, errmsg: str, labels: tuple[str, ...], extra: dict[str, Any]) -> MongoError:
+    return MongoError(code, errmsg, labels=labels, **extra)
 
 
 def is_resumable_change_stream_error(code: int) -> bool:

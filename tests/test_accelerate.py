@@ -14,6 +14,7 @@ import trio
 from bson import Decimal128, Int64
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
+from buckets.shaping import SHAPE_RUN_EVENTS
 from mongoformats.resume_token import decode_token
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
@@ -41,12 +42,13 @@ def _is_marker(ev: dict[str, Any]) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def accelerated(shards: int, version: str = "7.0") -> AsyncIterator[tuple[Any, Any]]:
+async def accelerated(shards: int, version: str = "7.0", reader_processes: int = 0) -> AsyncIterator[tuple[Any, Any]]:
     """A cluster (short periodic noops, so native streams move on) and a proxy with acceleration on."""
     async with open_cluster(shards=shards, periodic_noop_s=0.2, version=version) as cluster, \
             trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
-                                                              accelerate_change_streams=True))
+                                                              accelerate_change_streams=True,
+                                                              reader_processes=reader_processes))
         yield cluster, server
         await sync(_close_all)  # while the proxy still answers endSessions
         nursery.cancel_scope.cancel()
@@ -217,6 +219,43 @@ async def test_debeziums_watch_is_accelerated_and_equals_mongos(pipeline, events
             assert len(runs[0]) == events and [bson.encode(e) for e in runs[1]] == [bson.encode(e) for e in runs[0]]
             assert proxied.admin.command("parallelChangeStreamStatus")["watches"] == {"accelerated": 1,
                                                                                      "passedThrough": 0}
+
+        await sync(work)
+
+
+async def test_stages_are_shaped_in_worker_processes_as_mongos_shapes_them():
+    """With readerProcesses, a getMore's events go through the stages in runs over worker
+    processes (buckets/shaping.py): the same events as mongos, in order, and a stage's error is
+    the first failing event's, with its code."""
+    async with accelerated(shards=2, reader_processes=2) as (cluster, server):
+
+        def work():
+            direct, proxied, start = _clients(cluster, server)
+            direct.admin.command("shardCollection", "shop.orders", key={"_id": "hashed"})
+            direct.shop.orders.insert_many([{"_id": i, "n": i} for i in range(3 * SHAPE_RUN_EVENTS)])
+            direct.shop.orders.update_many({"n": {"$lt": SHAPE_RUN_EVENTS}}, {"$set": {"paid": True}})
+            direct.shop.items.insert_one({"_id": "last"})
+            status = {}
+
+            def last(ev: Any) -> bool:  # the proxy's status read while its stream is still open
+                status.update(proxied.admin.command("parallelChangeStreamStatus"))
+                return ev["documentKey"]["_id"] == "last"
+
+            runs = [_collect(c.watch(DEBEZIUM, start_at_operation_time=start, full_document="updateLookup"), last)
+                    for c in (direct, proxied)]
+            assert len(runs[0]) == 4 * SHAPE_RUN_EVENTS + 1
+            assert [bson.encode(e) for e in runs[1]] == [bson.encode(e) for e in runs[0]]
+            assert status["streams"][0]["stageRunsInProcesses"] >= 2
+            assert server.engine.watches == {"accelerated": 1, "passedThrough": 0}
+            # Only the 500th event (in the second run) fails the $concat: its n is no string.
+            direct.shop.notes.insert_many([{"_id": i, "n": 499 if i == 499 else str(i)} for i in range(600)])
+            errors = []
+            for c in (direct, proxied):
+                with pytest.raises(OperationFailure) as info:
+                    _collect(c.shop.notes.watch([{"$set": {"c": {"$concat": ["$fullDocument.n", "!"]}}}],
+                                                start_at_operation_time=start), lambda ev: False)
+                errors.append((info.value.code, info.value.details["errmsg"]))
+            assert errors[0] == errors[1] == (16702, "$concat only supports strings, not int")
 
         await sync(work)
 

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument("--accelerate-change-streams", action="store_true", default=None)
     parser.add_argument("--reader-processes", type=int,
-                        help="worker processes turning oplog batches into events (default 0: in the proxy)")
+                        help="worker processes turning oplog batches into events, and applying an accelerated "
+                             "watch()'s stages (default 0: in the proxy)")
     parser.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, how long in-flight requests get")
     parser.add_argument("--stream-idle-teardown-s", type=float,
                         help="close a parallel change stream that has had no cursor this long (default 300)")
