@@ -80,13 +80,15 @@ def _count(reply: RawBSONDocument) -> tuple[int, int]:
     return cursor_id, len(events)
 
 
-async def watch_stream(uri: str, start: Timestamp, want: int) -> int:
+async def watch_stream(uri: str, start: Timestamp, want: int, stages: list[dict[str, Any]] | None = None,
+                       **options: Any) -> int:
     """A cluster-wide change stream (what a driver's `client.watch()` sends) through `uri`, mongos
-    or the accelerating proxy, drained with raw getMores."""
+    or the accelerating proxy, drained with raw getMores; `options` go to $changeStream."""
     host, port = parse_hosts(uri)[0]
     conn = await open_upstream(host, port)
-    reply = await conn.command("admin", {"aggregate": 1, "pipeline": [
-        {"$changeStream": {"allChangesForCluster": True, "startAtOperationTime": start}}], "cursor": {}})
+    spec = {"allChangesForCluster": True, "startAtOperationTime": start, **options}
+    reply = await conn.command("admin", {"aggregate": 1, "pipeline": [{"$changeStream": spec}, *(stages or [])],
+                                         "cursor": {}})
     cursor_id, got = _count(reply)
     while got < want:
         reply = await conn.command("admin", {"getMore": Int64(cursor_id), "collection": "$cmd.aggregate",

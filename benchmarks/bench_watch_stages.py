@@ -18,12 +18,10 @@ import time
 from typing import Any
 
 import trio
-from bson import Int64
 
-from benchmarks.bench_engine import ProxyProcess, _count, _ts
+from benchmarks.bench_engine import ProxyProcess, _ts, watch_stream
 from benchmarks.common import write_results
 from simcluster.launcher import spawn_cluster
-from wireproxy.upstream import open_upstream, parse_hosts
 
 # Debezium's pipelines (ChangeStreamPipelineFactory), for the benchmark's databases bench0..3.
 DEBEZIUM: list[dict[str, Any]] = [
@@ -39,20 +37,7 @@ PIPELINES: dict[str, list[dict[str, Any]]] = {
 
 
 async def watch(uri: str, start: Any, pipeline: list[dict[str, Any]], want: int) -> int:
-    host, port = parse_hosts(uri)[0]
-    conn = await open_upstream(host, port)
-    spec = {"allChangesForCluster": True, "startAtOperationTime": start, "fullDocument": "updateLookup"}
-    reply = await conn.command("admin", {"aggregate": 1, "pipeline": [{"$changeStream": spec}, *pipeline],
-                                         "cursor": {}})
-    cursor_id, got = _count(reply)
-    while got < want:
-        reply = await conn.command("admin", {"getMore": Int64(cursor_id), "collection": "$cmd.aggregate",
-                                             "maxTimeMS": 1000})
-        cursor_id, more = _count(reply)
-        got += more
-    await conn.command("admin", {"killCursors": "$cmd.aggregate", "cursors": [Int64(cursor_id)]}, check=False)
-    await conn.aclose()
-    return got
+    return await watch_stream(uri, start, want, pipeline, fullDocument="updateLookup")
 
 
 def main(argv: list[str] | None = None) -> None:
