@@ -49,16 +49,14 @@ class Shaper:
         async def run(i: int) -> None:
             part = slice(i * size, (i + 1) * size)
             try:
-                results[i] = await trio_parallel.run_sync(shape_events, raws[part], tokens[part], self.stages,
-                                                          limiter=self._limiter)
-            except MongoError as exc:
-                results[i] = exc
-            except trio_parallel.BrokenWorkerError as exc:  # killed, out of memory: no reason to fail the stream
-                log.warning("a shaping process died (%s); its events are shaped in the proxy process", exc)
                 try:
+                    results[i] = await trio_parallel.run_sync(shape_events, raws[part], tokens[part], self.stages,
+                                                              limiter=self._limiter)
+                except trio_parallel.BrokenWorkerError as exc:  # killed, out of memory: no reason to fail the stream
+                    log.warning("a shaping process died (%s); its events are shaped in the proxy process", exc)
                     results[i] = shape_events(raws[part], tokens[part], self.stages)
-                except MongoError as error:
-                    results[i] = error
+            except MongoError as exc:  # a stage's error, raised where it was shaped: kept for its place in order
+                results[i] = exc
 
         async with trio.open_nursery() as nursery:
             for i in range(runs):

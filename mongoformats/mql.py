@@ -133,9 +133,9 @@ _EXACT_TYPES = frozenset({str, int, Int64, bool, ObjectId, type(None)})
 def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
     """$eq: some candidate equals `arg`, or `arg` is null and the path has no value."""
     t = type(arg)
-    if t in _EXACT_TYPES:
-        return any(v == arg if type(v) is t else compare(v, arg) == 0 for v in cands) or (arg is None and not values)
-    return any(compare(v, arg) == 0 for v in cands) or (arg is None and not values)
+    exact = t in _EXACT_TYPES
+    return any(v == arg if exact and type(v) is t else compare(v, arg) == 0 for v in cands) or (
+        arg is None and not values)
 
 
 def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
