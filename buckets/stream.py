@@ -129,6 +129,9 @@ class Bucket:
         # (a Spark micro-batch ended; the next attaches after where it stopped), only events up
         # to here may be freed: the rest is what the next consumer will ask for.
         self.read_mark = 0
+        # The error of an event this bucket could not take (its $match failed on it), met by a
+        # cursor once it has read every event before it; the bucket takes nothing after it.
+        self.error: MongoError | None = None
 
     @property
     def end(self) -> int:
@@ -182,13 +185,21 @@ class Bucket:
         self.read_mark = max(self.read_mark, cursor.acked)
         self.notify()
 
+    def fail(self, error: MongoError) -> None:
+        """End this bucket at its current end with `error`: its cursors return the events before
+        it, then fail, as a server's stream fails on the event its pipeline cannot evaluate. The
+        other buckets go on: their namespaces never met the event."""
+        if self.error is None:
+            self.error = error
+            self.notify()
+
     def put_nowait(self, event: EventFields) -> bool:
         """Append `event` if it fits now (the pump's fast path); False if the caller must `put`.
 
         Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
         """
-        if event[EV_SORT_KEY] <= self.floor:
-            return True  # a resumed stream: this bucket already had it
+        if event[EV_SORT_KEY] <= self.floor or self.error is not None:
+            return True  # a resumed stream: this bucket already had it; or a failed bucket
         n = len(event[EV_RAW])
         self._drop_delivered(n)  # returns at once while the budget has room
         if not self.budget.try_acquire(n):
@@ -201,6 +212,8 @@ class Bucket:
     async def put_many(self, events: list[EventFields]) -> None:
         """Append `events` (token order) and wake consumers; one budget charge when they all fit,
         else one by one, waiting for consumers as `put` does."""
+        if self.error is not None:
+            return  # failed: nothing after its error is read
         if events[0][EV_SORT_KEY] <= self.floor:  # a resumed stream: this bucket already had some
             events = [ev for ev in events if ev[EV_SORT_KEY] > self.floor]
             if not events:
@@ -226,7 +239,8 @@ class Bucket:
         self.notify()
 
     def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
-        if key > self.frontier:
+        # A failed bucket's resume point stays before its failing event.
+        if key > self.frontier and self.error is None:
             self.frontier, self.frontier_token = key, token
             self.notify()
 
@@ -311,7 +325,7 @@ class BucketCursor:
             bucket.waiting += 1
             try:
                 while (self.position >= bucket.end and self.stream.error is None and not self.stream.ended
-                       and not self.killed):
+                       and not self.killed and bucket.error is None):
                     with trio.move_on_at(deadline):
                         await bucket.changed.wait()
                         if self.position >= bucket.end and bucket.frontier > self.last_key:
@@ -324,6 +338,8 @@ class BucketCursor:
                 raise _interrupted()
         if self.stream.error is not None:
             raise self.stream.error
+        if bucket.error is not None and self.position >= bucket.end:
+            raise bucket.error
         if self.position < bucket.base:
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         self.acked = self.position  # asking for more means the previous batch was taken
@@ -628,8 +644,18 @@ class ParallelStream:
                 break
             if scope is not None and not _in_scope(ev, scope):
                 continue
-            if match is not None and not _event_matches(ev, match):
-                continue
+            if match is not None:
+                try:
+                    if not _event_matches(ev, match):
+                        continue
+                except MongoError as exc:
+                    # Only the buckets of the event's namespaces meet it; each fails once its
+                    # consumers have read what came before.
+                    await self._put_shares(shares)
+                    shares = {}
+                    for b in self._route(ev):
+                        buckets[b].fail(exc)
+                    continue
             if scope is not None and _invalidates(ev, scope):
                 await self._put_shares(shares)
                 shares = {}
@@ -725,7 +751,7 @@ class ParallelStream:
             "topology": self.watcher.status() if self.watcher is not None else None,
             "buckets": [{"bucket": i, "depth": b.depth(), "retained": len(b.events), "bytes": b.budget.used,
                          "limitBytes": b.budget.limit, "dealt": b.dealt_total, "delivered": b.delivered_total,
-                         "cursors": len(b.cursors),
+                         "cursors": len(b.cursors), "error": str(b.error) if b.error else None,
                          "consumerPosition": max((c.last_token for c in b.cursors), default=None,
                                                  key=lambda t: t.get("_data", "") if t else "")}
                         for i, b in sorted(self.buckets.items())],

@@ -999,3 +999,32 @@ async def test_a_match_by_expr_filters_the_events_as_they_are_dealt(proxy):
         assert sorted((e["operationType"], e["documentKey"]["_id"]) for e in got) == [
             ("delete", 0), ("delete", 1), ("delete", 2), ("delete", 3), ("insert", 0), ("insert", 1)]
     await sync(work)
+
+
+async def test_a_match_that_fails_on_an_event_fails_only_that_events_bucket(proxy):
+    """A $match that cannot evaluate an event ($bsonSize of a string) fails the buckets of that
+    event's namespace, after their events before it, as a server's stream fails on the event; a
+    bucket of other namespaces reads on."""
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "startAtOperationTime": start,
+                                  "name": "bad-match",
+                                  "pipeline": [{"$match": {"$expr": {"$lt": [{"$bsonSize": "$fullDocument.d"}, 99]}}}]})
+        bad, good = (opened["cursors"][bucket_of(f"ex.{coll}", 2)]["id"] for coll in ("a", "d"))
+        c.ex.a.insert_many([{"_id": 1, "d": {}}, {"_id": 2, "d": "not a document"}, {"_id": 3, "d": {}}])
+        c.ex.d.insert_many([{"_id": 1, "d": {}}, {"_id": 2, "d": {}}])
+        end = end_point(c)
+        assert [e["documentKey"]["_id"] for e in drain(c, good, end)] == [1, 2]
+        got: list[Any] = []
+        with pytest.raises(OperationFailure) as failed:
+            for _ in range(50):
+                got += c.admin.command({"getMore": bad, "collection": NS, "maxTimeMS": 300})["cursor"]["nextBatch"]
+        assert failed.value.code == 31393, failed.value.details
+        assert [e["documentKey"]["_id"] for e in got] == [1]
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "bad-match"})["streams"][0]
+        assert status["error"] is None
+        assert [b["error"] is not None for b in status["buckets"]] == [i == bucket_of("ex.a", 2) for i in range(2)]
+        c.ex.d.insert_one({"_id": 3, "d": {}})  # the good bucket still gets events
+        assert [e["documentKey"]["_id"] for e in drain(c, good, end_point(c))] == [3]
+    await sync(work)
