@@ -10,6 +10,7 @@ another process and back costs about as much as shaping a few hundred events.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +37,19 @@ class Shaper:
         # Its own limiter: the default one admits os.cpu_count() jobs, and reader processes hold theirs for good.
         self._limiter = trio.CapacityLimiter(processes) if processes else None
         self.runs_sent = 0  # for status: runs shaped in worker processes
+
+    async def warm_up(self) -> None:
+        """Start the worker processes while the stream opens, so that the first getMore that
+        needs them does not wait for interpreters to start and import the stages (~0.5 s)."""
+        if not self.processes or not self.stages:
+            return
+        try:
+            async with trio.open_nursery() as nursery:  # at once: each busy worker makes the next start
+                for _ in range(self.processes):
+                    nursery.start_soon(functools.partial(trio_parallel.run_sync, shape_events, [], [], (),
+                                                         limiter=self._limiter))
+        except* trio_parallel.BrokenWorkerError as group:  # shape() copes with a dead worker when it meets one
+            log.warning("a shaping process failed to start: %s", group.exceptions[0])
 
     async def shape(self, raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]]) -> list[bytes | None]:
         """Each event through the stages, in order: its new bytes, or None where a $match dropped it.

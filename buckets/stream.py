@@ -545,6 +545,7 @@ class ParallelStream:
                     if self.watcher is not None:
                         nursery.start_soon(self._watch_topology, nursery, send.clone())
                     send.close()
+                    nursery.start_soon(self.shaper.warm_up)
                     nursery.start_soon(self._announce_start, checks)
                     await self._pump(recv)
             except* MongoError as group:
