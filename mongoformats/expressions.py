@@ -25,9 +25,13 @@ from mongoformats.bson_order import MISSING, compare_values
 from mongoformats.errors import MongoError
 from mongoformats.idl import type_name
 
-__all__ = ["VARIABLES", "evaluate", "is_true", "unsupported_in_expression"]
+__all__ = ["VARIABLES", "Operator", "Operators", "evaluate", "is_true", "unsupported_in_expression"]
 
 VARIABLES = ("$$ROOT", "$$CURRENT")  # the document the expression reads ($$REMOVE aside, the only ones evaluated)
+
+# The server's other system variables: defined there, so not "undefined" here, only not evaluated.
+_SYSTEM_VARIABLES = frozenset({"$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META",
+                               "$$USER_ROLES"})
 
 # What each comparison makes of Value::compare's -1, 0 or 1.
 _COMPARISONS: dict[str, Callable[[int], Any]] = {
@@ -78,67 +82,96 @@ def unsupported_in_expression(e: Any) -> str | None:
     return None
 
 
-def evaluate(doc: Mapping[str, Any], e: Any) -> Any:
-    """The value of expression `e` (one unsupported_in_expression admits) in document `doc`.
+# An operator's evaluation: (the document, its arguments, the evaluator's further operators).
+Operator = Callable[[Mapping[str, Any], list[Any], "Operators | None"], Any]
+Operators = Mapping[str, Operator]
+
+
+def evaluate(doc: Mapping[str, Any], e: Any, more: Operators | None = None) -> Any:
+    """The value of expression `e` in document `doc`: one unsupported_in_expression admits, or
+    one that uses the operators `more` adds (simcluster's own, looser, for its aggregate stages).
 
     A path that finds nothing is MISSING (the caller leaves such a field out); inside an array it
     is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
         if e.startswith("$$"):
             variable, *parts = e.split(".")
-            return MISSING if variable == "$$REMOVE" else _path(doc, parts)
+            if variable == "$$REMOVE":
+                return MISSING
+            if variable not in VARIABLES:
+                if variable in _SYSTEM_VARIABLES:
+                    raise MongoError("NotImplemented", f"the variable {variable} is not evaluated here")
+                raise MongoError(17276, f"Use of undefined variable: {variable[2:]}")
+            return _path(doc, parts)
         return _path(doc, e[1:].split("."))
     if isinstance(e, dict):
         if len(e) == 1:
             (op, operand), = e.items()
             if op == "$literal":
                 return operand
-            if op in _ARITY:
-                return _operator(doc, op, _arguments(operand))
-        return {k: v for k, x in e.items() if (v := evaluate(doc, x)) is not MISSING}
+            operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
+            if operator is not None:
+                return operator(doc, _arguments(operand), more)
+            if op.startswith("$"):
+                raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
+        return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
     if isinstance(e, list):
-        return [None if (v := evaluate(doc, x)) is MISSING else v for x in e]
+        return [None if (v := evaluate(doc, x, more)) is MISSING else v for x in e]
     return e
 
 
-def _operator(doc: Mapping[str, Any], op: str, args: list[Any]) -> Any:
-    if op in _COMPARISONS:
-        return _COMPARISONS[op](compare_values(evaluate(doc, args[0]), evaluate(doc, args[1])))
-    if op == "$and":  # short-circuits, as ExpressionAnd does: a later argument's error is not raised
-        return all(is_true(evaluate(doc, a)) for a in args)
-    if op == "$or":
-        return any(is_true(evaluate(doc, a)) for a in args)
-    if op == "$not":
-        return not is_true(evaluate(doc, args[0]))
-    if op == "$concat":
-        return _concat(doc, args)
-    if op == "$bsonSize":
-        value = evaluate(doc, args[0])
-        if value is None or value is MISSING:
-            return None
-        if not isinstance(value, Mapping):
-            raise MongoError(31393, f"$bsonSize requires a document input, found: {type_name(value)}")
-        return len(bson.encode(value))
-    # $in
-    needle, haystack = evaluate(doc, args[0]), evaluate(doc, args[1])
+def _comparison(test: Callable[[int], Any]) -> Operator:
+    return lambda doc, args, more: test(compare_values(evaluate(doc, args[0], more), evaluate(doc, args[1], more)))
+
+
+def _and(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    # Short-circuits, as ExpressionAnd does: a later argument's error is not raised.
+    return all(is_true(evaluate(doc, a, more)) for a in args)
+
+
+def _or(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    return any(is_true(evaluate(doc, a, more)) for a in args)
+
+
+def _not(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    return not is_true(evaluate(doc, args[0], more))
+
+
+def _bson_size(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    value = evaluate(doc, args[0], more)
+    if value is None or value is MISSING:
+        return None
+    if not isinstance(value, Mapping):
+        raise MongoError(31393, f"$bsonSize requires a document input, found: {type_name(value)}")
+    return len(bson.encode(value))
+
+
+def _in(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    needle, haystack = evaluate(doc, args[0], more), evaluate(doc, args[1], more)
     if not isinstance(haystack, list):
         found = "missing" if haystack is MISSING else type_name(haystack)
         raise MongoError(40081, f"$in requires an array as a second argument, found: {found}")
     return any(compare_values(needle, v) == 0 for v in haystack)
 
 
-def _concat(doc: Mapping[str, Any], args: list[Any]) -> Any:
+def _concat(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
     """$concat as ExpressionConcat evaluates it: argument by argument, null at the first that is
     null or missing, an error at the first that is not a string."""
     out = []
     for arg in args:
-        value = evaluate(doc, arg)
+        value = evaluate(doc, arg, more)
         if value is None or value is MISSING:
             return None
         if not isinstance(value, str):
             raise MongoError(16702, f"$concat only supports strings, not {type_name(value)}")
         out.append(value)
     return "".join(out)
+
+
+_OPERATORS: dict[str, Operator] = {
+    **{op: _comparison(test) for op, test in _COMPARISONS.items()},
+    "$and": _and, "$or": _or, "$not": _not, "$bsonSize": _bson_size, "$in": _in, "$concat": _concat}
+assert set(_OPERATORS) == set(_ARITY)
 
 
 def is_true(value: Any) -> bool:

@@ -4,81 +4,78 @@ estimated counts), simple reports and pipeline-style updates."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mongoformats.bson_order import MISSING
 from mongoformats.errors import MongoError
+from mongoformats.expressions import Operator, Operators, evaluate
 from mongoformats.projection import Projection, spec_problem
 from simcluster import query as q
 
 
-def _expr(doc: dict[str, Any], e: Any) -> Any:
-    """An aggregation expression's value in `doc` (the operators simcluster knows)."""
-    if isinstance(e, str) and e.startswith("$"):
-        if e.startswith("$$"):
-            var, _, rest = e[2:].partition(".")
-            if var == "REMOVE":
-                return MISSING
-            if var not in ("ROOT", "CURRENT"):
-                raise MongoError(17276, f"Use of undefined variable: {var}")
-            if not rest:
-                return doc
-            e = "$" + rest
-        got = q.get_path(doc, e[1:])
-        return got[0] if got else MISSING
-    if isinstance(e, list):
-        return [_value(_expr(doc, x)) for x in e]
-    if not isinstance(e, dict):
-        return e
-    if len(e) != 1 or not next(iter(e)).startswith("$"):  # an object literal: each field evaluated
-        return {k: v for k, x in e.items() if (v := _expr(doc, x)) is not MISSING}
-    (op, arg), = e.items()
-    if op == "$literal":
-        return arg
-    if op in ("$add", "$multiply", "$subtract"):
-        vals = [_value(_expr(doc, a)) for a in arg]
-        if op == "$subtract":
-            return vals[0] - vals[1]
-        out = 0 if op == "$add" else 1
-        for v in vals:
-            out = out + v if op == "$add" else out * v
-        return out
-    if op == "$size":
-        v = _expr(doc, arg)
-        return len(v) if isinstance(v, list) else 0
-    if op == "$concat":
-        parts = [_value(_expr(doc, a)) for a in arg]
-        return None if any(p is None for p in parts) else "".join(parts)
-    if op == "$ifNull":
-        *tries, fallback = arg
-        for t in tries:
-            if (v := _value(_expr(doc, t))) is not None:
-                return v
-        return _expr(doc, fallback)
-    if op == "$mergeObjects":
-        merged: dict[str, Any] = {}
-        for part in arg if isinstance(arg, list) else [arg]:
-            v = _value(_expr(doc, part))
-            if v is not None:
-                merged.update(v)
-        return merged
-    if op in ("$getField", "$setField", "$unsetField"):
-        spec = arg if isinstance(arg, dict) else {"field": arg}
-        source = _expr(doc, spec.get("input", "$$CURRENT"))
-        field = spec["field"]
-        if op == "$getField":
-            return source.get(field, MISSING) if isinstance(source, dict) else MISSING
-        if source is None or source is MISSING:
-            return None
-        fields = dict(source)
-        value = _expr(doc, spec["value"]) if op == "$setField" else MISSING
-        if value is MISSING:
-            fields.pop(field, None)
-        else:
-            fields[field] = value
-        return fields
-    raise MongoError(168, f"Unrecognized expression '{op}'")
+# simcluster's operators beyond the shared ones (mongoformats/expressions.py), for its own
+# aggregate stages: looser than a server's (no type checks, no numeric promotion rules), and for
+# that reason not among the operators an accelerated watch() may use.
+def _arithmetic(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: str) -> Any:
+    values = [_value(evaluate(doc, a, more)) for a in args]
+    if op == "$subtract":
+        return values[0] - values[1]
+    out = 0 if op == "$add" else 1
+    for v in values:
+        out = out + v if op == "$add" else out * v
+    return out
+
+
+def _size(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    v = evaluate(doc, args[0], more)
+    return len(v) if isinstance(v, list) else 0
+
+
+def _if_null(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    *tries, fallback = args
+    for t in tries:
+        if (v := _value(evaluate(doc, t, more))) is not None:
+            return v
+    return evaluate(doc, fallback, more)
+
+
+def _merge_objects(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    merged: dict[str, Any] = {}
+    for part in args:
+        v = _value(evaluate(doc, part, more))
+        if v is not None:
+            merged.update(v)
+    return merged
+
+
+def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: str) -> Any:
+    spec = args[0] if isinstance(args[0], dict) else {"field": args[0]}
+    source = evaluate(doc, spec.get("input", "$$CURRENT"), more)
+    field = spec["field"]
+    if op == "$getField":
+        return source.get(field, MISSING) if isinstance(source, Mapping) else MISSING
+    if source is None or source is MISSING:
+        return None
+    fields = dict(source)
+    value = evaluate(doc, spec["value"], more) if op == "$setField" else MISSING
+    if value is MISSING:
+        fields.pop(field, None)
+    else:
+        fields[field] = value
+    return fields
+
+
+_OPERATORS: dict[str, Operator] = {
+    **{op: functools.partial(_arithmetic, op=op) for op in ("$add", "$multiply", "$subtract")},
+    **{op: functools.partial(_field, op=op) for op in ("$getField", "$setField", "$unsetField")},
+    "$size": _size, "$ifNull": _if_null, "$mergeObjects": _merge_objects}
+
+
+def _expr(doc: Mapping[str, Any], e: Any) -> Any:
+    """An aggregation expression's value in `doc`: the shared operators and simcluster's own."""
+    return evaluate(doc, e, _OPERATORS)
 
 
 def _value(v: Any) -> Any:

@@ -399,6 +399,29 @@ async def test_find_projections_follow_the_project_rules_and_refuse_find_only_fo
     assert await sync(work) == [{"_id": 1, "b": {"c": 2}, "v": 4}, {"arr": [{"c": 1}]}, {"_id": 1, "z": 0, "w": 5}]
 
 
+async def test_aggregate_expressions_are_the_shared_evaluator_with_simclusters_own_operators(cluster):
+    """simcluster's stages evaluate expressions with mongoformats/expressions.py (paths through
+    arrays, $concat's errors, an undefined variable as the server reports it) plus its own
+    operators ($ifNull, $size, $getField, ...); an operator or system variable it does not know
+    is NotImplemented, never a document that treats the operator as a field name."""
+    def work():
+        coll = client(cluster.uri).ag.c
+        coll.insert_one({"_id": 1, "s": "a", "arr": [{"k": 1}, {"k": 2}, 3], "n": 4})
+        got = next(coll.aggregate([{"$project": {
+            "_id": 0, "ks": "$arr.k", "c": {"$concat": ["$s", "-", {"$ifNull": ["$none", "z"]}]},
+            "size": {"$size": "$arr"}, "f": {"$getField": "n"}, "sum": {"$add": ["$n", {"$size": ["$arr"]}]},
+            "in": {"$in": ["$s", ["a", "b"]]}}}]))
+        codes = []
+        for expression in ({"$concat": ["$s", "$n"]}, "$$nope", "$$NOW", {"$toLower": "$s"}):
+            with pytest.raises(OperationFailure) as err:
+                list(coll.aggregate([{"$project": {"x": expression}}]))
+            codes.append(err.value.code)
+        return got, codes
+    got, codes = await sync(work)
+    assert got == {"ks": [1, 2], "c": "a-z", "size": 3, "f": 4, "sum": 7, "in": True}
+    assert codes == [16702, 17276, 238, 238]
+
+
 async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a_sessions_cursors(cluster):
     """As on the server: killCursors on a cursor a getMore has checked out fails that getMore
     with CursorKilled (237); killSessions and killAllSessions close the cursors opened in those
