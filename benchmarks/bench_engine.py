@@ -6,7 +6,10 @@ simcluster's native mongos change stream, side by side in one run.
 The cluster, the proxy (`python -m wireproxy`, with its readerProcesses workers) and the
 consumers (this process) are separate processes; the proxy's CPU time, workers included, gives
 "events per proxy CPU-second". The proxy is measured with each --reader-processes value. Goals
-(issue 5): proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second.
+(issue 5): proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second. Each run
+also reports the cluster process's CPU time and how busy the machine's cores were (`busy`: the
+three processes' CPU over wall time times cores): a mode near 100% is bound by the cores, one
+near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
 
 The same cluster-wide watch() as the native mode, pointed at a proxy that accelerates change
 streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer
@@ -224,16 +227,26 @@ def main(argv: list[str] | None = None) -> None:
                 for name, fn, used in modes:
                     runs[name].append(await measure(name, fn, used, rep))
 
+        cluster_ps = psutil.Process(cluster.process.pid)
+
+        def cluster_cpu() -> float:
+            return sum(cluster_ps.cpu_times()[:2])
+
         async def measure(name: str, fn: Callable[[], Awaitable[Any]], used: ProxyProcess | None,
                           rep: int) -> dict[str, float]:
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu, in_cluster = time.perf_counter(), time.process_time(), cluster_cpu()
             proxy_cpu = used.cpu_seconds() if used is not None else None
             out = await fn()
             count = out[0] if isinstance(out, tuple) else out
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            wall, cpu, in_cluster = time.perf_counter() - wall, time.process_time() - cpu, cluster_cpu() - in_cluster
+            # Where the machine's CPU went: the cluster's process (every shard and mongos, one
+            # trio loop), the consumers (this process) and the proxy's. `busy` near 1 means the
+            # run was bound by the cores, not by any one process.
             result = {"events": count, "seconds": wall, "events_per_s": count / wall,
-                      "cpu_seconds_bench_process": cpu}
-            line = f"{rep + 1}/{args.repeat} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+                      "cpu_seconds_bench_process": cpu, "cluster_cpu_seconds": in_cluster}
+            line = (f"{rep + 1}/{args.repeat} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+                    f"  cluster {in_cluster:4.1f} CPU-s")
+            total = 0.0
             if used is not None and proxy_cpu is not None:
                 main_cpu, worker_cpu = used.cpu_used(proxy_cpu)
                 total = main_cpu + worker_cpu
@@ -245,7 +258,8 @@ def main(argv: list[str] | None = None) -> None:
                               events_per_main_process_cpu_second=count / main_cpu)
                 line += (f"  {count / total:>8,.0f} events per proxy CPU-second"
                          f"  ({count / main_cpu:,.0f} per main-process CPU-second)")
-            print(line, flush=True)
+            result["busy"] = (cpu + in_cluster + total) / (wall * (os.cpu_count() or 1))
+            print(f"{line}  busy {result['busy']:.0%}", flush=True)
             if used is not None:
                 await trio.sleep(3)  # the stream's teardown is not charged to the next mode
             return result
