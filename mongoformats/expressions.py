@@ -1,7 +1,8 @@
 """The aggregation expressions a change stream's stages may use, evaluated as the server does (pure).
 
-Shared by the stages after `$changeStream` (change_stages: projections, new roots) and by
-queries' `$expr` (mql). Evaluated: field paths, the variables `$$ROOT`, `$$CURRENT` (with paths)
+Shared by the stages after `$changeStream` (change_stages: projections, new roots), by
+queries' `$expr` (mql) and by simcluster's aggregate stages, which add operators of their own
+(`evaluate`'s `more`). Evaluated: field paths, the variables `$$ROOT`, `$$CURRENT` (with paths)
 and `$$REMOVE`, literals and `$literal`, arrays and documents of expressions, `$concat`,
 `$bsonSize`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and `$and $or $not`. That
 covers the drivers' suite and Debezium (its regex filter pipeline, and its oversize "skip" mode,
