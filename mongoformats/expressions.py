@@ -4,7 +4,7 @@ Shared by the stages after `$changeStream` (change_stages: projections, new root
 queries' `$expr` (mql) and by simcluster's aggregate stages, which add operators of their own
 (`evaluate`'s `more`). Evaluated: field paths, the variables `$$ROOT`, `$$CURRENT` (with paths)
 and `$$REMOVE`, literals and `$literal`, arrays and documents of expressions, `$concat`,
-`$bsonSize`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and `$and $or $not`. That
+`$bsonSize`, `$ifNull`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and `$and $or $not`. That
 covers the drivers' suite and Debezium (its regex filter pipeline, and its oversize "skip" mode,
 `{$expr: {$lte: [{$bsonSize: "$fullDocument"}, <limit>]}}`).
 
@@ -43,7 +43,7 @@ _COMPARISONS: dict[str, Callable[[int], Any]] = {
 # refuses any other count when it parses the pipeline, so such an expression is left to it.
 _ARITY: dict[str, tuple[int, float]] = {
     "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1), "$bsonSize": (1, 1),
-    "$in": (2, 2), **dict.fromkeys(_COMPARISONS, (2, 2))}
+    "$in": (2, 2), "$ifNull": (2, math.inf), **dict.fromkeys(_COMPARISONS, (2, 2))}
 
 
 def _arguments(operand: Any) -> list[Any]:
@@ -169,9 +169,20 @@ def _concat(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> 
     return "".join(out)
 
 
+def _if_null(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    """$ifNull (5.0+, any number of inputs): the first input that is neither null nor missing,
+    else the last argument's value, missing included."""
+    for arg in args[:-1]:
+        value = evaluate(doc, arg, more)
+        if value is not None and value is not MISSING:
+            return value
+    return evaluate(doc, args[-1], more)
+
+
 _OPERATORS: dict[str, Operator] = {
     **{op: _comparison(test) for op, test in _COMPARISONS.items()},
-    "$and": _and, "$or": _or, "$not": _not, "$bsonSize": _bson_size, "$in": _in, "$concat": _concat}
+    "$and": _and, "$or": _or, "$not": _not, "$bsonSize": _bson_size, "$in": _in, "$concat": _concat,
+    "$ifNull": _if_null}
 assert set(_OPERATORS) == set(_ARITY)
 
 

@@ -33,14 +33,6 @@ def _size(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> An
     return len(v) if isinstance(v, list) else 0
 
 
-def _if_null(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
-    *tries, fallback = args
-    for t in tries:
-        if (v := _value(evaluate(doc, t, more))) is not None:
-            return v
-    return evaluate(doc, fallback, more)
-
-
 def _merge_objects(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
     merged: dict[str, Any] = {}
     for part in args:
@@ -70,7 +62,7 @@ def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: 
 _OPERATORS: dict[str, Operator] = {
     **{op: functools.partial(_arithmetic, op=op) for op in ("$add", "$multiply", "$subtract")},
     **{op: functools.partial(_field, op=op) for op in ("$getField", "$setField", "$unsetField")},
-    "$size": _size, "$ifNull": _if_null, "$mergeObjects": _merge_objects}
+    "$size": _size, "$mergeObjects": _merge_objects}
 
 
 def _expr(doc: Mapping[str, Any], e: Any) -> Any:

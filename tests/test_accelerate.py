@@ -223,6 +223,27 @@ async def test_debeziums_watch_is_accelerated_and_equals_mongos(pipeline, events
         await sync(work)
 
 
+async def test_a_watch_with_ifnull_is_accelerated_and_equals_mongos():
+    """$ifNull (any number of inputs) in a stage: a looked-up document's field, else the key."""
+    async with accelerated(shards=2) as (cluster, server):
+
+        def work():
+            direct, proxied, start = _clients(cluster, server)
+            direct.admin.command("shardCollection", "shop.orders", key={"_id": "hashed"})
+            direct.shop.orders.insert_many([{"_id": i, **({"name": f"n{i}"} if i % 2 else {})} for i in range(10)])
+            direct.shop.orders.update_many({}, {"$set": {"paid": True}})
+            direct.shop.orders.delete_one({"_id": 3})
+            direct.shop.items.insert_one({"_id": "last"})
+            pipeline = [{"$set": {"who": {"$ifNull": ["$fullDocument.name", "$nothing", "$documentKey._id"]}}}]
+            runs = [_collect(c.watch(pipeline, start_at_operation_time=start, full_document="updateLookup"),
+                             lambda ev: ev["documentKey"]["_id"] == "last") for c in (direct, proxied)]
+            assert len(runs[0]) == 22 and [bson.encode(e) for e in runs[1]] == [bson.encode(e) for e in runs[0]]
+            assert {ev["who"] for ev in runs[0]} == {*range(0, 10, 2), 3, *(f"n{i}" for i in range(1, 10, 2)), "last"}
+            assert server.engine.watches == {"accelerated": 1, "passedThrough": 0}
+
+        await sync(work)
+
+
 async def test_stages_are_shaped_in_worker_processes_as_mongos_shapes_them():
     """With readerProcesses, a getMore's events go through the stages in runs over worker
     processes (buckets/shaping.py): the same events as mongos, in order, and a stage's error is

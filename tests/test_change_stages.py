@@ -150,6 +150,8 @@ def test_concat_of_a_non_string_and_a_root_that_is_no_document_fail_as_the_serve
     ([{"$match": {"$expr": {"$eq": [1, 1], "x": 1}}}], "an expression object with an operator and other fields"),
     ([{"$match": {"$expr": {"$bsonSize": ["$a", "$b"]}}}], "$bsonSize with 2 arguments"),
     ([{"$match": {"$expr": {"$mergeObjects": ["$a"]}}}], "$mergeObjects"),
+    ([{"$set": {"x": {"$ifNull": ["$a", "$b", 0]}}}], None),
+    ([{"$set": {"x": {"$ifNull": ["$a"]}}}], "$ifNull with 1 arguments"),
     ([{"$set": {"x": "$a..b"}}], "the field path '$a..b'"),
     ([{"$match": {"$where": "true"}}], "$where"),
     ([{"$match": {"a": {"$mod": [2, 0]}}}], "$mod"),
@@ -203,6 +205,11 @@ def expr(doc, e):
     # $bsonSize: a document's encoded size; null for null and missing.
     ({"$eq": [{"$bsonSize": "$doc"}, 12]}, True), ({"$eq": [{"$bsonSize": "$missing"}, None]}, True),
     ({"$eq": [{"$bsonSize": "$$ROOT"}, None]}, False),
+    # $ifNull: the first input neither null nor missing, else the last argument (missing too).
+    ({"$eq": [{"$ifNull": ["$missing", "$n", "$s", "y"]}, "x"]}, True),
+    ({"$eq": [{"$ifNull": ["$missing", "$n", "y"]}, "y"]}, True),
+    ({"$eq": [{"$ifNull": ["$n", "$missing"]}, None]}, False), ({"$lt": [{"$ifNull": ["$n", "$missing"]}, None]}, True),
+    ({"$eq": [{"$ifNull": ["$zero", 1]}, 0]}, True),
 ])
 def test_expr_evaluates_as_the_server_does(e, want):
     doc = {"i": 1, "s": "x", "n": None, "nan": float("nan"), "empty": "", "zero": 0.0, "doc": {"a": 1},
