@@ -712,7 +712,7 @@ class Engine:
         if resumed is not None and resumed.token_type == EVENT_TOKEN:
             assert token is not None
             cur.last_key, cur.last_token = token_sort_key(token), dict(token)
-            fragment = fragment_of(token)
+            fragment = fragment_of(resumed)
             cur.must_meet = fragment[0] if fragment is not None else cur.last_key
             cur.fragments_sent = fragment[1] + 1 if fragment is not None else 0
         cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"

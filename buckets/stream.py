@@ -820,5 +820,5 @@ def start_point(token: Mapping[str, Any]) -> tuple[Timestamp, bytes]:
     that byte sorts below the event's and above every key below it, which differs earlier or goes
     on with a type byte (all above 4)."""
     data = decode_token(token)
-    fragment = fragment_of(token)
+    fragment = fragment_of(data)
     return data.cluster_time, fragment[0][:-1] if fragment is not None else token_sort_key(token)

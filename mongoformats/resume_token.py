@@ -193,11 +193,11 @@ def high_water_mark(cluster_time: Timestamp, version: int = DEFAULT_VERSION) -> 
     return encode_token(ResumeTokenData(cluster_time, version, HIGH_WATER_MARK))
 
 
-def fragment_of(token: Mapping[str, Any]) -> tuple[bytes, int] | None:
-    """For the token of a split event's fragment: the key of the whole event's token (the same
-    token without fragmentNum, which sorts before every fragment's) and the fragment's number.
-    None for any other token."""
-    data = decode_token(token)
+def fragment_of(token: Mapping[str, Any] | ResumeTokenData) -> tuple[bytes, int] | None:
+    """For the token of a split event's fragment (or its decoded data): the key of the whole
+    event's token (the same token without fragmentNum, which sorts before every fragment's) and
+    the fragment's number. None for any other token."""
+    data = token if isinstance(token, ResumeTokenData) else decode_token(token)
     if data.fragment_num is None:
         return None
     return token_sort_key(encode_token(replace(data, fragment_num=None))), data.fragment_num
