@@ -24,8 +24,8 @@ from mongoformats.idl import type_name
 from mongoformats.mql import matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
-__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "shape_events",
-           "unsupported_in_stages"]
+__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "new_root_expression",
+           "replaced_root", "shape_events", "unsupported_in_stages"]
 
 SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"})
 
@@ -42,19 +42,30 @@ def compile_stages(stages: Iterable[Mapping[str, Any]]) -> Stages:
         if name not in SUPPORTED_STAGES:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
         if name in ("$replaceRoot", "$replaceWith"):
-            out.append((name, _new_root(name, arg)))
+            out.append((name, new_root_expression(name, arg)))
         else:
             out.append((name, arg if name == "$match" else Projection(name, arg)))
     return tuple(out)
 
 
-def _new_root(name: str, arg: Any) -> Any:
+def new_root_expression(name: str, arg: Any) -> Any:
     """The expression of a $replaceRoot ({newRoot: <expression>}) or $replaceWith (<expression>)."""
     if name == "$replaceWith":
         return arg
     if not isinstance(arg, Mapping) or "newRoot" not in arg:
         raise MongoError(40231, "no newRoot specified for the $replaceRoot stage")
     return arg["newRoot"]
+
+
+def replaced_root(name: str, root: Any) -> dict[str, Any]:
+    """What a $replaceRoot or $replaceWith (`name`) whose expression evaluated to `root` makes the
+    document: `root`, or the server's 40228 if it is not a document."""
+    if not isinstance(root, dict):
+        what = "'newRoot' expression" if name == "$replaceRoot" else "'replacement document'"
+        raise MongoError(40228, f"{what} must evaluate to an object, but resulting value was: "
+                         f"{'MISSING' if root is MISSING else root}. Type of resulting value: "
+                         f"'{'missing' if root is MISSING else type_name(root)}'.")
+    return root
 
 
 def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
@@ -77,7 +88,7 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
         if name in ("$replaceRoot", "$replaceWith"):
             if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
                 return "a $replaceRoot spec other than {newRoot: <expression>}"
-            root = _new_root(name, arg)
+            root = new_root_expression(name, arg)
             found = unsupported_in_expression(root)
             if found is None and not (_is_document(root) or (isinstance(root, str) and root[1:] in documents)):
                 return f"a {name} whose new root may not be a document"
@@ -136,13 +147,8 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             if not matches(doc, arg):
                 return None
         elif name in ("$replaceRoot", "$replaceWith"):
-            root = evaluate(doc, arg)
-            if not isinstance(root, dict):  # unsupported_in_stages admits only roots that are documents
-                what = "'newRoot' expression" if name == "$replaceRoot" else "'replacement document'"
-                raise MongoError(40228, f"{what} must evaluate to an object, but resulting value was: "
-                                 f"{'MISSING' if root is MISSING else root}. Type of resulting value: "
-                                 f"'{'missing' if root is MISSING else type_name(root)}'.")
-            doc = root
+            # unsupported_in_stages admits only roots that are documents: the check is for simcluster's.
+            doc = replaced_root(name, evaluate(doc, arg))
         else:
             doc = arg.apply(doc, evaluate)
     # The server compares tokens by _data only (ResumeToken::operator==).

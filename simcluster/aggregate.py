@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mongoformats.bson_order import MISSING
+from mongoformats.change_stages import new_root_expression, replaced_root
 from mongoformats.errors import MongoError
 from mongoformats.expressions import Operator, Operators, evaluate
 from mongoformats.projection import Projection, spec_problem
@@ -75,14 +76,6 @@ def _value(v: Any) -> Any:
     return None if v is MISSING else v
 
 
-def _new_root(doc: dict[str, Any], e: Any, stage: str) -> dict[str, Any]:
-    root = _value(_expr(doc, e))
-    if not isinstance(root, dict):
-        raise MongoError(40228, f"'{stage}' expression must evaluate to an object, but resulting value was: {root!r}."
-                         f" Type of resulting value: '{type(root).__name__}'. Input document: {doc}")
-    return root
-
-
 def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for stage in pipeline:
         if len(stage) != 1:
@@ -92,10 +85,9 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
             docs = [d for d in docs if q.matches(d, spec)]
         elif name in ("$project", "$addFields", "$set", "$unset"):
             docs = list(map(_compiled(name, spec), docs))
-        elif name == "$replaceRoot":
-            docs = [_new_root(d, spec["newRoot"], "newRoot") for d in docs]
-        elif name == "$replaceWith":
-            docs = [_new_root(d, spec, "replacement document") for d in docs]
+        elif name in ("$replaceRoot", "$replaceWith"):
+            expression = new_root_expression(name, spec)
+            docs = [replaced_root(name, _expr(d, expression)) for d in docs]
         elif name == "$sort":
             docs = q.sort_docs(docs, spec)
         elif name == "$skip":
