@@ -120,9 +120,9 @@ class NativeStream:
             if data.fragment_num is not None and not split:
                 raise MongoError("ChangeStreamFatalError", "To resume from a split event, the $changeStream pipeline "
                                  f"must include a {SPLIT_STAGE} stage")
-            fragment = fragment_of(token)
+            fragment = fragment_of(data)
             if data.token_type == EVENT_TOKEN and not data.from_invalidate:
-                self.must_meet = fragment[0] if fragment is not None else token_sort_key(token)
+                self.must_meet = fragment[0] if fragment is not None else self.skip_key
             if fragment is not None:  # that event again, past the fragment returned
                 self.skip_fragments = fragment[1] + 1
             self.last_token: dict[str, Any] = dict(token)
