@@ -53,6 +53,7 @@ from mongoformats.resume_token import (
     token_sort_key,
 )
 from mongoformats.sessions import session_id, sessions_named
+from wireproxy.config import MAX_READER_PROCESSES
 from wireproxy.router import CommandTable, PassThrough
 from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
 
@@ -143,7 +144,7 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int |
 _MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
 # The stream settings an open command may pass, with their ranges (defaults: EngineConfig).
 _SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
-             "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, 64)}
+             "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
 
 
 def _setting(cmd: Mapping[str, Any], name: str, default: int) -> int:

@@ -38,14 +38,61 @@ def test_routing_is_a_pure_function():
 
 
 def test_config_from_env_and_toml(tmp_path):
-    cfg = ProxyConfig.from_env({"WIREPROXY_LISTEN_PORT": "1234", "WIREPROXY_ACCELERATE_CHANGE_STREAMS": "true"})
-    assert cfg.listen_port == 1234 and cfg.accelerate_change_streams is True
+    cfg = ProxyConfig.from_env({"WIREPROXY_LISTEN_PORT": "1234", "WIREPROXY_ACCELERATE_CHANGE_STREAMS": "true",
+                                "WIREPROXY_CURSOR_TIMEOUT_S": "60"})
+    assert cfg.listen_port == 1234 and cfg.accelerate_change_streams is True and cfg.cursor_timeout_s == 60.0
     path = tmp_path / "p.toml"
-    path.write_text('[wireproxy]\nupstream = "mongodb://m:1"\nmax_connections = 5\n')
-    assert ProxyConfig.from_toml(str(path)).max_connections == 5
+    path.write_text('[wireproxy]\nupstream = "mongodb://m:1"\nmax_connections = 5\nshutdown_grace_s = 3\n')
+    cfg = ProxyConfig.from_toml(str(path))
+    assert cfg.max_connections == 5 and cfg.shutdown_grace_s == 3.0 and type(cfg.shutdown_grace_s) is float
     path.write_text('[wireproxy]\nbogus = 1\n')
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown wireproxy settings"):
         ProxyConfig.from_toml(str(path))
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ({"WIREPROXY_ACCELERATE_CHANGE_STREAMS": "ture"}, "WIREPROXY_ACCELERATE_CHANGE_STREAMS must be true or false"),
+    ({"WIREPROXY_LISTEN_PORT": "80a"}, "WIREPROXY_LISTEN_PORT must be an integer, not '80a'"),
+    ({"WIREPROXY_LISTEN_PORT": "70000"}, "listen_port must be between 0 and 65535, not 70000"),
+    ({"WIREPROXY_READER_PROCESSES": "-1"}, "reader_processes must be between 0 and 64"),
+    ({"WIREPROXY_MAX_CONNECTIONS": "0"}, "max_connections must be at least 1"),
+    ({"WIREPROXY_IDLE_TIMEOUT_S": "nan"}, "idle_timeout_s must be a finite number, not nan"),
+    ({"WIREPROXY_TLS_CA_FILE": "ca.pem"}, "tls_ca_file needs tls_cert_file"),
+    ({"WIREPROXY_UPSTREAM": "mongos:27017"}, "upstream: Invalid URI scheme"),
+    ({"WIREPROXY_UPSTREAM": "mongodb://u:secret@h/?tls=maybe"}, "upstream: The value of tls must be 'true' or"),
+    ({"WIREPROXY_UPSTREAM": "mongodb://h/?readPreferense=secondary"}, "upstream: Unknown option: readpreferense"),
+    ({"WIREPROXY_UPSTREAM": "mongodb://u:p@h/?authMechanism=PLAIN"}, "authMechanism PLAIN is not supported"),
+    ('listen_port = "27018"', "listen_port must be an integer, not '27018'"),
+    ("accelerate_change_streams = 1", "accelerate_change_streams must be true or false, not 1"),
+])
+def test_a_bad_setting_is_refused_by_name(tmp_path, source, message):
+    """A wrong type, a value out of range or an upstream URI a driver would refuse fails the config
+    with the setting's name, never later inside the server; nor is a mistyped boolean read as off."""
+    with pytest.raises(ValueError) as err:
+        if isinstance(source, dict):
+            ProxyConfig.from_env(source)
+        else:
+            path = tmp_path / "p.toml"
+            path.write_text(f"[wireproxy]\n{source}\n")
+            ProxyConfig.from_toml(str(path))
+    assert message in str(err.value)
+    assert "secret" not in str(err.value)  # an upstream URI's password is never echoed
+
+
+def test_wireproxy_command_reports_a_bad_setting_as_a_usage_error():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "wireproxy", "--reader-processes", "65"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "reader_processes must be between 0 and 64, not 65" in run.stderr
+    assert "Traceback" not in run.stderr
+    run = subprocess.run([sys.executable, "-m", "wireproxy", "--listen-port", "abc"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "argument --listen-port: must be an integer, not 'abc'" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "wireproxy", "--help"], capture_output=True, text=True, timeout=60)
+    # Every setting is a flag (made from ProxyConfig's fields).
+    assert all(f"--{name.replace('_', '-')}" in run.stdout for name in ProxyConfig.__dataclass_fields__)
 
 
 async def test_pymongo_crud_cursors_bulk_and_sessions(proxy):

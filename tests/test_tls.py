@@ -32,11 +32,17 @@ def certificates(tmp_path: Any) -> tuple[ssl.SSLContext, str, str]:
     return server_ctx, str(pem), str(ca_file)
 
 
-async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates):
+@pytest.mark.parametrize("upstream_tls_in", ["settings", "uri"])
+async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates, upstream_tls_in):
+    """Upstream TLS from the proxy's settings, or from the upstream URI's options as a driver reads them."""
     server_ctx, pem, ca_file = certificates
     async with open_cluster(shards=2, members=2, tls=server_ctx) as cluster, trio.open_nursery() as nursery:
-        config = ProxyConfig(upstream=cluster.uri, listen_port=0, tls_cert_file=pem,
-                             upstream_tls=True, upstream_tls_ca_file=ca_file)
+        if upstream_tls_in == "settings":
+            config = ProxyConfig(upstream=cluster.uri, listen_port=0, tls_cert_file=pem,
+                                 upstream_tls=True, upstream_tls_ca_file=ca_file)
+        else:
+            config = ProxyConfig(upstream=f"{cluster.uri}?tls=true&tlsCAFile={ca_file}", listen_port=0,
+                                 tls_cert_file=pem)
         proxy = await nursery.start(serve_proxy, config)
 
         def work() -> None:

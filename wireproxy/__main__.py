@@ -9,53 +9,53 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import signal
+from dataclasses import fields
 from typing import Any
 
 import trio
 
 from wireproxy.app import serve_proxy, tune_gc_for_throughput
-from wireproxy.config import ProxyConfig
+from wireproxy.config import ProxyConfig, parse_value
+
+_METAVARS = {"int": "N", "float": "SECONDS", "str": "TEXT"}
+
+
+def _flag_value(kind: str, flag: str, raw: str) -> Any:
+    try:
+        return parse_value(kind, raw, flag)
+    except ValueError as exc:  # argparse prints an ArgumentTypeError's message after the flag
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag} ")) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="wireproxy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="TOML file with a [wireproxy] table")
-    parser.add_argument("--upstream", help="mongos connection string")
-    parser.add_argument("--listen", help="host:port to listen on")
-    parser.add_argument("--metrics-port", type=int)
-    parser.add_argument("--accelerate-change-streams", action="store_true", default=None)
-    parser.add_argument("--reader-processes", type=int,
-                        help="worker processes turning oplog batches into events, and applying an accelerated "
-                             "watch()'s stages (default 0: in the proxy)")
-    parser.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, how long in-flight requests get")
-    parser.add_argument("--stream-idle-teardown-s", type=float,
-                        help="close a parallel change stream that has had no cursor this long (default 300)")
-    parser.add_argument("--cursor-timeout-s", type=float,
-                        help="kill engine cursors unused this long, as cursorTimeoutMillis does (default 600; "
-                             "cursors opened in a session: 1800, the session timeout)")
-    parser.add_argument("--memory-limit-bytes", type=int,
-                        help="refuse new streams (ExceededMemoryLimit) when their buffer budgets would not fit "
-                             "beside the open streams' (default 0: half the machine's or cgroup's memory)")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="listen_host and listen_port in one")
+    # One flag per setting, from ProxyConfig's fields: --reader-processes sets reader_processes.
+    for f in fields(ProxyConfig):
+        kind, flag = str(f.type), "--" + f.name.replace("_", "-")
+        if kind == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})")
+        else:
+            parser.add_argument(flag, metavar=_METAVARS[kind], help=f"{f.metadata['help']} (default: {f.default!r})",
+                                type=functools.partial(_flag_value, kind, flag))
     args = parser.parse_args(argv)
-    config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
-    config = ProxyConfig.from_env(base=config)
-    changes: dict[str, Any] = {}
-    if args.upstream:
-        changes["upstream"] = args.upstream
-    if args.listen:
-        host, _, port = args.listen.rpartition(":")
-        changes.update(listen_host=host or "127.0.0.1", listen_port=int(port))
-    if args.accelerate_change_streams:
-        changes["accelerate_change_streams"] = True
-    # Flags named after their ProxyConfig field: those given override the file and environment.
-    for field in ("metrics_port", "reader_processes", "shutdown_grace_s", "stream_idle_teardown_s",
-                  "cursor_timeout_s", "memory_limit_bytes"):
-        if (value := getattr(args, field)) is not None:
-            changes[field] = value
-    config = dataclasses.replace(config, **changes)
+    try:
+        config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
+        config = ProxyConfig.from_env(base=config)
+        # Flags given override the file and the environment.
+        changes: dict[str, Any] = {f.name: v for f in fields(ProxyConfig) if (v := getattr(args, f.name)) is not None}
+        if args.listen:
+            host, _, port = args.listen.rpartition(":")
+            changes.update(listen_host=host or "127.0.0.1", listen_port=parse_value("int", port, "--listen's port"))
+        config = dataclasses.replace(config, **changes)
+    except (OSError, ValueError) as exc:  # a bad setting, a missing or malformed file
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()
 

@@ -1,41 +1,91 @@
-"""Proxy configuration: one frozen value built once (CLI, environment, TOML) and passed down."""
+"""Proxy configuration: one frozen value built once (CLI, environment, TOML) and passed down.
+
+Every setting is one field here, with its default and help; the command line (`wireproxy
+--help`), the WIREPROXY_* variables and the TOML table are all made from these fields, so a
+setting cannot exist in one and be missing from another. A value of the wrong type or out of
+range is refused when the config is built (ValueError naming the setting), not met later as a
+traceback from deep inside the server.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from wireproxy.upstream import UpstreamTarget
+
+MAX_READER_PROCESSES = 64  # as parallelChangeStream's readerProcesses option allows
+
+
+def _setting(default: Any, help: str, low: float | None = None, high: float | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "range": (low, high)})
 
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    upstream: str = "mongodb://127.0.0.1:27017"   # mongos seed list (WIREPROXY_UPSTREAM)
-    listen_host: str = "127.0.0.1"                # WIREPROXY_LISTEN_HOST
-    listen_port: int = 27018                      # WIREPROXY_LISTEN_PORT
-    metrics_port: int = 0                         # /metrics on this port; 0 = off (WIREPROXY_METRICS_PORT)
-    max_connections: int = 10_000                 # accepted client connections at once
-    idle_timeout_s: float = 0.0                   # close client connections idle this long; 0 = never
-    shutdown_grace_s: float = 10.0                # in-flight requests get this long on SIGTERM
-    accelerate_change_streams: bool = False       # serve $changeStream aggregates from the engine
-    reader_processes: int = 0                     # processes that read and transform the oplogs; 0 = in-process
-    stream_idle_teardown_s: float = 300.0         # a parallel change stream with no cursor this long is closed
-    cursor_timeout_s: float = 600.0               # engine cursors unused this long are killed (session ones: 1800)
-    memory_limit_bytes: int = 0                   # streams' buffer budgets fit under this; 0 = half the memory
-    tls_cert_file: str = ""                       # client-side TLS: server certificate+key (PEM)
-    tls_ca_file: str = ""                         # verify client certificates against this CA
-    upstream_tls: bool = False
-    upstream_tls_ca_file: str = ""
-    upstream_tls_allow_invalid: bool = False
+    upstream: str = _setting("mongodb://127.0.0.1:27017",
+                             "the cluster's mongos, as a connection string (its credentials are the engine's own "
+                             "login; tls=true and the tlsCAFile / tlsAllowInvalidCertificates options apply)")
+    listen_host: str = _setting("127.0.0.1", "address to listen on")
+    listen_port: int = _setting(27018, "port to listen on (0: any free port)", 0, 65535)
+    metrics_port: int = _setting(0, "serve Prometheus /metrics on this port (0: off)", 0, 65535)
+    max_connections: int = _setting(10_000, "client connections served at once; more wait to be accepted", 1)
+    idle_timeout_s: float = _setting(0.0, "close client connections idle this long (0: never)", 0)
+    shutdown_grace_s: float = _setting(10.0, "on SIGTERM, how long in-flight requests get", 0)
+    accelerate_change_streams: bool = _setting(False, "serve drivers' watch() ($changeStream aggregates) from "
+                                                      "the engine instead of passing them to mongos")
+    reader_processes: int = _setting(0, "worker processes turning oplog batches into events, and applying an "
+                                        "accelerated watch()'s stages (0: in the proxy)", 0, MAX_READER_PROCESSES)
+    stream_idle_teardown_s: float = _setting(300.0, "close a parallel change stream that has had no cursor, and no "
+                                                    "status call, this long", 0)
+    cursor_timeout_s: float = _setting(600.0, "kill engine cursors no getMore used this long, as "
+                                              "cursorTimeoutMillis does (cursors opened in a session: 1800, "
+                                              "the session timeout)", 0)
+    memory_limit_bytes: int = _setting(0, "refuse new streams (ExceededMemoryLimit) when their buffer budgets "
+                                          "would not fit beside the open streams' (0: half the machine's or "
+                                          "cgroup's memory)", 0)
+    tls_cert_file: str = _setting("", "client-side TLS: the proxy's certificate and key (PEM); empty: plain TCP")
+    tls_ca_file: str = _setting("", "with tls_cert_file: require client certificates signed by this CA")
+    upstream_tls: bool = _setting(False, "TLS to mongos and the shards (as tls=true in the upstream URI)")
+    upstream_tls_ca_file: str = _setting("", "CA to verify the upstream's certificates (as tlsCAFile)")
+    upstream_tls_allow_invalid: bool = _setting(False, "accept any upstream certificate "
+                                                       "(as tlsAllowInvalidCertificates)")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = str(f.type)
+            # bool is an int to Python, and an int is a fine float; nothing else converts.
+            ok = {"bool": type(value) is bool, "int": type(value) is int, "str": type(value) is str,
+                  "float": type(value) in (int, float)}[kind]
+            if not ok:
+                raise ValueError(f"{f.name} must be {_KINDS[kind]}, not {value!r}")
+            if kind == "float":
+                if not math.isfinite(value):
+                    raise ValueError(f"{f.name} must be a finite number, not {value!r}")
+                object.__setattr__(self, f.name, float(value))
+            low, high = f.metadata["range"]
+            if (low is not None and value < low) or (high is not None and value > high):
+                span = f"between {low} and {high}" if high is not None else f"at least {low}"
+                raise ValueError(f"{f.name} must be {span}, not {value!r}")
+        if not self.listen_host:
+            raise ValueError("listen_host must not be empty")
+        if self.tls_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_ca_file needs tls_cert_file: client certificates are asked for over TLS")
+        check_upstream_uri(self.upstream)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, base: ProxyConfig | None = None) -> ProxyConfig:
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         for f in fields(cls):
-            raw = env.get(f"WIREPROXY_{f.name.upper()}")
+            name = f"WIREPROXY_{f.name.upper()}"
+            raw = env.get(name)
             if raw is not None:
-                changes[f.name] = _coerce(f.type, raw)
+                changes[f.name] = parse_value(str(f.type), raw, name)
         return replace(base or cls(), **changes)
 
     @classmethod
@@ -46,15 +96,36 @@ class ProxyConfig:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown wireproxy settings in {path}: {sorted(unknown)}")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
 
-def _coerce(kind: Any, raw: str) -> Any:
-    kind = str(kind)
-    if kind == "bool":
-        return raw.lower() in ("1", "true", "yes", "on")
-    if kind == "int":
-        return int(raw)
-    if kind == "float":
-        return float(raw)
-    return raw
+_KINDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_value(kind: str, raw: str, name: str) -> Any:
+    """A setting's value from text (an environment variable, a flag); ValueError naming `name`.
+
+    Why strict booleans: `WIREPROXY_ACCELERATE_CHANGE_STREAMS=ture` read as false would turn a
+    feature off without a word.
+    """
+    text = raw.strip()
+    try:
+        if kind == "bool":
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return text.lower() in _TRUE
+        return {"int": int, "float": float, "str": str}[kind](text if kind != "str" else raw)
+    except ValueError:
+        raise ValueError(f"{name} must be {_KINDS[kind]}, not {raw!r}") from None
+
+
+def check_upstream_uri(uri: str) -> None:
+    """ValueError unless the proxy can use `uri` (see UpstreamTarget: pymongo's parser, then the
+    proxy's own limits). A mongodb+srv:// URI is checked when the proxy starts, where its DNS
+    records are looked up: building a config does no network I/O."""
+    if not uri.startswith("mongodb+srv://"):
+        UpstreamTarget.from_uri(uri)

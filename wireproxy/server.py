@@ -17,14 +17,11 @@ from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
 from wireproxy.upstream import (
-    Credentials,
-    MemberConnector,
     UpstreamClosed,
     UpstreamConnection,
+    UpstreamTarget,
     logged_in,
     open_upstream,
-    parse_hosts,
-    upstream_ssl_context,
 )
 
 log = logging.getLogger("wireproxy")
@@ -39,17 +36,18 @@ class ProxyServer:
         self.fail_points = UpstreamFailPoints()  # armed on mongos through this proxy (tests only)
         self.process_id = ObjectId()
         self.wire_versions = (0, 21)
-        self.hosts = parse_hosts(config.upstream)
+        target = UpstreamTarget.from_uri(config.upstream, tls=config.upstream_tls,
+                                         tls_ca_file=config.upstream_tls_ca_file,
+                                         tls_allow_invalid=config.upstream_tls_allow_invalid)
+        self.hosts = target.hosts
         # Credentials in the upstream URI are the engine's own login (readers, lookups, notes);
         # a client's pinned connection is never logged in with them: each client authenticates itself.
-        self.credentials = Credentials.from_uri(config.upstream)
+        self.credentials = target.member.credentials
         self._conn_ids = itertools.count(1)
         self._limiter = trio.CapacityLimiter(config.max_connections)
-        self._upstream_ssl = upstream_ssl_context(config.upstream_tls, config.upstream_tls_ca_file,
-                                                  config.upstream_tls_allow_invalid)
         # The engine's connections to shard members: same TLS settings, the proxy's own login.
-        self.connect_member = MemberConnector(config.upstream_tls, config.upstream_tls_ca_file,
-                                              config.upstream_tls_allow_invalid, self.credentials)
+        self.connect_member = target.member
+        self._upstream_ssl = target.member.ssl_context()
         self.port = config.listen_port
         self.handler_nursery: trio.Nursery | None = None
         self._listener_scope: trio.CancelScope | None = None

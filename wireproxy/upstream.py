@@ -17,6 +17,8 @@ import bson
 import trio
 from bson import Binary
 from bson.raw_bson import RawBSONDocument
+from pymongo.errors import ConfigurationError
+from pymongo.uri_parser import parse_uri
 
 from mongoformats import wire
 from mongoformats.change_events import RAW
@@ -24,7 +26,7 @@ from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.scram import MECHANISM, ScramClient
 
 __all__ = ["ConnectMember", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed", "authenticate",
-           "logged_in", "open_member", "open_upstream", "parse_hosts", "upstream_ssl_context"]
+           "logged_in", "open_member", "open_upstream", "parse_hosts", "upstream_ssl_context", "UpstreamTarget"]
 
 
 class UpstreamClosed(Exception):
@@ -103,18 +105,6 @@ class Credentials(NamedTuple):
     user: str
     password: str
     source: str = "admin"
-
-    @classmethod
-    def from_uri(cls, uri: str) -> Credentials | None:
-        from pymongo.uri_parser import parse_uri
-
-        parsed = parse_uri(uri, validate=False)
-        if not parsed.get("username"):
-            return None
-        options = parsed.get("options") or {}
-        # As drivers do: authSource, else the URI's database, else admin.
-        source = options.get("authSource") or parsed.get("database") or "admin"
-        return cls(parsed["username"], parsed.get("password") or "", source)
 
 
 async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
@@ -225,10 +215,10 @@ class MemberConnector:
     credentials: Credentials | None = None
 
     async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
-        return await logged_in(await open_member(hosts, secondary=secondary, ssl_context=self._ssl()),
+        return await logged_in(await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context()),
                                self.credentials)
 
-    def _ssl(self) -> ssl.SSLContext | None:
+    def ssl_context(self) -> ssl.SSLContext | None:
         cached: ssl.SSLContext | None = self.__dict__.get("_ctx")
         if cached is None and self.tls:
             cached = upstream_ssl_context(self.tls, self.tls_ca_file, self.tls_allow_invalid)
@@ -237,3 +227,39 @@ class MemberConnector:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_ctx"}  # an SSLContext does not pickle
+
+
+@dataclass(frozen=True)
+class UpstreamTarget:
+    """The mongos to connect to, and how: the `upstream` connection string read by pymongo's own
+    parser, so a URI a driver refuses is refused here with the driver's message, and its options
+    mean what they mean to a driver. The proxy's upstream_tls* settings add to the URI's tls ones.
+
+    A mongodb+srv:// name is looked up in DNS (SRV and TXT records, as drivers do) when this is
+    made: once, when the proxy starts.
+    """
+
+    hosts: list[tuple[str, int]]
+    member: MemberConnector  # TLS and login; the engine's connections to shard members use the same
+
+    @classmethod
+    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "",
+                 tls_allow_invalid: bool = False) -> UpstreamTarget:
+        try:
+            parsed = parse_uri(uri)
+        except (ConfigurationError, ValueError) as exc:
+            raise ValueError(f"upstream: {exc}") from None  # not the URI itself: it may hold a password
+        options = parsed["options"]
+        mechanism = options.get("authMechanism", MECHANISM)
+        if mechanism != MECHANISM:
+            raise ValueError(f"upstream: authMechanism {mechanism} is not supported; the proxy logs in "
+                             f"with {MECHANISM}")
+        credentials = None
+        if parsed["username"]:
+            # As drivers do: authSource, else the URI's database, else admin.
+            source = options.get("authSource") or parsed["database"] or "admin"
+            credentials = Credentials(parsed["username"], parsed["password"] or "", source)
+        insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
+        return cls(parsed["nodelist"], MemberConnector(
+            tls=tls or bool(options.get("tls")), tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
+            tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials))
