@@ -6,7 +6,9 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import ssl
+from collections.abc import Callable
 
 import trio
 
@@ -15,11 +17,14 @@ from simcluster.cluster import open_cluster
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="simcluster", description=__doc__)
-    parser.add_argument("--shards", type=int, default=3)
-    parser.add_argument("--members", type=int, default=1, help="members per shard replica set")
-    parser.add_argument("--replication-lag-s", type=float, default=0.0, help="how far secondaries trail")
-    parser.add_argument("--election-timeout-s", type=float, default=10.0, help="electionTimeoutMillis / 1000")
-    parser.add_argument("--spare-shards", type=int, default=0,
+    parser.add_argument("--shards", type=_at_least(int, 0), default=3)
+    parser.add_argument("--members", type=_at_least(int, 1, 50), default=1,
+                        help="members per shard replica set (a replica set has at most 50)")
+    parser.add_argument("--replication-lag-s", type=_at_least(float, 0), default=0.0,
+                        help="how far secondaries trail")
+    parser.add_argument("--election-timeout-s", type=_at_least(float, 0.001), default=10.0,
+                        help="electionTimeoutMillis / 1000")
+    parser.add_argument("--spare-shards", type=_at_least(int, 0), default=0,
                         help="empty replica sets started beside the cluster, for addShard")
     parser.add_argument("--tls-cert-file", default="",
                         help="PEM with certificate and key: every process then requires TLS (requireTLS)")
@@ -29,13 +34,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="give user NAME this built-in role (read, readWrite, dbAdmin, readAnyDatabase, "
                              "readWriteAnyDatabase, clusterAdmin, root) instead of root (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=27017, help="mongos port; shards use the next ones (0 = any)")
+    parser.add_argument("--port", type=_at_least(int, 0, 65535), default=27017,
+                        help="mongos port; shards use the next ones (0 = any)")
     parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
-    parser.add_argument("--oplog-mb", type=int, default=1024)
-    parser.add_argument("--periodic-noop-s", type=float, default=10.0, help="periodicNoopIntervalSecs")
-    parser.add_argument("--prefill", type=int, default=0, help="insert this many documents before serving")
+    parser.add_argument("--oplog-mb", type=_at_least(int, 1), default=1024)
+    parser.add_argument("--periodic-noop-s", type=_at_least(float, 0.001), default=10.0,
+                        help="periodicNoopIntervalSecs")
+    parser.add_argument("--prefill", type=_at_least(int, 0), default=0,
+                        help="insert this many documents before serving")
     parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
     args = parser.parse_args(argv)
+    processes = 1 + (args.shards + args.spare_shards) * args.members
+    if args.port and args.port + processes - 1 > 65535:
+        parser.error(f"--port {args.port}: the cluster's {processes} processes take the ports from it, past 65535")
+    if bad := [u for u in args.user if ":" not in u]:
+        parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
     logging.basicConfig(level=logging.INFO)
 
     async def run() -> None:
@@ -60,6 +73,21 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
+
+
+def _at_least(kind: type[int] | type[float], low: float, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` in [low, high]; argparse prints the message after the flag."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, "
+                                             f"not {text!r}") from None
+        if not (low <= value <= (high if high is not None else math.inf)):  # NaN fails too
+            span = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {span}, not {text}")
+        return value
+    return parse
 
 
 def _roles(specs: list[str]) -> dict[str, list[tuple[str, str]]]:

@@ -767,3 +767,19 @@ async def test_transactions_end_when_their_lifetime_expires_or_their_session_is_
             assert err.value.code == 251
         assert c.life.c.count_documents({}) == 0
     await sync(work)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--members", "0"], "argument --members: must be between 1 and 50, not 0"),
+    (["--port", "65535", "--shards", "2"], "--port 65535: the cluster's 3 processes take the ports from it"),
+    (["--user", "bob"], "--user bob: expected NAME:PASSWORD"),
+    (["--periodic-noop-s", "nan"], "argument --periodic-noop-s: must be at least 0.001, not nan"),
+])
+def test_simcluster_command_refuses_bad_arguments_as_usage_errors(args, message):
+    """Exit code 2 and the flag's name, as argparse reports its own errors; never a traceback from a
+    cluster half started (members 0 was an IndexError, a port past 65535 wrapped around)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "simcluster", *args], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
