@@ -7,7 +7,8 @@ row, where without it the read fails with BSONObjectTooLarge), fullDocument
 startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
 maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's
 shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy creates
-the stream).
+the stream); a batch read also takes startTokens (JSON list, one per bucket) and endToken. Any
+other option name, or a value of the wrong kind, is refused (`Options`).
 
 Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
 reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
@@ -42,49 +43,91 @@ class BucketPartition(InputPartition):
     batch_size: int
 
 
+# Every option the source takes, by its documented camelCase name: (kind, low, high). Spark
+# lowercases option names, so they are matched without case.
+_INT_MAX = (1 << 63) - 1
+_OPTIONS: dict[str, tuple[str, int, int]] = {
+    "uri": ("str", 0, 0), "name": ("str", 0, 0), "nBuckets": ("int", 1, 1024),
+    "pipeline": ("json list", 0, 0), "startAtOperationTime": ("timestamp", 0, 0),
+    "startTokens": ("json list", 0, 0), "endToken": ("str", 0, 0),  # a bounded (batch) read's range
+    "showExpandedEvents": ("bool", 0, 0), "fullDocument": ("str", 0, 0), "fullDocumentBeforeChange": ("str", 0, 0),
+    "maxEventsPerTrigger": ("int", 1, _INT_MAX), "jsonColumn": ("bool", 0, 0), "batchSize": ("int", 1, _INT_MAX),
+    # The engine's, used when the proxy creates the stream (it checks their ranges: BadValue).
+    "shardBufferBytes": ("int", 0, _INT_MAX), "bucketBufferBytes": ("int", 0, _INT_MAX),
+    "readerProcesses": ("int", 0, _INT_MAX), "maxAwaitTimeMS": ("int", 0, _INT_MAX),
+}
+_ENGINE_OPTIONS = ("shardBufferBytes", "bucketBufferBytes", "readerProcesses", "maxAwaitTimeMS")
+
+
 class Options:
-    """Spark lowercases option names; look them up by their documented camelCase names."""
+    """The source's options, each checked when the query is defined: a misspelt name (Spark
+    would otherwise let `nBucket` through, and the query run with 4 buckets) or a value of the
+    wrong kind (`showExpandedEvents=ture` read as false) is a ValueError naming the option."""
 
     def __init__(self, raw: Any) -> None:
-        self._raw = {str(k).lower(): str(v) for k, v in dict(raw).items()}
+        by_lower = {name.lower(): name for name in _OPTIONS}
+        self._values: dict[str, Any] = {}
+        for key, text in dict(raw).items():
+            name = by_lower.get(str(key).lower())
+            if name is None:
+                raise ValueError(f"parallelchangestream: unknown option {key!r}; the options are "
+                                 f"{', '.join(_OPTIONS)}")
+            self._values[name] = _parse_option(name, str(text))
 
-    def get(self, name: str, default: str | None = None) -> str | None:
-        return self._raw.get(name.lower(), default)
+    def get(self, name: str, default: Any = None) -> Any:
+        assert name in _OPTIONS, name
+        return self._values.get(name, default)
 
-    def __getitem__(self, name: str) -> str:
-        return self._raw[name.lower()]
+
+def _parse_option(name: str, text: str) -> Any:
+    kind, low, high = _OPTIONS[name]
+    try:
+        if kind == "str":
+            return text
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if kind == "int":
+            value = int(text)
+            if not low <= value <= high:
+                raise ValueError
+            return value
+        if kind == "timestamp":
+            from bson import Timestamp
+
+            t, _, i = text.partition(",")
+            return Timestamp(int(t), int(i or 0))
+        value = json.loads(text)
+        if not isinstance(value, list):
+            raise ValueError
+        return value
+    except (ValueError, TypeError, OverflowError):
+        want = {"bool": "true or false", "int": f"an integer between {low} and {high}",
+                "timestamp": '"<seconds>,<increment>"', "json list": "a JSON list"}[kind]
+        raise ValueError(f"parallelchangestream: option {name} must be {want}, not {text!r}") from None
 
 
 # How long a restarted query waits for the proxy to release its stream's old bucket count (the
 # proxy's CURSOR_IN_USE_S, 10 s, with room to spare).
 REOPEN_WAIT_S = 30.0
 
-_ENGINE_OPTIONS = ("shardBufferBytes", "bucketBufferBytes", "readerProcesses", "maxAwaitTimeMS")
-
 
 def _spec(options: Options) -> StreamSpec:
     uri = options.get("uri")
     if not uri:
         raise ValueError("parallelchangestream: option 'uri' (the proxy's connection string) is required")
-    n = int(options.get("nBuckets", "4") or "4")
-    if not 1 <= n <= 1024:
-        raise ValueError("parallelchangestream: nBuckets must be between 1 and 1024")
-    pipeline = tuple(json.loads(options["pipeline"])) if options.get("pipeline") else ()
-    return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=n,
-                      show_expanded_events=(options.get("showExpandedEvents") or "true").lower() == "true",
-                      pipeline=pipeline, full_document=options.get("fullDocument") or "default",
+    return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=options.get("nBuckets", 4),
+                      show_expanded_events=options.get("showExpandedEvents", True),
+                      pipeline=tuple(options.get("pipeline", ())),
+                      full_document=options.get("fullDocument") or "default",
                       full_document_before_change=options.get("fullDocumentBeforeChange") or "off",
-                      engine_options=tuple((k, int(v)) for k in _ENGINE_OPTIONS if (v := options.get(k))))
+                      engine_options=tuple((k, v) for k in _ENGINE_OPTIONS if (v := options.get(k)) is not None))
 
 
 def _start_args(options: Options) -> dict[str, Any]:
-    raw = options.get("startAtOperationTime")
-    if not raw:
-        return {}
-    from bson import Timestamp
-
-    t, _, i = raw.partition(",")
-    return {"startAtOperationTime": Timestamp(int(t), int(i or 0))}
+    at = options.get("startAtOperationTime")
+    return {} if at is None else {"startAtOperationTime": at}
 
 
 def _read(partition: BucketPartition) -> Iterator[Any]:
@@ -120,8 +163,8 @@ class _ReaderOptions:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.spec = _spec(options)
-        self.with_json = (options.get("jsonColumn") or "false").lower() == "true"
-        self.batch_size = int(options.get("batchSize") or "1000")
+        self.with_json = options.get("jsonColumn", False)
+        self.batch_size = options.get("batchSize", 1000)
 
     def partition(self, bucket: int, start: str, end: str) -> BucketPartition:
         return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size)
@@ -134,8 +177,7 @@ class _ReaderOptions:
 class _StreamReader(_ReaderOptions, DataSourceStreamReader):
     def __init__(self, options: Options) -> None:
         super().__init__(options)
-        limit = options.get("maxEventsPerTrigger")
-        self.max_events = int(limit) if limit else None
+        self.max_events = options.get("maxEventsPerTrigger")
         self._client: Any = None
 
     @property
@@ -236,7 +278,7 @@ class _BatchReader(_ReaderOptions, DataSourceReader):
         client = client_for(self.spec.uri)
         try:
             if self.options.get("startTokens"):
-                starts = json.loads(self.options["startTokens"])
+                starts = self.options.get("startTokens")
                 open_stream(client, self.spec, resumeAfter=[{"_data": t} for t in starts])
             else:
                 starts = open_stream(client, self.spec, **_start_args(self.options))

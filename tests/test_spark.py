@@ -182,6 +182,21 @@ def test_a_checkpoint_whose_buckets_stand_apart_refuses_another_nbuckets(env: An
                           {"nBuckets": 2, "name": "apart", "tokens": ["8203", "8203"]})
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("nBucket", "8", "unknown option 'nbucket'"),
+    ("showExpandedEvents", "ture", "option showExpandedEvents must be true or false, not 'ture'"),
+    ("nBuckets", "2000", "option nBuckets must be an integer between 1 and 1024, not '2000'"),
+])
+def test_a_misspelt_or_malformed_option_fails_the_query_by_name(env: Any, spark: Any, option: str, value: str,
+                                                              message: str) -> None:
+    """Spark passes any option name through: a typo (nBucket) must not quietly run with 4 buckets,
+    nor a mistyped boolean read as false."""
+    df = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("name", "typo")
+          .option(option, value).load())
+    with pytest.raises(Exception, match=f"(?i){message}"):
+        df.collect()
+
+
 def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_path: Any) -> None:
     """The replication job (`pcs-replicate`) in its own process, killed -9 mid-stream and started again
     with the same checkpoint: the target ends equal to the source, updates ($inc) applied once."""
