@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
                 async for _ in signals:
                     await server.shutdown()
                     with trio.move_on_after(config.shutdown_grace_s + 1):
-                        while server.metrics.connections._value.get() > 0:
+                        while server.open_connections > 0:
                             await trio.sleep(0.1)
                     nursery.cancel_scope.cancel()
                     return

@@ -32,7 +32,7 @@ class ProxyConfig:
     listen_host: str = _setting("127.0.0.1", "address to listen on")
     listen_port: int = _setting(27018, "port to listen on (0: any free port)", 0, 65535)
     metrics_port: int = _setting(0, "serve Prometheus /metrics on this port (0: off)", 0, 65535)
-    max_connections: int = _setting(10_000, "client connections served at once; more wait to be accepted", 1)
+    max_connections: int = _setting(10_000, "client connections served at once; more are closed as they come", 1)
     idle_timeout_s: float = _setting(0.0, "close client connections idle this long (0: never)", 0)
     shutdown_grace_s: float = _setting(10.0, "on SIGTERM, how long in-flight requests get", 0)
     accelerate_change_streams: bool = _setting(False, "serve drivers' watch() ($changeStream aggregates) from "

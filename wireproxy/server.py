@@ -107,6 +107,10 @@ class ProxyServer:
         if self.handler_nursery is not None:
             self.handler_nursery.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace_s
 
+    @property
+    def open_connections(self) -> int:
+        return int(self._limiter.borrowed_tokens)  # one token per client connection being served
+
     async def _handle(self, stream: trio.abc.Stream) -> None:
         try:
             self._limiter.acquire_nowait()
