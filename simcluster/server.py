@@ -100,7 +100,8 @@ class CommandServer:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        # As the server's HostAndPort writes one: an IPv6 address in brackets.
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     # -- wire ------------------------------------------------------------------------------------
 

@@ -1028,3 +1028,39 @@ async def test_a_match_that_fails_on_an_event_fails_only_that_events_bucket(prox
         c.ex.d.insert_one({"_id": 3, "d": {}})  # the good bucket still gets events
         assert [e["documentKey"]["_id"] for e in drain(c, good, end_point(c))] == [3]
     await sync(work)
+
+
+def _has_ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback")
+async def test_a_cluster_on_ipv6_addresses_is_read_through_the_proxy():
+    """Hosts as the server writes them, an IPv6 address in brackets ([::1]:port), in the upstream
+    URI and in listShards' shard strings: the proxy, its readers (in a reader process) and a
+    watch() all reach them. The host list was split at the first colon."""
+    async with open_cluster(shards=2, members=2, host="::1") as cluster, trio.open_nursery() as nursery:
+        assert cluster.uri.startswith("mongodb://[::1]:")
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_host="::1", listen_port=0))
+
+        def work() -> None:
+            c = client(f"mongodb://[::1]:{proxy.port}/")
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "readerProcesses": 1})
+            c.admin.command("shardCollection", "t.h", key={"_id": "hashed"})
+            c.t.h.insert_many([{"_id": i} for i in range(100)])  # on both shards
+            end = end_point(c)
+            inserted = [e["documentKey"]["_id"] for cur in opened["cursors"] for e in drain(c, cur["id"], end)
+                        if e["operationType"] == "insert"]
+            assert sorted(inserted) == list(range(100))
+            status = c.admin.command({"parallelChangeStreamStatus": 1})["streams"][0]
+            assert all(s["reconnects"] == 0 for s in status["shards"])
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()

@@ -18,7 +18,7 @@ import trio
 from bson import Binary
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import ConfigurationError
-from pymongo.uri_parser import parse_uri
+from pymongo.uri_parser import parse_uri, split_hosts
 
 from mongoformats import wire
 from mongoformats.change_events import RAW
@@ -34,15 +34,11 @@ class UpstreamClosed(Exception):
 
 
 def parse_hosts(uri: str) -> list[tuple[str, int]]:
-    """`mongodb://h1:p1,h2/...` -> [(h1, p1), (h2, 27017)] (credentials and options are ignored)."""
+    """`mongodb://h1:p1,[::1]:p2,h3/...` -> [(h1, p1), ("::1", p2), (h3, 27017)]: the host list of a
+    URI (credentials and options are ignored), split by pymongo's parser (bracketed IPv6 too)."""
     rest = uri.split("://", 1)[-1]
     rest = rest.split("/", 1)[0].split("?", 1)[0]
-    rest = rest.rsplit("@", 1)[-1]
-    out = []
-    for part in rest.split(","):
-        host, _, port = part.rpartition(":") if part.count(":") == 1 else (part, "", "27017")
-        out.append((host or part, int(port or 27017)))
-    return out
+    return split_hosts(rest.rsplit("@", 1)[-1])
 
 
 class UpstreamConnection:
@@ -132,7 +128,7 @@ async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | N
                 await stream.do_handshake()
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         raise UpstreamClosed(f"cannot connect to {host}:{port}: {exc}") from exc
-    return UpstreamConnection(stream, f"{host}:{port}")
+    return UpstreamConnection(stream, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
 
 
 async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
