@@ -38,7 +38,7 @@ def parse_hosts(uri: str) -> list[tuple[str, int]]:
     URI (credentials and options are ignored), split by pymongo's parser (bracketed IPv6 too)."""
     rest = uri.split("://", 1)[-1]
     rest = rest.split("/", 1)[0].split("?", 1)[0]
-    return split_hosts(rest.rsplit("@", 1)[-1])
+    return [(host, port or 27017) for host, port in split_hosts(rest.rsplit("@", 1)[-1])]
 
 
 class UpstreamConnection:
