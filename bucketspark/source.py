@@ -103,7 +103,8 @@ def _parse_option(name: str, text: str) -> Any:
             raise ValueError
         return value
     except (ValueError, TypeError, OverflowError):
-        want = {"bool": "true or false", "int": f"an integer between {low} and {high}",
+        span = f"between {low} and {high}" if high < _INT_MAX else f"of at least {low}"
+        want = {"bool": "true or false", "int": f"an integer {span}",
                 "timestamp": '"<seconds>,<increment>"', "json list": "a JSON list"}[kind]
         raise ValueError(f"parallelchangestream: option {name} must be {want}, not {text!r}") from None
 

@@ -120,6 +120,7 @@ async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> No
 
 async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                         timeout: float = 10.0) -> UpstreamConnection:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
     try:
         with trio.fail_after(timeout):
             stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
@@ -127,8 +128,8 @@ async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | N
                 stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
                 await stream.do_handshake()
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-        raise UpstreamClosed(f"cannot connect to {host}:{port}: {exc}") from exc
-    return UpstreamConnection(stream, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        raise UpstreamClosed(f"cannot connect to {address}: {exc}") from exc
+    return UpstreamConnection(stream, address)
 
 
 async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
