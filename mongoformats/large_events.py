@@ -30,7 +30,7 @@ import bson
 
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import document_of, elements
-from mongoformats.resume_token import decode_token, encode_token, token_text
+from mongoformats.resume_token import decode_token, encode_token, token_text, whole_event_token
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
 __all__ = ["MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
@@ -151,8 +151,7 @@ def join_fragments(fragments: list[bytes]) -> bytes:
     fields but `_id` and `splitEvent`, in the fragments' order (the event's own order is lost;
     the split dealt its fields by size). Over 16 MiB, so never sent on the wire."""
     v, e = _id_span(fragments[0])
-    token = encode_token(dataclasses.replace(decode_token(bson.decode(fragments[0][v:e])), fragment_num=None))
-    body = [bson.encode({"_id": token})[4:-1]]
+    body = [bson.encode({"_id": whole_event_token(decode_token(bson.decode(fragments[0][v:e])))})[4:-1]]
     for raw in fragments:
         for name, (_, start, end) in elements(raw).items():
             if name not in (b"_id", b"splitEvent"):

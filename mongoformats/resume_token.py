@@ -22,7 +22,7 @@ from mongoformats.errors import MongoError
 from mongoformats.keystring import KeyStringBuilder, KeyStringReader
 
 __all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
-           "high_water_mark", "token_sort_key", "token_text", "fragment_of"]
+           "high_water_mark", "token_sort_key", "token_text", "fragment_of", "whole_event_token"]
 
 HIGH_WATER_MARK = 0
 EVENT_TOKEN = 128
@@ -193,14 +193,19 @@ def high_water_mark(cluster_time: Timestamp, version: int = DEFAULT_VERSION) -> 
     return encode_token(ResumeTokenData(cluster_time, version, HIGH_WATER_MARK))
 
 
+def whole_event_token(data: ResumeTokenData) -> dict[str, Any]:
+    """The token of the event a fragment's token (decoded) was cut from: the same token without
+    fragmentNum, which sorts before every fragment's."""
+    return encode_token(replace(data, fragment_num=None))
+
+
 def fragment_of(token: Mapping[str, Any] | ResumeTokenData) -> tuple[bytes, int] | None:
     """For the token of a split event's fragment (or its decoded data): the key of the whole
-    event's token (the same token without fragmentNum, which sorts before every fragment's) and
-    the fragment's number. None for any other token."""
+    event's token (whole_event_token) and the fragment's number. None for any other token."""
     data = token if isinstance(token, ResumeTokenData) else decode_token(token)
     if data.fragment_num is None:
         return None
-    return token_sort_key(encode_token(replace(data, fragment_num=None))), data.fragment_num
+    return token_sort_key(whole_event_token(data)), data.fragment_num
 
 
 def token_text(token: Mapping[str, Any], *, spaced: bool = False) -> str:
