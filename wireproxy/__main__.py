@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import logging
 import signal
-from dataclasses import fields
 from typing import Any
 
 import trio
@@ -36,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", help="TOML file with a [wireproxy] table")
     parser.add_argument("--listen", metavar="HOST:PORT", help="listen_host and listen_port in one")
     # One flag per setting, from ProxyConfig's fields: --reader-processes sets reader_processes.
-    for f in fields(ProxyConfig):
+    settings = dataclasses.fields(ProxyConfig)
+    for f in settings:
         kind, flag = str(f.type), "--" + f.name.replace("_", "-")
         if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
         config = ProxyConfig.from_env(base=config)
         # Flags given override the file and the environment.
-        changes: dict[str, Any] = {f.name: v for f in fields(ProxyConfig) if (v := getattr(args, f.name)) is not None}
+        changes: dict[str, Any] = {f.name: v for f in settings if (v := getattr(args, f.name)) is not None}
         if args.listen:
             host, _, port = args.listen.rpartition(":")
             changes.update(listen_host=host or "127.0.0.1", listen_port=parse_value("int", port, "--listen's port"))
