@@ -121,7 +121,7 @@ class ProxyProcess:
         with trio.fail_after(30):
             while True:
                 try:
-                    conn = await open_upstream("127.0.0.1", self.port, timeout=1)
+                    conn = await open_upstream("127.0.0.1", self.port)
                     await conn.aclose()
                     return
                 except UpstreamClosed:

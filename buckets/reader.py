@@ -32,7 +32,7 @@ from mongoformats.change_events import EventFields, OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
 from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from wireproxy.upstream import ConnectMember, UpstreamClosed, UpstreamConnection, open_member
+from wireproxy.upstream import ConnectMember, UpstreamClosed, UpstreamConnection, host_address, open_member
 
 log = logging.getLogger("buckets.reader")
 
@@ -111,6 +111,9 @@ class OplogTail:
         self.transformer = transformer
         self.await_ms = await_ms
         self.reconnects = 0
+        # The member the tail last lost, tried last at the next connect: a hung one costs the
+        # connect timeout each time it is tried, and a stopped one only a refused connection.
+        self.suspect = ""
 
     async def check_history(self, conn: UpstreamConnection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
@@ -132,7 +135,8 @@ class OplogTail:
         first_connect = True
         while True:
             try:
-                conn = await self.connect_member(self.hosts, secondary=True)
+                hosts = sorted(self.hosts, key=lambda h: host_address(*h) == self.suspect)
+                conn = await self.connect_member(hosts, secondary=True)
             except UpstreamClosed:
                 self.reconnects += 1
                 await trio.sleep(0.2)
@@ -144,19 +148,18 @@ class OplogTail:
                     first_connect = False
                     await out.checked()
                 await self._tail(conn, out)
-            except UpstreamClosed as exc:
+            except (UpstreamClosed, MongoError) as exc:
+                if isinstance(exc, MongoError):
+                    if exc.code == 136:  # CappedPositionLost
+                        raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
+                                         f"the read position {self.position}") from exc
+                    if exc.code != 43 and not has_category(exc.code, "RetriableError"):
+                        raise
+                # The member was lost (dropped, hung, stepped down, shutting down, recovering, the
+                # cursor gone): read on from another one.
                 log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
                 self.reconnects += 1
-                await trio.sleep(0.05)
-            except MongoError as exc:
-                if exc.code == 136:  # CappedPositionLost
-                    raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
-                                     f"the read position {self.position}") from exc
-                if exc.code != 43 and not has_category(exc.code, "RetriableError"):
-                    raise
-                # Cursor lost, member stepped down, shutting down or recovering: another member.
-                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
-                self.reconnects += 1
+                self.suspect = conn.address
                 await trio.sleep(0.05)
             finally:
                 await conn.aclose()

@@ -224,6 +224,7 @@ class ShardNode(CommandServer):
         last = trio.current_time()
         while True:
             await trio.sleep(0.25)
+            await self.wait_running()
             if trio.current_time() - last < min(self.transaction_lifetime_s / 2, 60.0):
                 continue
             last = trio.current_time()
@@ -235,6 +236,7 @@ class ShardNode(CommandServer):
         last_seen = self.oplog.last_key()
         while True:
             await trio.sleep(self.periodic_noop_interval_s)
+            await self.wait_running()
             # Only a primary writes, and only when nothing was written since the last check, as
             # the server's NoopWriter does (noop_writer.cpp): an idle shard may wait two intervals.
             if self.is_primary and self.oplog.last_key() == last_seen:
@@ -245,6 +247,7 @@ class ShardNode(CommandServer):
         """A secondary's sync loop: copy the primary's new entries (after the set's lag) and apply them."""
         rs = self.replset
         while True:
+            await self.wait_running()
             source = rs.primary_node
             # stopReplProducer: the server's fail point that stops this member fetching entries.
             if self.is_primary or source is None or source is self or "stopReplProducer" in self.fail_points:

@@ -228,6 +228,29 @@ class ReplicaSet:
     def stop_member(self, node: ShardNode) -> None:
         """Like killing the mongod: connections drop; its data and oplog stay (they are on disk)."""
         node.stop()
+        self._lost(node)
+
+    async def restart_member(self, node: ShardNode) -> None:
+        """Start a stopped member again on its port; it rejoins as a secondary and catches up."""
+        assert self.nursery is not None
+        self._set_rejoining(node)
+        await self.nursery.start(node.serve)
+        self._rejoined()
+
+    def pause_member(self, node: ShardNode) -> None:
+        """Like SIGSTOP on the mongod, or a network partition that drops its packets: its connections
+        stay open and go unanswered (a client learns only by its own timeout); to the set it is down."""
+        node.pause()
+        self._lost(node)
+
+    def resume_member(self, node: ShardNode) -> None:
+        """SIGCONT, or the partition healed: it answers what waited, rejoins as a secondary and
+        catches up (rolling back what it wrote as a primary that nobody else has)."""
+        self._set_rejoining(node)
+        node.resume()
+        self._rejoined()
+
+    def _lost(self, node: ShardNode) -> None:
         node.up = False
         if node is self.primary_node:
             self.primary_node = None
@@ -235,11 +258,11 @@ class ReplicaSet:
             self.notify()
             self._start(self._elect_after_timeout)
 
-    async def restart_member(self, node: ShardNode) -> None:
-        """Start a stopped member again on its port; it rejoins as a secondary and catches up."""
-        assert self.nursery is not None
+    @staticmethod
+    def _set_rejoining(node: ShardNode) -> None:
         node.up, node.in_sync, node.state = True, False, "SECONDARY"
-        await self.nursery.start(node.serve)
+
+    def _rejoined(self) -> None:
         self.notify()
         if self.primary_node is None:
             self._start(self._elect_after_timeout)

@@ -81,6 +81,10 @@ class CommandServer:
         # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
         self.user_roles: dict[str, list[tuple[str, str]]] = {}
         self._cancel = trio.CancelScope()
+        # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition that
+        # drops its packets): its sockets stay open and nothing on them is answered until it resumes.
+        self._running = trio.Event()
+        self._running.set()
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
         self.topology_counter = 0
         self._topology_changed = trio.Event()
@@ -125,6 +129,18 @@ class CommandServer:
         """Stop listening and drop every connection (a crashed or stopped process)."""
         self._cancel.cancel()
 
+    def pause(self) -> None:
+        """Stop answering and working, sockets left open (see `_running`)."""
+        if self._running.is_set():
+            self._running = trio.Event()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def wait_running(self) -> None:
+        if not self._running.is_set():
+            await self._running.wait()
+
     def bump_topology(self) -> None:
         self.topology_counter += 1
         self._topology_changed.set()
@@ -145,12 +161,14 @@ class CommandServer:
                         if not data and not framer.trailing_data:
                             return
                         continue
+                    await self.wait_running()
                     reply = await self._dispatch(msg, req)
                     if reply is None:
                         continue
                     if reply is _CLOSE:
                         return
                     assert isinstance(reply, bytes)
+                    await self.wait_running()  # a reply made as the process paused is not sent either
                     await stream.send_all(reply)
         except ProtocolError as exc:
             log.info("closing connection %s: %s", conn_id, exc)

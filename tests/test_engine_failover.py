@@ -89,35 +89,99 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
             await after(500)
             await rs0.restart_member(old_primary)
 
-        def collect():
-            end = end_point(c)
-            union: dict[bytes, RawBSONDocument] = {}
-            for cur in opened["cursors"]:
-                events = drain(c, cur["id"], end, timeout=60)
-                keys = [key(e["_id"]) for e in events]
-                assert keys == sorted(keys) and len(set(keys)) == len(keys), "a bucket repeated or reordered"
-                for e in events:
-                    if "coll" in e["ns"]:
-                        assert bucket_of(f"{e['ns']['db']}.{e['ns']['coll']}", N_BUCKETS) == cur["bucket"]
-                    union[key(e["_id"])] = e
-            return end, union
-
-        end, union = await sync(collect)
-        assert sorted(union) == reference(cluster, start, end)
+        await sync(_every_write_once, cluster, c, start, opened, total)
         assert old_primary.coll("fo.rolledback") is None, "the returning member rolled the write back"
-        inserted = sorted(e["documentKey"]["_id"] for e in union.values() if e["operationType"] == "insert")
-        assert inserted == list(range(total)), "every committed insert exactly once"
-        # Per namespace, events come in write order.
-        for ns in NAMESPACES:
-            db, coll = ns.split(".")
-            ids = [e["documentKey"]["_id"] for _, e in sorted(union.items())
-                   if e["operationType"] == "insert" and e["ns"] == {"db": db, "coll": coll}]
-            assert ids == sorted(ids)
         status = await sync(lambda: c.admin.command({"parallelChangeStreamStatus": 1, "name": "failover"}))
         assert sum(s["reconnects"] for s in status["streams"][0]["shards"]) >= 1
         # Which reader process reads each shard (None: the proxy process).
         assert {s["readerProcess"] for s in status["streams"][0]["shards"]} == ({0} if reader_processes else {None})
         assert bson.encode(status)  # the status document stays valid BSON through it all
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+def _every_write_once(cluster, c, start, opened, total) -> None:
+    """The union of the buckets' events up to now, checked: each bucket in token order with no
+    repeat and only its namespaces, the union mongos's stream (tests/test_engine.reference), each
+    of the `total` inserts once, and per namespace in write order."""
+    end = end_point(c)
+    union: dict[bytes, RawBSONDocument] = {}
+    for cur in opened["cursors"]:
+        events = drain(c, cur["id"], end, timeout=60)
+        keys = [key(e["_id"]) for e in events]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys), "a bucket repeated or reordered"
+        for e in events:
+            if "coll" in e["ns"]:
+                assert bucket_of(f"{e['ns']['db']}.{e['ns']['coll']}", N_BUCKETS) == cur["bucket"]
+            union[key(e["_id"])] = e
+    assert sorted(union) == reference(cluster, start, end)
+    inserted = sorted(e["documentKey"]["_id"] for e in union.values() if e["operationType"] == "insert")
+    assert inserted == list(range(total)), "every committed insert exactly once"
+    for ns in NAMESPACES:
+        db, coll = ns.split(".")
+        ids = [e["documentKey"]["_id"] for _, e in sorted(union.items())
+               if e["operationType"] == "insert" and e["ns"] == {"db": db, "coll": coll}]
+        assert ids == sorted(ids)
+
+
+@pytest.mark.parametrize("reader_processes", [0, 1])
+async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_processes):
+    """A member that stops answering but keeps its sockets open (SIGSTOP, or a partition that
+    drops packets): TCP alone would wait hours. The reader gives up on it after
+    upstream_timeout_s and reads on from another member; a hung primary is replaced by an
+    election. Nothing is lost or repeated, and the hung primary's unreplicated write never shows."""
+    async with open_cluster(shards=2, members=3, periodic_noop_s=0.2, election_timeout_s=0.3,
+                            replication_lag_s=0.02) as cluster, \
+            trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, upstream_timeout_s=1,
+                                                             reader_processes=reader_processes))
+        c = client(proxy_uri(proxy))
+        written = [0]
+
+        def open_stream():
+            start = c.admin.command("ping")["operationTime"]
+            return start, c.admin.command({"parallelChangeStream": 1, "nBuckets": N_BUCKETS, "name": "hung",
+                                           "startAtOperationTime": start, "showExpandedEvents": True})
+
+        def write(total):
+            for i in range(0, total, 40):
+                for j, ns in enumerate(NAMESPACES):
+                    db, coll = ns.split(".")
+                    c[db][coll].insert_many([{"_id": k} for k in range(i + j, i + 40, 4)])
+                written[0] = i + 40
+
+        def shard_status(shard):
+            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "hung"})
+            return next(s for s in status["streams"][0]["shards"] if s["shard"] == shard)
+
+        async def after(n):
+            await poll_until(lambda: written[0] >= n, 60, interval=0.02)
+
+        start, opened = await sync(open_stream)
+        total = 400
+        async with trio.open_nursery() as writers:
+            writers.start_soon(sync, write, total)
+            await after(100)
+            rs0, rs1 = cluster.replsets["shard0"], cluster.replsets["shard1"]
+            host = (await sync(shard_status, "shard0"))["host"]
+            tailed = next(m for m in rs0.members if m.address == host)
+            assert not tailed.is_primary, "the reader prefers a secondary"
+            rs0.pause_member(tailed)
+            # Given up after the getMore's maxTimeMS and the 1 s timeout, well before TCP would.
+            await sync(wait_until, lambda: shard_status("shard0")["host"] != host, 10, 0.1)
+            await after(200)
+            # shard1's primary hangs holding a write nobody else has: it is rolled back at resume.
+            old_primary = rs1.primary
+            old_primary.insert_one("fo.rolledback", {"_id": "phantom"}, {})
+            rs1.pause_member(old_primary)
+            await after(300)
+            rs0.resume_member(tailed)
+            rs1.resume_member(old_primary)
+
+        await sync(_every_write_once, cluster, c, start, opened, total)
+        await poll_until(lambda: old_primary.in_sync, 30)
+        assert old_primary.coll("fo.rolledback") is None, "the hung primary's write was rolled back"
+        assert (await sync(shard_status, "shard0"))["reconnects"] >= 1
         await sync(_close_all)
         nursery.cancel_scope.cancel()
 

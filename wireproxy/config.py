@@ -44,6 +44,10 @@ class ProxyConfig:
     cursor_timeout_s: float = _setting(600.0, "kill engine cursors no getMore used this long, as "
                                               "cursorTimeoutMillis does (cursors opened in a session: 1800, "
                                               "the session timeout)", 0)
+    upstream_timeout_s: float = _setting(30.0, "the engine gives up on a shard member or mongos that has not "
+                                               "answered a command this long past its maxTimeMS (a hung or cut-off "
+                                               "host; as a driver's socketTimeoutMS) and reads on from another "
+                                               "member (0: wait forever)", 0)
     memory_limit_bytes: int = _setting(0, "refuse new streams (ExceededMemoryLimit) when their buffer budgets "
                                           "would not fit beside the open streams' (0: half the machine's or "
                                           "cgroup's memory)", 0)

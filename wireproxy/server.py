@@ -38,7 +38,8 @@ class ProxyServer:
         self.wire_versions = (0, 21)
         target = UpstreamTarget.from_uri(config.upstream, tls=config.upstream_tls,
                                          tls_ca_file=config.upstream_tls_ca_file,
-                                         tls_allow_invalid=config.upstream_tls_allow_invalid)
+                                         tls_allow_invalid=config.upstream_tls_allow_invalid,
+                                         reply_timeout_s=config.upstream_timeout_s or None)
         self.hosts = target.hosts
         # Credentials in the upstream URI are the engine's own login (readers, lookups, notes);
         # a client's pinned connection is never logged in with them: each client authenticates itself.
@@ -62,19 +63,19 @@ class ProxyServer:
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
-    async def connect_upstream(self) -> UpstreamConnection:
+    async def connect_upstream(self, reply_timeout_s: float | None = None) -> UpstreamConnection:
         """A new connection to the first reachable upstream mongos."""
         last: Exception | None = None
         for host, port in self.hosts:
             try:
-                return await open_upstream(host, port, ssl_context=self._upstream_ssl)
+                return await open_upstream(host, port, ssl_context=self._upstream_ssl, reply_timeout_s=reply_timeout_s)
             except UpstreamClosed as exc:
                 last = exc
         raise UpstreamClosed(f"no upstream reachable: {last}")
 
     async def connect_engine_upstream(self) -> UpstreamConnection:
         """A connection to mongos for the engine, logged in with the proxy's credentials."""
-        return await logged_in(await self.connect_upstream(), self.credentials)
+        return await logged_in(await self.connect_upstream(self.connect_member.reply_timeout_s), self.credentials)
 
     async def _learn_upstream(self) -> None:
         up = await self.connect_upstream()

@@ -3,11 +3,19 @@
 Two uses: the proxy pins one per client connection and forwards frames verbatim apart from
 requestID/responseTo; the engine's shard readers run commands on it. Replies are returned as
 `RawBSONDocument`, so callers decode only the fields they need.
+
+The engine's connections give up on a command that has no answer after `reply_timeout_s` beyond
+its own maxTimeMS (the proxy's `upstream_timeout_s`, a driver's socketTimeoutMS): a member that
+hangs (a stopped process, a partition that drops packets rather than resetting connections) keeps
+its sockets open, and TCP would wait hours. The connection is closed then, and a shard's reader
+resumes on another member. A client's pinned connection has no such limit: its driver keeps its
+own timeouts, and its commands may rightly run for hours.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import ssl
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -25,12 +33,21 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.scram import MECHANISM, ScramClient
 
-__all__ = ["ConnectMember", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed", "authenticate",
-           "logged_in", "open_member", "open_upstream", "parse_hosts", "upstream_ssl_context", "UpstreamTarget"]
+__all__ = ["CONNECT_TIMEOUT_S", "ConnectMember", "Credentials", "MemberConnector", "UpstreamConnection",
+           "UpstreamClosed", "authenticate", "host_address", "logged_in", "open_member", "open_upstream", "parse_hosts",
+           "upstream_ssl_context", "UpstreamTarget"]
+
+
+CONNECT_TIMEOUT_S = 10.0  # to connect, and for a member's hello (a driver's connectTimeoutMS default)
 
 
 class UpstreamClosed(Exception):
-    """The upstream server closed the connection or could not be reached."""
+    """The upstream server closed the connection, could not be reached or did not answer in time."""
+
+
+def host_address(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets: how servers and drivers write a member's address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_hosts(uri: str) -> list[tuple[str, int]]:
@@ -42,9 +59,10 @@ def parse_hosts(uri: str) -> list[tuple[str, int]]:
 
 
 class UpstreamConnection:
-    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str, *, reply_timeout_s: float | None = None) -> None:
         self._stream = stream
         self.address = address
+        self.reply_timeout_s = reply_timeout_s  # None: wait as long as it takes (a client's connection)
         self._framer = wire.MessageFramer()
         self._ids = itertools.count(1)
         self._lock = trio.Lock()
@@ -80,13 +98,26 @@ class UpstreamConnection:
     def next_request_id(self) -> int:
         return next(self._ids)
 
-    async def command(self, db: str, cmd: dict[str, Any] | bytes, *, check: bool = True) -> RawBSONDocument:
-        """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`."""
+    async def command(self, db: str, cmd: dict[str, Any] | bytes, *, check: bool = True,
+                      timeout_s: float = math.inf) -> RawBSONDocument:
+        """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`, and no
+        answer within `reply_timeout_s` past the command's maxTimeMS (or within `timeout_s`, if
+        sooner) closes the connection and raises UpstreamClosed."""
         body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
+        limit = timeout_s
+        if self.reply_timeout_s is not None:
+            waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
+            limit = min(limit, self.reply_timeout_s + waits)
         async with self._lock:
-            rid = self.next_request_id()
-            await self.send(wire.encode_op_msg(rid, 0, body))
-            msg = await self.receive()
+            with trio.move_on_after(limit) as waited:
+                rid = self.next_request_id()
+                await self.send(wire.encode_op_msg(rid, 0, body))
+                msg = await self.receive()
+            if waited.cancelled_caught:
+                # Its answer may still come: the connection is out of step for good.
+                await self.aclose()
+                name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
+                raise UpstreamClosed(f"upstream {self.address} did not answer {name} within {limit:g} s")
         if not isinstance(msg, wire.OpMsg) or msg.response_to != rid:
             raise UpstreamClosed(f"upstream {self.address} answered out of turn")
         reply = RawBSONDocument(msg.body, RAW)
@@ -119,36 +150,37 @@ async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> No
 
 
 async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                        timeout: float = 10.0) -> UpstreamConnection:
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
+                        reply_timeout_s: float | None = None) -> UpstreamConnection:
+    address = host_address(host, port)
     try:
-        with trio.fail_after(timeout):
+        with trio.fail_after(CONNECT_TIMEOUT_S):
             stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
                 await stream.do_handshake()
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         raise UpstreamClosed(f"cannot connect to {address}: {exc}") from exc
-    return UpstreamConnection(stream, address)
+    return UpstreamConnection(stream, address, reply_timeout_s=reply_timeout_s)
 
 
-async def open_member(hosts: list[tuple[str, int]], *, secondary: bool,
-                      ssl_context: ssl.SSLContext | None = None) -> UpstreamConnection:
+async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_context: ssl.SSLContext | None = None,
+                      reply_timeout_s: float | None = None) -> UpstreamConnection:
     """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
     is reachable, else the primary (secondaryPreferred). Members that are down, recovering or in
-    rollback (neither primary nor secondary) are passed over."""
+    rollback (neither primary nor secondary), or that do not answer hello within the connect
+    timeout (a hung process), are passed over."""
     fallback: UpstreamConnection | None = None
     errors = []
     try:
         for host, port in hosts:
             try:
-                conn = await open_upstream(host, port, ssl_context=ssl_context)
+                conn = await open_upstream(host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s)
             except UpstreamClosed as exc:
                 errors.append(str(exc))
                 continue
             kept = False
             try:
-                hello = await conn.command("admin", {"hello": 1})
+                hello = await conn.command("admin", {"hello": 1}, timeout_s=CONNECT_TIMEOUT_S)
                 is_primary = bool(hello.get("isWritablePrimary"))
                 if (secondary and hello.get("secondary")) or (not secondary and is_primary):
                     kept = True
@@ -210,10 +242,12 @@ class MemberConnector:
     tls_ca_file: str = ""
     tls_allow_invalid: bool = False
     credentials: Credentials | None = None
+    reply_timeout_s: float | None = None  # see UpstreamConnection.command
 
     async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
-        return await logged_in(await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context()),
-                               self.credentials)
+        conn = await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context(),
+                                 reply_timeout_s=self.reply_timeout_s)
+        return await logged_in(conn, self.credentials)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         cached: ssl.SSLContext | None = self.__dict__.get("_ctx")
@@ -240,8 +274,8 @@ class UpstreamTarget:
     member: MemberConnector  # TLS and login; the engine's connections to shard members use the same
 
     @classmethod
-    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "",
-                 tls_allow_invalid: bool = False) -> UpstreamTarget:
+    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "", tls_allow_invalid: bool = False,
+                 reply_timeout_s: float | None = None) -> UpstreamTarget:
         try:
             parsed = parse_uri(uri)
         except (ConfigurationError, ValueError) as exc:
@@ -259,4 +293,5 @@ class UpstreamTarget:
         insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
         return cls(parsed["nodelist"], MemberConnector(
             tls=tls or bool(options.get("tls")), tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
-            tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials))
+            tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials,
+            reply_timeout_s=reply_timeout_s))
