@@ -89,12 +89,16 @@ class Mongos(CommandServer):
 
     # -- transactions ------------------------------------------------------------------------------
 
-    async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
+    async def check_command(self, name: str, db: str, cmd: dict[str, Any]) -> None:
         # During an election a command for the shards waits for the new primary
         # (defaultFindReplicaSetHostTimeoutMS, 20 s) before it fails with FailedToSatisfyReadPreference;
-        # what mongos answers itself (hello, ping, ...) does not wait.
+        # what mongos answers itself (hello, ping, ...) does not wait, nor does a command on a
+        # collection wait for shards that hold none of it.
         if name.lower() in WRITE_COMMANDS or name.lower() in READ_COMMANDS:
-            for rs in self.replsets.values():
+            coll = cmd.get(name)
+            targets = ([node.replset for node in self.owners(f"{db}.{coll}")]
+                       if isinstance(coll, str) and db not in CONFIG_DATABASES else list(self.replsets.values()))
+            for rs in targets:
                 if rs.primary_node is None:
                     await rs.wait_primary(20.0)
         if cmd.get("autocommit") is not False or "lsid" not in cmd:

@@ -311,7 +311,7 @@ class ShardNode(CommandServer):
 
     # -- roles: what a secondary refuses (mongodb-formats.md D: 10107, 13435) -------------------------
 
-    async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
+    async def check_command(self, name: str, db: str, cmd: dict[str, Any]) -> None:
         lname = name.lower()
         if not self.in_sync and lname in READ_COMMANDS:
             # A member that rejoined serves no reads until it caught up or rolled back (RECOVERING),

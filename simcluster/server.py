@@ -219,7 +219,7 @@ class CommandServer:
                 if req.user is None:
                     raise MongoError("Unauthorized", f"Command {name} requires authentication")
                 self._authorize(name, db, cmd, req.user)
-            await self.check_command(name, cmd)
+            await self.check_command(name, db, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
             if "lsid" in cmd and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id"):
@@ -249,7 +249,7 @@ class CommandServer:
                 shown = f'"{target}"' if isinstance(target, str) else target
                 raise MongoError("Unauthorized", f"not authorized on {db} to execute command {{ {name}: {shown} }}")
 
-    async def check_command(self, name: str, cmd: dict[str, Any]) -> None:
+    async def check_command(self, name: str, db: str, cmd: dict[str, Any]) -> None:
         """Hook: reject a command this process may not run now (a write on a secondary, a statement
         of an unknown transaction)."""
 
