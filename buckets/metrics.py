@@ -32,6 +32,9 @@ class EngineCollector(Collector):
                                          labels=shard_labels),
             "reconnects": CounterMetricFamily("pcs_shard_reconnects", "Reader reconnections (member failures)",
                                               labels=shard_labels),
+            "connected": GaugeMetricFamily("pcs_shard_connected", "1 while the reader reads from a member; 0 "
+                                           "while it has lost it or reaches none (the stream waits on this shard)",
+                                           labels=shard_labels),
         }
         bucket: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "depth": GaugeMetricFamily("pcs_bucket_depth", "Events no live cursor has read yet", labels=bucket_labels),
@@ -56,6 +59,7 @@ class EngineCollector(Collector):
                 if s["lagSeconds"] is not None:  # None until the reader read something
                     shard["lag"].add_metric(labels, s["lagSeconds"])
                 shard["buffer"].add_metric(labels, s["bufferBytes"])
+                shard["connected"].add_metric(labels, int(s["connected"]))
                 for key, field in (("entries", "entriesRead"), ("events", "events"), ("noops", "noops"),
                                    ("reconnects", "reconnects")):
                     shard[key].add_metric(labels, s[field])

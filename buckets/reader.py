@@ -20,6 +20,7 @@ budget, the statistics and the notes that move idle shards on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,6 +71,9 @@ class ShardStats:
     noops: int = 0
     reconnects: int = 0
     noop_unavailable: str = ""
+    connected: bool = False  # reading from a member now (False until the first connect, and while lost)
+    last_error: str = ""     # why the reader last lost its member, or could not reach one
+    last_error_at: float = 0.0  # wall-clock time of that
 
 
 class TailOutput(Protocol):
@@ -90,6 +94,10 @@ class TailOutput(Protocol):
 
     async def connected(self, host: str, reconnects: int) -> None:
         """Reading from member `host`, after `reconnects` lost connections so far."""
+
+    async def lost(self, error: str, reconnects: int) -> None:
+        """The member read from was lost, or none could be reached (`error` says why): the tail
+        tries again, and stays lost to status until it reads again (a whole shard down)."""
 
 
 class OplogTail:
@@ -137,8 +145,9 @@ class OplogTail:
             try:
                 hosts = sorted(self.hosts, key=lambda h: host_address(*h) == self.suspect)
                 conn = await self.connect_member(hosts, secondary=True)
-            except UpstreamClosed:
+            except UpstreamClosed as exc:
                 self.reconnects += 1
+                await out.lost(str(exc), self.reconnects)
                 await trio.sleep(0.2)
                 continue
             try:
@@ -160,6 +169,7 @@ class OplogTail:
                 log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
                 self.reconnects += 1
                 self.suspect = conn.address
+                await out.lost(str(exc), self.reconnects)
                 await trio.sleep(0.05)
             finally:
                 await conn.aclose()
@@ -343,7 +353,11 @@ class ShardReader:
             self._nursery.start_soon(self._advance_idle_shard, interval)
 
     async def connected(self, host: str, reconnects: int) -> None:
-        self.stats.host, self.stats.reconnects = host, reconnects
+        self.stats.host, self.stats.reconnects, self.stats.connected = host, reconnects, True
+
+    async def lost(self, error: str, reconnects: int) -> None:
+        stats = self.stats
+        stats.connected, stats.reconnects, stats.last_error, stats.last_error_at = False, reconnects, error, time.time()
 
     # -- notes ---------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ directions carry length-prefixed messages (see `encode_message`); `key` names on
     proxy -> reader:  ("add", key, OplogTail, budget bytes)    ("remove", key)
                       ("credit", {key: bytes freed})
     reader -> proxy:  ("batch", key, events, nbytes, entries, (secs, inc))
-                      ("checked" | "idle" | "parked" | "connected" | "failed", key, ...)
+                      ("checked" | "idle" | "parked" | "connected" | "lost" | "failed", key, ...)
 
 Flow control: each tail charges a ByteBudget of the shard's size in its own process before it
 sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits,
@@ -256,6 +256,8 @@ class ReaderHost:
                 await reader.checked()
             elif kind == "connected":
                 await reader.connected(message[2], message[3])
+            elif kind == "lost":
+                await reader.lost(message[2], message[3])
             elif kind == "failed":
                 self._fail(key, MongoError(message[2], message[3]))
 
@@ -368,6 +370,9 @@ class _Report:
 
     async def connected(self, host: str, reconnects: int) -> None:
         await self.channel.send(("connected", self.key, host, reconnects))
+
+    async def lost(self, error: str, reconnects: int) -> None:
+        await self.channel.send(("lost", self.key, error, reconnects))
 
 
 async def _serve(path: str) -> None:

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import bson
@@ -746,7 +747,10 @@ class ParallelStream:
                         "entriesRead": r.stats.entries,
                         "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,
                         "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
-                        "reconnects": r.stats.reconnects,
+                        "reconnects": r.stats.reconnects, "connected": r.stats.connected,
+                        "lastError": r.stats.last_error or None,
+                        "lastErrorAt": (datetime.fromtimestamp(r.stats.last_error_at, UTC)
+                                        if r.stats.last_error else None),
                         "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
                         "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
             "topology": self.watcher.status() if self.watcher is not None else None,

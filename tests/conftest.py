@@ -7,6 +7,7 @@ the servers keep running on the trio thread. Each such call has a deadline.
 from __future__ import annotations
 
 import functools
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -82,6 +83,23 @@ async def proxy(cluster: SimCluster) -> AsyncIterator[ProxyServer]:
 
 def proxy_uri(server: ProxyServer) -> str:
     return f"mongodb://127.0.0.1:{server.port}/"
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a proxy's /metrics)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> list[str]:
+    """The lines of the proxy's /metrics page on `port`, read over a real HTTP request."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode().splitlines()
 
 
 def wait_until(cond: Any, timeout: float = 120, interval: float = 0.3) -> None:

@@ -26,7 +26,7 @@ from buckets.bucketing import bucket_of
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, poll_until, proxy_uri, sync, wait_until
+from tests.conftest import _close_all, client, free_port, poll_until, proxy_uri, scrape, sync, wait_until
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -547,11 +547,7 @@ async def test_idle_shards_do_not_delay_events(cluster, proxy):
 
 async def test_status_figures_are_on_the_metrics_endpoint(cluster):
     """The per-shard and per-bucket figures of parallelChangeStreamStatus, scraped from /metrics."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     async with trio.open_nursery() as nursery:
         proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port))
 
@@ -565,17 +561,12 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
             assert len(events) >= 40
             status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "scraped"})["streams"][0]
             assert all(s["lagSeconds"] is not None and s["lagSeconds"] < 60 for s in status["shards"])
-            with socket.create_connection(("127.0.0.1", port)) as s:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                data = b""
-                while chunk := s.recv(65536):
-                    data += chunk
-            lines = data.decode().splitlines()
+            lines = scrape(port)
             delivered = [ln for ln in lines if ln.startswith("pcs_bucket_delivered_total{") and
                          f'bucket="{b}"' in ln and 'stream="scraped"' in ln]
             assert delivered and float(delivered[0].split()[-1]) == len(events)
             for family in ("pcs_shard_lag_seconds", "pcs_shard_buffer_bytes", "pcs_shard_read_position_seconds",
-                           "pcs_bucket_depth", "pcs_stream_events_merged_total"):
+                           "pcs_shard_connected", "pcs_bucket_depth", "pcs_stream_events_merged_total"):
                 assert sum(ln.startswith(family + "{") for ln in lines) >= 1, family
             assert any(ln.startswith("pcs_memory_reserved_bytes ") and float(ln.split()[-1]) > 3 << 30
                        for ln in lines)  # three shards of 1 GiB, and the buckets

@@ -18,7 +18,7 @@ from pymongo.errors import OperationFailure
 
 from buckets.bucketing import bucket_of
 from simcluster import open_cluster
-from tests.conftest import _close_all, client, poll_until, proxy_uri, sync, wait_until
+from tests.conftest import _close_all, client, free_port, poll_until, proxy_uri, scrape, sync, wait_until
 from tests.test_engine import drain, end_point, key, reference
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
@@ -301,3 +301,58 @@ async def test_a_stalled_stream_never_holds_up_another_in_a_shared_reader_proces
         assert got == 60
         assert stalled["cursors"][0]["id"]  # still open, still unread
     await sync(work)
+
+
+async def test_a_shard_with_no_member_up_holds_the_stream_back_and_status_says_why():
+    """Every member of a shard is down: nothing the other shards write may be delivered (the lost
+    shard may still hold something earlier), so the buckets wait rather than skip it, and
+    status and /metrics name the lost shard and the reason. When it is back, every write comes once."""
+    port = free_port()
+    async with open_cluster(shards=2, members=1, periodic_noop_s=0.2, election_timeout_s=0.3) as cluster, \
+            trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port))
+        c = client(proxy_uri(proxy))
+        on = {cluster.mongos.primary_of(db).set_name: db for db in ("d0", "d1")}  # one database per shard
+        lost_rs = cluster.replsets["shard1"]
+        member = lost_rs.members[0]
+
+        def shard1():
+            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "held"})["streams"][0]
+            return next(s for s in status["shards"] if s["shard"] == "shard1")
+
+        def before_the_outage():
+            start = c.admin.command("ping")["operationTime"]
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "held",
+                                      "startAtOperationTime": start, "showExpandedEvents": True})
+            for db in on.values():
+                c[db].c.insert_many([{"_id": i} for i in range(10)])
+            first = drain(c, opened["cursors"][0]["id"], end_point(c))
+            assert shard1()["connected"] and shard1()["lastError"] is None
+            return start, opened, first
+
+        def during_the_outage(cursor_id):
+            c[on["shard0"]].c.insert_many([{"_id": i} for i in range(10, 20)])  # shard0 writes on
+            wait_until(lambda: not shard1()["connected"], 10, 0.1)
+            assert "cannot connect" in shard1()["lastError"] or "closed" in shard1()["lastError"]
+            assert 'pcs_shard_connected{shard="shard1",stream="held"} 0.0' in scrape(port)
+            reply = c.admin.command({"getMore": cursor_id, "collection": "$cmd.parallelChangeStream",
+                                     "maxTimeMS": 500})
+            assert reply["cursor"]["nextBatch"] == [], "held back until shard1 can promise nothing earlier"
+
+        start, opened, first = await sync(before_the_outage)
+        lost_rs.stop_member(member)
+        await sync(during_the_outage, opened["cursors"][0]["id"])
+        await lost_rs.restart_member(member)
+        await lost_rs.wait_primary(10)
+
+        def after_it():
+            c[on["shard1"]].c.insert_many([{"_id": i} for i in range(10, 20)])
+            end = end_point(c)
+            keys = [key(e["_id"]) for e in first + drain(c, opened["cursors"][0]["id"], end)]
+            assert keys == reference(cluster, start, end), "every event once, in order"
+            assert sum(b"insert" in k for k in keys) == 40 and shard1()["connected"]
+            assert shard1()["lastError"] is not None and shard1()["lastErrorAt"] is not None  # kept for the record
+
+        await sync(after_it)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()

@@ -14,7 +14,7 @@ import trio
 from pymongo import AsyncMongoClient, InsertOne, UpdateOne
 
 from mongoformats import wire
-from tests.conftest import client, proxy_uri, sync
+from tests.conftest import client, free_port, proxy_uri, scrape, sync
 from wireproxy.config import ProxyConfig
 from wireproxy.router import CommandTable, Route, classify
 from wireproxy.server import ProxyServer
@@ -189,23 +189,13 @@ async def test_upstream_failure_is_a_network_error_not_a_hang(cluster):
 
 async def test_metrics_endpoint(cluster):
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=0))
-        # metrics_port=0 means off; pick a free port for this test
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        server.config = ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port)
+        port = free_port()
+        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port))
         await nursery.start(server.serve)
 
         def work():
             client(proxy_uri(server)).t.c.insert_one({"_id": 1})
-            with socket.create_connection(("127.0.0.1", port)) as s:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                data = b""
-                while chunk := s.recv(65536):
-                    data += chunk
-            text = data.decode()
+            text = "\n".join(scrape(port))
             assert "wireproxy_commands_total" in text and 'command="insert"' in text
         await sync(work)
         nursery.cancel_scope.cancel()
@@ -256,9 +246,7 @@ async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
     import subprocess
     import sys
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", cluster.uri,
                              "--listen", f"127.0.0.1:{port}", "--shutdown-grace-s", "5"], stderr=subprocess.DEVNULL)
     try:
