@@ -173,8 +173,12 @@ class ReplicaSet:
         now = trio.current_time()
         up = [m for m in self.members if m.up]
         newest = {m: m.oplog.last_optime() for m in up}
-        candidates = [m for m in up if m is not exclude and m.in_sync and m.frozen_until <= now
-                      and sum(newest[voter] <= newest[m] for voter in up) >= self.majority]
+        # A member back from a restart catches up before it stands, unless no live member is in
+        # step (the whole set was down): then none has more to learn, and the vote rule alone
+        # picks the one with the newest oplog, as the set does after a full restart.
+        whole_set_restarted = not any(m.in_sync for m in up)
+        candidates = [m for m in up if m is not exclude and (m.in_sync or whole_set_restarted)
+                      and m.frozen_until <= now and sum(newest[voter] <= newest[m] for voter in up) >= self.majority]
         if not candidates:
             return None
         winner = max(candidates, key=lambda m: (newest[m], -self.members.index(m)))
@@ -191,6 +195,7 @@ class ReplicaSet:
                   {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end) for m in self.members}, self._commit)
         for m in self.members:
             m.state = "SECONDARY"
+        winner.in_sync = True
         winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
         self.primary_node = winner
         self.notify()

@@ -303,18 +303,19 @@ async def test_a_stalled_stream_never_holds_up_another_in_a_shared_reader_proces
     await sync(work)
 
 
-async def test_a_shard_with_no_member_up_holds_the_stream_back_and_status_says_why():
+@pytest.mark.parametrize("members", [1, 3])
+async def test_a_shard_with_no_member_up_holds_the_stream_back_and_status_says_why(members):
     """Every member of a shard is down: nothing the other shards write may be delivered (the lost
     shard may still hold something earlier), so the buckets wait rather than skip it, and
-    status and /metrics name the lost shard and the reason. When it is back, every write comes once."""
+    status and /metrics name the lost shard and the reason. When it is back (its members elect a
+    primary again), every write comes once."""
     port = free_port()
-    async with open_cluster(shards=2, members=1, periodic_noop_s=0.2, election_timeout_s=0.3) as cluster, \
+    async with open_cluster(shards=2, members=members, periodic_noop_s=0.2, election_timeout_s=0.3) as cluster, \
             trio.open_nursery() as nursery:
         proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port))
         c = client(proxy_uri(proxy))
         on = {cluster.mongos.primary_of(db).set_name: db for db in ("d0", "d1")}  # one database per shard
         lost_rs = cluster.replsets["shard1"]
-        member = lost_rs.members[0]
 
         def shard1():
             status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "held"})["streams"][0]
@@ -340,9 +341,11 @@ async def test_a_shard_with_no_member_up_holds_the_stream_back_and_status_says_w
             assert reply["cursor"]["nextBatch"] == [], "held back until shard1 can promise nothing earlier"
 
         start, opened, first = await sync(before_the_outage)
-        lost_rs.stop_member(member)
+        for member in lost_rs.members:
+            lost_rs.stop_member(member)
         await sync(during_the_outage, opened["cursors"][0]["id"])
-        await lost_rs.restart_member(member)
+        for member in lost_rs.members:
+            await lost_rs.restart_member(member)
         await lost_rs.wait_primary(10)
 
         def after_it():
