@@ -263,10 +263,11 @@ class ReplicaSet:
             self.notify()
             self._start(self._elect_after_timeout)
 
-    def _set_rejoining(self, node: ShardNode) -> None:
-        # It catches up from the primary before it serves reads or stands; the member of a set of
-        # one holds the set's whole history, and steps up again at once, as a server does.
-        node.up, node.in_sync, node.state = True, len(self.members) == 1, "SECONDARY"
+    @staticmethod
+    def _set_rejoining(node: ShardNode) -> None:
+        # It catches up from the primary before it serves reads or stands (see `elect` for a set
+        # with no primary to catch up from).
+        node.up, node.in_sync, node.state = True, False, "SECONDARY"
 
     def _rejoined(self) -> None:
         self.notify()
