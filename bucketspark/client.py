@@ -14,6 +14,7 @@ from typing import Any
 
 import pymongo
 from bson.raw_bson import RawBSONDocument
+from pymongo.uri_parser import split_options
 
 from mongoformats.codecs import RAW as RAW_OPTS
 from mongoformats.large_events import join_fragments
@@ -54,8 +55,21 @@ def token_key(data_hex: str) -> bytes:
     return binascii.unhexlify(data_hex)
 
 
+# What a task's client uses where the uri says nothing (a keyword would override the uri's own
+# option, so these are only filled in). socketTimeoutMS: how long a task waits for any one reply
+# of the proxy's before it fails and Spark retries it; pymongo's default is to wait forever, so a
+# proxy that hangs, or a network that drops its packets, would hold the micro-batch for good.
+# Generous, as a getMore waits up to maxAwaitTimeMS and may look documents up for its events.
+CLIENT_DEFAULTS: dict[str, Any] = {"serverSelectionTimeoutMS": 10_000, "socketTimeoutMS": 120_000,
+                                   "appname": "bucketspark"}
+
+
 def client_for(uri: str) -> pymongo.MongoClient[Any]:
-    return pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000, appname="bucketspark")
+    # The uri's query alone, read as pymongo reads it (names in any case): a mongodb+srv name is
+    # not looked up once more for this.
+    query = uri.partition("?")[2]
+    given = split_options(query) if query else {}
+    return pymongo.MongoClient(uri, **{k: v for k, v in CLIENT_DEFAULTS.items() if k not in given})
 
 
 def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int, start: str, end: str, *,

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
+import pymongo
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
@@ -255,3 +257,50 @@ def test_a_batch_with_several_cross_bucket_events_replays_in_order(env: Any, spa
     finally:
         source.close()
         target.close()
+
+
+def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any) -> None:
+    """A Spark task's reads have a socket timeout (pymongo waits forever by default): against a
+    proxy that hangs (here SIGSTOPped: its sockets open, nothing answered) the task fails with a
+    network timeout, for Spark to retry, instead of holding the micro-batch for good. The uri's
+    own options win over the task's defaults."""
+    import signal
+
+    from pymongo.errors import NetworkTimeout
+
+    from tests.conftest import free_port
+
+    default = client_for("mongodb://127.0.0.1:1/")
+    assert default.options.pool_options.socket_timeout == 120
+    default.close()
+    port = free_port()
+    proxy = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", env.source.uri,
+                              "--listen", f"127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+    uri = f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500&connectTimeoutMS=1500&serverSelectionTimeoutMS=3000"
+    c = client_for(uri)
+    try:
+        assert c.options.pool_options.socket_timeout == 1.5
+        wait_until(lambda: _answers(c), 30, 0.2)
+        spec = StreamSpec(uri=uri, name="hung-proxy", n_buckets=1)
+        start = open_stream(c, spec)[0]
+        c.hung.c.insert_one({"_id": 1})
+        wait_until(lambda: plan_end(c, spec, [start], None) > start, 30, 0.1)  # one event to read
+        end = plan_end(c, spec, [start], None)
+        proxy.send_signal(signal.SIGSTOP)
+        began = time.monotonic()
+        with pytest.raises(NetworkTimeout):
+            list(read_bucket(c, spec, 0, start, end))
+        assert time.monotonic() - began < 30
+    finally:
+        proxy.send_signal(signal.SIGCONT)
+        proxy.kill()
+        proxy.wait()
+        c.close()
+
+
+def _answers(c: Any) -> bool:
+    try:
+        c.admin.command("ping")
+        return True
+    except pymongo.errors.PyMongoError:
+        return False
