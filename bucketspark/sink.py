@@ -23,6 +23,7 @@ import pymongo
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.errors import OperationFailure
 
+from bucketspark.client import client_for
 from mongoformats.codecs import PLAIN
 
 _ALREADY_DONE = {26, 27, 48, 68, 85, 86}  # NamespaceNotFound, IndexNotFound, NamespaceExists, Index*
@@ -209,7 +210,7 @@ def replicate_arrow(target_uri: str) -> Any:
                         return
                     yield raw
 
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri, serverSelectionTimeoutMS=10_000)
+        client = client_for(target_uri)  # a target that stops answering fails the task: see CLIENT_DEFAULTS
         try:
             stats = apply_events(client, events())
         finally:
@@ -254,7 +255,7 @@ def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
                 at_first = [r for r in stops if r["barrierToken"] == first]
                 for r in at_first:  # the barrier is each of these buckets' event
                     applied[r["bucket"]] += 1
-                client: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
+                client = client_for(target_uri)
                 try:
                     apply_events(client, [bytes(at_first[0]["barrierEvent"])])
                 finally:
