@@ -47,30 +47,17 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
                                       "readerProcesses": reader_processes})
             return start, opened
 
-        def write(total):
-            # Retryable writes through the proxy: pymongo retries once on the errors a failover gives.
-            # Batches of 10 per namespace; each waits for majority, i.e. for the secondaries' lag.
-            for i in range(0, total, 40):
-                for j, ns in enumerate(NAMESPACES):
-                    db, coll = ns.split(".")
-                    c[db][coll].insert_many([{"_id": k} for k in range(i + j, i + 40, 4)])
-                written[0] = i + 40
-
-        def reader_host(shard):
-            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "failover"})
-            return next(s["host"] for s in status["streams"][0]["shards"] if s["shard"] == shard)
-
         async def after(n):
             await poll_until(lambda: written[0] >= n, 60, interval=0.02)
 
         start, opened = await sync(open_stream)
         total = 600
         async with trio.open_nursery() as writers:
-            writers.start_soon(sync, write, total)
+            writers.start_soon(sync, _write, c, total, written)
             await after(100)
             # 1. The member shard0's reader tails (a secondary) is stopped mid-stream.
             rs0 = cluster.replsets["shard0"]
-            host = await sync(reader_host, "shard0")
+            host = (await sync(_shard_status, c, "failover", "shard0"))["host"]
             tailed = next(m for m in rs0.members if m.address == host)
             assert not tailed.is_primary, "the reader prefers a secondary"
             rs0.stop_member(tailed)
@@ -98,6 +85,22 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
         assert bson.encode(status)  # the status document stays valid BSON through it all
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+def _write(c, total, written) -> None:
+    """Inserts _id 0..total-1 over NAMESPACES, 10 per namespace at a time; `written[0]` counts those
+    acknowledged. Retryable writes through the proxy: pymongo retries once on the errors a failover
+    gives. Each waits for majority, i.e. for the secondaries' lag."""
+    for i in range(0, total, 40):
+        for j, ns in enumerate(NAMESPACES):
+            db, coll = ns.split(".")
+            c[db][coll].insert_many([{"_id": k} for k in range(i + j, i + 40, 4)])
+        written[0] = i + 40
+
+
+def _shard_status(c, stream, shard):
+    status = c.admin.command({"parallelChangeStreamStatus": 1, "name": stream})
+    return next(s for s in status["streams"][0]["shards"] if s["shard"] == shard)
 
 
 def _every_write_once(cluster, c, start, opened, total) -> None:
@@ -143,16 +146,8 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
             return start, c.admin.command({"parallelChangeStream": 1, "nBuckets": N_BUCKETS, "name": "hung",
                                            "startAtOperationTime": start, "showExpandedEvents": True})
 
-        def write(total):
-            for i in range(0, total, 40):
-                for j, ns in enumerate(NAMESPACES):
-                    db, coll = ns.split(".")
-                    c[db][coll].insert_many([{"_id": k} for k in range(i + j, i + 40, 4)])
-                written[0] = i + 40
-
         def shard_status(shard):
-            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "hung"})
-            return next(s for s in status["streams"][0]["shards"] if s["shard"] == shard)
+            return _shard_status(c, "hung", shard)
 
         async def after(n):
             await poll_until(lambda: written[0] >= n, 60, interval=0.02)
@@ -160,7 +155,7 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
         start, opened = await sync(open_stream)
         total = 400
         async with trio.open_nursery() as writers:
-            writers.start_soon(sync, write, total)
+            writers.start_soon(sync, _write, c, total, written)
             await after(100)
             rs0, rs1 = cluster.replsets["shard0"], cluster.replsets["shard1"]
             host = (await sync(shard_status, "shard0"))["host"]
@@ -318,8 +313,7 @@ async def test_a_shard_with_no_member_up_holds_the_stream_back_and_status_says_w
         lost_rs = cluster.replsets["shard1"]
 
         def shard1():
-            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "held"})["streams"][0]
-            return next(s for s in status["shards"] if s["shard"] == "shard1")
+            return _shard_status(c, "held", "shard1")
 
         def before_the_outage():
             start = c.admin.command("ping")["operationTime"]
