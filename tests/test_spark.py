@@ -5,6 +5,7 @@ costs seconds to start)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import pymongo
 import pytest
+from pymongo.errors import NetworkTimeout
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -20,7 +22,7 @@ from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, re
 from bucketspark.demo import converged, spark_session  # noqa: E402
 from bucketspark.embedded import embedded_environment  # noqa: E402
 from bucketspark.sink import replicate_batch  # noqa: E402
-from tests.conftest import wait_until  # noqa: E402
+from tests.conftest import free_port, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -264,12 +266,6 @@ def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any
     proxy that hangs (here SIGSTOPped: its sockets open, nothing answered) the task fails with a
     network timeout, for Spark to retry, instead of holding the micro-batch for good. The uri's
     own options win over the task's defaults."""
-    import signal
-
-    from pymongo.errors import NetworkTimeout
-
-    from tests.conftest import free_port
-
     default = client_for("mongodb://127.0.0.1:1/")
     assert default.options.pool_options.socket_timeout == 120
     default.close()
