@@ -96,7 +96,7 @@ class Mongos(CommandServer):
         # collection wait for shards that hold none of it.
         if name.lower() in WRITE_COMMANDS or name.lower() in READ_COMMANDS:
             coll = cmd.get(name)
-            targets = ([node.replset for node in self.owners(f"{db}.{coll}")]
+            targets = ([self.replsets[sid] for sid in self.owner_ids(f"{db}.{coll}")]
                        if isinstance(coll, str) and db not in CONFIG_DATABASES else list(self.replsets.values()))
             for rs in targets:
                 if rs.primary_node is None:
@@ -206,6 +206,9 @@ class Mongos(CommandServer):
     def primary_of(self, db: str) -> ShardNode:
         if db in CONFIG_DATABASES:
             return self.config.node
+        return self.shards[self._primary_id(db)]
+
+    def _primary_id(self, db: str) -> str:
         sid = self.db_primary.get(db)
         if sid is None:
             # Real mongos puts a new database on the shard with the least data; round-robin here
@@ -215,13 +218,17 @@ class Mongos(CommandServer):
             self._next_primary += 1
             self.db_primary[db] = sid
             self.db_versions[db] = (uuidlib.uuid4(), self.clock.tick())
-        return self.shards[sid]
+        return sid
+
+    def owner_ids(self, ns: str) -> list[str]:
+        """The shards holding a collection of a user database: all for a sharded one, else its
+        database's primary shard. Names only, so it answers while a shard has no primary."""
+        return sorted(self.shards) if ns in self.sharded else [self._primary_id(ns.split(".", 1)[0])]
 
     def owners(self, ns: str) -> list[ShardNode]:
-        sc = self.sharded.get(ns)
-        if sc is None:
-            return [self.primary_of(ns.split(".", 1)[0])]
-        return [self.shards[s] for s in sorted(self.shards)]
+        if ns not in self.sharded:
+            return [self.primary_of(ns.split(".", 1)[0])]  # the config server's, for config and admin
+        return [self.shards[s] for s in self.owner_ids(ns)]
 
     def target(self, ns: str, filt: dict[str, Any]) -> list[ShardNode]:
         sc = self.sharded.get(ns)

@@ -783,3 +783,35 @@ def test_simcluster_command_refuses_bad_arguments_as_usage_errors(args, message)
 
     run = subprocess.run([sys.executable, "-m", "simcluster", *args], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
+async def test_during_an_election_mongos_holds_a_write_for_the_new_primary_and_not_for_other_shards():
+    """A shard without a primary: a write it must take waits for the election (as mongos waits up
+    to defaultFindReplicaSetHostTimeoutMS) and then succeeds, also on a sharded collection, which
+    every shard holds; a write to a collection of another shard's does not wait at all."""
+    import time
+
+    from simcluster import open_cluster
+
+    async with open_cluster(shards=2, members=3, election_timeout_s=1.0) as cluster:
+        c = client(cluster.uri)
+        on = {cluster.mongos.primary_of(db).set_name: db for db in ("e0", "e1")}
+
+        def setup():
+            c.admin.command("shardCollection", "e0.h", key={"_id": "hashed"})
+            c[on["shard1"]].c.insert_one({"_id": 0})
+
+        await sync(setup)
+        rs0 = cluster.replsets["shard0"]
+        rs0.stop_member(rs0.primary)
+
+        def writes():
+            began = time.monotonic()
+            c[on["shard1"]].c.insert_one({"_id": 1})  # shard1 has its primary: no wait
+            other = time.monotonic() - began
+            c.e0.h.insert_one({"_id": 1})  # held until shard0 elects, then written
+            c[on["shard0"]].c.insert_one({"_id": 1})
+            return other
+
+        assert await sync(writes) < 0.5
+        assert rs0.primary_node is not None
