@@ -53,7 +53,9 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
         start, opened = await sync(open_stream)
         total = 600
         async with trio.open_nursery() as writers:
-            writers.start_soon(sync, _write, c, total, written)
+            # A client of its own: the cursors were opened in c's implicit session, and a getMore
+            # must come in the same one; writes on c from another thread would reorder its pool.
+            writers.start_soon(sync, _write, client(proxy_uri(proxy)), total, written)
             await after(100)
             # 1. The member shard0's reader tails (a secondary) is stopped mid-stream.
             rs0 = cluster.replsets["shard0"]
@@ -155,7 +157,9 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
         start, opened = await sync(open_stream)
         total = 400
         async with trio.open_nursery() as writers:
-            writers.start_soon(sync, _write, c, total, written)
+            # A client of its own: the cursors were opened in c's implicit session, and a getMore
+            # must come in the same one; writes on c from another thread would reorder its pool.
+            writers.start_soon(sync, _write, client(proxy_uri(proxy)), total, written)
             await after(100)
             rs0, rs1 = cluster.replsets["shard0"], cluster.replsets["shard1"]
             host = (await sync(shard_status, "shard0"))["host"]
