@@ -55,7 +55,7 @@ from mongoformats.resume_token import (
 from mongoformats.sessions import session_id, sessions_named
 from wireproxy.config import MAX_READER_PROCESSES
 from wireproxy.router import CommandTable, PassThrough
-from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
+from wireproxy.upstream import MemberConnector, UpstreamConnection
 
 log = logging.getLogger("buckets.engine")
 
@@ -201,13 +201,14 @@ async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]
 
 class Engine:
     def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
-                 config: EngineConfig | None = None, *, connect_member: ConnectMember = open_member,
+                 config: EngineConfig | None = None, *, connect_member: MemberConnector | None = None,
                  requires_auth: bool = False) -> None:
         self.connect_upstream = connect_upstream
         # The upstream requires authentication (the proxy logs in with its own credentials), so a
         # client must have logged in on its connection before the engine serves it.
         self.requires_auth = requires_auth
-        self.connect_member = connect_member  # shard members, with the same TLS settings as mongos
+        # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
+        self.connect_member = connect_member or MemberConnector()
         self.config = config or EngineConfig()
         self.streams: dict[str, ParallelStream] = {}
         self.cursors: dict[int, BucketCursor] = {}

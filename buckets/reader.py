@@ -33,7 +33,7 @@ from mongoformats.change_events import EventFields, OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
 from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from wireproxy.upstream import ConnectMember, UpstreamClosed, UpstreamConnection, host_address, open_member
+from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection
 
 log = logging.getLogger("buckets.reader")
 
@@ -103,25 +103,24 @@ class TailOutput(Protocol):
 class OplogTail:
     """Reads one shard's oplog from `start`, forever, reconnecting to another member on failures.
 
-    Picklable until it runs (its connector is a function or a MemberConnector), so a reader
-    process can run it.
+    Picklable until it runs (its connector is a MemberConnector: settings), so a reader process
+    can run it.
     """
 
     def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
                  transformer: OplogTransformer, await_ms: int = 200,
-                 connect_member: ConnectMember = open_member) -> None:
+                 connect_member: MemberConnector | None = None) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
-        self.connect_member = connect_member
+        # Its record of failed members (a MemberConnector's) puts the member the tail lost last at
+        # the end of the line: a hung one costs the connect timeout each time it is tried.
+        self.connect_member = connect_member or MemberConnector()
         self.position = start          # next read starts at ts >= position (inclusive at first)
         self.inclusive = True
         self.skip_key = skip_key       # events at or below this key were delivered before
         self.transformer = transformer
         self.await_ms = await_ms
         self.reconnects = 0
-        # The member the tail last lost, tried last at the next connect: a hung one costs the
-        # connect timeout each time it is tried, and a stopped one only a refused connection.
-        self.suspect = ""
 
     async def check_history(self, conn: UpstreamConnection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
@@ -143,8 +142,7 @@ class OplogTail:
         first_connect = True
         while True:
             try:
-                hosts = sorted(self.hosts, key=lambda h: host_address(*h) == self.suspect)
-                conn = await self.connect_member(hosts, secondary=True)
+                conn = await self.connect_member(self.hosts, secondary=True)
             except UpstreamClosed as exc:
                 self.reconnects += 1
                 await out.lost(str(exc), self.reconnects)
@@ -167,8 +165,8 @@ class OplogTail:
                 # The member was lost (dropped, hung, stepped down, shutting down, recovering, the
                 # cursor gone): read on from another one.
                 log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                self.connect_member.health.failed(conn.address, str(exc))  # a lost connection has said so
                 self.reconnects += 1
-                self.suspect = conn.address
                 await out.lost(str(exc), self.reconnects)
                 await trio.sleep(0.05)
             finally:

@@ -65,7 +65,7 @@ from mongoformats.resume_token import (
     token_text,
 )
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
-from wireproxy.upstream import ConnectMember, UpstreamConnection, open_member
+from wireproxy.upstream import MemberConnector, UpstreamConnection
 
 log = logging.getLogger("buckets.stream")
 
@@ -453,7 +453,7 @@ class ParallelStream:
     def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
                  floors: list[bytes], *, keep: set[int] | None = None,
                  connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
-                 connect_member: ConnectMember = open_member, readers_pool: ReaderPool | None = None) -> None:
+                 connect_member: MemberConnector | None = None, readers_pool: ReaderPool | None = None) -> None:
         self.name = name
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
@@ -463,7 +463,7 @@ class ParallelStream:
         self.keep = keep if keep is not None else set(range(n))
         self._hosts: list[ReaderHost] = []    # reader processes, with readerProcesses
         self.shaper = Shaper(options.stages, options.reader_processes)  # the stages, over as many processes
-        self._connect_member = connect_member
+        self._connect_member = connect_member or MemberConnector()
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], token_from_key(floors[i]))

@@ -331,3 +331,31 @@ async def test_a_member_connection_cancelled_mid_handshake_leaves_no_socket_open
             gc.collect()
         assert accepted and not [w for w in caught if issubclass(w.category, ResourceWarning)]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_member_that_hangs_is_tried_last_by_every_later_connection(cluster):
+    """A member that accepts connections and answers nothing (a stopped process) costs the connect
+    timeout once; the engine's connector (readers, notes, commands on primaries) then tries it
+    after the others until it answers again."""
+    from wireproxy.upstream import MemberConnector
+
+    accepted: list[trio.SocketStream] = []
+
+    async def silent(stream: trio.SocketStream) -> None:
+        accepted.append(stream)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        hung = ("127.0.0.1", listeners[0].socket.getsockname()[1])
+        member = cluster.shards["shard0"]
+        hosts = [hung, (member.host, member.port)]
+        connect = MemberConnector(connect_timeout_s=0.5)
+        for _ in range(3):
+            conn = await connect(hosts, secondary=False)
+            assert conn.address == member.address
+            await conn.aclose()
+        assert len(accepted) == 1, "tried once, then passed over"
+        failure = connect.health.failure(f"{hung[0]}:{hung[1]}")
+        assert failure is not None and "did not answer hello within 0.5 s" in failure.error
+        nursery.cancel_scope.cancel()

@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
+from wireproxy.host_health import HostHealth
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
@@ -23,6 +24,7 @@ from wireproxy.upstream import (
     logged_in,
     open_upstream,
 )
+from wireproxy.upstream_monitor import UpstreamMonitor
 
 log = logging.getLogger("wireproxy")
 
@@ -35,7 +37,6 @@ class ProxyServer:
         self.metrics = metrics or ProxyMetrics()
         self.fail_points = UpstreamFailPoints()  # armed on mongos through this proxy (tests only)
         self.process_id = ObjectId()
-        self.wire_versions = (0, 21)
         target = UpstreamTarget.from_uri(config.upstream, tls=config.upstream_tls,
                                          tls_ca_file=config.upstream_tls_ca_file,
                                          tls_allow_invalid=config.upstream_tls_allow_invalid,
@@ -49,6 +50,13 @@ class ProxyServer:
         # The engine's connections to shard members: same TLS settings, the proxy's own login.
         self.connect_member = target.member
         self._upstream_ssl = target.member.ssl_context()
+        # The mongoses seen failing, by the monitor or by any connection to them: tried last.
+        self.health = HostHealth()
+        self.monitor = UpstreamMonitor(self.hosts, health=self.health, heartbeat_s=target.heartbeat_s,
+                                       connect_timeout_s=target.member.connect_timeout_s,
+                                       ssl_context=self._upstream_ssl, on_hung=self._cut_clients_of,
+                                       up_gauge=self.metrics.upstream_up)
+        self.sessions: set[ClientSession] = set()
         self.port = config.listen_port
         self.handler_nursery: trio.Nursery | None = None
         self._listener_scope: trio.CancelScope | None = None
@@ -63,31 +71,44 @@ class ProxyServer:
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
-    async def connect_upstream(self, reply_timeout_s: float | None = None) -> UpstreamConnection:
-        """A new connection to the first reachable upstream mongos."""
+    @property
+    def wire_versions(self) -> tuple[int, int]:
+        """The wire versions of the mongos that answered last (the proxy listens only once one has)."""
+        return self.monitor.wire_versions or (0, 21)
+
+    async def connect_upstream(self, *, engine: bool = False) -> UpstreamConnection:
+        """A new connection to the first reachable upstream mongos, those seen failing tried last:
+        a client's, or (`engine`) one of the engine's, which gives up on a command after
+        upstream_timeout_s and counts its losses against the mongos."""
+        reply_timeout_s = self.connect_member.reply_timeout_s if engine else None
         last: Exception | None = None
-        for host, port in self.hosts:
+        for host, port in self.health.order(self.hosts):
             try:
-                return await open_upstream(host, port, ssl_context=self._upstream_ssl, reply_timeout_s=reply_timeout_s)
+                # A client's connection may be closed for what the client sent: only the
+                # engine's losses count against a mongos.
+                return await open_upstream(host, port, ssl_context=self._upstream_ssl, reply_timeout_s=reply_timeout_s,
+                                           health=self.health, connect_timeout_s=self.connect_member.connect_timeout_s,
+                                           count_losses=engine)
             except UpstreamClosed as exc:
                 last = exc
         raise UpstreamClosed(f"no upstream reachable: {last}")
 
+    async def _cut_clients_of(self, address: str) -> None:
+        """Close the upstream connections of the clients pinned to a mongos that hangs: a command
+        in flight fails, or the next one does, with a network error their drivers retry."""
+        for session in list(self.sessions):
+            if session.upstream is not None and session.upstream.address == address and not session.upstream.closed:
+                log.warning("conn%d: cutting its connection to mongos %s, which does not answer", session.conn_id,
+                            address)
+                await session.upstream.aclose()
+
     async def connect_engine_upstream(self) -> UpstreamConnection:
         """A connection to mongos for the engine, logged in with the proxy's credentials."""
-        return await logged_in(await self.connect_upstream(self.connect_member.reply_timeout_s), self.credentials)
-
-    async def _learn_upstream(self) -> None:
-        up = await self.connect_upstream()
-        try:
-            hello = await up.command("admin", {"hello": 1})
-            self.wire_versions = (int(hello.get("minWireVersion", 0)), int(hello.get("maxWireVersion", 21)))
-        finally:
-            await up.aclose()
+        return await logged_in(await self.connect_upstream(engine=True), self.credentials)
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        await self._learn_upstream()
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.monitor.run)
             self.handler_nursery = nursery
             ssl_ctx = self._client_ssl()
             listeners: list[Any] = await trio.open_tcp_listeners(self.config.listen_port, host=self.config.listen_host)
@@ -121,13 +142,16 @@ class ProxyServer:
             return
         self.metrics.connections.inc()
         conn_id = next(self._conn_ids)
+        session = ClientSession(self, stream, conn_id)
+        self.sessions.add(session)
         try:
-            await ClientSession(self, stream, conn_id).run()
+            await session.run()
         except Exception:
             # Left to propagate, one connection's failure would end serve_listeners, and with it
             # every other client. The session has closed its sockets on the way out.
             log.exception("conn%d: closed after an unexpected error", conn_id)
         finally:
+            self.sessions.discard(session)
             self.metrics.connections.dec()
             self._limiter.release()
 

@@ -186,8 +186,12 @@ class ClientSession:
     # -- pass-through ------------------------------------------------------------------------------
 
     async def get_upstream(self) -> UpstreamConnection:
-        if self.upstream is None or self.upstream.closed:
+        if self.upstream is None:
             self.upstream = await self.server.connect_upstream()
+        elif self.upstream.closed:
+            # The client's login and cursors live on the mongos it was pinned to; another would not
+            # know them. The connection ends instead, and the driver starts afresh on a new one.
+            raise UpstreamClosed(f"the connection to mongos {self.upstream.address} was lost")
         return self.upstream
 
     def _follow_login(self, name: str, cmd: Any, reply: Any) -> None:

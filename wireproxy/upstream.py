@@ -17,9 +17,8 @@ from __future__ import annotations
 import itertools
 import math
 import ssl
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import bson
 import trio
@@ -32,22 +31,22 @@ from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.scram import MECHANISM, ScramClient
+from wireproxy.host_health import HostHealth, host_address
 
-__all__ = ["CONNECT_TIMEOUT_S", "ConnectMember", "Credentials", "MemberConnector", "UpstreamConnection",
-           "UpstreamClosed", "authenticate", "host_address", "logged_in", "open_member", "open_upstream", "parse_hosts",
-           "upstream_ssl_context", "UpstreamTarget"]
+__all__ = ["CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed",
+           "UpstreamTimeout", "authenticate", "host_address", "logged_in", "open_member", "open_upstream",
+           "parse_hosts", "upstream_ssl_context", "UpstreamTarget"]
 
 
-CONNECT_TIMEOUT_S = 10.0  # to connect, and for a member's hello (a driver's connectTimeoutMS default)
+CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeoutMS default)
 
 
 class UpstreamClosed(Exception):
     """The upstream server closed the connection, could not be reached or did not answer in time."""
 
 
-def host_address(host: str, port: int) -> str:
-    """`host:port`, an IPv6 address in brackets: how servers and drivers write a member's address."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+class UpstreamTimeout(UpstreamClosed):
+    """The upstream server did not answer, or accept a connection, in time: it may hang."""
 
 
 def parse_hosts(uri: str) -> list[tuple[str, int]]:
@@ -59,10 +58,12 @@ def parse_hosts(uri: str) -> list[tuple[str, int]]:
 
 
 class UpstreamConnection:
-    def __init__(self, stream: trio.abc.Stream, address: str, *, reply_timeout_s: float | None = None) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str, *, reply_timeout_s: float | None = None,
+                 health: HostHealth | None = None) -> None:
         self._stream = stream
         self.address = address
         self.reply_timeout_s = reply_timeout_s  # None: wait as long as it takes (a client's connection)
+        self._health = health  # told when the host fails this connection, so others are tried first
         self._framer = wire.MessageFramer()
         self._ids = itertools.count(1)
         self._lock = trio.Lock()
@@ -70,16 +71,26 @@ class UpstreamConnection:
 
     async def aclose(self) -> None:
         self.closed = True
+        await self._close_stream()
+
+    async def _close_stream(self) -> None:
         with trio.move_on_after(1) as scope:
             scope.shield = True
             await self._stream.aclose()
+
+    def _lost(self, error: str, kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
+        """The host failed this connection: it is closed for good, and the host's health says so
+        (unless the connection was closed on our side first, which says nothing of the host)."""
+        if not self.closed and self._health is not None:
+            self._health.failed(self.address, error)
+        self.closed = True
+        return kind(error)
 
     async def send(self, data: bytes) -> None:
         try:
             await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self.closed = True
-            raise UpstreamClosed(f"upstream {self.address}: {exc}") from exc
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
 
     async def receive(self) -> wire.Message:
         try:
@@ -89,11 +100,10 @@ class UpstreamConnection:
                     return msg  # type: ignore[return-value]
                 data = await self._stream.receive_some(1 << 18)
                 if not data:
-                    raise UpstreamClosed(f"upstream {self.address} closed the connection")
+                    raise self._lost(f"upstream {self.address} closed the connection")
                 self._framer.receive_data(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
-            self.closed = True
-            raise UpstreamClosed(f"upstream {self.address}: {exc}") from exc
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
 
     def next_request_id(self) -> int:
         return next(self._ids)
@@ -115,11 +125,16 @@ class UpstreamConnection:
                 msg = await self.receive()
             if waited.cancelled_caught:
                 # Its answer may still come: the connection is out of step for good.
-                await self.aclose()
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
-                raise UpstreamClosed(f"upstream {self.address} did not answer {name} within {limit:g} s")
+                lost = self._lost(f"upstream {self.address} did not answer {name} within {limit:g} s", UpstreamTimeout)
+                await self._close_stream()
+                raise lost
         if not isinstance(msg, wire.OpMsg) or msg.response_to != rid:
-            raise UpstreamClosed(f"upstream {self.address} answered out of turn")
+            lost = self._lost(f"upstream {self.address} answered out of turn")
+            await self._close_stream()
+            raise lost
+        if self._health is not None:
+            self._health.answered(self.address)
         reply = RawBSONDocument(msg.body, RAW)
         if check and not reply.get("ok"):
             raise MongoError.from_reply(bson.decode(msg.body))
@@ -150,37 +165,49 @@ async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> No
 
 
 async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                        reply_timeout_s: float | None = None) -> UpstreamConnection:
+                        reply_timeout_s: float | None = None, health: HostHealth | None = None,
+                        connect_timeout_s: float = CONNECT_TIMEOUT_S, count_losses: bool = True) -> UpstreamConnection:
+    """A connection to `host`; with `health`, a failure to connect is recorded there, and so are
+    the connection's own losses unless `count_losses` is off (a client's connection: mongos may
+    close it for what the client sent, which says nothing of mongos)."""
     address = host_address(host, port)
     try:
-        with trio.fail_after(CONNECT_TIMEOUT_S):
+        with trio.fail_after(connect_timeout_s):
             stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
                 await stream.do_handshake()
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-        raise UpstreamClosed(f"cannot connect to {address}: {exc}") from exc
-    return UpstreamConnection(stream, address, reply_timeout_s=reply_timeout_s)
+        timed_out = isinstance(exc, trio.TooSlowError)
+        why = f"no answer within {connect_timeout_s:g} s" if timed_out else str(exc)
+        error = f"cannot connect to {address}: {why}"
+        if health is not None:
+            health.failed(address, error)
+        raise (UpstreamTimeout if timed_out else UpstreamClosed)(error) from exc
+    return UpstreamConnection(stream, address, reply_timeout_s=reply_timeout_s,
+                              health=health if count_losses else None)
 
 
 async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_context: ssl.SSLContext | None = None,
-                      reply_timeout_s: float | None = None) -> UpstreamConnection:
+                      reply_timeout_s: float | None = None, health: HostHealth | None = None,
+                      connect_timeout_s: float = CONNECT_TIMEOUT_S) -> UpstreamConnection:
     """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
     is reachable, else the primary (secondaryPreferred). Members that are down, recovering or in
     rollback (neither primary nor secondary), or that do not answer hello within the connect
-    timeout (a hung process), are passed over."""
+    timeout (a hung process), are passed over; with `health`, members seen failing are tried last."""
     fallback: UpstreamConnection | None = None
     errors = []
     try:
-        for host, port in hosts:
+        for host, port in (health.order(hosts) if health is not None else hosts):
             try:
-                conn = await open_upstream(host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s)
+                conn = await open_upstream(host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s,
+                                           health=health, connect_timeout_s=connect_timeout_s)
             except UpstreamClosed as exc:
                 errors.append(str(exc))
                 continue
             kept = False
             try:
-                hello = await conn.command("admin", {"hello": 1}, timeout_s=CONNECT_TIMEOUT_S)
+                hello = await conn.command("admin", {"hello": 1}, timeout_s=connect_timeout_s)
                 is_primary = bool(hello.get("isWritablePrimary"))
                 if (secondary and hello.get("secondary")) or (not secondary and is_primary):
                     kept = True
@@ -213,12 +240,6 @@ async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -
     return conn
 
 
-class ConnectMember(Protocol):
-    """Opens a connection to a replica set member (open_member, or a MemberConnector)."""
-
-    def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> Awaitable[UpstreamConnection]: ...
-
-
 def upstream_ssl_context(tls: bool, ca_file: str = "", allow_invalid: bool = False) -> ssl.SSLContext | None:
     """The client-side TLS context for upstream connections (None: plain TCP)."""
     if not tls:
@@ -243,10 +264,12 @@ class MemberConnector:
     tls_allow_invalid: bool = False
     credentials: Credentials | None = None
     reply_timeout_s: float | None = None  # see UpstreamConnection.command
+    connect_timeout_s: float = CONNECT_TIMEOUT_S  # to connect, and for the member's hello
 
     async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
         conn = await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context(),
-                                 reply_timeout_s=self.reply_timeout_s)
+                                 reply_timeout_s=self.reply_timeout_s, health=self.health,
+                                 connect_timeout_s=self.connect_timeout_s)
         return await logged_in(conn, self.credentials)
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -256,8 +279,19 @@ class MemberConnector:
             object.__setattr__(self, "_ctx", cached)
         return cached
 
+    @property
+    def health(self) -> HostHealth:
+        """The members this connector saw failing: every reader, note and command of the engine
+        that connects through it passes them over first."""
+        record: HostHealth | None = self.__dict__.get("_health")
+        if record is None:
+            record = HostHealth()
+            object.__setattr__(self, "_health", record)
+        return record
+
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_ctx"}  # an SSLContext does not pickle
+        # An SSLContext does not pickle, and a reader process keeps its own record of failed members.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ctx", "_health")}
 
 
 @dataclass(frozen=True)
@@ -272,6 +306,7 @@ class UpstreamTarget:
 
     hosts: list[tuple[str, int]]
     member: MemberConnector  # TLS and login; the engine's connections to shard members use the same
+    heartbeat_s: float = 10.0  # how often each mongos is checked (heartbeatFrequencyMS)
 
     @classmethod
     def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "", tls_allow_invalid: bool = False,
@@ -291,7 +326,10 @@ class UpstreamTarget:
             source = options.get("authSource") or parsed["database"] or "admin"
             credentials = Credentials(parsed["username"], parsed["password"] or "", source)
         insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
+        # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to a driver.
+        connect_timeout_s = options.get("connectTimeoutMS", CONNECT_TIMEOUT_S) or math.inf
         return cls(parsed["nodelist"], MemberConnector(
             tls=tls or bool(options.get("tls")), tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
             tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials,
-            reply_timeout_s=reply_timeout_s))
+            reply_timeout_s=reply_timeout_s, connect_timeout_s=connect_timeout_s),
+            heartbeat_s=options.get("heartbeatFrequencyMS", 10.0))
