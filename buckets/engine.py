@@ -93,6 +93,9 @@ class EngineConfig:
     max_await_ms: int = 1000
     reader_await_ms: int = 200
     reader_processes: int = 0          # default for streams that do not pass readerProcesses
+    # A reader process that answers nothing for this long (stopped, its loop stuck) is killed,
+    # failing its streams as a death does (None: never); the proxy's upstream_timeout_s.
+    hang_timeout_s: float | None = 30.0
     # A cursor no getMore has used for this long is killed, as the server's cursorTimeoutMillis
     # (10 min) kills idle cursors; one opened in a session lives as long as its session would on
     # the server (logicalSessionTimeoutMinutes, 30 min), counted from the cursor's last use.
@@ -242,7 +245,8 @@ class Engine:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after the time an unused stream is kept.
-        async with reader_pool(self.config.idle_teardown_s) as pool, trio.open_nursery() as nursery:
+        pool_of_readers = reader_pool(self.config.idle_teardown_s, self.config.hang_timeout_s)
+        async with pool_of_readers as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool
             task_status.started()
             next_refresh = trio.current_time() + self.config.session_refresh_s

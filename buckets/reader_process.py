@@ -20,6 +20,11 @@ directions carry length-prefixed messages (see `encode_message`); `key` names on
                       ("credit", {key: bytes freed})
     reader -> proxy:  ("batch", key, events, nbytes, entries, (secs, inc))
                       ("checked" | "idle" | "parked" | "connected" | "lost" | "failed", key, ...)
+    both ways:        ("ping", None) every HEARTBEAT_S from the proxy, ("pong", None) back
+
+Hangs: a reader process that answers nothing for `hang_s` (SIGSTOPped, its loop stuck) is
+killed, which fails its streams as a death does. The pings make the silence mean something: a
+process whose tails all wait for budget sends nothing else, and still answers them.
 
 Flow control: each tail charges a ByteBudget of the shard's size in its own process before it
 sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits,
@@ -58,6 +63,7 @@ _HEADER = struct.Struct("<IB")  # body length, body format (_MARSHAL or _PICKLE)
 _MARSHAL, _PICKLE = 0, 1
 SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel; it may grant less (net.core.wmem_max)
 START_TIMEOUT_S = 60.0   # a reader process must connect back this soon (interpreter start, imports)
+HEARTBEAT_S = 1.0        # how often the proxy pings each reader process
 SEND_TIMEOUT_S = 60.0    # a message not taken this long means the other process hangs
 
 
@@ -138,8 +144,10 @@ class ReaderHost:
     """The proxy-side end of one reader process: starts it, hands it tails of any stream, relays
     what they report."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, hang_s: float | None = None) -> None:
         self.index = index
+        self.hang_s = hang_s  # killed when it answers nothing this long (None: never)
+        self._heard = trio.current_time()  # when it last sent anything
         self.started = False  # connected back and relaying
         self.alive = True
         self.idle_since: float | None = trio.current_time()  # since when it reads nothing (None: it reads)
@@ -169,6 +177,9 @@ class ReaderHost:
                             sock, _ = await listener.accept()
                         self._channel = MessageStream(trio.SocketStream(sock))
                         nursery.start_soon(self._send_credit)
+                        if self.hang_s is not None:
+                            nursery.start_soon(self._ping, self._channel)
+                            nursery.start_soon(self._watch)
                         self.started = True
                         task_status.started()
                         try:
@@ -225,6 +236,20 @@ class ReaderHost:
         self.alive = False
         self.scope.cancel()
 
+    async def _ping(self, channel: MessageStream) -> None:
+        while True:  # a send to a process that stopped reading blocks; _watch goes on meanwhile
+            await channel.send(("ping", None))
+            await trio.sleep(HEARTBEAT_S)
+
+    async def _watch(self) -> None:
+        assert self.hang_s is not None
+        while True:
+            await trio.sleep(HEARTBEAT_S)
+            silent = trio.current_time() - self._heard
+            if silent > self.hang_s:
+                self._death = f"answered nothing for {silent:.0f} s (hung) and was killed"
+                raise MongoError("InternalError", f"reader process {self.index} {self._death}")
+
     def _give_credit(self, key: int, n: int) -> None:
         if key in self._readers:
             self._credit[key] = self._credit.get(key, 0) + n
@@ -241,6 +266,7 @@ class ReaderHost:
 
     async def _relay(self, channel: MessageStream) -> None:
         while (message := await channel.receive()) is not None:
+            self._heard = trio.current_time()
             kind, key = message[0], message[1]
             reader = self._readers.get(key)
             if reader is None:  # a tail that was removed: what it sent last is not wanted
@@ -277,11 +303,12 @@ class ReaderPool:
     they read something; one that has read nothing for `idle_s` is stopped (memory is bounded by
     what streams use, not by the most they ever asked for) and started again when asked."""
 
-    def __init__(self, nursery: trio.Nursery, idle_s: float) -> None:
+    def __init__(self, nursery: trio.Nursery, idle_s: float, hang_s: float | None = None) -> None:
         self._nursery = nursery
         self._slots: list[ReaderHost] = []
         self._lock = trio.Lock()  # one caller starts missing processes at a time
         self.idle_s = idle_s
+        self.hang_s = hang_s
 
     async def retire_idle(self) -> None:
         while True:
@@ -299,7 +326,8 @@ class ReaderPool:
     async def hosts(self, count: int) -> list[ReaderHost]:
         """The first `count` processes, starting any that are missing or dead (side by side)."""
         async with self._lock:
-            fresh = [ReaderHost(i) for i in range(count) if i >= len(self._slots) or not self._slots[i].alive]
+            fresh = [ReaderHost(i, self.hang_s) for i in range(count)
+                     if i >= len(self._slots) or not self._slots[i].alive]
             async with trio.open_nursery() as starting:
                 for host in fresh:
                     starting.start_soon(self._nursery.start, self._keep, host)
@@ -330,10 +358,11 @@ class ReaderPool:
 
 
 @contextlib.asynccontextmanager
-async def reader_pool(idle_s: float = 300.0) -> AsyncIterator[ReaderPool]:
-    """A pool of reader processes, all killed on exit."""
+async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None) -> AsyncIterator[ReaderPool]:
+    """A pool of reader processes, all killed on exit; with `hang_s`, also one that answers
+    nothing for that long."""
     async with trio.open_nursery() as nursery:
-        pool = ReaderPool(nursery, idle_s)
+        pool = ReaderPool(nursery, idle_s, hang_s)
         nursery.start_soon(pool.retire_idle)
         yield pool
         nursery.cancel_scope.cancel()
@@ -401,6 +430,8 @@ async def _serve(path: str) -> None:
                 for key, n in message[1].items():
                     if key in budgets:
                         budgets[key].release(n)
+            elif message[0] == "ping":  # answered beside the tails' sends, never behind a blocked one
+                nursery.start_soon(channel.send, ("pong", None))
         nursery.cancel_scope.cancel()  # the proxy closed the pool: stop every tail
 
 

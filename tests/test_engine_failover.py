@@ -185,45 +185,64 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
         nursery.cancel_scope.cancel()
 
 
-async def test_a_killed_reader_process_fails_its_stream_and_the_buckets_resume_from_their_tokens(cluster, proxy):
-    """readerProcesses: the process reading the shards dies. The stream fails with InternalError
-    (never a silent gap); a stream reopened from the buckets' last tokens delivers the rest, once."""
-    def work():
-        c = client(proxy_uri(proxy))
-        start = c.admin.command("ping")["operationTime"]
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "doomed",
-                                  "startAtOperationTime": start, "readerProcesses": 1,
-                                  "showExpandedEvents": True})
-        c.kp.a.insert_many([{"_id": i} for i in range(50)])
-        c.kp.b.insert_many([{"_id": i} for i in range(50)])
-        end = end_point(c)
-        seen: dict[bytes, RawBSONDocument] = {}
-        tokens = []
-        for cur in opened["cursors"]:  # the first part, read before the process dies
-            events = drain(c, cur["id"], end)
-            seen.update((key(e["_id"]), e) for e in events)
-            tokens.append(events[-1]["_id"] if events else cur["postBatchResumeToken"])
-        workers = [p for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
-        assert workers, "the stream's reader process"
-        for p in workers:
+@pytest.mark.parametrize("how", ["killed", "hung"])
+async def test_a_killed_or_hung_reader_process_fails_its_stream_and_the_buckets_resume_from_their_tokens(
+        cluster, how):
+    """readerProcesses: the process reading the shards dies, or stops (SIGSTOP) and is killed
+    once it has answered nothing for upstream_timeout_s. The stream fails with InternalError
+    (never a silent gap, nor a silent stall); a stream reopened from the buckets' last tokens
+    delivers the rest, once."""
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
+                                                             upstream_timeout_s=2))
+        await sync(_killed_or_hung, cluster, proxy, how)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+def _killed_or_hung(cluster, proxy, how):
+    earlier = _reader_processes()  # an earlier test's, not yet gone
+    c = client(proxy_uri(proxy))
+    start = c.admin.command("ping")["operationTime"]
+    opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "doomed",
+                              "startAtOperationTime": start, "readerProcesses": 1,
+                              "showExpandedEvents": True})
+    c.kp.a.insert_many([{"_id": i} for i in range(50)])
+    c.kp.b.insert_many([{"_id": i} for i in range(50)])
+    end = end_point(c)
+    seen: dict[bytes, RawBSONDocument] = {}
+    tokens = []
+    for cur in opened["cursors"]:  # the first part, read before the process dies
+        events = drain(c, cur["id"], end)
+        seen.update((key(e["_id"]), e) for e in events)
+        tokens.append(events[-1]["_id"] if events else cur["postBatchResumeToken"])
+    workers = [psutil.Process(pid) for pid in _reader_processes() - earlier]
+    assert workers, "the stream's reader process"
+    for p in workers:
+        if how == "killed":
             p.kill()
-        with pytest.raises(OperationFailure) as info:
-            for _ in range(100):
-                c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": "$cmd.parallelChangeStream",
-                                 "maxTimeMS": 100})
-        assert info.value.code == 1 and "reader process" in str(info.value)
-        c.kp.a.insert_many([{"_id": i} for i in range(50, 80)])
-        end = end_point(c)
-        again = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "again",
-                                 "resumeAfter": tokens, "readerProcesses": 1,
-                                 "showExpandedEvents": True})
-        for cur in again["cursors"]:
-            for e in drain(c, cur["id"], end):
-                assert key(e["_id"]) not in seen, "delivered twice"
-                seen[key(e["_id"])] = e
-        assert sorted(seen) == reference(cluster, start, end)
-        assert sum(e["operationType"] == "insert" for e in seen.values()) == 130
-    await sync(work)
+        else:
+            p.suspend()
+    with pytest.raises(OperationFailure) as info:
+        for _ in range(100):
+            c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": "$cmd.parallelChangeStream",
+                             "maxTimeMS": 100})
+    assert info.value.code == 1 and "reader process" in str(info.value)
+    if how == "hung":
+        assert "hung" in str(info.value)
+        for p in workers:
+            p.wait(10)  # killed, not left stopped
+    c.kp.a.insert_many([{"_id": i} for i in range(50, 80)])
+    end = end_point(c)
+    again = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "again",
+                             "resumeAfter": tokens, "readerProcesses": 1,
+                             "showExpandedEvents": True})
+    for cur in again["cursors"]:
+        for e in drain(c, cur["id"], end):
+            assert key(e["_id"]) not in seen, "delivered twice"
+            seen[key(e["_id"])] = e
+    assert sorted(seen) == reference(cluster, start, end)
+    assert sum(e["operationType"] == "insert" for e in seen.values()) == 130
 
 
 def _reader_processes() -> set[int]:

@@ -41,7 +41,8 @@ async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None
                     engine_config or EngineConfig(reader_processes=config.reader_processes,
                                                   idle_teardown_s=config.stream_idle_teardown_s,
                                                   cursor_timeout_s=config.cursor_timeout_s,
-                                                  memory_limit_bytes=config.memory_limit_bytes),
+                                                  memory_limit_bytes=config.memory_limit_bytes,
+                                                  hang_timeout_s=config.upstream_timeout_s or None),
                     connect_member=server.connect_member, requires_auth=server.credentials is not None)
     engine.register(server.table)
     server.metrics.registry.register(EngineCollector(engine))

@@ -47,7 +47,8 @@ class ProxyConfig:
     upstream_timeout_s: float = _setting(30.0, "the engine gives up on a shard member or mongos that has not "
                                                "answered a command this long past its maxTimeMS (a hung or cut-off "
                                                "host; as a driver's socketTimeoutMS) and reads on from another "
-                                               "member (0: wait forever)", 0)
+                                               "member, and kills a reader process that answers nothing this long "
+                                               "(0: wait forever)", 0)
     memory_limit_bytes: int = _setting(0, "refuse new streams (ExceededMemoryLimit) when their buffer budgets "
                                           "would not fit beside the open streams' (0: half the machine's or "
                                           "cgroup's memory)", 0)
