@@ -243,9 +243,15 @@ class ReaderHost:
 
     async def _watch(self) -> None:
         assert self.hang_s is not None
+        silent, heard, last = 0.0, self._heard, trio.current_time()
         while True:
             await trio.sleep(HEARTBEAT_S)
-            silent = trio.current_time() - self._heard
+            now = trio.current_time()
+            # A stretch in which the proxy's own loop was held up (a long GC, a starved core)
+            # counts as two beats at most: the process's answers wait unread in the socket
+            # meanwhile, and this task may wake before the one that reads them.
+            silent = 0.0 if self._heard != heard else silent + min(now - last, 2 * HEARTBEAT_S)
+            heard, last = self._heard, now
             if silent > self.hang_s:
                 self._death = f"answered nothing for {silent:.0f} s (hung) and was killed"
                 raise MongoError("InternalError", f"reader process {self.index} {self._death}")
