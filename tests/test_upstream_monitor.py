@@ -128,3 +128,26 @@ async def test_the_proxy_listens_only_once_a_mongos_answers():
         await sync(_close_all)
         nursery.cancel_scope.cancel()
 
+
+
+async def test_behind_a_replica_set_clients_write_to_its_primary_and_follow_a_new_one():
+    """A replica set upstream (no mongos), its primary listed last: clients are pinned to the
+    primary, and when it steps down they are cut, and their retried writes go to the new one."""
+    async with open_cluster(shards=1, members=3, election_timeout_s=0.3) as cluster, trio.open_nursery() as nursery:
+        rs = cluster.replsets["shard0"]
+        listed = sorted(rs.members, key=lambda m: m.is_primary)
+        proxy = await nursery.start(serve_proxy, ProxyConfig(
+            upstream=f"mongodb://{','.join(m.address for m in listed)}/?{FAST_CHECKS}", listen_port=0))
+        c = client(proxy_uri(proxy))
+        await sync(c.rs.t.insert_one, {"_id": 1})
+        old = rs.primary
+        assert {s.upstream.address for s in proxy.sessions if s.upstream is not None} == {old.address}
+        await rs.step_down(old, 60, 10, False)
+        await poll_until(lambda: rs.primary is not None and proxy.monitor.writable.get(rs.primary.address), 10)
+        await poll_until(lambda: not proxy.monitor.writable[old.address], 10)
+        await sync(c.rs.t.insert_one, {"_id": 2})  # its pinned connection was cut: retried on a new one
+        assert await sync(c.rs.t.count_documents, {}) == 2
+        assert {s.upstream.address for s in proxy.sessions
+                if s.upstream is not None and not s.upstream.closed} == {rs.primary.address}
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()

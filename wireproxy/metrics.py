@@ -14,7 +14,7 @@ class ProxyMetrics:
         self.errors = Counter("wireproxy_errors_total", "Error replies sent", ["code"], registry=self.registry)
         self.upstream_latency = Histogram("wireproxy_upstream_seconds", "Upstream round trip",
                                           registry=self.registry)
-        self.upstream_up = Gauge("wireproxy_upstream_up", "1 while the mongos answers the proxy's hello checks",
-                                 ["address"], registry=self.registry)
+        self.upstream_up = Gauge("wireproxy_upstream_up", "1 while the upstream host (a mongos) answers the "
+                                 "proxy's hello checks", ["address"], registry=self.registry)
         self.protocol_errors = Counter("wireproxy_protocol_errors_total", "Connections closed for bad frames",
                                        registry=self.registry)

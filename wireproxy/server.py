@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
-from wireproxy.host_health import HostHealth
+from wireproxy.host_health import HostHealth, host_address
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession
@@ -54,7 +54,7 @@ class ProxyServer:
         self.health = HostHealth()
         self.monitor = UpstreamMonitor(self.hosts, health=self.health, heartbeat_s=target.heartbeat_s,
                                        connect_timeout_s=target.member.connect_timeout_s,
-                                       ssl_context=self._upstream_ssl, on_hung=self._cut_clients_of,
+                                       ssl_context=self._upstream_ssl, cut_clients=self._cut_clients_of,
                                        up_gauge=self.metrics.upstream_up)
         self.sessions: set[ClientSession] = set()
         self.port = config.listen_port
@@ -82,7 +82,9 @@ class ProxyServer:
         upstream_timeout_s and counts its losses against the mongos."""
         reply_timeout_s = self.connect_member.reply_timeout_s if engine else None
         last: Exception | None = None
-        for host, port in self.health.order(self.hosts):
+        # The hosts that take writes first (every mongos; a replica set's primary), then by health.
+        writable = self.monitor.writable
+        for host, port in sorted(self.health.order(self.hosts), key=lambda h: not writable.get(host_address(*h))):
             try:
                 # A client's connection may be closed for what the client sent: only the
                 # engine's losses count against a mongos.
@@ -94,12 +96,12 @@ class ProxyServer:
         raise UpstreamClosed(f"no upstream reachable: {last}")
 
     async def _cut_clients_of(self, address: str) -> None:
-        """Close the upstream connections of the clients pinned to a mongos that hangs: a command
-        in flight fails, or the next one does, with a network error their drivers retry."""
+        """Close the upstream connections of the clients pinned to a host that hangs or stepped
+        down: a command in flight fails, or the next one does, with a network error their drivers
+        retry, on a new connection to another host."""
         for session in list(self.sessions):
             if session.upstream is not None and session.upstream.address == address and not session.upstream.closed:
-                log.warning("conn%d: cutting its connection to mongos %s, which does not answer", session.conn_id,
-                            address)
+                log.warning("conn%d: cutting its connection to %s", session.conn_id, address)
                 await session.upstream.aclose()
 
     async def connect_engine_upstream(self) -> UpstreamConnection:

@@ -12,6 +12,11 @@ notice a mongos behind it that hangs. The proxy checks each mongos instead: ever
   to a mongos that answers. Left alone, they would wait on TCP for hours.
 - Refused or closed: new connections go elsewhere first, but the pinned ones are left alone: a
   refused connection may only be mongos's connection limit, and a dead process resets its sockets.
+
+Behind a replica set upstream (no mongos) the hosts are its members: new connections go to the
+one whose last hello said it is the writable primary, and when the primary steps down its pinned
+clients are cut too. A driver connected to the set itself would follow the new primary; these
+would otherwise write to a secondary, refused (NotWritablePrimary) until they reconnect.
 """
 
 from __future__ import annotations
@@ -38,30 +43,33 @@ WAITING_LOG_S = 10.0
 class UpstreamMonitor:
     def __init__(self, hosts: list[tuple[str, int]], *, health: HostHealth, heartbeat_s: float,
                  connect_timeout_s: float, ssl_context: ssl.SSLContext | None,
-                 on_hung: Callable[[str], Awaitable[None]], up_gauge: Gauge) -> None:
+                 cut_clients: Callable[[str], Awaitable[None]], up_gauge: Gauge) -> None:
         self.hosts = hosts
         self.health = health
         self.heartbeat_s = heartbeat_s
         self.connect_timeout_s = connect_timeout_s
         self._ssl = ssl_context
-        self._on_hung = on_hung
+        self._cut_clients = cut_clients
         self._up = up_gauge
         self.wire_versions: tuple[int, int] | None = None  # from the latest hello answered
-        self._answered = trio.Event()
+        self.writable: dict[str, bool] = {}  # by address: its last hello said it takes writes
+        self._checked: set[str] = set()  # the hosts checked at least once
+        self._ready = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Check every mongos until cancelled; started once one of them has answered (the proxy
-        cannot tell its clients what it speaks before), saying every WAITING_LOG_S why not yet."""
+        """Check every host until cancelled; started once each has been checked and one has
+        answered (the proxy cannot tell its clients what it speaks before, nor which host takes
+        writes), saying every WAITING_LOG_S why not yet."""
         async with trio.open_nursery() as nursery:
             for host, port in self.hosts:
                 nursery.start_soon(self._watch, host, port)
-            while not self._answered.is_set():
+            while not self._ready.is_set():
                 with trio.move_on_after(WAITING_LOG_S):
-                    await self._answered.wait()
-                if not self._answered.is_set():
+                    await self._ready.wait()
+                if not self._ready.is_set():
                     errors = [f"{a}: {f.error}" for h in self.hosts
                               if (f := self.health.failure(a := host_address(*h))) is not None]
-                    log.warning("no mongos has answered yet; still trying (%s)", "; ".join(errors) or "connecting")
+                    log.warning("waiting for the upstream to answer (%s)", "; ".join(errors) or "connecting")
             task_status.started()
 
     async def _watch(self, host: str, port: int) -> None:
@@ -81,18 +89,26 @@ class UpstreamMonitor:
                         conn = None
                     self.health.failed(address, str(exc))
                     if was_up is not False:
-                        log.warning("mongos %s is down: %s", address, exc)
+                        log.warning("upstream %s is down: %s", address, exc)
                     was_up = False
+                    self.writable[address] = False  # a primary that is down takes no writes either
                     self._up.labels(address).set(0)
                     if isinstance(exc, UpstreamTimeout):
-                        await self._on_hung(address)
+                        await self._cut_clients(address)
                 else:
                     self.wire_versions = (int(hello.get("minWireVersion", 0)), int(hello.get("maxWireVersion", 0)))
+                    writable = bool(hello.get("isWritablePrimary"))  # a mongos's is always true
+                    if self.writable.get(address) and not writable:
+                        log.warning("upstream %s no longer takes writes (stepped down)", address)
+                        await self._cut_clients(address)
+                    self.writable[address] = writable
                     if was_up is False:
-                        log.info("mongos %s answers again", address)
+                        log.info("upstream %s answers again", address)
                     was_up = True
                     self._up.labels(address).set(1)
-                    self._answered.set()
+                self._checked.add(address)
+                if self.wire_versions is not None and len(self._checked) == len(self.hosts):
+                    self._ready.set()
                 await trio.sleep(self.heartbeat_s)
         finally:
             if conn is not None:
