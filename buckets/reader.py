@@ -162,10 +162,11 @@ class OplogTail:
                                          f"the read position {self.position}") from exc
                     if exc.code != 43 and not has_category(exc.code, "RetriableError"):
                         raise
+                    # A lost connection has told the connector's record already; an error reply not.
+                    self.connect_member.health.failed(conn.address, str(exc))
                 # The member was lost (dropped, hung, stepped down, shutting down, recovering, the
                 # cursor gone): read on from another one.
                 log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
-                self.connect_member.health.failed(conn.address, str(exc))  # a lost connection has said so
                 self.reconnects += 1
                 await out.lost(str(exc), self.reconnects)
                 await trio.sleep(0.05)

@@ -53,9 +53,7 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
         start, opened = await sync(open_stream)
         total = 600
         async with trio.open_nursery() as writers:
-            # A client of its own: the cursors were opened in c's implicit session, and a getMore
-            # must come in the same one; writes on c from another thread would reorder its pool.
-            writers.start_soon(sync, _write, client(proxy_uri(proxy)), total, written)
+            writers.start_soon(sync, _write, proxy, total, written)
             await after(100)
             # 1. The member shard0's reader tails (a secondary) is stopped mid-stream.
             rs0 = cluster.replsets["shard0"]
@@ -89,10 +87,15 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
         nursery.cancel_scope.cancel()
 
 
-def _write(c, total, written) -> None:
+def _write(proxy, total, written) -> None:
     """Inserts _id 0..total-1 over NAMESPACES, 10 per namespace at a time; `written[0]` counts those
     acknowledged. Retryable writes through the proxy: pymongo retries once on the errors a failover
-    gives. Each waits for majority, i.e. for the secondaries' lag."""
+    gives. Each waits for majority, i.e. for the secondaries' lag.
+
+    On a client of its own: the buckets' cursors were opened in the reading client's implicit
+    session, and a getMore must come in the same one; writes on that client from this thread
+    would reorder its session pool."""
+    c = client(proxy_uri(proxy))
     for i in range(0, total, 40):
         for j, ns in enumerate(NAMESPACES):
             db, coll = ns.split(".")
@@ -157,9 +160,7 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
         start, opened = await sync(open_stream)
         total = 400
         async with trio.open_nursery() as writers:
-            # A client of its own: the cursors were opened in c's implicit session, and a getMore
-            # must come in the same one; writes on c from another thread would reorder its pool.
-            writers.start_soon(sync, _write, client(proxy_uri(proxy)), total, written)
+            writers.start_soon(sync, _write, proxy, total, written)
             await after(100)
             rs0, rs1 = cluster.replsets["shard0"], cluster.replsets["shard1"]
             host = (await sync(shard_status, "shard0"))["host"]

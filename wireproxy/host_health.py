@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 __all__ = ["HostFailure", "HostHealth", "host_address"]
@@ -26,18 +25,16 @@ def host_address(host: str, port: int) -> str:
 
 
 class HostFailure(NamedTuple):
-    at: float      # time.time() of the failure, for status
     error: str
-    order: float   # the monotonic clock's reading, for ordering
+    order: float   # time.monotonic() of the failure, for ordering
 
 
 class HostHealth:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._failed: dict[str, HostFailure] = {}
 
     def failed(self, address: str, error: str) -> None:
-        self._failed[address] = HostFailure(time.time(), error, self._clock())
+        self._failed[address] = HostFailure(error, time.monotonic())
 
     def answered(self, address: str) -> None:
         self._failed.pop(address, None)

@@ -86,6 +86,13 @@ class UpstreamConnection:
         self.closed = True
         return kind(error)
 
+    async def _out_of_step(self, error: str, kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
+        """`_lost`, for a connection whose socket still works but whose replies no longer match
+        its requests (a late answer may still come): the socket is closed too."""
+        lost = self._lost(error, kind)
+        await self._close_stream()
+        return lost
+
     async def send(self, data: bytes) -> None:
         try:
             await self._stream.send_all(data)
@@ -126,13 +133,10 @@ class UpstreamConnection:
             if waited.cancelled_caught:
                 # Its answer may still come: the connection is out of step for good.
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
-                lost = self._lost(f"upstream {self.address} did not answer {name} within {limit:g} s", UpstreamTimeout)
-                await self._close_stream()
-                raise lost
+                raise await self._out_of_step(f"upstream {self.address} did not answer {name} within {limit:g} s",
+                                              UpstreamTimeout)
         if not isinstance(msg, wire.OpMsg) or msg.response_to != rid:
-            lost = self._lost(f"upstream {self.address} answered out of turn")
-            await self._close_stream()
-            raise lost
+            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         if self._health is not None:
             self._health.answered(self.address)
         reply = RawBSONDocument(msg.body, RAW)

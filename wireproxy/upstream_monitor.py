@@ -87,7 +87,8 @@ class UpstreamMonitor:
                     if conn is not None:
                         await conn.aclose()
                         conn = None
-                    self.health.failed(address, str(exc))
+                    if isinstance(exc, MongoError):  # a lost connection has told the record already
+                        self.health.failed(address, str(exc))
                     if was_up is not False:
                         log.warning("upstream %s is down: %s", address, exc)
                     was_up = False
