@@ -19,6 +19,7 @@ budget, the statistics and the notes that move idle shards on.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -29,9 +30,10 @@ import trio
 from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
-from mongoformats.change_events import EventFields, OplogTransformer, prev_op_ts
+from mongoformats.batch_splice import splice_entries
+from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, EventFields, OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
-from mongoformats.oplog_splice import cursor_batch, splice_entries, timestamp_of
+from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection
 
@@ -185,7 +187,8 @@ class OplogTail:
             cursor_id, entries = cursor_batch(bytes(reply.raw))
             for i in range(0, len(entries), CHUNK):
                 chunk = entries[i:i + CHUNK]
-                await self._deliver(splice_entries(chunk, splice, expanded), timestamp_of(chunk[-1]), out, conn)
+                items, all_events = splice_entries(chunk, splice, expanded)
+                await self._deliver(items, all_events, timestamp_of(chunk[-1]), out, conn)
             if not entries:
                 await out.idle()
             if not cursor_id:
@@ -197,12 +200,17 @@ class OplogTail:
             finally:
                 await out.parked(False)
 
-    async def _deliver(self, items: list[Any], last_ts: Timestamp, out: TailOutput, conn: UpstreamConnection) -> None:
+    async def _deliver(self, items: list[Any], all_events: bool, last_ts: Timestamp, out: TailOutput,
+                       conn: UpstreamConnection) -> None:
         transformer = self.transformer
         transform = transformer.transform_decoded
         events: list[EventFields] = []  # plain tuples: spliced ones as they are, others' fields
         skip = self.skip_key
-        nbytes = 0
+        nbytes, entries = 0, len(items)
+        if all_events:  # a batch of spliced events (in token order): taken whole, not one by one
+            events = items[bisect.bisect_right(items, skip, key=EVENT_SORT_KEY):] if items[0][0] <= skip else items
+            nbytes = sum(map(len, map(EVENT_BYTES, events)))
+            items = []
         for item in items:
             if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
                 if (gap := transformer.missing_chain(item)) is not None:
@@ -214,7 +222,7 @@ class OplogTail:
             elif item and item[0] > skip:
                 events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
                 nbytes += len(item[5])
-        await out.deliver(events, nbytes, len(items), last_ts)
+        await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
 
     async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:

@@ -10,7 +10,8 @@ an update's diff is decoded (it must be rewritten as updateDescription).
 
 Anything outside that common shape (transactions, DDL, noops, fromMigrate, exotic `_id` types,
 v0/v1 tokens) returns None and the caller uses the general transform in change_events.py. Tests
-check both paths give byte-identical events for the same entries.
+check both paths give byte-identical events for the same entries. A reader's batches go through
+batch_splice.py, which splices their plain inserts all at once and the rest here.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifte
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "cursor_batch",
-           "document_of", "document_parts", "elements", "splice_crud", "splice_entries", "timestamp_of"]
+           "document_of", "document_parts", "elements", "splice_crud", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
@@ -524,15 +525,3 @@ def _namespace(ns: bytes) -> _NamespaceParts | tuple[()]:
         element = b"\x03ns\x00" + document_of(b"\x02db\x00" + _string(db) + b"\x02coll\x00" + _string(coll))
         parts = (element, db.decode(), coll.decode(), (ns.decode(),))
     return parts
-
-
-def splice_entries(entries: list[bytes], splice: bool = True, expanded: bool = False) -> list[Any]:
-    """One item for each oplog entry, in order: what `splice_crud` returns for it, or the entry's
-    own bytes when the general, stateful transform must handle it (transactions, DDL, noops)."""
-    if not splice:
-        return list(entries)
-    items: list[Any] = []
-    for raw in entries:
-        fast = splice_crud(raw, expanded=expanded)
-        items.append(raw if fast is None else fast)
-    return items

@@ -1,0 +1,129 @@
+"""The batch splice gives, for every entry it takes, exactly the event `splice_crud` gives.
+
+`splice_crud` is pinned to the general transform by test_oplog_splice; these tests pin the numpy
+batch path to `splice_crud` byte for byte, on random batches, on broken bytes, and on the entries
+a real workload writes (retryable writes included).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import bson
+from bson import Binary, Int64, ObjectId, Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mongoformats.batch_splice import BATCH_MIN, splice_entries, splice_inserts
+from mongoformats.oplog_splice import splice_crud
+from tests.conftest import client, sync
+from tests.test_oplog_splice import crud_entries
+
+
+@st.composite
+def inserts(draw: st.DrawFn) -> dict[str, Any]:
+    """A plain insert as a server writes it, a retryable write's or not, in a collection with
+    events or not (internal, a view's), and now and then an entry of another shape."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(crud_entries())
+    _id = ObjectId(draw(st.binary(min_size=12, max_size=12)))
+    ns = draw(st.sampled_from(["db.c", "db.c", "other.long_collection_name", "admin.x", "db.system.views",
+                               "db." + "n" * 100]))
+    ui = Binary(uuid.UUID(int=draw(st.integers(0, 2**128 - 1))).bytes, 4)
+    value = st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20))
+    doc = draw(st.dictionaries(st.sampled_from("abc"), value, max_size=3))
+    entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": ui, "o": {"_id": _id, **doc}, "o2": {"_id": _id}}
+    retryable = draw(st.booleans())
+    if retryable:
+        entry["stmtId"] = draw(st.integers(0, 5))
+    entry["ts"] = Timestamp(draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, 2**32 - 1)))
+    entry["t"], entry["v"] = Int64(1), Int64(2)
+    entry["wall"] = bson.datetime_ms.DatetimeMS(draw(st.integers(0, 2**41)))
+    if retryable:
+        session = {"lsid": {"id": Binary(uuid.uuid4().bytes, 4), "uid": b"\x01" * 32},
+                   "txnNumber": Int64(draw(st.integers(0, 9)))}
+        entry = {**session, **entry, "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
+    return entry
+
+
+_IDL_ORDER = ["lsid", "txnNumber", "op", "ns", "ui", "o", "o2", "stmtId", "ts", "t", "v", "wall", "prevOpTime"]
+
+
+def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
+    batch = splice_inserts(entries, expanded=expanded)
+    assert len(batch) == len(entries)
+    for raw, item in zip(entries, batch, strict=True):
+        if item is not None:
+            assert item == splice_crud(raw, expanded=expanded)
+    return batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(inserts(), min_size=1, max_size=40), st.booleans())
+def test_a_batch_splices_every_insert_as_splice_crud_does(entries: list[dict[str, Any]], expanded: bool) -> None:
+    raws = [bson.encode(e) for e in entries]
+    batch = _same_as_one_by_one(raws, expanded)
+    for entry, item in zip(entries, batch, strict=True):
+        plain = entry["op"] == "i" and isinstance(entry["o"]["_id"], ObjectId) and entry.get("o2") == {
+            "_id": entry["o"]["_id"]} and "ui" in entry and "wall" in entry and not entry["ns"].endswith(".views")
+        if plain and list(entry) == sorted(entry, key=_IDL_ORDER.index):  # as a server writes it: always taken
+            assert item is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(inserts(), min_size=1, max_size=8), st.data())
+def test_broken_bytes_are_left_to_the_one_by_one_path(entries: list[dict[str, Any]], data: st.DataObject) -> None:
+    """A byte changed, or an entry cut short, anywhere: what is taken is still exactly splice_crud's
+    event (a changed document byte is copied, as splice_crud copies it), and nothing raises: an
+    entry it cannot read is left to splice_crud, which says what is wrong with it."""
+    raws = [bytearray(bson.encode(e)) for e in entries]
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw = raws[data.draw(st.integers(0, len(raws) - 1))]
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(raws) - 1))
+        raws[i] = raws[i][:data.draw(st.integers(0, len(raws[i])))]
+    _same_as_one_by_one([bytes(r) for r in raws], data.draw(st.booleans()))
+
+
+def test_splice_entries_takes_a_batch_of_inserts_whole_and_anything_else_item_by_item() -> None:
+    def insert(i: int, ns: str = "db.c") -> bytes:
+        _id = ObjectId()
+        return bson.encode({"op": "i", "ns": ns, "ui": Binary(b"u" * 16, 4), "o": {"_id": _id, "i": i},
+                            "o2": {"_id": _id}, "ts": Timestamp(9, i), "t": Int64(1), "v": Int64(2),
+                            "wall": bson.datetime_ms.DatetimeMS(i)})
+
+    batch = [insert(i) for i in range(BATCH_MIN)]
+    items, all_events = splice_entries(batch, True, False)
+    assert all_events and items == [splice_crud(raw, expanded=False) for raw in batch]
+    noop = bson.encode({"op": "n", "ns": "", "o": {"msg": "x"}, "ts": Timestamp(9, 999), "t": Int64(1)})
+    items, all_events = splice_entries([*batch, noop], True, False)
+    assert not all_events and items[-1] == noop and items[:-1] == [splice_crud(r, expanded=False) for r in batch]
+    items, all_events = splice_entries([*batch, insert(0, "config.x")], True, False)
+    assert not all_events and items[-1] == ()
+    assert splice_entries(batch, False, False) == (batch, False)
+
+
+async def test_a_real_workloads_inserts_are_all_taken(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Drivers' inserts are retryable writes (lsid, txnNumber, stmtId, prevOpTime): taken too."""
+    def work() -> None:
+        c = client(cluster.uri)
+        c.admin.command("enableSharding", "bs")
+        c.admin.command("shardCollection", "bs.h", key={"_id": "hashed"})
+        c.bs.h.insert_many([{"x": i} for i in range(200)])
+        for i in range(20):
+            c.bs.h.insert_one({"y": i})
+        c.bs.plain.insert_many([{"x": i} for i in range(50)], ordered=False)
+        c.bs.h.update_many({}, {"$inc": {"x": 1}})
+    await sync(work)
+    taken = 0
+    for shard in cluster.shards.values():
+        raws = shard.oplog.read_after(0, 1 << 30)
+        for expanded in (False, True):
+            batch = _same_as_one_by_one(raws, expanded)
+            inserts_here = [raw for raw in raws if bson.decode(raw)["op"] == "i" and b"bs." in raw]
+            assert sum(1 for item in batch if item) >= len(inserts_here)
+            taken += len(inserts_here)
+    assert taken >= 2 * 270
