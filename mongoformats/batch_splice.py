@@ -1,23 +1,26 @@
-"""A batch of oplog entries spliced into events at once: plain inserts with numpy, the rest one by one.
+"""A batch of oplog entries spliced into events at once: plain inserts and deletes with numpy, the rest one by one.
 
 Why: `splice_crud` costs ~2.5 us an insert, and each of its ~30 lines costs 0.1-0.7 us; no line
-stands out, so no per-entry rewrite gets much below it. But the inserts of one oplog batch are
-alike: the same element order, the same constant bytes, differing only in a few values (ts, the
-_id's ObjectId, wall, the document) and in lengths. So this module checks and reads those values
-for the whole batch with numpy (one array operation per field, not per entry), builds the parts
-of the events that have a fixed width (the resume token, its hex, clusterTime, wallTime) as rows
-of one array, and leaves to Python only the join of each event's pieces: ~1.1 us an insert.
+stands out, so no per-entry rewrite gets much below it. But the inserts (and deletes) of one
+oplog batch are alike: the same element order, the same constant bytes, differing only in a few
+values (ts, the _id's ObjectId, wall, the document) and in lengths. So this module checks and
+reads those values for the whole batch with numpy (one array operation per field, not per
+entry), builds the parts of the events that have a fixed width (the resume token, its hex,
+clusterTime, wallTime) as rows of one array, and leaves to Python only the join of each event's
+pieces: ~1.0 us an event.
 
-Which entries: single inserts whose documentKey is `{_id: ObjectId}` (drivers give every document
-one), in the field order a server writes them, with or without a retryable write's session fields:
+Which entries: single inserts and deletes whose documentKey is `{_id: ObjectId}` (drivers give
+every document one; a TTL index's deletes have it), in the field order a server writes them,
+with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
+    {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
-Every other entry (updates, deletes, other keys, transactions, DDL, noops, a field out of place)
-gets None here and goes through `splice_crud` or the general transform, as before. An entry taken
-here gives exactly `splice_crud`'s event (tests compare the two on random and broken entries):
-every boundary is derived from the entry's BSON lengths, and it is only taken if it is exactly
-that sequence of elements.
+Every other entry (updates, other keys, transactions, DDL, noops, a field out of place) gets None
+here and goes through `splice_crud` or the general transform, as before. An entry taken here
+gives exactly `splice_crud`'s event (tests compare the two on random and broken entries): every
+boundary is derived from the entry's BSON lengths, and it is only taken if it is exactly that
+sequence of elements.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from mongoformats.oplog_splice import (
     splice_crud,
 )
 
-__all__ = ["BATCH_MIN", "splice_entries", "splice_inserts"]
+__all__ = ["BATCH_MIN", "splice_batch", "splice_entries"]
 
 BATCH_MIN = 128  # fewer entries are spliced one by one: numpy's fixed cost per call outweighs its gain
 
@@ -51,11 +54,14 @@ _Words = npt.NDArray[np.uint64]
 _Bytes = npt.NDArray[np.uint8]
 
 _SLACK = 256  # zero bytes after the batch: a rejected entry's reads stay in the buffer (see _clamp)
-_INSERT_HEAD = _OP_HEAD + b"i\x00\x02ns\x00"  # op "i", then the ns element's header
+_NS = b"\x02ns\x00"
+_HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
+_OPS = {ord("i"): "insert", ord("d"): "delete"}
 _LSID = b"\x03lsid\x00"
 _TXN_NUMBER = b"\x12txnNumber\x00"
 _O = b"\x03o\x00"
-_O2_OID = b"\x03o2\x00\x16\x00\x00\x00\x07_id\x00"  # o2: a 22-byte document of one ObjectId _id
+_O2 = b"\x03o2\x00"
+_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"  # a 22-byte document of one ObjectId _id: the documentKey
 _OID_KEY_BYTES = 22
 _STMT_ID = b"\x10stmtId\x00"
 _PREV_OP_TIME = b"\x03prevOpTime\x00"
@@ -66,9 +72,11 @@ _TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
 # The resume token's KeyString (the sort key; see splice_crud): 0x82, the ts (seconds, then
 # increment, big-endian), the token's fixed head, the collection's UUID (19 bytes: 0x5a, its
 # length, subtype 4, the 16 bytes), the operation, the ObjectId, the end.
-_KEY_MID = _OP_IDENT["insert"] + b"\x46\x64_id\x00\x64"
+_KEY_OID_HEAD = b"\x46\x64_id\x00\x64"
 _KEY_TS = 1
-_KEY_OID = _KEY_TS + 8 + len(_TOKEN_HEAD) + 19 + len(_KEY_MID)
+# "insert" and "delete" have as many letters: both ops' tokens and events have the same layout.
+assert len({len(_OP_IDENT[op]) for op in _OPS.values()}) == len({len(_OP_ELEMENT[op]) for op in _OPS.values()}) == 1
+_KEY_OID = _KEY_TS + 8 + len(_TOKEN_HEAD) + 19 + len(_OP_IDENT["insert"]) + len(_KEY_OID_HEAD)
 _KEY_BYTES = _KEY_OID + 12 + 3
 # The event up to its fullDocument's value: its length, _id (the token's hex), operationType,
 # clusterTime, collectionUUID (expanded events only), wallTime; then where the per-event values go.
@@ -76,23 +84,25 @@ _HEX_BYTES = 2 * _KEY_BYTES
 _ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", _HEX_BYTES + 17, b"\x02_data\x00", _HEX_BYTES + 1)
 _HEX_AT = 4 + len(_ID_ELEMENT)
 _CLUSTER_TIME_AT = _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
+_OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
 _WALL_TIME = b"\x09wallTime\x00"
 _FULL_DOCUMENT = b"\x03fullDocument\x00"
 _DOCUMENT_KEY = b"\x03documentKey\x00"
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
 
-def _key_template(uuid_ks: bytes) -> bytes:
+def _key_template(op: str, uuid_ks: bytes) -> bytes:
     """A kind's sort key, with zeros where each event's ts and ObjectId go."""
-    return b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _KEY_MID, bytes(12), b"\x00\x00\x04"))
+    return b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _KEY_OID_HEAD, bytes(12),
+                     b"\x00\x00\x04"))
 
 
-def _front_template(key: bytes, ui: bytes, expanded: bool) -> bytes:
-    """A kind's event up to its fullDocument's value, with zeros (in the hex too) where each
-    event's length, ts, ObjectId and wall go."""
+def _front_template(op: str, key: bytes, ui: bytes, expanded: bool) -> bytes:
+    """A kind's event up to its wallTime, with zeros (in the hex too) where each event's length,
+    ts, ObjectId and wall go."""
     uuid = b"\x05collectionUUID\x00" + ui if expanded else b""
-    return b"".join((bytes(4), _ID_ELEMENT, hexlify(key).upper(), b"\x00\x00", _OP_ELEMENT["insert"],
-                     b"\x11clusterTime\x00", bytes(8), uuid, _WALL_TIME, bytes(8), _FULL_DOCUMENT))
+    return b"".join((bytes(4), _ID_ELEMENT, hexlify(key).upper(), b"\x00\x00", _OP_ELEMENT[op],
+                     b"\x11clusterTime\x00", bytes(8), uuid, _WALL_TIME, bytes(8)))
 
 
 def _words(data: bytes, dtype: str) -> Any:
@@ -144,9 +154,10 @@ def _made_of(head: bytes) -> Any:
         return None
 
 
-def splice_inserts(entries: list[bytes], *, expanded: bool) -> list[Spliced | tuple[()] | None]:
-    """For each entry, what `splice_crud` gives for it if it is a plain insert this module takes
-    (its event's fields, or () for an internal namespace), else None: the caller decides."""
+def splice_batch(entries: list[bytes], *, expanded: bool) -> list[Spliced | tuple[()] | None]:
+    """For each entry, what `splice_crud` gives for it if it is a plain insert or delete this
+    module takes (its event's fields, or () for an internal namespace), else None: the caller
+    decides."""
     n = len(entries)
     lengths = np.fromiter(map(len, entries), np.int64, n)
     start = np.zeros(n, np.int64)
@@ -156,23 +167,29 @@ def splice_inserts(entries: list[bytes], *, expanded: bool) -> list[Spliced | tu
     data = joined + bytes(_SLACK)
     u64, i32, u8 = _words(data, "<u8"), _words(data, "<i4"), np.frombuffer(data, np.uint8)
 
-    ok = lengths >= 5 + len(_INSERT_HEAD) + 4
+    ok = lengths >= 5 + _HEAD_BYTES + 4
     # A retryable write's lsid and txnNumber lead (OplogEntryBase's order).
     session = ok & _is(u64, start + 4, _LSID)
     lsid = _clamp(session, i32[start + 10].astype(np.int64), 5, lengths - 40)
     p = np.where(session, start + 10 + lsid, start + 4)
     ok &= ~session | _is(u64, p, _TXN_NUMBER)
     p = np.where(session, p + len(_TXN_NUMBER) + 8, p)
-    ok &= _is(u64, p, _INSERT_HEAD)
-    ns = _clamp(ok, i32[p + len(_INSERT_HEAD)].astype(np.int64), 2, end - p)
-    ui = p + len(_INSERT_HEAD) + 4 + ns
+    code = u8[p + _OP_CODE_AT]
+    delete = code == ord("d")
+    ok &= _is(u64, p, _OP_HEAD) & (delete | (code == ord("i"))) & (u8[p + _OP_CODE_AT + 1] == 0)
+    ok &= _is(u64, p + _HEAD_BYTES - len(_NS), _NS)
+    ns = _clamp(ok, i32[p + _HEAD_BYTES].astype(np.int64), 2, end - p)
+    ui = p + _HEAD_BYTES + 4 + ns
     ok &= _is(u64, ui, _UI_HEAD)
     head_end = ui + len(_UI_HEAD) + 16
     ok &= _is(u64, head_end, _O)
     o_start = head_end + len(_O)
     o_end = o_start + _clamp(ok, i32[o_start].astype(np.int64), 5, end - o_start)
-    ok &= _is(u64, o_end, _O2_OID) & (u8[o_end + 4 + _OID_KEY_BYTES - 1] == 0)
-    stamps = o_end + 4 + _OID_KEY_BYTES
+    # An insert's o is its document and o2 its documentKey; a delete's o is its documentKey.
+    key = np.where(delete, o_start, o_end + len(_O2))
+    ok &= (delete & (o_end == o_start + _OID_KEY_BYTES)) | (~delete & _is(u64, o_end, _O2))
+    ok &= _is(u64, key, _OID_KEY) & (u8[key + _OID_KEY_BYTES - 1] == 0)
+    stamps = key + _OID_KEY_BYTES
     stamps = np.where(ok & _is(u64, stamps, _STMT_ID), stamps + len(_STMT_ID) + 4, stamps)
     for offset, header in _STAMPS:
         ok &= _is(u64, stamps + offset, header)
@@ -182,12 +199,14 @@ def splice_inserts(entries: list[bytes], *, expanded: bool) -> list[Spliced | tu
     prev_length = _clamp(ok & prev, i32[after + len(_PREV_OP_TIME)].astype(np.int64), 5, end - after)
     ok &= (after == end) | (prev & (after + len(_PREV_OP_TIME) + prev_length == end))
     ok &= u8[end] == 0
+    # fullDocument: an insert's o; a delete has none (an empty range).
+    full_end = np.where(delete, o_start, o_end)
 
     taken = np.flatnonzero(ok)
     out: list[Spliced | tuple[()] | None] = [None] * n
     if not len(taken):
         return out
-    p, head_end, o_start, o_end, stamps = (a[taken] for a in (p, head_end, o_start, o_end, stamps))
+    p, head_end, o_start, full_end, key, stamps = (a[taken] for a in (p, head_end, o_start, full_end, key, stamps))
     # What each entry's op, ns and ui make of its event (the namespace's parts, the UUID), found
     # once per kind (distinct bytes from op to ui): a batch's entries share a handful.
     heads: list[bytes] = list(map(joined.__getitem__, map(slice, p.tolist(), head_end.tolist())))
@@ -199,21 +218,22 @@ def splice_inserts(entries: list[bytes], *, expanded: bool) -> list[Spliced | tu
         for i, kind in zip(taken[~keep].tolist(), which[~keep].tolist(), strict=True):
             out[i] = made[kind]  # () for an internal namespace; None for a view's (the general path)
         taken, which = taken[keep], which[keep]
-        o_start, o_end, stamps = (a[keep] for a in (o_start, o_end, stamps))
+        o_start, full_end, key, stamps = (a[keep] for a in (o_start, full_end, key, stamps))
     m = len(taken)
     if not m:
         return out
 
     # Each event's sort key and front: its kind's template, then its own ts, ObjectId and wall.
-    key_templates = [_key_template(h[3]) if h else bytes(_KEY_BYTES) for h in made]
-    front_templates = [_front_template(key, h[2], expanded) if h else b""
-                       for key, h in zip(key_templates, made, strict=True)]
-    width = max(map(len, front_templates))
+    ops = [_OPS[h[0][0]] if h else "insert" for h in made]
+    key_templates = [_key_template(op, h[3]) if h else bytes(_KEY_BYTES) for op, h in zip(ops, made, strict=True)]
+    front_templates = [_front_template(op, k, h[2], expanded) if h else b""
+                       for op, k, h in zip(ops, key_templates, made, strict=True)]
+    width = max(map(len, front_templates))  # the same for every kind that makes events
     ts = u64[stamps + _TS_AT]
     ts_key = _as_bytes(ts.byteswap())  # a token's ts: seconds, then increment, big-endian
     oid = np.empty((m, 12), np.uint8)
-    oid[:, :8] = _as_bytes(u64[o_end + 13])
-    oid[:, 8:] = _as_bytes(u64[o_end + 21])[:, :4]
+    oid[:, :8] = _as_bytes(u64[key + 9])
+    oid[:, 8:] = _as_bytes(u64[key + 17])[:, :4]
     keys = np.frombuffer(b"".join(key_templates), np.uint8).reshape(-1, _KEY_BYTES)[which]
     keys[:, _KEY_TS:_KEY_TS + 8] = ts_key
     keys[:, _KEY_OID:_KEY_OID + 12] = oid
@@ -221,30 +241,31 @@ def splice_inserts(entries: list[bytes], *, expanded: bool) -> list[Spliced | tu
     fronts[:, _HEX_AT + 2 * _KEY_TS:_HEX_AT + 2 * _KEY_TS + 16] = _hex(ts_key)
     fronts[:, _HEX_AT + 2 * _KEY_OID:_HEX_AT + 2 * _KEY_OID + 24] = _hex(oid)
     fronts[:, _CLUSTER_TIME_AT:_CLUSTER_TIME_AT + 8] = _as_bytes(ts)
-    wall_at = width - len(_FULL_DOCUMENT) - 8
-    fronts[:, wall_at:wall_at + 8] = _as_bytes(u64[stamps + _WALL_AT])
-    namespaces = [h[1] if h else (b"", "", "", ()) for h in made]
-    tails = np.array([len(names[0]) + len(_DOCUMENT_KEY) + _OID_KEY_BYTES + 1 for names in namespaces], np.int64)
-    sizes = width + (o_end - o_start) + tails[which]
+    fronts[:, width - 8:] = _as_bytes(u64[stamps + _WALL_AT])
+    # Per kind: (what comes before the document (fullDocument's header, or nothing), the ns
+    # element, db, coll, namespaces, operationType).
+    parts = [(_FULL_DOCUMENT if op == "insert" else b"", *h[1], op) if h else (b"", b"", "", "", (), op)
+             for op, h in zip(ops, made, strict=True)]
+    tails = np.array([len(pre) + len(ns_element) + len(_DOCUMENT_KEY) + _OID_KEY_BYTES + 1
+                      for pre, ns_element, *_ in parts], np.int64)
+    sizes = width + (full_end - o_start) + tails[which]
     fronts[:, :4] = _as_bytes(sizes.astype("<u4"))
 
-    # The rest is each event's join: its front, the document, ns, documentKey (o2 as it is).
+    # The rest is each event's join: its front, its document (an insert's), ns, documentKey.
     front_bytes, key_bytes = fronts.tobytes(), keys.tobytes()
     cuts = range(0, m * width + 1, width)
     key_cuts = range(0, m * _KEY_BYTES + 1, _KEY_BYTES)
-    names = [namespaces[i] for i in which.tolist()]
-    o2_start = o_end + 4
+    kind_of = [parts[i] for i in which.tolist()]
+    pre, ns_element, db, coll, namespaces, op_type = (map(operator.itemgetter(i), kind_of) for i in range(6))
     events = map(b"".join, zip(
-        map(front_bytes.__getitem__, map(slice, cuts, cuts[1:])),
-        map(joined.__getitem__, map(slice, o_start.tolist(), o_end.tolist())),
-        map(operator.itemgetter(0), names),
-        repeat(_DOCUMENT_KEY),
-        map(joined.__getitem__, map(slice, o2_start.tolist(), (o2_start + _OID_KEY_BYTES).tolist())),
+        map(front_bytes.__getitem__, map(slice, cuts, cuts[1:])), pre,
+        map(joined.__getitem__, map(slice, o_start.tolist(), full_end.tolist())),
+        ns_element, repeat(_DOCUMENT_KEY),
+        map(joined.__getitem__, map(slice, key.tolist(), (key + _OID_KEY_BYTES).tolist())),
         repeat(b"\x00")))
-    spliced = zip(map(key_bytes.__getitem__, map(slice, key_cuts, key_cuts[1:])), repeat(b""),
-                  repeat("insert"), map(operator.itemgetter(1), names), map(operator.itemgetter(2), names), events,
-                  map(operator.itemgetter(3), names), repeat(""), repeat(None))
-    if m == n:  # the usual batch: every entry a plain insert
+    spliced = zip(map(key_bytes.__getitem__, map(slice, key_cuts, key_cuts[1:])), repeat(b""), op_type, db, coll,
+                  events, namespaces, repeat(""), repeat(None))
+    if m == n:  # the usual batch: every entry a plain insert or delete
         return list(spliced)
     for i, event in zip(taken.tolist(), spliced, strict=True):
         out[i] = event
@@ -258,7 +279,7 @@ def splice_entries(entries: list[bytes], splice: bool = True, expanded: bool = F
     inserts), which the reader then takes whole."""
     if not splice:
         return list(entries), False
-    batch = splice_inserts(entries, expanded=expanded) if len(entries) >= BATCH_MIN else [None] * len(entries)
+    batch = splice_batch(entries, expanded=expanded) if len(entries) >= BATCH_MIN else [None] * len(entries)
     if None not in batch:
         return batch, () not in batch
     items: list[Any] = []

@@ -15,16 +15,16 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongoformats.batch_splice import BATCH_MIN, splice_entries, splice_inserts
+from mongoformats.batch_splice import BATCH_MIN, splice_batch, splice_entries
 from mongoformats.oplog_splice import splice_crud
 from tests.conftest import client, sync
 from tests.test_oplog_splice import crud_entries
 
 
 @st.composite
-def inserts(draw: st.DrawFn) -> dict[str, Any]:
-    """A plain insert as a server writes it, a retryable write's or not, in a collection with
-    events or not (internal, a view's), and now and then an entry of another shape."""
+def writes(draw: st.DrawFn) -> dict[str, Any]:
+    """A plain insert or delete as a server writes it, a retryable write's or not, in a collection
+    with events or not (internal, a view's), and now and then an entry of another shape."""
     if draw(st.integers(0, 9)) == 0:
         return draw(crud_entries())
     _id = ObjectId(draw(st.binary(min_size=12, max_size=12)))
@@ -34,6 +34,8 @@ def inserts(draw: st.DrawFn) -> dict[str, Any]:
     value = st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20))
     doc = draw(st.dictionaries(st.sampled_from("abc"), value, max_size=3))
     entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": ui, "o": {"_id": _id, **doc}, "o2": {"_id": _id}}
+    if draw(st.booleans()):
+        entry = {"op": "d", "ns": ns, "ui": ui, "o": {"_id": _id}}
     retryable = draw(st.booleans())
     if retryable:
         entry["stmtId"] = draw(st.integers(0, 5))
@@ -51,7 +53,7 @@ _IDL_ORDER = ["lsid", "txnNumber", "op", "ns", "ui", "o", "o2", "stmtId", "ts", 
 
 
 def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
-    batch = splice_inserts(entries, expanded=expanded)
+    batch = splice_batch(entries, expanded=expanded)
     assert len(batch) == len(entries)
     for raw, item in zip(entries, batch, strict=True):
         if item is not None:
@@ -60,19 +62,22 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(inserts(), min_size=1, max_size=40), st.booleans())
-def test_a_batch_splices_every_insert_as_splice_crud_does(entries: list[dict[str, Any]], expanded: bool) -> None:
+@given(st.lists(writes(), min_size=1, max_size=40), st.booleans())
+def test_a_batch_splices_every_insert_and_delete_as_splice_crud_does(entries: list[dict[str, Any]],
+                                                                      expanded: bool) -> None:
     raws = [bson.encode(e) for e in entries]
     batch = _same_as_one_by_one(raws, expanded)
     for entry, item in zip(entries, batch, strict=True):
-        plain = entry["op"] == "i" and isinstance(entry["o"]["_id"], ObjectId) and entry.get("o2") == {
-            "_id": entry["o"]["_id"]} and "ui" in entry and "wall" in entry and not entry["ns"].endswith(".views")
+        key = entry.get("o2") if entry["op"] == "i" else entry["o"] if entry["op"] == "d" else None
+        plain = (key is not None and list(key) == ["_id"] and isinstance(key["_id"], ObjectId)
+                 and key["_id"] == entry["o"]["_id"] and "ui" in entry and "wall" in entry
+                 and not entry["ns"].endswith(".views"))
         if plain and list(entry) == sorted(entry, key=_IDL_ORDER.index):  # as a server writes it: always taken
             assert item is not None
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(inserts(), min_size=1, max_size=8), st.data())
+@given(st.lists(writes(), min_size=1, max_size=8), st.data())
 def test_broken_bytes_are_left_to_the_one_by_one_path(entries: list[dict[str, Any]], data: st.DataObject) -> None:
     """A byte changed, or an entry cut short, anywhere: what is taken is still exactly splice_crud's
     event (a changed document byte is copied, as splice_crud copies it), and nothing raises: an
@@ -88,7 +93,7 @@ def test_broken_bytes_are_left_to_the_one_by_one_path(entries: list[dict[str, An
     _same_as_one_by_one([bytes(r) for r in raws], data.draw(st.booleans()))
 
 
-def test_splice_entries_takes_a_batch_of_inserts_whole_and_anything_else_item_by_item() -> None:
+def test_splice_entries_takes_a_batch_of_inserts_and_deletes_whole_and_anything_else_item_by_item() -> None:
     def insert(i: int, ns: str = "db.c") -> bytes:
         _id = ObjectId()
         return bson.encode({"op": "i", "ns": ns, "ui": Binary(b"u" * 16, 4), "o": {"_id": _id, "i": i},
@@ -96,6 +101,8 @@ def test_splice_entries_takes_a_batch_of_inserts_whole_and_anything_else_item_by
                             "wall": bson.datetime_ms.DatetimeMS(i)})
 
     batch = [insert(i) for i in range(BATCH_MIN)]
+    batch[7] = bson.encode({k: v for k, v in {**bson.decode(batch[7]), "op": "d", "o": {"_id": ObjectId()}}.items()
+                            if k != "o2"})
     items, all_events = splice_entries(batch, True, False)
     assert all_events and items == [splice_crud(raw, expanded=False) for raw in batch]
     noop = bson.encode({"op": "n", "ns": "", "o": {"msg": "x"}, "ts": Timestamp(9, 999), "t": Int64(1)})
@@ -106,8 +113,8 @@ def test_splice_entries_takes_a_batch_of_inserts_whole_and_anything_else_item_by
     assert splice_entries(batch, False, False) == (batch, False)
 
 
-async def test_a_real_workloads_inserts_are_all_taken(cluster) -> None:  # type: ignore[no-untyped-def]
-    """Drivers' inserts are retryable writes (lsid, txnNumber, stmtId, prevOpTime): taken too."""
+async def test_a_real_workloads_inserts_and_deletes_are_all_taken(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Drivers' writes are retryable (lsid, txnNumber, stmtId, prevOpTime): taken too."""
     def work() -> None:
         c = client(cluster.uri)
         c.admin.command("enableSharding", "bs")
@@ -117,13 +124,15 @@ async def test_a_real_workloads_inserts_are_all_taken(cluster) -> None:  # type:
             c.bs.h.insert_one({"y": i})
         c.bs.plain.insert_many([{"x": i} for i in range(50)], ordered=False)
         c.bs.h.update_many({}, {"$inc": {"x": 1}})
+        c.bs.h.delete_many({"x": {"$lt": 50}})
+        c.bs.plain.delete_one({"x": 3})
     await sync(work)
     taken = 0
     for shard in cluster.shards.values():
         raws = shard.oplog.read_after(0, 1 << 30)
+        plain = [raw for raw in raws if bson.decode(raw)["op"] in "id" and bson.decode(raw)["ns"].startswith("bs.")]
         for expanded in (False, True):
             batch = _same_as_one_by_one(raws, expanded)
-            inserts_here = [raw for raw in raws if bson.decode(raw)["op"] == "i" and b"bs." in raw]
-            assert sum(1 for item in batch if item) >= len(inserts_here)
-            taken += len(inserts_here)
-    assert taken >= 2 * 270
+            assert sum(1 for item in batch if item) >= len(plain)
+        taken += len(plain)
+    assert taken >= 270 + 50 + 1
