@@ -208,7 +208,10 @@ class OplogTail:
         skip = self.skip_key
         nbytes, entries = 0, len(items)
         if all_events:  # a batch of spliced events (in token order): taken whole, not one by one
-            events = items[bisect.bisect_right(items, skip, key=EVENT_SORT_KEY):] if items[0][0] <= skip else items
+            if EVENT_SORT_KEY(items[0]) > skip:
+                events = items
+            else:  # a resumed stream's first batch: what was delivered before is skipped
+                events = items[bisect.bisect_right(items, skip, key=EVENT_SORT_KEY):]
             nbytes = sum(map(len, map(EVENT_BYTES, events)))
             items = []
         for item in items:

@@ -281,7 +281,7 @@ def splice_entries(entries: list[bytes], splice: bool = True, expanded: bool = F
         return list(entries), False
     batch = splice_batch(entries, expanded=expanded) if len(entries) >= BATCH_MIN else [None] * len(entries)
     if None not in batch:
-        return batch, () not in batch
+        return batch, bool(batch) and () not in batch
     items: list[Any] = []
     for raw, item in zip(entries, batch, strict=True):
         if item is None:
