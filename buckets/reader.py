@@ -206,26 +206,26 @@ class OplogTail:
         transform = transformer.transform_decoded
         events: list[EventFields] = []  # plain tuples: spliced ones as they are, others' fields
         skip = self.skip_key
-        nbytes, entries = 0, len(items)
+        nbytes = 0
         if all_events:  # a batch of spliced events (in token order): taken whole, not one by one
             if EVENT_SORT_KEY(items[0]) > skip:
                 events = items
             else:  # a resumed stream's first batch: what was delivered before is skipped
                 events = items[bisect.bisect_right(items, skip, key=EVENT_SORT_KEY):]
             nbytes = sum(map(len, map(EVENT_BYTES, events)))
-            items = []
-        for item in items:
-            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
-                if (gap := transformer.missing_chain(item)) is not None:
-                    transformer.adopt_chain(await self._chain_through(conn, gap))
-                for ev in transform(item):
-                    if ev.sort_key > skip:
-                        events.append(tuple(ev))
-                        nbytes += len(ev.raw)
-            elif item and item[0] > skip:
-                events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
-                nbytes += len(item[5])
-        await out.deliver(events, nbytes, entries, last_ts)
+        else:
+            for item in items:
+                if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
+                    if (gap := transformer.missing_chain(item)) is not None:
+                        transformer.adopt_chain(await self._chain_through(conn, gap))
+                    for ev in transform(item):
+                        if ev.sort_key > skip:
+                            events.append(tuple(ev))
+                            nbytes += len(ev.raw)
+                elif item and item[0] > skip:
+                    events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
+                    nbytes += len(item[5])
+        await out.deliver(events, nbytes, len(items), last_ts)
         self.position, self.inclusive = last_ts, False
 
     async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:

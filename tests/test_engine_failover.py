@@ -47,33 +47,30 @@ async def test_no_event_lost_or_duplicated_across_member_stop_stepdown_and_failo
                                       "readerProcesses": reader_processes})
             return start, opened
 
-        async def after(n):
-            await poll_until(lambda: written[0] >= n, 60, interval=0.02)
-
         start, opened = await sync(open_stream)
         total = 600
         async with trio.open_nursery() as writers:
             writers.start_soon(sync, _write, proxy, total, written)
-            await after(100)
+            await _written(written, 100)
             # 1. The member shard0's reader tails (a secondary) is stopped mid-stream.
             rs0 = cluster.replsets["shard0"]
             host = (await sync(_shard_status, c, "failover", "shard0"))["host"]
             tailed = next(m for m in rs0.members if m.address == host)
             assert not tailed.is_primary, "the reader prefers a secondary"
             rs0.stop_member(tailed)
-            await after(200)
+            await _written(written, 200)
             await rs0.restart_member(tailed)  # back before the next failure: a majority must stay up
-            await after(250)
+            await _written(written, 250)
             # 2. shard1's primary steps down; a secondary takes over in a new term.
             rs1 = cluster.replsets["shard1"]
             await rs1.step_down(rs1.primary, 60, 10, False)
-            await after(400)
+            await _written(written, 400)
             # 3. shard0's primary is stopped: an election after electionTimeout, writes retried.
             old_primary = rs0.primary
             # A w:1 write no secondary has yet, then the crash: the write is rolled back.
             old_primary.insert_one("fo.rolledback", {"_id": "phantom"}, {})
             rs0.stop_member(old_primary)
-            await after(500)
+            await _written(written, 500)
             await rs0.restart_member(old_primary)
 
         await sync(_every_write_once, cluster, c, start, opened, total)
@@ -101,6 +98,11 @@ def _write(proxy, total, written) -> None:
             db, coll = ns.split(".")
             c[db][coll].insert_many([{"_id": k} for k in range(i + j, i + 40, 4)])
         written[0] = i + 40
+
+
+async def _written(written, n) -> None:
+    """Wait until `_write` has had `n` inserts acknowledged."""
+    await poll_until(lambda: written[0] >= n, 60, interval=0.02)
 
 
 def _shard_status(c, stream, shard):
@@ -154,14 +156,11 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
         def shard_status(shard):
             return _shard_status(c, "hung", shard)
 
-        async def after(n):
-            await poll_until(lambda: written[0] >= n, 60, interval=0.02)
-
         start, opened = await sync(open_stream)
         total = 400
         async with trio.open_nursery() as writers:
             writers.start_soon(sync, _write, proxy, total, written)
-            await after(100)
+            await _written(written, 100)
             rs0, rs1 = cluster.replsets["shard0"], cluster.replsets["shard1"]
             host = (await sync(shard_status, "shard0"))["host"]
             tailed = next(m for m in rs0.members if m.address == host)
@@ -169,12 +168,12 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
             rs0.pause_member(tailed)
             # Given up after the getMore's maxTimeMS and the 1 s timeout, well before TCP would.
             await sync(wait_until, lambda: shard_status("shard0")["host"] != host, 10, 0.1)
-            await after(200)
+            await _written(written, 200)
             # shard1's primary hangs holding a write nobody else has: it is rolled back at resume.
             old_primary = rs1.primary
             old_primary.insert_one("fo.rolledback", {"_id": "phantom"}, {})
             rs1.pause_member(old_primary)
-            await after(300)
+            await _written(written, 300)
             rs0.resume_member(tailed)
             rs1.resume_member(old_primary)
 
