@@ -33,6 +33,7 @@ from buckets.budget import ByteBudget
 from mongoformats.batch_splice import splice_entries
 from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, EventFields, OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
+from mongoformats.oplog_batch import reply_batch
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection
@@ -184,12 +185,12 @@ class OplogTail:
         splice = self.transformer.token_version == 2
         expanded = self.transformer.show_expanded_events
         while True:
-            cursor_id, entries = cursor_batch(bytes(reply.raw))
-            for i in range(0, len(entries), CHUNK):
-                chunk = entries[i:i + CHUNK]
+            cursor_id, batch = reply_batch(bytes(reply.raw))
+            for i in range(0, len(batch), CHUNK):
+                chunk = batch.chunk(i, i + CHUNK)
                 items, all_events = splice_entries(chunk, splice, expanded)
-                await self._deliver(items, all_events, timestamp_of(chunk[-1]), out, conn)
-            if not entries:
+                await self._deliver(items, all_events, timestamp_of(chunk.entry(-1)), out, conn)
+            if not len(batch):
                 await out.idle()
             if not cursor_id:
                 return

@@ -25,7 +25,6 @@ sequence of elements.
 
 from __future__ import annotations
 
-import operator
 from binascii import hexlify
 from itertools import repeat
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mongoformats.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
@@ -53,7 +53,6 @@ _Ints = npt.NDArray[np.int64]
 _Words = npt.NDArray[np.uint64]
 _Bytes = npt.NDArray[np.uint8]
 
-_SLACK = 256  # zero bytes after the batch: a rejected entry's reads stay in the buffer (see _clamp)
 _NS = b"\x02ns\x00"
 _HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
 _OPS = {ord("i"): "insert", ord("d"): "delete"}
@@ -86,6 +85,8 @@ _HEX_AT = 4 + len(_ID_ELEMENT)
 _CLUSTER_TIME_AT = _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
 _OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
 _WALL_TIME = b"\x09wallTime\x00"
+_COLLECTION_UUID = b"\x05collectionUUID\x00"
+_UUID_VALUE_BYTES = 21  # a binary value: its length, subtype 4, 16 bytes
 _FULL_DOCUMENT = b"\x03fullDocument\x00"
 _DOCUMENT_KEY = b"\x03documentKey\x00"
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
@@ -98,11 +99,17 @@ def _key_template(op: str, uuid_ks: bytes) -> bytes:
 
 
 def _front_template(op: str, key: bytes, ui: bytes, expanded: bool) -> bytes:
-    """A kind's event up to its wallTime, with zeros (in the hex too) where each event's length,
-    ts, ObjectId and wall go."""
-    uuid = b"\x05collectionUUID\x00" + ui if expanded else b""
+    """A kind's event up to its document (an insert's fullDocument header ends it), with zeros
+    (in the hex too) where each event's length, ts, ObjectId and wall go."""
+    uuid = _COLLECTION_UUID + ui if expanded else b""
     return b"".join((bytes(4), _ID_ELEMENT, hexlify(key).upper(), b"\x00\x00", _OP_ELEMENT[op],
-                     b"\x11clusterTime\x00", bytes(8), uuid, _WALL_TIME, bytes(8)))
+                     b"\x11clusterTime\x00", bytes(8), uuid, _WALL_TIME, bytes(8),
+                     _FULL_DOCUMENT if op == "insert" else b""))
+
+
+def _wall_at(expanded: bool) -> int:
+    """Where a front's wallTime value is (collectionUUID comes before it in expanded events)."""
+    return _CLUSTER_TIME_AT + 8 + (len(_COLLECTION_UUID) + _UUID_VALUE_BYTES if expanded else 0) + len(_WALL_TIME)
 
 
 def _words(data: bytes, dtype: str) -> Any:
@@ -154,17 +161,12 @@ def _made_of(head: bytes) -> Any:
         return None
 
 
-def splice_batch(entries: list[bytes], *, expanded: bool) -> list[Spliced | tuple[()] | None]:
+def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[()] | None]:
     """For each entry, what `splice_crud` gives for it if it is a plain insert or delete this
     module takes (its event's fields, or () for an internal namespace), else None: the caller
     decides."""
-    n = len(entries)
-    lengths = np.fromiter(map(len, entries), np.int64, n)
-    start = np.zeros(n, np.int64)
-    np.cumsum(lengths[:-1], out=start[1:])
+    n, data, start, lengths = len(batch), batch.data, batch.starts, batch.lengths
     end = start + lengths - 1  # where each entry's terminating zero must be
-    joined = b"".join(entries)
-    data = joined + bytes(_SLACK)
     u64, i32, u8 = _words(data, "<u8"), _words(data, "<i4"), np.frombuffer(data, np.uint8)
 
     ok = lengths >= 5 + _HEAD_BYTES + 4
@@ -209,10 +211,9 @@ def splice_batch(entries: list[bytes], *, expanded: bool) -> list[Spliced | tupl
     p, head_end, o_start, full_end, key, stamps = (a[taken] for a in (p, head_end, o_start, full_end, key, stamps))
     # What each entry's op, ns and ui make of its event (the namespace's parts, the UUID), found
     # once per kind (distinct bytes from op to ui): a batch's entries share a handful.
-    heads: list[bytes] = list(map(joined.__getitem__, map(slice, p.tolist(), head_end.tolist())))
-    kinds = {head: i for i, head in enumerate(dict.fromkeys(heads))}
-    made = list(map(_made_of, kinds))
-    which = np.fromiter(map(kinds.__getitem__, heads), np.int64, len(heads))
+    which, firsts = _kinds(data, u64, p, head_end)
+    made = [_made_of(data[start:stop]) for start, stop in zip(p[firsts].tolist(), head_end[firsts].tolist(),
+                                                              strict=True)]
     keep = np.fromiter(map(bool, made), np.bool_, len(made))[which]
     if not keep.all():
         for i, kind in zip(taken[~keep].tolist(), which[~keep].tolist(), strict=True):
@@ -223,12 +224,16 @@ def splice_batch(entries: list[bytes], *, expanded: bool) -> list[Spliced | tupl
     if not m:
         return out
 
-    # Each event's sort key and front: its kind's template, then its own ts, ObjectId and wall.
+    # Each event's sort key, front and tail: its kind's template, then its own ts, ObjectId and
+    # wall. The event is its front, its document (an insert's), its tail. Fronts differ in
+    # length by kind (fullDocument's header ends an insert's) and are left-aligned in their rows,
+    # tails (ns, documentKey) are right-aligned: so each per-event value has one column.
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
     key_templates = [_key_template(op, h[3]) if h else bytes(_KEY_BYTES) for op, h in zip(ops, made, strict=True)]
     front_templates = [_front_template(op, k, h[2], expanded) if h else b""
                        for op, k, h in zip(ops, key_templates, made, strict=True)]
-    width = max(map(len, front_templates))  # the same for every kind that makes events
+    tail_templates = [h[1][0] + _DOCUMENT_KEY + _OID_KEY + bytes(14) if h else b"" for h in made]
+    front_width, tail_width = max(map(len, front_templates)), max(map(len, tail_templates))
     ts = u64[stamps + _TS_AT]
     ts_key = _as_bytes(ts.byteswap())  # a token's ts: seconds, then increment, big-endian
     oid = np.empty((m, 12), np.uint8)
@@ -237,32 +242,31 @@ def splice_batch(entries: list[bytes], *, expanded: bool) -> list[Spliced | tupl
     keys = np.frombuffer(b"".join(key_templates), np.uint8).reshape(-1, _KEY_BYTES)[which]
     keys[:, _KEY_TS:_KEY_TS + 8] = ts_key
     keys[:, _KEY_OID:_KEY_OID + 12] = oid
-    fronts = np.frombuffer(b"".join(t.ljust(width) for t in front_templates), np.uint8).reshape(-1, width)[which]
+    fronts = _rows(front_templates, front_width, bytes.ljust)[which]
     fronts[:, _HEX_AT + 2 * _KEY_TS:_HEX_AT + 2 * _KEY_TS + 16] = _hex(ts_key)
     fronts[:, _HEX_AT + 2 * _KEY_OID:_HEX_AT + 2 * _KEY_OID + 24] = _hex(oid)
     fronts[:, _CLUSTER_TIME_AT:_CLUSTER_TIME_AT + 8] = _as_bytes(ts)
-    fronts[:, width - 8:] = _as_bytes(u64[stamps + _WALL_AT])
-    # Per kind: (what comes before the document (fullDocument's header, or nothing), the ns
-    # element, db, coll, namespaces, operationType).
-    parts = [(_FULL_DOCUMENT if op == "insert" else b"", *h[1], op) if h else (b"", b"", "", "", (), op)
-             for op, h in zip(ops, made, strict=True)]
-    tails = np.array([len(pre) + len(ns_element) + len(_DOCUMENT_KEY) + _OID_KEY_BYTES + 1
-                      for pre, ns_element, *_ in parts], np.int64)
-    sizes = width + (full_end - o_start) + tails[which]
+    wall_at = _wall_at(expanded)
+    fronts[:, wall_at:wall_at + 8] = _as_bytes(u64[stamps + _WALL_AT])
+    tails = _rows(tail_templates, tail_width, bytes.rjust)[which]
+    tails[:, tail_width - 14:tail_width - 2] = oid
+    front_lengths = np.array(list(map(len, front_templates)), np.int64)[which]
+    tail_lengths = np.array(list(map(len, tail_templates)), np.int64)[which]
+    sizes = front_lengths + (full_end - o_start) + tail_lengths
     fronts[:, :4] = _as_bytes(sizes.astype("<u4"))
 
-    # The rest is each event's join: its front, its document (an insert's), ns, documentKey.
-    front_bytes, key_bytes = fronts.tobytes(), keys.tobytes()
-    cuts = range(0, m * width + 1, width)
+    front_bytes, tail_bytes, key_bytes = fronts.tobytes(), tails.tobytes(), keys.tobytes()
+    front_at = np.arange(m) * front_width
+    tail_end = np.arange(1, m + 1) * tail_width
     key_cuts = range(0, m * _KEY_BYTES + 1, _KEY_BYTES)
-    kind_of = [parts[i] for i in which.tolist()]
-    pre, ns_element, db, coll, namespaces, op_type = (map(operator.itemgetter(i), kind_of) for i in range(6))
     events = map(b"".join, zip(
-        map(front_bytes.__getitem__, map(slice, cuts, cuts[1:])), pre,
-        map(joined.__getitem__, map(slice, o_start.tolist(), full_end.tolist())),
-        ns_element, repeat(_DOCUMENT_KEY),
-        map(joined.__getitem__, map(slice, key.tolist(), (key + _OID_KEY_BYTES).tolist())),
-        repeat(b"\x00")))
+        map(front_bytes.__getitem__, map(slice, front_at.tolist(), (front_at + front_lengths).tolist())),
+        map(data.__getitem__, map(slice, o_start.tolist(), full_end.tolist())),
+        map(tail_bytes.__getitem__, map(slice, (tail_end - tail_lengths).tolist(), tail_end.tolist())), strict=True))
+    # Per kind: db, coll, namespaces (h[1] is the ns element, then those), operationType.
+    kind_of = which.tolist()
+    db, coll, namespaces = (map([h[1][i] if h else "" for h in made].__getitem__, kind_of) for i in (1, 2, 3))
+    op_type = map(ops.__getitem__, kind_of)
     spliced = zip(map(key_bytes.__getitem__, map(slice, key_cuts, key_cuts[1:])), repeat(b""), op_type, db, coll,
                   events, namespaces, repeat(""), repeat(None))
     if m == n:  # the usual batch: every entry a plain insert or delete
@@ -272,18 +276,49 @@ def splice_batch(entries: list[bytes], *, expanded: bool) -> list[Spliced | tupl
     return out
 
 
-def splice_entries(entries: list[bytes], splice: bool = True, expanded: bool = False) -> tuple[list[Any], bool]:
+def _rows(templates: list[bytes], width: int, align: Any) -> _Bytes:
+    """The templates as the rows of an array, padded with zeros to `width` on the side `align`
+    (bytes.ljust or bytes.rjust) says."""
+    return np.frombuffer(b"".join(align(t, width, b"\0") for t in templates), np.uint8).reshape(-1, width)
+
+
+def _kinds(data: bytes, u64: _Words, start: _Ints, stop: _Ints) -> tuple[_Ints, _Ints]:
+    """Which kind each entry's bytes in [start, stop) are (the index of the first entry with the
+    same bytes), and the first entry of each kind. Grouped by a fingerprint of their length and
+    first and last words, then every entry is compared with its kind's first in full: entries
+    with a fingerprint alike and bytes not (a rename between them keeping the name's length and
+    ends) are told apart by their bytes, one by one."""
+    length = stop - start
+    fingerprint = (length.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ u64[start] ^ (
+        u64[stop - 8] * np.uint64(0xC2B2AE3D27D4EB4F))
+    _, firsts, which = np.unique(fingerprint, return_index=True, return_inverse=True)
+    first = start[firsts[which]]
+    same = length == length[firsts[which]]
+    # Word by word, the last word ending where the bytes do (overlapping the one before it).
+    last = stop - 8
+    for offset in range(0, int(length.max()), 8):
+        at = np.minimum(start + offset, last)
+        same &= u64[at] == u64[at - start + first]
+    if same.all():
+        return which, firsts
+    heads = list(map(data.__getitem__, map(slice, start.tolist(), stop.tolist())))
+    kinds: dict[bytes, int] = {}
+    which = np.fromiter((kinds.setdefault(head, i) for i, head in enumerate(heads)), np.int64, len(heads))
+    return np.unique(which, return_inverse=True)[1], np.array(list(kinds.values()), np.int64)
+
+
+def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = False) -> tuple[list[Any], bool]:
     """One item for each oplog entry, in order: its event's fields (`splice_crud`'s), () for an
     entry with no event, or the entry's own bytes when the general, stateful transform must handle
     it (transactions, DDL, noops); and whether every item is an event's fields (the usual batch of
     inserts), which the reader then takes whole."""
     if not splice:
-        return list(entries), False
-    batch = splice_batch(entries, expanded=expanded) if len(entries) >= BATCH_MIN else [None] * len(entries)
-    if None not in batch:
-        return batch, bool(batch) and () not in batch
+        return batch.entries(), False
+    spliced = splice_batch(batch, expanded=expanded) if len(batch) >= BATCH_MIN else [None] * len(batch)
+    if None not in spliced:
+        return spliced, bool(spliced) and () not in spliced
     items: list[Any] = []
-    for raw, item in zip(entries, batch, strict=True):
+    for raw, item in zip(batch.entries(), spliced, strict=True):
         if item is None:
             item = splice_crud(raw, expanded=expanded)
         items.append(raw if item is None else item)
