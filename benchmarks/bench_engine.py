@@ -15,6 +15,10 @@ The same cluster-wide watch() as the native mode, pointed at a proxy that accele
 streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer
 gains: one cursor, so one merge and one consumer, where the proxy modes deal into 4 buckets.
 
+With --baseline-tree DIR (a checkout of another commit, `git worktree add DIR COMMIT`) that
+version's proxy runs too, taking turns with this one on the same cluster: two versions compared
+in one run, where two runs on this machine differ by more than most changes gain.
+
 With --repeat R every mode runs R times, the modes taking turns (raw, native, proxy..., then
 again), and each figure is the median of its R runs: this machine's speed drifts by a fifth
 within minutes, and taking turns spreads that drift over every mode alike. The JSON keeps
@@ -108,13 +112,17 @@ async def watch_stream(uri: str, start: Timestamp, want: int, stages: list[dict[
 class ProxyProcess:
     """`python -m wireproxy` in its own process, so its CPU time (workers included) is its own."""
 
-    def __init__(self, upstream: str, *flags: str) -> None:
+    def __init__(self, upstream: str, *flags: str, tree: str | None = None) -> None:
+        """`tree`: run the proxy of another checkout (its own code first on the path), to
+        measure two versions side by side."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.uri = f"mongodb://127.0.0.1:{self.port}/"
+        env = {**os.environ, "PYTHONPATH": tree} if tree else None
         self.process = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", upstream,
-                                         "--listen", f"127.0.0.1:{self.port}", *flags], stderr=subprocess.DEVNULL)
+                                         "--listen", f"127.0.0.1:{self.port}", *flags], stderr=subprocess.DEVNULL,
+                                        cwd=tree, env=env)
         self.ps = psutil.Process(self.process.pid)
 
     async def wait_ready(self) -> None:
@@ -190,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--watch-reader-processes", type=int, nargs="*", default=[0, 2],
                         help="reader processes of the accelerated watch() measured (one proxy process each)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each mode, taking turns; medians reported")
+    parser.add_argument("--baseline-tree", default=None,
+                        help="a checkout of another version (git worktree add DIR COMMIT): its proxy is measured "
+                             "too, as 'baseline rp=N' for each --reader-processes value, taking turns with this one")
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
@@ -199,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
+    baseline = (ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1", tree=args.baseline_tree)
+                if args.baseline_tree else None)
     # The unchanged consumer: a driver's cluster-wide watch() pointed at a proxy that accelerates
     # change streams. Its readerProcesses is the proxy's setting, so each value is its own proxy.
     watch_proxies = {rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
@@ -214,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         for rp in args.reader_processes:
             modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, args.events,
                                                               args.buckets, rp), proxy))
+            if baseline is not None:
+                modes.append((f"baseline rp={rp}", functools.partial(proxy_stream, baseline, start, args.events,
+                                                                     args.buckets, rp), baseline))
         for rp, watch_proxy in watch_proxies.items():
             modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, args.events),
                           watch_proxy))
@@ -221,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in modes}
 
         async def run() -> None:
-            for each in (proxy, *watch_proxies.values()):
+            for each in (proxy, *watch_proxies.values(), *([baseline] if baseline else [])):
                 await each.wait_ready()
             for rep in range(args.repeat):
                 for name, fn, used in modes:
@@ -266,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
 
         trio.run(run)
     finally:
-        for each in (proxy, *watch_proxies.values()):
+        for each in (proxy, *watch_proxies.values(), *([baseline] if baseline else [])):
             each.close()
         cluster.close()
     # Each figure of each mode: its median over the runs.
@@ -302,6 +318,13 @@ def main(argv: list[str] | None = None) -> None:
     if watches:
         print(f"accelerated watch()/native {figures['watch_over_native']:.2f}   ({figures['best_watch_mode']}: "
               "the same consumer, pointed at the proxy)")
+    if baseline is not None:
+        figures["over_baseline"] = {f"rp={rp}": {
+            f: results[f"proxy rp={rp}"][f] / results[f"baseline rp={rp}"][f]
+            for f in ("events_per_s", "events_per_proxy_cpu_second")} for rp in args.reader_processes}
+        for rp, ratio in figures["over_baseline"].items():
+            print(f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
+                  f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})")
     path = write_results("engine_catchup", figures, {k: v["events_per_s"] for k, v in results.items()},
                          ylabel="events/s",
                          title=f"catch-up of {args.events:,} events over 4 shards")
