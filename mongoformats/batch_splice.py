@@ -283,8 +283,8 @@ def _rows(templates: list[bytes], width: int, align: Any) -> _Bytes:
 
 
 def _kinds(data: bytes, u64: _Words, start: _Ints, stop: _Ints) -> tuple[_Ints, _Ints]:
-    """Which kind each entry's bytes in [start, stop) are (the index of the first entry with the
-    same bytes), and the first entry of each kind. Grouped by a fingerprint of their length and
+    """Which kind each entry's bytes in [start, stop) are (an index into the second array), and
+    the first entry of each kind: entries of one kind have the same bytes. Grouped by a fingerprint of their length and
     first and last words, then every entry is compared with its kind's first in full: entries
     with a fingerprint alike and bytes not (a rename between them keeping the name's length and
     ends) are told apart by their bytes, one by one."""
