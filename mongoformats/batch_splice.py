@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mongoformats.oplog_batch import OplogBatch
+from mongoformats.oplog_batch import OplogBatch, words
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
@@ -112,14 +112,6 @@ def _wall_at(expanded: bool) -> int:
     return _CLUSTER_TIME_AT + 8 + (len(_COLLECTION_UUID) + _UUID_VALUE_BYTES if expanded else 0) + len(_WALL_TIME)
 
 
-def _words(data: bytes, dtype: str) -> Any:
-    """`data` read as overlapping words: element i is the word that starts at byte i. So one
-    fancy index reads a field at every entry's own offset, where a (rows, width) gather of bytes
-    costs an index array the size of the rows."""
-    size = np.dtype(dtype).itemsize
-    return np.ndarray((len(data) - size + 1,), dtype, data, 0, (1,))
-
-
 def _is(u64: _Words, offsets: _Ints, expected: bytes) -> npt.NDArray[np.bool_]:
     """Whether each offset starts with `expected`, compared 8 bytes at a time."""
     ok = np.ones(len(offsets), np.bool_)
@@ -167,7 +159,7 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
     decides."""
     n, data, start, lengths = len(batch), batch.data, batch.starts, batch.lengths
     end = start + lengths - 1  # where each entry's terminating zero must be
-    u64, i32, u8 = _words(data, "<u8"), _words(data, "<i4"), np.frombuffer(data, np.uint8)
+    u64, i32, u8 = words(data, "<u8"), words(data, "<i4"), np.frombuffer(data, np.uint8)
 
     ok = lengths >= 5 + _HEAD_BYTES + 4
     # A retryable write's lsid and txnNumber lead (OplogEntryBase's order).

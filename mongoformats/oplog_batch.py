@@ -16,13 +16,14 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from mongoformats.oplog_splice import elements
+from mongoformats.oplog_splice import cursor_span
 
-__all__ = ["SLACK", "OplogBatch", "reply_batch"]
+__all__ = ["SLACK", "OplogBatch", "reply_batch", "words"]
 
 SLACK = 256  # zero bytes after a batch's data: a reader of any entry may overrun it by that much
 
@@ -64,14 +65,18 @@ class OplogBatch:
 def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:
     """(cursor id, the entries of firstBatch/nextBatch) of a find/getMore reply on the oplog;
     ValueError if the batch is not an array of documents."""
-    _, c0, _ = elements(reply)[b"cursor"]
-    cursor = elements(reply, c0)
-    _, i0, i1 = cursor[b"id"]
-    _, start, end = cursor.get(b"nextBatch") or cursor[b"firstBatch"]
+    cursor_id, start, end = cursor_span(reply)
     data = reply + bytes(SLACK)
     starts = _walk(data, start, end)
-    lengths = np.ndarray((len(data) - 3,), "<i4", data, 0, (1,))[starts]  # element i: the int32 at byte i
-    return int.from_bytes(reply[i0:i1], "little", signed=True), OplogBatch(data, starts, lengths.astype(np.int64))
+    return cursor_id, OplogBatch(data, starts, words(data, "<i4")[starts].astype(np.int64))
+
+
+def words(data: bytes, dtype: str) -> Any:
+    """`data` read as overlapping words: element i is the word that starts at byte i. So one
+    fancy index reads a field at every entry's own offset, where a (rows, width) gather of bytes
+    costs an index array the size of the rows."""
+    size = np.dtype(dtype).itemsize
+    return np.ndarray((len(data) - size + 1,), dtype, data, 0, (1,))
 
 
 def _walk(data: bytes, start: int, end: int) -> _Ints:
@@ -99,8 +104,7 @@ def _walk(data: bytes, start: int, end: int) -> _Ints:
     if p != last or data[last] != 0 or n > _MAX_KEYED:
         raise ValueError("the cursor's batch is not an array of documents")
     expected, masks, widths = _headers(max(n, 1).bit_length())
-    words = np.ndarray((len(data) - 7,), "<u8", data, 0, (1,))  # element i: the word at byte i
-    if not ((words[starts - widths[:n]] & masks[:n]) == expected[:n]).all():
+    if not ((words(data, "<u8")[starts - widths[:n]] & masks[:n]) == expected[:n]).all():
         raise ValueError("the cursor's batch is not an array of documents keyed 0, 1, ...")
     return starts
 

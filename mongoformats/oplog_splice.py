@@ -32,7 +32,7 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifte
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "cursor_batch",
-           "document_of", "document_parts", "elements", "splice_crud", "timestamp_of"]
+           "cursor_span", "document_of", "document_parts", "elements", "splice_crud", "timestamp_of"]
 
 _I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
@@ -245,12 +245,17 @@ def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
 
 def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
     """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding them."""
-    top = elements(reply)
-    _, c0, _ = top[b"cursor"]
+    cursor_id, start, _ = cursor_span(reply)
+    return cursor_id, array_items(reply, start)
+
+
+def cursor_span(reply: bytes) -> tuple[int, int, int]:
+    """(cursor id, where its firstBatch/nextBatch array starts and ends) of a find/getMore reply."""
+    _, c0, _ = elements(reply)[b"cursor"]
     cursor = elements(reply, c0)
     _, i0, i1 = cursor[b"id"]
-    batch = cursor.get(b"nextBatch") or cursor[b"firstBatch"]
-    return int.from_bytes(reply[i0:i1], "little", signed=True), array_items(reply, batch[1])
+    _, start, end = cursor.get(b"nextBatch") or cursor[b"firstBatch"]
+    return int.from_bytes(reply[i0:i1], "little", signed=True), start, end
 
 
 def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
