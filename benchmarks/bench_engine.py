@@ -201,12 +201,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-tree", default=None,
                         help="a checkout of another version (git worktree add DIR COMMIT): its proxy is measured "
                              "too, as 'baseline rp=N' for each --reader-processes value, taking turns with this one")
+    parser.add_argument("--updates", type=float, default=0.0,
+                        help="the share of the backlog that updates documents (a $set and an $inc each; the "
+                             "rest inserts them); results go to engine_catchup_updates.* when above 0")
     args = parser.parse_args(argv)
-    print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
+    kind = f"{args.updates:.0%} updates" if args.updates else "inserts"
+    print(f"prefilling {args.events:,} events ({kind}) over 4 shards in a cluster subprocess ...", flush=True)
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
     # stream's last events wait for every shard's mark, and 10 s of that tail would be a fixed
     # cost in its rate, not throughput (the proxy writes its own notes and does not wait).
-    cluster = spawn_cluster(shards=4, prefill_events=args.events, periodic_noop_s=0.5)
+    cluster = spawn_cluster(shards=4, prefill_events=args.events, prefill_updates=args.updates, periodic_noop_s=0.5)
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
@@ -293,8 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
     proxy_best = results[best]
     figures = {
-        "events": args.events, "buckets": args.buckets, "cpus": os.cpu_count(), "repeat": args.repeat,
-        "modes": results,
+        "events": args.events, "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
+        "repeat": args.repeat, "modes": results,
         "best_proxy_mode": best,
         "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
         "proxy_over_native": proxy_best["events_per_s"] / native["events_per_s"],
@@ -325,9 +329,10 @@ def main(argv: list[str] | None = None) -> None:
         for rp, ratio in figures["over_baseline"].items():
             print(f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
                   f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})")
-    path = write_results("engine_catchup", figures, {k: v["events_per_s"] for k, v in results.items()},
+    path = write_results("engine_catchup_updates" if args.updates else "engine_catchup", figures,
+                         {k: v["events_per_s"] for k, v in results.items()},
                          ylabel="events/s",
-                         title=f"catch-up of {args.events:,} events over 4 shards")
+                         title=f"catch-up of {args.events:,} events ({kind}) over 4 shards")
     print(f"wrote {path}")
 
 

@@ -32,7 +32,8 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifte
 from mongoformats.update_diff import update_description_from_diff
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "cursor_batch",
-           "cursor_span", "document_of", "document_parts", "elements", "splice_crud", "timestamp_of"]
+           "cursor_span", "document_of", "document_parts", "elements", "splice_crud", "timestamp_of",
+           "update_description"]
 
 _I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
@@ -480,8 +481,10 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
             if version is None or diff is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
                 return None
             op_type = "update"
-            desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]], PLAIN),
-                                                            disambiguate=expanded))
+            desc = update_description(raw, diff[1], expanded=expanded)
+            if desc is None:
+                desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]], PLAIN),
+                                                                disambiguate=expanded))
     ks_key: bytes | None
     if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
         ks_key, bits = b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
@@ -512,6 +515,41 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         parts += (b"\x03updateDescription\x00", desc)
     body = b"".join(parts)
     return sort_key, type_bits, op_type, db, coll, document_of(body), namespaces, "", None
+
+
+def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | None:
+    """The updateDescription document of the `$v: 2` diff at raw[start:], as bytes, for the usual
+    diff: top-level `u`, `i` and `d` sections only (a `$set`, `$inc`, `$unset` ... of top-level
+    fields). updatedFields is then the `u` and `i` sections' elements as they are, one after the
+    other, and removedFields the names in `d`. None for any other diff (nested `s` sections, array
+    diffs) and with expanded events (disambiguatedPaths needs every name read): update_diff.py's
+    general path decodes those.
+
+    Why: the general path decodes the diff into dicts, walks them and encodes the result, half of
+    an update's splice; here no value is read, only the sections' bounds (and `d`'s names). The
+    values are the server's bytes, not a decode-encode round trip, and the order is the general
+    path's (sections in the diff's order). A diff names each field once (the server writes it so);
+    one naming a field in both `u` and `i` would keep both here, where the general path's dict
+    keeps one.
+    """
+    sections = elements(raw, start)
+    if expanded or not sections.keys() <= _TOP_LEVEL_SECTIONS:
+        return None
+    updated: list[bytes] = []
+    removed = b""
+    for name, (t, v, e) in sections.items():
+        if t != 3:
+            return None
+        if name == b"d":
+            removed = b"".join(b"\x02%d\x00%s" % (i, _string(field)) for i, field in enumerate(elements(raw, v)))
+        else:
+            updated.append(raw[v + 4:e - 1])
+    return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
+                                 b"\x04removedFields\x00", document_of(removed),
+                                 b"\x04truncatedArrays\x00\x05\x00\x00\x00\x00")))
+
+
+_TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--periodic-noop-s", type=_at_least(float, 0.001), default=10.0,
                         help="periodicNoopIntervalSecs")
     parser.add_argument("--prefill", type=_at_least(int, 0), default=0,
-                        help="insert this many documents before serving")
+                        help="write this many documents before serving")
+    parser.add_argument("--prefill-updates", type=_at_least(float, 0.0, 0.99), default=0.0,
+                        help="the share of the prefill's writes that update documents it inserted")
     parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
     args = parser.parse_args(argv)
     processes = 1 + (args.shards + args.spare_shards) * args.members
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.prefill:
                 from simcluster.launcher import prefill
 
-                prefill(cluster, args.prefill)
+                prefill(cluster, args.prefill, updates=args.prefill_updates)
             if args.json:
                 info = {"mongos": cluster.uri, "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
                         "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)]}

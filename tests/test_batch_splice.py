@@ -24,7 +24,7 @@ from tests.test_oplog_splice import crud_entries
 
 @st.composite
 def writes(draw: st.DrawFn) -> dict[str, Any]:
-    """A plain insert or delete as a server writes it, a retryable write's or not, in a collection
+    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a collection
     with events or not (internal, a view's), and now and then an entry of another shape."""
     if draw(st.integers(0, 9)) == 0:
         return draw(crud_entries())
@@ -36,8 +36,11 @@ def writes(draw: st.DrawFn) -> dict[str, Any]:
     value = st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20))
     doc = draw(st.dictionaries(st.sampled_from("abc"), value, max_size=3))
     entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": ui, "o": {"_id": _id, **doc}, "o2": {"_id": _id}}
-    if draw(st.booleans()):
+    op = draw(st.sampled_from("idu"))
+    if op == "d":
         entry = {"op": "d", "ns": ns, "ui": ui, "o": {"_id": _id}}
+    elif op == "u":  # the usual diffs (top-level sections), and now and then one splice_crud makes otherwise
+        entry = {"op": "u", "ns": ns, "ui": ui, "o": {"$v": 2, "diff": draw(update_diffs)}, "o2": {"_id": _id}}
     retryable = draw(st.booleans())
     if retryable:
         entry["stmtId"] = draw(st.integers(0, 5))
@@ -50,6 +53,14 @@ def writes(draw: st.DrawFn) -> dict[str, Any]:
         entry = {**session, **entry, "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
     return entry
 
+
+_fields = st.dictionaries(st.sampled_from(["a", "b", "long_field_name"]), st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.text(max_size=20), st.lists(st.integers(-9, 9), max_size=3),
+    st.dictionaries(st.just("x"), st.booleans())), min_size=1, max_size=3)
+update_diffs = st.one_of(
+    st.fixed_dictionaries({}, optional={"d": st.dictionaries(st.sampled_from(["x", "y"]), st.just(False), min_size=1),
+                                        "u": _fields, "i": _fields.map(lambda f: {k + "2": v for k, v in f.items()})}),
+    st.fixed_dictionaries({"u": _fields, "sa": st.fixed_dictionaries({"u": _fields})}))
 
 _IDL_ORDER = ["lsid", "txnNumber", "op", "ns", "ui", "o", "o2", "stmtId", "ts", "t", "v", "wall", "prevOpTime"]
 
@@ -65,15 +76,16 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(writes(), min_size=1, max_size=40), st.booleans())
-def test_a_batch_splices_every_insert_and_delete_as_splice_crud_does(entries: list[dict[str, Any]],
+def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(entries: list[dict[str, Any]],
                                                                       expanded: bool) -> None:
     raws = [bson.encode(e) for e in entries]
     batch = _same_as_one_by_one(raws, expanded)
     for entry, item in zip(entries, batch, strict=True):
-        key = entry.get("o2") if entry["op"] == "i" else entry["o"] if entry["op"] == "d" else None
+        key = entry.get("o2") if entry["op"] in "iu" else entry["o"] if entry["op"] == "d" else None
         plain = (key is not None and list(key) == ["_id"] and isinstance(key["_id"], ObjectId)
-                 and key["_id"] == entry["o"]["_id"] and "ui" in entry and "wall" in entry
-                 and not entry["ns"].endswith(".views"))
+                 and key["_id"] == entry["o"].get("_id", key["_id"]) and "ui" in entry and "wall" in entry
+                 and not entry["ns"].endswith(".views") and not (entry["op"] == "u" and (
+                     expanded or "$v" not in entry["o"] or "sa" in entry["o"]["diff"])))
         if plain and list(entry) == sorted(entry, key=_IDL_ORDER.index):  # as a server writes it: always taken
             assert item is not None
 

@@ -24,7 +24,9 @@ from mongoformats.oplog_splice import (
     document_parts,
     elements,
     splice_crud,
+    update_description,
 )
+from mongoformats.update_diff import update_description_from_diff
 from tests.conftest import client, sync
 
 ids = st.one_of(
@@ -111,6 +113,23 @@ def test_the_fast_path_takes_the_common_shapes() -> None:
                       {"op": "u", "ns": "a.b", "o": {"_id": _id, "x": 3}, "o2": {"_id": _id}},
                       {"op": "d", "ns": "a.b", "o": {"_id": _id}}):
             assert splice_crud(bson.encode({**entry, "ts": Timestamp(5, 1)}), expanded=False)
+
+
+def test_an_update_description_is_the_diffs_own_bytes_for_top_level_sections() -> None:
+    """Values of every common type are copied, not decoded: the bytes equal the general path's
+    (whose decode-encode round trip keeps these types); other diffs are left to it."""
+    values = {"d": 1.5, "s": "x", "o": {"a": [1, {"b": None}]}, "b": Binary(b"xy", 5), "id": ObjectId(),
+              "t": True, "dt": bson.datetime_ms.DatetimeMS(1), "re": bson.Regex("a", "i"), "l": Int64(3),
+              "dec": bson.Decimal128("1.1"), "ts": Timestamp(1, 2)}
+    for diff in ({"u": values}, {"i": values}, {"d": {"x": False, "y.z": False}, "u": {"a": 1}, "i": {"b": 2}},
+                 {"u": {}}, {}):
+        raw = bson.encode({"diff": diff})
+        got = update_description(raw, elements(raw)[b"diff"][1], expanded=False)
+        assert got == bson.encode(update_description_from_diff(diff))
+    for diff, expanded in (({"u": {"a": 1}}, True), ({"sa": {"u": {"b": 1}}}, False),
+                           ({"sa": {"a": True, "u0": 1}}, False), ({"u": 5}, False)):
+        raw = bson.encode({"diff": diff})
+        assert update_description(raw, elements(raw)[b"diff"][1], expanded=expanded) is None
 
 
 def test_elements_walks_every_bson_type() -> None:
