@@ -106,6 +106,11 @@ _UPDATED_FIELDS = b"\x03updatedFields\x00"
 _UPDATE_HEAD = b"\x03updateDescription\x00" + bytes(4) + _UPDATED_FIELDS
 _SIMPLE_REST = b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00\x00\x00"
 _END = b"\x00"
+# What follows the updatedFields of: an insert or a delete (none), a simple update, another update.
+_CLOSINGS = (b"", _SIMPLE_REST, _END)
+# In an update's o: where its diff's value is; where a diff of `u` alone has the `u` document.
+_DIFF_AT = 4 + len(_V2_DIFF)
+_U_AT = _DIFF_AT + 7
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
 
@@ -198,17 +203,17 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
     o_end = o_start + _clamp(ok, i32[o_start].astype(np.int64), 5, end - o_start)
     # An update's o is {$v: 2, diff}, the diff ending where o does. (Only read in a batch with
     # updates: a batch of inserts, the bulk of a backlog, pays nothing for them.)
-    simple = diff = u_doc = u_length = update
+    simple: npt.NDArray[np.bool_] = np.zeros(n, np.bool_)
     if (ok & update).any():
-        diff = o_start + 4 + len(_V2_DIFF)
+        diff = o_start + _DIFF_AT
         diff_length = _clamp(ok & update, i32[diff].astype(np.int64), 5, o_end - diff - 1)
         ok &= ~update | (_is(u64, o_start + 4, _V2_DIFF) & (diff + diff_length + 1 == o_end) & (u8[o_end - 1] == 0))
         # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
-        # document is the event's updatedFields as it is, copied like an insert's document.
-        u_doc = diff + 7
+        # document, which ends where the diff does, is the event's updatedFields as it is,
+        # copied like an insert's document.
         simple = ok & update & (not expanded) & _is(u64, diff + 4, b"\x03u\x00")
-        u_length = _clamp(simple, i32[u_doc].astype(np.int64), 5, diff_length - 8)
-        simple &= (u_doc + u_length + 1 == o_end - 1) & (u8[u_doc + u_length - 1] == 0)
+        u_length = _clamp(simple, i32[o_start + _U_AT].astype(np.int64), 5, diff_length - 8)
+        simple &= (o_start + _U_AT + u_length == o_end - 2) & (u8[o_end - 3] == 0)
     # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
     key = np.where(delete, o_start, o_end + len(_O2))
     ok &= (delete & (o_end == o_start + _OID_KEY_BYTES)) | (~delete & _is(u64, o_end, _O2))
@@ -225,13 +230,16 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
     ok &= u8[end] == 0
     # fullDocument: an insert's o; a delete and an update have none (an empty range).
     full_end = np.where(delete | update, o_start, o_end)
+    # updatedFields copied (a simple update's `u` document; an empty range for other entries).
+    u_start, u_end = np.where(simple, o_start + _U_AT, 0), np.where(simple, o_end - 2, 0)
 
     # Other updates' updateDescription is made one by one (diffs differ in shape); a diff that
     # `update_description` does not take leaves its entry to splice_crud.
     descriptions: dict[int, bytes] = {}
     if (ok & update).any():
         tried = {i: _description(data, s, e, d, expanded) for i, s, e, d in zip(
-            *(a[ok & update & ~simple].tolist() for a in (np.arange(n), start, end + 1, diff)), strict=True)}
+            *(a[ok & update & ~simple].tolist() for a in (np.arange(n), start, end + 1, o_start + _DIFF_AT)),
+            strict=True)}
         ok[[i for i, d in tried.items() if d is None]] = False
         descriptions = {i: d for i, d in tried.items() if d is not None}
 
@@ -239,8 +247,9 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
     out: list[Spliced | tuple[()] | None] = [None] * n
     if not len(taken):
         return out
-    p, head_end, o_start, full_end, key, stamps, update, simple, u_doc, u_length = (
-        a[taken] for a in (p, head_end, o_start, full_end, key, stamps, update, simple, u_doc, u_length))
+    p, head_end, o_start, full_end, key, stamps, u_start, u_end = (
+        a[taken] for a in (p, head_end, o_start, full_end, key, stamps, u_start, u_end))
+    update, simple = update[taken], simple[taken]
     # What each entry's op, ns and ui make of its event (the namespace's parts, the UUID), found
     # once per kind (distinct bytes from op to ui): a batch's entries share a handful.
     which, firsts = _kinds(data, u64, p, head_end)
@@ -251,8 +260,9 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
         for i, kind in zip(taken[~keep].tolist(), which[~keep].tolist(), strict=True):
             out[i] = made[kind]  # () for an internal namespace; None for a view's (the general path)
         taken, which = taken[keep], which[keep]
-        o_start, full_end, key, stamps, update, simple, u_doc, u_length = (
-            a[keep] for a in (o_start, full_end, key, stamps, update, simple, u_doc, u_length))
+        o_start, full_end, key, stamps, u_start, u_end = (
+            a[keep] for a in (o_start, full_end, key, stamps, u_start, u_end))
+        update, simple = update[keep], simple[keep]
     m = len(taken)
     if not m:
         return out
@@ -293,22 +303,22 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
     if updates:
         # After an update's documentKey: its updateDescription's header, length and updatedFields
         # header in the tail; then its updatedFields (the diff's `u` document, or what
-        # `update_description` made, less those headers) and the rest (_SIMPLE_REST or _END).
+        # `update_description` made, less those headers) and what closes the event
+        # (_SIMPLE_REST or _END; nothing for an insert or a delete).
         oid_at = tail_width - np.where(update, 13 + len(_UPDATE_HEAD), 14)
         tails[np.arange(m)[:, None], oid_at[:, None] + np.arange(12)] = oid
         rows = np.flatnonzero(update)
         made_here = [descriptions[i] for i in taken[update & ~simple].tolist()]
-        lengths = np.where(simple, u_length + len(_SIMPLE_REST) - 1 + 4 + len(_UPDATED_FIELDS), 0)
+        lengths = np.where(simple, u_end - u_start + len(_SIMPLE_REST) - 1 + 4 + len(_UPDATED_FIELDS), 0)
         lengths[update & ~simple] = np.fromiter(map(len, made_here), np.int64, len(made_here))
         at = tail_width - 4 - len(_UPDATED_FIELDS)
         tails[rows, at:at + 4] = _as_bytes(lengths[rows].astype("<u4"))
-        rest_from, rest_to = np.where(simple, u_doc, 0), np.where(simple, u_doc + u_length, 0)
-        rest = list(map(data.__getitem__, map(slice, rest_from.tolist(), rest_to.tolist())))
+        updated_fields = list(map(data.__getitem__, map(slice, u_start.tolist(), u_end.tolist())))
         for i, made_description in zip(np.flatnonzero(update & ~simple).tolist(), made_here, strict=True):
-            rest[i] = made_description[4 + len(_UPDATED_FIELDS):] + _END
-        for i in np.flatnonzero(simple).tolist():
-            rest[i] += _SIMPLE_REST
-        sizes += np.fromiter(map(len, rest), np.int64, m)
+            updated_fields[i] = made_description[4 + len(_UPDATED_FIELDS):]
+        closing = list(map(_CLOSINGS.__getitem__, np.where(simple, 1, np.where(update, 2, 0)).tolist()))
+        # The description less its headers in the tail, and the event's end.
+        sizes += np.where(update, lengths - 4 - len(_UPDATED_FIELDS) + 1, 0)
     else:
         tails[:, tail_width - 14:tail_width - 2] = oid
     fronts[:, :4] = _as_bytes(sizes.astype("<u4"))
@@ -322,7 +332,7 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
         map(data.__getitem__, map(slice, o_start.tolist(), full_end.tolist())),
         map(tail_bytes.__getitem__, map(slice, (tail_end - tail_lengths).tolist(), tail_end.tolist()))]
     if updates:
-        pieces.append(iter(rest))
+        pieces += (iter(updated_fields), iter(closing))
     events = map(b"".join, zip(*pieces, strict=True))
     # Per kind: db, coll, namespaces (h[1] is the ns element, then those), operationType.
     kind_of = which.tolist()

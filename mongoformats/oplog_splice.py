@@ -541,7 +541,8 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
         if t != 3:
             return None
         if name == b"d":
-            removed = b"".join(b"\x02%d\x00%s" % (i, _string(field)) for i, field in enumerate(elements(raw, v)))
+            removed = b"".join(_cstring_element(0x02, b"%d" % i, _string(field))
+                               for i, field in enumerate(elements(raw, v)))
         else:
             updated.append(raw[v + 4:e - 1])
     return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
