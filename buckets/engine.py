@@ -34,9 +34,10 @@ from buckets.memory_limit import check_fits, default_memory_limit
 from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
-from mongoformats.change_events import EVENT_BYTES, EventFields, ddl_note
+from mongoformats.change_events import EV_RAW, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
+from mongoformats.event_block import is_block
 from mongoformats.expressions import VARIABLES
 from mongoformats.idl import get_more_request, kill_cursors_ids, wrong_type
 from mongoformats.large_events import SPLIT_STAGE, without_split_stage
@@ -114,10 +115,12 @@ class EngineConfig:
     watch_shard_buffer_bytes: int = 64 << 20
 
 
-def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[EventFields],
+def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any],
                     pbrt: Mapping[str, Any]) -> SplicedDocument:
-    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding)."""
-    return splice_cursor(cursor_id, ns, batch_field, list(map(EVENT_BYTES, events)), {"postBatchResumeToken": pbrt})
+    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding);
+    `events` are EventFields and EventBlocks."""
+    return splice_cursor(cursor_id, ns, batch_field, [ev if is_block(ev) else ev[EV_RAW] for ev in events],
+                         {"postBatchResumeToken": pbrt})
 
 
 def _mentions_full_document(stages: Any) -> bool:
@@ -583,7 +586,7 @@ class Engine:
             assert position is not None, "callers check retention first"
             if (fragment := fragment_of(token)) is not None:
                 # Resumed inside a split event: at the event, past the fragments returned.
-                if position < bucket.end and bucket.keys[position - bucket.base] == fragment[0]:
+                if position < bucket.end and bucket.key_at(position) == fragment[0]:
                     fragments_sent = fragment[1] + 1
                 else:  # not here (another bucket's, or a different stream's): after it
                     position = bucket.position_after(token_sort_key(token))

@@ -8,7 +8,9 @@ reader has read the oplog through some timestamp T: nothing at or before T can f
 Each shard's events already arrive in token order (its oplog's order), so the queue keeps one
 sorted run per shard and merges the releasable prefixes of the runs with one `list.sort`, whose
 run detection makes that a k-way merge in C. A heap push and pop per event cost about as much as
-a fifth of the whole splice.
+a fifth of the whole splice. A backlog's batches arrive as EventBlocks (columns, see
+mongoformats/event_block.py); when every released event is in one, the shards' blocks are merged
+as columns instead (one stable numpy sort of their keys), and no per-event object is made.
 
 Pure and synchronous (no I/O, no trio): the async pump around it lives in stream.py.
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import Any
 
-from mongoformats.change_events import EV_SORT_KEY, EVENT_BYTES, EVENT_SORT_KEY, EventFields
+from mongoformats.change_events import EVENT_SORT_KEY
+from mongoformats.event_block import EventBlock, as_fields, count_events, first_key, is_block, items_bytes, last_key
 
 __all__ = ["MergedQueue"]
 
@@ -26,24 +30,28 @@ _COMPACT_AT = 4096          # released events are cut off a run's front in slice
 
 
 class _Run:
-    """One shard's pending events, in token order: events[head:] are still to be released."""
+    """One shard's pending events, in token order: items[head:] are still to be released. An item
+    is one event's fields or an EventBlock (a run of spliced events)."""
 
     __slots__ = ("events", "head", "mark")
 
     def __init__(self, mark: bytes) -> None:
-        self.events: list[EventFields] = []
+        self.events: list[Any] = []
         self.head = 0
         self.mark = mark
 
-    def take_through(self, key: bytes) -> list[EventFields]:
+    def take_through(self, key: bytes) -> list[Any]:
         events, head = self.events, self.head
-        if head == len(events) or events[head][EV_SORT_KEY] > key:
+        if head == len(events) or first_key(events[head]) > key:
             return []
-        if events[-1][EV_SORT_KEY] <= key:
-            end = len(events)
-        else:
-            end = bisect.bisect_right(events, key, head, key=EVENT_SORT_KEY)
+        end = len(events) if first_key(events[-1]) <= key else bisect.bisect_right(events, key, head, key=first_key)
         taken = events[head:end]
+        last = taken[-1]
+        if is_block(last) and last.last_key > key:  # a block reaching past the key: its head only
+            cut = last.bisect_right(key)
+            taken[-1] = last.sliced(0, cut)
+            end -= 1
+            events[end] = last.sliced(cut)
         if end == len(events):
             events.clear()
             self.head = 0
@@ -60,7 +68,7 @@ class MergedQueue:
         self._runs: dict[str, _Run] = {s: _Run(b"") for s in shards}
 
     def __len__(self) -> int:
-        return sum(len(r.events) - r.head for r in self._runs.values())
+        return sum(count_events(r.events[r.head:]) for r in self._runs.values())
 
     @property
     def shards(self) -> list[str]:
@@ -72,14 +80,14 @@ class MergedQueue:
             raise ValueError(f"shard {shard} joins below the merge frontier")
         self._runs[shard] = _Run(mark)
 
-    def extend(self, shard: str, events: list[EventFields]) -> None:
-        """Queue a batch of `shard`'s events, in token order and above its mark."""
+    def extend(self, shard: str, events: list[Any]) -> None:
+        """Queue a batch of `shard`'s events (EventFields or EventBlocks), in token order and above its mark."""
         if not events:
             return
         run = self._runs[shard]
-        last = run.events[-1][EV_SORT_KEY] if len(run.events) > run.head else run.mark
+        last = last_key(run.events[-1]) if len(run.events) > run.head else run.mark
         # Only the ends are checked: a batch is one oplog read, in oplog order by construction.
-        if events[0][EV_SORT_KEY] <= last or events[-1][EV_SORT_KEY] < events[0][EV_SORT_KEY]:
+        if first_key(events[0]) <= last or last_key(events[-1]) < first_key(events[0]):
             raise ValueError(f"shard {shard} pushed events out of token order or at or below its mark")
         run.events += events
 
@@ -98,7 +106,7 @@ class MergedQueue:
 
     def blocking_shards(self) -> list[str]:
         """Shards whose mark holds back a pending event (they need a noop to move on)."""
-        heads = [r.events[r.head][EV_SORT_KEY] for r in self._runs.values() if len(r.events) > r.head]
+        heads = [first_key(r.events[r.head]) for r in self._runs.values() if len(r.events) > r.head]
         if not heads:
             return []
         head = min(heads)
@@ -109,19 +117,24 @@ class MergedQueue:
         for run in self._runs.values():
             run.events, run.head = [], 0
 
-    def pop_ready(self) -> tuple[list[EventFields], dict[str, int]]:
-        """Every event now at or below the frontier, in token order, and the bytes each shard's
-        released events hold (for its buffer budget). Ties between shards keep shard order."""
+    def pop_ready(self) -> tuple[list[Any], dict[str, int]]:
+        """Every event now at or below the frontier, in token order (EventFields, or EventBlocks
+        when every released event is in one), and the bytes each shard's released events hold
+        (for its buffer budget). Ties between shards keep shard order."""
         frontier = self.frontier()
-        out: list[EventFields] = []
+        out: list[Any] = []
         freed: dict[str, int] = {}
         runs = 0
         for shard, run in self._runs.items():
             taken = run.take_through(frontier)
             if taken:
-                freed[shard] = sum(map(len, map(EVENT_BYTES, taken)))
+                freed[shard] = items_bytes(taken)
                 out += taken
                 runs += 1
         if runs > 1:
+            if all(map(is_block, out)):
+                # Blocks merge as columns: one stable sort of their keys (the backlog's case).
+                return [EventBlock.merge(out)], freed
+            out = as_fields(out)
             out.sort(key=EVENT_SORT_KEY)  # stable: equal keys keep shard order
         return out, freed

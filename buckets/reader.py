@@ -19,7 +19,6 @@ budget, the statistics and the notes that move idle shards on.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -31,8 +30,9 @@ from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
 from mongoformats.batch_splice import splice_entries
-from mongoformats.change_events import EVENT_BYTES, EVENT_SORT_KEY, EventFields, OplogTransformer, prev_op_ts
+from mongoformats.change_events import EventFields, OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
+from mongoformats.event_block import EventBlock
 from mongoformats.oplog_batch import reply_batch
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -188,8 +188,8 @@ class OplogTail:
             cursor_id, batch = reply_batch(bytes(reply.raw))
             for i in range(0, len(batch), CHUNK):
                 chunk = batch.chunk(i, i + CHUNK)
-                items, all_events = splice_entries(chunk, splice, expanded)
-                await self._deliver(items, all_events, timestamp_of(chunk.entry(-1)), out, conn)
+                items = splice_entries(chunk, splice, expanded)
+                await self._deliver(items, timestamp_of(chunk.entry(-1)), out, conn)
             if not len(batch):
                 await out.idle()
             if not cursor_id:
@@ -201,20 +201,21 @@ class OplogTail:
             finally:
                 await out.parked(False)
 
-    async def _deliver(self, items: list[Any], all_events: bool, last_ts: Timestamp, out: TailOutput,
+    async def _deliver(self, items: EventBlock | list[Any], last_ts: Timestamp, out: TailOutput,
                        conn: UpstreamConnection) -> None:
         transformer = self.transformer
         transform = transformer.transform_decoded
-        events: list[EventFields] = []  # plain tuples: spliced ones as they are, others' fields
         skip = self.skip_key
+        events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields), or one block
         nbytes = 0
-        if all_events:  # a batch of spliced events (in token order): taken whole, not one by one
-            if EVENT_SORT_KEY(items[0]) > skip:
-                events = items
-            else:  # a resumed stream's first batch: what was delivered before is skipped
-                events = items[bisect.bisect_right(items, skip, key=EVENT_SORT_KEY):]
-            nbytes = sum(map(len, map(EVENT_BYTES, events)))
+        if isinstance(items, EventBlock):  # the usual batch of a backlog: taken whole, as columns
+            entries = len(items)
+            if items.first_key <= skip:  # a resumed stream's first batch: what was delivered before is skipped
+                items = items.sliced(items.bisect_right(skip))
+            if len(items):
+                events, nbytes = [items], items.nbytes
         else:
+            entries = len(items)
             for item in items:
                 if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
                     if (gap := transformer.missing_chain(item)) is not None:
@@ -223,10 +224,16 @@ class OplogTail:
                         if ev.sort_key > skip:
                             events.append(tuple(ev))
                             nbytes += len(ev.raw)
+                elif type(item) is EventBlock:  # a run of events amid others
+                    if item.first_key <= skip:
+                        item = item.sliced(item.bisect_right(skip))
+                    if len(item):
+                        events.append(item)
+                        nbytes += item.nbytes
                 elif item and item[0] > skip:
                     events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
                     nbytes += len(item[5])
-        await out.deliver(events, nbytes, len(items), last_ts)
+        await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
 
     async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import bson
+import numpy as np
 import trio
 from bson import Timestamp
 
@@ -43,8 +45,6 @@ from mongoformats.change_events import (
     EV_RAW,
     EV_SHARD,
     EV_SORT_KEY,
-    EVENT_BYTES,
-    EVENT_SORT_KEY,
     ChangeEvent,
     EventFields,
     OplogTransformer,
@@ -55,6 +55,7 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
+from mongoformats.event_block import EventBlock, as_fields, count_events, first_key, is_block, items_bytes, last_key
 from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_ABOVE_BYTES, event_bytes, event_too_large, split_event
 from mongoformats.resume_token import (
     decode_token,
@@ -73,7 +74,6 @@ log = logging.getLogger("buckets.stream")
 SPLIT: Literal[True] = True
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
-_FREE_RUN = 64              # retained events a full bucket sums (and may free) at a time
 
 
 @dataclass(frozen=True)
@@ -111,14 +111,21 @@ class StreamOptions:
 
 
 class Bucket:
-    """Events of one bucket in token order: [retained (delivered) ... pending]."""
+    """Events of one bucket in token order: [retained (delivered) ... pending].
+
+    Held as segments: an EventFields tuple is one event, an EventBlock a run of them (a backlog's
+    events stay columns from the splice to the reply). `starts[i]` is the absolute index of
+    segment i's first event and `firsts[i]` its sort key, for finding a position or a key.
+    """
 
     def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any]) -> None:
         self.index = index
-        self.events: list[EventFields] = []   # plain tuples (see EventFields)
-        self.keys: list[bytes] = []
-        self.base = 0                  # absolute index of events[0]
-        self.floor = floor             # every event above this key is (or will be) in self.events
+        self.segments: list[Any] = []
+        self.starts: list[int] = []
+        self.firsts: list[bytes] = []
+        self.base = 0                  # absolute index of the first retained event
+        self._end = 0                  # absolute index after the last
+        self.floor = floor             # every event above this key is (or will be) held here
         self.frontier_token = floor_token
         self.frontier = floor
         self.budget = ByteBudget(limit_bytes)
@@ -137,7 +144,11 @@ class Bucket:
 
     @property
     def end(self) -> int:
-        return self.base + len(self.events)
+        return self._end
+
+    @property
+    def retained(self) -> int:
+        return self._end - self.base
 
     def depth(self) -> int:
         """Events no live cursor has read yet."""
@@ -149,40 +160,108 @@ class Bucket:
         self.changed.set()
         self.changed = trio.Event()
 
+    # -- positions -----------------------------------------------------------------------------------
+
+    def _segment_at(self, position: int) -> int:
+        """The index of the segment holding the event at absolute `position` (base <= it < end)."""
+        return bisect.bisect_right(self.starts, position) - 1
+
+    def key_at(self, position: int) -> bytes:
+        s = self._segment_at(position)
+        segment = self.segments[s]
+        return segment.key(position - self.starts[s]) if is_block(segment) else segment[EV_SORT_KEY]
+
+    def event_at(self, position: int) -> EventFields:
+        s = self._segment_at(position)
+        segment = self.segments[s]
+        if is_block(segment):
+            at = position - self.starts[s]
+            return segment.sliced(at, at + 1).fields()[0]
+        return segment
+
+    def items_from(self, position: int) -> Iterator[tuple[Any, int]]:
+        """(segment, offset of `position`'s event in it) from `position` to the end."""
+        if position >= self._end:
+            return
+        s = self._segment_at(position)
+        offset = position - self.starts[s]
+        for segment in itertools.islice(self.segments, s, None):
+            yield segment, offset
+            offset = 0
+
+    def keys_between(self, start: int, stop: int) -> list[bytes]:
+        """The sort keys of the events at [start, stop)."""
+        out: list[bytes] = []
+        for segment, offset in self.items_from(start):
+            if len(out) >= stop - start:
+                break
+            if is_block(segment):
+                part = segment.sliced(offset, offset + stop - start - len(out))
+                out += map(bytes, part.keys)
+            else:
+                out.append(segment[EV_SORT_KEY])
+        return out
+
+    def position_after(self, key: bytes) -> int | None:
+        """Absolute index of the first event above `key`, or None if that history was dropped."""
+        if key < self.floor:
+            return None
+        s = bisect.bisect_right(self.firsts, key)
+        if s == 0:
+            return self.base
+        segment = self.segments[s - 1]
+        return self.starts[s - 1] + (segment.bisect_right(key) if is_block(segment) else 1)
+
+    # -- retention -------------------------------------------------------------------------------------
+
     def _drop_delivered(self, need: int) -> None:
         """Free retained events that every live cursor (or, with none, the last to leave) has passed,
         oldest first.
 
-        Frees down to 7/8 of the budget in one slice deletion, so the list shift is paid once per
+        Frees down to 7/8 of the budget in one step, so the segment list shift is paid once per
         eighth of the budget rather than once per event (which made a full bucket quadratic).
         """
         if self.budget.used + need <= self.budget.limit:
             return
-        safe = min(min((c.acked for c in self.cursors), default=self.read_mark) - self.base, len(self.events))
+        safe = min(min((c.acked for c in self.cursors), default=self.read_mark), self._end)
         target = self.budget.limit * 7 // 8 - need
-        k = freed = 0
-        events = self.events
-        # Summed a run at a time (in C), not event by event: this ran for every event the bucket
-        # takes. A run may free up to _FREE_RUN - 1 events more than the target asks, all passed.
-        while k < safe and self.budget.used - freed > target:
-            run = events[k:min(k + _FREE_RUN, safe)]
-            freed += sum(map(len, map(EVENT_BYTES, run)))
-            k += len(run)
-        if k:
-            self._forget(k, freed)
+        freed = 0
+        position = self.base
+        # A block's share is found with one cumulative sum (in C), not event by event.
+        for segment, offset in self.items_from(self.base):
+            if position >= safe or self.budget.used - freed <= target:
+                break
+            if is_block(segment):
+                part = segment.sliced(offset, offset + safe - position)
+                over = self.budget.used - freed - target
+                k = min(int(np.searchsorted(np.cumsum(part.sizes), over)) + 1, len(part))
+                freed += int(part.sizes[:k].sum())
+                position += k
+            else:
+                freed += len(segment[EV_RAW])
+                position += 1
+        if position > self.base:
+            self._forget(position, freed)
 
-    def _forget(self, k: int, nbytes: int) -> None:
-        """Drop the first `k` retained events, which hold `nbytes` of the budget."""
-        self.floor = self.events[k - 1][EV_SORT_KEY]
-        del self.events[:k]
-        del self.keys[:k]
-        self.base += k
+    def _forget(self, position: int, nbytes: int) -> None:
+        """Drop the retained events before absolute `position`, which hold `nbytes` of the budget."""
+        self.floor = self.key_at(position - 1)
+        if position >= self._end:
+            self.segments, self.starts, self.firsts = [], [], []
+        else:
+            s = self._segment_at(position)
+            segment = self.segments[s]
+            if position > self.starts[s]:  # a block cut: its tail stays
+                rest = segment.sliced(position - self.starts[s])
+                self.segments[s], self.starts[s], self.firsts[s] = rest, position, rest.first_key
+            del self.segments[:s], self.starts[:s], self.firsts[:s]
+        self.base = position
         self.budget.release(nbytes)
 
     def clear(self) -> None:
         """Drop every retained event (the stream is closing): its memory returns at once."""
-        if self.events:
-            self._forget(len(self.events), self.budget.used)
+        if self._end > self.base:
+            self._forget(self._end, self.budget.used)
         self.notify()
 
     def detach(self, cursor: BucketCursor) -> None:
@@ -198,45 +277,68 @@ class Bucket:
             self.error = error
             self.notify()
 
-    def put_nowait(self, event: EventFields) -> bool:
-        """Append `event` if it fits now (the pump's fast path); False if the caller must `put`.
+    # -- taking events ----------------------------------------------------------------------------------
+
+    def _append(self, item: Any) -> None:
+        n = len(item) if is_block(item) else 1
+        self.segments.append(item)
+        self.starts.append(self._end)
+        self.firsts.append(first_key(item))
+        self._end += n
+        self.dealt_total += n
+
+    def put_nowait(self, event: Any) -> bool:
+        """Append `event` (one event's fields, or a block of events, whole) if it fits now (the
+        pump's fast path); False if the caller must `put`.
 
         Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
         """
-        if event[EV_SORT_KEY] <= self.floor or self.error is not None:
+        if last_key(event) <= self.floor or self.error is not None:
             return True  # a resumed stream: this bucket already had it; or a failed bucket
-        n = len(event[EV_RAW])
+        n = event.nbytes if is_block(event) else len(event[EV_RAW])
         self._drop_delivered(n)  # returns at once while the budget has room
         if not self.budget.try_acquire(n):
             return False
-        self.events.append(event)
-        self.keys.append(event[EV_SORT_KEY])
-        self.dealt_total += 1
+        self._append(event)
         return True
 
-    async def put_many(self, events: list[EventFields]) -> None:
-        """Append `events` (token order) and wake consumers; one budget charge when they all fit,
-        else one by one, waiting for consumers as `put` does."""
+    async def put_many(self, events: list[Any]) -> None:
+        """Append `events` (token order; EventFields and EventBlocks) and wake consumers; one budget
+        charge when they all fit, else a part at a time, waiting for consumers as `put` does."""
         if self.error is not None:
             return  # failed: nothing after its error is read
-        if events[0][EV_SORT_KEY] <= self.floor:  # a resumed stream: this bucket already had some
-            events = [ev for ev in events if ev[EV_SORT_KEY] > self.floor]
+        if first_key(events[0]) <= self.floor:  # a resumed stream: this bucket already had some
+            events = _above(events, self.floor)
             if not events:
                 return
-        n = sum(map(len, map(EVENT_BYTES, events)))
+        n = items_bytes(events)
         self._drop_delivered(n)
         # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
         if self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
-            self.events += events
-            self.keys += map(EVENT_SORT_KEY, events)
-            self.dealt_total += len(events)
+            for item in events:
+                self._append(item)
         else:
-            for ev in events:
-                if not self.put_nowait(ev):
-                    await self.put(ev)
+            for item in events:
+                if is_block(item):
+                    await self._put_block(item)
+                elif not self.put_nowait(item):
+                    await self.put(item)
         self.notify()
 
-    async def put(self, event: EventFields) -> None:
+    async def _put_block(self, block: EventBlock) -> None:
+        """A block that does not fit at once goes in as parts that do, as consumers make room."""
+        while len(block):
+            self._drop_delivered(block.nbytes)
+            room = self.budget.limit - self.budget.used
+            k = int(np.searchsorted(np.cumsum(block.sizes), room, side="right"))
+            if k == 0:
+                await self.put(block.sliced(0, 1))  # waits (or takes one oversized event alone)
+                k = 1
+            else:
+                self.put_nowait(block.sliced(0, k))  # fits: the room was just measured
+            block = block.sliced(k)
+
+    async def put(self, event: Any) -> None:
         """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
         while not self.put_nowait(event):
             self.notify()
@@ -249,11 +351,23 @@ class Bucket:
             self.frontier, self.frontier_token = key, token
             self.notify()
 
-    def position_after(self, key: bytes) -> int | None:
-        """Absolute index of the first event above `key`, or None if that history was dropped."""
-        if key < self.floor:
-            return None
-        return self.base + bisect.bisect_right(self.keys, key)
+
+def _kind_event(kind: tuple[str, str, str, Any]) -> EventFields:
+    """An event of a block's kind (operationType, db, coll, namespaces), for routing it."""
+    op_type, db, coll, namespaces = kind
+    return (b"", b"", op_type, db, coll, b"", namespaces, "", None)
+
+
+def _above(items: list[Any], key: bytes) -> list[Any]:
+    """The events of `items` (in token order) above `key`."""
+    out = []
+    for item in items:
+        if last_key(item) <= key:
+            continue
+        if is_block(item) and item.first_key <= key:
+            item = item.sliced(item.bisect_right(key))
+        out.append(item)
+    return out
 
 
 @dataclass(eq=False)
@@ -321,7 +435,7 @@ class BucketCursor:
         return out
 
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
-                         *, first: bool = False) -> tuple[list[EventFields], dict[str, Any]]:
+                         *, first: bool = False) -> tuple[list[Any], dict[str, Any]]:
         bucket = self.bucket
         limit = batch_size or self.batch_size or 1 << 30
         if not first:
@@ -348,19 +462,20 @@ class BucketCursor:
         if self.position < bucket.base:
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         self.acked = self.position  # asking for more means the previous batch was taken
-        start = self.position - bucket.base
-        events = bucket.events
         if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
-            batch, taken = self._fragments(events[start], events[start:start + 1])
+            event = bucket.event_at(self.position)
+            batch, taken = self._fragments(event, [event])
         else:
-            batch, taken = await self._read(events, start, limit)
-        self.position += len(taken)
-        bucket.delivered_total += len(batch)
+            batch, taken = await self._read(limit)
+        self.position += count_events(taken)
+        bucket.delivered_total += count_events(batch)
         if batch:
             # The last event returned, as on a server: one a stage dropped is not a resume point
             # (a stream resumed from it would not meet it again). A drained bucket's frontier
             # moves it on below.
-            self.last_key, self.last_token = batch[-1][EV_SORT_KEY], event_token(batch[-1])
+            last = batch[-1]
+            self.last_key = last_key(last)
+            self.last_token = token_from_key(self.last_key) if is_block(last) else event_token(last)
         if self.position >= bucket.end and bucket.frontier > self.last_key:
             # Drained: everything up to the merge frontier was dealt out, so the frontier is a
             # resume point that moves even while this bucket is idle.
@@ -369,29 +484,57 @@ class BucketCursor:
         self.exhausted = self.stream.ended and self.position >= bucket.end
         return batch, self.last_token
 
-    async def _read(self, events: list[EventFields], start: int,
-                    limit: int) -> tuple[list[EventFields], list[EventFields]]:
-        """The next reply from the bucket's events at `start`: (events to return, events consumed),
-        after lookups, stages, the resume point and a split."""
-        batch: list[EventFields] = []
-        size = 0
+    async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
+        """The next reply from the bucket's events at this cursor's position: (events to return,
+        events consumed; EventFields, or EventBlocks while nothing is shaped), after lookups,
+        stages, the resume point and a split."""
+        batch: list[Any] = []
+        count = size = 0
         lookup, options = self.stream.lookup, self.stream.options
         # Lookups and stages change events after this: the server measures what they make (_fit).
         shaped = lookup is not None or bool(options.stages)
-        for i in range(start, len(events)):  # no slice copy: a bucket may hold many events
-            ev = events[i]
+
+        def take(ev: EventFields) -> bool:
+            """Add one event if it goes in this reply; whether the next may follow it."""
+            nonlocal count, size
             cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
-            if len(batch) >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
-                break
+            if count >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
+                return False
             if cost > MEASURE_ABOVE_BYTES and not shaped and (big := self.stream.oversize(ev[EV_RAW])) is not None:
                 if batch:
-                    break  # the events before it first; the next getMore fails or splits it
+                    return False  # the events before it first; the next getMore fails or splits it
                 if big is not SPLIT:
                     raise big
                 batch.append(ev)  # alone: its fragments are the reply
-                break
+                count += 1
+                return False
             batch.append(ev)
-            size += cost
+            count, size = count + 1, size + cost
+            return True
+
+        for segment, offset in self.bucket.items_from(self.position):
+            if not is_block(segment):
+                if not take(segment):
+                    break
+                continue
+            # A block's events that fit are taken as one slice, found with a cumulative sum; an
+            # event to measure (a large one) or the first that does not fit goes through `take`.
+            while offset < len(segment):
+                part = segment.sliced(offset, offset + limit - count)
+                costs = part.sizes + BATCH_ELEMENT_OVERHEAD
+                fit = int(np.searchsorted(np.cumsum(costs), BATCH_BYTES_LIMIT - size, side="right"))
+                if (large := np.flatnonzero(costs > MEASURE_ABOVE_BYTES)).size:
+                    fit = min(fit, int(large[0]))
+                if fit:
+                    batch.append(part.sliced(0, fit))
+                    count, size, offset = count + fit, size + int(costs[:fit].sum()), offset + fit
+                if fit == len(part) or not take(part.sliced(fit, fit + 1).fields()[0]):
+                    break
+                offset += 1
+            if offset < len(segment) or count >= limit:
+                break
+        if shaped or self.must_meet is not None:
+            batch = as_fields(batch)  # shaped and checked event by event
         taken = batch
         if shaped:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
@@ -401,9 +544,9 @@ class BucketCursor:
                 raise _interrupted()
         if self.must_meet is not None:
             batch = self._past_resume_point(batch)
-        if batch and (self.fragments_sent or (len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES
-                                              and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
-            batch, taken = self._fragments(batch[0], taken)
+        if batch and not is_block(batch[0]) and (self.fragments_sent or (
+                len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
+            batch, taken = self._fragments(batch[0], as_fields(taken))
         return batch, taken
 
     def _fragments(self, event: EventFields, taken: list[EventFields]) -> tuple[list[EventFields], list[EventFields]]:
@@ -614,7 +757,7 @@ class ParallelStream:
         async for batch in recv:
             events = batch.events
             if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
-                events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in events]
+                events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in as_fields(events)]
             merge.extend(batch.shard, events)
             merge.advance(batch.shard, batch.mark)
             ready, freed = merge.pop_ready()
@@ -631,7 +774,7 @@ class ParallelStream:
             # Budgets are released once per merged batch, not once per event.
             for shard, nbytes in freed.items():
                 self.shard_budgets[shard].release(nbytes)
-            self.events_merged += len(ready)
+            self.events_merged += count_events(ready)
             frontier = merge.frontier()
             if frontier > self._frontier:
                 # Every mark is a high-water-mark token key, so the frontier is itself a token;
@@ -644,8 +787,13 @@ class ParallelStream:
     async def _deal(self, ready: list[EventFields]) -> None:
         """Deal merged events into their buckets: each bucket's share is appended in one step."""
         scope, match, buckets = self.options.scope, self.options.match, self.buckets
-        shares: dict[int, list[EventFields]] = {}
+        shares: dict[int, list[Any]] = {}
+        if scope is not None or match is not None:
+            ready = as_fields(ready)  # filtered event by event
         for ev in ready:
+            if type(ev) is EventBlock:
+                self._deal_block(ev, shares)
+                continue
             if self.ended:
                 break
             if scope is not None and not _in_scope(ev, scope):
@@ -682,6 +830,20 @@ class ParallelStream:
                     share.append(ev)
         await self._put_shares(shares)
 
+    def _deal_block(self, block: EventBlock, shares: dict[int, list[Any]]) -> None:
+        """A block's share of each bucket, taken as columns: each event's bucket is its kind's."""
+        routes = [self._routes.get(kind[3]) or self._route(_kind_event(kind)) for kind in block.kind_table]
+        if any(len(route) > 1 for route in routes):  # (no spliced event has several namespaces)
+            for ev in block.fields():
+                for b in self._routes.get(ev[EV_NAMESPACES]) or self._route(ev):
+                    shares.setdefault(b, []).append(ev)
+            return
+        dealt = np.array([route[0] if route else -1 for route in routes], np.int64)[block.kinds]
+        for b in np.unique(dealt).tolist():
+            if b >= 0:
+                part = block if len(routes) == 1 else block.take(np.flatnonzero(dealt == b))
+                shares.setdefault(b, []).append(part)
+
     def _route(self, ev: EventFields) -> tuple[int, ...]:
         """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""
         if len(self._routes) >= _ROUTES_CACHED:
@@ -690,7 +852,7 @@ class ParallelStream:
                                                     if b in self.buckets)
         return route
 
-    async def _put_shares(self, shares: dict[int, list[EventFields]]) -> None:
+    async def _put_shares(self, shares: dict[int, list[Any]]) -> None:
         for b, share in shares.items():
             await self.buckets[b].put_many(share)
 
@@ -724,9 +886,10 @@ class ParallelStream:
 
         runs = []
         for i, bucket in self.buckets.items():
-            lo = bisect.bisect_right(bucket.keys, after[i])
-            hi = bisect.bisect_right(bucket.keys, frontier)
-            runs.append(bucket.keys[lo:min(hi, lo + max_events + 1)])
+            lo = bucket.position_after(max(after[i], bucket.floor))
+            hi = bucket.position_after(max(frontier, bucket.floor))
+            assert lo is not None and hi is not None
+            runs.append(bucket.keys_between(lo, min(hi, lo + max_events + 1)))
         merged = list(heapq.merge(*runs))
         # Keys repeat across buckets for multi-bucket events; count each key once per bucket run.
         if len(merged) <= max_events:
@@ -758,7 +921,7 @@ class ParallelStream:
                         "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
                         "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
             "topology": self.watcher.status() if self.watcher is not None else None,
-            "buckets": [{"bucket": i, "depth": b.depth(), "retained": len(b.events), "bytes": b.budget.used,
+            "buckets": [{"bucket": i, "depth": b.depth(), "retained": b.retained, "bytes": b.budget.used,
                          "limitBytes": b.budget.limit, "dealt": b.dealt_total, "delivered": b.delivered_total,
                          "cursors": len(b.cursors), "error": str(b.error) if b.error else None,
                          "consumerPosition": max((c.last_token for c in b.cursors), default=None,

@@ -39,7 +39,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
+from mongoformats.event_block import EventBlock, joined, spans
 from mongoformats.oplog_batch import OplogBatch, words
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -54,9 +56,10 @@ from mongoformats.oplog_splice import (
     update_description,
 )
 
-__all__ = ["BATCH_MIN", "splice_batch", "splice_entries"]
+__all__ = ["BATCH_MIN", "splice_batch", "splice_block", "splice_entries"]
 
 BATCH_MIN = 128  # fewer entries are spliced one by one: numpy's fixed cost per call outweighs its gain
+BLOCK_RUN_MIN = 32  # a shorter run of events between others (noops, DDL) goes as tuples, not a block
 
 _Ints = npt.NDArray[np.int64]
 _Words = npt.NDArray[np.uint64]
@@ -179,6 +182,20 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
     """For each entry, what `splice_crud` gives for it if it is a plain insert or delete this
     module takes (its event's fields, or () for an internal namespace), else None: the caller
     decides."""
+    spliced = _splice(batch, expanded=expanded, as_block=False)
+    assert isinstance(spliced, list)
+    return spliced
+
+
+def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None,
+                                                                 list[int]]:
+    """What `splice_batch` gives, except that the events of the entries with one (a list, the
+    third item, of their indices) are in an EventBlock (the second), None in the list."""
+    spliced = _splice(batch, expanded=expanded, as_block=True)
+    return spliced if isinstance(spliced, tuple) else (spliced, None, [])
+
+
+def _splice(batch: OplogBatch, *, expanded: bool, as_block: bool) -> Any:
     n, data, start, lengths = len(batch), batch.data, batch.starts, batch.lengths
     end = start + lengths - 1  # where each entry's terminating zero must be
     u64, i32, u8 = words(data, "<u8"), words(data, "<i4"), np.frombuffer(data, np.uint8)
@@ -323,9 +340,20 @@ def splice_batch(batch: OplogBatch, *, expanded: bool) -> list[Spliced | tuple[(
         tails[:, tail_width - 14:tail_width - 2] = oid
     fronts[:, :4] = _as_bytes(sizes.astype("<u4"))
 
-    front_bytes, tail_bytes, key_bytes = fronts.tobytes(), tails.tobytes(), keys.tobytes()
+    front_bytes, tail_bytes = fronts.tobytes(), tails.tobytes()
     front_at = np.arange(m) * front_width
     tail_end = np.arange(1, m + 1) * tail_width
+    if as_block:
+        # The pieces as columns, joined in C: no per-event object (mongoformats/event_block.py).
+        columns = [spans(front_bytes, front_at, front_at + front_lengths), spans(data, o_start, full_end),
+                   spans(tail_bytes, tail_end - tail_lengths, tail_end)]
+        if updates:
+            columns += (pa.array(updated_fields, pa.large_binary()), pa.array(closing, pa.large_binary()))
+        # (A kind none of whose entries was taken gets a placeholder: no event refers to it.)
+        kind_table = tuple((op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
+                           for op, h in zip(ops, made, strict=True))
+        return out, EventBlock(keys, joined(columns), which.astype(np.int32), kind_table), taken.tolist()
+    key_bytes = keys.tobytes()
     key_cuts = range(0, m * _KEY_BYTES + 1, _KEY_BYTES)
     pieces: list[Iterator[bytes]] = [
         map(front_bytes.__getitem__, map(slice, front_at.tolist(), (front_at + front_lengths).tolist())),
@@ -388,19 +416,41 @@ def _kinds(data: bytes, u64: _Words, start: _Ints, stop: _Ints) -> tuple[_Ints, 
     return np.unique(which, return_inverse=True)[1], np.array(list(kinds.values()), np.int64)
 
 
-def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = False) -> tuple[list[Any], bool]:
-    """One item for each oplog entry, in order: its event's fields (`splice_crud`'s), () for an
-    entry with no event, or the entry's own bytes when the general, stateful transform must handle
-    it (transactions, DDL, noops); and whether every item is an event's fields (the usual batch of
-    inserts), which the reader then takes whole."""
+def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = False) -> EventBlock | list[Any]:
+    """The batch's events as one EventBlock when every entry is a plain insert, update or
+    delete this module takes (the usual batch of a backlog); else one item for each entry, in
+    order: its event's fields (`splice_crud`'s), () for an entry with no event, or the entry's own
+    bytes when the general, stateful transform must handle it (transactions, DDL, noops), except
+    that runs of at least BLOCK_RUN_MIN events are one EventBlock item each."""
     if not splice:
-        return batch.entries(), False
-    spliced = splice_batch(batch, expanded=expanded) if len(batch) >= BATCH_MIN else [None] * len(batch)
-    if None not in spliced:
-        return spliced, bool(spliced) and () not in spliced
+        return batch.entries()
+    out: list[Any]
+    block: EventBlock | None
+    where: list[int]
+    if len(batch) < BATCH_MIN:
+        out, block, where = [None] * len(batch), None, []
+    else:
+        out, block, where = splice_block(batch, expanded=expanded)
+    if block is not None and len(where) == len(batch):
+        return block
     items: list[Any] = []
-    for raw, item in zip(batch.entries(), spliced, strict=True):
+    raws = batch.entries()
+    k = 0
+    i = 0
+    while i < len(raws):
+        if k < len(where) and where[k] == i:  # a run of events in the block
+            run = k
+            while k + 1 < len(where) and where[k + 1] == where[k] + 1:
+                k += 1
+            k += 1
+            assert block is not None
+            part = block.sliced(run, k)
+            items += [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
+            i = where[k - 1] + 1
+            continue
+        item = out[i]
         if item is None:
-            item = splice_crud(raw, expanded=expanded)
-        items.append(raw if item is None else item)
-    return items, False
+            item = splice_crud(raws[i], expanded=expanded)
+        items.append(raws[i] if item is None else item)
+        i += 1
+    return items

@@ -28,6 +28,7 @@ from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import PLAIN, RAW
+from mongoformats.event_block import EventBlock
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
 
@@ -120,13 +121,15 @@ def _index_keys(size_class: int) -> tuple[bytes, ...]:
     return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
 
 
-def _array_parts(items: list[bytes]) -> tuple[int, Iterable[bytes]]:
+def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
     """A BSON array of the given encoded documents as (its size, the pieces after its length).
 
     Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
     bytes object costs an allocation of that size, and such fresh memory faults in page by page:
     a 400 KB reply built with three `+` took 1.3 us an event, joined once 0.1 us.
     """
+    if any(type(item) is EventBlock for item in items):
+        return _array_parts_with_blocks(items)
     n = len(items)
     size_class = n.bit_length()
     if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
@@ -135,6 +138,24 @@ def _array_parts(items: list[bytes]) -> tuple[int, Iterable[bytes]]:
         keys = [b"\x03%d\x00" % i for i in range(n)]
     size = 5 + sum(map(len, keys)) + sum(map(len, items))
     return size, chain(chain.from_iterable(zip(keys, items, strict=True)), (b"\x00",))
+
+
+def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
+    """`_array_parts` of documents some of which come as EventBlocks (runs of events): a block's
+    elements are keyed and joined in one C call (EventBlock.array_body)."""
+    parts: list[Any] = []
+    index, size = 0, 5
+    for item in items:
+        if type(item) is EventBlock:
+            body = item.array_body(index)
+            index += len(item)
+        else:
+            body = b"\x03%d\x00%s" % (index, item)
+            index += 1
+        parts.append(body)
+        size += len(body)
+    parts.append(b"\x00")
+    return size, parts
 
 
 def array_of(items: list[bytes]) -> bytes:
@@ -184,7 +205,7 @@ class SplicedDocument(Mapping[str, Any]):
         return len(self._inflated())
 
 
-def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[bytes],
+def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[Any],
                     extra: dict[str, Any] | None = None) -> SplicedDocument:
     """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
     spliced from the documents' own bytes: no per-document object is built or re-encoded, and

@@ -7,6 +7,7 @@ a real workload writes (retryable writes included).
 
 from __future__ import annotations
 
+import pickle
 import uuid
 from typing import Any
 
@@ -15,7 +16,8 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongoformats.batch_splice import BATCH_MIN, splice_batch, splice_entries
+from mongoformats.batch_splice import BATCH_MIN, splice_batch, splice_block, splice_entries
+from mongoformats.event_block import EventBlock, as_fields
 from mongoformats.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import splice_crud
 from tests.conftest import client, sync
@@ -71,6 +73,12 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
     for raw, item in zip(entries, batch, strict=True):
         if item is not None:
             assert item == splice_crud(raw, expanded=expanded)
+    # The same events as one block (also after a trip between processes), the others as before.
+    out, block, where = splice_block(OplogBatch.of(entries), expanded=expanded)
+    assert where == [i for i, item in enumerate(batch) if item]
+    assert [item for i, item in enumerate(out) if i not in where] == [item for item in batch if not item]
+    if block is not None:
+        assert block.fields() == [batch[i] for i in where] == pickle.loads(pickle.dumps(block)).fields()
     return batch
 
 
@@ -117,14 +125,19 @@ def test_splice_entries_takes_a_batch_of_inserts_and_deletes_whole_and_anything_
     batch = [insert(i) for i in range(BATCH_MIN)]
     batch[7] = bson.encode({k: v for k, v in {**bson.decode(batch[7]), "op": "d", "o": {"_id": ObjectId()}}.items()
                             if k != "o2"})
-    items, all_events = splice_entries(OplogBatch.of(batch), True, False)
-    assert all_events and items == [splice_crud(raw, expanded=False) for raw in batch]
+    block = splice_entries(OplogBatch.of(batch), True, False)
+    assert isinstance(block, EventBlock) and block.fields() == [splice_crud(raw, expanded=False) for raw in batch]
     noop = bson.encode({"op": "n", "ns": "", "o": {"msg": "x"}, "ts": Timestamp(9, 999), "t": Int64(1)})
-    items, all_events = splice_entries(OplogBatch.of([*batch, noop]), True, False)
-    assert not all_events and items[-1] == noop and items[:-1] == [splice_crud(r, expanded=False) for r in batch]
-    items, all_events = splice_entries(OplogBatch.of([*batch, insert(0, "config.x")]), True, False)
-    assert not all_events and items[-1] == ()
-    assert splice_entries(OplogBatch.of(batch), False, False) == (batch, False)
+    items = splice_entries(OplogBatch.of([*batch, noop]), True, False)
+    assert isinstance(items, list) and items[1] == noop and as_fields(items[:1]) == [
+        splice_crud(r, expanded=False) for r in batch]
+    # Runs between other entries are blocks; short runs are tuples.
+    items = splice_entries(OplogBatch.of([*batch[:100], noop, *batch[100:]]), True, False)
+    assert [type(i) for i in items] == [EventBlock, bytes, *[tuple] * (BATCH_MIN - 100)]
+    assert as_fields(items[:1]) + items[2:] == [splice_crud(r, expanded=False) for r in batch]
+    items = splice_entries(OplogBatch.of([*batch, insert(0, "config.x")]), True, False)
+    assert isinstance(items, list) and items[-1] == ()
+    assert splice_entries(OplogBatch.of(batch), False, False) == batch
 
 
 async def test_a_real_workloads_inserts_and_deletes_are_all_taken(cluster) -> None:  # type: ignore[no-untyped-def]

@@ -24,6 +24,7 @@ from pymongo.errors import OperationFailure
 import buckets.engine as engine_module
 from buckets.bucketing import bucket_of
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
+from mongoformats.event_block import as_fields
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, free_port, poll_until, proxy_uri, scrape, sync, wait_until
@@ -596,7 +597,7 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
             # Watched on the engine itself: a status command counts as activity (Spark plans with it).
             wait_until(lambda: "short-lived" not in proxy.engine.streams, timeout=10)
             # Its events are freed once it has unwound, not left to the rare full collections.
-            wait_until(lambda: not any(b.events or b.budget.used for b in stream.buckets.values()), timeout=10)
+            wait_until(lambda: not any(b.segments or b.budget.used for b in stream.buckets.values()), timeout=10)
             assert len(stream.merge) == 0
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({"parallelChangeStreamStatus": 1, "name": "short-lived"})
@@ -771,7 +772,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     cur = engine._new_cursor(None, stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
     events, _ = await cur.next_batch(None, 0)
-    assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in events] == list(range(500))
+    assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in as_fields(events)] == list(range(500))
     engine._drop_cursor(cur.cursor_id)
 
 
@@ -1055,3 +1056,41 @@ async def test_a_cluster_on_ipv6_addresses_is_read_through_the_proxy():
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_backlog_dealt_as_event_blocks_equals_the_native_stream_within_small_budgets(cluster, proxy):
+    """A backlog's oplog batches (inserts, updates and deletes of ObjectId documents) become
+    EventBlocks, which the merge, the buckets and the replies handle as columns; cut by small
+    budgets and small batches anywhere inside them, they still give mongos's events, byte for byte,
+    and the buckets stay within their budget."""
+    def work():
+        c = client(proxy_uri(proxy))
+        c.admin.command("enableSharding", "blk")
+        c.admin.command("shardCollection", "blk.c0", key={"_id": "hashed"})
+        start = c.admin.command("ping")["operationTime"]
+        for i in range(3):
+            c.blk[f"c{i}"].insert_many([{"pad": "z" * 50, "i": j} for j in range(700)])
+        c.blk.c0.update_many({}, {"$set": {"i": -1}})
+        c.blk.c1.delete_many({})
+        end = end_point(c)
+        native = native_stream(c, start, end)
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "blocks",
+                                  "startAtOperationTime": start, "bucketBufferBytes": 60_000,
+                                  "showExpandedEvents": True})
+        got: list[list[RawBSONDocument]] = []
+        for cursor in opened["cursors"]:
+            events = list(cursor["firstBatch"])
+            while True:
+                r = c.admin.command({"getMore": cursor["id"], "collection": NS, "maxTimeMS": 300, "batchSize": 13},
+                                    codec_options=RAW)
+                events += r["cursor"]["nextBatch"]
+                status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "blocks"})["streams"][0]
+                assert all(b["bytes"] <= 60_000 for b in status["buckets"])
+                if key(r["cursor"]["postBatchResumeToken"]) >= end:
+                    break
+            assert [key(e["_id"]) for e in events] == sorted(key(e["_id"]) for e in events)
+            got.append([e for e in events if key(e["_id"]) <= end])
+        union = sorted((e for bucket in got for e in bucket), key=lambda e: key(e["_id"]))
+        assert len([e for e in native if e["ns"]["db"] == "blk"]) >= 2800
+        assert [e.raw for e in union] == [e.raw for e in native]
+    await sync(work)

@@ -1,0 +1,274 @@
+"""A run of spliced change events held as columns: the block a batch of oplog entries becomes.
+
+Why columns: an event that is a Python tuple of a key, its bytes and its names costs ~6 objects
+to make, marshal to the proxy process, unmarshal, file into a bucket and free again; at ~0.1 us
+an object, that was most of the proxy's ~3.3 us an event in a catch-up, far more than the
+splice's array work. A block holds a batch's events as one Arrow binary column (their bytes, back
+to back) beside their sort keys (one numpy row each) and the index of each one's kind (its
+operationType and namespace, shared by many). Merging, dealing into buckets and building a
+getMore reply are then whole-column operations in C (Arrow's take and element-wise join, numpy's
+sort): no per-event object is made until a consumer that needs one (a $match, a lookup, a stage)
+asks for `fields()`.
+
+What a block can hold: events whose sort keys all have one width (batch_splice's inserts,
+updates and deletes with an ObjectId _id), each of one namespace, no type bits and no shard tag.
+Every other event stays a tuple (mongoformats.change_events.EventFields); `fields()` gives a
+block's events as those tuples, equal to what the per-event path makes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "joined", "last_key",
+           "spans"]
+
+# (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
+Kind = tuple[str, str, str, Any]
+
+_EMPTY = pa.scalar(b"", pa.large_binary())
+_KEYS_CACHED = 1 << 16  # array element headers ("\x03<i>\x00") kept for replies of up to this many events
+
+
+class _KeyRows(Sequence[bytes]):
+    """A block's sort keys as a sequence of bytes, for `bisect` (only the probed rows are made)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: npt.NDArray[np.uint8]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.rows[i].tobytes()
+
+
+class EventBlock:
+    """Events in token order: `keys` (one row of sort-key bytes each), `events` (their BSON
+    documents, an Arrow large_binary array), `kinds` (each one's index into `kind_table`)."""
+
+    __slots__ = ("keys", "events", "kinds", "kind_table", "_sizes")
+
+    def __init__(self, keys: npt.NDArray[np.uint8], events: pa.LargeBinaryArray, kinds: npt.NDArray[np.int32],
+                 kind_table: tuple[Kind, ...]) -> None:
+        self.keys = keys
+        self.events = events
+        self.kinds = kinds
+        self.kind_table = kind_table
+        self._sizes: npt.NDArray[np.int64] | None = None
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __repr__(self) -> str:
+        return f"<EventBlock of {len(self)} events, {self.nbytes} bytes>"
+
+    def key(self, i: int) -> bytes:
+        return self.keys[i].tobytes()
+
+    @property
+    def first_key(self) -> bytes:
+        return self.keys[0].tobytes()
+
+    @property
+    def last_key(self) -> bytes:
+        return self.keys[-1].tobytes()
+
+    def bisect_right(self, key: bytes, lo: int = 0) -> int:
+        """How many events have a sort key <= `key` (Python's bytes order, whatever its length)."""
+        return bisect.bisect_right(_KeyRows(self.keys), key, lo)
+
+    @property
+    def sizes(self) -> npt.NDArray[np.int64]:
+        """Each event's BSON size."""
+        if self._sizes is None:
+            self._sizes = np.diff(self._offsets())
+        return self._sizes
+
+    @property
+    def nbytes(self) -> int:
+        offsets = self._offsets()
+        return int(offsets[-1] - offsets[0]) if len(offsets) else 0
+
+    def raw(self, i: int) -> bytes:
+        return self.events[i].as_py()
+
+    def fields(self) -> list[tuple[Any, ...]]:
+        """The events as EventFields tuples (sort key, type bits, operationType, db, coll, bytes,
+        namespaces, shard, applied at), as the per-event path makes them."""
+        keys = np.ascontiguousarray(self.keys).tobytes()
+        width = self.keys.shape[1]
+        names = map(self.kind_table.__getitem__, self.kinds.tolist())
+        return [(keys[i:i + width], b"", op, db, coll, raw, namespaces, "", None)
+                for i, (op, db, coll, namespaces), raw in zip(
+                    range(0, len(keys), width), names, self.events.to_pylist(), strict=True)]
+
+    def kind_of(self, i: int) -> Kind:
+        return self.kind_table[int(self.kinds[i])]
+
+    # -- making other blocks ---------------------------------------------------------------------
+
+    def sliced(self, start: int, stop: int | None = None) -> EventBlock:
+        """Events [start, stop): views, nothing copied."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        block = EventBlock(self.keys[start:stop], self.events.slice(start, stop - start), self.kinds[start:stop],
+                           self.kind_table)
+        if self._sizes is not None:
+            block._sizes = self._sizes[start:stop]
+        return block
+
+    def take(self, indices: npt.NDArray[np.int64]) -> EventBlock:
+        """The events at `indices`, in that order."""
+        return EventBlock(self.keys[indices], pc.take(self.events, pa.array(indices)), self.kinds[indices],
+                          self.kind_table)
+
+    @classmethod
+    def concat(cls, blocks: Sequence[EventBlock]) -> EventBlock:
+        """The blocks' events one after the other (their key widths must agree)."""
+        if len(blocks) == 1:
+            return blocks[0]
+        table: dict[Kind, int] = {}
+        kinds = []
+        for block in blocks:
+            remap = np.fromiter((table.setdefault(kind, len(table)) for kind in block.kind_table), np.int32,
+                                len(block.kind_table))
+            kinds.append(remap[block.kinds])
+        return cls(np.concatenate([b.keys for b in blocks]), pa.concat_arrays([b.events for b in blocks]),
+                   np.concatenate(kinds), tuple(table))
+
+    @classmethod
+    def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
+        """The events of several blocks (each in token order) in token order; equal keys keep
+        the blocks' order. One stable sort of the keys as fixed-width byte strings (numpy
+        compares them as unsigned bytes, Python's order), which finds the sorted runs itself."""
+        whole = cls.concat(blocks)
+        if all(a.last_key <= b.first_key for a, b in zip(blocks, blocks[1:], strict=False)):
+            return whole
+        keys = np.ascontiguousarray(whole.keys)
+        order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
+        return whole.take(order)
+
+    def array_body(self, first_index: int) -> pa.Buffer:
+        """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
+        batch between its length and its terminator, joined in one C call."""
+        n = len(self)
+        stop = first_index + n
+        if stop <= _KEYS_CACHED:
+            keys = _element_keys().slice(first_index, n)
+        else:
+            keys = pa.array([b"\x03%d\x00" % i for i in range(first_index, stop)], pa.large_binary())
+        body = EventBlock(self.keys, joined([keys, self.events]), self.kinds, self.kind_table)
+        offsets = body._offsets()
+        return body.events.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+    # -- between processes ------------------------------------------------------------------------
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickled as its columns' buffers: with protocol 5 and a buffer_callback (the reader
+        processes' messages) they travel out of band, not copied into the pickle. A large bytes
+        object in a pickle costs its copy into fresh memory, which faults in page by page: 0.2 us
+        an event, as much as the splice's array work."""
+        offsets = self._offsets()
+        values = self.events.buffers()[2]
+        body = (values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if values is not None
+                else pa.py_buffer(b""))
+        columns = (np.ascontiguousarray(self.keys), offsets - offsets[0], memoryview(body),
+                   np.ascontiguousarray(self.kinds))
+        wrap = pickle.PickleBuffer if protocol >= 5 else bytes
+        return (_restore, (*map(wrap, columns), self.keys.shape[1], self.kind_table))
+
+    def _offsets(self) -> npt.NDArray[np.int64]:
+        """Where each event starts in the values buffer, and where the last ends (len + 1 of them)."""
+        events = self.events
+        if not len(events):
+            return np.zeros(1, np.int64)
+        return np.frombuffer(events.buffers()[1], np.int64)[events.offset:events.offset + len(events) + 1]
+
+
+def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_table: tuple[Kind, ...]) -> EventBlock:
+    kinds = np.frombuffer(kinds, np.int32)
+    n = len(kinds)
+    events = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
+    return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events,
+                      kinds, kind_table)
+
+
+def spans(data: bytes | pa.Buffer, starts: npt.NDArray[np.int64],
+          stops: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
+    """data[starts[i]:stops[i]] for each i, as one binary column; the spans must be in order and
+    apart (stops[i] <= starts[i + 1]). Read as a column of the spans and the gaps between them,
+    of which the spans are taken in C: no per-span bytes object."""
+    n = len(starts)
+    if not n:
+        return pa.array([], pa.large_binary())
+    offsets = np.empty(2 * n, np.int64)
+    offsets[0::2], offsets[1::2] = starts, stops
+    both = pa.Array.from_buffers(pa.large_binary(), 2 * n - 1,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pc.take(both, pa.array(np.arange(0, 2 * n, 2)))
+
+
+def joined(columns: Sequence[pa.LargeBinaryArray]) -> pa.LargeBinaryArray:
+    """Each row's values of `columns` joined, one binary column."""
+    return pc.binary_join_element_wise(*columns, _EMPTY)
+
+
+@functools.cache
+def _element_keys() -> pa.LargeBinaryArray:
+    return pa.array([b"\x03%d\x00" % i for i in range(_KEYS_CACHED)], pa.large_binary())
+
+
+# -- lists of events that may hold blocks ----------------------------------------------------------
+# A batch of events travels as a list whose items are EventFields tuples (one event each) or
+# EventBlocks (a run of events each): "items" below.
+
+
+def is_block(item: Any) -> bool:
+    return type(item) is EventBlock
+
+
+def count_events(items: Sequence[Any]) -> int:
+    """How many events a list of items holds."""
+    return sum(len(i) if type(i) is EventBlock else 1 for i in items)
+
+
+def items_bytes(items: Sequence[Any]) -> int:
+    """The events' BSON bytes in a list of items (what their budgets are charged)."""
+    return sum(i.nbytes if type(i) is EventBlock else len(i[_EV_RAW]) for i in items)
+
+
+def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The events of a list of items, each an EventFields tuple."""
+    if not any(type(i) is EventBlock for i in items):
+        return list(items)
+    out: list[tuple[Any, ...]] = []
+    for item in items:
+        if type(item) is EventBlock:
+            out += item.fields()
+        else:
+            out.append(item)
+    return out
+
+
+def first_key(item: Any) -> bytes:
+    return item.first_key if type(item) is EventBlock else item[0]
+
+
+def last_key(item: Any) -> bytes:
+    return item.last_key if type(item) is EventBlock else item[0]
+
+
+_EV_RAW = 5  # EventFields' bytes (mongoformats.change_events.EV_RAW; this module imports none of ours)

@@ -1,0 +1,97 @@
+"""EventBlocks (a backlog's events as columns) behave as the EventFields tuples they stand for:
+merged, sliced, sent between processes and returned in a reply, they give the same events in the
+same order and the same reply bytes."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import bson
+from bson import Binary, Int64, ObjectId, Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buckets.merge import MergedQueue
+from mongoformats.batch_splice import BATCH_MIN, splice_block
+from mongoformats.change_events import EVENT_SORT_KEY
+from mongoformats.event_block import EventBlock, as_fields, count_events
+from mongoformats.oplog_batch import OplogBatch
+from mongoformats.oplog_splice import array_of, cursor_document
+from mongoformats.resume_token import high_water_mark, token_sort_key
+
+_UUIDS = [Binary(uuid.UUID(int=i).bytes, 4) for i in (1, 2, 3)]
+
+
+def _block(stamps: list[tuple[int, int]], collections: list[int]) -> EventBlock:
+    """The block of a batch of inserts at the given (seconds, increment) stamps."""
+    entries = []
+    for (secs, inc), c in zip(stamps, collections, strict=True):
+        _id = ObjectId()
+        entries.append(bson.encode({"op": "i", "ns": f"db.c{c}", "ui": _UUIDS[c], "o": {"_id": _id, "c": c},
+                                    "o2": {"_id": _id}, "ts": Timestamp(secs, inc), "t": Int64(1),
+                                    "v": Int64(2), "wall": bson.datetime_ms.DatetimeMS(secs * 1000)}))
+    _, block, where = splice_block(OplogBatch.of(entries), expanded=False)
+    assert block is not None and len(where) == len(entries)
+    return block
+
+
+def _stamps(draw: st.DrawFn, n: int) -> list[tuple[int, int]]:
+    increments = sorted(draw(st.lists(st.integers(1, 4 * n), min_size=n, max_size=n, unique=True)))
+    return [(100, i) for i in increments]
+
+
+@st.composite
+def shard_blocks(draw: st.DrawFn) -> list[EventBlock]:
+    """One to three shards' blocks; equal times across shards happen (ties keep shard order)."""
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        n = draw(st.integers(BATCH_MIN, BATCH_MIN + 40))
+        out.append(_block(_stamps(draw, n), draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(shard_blocks(), st.data())
+def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: list[EventBlock],
+                                                                       data: st.DataObject) -> None:
+    as_blocks, as_tuples = MergedQueue([]), MergedQueue([])
+    for i, block in enumerate(blocks):
+        for queue, events in ((as_blocks, [block]), (as_tuples, block.fields())):
+            queue.add_shard(str(i), b"")
+            queue.extend(str(i), events)
+    # The marks move in steps: each release may cut a block in two.
+    keys = sorted({k for b in blocks for k in map(EVENT_SORT_KEY, b.fields())})
+    for cut in sorted(data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=4))) + [len(keys) - 1]:
+        for i in range(len(blocks)):
+            as_blocks.advance(str(i), keys[cut])
+            as_tuples.advance(str(i), keys[cut])
+        got, freed = as_blocks.pop_ready()
+        want, freed_tuples = as_tuples.pop_ready()
+        assert as_fields(got) == want and freed == freed_tuples
+        assert len(blocks) == 1 or len(got) <= 1  # several shards' blocks merge into one block
+    assert len(as_blocks) == len(as_tuples) == 0
+
+
+def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:
+    block = _block([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
+    fields = block.fields()
+    assert len(block) == count_events([block]) == 300 and block.nbytes == sum(len(f[5]) for f in fields)
+    assert block.sliced(10, 20).fields() == fields[10:20] == pickle.loads(pickle.dumps(block.sliced(10, 20))).fields()
+    assert block.take([5, 1]).fields() == [fields[5], fields[1]]  # type: ignore[arg-type]
+    assert [block.key(i) for i in (0, 299)] == [block.first_key, block.last_key] == [fields[0][0], fields[-1][0]]
+    # A high-water mark's key is shorter than an event's: compared as Python compares bytes.
+    assert block.bisect_right(token_sort_key(high_water_mark(Timestamp(7, 150)))) == 149
+    assert block.bisect_right(fields[41][0]) == 42 and block.bisect_right(b"") == 0
+    assert block.sliced(100).bisect_right(fields[150][0]) == 51
+
+
+def test_a_reply_from_blocks_is_the_reply_from_their_events_bytes() -> None:
+    block = _block([(7, i) for i in range(1, 201)], [i % 3 for i in range(200)])
+    raws = [f[5] for f in block.fields()]
+    assert bytes(block.array_body(0)) == array_of(raws)[4:-1]
+    # Mixed with single events, and keyed on from where each part starts.
+    mixed = [block.sliced(0, 50), raws[50], block.sliced(51, 200)]
+    for items in ([block], mixed):
+        assert (cursor_document(5, "admin.$cmd", "nextBatch", items, {"postBatchResumeToken": {"_data": "00"}}).raw
+                == cursor_document(5, "admin.$cmd", "nextBatch", raws, {"postBatchResumeToken": {"_data": "00"}}).raw)
