@@ -23,7 +23,7 @@ from mongoformats.resume_token import high_water_mark, token_sort_key
 _UUIDS = [Binary(uuid.UUID(int=i).bytes, 4) for i in (1, 2, 3)]
 
 
-def _block(stamps: list[tuple[int, int]], collections: list[int]) -> EventBlock:
+def block_of_inserts(stamps: list[tuple[int, int]], collections: list[int]) -> EventBlock:
     """The block of a batch of inserts at the given (seconds, increment) stamps."""
     entries = []
     for (secs, inc), c in zip(stamps, collections, strict=True):
@@ -47,7 +47,7 @@ def shard_blocks(draw: st.DrawFn) -> list[EventBlock]:
     out = []
     for _ in range(draw(st.integers(1, 3))):
         n = draw(st.integers(BATCH_MIN, BATCH_MIN + 40))
-        out.append(_block(_stamps(draw, n), draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))))
+        out.append(block_of_inserts(_stamps(draw, n), draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))))
     return out
 
 
@@ -74,7 +74,7 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: li
 
 
 def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:
-    block = _block([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
+    block = block_of_inserts([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
     fields = block.fields()
     assert len(block) == count_events([block]) == 300 and block.nbytes == sum(len(f[5]) for f in fields)
     assert block.sliced(10, 20).fields() == fields[10:20] == pickle.loads(pickle.dumps(block.sliced(10, 20))).fields()
@@ -87,7 +87,7 @@ def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:
 
 
 def test_a_reply_from_blocks_is_the_reply_from_their_events_bytes() -> None:
-    block = _block([(7, i) for i in range(1, 201)], [i % 3 for i in range(200)])
+    block = block_of_inserts([(7, i) for i in range(1, 201)], [i % 3 for i in range(200)])
     raws = [f[5] for f in block.fields()]
     assert bytes(block.array_body(0)) == array_of(raws)[4:-1]
     # Mixed with single events, and keyed on from where each part starts.

@@ -8,6 +8,8 @@ from bson import Timestamp
 
 from buckets import reader_process
 from buckets.reader_process import MessageStream
+from mongoformats.event_block import as_fields
+from tests.test_event_block import block_of_inserts
 
 
 def _connected_pair() -> tuple[MessageStream, MessageStream]:
@@ -64,5 +66,10 @@ async def test_batches_go_as_marshal_and_other_messages_as_pickles():
     for message in (batch, ("batch", 1, [spliced, in_txn], 10, 2, (5, 1)), ("credit", {1: 5})):
         await sender.send(message)
         assert await receiver.receive() == message
+    # A block's columns go out of band, after the pickle: the same events arrive.
+    block = block_of_inserts([(7, i) for i in range(1, 201)], [i % 3 for i in range(200)])
+    await sender.send(("batch", 1, [block.sliced(5, 150), spliced], 10, 2, (5, 1)))
+    got = await receiver.receive()
+    assert as_fields(got[2]) == [*block.sliced(5, 150).fields(), spliced]
     await sender.stream.aclose()
     await receiver.stream.aclose()
