@@ -103,9 +103,6 @@ class EventBlock:
         offsets = self._offsets()
         return int(offsets[-1] - offsets[0]) if len(offsets) else 0
 
-    def raw(self, i: int) -> bytes:
-        return self.events[i].as_py()
-
     def fields(self) -> list[tuple[Any, ...]]:
         """The events as EventFields tuples (sort key, type bits, operationType, db, coll, bytes,
         namespaces, shard, applied at), as the per-event path makes them."""
@@ -115,9 +112,6 @@ class EventBlock:
         return [(keys[i:i + width], b"", op, db, coll, raw, namespaces, "", None)
                 for i, (op, db, coll, namespaces), raw in zip(
                     range(0, len(keys), width), names, self.events.to_pylist(), strict=True)]
-
-    def kind_of(self, i: int) -> Kind:
-        return self.kind_table[int(self.kinds[i])]
 
     # -- making other blocks ---------------------------------------------------------------------
 
