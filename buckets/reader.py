@@ -30,9 +30,9 @@ from bson import Int64, Timestamp
 
 from buckets.budget import ByteBudget
 from mongoformats.batch_splice import splice_entries
-from mongoformats.change_events import EventFields, OplogTransformer, prev_op_ts
+from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
-from mongoformats.event_block import EventBlock
+from mongoformats.event_block import EventBlock, count_events
 from mongoformats.oplog_batch import reply_batch
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -59,7 +59,7 @@ def mark_after(ts: Timestamp) -> bytes:
 @dataclass(slots=True)
 class ShardBatch:
     shard: str
-    events: list[EventFields]  # plain tuples (see EventFields)
+    events: list[Any]  # plain tuples (see EventFields) and EventBlocks (runs of events as columns)
     mark: bytes
     nbytes: int
 
@@ -82,7 +82,7 @@ class ShardStats:
 class TailOutput(Protocol):
     """What an OplogTail reports, in order."""
 
-    async def deliver(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         """Events of entries read through `last_ts` (`nbytes` of them, as plain tuples): returns
         once they are charged to the shard's budget and handed on."""
 
@@ -189,7 +189,7 @@ class OplogTail:
             for i in range(0, len(batch), CHUNK):
                 chunk = batch.chunk(i, i + CHUNK)
                 items = splice_entries(chunk, splice, expanded)
-                await self._deliver(items, timestamp_of(chunk.entry(-1)), out, conn)
+                await self._deliver(items, len(chunk), timestamp_of(chunk.entry(-1)), out, conn)
             if not len(batch):
                 await out.idle()
             if not cursor_id:
@@ -201,38 +201,33 @@ class OplogTail:
             finally:
                 await out.parked(False)
 
-    async def _deliver(self, items: EventBlock | list[Any], last_ts: Timestamp, out: TailOutput,
+    async def _deliver(self, items: EventBlock | list[Any], entries: int, last_ts: Timestamp, out: TailOutput,
                        conn: UpstreamConnection) -> None:
+        """Deliver what `splice_entries` made of `entries` oplog entries, less what a resumed
+        stream delivered before (up to the skip key)."""
         transformer = self.transformer
         transform = transformer.transform_decoded
         skip = self.skip_key
-        events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields), or one block
+        events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields) and blocks
         nbytes = 0
-        if isinstance(items, EventBlock):  # the usual batch of a backlog: taken whole, as columns
-            entries = len(items)
-            if items.first_key <= skip:  # a resumed stream's first batch: what was delivered before is skipped
-                items = items.sliced(items.bisect_right(skip))
-            if len(items):
-                events, nbytes = [items], items.nbytes
-        else:
-            entries = len(items)
-            for item in items:
-                if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
-                    if (gap := transformer.missing_chain(item)) is not None:
-                        transformer.adopt_chain(await self._chain_through(conn, gap))
-                    for ev in transform(item):
-                        if ev.sort_key > skip:
-                            events.append(tuple(ev))
-                            nbytes += len(ev.raw)
-                elif type(item) is EventBlock:  # a run of events amid others
-                    if item.first_key <= skip:
-                        item = item.sliced(item.bisect_right(skip))
-                    if len(item):
-                        events.append(item)
-                        nbytes += item.nbytes
-                elif item and item[0] > skip:
-                    events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
-                    nbytes += len(item[5])
+        listed: list[Any] = [items] if isinstance(items, EventBlock) else items
+        for item in listed:
+            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
+                if (gap := transformer.missing_chain(item)) is not None:
+                    transformer.adopt_chain(await self._chain_through(conn, gap))
+                for ev in transform(item):
+                    if ev.sort_key > skip:
+                        events.append(tuple(ev))
+                        nbytes += len(ev.raw)
+            elif type(item) is EventBlock:  # a backlog's batch, or a run of its events, as columns
+                if item.first_key <= skip:
+                    item = item.sliced(item.bisect_right(skip))
+                if len(item):
+                    events.append(item)
+                    nbytes += item.nbytes
+            elif item and item[0] > skip:
+                events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
+                nbytes += len(item[5])
         await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
 
@@ -315,13 +310,13 @@ class ShardReader:
 
     # -- TailOutput --------------------------------------------------------------------------------
 
-    async def deliver(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         assert self._send is not None
         self._count(events, entries, last_ts)
         await self.budget.acquire(nbytes)
         await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
 
-    def arrived(self, events: list[EventFields], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    def arrived(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         """A batch from the reader process that runs this tail: taken at once, never waited on.
 
         Why not `deliver`: one connection relays the batches of every stream the process reads,
@@ -352,10 +347,10 @@ class ShardReader:
             if batch is not None:
                 await self._send.send(batch)
 
-    def _count(self, events: list[EventFields], entries: int, last_ts: Timestamp) -> None:
+    def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
         stats = self.stats
         stats.entries += entries
-        stats.events += len(events)
+        stats.events += count_events(events)
         stats.batches += 1
         stats.last_ts = last_ts
 

@@ -761,15 +761,15 @@ class ParallelStream:
             merge.extend(batch.shard, events)
             merge.advance(batch.shard, batch.mark)
             ready, freed = merge.pop_ready()
-            if len(merge):
-                # Events wait on some marks: idle shards write a note now, not at their next
-                # getMore timeout, and the shard list is re-read (live-tail latency).
-                for shard in merge.blocking_shards():
-                    reader = self.readers.get(shard)
-                    if reader is not None:
-                        reader.nudge()
-                    elif shard == TOPOLOGY and self.watcher is not None:
-                        self.watcher.nudge()
+            # Events that wait on some marks: idle shards write a note now, not at their next
+            # getMore timeout, and the shard list is re-read (live-tail latency). (Not guarded
+            # by len(merge), which counts a block's events: this runs for every batch.)
+            for shard in merge.blocking_shards():
+                reader = self.readers.get(shard)
+                if reader is not None:
+                    reader.nudge()
+                elif shard == TOPOLOGY and self.watcher is not None:
+                    self.watcher.nudge()
             await self._deal(ready)
             # Budgets are released once per merged batch, not once per event.
             for shard, nbytes in freed.items():
@@ -831,18 +831,15 @@ class ParallelStream:
         await self._put_shares(shares)
 
     def _deal_block(self, block: EventBlock, shares: dict[int, list[Any]]) -> None:
-        """A block's share of each bucket, taken as columns: each event's bucket is its kind's."""
-        routes = [self._routes.get(kind[3]) or self._route(_kind_event(kind)) for kind in block.kind_table]
-        if any(len(route) > 1 for route in routes):  # (no spliced event has several namespaces)
-            for ev in block.fields():
-                for b in self._routes.get(ev[EV_NAMESPACES]) or self._route(ev):
-                    shares.setdefault(b, []).append(ev)
-            return
-        dealt = np.array([route[0] if route else -1 for route in routes], np.int64)[block.kinds]
-        for b in np.unique(dealt).tolist():
-            if b >= 0:
-                part = block if len(routes) == 1 else block.take(np.flatnonzero(dealt == b))
-                shares.setdefault(b, []).append(part)
+        """A block's share of each bucket, taken as columns: an event goes where its kind's
+        namespaces route it."""
+        routes = []
+        for kind in block.kind_table:
+            route = self._routes.get(kind[3])
+            routes.append(self._route(_kind_event(kind)) if route is None else route)
+        for b in sorted(set().union(*routes)):
+            mine = np.array([b in route for route in routes])[block.kinds]
+            shares.setdefault(b, []).append(block if mine.all() else block.take(np.flatnonzero(mine)))
 
     def _route(self, ev: EventFields) -> tuple[int, ...]:
         """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""

@@ -11,7 +11,8 @@ an update's diff is decoded (it must be rewritten as updateDescription).
 Anything outside that common shape (transactions, DDL, noops, fromMigrate, exotic `_id` types,
 v0/v1 tokens) returns None and the caller uses the general transform in change_events.py. Tests
 check both paths give byte-identical events for the same entries. A reader's batches go through
-batch_splice.py, which splices their plain inserts and deletes all at once and the rest here.
+batch_splice.py, which splices their plain inserts, updates and deletes all at once and the
+rest here.
 """
 
 from __future__ import annotations

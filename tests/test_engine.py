@@ -1093,4 +1093,7 @@ async def test_a_backlog_dealt_as_event_blocks_equals_the_native_stream_within_s
         union = sorted((e for bucket in got for e in bucket), key=lambda e: key(e["_id"]))
         assert len([e for e in native if e["ns"]["db"] == "blk"]) >= 2800
         assert [e.raw for e in union] == [e.raw for e in native]
+        # The shards' read counts count a block's events, not the block.
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "blocks"})["streams"][0]
+        assert sum(s["events"] for s in status["shards"]) >= len(native)
     await sync(work)
