@@ -35,6 +35,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -120,8 +121,10 @@ class ProxyProcess:
             self.port = probe.getsockname()[1]
         self.uri = f"mongodb://127.0.0.1:{self.port}/"
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        # Its log goes to a file, shown at close() if it holds an error (a failed stream's traceback).
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="wireproxy-", suffix=".log")  # noqa: SIM115
         self.process = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", upstream,
-                                         "--listen", f"127.0.0.1:{self.port}", *flags], stderr=subprocess.DEVNULL,
+                                         "--listen", f"127.0.0.1:{self.port}", *flags], stderr=self.log,
                                         cwd=tree, env=env)
         self.ps = psutil.Process(self.process.pid)
 
@@ -150,6 +153,11 @@ class ProxyProcess:
 
     def close(self) -> None:
         stop_process(self.process)
+        self.log.seek(0)
+        text = self.log.read()
+        if " ERROR " in text:
+            print(f"the proxy on port {self.port} logged errors:\n{text[text.index(' ERROR ') - 23:][:4000]}")
+        self.log.close()
 
 
 async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int,

@@ -837,9 +837,8 @@ class ParallelStream:
         for kind in block.kind_table:
             route = self._routes.get(kind[3])
             routes.append(self._route(_kind_event(kind)) if route is None else route)
-        for b in sorted(set().union(*routes)):
-            mine = np.array([b in route for route in routes])[block.kinds]
-            shares.setdefault(b, []).append(block if mine.all() else block.take(np.flatnonzero(mine)))
+        for b, share in block.shares(routes).items():
+            shares.setdefault(b, []).append(share)
 
     def _route(self, ev: EventFields) -> tuple[int, ...]:
         """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import functools
 import pickle
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,19 @@ class EventBlock:
         """The events at `indices`, in that order."""
         return EventBlock(self.keys[indices], pc.take(self.events, pa.array(indices)), self.kinds[indices],
                           self.kind_table)
+
+    def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
+        """Each bucket's share of the block, `routes[k]` being the buckets of kind k's events: one
+        mask per bucket over the kinds. A kind of the table may have no event here (the block was
+        cut from a longer one); a bucket whose share is empty is left out."""
+        out = {}
+        for b in sorted(set().union(*routes)):
+            mine = np.array([b in route for route in routes])[self.kinds]
+            if mine.all():
+                out[b] = self
+            elif mine.any():
+                out[b] = self.take(np.flatnonzero(mine))
+        return out
 
     @classmethod
     def concat(cls, blocks: Sequence[EventBlock]) -> EventBlock:

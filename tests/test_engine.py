@@ -1070,26 +1070,37 @@ async def test_a_backlog_dealt_as_event_blocks_equals_the_native_stream_within_s
         start = c.admin.command("ping")["operationTime"]
         for i in range(3):
             c.blk[f"c{i}"].insert_many([{"pad": "z" * 50, "i": j} for j in range(700)])
+        # Namespaces taken in turns (c1 and c2 share a shard, and go to buckets 0 and 2 of 4): a
+        # block of several kinds, which a cut may leave holding none of some bucket's (that
+        # bucket's share of it is then nothing, not an empty block).
+        for j in range(250):
+            for i in range(3):
+                c.blk[f"c{i}"].insert_one({"pad": "y", "j": j})
         c.blk.c0.update_many({}, {"$set": {"i": -1}})
         c.blk.c1.delete_many({})
         end = end_point(c)
         native = native_stream(c, start, end)
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "blocks",
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "blocks",
                                   "startAtOperationTime": start, "bucketBufferBytes": 60_000,
                                   "showExpandedEvents": True})
-        got: list[list[RawBSONDocument]] = []
-        for cursor in opened["cursors"]:
-            events = list(cursor["firstBatch"])
-            while True:
-                r = c.admin.command({"getMore": cursor["id"], "collection": NS, "maxTimeMS": 300, "batchSize": 13},
+
+        # The buckets drained in turns: a full bucket holds the merge back, and the others with it.
+        cursors = opened["cursors"]
+        got: list[list[RawBSONDocument]] = [list(cursor["firstBatch"]) for cursor in cursors]
+        done = [False] * len(cursors)
+        while not all(done):
+            for i, cursor in enumerate(cursors):
+                if done[i]:
+                    continue
+                r = c.admin.command({"getMore": cursor["id"], "collection": NS, "maxTimeMS": 10, "batchSize": 13},
                                     codec_options=RAW)
-                events += r["cursor"]["nextBatch"]
-                status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "blocks"})["streams"][0]
-                assert all(b["bytes"] <= 60_000 for b in status["buckets"])
-                if key(r["cursor"]["postBatchResumeToken"]) >= end:
-                    break
+                got[i] += r["cursor"]["nextBatch"]
+                done[i] = key(r["cursor"]["postBatchResumeToken"]) >= end
+            status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "blocks"})["streams"][0]
+            assert all(b["bytes"] <= 60_000 for b in status["buckets"])
+        for i, events in enumerate(got):
             assert [key(e["_id"]) for e in events] == sorted(key(e["_id"]) for e in events)
-            got.append([e for e in events if key(e["_id"]) <= end])
+            got[i] = [e for e in events if key(e["_id"]) <= end]
         union = sorted((e for bucket in got for e in bucket), key=lambda e: key(e["_id"]))
         assert len([e for e in native if e["ns"]["db"] == "blk"]) >= 2800
         assert [e.raw for e in union] == [e.raw for e in native]

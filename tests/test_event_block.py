@@ -86,6 +86,21 @@ def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:
     assert block.sliced(100).bisect_right(fields[150][0]) == 51
 
 
+def test_a_block_shares_out_its_events_by_their_kinds_routes_and_never_an_empty_share() -> None:
+    block = block_of_inserts([(7, i) for i in range(1, 31)], [i % 3 for i in range(30)])
+    route_of = {"c0": (0,), "c1": (1, 2), "c2": (2,)}  # as a rename from c1 would go to two buckets
+
+    def shares(b: EventBlock) -> dict[int, EventBlock]:
+        return b.shares([route_of[coll] for _, _, coll, _ in b.kind_table])
+
+    fields = block.fields()
+    assert {b: share.fields() for b, share in shares(block).items()} == {
+        b: [f for i, f in enumerate(fields) if b in route_of[f"c{i % 3}"]] for b in (0, 1, 2)}
+    # Cut down to one db.c0 event, the block still names the other kinds: buckets 1 and 2 get
+    # nothing (an empty block would have no first key for the bucket to check).
+    assert list(shares(block.sliced(3, 4))) == [0]
+
+
 def test_a_reply_from_blocks_is_the_reply_from_their_events_bytes() -> None:
     block = block_of_inserts([(7, i) for i in range(1, 201)], [i % 3 for i in range(200)])
     raws = [f[5] for f in block.fields()]
