@@ -94,6 +94,9 @@ class EngineConfig:
     max_await_ms: int = 1000
     reader_await_ms: int = 200
     reader_processes: int = 0          # default for streams that do not pass readerProcesses
+    # A reader process that has read nothing this long is stopped. Its own setting, not the
+    # stream teardown's: a process costs a second of CPU to start (imports), a stream nothing.
+    reader_idle_s: float = 300.0
     # A reader process that answers nothing for this long (stopped, its loop stuck) is killed,
     # failing its streams as a death does (None: never); the proxy's upstream_timeout_s.
     hang_timeout_s: float | None = 30.0
@@ -248,7 +251,7 @@ class Engine:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after the time an unused stream is kept.
-        pool_of_readers = reader_pool(self.config.idle_teardown_s, self.config.hang_timeout_s)
+        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s)
         async with pool_of_readers as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool
             task_status.started()

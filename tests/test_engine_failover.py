@@ -264,7 +264,7 @@ async def test_streams_share_the_engines_reader_processes(cluster):
     async with trio.open_nursery() as nursery:
         proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0, reader_processes=1,
                                                              accelerate_change_streams=True,
-                                                             stream_idle_teardown_s=0.5))
+                                                             stream_idle_teardown_s=0.5, reader_idle_s=1.0))
 
         def work():
             c = client(proxy_uri(proxy))
@@ -290,7 +290,7 @@ async def test_streams_share_the_engines_reader_processes(cluster):
             status = c.admin.command({"parallelChangeStreamStatus": 1})
             shards = len(status["streams"][0]["shards"])
             assert status["readerProcesses"] == [{"index": 0, "alive": True, "tails": shards}]  # b's alone
-            # With no stream left, the process reads nothing: it is stopped after the same idle time.
+            # With no stream left, the process reads nothing: it is stopped after reader_idle_s.
             c.admin.command({"killCursors": "$cmd.parallelChangeStream", "cursors": [b["cursors"][0]["id"]]})
             wait_until(lambda: not started & _reader_processes())
             assert c.admin.command({"parallelChangeStreamStatus": 1})["readerProcesses"][0]["alive"] is False

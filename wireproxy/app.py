@@ -40,6 +40,7 @@ async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None
     engine = Engine(server.connect_engine_upstream,
                     engine_config or EngineConfig(reader_processes=config.reader_processes,
                                                   idle_teardown_s=config.stream_idle_teardown_s,
+                                                  reader_idle_s=config.reader_idle_s,
                                                   cursor_timeout_s=config.cursor_timeout_s,
                                                   memory_limit_bytes=config.memory_limit_bytes,
                                                   hang_timeout_s=config.upstream_timeout_s or None),

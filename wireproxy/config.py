@@ -41,6 +41,8 @@ class ProxyConfig:
                                         "accelerated watch()'s stages (0: in the proxy)", 0, MAX_READER_PROCESSES)
     stream_idle_teardown_s: float = _setting(300.0, "close a parallel change stream that has had no cursor, and no "
                                                     "status call, this long", 0)
+    reader_idle_s: float = _setting(300.0, "stop a reader process that has read nothing this long (started "
+                                           "again when a stream needs it)", 0)
     cursor_timeout_s: float = _setting(600.0, "kill engine cursors no getMore used this long, as "
                                               "cursorTimeoutMillis does (cursors opened in a session: 1800, "
                                               "the session timeout)", 0)
