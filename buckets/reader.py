@@ -44,10 +44,12 @@ _SECONDARY_OK = {"mode": "secondaryPreferred"}
 URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
 MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
-# Oplog entries spliced between two checkpoints (~6 ms): a catch-up reply holds up to 16 MiB
+# Oplog entries spliced between two checkpoints (~2 ms): a catch-up reply holds up to 16 MiB
 # (~50k entries), a third of a second of splicing, so it is spliced and sent on in chunks; other
-# connections are served meanwhile and the merge starts on the first chunk.
-CHUNK = 1024
+# connections are served meanwhile and the merge starts on the first chunk. The splice's array
+# work has a fixed cost per call: 0.69 us an insert in chunks of 1024, 0.51 in chunks of 4096,
+# and 0.74 in chunks of 8192, whose arrays no longer fit the cache.
+CHUNK = 4096
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
 
 

@@ -51,6 +51,7 @@ import trio
 import trio_parallel
 from bson import Timestamp
 
+from buckets.allocator import keep_large_allocations
 from buckets.budget import ByteBudget
 from mongoformats.errors import MongoError
 
@@ -401,6 +402,7 @@ async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None) -> Asy
 
 def serve_readers(path: str) -> None:
     """Entry point of a reader process (run by trio_parallel): connect back, run tails until closed."""
+    keep_large_allocations()
     trio.run(_serve, path)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from buckets.allocator import keep_large_allocations
 from wireproxy.app import serve_proxy, tune_gc_for_throughput
 from wireproxy.config import ProxyConfig, parse_value
 
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()
+    keep_large_allocations()
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

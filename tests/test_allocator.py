@@ -1,0 +1,16 @@
+"""The malloc settings of the proxy's processes (buckets/allocator.py)."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+
+from buckets.allocator import keep_large_allocations
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's settings are glibc's")
+def test_glibc_keeps_large_allocations_unless_the_environment_says_otherwise(monkeypatch) -> None:
+    assert keep_large_allocations() is True
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")  # the user's own choice stands
+    assert keep_large_allocations() is False
