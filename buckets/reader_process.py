@@ -47,6 +47,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import trio
 import trio_parallel
 from bson import Timestamp
@@ -95,7 +96,7 @@ def encode_message(message: Any) -> tuple[int, list[Any]]:
         return _PICKLE, [table, data, *views]
 
 
-def decode_message(fmt: int, body: bytes | bytearray) -> Any:
+def decode_message(fmt: int, body: bytes | bytearray | memoryview) -> Any:
     if fmt == _MARSHAL:
         return marshal.loads(body)
     view = memoryview(body)
@@ -152,15 +153,16 @@ class MessageStream:
         body = await self._exactly(size)
         return None if body is None else decode_message(fmt, body)
 
-    async def _exactly(self, n: int) -> bytearray | None:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
+    async def _exactly(self, n: int) -> memoryview | None:
+        # Uninitialized memory (numpy's empty): a bytearray is zeroed first, a pass over every
+        # batch's bytes that the receive then overwrites (6% of the proxy's main process).
+        view, got = memoryview(np.empty(n, np.uint8)), 0
         while got < n:
             k = await self.stream.socket.recv_into(view[got:], n - got)
             if not k:
                 return None
             got += k
-        return buf
+        return view
 
 
 class ReaderHost:
