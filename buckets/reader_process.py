@@ -156,7 +156,7 @@ class MessageStream:
     async def _exactly(self, n: int) -> memoryview | None:
         # Uninitialized memory (numpy's empty): a bytearray is zeroed first, a pass over every
         # batch's bytes that the receive then overwrites (6% of the proxy's main process).
-        view, got = memoryview(np.empty(n, np.uint8)), 0
+        view, got = np.empty(n, np.uint8).data, 0
         while got < n:
             k = await self.stream.socket.recv_into(view[got:], n - got)
             if not k:

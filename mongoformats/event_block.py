@@ -58,15 +58,27 @@ class EventBlock:
     """Events in token order: `keys` (one row of sort-key bytes each), `events` (their BSON
     documents, an Arrow large_binary array), `kinds` (each one's index into `kind_table`)."""
 
-    __slots__ = ("keys", "events", "kinds", "kind_table", "_sizes")
+    __slots__ = ("keys", "_events", "_order", "kinds", "kind_table", "_sizes")
 
     def __init__(self, keys: npt.NDArray[np.uint8], events: pa.LargeBinaryArray, kinds: npt.NDArray[np.int32],
-                 kind_table: tuple[Kind, ...]) -> None:
+                 kind_table: tuple[Kind, ...], order: npt.NDArray[np.int64] | None = None) -> None:
+        """With `order`, the events are rows `order` of `events`, taken on first use (a merge's)."""
         self.keys = keys
-        self.events = events
+        self._events = events
+        self._order = order
         self.kinds = kinds
         self.kind_table = kind_table
         self._sizes: npt.NDArray[np.int64] | None = None
+
+    @property
+    def events(self) -> pa.LargeBinaryArray:
+        """The events' BSON, in order. A merge's block takes them from its blocks' concatenation
+        only here, or as `take` takes a part: dealt at once into buckets, its events are copied
+        once, into each bucket's share, where the merge's take and the deal's made two copies."""
+        if self._order is not None:
+            self._events = pc.take(self._events, pa.array(self._order))
+            self._order = None
+        return self._events
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -126,7 +138,8 @@ class EventBlock:
 
     def take(self, indices: npt.NDArray[np.int64]) -> EventBlock:
         """The events at `indices`, in that order."""
-        return EventBlock(self.keys[indices], pc.take(self.events, pa.array(indices)), self.kinds[indices],
+        rows = indices if self._order is None else self._order[indices]
+        return EventBlock(self.keys[indices], pc.take(self._events, pa.array(rows)), self.kinds[indices],
                           self.kind_table)
 
     def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
@@ -166,7 +179,7 @@ class EventBlock:
             return whole
         keys = np.ascontiguousarray(whole.keys)
         order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
-        return whole.take(order)
+        return cls(whole.keys[order], whole.events, whole.kinds[order], whole.kind_table, order)
 
     def array_body(self, first_index: int) -> pa.Buffer:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's

@@ -68,6 +68,11 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: li
             as_tuples.advance(str(i), keys[cut])
         got, freed = as_blocks.pop_ready()
         want, freed_tuples = as_tuples.pop_ready()
+        if len(got) == 1:  # a merge's block (whose events are taken only as it is dealt) shares out its order
+            by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
+            shares = got[0].shares([by_coll[coll] for _, _, coll, _ in got[0].kind_table])
+            assert {b: share.fields() for b, share in shares.items()} == {
+                b: mine for b in (0, 1) if (mine := [f for f in want if b in by_coll[f[4]]])}
         assert as_fields(got) == want and freed == freed_tuples
         assert len(blocks) == 1 or len(got) <= 1  # several shards' blocks merge into one block
     assert len(as_blocks) == len(as_tuples) == 0
