@@ -74,6 +74,7 @@ log = logging.getLogger("buckets.stream")
 SPLIT: Literal[True] = True
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
+_MERGED_AT_ONCE = 64          # shard batches the pump takes from its channel before a release
 
 
 @dataclass(frozen=True)
@@ -754,12 +755,19 @@ class ParallelStream:
     async def _pump(self, recv: trio.MemoryReceiveChannel[ShardBatch]) -> None:
         merge = self.merge
         tag_shard = self.options.needs_pre_images
-        async for batch in recv:
-            events = batch.events
-            if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
-                events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in as_fields(events)]
-            merge.extend(batch.shard, events)
-            merge.advance(batch.shard, batch.mark)
+        async for first in recv:
+            # Every batch already waiting is merged with this one: fewer, larger releases (each
+            # release cuts the shards' blocks at the frontier, and each piece is dealt apart).
+            arrived = [first]
+            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+                while len(arrived) < _MERGED_AT_ONCE:
+                    arrived.append(recv.receive_nowait())
+            for batch in arrived:
+                events = batch.events
+                if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
+                    events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in as_fields(events)]
+                merge.extend(batch.shard, events)
+                merge.advance(batch.shard, batch.mark)
             ready, freed = merge.pop_ready()
             # Events that wait on some marks: idle shards write a note now, not at their next
             # getMore timeout, and the shard list is re-read (live-tail latency). (Not guarded
