@@ -155,8 +155,9 @@ class ProxyProcess:
         stop_process(self.process)
         self.log.seek(0)
         text = self.log.read()
-        if " ERROR " in text:
-            print(f"the proxy on port {self.port} logged errors:\n{text[text.index(' ERROR ') - 23:][:4000]}")
+        if " ERROR " in text:  # from the first error's line on
+            first = text.rfind("\n", 0, text.index(" ERROR ")) + 1
+            print(f"the proxy on port {self.port} logged errors:\n{text[first:first + 4000]}")
         self.log.close()
 
 
