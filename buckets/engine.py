@@ -250,7 +250,7 @@ class Engine:
         table.register("endSessions", self.cmd_end_sessions)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # A reader process that reads nothing is stopped after the time an unused stream is kept.
+        # A reader process that reads nothing is stopped after reader_idle_s.
         pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s)
         async with pool_of_readers as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool

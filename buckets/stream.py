@@ -771,7 +771,7 @@ class ParallelStream:
             ready, freed = merge.pop_ready()
             # Events that wait on some marks: idle shards write a note now, not at their next
             # getMore timeout, and the shard list is re-read (live-tail latency). (Not guarded
-            # by len(merge), which counts a block's events: this runs for every batch.)
+            # by len(merge), which counts a block's events: this runs for every release.)
             for shard in merge.blocking_shards():
                 reader = self.readers.get(shard)
                 if reader is not None:
