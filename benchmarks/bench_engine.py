@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     # change streams. Its readerProcesses is the proxy's setting, so each value is its own proxy.
     watch_proxies = {rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
                      for rp in args.watch_reader_processes}
+    every_proxy = [proxy, *watch_proxies.values(), *([baseline] if baseline else [])]
     try:
         start = _ts(min(cluster.info["start"]))
         shard_uris = list(cluster.info["shards"].values())
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in modes}
 
         async def run() -> None:
-            for each in (proxy, *watch_proxies.values(), *([baseline] if baseline else [])):
+            for each in every_proxy:
                 await each.wait_ready()
             for rep in range(args.repeat):
                 for name, fn, used in modes:
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
 
         trio.run(run)
     finally:
-        for each in (proxy, *watch_proxies.values(), *([baseline] if baseline else [])):
+        for each in every_proxy:
             each.close()
         cluster.close()
     # Each figure of each mode: its median over the runs.
