@@ -33,7 +33,7 @@ from mongoformats.batch_splice import splice_entries
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
 from mongoformats.event_block import EventBlock, count_events
-from mongoformats.oplog_batch import reply_batch
+from mongoformats.oplog_batch import SLACK, batch_in_place
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection
@@ -181,13 +181,13 @@ class OplogTail:
     async def _tail(self, conn: UpstreamConnection, out: TailOutput) -> None:
         # Replies stay raw bytes: entries are sliced out of the reply and spliced into events.
         op = "$gte" if self.inclusive else "$gt"
-        reply = await conn.command("local", {
+        data, at = await conn.command_in_place("local", {
             "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
-            "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK})
+            "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK}, pad=SLACK)
         splice = self.transformer.token_version == 2
         expanded = self.transformer.show_expanded_events
         while True:
-            cursor_id, batch = reply_batch(bytes(reply.raw))
+            cursor_id, batch = batch_in_place(data, at)
             for i in range(0, len(batch), CHUNK):
                 chunk = batch.chunk(i, i + CHUNK)
                 items = splice_entries(chunk, splice, expanded)
@@ -198,8 +198,8 @@ class OplogTail:
                 return
             await out.parked(True)
             try:
-                reply = await conn.command("local", {
-                    "getMore": Int64(cursor_id), "collection": "oplog.rs", "maxTimeMS": self.await_ms})
+                data, at = await conn.command_in_place("local", {
+                    "getMore": Int64(cursor_id), "collection": "oplog.rs", "maxTimeMS": self.await_ms}, pad=SLACK)
             finally:
                 await out.parked(False)
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from mongoformats.oplog_splice import cursor_span
 
-__all__ = ["SLACK", "OplogBatch", "reply_batch", "words"]
+__all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "words"]
 
 SLACK = 256  # zero bytes after a batch's data: a reader of any entry may overrun it by that much
 
@@ -65,8 +65,14 @@ class OplogBatch:
 def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:
     """(cursor id, the entries of firstBatch/nextBatch) of a find/getMore reply on the oplog;
     ValueError if the batch is not an array of documents."""
-    cursor_id, start, end = cursor_span(reply)
-    data = reply + bytes(SLACK)
+    return batch_in_place(reply + bytes(SLACK), 0)
+
+
+def batch_in_place(data: bytes, at: int) -> tuple[int, OplogBatch]:
+    """`reply_batch` of the reply at `at` in `data`, which goes on for SLACK bytes or more past
+    the reply's end (what UpstreamConnection.command_in_place gives): the entries are read where
+    they lie, the reply is not copied."""
+    cursor_id, start, end = cursor_span(data, at)
     starts = _walk(data, start, end)
     return cursor_id, OplogBatch(data, starts, words(data, "<i4")[starts].astype(np.int64))
 

@@ -272,9 +272,10 @@ def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
     return cursor_id, array_items(reply, start)
 
 
-def cursor_span(reply: bytes) -> tuple[int, int, int]:
-    """(cursor id, where its firstBatch/nextBatch array starts and ends) of a find/getMore reply."""
-    _, c0, _ = elements(reply)[b"cursor"]
+def cursor_span(reply: bytes, at: int = 0) -> tuple[int, int, int]:
+    """(cursor id, where its firstBatch/nextBatch array starts and ends) of the find/getMore reply
+    at `at` in `reply`."""
+    _, c0, _ = elements(reply, at)[b"cursor"]
     cursor = elements(reply, c0)
     _, i0, i1 = cursor[b"id"]
     _, start, end = cursor.get(b"nextBatch") or cursor[b"firstBatch"]

@@ -125,6 +125,12 @@ Message = OpMsg | OpQuery | OpReply
 
 def _bson_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[bytes, int]:
     """The BSON document starting at `pos`, checked against the frame end; returns (doc, next_pos)."""
+    stop = _bson_end(buf, pos, end)
+    return bytes(buf[pos:stop]), stop
+
+
+def _bson_end(buf: bytes | memoryview, pos: int, end: int) -> int:
+    """Where the BSON document starting at `pos` ends, checked against the frame end."""
     if end - pos < 5:
         raise ProtocolError("truncated BSON document")
     (size,) = _I32.unpack_from(buf, pos)
@@ -132,7 +138,7 @@ def _bson_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[bytes, int]:
         raise ProtocolError(f"invalid BSON document length {size}")
     if buf[pos + size - 1] != 0:
         raise ProtocolError("BSON document is not NUL-terminated")
-    return bytes(buf[pos : pos + size]), pos + size
+    return pos + size
 
 
 def _cstring_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[str, int]:
@@ -147,8 +153,13 @@ def _cstring_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[str, int]:
 
 
 def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpMsg:
-    # `data` is the whole message, header included; checksums cover header..sections.
-    end = len(data)
+    flags, (start, stop), sequences = _op_msg_sections(data, len(data))
+    return OpMsg(request_id, response_to, flags, data[start:stop], sequences, compressor)
+
+
+def _op_msg_sections(data: bytes, end: int) -> tuple[int, tuple[int, int], tuple[tuple[str, tuple[bytes, ...]], ...]]:
+    """(flags, where the body document lies, the document sequences) of the OP_MSG in data[:end],
+    header included; checksums cover header..sections."""
     if end < HEADER.size + 4 + 1:
         raise ProtocolError("OP_MSG too short")
     (flags,) = _U32.unpack_from(data, HEADER.size)
@@ -162,7 +173,7 @@ def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: s
         if crc32c.crc32c(data[:end]) != expected:
             raise ProtocolError("OP_MSG checksum mismatch")
     pos = HEADER.size + 4
-    body: bytes | None = None
+    body: tuple[int, int] | None = None
     sequences: list[tuple[str, tuple[bytes, ...]]] = []
     while pos < end:
         kind = data[pos]
@@ -170,7 +181,7 @@ def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: s
         if kind == 0:
             if body is not None:
                 raise ProtocolError("OP_MSG has more than one kind-0 section")
-            body, pos = _bson_at(data, pos, end)
+            body = (pos, pos := _bson_end(data, pos, end))
         elif kind == 1:
             if end - pos < 4:
                 raise ProtocolError("truncated document sequence")
@@ -189,7 +200,21 @@ def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: s
             raise ProtocolError(f"unknown OP_MSG section kind {kind}")
     if body is None:
         raise ProtocolError("OP_MSG has no kind-0 section")
-    return OpMsg(request_id, response_to, flags, body, tuple(sequences), compressor)
+    return flags, body, tuple(sequences)
+
+
+def op_msg_body_span(frame: bytes) -> tuple[int, int] | None:
+    """Where the body document of the OP_MSG at the start of `frame` lies in it, the frame checked
+    as `decode_message` checks it; None for a message that is not a plain OP_MSG (compressed,
+    another opcode, with document sequences), for `decode_message`. `frame` may go on past the
+    message's end (see `MessageFramer.next_frame`).
+
+    For a reader that takes a reply of megabytes in place: decoding cuts the body out, a copy."""
+    length, _, _, op_code = HEADER.unpack_from(frame, 0)
+    if op_code != OP_MSG:
+        return None
+    _, body, sequences = _op_msg_sections(frame, length)
+    return None if sequences else body
 
 
 def _decode_op_query(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpQuery:
@@ -314,6 +339,13 @@ class MessageFramer:
         return b"".join(self._chunks)[self._start:]
 
     def next_message(self) -> Message | _NeedData:
+        frame = self.next_frame()
+        return frame if frame is NEED_DATA else decode_message(frame, max_size=self._max_size)  # type: ignore[arg-type]
+
+    def next_frame(self, pad: int = 0) -> bytes | _NeedData:
+        """The next whole message's bytes, undecoded, followed by `pad` zero bytes, or NEED_DATA.
+        One copy makes both: a reader that scans a reply of megabytes with word-wide loads needs
+        room past its end, and adding that room afterwards copied the reply again."""
         if self._size >= 4:
             chunks = self._chunks
             while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks:
@@ -325,36 +357,38 @@ class MessageFramer:
             if length <= HEADER.size or length > self._max_size:
                 raise ProtocolError(f"message length {length} out of range (16, {self._max_size}]")
             if self._size >= length:
-                return decode_message(self._take(length), max_size=self._max_size)
+                return self._take(length, pad)
         if self._eof and self._size:
             raise ProtocolError("connection closed in the middle of a message")
         return NEED_DATA
 
-    def _take(self, n: int) -> bytes:
-        """The next `n` unread bytes (there are that many), copied once at most."""
+    def _take(self, n: int, pad: int) -> bytes:
+        """The next `n` unread bytes (there are that many) and `pad` zero bytes, copied once at most."""
         chunks, start = self._chunks, self._start
         self._size -= n
         first = chunks[0]
-        if start == 0 and len(first) == n:  # a frame that came in one piece: no copy at all
+        if start == 0 and len(first) == n and not pad:  # a frame that came in one piece: no copy at all
             chunks.popleft()
             return first
-        if len(first) - start > n:
+        if len(first) - start > n and not pad:
             self._start = start + n
             return first[start:start + n]
-        pieces: list[bytes | memoryview] = [memoryview(first)[start:]]
-        need = n - (len(first) - start)
-        chunks.popleft()
+        pieces: list[bytes | memoryview] = []
+        need = n
         while need:
-            chunk = chunks[0]
+            chunk = memoryview(chunks[0])[start:]
             if len(chunk) > need:
-                pieces.append(memoryview(chunk)[:need])
-                self._start = need
+                pieces.append(chunk[:need])
+                self._start = start + need
                 break
             pieces.append(chunk)
             need -= len(chunk)
             chunks.popleft()
+            start = 0
         else:
             self._start = 0
+        if pad:
+            pieces.append(bytes(pad))
         return b"".join(pieces)
 
 

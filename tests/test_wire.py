@@ -63,6 +63,33 @@ def test_op_query_and_reply_fields():
     assert isinstance(r, wire.OpReply) and r.documents == DOCS and r.response_to == 5
 
 
+@pytest.mark.parametrize("frame", list(frames()))
+def test_a_frame_taken_whole_with_room_after_it_gives_the_body_in_place(frame):
+    """next_frame(pad) gives each message's bytes and `pad` zero bytes, however it arrived; a plain
+    OP_MSG's body is found where it lies, any other message is left to decode_message."""
+    for pieces in ([frame + frame], [frame[i:i + 7] for i in range(0, len(frame), 7)] + [frame]):
+        framer = wire.MessageFramer()
+        for piece in pieces:
+            framer.receive_data(piece)
+        for pad in (0, 256):
+            got = framer.next_frame(pad)
+            assert got == frame + bytes(pad)
+            span = wire.op_msg_body_span(got)
+            msg = wire.decode_message(frame)
+            plain = isinstance(msg, wire.OpMsg) and not msg.sequences and msg.compressor is None
+            assert (span is not None) == plain
+            if span is not None:
+                assert got[span[0]:span[1]] == msg.body
+        assert framer.next_frame() is wire.NEED_DATA
+
+
+@pytest.mark.parametrize("name", ["bad checksum", "unknown required flag", "unknown section kind",
+                                  "bson length past frame", "no kind-0 section"])
+def test_a_bad_op_msg_taken_in_place_raises_protocol_error(name):
+    with pytest.raises(ProtocolError):
+        wire.op_msg_body_span(BAD[name] + bytes(256))
+
+
 def _mutate(frame: bytes, offset: int, value: bytes) -> bytes:
     return frame[:offset] + value + frame[offset + len(value):]
 

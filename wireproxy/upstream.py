@@ -14,9 +14,11 @@ own timeouts, and its commands may rightly run for hours.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -30,6 +32,7 @@ from pymongo.uri_parser import parse_uri, split_hosts
 from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
+from mongoformats.oplog_splice import elements
 from mongoformats.scram import MECHANISM, ScramClient
 from wireproxy.host_health import HostHealth, host_address
 
@@ -100,11 +103,15 @@ class UpstreamConnection:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
 
     async def receive(self) -> wire.Message:
+        return await self._receive(self._framer.next_message)
+
+    async def _receive(self, pull: Callable[[], Any]) -> Any:
+        """What `pull` takes from the framer (a message, or a frame), once it has all it needs."""
         try:
             while True:
-                msg = self._framer.next_message()
-                if msg is not wire.NEED_DATA:
-                    return msg  # type: ignore[return-value]
+                got = pull()
+                if got is not wire.NEED_DATA:
+                    return got
                 data = await self._stream.receive_some(1 << 18)
                 if not data:
                     raise self._lost(f"upstream {self.address} closed the connection")
@@ -120,6 +127,37 @@ class UpstreamConnection:
         """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`, and no
         answer within `reply_timeout_s` past the command's maxTimeMS (or within `timeout_s`, if
         sooner) closes the connection and raises UpstreamClosed."""
+        msg = await self._exchange(db, cmd, timeout_s, self._framer.next_message)
+        if not isinstance(msg, wire.OpMsg):
+            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+        reply = RawBSONDocument(msg.body, RAW)
+        if check and not reply.get("ok"):
+            raise MongoError.from_reply(bson.decode(msg.body))
+        return reply
+
+    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int) -> tuple[bytes, int]:
+        """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
+        (bytes holding the reply document, where it starts in them), going on for `pad` zero bytes
+        past the message's end. One copy of the reply, where decoding it and padding it made three."""
+        frame = await self._exchange(db, cmd, math.inf, functools.partial(self._framer.next_frame, pad))
+        try:
+            span = wire.op_msg_body_span(frame)
+            if span is None:  # compressed, or in another shape: decoded, then padded
+                msg = wire.decode_message(frame[:len(frame) - pad])
+                if not isinstance(msg, wire.OpMsg):
+                    raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+                frame, span = msg.body + bytes(pad), (0, len(msg.body))
+        except ProtocolError as exc:
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
+        start, end = span
+        ok = elements(frame, start).get(b"ok")
+        if ok is None or not any(frame[ok[1]:ok[2]]):  # ok is 0 (a double, an int) or false: zero bytes
+            raise MongoError.from_reply(bson.decode(frame[start:end]))
+        return frame, start
+
+    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, timeout_s: float, pull: Callable[[], Any]) -> Any:
+        """Send the command, and take its answer with `pull`: a message or a frame, checked to
+        answer this request."""
         body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
         limit = timeout_s
         if self.reply_timeout_s is not None:
@@ -129,20 +167,18 @@ class UpstreamConnection:
             with trio.move_on_after(limit) as waited:
                 rid = self.next_request_id()
                 await self.send(wire.encode_op_msg(rid, 0, body))
-                msg = await self.receive()
+                got = await self._receive(pull)
             if waited.cancelled_caught:
                 # Its answer may still come: the connection is out of step for good.
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
                 raise await self._out_of_step(f"upstream {self.address} did not answer {name} within {limit:g} s",
                                               UpstreamTimeout)
-        if not isinstance(msg, wire.OpMsg) or msg.response_to != rid:
+        response_to = wire.HEADER.unpack_from(got, 0)[2] if isinstance(got, bytes) else got.response_to
+        if response_to != rid:
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         if self._health is not None:
             self._health.answered(self.address)
-        reply = RawBSONDocument(msg.body, RAW)
-        if check and not reply.get("ok"):
-            raise MongoError.from_reply(bson.decode(msg.body))
-        return reply
+        return got
 
 
 class Credentials(NamedTuple):

@@ -1,0 +1,82 @@
+"""An upstream connection's replies taken in place (`command_in_place`), against a server on a real
+socket that answers each request with a frame the test chose: every shape a server may answer in
+gives the reply `command` gives, with room after it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import bson
+import pytest
+import trio
+from bson import Int64
+
+from mongoformats import wire
+from mongoformats.errors import MongoError
+from mongoformats.oplog_batch import SLACK, batch_in_place, reply_batch
+from wireproxy.upstream import UpstreamClosed, open_upstream
+
+REPLY = bson.encode({"cursor": {"nextBatch": [{"i": i, "s": "x" * i} for i in range(300)], "id": Int64(9),
+                                "ns": "local.oplog.rs"}, "ok": 1.0})
+ERROR = bson.encode({"ok": 0.0, "errmsg": "cursor id 9 not found", "code": 43, "codeName": "CursorNotFound"})
+
+
+async def _answering(answer: Callable[[int], bytes], test: Callable[[Any], Any]) -> None:
+    """Run `test` on a connection to a server that answers request id r with answer(r)."""
+    async def serve(stream: trio.SocketStream) -> None:
+        framer = wire.MessageFramer()
+        while data := await stream.receive_some(1 << 16):
+            framer.receive_data(data)
+            while (msg := framer.next_message()) is not wire.NEED_DATA:
+                await stream.send_all(answer(msg.request_id))  # type: ignore[union-attr]
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        conn = await open_upstream("127.0.0.1", listener.socket.getsockname()[1])
+        try:
+            await test(conn)
+        finally:
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("shape", ["plain", "checksum", "zlib", "sequence"])
+def test_a_reply_in_any_shape_is_taken_in_place_with_room_after_it(shape: str) -> None:
+    def answer(rid: int) -> bytes:
+        flags = wire.FLAG_CHECKSUM_PRESENT if shape == "checksum" else 0
+        sequences = (("more", (bson.encode({"x": 1}),)),) if shape == "sequence" else ()
+        frame = wire.encode_op_msg(50 + rid, rid, REPLY, flags=flags, sequences=sequences)
+        return wire.compress(frame, "zlib") if shape == "zlib" else frame
+
+    async def test(conn: Any) -> None:
+        for _ in range(3):  # answers back to back on one connection stay in step
+            data, at = await conn.command_in_place("local", {"getMore": Int64(9), "collection": "oplog.rs"},
+                                                   pad=SLACK)
+            assert data[at:at + len(REPLY)] == REPLY
+            assert data.endswith(bytes(SLACK))  # after the reply (and a checksum, if the message has one)
+            cursor_id, batch = batch_in_place(data, at)
+            assert (cursor_id, batch.entries()) == (9, reply_batch(REPLY)[1].entries())
+            assert (await conn.command("local", {"ping": 1})).raw == REPLY
+
+    trio.run(_answering, answer, test)
+
+
+def test_an_error_reply_taken_in_place_raises_its_code() -> None:
+    async def test(conn: Any) -> None:
+        with pytest.raises(MongoError) as caught:
+            await conn.command_in_place("local", {"getMore": Int64(9), "collection": "oplog.rs"}, pad=SLACK)
+        assert caught.value.code == 43
+        assert (await conn.command("admin", {"ping": 1}, check=False))["code"] == 43  # still in step
+
+    trio.run(_answering, lambda rid: wire.encode_op_msg(1, rid, ERROR), test)
+
+
+def test_an_answer_to_another_request_closes_the_connection() -> None:
+    async def test(conn: Any) -> None:
+        with pytest.raises(UpstreamClosed, match="out of turn"):
+            await conn.command_in_place("local", {"find": "oplog.rs"}, pad=SLACK)
+        assert conn.closed
+
+    trio.run(_answering, lambda rid: wire.encode_op_msg(1, rid + 1, REPLY), test)
