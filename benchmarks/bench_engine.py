@@ -19,6 +19,12 @@ With --baseline-tree DIR (a checkout of another commit, `git worktree add DIR CO
 version's proxy runs too, taking turns with this one on the same cluster: two versions compared
 in one run, where two runs on this machine differ by more than most changes gain.
 
+Each proxy first streams the backlog --warmup times (1) unmeasured, its figures printed and kept
+apart in the JSON (`warmup`): a fresh proxy's first stream starts its reader processes (about a
+second of imports each) and grows its heap to its working size (some 200k page faults), which
+made its first run 2 to 3 times slower than the next ones. That is the cost of a proxy's first
+minutes, not of its catch-up; a long-running proxy pays it once.
+
 With --repeat R every mode runs R times, the modes taking turns (raw, native, proxy..., then
 again), and each figure is the median of its R runs: this machine's speed drifts by a fifth
 within minutes, and taking turns spreads that drift over every mode alike. The JSON keeps
@@ -43,12 +49,11 @@ from typing import Any
 import psutil
 import trio
 from bson import Int64, Timestamp
-from bson.raw_bson import RawBSONDocument
 
 from benchmarks.common import write_results
-from mongoformats.oplog_splice import cursor_batch
+from mongoformats.oplog_batch import SLACK, batch_in_place
 from simcluster.launcher import spawn_cluster, stop_process
-from wireproxy.upstream import UpstreamClosed, open_upstream, parse_hosts
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
 
 
 def _ts(key: int) -> Timestamp:
@@ -63,14 +68,11 @@ async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
         nonlocal total
         host, port = parse_hosts(uri)[0]
         conn = await open_upstream(host, port)
-        # Entries are counted as byte slices of the reply (what a reader receives), never decoded.
-        reply = await conn.command("local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}})
-        cursor_id, entries = cursor_batch(bytes(reply.raw))
-        total += len(entries)
+        cursor_id, total_here = await _count(conn, "local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}})
         while cursor_id:
-            reply = await conn.command("local", {"getMore": Int64(cursor_id), "collection": "oplog.rs"})
-            cursor_id, entries = cursor_batch(bytes(reply.raw))
-            total += len(entries)
+            cursor_id, more = await _count(conn, "local", {"getMore": Int64(cursor_id), "collection": "oplog.rs"})
+            total_here += more
+        total += total_here
         await conn.aclose()
 
     async with trio.open_nursery() as nursery:
@@ -79,13 +81,15 @@ async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
     return total
 
 
-def _count(reply: RawBSONDocument) -> tuple[int, int]:
-    """(cursor id, events in its batch) of a cursor reply, counted from its bytes as the raw read
-    counts entries. The consumers share the machine's cores with the proxy and the cluster:
-    decoding each event into an object (~1 us, against ~0.4 us to slice it) would charge the
-    consumers' work to whatever they read from."""
-    cursor_id, events = cursor_batch(bytes(reply.raw))
-    return cursor_id, len(events)
+async def _count(conn: UpstreamConnection, db: str, cmd: dict[str, Any]) -> tuple[int, int]:
+    """(cursor id, documents in its batch) of a find, aggregate or getMore: what every mode's
+    consumer does with a reply, raw, native and proxy alike. The consumers share the machine's
+    cores with the proxy and the cluster, so they only find the documents in the reply where it
+    lies (as a reader finds oplog entries), making no object for each: slicing each out (~0.3 us)
+    or decoding it (~1 us) would charge the consumers' work to whatever they read from."""
+    data, at = await conn.command_in_place(db, cmd, pad=SLACK)
+    cursor_id, batch = batch_in_place(data, at)
+    return cursor_id, len(batch)
 
 
 async def watch_stream(uri: str, start: Timestamp, want: int, stages: list[dict[str, Any]] | None = None,
@@ -95,13 +99,11 @@ async def watch_stream(uri: str, start: Timestamp, want: int, stages: list[dict[
     host, port = parse_hosts(uri)[0]
     conn = await open_upstream(host, port)
     spec = {"allChangesForCluster": True, "startAtOperationTime": start, **options}
-    reply = await conn.command("admin", {"aggregate": 1, "pipeline": [{"$changeStream": spec}, *(stages or [])],
-                                         "cursor": {}})
-    cursor_id, got = _count(reply)
+    cursor_id, got = await _count(conn, "admin", {"aggregate": 1, "pipeline": [{"$changeStream": spec},
+                                                                         *(stages or [])], "cursor": {}})
     while got < want:
-        reply = await conn.command("admin", {"getMore": Int64(cursor_id), "collection": "$cmd.aggregate",
-                                             "maxTimeMS": 1000})
-        cursor_id, more = _count(reply)
+        cursor_id, more = await _count(conn, "admin", {"getMore": Int64(cursor_id), "collection": "$cmd.aggregate",
+                                                       "maxTimeMS": 1000})
         got += more
     # As a driver's close() does: otherwise the stream stays open (and reading) until its cursor
     # times out, beside the runs that follow.
@@ -180,7 +182,7 @@ async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets
             while not done.is_set():
                 # Raw bytes all the way: the consumer counts events without decoding them.
                 more = {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 200}
-                _, got = _count(await conn.command("admin", more))
+                _, got = await _count(conn, "admin", more)
                 total += got  # not `total += await ...`: that reads total before the await
                 if total >= want:
                     done.set()
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--watch-reader-processes", type=int, nargs="*", default=[0, 2],
                         help="reader processes of the accelerated watch() measured (one proxy process each)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each mode, taking turns; medians reported")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="runs of each proxy mode before the measured ones, reported apart (see the docstring)")
     parser.add_argument("--baseline-tree", default=None,
                         help="a checkout of another version (git worktree add DIR COMMIT): its proxy is measured "
                              "too, as 'baseline rp=N' for each --reader-processes value, taking turns with this one")
@@ -249,13 +253,18 @@ def main(argv: list[str] | None = None) -> None:
                           watch_proxy))
 
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in modes}
+        warmups: dict[str, list[dict[str, float]]] = {name: [] for name, _, used in modes if used is not None}
 
         async def run() -> None:
             for each in every_proxy:
                 await each.wait_ready()
+            for rep in range(args.warmup):
+                for name, fn, used in modes:
+                    if used is not None:
+                        warmups[name].append(await measure(name, fn, used, f"warm-up {rep + 1}/{args.warmup}"))
             for rep in range(args.repeat):
                 for name, fn, used in modes:
-                    runs[name].append(await measure(name, fn, used, rep))
+                    runs[name].append(await measure(name, fn, used, f"{rep + 1}/{args.repeat}"))
 
         cluster_ps = psutil.Process(cluster.process.pid)
 
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
             return sum(cluster_ps.cpu_times()[:2])
 
         async def measure(name: str, fn: Callable[[], Awaitable[Any]], used: ProxyProcess | None,
-                          rep: int) -> dict[str, float]:
+                          run_name: str) -> dict[str, float]:
             wall, cpu, in_cluster = time.perf_counter(), time.process_time(), cluster_cpu()
             proxy_cpu = used.cpu_seconds() if used is not None else None
             out = await fn()
@@ -274,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
             # run was bound by the cores, not by any one process.
             result = {"events": count, "seconds": wall, "events_per_s": count / wall,
                       "cpu_seconds_bench_process": cpu, "cluster_cpu_seconds": in_cluster}
-            line = (f"{rep + 1}/{args.repeat} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+            line = (f"{run_name} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
                     f"  cluster {in_cluster:4.1f} CPU-s")
             total = 0.0
             if used is not None and proxy_cpu is not None:
@@ -303,12 +312,14 @@ def main(argv: list[str] | None = None) -> None:
     for name, measured in runs.items():
         results[name] = {k: statistics.median(r[k] for r in measured) for k in measured[0]}
         results[name]["runs"] = measured
+        if warmups.get(name):
+            results[name]["warmup"] = warmups[name]
     raw, native = results["raw"], results["native"]
     best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
     proxy_best = results[best]
     figures = {
         "events": args.events, "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
-        "repeat": args.repeat, "modes": results,
+        "repeat": args.repeat, "warmup": args.warmup, "modes": results,
         "best_proxy_mode": best,
         "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
         "proxy_over_native": proxy_best["events_per_s"] / native["events_per_s"],
