@@ -51,9 +51,6 @@ class OplogBatch:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def chunk(self, i: int, j: int) -> OplogBatch:
-        return OplogBatch(self.data, self.starts[i:j], self.lengths[i:j])
-
     def entry(self, i: int) -> bytes:
         start = int(self.starts[i])
         return self.data[start:start + int(self.lengths[i])]
