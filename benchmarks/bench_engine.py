@@ -1,6 +1,11 @@
 """Catch-up of an N-event backlog over 4 shards: proxy (4 bucket consumers) vs raw oplog reads vs
 simcluster's native mongos change stream, side by side in one run.
 
+The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES:
+the same reads, without the processing); `raw 16MiB` lets each reply fill up, as a getMore does
+unasked. simcluster serves its large replies at about half the rate per entry (it builds each
+one afresh), so that read is the slower one; proxy/raw is taken against the faster of the two.
+
     .venv/bin/python -m benchmarks.bench_engine [--events 1000000] [--buckets 4]
 
 The cluster, the proxy (`python -m wireproxy`, with its readerProcesses workers) and the
@@ -51,6 +56,7 @@ import trio
 from bson import Int64, Timestamp
 
 from benchmarks.common import write_results
+from buckets.reader import BATCH_ENTRIES
 from mongoformats.oplog_batch import SLACK, batch_in_place
 from simcluster.launcher import spawn_cluster, stop_process
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
@@ -60,9 +66,11 @@ def _ts(key: int) -> Timestamp:
     return Timestamp(key >> 32, key & 0xFFFFFFFF)
 
 
-async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
-    """Every shard's oplog from `start`, read with find/getMore and no processing at all."""
+async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | None) -> int:
+    """Every shard's oplog from `start`, read with find/getMore and no processing at all; each
+    getMore asks for `batch_size` entries (None: as many as 16 MiB of reply holds)."""
     total = 0
+    more_of = {"collection": "oplog.rs", **({"batchSize": batch_size} if batch_size else {})}
 
     async def one(uri: str) -> None:
         nonlocal total
@@ -70,7 +78,7 @@ async def raw_read(shard_uris: list[str], start: Timestamp) -> int:
         conn = await open_upstream(host, port)
         cursor_id, total_here = await _count(conn, "local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}})
         while cursor_id:
-            cursor_id, more = await _count(conn, "local", {"getMore": Int64(cursor_id), "collection": "oplog.rs"})
+            cursor_id, more = await _count(conn, "local", {"getMore": Int64(cursor_id), **more_of})
             total_here += more
         total += total_here
         await conn.aclose()
@@ -240,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, dict[str, Any]] = {}
         # (name, what it runs, the proxy process whose CPU it uses, or None)
         modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
-            ("raw", lambda: raw_read(shard_uris, start), None),
+            ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None),
+            ("raw 16MiB", lambda: raw_read(shard_uris, start, None), None),
             ("native", lambda: watch_stream(cluster.uri, start, args.events), None)]
         for rp in args.reader_processes:
             modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, args.events,
@@ -314,13 +323,16 @@ def main(argv: list[str] | None = None) -> None:
         results[name]["runs"] = measured
         if warmups.get(name):
             results[name]["warmup"] = warmups[name]
-    raw, native = results["raw"], results["native"]
+    # The raw read the proxy is held to: the faster of the two (the readers' batch size, so far).
+    raw_mode = max(("raw", "raw 16MiB"), key=lambda k: results[k]["events_per_s"])
+    raw = results[raw_mode]
+    native = results["native"]
     best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
     proxy_best = results[best]
     figures = {
         "events": args.events, "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
         "repeat": args.repeat, "warmup": args.warmup, "modes": results,
-        "best_proxy_mode": best,
+        "best_proxy_mode": best, "raw_mode": raw_mode,
         "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
         "proxy_over_native": proxy_best["events_per_s"] / native["events_per_s"],
         "proxy_main_process_ceiling_over_native": max(
@@ -335,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         best_watch = max(watches, key=lambda k: results[k]["events_per_s"])
         figures.update(best_watch_mode=best_watch,
                        watch_over_native=results[best_watch]["events_per_s"] / native["events_per_s"])
-    print(f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best})")
+    print(f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best} over {raw_mode})")
     print(f"proxy/native {figures['proxy_over_native']:.2f}   (goal >= 3)")
     print(f"proxy main-process ceiling/native {figures['proxy_main_process_ceiling_over_native']:.2f}   "
           "(the most readerProcesses can reach with a core per worker)")
