@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         start = _ts(min(cluster.info["start"]))
         t = time.perf_counter()
-        n = trio.run(raw_read, list(cluster.info["shards"].values()), start)
+        n = trio.run(raw_read, list(cluster.info["shards"].values()), start, None)
         read_rate = n / (time.perf_counter() - t)
         insert_rate = _insert_many(cluster.uri, "one", args.docs)
         concurrent_rate = _concurrent_inserts(cluster.uri, args.docs, args.clients)
