@@ -1,7 +1,8 @@
 """MongoDB wire messages: OP_MSG, the legacy OP_QUERY/OP_REPLY handshake pair, OP_COMPRESSED.
 
 Strategy: sans-IO. `MessageFramer.receive_data(bytes)` buffers; `next_message()` returns one
-decoded message or `NEED_DATA`. Encoders are plain functions returning bytes. BSON payloads are
+decoded message or `NEED_DATA`; `next_frame(pad)` and `op_msg_body_span` leave a large reply
+undecoded, its body read where it lies. Encoders are plain functions returning bytes. BSON payloads are
 never decoded here: they stay `bytes` (the caller wraps them in `RawBSONDocument` when it needs a
 field), so a pass-through proxy copies bytes and nothing else.
 
@@ -28,7 +29,7 @@ __all__ = [
     "FLAG_CHECKSUM_PRESENT", "FLAG_MORE_TO_COME", "FLAG_EXHAUST_ALLOWED",
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
-    "encode_op_msg", "encode_op_reply", "encode_op_query", "compress", "decode_message",
+    "encode_op_msg", "encode_op_reply", "encode_op_query", "compress", "decode_message", "op_msg_body_span",
 ]
 
 OP_REPLY: Final = 1
