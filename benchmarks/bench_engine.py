@@ -1,11 +1,6 @@
 """Catch-up of an N-event backlog over 4 shards: proxy (4 bucket consumers) vs raw oplog reads vs
 simcluster's native mongos change stream, side by side in one run.
 
-The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES:
-the same reads, without the processing); `raw 16MiB` lets each reply fill up, as a getMore does
-unasked. simcluster serves its large replies at about half the rate per entry (it builds each
-one afresh), so that read is the slower one; proxy/raw is taken against the faster of the two.
-
     .venv/bin/python -m benchmarks.bench_engine [--events 1000000] [--buckets 4]
 
 The cluster, the proxy (`python -m wireproxy`, with its readerProcesses workers) and the
@@ -15,6 +10,11 @@ consumers (this process) are separate processes; the proxy's CPU time, workers i
 also reports the cluster process's CPU time and how busy the machine's cores were (`busy`: the
 three processes' CPU over wall time times cores): a mode near 100% is bound by the cores, one
 near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
+
+The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES:
+the same reads, without the processing); `raw 16MiB` lets each reply fill up, as a getMore does
+unasked. simcluster serves its large replies at about half the rate per entry (it builds each
+one afresh), so that read is the slower one; proxy/raw is taken against the faster of the two.
 
 The same cluster-wide watch() as the native mode, pointed at a proxy that accelerates change
 streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer

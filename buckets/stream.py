@@ -74,7 +74,7 @@ log = logging.getLogger("buckets.stream")
 SPLIT: Literal[True] = True
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
-_MERGED_AT_ONCE = 64          # shard batches the pump takes from its channel before a release
+_MERGED_AT_ONCE = 64       # shard batches the pump takes from its channel before a release
 
 
 @dataclass(frozen=True)

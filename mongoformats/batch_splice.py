@@ -8,7 +8,7 @@ values (ts, the _id's ObjectId, wall, the document) and in lengths. So this modu
 reads those values for the whole batch with numpy (one array operation per field, not per
 entry), builds the parts of the events that have a fixed width (the resume token, its hex,
 clusterTime, wallTime) as rows of one array, and joins each event's pieces in C (Arrow) into one
-EventBlock: ~0.5 us an insert in chunks of 4096 (~1.0 when Python joined them into a tuple
+EventBlock: ~0.5 us an insert in batches of 4096 (~1.0 when Python joined them into a tuple
 each). An update's event is built the same way. Its updateDescription is,
 for the usual diff (`{u: {...}}` alone), the diff's `u` document copied as an insert's document
 is (~1.5 us an update); for other diffs `update_description` makes it one by one (~3.4 us),
