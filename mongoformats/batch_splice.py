@@ -1,18 +1,19 @@
-"""A batch of oplog entries spliced into events at once: plain inserts, updates and deletes with
-numpy, the rest one by one.
+"""A batch of oplog entries spliced into events at once: plain inserts, updates and deletes in
+compiled loops (numba, mongoformats/byte_kernels.py), the rest one by one.
 
-Why: `splice_crud` costs ~2.5 us an insert, and each of its ~30 lines costs 0.1-0.7 us; no line
-stands out, so no per-entry rewrite gets much below it. But the inserts (and deletes) of one
-oplog batch are alike: the same element order, the same constant bytes, differing only in a few
-values (ts, the _id's ObjectId, wall, the document) and in lengths. So this module checks and
-reads those values for the whole batch with numpy (one array operation per field, not per
-entry), builds the parts of the events that have a fixed width (the resume token, its hex,
-clusterTime, wallTime) as rows of one array, and joins each event's pieces in C (Arrow) into one
-EventBlock: ~0.5 us an insert in batches of 4096 (~1.0 when Python joined them into a tuple
-each). An update's event is built the same way. Its updateDescription is,
-for the usual diff (`{u: {...}}` alone), the diff's `u` document copied as an insert's document
-is (~1.5 us an update); for other diffs `update_description` makes it one by one (~3.4 us),
-against ~8.5 us an update when each diff was decoded into dicts.
+Why: `splice_crud` costs ~2.5 us an insert in Python, and each of its ~30 lines costs 0.1-0.7
+us; no line stands out, so no per-entry rewrite in Python gets much below it. But the inserts
+(and deletes, and the usual updates) of a backlog are alike: the same element order, the same
+constant bytes, differing only in a few values (ts, the _id's ObjectId, wall, the document) and
+in lengths. So a compiled loop reads each entry's elements where they must lie (`_layout`), the
+entries are grouped by what their op, ns and ui make of them (their kind: a batch holds a
+handful), Python makes each kind's templates once (the event's constant bytes), and a second
+loop writes every event into one buffer, its own values (token, clusterTime, wallTime, document,
+updatedFields) into its kind's template (`_assemble`). Walked and spliced this way, a batch of
+4096 inserts costs 0.28 us an entry, against 1.4 with numpy array operations over the batch
+(each a pass over it, a few dozen of them), measured side by side. An update's updatedFields is, for the usual diff (`{u:
+{...}}` alone), the diff's `u` document copied as an insert's document is; other diffs are made
+one by one by `update_description` (~3.4 us) and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
 (drivers give every document one; a TTL index's deletes have it), in the field order a server
@@ -36,12 +37,15 @@ import struct
 from binascii import hexlify
 from typing import Any
 
+import bson
+import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.event_block import EventBlock, joined, spans
-from mongoformats.oplog_batch import OplogBatch, words
+from mongoformats.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, u8, u64
+from mongoformats.event_block import EventBlock
+from mongoformats.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
@@ -55,7 +59,7 @@ from mongoformats.oplog_splice import (
     update_description,
 )
 
-__all__ = ["BATCH_MIN", "splice_block", "splice_entries"]
+__all__ = ["BATCH_MIN", "splice_block", "splice_entries", "warm_up"]
 
 BATCH_MIN = 128  # fewer entries are spliced one by one: numpy's fixed cost per call outweighs its gain
 BLOCK_RUN_MIN = 32  # a shorter run of events between others (noops, DDL) goes as tuples, not a block
@@ -136,46 +140,6 @@ def _wall_at(expanded: bool) -> int:
     return _CLUSTER_TIME_AT + 8 + (len(_COLLECTION_UUID) + _UUID_VALUE_BYTES if expanded else 0) + len(_WALL_TIME)
 
 
-def _is(u64: _Words, offsets: _Ints, expected: bytes) -> npt.NDArray[np.bool_]:
-    """Whether each offset starts with `expected`, compared 8 bytes at a time. (The word read at
-    every offset, a gather, is most of the cost: no other array is made than needed.)"""
-    ok = None
-    for i in range(0, len(expected), 8):
-        part = expected[i:i + 8]
-        word = u64[offsets + i if i else offsets]
-        if len(part) < 8:
-            word &= np.uint64((1 << 8 * len(part)) - 1)
-        same = word == np.uint64(int.from_bytes(part, "little"))
-        if ok is None:
-            ok = same
-        else:
-            ok &= same
-    assert ok is not None
-    return ok
-
-
-def _clamp(ok: npt.NDArray[np.bool_], length: _Ints, low: int, high: _Ints) -> _Ints:
-    """`length` where it is in [low, high] and the entry is still a candidate, else `low`: a
-    rejected entry's later offsets then stay within 150 bytes past its end (inside the buffer's
-    slack), whatever its bytes say."""
-    fits = ok & (length >= low) & (length <= high)
-    ok &= fits
-    return np.where(fits, length, low)
-
-
-def _hex(columns: _Bytes) -> _Bytes:
-    """Upper-case hex digits of each row's bytes."""
-    digits = np.empty((len(columns), 2 * columns.shape[1]), np.uint8)
-    digits[:, 0::2] = _HEX_DIGITS[columns >> 4]
-    digits[:, 1::2] = _HEX_DIGITS[columns & 15]
-    return digits
-
-
-def _as_bytes(words: _Words) -> _Bytes:
-    """Each little-endian word as a row of its bytes."""
-    return words.astype(words.dtype.newbyteorder("<")).view(np.uint8).reshape(len(words), -1)
-
-
 def _made_of(head: bytes) -> Any:
     """What an entry's bytes from op to ui make of its event (see `_fixed_head`); None, for the
     one-by-one path to report, if its namespace is not UTF-8."""
@@ -196,162 +160,269 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
 
 def _splice(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None,
                                                             list[int]]:
-    n, data, start, lengths = len(batch), batch.data, batch.starts, batch.lengths
-    end = start + lengths - 1  # where each entry's terminating zero must be
-    u64, i32, u8 = words(data, "<u8"), words(data, "<i4"), np.frombuffer(data, np.uint8)
-
-    ok = lengths >= 5 + _HEAD_BYTES + 4
-    # A retryable write's lsid and txnNumber lead (OplogEntryBase's order).
-    session = ok & _is(u64, start + 4, _LSID)
-    lsid = _clamp(session, i32[start + 10].astype(np.int64), 5, lengths - 40)
-    p = np.where(session, start + 10 + lsid, start + 4)
-    ok &= ~session | _is(u64, p, _TXN_NUMBER)
-    p = np.where(session, p + len(_TXN_NUMBER) + 8, p)
-    code = u8[p + _OP_CODE_AT]
-    delete, update = code == ord("d"), code == ord("u")
-    ok &= _is(u64, p, _OP_HEAD) & (delete | update | (code == ord("i"))) & (u8[p + _OP_CODE_AT + 1] == 0)
-    ok &= _is(u64, p + _HEAD_BYTES - len(_NS), _NS)
-    ns = _clamp(ok, i32[p + _HEAD_BYTES].astype(np.int64), 2, end - p)
-    ui = p + _HEAD_BYTES + 4 + ns
-    ok &= _is(u64, ui, _UI_HEAD)
-    head_end = ui + len(_UI_HEAD) + 16
-    ok &= _is(u64, head_end, _O)
-    o_start = head_end + len(_O)
-    o_end = o_start + _clamp(ok, i32[o_start].astype(np.int64), 5, end - o_start)
-    # An update's o is {$v: 2, diff}, the diff ending where o does. (Only read in a batch with
-    # updates: a batch of inserts, the bulk of a backlog, pays nothing for them.)
-    simple: npt.NDArray[np.bool_] = np.zeros(n, np.bool_)
-    if (ok & update).any():
-        diff = o_start + _DIFF_AT
-        diff_length = _clamp(ok & update, i32[diff].astype(np.int64), 5, o_end - diff - 1)
-        ok &= ~update | (_is(u64, o_start + 4, _V2_DIFF) & (diff + diff_length + 1 == o_end) & (u8[o_end - 1] == 0))
-        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
-        # document, which ends where the diff does, is the event's updatedFields as it is,
-        # copied like an insert's document.
-        simple = ok & update & (not expanded) & _is(u64, diff + 4, b"\x03u\x00")
-        u_length = _clamp(simple, i32[o_start + _U_AT].astype(np.int64), 5, diff_length - 8)
-        simple &= (o_start + _U_AT + u_length == o_end - 2) & (u8[o_end - 3] == 0)
-    # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
-    key = np.where(delete, o_start, o_end + len(_O2))
-    ok &= (delete & (o_end == o_start + _OID_KEY_BYTES)) | (~delete & _is(u64, o_end, _O2))
-    ok &= _is(u64, key, _OID_KEY) & (u8[key + _OID_KEY_BYTES - 1] == 0)
-    stamps = key + _OID_KEY_BYTES
-    stamps = np.where(ok & _is(u64, stamps, _STMT_ID), stamps + len(_STMT_ID) + 4, stamps)
-    for offset, header in _STAMPS:
-        ok &= _is(u64, stamps + offset, header)
-    after = stamps + _STAMP_BYTES
-    # prevOpTime, if there is one, must fill the rest of the entry exactly.
-    prev = ~(after == end) & _is(u64, after, _PREV_OP_TIME)
-    prev_length = _clamp(ok & prev, i32[after + len(_PREV_OP_TIME)].astype(np.int64), 5, end - after)
-    ok &= (after == end) | (prev & (after + len(_PREV_OP_TIME) + prev_length == end))
-    ok &= u8[end] == 0
-    # fullDocument: an insert's o; a delete and an update have none (an empty range).
-    full_end = np.where(delete | update, o_start, o_end)
-    # updatedFields copied (a simple update's `u` document; an empty range for other entries).
-    u_start, u_end = np.where(simple, o_start + _U_AT, 0), np.where(simple, o_end - 2, 0)
+    n, data = len(batch), batch.data
+    d = as_bytes(data)
+    rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)
+    ok = rows[:, _R_OK].astype(np.bool_)
+    update, simple = ok & (rows[:, _R_OP] == _UPDATE), rows[:, _R_SIMPLE].astype(np.bool_)
 
     # Other updates' updateDescription is made one by one (diffs differ in shape); a diff that
     # `update_description` does not take leaves its entry to splice_crud.
     descriptions: dict[int, bytes] = {}
-    if (ok & update).any():
-        tried = {i: _description(data, s, e, d, expanded) for i, s, e, d in zip(
-            *(a[ok & update & ~simple].tolist() for a in (np.arange(n), start, end + 1, o_start + _DIFF_AT)),
+    if update.any():
+        tried = {i: _description(data, s, e, diff, expanded) for i, s, e, diff in zip(
+            *(a[update & ~simple].tolist() for a in (np.arange(n), batch.starts, rows[:, _R_END_AT], rows[:, _R_DIFF])),
             strict=True)}
-        ok[[i for i, d in tried.items() if d is None]] = False
-        descriptions = {i: d for i, d in tried.items() if d is not None}
+        ok[[i for i, made_here in tried.items() if made_here is None]] = False
+        descriptions = {i: made_here for i, made_here in tried.items() if made_here is not None}
 
-    taken = np.flatnonzero(ok)
     out: list[Spliced | tuple[()] | None] = [None] * n
+    # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
+    # once per kind: a batch's entries share a handful.
+    made = [_made_of(data[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()]
+    keep = np.fromiter(map(bool, made), np.bool_, len(made))
+    if not keep.all():
+        dropped = ok & ~keep[which]
+        for i, kind in zip(np.flatnonzero(dropped).tolist(), which[dropped].tolist(), strict=True):
+            out[i] = made[kind]  # () for an internal namespace; None for a view's (the general path)
+        ok &= ~dropped
+    taken = np.flatnonzero(ok)
     if not len(taken):
         return out, None, []
-    p, head_end, o_start, full_end, key, stamps, u_start, u_end = (
-        a[taken] for a in (p, head_end, o_start, full_end, key, stamps, u_start, u_end))
-    update, simple = update[taken], simple[taken]
-    # What each entry's op, ns and ui make of its event (the namespace's parts, the UUID), found
-    # once per kind (distinct bytes from op to ui): a batch's entries share a handful.
-    which, firsts = _kinds(data, u64, p, head_end)
-    made = [_made_of(data[start:stop]) for start, stop in zip(p[firsts].tolist(), head_end[firsts].tolist(),
-                                                              strict=True)]
-    keep = np.fromiter(map(bool, made), np.bool_, len(made))[which]
-    if not keep.all():
-        for i, kind in zip(taken[~keep].tolist(), which[~keep].tolist(), strict=True):
-            out[i] = made[kind]  # () for an internal namespace; None for a view's (the general path)
-        taken, which = taken[keep], which[keep]
-        o_start, full_end, key, stamps, u_start, u_end = (
-            a[keep] for a in (o_start, full_end, key, stamps, u_start, u_end))
-        update, simple = update[keep], simple[keep]
-    m = len(taken)
-    if not m:
-        return out, None, []
 
-    # Each event's sort key, front and tail: its kind's template, then its own ts, ObjectId and
-    # wall. The event is its front, its document (an insert's), its tail, its updateDescription
-    # (an update's). Fronts differ in length by kind (fullDocument's header ends an insert's) and
-    # are left-aligned in their rows, tails (ns, documentKey, and an update's updateDescription
-    # header) are right-aligned: so each per-event value has one column (two for the ObjectId in
-    # the tail: an update's is further from the end).
+    # Each kind's templates: its sort key, its event's front (up to its document: an insert's
+    # fullDocument header ends it) and its tail (ns, documentKey, an update's updateDescription
+    # header), with zeros where each event's own values go.
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
-    key_templates = [_key_template(op, h[3]) if h else bytes(_KEY_BYTES) for op, h in zip(ops, made, strict=True)]
-    front_templates = [_front_template(op, k, h[2], expanded) if h else b""
-                       for op, k, h in zip(ops, key_templates, made, strict=True)]
-    tail_templates = [h[1][0] + _DOCUMENT_KEY + _OID_KEY + (bytes(13) + _UPDATE_HEAD if op == "update"
-                                                             else bytes(14)) if h else b""
-                      for op, h in zip(ops, made, strict=True)]
-    front_width, tail_width = max(map(len, front_templates)), max(map(len, tail_templates))
-    ts = u64[stamps + _TS_AT]
-    ts_key = _as_bytes(ts.byteswap())  # a token's ts: seconds, then increment, big-endian
-    oid = np.empty((m, 12), np.uint8)
-    oid[:, :8] = _as_bytes(u64[key + 9])
-    oid[:, 8:] = _as_bytes(u64[key + 17])[:, :4]
-    keys = np.frombuffer(b"".join(key_templates), np.uint8).reshape(-1, _KEY_BYTES)[which]
-    keys[:, _KEY_TS:_KEY_TS + 8] = ts_key
-    keys[:, _KEY_OID:_KEY_OID + 12] = oid
-    fronts = _rows(front_templates, front_width, bytes.ljust)[which]
-    fronts[:, _HEX_AT + 2 * _KEY_TS:_HEX_AT + 2 * _KEY_TS + 16] = _hex(ts_key)
-    fronts[:, _HEX_AT + 2 * _KEY_OID:_HEX_AT + 2 * _KEY_OID + 24] = _hex(oid)
-    fronts[:, _CLUSTER_TIME_AT:_CLUSTER_TIME_AT + 8] = _as_bytes(ts)
-    wall_at = _wall_at(expanded)
-    fronts[:, wall_at:wall_at + 8] = _as_bytes(u64[stamps + _WALL_AT])
-    tails = _rows(tail_templates, tail_width, bytes.rjust)[which]
-    front_lengths = np.array(list(map(len, front_templates)), np.int64)[which]
-    tail_lengths = np.array(list(map(len, tail_templates)), np.int64)[which]
-    sizes = front_lengths + (full_end - o_start) + tail_lengths
-    updates = update.any()
-    if updates:
-        # After an update's documentKey: its updateDescription's header, length and updatedFields
-        # header in the tail; then its updatedFields (the diff's `u` document, or what
-        # `update_description` made, less those headers) and what closes the event
-        # (_SIMPLE_REST or _END; nothing for an insert or a delete).
-        oid_at = tail_width - np.where(update, 13 + len(_UPDATE_HEAD), 14)
-        tails[np.arange(m)[:, None], oid_at[:, None] + np.arange(12)] = oid
-        rows = np.flatnonzero(update)
-        made_here = [descriptions[i] for i in taken[update & ~simple].tolist()]
-        lengths = np.where(simple, u_end - u_start + len(_SIMPLE_REST) - 1 + 4 + len(_UPDATED_FIELDS), 0)
-        lengths[update & ~simple] = np.fromiter(map(len, made_here), np.int64, len(made_here))
-        at = tail_width - 4 - len(_UPDATED_FIELDS)
-        tails[rows, at:at + 4] = _as_bytes(lengths[rows].astype("<u4"))
-        updated_fields = list(map(data.__getitem__, map(slice, u_start.tolist(), u_end.tolist())))
-        for i, made_description in zip(np.flatnonzero(update & ~simple).tolist(), made_here, strict=True):
-            updated_fields[i] = made_description[4 + len(_UPDATED_FIELDS):]
-        closing = list(map(_CLOSINGS.__getitem__, np.where(simple, 1, np.where(update, 2, 0)).tolist()))
-        # The description less its headers in the tail, and the event's end.
-        sizes += np.where(update, lengths - 4 - len(_UPDATED_FIELDS) + 1, 0)
-    else:
-        tails[:, tail_width - 14:tail_width - 2] = oid
-    fronts[:, :4] = _as_bytes(sizes.astype("<u4"))
-
-    front_bytes, tail_bytes = fronts.tobytes(), tails.tobytes()
-    front_at = np.arange(m) * front_width
-    tail_end = np.arange(1, m + 1) * tail_width
-    # The pieces as columns, joined in C: no per-event object (mongoformats/event_block.py).
-    columns = [spans(front_bytes, front_at, front_at + front_lengths), spans(data, o_start, full_end),
-               spans(tail_bytes, tail_end - tail_lengths, tail_end)]
-    if updates:
-        columns += (pa.array(updated_fields, pa.large_binary()), pa.array(closing, pa.large_binary()))
-    # (A kind none of whose entries was taken gets a placeholder: no event refers to it.)
+    parts: list[bytes] = []
+    for op, h in zip(ops, made, strict=True):
+        if not h:  # (a kind none of whose entries is taken: no event refers to it)
+            parts += (b"", b"", b"")
+            continue
+        key = _key_template(op, h[3])
+        parts += (key, _front_template(op, key, h[2], expanded),
+                  h[1][0] + _DOCUMENT_KEY + _OID_KEY + (bytes(13) + _UPDATE_HEAD if op == "update" else bytes(14)))
+    at = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
+    # Other updates' updatedFields and closing, made above (less their headers, then the end).
+    extras = [descriptions[i][4 + len(_UPDATED_FIELDS):] + _END if i in descriptions else b""
+              for i in taken.tolist()] if descriptions else []
+    extra_at = np.zeros(len(taken) + 1, np.int64)
+    if extras:
+        np.cumsum(np.fromiter(map(len, extras), np.int64, len(extras)), out=extra_at[1:])
+    keys, events, offsets = _assemble(d, taken, rows, which, as_bytes(b"".join(parts)), at,
+                                      as_bytes(b"".join(extras) or b"\0"), extra_at, _wall_at(expanded))
+    column = pa.Array.from_buffers(pa.large_binary(), len(taken),
+                                   [None, pa.py_buffer(offsets), pa.py_buffer(events)])
     kind_table = tuple((op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
                        for op, h in zip(ops, made, strict=True))
-    return out, EventBlock(keys, joined(columns), which.astype(np.int32), kind_table), taken.tolist()
+    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken.tolist()
+
+
+# Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
+_P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD))
+_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY))
+_P_STMT_ID, _P_PREV_OP_TIME, _P_SIMPLE_REST = map(as_bytes, (_STMT_ID, _PREV_OP_TIME, _SIMPLE_REST))
+_P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
+_UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
+_UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
+_TXN_NUMBER_BYTES = len(_TXN_NUMBER)
+_O2_BYTES = len(_O2)
+_NS_BYTES = len(_NS)
+_UI_ELEMENT_BYTES = len(_UI_HEAD) + 16
+_STMT_ID_BYTES = len(_STMT_ID)
+_PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
+
+# The layout kernel's columns: one row per entry.
+_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE, _R_DIFF, _R_END_AT = range(11)
+_INSERT, _DELETE, _UPDATE = 0, 1, 2
+
+
+@numba.njit(cache=True)
+def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
+    """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
+    checking each element where it must start, as splice_crud's fixed layout does; every boundary
+    comes from the entry's own lengths, so it is taken only if it is exactly that sequence."""
+    end = start + length - 1  # where its terminating zero must be
+    if length < 5 + _HEAD_BYTES + 4 or u8(d, end) != 0:
+        return
+    p = start + 4
+    if has(d, p, _P_LSID):  # a retryable write's lsid and txnNumber lead (OplogEntryBase's order)
+        lsid = i32(d, start + 10)
+        if lsid < 5 or lsid > length - 40:
+            return
+        p = start + 10 + lsid
+        if not has(d, p, _P_TXN_NUMBER):
+            return
+        p += _TXN_NUMBER_BYTES + 8
+    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
+        return
+    code = u8(d, p + _OP_CODE_AT)
+    op = _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1  # i, d, u
+    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
+        return
+    ns = i32(d, p + _HEAD_BYTES)
+    if ns < 2 or ns > end - p:
+        return
+    ui = p + _HEAD_BYTES + 4 + ns
+    head_end = ui + _UI_ELEMENT_BYTES
+    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
+        return
+    o_start = head_end + 3
+    o_length = i32(d, o_start)
+    if o_length < 5 or o_length > end - o_start:
+        return
+    o_end = o_start + o_length
+    simple = False
+    diff = 0
+    if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
+        diff = o_start + _DIFF_AT
+        diff_length = i32(d, diff)
+        if (diff_length < 5 or diff_length > o_end - diff - 1 or not has(d, o_start + 4, _P_V2_DIFF)
+                or diff + diff_length + 1 != o_end or u8(d, o_end - 1) != 0):
+            return
+        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
+        # document, which ends where the diff does, is the event's updatedFields as it is.
+        if not expanded and has(d, diff + 4, _P_U):
+            u_length = i32(d, o_start + _U_AT)
+            simple = (5 <= u_length <= diff_length - 8 and o_start + _U_AT + u_length == o_end - 2
+                      and u8(d, o_end - 3) == 0)
+    # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
+    if op == _DELETE:
+        key = o_start
+        if o_end != o_start + _OID_KEY_BYTES:
+            return
+    else:
+        key = o_end + _O2_BYTES
+        if not has(d, o_end, _P_O2):
+            return
+    if not has(d, key, _P_OID_KEY) or u8(d, key + _OID_KEY_BYTES - 1) != 0:
+        return
+    stamps = key + _OID_KEY_BYTES
+    if has(d, stamps, _P_STMT_ID):
+        stamps += _STMT_ID_BYTES + 4
+    if not (has(d, stamps, _P_TS) and has(d, stamps + 12, _P_T) and has(d, stamps + 23, _P_V)
+            and has(d, stamps + 34, _P_WALL)):
+        return
+    after = stamps + _STAMP_BYTES
+    if after != end:  # prevOpTime, if there is one, must fill the rest of the entry exactly
+        prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
+        if not has(d, after, _P_PREV_OP_TIME) or prev_length < 5 or after + _PREV_OP_TIME_BYTES + prev_length != end:
+            return
+    row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
+    row[_R_O_START], row[_R_O_END] = o_start, o_end
+    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE], row[_R_DIFF], row[_R_END_AT] = key, stamps, simple, diff, end + 1
+
+
+@numba.njit(cache=True)
+def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[_Ints, _Ints, _Ints]:
+    """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
+    -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
+    same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
+    words: the UUID's) in an open-addressed table, then compared in full."""
+    n = len(starts)
+    rows = np.zeros((n, 11), np.int64)
+    which = np.full(n, -1, np.int64)
+    firsts = np.empty(n, np.int64)
+    kinds = 0
+    slots = 1
+    while slots < 2 * n:
+        slots *= 2
+    table = np.full(slots, -1, np.int64)  # a kind's index, or -1
+    mask = np.uint64(slots - 1)
+    for i in range(U(n)):
+        row = rows[i]
+        _layout(d, starts[i], lengths[i], expanded, row)
+        if not row[_R_OK]:
+            continue
+        p, stop = row[_R_P], row[_R_HEAD_END]
+        fingerprint = ((np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15)) ^ u64(d, p + _HEAD_BYTES + 4)
+                       ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F)) ^ u64(d, stop - 8))
+        slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
+        while True:
+            kind = table[slot]
+            if kind < 0:
+                table[slot] = kinds
+                firsts[U(kinds)] = i
+                which[i] = kinds
+                kinds += 1
+                break
+            q = rows[U(firsts[U(kind)]), _R_P]
+            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p:
+                same, u, v = True, U(p), U(q)
+                for j in range(U(stop - p)):
+                    if d[u + j] != d[v + j]:
+                        same = False
+                        break
+                if same:
+                    which[i] = kind
+                    break
+            slot = (slot + np.uint64(1)) & mask
+    return rows, which, firsts[:kinds]
+
+
+@numba.njit(cache=True)
+def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _Bytes, at: _Ints,
+              extra: _Bytes, extra_at: _Ints, wall_at: int) -> tuple[_Bytes, _Bytes, _Ints]:
+    """The taken entries' sort keys (rows of _KEY_BYTES) and events (their bytes back to back, and
+    offsets): each is its kind's templates (key, front, tail: `templates` from at[3k] to at[3k+3])
+    with its own ts, ObjectId and wall written in, then its document (an insert's), its
+    updatedFields (an update's: the diff's `u` document, or extra[extra_at[i]:extra_at[i+1]])
+    and what closes it."""
+    m = len(taken)
+    offsets = np.zeros(m + 1, np.int64)
+    for i in range(U(m)):
+        row, k = rows[U(taken[i])], U(3 * which[U(taken[i])])
+        size = at[k + 3] - at[k + 1]  # its front and tail
+        if row[_R_OP] == _INSERT:
+            size += row[_R_O_END] - row[_R_O_START]
+        elif row[_R_OP] == _UPDATE:
+            size += (row[_R_O_END] - 2 - row[_R_O_START] - _U_AT + len(_P_SIMPLE_REST) if row[_R_SIMPLE]
+                     else extra_at[i + 1] - extra_at[i])
+        offsets[i + 1] = offsets[i] + size
+    keys = np.empty(m * _KEY_BYTES, np.uint8)
+    out = np.empty(offsets[m], np.uint8)
+    for i in range(U(m)):
+        row, k = rows[U(taken[i])], U(3 * which[U(taken[i])])
+        op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
+        ts, oid = stamps + _TS_AT, row[_R_KEY] + 9
+        key = U(i * _KEY_BYTES)
+        copy(keys, key, templates, at[k], _KEY_BYTES)
+        for j in range(U(8)):  # a token's ts: seconds, then increment, big-endian
+            keys[key + _KEY_TS + j] = d[U(ts + 7) - j]
+        copy(keys, key + _KEY_OID, d, oid, 12)
+        e, stop = offsets[i], offsets[i + 1]
+        front = at[k + 2] - at[k + 1]
+        copy(out, e, templates, at[k + 1], front)
+        for j in range(U(4)):
+            out[U(e) + j] = ((stop - e) >> (8 * j)) & 255
+        hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
+        hex_digits(out, e + _HEX_AT + 2 * _KEY_OID, d, oid, 12)
+        copy(out, e + _CLUSTER_TIME_AT, d, ts, 8)
+        copy(out, e + wall_at, d, stamps + _WALL_AT, 8)
+        e += front
+        if op == _INSERT:  # fullDocument: the insert's o
+            copy(out, e, d, o_start, o_end - o_start)
+            e += o_end - o_start
+        tail = at[k + 3] - at[k + 2]
+        copy(out, e, templates, at[k + 2], tail)
+        e += tail
+        if op != _UPDATE:
+            copy(out, e - 14, d, oid, 12)
+            continue
+        # After an update's documentKey: updateDescription's header, its length and
+        # updatedFields' header (the tail's end), then its updatedFields and what closes it.
+        copy(out, e - 13 - _UPDATE_HEAD_BYTES, d, oid, 12)
+        length = stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES
+        for j in range(U(4)):
+            out[U(e - 4 - _UPDATED_FIELDS_BYTES) + j] = (length >> (8 * j)) & 255
+        if row[_R_SIMPLE]:
+            u = o_start + _U_AT
+            copy(out, e, d, u, o_end - 2 - u)
+            copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
+        else:
+            copy(out, e, extra, extra_at[i], stop - e)
+    return keys.reshape(m, _KEY_BYTES), out, offsets
 
 
 def _description(data: bytes, start: int, end: int, diff: int, expanded: bool) -> bytes | None:
@@ -362,37 +433,6 @@ def _description(data: bytes, start: int, end: int, diff: int, expanded: bool) -
         return update_description(data[start:end], diff - start, expanded=expanded)
     except (ValueError, IndexError, struct.error):
         return None
-
-
-def _rows(templates: list[bytes], width: int, align: Any) -> _Bytes:
-    """The templates as the rows of an array, padded with zeros to `width` on the side `align`
-    (bytes.ljust or bytes.rjust) says."""
-    return np.frombuffer(b"".join(align(t, width, b"\0") for t in templates), np.uint8).reshape(-1, width)
-
-
-def _kinds(data: bytes, u64: _Words, start: _Ints, stop: _Ints) -> tuple[_Ints, _Ints]:
-    """Which kind each entry's bytes in [start, stop) are (an index into the second array), and
-    the first entry of each kind: entries of one kind have the same bytes. Grouped by a fingerprint of their length and
-    first and last words, then every entry is compared with its kind's first in full: entries
-    with a fingerprint alike and bytes not (a rename between them keeping the name's length and
-    ends) are told apart by their bytes, one by one."""
-    length = stop - start
-    fingerprint = (length.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ u64[start] ^ (
-        u64[stop - 8] * np.uint64(0xC2B2AE3D27D4EB4F))
-    _, firsts, which = np.unique(fingerprint, return_index=True, return_inverse=True)
-    first = start[firsts[which]]
-    same = length == length[firsts[which]]
-    # Word by word, the last word ending where the bytes do (overlapping the one before it).
-    last = stop - 8
-    for offset in range(0, int(length.max()), 8):
-        at = np.minimum(start + offset, last)
-        same &= u64[at] == u64[at - start + first]
-    if same.all():
-        return which, firsts
-    heads = list(map(data.__getitem__, map(slice, start.tolist(), stop.tolist())))
-    kinds: dict[bytes, int] = {}
-    which = np.fromiter((kinds.setdefault(head, i) for i, head in enumerate(heads)), np.int64, len(heads))
-    return np.unique(which, return_inverse=True)[1], np.array(list(kinds.values()), np.int64)
 
 
 def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = False) -> EventBlock | list[Any]:
@@ -433,3 +473,21 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
         items.append(raws[i] if item is None else item)
         i += 1
     return items
+
+
+def warm_up() -> None:
+    """Compile the walk's and the splice's kernels now, or load them from numba's cache (~0.3 s):
+    a process that starts serving pays it before its first batch, not inside it (~5 s on a
+    machine whose cache is cold, once), and its reader processes then find the cache made."""
+    ui = bson.Binary(bytes(16), 4)
+    oid = bson.ObjectId(bytes(12))
+    stamps = {"ts": bson.Timestamp(1, 1), "t": bson.Int64(1), "v": bson.Int64(2),
+              "wall": bson.datetime_ms.DatetimeMS(0)}
+    entries = [
+        {"op": "i", "ns": "db.c", "ui": ui, "o": {"_id": oid}, "o2": {"_id": oid}, **stamps},
+        {"op": "u", "ns": "db.c", "ui": ui, "o": {"$v": 2, "diff": {"u": {"a": 1}}}, "o2": {"_id": oid}, **stamps},
+        {"op": "u", "ns": "db.c", "ui": ui, "o": {"$v": 2, "diff": {"d": {"a": False}}}, "o2": {"_id": oid}, **stamps},
+        {"op": "d", "ns": "db.c", "ui": ui, "o": {"_id": oid}, **stamps}]
+    reply = bson.encode({"cursor": {"nextBatch": entries, "id": bson.Int64(0), "ns": "local.oplog.rs"}})
+    for expanded in (False, True):
+        splice_block(reply_batch(reply)[1], expanded=expanded)

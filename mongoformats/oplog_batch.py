@@ -2,34 +2,32 @@
 
 Why: slicing each entry out of a getMore reply (up to 16 MB, ~50k entries) cost a reader 0.37 us
 an entry, a tenth of all the proxy does with it, and the batch splice then joined the slices back
-into one buffer to read them with numpy. Here the reply is walked once for its entries' offsets
-(0.13 us an entry) and kept whole; the splice reads it in place, and an entry is sliced out only
-when something needs its own bytes (the one-by-one transform, the last entry's ts).
+into one buffer to read them. Here the reply is walked once for its entries' offsets, in a
+compiled loop (~0.01 us an entry; 0.13 in Python), and kept whole; the splice reads it in place,
+and an entry is sliced out only when something needs its own bytes (the one-by-one transform,
+the last entry's ts).
 
-The walk relies on what BSON asks of every array: its keys are "0", "1", ... So it reads only
-each element's length, and numpy then checks every element's header (type document, then that
-key) at once; a batch laid out otherwise raises ValueError.
+The walk checks what BSON asks of every array: each element's header is the type (document
+here) and its index as its key, "0", "1", ...; a batch laid out otherwise raises ValueError.
 """
 
 from __future__ import annotations
 
-import functools
-import struct
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
+from mongoformats.byte_kernels import U, as_bytes, i32, u8
 from mongoformats.oplog_splice import cursor_span
 
 __all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "words"]
 
 SLACK = 256  # zero bytes after a batch's data: a reader of any entry may overrun it by that much
 
-_I32 = struct.Struct("<i")
 _Ints = npt.NDArray[np.int64]
-_MAX_KEYED = 10**6  # headers up to index 999999 fit in 8 bytes (type, 6 digits, NUL): one word
 
 
 @dataclass(frozen=True)
@@ -83,40 +81,46 @@ def words(data: bytes, dtype: str) -> Any:
 
 
 def _walk(data: bytes, start: int, end: int) -> _Ints:
-    """The offsets of the documents of the array in [start, end): only their lengths are read on
-    the way, then every element's header is checked at once."""
-    unpack = _I32.unpack_from
-    last = end - 1  # the array's terminating zero
-    out: list[int] = []
-    append = out.append
-    p, width, wider_at = start + 4, 3, 10  # a header: type byte, the key's digits, NUL
-    # An element takes 8 bytes at least, so the loop ends even if lengths lead it astray.
-    for i in range((end - start) // 8):
-        if p >= last:
-            break
-        if i == wider_at:
-            width, wider_at = width + 1, wider_at * 10
-        p += width
-        append(p)
-        size = unpack(data, p)[0]
-        if size < 5:
-            break
-        p += size
-    starts = np.array(out, np.int64)
-    n = len(starts)
-    if p != last or data[last] != 0 or n > _MAX_KEYED:
-        raise ValueError("the cursor's batch is not an array of documents")
-    expected, masks, widths = _headers(max(n, 1).bit_length())
-    if not ((words(data, "<u8")[starts - widths[:n]] & masks[:n]) == expected[:n]).all():
-        raise ValueError("the cursor's batch is not an array of documents keyed 0, 1, ...")
+    """The offsets of the documents of the array in [start, end): each element's header (type
+    document, then its index as its key: BSON asks "0", "1", ... of every array) and length are
+    read on the way, in a compiled loop (byte_kernels)."""
+    starts = _walk_kernel(as_bytes(data), start, end)
+    if len(starts) and starts[0] < 0:
+        raise ValueError("the cursor's batch is not an array of documents keyed 0, 1, ..."
+                         if starts[0] == _BAD_KEY else "the cursor's batch is not an array of documents")
     return starts
 
 
-@functools.lru_cache(maxsize=21)
-def _headers(size_class: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], _Ints]:
-    """The first 2**size_class (at most 10**6) element headers of an array of documents, each as
-    a little-endian word, the mask of its bytes and its width."""
-    headers = [b"\x03%d\x00" % i for i in range(min(1 << size_class, _MAX_KEYED))]
-    expected = np.array([int.from_bytes(h, "little") for h in headers], np.uint64)
-    masks = np.array([(1 << 8 * len(h)) - 1 for h in headers], np.uint64)
-    return expected, masks, np.array(list(map(len, headers)), np.int64)
+_BAD_LENGTH, _BAD_KEY = -1, -2
+
+
+@numba.njit(cache=True)
+def _walk_kernel(d: Any, start: int, end: int) -> _Ints:
+    """`_walk`'s offsets; or one negative item, _BAD_KEY or _BAD_LENGTH, for a batch that is not
+    such an array."""
+    last = end - 1  # the array's terminating zero
+    out = np.empty(max((end - start) // 8, 1), np.int64)  # an element takes 8 bytes at least
+    p, n, width, wider_at = start + 4, 0, 3, 10  # a header: type byte, the key's digits, NUL
+    while p < last and n < len(out):
+        if n == wider_at:
+            width, wider_at = width + 1, wider_at * 10
+        if u8(d, p) != 3 or u8(d, p + width - 1) != 0:
+            out[0] = _BAD_KEY
+            return out[:1]
+        digits = n
+        for j in range(width - 2, 0, -1):  # the key's digits, from the last
+            if u8(d, p + j) != 48 + digits % 10:
+                out[0] = _BAD_KEY
+                return out[:1]
+            digits //= 10
+        p += width
+        out[U(n)] = p
+        n += 1
+        size = i32(d, p)
+        if size < 5:
+            break
+        p += size
+    if p != last or u8(d, last) != 0:
+        out[0] = _BAD_LENGTH
+        return out[:1]
+    return out[:n]

@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from buckets.allocator import keep_large_allocations
+from mongoformats.batch_splice import warm_up
 from wireproxy.app import serve_proxy, tune_gc_for_throughput
 from wireproxy.config import ProxyConfig, parse_value
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()
     keep_large_allocations()
+    warm_up()  # the batch splice's compiled kernels, before the first stream needs them
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
