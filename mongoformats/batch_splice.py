@@ -11,9 +11,9 @@ handful), Python makes each kind's templates once (the event's constant bytes), 
 loop writes every event into one buffer, its own values (token, clusterTime, wallTime, document,
 updatedFields) into its kind's template (`_assemble`). Walked and spliced this way, a batch of
 4096 inserts costs 0.28 us an entry, against 1.4 with numpy array operations over the batch
-(each a pass over it, a few dozen of them), measured side by side. An update's updatedFields is, for the usual diff (`{u:
-{...}}` alone), the diff's `u` document copied as an insert's document is; other diffs are made
-one by one by `update_description` (~3.4 us) and copied in.
+(each a pass over it, a few dozen of them), measured side by side. An update's updatedFields
+is, for the usual diff (`{u: {...}}` alone), the diff's `u` document, copied as an insert's
+document is; other diffs are made one by one by `update_description` (~3.4 us) and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
 (drivers give every document one; a TTL index's deletes have it), in the field order a server

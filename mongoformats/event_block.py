@@ -6,7 +6,7 @@ an object, that was most of the proxy's ~3.3 us an event in a catch-up, far more
 splice's array work. A block holds a batch's events as one Arrow binary column (their bytes, back
 to back) beside their sort keys (one numpy row each) and the index of each one's kind (its
 operationType and namespace, shared by many). Merging, dealing into buckets and building a
-getMore reply are then whole-column operations in C (Arrow's take and element-wise join, numpy's
+getMore reply are then whole-column operations in compiled code (Arrow's take, numpy's
 sort): no per-event object is made until a consumer that needs one (a $match, a lookup, a stage)
 asks for `fields()`.
 
@@ -19,24 +19,22 @@ block's events as those tuples, equal to what the per-event path makes.
 from __future__ import annotations
 
 import bisect
-import functools
 import pickle
 from collections.abc import Collection, Sequence
 from typing import Any
 
+import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "joined", "last_key",
-           "spans"]
+from mongoformats.byte_kernels import U, as_bytes, copy
+
+__all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
 
 # (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
 Kind = tuple[str, str, str, Any]
-
-_EMPTY = pa.scalar(b"", pa.large_binary())
-_KEYS_CACHED = 1 << 16  # array element headers ("\x03<i>\x00") kept for replies of up to this many events
 
 
 class _KeyRows(Sequence[bytes]):
@@ -183,16 +181,12 @@ class EventBlock:
 
     def array_body(self, first_index: int) -> pa.Buffer:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
-        batch between its length and its terminator, joined in one C call."""
-        n = len(self)
-        stop = first_index + n
-        if stop <= _KEYS_CACHED:
-            keys = _element_keys().slice(first_index, n)
-        else:
-            keys = pa.array([b"\x03%d\x00" % i for i in range(first_index, stop)], pa.large_binary())
-        body = EventBlock(self.keys, joined([keys, self.events]), self.kinds, self.kind_table)
-        offsets = body._offsets()
-        return body.events.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        batch between its length and its terminator, written in one compiled loop."""
+        offsets = self._offsets()
+        values = self.events.buffers()[2]
+        if values is None:
+            return pa.py_buffer(b"")
+        return pa.py_buffer(_keyed_elements(as_bytes(values), offsets, first_index))
 
     # -- between processes ------------------------------------------------------------------------
 
@@ -226,29 +220,37 @@ def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_ta
                       kinds, kind_table)
 
 
-def spans(data: bytes | pa.Buffer, starts: npt.NDArray[np.int64],
-          stops: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
-    """data[starts[i]:stops[i]] for each i, as one binary column; the spans must be in order and
-    apart (stops[i] <= starts[i + 1]). Read as a column of the spans and the gaps between them,
-    of which the spans are taken in C: no per-span bytes object."""
-    n = len(starts)
-    if not n:
-        return pa.array([], pa.large_binary())
-    offsets = np.empty(2 * n, np.int64)
-    offsets[0::2], offsets[1::2] = starts, stops
-    both = pa.Array.from_buffers(pa.large_binary(), 2 * n - 1,
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    return pc.take(both, pa.array(np.arange(0, 2 * n, 2)))
-
-
-def joined(columns: Sequence[pa.LargeBinaryArray]) -> pa.LargeBinaryArray:
-    """Each row's values of `columns` joined, one binary column."""
-    return pc.binary_join_element_wise(*columns, _EMPTY)
-
-
-@functools.cache
-def _element_keys() -> pa.LargeBinaryArray:
-    return pa.array([b"\x03%d\x00" % i for i in range(_KEYS_CACHED)], pa.large_binary())
+@numba.njit(cache=True)
+def _keyed_elements(values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64],
+                    first_index: int) -> npt.NDArray[np.uint8]:
+    """Each event values[offsets[i]:offsets[i + 1]] as an array element: type 3 (a document),
+    its index (first_index + i) in decimal as its key, then its bytes. (Arrow's element-wise join
+    of a column of keys and the events cost four times as much.)"""
+    n = len(offsets) - 1
+    size, index, width, wider_at = offsets[n] - offsets[0], first_index, 1, 10
+    while wider_at <= index:
+        width, wider_at = width + 1, wider_at * 10
+    for _ in range(n):  # the headers: type, digits, NUL
+        if index == wider_at:
+            width, wider_at = width + 1, wider_at * 10
+        size += width + 2
+        index += 1
+    out = np.empty(size, np.uint8)
+    at = 0
+    for i in range(U(n)):
+        index = first_index + i
+        width, digits = 1, index // 10
+        while digits:
+            width, digits = width + 1, digits // 10
+        out[U(at)] = 3
+        for j in range(U(width), U(0), -1):  # its digits, from the last
+            out[U(at) + j] = 48 + index % 10
+            index //= 10
+        out[U(at + width + 1)] = 0
+        at += width + 2
+        copy(out, at, values, offsets[i], offsets[i + 1] - offsets[i])
+        at += offsets[i + 1] - offsets[i]
+    return out
 
 
 # -- lists of events that may hold blocks ----------------------------------------------------------
@@ -291,4 +293,4 @@ def last_key(item: Any) -> bytes:
     return item.last_key if type(item) is EventBlock else item[0]
 
 
-_EV_RAW = 5  # EventFields' bytes (mongoformats.change_events.EV_RAW; this module imports none of ours)
+_EV_RAW = 5  # EventFields' bytes (mongoformats.change_events.EV_RAW, which imports this module)

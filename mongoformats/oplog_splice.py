@@ -143,7 +143,7 @@ def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
 
 def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
     """`_array_parts` of documents some of which come as EventBlocks (runs of events): a block's
-    elements are keyed and joined in one C call (EventBlock.array_body)."""
+    elements are keyed and written in one compiled loop (EventBlock.array_body)."""
     parts: list[Any] = []
     index, size = 0, 5
     for item in items:

@@ -115,3 +115,13 @@ def test_a_reply_from_blocks_is_the_reply_from_their_events_bytes() -> None:
     for items in ([block], mixed):
         assert (cursor_document(5, "admin.$cmd", "nextBatch", items, {"postBatchResumeToken": {"_data": "00"}}).raw
                 == cursor_document(5, "admin.$cmd", "nextBatch", raws, {"postBatchResumeToken": {"_data": "00"}}).raw)
+
+
+def test_a_blocks_elements_are_keyed_from_any_index_across_digit_counts() -> None:
+    """Keys written digit by digit: from 0, across 9/10, 99/100, 999/1000, and a large start."""
+    block = block_of_inserts([(7, i) for i in range(1, 31)], [0] * 30)
+    raws = [f[5] for f in block.fields()]
+    for first in (0, 5, 95, 990, 99_999, 123_456_789):
+        expected = b"".join(b"\x03%d\x00%s" % (first + i, raw) for i, raw in enumerate(raws))
+        assert bytes(block.array_body(first)) == expected
+    assert bytes(block.sliced(0, 0).array_body(3)) == b""
