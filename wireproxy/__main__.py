@@ -61,11 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc_for_throughput()
     keep_large_allocations()
-    warm_up()  # the batch splice's compiled kernels, before the first stream needs them
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             server = await nursery.start(serve_proxy, config)
+            # The batch splice's compiled kernels, loaded (or compiled, ~5 s on a cold cache) in a
+            # thread while the proxy already serves: ready before the first stream needs them. A
+            # shutdown does not wait for it.
+            nursery.start_soon(functools.partial(trio.to_thread.run_sync, warm_up, abandon_on_cancel=True))
             logging.getLogger("wireproxy").info("listening on %s:%d, upstream %s", config.listen_host,
                                                 server.port, config.upstream)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
