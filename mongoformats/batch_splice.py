@@ -224,6 +224,7 @@ _P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(as_bytes, (_LSID, _T
 _P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY))
 _P_STMT_ID, _P_PREV_OP_TIME, _P_SIMPLE_REST = map(as_bytes, (_STMT_ID, _PREV_OP_TIME, _SIMPLE_REST))
 _P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
+_TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
 _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
 _UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
 _TXN_NUMBER_BYTES = len(_TXN_NUMBER)
@@ -301,8 +302,8 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     stamps = key + _OID_KEY_BYTES
     if has(d, stamps, _P_STMT_ID):
         stamps += _STMT_ID_BYTES + 4
-    if not (has(d, stamps, _P_TS) and has(d, stamps + 12, _P_T) and has(d, stamps + 23, _P_V)
-            and has(d, stamps + 34, _P_WALL)):
+    if not (has(d, stamps + _TS_OFFSET, _P_TS) and has(d, stamps + _T_OFFSET, _P_T)
+            and has(d, stamps + _V_OFFSET, _P_V) and has(d, stamps + _WALL_OFFSET, _P_WALL)):
         return
     after = stamps + _STAMP_BYTES
     if after != end:  # prevOpTime, if there is one, must fill the rest of the entry exactly
