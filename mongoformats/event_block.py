@@ -225,7 +225,7 @@ def _keyed_elements(values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64
                     first_index: int) -> npt.NDArray[np.uint8]:
     """Each event values[offsets[i]:offsets[i + 1]] as an array element: type 3 (a document),
     its index (first_index + i) in decimal as its key, then its bytes. (Arrow's element-wise join
-    of a column of keys and the events cost four times as much.)"""
+    of a column of keys and the events cost twice as much.)"""
     n = len(offsets) - 1
     size, index, width, wider_at = offsets[n] - offsets[0], first_index, 1, 10
     while wider_at <= index:
