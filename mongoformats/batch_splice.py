@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, u8, u64
+from mongoformats.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, put_i32, u8, u64
 from mongoformats.event_block import EventBlock
 from mongoformats.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
@@ -171,8 +171,8 @@ def _splice(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[
     descriptions: dict[int, bytes] = {}
     if update.any():
         tried = {i: _description(data, s, e, diff, expanded) for i, s, e, diff in zip(
-            *(a[update & ~simple].tolist() for a in (np.arange(n), batch.starts, rows[:, _R_END_AT], rows[:, _R_DIFF])),
-            strict=True)}
+            *(a[update & ~simple].tolist() for a in (np.arange(n), batch.starts, batch.starts + batch.lengths,
+                                                      rows[:, _R_O_START] + _DIFF_AT)), strict=True)}
         ok[[i for i, made_here in tried.items() if made_here is None]] = False
         descriptions = {i: made_here for i, made_here in tried.items() if made_here is not None}
 
@@ -235,7 +235,7 @@ _STMT_ID_BYTES = len(_STMT_ID)
 _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 
 # The layout kernel's columns: one row per entry.
-_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE, _R_DIFF, _R_END_AT = range(11)
+_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE = range(_ROW_WIDTH := 9)
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
 
 
@@ -275,7 +275,6 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         return
     o_end = o_start + o_length
     simple = False
-    diff = 0
     if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
         diff = o_start + _DIFF_AT
         diff_length = i32(d, diff)
@@ -312,7 +311,7 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
             return
     row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
-    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE], row[_R_DIFF], row[_R_END_AT] = key, stamps, simple, diff, end + 1
+    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
 
 
 @numba.njit(cache=True)
@@ -322,7 +321,7 @@ def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[
     same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
     words: the UUID's) in an open-addressed table, then compared in full."""
     n = len(starts)
-    rows = np.zeros((n, 11), np.int64)
+    rows = np.zeros((n, _ROW_WIDTH), np.int64)
     which = np.full(n, -1, np.int64)
     firsts = np.empty(n, np.int64)
     kinds = 0
@@ -349,15 +348,9 @@ def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[
                 kinds += 1
                 break
             q = rows[U(firsts[U(kind)]), _R_P]
-            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p:
-                same, u, v = True, U(p), U(q)
-                for j in range(U(stop - p)):
-                    if d[u + j] != d[v + j]:
-                        same = False
-                        break
-                if same:
-                    which[i] = kind
-                    break
+            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(d, p, d[U(q):U(q + stop - p)]):
+                which[i] = kind
+                break
             slot = (slot + np.uint64(1)) & mask
     return rows, which, firsts[:kinds]
 
@@ -395,8 +388,7 @@ def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _By
         e, stop = offsets[i], offsets[i + 1]
         front = at[k + 2] - at[k + 1]
         copy(out, e, templates, at[k + 1], front)
-        for j in range(U(4)):
-            out[U(e) + j] = ((stop - e) >> (8 * j)) & 255
+        put_i32(out, e, stop - e)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_OID, d, oid, 12)
         copy(out, e + _CLUSTER_TIME_AT, d, ts, 8)
@@ -414,9 +406,7 @@ def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _By
         # After an update's documentKey: updateDescription's header, its length and
         # updatedFields' header (the tail's end), then its updatedFields and what closes it.
         copy(out, e - 13 - _UPDATE_HEAD_BYTES, d, oid, 12)
-        length = stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES
-        for j in range(U(4)):
-            out[U(e - 4 - _UPDATED_FIELDS_BYTES) + j] = (length >> (8 * j)) & 255
+        put_i32(out, e - 4 - _UPDATED_FIELDS_BYTES, stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES)
         if row[_R_SIMPLE]:
             u = o_start + _U_AT
             copy(out, e, d, u, o_end - 2 - u)

@@ -23,7 +23,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["U", "as_bytes", "copy", "has", "hex_digits", "i32", "u8", "u64"]
+__all__ = ["U", "as_bytes", "copy", "has", "hex_digits", "i32", "put_i32", "u8", "u64"]
 
 U = np.uintp
 Bytes = npt.NDArray[np.uint8]
@@ -66,6 +66,14 @@ def i32(d: Bytes, at: Index) -> int:
     u = U(at)
     v = np.int64(d[u]) | (np.int64(d[u + 1]) << 8) | (np.int64(d[u + 2]) << 16) | (np.int64(d[u + 3]) << 24)
     return int(v - (1 << 32) if v >= 1 << 31 else v)
+
+
+@numba.njit(cache=True)
+def put_i32(dst: Bytes, at: Index, value: Index) -> None:
+    """Write `value` as a little-endian int32 at `at`, which must lie in `dst`."""
+    u = U(at)
+    for j in range(U(4)):
+        dst[u + j] = (value >> (8 * j)) & 255
 
 
 @numba.njit(cache=True)

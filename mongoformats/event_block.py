@@ -221,27 +221,27 @@ def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_ta
 
 
 @numba.njit(cache=True)
+def _digits(n: int) -> int:
+    """How many decimal digits n >= 0 has."""
+    width = 1
+    while n >= 10:
+        width, n = width + 1, n // 10
+    return width
+
+
+@numba.njit(cache=True)
 def _keyed_elements(values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64],
                     first_index: int) -> npt.NDArray[np.uint8]:
     """Each event values[offsets[i]:offsets[i + 1]] as an array element: type 3 (a document),
     its index (first_index + i) in decimal as its key, then its bytes. (Arrow's element-wise join
     of a column of keys and the events cost twice as much.)"""
     n = len(offsets) - 1
-    size, index, width, wider_at = offsets[n] - offsets[0], first_index, 1, 10
-    while wider_at <= index:
-        width, wider_at = width + 1, wider_at * 10
-    for _ in range(n):  # the headers: type, digits, NUL
-        if index == wider_at:
-            width, wider_at = width + 1, wider_at * 10
-        size += width + 2
-        index += 1
-    out = np.empty(size, np.uint8)
+    # Room for every key as wide as the last one's; the array is what is written of it.
+    out = np.empty(offsets[n] - offsets[0] + n * (_digits(first_index + n - 1) + 2), np.uint8)
     at = 0
     for i in range(U(n)):
         index = first_index + i
-        width, digits = 1, index // 10
-        while digits:
-            width, digits = width + 1, digits // 10
+        width = _digits(index)
         out[U(at)] = 3
         for j in range(U(width), U(0), -1):  # its digits, from the last
             out[U(at) + j] = 48 + index % 10
@@ -250,7 +250,7 @@ def _keyed_elements(values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64
         at += width + 2
         copy(out, at, values, offsets[i], offsets[i + 1] - offsets[i])
         at += offsets[i + 1] - offsets[i]
-    return out
+    return out[:at]
 
 
 # -- lists of events that may hold blocks ----------------------------------------------------------
