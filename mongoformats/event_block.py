@@ -21,13 +21,13 @@ from __future__ import annotations
 import bisect
 import pickle
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
+from numba.typed import List
 
 from mongoformats.byte_kernels import U, as_bytes, copy
 
@@ -52,30 +52,46 @@ class _KeyRows(Sequence[bytes]):
         return self.rows[i].tobytes()
 
 
+class _Unsorted(NamedTuple):
+    """A merge's events before they are put in order: its blocks' key rows one after the other,
+    their event columns (not joined), and the merge's order of those rows."""
+
+    keys: npt.NDArray[np.uint8]
+    parts: tuple[pa.LargeBinaryArray, ...]
+    order: npt.NDArray[np.int64]
+
+
 class EventBlock:
     """Events in token order: `keys` (one row of sort-key bytes each), `events` (their BSON
     documents, an Arrow large_binary array), `kinds` (each one's index into `kind_table`)."""
 
-    __slots__ = ("keys", "_events", "_order", "kinds", "kind_table", "_sizes")
+    __slots__ = ("_keys", "_events", "_unsorted", "kinds", "kind_table", "_sizes")
 
-    def __init__(self, keys: npt.NDArray[np.uint8], events: pa.LargeBinaryArray, kinds: npt.NDArray[np.int32],
-                 kind_table: tuple[Kind, ...], order: npt.NDArray[np.int64] | None = None) -> None:
-        """With `order`, the events are rows `order` of `events`, taken on first use (a merge's)."""
-        self.keys = keys
+    def __init__(self, keys: npt.NDArray[np.uint8] | None, events: pa.LargeBinaryArray | None,
+                 kinds: npt.NDArray[np.int32], kind_table: tuple[Kind, ...], unsorted: _Unsorted | None = None) -> None:
+        """A merge's block gives `unsorted` in place of `keys` and `events`, taken on first use."""
+        self._keys = keys
         self._events = events
-        self._order = order
+        self._unsorted = unsorted
         self.kinds = kinds
         self.kind_table = kind_table
         self._sizes: npt.NDArray[np.int64] | None = None
 
     @property
+    def keys(self) -> npt.NDArray[np.uint8]:
+        if self._keys is None:
+            assert self._unsorted is not None
+            self._keys = self._unsorted.keys[self._unsorted.order]
+        return self._keys
+
+    @property
     def events(self) -> pa.LargeBinaryArray:
-        """The events' BSON, in order. A merge's block takes them from its blocks' concatenation
-        only here, or as `take` takes a part: dealt at once into buckets, its events are copied
-        once, into each bucket's share, where the merge's take and the deal's made two copies."""
-        if self._order is not None:
-            self._events = pc.take(self._events, pa.array(self._order))
-            self._order = None
+        """The events' BSON, in order. A merge's block gathers them from its blocks only here, or
+        as `take` takes a part: dealt at once into buckets, each event is copied once, from the
+        shard's block into its bucket's share (a join of the blocks, then a take, made two)."""
+        if self._events is None:
+            assert self._unsorted is not None
+            self._events = _gather(self._unsorted.parts, self._unsorted.order)
         return self._events
 
     # -- reading -------------------------------------------------------------------------------
@@ -87,15 +103,18 @@ class EventBlock:
         return f"<EventBlock of {len(self)} events, {self.nbytes} bytes>"
 
     def key(self, i: int) -> bytes:
-        return self.keys[i].tobytes()
+        if self._keys is None:  # a merge's first and last keys are read without sorting them all
+            assert self._unsorted is not None
+            return self._unsorted.keys[self._unsorted.order[i]].tobytes()
+        return self._keys[i].tobytes()
 
     @property
     def first_key(self) -> bytes:
-        return self.keys[0].tobytes()
+        return self.key(0)
 
     @property
     def last_key(self) -> bytes:
-        return self.keys[-1].tobytes()
+        return self.key(-1)
 
     def bisect_right(self, key: bytes, lo: int = 0) -> int:
         """How many events have a sort key <= `key` (Python's bytes order, whatever its length)."""
@@ -135,10 +154,14 @@ class EventBlock:
         return block
 
     def take(self, indices: npt.NDArray[np.int64]) -> EventBlock:
-        """The events at `indices`, in that order."""
-        rows = indices if self._order is None else self._order[indices]
-        return EventBlock(self.keys[indices], pc.take(self._events, pa.array(rows)), self.kinds[indices],
-                          self.kind_table)
+        """The events at `indices`, in that order (a merge's: gathered from its blocks)."""
+        if self._events is None:
+            assert self._unsorted is not None
+            rows = self._unsorted.order[indices]
+            return EventBlock(self._unsorted.keys[rows], _gather(self._unsorted.parts, rows), self.kinds[indices],
+                              self.kind_table)
+        return EventBlock(self.keys[indices], _gather((self._events,), np.asarray(indices, np.int64)),
+                          self.kinds[indices], self.kind_table)
 
     def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
         """Each bucket's share of the block, `routes[k]` being the buckets of kind k's events: one
@@ -154,8 +177,11 @@ class EventBlock:
         return out
 
     @classmethod
-    def concat(cls, blocks: Sequence[EventBlock]) -> EventBlock:
-        """The blocks' events one after the other (their key widths must agree)."""
+    def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
+        """The events of several blocks (each in token order) in token order; equal keys keep
+        the blocks' order. One stable sort of the keys as fixed-width byte strings (numpy
+        compares them as unsigned bytes, Python's order), which finds the sorted runs itself.
+        The events are not joined: they are gathered in that order as they are dealt."""
         if len(blocks) == 1:
             return blocks[0]
         table: dict[Kind, int] = {}
@@ -164,20 +190,13 @@ class EventBlock:
             remap = np.fromiter((table.setdefault(kind, len(table)) for kind in block.kind_table), np.int32,
                                 len(block.kind_table))
             kinds.append(remap[block.kinds])
-        return cls(np.concatenate([b.keys for b in blocks]), pa.concat_arrays([b.events for b in blocks]),
-                   np.concatenate(kinds), tuple(table))
-
-    @classmethod
-    def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
-        """The events of several blocks (each in token order) in token order; equal keys keep
-        the blocks' order. One stable sort of the keys as fixed-width byte strings (numpy
-        compares them as unsigned bytes, Python's order), which finds the sorted runs itself."""
-        whole = cls.concat(blocks)
+        keys = np.concatenate([b.keys for b in blocks])
         if all(a.last_key <= b.first_key for a, b in zip(blocks, blocks[1:], strict=False)):
-            return whole
-        keys = np.ascontiguousarray(whole.keys)
-        order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
-        return cls(whole.keys[order], whole.events, whole.kinds[order], whole.kind_table, order)
+            order = np.arange(len(keys))
+        else:
+            order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
+        return cls(None, None, np.concatenate(kinds)[order], tuple(table),
+                   _Unsorted(keys, tuple(b.events for b in blocks), order))
 
     def array_body(self, first_index: int) -> pa.Buffer:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
@@ -218,6 +237,48 @@ def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_ta
     events = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
     return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events,
                       kinds, kind_table)
+
+
+def _gather(parts: Sequence[pa.LargeBinaryArray], rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
+    """Rows `rows` of the parts' events, as if the parts were one column: one copy of each event,
+    where joining the parts and then taking from the join copied each twice."""
+    values, offsets = List(), List()
+    bounds = np.zeros(len(parts) + 1, np.int64)
+    for i, part in enumerate(parts):
+        body = part.buffers()[2]
+        values.append(as_bytes(body if body is not None else b""))
+        offsets.append(np.frombuffer(part.buffers()[1], np.int64)[part.offset:part.offset + len(part) + 1]
+                       if len(part) else np.zeros(1, np.int64))
+        bounds[i + 1] = bounds[i] + len(part)
+    out, out_offsets = _gather_rows(values, offsets, bounds, rows)
+    return pa.Array.from_buffers(pa.large_binary(), len(rows), [None, pa.py_buffer(out_offsets), pa.py_buffer(out)])
+
+
+@numba.njit(cache=True)
+def _gather_rows(values: Any, offsets: Any, bounds: npt.NDArray[np.int64],
+                 rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """The gather's loop: row r lies in the part p with bounds[p] <= r < bounds[p + 1], at
+    offsets[p][r - bounds[p]] in values[p]. Two passes: sizes first, so the output is one array."""
+    n = len(rows)
+    part = np.empty(n, np.intp)
+    out_offsets = np.empty(n + 1, np.int64)
+    out_offsets[0] = 0
+    for i in range(U(n)):
+        r = rows[i]
+        if r < 0 or r >= bounds[-1]:
+            raise IndexError("row out of range")
+        p = np.searchsorted(bounds, r, side="right") - 1
+        part[i] = p
+        local = U(r - bounds[U(p)])
+        at = offsets[p]  # (a typed list takes a signed index)
+        out_offsets[i + U(1)] = out_offsets[i] + at[local + U(1)] - at[local]
+    out = np.empty(out_offsets[n], np.uint8)
+    for i in range(U(n)):
+        p = part[i]
+        at = offsets[p]
+        local = U(rows[i] - bounds[U(p)])
+        copy(out, out_offsets[i], values[p], at[local], at[local + U(1)] - at[local])
+    return out, out_offsets
 
 
 @numba.njit(cache=True)
