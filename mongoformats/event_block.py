@@ -27,9 +27,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from numba.typed import List
 
-from mongoformats.byte_kernels import U, as_bytes, copy
+from mongoformats.byte_kernels import U, as_bytes, copy, copy_from
 
 __all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
 
@@ -52,12 +51,37 @@ class _KeyRows(Sequence[bytes]):
         return self.rows[i].tobytes()
 
 
+class _Scattered(NamedTuple):
+    """Events that lie in several Arrow columns, read as one column: the columns (held, so that
+    the addresses stay valid), and each event's address and size."""
+
+    parts: tuple[pa.LargeBinaryArray, ...]
+    addresses: npt.NDArray[np.uintp]
+    sizes: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, parts: tuple[pa.LargeBinaryArray, ...]) -> _Scattered:
+        addresses, sizes = [], []
+        for part in parts:
+            _, offsets, values = part.buffers()
+            at = np.frombuffer(offsets, np.int64)[part.offset:part.offset + len(part) + 1]
+            addresses.append(at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0))
+            sizes.append(np.diff(at))
+        return cls(parts, np.concatenate(addresses), np.concatenate(sizes))
+
+    def gather(self, rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
+        """Events `rows`, in that order, in one column of their own: one copy of each, where
+        joining the columns and then taking from the join copied each twice."""
+        out, offsets = _gather_rows(self.addresses, self.sizes, rows)
+        return pa.Array.from_buffers(pa.large_binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
+
+
 class _Unsorted(NamedTuple):
     """A merge's events before they are put in order: its blocks' key rows one after the other,
-    their event columns (not joined), and the merge's order of those rows."""
+    their events (not joined), and the merge's order of those rows."""
 
     keys: npt.NDArray[np.uint8]
-    parts: tuple[pa.LargeBinaryArray, ...]
+    events: _Scattered
     order: npt.NDArray[np.int64]
 
 
@@ -91,7 +115,7 @@ class EventBlock:
         shard's block into its bucket's share (a join of the blocks, then a take, made two)."""
         if self._events is None:
             assert self._unsorted is not None
-            self._events = _gather(self._unsorted.parts, self._unsorted.order)
+            self._events = self._unsorted.events.gather(self._unsorted.order)
         return self._events
 
     # -- reading -------------------------------------------------------------------------------
@@ -158,9 +182,9 @@ class EventBlock:
         if self._events is None:
             assert self._unsorted is not None
             rows = self._unsorted.order[indices]
-            return EventBlock(self._unsorted.keys[rows], _gather(self._unsorted.parts, rows), self.kinds[indices],
+            return EventBlock(self._unsorted.keys[rows], self._unsorted.events.gather(rows), self.kinds[indices],
                               self.kind_table)
-        return EventBlock(self.keys[indices], _gather((self._events,), np.asarray(indices, np.int64)),
+        return EventBlock(self.keys[indices], _Scattered.of((self.events,)).gather(np.asarray(indices, np.int64)),
                           self.kinds[indices], self.kind_table)
 
     def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
@@ -196,7 +220,7 @@ class EventBlock:
         else:
             order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
         return cls(None, None, np.concatenate(kinds)[order], tuple(table),
-                   _Unsorted(keys, tuple(b.events for b in blocks), order))
+                   _Unsorted(keys, _Scattered.of(tuple(b.events for b in blocks)), order))
 
     def array_body(self, first_index: int) -> pa.Buffer:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
@@ -239,46 +263,23 @@ def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_ta
                       kinds, kind_table)
 
 
-def _gather(parts: Sequence[pa.LargeBinaryArray], rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
-    """Rows `rows` of the parts' events, as if the parts were one column: one copy of each event,
-    where joining the parts and then taking from the join copied each twice."""
-    values, offsets = List(), List()
-    bounds = np.zeros(len(parts) + 1, np.int64)
-    for i, part in enumerate(parts):
-        body = part.buffers()[2]
-        values.append(as_bytes(body if body is not None else b""))
-        offsets.append(np.frombuffer(part.buffers()[1], np.int64)[part.offset:part.offset + len(part) + 1]
-                       if len(part) else np.zeros(1, np.int64))
-        bounds[i + 1] = bounds[i] + len(part)
-    out, out_offsets = _gather_rows(values, offsets, bounds, rows)
-    return pa.Array.from_buffers(pa.large_binary(), len(rows), [None, pa.py_buffer(out_offsets), pa.py_buffer(out)])
-
-
 @numba.njit(cache=True)
-def _gather_rows(values: Any, offsets: Any, bounds: npt.NDArray[np.int64],
+def _gather_rows(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
                  rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    """The gather's loop: row r lies in the part p with bounds[p] <= r < bounds[p + 1], at
-    offsets[p][r - bounds[p]] in values[p]. Two passes: sizes first, so the output is one array."""
+    """`_Scattered.gather`'s loop: sizes first, so the output is one array, then one copy each."""
     n = len(rows)
-    part = np.empty(n, np.intp)
-    out_offsets = np.empty(n + 1, np.int64)
-    out_offsets[0] = 0
+    offsets = np.empty(n + 1, np.int64)
+    offsets[0] = 0
     for i in range(U(n)):
         r = rows[i]
-        if r < 0 or r >= bounds[-1]:
+        if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
-        p = np.searchsorted(bounds, r, side="right") - 1
-        part[i] = p
-        local = U(r - bounds[U(p)])
-        at = offsets[p]  # (a typed list takes a signed index)
-        out_offsets[i + U(1)] = out_offsets[i] + at[local + U(1)] - at[local]
-    out = np.empty(out_offsets[n], np.uint8)
+        offsets[i + U(1)] = offsets[i] + sizes[U(r)]
+    out = np.empty(offsets[n], np.uint8)
     for i in range(U(n)):
-        p = part[i]
-        at = offsets[p]
-        local = U(rows[i] - bounds[U(p)])
-        copy(out, out_offsets[i], values[p], at[local], at[local + U(1)] - at[local])
-    return out, out_offsets
+        r = U(rows[i])
+        copy_from(out, offsets[i], addresses[r], sizes[r])
+    return out, offsets
 
 
 @numba.njit(cache=True)

@@ -29,7 +29,8 @@ __all__ = [
     "FLAG_CHECKSUM_PRESENT", "FLAG_MORE_TO_COME", "FLAG_EXHAUST_ALLOWED",
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
-    "encode_op_msg", "encode_op_reply", "encode_op_query", "compress", "decode_message", "op_msg_body_span",
+    "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
+    "op_msg_body_span",
 ]
 
 OP_REPLY: Final = 1
@@ -408,16 +409,32 @@ def encode_op_msg(
     """An OP_MSG; `body` is the body document's BSON, or its pieces (oplog_splice.document_parts)."""
     # One join for the whole message: replies run to megabytes, and every `+` of such a bytes
     # object is a fresh allocation of that size, which faults in page by page.
+    checksum = bool(flags & FLAG_CHECKSUM_PRESENT)
+    message = b"".join(op_msg_parts(request_id, response_to, body, flags=flags, sequences=sequences,
+                                    trailer=4 if checksum else 0))
+    if checksum:
+        return message + _U32.pack(crc32c.crc32c(message))
+    return message
+
+
+def op_msg_parts(
+    request_id: int,
+    response_to: int,
+    body: bytes | list[bytes | memoryview],
+    *,
+    flags: int = 0,
+    sequences: tuple[tuple[str, tuple[bytes, ...]], ...] = (),
+    trailer: int = 0,
+) -> list[bytes | memoryview]:
+    """An OP_MSG as the pieces it is made of, unjoined, for a scatter-gather write (`sendmsg`):
+    a reply of megabytes then goes to the socket without first being copied into one bytes
+    object. `trailer` bytes (a checksum) are counted in the length but not given."""
     parts: list[bytes | memoryview] = [b"", _U32.pack(flags), b"\x00", *(body if isinstance(body, list) else (body,))]
     for ident, docs in sequences:
         name = ident.encode() + b"\x00"
         parts += [b"\x01", _I32.pack(4 + len(name) + sum(map(len, docs))), name, *docs]
-    checksum = 4 if flags & FLAG_CHECKSUM_PRESENT else 0
-    parts[0] = HEADER.pack(sum(map(len, parts)) + HEADER.size + checksum, request_id, response_to, OP_MSG)
-    message = b"".join(parts)
-    if checksum:
-        return message + _U32.pack(crc32c.crc32c(message))
-    return message
+    parts[0] = HEADER.pack(sum(map(len, parts)) + HEADER.size + trailer, request_id, response_to, OP_MSG)
+    return parts
 
 
 def encode_op_reply(request_id: int, response_to: int, documents: tuple[bytes, ...], *,

@@ -9,6 +9,8 @@ import struct
 import time
 
 import bson
+import numpy as np
+import pyarrow as pa
 import pytest
 import trio
 from pymongo import AsyncMongoClient, InsertOne, UpdateOne
@@ -18,6 +20,7 @@ from tests.conftest import client, free_port, proxy_uri, scrape, sync
 from wireproxy.config import ProxyConfig
 from wireproxy.router import CommandTable, Route, classify
 from wireproxy.server import ProxyServer
+from wireproxy.session import _send_pieces
 
 
 def test_routing_is_a_pure_function():
@@ -168,6 +171,33 @@ async def test_bad_frames_close_only_their_connection(proxy):
         assert good.t.c.find_one({"_id": 1}) == {"_id": 1}
         assert proxy.metrics.protocol_errors._value.get() == 3
     await sync(work)
+
+
+async def test_a_reply_sent_in_pieces_arrives_whole_through_partial_writes_and_a_closed_peer_is_broken():
+    """Scatter-gather sends (a reply's pieces, unjoined) over a socket whose buffers are small and
+    whose reader is slow: every write is partial, often in the middle of a piece."""
+    pieces = [b"head", b"", memoryview(bytes(range(256)) * 3000), pa.py_buffer(b"x" * 1_000_001),
+              memoryview(np.arange(50_000, dtype=np.int64)), b"tail"]
+    want = b"".join(bytes(memoryview(p).cast("B")) for p in pieces)
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sender, receiver = trio.SocketStream(a), trio.SocketStream(b)
+    got = bytearray()
+
+    async def read_slowly() -> None:
+        while len(got) < len(want):
+            got.extend(await receiver.receive_some(50_000))
+            await trio.sleep(0.001)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_slowly)
+        await _send_pieces(sender, pieces)
+    assert bytes(got) == want
+    await receiver.aclose()
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(100):
+            await _send_pieces(sender, pieces)
+    await sender.aclose()
 
 
 async def test_upstream_failure_is_a_network_error_not_a_hang(cluster):

@@ -52,6 +52,31 @@ class _CloseConnection(Exception):
     pass
 
 
+# Pieces one scatter-gather write takes at most (Linux's IOV_MAX is 1024); a message of more
+# (a reply of many small events, each its own piece) is joined instead.
+_MAX_PIECES = 512
+
+
+async def _send_pieces(stream: trio.SocketStream, pieces: list[bytes | memoryview]) -> None:
+    """`stream.send_all(b"".join(pieces))` without the join: `sendmsg` writes from the pieces
+    where they lie, and is called again from where a partial write stopped. Errors are
+    SocketStream's (BrokenResourceError), so callers see one kind of failure either way. Only
+    one task sends on a client connection (its session's loop), so no send can interleave."""
+    views = [memoryview(p).cast("B") for p in pieces if len(p)]
+    try:
+        while views:
+            sent = await stream.socket.sendmsg(views)
+            done = 0
+            while done < len(views) and sent >= len(views[done]):
+                sent -= len(views[done])
+                done += 1
+            del views[:done]
+            if sent:
+                views[0] = views[0][sent:]
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
 class ClientSession:
     def __init__(self, server: ProxyServer, stream: trio.abc.Stream, conn_id: int) -> None:
         self.server = server
@@ -100,7 +125,15 @@ class ClientSession:
             if not data and not self.framer.trailing_data:
                 return None
 
-    async def _send(self, data: bytes, compressor: str | None) -> None:
+    async def _send(self, data: bytes | list[bytes | memoryview], compressor: str | None) -> None:
+        """Send a message, or its pieces (`wire.op_msg_parts`): on a plain TCP stream they go out
+        with scatter-gather writes, unjoined (a reply of megabytes is then copied once, into the
+        kernel, not first into one bytes object); compressed or over TLS they are joined."""
+        if isinstance(data, list):
+            if compressor is None and type(self.stream) is trio.SocketStream and len(data) <= _MAX_PIECES:
+                await _send_pieces(self.stream, data)
+                return
+            data = b"".join(data)
         await self.stream.send_all(wire.compress(data, compressor) if compressor else data)
 
     def _next_reply_id(self) -> int:
@@ -170,8 +203,8 @@ class ClientSession:
             self.server.metrics.errors.labels(code="1").inc()
             reply = MongoError("InternalError", f"{name} failed in the proxy: {type(exc).__name__}: {exc}").to_reply()
         if not msg.more_to_come:
-            out = wire.encode_op_msg(self._next_reply_id(), msg.request_id, document_parts(reply))
-            await self._send(out, msg.compressor)
+            parts = wire.op_msg_parts(self._next_reply_id(), msg.request_id, document_parts(reply))
+            await self._send(parts, msg.compressor)
 
     # -- the upstream's fail points on local commands (see wireproxy/failpoints.py) ----------------
 
