@@ -150,16 +150,17 @@ def _made_of(head: bytes) -> Any:
 
 
 def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None,
-                                                                 list[int]]:
+                                                                 npt.NDArray[np.intp]]:
     """The events of the plain inserts, updates and deletes this module takes, as one EventBlock
-    (the second item; None if there are none) and the indices of their entries (the third); and
+    (the second item; None if there are none) and the indices of their entries (the third, an
+    array: a batch the block holds whole never needs them as Python integers); and
     for each entry (the first), () for one of an internal namespace, or None for one the block
     holds or the caller must transform (what `splice_crud` says of it)."""
     return _splice(batch, expanded=expanded)
 
 
 def _splice(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None,
-                                                            list[int]]:
+                                                            npt.NDArray[np.intp]]:
     n, data = len(batch), batch.data
     d = as_bytes(data)
     rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)
@@ -188,7 +189,7 @@ def _splice(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[
         ok &= ~dropped
     taken = np.flatnonzero(ok)
     if not len(taken):
-        return out, None, []
+        return out, None, taken
 
     # Each kind's templates: its sort key, its event's front (up to its document: an insert's
     # fullDocument header ends it) and its tail (ns, documentKey, an update's updateDescription
@@ -216,7 +217,7 @@ def _splice(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[
                                    [None, pa.py_buffer(offsets), pa.py_buffer(events)])
     kind_table = tuple((op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
                        for op, h in zip(ops, made, strict=True))
-    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken.tolist()
+    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
 
 
 # Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
@@ -436,13 +437,13 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
         return batch.entries()
     out: list[Any]
     block: EventBlock | None
-    where: list[int]
     if len(batch) < BATCH_MIN:
         out, block, where = [None] * len(batch), None, []
     else:
-        out, block, where = splice_block(batch, expanded=expanded)
-    if block is not None and len(where) == len(batch):
-        return block
+        out, block, taken = splice_block(batch, expanded=expanded)
+        if block is not None and len(taken) == len(batch):
+            return block
+        where = taken.tolist()
     items: list[Any] = []
     raws = batch.entries()
     k = 0
@@ -467,9 +468,10 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
 
 
 def warm_up() -> None:
-    """Compile the walk's and the splice's kernels now, or load them from numba's cache (~0.3 s):
-    a process that starts serving pays it before its first batch, not inside it (~5 s on a
-    machine whose cache is cold, once), and its reader processes then find the cache made."""
+    """Compile the walk's, the splice's and the blocks' kernels now, or load them from numba's
+    cache (~0.3 s): a process that starts serving pays it before its first batch, not inside it
+    (~5 s on a machine whose cache is cold, once), and its reader processes then find the cache
+    made."""
     ui = bson.Binary(bytes(16), 4)
     oid = bson.ObjectId(bytes(12))
     stamps = {"ts": bson.Timestamp(1, 1), "t": bson.Int64(1), "v": bson.Int64(2),
@@ -481,4 +483,7 @@ def warm_up() -> None:
         {"op": "d", "ns": "db.c", "ui": ui, "o": {"_id": oid}, **stamps}]
     reply = bson.encode({"cursor": {"nextBatch": entries, "id": bson.Int64(0), "ns": "local.oplog.rs"}})
     for expanded in (False, True):
-        splice_block(reply_batch(reply)[1], expanded=expanded)
+        _, block, _ = splice_block(reply_batch(reply)[1], expanded=expanded)
+    # And what a release does with blocks: merge, gather each bucket's share, key a reply's batch.
+    if block is not None:
+        EventBlock.merge([block, block]).take(np.arange(2)).array_body(0)

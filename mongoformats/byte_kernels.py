@@ -113,7 +113,7 @@ def copy_from(dst: Bytes, at: Index, address: Index, n: Index) -> None:
     """dst[at:at + n] = the n bytes at memory `address`, which must lie in dst: a gather from
     many buffers by their addresses, where a list of the buffers costs tens of nanoseconds an
     item to read in a compiled loop. The caller keeps the buffer at `address` alive."""
-    _memcpy(U(dst.ctypes.data + at), U(address), n)
+    _memcpy(U(dst.ctypes.data + at), U(address), n)  # type: ignore[call-arg]  # numba supplies typingctx
 
 
 @numba.njit(cache=True)

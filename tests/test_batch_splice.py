@@ -77,7 +77,7 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
         assert block.fields() == pickle.loads(pickle.dumps(block)).fields()
         for i, fields in zip(where, block.fields(), strict=True):
             batch[i] = fields
-    assert where == [i for i, item in enumerate(batch) if item]
+    assert where.tolist() == [i for i, item in enumerate(batch) if item]
     for raw, item in zip(entries, batch, strict=True):
         if item is not None:
             assert item == splice_crud(raw, expanded=expanded)
