@@ -104,8 +104,8 @@ class EventBlock:
     @property
     def keys(self) -> npt.NDArray[np.uint8]:
         if self._keys is None:
-            assert self._unsorted is not None
-            self._keys = self._unsorted.keys[self._unsorted.order]
+            self._sort()
+        assert self._keys is not None
         return self._keys
 
     @property
@@ -114,9 +114,17 @@ class EventBlock:
         as `take` takes a part: dealt at once into buckets, each event is copied once, from the
         shard's block into its bucket's share (a join of the blocks, then a take, made two)."""
         if self._events is None:
-            assert self._unsorted is not None
-            self._events = self._unsorted.events.gather(self._unsorted.order)
+            self._sort()
+        assert self._events is not None
         return self._events
+
+    def _sort(self) -> None:
+        """A merge's columns, put in order; its blocks are let go (a block kept whole, by a
+        bucket that takes all of it, would otherwise hold its events twice)."""
+        unsorted = self._unsorted
+        assert unsorted is not None
+        self._keys, self._events = unsorted.keys[unsorted.order], unsorted.events.gather(unsorted.order)
+        self._unsorted = None
 
     # -- reading -------------------------------------------------------------------------------
 
