@@ -6,8 +6,8 @@ an object, that was most of the proxy's ~3.3 us an event in a catch-up, far more
 splice's array work. A block holds a batch's events as one Arrow binary column (their bytes, back
 to back) beside their sort keys (one numpy row each) and the index of each one's kind (its
 operationType and namespace, shared by many). Merging, dealing into buckets and building a
-getMore reply are then whole-column operations in compiled code (Arrow's take, numpy's
-sort): no per-event object is made until a consumer that needs one (a $match, a lookup, a stage)
+getMore reply are then whole-column operations in compiled code (numpy's sort, the gather and
+keying loops below): no per-event object is made until a consumer that needs one (a $match, a lookup, a stage)
 asks for `fields()`.
 
 What a block can hold: events whose sort keys all have one width (batch_splice's inserts,
