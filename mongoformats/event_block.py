@@ -7,8 +7,8 @@ splice's array work. A block holds a batch's events as one Arrow binary column (
 to back) beside their sort keys (one numpy row each) and the index of each one's kind (its
 operationType and namespace, shared by many). Merging, dealing into buckets and building a
 getMore reply are then whole-column operations in compiled code (numpy's sort, the gather and
-keying loops below): no per-event object is made until a consumer that needs one (a $match, a lookup, a stage)
-asks for `fields()`.
+keying loops below): no per-event object is made until a consumer that needs one (a $match, a
+lookup, a stage) asks for `fields()`.
 
 What a block can hold: events whose sort keys all have one width (batch_splice's inserts,
 updates and deletes with an ObjectId _id), each of one namespace, no type bits and no shard tag.
