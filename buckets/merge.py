@@ -9,8 +9,10 @@ Each shard's events already arrive in token order (its oplog's order), so the qu
 sorted run per shard and merges the releasable prefixes of the runs with one `list.sort`, whose
 run detection makes that a k-way merge in C. A heap push and pop per event cost about as much as
 a fifth of the whole splice. A backlog's batches arrive as EventBlocks (columns, see
-mongoformats/event_block.py); when every released event is in one, the shards' blocks are merged
-as columns instead (one stable numpy sort of their keys), and no per-event object is made.
+mongoformats/event_block.py); the shards' blocks are merged as columns instead (one stable
+numpy sort of their keys), and no per-event object is made. Single events released beside them
+(a transaction's, a small batch's) are sorted apart and put where they go between parts of the
+merged block.
 
 Pure and synchronous (no I/O, no trio): the async pump around it lives in stream.py.
 """
@@ -118,9 +120,9 @@ class MergedQueue:
             run.events, run.head = [], 0
 
     def pop_ready(self) -> tuple[list[Any], dict[str, int]]:
-        """Every event now at or below the frontier, in token order (EventFields, or EventBlocks
-        when every released event is in one), and the bytes each shard's released events hold
-        (for its buffer budget). Ties between shards keep shard order."""
+        """Every event now at or below the frontier, in token order (EventFields and EventBlocks),
+        and the bytes each shard's released events hold (for its buffer budget). Ties between
+        shards keep shard order."""
         frontier = self.frontier()
         out: list[Any] = []
         freed: dict[str, int] = {}
@@ -135,6 +137,35 @@ class MergedQueue:
             if all(map(is_block, out)):
                 # Blocks merge as columns: one stable sort of their keys (the backlog's case).
                 return [EventBlock.merge(out)], freed
-            out = as_fields(out)
-            out.sort(key=EVENT_SORT_KEY)  # stable: equal keys keep shard order
+            return _merge_mixed(out), freed
         return out, freed
+
+
+def _merge_mixed(items: list[Any]) -> list[Any]:
+    """Blocks and single events (in shard order, each shard's in token order) in token order:
+    the blocks merged as columns, the singles sorted, and the merged block cut where each single
+    goes. Turning every block into per-event tuples instead cost ~1 us an event, so one
+    transaction's event (a single) in a release made the whole release ten times dearer. Equal
+    keys between a block's event and a single (no two shards write one, in practice) take the
+    exact path: everything as tuples, one stable sort, which keeps shard order."""
+    singles = sorted((i for i in items if not is_block(i)), key=EVENT_SORT_KEY)  # stable: shard order
+    blocks = [i for i in items if is_block(i)]
+    if not blocks:
+        return singles
+    merged = EventBlock.merge(blocks)
+    out: list[Any] = []
+    at = 0
+    for single in singles:
+        key = EVENT_SORT_KEY(single)
+        cut = merged.bisect_right(key, at)
+        if cut and merged.key(cut - 1) == key:
+            exact = as_fields(items)
+            exact.sort(key=EVENT_SORT_KEY)
+            return exact
+        if cut > at:
+            out.append(merged.sliced(at, cut))
+            at = cut
+        out.append(single)
+    if at < len(merged):
+        out.append(merged.sliced(at))
+    return out

@@ -104,27 +104,23 @@ class EventBlock:
     @property
     def keys(self) -> npt.NDArray[np.uint8]:
         if self._keys is None:
-            self._sort()
-        assert self._keys is not None
+            assert self._unsorted is not None
+            self._keys = self._unsorted.keys[self._unsorted.order]
         return self._keys
 
     @property
     def events(self) -> pa.LargeBinaryArray:
         """The events' BSON, in order. A merge's block gathers them from its blocks only here, or
         as `take` takes a part: dealt at once into buckets, each event is copied once, from the
-        shard's block into its bucket's share (a join of the blocks, then a take, made two)."""
+        shard's block into its bucket's share (a join of the blocks, then a take, made two).
+        Once gathered, the blocks are let go (a merge kept whole by a bucket that takes all of
+        it would otherwise hold its events twice)."""
         if self._events is None:
-            self._sort()
-        assert self._events is not None
+            assert self._unsorted is not None
+            self._events = self._unsorted.events.gather(self._unsorted.order)
+            self._keys = self.keys
+            self._unsorted = None
         return self._events
-
-    def _sort(self) -> None:
-        """A merge's columns, put in order; its blocks are let go (a block kept whole, by a
-        bucket that takes all of it, would otherwise hold its events twice)."""
-        unsorted = self._unsorted
-        assert unsorted is not None
-        self._keys, self._events = unsorted.keys[unsorted.order], unsorted.events.gather(unsorted.order)
-        self._unsorted = None
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -177,8 +173,13 @@ class EventBlock:
     # -- making other blocks ---------------------------------------------------------------------
 
     def sliced(self, start: int, stop: int | None = None) -> EventBlock:
-        """Events [start, stop): views, nothing copied."""
+        """Events [start, stop): views, nothing copied (a merge's stays unsorted: a part of its order)."""
         stop = len(self) if stop is None else min(stop, len(self))
+        if self._events is None:
+            assert self._unsorted is not None
+            unsorted = self._unsorted._replace(order=self._unsorted.order[start:stop])
+            return EventBlock(None if self._keys is None else self._keys[start:stop], None, self.kinds[start:stop],
+                              self.kind_table, unsorted)
         block = EventBlock(self.keys[start:stop], self.events.slice(start, stop - start), self.kinds[start:stop],
                            self.kind_table)
         if self._sizes is not None:

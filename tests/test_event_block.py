@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import uuid
+from typing import Any
 
 import bson
 from bson import Binary, Int64, ObjectId, Timestamp
@@ -76,6 +77,56 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: li
         assert as_fields(got) == want and freed == freed_tuples
         assert len(blocks) == 1 or len(got) <= 1  # several shards' blocks merge into one block
     assert len(as_blocks) == len(as_tuples) == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(shard_blocks(), st.data())
+def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_blocks(
+        blocks: list[EventBlock], data: st.DataObject) -> None:
+    """A shard's events as a block, as tuples, or as a block's head then tuples (a batch with a
+    transaction in it): the release is the tuples' merge, and blocks are not turned into tuples."""
+    mixed, as_tuples = MergedQueue([]), MergedQueue([])
+    shapes = [data.draw(st.sampled_from(["block", "tuples", "both"])) for _ in blocks]
+    for i, (block, shape) in enumerate(zip(blocks, shapes, strict=True)):
+        k = data.draw(st.integers(1, len(block) - 1))
+        items = {"block": [block], "tuples": block.fields(), "both": [block.sliced(0, k), *block.sliced(k).fields()]}
+        for queue, events in ((mixed, items[shape]), (as_tuples, block.fields())):
+            queue.add_shard(str(i), b"")
+            queue.extend(str(i), events)
+    for queue in (mixed, as_tuples):
+        for i in range(len(blocks)):
+            queue.advance(str(i), b"\xff")
+    got, _ = mixed.pop_ready()
+    want, _ = as_tuples.pop_ready()
+    assert as_fields(got) == want
+    # Each bucket's share of each block, with the single events between them, is its part of the order.
+    by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
+    dealt: dict[int, list[tuple[Any, ...]]] = {0: [], 1: []}
+    for item in got:
+        if isinstance(item, EventBlock):
+            for b, share in item.shares([by_coll[coll] for _, _, coll, _ in item.kind_table]).items():
+                dealt[b] += share.fields()
+        else:
+            for b in by_coll[item[4]]:
+                dealt[b].append(item)
+    assert dealt == {b: [f for f in want if b in by_coll[f[4]]] for b in (0, 1)}
+    # (Each event's key holds its own ObjectId: no two are equal, so the exact path is not taken.)
+    assert any(isinstance(item, EventBlock) for item in got) == any(shape != "tuples" for shape in shapes)
+
+
+def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> None:
+    """Equal keys across shards (the same events on two shards, as no cluster writes them) take
+    the exact path: shard order decides, as one stable sort of tuples does."""
+    block = block_of_inserts([(7, i) for i in range(1, 201)], [i % 3 for i in range(200)])
+    fields = block.fields()
+    for first, second in (([block], fields), (fields, [block])):
+        queue = MergedQueue(["a", "b"])
+        queue.extend("a", first)
+        queue.extend("b", second)
+        queue.advance("a", b"\xff")
+        queue.advance("b", b"\xff")
+        got, _ = queue.pop_ready()
+        assert as_fields(got) == [f for pair in zip(fields, fields, strict=True) for f in pair]
 
 
 def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:
