@@ -63,8 +63,7 @@ class _Scattered(NamedTuple):
     def of(cls, parts: tuple[pa.LargeBinaryArray, ...]) -> _Scattered:
         addresses, sizes = [], []
         for part in parts:
-            _, offsets, values = part.buffers()
-            at = np.frombuffer(offsets, np.int64)[part.offset:part.offset + len(part) + 1]
+            at, values = _offsets_of(part), part.buffers()[2]
             addresses.append(at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0))
             sizes.append(np.diff(at))
         return cls(parts, np.concatenate(addresses), np.concatenate(sizes))
@@ -187,26 +186,33 @@ class EventBlock:
         return block
 
     def take(self, indices: npt.NDArray[np.int64]) -> EventBlock:
-        """The events at `indices`, in that order (a merge's: gathered from its blocks)."""
-        if self._events is None:
-            assert self._unsorted is not None
-            rows = self._unsorted.order[indices]
-            return EventBlock(self._unsorted.keys[rows], self._unsorted.events.gather(rows), self.kinds[indices],
-                              self.kind_table)
-        return EventBlock(self.keys[indices], _Scattered.of((self.events,)).gather(np.asarray(indices, np.int64)),
-                          self.kinds[indices], self.kind_table)
+        """The events at `indices`, in that order, gathered from the merge's blocks (a block of
+        its own columns is read as the merge of one)."""
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        rows = unsorted.order[indices]
+        return EventBlock(unsorted.keys[rows], unsorted.events.gather(rows), self.kinds[indices], self.kind_table)
+
+    def _as_merge(self) -> EventBlock:
+        """This block as a merge of itself alone (its order the identity), whose events' addresses
+        are found once for all the parts taken from it."""
+        return EventBlock(None, None, self.kinds, self.kind_table,
+                          _Unsorted(self.keys, _Scattered.of((self.events,)), np.arange(len(self))))
 
     def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
         """Each bucket's share of the block, `routes[k]` being the buckets of kind k's events: one
         mask per bucket over the kinds. A kind of the table may have no event here (the block was
         cut from a longer one); a bucket whose share is empty is left out."""
         out = {}
+        source = None  # what the shares are taken from (read once, on the first partial share)
         for b in sorted(set().union(*routes)):
             mine = np.array([b in route for route in routes])[self.kinds]
             if mine.all():
                 out[b] = self
             elif mine.any():
-                out[b] = self.take(np.flatnonzero(mine))
+                if source is None:
+                    source = self if self._events is None else self._as_merge()
+                out[b] = source.take(np.flatnonzero(mine))
         return out
 
     @classmethod
@@ -257,11 +263,14 @@ class EventBlock:
         return (_restore, (*map(wrap, columns), self.keys.shape[1], self.kind_table))
 
     def _offsets(self) -> npt.NDArray[np.int64]:
-        """Where each event starts in the values buffer, and where the last ends (len + 1 of them)."""
-        events = self.events
-        if not len(events):
-            return np.zeros(1, np.int64)
-        return np.frombuffer(events.buffers()[1], np.int64)[events.offset:events.offset + len(events) + 1]
+        return _offsets_of(self.events)
+
+
+def _offsets_of(events: pa.LargeBinaryArray) -> npt.NDArray[np.int64]:
+    """Where each event starts in the column's values buffer, and where the last ends (len + 1 of them)."""
+    if not len(events):
+        return np.zeros(1, np.int64)
+    return np.frombuffer(events.buffers()[1], np.int64)[events.offset:events.offset + len(events) + 1]
 
 
 def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_table: tuple[Kind, ...]) -> EventBlock:
