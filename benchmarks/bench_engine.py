@@ -12,7 +12,7 @@ three processes' CPU over wall time times cores): a mode near 100% is bound by t
 near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
 
 The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES:
-the same reads, without the processing); `raw 16MiB` lets each reply fill up, as a getMore does
+the same reads, without the processing, exhaust as theirs are); `raw 16MiB` lets each reply fill up, as a getMore does
 unasked. simcluster serves its large replies at about half the rate per entry (it builds each
 one afresh), so that read is the slower one; proxy/raw is taken against the faster of the two.
 
@@ -68,7 +68,8 @@ def _ts(key: int) -> Timestamp:
 
 async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | None) -> int:
     """Every shard's oplog from `start`, read with find/getMore and no processing at all; each
-    getMore asks for `batch_size` entries (None: as many as 16 MiB of reply holds)."""
+    getMore asks for `batch_size` entries (None: as many as 16 MiB of reply holds). The getMore
+    allows exhaust, as the proxy's readers' does: the member streams the batches unasked."""
     total = 0
     more_of = {"collection": "oplog.rs", **({"batchSize": batch_size} if batch_size else {})}
 
@@ -78,7 +79,7 @@ async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | No
         conn = await open_upstream(host, port)
         cursor_id, total_here = await _count(conn, "local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}})
         while cursor_id:
-            cursor_id, more = await _count(conn, "local", {"getMore": Int64(cursor_id), **more_of})
+            cursor_id, more = await _count(conn, "local", {"getMore": Int64(cursor_id), **more_of}, exhaust=True)
             total_here += more
         total += total_here
         await conn.aclose()
@@ -89,13 +90,17 @@ async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | No
     return total
 
 
-async def _count(conn: UpstreamConnection, db: str, cmd: dict[str, Any]) -> tuple[int, int]:
+async def _count(conn: UpstreamConnection, db: str, cmd: dict[str, Any], *, exhaust: bool = False) -> tuple[int, int]:
     """(cursor id, documents in its batch) of a find, aggregate or getMore: what every mode's
     consumer does with a reply, raw, native and proxy alike. The consumers share the machine's
     cores with the proxy and the cluster, so they only find the documents in the reply where it
     lies (as a reader finds oplog entries), making no object for each: slicing each out (~0.3 us)
-    or decoding it (~1 us) would charge the consumers' work to whatever they read from."""
-    data, at = await conn.command_in_place(db, cmd, pad=SLACK)
+    or decoding it (~1 us) would charge the consumers' work to whatever they read from. With
+    `exhaust`, a getMore whose batches are still streaming takes the next one, asking nothing."""
+    if conn.streaming:
+        data, at = await conn.more_in_place(pad=SLACK)
+    else:
+        data, at = await conn.command_in_place(db, cmd, pad=SLACK, exhaust=exhaust)
     cursor_id, batch = batch_in_place(data, at)
     return cursor_id, len(batch)
 

@@ -1,6 +1,9 @@
 """Reading one shard: an OplogTail reads and transforms, a ShardReader feeds the merge.
 
-Strategy: a tailable awaitData `find` from the start timestamp, then getMore forever, on a
+Strategy: a tailable awaitData `find` from the start timestamp, then one exhaust getMore whose
+batches the member streams unasked, as replication's oplog fetcher reads (the next batch is made
+while this one is spliced, no round trip between them; a member that does not stream answers
+each getMore once, and the tail asks again), on a
 secondary when one is up (the primary's load is the user's), with majority read concern: the
 oplog is then read only up to the set's commit point, so no event is ever for a write that a
 failover rolls back, and every member returns the same bytes up to there, so a tail that loses
@@ -8,7 +11,8 @@ its member resumes from its position on another one without a gap or a duplicate
 entries (BATCH_ENTRIES a getMore) is transformed (raw BSON in, raw BSON events out) and sent as
 one `ShardBatch` carrying the shard's new mark: "the oplog is read through ts T, so nothing at or
 before T can follow". The batch's bytes are charged to the shard's ByteBudget before it is
-sent, so a slow merge stops the tail (no getMore is issued while the budget is full).
+sent, so a slow merge stops the tail (no batch is read while the budget is full, and the member's
+stream waits on TCP's window).
 
 The two halves are split so the reading can leave the proxy's process (readerProcesses, see
 buckets/reader_process.py): an `OplogTail` is picklable until it runs and talks to whatever
@@ -36,7 +40,7 @@ from mongoformats.event_block import EventBlock, count_events
 from mongoformats.oplog_batch import SLACK, batch_in_place
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection
+from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection, host_address
 
 log = logging.getLogger("buckets.reader")
 
@@ -199,9 +203,12 @@ class OplogTail:
                 return
             await out.parked(True)
             try:
-                data, at = await conn.command_in_place("local", {
-                    "getMore": Int64(cursor_id), "collection": "oplog.rs", "batchSize": BATCH_ENTRIES,
-                    "maxTimeMS": self.await_ms}, pad=SLACK)
+                if conn.streaming:
+                    data, at = await conn.more_in_place(pad=SLACK)
+                else:
+                    data, at = await conn.command_in_place("local", {
+                        "getMore": Int64(cursor_id), "collection": "oplog.rs", "batchSize": BATCH_ENTRIES,
+                        "maxTimeMS": self.await_ms}, pad=SLACK, exhaust=True)
             finally:
                 await out.parked(False)
 
@@ -238,6 +245,13 @@ class OplogTail:
     async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:
         """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
         one entry a query, as the server's change stream reads a chain that began before it."""
+        if conn.streaming:  # `conn` carries the member's stream of batches: ask on a connection of its own
+            host = next(h for h in self.hosts if host_address(*h) == conn.address)
+            side = await self.connect_member([host], secondary=True)
+            try:
+                return await self._chain_through(side, ts)
+            finally:
+                await side.aclose()
         out: list[bytes] = []
         at: Timestamp | None = ts
         while at is not None:

@@ -30,7 +30,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
     "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
-    "op_msg_body_span",
+    "op_msg_body_span", "op_msg_flags",
 ]
 
 OP_REPLY: Final = 1
@@ -203,6 +203,11 @@ def _op_msg_sections(data: bytes, end: int) -> tuple[int, tuple[int, int], tuple
     if body is None:
         raise ProtocolError("OP_MSG has no kind-0 section")
     return flags, body, tuple(sequences)
+
+
+def op_msg_flags(frame: bytes) -> int:
+    """The flag bits of the OP_MSG at the start of `frame` (one `op_msg_body_span` accepted)."""
+    return int(_U32.unpack_from(frame, HEADER.size)[0])
 
 
 def op_msg_body_span(frame: bytes) -> tuple[int, int] | None:

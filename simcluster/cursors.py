@@ -54,6 +54,9 @@ class CursorManager:
     def __len__(self) -> int:
         return len(self._cursors)
 
+    def __contains__(self, cid: object) -> bool:
+        return cid in self._cursors
+
     def register(self, cursor: Cursor) -> int:
         cid = (self._rng.getrandbits(62) << 1) | 1
         self._cursors[cid] = cursor
@@ -106,7 +109,11 @@ class CursorManager:
     async def _batch(self, cid: int, cursor: Cursor, batch_size: int, key: str, max_time_ms: int | None,
                      first: bool = False) -> Any:
         limit = batch_size if batch_size > 0 else 1 << 30
-        if cursor.fetch is not None:
+        if first and batch_size == 0:
+            # find's and aggregate's batchSize 0: the cursor is made and nothing read yet (an empty
+            # first batch, the cursor open), where a getMore's 0 means the default batch.
+            batch, alive = [], True
+        elif cursor.fetch is not None:
             operation = cursor.operation = trio.CancelScope()
             try:
                 await_ms = 0 if first or not cursor.await_data else (

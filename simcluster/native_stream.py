@@ -390,4 +390,5 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
     cursor = Cursor(ns, fetch=fetch, tailable=True, await_data=True, change_stream=True,
                     extra=lambda: {"postBatchResumeToken": stream.last_token}, done=lambda: stream.done)
     batch = cmd.get("cursor", {}).get("batchSize")
-    return {"cursor": await server.cursors.first_batch(cursor, 0 if batch is None else batch)}
+    # No batchSize: every event there is now (batchSize 0 gives none, as for find).
+    return {"cursor": await server.cursors.first_batch(cursor, 1 << 30 if batch is None else batch)}

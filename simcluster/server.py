@@ -8,6 +8,7 @@ other exception becomes InternalError (1): bad input never kills a node or anoth
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import logging
@@ -73,6 +74,7 @@ class CommandServer:
         self.cursors = CursorManager()
         self.process_id = ObjectId()
         self._conn_ids = itertools.count(1)
+        self._message_ids = itertools.count(1)  # the requestId of each message this process sends
         self.fail_points: dict[str, dict[str, Any]] = {}
         # net.tls.mode requireTLS when set: every connection is TLS (the cluster sets one context).
         self.ssl_context: ssl.SSLContext | None = None
@@ -101,6 +103,12 @@ class CommandServer:
             "getfreemonitoringstatus": self.cmd_ok, "atlasversion": self.cmd_not_found,
             "saslstart": self.cmd_sasl_start, "saslcontinue": self.cmd_sasl_continue, "logout": self.cmd_logout,
         }
+
+    @property
+    def serves_exhaust(self) -> bool:
+        """Whether a getMore with exhaustAllowed streams its batches: mongod's since 4.2, mongos's
+        since 7.1 (SERVER-57297; before, it answered such a getMore plainly, without moreToCome)."""
+        return self.process_kind == "mongod" or self.max_wire_version >= 22
 
     @property
     def address(self) -> str:
@@ -161,21 +169,25 @@ class CommandServer:
                         if not data and not framer.trailing_data:
                             return
                         continue
-                    await self.wait_running()
-                    reply = await self._dispatch(msg, req)
-                    if reply is None:
-                        continue
-                    if reply is _CLOSE:
-                        return
-                    assert isinstance(reply, bytes)
-                    await self.wait_running()  # a reply made as the process paused is not sent either
-                    await stream.send_all(reply)
+                    request: object | None = msg
+                    while request is not None:  # an exhaust getMore runs again after each reply
+                        await self.wait_running()
+                        reply, request = await self._dispatch(request, req)
+                        if reply is None:
+                            continue
+                        if reply is _CLOSE:
+                            return
+                        assert isinstance(reply, bytes)
+                        await self.wait_running()  # a reply made as the process paused is not sent either
+                        await stream.send_all(reply)
         except ProtocolError as exc:
             log.info("closing connection %s: %s", conn_id, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    async def _dispatch(self, msg: Any, req: Request) -> bytes | None | object:
+    async def _dispatch(self, msg: Any, req: Request) -> tuple[bytes | None | object, wire.OpMsg | None]:
+        """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
+        run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
         if isinstance(msg, wire.OpQuery):
             cmd = bson.decode(msg.query, DECODE)
             if "$query" in cmd:
@@ -183,9 +195,9 @@ class CommandServer:
             db = msg.full_collection_name.split(".", 1)[0]
             body = await self._run(db, cmd, req)
             if body is _CLOSE:
-                return _CLOSE
-            reply = wire.encode_op_reply(0, msg.request_id, (bson.encode(body),))
-            return wire.compress(reply, msg.compressor) if msg.compressor else reply
+                return _CLOSE, None
+            reply = wire.encode_op_reply(next(self._message_ids), msg.request_id, (bson.encode(body),))
+            return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
         if not isinstance(msg, wire.OpMsg):
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
         cmd = bson.decode(msg.body, DECODE)
@@ -196,13 +208,24 @@ class CommandServer:
                 # fullDocument) is byte-identical to what was sent, as on the server.
                 cmd["$raw_documents"] = docs
         db = cmd.pop("$db", "admin")
+        exhaust = msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
         body = await self._run(db, cmd, req)
         if body is _CLOSE:
-            return _CLOSE
+            return _CLOSE, None
         if msg.more_to_come:
-            return None
-        reply = wire.encode_op_msg(0, msg.request_id, document_parts(body))
-        return wire.compress(reply, msg.compressor) if msg.compressor else reply
+            return None, None
+        # An exhaust getMore (mongod 4.2+, not mongos): while its cursor lives, the reply says
+        # moreToCome and the server runs the same getMore again, unasked, its next reply answering
+        # this one; an error or a closed cursor ends the stream. Replication's oplog fetcher reads
+        # so, a batch on its way while the last one is applied.
+        # (Whether the cursor lives is asked of the cursors, not of the reply: reading a reply's
+        # cursor id inflates its batch, thousands of entries.)
+        again = exhaust and bool(body.get("ok")) and cmd.get("getMore") in self.cursors
+        reply_id = next(self._message_ids)
+        reply = wire.encode_op_msg(reply_id, msg.request_id, document_parts(body),
+                                   flags=wire.FLAG_MORE_TO_COME if again else 0)
+        follow = dataclasses.replace(msg, request_id=reply_id) if again else None
+        return (wire.compress(reply, msg.compressor) if msg.compressor else reply), follow
 
     async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:
         name = next(iter(cmd), "")

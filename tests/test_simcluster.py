@@ -13,15 +13,18 @@ import uuid
 
 import bson
 import pytest
+import trio
 from bson import Int64, MaxKey, MinKey, Timestamp
 from bson.raw_bson import RawBSONDocument
 from hypothesis import given
 from hypothesis import strategies as st
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
+from mongoformats import wire
 from mongoformats.bson_order import sort_key
 from mongoformats.change_events import RAW, OplogTransformer
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
+from simcluster import open_cluster
 from simcluster.chunks import Chunk, ShardedCollection
 from tests.conftest import client, sync, wait_until
 from tests.test_accelerate import _collect
@@ -334,7 +337,6 @@ async def test_inserts_spliced_from_the_sent_bytes_log_the_same_entries():
     entries: field order, values and BSON types, with and without a session."""
     from bson import Int64
 
-    from simcluster import open_cluster
     from simcluster.query import run_inserts
 
     async with open_cluster(shards=1) as cluster:
@@ -791,7 +793,6 @@ async def test_during_an_election_mongos_holds_a_write_for_the_new_primary_and_n
     every shard holds; a write to a collection of another shard's does not wait at all."""
     import time
 
-    from simcluster import open_cluster
 
     async with open_cluster(shards=2, members=3, election_timeout_s=1.0) as cluster:
         c = client(cluster.uri)
@@ -815,3 +816,38 @@ async def test_during_an_election_mongos_holds_a_write_for_the_new_primary_and_n
 
         assert await sync(writes) < 0.5
         assert rs0.primary_node is not None
+
+
+@pytest.mark.parametrize("version", ["7.0", "8.0"])
+async def test_an_exhaust_get_more_streams_batches_from_mongod_and_from_mongos_since_7_1(version):
+    """OP_MSG exhaust: a getMore with exhaustAllowed is answered batch after batch, unasked, each
+    reply with moreToCome and answering the one before, until the cursor ends (a mongod since 4.2;
+    a mongos since 7.1, SERVER-57297). An older mongos answers it once, as a plain getMore."""
+    async with open_cluster(shards=1, version=version) as cluster:
+        await sync(lambda: client(cluster.uri).ks.c.insert_many([{"i": i} for i in range(10)]))
+        for node, streams in ((cluster.mongos.primary_of("ks"), True), (cluster.mongos, version == "8.0")):
+            stream = await trio.open_tcp_stream(node.host, node.port)
+            framer = wire.MessageFramer()
+
+            async def answer(stream=stream, framer=framer):
+                while (msg := framer.next_message()) is wire.NEED_DATA:
+                    framer.receive_data(await stream.receive_some(1 << 16))
+                return msg
+
+            await stream.send_all(wire.encode_op_msg(1, 0, bson.encode({"find": "c", "batchSize": 2, "$db": "ks"})))
+            cursor_id = bson.decode((await answer()).body)["cursor"]["id"]
+            more = bson.encode({"getMore": cursor_id, "collection": "c", "batchSize": 3, "$db": "ks"})
+            await stream.send_all(wire.encode_op_msg(2, 0, more, flags=wire.FLAG_EXHAUST_ALLOWED))
+            batches, answers, ids = [], 2, set()
+            while True:
+                msg = await answer()
+                assert msg.response_to == answers and msg.request_id not in ids | {0}
+                cursor = bson.decode(msg.body)["cursor"]
+                batches.append([doc["i"] for doc in cursor["nextBatch"]])
+                assert msg.more_to_come == (streams and cursor["id"] != 0)
+                if not msg.more_to_come:
+                    break
+                answers = msg.request_id
+                ids.add(answers)
+            assert batches == ([[2, 3, 4], [5, 6, 7], [8, 9]] if streams else [[2, 3, 4]])
+            await stream.aclose()

@@ -1,6 +1,7 @@
 """An upstream connection's replies taken in place (`command_in_place`), against a server on a real
 socket that answers each request with a frame the test chose: every shape a server may answer in
-gives the reply `command` gives, with room after it."""
+gives the reply `command` gives, with room after it. An exhaust cursor's stream of replies, against
+simcluster."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from bson import Int64
 from mongoformats import wire
 from mongoformats.errors import MongoError
 from mongoformats.oplog_batch import SLACK, batch_in_place, reply_batch
+from simcluster import open_cluster
+from tests.conftest import client, sync
 from wireproxy.upstream import UpstreamClosed, open_upstream
 
 REPLY = bson.encode({"cursor": {"nextBatch": [{"i": i, "s": "x" * i} for i in range(300)], "id": Int64(9),
@@ -80,3 +83,31 @@ def test_an_answer_to_another_request_closes_the_connection() -> None:
         assert conn.closed
 
     trio.run(_answering, lambda rid: wire.encode_op_msg(1, rid + 1, REPLY), test)
+
+
+async def test_an_exhaust_cursor_is_read_batch_by_batch_and_its_connection_runs_nothing_else_meanwhile() -> None:
+    """Against simcluster's mongod: `command_in_place(exhaust=True)` starts the stream, each
+    `more_in_place` takes the next batch while `streaming`; the last batch (the cursor done) ends
+    it, and the connection runs commands again."""
+    async with open_cluster(shards=1) as cluster:
+        await sync(lambda: client(cluster.uri).ks.c.insert_many([{"i": i} for i in range(7)]))
+        node = cluster.mongos.primary_of("ks")
+        conn = await open_upstream(node.host, node.port)
+        try:
+            data, at = await conn.command_in_place("ks", {"find": "c", "batchSize": 0}, pad=SLACK, exhaust=True)
+            cursor_id, _ = batch_in_place(data, at)
+            assert not conn.streaming  # a find is answered once, exhaustAllowed or not
+            data, at = await conn.command_in_place("ks", {"getMore": Int64(cursor_id), "collection": "c",
+                                                          "batchSize": 3}, pad=SLACK, exhaust=True)
+            sizes = [len(batch_in_place(data, at)[1])]
+            with pytest.raises(RuntimeError, match="exhaust"):
+                await conn.command("admin", {"ping": 1})
+            while conn.streaming:
+                data, at = await conn.more_in_place(pad=SLACK)
+                sizes.append(len(batch_in_place(data, at)[1]))
+            assert sizes == [3, 3, 1] and batch_in_place(data, at)[0] == 0
+            with pytest.raises(RuntimeError, match="no exhaust"):
+                await conn.more_in_place(pad=SLACK)
+            assert (await conn.command("admin", {"ping": 1}))["ok"] == 1
+        finally:
+            await conn.aclose()

@@ -71,6 +71,14 @@ class UpstreamConnection:
         self._ids = itertools.count(1)
         self._lock = trio.Lock()
         self.closed = False
+        # While an exhaust getMore streams (its last reply said moreToCome): the requestId the next
+        # reply answers, and how long it may take. Nothing else can run on the connection then.
+        self._streaming: tuple[int, float] | None = None
+
+    @property
+    def streaming(self) -> bool:
+        """An exhaust cursor's batches are still coming: take them with `more_in_place`."""
+        return self._streaming is not None
 
     async def aclose(self) -> None:
         self.closed = True
@@ -135,38 +143,77 @@ class UpstreamConnection:
             raise MongoError.from_reply(bson.decode(msg.body))
         return reply
 
-    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int) -> tuple[bytes, int]:
+    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int,
+                               exhaust: bool = False) -> tuple[bytes, int]:
         """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
         (bytes holding the reply document, where it starts in them), going on for `pad` zero bytes
-        past the message's end. One copy of the reply, where decoding it and padding it made three."""
-        frame = await self._exchange(db, cmd, math.inf, functools.partial(self._framer.next_frame, pad))
+        past the message's end. One copy of the reply, where decoding it and padding it made three.
+
+        With `exhaust` (a getMore) the server may stream the cursor's next batches unasked: while
+        `streaming`, `more_in_place` takes each. A server that streams nothing (a mongos before
+        7.1) answers once, as to any getMore."""
+        limit = self._limit(cmd, math.inf)
+        frame = await self._exchange(db, cmd, limit, functools.partial(self._framer.next_frame, pad),
+                                     flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0)
+        return await self._in_place(frame, pad, limit)
+
+    async def more_in_place(self, *, pad: int) -> tuple[bytes, int]:
+        """The next batch of an exhaust cursor (see `command_in_place`), no request sent."""
+        if self._streaming is None:
+            raise RuntimeError("no exhaust cursor is streaming on this connection")
+        answers, limit = self._streaming
+        async with self._lock:
+            with trio.move_on_after(limit) as waited:
+                frame = await self._receive(functools.partial(self._framer.next_frame, pad))
+            if waited.cancelled_caught:
+                raise await self._out_of_step(f"upstream {self.address} sent no batch within {limit:g} s",
+                                              UpstreamTimeout)
+        if wire.HEADER.unpack_from(frame, 0)[2] != answers:
+            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+        if self._health is not None:
+            self._health.answered(self.address)
+        return await self._in_place(frame, pad, limit)
+
+    async def _in_place(self, frame: bytes, pad: int, limit: float) -> tuple[bytes, int]:
+        """The reply document's place in `frame` (see `command_in_place`); notes whether more come."""
         try:
             span = wire.op_msg_body_span(frame)
             if span is None:  # compressed, or in another shape: decoded, then padded
                 msg = wire.decode_message(frame[:len(frame) - pad])
                 if not isinstance(msg, wire.OpMsg):
                     raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+                flags, request_id = msg.flags, msg.request_id
                 frame, span = msg.body + bytes(pad), (0, len(msg.body))
+            else:
+                flags, request_id = wire.op_msg_flags(frame), wire.HEADER.unpack_from(frame, 0)[1]
         except ProtocolError as exc:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
+        self._streaming = (request_id, limit) if flags & wire.FLAG_MORE_TO_COME else None
         start, end = span
         ok = elements(frame, start).get(b"ok")
         if ok is None or not any(frame[ok[1]:ok[2]]):  # ok is 0 (a double, an int) or false: zero bytes
             raise MongoError.from_reply(bson.decode(frame[start:end]))
         return frame, start
 
-    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, timeout_s: float, pull: Callable[[], Any]) -> Any:
+    def _limit(self, cmd: dict[str, Any] | bytes, timeout_s: float) -> float:
+        """How long `cmd`'s answer may take: `timeout_s`, or `reply_timeout_s` past its maxTimeMS."""
+        if self.reply_timeout_s is None:
+            return timeout_s
+        waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
+        return min(timeout_s, self.reply_timeout_s + waits)
+
+    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, timeout_s: float, pull: Callable[[], Any],
+                        *, flags: int = 0) -> Any:
         """Send the command, and take its answer with `pull`: a message or a frame, checked to
         answer this request."""
+        if self._streaming is not None:
+            raise RuntimeError("an exhaust cursor streams on this connection: it runs nothing else")
         body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
-        limit = timeout_s
-        if self.reply_timeout_s is not None:
-            waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
-            limit = min(limit, self.reply_timeout_s + waits)
+        limit = self._limit(cmd, timeout_s)
         async with self._lock:
             with trio.move_on_after(limit) as waited:
                 rid = self.next_request_id()
-                await self.send(wire.encode_op_msg(rid, 0, body))
+                await self.send(wire.encode_op_msg(rid, 0, body, flags=flags))
                 got = await self._receive(pull)
             if waited.cancelled_caught:
                 # Its answer may still come: the connection is out of step for good.
