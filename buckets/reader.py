@@ -3,16 +3,15 @@
 Strategy: a tailable awaitData `find` from the start timestamp, then one exhaust getMore whose
 batches the member streams unasked, as replication's oplog fetcher reads (the next batch is made
 while this one is spliced, no round trip between them; a member that does not stream answers
-each getMore once, and the tail asks again), on a
-secondary when one is up (the primary's load is the user's), with majority read concern: the
-oplog is then read only up to the set's commit point, so no event is ever for a write that a
-failover rolls back, and every member returns the same bytes up to there, so a tail that loses
-its member resumes from its position on another one without a gap or a duplicate. Each batch of
-entries (BATCH_ENTRIES a getMore) is transformed (raw BSON in, raw BSON events out) and sent as
-one `ShardBatch` carrying the shard's new mark: "the oplog is read through ts T, so nothing at or
-before T can follow". The batch's bytes are charged to the shard's ByteBudget before it is
-sent, so a slow merge stops the tail (no batch is read while the budget is full, and the member's
-stream waits on TCP's window).
+each getMore once, and the tail asks again). On a secondary when one is up (the primary's load
+is the user's), with majority read concern: the oplog is then read only up to the set's commit
+point, so no event is ever for a write that a failover rolls back, and every member returns the
+same bytes up to there, so a tail that loses its member resumes from its position on another one
+without a gap or a duplicate. Each batch of entries (BATCH_ENTRIES a getMore) is transformed
+(raw BSON in, raw BSON events out) and sent as one `ShardBatch` carrying the shard's new mark:
+"the oplog is read through ts T, so nothing at or before T can follow". The batch's bytes are
+charged to the shard's ByteBudget before it is sent, so a slow merge stops the tail (no batch is
+read while the budget is full, and the member's stream waits on TCP's window).
 
 The two halves are split so the reading can leave the proxy's process (readerProcesses, see
 buckets/reader_process.py): an `OplogTail` is picklable until it runs and talks to whatever
