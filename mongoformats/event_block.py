@@ -37,18 +37,20 @@ Kind = tuple[str, str, str, Any]
 
 
 class _KeyRows(Sequence[bytes]):
-    """A block's sort keys as a sequence of bytes, for `bisect` (only the probed rows are made)."""
+    """A block's sort keys as a sequence of bytes, for `bisect` (only the probed rows are made);
+    with `order`, row order[i] is the i-th (a merge's keys, probed before they are put in order)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "order")
 
-    def __init__(self, rows: npt.NDArray[np.uint8]) -> None:
+    def __init__(self, rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64] | None = None) -> None:
         self.rows = rows
+        self.order = order
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) if self.order is None else len(self.order)
 
     def __getitem__(self, i: Any) -> Any:
-        return self.rows[i].tobytes()
+        return self.rows[i if self.order is None else self.order[i]].tobytes()
 
 
 class _Scattered(NamedTuple):
@@ -145,7 +147,10 @@ class EventBlock:
 
     def bisect_right(self, key: bytes, lo: int = 0) -> int:
         """How many events have a sort key <= `key` (Python's bytes order, whatever its length)."""
-        return bisect.bisect_right(_KeyRows(self.keys), key, lo)
+        if self._keys is None:  # a merge's: its rows are probed in its order, not sorted first
+            assert self._unsorted is not None
+            return bisect.bisect_right(_KeyRows(self._unsorted.keys, self._unsorted.order), key, lo)
+        return bisect.bisect_right(_KeyRows(self._keys), key, lo)
 
     @property
     def sizes(self) -> npt.NDArray[np.int64]:

@@ -70,6 +70,8 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: li
         got, freed = as_blocks.pop_ready()
         want, freed_tuples = as_tuples.pop_ready()
         if len(got) == 1:  # a merge's block (whose events are taken only as it is dealt) shares out its order
+            probe = data.draw(st.sampled_from([*(f[0] for f in want), b"", b"\xff"]))
+            assert got[0].bisect_right(probe) == sum(f[0] <= probe for f in want)  # probed unsorted, as sorted
             by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
             shares = got[0].shares([by_coll[coll] for _, _, coll, _ in got[0].kind_table])
             assert {b: share.fields() for b, share in shares.items()} == {
