@@ -13,10 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import trio
-from pymongo import AsyncMongoClient, InsertOne, UpdateOne
+from pymongo import AsyncMongoClient, CursorType, InsertOne, UpdateOne
 
 from mongoformats import wire
+from simcluster import open_cluster
 from tests.conftest import client, free_port, proxy_uri, scrape, sync
+from tests.test_simcluster import exhaust_batches
+from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 from wireproxy.router import CommandTable, Route, classify
 from wireproxy.server import ProxyServer
@@ -142,6 +145,24 @@ async def test_async_pymongo(proxy):
             await c.close()
 
     assert await sync(asyncio.run, work()) == {"_id": 1}
+
+
+async def test_an_exhaust_cursor_streams_through_the_proxy_from_a_mongos_that_streams():
+    """Against an 8.0 mongos (exhaust getMore since 7.1): the proxy relays each streamed reply as
+    it comes, moreToCome kept and each answering the last; pymongo's exhaust cursor reads through."""
+    async with open_cluster(shards=2, version="8.0") as cluster, trio.open_nursery() as nursery:
+        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
+
+        def work() -> list[int]:
+            c = client(proxy_uri(server))
+            try:
+                c.ks.c.insert_many([{"i": i} for i in range(10)])
+                return [d["i"] for d in c.ks.c.find(cursor_type=CursorType.EXHAUST, batch_size=3).sort("i")]
+            finally:
+                c.close()  # while the proxy still answers its endSessions
+        assert await sync(work) == list(range(10))
+        assert await exhaust_batches("127.0.0.1", server.port) == ([[2, 3, 4], [5, 6, 7], [8, 9]], True)
+        nursery.cancel_scope.cancel()
 
 
 async def test_legacy_op_query_handshake(proxy):

@@ -818,6 +818,37 @@ async def test_during_an_election_mongos_holds_a_write_for_the_new_primary_and_n
         assert rs0.primary_node is not None
 
 
+async def exhaust_batches(host: str, port: int) -> tuple[list[list[int]], bool]:
+    """Over a raw socket to `host`: find ks.c (batchSize 2), then one getMore with exhaustAllowed
+    (batchSize 3), read to its last reply: each reply's batch (the documents' `i`), and whether the
+    replies streamed. Streamed replies answer the one before and each has an id of its own."""
+    stream = await trio.open_tcp_stream(host, port)
+    framer = wire.MessageFramer()
+
+    async def answer() -> wire.OpMsg:
+        while (msg := framer.next_message()) is wire.NEED_DATA:
+            framer.receive_data(await stream.receive_some(1 << 16))
+        assert isinstance(msg, wire.OpMsg)
+        return msg
+
+    async with stream:
+        await stream.send_all(wire.encode_op_msg(1, 0, bson.encode({"find": "c", "batchSize": 2, "$db": "ks"})))
+        cursor_id = bson.decode((await answer()).body)["cursor"]["id"]
+        more = bson.encode({"getMore": cursor_id, "collection": "c", "batchSize": 3, "$db": "ks"})
+        await stream.send_all(wire.encode_op_msg(2, 0, more, flags=wire.FLAG_EXHAUST_ALLOWED))
+        batches, answers, ids, streamed = [], 2, set(), False
+        while True:
+            msg = await answer()
+            assert msg.response_to == answers and msg.request_id not in ids | {0}
+            cursor = bson.decode(msg.body)["cursor"]
+            batches.append([doc["i"] for doc in cursor["nextBatch"]])
+            if not msg.more_to_come:
+                return batches, streamed
+            assert cursor["id"] != 0  # moreToCome only while the cursor lives
+            answers, streamed = msg.request_id, True
+            ids.add(answers)
+
+
 @pytest.mark.parametrize("version", ["7.0", "8.0"])
 async def test_an_exhaust_get_more_streams_batches_from_mongod_and_from_mongos_since_7_1(version):
     """OP_MSG exhaust: a getMore with exhaustAllowed is answered batch after batch, unasked, each
@@ -826,28 +857,6 @@ async def test_an_exhaust_get_more_streams_batches_from_mongod_and_from_mongos_s
     async with open_cluster(shards=1, version=version) as cluster:
         await sync(lambda: client(cluster.uri).ks.c.insert_many([{"i": i} for i in range(10)]))
         for node, streams in ((cluster.mongos.primary_of("ks"), True), (cluster.mongos, version == "8.0")):
-            stream = await trio.open_tcp_stream(node.host, node.port)
-            framer = wire.MessageFramer()
-
-            async def answer(stream=stream, framer=framer):
-                while (msg := framer.next_message()) is wire.NEED_DATA:
-                    framer.receive_data(await stream.receive_some(1 << 16))
-                return msg
-
-            await stream.send_all(wire.encode_op_msg(1, 0, bson.encode({"find": "c", "batchSize": 2, "$db": "ks"})))
-            cursor_id = bson.decode((await answer()).body)["cursor"]["id"]
-            more = bson.encode({"getMore": cursor_id, "collection": "c", "batchSize": 3, "$db": "ks"})
-            await stream.send_all(wire.encode_op_msg(2, 0, more, flags=wire.FLAG_EXHAUST_ALLOWED))
-            batches, answers, ids = [], 2, set()
-            while True:
-                msg = await answer()
-                assert msg.response_to == answers and msg.request_id not in ids | {0}
-                cursor = bson.decode(msg.body)["cursor"]
-                batches.append([doc["i"] for doc in cursor["nextBatch"]])
-                assert msg.more_to_come == (streams and cursor["id"] != 0)
-                if not msg.more_to_come:
-                    break
-                answers = msg.request_id
-                ids.add(answers)
+            batches, streamed = await exhaust_batches(node.host, node.port)
+            assert streamed == streams
             assert batches == ([[2, 3, 4], [5, 6, 7], [8, 9]] if streams else [[2, 3, 4]])
-            await stream.aclose()
