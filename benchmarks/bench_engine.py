@@ -11,10 +11,11 @@ also reports the cluster process's CPU time and how busy the machine's cores wer
 three processes' CPU over wall time times cores): a mode near 100% is bound by the cores, one
 near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
 
-The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES:
-the same reads, without the processing, exhaust as theirs are); `raw 16MiB` lets each reply fill up, as a getMore does
-unasked. simcluster serves its large replies at about half the rate per entry (it builds each
-one afresh), so that read is the slower one; proxy/raw is taken against the faster of the two.
+The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES: the
+same reads, without the processing, exhaust as theirs are); `raw 16MiB` lets each reply fill up,
+as a getMore does unasked. simcluster serves its large replies at about half the rate per entry
+(it builds each one afresh), so that read is the slower one; proxy/raw is taken against the
+faster of the two.
 
 The same cluster-wide watch() as the native mode, pointed at a proxy that accelerates change
 streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer

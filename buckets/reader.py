@@ -245,8 +245,8 @@ class OplogTail:
         """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
         one entry a query, as the server's change stream reads a chain that began before it."""
         if conn.streaming:  # `conn` carries the member's stream of batches: ask on a connection of its own
-            host = next(h for h in self.hosts if host_address(*h) == conn.address)
-            side = await self.connect_member([host], secondary=True)
+            same = [h for h in self.hosts if host_address(*h) == conn.address]
+            side = await self.connect_member(same or self.hosts, secondary=True)
             try:
                 return await self._chain_through(side, ts)
             finally:

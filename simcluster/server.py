@@ -214,7 +214,7 @@ class CommandServer:
             return _CLOSE, None
         if msg.more_to_come:
             return None, None
-        # An exhaust getMore (mongod 4.2+, not mongos): while its cursor lives, the reply says
+        # An exhaust getMore (see serves_exhaust): while its cursor lives, the reply says
         # moreToCome and the server runs the same getMore again, unasked, its next reply answering
         # this one; an error or a closed cursor ends the stream. Replication's oplog fetcher reads
         # so, a batch on its way while the last one is applied.

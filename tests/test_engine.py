@@ -1108,3 +1108,39 @@ async def test_a_backlog_dealt_as_event_blocks_equals_the_native_stream_within_s
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "blocks"})["streams"][0]
         assert sum(s["events"] for s in status["shards"]) >= len(native)
     await sync(work)
+
+
+async def test_a_transaction_prepared_before_the_start_and_committed_while_the_readers_stream_arrives_whole(
+        cluster, proxy):
+    """A stream opened between a cross-shard transaction's prepare and its commit: the commit
+    entry comes in a batch its member streams (the readers' exhaust getMore), and the prepared
+    writes, before the stream's start, are read back by prevOpTime on a connection of their own
+    (the streaming one runs nothing else). Every write arrives, once."""
+    import threading
+
+    def work() -> None:
+        c, direct = client(proxy_uri(proxy)), client(cluster.uri)
+        direct.admin.command("shardCollection", "tx.h", key={"_id": "hashed"})
+        direct.admin.command("configureFailPoint", "hangBeforeWritingDecision", mode="alwaysOn")
+
+        def commit() -> None:
+            with direct.start_session() as s:
+                s.start_transaction()
+                direct.tx.h.insert_many([{"_id": 1000 + j} for j in range(8)], session=s)
+                s.commit_transaction()
+
+        worker = threading.Thread(target=commit)
+        worker.start()
+        try:
+            wait_until(lambda: cluster.mongos.commit_decisions, timeout=20)  # prepared on every shard
+            start = direct.admin.command("ping")["operationTime"]
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": start})
+            cursor_id = opened["cursors"][0]["id"]
+            c.admin.command({"getMore": cursor_id, "collection": NS, "maxTimeMS": 300})  # the readers stream now
+        finally:
+            direct.admin.command("configureFailPoint", "hangBeforeWritingDecision", mode="off")
+            worker.join(30)
+        events = [bson.decode(e.raw) for e in drain(c, cursor_id, end_point(direct))]
+        assert sorted(e["documentKey"]["_id"] for e in events if e["operationType"] == "insert") == \
+            list(range(1000, 1008))
+    await sync(work)
