@@ -153,14 +153,9 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
                                                                  npt.NDArray[np.intp]]:
     """The events of the plain inserts, updates and deletes this module takes, as one EventBlock
     (the second item; None if there are none) and the indices of their entries (the third, an
-    array: a batch the block holds whole never needs them as Python integers); and
-    for each entry (the first), () for one of an internal namespace, or None for one the block
-    holds or the caller must transform (what `splice_crud` says of it)."""
-    return _splice(batch, expanded=expanded)
-
-
-def _splice(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None,
-                                                            npt.NDArray[np.intp]]:
+    array: a batch the block holds whole never needs them as Python integers); and for each entry
+    (the first), () for one of an internal namespace, or None for one the block holds or the
+    caller must transform (what `splice_crud` says of it)."""
     n, data = len(batch), batch.data
     d = as_bytes(data)
     rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)

@@ -168,10 +168,7 @@ class UpstreamConnection:
             if waited.cancelled_caught:
                 raise await self._out_of_step(f"upstream {self.address} sent no batch within {limit:g} s",
                                               UpstreamTimeout)
-        if wire.HEADER.unpack_from(frame, 0)[2] != answers:
-            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
-        if self._health is not None:
-            self._health.answered(self.address)
+        await self._answered(frame, answers)
         return await self._in_place(frame, pad, limit)
 
     async def _in_place(self, frame: bytes, pad: int, limit: float) -> tuple[bytes, int]:
@@ -220,12 +217,17 @@ class UpstreamConnection:
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
                 raise await self._out_of_step(f"upstream {self.address} did not answer {name} within {limit:g} s",
                                               UpstreamTimeout)
+        await self._answered(got, rid)
+        return got
+
+    async def _answered(self, got: wire.Message | bytes, answers: int) -> None:
+        """Check that `got` (a message, or a frame) answers the message `answers`, and note the
+        host answered; a connection answered out of turn is closed."""
         response_to = wire.HEADER.unpack_from(got, 0)[2] if isinstance(got, bytes) else got.response_to
-        if response_to != rid:
+        if response_to != answers:
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         if self._health is not None:
             self._health.answered(self.address)
-        return got
 
 
 class Credentials(NamedTuple):
