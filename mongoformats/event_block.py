@@ -131,11 +131,16 @@ class EventBlock:
     def __repr__(self) -> str:
         return f"<EventBlock of {len(self)} events, {self.nbytes} bytes>"
 
-    def key(self, i: int) -> bytes:
-        if self._keys is None:  # a merge's first and last keys are read without sorting them all
+    def _key_rows(self) -> _KeyRows:
+        """The sort keys, read one by one: a merge's are read in its order, not sorted first (its
+        first and last keys, a bisection's probes)."""
+        if self._keys is None:
             assert self._unsorted is not None
-            return self._unsorted.keys[self._unsorted.order[i]].tobytes()
-        return self._keys[i].tobytes()
+            return _KeyRows(self._unsorted.keys, self._unsorted.order)
+        return _KeyRows(self._keys)
+
+    def key(self, i: int) -> bytes:
+        return self._key_rows()[i]
 
     @property
     def first_key(self) -> bytes:
@@ -147,10 +152,7 @@ class EventBlock:
 
     def bisect_right(self, key: bytes, lo: int = 0) -> int:
         """How many events have a sort key <= `key` (Python's bytes order, whatever its length)."""
-        if self._keys is None:  # a merge's: its rows are probed in its order, not sorted first
-            assert self._unsorted is not None
-            return bisect.bisect_right(_KeyRows(self._unsorted.keys, self._unsorted.order), key, lo)
-        return bisect.bisect_right(_KeyRows(self._keys), key, lo)
+        return bisect.bisect_right(self._key_rows(), key, lo)
 
     @property
     def sizes(self) -> npt.NDArray[np.int64]:
