@@ -48,3 +48,22 @@ class ByteBudget:
         self._freed = trio.Event()
         if self.on_release is not None:
             self.on_release(n)
+
+
+class BudgetHold:
+    """`n` bytes of a budget, given back when this object is freed: the charge of a shard block
+    whose events buckets may point into after the merge dealt them (EventBlock.hold), so the
+    shard's budget bounds that memory until the last share pointing into the block is gone.
+
+    Freed by reference counting, as soon as the last block holding it is: blocks sit in no
+    reference cycles (a stream's retention is dropped explicitly when it closes, see
+    ParallelStream._release), so this does not wait for the collector."""
+
+    __slots__ = ("budget", "n")
+
+    def __init__(self, budget: ByteBudget, n: int) -> None:
+        self.budget = budget
+        self.n = n
+
+    def __del__(self) -> None:
+        self.budget.release(self.n)

@@ -121,8 +121,9 @@ class MergedQueue:
 
     def pop_ready(self) -> tuple[list[Any], dict[str, int]]:
         """Every event now at or below the frontier, in token order (EventFields and EventBlocks),
-        and the bytes each shard's released events hold (for its buffer budget). Ties between
-        shards keep shard order."""
+        and the bytes each shard's released events hold (for its buffer budget), less those of
+        blocks with a hold (theirs return with it, once the buckets let the block go). Ties
+        between shards keep shard order."""
         frontier = self.frontier()
         out: list[Any] = []
         freed: dict[str, int] = {}
@@ -130,7 +131,7 @@ class MergedQueue:
         for shard, run in self._runs.items():
             taken = run.take_through(frontier)
             if taken:
-                freed[shard] = items_bytes(taken)
+                freed[shard] = items_bytes([i for i in taken if not is_block(i) or i.hold is None])
                 out += taken
                 runs += 1
         if runs > 1:

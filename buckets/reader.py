@@ -31,11 +31,11 @@ from typing import Any, Protocol
 import trio
 from bson import Int64, Timestamp
 
-from buckets.budget import ByteBudget
+from buckets.budget import BudgetHold, ByteBudget
 from mongoformats.batch_splice import splice_entries
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
-from mongoformats.event_block import EventBlock, count_events
+from mongoformats.event_block import EventBlock, count_events, is_block
 from mongoformats.oplog_batch import SLACK, batch_in_place
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -292,6 +292,9 @@ class ShardReader:
         self.stats = ShardStats()
         # How often this shard's mark should be nudged while the merge or a consumer waits, or None.
         self.wants_progress: Callable[[str], float | None] = lambda shard: None
+        # Called when the shard's budget is full: the buckets let go of the blocks they point into.
+        self.relieve: Callable[[], None] = lambda: None
+        self._wants = 0  # the bytes of the last batch charged or waiting to be
         self._send: trio.MemorySendChannel[ShardBatch] | None = None
         self._checked: trio.Event | None = None
         self._nursery: trio.Nursery | None = None
@@ -330,7 +333,11 @@ class ShardReader:
     async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         assert self._send is not None
         self._count(events, entries, last_ts)
+        self._wants = nbytes
+        if self.starved:
+            self.relieve()
         await self.budget.acquire(nbytes)
+        self._hold(events)
         await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
 
     def arrived(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
@@ -346,6 +353,10 @@ class ShardReader:
         """
         self._count(events, entries, last_ts)
         self.budget.charge(nbytes)
+        self._hold(events)
+        self._wants = nbytes  # the reader process's next batch is likely as large
+        if self.starved:
+            self.relieve()
         held = self._arrived
         if held is None:
             self._arrived = ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes)
@@ -363,6 +374,20 @@ class ShardReader:
             batch, self._arrived = self._arrived, None
             if batch is not None:
                 await self._send.send(batch)
+            del batch  # not held while waiting: its blocks' charges return once nothing refers to them
+
+    @property
+    def starved(self) -> bool:
+        """Whether a batch like the last one would not fit in the shard's budget now: the tail
+        waits (here, or in its reader process) until the budget gets bytes back."""
+        return bool(self.budget.used) and self.budget.used + self._wants > self.budget.limit
+
+    def _hold(self, events: list[Any]) -> None:
+        """Each block's charge returns when the block is let go, not when the merge deals it: the
+        buckets' shares point into it (EventBlock.take)."""
+        for item in events:
+            if is_block(item):
+                item.hold = BudgetHold(self.budget, item.nbytes)
 
     def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
         stats = self.stats

@@ -305,6 +305,9 @@ class ReaderHost:
             if kind == "batch":  # taken without waiting: this connection serves every stream's tails
                 _, _, events, nbytes, entries, (secs, inc) = message
                 reader.arrived(events, nbytes, entries, Timestamp(secs, inc))
+                # Not held while the next message is awaited: its blocks' charges return only
+                # once every reference is gone, and the process sends no more until they do.
+                del message, events
             elif kind == "parked":
                 await reader.parked(message[2])
             elif kind == "idle":

@@ -244,6 +244,15 @@ class Bucket:
         if position > self.base:
             self._forget(position, freed)
 
+    def unpin(self) -> None:
+        """Let go of the shard blocks this bucket's events point into (a shard's budget is full,
+        and only their release gives it bytes back): retained events no cursor needs are
+        dropped, and the rest copied into memory of their own."""
+        self._drop_delivered(self.budget.limit)
+        for i, segment in enumerate(self.segments):
+            if is_block(segment) and segment.pins:
+                self.segments[i] = segment.own()
+
     def _forget(self, position: int, nbytes: int) -> None:
         """Drop the retained events before absolute `position`, which hold `nbytes` of the budget."""
         self.floor = self.key_at(position - 1)
@@ -656,10 +665,15 @@ class ParallelStream:
         if self._hosts:  # with readerProcesses: shards are dealt over the reader processes in turn
             reader.elsewhere = self._hosts[(len(self.readers) - 1) % len(self._hosts)]
         reader.wants_progress = self._shard_holds_back
+        reader.relieve = self._unpin
         # A shard that joins later starts with the mark of its start time: above the frontier,
         # since it was not listed when the frontier was last allowed to move.
         self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
         return reader
+
+    def _unpin(self) -> None:
+        for bucket in self.buckets.values():
+            bucket.unpin()
 
     def has_cursors(self) -> bool:
         return any(b.cursors for b in self.buckets.values())
@@ -782,6 +796,10 @@ class ParallelStream:
             # Budgets are released once per merged batch, not once per event.
             for shard, nbytes in freed.items():
                 self.shard_budgets[shard].release(nbytes)
+            # What was just dealt may hold a waiting reader's budget full (the reader asked
+            # before it was dealt, or reads in a reader process and cannot ask).
+            if any(reader.starved for reader in self.readers.values()):
+                self._unpin()
             self.events_merged += count_events(ready)
             frontier = merge.frontier()
             if frontier > self._frontier:
@@ -791,6 +809,9 @@ class ParallelStream:
                 token = token_from_key(frontier)
                 for bucket in self.buckets.values():
                     bucket.advance_frontier(frontier, token)
+            # Nor may this frame hold the blocks while it waits for the next batch: a waiting
+            # reader's batch comes only once they are let go.
+            del first, arrived, batch, events, ready
 
     async def _deal(self, ready: list[EventFields]) -> None:
         """Deal merged events into their buckets: each bucket's share is appended in one step."""

@@ -479,6 +479,9 @@ def warm_up() -> None:
     reply = bson.encode({"cursor": {"nextBatch": entries, "id": bson.Int64(0), "ns": "local.oplog.rs"}})
     for expanded in (False, True):
         _, block, _ = splice_block(reply_batch(reply)[1], expanded=expanded)
-    # And what a release does with blocks: merge, gather each bucket's share, key a reply's batch.
+    # And what a release does with blocks: merge, take each bucket's share, key a reply's batch
+    # from where its events lie (or from a block's own column), gather a column.
     if block is not None:
-        EventBlock.merge([block, block]).take(np.arange(2)).array_body(0)
+        share = EventBlock.merge([block, block]).take(np.arange(2))
+        share.array_body(0)
+        share.own().array_body(0)

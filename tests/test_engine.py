@@ -320,6 +320,37 @@ async def test_slow_consumer_stays_within_the_byte_budgets(cluster, proxy):
     await sync(work)
 
 
+@pytest.mark.parametrize("reader_processes", [0, 1])
+async def test_buckets_let_go_of_the_shard_blocks_they_point_into_when_a_shard_budget_fills(
+        cluster, proxy, reader_processes):
+    """A backlog's bucket shares point into the shards' blocks, whose charge to the shard's budget
+    returns only once the last share is freed. Buckets retain what they delivered up to their own
+    budget, here far above the shards': the shards' budgets would stay full and the readers wait
+    for ever. A full shard budget makes the buckets drop or copy out what they point into."""
+    def work():
+        c = client(proxy_uri(proxy))
+        names = {}
+        for i in range(100):  # a collection in each of the two buckets
+            names.setdefault(bucket_of(f"pins.c{i}", 2), f"c{i}")
+            if len(names) == 2:
+                break
+        start = c.admin.command("ping")["operationTime"]
+        for _ in range(3):  # batches of plain inserts: the readers splice them into blocks
+            for coll in names.values():
+                c.pins[coll].insert_many([{"pad": "z" * 200} for _ in range(800)])
+        end = end_point(c)
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"pins{reader_processes}",
+                                  "startAtOperationTime": start, "readerProcesses": reader_processes,
+                                  "shardBufferBytes": 100_000, "bucketBufferBytes": 16 << 20})
+        for cursor in opened["cursors"]:
+            events = drain(c, cursor["id"], end, timeout=60)
+            assert len([e for e in events if e["operationType"] == "insert"]) == 2400  # nothing lost
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": f"pins{reader_processes}"})
+        assert all(s["bufferBytes"] == 0 for s in status["streams"][0]["shards"])
+        assert sum(b["bytes"] for b in status["streams"][0]["buckets"]) > 2 * 100_000  # retained, not dropped
+    await sync(work)
+
+
 async def test_a_consumer_that_stops_inside_a_batch_resumes_from_memory(cluster, proxy):
     """A Spark task reads up to its end token, which may lie inside the last batch it fetched,
     then kills its cursor. The next micro-batch attaches after that token: even once the bucket is

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import uuid
+import weakref
 from typing import Any
 
 import bson
@@ -178,3 +179,56 @@ def test_a_blocks_elements_are_keyed_from_any_index_across_digit_counts() -> Non
         expected = b"".join(b"\x03%d\x00%s" % (first + i, raw) for i, raw in enumerate(raws))
         assert bytes(block.array_body(first)) == expected
     assert bytes(block.sliced(0, 0).array_body(3)) == b""
+
+
+def test_a_share_of_a_merge_is_keyed_from_where_its_events_lie() -> None:
+    """A bucket's share points into the merged blocks (nothing copied at the deal); its reply
+    gathers and keys the events in one pass and gives the bytes of the events themselves."""
+    a = block_of_inserts([(7, i) for i in range(1, 300, 2)], [i % 3 for i in range(150)])
+    b = block_of_inserts([(7, i) for i in range(2, 301, 2)], [(i + 1) % 3 for i in range(150)])
+    merged = EventBlock.merge([a, b])
+    shares = merged.shares([(0,) if coll == "c0" else (1,) for _, _, coll, _ in merged.kind_table])
+    fields = merged.fields()
+    for bucket, share in shares.items():
+        raws = [f[5] for f in fields if (f[4] == "c0") == (bucket == 0)]
+        assert share.nbytes == sum(map(len, raws)) and list(share.sizes) == list(map(len, raws))
+        for first in (0, 7, 995):
+            part = share.sliced(3, 200)
+            expected = b"".join(b"\x03%d\x00%s" % (first + i, raw) for i, raw in enumerate(raws[3:200]))
+            assert bytes(part.array_body(first)) == expected
+        assert [f[5] for f in share.fields()] == raws
+
+
+def test_a_blocks_hold_lives_as_long_as_some_block_points_into_it() -> None:
+    class Hold:
+        pass
+
+    holds = [Hold(), Hold()]
+    alive = [weakref.ref(h) for h in holds]
+    a = block_of_inserts([(7, i) for i in range(1, 300, 2)], [i % 2 for i in range(150)])
+    b = block_of_inserts([(7, i) for i in range(2, 301, 2)], [i % 2 for i in range(150)])
+    a.hold, b.hold = holds
+    del holds
+    merged = EventBlock.merge([a.sliced(0, 100), b])
+    shares = merged.shares([(k,) for k in range(len(merged.kind_table))])
+    del a, b, merged
+    assert all(r() is not None for r in alive) and all(s.pins for s in shares.values())
+    tail = shares[1].sliced(50)  # a slice of a share holds the merge's blocks too
+    owned = shares[0].own()
+    expected = [f[5] for f in owned.fields()]
+    del shares
+    assert all(r() is not None for r in alive) and not owned.pins
+    del tail
+    assert all(r() is None for r in alive)  # a copy of its own holds nothing
+    assert [f[5] for f in owned.fields()] == expected
+    # A shard's block dealt whole to one bucket (its own columns, held): copied out as well.
+    whole = block_of_inserts([(8, i) for i in range(1, 200)], [0] * 199)
+    whole.hold = Hold()
+    alive = [weakref.ref(whole.hold)]
+    part = whole.sliced(20)
+    expected = [f[5] for f in part.fields()]
+    del whole
+    owned = part.own()
+    assert alive[0]() is not None
+    del part
+    assert alive[0]() is None and not owned.pins and [f[5] for f in owned.fields()] == expected
