@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["U", "as_bytes", "copy", "copy_from", "has", "hex_digits", "i32", "put_i32", "u8", "u64"]
+__all__ = ["U", "as_bytes", "copy", "copy_from", "prefetch", "has", "hex_digits", "i32", "put_i32", "u8", "u64"]
 
 U = np.uintp
 Bytes = npt.NDArray[np.uint8]
@@ -106,6 +106,26 @@ def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
         cgutils.raw_memcpy(builder, builder.inttoptr(to, pointer), builder.inttoptr(start, pointer), size, 1)
         return context.get_dummy_value()
     return types.void(types.uintp, types.uintp, types.intp), codegen
+
+
+@intrinsic
+def _prefetch(typingctx: Any, address: Any) -> Any:
+    """Ask the CPU to bring the cache line at `address` in (llvm.prefetch: read, keep, data)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
+            pointer, ir.IntType(32), ir.IntType(32), ir.IntType(32)]), "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.inttoptr(args[0], pointer), ir.Constant(ir.IntType(32), 0),
+                          ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
+        return context.get_dummy_value()
+    return types.void(types.uintp), codegen
+
+
+@numba.njit(cache=True)
+def prefetch(address: Index, n: Index) -> None:
+    """Bring the n bytes at memory `address` towards the cache, a line (64 bytes) at a time."""
+    for line in range(U(0), U(n), U(64)):
+        _prefetch(U(address) + line)  # type: ignore[call-arg]
 
 
 @numba.njit(cache=True)

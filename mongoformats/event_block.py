@@ -29,10 +29,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.byte_kernels import U, as_bytes, copy, copy_from
+from mongoformats.byte_kernels import U, as_bytes, copy, copy_from, prefetch
 
 __all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
 
+PREFETCH_AHEAD = 4  # rows: from 1 to 8 gave the same
 # (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
 Kind = tuple[str, str, str, Any]
 
@@ -384,7 +385,10 @@ def _keyed_elements(values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64
 def _keyed_gather(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
                   first_index: int) -> npt.NDArray[np.uint8]:
     """`_keyed_elements` of the events at `rows` of a scattered column (each at its address),
-    gathered as they are keyed: one pass over their bytes."""
+    gathered as they are keyed: one pass over their bytes. A bucket's share reads every few
+    events of each shard's block, a stride the CPU's own prefetch does not follow, so the loop
+    asks for the event PREFETCH_AHEAD rows on as it copies this one (a reply's gather went from
+    ~110 to ~70 ns an event in a merge-deal-reply loop over 4 shards' blocks)."""
     n = len(rows)
     total = 0
     for i in range(U(n)):
@@ -395,6 +399,9 @@ def _keyed_gather(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64]
     out = np.empty(total + n * (_digits(first_index + n - 1) + 2), np.uint8)
     at = 0
     for i in range(U(n)):
+        if i + U(PREFETCH_AHEAD) < U(n):
+            q = U(rows[i + U(PREFETCH_AHEAD)])
+            prefetch(addresses[q], sizes[q])
         at = _put_key(out, at, first_index + i)
         r = U(rows[i])
         copy_from(out, at, addresses[r], sizes[r])
