@@ -175,7 +175,7 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
     out: list[Spliced | tuple[()] | None] = [None] * n
     # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
     # once per kind: a batch's entries share a handful.
-    made = [_made_of(data[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()]
+    made = [_made_of(bytes(data[start:stop])) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()]
     keep = np.fromiter(map(bool, made), np.bool_, len(made))
     if not keep.all():
         dropped = ok & ~keep[which]
@@ -412,12 +412,12 @@ def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _By
     return keys.reshape(m, _KEY_BYTES), out, offsets
 
 
-def _description(data: bytes, start: int, end: int, diff: int, expanded: bool) -> bytes | None:
+def _description(data: bytes | bytearray, start: int, end: int, diff: int, expanded: bool) -> bytes | None:
     """The updateDescription of the update entry data[start:end] whose diff is at `diff`, read
     from the entry alone as splice_crud reads it (bytes past a broken entry are another's); None
     if `update_description` does not take it or cannot read it (splice_crud then says why)."""
     try:
-        return update_description(data[start:end], diff - start, expanded=expanded)
+        return update_description(bytes(data[start:end]), diff - start, expanded=expanded)
     except (ValueError, IndexError, struct.error):
         return None
 

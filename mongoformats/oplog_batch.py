@@ -32,9 +32,11 @@ _Ints = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class OplogBatch:
-    """Entries at `starts`, `lengths` in `data`, which goes on for SLACK bytes past the last one."""
+    """Entries at `starts`, `lengths` in `data`, which goes on for SLACK bytes past the last one.
+    `data` is a bytearray when the reply was received straight into a buffer of its own
+    (UpstreamConnection); an entry taken out of it is bytes either way."""
 
-    data: bytes
+    data: bytes | bytearray
     starts: _Ints
     lengths: _Ints
 
@@ -51,10 +53,15 @@ class OplogBatch:
 
     def entry(self, i: int) -> bytes:
         start = int(self.starts[i])
-        return self.data[start:start + int(self.lengths[i])]
+        return bytes(self._bytes()[start:start + int(self.lengths[i])])
 
     def entries(self) -> list[bytes]:
-        return list(map(self.data.__getitem__, map(slice, self.starts.tolist(), (self.starts + self.lengths).tolist())))
+        cut = self._bytes().__getitem__
+        return list(map(bytes, map(cut, map(slice, self.starts.tolist(), (self.starts + self.lengths).tolist()))))
+
+    def _bytes(self) -> bytes | memoryview:
+        """`data`, sliced without a copy beyond the one `bytes()` makes of a slice."""
+        return self.data if type(self.data) is bytes else memoryview(self.data)
 
 
 def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:
@@ -63,7 +70,7 @@ def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:
     return batch_in_place(reply + bytes(SLACK), 0)
 
 
-def batch_in_place(data: bytes, at: int) -> tuple[int, OplogBatch]:
+def batch_in_place(data: bytes | bytearray, at: int) -> tuple[int, OplogBatch]:
     """`reply_batch` of the reply at `at` in `data`, which goes on for SLACK bytes or more past
     the reply's end (what UpstreamConnection.command_in_place gives): the entries are read where
     they lie, the reply is not copied."""
@@ -72,7 +79,7 @@ def batch_in_place(data: bytes, at: int) -> tuple[int, OplogBatch]:
     return cursor_id, OplogBatch(data, starts, words(data, "<i4")[starts].astype(np.int64))
 
 
-def words(data: bytes, dtype: str) -> Any:
+def words(data: bytes | bytearray, dtype: str) -> Any:
     """`data` read as overlapping words: element i is the word that starts at byte i. So one
     fancy index reads a field at every entry's own offset, where a (rows, width) gather of bytes
     costs an index array the size of the rows."""
@@ -80,7 +87,7 @@ def words(data: bytes, dtype: str) -> Any:
     return np.ndarray((len(data) - size + 1,), dtype, data, 0, (1,))
 
 
-def _walk(data: bytes, start: int, end: int) -> _Ints:
+def _walk(data: bytes | bytearray, start: int, end: int) -> _Ints:
     """The offsets of the documents of the array in [start, end): each element's header (type
     document, then its index as its key: BSON asks "0", "1", ... of every array) and length are
     read on the way, in a compiled loop (byte_kernels)."""

@@ -49,7 +49,7 @@ _FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 
           0x7F: 0, 0xFF: 0}
 
 
-def _value_end(buf: bytes, t: int, p: int) -> int:
+def _value_end(buf: bytes | bytearray, t: int, p: int) -> int:
     n = _FIXED.get(t)
     if n is not None:
         return p + n
@@ -77,9 +77,11 @@ def leading_id(doc: bytes) -> tuple[int, bytes] | None:
     return t, doc[9:_value_end(doc, t, 9)]
 
 
-def elements(buf: bytes, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
-    """The elements of the BSON document at `start`: name -> (type, value start, value end)."""
+def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
+    """The elements of the BSON document at `start`: name -> (type, value start, value end)
+    (names as bytes, in a bytearray too: a reply received into its own buffer)."""
     unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
+    names: Any = buf if type(buf) is bytes else _BytesOf(buf)
     end = start + unpack(buf, start)[0] - 1
     p = start + 4
     out: dict[bytes, tuple[int, int, int]] = {}
@@ -95,7 +97,7 @@ def elements(buf: bytes, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
         else:
             n = fixed.get(t)
             e = v + n if n is not None else _value_end(buf, t, v)
-        out[buf[p + 1:q]] = (t, v, e)
+        out[names[p + 1:q]] = (t, v, e)
         p = e
     return out
 
@@ -272,7 +274,19 @@ def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
     return cursor_id, array_items(reply, start)
 
 
-def cursor_span(reply: bytes, at: int = 0) -> tuple[int, int, int]:
+class _BytesOf:
+    """Slices of a bytearray as bytes (dictionary keys)."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self, buf: bytes | bytearray) -> None:
+        self.buf = buf
+
+    def __getitem__(self, cut: slice) -> bytes:
+        return bytes(self.buf[cut])
+
+
+def cursor_span(reply: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
     """(cursor id, where its firstBatch/nextBatch array starts and ends) of the find/getMore reply
     at `at` in `reply`."""
     _, c0, _ = elements(reply, at)[b"cursor"]

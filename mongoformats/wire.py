@@ -125,13 +125,13 @@ Message = OpMsg | OpQuery | OpReply
 # decoding (pure functions over one complete message)
 
 
-def _bson_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[bytes, int]:
+def _bson_at(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[bytes, int]:
     """The BSON document starting at `pos`, checked against the frame end; returns (doc, next_pos)."""
     stop = _bson_end(buf, pos, end)
     return bytes(buf[pos:stop]), stop
 
 
-def _bson_end(buf: bytes | memoryview, pos: int, end: int) -> int:
+def _bson_end(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
     """Where the BSON document starting at `pos` ends, checked against the frame end."""
     if end - pos < 5:
         raise ProtocolError("truncated BSON document")
@@ -143,7 +143,7 @@ def _bson_end(buf: bytes | memoryview, pos: int, end: int) -> int:
     return pos + size
 
 
-def _cstring_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[str, int]:
+def _cstring_at(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[str, int]:
     raw = bytes(buf[pos:end])
     nul = raw.find(b"\x00")
     if nul < 0:
@@ -159,7 +159,8 @@ def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: s
     return OpMsg(request_id, response_to, flags, data[start:stop], sequences, compressor)
 
 
-def _op_msg_sections(data: bytes, end: int) -> tuple[int, tuple[int, int], tuple[tuple[str, tuple[bytes, ...]], ...]]:
+def _op_msg_sections(data: bytes | bytearray,
+                     end: int) -> tuple[int, tuple[int, int], tuple[tuple[str, tuple[bytes, ...]], ...]]:
     """(flags, where the body document lies, the document sequences) of the OP_MSG in data[:end],
     header included; checksums cover header..sections."""
     if end < HEADER.size + 4 + 1:
@@ -205,12 +206,12 @@ def _op_msg_sections(data: bytes, end: int) -> tuple[int, tuple[int, int], tuple
     return flags, body, tuple(sequences)
 
 
-def op_msg_flags(frame: bytes) -> int:
+def op_msg_flags(frame: bytes | bytearray) -> int:
     """The flag bits of the OP_MSG at the start of `frame` (one `op_msg_body_span` accepted)."""
     return int(_U32.unpack_from(frame, HEADER.size)[0])
 
 
-def op_msg_body_span(frame: bytes) -> tuple[int, int] | None:
+def op_msg_body_span(frame: bytes | bytearray) -> tuple[int, int] | None:
     """Where the body document of the OP_MSG at the start of `frame` lies in it, the frame checked
     as `decode_message` checks it; None for a message that is not a plain OP_MSG (compressed,
     another opcode, with document sequences), for `decode_message`. `frame` may go on past the
@@ -342,6 +343,11 @@ class MessageFramer:
         self._size += len(data)
 
     @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken."""
+        return self._size
+
+    @property
     def trailing_data(self) -> bytes:
         return b"".join(self._chunks)[self._start:]
 
@@ -368,6 +374,35 @@ class MessageFramer:
         if self._eof and self._size:
             raise ProtocolError("connection closed in the middle of a message")
         return NEED_DATA
+
+    def frame_buffer(self, pad: int, at_least: int) -> tuple[bytearray, int, int] | None:
+        """For a frame of `at_least` bytes or more whose length has arrived but not all of it:
+        (a buffer of its length plus `pad` zero bytes holding what has arrived, how much that
+        is, its length); what it holds leaves the framer, and the caller receives the rest
+        straight into it (recv_into). None if the length is unknown, the frame is smaller or
+        it has all arrived (`next_frame` takes it).
+
+        Why: a reply of megabytes arrives in receives of 256 KB, and cutting the frame from them
+        copied every byte a second time (the join), a tenth of a reader's time."""
+        if self._size < 4 or self._eof:
+            return None
+        chunks = self._chunks
+        while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks
+            head = chunks.popleft()[self._start:]
+            chunks[0] = head + chunks[0]
+            self._start = 0
+        (length,) = _I32.unpack_from(chunks[0], self._start)
+        if length < at_least or length > self._max_size or self._size >= length:
+            return None  # small, absurd (next_frame says so) or all here
+        buffer = bytearray(length + pad)
+        filled = 0
+        for chunk in chunks:
+            piece = memoryview(chunk)[self._start if filled == 0 else 0:]
+            buffer[filled:filled + len(piece)] = piece
+            filled += len(piece)
+        chunks.clear()
+        self._start = self._size = 0
+        return buffer, filled, length
 
     def _take(self, n: int, pad: int) -> bytes:
         """The next `n` unread bytes (there are that many) and `pad` zero bytes, copied once at most."""

@@ -83,6 +83,27 @@ def test_a_frame_taken_whole_with_room_after_it_gives_the_body_in_place(frame):
         assert framer.next_frame() is wire.NEED_DATA
 
 
+@pytest.mark.parametrize("cut", [4, 5, 100, 7000])
+def test_a_large_frame_is_handed_over_as_a_buffer_to_receive_the_rest_into(cut):
+    """frame_buffer: once a large frame's length has come (whether its first piece held 4 bytes
+    or more, over one piece or several), the framer hands what came over in a buffer of the
+    frame's size plus pad; the caller receives the rest into it, and the framer goes on with the
+    next frame."""
+    frame = wire.encode_op_msg(3, 0, bson.encode({"pad": "x" * 10_000}))
+    framer = wire.MessageFramer()
+    assert framer.frame_buffer(256, 1000) is None  # nothing yet
+    for piece in (frame[:2], frame[2:cut // 2 + 2], frame[cut // 2 + 2:cut]):
+        if piece:  # (an empty piece is the end of the stream)
+            framer.receive_data(piece)
+    assert framer.frame_buffer(256, len(frame) + 1) is None  # smaller than asked: next_frame's
+    buffer, filled, length = framer.frame_buffer(256, 1000)
+    assert (filled, length, len(buffer), framer.buffered) == (cut, len(frame), len(frame) + 256, 0)
+    buffer[filled:length] = frame[filled:]
+    assert bytes(buffer) == frame + bytes(256) and wire.op_msg_body_span(buffer) == wire.op_msg_body_span(frame)
+    framer.receive_data(frame)
+    assert framer.frame_buffer(256, 1000) is None and framer.next_frame() == frame  # all here: no buffer
+
+
 @pytest.mark.parametrize("name", ["bad checksum", "unknown required flag", "unknown section kind",
                                   "bson length past frame", "no kind-0 section"])
 def test_a_bad_op_msg_taken_in_place_raises_protocol_error(name):

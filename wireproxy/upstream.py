@@ -18,7 +18,7 @@ import functools
 import itertools
 import math
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -42,6 +42,7 @@ __all__ = ["CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConne
 
 
 CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeoutMS default)
+DIRECT_FRAME_BYTES = 1 << 16  # a larger reply to an in-place command is received into its own buffer
 
 
 class UpstreamClosed(Exception):
@@ -113,6 +114,41 @@ class UpstreamConnection:
     async def receive(self) -> wire.Message:
         return await self._receive(self._framer.next_message)
 
+    async def _receive_frame(self, pad: int) -> bytes | bytearray:
+        """The next frame, undecoded, and `pad` zero bytes (see MessageFramer.next_frame). Over
+        plain TCP a large one (an oplog batch) is received into a buffer of its own: one copy
+        of its bytes, where receiving chunks and joining them made two."""
+        sock = self._stream.socket if isinstance(self._stream, trio.SocketStream) else None
+        try:
+            while True:
+                got = self._framer.next_frame(pad)
+                if isinstance(got, bytes):
+                    return got
+                if sock is not None and not self._framer.buffered:
+                    # A frame's length first, alone: receiving in 256 KB pieces would copy the
+                    # first piece of a large frame once more, into its buffer.
+                    head = await sock.recv(4)
+                    if not head:
+                        raise self._lost(f"upstream {self.address} closed the connection")
+                    self._framer.receive_data(head)
+                part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES) if sock is not None else None
+                if part is not None:
+                    assert sock is not None
+                    buffer, filled, length = part
+                    view = memoryview(buffer)
+                    while filled < length:
+                        n = await sock.recv_into(view[filled:length])
+                        if not n:
+                            raise self._lost(f"upstream {self.address} closed the connection")
+                        filled += n
+                    return buffer
+                data = await self._stream.receive_some(1 << 18)
+                if not data:
+                    raise self._lost(f"upstream {self.address} closed the connection")
+                self._framer.receive_data(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
+
     async def _receive(self, pull: Callable[[], Any]) -> Any:
         """What `pull` takes from the framer (a message, or a frame), once it has all it needs."""
         try:
@@ -135,7 +171,7 @@ class UpstreamConnection:
         """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`, and no
         answer within `reply_timeout_s` past the command's maxTimeMS (or within `timeout_s`, if
         sooner) closes the connection and raises UpstreamClosed."""
-        msg = await self._exchange(db, cmd, timeout_s, self._framer.next_message)
+        msg = await self._exchange(db, cmd, timeout_s, self.receive)
         if not isinstance(msg, wire.OpMsg):
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         reply = RawBSONDocument(msg.body, RAW)
@@ -144,7 +180,7 @@ class UpstreamConnection:
         return reply
 
     async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int,
-                               exhaust: bool = False) -> tuple[bytes, int]:
+                               exhaust: bool = False) -> tuple[bytes | bytearray, int]:
         """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
         (bytes holding the reply document, where it starts in them), going on for `pad` zero bytes
         past the message's end. One copy of the reply, where decoding it and padding it made three.
@@ -153,30 +189,30 @@ class UpstreamConnection:
         `streaming`, `more_in_place` takes each. A server that streams nothing (a mongos before
         7.1) answers once, as to any getMore."""
         limit = self._limit(cmd, math.inf)
-        frame = await self._exchange(db, cmd, limit, functools.partial(self._framer.next_frame, pad),
+        frame = await self._exchange(db, cmd, limit, functools.partial(self._receive_frame, pad),
                                      flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0)
         return await self._in_place(frame, pad, limit)
 
-    async def more_in_place(self, *, pad: int) -> tuple[bytes, int]:
+    async def more_in_place(self, *, pad: int) -> tuple[bytes | bytearray, int]:
         """The next batch of an exhaust cursor (see `command_in_place`), no request sent."""
         if self._streaming is None:
             raise RuntimeError("no exhaust cursor is streaming on this connection")
         answers, limit = self._streaming
         async with self._lock:
             with trio.move_on_after(limit) as waited:
-                frame = await self._receive(functools.partial(self._framer.next_frame, pad))
+                frame = await self._receive_frame(pad)
             if waited.cancelled_caught:
                 raise await self._out_of_step(f"upstream {self.address} sent no batch within {limit:g} s",
                                               UpstreamTimeout)
         await self._answered(frame, answers)
         return await self._in_place(frame, pad, limit)
 
-    async def _in_place(self, frame: bytes, pad: int, limit: float) -> tuple[bytes, int]:
+    async def _in_place(self, frame: bytes | bytearray, pad: int, limit: float) -> tuple[bytes | bytearray, int]:
         """The reply document's place in `frame` (see `command_in_place`); notes whether more come."""
         try:
             span = wire.op_msg_body_span(frame)
             if span is None:  # compressed, or in another shape: decoded, then padded
-                msg = wire.decode_message(frame[:len(frame) - pad])
+                msg = wire.decode_message(bytes(frame[:len(frame) - pad]))
                 if not isinstance(msg, wire.OpMsg):
                     raise await self._out_of_step(f"upstream {self.address} answered out of turn")
                 flags, request_id = msg.flags, msg.request_id
@@ -199,10 +235,10 @@ class UpstreamConnection:
         waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
         return min(timeout_s, self.reply_timeout_s + waits)
 
-    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, timeout_s: float, pull: Callable[[], Any],
-                        *, flags: int = 0) -> Any:
-        """Send the command, and take its answer with `pull`: a message or a frame, checked to
-        answer this request."""
+    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, timeout_s: float,
+                        receive: Callable[[], Awaitable[Any]], *, flags: int = 0) -> Any:
+        """Send the command, and take its answer with `receive`: a message or a frame, checked
+        to answer this request."""
         if self._streaming is not None:
             raise RuntimeError("an exhaust cursor streams on this connection: it runs nothing else")
         body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
@@ -211,7 +247,7 @@ class UpstreamConnection:
             with trio.move_on_after(limit) as waited:
                 rid = self.next_request_id()
                 await self.send(wire.encode_op_msg(rid, 0, body, flags=flags))
-                got = await self._receive(pull)
+                got = await receive()
             if waited.cancelled_caught:
                 # Its answer may still come: the connection is out of step for good.
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
@@ -220,10 +256,11 @@ class UpstreamConnection:
         await self._answered(got, rid)
         return got
 
-    async def _answered(self, got: wire.Message | bytes, answers: int) -> None:
+    async def _answered(self, got: wire.Message | bytes | bytearray, answers: int) -> None:
         """Check that `got` (a message, or a frame) answers the message `answers`, and note the
         host answered; a connection answered out of turn is closed."""
-        response_to = wire.HEADER.unpack_from(got, 0)[2] if isinstance(got, bytes) else got.response_to
+        response_to = (wire.HEADER.unpack_from(got, 0)[2] if isinstance(got, bytes | bytearray)
+                       else got.response_to)
         if response_to != answers:
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         if self._health is not None:
