@@ -115,33 +115,22 @@ class UpstreamConnection:
         return await self._receive(self._framer.next_message)
 
     async def _receive_frame(self, pad: int) -> bytes | bytearray:
-        """The next frame, undecoded, and `pad` zero bytes (see MessageFramer.next_frame). Over
-        plain TCP a large one (an oplog batch) is received into a buffer of its own: one copy
-        of its bytes, where receiving chunks and joining them made two."""
-        sock = self._stream.socket if isinstance(self._stream, trio.SocketStream) else None
+        """The next frame, undecoded, and `pad` zero bytes (see MessageFramer.next_frame)."""
+        return await self._receive(functools.partial(self._framer.next_frame, pad), direct_pad=pad)
+
+    async def _receive(self, pull: Callable[[], Any], *, direct_pad: int | None = None) -> Any:
+        """What `pull` takes from the framer (a message, or a frame), once it has all it needs.
+        With `direct_pad` (`pull` takes frames padded by that much), a large frame (an oplog
+        batch) is received over plain TCP into a buffer of its own: one copy of its bytes, where
+        receiving chunks and joining them made two."""
+        direct = direct_pad is not None and isinstance(self._stream, trio.SocketStream)
         try:
             while True:
-                got = self._framer.next_frame(pad)
-                if isinstance(got, bytes):
+                got = pull()
+                if got is not wire.NEED_DATA:
                     return got
-                if sock is not None and not self._framer.buffered:
-                    # A frame's length first, alone: receiving in 256 KB pieces would copy the
-                    # first piece of a large frame once more, into its buffer.
-                    head = await sock.recv(4)
-                    if not head:
-                        raise self._lost(f"upstream {self.address} closed the connection")
-                    self._framer.receive_data(head)
-                part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES) if sock is not None else None
-                if part is not None:
-                    assert sock is not None
-                    buffer, filled, length = part
-                    view = memoryview(buffer)
-                    while filled < length:
-                        n = await sock.recv_into(view[filled:length])
-                        if not n:
-                            raise self._lost(f"upstream {self.address} closed the connection")
-                        filled += n
-                    return buffer
+                if direct and (frame := await self._receive_direct(direct_pad or 0)) is not None:
+                    return frame
                 data = await self._stream.receive_some(1 << 18)
                 if not data:
                     raise self._lost(f"upstream {self.address} closed the connection")
@@ -149,19 +138,28 @@ class UpstreamConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
 
-    async def _receive(self, pull: Callable[[], Any]) -> Any:
-        """What `pull` takes from the framer (a message, or a frame), once it has all it needs."""
-        try:
-            while True:
-                got = pull()
-                if got is not wire.NEED_DATA:
-                    return got
-                data = await self._stream.receive_some(1 << 18)
-                if not data:
-                    raise self._lost(f"upstream {self.address} closed the connection")
-                self._framer.receive_data(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
-            raise self._lost(f"upstream {self.address}: {exc}") from exc
+    async def _receive_direct(self, pad: int) -> bytearray | None:
+        """The next frame received into a buffer of its own (MessageFramer.frame_buffer), or
+        None if it is small or its length has not come yet."""
+        sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
+        if not self._framer.buffered:
+            # A frame's length first, alone: receiving in 256 KB pieces would copy the first
+            # piece of a large frame once more, into its buffer.
+            head = await sock.recv(4)
+            if not head:
+                raise self._lost(f"upstream {self.address} closed the connection")
+            self._framer.receive_data(head)
+        part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES)
+        if part is None:
+            return None
+        buffer, filled, length = part
+        view = memoryview(buffer)
+        while filled < length:
+            n = await sock.recv_into(view[filled:length])
+            if not n:
+                raise self._lost(f"upstream {self.address} closed the connection")
+            filled += n
+        return buffer
 
     def next_request_id(self) -> int:
         return next(self._ids)
