@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="writing time per measurement")
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=4, periodic_noop_s=10.0)
-    proxy = ProxyProcess(cluster.uri)
+    # Streams are closed a second after their consumers leave (not the default 5 minutes): each
+    # kept reading its shards (and writing notes) beside the measurements that followed.
+    proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
     results: dict[str, dict[str, float]] = {}
     try:
         async def run() -> None:
@@ -125,20 +127,26 @@ def main(argv: list[str] | None = None) -> None:
                 # The shards read in a reader process: nudges and notes cross the process boundary.
                 "proxy rp1": lambda out, stop, task_status: proxy_consumers(proxy, out, stop, task_status,
                                                                             reader_processes=1)}
+            async def measure(mode: str, db: str, coll: str, seconds: float) -> tuple[list[float], int]:
+                out: list[float] = []
+                stop = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(consumers[mode], out, stop)
+                    written = await write_steadily(writer, db, coll, args.rate, seconds)
+                    # The last writes may wait for the idle shards' periodic noops (every 10 s).
+                    with trio.move_on_after(25):
+                        while len(out) < written:
+                            await trio.sleep(0.05)
+                    stop.set()
+                if mode != "native":
+                    await trio.sleep(3)  # the stream's teardown, before the next measurement
+                return out, written
+
             # Native first: a proxy stream keeps reading (and writing notes) after its cursors close,
             # until its idle teardown, which would move a native stream's idle shards too.
-            for mode, consumer in consumers.items():
+            for mode in consumers:
                 for workload, (db, coll) in WORKLOADS.items():
-                    out: list[float] = []
-                    stop = trio.Event()
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(consumer, out, stop)
-                        written = await write_steadily(writer, db, coll, args.rate, args.seconds)
-                        # The last writes may wait for the idle shards' periodic noops (every 10 s).
-                        with trio.move_on_after(25):
-                            while len(out) < written:
-                                await trio.sleep(0.05)
-                        stop.set()
+                    out, written = await measure(mode, db, coll, args.seconds)
                     name = f"{workload}, {mode}"
                     results[name] = summary(out, written)
                     r = results[name]

@@ -54,6 +54,7 @@ from bson import Timestamp
 
 from buckets.allocator import keep_large_allocations
 from buckets.budget import ByteBudget
+from mongoformats.batch_splice import warm_up
 from mongoformats.errors import MongoError
 
 if TYPE_CHECKING:
@@ -408,6 +409,10 @@ async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None) -> Asy
 def serve_readers(path: str) -> None:
     """Entry point of a reader process (run by trio_parallel): connect back, run tails until closed."""
     keep_large_allocations()
+    # The splice's compiled loops, loaded (~0.3 s; compiled on a cold cache) before connecting
+    # back: loaded on the first batches instead, they held a new stream's first events back by
+    # up to 300 ms (bench_latency's first readerProcesses workload showed it as its p99).
+    warm_up()
     trio.run(_serve, path)
 
 
