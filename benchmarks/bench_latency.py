@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                 # The shards read in a reader process: nudges and notes cross the process boundary.
                 "proxy rp1": lambda out, stop, task_status: proxy_consumers(proxy, out, stop, task_status,
                                                                             reader_processes=1)}
+
             async def measure(mode: str, db: str, coll: str, seconds: float) -> tuple[list[float], int]:
                 out: list[float] = []
                 stop = trio.Event()
