@@ -55,6 +55,7 @@ from mongoformats.oplog_splice import (
     _UI_HEAD,
     Spliced,
     _fixed_head,
+    byte_slices,
     splice_crud,
     update_description,
 )
@@ -175,7 +176,8 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
     out: list[Spliced | tuple[()] | None] = [None] * n
     # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
     # once per kind: a batch's entries share a handful.
-    made = [_made_of(bytes(data[start:stop])) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()]
+    cut = byte_slices(data)
+    made = [_made_of(cut[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()]
     keep = np.fromiter(map(bool, made), np.bool_, len(made))
     if not keep.all():
         dropped = ok & ~keep[which]
@@ -417,7 +419,7 @@ def _description(data: bytes | bytearray, start: int, end: int, diff: int, expan
     from the entry alone as splice_crud reads it (bytes past a broken entry are another's); None
     if `update_description` does not take it or cannot read it (splice_crud then says why)."""
     try:
-        return update_description(bytes(data[start:end]), diff - start, expanded=expanded)
+        return update_description(byte_slices(data)[start:end], diff - start, expanded=expanded)
     except (ValueError, IndexError, struct.error):
         return None
 

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mongoformats.byte_kernels import U, as_bytes, i32, u8
-from mongoformats.oplog_splice import cursor_span
+from mongoformats.oplog_splice import byte_slices, cursor_span
 
 __all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "words"]
 
@@ -53,15 +53,11 @@ class OplogBatch:
 
     def entry(self, i: int) -> bytes:
         start = int(self.starts[i])
-        return bytes(self._bytes()[start:start + int(self.lengths[i])])
+        return byte_slices(self.data)[start:start + int(self.lengths[i])]
 
     def entries(self) -> list[bytes]:
-        cut = self._bytes().__getitem__
-        return list(map(bytes, map(cut, map(slice, self.starts.tolist(), (self.starts + self.lengths).tolist()))))
-
-    def _bytes(self) -> bytes | memoryview:
-        """`data`, sliced without a copy beyond the one `bytes()` makes of a slice."""
-        return self.data if type(self.data) is bytes else memoryview(self.data)
+        cut = byte_slices(self.data).__getitem__
+        return list(map(cut, map(slice, self.starts.tolist(), (self.starts + self.lengths).tolist())))
 
 
 def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:

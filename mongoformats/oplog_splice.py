@@ -33,7 +33,7 @@ from mongoformats.event_block import EventBlock
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "cursor_batch",
+__all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "byte_slices", "cursor_batch",
            "cursor_span", "document_of", "document_parts", "elements", "splice_crud", "timestamp_of",
            "update_description"]
 
@@ -81,7 +81,7 @@ def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, i
     """The elements of the BSON document at `start`: name -> (type, value start, value end)
     (names as bytes, in a bytearray too: a reply received into its own buffer)."""
     unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
-    names: Any = buf if type(buf) is bytes else _BytesOf(buf)
+    names = byte_slices(buf)
     end = start + unpack(buf, start)[0] - 1
     p = start + 4
     out: dict[bytes, tuple[int, int, int]] = {}
@@ -274,16 +274,22 @@ def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
     return cursor_id, array_items(reply, start)
 
 
+def byte_slices(buf: bytes | bytearray) -> Any:
+    """What slices `buf` to bytes objects: `buf` itself if it is bytes (no cost on the usual
+    path), else a view of it whose slices are copied into bytes once (a bytearray's own slices
+    are bytearrays, unhashable and not bytes to `type(x) is bytes` checks): a reply received
+    into its own buffer (UpstreamConnection) hands out entries and names as bytes."""
+    return buf if type(buf) is bytes else _BytesOf(memoryview(buf))
+
+
 class _BytesOf:
-    """Slices of a bytearray as bytes (dictionary keys)."""
+    __slots__ = ("view",)
 
-    __slots__ = ("buf",)
-
-    def __init__(self, buf: bytes | bytearray) -> None:
-        self.buf = buf
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
 
     def __getitem__(self, cut: slice) -> bytes:
-        return bytes(self.buf[cut])
+        return bytes(self.view[cut])
 
 
 def cursor_span(reply: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:

@@ -360,12 +360,7 @@ class MessageFramer:
         One copy makes both: a reader that scans a reply of megabytes with word-wide loads needs
         room past its end, and adding that room afterwards copied the reply again."""
         if self._size >= 4:
-            chunks = self._chunks
-            while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks:
-                head = chunks.popleft()[self._start:]  # join the first two only, not all received
-                chunks[0] = head + chunks[0]
-                self._start = 0
-            (length,) = _I32.unpack_from(chunks[0], self._start)
+            length = self._next_length()
             # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
             if length <= HEADER.size or length > self._max_size:
                 raise ProtocolError(f"message length {length} out of range (16, {self._max_size}]")
@@ -386,16 +381,12 @@ class MessageFramer:
         copied every byte a second time (the join), a tenth of a reader's time."""
         if self._size < 4 or self._eof:
             return None
-        chunks = self._chunks
-        while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks
-            head = chunks.popleft()[self._start:]
-            chunks[0] = head + chunks[0]
-            self._start = 0
-        (length,) = _I32.unpack_from(chunks[0], self._start)
+        length = self._next_length()
         if length < at_least or length > self._max_size or self._size >= length:
             return None  # small, absurd (next_frame says so) or all here
         buffer = bytearray(length + pad)
         filled = 0
+        chunks = self._chunks
         for chunk in chunks:
             piece = memoryview(chunk)[self._start if filled == 0 else 0:]
             buffer[filled:filled + len(piece)] = piece
@@ -403,6 +394,15 @@ class MessageFramer:
         chunks.clear()
         self._start = self._size = 0
         return buffer, filled, length
+
+    def _next_length(self) -> int:
+        """The next frame's length (its first 4 bytes have arrived)."""
+        chunks = self._chunks
+        while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks:
+            head = chunks.popleft()[self._start:]  # join the first two only, not all received
+            chunks[0] = head + chunks[0]
+            self._start = 0
+        return int(_I32.unpack_from(chunks[0], self._start)[0])
 
     def _take(self, n: int, pad: int) -> bytes:
         """The next `n` unread bytes (there are that many) and `pad` zero bytes, copied once at most."""

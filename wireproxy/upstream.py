@@ -169,7 +169,7 @@ class UpstreamConnection:
         """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`, and no
         answer within `reply_timeout_s` past the command's maxTimeMS (or within `timeout_s`, if
         sooner) closes the connection and raises UpstreamClosed."""
-        msg = await self._exchange(db, cmd, timeout_s, self.receive)
+        msg = await self._exchange(db, cmd, self._limit(cmd, timeout_s), self.receive)
         if not isinstance(msg, wire.OpMsg):
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         reply = RawBSONDocument(msg.body, RAW)
@@ -233,14 +233,13 @@ class UpstreamConnection:
         waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
         return min(timeout_s, self.reply_timeout_s + waits)
 
-    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, timeout_s: float,
+    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, limit: float,
                         receive: Callable[[], Awaitable[Any]], *, flags: int = 0) -> Any:
-        """Send the command, and take its answer with `receive`: a message or a frame, checked
-        to answer this request."""
+        """Send the command, and take its answer with `receive` within `limit` seconds (see
+        `_limit`): a message or a frame, checked to answer this request."""
         if self._streaming is not None:
             raise RuntimeError("an exhaust cursor streams on this connection: it runs nothing else")
         body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
-        limit = self._limit(cmd, timeout_s)
         async with self._lock:
             with trio.move_on_after(limit) as waited:
                 rid = self.next_request_id()
