@@ -13,6 +13,7 @@ OP_COMPRESSED). Limits follow pymongo's receive_message: 16 < length <= maxMessa
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import zlib
 from collections import deque
@@ -384,7 +385,8 @@ class MessageFramer:
         length = self._next_length()
         if length < at_least or length > self._max_size or self._size >= length:
             return None  # small, absurd (next_frame says so) or all here
-        buffer = bytearray(length + pad)
+        buffer = _unfilled(length + pad)
+        buffer[length:] = bytes(pad)
         filled = 0
         chunks = self._chunks
         for chunk in chunks:
@@ -432,6 +434,19 @@ class MessageFramer:
         if pad:
             pieces.append(bytes(pad))
         return b"".join(pieces)
+
+
+def _unfilled(size: int) -> bytearray:
+    """A bytearray of `size` bytes left as malloc gave them. Why not `bytearray(size)`: that
+    zeroes every byte, and a frame buffer is written over at once; zeroing a reply of megabytes
+    took longer than receiving it (~2.7 ms of 16 MiB against ~0.45 ms). CPython's own
+    PyByteArray_FromStringAndSize leaves the bytes unset when given no source."""
+    return _BYTEARRAY_OF_SIZE(None, size)  # type: ignore[no-any-return]
+
+
+_BYTEARRAY_OF_SIZE = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_BYTEARRAY_OF_SIZE.restype = ctypes.py_object
+_BYTEARRAY_OF_SIZE.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
 # ---------------------------------------------------------------------------------------------
