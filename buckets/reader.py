@@ -188,7 +188,10 @@ class OplogTail:
         op = "$gte" if self.inclusive else "$gt"
         data, at = await conn.command_in_place("local", {
             "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
-            "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK}, pad=SLACK)
+            # The getMores' batch from the first reply on: the default first batch (101 entries)
+            # cost a backlog's catch-up a round trip to every shard before the flow began.
+            "batchSize": BATCH_ENTRIES, "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK},
+            pad=SLACK)
         splice = self.transformer.token_version == 2
         expanded = self.transformer.show_expanded_events
         while True:

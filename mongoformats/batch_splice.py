@@ -432,36 +432,35 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
     that runs of at least BLOCK_RUN_MIN events are one EventBlock item each."""
     if not splice:
         return batch.entries()
-    out: list[Any]
-    block: EventBlock | None
     if len(batch) < BATCH_MIN:
-        out, block, where = [None] * len(batch), None, []
-    else:
-        out, block, taken = splice_block(batch, expanded=expanded)
-        if block is not None and len(taken) == len(batch):
-            return block
-        where = taken.tolist()
+        return [_one_by_one(entry, None, expanded) for entry in batch.entries()]
+    out, block, taken = splice_block(batch, expanded=expanded)
+    if block is None:
+        return [_one_by_one(batch.entry(i), out[i], expanded) for i in range(len(batch))]
+    if len(taken) == len(batch):
+        return block
+    # The block's runs of consecutive entries, found as arrays: a batch that starts a stream (its
+    # first entries DDL or noops) or holds a few notes is mostly one run, and walking its thousands
+    # of entries in Python (each one's bytes cut out) cost ~6 ms a batch, 4x the splice's own time.
+    ends = np.append(np.flatnonzero(np.diff(taken) != 1) + 1, len(taken)).tolist()
     items: list[Any] = []
-    raws = batch.entries()
-    k = 0
-    i = 0
-    while i < len(raws):
-        if k < len(where) and where[k] == i:  # a run of events in the block
-            run = k
-            while k + 1 < len(where) and where[k + 1] == where[k] + 1:
-                k += 1
-            k += 1
-            assert block is not None
-            part = block.sliced(run, k)
-            items += [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
-            i = where[k - 1] + 1
-            continue
-        item = out[i]
-        if item is None:
-            item = splice_crud(raws[i], expanded=expanded)
-        items.append(raws[i] if item is None else item)
-        i += 1
+    where = taken.tolist()
+    following, run = 0, 0  # the entry after the last run, the first event of the next
+    for end in ends:
+        items += (_one_by_one(batch.entry(i), out[i], expanded) for i in range(following, where[run]))
+        part = block.sliced(run, end)
+        items += [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
+        following, run = where[end - 1] + 1, end
+    items += (_one_by_one(batch.entry(i), out[i], expanded) for i in range(following, len(batch)))
     return items
+
+
+def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:
+    """What splice_entries gives for an entry outside the block: what splice_block made of it,
+    else its event's fields (splice_crud's), else its bytes, for the general transform."""
+    if made is None:
+        made = splice_crud(entry, expanded=expanded)
+    return entry if made is None else made
 
 
 def warm_up() -> None:

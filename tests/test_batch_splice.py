@@ -140,6 +140,13 @@ def test_splice_entries_takes_a_batch_of_inserts_and_deletes_whole_and_anything_
     items = splice_entries(OplogBatch.of([*batch, insert(0, "config.x")]), True, False)
     assert isinstance(items, list) and items[-1] == ()
     assert splice_entries(OplogBatch.of(batch), False, False) == batch
+    # Other entries first, last and between runs of every length: each entry's item in its place.
+    mixed = [noop, noop, *batch[:40], noop, *batch[40:45], insert(1, "config.x"), noop, *batch[45:], noop]
+    items = splice_entries(OplogBatch.of(mixed), True, False)
+    assert [type(i) for i in items] == [bytes, bytes, EventBlock, bytes, *[tuple] * 5, tuple, bytes, EventBlock,
+                                        bytes]
+    assert items[9] == () and [len(i) for i in items if type(i) is EventBlock] == [40, BATCH_MIN - 45]
+    assert as_fields(items) == [r if (made := splice_crud(r, expanded=False)) is None else made for r in mixed]
 
 
 async def test_a_real_workloads_inserts_and_deletes_are_all_taken(cluster) -> None:  # type: ignore[no-untyped-def]
