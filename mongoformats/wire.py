@@ -441,7 +441,7 @@ def _unfilled(size: int) -> bytearray:
     zeroes every byte, and a frame buffer is written over at once; zeroing a reply of megabytes
     took longer than receiving it (~2.7 ms of 16 MiB against ~0.45 ms). CPython's own
     PyByteArray_FromStringAndSize leaves the bytes unset when given no source."""
-    return _BYTEARRAY_OF_SIZE(None, size)  # type: ignore[no-any-return]
+    return _BYTEARRAY_OF_SIZE(None, size)
 
 
 _BYTEARRAY_OF_SIZE = ctypes.pythonapi.PyByteArray_FromStringAndSize

