@@ -32,9 +32,9 @@ made its first run 2 to 3 times slower than the next ones. That is the cost of a
 minutes, not of its catch-up; a long-running proxy pays it once.
 
 With --repeat R every mode runs R times, the modes taking turns (raw, proxy..., raw 16MiB,
-native, then again), and each figure is the median of its R runs: this machine's speed drifts by a fifth
-within minutes, and taking turns spreads that drift over every mode alike. The JSON keeps
-every run's figures (`runs`).
+native, then again), and each figure is the median of its R runs: this machine's speed drifts
+by a fifth within minutes, and taking turns spreads that drift over every mode alike. The JSON
+keeps every run's figures (`runs`).
 """
 
 from __future__ import annotations
