@@ -103,22 +103,31 @@ def _walk_kernel(d: Any, start: int, end: int) -> _Ints:
     such an array."""
     last = end - 1  # the array's terminating zero
     out = np.empty(max((end - start) // 8, 1), np.int64)  # an element takes 8 bytes at least
-    p, n, width, wider_at = start + 4, 0, 3, 10  # a header: type byte, the key's digits, NUL
+    p, n, width = start + 4, 0, 3  # a header: type byte, the key's digits, NUL
+    # The next key's digits, kept as a counter of digit bytes (adding one carries through 9s):
+    # working each key's digits out of n with % 10 and // 10 took half the walk's time.
+    key = np.zeros(24, np.uint8)
+    key[0] = 48
     while p < last and n < len(out):
-        if n == wider_at:
-            width, wider_at = width + 1, wider_at * 10
         if u8(d, p) != 3 or u8(d, p + width - 1) != 0:
             out[0] = _BAD_KEY
             return out[:1]
-        digits = n
-        for j in range(width - 2, 0, -1):  # the key's digits, from the last
-            if u8(d, p + j) != 48 + digits % 10:
+        for j in range(U(width - 2)):  # (p + width - 1 lies in d: checked above)
+            if d[U(p + 1) + j] != key[j]:
                 out[0] = _BAD_KEY
                 return out[:1]
-            digits //= 10
         p += width
         out[U(n)] = p
         n += 1
+        k = width - 3  # the last digit
+        while k >= 0 and key[U(k)] == 57:
+            key[U(k)] = 48
+            k -= 1
+        if k >= 0:
+            key[U(k)] += 1
+        else:  # 9, 99, ... became 10, 100, ...: one digit more
+            key[0], key[U(width - 2)] = 49, 48
+            width += 1
         size = i32(d, p)
         if size < 5:
             break
