@@ -435,8 +435,14 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
     if len(batch) < BATCH_MIN:
         return [_one_by_one(entry, None, expanded) for entry in batch.entries()]
     out, block, taken = splice_block(batch, expanded=expanded)
+
+    def outside(start: int, stop: int) -> list[Any]:
+        """The items of the entries in [start, stop), none of them in the block."""
+        entries = batch.entries(start, stop)
+        return [_one_by_one(entry, made, expanded) for entry, made in zip(entries, out[start:stop], strict=True)]
+
     if block is None:
-        return [_one_by_one(batch.entry(i), out[i], expanded) for i in range(len(batch))]
+        return outside(0, len(batch))
     if len(taken) == len(batch):
         return block
     # The block's runs of consecutive entries, found as arrays: a batch that starts a stream (its
@@ -447,12 +453,11 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
     where = taken.tolist()
     following, run = 0, 0  # the entry after the last run, the first event of the next
     for end in ends:
-        items += (_one_by_one(batch.entry(i), out[i], expanded) for i in range(following, where[run]))
+        items += outside(following, where[run])
         part = block.sliced(run, end)
         items += [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
         following, run = where[end - 1] + 1, end
-    items += (_one_by_one(batch.entry(i), out[i], expanded) for i in range(following, len(batch)))
-    return items
+    return items + outside(following, len(batch))
 
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:
