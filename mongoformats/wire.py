@@ -31,7 +31,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
     "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
-    "op_msg_body_span", "op_msg_flags",
+    "op_msg_body_span", "op_msg_flags", "unfilled_bytearray",
 ]
 
 OP_REPLY: Final = 1
@@ -385,7 +385,7 @@ class MessageFramer:
         length = self._next_length()
         if length < at_least or length > self._max_size or self._size >= length:
             return None  # small, absurd (next_frame says so) or all here
-        buffer = _unfilled(length + pad)
+        buffer = unfilled_bytearray(length + pad)
         buffer[length:] = bytes(pad)
         filled = 0
         chunks = self._chunks
@@ -436,11 +436,11 @@ class MessageFramer:
         return b"".join(pieces)
 
 
-def _unfilled(size: int) -> bytearray:
-    """A bytearray of `size` bytes left as malloc gave them. Why not `bytearray(size)`: that
-    zeroes every byte, and a frame buffer is written over at once; zeroing a reply of megabytes
-    took longer than receiving it (~2.7 ms of 16 MiB against ~0.45 ms). CPython's own
-    PyByteArray_FromStringAndSize leaves the bytes unset when given no source."""
+def unfilled_bytearray(size: int) -> bytearray:
+    """A bytearray of `size` bytes left as malloc gave them, for a receive to fill. Why not
+    `bytearray(size)`: that zeroes every byte, and a receive buffer is written over at once;
+    zeroing a reply of megabytes took longer than receiving it (~2.7 ms of 16 MiB against ~0.45
+    ms). CPython's own PyByteArray_FromStringAndSize leaves the bytes unset when given no source."""
     return _BYTEARRAY_OF_SIZE(None, size)
 
 
