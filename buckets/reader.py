@@ -48,13 +48,15 @@ URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
 MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
 # Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB (~50k
-# entries) unasked; read in batches of 4096 (~1.5 MiB, ~2 ms of splicing), each shard's member
+# entries) unasked; read in batches of 8192 (~4 MiB, a few ms of splicing), each shard's member
 # serves the next batch while this one is spliced, every shard's first events reach the merge
-# within milliseconds, and other connections are served between batches: a 4-shard catch-up went
-# from 492k to 648k events/s (medians of 5), its first tenth from ~0.5 s to ~0.25 s. The splice's
-# array work has a fixed cost per call: 0.69 us an insert in 1024s, 0.51 in 4096s, and 0.74 in
-# 8192s, whose arrays no longer fit the cache.
-BATCH_ENTRIES = 4096
+# within milliseconds, and other connections are served between batches. Each batch costs the
+# proxy a fixed share of Python and numpy calls (the splice's templates, the reader's delivery,
+# the merge and the deal: ~1 ms), so fewer batches cost less: in a 4-shard catch-up of 1M inserts,
+# 8192 against 4096 took the proxy's main process 0.71 against 0.81 CPU-s (readerProcesses 0) and
+# 0.61 against 0.69 (readerProcesses 1), 1.16M against 1.11M events/s; 16384 took 0.60 CPU-s but
+# no more events a second (each shard's first batch comes later, and the batches outgrow the cache).
+BATCH_ENTRIES = 8192
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
 
 
