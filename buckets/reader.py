@@ -56,7 +56,7 @@ MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for 
 # for a small one (FIRST_BATCH_ENTRIES; the getMores then stream the large ones, as a raw read
 # with the server's default first batch does). A/B in a 4-shard catch-up of 1M inserts,
 # readerProcesses 0, the proxy's CPU-s and the share of the raw read (medians of 5, two runs):
-# 4096 both 0.81 CPU-s; 8192 both 0.80-0.91, 0.57-0.64; a first batch of 1024, then 8192
+# 4096 both 0.81 CPU-s; 8192 both 0.71-0.91, 0.57-0.64; a first batch of 1024, then 8192
 # 0.72-0.78, 0.63-0.65; then 16384: 0.66-0.69, 0.67 (16384 both: 0.60 CPU-s, but its first
 # events came later and it delivered no more events a second than 8192).
 BATCH_ENTRIES = 16384
