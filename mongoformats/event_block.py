@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.byte_kernels import U, as_bytes, copy, copy_from, prefetch
+from mongoformats.byte_kernels import Index, U, as_bytes, copy, copy_from, prefetch
 
 __all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
 
@@ -268,9 +268,11 @@ class EventBlock:
     @classmethod
     def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
         """The events of several blocks (each in token order) in token order; equal keys keep
-        the blocks' order. One stable sort of the keys as fixed-width byte strings (numpy
-        compares them as unsigned bytes, Python's order), which finds the sorted runs itself.
-        The events are not joined: each reply gathers its own in that order as it keys them."""
+        the blocks' order (Python's order of bytes: numpy's and the merge loop's alike). The
+        blocks fall into sorted runs (a shard's batches follow one another), and the runs are
+        merged in one compiled pass (`_merge_runs`): a stable sort of the keys as byte strings
+        cost ~25 ns an event in a release of 4 shards' 16384-entry batches, the pass ~5. The
+        events are not joined: each reply gathers its own in that order as it keys them."""
         if len(blocks) == 1:
             return blocks[0]
         table: dict[Kind, int] = {}
@@ -280,8 +282,11 @@ class EventBlock:
                                 len(block.kind_table))
             kinds.append(remap[block.kinds])
         keys = np.concatenate([b.keys for b in blocks])
-        if all(a.last_key <= b.first_key for a, b in zip(blocks, blocks[1:], strict=False)):
+        starts = _run_starts(blocks)
+        if len(starts) == 1:
             order = np.arange(len(keys))
+        elif len(starts) <= _MERGED_RUNS and keys.shape[1] >= 8:
+            order = _merge_runs(keys, np.array([*starts, len(keys)], np.int64))
         else:
             order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
         return cls(None, None, np.concatenate(kinds)[order], tuple(table),
@@ -334,6 +339,75 @@ def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_ta
     events = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
     return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events,
                       kinds, kind_table)
+
+
+_MERGED_RUNS = 16  # more sorted runs than this are sorted by numpy (a scan of every run's head per event)
+
+
+def _run_starts(blocks: Sequence[EventBlock]) -> list[int]:
+    """Where each sorted run of the blocks' events starts, a run being blocks each of whose
+    first key is at or past the last key before it."""
+    starts, at = [0], 0
+    for before, block in zip(blocks, blocks[1:], strict=False):
+        at += len(before)
+        if block.first_key < before.last_key:
+            starts.append(at)
+    return starts
+
+
+@numba.njit(cache=True)
+def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
+    """Row `row`'s first 8 bytes as a big-endian number: they order as the bytes do."""
+    value = np.uint64(0)
+    for j in range(U(8)):
+        value = (value << np.uint64(8)) | np.uint64(keys[row, j])
+    return value
+
+
+@numba.njit(cache=True)
+def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The order of the rows of `keys` (at least 8 bytes wide) that merges its sorted runs (run
+    r: rows bounds[r] to bounds[r + 1]); equal keys keep the runs' order. Each run's next row
+    and that row's head (its first 8 bytes as a big-endian number) are kept at hand (`at`,
+    `cur`; a spent run's `at` is -1), so most comparisons are one; equal heads compare the rest
+    byte by byte."""
+    k = U(len(bounds) - 1)
+    n = bounds[k]
+    at = np.empty(k, np.int64)
+    cur = np.zeros(k, np.uint64)
+    for r in range(k):
+        if not 0 <= bounds[r] <= bounds[r + U(1)] <= len(keys):
+            raise IndexError("run out of range")
+        at[r] = bounds[r] if bounds[r] < bounds[r + U(1)] else -1
+        if at[r] >= 0:
+            cur[r] = _head(keys, U(at[r]))
+    order = np.empty(n, np.int64)
+    width = U(keys.shape[1])
+    for i in range(U(n)):
+        best = U(0)
+        while at[best] < 0:
+            best += U(1)
+        for r in range(best + U(1), k):
+            if at[r] < 0 or cur[r] > cur[best]:
+                continue
+            if cur[r] < cur[best]:
+                best = U(r)
+                continue
+            a, b = U(at[r]), U(at[best])
+            for j in range(U(8), width):
+                if keys[a, j] != keys[b, j]:
+                    if keys[a, j] < keys[b, j]:
+                        best = U(r)
+                    break
+        row = at[best]
+        order[i] = row
+        row += 1
+        if row < bounds[best + U(1)]:
+            at[best] = row
+            cur[best] = _head(keys, U(row))
+        else:
+            at[best] = -1
+    return order
 
 
 @numba.njit(cache=True)

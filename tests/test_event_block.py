@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 import bson
+import numpy as np
 from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from buckets.merge import MergedQueue
 from mongoformats.batch_splice import BATCH_MIN, splice_block
 from mongoformats.change_events import EVENT_SORT_KEY
-from mongoformats.event_block import EventBlock, as_fields, count_events
+from mongoformats.event_block import EventBlock, _merge_runs, as_fields, count_events
 from mongoformats.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import array_of, cursor_document
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -232,3 +233,29 @@ def test_a_blocks_hold_lives_as_long_as_some_block_points_into_it() -> None:
     assert alive[0]() is not None
     del part
     assert alive[0]() is None and not owned.pins and [f[5] for f in owned.fields()] == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(8, 13), st.lists(st.lists(st.binary(min_size=13, max_size=13), max_size=40), min_size=1, max_size=6),
+       st.sampled_from([b"\x00", b"\x00\x01", b"\x00\xff"]))
+def test_the_merge_of_sorted_runs_is_a_stable_sort_of_their_keys(width: int, runs: list[list[bytes]],
+                                                                 alphabet: bytes) -> None:
+    """`_merge_runs` against numpy's stable sort of the same keys as byte strings: keys of few
+    byte values, so heads (the first 8 bytes) and whole keys are often equal across runs, and
+    runs may be empty."""
+    rows = [sorted(bytes(alphabet[b % len(alphabet)] for b in key[:width]) for key in run) for run in runs]
+    keys = np.frombuffer(b"".join(b"".join(run) for run in rows), np.uint8).reshape(-1, width)
+    bounds = np.cumsum([0] + [len(run) for run in rows]).astype(np.int64)
+    expected = np.argsort(keys.view(f"S{width}").ravel(), kind="stable")
+    assert _merge_runs(keys, bounds).tolist() == expected.tolist()
+
+
+def test_a_merge_of_many_batches_from_a_few_shards_is_in_token_order() -> None:
+    """Each shard's consecutive batches make one sorted run; the runs interleave."""
+    shards = [[block_of_inserts([(7, i) for i in range(s + 1 + 4 * 50 * b, s + 1 + 4 * 50 * (b + 1), 4)],
+                                [i % 3 for i in range(50)]) for b in range(3)] for s in range(4)]
+    blocks = [block for shard in shards for block in shard]
+    merged = EventBlock.merge(blocks)
+    keys = [f[0] for f in merged.fields()]
+    assert keys == sorted(keys) and len(keys) == 600
+    assert sorted(f[5] for f in merged.fields()) == sorted(f[5] for b in blocks for f in b.fields())
