@@ -271,7 +271,7 @@ class EventBlock:
         the blocks' order (Python's order of bytes: numpy's and the merge loop's alike). The
         blocks fall into sorted runs (a shard's batches follow one another), and the runs are
         merged in one compiled pass (`_merge_runs`): a stable sort of the keys as byte strings
-        cost ~25 ns an event in a release of 4 shards' 16384-entry batches, the pass ~5. The
+        cost ~23 ns an event in a release of 4 shards' 16384-entry batches, the pass ~4. The
         events are not joined: each reply gathers its own in that order as it keys them."""
         if len(blocks) == 1:
             return blocks[0]
@@ -372,6 +372,8 @@ def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> n
     `cur`; a spent run's `at` is -1), so most comparisons are one; equal heads compare the rest
     byte by byte."""
     k = U(len(bounds) - 1)
+    if bounds[0] != 0:
+        raise IndexError("the first run must start at row 0")
     n = bounds[k]
     at = np.empty(k, np.int64)
     cur = np.zeros(k, np.uint64)
