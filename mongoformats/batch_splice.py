@@ -489,5 +489,5 @@ def warm_up() -> None:
     # from where its events lie (or from a block's own column), gather a column.
     if block is not None:
         share = EventBlock.merge([block, block]).take(np.arange(2))
-        share.array_body(0)
-        share.own().array_body(0)
+        share.array_body(0).materialize()
+        share.own().array_body(0).materialize()

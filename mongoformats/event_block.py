@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import pickle
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numba
@@ -29,9 +29,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.byte_kernels import Index, U, as_bytes, copy, copy_from, prefetch
+from mongoformats.byte_kernels import Index, U, copy_from, prefetch
+from mongoformats.wire import DeferredPiece
 
-__all__ = ["EventBlock", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
+__all__ = ["EventBlock", "KeyedEvents", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
 
 PREFETCH_AHEAD = 4  # rows: from 1 to 8 gave the same
 # (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
@@ -90,6 +91,44 @@ class _Unsorted(NamedTuple):
     keys: npt.NDArray[np.uint8]
     events: _Scattered
     order: npt.NDArray[np.int64]
+
+
+class KeyedEvents(DeferredPiece):
+    """The events at `rows` of a scattered column as the elements of a BSON array keyed from
+    `first_index` on (type 3, the index in decimal, the event): a reply's batch, written in one
+    compiled loop as the reply is sent, a part at a time into the sender's buffer (see
+    wire.DeferredPiece). It holds the column, so the blocks' bytes (and their holds) stay until
+    the reply is gone."""
+
+    __slots__ = ("_events", "_rows", "_first", "_size")
+
+    def __init__(self, events: _Scattered, rows: npt.NDArray[np.int64], first_index: int) -> None:
+        self._events = events
+        self._rows = rows
+        self._first = first_index
+        self._size = _keyed_size(events.sizes, rows, first_index)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def pieces(self, scratch: npt.NDArray[np.uint8]) -> Iterator[memoryview]:
+        at, n = 0, len(self._rows)
+        while at < n:
+            part = scratch
+            following, written = _keyed_gather_into(part, self._events.addresses, self._events.sizes, self._rows,
+                                                    at, self._first)
+            if following == at:  # an event too large for the buffer alone: a part of its own
+                part = np.empty(int(self._events.sizes[self._rows[at]]) + _digits(self._first + at) + 2, np.uint8)
+                following, written = _keyed_gather_into(part, self._events.addresses, self._events.sizes,
+                                                        self._rows, at, self._first)
+            yield part.data[:written]
+            at = following
+
+    def materialize(self) -> memoryview:
+        out = np.empty(self._size, np.uint8)
+        _, written = _keyed_gather_into(out, self._events.addresses, self._events.sizes, self._rows, 0, self._first)
+        assert written == self._size
+        return out.data
 
 
 class EventBlock:
@@ -292,19 +331,14 @@ class EventBlock:
         return cls(None, None, np.concatenate(kinds)[order], tuple(table),
                    _Unsorted(keys, _Scattered.of(blocks), order))
 
-    def array_body(self, first_index: int) -> pa.Buffer:
+    def array_body(self, first_index: int) -> KeyedEvents:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
-        batch between its length and its terminator, written in one compiled loop (a merge's
-        events gathered from where they lie as they are keyed)."""
+        batch between its length and its terminator, gathered from where the events lie as it is
+        sent (KeyedEvents)."""
         if self._events is None:
             assert self._unsorted is not None
-            scattered = self._unsorted.events
-            return pa.py_buffer(_keyed_gather(scattered.addresses, scattered.sizes, self._unsorted.order, first_index))
-        offsets = self._offsets()
-        values = self.events.buffers()[2]
-        if values is None:
-            return pa.py_buffer(b"")
-        return pa.py_buffer(_keyed_elements(as_bytes(values), offsets, first_index))
+            return KeyedEvents(self._unsorted.events, self._unsorted.order, first_index)
+        return KeyedEvents(_Scattered.of((self,)), np.arange(len(self)), first_index)
 
     # -- between processes ------------------------------------------------------------------------
 
@@ -441,48 +475,49 @@ def _digits(n: int) -> int:
 
 
 @numba.njit(cache=True)
-def _keyed_elements(values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64],
-                    first_index: int) -> npt.NDArray[np.uint8]:
-    """Each event values[offsets[i]:offsets[i + 1]] as an array element: type 3 (a document),
-    its index (first_index + i) in decimal as its key, then its bytes. (Arrow's element-wise join
-    of a column of keys and the events cost twice as much.)"""
-    n = len(offsets) - 1
-    # Room for every key as wide as the last one's; the array is what is written of it.
-    out = np.empty(offsets[n] - offsets[0] + n * (_digits(first_index + n - 1) + 2), np.uint8)
-    at = 0
-    for i in range(U(n)):
-        at = _put_key(out, at, first_index + i)
-        copy(out, at, values, offsets[i], offsets[i + 1] - offsets[i])
-        at += offsets[i + 1] - offsets[i]
-    return out[:at]
-
-
-@numba.njit(cache=True)
-def _keyed_gather(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
-                  first_index: int) -> npt.NDArray[np.uint8]:
-    """`_keyed_elements` of the events at `rows` of a scattered column (each at its address),
-    gathered as they are keyed: one pass over their bytes. A bucket's share reads every few
-    events of each shard's block, a stride the CPU's own prefetch does not follow, so the loop
-    asks for the event PREFETCH_AHEAD rows on as it copies this one (a reply's gather went from
-    ~110 to ~70 ns an event in a merge-deal-reply loop over 4 shards' blocks)."""
-    n = len(rows)
+def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first_index: int) -> int:
+    """The bytes of the events at `rows` as array elements keyed from `first_index` on."""
     total = 0
-    for i in range(U(n)):
+    for i in range(U(len(rows))):
         r = rows[i]
         if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
-        total += sizes[U(r)]
-    out = np.empty(total + n * (_digits(first_index + n - 1) + 2), np.uint8)
+        total += sizes[U(r)] + _digits(first_index + i) + 2
+    return total
+
+
+@numba.njit(cache=True)
+def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
+                       rows: npt.NDArray[np.int64], start: int, first_index: int) -> tuple[int, int]:
+    """The events at rows[start:] of a scattered column (each at its address) as array
+    elements (type 3 (a document), its index first_index + i in decimal as its key, then its
+    bytes), written from out[0] on for as long as they fit: (the next row's index, the bytes
+    written). A bucket's share reads every few events of each shard's block, a stride the CPU's
+    own prefetch does not follow, so the loop asks for the event PREFETCH_AHEAD rows on as it
+    copies this one (a reply's gather went from ~110 to ~70 ns an event in a merge-deal-reply
+    loop over 4 shards' blocks). (Arrow's element-wise join of a column of keys and the events
+    cost twice as much as one loop.)"""
+    n = len(rows)
+    if start < 0:
+        raise IndexError("start out of range")
     at = 0
-    for i in range(U(n)):
-        if i + U(PREFETCH_AHEAD) < U(n):
-            q = U(rows[i + U(PREFETCH_AHEAD)])
-            prefetch(addresses[q], sizes[q])
+    i = start
+    while i < n:
+        r = rows[U(i)]
+        if r < 0 or r >= len(sizes):
+            raise IndexError("row out of range")
+        size = sizes[U(r)]
+        if at + size + _digits(first_index + i) + 2 > len(out):
+            break
+        if i + PREFETCH_AHEAD < n:
+            q = U(rows[U(i + PREFETCH_AHEAD)])
+            if q < U(len(sizes)):
+                prefetch(addresses[q], sizes[q])
         at = _put_key(out, at, first_index + i)
-        r = U(rows[i])
-        copy_from(out, at, addresses[r], sizes[r])
-        at += sizes[r]
-    return out[:at]
+        copy_from(out, at, addresses[U(r)], size)
+        at += size
+        i += 1
+    return i, at
 
 
 @numba.njit(cache=True)

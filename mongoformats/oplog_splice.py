@@ -29,9 +29,10 @@ from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import PLAIN, RAW
-from mongoformats.event_block import EventBlock
+from mongoformats.event_block import EventBlock, KeyedEvents
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
+from mongoformats.wire import joined
 
 __all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "byte_slices", "cursor_batch",
            "cursor_span", "document_of", "document_parts", "elements", "splice_crud", "timestamp_of",
@@ -145,10 +146,11 @@ def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
 
 def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
     """`_array_parts` of documents some of which come as EventBlocks (runs of events): a block's
-    elements are keyed and written in one compiled loop (EventBlock.array_body)."""
+    elements are keyed and written in one compiled loop as the reply is sent (EventBlock.array_body)."""
     parts: list[Any] = []
     index, size = 0, 5
     for item in items:
+        body: bytes | KeyedEvents
         if type(item) is EventBlock:
             body = item.array_body(index)
             index += len(item)
@@ -164,7 +166,7 @@ def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
 def array_of(items: list[bytes]) -> bytes:
     """A BSON array of the given encoded documents (the inverse of array_items)."""
     size, parts = _array_parts(items)
-    return b"".join(chain((_I32.pack(size),), parts))
+    return joined(chain((_I32.pack(size),), parts))
 
 
 class SplicedDocument(Mapping[str, Any]):
@@ -190,7 +192,7 @@ class SplicedDocument(Mapping[str, Any]):
     @property
     def raw(self) -> bytes:
         if self._raw is None:
-            self._raw = b"".join(self.parts)
+            self._raw = joined(self.parts)
         return self._raw
 
     def _inflated(self) -> RawBSONDocument:

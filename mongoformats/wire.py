@@ -17,9 +17,9 @@ import ctypes
 import struct
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import crc32c
 
@@ -31,7 +31,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
     "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
-    "op_msg_body_span", "op_msg_flags", "unfilled_bytearray",
+    "op_msg_body_span", "op_msg_flags", "unfilled_bytearray", "DeferredPiece", "joined",
 ]
 
 OP_REPLY: Final = 1
@@ -453,6 +453,39 @@ _BYTEARRAY_OF_SIZE.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 # encoding
 
 
+class DeferredPiece:
+    """A piece of a message whose bytes are made as it is sent: a getMore reply's batch of
+    events, gathered from the blocks they lie in (mongoformats.event_block.KeyedEvents).
+
+    Why: a batch of megabytes gathered whole is written to memory once and read back by the
+    socket's copy, past every cache; gathered a few hundred KB at a time into a buffer the
+    sender reuses (`pieces`), each part is still in the cache when the kernel copies it. A
+    sender that needs the whole message (compressed, over TLS) takes `materialize()`, and
+    `joined` joins a list of pieces that may hold deferred ones."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def pieces(self, scratch: Any) -> Iterator[bytes | memoryview]:
+        """The piece's bytes, in order, made one part at a time into `scratch` (a writable uint8
+        numpy array the caller reuses): each part must be sent before the next is asked for."""
+        raise NotImplementedError
+
+    def materialize(self) -> bytes | memoryview:
+        """The piece's bytes, all of them."""
+        raise NotImplementedError
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.materialize())
+
+
+def joined(pieces: Iterable[Any]) -> bytes:
+    """`b"".join(pieces)`, deferred pieces made whole first."""
+    return b"".join(p.materialize() if isinstance(p, DeferredPiece) else p for p in pieces)
+
+
 def encode_op_msg(
     request_id: int,
     response_to: int,
@@ -465,7 +498,7 @@ def encode_op_msg(
     # One join for the whole message: replies run to megabytes, and every `+` of such a bytes
     # object is a fresh allocation of that size, which faults in page by page.
     checksum = bool(flags & FLAG_CHECKSUM_PRESENT)
-    message = b"".join(op_msg_parts(request_id, response_to, body, flags=flags, sequences=sequences,
+    message = joined(op_msg_parts(request_id, response_to, body, flags=flags, sequences=sequences,
                                     trailer=4 if checksum else 0))
     if checksum:
         return message + _U32.pack(crc32c.crc32c(message))

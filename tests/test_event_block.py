@@ -182,6 +182,23 @@ def test_a_blocks_elements_are_keyed_from_any_index_across_digit_counts() -> Non
     assert bytes(block.sliced(0, 0).array_body(3)) == b""
 
 
+def test_a_reply_batch_is_gathered_a_part_at_a_time_into_any_buffer() -> None:
+    """A reply's batch is made as it is sent, into the sender's buffer (KeyedEvents.pieces): the
+    parts join to the whole batch whatever the buffer's size, one too small for an event making
+    that event a part of its own."""
+    a = block_of_inserts([(7, i) for i in range(1, 300, 2)], [i % 3 for i in range(150)])
+    b = block_of_inserts([(7, i) for i in range(2, 301, 2)], [(i + 1) % 3 for i in range(150)])
+    share = EventBlock.merge([a, b]).sliced(10, 290)
+    for first in (0, 95):
+        body = share.array_body(first)
+        whole = bytes(body.materialize())
+        assert len(body) == len(whole) and whole == bytes(share.own().array_body(first))
+        for size in (1, 50, 200, 1000, 10_000, len(whole)):
+            parts = [bytes(p) for p in body.pieces(np.empty(size, np.uint8))]
+            assert b"".join(parts) == whole
+            assert all(len(p) <= size for p in parts) or size < max(share.sizes) + 6
+
+
 def test_a_share_of_a_merge_is_keyed_from_where_its_events_lie() -> None:
     """A bucket's share points into the merged blocks (nothing copied at the deal); its reply
     gathers and keys the events in one pass and gives the bytes of the events themselves."""
