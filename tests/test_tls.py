@@ -57,13 +57,17 @@ async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates, upstream
                 plain.admin.command("ping")
 
             c = client(f"mongodb://127.0.0.1:{proxy.port}/?{tls}")
-            # Read in a reader process: the engine's TLS settings travel there (MemberConnector).
-            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "readerProcesses": 1})
+            start = c.admin.command("ping")["operationTime"]
             c.admin.command("shardCollection", "t.h", key={"_id": "hashed"})
-            c.t.h.insert_many([{"_id": i} for i in range(100)])  # on both shards
+            c.t.h.insert_many([{"_id": i} for i in range(1000)])  # on both shards
+            # Read in a reader process: the engine's TLS settings travel there (MemberConnector).
+            # The backlog comes as blocks of events, whose reply a TLS stream takes whole
+            # (wire.DeferredPiece.materialize), not a part at a time.
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "readerProcesses": 1,
+                                      "startAtOperationTime": start})
             events = drain(c, opened["cursors"][0]["id"], end_point(c))
-            assert sorted(e["documentKey"]["_id"] for e in events if e["operationType"] == "insert") == \
-                list(range(100))
+            assert sorted(e["documentKey"]["_id"] for e in events
+                          if e["operationType"] == "insert" and e["ns"]["coll"] == "h") == list(range(1000))
             status = c.admin.command({"parallelChangeStreamStatus": 1})["streams"][0]
             assert all(s["reconnects"] == 0 for s in status["shards"])  # read over TLS, not retried
         await sync(work)
