@@ -1,8 +1,17 @@
-"""Server-side cursors: a materialized result list, or a tailable awaitData cursor on the oplog."""
+"""Server-side cursors: a materialized result list, or a tailable awaitData cursor on the oplog.
+
+Idle cursors time out as the server's do (cursorTimeoutMillis, 10 minutes by default, settable
+with setParameter): a cursor opened outside any session that no getMore has used for that long is
+killed by the process's cursor monitor, which runs every clientCursorMonitorFrequencySecs (4 s),
+and its next getMore finds no cursor (CursorNotFound). A cursor opened in a session, or with
+noCursorTimeout, is exempt: it ends with its session (4.4.8+; DOCS-13976). A session-less reader,
+such as the proxy's oplog readers, must therefore be ready to lose a cursor it left idle.
+"""
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +47,8 @@ class Cursor:
     change_stream: bool = False
     # While a getMore has it checked out: killing the cursor interrupts that getMore (CursorKilled).
     operation: trio.CancelScope | None = None
+    no_timeout: bool = False  # noCursorTimeout
+    last_used: float = field(default_factory=time.monotonic)  # when a batch was last made
 
     @property
     def busy(self) -> bool:
@@ -50,6 +61,7 @@ class CursorManager:
     def __init__(self, seed: int | None = None) -> None:
         self._cursors: dict[int, Cursor] = {}
         self._rng = random.Random(seed)
+        self.timed_out = 0  # serverStatus metrics.cursor.timedOut
 
     def __len__(self) -> int:
         return len(self._cursors)
@@ -77,10 +89,21 @@ class CursorManager:
             cursor.operation.cancel()  # a pinned cursor: its getMore fails with CursorKilled
         return cursor is not None
 
-    def opened_in(self, cid: int, lsid: bytes, user: str | None) -> None:
-        """Record the session (and user) a cursor was opened in."""
+    def opened_in(self, cid: int, lsid: bytes | None, user: str | None, *, no_timeout: bool = False) -> None:
+        """Record the session (and user) a cursor was opened in, and whether it has noCursorTimeout."""
         if (cursor := self._cursors.get(cid)) is not None:
-            cursor.lsid, cursor.user = lsid, user
+            cursor.lsid, cursor.user, cursor.no_timeout = lsid, user, no_timeout
+
+    def time_out(self, idle_s: float) -> int:
+        """Kill every cursor opened outside a session, without noCursorTimeout, that no getMore
+        is using and none has used for `idle_s` seconds (the cursor monitor's pass); how many."""
+        cutoff = time.monotonic() - idle_s
+        idle = [cid for cid, c in self._cursors.items()
+                if c.lsid is None and not c.no_timeout and not c.busy and c.last_used < cutoff]
+        for cid in idle:
+            self.kill(cid)
+        self.timed_out += len(idle)
+        return len(idle)
 
     def kill_sessions(self, match: Callable[[Cursor], bool]) -> None:
         """Kill every cursor opened in a session that `match` selects (killSessions, killAllSessions)."""
@@ -128,10 +151,12 @@ class CursorManager:
                 raise
             finally:
                 cursor.operation = None
+                cursor.last_used = time.monotonic()
             alive = not (cursor.done is not None and cursor.done())
         else:
             batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]
             alive = bool(cursor.docs)
+            cursor.last_used = time.monotonic()
         if not alive:
             self.kill(cid)
         if isinstance(batch, RawBatch):

@@ -148,7 +148,7 @@ class ShardNode(CommandServer):
     default) is the primary of a set of one.
     """
 
-    runtime_parameters = {"periodicNoopIntervalSecs": "periodic_noop_interval_s",
+    runtime_parameters = {**CommandServer.runtime_parameters, "periodicNoopIntervalSecs": "periodic_noop_interval_s",
                           "transactionLifetimeLimitSeconds": "transaction_lifetime_s"}
 
     def __init__(self, clock: ClusterClock, host: str, port: int, set_name: str, *, version: str = "7.0",

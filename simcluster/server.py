@@ -63,7 +63,8 @@ class CommandServer:
     process_kind = "mongod"
     # The server parameters getParameter reports and setParameter changes at run time, each with
     # the attribute that holds it.
-    runtime_parameters: dict[str, str] = {}
+    runtime_parameters: dict[str, str] = {"cursorTimeoutMillis": "cursor_timeout_ms"}
+    CURSOR_MONITOR_S = 4.0  # clientCursorMonitorFrequencySecs: how often idle cursors are timed out
 
     def __init__(self, clock: ClusterClock, host: str, port: int, *, version: str = "7.0") -> None:
         self.clock = clock
@@ -72,6 +73,7 @@ class CommandServer:
         self.version = version
         self.max_wire_version = MAX_WIRE_VERSION[version]
         self.cursors = CursorManager()
+        self.cursor_timeout_ms = 600_000  # cursorTimeoutMillis (see simcluster.cursors)
         self.process_id = ObjectId()
         self._conn_ids = itertools.count(1)
         self._message_ids = itertools.count(1)  # the requestId of each message this process sends
@@ -127,11 +129,20 @@ class CommandServer:
                 listeners = [trio.SSLListener(t, self.ssl_context, https_compatible=False) for t in tcp]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.background)
+                nursery.start_soon(self._time_out_cursors)
                 task_status.started(self.port)
                 await trio.serve_listeners(self._handle_connection, listeners, handler_nursery=nursery)
 
     async def background(self) -> None:
         """Work a process does on its own (periodic noops, replication); stops with the process."""
+
+    async def _time_out_cursors(self) -> None:
+        """The server's cursor monitor: every CURSOR_MONITOR_S, kill the cursors idle for longer
+        than cursorTimeoutMillis (CursorManager.time_out says which may time out)."""
+        while True:
+            await trio.sleep(self.CURSOR_MONITOR_S)
+            await self.wait_running()
+            self.cursors.time_out(self.cursor_timeout_ms / 1000)
 
     def stop(self) -> None:
         """Stop listening and drop every connection (a crashed or stopped process)."""
@@ -245,8 +256,13 @@ class CommandServer:
             await self.check_command(name, db, cmd)
             reply = await handler(db, cmd, req)
             reply.setdefault("ok", 1.0)
-            if "lsid" in cmd and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id"):
-                self.cursors.opened_in(int(cursor["id"]), session_id(cmd["lsid"]["id"]), req.user)
+            # A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
+            # cursor it used). The command is looked at first: a reply's cursor may hold megabytes.
+            if (("lsid" in cmd or cmd.get("noCursorTimeout")) and name.lower() != "getmore"
+                    and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id")):
+                in_session = "lsid" in cmd
+                self.cursors.opened_in(int(cursor["id"]), session_id(cmd["lsid"]["id"]) if in_session else None,
+                                       req.user if in_session else None, no_timeout=bool(cmd.get("noCursorTimeout")))
             await self.settle(name, cmd, reply)
         except MongoError as exc:
             if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
@@ -459,7 +475,8 @@ class CommandServer:
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"host": self.address, "version": self.version, "process": self.process_kind,
                 "uptime": 1.0, "connections": {"current": 0, "available": 1000},
-                "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))}}}}
+                "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))},
+                                       "timedOut": Int64(self.cursors.timed_out)}}}
 
     async def cmd_cmdline(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"argv": [self.process_kind], "parsed": {}}

@@ -376,3 +376,32 @@ async def test_a_shard_with_no_member_up_holds_the_stream_back_and_status_says_w
         await sync(after_it)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_reader_whose_cursor_timed_out_behind_a_full_buffer_reads_on_from_its_position(cluster, proxy):
+    """Nobody reads the stream, so its shard's buffer fills and the reader stops taking batches;
+    the member's exhaust stream then waits on TCP, and its cursor (opened outside any session,
+    as the readers' are) sits idle past cursorTimeoutMillis and is timed out. When the consumer
+    comes, the reader finds its cursor gone (CursorNotFound) and reads on from its position on a
+    new one: every event once, in order."""
+    total = 36_000  # ~40 MB on one shard: more than a batch and the sockets' buffers hold
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        for at in range(0, total, 4000):
+            c.tmo.c.insert_many([{"_id": i, "pad": "t" * 1000} for i in range(at, at + 4000)])
+        shard = cluster.mongos.primary_of("tmo").set_name
+        members = [client(f"mongodb://{m.address}/?directConnection=true") for m in cluster.replsets[shard].members]
+        for m in members:
+            m.admin.command({"setParameter": 1, "cursorTimeoutMillis": 500})
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "timeout",
+                                  "startAtOperationTime": start, "shardBufferBytes": 1 << 20,
+                                  "bucketBufferBytes": 1 << 20})
+        wait_until(lambda: sum(m.admin.command("serverStatus")["metrics"]["cursor"]["timedOut"] for m in members),
+                   timeout=30)
+        events = drain(c, opened["cursors"][0]["id"], end_point(c), timeout=120)
+        ids = [e["documentKey"]["_id"] for e in events if e["operationType"] == "insert" and e["ns"]["db"] == "tmo"]
+        assert ids == list(range(total))
+        assert [key(e["_id"]) for e in events] == sorted({key(e["_id"]) for e in events})
+        assert _shard_status(c, "timeout", shard)["reconnects"] >= 1
+    await sync(work)

@@ -23,12 +23,14 @@ from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 from mongoformats import wire
 from mongoformats.bson_order import sort_key
 from mongoformats.change_events import RAW, OplogTransformer
+from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from simcluster import open_cluster
 from simcluster.chunks import Chunk, ShardedCollection
 from tests.conftest import client, sync, wait_until
 from tests.test_accelerate import _collect
 from tests.test_engine import drain
+from wireproxy.upstream import open_upstream
 
 STRIP = ("ts", "t", "v", "wall", "ui", "lsid", "txnNumber", "stmtId", "prevOpTime")
 
@@ -468,6 +470,35 @@ async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a
                     c.ks.command({"getMore": cursor_id, "collection": "c", "batchSize": 1}, session=session)
                 assert info.value.code == 43
     await sync(work)
+
+
+async def test_idle_cursors_opened_outside_sessions_time_out(cluster):
+    """cursorTimeoutMillis, on mongos and on a shard member alike: the cursor monitor (every 4 s)
+    kills a session-less cursor no getMore has used for that long, and its next getMore finds
+    no cursor (CursorNotFound, 43; serverStatus counts it in metrics.cursor.timedOut). A cursor
+    opened in a session, or with noCursorTimeout, stays."""
+    member = cluster.replsets["shard0"].members[0]
+    for host, port in ((cluster.mongos.host, cluster.mongos.port), (member.host, member.port)):
+        conn = await open_upstream(host, port)  # no session: as the proxy's readers send commands
+        try:
+            await conn.command("admin", {"setParameter": 1, "cursorTimeoutMillis": 300})
+            await conn.command("to", {"insert": "c", "documents": [{"_id": i} for i in range(6)]})
+            session = {"lsid": {"id": bson.Binary(uuid.uuid4().bytes, 4)}}
+            ids = {}
+            for kind, extra in (("plain", {}), ("session", session), ("noCursorTimeout", {"noCursorTimeout": True})):
+                ids[kind] = (await conn.command("to", {"find": "c", "batchSize": 1, **extra}))["cursor"]["id"]
+            with trio.fail_after(15):
+                while not (await conn.command("admin", {"serverStatus": 1}))["metrics"]["cursor"]["timedOut"]:
+                    await trio.sleep(0.2)
+            with pytest.raises(MongoError) as info:
+                await conn.command("to", {"getMore": ids["plain"], "collection": "c"})
+            assert info.value.code == 43
+            for kind, extra in (("session", session), ("noCursorTimeout", {})):
+                more = {"getMore": ids[kind], "collection": "c", "batchSize": 1, **extra}
+                assert len((await conn.command("to", more))["cursor"]["nextBatch"]) == 1
+            await conn.command("to", {"drop": "c"})
+        finally:
+            await conn.aclose()
 
 
 async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_by_less_than_three(cluster):
