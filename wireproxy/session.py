@@ -62,8 +62,8 @@ _MAX_PIECES = 512
 # CPU an event: the whole batch at once ~310 ns; parts of 256 KiB ~265, 512 KiB ~250, 1 MiB ~260,
 # 4 MiB ~260 (each part is still in the cache when the kernel copies it out). In a 4-shard catch-up
 # of 1M inserts (readerProcesses 0, 6 runs taking turns), proxy/raw was 0.76 / 0.83 / 0.85 with
-# parts of 256 KiB / 512 KiB / 1 MiB, and 0.72 gathering whole batches (another run: 0.81
-# against 0.72 for 512 KiB): 512 KiB and 1 MiB are within the machine's noise.
+# parts of 256 KiB / 512 KiB / 1 MiB (512 KiB and 1 MiB within the machine's noise); in another
+# run, 0.81 with parts of 512 KiB against 0.72 with whole batches.
 SEND_PART_BYTES = 512 << 10
 
 
