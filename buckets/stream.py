@@ -449,6 +449,13 @@ class BucketCursor:
         bucket = self.bucket
         limit = batch_size or self.batch_size or 1 << 30
         if not first:
+            # Asking for more means the previous batch was taken, before this getMore waits: a
+            # bucket whose budget that batch's retained events fill has room only once they may
+            # go, and a merge waiting to put more is woken to drop them. (Acked after the wait,
+            # every getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller
+            # than a reply drained at a batch per maxTimeMS.)
+            self.acked = self.position
+            bucket.notify()
             deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
                                               else self.stream.options.max_await_ms) / 1000
             bucket.waiting += 1

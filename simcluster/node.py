@@ -717,9 +717,15 @@ class ShardNode(CommandServer):
                 if not await waited(position, deadline):
                     return []
 
-        # A non-tailable scan ends (cursor id 0) once it has returned everything there is.
+        # A non-tailable scan ends (cursor id 0) once it has returned everything there is, its
+        # `limit`, or its first batch if that is all it asked for (singleBatch), as on a server:
+        # no cursor is left open, to time out.
+        def done() -> bool:
+            return (bool(cmd.get("singleBatch")) or bool(cmd.get("limit")) and not remaining
+                    or position >= min(oplog.last_key(), upper or 1 << 64))
+
         cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")),
-                        done=None if tailable else lambda: position >= min(oplog.last_key(), upper or 1 << 64))
+                        done=None if tailable else done)
         return {"cursor": await self.cursors.first_batch(cursor, cmd.get("batchSize"))}
 
     async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

@@ -320,6 +320,31 @@ async def test_slow_consumer_stays_within_the_byte_budgets(cluster, proxy):
     await sync(work)
 
 
+async def test_a_getmore_on_a_bucket_its_last_batch_fills_does_not_wait_out_its_max_time(cluster, proxy):
+    """A bucket budget smaller than the backlog: the events a getMore returned stay retained, and
+    fill the bucket, until the next getMore says they were taken. That getMore frees them before
+    it waits, so the merge puts more at once (it used to wait out its maxTimeMS every time: a
+    drain at one batch per maxTimeMS)."""
+    def work():
+        c = client(proxy_uri(proxy))
+        start = c.admin.command("ping")["operationTime"]
+        c.full.c.insert_many([{"_id": i, "pad": "f" * 1000} for i in range(3000)])
+        end = end_point(c)
+        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "startAtOperationTime": start,
+                                  "bucketBufferBytes": 200_000})
+        started, getmores, ids = time.monotonic(), 0, []
+        while True:
+            r = c.admin.command({"getMore": opened["cursors"][0]["id"], "collection": NS, "maxTimeMS": 10_000},
+                                codec_options=RAW)
+            getmores += 1
+            ids += [e["documentKey"]["_id"] for e in r["cursor"]["nextBatch"] if e["ns"]["db"] == "full"]
+            if key(r["cursor"]["postBatchResumeToken"]) >= end:
+                break
+        assert ids == list(range(3000)) and getmores > 10
+        assert time.monotonic() - started < 10  # waiting out one maxTimeMS each would take minutes
+    await sync(work)
+
+
 @pytest.mark.parametrize("reader_processes", [0, 1])
 async def test_buckets_let_go_of_the_shard_blocks_they_point_into_when_a_shard_budget_fills(
         cluster, proxy, reader_processes):

@@ -384,12 +384,15 @@ async def test_a_reader_whose_cursor_timed_out_behind_a_full_buffer_reads_on_fro
     as the readers' are) sits idle past cursorTimeoutMillis and is timed out. When the consumer
     comes, the reader finds its cursor gone (CursorNotFound) and reads on from its position on a
     new one: every event once, in order."""
-    total = 36_000  # ~40 MB on one shard: more than a batch and the sockets' buffers hold
+    # ~100 MB on one shard: more than the reader takes before its budget stops it (up to two 16
+    # MiB replies) and than the sockets' buffers then hold (the receiver's grows to tcp_rmem's
+    # maximum, 32 MiB here), so the member's stream waits on TCP with its cursor idle.
+    total = 6400
     def work():
         c = client(proxy_uri(proxy))
         start = c.admin.command("ping")["operationTime"]
-        for at in range(0, total, 4000):
-            c.tmo.c.insert_many([{"_id": i, "pad": "t" * 1000} for i in range(at, at + 4000)])
+        for at in range(0, total, 400):
+            c.tmo.c.insert_many([{"_id": i, "pad": "t" * 16_000} for i in range(at, at + 400)])
         shard = cluster.mongos.primary_of("tmo").set_name
         members = [client(f"mongodb://{m.address}/?directConnection=true") for m in cluster.replsets[shard].members]
         for m in members:
@@ -399,6 +402,8 @@ async def test_a_reader_whose_cursor_timed_out_behind_a_full_buffer_reads_on_fro
                                   "bucketBufferBytes": 1 << 20})
         wait_until(lambda: sum(m.admin.command("serverStatus")["metrics"]["cursor"]["timedOut"] for m in members),
                    timeout=30)
+        for m in members:  # the default again: a drain held back by the small budgets stalls it again and again
+            m.admin.command({"setParameter": 1, "cursorTimeoutMillis": 600_000})
         events = drain(c, opened["cursors"][0]["id"], end_point(c), timeout=120)
         ids = [e["documentKey"]["_id"] for e in events if e["operationType"] == "insert" and e["ns"]["db"] == "tmo"]
         assert ids == list(range(total))

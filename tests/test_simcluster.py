@@ -472,6 +472,25 @@ async def test_killing_a_cursor_interrupts_its_getmore_and_killsessions_closes_a
     await sync(work)
 
 
+async def test_an_oplog_scan_ends_its_cursor_at_its_limit_or_single_batch(cluster):
+    """As on a server, no cursor is left open (to time out) once a find returned its `limit` or
+    the one batch it asked for."""
+    member = cluster.replsets["shard0"].members[0]
+    conn = await open_upstream(member.host, member.port)
+    try:
+        await conn.command("ol", {"insert": "c", "documents": [{"_id": i} for i in range(5)]})
+        one = {"find": "oplog.rs", "filter": {}, "sort": {"$natural": 1}, "limit": 1, "singleBatch": True}
+        assert (await conn.command("local", one))["cursor"]["id"] == 0
+        first = await conn.command("local", {"find": "oplog.rs", "filter": {}, "singleBatch": True, "batchSize": 1})
+        assert first["cursor"]["id"] == 0
+        two = await conn.command("local", {"find": "oplog.rs", "filter": {}, "limit": 2, "batchSize": 1})
+        more = await conn.command("local", {"getMore": two["cursor"]["id"], "collection": "oplog.rs"})
+        assert len(more["cursor"]["nextBatch"]) == 1 and more["cursor"]["id"] == 0
+        assert len(member.cursors) == 0
+    finally:
+        await conn.aclose()
+
+
 async def test_idle_cursors_opened_outside_sessions_time_out(cluster):
     """cursorTimeoutMillis, on mongos and on a shard member alike: the cursor monitor (every 4 s)
     kills a session-less cursor no getMore has used for that long, and its next getMore finds
