@@ -721,7 +721,7 @@ class ShardNode(CommandServer):
         # `limit`, or its first batch if that is all it asked for (singleBatch), as on a server:
         # no cursor is left open, to time out.
         def done() -> bool:
-            return (bool(cmd.get("singleBatch")) or bool(cmd.get("limit")) and not remaining
+            return (bool(cmd.get("singleBatch")) or (bool(cmd.get("limit")) and not remaining)
                     or position >= min(oplog.last_key(), upper or 1 << 64))
 
         cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")),
