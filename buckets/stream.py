@@ -448,13 +448,13 @@ class BucketCursor:
                          *, first: bool = False) -> tuple[list[Any], dict[str, Any]]:
         bucket = self.bucket
         limit = batch_size or self.batch_size or 1 << 30
+        # Asking for more means the previous batch was taken, before this getMore waits: a
+        # bucket whose budget that batch's retained events fill has room only once they may go,
+        # and a merge waiting to put more is woken to drop them. (Acked after the wait, every
+        # getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller than a reply
+        # drained at a batch per maxTimeMS.)
+        self.acked = self.position
         if not first:
-            # Asking for more means the previous batch was taken, before this getMore waits: a
-            # bucket whose budget that batch's retained events fill has room only once they may
-            # go, and a merge waiting to put more is woken to drop them. (Acked after the wait,
-            # every getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller
-            # than a reply drained at a batch per maxTimeMS.)
-            self.acked = self.position
             bucket.notify()
             deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
                                               else self.stream.options.max_await_ms) / 1000
@@ -478,7 +478,6 @@ class BucketCursor:
             raise bucket.error
         if self.position < bucket.base:
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
-        self.acked = self.position  # asking for more means the previous batch was taken
         if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
             event = bucket.event_at(self.position)
             batch, taken = self._fragments(event, [event])

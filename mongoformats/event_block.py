@@ -115,20 +115,22 @@ class KeyedEvents(DeferredPiece):
         at, n = 0, len(self._rows)
         while at < n:
             part = scratch
-            following, written = _keyed_gather_into(part, self._events.addresses, self._events.sizes, self._rows,
-                                                    at, self._first)
+            following, written = self._gather_into(part, at)
             if following == at:  # an event too large for the buffer alone: a part of its own
-                part = np.empty(int(self._events.sizes[self._rows[at]]) + _digits(self._first + at) + 2, np.uint8)
-                following, written = _keyed_gather_into(part, self._events.addresses, self._events.sizes,
-                                                        self._rows, at, self._first)
+                part = np.empty(_element_bytes(self._events.sizes[self._rows[at]], self._first + at), np.uint8)
+                following, written = self._gather_into(part, at)
             yield part.data[:written]
             at = following
 
     def materialize(self) -> memoryview:
         out = np.empty(self._size, np.uint8)
-        _, written = _keyed_gather_into(out, self._events.addresses, self._events.sizes, self._rows, 0, self._first)
+        _, written = self._gather_into(out, 0)
         assert written == self._size
         return out.data
+
+    def _gather_into(self, out: npt.NDArray[np.uint8], at: int) -> tuple[int, int]:
+        """The elements from row `at` on that fit in `out`: (the next row, the bytes written)."""
+        return _keyed_gather_into(out, self._events.addresses, self._events.sizes, self._rows, at, self._first)
 
 
 class EventBlock:
@@ -335,10 +337,9 @@ class EventBlock:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
         batch between its length and its terminator, gathered from where the events lie as it is
         sent (KeyedEvents)."""
-        if self._events is None:
-            assert self._unsorted is not None
-            return KeyedEvents(self._unsorted.events, self._unsorted.order, first_index)
-        return KeyedEvents(_Scattered.of((self,)), np.arange(len(self)), first_index)
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        return KeyedEvents(unsorted.events, unsorted.order, first_index)
 
     # -- between processes ------------------------------------------------------------------------
 
@@ -475,6 +476,12 @@ def _digits(n: int) -> int:
 
 
 @numba.njit(cache=True)
+def _element_bytes(size: int, index: int) -> int:
+    """The bytes of an event of `size` bytes as the array element `index` (see `_put_key`)."""
+    return size + _digits(index) + 2
+
+
+@numba.njit(cache=True)
 def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first_index: int) -> int:
     """The bytes of the events at `rows` as array elements keyed from `first_index` on."""
     total = 0
@@ -482,7 +489,7 @@ def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first
         r = rows[i]
         if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
-        total += sizes[U(r)] + _digits(first_index + i) + 2
+        total += _element_bytes(sizes[U(r)], first_index + i)
     return total
 
 
@@ -507,7 +514,7 @@ def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uin
         if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
         size = sizes[U(r)]
-        if at + size + _digits(first_index + i) + 2 > len(out):
+        if at + _element_bytes(size, first_index + i) > len(out):
             break
         if i + PREFETCH_AHEAD < n:
             q = U(rows[U(i + PREFETCH_AHEAD)])

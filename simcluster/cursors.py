@@ -151,12 +151,11 @@ class CursorManager:
                 raise
             finally:
                 cursor.operation = None
-                cursor.last_used = time.monotonic()
             alive = not (cursor.done is not None and cursor.done())
         else:
             batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]
             alive = bool(cursor.docs)
-            cursor.last_used = time.monotonic()
+        cursor.last_used = time.monotonic()
         if not alive:
             self.kill(cid)
         if isinstance(batch, RawBatch):
