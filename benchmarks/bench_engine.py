@@ -56,7 +56,7 @@ import psutil
 import trio
 from bson import Int64, Timestamp
 
-from benchmarks.common import write_results
+from benchmarks.common import add_out_option, write_results
 from buckets.allocator import keep_large_allocations
 from buckets.reader import BATCH_ENTRIES
 from mongoformats.oplog_batch import SLACK, batch_in_place
@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--updates", type=float, default=0.0,
                         help="the share of the backlog that updates documents (a $set and an $inc each; the "
                              "rest inserts them); results go to engine_catchup_updates.* when above 0")
+    add_out_option(parser)
     args = parser.parse_args(argv)
     # The consumers (this process, every mode's) receive each reply into a buffer of its size:
     # a bucket's reply of up to 16 MiB was mapped afresh each time, ~30k page faults and ~0.08
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         for rp, ratio in figures["over_baseline"].items():
             print(f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
                   f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})")
-    path = write_results("engine_catchup_updates" if args.updates else "engine_catchup", figures,
+    path = write_results(args.out, "engine_catchup_updates" if args.updates else "engine_catchup", figures,
                          {k: v["events_per_s"] for k, v in results.items()},
                          ylabel="events/s",
                          title=f"catch-up of {args.events:,} events ({kind}) over 4 shards")

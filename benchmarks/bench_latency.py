@@ -28,7 +28,7 @@ import bson
 import trio
 
 from benchmarks.bench_engine import ProxyProcess
-from benchmarks.common import write_results
+from benchmarks.common import add_out_option, write_results
 from simcluster.launcher import spawn_cluster
 from wireproxy.upstream import UpstreamConnection, open_upstream, parse_hosts
 
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=int, default=500, help="inserts per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="writing time per measurement")
+    add_out_option(parser)
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=4, periodic_noop_s=10.0)
     # Streams are closed a second after their consumers leave (not the default 5 minutes): each
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         proxy.close()
         cluster.close()
-    path = write_results("latency", {"rate": args.rate, "seconds": args.seconds, "results": results},
+    path = write_results(args.out, "latency", {"rate": args.rate, "seconds": args.seconds, "results": results},
                          {k: v.get("p50_ms", 0.0) for k, v in results.items()},
                          ylabel="p50 write-to-event latency (ms)",
                          title=f"live tail at {args.rate} inserts/s, 4 shards")

@@ -16,7 +16,7 @@ import time
 
 import pymongo
 
-from benchmarks.common import write_results
+from benchmarks.common import add_out_option, write_results
 from simcluster.launcher import spawn_cluster
 
 
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inserts", type=int, default=5000)
     parser.add_argument("--docs", type=int, default=100_000)
+    add_out_option(parser)
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=2)
     port = _free_port()
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
           f"  ratio {ratios['insert_one']:.2f}")
     print(f"find batched direct {direct['find_docs_per_s']:>9,.0f}/s  proxy {through['find_docs_per_s']:>9,.0f}/s"
           f"  ratio {ratios['find_batched']:.2f}  (goal >= 0.7)")
-    write_results("proxy_passthrough", {"direct": direct, "proxy": through, "ratios": ratios},
+    write_results(args.out, "proxy_passthrough", {"direct": direct, "proxy": through, "ratios": ratios},
                   {"insert_one direct": direct["insert_one_per_s"], "insert_one proxy": through["insert_one_per_s"],
                    "find/100 direct": direct["find_docs_per_s"] / 100,
                    "find/100 proxy": through["find_docs_per_s"] / 100},

@@ -29,7 +29,7 @@ import trio
 from bson import Timestamp
 
 from benchmarks.bench_engine import ProxyProcess, _ts
-from benchmarks.common import write_results
+from benchmarks.common import add_out_option, write_results
 from bucketspark.sink import dml_op
 from simcluster.launcher import spawn_cluster
 
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-events", type=int, default=20_000)
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--timeout-s", type=float, default=3600)
+    add_out_option(parser)
     args = parser.parse_args(argv)
 
     source = spawn_cluster(shards=4, prefill_events=args.events)
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         target.close()
     ratio = ours["events_per_s"] / baseline["events_per_s"]
     print(f"ratio spark/per-event-transactions: {ratio:.1f}x (goal >= 5x)")
-    write_results("replication", {"events": args.events, "buckets": args.buckets, "baseline": baseline,
+    write_results(args.out, "replication", {"events": args.events, "buckets": args.buckets, "baseline": baseline,
                                   "spark": ours, "ratio": ratio, "goal": 5.0},
                   {"per-event txn": baseline["events_per_s"], f"spark {args.buckets} buckets": ours["events_per_s"]},
                   ylabel="events/s", title=f"Replicating {args.events:,} events (ratio {ratio:.1f}x)")

@@ -19,7 +19,7 @@ import pymongo
 import trio
 
 from benchmarks.bench_engine import _ts, raw_read
-from benchmarks.common import write_results
+from benchmarks.common import add_out_option, write_results
 from simcluster.launcher import spawn_cluster
 
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--entries", type=int, default=300_000)
     parser.add_argument("--docs", type=int, default=100_000)
     parser.add_argument("--clients", type=int, default=2, help="client processes for the concurrent insert run")
+    add_out_option(parser)
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=1, prefill_events=args.entries)
     try:
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"raw oplog serving  {read_rate:>10,.0f} entries/s  (goal >= 300,000)")
     print(f"insert_many        {insert_rate:>10,.0f} docs/s     (one client)")
     print(f"insert_many        {concurrent_rate:>10,.0f} docs/s     ({args.clients} client processes; goal >= 100,000)")
-    write_results("simcluster", {"oplog_entries_per_s": read_rate, "insert_many_docs_per_s": concurrent_rate,
+    write_results(args.out, "simcluster", {"oplog_entries_per_s": read_rate, "insert_many_docs_per_s": concurrent_rate,
                                  "insert_many_one_client_docs_per_s": insert_rate, "clients": args.clients,
                                  "entries": args.entries, "docs": args.docs},
                   {"oplog entries/s": read_rate, "insert_many docs/s (1 client)": insert_rate,

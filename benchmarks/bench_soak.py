@@ -38,7 +38,7 @@ import trio
 from bson.raw_bson import RawBSONDocument
 
 from benchmarks.bench_engine import ProxyProcess
-from benchmarks.common import plot_series, write_json
+from benchmarks.common import add_out_option, plot_series, write_json
 from mongoformats.errors import MongoError, has_category
 from simcluster.launcher import spawn_cluster
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--stepdown-every", type=float, default=0.0, metavar="S",
                         help="3-member shards, a random shard's primary stepped down every S seconds (0: off)")
+    add_out_option(parser)
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
     for rp in args.reader_processes:
@@ -293,8 +294,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{figures['proxy_mib_second_half_peak']:.0f} MiB in the second "
               f"({figures['second_over_first_half_peak']:.2f}x)")
     name = "soak_stepdowns" if args.stepdown_every else "soak"
-    path = write_json(name, {"stepdown_every_s": args.stepdown_every, "modes": results})
-    plot_series(name, {mode: r["samples"] for mode, r in results.items()}, xlabel="seconds",
+    path = write_json(args.out, name, {"stepdown_every_s": args.stepdown_every, "modes": results})
+    plot_series(args.out, name, {mode: r["samples"] for mode, r in results.items()}, xlabel="seconds",
                 ylabel="proxy resident MiB (main + reader processes)",
                 title=f"proxy memory under stream churn, {args.seconds:.0f} s"
                 + (f", a stepdown every {args.stepdown_every:g} s" if args.stepdown_every else ""))

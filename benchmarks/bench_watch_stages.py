@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from benchmarks.bench_engine import ProxyProcess, _ts, watch_stream
-from benchmarks.common import write_results
+from benchmarks.common import add_out_option, write_results
 from simcluster.launcher import spawn_cluster
 
 # Debezium's pipelines (ChangeStreamPipelineFactory), for the benchmark's databases bench0..3.
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 2])
+    add_out_option(parser)
     args = parser.parse_args(argv)
     print(f"prefilling {args.events:,} events over 4 shards in a cluster subprocess ...", flush=True)
     cluster = spawn_cluster(shards=4, prefill_events=args.events, periodic_noop_s=0.5)
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                "over_mongos": {name: {where: rate / by["mongos"] for where, rate in by.items()}
                                for name, by in rates.items()}}
     bars = {f"{name}: {where}": rate for name, by in rates.items() for where, rate in by.items()}
-    path = write_results("watch_stages", figures, bars, ylabel="events/s",
+    path = write_results(args.out, "watch_stages", figures, bars, ylabel="events/s",
                          title=f"watch() with updateLookup and stages, {args.events:,} events over 4 shards")
     print(f"wrote {path}")
 

@@ -1,4 +1,11 @@
-"""Run every benchmark in turn (`make bench`); each prints its ratios and writes JSON + PNG."""
+"""Run every benchmark in turn (`make bench`); each prints its ratios and writes JSON + PNG.
+
+    .venv/bin/python -m benchmarks.run_all [--out DIR]
+
+All of one run's files go to one folder (default: a new `benchmarks/runs/<UTC time>/`).
+"""
+
+import argparse
 
 from benchmarks import (
     bench_engine,
@@ -9,13 +16,17 @@ from benchmarks import (
     bench_soak,
     bench_watch_stages,
 )
+from benchmarks.common import add_out_option
 
 if __name__ == "__main__":
-    bench_simcluster.main([])
-    bench_proxy.main([])
-    bench_engine.main([])
-    bench_watch_stages.main([])
-    bench_latency.main([])
-    bench_replication.main([])
-    bench_soak.main([])
-    bench_soak.main(["--stepdown-every", "6"])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_out_option(parser)
+    out = ["--out", str(parser.parse_args().out)]
+    bench_simcluster.main(out)
+    bench_proxy.main(out)
+    bench_engine.main(out)
+    bench_watch_stages.main(out)
+    bench_latency.main(out)
+    bench_replication.main(out)
+    bench_soak.main(out)
+    bench_soak.main(["--stepdown-every", "6", *out])
