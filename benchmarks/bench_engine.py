@@ -57,6 +57,7 @@ import trio
 from bson import Int64, Timestamp
 
 from benchmarks.common import add_out_option, write_results
+from benchmarks.workloads import WORKLOADS, write_workload
 from buckets.allocator import keep_large_allocations
 from buckets.reader import BATCH_ENTRIES
 from mongoformats.oplog_batch import SLACK, batch_in_place
@@ -234,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--updates", type=float, default=0.0,
                         help="the share of the backlog that updates documents (a $set and an $inc each; the "
                              "rest inserts them); results go to engine_catchup_updates.* when above 0")
+    parser.add_argument("--workload", choices=("inserts", *WORKLOADS), default="inserts",
+                        help="inserts: the prefilled insert (or --updates) backlog; app: an application-like mix "
+                        "written through pymongo; ycsb: YCSB workload A's writes (benchmarks/workloads.py); "
+                        "results go to engine_catchup_<workload>.*")
+    parser.add_argument("--seed", type=int, default=1, help="the app and ycsb workloads' seed")
     add_out_option(parser)
     args = parser.parse_args(argv)
     # The consumers (this process, every mode's) receive each reply into a buffer of its size:
@@ -241,12 +247,21 @@ def main(argv: list[str] | None = None) -> None:
     # CPU-s a million events, a tenth of what the proxy spends, on cores the proxy shares. The
     # proxy's own process keeps its large allocations the same way.
     keep_large_allocations()
-    kind = f"{args.updates:.0%} updates" if args.updates else "inserts"
-    print(f"prefilling {args.events:,} events ({kind}) over 4 shards in a cluster subprocess ...", flush=True)
+    if args.workload != "inserts":
+        kind = f"the {args.workload} workload"
+    else:
+        kind = f"{args.updates:.0%} updates" if args.updates else "inserts"
+    print(f"prefilling {args.events:,} writes ({kind}) over 4 shards in a cluster subprocess ...", flush=True)
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
     # stream's last events wait for every shard's mark, and 10 s of that tail would be a fixed
     # cost in its rate, not throughput (the proxy writes its own notes and does not wait).
-    cluster = spawn_cluster(shards=4, prefill_events=args.events, prefill_updates=args.updates, periodic_noop_s=0.5)
+    if args.workload == "inserts":
+        cluster = spawn_cluster(shards=4, prefill_events=args.events, prefill_updates=args.updates,
+                                periodic_noop_s=0.5)
+        events = args.events
+    else:
+        cluster = spawn_cluster(shards=4, periodic_noop_s=0.5)
+        events = write_workload(cluster.uri, args.workload, args.events, seed=args.seed)
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
@@ -268,16 +283,16 @@ def main(argv: list[str] | None = None) -> None:
         modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
             ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)]
         for rp in args.reader_processes:
-            modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, args.events,
+            modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, events,
                                                               args.buckets, rp), proxy))
             if baseline is not None:
-                modes.append((f"baseline rp={rp}", functools.partial(proxy_stream, baseline, start, args.events,
+                modes.append((f"baseline rp={rp}", functools.partial(proxy_stream, baseline, start, events,
                                                                      args.buckets, rp), baseline))
         for rp, watch_proxy in watch_proxies.items():
-            modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, args.events),
+            modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, events),
                           watch_proxy))
         modes += [("raw 16MiB", lambda: raw_read(shard_uris, start, None), None),
-                  ("native", lambda: watch_stream(cluster.uri, start, args.events), None)]
+                  ("native", lambda: watch_stream(cluster.uri, start, events), None)]
 
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in modes}
         warmups: dict[str, list[dict[str, float]]] = {name: [] for name, _, used in modes if used is not None}
@@ -348,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
     proxy_best = results[best]
     figures = {
-        "events": args.events, "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
+        "events": events, "writes": args.events, "workload": args.workload, "seed": args.seed,
+        "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
         "repeat": args.repeat, "warmup": args.warmup, "modes": results,
         "best_proxy_mode": best, "raw_mode": raw_mode,
         "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
@@ -385,10 +401,14 @@ def main(argv: list[str] | None = None) -> None:
         for rp, ratio in figures["over_baseline"].items():
             print(f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
                   f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})")
-    path = write_results(args.out, "engine_catchup_updates" if args.updates else "engine_catchup", figures,
+    if args.workload != "inserts":
+        result_name = f"engine_catchup_{args.workload}"
+    else:
+        result_name = "engine_catchup_updates" if args.updates else "engine_catchup"
+    path = write_results(args.out, result_name, figures,
                          {k: v["events_per_s"] for k, v in results.items()},
                          ylabel="events/s",
-                         title=f"catch-up of {args.events:,} events ({kind}) over 4 shards")
+                         title=f"catch-up of {events:,} events ({kind}) over 4 shards")
     print(f"wrote {path}")
 
 
