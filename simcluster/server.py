@@ -446,7 +446,9 @@ class CommandServer:
                 "storageEngines": ["wiredTiger"], "openssl": {"running": "disabled"}}
 
     async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        params = {"featureCompatibilityVersion": {"version": self.version},
+        # enableTestCommands: simcluster always serves the test commands (configureFailPoint, ...),
+        # as a server started with it does; drivers' test harnesses read it.
+        params = {"featureCompatibilityVersion": {"version": self.version}, "enableTestCommands": True,
                   "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
                   **{name: getattr(self, attr) for name, attr in self.runtime_parameters.items()}}
         if cmd.get("getParameter") == "*":

@@ -910,3 +910,15 @@ async def test_an_exhaust_get_more_streams_batches_from_mongod_and_from_mongos_s
             batches, streamed = await exhaust_batches(node.host, node.port)
             assert streamed == streams
             assert batches == ([[2, 3, 4], [5, 6, 7], [8, 9]] if streams else [[2, 3, 4]])
+
+
+async def test_get_parameter_reports_enable_test_commands(cluster):
+    """Drivers' test harnesses (pymongo's test/__init__.py ClientContext) read
+    `getParameter: "*"`'s enableTestCommands before running anything; simcluster serves the test
+    commands, as a server started with enableTestCommands=1 does."""
+    def work():
+        admin = client(cluster.uri).admin
+        assert admin.command("getParameter", "*")["enableTestCommands"] is True
+        reply = admin.command("getParameter", 1, enableTestCommands=1)
+        assert reply["enableTestCommands"] is True and "featureCompatibilityVersion" not in reply
+    await sync(work)
