@@ -1,0 +1,72 @@
+"""A conformance case: operations, and the change events (or the error) the server's own jstest
+says they produce.
+
+Cases are data. Operations are tuples, run through pymongo on the case's own database:
+
+    ("insert", coll, doc)             ("insert_many", coll, [docs])
+    ("update", coll, filter, update)  ("update_many", coll, filter, update)
+    ("replace", coll, filter, doc)    ("delete", coll, filter)      ("delete_many", coll, filter)
+    ("command", {cmd})                a command on the case's database
+    ("admin", {cmd})                  a command on admin
+    ("drop", coll)                    ("txn", [operations])        in one transaction
+
+Every string holding `<db>` (a namespace, an `ns` in an expected event) names the case's
+database, which the runner chooses. Expected events hold the fields the jstest states; as the
+jstests' own comparison does (`assertChangeStreamEventEq` in jstests/libs/change_stream_util.js),
+`_id`, `clusterTime`, `wallTime`, `collectionUUID`, `lsid` and `txnNumber` are compared only
+when the expected event gives them, and field order is not compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DB = "<db>"
+VERSIONS = ("7.0", "8.0")
+# The fields compared only when an expected event states them.
+IGNORED_UNLESS_GIVEN = ("_id", "clusterTime", "wallTime", "collectionUUID", "lsid", "txnNumber")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    source: str                     # the jstest it comes from, as a path in mongodb/mongo
+    watch: str                      # "collection" (of `coll`), "database" or "cluster"
+    ops: tuple[Any, ...]            # run after the stream is opened
+    expect: tuple[dict[str, Any], ...] = ()
+    error: int | None = None        # the code opening the stream fails with, instead of events
+    setup: tuple[Any, ...] = ()     # run before the stream is opened
+    options: dict[str, Any] = field(default_factory=dict)   # $changeStream's fields
+    pipeline: tuple[dict[str, Any], ...] = ()               # stages after $changeStream
+    coll: str = "c"
+    versions: tuple[str, ...] = VERSIONS
+    # Whether the case also runs through parallelChangeStream buckets: a cluster-wide stream
+    # filtered to the case's namespaces, which has no invalidate and takes only $match stages.
+    buckets: bool = True
+    unordered: bool = False         # the jstest compares the events as a set
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        every = ("simcluster", "watch")
+        invalidates = any(e.get("operationType") == "invalidate" for e in self.expect)
+        only_match = all(set(stage) == {"$match"} for stage in self.pipeline)
+        if self.buckets and self.error is None and not invalidates and only_match:
+            return (*every, "buckets")
+        return every
+
+
+def substitute(value: Any, db: str) -> Any:
+    """`value` with `<db>` replaced by `db` in every string, key and value alike."""
+    if isinstance(value, str):
+        return value.replace(DB, db)
+    if isinstance(value, dict):
+        return {substitute(k, db): substitute(v, db) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(substitute(v, db) for v in value)
+    return value
+
+
+def comparable(actual: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    """`actual` without the fields the comparison ignores unless `expected` states them."""
+    return {k: v for k, v in actual.items() if k not in IGNORED_UNLESS_GIVEN or k in expected}

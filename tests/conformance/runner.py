@@ -1,0 +1,182 @@
+"""Play a conformance case on one path and return what the consumer saw.
+
+Paths: `simcluster` (a driver's watch() on simcluster's mongos), `watch` (the same watch() through
+the proxy with change stream acceleration, checked to be served by the engine) and `buckets` (a
+parallelChangeStream of 2 buckets filtered to the case's namespaces, its buckets merged back by
+token). Writes always go to mongos directly, so every path reads the same kind of oplog.
+
+A stream is read until an end marker the runner writes after the case's operations (an insert
+into the watched collection, or into a collection made before the stream opened), or until an
+invalidate; where the case's `$match` may hide the marker, until the expected number of events
+and a quiet second after them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pymongo
+from bson import Timestamp
+from pymongo.errors import OperationFailure
+
+from tests.conformance.environment import Endpoints
+from tests.conformance.model import Case, substitute
+
+END = "__conformance_end__"
+END_COLL = "zz_conformance_end"
+_DEADLINE_S = 30.0
+_QUIET_S = 1.0
+_names = itertools.count()
+
+
+def fresh_db(path: str) -> str:
+    """A database name no other case or path uses."""
+    return f"cf{next(_names)}{path[0]}"
+
+
+def _run(client: pymongo.MongoClient[Any], db: str, op: tuple[Any, ...], session: Any = None) -> None:
+    kind, *args = op
+    database = client[db]
+    if kind == "insert":
+        database[args[0]].insert_one(args[1], session=session)
+    elif kind == "insert_many":
+        database[args[0]].insert_many(args[1], session=session)
+    elif kind == "update":
+        database[args[0]].update_one(args[1], args[2], session=session)
+    elif kind == "update_many":
+        database[args[0]].update_many(args[1], args[2], session=session)
+    elif kind == "replace":
+        database[args[0]].replace_one(args[1], args[2], session=session)
+    elif kind == "delete":
+        database[args[0]].delete_one(args[1], session=session)
+    elif kind == "delete_many":
+        database[args[0]].delete_many(args[1], session=session)
+    elif kind == "command":
+        database.command(args[0], session=session)
+    elif kind == "admin":
+        client.admin.command(args[0], session=session)
+    elif kind == "drop":
+        database.drop_collection(args[0], session=session)
+    elif kind == "txn":
+        with client.start_session() as txn_session, txn_session.start_transaction():
+            for inner in args[0]:
+                _run(client, db, inner, txn_session)
+    else:
+        raise ValueError(f"unknown operation {kind!r}")
+
+
+def run_ops(client: pymongo.MongoClient[Any], db: str, ops: tuple[Any, ...]) -> None:
+    for op in ops:
+        _run(client, db, substitute(op, db))
+
+
+def _is_end(event: dict[str, Any]) -> bool:
+    key = event.get("documentKey")
+    return isinstance(key, dict) and key.get("_id") == END
+
+
+def _write_end(client: pymongo.MongoClient[Any], db: str, case: Case) -> None:
+    coll = case.coll if case.watch == "collection" else END_COLL
+    client[db][coll].insert_one({"_id": END})
+
+
+def _done(events: list[dict[str, Any]], case: Case, quiet_since: float) -> bool:
+    if events and events[-1].get("operationType") == "invalidate":
+        return True
+    return len(events) >= len(case.expect) and time.monotonic() - quiet_since > _QUIET_S and bool(case.pipeline)
+
+
+def _watch_target(client: pymongo.MongoClient[Any], db: str, case: Case) -> Any:
+    if case.watch == "collection":
+        return client[db][case.coll]
+    return client[db] if case.watch == "database" else client
+
+
+def play(case: Case, path: str, ends: Endpoints) -> tuple[str, list[dict[str, Any]] | int]:
+    """The case's database, and the events the path's consumer saw (the end marker left out) or
+    the error code opening the stream failed with."""
+    db = fresh_db(path)
+    writer: pymongo.MongoClient[Any] = pymongo.MongoClient(ends.mongos_uri, serverSelectionTimeoutMS=10_000)
+    reader: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        ends.mongos_uri if path == "simcluster" else ends.proxy_uri, serverSelectionTimeoutMS=10_000)
+    try:
+        if case.watch != "collection":
+            writer[db][END_COLL].insert_one({"_id": "made before the stream"})
+        run_ops(writer, db, case.setup)
+        options = substitute(case.options, db)
+        pipeline = list(substitute(case.pipeline, db))
+        if path == "buckets":
+            return db, _play_buckets(case, writer, reader, db, options, pipeline)
+        before = reader.admin.command("parallelChangeStreamStatus")["watches"] if path == "watch" else None
+        try:
+            stream = _watch_target(reader, db, case).watch(pipeline, **options)
+        except OperationFailure as exc:
+            return db, int(exc.code or 0)
+        with stream:
+            if before is not None:
+                after = reader.admin.command("parallelChangeStreamStatus")["watches"]
+                assert after["accelerated"] == before["accelerated"] + 1, "the engine did not serve this watch()"
+            run_ops(writer, db, case.ops)
+            _write_end(writer, db, case)
+            return db, _read(stream, case)
+    finally:
+        writer.close()
+        reader.close()
+
+
+def _read(stream: Any, case: Case) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + _DEADLINE_S
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        event = stream.try_next()
+        if event is None:
+            if _done(events, case, quiet_since) or not stream.alive:
+                return events
+            continue
+        if _is_end(event):
+            return events
+        events.append(event)
+        quiet_since = time.monotonic()
+        if event.get("operationType") == "invalidate":
+            return events
+    raise AssertionError(f"no end marker within {_DEADLINE_S:.0f} s; events so far: {events}")
+
+
+def _play_buckets(case: Case, writer: pymongo.MongoClient[Any], proxy: pymongo.MongoClient[Any], db: str,
+                  options: dict[str, Any], pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    scope: dict[str, Any] = {"ns.db": db}
+    if case.watch == "collection":
+        scope["ns.coll"] = {"$in": [case.coll, END_COLL]}
+    # startAtOperationTime includes its own time: start just after the last write made.
+    last: Timestamp = writer.admin.command("ping")["operationTime"]
+    start = Timestamp(last.time, last.inc + 1)
+    opened = proxy.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"conformance-{db}",
+                                  "startAtOperationTime": start, "pipeline": [{"$match": scope}, *pipeline],
+                                  **options})
+    cursors = {c["id"]: list(c["firstBatch"]) for c in opened["cursors"]}
+    try:
+        run_ops(writer, db, case.ops)
+        writer[db][END_COLL].insert_one({"_id": END})
+        seen: dict[bytes, dict[str, Any]] = {}
+        end_token: str | None = None
+        deadline = time.monotonic() + _DEADLINE_S
+        rounds_after_end = 0
+        while rounds_after_end < 2:
+            assert time.monotonic() < deadline, f"no end marker within {_DEADLINE_S:.0f} s: {list(seen.values())}"
+            for cid, first in cursors.items():
+                batch = first or proxy.admin.command({"getMore": cid, "collection": "$cmd.parallelChangeStream",
+                                                      "maxTimeMS": 100})["cursor"]["nextBatch"]
+                cursors[cid] = []
+                for event in batch:
+                    token = event["_id"]["_data"]
+                    if _is_end(event):
+                        end_token = token
+                    seen.setdefault(token, event)
+            if end_token is not None:
+                rounds_after_end += 1
+        return [e for t, e in sorted(seen.items()) if end_token is None or t < end_token]
+    finally:
+        proxy.admin.command({"killCursors": "$cmd.parallelChangeStream", "cursors": list(cursors)})

@@ -1,0 +1,67 @@
+"""The conformance corpus: cases taken from the server's own jstests (tests/conformance/cases/),
+each played on simcluster, through the accelerated proxy and through parallelChangeStream
+buckets, on every MongoDB version the case applies to. A case's expected events are what its
+jstest asserts, never what this project's code produces."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pkgutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conformance import cases as case_modules
+from tests.conformance.environment import Endpoints, running
+from tests.conformance.model import Case, comparable, substitute
+from tests.conformance.runner import play
+
+
+def _cases() -> list[Case]:
+    found: list[Case] = []
+    for info in pkgutil.iter_modules(case_modules.__path__):
+        module = importlib.import_module(f"{case_modules.__name__}.{info.name}")
+        found += module.CASES
+    names = [c.name for c in found]
+    assert len(names) == len(set(names)), "conformance case names must be unique"
+    return found
+
+
+CASES = _cases()
+PARAMS = [pytest.param(case, path, version, id=f"{version}-{path}-{case.name}")
+          for case in CASES for version in case.versions for path in case.paths]
+
+
+class _Clusters:
+    """One cluster and proxy per MongoDB version, started when a case first needs it."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._running: dict[str, Endpoints] = {}
+
+    def __getitem__(self, version: str) -> Endpoints:
+        if version not in self._running:
+            self._running[version] = self._stack.enter_context(running(version))
+        return self._running[version]
+
+
+@pytest.fixture(scope="session")
+def clusters() -> Iterator[_Clusters]:
+    with contextlib.ExitStack() as stack:
+        yield _Clusters(stack)
+
+
+@pytest.mark.parametrize(("case", "path", "version"), PARAMS)
+def test_conformance(case: Case, path: str, version: str, clusters: _Clusters) -> None:
+    db, got = play(case, path, clusters[version])
+    if case.error is not None:
+        assert got == case.error, f"{case.source}: expected error {case.error}, got {got}"
+        return
+    assert isinstance(got, list), f"{case.source}: opening the stream failed with {got}"
+    expected = [substitute(e, db) for e in case.expect]
+    actual = [comparable(a, e) for a, e in zip(got, expected, strict=False)]
+    if case.unordered:
+        actual, expected = sorted(actual, key=repr), sorted(expected, key=repr)
+    assert len(got) == len(expected) and actual == expected, (
+        f"{case.source}\nexpected: {expected}\nactual:   {[comparable(a, {}) for a in got]}")
