@@ -29,7 +29,15 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
-PARAMS = [pytest.param(case, path, version, id=f"{version}-{path}-{case.name}")
+
+
+def _marks(case: Case, path: str) -> list[pytest.MarkDecorator]:
+    if path in case.diverges:
+        return [pytest.mark.xfail(strict=True, reason=case.diverges[path])]
+    return []
+
+
+PARAMS = [pytest.param(case, path, version, id=f"{version}-{path}-{case.name}", marks=_marks(case, path))
           for case in CASES for version in case.versions for path in case.paths]
 
 
