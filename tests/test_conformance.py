@@ -68,6 +68,8 @@ def test_conformance(case: Case, path: str, version: str, clusters: _Clusters) -
         return
     assert isinstance(got, list), f"{case.source}: opening the stream failed with {got}"
     expected = [substitute(e, db) for e in case.expect]
+    if case.prefix:
+        got = got[:len(expected)]
     actual = [comparable(a, e) for a, e in zip(got, expected, strict=False)]
     if case.unordered:
         actual, expected = sorted(actual, key=repr), sorted(expected, key=repr)

@@ -45,6 +45,7 @@ class Case:
     # filtered to the case's namespaces, which has no invalidate and takes only $match stages.
     buckets: bool = True
     unordered: bool = False         # the jstest compares the events as a set
+    prefix: bool = False            # the jstest reads only the first len(expect) events
     # Paths known to differ from the server, each with the reason (the fidelity audit's item,
     # e.g. "D10: ..."): run as strict xfails, so that a fix shows up as an unexpected pass.
     diverges: dict[str, str] = field(default_factory=dict)

@@ -29,6 +29,10 @@ END_COLL = "zz_conformance_end"
 _DEADLINE_S = 30.0
 _QUIET_S = 1.0
 _names = itertools.count()
+# $changeStream's fields, as pymongo's watch() names them.
+_WATCH_KWARGS = {"fullDocument": "full_document", "fullDocumentBeforeChange": "full_document_before_change",
+                 "showExpandedEvents": "show_expanded_events", "resumeAfter": "resume_after",
+                 "startAfter": "start_after", "startAtOperationTime": "start_at_operation_time"}
 
 
 def fresh_db(path: str) -> str:
@@ -85,6 +89,8 @@ def _write_end(client: pymongo.MongoClient[Any], db: str, case: Case) -> None:
 def _done(events: list[dict[str, Any]], case: Case, quiet_since: float) -> bool:
     if events and events[-1].get("operationType") == "invalidate":
         return True
+    if case.prefix and len(events) >= len(case.expect):
+        return True
     return len(events) >= len(case.expect) and time.monotonic() - quiet_since > _QUIET_S and bool(case.pipeline)
 
 
@@ -102,8 +108,8 @@ def play(case: Case, path: str, ends: Endpoints) -> tuple[str, list[dict[str, An
     reader: pymongo.MongoClient[Any] = pymongo.MongoClient(
         ends.mongos_uri if path == "simcluster" else ends.proxy_uri, serverSelectionTimeoutMS=10_000)
     try:
-        if case.watch != "collection":
-            writer[db][END_COLL].insert_one({"_id": "made before the stream"})
+        # Made before the stream opens, so that its create event is no part of the case's.
+        writer[db][END_COLL].insert_one({"_id": "made before the stream"})
         run_ops(writer, db, case.setup)
         options = substitute(case.options, db)
         pipeline = list(substitute(case.pipeline, db))
@@ -111,7 +117,8 @@ def play(case: Case, path: str, ends: Endpoints) -> tuple[str, list[dict[str, An
             return db, _play_buckets(case, writer, reader, db, options, pipeline)
         before = reader.admin.command("parallelChangeStreamStatus")["watches"] if path == "watch" else None
         try:
-            stream = _watch_target(reader, db, case).watch(pipeline, **options)
+            kwargs = {_WATCH_KWARGS[name]: value for name, value in options.items()}
+            stream = _watch_target(reader, db, case).watch(pipeline, **kwargs)
         except OperationFailure as exc:
             return db, int(exc.code or 0)
         with stream:
