@@ -17,6 +17,7 @@ Commands (admin database):
 
 from __future__ import annotations
 
+import decimal
 import logging
 import random
 import uuid
@@ -157,8 +158,10 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, *,
     if type_name(value) not in SAFE_INT64:
         raise wrong_type(f"{command}.{name}", value, *SAFE_INT64)
     number = value.to_decimal() if isinstance(value, Decimal128) else value
-    # Range first, then integrality: int() of an infinite or NaN number raises (NaN fails the range).
-    if not low <= number <= high or int(number) != number:
+    # Range first, then integrality: int() of an infinite or NaN number raises (a float NaN fails
+    # the range; a Decimal NaN raises on any comparison, so it is tested first).
+    if isinstance(number, decimal.Decimal) and number.is_nan() or not low <= number <= high \
+            or int(number) != number:
         raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {_shown(value)}")
     return int(number)
 

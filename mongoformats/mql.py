@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import functools
 import re
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -84,9 +85,13 @@ MAX_QUERY_DEPTH = 100
 
 
 def _too_deep(query: Any) -> MongoError:
-    shown = repr(query)
     return MongoError("BadValue", f"exceeded maximum query tree depth of {MAX_QUERY_DEPTH} at "
-                      f"{shown[:200]}{' ...' if len(shown) > 200 else ''}")
+                      f"{_SHORT.repr(query)}")
+
+
+# The part of a query an error shows: a few levels and elements (reprlib stops at them).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 60, 60
 
 
 def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) -> str | None:
