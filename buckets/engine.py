@@ -162,12 +162,14 @@ def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, *,
     # the range; a Decimal NaN raises on any comparison, so it is tested first).
     if isinstance(number, decimal.Decimal) and number.is_nan() or not low <= number <= high \
             or int(number) != number:
-        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {_shown(value)}")
+        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, "
+                         f"not {_shown(value)}")
     return int(number)
 
 
 def _shown(value: Any, limit: int = 100) -> str:
-    """`value` for an error message, cut to `limit` characters: a client's junk is not echoed whole."""
+    """`value` for an error message, cut to `limit` characters: a client's junk is not echoed
+    whole."""
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -195,7 +197,8 @@ def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
     if not isinstance(pipeline, list):
         raise wrong_type(f"{command}.pipeline", pipeline, "array")
     if len(pipeline) > MAX_PIPELINE_STAGES:
-        raise MongoError(7749501, f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages.")
+        raise MongoError(7749501,
+                         f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages.")
     if not all(isinstance(stage, dict) for stage in pipeline):
         raise MongoError("TypeMismatch", "Each element of the 'pipeline' array must be an object")
     return pipeline
@@ -218,7 +221,8 @@ def _check_token(token: Any, path: str) -> None:
 
 
 def check_status_command(cmd: dict[str, Any]) -> None:
-    """The fields of a parallelChangeStreamStatus command, typed as check_open_command types them."""
+    """The fields of a parallelChangeStreamStatus command, typed as check_open_command types
+    them."""
     check_depth(cmd)
     check_lsid(cmd)
     check_stream_name(cmd.get("name"), "parallelChangeStreamStatus")
@@ -227,7 +231,8 @@ def check_status_command(cmd: dict[str, Any]) -> None:
         if not isinstance(after, list):
             raise wrong_type("parallelChangeStreamStatus.after", after, "array")
         if len(after) > MAX_BUCKETS:
-            raise MongoError("BadValue", f"after has {len(after)} tokens: at most {MAX_BUCKETS}, one per bucket")
+            raise MongoError("BadValue", f"after has {len(after)} tokens: at most {MAX_BUCKETS}, "
+                             "one per bucket")
         for i, token in enumerate(after):
             _check_token(token, f"parallelChangeStreamStatus.after.{i}")
     _int_option(cmd, "maxEvents", 1, 1 << 62, command="parallelChangeStreamStatus")
@@ -248,12 +253,14 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     check_depth(cmd)
     for key in cmd:
         if key not in _OPEN_FIELDS:
-            raise MongoError("IDLUnknownField", f"BSON field 'parallelChangeStream.{_shown(key)}' is an unknown field.")
+            raise MongoError("IDLUnknownField", "BSON field "
+                             f"'parallelChangeStream.{_shown(key)}' is an unknown field.")
     first = next(iter(cmd))
     cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
     check_lsid(cmd)
     if sum(k in cmd for k in ("startAtOperationTime", "resumeAfter", "startAfter")) > 1:
-        raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
+        raise MongoError(40674,
+                         "Only one type of resume option is allowed, but multiple were found.")
     for name, (low, high) in _SETTINGS.items():
         _int_option(cmd, name, low, high)
     _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
@@ -265,7 +272,8 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     if "showExpandedEvents" in cmd and not isinstance(cmd["showExpandedEvents"], bool):
         raise wrong_type("parallelChangeStream.showExpandedEvents", cmd["showExpandedEvents"], "bool")
     if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
-        raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"], "timestamp")
+        raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"],
+                         "timestamp")
     check_stream_name(cmd.get("name"), "parallelChangeStream")
     check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
     for field in ("resumeAfter", "startAfter"):
@@ -274,8 +282,8 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
         tokens = cmd[field]
         if isinstance(tokens, list):
             if not tokens or len(tokens) > MAX_BUCKETS:
-                raise MongoError("BadValue", f"{field} takes one token, or a list of 1 to {MAX_BUCKETS} bucket "
-                                 f"tokens, not {len(tokens)}")
+                raise MongoError("BadValue", f"{field} takes one token, or a list of 1 to "
+                                 f"{MAX_BUCKETS} bucket tokens, not {len(tokens)}")
             for i, token in enumerate(tokens):
                 _check_token(token, f"parallelChangeStream.{field}.{i}")
         else:
@@ -314,14 +322,16 @@ def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
             not isinstance(spec, dict):
         return False
     batch_size = cursor.get("batchSize")
-    if batch_size is not None and (type(batch_size) not in (int, Int64) or not 0 <= batch_size <= 1 << 30):
+    if batch_size is not None and (type(batch_size) not in (int, Int64)
+                                   or not 0 <= batch_size <= 1 << 30):
         return False
     try:
         check_lsid(dict(cmd))
     except MongoError:
         return False
-    types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp, "showExpandedEvents": bool,
-             "allChangesForCluster": bool, "fullDocument": str, "fullDocumentBeforeChange": str}
+    types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
+             "showExpandedEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
+             "fullDocumentBeforeChange": str}
     return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
 
 
@@ -524,11 +534,12 @@ class Engine:
                              "it needs find and changeStream on every database ({db: '', collection: ''})")
         cmd = check_open_command(cmd)
         if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
-            raise MongoError("BadValue", f"'{_shown(cmd['fullDocument'])}' is not a valid fullDocument option; "
-                             f"use one of {', '.join(_FULL_DOCUMENT)}")
+            raise MongoError("BadValue", f"'{_shown(cmd['fullDocument'])}' is not a valid "
+                             f"fullDocument option; use one of {', '.join(_FULL_DOCUMENT)}")
         if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
-            raise MongoError("BadValue", f"'{_shown(cmd['fullDocumentBeforeChange'])}' is not a valid "
-                             f"fullDocumentBeforeChange option; use one of {', '.join(_BEFORE_CHANGE)}")
+            raise MongoError("BadValue", f"'{_shown(cmd['fullDocumentBeforeChange'])}' is not a "
+                             "valid fullDocumentBeforeChange option; use one of "
+                             f"{', '.join(_BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
         cmd = _one_token_if_common(cmd, n)
@@ -626,14 +637,16 @@ class Engine:
             if not isinstance(start, Timestamp):
                 raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
             floors = [token_sort_key(high_water_mark(start))] * n
-        pipeline, split = without_split_stage(check_pipeline(cmd.get("pipeline"), "parallelChangeStream"))
+        checked = check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
+        pipeline, split = without_split_stage(checked)
         queries = []
         for stage in pipeline:
             if set(stage) != {"$match"}:
                 raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages "
                              f"(and a final {SPLIT_STAGE})")
             if (unsupported := unsupported_in_query(stage["$match"])) is not None:
-                raise MongoError("BadValue", f"parallelChangeStream's $match does not support {_shown(unsupported)}")
+                raise MongoError("BadValue", "parallelChangeStream's $match does not support "
+                                 f"{_shown(unsupported)}")
             queries.append(stage["$match"])
         # One flat $and: its depth does not grow with the number of stages.
         match = None if not queries else queries[0] if len(queries) == 1 else {"$and": queries}

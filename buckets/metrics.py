@@ -49,9 +49,10 @@ class _Families:
         }
         self.merged = CounterMetricFamily("pcs_stream_events_merged", "Events through the merge",
                                           labels=stream_labels)
-        self.queue = GaugeMetricFamily("pcs_stream_merge_queue_events", "Events waiting in the merge",
-                                       labels=stream_labels)
-        self.replays = CounterMetricFamily("pcs_stream_replays", "Bucket attaches served by re-reading the oplogs",
+        self.queue = GaugeMetricFamily("pcs_stream_merge_queue_events",
+                                       "Events waiting in the merge", labels=stream_labels)
+        self.replays = CounterMetricFamily("pcs_stream_replays",
+                                           "Bucket attaches served by re-reading the oplogs",
                                            labels=stream_labels)
 
     def add_stream(self, name: str, status: dict[str, Any]) -> None:
@@ -86,7 +87,8 @@ class _Families:
         alive = GaugeMetricFamily("pcs_reader_process_alive", "1 while the reader process runs",
                                   labels=["process"])
         timed_out = CounterMetricFamily("pcs_cursors_timed_out", "Idle cursors the engine killed "
-                                        "(unused for the cursor timeout)", value=engine.cursors_timed_out)
+                                        "(unused for the cursor timeout)",
+                                        value=engine.cursors_timed_out)
         rebucketed = CounterMetricFamily("pcs_streams_rebucketed", "Named streams reopened with another nBuckets",
                                          value=engine.rebucketed)
         memory = engine.memory_status()
@@ -100,8 +102,8 @@ class _Families:
         for proc in engine.reader_processes():
             tails.add_metric([str(proc["index"])], proc["tails"])
             alive.add_metric([str(proc["index"])], int(proc["alive"]))
-        yield from (self.merged, self.queue, self.replays, watches, tails, alive, timed_out, rebucketed, limit,
-                    reserved, refused)
+        yield from (self.merged, self.queue, self.replays, watches, tails, alive, timed_out,
+                    rebucketed, limit, reserved, refused)
 
 
 class EngineCollector(Collector):

@@ -21,8 +21,9 @@ from bson.datetime_ms import DatetimeMS
 
 from mongoformats.errors import MongoError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_BSON_DEPTH", "SAFE_INT64", "GetMore", "check_depth", "check_lsid",
-           "get_more_request", "kill_cursors_ids", "safe_long", "type_name", "wrong_type"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_BSON_DEPTH", "SAFE_INT64", "GetMore", "check_depth",
+           "check_lsid", "get_more_request", "kill_cursors_ids", "safe_long", "type_name",
+           "wrong_type"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -65,7 +66,8 @@ def check_depth(doc: Any) -> None:
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        children = value.values() if isinstance(value, dict) else value \
+            if isinstance(value, list) else ()
         for child in children:
             if isinstance(child, (dict, list)):
                 if depth >= MAX_BSON_DEPTH:
@@ -84,7 +86,8 @@ def check_lsid(cmd: dict[str, Any]) -> None:
     if "id" not in lsid:
         raise _missing("LogicalSessionId.id")
     ident = lsid["id"]
-    if not (isinstance(ident, uuid.UUID) or (isinstance(ident, (bytes, Binary)) and len(ident) == 16)):
+    if not isinstance(ident, uuid.UUID) and not (isinstance(ident, (bytes, Binary))
+                                                 and len(ident) == 16):
         raise wrong_type("LogicalSessionId.id", ident, "binData")
 
 

@@ -112,7 +112,8 @@ def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) 
             if not isinstance(cond, list) or not cond:
                 return f"{key} without a non-empty array"
             for sub in cond:
-                if (found := unsupported_in_query(sub, top_level=top_level, level=level + 1)) is not None:
+                found = unsupported_in_query(sub, top_level=top_level, level=level + 1)
+                if found is not None:
                     return found
         elif key == "$comment":
             continue
@@ -142,7 +143,9 @@ def _unsupported_in_condition(cond: Any, level: int) -> str | None:
             return f"{op} without an array"
         if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
             return "$not without an operator document or a regular expression"
-        if (found := _regex_operator_problem(cond) if op == "$regex" else _operand_problem(op, arg, level)):
+        found = _regex_operator_problem(cond) if op == "$regex" else \
+            _operand_problem(op, arg, level)
+        if found is not None:
             return found
     return None
 
@@ -156,8 +159,8 @@ def _operand_problem(op: str, arg: Any, level: int) -> str | None:
     if op == "$elemMatch":
         return unsupported_in_query(arg, top_level=False, level=level + 1)
     if op == "$in":
-        return next(filter(None, (_regex_problem(*_pattern_of(a)) for a in arg if isinstance(a, (re.Pattern, Regex)))),
-                    None)
+        patterns = (_pattern_of(a) for a in arg if isinstance(a, (re.Pattern, Regex)))
+        return next(filter(None, (_regex_problem(*p) for p in patterns)), None)
     return None
 
 

@@ -103,7 +103,8 @@ class FailureLog:
     def error_id(exc: BaseException) -> str:
         frames = traceback.extract_tb(exc.__traceback__)
         where = "|".join(f"{f.filename}:{f.lineno}" for f in frames)
-        return hashlib.blake2b(f"{type(exc).__qualname__}|{where}".encode(), digest_size=6).hexdigest()
+        fingerprint = f"{type(exc).__qualname__}|{where}".encode()
+        return hashlib.blake2b(fingerprint, digest_size=6).hexdigest()
 
     def record(self, exc: BaseException, what: str) -> str:
         """Log `exc` (a failure of `what`) if its error id is due; returns the error id."""
@@ -118,8 +119,8 @@ class FailureLog:
             self._unlogged.clear()
         self._logged_at[error_id] = now
         repeats = self._unlogged.pop(error_id, 0)
-        self.logger.error("%s failed: error id %s (%d more of it since it was last logged)", what, error_id,
-                          repeats, exc_info=exc)
+        self.logger.error("%s failed: error id %s (%d more of it since it was last logged)", what,
+                          error_id, repeats, exc_info=exc)
         return error_id
 
 
@@ -129,8 +130,9 @@ class ProxyMetrics:
         # One page rendered at a time: scrapes that come together do not each take a thread.
         self._render = trio.CapacityLimiter(1)
         self.connections = Gauge("wireproxy_client_connections", "Open client connections", registry=self.registry)
-        self.commands = Counter("wireproxy_commands_total", "Commands received (command: the command's name if "
-                                "the server knows it, else other)", ["command", "route"], registry=self.registry)
+        self.commands = Counter("wireproxy_commands_total", "Commands received (command: the "
+                                "command's name if the server knows it, else other)",
+                                ["command", "route"], registry=self.registry)
         self.errors = Counter("wireproxy_errors_total", "Error replies sent", ["code"], registry=self.registry)
         self.upstream_latency = Histogram("wireproxy_upstream_seconds", "Upstream round trip",
                                           registry=self.registry)
@@ -150,4 +152,5 @@ class ProxyMetrics:
             snapshot: Any = getattr(collector, "snapshot", None)
             families.extend(await snapshot() if snapshot is not None else collector.collect())
             await trio.sleep(0)
-        return await trio.to_thread.run_sync(generate_latest, _Families(families), limiter=self._render)
+        return await trio.to_thread.run_sync(generate_latest, _Families(families),
+                                             limiter=self._render)

@@ -234,10 +234,11 @@ class ClientSession:
             # unexpected failures is InternalError.
             # The reply names the failure only by its error id, which the (rate-limited) log
             # holds with the traceback: no Python text reaches a client.
-            error_id = self.server.metrics.failures.record(exc, f"conn{self.conn_id}: {command_label(name)}")
+            what = f"conn{self.conn_id}: {command_label(name)}"
+            error_id = self.server.metrics.failures.record(exc, what)
             self.server.metrics.errors.labels(code="1").inc()
-            reply = MongoError("InternalError", f"the proxy failed to run the command (error id {error_id}; "
-                               "see the proxy's log)").to_reply()
+            reply = MongoError("InternalError", "the proxy failed to run the command "
+                               f"(error id {error_id}; see the proxy's log)").to_reply()
         if not msg.more_to_come:
             parts = wire.op_msg_parts(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(parts, msg.compressor)
