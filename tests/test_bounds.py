@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from bson import Decimal128, Int64, Regex, Timestamp
+from bson import Binary, Decimal128, Int64, Regex, Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo.errors import OperationFailure
@@ -33,6 +33,7 @@ from mongoformats.change_stages import apply_stages, compile_stages, unsupported
 from mongoformats.errors import MongoError
 from mongoformats.idl import MAX_BSON_DEPTH, check_depth, get_more_request, kill_cursors_ids
 from mongoformats.mql import MAX_QUERY_DEPTH, matches, unsupported_in_query
+from mongoformats.resume_token import high_water_mark
 from tests.conftest import _close_all, client, free_port, proxy_uri, scrape, sync, wait_until
 from wireproxy import metrics as metrics_module
 from wireproxy.app import serve_proxy
@@ -491,3 +492,25 @@ async def test_fuzzed_engine_commands_through_the_proxy_never_fail_with_internal
         await sync(work, timeout=600)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=60),
+                      st.builds(lambda tail, cut: bytes.fromhex(_TOKEN)[:cut] + tail,
+                                st.binary(max_size=30), st.integers(0, 40))),
+       bits=st.one_of(st.just(b""), st.binary(max_size=4)))
+def test_fuzzed_resume_tokens_fail_with_mongodb_errors(data, bits):
+    """Token bytes cut anywhere and type bits of any length: InvalidResumeToken and its kin."""
+    token = {"_data": data.hex().upper(), "_typeBits": Binary(bits, 0)}
+    with contextlib.suppress(MongoError):
+        check_open_command({"parallelChangeStream": 1, "nBuckets": 1, "resumeAfter": token})
+
+
+def test_type_bits_shorter_than_their_length_are_an_invalid_token():
+    token = {"_data": _TOKEN, "_typeBits": Binary(b"\x80", 0)}
+    with pytest.raises(MongoError) as info:
+        check_open_command({"parallelChangeStream": 1, "nBuckets": 1, "resumeAfter": token})
+    assert info.value.code_name == "InvalidResumeToken"
+
+
+_TOKEN = high_water_mark(Timestamp(5, 1))["_data"]
