@@ -278,8 +278,22 @@ def _pattern_of(value: Any) -> tuple[str, str]:
     return str(value.pattern), "".join(letter for flag, letter in _FLAG_LETTERS if flags & flag)
 
 
+# The server's limit on a $regex pattern (RegexMatchExpression::kMaxPatternSize,
+# src/mongo/db/matcher/expression_leaf.h), refused with BadValue like a pattern or options
+# string holding a NUL byte (expression_leaf.cpp).
+MAX_PATTERN_LENGTH = 32764
+
+
 def _regex_problem(pattern: str, options: str) -> str | None:
-    """Why RE2 cannot run `pattern` with `options`, or None when it can."""
+    """Why RE2 cannot run `pattern` with `options`, or None when it can; the server's BadValue
+    for a pattern it refuses to parse."""
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise MongoError("BadValue", "Regular expression is too long")
+    if "\0" in pattern:
+        raise MongoError("BadValue", "Regular expression cannot contain an embedded null byte")
+    if "\0" in options:
+        raise MongoError("BadValue", "Regular expression options string cannot contain an embedded "
+                         "null byte")
     if "x" in options:
         return "a regular expression with the x option"
     try:

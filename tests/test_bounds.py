@@ -213,6 +213,17 @@ def test_patterns_only_a_backtracking_engine_runs_are_named():
         assert unsupported_in_query(query) is None, query
 
 
+def test_patterns_the_server_refuses_are_refused():
+    """BadValue for a pattern past 32,764 characters or with a NUL byte (RegexMatchExpression,
+    src/mongo/db/matcher/expression_leaf.cpp): RE2 is never asked to compile such a pattern."""
+    for query in ({"a": {"$regex": "a" * 32765}}, {"a": {"$regex": "a\0"}},
+                  {"a": Regex("a" * 40000)}, {"a": {"$regex": "a", "$options": "i\0"}}):
+        with pytest.raises(MongoError) as info:
+            unsupported_in_query(query)
+        assert info.value.code == 2 and info.value.errmsg.startswith("Regular expression")
+    assert unsupported_in_query({"a": {"$regex": "a" * 32764}}) is None
+
+
 @pytest.mark.parametrize("pattern, options, subject, expected", [
     ("b$", "", "ab\n", True),       # PCRE's $ matches before a final newline
     ("b$", "", "ab\nc", False),
