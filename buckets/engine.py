@@ -205,6 +205,7 @@ def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
 
 
 def check_stream_name(name: Any, command: str) -> str | None:
+    """A stream name (None: none given): a string of at most MAX_NAME_BYTES UTF-8 bytes."""
     if name is None:
         return None
     if not isinstance(name, str):
@@ -326,7 +327,7 @@ def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
                                    or not 0 <= batch_size <= 1 << 30):
         return False
     try:
-        check_lsid(dict(cmd))
+        check_lsid(cmd)
     except MongoError:
         return False
     types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,

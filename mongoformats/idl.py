@@ -14,6 +14,7 @@ import datetime
 import decimal
 import math
 import uuid
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -75,7 +76,7 @@ def check_depth(doc: Any) -> None:
                 stack.append((child, depth + 1))
 
 
-def check_lsid(cmd: dict[str, Any]) -> None:
+def check_lsid(cmd: Mapping[str, Any]) -> None:
     """The session id a command names (`lsid: {id: <UUID>}`), as the server's
     OperationSessionInfo parser types it: an object whose `id` is binData."""
     lsid = cmd.get("lsid")
