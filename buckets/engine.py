@@ -17,6 +17,7 @@ Commands (admin database):
 
 from __future__ import annotations
 
+import decimal
 import logging
 import random
 import uuid
@@ -26,7 +27,7 @@ from typing import Any
 
 import bson
 import trio
-from bson import Int64, Timestamp
+from bson import Decimal128, Int64, Timestamp
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
@@ -39,7 +40,15 @@ from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.event_block import is_block
 from mongoformats.expressions import VARIABLES
-from mongoformats.idl import get_more_request, kill_cursors_ids, wrong_type
+from mongoformats.idl import (
+    SAFE_INT64,
+    check_depth,
+    check_lsid,
+    get_more_request,
+    kill_cursors_ids,
+    type_name,
+    wrong_type,
+)
 from mongoformats.large_events import SPLIT_STAGE, without_split_stage
 from mongoformats.mql import unsupported_in_query
 from mongoformats.oplog_splice import SplicedDocument
@@ -139,15 +148,30 @@ def _mentions_full_document(stages: Any) -> bool:
     return (variable in VARIABLES and not path) or (stages.startswith("$") and path.startswith("fullDocument"))
 
 
-def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, *,
+                command: str = "parallelChangeStream") -> int | None:
+    """An optional integer field: TypeMismatch (IDL's message) for a value that is no number,
+    BadValue for a number out of [low, high] or without an integer value."""
     value = cmd.get(name)
     if value is None:  # absent or null: the server's parsers take a null optional field as absent
         return None
-    # Range first, then integrality: int() of an infinite or NaN double raises (NaN fails the range).
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
-            or int(value) != value:
-        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
-    return int(value)
+    if type_name(value) not in SAFE_INT64:
+        raise wrong_type(f"{command}.{name}", value, *SAFE_INT64)
+    number = value.to_decimal() if isinstance(value, Decimal128) else value
+    # Range first, then integrality: int() of an infinite or NaN number raises (a float NaN fails
+    # the range; a Decimal NaN raises on any comparison, so it is tested first).
+    if isinstance(number, decimal.Decimal) and number.is_nan() or not low <= number <= high \
+            or int(number) != number:
+        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, "
+                         f"not {_shown(value)}")
+    return int(number)
+
+
+def _shown(value: Any, limit: int = 100) -> str:
+    """`value` for an error message, cut to `limit` characters: a client's junk is not echoed
+    whole."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 _MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
@@ -155,29 +179,117 @@ _MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
 _SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
              "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
 
+# The server's pipeline length limit (internalPipelineLengthLimit, 1000 in release builds), checked
+# before any stage is parsed: Pipeline::parseCommon in src/mongo/db/pipeline/pipeline.cpp fails a
+# longer one with 7749501 "Pipeline length must be no longer than 1000 stages." (jstest
+# sharding/query/pipeline_length_limit.js). It bounds the $match a stream evaluates per event.
+MAX_PIPELINE_STAGES = 1000
+# Stream names: at most the server's namespace length (NamespaceString's MaxNsLen, 255 bytes,
+# InvalidNamespace beyond); they are also labels of /metrics and keys of status.
+MAX_NAME_BYTES = 255
+
+
+def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
+    """A command's `pipeline` checked as the server's aggregate parser checks it: an array of at
+    most MAX_PIPELINE_STAGES documents."""
+    if pipeline is None:
+        return []
+    if not isinstance(pipeline, list):
+        raise wrong_type(f"{command}.pipeline", pipeline, "array")
+    if len(pipeline) > MAX_PIPELINE_STAGES:
+        raise MongoError(7749501,
+                         f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages.")
+    if not all(isinstance(stage, dict) for stage in pipeline):
+        raise MongoError("TypeMismatch", "Each element of the 'pipeline' array must be an object")
+    return pipeline
+
+
+def check_stream_name(name: Any, command: str) -> str | None:
+    """A stream name (None: none given): a string of at most MAX_NAME_BYTES UTF-8 bytes."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise wrong_type(f"{command}.name", name, "string")
+    if len(name.encode(errors="surrogatepass")) > MAX_NAME_BYTES:
+        raise MongoError("InvalidNamespace", f"stream name is longer than {MAX_NAME_BYTES} bytes")
+    return name
+
+
+def _check_token(token: Any, path: str) -> None:
+    if not isinstance(token, Mapping):
+        raise wrong_type(path, token, "object")
+    decode_token(token)  # 40647, 40648, FailedToParse, InvalidResumeToken as the server's
+
+
+def check_status_command(cmd: dict[str, Any]) -> None:
+    """The fields of a parallelChangeStreamStatus command, typed as check_open_command types
+    them."""
+    check_depth(cmd)
+    check_lsid(cmd)
+    check_stream_name(cmd.get("name"), "parallelChangeStreamStatus")
+    after = cmd.get("after")
+    if after is not None:
+        if not isinstance(after, list):
+            raise wrong_type("parallelChangeStreamStatus.after", after, "array")
+        if len(after) > MAX_BUCKETS:
+            raise MongoError("BadValue", f"after has {len(after)} tokens: at most {MAX_BUCKETS}, "
+                             "one per bucket")
+        for i, token in enumerate(after):
+            _check_token(token, f"parallelChangeStreamStatus.after.{i}")
+    _int_option(cmd, "maxEvents", 1, 1 << 62, command="parallelChangeStreamStatus")
+
 
 def _setting(cmd: Mapping[str, Any], name: str, default: int) -> int:
-    """One of _SETTINGS (checked when the command came in, _check_open_options), or its default."""
-    value = cmd.get(name)
-    return default if value is None else int(value)
+    """One of _SETTINGS (checked when the command came in, check_open_command), or its default."""
+    value = _int_option(cmd, name, *_SETTINGS[name])
+    return default if value is None else value
 
 
-def _check_open_options(cmd: dict[str, Any]) -> None:
-    """Types and ranges of the open command's options, checked before anything is created, with
-    the errors the server gives for the same fields of $changeStream: a malformed option fails the
-    command, never the stream later (an InternalError from deep inside the engine)."""
+def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a parallelChangeStream command checked before anything is created, with the
+    codes and messages of the server's parsers for the same fields of $changeStream (TypeMismatch
+    for a wrong type, BadValue for a bad value, IDLUnknownField, 7749501 for a long pipeline):
+    a malformed command fails, never the stream later. The command, null options left out (the
+    server's parsers take a null optional field as absent)."""
+    check_depth(cmd)
+    for key in cmd:
+        if key not in _OPEN_FIELDS:
+            raise MongoError("IDLUnknownField", "BSON field "
+                             f"'parallelChangeStream.{_shown(key)}' is an unknown field.")
+    first = next(iter(cmd))
+    cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
+    check_lsid(cmd)
+    if sum(k in cmd for k in ("startAtOperationTime", "resumeAfter", "startAfter")) > 1:
+        raise MongoError(40674,
+                         "Only one type of resume option is allowed, but multiple were found.")
     for name, (low, high) in _SETTINGS.items():
         _int_option(cmd, name, low, high)
+    _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
+    _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
+    _int_option(cmd, "batchSize", 0, 1 << 30)
+    for field in ("fullDocument", "fullDocumentBeforeChange"):
+        if field in cmd and not isinstance(cmd[field], str):
+            raise wrong_type(f"parallelChangeStream.{field}", cmd[field], "string")
     if "showExpandedEvents" in cmd and not isinstance(cmd["showExpandedEvents"], bool):
         raise wrong_type("parallelChangeStream.showExpandedEvents", cmd["showExpandedEvents"], "bool")
+    if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
+        raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"],
+                         "timestamp")
+    check_stream_name(cmd.get("name"), "parallelChangeStream")
+    check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
     for field in ("resumeAfter", "startAfter"):
         if field not in cmd:
             continue
         tokens = cmd[field]
-        for token in tokens if isinstance(tokens, list) else [tokens]:
-            if not isinstance(token, Mapping):
-                raise wrong_type(f"parallelChangeStream.{field}", token, "object")
-            decode_token(token)  # 40647, 40648, FailedToParse, InvalidResumeToken as the server's
+        if isinstance(tokens, list):
+            if not tokens or len(tokens) > MAX_BUCKETS:
+                raise MongoError("BadValue", f"{field} takes one token, or a list of 1 to "
+                                 f"{MAX_BUCKETS} bucket tokens, not {len(tokens)}")
+            for i, token in enumerate(tokens):
+                _check_token(token, f"parallelChangeStream.{field}.{i}")
+        else:
+            _check_token(tokens, f"parallelChangeStream.{field}")
+    return cmd
 
 
 def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
@@ -200,6 +312,28 @@ def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
                              "(read every bucket up to one token first)")
         return {**cmd, field: tokens[0]}
     return cmd
+
+
+def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
+    """Whether the fields of a watch()'s aggregate that the engine reads have the types the
+    server's parsers accept (what they then mean is checked where they are used)."""
+    cursor = cmd.get("cursor", {})
+    spec = cmd["pipeline"][0]["$changeStream"]
+    if not isinstance(cursor, dict) or not isinstance(cmd["aggregate"], (str, int, float)) or \
+            not isinstance(spec, dict):
+        return False
+    batch_size = cursor.get("batchSize")
+    if batch_size is not None and (type(batch_size) not in (int, Int64)
+                                   or not 0 <= batch_size <= 1 << 30):
+        return False
+    try:
+        check_lsid(cmd)
+    except MongoError:
+        return False
+    types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
+             "showExpandedEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
+             "fullDocumentBeforeChange": str}
+    return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
 
 
 async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -399,28 +533,18 @@ class Engine:
         if not await self._may_watch(session, change_stream_resource(None, None)):
             raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
                              "it needs find and changeStream on every database ({db: '', collection: ''})")
-        for key in cmd:
-            if key not in _OPEN_FIELDS:
-                raise MongoError("IDLUnknownField", f"BSON field 'parallelChangeStream.{key}' is an unknown field.")
-        # An option set to null is an option not given, as the server's parsers take null optional fields.
-        first = next(iter(cmd))
-        cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
-        starts = [k for k in ("startAtOperationTime", "resumeAfter", "startAfter") if k in cmd]
-        if len(starts) > 1:
-            raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
+        cmd = check_open_command(cmd)
         if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
-            raise MongoError("BadValue", f"'{cmd['fullDocument']}' is not a valid fullDocument option; use one of "
-                             f"{', '.join(_FULL_DOCUMENT)}")
+            raise MongoError("BadValue", f"'{_shown(cmd['fullDocument'])}' is not a valid "
+                             f"fullDocument option; use one of {', '.join(_FULL_DOCUMENT)}")
         if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
-            raise MongoError("BadValue", f"'{cmd['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
-                             f"option; use one of {', '.join(_BEFORE_CHANGE)}")
+            raise MongoError("BadValue", f"'{_shown(cmd['fullDocumentBeforeChange'])}' is not a "
+                             "valid fullDocumentBeforeChange option; use one of "
+                             f"{', '.join(_BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
-        _check_open_options(cmd)
         cmd = _one_token_if_common(cmd, n)
         name = cmd.get("name")
-        if name is not None and not isinstance(name, str):
-            raise MongoError("BadValue", "name must be a string")
         batch_size = _int_option(cmd, "batchSize", 0, 1 << 30)
         if bucket is not None:
             if name is None:
@@ -514,15 +638,19 @@ class Engine:
             if not isinstance(start, Timestamp):
                 raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
             floors = [token_sort_key(high_water_mark(start))] * n
-        pipeline, split = without_split_stage(list(cmd.get("pipeline") or []))
-        match = None
+        checked = check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
+        pipeline, split = without_split_stage(checked)
+        queries = []
         for stage in pipeline:
-            if not isinstance(stage, dict) or set(stage) != {"$match"}:
+            if set(stage) != {"$match"}:
                 raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages "
                              f"(and a final {SPLIT_STAGE})")
             if (unsupported := unsupported_in_query(stage["$match"])) is not None:
-                raise MongoError("BadValue", f"parallelChangeStream's $match does not support {unsupported}")
-            match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
+                raise MongoError("BadValue", "parallelChangeStream's $match does not support "
+                                 f"{_shown(unsupported)}")
+            queries.append(stage["$match"])
+        # One flat $and: its depth does not grow with the number of stages.
+        match = None if not queries else queries[0] if len(queries) == 1 else {"$and": queries}
         if (cmd.get("fullDocument", "default") != "default" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
                 and _mentions_full_document(pipeline):
             # The $match runs as events are dealt, before any lookup: it would not see post-images.
@@ -664,7 +792,10 @@ class Engine:
             raise PassThrough()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         if set(cmd) - _WATCH_FIELDS - {"collation"} or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
             raise PassThrough()
-        pipeline = cmd.get("pipeline") or []
+        check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
+        pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
+        if not _well_typed_watch(cmd):
+            raise PassThrough()  # mongos answers a malformed field in its own words
         spec = pipeline[0]["$changeStream"]
         try:
             stages, split = without_split_stage(pipeline[1:])
@@ -733,6 +864,7 @@ class Engine:
                            "ns": cur.ns}}
 
     def _owned(self, session: Any, cid: int, cmd: dict[str, Any]) -> BucketCursor:
+        check_lsid(cmd)
         cur = self.cursors.get(cid)
         if cur is None:
             raise MongoError("CursorNotFound", f"cursor id {cid} not found")
@@ -855,6 +987,7 @@ class Engine:
         control for Spark); without maxEvents, planEnd is the frontier.
         """
         self._user(session, "parallelChangeStreamStatus")
+        check_status_command(cmd)
         name = cmd.get("name")
         streams = [s for n, s in sorted(self.all_streams().items()) if name in (None, n)]
         if name is not None and not streams:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+import uuid
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -20,8 +22,9 @@ from bson.datetime_ms import DatetimeMS
 
 from mongoformats.errors import MongoError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "SAFE_INT64", "GetMore", "get_more_request", "kill_cursors_ids", "safe_long",
-           "type_name", "wrong_type"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_BSON_DEPTH", "SAFE_INT64", "GetMore", "check_depth",
+           "check_lsid", "get_more_request", "kill_cursors_ids", "safe_long", "type_name",
+           "wrong_type"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -49,6 +52,44 @@ def wrong_type(path: str, value: Any, *expected: str) -> MongoError:
                           f"expected type '{expected[0]}'")
     return MongoError("TypeMismatch", f"BSON field '{path}' is the wrong type '{type_name(value)}', "
                       f"expected types '[{', '.join(expected)}']")
+
+
+# The server validates every command's BSON to this nesting depth (BSONDepth's
+# kDefaultMaxAllowableDepth, the maxBSONDepth parameter; src/mongo/bson/bson_depth.h) and fails
+# a deeper one with Overflow (15) "BSONObj exceeds maximum nested object depth"
+# (src/mongo/bson/bson_validate.cpp). Checking it first bounds every recursive walk after it.
+MAX_BSON_DEPTH = 200
+
+
+def check_depth(doc: Any) -> None:
+    """Overflow (15) for a decoded command nested deeper than MAX_BSON_DEPTH; iterative, so that
+    a deep document cannot exhaust the stack of the check itself."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value \
+            if isinstance(value, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_BSON_DEPTH:
+                    raise MongoError("Overflow", "BSONObj exceeds maximum nested object depth")
+                stack.append((child, depth + 1))
+
+
+def check_lsid(cmd: Mapping[str, Any]) -> None:
+    """The session id a command names (`lsid: {id: <UUID>}`), as the server's
+    OperationSessionInfo parser types it: an object whose `id` is binData."""
+    lsid = cmd.get("lsid")
+    if lsid is None:
+        return
+    if not isinstance(lsid, dict):
+        raise wrong_type("OperationSessionInfo.lsid", lsid, "object")
+    if "id" not in lsid:
+        raise _missing("LogicalSessionId.id")
+    ident = lsid["id"]
+    if not isinstance(ident, uuid.UUID) and not (isinstance(ident, (bytes, Binary))
+                                                 and len(ident) == 16):
+        raise wrong_type("LogicalSessionId.id", ident, "binData")
 
 
 def _missing(path: str) -> MongoError:

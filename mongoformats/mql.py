@@ -9,9 +9,11 @@ from __future__ import annotations
 import datetime
 import functools
 import re
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import re2
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 from bson.son import SON
@@ -75,15 +77,34 @@ _FIELD_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in",
                               "$elemMatch", "$not", "$regex", "$options", "$type"})
 _LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
 
+# The server's MatchExpressionParser refuses a query nested deeper than this (kMaximumTreeDepth,
+# src/mongo/db/matcher/expression_parser.cpp: BadValue "exceeded maximum query tree depth of 100
+# at ..."); $and/$or/$nor, $elemMatch and $not each go one level down. It also bounds the
+# recursion of `matches` on such a query.
+MAX_QUERY_DEPTH = 100
 
-def unsupported_in_query(query: Any, *, top_level: bool = True) -> str | None:
+
+def _too_deep(query: Any) -> MongoError:
+    return MongoError("BadValue", f"exceeded maximum query tree depth of {MAX_QUERY_DEPTH} at "
+                      f"{_SHORT.repr(query)}")
+
+
+# The part of a query an error shows: a few levels and elements (reprlib stops at them).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 60, 60
+
+
+def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) -> str | None:
     """The first operator of `query` that `matches` does not evaluate as the server does (e.g.
-    "$where"), or None when it evaluates all of it. `top_level`: whether `$expr` may be used
-    (not inside $elemMatch, where the server refuses it).
+    "$where", or a regular expression only a backtracking engine runs), or None when it
+    evaluates all of it. `top_level`: whether `$expr` may be used (not inside $elemMatch, where
+    the server refuses it). A query nested past MAX_QUERY_DEPTH raises the server's BadValue.
 
     Why: a caller that can hand the query to a real server instead (the proxy, for a watch()'s
     $match) must know before it answers anything, not find out on some later event.
     """
+    if level > MAX_QUERY_DEPTH:
+        raise _too_deep(query)
     if not isinstance(query, Mapping):
         return "a query that is not a document"
     for key, cond in query.items():
@@ -91,7 +112,8 @@ def unsupported_in_query(query: Any, *, top_level: bool = True) -> str | None:
             if not isinstance(cond, list) or not cond:
                 return f"{key} without a non-empty array"
             for sub in cond:
-                if (found := unsupported_in_query(sub, top_level=top_level)) is not None:
+                found = unsupported_in_query(sub, top_level=top_level, level=level + 1)
+                if found is not None:
                     return found
         elif key == "$comment":
             continue
@@ -100,16 +122,20 @@ def unsupported_in_query(query: Any, *, top_level: bool = True) -> str | None:
                 return found
         elif str(key).startswith("$"):
             return str(key)  # $expr, $where, $text, $jsonSchema, ...
-        elif (found := _unsupported_in_condition(cond)) is not None:
+        elif (found := _unsupported_in_condition(cond, level)) is not None:
             return found
     return None
 
 
-def _unsupported_in_condition(cond: Any) -> str | None:
+def _unsupported_in_condition(cond: Any, level: int) -> str | None:
+    if level > MAX_QUERY_DEPTH:
+        raise _too_deep(cond)
     if not _is_operator_doc(cond):
         if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
             return "a condition that mixes operators and fields"
-        return None  # equality with a value, or a regular expression
+        if isinstance(cond, (re.Pattern, Regex)):
+            return _regex_problem(*_pattern_of(cond))
+        return None  # equality with a value
     for op, arg in cond.items():
         if op not in _FIELD_OPERATORS:
             return op
@@ -117,12 +143,38 @@ def _unsupported_in_condition(cond: Any) -> str | None:
             return f"{op} without an array"
         if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
             return "$not without an operator document or a regular expression"
-        if op in ("$not", "$elemMatch") and _is_operator_doc(arg):
-            if (found := _unsupported_in_condition(arg)) is not None:
-                return found
-        elif op == "$elemMatch" and (found := unsupported_in_query(arg, top_level=False)) is not None:
+        found = _regex_operator_problem(cond) if op == "$regex" else \
+            _operand_problem(op, arg, level)
+        if found is not None:
             return found
     return None
+
+
+def _operand_problem(op: str, arg: Any, level: int) -> str | None:
+    """What in the operand of a field operator `matches` does not evaluate as the server does."""
+    if op in ("$not", "$elemMatch") and _is_operator_doc(arg):
+        return _unsupported_in_condition(arg, level + 1)
+    if op == "$not":
+        return _regex_problem(*_pattern_of(arg))
+    if op == "$elemMatch":
+        return unsupported_in_query(arg, top_level=False, level=level + 1)
+    if op == "$in":
+        patterns = (_pattern_of(a) for a in arg if isinstance(a, (re.Pattern, Regex)))
+        return next(filter(None, (_regex_problem(*p) for p in patterns)), None)
+    return None
+
+
+def _regex_operator_problem(cond: Mapping[str, Any]) -> str | None:
+    """What keeps a {$regex, $options?} condition from running on RE2, or None."""
+    pattern, options = cond["$regex"], cond.get("$options", "")
+    if not isinstance(options, str):
+        return "$options that is not a string"
+    if isinstance(pattern, (re.Pattern, Regex)):
+        pattern, own = _pattern_of(pattern)
+        options += own
+    if not isinstance(pattern, str):
+        return "a $regex that is neither a string nor a regular expression"
+    return _regex_problem(pattern, options)
 
 
 # Types whose Python equality is BSON's, between two values of the one type: equal values need
@@ -166,7 +218,7 @@ def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool
     if op == "$not":
         return not _match_value(arg, values, doc, path)
     if op == "$regex":
-        return any(isinstance(v, str) and re.search(arg, v) for v in cands)
+        return _regex_matches(arg, values)
     if op == "$options":
         return True
     if op == "$type":
@@ -188,9 +240,13 @@ def _is_operator_doc(v: Any) -> bool:
 def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
     if _is_operator_doc(cond):
         if "$regex" in cond:
-            pattern = _compiled(cond["$regex"], cond.get("$options", ""))
+            regex, options = cond["$regex"], cond.get("$options", "")
+            if isinstance(regex, (re.Pattern, Regex)):
+                regex, own = _pattern_of(regex)
+                options += own
+            search = _compiled(regex, options)
             rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
-            return any(isinstance(v, str) and pattern.search(v) for v in _candidates(values)) and all(
+            return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(
                 _match_op(k, v, values, doc, path) for k, v in rest.items())
         return all(_match_op(k, v, values, doc, path) for k, v in cond.items())
     if isinstance(cond, (re.Pattern, Regex)):
@@ -198,19 +254,91 @@ def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
     return _match_op("$eq", cond, values, doc, path)
 
 
+# User-supplied patterns run on RE2, whose matching time is linear in the subject: a pattern
+# such as ^(a+)+$ cannot make one event's test take seconds (Python's re, like PCRE,
+# backtracks). RE2 lacks backreferences, lookaround, possessive quantifiers and the x option;
+# unsupported_in_query names such patterns, so that the engine never runs them (a watch() goes to
+# mongos, a parallelChangeStream is refused). Only simcluster, a simulator, runs them, on re.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False   # a refused pattern is an answer, not a line on stderr
+_RE2_OPTIONS.never_capture = True  # matching only tests; groups would cost time and memory
+# $options letters and their inline flags (RE2 and re alike); PCRE's x has no RE2 equivalent.
+_INLINE = {"i": "i", "m": "m", "s": "s"}
+_RE_FLAGS = {"i": re.I, "m": re.M, "s": re.S, "x": re.X}
+_FLAG_LETTERS = ((re.I, "i"), (re.M, "m"), (re.S, "s"), (re.X, "x"))
+
+Search = Callable[[str], Any]
+
+
+def _pattern_of(value: Any) -> tuple[str, str]:
+    """A regular expression value (bson Regex, re.Pattern) as its pattern and option letters."""
+    flags = value.flags
+    if isinstance(flags, str):  # a Regex made with letters
+        return str(value.pattern), flags
+    return str(value.pattern), "".join(letter for flag, letter in _FLAG_LETTERS if flags & flag)
+
+
+# The server's limit on a $regex pattern (RegexMatchExpression::kMaxPatternSize,
+# src/mongo/db/matcher/expression_leaf.h), refused with BadValue like a pattern or options
+# string holding a NUL byte (expression_leaf.cpp).
+MAX_PATTERN_LENGTH = 32764
+
+
+def _regex_problem(pattern: str, options: str) -> str | None:
+    """Why RE2 cannot run `pattern` with `options`, or None when it can; the server's BadValue
+    for a pattern it refuses to parse."""
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise MongoError("BadValue", "Regular expression is too long")
+    if "\0" in pattern:
+        raise MongoError("BadValue", "Regular expression cannot contain an embedded null byte")
+    if "\0" in options:
+        raise MongoError("BadValue", "Regular expression options string cannot contain an embedded "
+                         "null byte")
+    if "x" in options:
+        return "a regular expression with the x option"
+    try:
+        _re2_compiled(pattern, options)
+    except re2.error as exc:
+        return f"a regular expression RE2 cannot run ({_reason(exc)})"
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    reason = exc.args[0] if exc.args else exc
+    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+
+
 @functools.lru_cache(maxsize=256)
-def _compiled(pattern: str, options: str) -> re.Pattern[str]:
-    """A $regex with its $options, compiled once (a stream's $match tests it on every event)."""
+def _re2_compiled(pattern: str, options: str) -> Search:
+    inline = "".join(sorted({_INLINE[c] for c in options if c in _INLINE}))
+    if "m" not in options and _ends_with_dollar(pattern):
+        # PCRE's $ also matches before a final newline, RE2's only at the end: the same test.
+        pattern = pattern[:-1] + r"(?:\n?\z)"
+    return re2.compile(f"(?{inline}){pattern}" if inline else pattern, _RE2_OPTIONS).search
+
+
+def _ends_with_dollar(pattern: str) -> bool:
+    """Whether `pattern` ends with the anchor $ (not an escaped \\$)."""
+    backslashes = len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))
+    return pattern.endswith("$") and backslashes % 2 == 0
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str, options: str) -> Search:
+    """A $regex with its $options, compiled once (a stream's $match tests it on every event):
+    on RE2, or on re for what only a backtracking engine runs (see _RE2_OPTIONS)."""
+    if _regex_problem(pattern, options) is None:
+        return _re2_compiled(pattern, options)
     flags = 0
-    for letter, flag in (("i", re.I), ("m", re.M), ("s", re.S), ("x", re.X)):
-        if letter in options:
-            flags |= flag
-    return re.compile(pattern, flags)
+    for letter in options:
+        flags |= _RE_FLAGS.get(letter, 0)
+    return re.compile(pattern, flags).search
 
 
-def _regex_matches(pattern: re.Pattern[str] | Regex[Any], values: list[Any]) -> bool:
-    compiled = pattern.try_compile() if isinstance(pattern, Regex) else pattern
-    return any(isinstance(v, str) and compiled.search(v) for v in _candidates(values))
+def _regex_matches(pattern: Any, values: list[Any]) -> bool:
+    search = _compiled(*_pattern_of(pattern)) if isinstance(pattern, (re.Pattern, Regex)) else \
+        _compiled(pattern, "")
+    return any(isinstance(v, str) and search(v) for v in _candidates(values))
 
 
 def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:

@@ -11,6 +11,7 @@ error codes and two public examples are in shared/reference/mongodb-formats.md s
 from __future__ import annotations
 
 import binascii
+import struct
 import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -140,7 +141,7 @@ def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
         raise _bad("FailedToParse", "resume token string was not a valid hex string") from exc
     try:
         return _decode(KeyStringReader(data, bytes(bits)))
-    except (ValueError, IndexError, TypeError) as exc:
+    except (ValueError, IndexError, TypeError, struct.error) as exc:
         raise _bad("InvalidResumeToken", f"invalid resume token: {exc}") from exc
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import trio
 from bson import ObjectId
-from prometheus_client import generate_latest
 
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
@@ -179,7 +178,7 @@ class ProxyServer:
             async with stream:
                 with trio.move_on_after(5):
                     await stream.receive_some(4096)
-                    body = generate_latest(self.metrics.registry)
+                    body = await self.metrics.page()  # formatted off the loop
                     head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                             b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n")
                     await stream.send_all(head + body)

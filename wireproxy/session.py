@@ -23,6 +23,7 @@ from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.oplog_splice import document_parts
+from wireproxy.metrics import command_label
 from wireproxy.router import PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
@@ -200,7 +201,7 @@ class ClientSession:
         except StopIteration:
             raise ProtocolError("empty command document") from None
         route, handler = classify(cmd, self.server.table, accelerate=self.server.config.accelerate_change_streams)
-        self.server.metrics.commands.labels(command=name, route=route.value).inc()
+        self.server.metrics.commands.labels(command=command_label(name), route=route.value).inc()
         if route is Route.PASSTHROUGH:
             reply_body = await self._forward(msg)
             if name.lower() in _LOGIN_COMMANDS and reply_body is not None:
@@ -231,9 +232,13 @@ class ClientSession:
             # A bug of ours must cost this one command, not the connection, nor (through the
             # listeners' nursery) every client of the proxy. The server's answer to its own
             # unexpected failures is InternalError.
-            log.exception("conn%d: %s failed", self.conn_id, name)
+            # The reply names the failure only by its error id, which the (rate-limited) log
+            # holds with the traceback: no Python text reaches a client.
+            what = f"conn{self.conn_id}: {command_label(name)}"
+            error_id = self.server.metrics.failures.record(exc, what)
             self.server.metrics.errors.labels(code="1").inc()
-            reply = MongoError("InternalError", f"{name} failed in the proxy: {type(exc).__name__}: {exc}").to_reply()
+            reply = MongoError("InternalError", "the proxy failed to run the command "
+                               f"(error id {error_id}; see the proxy's log)").to_reply()
         if not msg.more_to_come:
             parts = wire.op_msg_parts(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(parts, msg.compressor)
