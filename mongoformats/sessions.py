@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named"]
+__all__ = ["UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named", "user_identity"]
 
 # The user of something that keeps none (a transaction in simcluster): only an id or an empty list names it.
 UNKNOWN_USER = object()
@@ -23,20 +23,33 @@ def session_id(value: Any) -> bytes:
     return value.bytes if isinstance(value, uuid.UUID) else bytes(value)
 
 
-def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: bool) -> SessionsNamed:
+def user_identity(user: Any, db: Any) -> str:
+    """A user as the server names it ("user@db", its UserName form): how owners record users."""
+    return f"{user}@{db}"
+
+
+def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: bool,
+                   kill_any: bool = False) -> SessionsNamed:
     """Which sessions a killSessions [{id}] or killAllSessions [{user, db}] names, as a test of
-    (session id, user). An empty list names every session, except that under access control
-    killSessions names the caller's own. Of something with UNKNOWN_USER, only an id in the list,
-    or an empty list that names every session, can tell."""
+    (session id, user); users are user_identity strings, `caller` too.
+
+    As the server decides (kill_sessions_command.cpp, makeLogicalSessionIds with killAnySession):
+    an empty killSessions names the caller's own sessions under access control (every session
+    without); listed ids name those sessions of any user for a caller holding killAnySession
+    (`kill_any`), and only the caller's own otherwise. killAllSessions [{user, db}] names those
+    users' sessions, an empty list every session; it needs killAnySession, which the server
+    checks before it runs. Of something with UNKNOWN_USER, only an id in the list, or an empty
+    list that names every session, can tell."""
     name = next(iter(cmd))
     specs = cmd[name] if isinstance(cmd[name], list) else []
     if name.lower() == "killsessions":
         ids = {session_id(spec["id"]) for spec in specs}
+        own_only = access_control and not (ids and kill_any)
 
         def named(lsid: bytes | None, user: Any) -> bool:
             if ids and lsid not in ids:
                 return False
-            return not access_control or (bool(ids) if user is UNKNOWN_USER else user == caller)
+            return not own_only or (bool(ids) if user is UNKNOWN_USER else user == caller)
         return named
-    users = {spec.get("user") for spec in specs}
+    users = {user_identity(spec.get("user"), spec.get("db")) for spec in specs}
     return lambda lsid, user: not users or (user is not UNKNOWN_USER and user in users)

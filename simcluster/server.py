@@ -28,8 +28,9 @@ from mongoformats.idl import get_more_request, kill_cursors_ids
 from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
-from mongoformats.sessions import SessionsNamed, session_id, sessions_named
+from mongoformats.sessions import SessionsNamed, session_id, sessions_named, user_identity
 from simcluster.authz import required_privileges
+from simcluster.cluster_time import DUMMY_SIGNATURE, ClusterTimeKey, gossip_in
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
 
@@ -84,6 +85,8 @@ class CommandServer:
         self.users: dict[str, ScramCredential] | None = None
         # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
         self.user_roles: dict[str, list[tuple[str, str]]] = {}
+        # With authorization: the cluster's key signing $clusterTime (simcluster.cluster_time).
+        self.time_key: ClusterTimeKey | None = None
         self._cancel = trio.CancelScope()
         # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition that
         # drops its packets): its sockets stay open and nothing on them is answered until it resumes.
@@ -242,7 +245,11 @@ class CommandServer:
         name = next(iter(cmd), "")
         try:
             if "$clusterTime" in cmd:
-                self.clock.advance(cmd["$clusterTime"]["clusterTime"])
+                gossiped = gossip_in(cmd["$clusterTime"], key=self.time_key if self.users is not None else None,
+                                     authenticated=req.user is not None, newest=self.clock.now(),
+                                     missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"])
+                if gossiped is not None:
+                    self.clock.advance(gossiped)
             fp = await self._fail_point(name)
             if fp is _CLOSE:
                 return _CLOSE
@@ -297,8 +304,11 @@ class CommandServer:
 
     def decorate(self, reply: dict[str, Any]) -> dict[str, Any]:
         now = self.clock.now()
-        reply["$clusterTime"] = {"clusterTime": now, "signature": {"hash": Binary(b"\x00" * 20, 0),
-                                                                  "keyId": Int64(0)}}
+        # Signed with the cluster's key under authorization; else the dummy signature, as a
+        # server gives clients that may advance the clock (simcluster.cluster_time).
+        signed = self.users is not None and self.time_key is not None
+        reply["$clusterTime"] = {"clusterTime": now,
+                                 "signature": self.time_key.sign(now) if signed else dict(DUMMY_SIGNATURE)}
         reply["operationTime"] = now
         return reply
 
@@ -509,13 +519,16 @@ class CommandServer:
 
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """killSessions [{id}] / killAllSessions [{user, db}] (mongoformats.sessions.sessions_named)."""
-        self.kill_sessions(sessions_named(cmd, req.user, access_control=self.users is not None))
+        caller = user_identity(req.user, "admin") if req.user else None  # simcluster's users are admin's
+        kill_any = req.user is not None and allows(privileges_of_roles(self.roles_of(req.user)), ("killAnySession",),
+                                                   {"cluster": True})
+        self.kill_sessions(sessions_named(cmd, caller, access_control=self.users is not None, kill_any=kill_any))
         return {}
 
     def kill_sessions(self, named: SessionsNamed) -> None:
         """What ends with the named sessions: here their cursors (a getMore running on one fails
         with CursorKilled); a shard and mongos end their transactions too."""
-        self.cursors.kill_sessions(lambda c: named(c.lsid, c.user))
+        self.cursors.kill_sessions(lambda c: named(c.lsid, user_identity(c.user, "admin") if c.user else c.user))
 
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed: list[Int64] = []
