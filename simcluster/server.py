@@ -50,7 +50,8 @@ class Request:
         self.conn_id = conn_id
         self.peer = peer
         self.user: str | None = None                 # authenticated as (SCRAM), when auth is on
-        self.conversations: dict[int, tuple[ScramServer, bool]] = {}
+        # Open SASL conversations: (conversation, skipEmptyExchange, proof checked).
+        self.conversations: dict[int, tuple[ScramServer, bool, bool]] = {}
 
 
 # What an unauthenticated connection may run when auth is on (the server's requiresAuth() false).
@@ -414,20 +415,23 @@ class CommandServer:
             raise MongoError("AuthenticationFailed", "Authentication failed.")
         conversation = ScramServer(self.users)
         payload = conversation.first(bytes(cmd["payload"]))
-        cid = len(req.conversations) + 1
+        cid = max(req.conversations, default=0) + 1  # ids of open conversations stay unique
         skip = bool((cmd.get("options") or {}).get("skipEmptyExchange"))
-        req.conversations[cid] = (conversation, skip)
+        req.conversations[cid] = (conversation, skip, False)
         return {"conversationId": cid, "done": False, "payload": Binary(payload, 0)}
 
     async def cmd_sasl_continue(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         cid = cmd.get("conversationId")
         if cid not in req.conversations:
             raise MongoError("ProtocolError", "No SASL session state found")
-        conversation, skip = req.conversations[cid]
+        conversation, skip, proved = req.conversations[cid]
         payload = bytes(cmd.get("payload", b""))
-        if not payload:  # the empty last step of a conversation without skipEmptyExchange
+        if proved:  # the empty last step of a conversation without skipEmptyExchange
             del req.conversations[cid]
             return {"conversationId": cid, "done": True, "payload": Binary(b"", 0)}
+        if not payload:  # a client-final message is due: nothing proves who the client is
+            del req.conversations[cid]
+            raise MongoError("AuthenticationFailed", "Authentication failed.")
         try:
             final = conversation.final(payload)
         except MongoError:
@@ -436,6 +440,8 @@ class CommandServer:
         req.user = conversation.user
         if skip:
             del req.conversations[cid]
+        else:
+            req.conversations[cid] = (conversation, skip, True)
         return {"conversationId": cid, "done": skip, "payload": Binary(final, 0)}
 
     async def cmd_logout(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
