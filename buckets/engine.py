@@ -262,7 +262,7 @@ class Engine:
         table.kill_cursors = self.cmd_kill_cursors
         for name in DDL_COMMANDS:
             table.register(name, self.cmd_ddl)
-        for name in ("killSessions", "killAllSessions"):
+        for name in ("killSessions", "killAllSessions", "killAllSessionsByPattern"):
             table.register(name, self.cmd_kill_sessions)
         table.register("endSessions", self.cmd_end_sessions)
 
@@ -908,9 +908,9 @@ class Engine:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         cursors = list(self.cursors.values())
         if not await self._holds(session, "inprog"):
-            if name is not None:
-                self._check_owner(name, user)
             owners = self._stream_owners()
+            if name is not None and owners.get(name) != user:
+                raise MongoError("Unauthorized", f"parallel change stream {name!r} was created by another user")
             streams = [s for s in streams if owners.get(s.name) == user]
             cursors = [cur for cur in cursors if cur.user == user]
         out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(cursors),

@@ -7,11 +7,12 @@ is a test of (session id, user) that each owner applies to what it holds.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named", "user_identity"]
+__all__ = ["UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named", "user_digest", "user_identity"]
 
 # The user of something that keeps none (a transaction in simcluster): only an id or an empty list names it.
 UNKNOWN_USER = object()
@@ -51,5 +52,35 @@ def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: b
                 return False
             return not own_only or (bool(ids) if user is UNKNOWN_USER else user == caller)
         return named
-    users = {user_identity(spec.get("user"), spec.get("db")) for spec in specs}
+    if name.lower() == "killallsessionsbypattern":
+        return _by_patterns([spec for spec in specs if isinstance(spec, dict)])
+    users = {user_identity(spec.get("user"), spec.get("db")) for spec in specs if isinstance(spec, dict)}
     return lambda lsid, user: not users or (user is not UNKNOWN_USER and user in users)
+
+
+def user_digest(identity: str) -> bytes:
+    """A session's `uid`: SHA-256 of the user's "user@db" (of "" for no user)."""
+    return hashlib.sha256(identity.encode()).digest()
+
+
+def _by_patterns(patterns: list[dict[str, Any]]) -> SessionsNamed:
+    """killAllSessionsByPattern: a session named by any pattern, every session by an empty list.
+    A pattern gives an lsid ({id, uid}), a uid, or users [{user, db}]; `roles` patterns are not
+    modelled (they name no session here)."""
+    ids: set[bytes | None] = set()
+    uids: set[bytes] = set()
+    users: set[str] = set()
+    for pattern in patterns:
+        if isinstance(pattern.get("lsid"), dict) and "id" in pattern["lsid"]:
+            ids.add(session_id(pattern["lsid"]["id"]))
+        if "uid" in pattern:
+            uids.add(bytes(pattern["uid"]))
+        users.update(user_identity(u.get("user"), u.get("db")) for u in pattern.get("users") or ()
+                     if isinstance(u, dict))
+
+    def named(lsid: bytes | None, user: Any) -> bool:
+        if not patterns or lsid in ids:
+            return True
+        return user is not UNKNOWN_USER and user is not None and (
+            user in users or user_digest(user) in uids)
+    return named

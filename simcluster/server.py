@@ -8,6 +8,7 @@ other exception becomes InternalError (1): bad input never kills a node or anoth
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -101,6 +102,7 @@ class CommandServer:
             "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
             "setparameter": self.cmd_set_parameter,
             "endsessions": self.cmd_ok, "killallsessions": self.cmd_kill_sessions,
+            "killallsessionsbypattern": self.cmd_kill_sessions,
             "killsessions": self.cmd_kill_sessions, "startsession": self.cmd_start_session,
             "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
             "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
@@ -307,9 +309,9 @@ class CommandServer:
         now = self.clock.now()
         # Signed with the cluster's key under authorization; else the dummy signature, as a
         # server gives clients that may advance the clock (simcluster.cluster_time).
-        signed = self.users is not None and self.time_key is not None
+        key = self.time_key if self.users is not None else None
         reply["$clusterTime"] = {"clusterTime": now,
-                                 "signature": self.time_key.sign(now) if signed else dict(DUMMY_SIGNATURE)}
+                                 "signature": key.sign(now) if key is not None else dict(DUMMY_SIGNATURE)}
         reply["operationTime"] = now
         return reply
 
@@ -382,6 +384,15 @@ class CommandServer:
         mechs_for = cmd.get("saslSupportedMechs")
         if self.users is not None and isinstance(mechs_for, str) and mechs_for.partition(".")[2] in self.users:
             out["saslSupportedMechs"] = [MECHANISM]
+        speculative = cmd.get("speculativeAuthenticate")
+        if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
+            # The handshake's first login step (speculative authentication, as drivers send it):
+            # answered as saslStart on the `db` it names; a failure omits the answer, and the
+            # driver then logs in the ordinary way.
+            start = {k: v for k, v in speculative.items() if k != "db"}
+            with contextlib.suppress(MongoError):
+                out["speculativeAuthenticate"] = await self.cmd_sasl_start(str(speculative.get("db", "")), start,
+                                                                           req)
         return out
 
     async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -524,7 +535,8 @@ class CommandServer:
         return mode == "alwaysOn"
 
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """killSessions [{id}] / killAllSessions [{user, db}] (mongoformats.sessions.sessions_named)."""
+        """killSessions [{id}] / killAllSessions [{user, db}] / killAllSessionsByPattern [pattern]
+        (mongoformats.sessions.sessions_named)."""
         caller = user_identity(req.user, "admin") if req.user else None  # simcluster's users are admin's
         kill_any = req.user is not None and allows(privileges_of_roles(self.roles_of(req.user)), ("killAnySession",),
                                                    {"cluster": True})

@@ -23,6 +23,7 @@ from pymongo.errors import OperationFailure
 
 from mongoformats import wire
 from mongoformats.scram import MECHANISM, ScramClient
+from mongoformats.sessions import user_digest
 from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, sync
 from tests.test_engine import NS
@@ -158,14 +159,16 @@ async def test_kill_cursors_checks_the_user_not_the_session():
 
 
 async def test_admin_commands_need_the_built_in_roles_privileges():
-    """Against mongos directly and through the proxy: killAllSessions needs killAnySession
-    (hostManager); a read role may not run it, nor read or change server parameters and logs.
-    killSessions with another user's session id kills it only for a holder of killAnySession."""
+    """Against mongos directly and through the proxy: killAllSessions and
+    killAllSessionsByPattern need killAnySession (hostManager); a read role may not run them, nor
+    read or change server parameters and logs. killSessions with another user's session id kills
+    it only for a holder of killAnySession (kill_sessions_command.cpp, makeLogicalSessionIds)."""
     async with secured() as (cluster, proxy):
         def work() -> None:
             direct_bob = client(with_user(cluster.uri, "bob"))
             for bob in (direct_bob, through(proxy, "bob")):
                 for cmd in ({"killAllSessions": []}, {"killAllSessions": [{"user": "alice", "db": "admin"}]},
+                            {"killAllSessionsByPattern": []},
                             {"getParameter": "*"}, {"setParameter": 1, "cursorTimeoutMillis": 1000},
                             {"getCmdLineOpts": 1}, {"hostInfo": 1}, {"getLog": "global"}):
                     assert code_of(bob.admin.command, cmd) == 13, cmd
@@ -183,6 +186,13 @@ async def test_admin_commands_need_the_built_in_roles_privileges():
                 direct_bob.admin.command({"killSessions": [lsid]})  # only bob's own session of that id
                 next(cursor), next(cursor)  # a getMore: alive
                 client(with_user(cluster.uri, "ops")).admin.command({"killSessions": [lsid]})
+                with pytest.raises(OperationFailure):
+                    list(cursor)
+            with alice.start_session() as session:
+                cursor = alice.shop.orders.find(batch_size=2, session=session)
+                next(cursor)
+                pattern = {"lsid": {"id": session.session_id["id"], "uid": user_digest("alice@admin")}}
+                client(with_user(cluster.uri, "ops")).admin.command({"killAllSessionsByPattern": [pattern]})
                 with pytest.raises(OperationFailure):
                     list(cursor)
         await sync(work)

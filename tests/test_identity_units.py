@@ -10,7 +10,7 @@ from bson import Binary, Int64, Timestamp
 
 from mongoformats.errors import MongoError
 from mongoformats.privileges import allows, privileges_of_roles
-from mongoformats.sessions import sessions_named, user_identity
+from mongoformats.sessions import sessions_named, user_digest, user_identity
 from simcluster.cluster_time import ClusterTimeKey, gossip_in
 from wireproxy.config import ProxyConfig
 from wireproxy.redact import redact_uri
@@ -127,6 +127,12 @@ def test_kill_sessions_names_others_sessions_only_for_kill_any_session() -> None
     assert own(mine, bob) and not own(hers, alice)
     named = sessions_named({"killAllSessions": [{"user": "alice", "db": "admin"}]}, bob, access_control=True)
     assert named(hers, alice) and not named(mine, bob)
+    by_lsid = {"lsid": {"id": Binary(hers, 4), "uid": user_digest(alice)}}
+    for patterns, hers_named, mine_named in (([], True, True), ([by_lsid], True, False),
+                                            ([{"uid": user_digest(bob)}], False, True),
+                                            ([{"users": [{"user": "alice", "db": "admin"}]}], True, False)):
+        named = sessions_named({"killAllSessionsByPattern": patterns}, bob, access_control=True)
+        assert (named(hers, alice), named(mine, bob)) == (hers_named, mine_named), patterns
 
 
 def test_identity_of_a_connection() -> None:

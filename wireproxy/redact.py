@@ -13,7 +13,7 @@ REDACTED = "***"
 # authMechanismProperties; the key file passwords unlock client certificates).
 _SECRET_OPTIONS = ("authMechanismProperties", "tlsCertificateKeyFilePassword", "sslPEMKeyPassword",
                    "sslClientCertificateKeyPassword")
-_SECRET_OPTION = re.compile(r"(?i)([?&;](?:%s)=)[^&;]*" % "|".join(_SECRET_OPTIONS))
+_SECRET_OPTION = re.compile(r"(?i)([?&;](?:" + "|".join(_SECRET_OPTIONS) + r")=)[^&;]*")
 
 
 def redact_uri(uri: str) -> str:
