@@ -28,7 +28,8 @@ mongos confirms on its connection, wireproxy.session):
   - parallelChangeStreamStatus lists the caller's own streams and cursors; a user holding
     `inprog` on the cluster (clusterMonitor), the privilege `$currentOp` with allUsers needs
     (document_source_current_op.cpp), sees every user's.
-Without authentication every client is the same nobody, and all of the above is everyone's.
+Clients that did not log in are all one nobody (user ""): without authentication, all of the
+above is everyone's.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ _ON_NAMESPACE = {
 # Commands naming their collection by its full namespace ("db.coll"), on that namespace.
 _ON_FULL_NAMESPACE = {"shardcollection": ("enableSharding",), "movechunk": ("moveChunk",),
                       "moverange": ("moveChunk",), "split": ("splitChunk",)}
+# Commands acting on one fixed namespace: the balancer's switch is config.settings
+# (cluster_control_balancer_cmd.cpp: update to start or stop it, find for its status).
+_ON_FIXED_NAMESPACE = {"balancerstart": ("update",), "balancerstop": ("update",), "balancerstatus": ("find",)}
+_CONFIG_SETTINGS = {"db": "config", "collection": "settings"}
 _ON_DATABASE = {"listcollections": ("listCollections",), "dropdatabase": ("dropDatabase",),
                 "enablesharding": ("enableSharding",), "dbstats": ("dbStats",)}
 _ON_CLUSTER = {
@@ -57,6 +61,8 @@ def required_privileges(name: str, db: str, cmd: dict[str, Any]) -> list[tuple[t
                 return [(("find", "changeStream"), change_stream_resource(None, None))]
             return [(("find", "changeStream"), change_stream_resource(db, coll))]
         return [(("find",), {"db": db, "collection": coll or ""})]
+    if key in _ON_FIXED_NAMESPACE:
+        return [(_ON_FIXED_NAMESPACE[key], _CONFIG_SETTINGS)]
     if key in _ON_FULL_NAMESPACE:
         ns_db, _, coll = target.partition(".") if isinstance(target, str) else ("", "", "")
         return [(_ON_FULL_NAMESPACE[key], {"db": ns_db, "collection": coll})]

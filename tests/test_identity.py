@@ -170,10 +170,12 @@ async def test_admin_commands_need_the_built_in_roles_privileges():
                 for cmd in ({"killAllSessions": []}, {"killAllSessions": [{"user": "alice", "db": "admin"}]},
                             {"killAllSessionsByPattern": []},
                             {"getParameter": "*"}, {"setParameter": 1, "cursorTimeoutMillis": 1000},
-                            {"getCmdLineOpts": 1}, {"hostInfo": 1}, {"getLog": "global"}):
+                            {"getCmdLineOpts": 1}, {"hostInfo": 1}, {"getLog": "global"}, {"balancerStop": 1},
+                            {"balancerStatus": 1}, {"moveChunk": "shop.orders", "find": {"_id": 0}, "to": "shard1"}):
                     assert code_of(bob.admin.command, cmd) == 13, cmd
             monitor = client(with_user(cluster.uri, "monitor"))
             monitor.admin.command("getParameter", "*")
+            monitor.admin.command("balancerStatus")  # clusterMonitor reads config
             assert code_of(monitor.admin.command, {"setParameter": 1, "cursorTimeoutMillis": 1000}) == 13
             through(proxy, "ops").admin.command({"killAllSessions": []})
 
