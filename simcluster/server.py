@@ -424,6 +424,9 @@ class CommandServer:
                              "which is unknown or not enabled")
         if self.users is None or db != "admin":
             raise MongoError("AuthenticationFailed", "Authentication failed.")
+        # Several conversations may be open on one connection here, each finishing on its own. A
+        # server keeps one (authentication_session.cpp: a new saslStart abandons the open one):
+        # simcluster is the more lenient upstream, which a proxy must be safe against as well.
         conversation = ScramServer(self.users)
         payload = conversation.first(bytes(cmd["payload"]))
         cid = max(req.conversations, default=0) + 1  # ids of open conversations stay unique
