@@ -264,6 +264,10 @@ async def test_gossiped_cluster_time_must_be_signed_when_auth_is_on():
                 assert bytes(signed["signature"]["hash"]) == key.proof(signed["clusterTime"])
                 assert signed["signature"]["keyId"] == key.key_id
                 assert anonymous.command({"ping": 1, "$clusterTime": signed})["ok"] == 1
+                # endSessions is one the proxy handles and forwards itself: the same checks.
+                assert anonymous.command({"endSessions": [], "$clusterTime": signed})["ok"] == 1
+                bad = forged(ahead, os.urandom(20), key.key_id)
+                assert anonymous.command({"endSessions": [], "$clusterTime": bad})["code"] == 204
                 anonymous.close()
             # pymongo gossips the signed times it receives: through the proxy they check out.
             alice = through(proxy, "alice")
