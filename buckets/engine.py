@@ -13,6 +13,23 @@ Commands (admin database):
       -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
   {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
   getMore / killCursors on the returned cursor ids.
+
+Who may do what, when the upstream requires authentication (the client's identity is the one
+mongos confirms on its connection, wireproxy.session):
+  - A named stream belongs to the user who created it. Opening, attaching to, reopening (another
+    nBuckets) or asking the status of a stream another user created is Unauthorized (13): a
+    stream's name is not a secret, and its events are the creator's to read. Names are
+    proxy-wide, so two users pick different names.
+  - A cursor belongs to the user who opened it, and to its session if opened in one: a getMore
+    must come from both. killCursors checks the user only, as the server does
+    (auth::checkAuthForKillCursors via CursorManager::checkAuthForKillCursors in
+    src/mongo/db/cursor_manager.cpp, ClusterCursorManager on mongos): the cursor's own user, from
+    any session, or a user holding killAnyCursor on the cluster (hostManager), kills it.
+  - parallelChangeStreamStatus lists the caller's own streams and cursors; a user holding
+    `inprog` on the cluster (clusterMonitor), the privilege `$currentOp` with allUsers needs
+    (document_source_current_op.cpp), sees every user's.
+Clients that did not log in are all one nobody (user ""): without authentication, all of the
+above is everyone's.
 """
 
 from __future__ import annotations
@@ -357,6 +374,7 @@ class Engine:
         self.cursors: dict[int, BucketCursor] = {}
         self._private: dict[int, ParallelStream] = {}   # watch() and replay streams, by their one cursor
         self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
+        self._owners: dict[str, str] = {}               # named stream -> its creator's identity
         self._ended_sessions: set[bytes] = set()      # ended since the last session refresh (cursor owners)
         self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
@@ -379,7 +397,7 @@ class Engine:
         table.kill_cursors = self.cmd_kill_cursors
         for name in DDL_COMMANDS:
             table.register(name, self.cmd_ddl)
-        for name in ("killSessions", "killAllSessions"):
+        for name in ("killSessions", "killAllSessions", "killAllSessionsByPattern"):
             table.register(name, self.cmd_kill_sessions)
         table.register("endSessions", self.cmd_end_sessions)
 
@@ -466,6 +484,7 @@ class Engine:
         log.info(why, stream.name)
         stream.close()
         del self.streams[stream.name]
+        self._owners.pop(stream.name, None)
 
     # -- upstream helpers --------------------------------------------------------------------------
 
@@ -526,7 +545,7 @@ class Engine:
         return allows(await session.privileges(), ("find", "changeStream"), resource)
 
     async def cmd_open(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        self._user(session, "parallelChangeStream")
+        user = self._user(session, "parallelChangeStream")
         if db != "admin":
             raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
         # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
@@ -549,11 +568,11 @@ class Engine:
         if bucket is not None:
             if name is None:
                 raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
-            return await self._attach_bucket(session, name, bucket, n, cmd, batch_size)
+            return await self._attach_bucket(session, user, name, bucket, n, cmd, batch_size)
         if n is None:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
         name = name or f"pcs-{uuid.uuid4().hex[:12]}"
-        stream, created = await self._named(name, n, cmd)
+        stream, created = await self._named(name, n, cmd, user)
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
             # Joining an existing stream at a time: the same point as a token for that time.
@@ -570,7 +589,14 @@ class Engine:
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n}
 
-    async def _named(self, name: str, n: int | None, cmd: dict[str, Any]) -> tuple[ParallelStream, bool]:
+    def _check_owner(self, name: str, user: str) -> None:
+        """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""
+        owner = self._owners.get(name)
+        if owner is not None and owner != user:
+            raise MongoError("Unauthorized", f"parallel change stream {name!r} was created by another user")
+
+    async def _named(self, name: str, n: int | None, cmd: dict[str, Any],
+                     user: str) -> tuple[ParallelStream, bool]:
         """The open stream `name`, or one created from `cmd` (then True). Commands that find it
         missing at once (the N Spark tasks of a micro-batch after a proxy restart each attach
         their bucket with nBuckets) wait for one creation: each made its own, and all but the
@@ -578,6 +604,8 @@ class Engine:
         while (pending := self._creating.get(name)) is not None:
             await pending.wait()
         stream = self.streams.get(name)
+        if stream is not None:
+            self._check_owner(name, user)  # before anything of hers is touched (a reopen kills her cursors)
         if stream is not None and n is not None and n != stream.options.n_buckets:
             self._close_to_rebucket(stream, n)
             stream = None
@@ -588,7 +616,9 @@ class Engine:
                              "pass nBuckets (and resumeAfter) to open it")
         done = self._creating[name] = trio.Event()
         try:
-            return await self._create(name, n, cmd), True
+            stream = await self._create(name, n, cmd)
+            self._owners[name] = user
+            return stream, True
         finally:
             del self._creating[name]
             done.set()
@@ -739,9 +769,9 @@ class Engine:
         self.cursors[cid] = cur
         return cur
 
-    async def _attach_bucket(self, session: Any, name: str, i: int, n: int | None, cmd: dict[str, Any],
-                             batch_size: int | None) -> dict[str, Any]:
-        stream, created = await self._named(name, n, cmd)
+    async def _attach_bucket(self, session: Any, user: str, name: str, i: int, n: int | None,
+                             cmd: dict[str, Any], batch_size: int | None) -> dict[str, Any]:
+        stream, created = await self._named(name, n, cmd, user)
         if i >= stream.options.n_buckets:
             raise MongoError("BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})")
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
@@ -863,6 +893,10 @@ class Engine:
         return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
                            "ns": cur.ns}}
 
+    async def _holds(self, session: Any, action: str) -> bool:
+        """Whether the client's user holds `action` on the cluster (always, without auth)."""
+        return not self.requires_auth or allows(await session.privileges(), (action,), {"cluster": True})
+
     def _owned(self, session: Any, cid: int, cmd: dict[str, Any]) -> BucketCursor:
         check_lsid(cmd)
         cur = self.cursors.get(cid)
@@ -929,9 +963,15 @@ class Engine:
         if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
             return failed
         killed, others = [], []
-        for cid in kill_cursors_ids(cmd):
+        ids = kill_cursors_ids(cmd)
+        mine = [self.cursors[cid] for cid in ids if cid in self.cursors]
+        # Every id is checked before any is killed: one the caller may not kill fails the
+        # command, as the server checks authorization for all of them first.
+        user = self._user(session, "killCursors") if mine else ""
+        if any(cur.user != user for cur in mine) and not await self._holds(session, "killAnyCursor"):
+            raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
+        for cid in ids:
             if cid in self.cursors:
-                self._owned(session, cid, cmd)
                 self._drop_cursor(cid)
                 killed.append(Int64(cid))
             else:
@@ -964,7 +1004,8 @@ class Engine:
         reply = await _forward(session, db, cmd)
         if not reply.get("ok"):
             return reply
-        named = sessions_named(cmd, getattr(session, "user", None) or "", access_control=self.requires_auth)
+        named = sessions_named(cmd, getattr(session, "user", None) or "", access_control=self.requires_auth,
+                               kill_any=await self._holds(session, "killAnySession"))
         # Cursors opened outside any session belong to no session a command can name.
         self._kill_cursors_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
                                  f"its session was killed ({name})")
@@ -979,6 +1020,13 @@ class Engine:
         if private is not None:
             private.close()
 
+    def _stream_owners(self) -> dict[str, str]:
+        """Each stream's user: a named one's creator, a private one's cursor's user."""
+        owners = {name: self._owners.get(name, "") for name in self.streams}
+        owners.update({stream.name: self.cursors[cid].user for cid, stream in self._private.items()
+                       if cid in self.cursors})
+        return owners
+
     async def cmd_status(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """Status of every stream, or of `name` with its merge frontier.
 
@@ -986,13 +1034,20 @@ class Engine:
         highest token such that buckets hold at most k events in (after_i, planEnd] (admission
         control for Spark); without maxEvents, planEnd is the frontier.
         """
-        self._user(session, "parallelChangeStreamStatus")
+        user = self._user(session, "parallelChangeStreamStatus")
         check_status_command(cmd)
         name = cmd.get("name")
         streams = [s for n, s in sorted(self.all_streams().items()) if name in (None, n)]
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
-        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
+        cursors = list(self.cursors.values())
+        if not await self._holds(session, "inprog"):
+            owners = self._stream_owners()
+            if name is not None and owners.get(name) != user:
+                raise MongoError("Unauthorized", f"parallel change stream {name!r} was created by another user")
+            streams = [s for s in streams if owners.get(s.name) == user]
+            cursors = [cur for cur in cursors if cur.user == user]
+        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(cursors),
                                "watches": dict(self.watches), "readerProcesses": self.reader_processes(),
                                "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed,
                                "memory": self.memory_status()}

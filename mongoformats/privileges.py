@@ -13,10 +13,11 @@ resource is one of:
 Change streams need `find` and `changeStream` on what they watch: the collection, the database
 (`{db: x, collection: ""}`) or, for the whole cluster, `{db: "", collection: ""}`.
 
-Sources (facts only): the manual's built-in roles, privilege actions and resource documents
-pages; DOCS-11617 (the privileges of database and cluster change streams). Only the roles the
-proxy's users are expected to hold are modelled, each with the actions of the manual's list that
-this project's code paths check.
+Sources (facts only): the server's built-in roles, src/mongo/db/auth/builtin_roles.yml (each
+role's privileges and the roles it includes); the manual's privilege actions and resource
+documents pages; DOCS-11617 (the privileges of database and cluster change streams). Only the
+roles the proxy's users are expected to hold are modelled, each with the actions of the server's
+list that this project's code paths check; a role's system-collection privileges are left out.
 """
 
 from __future__ import annotations
@@ -31,31 +32,70 @@ READ_ACTIONS = ("changeStream", "collStats", "dbHash", "dbStats", "find", "killC
                 "listIndexes")
 WRITE_ACTIONS = ("convertToCapped", "createCollection", "createIndex", "dropCollection", "dropIndex", "insert",
                  "remove", "renameCollectionSameDB", "update")
-_DB_ADMIN_ACTIONS = ("collMod", "createCollection", "createIndex", "dropCollection", "dropDatabase", "dropIndex",
-                     "enableProfiler", "listCollections", "listIndexes", "reIndex", "renameCollectionSameDB")
-_CLUSTER_ACTIONS = ("addShard", "appendOplogNote", "enableSharding", "flushRouterConfig", "listShards",
-                    "moveChunk", "replSetGetStatus", "replSetStateChange", "serverStatus", "shutdown",
-                    "splitChunk", "refineCollectionShardKey", "reshardCollection", "setFeatureCompatibilityVersion")
+_DB_ADMIN_ACTIONS = ("collMod", "collStats", "convertToCapped", "createCollection", "createIndex", "dbStats",
+                     "dropCollection", "dropDatabase", "dropIndex", "enableProfiler", "listCollections",
+                     "listIndexes", "reIndex", "renameCollectionSameDB", "validate")
+_MONITOR_CLUSTER_ACTIONS = ("connPoolStats", "getCmdLineOpts", "getDefaultRWConcern", "getLog", "getParameter",
+                            "getShardMap", "hostInfo", "inprog", "listDatabases", "listSessions", "listShards",
+                            "netstat", "replSetGetConfig", "replSetGetStatus", "serverStatus", "shardingState",
+                            "top")
+_MONITOR_DB_ACTIONS = ("collStats", "dbStats", "getDatabaseVersion", "getShardVersion", "indexStats")
+_HOST_CLUSTER_ACTIONS = ("applicationMessage", "connPoolSync", "dropConnections", "flushRouterConfig", "fsync",
+                         "invalidateUserCache", "killAnyCursor", "killAnySession", "killop", "logRotate",
+                         "replSetResizeOplog", "resync", "setParameter", "shutdown", "touch", "unlock")
+_MANAGER_CLUSTER_ACTIONS = ("addShard", "appendOplogNote", "applicationMessage", "cleanupOrphaned",
+                            "flushRouterConfig", "getClusterParameter", "getDefaultRWConcern", "listSessions",
+                            "listShards", "removeShard", "replSetConfigure", "replSetGetConfig",
+                            "replSetGetStatus", "replSetStateChange", "resync", "setClusterParameter",
+                            "setDefaultRWConcern", "setFeatureCompatibilityVersion")
+_MANAGER_DB_ACTIONS = ("analyzeShardKey", "clearJumboFlag", "configureQueryAnalyzer", "enableSharding",
+                       "moveChunk", "moveCollection", "refineCollectionShardKey", "reshardCollection",
+                       "splitChunk", "splitVector")
 
-# role -> [(resource with "{db}" for the role's own database, actions)]
+_ANY = {"db": "", "collection": ""}  # the server's any_normal: every non-system collection
+_CLUSTER = {"cluster": True}
+
+# role -> [(resource with "{db}" for the role's own database, actions)], the role's own privileges
 BUILTIN_ROLES: dict[str, list[tuple[dict[str, Any], tuple[str, ...]]]] = {
     "read": [({"db": "{db}", "collection": ""}, READ_ACTIONS)],
     "readWrite": [({"db": "{db}", "collection": ""}, READ_ACTIONS + WRITE_ACTIONS)],
     "dbAdmin": [({"db": "{db}", "collection": ""}, _DB_ADMIN_ACTIONS)],
-    "readAnyDatabase": [({"db": "", "collection": ""}, READ_ACTIONS), ({"cluster": True}, ("listDatabases",))],
-    "readWriteAnyDatabase": [({"db": "", "collection": ""}, READ_ACTIONS + WRITE_ACTIONS),
-                             ({"cluster": True}, ("listDatabases",))],
-    "clusterAdmin": [({"cluster": True}, _CLUSTER_ACTIONS), ({"db": "", "collection": ""}, ("enableSharding",))],
-    "root": [({"db": "", "collection": ""}, tuple(sorted(set(READ_ACTIONS + WRITE_ACTIONS + _DB_ADMIN_ACTIONS)))),
-             ({"cluster": True}, _CLUSTER_ACTIONS + ("listDatabases",)),
-             ({"anyResource": True}, ("anyAction",))],
+    "readAnyDatabase": [(_ANY, READ_ACTIONS), (_CLUSTER, ("listDatabases",))],
+    "readWriteAnyDatabase": [(_ANY, READ_ACTIONS + WRITE_ACTIONS)],
+    "dbAdminAnyDatabase": [(_ANY, _DB_ADMIN_ACTIONS), (_CLUSTER, ("listDatabases",))],
+    "clusterMonitor": [(_CLUSTER, _MONITOR_CLUSTER_ACTIONS), (_ANY, _MONITOR_DB_ACTIONS)],
+    "hostManager": [(_CLUSTER, _HOST_CLUSTER_ACTIONS), (_ANY, ("killCursors",))],
+    "clusterManager": [(_CLUSTER, _MANAGER_CLUSTER_ACTIONS), (_ANY, _MANAGER_DB_ACTIONS)],
+    "clusterAdmin": [(_ANY, ("dropDatabase",))],
+    "root": [],
+}
+# role -> the roles it includes, (role, db) with "{db}" for its own database (builtin_roles.yml's `roles`)
+_INCLUDES: dict[str, tuple[tuple[str, str], ...]] = {
+    "readWriteAnyDatabase": (("readAnyDatabase", "{db}"),),
+    "clusterMonitor": (("read", "config"), ("read", "local")),
+    "clusterManager": (("read", "config"),),
+    "clusterAdmin": (("clusterMonitor", "{db}"), ("hostManager", "{db}"), ("clusterManager", "{db}")),
+    "root": (("readWriteAnyDatabase", "{db}"), ("dbAdminAnyDatabase", "{db}"), ("clusterAdmin", "{db}")),
 }
 
 
+def _with_included(roles: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """`roles` and every role they include, transitively."""
+    out: set[tuple[str, str]] = set()
+    todo = list(roles)
+    while todo:
+        role, db = todo.pop()
+        if (role, db) not in out:
+            out.add((role, db))
+            todo.extend((inner, db if inner_db == "{db}" else inner_db) for inner, inner_db in _INCLUDES.get(role, ()))
+    return out
+
+
 def privileges_of_roles(roles: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The privileges of (role, db) pairs, one entry per resource, as connectionStatus lists them."""
+    """The privileges of (role, db) pairs and the roles they include, one entry per resource,
+    as connectionStatus lists them."""
     by_resource: dict[tuple[tuple[str, Any], ...], set[str]] = {}
-    for role, db in roles:
+    for role, db in sorted(_with_included(roles)):
         for template, actions in BUILTIN_ROLES[role]:
             resource = {k: (db if v == "{db}" else v) for k, v in template.items()}
             by_resource.setdefault(tuple(resource.items()), set()).update(actions)

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="require SCRAM-SHA-256 authentication and add this admin user (repeatable)")
     parser.add_argument("--role", action="append", default=[], metavar="NAME:ROLE@DB",
                         help="give user NAME this built-in role (read, readWrite, dbAdmin, readAnyDatabase, "
-                             "readWriteAnyDatabase, clusterAdmin, root) instead of root (repeatable)")
+                             "readWriteAnyDatabase, dbAdminAnyDatabase, clusterMonitor, hostManager, "
+                             "clusterManager, clusterAdmin, root) instead of root (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_at_least(int, 0, 65535), default=27017,
                         help="mongos port; shards use the next ones (0 = any)")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import trio
 
 from mongoformats.scram import make_credential
+from simcluster.cluster_time import ClusterTimeKey
 from simcluster.mongos import Mongos
 from simcluster.node import ShardNode
 from simcluster.oplog import ClusterClock
@@ -76,11 +77,14 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
     mongos = Mongos(clock, host, port, replsets, version=version, spares=spares)
     async with trio.open_nursery() as nursery:
         credentials = {name: make_credential(pw) for name, pw in users.items()} if users is not None else None
+        time_key = ClusterTimeKey.generate(clock.now())  # signs $clusterTime when auth is on
         mongos.ssl_context, mongos.users, mongos.user_roles = tls, credentials, dict(roles or {})
+        mongos.time_key = time_key
         for rs in [*replsets.values(), *spares.values()]:
             rs.nursery = nursery
             for node in rs.members:
                 node.ssl_context, node.users, node.user_roles = tls, credentials, dict(roles or {})
+                node.time_key = time_key
                 await nursery.start(node.serve)
         await nursery.start(mongos.serve)
         try:

@@ -8,6 +8,7 @@ other exception becomes InternalError (1): bad input never kills a node or anoth
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -28,8 +29,9 @@ from mongoformats.idl import get_more_request, kill_cursors_ids
 from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
 from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
-from mongoformats.sessions import SessionsNamed, session_id, sessions_named
+from mongoformats.sessions import SessionsNamed, session_id, sessions_named, user_identity
 from simcluster.authz import required_privileges
+from simcluster.cluster_time import DUMMY_SIGNATURE, ClusterTimeKey, gossip_in
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
 
@@ -49,7 +51,8 @@ class Request:
         self.conn_id = conn_id
         self.peer = peer
         self.user: str | None = None                 # authenticated as (SCRAM), when auth is on
-        self.conversations: dict[int, tuple[ScramServer, bool]] = {}
+        # Open SASL conversations: (conversation, skipEmptyExchange, proof checked).
+        self.conversations: dict[int, tuple[ScramServer, bool, bool]] = {}
 
 
 # What an unauthenticated connection may run when auth is on (the server's requiresAuth() false).
@@ -84,6 +87,8 @@ class CommandServer:
         self.users: dict[str, ScramCredential] | None = None
         # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
         self.user_roles: dict[str, list[tuple[str, str]]] = {}
+        # With authorization: the cluster's key signing $clusterTime (simcluster.cluster_time).
+        self.time_key: ClusterTimeKey | None = None
         self._cancel = trio.CancelScope()
         # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition that
         # drops its packets): its sockets stay open and nothing on them is answered until it resumes.
@@ -97,6 +102,7 @@ class CommandServer:
             "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
             "setparameter": self.cmd_set_parameter,
             "endsessions": self.cmd_ok, "killallsessions": self.cmd_kill_sessions,
+            "killallsessionsbypattern": self.cmd_kill_sessions,
             "killsessions": self.cmd_kill_sessions, "startsession": self.cmd_start_session,
             "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
             "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
@@ -242,7 +248,11 @@ class CommandServer:
         name = next(iter(cmd), "")
         try:
             if "$clusterTime" in cmd:
-                self.clock.advance(cmd["$clusterTime"]["clusterTime"])
+                gossiped = gossip_in(cmd["$clusterTime"], key=self.time_key if self.users is not None else None,
+                                     authenticated=req.user is not None, newest=self.clock.now(),
+                                     missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"])
+                if gossiped is not None:
+                    self.clock.advance(gossiped)
             fp = await self._fail_point(name)
             if fp is _CLOSE:
                 return _CLOSE
@@ -297,8 +307,11 @@ class CommandServer:
 
     def decorate(self, reply: dict[str, Any]) -> dict[str, Any]:
         now = self.clock.now()
-        reply["$clusterTime"] = {"clusterTime": now, "signature": {"hash": Binary(b"\x00" * 20, 0),
-                                                                  "keyId": Int64(0)}}
+        # Signed with the cluster's key under authorization; else the dummy signature, as a
+        # server gives clients that may advance the clock (simcluster.cluster_time).
+        key = self.time_key if self.users is not None else None
+        reply["$clusterTime"] = {"clusterTime": now,
+                                 "signature": key.sign(now) if key is not None else dict(DUMMY_SIGNATURE)}
         reply["operationTime"] = now
         return reply
 
@@ -371,6 +384,15 @@ class CommandServer:
         mechs_for = cmd.get("saslSupportedMechs")
         if self.users is not None and isinstance(mechs_for, str) and mechs_for.partition(".")[2] in self.users:
             out["saslSupportedMechs"] = [MECHANISM]
+        speculative = cmd.get("speculativeAuthenticate")
+        if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
+            # The handshake's first login step (speculative authentication, as drivers send it):
+            # answered as saslStart on the `db` it names; a failure omits the answer, and the
+            # driver then logs in the ordinary way.
+            start = {k: v for k, v in speculative.items() if k != "db"}
+            with contextlib.suppress(MongoError):
+                out["speculativeAuthenticate"] = await self.cmd_sasl_start(str(speculative.get("db", "")), start,
+                                                                           req)
         return out
 
     async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -402,22 +424,28 @@ class CommandServer:
                              "which is unknown or not enabled")
         if self.users is None or db != "admin":
             raise MongoError("AuthenticationFailed", "Authentication failed.")
+        # Several conversations may be open on one connection here, each finishing on its own. A
+        # server keeps one (authentication_session.cpp: a new saslStart abandons the open one):
+        # simcluster is the more lenient upstream, which a proxy must be safe against as well.
         conversation = ScramServer(self.users)
         payload = conversation.first(bytes(cmd["payload"]))
-        cid = len(req.conversations) + 1
+        cid = max(req.conversations, default=0) + 1  # ids of open conversations stay unique
         skip = bool((cmd.get("options") or {}).get("skipEmptyExchange"))
-        req.conversations[cid] = (conversation, skip)
+        req.conversations[cid] = (conversation, skip, False)
         return {"conversationId": cid, "done": False, "payload": Binary(payload, 0)}
 
     async def cmd_sasl_continue(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         cid = cmd.get("conversationId")
         if cid not in req.conversations:
             raise MongoError("ProtocolError", "No SASL session state found")
-        conversation, skip = req.conversations[cid]
+        conversation, skip, proved = req.conversations[cid]
         payload = bytes(cmd.get("payload", b""))
-        if not payload:  # the empty last step of a conversation without skipEmptyExchange
+        if proved:  # the empty last step of a conversation without skipEmptyExchange
             del req.conversations[cid]
             return {"conversationId": cid, "done": True, "payload": Binary(b"", 0)}
+        if not payload:  # a client-final message is due: nothing proves who the client is
+            del req.conversations[cid]
+            raise MongoError("AuthenticationFailed", "Authentication failed.")
         try:
             final = conversation.final(payload)
         except MongoError:
@@ -426,6 +454,8 @@ class CommandServer:
         req.user = conversation.user
         if skip:
             del req.conversations[cid]
+        else:
+            req.conversations[cid] = (conversation, skip, True)
         return {"conversationId": cid, "done": skip, "payload": Binary(final, 0)}
 
     async def cmd_logout(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -510,14 +540,18 @@ class CommandServer:
         return mode == "alwaysOn"
 
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """killSessions [{id}] / killAllSessions [{user, db}] (mongoformats.sessions.sessions_named)."""
-        self.kill_sessions(sessions_named(cmd, req.user, access_control=self.users is not None))
+        """killSessions [{id}] / killAllSessions [{user, db}] / killAllSessionsByPattern [pattern]
+        (mongoformats.sessions.sessions_named)."""
+        caller = user_identity(req.user, "admin") if req.user else None  # simcluster's users are admin's
+        kill_any = req.user is not None and allows(privileges_of_roles(self.roles_of(req.user)), ("killAnySession",),
+                                                   {"cluster": True})
+        self.kill_sessions(sessions_named(cmd, caller, access_control=self.users is not None, kill_any=kill_any))
         return {}
 
     def kill_sessions(self, named: SessionsNamed) -> None:
         """What ends with the named sessions: here their cursors (a getMore running on one fails
         with CursorKilled); a shard and mongos end their transactions too."""
-        self.cursors.kill_sessions(lambda c: named(c.lsid, c.user))
+        self.cursors.kill_sessions(lambda c: named(c.lsid, user_identity(c.user, "admin") if c.user else c.user))
 
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed: list[Int64] = []

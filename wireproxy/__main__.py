@@ -20,6 +20,7 @@ from buckets.allocator import keep_large_allocations
 from mongoformats.batch_splice import warm_up
 from wireproxy.app import serve_proxy, tune_gc_for_throughput
 from wireproxy.config import ProxyConfig, parse_value
+from wireproxy.redact import redact_uri
 
 _METAVARS = {"int": "N", "float": "SECONDS", "str": "TEXT"}
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             # shutdown does not wait for it.
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, warm_up, abandon_on_cancel=True))
             logging.getLogger("wireproxy").info("listening on %s:%d, upstream %s", config.listen_host,
-                                                server.port, config.upstream)
+                                                server.port, redact_uri(config.upstream))
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     await server.shutdown()

@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from wireproxy.redact import redact_uri
 from wireproxy.upstream import UpstreamTarget
 
 MAX_READER_PROCESSES = 64  # as parallelChangeStream's readerProcesses option allows
@@ -83,6 +84,12 @@ class ProxyConfig:
         if self.tls_ca_file and not self.tls_cert_file:
             raise ValueError("tls_ca_file needs tls_cert_file: client certificates are asked for over TLS")
         check_upstream_uri(self.upstream)
+
+    def __repr__(self) -> str:
+        # The upstream URI holds the proxy's password: shown redacted wherever a config is.
+        shown = ", ".join(f"{f.name}={redact_uri(self.upstream)!r}" if f.name == "upstream"
+                          else f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return f"ProxyConfig({shown})"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, base: ProxyConfig | None = None) -> ProxyConfig:

@@ -36,19 +36,19 @@ log = logging.getLogger("wireproxy")
 _UPSTREAM_HELLO_FIELDS = ("saslSupportedMechs", "speculativeAuthenticate")
 
 
-_LOGIN_COMMANDS = frozenset({"saslstart", "saslcontinue", "logout"})
+# Commands that may change who is logged in on the upstream connection: SCRAM and other SASL
+# mechanisms (saslStart/saslContinue), MONGODB-X509 (authenticate) and logout.
+_LOGIN_COMMANDS = frozenset({"saslstart", "saslcontinue", "authenticate", "logout"})
 
 
-def _scram_user(payload: Any) -> str | None:
-    """The user named by a SCRAM client-first message, or None for another mechanism."""
-    try:
-        text = bytes(payload).decode()
-    except (TypeError, UnicodeDecodeError):
-        return None
-    for part in text.split(",")[2:3]:
-        if part.startswith("n="):
-            return part[2:].replace("=2C", ",").replace("=3D", "=")
-    return None
+def identity_of(users: Any) -> str | None:
+    """The identity a connection has, from connectionStatus' `authInfo.authenticatedUsers`:
+    "user@db" (the server's UserName form, so that users of the same name in two databases stay
+    apart); several users (servers before 6.0 let a connection authenticate as more than one)
+    are one identity, sorted and comma-separated; None when nobody is logged in."""
+    names = sorted(f"{u['user']}@{u['db']}" for u in users or ()
+                   if isinstance(u, dict) and isinstance(u.get("user"), str) and isinstance(u.get("db"), str))
+    return ",".join(names) if names else None
 
 
 class _CloseConnection(Exception):
@@ -110,11 +110,12 @@ class ClientSession:
         self.framer = wire.MessageFramer()
         self.upstream: UpstreamConnection | None = None
         self._reply_ids = 0
-        # Who this client logged in as on its pinned upstream connection (seen in the SCRAM
-        # conversation passing through), for the engine's own commands and cursor ownership.
+        # Who is logged in on this client's pinned upstream connection, as mongos says
+        # (connectionStatus, see _verify_login): identity_of's "user@db", None for nobody. The
+        # engine's commands and cursor ownership go by it. Never taken from the client's own
+        # login messages: they name whom the client claims to be, not whom mongos accepted.
         self.user: str | None = None
-        self._login_as: str | None = None
-        self._privileges: list[dict[str, Any]] | None = None  # of `user`, asked once per login
+        self._privileges: list[dict[str, Any]] | None = None  # of `user`, asked with it
         self._scratch: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # see _send_scratch
 
     async def run(self) -> None:
@@ -204,8 +205,10 @@ class ClientSession:
         self.server.metrics.commands.labels(command=command_label(name), route=route.value).inc()
         if route is Route.PASSTHROUGH:
             reply_body = await self._forward(msg)
-            if name.lower() in _LOGIN_COMMANDS and reply_body is not None:
-                self._follow_login(name.lower(), cmd, RawBSONDocument(reply_body, RAW))
+            if name.lower() in _LOGIN_COMMANDS:
+                # Whatever the step's outcome (done, failed, or sent with moreToCome and no reply),
+                # ask mongos who is logged in now: the next request is read only after the answer.
+                await self._verify_login()
             elif name.lower() == "configurefailpoint" and reply_body is not None:
                 self.server.fail_points.observe(bson.decode(msg.body), bool(bson.decode(reply_body).get("ok")))
             return
@@ -264,29 +267,29 @@ class ClientSession:
             raise UpstreamClosed(f"the connection to mongos {self.upstream.address} was lost")
         return self.upstream
 
-    def _follow_login(self, name: str, cmd: Any, reply: Any) -> None:
-        """Learn the user from a SCRAM conversation the upstream accepted (the first message names
-        it: "n,,n=<user>,r=..."); a logout forgets it."""
-        self._privileges = None
-        if name == "logout":
-            self.user = self._login_as = None
+    async def _verify_login(self) -> None:
+        """Learn who is logged in on the pinned upstream connection, and their privileges, from
+        mongos itself (connectionStatus with showPrivileges), after any login command or logout.
+        Unverifiable (an error reply) counts as nobody: the engine then refuses what needs a user."""
+        self.user, self._privileges = None, []
+        up = await self.get_upstream()
+        reply = bson.decode((await up.command("admin", {"connectionStatus": 1, "showPrivileges": True},
+                                              check=False)).raw)
+        info = reply.get("authInfo") if reply.get("ok") else None
+        if not isinstance(info, dict):
+            log.info("conn%d: connectionStatus failed, taking the connection as logged out: %s",
+                     self.conn_id, reply.get("errmsg"))
             return
-        if not reply.get("ok"):
-            self._login_as = None
-            return
-        if name == "saslstart":
-            self._login_as = _scram_user(cmd.get("payload"))
-        if reply.get("done") and self._login_as:
-            self.user = self._login_as
+        self.user = identity_of(info.get("authenticatedUsers"))
+        privileges = info.get("authenticatedUserPrivileges")
+        self._privileges = list(privileges) if self.user and isinstance(privileges, list) else []
 
     async def privileges(self) -> list[dict[str, Any]]:
         """The logged-in user's privileges, as the upstream reports them on this client's own
         connection (connectionStatus with showPrivileges); [] when nobody is logged in."""
         if self._privileges is None:
-            up = await self.get_upstream()
-            reply = await up.command("admin", {"connectionStatus": 1, "showPrivileges": True})
-            info = bson.decode(reply.raw).get("authInfo", {})
-            self._privileges = list(info.get("authenticatedUserPrivileges", []))
+            await self._verify_login()
+        assert self._privileges is not None
         return self._privileges
 
     async def _forward(self, msg: wire.OpMsg) -> bytes | None:
@@ -347,9 +350,9 @@ class ClientSession:
             for f in _UPSTREAM_HELLO_FIELDS:
                 if f in got:
                     reply[f] = bson.decode(bson.encode({"v": got[f]}))["v"]
-            speculative = cmd.get("speculativeAuthenticate")
-            if isinstance(speculative, dict) and "speculativeAuthenticate" in got:
-                # The handshake started a login (speculative authentication): follow it too.
-                self._follow_login("saslstart", speculative, {"ok": 1, **reply["speculativeAuthenticate"]})
+            if "speculativeAuthenticate" in cmd:
+                # The handshake may have logged in (speculative authentication completes in hello
+                # for some mechanisms, X.509's): mongos says whether it did, and as whom.
+                await self._verify_login()
         reply["ok"] = 1.0
         return reply

@@ -271,6 +271,9 @@ class Credentials(NamedTuple):
     password: str
     source: str = "admin"
 
+    def __repr__(self) -> str:  # reprs end up in logs and tracebacks: never the password
+        return f"Credentials(user={self.user!r}, password='***', source={self.source!r})"
+
 
 async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
     """SCRAM-SHA-256 over saslStart/saslContinue; AuthenticationFailed (18) if refused."""
