@@ -205,7 +205,7 @@ class CommandServer:
         """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
         run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
         if isinstance(msg, wire.OpQuery):
-            cmd = _decoded(msg.query)
+            cmd = decode_document(msg.query)
             if "$query" in cmd:
                 cmd = cmd["$query"]
             db = msg.full_collection_name.split(".", 1)[0]
@@ -216,9 +216,9 @@ class CommandServer:
             return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
         if not isinstance(msg, wire.OpMsg):
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
-        cmd = _decoded(msg.body)
+        cmd = decode_document(msg.body)
         for ident, docs in msg.sequences:
-            cmd[ident] = _decoded_all(docs)
+            cmd[ident] = decode_sequence(docs)
             if ident == "documents":
                 # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
                 # fullDocument) is byte-identical to what was sent, as on the server.
@@ -533,7 +533,7 @@ class CommandServer:
 _CLOSE = object()
 
 
-def _decoded(raw: bytes) -> dict[str, Any]:
+def decode_document(raw: bytes) -> dict[str, Any]:
     """A message's BSON document; ProtocolError (the connection closes) when it is not valid
     BSON, as a server's message parsing fails the connection (service_entry_point_common.cpp:
     parse errors in the ConnectionFatalMessageParseError category)."""
@@ -543,8 +543,8 @@ def _decoded(raw: bytes) -> dict[str, Any]:
         raise ProtocolError(f"invalid BSON in the message: {exc}") from exc
 
 
-def _decoded_all(docs: tuple[bytes, ...]) -> list[dict[str, Any]]:
-    """A document sequence's documents (one C loop for the whole batch), as `_decoded`."""
+def decode_sequence(docs: tuple[bytes, ...]) -> list[dict[str, Any]]:
+    """A document sequence's documents (one C loop for the whole batch), as `decode_document`."""
     try:
         return bson.decode_all(b"".join(docs), DECODE)
     except (InvalidBSON, ValueError, OverflowError) as exc:

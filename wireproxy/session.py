@@ -24,7 +24,7 @@ from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.oplog_splice import document_parts
-from wireproxy.router import PassThrough, Route, classify
+from wireproxy.router import CommandTable, LocalHandler, PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -53,6 +53,34 @@ def _scram_user(payload: Any) -> str | None:
 
 class _CloseConnection(Exception):
     pass
+
+
+def read_command(msg: wire.OpMsg, table: CommandTable, *,
+                 accelerate: bool) -> tuple[RawBSONDocument, str, Route, LocalHandler | None]:
+    """A client's OP_MSG as a command: its body (left undecoded), name, route and handler.
+    ProtocolError, closing the connection as mongos does, when the body is empty or not BSON
+    (the top level is checked here; mongos checks what lies deeper in a pass-through command)."""
+    cmd = RawBSONDocument(msg.body, RAW)
+    try:
+        name = next(iter(cmd))
+        route, handler = classify(cmd, table, accelerate=accelerate)
+    except StopIteration:
+        raise ProtocolError("empty command document") from None
+    except InvalidBSON as exc:
+        raise ProtocolError(f"invalid BSON in the command: {exc}") from exc
+    return cmd, name, route, handler
+
+
+def decoded_command(msg: wire.OpMsg) -> dict[str, Any]:
+    """A command the proxy runs itself, decoded whole, its document sequences folded in as the
+    server does; ProtocolError when any of it is not BSON."""
+    try:
+        decoded = bson.decode(msg.body)
+        for ident, docs in msg.sequences:
+            decoded[ident] = [bson.decode(d) for d in docs]
+    except InvalidBSON as exc:
+        raise ProtocolError(f"invalid BSON in the command: {exc}") from exc
+    return decoded
 
 
 class FrameBudget:
@@ -260,14 +288,8 @@ class ClientSession:
         await self._send(out, msg.compressor)
 
     async def _op_msg(self, msg: wire.OpMsg) -> None:
-        cmd = RawBSONDocument(msg.body, RAW)
-        try:
-            name = next(iter(cmd))
-            route, handler = classify(cmd, self.server.table, accelerate=self.server.config.accelerate_change_streams)
-        except StopIteration:
-            raise ProtocolError("empty command document") from None
-        except InvalidBSON as exc:  # as mongos: a message that is not BSON closes the connection
-            raise ProtocolError(f"invalid BSON in the command: {exc}") from exc
+        cmd, name, route, handler = read_command(msg, self.server.table,
+                                                 accelerate=self.server.config.accelerate_change_streams)
         self.server.metrics.commands.labels(command=name, route=route.value).inc()
         if route is Route.PASSTHROUGH:
             reply_body = await self._forward(msg)
@@ -276,13 +298,11 @@ class ClientSession:
             elif name.lower() == "configurefailpoint" and reply_body is not None:
                 self.server.fail_points.observe(bson.decode(msg.body), bool(bson.decode(reply_body).get("ok")))
             return
+        decoded = decoded_command(msg)
         try:
             if route is Route.HELLO:
-                reply = await self.hello(bson.decode(msg.body))
+                reply = await self.hello(decoded)
             else:
-                decoded = bson.decode(msg.body)
-                for ident, docs in msg.sequences:
-                    decoded[ident] = [bson.decode(d) for d in docs]
                 assert handler is not None
                 try:
                     reply = await handler(self, decoded.pop("$db", "admin"), decoded)
@@ -295,8 +315,6 @@ class ClientSession:
             reply = exc.to_reply()
         except (UpstreamClosed, _CloseConnection, trio.BrokenResourceError, trio.ClosedResourceError):
             raise  # the connection ends, as a pass-through command's would
-        except InvalidBSON as exc:  # the command's body or sequences (decoded above) are not BSON
-            raise ProtocolError(f"invalid BSON in the command: {exc}") from exc
         except Exception as exc:
             # A bug of ours must cost this one command, not the connection, nor (through the
             # listeners' nursery) every client of the proxy. The server's answer to its own
