@@ -67,11 +67,10 @@ def _parse(msg: wire.Message) -> None:
     decode_document(msg.body)
     for _, docs in msg.sequences:
         decode_sequence(docs)
-    try:
-        lname = name.lower()
-        if lname == "getmore":
+    try:  # command names are case-sensitive on the server
+        if name == "getMore":
             get_more_request(decoded)
-        elif lname == "killcursors":
+        elif name == "killCursors":
             kill_cursors_ids(decoded)
     except MongoError:
         pass
