@@ -389,7 +389,9 @@ class MessageFramer:
 
     def next_message(self) -> Message | _NeedData:
         frame = self.next_frame()
-        return frame if frame is NEED_DATA else decode_message(frame, max_size=self.max_size)  # type: ignore[arg-type]
+        if frame is NEED_DATA:
+            return frame
+        return decode_message(frame, max_size=self.max_size)  # type: ignore[arg-type]
 
     def next_frame(self, pad: int = 0) -> bytes | _NeedData:
         """The next whole message's bytes, undecoded, followed by `pad` zero bytes, or NEED_DATA.

@@ -26,7 +26,8 @@ INNER = wire.encode_op_msg(1, 0, BODY)[wire.HEADER.size:]  # what a compressed O
 BOMB_BYTES = 64 << 20
 
 
-def compressed_frame(compressor: str, payload: bytes, declared: int, original: int = wire.OP_MSG) -> bytes:
+def compressed_frame(compressor: str, payload: bytes, declared: int,
+                     original: int = wire.OP_MSG) -> bytes:
     """An OP_COMPRESSED frame holding `payload` as is, claiming `declared` uncompressed bytes."""
     body = struct.pack("<iiB", original, declared, wire.COMPRESSOR_IDS[compressor]) + payload
     return wire.HEADER.pack(wire.HEADER.size + len(body), 1, 0, wire.OP_COMPRESSED) + body
@@ -46,8 +47,13 @@ def packed(compressor: str, data: bytes) -> bytes:
 
 def bomb(compressor: str, declared: int = len(INNER)) -> bytes:
     """A small frame whose payload inflates to BOMB_BYTES, claiming `declared` bytes."""
-    return compressed_frame(compressor.removesuffix("-unsized"), packed(compressor, INNER + bytes(BOMB_BYTES)),
-                            declared)
+    return honest_or(compressor, INNER + bytes(BOMB_BYTES), declared)
+
+
+def honest_or(compressor: str, data: bytes, declared: int | None = None) -> bytes:
+    """`data` compressed into a frame claiming `declared` uncompressed bytes (None: the truth)."""
+    size = len(data) if declared is None else declared
+    return compressed_frame(compressor.removesuffix("-unsized"), packed(compressor, data), size)
 
 
 def peak_while(fn) -> int:
@@ -89,14 +95,14 @@ def test_a_declared_size_past_the_message_limit_is_refused(compressor):
 @pytest.mark.parametrize("compressor", COMPRESSORS)
 @pytest.mark.parametrize("delta", [-1, 1])
 def test_a_payload_that_is_not_exactly_its_declared_size_is_refused(compressor, delta):
-    frame = compressed_frame(compressor.removesuffix("-unsized"), packed(compressor, INNER), len(INNER) + delta)
+    frame = honest_or(compressor, INNER, len(INNER) + delta)
     with pytest.raises(ProtocolError):
         wire.decode_message(frame)
 
 
 @pytest.mark.parametrize("compressor", COMPRESSORS)
 def test_an_honest_compressed_message_decodes(compressor):
-    frame = compressed_frame(compressor.removesuffix("-unsized"), packed(compressor, INNER), len(INNER))
+    frame = honest_or(compressor, INNER)
     msg = wire.decode_message(frame)
     assert isinstance(msg, wire.OpMsg) and msg.body == BODY
 
@@ -128,7 +134,7 @@ def test_a_lowered_max_size_refuses_a_frame_from_its_header_alone():
         framer.next_message()
     framer = wire.MessageFramer()
     framer.max_size = 1024
-    framer.receive_data(compressed_frame("zlib", zlib.compress(INNER + bytes(2000)), len(INNER) + 2000))
+    framer.receive_data(honest_or("zlib", INNER + bytes(2000)))
     with pytest.raises(ProtocolError, match="out of range"):
         framer.next_message()
     framer = wire.MessageFramer()

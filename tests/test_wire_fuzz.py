@@ -59,7 +59,8 @@ def test_arbitrary_bytes(data, pieces):
 
 @FUZZ
 @given(header=st.tuples(st.sampled_from(INTERESTING_INT32 + [64, 100]), st.integers(-2, 2),
-                        st.sampled_from([wire.OP_MSG, wire.OP_QUERY, wire.OP_REPLY, wire.OP_COMPRESSED, 0])),
+                        st.sampled_from([wire.OP_MSG, wire.OP_QUERY, wire.OP_REPLY,
+                                         wire.OP_COMPRESSED, 0])),
        rest=st.binary(max_size=512), pieces=cuts)
 def test_arbitrary_bytes_behind_a_plausible_header(header, rest, pieces):
     length, request_id, op_code = header
@@ -80,8 +81,10 @@ def test_mutated_streams_of_frames(seeds, edits, pieces):
 
 @FUZZ
 @given(compressor=st.sampled_from(["zlib", "snappy", "zstd", "noop"]),
-       fill=st.one_of(st.integers(0, 2 * LIMIT), st.sampled_from([LIMIT - 64, 8 * LIMIT, 16 * LIMIT])),
-       declared=st.one_of(st.integers(-8, 64), st.integers(LIMIT - 64, LIMIT + 64), st.integers(-(2**31), 2**31 - 1)),
+       fill=st.one_of(st.integers(0, 2 * LIMIT),
+                      st.sampled_from([LIMIT - 64, 8 * LIMIT, 16 * LIMIT])),
+       declared=st.one_of(st.integers(-8, 64), st.integers(LIMIT - 64, LIMIT + 64),
+                          st.integers(-(2**31), 2**31 - 1)),
        pieces=cuts)
 def test_compressed_frames_with_lying_sizes(compressor, fill, declared, pieces):
     """A compressed OP_MSG whose body inflates to up to 16 MiB (16x the limit) claims any size."""
@@ -103,7 +106,8 @@ def test_bson_strings_stating_the_wrong_length(length, where, pieces):
         body = struct.pack("<i", 8 + len(bad)) + b"\x03x\x00" + bad + b"\x00"
         frame = wire.HEADER.pack(21 + len(body), 1, 0, wire.OP_MSG) + bytes(5) + body
     elif where == "sequence":
-        frame = wire.encode_op_msg(1, 0, bson.encode({"insert": "c", "$db": "t"}), sequences=(("documents", (bad,)),))
+        frame = wire.encode_op_msg(1, 0, bson.encode({"insert": "c", "$db": "t"}),
+                                   sequences=(("documents", (bad,)),))
     else:
         frame = wire.encode_op_query(1, "admin.$cmd", bad)
     consume_bounded(frame, pieces)

@@ -83,6 +83,18 @@ def decoded_command(msg: wire.OpMsg) -> dict[str, Any]:
     return decoded
 
 
+def legacy_command(msg: wire.OpQuery) -> dict[str, Any]:
+    """The command of an OP_QUERY (the handshake of old drivers), unwrapped from `$query`; {}
+    (an unsupported command) when `$query` is not a document; ProtocolError when the query is
+    not BSON."""
+    try:
+        cmd = bson.decode(msg.query)
+    except InvalidBSON as exc:
+        raise ProtocolError(f"invalid BSON in the query: {exc}") from exc
+    inner = cmd.get("$query", cmd)
+    return inner if isinstance(inner, dict) else {}
+
+
 class FrameBudget:
     """The bytes the incomplete messages of clients that have not logged in hold, in all, against
     `limit` (0: none), so that many connections each sending most of a large message and then
@@ -214,11 +226,12 @@ class ClientSession:
                 msg = self.framer.next_message()
                 if msg is not wire.NEED_DATA:
                     return msg  # type: ignore[return-value]
-                if self.framer.buffered and not logged_in and not budget.hold(self, self.framer.buffered):
-                    raise _CloseConnection(f"incomplete messages of clients not logged in hold more than "
-                                           f"unauthenticated_buffer_bytes ({budget.limit})")
+                held = self.framer.buffered
+                if held and not logged_in and not budget.hold(self, held):
+                    raise _CloseConnection("incomplete messages of clients not logged in hold more "
+                                           f"than unauthenticated_buffer_bytes ({budget.limit})")
                 now = trio.current_time()
-                if self.framer.buffered and started is None:
+                if held and started is None:
                     started = now
                 data = await self._receive_some(now, started)
                 self.framer.receive_data(data)
@@ -239,7 +252,8 @@ class ClientSession:
             return await self.stream.receive_some(1 << 18)
         if deadline <= frame_deadline:
             raise _CloseConnection("idle timeout")
-        raise _CloseConnection(f"a message did not arrive whole within frame_timeout_s ({config.frame_timeout_s} s)")
+        raise _CloseConnection(f"a message was not whole within frame_timeout_s "
+                               f"({config.frame_timeout_s} s)")
 
     async def _send(self, data: bytes | list[bytes | memoryview], compressor: str | None) -> None:
         """Send a message, or its pieces (`wire.op_msg_parts`): on a plain TCP stream they go out
@@ -273,11 +287,7 @@ class ClientSession:
                 raise ProtocolError("clients may only send OP_MSG or OP_QUERY")
 
     async def _legacy_query(self, msg: wire.OpQuery) -> None:
-        try:
-            cmd = bson.decode(msg.query)
-        except InvalidBSON as exc:
-            raise ProtocolError(f"invalid BSON in the query: {exc}") from exc
-        cmd = cmd.get("$query", cmd)
+        cmd = legacy_command(msg)
         name = next(iter(cmd), "").lower()
         if name in ("ismaster", "hello"):
             reply = await self.hello(cmd)
@@ -288,8 +298,8 @@ class ClientSession:
         await self._send(out, msg.compressor)
 
     async def _op_msg(self, msg: wire.OpMsg) -> None:
-        cmd, name, route, handler = read_command(msg, self.server.table,
-                                                 accelerate=self.server.config.accelerate_change_streams)
+        accelerate = self.server.config.accelerate_change_streams
+        cmd, name, route, handler = read_command(msg, self.server.table, accelerate=accelerate)
         self.server.metrics.commands.labels(command=name, route=route.value).inc()
         if route is Route.PASSTHROUGH:
             reply_body = await self._forward(msg)

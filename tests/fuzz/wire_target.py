@@ -3,11 +3,12 @@ tests/fuzz/atheris_wire.py (coverage-guided, long runs): bytes a client sends, t
 framer and the command parsing the proxy and simcluster do next.
 
 `consume(data, cuts)` feeds `data` to a `wire.MessageFramer` in the pieces `cuts` makes, takes
-every message out, and puts each through what reads it next: the proxy's `read_command` and
-`decoded_command`, simcluster's BSON decoding, the in-place body span a reader uses, and the
-getMore / killCursors field parsers. The only outcomes allowed are messages, ProtocolError (the
-connection closes) and MongoError (an error reply); anything else escapes as a finding. Memory is
-checked by the callers: nothing may allocate much more than the framer's `max_size`.
+every message out, and puts each through what reads it next: the proxy's `read_command`,
+`decoded_command` and `legacy_command`, simcluster's BSON decoding, the in-place body span a
+reader uses, and the getMore / killCursors field parsers. The only outcomes allowed are
+messages, ProtocolError (the connection closes) and MongoError (an error reply); anything else
+escapes as a finding. Memory is checked by the callers: nothing may allocate much more than the
+framer's `max_size`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.idl import get_more_request, kill_cursors_ids
 from simcluster.server import decode_document, decode_sequence
 from wireproxy.router import CommandTable
-from wireproxy.session import decoded_command, read_command
+from wireproxy.session import decoded_command, legacy_command, read_command
 
 # The framer's limit in the fuzz: a frame or a compressed payload may claim up to this much.
 LIMIT = 1 << 20
@@ -57,6 +58,7 @@ def consume(data: bytes, cuts: Iterable[int] = ()) -> int:
 def _parse(msg: wire.Message) -> None:
     """What the proxy and simcluster do with a message they took; MongoError is an error reply."""
     if isinstance(msg, wire.OpQuery):
+        legacy_command(msg)
         decode_document(msg.query)
         return
     if not isinstance(msg, wire.OpMsg):
@@ -92,7 +94,8 @@ def _frame_in_place(data: bytes) -> None:
 
 def _bad_string(length: int) -> bytes:
     """{a: "hello world!"} whose string states `length` bytes."""
-    return struct.pack("<i", 25) + b"\x02a\x00" + struct.pack("<i", length) + b"hello world!\x00\x00"
+    return (struct.pack("<i", 25) + b"\x02a\x00" + struct.pack("<i", length)
+            + b"hello world!\x00\x00")
 
 
 def _compressed(inner: bytes, compressor: str, declared: int | None = None) -> bytes:
@@ -105,10 +108,12 @@ def _compressed(inner: bytes, compressor: str, declared: int | None = None) -> b
 def seeds() -> list[bytes]:
     body = bson.encode({"find": "c", "filter": {"x": {"$gt": 1}}, "$db": "test"})
     docs = (bson.encode({"_id": 1}), bson.encode({"_id": 2, "s": "x" * 40}))
-    get_more = bson.encode({"getMore": bson.Int64(5), "collection": "c", "batchSize": 2, "$db": "t"})
+    get_more = bson.encode({"getMore": bson.Int64(5), "collection": "c", "batchSize": 2,
+                            "$db": "t"})
     kill = bson.encode({"killCursors": "c", "cursors": [bson.Int64(5)], "$db": "t"})
     hello = bson.encode({"hello": 1, "helloOk": True, "compression": ["zlib"], "$db": "admin"})
-    insert = wire.encode_op_msg(2, 0, bson.encode({"insert": "c", "$db": "t"}), sequences=(("documents", docs),))
+    insert = wire.encode_op_msg(2, 0, bson.encode({"insert": "c", "$db": "t"}),
+                                sequences=(("documents", docs),))
     out = [
         wire.encode_op_msg(1, 0, body),
         insert,
@@ -122,7 +127,8 @@ def seeds() -> list[bytes]:
     for comp in ("zlib", "snappy", "zstd", "noop"):
         out.append(_compressed(insert, comp))
         out.append(_compressed(insert, comp, declared=len(insert) - 16 + 1))  # a lying size
-    bomb = wire.encode_op_msg(9, 0, bson.encode({"pad": bytes(8 * LIMIT)}))  # inflates past the limit
+    # Inflates past the limit.
+    bomb = wire.encode_op_msg(9, 0, bson.encode({"pad": bytes(8 * LIMIT)}))
     out.append(_compressed(bomb, "zstd", declared=40))
     out.append(_compressed(bomb, "snappy", declared=40))
     return out
