@@ -13,6 +13,7 @@ keeps working, through the proxy and against simcluster directly.
 
 from __future__ import annotations
 
+import random
 import struct
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ import trio
 from mongoformats import wire
 from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
+from tests.fuzz.wire_target import SEEDS, mutate
 from tests.test_auth import with_user
 from tests.test_wire_bounds import INNER, bomb
 from wireproxy.app import serve_proxy
@@ -204,3 +206,26 @@ async def test_incomplete_messages_of_clients_not_logged_in_share_one_budget(clu
         await sync(round_trip(proxy_uri(proxy), 5))
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+async def test_mutated_frames_never_take_down_simcluster_or_the_proxy(cluster_and_proxy):
+    """300 frames of every kind with bytes flipped, lengths lying and cuts (the fuzz target's
+    seeds and mutations, tests/fuzz/wire_target.py), each on a connection of its own that then
+    ends its side: every one is answered or closed, and mongos and the proxy serve on."""
+    cluster, proxy = cluster_and_proxy
+    rng = random.Random(46)
+    for port, uri in [(cluster.mongos.port, cluster.uri), (proxy.port, proxy_uri(proxy))]:
+        for _ in range(150):
+            seed = rng.choice(SEEDS[:-2])  # the large bombs have their own test
+            edits = [(rng.randrange(4), rng.randrange(1 << 16), rng.randrange(1 << 16))
+                     for _ in range(rng.randint(1, 4))]
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            try:
+                await stream.send_all(mutate(seed, edits))
+                await stream.send_eof()
+                await closed_by_peer(stream)
+            except trio.BrokenResourceError:
+                pass  # closed while we were still sending
+            finally:
+                await stream.aclose()
+        await sync(round_trip(uri, port))
