@@ -266,6 +266,10 @@ _DECODERS: Final[dict[int, _Decoder]] = {OP_MSG: _decode_op_msg, OP_QUERY: _deco
 
 
 def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
+    """The `size` bytes `payload` inflates to. Nothing larger is ever made: the caller has
+    checked `size` against the message size limit, and each compressor is stopped one byte past
+    it (a payload that inflates further is refused, whatever its own headers claim), as the
+    server decompresses into a buffer of the declared size (message_compressor_manager.cpp)."""
     name = _COMPRESSOR_NAMES.get(compressor_id)
     try:
         if name == "noop":
@@ -273,14 +277,12 @@ def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
         elif name == "zlib":
             d = zlib.decompressobj()
             out = d.decompress(payload, size + 1)
+            if not d.eof:  # truncated, or more than `size` bytes in it
+                raise ProtocolError(f"zlib payload does not end within uncompressedSize {size}")
         elif name == "snappy":
-            import cramjam
-
-            out = bytes(cramjam.snappy.decompress_raw(payload))
+            out = _snappy_decompress(payload, size)
         elif name == "zstd":
-            import zstandard
-
-            out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=size + 1)
+            out = _zstd_decompress(payload, size)
         else:
             raise ProtocolError(f"unknown compressor id {compressor_id}")
     except ProtocolError:
@@ -290,6 +292,39 @@ def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
     if len(out) != size:
         raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} does not match {len(out)}")
     return out
+
+
+def _snappy_decompress(payload: bytes, size: int) -> bytes:
+    """Raw snappy starts with its uncompressed length (a varint) and its decoder allocates that
+    much: the length is compared with `size` before anything is inflated."""
+    import cramjam
+
+    stated = cramjam.snappy.decompress_raw_len(payload)
+    if stated != size:
+        raise ProtocolError(f"snappy payload states {stated} bytes, uncompressedSize {size}")
+    return bytes(cramjam.snappy.decompress_raw(payload))
+
+
+# A zstd frame names the window its decoder must keep; none larger than a whole message is
+# needed (a compressor's window never exceeds its input), so a larger one is refused rather
+# than allocated.
+_ZSTD_MAX_WINDOW: Final = 1 << 26
+
+
+def _zstd_decompress(payload: bytes, size: int) -> bytes:
+    """Streamed, read to one byte past `size` at most. Why not `ZstdDecompressor.decompress`
+    with max_output_size: a frame that states its content size is inflated to that size,
+    whatever max_output_size says."""
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).stream_reader(
+        payload, read_across_frames=True)
+    pieces: list[bytes] = []
+    left = size + 1
+    while left > 0 and (piece := reader.read(left)):
+        pieces.append(piece)
+        left -= len(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
@@ -333,7 +368,7 @@ class MessageFramer:
         self._chunks: deque[bytes] = deque()
         self._start = 0  # where the unread data begins in the first chunk
         self._size = 0   # unread bytes in all
-        self._max_size = max_size
+        self.max_size = max_size  # the largest frame taken; a caller may lower it as it goes
         self._eof = False
 
     def receive_data(self, data: bytes | bytearray) -> None:
@@ -354,7 +389,9 @@ class MessageFramer:
 
     def next_message(self) -> Message | _NeedData:
         frame = self.next_frame()
-        return frame if frame is NEED_DATA else decode_message(frame, max_size=self._max_size)  # type: ignore[arg-type]
+        if frame is NEED_DATA:
+            return frame
+        return decode_message(frame, max_size=self.max_size)  # type: ignore[arg-type]
 
     def next_frame(self, pad: int = 0) -> bytes | _NeedData:
         """The next whole message's bytes, undecoded, followed by `pad` zero bytes, or NEED_DATA.
@@ -363,8 +400,8 @@ class MessageFramer:
         if self._size >= 4:
             length = self._next_length()
             # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
-            if length <= HEADER.size or length > self._max_size:
-                raise ProtocolError(f"message length {length} out of range (16, {self._max_size}]")
+            if length <= HEADER.size or length > self.max_size:
+                raise ProtocolError(f"message length {length} out of range (16, {self.max_size}]")
             if self._size >= length:
                 return self._take(length, pad)
         if self._eof and self._size:
@@ -383,7 +420,7 @@ class MessageFramer:
         if self._size < 4 or self._eof:
             return None
         length = self._next_length()
-        if length < at_least or length > self._max_size or self._size >= length:
+        if length < at_least or length > self.max_size or self._size >= length:
             return None  # small, absurd (next_frame says so) or all here
         buffer = unfilled_bytearray(length + pad)
         buffer[length:] = bytes(pad)

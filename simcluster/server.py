@@ -22,6 +22,7 @@ import bson
 import trio
 from bson import Binary, Int64, ObjectId
 from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.errors import InvalidBSON
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
@@ -201,12 +202,16 @@ class CommandServer:
             log.info("closing connection %s: %s", conn_id, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception:
+            # Left to propagate, it would end serve_listeners' nursery: this process, and with
+            # it (one trio run) the whole cluster. A server closes the one connection.
+            log.exception("closing connection %s after an unexpected error", conn_id)
 
     async def _dispatch(self, msg: Any, req: Request) -> tuple[bytes | None | object, wire.OpMsg | None]:
         """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
         run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
         if isinstance(msg, wire.OpQuery):
-            cmd = bson.decode(msg.query, DECODE)
+            cmd = decode_document(msg.query)
             if "$query" in cmd:
                 cmd = cmd["$query"]
             db = msg.full_collection_name.split(".", 1)[0]
@@ -217,9 +222,9 @@ class CommandServer:
             return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
         if not isinstance(msg, wire.OpMsg):
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
-        cmd = bson.decode(msg.body, DECODE)
+        cmd = decode_document(msg.body)
         for ident, docs in msg.sequences:
-            cmd[ident] = bson.decode_all(b"".join(docs), DECODE)  # one C loop for the whole batch
+            cmd[ident] = decode_sequence(docs)
             if ident == "documents":
                 # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
                 # fullDocument) is byte-identical to what was sent, as on the server.
@@ -562,6 +567,24 @@ class CommandServer:
 
 
 _CLOSE = object()
+
+
+def decode_document(raw: bytes) -> dict[str, Any]:
+    """A message's BSON document; ProtocolError (the connection closes) when it is not valid
+    BSON, as a server's message parsing fails the connection (service_entry_point_common.cpp:
+    parse errors in the ConnectionFatalMessageParseError category)."""
+    try:
+        return bson.decode(raw, DECODE)
+    except (InvalidBSON, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"invalid BSON in the message: {exc}") from exc
+
+
+def decode_sequence(docs: tuple[bytes, ...]) -> list[dict[str, Any]]:
+    """A document sequence's documents (one C loop for the whole batch), as `decode_document`."""
+    try:
+        return bson.decode_all(b"".join(docs), DECODE)
+    except (InvalidBSON, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"invalid BSON in the message: {exc}") from exc
 
 
 def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from mongoformats import wire
 from wireproxy.redact import redact_uri
 from wireproxy.upstream import UpstreamTarget
 
@@ -35,6 +36,20 @@ class ProxyConfig:
     metrics_port: int = _setting(0, "serve Prometheus /metrics on this port (0: off)", 0, 65535)
     max_connections: int = _setting(10_000, "client connections served at once; more are closed as they come", 1)
     idle_timeout_s: float = _setting(0.0, "close client connections idle this long (0: never)", 0)
+    # The three limits below bound what a client can make the proxy hold with messages it
+    # starts and never finishes (each up to maxMessageSizeBytes, 48 MB, otherwise).
+    frame_timeout_s: float = _setting(
+        30.0, "close a client connection whose message has begun to arrive and is not whole "
+              "this long after (0: never)", 0)
+    unauthenticated_max_message_bytes: int = _setting(
+        1 << 20, "the largest message a client that has not logged in may send, when the "
+                 "upstream URI carries credentials (the cluster then requires authentication, "
+                 "and such a client can only say hello and log in); a larger one closes the "
+                 "connection", 1024, wire.MAX_MESSAGE_SIZE)
+    unauthenticated_buffer_bytes: int = _setting(
+        256 << 20, "what the incomplete messages of all clients that have not logged in may "
+                   "hold at once (every client, when the cluster runs without authentication); "
+                   "a client whose message would take it past this is closed (0: no limit)", 0)
     shutdown_grace_s: float = _setting(10.0, "on SIGTERM, how long in-flight requests get", 0)
     accelerate_change_streams: bool = _setting(False, "serve drivers' watch() ($changeStream aggregates) from "
                                                       "the engine instead of passing them to mongos")

@@ -16,7 +16,7 @@ from wireproxy.failpoints import UpstreamFailPoints
 from wireproxy.host_health import HostHealth, host_address
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
-from wireproxy.session import ClientSession
+from wireproxy.session import ClientSession, FrameBudget
 from wireproxy.upstream import (
     UpstreamClosed,
     UpstreamConnection,
@@ -54,6 +54,8 @@ class ProxyServer:
         # Credentials in the upstream URI are the engine's own login (readers, lookups, notes);
         # a client's pinned connection is never logged in with them: each client authenticates itself.
         self.credentials = target.member.credentials
+        # What incomplete messages of clients not logged in hold (see ClientSession._receive).
+        self.frame_budget = FrameBudget(config.unauthenticated_buffer_bytes)
         self._conn_ids = itertools.count(1)
         self._limiter = trio.CapacityLimiter(config.max_connections)
         # The engine's connections to shard members: same TLS settings, the proxy's own login.

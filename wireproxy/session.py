@@ -17,6 +17,7 @@ import bson
 import numpy as np
 import trio
 from bson import Int64
+from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats import wire
@@ -24,7 +25,7 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.oplog_splice import document_parts
 from wireproxy.metrics import command_label
-from wireproxy.router import PassThrough, Route, classify
+from wireproxy.router import CommandTable, LocalHandler, PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -53,6 +54,75 @@ def identity_of(users: Any) -> str | None:
 
 class _CloseConnection(Exception):
     pass
+
+
+def read_command(msg: wire.OpMsg, table: CommandTable, *,
+                 accelerate: bool) -> tuple[RawBSONDocument, str, Route, LocalHandler | None]:
+    """A client's OP_MSG as a command: its body (left undecoded), name, route and handler.
+    ProtocolError, closing the connection as mongos does, when the body is empty or not BSON
+    (the top level is checked here; mongos checks what lies deeper in a pass-through command)."""
+    cmd = RawBSONDocument(msg.body, RAW)
+    try:
+        name = next(iter(cmd))
+        route, handler = classify(cmd, table, accelerate=accelerate)
+    except StopIteration:
+        raise ProtocolError("empty command document") from None
+    except InvalidBSON as exc:
+        raise ProtocolError(f"invalid BSON in the command: {exc}") from exc
+    return cmd, name, route, handler
+
+
+def decoded_command(msg: wire.OpMsg) -> dict[str, Any]:
+    """A command the proxy runs itself, decoded whole, its document sequences folded in as the
+    server does; ProtocolError when any of it is not BSON."""
+    try:
+        decoded = bson.decode(msg.body)
+        for ident, docs in msg.sequences:
+            decoded[ident] = [bson.decode(d) for d in docs]
+    except InvalidBSON as exc:
+        raise ProtocolError(f"invalid BSON in the command: {exc}") from exc
+    return decoded
+
+
+def legacy_command(msg: wire.OpQuery) -> dict[str, Any]:
+    """The command of an OP_QUERY (the handshake of old drivers), unwrapped from `$query`; {}
+    (an unsupported command) when `$query` is not a document; ProtocolError when the query is
+    not BSON."""
+    try:
+        cmd = bson.decode(msg.query)
+    except InvalidBSON as exc:
+        raise ProtocolError(f"invalid BSON in the query: {exc}") from exc
+    inner = cmd.get("$query", cmd)
+    return inner if isinstance(inner, dict) else {}
+
+
+class FrameBudget:
+    """The bytes the incomplete messages of clients that have not logged in hold, in all, against
+    `limit` (0: none), so that many connections each sending most of a large message and then
+    stalling cannot exhaust the proxy's memory. One per proxy; sessions report what they hold."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[object, int] = {}
+        self._total = 0
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    def hold(self, holder: object, nbytes: int) -> bool:
+        """Record that `holder` now holds `nbytes` (0: nothing); False, recording nothing, if
+        that takes the total past the limit."""
+        before = self._held.get(holder, 0)
+        total = self._total - before + nbytes
+        if self.limit and nbytes > before and total > self.limit:
+            return False
+        self._total = total
+        if nbytes:
+            self._held[holder] = nbytes
+        else:
+            self._held.pop(holder, None)
+        return True
 
 
 # Pieces one scatter-gather write takes at most (Linux's IOV_MAX is 1024); a message of more
@@ -139,18 +209,53 @@ class ClientSession:
                 await self.stream.aclose()
 
     async def _receive(self) -> wire.Message | None:
-        idle = self.server.config.idle_timeout_s
-        while True:
-            msg = self.framer.next_message()
-            if msg is not wire.NEED_DATA:
-                return msg  # type: ignore[return-value]
-            with trio.move_on_after(idle if idle > 0 else float("inf")) as scope:
-                data = await self.stream.receive_some(1 << 18)
-            if scope.cancelled_caught:
-                raise _CloseConnection("idle timeout")
-            self.framer.receive_data(data)
-            if not data and not self.framer.trailing_data:
-                return None
+        """The client's next message; None when it has closed the connection on a message
+        boundary. Closes the connection (_CloseConnection, ProtocolError) when the client is idle
+        past idle_timeout_s, when a message it has begun is not whole within frame_timeout_s,
+        and, before it has logged in, when a message is larger than
+        unauthenticated_max_message_bytes (the cluster requiring authentication) or would take
+        the incomplete messages of such clients past unauthenticated_buffer_bytes."""
+        config = self.server.config
+        budget = self.server.frame_budget
+        started: float | None = None  # when the first bytes of the message being received came
+        try:
+            while True:
+                logged_in = self.user is not None
+                if not logged_in and self.server.credentials is not None:
+                    self.framer.max_size = config.unauthenticated_max_message_bytes
+                else:
+                    self.framer.max_size = wire.MAX_MESSAGE_SIZE
+                msg = self.framer.next_message()
+                if msg is not wire.NEED_DATA:
+                    return msg  # type: ignore[return-value]
+                held = self.framer.buffered
+                if held and not logged_in and not budget.hold(self, held):
+                    raise _CloseConnection("incomplete messages of clients not logged in hold more "
+                                           f"than unauthenticated_buffer_bytes ({budget.limit})")
+                now = trio.current_time()
+                if held and started is None:
+                    started = now
+                data = await self._receive_some(now, started)
+                self.framer.receive_data(data)
+                if not data and not self.framer.trailing_data:
+                    return None
+        finally:
+            budget.hold(self, 0)
+
+    async def _receive_some(self, now: float, started: float | None) -> bytes | bytearray:
+        """The next bytes from the client, within idle_timeout_s and, for a message begun at
+        `started`, frame_timeout_s after that."""
+        config = self.server.config
+        deadline = now + config.idle_timeout_s if config.idle_timeout_s > 0 else float("inf")
+        frame_deadline = float("inf")
+        if started is not None and config.frame_timeout_s > 0:
+            frame_deadline = started + config.frame_timeout_s
+        with trio.move_on_at(min(deadline, frame_deadline)):
+            return await self.stream.receive_some(1 << 18)
+        if deadline <= frame_deadline:
+            raise _CloseConnection("idle timeout")
+        raise _CloseConnection(f"a message was not whole within frame_timeout_s "
+                               f"({config.frame_timeout_s} s)")
 
     async def _send(self, data: bytes | list[bytes | memoryview], compressor: str | None) -> None:
         """Send a message, or its pieces (`wire.op_msg_parts`): on a plain TCP stream they go out
@@ -184,8 +289,7 @@ class ClientSession:
                 raise ProtocolError("clients may only send OP_MSG or OP_QUERY")
 
     async def _legacy_query(self, msg: wire.OpQuery) -> None:
-        cmd = bson.decode(msg.query)
-        cmd = cmd.get("$query", cmd)
+        cmd = legacy_command(msg)
         name = next(iter(cmd), "").lower()
         if name in ("ismaster", "hello"):
             reply = await self.hello(cmd)
@@ -196,12 +300,8 @@ class ClientSession:
         await self._send(out, msg.compressor)
 
     async def _op_msg(self, msg: wire.OpMsg) -> None:
-        cmd = RawBSONDocument(msg.body, RAW)
-        try:
-            name = next(iter(cmd))
-        except StopIteration:
-            raise ProtocolError("empty command document") from None
-        route, handler = classify(cmd, self.server.table, accelerate=self.server.config.accelerate_change_streams)
+        accelerate = self.server.config.accelerate_change_streams
+        cmd, name, route, handler = read_command(msg, self.server.table, accelerate=accelerate)
         self.server.metrics.commands.labels(command=command_label(name), route=route.value).inc()
         if route is Route.PASSTHROUGH:
             reply_body = await self._forward(msg)
@@ -212,13 +312,11 @@ class ClientSession:
             elif name.lower() == "configurefailpoint" and reply_body is not None:
                 self.server.fail_points.observe(bson.decode(msg.body), bool(bson.decode(reply_body).get("ok")))
             return
+        decoded = decoded_command(msg)
         try:
             if route is Route.HELLO:
-                reply = await self.hello(bson.decode(msg.body))
+                reply = await self.hello(decoded)
             else:
-                decoded = bson.decode(msg.body)
-                for ident, docs in msg.sequences:
-                    decoded[ident] = [bson.decode(d) for d in docs]
                 assert handler is not None
                 try:
                     reply = await handler(self, decoded.pop("$db", "admin"), decoded)
