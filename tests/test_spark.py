@@ -80,6 +80,30 @@ def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> 
         c.close()
 
 
+def test_a_read_with_the_connectors_options_gets_only_that_collections_events(env: Any,
+                                                                              spark: Any) -> None:
+    """connection.uri, database and collection (the MongoDB Spark connector's names) and a start
+    time in the connector's timestamp mode, as mongosh prints it: only filt.keep's events."""
+    c = client_for(env.proxy_uri)
+    try:
+        start = c.admin.command("ping")["operationTime"]
+        c.filt.keep.insert_many([{"_id": i} for i in range(30)])
+        c.filt.other.insert_many([{"_id": i} for i in range(20)])
+        c.filt2.keep.insert_many([{"_id": i} for i in range(10)])
+        c.filt.keep.update_one({"_id": 0}, {"$set": {"v": 1}})
+    finally:
+        c.close()
+    df = (spark.read.format("parallelchangestream").option("connection.uri", env.proxy_uri)
+          .option("database", "filt").option("collection", "keep").option("nBuckets", "2")
+          .option("name", "connector-options").option("change.stream.startup.mode", "timestamp")
+          .option("change.stream.startup.mode.timestamp.start.at.operation.time",
+                  f"Timestamp({start.time}, {start.inc})").load())
+    rows = df.select("db", "coll", "operationType").collect()
+    assert {(r["db"], r["coll"]) for r in rows} == {("filt", "keep")}
+    kinds = sorted(r["operationType"] for r in rows if r["operationType"] in ("insert", "update"))
+    assert kinds == ["insert"] * 30 + ["update"]
+
+
 def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: Any, tmp_path: Any) -> None:
     source, target = client_for(env.proxy_uri), client_for(env.target.uri)
     checkpoint = str(tmp_path / "ckpt")
