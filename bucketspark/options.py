@@ -214,8 +214,9 @@ def _parse_option(name: str, text: str, spelt: str | None = None) -> Any:
         want = {
             "bool": "true or false",
             "int": f"an integer {span}",
-            "timestamp": '"<seconds>,<increment>", "Timestamp(<seconds>, <increment>)", an ISO-8601 '
-            'instant with a time zone and whole seconds, or {"$timestamp": {"t": .., "i": ..}}',
+            "timestamp": '"<seconds>,<increment>", "Timestamp(<seconds>, <increment>)", an '
+            "ISO-8601 instant with a time zone and whole seconds, or "
+            '{"$timestamp": {"t": .., "i": ..}}',
             "pipeline": "a JSON list of stages (or one stage)",
             "json list": "a JSON list",
             "collections": r"collection names separated by commas (\ escapes), or *",

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+import bson
 import pymongo
 import pytest
 from pymongo.errors import NetworkTimeout
@@ -104,6 +105,15 @@ def test_a_read_with_the_connectors_options_gets_only_that_collections_events(en
     assert {(r["db"], r["coll"]) for r in rows} == {("filt", "keep")}
     kinds = sorted(r["operationType"] for r in rows if r["operationType"] in ("insert", "update"))
     assert kinds == ["insert"] * 30 + ["update"]
+    # change.stream.publish.full.document.only: rows carry the documents, updates' looked up.
+    docs = (spark.read.format("parallelchangestream").option("connection.uri", env.proxy_uri)
+            .option("database", "filt").option("collection", "keep").option("nBuckets", "2")
+            .option("name", "connector-documents")
+            .option("startAtOperationTime", f"{start.time},{start.inc}")
+            .option("change.stream.publish.full.document.only", "true").load())
+    bodies = sorted((bson.decode(r["event"]) for r in docs.select("event").collect()),
+                    key=lambda d: d["_id"])
+    assert bodies[:2] == [{"_id": 0}, {"_id": 0, "v": 1}] and len(bodies) == 31
 
 
 def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: Any, tmp_path: Any) -> None:
@@ -154,12 +164,14 @@ def _awkward_updates(items: Any) -> None:
     and changed in one update; numeric keys beside array indices."""
     def set_field(name: str, value: Any, on: Any = "$$ROOT") -> dict[str, Any]:
         return {"$setField": {"field": {"$literal": name}, "input": on, "value": value}}
-    items.update_many({"_id": {"$in": [2, 3, 4]}}, {"$set": {"pad": "p" * 300, "arr": list(range(30)),
-                                                            "sub": {"a": 1}, "n": {"0": 0}}})
+    items.update_many({"_id": {"$in": [2, 3, 4]}},
+                      {"$set": {"pad": "p" * 300, "arr": list(range(30)), "sub": {"a": 1},
+                                "n": {"0": 0}}})
     items.update_one({"_id": 2}, [{"$replaceWith": set_field("hosts.example.com", 1)}])
     items.update_one({"_id": 2}, [{"$set": {"sub": set_field("db.example.com", True, "$sub")}}])
     items.update_one({"_id": 3}, [{"$replaceWith": set_field("$price", {"$literal": "$5"})}])
-    items.update_one({"_id": 3}, [{"$set": {"arr": {"$concatArrays": [[-1], {"$slice": ["$arr", 1, 9]}]}}}])
+    cut = {"$concatArrays": [[-1], {"$slice": ["$arr", 1, 9]}]}  # 30 to 10, the first changed
+    items.update_one({"_id": 3}, [{"$set": {"arr": cut}}])
     items.update_one({"_id": 4}, {"$set": {"n.1": "one", "arr.2": "two"}})
     items.delete_one({"_id": 300})
 
@@ -275,13 +287,15 @@ def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_pa
         target.close()
 
 
-def test_pcs_replicate_exits_non_zero_when_its_query_fails_on_the_configured_master(tmp_path: Any) -> None:
+def test_pcs_replicate_exits_non_zero_when_its_query_fails_on_the_configured_master(
+        tmp_path: Any) -> None:
     """A proxy that cannot be reached fails the query: the job says why on stderr and exits 1
     (not 0, which a scheduler would take for success). The master comes from Spark's own
     settings (here the MASTER variable spark-submit reads), not from the job."""
     proxy = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
     cmd = [sys.executable, "-m", "bucketspark.replicate", "--proxy", proxy, "--target",
-           "mongodb://127.0.0.1:1/", "--checkpoint", str(tmp_path / "ckpt-fail"), "--trigger-s", "0.2"]
+           "mongodb://127.0.0.1:1/", "--checkpoint", str(tmp_path / "ckpt-fail"),
+           "--trigger-s", "0.2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MASTER": "local[1]"})
     assert "Spark master local[1]" in done.stdout, done.stdout
