@@ -96,14 +96,15 @@ def _compile_array(node: _Node, current: Any) -> Any:
     """The array rebuilt from slices of `current` and the new elements, cut at the new length.
 
     An index past the end pads with nulls, as an update's $set of it does (the server's diff
-    names only the set index): the gaps are read from `current` followed by enough nulls."""
-    indices = sorted(k for k in node.children if isinstance(k, int))
-    padded = {"$concatArrays": [current, {"$literal": [None] * (indices[-1] if indices else 0)}]}
+    names only the set index): each gap between new elements is filled from `current`, then
+    with nulls."""
     pieces: list[Any] = []
     pos = 0
-    for idx in indices:
+    for idx in sorted(k for k in node.children if isinstance(k, int)):
         if idx > pos:
-            pieces.append({"$slice": [padded, pos, idx - pos]})
+            gap = idx - pos
+            pieces.append({"$slice": [{"$concatArrays": [{"$slice": [current, pos, gap]},
+                                                         {"$literal": [None] * gap}]}, gap]})
         child = node.children[idx]
         pieces.append([{"$literal": child.value} if isinstance(child, _Set) else
                        _compile(child, {"$arrayElemAt": [current, idx]})])

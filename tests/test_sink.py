@@ -47,7 +47,8 @@ def _workload(c: pymongo.MongoClient[Any]) -> None:
                 "v": 1,
                 "pad": pad,
             },  # top-level $: only an insert stores it
-            {"_id": 3, "arr": list(range(30)), "doomed": True, "pad": pad},
+            {"_id": 3, "arr": list(range(30)), "sub": {"a": 1, "pad": pad}, "doomed": True,
+             "pad": pad},
             {"_id": 4, "keep": 1, "pad": pad},
         ]
     )
@@ -102,6 +103,8 @@ def _workload(c: pymongo.MongoClient[Any]) -> None:
     )
     # An array grown past its end: the elements between are nulls.
     coll.update_one({"_id": 3}, {"$set": {"arr.15": "far"}})
+    # ... in the same update as a nested $-prefixed name (which $set may store): one pipeline.
+    coll.update_one({"_id": 3}, {"$set": {"arr.20": "farther", "sub.$z": 2}})
     # Many dotted names in one update (more than one $replaceWith stage's worth).
     many: Any = "$$ROOT"
     for i in range(60):
