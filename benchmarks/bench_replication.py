@@ -30,7 +30,7 @@ from bson import Timestamp
 
 from benchmarks.bench_engine import ProxyProcess, _ts
 from benchmarks.common import add_out_option, write_results
-from bucketspark.sink import dml_op
+from bucketspark.sink import dml_ops
 from simcluster.launcher import spawn_cluster
 
 NAMESPACES = [f"bench{i % 4}.c{i}" for i in range(8)]  # what simcluster.launcher.prefill writes
@@ -45,8 +45,8 @@ def clear(target: pymongo.MongoClient[Any]) -> None:
         target.drop_database(db)
 
 
-def _write_one(coll: Any, op: Any, session: Any) -> Any:
-    return coll.bulk_write([op], session=session)
+def _write_one(coll: Any, ops: list[Any], session: Any) -> Any:
+    return coll.bulk_write(ops, session=session)
 
 
 def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, events: int) -> dict[str, Any]:
@@ -60,9 +60,9 @@ def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, e
             if change["operationType"] not in ("insert", "update", "replace", "delete"):
                 continue
             coll = target[change["ns"]["db"]][change["ns"]["coll"]]
-            op = dml_op(change)
+            ops = dml_ops(change)
             with target.start_session() as session:
-                session.with_transaction(functools.partial(_write_one, coll, op))
+                session.with_transaction(functools.partial(_write_one, coll, ops))
             done += 1
             if done >= events:
                 break

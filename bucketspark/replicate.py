@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -40,25 +41,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (offsets survive here)")
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--name", default="replicate", help="stream name on the proxy")
-    parser.add_argument("--start", help='startAtOperationTime "secs,inc" for a new checkpoint (default: now)')
+    parser.add_argument("--start", help='start time for a new checkpoint: "secs,inc", '
+                        '"Timestamp(secs, inc)" or ISO-8601 (default: now)')
     parser.add_argument("--max-events-per-trigger", type=int, default=100_000)
     parser.add_argument("--trigger-s", type=float, default=1.0)
     args = parser.parse_args(argv)
 
     from bucketspark.demo import spark_session
 
-    spark = spark_session("pcs-replicate")
+    spark = spark_session("pcs-replicate")  # the master and settings of Spark's own configuration
     query = start_replication(spark, args.proxy, args.target, args.checkpoint, buckets=args.buckets, name=args.name,
                               max_events_per_trigger=args.max_events_per_trigger, trigger_s=args.trigger_s,
                               start=args.start)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"replicating {args.proxy} -> {args.target} (checkpoint {args.checkpoint})", flush=True)
+    print(f"replicating {args.proxy} -> {args.target} (checkpoint {args.checkpoint}, Spark master "
+          f"{spark.sparkContext.master})", flush=True)
     while not stop.wait(0.5) and query.isActive:
         pass
+    failure = query.exception()  # None when stopped by a signal
     query.stop()
     spark.stop()
+    if failure is not None:
+        reason = getattr(failure, "desc", None) or failure
+        print(f"pcs-replicate: the replication query failed: {reason}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -17,16 +17,20 @@ SCHEMA = (
 )
 
 
-def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool) -> tuple[Any, ...]:
+def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool,
+              payload: RawBSONDocument | None = None) -> tuple[Any, ...]:
+    """The row of `ev`; its event and eventJson columns hold `payload` instead when given (the
+    event's fullDocument, for change.stream.publish.full.document.only)."""
     ct = ev["clusterTime"]
     ns = ev.get("ns") or {}
     key = ev.get("documentKey")
     doc_key = json_util.dumps(bson.decode(key.raw, PLAIN), json_options=json_util.CANONICAL_JSON_OPTIONS) \
         if key else None
-    as_json = json_util.dumps(bson.decode(ev.raw, PLAIN), json_options=json_util.RELAXED_JSON_OPTIONS) \
-        if with_json else None
+    body = ev if payload is None else payload
+    as_json = json_util.dumps(bson.decode(body.raw, PLAIN),
+                              json_options=json_util.RELAXED_JSON_OPTIONS) if with_json else None
     return (bucket, ev["_id"]["_data"], datetime.datetime.fromtimestamp(ct.time, datetime.UTC), ct.inc,
-            ev["operationType"], ns.get("db"), ns.get("coll"), doc_key, bytes(ev.raw), as_json)
+            ev["operationType"], ns.get("db"), ns.get("coll"), doc_key, bytes(body.raw), as_json)
 
 
 ARROW_ROWS = 2000  # rows per Arrow record batch a read yields

@@ -5,9 +5,12 @@ per namespace into ordered bulk writes; DDL writes what was gathered, then appli
 
 Idempotent on replay (a re-applied batch leaves the same state):
 - insert/replace -> replaceOne(documentKey, fullDocument, upsert): a replayed insert is no
-  duplicate-key error, and no update ever needs the (possibly null) post-image;
-- update -> $set/$unset (+ $push/$slice for truncated arrays) from updateDescription, never upsert:
-  replaying an update after a later delete leaves the document deleted;
+  duplicate-key error, and no update ever needs the (possibly null) post-image (a document with a
+  top-level field starting with $ is upserted by a pipeline's $replaceWith instead);
+- update -> $set/$unset (+ $push/$slice for truncated arrays) from updateDescription, or, when a
+  path holds a field name with a dot or a leading $, an update pipeline addressing the exact
+  paths of disambiguatedPaths (`update_ops`); never upsert: replaying an update after a later
+  delete leaves the document deleted;
 - delete -> deleteOne(documentKey); DDL ignores "already done" errors (NamespaceExists,
   NamespaceNotFound, IndexNotFound, IndexAlreadyExists).
 """
@@ -36,27 +39,192 @@ class ApplyStats:
     by_type: dict[str, int] = field(default_factory=dict)
 
 
-def _update_spec(desc: Mapping[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
-    if desc.get("updatedFields"):
-        spec["$set"] = dict(desc["updatedFields"])
-    if desc.get("removedFields"):
-        spec["$unset"] = {f: "" for f in desc["removedFields"]}
-    for t in desc.get("truncatedArrays") or []:
-        spec.setdefault("$push", {})[t["field"]] = {"$each": [], "$slice": t["newSize"]}
-    return spec
+# A path's components: a field name (str) or an array index (int).
+Path = list[str | int]
+
+_SLICE_ALL = (1 << 31) - 1  # "to the end" as $slice's count (a positive int32)
+_ROOT_CHUNK = 50  # top-level fields per $replaceWith stage: bounds the expression's nesting
 
 
-def dml_op(ev: Mapping[str, Any]) -> Any:
+class _Set:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+_UNSET = object()
+
+
+class _Node:
+    """A subdocument or array along an update's paths: what happens under each of its fields
+    (or indices), and the array's new length if the update truncated it."""
+
+    __slots__ = ("children", "truncate")
+
+    def __init__(self) -> None:
+        self.children: dict[str | int, Any] = {}  # -> _Node, _Set or _UNSET
+        self.truncate: int | None = None
+
+    def at(self, path: Path) -> _Node:
+        node = self
+        for step in path:
+            child = node.children.get(step)
+            if not isinstance(child, _Node):
+                child = node.children[step] = _Node()
+            node = child
+        return node
+
+
+def _compile(node: _Node, current: Any) -> Any:
+    """The expression computing the new value of `node` from `current`, its value before."""
+    if node.truncate is not None or any(isinstance(k, int) for k in node.children):
+        return _compile_array(node, current)
+    expr = current
+    for name, child in node.children.items():
+        field = {"$literal": name}  # a constant, whatever the name: dots, a leading $
+        if child is _UNSET:
+            expr = {"$unsetField": {"field": field, "input": expr}}
+            continue
+        value = {"$literal": child.value} if isinstance(child, _Set) else \
+            _compile(child, {"$getField": {"field": field, "input": current}})
+        expr = {"$setField": {"field": field, "input": expr, "value": value}}
+    return expr
+
+
+def _compile_array(node: _Node, current: Any) -> Any:
+    """The array rebuilt from slices of `current` and the new elements, cut at the new length.
+
+    An index past the end pads with nulls, as an update's $set of it does (the server's diff
+    names only the set index): each gap between new elements is filled from `current`, then
+    with nulls."""
+    pieces: list[Any] = []
+    pos = 0
+    for idx in sorted(k for k in node.children if isinstance(k, int)):
+        if idx > pos:
+            gap = idx - pos
+            pieces.append({"$slice": [{"$concatArrays": [{"$slice": [current, pos, gap]},
+                                                         {"$literal": [None] * gap}]}, gap]})
+        child = node.children[idx]
+        pieces.append([{"$literal": child.value} if isinstance(child, _Set) else
+                       _compile(child, {"$arrayElemAt": [current, idx]})])
+        pos = idx + 1
+    end = node.truncate
+    if end is None or end > pos:
+        pieces.append({"$slice": [current, pos, _SLICE_ALL if end is None else end - pos]})
+    return {"$concatArrays": pieces}
+
+
+def _plain(path: Path) -> bool:
+    """True if the dotted string of `path` names it for an update operator: no component holds
+    a dot, starts with $ (a positional operator, or refused at the top level) or is empty."""
+    return all(isinstance(p, int) or (p and "." not in p and not p.startswith("$")) for p in path)
+
+
+def _paths(
+    desc: Mapping[str, Any],
+) -> tuple[list[tuple[Path, Any]], list[Path], list[tuple[Path, int]], bool]:
+    """(sets, removals, truncations) of an updateDescription as exact paths, and whether they
+    are exact: `disambiguatedPaths` (expanded events, 6.1+) gives the components of every path a
+    dotted string cannot describe (a field name holding a dot or all digits, an array index);
+    without it, a dotted path's all-digit component may be either."""
+    exact = desc.get("disambiguatedPaths")
+    known = exact is not None
+    exact = exact or {}
+    unresolved = False
+
+    def parts(path: str) -> Path:
+        nonlocal unresolved
+        if path in exact:
+            return [p if isinstance(p, int) and not isinstance(p, bool) else str(p)
+                    for p in exact[path]]
+        out: Path = list(path.split("."))
+        unresolved = unresolved or (not known and any(str(p).isdigit() for p in out))
+        return out
+
+    sets = [(parts(k), v) for k, v in (desc.get("updatedFields") or {}).items()]
+    removed = [parts(k) for k in desc.get("removedFields") or []]
+    truncated = [(parts(t["field"]), int(t["newSize"])) for t in desc.get("truncatedArrays") or []]
+    return sets, removed, truncated, not unresolved
+
+
+def _operators(sets: list[tuple[Path, Any]], removed: list[Path],
+               truncated: list[tuple[Path, int]]) -> list[dict[str, Any]]:
+    """The update as operator documents: one, or two when a truncated array is also updated
+    (one update may not touch a path and its prefix: ConflictingUpdateOperators)."""
+    dotted = ".".join
+    main: dict[str, Any] = {}
+    if sets:
+        main["$set"] = {dotted(map(str, p)): v for p, v in sets}
+    if removed:
+        main["$unset"] = {dotted(map(str, p)): "" for p in removed}
+    cut: dict[str, Any] = {}
+    for p, n in truncated:
+        cut[dotted(map(str, p))] = {"$each": [], "$slice": n}
+    if not cut:
+        return [main] if main else []
+    touched = [p for p, _ in sets] + removed
+    clash = any(q[:len(p)] == p for p, _ in truncated for q in touched)
+    if clash or not main:
+        return [{"$push": cut}] + ([main] if main else [])
+    return [{**main, "$push": cut}]
+
+
+def _pipeline(sets: list[tuple[Path, Any]], removed: list[Path],
+              truncated: list[tuple[Path, int]]) -> list[dict[str, Any]]:
+    """The update as a pipeline of $replaceWith stages that set, unset and cut each exact path
+    with $setField/$unsetField/$getField and array slices: a field whose name holds a dot or
+    starts with $ is that one field, an array index that element (MongoDB 5.0+ targets)."""
+    root = _Node()
+    for p, n in truncated:
+        root.at(p).truncate = n
+    for p in removed:
+        root.at(p[:-1]).children[p[-1]] = _UNSET
+    for p, v in sets:
+        root.at(p[:-1]).children[p[-1]] = _Set(v)
+    names = list(root.children)
+    stages = []
+    for i in range(0, len(names), _ROOT_CHUNK):
+        part = _Node()
+        part.children = {k: root.children[k] for k in names[i:i + _ROOT_CHUNK]}
+        stages.append({"$replaceWith": _compile(part, "$$ROOT")})
+    return stages
+
+
+def update_ops(key: Mapping[str, Any], desc: Mapping[str, Any]) -> list[Any]:
+    """The writes that apply an update event's updateDescription to the document `key` names.
+
+    Update operators when every path is plain (the common case, any target version), else an
+    update pipeline that addresses each exact path. Never an upsert: replaying an update after a
+    later delete leaves the document deleted."""
+    sets, removed, truncated, exact = _paths(desc)
+    every = [p for p, _ in sets] + removed + [p for p, _ in truncated]
+    if all(_plain(p) for p in every):
+        return [UpdateOne(key, spec) for spec in _operators(sets, removed, truncated)]
+    if not exact:
+        raise ValueError("an update of a field whose name holds a dot or starts with $, under a "
+                         "path with an all-digit component, needs the stream's disambiguatedPaths "
+                         f"(showExpandedEvents: true) to be applied exactly: {dict(desc)!r}")
+    return [UpdateOne(key, _pipeline(sets, removed, truncated))]
+
+
+def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
+    """Upsert the whole document. A replacement may not hold a top-level field starting with $
+    (DollarPrefixedFieldName, where it replaces a document); a pipeline's $replaceWith may."""
+    if any(str(k).startswith("$") for k in doc):
+        return UpdateOne(key, [{"$replaceWith": {"$literal": doc}}], upsert=True)
+    return ReplaceOne(key, doc, upsert=True)
+
+
+def dml_ops(ev: Mapping[str, Any]) -> list[Any]:
     kind = ev["operationType"]
     key = ev["documentKey"]
     if kind in ("insert", "replace"):
-        return ReplaceOne(key, ev["fullDocument"], upsert=True)
+        return [_replace_op(key, ev["fullDocument"])]
     if kind == "update":
-        spec = _update_spec(ev["updateDescription"])
-        return UpdateOne(key, spec) if spec else None
+        return update_ops(key, ev["updateDescription"])
     if kind == "delete":
-        return DeleteOne(key)
+        return [DeleteOne(key)]
     raise ValueError(kind)
 
 
@@ -159,12 +327,12 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
             unit_key = txn
         if kind in DML:
             ns = (ev["ns"]["db"], ev["ns"]["coll"])
-            op = dml_op(ev)
-            if op is not None and txn is not None:
-                unit.append((ns, op))
-            elif op is not None:
+            ops = dml_ops(ev)
+            if txn is not None:
+                unit.extend((ns, op) for op in ops)
+            elif ops:
                 run = runs.setdefault(ns, [])
-                run.append(op)
+                run.extend(ops)
                 if len(run) >= FLUSH_OPS:
                     flush(ns)
             stats.applied += 1

@@ -4,11 +4,14 @@ Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages, 
 $changeStreamSplitLargeEvent: an event over 16 MiB then arrives in fragments, joined back into one
 row, where without it the read fails with BSONObjectTooLarge), fullDocument
 ("default", "updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange,
-startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
+startAtOperationTime ("<seconds>,<increment>", "Timestamp(<s>, <i>)" or ISO-8601),
+showExpandedEvents (default true),
 maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's
 shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy creates
 the stream); a batch read also takes startTokens (JSON list, one per bucket) and endToken. Any
-other option name, or a value of the wrong kind, is refused (`Options`).
+other option name, or a value of the wrong kind, is refused (`Options`). The MongoDB Spark
+connector's names are accepted too where they mean the same (connection.uri, database and
+collection as filters, aggregation.pipeline, change.stream.*): see bucketspark/options.py.
 
 Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
 reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
@@ -20,16 +23,17 @@ fewer tasks): a micro-batch ends every bucket at one token, from which any bucke
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
+from bucketspark.options import Options, stream_spec
 from bucketspark.rows import SCHEMA, arrow_batches, arrow_schema, event_row
 
 
@@ -41,89 +45,12 @@ class BucketPartition(InputPartition):
     spec: StreamSpec
     with_json: bool
     batch_size: int
-
-
-# Every option the source takes, by its documented camelCase name: (kind, low, high). Spark
-# lowercases option names, so they are matched without case.
-_INT_MAX = (1 << 63) - 1
-_OPTIONS: dict[str, tuple[str, int, int]] = {
-    "uri": ("str", 0, 0), "name": ("str", 0, 0), "nBuckets": ("int", 1, 1024),
-    "pipeline": ("json list", 0, 0), "startAtOperationTime": ("timestamp", 0, 0),
-    "startTokens": ("json list", 0, 0), "endToken": ("str", 0, 0),  # a bounded (batch) read's range
-    "showExpandedEvents": ("bool", 0, 0), "fullDocument": ("str", 0, 0), "fullDocumentBeforeChange": ("str", 0, 0),
-    "maxEventsPerTrigger": ("int", 1, _INT_MAX), "jsonColumn": ("bool", 0, 0), "batchSize": ("int", 1, _INT_MAX),
-    # The engine's, used when the proxy creates the stream (it checks their ranges: BadValue).
-    "shardBufferBytes": ("int", 0, _INT_MAX), "bucketBufferBytes": ("int", 0, _INT_MAX),
-    "readerProcesses": ("int", 0, _INT_MAX), "maxAwaitTimeMS": ("int", 0, _INT_MAX),
-}
-_ENGINE_OPTIONS = ("shardBufferBytes", "bucketBufferBytes", "readerProcesses", "maxAwaitTimeMS")
-
-
-class Options:
-    """The source's options, each checked when the query is defined: a misspelt name (Spark
-    would otherwise let `nBucket` through, and the query run with 4 buckets) or a value of the
-    wrong kind (`showExpandedEvents=ture` read as false) is a ValueError naming the option."""
-
-    def __init__(self, raw: Any) -> None:
-        by_lower = {name.lower(): name for name in _OPTIONS}
-        self._values: dict[str, Any] = {}
-        for key, text in dict(raw).items():
-            name = by_lower.get(str(key).lower())
-            if name is None:
-                raise ValueError(f"parallelchangestream: unknown option {key!r}; the options are "
-                                 f"{', '.join(_OPTIONS)}")
-            self._values[name] = _parse_option(name, str(text))
-
-    def get(self, name: str, default: Any = None) -> Any:
-        assert name in _OPTIONS, name
-        return self._values.get(name, default)
-
-
-def _parse_option(name: str, text: str) -> Any:
-    kind, low, high = _OPTIONS[name]
-    try:
-        if kind == "str":
-            return text
-        if kind == "bool":
-            if text.lower() not in ("true", "false"):
-                raise ValueError
-            return text.lower() == "true"
-        if kind == "int":
-            value = int(text)
-            if not low <= value <= high:
-                raise ValueError
-            return value
-        if kind == "timestamp":
-            from bson import Timestamp
-
-            t, _, i = text.partition(",")
-            return Timestamp(int(t), int(i or 0))
-        value = json.loads(text)
-        if not isinstance(value, list):
-            raise ValueError
-        return value
-    except (ValueError, TypeError, OverflowError):
-        span = f"between {low} and {high}" if high < _INT_MAX else f"of at least {low}"
-        want = {"bool": "true or false", "int": f"an integer {span}",
-                "timestamp": '"<seconds>,<increment>"', "json list": "a JSON list"}[kind]
-        raise ValueError(f"parallelchangestream: option {name} must be {want}, not {text!r}") from None
+    full_document_only: bool = False
 
 
 # How long a restarted query waits for the proxy to release its stream's old bucket count (the
 # proxy's CURSOR_IN_USE_S, 10 s, with room to spare).
 REOPEN_WAIT_S = 30.0
-
-
-def _spec(options: Options) -> StreamSpec:
-    uri = options.get("uri")
-    if not uri:
-        raise ValueError("parallelchangestream: option 'uri' (the proxy's connection string) is required")
-    return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=options.get("nBuckets", 4),
-                      show_expanded_events=options.get("showExpandedEvents", True),
-                      pipeline=tuple(options.get("pipeline", ())),
-                      full_document=options.get("fullDocument") or "default",
-                      full_document_before_change=options.get("fullDocumentBeforeChange") or "off",
-                      engine_options=tuple((k, v) for k in _ENGINE_OPTIONS if (v := options.get(k)) is not None))
 
 
 def _start_args(options: Options) -> dict[str, Any]:
@@ -137,7 +64,11 @@ def _read(partition: BucketPartition) -> Iterator[Any]:
     try:
         events = read_bucket(client, partition.spec, partition.bucket, partition.start, partition.end,
                              batch_size=partition.batch_size)
-        rows = (event_row(partition.bucket, ev, with_json=partition.with_json) for ev in events)
+        if partition.full_document_only:  # the connector's publish.full.document.only
+            rows = (event_row(partition.bucket, ev, with_json=partition.with_json, payload=doc)
+                    for ev in events if isinstance(doc := ev.get("fullDocument"), RawBSONDocument))
+        else:
+            rows = (event_row(partition.bucket, ev, with_json=partition.with_json) for ev in events)
         yield from arrow_batches(rows, arrow_schema())
     finally:
         client.close()
@@ -163,12 +94,14 @@ class _ReaderOptions:
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.spec = _spec(options)
+        self.spec = stream_spec(options)
         self.with_json = options.get("jsonColumn", False)
         self.batch_size = options.get("batchSize", 1000)
+        self.full_document_only = options.get("change.stream.publish.full.document.only", False)
 
     def partition(self, bucket: int, start: str, end: str) -> BucketPartition:
-        return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size)
+        return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size,
+                               self.full_document_only)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, BucketPartition)

@@ -12,6 +12,7 @@ from mongoformats.bson_order import MISSING
 from mongoformats.change_stages import new_root_expression, replaced_root
 from mongoformats.errors import MongoError
 from mongoformats.expressions import Operator, Operators, evaluate
+from mongoformats.idl import type_name
 from mongoformats.projection import Projection, spec_problem
 from simcluster import query as q
 
@@ -43,10 +44,32 @@ def _merge_objects(doc: Mapping[str, Any], args: list[Any], more: Operators | No
     return merged
 
 
+def _field_name(spec: Any, op: str) -> str:
+    """$getField/$setField/$unsetField's `field`: a constant string, given plainly or as a
+    $literal (the only way to name a field starting with $). As ExpressionGetField/SetField::parse
+    (src/mongo/db/pipeline/expression.cpp) refuse anything else; $unsetField reports as
+    $setField."""
+    get = op == "$getField"
+    name = "$getField" if get else "$setField"
+    if isinstance(spec, str) and spec.startswith("$"):
+        ref = f"${spec[2:]}" if spec.startswith("$$") else f"$CURRENT.{spec[1:]}"
+        raise MongoError(5654600 if get else 4161108, f"'{ref}' is a field path reference which "
+                         f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?")
+    if isinstance(spec, Mapping):
+        if set(spec) != {"$literal"}:
+            raise MongoError(5654601 if get else 4161106, f"{name} requires 'field' to evaluate "
+                             "to a constant, but got a non-constant argument")
+        spec = spec["$literal"]
+    if not isinstance(spec, str):
+        raise MongoError(5654602 if get else 4161107, f"{name} requires 'field' to evaluate to "
+                         f"type String, but got {type_name(spec)}")
+    return spec
+
+
 def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: str) -> Any:
-    spec = args[0] if isinstance(args[0], dict) else {"field": args[0]}
+    spec = args[0] if isinstance(args[0], dict) and "field" in args[0] else {"field": args[0]}
+    field = _field_name(spec["field"], op)
     source = evaluate(doc, spec.get("input", "$$CURRENT"), more)
-    field = spec["field"]
     if op == "$getField":
         return source.get(field, MISSING) if isinstance(source, Mapping) else MISSING
     if source is None or source is MISSING:
@@ -60,10 +83,64 @@ def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: 
     return fields
 
 
+# The array operators an update pipeline uses to rebuild an array, as the server evaluates them
+# (ExpressionConcatArrays, ExpressionArrayElemAt, ExpressionSlice in expression.cpp): null when
+# an argument is null or missing, the server's codes for arguments of the wrong type.
+def _int_argument(value: Any, code: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise MongoError(code, f"{what} must be a numeric value representable as a 32-bit integral "
+                         f"value, but is {type_name(value)}")
+    return int(value)
+
+
+def _concat_arrays(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    out: list[Any] = []
+    for arg in args:
+        value = evaluate(doc, arg, more)
+        if value is None or value is MISSING:
+            return None
+        if not isinstance(value, list):
+            raise MongoError(28664, f"$concatArrays only supports arrays, not {type_name(value)}")
+        out.extend(value)
+    return out
+
+
+def _array_elem_at(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    array, index = (evaluate(doc, a, more) for a in args)
+    if array is None or array is MISSING or index is None or index is MISSING:
+        return None
+    if not isinstance(array, list):
+        raise MongoError(28689, "$arrayElemAt's first argument must be an array, but is "
+                         f"{type_name(array)}")
+    i = _int_argument(index, 28690, "$arrayElemAt's second argument")
+    i = i + len(array) if i < 0 else i
+    return array[i] if 0 <= i < len(array) else MISSING
+
+
+def _slice(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    values = [evaluate(doc, a, more) for a in args]
+    if any(v is None or v is MISSING for v in values):
+        return None
+    array = values[0]
+    if not isinstance(array, list):
+        raise MongoError(28724, "First argument to $slice must be an array, but is of type: "
+                         f"{type_name(array)}")
+    if len(values) == 2:
+        n = _int_argument(values[1], 28725, "Second argument to $slice")
+        return array[:n] if n >= 0 else array[max(len(array) + n, 0):]
+    pos = _int_argument(values[1], 28725, "Second argument to $slice")
+    n = _int_argument(values[2], 28726, "Third argument to $slice")
+    if n <= 0:
+        raise MongoError(28727, f"Third argument to $slice must be positive: {n}")
+    start = max(len(array) + pos, 0) if pos < 0 else min(pos, len(array))
+    return array[start:start + n]
+
+
 _OPERATORS: dict[str, Operator] = {
     **{op: functools.partial(_arithmetic, op=op) for op in ("$add", "$multiply", "$subtract")},
     **{op: functools.partial(_field, op=op) for op in ("$getField", "$setField", "$unsetField")},
-    "$size": _size, "$mergeObjects": _merge_objects}
+    "$size": _size, "$mergeObjects": _merge_objects, "$concatArrays": _concat_arrays,
+    "$arrayElemAt": _array_elem_at, "$slice": _slice}
 
 
 def _expr(doc: Mapping[str, Any], e: Any) -> Any:

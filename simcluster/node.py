@@ -500,7 +500,8 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         filt, upd = spec.get("q", {}), spec.get("u", {})
         if isinstance(upd, list):
-            return self._pipeline_update(ns, filt, upd, spec.get("multi", False), session)
+            return self._pipeline_update(ns, filt, upd, spec.get("multi", False), session,
+                                         bool(spec.get("upsert")))
         multi = spec.get("multi", False)
         if multi and upd and not next(iter(upd)).startswith("$"):
             raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
@@ -527,7 +528,7 @@ class ShardNode(CommandServer):
         return out
 
     def _pipeline_update(self, ns: str, filt: dict[str, Any], pipeline: list[Any], multi: bool,
-                         session: dict[str, Any]) -> dict[str, Any]:
+                         session: dict[str, Any], upsert: bool = False) -> dict[str, Any]:
         """An update given as an aggregation pipeline; logged as the server logs it: the $v:2 diff of
         old -> new, or the whole new document when that diff is not smaller (updates.pipeline_entry)."""
         from simcluster.aggregate import run_pipeline
@@ -550,6 +551,15 @@ class ShardNode(CommandServer):
             n_modified += 1
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
+        if not matched and upsert:
+            # As the server: the pipeline runs on a document made of the filter's equalities.
+            base = {k: v for k, v in filt.items()
+                    if not k.startswith("$") and not isinstance(v, dict)}
+            new = replaced_by_pipeline(base, run_pipeline([dict(base)], pipeline)[0])
+            if "_id" not in new:
+                new = {"_id": ObjectId(), **new}
+            self.insert_one(ns, new, session)
+            return {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
         return {"n": len(matched), "nModified": n_modified}
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

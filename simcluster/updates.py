@@ -329,6 +329,8 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
     nothing changed): a `$v: 2` diff for update operators, the new document for a replacement."""
     new = copy.deepcopy(doc) if doc is not None else {}
     if not update or not all(k.startswith("$") for k in update):
+        if not is_insert:
+            _check_top_level_names(update)
         new = _replace(doc, update)
         replacement = not any(k.startswith("$") for k in update)
         changed = doc is None or bson.encode(new) != bson.encode(doc)
@@ -349,6 +351,9 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
             for parts in _expand(new, path.split("."), filters, query or {}, path):
                 steps.append((parts, op, parts, value))
     steps.sort(key=lambda s: _path_order(s[0]))
+    if not is_insert:  # a top-level field the update stores: set whole, or created
+        _check_top_level_names({t[0]: None for t, op, _, _ in steps
+                                if op != "$unset" and (len(t) == 1 or t[0] not in new)})
     for a, b in zip(steps, steps[1:], strict=False):
         if b[0][:len(a[0])] == a[0]:
             raise MongoError("ConflictingUpdateOperators", f"Updating the path '{'.'.join(b[0])}' would create a "
@@ -382,6 +387,23 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
         raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
                          "field '_id'")
     return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+
+
+_DBREF_FIELDS = frozenset({"$ref", "$id", "$db"})
+
+
+def _check_top_level_names(fields: Mapping[str, Any]) -> None:
+    """DollarPrefixedFieldName for a top-level field starting with $ that an update would store,
+    unless the update inserts (an upsert that creates the document): storage_validation.cpp
+    (scanDocument, validateDollarPrefixElement) and the manual's "Dollar-Prefixed Field Names"
+    (a replacement, or $set of such a field, fails on an existing document; a pipeline's
+    $replaceWith/$setField may store one). DBRef's $ref/$id/$db pass (their order unchecked)."""
+    for name in fields:
+        if name.startswith("$") and name not in _DBREF_FIELDS:
+            raise MongoError("DollarPrefixedFieldName",
+                             f"The dollar ($) prefixed field '{name}' in '{name}' is not allowed in "
+                             "the context of an update's replacement document. Consider using an "
+                             "aggregation pipeline with $replaceWith.")
 
 
 def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:

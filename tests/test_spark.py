@@ -5,12 +5,14 @@ costs seconds to start)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
+import bson
 import pymongo
 import pytest
 from pymongo.errors import NetworkTimeout
@@ -22,6 +24,7 @@ from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, re
 from bucketspark.demo import converged, spark_session  # noqa: E402
 from bucketspark.embedded import embedded_environment  # noqa: E402
 from bucketspark.sink import replicate_batch  # noqa: E402
+from bucketspark.verify import document_differences  # noqa: E402
 from tests.conftest import free_port, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -35,7 +38,7 @@ def env() -> Any:
 
 @pytest.fixture(scope="module")
 def spark() -> Any:
-    session = spark_session("bucketspark-tests")
+    session = spark_session("bucketspark-tests", master="local[2]")
     yield session
     session.stop()
 
@@ -80,6 +83,39 @@ def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> 
         c.close()
 
 
+def test_a_read_with_the_connectors_options_gets_only_that_collections_events(env: Any,
+                                                                              spark: Any) -> None:
+    """connection.uri, database and collection (the MongoDB Spark connector's names) and a start
+    time in the connector's timestamp mode, as mongosh prints it: only filt.keep's events."""
+    c = client_for(env.proxy_uri)
+    try:
+        start = c.admin.command("ping")["operationTime"]
+        c.filt.keep.insert_many([{"_id": i} for i in range(30)])
+        c.filt.other.insert_many([{"_id": i} for i in range(20)])
+        c.filt2.keep.insert_many([{"_id": i} for i in range(10)])
+        c.filt.keep.update_one({"_id": 0}, {"$set": {"v": 1}})
+    finally:
+        c.close()
+    df = (spark.read.format("parallelchangestream").option("connection.uri", env.proxy_uri)
+          .option("database", "filt").option("collection", "keep").option("nBuckets", "2")
+          .option("name", "connector-options").option("change.stream.startup.mode", "timestamp")
+          .option("change.stream.startup.mode.timestamp.start.at.operation.time",
+                  f"Timestamp({start.time}, {start.inc})").load())
+    rows = df.select("db", "coll", "operationType").collect()
+    assert {(r["db"], r["coll"]) for r in rows} == {("filt", "keep")}
+    kinds = sorted(r["operationType"] for r in rows if r["operationType"] in ("insert", "update"))
+    assert kinds == ["insert"] * 30 + ["update"]
+    # change.stream.publish.full.document.only: rows carry the documents, updates' looked up.
+    docs = (spark.read.format("parallelchangestream").option("connection.uri", env.proxy_uri)
+            .option("database", "filt").option("collection", "keep").option("nBuckets", "2")
+            .option("name", "connector-documents")
+            .option("startAtOperationTime", f"{start.time},{start.inc}")
+            .option("change.stream.publish.full.document.only", "true").load())
+    bodies = sorted((bson.decode(r["event"]) for r in docs.select("event").collect()),
+                    key=lambda d: d["_id"])
+    assert bodies[:2] == [{"_id": 0}, {"_id": 0, "v": 1}] and len(bodies) == 31
+
+
 def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: Any, tmp_path: Any) -> None:
     source, target = client_for(env.proxy_uri), client_for(env.target.uri)
     checkpoint = str(tmp_path / "ckpt")
@@ -103,6 +139,7 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: 
         source.rs.other.insert_many([{"_id": i} for i in range(50)])
         source.rs.command({"collMod": "items", "validationLevel": "moderate"})
         source.admin.command({"renameCollection": "rs.other", "to": "rs.renamed"})
+        _awkward_updates(source.rs.items)
         with source.start_session() as s:  # replayed as one target transaction per bucket
             s.with_transaction(lambda s: (source.rs.items.update_one({"_id": 1}, {"$set": {"paid": True}}, session=s),
                                           source.rs.ledger.insert_one({"_id": 1, "amount": 5}, session=s)))
@@ -112,12 +149,31 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: 
         assert target.rs.items.find_one({"_id": 1})["paid"] and target.rs.ledger.count_documents({}) == 1
         assert "v_idx" in [ix["name"] for ix in target.rs.items.list_indexes()]
         assert "renamed" in target.rs.list_collection_names() and "other" not in target.rs.list_collection_names()
+        assert document_differences(source, target, ("rs",)) == []  # byte for byte, by _id
         progress = query.recentProgress
         assert all(p["numInputRows"] <= 400 for p in progress)  # admission control
         query.stop()
     finally:
         source.close()
         target.close()
+
+
+def _awkward_updates(items: Any) -> None:
+    """Fields whose names hold a dot or start with $ (set with $setField, as the manual's "Field
+    Names with Periods and Dollar Signs" says), also inside a subdocument; an array cut short
+    and changed in one update; numeric keys beside array indices."""
+    def set_field(name: str, value: Any, on: Any = "$$ROOT") -> dict[str, Any]:
+        return {"$setField": {"field": {"$literal": name}, "input": on, "value": value}}
+    items.update_many({"_id": {"$in": [2, 3, 4]}},
+                      {"$set": {"pad": "p" * 300, "arr": list(range(30)), "sub": {"a": 1},
+                                "n": {"0": 0}}})
+    items.update_one({"_id": 2}, [{"$replaceWith": set_field("hosts.example.com", 1)}])
+    items.update_one({"_id": 2}, [{"$set": {"sub": set_field("db.example.com", True, "$sub")}}])
+    items.update_one({"_id": 3}, [{"$replaceWith": set_field("$price", {"$literal": "$5"})}])
+    cut = {"$concatArrays": [[-1], {"$slice": ["$arr", 1, 9]}]}  # 30 to 10, the first changed
+    items.update_one({"_id": 3}, [{"$set": {"arr": cut}}])
+    items.update_one({"_id": 4}, {"$set": {"n.1": "one", "arr.2": "two"}})
+    items.delete_one({"_id": 300})
 
 
 def test_a_query_restarted_with_another_nbuckets_carries_on_from_its_checkpoint(env: Any, spark: Any,
@@ -229,6 +285,23 @@ def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_pa
         job.wait()
         source.close()
         target.close()
+
+
+def test_pcs_replicate_exits_non_zero_when_its_query_fails_on_the_configured_master(
+        tmp_path: Any) -> None:
+    """A proxy that cannot be reached fails the query: the job says why on stderr and exits 1
+    (not 0, which a scheduler would take for success). The master comes from Spark's own
+    settings (here the MASTER variable spark-submit reads), not from the job."""
+    proxy = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+    cmd = [sys.executable, "-m", "bucketspark.replicate", "--proxy", proxy, "--target",
+           "mongodb://127.0.0.1:1/", "--checkpoint", str(tmp_path / "ckpt-fail"),
+           "--trigger-s", "0.2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MASTER": "local[1]"})
+    assert "Spark master local[1]" in done.stdout, done.stdout
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert "pcs-replicate: the replication query failed" in done.stderr
+    assert "ServerSelectionTimeoutError" in done.stderr
 
 
 def test_a_batch_with_several_cross_bucket_events_replays_in_order(env: Any, spark: Any) -> None:
