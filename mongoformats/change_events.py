@@ -301,20 +301,27 @@ class OplogTransformer:
         return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, (ns,), txn)
 
     def _view_event(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any) -> ChangeEvent | None:
-        """6.0+ servers show a view's create and drop (writes to system.views) as expanded events."""
-        if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in ("i", "d"):
+        """6.0+ servers show writes to system.views as view events: an insert as `create`, an update
+        (collMod of a view, logged as a replacement) as `modify`, a delete as `drop`. Per
+        change_stream_event_transform.cpp (ChangeStreamViewDefinitionEventTransformation), the
+        operationDescription is the whole view document but `_id`, and the token carries the `ui`
+        of the system.views entry (audit D1, D2, D3)."""
+        kinds = {"i": "create", "u": "modify", "d": "drop"}
+        if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in kinds:
             return None
         o = _plain(op_doc["o"])
-        name = o.get("_id")
-        if not isinstance(name, str) or "." not in name or (op_doc["op"] == "i" and "viewOn" not in o):
-            return None  # not a view definition the server would write
+        name = o.get("_id") if op_doc["op"] != "u" else (_plain(op_doc.get("o2")) or {}).get("_id", o.get("_id"))
+        if not isinstance(name, str) or "." not in name or (op_doc["op"] == "u" and "$v" in o):
+            return None  # not a whole view definition the server would write
         db, coll = _split_ns(name)
         if db in _INTERNAL_DBS:
             return None
-        if op_doc["op"] == "i":
-            desc = {"viewOn": o["viewOn"], "pipeline": o.get("pipeline", [])}
-            return self._ddl_event("create", db, coll, ts, wall, None, desc)
-        return self._ddl_event("drop", db, coll, ts, wall, None, None, show_desc=False)
+        ui = op_doc.get("ui")
+        kind = kinds[op_doc["op"]]
+        if kind == "drop":
+            return self._ddl_event("drop", db, coll, ts, wall, ui, None, show_desc=False, show_uuid=False)
+        desc = {k: v for k, v in o.items() if k != "_id"}
+        return self._ddl_event(kind, db, coll, ts, wall, ui, desc, show_uuid=False)
 
     # -- commands (DDL, transactions) ------------------------------------------------------------
 
@@ -380,13 +387,14 @@ class OplogTransformer:
 
     def _ddl_event(self, op_type: str, db: str, coll: str | None, ts: Timestamp, wall: Any, ui: Any,
                    desc: dict[str, Any] | None, *, show_desc: bool = True, to: dict[str, Any] | None = None,
-                   state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = ()) -> ChangeEvent:
+                   state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = (),
+                   show_uuid: bool = True) -> ChangeEvent:
         fields: dict[str, Any] = {}
         if to is not None:
             fields["to"] = to  # the server adds `to` ahead of `_id` (mongodb-formats.md C.11)
         fields["operationType"] = op_type
         fields["clusterTime"] = ts
-        if self.show_expanded_events and ui is not None:
+        if self.show_expanded_events and ui is not None and show_uuid:
             fields["collectionUUID"] = ui
         if wall is not None:
             fields["wallTime"] = wall
@@ -493,7 +501,7 @@ _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename",
 
 def with_field_before_ns(event: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
     """`event` with `name` set just before `ns`: where the server puts fullDocument (a looked-up or
-    recorded post-image, or None) and, after it, fullDocumentBeforeChange."""
+    recorded post-image, or None). (fullDocumentBeforeChange goes last: oplog_splice.splice_at_end.)"""
     out: dict[str, Any] = {}
     for key, item in event.items():
         if key == "ns":
