@@ -259,6 +259,15 @@ class OplogTransformer:
             return None
         op = op_doc["op"]
         o = op_doc["o"]
+        if op == "c":
+            # create and createIndexes run inside a transaction: buildTransactionFilter admits
+            # them among the ops, and they carry the transaction's lsid/txnNumber
+            # (jstests/change_streams/ddl_create_index_txn.js; audit D6a).
+            first = next(iter(o.keys()), None)
+            if first not in ("create", "createIndexes") or self.ddl_notes:
+                return None
+            return self._ddl(op_doc, first, o, ns.split(".", 1)[0], ts=ts, wall=wall, txn_op_index=txn_op_index,
+                             txn=txn)
         full_document = update_description = None
         if op == "i":
             op_type = "insert"
@@ -344,22 +353,35 @@ class OplogTransformer:
         ev = self._ddl(doc, first, o, db)
         return [ev] if ev is not None else []
 
-    def _ddl(self, doc: RawBSONDocument, first: str, o: RawBSONDocument, db: str) -> ChangeEvent | None:
-        ts, wall, ui = doc["ts"], doc.get("wall"), doc.get("ui")
+    def _ddl(self, doc: Mapping[str, Any], first: str, o: Mapping[str, Any], db: str, *, ts: Timestamp | None = None,
+             wall: Any = None, txn_op_index: int = 0, txn: tuple[Any, Any] | None = None) -> ChangeEvent | None:
+        """`ts`, `wall`, `txn_op_index` and `txn`: a command inside a transaction's applyOps."""
+        if ts is None:
+            ts, wall = doc["ts"], doc.get("wall")
+        ui = doc.get("ui")
         expanded = self.show_expanded_events
+        event = functools.partial(self._ddl_event, txn_op_index=txn_op_index, txn=txn)
+        # Collections named system.* make no event (change_stream_filter_helpers.cpp matches these
+        # commands' collection against kRegexAllCollections; audit D4).
+        named = o.get(first)
+        if first in _SYSTEM_FILTERED and isinstance(named, str) and named.startswith("system."):
+            return None
+        if first == "renameCollection" and all(_split_ns(o[k])[1].startswith("system.")
+                                               for k in ("renameCollection", "to")):
+            return None
         if first == "drop":
             coll = o["drop"]
-            return self._ddl_event("drop", db, coll, ts, wall, ui, None, show_desc=False)
+            return event("drop", db, coll, ts, wall, ui, None, show_desc=False)
         if first == "renameCollection":
             src_db, src_coll = _split_ns(o["renameCollection"])
             dst_db, dst_coll = _split_ns(o["to"])
             desc: dict[str, Any] = {"to": {"db": dst_db, "coll": dst_coll}}
             if o.get("dropTarget") is not None:
                 desc["dropTarget"] = o["dropTarget"]
-            return self._ddl_event("rename", src_db, src_coll, ts, wall, ui, desc, to={"db": dst_db, "coll": dst_coll},
+            return event("rename", src_db, src_coll, ts, wall, ui, desc, to={"db": dst_db, "coll": dst_coll},
                                    extra_ns=(f"{dst_db}.{dst_coll}",))
         if first == "dropDatabase":
-            return self._ddl_event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
+            return event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
         if not expanded or self.ddl_notes:
             return None  # with ddl_notes the proxy's notes stand for these entries
         if first == "create":
@@ -367,28 +389,29 @@ class OplogTransformer:
             coll = o["create"]
             if "viewOn" in desc:  # views are recorded in system.views; the create entry is the collection
                 return None
-            return self._ddl_event("create", db, coll, ts, wall, ui, desc)
+            return event("create", db, coll, ts, wall, ui, desc)
         if first == "createIndexes":
             spec = {k: v for k, v in _plain(o).items() if k != "createIndexes"}
-            return self._ddl_event("createIndexes", db, o["createIndexes"], ts, wall, ui, {"indexes": [spec]})
+            return event("createIndexes", db, o["createIndexes"], ts, wall, ui, {"indexes": [spec]})
         if first == "commitIndexBuild":
-            return self._ddl_event("createIndexes", db, o["commitIndexBuild"], ts, wall, ui,
+            return event("createIndexes", db, o["commitIndexBuild"], ts, wall, ui,
                                    {"indexes": _plain(o)["indexes"]})
         if first == "dropIndexes":
-            return self._ddl_event("dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]})
+            return event("dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]})
         if first == "collMod":
             desc = {k: v for k, v in _plain(o).items() if k != "collMod"}
             o2 = _plain(doc.get("o2")) or {}
             before = {"collectionOptions": o2.get("collectionOptions_old", {})}
             if "indexOptions_old" in o2:
                 before["indexOptions"] = o2["indexOptions_old"]
-            return self._ddl_event("modify", db, o["collMod"], ts, wall, ui, desc, state_before=before)
+            return event("modify", db, o["collMod"], ts, wall, ui, desc, state_before=before)
         return None
 
     def _ddl_event(self, op_type: str, db: str, coll: str | None, ts: Timestamp, wall: Any, ui: Any,
                    desc: dict[str, Any] | None, *, show_desc: bool = True, to: dict[str, Any] | None = None,
                    state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = (),
-                   show_uuid: bool = True) -> ChangeEvent:
+                   show_uuid: bool = True, txn_op_index: int = 0,
+                   txn: tuple[Any, Any] | None = None) -> ChangeEvent:
         fields: dict[str, Any] = {}
         if to is not None:
             fields["to"] = to  # the server adds `to` ahead of `_id` (mongodb-formats.md C.11)
@@ -405,7 +428,7 @@ class OplogTransformer:
             fields["stateBeforeChange"] = state_before
         ident = self._identifier(op_type, None, desc)
         namespaces = ((f"{db}.{coll}",) if coll is not None else ()) + extra_ns
-        return self._finish(ts, 0, ui, ident, fields, op_type, db, coll, namespaces, None)
+        return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, namespaces, txn)
 
     # -- noops -------------------------------------------------------------------------------------
 
@@ -414,7 +437,11 @@ class OplogTransformer:
         o = doc.get("o")
         # Sharding's notices: {<event name>: "db.c", ...} in o2, the rest its operationDescription.
         if o2 is not None and self.show_expanded_events:
+            # reshardCollection and refineCollectionShardKey too: buildInternalOpFilter admits them
+            # and the transform's kNoop case maps them (change_stream_event_transform.cpp; D5).
             for kind, shown in (("shardCollection", not self.ddl_notes),
+                                ("reshardCollection", not self.ddl_notes),
+                                ("refineCollectionShardKey", not self.ddl_notes),
                                 ("migrateLastChunkFromShard", self.show_system_events)):
                 if kind in o2 and shown:
                     db, coll = _split_ns(o2[kind])
@@ -496,6 +523,7 @@ class OplogTransformer:
         return ChangeEvent.for_token(token, op_type, db, coll, raw, namespaces)
 
 
+_SYSTEM_FILTERED = frozenset({"drop", "create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"})
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
 
 
