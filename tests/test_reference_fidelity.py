@@ -185,7 +185,8 @@ def test_d5_reshard_and_refine_noops_are_events():
                                _entry("n", "db.c", {"msg": {"refineCollectionShardKey": "db.c"}}, 2, ui=ui,
                                       o2=refine)])
     assert [(e["operationType"], e["ns"], e["operationDescription"]) for e in events] == [
-        ("reshardCollection", {"db": "db", "coll": "c"}, {k: v for k, v in reshard.items() if k != "reshardCollection"}),
+        ("reshardCollection", {"db": "db", "coll": "c"},
+         {k: v for k, v in reshard.items() if k != "reshardCollection"}),
         ("refineCollectionShardKey", {"db": "db", "coll": "c"},
          {k: v for k, v in refine.items() if k != "refineCollectionShardKey"})]
 
