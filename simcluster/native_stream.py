@@ -26,6 +26,7 @@ from bson.raw_bson import RawBSONDocument
 from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
+from mongoformats.idl import wrong_type
 from mongoformats.large_events import (
     MEASURE_ABOVE_BYTES,
     SPLIT_STAGE,
@@ -53,6 +54,13 @@ _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter",
 _STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
                      "$redact", "$changeStreamSplitLargeEvent"})
 _IMAGE_MODES = ("whenAvailable", "required")
+# Each option's Python type and the IDL's type name (document_source_change_stream.idl): tokens are
+# `resumeToken` (bson_serialization_type object), the modes are string enums, the flags bool.
+_OPTION_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "resumeAfter": (dict, "object"), "startAfter": (dict, "object"), "startAtOperationTime": (Timestamp, "timestamp"),
+    "fullDocument": (str, "string"), "fullDocumentBeforeChange": (str, "string"),
+    **{flag: (bool, "bool") for flag in ("allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
+                                         "showSystemEvents", "$_generateV2ResumeTokens")}}
 # The events that end a stream (isInvalidatingCommand); a collection stream sees dropDatabase never
 # (the reference's filter), its own collection's drop or rename only.
 _INVALIDATING = {"collection": ("drop", "rename"), "database": ("dropDatabase",)}
@@ -313,6 +321,15 @@ def _with_full_document(event: dict[str, Any], document: Any) -> dict[str, Any]:
     return out
 
 
+def _element_text(value: Any) -> str:
+    """A value as BSONElement::toString prints it in an error message (the common kinds)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return "null" if value is None else str(value)
+
+
 async def _wake(node: Any, nursery: Any) -> None:
     import trio
 
@@ -332,17 +349,24 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
         raise MongoError("NotImplemented", "simcluster does not compare by a collation in a change stream")
     if not isinstance(spec, dict):
-        raise MongoError("TypeMismatch", "the $changeStream stage specification must be an object")
-    for key in spec:
+        # DocumentSourceChangeStream::LiteParsed (document_source_change_stream.h).
+        raise MongoError(6188500, f"$changeStream must take a nested object but found: $changeStream: "
+                         f"{_element_text(spec)}")
+    # The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
+    # an unknown field, then each field's BSON type; the enums' values after that.
+    for key, value in spec.items():
         if key not in _OPTIONS or (key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2):
             raise MongoError("IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field.")
+        if not isinstance(value, _OPTION_TYPES[key][0]) or (_OPTION_TYPES[key][1] != "bool"
+                                                              and isinstance(value, bool)):
+            raise wrong_type(f"$changeStream.{key}", value, _OPTION_TYPES[key][1])
+    for key, allowed in (("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
+                         ("fullDocumentBeforeChange", ("off", "whenAvailable", "required"))):
+        if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
+            raise MongoError("BadValue", f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
+                             "a valid value.")
     if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
         raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
-    if spec.get("fullDocument", "default") not in ("default", "updateLookup", "whenAvailable", "required"):
-        raise MongoError("BadValue", f"'{spec['fullDocument']}' is not a valid fullDocument option")
-    if spec.get("fullDocumentBeforeChange", "off") not in ("off", "whenAvailable", "required"):
-        raise MongoError("BadValue", f"'{spec['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
-                         "option")
     for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")

@@ -115,3 +115,53 @@ async def test_d9_resume_from_a_v1_event_token(via):
             return [(e["documentKey"]["_id"], decode_token(e["_id"]).version) for e in events]
 
         assert await sync(work) == [(2, 2), ("end", 2)]
+
+
+_BAD_SPECS = [
+    ({"fullDocument": 1}, 14, "BSON field '$changeStream.fullDocument' is the wrong type 'int', expected type "
+     "'string'"),
+    ({"showExpandedEvents": "yes"}, 14, "BSON field '$changeStream.showExpandedEvents' is the wrong type 'string', "
+     "expected type 'bool'"),
+    ({"resumeAfter": "x"}, 14, "BSON field '$changeStream.resumeAfter' is the wrong type 'string', expected type "
+     "'object'"),
+    ({"startAtOperationTime": 5}, 14, "BSON field '$changeStream.startAtOperationTime' is the wrong type 'int', "
+     "expected type 'timestamp'"),
+    ({"fullDocument": "bogus"}, 2, "Enumeration value 'bogus' for field '$changeStream.fullDocument' is not a "
+     "valid value."),
+    (1, 6188500, "$changeStream must take a nested object but found: $changeStream: 1"),
+]
+
+
+_IDS = ["d19a", "d19b", "d19c", "d19d", "d19f", "d19e"]
+_PROXY_PARSES = "D19{}: the accelerated watch()'s own option parsing (buckets/engine.py) {}"
+_PROXY_DIFFERS = {"d19b": "accepts a non-bool flag", "d19c": "fails a non-object resumeAfter as InternalError",
+                  "d19d": "words the TypeMismatch its own way"}
+
+
+def _cases() -> list[Any]:
+    out = []
+    for (spec, code, message), name in zip(_BAD_SPECS, _IDS, strict=True):
+        for via in ("direct", "accelerated"):
+            marks = [pytest.mark.xfail(strict=True, reason=_PROXY_PARSES.format(name[3:], _PROXY_DIFFERS[name]))] \
+                if via == "accelerated" and name in _PROXY_DIFFERS else []
+            out.append(pytest.param(spec, code, message, via, id=f"{name}-{via}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("spec,code,message,via", _cases())
+async def test_d19_change_stream_spec_errors_as_the_idl_gives_them(spec, code, message, via):
+    """The $changeStream spec is parsed by the IDL (document_source_change_stream.idl: resumeAfter
+    and startAfter are `resumeToken`, bson_serialization_type object; startAtOperationTime a
+    timestamp; the modes string enums; the flags bool): a wrong type is TypeMismatch with the IDL's
+    message, a bad enum value IDLParserContext::throwBadEnumValue's BadValue, and a spec that is
+    no object DocumentSourceChangeStream::LiteParsed's 6188500."""
+    from pymongo.errors import OperationFailure
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> Any:
+            with pytest.raises(OperationFailure) as err:
+                client(_uri(cluster, server, via)).d19.c.aggregate([{"$changeStream": spec}])
+            return err.value.code, err.value.details["errmsg"]
+
+        assert await sync(work) == (code, message)
