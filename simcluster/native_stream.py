@@ -277,11 +277,16 @@ class NativeStream:
                         size += len(shaped.raw) + BATCH_ELEMENT_OVERHEAD
                         last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
+                    # The invalidate comes from a stage of $changeStream itself (CheckInvalidate),
+                    # ahead of the user's stages: a $match may drop it, and the stream ends all the same.
                     inv = invalidate_for(ev)
-                    if self.held:
-                        self.held.append((RawBSONDocument(encode_event(inv.doc), RAW), inv.token))
+                    inv_doc = apply_stages(inv.doc, self.stages, inv.token) if self.stages else inv.doc
+                    if inv_doc is None:
+                        pass
+                    elif self.held:
+                        self.held.append((RawBSONDocument(encode_event(inv_doc), RAW), inv.token))
                     else:
-                        out.append(RawBSONDocument(encode_event(inv.doc), RAW))
+                        out.append(RawBSONDocument(encode_event(inv_doc), RAW))
                         last = inv
                     self.done = True
                 if self.held or self.done:

@@ -165,3 +165,35 @@ async def test_d19_change_stream_spec_errors_as_the_idl_gives_them(spec, code, m
             return err.value.code, err.value.details["errmsg"]
 
         assert await sync(work) == (code, message)
+
+
+@pytest.mark.parametrize("via", ["direct", pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="issue 45 item 5: the engine (buckets/stream.py) leaves the invalidate out of the user's "
+    "stages, so a $match keeping only invalidates never returns it"))])
+async def test_user_stages_see_the_invalidate(via):
+    """The invalidate is made by $changeStream's own CheckInvalidate stage, ahead of the user's
+    stages (document_source_change_stream.cpp builds it into the stage's pipeline): a $match on
+    operationType "invalidate" returns it, one on "insert" drops it, and either way the stream
+    ends (issue 45, item 5)."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> tuple[list[str], list[str], bool]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.inv.c.insert_one({"_id": 1})
+            direct.inv.c.drop()
+            coll = client(_uri(cluster, server, via)).inv.c
+            only = coll.watch([{"$match": {"operationType": "invalidate"}}], start_at_operation_time=start,
+                              max_await_time_ms=100)
+            kept = [e["operationType"] for e in _until(only, lambda ev: False, timeout=8)]
+            inserts = coll.watch([{"$match": {"operationType": "insert"}}], start_at_operation_time=start,
+                                 max_await_time_ms=100)
+            seen = []
+            deadline = time.monotonic() + 8
+            while inserts.alive and time.monotonic() < deadline:
+                ev = inserts.try_next()
+                if ev is not None:
+                    seen.append(ev["operationType"])
+            return kept, seen, inserts.alive
+
+        assert await sync(work) == (["invalidate"], ["insert"], False)
