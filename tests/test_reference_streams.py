@@ -197,3 +197,28 @@ async def test_user_stages_see_the_invalidate(via):
             return kept, seen, inserts.alive
 
         assert await sync(work) == (["invalidate"], ["insert"], False)
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D9 companion: the engine writes v2 tokens (buckets/stream.py token_version) also for "
+    "events at the clusterTime of the v1 high-water mark it resumed from"))])
+async def test_d9_resume_from_a_v1_high_water_mark_keeps_v1_at_its_time(via):
+    """Resumed from a v1 high-water mark, the events at its clusterTime have v1 tokens and later
+    ones v2 (makeResumeToken: `(clusterTime > _resumeToken.clusterTime) ?
+    changeStreamTokenVersion : _resumeToken.version`)."""
+    from mongoformats.resume_token import HIGH_WATER_MARK
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[Any]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            for _id in (1, 2, "end"):
+                direct.d9h.c.insert_one({"_id": _id})
+            first = _until(direct.d9h.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end)[0]
+            hwm = encode_token(ResumeTokenData(first["clusterTime"], 1, HIGH_WATER_MARK))
+            coll = client(_uri(cluster, server, via)).d9h.c
+            events = _until(coll.watch(resume_after=hwm, max_await_time_ms=100), _is_end)
+            return [(e["documentKey"]["_id"], decode_token(e["_id"]).version) for e in events]
+
+        assert await sync(work) == [(1, 1), (2, 2), ("end", 2)]
