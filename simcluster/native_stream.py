@@ -10,6 +10,12 @@ ready was returned. A stream resumed from an event's token must meet that event 
 scope and stages (EnsureResumeTokenPresent), else ChangeStreamFatalError; a transaction whose
 commit is read without its earlier entries has them read back by prevOpTime.
 
+The events themselves come from simcluster's own transform (reference_events), independent of
+the engine's, so that comparing the two finds a transform bug instead of repeating it. The stages
+after $changeStream are the engine's (mongoformats.change_stages): simcluster evaluates exactly
+what the proxy's accelerated watch() evaluates and refuses the rest (NotImplemented), which the
+pass-through contract needs (tests/test_accelerate.py).
+
 Sources: shared/reference/000 section 3.5 (mongos merge), mongodb-formats.md C.11 (invalidate),
 D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-streams spec.
 """
@@ -202,13 +208,15 @@ class NativeStream:
                 after = images[1] if images is not None else None
                 if after is None and self.full_document == "required":
                     raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image "
-                                     "for all update events, but the post-image was not found")
+                                     "for all update events, but the post-image was not found for event: "
+                                     f"{_image_error_text(doc)}")
             doc = _with_full_document(doc, after)
         if wants_pre:
             before = images[0] if images is not None else None
             if before is None and self.before_change == "required":
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
-                                 "update, delete and replace events, but the pre-image was not found")
+                                 "update, delete and replace events, but the pre-image was not found for event: "
+                                 f"{_image_error_text(doc)}")
             # DocumentSourceChangeStreamAddPreImage sets a field the event does not have (it
             # removes the transform's preImageId): Document appends it, after every other field.
             doc = {**doc, "fullDocumentBeforeChange": before}
@@ -324,6 +332,20 @@ def _with_full_document(event: dict[str, Any], document: Any) -> dict[str, Any]:
             out["fullDocument"] = document
         out[key] = value
     return out
+
+
+def _image_error_text(event: dict[str, Any]) -> str:
+    """The event as a missing image's error names it (ChangeStreamAddPreImageStage::
+    makePreImageNotFoundErrorMsg, also used for post-images): a Document of operationType, ns,
+    clusterTime and txnNumber, printed by Document::toString (a missing field left out)."""
+    def text(value: Any) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {text(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, Timestamp):
+            return f"Timestamp({value.time}, {value.inc})"
+        return _element_text(value)
+
+    return text({k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event})
 
 
 def _element_text(value: Any) -> str:

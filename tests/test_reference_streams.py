@@ -222,3 +222,33 @@ async def test_d9_resume_from_a_v1_high_water_mark_keeps_v1_at_its_time(via):
             return [(e["documentKey"]["_id"], decode_token(e["_id"]).version) for e in events]
 
         assert await sync(work) == [(1, 1), (2, 2), ("end", 2)]
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D19f: the engine (buckets/) words a missing image's error its own way"))])
+async def test_d19f_missing_required_image_names_the_event(via):
+    """NoMatchingDocument's message ends with the event as makePreImageNotFoundErrorMsg prints it
+    ({operationType, ns, clusterTime, txnNumber?}, Document::toString), for the post-image stage
+    too (change_stream_add_post_image_stage.cpp)."""
+    from pymongo.errors import OperationFailure
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> tuple[int, str, str]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.d47.c.insert_one({"_id": 1})
+            direct.d47.c.update_one({"_id": 1}, {"$set": {"a": 1}})
+            update = _until(direct.d47.c.watch(start_at_operation_time=start, max_await_time_ms=100),
+                            lambda ev: ev["operationType"] == "update")[-1]
+            coll = client(_uri(cluster, server, via)).d47.c
+            with pytest.raises(OperationFailure) as err:
+                _until(coll.watch(start_at_operation_time=start, full_document="required", max_await_time_ms=100),
+                       lambda ev: ev["operationType"] == "update", timeout=10)
+            ts = update["clusterTime"]
+            return err.value.code, err.value.details["errmsg"], f"Timestamp({ts.time}, {ts.inc})"
+
+        code, message, ts = await sync(work)
+        assert (code, message) == (47, "Change stream was configured to require a post-image for all update events, "
+                                   'but the post-image was not found for event: {operationType: "update", '
+                                   f'ns: {{db: "d47", coll: "c"}}, clusterTime: {ts}}}')
