@@ -252,3 +252,24 @@ async def test_d19f_missing_required_image_names_the_event(via):
         assert (code, message) == (47, "Change stream was configured to require a post-image for all update events, "
                                    'but the post-image was not found for event: {operationType: "update", '
                                    f'ns: {{db: "d47", coll: "c"}}, clusterTime: {ts}}}')
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D8: " + _SCOPE_IN_ENGINE + " for dropDatabase on a single-collection stream"))])
+async def test_d8_drop_database_does_not_end_a_stream_on_a_collection_it_did_not_hold(via):
+    """The same rule (buildOperationFilter omits dropDatabase on single-collection streams) on a
+    stream the engine serves: the collection did not exist when its database was dropped, so no
+    drop comes first, and the stream goes on to the collection's later events."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[str]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.d8b.other.insert_one({"_id": 1})
+            direct.drop_database("d8b")
+            direct.d8b.x.insert_one({"_id": "end"})
+            coll = client(_uri(cluster, server, via)).d8b.x
+            return [e["operationType"] for e in _until(coll.watch(start_at_operation_time=start,
+                                                                  max_await_time_ms=100), _is_end, timeout=10)]
+
+        assert await sync(work) == ["insert"]
