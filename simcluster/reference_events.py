@@ -223,10 +223,7 @@ class ReferenceTransformer:
         desc = {k: v for k, v in o.items() if k != "_id"} if op_type != "drop" else None
         if op_type == "modify" and "$v" in o:
             return None  # a $v:2 delta of a view document: no whole definition to show
-        doc: dict[str, Any] = {}
-        if txn is not None:
-            doc["txnNumber"], doc["lsid"] = txn[1], txn[0]
-        doc["_id"] = None
+        doc: dict[str, Any] = {"_id": None}  # (the view transform adds no lsid/txnNumber)
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
         if wall is not None:
@@ -283,9 +280,9 @@ class ReferenceTransformer:
             if not (self._coll_in_scope(src_db, src) or self._coll_in_scope(dst_db, dst)):
                 return None
             to = {"db": dst_db, "coll": dst}
-            desc = {"to": dict(to)}
-            if o.get("dropTarget") is not None:
-                desc["dropTarget"] = o["dropTarget"]
+            # The command but renameCollection and stayTemp, its `to` made an ns document in place.
+            desc = {k: v for k, v in o.items() if k not in ("renameCollection", "stayTemp")}
+            desc["to"] = dict(to)
             doc = self._ddl_head(txn, to, "rename", ts, ui, wall)
             doc["ns"] = {"db": src_db, "coll": src}
             if self.expanded:
@@ -319,9 +316,10 @@ class ReferenceTransformer:
         else:
             desc = rest
             o2 = entry.get("o2") or {}
-            state_before = {"collectionOptions": o2.get("collectionOptions_old", {})}
-            if "indexOptions_old" in o2:
-                state_before["indexOptions"] = o2["indexOptions_old"]
+            # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a
+            # field missing from o2 is left out.
+            state_before = {name: o2[f"{name}_old"] for name in ("collectionOptions", "indexOptions")
+                            if f"{name}_old" in o2}
         doc = self._ddl_head(txn, None, op_type, ts, ui, wall)
         doc["ns"] = {"db": db, "coll": coll}
         doc["operationDescription"] = desc
