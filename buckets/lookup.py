@@ -10,7 +10,8 @@
 - `fullDocument: "whenAvailable" | "required"`: update events get that pre-image with the update
   applied (the server computes the post-image the same way).
 
-Both are spliced in before `ns`, fullDocument first, as the server orders them.
+fullDocument is spliced in before `ns`, fullDocumentBeforeChange after the last field, as the
+server orders them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.keystring import key_of
 from mongoformats.mql import get_path
-from mongoformats.oplog_splice import splice_before_ns
+from mongoformats.oplog_splice import splice_at_end, splice_before_ns
 from mongoformats.resume_token import decode_token
 from mongoformats.update_diff import post_image
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
@@ -121,7 +122,7 @@ class DocumentLookup:
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
                                  "update, delete and replace events, but the pre-image was not found for the event "
                                  f"at {ev.cluster_time}")
-            out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocumentBeforeChange", before))
+            out[i] = ev._replace(raw=splice_at_end(ev.raw, "fullDocumentBeforeChange", before))
         return out
 
     @staticmethod

@@ -259,6 +259,15 @@ class OplogTransformer:
             return None
         op = op_doc["op"]
         o = op_doc["o"]
+        if op == "c":
+            # create and createIndexes run inside a transaction: buildTransactionFilter admits
+            # them among the ops, and they carry the transaction's lsid/txnNumber
+            # (jstests/change_streams/ddl_create_index_txn.js; audit D6a).
+            first = next(iter(o.keys()), None)
+            if first not in ("create", "createIndexes") or self.ddl_notes:
+                return None
+            return self._ddl(op_doc, first, o, ns.split(".", 1)[0], ts=ts, wall=wall, txn_op_index=txn_op_index,
+                             txn=txn)
         full_document = update_description = None
         if op == "i":
             op_type = "insert"
@@ -301,20 +310,27 @@ class OplogTransformer:
         return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, (ns,), txn)
 
     def _view_event(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any) -> ChangeEvent | None:
-        """6.0+ servers show a view's create and drop (writes to system.views) as expanded events."""
-        if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in ("i", "d"):
+        """6.0+ servers show writes to system.views as view events: an insert as `create`, an update
+        (collMod of a view, logged as a replacement) as `modify`, a delete as `drop`. Per
+        change_stream_event_transform.cpp (ChangeStreamViewDefinitionEventTransformation), the
+        operationDescription is the whole view document but `_id`, and the token carries the `ui`
+        of the system.views entry (audit D1, D2, D3)."""
+        kinds = {"i": "create", "u": "modify", "d": "drop"}
+        if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in kinds:
             return None
         o = _plain(op_doc["o"])
-        name = o.get("_id")
-        if not isinstance(name, str) or "." not in name or (op_doc["op"] == "i" and "viewOn" not in o):
-            return None  # not a view definition the server would write
+        name = o.get("_id") if op_doc["op"] != "u" else (_plain(op_doc.get("o2")) or {}).get("_id", o.get("_id"))
+        if not isinstance(name, str) or "." not in name or (op_doc["op"] == "u" and "$v" in o):
+            return None  # not a whole view definition the server would write
         db, coll = _split_ns(name)
         if db in _INTERNAL_DBS:
             return None
-        if op_doc["op"] == "i":
-            desc = {"viewOn": o["viewOn"], "pipeline": o.get("pipeline", [])}
-            return self._ddl_event("create", db, coll, ts, wall, None, desc)
-        return self._ddl_event("drop", db, coll, ts, wall, None, None, show_desc=False)
+        ui = op_doc.get("ui")
+        kind = kinds[op_doc["op"]]
+        if kind == "drop":
+            return self._ddl_event("drop", db, coll, ts, wall, ui, None, show_desc=False, show_uuid=False)
+        desc = {k: v for k, v in o.items() if k != "_id"}
+        return self._ddl_event(kind, db, coll, ts, wall, ui, desc, show_uuid=False)
 
     # -- commands (DDL, transactions) ------------------------------------------------------------
 
@@ -337,22 +353,35 @@ class OplogTransformer:
         ev = self._ddl(doc, first, o, db)
         return [ev] if ev is not None else []
 
-    def _ddl(self, doc: RawBSONDocument, first: str, o: RawBSONDocument, db: str) -> ChangeEvent | None:
-        ts, wall, ui = doc["ts"], doc.get("wall"), doc.get("ui")
+    def _ddl(self, doc: Mapping[str, Any], first: str, o: Mapping[str, Any], db: str, *, ts: Timestamp | None = None,
+             wall: Any = None, txn_op_index: int = 0, txn: tuple[Any, Any] | None = None) -> ChangeEvent | None:
+        """`ts`, `wall`, `txn_op_index` and `txn`: a command inside a transaction's applyOps."""
+        if ts is None:
+            ts, wall = doc["ts"], doc.get("wall")
+        ui = doc.get("ui")
         expanded = self.show_expanded_events
+        event = functools.partial(self._ddl_event, txn_op_index=txn_op_index, txn=txn)
+        # Collections named system.* make no event (change_stream_filter_helpers.cpp matches these
+        # commands' collection against kRegexAllCollections; audit D4).
+        named = o.get(first)
+        if first in _SYSTEM_FILTERED and isinstance(named, str) and named.startswith("system."):
+            return None
+        if first == "renameCollection" and all(_split_ns(o[k])[1].startswith("system.")
+                                               for k in ("renameCollection", "to")):
+            return None
         if first == "drop":
             coll = o["drop"]
-            return self._ddl_event("drop", db, coll, ts, wall, ui, None, show_desc=False)
+            return event("drop", db, coll, ts, wall, ui, None, show_desc=False)
         if first == "renameCollection":
             src_db, src_coll = _split_ns(o["renameCollection"])
             dst_db, dst_coll = _split_ns(o["to"])
             desc: dict[str, Any] = {"to": {"db": dst_db, "coll": dst_coll}}
             if o.get("dropTarget") is not None:
                 desc["dropTarget"] = o["dropTarget"]
-            return self._ddl_event("rename", src_db, src_coll, ts, wall, ui, desc, to={"db": dst_db, "coll": dst_coll},
+            return event("rename", src_db, src_coll, ts, wall, ui, desc, to={"db": dst_db, "coll": dst_coll},
                                    extra_ns=(f"{dst_db}.{dst_coll}",))
         if first == "dropDatabase":
-            return self._ddl_event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
+            return event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
         if not expanded or self.ddl_notes:
             return None  # with ddl_notes the proxy's notes stand for these entries
         if first == "create":
@@ -360,33 +389,35 @@ class OplogTransformer:
             coll = o["create"]
             if "viewOn" in desc:  # views are recorded in system.views; the create entry is the collection
                 return None
-            return self._ddl_event("create", db, coll, ts, wall, ui, desc)
+            return event("create", db, coll, ts, wall, ui, desc)
         if first == "createIndexes":
             spec = {k: v for k, v in _plain(o).items() if k != "createIndexes"}
-            return self._ddl_event("createIndexes", db, o["createIndexes"], ts, wall, ui, {"indexes": [spec]})
+            return event("createIndexes", db, o["createIndexes"], ts, wall, ui, {"indexes": [spec]})
         if first == "commitIndexBuild":
-            return self._ddl_event("createIndexes", db, o["commitIndexBuild"], ts, wall, ui,
+            return event("createIndexes", db, o["commitIndexBuild"], ts, wall, ui,
                                    {"indexes": _plain(o)["indexes"]})
         if first == "dropIndexes":
-            return self._ddl_event("dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]})
+            return event("dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]})
         if first == "collMod":
             desc = {k: v for k, v in _plain(o).items() if k != "collMod"}
             o2 = _plain(doc.get("o2")) or {}
             before = {"collectionOptions": o2.get("collectionOptions_old", {})}
             if "indexOptions_old" in o2:
                 before["indexOptions"] = o2["indexOptions_old"]
-            return self._ddl_event("modify", db, o["collMod"], ts, wall, ui, desc, state_before=before)
+            return event("modify", db, o["collMod"], ts, wall, ui, desc, state_before=before)
         return None
 
     def _ddl_event(self, op_type: str, db: str, coll: str | None, ts: Timestamp, wall: Any, ui: Any,
                    desc: dict[str, Any] | None, *, show_desc: bool = True, to: dict[str, Any] | None = None,
-                   state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = ()) -> ChangeEvent:
+                   state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = (),
+                   show_uuid: bool = True, txn_op_index: int = 0,
+                   txn: tuple[Any, Any] | None = None) -> ChangeEvent:
         fields: dict[str, Any] = {}
         if to is not None:
             fields["to"] = to  # the server adds `to` ahead of `_id` (mongodb-formats.md C.11)
         fields["operationType"] = op_type
         fields["clusterTime"] = ts
-        if self.show_expanded_events and ui is not None:
+        if self.show_expanded_events and ui is not None and show_uuid:
             fields["collectionUUID"] = ui
         if wall is not None:
             fields["wallTime"] = wall
@@ -397,7 +428,7 @@ class OplogTransformer:
             fields["stateBeforeChange"] = state_before
         ident = self._identifier(op_type, None, desc)
         namespaces = ((f"{db}.{coll}",) if coll is not None else ()) + extra_ns
-        return self._finish(ts, 0, ui, ident, fields, op_type, db, coll, namespaces, None)
+        return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, namespaces, txn)
 
     # -- noops -------------------------------------------------------------------------------------
 
@@ -406,7 +437,11 @@ class OplogTransformer:
         o = doc.get("o")
         # Sharding's notices: {<event name>: "db.c", ...} in o2, the rest its operationDescription.
         if o2 is not None and self.show_expanded_events:
+            # reshardCollection and refineCollectionShardKey too: buildInternalOpFilter admits them
+            # and the transform's kNoop case maps them (change_stream_event_transform.cpp; D5).
             for kind, shown in (("shardCollection", not self.ddl_notes),
+                                ("reshardCollection", not self.ddl_notes),
+                                ("refineCollectionShardKey", not self.ddl_notes),
                                 ("migrateLastChunkFromShard", self.show_system_events)):
                 if kind in o2 and shown:
                     db, coll = _split_ns(o2[kind])
@@ -488,12 +523,13 @@ class OplogTransformer:
         return ChangeEvent.for_token(token, op_type, db, coll, raw, namespaces)
 
 
+_SYSTEM_FILTERED = frozenset({"drop", "create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"})
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
 
 
 def with_field_before_ns(event: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
     """`event` with `name` set just before `ns`: where the server puts fullDocument (a looked-up or
-    recorded post-image, or None) and, after it, fullDocumentBeforeChange."""
+    recorded post-image, or None). (fullDocumentBeforeChange goes last: oplog_splice.splice_at_end.)"""
     out: dict[str, Any] = {}
     for key, item in event.items():
         if key == "ns":

@@ -261,13 +261,23 @@ def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
 
 def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
     """`event` (BSON) with a `name` element (`document`'s BSON, or null) spliced in just before
-    `ns`: where the server puts fullDocument and, after it, fullDocumentBeforeChange. Fields
+    `ns`: where the server puts fullDocument (a slot the transform reserves). Fields
     ahead of `_id` (a transaction's lsid/txnNumber) stay where they are."""
     _, ns_value, _ = elements(event)[b"ns"]
     at = ns_value - len(b"\x03ns\x00")
     key = name.encode()
     element = b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
     return document_of(event[4:at] + element + event[at:-1])
+
+
+def splice_at_end(event: bytes, name: str, document: bytes | None) -> bytes:
+    """`event` (BSON) with a `name` element (`document`'s BSON, or null) appended after its last
+    field: where the server puts fullDocumentBeforeChange. DocumentSourceChangeStreamAddPreImage
+    sets that field, which the event does not have, and a pipeline Document appends a field it
+    does not find (document.h, DocumentStorage::getField; audit D11)."""
+    key = name.encode()
+    element = b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    return document_of(event[4:-1] + element)
 
 
 def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
@@ -573,7 +583,7 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
     Why: the general path decodes the diff into dicts, walks them and encodes the result, half of
     an update's splice; here no value is read, only the sections' bounds (and `d`'s names). The
     values are the server's bytes, not a decode-encode round trip, and the order is the general
-    path's (sections in the diff's order). A diff names each field once (the server writes it so);
+    path's (`u`, then `i`). A diff names each field once (the server writes it so);
     one naming a field in both `u` and `i` would keep both here, where the general path's dict
     keeps one.
     """
@@ -582,14 +592,15 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
         return None
     updated: list[bytes] = []
     removed = b""
-    for name, (t, v, e) in sections.items():
-        if t != 3:
-            return None
-        if name == b"d":
-            removed = b"".join(_cstring_element(0x02, b"%d" % i, _string(field))
-                               for i, field in enumerate(elements(raw, v)))
-        else:
+    if any(t != 3 for t, _, _ in sections.values()):
+        return None
+    for name in (b"u", b"i"):  # updates, then inserts, wherever they sit in the diff
+        if name in sections:
+            _, v, e = sections[name]
             updated.append(raw[v + 4:e - 1])
+    if b"d" in sections:
+        removed = b"".join(_cstring_element(0x02, b"%d" % i, _string(field))
+                           for i, field in enumerate(elements(raw, sections[b"d"][1])))
     return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
                                  b"\x04removedFields\x00", document_of(removed),
                                  b"\x04truncatedArrays\x00\x05\x00\x00\x00\x00")))

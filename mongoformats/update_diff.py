@@ -6,9 +6,9 @@ shared/reference/mongodb-formats.md C.3):
     array diff:  {a: true, l: <new length>?, u<idx>: v, s<idx>: <sub-diff>}
 Mapping (change_stream_document_diff_parser): `u`/`i` -> updatedFields at dotted paths, `d` ->
 removedFields, `l` -> truncatedArrays {field, newSize}. disambiguatedPaths (6.1+, expanded events
-only) lists, for each reported path that a dotted string cannot describe unambiguously (an array
-index, or a field name that is numeric or contains a dot), the path as an array of components
-with array indices as integers.
+only) lists, for each reported path that a dotted string cannot describe unambiguously (a field
+name that contains a dot, or a numeric one below the top level), the path as an array of
+components with array indices as integers.
 """
 
 from __future__ import annotations
@@ -19,15 +19,30 @@ from typing import Any
 __all__ = ["update_description_from_diff"]
 
 
-def _is_ambiguous_field(name: str) -> bool:
-    return name.isdigit() or "." in name
+def _is_numeric_strict(name: str) -> bool:
+    """FieldRef::isNumericPathComponentStrict: ASCII digits only, no leading zero but in "0"."""
+    return name.isascii() and name.isdigit() and (len(name) == 1 or name[0] != "0")
 
 
 def update_description_from_diff(diff: Mapping[str, Any], *, disambiguate: bool = False) -> dict[str, Any]:
+    """The server's reading (change_stream_document_diff_parser.cpp, buildUpdateDescriptionWith-
+    DeltaOplog): in an object diff the `u` fields, then the `i` fields, then the `d` fields, then
+    the sub-diffs in their order; in an array diff the truncation, then the entries in order.
+
+    A path is ambiguous (listed in disambiguatedPaths) from its first field-name component that
+    contains a dot or is numeric (isNumericPathComponentStrict) without being the path's first
+    component; array indices alone never make it so (DeltaUpdateDescriptionBuilder::
+    _appendFieldToPath; jstests/change_streams/expanded_update_description.js)."""
     updated: dict[str, Any] = {}
     removed: list[str] = []
     truncated: list[dict[str, Any]] = []
     disambiguated: dict[str, list[Any]] = {}
+
+    def step(path: list[Any], amb: bool, part: Any) -> bool:
+        """Whether the path is ambiguous once `part` (a str field or an int index) is appended."""
+        if amb or isinstance(part, int):
+            return amb
+        return (bool(path) and _is_numeric_strict(part)) or "." in part
 
     def note(path: list[Any], ambiguous: bool) -> str:
         dotted = ".".join(str(p) for p in path)
@@ -35,37 +50,35 @@ def update_description_from_diff(diff: Mapping[str, Any], *, disambiguate: bool 
             disambiguated[dotted] = list(path)
         return dotted
 
+    def walk(value: Any, path: list[Any], amb: bool) -> None:
+        if isinstance(value, Mapping) and value.get("a") is True:
+            walk_array(value, path, amb)
+        else:
+            walk_object(value, path, amb)
+
     def walk_object(d: Mapping[str, Any], path: list[Any], amb: bool) -> None:
+        for section in ("u", "i"):
+            for f, v in d.get(section, {}).items():
+                updated[note(path + [f], step(path, amb, f))] = v
+        for f in d.get("d", {}):
+            removed.append(note(path + [f], step(path, amb, f)))
         for key, value in d.items():
-            if key == "d":
-                for f in value:
-                    removed.append(note(path + [f], amb or _is_ambiguous_field(f)))
-            elif key in ("u", "i"):
-                for f, v in value.items():
-                    updated[note(path + [f], amb or _is_ambiguous_field(f))] = v
-            elif key.startswith("s"):
+            if key.startswith("s") and len(key) > 1:
                 f = key[1:]
-                sub_amb = amb or _is_ambiguous_field(f)
-                if isinstance(value, Mapping) and value.get("a") is True:
-                    walk_array(value, path + [f], sub_amb)
-                else:
-                    walk_object(value, path + [f], sub_amb)
-            # "b" (binary diffs, newest servers) carries no path information we report.
+                walk(value, path + [f], step(path, amb, f))
+        # "b" (binary diffs, newest servers) carries no path information we report.
 
     def walk_array(d: Mapping[str, Any], path: list[Any], amb: bool) -> None:
+        if "l" in d:
+            truncated.append({"field": note(path, amb), "newSize": d["l"]})
         for key, value in d.items():
-            if key == "a":
+            if key in ("a", "l"):
                 continue
-            if key == "l":
-                truncated.append({"field": note(path, amb), "newSize": value})
-            elif key.startswith("u"):
-                updated[note(path + [int(key[1:])], True)] = value
+            idx = int(key[1:])
+            if key.startswith("u"):
+                updated[note(path + [idx], amb)] = value
             elif key.startswith("s"):
-                idx = int(key[1:])
-                if isinstance(value, Mapping) and value.get("a") is True:
-                    walk_array(value, path + [idx], True)
-                else:
-                    walk_object(value, path + [idx], True)
+                walk(value, path + [idx], amb)
 
     walk_object(diff, [], False)
     out: dict[str, Any] = {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}

@@ -10,6 +10,12 @@ ready was returned. A stream resumed from an event's token must meet that event 
 scope and stages (EnsureResumeTokenPresent), else ChangeStreamFatalError; a transaction whose
 commit is read without its earlier entries has them read back by prevOpTime.
 
+The events themselves come from simcluster's own transform (reference_events), independent of
+the engine's, so that comparing the two finds a transform bug instead of repeating it. The stages
+after $changeStream are the engine's (mongoformats.change_stages): simcluster evaluates exactly
+what the proxy's accelerated watch() evaluates and refuses the rest (NotImplemented), which the
+pass-through contract needs (tests/test_accelerate.py).
+
 Sources: shared/reference/000 section 3.5 (mongos merge), mongodb-formats.md C.11 (invalidate),
 D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-streams spec.
 """
@@ -20,21 +26,13 @@ import collections
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import bson
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import (
-    RAW,
-    ChangeEvent,
-    OplogTransformer,
-    invalidate_event,
-    with_field_before_ns,
-    with_full_document,
-)
-from mongoformats.change_stages import apply_stages, compile_stages, encode_in_order, unsupported_in_stages
-from mongoformats.codecs import PLAIN
+from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
+from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
+from mongoformats.idl import wrong_type
 from mongoformats.large_events import (
     MEASURE_ABOVE_BYTES,
     SPLIT_STAGE,
@@ -53,6 +51,7 @@ from mongoformats.resume_token import (
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
+from simcluster.reference_events import ReferenceTransformer, RefEvent, encode_event, invalidate_for
 
 _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter", "startAfter",
                       "startAtOperationTime", "allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
@@ -61,7 +60,16 @@ _OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter",
 _STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
                      "$redact", "$changeStreamSplitLargeEvent"})
 _IMAGE_MODES = ("whenAvailable", "required")
-_INVALIDATING = {"collection": ("drop", "rename", "dropDatabase"), "database": ("dropDatabase",)}
+# Each option's Python type and the IDL's type name (document_source_change_stream.idl): tokens are
+# `resumeToken` (bson_serialization_type object), the modes are string enums, the flags bool.
+_OPTION_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "resumeAfter": (dict, "object"), "startAfter": (dict, "object"), "startAtOperationTime": (Timestamp, "timestamp"),
+    "fullDocument": (str, "string"), "fullDocumentBeforeChange": (str, "string"),
+    **{flag: (bool, "bool") for flag in ("allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
+                                         "showSystemEvents", "$_generateV2ResumeTokens")}}
+# The events that end a stream (isInvalidatingCommand); a collection stream sees dropDatabase never
+# (the reference's filter), its own collection's drop or rename only.
+_INVALIDATING = {"collection": ("drop", "rename"), "database": ("dropDatabase",)}
 
 
 class OplogSource(Protocol):
@@ -108,8 +116,9 @@ class NativeStream:
         # until then. Passing it unmet fails the stream; a high-water mark needs no event.
         self.must_meet: bytes | None = None
         self.met = False
-        self.transformers = [self._transformer() for _ in nodes]
         token = spec.get("resumeAfter") or spec.get("startAfter")
+        self.resumed_from = decode_token(token) if token is not None else None
+        self.transformers = [self._transformer(node) for node in nodes]
         if token is not None:
             data = decode_token(token)
             if data.from_invalidate and "resumeAfter" in spec:
@@ -138,19 +147,12 @@ class NativeStream:
             if ts_key(start) < first and node.oplog.truncated_before:
                 raise MongoError("ChangeStreamHistoryLost", "Resume of change stream was not possible, as the resume "
                                  "point may no longer be in the oplog.")
-        self.pending: list[ChangeEvent] = []
-        self.ready: collections.deque[ChangeEvent] = collections.deque()
+        self.pending: list[RefEvent] = []
+        self.ready: collections.deque[RefEvent] = collections.deque()
         self.frontier = min(self.positions)
         self.done = False
 
     # -- reading -----------------------------------------------------------------------------------
-
-    def _in_scope(self, ev: ChangeEvent) -> bool:
-        if self.scope == "cluster":
-            return True
-        if self.scope == "database":
-            return ev.db == self.db
-        return f"{self.db}.{self.coll}" in ev.namespaces or (ev.db == self.db and ev.op_type == "dropDatabase")
 
     def _join_new_shards(self) -> None:
         """Checked before each read, in the same synchronous step: no entry read in this poll can
@@ -160,15 +162,17 @@ class NativeStream:
         for node, joined in self.topology()[len(self.nodes):]:
             self.nodes.append(node)
             self.positions.append(max(ts_key(joined) - 1, self.frontier))
-            self.transformers.append(self._transformer())
+            self.transformers.append(self._transformer(node))
 
-    def _transformer(self) -> OplogTransformer:
-        return OplogTransformer(show_expanded_events=bool(self.spec.get("showExpandedEvents")),
-                                show_migration_events=bool(self.spec.get("showMigrationEvents")),
-                                show_system_events=bool(self.spec.get("showSystemEvents")),
-                                token_version=self.version)
+    def _transformer(self, node: OplogSource) -> ReferenceTransformer:
+        return ReferenceTransformer(db=self.db, coll=self.coll, cluster=self.scope == "cluster",
+                                    expanded=bool(self.spec.get("showExpandedEvents")),
+                                    migration=bool(self.spec.get("showMigrationEvents")),
+                                    system_events=bool(self.spec.get("showSystemEvents")),
+                                    version=self.version, resumed_from=self.resumed_from,
+                                    chain=node.oplog.chain_through)
 
-    def _poll(self) -> list[ChangeEvent]:
+    def _poll(self) -> list[RefEvent]:
         self._join_new_shards()
         for i, node in enumerate(self.nodes):
             # Bounded reads, like one getMore batch per shard cursor.
@@ -176,10 +180,8 @@ class NativeStream:
             if raws:
                 transformer = self.transformers[i]
                 for raw in raws:
-                    if (gap := transformer.missing_chain(raw)) is not None:
-                        transformer.adopt_chain(node.oplog.chain_through(gap))
-                    for ev in transformer.transform(RawBSONDocument(raw, RAW)):
-                        if (ev.sort_key > self.skip_key or ev.sort_key == self.must_meet) and self._in_scope(ev):
+                    for ev in transformer.events(raw):
+                        if ev.sort_key > self.skip_key or ev.sort_key == self.must_meet:
                             self.pending.append(ev)
                             if self.before_change != "off" or self.full_document in _IMAGE_MODES:
                                 self.origin[ev.sort_key] = node
@@ -190,20 +192,15 @@ class NativeStream:
         self.pending = [e for e in self.pending if ts_key(e.cluster_time) > frontier]
         return ready
 
-    def _shape(self, ev: ChangeEvent, node_for_lookup: Any) -> Any:
-        """Apply fullDocument lookups or post-images, pre-images and the user's stages to one event."""
+    def _shape(self, ev: RefEvent, node_for_lookup: Any) -> Any:
+        """Apply fullDocument lookups or post-images, pre-images and the user's stages to one event:
+        the event's document, or None when a $match drops it."""
         origin = self.origin.pop(ev.sort_key, None)
         wants_post = ev.op_type == "update" and self.full_document != "default"
         wants_pre = self.before_change != "off" and ev.op_type in ("update", "replace", "delete")
-        if not (wants_post or wants_pre):
-            if not self.stages:
-                return RawBSONDocument(ev.raw, RAW)
-            return self._stages(bson.decode(ev.raw, PLAIN), ev.token)
-        doc = bson.decode(ev.raw, PLAIN)
-        data = decode_token(ev.token)
-        at_ts, at_index = ev.applied_at or (ev.cluster_time, data.txn_op_index)  # where they were recorded
-        images = origin.images.get((data.uuid.bytes, ts_key(at_ts), at_index)) \
-            if origin is not None and data.uuid else None
+        doc = ev.doc
+        images = origin.images.get((ev.image_key[0], ts_key(ev.image_key[1]), ev.image_key[2])) \
+            if origin is not None and ev.image_key is not None else None
         if wants_post:
             if self.full_document == "updateLookup":
                 after = node_for_lookup(f"{ev.db}.{ev.coll}", doc["documentKey"])
@@ -211,15 +208,21 @@ class NativeStream:
                 after = images[1] if images is not None else None
                 if after is None and self.full_document == "required":
                     raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image "
-                                     "for all update events, but the post-image was not found")
-            doc = with_full_document(doc, after)
+                                     "for all update events, but the post-image was not found for event: "
+                                     f"{_image_error_text(doc)}")
+            doc = _with_full_document(doc, after)
         if wants_pre:
             before = images[0] if images is not None else None
             if before is None and self.before_change == "required":
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
-                                 "update, delete and replace events, but the pre-image was not found")
-            doc = with_field_before_ns(doc, "fullDocumentBeforeChange", before)
-        return self._stages(doc, ev.token)
+                                 "update, delete and replace events, but the pre-image was not found for event: "
+                                 f"{_image_error_text(doc)}")
+            # DocumentSourceChangeStreamAddPreImage sets a field the event does not have (it
+            # removes the transform's preImageId): Document appends it, after every other field.
+            doc = {**doc, "fullDocumentBeforeChange": before}
+        if self.stages:
+            return apply_stages(doc, self.stages, ev.token)
+        return doc
 
     def _large(self, raw: bytes, skip: int) -> Any:
         """A large event as the server returns it: whole, in fragments (with their tokens, past the
@@ -232,15 +235,12 @@ class NativeStream:
             raise too_large
         return RawBSONDocument(raw, RAW)
 
-    def _stages(self, doc: dict[str, Any], token: dict[str, Any]) -> Any:
-        return apply_stages(doc, self.stages, token)
-
     async def fetch(self, limit: int, deadline: float, lookup: Any) -> list[Any]:
         import trio
 
         out: list[Any] = []
         ready = self.ready
-        last: ChangeEvent | None = None  # the last event returned: its token is computed once
+        last: RefEvent | None = None  # the last event returned: its token is computed once
         size = 0
         while True:
             while self.held and len(out) < limit:
@@ -258,8 +258,8 @@ class NativeStream:
             while ready and len(out) < limit:
                 ev = ready.popleft()
                 shaped = self._shape(ev, lookup)
-                if isinstance(shaped, dict):  # in the event's own field order, as the server sends it
-                    shaped = RawBSONDocument(encode_in_order(shaped), RAW)
+                if shaped is not None:  # in the event's own field order, as the server sends it
+                    shaped = RawBSONDocument(encode_event(shaped), RAW)
                 skip = 0
                 if shaped is not None and self.must_meet is not None:
                     if ev.sort_key == self.must_meet:
@@ -285,11 +285,16 @@ class NativeStream:
                         size += len(shaped.raw) + BATCH_ELEMENT_OVERHEAD
                         last = ev
                 if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
-                    inv = invalidate_event(ev, wall=bson.decode(ev.raw, PLAIN).get("wallTime"))
-                    if self.held:
-                        self.held.append((RawBSONDocument(inv.raw, RAW), inv.token))
+                    # The invalidate comes from a stage of $changeStream itself (CheckInvalidate),
+                    # ahead of the user's stages: a $match may drop it, and the stream ends all the same.
+                    inv = invalidate_for(ev)
+                    inv_doc = apply_stages(inv.doc, self.stages, inv.token) if self.stages else inv.doc
+                    if inv_doc is None:
+                        pass
+                    elif self.held:
+                        self.held.append((RawBSONDocument(encode_event(inv_doc), RAW), inv.token))
                     else:
-                        out.append(RawBSONDocument(inv.raw, RAW))
+                        out.append(RawBSONDocument(encode_event(inv_doc), RAW))
                         last = inv
                     self.done = True
                 if self.held or self.done:
@@ -318,6 +323,40 @@ class NativeStream:
                         nursery.start_soon(_wake, node, nursery)
 
 
+def _with_full_document(event: dict[str, Any], document: Any) -> dict[str, Any]:
+    """`event` with fullDocument in its slot before `ns`: the transform adds the field (missing)
+    for every update when a post-image is wanted, and the post-image stage fills it in place."""
+    out: dict[str, Any] = {}
+    for key, value in event.items():
+        if key == "ns":
+            out["fullDocument"] = document
+        out[key] = value
+    return out
+
+
+def _image_error_text(event: dict[str, Any]) -> str:
+    """The event as a missing image's error names it (ChangeStreamAddPreImageStage::
+    makePreImageNotFoundErrorMsg, also used for post-images): a Document of operationType, ns,
+    clusterTime and txnNumber, printed by Document::toString (a missing field left out)."""
+    def text(value: Any) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {text(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, Timestamp):
+            return f"Timestamp({value.time}, {value.inc})"
+        return _element_text(value)
+
+    return text({k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event})
+
+
+def _element_text(value: Any) -> str:
+    """A value as BSONElement::toString prints it in an error message (the common kinds)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return "null" if value is None else str(value)
+
+
 async def _wake(node: Any, nursery: Any) -> None:
     import trio
 
@@ -337,17 +376,24 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
         raise MongoError("NotImplemented", "simcluster does not compare by a collation in a change stream")
     if not isinstance(spec, dict):
-        raise MongoError("TypeMismatch", "the $changeStream stage specification must be an object")
-    for key in spec:
+        # DocumentSourceChangeStream::LiteParsed (document_source_change_stream.h).
+        raise MongoError(6188500, f"$changeStream must take a nested object but found: $changeStream: "
+                         f"{_element_text(spec)}")
+    # The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
+    # an unknown field, then each field's BSON type; the enums' values after that.
+    for key, value in spec.items():
         if key not in _OPTIONS or (key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2):
             raise MongoError("IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field.")
+        if not isinstance(value, _OPTION_TYPES[key][0]) or (_OPTION_TYPES[key][1] != "bool"
+                                                              and isinstance(value, bool)):
+            raise wrong_type(f"$changeStream.{key}", value, _OPTION_TYPES[key][1])
+    for key, allowed in (("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
+                         ("fullDocumentBeforeChange", ("off", "whenAvailable", "required"))):
+        if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
+            raise MongoError("BadValue", f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
+                             "a valid value.")
     if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
         raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
-    if spec.get("fullDocument", "default") not in ("default", "updateLookup", "whenAvailable", "required"):
-        raise MongoError("BadValue", f"'{spec['fullDocument']}' is not a valid fullDocument option")
-    if spec.get("fullDocumentBeforeChange", "off") not in ("off", "whenAvailable", "required"):
-        raise MongoError("BadValue", f"'{spec['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
-                         "option")
     for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")

@@ -22,7 +22,7 @@ import trio
 from bson import Binary, Int64, ObjectId, Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import RAW
+from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import leading_id
 from mongoformats.sessions import SessionsNamed

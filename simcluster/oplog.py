@@ -18,9 +18,17 @@ import trio
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import RAW, prev_op_ts
+from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
+
+
+def prev_op_ts(entry: bytes) -> Timestamp | None:
+    """The ts of the entry before this one in its transaction's chain (prevOpTime), or None for
+    the chain's first entry (the null optime)."""
+    prev = RawBSONDocument(entry, RAW).get("prevOpTime")
+    ts = prev["ts"] if prev is not None else None
+    return ts if ts is not None and (ts.time or ts.inc) else None
 
 
 def ts_key(ts: Timestamp) -> int:

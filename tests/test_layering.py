@@ -27,3 +27,45 @@ def test_importing_mongoformats_does_not_load_trio():
     code = "import sys, mongoformats, mongoformats.wire, mongoformats.change_events; print('trio' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+# The engine's oplog-to-event transform. simcluster's change streams build their events with
+# their own reference (simcluster/reference_events.py), so that a differential test compares two
+# implementations instead of one with itself (issue 45).
+ENGINE_TRANSFORM = {"mongoformats.change_events", "mongoformats.oplog_splice", "mongoformats.batch_splice",
+                    "mongoformats.event_block", "mongoformats.update_diff"}
+# Byte-level BSON helpers that oplog_splice also holds and that build no event: a reply's cursor
+# document and its parts for the wire, and a document's leading `_id` bytes.
+WIRE_HELPERS = {("mongoformats.oplog_splice", "cursor_document"), ("mongoformats.oplog_splice", "document_parts"),
+                ("mongoformats.oplog_splice", "leading_id")}
+# The reference and the stream serving it also evaluate no event stage or query with the engine's.
+REFERENCE_ALSO = {"mongoformats.change_stages", "mongoformats.mql"}
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, str | None]]:
+    """(module, name) for each `from module import name`, (module, None) for `import module`."""
+    out: list[tuple[str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out += [(node.module, a.name) for a in node.names]
+            if node.module == "mongoformats":
+                out += [(f"mongoformats.{a.name}", None) for a in node.names]
+    return out
+
+
+def test_simcluster_shares_no_transform_code_with_the_engine():
+    for path in (ROOT / "simcluster").glob("*.py"):
+        for module, name in _imports(path):
+            if module in ENGINE_TRANSFORM:
+                assert (module, name) in WIRE_HELPERS, f"simcluster/{path.name} imports {name} from {module}"
+
+
+def test_the_reference_transform_evaluates_nothing_with_the_engines_modules():
+    for path in (ROOT / "simcluster").glob("reference_*.py"):
+        for module, _ in _imports(path):
+            assert module not in ENGINE_TRANSFORM | REFERENCE_ALSO, f"simcluster/{path.name} imports {module}"
+            assert not module.startswith(("buckets", "wireproxy")), f"simcluster/{path.name} imports {module}"
+    assert sorted(p.name for p in (ROOT / "simcluster").glob("reference_*.py")) == ["reference_diff.py",
+                                                                                      "reference_events.py"]

@@ -1,0 +1,320 @@
+"""Audit items of the single-collection stream rules and resuming (fidelity-audit-2026-11-26.md
+D7, D8, D9), run on simcluster's mongos (whose change stream is the independent reference) and
+through the proxy's accelerated `watch()`. Where the engine still differs, the accelerated case
+is a strict xfail naming the item: its fix lies in buckets/stream.py's scope and token-version
+rules."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, decode_token, encode_token
+from tests.conftest import client, sync
+from tests.test_accelerate import accelerated
+
+_SCOPE_IN_ENGINE = "the engine's scope check (buckets/stream.py _in_scope/_invalidates) still admits it"
+
+
+def _until(stream: Any, stop: Any, timeout: float = 30) -> list[dict[str, Any]]:
+    """Events up to and including the first for which `stop` holds, or an invalidate."""
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ev = stream.try_next()
+        if ev is not None:
+            out.append(ev)
+            if stop(ev) or ev["operationType"] == "invalidate":
+                break
+    stream.close()
+    return out
+
+
+def _outcome(work: Any) -> Any:
+    """`work()`'s value, or its failure as text: the test then asserts after the cluster and the
+    proxy are closed in order (a failure inside would leave the clients to close on a stopped
+    proxy)."""
+    from pymongo.errors import OperationFailure
+
+    try:
+        return work()
+    except (OperationFailure, AssertionError, pytest.fail.Exception) as exc:  # (the last: DID NOT RAISE)
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _uri(cluster: Any, server: Any, via: str) -> str:
+    return cluster.uri if via == "direct" else f"mongodb://127.0.0.1:{server.port}/"
+
+
+def _is_end(ev: dict[str, Any]) -> bool:
+    return ev["operationType"] == "insert" and ev["documentKey"]["_id"] == "end"
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D7: " + _SCOPE_IN_ENGINE + " for view events, and a view's drop invalidates"))])
+async def test_d7_single_collection_stream_sees_no_view_events(via):
+    """A single-collection stream never uses the view transform (ChangeStreamEventTransformer::
+    getBuilder: only `!_isSingleCollStream`), and its namespace regex never matches
+    db.system.views: jstests/change_streams/ddl_view_events.js "Confirm that the stream only sees
+    the normal collection creation, not the view events"."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[str]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            db = direct.d7
+            db.create_collection("base")
+            db.command({"create": "vv", "viewOn": "base", "pipeline": []})
+            db.drop_collection("vv")
+            db.create_collection("vv")
+            db.vv.insert_one({"_id": "end"})
+            stream = client(_uri(cluster, server, via)).d7.vv.watch(
+                start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=100)
+            events = _until(stream, _is_end)
+            return [e["operationType"] for e in events], "collectionUUID" in events[0]
+
+        got = await sync(_outcome, work)
+    assert got == (["create", "insert"], True)
+
+
+# Through the proxy, the stream started after the invalidate is passed through to mongos (the
+# engine serves the first one): the engine's own dropDatabase rule is not reached by this test.
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
+async def test_d8_start_after_invalidate_skips_drop_database(via):
+    """A single-collection stream never sees dropDatabase: change_stream_filter_helpers.cpp
+    buildOperationFilter, "Omit dropDatabase on single-collection streams. While the stream will
+    be invalidated before it sees this event, the user will incorrectly see it if they startAfter
+    the invalidate." Started after the invalidate, it goes on with the collection's later events."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> tuple[list[str], list[str]]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.d8.x.insert_one({"_id": 1})
+            direct.drop_database("d8")
+            coll = client(_uri(cluster, server, via)).d8.x
+            first = _until(coll.watch(start_at_operation_time=start, max_await_time_ms=100), lambda ev: False)
+            direct.d8.x.insert_one({"_id": "end"})
+            after = _until(coll.watch(start_after=first[-1]["_id"], max_await_time_ms=100), _is_end)
+            return [e["operationType"] for e in first], [e["operationType"] for e in after]
+
+        got = await sync(_outcome, work)
+    assert got == (["insert", "drop", "invalidate"], ["insert"])
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D9: the engine always writes v2 tokens (buckets/stream.py token_version), so the "
+    "resumed event's v1 key is never met: ChangeStreamFatalError 280"))])
+async def test_d9_resume_from_a_v1_event_token(via):
+    """A 6.0-era (v1) event token resumes a 7.0 stream: makeResumeToken keeps the resume token's
+    version for events at its clusterTime (`(clusterTime > _resumeToken.clusterTime) ?
+    changeStreamTokenVersion : _resumeToken.version`), so the event is found again; later events
+    carry v2 tokens (change_stream_event_transform.cpp; resume_token.cpp accepts versions 0-2)."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[Any]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            for _id in (1, 2, "end"):
+                direct.d9.c.insert_one({"_id": _id})
+            first = _until(direct.d9.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end)[0]
+            data = decode_token(first["_id"])
+            v1 = encode_token(ResumeTokenData(data.cluster_time, 1, EVENT_TOKEN, data.txn_op_index, False, data.uuid,
+                                              first["documentKey"]))
+            coll = client(_uri(cluster, server, via)).d9.c
+            events = _until(coll.watch(resume_after=v1, max_await_time_ms=100), _is_end)
+            return [(e["documentKey"]["_id"], decode_token(e["_id"]).version) for e in events]
+
+        got = await sync(_outcome, work)
+    assert got == [(2, 2), ("end", 2)]
+
+
+_BAD_SPECS = [
+    ({"fullDocument": 1}, 14, "BSON field '$changeStream.fullDocument' is the wrong type 'int', expected type "
+     "'string'"),
+    ({"showExpandedEvents": "yes"}, 14, "BSON field '$changeStream.showExpandedEvents' is the wrong type 'string', "
+     "expected type 'bool'"),
+    ({"resumeAfter": "x"}, 14, "BSON field '$changeStream.resumeAfter' is the wrong type 'string', expected type "
+     "'object'"),
+    ({"startAtOperationTime": 5}, 14, "BSON field '$changeStream.startAtOperationTime' is the wrong type 'int', "
+     "expected type 'timestamp'"),
+    ({"fullDocument": "bogus"}, 2, "Enumeration value 'bogus' for field '$changeStream.fullDocument' is not a "
+     "valid value."),
+    (1, 6188500, "$changeStream must take a nested object but found: $changeStream: 1"),
+]
+
+
+_IDS = ["d19a", "d19b", "d19c", "d19d", "d19f", "d19e"]
+_PROXY_PARSES = "D19{}: the accelerated watch()'s own option parsing (buckets/engine.py) {}"
+_PROXY_DIFFERS = {"d19b": "accepts a non-bool flag", "d19c": "fails a non-object resumeAfter as InternalError",
+                  "d19d": "words the TypeMismatch its own way"}
+
+
+def _cases() -> list[Any]:
+    out = []
+    for (spec, code, message), name in zip(_BAD_SPECS, _IDS, strict=True):
+        for via in ("direct", "accelerated"):
+            marks = [pytest.mark.xfail(strict=True, reason=_PROXY_PARSES.format(name[3:], _PROXY_DIFFERS[name]))] \
+                if via == "accelerated" and name in _PROXY_DIFFERS else []
+            out.append(pytest.param(spec, code, message, via, id=f"{name}-{via}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("spec,code,message,via", _cases())
+async def test_d19_change_stream_spec_errors_as_the_idl_gives_them(spec, code, message, via):
+    """The $changeStream spec is parsed by the IDL (document_source_change_stream.idl: resumeAfter
+    and startAfter are `resumeToken`, bson_serialization_type object; startAtOperationTime a
+    timestamp; the modes string enums; the flags bool): a wrong type is TypeMismatch with the IDL's
+    message, a bad enum value IDLParserContext::throwBadEnumValue's BadValue, and a spec that is
+    no object DocumentSourceChangeStream::LiteParsed's 6188500."""
+    from pymongo.errors import OperationFailure
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> Any:
+            with pytest.raises(OperationFailure) as err:
+                client(_uri(cluster, server, via)).d19.c.aggregate([{"$changeStream": spec}])
+            return err.value.code, err.value.details["errmsg"]
+
+        got = await sync(_outcome, work)
+    assert got == (code, message)
+
+
+@pytest.mark.parametrize("via", ["direct", pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="issue 45 item 5: the engine (buckets/stream.py) leaves the invalidate out of the user's "
+    "stages: a $match keeping only invalidates never returns it, and the stream a $match on inserts reads "
+    "stays open"))])
+async def test_user_stages_see_the_invalidate(via):
+    """The invalidate is made by $changeStream's own CheckInvalidate stage, ahead of the user's
+    stages (document_source_change_stream.cpp builds it into the stage's pipeline): a $match on
+    operationType "invalidate" returns it, one on "insert" drops it, and either way the stream
+    ends (issue 45, item 5)."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> tuple[list[str], list[str], bool]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.inv.c.insert_one({"_id": 1})
+            direct.inv.c.drop()
+            coll = client(_uri(cluster, server, via)).inv.c
+            only = coll.watch([{"$match": {"operationType": "invalidate"}}], start_at_operation_time=start,
+                              max_await_time_ms=100)
+            kept = [e["operationType"] for e in _until(only, lambda ev: False, timeout=5)]
+            inserts = coll.watch([{"$match": {"operationType": "insert"}}], start_at_operation_time=start,
+                                 max_await_time_ms=100)
+            seen = []
+            deadline = time.monotonic() + 5
+            while inserts.alive and time.monotonic() < deadline:
+                ev = inserts.try_next()
+                if ev is not None:
+                    seen.append(ev["operationType"])
+            return kept, seen, inserts.alive
+
+        got = await sync(_outcome, work)
+    assert got == (["invalidate"], ["insert"], False)
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D9 companion: the engine writes v2 tokens (buckets/stream.py token_version) also for "
+    "events at the clusterTime of the v1 high-water mark it resumed from"))])
+async def test_d9_resume_from_a_v1_high_water_mark_keeps_v1_at_its_time(via):
+    """Resumed from a v1 high-water mark, the events at its clusterTime have v1 tokens and later
+    ones v2 (makeResumeToken: `(clusterTime > _resumeToken.clusterTime) ?
+    changeStreamTokenVersion : _resumeToken.version`)."""
+    from mongoformats.resume_token import HIGH_WATER_MARK
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[Any]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            for _id in (1, 2, "end"):
+                direct.d9h.c.insert_one({"_id": _id})
+            first = _until(direct.d9h.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end)[0]
+            hwm = encode_token(ResumeTokenData(first["clusterTime"], 1, HIGH_WATER_MARK))
+            coll = client(_uri(cluster, server, via)).d9h.c
+            events = _until(coll.watch(resume_after=hwm, max_await_time_ms=100), _is_end)
+            return [(e["documentKey"]["_id"], decode_token(e["_id"]).version) for e in events]
+
+        got = await sync(_outcome, work)
+    assert got == [(1, 1), (2, 2), ("end", 2)]
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D19f: the engine (buckets/) words a missing image's error its own way"))])
+async def test_d19f_missing_required_image_names_the_event(via):
+    """NoMatchingDocument's message ends with the event as makePreImageNotFoundErrorMsg prints it
+    ({operationType, ns, clusterTime, txnNumber?}, Document::toString), for the post-image stage
+    too (change_stream_add_post_image_stage.cpp)."""
+    from pymongo.errors import OperationFailure
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> tuple[int, str, str]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.d47.c.insert_one({"_id": 1})
+            direct.d47.c.update_one({"_id": 1}, {"$set": {"a": 1}})
+            update = _until(direct.d47.c.watch(start_at_operation_time=start, max_await_time_ms=100),
+                            lambda ev: ev["operationType"] == "update")[-1]
+            coll = client(_uri(cluster, server, via)).d47.c
+            with pytest.raises(OperationFailure) as err:
+                _until(coll.watch(start_at_operation_time=start, full_document="required", max_await_time_ms=100),
+                       lambda ev: ev["operationType"] == "update", timeout=10)
+            ts = update["clusterTime"]
+            return err.value.code, err.value.details["errmsg"], f"Timestamp({ts.time}, {ts.inc})"
+
+        got = await sync(_outcome, work)
+    assert isinstance(got, tuple), got
+    code, message, ts = got
+    assert (code, message) == (47, "Change stream was configured to require a post-image for all update events, "
+                               'but the post-image was not found for event: {operationType: "update", '
+                               f'ns: {{db: "d47", coll: "c"}}, clusterTime: {ts}}}')
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="D8: " + _SCOPE_IN_ENGINE + " for dropDatabase on a single-collection stream"))])
+async def test_d8_drop_database_does_not_end_a_stream_on_a_collection_it_did_not_hold(via):
+    """The same rule (buildOperationFilter omits dropDatabase on single-collection streams) on a
+    stream the engine serves: the collection did not exist when its database was dropped, so no
+    drop comes first, and the stream goes on to the collection's later events."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[str]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.d8b.other.insert_one({"_id": 1})
+            direct.drop_database("d8b")
+            direct.d8b.x.insert_one({"_id": "end"})
+            coll = client(_uri(cluster, server, via)).d8b.x
+            return [e["operationType"] for e in _until(coll.watch(start_at_operation_time=start,
+                                                                  max_await_time_ms=100), _is_end, timeout=10)]
+
+        got = await sync(_outcome, work)
+    assert got == ["insert"]
+
+
+@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
+    strict=True, reason="the engine's database scope (buckets/stream.py _in_scope) checks only the event's "
+    "own (source) database"))])
+async def test_a_rename_into_the_watched_database_is_seen(via):
+    """buildOperationFilter (change_stream_filter_helpers.cpp) matches a renameCollection whose
+    source or whose target (`o.to`) is in the stream's namespace: a database stream sees a
+    collection renamed into its database from another one."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> list[Any]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.rsrc.a.insert_one({"_id": 1})
+            direct.admin.command("renameCollection", "rsrc.a", to="rdst.b")
+            direct.rdst.b.insert_one({"_id": "end"})
+            db = client(_uri(cluster, server, via)).rdst
+            events = _until(db.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end, timeout=10)
+            return [(e["operationType"], e["ns"], e.get("to")) for e in events]
+
+        got = await sync(_outcome, work)
+    assert got == [("rename", {"db": "rsrc", "coll": "a"}, {"db": "rdst", "coll": "b"}),
+                                ("insert", {"db": "rdst", "coll": "b"}, None)]
