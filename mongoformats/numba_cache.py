@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import stat
 import sys
 import tempfile
@@ -44,14 +45,18 @@ def candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
 
 
 def _user_cache_home(environ: Mapping[str, str]) -> Path | None:
-    """$XDG_CACHE_HOME, else ~/.cache (as the XDG base directory specification says)."""
+    """$XDG_CACHE_HOME, else ~/.cache (as the XDG base directory specification says); the home
+    from $HOME, else from the password database (None when neither gives one)."""
     xdg = environ.get("XDG_CACHE_HOME", "")
     if os.path.isabs(xdg):
         return Path(xdg)
-    try:
-        return Path.home() / ".cache"
-    except (RuntimeError, KeyError):  # no HOME and no passwd entry for this UID
-        return None
+    home = environ.get("HOME", "")
+    if not home:
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:  # a UID without an entry, as a container run with --user 12345 has
+            return None
+    return Path(home) / ".cache" if os.path.isabs(home) else None
 
 
 def usable(path: Path, *, private: bool) -> bool:

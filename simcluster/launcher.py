@@ -50,6 +50,8 @@ class ClusterProcess:
 
     def close(self) -> None:
         stop_process(self.process)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def stop_process(process: subprocess.Popen[Any]) -> None:

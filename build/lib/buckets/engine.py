@@ -1,0 +1,877 @@
+"""The engine behind the proxy's `parallelChangeStream` commands.
+
+Commands (admin database):
+  {parallelChangeStream: 1, nBuckets: N, name?, startAtOperationTime? | resumeAfter? | startAfter?,
+   showExpandedEvents?, pipeline?: [{$match: ...}], batchSize?, maxAwaitTimeMS?, shardBufferBytes?,
+   bucketBufferBytes?, readerProcesses?}
+      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets}
+      Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
+      one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket count
+      changes from a common token: a list of tokens all alike, whatever its length, is that one
+      token, and a name open with another nBuckets and no cursors is reopened with the new count.
+  {parallelChangeStream: 1, name, bucket: i, resumeAfter?: token, nBuckets?}
+      -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
+  {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
+  getMore / killCursors on the returned cursor ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+import trio
+from bson import Int64, Timestamp
+
+from buckets.bucketing import MAX_BUCKETS
+from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
+from buckets.memory_limit import check_fits, default_memory_limit
+from buckets.reader_process import ReaderPool, reader_pool
+from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
+from buckets.topology import Topology, discover
+from mongoformats.change_events import EV_RAW, EventFields, ddl_note
+from mongoformats.change_stages import compile_stages, unsupported_in_stages
+from mongoformats.errors import MongoError, with_change_stream_label
+from mongoformats.event_block import is_block
+from mongoformats.expressions import VARIABLES
+from mongoformats.idl import get_more_request, kill_cursors_ids, wrong_type
+from mongoformats.large_events import SPLIT_STAGE, without_split_stage
+from mongoformats.mql import unsupported_in_query
+from mongoformats.oplog_splice import SplicedDocument
+from mongoformats.oplog_splice import cursor_document as splice_cursor
+from mongoformats.privileges import allows, change_stream_resource
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    decode_token,
+    fragment_of,
+    high_water_mark,
+    token_from_key,
+    token_sort_key,
+)
+from mongoformats.sessions import session_id, sessions_named
+from wireproxy.config import MAX_READER_PROCESSES
+from wireproxy.router import CommandTable, PassThrough
+from wireproxy.upstream import MemberConnector, UpstreamConnection
+
+log = logging.getLogger("buckets.engine")
+
+CURSOR_NS = "admin.$cmd.parallelChangeStream"
+_OPEN_FIELDS = frozenset({
+    "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
+    "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
+    "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange",
+    # generic fields drivers add to every command
+    "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
+    "$db", "readConcern", "writeConcern"})
+
+
+# A bucket cursor no getMore has used for this long is no longer read (consumers getMore again
+# within their await time, a second or so), so it no longer holds its stream's bucket count.
+CURSOR_IN_USE_S = 10.0
+
+# The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
+# explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
+_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db", "$clusterTime",
+                           "$readPreference", "readConcern", "apiVersion", "apiStrict", "apiDeprecationErrors",
+                           "allowDiskUse"})
+_SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
+_FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
+_BEFORE_CHANGE = ("off", "whenAvailable", "required")
+# Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
+_V2_TOKENS_WIRE_VERSION = 18
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    shard_buffer_bytes: int = 1 << 30
+    bucket_buffer_bytes: int = 64 << 20
+    idle_teardown_s: float = 300.0     # a stream with no cursors for this long is torn down
+    max_await_ms: int = 1000
+    reader_await_ms: int = 200
+    reader_processes: int = 0          # default for streams that do not pass readerProcesses
+    # A reader process that has read nothing this long is stopped. Its own setting, not the
+    # stream teardown's: a process costs a second of CPU to start (imports), a stream nothing.
+    reader_idle_s: float = 300.0
+    # A reader process that answers nothing for this long (stopped, its loop stuck) is killed,
+    # failing its streams as a death does (None: never); the proxy's upstream_timeout_s.
+    hang_timeout_s: float | None = 30.0
+    # A cursor no getMore has used for this long is killed, as the server's cursorTimeoutMillis
+    # (10 min) kills idle cursors; one opened in a session lives as long as its session would on
+    # the server (logicalSessionTimeoutMinutes, 30 min), counted from the cursor's last use.
+    # Otherwise the cursor of a consumer that vanished (a crashed app's watch(), a killed Spark
+    # task) kept its stream reading every shard, and its buffers full, for the proxy's lifetime.
+    cursor_timeout_s: float = 600.0
+    session_cursor_timeout_s: float = 1800.0
+    # Cursors of sessions a client ended (endSessions) are killed at the next session refresh,
+    # as the server's logical session cache does every logicalSessionRefreshMillis (5 min).
+    session_refresh_s: float = 300.0
+    # Streams are admitted while their budgets fit under this (buckets/memory_limit.py); 0: half
+    # of the machine's (or the cgroup's) memory.
+    memory_limit_bytes: int = 0
+    # An accelerated watch() has one consumer, which cannot drain faster than a few batches of
+    # read-ahead give it; its shards' budgets are this, so that many watches fit the limit.
+    watch_shard_buffer_bytes: int = 64 << 20
+
+
+def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any],
+                    pbrt: Mapping[str, Any]) -> SplicedDocument:
+    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding);
+    `events` are EventFields and EventBlocks."""
+    return splice_cursor(cursor_id, ns, batch_field, [ev if is_block(ev) else ev[EV_RAW] for ev in events],
+                         {"postBatchResumeToken": pbrt})
+
+
+def _mentions_full_document(stages: Any) -> bool:
+    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange),
+    or an expression reads the whole event ($$ROOT, $$CURRENT), which holds those fields."""
+    if isinstance(stages, Mapping):
+        return any(str(k).startswith("fullDocument") or _mentions_full_document(v) for k, v in stages.items())
+    if isinstance(stages, list):
+        return any(_mentions_full_document(v) for v in stages)
+    if not isinstance(stages, str):
+        return False
+    variable, _, path = stages.partition(".") if stages.startswith("$$") else ("", "", stages[1:])
+    return (variable in VARIABLES and not path) or (stages.startswith("$") and path.startswith("fullDocument"))
+
+
+def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    value = cmd.get(name)
+    if value is None:  # absent or null: the server's parsers take a null optional field as absent
+        return None
+    # Range first, then integrality: int() of an infinite or NaN double raises (NaN fails the range).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
+            or int(value) != value:
+        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, not {value!r}")
+    return int(value)
+
+
+_MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
+# The stream settings an open command may pass, with their ranges (defaults: EngineConfig).
+_SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
+             "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
+
+
+def _setting(cmd: Mapping[str, Any], name: str, default: int) -> int:
+    """One of _SETTINGS (checked when the command came in, _check_open_options), or its default."""
+    value = cmd.get(name)
+    return default if value is None else int(value)
+
+
+def _check_open_options(cmd: dict[str, Any]) -> None:
+    """Types and ranges of the open command's options, checked before anything is created, with
+    the errors the server gives for the same fields of $changeStream: a malformed option fails the
+    command, never the stream later (an InternalError from deep inside the engine)."""
+    for name, (low, high) in _SETTINGS.items():
+        _int_option(cmd, name, low, high)
+    if "showExpandedEvents" in cmd and not isinstance(cmd["showExpandedEvents"], bool):
+        raise wrong_type("parallelChangeStream.showExpandedEvents", cmd["showExpandedEvents"], "bool")
+    for field in ("resumeAfter", "startAfter"):
+        if field not in cmd:
+            continue
+        tokens = cmd[field]
+        for token in tokens if isinstance(tokens, list) else [tokens]:
+            if not isinstance(token, Mapping):
+                raise wrong_type(f"parallelChangeStream.{field}", token, "object")
+            decode_token(token)  # 40647, 40648, FailedToParse, InvalidResumeToken as the server's
+
+
+def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
+    """`cmd` with a `resumeAfter`/`startAfter` list of bucket tokens checked against `n`: a list of
+    another length is accepted only when its tokens are all the same (a common token), and is
+    then that one token.
+
+    Why: bucket i of an N-bucket stream holds the namespaces with crc32(ns) % N == i, so its
+    token says nothing of where a namespace dealt to another bucket of an M-bucket stream stands.
+    At a common token every namespace stands at the same point, which any bucket count can
+    resume from. (Spark's micro-batches all end at one planned token, so its checkpoints hold one.)
+    """
+    for field in ("resumeAfter", "startAfter"):
+        tokens = cmd.get(field)
+        if not isinstance(tokens, list) or n is None or len(tokens) == n:
+            continue
+        if len({token_sort_key(t) for t in tokens}) != 1:
+            raise MongoError("BadValue", f"{field} has {len(tokens)} bucket tokens but nBuckets is {n}: tokens of a "
+                             "stream with another bucket count resume it only if they are all the same token "
+                             "(read every bucket up to one token first)")
+        return {**cmd, field: tokens[0]}
+    return cmd
+
+
+async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """`cmd` run on the client's upstream connection, as mongos answers it (errors included)."""
+    up = await session.get_upstream()
+    return dict(bson.decode((await up.command(db, cmd, check=False)).raw))
+
+
+class Engine:
+    def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
+                 config: EngineConfig | None = None, *, connect_member: MemberConnector | None = None,
+                 requires_auth: bool = False) -> None:
+        self.connect_upstream = connect_upstream
+        # The upstream requires authentication (the proxy logs in with its own credentials), so a
+        # client must have logged in on its connection before the engine serves it.
+        self.requires_auth = requires_auth
+        # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
+        self.connect_member = connect_member or MemberConnector()
+        self.config = config or EngineConfig()
+        self.streams: dict[str, ParallelStream] = {}
+        self.cursors: dict[int, BucketCursor] = {}
+        self._private: dict[int, ParallelStream] = {}   # watch() and replay streams, by their one cursor
+        self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
+        self._ended_sessions: set[bytes] = set()      # ended since the last session refresh (cursor owners)
+        self._rng = random.Random()
+        self._nursery: trio.Nursery | None = None
+        self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
+        self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
+        # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
+        self.watches = {"accelerated": 0, "passedThrough": 0}
+        self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
+        self.rebucketed = 0         # named streams reopened with another nBuckets
+        self.memory_limit = self.config.memory_limit_bytes or default_memory_limit()
+        self._admitting = 0         # budgets of streams being created, not yet listed
+        self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
+
+    def register(self, table: CommandTable) -> None:
+        table.change_stream_handler = self.cmd_change_stream
+        table.register("parallelChangeStream", self.cmd_open)
+        table.register("parallelChangeStreamStatus", self.cmd_status)
+        table.owned_cursors = self.cursors
+        table.get_more = self.cmd_get_more
+        table.kill_cursors = self.cmd_kill_cursors
+        for name in DDL_COMMANDS:
+            table.register(name, self.cmd_ddl)
+        for name in ("killSessions", "killAllSessions"):
+            table.register(name, self.cmd_kill_sessions)
+        table.register("endSessions", self.cmd_end_sessions)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # A reader process that reads nothing is stopped after reader_idle_s.
+        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s)
+        async with pool_of_readers as pool, trio.open_nursery() as nursery:
+            self._nursery, self._reader_pool = nursery, pool
+            task_status.started()
+            next_refresh = trio.current_time() + self.config.session_refresh_s
+            while True:
+                await trio.sleep(1)
+                if trio.current_time() >= next_refresh:
+                    next_refresh += self.config.session_refresh_s
+                    self._reap_ended_sessions()
+                self._kill_idle_cursors()
+                self._tear_down_idle()
+
+    def all_streams(self) -> dict[str, ParallelStream]:
+        """Named streams and the private ones each serving one cursor (an accelerated watch(), a
+        bucket re-read from the oplogs), by name: status and /metrics show both."""
+        return {**self.streams, **{s.name: s for s in self._private.values()}}
+
+    def memory_reserved(self) -> int:
+        """Bytes the open streams' budgets may hold, and those of streams being created."""
+        return sum(s.reserved_bytes() for s in self.all_streams().values()) + self._admitting
+
+    def memory_status(self) -> dict[str, int]:
+        return {"limitBytes": self.memory_limit, "reservedBytes": self.memory_reserved(),
+                "streamsRefused": self.refused_for_memory}
+
+    def reader_processes(self) -> list[dict[str, Any]]:
+        """The shared reader processes: index, alive, tails (shards of streams) each reads."""
+        return self._reader_pool.status() if self._reader_pool is not None else []
+
+    def _kill_idle_cursors(self) -> None:
+        now = trio.current_time()
+
+        def idle(cur: BucketCursor) -> bool:
+            limit = self.config.session_cursor_timeout_s if cur.owner else self.config.cursor_timeout_s
+            return not cur.busy and now - cur.last_used > limit
+        self.cursors_timed_out += self._kill_cursors_where(idle, "unused for the cursor timeout")
+
+    def _reap_ended_sessions(self) -> None:
+        ended, self._ended_sessions = self._ended_sessions, set()
+        self._kill_cursors_where(lambda cur: cur.owner in ended, "its session was ended")
+
+    def _kill_cursors_where(self, match: Callable[[BucketCursor], bool], why: str) -> int:
+        """Kill every cursor `match` selects (timeouts, ended or killed sessions); how many."""
+        doomed = [cid for cid, cur in self.cursors.items() if match(cur)]
+        for cid in doomed:
+            log.info("killing cursor %d of stream %s: %s", cid, self.cursors[cid].stream.name, why)
+            self._drop_cursor(cid)
+        return len(doomed)
+
+    def _make_room(self, need: int) -> int:
+        """Close streams without cursors, least recently used first, until `need` more bytes fit
+        under the memory limit; returns what is then reserved (memory_reserved). Such a stream is
+        kept only so that a consumer can re-attach to its retained events until the idle teardown;
+        one re-attaching later reopens it from its token. Streams with cursors are never closed to
+        admit another, and if closing every idle stream would still not make room, none is closed:
+        the new stream is refused either way."""
+        idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
+        reserved = self.memory_reserved()
+        if reserved + need - self.memory_limit > sum(s.reserved_bytes() for s in idle):
+            return reserved
+        for stream in idle:
+            if reserved + need <= self.memory_limit:
+                break
+            reserved -= stream.reserved_bytes()
+            self._close_named(stream, "tearing down idle stream %s early: its budgets are needed for a new stream")
+        return reserved
+
+    def _tear_down_idle(self) -> None:
+        now = trio.current_time()
+        for stream in list(self.streams.values()):
+            if stream.has_cursors():
+                stream.last_active = now
+            elif now - stream.last_active > self.config.idle_teardown_s:
+                self._close_named(stream, "tearing down idle stream %s")
+
+    def _close_named(self, stream: ParallelStream, why: str) -> None:
+        """Close a named stream and forget it; `why` is logged, with %s for its name."""
+        log.info(why, stream.name)
+        stream.close()
+        del self.streams[stream.name]
+
+    # -- upstream helpers --------------------------------------------------------------------------
+
+    async def upstream_wire_version(self) -> int:
+        if self._upstream_wire_version is None:
+            up = await self.connect_upstream()
+            try:
+                hello = await up.command("admin", {"hello": 1})
+            finally:
+                await up.aclose()
+            self._upstream_wire_version = int(hello.get("maxWireVersion", 0))
+        return self._upstream_wire_version
+
+    async def lacks_expanded_events(self) -> bool:
+        """True for an upstream before 6.0: DDL events then come from the proxy's notes."""
+        return await self.upstream_wire_version() < EXPANDED_EVENTS_WIRE_VERSION
+
+    async def _on_each_shard(self, shards: Mapping[str, list[tuple[str, int]]], db: str,
+                             cmd: dict[str, Any]) -> dict[str, Any]:
+        """Run `cmd` on every shard's primary directly (shard id -> reply)."""
+        out: dict[str, Any] = {}
+        for sid, hosts in shards.items():
+            conn = await self.connect_member(hosts, secondary=False)
+            try:
+                out[sid] = await conn.command(db, cmd)
+            finally:
+                await conn.aclose()
+        return out
+
+    async def _holders(self, shards: Mapping[str, list[tuple[str, int]]], ns: str) -> dict[str, Any]:
+        db, _, coll = ns.partition(".")
+        replies = await self._on_each_shard(shards, db, {"listCollections": 1, "filter": {"name": coll}})
+        return {sid: bson.decode(r.raw)["cursor"]["firstBatch"][0] for sid, r in replies.items()
+                if r["cursor"]["firstBatch"]}
+
+    async def _discover(self) -> Topology:
+        up = await self.connect_upstream()
+        try:
+            return await discover(up)
+        finally:
+            await up.aclose()
+
+    # -- commands ----------------------------------------------------------------------------------
+
+    def _user(self, session: Any, command: str) -> str:
+        """The user `session` logged in as; Unauthorized (13) when the upstream needs one and there is none."""
+        user = getattr(session, "user", None) or ""
+        if self.requires_auth and not user:
+            raise MongoError("Unauthorized", f"Command {command} requires authentication")
+        return str(user)
+
+    async def _may_watch(self, session: Any, resource: dict[str, Any]) -> bool:
+        """Whether the client's own user holds find and changeStream on `resource`, as mongos
+        would check for a change stream: the engine reads the shards with the proxy's login, so
+        it asks the client's connection for its privileges (connectionStatus showPrivileges)."""
+        if not self.requires_auth:
+            return True
+        return allows(await session.privileges(), ("find", "changeStream"), resource)
+
+    async def cmd_open(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        self._user(session, "parallelChangeStream")
+        if db != "admin":
+            raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
+        # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
+        if not await self._may_watch(session, change_stream_resource(None, None)):
+            raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
+                             "it needs find and changeStream on every database ({db: '', collection: ''})")
+        for key in cmd:
+            if key not in _OPEN_FIELDS:
+                raise MongoError("IDLUnknownField", f"BSON field 'parallelChangeStream.{key}' is an unknown field.")
+        # An option set to null is an option not given, as the server's parsers take null optional fields.
+        first = next(iter(cmd))
+        cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
+        starts = [k for k in ("startAtOperationTime", "resumeAfter", "startAfter") if k in cmd]
+        if len(starts) > 1:
+            raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
+        if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
+            raise MongoError("BadValue", f"'{cmd['fullDocument']}' is not a valid fullDocument option; use one of "
+                             f"{', '.join(_FULL_DOCUMENT)}")
+        if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
+            raise MongoError("BadValue", f"'{cmd['fullDocumentBeforeChange']}' is not a valid fullDocumentBeforeChange "
+                             f"option; use one of {', '.join(_BEFORE_CHANGE)}")
+        n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
+        bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
+        _check_open_options(cmd)
+        cmd = _one_token_if_common(cmd, n)
+        name = cmd.get("name")
+        if name is not None and not isinstance(name, str):
+            raise MongoError("BadValue", "name must be a string")
+        batch_size = _int_option(cmd, "batchSize", 0, 1 << 30)
+        if bucket is not None:
+            if name is None:
+                raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
+            return await self._attach_bucket(session, name, bucket, n, cmd, batch_size)
+        if n is None:
+            raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
+        name = name or f"pcs-{uuid.uuid4().hex[:12]}"
+        stream, created = await self._named(name, n, cmd)
+        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+        if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
+            # Joining an existing stream at a time: the same point as a token for that time.
+            tokens = high_water_mark(cmd["startAtOperationTime"])
+        per_bucket = tokens if isinstance(tokens, list) else [tokens] * n
+        cursors = []
+        for i in range(n):
+            token = per_bucket[i]
+            if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
+                raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
+                                 "events after that token; attach to the bucket alone to re-read them")
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
+            cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
+                            "postBatchResumeToken": cur.last_token, "bucket": i})
+        return {"cursors": cursors, "name": name, "nBuckets": n}
+
+    async def _named(self, name: str, n: int | None, cmd: dict[str, Any]) -> tuple[ParallelStream, bool]:
+        """The open stream `name`, or one created from `cmd` (then True). Commands that find it
+        missing at once (the N Spark tasks of a micro-batch after a proxy restart each attach
+        their bucket with nBuckets) wait for one creation: each made its own, and all but the
+        last were left outside `streams`, never torn down, reading every shard for good."""
+        while (pending := self._creating.get(name)) is not None:
+            await pending.wait()
+        stream = self.streams.get(name)
+        if stream is not None and n is not None and n != stream.options.n_buckets:
+            self._close_to_rebucket(stream, n)
+            stream = None
+        if stream is not None:
+            return stream, False
+        if n is None:
+            raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
+                             "pass nBuckets (and resumeAfter) to open it")
+        done = self._creating[name] = trio.Event()
+        try:
+            return await self._create(name, n, cmd), True
+        finally:
+            del self._creating[name]
+            done.set()
+
+    def _close_to_rebucket(self, stream: ParallelStream, n: int) -> None:
+        """Close `stream` so that its name can be opened again with `n` buckets.
+
+        Why: a Spark query restarted with another nBuckets (more tasks) reopens its stream under
+        the same name from its checkpoint. Bucket tokens are per bucket count, so the old stream's
+        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by closing
+        it, and the new stream re-reads from the given start. A stream whose cursors are in use is
+        still someone's: refused (ConflictingOperationInProgress, which the caller may retry), so
+        one job never pulls the buckets from under another. Cursors no getMore has used for
+        CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never kills its
+        cursor, and the cursor timeout is 10 minutes or more): they are killed with the stream.
+        """
+        now = trio.current_time()
+        cursors = [cur for b in stream.buckets.values() for cur in b.cursors]
+        in_use = sum(cur.busy or now - cur.last_used < CURSOR_IN_USE_S for cur in cursors)
+        if in_use:
+            raise MongoError("ConflictingOperationInProgress",
+                             f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} and "
+                             f"{in_use} cursor(s) read it; close them (or use another name) to reopen it with "
+                             f"nBuckets {n}")
+        for cur in cursors:
+            self._drop_cursor(cur.cursor_id)
+        self._close_named(stream, f"reopening stream %s with {n} buckets instead of {stream.options.n_buckets} "
+                                  f"({len(cursors)} abandoned cursors killed)")
+        self.rebucketed += 1
+
+    async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
+                      scope: tuple[str, str | None] | None = None,
+                      stages: tuple[dict[str, Any], ...] = ()) -> ParallelStream:
+        topology = await self._discover()
+        now = topology.as_of
+        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+        if isinstance(tokens, list):
+            floors = [token_sort_key(t) for t in tokens]
+            start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
+        elif tokens is not None:
+            start, key = start_point(tokens)
+            floors = [key] * n
+        else:
+            # Like the server, a stream with no start point sees what happens after now: the
+            # newest write (at `now` itself) was before it opened.
+            start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
+            if not isinstance(start, Timestamp):
+                raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
+            floors = [token_sort_key(high_water_mark(start))] * n
+        pipeline, split = without_split_stage(list(cmd.get("pipeline") or []))
+        match = None
+        for stage in pipeline:
+            if not isinstance(stage, dict) or set(stage) != {"$match"}:
+                raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages "
+                             f"(and a final {SPLIT_STAGE})")
+            if (unsupported := unsupported_in_query(stage["$match"])) is not None:
+                raise MongoError("BadValue", f"parallelChangeStream's $match does not support {unsupported}")
+            match = {"$and": [match, stage["$match"]]} if match else stage["$match"]
+        if (cmd.get("fullDocument", "default") != "default" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
+                and _mentions_full_document(pipeline):
+            # The $match runs as events are dealt, before any lookup: it would not see post-images.
+            raise MongoError("BadValue", "with fullDocument: 'updateLookup' or fullDocumentBeforeChange, the "
+                             "pipeline's $match may not test those fields (it runs before the lookups)")
+        options = StreamOptions(
+            n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
+            shard_buffer_bytes=_setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
+            bucket_buffer_bytes=_setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
+            max_await_ms=_setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
+            reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
+            full_document=str(cmd.get("fullDocument", "default")),
+            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
+            stages=compile_stages(stages), split_large_events=split,
+            reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
+            ddl_notes=await self.lacks_expanded_events())
+        kept = len(keep) if keep is not None else n
+        need = len(topology.shards) * options.shard_buffer_bytes + kept * options.bucket_buffer_bytes
+        reserved = self._make_room(need)
+        try:
+            check_fits(need, reserved, self.memory_limit, streams=len(self.all_streams()),
+                       shards=len(topology.shards), shard_bytes=options.shard_buffer_bytes, buckets=kept,
+                       bucket_bytes=options.bucket_buffer_bytes)
+        except MongoError:
+            self.refused_for_memory += 1
+            raise
+        # Held until the stream is listed (by the caller, for a private one: no await between),
+        # so that streams created at once cannot each fit beside the others' absence.
+        self._admitting += need
+        try:
+            stream = ParallelStream(name, options, topology, start, floors, keep=keep,
+                                    connect_upstream=self.connect_upstream, connect_member=self.connect_member,
+                                    readers_pool=self._reader_pool)
+            stream.last_active = trio.current_time()
+            assert self._nursery is not None, "Engine.run() must be started first"
+            self._nursery.start_soon(stream.run)
+            await stream.started.wait()
+            if stream.error is not None:
+                raise stream.error
+            if keep is None:
+                self.streams[name] = stream
+            return stream
+        finally:
+            self._admitting -= need
+
+    def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
+                    batch_size: int | None, token: Mapping[str, Any] | None, *,
+                    from_start: bool = False) -> BucketCursor:
+        """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
+        (`from_start`), at the stream's start point; else at the bucket's live end.
+
+        Why `from_start`: a new stream's readers start as soon as every oplog is known to reach
+        back far enough, and may deal events before the command that created it gets to run again.
+        Those events are after the start point the command asked for, so its cursor must see them:
+        placed at the live end, it skipped them (a 1M-event catch-up lost the first few hundred).
+        Nothing leaves a bucket before a cursor has read it, so the bucket still holds them all.
+        """
+        bucket = stream.buckets[i]
+        if token is None and from_start:
+            token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
+        fragments_sent = 0
+        if token is not None:
+            position = bucket.position_after(start_point(token)[1])
+            assert position is not None, "callers check retention first"
+            if (fragment := fragment_of(token)) is not None:
+                # Resumed inside a split event: at the event, past the fragments returned.
+                if position < bucket.end and bucket.key_at(position) == fragment[0]:
+                    fragments_sent = fragment[1] + 1
+                else:  # not here (another bucket's, or a different stream's): after it
+                    position = bucket.position_after(token_sort_key(token))
+                    assert position is not None
+        else:
+            position = bucket.end
+        cid = (self._rng.getrandbits(62) << 1) | 1
+        lsid = cmd.get("lsid")
+        # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
+        # _user) and, if opened in a session, to that session too.
+        cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
+                           ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
+                           last_used=trio.current_time(), fragments_sent=fragments_sent)
+        if token is not None:
+            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+        else:
+            cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
+        bucket.cursors.add(cur)
+        self.cursors[cid] = cur
+        return cur
+
+    async def _attach_bucket(self, session: Any, name: str, i: int, n: int | None, cmd: dict[str, Any],
+                             batch_size: int | None) -> dict[str, Any]:
+        stream, created = await self._named(name, n, cmd)
+        if i >= stream.options.n_buckets:
+            raise MongoError("BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})")
+        token = cmd.get("resumeAfter") or cmd.get("startAfter")
+        if isinstance(token, list):
+            raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
+        if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
+            # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
+            stream.replays += 1
+            stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
+                                        {**cmd, "nBuckets": stream.options.n_buckets,
+                                         "showExpandedEvents": stream.options.show_expanded_events,
+                                         "shardBufferBytes": stream.options.shard_buffer_bytes,
+                                         "bucketBufferBytes": stream.options.bucket_buffer_bytes,
+                                         "pipeline": ([{"$match": stream.options.match}] if stream.options.match
+                                                      else [])
+                                         + ([{SPLIT_STAGE: {}}] if stream.options.split_large_events else [])},
+                                        keep={i})
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+            self._private[cur.cursor_id] = stream
+        else:
+            cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
+        events: list[EventFields] = []
+        if batch_size:
+            events, _ = await cur.next_batch(batch_size, 0, first=True)
+        return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
+
+    async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        try:
+            reply = await self._accelerate_watch(session, db, cmd)
+        except PassThrough:
+            self.watches["passedThrough"] += 1
+            raise
+        self.watches["accelerated"] += 1
+        return reply
+
+    async def _accelerate_watch(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
+
+        Only streams whose every event the engine reproduces exactly are accelerated: every
+        fullDocument and fullDocumentBeforeChange mode, and the stages, operators and expressions
+        mongoformats.change_stages evaluates. Anything else raises PassThrough, so the
+        session forwards the aggregate to mongos unchanged: acceleration never changes what a
+        consumer sees.
+        """
+        if self.requires_auth and not getattr(session, "user", None):
+            raise PassThrough()  # mongos answers an unauthenticated aggregate with its own error
+        if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
+            raise PassThrough()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
+        if set(cmd) - _WATCH_FIELDS - {"collation"} or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
+            raise PassThrough()
+        pipeline = cmd.get("pipeline") or []
+        spec = pipeline[0]["$changeStream"]
+        try:
+            stages, split = without_split_stage(pipeline[1:])
+        except MongoError:
+            raise PassThrough() from None  # mongos answers a misplaced split stage
+        accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
+                    "fullDocument", "fullDocumentBeforeChange"}
+        full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
+        before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
+        if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
+                or before_change not in _BEFORE_CHANGE
+                or unsupported_in_stages(stages) is not None
+                or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
+            raise PassThrough()
+        coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
+        cluster_wide = bool(spec.get("allChangesForCluster"))
+        if cluster_wide != (db == "admin" and coll is None):
+            raise PassThrough()  # mongos answers the exact error for a misplaced stream
+        if not await self._may_watch(session, change_stream_resource(None if cluster_wide else db, coll)):
+            raise PassThrough()  # mongos answers Unauthorized, in its own words
+        token = spec.get("resumeAfter") or spec.get("startAfter")
+        resumed = decode_token(token) if token is not None else None
+        if resumed is not None and (resumed.from_invalidate or (resumed.fragment_num is not None and not split)):
+            # After an invalidate, or from a fragment without the split stage: mongos's rules,
+            # mongos's errors.
+            raise PassThrough()
+        sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
+                               "fullDocument": spec.get("fullDocument", "default"),
+                               "fullDocumentBeforeChange": before_change,
+                               "shardBufferBytes": self.config.watch_shard_buffer_bytes}
+        if resumed is not None and resumed.token_type == EVENT_TOKEN:
+            # From the high-water mark of its time: the stream must meet the event again (below).
+            sub["resumeAfter"] = high_water_mark(resumed.cluster_time)
+        elif token is not None:
+            sub["resumeAfter"] = token
+        elif "startAtOperationTime" in spec:
+            sub["startAtOperationTime"] = spec["startAtOperationTime"]
+        # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
+        # lookup the stages may test, means the whole pipeline runs on each returned event.
+        plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
+            and before_change == "off"
+        sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
+        if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
+            return failed
+        scope = None if cluster_wide else (db, coll)
+        try:
+            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
+                                        stages=() if plain_match else tuple(stages))
+        except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
+            if exc.code_name == "ExceededMemoryLimit":
+                # The stream mongos serves is the same stream, only slower: better than none.
+                log.warning("watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc)
+                raise PassThrough() from None
+            raise with_change_stream_label(exc) from None
+        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"),
+                               sub.get("resumeAfter"), from_start=True)
+        if resumed is not None and resumed.token_type == EVENT_TOKEN:
+            assert token is not None
+            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+            fragment = fragment_of(resumed)
+            cur.must_meet = fragment[0] if fragment is not None else cur.last_key
+            cur.fragments_sent = fragment[1] + 1 if fragment is not None else 0
+        cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+        self._private[cur.cursor_id] = stream
+        return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
+                           "ns": cur.ns}}
+
+    def _owned(self, session: Any, cid: int, cmd: dict[str, Any]) -> BucketCursor:
+        cur = self.cursors.get(cid)
+        if cur is None:
+            raise MongoError("CursorNotFound", f"cursor id {cid} not found")
+        if cur.user != self._user(session, next(iter(cmd))):
+            raise MongoError("Unauthorized", f"cursor id {cid} was not created by the authenticated user")
+        lsid = cmd.get("lsid")
+        if cur.owner and (lsid is None or session_id(lsid["id"]) != cur.owner):
+            raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
+        return cur
+
+    async def cmd_ddl(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
+        name = next(iter(cmd))
+        if not await self.lacks_expanded_events() or not isinstance(cmd[name], str):
+            raise PassThrough()
+        ns = target_namespace(db, cmd)
+        shards = (await self._discover()).shards
+        before = await self._holders(shards, ns)
+        specs = None
+        if name == "dropIndexes" and before:
+            target_db, _, coll = ns.partition(".")
+            listed = await _forward(session, target_db, {"listIndexes": coll})
+            specs = {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
+        reply = await _forward(session, db, cmd)
+        if reply.get("ok"):
+            after = await self._holders(shards, ns)
+            for note in plan_notes(cmd, ns, before, after, specs):
+                data = ddl_note(note.op_type, note.ns, ui=note.ui, operation_description=note.operation_description,
+                                state_before_change=note.state_before_change)
+                await self._on_each_shard({s: shards[s] for s in note.shards}, "admin",
+                                          {"appendOplogNote": 1, "data": data})
+        return reply
+
+    async def cmd_get_more(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        # The upstream's test fail points apply to getMores the proxy answers too (wireproxy/failpoints.py).
+        if (failed := await session.fail_point_reply("getMore", db, cmd)) is not None:
+            return failed
+        more = get_more_request(cmd)
+        cid = more.cursor_id
+        cur = self._owned(session, cid, cmd)
+        if f"{db}.{more.collection}" != cur.ns:
+            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{more.collection}', "
+                             f"but cursor belongs to a different namespace {cur.ns}")
+        if (fail := await session.fail_after_checkout()) is not None:
+            raise with_change_stream_label(fail)  # like the server's: the cursor survives it
+        if cur.busy:  # mongos pins a cursor for one operation at a time
+            raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
+        cur.busy = True  # a getMore waiting for events is a use: never timed out under it
+        try:
+            events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
+        except MongoError as exc:
+            self._drop_cursor(cid)
+            raise with_change_stream_label(exc) from None
+        finally:
+            cur.busy, cur.last_used = False, trio.current_time()
+        alive = not cur.exhausted
+        if not alive:
+            self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
+        return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+
+    async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
+            return failed
+        killed, others = [], []
+        for cid in kill_cursors_ids(cmd):
+            if cid in self.cursors:
+                self._owned(session, cid, cmd)
+                self._drop_cursor(cid)
+                killed.append(Int64(cid))
+            else:
+                others.append(Int64(cid))
+        reply: dict[str, Any] = {"cursorsKilled": killed, "cursorsNotFound": [], "cursorsAlive": [],
+                                 "cursorsUnknown": []}
+        if others:  # ids of mongos's cursors in the same command: mongos kills those
+            theirs = await _forward(session, db, {**cmd, "cursors": others})
+            if not theirs.get("ok"):
+                return theirs
+            for field_name in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
+                reply[field_name] += theirs.get(field_name, [])
+        return reply
+
+    async def cmd_end_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """endSessions, forwarded; the engine's cursors of those sessions are killed at the next
+        session refresh (EngineConfig.session_refresh_s), when the server kills those it holds."""
+        reply = await _forward(session, db, cmd)
+        if reply.get("ok") and isinstance(cmd["endSessions"], list):
+            owners = {cur.owner for cur in self.cursors.values()}  # only those: drivers end thousands
+            self._ended_sessions.update(owner for spec in cmd["endSessions"] if isinstance(spec, Mapping)
+                                        and "id" in spec and (owner := session_id(spec["id"])) in owners)
+        return reply
+
+    async def cmd_kill_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """killSessions / killAllSessions, forwarded; once mongos has accepted, the engine's
+        cursors of those sessions are killed too, as the server closes a killed session's cursors
+        (the unified test runner kills all sessions between tests)."""
+        name = next(iter(cmd))
+        reply = await _forward(session, db, cmd)
+        if not reply.get("ok"):
+            return reply
+        named = sessions_named(cmd, getattr(session, "user", None) or "", access_control=self.requires_auth)
+        # Cursors opened outside any session belong to no session a command can name.
+        self._kill_cursors_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
+                                 f"its session was killed ({name})")
+        return reply
+
+    def _drop_cursor(self, cid: int) -> None:
+        cur = self.cursors.pop(cid, None)
+        if cur is not None:
+            cur.killed = True  # before detach wakes a getMore parked on it
+            cur.bucket.detach(cur)
+        private = self._private.pop(cid, None)
+        if private is not None:
+            private.close()
+
+    async def cmd_status(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Status of every stream, or of `name` with its merge frontier.
+
+        With `after: [N tokens]` and `maxEvents: k` it also plans a micro-batch: `planEnd` is the
+        highest token such that buckets hold at most k events in (after_i, planEnd] (admission
+        control for Spark); without maxEvents, planEnd is the frontier.
+        """
+        self._user(session, "parallelChangeStreamStatus")
+        name = cmd.get("name")
+        streams = [s for n, s in sorted(self.all_streams().items()) if name in (None, n)]
+        if name is not None and not streams:
+            raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
+        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(self.cursors),
+                               "watches": dict(self.watches), "readerProcesses": self.reader_processes(),
+                               "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed,
+                               "memory": self.memory_status()}
+        if name is not None:
+            stream = streams[0]
+            stream.last_active = trio.current_time()
+            out["frontier"] = token_from_key(stream.frontier_key)
+            after = cmd.get("after")
+            if after is not None:
+                if len(after) != stream.options.n_buckets:
+                    raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
+                                     f"{stream.options.n_buckets} buckets")
+                end = stream.plan_end([token_sort_key(t) for t in after], _int_option(cmd, "maxEvents", 1, 1 << 62))
+                out["planEnd"] = token_from_key(end)
+        return out

@@ -1,0 +1,96 @@
+"""The engine's figures on the proxy's `/metrics`: what `parallelChangeStreamStatus` reports, read
+at scrape time (a collector, not gauges kept up to date on the hot path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from buckets.engine import Engine
+
+
+class EngineCollector(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        shard_labels, bucket_labels, stream_labels = ["stream", "shard"], ["stream", "bucket"], ["stream"]
+        shard: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "last_ts": GaugeMetricFamily("pcs_shard_read_position_seconds",
+                                         "Cluster time (seconds) of the newest oplog entry read", labels=shard_labels),
+            "lag": GaugeMetricFamily("pcs_shard_lag_seconds", "Wall-clock seconds since that entry was written "
+                                     "(an idle shard shows up to its noop interval)", labels=shard_labels),
+            "buffer": GaugeMetricFamily("pcs_shard_buffer_bytes", "Bytes read but not yet merged",
+                                        labels=shard_labels),
+            "entries": CounterMetricFamily("pcs_shard_entries", "Oplog entries read", labels=shard_labels),
+            "events": CounterMetricFamily("pcs_shard_events", "Change events made", labels=shard_labels),
+            "noops": CounterMetricFamily("pcs_shard_noops", "Notes written to move an idle shard on",
+                                         labels=shard_labels),
+            "reconnects": CounterMetricFamily("pcs_shard_reconnects", "Reader reconnections (member failures)",
+                                              labels=shard_labels),
+            "connected": GaugeMetricFamily("pcs_shard_connected", "1 while the reader reads from a member; 0 "
+                                           "while it has lost it or reaches none (the stream waits on this shard)",
+                                           labels=shard_labels),
+        }
+        bucket: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "depth": GaugeMetricFamily("pcs_bucket_depth", "Events no live cursor has read yet", labels=bucket_labels),
+            "bytes": GaugeMetricFamily("pcs_bucket_bytes", "Bytes held (pending and retained)", labels=bucket_labels),
+            "delivered": CounterMetricFamily("pcs_bucket_delivered", "Events returned to consumers",
+                                             labels=bucket_labels),
+            "cursors": GaugeMetricFamily("pcs_bucket_cursors", "Open cursors", labels=bucket_labels),
+        }
+        merged = CounterMetricFamily("pcs_stream_events_merged", "Events through the merge", labels=stream_labels)
+        queue = GaugeMetricFamily("pcs_stream_merge_queue_events", "Events waiting in the merge",
+                                  labels=stream_labels)
+        replays = CounterMetricFamily("pcs_stream_replays", "Bucket attaches served by re-reading the oplogs",
+                                      labels=stream_labels)
+        for name, stream in sorted(self.engine.all_streams().items()):
+            status = stream.status()
+            merged.add_metric([name], status["eventsMerged"])
+            queue.add_metric([name], status["mergeQueue"])
+            replays.add_metric([name], status["replays"])
+            for s in status["shards"]:
+                labels = [name, s["shard"]]
+                shard["last_ts"].add_metric(labels, s["lastTs"].time)
+                if s["lagSeconds"] is not None:  # None until the reader read something
+                    shard["lag"].add_metric(labels, s["lagSeconds"])
+                shard["buffer"].add_metric(labels, s["bufferBytes"])
+                shard["connected"].add_metric(labels, int(s["connected"]))
+                for key, field in (("entries", "entriesRead"), ("events", "events"), ("noops", "noops"),
+                                   ("reconnects", "reconnects")):
+                    shard[key].add_metric(labels, s[field])
+            for b in status["buckets"]:
+                labels = [name, str(b["bucket"])]
+                for key, field in (("depth", "depth"), ("bytes", "bytes"), ("delivered", "delivered"),
+                                   ("cursors", "cursors")):
+                    bucket[key].add_metric(labels, b[field])
+        yield from shard.values()
+        yield from bucket.values()
+        watches = CounterMetricFamily("pcs_watches", "Change stream aggregates (watch()) the engine served or "
+                                      "forwarded to the upstream", labels=["outcome"])
+        for outcome, count in self.engine.watches.items():
+            watches.add_metric([outcome], count)
+        tails = GaugeMetricFamily("pcs_reader_process_tails", "Shards (of all streams) a shared reader process "
+                                  "reads; absent until a stream asks for reader processes", labels=["process"])
+        alive = GaugeMetricFamily("pcs_reader_process_alive", "1 while the reader process runs",
+                                  labels=["process"])
+        timed_out = CounterMetricFamily("pcs_cursors_timed_out", "Idle cursors the engine killed "
+                                        "(unused for the cursor timeout)", value=self.engine.cursors_timed_out)
+        rebucketed = CounterMetricFamily("pcs_streams_rebucketed", "Named streams reopened with another nBuckets",
+                                         value=self.engine.rebucketed)
+        memory = self.engine.memory_status()
+        limit = GaugeMetricFamily("pcs_memory_limit_bytes", "Streams are admitted while their buffer budgets fit "
+                                  "under this", value=memory["limitBytes"])
+        reserved = GaugeMetricFamily("pcs_memory_reserved_bytes", "Buffer budgets of the open streams",
+                                     value=memory["reservedBytes"])
+        refused = CounterMetricFamily("pcs_streams_refused_for_memory", "Streams refused (watch(): passed "
+                                      "through) because their budgets did not fit the memory limit",
+                                      value=memory["streamsRefused"])
+        for proc in self.engine.reader_processes():
+            tails.add_metric([str(proc["index"])], proc["tails"])
+            alive.add_metric([str(proc["index"])], int(proc["alive"]))
+        yield from (merged, queue, replays, watches, tails, alive, timed_out, rebucketed, limit, reserved, refused)

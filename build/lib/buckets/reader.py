@@ -1,0 +1,479 @@
+"""Reading one shard: an OplogTail reads and transforms, a ShardReader feeds the merge.
+
+Strategy: a tailable awaitData `find` from the start timestamp, then one exhaust getMore whose
+batches the member streams unasked, as replication's oplog fetcher reads (the next batch is made
+while this one is spliced, no round trip between them; a member that does not stream answers
+each getMore once, and the tail asks again). On a secondary when one is up (the primary's load
+is the user's), with majority read concern: the oplog is then read only up to the set's commit
+point, so no event is ever for a write that a failover rolls back, and every member returns the
+same bytes up to there, so a tail that loses its member resumes from its position on another one
+without a gap or a duplicate. Each batch of entries (BATCH_ENTRIES a getMore) is transformed
+(raw BSON in, raw BSON events out) and sent as one `ShardBatch` carrying the shard's new mark:
+"the oplog is read through ts T, so nothing at or before T can follow". The batch's bytes are
+charged to the shard's ByteBudget before it is sent, so a slow merge stops the tail (no batch is
+read while the budget is full, and the member's stream waits on TCP's window).
+
+The two halves are split so the reading can leave the proxy's process (readerProcesses, see
+buckets/reader_process.py): an `OplogTail` is picklable until it runs and talks to whatever
+`TailOutput` it is given. In the proxy process that is its ShardReader itself; in a reader
+process it is the pipe back to the ShardReader, which stays in the proxy process with the
+budget, the statistics and the notes that move idle shards on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+from bson import Int64, Timestamp
+
+from buckets.budget import BudgetHold, ByteBudget
+from mongoformats.batch_splice import splice_entries
+from mongoformats.change_events import OplogTransformer, prev_op_ts
+from mongoformats.errors import MongoError, has_category
+from mongoformats.event_block import EventBlock, count_events, is_block
+from mongoformats.oplog_batch import SLACK, batch_in_place
+from mongoformats.oplog_splice import cursor_batch, timestamp_of
+from mongoformats.resume_token import high_water_mark, token_sort_key
+from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection, host_address
+
+log = logging.getLogger("buckets.reader")
+
+_SECONDARY_OK = {"mode": "secondaryPreferred"}
+URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
+PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
+MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
+# Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB (~50k
+# entries) unasked; read in batches, each shard's member serves the next batch while this one is
+# spliced, and other connections are served between batches (a batch of 16384 is ~8 MiB and
+# ~8 ms of splicing). Each batch costs the proxy a fixed share of Python and numpy calls (the
+# splice's templates, the reader's delivery, the merge and the deal: ~1 ms), so fewer batches
+# cost less; but a stream's first events wait for every shard's first batch, so the find asks
+# for a small one (FIRST_BATCH_ENTRIES; the getMores then stream the large ones, as a raw read
+# with the server's default first batch does). A/B in a 4-shard catch-up of 1M inserts,
+# readerProcesses 0, the proxy's CPU-s and the share of the raw read (medians of 5, two runs):
+# 4096 both 0.81 CPU-s; 8192 both 0.71-0.91, 0.57-0.64; a first batch of 1024, then 8192
+# 0.72-0.78, 0.63-0.65; then 16384: 0.66-0.69, 0.67 (16384 both: 0.60 CPU-s, but its first
+# events came later and it delivered no more events a second than 8192).
+BATCH_ENTRIES = 16384
+FIRST_BATCH_ENTRIES = 1024
+NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
+
+
+def mark_after(ts: Timestamp) -> bytes:
+    """The merge key just above every event at `ts`: the high-water mark of the next tick."""
+    return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+
+
+@dataclass(slots=True)
+class ShardBatch:
+    shard: str
+    events: list[Any]  # plain tuples (see EventFields) and EventBlocks (runs of events as columns)
+    mark: bytes
+    nbytes: int
+
+
+@dataclass
+class ShardStats:
+    host: str = ""
+    last_ts: Timestamp = field(default_factory=lambda: Timestamp(0, 0))
+    entries: int = 0
+    events: int = 0
+    batches: int = 0
+    noops: int = 0
+    reconnects: int = 0
+    noop_unavailable: str = ""
+    connected: bool = False  # reading from a member now (False until the first connect, and while lost)
+    last_error: str = ""     # why the reader last lost its member, or could not reach one
+    last_error_at: float = 0.0  # wall-clock time of that
+
+
+class TailOutput(Protocol):
+    """What an OplogTail reports, in order."""
+
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        """Events of entries read through `last_ts` (`nbytes` of them, as plain tuples): returns
+        once they are charged to the shard's budget and handed on."""
+
+    async def checked(self) -> None:
+        """The oplog reaches back to the start point (the stream may report itself open)."""
+
+    async def parked(self, waiting: bool) -> None:
+        """An awaitData getMore starts (True: the shard's oplog was read to its end) or returns."""
+
+    async def idle(self) -> None:
+        """An awaitData getMore returned nothing: the shard's mark may need a note to move."""
+
+    async def connected(self, host: str, reconnects: int) -> None:
+        """Reading from member `host`, after `reconnects` lost connections so far."""
+
+    async def lost(self, error: str, reconnects: int) -> None:
+        """The member read from was lost, or none could be reached (`error` says why): the tail
+        tries again, and stays lost to status until it reads again (a whole shard down)."""
+
+
+class OplogTail:
+    """Reads one shard's oplog from `start`, forever, reconnecting to another member on failures.
+
+    Picklable until it runs (its connector is a MemberConnector: settings), so a reader process
+    can run it.
+    """
+
+    def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
+                 transformer: OplogTransformer, await_ms: int = 200,
+                 connect_member: MemberConnector | None = None) -> None:
+        self.shard_id = shard_id
+        self.hosts = hosts
+        # Its record of failed members (a MemberConnector's) puts the member the tail lost last at
+        # the end of the line: a hung one costs the connect timeout each time it is tried.
+        self.connect_member = connect_member or MemberConnector()
+        self.position = start          # next read starts at ts >= position (inclusive at first)
+        self.inclusive = True
+        self.skip_key = skip_key       # events at or below this key were delivered before
+        self.transformer = transformer
+        self.await_ms = await_ms
+        self.reconnects = 0
+
+    async def check_history(self, conn: UpstreamConnection) -> None:
+        """Fail like the server if the oplog no longer reaches back to the start point."""
+        reply = await conn.command("local", {"find": "oplog.rs", "filter": {}, "sort": {"$natural": 1},
+                                             "limit": 1, "singleBatch": True, "$readPreference": _SECONDARY_OK})
+        first = reply["cursor"]["firstBatch"]
+        if not first:
+            return
+        entry = first[0]
+        ts = entry["ts"]
+        starts_set = entry["op"] == "n" and entry["o"].get("msg") in ("initiating set", "new primary")
+        if (ts.time, ts.inc) > (self.position.time, self.position.inc) and not starts_set:
+            raise MongoError("ChangeStreamHistoryLost",
+                             f"Resume of change stream was not possible, as the resume point may no longer be "
+                             f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})")
+
+    async def run(self, out: TailOutput) -> None:
+        """Read until cancelled; reconnect and resume from the last position on network errors."""
+        first_connect = True
+        while True:
+            try:
+                conn = await self.connect_member(self.hosts, secondary=True)
+            except UpstreamClosed as exc:
+                self.reconnects += 1
+                await out.lost(str(exc), self.reconnects)
+                await trio.sleep(0.2)
+                continue
+            try:
+                await out.connected(conn.address, self.reconnects)
+                if first_connect:
+                    await self.check_history(conn)
+                    first_connect = False
+                    await out.checked()
+                await self._tail(conn, out)
+            except (UpstreamClosed, MongoError) as exc:
+                if isinstance(exc, MongoError):
+                    if exc.code == 136:  # CappedPositionLost
+                        raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
+                                         f"the read position {self.position}") from exc
+                    if exc.code != 43 and not has_category(exc.code, "RetriableError"):
+                        raise
+                    # A lost connection has told the connector's record already; an error reply not.
+                    self.connect_member.health.failed(conn.address, str(exc))
+                # The member was lost (dropped, hung, stepped down, shutting down, recovering, the
+                # cursor gone): read on from another one.
+                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                self.reconnects += 1
+                await out.lost(str(exc), self.reconnects)
+                await trio.sleep(0.05)
+            finally:
+                await conn.aclose()
+
+    async def _tail(self, conn: UpstreamConnection, out: TailOutput) -> None:
+        # Replies stay raw bytes: entries are found where they lie in the reply and spliced into events.
+        op = "$gte" if self.inclusive else "$gt"
+        data, at = await conn.command_in_place("local", {
+            "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
+            # A first batch of its own size (see BATCH_ENTRIES): the server's default (101
+            # entries) cost a round trip to every shard before the flow began, a large one the
+            # time to make it.
+            "batchSize": FIRST_BATCH_ENTRIES, "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK},
+            pad=SLACK)
+        splice = self.transformer.token_version == 2
+        expanded = self.transformer.show_expanded_events
+        while True:
+            cursor_id, batch = batch_in_place(data, at)
+            if len(batch):
+                items = splice_entries(batch, splice, expanded)
+                await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
+            else:
+                await out.idle()
+            if not cursor_id:
+                return
+            await out.parked(True)
+            try:
+                if conn.streaming:
+                    data, at = await conn.more_in_place(pad=SLACK)
+                else:
+                    data, at = await conn.command_in_place("local", {
+                        "getMore": Int64(cursor_id), "collection": "oplog.rs", "batchSize": BATCH_ENTRIES,
+                        "maxTimeMS": self.await_ms}, pad=SLACK, exhaust=True)
+            finally:
+                await out.parked(False)
+
+    async def _deliver(self, items: EventBlock | list[Any], entries: int, last_ts: Timestamp, out: TailOutput,
+                       conn: UpstreamConnection) -> None:
+        """Deliver what `splice_entries` made of `entries` oplog entries, less what a resumed
+        stream delivered before (up to the skip key)."""
+        transformer = self.transformer
+        transform = transformer.transform_decoded
+        skip = self.skip_key
+        events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields) and blocks
+        nbytes = 0
+        listed: list[Any] = [items] if isinstance(items, EventBlock) else items
+        for item in listed:
+            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
+                if (gap := transformer.missing_chain(item)) is not None:
+                    transformer.adopt_chain(await self._chain_through(conn, gap))
+                for ev in transform(item):
+                    if ev.sort_key > skip:
+                        events.append(tuple(ev))
+                        nbytes += len(ev.raw)
+            elif type(item) is EventBlock:  # a backlog's batch, or a run of its events, as columns
+                if item.first_key <= skip:
+                    item = item.sliced(item.bisect_right(skip))
+                if len(item):
+                    events.append(item)
+                    nbytes += item.nbytes
+            elif item and item[0] > skip:
+                events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
+                nbytes += len(item[5])
+        await out.deliver(events, nbytes, entries, last_ts)
+        self.position, self.inclusive = last_ts, False
+
+    async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:
+        """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
+        one entry a query, as the server's change stream reads a chain that began before it."""
+        if conn.streaming:  # `conn` carries the member's stream of batches: ask on a connection of its own
+            same = [h for h in self.hosts if host_address(*h) == conn.address]
+            side = await self.connect_member(same or self.hosts, secondary=True)
+            try:
+                return await self._chain_through(side, ts)
+            finally:
+                await side.aclose()
+        out: list[bytes] = []
+        at: Timestamp | None = ts
+        while at is not None:
+            reply = await conn.command("local", {"find": "oplog.rs", "filter": {"ts": at}, "limit": 1,
+                                                 "singleBatch": True, "readConcern": {"level": "majority"},
+                                                 "$readPreference": _SECONDARY_OK})
+            _, entries = cursor_batch(bytes(reply.raw))
+            if not entries:
+                raise MongoError("IncompleteTransactionHistory", "oplog no longer contains the complete write "
+                                 f"history of this transaction, log with ts {at} cannot be found on shard "
+                                 f"{self.shard_id}")
+            out.append(entries[0])
+            at = prev_op_ts(entries[0])
+        return out[::-1]
+
+
+class ReadsElsewhere(Protocol):
+    """Runs a ShardReader's tail somewhere else (a reader process) and reports to the reader."""
+
+    index: int  # which of the stream's reader processes (for status)
+
+    async def read(self, reader: ShardReader) -> None: ...
+
+
+class ShardReader:
+    """One shard's input to the merge, in the proxy process: charges each batch to the shard's
+    budget and sends it on, and writes a note when the merge waits on this shard while it is idle.
+
+    Its tail runs here (the reader is its TailOutput) or, with readerProcesses, in a reader
+    process (`elsewhere`) that reports to the same methods.
+    """
+
+    def __init__(self, tail: OplogTail, *, budget: ByteBudget, elsewhere: ReadsElsewhere | None = None) -> None:
+        self.tail = tail
+        self.shard_id = tail.shard_id
+        self.hosts = tail.hosts
+        self.budget = budget
+        self.elsewhere = elsewhere
+        self.stats = ShardStats()
+        # How often this shard's mark should be nudged while the merge or a consumer waits, or None.
+        self.wants_progress: Callable[[str], float | None] = lambda shard: None
+        # Called when the shard's budget is full: the buckets let go of the blocks they point into.
+        self.relieve: Callable[[], None] = lambda: None
+        self._wants = 0  # the bytes of the last batch charged or waiting to be
+        self._send: trio.MemorySendChannel[ShardBatch] | None = None
+        self._checked: trio.Event | None = None
+        self._nursery: trio.Nursery | None = None
+        self._last_noop = -1e9
+        self._primary: UpstreamConnection | None = None
+        self._notes = trio.Lock()              # one note at a time on the primary connection
+        self._nudged = trio.Event()
+        self._parked_since: float | None = None  # while an awaitData getMore waits for entries
+        # A reader process's batches that arrived and are not yet in the merge's channel (see arrived).
+        self._arrived: ShardBatch | None = None
+        self._arrival = trio.Event()
+
+    async def run(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None) -> None:
+        """Read until cancelled. `checked` is set once the oplog is known to reach back to the
+        start point, so that opening a stream fails at once (ChangeStreamHistoryLost) instead of
+        at the first getMore."""
+        self._send, self._checked = send, checked
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._answer_nudges)
+                if self.elsewhere is None:
+                    await self.tail.run(self)
+                else:
+                    nursery.start_soon(self._forward_arrivals)
+                    await self.elsewhere.read(self)
+                nursery.cancel_scope.cancel()
+        finally:
+            # Batches that arrived after the merge stopped taking them (a closed stream's): up to
+            # the shard's budget, left to the rare full collections if the reader kept them.
+            self._arrived = None
+            await self._close_primary()
+
+    # -- TailOutput --------------------------------------------------------------------------------
+
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        assert self._send is not None
+        self._count(events, entries, last_ts)
+        self._wants = nbytes
+        if self.starved:
+            self.relieve()
+        await self.budget.acquire(nbytes)
+        self._hold(events)
+        await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
+
+    def arrived(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        """A batch from the reader process that runs this tail: taken at once, never waited on.
+
+        Why not `deliver`: one connection relays the batches of every stream the process reads,
+        so a relay that waited for this stream's merge (a consumer that stopped reading) held up
+        every other stream of the process. The wait is the reader process's instead: it charged
+        the shard's budget before sending, and gets the bytes back only as the merge frees them,
+        so what waits here is bounded by that budget. Batches that arrive while the merge is
+        behind are joined into one, so the marks of event-less batches (the shard's noops) take
+        no room either.
+        """
+        self._count(events, entries, last_ts)
+        self.budget.charge(nbytes)
+        self._hold(events)
+        self._wants = nbytes  # the reader process's next batch is likely as large
+        if self.starved:
+            self.relieve()
+        held = self._arrived
+        if held is None:
+            self._arrived = ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes)
+            self._arrival.set()
+        else:
+            held.events += events
+            held.nbytes += nbytes
+            held.mark = mark_after(last_ts)
+
+    async def _forward_arrivals(self) -> None:
+        assert self._send is not None
+        while True:
+            await self._arrival.wait()
+            self._arrival = trio.Event()
+            batch, self._arrived = self._arrived, None
+            if batch is not None:
+                await self._send.send(batch)
+            del batch  # not held while waiting: its blocks' charges return once nothing refers to them
+
+    @property
+    def starved(self) -> bool:
+        """Whether a batch like the last one would not fit in the shard's budget now: the tail
+        waits (here, or in its reader process) until the budget gets bytes back."""
+        return bool(self.budget.used) and self.budget.used + self._wants > self.budget.limit
+
+    def _hold(self, events: list[Any]) -> None:
+        """Each block's charge returns when the block is let go, not when the merge deals it: the
+        buckets' shares point into it (EventBlock.take)."""
+        for item in events:
+            if is_block(item):
+                item.hold = BudgetHold(self.budget, item.nbytes)
+
+    def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
+        stats = self.stats
+        stats.entries += entries
+        stats.events += count_events(events)
+        stats.batches += 1
+        stats.last_ts = last_ts
+
+    async def checked(self) -> None:
+        if self._checked is not None:
+            self._checked.set()
+
+    async def parked(self, waiting: bool) -> None:
+        self._parked_since = trio.current_time() if waiting else None
+
+    async def idle(self) -> None:
+        if (interval := self.wants_progress(self.shard_id)) is not None and self._nursery is not None:
+            self._nursery.start_soon(self._advance_idle_shard, interval)
+
+    async def connected(self, host: str, reconnects: int) -> None:
+        self.stats.host, self.stats.reconnects, self.stats.connected = host, reconnects, True
+
+    async def lost(self, error: str, reconnects: int) -> None:
+        stats = self.stats
+        stats.connected, stats.reconnects, stats.last_error, stats.last_error_at = False, reconnects, error, time.time()
+
+    # -- notes ---------------------------------------------------------------------------------------
+
+    def nudge(self) -> None:
+        """The merge holds events back on this shard's mark (a no-I/O call, for the pump)."""
+        self._nudged.set()
+
+    async def _answer_nudges(self) -> None:
+        """Write a note as soon as pending events wait on this shard while it is idle, instead
+        of when the tail's awaitData getMore times out (up to await_ms later).
+
+        Idle means the tail has sat in a getMore for PARKED_S: a tail that is reading moves its
+        mark by itself, so a catch-up writes no notes. Polls only while the merge is held back:
+        every PARKED_S, backing off to MAX_NUDGE_POLL_S while the tail is busy (a long catch-up,
+        or a tail stopped by a full buffer)."""
+        while True:
+            await self._nudged.wait()
+            self._nudged = trio.Event()
+            poll = PARKED_S
+            while (interval := self.wants_progress(self.shard_id)) is not None and interval <= URGENT_NOTE_S:
+                parked = self._parked_since
+                if parked is not None and trio.current_time() - parked >= PARKED_S:
+                    await self._advance_idle_shard(interval)
+                    poll = PARKED_S
+                else:
+                    poll = min(poll * 2, MAX_NUDGE_POLL_S)
+                await trio.sleep(poll)
+
+    async def _advance_idle_shard(self, interval: float) -> None:
+        """Write a noop so this idle shard's mark moves past events other shards are holding.
+
+        At most one note per `interval`; real servers only write their periodic noop every 10 s,
+        which is the cold-shard latency this avoids. Without the appendOplogNote privilege we fall
+        back to waiting for periodic noops and say so in status.
+        """
+        async with self._notes:  # empty replies and nudges both write notes
+            now = trio.current_time()
+            if self.stats.noop_unavailable or now - self._last_noop < interval:
+                return
+            self._last_noop = now
+            try:
+                if self._primary is None:  # notes are writes: they go to the primary, not the member read
+                    self._primary = await self.tail.connect_member(self.hosts, secondary=False)
+                await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
+                self.stats.noops += 1
+            except (UpstreamClosed, MongoError) as exc:
+                if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
+                    self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
+                await self._close_primary()  # elections: find the primary again next time
+
+    async def _close_primary(self) -> None:
+        if self._primary is not None:
+            await self._primary.aclose()
+            self._primary = None

@@ -1,0 +1,485 @@
+"""Reader processes (readerProcesses): shards' oplogs read and transformed outside the proxy process.
+
+One Python process is one core. With `readerProcesses: k`, a stream deals its shards over k
+reader processes; each process runs the shards' OplogTails (connections, getMores, splicing,
+transactions) in its own trio loop and sends their events back. The proxy process is left with
+merging, dealing and serving consumers, and never touches an oplog reply.
+
+The processes are a pool of the engine's (ReaderPool), started when a stream first asks for
+them and kept: streams share them, so opening a stream, or an accelerated watch() on a proxy
+with reader processes, does not wait for interpreters to start (~0.5 s each). A process that
+dies fails the streams reading through it (they resume from their tokens); the next stream
+that asks gets a new one in its place. One that reads nothing for the engine's stream teardown
+time is stopped.
+
+Transport: the proxy process listens on a Unix socket in a private directory; each reader
+process, started by trio_parallel (which kills it when the pool closes or retires it), connects to it. Both
+directions carry length-prefixed messages (see `encode_message`); `key` names one tail (one shard of one stream):
+
+    proxy -> reader:  ("add", key, OplogTail, budget bytes)    ("remove", key)
+                      ("credit", {key: bytes freed})
+    reader -> proxy:  ("batch", key, events, nbytes, entries, (secs, inc))
+                      ("checked" | "idle" | "parked" | "connected" | "lost" | "failed", key, ...)
+    both ways:        ("ping", None) every HEARTBEAT_S from the proxy, ("pong", None) back
+
+Hangs: a reader process that answers nothing for `hang_s` (SIGSTOPped, its loop stuck) is
+killed, which fails its streams as a death does. The pings make the silence mean something: a
+process whose tails all wait for budget sends nothing else, and still answers them.
+
+Flow control: each tail charges a ByteBudget of the shard's size in its own process before it
+sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits,
+for budget or for a stream's merge (ShardReader.arrived), so the tails of one process, of any
+stream, never hold each other up on the shared socket; a full buffer stops only its own shard's
+getMores, in the reader process. Sends are never cut short by a cancellation (MessageStream.send):
+half a message would put the rest of the socket out of step for every tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import marshal
+import os
+import pickle
+import struct
+import tempfile
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+import trio_parallel
+from bson import Timestamp
+
+from buckets.allocator import keep_large_allocations
+from buckets.budget import ByteBudget
+from mongoformats.batch_splice import warm_up
+from mongoformats.errors import MongoError
+from mongoformats.wire import unfilled_bytearray
+
+if TYPE_CHECKING:
+    from buckets.reader import OplogTail, ShardReader
+
+log = logging.getLogger("buckets.reader_process")
+
+_HEADER = struct.Struct("<IB")  # body length, body format (_MARSHAL or _PICKLE)
+_MARSHAL, _PICKLE = 0, 1
+SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel; it may grant less (net.core.wmem_max)
+START_TIMEOUT_S = 60.0   # a reader process must connect back this soon (interpreter start, imports)
+HEARTBEAT_S = 1.0        # how often the proxy pings each reader process
+SEND_TIMEOUT_S = 60.0    # a message not taken this long means the other process hangs
+
+
+def encode_message(message: Any) -> tuple[int, list[Any]]:
+    """(format, the pieces of the body) of a message: marshal when it holds only builtin values,
+    else pickle, whose out-of-band buffers (an EventBlock's columns) follow the pickle as they are.
+
+    Why marshal first: a batch of spliced events as tuples (the general path's) is tuples of
+    bytes and str, and marshal writes it in two thirds of pickle's time. Both ends are the same
+    interpreter (trio_parallel starts this one), the one condition marshal sets. A message with
+    another type in it (an EventBlock, a tail to add, a transaction's event with its Timestamp)
+    makes marshal raise at once and goes as a pickle. One difference remains: marshal reads any
+    bytes-like value back as plain bytes (a bson.Binary too); no message holds one where its type
+    matters.
+
+    Why out of band: a block's columns (hundreds of KB) copied into the pickle cost a fresh
+    reply-sized allocation that faults in page by page, 0.2 us an event; sent as they are, the
+    socket copies them once. Layout of a pickle's body: the count of buffers and each one's size
+    (u32, then u64 each), the pickle, the buffers.
+    """
+    try:
+        return _MARSHAL, [marshal.dumps(message)]
+    except ValueError:
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+        views = [b.raw() for b in buffers]
+        table = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views))
+        return _PICKLE, [table, data, *views]
+
+
+def decode_message(fmt: int, body: bytes | bytearray | memoryview) -> Any:
+    if fmt == _MARSHAL:
+        return marshal.loads(body)
+    view = memoryview(body)
+    (count,) = struct.unpack_from("<I", view)
+    sizes = struct.unpack_from(f"<{count}Q", view, 4)
+    at = len(view) - sum(sizes)
+    data = view[4 + 8 * count:at]
+    buffers = []
+    for size in sizes:
+        buffers.append(view[at:at + size])
+        at += size
+    return pickle.loads(data, buffers=buffers)
+
+
+class MessageStream:
+    """Length-prefixed messages over a connected socket; sends are serialized, receives are one
+    reader's. A message is received straight into a buffer of its size (`recv_into`): a batch of
+    events is large, and reading it in pieces and joining them cost a copy per piece."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._send_lock = trio.StrictFIFOLock()
+        for option in (trio.socket.SO_SNDBUF, trio.socket.SO_RCVBUF):  # fewer wake-ups per batch
+            stream.setsockopt(trio.socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+
+    async def send(self, message: Any) -> None:
+        """Send one message whole, even if the caller is cancelled meanwhile.
+
+        Why shielded: a send cancelled part-way leaves half a message on the socket, and the other
+        side then reads the rest of the stream out of step. That broke every stream of the
+        process, not just the one whose tail was stopped (a stream closing while its tail was
+        sending a batch). The other side is our own process, which always reads on, so the send
+        ends soon; if that process is gone, the socket is broken and the send fails at once. One
+        that stops reading for SEND_TIMEOUT_S is taken for hung: the connection is closed (which
+        fails that process's tails) rather than left with half a message.
+        """
+        fmt, pieces = encode_message(message)
+        async with self._send_lock:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(SEND_TIMEOUT_S):
+                    await self.stream.send_all(_HEADER.pack(sum(memoryview(p).nbytes for p in pieces), fmt))
+                    for piece in pieces:
+                        await self.stream.send_all(piece)
+                    return
+                await self.stream.aclose()
+        raise trio.BrokenResourceError(f"the other process read nothing for {SEND_TIMEOUT_S:.0f} s")
+
+    async def receive(self) -> Any:
+        """The next message, or None once the other side has closed."""
+        header = await self._exactly(_HEADER.size)
+        if header is None:
+            return None
+        size, fmt = _HEADER.unpack(header)
+        body = await self._exactly(size)
+        return None if body is None else decode_message(fmt, body)
+
+    async def _exactly(self, n: int) -> memoryview | None:
+        # Unzeroed memory: zeroing first was a pass over every batch's bytes that the receive then
+        # overwrites (6% of the proxy's main process).
+        view, got = memoryview(unfilled_bytearray(n)), 0
+        while got < n:
+            k = await self.stream.socket.recv_into(view[got:], n - got)
+            if not k:
+                return None
+            got += k
+        return view
+
+
+class ReaderHost:
+    """The proxy-side end of one reader process: starts it, hands it tails of any stream, relays
+    what they report."""
+
+    def __init__(self, index: int, hang_s: float | None = None) -> None:
+        self.index = index
+        self.hang_s = hang_s  # killed when it answers nothing this long (None: never)
+        self._heard = trio.current_time()  # when it last sent anything
+        self.started = False  # connected back and relaying
+        self.alive = True
+        self.idle_since: float | None = trio.current_time()  # since when it reads nothing (None: it reads)
+        self.scope = trio.CancelScope()  # cancelled to retire it
+        self._channel: MessageStream | None = None
+        self._keys = itertools.count()
+        self._readers: dict[int, ShardReader] = {}
+        self._failures: dict[int, trio.Event] = {}
+        self._errors: dict[int, Exception] = {}
+        self._credit: dict[int, int] = {}
+        self._credit_due = trio.Event()
+        self._death = "closed its connection"
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the process, wait for it to connect, then relay until cancelled (which kills it)
+        or until it dies (which fails the tails it ran)."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="pcs-readers-") as private:  # 0700: only this user connects
+                path = os.path.join(private, f"r{self.index}.sock")
+                listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+                with listener:
+                    await listener.bind(path)
+                    listener.listen(1)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._process, path)
+                        with trio.fail_after(START_TIMEOUT_S):
+                            sock, _ = await listener.accept()
+                        self._channel = MessageStream(trio.SocketStream(sock))
+                        nursery.start_soon(self._send_credit)
+                        if self.hang_s is not None:
+                            nursery.start_soon(self._ping, self._channel)
+                            nursery.start_soon(self._watch)
+                        self.started = True
+                        task_status.started()
+                        try:
+                            await self._relay(self._channel)
+                        finally:
+                            await self._channel.stream.aclose()
+                        nursery.cancel_scope.cancel()
+        finally:
+            self.alive = False
+            for key in list(self._readers):
+                self._fail(key, MongoError("InternalError", f"reader process {self.index} {self._death}"))
+
+    async def _process(self, path: str) -> None:
+        limiter = trio.CapacityLimiter(1)  # not the default limiter: that one admits only os.cpu_count() jobs
+        try:
+            await trio_parallel.run_sync(serve_readers, path, kill_on_cancel=True, limiter=limiter)
+        except trio_parallel.BrokenWorkerError as exc:  # killed, out of memory, ...
+            self._death = f"died: {exc.args[-1] if exc.args else exc}"
+        else:
+            self._death = "exited"
+        raise MongoError("InternalError", f"reader process {self.index} {self._death}")
+
+    async def read(self, reader: ShardReader) -> None:
+        """Run `reader`'s tail in this process; returns never, raises what the tail raised. When
+        cancelled (its stream closes), the tail is stopped in the process, which goes on."""
+        assert self._channel is not None, "ReaderHost.run must be started first"
+        key = next(self._keys)
+        self._readers[key] = reader
+        self.idle_since = None
+        failed = self._failures[key] = trio.Event()
+        reader.budget.on_release = lambda n: self._give_credit(key, n)
+        try:
+            if not self.alive:
+                raise MongoError("InternalError", f"reader process {self.index} {self._death}")
+            await self._channel.send(("add", key, reader.tail, reader.budget.limit))
+            await failed.wait()
+            raise self._errors[key]
+        finally:
+            gone = self._readers.pop(key, None) is not None
+            self._note_idle()
+            self._failures.pop(key, None)
+            self._errors.pop(key, None)
+            self._credit.pop(key, None)
+            if gone and self.alive:  # still running there: stop it
+                with (trio.CancelScope(shield=True), trio.move_on_after(5),
+                      contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
+                    await self._channel.send(("remove", key))
+
+    def status(self) -> dict[str, Any]:
+        return {"index": self.index, "alive": self.alive, "tails": len(self._readers)}
+
+    def retire(self) -> None:
+        """Stop the process (it reads nothing): no stream can be handed it any more."""
+        self.alive = False
+        self.scope.cancel()
+
+    async def _ping(self, channel: MessageStream) -> None:
+        while True:  # a send to a process that stopped reading blocks; _watch goes on meanwhile
+            await channel.send(("ping", None))
+            await trio.sleep(HEARTBEAT_S)
+
+    async def _watch(self) -> None:
+        assert self.hang_s is not None
+        silent, heard, last = 0.0, self._heard, trio.current_time()
+        while True:
+            await trio.sleep(HEARTBEAT_S)
+            now = trio.current_time()
+            # A stretch in which the proxy's own loop was held up (a long GC, a starved core)
+            # counts as two beats at most: the process's answers wait unread in the socket
+            # meanwhile, and this task may wake before the one that reads them.
+            silent = 0.0 if self._heard != heard else silent + min(now - last, 2 * HEARTBEAT_S)
+            heard, last = self._heard, now
+            if silent > self.hang_s:
+                self._death = f"answered nothing for {silent:.0f} s (hung) and was killed"
+                raise MongoError("InternalError", f"reader process {self.index} {self._death}")
+
+    def _give_credit(self, key: int, n: int) -> None:
+        if key in self._readers:
+            self._credit[key] = self._credit.get(key, 0) + n
+            self._credit_due.set()
+
+    async def _send_credit(self) -> None:
+        """Budget the merge freed goes back to the tails, coalesced: one message per wake-up."""
+        assert self._channel is not None
+        while True:
+            await self._credit_due.wait()
+            self._credit_due = trio.Event()
+            credit, self._credit = self._credit, {}
+            await self._channel.send(("credit", credit))
+
+    async def _relay(self, channel: MessageStream) -> None:
+        while (message := await channel.receive()) is not None:
+            self._heard = trio.current_time()
+            kind, key = message[0], message[1]
+            reader = self._readers.get(key)
+            if reader is None:  # a tail that was removed: what it sent last is not wanted
+                continue
+            if kind == "batch":  # taken without waiting: this connection serves every stream's tails
+                _, _, events, nbytes, entries, (secs, inc) = message
+                reader.arrived(events, nbytes, entries, Timestamp(secs, inc))
+                # Not held while the next message is awaited: its blocks' charges return only
+                # once every reference is gone, and the process sends no more until they do.
+                del message, events
+            elif kind == "parked":
+                await reader.parked(message[2])
+            elif kind == "idle":
+                await reader.idle()
+            elif kind == "checked":
+                await reader.checked()
+            elif kind == "connected":
+                await reader.connected(message[2], message[3])
+            elif kind == "lost":
+                await reader.lost(message[2], message[3])
+            elif kind == "failed":
+                self._fail(key, MongoError(message[2], message[3]))
+
+    def _fail(self, key: int, exc: Exception) -> None:
+        if self._readers.pop(key, None) is not None:
+            self._errors[key] = exc
+            self._failures[key].set()
+        self._note_idle()
+
+    def _note_idle(self) -> None:
+        if not self._readers and self.idle_since is None:
+            self.idle_since = trio.current_time()
+
+
+class ReaderPool:
+    """The reader processes the streams of one engine share, started on first use and kept while
+    they read something; one that has read nothing for `idle_s` is stopped (memory is bounded by
+    what streams use, not by the most they ever asked for) and started again when asked."""
+
+    def __init__(self, nursery: trio.Nursery, idle_s: float, hang_s: float | None = None) -> None:
+        self._nursery = nursery
+        self._slots: list[ReaderHost] = []
+        self._lock = trio.Lock()  # one caller starts missing processes at a time
+        self.idle_s = idle_s
+        self.hang_s = hang_s
+
+    async def retire_idle(self) -> None:
+        while True:
+            await trio.sleep(min(self.idle_s, 10.0))
+            now = trio.current_time()
+            for host in self._slots:
+                if host.alive and host.idle_since is not None and now - host.idle_since >= self.idle_s:
+                    log.info("reader process %d read nothing for %.0f s: stopped", host.index, self.idle_s)
+                    host.retire()
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each process started so far: its index, whether it runs, how many tails it reads."""
+        return [host.status() for host in self._slots]
+
+    async def hosts(self, count: int) -> list[ReaderHost]:
+        """The first `count` processes, starting any that are missing or dead (side by side)."""
+        async with self._lock:
+            fresh = [ReaderHost(i, self.hang_s) for i in range(count)
+                     if i >= len(self._slots) or not self._slots[i].alive]
+            async with trio.open_nursery() as starting:
+                for host in fresh:
+                    starting.start_soon(self._nursery.start, self._keep, host)
+            for host in fresh:
+                if host.index < len(self._slots):
+                    self._slots[host.index] = host
+                else:
+                    self._slots.append(host)
+            handed = self._slots[:count]
+            for host in handed:  # a fresh idle timer: the stream hands it tails in a moment
+                if host.idle_since is not None:
+                    host.idle_since = trio.current_time()
+            return handed
+
+    @staticmethod
+    async def _keep(host: ReaderHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run `host`; once it has started, however it ends (the process killed, its socket
+        broken), that fails only its own tails (host.run does that), never the engine and the
+        other processes."""
+        try:
+            with host.scope:
+                await host.run(task_status=task_status)
+        except* Exception as group:
+            if not host.started:
+                raise  # the stream that asked for it fails to open
+            log.warning("reader process %d ended (%s); streams reading through it fail and resume from their "
+                        "tokens", host.index, group.exceptions[0])
+
+
+@contextlib.asynccontextmanager
+async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None) -> AsyncIterator[ReaderPool]:
+    """A pool of reader processes, all killed on exit; with `hang_s`, also one that answers
+    nothing for that long."""
+    async with trio.open_nursery() as nursery:
+        pool = ReaderPool(nursery, idle_s, hang_s)
+        nursery.start_soon(pool.retire_idle)
+        yield pool
+        nursery.cancel_scope.cancel()
+
+
+# -- the reader process's side -----------------------------------------------------------------------
+
+
+def serve_readers(path: str) -> None:
+    """Entry point of a reader process (run by trio_parallel): connect back, run tails until closed."""
+    keep_large_allocations()
+    # The splice's compiled loops, loaded (~0.3 s; compiled on a cold cache) before connecting
+    # back: loaded on the first batches instead, they held a new stream's first events back by
+    # up to 300 ms (bench_latency's first readerProcesses workload showed it as its p99).
+    warm_up()
+    trio.run(_serve, path)
+
+
+class _Report:
+    """A tail's TailOutput in a reader process: every report becomes a message to the proxy."""
+
+    def __init__(self, key: int, channel: MessageStream, budget: ByteBudget) -> None:
+        self.key = key
+        self.channel = channel
+        self.budget = budget
+
+    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+        await self.budget.acquire(nbytes)
+        await self.channel.send(("batch", self.key, events, nbytes, entries, (last_ts.time, last_ts.inc)))
+
+    async def checked(self) -> None:
+        await self.channel.send(("checked", self.key))
+
+    async def parked(self, waiting: bool) -> None:
+        await self.channel.send(("parked", self.key, waiting))
+
+    async def idle(self) -> None:
+        await self.channel.send(("idle", self.key))
+
+    async def connected(self, host: str, reconnects: int) -> None:
+        await self.channel.send(("connected", self.key, host, reconnects))
+
+    async def lost(self, error: str, reconnects: int) -> None:
+        await self.channel.send(("lost", self.key, error, reconnects))
+
+
+async def _serve(path: str) -> None:
+    channel = MessageStream(await trio.open_unix_socket(path))
+    budgets: dict[int, ByteBudget] = {}
+    tails: dict[int, trio.CancelScope] = {}
+
+    async def run_tail(key: int, tail: OplogTail) -> None:
+        try:
+            with tails[key]:
+                await _run_tail(tail, _Report(key, channel, budgets[key]))
+        finally:
+            tails.pop(key, None)
+            budgets.pop(key, None)
+
+    async with trio.open_nursery() as nursery:
+        while (message := await channel.receive()) is not None:
+            if message[0] == "add":
+                _, key, tail, limit = message
+                budgets[key], tails[key] = ByteBudget(limit), trio.CancelScope()
+                nursery.start_soon(run_tail, key, tail)
+            elif message[0] == "remove":  # its stream closed
+                if (scope := tails.get(message[1])) is not None:
+                    scope.cancel()
+            elif message[0] == "credit":
+                for key, n in message[1].items():
+                    if key in budgets:
+                        budgets[key].release(n)
+            elif message[0] == "ping":  # answered beside the tails' sends, never behind a blocked one
+                nursery.start_soon(channel.send, ("pong", None))
+        nursery.cancel_scope.cancel()  # the proxy closed the pool: stop every tail
+
+
+async def _run_tail(tail: OplogTail, report: _Report) -> None:
+    try:
+        await tail.run(report)
+    except MongoError as exc:
+        await report.channel.send(("failed", report.key, exc.code, exc.errmsg))
+    except Exception as exc:  # a bug, or an entry the transform cannot handle: this stream fails alone
+        log.exception("shard %s: reader failed", tail.shard_id)
+        await report.channel.send(("failed", report.key, 1, f"{type(exc).__name__}: {exc}"))

@@ -1,0 +1,1026 @@
+"""One parallel change stream: S shard readers -> MergedQueue -> N buckets, with bounded memory.
+
+Data flow and backpressure (every arrow is bounded):
+
+    ShardReader (one per shard) --ByteBudget(shard_buffer_bytes)--> channel --> merge pump
+    merge pump --MergedQueue.pop_ready--> Bucket.put (ByteBudget of the bucket) --> getMore
+
+A full bucket stops the pump; a stopped pump stops taking batches, whose byte budgets stay
+charged, which stops the readers from issuing getMore. Memory is bounded by configuration.
+
+Retention: a bucket keeps events it has delivered for as long as its byte budget has room, so a
+consumer that re-attaches with a recent token (a retried Spark task) is served from memory. An
+older token is served by a private replay stream that re-reads the shards' oplogs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import bson
+import numpy as np
+import trio
+from bson import Timestamp
+
+from buckets.bucketing import buckets_for_event
+from buckets.budget import ByteBudget
+from buckets.lookup import DocumentLookup
+from buckets.merge import MergedQueue
+from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
+from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
+from buckets.shaping import Shaper
+from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
+from mongoformats.change_events import (
+    EV_DB,
+    EV_NAMESPACES,
+    EV_OP_TYPE,
+    EV_RAW,
+    EV_SHARD,
+    EV_SORT_KEY,
+    ChangeEvent,
+    EventFields,
+    OplogTransformer,
+    event_token,
+    events_from_fields,
+    invalidate_event,
+)
+from mongoformats.change_stages import Stages
+from mongoformats.codecs import PLAIN
+from mongoformats.errors import MongoError
+from mongoformats.event_block import EventBlock, as_fields, count_events, first_key, is_block, items_bytes, last_key
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_ABOVE_BYTES, event_bytes, event_too_large, split_event
+from mongoformats.resume_token import (
+    decode_token,
+    fragment_of,
+    high_water_mark,
+    token_from_key,
+    token_sort_key,
+    token_text,
+)
+from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
+from wireproxy.upstream import MemberConnector, UpstreamConnection
+
+log = logging.getLogger("buckets.stream")
+
+# What ParallelStream.oversize answers for an event to return in fragments.
+SPLIT: Literal[True] = True
+IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
+_ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
+_MERGED_AT_ONCE = 64       # shard batches the pump takes from its channel before a release
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    n_buckets: int
+    show_expanded_events: bool = False
+    shard_buffer_bytes: int = 1 << 30        # per shard, as in the design (1 GiB)
+    bucket_buffer_bytes: int = 64 << 20      # per bucket: pending plus retained events
+    max_await_ms: int = 1000                 # a getMore waits this long for events by default
+    reader_await_ms: int = 200
+    # Processes that read the shards' oplogs and turn entries into events (one Python process is
+    # one core; buckets/reader_process.py), and as many that apply `stages` (buckets/shaping.py);
+    # 0 does both in the proxy process.
+    reader_processes: int = 0
+    # Expanded DDL events from the proxy's notes (upstream before 6.0) instead of native entries.
+    ddl_notes: bool = False
+    token_version: int = 2
+    match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
+    # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
+    # stream; events outside it are dropped and the invalidating event ends the stream.
+    scope: tuple[str, str | None] | None = None
+    full_document: str = "default"           # or "updateLookup": updates carry the current document
+    full_document_before_change: str = "off"  # or "whenAvailable" / "required": recorded pre-images
+    # Stages after $changeStream applied to each event as it is returned, after the lookups (an
+    # accelerated watch() with $project, $addFields, ..., or a $match that tests fullDocument).
+    stages: Stages = ()  # compiled (change_stages.compile_stages)
+    # $changeStreamSplitLargeEvent: an event over the split size is returned in fragments
+    # (mongoformats/large_events.py) instead of failing the getMore that reaches it.
+    split_large_events: bool = False
+
+    @property
+    def needs_pre_images(self) -> bool:
+        """Recorded pre-images are read (for fullDocumentBeforeChange, or to compute post-images)."""
+        return self.full_document_before_change != "off" or self.full_document in ("whenAvailable", "required")
+
+
+class Bucket:
+    """Events of one bucket in token order: [retained (delivered) ... pending].
+
+    Held as segments: an EventFields tuple is one event, an EventBlock a run of them (a backlog's
+    events stay columns from the splice to the reply). `starts[i]` is the absolute index of
+    segment i's first event and `firsts[i]` its sort key, for finding a position or a key.
+    """
+
+    def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any]) -> None:
+        self.index = index
+        self.segments: list[Any] = []
+        self.starts: list[int] = []
+        self.firsts: list[bytes] = []
+        self.base = 0                  # absolute index of the first retained event
+        self._end = 0                  # absolute index after the last
+        self.floor = floor             # every event above this key is (or will be) held here
+        self.frontier_token = floor_token
+        self.frontier = floor
+        self.budget = ByteBudget(limit_bytes)
+        self.changed = trio.Event()
+        self.cursors: set[BucketCursor] = set()
+        self.delivered_total = 0
+        self.dealt_total = 0           # events the merge dealt in (delivered_total counts them out)
+        self.waiting = 0               # getMores parked on this bucket right now
+        # How far consumers that have since left had read (absolute index). With no cursor open
+        # (a Spark micro-batch ended; the next attaches after where it stopped), only events up
+        # to here may be freed: the rest is what the next consumer will ask for.
+        self.read_mark = 0
+        # The error of an event this bucket could not take (its $match failed on it), met by a
+        # cursor once it has read every event before it; the bucket takes nothing after it.
+        self.error: MongoError | None = None
+
+    @property
+    def end(self) -> int:
+        return self._end
+
+    @property
+    def retained(self) -> int:
+        return self._end - self.base
+
+    def depth(self) -> int:
+        """Events no live cursor has read yet."""
+        low = min((c.position for c in self.cursors), default=self.end)
+        return self.end - low
+
+    def notify(self) -> None:
+        """Wake every getMore (and a full-bucket put) waiting on this bucket."""
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # -- positions -----------------------------------------------------------------------------------
+
+    def _segment_at(self, position: int) -> int:
+        """The index of the segment holding the event at absolute `position` (base <= it < end)."""
+        return bisect.bisect_right(self.starts, position) - 1
+
+    def key_at(self, position: int) -> bytes:
+        s = self._segment_at(position)
+        segment = self.segments[s]
+        return segment.key(position - self.starts[s]) if is_block(segment) else segment[EV_SORT_KEY]
+
+    def event_at(self, position: int) -> EventFields:
+        s = self._segment_at(position)
+        segment = self.segments[s]
+        if is_block(segment):
+            at = position - self.starts[s]
+            return segment.sliced(at, at + 1).fields()[0]
+        return segment
+
+    def items_from(self, position: int) -> Iterator[tuple[Any, int]]:
+        """(segment, offset of `position`'s event in it) from `position` to the end."""
+        if position >= self._end:
+            return
+        s = self._segment_at(position)
+        offset = position - self.starts[s]
+        for segment in itertools.islice(self.segments, s, None):
+            yield segment, offset
+            offset = 0
+
+    def keys_between(self, start: int, stop: int) -> list[bytes]:
+        """The sort keys of the events at [start, stop)."""
+        out: list[bytes] = []
+        for segment, offset in self.items_from(start):
+            if len(out) >= stop - start:
+                break
+            if is_block(segment):
+                part = segment.sliced(offset, offset + stop - start - len(out))
+                out += map(bytes, part.keys)
+            else:
+                out.append(segment[EV_SORT_KEY])
+        return out
+
+    def position_after(self, key: bytes) -> int | None:
+        """Absolute index of the first event above `key`, or None if that history was dropped."""
+        if key < self.floor:
+            return None
+        s = bisect.bisect_right(self.firsts, key)
+        if s == 0:
+            return self.base
+        segment = self.segments[s - 1]
+        return self.starts[s - 1] + (segment.bisect_right(key) if is_block(segment) else 1)
+
+    # -- retention -------------------------------------------------------------------------------------
+
+    def _drop_delivered(self, need: int) -> None:
+        """Free retained events that every live cursor (or, with none, the last to leave) has passed,
+        oldest first.
+
+        Frees down to 7/8 of the budget in one step, so the segment list shift is paid once per
+        eighth of the budget rather than once per event (which made a full bucket quadratic).
+        """
+        if self.budget.used + need <= self.budget.limit:
+            return
+        safe = min(min((c.acked for c in self.cursors), default=self.read_mark), self._end)
+        target = self.budget.limit * 7 // 8 - need
+        freed = 0
+        position = self.base
+        # A block's share is found with one cumulative sum (in C), not event by event.
+        for segment, offset in self.items_from(self.base):
+            if position >= safe or self.budget.used - freed <= target:
+                break
+            if is_block(segment):
+                part = segment.sliced(offset, offset + safe - position)
+                over = self.budget.used - freed - target
+                k = min(int(np.searchsorted(np.cumsum(part.sizes), over)) + 1, len(part))
+                freed += int(part.sizes[:k].sum())
+                position += k
+            else:
+                freed += len(segment[EV_RAW])
+                position += 1
+        if position > self.base:
+            self._forget(position, freed)
+
+    def unpin(self) -> None:
+        """Let go of the shard blocks this bucket's events point into (a shard's budget is full,
+        and only their release gives it bytes back): retained events no cursor needs are
+        dropped, and the rest copied into memory of their own."""
+        self._drop_delivered(self.budget.limit)
+        for i, segment in enumerate(self.segments):
+            if is_block(segment) and segment.pins:
+                self.segments[i] = segment.own()
+
+    def _forget(self, position: int, nbytes: int) -> None:
+        """Drop the retained events before absolute `position`, which hold `nbytes` of the budget."""
+        self.floor = self.key_at(position - 1)
+        if position >= self._end:
+            self.segments, self.starts, self.firsts = [], [], []
+        else:
+            s = self._segment_at(position)
+            segment = self.segments[s]
+            if position > self.starts[s]:  # a block cut: its tail stays
+                rest = segment.sliced(position - self.starts[s])
+                self.segments[s], self.starts[s], self.firsts[s] = rest, position, rest.first_key
+            del self.segments[:s], self.starts[:s], self.firsts[:s]
+        self.base = position
+        self.budget.release(nbytes)
+
+    def clear(self) -> None:
+        """Drop every retained event (the stream is closing): its memory returns at once."""
+        if self._end > self.base:
+            self._forget(self._end, self.budget.used)
+        self.notify()
+
+    def detach(self, cursor: BucketCursor) -> None:
+        self.cursors.discard(cursor)
+        self.read_mark = max(self.read_mark, cursor.acked)
+        self.notify()
+
+    def fail(self, error: MongoError) -> None:
+        """End this bucket at its current end with `error`: its cursors return the events before
+        it, then fail, as a server's stream fails on the event its pipeline cannot evaluate. The
+        other buckets go on: their namespaces never met the event."""
+        if self.error is None:
+            self.error = error
+            self.notify()
+
+    # -- taking events ----------------------------------------------------------------------------------
+
+    def _append(self, item: Any) -> None:
+        n = len(item) if is_block(item) else 1
+        self.segments.append(item)
+        self.starts.append(self._end)
+        self.firsts.append(first_key(item))
+        self._end += n
+        self.dealt_total += n
+
+    def put_nowait(self, event: Any) -> bool:
+        """Append `event` (one event's fields, or a block of events, whole) if it fits now (the
+        pump's fast path); False if the caller must `put`.
+
+        Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
+        """
+        if last_key(event) <= self.floor or self.error is not None:
+            return True  # a resumed stream: this bucket already had it; or a failed bucket
+        n = event.nbytes if is_block(event) else len(event[EV_RAW])
+        self._drop_delivered(n)  # returns at once while the budget has room
+        if not self.budget.try_acquire(n):
+            return False
+        self._append(event)
+        return True
+
+    async def put_many(self, events: list[Any]) -> None:
+        """Append `events` (token order; EventFields and EventBlocks) and wake consumers; one budget
+        charge when they all fit, else a part at a time, waiting for consumers as `put` does."""
+        if self.error is not None:
+            return  # failed: nothing after its error is read
+        if first_key(events[0]) <= self.floor:  # a resumed stream: this bucket already had some
+            events = _above(events, self.floor)
+            if not events:
+                return
+        n = items_bytes(events)
+        self._drop_delivered(n)
+        # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
+        if self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
+            for item in events:
+                self._append(item)
+        else:
+            for item in events:
+                if is_block(item):
+                    await self._put_block(item)
+                elif not self.put_nowait(item):
+                    await self.put(item)
+        self.notify()
+
+    async def _put_block(self, block: EventBlock) -> None:
+        """A block that does not fit at once goes in as parts that do, as consumers make room."""
+        while len(block):
+            self._drop_delivered(block.nbytes)
+            room = self.budget.limit - self.budget.used
+            k = int(np.searchsorted(np.cumsum(block.sizes), room, side="right"))
+            if k == 0:
+                await self.put(block.sliced(0, 1))  # waits (or takes one oversized event alone)
+                k = 1
+            else:
+                self.put_nowait(block.sliced(0, k))  # fits: the room was just measured
+            block = block.sliced(k)
+
+    async def put(self, event: Any) -> None:
+        """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
+        while not self.put_nowait(event):
+            self.notify()
+            await self.changed.wait()
+        self.notify()
+
+    def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
+        # A failed bucket's resume point stays before its failing event.
+        if key > self.frontier and self.error is None:
+            self.frontier, self.frontier_token = key, token
+            self.notify()
+
+
+def _kind_event(kind: tuple[str, str, str, Any]) -> EventFields:
+    """An event of a block's kind (operationType, db, coll, namespaces), for routing it."""
+    op_type, db, coll, namespaces = kind
+    return (b"", b"", op_type, db, coll, b"", namespaces, "", None)
+
+
+def _above(items: list[Any], key: bytes) -> list[Any]:
+    """The events of `items` (in token order) above `key`."""
+    out = []
+    for item in items:
+        if last_key(item) <= key:
+            continue
+        if is_block(item) and item.first_key <= key:
+            item = item.sliced(item.bisect_right(key))
+        out.append(item)
+    return out
+
+
+@dataclass(eq=False)
+class BucketCursor:
+    cursor_id: int
+    stream: ParallelStream
+    bucket: Bucket
+    position: int
+    owner: bytes             # the id of the session it was opened in (b"": none)
+    ns: str
+    batch_size: int | None = None
+    user: str = ""           # who opened it, when the proxy requires authentication
+    last_used: float = 0.0   # trio time of its creation or last getMore (idle cursors are killed)
+    busy: bool = False       # a getMore is running on it
+    # Where the consumer has surely been: the start of the last batch handed out. A consumer that
+    # stops inside a batch (a Spark task reading up to its end token, which then kills the
+    # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing
+    # up to `position` made the next micro-batch fall back to re-reading the oplogs.
+    acked: int = -1
+
+    def __post_init__(self) -> None:
+        self.acked = self.position
+    last_key: bytes = b""
+    last_token: dict[str, Any] = field(default_factory=dict)
+    exhausted: bool = False
+    # Killed (killCursors, a killed session, a timeout): a getMore parked on it fails with
+    # CursorKilled, as mongos interrupts the operation that has a cursor checked out.
+    killed: bool = False
+    # A watch() resumed from an event's token must meet that event again, after its scope and
+    # stages, before any later one, as mongos's EnsureResumeTokenPresent stage requires: the
+    # event's key until then (the cursor starts at the high-water mark of its time), else None.
+    must_meet: bytes | None = None
+    met: bool = False
+    # Fragments of the split event at `position` already returned (or, resumed from a fragment's
+    # token, that fragment's number plus one): the event is consumed once its last one is out.
+    fragments_sent: int = 0
+    # The fragments of that event still to return. The server splits an event once and queues
+    # its fragments; split again for each getMore, an event whose updateLookup document changed
+    # in between would come back in pieces of two different events.
+    split_rest: list[EventFields] = field(default_factory=list)
+
+    async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
+        """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
+        for each event that remains."""
+        lookup, options = self.stream.lookup, self.stream.options
+        if lookup is not None:
+            full, before = options.full_document, options.full_document_before_change
+            pre = await lookup.pre_images(batch) if options.needs_pre_images else {}
+            if full == "updateLookup":
+                batch = await lookup.with_post_images(batch)
+            elif full in ("whenAvailable", "required"):
+                batch = lookup.with_recorded_post_images(batch, pre, required=full == "required")
+            if before != "off":
+                batch = lookup.with_pre_images(batch, pre, required=before == "required")
+        if not options.stages:
+            return list(enumerate(batch))
+        # The stream's end passes as it is, as the native stream returns it.
+        todo = [i for i, ev in enumerate(batch) if ev.op_type != "invalidate"]
+        shaped = iter(await self.stream.shaper.shape([batch[i].raw for i in todo], [batch[i].token for i in todo]))
+        out = []
+        for i, ev in enumerate(batch):
+            raw = ev.raw if ev.op_type == "invalidate" else next(shaped)
+            if raw is not None:
+                out.append((i, ev._replace(raw=raw)))
+        return out
+
+    async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
+                         *, first: bool = False) -> tuple[list[Any], dict[str, Any]]:
+        bucket = self.bucket
+        limit = batch_size or self.batch_size or 1 << 30
+        # Asking for more means the previous batch was taken, before this getMore waits: a
+        # bucket whose budget that batch's retained events fill has room only once they may go,
+        # and a merge waiting to put more is woken to drop them. (Acked after the wait, every
+        # getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller than a reply
+        # drained at a batch per maxTimeMS.)
+        self.acked = self.position
+        if not first:
+            bucket.notify()
+            deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
+                                              else self.stream.options.max_await_ms) / 1000
+            bucket.waiting += 1
+            try:
+                while (self.position >= bucket.end and self.stream.error is None and not self.stream.ended
+                       and not self.killed and bucket.error is None):
+                    with trio.move_on_at(deadline):
+                        await bucket.changed.wait()
+                        if self.position >= bucket.end and bucket.frontier > self.last_key:
+                            break  # an idle bucket still returns the advanced resume point promptly
+                        continue
+                    break
+            finally:
+                bucket.waiting -= 1
+            if self.killed:
+                raise _interrupted()
+        if self.stream.error is not None:
+            raise self.stream.error
+        if bucket.error is not None and self.position >= bucket.end:
+            raise bucket.error
+        if self.position < bucket.base:
+            raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
+        if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
+            event = bucket.event_at(self.position)
+            batch, taken = self._fragments(event, [event])
+        else:
+            batch, taken = await self._read(limit)
+        self.position += count_events(taken)
+        bucket.delivered_total += count_events(batch)
+        if batch:
+            # The last event returned, as on a server: one a stage dropped is not a resume point
+            # (a stream resumed from it would not meet it again). A drained bucket's frontier
+            # moves it on below.
+            last = batch[-1]
+            self.last_key = last_key(last)
+            self.last_token = token_from_key(self.last_key) if is_block(last) else event_token(last)
+        if self.position >= bucket.end and bucket.frontier > self.last_key:
+            # Drained: everything up to the merge frontier was dealt out, so the frontier is a
+            # resume point that moves even while this bucket is idle.
+            self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
+        bucket.notify()
+        self.exhausted = self.stream.ended and self.position >= bucket.end
+        return batch, self.last_token
+
+    async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
+        """The next reply from the bucket's events at this cursor's position: (events to return,
+        events consumed; EventFields, or EventBlocks while nothing is shaped), after lookups,
+        stages, the resume point and a split."""
+        batch: list[Any] = []
+        count = size = 0
+        lookup, options = self.stream.lookup, self.stream.options
+        # Lookups and stages change events after this: the server measures what they make (_fit).
+        shaped = lookup is not None or bool(options.stages)
+
+        def take(ev: EventFields) -> bool:
+            """Add one event if it goes in this reply; whether the next may follow it."""
+            nonlocal count, size
+            cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
+            if count >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
+                return False
+            if cost > MEASURE_ABOVE_BYTES and not shaped and (big := self.stream.oversize(ev[EV_RAW])) is not None:
+                if batch:
+                    return False  # the events before it first; the next getMore fails or splits it
+                if big is not SPLIT:
+                    raise big
+                batch.append(ev)  # alone: its fragments are the reply
+                count += 1
+                return False
+            batch.append(ev)
+            count, size = count + 1, size + cost
+            return True
+
+        for segment, offset in self.bucket.items_from(self.position):
+            if not is_block(segment):
+                if not take(segment):
+                    break
+                continue
+            # A block's events that fit are taken as one slice, found with a cumulative sum; an
+            # event to measure (a large one) or the first that does not fit goes through `take`.
+            while offset < len(segment):
+                part = segment.sliced(offset, offset + limit - count)
+                costs = part.sizes + BATCH_ELEMENT_OVERHEAD
+                fit = int(np.searchsorted(np.cumsum(costs), BATCH_BYTES_LIMIT - size, side="right"))
+                if (large := np.flatnonzero(costs > MEASURE_ABOVE_BYTES)).size:
+                    fit = min(fit, int(large[0]))
+                if fit:
+                    batch.append(part.sliced(0, fit))
+                    count, size, offset = count + fit, size + int(costs[:fit].sum()), offset + fit
+                if fit == len(part) or not take(part.sliced(fit, fit + 1).fields()[0]):
+                    break
+                offset += 1
+            if offset < len(segment) or count >= limit:
+                break
+        if shaped or self.must_meet is not None:
+            batch = as_fields(batch)  # shaped and checked event by event
+        taken = batch
+        if shaped:
+            # Before the position moves: a failed lookup fails this getMore and loses nothing.
+            batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.oversize)
+            taken = taken[:consumed]
+            if self.killed:  # while its lookups ran
+                raise _interrupted()
+        if self.must_meet is not None:
+            batch = self._past_resume_point(batch)
+        if batch and not is_block(batch[0]) and (self.fragments_sent or (
+                len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
+            batch, taken = self._fragments(batch[0], as_fields(taken))
+        return batch, taken
+
+    def _fragments(self, event: EventFields, taken: list[EventFields]) -> tuple[list[EventFields], list[EventFields]]:
+        """The reply for a split event that heads the batch: its next fragments, as many as fit
+        (at least one), and the taken events it consumes (up to the event, and the event itself
+        once its last fragment is out). The event is split on the first call and its fragments
+        kept in `split_rest` for the getMores that follow. Resumed from a fragment, an event that
+        now splits otherwise, or not at all, fails the stream as the server's does
+        (ChangeStreamFatalError)."""
+        pieces = self.split_rest or [
+            tuple(ChangeEvent._make(event)._replace(sort_key=token_sort_key(token),
+                                                    type_bits=bytes(token.get("_typeBits", b"")), raw=raw))
+            for token, raw in split_event(event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent) or []]
+        out: list[EventFields] = []
+        size = 0
+        for piece in pieces:
+            size += len(piece[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
+            if out and size > BATCH_BYTES_LIMIT:
+                break
+            out.append(piece)
+        at = next(i for i, ev in enumerate(taken) if ev[EV_SORT_KEY] == event[EV_SORT_KEY])
+        if len(out) < len(pieces):
+            self.fragments_sent += len(out)
+            self.split_rest = pieces[len(out):]
+            return out, taken[:at]
+        self.fragments_sent, self.split_rest = 0, []
+        return out, taken[:at + 1]
+
+    def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:
+        """`batch` less the events up to the one resumed from; ChangeStreamFatalError if a later
+        event comes first (the token's event was filtered out, or is in no such stream).
+        Resumed from a fragment's token, the event stays, to be split again."""
+        assert self.must_meet is not None
+        for i, ev in enumerate(batch):
+            key = ev[EV_SORT_KEY]
+            if key == self.must_meet and self.fragments_sent and not self.met:
+                self.met, self.must_meet = True, None
+                return batch[i:]
+            if key == self.must_meet:
+                self.met = True
+            elif key > self.must_meet:
+                if not self.met:
+                    raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
+                                     f"found. {token_text(event_token(ev))}")
+                self.must_meet = None
+                return batch[i:]
+        return []
+
+
+class ParallelStream:
+    def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
+                 floors: list[bytes], *, keep: set[int] | None = None,
+                 connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
+                 connect_member: MemberConnector | None = None, readers_pool: ReaderPool | None = None) -> None:
+        self.name = name
+        self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
+        self.options = options
+        self.sharded = topology.sharded  # mongos sizes events as its shards send them, with their sort key
+        self.start = start
+        n = options.n_buckets
+        self.keep = keep if keep is not None else set(range(n))
+        self._hosts: list[ReaderHost] = []    # reader processes, with readerProcesses
+        self.shaper = Shaper(options.stages, options.reader_processes)  # the stages, over as many processes
+        self._connect_member = connect_member or MemberConnector()
+        self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
+            options.full_document == "updateLookup" or options.needs_pre_images) else None
+        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], token_from_key(floors[i]))
+                        for i in self.keep}
+        self._skip = min(floors[i] for i in self.keep)
+        self.shard_budgets: dict[str, ByteBudget] = {}
+        self._routes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self.readers: dict[str, ShardReader] = {}
+        self.merge = MergedQueue(())
+        for sid, hosts in topology.shards.items():
+            self._new_reader(sid, hosts, start)
+        # Without an upstream to ask (a fixed shard list, or a replica set), nothing is added and
+        # nothing waits on it.
+        self.watcher: TopologyWatcher | None = None
+        if connect_upstream is not None and topology.sharded:
+            self.watcher = TopologyWatcher(connect_upstream, topology,
+                                           holds_back=lambda: self._shard_holds_back(TOPOLOGY))
+            self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
+        self.error: Exception | None = None
+        self.events_merged = 0
+        self.replays = 0     # attaches older than retention, served by re-reading the oplogs
+        self.last_active = 0.0
+        self.started = trio.Event()
+        self._frontier = b""
+        self.ended = False   # an accelerated single-collection or database stream was invalidated
+        self._cancel = trio.CancelScope()
+
+
+    async def _connect_shard(self, sid: str) -> UpstreamConnection:
+        """A connection to a member of shard `sid` (pre-images live on the shard that wrote them)."""
+        return await self._connect_member(self.readers[sid].hosts, secondary=True)
+
+    def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
+        options = self.options
+        self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes)
+        tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
+                         transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
+                                                      token_version=options.token_version,
+                                                      ddl_notes=options.ddl_notes),
+                         connect_member=self._connect_member)
+        reader = self.readers[sid] = ShardReader(tail, budget=self.shard_budgets[sid])
+        if self._hosts:  # with readerProcesses: shards are dealt over the reader processes in turn
+            reader.elsewhere = self._hosts[(len(self.readers) - 1) % len(self._hosts)]
+        reader.wants_progress = self._shard_holds_back
+        reader.relieve = self._unpin
+        # A shard that joins later starts with the mark of its start time: above the frontier,
+        # since it was not listed when the frontier was last allowed to move.
+        self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
+        return reader
+
+    def _unpin(self) -> None:
+        for bucket in self.buckets.values():
+            bucket.unpin()
+
+    def has_cursors(self) -> bool:
+        return any(b.cursors for b in self.buckets.values())
+
+    def reserved_bytes(self) -> int:
+        """The most this stream's buffers may hold (shards added later included): what it takes
+        of the proxy's memory limit."""
+        return sum(b.limit for b in self.shard_budgets.values()) + sum(b.budget.limit for b in self.buckets.values())
+
+    def close(self) -> None:
+        """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`)."""
+        self._cancel.cancel()
+
+    def _release(self) -> None:
+        """Drop the events a closed stream holds. A stream sits in reference cycles (its readers
+        call back into it, its tasks' frames hold it), and the proxy's collector thresholds make
+        full collections rare (wireproxy.app.tune_gc_for_throughput): left to the collector, a
+        closed stream's retention (up to every bucket budget) stayed allocated."""
+        for bucket in self.buckets.values():
+            bucket.clear()
+        self.merge.drop_pending()
+
+    async def run(self) -> None:
+        with self._cancel:
+            try:
+                send, recv = trio.open_memory_channel[ShardBatch](2 * len(self.readers) + 2)
+                async with self._reader_processes(), trio.open_nursery() as nursery:
+                    checks = []
+                    for reader in self.readers.values():
+                        checks.append(trio.Event())
+                        nursery.start_soon(reader.run, send.clone(), checks[-1])
+                    if self.watcher is not None:
+                        nursery.start_soon(self._watch_topology, nursery, send.clone())
+                    send.close()
+                    nursery.start_soon(self.shaper.warm_up)
+                    nursery.start_soon(self._announce_start, checks)
+                    await self._pump(recv)
+            except* MongoError as group:
+                self._fail(_first_leaf(group))
+            except* Exception as group:
+                # A bug (or an entry the transform cannot handle) fails this stream with
+                # InternalError, as a server fails one cursor; other streams and the proxy go on.
+                bug = _first_leaf(group)
+                log.error("stream %s: internal error", self.name, exc_info=bug)
+                self._fail(MongoError("InternalError", f"parallel change stream {self.name!r} failed: "
+                                      f"{type(bug).__name__}: {bug}"))
+            finally:
+                self.started.set()
+                if self.lookup is not None:
+                    with trio.CancelScope(shield=True):
+                        await self.lookup.aclose()
+                if self._cancel.cancel_called:
+                    self._release()
+
+    def _fail(self, exc: Exception) -> None:
+        log.warning("stream %s failed: %s", self.name, exc)
+        self.error = exc
+        for b in self.buckets.values():
+            b.notify()
+
+    @contextlib.asynccontextmanager
+    async def _reader_processes(self) -> AsyncIterator[None]:
+        """With readerProcesses, the shards' tails run in that many of the engine's reader processes
+        (a private pool when the stream has no engine)."""
+        if not self.options.reader_processes:
+            yield
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            pool = self._pool if self._pool is not None else await stack.enter_async_context(reader_pool())
+            hosts = self._hosts = await pool.hosts(self.options.reader_processes)
+            for i, reader in enumerate(self.readers.values()):
+                reader.elsewhere = hosts[i % len(hosts)]
+            yield
+
+    async def _watch_topology(self, nursery: trio.Nursery, send: trio.MemorySendChannel[ShardBatch]) -> None:
+        assert self.watcher is not None
+
+        async def advance(as_of: Timestamp) -> None:
+            await send.send(ShardBatch(TOPOLOGY, [], mark_after(as_of), 0))
+
+        def add_shard(sid: str, hosts: list[tuple[str, int]], joined: Timestamp) -> None:
+            reader = self._new_reader(sid, hosts, max(joined, self.start, key=lambda ts: (ts.time, ts.inc)))
+            nursery.start_soon(reader.run, send.clone())
+
+        async with send:
+            await self.watcher.run(advance, add_shard)
+
+    async def _announce_start(self, checks: list[trio.Event]) -> None:
+        for event in checks:
+            await event.wait()
+        self.started.set()
+
+    async def _pump(self, recv: trio.MemoryReceiveChannel[ShardBatch]) -> None:
+        merge = self.merge
+        tag_shard = self.options.needs_pre_images
+        async for first in recv:
+            # Every batch already waiting is merged with this one: fewer, larger releases (each
+            # release cuts the shards' blocks at the frontier, and each piece is dealt apart).
+            arrived = [first]
+            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+                while len(arrived) < _MERGED_AT_ONCE:
+                    arrived.append(recv.receive_nowait())
+            for batch in arrived:
+                events = batch.events
+                if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
+                    events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in as_fields(events)]
+                merge.extend(batch.shard, events)
+                merge.advance(batch.shard, batch.mark)
+            ready, freed = merge.pop_ready()
+            # Events that wait on some marks: idle shards write a note now, not at their next
+            # getMore timeout, and the shard list is re-read (live-tail latency). (Not guarded
+            # by len(merge), which counts a block's events: this runs for every release.)
+            for shard in merge.blocking_shards():
+                reader = self.readers.get(shard)
+                if reader is not None:
+                    reader.nudge()
+                elif shard == TOPOLOGY and self.watcher is not None:
+                    self.watcher.nudge()
+            await self._deal(ready)
+            # Budgets are released once per merged batch, not once per event.
+            for shard, nbytes in freed.items():
+                self.shard_budgets[shard].release(nbytes)
+            # What was just dealt may hold a waiting reader's budget full (the reader asked
+            # before it was dealt, or reads in a reader process and cannot ask).
+            if any(reader.starved for reader in self.readers.values()):
+                self._unpin()
+            self.events_merged += count_events(ready)
+            frontier = merge.frontier()
+            if frontier > self._frontier:
+                # Every mark is a high-water-mark token key, so the frontier is itself a token;
+                # idle buckets report it as their postBatchResumeToken.
+                self._frontier = frontier
+                token = token_from_key(frontier)
+                for bucket in self.buckets.values():
+                    bucket.advance_frontier(frontier, token)
+            # Nor may this frame hold the blocks while it waits for the next batch: a waiting
+            # reader's batch comes only once they are let go.
+            del first, arrived, batch, events, ready
+
+    async def _deal(self, ready: list[EventFields]) -> None:
+        """Deal merged events into their buckets: each bucket's share is appended in one step."""
+        scope, match, buckets = self.options.scope, self.options.match, self.buckets
+        shares: dict[int, list[Any]] = {}
+        if scope is not None or match is not None:
+            ready = as_fields(ready)  # filtered event by event
+        for ev in ready:
+            if type(ev) is EventBlock:
+                self._deal_block(ev, shares)
+                continue
+            if self.ended:
+                break
+            if scope is not None and not _in_scope(ev, scope):
+                continue
+            if match is not None:
+                try:
+                    if not _event_matches(ev, match):
+                        continue
+                except MongoError as exc:
+                    # Only the buckets of the event's namespaces meet it; each fails once its
+                    # consumers have read what came before.
+                    await self._put_shares(shares)
+                    shares = {}
+                    for b in self._route(ev):
+                        buckets[b].fail(exc)
+                    continue
+            if scope is not None and _invalidates(ev, scope):
+                await self._put_shares(shares)
+                shares = {}
+                for only in buckets.values():
+                    await only.put(ev)
+                    end = invalidate_event(ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime"))
+                    await only.put(tuple(end))
+                self.ended = True
+                break
+            route = self._routes.get(ev[EV_NAMESPACES])
+            if route is None:
+                route = self._route(ev)
+            for b in route:
+                share = shares.get(b)
+                if share is None:
+                    shares[b] = [ev]
+                else:
+                    share.append(ev)
+        await self._put_shares(shares)
+
+    def _deal_block(self, block: EventBlock, shares: dict[int, list[Any]]) -> None:
+        """A block's share of each bucket, taken as columns: an event goes where its kind's
+        namespaces route it."""
+        routes = []
+        for kind in block.kind_table:
+            route = self._routes.get(kind[3])
+            routes.append(self._route(_kind_event(kind)) if route is None else route)
+        for b, share in block.shares(routes).items():
+            shares.setdefault(b, []).append(share)
+
+    def _route(self, ev: EventFields) -> tuple[int, ...]:
+        """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""
+        if len(self._routes) >= _ROUTES_CACHED:
+            self._routes.clear()
+        route = self._routes[ev[EV_NAMESPACES]] = tuple(b for b in buckets_for_event(ev, self.options.n_buckets)
+                                                    if b in self.buckets)
+        return route
+
+    async def _put_shares(self, shares: dict[int, list[Any]]) -> None:
+        for b, share in shares.items():
+            await self.buckets[b].put_many(share)
+
+    def _shard_holds_back(self, shard: str) -> float | None:
+        """How soon `shard`'s mark should move (seconds between nudges), or None if it holds
+        nothing back. Pending events wait on it: soon (URGENT_NOTE_S). Only a waiting
+        consumer's resume point does: lazily (IDLE_PROGRESS_S), so an idle cluster with consumers
+        attached gets a note a second per shard, not fifty."""
+        if shard in self.merge.blocking_shards():
+            return URGENT_NOTE_S
+        waiting = any(b.waiting for b in self.buckets.values())
+        if waiting and self.merge.mark_of(shard) <= self.merge.frontier():
+            return IDLE_PROGRESS_S
+        return None
+
+    @property
+    def frontier_key(self) -> bytes:
+        return max(self._frontier, min(b.floor for b in self.buckets.values()))
+
+    def plan_end(self, after: list[bytes], max_events: int | None) -> bytes:
+        """The end key of a micro-batch starting after `after` (one key per bucket).
+
+        Without a limit it is the frontier: every event at or below it has been dealt. With one,
+        it is lowered so that at most `max_events` retained events fall in (after_i, end]; if
+        bucket history was dropped the count is unknown there and the frontier is used.
+        """
+        frontier = self.frontier_key
+        if max_events is None:
+            return frontier
+        import heapq
+
+        runs = []
+        for i, bucket in self.buckets.items():
+            lo = bucket.position_after(max(after[i], bucket.floor))
+            hi = bucket.position_after(max(frontier, bucket.floor))
+            assert lo is not None and hi is not None
+            runs.append(bucket.keys_between(lo, min(hi, lo + max_events + 1)))
+        merged = list(heapq.merge(*runs))
+        # Keys repeat across buckets for multi-bucket events; count each key once per bucket run.
+        if len(merged) <= max_events:
+            return frontier
+        end = merged[max_events - 1]
+        return end
+
+    def oversize(self, raw: bytes) -> MongoError | Literal[True] | None:
+        """What a server does with an event of this size: split it (SPLIT, with the split stage and
+        over the split size), fail with BSONObjectTooLarge (returned) or return it whole (None)."""
+        if self.options.split_large_events:
+            return SPLIT if event_bytes(raw, merged=self.sharded) > SPLIT_ABOVE_BYTES else None
+        return event_too_large(raw, merged=self.sharded)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
+            "mergeQueue": len(self.merge), "replays": self.replays, "stageRunsInProcesses": self.shaper.runs_sent,
+            "error": str(self.error) if self.error else None,
+            "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts,
+                        "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time) if r.stats.last_ts.time else None,
+                        "entriesRead": r.stats.entries,
+                        "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,
+                        "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
+                        "reconnects": r.stats.reconnects, "connected": r.stats.connected,
+                        "lastError": r.stats.last_error or None,
+                        "lastErrorAt": (datetime.fromtimestamp(r.stats.last_error_at, UTC)
+                                        if r.stats.last_error else None),
+                        "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
+                        "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
+            "topology": self.watcher.status() if self.watcher is not None else None,
+            "buckets": [{"bucket": i, "depth": b.depth(), "retained": b.retained, "bytes": b.budget.used,
+                         "limitBytes": b.budget.limit, "dealt": b.dealt_total, "delivered": b.delivered_total,
+                         "cursors": len(b.cursors), "error": str(b.error) if b.error else None,
+                         "consumerPosition": max((c.last_token for c in b.cursors), default=None,
+                                                 key=lambda t: t.get("_data", "") if t else "")}
+                        for i, b in sorted(self.buckets.items())],
+        }
+
+
+def _fit(shaped: list[tuple[int, ChangeEvent]],
+         oversize: Callable[[bytes], MongoError | Literal[True] | None]) -> tuple[list[EventFields], int | None]:
+    """The longest head of the shaped events within a reply's batch limit (at least one), and how
+    many of the taken events it consumed (None: all of them). Lookups and stages grow events after
+    the batch was cut; what does not fit is returned by the next getMore. An event grown past
+    what a server can return (a document looked up beside a large update) ends the head; the
+    getMore that reaches it fails with BSONObjectTooLarge, as the server's does, or, with the
+    split stage, returns it alone, to be split."""
+    size = 0
+    for k, (_, ev) in enumerate(shaped):
+        size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
+        if k and size > BATCH_BYTES_LIMIT:
+            return [e for _, e in shaped[:k]], shaped[k][0]
+        if len(ev.raw) > MEASURE_ABOVE_BYTES and (big := oversize(ev.raw)) is not None:
+            if k:
+                return [e for _, e in shaped[:k]], shaped[k][0]
+            if big is not SPLIT:
+                raise big
+            return [ev], shaped[1][0] if len(shaped) > 1 else None
+    return [e for _, e in shaped], None
+
+
+def _interrupted() -> MongoError:
+    """What a getMore whose cursor was killed under it fails with, as mongos's does."""
+    return MongoError("CursorKilled", "operation was interrupted")
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
+    first = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, Exception)
+    return first
+
+
+def _in_scope(ev: EventFields, scope: tuple[str, str | None]) -> bool:
+    db, coll = scope
+    if coll is None:
+        return bool(ev[EV_DB] == db)
+    return f"{db}.{coll}" in ev[EV_NAMESPACES] or (ev[EV_DB] == db and ev[EV_OP_TYPE] == "dropDatabase")
+
+
+def _invalidates(ev: EventFields, scope: tuple[str, str | None]) -> bool:
+    """drop/rename of the collection or dropDatabase end a collection stream; dropDatabase a db stream."""
+    op_type = ev[EV_OP_TYPE]
+    return bool(op_type == "dropDatabase" or (scope[1] is not None and op_type in ("drop", "rename")))
+
+
+def _event_matches(ev: EventFields, match: dict[str, Any]) -> bool:
+    from mongoformats.mql import matches
+
+    return matches(bson.decode(ev[EV_RAW], PLAIN), match)
+
+
+def start_point(token: Mapping[str, Any]) -> tuple[Timestamp, bytes]:
+    """Where a stream resumed from `token` starts: the token's time, and the bucket floor (the
+    events above it are dealt). For a fragment's token the floor is just below its event, which
+    is dealt again to be split: a KeyString ends with its end byte (4), so the event's key less
+    that byte sorts below the event's and above every key below it, which differs earlier or goes
+    on with a type byte (all above 4)."""
+    data = decode_token(token)
+    fragment = fragment_of(data)
+    return data.cluster_time, fragment[0][:-1] if fragment is not None else token_sort_key(token)

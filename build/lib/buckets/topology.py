@@ -1,0 +1,130 @@
+"""The cluster's shard list as one more input of the merge, so shards added later are read too.
+
+mongos learns of a new shard by watching `config.shards` and opens a cursor on it from the time
+it joined (`topologyTime`, the kNewShardDetected path). The proxy does the same with `listShards`:
+a reply whose operationTime is T lists every shard that joined at or before T. The watcher feeds
+the merge a pseudo-shard, TOPOLOGY, whose high-water mark is the last such T, so no event newer
+than T leaves the merge before the shard list has been checked past it. A shard that appears is
+read from its topologyTime; since it did not exist at the previous check, that time is above the
+merge frontier and nothing it writes can arrive too late.
+
+The list is fetched only while the TOPOLOGY mark is what holds the merge back (at most every
+20 ms: a live tail pays at most that in latency) or a waiting consumer's resume point (at most once
+a second); a catch-up over a backlog older than the last check costs no round trip at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
+
+import trio
+from bson import Timestamp
+
+from mongoformats.errors import MongoError, has_category
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, parse_hosts
+
+log = logging.getLogger("buckets.topology")
+
+# The merge input that stands for the shard list. "config" can never be a shard's id (reserved).
+TOPOLOGY = "config"
+
+
+class Topology(NamedTuple):
+    shards: dict[str, list[tuple[str, int]]]   # shard id -> its members' addresses
+    joined: dict[str, Timestamp]               # shard id -> topologyTime
+    as_of: Timestamp                           # every shard that joined at or before this is listed
+    # A replica set upstream is its one and only "shard": nothing can join it, so no watcher.
+    sharded: bool = True
+
+
+async def discover(conn: UpstreamConnection) -> Topology:
+    """What the engine reads behind `conn`: a mongos's shards, or a replica set as one shard.
+
+    A replica set's change stream is the same stream on one shard (same events, tokens and
+    errors), so the proxy accelerates it too: one reader, the consumers spread over buckets. A
+    standalone server has no oplog to read; like the server, it refuses change streams.
+    """
+    hello = await conn.command("admin", {"hello": 1})
+    if hello.get("msg") == "isdbgrid":
+        return await read_topology(conn)
+    set_name = hello.get("setName")
+    if not set_name:
+        raise MongoError(40573, "The $changeStream stage is only supported on replica sets")
+    members = [*hello.get("hosts", []), *hello.get("passives", [])]
+    as_of = hello.get("operationTime") or hello["$clusterTime"]["clusterTime"]
+    return Topology({set_name: parse_hosts("mongodb://" + ",".join(members))}, {set_name: Timestamp(0, 0)},
+                    as_of, sharded=False)
+
+
+async def read_topology(conn: UpstreamConnection) -> Topology:
+    reply = await conn.command("admin", {"listShards": 1})
+    as_of = reply.get("operationTime") or reply["$clusterTime"]["clusterTime"]
+    shards: dict[str, list[tuple[str, int]]] = {}
+    joined: dict[str, Timestamp] = {}
+    for s in reply["shards"]:
+        shards[s["_id"]] = parse_hosts("mongodb://" + s["host"].split("/", 1)[-1])
+        joined[s["_id"]] = s.get("topologyTime") or Timestamp(0, 0)
+    return Topology(shards, joined, as_of)
+
+
+class TopologyWatcher:
+    def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]], known: Topology, *,
+                 holds_back: Callable[[], float | None], min_interval_s: float = 0.02) -> None:
+        self.connect = connect
+        self.known = set(known.shards)
+        self.as_of = known.as_of
+        self.holds_back = holds_back
+        self.min_interval_s = min_interval_s
+        self.checks = 0
+        self.added: list[str] = []
+        self._nudged = trio.Event()
+
+    def nudge(self) -> None:
+        """Events wait on the shard list's mark: re-read it now (at most every min_interval_s)."""
+        self._nudged.set()
+
+    async def run(self, advance: Callable[[Timestamp], Awaitable[None]],
+                  add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None]) -> None:
+        """Forever: when the shard list holds the merge back, re-read it; start readers for new
+        shards (`add_shard`) before the mark moves past their start (`advance`)."""
+        conn: UpstreamConnection | None = None
+        last_check = -1e9
+        try:
+            while True:
+                with trio.move_on_after(self.min_interval_s):
+                    await self._nudged.wait()
+                self._nudged = trio.Event()
+                interval = self.holds_back()
+                if interval is None or trio.current_time() - last_check < interval:
+                    continue
+                last_check = trio.current_time()
+                try:
+                    if conn is None:
+                        conn = await self.connect()
+                    topology = await read_topology(conn)
+                except (UpstreamClosed, MongoError) as exc:
+                    if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
+                        raise MongoError(exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}") \
+                            from exc
+                    log.warning("listShards: %s; retrying", exc)
+                    if conn is not None:
+                        await conn.aclose()
+                    conn = None
+                    continue
+                self.checks += 1
+                for sid, hosts in topology.shards.items():
+                    if sid not in self.known:
+                        log.info("shard %s joined at %s: reading it from then on", sid, topology.joined[sid])
+                        self.known.add(sid)
+                        self.added.append(sid)
+                        add_shard(sid, hosts, topology.joined[sid])
+                self.as_of = topology.as_of
+                await advance(topology.as_of)
+        finally:
+            if conn is not None:
+                await conn.aclose()
+
+    def status(self) -> dict[str, Any]:
+        return {"checkedThrough": self.as_of, "checks": self.checks, "shardsAdded": list(self.added)}

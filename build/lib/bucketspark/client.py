@@ -1,0 +1,134 @@
+"""Blocking helpers over unmodified pymongo: what a Spark task (or any Python consumer) runs.
+
+`read_bucket` attaches to one bucket after a start token and stops exactly at the end token, so
+reading (start, end] returns the same events every time: a retried Spark task returns the same
+rows.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymongo
+from bson.raw_bson import RawBSONDocument
+from pymongo.uri_parser import split_options
+
+from mongoformats.codecs import RAW as RAW_OPTS
+from mongoformats.large_events import join_fragments
+
+CURSOR_COLLECTION = "$cmd.parallelChangeStream"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What identifies a stream on the proxy; carried in every partition so a task is self-contained."""
+
+    uri: str
+    name: str
+    n_buckets: int
+    show_expanded_events: bool = True
+    pipeline: tuple[dict[str, Any], ...] = field(default=())
+    full_document: str = "default"     # or "updateLookup", "whenAvailable", "required"
+    full_document_before_change: str = "off"
+    # Engine options passed through when the stream is created (shardBufferBytes, bucketBufferBytes,
+    # readerProcesses, maxAwaitTimeMS), as (name, value) pairs so the spec stays hashable.
+    engine_options: tuple[tuple[str, int], ...] = ()
+
+    def open_command(self, **extra: Any) -> dict[str, Any]:
+        cmd: dict[str, Any] = {"parallelChangeStream": 1, "nBuckets": self.n_buckets, "name": self.name,
+                               "showExpandedEvents": self.show_expanded_events}
+        if self.pipeline:
+            cmd["pipeline"] = list(self.pipeline)
+        if self.full_document != "default":
+            cmd["fullDocument"] = self.full_document
+        if self.full_document_before_change != "off":
+            cmd["fullDocumentBeforeChange"] = self.full_document_before_change
+        cmd.update(self.engine_options)
+        cmd.update(extra)
+        return cmd
+
+
+def token_key(data_hex: str) -> bytes:
+    return binascii.unhexlify(data_hex)
+
+
+# What a task's client uses where the uri says nothing (a keyword would override the uri's own
+# option, so these are only filled in). socketTimeoutMS: how long a task waits for any one reply
+# of the proxy's before it fails and Spark retries it; pymongo's default is to wait forever, so a
+# proxy that hangs, or a network that drops its packets, would hold the micro-batch for good.
+# Generous, as a getMore waits up to maxAwaitTimeMS and may look documents up for its events.
+CLIENT_DEFAULTS: dict[str, Any] = {"serverSelectionTimeoutMS": 10_000, "socketTimeoutMS": 120_000,
+                                   "appname": "bucketspark"}
+
+
+def client_for(uri: str) -> pymongo.MongoClient[Any]:
+    # The uri's query alone, read as pymongo reads it (names in any case): a mongodb+srv name is
+    # not looked up once more for this.
+    query = uri.partition("?")[2]
+    given = split_options(query) if query else {}
+    return pymongo.MongoClient(uri, **{k: v for k, v in CLIENT_DEFAULTS.items() if k not in given})
+
+
+def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int, start: str, end: str, *,
+                batch_size: int = 1000, max_await_ms: int = 500, max_events: int | None = None
+                ) -> Iterator[RawBSONDocument]:
+    """Events of `bucket` with start < token <= end (tokens given as `_data` hex strings).
+
+    A stream opened with $changeStreamSplitLargeEvent returns an event over 16 MiB in fragments,
+    which may span getMores: they are joined back into the event, whose token is the one compared
+    with `end` (a batch's end is an event's token, never a fragment's)."""
+    end_key = token_key(end)
+    if token_key(start) >= end_key:
+        return
+    admin = client.admin
+    reply = admin.command(spec.open_command(bucket=bucket, resumeAfter={"_data": start}, batchSize=batch_size),
+                          codec_options=RAW_OPTS)
+    cursor = reply["cursor"]
+    cid = cursor["id"]
+    batch = cursor["firstBatch"]
+    pbrt = cursor["postBatchResumeToken"]
+    seen = 0
+    fragments: list[bytes] = []
+    try:
+        while True:
+            for ev in batch:
+                if "splitEvent" in ev:
+                    fragments.append(bytes(ev.raw))
+                    if ev["splitEvent"]["fragment"] < ev["splitEvent"]["of"]:
+                        continue
+                    ev, fragments = RawBSONDocument(join_fragments(fragments), RAW_OPTS), []
+                if token_key(ev["_id"]["_data"]) > end_key:
+                    return
+                yield ev
+                seen += 1
+                if max_events is not None and seen >= max_events:
+                    return
+            if token_key(pbrt["_data"]) >= end_key and not fragments:
+                return
+            more = admin.command({"getMore": cid, "collection": CURSOR_COLLECTION, "batchSize": batch_size,
+                                  "maxTimeMS": max_await_ms}, codec_options=RAW_OPTS)
+            batch = more["cursor"]["nextBatch"]
+            pbrt = more["cursor"]["postBatchResumeToken"]
+    finally:
+        admin.command({"killCursors": CURSOR_COLLECTION, "cursors": [cid]})
+
+
+def open_stream(client: pymongo.MongoClient[Any], spec: StreamSpec, **start: Any) -> list[str]:
+    """Create (or join) the stream; returns each bucket's starting token (`_data`) and closes the cursors."""
+    admin = client.admin
+    reply = admin.command(spec.open_command(**start))
+    cursors = list(reply["cursors"])
+    admin.command({"killCursors": CURSOR_COLLECTION, "cursors": [c["id"] for c in cursors]})
+    return [c["postBatchResumeToken"]["_data"] for c in cursors]
+
+
+def plan_end(client: pymongo.MongoClient[Any], spec: StreamSpec, after: list[str], max_events: int | None) -> str:
+    cmd: dict[str, Any] = {"parallelChangeStreamStatus": 1, "name": spec.name,
+                           "after": [{"_data": t} for t in after]}
+    if max_events is not None:
+        cmd["maxEvents"] = max_events
+    reply = client.admin.command(cmd)
+    return str(reply["planEnd"]["_data"])

@@ -1,0 +1,281 @@
+"""Replicate change events into a target MongoDB: what each Spark task does with its bucket.
+
+Events arrive per bucket in token order, so every namespace's events are in order. DML is gathered
+per namespace into ordered bulk writes; DDL writes what was gathered, then applies on its own.
+
+Idempotent on replay (a re-applied batch leaves the same state):
+- insert/replace -> replaceOne(documentKey, fullDocument, upsert): a replayed insert is no
+  duplicate-key error, and no update ever needs the (possibly null) post-image;
+- update -> $set/$unset (+ $push/$slice for truncated arrays) from updateDescription, never upsert:
+  replaying an update after a later delete leaves the document deleted;
+- delete -> deleteOne(documentKey); DDL ignores "already done" errors (NamespaceExists,
+  NamespaceNotFound, IndexNotFound, IndexAlreadyExists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+import pymongo
+from pymongo import DeleteOne, ReplaceOne, UpdateOne
+from pymongo.errors import OperationFailure
+
+from bucketspark.client import client_for
+from mongoformats.codecs import PLAIN
+
+_ALREADY_DONE = {26, 27, 48, 68, 85, 86}  # NamespaceNotFound, IndexNotFound, NamespaceExists, Index*
+
+
+@dataclass
+class ApplyStats:
+    applied: int = 0
+    ddl: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+def _update_spec(desc: Mapping[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if desc.get("updatedFields"):
+        spec["$set"] = dict(desc["updatedFields"])
+    if desc.get("removedFields"):
+        spec["$unset"] = {f: "" for f in desc["removedFields"]}
+    for t in desc.get("truncatedArrays") or []:
+        spec.setdefault("$push", {})[t["field"]] = {"$each": [], "$slice": t["newSize"]}
+    return spec
+
+
+def dml_op(ev: Mapping[str, Any]) -> Any:
+    kind = ev["operationType"]
+    key = ev["documentKey"]
+    if kind in ("insert", "replace"):
+        return ReplaceOne(key, ev["fullDocument"], upsert=True)
+    if kind == "update":
+        spec = _update_spec(ev["updateDescription"])
+        return UpdateOne(key, spec) if spec else None
+    if kind == "delete":
+        return DeleteOne(key)
+    raise ValueError(kind)
+
+
+def apply_ddl(client: pymongo.MongoClient[Any], ev: Mapping[str, Any]) -> None:
+    kind = ev["operationType"]
+    ns = ev["ns"]
+    db = client[ns["db"]]
+    desc = ev.get("operationDescription") or {}
+    try:
+        if kind == "drop":
+            db.drop_collection(ns["coll"])
+        elif kind == "dropDatabase":
+            client.drop_database(ns["db"])
+        elif kind == "rename":
+            to = ev["to"]
+            client.admin.command({"renameCollection": f"{ns['db']}.{ns['coll']}", "to": f"{to['db']}.{to['coll']}",
+                                  "dropTarget": True})
+        elif kind == "create":
+            db.command({"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}})
+        elif kind == "createIndexes":
+            db.command({"createIndexes": ns["coll"], "indexes": desc.get("indexes", [])})
+        elif kind == "dropIndexes":
+            for spec in desc.get("indexes", []):
+                db.command({"dropIndexes": ns["coll"], "index": spec["name"]})
+        elif kind == "modify":
+            db.command({"collMod": ns["coll"], **desc})
+        # shardCollection: the target's sharding layout is the operator's choice; not replayed.
+    except OperationFailure as exc:
+        if exc.code not in _ALREADY_DONE:
+            raise
+
+
+DML = frozenset({"insert", "update", "replace", "delete"})
+
+
+FLUSH_OPS = 1000  # ops per namespace held before they are written: bounds a task's memory
+
+
+def _txn_key(ev: Mapping[str, Any]) -> tuple[bytes, int] | None:
+    if "txnNumber" not in ev or "lsid" not in ev:
+        return None
+    return bytes(ev["lsid"]["id"]), int(ev["txnNumber"])
+
+
+def _write_unit(client: pymongo.MongoClient[Any], ops: list[tuple[tuple[str, str], Any]]) -> None:
+    """A source transaction's events (this bucket's share of it) as one target transaction, so a
+    reader of the target never sees half of it; plainly where the target has no transactions."""
+    by_ns: dict[tuple[str, str], list[Any]] = {}
+    for ns, op in ops:
+        by_ns.setdefault(ns, []).append(op)
+
+    def body(session: Any) -> None:
+        for (db, coll), run in by_ns.items():
+            client[db][coll].bulk_write(run, ordered=True, session=session)
+
+    with client.start_session() as session:
+        try:
+            session.with_transaction(body)
+        except OperationFailure as exc:
+            if exc.code != 20:  # IllegalOperation: a standalone target cannot run transactions
+                raise
+            body(None)
+
+
+def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str, Any] | bytes]) -> ApplyStats:
+    """Apply events (decoded dicts or raw BSON) in order to the target cluster behind `client`.
+
+    DML is gathered per namespace and written as ordered bulk writes: the order that matters is
+    each namespace's own (a bucket interleaves several), so a bucket whose namespaces alternate
+    still gets 1000-op bulk writes instead of one round trip per event. A DDL event writes
+    everything gathered before it, then applies, so it stays a barrier. The events of one source
+    transaction (consecutive in a bucket: same lsid and txnNumber) are written as one target
+    transaction, after what was gathered before them.
+    """
+    stats = ApplyStats()
+    runs: dict[tuple[str, str], list[Any]] = {}
+    unit: list[tuple[tuple[str, str], Any]] = []
+    unit_key: tuple[bytes, int] | None = None
+
+    def flush(ns: tuple[str, str] | None = None) -> None:
+        for key in [ns] if ns is not None else list(runs):
+            ops = runs.pop(key, None)
+            if ops:
+                client[key[0]][key[1]].bulk_write(ops, ordered=True)
+
+    def end_unit() -> None:
+        nonlocal unit, unit_key
+        if unit:
+            flush()
+            _write_unit(client, unit)
+        unit, unit_key = [], None
+
+    for raw in events:
+        ev = bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw
+        kind = ev["operationType"]
+        stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
+        txn = _txn_key(ev) if kind in DML else None
+        if txn != unit_key:
+            end_unit()
+            unit_key = txn
+        if kind in DML:
+            ns = (ev["ns"]["db"], ev["ns"]["coll"])
+            op = dml_op(ev)
+            if op is not None and txn is not None:
+                unit.append((ns, op))
+            elif op is not None:
+                run = runs.setdefault(ns, [])
+                run.append(op)
+                if len(run) >= FLUSH_OPS:
+                    flush(ns)
+            stats.applied += 1
+        elif kind != "invalidate":
+            flush()
+            apply_ddl(client, ev)
+            stats.ddl += 1
+    end_unit()
+    flush()
+    return stats
+
+
+CROSS_BUCKET = ("rename", "dropDatabase")
+_APPLIED_SCHEMA = "bucket INT, applied LONG, barrierToken STRING, barrierEvent BINARY"
+
+
+def replicate_arrow(target_uri: str) -> Any:
+    """A `mapInArrow` function: apply one bucket's events (columns bucket, token, operationType,
+    event) to the target, in order, up to its first cross-bucket event (exclusive).
+
+    Arrow carries the BSON column from the JVM as whole buffers; `foreachPartition` would pickle a
+    Row object per event. Yields one row: the bucket, how many events the task applied, and the
+    cross-bucket event it stopped at (token and BSON), if any.
+    """
+
+    def apply(batches: Iterable[Any]) -> Iterable[Any]:
+        import pyarrow as pa
+
+        bucket: int | None = None
+        barrier: tuple[str, bytes] | None = None
+
+        def events() -> Iterable[bytes]:
+            nonlocal bucket, barrier
+            for batch in batches:
+                columns = batch.to_pydict()
+                for b, token, kind, raw in zip(columns["bucket"], columns["token"], columns["operationType"],
+                                               columns["event"], strict=True):
+                    if bucket is not None and b != bucket:  # the source's contract: a partition is a bucket
+                        raise ValueError(f"a partition holds buckets {bucket} and {b}")
+                    bucket = b
+                    if kind in CROSS_BUCKET:
+                        barrier = (token, raw)
+                        return
+                    yield raw
+
+        client = client_for(target_uri)  # a target that stops answering fails the task: see CLIENT_DEFAULTS
+        try:
+            stats = apply_events(client, events())
+        finally:
+            client.close()
+        yield pa.RecordBatch.from_pydict(
+            {"bucket": [bucket], "applied": [stats.applied + stats.ddl],
+             "barrierToken": [barrier[0] if barrier else None], "barrierEvent": [barrier[1] if barrier else None]},
+            schema=pa.schema([("bucket", pa.int32()), ("applied", pa.int64()), ("barrierToken", pa.string()),
+                              ("barrierEvent", pa.binary())]))
+
+    return apply
+
+
+def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
+    """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
+
+    Events that span buckets (rename, dropDatabase) are barriers, for the buckets they are in:
+    such a bucket's task stops before one, the driver applies the earliest barrier once, and
+    the buckets that stopped go on from there in another job. A bucket without barriers runs
+    through (its namespaces' order does not depend on them), so the usual batch, with none, is
+    one Spark job. `on_batch(epoch_id, applied)` may record per-batch figures: the events each
+    bucket applied (from the tasks' results, so recording costs no Spark job of its own).
+    """
+
+    def run(df: Any, epoch_id: int) -> None:
+        from pyspark.sql.functions import col, lit
+
+        df = df.persist()
+        applied: dict[int, int] = {}
+        try:
+            columns = df.select("bucket", "token", "operationType", "event")
+            segment = columns
+            while True:
+                results = segment.mapInArrow(replicate_arrow(target_uri), _APPLIED_SCHEMA).collect()
+                for r in results:
+                    if r["bucket"] is not None:
+                        applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
+                stops = [r for r in results if r["barrierToken"] is not None]
+                if not stops:
+                    break
+                first = min(r["barrierToken"] for r in stops)
+                at_first = [r for r in stops if r["barrierToken"] == first]
+                for r in at_first:  # the barrier is each of these buckets' event
+                    applied[r["bucket"]] += 1
+                client = client_for(target_uri)
+                try:
+                    apply_events(client, [bytes(at_first[0]["barrierEvent"])])
+                finally:
+                    client.close()
+                # Buckets that stopped at the applied barrier go on after it; those stopped at a
+                # later one start at it again (and stop there at once); the others are done.
+                resume = lit(False)
+                for r in stops:
+                    after = col("token") > first if r["barrierToken"] == first else col("token") >= r["barrierToken"]
+                    resume = resume | ((col("bucket") == r["bucket"]) & after)
+                segment = columns.filter(resume)
+        finally:
+            df.unpersist()
+        if on_batch is not None:
+            on_batch(epoch_id, applied)
+
+    return run
+
+
+def parquet_sink(df: Any, path: str, checkpoint: str) -> Any:
+    """The plain sink: events as Parquet files partitioned by namespace."""
+    return (df.writeStream.format("parquet").partitionBy("db", "coll").option("path", path)
+            .option("checkpointLocation", checkpoint).start())

@@ -1,0 +1,298 @@
+"""`spark.readStream.format("parallelchangestream")`: one Spark partition per bucket.
+
+Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages, and a final
+$changeStreamSplitLargeEvent: an event over 16 MiB then arrives in fragments, joined back into one
+row, where without it the read fails with BSONObjectTooLarge), fullDocument
+("default", "updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange,
+startAtOperationTime ("<seconds>,<increment>"), showExpandedEvents (default true),
+maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's
+shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy creates
+the stream); a batch read also takes startTokens (JSON list, one per bucket) and endToken. Any
+other option name, or a value of the wrong kind, is refused (`Options`).
+
+Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
+reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
+from its merge frontier, so the set is fixed when planned and a retried task returns the same
+rows. The proxy keeps no durable state: after a proxy restart the stream is reopened from the
+checkpointed tokens. A query may be restarted on its checkpoint with another nBuckets (more or
+fewer tasks): a micro-batch ends every bucket at one token, from which any bucket count resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
+from bucketspark.rows import SCHEMA, arrow_batches, arrow_schema, event_row
+
+
+@dataclass(frozen=True)
+class BucketPartition(InputPartition):
+    bucket: int
+    start: str
+    end: str
+    spec: StreamSpec
+    with_json: bool
+    batch_size: int
+
+
+# Every option the source takes, by its documented camelCase name: (kind, low, high). Spark
+# lowercases option names, so they are matched without case.
+_INT_MAX = (1 << 63) - 1
+_OPTIONS: dict[str, tuple[str, int, int]] = {
+    "uri": ("str", 0, 0), "name": ("str", 0, 0), "nBuckets": ("int", 1, 1024),
+    "pipeline": ("json list", 0, 0), "startAtOperationTime": ("timestamp", 0, 0),
+    "startTokens": ("json list", 0, 0), "endToken": ("str", 0, 0),  # a bounded (batch) read's range
+    "showExpandedEvents": ("bool", 0, 0), "fullDocument": ("str", 0, 0), "fullDocumentBeforeChange": ("str", 0, 0),
+    "maxEventsPerTrigger": ("int", 1, _INT_MAX), "jsonColumn": ("bool", 0, 0), "batchSize": ("int", 1, _INT_MAX),
+    # The engine's, used when the proxy creates the stream (it checks their ranges: BadValue).
+    "shardBufferBytes": ("int", 0, _INT_MAX), "bucketBufferBytes": ("int", 0, _INT_MAX),
+    "readerProcesses": ("int", 0, _INT_MAX), "maxAwaitTimeMS": ("int", 0, _INT_MAX),
+}
+_ENGINE_OPTIONS = ("shardBufferBytes", "bucketBufferBytes", "readerProcesses", "maxAwaitTimeMS")
+
+
+class Options:
+    """The source's options, each checked when the query is defined: a misspelt name (Spark
+    would otherwise let `nBucket` through, and the query run with 4 buckets) or a value of the
+    wrong kind (`showExpandedEvents=ture` read as false) is a ValueError naming the option."""
+
+    def __init__(self, raw: Any) -> None:
+        by_lower = {name.lower(): name for name in _OPTIONS}
+        self._values: dict[str, Any] = {}
+        for key, text in dict(raw).items():
+            name = by_lower.get(str(key).lower())
+            if name is None:
+                raise ValueError(f"parallelchangestream: unknown option {key!r}; the options are "
+                                 f"{', '.join(_OPTIONS)}")
+            self._values[name] = _parse_option(name, str(text))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        assert name in _OPTIONS, name
+        return self._values.get(name, default)
+
+
+def _parse_option(name: str, text: str) -> Any:
+    kind, low, high = _OPTIONS[name]
+    try:
+        if kind == "str":
+            return text
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if kind == "int":
+            value = int(text)
+            if not low <= value <= high:
+                raise ValueError
+            return value
+        if kind == "timestamp":
+            from bson import Timestamp
+
+            t, _, i = text.partition(",")
+            return Timestamp(int(t), int(i or 0))
+        value = json.loads(text)
+        if not isinstance(value, list):
+            raise ValueError
+        return value
+    except (ValueError, TypeError, OverflowError):
+        span = f"between {low} and {high}" if high < _INT_MAX else f"of at least {low}"
+        want = {"bool": "true or false", "int": f"an integer {span}",
+                "timestamp": '"<seconds>,<increment>"', "json list": "a JSON list"}[kind]
+        raise ValueError(f"parallelchangestream: option {name} must be {want}, not {text!r}") from None
+
+
+# How long a restarted query waits for the proxy to release its stream's old bucket count (the
+# proxy's CURSOR_IN_USE_S, 10 s, with room to spare).
+REOPEN_WAIT_S = 30.0
+
+
+def _spec(options: Options) -> StreamSpec:
+    uri = options.get("uri")
+    if not uri:
+        raise ValueError("parallelchangestream: option 'uri' (the proxy's connection string) is required")
+    return StreamSpec(uri=uri, name=options.get("name") or "spark", n_buckets=options.get("nBuckets", 4),
+                      show_expanded_events=options.get("showExpandedEvents", True),
+                      pipeline=tuple(options.get("pipeline", ())),
+                      full_document=options.get("fullDocument") or "default",
+                      full_document_before_change=options.get("fullDocumentBeforeChange") or "off",
+                      engine_options=tuple((k, v) for k in _ENGINE_OPTIONS if (v := options.get(k)) is not None))
+
+
+def _start_args(options: Options) -> dict[str, Any]:
+    at = options.get("startAtOperationTime")
+    return {} if at is None else {"startAtOperationTime": at}
+
+
+def _read(partition: BucketPartition) -> Iterator[Any]:
+    """One bucket's events in (start, end], as Arrow record batches of rows."""
+    client = client_for(partition.spec.uri)
+    try:
+        events = read_bucket(client, partition.spec, partition.bucket, partition.start, partition.end,
+                             batch_size=partition.batch_size)
+        rows = (event_row(partition.bucket, ev, with_json=partition.with_json) for ev in events)
+        yield from arrow_batches(rows, arrow_schema())
+    finally:
+        client.close()
+
+
+class ParallelChangeStreamDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "parallelchangestream"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _BatchReader(Options(self.options))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return _StreamReader(Options(self.options))
+
+
+class _ReaderOptions:
+    """What both readers take from the options, and the partition each bucket becomes."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.spec = _spec(options)
+        self.with_json = options.get("jsonColumn", False)
+        self.batch_size = options.get("batchSize", 1000)
+
+    def partition(self, bucket: int, start: str, end: str) -> BucketPartition:
+        return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, BucketPartition)
+        return _read(partition)
+
+
+class _StreamReader(_ReaderOptions, DataSourceStreamReader):
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self.max_events = options.get("maxEventsPerTrigger")
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = client_for(self.spec.uri)
+        return self._client
+
+    def initialOffset(self) -> dict[str, Any]:
+        tokens = open_stream(self.client, self.spec, **_start_args(self.options))
+        return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_events) if self.max_events else ReadAllAvailable()
+
+    def _tokens(self, offset: dict[str, Any]) -> list[str]:
+        """The offset's token for each of this query's buckets.
+
+        An offset written with another nBuckets (the query was restarted with more or fewer tasks)
+        carries over if its buckets all stand at one token: every micro-batch ends all buckets at
+        its one planned end, so a checkpoint's offsets normally do. That token then starts every
+        new bucket (the proxy accepts it whatever the bucket count; see the engine's open command).
+        """
+        tokens = list(offset.get("tokens", ()))
+        if offset.get("nBuckets") == self.spec.n_buckets and len(tokens) == self.spec.n_buckets:
+            return tokens
+        if len(set(tokens)) != 1:
+            raise ValueError(
+                f"parallelchangestream: the checkpoint was written with nBuckets={offset.get('nBuckets')} and its "
+                f"buckets stand at different tokens; the query asks for nBuckets={self.spec.n_buckets}, which "
+                "can only start from one common token (restart once with the old nBuckets, or start a new "
+                "checkpoint)")
+        return tokens[:1] * self.spec.n_buckets
+
+    def _reopen(self, tokens: list[str]) -> None:
+        """Open the stream from `tokens`, or reopen it with this query's nBuckets.
+
+        The proxy refuses to reopen a stream whose cursors are still read, with
+        ConflictingOperationInProgress: after a restart those are the cursors of the previous run's
+        cancelled tasks, which the proxy deems abandoned once unused for 10 s. Retried that long.
+        """
+        from pymongo.errors import OperationFailure
+
+        deadline = time.monotonic() + REOPEN_WAIT_S
+        while True:
+            try:
+                open_stream(self.client, self.spec, resumeAfter=[{"_data": t} for t in tokens])
+                return
+            except OperationFailure as exc:
+                if exc.code != 117 or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
+
+    def _start_tokens(self, start: dict[str, Any]) -> list[str]:
+        """`_tokens` of a batch's start; if it was written with another nBuckets, the proxy's
+        stream of this name still has the old count, and is reopened with this query's first."""
+        tokens = self._tokens(start)
+        if start.get("nBuckets") != self.spec.n_buckets:
+            self._reopen(tokens)
+        return tokens
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        after = self._start_tokens(start)
+        max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        from pymongo.errors import OperationFailure
+
+        try:
+            end = plan_end(self.client, self.spec, after, max_events)
+        except OperationFailure as exc:
+            if exc.code != 26:  # NamespaceNotFound: the proxy restarted; reopen from the checkpoint
+                raise
+            self._reopen(after)
+            end = plan_end(self.client, self.spec, after, max_events)
+        tokens = [max(t, end) for t in after]
+        return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        # A batch planned before a restart with another nBuckets (run again at the restart, with
+        # no latestOffset first) is re-read with the new count: at common start and end tokens, its
+        # buckets together hold the same events, dealt anew.
+        starts = self._start_tokens(start)
+        return [self.partition(i, s, e) for i, (s, e) in enumerate(zip(starts, self._tokens(end), strict=True))]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        # Nothing to release: the proxy's buckets drop delivered events under memory pressure, and
+        # anything older is re-read from the oplogs on demand.
+        return None
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class _BatchReader(_ReaderOptions, DataSourceReader):
+    """A bounded read: events from startAtOperationTime (or start tokens) up to now (or endToken)."""
+
+    def partitions(self) -> Sequence[InputPartition]:
+        client = client_for(self.spec.uri)
+        try:
+            if self.options.get("startTokens"):
+                starts = self.options.get("startTokens")
+                open_stream(client, self.spec, resumeAfter=[{"_data": t} for t in starts])
+            else:
+                starts = open_stream(client, self.spec, **_start_args(self.options))
+            end = self.options.get("endToken")
+            if not end:
+                from bson import Timestamp
+
+                from mongoformats.resume_token import high_water_mark
+
+                # "Up to now" includes events at exactly the current cluster time; a high-water mark
+                # sorts before events at its own time, so the end is the mark of the next tick.
+                now = client.admin.command("ping")["operationTime"]
+                end = high_water_mark(Timestamp(now.time, now.inc + 1))["_data"]
+        finally:
+            client.close()
+        return [self.partition(i, s, end) for i, s in enumerate(starts)]

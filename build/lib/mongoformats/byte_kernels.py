@@ -1,0 +1,150 @@
+"""Compiled loops over BSON bytes (numba): the building blocks of the oplog walk and the batch
+splice, which read every entry of a backlog.
+
+Why compiled loops: reading an entry's elements one by one in Python costs ~2.5 us an entry, and
+doing it for a whole batch with numpy array operations ~1 us (each operation a pass over the
+batch, and a few dozen of them). A loop compiled by numba reads an entry's elements where they
+lie and writes its event in one pass, at tens of nanoseconds an entry. The loops stay Python
+source (one definition, read and tested as such); numba compiles them on first use and caches
+the machine code (mongoformats/numba_cache.py says where), so a process pays ~1 s once, not
+every start.
+
+The loops index arrays with unsigned integers (np.uintp) only: numba checks a signed index for a
+negative one (Python's from-the-end) on every access, which costs ~1 ns a byte and keeps a copy
+loop from compiling to vector moves (~0.05 ns a byte). Positions are computed as signed integers
+and checked to lie in the array before they index it. Arrays are read-only where they can be:
+numba then knows a read and a write cannot alias.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mongoformats.numba_cache import CACHE  # first: numba's cache directory is chosen before numba loads
+
+# isort: split
+import numba
+import numpy as np
+import numpy.typing as npt
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = ["U", "as_bytes", "copy", "copy_from", "prefetch", "has", "hex_digits", "i32", "put_i32", "u8", "u64"]
+
+U = np.uintp
+Bytes = npt.NDArray[np.uint8]
+Index = int | np.integer[Any]  # a position: Python's or numpy's integer (U, in a kernel)
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", np.uint8)
+
+
+def as_bytes(data: bytes | bytearray | memoryview) -> Bytes:
+    """`data` as a read-only array of bytes: one array type for every kernel, whatever `data` is
+    (each type is compiled on its own), and no aliasing with the arrays they write."""
+    d = np.frombuffer(data, np.uint8)
+    d.flags.writeable = False
+    return d
+
+
+@numba.njit(cache=CACHE)
+def u8(d: Bytes, at: Index) -> int:
+    """The byte at `at`, or -1 outside `d`."""
+    return int(d[U(at)]) if 0 <= at < len(d) else -1
+
+
+@numba.njit(cache=CACHE)
+def has(d: Bytes, at: Index, pattern: Bytes) -> bool:
+    """Whether `pattern` lies at `at` in `d`."""
+    if at < 0 or at + len(pattern) > len(d):
+        return False
+    to = U(at)
+    for j in range(U(len(pattern))):  # noqa: SIM110 (numba compiles a loop, not all() of a generator)
+        if d[to + j] != pattern[j]:
+            return False
+    return True
+
+
+@numba.njit(cache=CACHE)
+def i32(d: Bytes, at: Index) -> int:
+    """The little-endian int32 at `at`; -1 outside `d` (callers want a length of 2 or more)."""
+    if at < 0 or at + 4 > len(d):
+        return -1
+    u = U(at)
+    v = np.int64(d[u]) | (np.int64(d[u + 1]) << 8) | (np.int64(d[u + 2]) << 16) | (np.int64(d[u + 3]) << 24)
+    return int(v - (1 << 32) if v >= 1 << 31 else v)
+
+
+@numba.njit(cache=CACHE)
+def put_i32(dst: Bytes, at: Index, value: Index) -> None:
+    """Write `value` as a little-endian int32 at `at`, which must lie in `dst`."""
+    u = U(at)
+    for j in range(U(4)):
+        dst[u + j] = (value >> (8 * j)) & 255
+
+
+@numba.njit(cache=CACHE)
+def u64(d: Bytes, at: Index) -> np.uint64:
+    """The little-endian word at `at`, which must lie in `d`."""
+    u, v = U(at), np.uint64(0)
+    for j in range(U(8)):
+        v |= np.uint64(d[u + j]) << np.uint64(8 * j)
+    return v
+
+
+@numba.njit(cache=CACHE)
+def copy(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
+    """dst[at:at + n] = src[start:start + n]. (A loop: numba's slice assignment costs ~70 ns.)"""
+    to, start_at = U(at), U(start)
+    for j in range(U(n)):
+        dst[to + j] = src[start_at + j]
+
+
+@intrinsic
+def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
+    """memcpy(dst, src, n) on addresses given as integers (LLVM's memcpy)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        to, start, size = args
+        pointer = ir.IntType(8).as_pointer()
+        cgutils.raw_memcpy(builder, builder.inttoptr(to, pointer), builder.inttoptr(start, pointer), size, 1)
+        return context.get_dummy_value()
+    return types.void(types.uintp, types.uintp, types.intp), codegen
+
+
+@intrinsic
+def _prefetch(typingctx: Any, address: Any) -> Any:
+    """Ask the CPU to bring the cache line at `address` in (llvm.prefetch: read, keep, data)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
+            pointer, ir.IntType(32), ir.IntType(32), ir.IntType(32)]), "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.inttoptr(args[0], pointer), ir.Constant(ir.IntType(32), 0),
+                          ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
+        return context.get_dummy_value()
+    return types.void(types.uintp), codegen
+
+
+@numba.njit(cache=CACHE)
+def prefetch(address: Index, n: Index) -> None:
+    """Bring the n bytes at memory `address` towards the cache, a line (64 bytes) at a time."""
+    for line in range(U(0), U(n), U(64)):
+        _prefetch(U(address) + line)  # type: ignore[call-arg]
+
+
+@numba.njit(cache=CACHE)
+def copy_from(dst: Bytes, at: Index, address: Index, n: Index) -> None:
+    """dst[at:at + n] = the n bytes at memory `address`, which must lie in dst: a gather from
+    many buffers by their addresses, where a list of the buffers costs tens of nanoseconds an
+    item to read in a compiled loop. The caller keeps the buffer at `address` alive."""
+    _memcpy(U(dst.ctypes.data + at), U(address), n)  # type: ignore[call-arg]  # numba supplies typingctx
+
+
+@numba.njit(cache=CACHE)
+def hex_digits(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
+    """The upper-case hex digits of src[start:start + n], written at dst[at:]."""
+    to, start_at = U(at), U(start)
+    for j in range(U(n)):
+        byte = src[start_at + j]
+        dst[to + 2 * j] = _HEX[U(byte >> 4)]
+        dst[to + 2 * j + 1] = _HEX[U(byte & 15)]

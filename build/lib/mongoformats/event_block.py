@@ -1,0 +1,586 @@
+"""A run of spliced change events held as columns: the block a batch of oplog entries becomes.
+
+Why columns: an event that is a Python tuple of a key, its bytes and its names costs ~6 objects
+to make, marshal to the proxy process, unmarshal, file into a bucket and free again; at ~0.1 us
+an object, that was most of the proxy's ~3.3 us an event in a catch-up, far more than the
+splice's array work. A block holds a batch's events as one Arrow binary column (their bytes, back
+to back) beside their sort keys (one numpy row each) and the index of each one's kind (its
+operationType and namespace, shared by many). Merging, dealing into buckets and building a
+getMore reply are then whole-column operations in compiled code (numpy's sort, the gather and
+keying loops below): no per-event object is made until a consumer that needs one (a $match, a
+lookup, a stage) asks for `fields()`. A bucket's share of a merge is not copied out either: it
+points into the shards' blocks, and its reply gathers and keys its events in one pass.
+
+What a block can hold: events whose sort keys all have one width (batch_splice's inserts,
+updates and deletes with an ObjectId _id), each of one namespace, no type bits and no shard tag.
+Every other event stays a tuple (mongoformats.change_events.EventFields); `fields()` gives a
+block's events as those tuples, equal to what the per-event path makes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import pickle
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any, NamedTuple
+
+from mongoformats.numba_cache import CACHE  # first: numba's cache directory is chosen before numba loads
+
+# isort: split
+import numba
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from mongoformats.byte_kernels import Index, U, copy_from, prefetch
+from mongoformats.wire import DeferredPiece
+
+__all__ = ["EventBlock", "KeyedEvents", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
+
+PREFETCH_AHEAD = 4  # rows: from 1 to 8 gave the same
+# (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
+Kind = tuple[str, str, str, Any]
+
+
+class _KeyRows(Sequence[bytes]):
+    """A block's sort keys as a sequence of bytes, for `bisect` (only the probed rows are made);
+    with `order`, row order[i] is the i-th (a merge's keys, probed before they are put in order)."""
+
+    __slots__ = ("rows", "order")
+
+    def __init__(self, rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64] | None = None) -> None:
+        self.rows = rows
+        self.order = order
+
+    def __len__(self) -> int:
+        return len(self.rows) if self.order is None else len(self.order)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.rows[i if self.order is None else self.order[i]].tobytes()
+
+
+class _Scattered(NamedTuple):
+    """Events that lie in several Arrow columns, read as one column: the columns (held, so that
+    the addresses stay valid), each event's address and size, and the columns' blocks' holds
+    (see EventBlock.hold)."""
+
+    parts: tuple[pa.LargeBinaryArray, ...]
+    addresses: npt.NDArray[np.uintp]
+    sizes: npt.NDArray[np.int64]
+    holds: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, blocks: Sequence[EventBlock]) -> _Scattered:
+        parts = tuple(b.events for b in blocks)
+        addresses, sizes = [], []
+        for part in parts:
+            at, values = _offsets_of(part), part.buffers()[2]
+            addresses.append(at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0))
+            sizes.append(np.diff(at))
+        return cls(parts, np.concatenate(addresses), np.concatenate(sizes),
+                   tuple(b.hold for b in blocks if b.hold is not None))
+
+    def gather(self, rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
+        """Events `rows`, in that order, in one column of their own: one copy of each, where
+        joining the columns and then taking from the join copied each twice."""
+        out, offsets = _gather_rows(self.addresses, self.sizes, rows)
+        return pa.Array.from_buffers(pa.large_binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
+
+
+class _Unsorted(NamedTuple):
+    """A merge's events before they are put in order: its blocks' key rows one after the other,
+    their events (not joined), and the merge's order of those rows."""
+
+    keys: npt.NDArray[np.uint8]
+    events: _Scattered
+    order: npt.NDArray[np.int64]
+
+
+class KeyedEvents(DeferredPiece):
+    """The events at `rows` of a scattered column as the elements of a BSON array keyed from
+    `first_index` on (type 3, the index in decimal, the event): a reply's batch, written in one
+    compiled loop as the reply is sent, a part at a time into the sender's buffer (see
+    wire.DeferredPiece). It holds the column, so the blocks' bytes (and their holds) stay until
+    the reply is gone."""
+
+    __slots__ = ("_events", "_rows", "_first", "_size")
+
+    def __init__(self, events: _Scattered, rows: npt.NDArray[np.int64], first_index: int) -> None:
+        self._events = events
+        self._rows = rows
+        self._first = first_index
+        self._size = _keyed_size(events.sizes, rows, first_index)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def pieces(self, scratch: npt.NDArray[np.uint8]) -> Iterator[memoryview]:
+        at, n = 0, len(self._rows)
+        while at < n:
+            part = scratch
+            following, written = self._gather_into(part, at)
+            if following == at:  # an event too large for the buffer alone: a part of its own
+                part = np.empty(_element_bytes(self._events.sizes[self._rows[at]], self._first + at), np.uint8)
+                following, written = self._gather_into(part, at)
+            yield part.data[:written]
+            at = following
+
+    def materialize(self) -> memoryview:
+        out = np.empty(self._size, np.uint8)
+        _, written = self._gather_into(out, 0)
+        assert written == self._size
+        return out.data
+
+    def _gather_into(self, out: npt.NDArray[np.uint8], at: int) -> tuple[int, int]:
+        """The elements from row `at` on that fit in `out`: (the next row, the bytes written)."""
+        return _keyed_gather_into(out, self._events.addresses, self._events.sizes, self._rows, at, self._first)
+
+
+class EventBlock:
+    """Events in token order: `keys` (one row of sort-key bytes each), `events` (their BSON
+    documents, an Arrow large_binary array), `kinds` (each one's index into `kind_table`).
+
+    `hold` is any object the block's owner wants kept alive exactly as long as some of these
+    events' bytes are: every block sliced, merged or taken from this one holds it too, and one
+    that copies the events out (`events` of a merge, `own()`) lets it go. The proxy's readers
+    hold each shard block's charge to the shard's buffer budget this way, so the charge returns
+    when the last bucket share that points into the block is freed (buckets.budget.BudgetHold).
+    """
+
+    __slots__ = ("_keys", "_events", "_unsorted", "kinds", "kind_table", "_sizes", "hold")
+
+    def __init__(self, keys: npt.NDArray[np.uint8] | None, events: pa.LargeBinaryArray | None,
+                 kinds: npt.NDArray[np.int32], kind_table: tuple[Kind, ...], unsorted: _Unsorted | None = None,
+                 hold: Any = None) -> None:
+        """A merge's block gives `unsorted` in place of `keys` and `events`, taken on first use."""
+        self._keys = keys
+        self._events = events
+        self._unsorted = unsorted
+        self.kinds = kinds
+        self.kind_table = kind_table
+        self._sizes: npt.NDArray[np.int64] | None = None
+        self.hold = hold
+
+    @property
+    def keys(self) -> npt.NDArray[np.uint8]:
+        if self._keys is None:
+            assert self._unsorted is not None
+            self._keys = self._unsorted.keys[self._unsorted.order]
+        return self._keys
+
+    @property
+    def events(self) -> pa.LargeBinaryArray:
+        """The events' BSON, in order. A merge's block (or a share taken from one) gathers them
+        from its blocks only here, for a consumer that wants them as a column (a reply keys them
+        from where they lie). Once gathered, the blocks are let go (a merge kept whole would
+        otherwise hold its events twice)."""
+        if self._events is None:
+            assert self._unsorted is not None
+            self._events = self._unsorted.events.gather(self._unsorted.order)
+            self._keys = self.keys
+            self._unsorted = None
+        return self._events
+
+    @property
+    def pins(self) -> bool:
+        """Whether this block keeps some hold alive (its events point into held blocks)."""
+        return self.hold is not None or (self._unsorted is not None and bool(self._unsorted.events.holds))
+
+    def own(self) -> EventBlock:
+        """These events in memory of their own, holding nothing: what a buffer keeps when the
+        blocks it points into must be let go (their budget is full)."""
+        if self._events is None:
+            self.events  # noqa: B018 (gathers them, letting the merge's blocks go)
+            return self
+        if self.hold is None:
+            return self
+        values = self.events.buffers()[2]
+        offsets = self._offsets()
+        body = (pa.py_buffer(bytes(values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))))
+                if values is not None else pa.py_buffer(b""))
+        events = pa.Array.from_buffers(pa.large_binary(), len(self), [None, pa.py_buffer(offsets - offsets[0]), body])
+        return EventBlock(self.keys.copy(), events, self.kinds, self.kind_table)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __repr__(self) -> str:
+        return f"<EventBlock of {len(self)} events, {self.nbytes} bytes>"
+
+    def _key_rows(self) -> _KeyRows:
+        """The sort keys, read one by one: a merge's are read in its order, not sorted first (its
+        first and last keys, a bisection's probes)."""
+        if self._keys is None:
+            assert self._unsorted is not None
+            return _KeyRows(self._unsorted.keys, self._unsorted.order)
+        return _KeyRows(self._keys)
+
+    def key(self, i: int) -> bytes:
+        return self._key_rows()[i]
+
+    @property
+    def first_key(self) -> bytes:
+        return self.key(0)
+
+    @property
+    def last_key(self) -> bytes:
+        return self.key(-1)
+
+    def bisect_right(self, key: bytes, lo: int = 0) -> int:
+        """How many events have a sort key <= `key` (Python's bytes order, whatever its length)."""
+        return bisect.bisect_right(self._key_rows(), key, lo)
+
+    @property
+    def sizes(self) -> npt.NDArray[np.int64]:
+        """Each event's BSON size."""
+        if self._sizes is None:
+            if self._events is None:
+                assert self._unsorted is not None
+                self._sizes = self._unsorted.events.sizes[self._unsorted.order]
+            else:
+                self._sizes = np.diff(self._offsets())
+        return self._sizes
+
+    @property
+    def nbytes(self) -> int:
+        if self._events is None:
+            return int(self.sizes.sum())
+        offsets = self._offsets()
+        return int(offsets[-1] - offsets[0]) if len(offsets) else 0
+
+    def fields(self) -> list[tuple[Any, ...]]:
+        """The events as EventFields tuples (sort key, type bits, operationType, db, coll, bytes,
+        namespaces, shard, applied at), as the per-event path makes them."""
+        keys = np.ascontiguousarray(self.keys).tobytes()
+        width = self.keys.shape[1]
+        names = map(self.kind_table.__getitem__, self.kinds.tolist())
+        return [(keys[i:i + width], b"", op, db, coll, raw, namespaces, "", None)
+                for i, (op, db, coll, namespaces), raw in zip(
+                    range(0, len(keys), width), names, self.events.to_pylist(), strict=True)]
+
+    # -- making other blocks ---------------------------------------------------------------------
+
+    def sliced(self, start: int, stop: int | None = None) -> EventBlock:
+        """Events [start, stop): views, nothing copied (a merge's stays unsorted: a part of its order)."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        if self._events is None:
+            assert self._unsorted is not None
+            unsorted = self._unsorted._replace(order=self._unsorted.order[start:stop])
+            return EventBlock(None if self._keys is None else self._keys[start:stop], None, self.kinds[start:stop],
+                              self.kind_table, unsorted)
+        block = EventBlock(self.keys[start:stop], self.events.slice(start, stop - start), self.kinds[start:stop],
+                           self.kind_table, hold=self.hold)
+        if self._sizes is not None:
+            block._sizes = self._sizes[start:stop]
+        return block
+
+    def take(self, indices: npt.NDArray[np.int64]) -> EventBlock:
+        """The events at `indices`, in that order, as a merge's block: their addresses in the
+        blocks they lie in, nothing copied (a block of its own columns is read as the merge of
+        one). The bytes are gathered once, by the reply that keys them (`array_body`): gathering
+        them here, into each bucket's share, cost a pass over every event's bytes (~0.1 s a
+        million events on this machine, a tenth of the proxy's CPU in a catch-up)."""
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        return EventBlock(None, None, self.kinds[indices], self.kind_table,
+                          unsorted._replace(order=unsorted.order[indices]))
+
+    def _as_merge(self) -> EventBlock:
+        """This block as a merge of itself alone (its order the identity), whose events' addresses
+        are found once for all the parts taken from it."""
+        return EventBlock(None, None, self.kinds, self.kind_table,
+                          _Unsorted(self.keys, _Scattered.of((self,)), np.arange(len(self))))
+
+    def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
+        """Each bucket's share of the block, `routes[k]` being the buckets of kind k's events: one
+        mask per bucket over the kinds. A kind of the table may have no event here (the block was
+        cut from a longer one); a bucket whose share is empty is left out."""
+        out = {}
+        source = None  # what the shares are taken from (read once, on the first partial share)
+        for b in sorted(set().union(*routes)):
+            mine = np.array([b in route for route in routes])[self.kinds]
+            if mine.all():
+                out[b] = self
+            elif mine.any():
+                if source is None:
+                    source = self if self._events is None else self._as_merge()
+                out[b] = source.take(np.flatnonzero(mine))
+        return out
+
+    @classmethod
+    def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
+        """The events of several blocks (each in token order) in token order; equal keys keep
+        the blocks' order (Python's order of bytes: numpy's and the merge loop's alike). The
+        blocks fall into sorted runs (a shard's batches follow one another), and the runs are
+        merged in one compiled pass (`_merge_runs`): a stable sort of the keys as byte strings
+        cost ~23 ns an event in a release of 4 shards' 16384-entry batches, the pass ~4. The
+        events are not joined: each reply gathers its own in that order as it keys them."""
+        if len(blocks) == 1:
+            return blocks[0]
+        table: dict[Kind, int] = {}
+        kinds = []
+        for block in blocks:
+            remap = np.fromiter((table.setdefault(kind, len(table)) for kind in block.kind_table), np.int32,
+                                len(block.kind_table))
+            kinds.append(remap[block.kinds])
+        keys = np.concatenate([b.keys for b in blocks])
+        starts = _run_starts(blocks)
+        if len(starts) == 1:
+            order = np.arange(len(keys))
+        elif len(starts) <= _MERGED_RUNS and keys.shape[1] >= 8:
+            order = _merge_runs(keys, np.array([*starts, len(keys)], np.int64))
+        else:
+            order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
+        return cls(None, None, np.concatenate(kinds)[order], tuple(table),
+                   _Unsorted(keys, _Scattered.of(blocks), order))
+
+    def array_body(self, first_index: int) -> KeyedEvents:
+        """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
+        batch between its length and its terminator, gathered from where the events lie as it is
+        sent (KeyedEvents)."""
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        return KeyedEvents(unsorted.events, unsorted.order, first_index)
+
+    # -- between processes ------------------------------------------------------------------------
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickled as its columns' buffers: with protocol 5 and a buffer_callback (the reader
+        processes' messages) they travel out of band, not copied into the pickle. A large bytes
+        object in a pickle costs its copy into fresh memory, which faults in page by page: 0.2 us
+        an event, as much as the splice's array work."""
+        offsets = self._offsets()
+        values = self.events.buffers()[2]
+        body = (values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if values is not None
+                else pa.py_buffer(b""))
+        columns = (np.ascontiguousarray(self.keys), offsets - offsets[0], memoryview(body),
+                   np.ascontiguousarray(self.kinds))
+        wrap = pickle.PickleBuffer if protocol >= 5 else bytes
+        return (_restore, (*map(wrap, columns), self.keys.shape[1], self.kind_table))
+
+    def _offsets(self) -> npt.NDArray[np.int64]:
+        return _offsets_of(self.events)
+
+
+def _offsets_of(events: pa.LargeBinaryArray) -> npt.NDArray[np.int64]:
+    """Where each event starts in the column's values buffer, and where the last ends (len + 1 of them)."""
+    if not len(events):
+        return np.zeros(1, np.int64)
+    return np.frombuffer(events.buffers()[1], np.int64)[events.offset:events.offset + len(events) + 1]
+
+
+def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_table: tuple[Kind, ...]) -> EventBlock:
+    kinds = np.frombuffer(kinds, np.int32)
+    n = len(kinds)
+    events = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
+    return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events,
+                      kinds, kind_table)
+
+
+_MERGED_RUNS = 16  # more sorted runs than this are sorted by numpy (a scan of every run's head per event)
+
+
+def _run_starts(blocks: Sequence[EventBlock]) -> list[int]:
+    """Where each sorted run of the blocks' events starts, a run being blocks each of whose
+    first key is at or past the last key before it."""
+    starts, at = [0], 0
+    for before, block in zip(blocks, blocks[1:], strict=False):
+        at += len(before)
+        if block.first_key < before.last_key:
+            starts.append(at)
+    return starts
+
+
+@numba.njit(cache=CACHE)
+def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
+    """Row `row`'s first 8 bytes as a big-endian number: they order as the bytes do."""
+    value = np.uint64(0)
+    for j in range(U(8)):
+        value = (value << np.uint64(8)) | np.uint64(keys[row, j])
+    return value
+
+
+@numba.njit(cache=CACHE)
+def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The order of the rows of `keys` (at least 8 bytes wide) that merges its sorted runs (run
+    r: rows bounds[r] to bounds[r + 1]); equal keys keep the runs' order. Each run's next row
+    and that row's head (its first 8 bytes as a big-endian number) are kept at hand (`at`,
+    `cur`; a spent run's `at` is -1), so most comparisons are one; equal heads compare the rest
+    byte by byte."""
+    k = U(len(bounds) - 1)
+    if bounds[0] != 0:
+        raise IndexError("the first run must start at row 0")
+    n = bounds[k]
+    at = np.empty(k, np.int64)
+    cur = np.zeros(k, np.uint64)
+    for r in range(k):
+        if not 0 <= bounds[r] <= bounds[r + U(1)] <= len(keys):
+            raise IndexError("run out of range")
+        at[r] = bounds[r] if bounds[r] < bounds[r + U(1)] else -1
+        if at[r] >= 0:
+            cur[r] = _head(keys, U(at[r]))
+    order = np.empty(n, np.int64)
+    width = U(keys.shape[1])
+    for i in range(U(n)):
+        best = U(0)
+        while at[best] < 0:
+            best += U(1)
+        for r in range(best + U(1), k):
+            if at[r] < 0 or cur[r] > cur[best]:
+                continue
+            if cur[r] < cur[best]:
+                best = U(r)
+                continue
+            a, b = U(at[r]), U(at[best])
+            for j in range(U(8), width):
+                if keys[a, j] != keys[b, j]:
+                    if keys[a, j] < keys[b, j]:
+                        best = U(r)
+                    break
+        row = at[best]
+        order[i] = row
+        row += 1
+        if row < bounds[best + U(1)]:
+            at[best] = row
+            cur[best] = _head(keys, U(row))
+        else:
+            at[best] = -1
+    return order
+
+
+@numba.njit(cache=CACHE)
+def _gather_rows(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
+                 rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """`_Scattered.gather`'s loop: sizes first, so the output is one array, then one copy each."""
+    n = len(rows)
+    offsets = np.empty(n + 1, np.int64)
+    offsets[0] = 0
+    for i in range(U(n)):
+        r = rows[i]
+        if r < 0 or r >= len(sizes):
+            raise IndexError("row out of range")
+        offsets[i + U(1)] = offsets[i] + sizes[U(r)]
+    out = np.empty(offsets[n], np.uint8)
+    for i in range(U(n)):
+        r = U(rows[i])
+        copy_from(out, offsets[i], addresses[r], sizes[r])
+    return out, offsets
+
+
+@numba.njit(cache=CACHE)
+def _digits(n: int) -> int:
+    """How many decimal digits n >= 0 has."""
+    width = 1
+    while n >= 10:
+        width, n = width + 1, n // 10
+    return width
+
+
+@numba.njit(cache=CACHE)
+def _element_bytes(size: int, index: int) -> int:
+    """The bytes of an event of `size` bytes as the array element `index` (see `_put_key`)."""
+    return size + _digits(index) + 2
+
+
+@numba.njit(cache=CACHE)
+def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first_index: int) -> int:
+    """The bytes of the events at `rows` as array elements keyed from `first_index` on."""
+    total = 0
+    for i in range(U(len(rows))):
+        r = rows[i]
+        if r < 0 or r >= len(sizes):
+            raise IndexError("row out of range")
+        total += _element_bytes(sizes[U(r)], first_index + i)
+    return total
+
+
+@numba.njit(cache=CACHE)
+def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
+                       rows: npt.NDArray[np.int64], start: int, first_index: int) -> tuple[int, int]:
+    """The events at rows[start:] of a scattered column (each at its address) as array
+    elements (type 3 (a document), its index first_index + i in decimal as its key, then its
+    bytes), written from out[0] on for as long as they fit: (the next row's index, the bytes
+    written). A bucket's share reads every few events of each shard's block, a stride the CPU's
+    own prefetch does not follow, so the loop asks for the event PREFETCH_AHEAD rows on as it
+    copies this one (a reply's gather went from ~110 to ~70 ns an event in a merge-deal-reply
+    loop over 4 shards' blocks). (Arrow's element-wise join of a column of keys and the events
+    cost twice as much as one loop.)"""
+    n = len(rows)
+    if start < 0:
+        raise IndexError("start out of range")
+    at = 0
+    i = start
+    while i < n:
+        r = rows[U(i)]
+        if r < 0 or r >= len(sizes):
+            raise IndexError("row out of range")
+        size = sizes[U(r)]
+        if at + _element_bytes(size, first_index + i) > len(out):
+            break
+        if i + PREFETCH_AHEAD < n:
+            q = U(rows[U(i + PREFETCH_AHEAD)])
+            if q < U(len(sizes)):
+                prefetch(addresses[q], sizes[q])
+        at = _put_key(out, at, first_index + i)
+        copy_from(out, at, addresses[U(r)], size)
+        at += size
+        i += 1
+    return i, at
+
+
+@numba.njit(cache=CACHE)
+def _put_key(out: npt.NDArray[np.uint8], at: int, index: int) -> int:
+    """An array element's head at out[at:]: type 3 (a document), then `index` in decimal as its
+    key; where the element's value goes."""
+    width = _digits(index)
+    out[U(at)] = 3
+    for j in range(U(width), U(0), -1):  # its digits, from the last
+        out[U(at) + j] = 48 + index % 10
+        index //= 10
+    out[U(at + width + 1)] = 0
+    return at + width + 2
+
+
+# -- lists of events that may hold blocks ----------------------------------------------------------
+# A batch of events travels as a list whose items are EventFields tuples (one event each) or
+# EventBlocks (a run of events each): "items" below.
+
+
+def is_block(item: Any) -> bool:
+    return type(item) is EventBlock
+
+
+def count_events(items: Sequence[Any]) -> int:
+    """How many events a list of items holds."""
+    return sum(len(i) if type(i) is EventBlock else 1 for i in items)
+
+
+def items_bytes(items: Sequence[Any]) -> int:
+    """The events' BSON bytes in a list of items (what their budgets are charged)."""
+    return sum(i.nbytes if type(i) is EventBlock else len(i[_EV_RAW]) for i in items)
+
+
+def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The events of a list of items, each an EventFields tuple."""
+    if not any(type(i) is EventBlock for i in items):
+        return list(items)
+    out: list[tuple[Any, ...]] = []
+    for item in items:
+        if type(item) is EventBlock:
+            out += item.fields()
+        else:
+            out.append(item)
+    return out
+
+
+def first_key(item: Any) -> bytes:
+    return item.first_key if type(item) is EventBlock else item[0]
+
+
+def last_key(item: Any) -> bytes:
+    return item.last_key if type(item) is EventBlock else item[0]
+
+
+_EV_RAW = 5  # EventFields' bytes (mongoformats.change_events.EV_RAW, which imports this module)

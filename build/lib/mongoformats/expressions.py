@@ -1,0 +1,209 @@
+"""The aggregation expressions a change stream's stages may use, evaluated as the server does (pure).
+
+Shared by the stages after `$changeStream` (change_stages: projections, new roots), by
+queries' `$expr` (mql) and by simcluster's aggregate stages, which add operators of their own
+(`evaluate`'s `more`). Evaluated: field paths, the variables `$$ROOT`, `$$CURRENT` (with paths)
+and `$$REMOVE`, literals and `$literal`, arrays and documents of expressions, `$concat`,
+`$bsonSize`, `$ifNull`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and `$and $or $not`. That
+covers the drivers' suite and Debezium (its regex filter pipeline, and its oversize "skip" mode,
+`{$expr: {$lte: [{$bsonSize: "$fullDocument"}, <limit>]}}`).
+
+`unsupported_in_expression` names anything else, or a known operator given the wrong number of
+arguments, so that a caller with a real server behind it can leave such an expression to the
+server and its errors instead of answering differently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bson
+from bson import Decimal128
+
+from mongoformats.bson_order import MISSING, compare_values
+from mongoformats.errors import MongoError
+from mongoformats.idl import type_name
+
+__all__ = ["VARIABLES", "Operator", "Operators", "evaluate", "is_true", "unsupported_in_expression"]
+
+VARIABLES = ("$$ROOT", "$$CURRENT")  # the document the expression reads ($$REMOVE aside, the only ones evaluated)
+
+# The server's other system variables: defined there, so not "undefined" here, only not evaluated.
+_SYSTEM_VARIABLES = frozenset({"$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META",
+                               "$$USER_ROLES"})
+
+# What each comparison makes of Value::compare's -1, 0 or 1.
+_COMPARISONS: dict[str, Callable[[int], Any]] = {
+    "$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0, "$gte": lambda c: c >= 0,
+    "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0, "$cmp": lambda c: c}
+
+# Operators evaluated on their arguments, with how many they take (at least, at most). A server
+# refuses any other count when it parses the pipeline, so such an expression is left to it.
+_ARITY: dict[str, tuple[int, float]] = {
+    "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1), "$bsonSize": (1, 1),
+    "$in": (2, 2), "$ifNull": (2, math.inf), **dict.fromkeys(_COMPARISONS, (2, 2))}
+
+
+def _arguments(operand: Any) -> list[Any]:
+    """An operator's arguments as ExpressionNary parses them: an array's elements, or the operand alone."""
+    return operand if isinstance(operand, list) else [operand]
+
+
+def unsupported_in_expression(e: Any) -> str | None:
+    """The first operator, variable or malformed part of expression `e` that `evaluate` does not
+    evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of it."""
+    if isinstance(e, str):
+        if not e.startswith("$"):
+            return None
+        variable, *parts = e.split(".") if e.startswith("$$") else ["", *e[1:].split(".")]
+        if variable and variable not in (*VARIABLES, "$$REMOVE"):
+            return variable  # $$NOW, $$CLUSTER_TIME, user variables, ...
+        if any(not p or p.startswith("$") for p in parts):
+            return f"the field path {e!r}"  # the server refuses it (16872, 16410, 15998)
+        return None
+    if isinstance(e, list):
+        return next(filter(None, map(unsupported_in_expression, e)), None)
+    if isinstance(e, Mapping):
+        if not any(str(k).startswith("$") for k in e):
+            return next(filter(None, map(unsupported_in_expression, e.values())), None)
+        if len(e) != 1:
+            return "an expression object with an operator and other fields"
+        (op, operand), = e.items()
+        if op == "$literal":
+            return None
+        if op not in _ARITY:
+            return str(op)
+        low, high = _ARITY[op]
+        args = _arguments(operand)
+        if not low <= len(args) <= high:
+            return f"{op} with {len(args)} arguments"
+        return next(filter(None, map(unsupported_in_expression, args)), None)
+    return None
+
+
+# An operator's evaluation: (the document, its arguments, the evaluator's further operators).
+Operator = Callable[[Mapping[str, Any], list[Any], "Operators | None"], Any]
+Operators = Mapping[str, Operator]
+
+
+def evaluate(doc: Mapping[str, Any], e: Any, more: Operators | None = None) -> Any:
+    """The value of expression `e` in document `doc`: one unsupported_in_expression admits, or
+    one that uses the operators `more` adds (simcluster's own, looser, for its aggregate stages).
+
+    A path that finds nothing is MISSING (the caller leaves such a field out); inside an array it
+    is null, inside a document left out, as on the server."""
+    if isinstance(e, str) and e.startswith("$"):
+        if e.startswith("$$"):
+            variable, *parts = e.split(".")
+            if variable == "$$REMOVE":
+                return MISSING
+            if variable not in VARIABLES:
+                if variable in _SYSTEM_VARIABLES:
+                    raise MongoError("NotImplemented", f"the variable {variable} is not evaluated here")
+                raise MongoError(17276, f"Use of undefined variable: {variable[2:]}")
+            return _path(doc, parts)
+        return _path(doc, e[1:].split("."))
+    if isinstance(e, dict):
+        if len(e) == 1:
+            (op, operand), = e.items()
+            if op == "$literal":
+                return operand
+            operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
+            if operator is not None:
+                return operator(doc, _arguments(operand), more)
+            if op.startswith("$"):
+                raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
+        return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+    if isinstance(e, list):
+        return [None if (v := evaluate(doc, x, more)) is MISSING else v for x in e]
+    return e
+
+
+def _comparison(test: Callable[[int], Any]) -> Operator:
+    return lambda doc, args, more: test(compare_values(evaluate(doc, args[0], more), evaluate(doc, args[1], more)))
+
+
+def _and(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    # Short-circuits, as ExpressionAnd does: a later argument's error is not raised.
+    return all(is_true(evaluate(doc, a, more)) for a in args)
+
+
+def _or(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    return any(is_true(evaluate(doc, a, more)) for a in args)
+
+
+def _not(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    return not is_true(evaluate(doc, args[0], more))
+
+
+def _bson_size(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    value = evaluate(doc, args[0], more)
+    if value is None or value is MISSING:
+        return None
+    if not isinstance(value, Mapping):
+        raise MongoError(31393, f"$bsonSize requires a document input, found: {type_name(value)}")
+    return len(bson.encode(value))
+
+
+def _in(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
+    needle, haystack = evaluate(doc, args[0], more), evaluate(doc, args[1], more)
+    if not isinstance(haystack, list):
+        found = "missing" if haystack is MISSING else type_name(haystack)
+        raise MongoError(40081, f"$in requires an array as a second argument, found: {found}")
+    return any(compare_values(needle, v) == 0 for v in haystack)
+
+
+def _concat(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    """$concat as ExpressionConcat evaluates it: argument by argument, null at the first that is
+    null or missing, an error at the first that is not a string."""
+    out = []
+    for arg in args:
+        value = evaluate(doc, arg, more)
+        if value is None or value is MISSING:
+            return None
+        if not isinstance(value, str):
+            raise MongoError(16702, f"$concat only supports strings, not {type_name(value)}")
+        out.append(value)
+    return "".join(out)
+
+
+def _if_null(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    """$ifNull (5.0+, any number of inputs): the first input that is neither null nor missing,
+    else the last argument's value, missing included."""
+    for arg in args[:-1]:
+        value = evaluate(doc, arg, more)
+        if value is not None and value is not MISSING:
+            return value
+    return evaluate(doc, args[-1], more)
+
+
+_OPERATORS: dict[str, Operator] = {
+    **{op: _comparison(test) for op, test in _COMPARISONS.items()},
+    "$and": _and, "$or": _or, "$not": _not, "$bsonSize": _bson_size, "$in": _in, "$concat": _concat,
+    "$ifNull": _if_null}
+assert set(_OPERATORS) == set(_ARITY)
+
+
+def is_true(value: Any) -> bool:
+    """A value as a condition (Value::coerceToBool): missing, null, false and numeric zero are
+    false; everything else is true, NaN, empty strings and empty arrays included."""
+    if value is MISSING or value is None:
+        return False
+    if isinstance(value, (int, float)):  # bool and Int64 too; NaN != 0, so NaN is true, as on the server
+        return value != 0
+    if isinstance(value, Decimal128):
+        return not value.to_decimal().is_zero()
+    return True
+
+
+def _path(value: Any, parts: list[str]) -> Any:
+    """A field path's value: through an array, the values found in its documents and arrays."""
+    if not parts:
+        return value
+    if isinstance(value, Mapping):
+        return _path(value[parts[0]], parts[1:]) if parts[0] in value else MISSING
+    if isinstance(value, list):
+        return [v for item in value if isinstance(item, (Mapping, list)) and (v := _path(item, parts)) is not MISSING]
+    return MISSING

@@ -1,0 +1,92 @@
+"""MongoDB privileges: built-in roles, their privileges, and whether privileges allow an action.
+
+A privilege is `{resource, actions}` as `connectionStatus {showPrivileges: true}` reports it. A
+resource is one of:
+
+    {db: "x", collection: "c"}   the collection x.c
+    {db: "x", collection: ""}    every non-system collection of database x
+    {db: "", collection: "c"}    collection c in every database
+    {db: "", collection: ""}     every non-system collection of every database
+    {cluster: true}              cluster-wide operations
+    {anyResource: true}          everything, system collections included
+
+Change streams need `find` and `changeStream` on what they watch: the collection, the database
+(`{db: x, collection: ""}`) or, for the whole cluster, `{db: "", collection: ""}`.
+
+Sources (facts only): the manual's built-in roles, privilege actions and resource documents
+pages; DOCS-11617 (the privileges of database and cluster change streams). Only the roles the
+proxy's users are expected to hold are modelled, each with the actions of the manual's list that
+this project's code paths check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["BUILTIN_ROLES", "READ_ACTIONS", "WRITE_ACTIONS", "allows", "change_stream_resource",
+           "privileges_of_roles"]
+
+READ_ACTIONS = ("changeStream", "collStats", "dbHash", "dbStats", "find", "killCursors", "listCollections",
+                "listIndexes")
+WRITE_ACTIONS = ("convertToCapped", "createCollection", "createIndex", "dropCollection", "dropIndex", "insert",
+                 "remove", "renameCollectionSameDB", "update")
+_DB_ADMIN_ACTIONS = ("collMod", "createCollection", "createIndex", "dropCollection", "dropDatabase", "dropIndex",
+                     "enableProfiler", "listCollections", "listIndexes", "reIndex", "renameCollectionSameDB")
+_CLUSTER_ACTIONS = ("addShard", "appendOplogNote", "enableSharding", "flushRouterConfig", "listShards",
+                    "moveChunk", "replSetGetStatus", "replSetStateChange", "serverStatus", "shutdown",
+                    "splitChunk", "refineCollectionShardKey", "reshardCollection", "setFeatureCompatibilityVersion")
+
+# role -> [(resource with "{db}" for the role's own database, actions)]
+BUILTIN_ROLES: dict[str, list[tuple[dict[str, Any], tuple[str, ...]]]] = {
+    "read": [({"db": "{db}", "collection": ""}, READ_ACTIONS)],
+    "readWrite": [({"db": "{db}", "collection": ""}, READ_ACTIONS + WRITE_ACTIONS)],
+    "dbAdmin": [({"db": "{db}", "collection": ""}, _DB_ADMIN_ACTIONS)],
+    "readAnyDatabase": [({"db": "", "collection": ""}, READ_ACTIONS), ({"cluster": True}, ("listDatabases",))],
+    "readWriteAnyDatabase": [({"db": "", "collection": ""}, READ_ACTIONS + WRITE_ACTIONS),
+                             ({"cluster": True}, ("listDatabases",))],
+    "clusterAdmin": [({"cluster": True}, _CLUSTER_ACTIONS), ({"db": "", "collection": ""}, ("enableSharding",))],
+    "root": [({"db": "", "collection": ""}, tuple(sorted(set(READ_ACTIONS + WRITE_ACTIONS + _DB_ADMIN_ACTIONS)))),
+             ({"cluster": True}, _CLUSTER_ACTIONS + ("listDatabases",)),
+             ({"anyResource": True}, ("anyAction",))],
+}
+
+
+def privileges_of_roles(roles: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The privileges of (role, db) pairs, one entry per resource, as connectionStatus lists them."""
+    by_resource: dict[tuple[tuple[str, Any], ...], set[str]] = {}
+    for role, db in roles:
+        for template, actions in BUILTIN_ROLES[role]:
+            resource = {k: (db if v == "{db}" else v) for k, v in template.items()}
+            by_resource.setdefault(tuple(resource.items()), set()).update(actions)
+    return [{"resource": dict(resource), "actions": sorted(actions)} for resource, actions in by_resource.items()]
+
+
+def change_stream_resource(db: str | None, coll: str | None) -> dict[str, Any]:
+    """What a change stream on a collection, a database (coll None) or the cluster (db None) reads."""
+    return {"db": db or "", "collection": coll or ""}
+
+
+def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    if have.get("anyResource"):
+        return True
+    if want.get("cluster") or have.get("cluster"):
+        return bool(have.get("cluster")) and bool(want.get("cluster"))
+    want_db, want_coll = want.get("db", ""), want.get("collection", "")
+    have_db, have_coll = have.get("db", ""), have.get("collection", "")
+    if want_coll.startswith("system."):
+        return have_db in ("", want_db) and have_coll == want_coll  # never by a wildcard
+    # An empty name in what is wanted means "all of them": only a wildcard covers it.
+    db_ok = have_db == "" or (want_db != "" and have_db == want_db)
+    coll_ok = have_coll == "" or (want_coll != "" and have_coll == want_coll)
+    return db_ok and coll_ok
+
+
+def allows(privileges: Iterable[Mapping[str, Any]], actions: Iterable[str], resource: Mapping[str, Any]) -> bool:
+    """True when, for every action, some privilege grants it on a resource covering `resource`."""
+    privileges = list(privileges)
+    for action in actions:
+        if not any(_covers(p["resource"], resource) and (action in p["actions"] or "anyAction" in p["actions"])
+                   for p in privileges):
+            return False
+    return True

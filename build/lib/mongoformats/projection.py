@@ -1,0 +1,207 @@
+"""Aggregation projections over decoded documents (pure): `$project`, `$addFields`/`$set`,
+`$unset`, with the server's rules for field order, dotted paths, nested documents and arrays.
+
+Shared by the change-stream stages the engine applies (change_stages) and simcluster's
+aggregate stages; each brings its own expression evaluator (`evaluate(root, expression)`),
+whose MISSING result ($$REMOVE, a missing path) leaves the field out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mongoformats.bson_order import MISSING
+
+__all__ = ["Evaluate", "Projection", "computed_values", "spec_problem"]
+
+Evaluate = Callable[[dict[str, Any], Any], Any]
+
+
+class Projection:
+    """A $project, $addFields/$set or $unset spec, parsed once into a tree of rules and applied to
+    many documents. Why once: parsing a spec costs about as much as applying it, and a stream
+    applies one spec to every event.
+
+    $project follows the server's rules (its inclusion projection unit tests): included fields
+    keep the input's order, `_id` included unless excluded; computed fields follow, in the spec's
+    order; a path through an array applies to each element. $unset is an exclusion $project of
+    its paths. Expressions read the whole document.
+    """
+
+    __slots__ = ("_tree", "_mode")
+
+    def __init__(self, stage: str, spec: Any) -> None:
+        if stage == "$unset":
+            spec = dict.fromkeys([spec] if isinstance(spec, str) else spec, 0)
+        computed_only = stage in ("$addFields", "$set")
+        self._tree = _projection_tree(spec, computed_only=computed_only)
+        others = [rule for name, rule in _leaves(self._tree) if name != "_id"]
+        if computed_only:
+            self._mode = "add"
+        # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
+        elif all(rule == EXCLUDE for rule in others) if others else self._tree.get("_id") == EXCLUDE:
+            self._mode = "exclude"
+        else:
+            self._tree.setdefault("_id", INCLUDE)
+            self._mode = "include"
+
+    def apply(self, doc: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
+        if self._mode == "exclude":
+            return _exclude(doc, self._tree)
+        if self._mode == "add":
+            return _add_fields(doc, self._tree, doc, evaluate)
+        return _include(doc, self._tree, doc, evaluate)
+
+
+def spec_problem(spec: Any, *, computed_only: bool = False) -> str | None:
+    """What makes a $project spec (or, `computed_only`, an $addFields spec) one these functions
+    do not apply as the server does (most are specs the server rejects); None if nothing."""
+    if not isinstance(spec, Mapping) or not spec:
+        return "a stage spec that is not a non-empty document"
+    try:
+        leaves = _leaves(_projection_tree(spec, computed_only=computed_only))
+    except ValueError as exc:
+        return str(exc)
+    flags = {rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)}
+    if flags == {True, False} or (False in flags and any(rule[0] == "compute" for _, rule in leaves)):
+        return "a $project that mixes inclusion and exclusion"
+    return None
+
+
+def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> list[Any]:
+    """The expressions of a valid spec's computed fields."""
+    return [rule[1] for _, rule in _leaves(_projection_tree(spec, computed_only=computed_only))
+            if rule[0] == "compute"]
+
+
+def _is_flag(v: Any) -> bool:
+    """A $project value that includes (true, a non-zero number) or excludes (false, 0) a field."""
+    return isinstance(v, (bool, int, float))
+
+
+def _is_nested_spec(v: Any) -> bool:
+    """A document of fields, which $project and $addFields read as specs of the nested fields, not
+    as a literal document."""
+    return isinstance(v, Mapping) and not any(str(k).startswith("$") for k in v)
+
+
+# A $project spec as a tree: each field's rule is INCLUDE, EXCLUDE, ("compute", expression) or
+# ("nested", subtree), the subtree of a dotted path or of a nested document of fields. Dotted
+# paths and nested documents merge: {"a.b": 1, "a": {"c": 1}} is one subtree of a.
+_Tree = dict[str, Any]
+INCLUDE, EXCLUDE = ("include",), ("exclude",)
+
+
+def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) -> _Tree:
+    """The tree of `spec`; ValueError for what the server rejects (a `$` or empty field name, an
+    empty nested document, two rules for one path). With `computed_only` ($addFields), true and
+    numbers are values, not inclusions."""
+    tree: _Tree = {}
+    for key, v in spec.items():
+        parts = key.split(".")
+        if any(not part or part.startswith("$") for part in parts):
+            raise ValueError(f"the field name {key!r}")
+        node = tree
+        *parents, leaf = parts
+        for name in parents:
+            rule = node.setdefault(name, ("nested", {}))
+            if rule[0] != "nested":
+                raise ValueError(f"a path collision at {key!r}")
+            node = rule[1]
+        if _is_nested_spec(v):
+            if not v:
+                raise ValueError(f"an empty document for the field {key!r}")
+            rule = node.setdefault(leaf, ("nested", {}))
+            sub = _projection_tree(v, computed_only=computed_only)
+            if rule[0] != "nested" or set(sub) & set(rule[1]):
+                raise ValueError(f"a path collision at {key!r}")
+            rule[1].update(sub)
+        elif leaf in node:
+            raise ValueError(f"a path collision at {key!r}")
+        else:
+            node[leaf] = (INCLUDE if v else EXCLUDE) if _is_flag(v) and not computed_only else ("compute", v)
+    return tree
+
+
+def _computes(tree: _Tree) -> bool:
+    return any(rule[0] == "compute" or (rule[0] == "nested" and _computes(rule[1])) for rule in tree.values())
+
+
+def _leaves(tree: _Tree, prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for name, rule in tree.items():
+        out += _leaves(rule[1], f"{prefix}{name}.") if rule[0] == "nested" else [(prefix + name, rule)]
+    return out
+
+
+def _include(doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in doc.items():
+        rule = tree.get(name)
+        if rule == INCLUDE:
+            out[name] = value
+        elif rule is not None and rule[0] == "nested" and (isinstance(value, (dict, list)) or _computes(rule[1])):
+            out[name] = _include_value(value, rule[1], root, evaluate)
+    for name, rule in tree.items():
+        if rule[0] == "compute":
+            _put(out, name, evaluate(root, rule[1]))
+        elif rule[0] == "nested" and name not in doc and _computes(rule[1]):
+            out[name] = _include({}, rule[1], root, evaluate)
+    return out
+
+
+def _include_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> Any:
+    """A nested rule on one value: documents are projected, arrays element by element (dropping
+    what is neither unless the rule computes a field, which makes it a document)."""
+    if isinstance(value, list):
+        return [_include_value(v, tree, root, evaluate) for v in value
+                if isinstance(v, (dict, list)) or _computes(tree)]
+    return _include(value if isinstance(value, dict) else {}, tree, root, evaluate)
+
+
+def _add_fields(doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
+    """$addFields/$set, with the server's rules (its add-fields unit tests): a field set anew keeps
+    its place, new ones follow in the spec's order; a nested rule keeps the sub-document's other
+    fields, makes documents of scalars and applies to each element of an array."""
+    out: dict[str, Any] = {}
+    for name, value in doc.items():
+        rule = tree.get(name)
+        if rule is None:
+            out[name] = value
+        elif rule[0] == "compute":
+            _put(out, name, evaluate(root, rule[1]))
+        else:
+            out[name] = _add_to_value(value, rule[1], root, evaluate)
+    for name, rule in tree.items():
+        if name not in doc:
+            if rule[0] == "compute":
+                _put(out, name, evaluate(root, rule[1]))
+            else:
+                out[name] = _add_fields({}, rule[1], root, evaluate)
+    return out
+
+
+def _add_to_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> Any:
+    if isinstance(value, list):
+        return [_add_to_value(v, tree, root, evaluate) for v in value]
+    return _add_fields(value if isinstance(value, dict) else {}, tree, root, evaluate)
+
+
+def _put(out: dict[str, Any], name: str, value: Any) -> None:
+    if value is not MISSING:
+        out[name] = value
+
+
+def _exclude(value: Any, tree: _Tree) -> Any:
+    if isinstance(value, list):
+        return [_exclude(v, tree) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for name, v in value.items():
+        rule = tree.get(name)
+        if rule == EXCLUDE:
+            continue
+        out[name] = _exclude(v, rule[1]) if rule is not None and rule[0] == "nested" else v
+    return out

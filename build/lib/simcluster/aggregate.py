@@ -1,0 +1,177 @@
+"""The aggregation stages simcluster supports: $match $project $addFields/$set $unset $replaceRoot
+$replaceWith $group $sort $skip $limit $count $unwind. Enough for drivers' helpers (count_documents,
+estimated counts), simple reports and pipeline-style updates."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mongoformats.bson_order import MISSING
+from mongoformats.change_stages import new_root_expression, replaced_root
+from mongoformats.errors import MongoError
+from mongoformats.expressions import Operator, Operators, evaluate
+from mongoformats.projection import Projection, spec_problem
+from simcluster import query as q
+
+
+# simcluster's operators beyond the shared ones (mongoformats/expressions.py), for its own
+# aggregate stages: looser than a server's (no type checks, no numeric promotion rules), and for
+# that reason not among the operators an accelerated watch() may use.
+def _arithmetic(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: str) -> Any:
+    values = [_value(evaluate(doc, a, more)) for a in args]
+    if op == "$subtract":
+        return values[0] - values[1]
+    out = 0 if op == "$add" else 1
+    for v in values:
+        out = out + v if op == "$add" else out * v
+    return out
+
+
+def _size(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    v = evaluate(doc, args[0], more)
+    return len(v) if isinstance(v, list) else 0
+
+
+def _merge_objects(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+    merged: dict[str, Any] = {}
+    for part in args:
+        v = _value(evaluate(doc, part, more))
+        if v is not None:
+            merged.update(v)
+    return merged
+
+
+def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: str) -> Any:
+    spec = args[0] if isinstance(args[0], dict) else {"field": args[0]}
+    source = evaluate(doc, spec.get("input", "$$CURRENT"), more)
+    field = spec["field"]
+    if op == "$getField":
+        return source.get(field, MISSING) if isinstance(source, Mapping) else MISSING
+    if source is None or source is MISSING:
+        return None
+    fields = dict(source)
+    value = evaluate(doc, spec["value"], more) if op == "$setField" else MISSING
+    if value is MISSING:
+        fields.pop(field, None)
+    else:
+        fields[field] = value
+    return fields
+
+
+_OPERATORS: dict[str, Operator] = {
+    **{op: functools.partial(_arithmetic, op=op) for op in ("$add", "$multiply", "$subtract")},
+    **{op: functools.partial(_field, op=op) for op in ("$getField", "$setField", "$unsetField")},
+    "$size": _size, "$mergeObjects": _merge_objects}
+
+
+def _expr(doc: Mapping[str, Any], e: Any) -> Any:
+    """An aggregation expression's value in `doc`: the shared operators and simcluster's own."""
+    return evaluate(doc, e, _OPERATORS)
+
+
+def _value(v: Any) -> Any:
+    """A missing value where a value is needed: null."""
+    return None if v is MISSING else v
+
+
+def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for stage in pipeline:
+        if len(stage) != 1:
+            raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
+        (name, spec), = stage.items()
+        if name == "$match":
+            docs = [d for d in docs if q.matches(d, spec)]
+        elif name in ("$project", "$addFields", "$set", "$unset"):
+            docs = list(map(_compiled(name, spec), docs))
+        elif name in ("$replaceRoot", "$replaceWith"):
+            expression = new_root_expression(name, spec)
+            docs = [replaced_root(name, _expr(d, expression)) for d in docs]
+        elif name == "$sort":
+            docs = q.sort_docs(docs, spec)
+        elif name == "$skip":
+            docs = docs[spec:]
+        elif name == "$limit":
+            docs = docs[:spec]
+        elif name == "$count":
+            docs = [{spec: len(docs)}] if docs else []
+        elif name == "$unwind":
+            path = (spec if isinstance(spec, str) else spec["path"])[1:]
+            out = []
+            for d in docs:
+                vals = d.get(path)
+                for v in vals if isinstance(vals, list) else ([] if vals is None else [vals]):
+                    out.append({**d, path: v})
+            docs = out
+        elif name == "$group":
+            docs = _group(docs, spec)
+        else:
+            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+    return docs
+
+
+def _compiled(stage: str, spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """$project, $addFields/$set, $unset: the server's rules, shared with the engine's stages."""
+    if stage != "$unset" and (problem := spec_problem(spec, computed_only=stage != "$project")) is not None:
+        raise MongoError("NotImplemented", f"simcluster does not evaluate {problem}")
+    projection = Projection(stage, spec)
+    return lambda doc: projection.apply(doc, _expr)
+
+
+def find_projection(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A find's projection: since 4.4 the rules and expressions of $project. The find-only forms
+    ($slice, $elemMatch, a positional `a.$`) are not simulated, and are refused rather than read
+    as something else."""
+    if not spec:
+        return lambda doc: doc
+    for name, value in spec.items():
+        if name.endswith("$") or isinstance(value, dict) and {"$slice", "$elemMatch"} & set(value):
+            raise MongoError("NotImplemented", f"simcluster does not evaluate the find projection {name}: {value}")
+    return _compiled("$project", spec)
+
+
+def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    groups: dict[bytes, dict[str, Any]] = {}
+    import bson
+
+    for d in docs:
+        key = _value(_expr(d, spec["_id"])) if not isinstance(spec["_id"], dict) else {
+            k: _value(_expr(d, v)) for k, v in spec["_id"].items()}
+        gk = bson.encode({"k": key})
+        acc = groups.setdefault(gk, {"_id": key})
+        for field, op_spec in spec.items():
+            if field == "_id":
+                continue
+            (op, arg), = op_spec.items()
+            v = _value(_expr(d, arg))
+            if op == "$sum":
+                acc[field] = acc.get(field, 0) + (v if isinstance(v, (int, float)) else 0)
+            elif op == "$avg":
+                s, n = acc.get("__avg_" + field, (0, 0))
+                acc["__avg_" + field] = (s + v, n + 1)
+            elif op == "$min":
+                acc[field] = v if field not in acc or q.compare(v, acc[field]) < 0 else acc[field]
+            elif op == "$max":
+                acc[field] = v if field not in acc or q.compare(v, acc[field]) > 0 else acc[field]
+            elif op == "$first":
+                acc.setdefault(field, v)
+            elif op == "$last":
+                acc[field] = v
+            elif op == "$push":
+                acc.setdefault(field, []).append(v)
+            elif op == "$addToSet":
+                lst = acc.setdefault(field, [])
+                if all(q.compare(v, x) for x in lst):
+                    lst.append(v)
+            elif op == "$count":
+                acc[field] = acc.get(field, 0) + 1
+            else:
+                raise MongoError(15952, f"unknown group operator '{op}'")
+    out = []
+    for acc in groups.values():
+        for k in [k for k in acc if k.startswith("__avg_")]:
+            s, n = acc.pop(k)
+            acc[k[6:]] = s / n if n else None
+        out.append(acc)
+    return out

@@ -1,0 +1,242 @@
+"""Oplog application: how a secondary turns the primary's oplog entries into the same data.
+
+A secondary copies each entry's bytes into its own oplog (same `ts`, same bytes, so a reader
+cannot tell which member it tails) and applies it here to its own collections, logging nothing.
+Shapes are the ones `simcluster.node` and `simcluster.transactions` write (mongodb-formats.md C):
+CRUD (`$v: 2` diffs or replacements), DDL commands on `<db>.$cmd`, views as `system.views`
+writes, and transactions as applyOps (partialTxn chains and prepared transactions held until
+their commit entry, as the server's applier holds them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid as uuidlib
+from collections.abc import Mapping
+from typing import Any
+
+from simcluster.storage import Collection, id_key
+
+__all__ = ["Applier", "apply_diff"]
+
+def apply_diff(doc: Mapping[str, Any], diff: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply an object diff `{d, u, i, s<field>}` (document_diff_serialization.h) to a copy of `doc`.
+
+    `u` rewrites a field where it stands, `i` appends it at the end, `d` removes it: the field
+    order the primary's update produced.
+    """
+    out = dict(doc)
+    for key, value in diff.items():
+        if key == "d":
+            for name in value:
+                out.pop(name, None)
+        elif key == "u":
+            out.update(value)
+        elif key == "i":
+            for name, v in value.items():
+                out.pop(name, None)
+                out[name] = v
+        elif key.startswith("s"):
+            name = key[1:]
+            out[name] = _apply_sub(out.get(name), value)
+    return out
+
+
+def _apply_sub(current: Any, diff: Mapping[str, Any]) -> Any:
+    if not diff.get("a"):
+        return apply_diff(current if isinstance(current, Mapping) else {}, diff)
+    arr = list(current) if isinstance(current, list) else []
+    if "l" in diff:
+        del arr[int(diff["l"]):]
+    for key, value in diff.items():
+        if key in ("a", "l"):
+            continue
+        idx = int(key[1:])
+        while len(arr) <= idx:
+            arr.append(None)
+        arr[idx] = value if key[0] == "u" else _apply_sub(arr[idx], value)
+    return arr
+
+
+MAX_IMAGES = 200_000
+
+
+class Applier:
+    """Applies decoded oplog entries to one member's databases (`dbs`: db -> name -> Collection)."""
+
+    def __init__(self, dbs: dict[str, dict[str, Collection]]) -> None:
+        self.dbs = dbs
+        # Transactions whose ops arrived (partialTxn chain, or prepared) but not yet their commit:
+        # each op with (its entry's ts, its index there), where its images are recorded.
+        self.pending: dict[tuple[bytes, int], list[tuple[Mapping[str, Any], tuple[Any, int]]]] = {}
+        # Of those, the prepared ones: key -> (lsid, prepare ts). A member that becomes primary
+        # takes them over as prepared transactions, so the coordinator can still commit them.
+        self.prepared: dict[tuple[bytes, int], tuple[Mapping[str, Any], Any]] = {}
+        # Retryable writes done, per session: lsid id -> (txnNumber, stmtIds). The server keeps
+        # this in config.transactions and rebuilds it from the oplog's session fields, so a new
+        # primary answers a retried statement it already has instead of applying it twice.
+        self.statements: dict[bytes, tuple[int, set[int]]] = {}
+        # Pre- and post-images of writes to collections with changeStreamPreAndPostImages enabled
+        # (the server's config.system.preimages), by (collection UUID bytes, oplog ts key, index in
+        # the applyOps entry, 0 outside transactions): (before, after).
+        self.images: dict[tuple[bytes, int, int], tuple[Any, Any]] = {}
+
+    def record_images(self, coll: Collection, ts: Any, before: Any, after: Any, index: int = 0) -> None:
+        """Keep a write's images if its collection had pre- and post-images enabled at the time."""
+        if (coll.options.get("changeStreamPreAndPostImages") or {}).get("enabled"):
+            self.images[(coll.uuid.bytes, (ts.time << 32) | ts.inc, index)] = (before, after)
+            if len(self.images) > MAX_IMAGES:
+                # The server expires pre-images with the oplog; the simulator keeps the newest ones.
+                for key in list(itertools.islice(self.images, len(self.images) // 2)):
+                    del self.images[key]
+
+    def statements_of(self, lsid: bytes, txn_number: int) -> set[int]:
+        """The statements done for this session's retryable write `txn_number` (a newer one
+        replaces an older one's)."""
+        known = self.statements.get(lsid)
+        if known is None or known[0] != txn_number:
+            known = self.statements[lsid] = (txn_number, set())
+        return known[1]
+
+    def record_statement(self, entry: Mapping[str, Any]) -> None:
+        if "stmtId" not in entry or "lsid" not in entry:
+            return
+        self.statements_of(bytes(entry["lsid"]["id"]), int(entry["txnNumber"])).add(int(entry["stmtId"]))
+
+    def already_done(self, session: Mapping[str, Any]) -> bool:
+        """Was this retryable-write statement (its session fields: lsid, txnNumber, stmtId) done
+        already, e.g. before a failover the driver retried across?"""
+        if "stmtId" not in session:
+            return False
+        known = self.statements.get(bytes(session["lsid"]["id"]))
+        return known is not None and known[0] == int(session["txnNumber"]) and int(session["stmtId"]) in known[1]
+
+    def apply(self, entry: Mapping[str, Any], *, at: tuple[Any, int] | None = None) -> None:
+        """Apply one entry; `at` is (ts, index) of an op inside a transaction's applyOps entry,
+        which is where its images are recorded."""
+        self.record_statement(entry)
+        at = at if at is not None else (entry["ts"], 0) if "ts" in entry else None
+        op = entry["op"]
+        if op == "n":
+            return
+        ns: str = entry["ns"]
+        if op == "c":
+            self._command(entry)
+        elif ns.endswith(".system.views"):
+            self._view(entry)
+        elif op == "i":
+            self._coll(ns, entry.get("ui")).put(dict(entry["o"]))
+        elif op == "u":
+            coll = self._coll(ns, entry.get("ui"))
+            old = coll.docs.get(id_key(entry["o2"]["_id"]))
+            o = entry["o"]
+            new = apply_diff(old or {}, o["diff"]) if o.get("$v") == 2 else dict(o)
+            coll.put(new, old)
+            if old is not None and at is not None:
+                self.record_images(coll, at[0], old, new, at[1])
+        elif op == "d":
+            coll = self._coll(ns, entry.get("ui"))
+            found = coll.docs.get(id_key(entry["o"]["_id"]))
+            if found is not None:
+                coll.remove(found)
+                if at is not None:
+                    self.record_images(coll, at[0], found, None, at[1])
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _coll(self, ns: str, ui: Any, options: Mapping[str, Any] | None = None) -> Collection:
+        db, _, name = ns.partition(".")
+        colls = self.dbs.setdefault(db, {})
+        coll = colls.get(name)
+        if coll is None:
+            coll = Collection(name, options=dict(options or {}))
+            if ui is not None:
+                coll.uuid = uuidlib.UUID(bytes=bytes(ui))
+            colls[name] = coll
+        return coll
+
+    def _view(self, entry: Mapping[str, Any]) -> None:
+        db = entry["ns"].split(".", 1)[0]
+        view_ns: str = entry["o"]["_id"]
+        if entry["op"] == "i":
+            self._coll(view_ns, entry.get("ui"), {"viewOn": entry["o"]["viewOn"],
+                                                   "pipeline": list(entry["o"].get("pipeline", []))})
+        elif entry["op"] == "d":
+            self.dbs.get(db, {}).pop(view_ns.split(".", 1)[1], None)
+
+    def _command(self, entry: Mapping[str, Any]) -> None:
+        o = entry["o"]
+        db = entry["ns"].split(".", 1)[0]
+        name, arg = next(iter(o.items()))
+        if name == "create":
+            options = {k: v for k, v in o.items() if k not in ("create", "idIndex")}
+            self._coll(f"{db}.{arg}", entry.get("ui"), options)
+        elif name == "drop":
+            self.dbs.get(db, {}).pop(arg, None)
+        elif name == "dropDatabase":
+            self.dbs.pop(db, None)
+        elif name == "renameCollection":
+            sdb, _, sname = arg.partition(".")
+            ddb, _, dname = o["to"].partition(".")
+            coll = self.dbs.get(sdb, {}).pop(sname, None)
+            if coll is not None:
+                coll.name = dname
+                self.dbs.setdefault(ddb, {})[dname] = coll
+        elif name == "createIndexes":
+            spec = {k: v for k, v in o.items() if k != "createIndexes"}
+            self._coll(f"{db}.{arg}", entry.get("ui")).add_index(spec, f"{db}.{arg}")
+        elif name == "dropIndexes":
+            coll = self.dbs.get(db, {}).get(arg)
+            if coll is not None:
+                coll.indexes.pop(o["index"], None)
+        elif name == "collMod":
+            self._coll_mod(self._coll(f"{db}.{arg}", entry.get("ui")), o)
+        elif name == "applyOps":
+            self._apply_ops(entry)
+        elif name == "commitTransaction":
+            self.prepared.pop(_txn(entry), None)
+            for op, at in self.pending.pop(_txn(entry), []):
+                self.apply(op, at=at)
+        elif name == "abortTransaction":
+            self.prepared.pop(_txn(entry), None)
+            self.pending.pop(_txn(entry), None)
+
+    def _coll_mod(self, coll: Collection, o: Mapping[str, Any]) -> None:
+        changes = {k: v for k, v in o.items() if k != "collMod"}
+        coll.options.update({k: v for k, v in changes.items() if k != "index"})
+        index = changes.get("index")
+        if index:
+            for ix in coll.indexes.values():
+                if ix.name == index.get("name") or ix.key == index.get("keyPattern"):
+                    ix.spec.update({k: v for k, v in index.items() if k not in ("name", "keyPattern")})
+
+    def _apply_ops(self, entry: Mapping[str, Any]) -> None:
+        o = entry["o"]
+        ops = list(o["applyOps"])
+        if "lsid" not in entry:  # a plain applyOps command: apply now
+            for i, op in enumerate(ops):
+                self.apply(op, at=(entry["ts"], i))
+            return
+        key = _txn(entry)
+        self.pending.setdefault(key, []).extend((op, (entry["ts"], i)) for i, op in enumerate(ops))
+        if o.get("prepare"):
+            self.prepared[key] = (entry["lsid"], entry["ts"])
+        if not o.get("partialTxn") and not o.get("prepare"):
+            # The last link of a chain (or a one-entry commit): the whole transaction applies now,
+            # each op's images kept under its own entry's ts and its index there, as the server
+            # keys pre-images (applyOpsTs, applyOpsIndex).
+            for op, at in self.pending.pop(key):
+                self.apply(op, at=at)
+
+
+def take_prepared(applier: Applier) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
+    """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid, prepare ts, ops)."""
+    out = [(key, lsid, ts, [op for op, _ in applier.pending.pop(key, [])])
+           for key, (lsid, ts) in applier.prepared.items()]
+    applier.prepared.clear()
+    return out
+
+
+def _txn(entry: Mapping[str, Any]) -> tuple[bytes, int]:
+    return bytes(entry["lsid"]["id"]), int(entry["txnNumber"])
+

@@ -1,0 +1,149 @@
+"""Query matching, projection, sorting and update operators over plain Python documents.
+
+Strategy: documents are `dict`s decoded by pymongo's codec (so Int32 stays `int`, Int64 stays
+`Int64`, doubles stay `float`: BSON types survive $inc like on the server). Updates return the new
+document and the `$v: 2` diff the server would log for it (mongodb-formats.md C.3).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from bson import ObjectId, Regex
+
+from mongoformats.bson_order import MISSING, compare, sort_key
+from mongoformats.errors import MongoError
+from mongoformats.mql import get_path, matches
+
+__all__ = ["compare", "get_path", "matches", "pinned_ids", "sort_docs", "MISSING", "ObjectId"]
+
+def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
+    """The `_id` values a filter can only match (`{_id: v, ...}`, `{_id: {$in: [...]}, ...}`, an
+    `$or` of such branches, or an `$and` with such a clause), or None when it may match others:
+    those filters are answered from the `_id` index, as the server's planner answers them, instead
+    of a collection scan (the engine's lookups send an `$or` of up to 500 document keys)."""
+    if set(filt) == {"$or"} and isinstance(filt["$or"], list):
+        out: list[Any] = []
+        for branch in filt["$or"]:
+            ids = pinned_ids(branch) if isinstance(branch, Mapping) else None
+            if ids is None:
+                return None
+            out += ids
+        return out
+    if isinstance(filt.get("$and"), list):  # any clause that pins _id pins the whole conjunction
+        for clause in filt["$and"]:
+            if isinstance(clause, Mapping) and (ids := pinned_ids(clause)) is not None:
+                return ids
+    if "_id" not in filt:
+        return None
+    cond = filt["_id"]
+    if not isinstance(cond, Mapping) or not any(str(k).startswith("$") for k in cond):
+        return [cond]
+    if set(cond) == {"$eq"}:
+        return [cond["$eq"]]
+    if set(cond) == {"$in"} and isinstance(cond["$in"], list) and not any(
+            isinstance(v, (re.Pattern, Regex)) for v in cond["$in"]):
+        return list(cond["$in"])
+    return None
+
+
+def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`docs` in the order of `spec` ({field: 1 | -1}), values in BSON order (a missing field as null).
+    One stable sort per field, the last field first: each value's key is built once."""
+    out = list(docs)
+    for field, direction in reversed(list(spec.items())):
+        out.sort(key=functools.partial(_field_key, field), reverse=direction < 0)
+    return out
+
+
+def _field_key(field: str, doc: dict[str, Any]) -> bytes:
+    return sort_key(next(iter(get_path(doc, field)), None))
+
+
+def write_error(index: int, exc: MongoError) -> dict[str, Any]:
+    """One entry of a write command's writeErrors, as the server reports it."""
+    return {"index": index, "code": exc.code, "errmsg": exc.errmsg, **exc.extra}
+
+
+def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any]:
+    """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to write to."""
+    raws = cmd.get("$raw_documents")
+    # Outside a transaction, the documents' own bytes make the oplog entries (ShardNode.insert_sent).
+    sent = raws is not None and cmd.get("autocommit") is not False
+    errors = []
+    n = 0
+    batches: dict[Any, Any] = {}  # node -> SentInserts
+    for i, doc in enumerate(cmd.get("documents", [])):
+        node = node_for(doc)
+        if sent:
+            assert raws is not None
+            batch = batches.get(node)
+            if batch is None:
+                from simcluster.node import SentInserts
+
+                batch = batches[node] = SentInserts(node, ns, cmd)
+            try:
+                done = batch.insert(doc, raws[i], i)
+            except MongoError as exc:
+                errors.append(write_error(i, exc))
+                if cmd.get("ordered", True):
+                    break
+                continue
+            if done:
+                n += 1
+                continue
+        session = node._session_fields(cmd, i)
+        if node.applier.already_done(session):  # a retried statement the shard already has: done
+            n += 1
+            continue
+        try:
+            node.insert_one(ns, doc, session, raw=raws[i] if raws else None)
+            n += 1
+        except MongoError as exc:
+            errors.append(write_error(i, exc))
+            if cmd.get("ordered", True):
+                break
+    for node in batches:
+        node.oplog.wake()  # once per command: tailers and secondaries read the whole batch
+    out: dict[str, Any] = {"n": n}
+    if errors:
+        out["writeErrors"] = errors
+    return out
+
+
+def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:
+    values: list[Any] = []
+    for d in docs:
+        for v in get_path(d, key):
+            for item in v if isinstance(v, list) else [v]:
+                if all(compare(item, x) != 0 for x in values):
+                    values.append(item)
+    return values
+
+
+def run_updates(cmd: Mapping[str, Any], update_one: Any) -> dict[str, Any]:
+    """The update command's loop, shared by mongod and mongos: `update_one(i, spec)` applies one
+    statement and returns {n, nModified, upserted?: [{_id}]}."""
+    n = n_mod = 0
+    upserted: list[dict[str, Any]] = []
+    errors = []
+    for i, spec in enumerate(cmd.get("updates", [])):
+        try:
+            r = update_one(i, spec)
+        except MongoError as exc:
+            errors.append(write_error(i, exc))
+            if cmd.get("ordered", True):
+                break
+            continue
+        n += r["n"]
+        n_mod += r["nModified"]
+        upserted += [{"index": i, "_id": u["_id"]} for u in r.get("upserted", [])]
+    out: dict[str, Any] = {"n": n, "nModified": n_mod}
+    if upserted:
+        out["upserted"] = upserted
+    if errors:
+        out["writeErrors"] = errors
+    return out

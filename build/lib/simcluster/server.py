@@ -1,0 +1,540 @@
+"""What every simulated process shares: the wire front-end, hello, sessions, cursors, fail points.
+
+Strategy: one trio task per client connection runs a framer loop; each OP_MSG is decoded with
+pymongo's C codec, document sequences are folded into the body as the server does, and the
+command runs through a table `{name: handler}`. Any `MongoError` becomes an `{ok: 0}` reply; any
+other exception becomes InternalError (1): bad input never kills a node or another connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import logging
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import bson
+import trio
+from bson import Binary, Int64, ObjectId
+from bson.codec_options import CodecOptions, DatetimeConversion
+
+from mongoformats import wire
+from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
+from mongoformats.idl import get_more_request, kill_cursors_ids
+from mongoformats.oplog_splice import document_parts
+from mongoformats.privileges import allows, privileges_of_roles
+from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
+from mongoformats.sessions import SessionsNamed, session_id, sessions_named
+from simcluster.authz import required_privileges
+from simcluster.cursors import CursorManager
+from simcluster.oplog import ClusterClock
+
+log = logging.getLogger("simcluster")
+
+MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
+# Decoded commands are dicts; UUIDs stay Binary subtype 4 (no representation chosen).
+# Dates beyond Python's datetime (years 1-9999; BSON spans ±292 million years) decode as DatetimeMS,
+# as a server takes them (pymongo's default would refuse the command).
+DECODE: CodecOptions[Any] = CodecOptions(tz_aware=True,
+                                         datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+
+class Request:
+    """What a handler may want beyond the command: the connection it came on."""
+
+    def __init__(self, conn_id: int, peer: str) -> None:
+        self.conn_id = conn_id
+        self.peer = peer
+        self.user: str | None = None                 # authenticated as (SCRAM), when auth is on
+        self.conversations: dict[int, tuple[ScramServer, bool]] = {}
+
+
+# What an unauthenticated connection may run when auth is on (the server's requiresAuth() false).
+_NO_AUTH = frozenset({"hello", "ismaster", "ping", "buildinfo", "saslstart", "saslcontinue", "connectionstatus",
+                      "logout", "getnonce", "endsessions", "whatsmyuri"})
+
+
+class CommandServer:
+    """Base of mongod and mongos: subclasses add commands to `self.commands`."""
+
+    process_kind = "mongod"
+    # The server parameters getParameter reports and setParameter changes at run time, each with
+    # the attribute that holds it.
+    runtime_parameters: dict[str, str] = {"cursorTimeoutMillis": "cursor_timeout_ms"}
+    CURSOR_MONITOR_S = 4.0  # clientCursorMonitorFrequencySecs: how often idle cursors are timed out
+
+    def __init__(self, clock: ClusterClock, host: str, port: int, *, version: str = "7.0") -> None:
+        self.clock = clock
+        self.host = host
+        self.port = port
+        self.version = version
+        self.max_wire_version = MAX_WIRE_VERSION[version]
+        self.cursors = CursorManager()
+        self.cursor_timeout_ms = 600_000  # cursorTimeoutMillis (see simcluster.cursors)
+        self.process_id = ObjectId()
+        self._conn_ids = itertools.count(1)
+        self._message_ids = itertools.count(1)  # the requestId of each message this process sends
+        self.fail_points: dict[str, dict[str, Any]] = {}
+        # net.tls.mode requireTLS when set: every connection is TLS (the cluster sets one context).
+        self.ssl_context: ssl.SSLContext | None = None
+        # security.authorization enabled when set: admin-database users and their SCRAM credentials.
+        self.users: dict[str, ScramCredential] | None = None
+        # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
+        self.user_roles: dict[str, list[tuple[str, str]]] = {}
+        self._cancel = trio.CancelScope()
+        # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition that
+        # drops its packets): its sockets stay open and nothing on them is answered until it resumes.
+        self._running = trio.Event()
+        self._running.set()
+        # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
+        self.topology_counter = 0
+        self._topology_changed = trio.Event()
+        self.commands: dict[str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]] = {
+            "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
+            "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
+            "setparameter": self.cmd_set_parameter,
+            "endsessions": self.cmd_ok, "killallsessions": self.cmd_kill_sessions,
+            "killsessions": self.cmd_kill_sessions, "startsession": self.cmd_start_session,
+            "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
+            "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
+            "getcmdlineopts": self.cmd_cmdline, "hostinfo": self.cmd_host_info, "getlog": self.cmd_get_log,
+            "whatsmyuri": self.cmd_whatsmyuri, "connectionstatus": self.cmd_connection_status,
+            "getfreemonitoringstatus": self.cmd_ok, "atlasversion": self.cmd_not_found,
+            "saslstart": self.cmd_sasl_start, "saslcontinue": self.cmd_sasl_continue, "logout": self.cmd_logout,
+        }
+
+    @property
+    def serves_exhaust(self) -> bool:
+        """Whether a getMore with exhaustAllowed streams its batches: mongod's since 4.2, mongos's
+        since 7.1 (SERVER-57297; before, it answered such a getMore plainly, without moreToCome)."""
+        return self.process_kind == "mongod" or self.max_wire_version >= 22
+
+    @property
+    def address(self) -> str:
+        # As the server's HostAndPort writes one: an IPv6 address in brackets.
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    # -- wire ------------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        self._cancel = trio.CancelScope()  # a fresh scope, so a stopped process can be started again
+        with self._cancel:
+            tcp = await trio.open_tcp_listeners(self.port, host=self.host)
+            self.port = tcp[0].socket.getsockname()[1]
+            listeners: list[Any] = list(tcp)
+            if self.ssl_context is not None:
+                listeners = [trio.SSLListener(t, self.ssl_context, https_compatible=False) for t in tcp]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.background)
+                nursery.start_soon(self._time_out_cursors)
+                task_status.started(self.port)
+                await trio.serve_listeners(self._handle_connection, listeners, handler_nursery=nursery)
+
+    async def background(self) -> None:
+        """Work a process does on its own (periodic noops, replication); stops with the process."""
+
+    async def _time_out_cursors(self) -> None:
+        """The server's cursor monitor: every CURSOR_MONITOR_S, kill the cursors idle for longer
+        than cursorTimeoutMillis (CursorManager.time_out says which may time out)."""
+        while True:
+            await trio.sleep(self.CURSOR_MONITOR_S)
+            await self.wait_running()
+            self.cursors.time_out(self.cursor_timeout_ms / 1000)
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection (a crashed or stopped process)."""
+        self._cancel.cancel()
+
+    def pause(self) -> None:
+        """Stop answering and working, sockets left open (see `_running`)."""
+        if self._running.is_set():
+            self._running = trio.Event()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def wait_running(self) -> None:
+        if not self._running.is_set():
+            await self._running.wait()
+
+    def bump_topology(self) -> None:
+        self.topology_counter += 1
+        self._topology_changed.set()
+        self._topology_changed = trio.Event()
+
+    async def _handle_connection(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
+        conn_id = next(self._conn_ids)
+        framer = wire.MessageFramer()
+        sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+        req = Request(conn_id, str(sock.getpeername()))
+        try:
+            async with stream:
+                while True:
+                    msg = framer.next_message()
+                    if msg is wire.NEED_DATA:
+                        data = await stream.receive_some(1 << 16)
+                        framer.receive_data(data)
+                        if not data and not framer.trailing_data:
+                            return
+                        continue
+                    request: object | None = msg
+                    while request is not None:  # an exhaust getMore runs again after each reply
+                        await self.wait_running()
+                        reply, request = await self._dispatch(request, req)
+                        if reply is None:
+                            continue
+                        if reply is _CLOSE:
+                            return
+                        assert isinstance(reply, bytes)
+                        await self.wait_running()  # a reply made as the process paused is not sent either
+                        await stream.send_all(reply)
+        except ProtocolError as exc:
+            log.info("closing connection %s: %s", conn_id, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _dispatch(self, msg: Any, req: Request) -> tuple[bytes | None | object, wire.OpMsg | None]:
+        """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
+        run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
+        if isinstance(msg, wire.OpQuery):
+            cmd = bson.decode(msg.query, DECODE)
+            if "$query" in cmd:
+                cmd = cmd["$query"]
+            db = msg.full_collection_name.split(".", 1)[0]
+            body = await self._run(db, cmd, req)
+            if body is _CLOSE:
+                return _CLOSE, None
+            reply = wire.encode_op_reply(next(self._message_ids), msg.request_id, (bson.encode(body),))
+            return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
+        if not isinstance(msg, wire.OpMsg):
+            raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
+        cmd = bson.decode(msg.body, DECODE)
+        for ident, docs in msg.sequences:
+            cmd[ident] = bson.decode_all(b"".join(docs), DECODE)  # one C loop for the whole batch
+            if ident == "documents":
+                # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
+                # fullDocument) is byte-identical to what was sent, as on the server.
+                cmd["$raw_documents"] = docs
+        db = cmd.pop("$db", "admin")
+        exhaust = msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
+        body = await self._run(db, cmd, req)
+        if body is _CLOSE:
+            return _CLOSE, None
+        if msg.more_to_come:
+            return None, None
+        # An exhaust getMore (see serves_exhaust): while its cursor lives, the reply says
+        # moreToCome and the server runs the same getMore again, unasked, its next reply answering
+        # this one; an error or a closed cursor ends the stream. Replication's oplog fetcher reads
+        # so, a batch on its way while the last one is applied.
+        # (Whether the cursor lives is asked of the cursors, not of the reply: reading a reply's
+        # cursor id inflates its batch, thousands of entries.)
+        again = exhaust and bool(body.get("ok")) and cmd.get("getMore") in self.cursors
+        reply_id = next(self._message_ids)
+        reply = wire.encode_op_msg(reply_id, msg.request_id, document_parts(body),
+                                   flags=wire.FLAG_MORE_TO_COME if again else 0)
+        follow = dataclasses.replace(msg, request_id=reply_id) if again else None
+        return (wire.compress(reply, msg.compressor) if msg.compressor else reply), follow
+
+    async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:
+        name = next(iter(cmd), "")
+        try:
+            if "$clusterTime" in cmd:
+                self.clock.advance(cmd["$clusterTime"]["clusterTime"])
+            fp = await self._fail_point(name)
+            if fp is _CLOSE:
+                return _CLOSE
+            handler = self.commands.get(name.lower())
+            if handler is None:
+                raise MongoError("CommandNotFound", f"no such command: '{name}'")
+            if self.users is not None and name.lower() not in _NO_AUTH:
+                if req.user is None:
+                    raise MongoError("Unauthorized", f"Command {name} requires authentication")
+                self._authorize(name, db, cmd, req.user)
+            await self.check_command(name, db, cmd)
+            reply = await handler(db, cmd, req)
+            reply.setdefault("ok", 1.0)
+            # A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
+            # cursor it used). The command is looked at first: a reply's cursor may hold megabytes.
+            if (("lsid" in cmd or cmd.get("noCursorTimeout")) and name.lower() != "getmore"
+                    and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id")):
+                in_session = "lsid" in cmd
+                self.cursors.opened_in(int(cursor["id"]), session_id(cmd["lsid"]["id"]) if in_session else None,
+                                       req.user if in_session else None, no_timeout=bool(cmd.get("noCursorTimeout")))
+            await self.settle(name, cmd, reply)
+        except MongoError as exc:
+            if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
+                # 4.4+ servers label the errors a driver may retry a write on (error_labels.cpp);
+                # drivers no longer decide that themselves.
+                exc = exc.with_labels("RetryableWriteError")
+            if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
+                exc = with_change_stream_label(exc)
+            reply = exc.to_reply()
+        except Exception as exc:  # a bug or unexpected input must not take the node down
+            log.exception("command %s failed", name)
+            reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
+        return self.decorate(reply)
+
+    def roles_of(self, user: str) -> list[tuple[str, str]]:
+        return self.user_roles.get(user, [("root", "admin")])
+
+    def _authorize(self, name: str, db: str, cmd: dict[str, Any], user: str) -> None:
+        privileges = privileges_of_roles(self.roles_of(user))
+        for actions, resource in required_privileges(name, db, cmd):
+            if not allows(privileges, actions, resource):
+                target = cmd.get(name)
+                shown = f'"{target}"' if isinstance(target, str) else target
+                raise MongoError("Unauthorized", f"not authorized on {db} to execute command {{ {name}: {shown} }}")
+
+    async def check_command(self, name: str, db: str, cmd: dict[str, Any]) -> None:
+        """Hook: reject a command this process may not run now (a write on a secondary, a statement
+        of an unknown transaction)."""
+
+    async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+        """Hook: what a succeeded command waits for before its reply (its write concern)."""
+
+    def decorate(self, reply: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock.now()
+        reply["$clusterTime"] = {"clusterTime": now, "signature": {"hash": Binary(b"\x00" * 20, 0),
+                                                                  "keyId": Int64(0)}}
+        reply["operationTime"] = now
+        return reply
+
+    # -- fail points (configureFailPoint failCommand) ---------------------------------------------
+
+    async def _fail_point(self, name: str) -> object | None:
+        fp = self.fail_points.get("failCommand")
+        if not fp or name not in fp["data"].get("failCommands", ()):
+            return None
+        if not self._fail_point_fires(fp):
+            self.fail_points.pop("failCommand", None)
+            return None
+        data = fp["data"]
+        if data.get("blockConnection"):
+            await trio.sleep(data.get("blockTimeMS", 0) / 1000)
+        if data.get("closeConnection"):
+            return _CLOSE
+        if "errorCode" in data:
+            raise MongoError(int(data["errorCode"]), "Failing command via 'failCommand' failpoint",
+                             labels=tuple(data.get("errorLabels", ())))
+        return None
+
+    async def hang_while(self, name: str) -> None:
+        """A hang fail point (e.g. hangBeforeWritingDecision): wait while it is configured on."""
+        while name in self.fail_points:
+            await trio.sleep(0.01)
+
+    async def cmd_configure_fail_point(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        name = cmd["configureFailPoint"]
+        mode = cmd.get("mode", "off")
+        if mode == "off":
+            self.fail_points.pop(name, None)
+        else:
+            self.fail_points[name] = {"mode": dict(mode) if isinstance(mode, dict) else mode,
+                                      "data": cmd.get("data", {})}
+        return {"count": 0}
+
+    # -- generic commands -------------------------------------------------------------------------
+
+    def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def cmd_hello(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
+            raise MongoError(51760 if "topologyVersion" in cmd else 51758,
+                             "topologyVersion and maxAwaitTimeMS must be given together")
+        tv = cmd.get("topologyVersion")
+        if tv is not None and tv.get("processId") == self.process_id and tv.get("counter") == self.topology_counter:
+            # Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS.
+            with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
+                await self._topology_changed.wait()
+        legacy = next(iter(cmd)).lower() == "ismaster"
+        out: dict[str, Any] = {}
+        if cmd.get("helloOk"):
+            out["helloOk"] = True
+        out.update(self.hello_fields(cmd))
+        if legacy:
+            out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
+        out.update({
+            "topologyVersion": {"processId": self.process_id, "counter": Int64(self.topology_counter)},
+            "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
+            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.UTC),
+            "logicalSessionTimeoutMinutes": 30, "connectionId": req.conn_id,
+            "minWireVersion": 0, "maxWireVersion": self.max_wire_version, "readOnly": False,
+        })
+        if "compression" in cmd:
+            supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
+            if supported:
+                out["compression"] = supported
+        mechs_for = cmd.get("saslSupportedMechs")
+        if self.users is not None and isinstance(mechs_for, str) and mechs_for.partition(".")[2] in self.users:
+            out["saslSupportedMechs"] = [MECHANISM]
+        return out
+
+    async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {}
+
+    async def cmd_not_found(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        raise MongoError("CommandNotFound", f"no such command: '{next(iter(cmd))}'")
+
+    async def cmd_ping(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {}
+
+    async def cmd_whatsmyuri(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"you": req.peer}
+
+    async def cmd_connection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        users = [{"user": req.user, "db": "admin"}] if req.user else []
+        granted = self.roles_of(req.user) if req.user else []
+        info: dict[str, Any] = {"authenticatedUsers": users,
+                                "authenticatedUserRoles": [{"role": r, "db": d} for r, d in granted]}
+        if cmd.get("showPrivileges"):
+            info["authenticatedUserPrivileges"] = privileges_of_roles(granted)
+        return {"authInfo": info}
+
+    # -- authentication (SCRAM-SHA-256) -------------------------------------------------------------
+
+    async def cmd_sasl_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if cmd.get("mechanism") != MECHANISM:
+            raise MongoError("MechanismUnavailable", f"Received authentication for mechanism {cmd.get('mechanism')} "
+                             "which is unknown or not enabled")
+        if self.users is None or db != "admin":
+            raise MongoError("AuthenticationFailed", "Authentication failed.")
+        conversation = ScramServer(self.users)
+        payload = conversation.first(bytes(cmd["payload"]))
+        cid = len(req.conversations) + 1
+        skip = bool((cmd.get("options") or {}).get("skipEmptyExchange"))
+        req.conversations[cid] = (conversation, skip)
+        return {"conversationId": cid, "done": False, "payload": Binary(payload, 0)}
+
+    async def cmd_sasl_continue(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        cid = cmd.get("conversationId")
+        if cid not in req.conversations:
+            raise MongoError("ProtocolError", "No SASL session state found")
+        conversation, skip = req.conversations[cid]
+        payload = bytes(cmd.get("payload", b""))
+        if not payload:  # the empty last step of a conversation without skipEmptyExchange
+            del req.conversations[cid]
+            return {"conversationId": cid, "done": True, "payload": Binary(b"", 0)}
+        try:
+            final = conversation.final(payload)
+        except MongoError:
+            del req.conversations[cid]
+            raise
+        req.user = conversation.user
+        if skip:
+            del req.conversations[cid]
+        return {"conversationId": cid, "done": skip, "payload": Binary(final, 0)}
+
+    async def cmd_logout(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        req.user = None
+        return {}
+
+    @property
+    def full_version(self) -> str:
+        """The release this process reports (buildInfo's `version`) for its feature version."""
+        return {"7.0": "7.0.14", "8.0": "8.0.4", "6.0": "6.0.19", "5.0": "5.0.30"}[self.version]
+
+    async def cmd_build_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        full = self.full_version
+        parts = [int(p) for p in full.split(".")] + [0]
+        return {"version": full, "gitVersion": "simcluster", "modules": [], "allocator": "system",
+                "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": parts,
+                "bits": 64, "debug": False, "maxBsonObjectSize": 16 * 1024 * 1024,
+                "storageEngines": ["wiredTiger"], "openssl": {"running": "disabled"}}
+
+    async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        # enableTestCommands: simcluster always serves the test commands (configureFailPoint, ...),
+        # as a server started with it does; drivers' test harnesses read it.
+        params = {"featureCompatibilityVersion": {"version": self.version}, "enableTestCommands": True,
+                  "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
+                  **{name: getattr(self, attr) for name, attr in self.runtime_parameters.items()}}
+        if cmd.get("getParameter") == "*":
+            return dict(params)
+        return {k: v for k, v in params.items() if k in cmd}
+
+    async def cmd_set_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        if db != "admin":
+            raise MongoError("Unauthorized", "setParameter may only be run against the admin database.")
+        out = {}
+        for key, value in cmd.items():
+            if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
+                continue
+            attr = self.runtime_parameters.get(key)
+            if attr is None:
+                raise MongoError("InvalidOptions", f"attempted to set unrecognized parameter [{key}]")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise MongoError("BadValue", f"Invalid value for parameter {key}: {value!r} is not a positive number")
+            out["was"] = getattr(self, attr)
+            setattr(self, attr, value)
+        return out
+
+    async def cmd_start_session(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
+
+    async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"host": self.address, "version": self.version, "process": self.process_kind,
+                "uptime": 1.0, "connections": {"current": 0, "available": 1000},
+                "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))},
+                                       "timedOut": Int64(self.cursors.timed_out)}}}
+
+    async def cmd_cmdline(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"argv": [self.process_kind], "parsed": {}}
+
+    async def cmd_host_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"system": {"hostname": self.host, "numCores": 2}, "os": {"type": "Linux"}, "extra": {}}
+
+    async def cmd_get_log(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        return {"totalLinesWritten": 0, "log": []} if cmd["getLog"] != "*" else {"names": ["global", "startupWarnings"]}
+
+    async def cmd_get_more(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        more = get_more_request(cmd)
+        fail = None
+        fp = self.fail_points.get("failGetMoreAfterCursorCheckout")
+        if fp and self._fail_point_fires(fp):
+            fail = MongoError(int(fp["data"].get("errorCode", 1)), "Failing command via "
+                              "'failGetMoreAfterCursorCheckout' failpoint")
+        cursor = await self.cursors.get_more(more.cursor_id, f"{db}.{more.collection}", more.batch_size,
+                                             more.max_time_ms, fail)
+        return {"cursor": cursor}
+
+    def _fail_point_fires(self, fp: dict[str, Any]) -> bool:
+        mode = fp["mode"]
+        if isinstance(mode, dict):
+            if mode.get("times", 0) <= 0:
+                return False
+            mode["times"] -= 1
+            return True
+        return mode == "alwaysOn"
+
+    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """killSessions [{id}] / killAllSessions [{user, db}] (mongoformats.sessions.sessions_named)."""
+        self.kill_sessions(sessions_named(cmd, req.user, access_control=self.users is not None))
+        return {}
+
+    def kill_sessions(self, named: SessionsNamed) -> None:
+        """What ends with the named sessions: here their cursors (a getMore running on one fails
+        with CursorKilled); a shard and mongos end their transactions too."""
+        self.cursors.kill_sessions(lambda c: named(c.lsid, c.user))
+
+    async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        killed: list[Int64] = []
+        missing: list[Int64] = []
+        for cid in kill_cursors_ids(cmd):
+            (killed if self.cursors.kill(cid) else missing).append(Int64(cid))
+        return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
+
+
+_CLOSE = object()
+
+
+def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:
+    """A write sent with a txnNumber outside a transaction, or a transaction's commit/abort."""
+    lname = name.lower()
+    if lname in ("committransaction", "aborttransaction"):
+        return True
+    return "txnNumber" in cmd and "autocommit" not in cmd and lname in (
+        "insert", "update", "delete", "findandmodify")
+

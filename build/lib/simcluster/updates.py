@@ -1,0 +1,511 @@
+"""Updates as a server applies and logs them: operators in path order, positional paths, and the
+`$v: 2` diff it writes to the oplog.
+
+Why a diff is not just "old versus new" here: the server logs what each operator did
+(update_executor's log builder), not a comparison of the documents. `$set: {a: {x: 1}}` over
+`a: {x: 0, y: 1}` logs `u: {a: {x: 1}}`, where a comparison would log a sub-diff; `$pull` logs the
+whole array; `$push` logs only the appended elements. Change events carry those shapes as their
+updateDescription, so a simulator that compared documents would show drivers other events than
+a server does. Pipeline updates are the exception: the server does compare the two documents
+(`pipeline_diff`), and logs the whole new document instead when the diff is not smaller.
+
+Facts from the server (src/mongo/db/update): operators apply in the order of their paths, names
+compared as numbers when both are numeric (update_object_node); a modifier that changes nothing
+logs nothing (binary-equal values); a path that did not exist is logged where it starts to be
+new, with its whole new subtree; $unset of an array element sets it to null and logs that; $push
+that only appends logs each new element; the diff's sections come d, u, i, then sub-diffs, and an
+array diff is `{a: true, u<i>|s<i>...}` by index (v2_log_builder, document_diff_calculator).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+
+from mongoformats.bson_order import MISSING, compare
+from mongoformats.errors import MongoError
+from mongoformats.mql import _match_value, matches
+from simcluster.query import sort_docs
+
+__all__ = ["apply_update", "pipeline_diff", "pipeline_entry", "replaced_by_pipeline", "update_with_entry"]
+
+# -- the diff, built as the server's log builder builds it ----------------------------------------
+
+
+class _DocDiff:
+    """A document's sub-diff: its sections in the order entries were logged."""
+
+    def __init__(self) -> None:
+        self.deletes: list[str] = []
+        self.updates: dict[str, Any] = {}
+        self.inserts: dict[str, Any] = {}
+        self.children: dict[str, _DocDiff | _ArrayDiff] = {}  # the s<name> sub-diffs, in order added
+
+    def serialize(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.deletes:
+            out["d"] = dict.fromkeys(self.deletes, False)
+        if self.updates:
+            out["u"] = dict(self.updates)
+        if self.inserts:
+            out["i"] = dict(self.inserts)
+        for name, child in self.children.items():
+            out["s" + name] = child.serialize()
+        return out
+
+
+class _ArrayDiff:
+    def __init__(self) -> None:
+        self.items: dict[int, Any] = {}  # index -> a new value, or a _DocDiff/_ArrayDiff
+
+    def serialize(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"a": True}
+        for idx in sorted(self.items):
+            item = self.items[idx]
+            if isinstance(item, (_DocDiff, _ArrayDiff)):
+                out[f"s{idx}"] = item.serialize()
+            else:
+                out[f"u{idx}"] = item
+        return out
+
+
+class _Log:
+    """What the operators did, as the paths they changed (V2LogBuilder's tree)."""
+
+    def __init__(self) -> None:
+        self.root = _DocDiff()
+        self.changed = False
+
+    def add(self, parts: list[str], in_array: list[bool], kind: str, value: Any = None) -> None:
+        """Log `kind` ("u" updated, "i" created, "d" deleted) at `parts`; `in_array[j]` says whether
+        parts[j] is an index into an array."""
+        self.changed = True
+        node: _DocDiff | _ArrayDiff = self.root
+        for j, part in enumerate(parts[:-1]):
+            if isinstance(node, _ArrayDiff):
+                child = node.items.get(int(part), MISSING)
+            else:
+                child = node.children.get(part, node.inserts.get(part, MISSING))
+            if child is MISSING:
+                child = _ArrayDiff() if in_array[j + 1] else _DocDiff()
+                if isinstance(node, _ArrayDiff):
+                    node.items[int(part)] = child
+                else:
+                    node.children[part] = child
+            elif not isinstance(child, (_DocDiff, _ArrayDiff)):
+                return  # inside a value logged whole (a created subtree): that value is the final one
+            node = child
+        last = parts[-1]
+        if isinstance(node, _ArrayDiff):
+            node.items[int(last)] = value  # array entries are u<i>, created or updated
+        elif kind == "d":
+            node.deletes.append(last)
+        elif kind == "u":
+            node.updates[last] = value
+        else:
+            node.inserts[last] = value
+
+    def diff(self) -> dict[str, Any]:
+        return self.root.serialize()
+
+
+# -- applying the operators ----------------------------------------------------------------------
+
+
+def _numeric(name: str) -> bool:
+    return name.isdigit() and name.isascii()
+
+
+def _compare_parts(a: str, b: str) -> int:
+    """Field names in the order the server applies them: numbers by value, the rest bytewise."""
+    if _numeric(a) and _numeric(b):
+        return (int(a) > int(b)) - (int(a) < int(b))
+    x, y = a.encode(), b.encode()
+    return (x > y) - (x < y)
+
+
+def _path_order(parts: list[str]) -> Any:
+    return [functools.cmp_to_key(_compare_parts)(p) for p in parts]
+
+
+def _lookup(doc: Any, parts: list[str]) -> tuple[int, list[bool], Any]:
+    """(how many leading parts exist, whether each existing part indexes an array, the value at
+    the deepest existing part)."""
+    cur, flags = doc, []
+    for depth, part in enumerate(parts):
+        if isinstance(cur, list) and _numeric(part) and int(part) < len(cur):
+            flags.append(True)
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            flags.append(False)
+            cur = cur[part]
+        else:
+            return depth, flags, cur
+    return len(parts), flags, cur
+
+
+def _not_viable(field: str, name: str, value: Any) -> MongoError:
+    return MongoError(28, f"Cannot create field '{field}' in element {{{name}: {value!r}}}")
+
+
+def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, list[bool]]:
+    """Put `value` at `parts`, making missing documents on the way as the server does (an index
+    past an array's end pads it with nulls); (the first part created, array flags of the path)."""
+    found, flags, _ = _lookup(doc, parts)
+    cur: Any = doc
+    for j, part in enumerate(parts):
+        key: int | str
+        if isinstance(cur, list) and _numeric(part):
+            key = int(part)
+            cur.extend([None] * (key + 1 - len(cur)))
+        elif isinstance(cur, dict):
+            key = part
+        else:  # a scalar in the way, or a field name asked of an array
+            raise _not_viable(part, parts[j - 1] if j else "", cur)
+        if j >= found:
+            flags.append(isinstance(cur, list))
+        if j == len(parts) - 1:
+            cur[key] = value
+        elif j >= found:
+            cur[key] = {}
+        cur = cur[key]
+    return found, flags
+
+
+def _arith(old: Any, operand: Any, op: str) -> Any:
+    if not isinstance(operand, (int, float)) or isinstance(operand, bool):
+        verb = "increment" if op == "$inc" else "multiply"
+        raise MongoError("TypeMismatch", f"Cannot {verb} with non-numeric argument: {operand!r}")
+    if old is MISSING:  # $inc creates the operand, $mul a zero of the operand's type
+        return operand if op == "$inc" else type(operand)(0)
+    if not isinstance(old, (int, float)) or isinstance(old, bool):
+        raise MongoError("TypeMismatch", f"Cannot apply {op} to a value of non-numeric type")
+    result = old + operand if op == "$inc" else old * operand
+    # The server keeps the wider of the two types: Int32 + Int32 stays Int32 unless it overflows.
+    if isinstance(old, float) or isinstance(operand, float):
+        return float(result)
+    if isinstance(old, bson.Int64) or isinstance(operand, bson.Int64) or not -(2**31) <= result < 2**31:
+        return bson.Int64(result)
+    return int(result)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Binary-equal BSON values (same type and bytes): what makes a modifier a no-op."""
+    return bson.encode({"v": a}) == bson.encode({"v": b})
+
+
+def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[Any, int] | None:
+    """(the new value, how many elements were appended) for one modifier at one path whose current
+    value is `old` (MISSING if absent), or None when it changes nothing (and so logs nothing)."""
+    exists = old is not MISSING
+    if op in ("$set", "$setOnInsert"):
+        if op == "$setOnInsert" and not is_insert:
+            return None
+        return None if exists and _same(old, value) else (copy.deepcopy(value), 0)
+    if op in ("$inc", "$mul"):
+        new = _arith(old, value, op)
+        return None if exists and _same(old, new) else (new, 0)
+    if op in ("$min", "$max"):
+        if exists and (compare(value, old) >= 0 if op == "$min" else compare(value, old) <= 0):
+            return None
+        return copy.deepcopy(value), 0
+    if op == "$currentDate":
+        return datetime.datetime.now(datetime.UTC).replace(microsecond=0), 0
+    if op in ("$push", "$addToSet"):
+        each = isinstance(value, Mapping) and "$each" in value
+        items = list(value["$each"]) if each else [value]
+        if exists and not isinstance(old, list):
+            raise MongoError("BadValue", f"The field must be an array but is of type {type(old).__name__}")
+        arr = list(old) if exists else []
+        before = len(arr)
+        if op == "$addToSet":  # logged whole, as 7.0/8.0 do (newer servers log the appended elements)
+            for item in items:
+                if all(compare(item, a) != 0 for a in arr):
+                    arr.append(copy.deepcopy(item))
+            return None if exists and len(arr) == before else (arr, 0)
+        position = value.get("$position") if each else None
+        if position is not None and position < before:
+            at = max(before + position, 0) if position < 0 else position
+            arr[at:at] = copy.deepcopy(items)
+        else:
+            arr += copy.deepcopy(items)
+        appended = before > 0 and (position is None or position >= before) and bool(items)
+        if each and "$sort" in value:
+            spec = value["$sort"]
+            if isinstance(spec, Mapping):
+                arr = sort_docs(arr, spec)
+            else:
+                arr = sorted(arr, key=functools.cmp_to_key(compare), reverse=spec < 0)
+            appended = False
+        if each and "$slice" in value:
+            n = value["$slice"]
+            sliced = arr[:n] if n >= 0 else arr[n:]
+            appended = appended and len(sliced) == len(arr)
+            arr = sliced
+        if exists and not items and len(arr) == before:
+            return None
+        return arr, len(items) if appended and exists else 0
+    if op == "$pop":
+        if not exists:
+            return None
+        if not isinstance(old, list):
+            raise MongoError("TypeMismatch", "Path must be an array to $pop")
+        return (old[1:] if value == -1 else old[:-1], 0) if old else None
+    if op in ("$pull", "$pullAll"):
+        if not exists:
+            return None
+        if not isinstance(old, list):
+            raise MongoError("BadValue", "Cannot apply $pull to a non-array value")
+        gone = value if op == "$pullAll" else [value]
+        keep = [a for a in old if not any(
+            (matches(a, g) if isinstance(g, Mapping) and isinstance(a, Mapping) else
+             _match_value(g, [a], a, "")) for g in gone)]
+        return None if len(keep) == len(old) else (keep, 0)
+    raise _unknown_modifier(op)
+
+
+def _unknown_modifier(op: str) -> MongoError:
+    return MongoError("FailedToParse", f"Unknown modifier: {op}. Expected a valid update modifier or "
+                      "pipeline-style update specified as an array")
+
+
+_MODIFIERS = frozenset({"$set", "$setOnInsert", "$inc", "$mul", "$min", "$max", "$currentDate", "$push",
+                        "$addToSet", "$pop", "$pull", "$pullAll", "$unset", "$rename"})
+
+
+def _expand(doc: Any, parts: list[str], array_filters: Mapping[str, Any], query: Mapping[str, Any],
+            path: str) -> list[list[str]]:
+    """The concrete paths of one update path: `$[]`, `$[<id>]` and `$` become the indexes they
+    select in this document, in index order."""
+    out: list[list[str]] = [[]]
+    for part in parts:
+        if not (part.startswith("$[") or part == "$"):
+            for p in out:
+                p.append(part)
+            continue
+        grown: list[list[str]] = []
+        for prefix in out:
+            found, _, value = _lookup(doc, prefix)
+            where = ".".join(prefix)
+            if found < len(prefix):
+                raise MongoError("BadValue", f"The path '{where}' must exist in the document in order to apply "
+                                 "array updates.")
+            if not isinstance(value, list):
+                raise MongoError("BadValue", f"Cannot apply array updates to non-array element {where}: {value!r}")
+            if part == "$":
+                grown.append([*prefix, str(_positional(value, where, query))])
+                continue
+            ident = part[2:-1]
+            if ident and ident not in array_filters:
+                raise MongoError("BadValue", f"No array filter found for identifier '{ident}' in path '{path}'")
+            for idx, element in enumerate(value):
+                if not ident or matches({ident: element}, array_filters[ident]):
+                    grown.append([*prefix, str(idx)])
+        out = grown
+    return out
+
+
+def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
+    """The index `$` stands for: the first element the query's conditions on this array match."""
+    terms = [(k, v) for k, v in query.items() if k == where or k.startswith(where + ".")]
+    for clause in query.get("$and", []):
+        terms += [(k, v) for k, v in clause.items() if k == where or k.startswith(where + ".")]
+    if terms:
+        for idx, element in enumerate(array):
+            if all(matches({where: [element]} if k == where else {where: element}, {k: v}) for k, v in terms):
+                return idx
+    raise MongoError("BadValue", "The positional operator did not find the match needed from the query.")
+
+
+def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
+                      array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None,
+                      ) -> tuple[dict[str, Any], Any]:
+    """(the updated copy of `doc`, the `o` of the oplog entry the server writes for it, or None when
+    nothing changed): a `$v: 2` diff for update operators, the new document for a replacement."""
+    new = copy.deepcopy(doc) if doc is not None else {}
+    if not update or not all(k.startswith("$") for k in update):
+        new = _replace(doc, update)
+        replacement = not any(k.startswith("$") for k in update)
+        changed = doc is None or bson.encode(new) != bson.encode(doc)
+        return new, new if replacement and changed else None
+    filters: dict[str, Any] = {}
+    for spec in array_filters or ():
+        for key in spec:
+            filters.setdefault(key.split(".")[0], {})[key] = spec[key]
+    # Every (operator, concrete path, argument), then applied in path order (renames at their target).
+    steps: list[tuple[list[str], str, list[str], Any]] = []
+    for op, fields in update.items():
+        if op not in _MODIFIERS:
+            raise _unknown_modifier(op)
+        for path, value in fields.items():
+            if op == "$rename":
+                steps.append((value.split("."), op, path.split("."), value))
+                continue
+            for parts in _expand(new, path.split("."), filters, query or {}, path):
+                steps.append((parts, op, parts, value))
+    steps.sort(key=lambda s: _path_order(s[0]))
+    for a, b in zip(steps, steps[1:], strict=False):
+        if b[0][:len(a[0])] == a[0]:
+            raise MongoError("ConflictingUpdateOperators", f"Updating the path '{'.'.join(b[0])}' would create a "
+                             f"conflict at '{'.'.join(a[0])}'")
+    log = _Log()
+    for target, op, parts, value in steps:
+        if op == "$unset":
+            found, flags, _ = _lookup(new, parts)
+            if found == len(parts):
+                _unset(new, parts, flags, log)
+        elif op == "$rename":
+            found, flags, old = _lookup(new, parts)
+            if found == len(parts):  # as RenameNode: the target is set, then the source removed
+                if flags[-1]:
+                    raise MongoError("BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'")
+                _put(new, target, old, log)
+                _unset(new, parts, flags, log)
+        else:
+            found, flags, old = _lookup(new, parts)
+            modified = _modify(op, old if found == len(parts) else MISSING, value, is_insert)
+            if modified is None:
+                continue
+            result, appended = modified
+            if appended:  # $push that only appended: each new element, not the array
+                for idx in range(len(result) - appended, len(result)):
+                    log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
+                _create(new, parts, result)
+            else:
+                _put(new, parts, result, log)
+    if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
+        raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
+                         "field '_id'")
+    return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+
+
+def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
+    """Set `parts` to `value` and log it: updated where the path existed, else created from its
+    first new part (with that part's whole new subtree)."""
+    found, flags = _create(doc, parts, value)
+    if found == len(parts):
+        log.add(parts, flags, "u", value)
+    else:
+        _, _, subtree = _lookup(doc, parts[:found + 1])
+        log.add(parts[:found + 1], flags[:found + 1], "i", subtree)
+
+
+def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: _Log) -> None:
+    _, _, parent = _lookup(doc, parts[:-1])
+    if flags[-1]:
+        parent[int(parts[-1])] = None  # $unset of an array element leaves a null in its place
+        log.add(parts, flags, "u", None)
+    else:
+        del parent[parts[-1]]
+        log.add(parts, flags, "d")
+
+
+def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> dict[str, Any]:
+    """A replacement keeps `_id` first, and may not change it."""
+    out: dict[str, Any] = {}
+    if doc is not None and "_id" in doc:
+        out["_id"] = doc["_id"]
+    for k, v in replacement.items():
+        if k == "_id" and doc is not None and "_id" in doc and not _same(v, doc["_id"]):
+            raise MongoError("ImmutableField", "After applying the update, the (immutable) field '_id' was found "
+                             "to have been altered to _id: " + repr(v))
+        out[k] = v
+    return out
+
+
+def apply_update(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
+                 array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The updated copy of `doc` (None for an upsert's new document)."""
+    return update_with_entry(doc, update, is_insert=is_insert, array_filters=array_filters, query=query)[0]
+
+
+def replaced_by_pipeline(doc: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """The document a pipeline update stores: its result, `_id` kept (and put first) when the
+    pipeline dropped it, ImmutableField when it changed it (ObjectReplaceExecutor)."""
+    return _replace(doc, result)
+
+
+# -- pipeline updates: the server compares the documents -----------------------------------------
+
+_DELTA_METADATA_BYTES = 15  # `$v: 2` and the `diff` element around a diff (kSizeOfDeltaOplogEntryMetadata)
+
+
+def _size(value: Any) -> int:
+    return len(bson.encode(value if isinstance(value, Mapping) else {str(i): v for i, v in enumerate(value)}))
+
+
+def pipeline_entry(old: Mapping[str, Any], new: Mapping[str, Any]) -> Any:
+    """The `o` of the oplog entry for a pipeline update from `old` to `new`: the diff when it is
+    smaller than the document, else the whole document (a replace event); None if nothing changed."""
+    if bson.encode(new) == bson.encode(old):
+        return None
+    diff = pipeline_diff(old, new)
+    return {"$v": 2, "diff": diff} if diff is not None else new
+
+
+def pipeline_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The diff the server logs for a pipeline update from `old` to `new`, or None when it logs the
+    whole new document instead (a diff, with its metadata, no smaller than the document)."""
+    return _doc_diff(old, new, _DELTA_METADATA_BYTES)
+
+
+def _doc_diff(old: Mapping[str, Any], new: Mapping[str, Any], padding: int = 0) -> dict[str, Any] | None:
+    """computeDocDiff: both documents walked side by side; a field whose name differs from the new
+    document's field at that place is deleted unless it comes again later (then it is an insert,
+    which moves it); None if the diff is no smaller than `new`."""
+    node = _DocDiff()
+    subs: dict[str, Any] = {}  # already serialized, bottom-up
+    old_items, new_items = list(old.items()), list(new.items())
+    gone: set[str] = set()
+    i = j = 0
+    while i < len(old_items) and j < len(new_items):
+        (name, before), (new_name, after) = old_items[i], new_items[j]
+        if name != new_name:
+            gone.add(name)
+            i += 1
+            continue
+        if not _same(before, after):
+            sub = _sub_diff(before, after)
+            if sub is None:
+                node.updates[name] = after
+            else:
+                subs["s" + name] = sub
+        i, j = i + 1, j + 1
+    node.deletes += (name for name, _ in old_items[i:])
+    for name, after in new_items[j:]:
+        node.inserts[name] = after
+        gone.discard(name)
+    node.deletes += sorted(gone, key=str.encode)
+    out = node.serialize()  # the sections in the log builder's order, then the sub-diffs
+    out.update(subs)
+    return out if _size(out) + padding < _size(new) else None
+
+
+def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
+    """computeArrayDiff: index by index; a shorter array is a resize (`l`)."""
+    out: dict[str, Any] = {"a": True}
+    if len(old) > len(new):
+        out["l"] = len(new)
+    for idx, after in enumerate(new):
+        if idx < len(old) and _same(old[idx], after):
+            continue
+        sub = _sub_diff(old[idx], after) if idx < len(old) else None
+        if sub is None:
+            out[f"u{idx}"] = after
+        else:
+            out[f"s{idx}"] = sub
+    return out if _size(out) < _size(new) else None
+
+
+def _sub_diff(before: Any, after: Any) -> dict[str, Any] | None:
+    """The sub-diff of two documents or two arrays, or None: then the new value is logged whole."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return _doc_diff(before, after)
+    if isinstance(before, list) and isinstance(after, list):
+        return _array_diff(before, after)
+    return None

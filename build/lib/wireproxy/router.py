@@ -1,0 +1,71 @@
+"""Routing: a pure function from a decoded command to what the proxy does with it.
+
+- HELLO: answered by the proxy itself, as a mongos.
+- LOCAL: a command of the proxy's own (the engine registers `parallelChangeStream`, ...), or a
+  getMore/killCursors on a cursor the proxy owns, or a `$changeStream` aggregate when change
+  stream acceleration is on.
+- PASSTHROUGH: everything else goes to the upstream unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Container, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class PassThrough(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by a local handler that declines a request: the session forwards it to the upstream."""
+
+
+class Route(enum.Enum):
+    HELLO = "hello"
+    LOCAL = "local"
+    PASSTHROUGH = "passthrough"
+
+
+HELLO_NAMES = frozenset({"hello", "ismaster"})
+
+# handler(session, db, command) -> reply document
+LocalHandler = Callable[[Any, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class CommandTable:
+    """Commands the proxy serves itself. The engine fills it; the router only reads it."""
+
+    commands: dict[str, LocalHandler] = field(default_factory=dict)
+    # Cursor ids the proxy owns: their getMore/killCursors are local, all others pass through.
+    owned_cursors: Container[int] = field(default_factory=set)
+    change_stream_handler: LocalHandler | None = None
+    get_more: LocalHandler | None = None
+    kill_cursors: LocalHandler | None = None
+
+    def register(self, name: str, handler: LocalHandler) -> None:
+        self.commands[name.lower()] = handler
+
+
+def _cursor_id(value: Any) -> int | None:
+    """A cursor id (an integer), else None: a command with a malformed id passes through, and
+    mongos answers it with its own error."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def classify(cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool) -> tuple[Route, LocalHandler | None]:
+    name = next(iter(cmd), "").lower()
+    if name in HELLO_NAMES:
+        return Route.HELLO, None
+    handler = table.commands.get(name)
+    if handler is not None:
+        return Route.LOCAL, handler
+    if name == "getmore" and table.get_more and _cursor_id(cmd["getMore"]) in table.owned_cursors:
+        return Route.LOCAL, table.get_more
+    if name == "killcursors" and table.kill_cursors and isinstance(cursors := cmd.get("cursors"), list) and any(
+            _cursor_id(c) in table.owned_cursors for c in cursors):
+        return Route.LOCAL, table.kill_cursors
+    if name == "aggregate" and accelerate and table.change_stream_handler:
+        pipeline = cmd.get("pipeline") or []
+        if pipeline and isinstance(pipeline[0], Mapping) and "$changeStream" in pipeline[0]:
+            return Route.LOCAL, table.change_stream_handler
+    return Route.PASSTHROUGH, None

@@ -1,0 +1,458 @@
+"""A trio connection to a MongoDB server (mongos or a shard member) over the sans-IO codec.
+
+Two uses: the proxy pins one per client connection and forwards frames verbatim apart from
+requestID/responseTo; the engine's shard readers run commands on it. Replies are returned as
+`RawBSONDocument`, so callers decode only the fields they need.
+
+The engine's connections give up on a command that has no answer after `reply_timeout_s` beyond
+its own maxTimeMS (the proxy's `upstream_timeout_s`, a driver's socketTimeoutMS): a member that
+hangs (a stopped process, a partition that drops packets rather than resetting connections) keeps
+its sockets open, and TCP would wait hours. The connection is closed then, and a shard's reader
+resumes on another member. A client's pinned connection has no such limit: its driver keeps its
+own timeouts, and its commands may rightly run for hours.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import bson
+import trio
+from bson import Binary
+from bson.raw_bson import RawBSONDocument
+from pymongo.errors import ConfigurationError
+from pymongo.uri_parser import parse_uri, split_hosts
+
+from mongoformats import wire
+from mongoformats.change_events import RAW
+from mongoformats.errors import MongoError, ProtocolError
+from mongoformats.oplog_splice import elements
+from mongoformats.scram import MECHANISM, ScramClient
+from wireproxy.host_health import HostHealth, host_address
+
+__all__ = ["CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed",
+           "UpstreamTimeout", "authenticate", "host_address", "logged_in", "open_member", "open_upstream",
+           "parse_hosts", "upstream_ssl_context", "UpstreamTarget"]
+
+
+CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeoutMS default)
+DIRECT_FRAME_BYTES = 1 << 16  # a larger reply to an in-place command is received into its own buffer
+
+
+class UpstreamClosed(Exception):
+    """The upstream server closed the connection, could not be reached or did not answer in time."""
+
+
+class UpstreamTimeout(UpstreamClosed):
+    """The upstream server did not answer, or accept a connection, in time: it may hang."""
+
+
+def parse_hosts(uri: str) -> list[tuple[str, int]]:
+    """`mongodb://h1:p1,[::1]:p2,h3/...` -> [(h1, p1), ("::1", p2), (h3, 27017)]: the host list of a
+    URI (credentials and options are ignored), split by pymongo's parser (bracketed IPv6 too)."""
+    rest = uri.split("://", 1)[-1]
+    rest = rest.split("/", 1)[0].split("?", 1)[0]
+    return [(host, port or 27017) for host, port in split_hosts(rest.rsplit("@", 1)[-1])]
+
+
+class UpstreamConnection:
+    def __init__(self, stream: trio.abc.Stream, address: str, *, reply_timeout_s: float | None = None,
+                 health: HostHealth | None = None) -> None:
+        self._stream = stream
+        self.address = address
+        self.reply_timeout_s = reply_timeout_s  # None: wait as long as it takes (a client's connection)
+        self._health = health  # told when the host fails this connection, so others are tried first
+        self._framer = wire.MessageFramer()
+        self._ids = itertools.count(1)
+        self._lock = trio.Lock()
+        self.closed = False
+        # While an exhaust getMore streams (its last reply said moreToCome): the requestId the next
+        # reply answers, and how long it may take. Nothing else can run on the connection then.
+        self._streaming: tuple[int, float] | None = None
+
+    @property
+    def streaming(self) -> bool:
+        """An exhaust cursor's batches are still coming: take them with `more_in_place`."""
+        return self._streaming is not None
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self._close_stream()
+
+    async def _close_stream(self) -> None:
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await self._stream.aclose()
+
+    def _lost(self, error: str, kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
+        """The host failed this connection: it is closed for good, and the host's health says so
+        (unless the connection was closed on our side first, which says nothing of the host)."""
+        if not self.closed and self._health is not None:
+            self._health.failed(self.address, error)
+        self.closed = True
+        return kind(error)
+
+    async def _out_of_step(self, error: str, kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
+        """`_lost`, for a connection whose socket still works but whose replies no longer match
+        its requests (a late answer may still come): the socket is closed too."""
+        lost = self._lost(error, kind)
+        await self._close_stream()
+        return lost
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
+
+    async def receive(self) -> wire.Message:
+        return await self._receive(self._framer.next_message)
+
+    async def _receive_frame(self, pad: int) -> bytes | bytearray:
+        """The next frame, undecoded, and `pad` zero bytes (see MessageFramer.next_frame)."""
+        return await self._receive(functools.partial(self._framer.next_frame, pad), direct_pad=pad)
+
+    async def _receive(self, pull: Callable[[], Any], *, direct_pad: int | None = None) -> Any:
+        """What `pull` takes from the framer (a message, or a frame), once it has all it needs.
+        With `direct_pad` (`pull` takes frames padded by that much), a large frame (an oplog
+        batch) is received over plain TCP into a buffer of its own: one copy of its bytes, where
+        receiving chunks and joining them made two."""
+        direct = direct_pad is not None and isinstance(self._stream, trio.SocketStream)
+        try:
+            while True:
+                got = pull()
+                if got is not wire.NEED_DATA:
+                    return got
+                if direct and (frame := await self._receive_direct(direct_pad or 0)) is not None:
+                    return frame
+                data = await self._stream.receive_some(1 << 18)
+                if not data:
+                    raise self._lost(f"upstream {self.address} closed the connection")
+                self._framer.receive_data(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
+
+    async def _receive_direct(self, pad: int) -> bytearray | None:
+        """The next frame received into a buffer of its own (MessageFramer.frame_buffer), or
+        None if it is small or its length has not come yet."""
+        sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
+        if not self._framer.buffered:
+            # A frame's length first, alone: receiving in 256 KB pieces would copy the first
+            # piece of a large frame once more, into its buffer.
+            head = await sock.recv(4)
+            if not head:
+                raise self._lost(f"upstream {self.address} closed the connection")
+            self._framer.receive_data(head)
+        part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES)
+        if part is None:
+            return None
+        buffer, filled, length = part
+        view = memoryview(buffer)
+        while filled < length:
+            n = await sock.recv_into(view[filled:length])
+            if not n:
+                raise self._lost(f"upstream {self.address} closed the connection")
+            filled += n
+        return buffer
+
+    def next_request_id(self) -> int:
+        return next(self._ids)
+
+    async def command(self, db: str, cmd: dict[str, Any] | bytes, *, check: bool = True,
+                      timeout_s: float = math.inf) -> RawBSONDocument:
+        """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`, and no
+        answer within `reply_timeout_s` past the command's maxTimeMS (or within `timeout_s`, if
+        sooner) closes the connection and raises UpstreamClosed."""
+        msg = await self._exchange(db, cmd, self._limit(cmd, timeout_s), self.receive)
+        if not isinstance(msg, wire.OpMsg):
+            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+        reply = RawBSONDocument(msg.body, RAW)
+        if check and not reply.get("ok"):
+            raise MongoError.from_reply(bson.decode(msg.body))
+        return reply
+
+    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int,
+                               exhaust: bool = False) -> tuple[bytes | bytearray, int]:
+        """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
+        (bytes holding the reply document, where it starts in them), going on for `pad` zero bytes
+        past the message's end. One copy of the reply, where decoding it and padding it made three.
+
+        With `exhaust` (a getMore) the server may stream the cursor's next batches unasked: while
+        `streaming`, `more_in_place` takes each. A server that streams nothing (a mongos before
+        7.1) answers once, as to any getMore."""
+        limit = self._limit(cmd, math.inf)
+        frame = await self._exchange(db, cmd, limit, functools.partial(self._receive_frame, pad),
+                                     flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0)
+        return await self._in_place(frame, pad, limit)
+
+    async def more_in_place(self, *, pad: int) -> tuple[bytes | bytearray, int]:
+        """The next batch of an exhaust cursor (see `command_in_place`), no request sent."""
+        if self._streaming is None:
+            raise RuntimeError("no exhaust cursor is streaming on this connection")
+        answers, limit = self._streaming
+        async with self._lock:
+            with trio.move_on_after(limit) as waited:
+                frame = await self._receive_frame(pad)
+            if waited.cancelled_caught:
+                raise await self._out_of_step(f"upstream {self.address} sent no batch within {limit:g} s",
+                                              UpstreamTimeout)
+        await self._answered(frame, answers)
+        return await self._in_place(frame, pad, limit)
+
+    async def _in_place(self, frame: bytes | bytearray, pad: int, limit: float) -> tuple[bytes | bytearray, int]:
+        """The reply document's place in `frame` (see `command_in_place`); notes whether more come."""
+        try:
+            span = wire.op_msg_body_span(frame)
+            if span is None:  # compressed, or in another shape: decoded, then padded
+                msg = wire.decode_message(bytes(frame[:len(frame) - pad]))
+                if not isinstance(msg, wire.OpMsg):
+                    raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+                flags, request_id = msg.flags, msg.request_id
+                frame, span = msg.body + bytes(pad), (0, len(msg.body))
+            else:
+                flags, request_id = wire.op_msg_flags(frame), wire.HEADER.unpack_from(frame, 0)[1]
+        except ProtocolError as exc:
+            raise self._lost(f"upstream {self.address}: {exc}") from exc
+        self._streaming = (request_id, limit) if flags & wire.FLAG_MORE_TO_COME else None
+        start, end = span
+        ok = elements(frame, start).get(b"ok")
+        if ok is None or not any(frame[ok[1]:ok[2]]):  # ok is 0 (a double, an int) or false: zero bytes
+            raise MongoError.from_reply(bson.decode(frame[start:end]))
+        return frame, start
+
+    def _limit(self, cmd: dict[str, Any] | bytes, timeout_s: float) -> float:
+        """How long `cmd`'s answer may take: `timeout_s`, or `reply_timeout_s` past its maxTimeMS."""
+        if self.reply_timeout_s is None:
+            return timeout_s
+        waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
+        return min(timeout_s, self.reply_timeout_s + waits)
+
+    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, limit: float,
+                        receive: Callable[[], Awaitable[Any]], *, flags: int = 0) -> Any:
+        """Send the command, and take its answer with `receive` within `limit` seconds (see
+        `_limit`): a message or a frame, checked to answer this request."""
+        if self._streaming is not None:
+            raise RuntimeError("an exhaust cursor streams on this connection: it runs nothing else")
+        body = cmd if isinstance(cmd, bytes) else bson.encode({**cmd, "$db": db})
+        async with self._lock:
+            with trio.move_on_after(limit) as waited:
+                rid = self.next_request_id()
+                await self.send(wire.encode_op_msg(rid, 0, body, flags=flags))
+                got = await receive()
+            if waited.cancelled_caught:
+                # Its answer may still come: the connection is out of step for good.
+                name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
+                raise await self._out_of_step(f"upstream {self.address} did not answer {name} within {limit:g} s",
+                                              UpstreamTimeout)
+        await self._answered(got, rid)
+        return got
+
+    async def _answered(self, got: wire.Message | bytes | bytearray, answers: int) -> None:
+        """Check that `got` (a message, or a frame) answers the message `answers`, and note the
+        host answered; a connection answered out of turn is closed."""
+        response_to = (wire.HEADER.unpack_from(got, 0)[2] if isinstance(got, bytes | bytearray)
+                       else got.response_to)
+        if response_to != answers:
+            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+        if self._health is not None:
+            self._health.answered(self.address)
+
+
+class Credentials(NamedTuple):
+    """The proxy's own login on the upstream (from the `--upstream` URI), for the engine's connections."""
+
+    user: str
+    password: str
+    source: str = "admin"
+
+
+async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
+    """SCRAM-SHA-256 over saslStart/saslContinue; AuthenticationFailed (18) if refused."""
+    client = ScramClient(credentials.user, credentials.password)
+    reply = await conn.command(credentials.source, {"saslStart": 1, "mechanism": MECHANISM,
+                                                    "payload": Binary(client.first(), 0),
+                                                    "options": {"skipEmptyExchange": True}})
+    final = client.final(bytes(reply["payload"]))
+    reply = await conn.command(credentials.source, {"saslContinue": 1, "conversationId": reply["conversationId"],
+                                                    "payload": Binary(final, 0)})
+    client.verify(bytes(reply["payload"]))
+    while not reply.get("done"):
+        reply = await conn.command(credentials.source, {"saslContinue": 1, "conversationId": reply["conversationId"],
+                                                        "payload": Binary(b"", 0)})
+
+
+async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                        reply_timeout_s: float | None = None, health: HostHealth | None = None,
+                        connect_timeout_s: float = CONNECT_TIMEOUT_S, count_losses: bool = True) -> UpstreamConnection:
+    """A connection to `host`; with `health`, a failure to connect is recorded there, and so are
+    the connection's own losses unless `count_losses` is off (a client's connection: mongos may
+    close it for what the client sent, which says nothing of mongos)."""
+    address = host_address(host, port)
+    try:
+        with trio.fail_after(connect_timeout_s):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            if ssl_context is not None:
+                stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
+                await stream.do_handshake()
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        timed_out = isinstance(exc, trio.TooSlowError)
+        why = f"no answer within {connect_timeout_s:g} s" if timed_out else str(exc)
+        error = f"cannot connect to {address}: {why}"
+        if health is not None:
+            health.failed(address, error)
+        raise (UpstreamTimeout if timed_out else UpstreamClosed)(error) from exc
+    return UpstreamConnection(stream, address, reply_timeout_s=reply_timeout_s,
+                              health=health if count_losses else None)
+
+
+async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_context: ssl.SSLContext | None = None,
+                      reply_timeout_s: float | None = None, health: HostHealth | None = None,
+                      connect_timeout_s: float = CONNECT_TIMEOUT_S) -> UpstreamConnection:
+    """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
+    is reachable, else the primary (secondaryPreferred). Members that are down, recovering or in
+    rollback (neither primary nor secondary), or that do not answer hello within the connect
+    timeout (a hung process), are passed over; with `health`, members seen failing are tried last."""
+    fallback: UpstreamConnection | None = None
+    errors = []
+    try:
+        for host, port in (health.order(hosts) if health is not None else hosts):
+            try:
+                conn = await open_upstream(host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s,
+                                           health=health, connect_timeout_s=connect_timeout_s)
+            except UpstreamClosed as exc:
+                errors.append(str(exc))
+                continue
+            kept = False
+            try:
+                hello = await conn.command("admin", {"hello": 1}, timeout_s=connect_timeout_s)
+                is_primary = bool(hello.get("isWritablePrimary"))
+                if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+                    kept = True
+                    return conn
+                if secondary and is_primary and fallback is None:
+                    fallback, kept = conn, True
+            except (UpstreamClosed, MongoError) as exc:
+                errors.append(str(exc))
+            finally:
+                if not kept:  # passed over, failed, or cancelled mid-handshake: no socket is left open
+                    await conn.aclose()
+        if fallback is not None:
+            conn, fallback = fallback, None
+            return conn
+    finally:
+        if fallback is not None:  # a better member answered, or the search was cancelled
+            await fallback.aclose()
+    names = ",".join(f"{h}:{p}" for h, p in hosts)
+    raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
+
+
+async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -> UpstreamConnection:
+    """`conn`, authenticated with `credentials` if any (closed if that fails)."""
+    if credentials is not None:
+        try:
+            await authenticate(conn, credentials)
+        except BaseException:  # a refused login, a dead socket or a cancellation: no socket leaks
+            await conn.aclose()
+            raise
+    return conn
+
+
+def upstream_ssl_context(tls: bool, ca_file: str = "", allow_invalid: bool = False) -> ssl.SSLContext | None:
+    """The client-side TLS context for upstream connections (None: plain TCP)."""
+    if not tls:
+        return None
+    ctx = ssl.create_default_context(cafile=ca_file or None)
+    if allow_invalid:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+@dataclass(frozen=True)
+class MemberConnector:
+    """The engine's way to a shard member: TLS settings and the proxy's own login.
+
+    Settings only, so it pickles: a reader process (readerProcesses) connects with the same
+    settings as the proxy process. The TLS context is built once per process, on first use.
+    """
+
+    tls: bool = False
+    tls_ca_file: str = ""
+    tls_allow_invalid: bool = False
+    credentials: Credentials | None = None
+    reply_timeout_s: float | None = None  # see UpstreamConnection.command
+    connect_timeout_s: float = CONNECT_TIMEOUT_S  # to connect, and for the member's hello
+
+    async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
+        conn = await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context(),
+                                 reply_timeout_s=self.reply_timeout_s, health=self.health,
+                                 connect_timeout_s=self.connect_timeout_s)
+        return await logged_in(conn, self.credentials)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        cached: ssl.SSLContext | None = self.__dict__.get("_ctx")
+        if cached is None and self.tls:
+            cached = upstream_ssl_context(self.tls, self.tls_ca_file, self.tls_allow_invalid)
+            object.__setattr__(self, "_ctx", cached)
+        return cached
+
+    @property
+    def health(self) -> HostHealth:
+        """The members this connector saw failing: every reader, note and command of the engine
+        that connects through it passes them over first."""
+        record: HostHealth | None = self.__dict__.get("_health")
+        if record is None:
+            record = HostHealth()
+            object.__setattr__(self, "_health", record)
+        return record
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An SSLContext does not pickle, and a reader process keeps its own record of failed members.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ctx", "_health")}
+
+
+@dataclass(frozen=True)
+class UpstreamTarget:
+    """The mongos to connect to, and how: the `upstream` connection string read by pymongo's own
+    parser, so a URI a driver refuses is refused here with the driver's message, and its options
+    mean what they mean to a driver. The proxy's upstream_tls* settings add to the URI's tls ones.
+
+    A mongodb+srv:// name is looked up in DNS (SRV and TXT records, as drivers do) when this is
+    made: once, when the proxy starts.
+    """
+
+    hosts: list[tuple[str, int]]
+    member: MemberConnector  # TLS and login; the engine's connections to shard members use the same
+    heartbeat_s: float = 10.0  # how often each mongos is checked (heartbeatFrequencyMS)
+
+    @classmethod
+    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "", tls_allow_invalid: bool = False,
+                 reply_timeout_s: float | None = None) -> UpstreamTarget:
+        try:
+            parsed = parse_uri(uri)
+        except (ConfigurationError, ValueError) as exc:
+            raise ValueError(f"upstream: {exc}") from None  # not the URI itself: it may hold a password
+        options = parsed["options"]
+        mechanism = options.get("authMechanism", MECHANISM)
+        if mechanism != MECHANISM:
+            raise ValueError(f"upstream: authMechanism {mechanism} is not supported; the proxy logs in "
+                             f"with {MECHANISM}")
+        credentials = None
+        if parsed["username"]:
+            # As drivers do: authSource, else the URI's database, else admin.
+            source = options.get("authSource") or parsed["database"] or "admin"
+            credentials = Credentials(parsed["username"], parsed["password"] or "", source)
+        insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
+        # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to a driver.
+        connect_timeout_s = options.get("connectTimeoutMS", CONNECT_TIMEOUT_S) or math.inf
+        return cls(parsed["nodelist"], MemberConnector(
+            tls=tls or bool(options.get("tls")), tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
+            tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials,
+            reply_timeout_s=reply_timeout_s, connect_timeout_s=connect_timeout_s),
+            heartbeat_s=options.get("heartbeatFrequencyMS", 10.0))
