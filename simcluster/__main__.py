@@ -16,7 +16,10 @@ import ssl
 import sys
 from collections.abc import Callable, Sequence
 
-from wireproxy.extras import add_version_flag, require_extra
+import trio
+
+from simcluster.cluster import open_cluster
+from wireproxy.extras import add_version_flag
 
 DEFAULT_PORT = 27017
 SHARD_PORT_OFFSET = 1000  # shard members from --port + 1000: away from 27018, where the proxy listens
@@ -74,10 +77,6 @@ def main(argv: list[str] | None = None) -> None:
     if bad := [u for u in args.user if ":" not in u]:
         parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
     logging.basicConfig(level=args.log_level)
-    require_extra("simcluster", "sim", ["simcluster.cluster"])
-    import trio
-
-    from simcluster.cluster import open_cluster
 
     async def run() -> None:
         async with open_cluster(shards=args.shards, members=args.members, host=args.host, port=args.port,
