@@ -180,6 +180,11 @@ def test_the_base_install_is_the_proxy_alone(base_install):
                                check=True, timeout=60, env=_bare_env()).stdout.split())
     assert "parallelchangestream" in names and {"numba", "pyarrow", "trio", "pymongo"} <= names
     assert not names & NOT_IN_BASE
+    code = ("import importlib.metadata as m; d = m.distribution('parallelchangestream'); "
+            "print(d.metadata['License-Expression'], any(f.name == 'LICENSE' for f in d.files))")
+    license_ = subprocess.run([*prefix, str(bin_dir / "python"), "-c", code], capture_output=True, text=True,
+                              check=True, timeout=60, env=_bare_env()).stdout.split()
+    assert license_ == ["Apache-2.0", "True"]
 
 
 @pytest.mark.slow
