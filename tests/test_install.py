@@ -171,20 +171,25 @@ def base_install() -> Iterator[tuple[Path, list[str]]]:
         shutil.rmtree(top, ignore_errors=True)
 
 
+def _python_in(bin_dir: Path, prefix: list[str], code: str) -> str:
+    """`code`'s output, run by the install's python (isolated: not the source tree's metadata)."""
+    return subprocess.run([*prefix, str(bin_dir / "python"), "-I", "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60, env=_bare_env(), cwd="/").stdout
+
+
 @pytest.mark.slow
 def test_the_base_install_is_the_proxy_alone(base_install):
     bin_dir, prefix = base_install
     code = ("import importlib.metadata as m; "
             "print(' '.join(sorted(d.metadata['Name'].lower() for d in m.distributions())))")
-    names = set(subprocess.run([*prefix, str(bin_dir / "python"), "-c", code], capture_output=True, text=True,
-                               check=True, timeout=60, env=_bare_env()).stdout.split())
+    names = set(_python_in(bin_dir, prefix, code).split())
     assert "parallelchangestream" in names and {"numba", "pyarrow", "trio", "pymongo"} <= names
     assert not names & NOT_IN_BASE
     code = ("import importlib.metadata as m; d = m.distribution('parallelchangestream'); "
-            "print(d.metadata['License-Expression'], any(f.name == 'LICENSE' for f in d.files))")
-    license_ = subprocess.run([*prefix, str(bin_dir / "python"), "-c", code], capture_output=True, text=True,
-                              check=True, timeout=60, env=_bare_env()).stdout.split()
-    assert license_ == ["Apache-2.0", "True"]
+            "print('License-Expression: Apache-2.0' in d.read_text('METADATA'), "
+            "any(f.name == 'LICENSE' for f in d.files))")
+    license_ = _python_in(bin_dir, prefix, code).split()
+    assert license_ == ["True", "True"]
 
 
 @pytest.mark.slow
