@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
     from bucketspark.embedded import Environment
 
-DEFAULT_OUT = "pcs-demo-results"  # relative to the current directory: never inside the installed package
+# Relative to the current directory: never inside the installed package.
+DEFAULT_OUT = "pcs-demo-results"
 
 
 def _console() -> Console:

@@ -39,7 +39,7 @@ from typing import Any
 
 import bson
 
-from mongoformats.numba_cache import CACHE  # first: numba's cache directory is chosen before numba loads
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba

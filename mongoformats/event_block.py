@@ -24,7 +24,7 @@ import pickle
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from mongoformats.numba_cache import CACHE  # first: numba's cache directory is chosen before numba loads
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba

@@ -81,7 +81,10 @@ def choose(environ: Mapping[str, str]) -> tuple[Path | None, str]:
         if usable(path, private=what == "the temporary directory"):
             return path, f"numba cache in {path} ({what}){_skipped(skipped)}"
         skipped.append(f"{what} {path}")
-    return None, f"numba cache off: no writable directory, kernels compile at each start{_skipped(skipped)}"
+    return (
+        None,
+        f"numba cache off: no writable directory, kernels compile at each start{_skipped(skipped)}",
+    )
 
 
 def _skipped(skipped: list[str]) -> str:

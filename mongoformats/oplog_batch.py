@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mongoformats.numba_cache import CACHE  # first: numba's cache directory is chosen before numba loads
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba

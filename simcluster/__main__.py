@@ -22,7 +22,8 @@ from simcluster.cluster import open_cluster
 from wireproxy.extras import add_version_flag
 
 DEFAULT_PORT = 27017
-SHARD_PORT_OFFSET = 1000  # shard members from --port + 1000: away from 27018, where the proxy listens
+# Shard members from --port + 1000: away from 27018, where the proxy listens.
+SHARD_PORT_OFFSET = 1000
 MONGODB_VERSIONS = ["5.0", "6.0", "7.0", "8.0"]
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=_at_least(int, 0, 65535), default=DEFAULT_PORT,
                         help="mongos port (0 = any free port, for mongos and shards)")
     parser.add_argument("--shard-port", type=_at_least(int, 0, 65535), default=None,
-                        help=f"first port of the shard members, one each in turn (default: --port + "
-                             f"{SHARD_PORT_OFFSET}; 0 = any free ports)")
+                        help=f"first port of the shard members, one each in turn "
+                             f"(default: --port + {SHARD_PORT_OFFSET}; 0 = any free ports)")
     parser.add_argument("--mongodb-version", choices=MONGODB_VERSIONS, default="7.0",
                         help="the MongoDB version to emulate (default: 7.0)")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
@@ -72,15 +73,16 @@ def main(argv: list[str] | None = None) -> None:
     shard_port = _shard_port(args.port, args.shard_port)
     shard_processes = (args.shards + args.spare_shards) * args.members
     if shard_port and shard_port + shard_processes - 1 > 65535:
-        parser.error(f"--port {args.port}: the cluster's {1 + shard_processes} processes take the ports from it "
-                     f"(mongos {args.port}, shard members from {shard_port}), past 65535")
+        parser.error(f"--port {args.port}: the cluster's {1 + shard_processes} processes take the "
+                     f"ports from it (mongos {args.port}, shard members from {shard_port}), past 65535")
     if bad := [u for u in args.user if ":" not in u]:
         parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
     logging.basicConfig(level=args.log_level)
 
     async def run() -> None:
         async with open_cluster(shards=args.shards, members=args.members, host=args.host, port=args.port,
-                                shard_port=shard_port, version=args.mongodb_version, oplog_bytes=args.oplog_mb << 20,
+                                shard_port=shard_port, version=args.mongodb_version,
+                                oplog_bytes=args.oplog_mb << 20,
                                 periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
                                 election_timeout_s=args.election_timeout_s,
                                 spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file),

@@ -45,8 +45,8 @@ class SimCluster:
 
 @asynccontextmanager
 async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.0.1", port: int = 0,
-                       shard_port: int | None = None, version: str = "7.0", oplog_bytes: int = 1 << 30,
-                       periodic_noop_s: float = 10.0,
+                       shard_port: int | None = None, version: str = "7.0",
+                       oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0,
                        replication_lag_s: float = 0.0, election_timeout_s: float = 10.0,
                        spare_shards: int = 0, tls: ssl.SSLContext | None = None,
                        users: dict[str, str] | None = None,

@@ -22,12 +22,21 @@ from wireproxy.extras import require_extra
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = importlib.metadata.version("parallelchangestream")
-COMMANDS = {"wireproxy": "wireproxy", "simcluster": "simcluster", "pcs-demo": "bucketspark.demo",
-            "pcs-replicate": "bucketspark.replicate"}
+COMMANDS = {
+    "wireproxy": "wireproxy",
+    "simcluster": "simcluster",
+    "pcs-demo": "bucketspark.demo",
+    "pcs-replicate": "bucketspark.replicate",
+}
 
 
-def _run(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 60,
-         code: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    code: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     base = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=base, timeout=timeout)
@@ -42,7 +51,11 @@ def test_every_command_prints_the_package_version(prog):
 @pytest.mark.parametrize("spelling", [["--version", "6.0"], ["--version=6.0"]])
 def test_simcluster_refuses_the_old_mongodb_version_spelling_with_a_hint(spelling):
     run = _run(["simcluster", *spelling])
-    assert run.returncode == 2 and "use --mongodb-version 6.0" in run.stderr and "Traceback" not in run.stderr
+    assert (
+        run.returncode == 2
+        and "use --mongodb-version 6.0" in run.stderr
+        and "Traceback" not in run.stderr
+    )
 
 
 def test_simcluster_emulates_the_mongodb_version_it_is_given():
@@ -71,6 +84,7 @@ def test_log_level_is_a_flag_of_wireproxy_and_simcluster():
 
 # -- a command whose extra is missing -------------------------------------------------------------
 
+
 def test_require_extra_names_the_extra_and_exits_2(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
     with pytest.raises(SystemExit) as exit_:
@@ -91,16 +105,26 @@ _MISSING = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("missing", "module", "args", "extra"), [
-    ("rich", "bucketspark.demo", [], "sim,spark"),
-    ("pyspark", "bucketspark.demo", [], "sim,spark"),
-    ("pyspark", "bucketspark.replicate", ["--proxy", "mongodb://p", "--target", "mongodb://t", "--checkpoint", "c"],
-     "spark"),
-])
+@pytest.mark.parametrize(
+    ("missing", "module", "args", "extra"),
+    [
+        ("rich", "bucketspark.demo", [], "sim,spark"),
+        ("pyspark", "bucketspark.demo", [], "sim,spark"),
+        (
+            "pyspark",
+            "bucketspark.replicate",
+            ["--proxy", "mongodb://p", "--target", "mongodb://t", "--checkpoint", "c"],
+            "spark",
+        ),
+    ],
+)
 def test_a_command_without_its_extra_says_which_to_install(missing, module, args, extra):
     run = _run([missing, module, *args], code=_MISSING)
     assert run.returncode == 2, run.stderr
-    assert f"pip install 'parallelchangestream[{extra}]'" in run.stderr and "Traceback" not in run.stderr
+    assert (
+        f"pip install 'parallelchangestream[{extra}]'" in run.stderr
+        and "Traceback" not in run.stderr
+    )
     # --help and --version still work without the extra.
     assert _run([missing, module, "--help"], code=_MISSING).returncode == 0
 
@@ -121,13 +145,23 @@ def test_pcs_demo_writes_under_the_current_directory_or_out(tmp_path, monkeypatc
 
 # -- strict configuration -------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("toml", "message"), [
-    ("listen_port = 1\n", "unknown tables or keys outside [wireproxy]: ['listen_port']"),
-    ("[wireproxi]\nlisten_port = 1\n", "unknown tables or keys outside [wireproxy]: ['wireproxi']"),
-    ("[wireproxy]\nlisten_port = 1\n[metrics]\nport = 2\n", "unknown tables or keys outside [wireproxy]: ['metrics']"),
-    ("", "no [wireproxy] table"),
-    ("[wireproxy]\nlisten_prot = 1\n", "unknown wireproxy settings"),
-])
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("listen_port = 1\n", "unknown tables or keys outside [wireproxy]: ['listen_port']"),
+        (
+            "[wireproxi]\nlisten_port = 1\n",
+            "unknown tables or keys outside [wireproxy]: ['wireproxi']",
+        ),
+        (
+            "[wireproxy]\nlisten_port = 1\n[metrics]\nport = 2\n",
+            "unknown tables or keys outside [wireproxy]: ['metrics']",
+        ),
+        ("", "no [wireproxy] table"),
+        ("[wireproxy]\nlisten_prot = 1\n", "unknown wireproxy settings"),
+    ],
+)
 def test_a_config_file_without_the_table_or_with_unknown_names_is_refused(tmp_path, toml, message):
     path = tmp_path / "proxy.toml"
     path.write_text(toml)
@@ -140,7 +174,9 @@ def test_a_config_file_without_the_table_or_with_unknown_names_is_refused(tmp_pa
 
 def test_an_unknown_wireproxy_variable_is_refused_by_name():
     with pytest.raises(ValueError) as err:
-        ProxyConfig.from_env({"WIREPROXY_LISTEN_PROT": "1", "WIREPROXY_LISTEN_PORT": "2", "OTHER": "x"})
+        ProxyConfig.from_env(
+            {"WIREPROXY_LISTEN_PROT": "1", "WIREPROXY_LISTEN_PORT": "2", "OTHER": "x"}
+        )
     assert "WIREPROXY_LISTEN_PROT (did you mean WIREPROXY_LISTEN_PORT?)" in str(err.value)
     run = _run(["wireproxy"], env={"WIREPROXY_UPSTREM": "mongodb://h"})
     assert run.returncode == 2 and "unknown environment variables: WIREPROXY_UPSTREM" in run.stderr
@@ -188,7 +224,12 @@ def _own_network() -> list[str]:
 
 
 def test_simcluster_and_wireproxy_run_side_by_side_with_default_ports():
-    run = subprocess.run([*_own_network(), sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True, text=True,
-                         timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = subprocess.run(
+        [*_own_network(), sys.executable, "-c", _SIDE_BY_SIDE],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1.0", "isdbgrid"]

@@ -31,8 +31,8 @@ def spec_dir(environ: dict[str, str] | os._Environ[str]) -> tuple[Path, str | No
     root = environ.get(SPEC_ENV, "")
     folder = Path(root).resolve() / "change-streams"
     if not root:
-        return folder, (f"{SPEC_ENV} is not set: set it to the folder holding the drivers' spec tests "
-                        "(change-streams/*.json), e.g. ../shared/spec-tests")
+        return folder, (f"{SPEC_ENV} is not set: set it to the folder holding the drivers' spec "
+                        "tests (change-streams/*.json), e.g. ../shared/spec-tests")
     if not any(folder.glob("*.json")):
         return folder, f"{SPEC_ENV}={root}: no spec tests in {folder} (change-streams/*.json)"
     return folder, None

@@ -113,7 +113,8 @@ class ProxyConfig:
 
 def _wireproxy_table(document: dict[str, Any], path: str) -> dict[str, Any]:
     """The file's [wireproxy] table; ValueError for a file without one or with anything beside it,
-    which would otherwise be ignored without a word (settings at the top level, a misspelt table)."""
+    which would otherwise be ignored without a word (settings at the top level, a misspelt
+    table)."""
     others = sorted(set(document) - {"wireproxy"})
     if others:
         raise ValueError(f"{path}: unknown tables or keys outside [wireproxy]: {others}")
@@ -128,8 +129,10 @@ def _refuse_unknown_variables(env: Mapping[str, str], known: set[str]) -> None:
     leave its setting at the default without a word."""
     unknown = sorted(name for name in env if name.startswith("WIREPROXY_") and name not in known)
     if unknown:
-        hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, 1))
-                 else name for name in unknown]
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, 1)
+            hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
         raise ValueError(f"unknown environment variables: {', '.join(hints)}")
 
 

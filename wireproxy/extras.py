@@ -21,13 +21,19 @@ def package_version() -> str:
     """The installed distribution's version (from its metadata, the one source of truth)."""
     try:
         return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    except (
+        importlib.metadata.PackageNotFoundError
+    ):  # run from a source tree that was never installed
         return "unknown (not installed)"
 
 
 def add_version_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
-                        help="print the package's version and exit")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print the package's version and exit",
+    )
 
 
 def require_extra(prog: str, extra: str, modules: Iterable[str]) -> None:
@@ -38,6 +44,8 @@ def require_extra(prog: str, extra: str, modules: Iterable[str]) -> None:
         except ImportError as exc:
             missing = exc.name or name
             plural = "s" if "," in extra else ""
-            sys.stderr.write(f"{prog}: needs the [{extra}] extra{plural} (module {missing!r} is not installed); "
-                             f"install it with: pip install '{DISTRIBUTION}[{extra}]'\n")
+            sys.stderr.write(
+                f"{prog}: needs the [{extra}] extra{plural} (module {missing!r} is not installed); "
+                f"install it with: pip install '{DISTRIBUTION}[{extra}]'\n"
+            )
             raise SystemExit(2) from None
