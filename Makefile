@@ -1,11 +1,12 @@
-# The two commands of the README. Each one creates .venv and installs what it needs.
+# The two commands of the README. Each one creates .venv and installs what it needs (the [dev]
+# extra pulls in [sim] and [spark]).
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
 # The Node.js driver and mongosh for the tests marked `node`, from the npm registry.
@@ -15,6 +16,9 @@ $(NODE_DEPS):
 		mkdir -p .node && npm install --prefix .node --no-audit --no-fund --loglevel=error mongodb@6 mongosh@2; \
 	else echo "npm not found: the Node.js driver and mongosh tests will be skipped"; fi
 
+# The drivers' spec tests live beside the repository, not in it (tests/test_spec_change_streams.py).
+SPEC_TESTS := $(wildcard $(abspath ../shared/spec-tests))
+
 .PHONY: demo test bench
 demo: $(STAMP)
 	$(PY) -m bucketspark.demo
@@ -22,7 +26,7 @@ demo: $(STAMP)
 test: $(STAMP) $(NODE_DEPS)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(if $(SPEC_TESTS),PCS_SPEC_TESTS="$${PCS_SPEC_TESTS:-$(SPEC_TESTS)}") $(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

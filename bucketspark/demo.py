@@ -5,7 +5,8 @@ mixed workload (inserts, every update kind, replaces, deletes, multi-shard trans
 chunk migration) with a progress bar, and a Spark streaming job with one task per bucket
 replicating through the proxy.
 When the target has caught up it compares every collection (count, content hash, indexes),
-prints a summary, writes a PNG of throughput per bucket, and exits non-zero on any mismatch.
+prints a summary, writes its figures and a PNG of throughput per bucket into `--out` (a folder
+under the current directory by default), and exits non-zero on any mismatch.
 """
 
 from __future__ import annotations
@@ -19,22 +20,32 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymongo
 from bson import json_util
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 
-from bucketspark.embedded import Environment, embedded_environment
+from wireproxy.extras import add_version_flag, require_extra
 
-console = Console()
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from bucketspark.embedded import Environment
+
+# Relative to the current directory: never inside the installed package.
+DEFAULT_OUT = "pcs-demo-results"
+
+
+def _console() -> Console:
+    from rich.console import Console  # the [sim] extra: checked by main() before any work
+
+    return Console()
 
 
 def run_workload(client: pymongo.MongoClient[Any], ops: int, seed: int = 7) -> int:
     """A mixed workload through the proxy; returns the number of write operations issued."""
+    from rich.progress import Progress
+
     rng = random.Random(seed)
     admin = client.admin
     admin.command("enableSharding", "shop")
@@ -45,7 +56,7 @@ def run_workload(client: pymongo.MongoClient[Any], ops: int, seed: int = 7) -> i
     shop.items.create_index("sku", unique=True)
     crm.customers.create_index([("email", 1)])
     done = 0
-    with Progress(console=console, transient=False) as progress:
+    with Progress(console=_console(), transient=False) as progress:
         task = progress.add_task("workload", total=ops)
         next_id = next_sku = 0
         while done < ops:
@@ -183,14 +194,18 @@ def spark_session(app: str = "parallelchangestream-demo", master: str | None = N
     return spark
 
 
-def run_demo(ops: int, buckets: int, timeout_s: float) -> int:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def run_demo(ops: int, buckets: int, timeout_s: float, out: Path) -> int:
+    from bucketspark.embedded import embedded_environment
+
+    out.mkdir(parents=True, exist_ok=True)
     with embedded_environment(shards=3) as env:
-        return _demo(env, ops, buckets, timeout_s)
+        return _demo(env, ops, buckets, timeout_s, out)
 
 
-def _demo(env: Environment, ops: int, buckets: int, timeout_s: float) -> int:
+def _demo(env: Environment, ops: int, buckets: int, timeout_s: float, out: Path) -> int:
     from bucketspark.sink import replicate_batch
+
+    console = _console()
 
     assert env.target is not None
     console.print(f"[bold]source[/] {env.source.uri}  [bold]target[/] {env.target.uri}  [bold]proxy[/] {env.proxy_uri}")
@@ -223,12 +238,15 @@ def _demo(env: Environment, ops: int, buckets: int, timeout_s: float) -> int:
         spark.stop()
     rows = verify(source, target)
     ok = all(r[3] for r in rows)
-    _report(rows, per_batch, buckets, lag, ok)
+    _report(rows, per_batch, buckets, lag, ok, out)
     return 0 if ok else 1
 
 
 def _report(rows: list[tuple[str, Any, Any, bool]], per_batch: list[dict[str, Any]], buckets: int, lag: float,
-            ok: bool) -> None:
+            ok: bool, out: Path) -> None:
+    from rich.table import Table
+
+    console = _console()
     table = Table(title="source vs target")
     for col in ("collection", "source docs", "target docs", "hash", "indexes", "match"):
         table.add_column(col)
@@ -246,7 +264,7 @@ def _report(rows: list[tuple[str, Any, Any, bool]], per_batch: list[dict[str, An
     console.print(bt)
     console.print(f"micro-batches: {len(per_batch)}; catch-up lag after the last write: {lag:.1f}s; "
                   f"verification: {'[green]PASSED' if ok else '[red]FAILED'}")
-    (RESULTS / "demo.json").write_text(json.dumps({"buckets": totals, "lag_s": lag, "ok": ok,
+    (out / "demo.json").write_text(json.dumps({"buckets": totals, "lag_s": lag, "ok": ok,
                                                    "batches": per_batch}, default=str, indent=1))
     try:
         import matplotlib
@@ -264,19 +282,23 @@ def _report(rows: list[tuple[str, Any, Any, bool]], per_batch: list[dict[str, An
         ax.set_title("parallelChangeStream demo: throughput per bucket")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(RESULTS / "demo_throughput.png", dpi=100)
-        console.print(f"plot: {RESULTS / 'demo_throughput.png'}")
+        fig.savefig(out / "demo_throughput.png", dpi=100)
+        console.print(f"plot: {out / 'demo_throughput.png'}")
     except ImportError:
         console.print("matplotlib is not installed: no plot")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pcs-demo", description=__doc__)
+    add_version_flag(parser)
     parser.add_argument("--ops", type=int, default=20_000, help="write operations in the workload")
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for the target to catch up")
+    parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT),
+                        help=f"folder for demo.json and the plot (default: ./{DEFAULT_OUT})")
     args = parser.parse_args(argv)
-    sys.exit(run_demo(args.ops, args.buckets, args.timeout))
+    require_extra("pcs-demo", "sim,spark", ["rich", "pyspark", "pandas"])
+    sys.exit(run_demo(args.ops, args.buckets, args.timeout, args.out))
 
 
 if __name__ == "__main__":

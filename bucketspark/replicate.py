@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Any
 
+from wireproxy.extras import add_version_flag, require_extra
+
 
 def start_replication(spark: Any, proxy_uri: str, target_uri: str, checkpoint: str, *, buckets: int, name: str,
                       max_events_per_trigger: int, trigger_s: float, start: str | None = None) -> Any:
@@ -36,6 +38,7 @@ def start_replication(spark: Any, proxy_uri: str, target_uri: str, checkpoint: s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pcs-replicate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(parser)
     parser.add_argument("--proxy", required=True, help="connection string of the parallelChangeStream proxy")
     parser.add_argument("--target", required=True, help="connection string of the target cluster (TLS options ok)")
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (offsets survive here)")
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-events-per-trigger", type=int, default=100_000)
     parser.add_argument("--trigger-s", type=float, default=1.0)
     args = parser.parse_args(argv)
-
+    require_extra("pcs-replicate", "spark", ["pyspark", "pandas", "pyarrow"])
     from bucketspark.demo import spark_session
 
     spark = spark_session("pcs-replicate")  # the master and settings of Spark's own configuration

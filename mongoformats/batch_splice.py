@@ -38,6 +38,10 @@ from binascii import hexlify
 from typing import Any
 
 import bson
+
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+
+# isort: split
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -237,7 +241,7 @@ _R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIM
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
     """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
     checking each element where it must start, as splice_crud's fixed layout does; every boundary
@@ -312,7 +316,7 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[_Ints, _Ints, _Ints]:
     """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
     -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
@@ -353,7 +357,7 @@ def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[
     return rows, which, firsts[:kinds]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _Bytes, at: _Ints,
               extra: _Bytes, extra_at: _Ints, wall_at: int) -> tuple[_Bytes, _Bytes, _Ints]:
     """The taken entries' sort keys (rows of _KEY_BYTES) and events (their bytes back to back, and

@@ -6,7 +6,8 @@ doing it for a whole batch with numpy array operations ~1 us (each operation a p
 batch, and a few dozen of them). A loop compiled by numba reads an entry's elements where they
 lie and writes its event in one pass, at tens of nanoseconds an entry. The loops stay Python
 source (one definition, read and tested as such); numba compiles them on first use and caches
-the machine code beside the module (`cache=True`), so a process pays ~1 s once, not every start.
+the machine code (mongoformats/numba_cache.py says where), so a process pays ~1 s once, not
+every start.
 
 The loops index arrays with unsigned integers (np.uintp) only: numba checks a signed index for a
 negative one (Python's from-the-end) on every access, which costs ~1 ns a byte and keeps a copy
@@ -19,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+
+# isort: split
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -44,13 +48,13 @@ def as_bytes(data: bytes | bytearray | memoryview) -> Bytes:
     return d
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def u8(d: Bytes, at: Index) -> int:
     """The byte at `at`, or -1 outside `d`."""
     return int(d[U(at)]) if 0 <= at < len(d) else -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def has(d: Bytes, at: Index, pattern: Bytes) -> bool:
     """Whether `pattern` lies at `at` in `d`."""
     if at < 0 or at + len(pattern) > len(d):
@@ -62,7 +66,7 @@ def has(d: Bytes, at: Index, pattern: Bytes) -> bool:
     return True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def i32(d: Bytes, at: Index) -> int:
     """The little-endian int32 at `at`; -1 outside `d` (callers want a length of 2 or more)."""
     if at < 0 or at + 4 > len(d):
@@ -72,7 +76,7 @@ def i32(d: Bytes, at: Index) -> int:
     return int(v - (1 << 32) if v >= 1 << 31 else v)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def put_i32(dst: Bytes, at: Index, value: Index) -> None:
     """Write `value` as a little-endian int32 at `at`, which must lie in `dst`."""
     u = U(at)
@@ -80,7 +84,7 @@ def put_i32(dst: Bytes, at: Index, value: Index) -> None:
         dst[u + j] = (value >> (8 * j)) & 255
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def u64(d: Bytes, at: Index) -> np.uint64:
     """The little-endian word at `at`, which must lie in `d`."""
     u, v = U(at), np.uint64(0)
@@ -89,7 +93,7 @@ def u64(d: Bytes, at: Index) -> np.uint64:
     return v
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def copy(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
     """dst[at:at + n] = src[start:start + n]. (A loop: numba's slice assignment costs ~70 ns.)"""
     to, start_at = U(at), U(start)
@@ -121,14 +125,14 @@ def _prefetch(typingctx: Any, address: Any) -> Any:
     return types.void(types.uintp), codegen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def prefetch(address: Index, n: Index) -> None:
     """Bring the n bytes at memory `address` towards the cache, a line (64 bytes) at a time."""
     for line in range(U(0), U(n), U(64)):
         _prefetch(U(address) + line)  # type: ignore[call-arg]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def copy_from(dst: Bytes, at: Index, address: Index, n: Index) -> None:
     """dst[at:at + n] = the n bytes at memory `address`, which must lie in dst: a gather from
     many buffers by their addresses, where a list of the buffers costs tens of nanoseconds an
@@ -136,7 +140,7 @@ def copy_from(dst: Bytes, at: Index, address: Index, n: Index) -> None:
     _memcpy(U(dst.ctypes.data + at), U(address), n)  # type: ignore[call-arg]  # numba supplies typingctx
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def hex_digits(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
     """The upper-case hex digits of src[start:start + n], written at dst[at:]."""
     to, start_at = U(at), U(start)

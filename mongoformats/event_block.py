@@ -24,6 +24,9 @@ import pickle
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+
+# isort: split
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -390,7 +393,7 @@ def _run_starts(blocks: Sequence[EventBlock]) -> list[int]:
     return starts
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
     """Row `row`'s first 8 bytes as a big-endian number: they order as the bytes do."""
     value = np.uint64(0)
@@ -399,7 +402,7 @@ def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
     return value
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """The order of the rows of `keys` (at least 8 bytes wide) that merges its sorted runs (run
     r: rows bounds[r] to bounds[r + 1]); equal keys keep the runs' order. Each run's next row
@@ -447,7 +450,7 @@ def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> n
     return order
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _gather_rows(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
                  rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """`_Scattered.gather`'s loop: sizes first, so the output is one array, then one copy each."""
@@ -466,7 +469,7 @@ def _gather_rows(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
     return out, offsets
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _digits(n: int) -> int:
     """How many decimal digits n >= 0 has."""
     width = 1
@@ -475,13 +478,13 @@ def _digits(n: int) -> int:
     return width
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _element_bytes(size: int, index: int) -> int:
     """The bytes of an event of `size` bytes as the array element `index` (see `_put_key`)."""
     return size + _digits(index) + 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first_index: int) -> int:
     """The bytes of the events at `rows` as array elements keyed from `first_index` on."""
     total = 0
@@ -493,7 +496,7 @@ def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
                        rows: npt.NDArray[np.int64], start: int, first_index: int) -> tuple[int, int]:
     """The events at rows[start:] of a scattered column (each at its address) as array
@@ -527,7 +530,7 @@ def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uin
     return i, at
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _put_key(out: npt.NDArray[np.uint8], at: int, index: int) -> int:
     """An array element's head at out[at:]: type 3 (a document), then `index` in decimal as its
     key; where the element's value goes."""

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+
+# isort: split
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -99,7 +102,7 @@ def _walk(data: bytes | bytearray, start: int, end: int) -> _Ints:
 _BAD_LENGTH, _BAD_KEY = -1, -2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _walk_kernel(d: Any, start: int, end: int) -> _Ints:
     """`_walk`'s offsets; or one negative item, _BAD_KEY or _BAD_LENGTH, for a batch that is not
     such an array."""

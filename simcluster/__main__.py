@@ -1,4 +1,9 @@
-"""`simcluster --shards 3 --members 3 --port 27017`: run a simulated sharded cluster and print its addresses."""
+"""`simcluster --shards 3 --members 3 --port 27017`: run a simulated sharded cluster and print its addresses.
+
+Its mongos listens on --port (27017, as mongos does) and the shard members on the ports from
+--shard-port (28017 by default, clear of the proxy's default 27018), so that `simcluster` and
+`wireproxy --upstream mongodb://127.0.0.1:27017` both run with their default ports.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,25 @@ import json
 import logging
 import math
 import ssl
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 
 import trio
 
 from simcluster.cluster import open_cluster
+from wireproxy.extras import add_version_flag
+
+DEFAULT_PORT = 27017
+# Shard members from --port + 1000: away from 27018, where the proxy listens.
+SHARD_PORT_OFFSET = 1000
+MONGODB_VERSIONS = ["5.0", "6.0", "7.0", "8.0"]
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="simcluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="simcluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(parser)
     parser.add_argument("--shards", type=_at_least(int, 0), default=3)
     parser.add_argument("--members", type=_at_least(int, 1, 50), default=1,
                         help="members per shard replica set (a replica set has at most 50)")
@@ -35,9 +50,14 @@ def main(argv: list[str] | None = None) -> None:
                              "readWriteAnyDatabase, dbAdminAnyDatabase, clusterMonitor, hostManager, "
                              "clusterManager, clusterAdmin, root) instead of root (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_at_least(int, 0, 65535), default=27017,
-                        help="mongos port; shards use the next ones (0 = any)")
-    parser.add_argument("--version", choices=["5.0", "6.0", "7.0", "8.0"], default="7.0")
+    parser.add_argument("--port", type=_at_least(int, 0, 65535), default=DEFAULT_PORT,
+                        help="mongos port (0 = any free port, for mongos and shards)")
+    parser.add_argument("--shard-port", type=_at_least(int, 0, 65535), default=None,
+                        help=f"first port of the shard members, one each in turn "
+                             f"(default: --port + {SHARD_PORT_OFFSET}; 0 = any free ports)")
+    parser.add_argument("--mongodb-version", choices=MONGODB_VERSIONS, default="7.0",
+                        help="the MongoDB version to emulate (default: 7.0)")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     parser.add_argument("--oplog-mb", type=_at_least(int, 1), default=1024)
     parser.add_argument("--periodic-noop-s", type=_at_least(float, 0.001), default=10.0,
                         help="periodicNoopIntervalSecs")
@@ -46,17 +66,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill-updates", type=_at_least(float, 0.0, 0.99), default=0.0,
                         help="the share of the prefill's writes that update documents it inserted")
     parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
+    argv = sys.argv[1:] if argv is None else argv
+    if (old := _old_version_value(argv)) is not None:
+        parser.error(f"--version {old}: use --mongodb-version {old} to emulate MongoDB {old} "
+                     f"(--version prints the package's version)")
     args = parser.parse_args(argv)
-    processes = 1 + (args.shards + args.spare_shards) * args.members
-    if args.port and args.port + processes - 1 > 65535:
-        parser.error(f"--port {args.port}: the cluster's {processes} processes take the ports from it, past 65535")
+    shard_port = _shard_port(args.port, args.shard_port)
+    shard_processes = (args.shards + args.spare_shards) * args.members
+    if shard_port and shard_port + shard_processes - 1 > 65535:
+        parser.error(f"--port {args.port}: the cluster's {1 + shard_processes} processes take the "
+                     f"ports from it (mongos {args.port}, shard members from {shard_port}), past 65535")
     if bad := [u for u in args.user if ":" not in u]:
         parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
-    logging.basicConfig(level=logging.INFO)
+    logging.basicConfig(level=args.log_level)
 
     async def run() -> None:
         async with open_cluster(shards=args.shards, members=args.members, host=args.host, port=args.port,
-                                version=args.version, oplog_bytes=args.oplog_mb << 20,
+                                shard_port=shard_port, version=args.mongodb_version,
+                                oplog_bytes=args.oplog_mb << 20,
                                 periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
                                 election_timeout_s=args.election_timeout_s,
                                 spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file),
@@ -76,6 +103,27 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
+
+
+def _old_version_value(argv: Sequence[str]) -> str | None:
+    """VALUE of `--version VALUE` or `--version=VALUE`: the MongoDB version flag's former spelling,
+    which would print the package's version and run nothing; refused with a hint instead."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return None
+        if arg.startswith("--version="):
+            return arg.partition("=")[2]
+        if arg == "--version" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return None
+
+
+def _shard_port(port: int, shard_port: int | None) -> int:
+    """The shard members' first port: --shard-port, else --port + SHARD_PORT_OFFSET (any free
+    ports when mongos takes any)."""
+    if shard_port is not None:
+        return shard_port
+    return port + SHARD_PORT_OFFSET if port else 0
 
 
 def _at_least(kind: type[int] | type[float], low: float, high: float | None = None) -> Callable[[str], float]:

@@ -46,13 +46,15 @@ class SimCluster:
 
 @asynccontextmanager
 async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.0.1", port: int = 0,
-                       version: str = "7.0", oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0,
+                       shard_port: int | None = None, version: str = "7.0",
+                       oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0,
                        replication_lag_s: float = 0.0, election_timeout_s: float = 10.0,
                        spare_shards: int = 0, tls: ssl.SSLContext | None = None,
                        users: dict[str, str] | None = None,
                        roles: dict[str, list[tuple[str, str]]] | None = None) -> AsyncIterator[SimCluster]:
     """Start a cluster on loopback. `port=0` picks free ports; otherwise mongos gets `port` and the
-    shard members the ports after it. `periodic_noop_s` is the shards' periodicNoopIntervalSecs
+    shard members the ports from `shard_port` (default: the ones after `port`; 0: any free ports).
+    `periodic_noop_s` is the shards' periodicNoopIntervalSecs
     (server default 10 s): it bounds how long an idle shard holds back a native mongos change
     stream. `members` per shard replica set (1 by default: the benchmarks' cluster; secondaries
     apply every write again, which costs the simulator's one core). `election_timeout_s` is
@@ -63,10 +65,11 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
     authentication, like security.authorization enabled. A user has the root role unless `roles`
     gives it built-in roles ([(role, db)], see mongoformats.privileges); commands check them."""
     clock = ClusterClock()
+    first = (port + 1 if port else 0) if shard_port is None else shard_port
 
     def replica_set(i: int) -> ReplicaSet:
         name = f"shard{i}"
-        nodes = [ShardNode(clock, host, port + 1 + i * members + j if port else 0, name, version=version,
+        nodes = [ShardNode(clock, host, first + i * members + j if first else 0, name, version=version,
                            oplog_bytes=oplog_bytes, initiate=j == 0) for j in range(members)]
         for node in nodes:
             node.periodic_noop_interval_s = periodic_noop_s  # periodicNoopIntervalSecs

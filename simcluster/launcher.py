@@ -50,6 +50,8 @@ class ClusterProcess:
 
     def close(self) -> None:
         stop_process(self.process)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def stop_process(process: subprocess.Popen[Any]) -> None:
@@ -66,7 +68,7 @@ def spawn_cluster(*, shards: int = 4, prefill_events: int = 0, prefill_updates: 
     """Start `python -m simcluster --json` in a subprocess; returns once it printed its addresses.
     `flags` are more of its command-line options."""
     cmd = [sys.executable, "-m", "simcluster", "--shards", str(shards), "--port", "0", "--json",
-           "--prefill", str(prefill_events), "--prefill-updates", str(prefill_updates), "--version", version,
+           "--prefill", str(prefill_events), "--prefill-updates", str(prefill_updates), "--mongodb-version", version,
            "--periodic-noop-s", str(periodic_noop_s),
            "--members", str(members), *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

@@ -14,14 +14,11 @@ import logging
 import signal
 from typing import Any
 
-import trio
-
-from buckets.allocator import keep_large_allocations
-from mongoformats.batch_splice import warm_up
-from wireproxy.app import serve_proxy, tune_gc_for_throughput
 from wireproxy.config import ProxyConfig, parse_value
+from wireproxy.extras import add_version_flag
 from wireproxy.redact import redact_uri
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 _METAVARS = {"int": "N", "float": "SECONDS", "str": "TEXT"}
 
 
@@ -35,7 +32,9 @@ def _flag_value(kind: str, flag: str, raw: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="wireproxy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(parser)
     parser.add_argument("--config", help="TOML file with a [wireproxy] table")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     parser.add_argument("--listen", metavar="HOST:PORT", help="listen_host and listen_port in one")
     # One flag per setting, from ProxyConfig's fields: --reader-processes sets reader_processes.
     settings = dataclasses.fields(ProxyConfig)
@@ -48,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.add_argument(flag, metavar=_METAVARS[kind], help=f"{f.metadata['help']} (default: {f.default!r})",
                                 type=functools.partial(_flag_value, kind, flag))
     args = parser.parse_args(argv)
+    # Before the settings are checked, which loads the engine: numba's cache choice is logged then.
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
         config = ProxyConfig.from_env(base=config)
@@ -59,7 +60,13 @@ def main(argv: list[str] | None = None) -> None:
         config = dataclasses.replace(config, **changes)
     except (OSError, ValueError) as exc:  # a bad setting, a missing or malformed file
         parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The server and its compiled kernels load only now: `--help` and `--version` need neither.
+    import trio
+
+    from buckets.allocator import keep_large_allocations
+    from mongoformats.batch_splice import warm_up
+    from wireproxy.app import serve_proxy, tune_gc_for_throughput
+
     tune_gc_for_throughput()
     keep_large_allocations()
 

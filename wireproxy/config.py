@@ -9,15 +9,16 @@ traceback from deep inside the server.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from mongoformats import wire
 from wireproxy.redact import redact_uri
-from wireproxy.upstream import UpstreamTarget
 
 MAX_READER_PROCESSES = 64  # as parallelChangeStream's readerProcesses option allows
 
@@ -109,6 +110,7 @@ class ProxyConfig:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, base: ProxyConfig | None = None) -> ProxyConfig:
         env = os.environ if environ is None else environ
+        _refuse_unknown_variables(env, {f"WIREPROXY_{f.name.upper()}" for f in fields(cls)})
         changes: dict[str, Any] = {}
         for f in fields(cls):
             name = f"WIREPROXY_{f.name.upper()}"
@@ -120,7 +122,8 @@ class ProxyConfig:
     @classmethod
     def from_toml(cls, path: str) -> ProxyConfig:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh).get("wireproxy", {})
+            document = tomllib.load(fh)
+        data = _wireproxy_table(document, path)
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -129,6 +132,31 @@ class ProxyConfig:
             return cls(**data)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
+
+
+def _wireproxy_table(document: dict[str, Any], path: str) -> dict[str, Any]:
+    """The file's [wireproxy] table; ValueError for a file without one or with anything beside it,
+    which would otherwise be ignored without a word (settings at the top level, a misspelt
+    table)."""
+    others = sorted(set(document) - {"wireproxy"})
+    if others:
+        raise ValueError(f"{path}: unknown tables or keys outside [wireproxy]: {others}")
+    table = document.get("wireproxy")
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: no [wireproxy] table (the settings go in one)")
+    return table
+
+
+def _refuse_unknown_variables(env: Mapping[str, str], known: set[str]) -> None:
+    """ValueError naming WIREPROXY_* variables that are no setting: a misspelt one would otherwise
+    leave its setting at the default without a word."""
+    unknown = sorted(name for name in env if name.startswith("WIREPROXY_") and name not in known)
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, 1)
+            hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        raise ValueError(f"unknown environment variables: {', '.join(hints)}")
 
 
 _KINDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
@@ -157,4 +185,6 @@ def check_upstream_uri(uri: str) -> None:
     proxy's own limits). A mongodb+srv:// URI is checked when the proxy starts, where its DNS
     records are looked up: building a config does no network I/O."""
     if not uri.startswith("mongodb+srv://"):
+        from wireproxy.upstream import UpstreamTarget  # here: `wireproxy --help` loads no engine
+
         UpstreamTarget.from_uri(uri)
