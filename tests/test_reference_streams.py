@@ -147,19 +147,12 @@ _BAD_SPECS = [
 
 
 _IDS = ["d19a", "d19b", "d19c", "d19d", "d19f", "d19e"]
-_PROXY_PARSES = "D19{}: the accelerated watch()'s own option parsing (buckets/engine.py) {}"
-_PROXY_DIFFERS = {"d19b": "accepts a non-bool flag", "d19c": "fails a non-object resumeAfter as InternalError",
-                  "d19d": "words the TypeMismatch its own way"}
 
 
 def _cases() -> list[Any]:
-    out = []
-    for (spec, code, message), name in zip(_BAD_SPECS, _IDS, strict=True):
-        for via in ("direct", "accelerated"):
-            marks = [pytest.mark.xfail(strict=True, reason=_PROXY_PARSES.format(name[3:], _PROXY_DIFFERS[name]))] \
-                if via == "accelerated" and name in _PROXY_DIFFERS else []
-            out.append(pytest.param(spec, code, message, via, id=f"{name}-{via}", marks=marks))
-    return out
+    return [pytest.param(spec, code, message, via, id=f"{name}-{via}")
+            for (spec, code, message), name in zip(_BAD_SPECS, _IDS, strict=True)
+            for via in ("direct", "accelerated")]
 
 
 @pytest.mark.parametrize("spec,code,message,via", _cases())
