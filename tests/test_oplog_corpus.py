@@ -81,8 +81,11 @@ def _encode(doc: dict[str, Any]) -> bytes:
 def _transformer(options: dict[str, Any]) -> OplogTransformer:
     # As buckets/stream.py makes each shard reader's: only showExpandedEvents comes from the
     # stream's options; token version 2 (7.0/8.0); native DDL entries, not the proxy's notes.
-    return OplogTransformer(show_expanded_events=bool(options.get("showExpandedEvents")), token_version=2,
-                            ddl_notes=False)
+    return OplogTransformer(
+        show_expanded_events=bool(options.get("showExpandedEvents")),
+        token_version=2,
+        ddl_notes=False,
+    )
 
 
 # -- the paths ---------------------------------------------------------------------------------
@@ -97,7 +100,8 @@ def _one_by_one(case: dict[str, Any], decoded_only: bool) -> list[tuple[bytes, b
     for doc in case["entries"]:
         raw = _encode(doc)
         if (gap := transformer.missing_chain(raw)) is not None:
-            chain, at = [], gap
+            chain: list[bytes] = []
+            at: Timestamp | None = gap
             while at is not None:
                 chain.append(history[at])
                 at = prev_op_ts(history[at])
@@ -122,14 +126,25 @@ class _Oplog:
     @staticmethod
     def _reply(key: str, docs: list[bytes], cursor_id: int) -> bytes:
         # The entries go in as they are (RawBSONDocument): their bytes, never re-encoded.
-        return bson.encode({"cursor": {key: [RawBSONDocument(d) for d in docs], "id": Int64(cursor_id),
-                                       "ns": "local.oplog.rs"}, "ok": 1.0})
+        return bson.encode(
+            {
+                "cursor": {
+                    key: [RawBSONDocument(d) for d in docs],
+                    "id": Int64(cursor_id),
+                    "ns": "local.oplog.rs",
+                },
+                "ok": 1.0,
+            }
+        )
 
-    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int,
-                               exhaust: bool = False) -> tuple[bytes, int]:
+    async def command_in_place(
+        self, db: str, cmd: dict[str, Any], *, pad: int, exhaust: bool = False
+    ) -> tuple[bytes, int]:
         assert db == "local" and ("find" in cmd or "getMore" in cmd)
         batch = self.batches.pop(0)
-        reply = self._reply("firstBatch" if "find" in cmd else "nextBatch", batch, 7 if self.batches else 0)
+        reply = self._reply(
+            "firstBatch" if "find" in cmd else "nextBatch", batch, 7 if self.batches else 0
+        )
         return reply + bytes(pad), 0
 
     async def command(self, db: str, cmd: dict[str, Any]) -> RawBSONDocument:
@@ -144,7 +159,9 @@ class _Collect:
     def __init__(self) -> None:
         self.events: list[tuple[bytes, bytes, bytes]] = []
 
-    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(
+        self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp
+    ) -> None:
         for item in events:
             rows = item.fields() if isinstance(item, EventBlock) else [item]
             self.events += [(row[0], row[1], row[5]) for row in rows]
@@ -158,9 +175,19 @@ class _Collect:
 
 def _filler(n: int, secs: int) -> bytes:
     oid = ObjectId(f"{secs:08x}{n:016x}")
-    return bson.encode({"op": "i", "ns": FILLER_NS, "ui": FILLER_UI, "o": {"_id": oid, "n": n}, "o2": {"_id": oid},
-                        "ts": Timestamp(secs, n + 1), "t": Int64(3), "v": Int64(2),
-                        "wall": bson.datetime_ms.DatetimeMS(secs * 1000 + n)})
+    return bson.encode(
+        {
+            "op": "i",
+            "ns": FILLER_NS,
+            "ui": FILLER_UI,
+            "o": {"_id": oid, "n": n},
+            "o2": {"_id": oid},
+            "ts": Timestamp(secs, n + 1),
+            "t": Int64(3),
+            "v": Int64(2),
+            "wall": bson.datetime_ms.DatetimeMS(secs * 1000 + n),
+        }
+    )
 
 
 def _read(case: dict[str, Any], path: str) -> list[tuple[bytes, bytes, bytes]]:
@@ -172,13 +199,24 @@ def _read(case: dict[str, Any], path: str) -> list[tuple[bytes, bytes, bytes]]:
         batches = [[e] for e in entries]
     else:
         secs = case["entries"][0]["ts"].time
-        batches = [[*(_filler(i, secs - 1) for i in range(RUN)), *entries,
-                    *(_filler(i, secs + 1) for i in range(RUN))]]
+        batches = [
+            [
+                *(_filler(i, secs - 1) for i in range(RUN)),
+                *entries,
+                *(_filler(i, secs + 1) for i in range(RUN)),
+            ]
+        ]
         assert len(batches[0]) >= BATCH_MIN
-    tail = OplogTail("shard0", [("member", 27018)], start=Timestamp(0, 0), skip_key=b"",
-                     transformer=_transformer(case["options"]))
-    out = _Collect()
-    trio.run(tail._tail, _Oplog(batches, history), out)
+    tail = OplogTail(
+        "shard0",
+        [("member", 27018)],
+        start=Timestamp(0, 0),
+        skip_key=b"",
+        transformer=_transformer(case["options"]),
+    )
+    out: Any = _Collect()  # the TailOutput
+    conn: Any = _Oplog(batches, history)  # stands in for the UpstreamConnection to a member
+    trio.run(tail._tail, conn, out)
     if path != "reader-in-run":
         return out.events
     mine = [ev for ev in out.events if bson.decode(ev[2])["ns"].get("coll") != "filler"]
@@ -206,14 +244,22 @@ def _compare(actual: list[tuple[bytes, bytes, bytes]], case: dict[str, Any]) -> 
     with_token = case.get("tokens", True)
     for i, (doc, want) in enumerate(zip(got, expect, strict=True)):
         shown = [k for k in want if with_token or k != "_id"]
-        assert [k for k in doc if with_token or k != "_id"] == shown, f"event {i}: fields or their order"
+        assert [k for k in doc if with_token or k != "_id"] == shown, (
+            f"event {i}: fields or their order"
+        )
         for k in shown:
-            assert _encode({k: doc[k]}) == _encode({k: want[k]}), f"event {i}: {k} (value or BSON type)"
+            assert _encode({k: doc[k]}) == _encode({k: want[k]}), (
+                f"event {i}: {k} (value or BSON type)"
+            )
         if with_token:
             sort_key, type_bits, raw = actual[i]
             token = want["_id"]
-            assert sort_key == binascii.unhexlify(token["_data"]), f"event {i}: the token's KeyString"
-            assert type_bits == bytes(token.get("_typeBits", b"")), f"event {i}: the token's type bits"
+            assert sort_key == binascii.unhexlify(token["_data"]), (
+                f"event {i}: the token's KeyString"
+            )
+            assert type_bits == bytes(token.get("_typeBits", b"")), (
+                f"event {i}: the token's type bits"
+            )
             assert raw == _encode(want), f"event {i}: the event's bytes"
 
 
@@ -225,11 +271,40 @@ def test_oplog_corpus(case: dict[str, Any], path: str) -> None:
 def test_corpus_covers_every_kind_the_issue_lists() -> None:
     """Issue 45 item 3's kinds, each present in the corpus."""
     names = " ".join(case["name"] for _, case in CASES)
-    for kind in ("insert-", "update-", "delete-", "replace", "applyOps-with-lsid", "without-lsid", "multiOpType",
-                 "partialTxn", "prepare-then-commitTransaction", "abortTransaction", "create-capped",
-                 "create-collation", "create-clustered", "createIndexes", "startIndexBuild", "commitIndexBuild",
-                 "abortIndexBuild", "dropIndexes", "collMod", "hide-index", "view-create", "view-modify",
-                 "view-drop", "buckets", "timeseries", "shardCollection", "reshardCollection",
-                 "refineCollectionShardKey", "migrateLastChunkFromShard", "fromMigrate", "dropDatabase",
-                 "renameCollection", "array-", "nested-object"):
+    for kind in (
+        "insert-",
+        "update-",
+        "delete-",
+        "replace",
+        "applyOps-with-lsid",
+        "without-lsid",
+        "multiOpType",
+        "partialTxn",
+        "prepare-then-commitTransaction",
+        "abortTransaction",
+        "create-capped",
+        "create-collation",
+        "create-clustered",
+        "createIndexes",
+        "startIndexBuild",
+        "commitIndexBuild",
+        "abortIndexBuild",
+        "dropIndexes",
+        "collMod",
+        "hide-index",
+        "view-create",
+        "view-modify",
+        "view-drop",
+        "buckets",
+        "timeseries",
+        "shardCollection",
+        "reshardCollection",
+        "refineCollectionShardKey",
+        "migrateLastChunkFromShard",
+        "fromMigrate",
+        "dropDatabase",
+        "renameCollection",
+        "array-",
+        "nested-object",
+    ):
         assert kind in names, kind
