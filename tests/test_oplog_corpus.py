@@ -19,7 +19,8 @@ Every case runs on every path a real batch of entries can take in the engine:
   batch of over BATCH_MIN entries: the batch splice's compiled path (`splice_block`, EventBlocks).
 
 A case whose transaction began before the read (`history`) is read back by prevOpTime, as the
-reader does. Events are compared field by field (order and BSON types included), then, where the
+reader does; a case with `resumeAfter` starts the reader at that token (its time, and the events
+up to it skipped). Events are compared field by field (order and BSON types included), then, where the
 case gives the token, byte for byte. A case known to differ from the server is a strict xfail
 naming the fidelity audit's item (shared/reference/fidelity-audit-2026-11-26.md).
 
@@ -42,6 +43,7 @@ from buckets.reader import OplogTail
 from mongoformats.batch_splice import BATCH_MIN
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.event_block import EventBlock
+from mongoformats.resume_token import decode_token
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "conformance" / "oplog_entries"
 PATHS = ("entry", "general", "reader", "reader-per-entry", "reader-in-run")
@@ -207,11 +209,13 @@ def _read(case: dict[str, Any], path: str) -> list[tuple[bytes, bytes, bytes]]:
             ]
         ]
         assert len(batches[0]) >= BATCH_MIN
+    resumed = case.get("resumeAfter")
     tail = OplogTail(
         "shard0",
         [("member", 27018)],
-        start=Timestamp(0, 0),
-        skip_key=b"",
+        # A resumed stream reads from the token's clusterTime and skips the events up to it.
+        start=decode_token(resumed).cluster_time if resumed else Timestamp(0, 0),
+        skip_key=_resume_key(case),
         transformer=_transformer(case["options"]),
     )
     out: Any = _Collect()  # the TailOutput
@@ -220,13 +224,22 @@ def _read(case: dict[str, Any], path: str) -> list[tuple[bytes, bytes, bytes]]:
     if path != "reader-in-run":
         return out.events
     mine = [ev for ev in out.events if bson.decode(ev[2])["ns"].get("coll") != "filler"]
-    assert len(out.events) - len(mine) == 2 * RUN, "the filler inserts' events"
+    # Those before a resume point are skipped with the events up to it.
+    fillers = RUN if resumed else 2 * RUN
+    assert len(out.events) - len(mine) == fillers, "the filler inserts' events"
     return mine
+
+
+def _resume_key(case: dict[str, Any]) -> bytes:
+    """The sort key of the case's resumeAfter token (b"": from the start)."""
+    token = case.get("resumeAfter")
+    return binascii.unhexlify(token["_data"]) if token else b""
 
 
 def _run(case: dict[str, Any], path: str) -> list[tuple[bytes, bytes, bytes]]:
     if path in ("entry", "general"):
-        return _one_by_one(case, decoded_only=path == "general")
+        skip = _resume_key(case)  # what the reader does with the transform's events (skip_key)
+        return [ev for ev in _one_by_one(case, decoded_only=path == "general") if ev[0] > skip]
     return _read(case, path)
 
 

@@ -207,10 +207,13 @@ def case(
     history: list[dict[str, Any]] | None = None,
     diverges: str | None = None,
     tokens: bool = True,
+    resume: Any = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "options": EXPANDED if options is None else options}
     if source:
         out["source"] = source
+    if resume is not None:
+        out["resumeAfter"] = resume
     if history:
         out["history"] = history
     out["entries"] = entries
@@ -784,7 +787,8 @@ TXN_SOURCES = [
     "operations are logged in applyOps entries on admin.$cmd carrying lsid, txnNumber and "
     "prevOpTime "
     "(the null optime {ts: Timestamp(0, 0), t: -1} for the first); all but the last of a large "
-    "transaction have partialTxn: true, the last has count; a prepared transaction's last applyOps "
+    "transaction have partialTxn: true, the last has count (NumberLong: "
+    "transaction_operations.cpp, 'lastOp && !firstOp'); a prepared transaction's last applyOps "
     "has "
     "prepare: true and a later commitTransaction {commitTransaction: 1, commitTimestamp} or "
     "abortTransaction {abortTransaction: 1} entry ends it",
@@ -1036,6 +1040,27 @@ def transactions() -> dict[str, Any]:
         history=[p1],
         source="the reader starts after the chain's first entry: the server's change stream reads "
         "the chain back by prevOpTime (TransactionOpIterator::_lookUpOplogEntryByOpTime)",
+    )
+    resumed = (
+        "resumed from the token of an event inside the transaction: the reader starts at its "
+        "clusterTime and the events up to and including it are not returned again "
+        "(document_source_change_stream_ensure_resume_token_present.cpp, "
+        "compareAgainstClientResumeToken: same clusterTime, then txnOpIndex)"
+    )
+    cases += both(
+        "partialTxn-chain-resumed-inside-the-transaction",
+        [p3],
+        lambda x: crud_events(x, 62, 5)[1:],
+        history=[p1, p2],
+        resume=crud_events(True, 62, 5)[0]["_id"],
+        source=resumed,
+    )
+    cases += both(
+        "txn-applyOps-resumed-after-its-second-op",
+        [txn_entry(crud, 50)],
+        lambda x: crud_events(x, 50, 5)[2:],
+        resume=crud_events(True, 50, 5)[1]["_id"],
+        source=resumed,
     )
     other = [
         entry(
