@@ -451,6 +451,14 @@ def inserts() -> dict[str, Any]:
     for name, nsx, doc in internal:
         e = entry("i", nsx, doc, 20, ui=uuid_of(20), o2={"_id": doc["_id"]})
         cases += both(f"insert-{name}-no-event", [e], lambda x: [])
+    reshard_tmp = ns("system.resharding.5a3e0000-0000-4000-8000-000000000001")
+    cases += both(
+        "insert-resharding-temporary-collection-no-event",
+        [entry("i", reshard_tmp, {"_id": OID[9]}, 22, ui=uuid_of(25), o2={"_id": OID[9]})],
+        lambda x: [],
+        source="a resharding recipient fills <db>.system.resharding.<uuid> "
+        "(resharding_recipient_service.cpp); nsRegex excludes system.*",
+    )
     cases += both(
         "insert-fromMigrate-no-event",
         [entry("i", ORDERS, {"_id": OID[6]}, 21, ui=UI, o2={"_id": OID[6]}, from_migrate=True)],
@@ -1200,6 +1208,24 @@ def creates() -> dict[str, Any]:
         "clustered-ttl": {
             "clusteredIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_", "unique": True},
             "expireAfterSeconds": Int64(3600),
+        },
+        # $out's temporary collection (document_source_out.cpp creates it with temp: true).
+        "temp": {"temp": True, "idIndex": ID_INDEX},
+        # Queryable Encryption: encryptedFields comes after idIndex in appendBSON's order.
+        "encrypted-fields": {
+            "idIndex": ID_INDEX,
+            "encryptedFields": {
+                "escCollection": "enxcol_.fresh.esc",
+                "ecocCollection": "enxcol_.fresh.ecoc",
+                "fields": [
+                    {
+                        "keyId": uuid_of(40),
+                        "path": "ssn",
+                        "bsonType": "string",
+                        "queries": {"queryType": "equality", "contention": Int64(8)},
+                    }
+                ],
+            },
         },
     }
     for name, opts in options.items():
@@ -2088,6 +2114,84 @@ def from_migrate() -> dict[str, Any]:
 
 def ddl() -> dict[str, Any]:
     cases = []
+    tmp, tmp_ui, old_ui = "tmp.agg_out.4f2a", uuid_of(30), uuid_of(31)
+    report = {"db": DB, "coll": "report"}
+    out_entries = [
+        entry("c", CMD, {"create": tmp, "temp": True, "idIndex": ID_INDEX}, 160, ui=tmp_ui),
+        *(entry("i", ns(tmp), {"_id": i}, 161 + i, ui=tmp_ui, o2={"_id": i}) for i in range(2)),
+        entry(
+            "c",
+            CMD,
+            {
+                "renameCollection": ns(tmp),
+                "to": ns("report"),
+                "stayTemp": False,
+                "dropTarget": old_ui,
+            },
+            163,
+            ui=tmp_ui,
+            o2={"numRecords": Int64(2)},
+        ),
+    ]
+    cases += both(
+        "aggregate-$out-temporary-collection-then-rename",
+        out_entries,
+        lambda x: [
+            *(
+                [
+                    event(
+                        "create",
+                        160,
+                        tmp,
+                        ui=tmp_ui,
+                        expanded=x,
+                        desc={"temp": True, "idIndex": ID_INDEX},
+                    )
+                ]
+                if x
+                else []
+            ),
+            *(
+                event(
+                    "insert", 161 + i, tmp, ui=tmp_ui, expanded=x, full={"_id": i}, key={"_id": i}
+                )
+                for i in range(2)
+            ),
+            event(
+                "rename",
+                163,
+                tmp,
+                ui=tmp_ui,
+                expanded=x,
+                to=report,
+                desc={"to": report, "dropTarget": old_ui},
+            ),
+        ],
+        source="src/mongo/db/pipeline/document_source_out.cpp: $out writes into a temporary "
+        "collection tmp.agg_out.<id> created with temp: true, then renames it over the target with "
+        "dropTarget (the old target's UUID)",
+    )
+    cases += both(
+        "dbCheck-no-event",
+        [
+            entry(
+                "c",
+                CMD,
+                {
+                    "dbCheck": "orders",
+                    "type": "batch",
+                    "md5": "d41d8cd98f00b204e9800998ecf8427e",
+                    "minKey": {"_id": OID[0]},
+                    "maxKey": {"_id": OID[9]},
+                },
+                164,
+                ui=UI,
+            )
+        ],
+        lambda x: [],
+        source="src/mongo/db/commands/dbcheck.cpp logs its batches as {dbCheck: <coll>, type, ...} "
+        "commands (oplog_entry.idl CommandType kDbCheck), which no change stream filter matches",
+    )
     cases += both(
         "drop",
         [entry("c", CMD, {"drop": "orders"}, 150, ui=UI, o2={"numRecords": Int64(12)})],
