@@ -12,6 +12,11 @@ computed, by the KeyString codec (`encode_token_generic`, the reference encoder 
 both implementations to share) from the token's stated contents. Nothing here calls the engine's
 transform.
 
+Each file: {kind, sources: [server citations for the kind], cases: [{name, options: the
+$changeStream fields, source?: the case's own citation, resumeAfter?: a token to resume from,
+history?: entries before the read (a transaction's earlier entries), entries, expect: the events,
+tokens: whether expect's _id is compared, diverges?: why the engine differs (a strict xfail)}]}.
+
 Shapes of entries (field order: `OplogEntryBase` in src/mongo/db/repl/oplog_entry.idl chains
 OperationSessionInfo {lsid, txnNumber}, DurableReplOperation {op, ns, ui, o, o2, ..., stmtId,
 fromMigrate}, OpTimeBase {ts, t}, then v, wall, prevOpTime, multiOpType). Events: field order and
@@ -1586,8 +1591,9 @@ def views() -> dict[str, Any]:
             "insert -> create, update -> modify, delete -> drop; ns from o._id; "
             "operationDescription = o minus "
             "_id; no collectionUUID; the token's UUID is the entry's ui (system.views')",
-            "change_stream_filter_helpers.cpp buildViewDefinitionEventFilter (showExpandedEvents "
-            "streams only); "
+            "change_stream_filter_helpers.cpp buildViewDefinitionEventFilter, added by "
+            "document_source_change_stream_oplog_match.cpp buildOplogMatchFilter only with "
+            "showExpandedEvents on a whole-db or whole-cluster stream; "
             "ChangeStreamEventTransformer::getBuilder (not on single-collection streams)",
             "jstests/change_streams/ddl_view_events.js",
         ],
