@@ -92,12 +92,13 @@ def entry(
     prev: Any = None,
     multi: int | None = None,
     more: dict[str, Any] | None = None,
+    lsid: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An oplog entry in oplog_entry.idl's field order; `more` holds DurableReplOperation's fields
     between o2 and stmtId (rid, needsRetryImage, destinedRecipient), in that order."""
     e: dict[str, Any] = {}
     if txn is not None:
-        e["lsid"], e["txnNumber"] = LSID, Int64(txn)
+        e["lsid"], e["txnNumber"] = lsid or LSID, Int64(txn)
     e["op"], e["ns"] = op, ns
     if ui is not None:
         e["ui"] = ui
@@ -154,6 +155,7 @@ def event(
     to: Any = None,
     view: bool = False,
     wall_at: int | None = None,
+    lsid: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The event applyTransformation builds, field by field in its addField order: `to` (rename)
     and the transaction's txnNumber, lsid come before _id; collectionUUID only with
@@ -181,7 +183,7 @@ def event(
     if to is not None:
         ev["to"] = to
     if txn is not None:
-        ev["txnNumber"], ev["lsid"] = Int64(txn), LSID
+        ev["txnNumber"], ev["lsid"] = Int64(txn), lsid or LSID
     ev["_id"] = token
     ev["operationType"] = op_type
     ev["clusterTime"] = ts(at)
@@ -831,6 +833,7 @@ def txn_entry(
     txn: int | None = 5,
     prev: Any = NULL_OPTIME,
     multi: int | None = None,
+    lsid: dict[str, Any] | None = None,
     **flags: Any,
 ) -> dict[str, Any]:
     return entry(
@@ -841,6 +844,7 @@ def txn_entry(
         txn=txn,
         prev=prev if txn is not None else None,
         multi=multi,
+        lsid=lsid,
     )
 
 
@@ -1145,6 +1149,36 @@ def transactions() -> dict[str, Any]:
         [commit],
         lambda x: crud_events(x, 72, 5),
         history=[prep],
+    )
+    cases += both(
+        "abortTransaction-after-the-read-began",
+        [entry("c", ADMIN_CMD, {"abortTransaction": 1}, 72, txn=5, prev=optime(70))],
+        lambda x: [],
+        history=[prep],
+    )
+    internal = {**LSID, "txnNumber": Int64(12), "txnUUID": uuid_of(41)}
+    cases += both(
+        "txn-internal-session-for-a-retryable-write",
+        [txn_entry(crud[:1], 77, txn=0, lsid=internal)],
+        lambda x: [
+            event(
+                "insert",
+                77,
+                "orders",
+                ui=UI,
+                expanded=x,
+                txn_index=0,
+                txn=0,
+                full=crud[0]["o"],
+                key=k0,
+                lsid=internal,
+            )
+        ],
+        source="6.0+ runs some retryable writes on a sharded cluster (a shard key change, a write "
+        "without shard key) as an internal transaction: its lsid is the parent's {id, uid} plus "
+        "txnNumber (the parent's) and txnUUID (logical_session_id.idl InternalSessionFields), its "
+        "txnNumber the internal transaction's; the unwound events carry that lsid as written "
+        "(TransactionOpIterator::_addRequiredTransactionFields)",
     )
     big1 = txn_entry(crud[:2], 73, partialTxn=True)
     big2 = txn_entry(crud[2:], 74, prev=optime(73), prepare=True, count=Int64(3))
@@ -1712,6 +1746,47 @@ def timeseries() -> dict[str, Any]:
         [entry("c", CMD, {"drop": buckets}, 127, ui=BUCKETS_UI, o2={"numRecords": Int64(1)})],
         lambda x: [],
         diverges={True: D4, False: D4},
+    )
+    new_unpack = [{"$_internalUnpackBucket": {"timeField": "time", "bucketMaxSpanSeconds": 86400}}]
+    cases += both(
+        "timeseries-granularity-collMod",
+        [
+            entry(
+                "c",
+                CMD,
+                {"collMod": buckets, "timeseries": {"granularity": "hours"}},
+                129,
+                ui=BUCKETS_UI,
+                o2={"collectionOptions_old": {"uuid": BUCKETS_UI, "timeseries": spec}},
+            ),
+            entry(
+                "u",
+                ns("system.views"),
+                {"_id": "shop.weather", "viewOn": buckets, "pipeline": new_unpack},
+                130,
+                ui=VIEWS_UI,
+                o2={"_id": "shop.weather"},
+            ),
+        ],
+        lambda x: (
+            [
+                event(
+                    "modify",
+                    130,
+                    "weather",
+                    ui=VIEWS_UI,
+                    expanded=x,
+                    view=True,
+                    desc={"viewOn": buckets, "pipeline": new_unpack},
+                )
+            ]
+            if x
+            else []
+        ),
+        diverges={True: f"{D1}; {D4}"},
+        source="collMod of a time-series collection's granularity (collmod.cpp, timeseries::"
+        "processCollModCommand) changes the buckets collection's options and replaces the view "
+        "definition, whose pipeline carries bucketMaxSpanSeconds: one `modify` from system.views",
     )
     cases += both(
         "timeseries-view-drop",
