@@ -61,7 +61,6 @@ VIEWS_UI = uuid_of(3)  # shop.system.views
 BUCKETS_UI = uuid_of(4)  # shop.system.buckets.weather
 NEW_UI = uuid_of(5)  # a collection created in the case
 BUILD_UUID = uuid_of(6)  # an index build
-RESHARD_UUID = uuid_of(7)  # a resharding operation
 LSID = {"id": uuid_of(8), "uid": Binary(hashlib.sha256(b"").digest(), 0)}
 OID = [ObjectId(f"6926a1{n:018x}") for n in range(16)]
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
@@ -676,8 +675,8 @@ def updates() -> dict[str, Any]:
             )
         ],
         source="a retryable findAndModify (5.1+) logs needsRetryImage instead of a separate image "
-        "entry "
-        "(op_observer_impl.cpp OpObserverImpl::onUpdate, storeImageCollection)",
+        "entry (op_observer_impl.cpp OpObserverImpl::onUpdate / onDelete: setNeedsRetryImage when "
+        "the image goes to config.image_collection)",
     )
     cases += both(
         "update-during-resharding-destinedRecipient",
@@ -1507,8 +1506,8 @@ def coll_mods() -> dict[str, Any]:
             "stateBeforeChange = {collectionOptions: o2.collectionOptions_old, indexOptions: "
             "o2.indexOptions_old}",
             "jstests/change_streams/ddl_coll_mod_event.js (stateBeforeChange.collectionOptions has "
-            "uuid); "
-            "jstests/noPassthrough/change_streams_collmod_hidden_index (index hiding)",
+            "uuid); the index-hiding shape matches a 2025 server's entry quoted in public "
+            "oplog-tooling code (fidelity audit M19)",
         ],
     }
 
@@ -1784,9 +1783,10 @@ def timeseries() -> dict[str, Any]:
             else []
         ),
         diverges={True: f"{D1}; {D4}"},
-        source="collMod of a time-series collection's granularity (collmod.cpp, timeseries::"
-        "processCollModCommand) changes the buckets collection's options and replaces the view "
-        "definition, whose pipeline carries bucketMaxSpanSeconds: one `modify` from system.views",
+        source="collMod of a time-series collection's granularity (src/mongo/db/catalog/"
+        "coll_mod.cpp) changes the buckets collection's options and replaces the view definition, "
+        "whose pipeline carries bucketMaxSpanSeconds (a replacement update of system.views, "
+        "tassert 6188601): one `modify` from system.views",
     )
     cases += both(
         "timeseries-view-drop",
@@ -1861,12 +1861,11 @@ def noops() -> dict[str, Any]:
             if x
             else []
         ),
-        source="jstests/sharding/change_streams/ shardCollection events: numInitialChunks "
-        "NumberLong(10) and "
-        "collation {locale: 'simple'} when given",
+        source="the shardCollection-events jstest the fidelity audit cites for D14b: "
+        "numInitialChunks NumberLong(10) and collation {locale: 'simple'} when given",
     )
     reshard = {
-        "reshardUUID": RESHARD_UUID,
+        "reshardUUID": NEW_UI,
         "shardKey": {"customer": 1},
         "oldShardKey": {"region": 1, "_id": 1},
         "unique": False,
@@ -1880,21 +1879,24 @@ def noops() -> dict[str, Any]:
                 ORDERS,
                 {"msg": "Reshard collection shop.orders with shard key { customer: 1 }"},
                 132,
-                ui=NEW_UI,
+                ui=UI,
                 o2={"reshardCollection": ORDERS, **reshard},
             )
         ],
         lambda x: (
-            [event("reshardCollection", 132, "orders", ui=NEW_UI, expanded=x, desc=reshard)]
+            [event("reshardCollection", 132, "orders", ui=UI, expanded=x, desc=reshard)]
             if x
             else []
         ),
         diverges={True: D5},
-        source="resharding_coordinator_service.cpp (the coordinator's commit) writes the noop "
-        "through "
-        "notifyChangeStreamsOnReshardCollectionComplete: o2 {reshardCollection: nss, reshardUUID, "
-        "shardKey, oldShardKey, unique, numInitialChunks[, collation, zones]}, ui = the new "
-        "collection",
+        source="reshard_collection_coordinator.cpp notifyChangeStreamsOnReshardCollectionComplete "
+        "(7.0; 8.0: change_stream_oplog_notification.cpp, from a CollectionResharded "
+        "notification): "
+        "ns and ui the collection's before resharding, o {msg: 'Reshard collection <nss> with "
+        "shard "
+        "key <key>'}, o2 {reshardCollection: nss, reshardUUID: the new collection's UUID, "
+        "shardKey, "
+        "oldShardKey, unique, numInitialChunks?, collation?, zones?}",
     )
     refine = {"shardKey": {"region": 1, "_id": 1, "day": 1}, "oldShardKey": {"region": 1, "_id": 1}}
     cases += both(
@@ -1903,7 +1905,10 @@ def noops() -> dict[str, Any]:
             entry(
                 "n",
                 ORDERS,
-                {"msg": {"refineCollectionShardKey": ORDERS}},
+                {
+                    "msg": "Refine shard key for collection shop.orders with { region: 1, _id: 1, "
+                    "day: 1 }"
+                },
                 133,
                 ui=UI,
                 o2={"refineCollectionShardKey": ORDERS, **refine},
@@ -1915,15 +1920,17 @@ def noops() -> dict[str, Any]:
             else []
         ),
         diverges={True: D5},
-        source="refine_collection_shard_key_coordinator.cpp -> "
-        "notifyChangeStreamsOnRefineCollectionShardKeyComplete: "
-        "o2 {refineCollectionShardKey: nss, shardKey, oldShardKey}",
+        source="refine_collection_shard_key_coordinator.cpp "
+        "notifyChangeStreamsOnRefineCollectionShardKeyComplete (onInternalOpMessage): ns and ui "
+        "the "
+        "collection's, o {msg: 'Refine shard key for collection <nss> with <key>'}, o2 "
+        "{refineCollectionShardKey: nss, shardKey, oldShardKey}",
     )
     silent = (
         (
             "migrateLastChunkFromShard",
             ORDERS,
-            {"msg": "Migrate last chunk from shard"},
+            {"msg": "Migrate the last chunk for shop.orders off shard shard0"},
             {"migrateLastChunkFromShard": ORDERS, "shardId": "shard0"},
             UI,
         ),
@@ -1999,10 +2006,12 @@ def noops() -> dict[str, Any]:
             [event("migrateLastChunkFromShard", 136, "orders", ui=UI, expanded=True, desc=last)],
             options=SYSTEM,
             diverges=NEW_SYSTEM_EVENTS,
-            source="migration_util / migration_source_manager.cpp: the donor writes this noop when "
-            "a migration "
-            "takes its last chunk of the collection; jstests/change_streams/"
-            "migrate_last_chunk_from_shard_event.js (showSystemEvents and showExpandedEvents)",
+            source="migration_util.cpp notifyChangeStreamsOnDonorLastChunk (7.0; 8.0: "
+            "change_stream_oplog_notification.cpp buildMoveChunkOplogEntries): the donor writes "
+            "{msg: 'Migrate the last chunk for <nss> off shard <donor>'}, o2 "
+            "{migrateLastChunkFromShard: nss, shardId: donor} when a migration takes its last "
+            "chunk "
+            "of the collection; buildInternalOpFilter matches it only with showSystemEvents",
         )
     )
     return {
