@@ -262,33 +262,7 @@ def ns(coll: str) -> str:
 CMD = f"{DB}.$cmd"
 ORDERS = ns("orders")
 
-# -- the audit's items, as the xfail reasons ---------------------------------------------------
-D1 = (
-    "D1: a collMod of a view (a replacement update of system.views) gives no `modify` event "
-    "(change_stream_event_transform.cpp ChangeStreamViewDefinitionEventTransformation, case "
-    "kUpdate)"
-)
-D2 = (
-    "D2: a view event's token carries a null UUID, not the ui of its system.views entry "
-    "(ChangeStreamViewDefinitionEventTransformation::applyTransformation -> makeResumeToken(ts, "
-    "txnOpIndex, input.ui, ...))"
-)
-D3 = (
-    "D3: a view create's operationDescription keeps only viewOn and pipeline, not the whole view "
-    'document minus _id (copyDocExceptFields(oField, {"_id"}))'
-)
-D4 = (
-    "D4: DDL on system.* collections gives events; the server's collRegex excludes them "
-    "(change_stream_filter_helpers.cpp buildOperationFilter with kRegexAllCollections)"
-)
-D5 = (
-    "D5: reshardCollection / refineCollectionShardKey noops give no event (buildInternalOpFilter "
-    "always adds both; the transform's kNoop case maps them)"
-)
-D6A = (
-    "D6a: create / createIndexes inside a transaction's applyOps give no event "
-    "(buildTransactionFilter matches applyOps with o.create / o.createIndexes command ops)"
-)
+# -- the engine's known differences, as the xfail reasons ---------------------------------------
 NEW_INTERNAL_NOOP = (
     "new: a sharding noop (shardCollection) on an internal namespace such as "
     "config.system.sessions gives "
@@ -307,11 +281,6 @@ NEW_SYSTEM_EVENTS = (
     "-> buildFromMigrateSystemOpFilter)"
 )
 SYSTEM = {"showExpandedEvents": True, "showSystemEvents": True}
-D10 = (
-    "D10: disambiguatedPaths over-reports array indices and leading numeric fields, or lists paths "
-    "in the diff's order instead of updates, inserts, deletes, then sub-diffs "
-    "(change_stream_document_diff_parser.cpp _appendFieldToPath)"
-)
 
 
 def upd(
@@ -550,13 +519,11 @@ def updates() -> dict[str, Any]:
         "array-set-element",
         {"sitems": {"a": True, "u1": {"sku": "B", "qty": 2}}},
         lambda x: upd({"items.1": {"sku": "B", "qty": 2}}, expanded=x),
-        diverges={True: D10},
     )
     diff_case(
         "array-append",
         {"sitems": {"a": True, "u3": "d"}},
         lambda x: upd({"items.3": "d"}, expanded=x),
-        diverges={True: D10},
     )
     diff_case(
         "array-truncate",
@@ -567,19 +534,16 @@ def updates() -> dict[str, Any]:
         "array-truncate-and-set",
         {"sitems": {"a": True, "l": 3, "u2": "c"}},
         lambda x: upd({"items.2": "c"}, [], [{"field": "items", "newSize": 3}], expanded=x),
-        diverges={True: D10},
     )
     diff_case(
         "array-element-subdiff",
         {"sitems": {"a": True, "s0": {"u": {"qty": 5}, "d": {"gift": False}}}},
         lambda x: upd({"items.0.qty": 5}, ["items.0.gift"], expanded=x),
-        diverges={True: D10},
     )
     diff_case(
         "array-in-array",
         {"smatrix": {"a": True, "s1": {"a": True, "u0": 9}}},
         lambda x: upd({"matrix.1.0": 9}, expanded=x),
-        diverges={True: D10},
     )
     diff_case(
         "numeric-field-in-object",
@@ -595,7 +559,6 @@ def updates() -> dict[str, Any]:
         "leading-numeric-field",
         {"u": {"0": "zero"}},
         lambda x: upd({"0": "zero"}, expanded=x),
-        diverges={True: D10},
     )
     diff_case(
         "dotted-field",
@@ -606,7 +569,6 @@ def updates() -> dict[str, Any]:
         "ambiguous-paths-order",
         {"d": {"x.y": False}, "u": {"a.b": 1}},
         lambda x: upd({"a.b": 1}, ["x.y"], expanded=x, paths={"a.b": ["a.b"], "x.y": ["x.y"]}),
-        diverges={True: D10},
     )
     diff_case(
         "sharded-document-key",
@@ -1038,7 +1000,6 @@ def transactions() -> dict[str, Any]:
                 key={"_id": 1},
             ),
         ],
-        diverges={True: D6A},
         source="jstests/change_streams/ddl_create_index_txn.js: create then createIndexes events, "
         "with lsid "
         "and txnNumber, for a createIndex on a new collection inside a transaction",
@@ -1279,7 +1240,6 @@ def creates() -> dict[str, Any]:
         "create-system-views",
         [entry("c", CMD, {"create": "system.views", "idIndex": ID_INDEX}, 81, ui=VIEWS_UI)],
         lambda x: [],
-        diverges={True: D4},
         source="the first view of a database creates system.views (ViewsForDatabase)",
     )
     cases += both(
@@ -1544,7 +1504,6 @@ def views() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: D2},
     )
     with_collation = {
         "_id": "shop.paidFr",
@@ -1570,7 +1529,6 @@ def views() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: f"{D2}; {D3}"},
     )
     new_pipeline = [{"$match": {"status": "shipped"}}]
     cases += both(
@@ -1600,7 +1558,6 @@ def views() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: D1},
         source="a collMod of a view is logged as a replacement update of system.views (tassert "
         "6188601 "
         "'Expected replacement update'); jstests/change_streams/ddl_view_events.js 'collMod' on "
@@ -1610,7 +1567,6 @@ def views() -> dict[str, Any]:
         "view-drop",
         [entry("d", vns, {"_id": "shop.paid"}, 113, ui=VIEWS_UI)],
         lambda x: [event("drop", 113, "paid", ui=VIEWS_UI, expanded=x, view=True)] if x else [],
-        diverges={True: D2},
     )
     return {
         "kind": "system.views",
@@ -1655,7 +1611,6 @@ def timeseries() -> dict[str, Any]:
             )
         ],
         lambda x: [],
-        diverges={True: D4},
         source="jstests/change_streams/ddl_create_event.js: 'the time-series create command does "
         "not produce "
         "an event'",
@@ -1680,7 +1635,6 @@ def timeseries() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: D2},
         source="jstests/change_streams/ddl_view_events.js timeseries section: one create event "
         "from "
         "system.views with viewOn system.buckets.<name> and the $_internalUnpackBucket pipeline",
@@ -1723,7 +1677,6 @@ def timeseries() -> dict[str, Any]:
             )
         ],
         lambda x: [],
-        diverges={True: D4},
     )
     cases += both(
         "timeseries-buckets-collMod",
@@ -1738,13 +1691,11 @@ def timeseries() -> dict[str, Any]:
             )
         ],
         lambda x: [],
-        diverges={True: D4},
     )
     cases += both(
         "timeseries-buckets-drop",
         [entry("c", CMD, {"drop": buckets}, 127, ui=BUCKETS_UI, o2={"numRecords": Int64(1)})],
         lambda x: [],
-        diverges={True: D4, False: D4},
     )
     new_unpack = [{"$_internalUnpackBucket": {"timeField": "time", "bucketMaxSpanSeconds": 86400}}]
     cases += both(
@@ -1782,7 +1733,6 @@ def timeseries() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: f"{D1}; {D4}"},
         source="collMod of a time-series collection's granularity (src/mongo/db/catalog/"
         "coll_mod.cpp) changes the buckets collection's options and replaces the view definition, "
         "whose pipeline carries bucketMaxSpanSeconds (a replacement update of system.views, "
@@ -1792,7 +1742,6 @@ def timeseries() -> dict[str, Any]:
         "timeseries-view-drop",
         [entry("d", ns("system.views"), {"_id": "shop.weather"}, 128, ui=VIEWS_UI)],
         lambda x: [event("drop", 128, "weather", ui=VIEWS_UI, expanded=x, view=True)] if x else [],
-        diverges={True: D2},
     )
     return {
         "kind": "timeseries",
@@ -1888,7 +1837,6 @@ def noops() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: D5},
         source="reshard_collection_coordinator.cpp notifyChangeStreamsOnReshardCollectionComplete "
         "(7.0; 8.0: change_stream_oplog_notification.cpp, from a CollectionResharded "
         "notification): "
@@ -1919,7 +1867,6 @@ def noops() -> dict[str, Any]:
             if x
             else []
         ),
-        diverges={True: D5},
         source="refine_collection_shard_key_coordinator.cpp "
         "notifyChangeStreamsOnRefineCollectionShardKeyComplete (onInternalOpMessage): ns and ui "
         "the "
