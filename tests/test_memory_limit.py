@@ -1,0 +1,305 @@
+"""The proxy-wide memory limit: streams admitted by a floor plus what they hold, budgets that take
+their bytes from one pool, reader processes counted at their size (buckets/memory_limit.py).
+
+Refusals are ExceededMemoryLimit (146), the code a server gives an operation over its memory
+limit (src/mongo/base/error_codes.yml in mongodb/mongo)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from bson import Timestamp
+from pymongo.errors import OperationFailure
+
+from buckets.budget import ByteBudget
+from buckets.memory_limit import (
+    BUCKET_FLOOR_BYTES,
+    DEAL_HEADROOM_BYTES,
+    READER_PROCESS_BYTES,
+    SHARD_FLOOR_BYTES,
+    MemoryPool,
+    stream_floor,
+)
+from mongoformats.errors import MongoError
+from mongoformats.resume_token import high_water_mark, token_sort_key
+from tests.conftest import _close_all, client, proxy_uri, sync, wait_until
+from wireproxy.app import serve_proxy
+from wireproxy.config import ProxyConfig
+
+MIB = 1 << 20
+NS = "$cmd.parallelChangeStream"
+SHARDS = 3  # the cluster fixture's
+
+
+# -- the accounting, without sockets ------------------------------------------------------------------
+
+
+def test_an_account_counts_its_floor_or_what_it_holds_if_more():
+    pool = MemoryPool(100 * MIB)
+    acct = pool.account(10 * MIB, reader=False)
+    assert (pool.counted, pool.held) == (10 * MIB, 0)
+    assert acct.try_take(4 * MIB)
+    assert (pool.counted, pool.held) == (10 * MIB, 4 * MIB)  # within its floor
+    assert acct.try_take(20 * MIB)
+    assert (pool.counted, pool.held) == (24 * MIB, 24 * MIB)
+    acct.give(24 * MIB)
+    assert pool.counted == 10 * MIB
+    acct.close()
+    assert (pool.counted, pool.floors, pool.held) == (0, 0, 0)
+    assert acct.try_take(1 << 40)  # closed: its stream is going, nothing is counted any more
+    assert pool.counted == 0
+
+
+def test_readers_leave_the_dealing_headroom_to_the_buckets():
+    """A shard's read-ahead never takes the last DEAL_HEADROOM_BYTES: the merge needs them to
+    deal an event larger than a bucket's floor, and only dealing frees what the shards hold."""
+    pool = MemoryPool(SHARD_FLOOR_BYTES + BUCKET_FLOOR_BYTES + DEAL_HEADROOM_BYTES + 8 * MIB)
+    shard = pool.account(SHARD_FLOOR_BYTES, reader=True)
+    bucket = pool.account(BUCKET_FLOOR_BYTES, reader=False)
+    assert shard.try_take(SHARD_FLOOR_BYTES + 8 * MIB)
+    assert not shard.try_take(1)
+    assert bucket.try_take(BUCKET_FLOOR_BYTES + DEAL_HEADROOM_BYTES)
+    assert not bucket.try_take(1)
+    assert pool.counted == pool.limit
+    assert pool.refusals == 2
+
+
+def test_a_tiny_budget_admits_one_batch_and_the_pool_counts_it():
+    """A 1-byte budget still takes a whole batch when it is empty (nothing can deadlock on a small
+    budget); the pool counts those bytes, and a batch the pool has no room for waits."""
+    pool = MemoryPool(2 * SHARD_FLOOR_BYTES + DEAL_HEADROOM_BYTES)
+    budgets = [ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True)) for _ in range(2)]
+    assert budgets[0].try_acquire(SHARD_FLOOR_BYTES)           # within its floor
+    assert not budgets[0].try_acquire(1)                       # its own limit: one batch at a time
+    assert not budgets[1].try_acquire(SHARD_FLOOR_BYTES + 1)   # over its floor, and the pool is full
+    assert budgets[1].blocked_by_pool(SHARD_FLOOR_BYTES + 1)
+    assert pool.held == SHARD_FLOOR_BYTES and pool.counted <= pool.limit
+    budgets[0].release(SHARD_FLOOR_BYTES)
+    assert budgets[0].try_acquire(SHARD_FLOOR_BYTES + 1) is False  # the pool has nothing above floors
+    assert budgets[1].try_acquire(SHARD_FLOOR_BYTES)
+
+
+def test_a_take_that_would_wait_first_sheds_what_other_accounts_only_cache():
+    pool = MemoryPool(3 * MIB + DEAL_HEADROOM_BYTES)
+    cache = pool.account(MIB, reader=False)
+    assert cache.try_take(MIB + DEAL_HEADROOM_BYTES)
+
+    def shed():
+        cache.give(DEAL_HEADROOM_BYTES)
+    cache.shed = shed
+    other = pool.account(MIB, reader=False)
+    assert other.try_take(3 * MIB)
+    assert cache.held == MIB and pool.refusals == 0
+
+
+def test_admission_counts_the_floor_and_the_reader_processes_to_start():
+    pool = MemoryPool(stream_floor(3, 2) + DEAL_HEADROOM_BYTES + READER_PROCESS_BYTES)
+    pool.check_admits(stream_floor(3, 2), 1, streams=0, shards=3, buckets=2, reader_processes=1)
+    with pytest.raises(MongoError) as info:
+        pool.check_admits(stream_floor(3, 2), 4, streams=0, shards=3, buckets=2, reader_processes=4)
+    assert info.value.code == 146
+    assert "readerProcesses: 4 needs 4 more reader processes of 300 MiB each, but only 1 fit" in info.value.errmsg
+    assert "pass readerProcesses: 1 or fewer" in info.value.errmsg
+    for _ in range(11):
+        pool.account(SHARD_FLOOR_BYTES, reader=True)
+    with pytest.raises(MongoError) as info:
+        pool.check_admits(stream_floor(3, 2), 0, streams=1, shards=3, buckets=2, reader_processes=0)
+    assert info.value.code == 146
+    assert "needs 98 MiB to start (3 shards x 32 MiB + 2 buckets x 1 MiB)" in info.value.errmsg
+
+
+async def test_a_budget_waiting_for_the_pool_resumes_when_another_gives_bytes_back():
+    pool = MemoryPool(2 * MIB + DEAL_HEADROOM_BYTES + MIB)
+    full = ByteBudget(1 << 30, pool.account(MIB, reader=True))
+    waiting = ByteBudget(1 << 30, pool.account(MIB, reader=True))
+    await full.acquire(2 * MIB)
+    got = trio.Event()
+
+    async def take() -> None:
+        await waiting.acquire(2 * MIB)
+        got.set()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not got.is_set() and pool.waiting
+        full.release(MIB)
+        await got.wait()
+    assert pool.counted == pool.limit - DEAL_HEADROOM_BYTES
+
+
+# -- the engine, through a proxy ----------------------------------------------------------------------
+
+
+async def _proxy(cluster: Any, nursery: trio.Nursery, limit: int, **settings: Any) -> Any:
+    config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=limit, **settings)
+    return await nursery.start(serve_proxy, config)
+
+
+def _end_key(c: Any) -> bytes:
+    c.admin.command("appendOplogNote", data={"test": "end"})
+    ts = c.admin.command("ping")["operationTime"]
+    return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+
+
+def _read_all(c: Any, cursor_id: int, end: bytes, *, timeout: float = 60) -> list[Any]:
+    out: list[Any] = []
+
+    def done() -> bool:
+        reply = c.admin.command({"getMore": cursor_id, "collection": NS, "maxTimeMS": 200})["cursor"]
+        out.extend(reply["nextBatch"])
+        return token_sort_key(reply["postBatchResumeToken"]) >= end
+    wait_until(done, timeout=timeout, interval=0)
+    return out
+
+
+async def test_streams_with_one_byte_budgets_cannot_hold_more_than_the_limit(cluster):
+    """A budget always admits one batch, so a stream with 1-byte budgets still holds a batch a
+    shard: such streams are admitted by their floor, until the limit is reached; then refused."""
+    limit = 600 * MIB
+    floor = stream_floor(SHARDS, 1)
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, limit)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            admitted = refused = 0
+            for i in range(300):
+                try:
+                    c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": f"tiny{i}",
+                                     "shardBufferBytes": 1, "bucketBufferBytes": 1})
+                    admitted += 1
+                except OperationFailure as exc:
+                    assert exc.code == 146, exc
+                    assert "memory limit" in str(exc)
+                    refused += 1
+                assert admitted * floor <= limit, "admitted more streams than the limit holds"
+                if refused >= 3:
+                    break
+            assert admitted == (limit - DEAL_HEADROOM_BYTES) // floor and refused == 3
+            c.fill.c.insert_many([{"pad": "x" * 1000} for _ in range(2000)])
+            wait_until(lambda: all(sum(r.stats.events for r in s.readers.values())
+                                   for s in proxy.engine.streams.values()), timeout=60)
+            memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+            assert memory["heldBytes"] > 0 and memory["reservedBytes"] <= limit
+            assert memory["floorBytes"] == admitted * floor
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+async def test_reader_processes_that_do_not_fit_are_refused(cluster):
+    """Each reader process counts its resident size (~300 MiB) under the limit: a stream asking for
+    more than fit is refused with 146, naming how many would; one asking for what fits opens."""
+    limit = stream_floor(SHARDS, 1) + DEAL_HEADROOM_BYTES + READER_PROCESS_BYTES + 10 * MIB
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, limit)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            with pytest.raises(OperationFailure) as info:
+                c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "many", "readerProcesses": 8,
+                                 "shardBufferBytes": 16 * MIB, "bucketBufferBytes": MIB})
+            assert info.value.code == 146
+            assert "readerProcesses: 8 needs 8 more reader processes" in str(info.value)
+            assert "pass readerProcesses: 1 or fewer" in str(info.value)
+            assert not proxy.engine.reader_processes()  # none started for it
+            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "one", "readerProcesses": 1})
+            memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+            assert memory["readerProcessBytes"] == READER_PROCESS_BYTES
+            assert memory["streamsRefused"] == 1
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
+    """Six streams whose full budgets are a third of the limit each: they hold next to nothing, so
+    all six are admitted (reserving the budgets admitted three)."""
+    shard_bytes, bucket_bytes = 64 * MIB, 16 * MIB
+    full = SHARDS * shard_bytes + 2 * bucket_bytes
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, 3 * full)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            for i in range(6):
+                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"idle{i}",
+                                 "shardBufferBytes": shard_bytes, "bucketBufferBytes": bucket_bytes})
+            memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+            assert memory["floorBytes"] == 6 * stream_floor(SHARDS, 2)
+            assert memory["reservedBytes"] <= 3 * full
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_drains(cluster):
+    """Two streams whose consumers do not read fill their buckets (budgets far above the limit)
+    until the proxy-wide pool is exhausted: they wait there, within the limit. Once one consumer
+    drains its stream, the other goes on; each then reads every event, in order."""
+    docs, size = 480, 64 * 1024  # 30 MiB of events, for each of the two streams
+    floor = stream_floor(SHARDS, 1)
+    limit = 2 * floor + DEAL_HEADROOM_BYTES + 4 * MIB  # 36 MiB above the floors, for the buckets
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, limit)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            ids = {}
+            for name in ("first", "second"):
+                opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": name,
+                                          "bucketBufferBytes": 1 << 30})
+                ids[name] = opened["cursors"][0]["id"]
+            for i in range(docs // 32):
+                c.fill.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
+            end = _end_key(c)
+            streams = proxy.engine.streams
+
+            def dealt(name: str) -> int:
+                return streams[name].buckets[0].dealt_total
+            # Both wait with part of their events: the pool, not their budgets, stops them.
+            wait_until(lambda: proxy.engine.memory.waiting and dealt("first") + dealt("second") > 0, timeout=60)
+            memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+            assert memory["reservedBytes"] <= limit and memory["heldBytes"] <= limit
+            assert memory["memoryWaits"] > 0
+            assert dealt("first") < docs or dealt("second") < docs
+            first = _read_all(c, ids["first"], end)
+            second = _read_all(c, ids["second"], end)
+            for events in (first, second):
+                assert [e["documentKey"]["_id"] for e in events] == list(range(docs))
+            assert proxy.engine.memory.counted <= limit
+        await sync(work, timeout=180)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reader_process_waits_for_the_pool_too(cluster):
+    """A reader process sends only bytes the shard's budget and the pool granted it: with the pool
+    exhausted by a stream nobody reads, its batches wait in the process, and nothing is lost."""
+    docs, size = 480, 64 * 1024
+    floor = stream_floor(SHARDS, 1)
+    limit = 2 * floor + DEAL_HEADROOM_BYTES + 4 * MIB + READER_PROCESS_BYTES
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, limit)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            ids = {}
+            for name, processes in (("local", 0), ("remote", 1)):
+                opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": name,
+                                          "bucketBufferBytes": 1 << 30, "readerProcesses": processes})
+                ids[name] = opened["cursors"][0]["id"]
+            for i in range(docs // 32):
+                c.fill.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
+            end = _end_key(c)
+            wait_until(lambda: proxy.engine.memory.waiting, timeout=60)
+            assert proxy.engine.memory.counted <= limit
+            for name in ("local", "remote"):
+                events = _read_all(c, ids[name], end)
+                assert [e["documentKey"]["_id"] for e in events] == list(range(docs))
+        await sync(work, timeout=180)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
