@@ -30,7 +30,13 @@ from bson import Int64, Timestamp
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
-from buckets.memory_limit import DEAL_HEADROOM_BYTES, MemoryPool, default_memory_limit, stream_floor
+from buckets.memory_limit import (
+    DEAL_HEADROOM_BYTES,
+    MemoryPool,
+    default_memory_limit,
+    shaping_processes,
+    stream_floor,
+)
 from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
@@ -114,7 +120,7 @@ class EngineConfig:
     # (buckets/memory_limit.py); 0: half of the machine's (or the cgroup's) memory.
     memory_limit_bytes: int = 0
     # An accelerated watch() has one consumer, which cannot drain faster than a few batches of
-    # read-ahead give it; its shards' budgets are this, so that many watches fit the limit.
+    # read-ahead give it; its shards' budgets are this.
     watch_shard_buffer_bytes: int = 64 << 20
 
 
@@ -546,7 +552,8 @@ class Engine:
         # beside what the others hold; its budgets then take what they hold from the same pool.
         floor = stream_floor(len(topology.shards), kept)
         assert self._reader_pool is not None, "Engine.run() must be started first"
-        starting = self._reader_pool.missing(options.reader_processes)
+        starting = self._reader_pool.missing(options.reader_processes) \
+            + shaping_processes(bool(options.stages), options.reader_processes)
         self._make_room(floor + starting * self.memory.process_bytes)
         try:
             self.memory.check_admits(floor, starting, streams=len(self.all_streams()), shards=len(topology.shards),
@@ -557,7 +564,7 @@ class Engine:
         # The stream's accounts set its floor aside as it is made (no await between); its reader
         # processes are counted as starting until they count themselves (ReaderPool._keep), so
         # that streams created at once cannot each fit beside the others' absence.
-        self.memory.add_processes(starting)
+        self.memory.add_processes(starting)  # (the shaping ones then count in the stream's own account)
         try:
             stream = ParallelStream(name, options, topology, start, floors, keep=keep,
                                     connect_upstream=self.connect_upstream, connect_member=self.connect_member,

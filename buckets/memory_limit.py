@@ -68,8 +68,15 @@ def default_memory_limit() -> int:
 
 
 def stream_floor(shards: int, buckets: int) -> int:
-    """What a stream with `shards` shards and `buckets` kept buckets is admitted by."""
+    """What a stream with `shards` shards and `buckets` kept buckets is admitted by (and, if it
+    shapes its events in worker processes, those: `shaping_processes`)."""
     return shards * SHARD_FLOOR_BYTES + buckets * BUCKET_FLOOR_BYTES
+
+
+def shaping_processes(stages: bool, reader_processes: int) -> int:
+    """The worker processes a stream applies its stages in (buckets/shaping.py): as many as its
+    reader processes, when it has stages. Each stream has its own, so each is counted with it."""
+    return reader_processes if stages else 0
 
 
 def mib(n: int) -> str:

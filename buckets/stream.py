@@ -33,7 +33,7 @@ from bson import Timestamp
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
-from buckets.memory_limit import BUCKET_FLOOR_BYTES, SHARD_FLOOR_BYTES, MemoryPool, PoolAccount
+from buckets.memory_limit import BUCKET_FLOOR_BYTES, SHARD_FLOOR_BYTES, MemoryPool, PoolAccount, shaping_processes
 from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
@@ -638,6 +638,10 @@ class ParallelStream:
         self.name = name
         self._memory = memory  # the proxy-wide pool every budget's bytes are also taken from (None: none)
         self._closing = False
+        shaping = shaping_processes(bool(options.stages), options.reader_processes)
+        # Its shaping processes, at a reader process's size (they start the same interpreter).
+        self._shaping = memory.account(shaping * memory.process_bytes, reader=False) \
+            if memory is not None and shaping else None
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
         self.sharded = topology.sharded  # mongos sizes events as its shards send them, with their sort key
@@ -714,6 +718,8 @@ class ParallelStream:
         """What this stream's budgets hold, their floors, and what the proxy's memory pool counts
         for them (the larger of the two, budget by budget; buckets/memory_limit.py)."""
         accounts = [b.account for b in self._budgets() if b.account is not None]
+        if self._shaping is not None:
+            accounts.append(self._shaping)
         return {"heldBytes": sum(b.used for b in self._budgets()), "floorBytes": sum(a.floor for a in accounts),
                 "countedBytes": sum(a.counted for a in accounts),
                 "memoryWaits": sum(b.pool_waits for b in self._budgets())}
@@ -727,6 +733,8 @@ class ParallelStream:
         for budget in self._budgets():
             if budget.account is not None:
                 budget.account.close()
+        if self._shaping is not None:
+            self._shaping.close()
 
     def _release(self) -> None:
         """Drop the events a closed stream holds. A stream sits in reference cycles (its readers
