@@ -569,18 +569,27 @@ class Engine:
             stream = ParallelStream(name, options, topology, start, floors, keep=keep,
                                     connect_upstream=self.connect_upstream, connect_member=self.connect_member,
                                     readers_pool=self._reader_pool, memory=self.memory)
+            return await self._start(stream, keep is None)
+        finally:
+            self.memory.add_processes(-starting)
+
+    async def _start(self, stream: ParallelStream, named: bool) -> ParallelStream:
+        """Run `stream` until it has opened (listed in `streams` if `named`), or fail as it failed."""
+        try:
             stream.last_active = trio.current_time()
             assert self._nursery is not None, "Engine.run() must be started first"
             self._nursery.start_soon(stream.run)
             await stream.started.wait()
             if stream.error is not None:
-                stream.close()  # its floor goes back to the pool
                 raise stream.error
-            if keep is None:
-                self.streams[name] = stream
+            if named:
+                self.streams[stream.name] = stream
             return stream
-        finally:
-            self.memory.add_processes(-starting)
+        except BaseException:
+            # Failed to open, or the command was cancelled meanwhile (its client left): nothing
+            # lists the stream, so nothing else would ever stop it and give back its floor.
+            stream.close()
+            raise
 
     def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
                     batch_size: int | None, token: Mapping[str, Any] | None, *,

@@ -303,3 +303,43 @@ async def test_a_reader_process_waits_for_the_pool_too(cluster):
         await sync(work, timeout=180)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def send(self, message: Any) -> None:
+        self.sent.append(message)
+
+
+async def test_a_reader_process_sends_only_what_was_granted_and_gives_back_what_is_too_little():
+    """The reader process's side of the flow control (buckets/reader_process.py): a tail asks for
+    its batch's size and waits for the grant; once it has sent, it asks ahead for a batch as large;
+    short of credit for a larger one, it gives back what it has, so a budget too small for both
+    still admits the batch."""
+    from buckets.reader_process import _Credit
+
+    channel = _Channel()
+    credit = _Credit(7, channel)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        sent = trio.Event()
+
+        async def send(n: int) -> None:
+            await credit.spend(n)
+            sent.set()
+        nursery.start_soon(send, 100)
+        await trio.testing.wait_all_tasks_blocked()
+        assert channel.sent == [("want", 7, 100, 0)] and not sent.is_set()
+        credit.grant(100)
+        await sent.wait()
+        assert channel.sent[-1] == ("want", 7, 100, 0)  # ahead, for the next batch
+        assert len(channel.sent) == 2
+        credit.grant(100)
+        sent = trio.Event()
+        nursery.start_soon(send, 150)
+        await trio.testing.wait_all_tasks_blocked()
+        assert channel.sent[-1] == ("want", 7, 150, 100) and credit.available == 0
+        credit.grant(150)
+        await sent.wait()
+        assert channel.sent[-1] == ("want", 7, 150, 0)
