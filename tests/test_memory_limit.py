@@ -25,7 +25,7 @@ from buckets.memory_limit import (
 )
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from tests.conftest import _close_all, client, proxy_uri, sync, wait_until
+from tests.conftest import _close_all, client, free_port, proxy_uri, scrape, sync, wait_until
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -220,8 +220,9 @@ async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
     all six are admitted (reserving the budgets admitted three)."""
     shard_bytes, bucket_bytes = 64 * MIB, 16 * MIB
     full = SHARDS * shard_bytes + 2 * bucket_bytes
+    port = free_port()
     async with trio.open_nursery() as nursery:
-        proxy = await _proxy(cluster, nursery, 3 * full)
+        proxy = await _proxy(cluster, nursery, 3 * full, metrics_port=port)
 
         def work():
             c = client(proxy_uri(proxy))
@@ -231,6 +232,11 @@ async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["floorBytes"] == 6 * stream_floor(SHARDS, 2)
             assert memory["reservedBytes"] <= 3 * full
+            figures = {ln.split()[0]: float(ln.split()[1]) for ln in scrape(port) if ln.startswith("pcs_memory")}
+            assert figures["pcs_memory_limit_bytes"] == 3 * full
+            assert figures["pcs_memory_floor_bytes"] == 6 * stream_floor(SHARDS, 2)
+            assert {"pcs_memory_reserved_bytes", "pcs_memory_held_bytes", "pcs_memory_reader_process_bytes",
+                    "pcs_memory_waits_total"} <= set(figures)
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
