@@ -266,15 +266,20 @@ async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_dra
 
             def dealt(name: str) -> int:
                 return streams[name].buckets[0].dealt_total
-            # Both wait with part of their events: the pool, not their budgets, stops them.
-            wait_until(lambda: proxy.engine.memory.waiting and dealt("first") + dealt("second") > 0, timeout=60)
+            # The pool is exhausted (to within an event) by the two buckets, far below their budgets.
+            wait_until(lambda: proxy.engine.memory.counted > limit - MIB, timeout=60)
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["reservedBytes"] <= limit and memory["heldBytes"] <= limit
             assert memory["memoryWaits"] > 0
-            assert dealt("first") < docs or dealt("second") < docs
-            first = _read_all(c, ids["first"], end)
-            second = _read_all(c, ids["second"], end)
-            for events in (first, second):
+            blocked = min(("first", "second"), key=dealt)
+            other = "second" if blocked == "first" else "first"
+            stalled_at = dealt(blocked)
+            assert stalled_at < docs
+            # The other stream's consumer drains it: the blocked one goes on, with no read of its own.
+            got = {other: _read_all(c, ids[other], end)}
+            wait_until(lambda: dealt(blocked) > stalled_at, timeout=30)
+            got[blocked] = _read_all(c, ids[blocked], end)
+            for events in got.values():
                 assert [e["documentKey"]["_id"] for e in events] == list(range(docs))
             assert proxy.engine.memory.counted <= limit
         await sync(work, timeout=180)
