@@ -239,7 +239,8 @@ class Engine:
         self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
         self.rebucketed = 0         # named streams reopened with another nBuckets
         self.memory_limit = self.config.memory_limit_bytes or default_memory_limit()
-        self.memory = MemoryPool(self.memory_limit)  # every stream's budgets take their bytes from it too
+        # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
+        self.memory = MemoryPool(self.memory_limit)
         self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
 
     def register(self, table: CommandTable) -> None:
@@ -257,7 +258,8 @@ class Engine:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after reader_idle_s.
-        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s, memory=self.memory)
+        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s,
+                                      memory=self.memory)
         async with pool_of_readers as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool
             task_status.started()
@@ -325,7 +327,8 @@ class Engine:
         for stream in idle:
             if self.memory.counted + need + DEAL_HEADROOM_BYTES <= self.memory_limit:
                 break
-            self._close_named(stream, "tearing down idle stream %s early: its memory is needed for a new stream")
+            self._close_named(stream, "tearing down idle stream %s early: its memory is needed for "
+                                      "a new stream")
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -556,15 +559,16 @@ class Engine:
             + shaping_processes(bool(options.stages), options.reader_processes)
         self._make_room(floor + starting * self.memory.process_bytes)
         try:
-            self.memory.check_admits(floor, starting, streams=len(self.all_streams()), shards=len(topology.shards),
-                                     buckets=kept, reader_processes=options.reader_processes)
+            self.memory.check_admits(floor, starting, streams=len(self.all_streams()),
+                                     shards=len(topology.shards), buckets=kept,
+                                     reader_processes=options.reader_processes)
         except MongoError:
             self.refused_for_memory += 1
             raise
         # The stream's accounts set its floor aside as it is made (no await between); its reader
         # processes are counted as starting until they count themselves (ReaderPool._keep), so
         # that streams created at once cannot each fit beside the others' absence.
-        self.memory.add_processes(starting)  # (the shaping ones then count in the stream's own account)
+        self.memory.add_processes(starting)  # (shaping ones then count in the stream's own account)
         try:
             stream = ParallelStream(name, options, topology, start, floors, keep=keep,
                                     connect_upstream=self.connect_upstream, connect_member=self.connect_member,
@@ -574,7 +578,8 @@ class Engine:
             self.memory.add_processes(-starting)
 
     async def _start(self, stream: ParallelStream, named: bool) -> ParallelStream:
-        """Run `stream` until it has opened (listed in `streams` if `named`), or fail as it failed."""
+        """Run `stream` until it has opened (listed in `streams` if `named`), or fail as it
+        failed."""
         try:
             stream.last_active = trio.current_time()
             assert self._nursery is not None, "Engine.run() must be started first"

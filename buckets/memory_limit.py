@@ -143,7 +143,8 @@ class PoolAccount:
         self.held -= n
 
     def close(self) -> None:
-        """Stop counting this account (its stream closed): its floor and what it holds return at once."""
+        """Stop counting this account (its stream closed): its floor and what it holds return
+        at once."""
         pool = self.pool
         if pool.accounts.pop(self, False):
             pool.floors -= self.floor
@@ -206,7 +207,8 @@ class MemoryPool:
 
     def status(self) -> dict[str, int]:
         return {"limitBytes": self.limit, "reservedBytes": self.counted, "heldBytes": self.held,
-                "floorBytes": self.floors, "readerProcessBytes": self.processes * self.process_bytes}
+                "floorBytes": self.floors,
+                "readerProcessBytes": self.processes * self.process_bytes}
 
     def check_admits(self, floor: int, processes: int, *, streams: int, shards: int, buckets: int,
                      reader_processes: int) -> None:
@@ -219,17 +221,21 @@ class MemoryPool:
         room = max(0, self.limit - DEAL_HEADROOM_BYTES - self.counted)
         if processes and floor <= room:
             fit = (room - floor) // self.process_bytes
-            raise MongoError("ExceededMemoryLimit",
-                             f"readerProcesses: {reader_processes} needs {processes} more reader processes of "
-                             f"{mib(self.process_bytes)} each, but only {fit} fit in the {mib(room)} left of the "
-                             f"proxy's {mib(self.limit)} memory limit ({self.processes} running); pass "
-                             f"readerProcesses: {self.processes + fit} or fewer (0 reads in the proxy process), "
-                             "or start the proxy with a higher --memory-limit-bytes")
-        raise MongoError("ExceededMemoryLimit",
-                         f"a parallel change stream needs {mib(need)} to start ({shards} shards x "
-                         f"{mib(SHARD_FLOOR_BYTES)} + {buckets} buckets x {mib(BUCKET_FLOOR_BYTES)}"
-                         + (f" + {processes} reader processes x {mib(self.process_bytes)}" if processes else "")
-                         + f"), but {mib(self.counted)} of the proxy's {mib(self.limit)} memory limit is held by "
-                         f"{streams} open streams and {self.processes} reader processes; read or close streams "
-                         "you no longer need (killCursors: a stream left without cursors makes room at once), "
-                         "open fewer buckets, or start the proxy with a higher --memory-limit-bytes")
+            raise MongoError(
+                "ExceededMemoryLimit",
+                f"readerProcesses: {reader_processes} needs {processes} more reader processes of "
+                f"{mib(self.process_bytes)} each, but only {fit} fit in the {mib(room)} left of "
+                f"the proxy's {mib(self.limit)} memory limit ({self.processes} running); pass "
+                f"readerProcesses: {self.processes + fit} or fewer (0 reads in the proxy "
+                "process), or start the proxy with a higher --memory-limit-bytes")
+        processes_part = (f" + {processes} reader processes x {mib(self.process_bytes)}"
+                          if processes else "")
+        raise MongoError(
+            "ExceededMemoryLimit",
+            f"a parallel change stream needs {mib(need)} to start ({shards} shards x "
+            f"{mib(SHARD_FLOOR_BYTES)} + {buckets} buckets x {mib(BUCKET_FLOOR_BYTES)}"
+            f"{processes_part}), but {mib(self.counted)} of the proxy's {mib(self.limit)} memory "
+            f"limit is held by {streams} open streams and {self.processes} reader processes; "
+            "read or close streams you no longer need (killCursors: a stream left without cursors "
+            "makes room at once), open fewer buckets, or start the proxy with a higher "
+            "--memory-limit-bytes")

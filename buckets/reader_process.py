@@ -457,7 +457,8 @@ def serve_readers(path: str) -> None:
 
 
 class _Credit:
-    """What a tail may send: bytes the proxy granted and the tail has not spent (see Flow control)."""
+    """What a tail may send: bytes the proxy granted and the tail has not spent (see Flow
+    control)."""
 
     def __init__(self, key: int, channel: MessageStream) -> None:
         self.key = key

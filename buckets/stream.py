@@ -33,7 +33,13 @@ from bson import Timestamp
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
-from buckets.memory_limit import BUCKET_FLOOR_BYTES, SHARD_FLOOR_BYTES, MemoryPool, PoolAccount, shaping_processes
+from buckets.memory_limit import (
+    BUCKET_FLOOR_BYTES,
+    SHARD_FLOOR_BYTES,
+    MemoryPool,
+    PoolAccount,
+    shaping_processes,
+)
 from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
@@ -131,7 +137,8 @@ class Bucket:
         self.floor = floor             # every event above this key is (or will be) held here
         self.frontier_token = floor_token
         self.frontier = floor
-        self.budget = ByteBudget(limit_bytes, account)  # account: its share of the proxy's memory limit
+        # `account`: its share of the proxy's memory limit (buckets/memory_limit.py).
+        self.budget = ByteBudget(limit_bytes, account)
         if account is not None:
             account.shed = self._shed
         self.changed = trio.Event()
@@ -362,8 +369,9 @@ class Bucket:
             block = block.sliced(k)
 
     async def put(self, event: Any) -> None:
-        """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure),
-        or while the proxy's memory pool is (another stream's consumer, or this one's, must read)."""
+        """Append `event`, waiting while the bucket is full (a consumer must read first:
+        backpressure), or while the proxy's memory pool is (a consumer of this stream or another
+        must read)."""
         while not self.put_nowait(event):
             self.notify()
             n = event.nbytes if is_block(event) else len(event[EV_RAW])
@@ -633,10 +641,10 @@ class ParallelStream:
     def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
                  floors: list[bytes], *, keep: set[int] | None = None,
                  connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
-                 connect_member: MemberConnector | None = None, readers_pool: ReaderPool | None = None,
-                 memory: MemoryPool | None = None) -> None:
+                 connect_member: MemberConnector | None = None,
+                 readers_pool: ReaderPool | None = None, memory: MemoryPool | None = None) -> None:
         self.name = name
-        self._memory = memory  # the proxy-wide pool every budget's bytes are also taken from (None: none)
+        self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
         self._closing = False
         shaping = shaping_processes(bool(options.stages), options.reader_processes)
         # Its shaping processes, at a reader process's size (they start the same interpreter).
@@ -653,8 +661,9 @@ class ParallelStream:
         self._connect_member = connect_member or MemberConnector()
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
-        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], token_from_key(floors[i]),
-                                  memory.account(BUCKET_FLOOR_BYTES, reader=False) if memory is not None else None)
+        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i],
+                                  token_from_key(floors[i]),
+                                  self._account(BUCKET_FLOOR_BYTES, reader=False))
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
         self.shard_budgets: dict[str, ByteBudget] = {}
@@ -686,8 +695,7 @@ class ParallelStream:
 
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
-        account = (self._memory.account(SHARD_FLOOR_BYTES, reader=True)
-                   if self._memory is not None and not self._closing else None)
+        account = self._account(SHARD_FLOOR_BYTES, reader=True)
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
         tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
                          transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
@@ -711,6 +719,12 @@ class ParallelStream:
     def has_cursors(self) -> bool:
         return any(b.cursors for b in self.buckets.values())
 
+    def _account(self, floor: int, *, reader: bool) -> PoolAccount | None:
+        """A new budget's account in the proxy's memory pool (none without one, or once closing)."""
+        if self._memory is None or self._closing:
+            return None
+        return self._memory.account(floor, reader=reader)
+
     def _budgets(self) -> list[ByteBudget]:
         return [*self.shard_budgets.values(), *(b.budget for b in self.buckets.values())]
 
@@ -720,7 +734,8 @@ class ParallelStream:
         accounts = [b.account for b in self._budgets() if b.account is not None]
         if self._shaping is not None:
             accounts.append(self._shaping)
-        return {"heldBytes": sum(b.used for b in self._budgets()), "floorBytes": sum(a.floor for a in accounts),
+        return {"heldBytes": sum(b.used for b in self._budgets()),
+                "floorBytes": sum(a.floor for a in accounts),
                 "countedBytes": sum(a.counted for a in accounts),
                 "memoryWaits": sum(b.pool_waits for b in self._budgets())}
 

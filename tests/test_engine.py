@@ -626,8 +626,8 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
                            "pcs_shard_connected", "pcs_bucket_depth", "pcs_stream_events_merged_total"):
                 assert sum(ln.startswith(family + "{") for ln in lines) >= 1, family
             # three shards' floors, the buckets' and the reader process
-            assert any(ln.startswith("pcs_memory_reserved_bytes ") and float(ln.split()[-1]) >= (96 + 2 + 300) << 20
-                       for ln in lines)
+            assert any(ln.startswith("pcs_memory_reserved_bytes ")
+                       and float(ln.split()[-1]) >= (96 + 2 + 300) << 20 for ln in lines)
             assert sum(ln.startswith("pcs_shard_entries_total{") for ln in lines) == 3  # one per shard
             # the shared reader process, reading the stream's three shards
             assert {'pcs_reader_process_tails{process="0"} 3.0',
@@ -680,13 +680,15 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             c = client(proxy_uri(proxy))
             first = c.admin.command({**small, "name": "first"})
             status = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
-            assert {k: status[k] for k in ("limitBytes", "reservedBytes", "floorBytes", "streamsRefused")} == {
+            figures = ("limitBytes", "reservedBytes", "floorBytes", "streamsRefused")
+            assert {k: status[k] for k in figures} == {  # floors: 3 x 32 + 2 x 1
                 "limitBytes": 180 * mib, "reservedBytes": 98 * mib, "floorBytes": 98 * mib,
-                "streamsRefused": 0}  # 3 x 32 + 2 x 1
+                "streamsRefused": 0}
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({**small, "name": "second"})
             assert info.value.code == 146
-            assert "98 MiB of the proxy's 180 MiB memory limit is held by 1 open streams" in str(info.value)
+            assert ("98 MiB of the proxy's 180 MiB memory limit is held by 1 open streams"
+                    in str(info.value))
             assert "second" not in proxy.engine.streams
             # A watch() (3 shards x 32 MiB + 1 MiB) does not fit either: mongos serves it instead.
             with c.mem.c.watch(max_await_time_ms=500) as watch:

@@ -34,7 +34,7 @@ NS = "$cmd.parallelChangeStream"
 SHARDS = 3  # the cluster fixture's
 
 
-# -- the accounting, without sockets ------------------------------------------------------------------
+# -- the accounting, without sockets ---------------------------------------------------------
 
 
 def test_an_account_counts_its_floor_or_what_it_holds_if_more():
@@ -74,11 +74,11 @@ def test_a_tiny_budget_admits_one_batch_and_the_pool_counts_it():
     budgets = [ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True)) for _ in range(2)]
     assert budgets[0].try_acquire(SHARD_FLOOR_BYTES)           # within its floor
     assert not budgets[0].try_acquire(1)                       # its own limit: one batch at a time
-    assert not budgets[1].try_acquire(SHARD_FLOOR_BYTES + 1)   # over its floor, and the pool is full
+    assert not budgets[1].try_acquire(SHARD_FLOOR_BYTES + 1)  # over its floor; the pool is full
     assert budgets[1].blocked_by_pool(SHARD_FLOOR_BYTES + 1)
     assert pool.held == SHARD_FLOOR_BYTES and pool.counted <= pool.limit
     budgets[0].release(SHARD_FLOOR_BYTES)
-    assert budgets[0].try_acquire(SHARD_FLOOR_BYTES + 1) is False  # the pool has nothing above floors
+    assert not budgets[0].try_acquire(SHARD_FLOOR_BYTES + 1)  # nothing left above the floors
     assert budgets[1].try_acquire(SHARD_FLOOR_BYTES)
 
 
@@ -101,7 +101,8 @@ def test_admission_counts_the_floor_and_the_reader_processes_to_start():
     with pytest.raises(MongoError) as info:
         pool.check_admits(stream_floor(3, 2), 4, streams=0, shards=3, buckets=2, reader_processes=4)
     assert info.value.code == 146
-    assert "readerProcesses: 4 needs 4 more reader processes of 300 MiB each, but only 1 fit" in info.value.errmsg
+    assert ("readerProcesses: 4 needs 4 more reader processes of 300 MiB each, but only 1 fit"
+            in info.value.errmsg)
     assert "pass readerProcesses: 1 or fewer" in info.value.errmsg
     for _ in range(11):
         pool.account(SHARD_FLOOR_BYTES, reader=True)
@@ -130,7 +131,7 @@ async def test_a_budget_waiting_for_the_pool_resumes_when_another_gives_bytes_ba
     assert pool.counted == pool.limit - DEAL_HEADROOM_BYTES
 
 
-# -- the engine, through a proxy ----------------------------------------------------------------------
+# -- the engine, through a proxy -------------------------------------------------------------
 
 
 async def _proxy(cluster: Any, nursery: trio.Nursery, limit: int, **settings: Any) -> Any:
@@ -148,7 +149,8 @@ def _read_all(c: Any, cursor_id: int, end: bytes, *, timeout: float = 60) -> lis
     out: list[Any] = []
 
     def done() -> bool:
-        reply = c.admin.command({"getMore": cursor_id, "collection": NS, "maxTimeMS": 200})["cursor"]
+        reply = c.admin.command({"getMore": cursor_id, "collection": NS,
+                                 "maxTimeMS": 200})["cursor"]
         out.extend(reply["nextBatch"])
         return token_sort_key(reply["postBatchResumeToken"]) >= end
     wait_until(done, timeout=timeout, interval=0)
@@ -200,13 +202,15 @@ async def test_reader_processes_that_do_not_fit_are_refused(cluster):
         def work():
             c = client(proxy_uri(proxy))
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "many", "readerProcesses": 8,
-                                 "shardBufferBytes": 16 * MIB, "bucketBufferBytes": MIB})
+                c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "many",
+                                 "readerProcesses": 8, "shardBufferBytes": 16 * MIB,
+                                 "bucketBufferBytes": MIB})
             assert info.value.code == 146
             assert "readerProcesses: 8 needs 8 more reader processes" in str(info.value)
             assert "pass readerProcesses: 1 or fewer" in str(info.value)
             assert not proxy.engine.reader_processes()  # none started for it
-            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "one", "readerProcesses": 1})
+            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "one",
+                             "readerProcesses": 1})
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["readerProcessBytes"] == READER_PROCESS_BYTES
             assert memory["streamsRefused"] == 1
@@ -228,15 +232,17 @@ async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
             c = client(proxy_uri(proxy))
             for i in range(6):
                 c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"idle{i}",
-                                 "shardBufferBytes": shard_bytes, "bucketBufferBytes": bucket_bytes})
+                                 "shardBufferBytes": shard_bytes,
+                                 "bucketBufferBytes": bucket_bytes})
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["floorBytes"] == 6 * stream_floor(SHARDS, 2)
             assert memory["reservedBytes"] <= 3 * full
-            figures = {ln.split()[0]: float(ln.split()[1]) for ln in scrape(port) if ln.startswith("pcs_memory")}
+            figures = {ln.split()[0]: float(ln.split()[1]) for ln in scrape(port)
+                       if ln.startswith("pcs_memory")}
             assert figures["pcs_memory_limit_bytes"] == 3 * full
             assert figures["pcs_memory_floor_bytes"] == 6 * stream_floor(SHARDS, 2)
-            assert {"pcs_memory_reserved_bytes", "pcs_memory_held_bytes", "pcs_memory_reader_process_bytes",
-                    "pcs_memory_waits_total"} <= set(figures)
+            assert {"pcs_memory_reserved_bytes", "pcs_memory_held_bytes",
+                    "pcs_memory_reader_process_bytes", "pcs_memory_waits_total"} <= set(figures)
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -266,7 +272,7 @@ async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_dra
 
             def dealt(name: str) -> int:
                 return streams[name].buckets[0].dealt_total
-            # The pool is exhausted (to within an event) by the two buckets, far below their budgets.
+            # The two buckets exhaust the pool (to within an event), far below their budgets.
             wait_until(lambda: proxy.engine.memory.counted > limit - MIB, timeout=60)
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["reservedBytes"] <= limit and memory["heldBytes"] <= limit
@@ -275,7 +281,7 @@ async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_dra
             other = "second" if blocked == "first" else "first"
             stalled_at = dealt(blocked)
             assert stalled_at < docs
-            # The other stream's consumer drains it: the blocked one goes on, with no read of its own.
+            # The other's consumer drains it: the blocked one goes on, with no read of its own.
             got = {other: _read_all(c, ids[other], end)}
             wait_until(lambda: dealt(blocked) > stalled_at, timeout=30)
             got[blocked] = _read_all(c, ids[blocked], end)
@@ -301,7 +307,8 @@ async def test_a_reader_process_waits_for_the_pool_too(cluster):
             ids = {}
             for name, processes in (("local", 0), ("remote", 1)):
                 opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": name,
-                                          "bucketBufferBytes": 1 << 30, "readerProcesses": processes})
+                                          "bucketBufferBytes": 1 << 30,
+                                          "readerProcesses": processes})
                 ids[name] = opened["cursors"][0]["id"]
             for i in range(docs // 32):
                 c.fill.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
