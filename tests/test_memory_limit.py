@@ -361,3 +361,33 @@ async def test_a_reader_process_sends_only_what_was_granted_and_gives_back_what_
         credit.grant(150)
         await sent.wait()
         assert channel.sent[-1] == ("want", 7, 150, 0)
+
+
+async def test_a_watch_that_shapes_in_worker_processes_counts_them(cluster):
+    """An accelerated watch() with stages and readerProcesses applies the stages in as many worker
+    processes of its own (buckets/shaping.py): its stream counts them beside its floor; with no
+    room for them, the watch() is passed through to mongos, which serves the same events."""
+    floor = stream_floor(SHARDS, 1)
+    limit = floor + DEAL_HEADROOM_BYTES + 2 * READER_PROCESS_BYTES
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, limit, accelerate_change_streams=True,
+                             reader_processes=1)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            project = [{"$project": {"documentKey": 1}}]
+            with c.shaped.c.watch(project, max_await_time_ms=300) as watch:
+                c.shaped.c.insert_one({"_id": 1})
+                assert watch.next()["documentKey"] == {"_id": 1}
+                memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+                assert memory["floorBytes"] == floor + READER_PROCESS_BYTES  # its shaping process
+                assert memory["readerProcessBytes"] == READER_PROCESS_BYTES
+                assert proxy.engine.watches == {"accelerated": 1, "passedThrough": 0}
+                # A second one: its floor and shaping process do not fit beside the first's.
+                with c.shaped.c.watch(project, max_await_time_ms=300) as more:
+                    c.shaped.c.insert_one({"_id": 2})
+                    assert more.next()["documentKey"] == {"_id": 2}
+                assert proxy.engine.watches == {"accelerated": 1, "passedThrough": 1}
+        await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
