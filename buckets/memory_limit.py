@@ -10,10 +10,14 @@ keep their sizes (1 GiB a shard, 64 MiB a bucket by default): a stream whose con
 holds far less, and only what it holds is counted.
 
 The floor of a stream is what it always takes, whatever its budgets (a budget always admits one
-batch, however small it is): a reply of each shard's oplog and the events made of it
-(SHARD_FLOOR_BYTES a shard), and a few events a bucket (BUCKET_FLOOR_BYTES). A stream is admitted
-when its floor fits beside what the others count; it is refused with ExceededMemoryLimit (146)
-otherwise, as are reader processes that do not fit.
+batch, however small it is). A shard's reader reads a batch before it asks its budget for it, and
+holds it while it waits: its account counts that batch (SHARD_BATCH_BYTES: a reply of the oplog
+and the events made of it) beside what its budget holds, and its floor is two of them, so that a
+reader holding nothing can always place its batch (the merge waits for it; without room of its
+own it could wait for ever on other shards' batches that wait for it in the merge). A bucket's
+floor is a few events (BUCKET_FLOOR_BYTES). A stream is admitted when its floor fits beside what
+the others count; it is refused with ExceededMemoryLimit (146) otherwise, as are reader processes
+that do not fit.
 
 Readers leave DEAL_HEADROOM_BYTES of the pool to the buckets: a shard's batches wait in the merge
 until every shard has been read past them, so read-ahead that took the whole pool would leave the
@@ -32,9 +36,11 @@ from mongoformats.errors import MongoError
 # cgroup v2, then v1: the limit a container runtime set, when it is below the machine's memory.
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
-# A shard's reader takes a getMore's reply of the oplog (the server caps one at 16 MiB of entries)
-# and makes a batch of events of it (up to ~1.2x the entries' bytes) before its budget is asked.
-SHARD_FLOOR_BYTES = 32 << 20
+# A shard's reader takes a getMore's reply of the oplog (the server caps one at 16 MiB of entries;
+# the reader asks for 16,384 entries) and makes a batch of events of it (up to ~1.2x the entries'
+# bytes) before its budget is asked: what it holds in hand while it waits.
+SHARD_BATCH_BYTES = 32 << 20
+SHARD_FLOOR_BYTES = 2 * SHARD_BATCH_BYTES
 # A bucket always takes one event; 1 MiB is many events of the usual size. A larger one takes the
 # rest from the pool, which readers leave DEAL_HEADROOM_BYTES of.
 BUCKET_FLOOR_BYTES = 1 << 20
@@ -84,14 +90,16 @@ def mib(n: int) -> str:
 
 
 class PoolAccount:
-    """One budget's share of the pool: `floor` set aside, `held` what the budget holds now."""
+    """One budget's share of the pool: `floor` set aside, `held` what the budget holds now, and
+    `in_hand` what its producer may hold beside it (a shard reader's batch that waits for room)."""
 
-    __slots__ = ("floor", "held", "pool", "reader", "shed")
+    __slots__ = ("floor", "held", "in_hand", "pool", "reader", "shed")
 
-    def __init__(self, pool: MemoryPool, floor: int, *, reader: bool) -> None:
+    def __init__(self, pool: MemoryPool, floor: int, *, reader: bool, in_hand: int = 0) -> None:
         self.pool = pool
         self.floor = floor
         self.held = 0
+        self.in_hand = in_hand
         self.reader = reader  # a shard's reader: leaves the dealing headroom to the buckets
         # Lets go of what its budget holds only as a cache (a bucket's delivered events), when
         # some take would otherwise wait for the pool.
@@ -99,10 +107,10 @@ class PoolAccount:
 
     @property
     def counted(self) -> int:
-        return max(self.floor, self.held)
+        return max(self.floor, self.held + self.in_hand)
 
     def _above(self, held: int) -> int:
-        return max(0, held - self.floor)
+        return max(0, held + self.in_hand - self.floor)
 
     def room(self) -> int:
         """Bytes this account may take now."""
@@ -110,7 +118,7 @@ class PoolAccount:
         if self not in pool.accounts:
             return 1 << 62  # closed: its stream is going away, nothing more is counted
         free = pool.limit - (DEAL_HEADROOM_BYTES if self.reader else 0) - pool.counted
-        return max(0, self.floor - self.held) + max(0, free)
+        return max(0, self.floor - self.in_hand - self.held) + max(0, free)
 
     def try_take(self, n: int) -> bool:
         """Count `n` more bytes if the pool has room for them; False (nothing counted) if not."""
@@ -172,12 +180,13 @@ class MemoryPool:
         """What counts against the limit: floors, bytes above them, reader processes."""
         return self.floors + self.above + self.processes * self.process_bytes
 
-    def account(self, floor: int, *, reader: bool) -> PoolAccount:
+    def account(self, floor: int, *, reader: bool, in_hand: int = 0) -> PoolAccount:
         """A new budget's account. Its floor is set aside unconditionally: admission checked it
         (`check_admits`), or a shard joined an open stream, which cannot be refused."""
-        acct = PoolAccount(self, floor, reader=reader)
+        acct = PoolAccount(self, floor, reader=reader, in_hand=in_hand)
         self.accounts[acct] = True
         self.floors += floor
+        self.above += acct._above(0)
         return acct
 
     def add_processes(self, n: int) -> None:

@@ -35,6 +35,7 @@ from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
 from buckets.memory_limit import (
     BUCKET_FLOOR_BYTES,
+    SHARD_BATCH_BYTES,
     SHARD_FLOOR_BYTES,
     MemoryPool,
     PoolAccount,
@@ -695,7 +696,8 @@ class ParallelStream:
 
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
-        account = self._account(SHARD_FLOOR_BYTES, reader=True)
+        # The reader holds a batch in hand while it waits for room: counted beside the budget.
+        account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
         tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
                          transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
@@ -719,11 +721,11 @@ class ParallelStream:
     def has_cursors(self) -> bool:
         return any(b.cursors for b in self.buckets.values())
 
-    def _account(self, floor: int, *, reader: bool) -> PoolAccount | None:
+    def _account(self, floor: int, *, reader: bool, in_hand: int = 0) -> PoolAccount | None:
         """A new budget's account in the proxy's memory pool (none without one, or once closing)."""
         if self._memory is None or self._closing:
             return None
-        return self._memory.account(floor, reader=reader)
+        return self._memory.account(floor, reader=reader, in_hand=in_hand)
 
     def _budgets(self) -> list[ByteBudget]:
         return [*self.shard_budgets.values(), *(b.budget for b in self.buckets.values())]

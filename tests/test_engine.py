@@ -627,7 +627,7 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
                 assert sum(ln.startswith(family + "{") for ln in lines) >= 1, family
             # three shards' floors, the buckets' and the reader process
             assert any(ln.startswith("pcs_memory_reserved_bytes ")
-                       and float(ln.split()[-1]) >= (96 + 2 + 300) << 20 for ln in lines)
+                       and float(ln.split()[-1]) >= (192 + 2 + 300) << 20 for ln in lines)
             assert sum(ln.startswith("pcs_shard_entries_total{") for ln in lines) == 3  # one per shard
             # the shared reader process, reading the stream's three shards
             assert {'pcs_reader_process_tails{process="0"} 3.0',
@@ -670,7 +670,7 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
     by mongos (a watch()), and fits once the cursors of another are killed. Idle streams are
     closed for a new one only if that makes room."""
     mib = 1 << 20
-    config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=180 * mib,
+    config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=300 * mib,
                          accelerate_change_streams=True)
     small = {"parallelChangeStream": 1, "nBuckets": 2, "shardBufferBytes": 20 * mib, "bucketBufferBytes": 4 * mib}
     async with trio.open_nursery() as nursery:
@@ -681,16 +681,16 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             first = c.admin.command({**small, "name": "first"})
             status = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             figures = ("limitBytes", "reservedBytes", "floorBytes", "streamsRefused")
-            assert {k: status[k] for k in figures} == {  # floors: 3 x 32 + 2 x 1
-                "limitBytes": 180 * mib, "reservedBytes": 98 * mib, "floorBytes": 98 * mib,
+            assert {k: status[k] for k in figures} == {  # floors: 3 x 64 + 2 x 1
+                "limitBytes": 300 * mib, "reservedBytes": 194 * mib, "floorBytes": 194 * mib,
                 "streamsRefused": 0}
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({**small, "name": "second"})
             assert info.value.code == 146
-            assert ("98 MiB of the proxy's 180 MiB memory limit is held by 1 open streams"
+            assert ("194 MiB of the proxy's 300 MiB memory limit is held by 1 open streams"
                     in str(info.value))
             assert "second" not in proxy.engine.streams
-            # A watch() (3 shards x 32 MiB + 1 MiB) does not fit either: mongos serves it instead.
+            # A watch() (3 shards x 64 MiB + 1 MiB) does not fit either: mongos serves it instead.
             with c.mem.c.watch(max_await_time_ms=500) as watch:
                 c.mem.c.insert_one({"_id": 1})
                 assert watch.next()["documentKey"] == {"_id": 1}
@@ -704,7 +704,7 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             # One that would not fit even in all the idle streams' room is refused, and they are spared.
             c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in second["cursors"]]})
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({**small, "name": "big", "nBuckets": 60})  # 3 x 32 + 60 x 1
+                c.admin.command({**small, "name": "big", "nBuckets": 100})  # 3 x 64 + 100 x 1
             assert info.value.code == 146
             assert set(proxy.engine.streams) == {"second"}
         await sync(work)

@@ -19,6 +19,7 @@ from buckets.memory_limit import (
     BUCKET_FLOOR_BYTES,
     DEAL_HEADROOM_BYTES,
     READER_PROCESS_BYTES,
+    SHARD_BATCH_BYTES,
     SHARD_FLOOR_BYTES,
     MemoryPool,
     stream_floor,
@@ -53,13 +54,25 @@ def test_an_account_counts_its_floor_or_what_it_holds_if_more():
     assert pool.counted == 0
 
 
+def test_a_reader_counts_the_batch_it_holds_in_hand_beside_its_budget():
+    """A shard's reader reads a batch before its budget takes it, and holds it while it waits:
+    its account counts one batch beside what the budget holds, within a floor of two."""
+    pool = MemoryPool(1 << 40)
+    shard = pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
+    assert SHARD_FLOOR_BYTES == 2 * SHARD_BATCH_BYTES and pool.counted == SHARD_FLOOR_BYTES
+    assert shard.try_take(SHARD_BATCH_BYTES)
+    assert pool.counted == SHARD_FLOOR_BYTES  # one held, one in hand: the floor
+    assert shard.try_take(MIB)
+    assert pool.counted == SHARD_FLOOR_BYTES + MIB
+
+
 def test_readers_leave_the_dealing_headroom_to_the_buckets():
     """A shard's read-ahead never takes the last DEAL_HEADROOM_BYTES: the merge needs them to
     deal an event larger than a bucket's floor, and only dealing frees what the shards hold."""
     pool = MemoryPool(SHARD_FLOOR_BYTES + BUCKET_FLOOR_BYTES + DEAL_HEADROOM_BYTES + 8 * MIB)
-    shard = pool.account(SHARD_FLOOR_BYTES, reader=True)
+    shard = pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
     bucket = pool.account(BUCKET_FLOOR_BYTES, reader=False)
-    assert shard.try_take(SHARD_FLOOR_BYTES + 8 * MIB)
+    assert shard.try_take(SHARD_BATCH_BYTES + 8 * MIB)
     assert not shard.try_take(1)
     assert bucket.try_take(BUCKET_FLOOR_BYTES + DEAL_HEADROOM_BYTES)
     assert not bucket.try_take(1)
@@ -71,15 +84,17 @@ def test_a_tiny_budget_admits_one_batch_and_the_pool_counts_it():
     """A 1-byte budget still takes a whole batch when it is empty (nothing can deadlock on a small
     budget); the pool counts those bytes, and a batch the pool has no room for waits."""
     pool = MemoryPool(2 * SHARD_FLOOR_BYTES + DEAL_HEADROOM_BYTES)
-    budgets = [ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True)) for _ in range(2)]
-    assert budgets[0].try_acquire(SHARD_FLOOR_BYTES)           # within its floor
-    assert not budgets[0].try_acquire(1)                       # its own limit: one batch at a time
-    assert not budgets[1].try_acquire(SHARD_FLOOR_BYTES + 1)  # over its floor; the pool is full
-    assert budgets[1].blocked_by_pool(SHARD_FLOOR_BYTES + 1)
-    assert pool.held == SHARD_FLOOR_BYTES and pool.counted <= pool.limit
-    budgets[0].release(SHARD_FLOOR_BYTES)
-    assert not budgets[0].try_acquire(SHARD_FLOOR_BYTES + 1)  # nothing left above the floors
-    assert budgets[1].try_acquire(SHARD_FLOOR_BYTES)
+    budgets = [ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True,
+                                          in_hand=SHARD_BATCH_BYTES)) for _ in range(2)]
+    batch = SHARD_BATCH_BYTES
+    assert budgets[0].try_acquire(batch)           # within its floor
+    assert not budgets[0].try_acquire(1)           # its own limit: one batch at a time
+    assert not budgets[1].try_acquire(batch + 1)   # over its floor; the pool is full
+    assert budgets[1].blocked_by_pool(batch + 1)
+    assert pool.held == batch and pool.counted <= pool.limit
+    budgets[0].release(batch)
+    assert not budgets[0].try_acquire(batch + 1)   # nothing left above the floors
+    assert budgets[1].try_acquire(batch)
 
 
 def test_a_take_that_would_wait_first_sheds_what_other_accounts_only_cache():
@@ -104,12 +119,12 @@ def test_admission_counts_the_floor_and_the_reader_processes_to_start():
     assert ("readerProcesses: 4 needs 4 more reader processes of 300 MiB each, but only 1 fit"
             in info.value.errmsg)
     assert "pass readerProcesses: 1 or fewer" in info.value.errmsg
-    for _ in range(11):
+    for _ in range(6):
         pool.account(SHARD_FLOOR_BYTES, reader=True)
     with pytest.raises(MongoError) as info:
         pool.check_admits(stream_floor(3, 2), 0, streams=1, shards=3, buckets=2, reader_processes=0)
     assert info.value.code == 146
-    assert "needs 98 MiB to start (3 shards x 32 MiB + 2 buckets x 1 MiB)" in info.value.errmsg
+    assert "needs 194 MiB to start (3 shards x 64 MiB + 2 buckets x 1 MiB)" in info.value.errmsg
 
 
 async def test_a_budget_waiting_for_the_pool_resumes_when_another_gives_bytes_back():
@@ -160,7 +175,7 @@ def _read_all(c: Any, cursor_id: int, end: bytes, *, timeout: float = 60) -> lis
 async def test_streams_with_one_byte_budgets_cannot_hold_more_than_the_limit(cluster):
     """A budget always admits one batch, so a stream with 1-byte budgets still holds a batch a
     shard: such streams are admitted by their floor, until the limit is reached; then refused."""
-    limit = 600 * MIB
+    limit = 1200 * MIB
     floor = stream_floor(SHARDS, 1)
     async with trio.open_nursery() as nursery:
         proxy = await _proxy(cluster, nursery, limit)
@@ -220,10 +235,10 @@ async def test_reader_processes_that_do_not_fit_are_refused(cluster):
 
 
 async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
-    """Six streams whose full budgets are a third of the limit each: they hold next to nothing, so
-    all six are admitted (reserving the budgets admitted three)."""
-    shard_bytes, bucket_bytes = 64 * MIB, 16 * MIB
-    full = SHARDS * shard_bytes + 2 * bucket_bytes
+    """Six streams whose full budgets (the defaults: 1 GiB a shard, 64 MiB a bucket) are a third of
+    the limit each: they hold next to nothing, so all six are admitted (reserving the budgets
+    admitted three)."""
+    full = SHARDS * (1 << 30) + 2 * (64 * MIB)
     port = free_port()
     async with trio.open_nursery() as nursery:
         proxy = await _proxy(cluster, nursery, 3 * full, metrics_port=port)
@@ -231,9 +246,7 @@ async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
         def work():
             c = client(proxy_uri(proxy))
             for i in range(6):
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"idle{i}",
-                                 "shardBufferBytes": shard_bytes,
-                                 "bucketBufferBytes": bucket_bytes})
+                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"idle{i}"})
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["floorBytes"] == 6 * stream_floor(SHARDS, 2)
             assert memory["reservedBytes"] <= 3 * full
