@@ -2,10 +2,11 @@
 
 Each byte budget of an open stream (one per shard, one per bucket) has an account in the engine's
 MemoryPool. An account has a floor, set aside when the stream is admitted, and counts what its
-budget holds; the pool counts each account at the larger of the two, and each reader process at
-its resident size. The sum never passes the limit: a budget takes bytes above its floor only from
-what the pool has left, and its producer (a shard's reader, the merge dealing into a bucket) waits
-until the pool has room again, as it waits on a full budget of its own. The budgets themselves
+budget holds (a shard's also the batch its reader holds in hand); the pool counts each account at
+the larger of the two, and each reader process at its resident size. The sum never passes the
+limit: a budget takes bytes above its floor only from what the pool has left, and its producer (a
+shard's reader, the merge dealing into a bucket) waits until the pool has room again, as it waits
+on a full budget of its own. The budgets themselves
 keep their sizes (1 GiB a shard, 64 MiB a bucket by default): a stream whose consumers keep up
 holds far less, and only what it holds is counted.
 
@@ -14,7 +15,8 @@ batch, however small it is). A shard's reader reads a batch before it asks its b
 holds it while it waits: its account counts that batch (SHARD_BATCH_BYTES: a reply of the oplog
 and the events made of it) beside what its budget holds, and its floor is two of them, so that a
 reader holding nothing can always place its batch (the merge waits for it; without room of its
-own it could wait for ever on other shards' batches that wait for it in the merge). A bucket's
+own it could wait for ever on other shards' batches that wait for it in the merge; a larger
+batch, such as a large transaction's, takes the rest from the pool). A bucket's
 floor is a few events (BUCKET_FLOOR_BYTES). A stream is admitted when its floor fits beside what
 the others count; it is refused with ExceededMemoryLimit (146) otherwise, as are reader processes
 that do not fit.
