@@ -6,6 +6,7 @@ limit (src/mongo/base/error_codes.yml in mongodb/mongo)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 import pytest
@@ -402,5 +403,46 @@ async def test_a_watch_that_shapes_in_worker_processes_counts_them(cluster):
                     assert more.next()["documentKey"] == {"_id": 2}
                 assert proxy.engine.watches == {"accelerated": 1, "passedThrough": 1}
         await sync(work)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_read_stream_goes_on_beside_abandoned_ones_that_exhaust_the_pool(cluster):
+    """Streams nobody reads fill the pool; a stream whose buckets are all read keeps going on its
+    floors (a batch a shard, a few events a bucket), and returns every event in order."""
+    docs, size = 640, 64 * 1024  # 40 MiB of large events, beside small ones
+    limit = 3 * stream_floor(SHARDS, 2) + DEAL_HEADROOM_BYTES + 8 * MIB + READER_PROCESS_BYTES
+    async with trio.open_nursery() as nursery:
+        proxy = await _proxy(cluster, nursery, limit)
+
+        def attach_and_read(token: Any, bucket: int, end: bytes) -> list[Any]:
+            c = client(proxy_uri(proxy))  # a consumer of its own: its cursor, its session
+            cursor = c.admin.command({"parallelChangeStream": 1, "name": "live", "bucket": bucket,
+                                      "resumeAfter": token})["cursor"]
+            return _read_all(c, cursor["id"], end, timeout=120)
+
+        def work():
+            c = client(proxy_uri(proxy))
+            for name, processes in (("gone", 0), ("gone-too", 1)):
+                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": name,
+                                 "readerProcesses": processes})
+            # The opener leaves (Spark's driver): each bucket is attached by a worker of its own.
+            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "live"})
+            c.admin.command({"killCursors": NS,
+                             "cursors": [cur["id"] for cur in opened["cursors"]]})
+            for i in range(docs // 32):
+                c.big.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
+                c.small.c.insert_many([{"_id": i * 32 + k} for k in range(32)])
+            end = _end_key(c)
+            with concurrent.futures.ThreadPoolExecutor(2) as workers:
+                reads = [workers.submit(attach_and_read, cur["postBatchResumeToken"], cur["bucket"],
+                                        end) for cur in opened["cursors"]]
+                events = [e for read in reads for e in read.result()]
+            for db in ("big", "small"):
+                ids = [e["documentKey"]["_id"] for e in events if e["ns"]["db"] == db]
+                assert ids == list(range(docs)), db
+            memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
+            assert memory["memoryWaits"] > 0 and memory["reservedBytes"] <= limit
+        await sync(work, timeout=180)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
