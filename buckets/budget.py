@@ -6,48 +6,75 @@ from collections.abc import Callable
 
 import trio
 
+from buckets.memory_limit import PoolAccount
+
 
 class ByteBudget:
-    """`await acquire(n)` waits until `n` more bytes fit under `limit`.
+    """`await acquire(n)` waits until `n` more bytes fit under `limit` and, with an `account`, in
+    the proxy-wide memory pool (buckets/memory_limit.py).
 
     One item larger than the whole limit is still let through when the budget is empty, so a
-    single huge event (up to 16 MiB) can never deadlock a small budget.
+    single huge event (up to 16 MiB) can never deadlock a small budget; the pool counts it all
+    the same, and the item waits for the pool's room like any other.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, account: PoolAccount | None = None) -> None:
         if limit <= 0:
             raise ValueError("a byte budget must be positive")
         self.limit = limit
         self.used = 0
         self.high_water = 0
+        self.account = account
+        self.pool_waits = 0  # takes the pool made wait (status)
         self._freed = trio.Event()
-        # Told of every release: a reader process's own budget for this shard gets the bytes back.
-        self.on_release: Callable[[int], None] | None = None
+
+    def fits(self, n: int) -> bool:
+        """Whether `n` more bytes fit under the budget's own limit (the one-item rule included)."""
+        return not self.used or self.used + n <= self.limit
+
+    def room(self) -> int:
+        """Bytes that fit now, under the limit and in the pool (for taking part of a block)."""
+        own = self.limit - self.used
+        return own if self.account is None else min(own, self.account.room())
 
     def try_acquire(self, n: int) -> bool:
         """Take `n` bytes if they fit now (same rule as `acquire`); False instead of waiting."""
-        if self.used and self.used + n > self.limit:
+        if not self.fits(n):
             return False
-        self.charge(n)
+        if self.account is not None and not self.account.try_take(n):
+            self.pool_waits += 1
+            return False
+        self._count(n)
         return True
 
-    def charge(self, n: int) -> None:
-        """Count `n` bytes that were admitted elsewhere: a reader process acquired them from its
-        own budget for this shard, which gets them back only as this one releases them."""
+    def blocked_by_pool(self, n: int) -> bool:
+        """Whether `n` bytes would fit the budget but not the pool (then wait for the pool)."""
+        return self.fits(n) and self.account is not None and n > self.account.room()
+
+    def wake_when_pool_frees(self, wake: Callable[[], None]) -> None:
+        if self.account is not None:
+            self.account.pool.wake_when_freed(wake)
+
+    def _count(self, n: int) -> None:
         self.used += n
         if self.used > self.high_water:
             self.high_water = self.used
 
     async def acquire(self, n: int) -> None:
         while not self.try_acquire(n):
+            if self.blocked_by_pool(n):
+                self.wake_when_pool_frees(self._wake)
             await self._freed.wait()
+
+    def _wake(self) -> None:
+        self._freed.set()
+        self._freed = trio.Event()
 
     def release(self, n: int) -> None:
         self.used -= n
-        self._freed.set()
-        self._freed = trio.Event()
-        if self.on_release is not None:
-            self.on_release(n)
+        if self.account is not None:
+            self.account.give(n)
+        self._wake()
 
 
 class BudgetHold:

@@ -48,7 +48,13 @@ from bson import Decimal128, Int64, Timestamp
 
 from buckets.bucketing import MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
-from buckets.memory_limit import check_fits, default_memory_limit
+from buckets.memory_limit import (
+    DEAL_HEADROOM_BYTES,
+    MemoryPool,
+    default_memory_limit,
+    shaping_processes,
+    stream_floor,
+)
 from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
@@ -136,11 +142,11 @@ class EngineConfig:
     # Cursors of sessions a client ended (endSessions) are killed at the next session refresh,
     # as the server's logical session cache does every logicalSessionRefreshMillis (5 min).
     session_refresh_s: float = 300.0
-    # Streams are admitted while their budgets fit under this (buckets/memory_limit.py); 0: half
-    # of the machine's (or the cgroup's) memory.
+    # What every stream's budgets hold, and every reader process, is counted under this
+    # (buckets/memory_limit.py); 0: half of the machine's (or the cgroup's) memory.
     memory_limit_bytes: int = 0
     # An accelerated watch() has one consumer, which cannot drain faster than a few batches of
-    # read-ahead give it; its shards' budgets are this, so that many watches fit the limit.
+    # read-ahead give it; its shards' budgets are this.
     watch_shard_buffer_bytes: int = 64 << 20
 
 
@@ -385,7 +391,8 @@ class Engine:
         self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
         self.rebucketed = 0         # named streams reopened with another nBuckets
         self.memory_limit = self.config.memory_limit_bytes or default_memory_limit()
-        self._admitting = 0         # budgets of streams being created, not yet listed
+        # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
+        self.memory = MemoryPool(self.memory_limit)
         self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
 
     def register(self, table: CommandTable) -> None:
@@ -403,7 +410,8 @@ class Engine:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after reader_idle_s.
-        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s)
+        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s,
+                                      memory=self.memory)
         async with pool_of_readers as pool, trio.open_nursery() as nursery:
             self._nursery, self._reader_pool = nursery, pool
             task_status.started()
@@ -422,11 +430,15 @@ class Engine:
         return {**self.streams, **{s.name: s for s in self._private.values()}}
 
     def memory_reserved(self) -> int:
-        """Bytes the open streams' budgets may hold, and those of streams being created."""
-        return sum(s.reserved_bytes() for s in self.all_streams().values()) + self._admitting
+        """What counts against the memory limit: each budget's floor or what it holds, if more,
+        and the reader processes (buckets/memory_limit.py)."""
+        return self.memory.counted
 
     def memory_status(self) -> dict[str, int]:
-        return {"limitBytes": self.memory_limit, "reservedBytes": self.memory_reserved(),
+        """limitBytes; reservedBytes, what counts against it; heldBytes, what the budgets hold;
+        floorBytes, what the open streams are admitted by; readerProcessBytes; memoryWaits, takes
+        that waited for room in the pool; streamsRefused."""
+        return {**self.memory.status(), "memoryWaits": self.memory.refusals,
                 "streamsRefused": self.refused_for_memory}
 
     def reader_processes(self) -> list[dict[str, Any]]:
@@ -453,23 +465,22 @@ class Engine:
             self._drop_cursor(cid)
         return len(doomed)
 
-    def _make_room(self, need: int) -> int:
+    def _make_room(self, need: int) -> None:
         """Close streams without cursors, least recently used first, until `need` more bytes fit
-        under the memory limit; returns what is then reserved (memory_reserved). Such a stream is
-        kept only so that a consumer can re-attach to its retained events until the idle teardown;
-        one re-attaching later reopens it from its token. Streams with cursors are never closed to
-        admit another, and if closing every idle stream would still not make room, none is closed:
-        the new stream is refused either way."""
+        under the memory limit (MemoryPool.check_admits). Such a stream is kept only so that a
+        consumer can re-attach to its retained events until the idle teardown; one re-attaching
+        later reopens it from its token. Streams with cursors are never closed to admit another,
+        and if closing every idle stream would still not make room, none is closed: the new
+        stream is refused either way."""
         idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
-        reserved = self.memory_reserved()
-        if reserved + need - self.memory_limit > sum(s.reserved_bytes() for s in idle):
-            return reserved
+        over = self.memory.counted + need + DEAL_HEADROOM_BYTES - self.memory_limit
+        if over <= 0 or over > sum(s.memory()["countedBytes"] for s in idle):
+            return
         for stream in idle:
-            if reserved + need <= self.memory_limit:
+            if self.memory.counted + need + DEAL_HEADROOM_BYTES <= self.memory_limit:
                 break
-            reserved -= stream.reserved_bytes()
-            self._close_named(stream, "tearing down idle stream %s early: its budgets are needed for a new stream")
-        return reserved
+            self._close_named(stream, "tearing down idle stream %s early: its memory is needed for "
+                                      "a new stream")
 
     def _tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -698,33 +709,50 @@ class Engine:
             reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
             ddl_notes=await self.lacks_expanded_events())
         kept = len(keep) if keep is not None else n
-        need = len(topology.shards) * options.shard_buffer_bytes + kept * options.bucket_buffer_bytes
-        reserved = self._make_room(need)
+        # Admitted by its floor (what it always takes) and the reader processes it would start,
+        # beside what the others hold; its budgets then take what they hold from the same pool.
+        floor = stream_floor(len(topology.shards), kept)
+        assert self._reader_pool is not None, "Engine.run() must be started first"
+        starting = self._reader_pool.missing(options.reader_processes) \
+            + shaping_processes(bool(options.stages), options.reader_processes)
+        self._make_room(floor + starting * self.memory.process_bytes)
         try:
-            check_fits(need, reserved, self.memory_limit, streams=len(self.all_streams()),
-                       shards=len(topology.shards), shard_bytes=options.shard_buffer_bytes, buckets=kept,
-                       bucket_bytes=options.bucket_buffer_bytes)
+            self.memory.check_admits(floor, starting, streams=len(self.all_streams()),
+                                     shards=len(topology.shards), buckets=kept,
+                                     reader_processes=options.reader_processes)
         except MongoError:
             self.refused_for_memory += 1
             raise
-        # Held until the stream is listed (by the caller, for a private one: no await between),
-        # so that streams created at once cannot each fit beside the others' absence.
-        self._admitting += need
+        # The stream's accounts set its floor aside as it is made (no await between); its reader
+        # processes are counted as starting until they count themselves (ReaderPool._keep), so
+        # that streams created at once cannot each fit beside the others' absence.
+        self.memory.add_processes(starting)  # (shaping ones then count in the stream's own account)
         try:
             stream = ParallelStream(name, options, topology, start, floors, keep=keep,
                                     connect_upstream=self.connect_upstream, connect_member=self.connect_member,
-                                    readers_pool=self._reader_pool)
+                                    readers_pool=self._reader_pool, memory=self.memory)
+            return await self._start(stream, keep is None)
+        finally:
+            self.memory.add_processes(-starting)
+
+    async def _start(self, stream: ParallelStream, named: bool) -> ParallelStream:
+        """Run `stream` until it has opened (listed in `streams` if `named`), or fail as it
+        failed."""
+        try:
             stream.last_active = trio.current_time()
             assert self._nursery is not None, "Engine.run() must be started first"
             self._nursery.start_soon(stream.run)
             await stream.started.wait()
             if stream.error is not None:
                 raise stream.error
-            if keep is None:
-                self.streams[name] = stream
+            if named:
+                self.streams[stream.name] = stream
             return stream
-        finally:
-            self._admitting -= need
+        except BaseException:
+            # Failed to open, or the command was cancelled meanwhile (its client left): nothing
+            # lists the stream, so nothing else would ever stop it and give back its floor.
+            stream.close()
+            raise
 
     def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
                     batch_size: int | None, token: Mapping[str, Any] | None, *,

@@ -92,18 +92,28 @@ class _Families:
         rebucketed = CounterMetricFamily("pcs_streams_rebucketed", "Named streams reopened with another nBuckets",
                                          value=engine.rebucketed)
         memory = engine.memory_status()
-        limit = GaugeMetricFamily("pcs_memory_limit_bytes", "Streams are admitted while their buffer budgets fit "
-                                  "under this", value=memory["limitBytes"])
-        reserved = GaugeMetricFamily("pcs_memory_reserved_bytes", "Buffer budgets of the open streams",
-                                     value=memory["reservedBytes"])
-        refused = CounterMetricFamily("pcs_streams_refused_for_memory", "Streams refused (watch(): passed "
-                                      "through) because their budgets did not fit the memory limit",
-                                      value=memory["streamsRefused"])
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        limit = gauge("pcs_memory_limit_bytes", "What the streams' buffers hold and the reader "
+                      "processes are counted under", value=memory["limitBytes"])
+        reserved = gauge("pcs_memory_reserved_bytes", "What counts against the limit: each buffer "
+                         "budget's floor, or what it holds if more, and the reader processes",
+                         value=memory["reservedBytes"])
+        held = gauge("pcs_memory_held_bytes", "Bytes the streams' buffer budgets hold",
+                     value=memory["heldBytes"])
+        floor = gauge("pcs_memory_floor_bytes", "The floors the open streams were admitted by",
+                      value=memory["floorBytes"])
+        processes = gauge("pcs_memory_reader_process_bytes", "What the running reader processes "
+                          "count against the limit", value=memory["readerProcessBytes"])
+        waits = counter("pcs_memory_waits", "Takes of buffer bytes that waited for room under the "
+                        "memory limit", value=memory["memoryWaits"])
+        refused = counter("pcs_streams_refused_for_memory", "Streams refused (watch(): passed "
+                          "through) because they did not fit the memory limit",
+                          value=memory["streamsRefused"])
         for proc in engine.reader_processes():
             tails.add_metric([str(proc["index"])], proc["tails"])
             alive.add_metric([str(proc["index"])], int(proc["alive"]))
-        yield from (self.merged, self.queue, self.replays, watches, tails, alive, timed_out,
-                    rebucketed, limit, reserved, refused)
+        yield from (self.merged, self.queue, self.replays, watches, tails, alive, timed_out, rebucketed)
+        yield from (limit, reserved, held, floor, processes, waits, refused)
 
 
 class EngineCollector(Collector):

@@ -305,6 +305,8 @@ class ShardReader:
         # Called when the shard's budget is full: the buckets let go of the blocks they point into.
         self.relieve: Callable[[], None] = lambda: None
         self._wants = 0  # the bytes of the last batch charged or waiting to be
+        # Taken from the budget for the reader process running this tail, and not sent yet.
+        self.granted = 0
         self._send: trio.MemorySendChannel[ShardBatch] | None = None
         self._checked: trio.Event | None = None
         self._nursery: trio.Nursery | None = None
@@ -343,10 +345,7 @@ class ShardReader:
     async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         assert self._send is not None
         self._count(events, entries, last_ts)
-        self._wants = nbytes
-        if self.starved:
-            self.relieve()
-        await self.budget.acquire(nbytes)
+        await self.reserve(nbytes)
         self._hold(events)
         await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
 
@@ -355,18 +354,15 @@ class ShardReader:
 
         Why not `deliver`: one connection relays the batches of every stream the process reads,
         so a relay that waited for this stream's merge (a consumer that stopped reading) held up
-        every other stream of the process. The wait is the reader process's instead: it charged
-        the shard's budget before sending, and gets the bytes back only as the merge frees them,
-        so what waits here is bounded by that budget. Batches that arrive while the merge is
+        every other stream of the process. The wait is the reader process's instead: it sends
+        only bytes the shard's budget took first (`reserve`, when they were granted), so what
+        waits here is bounded by that budget. Batches that arrive while the merge is
         behind are joined into one, so the marks of event-less batches (the shard's noops) take
         no room either.
         """
         self._count(events, entries, last_ts)
-        self.budget.charge(nbytes)
-        self._hold(events)
-        self._wants = nbytes  # the reader process's next batch is likely as large
-        if self.starved:
-            self.relieve()
+        self.granted -= nbytes
+        self._hold(events)  # (its bytes were taken when they were granted: `reserve`)
         held = self._arrived
         if held is None:
             self._arrived = ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes)
@@ -386,11 +382,24 @@ class ShardReader:
                 await self._send.send(batch)
             del batch  # not held while waiting: its blocks' charges return once nothing refers to them
 
+    async def reserve(self, nbytes: int) -> None:
+        """Take `nbytes` of the shard's budget (and of the proxy's memory pool), waiting until
+        they fit: for a batch read here, or one a reader process asks to send."""
+        self._wants = nbytes
+        if self.starved:
+            self.relieve()
+        await self.budget.acquire(nbytes)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read and not yet let go by the merge and the buckets (not those granted ahead)."""
+        return self.budget.used - self.granted
+
     @property
     def starved(self) -> bool:
-        """Whether a batch like the last one would not fit in the shard's budget now: the tail
-        waits (here, or in its reader process) until the budget gets bytes back."""
-        return bool(self.budget.used) and self.budget.used + self._wants > self.budget.limit
+        """Whether a batch like the last one would not fit in the shard's budget, or in the
+        memory pool, now: the tail waits (here, or in its reader process) until bytes return."""
+        return not self.budget.fits(self._wants) or self.budget.blocked_by_pool(self._wants)
 
     def _hold(self, events: list[Any]) -> None:
         """Each block's charge returns when the block is let go, not when the merge deals it: the

@@ -16,9 +16,10 @@ Transport: the proxy process listens on a Unix socket in a private directory; ea
 process, started by trio_parallel (which kills it when the pool closes or retires it), connects to it. Both
 directions carry length-prefixed messages (see `encode_message`); `key` names one tail (one shard of one stream):
 
-    proxy -> reader:  ("add", key, OplogTail, budget bytes)    ("remove", key)
-                      ("credit", {key: bytes freed})
+    proxy -> reader:  ("add", key, OplogTail)    ("remove", key)
+                      ("grant", {key: bytes the tail may send})
     reader -> proxy:  ("batch", key, events, nbytes, entries, (secs, inc))
+                      ("want", key, bytes, bytes of its grant given back)
                       ("checked" | "idle" | "parked" | "connected" | "lost" | "failed", key, ...)
     both ways:        ("ping", None) every HEARTBEAT_S from the proxy, ("pong", None) back
 
@@ -26,9 +27,13 @@ Hangs: a reader process that answers nothing for `hang_s` (SIGSTOPped, its loop 
 killed, which fails its streams as a death does. The pings make the silence mean something: a
 process whose tails all wait for budget sends nothing else, and still answers them.
 
-Flow control: each tail charges a ByteBudget of the shard's size in its own process before it
-sends, and the proxy returns credit as the merge frees the bytes. The proxy side then never waits,
-for budget or for a stream's merge (ShardReader.arrived), so the tails of one process, of any
+Flow control: a tail sends only bytes the proxy granted it (`_Credit`). It asks for a batch's
+size (and, once it has sent one, for the next, so that the grant is there when the batch is),
+and the proxy grants it once the shard's budget, and the proxy-wide memory pool, have taken
+those bytes (ShardReader.reserve): what a reader process may send is counted before it is sent.
+A tail short of credit gives back what it has left when it asks, so that a budget smaller than
+two batches still admits the next one. The proxy side then never waits to take a batch, for
+budget or for a stream's merge (ShardReader.arrived), so the tails of one process, of any
 stream, never hold each other up on the shared socket; a full buffer stops only its own shard's
 getMores, in the reader process. Sends are never cut short by a cancellation (MessageStream.send):
 half a message would put the rest of the socket out of step for every tail.
@@ -52,12 +57,12 @@ import trio_parallel
 from bson import Timestamp
 
 from buckets.allocator import keep_large_allocations
-from buckets.budget import ByteBudget
 from mongoformats.batch_splice import warm_up
 from mongoformats.errors import MongoError
 from mongoformats.wire import unfilled_bytearray
 
 if TYPE_CHECKING:
+    from buckets.memory_limit import MemoryPool
     from buckets.reader import OplogTail, ShardReader
 
 log = logging.getLogger("buckets.reader_process")
@@ -183,8 +188,10 @@ class ReaderHost:
         self._readers: dict[int, ShardReader] = {}
         self._failures: dict[int, trio.Event] = {}
         self._errors: dict[int, Exception] = {}
-        self._credit: dict[int, int] = {}
+        self._credit: dict[int, int] = {}    # granted, not yet sent to the process
         self._credit_due = trio.Event()
+        self._wants: dict[int, int] = {}     # bytes each tail asked for, not yet granted
+        self._wanted: dict[int, trio.Event] = {}
         self._death = "closed its connection"
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -236,12 +243,14 @@ class ReaderHost:
         self._readers[key] = reader
         self.idle_since = None
         failed = self._failures[key] = trio.Event()
-        reader.budget.on_release = lambda n: self._give_credit(key, n)
         try:
             if not self.alive:
                 raise MongoError("InternalError", f"reader process {self.index} {self._death}")
-            await self._channel.send(("add", key, reader.tail, reader.budget.limit))
-            await failed.wait()
+            await self._channel.send(("add", key, reader.tail))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._grant, key, reader)
+                await failed.wait()
+                nursery.cancel_scope.cancel()
             raise self._errors[key]
         finally:
             gone = self._readers.pop(key, None) is not None
@@ -249,6 +258,8 @@ class ReaderHost:
             self._failures.pop(key, None)
             self._errors.pop(key, None)
             self._credit.pop(key, None)
+            self._wants.pop(key, None)
+            self._wanted.pop(key, None)
             if gone and self.alive:  # still running there: stop it
                 with (trio.CancelScope(shield=True), trio.move_on_after(5),
                       contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
@@ -282,19 +293,28 @@ class ReaderHost:
                 self._death = f"answered nothing for {silent:.0f} s (hung) and was killed"
                 raise MongoError("InternalError", f"reader process {self.index} {self._death}")
 
-    def _give_credit(self, key: int, n: int) -> None:
-        if key in self._readers:
-            self._credit[key] = self._credit.get(key, 0) + n
-            self._credit_due.set()
+    async def _grant(self, key: int, reader: ShardReader) -> None:
+        """Grant tail `key` what it asks for once the shard's budget and the memory pool have
+        taken it (waiting, like an in-process reader, while they are full)."""
+        while True:
+            while not (n := self._wants.get(key, 0)):
+                wanted = self._wanted[key] = trio.Event()
+                await wanted.wait()
+            await reader.reserve(n)
+            reader.granted += n
+            self._wants[key] = 0
+            if key in self._readers:
+                self._credit[key] = self._credit.get(key, 0) + n
+                self._credit_due.set()
 
     async def _send_credit(self) -> None:
-        """Budget the merge freed goes back to the tails, coalesced: one message per wake-up."""
+        """Grants go to the tails coalesced: one message per wake-up."""
         assert self._channel is not None
         while True:
             await self._credit_due.wait()
             self._credit_due = trio.Event()
             credit, self._credit = self._credit, {}
-            await self._channel.send(("credit", credit))
+            await self._channel.send(("grant", credit))
 
     async def _relay(self, channel: MessageStream) -> None:
         while (message := await channel.receive()) is not None:
@@ -309,6 +329,14 @@ class ReaderHost:
                 # Not held while the next message is awaited: its blocks' charges return only
                 # once every reference is gone, and the process sends no more until they do.
                 del message, events
+            elif kind == "want":
+                _, _, n, returned = message
+                if returned:  # the grant it had left, given back (too small for its batch)
+                    reader.granted -= returned
+                    reader.budget.release(returned)
+                self._wants[key] = n
+                if (wanted := self._wanted.get(key)) is not None:
+                    wanted.set()
             elif kind == "parked":
                 await reader.parked(message[2])
             elif kind == "idle":
@@ -338,8 +366,10 @@ class ReaderPool:
     they read something; one that has read nothing for `idle_s` is stopped (memory is bounded by
     what streams use, not by the most they ever asked for) and started again when asked."""
 
-    def __init__(self, nursery: trio.Nursery, idle_s: float, hang_s: float | None = None) -> None:
+    def __init__(self, nursery: trio.Nursery, idle_s: float, hang_s: float | None = None,
+                 memory: MemoryPool | None = None) -> None:
         self._nursery = nursery
+        self.memory = memory  # each running process is counted in it (READER_PROCESS_BYTES)
         self._slots: list[ReaderHost] = []
         self._lock = trio.Lock()  # one caller starts missing processes at a time
         self.idle_s = idle_s
@@ -357,6 +387,10 @@ class ReaderPool:
     def status(self) -> list[dict[str, Any]]:
         """Each process started so far: its index, whether it runs, how many tails it reads."""
         return [host.status() for host in self._slots]
+
+    def missing(self, count: int) -> int:
+        """How many processes `hosts(count)` would start."""
+        return sum(i >= len(self._slots) or not self._slots[i].alive for i in range(count))
 
     async def hosts(self, count: int) -> list[ReaderHost]:
         """The first `count` processes, starting any that are missing or dead (side by side)."""
@@ -377,11 +411,13 @@ class ReaderPool:
                     host.idle_since = trio.current_time()
             return handed
 
-    @staticmethod
-    async def _keep(host: ReaderHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run `host`; once it has started, however it ends (the process killed, its socket
-        broken), that fails only its own tails (host.run does that), never the engine and the
-        other processes."""
+    async def _keep(self, host: ReaderHost, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run `host`, counted in the memory pool while it runs; once it has started, however it
+        ends (the process killed, its socket broken), that fails only its own tails (host.run
+        does that), never the engine and the other processes."""
+        if self.memory is not None:
+            self.memory.add_processes(1)
         try:
             with host.scope:
                 await host.run(task_status=task_status)
@@ -390,14 +426,18 @@ class ReaderPool:
                 raise  # the stream that asked for it fails to open
             log.warning("reader process %d ended (%s); streams reading through it fail and resume from their "
                         "tokens", host.index, group.exceptions[0])
+        finally:
+            if self.memory is not None:
+                self.memory.add_processes(-1)
 
 
 @contextlib.asynccontextmanager
-async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None) -> AsyncIterator[ReaderPool]:
+async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None,
+                      memory: MemoryPool | None = None) -> AsyncIterator[ReaderPool]:
     """A pool of reader processes, all killed on exit; with `hang_s`, also one that answers
-    nothing for that long."""
+    nothing for that long; with `memory`, each counted in that pool while it runs."""
     async with trio.open_nursery() as nursery:
-        pool = ReaderPool(nursery, idle_s, hang_s)
+        pool = ReaderPool(nursery, idle_s, hang_s, memory)
         nursery.start_soon(pool.retire_idle)
         yield pool
         nursery.cancel_scope.cancel()
@@ -416,16 +456,50 @@ def serve_readers(path: str) -> None:
     trio.run(_serve, path)
 
 
+class _Credit:
+    """What a tail may send: bytes the proxy granted and the tail has not spent (see Flow
+    control)."""
+
+    def __init__(self, key: int, channel: MessageStream) -> None:
+        self.key = key
+        self.channel = channel
+        self.available = 0
+        self.asked = 0  # the bytes of the one request the proxy has not answered yet
+        self._granted = trio.Event()
+
+    async def spend(self, n: int) -> None:
+        """Wait until `n` bytes are granted and spend them; then ask ahead for a batch as large."""
+        while self.available < n:
+            if not self.asked:
+                await self._ask(n)
+            await self._granted.wait()
+        self.available -= n
+        if not self.asked and self.available < n:
+            await self._ask(n)
+
+    async def _ask(self, n: int) -> None:
+        # What is left goes back with the request: the budget may be too small to hold it and
+        # `n` beside it, and it then waits on bytes this tail would never send.
+        returned, self.available, self.asked = self.available, 0, n
+        await self.channel.send(("want", self.key, n, returned))
+
+    def grant(self, n: int) -> None:
+        self.available += n
+        self.asked = 0
+        self._granted.set()
+        self._granted = trio.Event()
+
+
 class _Report:
     """A tail's TailOutput in a reader process: every report becomes a message to the proxy."""
 
-    def __init__(self, key: int, channel: MessageStream, budget: ByteBudget) -> None:
+    def __init__(self, key: int, channel: MessageStream, credit: _Credit) -> None:
         self.key = key
         self.channel = channel
-        self.budget = budget
+        self.credit = credit
 
     async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
-        await self.budget.acquire(nbytes)
+        await self.credit.spend(nbytes)
         await self.channel.send(("batch", self.key, events, nbytes, entries, (last_ts.time, last_ts.inc)))
 
     async def checked(self) -> None:
@@ -446,30 +520,30 @@ class _Report:
 
 async def _serve(path: str) -> None:
     channel = MessageStream(await trio.open_unix_socket(path))
-    budgets: dict[int, ByteBudget] = {}
+    credits: dict[int, _Credit] = {}
     tails: dict[int, trio.CancelScope] = {}
 
     async def run_tail(key: int, tail: OplogTail) -> None:
         try:
             with tails[key]:
-                await _run_tail(tail, _Report(key, channel, budgets[key]))
+                await _run_tail(tail, _Report(key, channel, credits[key]))
         finally:
             tails.pop(key, None)
-            budgets.pop(key, None)
+            credits.pop(key, None)
 
     async with trio.open_nursery() as nursery:
         while (message := await channel.receive()) is not None:
             if message[0] == "add":
-                _, key, tail, limit = message
-                budgets[key], tails[key] = ByteBudget(limit), trio.CancelScope()
+                _, key, tail = message
+                credits[key], tails[key] = _Credit(key, channel), trio.CancelScope()
                 nursery.start_soon(run_tail, key, tail)
             elif message[0] == "remove":  # its stream closed
                 if (scope := tails.get(message[1])) is not None:
                     scope.cancel()
-            elif message[0] == "credit":
+            elif message[0] == "grant":
                 for key, n in message[1].items():
-                    if key in budgets:
-                        budgets[key].release(n)
+                    if key in credits:
+                        credits[key].grant(n)
             elif message[0] == "ping":  # answered beside the tails' sends, never behind a blocked one
                 nursery.start_soon(channel.send, ("pong", None))
         nursery.cancel_scope.cancel()  # the proxy closed the pool: stop every tail

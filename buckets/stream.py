@@ -33,6 +33,14 @@ from bson import Timestamp
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
+from buckets.memory_limit import (
+    BUCKET_FLOOR_BYTES,
+    SHARD_BATCH_BYTES,
+    SHARD_FLOOR_BYTES,
+    MemoryPool,
+    PoolAccount,
+    shaping_processes,
+)
 from buckets.merge import MergedQueue
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
@@ -119,7 +127,8 @@ class Bucket:
     segment i's first event and `firsts[i]` its sort key, for finding a position or a key.
     """
 
-    def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any]) -> None:
+    def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any],
+                 account: PoolAccount | None = None) -> None:
         self.index = index
         self.segments: list[Any] = []
         self.starts: list[int] = []
@@ -129,7 +138,10 @@ class Bucket:
         self.floor = floor             # every event above this key is (or will be) held here
         self.frontier_token = floor_token
         self.frontier = floor
-        self.budget = ByteBudget(limit_bytes)
+        # `account`: its share of the proxy's memory limit (buckets/memory_limit.py).
+        self.budget = ByteBudget(limit_bytes, account)
+        if account is not None:
+            account.shed = self._shed
         self.changed = trio.Event()
         self.cursors: set[BucketCursor] = set()
         self.delivered_total = 0
@@ -157,7 +169,10 @@ class Bucket:
         return self.end - low
 
     def notify(self) -> None:
-        """Wake every getMore (and a full-bucket put) waiting on this bucket."""
+        """Wake every getMore (and a full-bucket put) waiting on this bucket. While some budget
+        waits for the proxy's memory pool, what consumers have read goes first (`_shed`)."""
+        if self.budget.account is not None and self.budget.account.pool.waiting:
+            self._shed()
         self.changed.set()
         self.changed = trio.Event()
 
@@ -243,6 +258,12 @@ class Bucket:
                 position += 1
         if position > self.base:
             self._forget(position, freed)
+
+    def _shed(self) -> None:
+        """Drop the delivered events every consumer has passed: retention serves re-attaches from
+        memory, a cache that never holds a stream, this one or another, waiting for memory."""
+        if self.base < min(min((c.acked for c in self.cursors), default=self.read_mark), self._end):
+            self._drop_delivered(self.budget.limit)
 
     def unpin(self) -> None:
         """Let go of the shard blocks this bucket's events point into (a shard's budget is full,
@@ -339,19 +360,24 @@ class Bucket:
         """A block that does not fit at once goes in as parts that do, as consumers make room."""
         while len(block):
             self._drop_delivered(block.nbytes)
-            room = self.budget.limit - self.budget.used
+            room = self.budget.room()  # in the budget and in the proxy's memory pool
             k = int(np.searchsorted(np.cumsum(block.sizes), room, side="right"))
             if k == 0:
                 await self.put(block.sliced(0, 1))  # waits (or takes one oversized event alone)
                 k = 1
-            else:
-                self.put_nowait(block.sliced(0, k))  # fits: the room was just measured
+            elif not self.put_nowait(block.sliced(0, k)):  # fits: the room was just measured
+                await self.put(block.sliced(0, k))
             block = block.sliced(k)
 
     async def put(self, event: Any) -> None:
-        """Append `event`, waiting while the bucket is full (a consumer must read first: backpressure)."""
+        """Append `event`, waiting while the bucket is full (a consumer must read first:
+        backpressure), or while the proxy's memory pool is (a consumer of this stream or another
+        must read)."""
         while not self.put_nowait(event):
             self.notify()
+            n = event.nbytes if is_block(event) else len(event[EV_RAW])
+            if self.budget.blocked_by_pool(n):
+                self.budget.wake_when_pool_frees(self.notify)
             await self.changed.wait()
         self.notify()
 
@@ -616,8 +642,15 @@ class ParallelStream:
     def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
                  floors: list[bytes], *, keep: set[int] | None = None,
                  connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
-                 connect_member: MemberConnector | None = None, readers_pool: ReaderPool | None = None) -> None:
+                 connect_member: MemberConnector | None = None,
+                 readers_pool: ReaderPool | None = None, memory: MemoryPool | None = None) -> None:
         self.name = name
+        self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
+        self._closing = False
+        shaping = shaping_processes(bool(options.stages), options.reader_processes)
+        # Its shaping processes, at a reader process's size (they start the same interpreter).
+        self._shaping = memory.account(shaping * memory.process_bytes, reader=False) \
+            if memory is not None and shaping else None
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
         self.sharded = topology.sharded  # mongos sizes events as its shards send them, with their sort key
@@ -629,7 +662,9 @@ class ParallelStream:
         self._connect_member = connect_member or MemberConnector()
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
-        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i], token_from_key(floors[i]))
+        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i],
+                                  token_from_key(floors[i]),
+                                  self._account(BUCKET_FLOOR_BYTES, reader=False))
                         for i in self.keep}
         self._skip = min(floors[i] for i in self.keep)
         self.shard_budgets: dict[str, ByteBudget] = {}
@@ -661,7 +696,9 @@ class ParallelStream:
 
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
-        self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes)
+        # The reader holds a batch in hand while it waits for room: counted beside the budget.
+        account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
+        self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
         tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
                          transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
                                                       token_version=options.token_version,
@@ -684,14 +721,37 @@ class ParallelStream:
     def has_cursors(self) -> bool:
         return any(b.cursors for b in self.buckets.values())
 
-    def reserved_bytes(self) -> int:
-        """The most this stream's buffers may hold (shards added later included): what it takes
-        of the proxy's memory limit."""
-        return sum(b.limit for b in self.shard_budgets.values()) + sum(b.budget.limit for b in self.buckets.values())
+    def _account(self, floor: int, *, reader: bool, in_hand: int = 0) -> PoolAccount | None:
+        """A new budget's account in the proxy's memory pool (none without one, or once closing)."""
+        if self._memory is None or self._closing:
+            return None
+        return self._memory.account(floor, reader=reader, in_hand=in_hand)
+
+    def _budgets(self) -> list[ByteBudget]:
+        return [*self.shard_budgets.values(), *(b.budget for b in self.buckets.values())]
+
+    def memory(self) -> dict[str, int]:
+        """What this stream's budgets hold, their floors, and what the proxy's memory pool counts
+        for them (the larger of the two, budget by budget; buckets/memory_limit.py)."""
+        accounts = [b.account for b in self._budgets() if b.account is not None]
+        if self._shaping is not None:
+            accounts.append(self._shaping)
+        return {"heldBytes": sum(b.used for b in self._budgets()),
+                "floorBytes": sum(a.floor for a in accounts),
+                "countedBytes": sum(a.counted for a in accounts),
+                "memoryWaits": sum(b.pool_waits for b in self._budgets())}
 
     def close(self) -> None:
-        """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`)."""
+        """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`).
+        The memory pool stops counting the stream at once: a stream admitted in its place gets
+        the room now, as the events are dropped within the loop's next turns."""
         self._cancel.cancel()
+        self._closing = True
+        for budget in self._budgets():
+            if budget.account is not None:
+                budget.account.close()
+        if self._shaping is not None:
+            self._shaping.close()
 
     def _release(self) -> None:
         """Drop the events a closed stream holds. A stream sits in reference cycles (its readers
@@ -939,11 +999,12 @@ class ParallelStream:
         return {
             "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
             "mergeQueue": len(self.merge), "replays": self.replays, "stageRunsInProcesses": self.shaper.runs_sent,
+            "memory": self.memory(),
             "error": str(self.error) if self.error else None,
             "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts,
                         "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time) if r.stats.last_ts.time else None,
                         "entriesRead": r.stats.entries,
-                        "events": r.stats.events, "bufferBytes": self.shard_budgets[s].used,
+                        "events": r.stats.events, "bufferBytes": r.buffered,
                         "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
                         "reconnects": r.stats.reconnects, "connected": r.stats.connected,
                         "lastError": r.stats.last_error or None,

@@ -625,8 +625,9 @@ async def test_status_figures_are_on_the_metrics_endpoint(cluster):
             for family in ("pcs_shard_lag_seconds", "pcs_shard_buffer_bytes", "pcs_shard_read_position_seconds",
                            "pcs_shard_connected", "pcs_bucket_depth", "pcs_stream_events_merged_total"):
                 assert sum(ln.startswith(family + "{") for ln in lines) >= 1, family
-            assert any(ln.startswith("pcs_memory_reserved_bytes ") and float(ln.split()[-1]) > 3 << 30
-                       for ln in lines)  # three shards of 1 GiB, and the buckets
+            # three shards' floors, the buckets' and the reader process
+            assert any(ln.startswith("pcs_memory_reserved_bytes ")
+                       and float(ln.split()[-1]) >= (192 + 2 + 300) << 20 for ln in lines)
             assert sum(ln.startswith("pcs_shard_entries_total{") for ln in lines) == 3  # one per shard
             # the shared reader process, reading the stream's three shards
             assert {'pcs_reader_process_tails{process="0"} 3.0',
@@ -664,12 +665,12 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
 
 
 async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_through(cluster):
-    """Streams reserve their buffer budgets under the proxy's memory limit: one that does not fit
-    is refused with ExceededMemoryLimit (a parallel stream) or served by mongos (a watch()), and
-    fits once the cursors of another are killed. Idle streams are closed for a new one only if
-    that makes room."""
+    """Streams are admitted by their floor (buckets/memory_limit.py) under the proxy's memory
+    limit: one that does not fit is refused with ExceededMemoryLimit (a parallel stream) or served
+    by mongos (a watch()), and fits once the cursors of another are killed. Idle streams are
+    closed for a new one only if that makes room."""
     mib = 1 << 20
-    config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=100 * mib,
+    config = ProxyConfig(upstream=cluster.uri, listen_port=0, memory_limit_bytes=300 * mib,
                          accelerate_change_streams=True)
     small = {"parallelChangeStream": 1, "nBuckets": 2, "shardBufferBytes": 20 * mib, "bucketBufferBytes": 4 * mib}
     async with trio.open_nursery() as nursery:
@@ -679,19 +680,23 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             c = client(proxy_uri(proxy))
             first = c.admin.command({**small, "name": "first"})
             status = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
-            assert status == {"limitBytes": 100 * mib, "reservedBytes": 68 * mib, "streamsRefused": 0}  # 3x20 + 2x4
+            figures = ("limitBytes", "reservedBytes", "floorBytes", "streamsRefused")
+            assert {k: status[k] for k in figures} == {  # floors: 3 x 64 + 2 x 1
+                "limitBytes": 300 * mib, "reservedBytes": 194 * mib, "floorBytes": 194 * mib,
+                "streamsRefused": 0}
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({**small, "name": "second"})
             assert info.value.code == 146
-            assert "68 MiB of the proxy's 100 MiB memory limit is reserved by 1 open streams" in str(info.value)
+            assert ("194 MiB of the proxy's 300 MiB memory limit is held by 1 open streams"
+                    in str(info.value))
             assert "second" not in proxy.engine.streams
-            # A watch() (3 x 64 MiB shards + 64 MiB) does not fit either: mongos serves it instead.
+            # A watch() (3 shards x 64 MiB + 1 MiB) does not fit either: mongos serves it instead.
             with c.mem.c.watch(max_await_time_ms=500) as watch:
                 c.mem.c.insert_one({"_id": 1})
                 assert watch.next()["documentKey"] == {"_id": 1}
             assert proxy.engine.watches == {"accelerated": 0, "passedThrough": 1}
             # A stream without cursors is kept for re-attaching until the idle teardown (300 s),
-            # unless its budgets are needed: then it goes at once.
+            # unless its memory is needed: then it goes at once.
             c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in first["cursors"]]})
             second = c.admin.command({**small, "name": "second"})
             assert set(proxy.engine.streams) == {"second"}
@@ -699,7 +704,7 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             # One that would not fit even in all the idle streams' room is refused, and they are spared.
             c.admin.command({"killCursors": NS, "cursors": [cur["id"] for cur in second["cursors"]]})
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({**small, "name": "big", "shardBufferBytes": 40 * mib})  # 3x40 + 2x4
+                c.admin.command({**small, "name": "big", "nBuckets": 100})  # 3 x 64 + 100 x 1
             assert info.value.code == 146
             assert set(proxy.engine.streams) == {"second"}
         await sync(work)

@@ -68,9 +68,10 @@ class ProxyConfig:
                                                "host; as a driver's socketTimeoutMS) and reads on from another "
                                                "member, and kills a reader process that answers nothing this long "
                                                "(0: wait forever)", 0)
-    memory_limit_bytes: int = _setting(0, "refuse new streams (ExceededMemoryLimit) when their buffer budgets "
-                                          "would not fit beside the open streams' (0: half the machine's or "
-                                          "cgroup's memory)", 0)
+    memory_limit_bytes: int = _setting(0, "bound on what all streams' buffers hold and the "
+                                          "reader processes; streams that do not fit are "
+                                          "refused (ExceededMemoryLimit) (0: half the "
+                                          "machine's or cgroup's memory)", 0)
     tls_cert_file: str = _setting("", "client-side TLS: the proxy's certificate and key (PEM); empty: plain TCP")
     tls_ca_file: str = _setting("", "with tls_cert_file: require client certificates signed by this CA")
     upstream_tls: bool = _setting(False, "TLS to mongos and the shards (as tls=true in the upstream URI)")
