@@ -583,28 +583,17 @@ class Engine:
         bucket = stream.buckets[i]
         if token is None and from_start:
             token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
-        fragments_sent = 0
-        if token is not None:
-            position = bucket.position_after(start_point(token)[1])
-            assert position is not None, "callers check retention first"
-            if (fragment := fragment_of(token)) is not None:
-                # Resumed inside a split event: at the event, past the fragments returned.
-                if position < bucket.end and bucket.key_at(position) == fragment[0]:
-                    fragments_sent = fragment[1] + 1
-                else:  # not here (another bucket's, or a different stream's): after it
-                    position = bucket.position_after(token_sort_key(token))
-                    assert position is not None
-        else:
-            position = bucket.end
+        # Resumed: placed after the token by resume_after, from the first event the bucket holds.
+        position = bucket.base if token is not None else bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
         lsid = cmd.get("lsid")
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
         cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
                            ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
-                           last_used=trio.current_time(), fragments_sent=fragments_sent)
+                           last_used=trio.current_time())
         if token is not None:
-            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+            cur.resume_after(token)
         else:
             cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
         bucket.cursors.add(cur)

@@ -418,6 +418,47 @@ class BucketCursor:
     # its fragments; split again for each getMore, an event whose updateLookup document changed
     # in between would come back in pieces of two different events.
     split_rest: list[EventFields] = field(default_factory=list)
+    # Resumed after this key (start_point's), which the bucket had not yet been dealt up to: a
+    # stream opened for another bucket's older token is still catching up, and the events up to
+    # the key, which this consumer has read, are yet to come. They are passed over as they
+    # arrive; None once the bucket holds (or has passed) everything up to the key.
+    resume_key: bytes | None = None
+    # Resumed from a fragment's token: (the split event's key, the fragment's number), until the
+    # event is reached (settled with resume_key).
+    resume_fragment: tuple[bytes, int] | None = None
+
+    def resume_after(self, token: Mapping[str, Any]) -> None:
+        """Place the cursor after `token`: it returns the bucket's events above it and, resumed
+        from a fragment, the split event's later fragments; never one at or before it, even those
+        the bucket is dealt only later. The caller checked that the bucket still holds the events
+        above the token (position_after is not None)."""
+        self.last_key, self.last_token = token_sort_key(token), dict(token)
+        self.resume_key = start_point(token)[1]
+        self.resume_fragment = fragment_of(token)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Pass over the events at or below `resume_key` the bucket now holds; once it holds an
+        event above the key, or its frontier is past the key (all up to it was dealt), the cursor
+        stands at its resume point for good."""
+        key = self.resume_key
+        if key is None:
+            return
+        bucket = self.bucket
+        position = bucket.position_after(key)
+        if position is None:  # dropped below it: next_batch reports the history lost
+            return
+        if position > self.position:
+            # The passed-over events are behind the consumer: they need not stay retained, and a
+            # merge waiting for room in this bucket may go on.
+            self.position = self.acked = position
+            bucket.notify()
+        if position >= bucket.end and bucket.frontier < key:
+            return  # more events up to the key may still be dealt
+        self.resume_key = None
+        fragment, self.resume_fragment = self.resume_fragment, None
+        if fragment is not None and position < bucket.end and bucket.key_at(position) == fragment[0]:
+            self.fragments_sent = fragment[1] + 1  # inside the split event: past the fragments returned
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
@@ -453,6 +494,7 @@ class BucketCursor:
         # and a merge waiting to put more is woken to drop them. (Acked after the wait, every
         # getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller than a reply
         # drained at a batch per maxTimeMS.)
+        self._settle()
         self.acked = self.position
         if not first:
             bucket.notify()
@@ -464,6 +506,7 @@ class BucketCursor:
                        and not self.killed and bucket.error is None):
                     with trio.move_on_at(deadline):
                         await bucket.changed.wait()
+                        self._settle()
                         if self.position >= bucket.end and bucket.frontier > self.last_key:
                             break  # an idle bucket still returns the advanced resume point promptly
                         continue
