@@ -609,7 +609,9 @@ class Engine:
         if isinstance(token, list):
             raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
         if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
-            # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
+            # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
+            # until the cursor reaches what the named stream's bucket holds.
+            named = stream
             stream.replays += 1
             stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
                                         {**cmd, "nBuckets": stream.options.n_buckets,
@@ -622,6 +624,7 @@ class Engine:
                                         keep={i})
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
+            cur.join, cur.joined = named, lambda: self._private.pop(cur.cursor_id).close()
         else:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
         events: list[EventFields] = []

@@ -426,6 +426,13 @@ class BucketCursor:
     # Resumed from a fragment's token: (the split event's key, the fragment's number), until the
     # event is reached (settled with resume_key).
     resume_fragment: tuple[bytes, int] | None = None
+    # Reading a replay stream (resumed from a token older than its named stream's bucket held):
+    # the named stream, whose bucket this cursor moves to once it has read up to where that
+    # bucket holds every event, and what to call then (the engine closes the replay stream).
+    # Until then the named bucket keeps what it was dealt for this consumer, and, full, holds
+    # its stream back: a consumer left on the replay would hold it back for good.
+    join: ParallelStream | None = None
+    joined: Callable[[], None] | None = None
 
     def resume_after(self, token: Mapping[str, Any]) -> None:
         """Place the cursor after `token`: it returns the bucket's events above it and, resumed
@@ -436,6 +443,28 @@ class BucketCursor:
         self.resume_key = start_point(token)[1]
         self.resume_fragment = fragment_of(token)
         self._settle()
+
+    def _join_named_stream(self) -> None:
+        """Move from the replay stream to the named stream's bucket once that bucket holds every
+        event after this cursor's resume point (not inside a split event or before the resume
+        token was met: those states are the replay bucket's)."""
+        named = self.join
+        if named is None or self.split_rest or self.fragments_sent or self.must_meet is not None:
+            return
+        if named.closed or named.error is not None:
+            self.join = None  # torn down or failed: the replay stream goes on alone
+            return
+        target = named.buckets[self.bucket.index]
+        if target.position_after(start_point(self.last_token)[1]) is None:
+            return  # the named bucket starts after this point: read on from the replay
+        self.bucket.detach(self)
+        self.stream, self.bucket, self.join = named, target, None
+        self.position = target.base
+        target.cursors.add(self)
+        self.resume_after(self.last_token)
+        self.acked = self.position
+        if self.joined is not None:
+            self.joined()
 
     def _settle(self) -> None:
         """Pass over the events at or below `resume_key` the bucket now holds; once it holds an
@@ -541,6 +570,7 @@ class BucketCursor:
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
         bucket.notify()
         self.exhausted = self.stream.ended and self.position >= bucket.end
+        self._join_named_stream()
         return batch, self.last_token
 
     async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
@@ -735,6 +765,10 @@ class ParallelStream:
     def close(self) -> None:
         """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`)."""
         self._cancel.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self._cancel.cancel_called
 
     def _release(self) -> None:
         """Drop the events a closed stream holds. A stream sits in reference cycles (its readers

@@ -11,6 +11,7 @@ first bucket to re-attach must not hand a later-attaching bucket what it had alr
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import bson
@@ -106,6 +107,26 @@ def _check(bucket: int, events: list[RawBSONDocument], token: Any, expected: lis
     assert _ids(events) == expected, f"bucket {bucket} lost or repeated events"
 
 
+def _drain_and_check(c: Any, ids: dict[int, int], tokens: dict[int, Any], read: dict[int, list[RawBSONDocument]],
+                     hi: int) -> None:
+    """Both buckets read in turns up to now (a bucket's backlog may hold the merge until it is
+    read), each checked against the inserts below `hi` it had not returned before the restart."""
+    end = end_point(c)
+    got: dict[int, list[RawBSONDocument]] = {0: [], 1: []}
+    done: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(done) < 2:
+        assert time.monotonic() < deadline, f"buckets {sorted({0, 1} - done)} stalled"
+        for b in sorted({0, 1} - done):
+            r = c.admin.command({"getMore": ids[b], "collection": NS, "maxTimeMS": 100},
+                                codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+            got[b] += list(r["cursor"]["nextBatch"])
+            if key(r["cursor"]["postBatchResumeToken"]) >= end:
+                done.add(b)
+    for b in (0, 1):
+        _check(b, got[b], tokens[b], _expected(b, read[b], hi))
+
+
 @pytest.mark.parametrize("order", ["older first", "newer first", "older first, startAfter", "token list",
                                    "common token"])
 async def test_a_restarted_proxy_resumes_each_bucket_exactly_after_its_token(cluster, order):
@@ -130,23 +151,33 @@ async def test_a_restarted_proxy_resumes_each_bucket_exactly_after_its_token(clu
                 for b in ((1, 0) if order != "newer first" else (0, 1)):
                     ids[b] = _attach(c, b, tokens[b], field)
             _write(c, PER_NS, PER_NS + AFTER)
-            end = end_point(c)
-            # Bucket 0 first: bucket 1's backlog holds the merge until it is read, and bucket 0
-            # is drained in turns with it.
-            got: dict[int, list[RawBSONDocument]] = {0: [], 1: []}
-            done: set[int] = set()
-            while len(done) < 2:
-                for b in (0, 1):
-                    if b in done:
-                        continue
-                    r = c.admin.command({"getMore": ids[b], "collection": NS, "maxTimeMS": 100},
-                                        codec_options=bson.CodecOptions(document_class=RawBSONDocument))
-                    got[b] += list(r["cursor"]["nextBatch"])
-                    if key(r["cursor"]["postBatchResumeToken"]) >= end:
-                        done.add(b)
-            for b in (0, 1):
-                _check(b, got[b], tokens[b], _expected(b, read[b], PER_NS + AFTER))
+            _drain_and_check(c, ids, tokens, read, PER_NS + AFTER)
         await sync(run)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
 
+
+
+async def test_a_bucket_resumed_from_a_replay_joins_its_named_stream(cluster):
+    """Bucket 0 re-attaches first with its newer token, so bucket 1's older token is before what
+    the restarted stream holds: bucket 1 is served by a replay of the oplogs, and the named
+    stream's bucket 1 keeps what it is dealt for it meanwhile. Once the replay reaches that, the
+    cursor moves to the named stream and the replay is closed: with many more events than the
+    bucket budget holds, neither bucket stalls and each returns every event after its token once."""
+    tokens, read = await _phase1(cluster)
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
+        more = 8 * AFTER  # bucket 1's new events are several times its budget
+
+        def run() -> None:
+            c = client(proxy_uri(proxy))
+            ids = {b: _attach(c, b, tokens[b]) for b in (0, 1)}
+            engine = proxy.engine
+            assert engine.cursors[ids[1]].stream is not engine.streams["once"], "bucket 1 reads a replay"
+            _write(c, PER_NS, PER_NS + more)
+            _drain_and_check(c, ids, tokens, read, PER_NS + more)
+            assert engine.cursors[ids[1]].stream is engine.streams["once"]
+            assert not engine._private, "the replay stream was closed"
+        await sync(run)
+        await sync(_close_all)
+        nursery.cancel_scope.cancel()
