@@ -486,8 +486,10 @@ class BucketCursor:
             return  # more events up to the key may still be dealt
         self.resume_key = None
         fragment, self.resume_fragment = self.resume_fragment, None
-        if fragment is not None and position < bucket.end and bucket.key_at(position) == fragment[0]:
-            self.fragments_sent = fragment[1] + 1  # inside the split event: past the fragments returned
+        if fragment is None or position >= bucket.end:
+            return
+        if bucket.key_at(position) == fragment[0]:
+            self.fragments_sent = fragment[1] + 1  # in the split event: past the fragments returned
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)

@@ -40,9 +40,13 @@ N_BUCKETS = 4
 NS = "$cmd.parallelChangeStream"
 RAW = bson.CodecOptions(document_class=RawBSONDocument)
 BATCH = 10  # inserts per namespace per round
-# One hashed-sharded collection per bucket (crc32(ns) % 4), so every bucket is read from both shards.
-NAMESPACES = {b: next(f"fault.c{i}" for i in range(100) if zlib.crc32(f"fault.c{i}".encode()) % N_BUCKETS == b)
-              for b in range(N_BUCKETS)}
+# One hashed-sharded collection per bucket (crc32(ns) % 4): each bucket is read from both shards.
+NAMESPACES = {
+    b: next(
+        f"fault.c{i}" for i in range(100) if zlib.crc32(f"fault.c{i}".encode()) % N_BUCKETS == b
+    )
+    for b in range(N_BUCKETS)
+}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,8 +61,19 @@ class Proxy:
     async def start(self) -> None:
         with self.log.open("ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "wireproxy", "--upstream", self.upstream, "--listen", f"127.0.0.1:{self.port}"],
-                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+                [
+                    sys.executable,
+                    "-m",
+                    "wireproxy",
+                    "--upstream",
+                    self.upstream,
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         with trio.fail_after(60):
             while True:
                 assert self.process.poll() is None, f"the proxy exited; see {self.log}"
@@ -78,7 +93,10 @@ class Proxy:
 @dataclass
 class Written:
     """Acknowledged inserts per namespace, in write order; `rounds` counts completed rounds."""
-    ids: dict[str, list[int]] = field(default_factory=lambda: {ns: [] for ns in NAMESPACES.values()})
+
+    ids: dict[str, list[int]] = field(
+        default_factory=lambda: {ns: [] for ns in NAMESPACES.values()}
+    )
     rounds: int = 0
     retries: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
@@ -110,7 +128,8 @@ def _write(uri: str, written: Written) -> None:
                 except BulkWriteError as exc:
                     details = exc.details
                     if not details.get("writeConcernErrors") and all(
-                            e["code"] == 11000 for e in details["writeErrors"]):
+                        e["code"] == 11000 for e in details["writeErrors"]
+                    ):
                         break  # the rest were applied by an earlier attempt
                 except PyMongoError:
                     pass
@@ -130,16 +149,29 @@ def _consume(port: int, con: Consumer) -> None:
         try:
             # An explicit session: the cursor belongs to the session it was opened in.
             with c.start_session() as s:
-                reply = c.admin.command({"parallelChangeStream": 1, "name": "fault", "nBuckets": N_BUCKETS,
-                                         "bucket": con.bucket, "resumeAfter": con.token}, session=s)
+                reply = c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "name": "fault",
+                        "nBuckets": N_BUCKETS,
+                        "bucket": con.bucket,
+                        "resumeAfter": con.token,
+                    },
+                    session=s,
+                )
                 cid = reply["cursor"]["id"]
                 while con.end is None or token_sort_key(con.token) < con.end:
-                    r = c.admin.command({"getMore": cid, "collection": NS, "batchSize": BATCH, "maxTimeMS": 200},
-                                        session=s, codec_options=RAW)["cursor"]
+                    r = c.admin.command(
+                        {"getMore": cid, "collection": NS, "batchSize": BATCH, "maxTimeMS": 200},
+                        session=s,
+                        codec_options=RAW,
+                    )["cursor"]
                     for e in r["nextBatch"]:
                         ns = f"{e['ns']['db']}.{e['ns'].get('coll')}" if "ns" in e else ""
                         doc_id = e["documentKey"]["_id"] if "documentKey" in e else None
-                        con.events.append((bytes.fromhex(e["_id"]["_data"]), e["operationType"], ns, doc_id))
+                        con.events.append(
+                            (bytes.fromhex(e["_id"]["_data"]), e["operationType"], ns, doc_id)
+                        )
                     con.token = bson.decode(r["postBatchResumeToken"].raw)
                     if con.end is None:
                         time.sleep(pause)
@@ -156,7 +188,9 @@ async def _rounds(written: Written, more: int) -> None:
     await poll_until(lambda: written.rounds >= target, 60, interval=0.02)
 
 
-async def _faults(cluster: SimCluster, proxy: Proxy, written: Written, first: str, second: str) -> None:
+async def _faults(
+    cluster: SimCluster, proxy: Proxy, written: Written, first: str, second: str
+) -> None:
     """Three proxy kills, two members stopped and restarted, a failover and a stepdown; the
     writes go on throughout."""
     rs0, rs1 = cluster.replsets[first], cluster.replsets[second]
@@ -199,10 +233,14 @@ def _end_point(uri: str) -> bytes:
 
 def _check(con: Consumer, written: Written) -> None:
     keys = [k for k, *_ in con.events]
-    assert keys == sorted(set(keys)), f"bucket {con.bucket}: {len(keys) - len(set(keys))} repeated, or reordered"
+    assert keys == sorted(set(keys)), (
+        f"bucket {con.bucket}: {len(keys) - len(set(keys))} repeated, or reordered"
+    )
     ns = NAMESPACES[con.bucket]
     inserts = [doc_id for _, op, in_ns, doc_id in con.events if op == "insert"]
-    assert all(in_ns == ns for _, op, in_ns, _ in con.events if op == "insert"), "an event in the wrong bucket"
+    assert all(in_ns == ns for _, op, in_ns, _ in con.events if op == "insert"), (
+        "an event in the wrong bucket"
+    )
     assert sorted(inserts) == sorted(set(inserts)), f"bucket {con.bucket}: duplicated inserts"
     lost = set(written.ids[ns]) - set(inserts)
     assert not lost, f"bucket {con.bucket}: {len(lost)} acknowledged inserts lost"
@@ -211,17 +249,21 @@ def _check(con: Consumer, written: Written) -> None:
     assert rounds == sorted(rounds), f"bucket {con.bucket}: a later batch before an earlier one"
 
 
-async def test_no_acknowledged_write_lost_or_duplicated_across_proxy_kills_member_failures_and_stepdowns(
-        tmp_path: Path) -> None:
+async def test_no_acknowledged_write_lost_or_repeated_across_proxy_kills_and_member_failures(
+    tmp_path: Path,
+) -> None:
     # Secondaries trail by 20 ms, so a stopped primary may hold entries no other member has: they
     # are rolled back, and no consumer may have seen them.
-    async with open_cluster(shards=2, members=3, periodic_noop_s=0.2, election_timeout_s=0.3,
-                            replication_lag_s=0.02) as cluster:
+    async with open_cluster(
+        shards=2, members=3, periodic_noop_s=0.2, election_timeout_s=0.3, replication_lag_s=0.02
+    ) as cluster:
+
         def setup() -> Timestamp:
             c = client(cluster.uri)
             for ns in NAMESPACES.values():
                 c.admin.command("shardCollection", ns, key={"_id": "hashed"})
             return c.admin.command("ping")["operationTime"]
+
         start = await sync(setup)
         proxy = Proxy(cluster.uri, tmp_path / "wireproxy.log")
         await proxy.start()
@@ -232,6 +274,7 @@ async def test_no_acknowledged_write_lost_or_duplicated_across_proxy_kills_membe
         async def writer() -> None:
             await sync(_write, cluster.uri, written, timeout=150)
             writes_done.set()
+
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer)
@@ -256,5 +299,7 @@ async def test_no_acknowledged_write_lost_or_duplicated_across_proxy_kills_membe
             _check(con, written)
         # Every consumer lost its cursor to the kills (a restart within its retry pause may be
         # met only once).
-        assert all(con.resumes >= kills // 2 for con in consumers), [con.resumes for con in consumers]
+        assert all(con.resumes >= kills // 2 for con in consumers), [
+            con.resumes for con in consumers
+        ]
         assert sum(len(w) for w in written.ids.values()) >= N_BUCKETS * BATCH * 50

@@ -3,10 +3,11 @@ and none at or before it, whatever order the buckets re-attach in and however fa
 tokens are.
 
 The rule is the server's: a change stream resumed after a token starts with the first event that
-sorts above it (mongo's src/mongo/db/pipeline/document_source_change_stream_ensure_resume_token_present.cpp
-drops what sorts at or below the client's token). Here each bucket is such a stream of its own
-namespaces, and its buckets share one reading of the shards: the stream a restarted proxy opens for the
-first bucket to re-attach must not hand a later-attaching bucket what it had already read.
+sorts above it (mongo's src/mongo/db/pipeline/
+document_source_change_stream_ensure_resume_token_present.cpp drops what sorts at or below the
+client's token). Here each bucket is such a stream of its own namespaces, and the buckets share one
+reading of the shards: the stream a restarted proxy opens for the first bucket to re-attach must
+not hand a later-attaching bucket what it had already read.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from wireproxy.config import ProxyConfig
 # Two namespaces per bucket of a 2-bucket stream (crc32(ns) % 2), all hashed-sharded over the
 # cluster's shards so that each bucket's events are merged from every shard.
 NAMESPACES = {0: ["r.a", "r.b"], 1: ["r.d", "r.e"]}
-PER_NS = 250       # phase 1: 500 events per bucket
+PER_NS = 250  # phase 1: 500 events per bucket
 BUCKET1_READ = 50  # bucket 1 stops here: its token is far older than bucket 0's
-AFTER = 20         # phase 2: inserts per namespace after the restart
+AFTER = 20  # phase 2: inserts per namespace after the restart
 # Small bucket budgets: bucket 1's unread backlog fills its budget at once and stops the merge,
 # so the restarted stream deals only a little past the older token before bucket 0 attaches.
 BUCKET_BYTES = 64 << 10
@@ -49,8 +50,10 @@ def _read(c: Any, cursor_id: int, n: int) -> list[RawBSONDocument]:
     """The next `n` events of a bucket cursor (getMores until they have come)."""
     out: list[RawBSONDocument] = []
     while len(out) < n:
-        r = c.admin.command({"getMore": cursor_id, "collection": NS, "batchSize": n - len(out), "maxTimeMS": 300},
-                            codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+        r = c.admin.command(
+            {"getMore": cursor_id, "collection": NS, "batchSize": n - len(out), "maxTimeMS": 300},
+            codec_options=bson.CodecOptions(document_class=RawBSONDocument),
+        )
         out += list(r["cursor"]["nextBatch"])
     return out
 
@@ -60,13 +63,13 @@ def _ids(events: list[RawBSONDocument]) -> list[tuple[str, int]]:
 
 
 def _expected(bucket: int, read: list[RawBSONDocument], hi: int) -> list[tuple[str, int]]:
-    """The inserts of `bucket`'s namespaces below `hi` that the bucket had not returned in `read`."""
+    """The inserts of `bucket`'s namespaces below `hi` the bucket had not returned in `read`."""
     seen = set(_ids(read))
     return sorted((ns, i) for ns in NAMESPACES[bucket] for i in range(hi) if (ns, i) not in seen)
 
 
 async def _phase1(cluster: Any) -> tuple[dict[int, Any], dict[int, list[RawBSONDocument]]]:
-    """A first proxy: 2 buckets read (bucket 0 everything, bucket 1 its first events); their tokens."""
+    """A first proxy: bucket 0 reads everything, bucket 1 its first events; their tokens."""
     tokens: dict[int, Any] = {}
     read: dict[int, list[RawBSONDocument]] = {}
     async with trio.open_nursery() as nursery:
@@ -84,6 +87,7 @@ async def _phase1(cluster: Any) -> tuple[dict[int, Any], dict[int, list[RawBSOND
             read[0] = _read(c, ids[0], PER_NS * 2)
             for b in (0, 1):
                 tokens[b] = bson.decode(read[b][-1]["_id"].raw)
+
         await sync(run)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -93,22 +97,39 @@ async def _phase1(cluster: Any) -> tuple[dict[int, Any], dict[int, list[RawBSOND
 
 
 def _attach(c: Any, bucket: int, token: Any, field: str = "resumeAfter") -> int:
-    reply = c.admin.command({"parallelChangeStream": 1, "name": "once", "nBuckets": 2, "bucket": bucket,
-                             field: token, "bucketBufferBytes": BUCKET_BYTES})
+    reply = c.admin.command(
+        {
+            "parallelChangeStream": 1,
+            "name": "once",
+            "nBuckets": 2,
+            "bucket": bucket,
+            field: token,
+            "bucketBufferBytes": BUCKET_BYTES,
+        }
+    )
     assert reply["cursor"]["firstBatch"] == []
     return int(reply["cursor"]["id"])
 
 
-def _check(bucket: int, events: list[RawBSONDocument], token: Any, expected: list[tuple[str, int]]) -> None:
+def _check(
+    bucket: int, events: list[RawBSONDocument], token: Any, expected: list[tuple[str, int]]
+) -> None:
     keys = [key(e["_id"]) for e in events]
     assert keys == sorted(set(keys)), f"bucket {bucket} repeated or reordered events"
     at_or_before = sum(k <= key(token) for k in keys)
-    assert at_or_before == 0, f"bucket {bucket} returned {at_or_before} events at or before its resume token"
+    assert at_or_before == 0, (
+        f"bucket {bucket} returned {at_or_before} events at or before its resume token"
+    )
     assert _ids(events) == expected, f"bucket {bucket} lost or repeated events"
 
 
-def _drain_and_check(c: Any, ids: dict[int, int], tokens: dict[int, Any], read: dict[int, list[RawBSONDocument]],
-                     hi: int) -> None:
+def _drain_and_check(
+    c: Any,
+    ids: dict[int, int],
+    tokens: dict[int, Any],
+    read: dict[int, list[RawBSONDocument]],
+    hi: int,
+) -> None:
     """Both buckets read in turns up to now (a bucket's backlog may hold the merge until it is
     read), each checked against the inserts below `hi` it had not returned before the restart."""
     end = end_point(c)
@@ -118,8 +139,10 @@ def _drain_and_check(c: Any, ids: dict[int, int], tokens: dict[int, Any], read: 
     while len(done) < 2:
         assert time.monotonic() < deadline, f"buckets {sorted({0, 1} - done)} stalled"
         for b in sorted({0, 1} - done):
-            r = c.admin.command({"getMore": ids[b], "collection": NS, "maxTimeMS": 100},
-                                codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+            r = c.admin.command(
+                {"getMore": ids[b], "collection": NS, "maxTimeMS": 100},
+                codec_options=bson.CodecOptions(document_class=RawBSONDocument),
+            )
             got[b] += list(r["cursor"]["nextBatch"])
             if key(r["cursor"]["postBatchResumeToken"]) >= end:
                 done.add(b)
@@ -127,14 +150,17 @@ def _drain_and_check(c: Any, ids: dict[int, int], tokens: dict[int, Any], read: 
         _check(b, got[b], tokens[b], _expected(b, read[b], hi))
 
 
-@pytest.mark.parametrize("order", ["older first", "newer first", "older first, startAfter", "token list",
-                                   "common token"])
+@pytest.mark.parametrize(
+    "order", ["older first", "newer first", "older first, startAfter", "token list", "common token"]
+)
 async def test_a_restarted_proxy_resumes_each_bucket_exactly_after_its_token(cluster, order):
     """Bucket 0 read all its events, bucket 1 only its first: after a restart they re-attach in
     each order (each bucket alone, or all with a list of tokens, or both from bucket 1's older
     token): each returns exactly the events after its token, the new writes included."""
     tokens, read = await _phase1(cluster)
-    if order == "common token":  # bucket 0 re-reads from bucket 1's token, as a rewound consumer would
+    if (
+        order == "common token"
+    ):  # bucket 0 re-reads from bucket 1's token, as a rewound consumer would
         tokens[0], read[0] = tokens[1], [e for e in read[0] if key(e["_id"]) <= key(tokens[1])]
     async with trio.open_nursery() as nursery:
         proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
@@ -143,19 +169,26 @@ async def test_a_restarted_proxy_resumes_each_bucket_exactly_after_its_token(clu
             c = client(proxy_uri(proxy))
             field = "startAfter" if "startAfter" in order else "resumeAfter"
             if order == "token list":
-                opened = c.admin.command({"parallelChangeStream": 1, "name": "once", "nBuckets": 2,
-                                          "resumeAfter": [tokens[0], tokens[1]], "bucketBufferBytes": BUCKET_BYTES})
+                opened = c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "name": "once",
+                        "nBuckets": 2,
+                        "resumeAfter": [tokens[0], tokens[1]],
+                        "bucketBufferBytes": BUCKET_BYTES,
+                    }
+                )
                 ids = {cur["bucket"]: cur["id"] for cur in opened["cursors"]}
             else:
                 ids = {}
-                for b in ((1, 0) if order != "newer first" else (0, 1)):
+                for b in (1, 0) if order != "newer first" else (0, 1):
                     ids[b] = _attach(c, b, tokens[b], field)
             _write(c, PER_NS, PER_NS + AFTER)
             _drain_and_check(c, ids, tokens, read, PER_NS + AFTER)
+
         await sync(run)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
-
 
 
 async def test_a_bucket_resumed_from_a_replay_joins_its_named_stream(cluster):
@@ -173,11 +206,14 @@ async def test_a_bucket_resumed_from_a_replay_joins_its_named_stream(cluster):
             c = client(proxy_uri(proxy))
             ids = {b: _attach(c, b, tokens[b]) for b in (0, 1)}
             engine = proxy.engine
-            assert engine.cursors[ids[1]].stream is not engine.streams["once"], "bucket 1 reads a replay"
+            assert engine.cursors[ids[1]].stream is not engine.streams["once"], (
+                "bucket 1 reads a replay"
+            )
             _write(c, PER_NS, PER_NS + more)
             _drain_and_check(c, ids, tokens, read, PER_NS + more)
             assert engine.cursors[ids[1]].stream is engine.streams["once"]
             assert not engine._private, "the replay stream was closed"
+
         await sync(run)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
