@@ -624,7 +624,7 @@ class Engine:
                                         keep={i})
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
-            cur.join, cur.joined = named, lambda: self._private.pop(cur.cursor_id).close()
+            cur.join, cur.joined = named, lambda: self._close_private(cur.cursor_id)
         else:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
         events: list[EventFields] = []
@@ -830,14 +830,18 @@ class Engine:
                                  f"its session was killed ({name})")
         return reply
 
+    def _close_private(self, cid: int) -> None:
+        """Close the private stream (a watch()'s, a replay) cursor `cid` reads, if any."""
+        private = self._private.pop(cid, None)
+        if private is not None:
+            private.close()
+
     def _drop_cursor(self, cid: int) -> None:
         cur = self.cursors.pop(cid, None)
         if cur is not None:
             cur.killed = True  # before detach wakes a getMore parked on it
             cur.bucket.detach(cur)
-        private = self._private.pop(cid, None)
-        if private is not None:
-            private.close()
+        self._close_private(cid)
 
     async def cmd_status(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """Status of every stream, or of `name` with its merge frontier.

@@ -449,7 +449,8 @@ class BucketCursor:
         event after this cursor's resume point (not inside a split event or before the resume
         token was met: those states are the replay bucket's)."""
         named = self.join
-        if named is None or self.split_rest or self.fragments_sent or self.must_meet is not None:
+        if (named is None or self.killed or self.split_rest or self.fragments_sent
+                or self.must_meet is not None):
             return
         if named.closed or named.error is not None:
             self.join = None  # torn down or failed: the replay stream goes on alone

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import bson
+import psutil
 import pytest
 import trio
 from bson import Timestamp
@@ -57,6 +58,7 @@ class Proxy:
         self.upstream, self.port, self.log = upstream, free_port(), log
         self.process: subprocess.Popen[bytes] | None = None
         self.kills = 0
+        self.children: list[psutil.Process] = []  # its reader processes, at each kill
 
     async def start(self) -> None:
         with self.log.open("ab") as err:
@@ -85,6 +87,7 @@ class Proxy:
 
     def kill(self) -> None:
         assert self.process is not None
+        self.children += psutil.Process(self.process.pid).children(recursive=True)
         self.process.kill()  # SIGKILL: no shutdown, no goodbye to clients or upstream
         self.process.wait()
         self.kills += 1
@@ -139,7 +142,7 @@ def _write(uri: str, written: Written) -> None:
         written.rounds += 1
 
 
-def _consume(port: int, con: Consumer) -> None:
+def _consume(port: int, con: Consumer, reader_processes: int) -> None:
     """Bucket 0 reads slowest and re-attaches first, bucket 3 fastest and last: after a proxy
     restart the stream is opened for the oldest token, and the newer ones attach while it is
     still catching up to them."""
@@ -156,6 +159,7 @@ def _consume(port: int, con: Consumer) -> None:
                         "nBuckets": N_BUCKETS,
                         "bucket": con.bucket,
                         "resumeAfter": con.token,
+                        "readerProcesses": reader_processes,
                     },
                     session=s,
                 )
@@ -249,9 +253,12 @@ def _check(con: Consumer, written: Written) -> None:
     assert rounds == sorted(rounds), f"bucket {con.bucket}: a later batch before an earlier one"
 
 
+@pytest.mark.parametrize("reader_processes", [0, 1])
 async def test_no_acknowledged_write_lost_or_repeated_across_proxy_kills_and_member_failures(
-    tmp_path: Path,
+    tmp_path: Path, reader_processes: int
 ) -> None:
+    """With readerProcesses 1 the shards are read in a process of the proxy's, which must not
+    outlive a proxy killed with SIGKILL."""
     # Secondaries trail by 20 ms, so a stopped primary may hold entries no other member has: they
     # are rolled back, and no consumer may have seen them.
     async with open_cluster(
@@ -275,11 +282,14 @@ async def test_no_acknowledged_write_lost_or_repeated_across_proxy_kills_and_mem
             await sync(_write, cluster.uri, written, timeout=150)
             writes_done.set()
 
+        async def consumer(con: Consumer) -> None:
+            await sync(_consume, proxy.port, con, reader_processes, timeout=150)
+
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer)
                 for con in consumers:
-                    nursery.start_soon(lambda con=con: sync(_consume, proxy.port, con, timeout=150))
+                    nursery.start_soon(consumer, con)
                 try:
                     await _faults(cluster, proxy, written, "shard0", "shard1")
                     await _faults(cluster, proxy, written, "shard1", "shard0")
@@ -295,6 +305,10 @@ async def test_no_acknowledged_write_lost_or_repeated_across_proxy_kills_and_mem
             if proxy.process is not None and proxy.process.poll() is None:
                 proxy.kill()
         assert kills == 6
+        if reader_processes:
+            assert proxy.children, "the proxy read the shards in reader processes"
+        gone, alive = await trio.to_thread.run_sync(psutil.wait_procs, proxy.children, 30)
+        assert not alive, f"reader processes outlived their proxy: {alive}"
         for con in consumers:
             _check(con, written)
         # Every consumer lost its cursor to the kills (a restart within its retry pause may be
