@@ -10,7 +10,10 @@ charged, which stops the readers from issuing getMore. Memory is bounded by conf
 
 Retention: a bucket keeps events it has delivered for as long as its byte budget has room, so a
 consumer that re-attaches with a recent token (a retried Spark task) is served from memory. An
-older token is served by a private replay stream that re-reads the shards' oplogs.
+older token is served by a private replay stream that re-reads the shards' oplogs, until the
+consumer reaches what the bucket holds and moves to it. A token the bucket has not been dealt up to
+yet (the stream was opened for another bucket's older token) is waited for: the events up to it
+are passed over as they come, never returned.
 """
 
 from __future__ import annotations
