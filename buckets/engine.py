@@ -769,28 +769,17 @@ class Engine:
         bucket = stream.buckets[i]
         if token is None and from_start:
             token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
-        fragments_sent = 0
-        if token is not None:
-            position = bucket.position_after(start_point(token)[1])
-            assert position is not None, "callers check retention first"
-            if (fragment := fragment_of(token)) is not None:
-                # Resumed inside a split event: at the event, past the fragments returned.
-                if position < bucket.end and bucket.key_at(position) == fragment[0]:
-                    fragments_sent = fragment[1] + 1
-                else:  # not here (another bucket's, or a different stream's): after it
-                    position = bucket.position_after(token_sort_key(token))
-                    assert position is not None
-        else:
-            position = bucket.end
+        # Resumed: placed after the token by resume_after, from the first event the bucket holds.
+        position = bucket.base if token is not None else bucket.end
         cid = (self._rng.getrandbits(62) << 1) | 1
         lsid = cmd.get("lsid")
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
         cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
                            ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
-                           last_used=trio.current_time(), fragments_sent=fragments_sent)
+                           last_used=trio.current_time())
         if token is not None:
-            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
+            cur.resume_after(token)
         else:
             cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
         bucket.cursors.add(cur)
@@ -806,7 +795,9 @@ class Engine:
         if isinstance(token, list):
             raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
         if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
-            # Older than this bucket's retained history: re-read the oplogs for this bucket alone.
+            # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
+            # until the cursor reaches what the named stream's bucket holds.
+            named = stream
             stream.replays += 1
             stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
                                         {**cmd, "nBuckets": stream.options.n_buckets,
@@ -819,6 +810,7 @@ class Engine:
                                         keep={i})
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
+            cur.join, cur.joined = named, lambda: self._close_private(cur.cursor_id)
         else:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
         events: list[EventFields] = []
@@ -1039,14 +1031,18 @@ class Engine:
                                  f"its session was killed ({name})")
         return reply
 
+    def _close_private(self, cid: int) -> None:
+        """Close the private stream (a watch()'s, a replay) cursor `cid` reads, if any."""
+        private = self._private.pop(cid, None)
+        if private is not None:
+            private.close()
+
     def _drop_cursor(self, cid: int) -> None:
         cur = self.cursors.pop(cid, None)
         if cur is not None:
             cur.killed = True  # before detach wakes a getMore parked on it
             cur.bucket.detach(cur)
-        private = self._private.pop(cid, None)
-        if private is not None:
-            private.close()
+        self._close_private(cid)
 
     def _stream_owners(self) -> dict[str, str]:
         """Each stream's user: a named one's creator, a private one's cursor's user."""

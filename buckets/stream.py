@@ -10,7 +10,10 @@ charged, which stops the readers from issuing getMore. Memory is bounded by conf
 
 Retention: a bucket keeps events it has delivered for as long as its byte budget has room, so a
 consumer that re-attaches with a recent token (a retried Spark task) is served from memory. An
-older token is served by a private replay stream that re-reads the shards' oplogs.
+older token is served by a private replay stream that re-reads the shards' oplogs, until the
+consumer reaches what the bucket holds and moves to it. A token the bucket has not been dealt up to
+yet (the stream was opened for another bucket's older token) is waited for: the events up to it
+are passed over as they come, never returned.
 """
 
 from __future__ import annotations
@@ -444,6 +447,79 @@ class BucketCursor:
     # its fragments; split again for each getMore, an event whose updateLookup document changed
     # in between would come back in pieces of two different events.
     split_rest: list[EventFields] = field(default_factory=list)
+    # Resumed after this key (start_point's), which the bucket had not yet been dealt up to: a
+    # stream opened for another bucket's older token is still catching up, and the events up to
+    # the key, which this consumer has read, are yet to come. They are passed over as they
+    # arrive; None once the bucket holds (or has passed) everything up to the key.
+    resume_key: bytes | None = None
+    # Resumed from a fragment's token: (the split event's key, the fragment's number), until the
+    # event is reached (settled with resume_key).
+    resume_fragment: tuple[bytes, int] | None = None
+    # Reading a replay stream (resumed from a token older than its named stream's bucket held):
+    # the named stream, whose bucket this cursor moves to once it has read up to where that
+    # bucket holds every event, and what to call then (the engine closes the replay stream).
+    # Until then the named bucket keeps what it was dealt for this consumer, and, full, holds
+    # its stream back: a consumer left on the replay would hold it back for good.
+    join: ParallelStream | None = None
+    joined: Callable[[], None] | None = None
+
+    def resume_after(self, token: Mapping[str, Any]) -> None:
+        """Place the cursor after `token`: it returns the bucket's events above it and, resumed
+        from a fragment, the split event's later fragments; never one at or before it, even those
+        the bucket is dealt only later. The caller checked that the bucket still holds the events
+        above the token (position_after is not None)."""
+        self.last_key, self.last_token = token_sort_key(token), dict(token)
+        self.resume_key = start_point(token)[1]
+        self.resume_fragment = fragment_of(token)
+        self._settle()
+
+    def _join_named_stream(self) -> None:
+        """Move from the replay stream to the named stream's bucket once that bucket holds every
+        event after this cursor's resume point (not inside a split event or before the resume
+        token was met: those states are the replay bucket's)."""
+        named = self.join
+        if (named is None or self.killed or self.split_rest or self.fragments_sent
+                or self.must_meet is not None):
+            return
+        if named.closed or named.error is not None:
+            self.join = None  # torn down or failed: the replay stream goes on alone
+            return
+        target = named.buckets[self.bucket.index]
+        if target.position_after(start_point(self.last_token)[1]) is None:
+            return  # the named bucket starts after this point: read on from the replay
+        self.bucket.detach(self)
+        self.stream, self.bucket, self.join = named, target, None
+        self.position = target.base
+        target.cursors.add(self)
+        self.resume_after(self.last_token)
+        self.acked = self.position
+        if self.joined is not None:
+            self.joined()
+
+    def _settle(self) -> None:
+        """Pass over the events at or below `resume_key` the bucket now holds; once it holds an
+        event above the key, or its frontier is past the key (all up to it was dealt), the cursor
+        stands at its resume point for good."""
+        key = self.resume_key
+        if key is None:
+            return
+        bucket = self.bucket
+        position = bucket.position_after(key)
+        if position is None:  # dropped below it: next_batch reports the history lost
+            return
+        if position > self.position:
+            # The passed-over events are behind the consumer: they need not stay retained, and a
+            # merge waiting for room in this bucket may go on.
+            self.position = self.acked = position
+            bucket.notify()
+        if position >= bucket.end and bucket.frontier < key:
+            return  # more events up to the key may still be dealt
+        self.resume_key = None
+        fragment, self.resume_fragment = self.resume_fragment, None
+        if fragment is None or position >= bucket.end:
+            return
+        if bucket.key_at(position) == fragment[0]:
+            self.fragments_sent = fragment[1] + 1  # in the split event: past the fragments returned
 
     async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
         """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
@@ -479,6 +555,7 @@ class BucketCursor:
         # and a merge waiting to put more is woken to drop them. (Acked after the wait, every
         # getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller than a reply
         # drained at a batch per maxTimeMS.)
+        self._settle()
         self.acked = self.position
         if not first:
             bucket.notify()
@@ -490,6 +567,7 @@ class BucketCursor:
                        and not self.killed and bucket.error is None):
                     with trio.move_on_at(deadline):
                         await bucket.changed.wait()
+                        self._settle()
                         if self.position >= bucket.end and bucket.frontier > self.last_key:
                             break  # an idle bucket still returns the advanced resume point promptly
                         continue
@@ -524,6 +602,7 @@ class BucketCursor:
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
         bucket.notify()
         self.exhausted = self.stream.ended and self.position >= bucket.end
+        self._join_named_stream()
         return batch, self.last_token
 
     async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
@@ -752,6 +831,10 @@ class ParallelStream:
                 budget.account.close()
         if self._shaping is not None:
             self._shaping.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._cancel.cancel_called
 
     def _release(self) -> None:
         """Drop the events a closed stream holds. A stream sits in reference cycles (its readers
