@@ -115,6 +115,12 @@ def _compile_array(node: _Node, current: Any) -> Any:
     return {"$concatArrays": pieces}
 
 
+def _array_index(component: str) -> bool:
+    """True for an all-digit path component the server reads as an array index (no leading
+    zero but "0" itself: isNumericPathComponentStrict)."""
+    return component.isdigit() and (component == "0" or not component.startswith("0"))
+
+
 def _plain(path: Path) -> bool:
     """True if the dotted string of `path` names it for an update operator: no component holds
     a dot, starts with $ (a positional operator, or refused at the top level) or is empty."""
@@ -125,9 +131,11 @@ def _paths(
     desc: Mapping[str, Any],
 ) -> tuple[list[tuple[Path, Any]], list[Path], list[tuple[Path, int]], bool]:
     """(sets, removals, truncations) of an updateDescription as exact paths, and whether they
-    are exact: `disambiguatedPaths` (expanded events, 6.1+) gives the components of every path a
-    dotted string cannot describe (a field name holding a dot or all digits, an array index);
-    without it, a dotted path's all-digit component may be either."""
+    are exact. `disambiguatedPaths` (expanded events, 6.1+) gives the components of every path
+    that holds a field name with a dot, or an all-digit field name below the top level
+    (change_stream_document_diff_parser.cpp); so in a path it does not list, an all-digit
+    component below the top level is an array index. Without it, such a component may be
+    either."""
     exact = desc.get("disambiguatedPaths")
     known = exact is not None
     exact = exact or {}
@@ -138,9 +146,11 @@ def _paths(
         if path in exact:
             return [p if isinstance(p, int) and not isinstance(p, bool) else str(p)
                     for p in exact[path]]
-        out: Path = list(path.split("."))
-        unresolved = unresolved or (not known and any(str(p).isdigit() for p in out))
-        return out
+        first, *rest = path.split(".")
+        if known:
+            return [first, *(int(p) if _array_index(p) else p for p in rest)]
+        unresolved = unresolved or any(p.isdigit() for p in rest)
+        return [first, *rest]
 
     sets = [(parts(k), v) for k, v in (desc.get("updatedFields") or {}).items()]
     removed = [parts(k) for k in desc.get("removedFields") or []]

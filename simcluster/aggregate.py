@@ -74,6 +74,8 @@ def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: 
         return source.get(field, MISSING) if isinstance(source, Mapping) else MISSING
     if source is None or source is MISSING:
         return None
+    if not isinstance(source, Mapping):  # $unsetField is $setField's sugar, named so here too
+        raise MongoError(4161105, "$setField requires 'input' to evaluate to type Object")
     fields = dict(source)
     value = evaluate(doc, spec["value"], more) if op == "$setField" else MISSING
     if value is MISSING:

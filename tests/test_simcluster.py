@@ -923,3 +923,17 @@ async def test_get_parameter_reports_enable_test_commands(cluster):
         reply = admin.command("getParameter", 1, enableTestCommands=1)
         assert reply["enableTestCommands"] is True and "featureCompatibilityVersion" not in reply
     await sync(work)
+
+
+async def test_set_field_of_a_non_object_input_is_the_servers_error(cluster):
+    """ExpressionSetField::evaluate (expression.cpp) uasserts 4161105 unless 'input' is an object
+    (or nullish, which gives null); $unsetField is $setField with $$REMOVE."""
+    def work():
+        coll = client(cluster.uri).t.setfield
+        coll.insert_one({"_id": 1, "arr": [1, 2]})
+        for op in ("$setField", "$unsetField"):
+            spec = {"field": "x", "input": "$arr", **({"value": 1} if op == "$setField" else {})}
+            with pytest.raises(OperationFailure) as err:
+                coll.update_one({"_id": 1}, [{"$set": {"y": {op: spec}}}])
+            assert err.value.code == 4161105
+    await sync(work)
