@@ -289,7 +289,7 @@ async def test_a_page_is_formatted_off_the_loop(monkeypatch):
     monkeypatch.setattr(metrics_module, "generate_latest", recording)
     page = (await metrics.page()).decode()
     assert threads and threads[0] is not threading.main_thread()
-    assert 'wireproxy_commands_total{command="find",route="passthrough"} 1.0' in page
+    assert 'pcs_commands_total{command="find",route="passthrough"} 1.0' in page
     assert page == real(metrics.registry).decode()
 
 
@@ -317,7 +317,7 @@ async def test_metrics_labels_are_bounded_and_closed_streams_leave_the_page(clus
             opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "s" * 255})
             lines = scrape(port)
             assert not any("bogus" in ln for ln in lines)
-            other = 'wireproxy_commands_total{command="other",route="passthrough"} 20.0'
+            other = 'pcs_commands_total{command="other",route="passthrough"} 20.0'
             assert other in lines
             assert any(f'stream="{"s" * 255}"' in ln for ln in lines)
             ids = [cur["id"] for cur in opened["cursors"]]
