@@ -260,9 +260,34 @@ async def test_metrics_endpoint(cluster):
         def work():
             client(proxy_uri(server)).t.c.insert_one({"_id": 1})
             text = "\n".join(scrape(port))
-            assert "wireproxy_commands_total" in text and 'command="insert"' in text
+            assert "pcs_commands_total" in text and 'command="insert"' in text
         await sync(work)
         nursery.cancel_scope.cancel()
+
+
+async def test_metrics_follow_prometheus_naming(cluster):
+    """One prefix (pcs_) besides the process's own process_* figures, counters named *_total, no
+    _created series: the names users type in PromQL are the names on the page."""
+    async with trio.open_nursery() as nursery:
+        port = free_port()
+        config = ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port)
+        server = await nursery.start(serve_proxy, config)
+
+        def work():
+            c = client(proxy_uri(server))
+            c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "naming"})
+            c.t.c.insert_one({"_id": 1})
+            return scrape(port)
+        page = await sync(work)
+        nursery.cancel_scope.cancel()
+    lines = page[page.index("") + 1:]  # the body, after the HTTP headers
+    types = dict(line.split()[2:4] for line in lines if line.startswith("# TYPE "))
+    samples = {line.split("{")[0].split()[0] for line in lines if line and not line.startswith("#")}
+    assert {"pcs_commands_total", "pcs_shard_entries_total", "pcs_bucket_depth",
+            "process_resident_memory_bytes"} <= samples
+    assert all(name.startswith(("pcs_", "process_")) for name in samples), samples
+    assert not [name for name in samples if name.endswith("_created")]
+    assert all(name.endswith("_total") for name, kind in types.items() if kind == "counter"), types
 
 
 async def test_client_tls_with_standard_connection_string_options(cluster, tmp_path):

@@ -62,7 +62,7 @@ class Relay:
 
 def _up(metrics_port: int, address: str) -> float | None:
     for line in scrape(metrics_port):
-        if line.startswith(f'wireproxy_upstream_up{{address="{address}"}}'):
+        if line.startswith(f'pcs_upstream_up{{address="{address}"}}'):
             return float(line.split()[-1])
     return None
 

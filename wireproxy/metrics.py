@@ -1,5 +1,10 @@
 """Prometheus metrics of one proxy instance (its own registry: no global state).
 
+Every name starts with `pcs_`, carries its unit (`_seconds`, `_bytes`) and, for counters,
+`_total`; the page leaves out prometheus_client's `_created` series (one more series per counter
+that no dashboard reads) and adds the process's own `process_*` figures (CPU, memory, file
+descriptors).
+
 Every label value is bounded: command names only from the server's command set (any other name
 a client sends is `other`), routes and codes from fixed sets, stream names by the engine's name
 limit; the engine's per-stream series are read from the live streams at each scrape, so those of
@@ -18,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
@@ -129,17 +134,21 @@ class ProxyMetrics:
         self.registry = _Registry()
         # One page rendered at a time: scrapes that come together do not each take a thread.
         self._render = trio.CapacityLimiter(1)
-        self.connections = Gauge("wireproxy_client_connections", "Open client connections", registry=self.registry)
-        self.commands = Counter("wireproxy_commands_total", "Commands received (command: the "
+        self.connections = Gauge("pcs_client_connections", "Open client connections",
+                                 registry=self.registry)
+        self.commands = Counter("pcs_commands_total", "Commands received (command: the "
                                 "command's name if the server knows it, else other)",
                                 ["command", "route"], registry=self.registry)
-        self.errors = Counter("wireproxy_errors_total", "Error replies sent", ["code"], registry=self.registry)
-        self.upstream_latency = Histogram("wireproxy_upstream_seconds", "Upstream round trip",
+        self.errors = Counter("pcs_error_replies_total", "Error replies sent, by code", ["code"],
+                              registry=self.registry)
+        self.upstream_latency = Histogram("pcs_upstream_request_duration_seconds",
+                                          "Round trip of a command passed to the upstream",
                                           registry=self.registry)
-        self.upstream_up = Gauge("wireproxy_upstream_up", "1 while the upstream host (a mongos) answers the "
-                                 "proxy's hello checks", ["address"], registry=self.registry)
-        self.protocol_errors = Counter("wireproxy_protocol_errors_total", "Connections closed for bad frames",
-                                       registry=self.registry)
+        self.upstream_up = Gauge("pcs_upstream_up", "1 while the upstream host (a mongos) answers "
+                                 "the proxy's hello checks", ["address"], registry=self.registry)
+        self.protocol_errors = Counter("pcs_protocol_errors_total", "Connections closed for bad "
+                                       "frames", registry=self.registry)
+        ProcessCollector(registry=self.registry)
         # Commands that failed unexpectedly (answered InternalError): logged by error id.
         self.failures = FailureLog(logging.getLogger("wireproxy.session"))
 
@@ -152,5 +161,7 @@ class ProxyMetrics:
             snapshot: Any = getattr(collector, "snapshot", None)
             families.extend(await snapshot() if snapshot is not None else collector.collect())
             await trio.sleep(0)
+        for family in families:  # fresh objects of each collect(): theirs to change
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
         return await trio.to_thread.run_sync(generate_latest, _Families(families),
                                              limiter=self._render)
