@@ -530,3 +530,19 @@ def test_type_bits_shorter_than_their_length_are_an_invalid_token():
 
 
 _TOKEN = high_water_mark(Timestamp(5, 1))["_data"]
+
+
+def test_lines_clients_cause_are_throttled(caplog):
+    """A flood of bad frames logs one line per interval, the next saying how many were left out."""
+    now = [0.0]
+    log = metrics_module.ThrottledLog(logging.getLogger("throttle-test"), interval_s=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="throttle-test"):
+        for conn in range(100_000):
+            log.info("bad frame", "conn%d: closing after a bad frame: %s", conn, "junk")
+        now[0] = 10.5
+        log.info("bad frame", "conn%d: closing after a bad frame: %s", 100_000, "junk")
+        log.info("closing", "conn%d: closing: %s", 7, "idle timeout")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["conn0: closing after a bad frame: junk",
+                     "conn100000: closing after a bad frame: junk (and 99999 more since the last such line)",
+                     "conn7: closing: idle timeout"]

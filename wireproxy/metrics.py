@@ -19,7 +19,7 @@ import hashlib
 import logging
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -129,6 +129,33 @@ class FailureLog:
         return error_id
 
 
+class ThrottledLog:
+    """Log lines that clients cause (a bad frame, a connection closed for what it sent): at most
+    one per `interval_s` for each kind, the next one saying how many were left out. A client
+    sending a hundred thousand bad frames must neither fill the log nor spend the loop's time on
+    formatting lines."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger, self.interval_s, self._clock = logger, interval_s, clock
+        self._logged_at: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def info(self, kind: str, message: str, *args: Any) -> None:
+        """Log `message % args` unless a line of `kind` (one of a few fixed names) was logged
+        within the interval."""
+        now = self._clock()
+        last = self._logged_at.get(kind)
+        if last is not None and now - last < self.interval_s:
+            self._left_out[kind] = self._left_out.get(kind, 0) + 1
+            return
+        self._logged_at[kind] = now
+        left_out = self._left_out.pop(kind, 0)
+        if left_out:
+            message, args = message + " (and %d more since the last such line)", (*args, left_out)
+        self.logger.info(message, *args)
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = _Registry()
@@ -151,6 +178,8 @@ class ProxyMetrics:
         ProcessCollector(registry=self.registry)
         # Commands that failed unexpectedly (answered InternalError): logged by error id.
         self.failures = FailureLog(logging.getLogger("wireproxy.session"))
+        # What clients send that closes their connection: logged, but not once per client.
+        self.client_log = ThrottledLog(logging.getLogger("wireproxy"))
 
     async def page(self) -> bytes:
         """The exposition page. Collectors that read the engine's state do so on the loop (the

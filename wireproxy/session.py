@@ -196,9 +196,11 @@ class ClientSession:
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
             self.server.metrics.protocol_errors.inc()
-            log.info("conn%d: closing after a bad frame: %s", self.conn_id, group.exceptions[0])
+            self.server.metrics.client_log.info("bad frame", "conn%d: closing after a bad frame: %s",
+                                                self.conn_id, group.exceptions[0])
         except* (UpstreamClosed, _CloseConnection) as group:
-            log.info("conn%d: closing: %s", self.conn_id, group.exceptions[0])
+            self.server.metrics.client_log.info("closing", "conn%d: closing: %s", self.conn_id,
+                                                group.exceptions[0])
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
