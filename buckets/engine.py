@@ -95,6 +95,7 @@ log = logging.getLogger("buckets.engine")
 CURSOR_NS = "admin.$cmd.parallelChangeStream"
 _OPEN_FIELDS = frozenset({
     "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
+    "showSystemEvents",
     "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
     "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange",
     # generic fields drivers add to every command
@@ -293,8 +294,9 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     for field in ("fullDocument", "fullDocumentBeforeChange"):
         if field in cmd and not isinstance(cmd[field], str):
             raise wrong_type(f"parallelChangeStream.{field}", cmd[field], "string")
-    if "showExpandedEvents" in cmd and not isinstance(cmd["showExpandedEvents"], bool):
-        raise wrong_type("parallelChangeStream.showExpandedEvents", cmd["showExpandedEvents"], "bool")
+    for flag in ("showExpandedEvents", "showSystemEvents"):
+        if flag in cmd and not isinstance(cmd[flag], bool):
+            raise wrong_type(f"parallelChangeStream.{flag}", cmd[flag], "bool")
     if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
         raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"],
                          "timestamp")
@@ -354,9 +356,20 @@ def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
     except MongoError:
         return False
     types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
-             "showExpandedEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
+             "showExpandedEvents": bool, "showSystemEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
              "fullDocumentBeforeChange": str}
     return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
+
+
+def _check_read_concern(read_concern: Any) -> None:
+    """A change stream reads at majority only, as mongos refuses any other level given
+    (DocumentSourceChangeStream::LiteParsed::supportsReadConcern: onlySingleReadConcernSupported;
+    jstests/noPassthrough/change_stream_require_majority_read_concern.js). A readConcern that is
+    no document is left to mongos."""
+    level = read_concern.get("level") if isinstance(read_concern, dict) else None
+    if level is not None and level != "majority":
+        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
+                         f"than 'majority'. Current readConcern: {level}")
 
 
 async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -662,10 +675,14 @@ class Engine:
 
     async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
                       scope: tuple[str, str | None] | None = None,
-                      stages: tuple[dict[str, Any], ...] = ()) -> ParallelStream:
+                      stages: tuple[dict[str, Any], ...] = (),
+                      keep_version: tuple[Timestamp, int] | None = None) -> ParallelStream:
         topology = await self._discover()
         now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+        if keep_version is None and isinstance(tokens, Mapping):
+            data = decode_token(tokens)
+            keep_version = (data.cluster_time, data.version)
         if isinstance(tokens, list):
             floors = [token_sort_key(t) for t in tokens]
             start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
@@ -699,6 +716,7 @@ class Engine:
                              "pipeline's $match may not test those fields (it runs before the lookups)")
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
+            show_system_events=bool(cmd.get("showSystemEvents", False)), keep_version=keep_version,
             shard_buffer_bytes=_setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
             bucket_buffer_bytes=_setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
             max_await_ms=_setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
@@ -802,6 +820,7 @@ class Engine:
             stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
                                         {**cmd, "nBuckets": stream.options.n_buckets,
                                          "showExpandedEvents": stream.options.show_expanded_events,
+                                         "showSystemEvents": stream.options.show_system_events,
                                          "shardBufferBytes": stream.options.shard_buffer_bytes,
                                          "bucketBufferBytes": stream.options.bucket_buffer_bytes,
                                          "pipeline": ([{"$match": stream.options.match}] if stream.options.match
@@ -847,12 +866,14 @@ class Engine:
         if not _well_typed_watch(cmd):
             raise PassThrough()  # mongos answers a malformed field in its own words
         spec = pipeline[0]["$changeStream"]
+        if isinstance(spec, dict):
+            _check_read_concern(cmd.get("readConcern"))
         try:
             stages, split = without_split_stage(pipeline[1:])
         except MongoError:
             raise PassThrough() from None  # mongos answers a misplaced split stage
         accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
-                    "fullDocument", "fullDocumentBeforeChange"}
+                    "fullDocument", "fullDocumentBeforeChange", "showSystemEvents"}
         full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
         before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
         if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
@@ -873,12 +894,13 @@ class Engine:
             # mongos's errors.
             raise PassThrough()
         sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
+                               "showSystemEvents": bool(spec.get("showSystemEvents")),
                                "fullDocument": spec.get("fullDocument", "default"),
                                "fullDocumentBeforeChange": before_change,
                                "shardBufferBytes": self.config.watch_shard_buffer_bytes}
         if resumed is not None and resumed.token_type == EVENT_TOKEN:
             # From the high-water mark of its time: the stream must meet the event again (below).
-            sub["resumeAfter"] = high_water_mark(resumed.cluster_time)
+            sub["resumeAfter"] = high_water_mark(resumed.cluster_time, resumed.version)
         elif token is not None:
             sub["resumeAfter"] = token
         elif "startAtOperationTime" in spec:
@@ -893,7 +915,9 @@ class Engine:
         scope = None if cluster_wide else (db, coll)
         try:
             stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
-                                        stages=() if plain_match else tuple(stages))
+                                        stages=() if plain_match else tuple(stages),
+                                        keep_version=None if resumed is None else (resumed.cluster_time,
+                                                                                   resumed.version))
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
             if exc.code_name == "ExceededMemoryLimit":
                 # The stream mongos serves is the same stream, only slower: better than none.

@@ -199,11 +199,14 @@ class OplogTail:
             # time to make it.
             "batchSize": FIRST_BATCH_ENTRIES, "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK},
             pad=SLACK)
-        splice = self.transformer.token_version == 2
-        expanded = self.transformer.show_expanded_events
+        transformer = self.transformer
+        expanded = transformer.show_expanded_events
         while True:
             cursor_id, batch = batch_in_place(data, at)
             if len(batch):
+                # Up to the time of an older token resumed from, events keep its version: the
+                # general path, which writes any version, makes them.
+                splice = transformer.token_version == 2 and transformer.keep_version is None
                 items = splice_entries(batch, splice, expanded)
                 await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
             else:

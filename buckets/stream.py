@@ -103,6 +103,11 @@ class StreamOptions:
     # Expanded DDL events from the proxy's notes (upstream before 6.0) instead of native entries.
     ddl_notes: bool = False
     token_version: int = 2
+    # Resumed from a token of an older version: (its clusterTime, its version); the events up to
+    # that time keep the version (OplogTransformer's keep_version).
+    keep_version: tuple[Timestamp, int] | None = None
+    # With showExpandedEvents: migrateLastChunkFromShard, and create/createIndexes a migration wrote.
+    show_system_events: bool = False
     match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
     # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
     # stream; events outside it are dropped and the invalidating event ends the stream.
@@ -536,15 +541,10 @@ class BucketCursor:
                 batch = lookup.with_pre_images(batch, pre, required=before == "required")
         if not options.stages:
             return list(enumerate(batch))
-        # The stream's end passes as it is, as the native stream returns it.
-        todo = [i for i, ev in enumerate(batch) if ev.op_type != "invalidate"]
-        shaped = iter(await self.stream.shaper.shape([batch[i].raw for i in todo], [batch[i].token for i in todo]))
-        out = []
-        for i, ev in enumerate(batch):
-            raw = ev.raw if ev.op_type == "invalidate" else next(shaped)
-            if raw is not None:
-                out.append((i, ev._replace(raw=raw)))
-        return out
+        # The invalidate too: the user's stages follow $changeStream's CheckInvalidate stage.
+        shaped = await self.stream.shaper.shape([ev.raw for ev in batch], [ev.token for ev in batch])
+        return [(i, ev._replace(raw=raw)) for i, (ev, raw) in enumerate(zip(batch, shaped, strict=True))
+                if raw is not None]
 
     async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
                          *, first: bool = False) -> tuple[list[Any], dict[str, Any]]:
@@ -775,12 +775,16 @@ class ParallelStream:
 
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
+        scope = options.scope
         # The reader holds a batch in hand while it waits for room: counted beside the budget.
         account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
         tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
                          transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
+                                                      show_system_events=options.show_system_events,
                                                       token_version=options.token_version,
+                                                      keep_version=options.keep_version,
+                                                      view_events=scope is None or scope[1] is None,
                                                       ddl_notes=options.ddl_notes),
                          connect_member=self._connect_member)
         reader = self.readers[sid] = ShardReader(tail, budget=self.shard_budgets[sid])
@@ -790,7 +794,11 @@ class ParallelStream:
         reader.relieve = self._unpin
         # A shard that joins later starts with the mark of its start time: above the frontier,
         # since it was not listed when the frontier was last allowed to move.
-        self.merge.add_shard(sid, token_sort_key(high_water_mark(start)))
+        # (Resumed from an older token at its time: that version's mark, which sorts below the
+        # events at the time that keep the version.)
+        keep = options.keep_version
+        version = keep[1] if keep is not None and keep[0] == start else options.token_version
+        self.merge.add_shard(sid, token_sort_key(high_water_mark(start, version)))
         return reader
 
     def _unpin(self) -> None:
@@ -976,6 +984,11 @@ class ParallelStream:
                 break
             if scope is not None and not _in_scope(ev, scope):
                 continue
+            if scope is not None and _invalidates(ev, scope):
+                await self._put_shares(shares)
+                shares = {}
+                await self._end_with(ev, match)
+                break
             if match is not None:
                 try:
                     if not _event_matches(ev, match):
@@ -988,15 +1001,6 @@ class ParallelStream:
                     for b in self._route(ev):
                         buckets[b].fail(exc)
                     continue
-            if scope is not None and _invalidates(ev, scope):
-                await self._put_shares(shares)
-                shares = {}
-                for only in buckets.values():
-                    await only.put(ev)
-                    end = invalidate_event(ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime"))
-                    await only.put(tuple(end))
-                self.ended = True
-                break
             route = self._routes.get(ev[EV_NAMESPACES])
             if route is None:
                 route = self._route(ev)
@@ -1007,6 +1011,23 @@ class ParallelStream:
                 else:
                     share.append(ev)
         await self._put_shares(shares)
+
+    async def _end_with(self, ev: EventFields, match: dict[str, Any] | None) -> None:
+        """End the stream at its invalidating event `ev`: the event, then its invalidate, each
+        through the user's $match, which comes after $changeStream's own CheckInvalidate stage
+        (document_source_change_stream.cpp). A $match that drops the invalidate does not keep
+        the stream open: the server's cursor closes on ChangeStreamInvalidated all the same."""
+        end = tuple(invalidate_event(ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime")))
+        for bucket in self.buckets.values():
+            for item in (ev, end):
+                try:
+                    if match is not None and not _event_matches(item, match):
+                        continue
+                except MongoError as exc:
+                    bucket.fail(exc)
+                    break
+                await bucket.put(item)
+        self.ended = True
 
     def _deal_block(self, block: EventBlock, shares: dict[int, list[Any]]) -> None:
         """A block's share of each bucket, taken as columns: an event goes where its kind's
@@ -1141,16 +1162,21 @@ def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
 
 
 def _in_scope(ev: EventFields, scope: tuple[str, str | None]) -> bool:
+    """buildOperationFilter (change_stream_filter_helpers.cpp): an event of a namespace the stream
+    watches (a rename by its source or its target, `o.to`); dropDatabase on a database stream
+    only ("Omit dropDatabase on single-collection streams")."""
     db, coll = scope
     if coll is None:
-        return bool(ev[EV_DB] == db)
-    return f"{db}.{coll}" in ev[EV_NAMESPACES] or (ev[EV_DB] == db and ev[EV_OP_TYPE] == "dropDatabase")
+        return bool(ev[EV_DB] == db) or any(ns.partition(".")[0] == db for ns in ev[EV_NAMESPACES])
+    return f"{db}.{coll}" in ev[EV_NAMESPACES]
 
 
 def _invalidates(ev: EventFields, scope: tuple[str, str | None]) -> bool:
-    """drop/rename of the collection or dropDatabase end a collection stream; dropDatabase a db stream."""
+    """isInvalidatingCommand: drop/rename end a collection stream; dropDatabase a database stream."""
     op_type = ev[EV_OP_TYPE]
-    return bool(op_type == "dropDatabase" or (scope[1] is not None and op_type in ("drop", "rename")))
+    if scope[1] is None:
+        return bool(op_type == "dropDatabase")
+    return bool(op_type in ("drop", "rename"))
 
 
 def _event_matches(ev: EventFields, match: dict[str, Any]) -> bool:

@@ -163,15 +163,26 @@ class OplogTransformer:
             shardCollection, and views) from our proxy's appendOplogNote records instead of the
             native oplog entries: for servers before 6.0, whose change streams have no expanded
             events. Exactly one of the two sources is used, so they never double up.
+        view_events: show writes to system.views as view events. A single-collection stream never
+            does (ChangeStreamEventTransformer::getBuilder takes the view transform only when
+            `!_isSingleCollStream`, and its namespace regex never matches system.views).
+        keep_version: (clusterTime, version) of the token a stream resumed from, when that token
+            is of an older version: events up to that time keep its version, as
+            ChangeStreamEventTransformation::makeResumeToken does (`(clusterTime >
+            _resumeToken.clusterTime) ? changeStreamTokenVersion : _resumeToken.version`), so
+            that the resumed event is found again.
     """
 
     def __init__(self, *, show_expanded_events: bool = False, show_migration_events: bool = False,
-                 show_system_events: bool = False, token_version: int = 2, ddl_notes: bool = False) -> None:
+                 show_system_events: bool = False, token_version: int = 2, ddl_notes: bool = False,
+                 view_events: bool = True, keep_version: tuple[Timestamp, int] | None = None) -> None:
         self.show_expanded_events = show_expanded_events
         self.show_migration_events = show_migration_events
         self.show_system_events = show_system_events
         self.token_version = token_version
         self.ddl_notes = ddl_notes
+        self.view_events = view_events
+        self.keep_version = keep_version if keep_version is not None and keep_version[1] != token_version else None
         # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries, each with
         # the ts of its entry and its index there (where the server records its images).
         self._pending_txns: dict[tuple[bytes, int], list[tuple[Any, Timestamp, int]]] = {}
@@ -226,7 +237,7 @@ class OplogTransformer:
 
     def transform(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
         """Events for one oplog entry (most entries give 0 or 1; a committed transaction gives many)."""
-        if self.token_version == 2:
+        if self.token_version == 2 and self.keep_version is None:
             raw = entry if isinstance(entry, bytes) else bytes(entry.raw)
             fast = splice_crud(raw, expanded=self.show_expanded_events)
             if fast is not None:
@@ -236,6 +247,8 @@ class OplogTransformer:
     def transform_decoded(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
         """`transform` without the byte-splicing fast path: handles every entry (tests compare the two)."""
         doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
+        if self.keep_version is not None and _later(doc["ts"], self.keep_version[0]):
+            self.keep_version = None  # past the resume time: entries come in oplog order
         op = doc["op"]
         if op == "n":
             return self._noop(doc)
@@ -306,7 +319,7 @@ class OplogTransformer:
         fields["documentKey"] = document_key
         if update_description is not None:
             fields["updateDescription"] = update_description
-        ident = self._identifier(op_type, key, None)
+        ident = self._identifier(op_type, key, None, self._version_at(ts))
         return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, (ns,), txn)
 
     def _view_event(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any) -> ChangeEvent | None:
@@ -316,7 +329,7 @@ class OplogTransformer:
         operationDescription is the whole view document but `_id`, and the token carries the `ui`
         of the system.views entry (audit D1, D2, D3)."""
         kinds = {"i": "create", "u": "modify", "d": "drop"}
-        if not self.show_expanded_events or self.ddl_notes or op_doc["op"] not in kinds:
+        if not self.show_expanded_events or self.ddl_notes or not self.view_events or op_doc["op"] not in kinds:
             return None
         o = _plain(op_doc["o"])
         name = o.get("_id") if op_doc["op"] != "u" else (_plain(op_doc.get("o2")) or {}).get("_id", o.get("_id"))
@@ -345,7 +358,8 @@ class OplogTransformer:
             self._pending_txns.pop(self._txn_key(doc), None)
             self._chain_gaps.pop(self._txn_key(doc), None)
             return []
-        if doc.get("fromMigrate") and not self.show_migration_events:
+        if doc.get("fromMigrate") and not self.show_migration_events and not (
+                self.show_system_events and first in _SYSTEM_FROM_MIGRATE):
             return []
         db = doc["ns"].split(".", 1)[0]
         if db in _INTERNAL_DBS:
@@ -426,7 +440,7 @@ class OplogTransformer:
             fields["operationDescription"] = desc
         if state_before is not None and self.show_expanded_events:
             fields["stateBeforeChange"] = state_before
-        ident = self._identifier(op_type, None, desc)
+        ident = self._identifier(op_type, None, desc, self._version_at(ts))
         namespaces = ((f"{db}.{coll}",) if coll is not None else ()) + extra_ns
         return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, namespaces, txn)
 
@@ -445,6 +459,8 @@ class OplogTransformer:
                                 ("migrateLastChunkFromShard", self.show_system_events)):
                 if kind in o2 and shown:
                     db, coll = _split_ns(o2[kind])
+                    if not self._shown_namespace(db, coll):
+                        return []
                     desc = {k: v for k, v in _plain(o2).items() if k != kind}
                     return [self._ddl_event(kind, db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc)]
         if self.ddl_notes and self.show_expanded_events and o is not None and PCS_NOTE_KEY in o:
@@ -453,6 +469,17 @@ class OplogTransformer:
             return [self._ddl_event(note["op"], db, coll or None, doc["ts"], doc.get("wall"), note.get("ui"),
                                     note.get("operationDescription"), state_before=note.get("stateBeforeChange"))]
         return []  # periodic noops, plain appendOplogNote, migrateChunkToNewShard: marks only
+
+    def _shown_namespace(self, db: str, coll: str) -> bool:
+        """Whether a stream's namespace regex admits db.coll: buildInternalOpFilter matches
+        sharding's noops against it (document_source_change_stream.h: kRegexAllDBs leaves out
+        admin, config and local; kRegexAllCollections every system.* collection, and with
+        showSystemEvents all but system.js, system.resharding.* and system.buckets.*)."""
+        if db in _INTERNAL_DBS or coll.startswith("$"):
+            return False
+        if not coll.startswith("system."):
+            return True
+        return self.show_system_events and (coll == "system.js" or coll.startswith(_SHOWN_SYSTEM_PREFIXES))
 
     # -- transactions ------------------------------------------------------------------------------
 
@@ -494,8 +521,14 @@ class OplogTransformer:
 
     # -- tokens ------------------------------------------------------------------------------------
 
-    def _identifier(self, op_type: str, document_key: Any, desc: Any) -> dict[str, Any] | None:
-        if self.token_version >= 2 or op_type not in _CLASSIC:
+    def _version_at(self, ts: Timestamp) -> int:
+        """The version of the tokens of events at `ts` (see `keep_version`)."""
+        keep = self.keep_version
+        return keep[1] if keep is not None and not _later(ts, keep[0]) else self.token_version
+
+    @staticmethod
+    def _identifier(op_type: str, document_key: Any, desc: Any, version: int) -> dict[str, Any] | None:
+        if version >= 2 or op_type not in _CLASSIC:
             ident: dict[str, Any] = {"operationType": op_type}
             if document_key is not None:
                 ident["documentKey"] = document_key
@@ -507,7 +540,7 @@ class OplogTransformer:
     def _finish(self, ts: Timestamp, txn_op_index: int, ui: Any, ident: Any, fields: dict[str, Any],
                 op_type: str, db: str, coll: str | None, namespaces: tuple[str, ...],
                 txn: tuple[Any, Any] | None) -> ChangeEvent:
-        token = encode_token(ResumeTokenData(ts, self.token_version, EVENT_TOKEN, txn_op_index, False,
+        token = encode_token(ResumeTokenData(ts, self._version_at(ts), EVENT_TOKEN, txn_op_index, False,
                                              _uuid(ui), ident))
         head: dict[str, Any] = {}
         if "to" in fields:
@@ -523,6 +556,14 @@ class OplogTransformer:
         return ChangeEvent.for_token(token, op_type, db, coll, raw, namespaces)
 
 
+def _later(a: Timestamp, b: Timestamp) -> bool:
+    return (a.time, a.inc) > (b.time, b.inc)
+
+
+# With showSystemEvents, these commands are shown also when a migration wrote them
+# (change_stream_filter_helpers.cpp buildNotFromMigrateFilter -> buildFromMigrateSystemOpFilter).
+_SYSTEM_FROM_MIGRATE = frozenset({"create", "createIndexes"})
+_SHOWN_SYSTEM_PREFIXES = ("system.resharding.", "system.buckets.")
 _SYSTEM_FILTERED = frozenset({"drop", "create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"})
 _CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
 

@@ -407,12 +407,24 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     return spec, stages, split
 
 
+def _check_read_concern(read_concern: Any) -> None:
+    """A change stream reads at majority only: DocumentSourceChangeStream::LiteParsed::
+    supportsReadConcern answers onlySingleReadConcernSupported(majority), InvalidOptions for any
+    other level given (jstests/noPassthrough/change_stream_require_majority_read_concern.js:
+    local and linearizable fail; majority, and none, work)."""
+    level = read_concern.get("level") if isinstance(read_concern, dict) else None
+    if level is not None and level != "majority":
+        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
+                         f"than 'majority'. Current readConcern: {level}")
+
+
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
                              lookup: Any = None, topology: Any = None) -> dict[str, Any]:
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
     # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
     # shared/reference/mongodb-formats.md A.6).
     spec, stages, split = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
+    _check_read_concern(cmd.get("readConcern"))
     # The split stage makes a 6.0 stream write v2 tokens (fragmentNum needs them).
     version = 1 if server.version in ("5.0", "6.0") and not split else 2
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None

@@ -81,10 +81,12 @@ def _encode(doc: dict[str, Any]) -> bytes:
 
 
 def _transformer(options: dict[str, Any]) -> OplogTransformer:
-    # As buckets/stream.py makes each shard reader's: only showExpandedEvents comes from the
-    # stream's options; token version 2 (7.0/8.0); native DDL entries, not the proxy's notes.
+    # As buckets/stream.py makes each shard reader's: showExpandedEvents and showSystemEvents
+    # come from the stream's options; token version 2 (7.0/8.0); native DDL entries, not the
+    # proxy's notes.
     return OplogTransformer(
         show_expanded_events=bool(options.get("showExpandedEvents")),
+        show_system_events=bool(options.get("showSystemEvents")),
         token_version=2,
         ddl_notes=False,
     )

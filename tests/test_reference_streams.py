@@ -15,8 +15,6 @@ from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, decode_token
 from tests.conftest import client, sync
 from tests.test_accelerate import accelerated
 
-_SCOPE_IN_ENGINE = "the engine's scope check (buckets/stream.py _in_scope/_invalidates) still admits it"
-
 
 def _until(stream: Any, stop: Any, timeout: float = 30) -> list[dict[str, Any]]:
     """Events up to and including the first for which `stop` holds, or an invalidate."""
@@ -52,8 +50,7 @@ def _is_end(ev: dict[str, Any]) -> bool:
     return ev["operationType"] == "insert" and ev["documentKey"]["_id"] == "end"
 
 
-@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="D7: " + _SCOPE_IN_ENGINE + " for view events, and a view's drop invalidates"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_d7_single_collection_stream_sees_no_view_events(via):
     """A single-collection stream never uses the view transform (ChangeStreamEventTransformer::
     getBuilder: only `!_isSingleCollStream`), and its namespace regex never matches
@@ -104,9 +101,7 @@ async def test_d8_start_after_invalidate_skips_drop_database(via):
     assert got == (["insert", "drop", "invalidate"], ["insert"])
 
 
-@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="D9: the engine always writes v2 tokens (buckets/stream.py token_version), so the "
-    "resumed event's v1 key is never met: ChangeStreamFatalError 280"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_d9_resume_from_a_v1_event_token(via):
     """A 6.0-era (v1) event token resumes a 7.0 stream: makeResumeToken keeps the resume token's
     version for events at its clusterTime (`(clusterTime > _resumeToken.clusterTime) ?
@@ -175,10 +170,7 @@ async def test_d19_change_stream_spec_errors_as_the_idl_gives_them(spec, code, m
     assert got == (code, message)
 
 
-@pytest.mark.parametrize("via", ["direct", pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="issue 45 item 5: the engine (buckets/stream.py) leaves the invalidate out of the user's "
-    "stages: a $match keeping only invalidates never returns it, and the stream a $match on inserts reads "
-    "stays open"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_user_stages_see_the_invalidate(via):
     """The invalidate is made by $changeStream's own CheckInvalidate stage, ahead of the user's
     stages (document_source_change_stream.cpp builds it into the stage's pipeline): a $match on
@@ -209,9 +201,7 @@ async def test_user_stages_see_the_invalidate(via):
     assert got == (["invalidate"], ["insert"], False)
 
 
-@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="D9 companion: the engine writes v2 tokens (buckets/stream.py token_version) also for "
-    "events at the clusterTime of the v1 high-water mark it resumed from"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_d9_resume_from_a_v1_high_water_mark_keeps_v1_at_its_time(via):
     """Resumed from a v1 high-water mark, the events at its clusterTime have v1 tokens and later
     ones v2 (makeResumeToken: `(clusterTime > _resumeToken.clusterTime) ?
@@ -267,8 +257,7 @@ async def test_d19f_missing_required_image_names_the_event(via):
                                f'ns: {{db: "d47", coll: "c"}}, clusterTime: {ts}}}')
 
 
-@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="D8: " + _SCOPE_IN_ENGINE + " for dropDatabase on a single-collection stream"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_d8_drop_database_does_not_end_a_stream_on_a_collection_it_did_not_hold(via):
     """The same rule (buildOperationFilter omits dropDatabase on single-collection streams) on a
     stream the engine serves: the collection did not exist when its database was dropped, so no
@@ -289,9 +278,7 @@ async def test_d8_drop_database_does_not_end_a_stream_on_a_collection_it_did_not
     assert got == ["insert"]
 
 
-@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="the engine's database scope (buckets/stream.py _in_scope) checks only the event's "
-    "own (source) database"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_a_rename_into_the_watched_database_is_seen(via):
     """buildOperationFilter (change_stream_filter_helpers.cpp) matches a renameCollection whose
     source or whose target (`o.to`) is in the stream's namespace: a database stream sees a
@@ -311,3 +298,60 @@ async def test_a_rename_into_the_watched_database_is_seen(via):
         got = await sync(_outcome, work)
     assert got == [("rename", {"db": "rsrc", "coll": "a"}, {"db": "rdst", "coll": "b"}),
                                 ("insert", {"db": "rdst", "coll": "b"}, None)]
+
+
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
+async def test_a_change_stream_reads_at_majority_only(via):
+    """$changeStream supports the majority read concern alone (DocumentSourceChangeStream::
+    LiteParsed::supportsReadConcern: onlySingleReadConcernSupported(majority)): local and
+    linearizable fail with InvalidOptions, majority and none work
+    (jstests/noPassthrough/change_stream_require_majority_read_concern.js)."""
+    from pymongo.errors import OperationFailure
+    from pymongo.read_concern import ReadConcern
+
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> dict[str, Any]:
+            client(cluster.uri).rc.c.insert_one({"_id": 1})
+            coll = client(_uri(cluster, server, via)).rc.c
+            out: dict[str, Any] = {}
+            for level in ("local", "linearizable", "majority", None):
+                try:
+                    coll.with_options(read_concern=ReadConcern(level)).watch(max_await_time_ms=100).close()
+                    out[str(level)] = "ok"
+                except OperationFailure as exc:
+                    out[str(level)] = (exc.code, exc.details["errmsg"])
+            return out
+
+        got = await sync(_outcome, work)
+    message = ("Aggregation stage $changeStream cannot run with a readConcern other than 'majority'. "
+               "Current readConcern: ")
+    assert got == {"local": (72, message + "local"), "linearizable": (72, message + "linearizable"),
+                   "majority": "ok", "None": "ok"}
+
+
+async def test_d20_replies_the_proxy_makes_carry_the_cluster_time():
+    """Every mongos reply has `$clusterTime` and `operationTime` (the drivers' sessions spec
+    gossips them): the accelerated aggregate and getMore, and hello, through the proxy too. The
+    `$clusterTime` is a document mongos sent, signature included, as it came."""
+    async with accelerated(shards=1) as (cluster, server):
+
+        def work() -> tuple[list[Any], bool]:
+            direct = client(cluster.uri)
+            proxied = client(_uri(cluster, server, "accelerated"))
+            start = direct.admin.command("ping")["operationTime"]
+            direct.ct.c.insert_one({"_id": 1})
+            opened = proxied.ct.command({"aggregate": "c", "pipeline": [{"$changeStream": {
+                "startAtOperationTime": start}}], "cursor": {}})
+            more = proxied.ct.command({"getMore": opened["cursor"]["id"], "collection": "c", "maxTimeMS": 100})
+            hello = proxied.admin.command("hello")
+            proxied.ct.command({"killCursors": "c", "cursors": [opened["cursor"]["id"]]})
+            replies = [opened, more, hello]
+            keys = [sorted(k for k in r if k in ("$clusterTime", "operationTime")) for r in replies]
+            seen = direct.admin.command("ping")["$clusterTime"]
+            signed = all(set(r["$clusterTime"]) == set(seen) and r["$clusterTime"]["clusterTime"] >= start
+                         for r in replies)
+            return keys, signed
+
+        got = await sync(_outcome, work)
+    assert got == ([["$clusterTime", "operationTime"]] * 3, True)

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 from bson import ObjectId
 
+from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
 from wireproxy.host_health import HostHealth, host_address
@@ -45,6 +46,8 @@ class ProxyServer:
         self.table = table or CommandTable()
         self.metrics = metrics or ProxyMetrics()
         self.fail_points = UpstreamFailPoints()  # armed on mongos through this proxy (tests only)
+        # The newest $clusterTime mongos sent, for the replies the proxy makes itself.
+        self.cluster_time = ClusterTimeGossip()
         self.process_id = ObjectId()
         target = UpstreamTarget.from_uri(config.upstream, tls=config.upstream_tls,
                                          tls_ca_file=config.upstream_tls_ca_file,
@@ -99,9 +102,11 @@ class ProxyServer:
             try:
                 # A client's connection may be closed for what the client sent: only the
                 # engine's losses count against a mongos.
-                return await open_upstream(host, port, ssl_context=self._upstream_ssl, reply_timeout_s=reply_timeout_s,
+                conn = await open_upstream(host, port, ssl_context=self._upstream_ssl, reply_timeout_s=reply_timeout_s,
                                            health=self.health, connect_timeout_s=self.connect_member.connect_timeout_s,
                                            count_losses=engine)
+                conn.gossip = self.cluster_time
+                return conn
             except UpstreamClosed as exc:
                 last = exc
         raise UpstreamClosed(f"no upstream reachable: {last}")

@@ -298,6 +298,7 @@ class ClientSession:
         else:
             reply = MongoError("UnsupportedOpQueryCommand", f"Unsupported OP_QUERY command: {name}. The client "
                                "driver may require an upgrade.").to_reply()
+        self.server.cluster_time.stamp(reply)
         out = wire.encode_op_reply(self._next_reply_id(), msg.request_id, (bson.encode(reply),))
         await self._send(out, msg.compressor)
 
@@ -343,6 +344,8 @@ class ClientSession:
             reply = MongoError("InternalError", "the proxy failed to run the command "
                                f"(error id {error_id}; see the proxy's log)").to_reply()
         if not msg.more_to_come:
+            # As every mongos reply: the newest cluster time, as mongos signed it.
+            self.server.cluster_time.stamp(reply)
             parts = wire.op_msg_parts(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(parts, msg.compressor)
 
@@ -407,6 +410,7 @@ class ClientSession:
             if not isinstance(reply, wire.OpMsg):
                 raise UpstreamClosed("upstream answered with a non-OP_MSG reply")
             self.server.metrics.upstream_latency.observe(trio.current_time() - start)
+            self.server.cluster_time.observe(reply.body)
             reply_id = self._next_reply_id()
             out = wire.encode_op_msg(reply_id, response_to, reply.body, flags=reply.flags & wire.FLAG_MORE_TO_COME,
                                      sequences=reply.sequences)

@@ -34,6 +34,7 @@ from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.oplog_splice import elements
 from mongoformats.scram import MECHANISM, ScramClient
+from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.host_health import HostHealth, host_address
 
 __all__ = ["CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed",
@@ -69,6 +70,8 @@ class UpstreamConnection:
         self.reply_timeout_s = reply_timeout_s  # None: wait as long as it takes (a client's connection)
         self._health = health  # told when the host fails this connection, so others are tried first
         self._framer = wire.MessageFramer()
+        # Told of each reply of `command` (wireproxy/cluster_time.py), on the connections to mongos.
+        self.gossip: ClusterTimeGossip | None = None
         self._ids = itertools.count(1)
         self._lock = trio.Lock()
         self.closed = False
@@ -173,6 +176,8 @@ class UpstreamConnection:
         if not isinstance(msg, wire.OpMsg):
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         reply = RawBSONDocument(msg.body, RAW)
+        if self.gossip is not None:
+            self.gossip.observe(reply)
         if check and not reply.get("ok"):
             raise MongoError.from_reply(bson.decode(msg.body))
         return reply

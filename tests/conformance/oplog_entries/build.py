@@ -262,24 +262,6 @@ def ns(coll: str) -> str:
 CMD = f"{DB}.$cmd"
 ORDERS = ns("orders")
 
-# -- the engine's known differences, as the xfail reasons ---------------------------------------
-NEW_INTERNAL_NOOP = (
-    "new: a sharding noop (shardCollection) on an internal namespace such as "
-    "config.system.sessions gives "
-    "an event; buildInternalOpFilter (change_stream_filter_helpers.cpp) matches the noop's ns "
-    "against "
-    "nsRegex, which excludes admin/config/local and system.* (kRegexAllDBs, kRegexAllCollections "
-    "in "
-    "document_source_change_stream.h)"
-)
-NEW_SYSTEM_EVENTS = (
-    "new: the engine ignores showSystemEvents (buckets/stream.py and buckets/engine.py build the "
-    "OplogTransformer from showExpandedEvents alone): no migrateLastChunkFromShard "
-    "(buildInternalOpFilter "
-    "adds it with showSystemEvents) and no fromMigrate create / createIndexes "
-    "(buildNotFromMigrateFilter "
-    "-> buildFromMigrateSystemOpFilter)"
-)
 SYSTEM = {"showExpandedEvents": True, "showSystemEvents": True}
 
 
@@ -1931,7 +1913,6 @@ def noops() -> dict[str, Any]:
             )
         ],
         lambda x: [],
-        diverges={True: NEW_INTERNAL_NOOP},
         source="every sharded cluster shards config.system.sessions "
         "(sessions_collection_config_server.cpp "
         "_shardCollectionIfNeeded), through the same coordinator and noop as a user collection",
@@ -1952,7 +1933,6 @@ def noops() -> dict[str, Any]:
             ],
             [event("migrateLastChunkFromShard", 136, "orders", ui=UI, expanded=True, desc=last)],
             options=SYSTEM,
-            diverges=NEW_SYSTEM_EVENTS,
             source="migration_util.cpp notifyChangeStreamsOnDonorLastChunk (7.0; 8.0: "
             "change_stream_oplog_notification.cpp buildMoveChunkOplogEntries): the donor writes "
             "{msg: 'Migrate the last chunk for <nss> off shard <donor>'}, o2 "
@@ -2105,7 +2085,6 @@ def from_migrate() -> dict[str, Any]:
             [create],
             [event("create", 140, "orders", ui=UI, expanded=True, desc={"idIndex": ID_INDEX})],
             options=SYSTEM,
-            diverges=NEW_SYSTEM_EVENTS,
         )
     )
     cases.append(
@@ -2123,7 +2102,6 @@ def from_migrate() -> dict[str, Any]:
                 )
             ],
             options=SYSTEM,
-            diverges=NEW_SYSTEM_EVENTS,
         )
     )
     cases.append(
