@@ -22,7 +22,7 @@ from typing import Any
 
 import bson
 import trio
-from bson import Binary, Int64
+from bson import Binary, Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.change_events import RAW, ChangeEvent
@@ -120,8 +120,8 @@ class DocumentLookup:
             before = pre.get(i)
             if before is None and required:
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
-                                 "update, delete and replace events, but the pre-image was not found for the event "
-                                 f"at {ev.cluster_time}")
+                                 "update, delete and replace events, but the pre-image was not found for event: "
+                                 f"{_event_text(ev.raw)}")
             out[i] = ev._replace(raw=splice_at_end(ev.raw, "fullDocumentBeforeChange", before))
         return out
 
@@ -140,7 +140,7 @@ class DocumentLookup:
                 after = bson.encode(post_image(bson.decode(before, PLAIN), description))
             elif required:
                 raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for all "
-                                 f"update events, but the post-image was not found for the event at {ev.cluster_time}")
+                                 f"update events, but the post-image was not found for event: {_event_text(ev.raw)}")
             out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocument", after))
         return out
 
@@ -185,3 +185,22 @@ class DocumentLookup:
                     if attempt == 2:
                         raise MongoError("HostUnreachable", f"looking up documents failed: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+def _event_text(raw: bytes) -> str:
+    """The event as a missing image's error names it (makePreImageNotFoundErrorMsg in
+    change_stream_add_pre_image_stage.cpp, used for post-images too): a Document of
+    operationType, ns, clusterTime and txnNumber, as Document::toString prints it (a missing
+    field left out)."""
+    event = bson.decode(raw, PLAIN)
+
+    def text(value: Any) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {text(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, Timestamp):
+            return f"Timestamp({value.time}, {value.inc})"
+        if isinstance(value, str):
+            return f'"{value}"'
+        return str(value)
+
+    return text({k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event})

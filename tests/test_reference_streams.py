@@ -1,8 +1,8 @@
-"""Audit items of the single-collection stream rules and resuming (fidelity-audit-2026-11-26.md
-D7, D8, D9), run on simcluster's mongos (whose change stream is the independent reference) and
-through the proxy's accelerated `watch()`. Where the engine still differs, the accelerated case
-is a strict xfail naming the item: its fix lies in buckets/stream.py's scope and token-version
-rules."""
+"""Audit items of the single-collection stream rules, resuming, the spec's errors, the read
+concern and the cluster time (fidelity-audit-2026-11-26.md D7, D8, D9, D19, D20; issue 45 item
+5), run on simcluster's mongos (whose change stream is the independent reference) and through the
+proxy's accelerated `watch()`, each expecting what the server's source and jstests give. Where
+the engine still differs, the accelerated case is a strict xfail naming the item."""
 
 from __future__ import annotations
 
@@ -225,8 +225,7 @@ async def test_d9_resume_from_a_v1_high_water_mark_keeps_v1_at_its_time(via):
     assert got == [(1, 1), (2, 2), ("end", 2)]
 
 
-@pytest.mark.parametrize("via", [pytest.param("direct"), pytest.param("accelerated", marks=pytest.mark.xfail(
-    strict=True, reason="D19f: the engine (buckets/) words a missing image's error its own way"))])
+@pytest.mark.parametrize("via", ["direct", "accelerated"])
 async def test_d19f_missing_required_image_names_the_event(via):
     """NoMatchingDocument's message ends with the event as makePreImageNotFoundErrorMsg prints it
     ({operationType, ns, clusterTime, txnNumber?}, Document::toString), for the post-image stage
@@ -355,3 +354,48 @@ async def test_d20_replies_the_proxy_makes_carry_the_cluster_time():
 
         got = await sync(_outcome, work)
     assert got == ([["$clusterTime", "operationTime"]] * 3, True)
+
+
+async def test_show_system_events_through_the_accelerated_watch():
+    """With showSystemEvents (and showExpandedEvents) a stream shows migrateLastChunkFromShard
+    when a migration takes a shard's last chunk of the collection (buildInternalOpFilter), and the
+    create/createIndexes a migration writes on the recipient (buildFromMigrateSystemOpFilter): the
+    engine serves such a watch() itself, with mongos's events."""
+    import bson
+    from bson import MinKey
+
+    async with accelerated(shards=2) as (cluster, server):
+
+        def work() -> tuple[list[bytes], list[bytes], dict[str, int]]:
+            direct = client(cluster.uri)
+            start = direct.admin.command("ping")["operationTime"]
+            direct.admin.command("shardCollection", "sys.c", key={"k": 1})
+            direct.sys.c.insert_many([{"_id": i, "k": i} for i in range(5)])
+            home = cluster.mongos.sharded["sys.c"].chunks[0].shard
+            other = next(sid for sid in sorted(cluster.replsets) if sid != home)
+            direct.admin.command("moveRange", "sys.c", toShard=other, min={"k": MinKey()})
+            direct.sys.c.insert_one({"_id": "end", "k": 9})
+
+            def events(uri: str) -> list[bytes]:
+                # (pymongo's watch() has no showSystemEvents: the commands as a driver sends them.)
+                db = client(uri).sys
+                cursor = db.command("aggregate", "c", cursor={}, pipeline=[{"$changeStream": {
+                    "startAtOperationTime": start, "showExpandedEvents": True, "showSystemEvents": True}}])["cursor"]
+                out, batch = [], cursor["firstBatch"]
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not any(_is_end(e) for e in out):
+                    out += batch
+                    batch = db.command("getMore", cursor["id"], collection="c", maxTimeMS=100)["cursor"]["nextBatch"]
+                db.command("killCursors", "c", cursors=[cursor["id"]])
+                return [bson.encode(e) for e in out]
+
+            want = events(cluster.uri)
+            got = events(_uri(cluster, server, "accelerated"))
+            return want, got, dict(server.engine.watches)
+
+        got = await sync(_outcome, work)
+    assert isinstance(got, tuple), got
+    want, events, watches = got
+    kinds = [bson.decode(e)["operationType"] for e in want]
+    assert "migrateLastChunkFromShard" in kinds and events == want
+    assert watches == {"accelerated": 1, "passedThrough": 0}
