@@ -338,18 +338,18 @@ async def test_d20_replies_the_proxy_makes_carry_the_cluster_time():
         def work() -> tuple[list[Any], bool]:
             direct = client(cluster.uri)
             proxied = client(_uri(cluster, server, "accelerated"))
+            hello = proxied.admin.command("hello")  # the first command of this client
             start = direct.admin.command("ping")["operationTime"]
             direct.ct.c.insert_one({"_id": 1})
             opened = proxied.ct.command({"aggregate": "c", "pipeline": [{"$changeStream": {
                 "startAtOperationTime": start}}], "cursor": {}})
             more = proxied.ct.command({"getMore": opened["cursor"]["id"], "collection": "c", "maxTimeMS": 100})
-            hello = proxied.admin.command("hello")
             proxied.ct.command({"killCursors": "c", "cursors": [opened["cursor"]["id"]]})
             replies = [opened, more, hello]
             keys = [sorted(k for k in r if k in ("$clusterTime", "operationTime")) for r in replies]
             seen = direct.admin.command("ping")["$clusterTime"]
-            signed = all(set(r["$clusterTime"]) == set(seen) and r["$clusterTime"]["clusterTime"] >= start
-                         for r in replies)
+            signed = all(set(r["$clusterTime"]) == set(seen) for r in replies) and all(
+                r["$clusterTime"]["clusterTime"] >= start for r in (opened, more))
             return keys, signed
 
         got = await sync(_outcome, work)

@@ -69,7 +69,7 @@ class ProxyServer:
         self.monitor = UpstreamMonitor(self.hosts, health=self.health, heartbeat_s=target.heartbeat_s,
                                        connect_timeout_s=target.member.connect_timeout_s,
                                        ssl_context=self._upstream_ssl, cut_clients=self._cut_clients_of,
-                                       up_gauge=self.metrics.upstream_up)
+                                       up_gauge=self.metrics.upstream_up, gossip=self.cluster_time)
         self.sessions: set[ClientSession] = set()
         self.port = config.listen_port
         self.handler_nursery: trio.Nursery | None = None

@@ -29,6 +29,7 @@ import trio
 from prometheus_client import Gauge
 
 from mongoformats.errors import MongoError
+from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.host_health import HostHealth, host_address
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, UpstreamTimeout, open_upstream
 
@@ -43,8 +44,10 @@ WAITING_LOG_S = 10.0
 class UpstreamMonitor:
     def __init__(self, hosts: list[tuple[str, int]], *, health: HostHealth, heartbeat_s: float,
                  connect_timeout_s: float, ssl_context: ssl.SSLContext | None,
-                 cut_clients: Callable[[str], Awaitable[None]], up_gauge: Gauge) -> None:
+                 cut_clients: Callable[[str], Awaitable[None]], up_gauge: Gauge,
+                 gossip: ClusterTimeGossip | None = None) -> None:
         self.hosts = hosts
+        self.gossip = gossip  # told the cluster time of each hello (the proxy's replies carry it)
         self.health = health
         self.heartbeat_s = heartbeat_s
         self.connect_timeout_s = connect_timeout_s
@@ -82,6 +85,7 @@ class UpstreamMonitor:
                     if conn is None:
                         conn = await open_upstream(host, port, ssl_context=self._ssl, health=self.health,
                                                    connect_timeout_s=self.connect_timeout_s)
+                        conn.gossip = self.gossip
                     hello = await conn.command("admin", {"hello": 1}, timeout_s=self.connect_timeout_s)
                 except (UpstreamClosed, MongoError) as exc:
                     if conn is not None:
