@@ -200,6 +200,7 @@ async def test_command_errors_use_server_codes(proxy):
                  ({"nBuckets": float("inf")}, 2), ({"nBuckets": float("nan")}, 2),
                  ({"nBuckets": 2, "maxAwaitTimeMS": float("-inf")}, 2),
                  ({"nBuckets": 4, "bogus": 1}, 40415), ({"nBuckets": 2, "readerProcesses": -1}, 2),
+                 ({"nBuckets": 2, "showSystemEvents": "yes"}, 14),
                  ({"nBuckets": 2, "readerProcesses": 65}, 2),
                  # bucket tokens of another bucket count, not all the same
                  ({"nBuckets": 4, "resumeAfter": [high_water_mark(Timestamp(1, i)) for i in (1, 2, 1)]}, 2),
