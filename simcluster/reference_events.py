@@ -17,7 +17,8 @@ Sources (facts only), mongodb/mongo src/mongo/db/pipeline/:
   view document without `_id`, with no collectionUUID, and whose token carries the `ui` of the
   system.views entry; only streams that are not single-collection streams use it (getBuilder).
 - change_stream_filter_helpers.cpp: which entries a stream sees. Collections named `system.*`
-  never (the collection regex), `fromMigrate` entries only with showMigrationEvents,
+  never (the collection regex), `fromMigrate` entries only with showMigrationEvents (a
+  migration's create and createIndexes also with showSystemEvents),
   dropDatabase never on a single-collection stream ("the user will incorrectly see it if they
   startAfter the invalidate"), the expanded DDL and sharding noops only with showExpandedEvents.
 - change_stream_unwind_transaction / the transaction history iterator: a transaction's ops are
@@ -246,7 +247,10 @@ class ReferenceTransformer:
             self.pending.pop(_txn_key(entry), None)
             self.gaps.pop(_txn_key(entry), None)
             return []
-        if entry.get("fromMigrate") and not self.migration:
+        # With showSystemEvents, a migration's create and createIndexes are shown
+        # (change_stream_filter_helpers.cpp buildFromMigrateSystemOpFilter).
+        if entry.get("fromMigrate") and not self.migration and not (
+                self.system_events and name in ("create", "createIndexes")):
             return []
         db, _ = _split(entry["ns"])
         event = self._ddl(entry, name, db, entry["ts"], entry.get("wall"), 0, None)
