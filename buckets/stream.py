@@ -602,6 +602,12 @@ class BucketCursor:
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
         bucket.notify()
         self.exhausted = self.stream.ended and self.position >= bucket.end
+        if self.exhausted and self.stream.end_token is not None:
+            # The server closes the cursor on ChangeStreamInvalidated, whose token (the
+            # invalidate's) is the last postBatchResumeToken, also when a stage dropped the
+            # invalidate (the cursor code of mongos and mongod catches that exception and sets it).
+            self.last_token = self.stream.end_token
+            self.last_key = token_sort_key(self.last_token)
         self._join_named_stream()
         return batch, self.last_token
 
@@ -766,6 +772,8 @@ class ParallelStream:
         self.started = trio.Event()
         self._frontier = b""
         self.ended = False   # an accelerated single-collection or database stream was invalidated
+        # Its invalidate's token: where a cursor that read to the end resumes (startAfter).
+        self.end_token: dict[str, Any] | None = None
         self._cancel = trio.CancelScope()
 
 
@@ -1018,6 +1026,7 @@ class ParallelStream:
         (document_source_change_stream.cpp). A $match that drops the invalidate does not keep
         the stream open: the server's cursor closes on ChangeStreamInvalidated all the same."""
         end = tuple(invalidate_event(ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime")))
+        self.end_token = event_token(end)
         for bucket in self.buckets.values():
             for item in (ev, end):
                 try:

@@ -151,6 +151,7 @@ class NativeStream:
         self.ready: collections.deque[RefEvent] = collections.deque()
         self.frontier = min(self.positions)
         self.done = False
+        self.end_token: dict[str, Any] | None = None  # the invalidate's token, once the stream ended
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -252,6 +253,11 @@ class NativeStream:
                 size += len(doc.raw) + BATCH_ELEMENT_OVERHEAD
                 self.last_token = token
             if self.held or self.done:
+                if self.done and not self.held and self.end_token is not None:
+                    # Closed on ChangeStreamInvalidated: its token, the invalidate's, is the last
+                    # postBatchResumeToken, also when a stage dropped the invalidate (the
+                    # cursor code of mongos and mongod catches that exception and sets it).
+                    self.last_token = self.end_token
                 return out
             if not ready:
                 ready.extend(self._poll())
@@ -288,6 +294,7 @@ class NativeStream:
                     # The invalidate comes from a stage of $changeStream itself (CheckInvalidate),
                     # ahead of the user's stages: a $match may drop it, and the stream ends all the same.
                     inv = invalidate_for(ev)
+                    self.end_token = inv.token
                     inv_doc = apply_stages(inv.doc, self.stages, inv.token) if self.stages else inv.doc
                     if inv_doc is None:
                         pass

@@ -175,10 +175,10 @@ async def test_user_stages_see_the_invalidate(via):
     """The invalidate is made by $changeStream's own CheckInvalidate stage, ahead of the user's
     stages (document_source_change_stream.cpp builds it into the stage's pipeline): a $match on
     operationType "invalidate" returns it, one on "insert" drops it, and either way the stream
-    ends (issue 45, item 5)."""
+    ends, its last postBatchResumeToken the invalidate's (issue 45, item 5)."""
     async with accelerated(shards=1) as (cluster, server):
 
-        def work() -> tuple[list[str], list[str], bool]:
+        def work() -> tuple[list[str], list[str], bool, bool]:
             direct = client(cluster.uri)
             start = direct.admin.command("ping")["operationTime"]
             direct.inv.c.insert_one({"_id": 1})
@@ -186,7 +186,8 @@ async def test_user_stages_see_the_invalidate(via):
             coll = client(_uri(cluster, server, via)).inv.c
             only = coll.watch([{"$match": {"operationType": "invalidate"}}], start_at_operation_time=start,
                               max_await_time_ms=100)
-            kept = [e["operationType"] for e in _until(only, lambda ev: False, timeout=5)]
+            events = _until(only, lambda ev: False, timeout=5)
+            kept = [e["operationType"] for e in events]
             inserts = coll.watch([{"$match": {"operationType": "insert"}}], start_at_operation_time=start,
                                  max_await_time_ms=100)
             seen = []
@@ -195,10 +196,11 @@ async def test_user_stages_see_the_invalidate(via):
                 ev = inserts.try_next()
                 if ev is not None:
                     seen.append(ev["operationType"])
-            return kept, seen, inserts.alive
+            # Closed by the invalidate it did not return: its last resume token is the invalidate's.
+            return kept, seen, inserts.alive, inserts.resume_token == events[-1]["_id"]
 
         got = await sync(_outcome, work)
-    assert got == (["invalidate"], ["insert"], False)
+    assert got == (["invalidate"], ["insert"], False, True)
 
 
 @pytest.mark.parametrize("via", ["direct", "accelerated"])
