@@ -19,6 +19,7 @@ from mongoformats.sessions import UNKNOWN_USER, SessionsNamed
 from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.balancer import Balancer, plan_migrations, range_end
+from simcluster.catalog import index_name
 from simcluster.chunks import Chunk, ShardedCollection, clone_range, commit_migration, delete_orphans, key_text
 from simcluster.config_server import CONFIG_DATABASES, ConfigServer, bound_doc
 from simcluster.cursors import Cursor
@@ -419,8 +420,14 @@ class Mongos(CommandServer):
     async def cmd_drop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['drop']}"
         reply: dict[str, Any] = {}
-        for shard in self.owners(ns):
-            reply = await shard.cmd_drop(db, cmd, req)
+        primary = self.primary_of(db)
+        # 7.0's DropCollectionCoordinator drops on the other shards first, with fromMigrate, then
+        # on the primary shard without it: change streams show one drop (buildNotFromMigrateFilter).
+        owners = self.owners(ns)
+        for shard in [s for s in owners if s is not primary]:
+            await shard.cmd_drop(db, cmd, req, from_migrate=True)
+        if primary in owners:
+            reply = await primary.cmd_drop(db, cmd, req)
         self.sharded.pop(ns, None)
         for rs in self.replsets.values():
             for member in rs.members:
@@ -643,6 +650,14 @@ class Mongos(CommandServer):
         coll_uuid = existing.uuid if existing else uuidlib.uuid4()
         if existing is None:
             primary._create(dbname, ns.split(".", 1)[1], {}, coll_uuid)
+        coll = primary.coll(ns)
+        assert coll is not None
+        if not coll.docs and not any(ix.key == key for ix in coll.indexes.values()):
+            # Sharding an empty or new collection creates its shard key index first, logged as
+            # a createIndexes (CreateCollectionCoordinator; "When sharding a non-existent
+            # collection, MongoDB implicitly ... creates the shard key index").
+            await primary.cmd_create_indexes(dbname, {"createIndexes": ns.split(".", 1)[1],
+                                                      "indexes": [{"key": key, "name": index_name(key)}]}, req)
         created = self.clock.tick()
         sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")), timestamp=created)
         ids = sorted(self.shards)
@@ -669,8 +684,14 @@ class Mongos(CommandServer):
                 from simcluster.storage import Collection
 
                 shard.dbs[dbname][ns.split(".", 1)[1]] = Collection(ns.split(".", 1)[1], uuid=coll_uuid)
-        o2 = {"shardCollection": ns, "shardKey": key, "unique": sc.unique, "numInitialChunks": Int64(0),
-              "presplitHashedZones": False}
+        # The request as the coordinator logs it (notifyChangeStreamsOnShardCollection): what was
+        # given, in the IDL's order (shardCollection_events jstest: numInitialChunks as given,
+        # collation when given).
+        o2 = {"shardCollection": ns, "shardKey": key, "unique": sc.unique,
+              "numInitialChunks": Int64(cmd.get("numInitialChunks") or 0),
+              "presplitHashedZones": bool(cmd.get("presplitHashedZones", False))}
+        if "collation" in cmd:
+            o2["collation"] = dict(cmd["collation"])
         primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4), ns)
         return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
 
