@@ -12,7 +12,7 @@ import uuid as uuidlib
 from typing import Any
 
 import trio
-from bson import Binary, Int64, MaxKey, MinKey, Timestamp
+from bson import Binary, Int64, MaxKey, MinKey, ObjectId, Timestamp
 
 from mongoformats.errors import MongoError, has_category
 from mongoformats.sessions import UNKNOWN_USER, SessionsNamed
@@ -64,6 +64,8 @@ class Mongos(CommandServer):
             "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
             "listindexes": self.cmd_list_indexes, "enablesharding": self.cmd_enable_sharding,
             "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
+            "reshardcollection": self.cmd_reshard_collection,
+            "refinecollectionshardkey": self.cmd_refine_collection_shard_key,
             "movechunk": self.cmd_move_chunk, "split": self.cmd_split, "addshard": self.cmd_add_shard,
             "moverange": self.cmd_move_range, "balancerstart": self.cmd_balancer_start,
             "balancerstop": self.cmd_balancer_stop, "balancerstatus": self.cmd_balancer_status,
@@ -694,6 +696,95 @@ class Mongos(CommandServer):
             o2["collation"] = dict(cmd["collation"])
         primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4), ns)
         return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
+
+    def _key_argument(self, db: str, cmd: dict[str, Any], name: str) -> tuple[ShardedCollection, dict[str, Any]]:
+        """The sharded collection and new key of a reshardCollection/refineCollectionShardKey."""
+        if db != "admin":
+            raise MongoError("Unauthorized", f"{name} may only be run against the admin database.")
+        if not isinstance(cmd.get("key"), dict) or not cmd["key"]:
+            raise MongoError("TypeMismatch" if "key" in cmd else "IDLFailedToParse",
+                             f"BSON field '{name}.key' is the wrong type, expected type 'object'"
+                             if "key" in cmd else f"BSON field '{name}.key' is missing but a required field")
+        return self._sharded(cmd[name]), dict(cmd["key"])
+
+    def _set_shard_key(self, sc: ShardedCollection, key: dict[str, Any]) -> None:
+        sc.key = key
+        sc.epoch, sc.timestamp = ObjectId(), self.clock.tick()
+        for rs in self.replsets.values():
+            for member in rs.members:
+                member.shard_keys[sc.ns] = key
+
+    async def cmd_refine_collection_shard_key(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """`{refineCollectionShardKey: ns, key}`: the key gains suffix fields; every chunk keeps
+        its range, its bounds extended with MinKey (MaxKey for the top). The coordinator on the
+        primary shard then logs the noop change streams show as refineCollectionShardKey
+        (refine_collection_shard_key_coordinator.cpp,
+        notifyChangeStreamsOnRefineCollectionShardKeyComplete: o2 {refineCollectionShardKey, shardKey,
+        oldShardKey})."""
+        sc, key = self._key_argument(db, cmd, "refineCollectionShardKey")
+        old = dict(sc.key)
+        if list(key.items())[:len(old)] != list(old.items()) or len(key) <= len(old):
+            raise MongoError("InvalidOptions", f"refineCollectionShardKey: the proposed shard key {key_text(key)} "
+                             f"does not extend the current shard key {key_text(old)}")  # simcluster's words
+        dbname = sc.ns.split(".", 1)[0]
+        primary = self.primary_of(dbname)
+        coll = primary.coll(sc.ns)
+        wanted = list(key.items())
+        if coll is None or not any(list(ix.key.items())[:len(wanted)] == wanted for ix in coll.indexes.values()):
+            raise MongoError("InvalidOptions", "Please create an index that starts with the proposed shard key "
+                             "before sharding the collection")
+        await self._wait_to_migrate(sc.ns)
+        added = len(key) - len(old)
+        for chunk in sc.chunks:
+            for end in ("min", "max"):
+                values = sc.values_of(getattr(chunk, end))
+                fill = MaxKey if all(isinstance(v, MaxKey) for v in values) else MinKey
+                setattr(chunk, end, [*values, *(fill() for _ in range(added))])
+        self._set_shard_key(sc, key)
+        o2 = {"refineCollectionShardKey": sc.ns, "shardKey": key, "oldShardKey": old}
+        primary.append_noop({"msg": f"Refine shard key for collection {sc.ns} with {key_text(key)}"}, o2,
+                            Binary(sc.uuid.bytes, 4), sc.ns)
+        return {}
+
+    async def cmd_reshard_collection(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """`{reshardCollection: ns, key, unique?, numInitialChunks?, collation?}`: the collection
+        gets the new key. Simulated as one chunk on the primary shard, every other shard's
+        documents cloned there and deleted (fromMigrate, as resharding's own writes are hidden);
+        the collection keeps its UUID here. The coordinator then logs the noop change streams
+        show as reshardCollection (reshard_collection_coordinator.cpp,
+        notifyChangeStreamsOnReshardCollectionComplete: ui the old collection UUID; o2
+        {reshardCollection, reshardUUID, shardKey, oldShardKey, unique, numInitialChunks?,
+        collation?}; 8.0 adds provenance)."""
+        sc, key = self._key_argument(db, cmd, "reshardCollection")
+        dbname = sc.ns.split(".", 1)[0]
+        primary = self.primary_of(dbname)
+        await self._wait_to_migrate(sc.ns)
+        old = dict(sc.key)
+        self._set_shard_key(sc, key)
+        sc.unique = bool(cmd.get("unique", False))
+        coll = primary.coll(sc.ns)
+        if coll is not None and not any(ix.key == key for ix in coll.indexes.values()):
+            await primary.cmd_create_indexes(dbname, {"createIndexes": coll.name,
+                                                      "indexes": [{"key": key, "name": index_name(key)}]}, req)
+        for shard in self.shards.values():
+            if shard is primary:
+                continue
+            for doc in list(shard.coll(sc.ns) or []):
+                primary.insert_one(sc.ns, doc, {}, from_migrate=True)
+                shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+        created = sc.timestamp
+        sc.chunks = [Chunk(sc.edge(MinKey), sc.edge(MaxKey), primary.set_name, (1, 0), [(created, primary.set_name)])]
+        o2: dict[str, Any] = {"reshardCollection": sc.ns, "reshardUUID": Binary(uuidlib.uuid4().bytes, 4),
+                              "shardKey": key, "oldShardKey": old, "unique": sc.unique}
+        if "numInitialChunks" in cmd:
+            o2["numInitialChunks"] = Int64(cmd["numInitialChunks"])
+        if "collation" in cmd:
+            o2["collation"] = dict(cmd["collation"])
+        if self.version >= "8.0":
+            o2["provenance"] = "reshardCollection"
+        primary.append_noop({"msg": f"Reshard collection {sc.ns} with shard key {key_text(key)}"}, o2,
+                            Binary(sc.uuid.bytes, 4), sc.ns)
+        return {}
 
     async def cmd_split(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """sh.splitAt: `{split: ns, middle: {<shard key>: value}}` cuts the chunk holding `middle`

@@ -429,7 +429,7 @@ class ShardNode(CommandServer):
                 session: dict[str, Any] | None = None) -> Collection:
         if not name or "$" in name or not db:
             raise MongoError("InvalidNamespace", f"Invalid collection name: {db}.{name}")
-        if "timeseries" in options and "viewOn" not in options:
+        if "timeseries" in options and "viewOn" not in options and not name.startswith("system.buckets."):
             return self._create_timeseries(db, name, options, session)
         stored = catalog_options({k: v for k, v in options.items() if k != "idIndex"})
         coll = Collection(name, options=stored)
