@@ -309,3 +309,58 @@ async def test_refine_and_reshard_collection_log_their_noops():
         uuid = cluster.mongos.sharded["rdb.c"].uuid
         assert all(e["collectionUUID"].as_uuid() == uuid for e in events)
         assert trio  # the cluster is opened per test: its own shard count and version
+
+
+def _fidelity_workload(c: Any) -> None:
+    """Every entry kind the items above make simcluster write."""
+    c.admin.command("enableSharding", "wk")
+    c.wk.create_collection("base")
+    c.wk.command({"create": "v", "viewOn": "base", "pipeline": [{"$match": {"a": 1}}]})
+    c.wk.command({"collMod": "v", "viewOn": "base", "pipeline": [{"$match": {"a": 2}}]})
+    with c.start_session() as s, s.start_transaction():
+        c.wk.fresh.create_index("unused", session=s)
+        c.wk.fresh.insert_one({"_id": 1}, session=s)
+    c.admin.command("shardCollection", "wk.sh", key={"_id": "hashed"}, numInitialChunks=6)
+    c.wk.sh.insert_many([{"_id": i, "a": i, "b": i} for i in range(10)])
+    c.wk.sh.create_indexes([__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")])
+    c.wk.command({"collMod": "sh", "index": {"name": "a_1", "hidden": True}})
+    c.wk.sh.drop_index("a_1")
+    c.wk.sh.drop()
+    c.wk.command({"create": "capped", "capped": True, "size": 1000.0, "validator": {"a": 1}})
+    c.wk.command({"create": "fr", "collation": {"locale": "fr"}})
+    c.wk.command({"create": "ts", "timeseries": {"timeField": "time"}})
+    c.admin.command("shardCollection", "wk.r", key={"k": 1})
+    c.wk.r.insert_many([{"_id": i, "k": i, "s": -i} for i in range(10)])
+    c.wk.r.create_index([("k", 1), ("s", 1)])
+    c.admin.command("refineCollectionShardKey", "wk.r", key={"k": 1, "s": 1})
+    c.admin.command("reshardCollection", "wk.r", key={"s": 1})
+    c.wk.v.drop()
+    c.wk.marker.insert_one({"_id": "end", "marker": True})
+
+
+@pytest.mark.parametrize("version", ["7.0", "8.0"])
+async def test_the_engine_equals_the_reference_on_these_entries(version):
+    """The proxy's accelerated watch() delivers, byte for byte, what simcluster's mongos delivers
+    on all the entries above (cluster-wide, showExpandedEvents)."""
+    from tests.test_accelerate import _clients, _collect, _is_marker, accelerated
+    from tests.test_engine import drain, end_point, key, native_stream
+
+    async with accelerated(shards=2, version=version) as (cluster, server):
+        def work():
+            direct, proxied, start = _clients(cluster, server)
+            _fidelity_workload(direct)
+            want = _collect(direct.watch(start_at_operation_time=start, max_await_time_ms=200, **EXPANDED),
+                            _is_marker)
+            got = _collect(proxied.watch(start_at_operation_time=start, max_await_time_ms=200, **EXPANDED),
+                           _is_marker)
+            assert {"modify", "createIndexes", "dropIndexes", "drop", "shardCollection", "create",
+                    "refineCollectionShardKey", "reshardCollection"} <= {e["operationType"] for e in want}
+            assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want]
+            # parallelChangeStream's buckets: their union, in token order, is mongos's stream.
+            opened = proxied.admin.command({"parallelChangeStream": 1, "nBuckets": 3, "showExpandedEvents": True,
+                                            "startAtOperationTime": start})
+            end = end_point(proxied)
+            union = {key(e["_id"]): e for cur in opened["cursors"] for e in drain(proxied, cur["id"], end)}
+            native = native_stream(direct, start, end)
+            assert [union[k].raw for k in sorted(union)] == [e.raw for e in native]
+        await sync(work)
