@@ -169,7 +169,8 @@ class Applier:
             options = {k: v for k, v in doc.items() if k != "_id"}
             buckets = self.dbs.get(db, {}).get(options["viewOn"])
             if options["viewOn"].startswith("system.buckets.") and buckets is not None:
-                options["timeseries"] = buckets.options.get("timeseries")  # a time-series collection
+                # a time-series collection
+                options["timeseries"] = buckets.options.get("timeseries")
             view = self.dbs.get(db, {}).get(name)
             if view is None:
                 self._coll(view_ns, entry.get("ui"), options)

@@ -1,4 +1,5 @@
-"""What a mongod's catalog makes of the options and index specs it is given, as its oplog shows them.
+"""What a mongod's catalog makes of the options and index specs it is given, as its oplog shows
+them.
 
 - Collection options: `CollectionOptions::appendBSON` (src/mongo/db/catalog/collection_options.cpp)
   writes them in a fixed order and with fixed types, whatever order the create command used;
@@ -17,25 +18,59 @@ from typing import Any
 
 from bson import Int64
 
-__all__ = ["catalog_options", "create_entry_o", "expand_collation", "fix_index_spec", "index_name",
-           "modified_index_spec", "options_before_change", "view_document"]
+__all__ = [
+    "catalog_options",
+    "create_entry_o",
+    "expand_collation",
+    "fix_index_spec",
+    "index_name",
+    "modified_index_spec",
+    "options_before_change",
+    "view_document",
+]
 
 # CollectionOptions::appendBSON's order (7.0: changeStreamPreAndPostImages after recordPreImages,
 # expireAfterSeconds after clusteredIndex); options it does not know keep their order after these.
-_ORDER = ("capped", "size", "max", "autoIndexId", "temp", "recordPreImages", "changeStreamPreAndPostImages",
-          "storageEngine", "indexOptionDefaults", "validator", "validationLevel", "validationAction",
-          "collation", "clusteredIndex", "expireAfterSeconds", "viewOn", "pipeline", "timeseries")
+_ORDER = (
+    "capped",
+    "size",
+    "max",
+    "autoIndexId",
+    "temp",
+    "recordPreImages",
+    "changeStreamPreAndPostImages",
+    "storageEngine",
+    "indexOptionDefaults",
+    "validator",
+    "validationLevel",
+    "validationAction",
+    "collation",
+    "clusteredIndex",
+    "expireAfterSeconds",
+    "viewOn",
+    "pipeline",
+    "timeseries",
+)
 
 # ICU's defaults for a collation's attributes (CollationSpec, collation_spec.h), in the order the
 # server's CollatorInterfaceICU::getSpec().toBSON() writes them; "version" is the ICU version 7.0
 # and 8.0 ship (57.1). Only locales whose ICU tailoring changes none of these defaults are
 # expanded (`_ROOT_DEFAULT_LOCALES`); others (fr_CA's backwards, da's caseFirst, ...) are left as
 # given, since their defaults come from ICU's locale data, which the simulator does not carry.
-_COLLATION_DEFAULTS = (("caseLevel", False), ("caseFirst", "off"), ("strength", 3), ("numericOrdering", False),
-                       ("alternate", "non-ignorable"), ("maxVariable", "punct"), ("normalization", False),
-                       ("backwards", False), ("version", "57.1"))
-_ROOT_DEFAULT_LOCALES = frozenset({"en", "en_US", "en_GB", "fr", "de", "es", "it", "pt", "nl", "ru", "pl", "ja",
-                                   "ko", "zh"})
+_COLLATION_DEFAULTS = (
+    ("caseLevel", False),
+    ("caseFirst", "off"),
+    ("strength", 3),
+    ("numericOrdering", False),
+    ("alternate", "non-ignorable"),
+    ("maxVariable", "punct"),
+    ("normalization", False),
+    ("backwards", False),
+    ("version", "57.1"),
+)
+_ROOT_DEFAULT_LOCALES = frozenset(
+    {"en", "en_US", "en_GB", "fr", "de", "es", "it", "pt", "nl", "ru", "pl", "ja", "ko", "zh"}
+)
 
 
 def expand_collation(collation: dict[str, Any]) -> dict[str, Any] | None:
@@ -46,7 +81,10 @@ def expand_collation(collation: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if locale not in _ROOT_DEFAULT_LOCALES:
         return dict(collation)
-    return {"locale": locale, **{k: collation.get(k, default) for k, default in _COLLATION_DEFAULTS}}
+    return {
+        "locale": locale,
+        **{k: collation.get(k, default) for k, default in _COLLATION_DEFAULTS},
+    }
 
 
 def _int_or_long(value: Any) -> Any:
@@ -76,9 +114,12 @@ def catalog_options(options: dict[str, Any]) -> dict[str, Any]:
         # time-series buckets' form) stays a bool.
         spec = given["clusteredIndex"]
         if isinstance(spec, dict):
-            given["clusteredIndex"] = {"v": spec.get("v", 2), "key": spec["key"],
-                                       **({"name": spec["name"]} if "name" in spec else {}),
-                                       "unique": spec.get("unique", True)}
+            given["clusteredIndex"] = {
+                "v": spec.get("v", 2),
+                "key": spec["key"],
+                **({"name": spec["name"]} if "name" in spec else {}),
+                "unique": spec.get("unique", True),
+            }
     if "expireAfterSeconds" in given:
         given["expireAfterSeconds"] = Int64(given["expireAfterSeconds"])
     for name in _ORDER:
@@ -88,13 +129,17 @@ def catalog_options(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def create_entry_o(name: str, options: dict[str, Any], id_index: dict[str, Any] | None) -> dict[str, Any]:
+def create_entry_o(
+    name: str, options: dict[str, Any], id_index: dict[str, Any] | None
+) -> dict[str, Any]:
     """The `o` of a create entry: the stored options, then the _id index spec (v >= 2 only; none
     for a clustered collection, which has no separate _id index)."""
     o = {"create": name, **options}
     if "clusteredIndex" in options:
         return o
-    spec = {"v": 2, "key": {"_id": 1}, "name": "_id_"} if id_index is None else dict(id_index)
+    spec: dict[str, Any] = (
+        {"v": 2, "key": {"_id": 1}, "name": "_id_"} if id_index is None else dict(id_index)
+    )
     if int(spec.get("v", 2)) < 2:
         return o
     # The _id index is always named _id_ and inherits the collection's default collation.
@@ -126,13 +171,19 @@ def fix_index_spec(spec: dict[str, Any]) -> dict[str, Any]:
             out[flag] = True
     out["key"] = spec["key"]
     out["name"] = spec["name"]
-    out.update({k: v for k, v in spec.items() if k not in ("v", "unique", "hidden", "prepareUnique", "key", "name",
-                                                            "ns")})
+    out.update(
+        {
+            k: v
+            for k, v in spec.items()
+            if k not in ("v", "unique", "hidden", "prepareUnique", "key", "name", "ns")
+        }
+    )
     return out
 
 
 def index_name(key: dict[str, Any]) -> str:
-    """The default name of an index on `key` (IndexNames::findIndexName's rule: field_value pairs)."""
+    """The default name of an index on `key` (the shell's and drivers' rule, which the server's
+    shard key index follows: field_value pairs joined by underscores)."""
     return "_".join(f"{field}_{value}" for field, value in key.items())
 
 

@@ -658,8 +658,9 @@ class Mongos(CommandServer):
             # Sharding an empty or new collection creates its shard key index first, logged as
             # a createIndexes (CreateCollectionCoordinator; "When sharding a non-existent
             # collection, MongoDB implicitly ... creates the shard key index").
+            index = {"key": key, "name": index_name(key)}
             await primary.cmd_create_indexes(dbname, {"createIndexes": ns.split(".", 1)[1],
-                                                      "indexes": [{"key": key, "name": index_name(key)}]}, req)
+                                                      "indexes": [index]}, req)
         created = self.clock.tick()
         sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")), timestamp=created)
         ids = sorted(self.shards)
@@ -697,14 +698,17 @@ class Mongos(CommandServer):
         primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4), ns)
         return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
 
-    def _key_argument(self, db: str, cmd: dict[str, Any], name: str) -> tuple[ShardedCollection, dict[str, Any]]:
+    def _key_argument(self, db: str, cmd: dict[str, Any],
+                      name: str) -> tuple[ShardedCollection, dict[str, Any]]:
         """The sharded collection and new key of a reshardCollection/refineCollectionShardKey."""
         if db != "admin":
             raise MongoError("Unauthorized", f"{name} may only be run against the admin database.")
-        if not isinstance(cmd.get("key"), dict) or not cmd["key"]:
-            raise MongoError("TypeMismatch" if "key" in cmd else "IDLFailedToParse",
-                             f"BSON field '{name}.key' is the wrong type, expected type 'object'"
-                             if "key" in cmd else f"BSON field '{name}.key' is missing but a required field")
+        if "key" not in cmd:
+            raise MongoError("IDLFailedToParse",
+                             f"BSON field '{name}.key' is missing but a required field")
+        if not isinstance(cmd["key"], dict) or not cmd["key"]:
+            raise MongoError("TypeMismatch",
+                             f"BSON field '{name}.key' is the wrong type, expected type 'object'")
         return self._sharded(cmd[name]), dict(cmd["key"])
 
     def _set_shard_key(self, sc: ShardedCollection, key: dict[str, Any]) -> None:
@@ -714,25 +718,29 @@ class Mongos(CommandServer):
             for member in rs.members:
                 member.shard_keys[sc.ns] = key
 
-    async def cmd_refine_collection_shard_key(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_refine_collection_shard_key(self, db: str, cmd: dict[str, Any],
+                                              req: Request) -> dict[str, Any]:
         """`{refineCollectionShardKey: ns, key}`: the key gains suffix fields; every chunk keeps
         its range, its bounds extended with MinKey (MaxKey for the top). The coordinator on the
         primary shard then logs the noop change streams show as refineCollectionShardKey
         (refine_collection_shard_key_coordinator.cpp,
-        notifyChangeStreamsOnRefineCollectionShardKeyComplete: o2 {refineCollectionShardKey, shardKey,
-        oldShardKey})."""
+        notifyChangeStreamsOnRefineCollectionShardKeyComplete: o2 {refineCollectionShardKey,
+        shardKey, oldShardKey})."""
         sc, key = self._key_argument(db, cmd, "refineCollectionShardKey")
         old = dict(sc.key)
         if list(key.items())[:len(old)] != list(old.items()) or len(key) <= len(old):
-            raise MongoError("InvalidOptions", f"refineCollectionShardKey: the proposed shard key {key_text(key)} "
-                             f"does not extend the current shard key {key_text(old)}")  # simcluster's words
+            # simcluster's words
+            raise MongoError("InvalidOptions", "refineCollectionShardKey: the proposed shard key "
+                             f"{key_text(key)} does not extend the current shard key "
+                             f"{key_text(old)}")
         dbname = sc.ns.split(".", 1)[0]
         primary = self.primary_of(dbname)
         coll = primary.coll(sc.ns)
         wanted = list(key.items())
-        if coll is None or not any(list(ix.key.items())[:len(wanted)] == wanted for ix in coll.indexes.values()):
-            raise MongoError("InvalidOptions", "Please create an index that starts with the proposed shard key "
-                             "before sharding the collection")
+        if coll is None or not any(list(ix.key.items())[:len(wanted)] == wanted
+                                   for ix in coll.indexes.values()):
+            raise MongoError("InvalidOptions", "Please create an index that starts with the "
+                             "proposed shard key before sharding the collection")
         await self._wait_to_migrate(sc.ns)
         added = len(key) - len(old)
         for chunk in sc.chunks:
@@ -742,11 +750,12 @@ class Mongos(CommandServer):
                 setattr(chunk, end, [*values, *(fill() for _ in range(added))])
         self._set_shard_key(sc, key)
         o2 = {"refineCollectionShardKey": sc.ns, "shardKey": key, "oldShardKey": old}
-        primary.append_noop({"msg": f"Refine shard key for collection {sc.ns} with {key_text(key)}"}, o2,
-                            Binary(sc.uuid.bytes, 4), sc.ns)
+        msg = f"Refine shard key for collection {sc.ns} with {key_text(key)}"
+        primary.append_noop({"msg": msg}, o2, Binary(sc.uuid.bytes, 4), sc.ns)
         return {}
 
-    async def cmd_reshard_collection(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_reshard_collection(self, db: str, cmd: dict[str, Any],
+                                     req: Request) -> dict[str, Any]:
         """`{reshardCollection: ns, key, unique?, numInitialChunks?, collation?}`: the collection
         gets the new key. Simulated as one chunk on the primary shard, every other shard's
         documents cloned there and deleted (fromMigrate, as resharding's own writes are hidden);
@@ -764,8 +773,9 @@ class Mongos(CommandServer):
         sc.unique = bool(cmd.get("unique", False))
         coll = primary.coll(sc.ns)
         if coll is not None and not any(ix.key == key for ix in coll.indexes.values()):
-            await primary.cmd_create_indexes(dbname, {"createIndexes": coll.name,
-                                                      "indexes": [{"key": key, "name": index_name(key)}]}, req)
+            index = {"key": key, "name": index_name(key)}
+            await primary.cmd_create_indexes(
+                dbname, {"createIndexes": coll.name, "indexes": [index]}, req)
         for shard in self.shards.values():
             if shard is primary:
                 continue
@@ -773,8 +783,10 @@ class Mongos(CommandServer):
                 primary.insert_one(sc.ns, doc, {}, from_migrate=True)
                 shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
         created = sc.timestamp
-        sc.chunks = [Chunk(sc.edge(MinKey), sc.edge(MaxKey), primary.set_name, (1, 0), [(created, primary.set_name)])]
-        o2: dict[str, Any] = {"reshardCollection": sc.ns, "reshardUUID": Binary(uuidlib.uuid4().bytes, 4),
+        sc.chunks = [Chunk(sc.edge(MinKey), sc.edge(MaxKey), primary.set_name, (1, 0),
+                           [(created, primary.set_name)])]
+        o2: dict[str, Any] = {"reshardCollection": sc.ns,
+                              "reshardUUID": Binary(uuidlib.uuid4().bytes, 4),
                               "shardKey": key, "oldShardKey": old, "unique": sc.unique}
         if "numInitialChunks" in cmd:
             o2["numInitialChunks"] = Int64(cmd["numInitialChunks"])
@@ -782,8 +794,8 @@ class Mongos(CommandServer):
             o2["collation"] = dict(cmd["collation"])
         if self.version >= "8.0":
             o2["provenance"] = "reshardCollection"
-        primary.append_noop({"msg": f"Reshard collection {sc.ns} with shard key {key_text(key)}"}, o2,
-                            Binary(sc.uuid.bytes, 4), sc.ns)
+        msg = f"Reshard collection {sc.ns} with shard key {key_text(key)}"
+        primary.append_noop({"msg": msg}, o2, Binary(sc.uuid.bytes, 4), sc.ns)
         return {}
 
     async def cmd_split(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

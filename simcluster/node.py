@@ -148,11 +148,16 @@ class SentInserts:
         return True
 
 
+def _drop_index(coll: Collection, name: str) -> None:
+    """Undo an index built in a transaction that aborted."""
+    coll.indexes.pop(name, None)
+
+
 # Generic command arguments (and the simulator's own cached keys): never collection options.
-_GENERIC_ARGS = frozenset({"lsid", "txnNumber", "autocommit", "startTransaction", "$clusterTime", "writeConcern",
-                           "readConcern", "$readPreference", "$db", "comment", "maxTimeMS", "apiVersion",
-                           "apiStrict", "apiDeprecationErrors", "stmtId", "$lsid_logged", "$session_bytes",
-                           "$raw_documents"})
+_GENERIC_ARGS = frozenset({
+    "lsid", "txnNumber", "autocommit", "startTransaction", "$clusterTime", "writeConcern",
+    "readConcern", "$readPreference", "$db", "comment", "maxTimeMS", "apiVersion", "apiStrict",
+    "apiDeprecationErrors", "stmtId", "$lsid_logged", "$session_bytes", "$raw_documents"})
 
 # The stages an update pipeline may hold (the others fail as on a server).
 _UPDATE_PIPELINE_STAGES = frozenset({"$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"})
@@ -415,7 +420,8 @@ class ShardNode(CommandServer):
             return colls.get(coll.options["viewOn"], coll)
         return coll
 
-    def _log_ddl(self, entry: dict[str, Any], session: dict[str, Any] | None, undo: Callable[[], None]) -> None:
+    def _log_ddl(self, entry: dict[str, Any], session: dict[str, Any] | None,
+                 undo: Callable[[], None]) -> None:
         """A DDL entry: inside the session's transaction when there is one (the server logs a
         create or createIndexes run in a transaction inside its applyOps, ddl_create_index_txn.js),
         else on its own. Retryable-write session fields are never logged on DDL."""
@@ -429,7 +435,8 @@ class ShardNode(CommandServer):
                 session: dict[str, Any] | None = None) -> Collection:
         if not name or "$" in name or not db:
             raise MongoError("InvalidNamespace", f"Invalid collection name: {db}.{name}")
-        if "timeseries" in options and "viewOn" not in options and not name.startswith("system.buckets."):
+        is_buckets = name.startswith("system.buckets.")
+        if "timeseries" in options and "viewOn" not in options and not is_buckets:
             return self._create_timeseries(db, name, options, session)
         stored = catalog_options({k: v for k, v in options.items() if k != "idIndex"})
         coll = Collection(name, options=stored)
@@ -443,13 +450,22 @@ class ShardNode(CommandServer):
             self.dbs[db][name] = coll
             doc = {"_id": f"{db}.{name}", **view_document(stored)}
             views.put(doc)
-            self._log_ddl({"op": "i", "ns": f"{db}.system.views", "ui": views.ui, "o": doc}, session,
-                          lambda: (self.dbs.get(db, {}).pop(name, None), views.remove(doc)))
+
+            def drop_view() -> None:  # the transaction aborted
+                self.dbs.get(db, {}).pop(name, None)
+                views.remove(doc)
+
+            entry = {"op": "i", "ns": f"{db}.system.views", "ui": views.ui, "o": doc}
+            self._log_ddl(entry, session, drop_view)
             return coll
         self.dbs.setdefault(db, {})[name] = coll
         entry = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
                  "o": create_entry_o(name, stored, options.get("idIndex"))}
-        self._log_ddl(entry, session, lambda: self.dbs.get(db, {}).pop(name, None))
+
+        def drop() -> None:  # the transaction aborted
+            self.dbs.get(db, {}).pop(name, None)
+
+        self._log_ddl(entry, session, drop)
         return coll
 
     def _system_views(self, db: str, session: dict[str, Any] | None) -> Collection:
@@ -462,17 +478,17 @@ class ShardNode(CommandServer):
         clustered `system.buckets.<name>` collection, then a view `<name>` on it that unpacks the
         buckets (ddl_view_events.js: the create event is the view's, on system.buckets.<name>)."""
         ts = dict(options["timeseries"])
-        ts_opts = {"timeField": ts["timeField"], **({"metaField": ts["metaField"]} if "metaField" in ts else {}),
-                   "granularity": ts.get("granularity", "seconds"),
+        meta = {"metaField": ts["metaField"]} if "metaField" in ts else {}
+        ts_opts = {"timeField": ts["timeField"], **meta, "granularity": ts.get("granularity", "seconds"),
                    "bucketMaxSpanSeconds": ts.get("bucketMaxSpanSeconds", 3600)}
         buckets = f"system.buckets.{name}"
         rest = {k: v for k, v in options.items() if k not in ("timeseries", "idIndex")}
-        self._create(db, buckets, {**rest, "clusteredIndex": True, "timeseries": ts_opts}, session=session)
-        unpack = {"timeField": ts_opts["timeField"],
-                  **({"metaField": ts_opts["metaField"]} if "metaField" in ts_opts else {}),
+        self._create(db, buckets, {**rest, "clusteredIndex": True, "timeseries": ts_opts},
+                     session=session)
+        unpack = {"timeField": ts_opts["timeField"], **meta,
                   "bucketMaxSpanSeconds": ts_opts["bucketMaxSpanSeconds"]}
-        view = self._create(db, name, {"viewOn": buckets, "pipeline": [{"$_internalUnpackBucket": unpack}]},
-                            session=session)
+        pipeline = [{"$_internalUnpackBucket": unpack}]
+        view = self._create(db, name, {"viewOn": buckets, "pipeline": pipeline}, session=session)
         view.options["timeseries"] = ts_opts
         return view
 
@@ -836,7 +852,8 @@ class ShardNode(CommandServer):
         name = cmd["create"]
         if self.coll(f"{db}.{name}") is not None:
             raise MongoError("NamespaceExists", f"Collection {db}.{name} already exists.")
-        opts = {k: v for k, v in cmd.items() if k not in ("create", "collectionUUID") and k not in _GENERIC_ARGS}
+        opts = {k: v for k, v in cmd.items()
+                if k not in ("create", "collectionUUID") and k not in _GENERIC_ARGS}
         self._create(db, name, opts, cmd.get("collectionUUID"), session=self._ddl_session(cmd))
         return {}
 
@@ -908,6 +925,12 @@ class ShardNode(CommandServer):
         existed = self.coll(ns) is not None
         coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"), session=session)
         assert coll is not None
+        txn = (session or {}).get("$txn")
+        if txn is not None and not any(op["ns"] == f"{db}.$cmd" and op["o"].get("create") == coll.name
+                                       for op in txn.ops):
+            # Only a collection this transaction created may get indexes in it (create_indexes.cpp).
+            raise MongoError("OperationNotSupportedInTransaction", f"Cannot create new indexes on "
+                             f"existing collection {ns} in a multi-document transaction.")
         before = len(coll.indexes)
         added: list[dict[str, Any]] = []
         try:
@@ -922,11 +945,13 @@ class ShardNode(CommandServer):
         if added and coll.docs and session is None:
             build = {"indexBuildUUID": Binary(uuidlib.uuid4().bytes, 4), "indexes": added}
             for phase in ("startIndexBuild", "commitIndexBuild"):
-                self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {phase: coll.name, **build}})
+                self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                                   "o": {phase: coll.name, **build}})
         else:
             for spec in added:
-                self._log_ddl({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"createIndexes": coll.name, **spec}},
-                              session, functools.partial(coll.indexes.pop, spec["name"], None))
+                entry = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                         "o": {"createIndexes": coll.name, **spec}}
+                self._log_ddl(entry, session, functools.partial(_drop_index, coll, spec["name"]))
         return {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
                 "createdCollectionAutomatically": not existed}
 
@@ -946,7 +971,8 @@ class ShardNode(CommandServer):
                 raise MongoError("IndexNotFound", f"index not found with name [{name}]")
             del coll.indexes[name]
             self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                               "o": {"dropIndexes": coll.name, "index": name}, "o2": fix_index_spec(ix.spec)})
+                               "o": {"dropIndexes": coll.name, "index": name},
+                               "o2": fix_index_spec(ix.spec)})
         return {"nIndexesWas": before}
 
     async def cmd_coll_mod(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -994,8 +1020,12 @@ class ShardNode(CommandServer):
         out = []
         for name, coll in sorted(self.dbs.get(db, {}).items()):
             is_view = "viewOn" in coll.options
-            info: dict[str, Any] = {"name": name, "type": "view" if is_view else "collection",
-                                    "options": dict(coll.options), "info": {"readOnly": is_view}}
+            # A time-series collection lists as its own type, writable (list_collections.cpp).
+            kind = ("timeseries" if "timeseries" in coll.options else "view") if is_view else "collection"
+            options = ({"timeseries": coll.options["timeseries"]} if kind == "timeseries"
+                       else dict(coll.options))
+            info: dict[str, Any] = {"name": name, "type": kind, "options": options,
+                                    "info": {"readOnly": kind == "view"}}
             if not is_view:
                 info["info"]["uuid"] = coll.ui
                 info["idIndex"] = {"v": 2, "key": {"_id": 1}, "name": "_id_"}

@@ -603,7 +603,8 @@ async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
         for system, seen in ((False, []), (True, [{"shardId": home}])):
             cursor = c.mr.command("aggregate", "c", cursor={}, pipeline=[
                 {"$changeStream": {**spec, "showSystemEvents": system}},
-                {"$match": {"operationType": {"$nin": ["insert", "create", "createIndexes", "shardCollection"]}}}])["cursor"]
+                {"$match": {"operationType": {"$nin": ["insert", "create", "createIndexes",
+                                                        "shardCollection"]}}}])["cursor"]
             batch = cursor["firstBatch"] + drain(c, cursor["id"], token_sort_key(high_water_mark(end)), db="mr",
                                                  collection="c")
             assert [dict(e["operationDescription"]) for e in batch] == seen

@@ -55,6 +55,7 @@ async def test_d1b_view_coll_mod_is_a_replacement_of_its_system_views_document(c
     (change_stream_event_transform.cpp, ChangeStreamViewDefinitionEventTransformation, kUpdate:
     operationDescription = o minus _id; no collectionUUID, no stateBeforeChange);
     jstests/change_streams/ddl_view_events.js "Test 'collMod' command on views"."""
+
     def work():
         c = client(cluster.uri)
         start = c.admin.command("ping")["operationTime"]
@@ -62,23 +63,34 @@ async def test_d1b_view_coll_mod_is_a_replacement_of_its_system_views_document(c
         c.vdb.command({"create": "v", "viewOn": "base", "pipeline": [{"$match": {"a": 1}}]})
         c.vdb.command({"collMod": "v", "viewOn": "base", "pipeline": [{"$match": {"a": 2}}]})
         return _events(c, start, "vdb")
+
     events = await sync(work)
     node = cluster.mongos.primary_of("vdb")
     views = node.coll("vdb.system.views")
     update = [e for e in _entries(node) if e["op"] == "u" and e["ns"] == "vdb.system.views"]
     assert [(e["o"], e["o2"], e["ui"].as_uuid()) for e in update] == [
-        ({"_id": "vdb.v", "viewOn": "base", "pipeline": [{"$match": {"a": 2}}]}, {"_id": "vdb.v"}, views.uuid)]
+        (
+            {"_id": "vdb.v", "viewOn": "base", "pipeline": [{"$match": {"a": 2}}]},
+            {"_id": "vdb.v"},
+            views.uuid,
+        )
+    ]
     assert not [e for e in _entries(node) if e["op"] == "c" and "collMod" in e["o"]]
     modify = next(e for e in events if e["operationType"] == "modify")
     assert modify["operationDescription"] == {"viewOn": "base", "pipeline": [{"$match": {"a": 2}}]}
     assert "collectionUUID" not in modify and "stateBeforeChange" not in modify
-    assert _kinds(events) == [("create", "base"), ("create", "v"), ("modify", "v")]  # system.views filtered
+    assert _kinds(events) == [
+        ("create", "base"),
+        ("create", "v"),
+        ("modify", "v"),
+    ]  # system.views filtered
 
 
 async def test_d6b_ddl_inside_a_transaction_is_in_its_apply_ops(cluster):
     """D6b: a createIndex in a transaction on a collection that does not exist yet logs create
     and createIndexes inside the transaction's applyOps, so every event has the commit's
     clusterTime, lsid and txnNumber (jstests/change_streams/ddl_create_index_txn.js)."""
+
     def work():
         c = client(cluster.uri)
         start = c.admin.command("ping")["operationTime"]
@@ -86,22 +98,33 @@ async def test_d6b_ddl_inside_a_transaction_is_in_its_apply_ops(cluster):
             c.tdb.fresh.create_index("unused", session=s)
             c.tdb.fresh.insert_one({"_id": 1}, session=s)
         return _events(c, start, "tdb")
+
     events = await sync(work)
     assert _kinds(events) == [("create", "fresh"), ("createIndexes", "fresh"), ("insert", "fresh")]
     assert len({e["clusterTime"] for e in events}) == 1
     assert all("lsid" in e and "txnNumber" in e for e in events)
-    assert events[1]["operationDescription"] == {"indexes": [{"v": 2, "key": {"unused": 1}, "name": "unused_1"}]}
+    assert events[1]["operationDescription"] == {
+        "indexes": [{"v": 2, "key": {"unused": 1}, "name": "unused_1"}]
+    }
     node = cluster.mongos.primary_of("tdb")
     apply_ops = [e for e in _entries(node) if "applyOps" in e.get("o", {})]
-    assert [list(op["o"])[0] for op in apply_ops[-1]["o"]["applyOps"]] == ["create", "createIndexes", "_id"]
-    assert not [e for e in _entries(node) if e["op"] == "c" and "create" in e["o"]
-                and e["o"]["create"] == "fresh"]  # never outside the applyOps
+    assert [list(op["o"])[0] for op in apply_ops[-1]["o"]["applyOps"]] == [
+        "create",
+        "createIndexes",
+        "_id",
+    ]
+    assert not [
+        e
+        for e in _entries(node)
+        if e["op"] == "c" and "create" in e["o"] and e["o"]["create"] == "fresh"
+    ]  # never outside the applyOps
 
 
 async def test_d12_a_sharded_drop_is_one_visible_drop(cluster):
     """D12: 7.0's DropCollectionCoordinator sends the drop to the other shards with fromMigrate
     and to the primary shard without it (sendDropCollectionParticipantCommandToShards(...,
     true /* fromMigrate */)); change streams hide fromMigrate (buildNotFromMigrateFilter)."""
+
     def work():
         c = client(cluster.uri)
         c.admin.command("enableSharding", "ddb")
@@ -109,6 +132,7 @@ async def test_d12_a_sharded_drop_is_one_visible_drop(cluster):
         start = c.admin.command("ping")["operationTime"]
         c.ddb.sh.drop()
         return _events(c, start, "ddb")
+
     events = await sync(work)
     assert _kinds(events) == [("drop", "sh")]
     primary = cluster.mongos.primary_of("ddb")
@@ -122,21 +146,34 @@ async def test_d13_index_build_on_a_non_empty_collection_is_one_commit(cluster):
     commitIndexBuild holding all of them; the event is one createIndexes with every index
     (IndexBuildsCoordinator; change_stream_event_transform.cpp maps commitIndexBuild to
     {indexes: o.indexes}; the real token research/real-resume-tokens.json #14)."""
+
     def work():
         c = client(cluster.uri)
         c.idb.c.insert_one({"_id": 1, "a": 1, "b": 1})
         start = c.admin.command("ping")["operationTime"]
-        c.idb.c.create_indexes([__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")])
+        c.idb.c.create_indexes(
+            [__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")]
+        )
         return _events(c, start, "idb")
+
     events = await sync(work)
     assert _kinds(events) == [("createIndexes", "c")]
-    assert events[0]["operationDescription"] == {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"},
-                                                             {"v": 2, "key": {"b": 1}, "name": "b_1"}]}
+    assert events[0]["operationDescription"] == {
+        "indexes": [
+            {"v": 2, "key": {"a": 1}, "name": "a_1"},
+            {"v": 2, "key": {"b": 1}, "name": "b_1"},
+        ]
+    }
     node = cluster.mongos.primary_of("idb")
-    builds = [e["o"] for e in _entries(node) if e["op"] == "c" and ("startIndexBuild" in e["o"]
-                                                                     or "commitIndexBuild" in e["o"])]
-    assert [list(o) for o in builds] == [["startIndexBuild", "indexBuildUUID", "indexes"],
-                                         ["commitIndexBuild", "indexBuildUUID", "indexes"]]
+    builds = [
+        e["o"]
+        for e in _entries(node)
+        if e["op"] == "c" and ("startIndexBuild" in e["o"] or "commitIndexBuild" in e["o"])
+    ]
+    assert [list(o) for o in builds] == [
+        ["startIndexBuild", "indexBuildUUID", "indexes"],
+        ["commitIndexBuild", "indexBuildUUID", "indexes"],
+    ]
     assert builds[0]["indexBuildUUID"] == builds[1]["indexBuildUUID"]
 
 
@@ -147,19 +184,33 @@ async def test_d14_shard_collection_creates_the_key_index_and_logs_its_options(c
     Shards the collection"). D14b: the shardCollection noop's o2 holds numInitialChunks and
     collation as given (the shardCollection events jstest: numInitialChunks NumberLong(10),
     collation {locale: "simple"})."""
+
     def work():
         c = client(cluster.uri)
         c.admin.command("enableSharding", "sdb")
         start = c.admin.command("ping")["operationTime"]
-        c.admin.command("shardCollection", "sdb.c", key={"x": "hashed"}, numInitialChunks=10,
-                        collation={"locale": "simple"})
+        c.admin.command(
+            "shardCollection",
+            "sdb.c",
+            key={"x": "hashed"},
+            numInitialChunks=10,
+            collation={"locale": "simple"},
+        )
         return _events(c, start, "sdb")
+
     events = await sync(work)
     assert _kinds(events) == [("create", "c"), ("createIndexes", "c"), ("shardCollection", "c")]
-    assert events[1]["operationDescription"] == {"indexes": [{"v": 2, "key": {"x": "hashed"}, "name": "x_hashed"}]}
+    assert events[1]["operationDescription"] == {
+        "indexes": [{"v": 2, "key": {"x": "hashed"}, "name": "x_hashed"}]
+    }
     desc = events[2]["operationDescription"]
-    assert desc == {"shardKey": {"x": "hashed"}, "unique": False, "numInitialChunks": 10,
-                    "presplitHashedZones": False, "collation": {"locale": "simple"}}
+    assert desc == {
+        "shardKey": {"x": "hashed"},
+        "unique": False,
+        "numInitialChunks": 10,
+        "presplitHashedZones": False,
+        "collation": {"locale": "simple"},
+    }
     assert type(desc["numInitialChunks"]) is Int64
 
 
@@ -167,12 +218,14 @@ async def test_d15_state_before_change_starts_with_the_uuid(cluster):
     """D15: collMod's o2 collectionOptions_old is CollectionOptions::appendBSON's output, uuid first
     (collection_options.cpp); jstests/change_streams/ddl_coll_mod_event.js expects
     stateBeforeChange {collectionOptions: {uuid, ...}}."""
+
     def work():
         c = client(cluster.uri)
         c.mdb.create_collection("c", validator={"a": 1}, validationAction="warn")
         start = c.admin.command("ping")["operationTime"]
         c.mdb.command({"collMod": "c", "validationLevel": "moderate"})
         return _events(c, start, "mdb")
+
     events = await sync(work)
     uuid = cluster.mongos.primary_of("mdb").coll("mdb.c").uuid
     options = events[0]["stateBeforeChange"]["collectionOptions"]
@@ -187,45 +240,92 @@ async def test_d16_create_options_as_the_catalog_stores_them(cluster):
     with the _id index inheriting it, and no idIndex for v:1 (op_observer_impl.cpp: "Include the
     full _id index spec in the oplog for index versions >= 2"); jstests/change_streams/
     ddl_create_event.js. Only locales whose defaults are ICU's root ones are expanded."""
+
     def work():
         c = client(cluster.uri)
         db = c.cdb
-        db.command({"create": "capped", "validationAction": "warn", "validator": {"a": 1}, "capped": True,
-                    "size": 1000.0})
-        db.command({"create": "clustered", "clusteredIndex": {"key": {"_id": 1}, "unique": True, "name": "n"},
-                    "expireAfterSeconds": 10})
+        db.command(
+            {
+                "create": "capped",
+                "validationAction": "warn",
+                "validator": {"a": 1},
+                "capped": True,
+                "size": 1000.0,
+            }
+        )
+        db.command(
+            {
+                "create": "clustered",
+                "clusteredIndex": {"key": {"_id": 1}, "unique": True, "name": "n"},
+                "expireAfterSeconds": 10,
+            }
+        )
         db.command({"create": "fr", "collation": {"locale": "fr", "strength": 1}})
         db.command({"create": "v1", "idIndex": {"v": 1, "key": {"_id": 1}, "name": "x"}})
         db.command({"create": "other", "collation": {"locale": "fr_CA"}})
+
     await sync(work)
-    creates = {e["o"]["create"]: e["o"] for e in _entries(cluster.mongos.primary_of("cdb"))
-               if e["op"] == "c" and "create" in e["o"]}
+    creates = {
+        e["o"]["create"]: e["o"]
+        for e in _entries(cluster.mongos.primary_of("cdb"))
+        if e["op"] == "c" and "create" in e["o"]
+    }
     id_index = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
-    assert list(creates["capped"].items()) == [("create", "capped"), ("capped", True), ("size", 1024),
-                                               ("validator", {"a": 1}), ("validationAction", "warn"),
-                                               ("idIndex", id_index)]
+    assert list(creates["capped"].items()) == [
+        ("create", "capped"),
+        ("capped", True),
+        ("size", 1024),
+        ("validator", {"a": 1}),
+        ("validationAction", "warn"),
+        ("idIndex", id_index),
+    ]
     assert type(creates["capped"]["size"]) is int
-    assert creates["clustered"] == {"create": "clustered", "clusteredIndex": {"v": 2, "key": {"_id": 1}, "name": "n",
-                                                                              "unique": True},
-                                    "expireAfterSeconds": 10}
+    assert creates["clustered"] == {
+        "create": "clustered",
+        "clusteredIndex": {"v": 2, "key": {"_id": 1}, "name": "n", "unique": True},
+        "expireAfterSeconds": 10,
+    }
     assert type(creates["clustered"]["expireAfterSeconds"]) is Int64
-    collation = {"locale": "fr", "caseLevel": False, "caseFirst": "off", "strength": 1, "numericOrdering": False,
-                 "alternate": "non-ignorable", "maxVariable": "punct", "normalization": False, "backwards": False,
-                 "version": "57.1"}
-    assert creates["fr"] == {"create": "fr", "collation": collation, "idIndex": {**id_index, "collation": collation}}
+    collation = {
+        "locale": "fr",
+        "caseLevel": False,
+        "caseFirst": "off",
+        "strength": 1,
+        "numericOrdering": False,
+        "alternate": "non-ignorable",
+        "maxVariable": "punct",
+        "normalization": False,
+        "backwards": False,
+        "version": "57.1",
+    }
+    assert creates["fr"] == {
+        "create": "fr",
+        "collation": collation,
+        "idIndex": {**id_index, "collation": collation},
+    }
     assert creates["v1"] == {"create": "v1"}
-    assert creates["other"]["collation"] == {"locale": "fr_CA"}  # not expanded: locale-tailored defaults
+    assert creates["other"]["collation"] == {
+        "locale": "fr_CA"
+    }  # not expanded: locale-tailored defaults
 
 
 async def test_d17_index_specs_in_the_catalog_order(cluster):
     """D17: IndexCatalogImpl::_fixIndexSpec (index_catalog_impl.cpp) rebuilds a spec as v, unique?,
     hidden?, prepareUnique?, key, name, rest; createIndexes `o` and dropIndexes `o2` both show it
     (the real dropIndexes token research #15 decodes to {v, key, name})."""
+
     def work():
         c = client(cluster.uri)
-        c.xdb.command({"createIndexes": "c", "indexes": [{"name": "a_1", "sparse": True, "key": {"a": 1},
-                                                          "hidden": True, "unique": True}]})
+        c.xdb.command(
+            {
+                "createIndexes": "c",
+                "indexes": [
+                    {"name": "a_1", "sparse": True, "key": {"a": 1}, "hidden": True, "unique": True}
+                ],
+            }
+        )
         c.xdb.c.drop_index("a_1")
+
     await sync(work)
     entries = [e for e in _entries(cluster.mongos.primary_of("xdb")) if e["op"] == "c"]
     created = next(e["o"] for e in entries if "createIndexes" in e["o"])
@@ -239,19 +339,28 @@ async def test_d18_a_time_series_collection_is_a_view_on_its_buckets(cluster):
     view on it (timeseries::createCollection); the stream shows only the view's create, from
     system.views, without collectionUUID (ddl_view_events.js timeseries section; the
     system.buckets create is filtered, change_stream_filter_helpers.cpp kRegexAllCollections)."""
+
     def work():
         c = client(cluster.uri)
         start = c.admin.command("ping")["operationTime"]
         c.tsdb.command({"create": "ts", "timeseries": {"timeField": "time"}})
         return _events(c, start, "tsdb")
+
     events = await sync(work)
     assert _kinds(events) == [("create", "ts")]
     assert events[0]["operationDescription"] == {
         "viewOn": "system.buckets.ts",
-        "pipeline": [{"$_internalUnpackBucket": {"timeField": "time", "bucketMaxSpanSeconds": 3600}}]}
+        "pipeline": [
+            {"$_internalUnpackBucket": {"timeField": "time", "bucketMaxSpanSeconds": 3600}}
+        ],
+    }
     assert "collectionUUID" not in events[0]
     node = cluster.mongos.primary_of("tsdb")
-    buckets = next(e["o"] for e in _entries(node) if e["op"] == "c" and e["o"].get("create") == "system.buckets.ts")
+    buckets = next(
+        e["o"]
+        for e in _entries(node)
+        if e["op"] == "c" and e["o"].get("create") == "system.buckets.ts"
+    )
     assert buckets["clusteredIndex"] is True and buckets["timeseries"]["timeField"] == "time"
 
 
@@ -259,6 +368,7 @@ async def test_d19g_history_lost_at_open_carries_the_non_resumable_label():
     """D19g: ErrorLabelBuilder::build adds NonResumableChangeStreamError to any reply whose code is
     in that category, the opening aggregate's included (error_labels.cpp)."""
     async with open_cluster(shards=1, oplog_bytes=40_000) as cluster:
+
         def work():
             c = client(cluster.uri)
             start = c.admin.command("ping")["operationTime"]
@@ -268,6 +378,7 @@ async def test_d19g_history_lost_at_open_carries_the_non_resumable_label():
                 c.t.c.watch(start_at_operation_time=start).try_next()
             assert info.value.code == 286
             assert "NonResumableChangeStreamError" in info.value.details.get("errorLabels", [])
+
         try:
             await sync(work)
         finally:
@@ -282,6 +393,7 @@ async def test_refine_and_reshard_collection_log_their_noops():
     collation?}); 8.0 adds provenance. The events: change_stream_event_transform.cpp kNoop,
     operationDescription = o2 minus its first field."""
     async with open_cluster(shards=2, version="8.0") as cluster:
+
         def work():
             c = client(cluster.uri)
             c.admin.command("enableSharding", "rdb")
@@ -296,15 +408,29 @@ async def test_refine_and_reshard_collection_log_their_noops():
                 c.admin.command("refineCollectionShardKey", "rdb.c", key={"k": 1})
             assert info.value.code == 72  # InvalidOptions: not an extension of {s: 1}
             return _events(c, start, "rdb")
+
         try:
             events = await sync(work)
         finally:
             await sync(_close_all)
-        assert [e["operationType"] for e in events] == ["refineCollectionShardKey", "createIndexes",
-                                                        "reshardCollection"]
-        assert events[0]["operationDescription"] == {"shardKey": {"k": 1, "s": 1}, "oldShardKey": {"k": 1}}
+        assert [e["operationType"] for e in events] == [
+            "refineCollectionShardKey",
+            "createIndexes",
+            "reshardCollection",
+        ]
+        assert events[0]["operationDescription"] == {
+            "shardKey": {"k": 1, "s": 1},
+            "oldShardKey": {"k": 1},
+        }
         desc = events[2]["operationDescription"]
-        assert list(desc) == ["reshardUUID", "shardKey", "oldShardKey", "unique", "numInitialChunks", "provenance"]
+        assert list(desc) == [
+            "reshardUUID",
+            "shardKey",
+            "oldShardKey",
+            "unique",
+            "numInitialChunks",
+            "provenance",
+        ]
         assert desc["shardKey"] == {"s": 1} and desc["oldShardKey"] == {"k": 1, "s": 1}
         uuid = cluster.mongos.sharded["rdb.c"].uuid
         assert all(e["collectionUUID"].as_uuid() == uuid for e in events)
@@ -322,7 +448,9 @@ def _fidelity_workload(c: Any) -> None:
         c.wk.fresh.insert_one({"_id": 1}, session=s)
     c.admin.command("shardCollection", "wk.sh", key={"_id": "hashed"}, numInitialChunks=6)
     c.wk.sh.insert_many([{"_id": i, "a": i, "b": i} for i in range(10)])
-    c.wk.sh.create_indexes([__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")])
+    c.wk.sh.create_indexes(
+        [__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")]
+    )
     c.wk.command({"collMod": "sh", "index": {"name": "a_1", "hidden": True}})
     c.wk.sh.drop_index("a_1")
     c.wk.sh.drop()
@@ -346,21 +474,63 @@ async def test_the_engine_equals_the_reference_on_these_entries(version):
     from tests.test_engine import drain, end_point, key, native_stream
 
     async with accelerated(shards=2, version=version) as (cluster, server):
+
         def work():
             direct, proxied, start = _clients(cluster, server)
             _fidelity_workload(direct)
-            want = _collect(direct.watch(start_at_operation_time=start, max_await_time_ms=200, **EXPANDED),
-                            _is_marker)
-            got = _collect(proxied.watch(start_at_operation_time=start, max_await_time_ms=200, **EXPANDED),
-                           _is_marker)
-            assert {"modify", "createIndexes", "dropIndexes", "drop", "shardCollection", "create",
-                    "refineCollectionShardKey", "reshardCollection"} <= {e["operationType"] for e in want}
+            want = _collect(
+                direct.watch(start_at_operation_time=start, max_await_time_ms=200, **EXPANDED),
+                _is_marker,
+            )
+            got = _collect(
+                proxied.watch(start_at_operation_time=start, max_await_time_ms=200, **EXPANDED),
+                _is_marker,
+            )
+            assert {
+                "modify",
+                "createIndexes",
+                "dropIndexes",
+                "drop",
+                "shardCollection",
+                "create",
+                "refineCollectionShardKey",
+                "reshardCollection",
+            } <= {e["operationType"] for e in want}
             assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want]
             # parallelChangeStream's buckets: their union, in token order, is mongos's stream.
-            opened = proxied.admin.command({"parallelChangeStream": 1, "nBuckets": 3, "showExpandedEvents": True,
-                                            "startAtOperationTime": start})
+            opened = proxied.admin.command(
+                {
+                    "parallelChangeStream": 1,
+                    "nBuckets": 3,
+                    "showExpandedEvents": True,
+                    "startAtOperationTime": start,
+                }
+            )
             end = end_point(proxied)
-            union = {key(e["_id"]): e for cur in opened["cursors"] for e in drain(proxied, cur["id"], end)}
+            union = {
+                key(e["_id"]): e
+                for cur in opened["cursors"]
+                for e in drain(proxied, cur["id"], end)
+            }
             native = native_stream(direct, start, end)
             assert [union[k].raw for k in sorted(union)] == [e.raw for e in native]
+
         await sync(work)
+
+
+async def test_indexes_in_a_transaction_only_on_a_collection_it_created(cluster):
+    """create_indexes.cpp: "Cannot create new indexes on existing collection ... in a
+    multi-document transaction." (OperationNotSupportedInTransaction, 263); the index of a
+    collection the transaction created is fine (ddl_create_index_txn.js)."""
+
+    def work():
+        c = client(cluster.uri)
+        c.odb.old.insert_one({"_id": 1})
+        with c.start_session() as s:
+            s.start_transaction()
+            with pytest.raises(OperationFailure) as info:
+                c.odb.old.create_index("a", session=s)
+            assert info.value.code == 263
+            s.abort_transaction()
+
+    await sync(work)
