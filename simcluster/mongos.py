@@ -757,36 +757,45 @@ class Mongos(CommandServer):
     async def cmd_reshard_collection(self, db: str, cmd: dict[str, Any],
                                      req: Request) -> dict[str, Any]:
         """`{reshardCollection: ns, key, unique?, numInitialChunks?, collation?}`: the collection
-        gets the new key. Simulated as one chunk on the primary shard, every other shard's
-        documents cloned there and deleted (fromMigrate, as resharding's own writes are hidden);
-        the collection keeps its UUID here. The coordinator then logs the noop change streams
-        show as reshardCollection (reshard_collection_coordinator.cpp,
+        is rebuilt under the new key as the server's resharding does, simulated with one
+        recipient, the primary shard: a temporary `system.resharding.<old uuid>` collection with
+        the resharding UUID, the collection's indexes and the new key's, every shard's documents
+        copied into it (fromMigrate), then renamed over the original (fromMigrate, dropTarget);
+        the other shards delete their copies (fromMigrate). Streams see none of that (system.*,
+        fromMigrate), only the coordinator's noop (reshard_collection_coordinator.cpp,
         notifyChangeStreamsOnReshardCollectionComplete: ui the old collection UUID; o2
         {reshardCollection, reshardUUID, shardKey, oldShardKey, unique, numInitialChunks?,
-        collation?}; 8.0 adds provenance)."""
+        collation?}; 8.0 adds provenance). Later events carry the new UUID."""
         sc, key = self._key_argument(db, cmd, "reshardCollection")
-        dbname = sc.ns.split(".", 1)[0]
+        dbname, name = sc.ns.split(".", 1)
         primary = self.primary_of(dbname)
         await self._wait_to_migrate(sc.ns)
-        old = dict(sc.key)
+        old, old_uuid, reshard_uuid = dict(sc.key), sc.uuid, uuidlib.uuid4()
+        source = primary.coll(sc.ns)
+        temp = f"system.resharding.{old_uuid}"
+        primary._create(dbname, temp, dict(source.options) if source is not None else {}, reshard_uuid)
+        specs = [dict(ix.spec) for ix in (source.indexes.values() if source is not None else [])
+                 if ix.name != "_id_"]
+        if not any(spec["key"] == key for spec in specs):
+            specs.append({"key": key, "name": index_name(key)})
+        await primary.cmd_create_indexes(dbname, {"createIndexes": temp, "indexes": specs}, req)
         self._set_shard_key(sc, key)
         sc.unique = bool(cmd.get("unique", False))
-        coll = primary.coll(sc.ns)
-        if coll is not None and not any(ix.key == key for ix in coll.indexes.values()):
-            index = {"key": key, "name": index_name(key)}
-            await primary.cmd_create_indexes(
-                dbname, {"createIndexes": coll.name, "indexes": [index]}, req)
         for shard in self.shards.values():
-            if shard is primary:
-                continue
             for doc in list(shard.coll(sc.ns) or []):
-                primary.insert_one(sc.ns, doc, {}, from_migrate=True)
-                shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+                primary.insert_one(f"{dbname}.{temp}", doc, {}, from_migrate=True)
+                if shard is not primary:
+                    shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
+            if shard is not primary and shard.coll(sc.ns) is not None:
+                shard.dbs[dbname][name].uuid = reshard_uuid  # its (now empty) copy, as shardCollection's
+        await primary.cmd_rename(dbname, {"renameCollection": f"{dbname}.{temp}", "to": sc.ns,
+                                          "dropTarget": True}, req, from_migrate=True)
+        sc.uuid = reshard_uuid
         created = sc.timestamp
         sc.chunks = [Chunk(sc.edge(MinKey), sc.edge(MaxKey), primary.set_name, (1, 0),
                            [(created, primary.set_name)])]
         o2: dict[str, Any] = {"reshardCollection": sc.ns,
-                              "reshardUUID": Binary(uuidlib.uuid4().bytes, 4),
+                              "reshardUUID": Binary(reshard_uuid.bytes, 4),
                               "shardKey": key, "oldShardKey": old, "unique": sc.unique}
         if "numInitialChunks" in cmd:
             o2["numInitialChunks"] = Int64(cmd["numInitialChunks"])
@@ -795,7 +804,7 @@ class Mongos(CommandServer):
         if self.version >= "8.0":
             o2["provenance"] = "reshardCollection"
         msg = f"Reshard collection {sc.ns} with shard key {key_text(key)}"
-        primary.append_noop({"msg": msg}, o2, Binary(sc.uuid.bytes, 4), sc.ns)
+        primary.append_noop({"msg": msg}, o2, Binary(old_uuid.bytes, 4), sc.ns)
         return {}
 
     async def cmd_split(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:

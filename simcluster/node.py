@@ -892,7 +892,10 @@ class ShardNode(CommandServer):
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "o": {"dropDatabase": 1}})
         return {"dropped": db}
 
-    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request, *,
+                         from_migrate: bool = False) -> dict[str, Any]:
+        """renameCollection; `from_migrate` for resharding's rename of its temporary collection
+        over the original (RenameCollectionOptions markFromMigrate), which streams hide."""
         src, dst = cmd["renameCollection"], cmd["to"]
         coll = self.coll(src)
         if coll is None:
@@ -908,7 +911,10 @@ class ShardNode(CommandServer):
         self.dbs[sdb].pop(sname)
         coll.name = dname
         self.dbs.setdefault(ddb, {})[dname] = coll
-        self.oplog.append({"op": "c", "ns": f"{sdb}.$cmd", "ui": coll.ui, "o": o})
+        entry: dict[str, Any] = {"op": "c", "ns": f"{sdb}.$cmd", "ui": coll.ui, "o": o}
+        if from_migrate:
+            entry["fromMigrate"] = True
+        self.oplog.append(entry)
         return {}
 
     def _ddl_session(self, cmd: dict[str, Any]) -> dict[str, Any] | None:

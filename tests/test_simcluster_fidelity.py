@@ -10,8 +10,8 @@ from typing import Any
 
 import bson
 import pytest
-import trio
 from bson import Int64, Timestamp
+from pymongo import IndexModel
 from pymongo.errors import OperationFailure
 
 from simcluster import open_cluster
@@ -151,9 +151,7 @@ async def test_d13_index_build_on_a_non_empty_collection_is_one_commit(cluster):
         c = client(cluster.uri)
         c.idb.c.insert_one({"_id": 1, "a": 1, "b": 1})
         start = c.admin.command("ping")["operationTime"]
-        c.idb.c.create_indexes(
-            [__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")]
-        )
+        c.idb.c.create_indexes([IndexModel("a"), IndexModel("b")])
         return _events(c, start, "idb")
 
     events = await sync(work)
@@ -400,6 +398,7 @@ async def test_refine_and_reshard_collection_log_their_noops():
             c.admin.command("shardCollection", "rdb.c", key={"k": 1})
             c.rdb.c.insert_many([{"_id": i, "k": i, "s": -i} for i in range(20)])
             c.rdb.c.create_index([("k", 1), ("s", 1)])
+            before = cluster.mongos.sharded["rdb.c"].uuid
             start = c.admin.command("ping")["operationTime"]
             c.admin.command("refineCollectionShardKey", "rdb.c", key={"k": 1, "s": 1})
             c.admin.command("reshardCollection", "rdb.c", key={"s": 1}, numInitialChunks=2)
@@ -407,22 +406,25 @@ async def test_refine_and_reshard_collection_log_their_noops():
             with pytest.raises(OperationFailure) as info:
                 c.admin.command("refineCollectionShardKey", "rdb.c", key={"k": 1})
             assert info.value.code == 72  # InvalidOptions: not an extension of {s: 1}
-            return _events(c, start, "rdb")
+            c.rdb.c.insert_one({"_id": "after", "k": 0, "s": 0})
+            return before, _events(c, start, "rdb")
 
         try:
-            events = await sync(work)
+            before, events = await sync(work)
         finally:
             await sync(_close_all)
+        # The resharded collection is built as a system.resharding.* collection and renamed
+        # with fromMigrate: nothing of it shows, but the noop.
         assert [e["operationType"] for e in events] == [
             "refineCollectionShardKey",
-            "createIndexes",
             "reshardCollection",
+            "insert",
         ]
         assert events[0]["operationDescription"] == {
             "shardKey": {"k": 1, "s": 1},
             "oldShardKey": {"k": 1},
         }
-        desc = events[2]["operationDescription"]
+        desc = events[1]["operationDescription"]
         assert list(desc) == [
             "reshardUUID",
             "shardKey",
@@ -432,9 +434,11 @@ async def test_refine_and_reshard_collection_log_their_noops():
             "provenance",
         ]
         assert desc["shardKey"] == {"s": 1} and desc["oldShardKey"] == {"k": 1, "s": 1}
-        uuid = cluster.mongos.sharded["rdb.c"].uuid
-        assert all(e["collectionUUID"].as_uuid() == uuid for e in events)
-        assert trio  # the cluster is opened per test: its own shard count and version
+        # The noops carry the collection's UUID before resharding; the new one is the resharding
+        # UUID, which later events carry.
+        after = cluster.mongos.sharded["rdb.c"].uuid
+        assert [e["collectionUUID"].as_uuid() for e in events] == [before, before, after]
+        assert desc["reshardUUID"].as_uuid() == after != before
 
 
 def _fidelity_workload(c: Any) -> None:
@@ -448,9 +452,7 @@ def _fidelity_workload(c: Any) -> None:
         c.wk.fresh.insert_one({"_id": 1}, session=s)
     c.admin.command("shardCollection", "wk.sh", key={"_id": "hashed"}, numInitialChunks=6)
     c.wk.sh.insert_many([{"_id": i, "a": i, "b": i} for i in range(10)])
-    c.wk.sh.create_indexes(
-        [__import__("pymongo").IndexModel("a"), __import__("pymongo").IndexModel("b")]
-    )
+    c.wk.sh.create_indexes([IndexModel("a"), IndexModel("b")])
     c.wk.command({"collMod": "sh", "index": {"name": "a_1", "hidden": True}})
     c.wk.sh.drop_index("a_1")
     c.wk.sh.drop()
