@@ -786,8 +786,13 @@ class Mongos(CommandServer):
                 primary.insert_one(f"{dbname}.{temp}", doc, {}, from_migrate=True)
                 if shard is not primary:
                     shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
-            if shard is not primary and shard.coll(sc.ns) is not None:
-                shard.dbs[dbname][name].uuid = reshard_uuid  # its (now empty) copy, as shardCollection's
+            if shard is not primary:
+                # Its (now empty) copy takes the new UUID unlogged on every member, as
+                # shardCollection makes the other shards' copies.
+                for member in self.replsets[shard.set_name].members:
+                    copy = member.dbs.get(dbname, {}).get(name)
+                    if copy is not None:
+                        copy.uuid = reshard_uuid
         await primary.cmd_rename(dbname, {"renameCollection": f"{dbname}.{temp}", "to": sc.ns,
                                           "dropTarget": True}, req, from_migrate=True)
         sc.uuid = reshard_uuid

@@ -536,3 +536,30 @@ async def test_indexes_in_a_transaction_only_on_a_collection_it_created(cluster)
             s.abort_transaction()
 
     await sync(work)
+
+
+async def test_secondaries_apply_these_entries_to_the_same_catalog():
+    """A secondary applying the entries above (system.views writes, index builds, DDL inside
+    applyOps, time-series, resharding's rename) ends with the primary's catalog and documents."""
+    from tests.test_replication import _settled
+
+    async with open_cluster(shards=2, members=2) as cluster:
+        await sync(lambda: _fidelity_workload(client(cluster.uri)))
+        for rs in cluster.replsets.values():
+            await _settled(rs)
+
+            def catalog(node: Any) -> dict[str, Any]:
+                return {
+                    (db, name): (
+                        coll.uuid,
+                        coll.options,
+                        [ix.spec for ix in coll.indexes.values()],
+                        sorted(bson.encode(d) for d in coll.docs.values()),
+                    )
+                    for db, colls in node.dbs.items()
+                    for name, coll in colls.items()
+                }
+
+            for member in rs.members[1:]:
+                assert catalog(member) == catalog(rs.primary), member.address
+        await sync(_close_all)
