@@ -5,6 +5,7 @@ server source or jstest that shows the real behaviour. Events are read from simc
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Any
 
@@ -342,6 +343,11 @@ async def test_d18_a_time_series_collection_is_a_view_on_its_buckets(cluster):
         c = client(cluster.uri)
         start = c.admin.command("ping")["operationTime"]
         c.tsdb.command({"create": "ts", "timeseries": {"timeField": "time"}})
+        # Its writes go to the buckets collection, which streams never show (system.*).
+        c.tsdb.ts.insert_one({"_id": 1, "time": datetime.datetime(2026, 1, 1)})
+        assert [d["_id"] for d in c.tsdb.ts.find()] == [1]
+        infos = {i["name"]: i for i in c.tsdb.list_collections()}
+        assert infos["ts"]["type"] == "timeseries" and "timeseries" in infos["ts"]["options"]
         return _events(c, start, "tsdb")
 
     events = await sync(work)
