@@ -15,6 +15,7 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from typing import Any
 
+from simcluster.catalog import modified_index_spec
 from simcluster.storage import Collection, id_key
 
 __all__ = ["Applier", "apply_diff"]
@@ -156,13 +157,28 @@ class Applier:
         return coll
 
     def _view(self, entry: Mapping[str, Any]) -> None:
+        """A write to system.views: an insert makes a view, a replacement modifies it (collMod), a
+        delete drops it; the system.views collection keeps the documents."""
         db = entry["ns"].split(".", 1)[0]
+        views = self._coll(entry["ns"], entry.get("ui"))
         view_ns: str = entry["o"]["_id"]
-        if entry["op"] == "i":
-            self._coll(view_ns, entry.get("ui"), {"viewOn": entry["o"]["viewOn"],
-                                                   "pipeline": list(entry["o"].get("pipeline", []))})
+        name = view_ns.split(".", 1)[1]
+        if entry["op"] in ("i", "u"):
+            doc = dict(entry["o"])
+            views.put(doc)
+            options = {k: v for k, v in doc.items() if k != "_id"}
+            buckets = self.dbs.get(db, {}).get(options["viewOn"])
+            if options["viewOn"].startswith("system.buckets.") and buckets is not None:
+                # a time-series collection
+                options["timeseries"] = buckets.options.get("timeseries")
+            view = self.dbs.get(db, {}).get(name)
+            if view is None:
+                self._coll(view_ns, entry.get("ui"), options)
+            else:
+                view.options.update(options)
         elif entry["op"] == "d":
-            self.dbs.get(db, {}).pop(view_ns.split(".", 1)[1], None)
+            views.docs.pop(id_key(view_ns), None)
+            self.dbs.get(db, {}).pop(name, None)
 
     def _command(self, entry: Mapping[str, Any]) -> None:
         o = entry["o"]
@@ -185,6 +201,10 @@ class Applier:
         elif name == "createIndexes":
             spec = {k: v for k, v in o.items() if k != "createIndexes"}
             self._coll(f"{db}.{arg}", entry.get("ui")).add_index(spec, f"{db}.{arg}")
+        elif name == "commitIndexBuild":  # startIndexBuild changes nothing until the commit
+            coll = self._coll(f"{db}.{arg}", entry.get("ui"))
+            for spec in o["indexes"]:
+                coll.add_index(dict(spec), f"{db}.{arg}")
         elif name == "dropIndexes":
             coll = self.dbs.get(db, {}).get(arg)
             if coll is not None:
@@ -208,7 +228,7 @@ class Applier:
         if index:
             for ix in coll.indexes.values():
                 if ix.name == index.get("name") or ix.key == index.get("keyPattern"):
-                    ix.spec.update({k: v for k, v in index.items() if k not in ("name", "keyPattern")})
+                    ix.spec = modified_index_spec(ix.spec, dict(index))
 
     def _apply_ops(self, entry: Mapping[str, Any]) -> None:
         o = entry["o"]

@@ -27,7 +27,9 @@ _ON_NAMESPACE = {
 }
 # Commands naming their collection by its full namespace ("db.coll"), on that namespace.
 _ON_FULL_NAMESPACE = {"shardcollection": ("enableSharding",), "movechunk": ("moveChunk",),
-                      "moverange": ("moveChunk",), "split": ("splitChunk",)}
+                      "moverange": ("moveChunk",), "split": ("splitChunk",),
+                      "reshardcollection": ("reshardCollection",),
+                      "refinecollectionshardkey": ("refineCollectionShardKey",)}
 # Commands acting on one fixed namespace: the balancer's switch is config.settings
 # (cluster_control_balancer_cmd.cpp: update to start or stop it, find for its status).
 _ON_FIXED_NAMESPACE = {"balancerstart": ("update",), "balancerstop": ("update",), "balancerstatus": ("find",)}

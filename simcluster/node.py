@@ -14,6 +14,7 @@ import logging
 import math
 import struct
 import time
+import uuid as uuidlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,6 +30,14 @@ from mongoformats.sessions import SessionsNamed
 from simcluster import query as q
 from simcluster.aggregate import find_projection
 from simcluster.apply import Applier, take_prepared
+from simcluster.catalog import (
+    catalog_options,
+    create_entry_o,
+    fix_index_spec,
+    modified_index_spec,
+    options_before_change,
+    view_document,
+)
 from simcluster.cursors import Cursor, RawBatch
 from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
@@ -117,6 +126,8 @@ class SentInserts:
             coll = self.coll = node.coll(self.ns, create=True)
             assert coll is not None
             self.head = bson.encode({"op": "i", "ns": self.ns, "ui": coll.ui})[4:-1] + b"\x03o\x00"
+        if coll.name != self.ns.partition(".")[2]:
+            return False  # a time-series collection: its writes go to its buckets (insert_one)
         t, value = ident
         # A string's or an ObjectId's id_key is its BSON bytes: made straight from the sent bytes.
         key = b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value) if t in (0x02, 0x07) else id_key(doc["_id"])
@@ -136,6 +147,17 @@ class SentInserts:
             self.known.add(stmt_id)
         return True
 
+
+def _drop_index(coll: Collection, name: str) -> None:
+    """Undo an index built in a transaction that aborted."""
+    coll.indexes.pop(name, None)
+
+
+# Generic command arguments (and the simulator's own cached keys): never collection options.
+_GENERIC_ARGS = frozenset({
+    "lsid", "txnNumber", "autocommit", "startTransaction", "$clusterTime", "writeConcern",
+    "readConcern", "$readPreference", "$db", "comment", "maxTimeMS", "apiVersion", "apiStrict",
+    "apiDeprecationErrors", "stmtId", "$lsid_logged", "$session_bytes", "$raw_documents"})
 
 # The stages an update pipeline may hold (the others fail as on a server).
 _UPDATE_PIPELINE_STAGES = frozenset({"$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"})
@@ -382,34 +404,93 @@ class ShardNode(CommandServer):
 
     # -- storage helpers ---------------------------------------------------------------------------
 
-    def coll(self, ns: str, *, create: bool = False, uuid: Any = None) -> Collection | None:
+    def coll(self, ns: str, *, create: bool = False, uuid: Any = None,
+             session: dict[str, Any] | None = None) -> Collection | None:
+        """A collection; with `create`, made (and logged) when missing, inside the transaction
+        of `session` if it has one."""
         db, _, name = ns.partition(".")
         colls = self.dbs.get(db)
         if colls is None or name not in colls:
             if not create:
                 return None
-            return self._create(db, name, {}, uuid)
-        return colls[name]
+            return self._create(db, name, {}, uuid, session=session)
+        coll = colls[name]
+        if "timeseries" in coll.options and "viewOn" in coll.options:
+            # A time-series collection's documents live in its buckets collection.
+            return colls.get(coll.options["viewOn"], coll)
+        return coll
 
-    def _create(self, db: str, name: str, options: dict[str, Any], uuid: Any = None) -> Collection:
+    def _log_ddl(self, entry: dict[str, Any], session: dict[str, Any] | None,
+                 undo: Callable[[], None]) -> None:
+        """A DDL entry: inside the session's transaction when there is one (the server logs a
+        create or createIndexes run in a transaction inside its applyOps, ddl_create_index_txn.js),
+        else on its own. Retryable-write session fields are never logged on DDL."""
+        txn = (session or {}).get("$txn")
+        if txn is not None:
+            txn.record(entry, undo)
+        else:
+            self.oplog.append(entry)
+
+    def _create(self, db: str, name: str, options: dict[str, Any], uuid: Any = None, *,
+                session: dict[str, Any] | None = None) -> Collection:
         if not name or "$" in name or not db:
             raise MongoError("InvalidNamespace", f"Invalid collection name: {db}.{name}")
-        coll = Collection(name, options=dict(options))
+        is_buckets = name.startswith("system.buckets.")
+        if "timeseries" in options and "viewOn" not in options and not is_buckets:
+            return self._create_timeseries(db, name, options, session)
+        stored = catalog_options({k: v for k, v in options.items() if k != "idIndex"})
+        coll = Collection(name, options=stored)
         if uuid is not None:
-            import uuid as uuidlib
-
             coll.uuid = uuid if isinstance(uuid, uuidlib.UUID) else uuidlib.UUID(bytes=bytes(uuid))
-        self.dbs.setdefault(db, {})[name] = coll
-        if "viewOn" in options:
-            # A view is a document in <db>.system.views, and that insert is what the oplog shows.
-            self.oplog.append({"op": "i", "ns": f"{db}.system.views", "ui": coll.ui,
-                               "o": {"_id": f"{db}.{name}", "viewOn": options["viewOn"],
-                                     "pipeline": list(options.get("pipeline", []))}})
+        if "viewOn" in stored:
+            # A view is a document in <db>.system.views (ViewCatalog), made by that collection's
+            # first view; the insert is what the oplog shows, with system.views' UUID.
+            views = self._system_views(db, session)
+            coll.uuid = views.uuid
+            self.dbs[db][name] = coll
+            doc = {"_id": f"{db}.{name}", **view_document(stored)}
+            views.put(doc)
+
+            def drop_view() -> None:  # the transaction aborted
+                self.dbs.get(db, {}).pop(name, None)
+                views.remove(doc)
+
+            entry = {"op": "i", "ns": f"{db}.system.views", "ui": views.ui, "o": doc}
+            self._log_ddl(entry, session, drop_view)
             return coll
-        o = {"create": name, **{k: v for k, v in options.items() if k not in ("idIndex",)},
-             "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}
-        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": o})
+        self.dbs.setdefault(db, {})[name] = coll
+        entry = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                 "o": create_entry_o(name, stored, options.get("idIndex"))}
+
+        def drop() -> None:  # the transaction aborted
+            self.dbs.get(db, {}).pop(name, None)
+
+        self._log_ddl(entry, session, drop)
         return coll
+
+    def _system_views(self, db: str, session: dict[str, Any] | None) -> Collection:
+        views = self.dbs.get(db, {}).get("system.views")
+        return views if views is not None else self._create(db, "system.views", {}, session=session)
+
+    def _create_timeseries(self, db: str, name: str, options: dict[str, Any],
+                           session: dict[str, Any] | None) -> Collection:
+        """A time-series collection, as 7.0/8.0 make one (timeseries::createCollection): the
+        clustered `system.buckets.<name>` collection, then a view `<name>` on it that unpacks the
+        buckets (ddl_view_events.js: the create event is the view's, on system.buckets.<name>)."""
+        ts = dict(options["timeseries"])
+        meta = {"metaField": ts["metaField"]} if "metaField" in ts else {}
+        ts_opts = {"timeField": ts["timeField"], **meta, "granularity": ts.get("granularity", "seconds"),
+                   "bucketMaxSpanSeconds": ts.get("bucketMaxSpanSeconds", 3600)}
+        buckets = f"system.buckets.{name}"
+        rest = {k: v for k, v in options.items() if k not in ("timeseries", "idIndex")}
+        self._create(db, buckets, {**rest, "clusteredIndex": True, "timeseries": ts_opts},
+                     session=session)
+        unpack = {"timeField": ts_opts["timeField"], **meta,
+                  "bucketMaxSpanSeconds": ts_opts["bucketMaxSpanSeconds"]}
+        pipeline = [{"$_internalUnpackBucket": unpack}]
+        view = self._create(db, name, {"viewOn": buckets, "pipeline": pipeline}, session=session)
+        view.options["timeseries"] = ts_opts
+        return view
 
     def document_key(self, ns: str, doc: dict[str, Any]) -> dict[str, Any]:
         key = self.shard_keys.get(ns)
@@ -476,8 +557,9 @@ class ShardNode(CommandServer):
 
     def insert_one(self, ns: str, doc: dict[str, Any], session: dict[str, Any], *, from_migrate: bool = False,
                    raw: bytes | None = None) -> None:
-        coll = self.coll(ns, create=True)
+        coll = self.coll(ns, create=True, session=session)
         assert coll is not None
+        ns = f"{ns.partition('.')[0]}.{coll.name}"
         if "_id" not in doc:
             doc = {"_id": ObjectId(), **doc}
             raw = None
@@ -770,32 +852,50 @@ class ShardNode(CommandServer):
         name = cmd["create"]
         if self.coll(f"{db}.{name}") is not None:
             raise MongoError("NamespaceExists", f"Collection {db}.{name} already exists.")
-        opts = {k: v for k, v in cmd.items() if k not in ("create", "lsid", "$clusterTime", "writeConcern",
-                                                         "$readPreference", "collectionUUID")}
-        self._create(db, name, opts, cmd.get("collectionUUID"))
+        opts = {k: v for k, v in cmd.items()
+                if k not in ("create", "collectionUUID") and k not in _GENERIC_ARGS}
+        self._create(db, name, opts, cmd.get("collectionUUID"), session=self._ddl_session(cmd))
         return {}
 
-    async def cmd_drop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_drop(self, db: str, cmd: dict[str, Any], req: Request, *,
+                       from_migrate: bool = False) -> dict[str, Any]:
+        """Drop a collection or view. `from_migrate`: a sharded collection's drop on a shard other
+        than the database's primary, which 7.0's DropCollectionCoordinator sends with fromMigrate
+        (sendDropCollectionParticipantCommandToShards), so change streams show one drop."""
         name = cmd["drop"]
         coll = self.dbs.get(db, {}).pop(name, None)
         if coll is None:
             return {"ns": f"{db}.{name}", "nIndexesWas": 0}
         if "viewOn" in coll.options:  # dropping a view deletes its system.views document
-            self.oplog.append({"op": "d", "ns": f"{db}.system.views", "ui": coll.ui, "o": {"_id": f"{db}.{name}"}})
+            views = self.dbs.get(db, {}).get("system.views")
+            if views is not None:
+                views.docs.pop(id_key(f"{db}.{name}"), None)
+                self.oplog.append({"op": "d", "ns": f"{db}.system.views", "ui": views.ui,
+                                   "o": {"_id": f"{db}.{name}"}})
+            if "timeseries" in coll.options:  # and a time-series collection its buckets
+                await self.cmd_drop(db, {"drop": coll.options["viewOn"]}, req)
             return {"ns": f"{db}.{name}"}
-        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"drop": name},
-                           "o2": {"numRecords": len(coll.docs)}})
+        entry: dict[str, Any] = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"drop": name},
+                                 "o2": {"numRecords": len(coll.docs)}}
+        if from_migrate:
+            entry["fromMigrate"] = True
+        self.oplog.append(entry)
         return {"ns": f"{db}.{name}", "nIndexesWas": len(coll.indexes)}
 
     async def cmd_drop_database(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         colls = self.dbs.get(db, {})
-        for name in list(colls):
-            await self.cmd_drop(db, {"drop": name}, req)
+        # Views first: each deletes its document of system.views, which is dropped after them.
+        for name in sorted(colls, key=lambda n: "viewOn" not in colls[n].options):
+            if name in colls:
+                await self.cmd_drop(db, {"drop": name}, req)
         self.dbs.pop(db, None)
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "o": {"dropDatabase": 1}})
         return {"dropped": db}
 
-    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request, *,
+                         from_migrate: bool = False) -> dict[str, Any]:
+        """renameCollection; `from_migrate` for resharding's rename of its temporary collection
+        over the original (RenameCollectionOptions markFromMigrate), which streams hide."""
         src, dst = cmd["renameCollection"], cmd["to"]
         coll = self.coll(src)
         if coll is None:
@@ -811,22 +911,53 @@ class ShardNode(CommandServer):
         self.dbs[sdb].pop(sname)
         coll.name = dname
         self.dbs.setdefault(ddb, {})[dname] = coll
-        self.oplog.append({"op": "c", "ns": f"{sdb}.$cmd", "ui": coll.ui, "o": o})
+        entry: dict[str, Any] = {"op": "c", "ns": f"{sdb}.$cmd", "ui": coll.ui, "o": o}
+        if from_migrate:
+            entry["fromMigrate"] = True
+        self.oplog.append(entry)
         return {}
 
+    def _ddl_session(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        """The transaction a DDL command runs in, if any (a create or createIndexes may)."""
+        return self._session_fields(cmd, 0) if cmd.get("autocommit") is False else None
+
     async def cmd_create_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        """On an empty collection (or one made in this transaction) each new index is one
+        createIndexes entry; on a collection with documents the build is two-phase: one
+        startIndexBuild and one commitIndexBuild entry holding all the new indexes
+        (IndexBuildsCoordinator; real token research #14 decodes to one event with both)."""
         ns = f"{db}.{cmd['createIndexes']}"
+        session = self._ddl_session(cmd)
         existed = self.coll(ns) is not None
-        coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"))
+        coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"), session=session)
         assert coll is not None
+        txn = (session or {}).get("$txn")
+        if txn is not None and not any(op["ns"] == f"{db}.$cmd" and op["o"].get("create") == coll.name
+                                       for op in txn.ops):
+            # Only a collection this transaction created may get indexes in it (create_indexes.cpp).
+            raise MongoError("OperationNotSupportedInTransaction", f"Cannot create new indexes on "
+                             f"existing collection {ns} in a multi-document transaction.")
         before = len(coll.indexes)
-        for spec in cmd.get("indexes", []):
-            spec = {"v": 2, **spec}
-            if coll.add_index(spec, ns):
-                # On an empty collection the server logs one createIndexes entry per index (C.8).
-                o = {"createIndexes": coll.name, **{k: spec[k] for k in ("v", "key", "name")},
-                     **{k: v for k, v in spec.items() if k not in ("v", "key", "name")}}
-                self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": o})
+        added: list[dict[str, Any]] = []
+        try:
+            for spec in cmd.get("indexes", []):
+                fixed = fix_index_spec({"v": 2, **spec})
+                if coll.add_index(fixed, ns):
+                    added.append(fixed)
+        except MongoError:
+            for spec in added:
+                coll.indexes.pop(spec["name"], None)
+            raise
+        if added and coll.docs and session is None:
+            build = {"indexBuildUUID": Binary(uuidlib.uuid4().bytes, 4), "indexes": added}
+            for phase in ("startIndexBuild", "commitIndexBuild"):
+                self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                                   "o": {phase: coll.name, **build}})
+        else:
+            for spec in added:
+                entry = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                         "o": {"createIndexes": coll.name, **spec}}
+                self._log_ddl(entry, session, functools.partial(_drop_index, coll, spec["name"]))
         return {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
                 "createdCollectionAutomatically": not existed}
 
@@ -846,7 +977,8 @@ class ShardNode(CommandServer):
                 raise MongoError("IndexNotFound", f"index not found with name [{name}]")
             del coll.indexes[name]
             self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                               "o": {"dropIndexes": coll.name, "index": name}, "o2": ix.spec})
+                               "o": {"dropIndexes": coll.name, "index": name},
+                               "o2": fix_index_spec(ix.spec)})
         return {"nIndexesWas": before}
 
     async def cmd_coll_mod(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -854,11 +986,12 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         if coll is None:
             raise MongoError("NamespaceNotFound", f"ns does not exist: {ns}")
-        changes = {k: v for k, v in cmd.items() if k not in ("collMod", "lsid", "$clusterTime", "writeConcern",
-                                                             "$readPreference")}
+        changes = {k: v for k, v in cmd.items() if k != "collMod" and k not in _GENERIC_ARGS}
+        if "viewOn" in coll.options:
+            return self._modify_view(db, coll, changes)
         old_options = dict(coll.options)
         coll.options.update({k: v for k, v in changes.items() if k != "index"})
-        o2: dict[str, Any] = {"collectionOptions_old": old_options}
+        o2: dict[str, Any] = {"collectionOptions_old": options_before_change(coll.ui, old_options)}
         if "index" in changes:
             ix = next((i for i in coll.indexes.values() if i.name == changes["index"].get("name")
                        or i.key == changes["index"].get("keyPattern")), None)
@@ -866,9 +999,21 @@ class ShardNode(CommandServer):
                 raise MongoError("IndexNotFound", "cannot find index for collMod")
             changed = [k for k in changes["index"] if k not in ("name", "keyPattern")]
             o2["indexOptions_old"] = {k: ix.spec.get(k, False) for k in changed}
-            ix.spec.update({k: v for k, v in changes["index"].items() if k not in ("name", "keyPattern")})
+            ix.spec = modified_index_spec(ix.spec, changes["index"])
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"collMod": coll.name, **changes},
                            "o2": o2})
+        return {}
+
+    def _modify_view(self, db: str, view: Collection, changes: dict[str, Any]) -> dict[str, Any]:
+        """collMod of a view replaces its system.views document (ViewCatalog::modifyView): the
+        oplog shows a replacement update of system.views, never a collMod command
+        (change_stream_event_transform.cpp, ChangeStreamViewDefinitionEventTransformation)."""
+        view.options.update({k: v for k, v in changes.items() if k in ("viewOn", "pipeline")})
+        views = self._system_views(db, None)
+        doc = {"_id": f"{db}.{view.name}", **view_document(view.options)}
+        views.put(doc)
+        self.oplog.append({"op": "u", "ns": f"{db}.system.views", "ui": views.ui, "o": doc,
+                           "o2": {"_id": doc["_id"]}})
         return {}
 
     async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -881,8 +1026,12 @@ class ShardNode(CommandServer):
         out = []
         for name, coll in sorted(self.dbs.get(db, {}).items()):
             is_view = "viewOn" in coll.options
-            info: dict[str, Any] = {"name": name, "type": "view" if is_view else "collection",
-                                    "options": dict(coll.options), "info": {"readOnly": is_view}}
+            # A time-series collection lists as its own type, writable (list_collections.cpp).
+            kind = ("timeseries" if "timeseries" in coll.options else "view") if is_view else "collection"
+            options = ({"timeseries": coll.options["timeseries"]} if kind == "timeseries"
+                       else dict(coll.options))
+            info: dict[str, Any] = {"name": name, "type": kind, "options": options,
+                                    "info": {"readOnly": kind == "view"}}
             if not is_view:
                 info["info"]["uuid"] = coll.ui
                 info["idIndex"] = {"v": 2, "key": {"_id": 1}, "name": "_id_"}

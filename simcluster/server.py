@@ -286,6 +286,11 @@ class CommandServer:
                 exc = exc.with_labels("RetryableWriteError")
             if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
                 exc = with_change_stream_label(exc)
+            elif has_category(exc.code, "NonResumableChangeStreamError") \
+                    and not exc.has_label("NonResumableChangeStreamError"):
+                # ErrorLabelBuilder::build labels these codes whatever the command and whenever
+                # it fails, a change stream's opening aggregate included (error_labels.cpp).
+                exc = exc.with_labels("NonResumableChangeStreamError")
             reply = exc.to_reply()
         except Exception as exc:  # a bug or unexpected input must not take the node down
             log.exception("command %s failed", name)

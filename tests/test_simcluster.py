@@ -140,8 +140,10 @@ async def test_oplog_shapes_for_a_table_of_writes(cluster):
         {"op": "d", "ns": "shapes.c", "o": {"_id": 1}},
         # C.8 DDL on <db>.$cmd
         {"op": "c", "ns": "shapes.$cmd", "o": {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"}},
+        # D15: the options before the change start with the collection's uuid
+        # (CollectionOptions::appendBSON; jstests/change_streams/ddl_coll_mod_event.js)
         {"op": "c", "ns": "shapes.$cmd", "o": {"collMod": "c", "validationLevel": "moderate"},
-         "o2": {"collectionOptions_old": {}}},
+         "o2": {"collectionOptions_old": {"uuid": entries[11]["ui"]}}},
         {"op": "c", "ns": "shapes.$cmd", "o": {"dropIndexes": "c", "index": "a_1"},
          "o2": {"v": 2, "key": {"a": 1}, "name": "a_1"}},
         {"op": "c", "ns": "shapes.$cmd", "o": {"renameCollection": "shapes.c", "to": "shapes.d", "stayTemp": False}},
@@ -568,7 +570,9 @@ async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_b
         admin.command("appendOplogNote", data={"test": "end"})  # every shard past the end: no wait for idle ones
         stream = c.bal.c.watch(start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=100)
         events = _collect(stream, lambda ev: ev.get("documentKey", {}).get("_id") == "end")
-        assert [e["operationType"] for e in events] == ["create", "shardCollection"] + ["insert"] * 501
+        # D14a: sharding a new collection creates it and its shard key index, then shards it.
+        assert [e["operationType"] for e in events] == ["create", "createIndexes", "shardCollection"] + \
+            ["insert"] * 501
     await sync(work)
 
 
@@ -599,7 +603,8 @@ async def test_move_range_cuts_its_range_out_of_a_chunk(cluster):
         for system, seen in ((False, []), (True, [{"shardId": home}])):
             cursor = c.mr.command("aggregate", "c", cursor={}, pipeline=[
                 {"$changeStream": {**spec, "showSystemEvents": system}},
-                {"$match": {"operationType": {"$nin": ["insert", "create", "shardCollection"]}}}])["cursor"]
+                {"$match": {"operationType": {"$nin": ["insert", "create", "createIndexes",
+                                                        "shardCollection"]}}}])["cursor"]
             batch = cursor["firstBatch"] + drain(c, cursor["id"], token_sort_key(high_water_mark(end)), db="mr",
                                                  collection="c")
             assert [dict(e["operationDescription"]) for e in batch] == seen

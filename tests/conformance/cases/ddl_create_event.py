@@ -14,7 +14,6 @@ WIRED_TIGER = {"wiredTiger": {"configString": "block_compressor=zlib"}}
 COLLATION = {"locale": "en", "caseLevel": False, "caseFirst": "off", "strength": 3, "numericOrdering": False,
              "alternate": "non-ignorable", "maxVariable": "punct", "normalization": False, "backwards": True,
              "version": "57.1"}
-D16 = "D16: simcluster copies the create command's options instead of normalising them as the catalog does"
 
 
 def _create(name: str, command: dict, description: dict, *, diverges: str | None = None) -> list[Case]:
@@ -32,21 +31,21 @@ def _create(name: str, command: dict, description: dict, *, diverges: str | None
 CASES = [
     *_create("basic", {}, {"idIndex": ID_INDEX}),
     *_create("capped", {"capped": True, "size": 1000, "max": 1000},
-             {"idIndex": ID_INDEX, "capped": True, "size": 1024, "max": 1000}, diverges=D16),
+             {"idIndex": ID_INDEX, "capped": True, "size": 1024, "max": 1000}),
     *_create("storage-engine", {"indexOptionDefaults": {"storageEngine": WIRED_TIGER}, "storageEngine": WIRED_TIGER},
              {"idIndex": ID_INDEX, "indexOptionDefaults": {"storageEngine": WIRED_TIGER},
               "storageEngine": WIRED_TIGER}),
     *_create("validator", {"validator": {"a": 1}, "validationLevel": "off", "validationAction": "warn"},
              {"idIndex": ID_INDEX, "validator": {"a": 1}, "validationLevel": "off", "validationAction": "warn"}),
     *_create("collation", {"collation": COLLATION},
-             {"collation": COLLATION, "idIndex": {**ID_INDEX, "collation": COLLATION}}, diverges=D16),
+             {"collation": COLLATION, "idIndex": {**ID_INDEX, "collation": COLLATION}}),
     *_create("clustered-index", {"clusteredIndex": {"key": {"_id": 1}, "name": "newName", "unique": True},
                                  "expireAfterSeconds": 10},
              {"clusteredIndex": {"v": 2, "key": {"_id": 1}, "name": "newName", "unique": True},
-              "expireAfterSeconds": Int64(10)}, diverges=D16),
+              "expireAfterSeconds": Int64(10)}),
     *_create("id-index-name-ignored", {"idIndex": {"v": 2, "key": {"_id": 1}, "name": "ignored"}},
              {"idIndex": ID_INDEX}),
-    *_create("id-index-v1", {"idIndex": {"v": 1, "key": {"_id": 1}, "name": "new"}}, {}, diverges=D16),
+    *_create("id-index-v1", {"idIndex": {"v": 1, "key": {"_id": 1}, "name": "new"}}, {}),
     *[Case(f"ddl-create-implicit-by-insert-{watch}", SOURCE, watch, options=EXPANDED,
            ops=(("insert", "c", {"_id": 0}),),
            expect=({"operationType": "create", "ns": NS, "operationDescription": {"idIndex": ID_INDEX}},
