@@ -14,7 +14,7 @@ import pytest
 
 from tests.conformance import cases as case_modules
 from tests.conformance.environment import Endpoints, running
-from tests.conformance.model import Case, comparable, substitute
+from tests.conformance.model import Case, comparable, resolve, substitute
 from tests.conformance.runner import play
 
 
@@ -62,12 +62,12 @@ def clusters() -> Iterator[_Clusters]:
 
 @pytest.mark.parametrize(("case", "path", "version"), PARAMS)
 def test_conformance(case: Case, path: str, version: str, clusters: _Clusters) -> None:
-    db, got = play(case, path, clusters[version])
+    db, got, uuids = play(case, path, clusters[version])
     if case.error is not None:
         assert got == case.error, f"{case.source}: expected error {case.error}, got {got}"
         return
     assert isinstance(got, list), f"{case.source}: opening the stream failed with {got}"
-    expected = [substitute(e, db) for e in case.expect]
+    expected = [resolve(substitute(e, db), uuids) for e in case.expect]
     if case.prefix:
         got = got[:len(expected)]
     actual = [comparable(a, e) for a, e in zip(got, expected, strict=False)]
