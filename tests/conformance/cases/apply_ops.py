@@ -37,9 +37,6 @@ REST = ({"operationType": "update", "ns": {"db": DB, "coll": COLL}, "documentKey
         {"operationType": "delete", "ns": {"db": DB, "coll": COLL}, "documentKey": {"_id": 0}, **TXN},
         {"operationType": "drop", "ns": {"db": DB, "coll": COLL}})
 
-TWO_SHARDS = ("new: the events of a transaction that spans two shards (committed with prepare) lack lsid and "
-              "txnNumber; the server's unwind puts both on every event of a transaction")
-
 CASES = [
     Case("apply-ops-collection", SOURCE, "collection", coll=COLL, setup=SETUP, ops=OPS,
          expect=(*FIRST, *REST, {"operationType": "invalidate"})),
@@ -47,6 +44,5 @@ CASES = [
          expect=(*FIRST, _insert(DB, OTHER, 111, "Doc on other collection"), *REST)),
     Case("apply-ops-cluster", SOURCE, "cluster", setup=SETUP, ops=OPS, buckets=False, unordered=True,
          expect=(*FIRST, _insert(DB, OTHER, 111, "Doc on other collection"),
-                 _insert(OTHER_DB, "someColl", 222, "Doc on other DB"), *REST),
-         diverges={"simcluster": TWO_SHARDS, "watch": TWO_SHARDS}),
+                 _insert(OTHER_DB, "someColl", 222, "Doc on other DB"), *REST)),
 ]
