@@ -13,8 +13,9 @@ Cases are data. Operations are tuples, run through pymongo on the case's own dat
 Every string holding `<db>` (a namespace, an `ns` in an expected event) names the case's
 database, which the runner chooses. Expected events hold the fields the jstest states; as the
 jstests' own comparison does (`assertChangeStreamEventEq` in jstests/libs/change_stream_util.js),
-`_id`, `clusterTime`, `wallTime`, `collectionUUID`, `lsid` and `txnNumber` are compared only
-when the expected event gives them, and field order is not compared.
+`_id`, `clusterTime`, `wallTime`, `collectionUUID`, `lsid`, `txnNumber`, `operationDescription` and
+`updateDescription` are compared only when the expected event gives them (the fields its
+`canonicalizeEventForTesting` drops), and field order is not compared.
 
 Two placeholders stand for values a case cannot know in advance: `PRESENT` (the field must be
 there, with any value; the jstests' `assert(event.collectionUUID)`) and `uuid_of(coll)` (the
@@ -25,7 +26,8 @@ another shard (the jstests' `st.shard0.shardName` after `ensurePrimaryShard`).
 
 A case with `resume` opens its stream twice: the first stream reads the operations' events, and
 `expect` (or `error`) is then about a second stream opened with `resume[0]` ("resumeAfter" or
-"startAfter") set to the token of the first stream's event number `resume[1]`.
+"startAfter") set to the token of the first stream's event number `resume[1]`, or
+"startAtOperationTime" set to its cluster time; several options are joined with "+".
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from typing import Any
 DB = "<db>"
 VERSIONS = ("7.0", "8.0")
 # The fields compared only when an expected event states them.
-IGNORED_UNLESS_GIVEN = ("_id", "clusterTime", "wallTime", "collectionUUID", "lsid", "txnNumber")
+IGNORED_UNLESS_GIVEN = ("_id", "clusterTime", "wallTime", "collectionUUID", "lsid", "txnNumber",
+                        "operationDescription", "updateDescription")
 PRESENT = "<present>"
 UUID_PREFIX = "<uuid:"
 # The shard id of the case database's primary shard, and of another shard.
@@ -70,7 +73,7 @@ class Case:
     # Paths known to differ from the server, each with the reason (the fidelity audit's item,
     # e.g. "D10: ..."): run as strict xfails, so that a fix shows up as an unexpected pass.
     diverges: dict[str, str] = field(default_factory=dict)
-    resume: tuple[str, int] | None = None   # ("resumeAfter" | "startAfter", event index)
+    resume: tuple[str, int] | None = None   # ("resumeAfter" | "startAfter" | ..., event index)
     resume_pipeline: tuple[dict[str, Any], ...] | None = None   # the resumed stream's, if not `pipeline`
     watch_db: str = DB              # the database a collection or database stream watches
     # Options sent in $changeStream as they are, not through watch()'s arguments (which has none

@@ -158,7 +158,10 @@ def play(case: Case, path: str, ends: Endpoints) -> Played:
         assert len(got) > index, f"the first stream saw no event {index} to resume from: {got}"
         try:
             again = pipeline if case.resume_pipeline is None else list(substitute(case.resume_pipeline, db))
-            resumed = _open(reader, db, case, again, {**options, option: got[index]["_id"]})
+            # "startAtOperationTime" starts at the event's cluster time, the others at its token.
+            points = {name: got[index]["clusterTime" if name == "startAtOperationTime" else "_id"]
+                      for name in option.split("+")}
+            resumed = _open(reader, db, case, again, {**options, **points})
         except OperationFailure as exc:
             return db, int(exc.code or 0), uuids
         with resumed:
