@@ -632,7 +632,8 @@ class Engine:
         by = cmd.get("bucketBy")
         if stream is not None and ((n is not None and n != stream.options.n_buckets)
                                    or (by is not None and by != stream.options.bucket_by)):
-            self._close_to_rebucket(stream, n or stream.options.n_buckets, by or stream.options.bucket_by)
+            n = n or stream.options.n_buckets  # an attach with only another bucketBy keeps the count
+            self._close_to_rebucket(stream, n, by or stream.options.bucket_by)
             stream = None
         if stream is not None:
             return stream, False

@@ -212,9 +212,22 @@ async def test_bucket_by_is_checked_and_part_of_a_streams_identity(cluster, prox
         assert len([got for got in ids.values() if got]) > 1
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "mode"})
         assert status["streamsRebucketed"] == 1 and status["streams"][0]["bucketBy"] == "documentKey"
-        # Attaching without bucketBy joins the stream as it is.
-        att = c.admin.command({"parallelChangeStream": 1, "name": "mode", "bucket": 0})
-        assert "cursor" in att
+        # Attaching without bucketBy joins the stream as it is; with another, without nBuckets,
+        # reopens it with the same count.
+        assert "cursor" in c.admin.command({"parallelChangeStream": 1, "name": "mode", "bucket": 0})
+
+        def attach_by_namespace() -> bool:
+            try:
+                c.admin.command({"parallelChangeStream": 1, "name": "mode", "bucket": 1, "bucketBy": "namespace",
+                                 "resumeAfter": token_from_key(end)})
+                return True
+            except OperationFailure as exc:
+                assert exc.code == 117
+                return False
+        wait_until(attach_by_namespace, timeout=10)
+        status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "mode"})
+        assert status["streamsRebucketed"] == 2
+        assert (status["streams"][0]["bucketBy"], status["streams"][0]["nBuckets"]) == ("namespace", N)
     await sync(work)
 
 
