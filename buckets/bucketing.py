@@ -1,33 +1,81 @@
 """Which bucket an event goes to. This is a public contract; clients may compute it themselves.
 
-    bucket_of(ns, n) = zlib.crc32(ns.encode("utf-8")) % n        with ns = "<db>.<collection>"
+Two modes, chosen per stream with `bucketBy`:
+
+  "namespace" (the default)
+      bucket_of(ns, n) = zlib.crc32(ns.encode("utf-8")) % n     with ns = "<db>.<collection>"
+  "documentKey"
+      bucket_of_document(ns, id, n)
+          = zlib.crc32(bson.encode({"_id": id}), zlib.crc32(ns.encode("utf-8"))) % n
+      i.e. the CRC-32 of the namespace's UTF-8 bytes followed by the BSON document {_id: <the
+      documentKey's _id>} (that document's canonical bytes as pymongo's bson encodes them).
 
 CRC-32 (the zlib/PNG/Ethernet polynomial) is pinned so that the proxy, every Spark executor and
 any client in any language agree; Python's builtin hash() is salted per process and never used.
 
-Events that belong to one collection go to that collection's bucket, so each namespace keeps its
-order inside one bucket. Events that span namespaces go, with the same token, to every bucket
-they affect: a rename to the buckets of its source and its target; dropDatabase (which has no
-collection) to every bucket, since any bucket may hold a collection of that database.
+namespace: events that belong to one collection go to that collection's bucket, so each namespace
+keeps its order inside one bucket. Events that span namespaces go, with the same token, to every
+bucket they affect: a rename to the buckets of its source and its target; dropDatabase (which has
+no collection) to every bucket, since any bucket may hold a collection of that database.
+
+documentKey: one collection spreads over every bucket, while all events of one document stay in
+one bucket, in order (what Kafka-based CDC gives per key). Only the documentKey's `_id` is hashed:
+on a sharded collection the documentKey also holds the shard key, which an update may change (the
+server, answering the update with WouldChangeOwningShard (283) internally, then writes a delete
+and an insert in a transaction, each with its own documentKey); hashing the `_id` keeps those two
+in one bucket, in order. An upsert is an insert (or an update) of its document and goes where that document goes.
+Events without a documentKey (DDL: create, drop, rename, dropDatabase, createIndexes, modify,
+shardCollection, invalidate ...) go, with the same token, to every bucket: a barrier, so that a
+bucket's consumer sees a collection's DDL in order with that collection's documents.
+Transactions are split by document: each event of a transaction goes to its document's bucket;
+every such event carries the transaction's `lsid` and `txnNumber` (as on mongos), which mark it.
+Keeping a transaction together in one bucket would take a document's transactional writes out of
+the bucket holding its other writes, breaking the per-document order that consumers rely on.
 """
 
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
-from mongoformats.change_events import EV_NAMESPACES, EventFields
+import bson
+from bson.raw_bson import RawBSONDocument
 
-__all__ = ["bucket_of", "buckets_for_event", "MAX_BUCKETS"]
+from mongoformats.change_events import EV_NAMESPACES, EV_RAW, EventFields
+
+__all__ = ["bucket_of", "bucket_of_document", "buckets_for_event", "BUCKET_BY", "MAX_BUCKETS"]
 
 MAX_BUCKETS = 1024
+BUCKET_BY = ("namespace", "documentKey")
 
 
 def bucket_of(ns: str, n: int) -> int:
     return zlib.crc32(ns.encode("utf-8")) % n
 
 
-def buckets_for_event(event: EventFields, n: int) -> tuple[int, ...]:
+def bucket_of_document(ns: str, document_id: Any, n: int) -> int:
+    """The documentKey-mode bucket of the document whose documentKey has `_id` `document_id`."""
+    return zlib.crc32(bson.encode({"_id": document_id}), zlib.crc32(ns.encode("utf-8"))) % n
+
+
+def _id_bytes(raw: bytes) -> bytes | None:
+    """BSON {_id: <documentKey._id>} of a raw change event, or None if it has no documentKey.
+
+    Read lazily from the raw bytes (RawBSONDocument): only the documentKey is decoded."""
+    key = RawBSONDocument(raw).get("documentKey")
+    if not isinstance(key, RawBSONDocument) or "_id" not in key:
+        return None
+    return bson.encode({"_id": key["_id"]})
+
+
+def buckets_for_event(event: EventFields, n: int, by: str = "namespace") -> tuple[int, ...]:
     namespaces = event[EV_NAMESPACES]
+    if by == "documentKey":
+        if len(namespaces) == 1:
+            doc = _id_bytes(bytes(event[EV_RAW]))
+            if doc is not None:
+                return (zlib.crc32(doc, zlib.crc32(namespaces[0].encode("utf-8"))) % n,)
+        return tuple(range(n))  # no documentKey: a barrier in every bucket
     if len(namespaces) == 1:  # the common case: one collection
         return (zlib.crc32(namespaces[0].encode("utf-8")) % n,)
     if not namespaces:  # database-level events

@@ -3,12 +3,18 @@
 Commands (admin database):
   {parallelChangeStream: 1, nBuckets: N, name?, startAtOperationTime? | resumeAfter? | startAfter?,
    showExpandedEvents?, pipeline?: [{$match: ...}], batchSize?, maxAwaitTimeMS?, shardBufferBytes?,
-   bucketBufferBytes?, readerProcesses?}
-      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets}
+   bucketBufferBytes?, readerProcesses?, bucketBy?: "namespace" | "documentKey"}
+      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets, bucketBy}
       Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
       one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket count
       changes from a common token: a list of tokens all alike, whatever its length, is that one
       token, and a name open with another nBuckets and no cursors is reopened with the new count.
+      bucketBy (buckets/bucketing.py has the contract) deals events by namespace (the default) or
+      by document: one collection spreads over every bucket, each document's events stay in one
+      bucket in order, events without a documentKey (DDL) go to every bucket with the same token,
+      and a transaction's events are split by document (each carries lsid and txnNumber). It is
+      part of a named stream's identity like nBuckets: another bucketBy given for an open name
+      reopens it the same way (ConflictingOperationInProgress while its cursors are in use).
   {parallelChangeStream: 1, name, bucket: i, resumeAfter?: token, nBuckets?}
       -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
   {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
@@ -46,7 +52,7 @@ import bson
 import trio
 from bson import Decimal128, Int64, Timestamp
 
-from buckets.bucketing import MAX_BUCKETS
+from buckets.bucketing import BUCKET_BY, MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.memory_limit import (
     DEAL_HEADROOM_BYTES,
@@ -97,7 +103,7 @@ _OPEN_FIELDS = frozenset({
     "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
     "showSystemEvents",
     "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
-    "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange",
+    "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange", "bucketBy",
     # generic fields drivers add to every command
     "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
     "$db", "readConcern", "writeConcern"})
@@ -297,6 +303,12 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     for flag in ("showExpandedEvents", "showSystemEvents"):
         if flag in cmd and not isinstance(cmd[flag], bool):
             raise wrong_type(f"parallelChangeStream.{flag}", cmd[flag], "bool")
+    if "bucketBy" in cmd:
+        if not isinstance(cmd["bucketBy"], str):
+            raise wrong_type("parallelChangeStream.bucketBy", cmd["bucketBy"], "string")
+        if cmd["bucketBy"] not in BUCKET_BY:
+            raise MongoError("BadValue", f"'{_shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
+                             f"use one of {', '.join(BUCKET_BY)}")
     if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
         raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"],
                          "timestamp")
@@ -611,7 +623,7 @@ class Engine:
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
-        return {"cursors": cursors, "name": name, "nBuckets": n}
+        return {"cursors": cursors, "name": name, "nBuckets": n, "bucketBy": stream.options.bucket_by}
 
     def _check_owner(self, name: str, user: str) -> None:
         """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""
@@ -630,8 +642,11 @@ class Engine:
         stream = self.streams.get(name)
         if stream is not None:
             self._check_owner(name, user)  # before anything of hers is touched (a reopen kills her cursors)
-        if stream is not None and n is not None and n != stream.options.n_buckets:
-            self._close_to_rebucket(stream, n)
+        by = cmd.get("bucketBy")
+        if stream is not None and ((n is not None and n != stream.options.n_buckets)
+                                   or (by is not None and by != stream.options.bucket_by)):
+            n = n or stream.options.n_buckets  # an attach with only another bucketBy keeps the count
+            self._close_to_rebucket(stream, n, by or stream.options.bucket_by)
             stream = None
         if stream is not None:
             return stream, False
@@ -647,8 +662,11 @@ class Engine:
             del self._creating[name]
             done.set()
 
-    def _close_to_rebucket(self, stream: ParallelStream, n: int) -> None:
-        """Close `stream` so that its name can be opened again with `n` buckets.
+    def _close_to_rebucket(self, stream: ParallelStream, n: int, by: str) -> None:
+        """Close `stream` so that its name can be opened again with `n` buckets dealt `by`.
+
+        A bucketBy is part of a named stream's identity as nBuckets is: another one reopens it
+        the same way (bucket tokens of one mode mean nothing in the other).
 
         Why: a Spark query restarted with another nBuckets (more tasks) reopens its stream under
         the same name from its checkpoint. Bucket tokens are per bucket count, so the old stream's
@@ -664,12 +682,13 @@ class Engine:
         in_use = sum(cur.busy or now - cur.last_used < CURSOR_IN_USE_S for cur in cursors)
         if in_use:
             raise MongoError("ConflictingOperationInProgress",
-                             f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} and "
-                             f"{in_use} cursor(s) read it; close them (or use another name) to reopen it with "
-                             f"nBuckets {n}")
+                             f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} "
+                             f"(bucketBy {stream.options.bucket_by}) and {in_use} cursor(s) read it; close "
+                             f"them (or use another name) to reopen it with nBuckets {n} (bucketBy {by})")
         for cur in cursors:
             self._drop_cursor(cur.cursor_id)
-        self._close_named(stream, f"reopening stream %s with {n} buckets instead of {stream.options.n_buckets} "
+        self._close_named(stream, f"reopening stream %s with {n} buckets by {by} instead of "
+                                  f"{stream.options.n_buckets} by {stream.options.bucket_by} "
                                   f"({len(cursors)} abandoned cursors killed)")
         self.rebucketed += 1
 
@@ -725,6 +744,7 @@ class Engine:
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
             stages=compile_stages(stages), split_large_events=split,
             reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
+            bucket_by=str(cmd.get("bucketBy", "namespace")),
             ddl_notes=await self.lacks_expanded_events())
         kept = len(keep) if keep is not None else n
         # Admitted by its floor (what it always takes) and the reader processes it would start,
@@ -821,6 +841,7 @@ class Engine:
                                         {**cmd, "nBuckets": stream.options.n_buckets,
                                          "showExpandedEvents": stream.options.show_expanded_events,
                                          "showSystemEvents": stream.options.show_system_events,
+                                         "bucketBy": stream.options.bucket_by,
                                          "shardBufferBytes": stream.options.shard_buffer_bytes,
                                          "bucketBufferBytes": stream.options.bucket_buffer_bytes,
                                          "pipeline": ([{"$match": stream.options.match}] if stream.options.match

@@ -120,6 +120,8 @@ class StreamOptions:
     # $changeStreamSplitLargeEvent: an event over the split size is returned in fragments
     # (mongoformats/large_events.py) instead of failing the getMore that reaches it.
     split_large_events: bool = False
+    # "namespace" or "documentKey": how events are dealt into buckets (buckets/bucketing.py).
+    bucket_by: str = "namespace"
 
     @property
     def needs_pre_images(self) -> bool:
@@ -982,8 +984,10 @@ class ParallelStream:
         """Deal merged events into their buckets: each bucket's share is appended in one step."""
         scope, match, buckets = self.options.scope, self.options.match, self.buckets
         shares: dict[int, list[Any]] = {}
-        if scope is not None or match is not None:
-            ready = as_fields(ready)  # filtered event by event
+        by_document = self.options.bucket_by == "documentKey"
+        if scope is not None or match is not None or by_document:
+            # filtered event by event, or routed by each event's documentKey
+            ready = as_fields(ready)
         for ev in ready:
             if type(ev) is EventBlock:
                 self._deal_block(ev, shares)
@@ -1009,7 +1013,7 @@ class ParallelStream:
                     for b in self._route(ev):
                         buckets[b].fail(exc)
                     continue
-            route = self._routes.get(ev[EV_NAMESPACES])
+            route = self._routes.get(ev[EV_NAMESPACES]) if not by_document else None
             if route is None:
                 route = self._route(ev)
             for b in route:
@@ -1049,7 +1053,11 @@ class ParallelStream:
             shares.setdefault(b, []).append(share)
 
     def _route(self, ev: EventFields) -> tuple[int, ...]:
-        """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces."""
+        """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces.
+        By documentKey, each event's own (never memoized: it depends on the document)."""
+        if self.options.bucket_by == "documentKey":
+            return tuple(b for b in buckets_for_event(ev, self.options.n_buckets, "documentKey")
+                         if b in self.buckets)
         if len(self._routes) >= _ROUTES_CACHED:
             self._routes.clear()
         route = self._routes[ev[EV_NAMESPACES]] = tuple(b for b in buckets_for_event(ev, self.options.n_buckets)
@@ -1110,7 +1118,8 @@ class ParallelStream:
 
     def status(self) -> dict[str, Any]:
         return {
-            "name": self.name, "nBuckets": self.options.n_buckets, "eventsMerged": self.events_merged,
+            "name": self.name, "nBuckets": self.options.n_buckets, "bucketBy": self.options.bucket_by,
+            "eventsMerged": self.events_merged,
             "mergeQueue": len(self.merge), "replays": self.replays, "stageRunsInProcesses": self.shaper.runs_sent,
             "memory": self.memory(),
             "error": str(self.error) if self.error else None,

@@ -36,10 +36,11 @@ class StreamSpec:
     # Engine options passed through when the stream is created (shardBufferBytes, bucketBufferBytes,
     # readerProcesses, maxAwaitTimeMS), as (name, value) pairs so the spec stays hashable.
     engine_options: tuple[tuple[str, int], ...] = ()
+    bucket_by: str = "namespace"       # or "documentKey" (buckets/bucketing.py)
 
     def open_command(self, **extra: Any) -> dict[str, Any]:
         cmd: dict[str, Any] = {"parallelChangeStream": 1, "nBuckets": self.n_buckets, "name": self.name,
-                               "showExpandedEvents": self.show_expanded_events}
+                               "showExpandedEvents": self.show_expanded_events, "bucketBy": self.bucket_by}
         if self.pipeline:
             cmd["pipeline"] = list(self.pipeline)
         if self.full_document != "default":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from buckets.bucketing import BUCKET_BY
 from bucketspark.client import StreamSpec
 
 # Every option the source takes, by its documented name: (kind, low, high). Spark lowercases
@@ -27,6 +28,7 @@ _OPTIONS: dict[str, tuple[str, int, int]] = {
     "uri": ("str", 0, 0),
     "name": ("str", 0, 0),
     "nBuckets": ("int", 1, 1024),
+    "bucketBy": ("str", 0, 0),
     "pipeline": ("pipeline", 0, 0),
     "startAtOperationTime": ("timestamp", 0, 0),
     "startTokens": ("json list", 0, 0),
@@ -255,6 +257,10 @@ def stream_spec(options: Options) -> StreamSpec:
         match := namespace_match(options.get("database"), options.get("collection", ()))
     ) is not None:
         pipeline.insert(0, match)  # first: a $changeStreamSplitLargeEvent stays the last stage
+    bucket_by = options.get("bucketBy") or "namespace"
+    if bucket_by not in BUCKET_BY:
+        raise ValueError(f"parallelchangestream: option 'bucketBy' is {bucket_by!r}; use one of "
+                         f"{', '.join(BUCKET_BY)}")
     full_document = options.get("fullDocument") or "default"
     if options.get("change.stream.publish.full.document.only") and full_document == "default":
         full_document = "updateLookup"  # as the connector: rows are documents, updates' looked up
@@ -262,6 +268,7 @@ def stream_spec(options: Options) -> StreamSpec:
         uri=uri,
         name=options.get("name") or "spark",
         n_buckets=options.get("nBuckets", 4),
+        bucket_by=bucket_by,
         show_expanded_events=options.get("showExpandedEvents", True),
         pipeline=tuple(pipeline),
         full_document=full_document,

@@ -1,7 +1,11 @@
 """Replicate change events into a target MongoDB: what each Spark task does with its bucket.
 
-Events arrive per bucket in token order, so every namespace's events are in order. DML is gathered
-per namespace into ordered bulk writes; DDL writes what was gathered, then applies on its own.
+Events arrive per bucket in token order. Bucketed by namespace, every namespace's events are in
+order in one bucket; bucketed by documentKey, every document's are, and each DDL event is in every
+bucket (buckets/bucketing.py). DML is gathered per namespace into ordered bulk writes; DDL writes
+what was gathered, then applies on its own. Applying a documentKey-bucketed stream needs only
+per-document order for DML, but its DDL is a barrier across buckets: `replicate_batch` stops every
+bucket before it and applies it once.
 
 Idempotent on replay (a re-applied batch leaves the same state):
 - insert/replace -> replaceOne(documentKey, fullDocument, upsert): a replayed insert is no
@@ -356,10 +360,18 @@ def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str,
 
 
 CROSS_BUCKET = ("rename", "dropDatabase")
+
+
+def _crosses_buckets(kind: str, bucket_by: str) -> bool:
+    """By namespace only rename and dropDatabase span buckets; by documentKey every event
+    without a documentKey (every kind but DML) is in every bucket."""
+    if bucket_by == "documentKey":
+        return kind not in DML and kind != "invalidate"
+    return kind in CROSS_BUCKET
 _APPLIED_SCHEMA = "bucket INT, applied LONG, barrierToken STRING, barrierEvent BINARY"
 
 
-def replicate_arrow(target_uri: str) -> Any:
+def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     """A `mapInArrow` function: apply one bucket's events (columns bucket, token, operationType,
     event) to the target, in order, up to its first cross-bucket event (exclusive).
 
@@ -383,7 +395,7 @@ def replicate_arrow(target_uri: str) -> Any:
                     if bucket is not None and b != bucket:  # the source's contract: a partition is a bucket
                         raise ValueError(f"a partition holds buckets {bucket} and {b}")
                     bucket = b
-                    if kind in CROSS_BUCKET:
+                    if _crosses_buckets(kind, bucket_by):
                         barrier = (token, raw)
                         return
                     yield raw
@@ -402,10 +414,11 @@ def replicate_arrow(target_uri: str) -> Any:
     return apply
 
 
-def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
+def replicate_batch(target_uri: str, on_batch: Any = None, *, bucket_by: str = "namespace") -> Any:
     """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
 
-    Events that span buckets (rename, dropDatabase) are barriers, for the buckets they are in:
+    `bucket_by` is the source's bucketBy. Events that span buckets (rename, dropDatabase; by
+    documentKey every DDL event) are barriers, for the buckets they are in:
     such a bucket's task stops before one, the driver applies the earliest barrier once, and
     the buckets that stopped go on from there in another job. A bucket without barriers runs
     through (its namespaces' order does not depend on them), so the usual batch, with none, is
@@ -422,7 +435,7 @@ def replicate_batch(target_uri: str, on_batch: Any = None) -> Any:
             columns = df.select("bucket", "token", "operationType", "event")
             segment = columns
             while True:
-                results = segment.mapInArrow(replicate_arrow(target_uri), _APPLIED_SCHEMA).collect()
+                results = segment.mapInArrow(replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA).collect()
                 for r in results:
                     if r["bucket"] is not None:
                         applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]

@@ -1,6 +1,8 @@
 """`spark.readStream.format("parallelchangestream")`: one Spark partition per bucket.
 
-Options: uri (the proxy), nBuckets, name, pipeline (JSON list of $match stages, and a final
+Options: uri (the proxy), nBuckets, bucketBy ("namespace", the default, or "documentKey": one
+collection spread over every bucket, each document's events in one bucket in order, DDL in every
+bucket; buckets/bucketing.py), name, pipeline (JSON list of $match stages, and a final
 $changeStreamSplitLargeEvent: an event over 16 MiB then arrives in fragments, joined back into one
 row, where without it the read fails with BSONObjectTooLarge), fullDocument
 ("default", "updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange,
@@ -13,12 +15,13 @@ other option name, or a value of the wrong kind, is refused (`Options`). The Mon
 connector's names are accepted too where they mean the same (connection.uri, database and
 collection as filters, aggregation.pipeline, change.stream.*): see bucketspark/options.py.
 
-Offsets are JSON `{"nBuckets": N, "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
+Offsets are JSON `{"nBuckets": N, "bucketBy": ..., "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
 reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
 from its merge frontier, so the set is fixed when planned and a retried task returns the same
 rows. The proxy keeps no durable state: after a proxy restart the stream is reopened from the
 checkpointed tokens. A query may be restarted on its checkpoint with another nBuckets (more or
-fewer tasks): a micro-batch ends every bucket at one token, from which any bucket count resumes.
+fewer tasks), or another bucketBy, the same way: a micro-batch ends every bucket at one token, from
+which any bucket count and either mode resumes.
 """
 
 from __future__ import annotations
@@ -122,7 +125,17 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         tokens = open_stream(self.client, self.spec, **_start_args(self.options))
-        return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
+        return self._offset(tokens)
+
+    def _offset(self, tokens: list[str]) -> dict[str, Any]:
+        return {"nBuckets": self.spec.n_buckets, "bucketBy": self.spec.bucket_by, "name": self.spec.name,
+                "tokens": tokens}
+
+    def _same_buckets(self, offset: dict[str, Any]) -> bool:
+        """`offset` was written with this query's nBuckets and bucketBy (offsets without bucketBy
+        are by namespace)."""
+        return offset.get("nBuckets") == self.spec.n_buckets \
+            and offset.get("bucketBy", "namespace") == self.spec.bucket_by
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_events) if self.max_events else ReadAllAvailable()
@@ -136,13 +149,14 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         new bucket (the proxy accepts it whatever the bucket count; see the engine's open command).
         """
         tokens = list(offset.get("tokens", ()))
-        if offset.get("nBuckets") == self.spec.n_buckets and len(tokens) == self.spec.n_buckets:
+        if self._same_buckets(offset) and len(tokens) == self.spec.n_buckets:
             return tokens
         if len(set(tokens)) != 1:
             raise ValueError(
                 f"parallelchangestream: the checkpoint was written with nBuckets={offset.get('nBuckets')} and its "
-                f"buckets stand at different tokens; the query asks for nBuckets={self.spec.n_buckets}, which "
-                "can only start from one common token (restart once with the old nBuckets, or start a new "
+                f"buckets stand at different tokens; it was dealt by {offset.get('bucketBy', 'namespace')} and "
+                f"the query asks for nBuckets={self.spec.n_buckets} by {self.spec.bucket_by}, which "
+                "can only start from one common token (restart once with the old nBuckets and bucketBy, or start a new "
                 "checkpoint)")
         return tokens[:1] * self.spec.n_buckets
 
@@ -169,7 +183,7 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         """`_tokens` of a batch's start; if it was written with another nBuckets, the proxy's
         stream of this name still has the old count, and is reopened with this query's first."""
         tokens = self._tokens(start)
-        if start.get("nBuckets") != self.spec.n_buckets:
+        if not self._same_buckets(start):
             self._reopen(tokens)
         return tokens
 
@@ -186,7 +200,7 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
             self._reopen(after)
             end = plan_end(self.client, self.spec, after, max_events)
         tokens = [max(t, end) for t in after]
-        return {"nBuckets": self.spec.n_buckets, "name": self.spec.name, "tokens": tokens}
+        return self._offset(tokens)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         # A batch planned before a restart with another nBuckets (run again at the restart, with

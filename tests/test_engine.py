@@ -22,7 +22,7 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
 import buckets.engine as engine_module
-from buckets.bucketing import bucket_of
+from buckets.bucketing import BUCKET_BY, bucket_of, bucket_of_document
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.event_block import as_fields
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
@@ -141,24 +141,42 @@ def end_point(c: Any) -> bytes:
     return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
 
 
-def _union_cases() -> list[tuple[int, int, int]]:
-    """(nBuckets, readerProcesses, workload seed): three in the suite; UNION_SEEDS=100-160 adds a
-    longer run over more bucket counts and reader processes."""
-    cases = [(1, 0, 1), (4, 2, 4), (16, 0, 16)]
+def _union_cases() -> list[tuple[int, int, int, str]]:
+    """(nBuckets, readerProcesses, workload seed, bucketBy): four in the suite; UNION_SEEDS=100-160
+    adds a longer run over more bucket counts, reader processes and both bucketBy modes."""
+    cases = [(1, 0, 1, "namespace"), (4, 2, 4, "namespace"), (16, 0, 16, "namespace"), (4, 2, 5, "documentKey")]
     lo, _, hi = os.environ.get("UNION_SEEDS", "").partition("-")
     if lo:
-        cases += [([1, 3, 4, 7, 16][s % 5], s % 3, s) for s in range(int(lo), int(hi or lo) + 1)]
+        cases += [([1, 3, 4, 7, 16][s % 5], s % 3, s, BUCKET_BY[s % 2]) for s in range(int(lo), int(hi or lo) + 1)]
     return cases
 
 
-@pytest.mark.parametrize(("n_buckets", "reader_processes", "seed"), _union_cases())
-async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets, reader_processes, seed):
-    """With readerProcesses the entries are spliced in worker processes: the same events must come out."""
+def _bucket_of_event(e: RawBSONDocument, n: int, by: str) -> set[int]:
+    """The buckets an event belongs in (buckets/bucketing.py's contract, computed from the event)."""
+    ns = e["ns"]
+    if by == "documentKey":
+        if "documentKey" not in e:
+            return set(range(n))
+        return {bucket_of_document(f"{ns['db']}.{ns['coll']}", e["documentKey"]["_id"], n)}
+    if "coll" in ns and e["operationType"] != "rename":
+        return {bucket_of(f"{ns['db']}.{ns['coll']}", n)}
+    return set(range(n))  # not checked here: spans namespaces
+
+
+@pytest.mark.parametrize(("n_buckets", "reader_processes", "seed", "bucket_by"), _union_cases())
+async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_buckets, reader_processes, seed,
+                                                         bucket_by):
+    """With readerProcesses the entries are spliced in worker processes: the same events must come out.
+    By documentKey, every event lies in its document's bucket and every event without a
+    documentKey (DDL) in every bucket."""
     def work():
         c = client(proxy_uri(proxy))
         start = c.admin.command("ping")["operationTime"]
         opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": n_buckets, "showExpandedEvents": True,
-                                  "startAtOperationTime": start, "readerProcesses": reader_processes})
+                                  "startAtOperationTime": start, "readerProcesses": reader_processes,
+                                  "bucketBy": bucket_by})
+        assert opened["bucketBy"] == bucket_by
+        per_bucket: list[set[bytes]] = []
         assert [cur["bucket"] for cur in opened["cursors"]] == list(range(n_buckets))
         workload(c, seed=seed)
         end = end_point(c)
@@ -167,11 +185,14 @@ async def test_union_of_buckets_equals_the_merged_stream(cluster, proxy, n_bucke
             events = drain(c, cur["id"], end)
             keys = [key(e["_id"]) for e in events]
             assert keys == sorted(keys) and len(set(keys)) == len(keys), "bucket out of order or duplicated"
+            per_bucket.append(set(keys))
             for e in events:
-                ns = e["ns"]
-                if "coll" in ns and e["operationType"] != "rename":
-                    assert bucket_of(f"{ns['db']}.{ns['coll']}", n_buckets) == cur["bucket"]
+                assert cur["bucket"] in _bucket_of_event(e, n_buckets, bucket_by)
                 union[key(e["_id"])] = e
+        for k, e in union.items():  # and nowhere else
+            assert {i for i, held in enumerate(per_bucket) if k in held} <= _bucket_of_event(e, n_buckets, bucket_by)
+            if bucket_by == "documentKey" and "documentKey" not in e:
+                assert all(k in held for held in per_bucket), "a DDL event missing from a bucket"
         expected = reference(cluster, start, end)
         assert sorted(union) == expected
         assert len(expected) > 300

@@ -334,6 +334,48 @@ def test_a_batch_with_several_cross_bucket_events_replays_in_order(env: Any, spa
         target.close()
 
 
+def test_a_hot_collection_bucketed_by_document_key_replicates_with_ddl_as_a_barrier(env: Any, spark: Any) -> None:
+    """bucketBy documentKey: one collection's events spread over the 4 tasks, and its DDL (in
+    every bucket) is applied once, between what came before and after it in every bucket: a
+    drop followed by the same _ids inserted again, and an index, end as on the source."""
+    source, target = client_for(env.proxy_uri), client_for(env.target.uri)
+    try:
+        start = source.admin.command("ping")["operationTime"]
+        source.dk.hot.insert_many([{"_id": i, "v": 0} for i in range(200)])
+        source.dk.hot.update_many({}, {"$set": {"v": 1}})
+        source.dk.hot.drop()
+        source.dk.hot.insert_many([{"_id": i, "again": True} for i in range(50)])
+        source.dk.hot.create_index("again", name="again_idx")
+        source.dk.hot.update_many({"_id": {"$lt": 10}}, {"$set": {"last": True}})
+        df = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
+              .option("bucketBy", "documentKey").option("name", "by-document")
+              .option("startAtOperationTime", f"{start.time},{start.inc}").load())
+        per_bucket = {r["bucket"]: r["count"] for r in df.filter("operationType = 'insert'")
+                      .groupBy("bucket").count().collect()}
+        assert len(per_bucket) == 4 and max(per_bucket.values()) <= 0.4 * 250, per_bucket
+        replicate_batch(env.target.uri, bucket_by="documentKey")(df, 0)
+        assert converged(source, target, ("dk",))
+        assert document_differences(source, target, ("dk",)) == []
+        assert target.dk.hot.count_documents({}) == 50 and target.dk.hot.count_documents({"last": True}) == 10
+        assert "again_idx" in [ix["name"] for ix in target.dk.hot.list_indexes()]
+    finally:
+        source.close()
+        target.close()
+
+
+def test_a_checkpoint_of_another_bucket_by_is_dealt_anew_only_from_one_token(env: Any, spark: Any) -> None:
+    """bucketBy is part of the offsets: a checkpoint by namespace whose buckets stand apart can't
+    go on by documentKey."""
+    from bucketspark.source import Options, _StreamReader
+
+    reader = _StreamReader(Options({"uri": env.proxy_uri, "nBuckets": "2", "name": "modes",
+                                    "bucketBy": "documentKey"}))
+    with pytest.raises(ValueError, match="different tokens; it was dealt by namespace and the query asks "
+                                         "for nBuckets=2 by documentKey"):
+        reader.partitions({"nBuckets": 2, "name": "modes", "tokens": ["8201", "8202"]},
+                          {"nBuckets": 2, "name": "modes", "tokens": ["8203", "8203"]})
+
+
 def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any) -> None:
     """A Spark task's reads have a socket timeout (pymongo waits forever by default): against a
     proxy that hangs (here SIGSTOPped: its sockets open, nothing answered) the task fails with a

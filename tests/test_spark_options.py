@@ -163,3 +163,11 @@ def test_unknown_names_and_missing_uri_are_refused() -> None:
         ValueError, match="option aggregation.pipeline must be a JSON list of stages"
     ):
         Options({"aggregation.pipeline": "[1, 2]"})
+
+
+def test_bucket_by_is_namespace_unless_asked_and_checked() -> None:
+    assert stream_spec(Options({"uri": "mongodb://p/"})).bucket_by == "namespace"
+    spec = stream_spec(Options({"uri": "mongodb://p/", "bucketBy": "documentKey"}))
+    assert spec.bucket_by == "documentKey" and spec.open_command()["bucketBy"] == "documentKey"
+    with pytest.raises(ValueError, match="option 'bucketBy' is 'document'"):
+        stream_spec(Options({"uri": "mongodb://p/", "bucketBy": "document"}))
