@@ -11,6 +11,11 @@ Commands (admin database):
       token, and a name open with another nBuckets and no cursors is reopened with the new count.
   {parallelChangeStream: 1, name, bucket: i, resumeAfter?: token, nBuckets?}
       -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
+      Without a token, the cursor returns every event of the bucket from the stream's start point
+      (its startAtOperationTime, resume token, or the time it was opened), not just those dealt
+      after the attach: what the bucket still retains is read from memory, and a start that
+      retention has dropped is served by a replay (a private stream re-reading the oplogs for
+      this bucket alone, which moves the cursor to the named stream once caught up).
   {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
   getMore / killCursors on the returned cursor ids.
 
@@ -794,13 +799,17 @@ class Engine:
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
         if isinstance(token, list):
             raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
+        if token is None:
+            # Without a token, from the stream's start point: nothing it holds for the bucket is
+            # skipped, and what retention has dropped since is re-read by a replay below.
+            token = token_from_key(stream.buckets[i].start_floor)
         if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
             # until the cursor reaches what the named stream's bucket holds.
             named = stream
             stream.replays += 1
             stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
-                                        {**cmd, "nBuckets": stream.options.n_buckets,
+                                        {**cmd, "nBuckets": stream.options.n_buckets, "resumeAfter": token,
                                          "showExpandedEvents": stream.options.show_expanded_events,
                                          "shardBufferBytes": stream.options.shard_buffer_bytes,
                                          "bucketBufferBytes": stream.options.bucket_buffer_bytes,

@@ -139,6 +139,8 @@ class Bucket:
         self.base = 0                  # absolute index of the first retained event
         self._end = 0                  # absolute index after the last
         self.floor = floor             # every event above this key is (or will be) held here
+        # The stream's start point for this bucket: an attach without a token reads from here.
+        self.start_floor = floor
         self.frontier_token = floor_token
         self.frontier = floor
         # `account`: its share of the proxy's memory limit (buckets/memory_limit.py).
