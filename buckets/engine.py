@@ -17,6 +17,10 @@ Commands (admin database):
       retention has dropped is served by a replay (a private stream re-reading the oplogs for
       this bucket alone, which moves the cursor to the named stream once caught up).
   {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
+  {dropParallelChangeStream: name} -> {name, cursorsKilled: [ids]}: closes the stream now. Its
+      cursors are killed (a getMore on one, even one waiting, fails with CursorKilled (237), as
+      after killCursors; so do replays joining it) and its memory returns to the proxy's pool at
+      once. NamespaceNotFound (26) if no stream has that name, as dropping a missing collection.
   getMore / killCursors on the returned cursor ids.
 
 Who may do what, when the upstream requires authentication (the client's identity is the one
@@ -404,6 +408,7 @@ class Engine:
         table.change_stream_handler = self.cmd_change_stream
         table.register("parallelChangeStream", self.cmd_open)
         table.register("parallelChangeStreamStatus", self.cmd_status)
+        table.register("dropParallelChangeStream", self.cmd_drop)
         table.owned_cursors = self.cursors
         table.get_more = self.cmd_get_more
         table.kill_cursors = self.cmd_kill_cursors
@@ -604,6 +609,32 @@ class Engine:
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n}
+
+    async def cmd_drop(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
+        docstring): its creator's to drop, like every other use of a named stream."""
+        user = self._user(session, "dropParallelChangeStream")
+        if db != "admin":
+            raise MongoError("Unauthorized",
+                             "dropParallelChangeStream may only be run against the admin database.")
+        check_depth(cmd)
+        check_lsid(cmd)
+        name = cmd["dropParallelChangeStream"]
+        if not isinstance(name, str):
+            raise wrong_type("dropParallelChangeStream", name, "string")
+        check_stream_name(name, "dropParallelChangeStream")
+        while (pending := self._creating.get(name)) is not None:
+            await pending.wait()  # being created: dropped once it is (or found missing)
+        stream = self.streams.get(name)
+        if stream is None:
+            raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
+        self._check_owner(name, user)
+        # Its cursors, and those of replays that would move to it once caught up.
+        doomed = [cid for cid, cur in self.cursors.items() if stream in (cur.stream, cur.join)]
+        for cid in doomed:
+            self._drop_cursor(cid)
+        self._close_named(stream, "dropping stream %s (dropParallelChangeStream)")
+        return {"name": name, "cursorsKilled": [Int64(cid) for cid in doomed]}
 
     def _check_owner(self, name: str, user: str) -> None:
         """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""
