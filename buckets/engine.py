@@ -838,16 +838,7 @@ class Engine:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
             # until the cursor reaches what the named stream's bucket holds.
             named = stream
-            stream.replays += 1
-            stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
-                                        {**cmd, "nBuckets": stream.options.n_buckets, "resumeAfter": token,
-                                         "showExpandedEvents": stream.options.show_expanded_events,
-                                         "shardBufferBytes": stream.options.shard_buffer_bytes,
-                                         "bucketBufferBytes": stream.options.bucket_buffer_bytes,
-                                         "pipeline": ([{"$match": stream.options.match}] if stream.options.match
-                                                      else [])
-                                         + ([{SPLIT_STAGE: {}}] if stream.options.split_large_events else [])},
-                                        keep={i})
+            stream = await self._replay(named, i, {**cmd, "resumeAfter": token})
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
             cur.join, cur.joined = named, lambda: self._close_private(cur.cursor_id)
@@ -857,6 +848,38 @@ class Engine:
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
         return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
+
+    async def _replay(self, named: ParallelStream, i: int, cmd: dict[str, Any]) -> ParallelStream:
+        """A private stream re-reading the oplogs for bucket `i` of `named` from `cmd`'s
+        resumeAfter, with `named`'s options."""
+        options = named.options
+        named.replays += 1
+        return await self._create(f"{named.name}#replay-{uuid.uuid4().hex[:8]}", options.n_buckets,
+                                  {**cmd, "nBuckets": options.n_buckets,
+                                   "showExpandedEvents": options.show_expanded_events,
+                                   "shardBufferBytes": options.shard_buffer_bytes,
+                                   "bucketBufferBytes": options.bucket_buffer_bytes,
+                                   "pipeline": ([{"$match": options.match}] if options.match else [])
+                                   + ([{SPLIT_STAGE: {}}] if options.split_large_events else [])},
+                                  keep={i})
+
+    async def _replay_dropped(self, cur: BucketCursor) -> None:
+        """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
+        pins no retention, Bucket._safe), to a replay from its resume point, which hands it back
+        to its stream's bucket once caught up, as an attach with an older token."""
+        named, cid, i = cur.stream, cur.cursor_id, cur.bucket.index
+        opts = named.options
+        replay = await self._replay(named, i, {"resumeAfter": cur.last_token,
+                                               "fullDocument": opts.full_document,
+                                               "fullDocumentBeforeChange": opts.full_document_before_change})
+        cur.bucket.detach(cur)
+        bucket = replay.buckets[i]
+        cur.stream, cur.bucket, cur.position = replay, bucket, bucket.base
+        bucket.cursors.add(cur)
+        cur.resume_after(cur.last_token)
+        cur.acked = cur.position
+        self._private[cid] = replay
+        cur.join, cur.joined = named, lambda: self._close_private(cid)
 
     async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -1008,6 +1031,9 @@ class Engine:
             raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
         cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
+            if not cur.read and cur.position < cur.bucket.base and cid not in self._private:
+                await self._replay_dropped(cur)
+            cur.read = True
             events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
         except MongoError as exc:
             self._drop_cursor(cid)
