@@ -17,7 +17,16 @@ Commands (admin database):
       reopens it the same way (ConflictingOperationInProgress while its cursors are in use).
   {parallelChangeStream: 1, name, bucket: i, resumeAfter?: token, nBuckets?}
       -> {cursor: {id, ns, firstBatch, postBatchResumeToken}}: one bucket, iterable by any driver.
+      Without a token, the cursor returns every event of the bucket from the stream's start point
+      (its startAtOperationTime, resume token, or the time it was opened), not just those dealt
+      after the attach: what the bucket still retains is read from memory, and a start that
+      retention has dropped is served by a replay (a private stream re-reading the oplogs for
+      this bucket alone, which moves the cursor to the named stream once caught up).
   {parallelChangeStreamStatus: 1, name?} -> per-shard read positions and buffers, per-bucket depth.
+  {dropParallelChangeStream: name} -> {name, cursorsKilled: [ids]}: closes the stream now. Its
+      cursors are killed (a getMore on one, even one waiting, fails with CursorKilled (237), as
+      after killCursors; so do replays joining it) and its memory returns to the proxy's pool at
+      once. NamespaceNotFound (26) if no stream has that name, as dropping a missing collection.
   getMore / killCursors on the returned cursor ids.
 
 Who may do what, when the upstream requires authentication (the client's identity is the one
@@ -424,6 +433,7 @@ class Engine:
         table.change_stream_handler = self.cmd_change_stream
         table.register("parallelChangeStream", self.cmd_open)
         table.register("parallelChangeStreamStatus", self.cmd_status)
+        table.register("dropParallelChangeStream", self.cmd_drop)
         table.owned_cursors = self.cursors
         table.get_more = self.cmd_get_more
         table.kill_cursors = self.cmd_kill_cursors
@@ -624,6 +634,32 @@ class Engine:
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n, "bucketBy": stream.options.bucket_by}
+
+    async def cmd_drop(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
+        docstring): its creator's to drop, like every other use of a named stream."""
+        user = self._user(session, "dropParallelChangeStream")
+        if db != "admin":
+            raise MongoError("Unauthorized",
+                             "dropParallelChangeStream may only be run against the admin database.")
+        check_depth(cmd)
+        check_lsid(cmd)
+        name = cmd["dropParallelChangeStream"]
+        if not isinstance(name, str):
+            raise wrong_type("dropParallelChangeStream", name, "string")
+        check_stream_name(name, "dropParallelChangeStream")
+        while (pending := self._creating.get(name)) is not None:
+            await pending.wait()  # being created: dropped once it is (or found missing)
+        stream = self.streams.get(name)
+        if stream is None:
+            raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
+        self._check_owner(name, user)
+        # Its cursors, and those of replays that would move to it once caught up.
+        doomed = [cid for cid, cur in self.cursors.items() if stream in (cur.stream, cur.join)]
+        for cid in doomed:
+            self._drop_cursor(cid)
+        self._close_named(stream, "dropping stream %s (dropParallelChangeStream)")
+        return {"name": name, "cursorsKilled": [Int64(cid) for cid in doomed]}
 
     def _check_owner(self, name: str, user: str) -> None:
         """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""
@@ -832,22 +868,15 @@ class Engine:
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
         if isinstance(token, list):
             raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
+        if token is None:
+            # Without a token, from the stream's start point: nothing it holds for the bucket is
+            # skipped, and what retention has dropped since is re-read by a replay below.
+            token = token_from_key(stream.buckets[i].start_floor)
         if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
             # until the cursor reaches what the named stream's bucket holds.
             named = stream
-            stream.replays += 1
-            stream = await self._create(f"{name}#replay-{uuid.uuid4().hex[:8]}", stream.options.n_buckets,
-                                        {**cmd, "nBuckets": stream.options.n_buckets,
-                                         "showExpandedEvents": stream.options.show_expanded_events,
-                                         "showSystemEvents": stream.options.show_system_events,
-                                         "bucketBy": stream.options.bucket_by,
-                                         "shardBufferBytes": stream.options.shard_buffer_bytes,
-                                         "bucketBufferBytes": stream.options.bucket_buffer_bytes,
-                                         "pipeline": ([{"$match": stream.options.match}] if stream.options.match
-                                                      else [])
-                                         + ([{SPLIT_STAGE: {}}] if stream.options.split_large_events else [])},
-                                        keep={i})
+            stream = await self._replay(named, i, {**cmd, "resumeAfter": token})
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
             cur.join, cur.joined = named, lambda: self._close_private(cur.cursor_id)
@@ -857,6 +886,40 @@ class Engine:
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
         return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
+
+    async def _replay(self, named: ParallelStream, i: int, cmd: dict[str, Any]) -> ParallelStream:
+        """A private stream re-reading the oplogs for bucket `i` of `named` from `cmd`'s
+        resumeAfter, with `named`'s options."""
+        options = named.options
+        named.replays += 1
+        return await self._create(f"{named.name}#replay-{uuid.uuid4().hex[:8]}", options.n_buckets,
+                                  {**cmd, "nBuckets": options.n_buckets,
+                                   "showExpandedEvents": options.show_expanded_events,
+                                   "showSystemEvents": options.show_system_events,
+                                   "bucketBy": options.bucket_by,
+                                   "shardBufferBytes": options.shard_buffer_bytes,
+                                   "bucketBufferBytes": options.bucket_buffer_bytes,
+                                   "pipeline": ([{"$match": options.match}] if options.match else [])
+                                   + ([{SPLIT_STAGE: {}}] if options.split_large_events else [])},
+                                  keep={i})
+
+    async def _replay_dropped(self, cur: BucketCursor) -> None:
+        """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
+        pins no retention, Bucket._safe), to a replay from its resume point, which hands it back
+        to its stream's bucket once caught up, as an attach with an older token."""
+        named, cid, i = cur.stream, cur.cursor_id, cur.bucket.index
+        opts = named.options
+        replay = await self._replay(named, i, {"resumeAfter": cur.last_token,
+                                               "fullDocument": opts.full_document,
+                                               "fullDocumentBeforeChange": opts.full_document_before_change})
+        cur.bucket.detach(cur)
+        bucket = replay.buckets[i]
+        cur.stream, cur.bucket, cur.position = replay, bucket, bucket.base
+        bucket.cursors.add(cur)
+        cur.resume_after(cur.last_token)
+        cur.acked = cur.position
+        self._private[cid] = replay
+        cur.join, cur.joined = named, lambda: self._close_private(cid)
 
     async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -1013,6 +1076,9 @@ class Engine:
             raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
         cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
+            if not cur.read and cur.position < cur.bucket.base and cid not in self._private:
+                await self._replay_dropped(cur)
+            cur.read = True
             events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
         except MongoError as exc:
             self._drop_cursor(cid)

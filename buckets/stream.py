@@ -146,6 +146,8 @@ class Bucket:
         self.base = 0                  # absolute index of the first retained event
         self._end = 0                  # absolute index after the last
         self.floor = floor             # every event above this key is (or will be) held here
+        # The stream's start point for this bucket: an attach without a token reads from here.
+        self.start_floor = floor
         self.frontier_token = floor_token
         self.frontier = floor
         # `account`: its share of the proxy's memory limit (buckets/memory_limit.py).
@@ -249,7 +251,7 @@ class Bucket:
         """
         if self.budget.used + need <= self.budget.limit:
             return
-        safe = min(min((c.acked for c in self.cursors), default=self.read_mark), self._end)
+        safe = self._safe()
         target = self.budget.limit * 7 // 8 - need
         freed = 0
         position = self.base
@@ -272,8 +274,17 @@ class Bucket:
     def _shed(self) -> None:
         """Drop the delivered events every consumer has passed: retention serves re-attaches from
         memory, a cache that never holds a stream, this one or another, waiting for memory."""
-        if self.base < min(min((c.acked for c in self.cursors), default=self.read_mark), self._end):
+        if self.base < self._safe():
             self._drop_delivered(self.budget.limit)
+
+    def _safe(self) -> int:
+        """Where retention may be freed up to: what every cursor that has been read has passed;
+        with none read yet, every cursor; with none, the last consumer to leave. Beside a cursor
+        that is read, one no getMore has read yet (the N cursors of an open whose buckets workers
+        attach to on their own) pins nothing: what it would find dropped is re-read from the
+        oplogs (the engine's getMore moves it to a replay)."""
+        pinned = [c.acked for c in self.cursors if c.read] or [c.acked for c in self.cursors]
+        return min(min(pinned, default=self.read_mark), self._end)
 
     def unpin(self) -> None:
         """Let go of the shard blocks this bucket's events point into (a shard's budget is full,
@@ -428,6 +439,7 @@ class BucketCursor:
     user: str = ""           # who opened it, when the proxy requires authentication
     last_used: float = 0.0   # trio time of its creation or last getMore (idle cursors are killed)
     busy: bool = False       # a getMore is running on it
+    read: bool = False       # a getMore has come for it (until then it pins no retention)
     # Where the consumer has surely been: the start of the last batch handed out. A consumer that
     # stops inside a batch (a Spark task reading up to its end token, which then kills the
     # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing

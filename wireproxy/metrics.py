@@ -53,7 +53,7 @@ KNOWN_COMMANDS = frozenset({
     "setDefaultRWConcern", "setFeatureCompatibilityVersion", "setParameter", "shardCollection",
     "shutdown", "split", "splitVector", "startSession", "top", "update", "updateRole",
     "updateSearchIndex", "updateUser", "usersInfo", "validate", "whatsmyuri",
-    "parallelChangeStream", "parallelChangeStreamStatus",
+    "parallelChangeStream", "parallelChangeStreamStatus", "dropParallelChangeStream",
 })
 
 
