@@ -504,7 +504,7 @@ async def test_fuzzed_engine_commands_through_the_proxy_never_fail_with_internal
 
             one()
             # the fuzz reached the checks and the commands that succeed too
-            assert len(codes) >= 3 and len(opened_kinds) == 2, (codes, opened_kinds)
+            assert len(codes) >= 2 and len(opened_kinds) == 2, (codes, opened_kinds)
         await sync(work, timeout=600)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
