@@ -185,16 +185,7 @@ class ReferenceTransformer:
         else:
             return None
         ui = op.get("ui")
-        doc: dict[str, Any] = {}
-        if txn is not None:
-            doc["txnNumber"], doc["lsid"] = txn[1], txn[0]
-        doc["_id"] = None  # its place; the token is set below
-        doc["operationType"] = op_type
-        doc["clusterTime"] = ts
-        if self.expanded and ui is not None:
-            doc["collectionUUID"] = ui
-        if wall is not None:
-            doc["wallTime"] = wall
+        doc = self._head(txn, None, op_type, ts, ui, wall)
         if full_document is not None:
             doc["fullDocument"] = full_document
         doc["ns"] = {"db": db, "coll": coll}
@@ -275,7 +266,7 @@ class ReferenceTransformer:
         if name == "dropDatabase":
             if self.single or not self._db_in_scope(db):
                 return None
-            doc = self._ddl_head(txn, None, "dropDatabase", ts, None, wall)
+            doc = self._head(txn, None, "dropDatabase", ts, None, wall)
             doc["ns"] = {"db": db}
             return self._finish(doc, "dropDatabase", db, None, ts, txn_op_index, None, None, None)
         if name == "renameCollection":
@@ -287,7 +278,7 @@ class ReferenceTransformer:
             # The command but renameCollection and stayTemp, its `to` made an ns document in place.
             desc = {k: v for k, v in o.items() if k not in ("renameCollection", "stayTemp")}
             desc["to"] = dict(to)
-            doc = self._ddl_head(txn, to, "rename", ts, ui, wall)
+            doc = self._head(txn, to, "rename", ts, ui, wall)
             doc["ns"] = {"db": src_db, "coll": src}
             if self.expanded:
                 doc["operationDescription"] = desc
@@ -296,7 +287,7 @@ class ReferenceTransformer:
             coll = o["drop"]
             if not self._coll_in_scope(db, coll):
                 return None
-            doc = self._ddl_head(txn, None, "drop", ts, ui, wall)
+            doc = self._head(txn, None, "drop", ts, ui, wall)
             doc["ns"] = {"db": db, "coll": coll}
             return self._finish(doc, "drop", db, coll, ts, txn_op_index, ui, None, None)
         if not self.expanded:
@@ -324,15 +315,17 @@ class ReferenceTransformer:
             # field missing from o2 is left out.
             state_before = {name: o2[f"{name}_old"] for name in ("collectionOptions", "indexOptions")
                             if f"{name}_old" in o2}
-        doc = self._ddl_head(txn, None, op_type, ts, ui, wall)
+        doc = self._head(txn, None, op_type, ts, ui, wall)
         doc["ns"] = {"db": db, "coll": coll}
         doc["operationDescription"] = desc
         if state_before is not None:
             doc["stateBeforeChange"] = state_before
         return self._finish(doc, op_type, db, coll, ts, txn_op_index, ui, None, desc)
 
-    def _ddl_head(self, txn: tuple[Any, Any] | None, to: dict[str, Any] | None, op_type: str, ts: Timestamp,
+    def _head(self, txn: tuple[Any, Any] | None, to: dict[str, Any] | None, op_type: str, ts: Timestamp,
                   ui: Any, wall: Any) -> dict[str, Any]:
+        """An event's leading fields in the server's order; `_id` holds its place until the
+        token is set."""
         doc: dict[str, Any] = {}
         if txn is not None:
             doc["txnNumber"], doc["lsid"] = txn[1], txn[0]
@@ -363,7 +356,7 @@ class ReferenceTransformer:
                 return []
             desc = {k: v for k, v in o2.items() if k != kind}
             ui = entry.get("ui")
-            doc = self._ddl_head(None, None, kind, entry["ts"], ui, entry.get("wall"))
+            doc = self._head(None, None, kind, entry["ts"], ui, entry.get("wall"))
             doc["ns"] = {"db": db, "coll": coll}
             doc["operationDescription"] = desc
             return [self._finish(doc, kind, db, coll, entry["ts"], 0, ui, None, desc)]

@@ -13,20 +13,9 @@ from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import bucket_of
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
+from tests.test_resume_exactly_once import _read
 
 NS = "$cmd.parallelChangeStream"
-
-
-def _read(c: Any, cursor_id: int, n: int) -> list[RawBSONDocument]:
-    """The next `n` events of a bucket cursor (getMores until they have come)."""
-    out: list[RawBSONDocument] = []
-    while len(out) < n:
-        r = c.admin.command(
-            {"getMore": cursor_id, "collection": NS, "batchSize": n - len(out), "maxTimeMS": 300},
-            codec_options=bson.CodecOptions(document_class=RawBSONDocument),
-        )
-        out += list(r["cursor"]["nextBatch"])
-    return out
 
 
 def _next(c: Any, cursor_id: int, n: int) -> list[RawBSONDocument]:

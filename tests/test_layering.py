@@ -31,7 +31,7 @@ def test_importing_mongoformats_does_not_load_trio():
 
 # The engine's oplog-to-event transform. simcluster's change streams build their events with
 # their own reference (simcluster/reference_events.py), so that a differential test compares two
-# implementations instead of one with itself (issue 45).
+# implementations instead of one with itself.
 ENGINE_TRANSFORM = {"mongoformats.change_events", "mongoformats.oplog_splice", "mongoformats.batch_splice",
                     "mongoformats.event_block", "mongoformats.update_diff"}
 # Byte-level BSON helpers that oplog_splice also holds and that build no event: a reply's cursor

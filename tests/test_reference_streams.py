@@ -1,8 +1,9 @@
 """Audit items of the single-collection stream rules, resuming, the spec's errors, the read
-concern and the cluster time (fidelity-audit-2026-11-26.md D7, D8, D9, D19, D20; issue 45 item
-5), run on simcluster's mongos (whose change stream is the independent reference) and through the
-proxy's accelerated `watch()`, each expecting what the server's source and jstests give. Where
-the engine still differs, the accelerated case is a strict xfail naming the item."""
+concern and the cluster time (fidelity-audit-2026-11-26.md D7, D8, D9, D19, D20; the invalidate
+through the user's stages), run on simcluster's mongos (whose change stream is the independent
+reference) and through the proxy's accelerated `watch()`, each expecting what the server's source
+and jstests give. Where the engine still differs, the accelerated case is a strict xfail naming
+the item."""
 
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ async def test_user_stages_see_the_invalidate(via):
     """The invalidate is made by $changeStream's own CheckInvalidate stage, ahead of the user's
     stages (document_source_change_stream.cpp builds it into the stage's pipeline): a $match on
     operationType "invalidate" returns it, one on "insert" drops it, and either way the stream
-    ends, its last postBatchResumeToken the invalidate's (issue 45, item 5)."""
+    ends, its last postBatchResumeToken the invalidate's."""
     async with accelerated(shards=1) as (cluster, server):
 
         def work() -> tuple[list[str], list[str], bool, bool]:
