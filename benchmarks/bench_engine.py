@@ -5,8 +5,8 @@ simcluster's native mongos change stream, side by side in one run.
 
 The cluster, the proxy (`python -m wireproxy`, with its readerProcesses workers) and the
 consumers (this process) are separate processes; the proxy's CPU time, workers included, gives
-"events per proxy CPU-second". The proxy is measured with each --reader-processes value. Goals
-: proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second. Each run
+"events per proxy CPU-second". The proxy is measured with each --reader-processes value. Goals:
+proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second. Each run
 also reports the cluster process's CPU time and how busy the machine's cores were (`busy`: the
 three processes' CPU over wall time times cores): a mode near 100% is bound by the cores, one
 near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
