@@ -33,7 +33,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from mongoformats.byte_kernels import Index, U, copy_from, prefetch
-from mongoformats.wire import DeferredPiece
+from mongoformats.wire import ArrayRun, DeferredPiece
 
 __all__ = ["EventBlock", "KeyedEvents", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
 
@@ -136,7 +136,7 @@ class KeyedEvents(DeferredPiece):
         return _keyed_gather_into(out, self._events.addresses, self._events.sizes, self._rows, at, self._first)
 
 
-class EventBlock:
+class EventBlock(ArrayRun):
     """Events in token order: `keys` (one row of sort-key bytes each), `events` (their BSON
     documents, an Arrow large_binary array), `kinds` (each one's index into `kind_table`).
 

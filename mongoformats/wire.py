@@ -31,7 +31,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
     "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
-    "op_msg_body_span", "op_msg_flags", "unfilled_bytearray", "DeferredPiece", "joined",
+    "op_msg_body_span", "op_msg_flags", "unfilled_bytearray", "ArrayRun", "DeferredPiece", "joined",
 ]
 
 OP_REPLY: Final = 1
@@ -516,6 +516,23 @@ class DeferredPiece:
 
     def __bytes__(self) -> bytes:
         return bytes(self.materialize())
+
+
+class ArrayRun:
+    """A run of documents that writes itself as consecutive elements of a BSON array: what a
+    reply's batch may hold besides encoded documents (the engine's columnar event blocks), so
+    that a cursor document is assembled without knowing how the run keeps its documents."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        """How many documents (array elements) the run holds."""
+        raise NotImplementedError
+
+    def array_body(self, first_index: int) -> DeferredPiece:
+        """The documents as array elements keyed from `first_index` on (type 3, the index in
+        decimal, the document), as a piece made while it is sent."""
+        raise NotImplementedError
 
 
 def joined(pieces: Iterable[Any]) -> bytes:
