@@ -58,9 +58,9 @@ from bson import Int64, Timestamp
 
 from benchmarks.common import add_out_option, write_results
 from benchmarks.workloads import WORKLOADS, write_workload
-from buckets.allocator import keep_large_allocations
+from buckets._columnar.allocator import keep_large_allocations
+from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.reader import BATCH_ENTRIES
-from mongoformats.oplog_batch import SLACK, batch_in_place
 from simcluster.launcher import spawn_cluster, stop_process
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
 

@@ -61,6 +61,7 @@ import bson
 import trio
 from bson import Decimal128, Int64, Timestamp
 
+from buckets._columnar.event_block import is_block
 from buckets.bucketing import BUCKET_BY, MAX_BUCKETS
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.memory_limit import (
@@ -76,7 +77,6 @@ from buckets.topology import Topology, discover
 from mongoformats.change_events import EV_RAW, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.event_block import is_block
 from mongoformats.expressions import VARIABLES
 from mongoformats.idl import (
     SAFE_INT64,

@@ -9,7 +9,7 @@ Each shard's events already arrive in token order (its oplog's order), so the qu
 sorted run per shard and merges the releasable prefixes of the runs with one `list.sort`, whose
 run detection makes that a k-way merge in C. A heap push and pop per event cost about as much as
 a fifth of the whole splice. A backlog's batches arrive as EventBlocks (columns, see
-mongoformats/event_block.py); the shards' blocks are merged as columns instead (one stable
+buckets/_columnar/event_block.py); the shards' blocks are merged as columns instead (one stable
 numpy sort of their keys), and no per-event object is made. Single events released beside them
 (a transaction's, a small batch's) are sorted apart and put where they go between parts of the
 merged block.
@@ -23,8 +23,16 @@ import bisect
 from collections.abc import Iterable
 from typing import Any
 
+from buckets._columnar.event_block import (
+    EventBlock,
+    as_fields,
+    count_events,
+    first_key,
+    is_block,
+    items_bytes,
+    last_key,
+)
 from mongoformats.change_events import EVENT_SORT_KEY
-from mongoformats.event_block import EventBlock, as_fields, count_events, first_key, is_block, items_bytes, last_key
 
 __all__ = ["MergedQueue"]
 

@@ -31,12 +31,12 @@ from typing import Any, Protocol
 import trio
 from bson import Int64, Timestamp
 
+from buckets._columnar.batch_splice import splice_entries
+from buckets._columnar.event_block import EventBlock, count_events, is_block
+from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.budget import BudgetHold, ByteBudget
-from mongoformats.batch_splice import splice_entries
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import MongoError, has_category
-from mongoformats.event_block import EventBlock, count_events, is_block
-from mongoformats.oplog_batch import SLACK, batch_in_place
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection, host_address

@@ -56,8 +56,8 @@ import trio
 import trio_parallel
 from bson import Timestamp
 
-from buckets.allocator import keep_large_allocations
-from mongoformats.batch_splice import warm_up
+from buckets._columnar.allocator import keep_large_allocations
+from buckets._columnar.batch_splice import warm_up
 from mongoformats.errors import MongoError
 from mongoformats.wire import unfilled_bytearray
 

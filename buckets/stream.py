@@ -33,6 +33,15 @@ import numpy as np
 import trio
 from bson import Timestamp
 
+from buckets._columnar.event_block import (
+    EventBlock,
+    as_fields,
+    count_events,
+    first_key,
+    is_block,
+    items_bytes,
+    last_key,
+)
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
@@ -66,7 +75,6 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.event_block import EventBlock, as_fields, count_events, first_key, is_block, items_bytes, last_key
 from mongoformats.large_events import MEASURE_ABOVE_BYTES, SPLIT_ABOVE_BYTES, event_bytes, event_too_large, split_event
 from mongoformats.resume_token import (
     decode_token,

@@ -492,7 +492,7 @@ _BYTEARRAY_OF_SIZE.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 class DeferredPiece:
     """A piece of a message whose bytes are made as it is sent: a getMore reply's batch of
-    events, gathered from the blocks they lie in (mongoformats.event_block.KeyedEvents).
+    events, gathered from the blocks they lie in (buckets._columnar.event_block.KeyedEvents).
 
     Why: a batch of megabytes gathered whole is written to memory once and read back by the
     socket's copy, past every cache; gathered a few hundred KB at a time into a buffer the

@@ -1,4 +1,4 @@
-"""The malloc settings of the proxy's processes (buckets/allocator.py)."""
+"""The malloc settings of the proxy's processes (buckets/_columnar/allocator.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import platform
 import pyarrow as pa
 import pytest
 
-from buckets.allocator import keep_large_allocations
+from buckets._columnar.allocator import keep_large_allocations
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's settings are glibc's")

@@ -16,9 +16,9 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongoformats.batch_splice import BATCH_MIN, splice_block, splice_entries
-from mongoformats.event_block import EventBlock, as_fields
-from mongoformats.oplog_batch import OplogBatch
+from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
+from buckets._columnar.event_block import EventBlock, as_fields
+from buckets._columnar.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import splice_crud
 from tests.conftest import client, sync
 from tests.test_oplog_splice import crud_entries

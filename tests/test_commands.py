@@ -75,7 +75,7 @@ def test_log_level_is_a_flag_of_wireproxy_and_simcluster():
     default = _run(["wireproxy", *bad_upstream])
     quiet = _run(["wireproxy", "--log-level", "warning", *bad_upstream])
     assert default.returncode == quiet.returncode == 2
-    assert "INFO mongoformats.numba_cache numba cache" in default.stderr
+    assert "INFO buckets._columnar.numba_cache numba cache" in default.stderr
     assert "numba cache" not in quiet.stderr
     for prog in ("wireproxy", "simcluster"):
         run = _run([prog, "--log-level", "loud"])

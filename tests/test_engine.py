@@ -22,9 +22,9 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
 import buckets.engine as engine_module
+from buckets._columnar.event_block import as_fields
 from buckets.bucketing import BUCKET_BY, bucket_of, bucket_of_document
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
-from mongoformats.event_block import as_fields
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, free_port, poll_until, proxy_uri, scrape, sync, wait_until

@@ -15,11 +15,11 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from buckets._columnar.batch_splice import BATCH_MIN, splice_block
+from buckets._columnar.event_block import EventBlock, _merge_runs, as_fields, count_events
+from buckets._columnar.oplog_batch import OplogBatch
 from buckets.merge import MergedQueue
-from mongoformats.batch_splice import BATCH_MIN, splice_block
 from mongoformats.change_events import EVENT_SORT_KEY
-from mongoformats.event_block import EventBlock, _merge_runs, as_fields, count_events
-from mongoformats.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import array_of, cursor_document
 from mongoformats.resume_token import high_water_mark, token_sort_key
 

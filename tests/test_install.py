@@ -23,7 +23,7 @@ from pathlib import Path
 import pymongo
 import pytest
 
-from mongoformats import numba_cache
+from buckets._columnar import numba_cache
 from simcluster.launcher import spawn_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +86,8 @@ def test_the_kernels_load_with_the_cache_off_and_log_it(tmp_path):
     code = (
         "import logging; logging.basicConfig(level=logging.INFO)\n"
         "import tempfile; tempfile.tempdir = " + repr(str(blocked)) + "\n"
-        "import mongoformats.batch_splice\n"
-        "from mongoformats.numba_cache import CACHE; print(CACHE)\n"
+        "import buckets._columnar.batch_splice\n"
+        "from buckets._columnar.numba_cache import CACHE; print(CACHE)\n"
     )
     env = {
         **os.environ,

@@ -32,8 +32,8 @@ def test_importing_mongoformats_does_not_load_trio():
 # The engine's oplog-to-event transform. simcluster's change streams build their events with
 # their own reference (simcluster/reference_events.py), so that a differential test compares two
 # implementations instead of one with itself.
-ENGINE_TRANSFORM = {"mongoformats.change_events", "mongoformats.oplog_splice", "mongoformats.batch_splice",
-                    "mongoformats.event_block", "mongoformats.update_diff"}
+ENGINE_TRANSFORM = {"mongoformats.change_events", "mongoformats.oplog_splice", "buckets._columnar.batch_splice",
+                    "buckets._columnar.event_block", "mongoformats.update_diff"}
 # Byte-level BSON helpers that oplog_splice also holds and that build no event: a reply's cursor
 # document and its parts for the wire, and a document's leading `_id` bytes.
 WIRE_HELPERS = {("mongoformats.oplog_splice", "cursor_document"), ("mongoformats.oplog_splice", "document_parts"),

@@ -10,7 +10,7 @@ from bson import Int64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongoformats.oplog_batch import reply_batch
+from buckets._columnar.oplog_batch import reply_batch
 from mongoformats.oplog_splice import cursor_batch
 
 

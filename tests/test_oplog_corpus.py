@@ -39,10 +39,10 @@ import trio
 from bson import Binary, Int64, ObjectId, Timestamp, json_util
 from bson.raw_bson import RawBSONDocument
 
+from buckets._columnar.batch_splice import BATCH_MIN
+from buckets._columnar.event_block import EventBlock
 from buckets.reader import OplogTail
-from mongoformats.batch_splice import BATCH_MIN
 from mongoformats.change_events import OplogTransformer, prev_op_ts
-from mongoformats.event_block import EventBlock
 from mongoformats.resume_token import decode_token
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "conformance" / "oplog_entries"

@@ -14,9 +14,9 @@ import pytest
 import trio
 from bson import Int64
 
+from buckets._columnar.oplog_batch import SLACK, batch_in_place, reply_batch
 from mongoformats import wire
 from mongoformats.errors import MongoError
-from mongoformats.oplog_batch import SLACK, batch_in_place, reply_batch
 from simcluster import open_cluster
 from tests.conftest import client, sync
 from wireproxy.upstream import UpstreamClosed, open_upstream

@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     # The server and its compiled kernels load only now: `--help` and `--version` need neither.
     import trio
 
-    from buckets.allocator import keep_large_allocations
-    from mongoformats.batch_splice import warm_up
+    from buckets._columnar.allocator import keep_large_allocations
+    from buckets._columnar.batch_splice import warm_up
     from wireproxy.app import serve_proxy, tune_gc_for_throughput
 
     tune_gc_for_throughput()

@@ -6,7 +6,7 @@ doing it for a whole batch with numpy array operations ~1 us (each operation a p
 batch, and a few dozen of them). A loop compiled by numba reads an entry's elements where they
 lie and writes its event in one pass, at tens of nanoseconds an entry. The loops stay Python
 source (one definition, read and tested as such); numba compiles them on first use and caches
-the machine code (mongoformats/numba_cache.py says where), so a process pays ~1 s once, not
+the machine code (buckets/_columnar/numba_cache.py says where), so a process pays ~1 s once, not
 every start.
 
 The loops index arrays with unsigned integers (np.uintp) only: numba checks a signed index for a
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba

@@ -24,7 +24,7 @@ import pickle
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba
@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.byte_kernels import Index, U, copy_from, prefetch
+from buckets._columnar.byte_kernels import Index, U, copy_from, prefetch
 from mongoformats.wire import ArrayRun, DeferredPiece
 
 __all__ = ["EventBlock", "KeyedEvents", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]

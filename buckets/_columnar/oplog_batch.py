@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba
 import numpy as np
 import numpy.typing as npt
 
-from mongoformats.byte_kernels import U, as_bytes, i32, u8
+from buckets._columnar.byte_kernels import U, as_bytes, i32, u8
 from mongoformats.oplog_splice import byte_slices, cursor_span
 
 __all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "words"]

@@ -1,5 +1,5 @@
 """A batch of oplog entries spliced into events at once: plain inserts, updates and deletes in
-compiled loops (numba, mongoformats/byte_kernels.py), the rest one by one.
+compiled loops (numba, buckets/_columnar/byte_kernels.py), the rest one by one.
 
 Why: `splice_crud` costs ~2.5 us an insert in Python, and each of its ~30 lines costs 0.1-0.7
 us; no line stands out, so no per-entry rewrite in Python gets much below it. But the inserts
@@ -39,7 +39,7 @@ from typing import Any
 
 import bson
 
-from mongoformats.numba_cache import CACHE  # picks numba's cache dir before numba loads
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba
@@ -47,9 +47,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mongoformats.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, put_i32, u8, u64
-from mongoformats.event_block import EventBlock
-from mongoformats.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, put_i32, u8, u64
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
