@@ -58,7 +58,7 @@ from bson import Int64, Timestamp
 
 from benchmarks.common import add_out_option, write_results
 from benchmarks.workloads import WORKLOADS, write_workload
-from buckets._columnar.allocator import keep_large_allocations
+from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.reader import BATCH_ENTRIES
 from simcluster.launcher import spawn_cluster, stop_process
@@ -101,9 +101,9 @@ async def _count(conn: UpstreamConnection, db: str, cmd: dict[str, Any], *, exha
     or decoding it (~1 us) would charge the consumers' work to whatever they read from. With
     `exhaust`, a getMore whose batches are still streaming takes the next one, asking nothing."""
     if conn.streaming:
-        data, at = await conn.more_in_place(pad=SLACK)
+        data, at = await conn.more_in_place(pad=SLACK, allocate=unfilled_bytearray)
     else:
-        data, at = await conn.command_in_place(db, cmd, pad=SLACK, exhaust=exhaust)
+        data, at = await conn.command_in_place(db, cmd, pad=SLACK, exhaust=exhaust, allocate=unfilled_bytearray)
     cursor_id, batch = batch_in_place(data, at)
     return cursor_id, len(batch)
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import trio
 from bson import Int64, Timestamp
 
+from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.batch_splice import splice_entries
 from buckets._columnar.event_block import EventBlock, count_events, is_block
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
@@ -198,7 +199,7 @@ class OplogTail:
             # entries) cost a round trip to every shard before the flow began, a large one the
             # time to make it.
             "batchSize": FIRST_BATCH_ENTRIES, "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK},
-            pad=SLACK)
+            pad=SLACK, allocate=unfilled_bytearray)
         transformer = self.transformer
         expanded = transformer.show_expanded_events
         while True:
@@ -216,11 +217,11 @@ class OplogTail:
             await out.parked(True)
             try:
                 if conn.streaming:
-                    data, at = await conn.more_in_place(pad=SLACK)
+                    data, at = await conn.more_in_place(pad=SLACK, allocate=unfilled_bytearray)
                 else:
                     data, at = await conn.command_in_place("local", {
                         "getMore": Int64(cursor_id), "collection": "oplog.rs", "batchSize": BATCH_ENTRIES,
-                        "maxTimeMS": self.await_ms}, pad=SLACK, exhaust=True)
+                        "maxTimeMS": self.await_ms}, pad=SLACK, exhaust=True, allocate=unfilled_bytearray)
             finally:
                 await out.parked(False)
 

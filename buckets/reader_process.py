@@ -56,10 +56,9 @@ import trio
 import trio_parallel
 from bson import Timestamp
 
-from buckets._columnar.allocator import keep_large_allocations
+from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
 from buckets._columnar.batch_splice import warm_up
 from mongoformats.errors import MongoError
-from mongoformats.wire import unfilled_bytearray
 
 if TYPE_CHECKING:
     from buckets.memory_limit import MemoryPool

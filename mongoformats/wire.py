@@ -13,7 +13,6 @@ OP_COMPRESSED). Limits follow pymongo's receive_message: 16 < length <= maxMessa
 
 from __future__ import annotations
 
-import ctypes
 import struct
 import zlib
 from collections import deque
@@ -31,7 +30,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
     "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
-    "op_msg_body_span", "op_msg_flags", "unfilled_bytearray", "ArrayRun", "DeferredPiece", "joined",
+    "op_msg_body_span", "op_msg_flags", "ArrayRun", "DeferredPiece", "joined",
 ]
 
 OP_REPLY: Final = 1
@@ -408,11 +407,14 @@ class MessageFramer:
             raise ProtocolError("connection closed in the middle of a message")
         return NEED_DATA
 
-    def frame_buffer(self, pad: int, at_least: int) -> tuple[bytearray, int, int] | None:
+    def frame_buffer(self, pad: int, at_least: int, allocate: Callable[[int], bytearray] = bytearray,
+                     ) -> tuple[bytearray, int, int] | None:
         """For a frame of `at_least` bytes or more whose length has arrived but not all of it:
         (a buffer of its length plus `pad` zero bytes holding what has arrived, how much that
         is, its length); what it holds leaves the framer, and the caller receives the rest
-        straight into it (recv_into). None if the length is unknown, the frame is smaller or
+        straight into it (recv_into). `allocate` makes the buffer: any bytes it holds are
+        overwritten, so a caller may pass one that leaves them unset (the engine's
+        buckets/_columnar/allocator.unfilled_bytearray). None if the length is unknown, the frame is smaller or
         it has all arrived (`next_frame` takes it).
 
         Why: a reply of megabytes arrives in receives of 256 KB, and cutting the frame from them
@@ -422,7 +424,7 @@ class MessageFramer:
         length = self._next_length()
         if length < at_least or length > self.max_size or self._size >= length:
             return None  # small, absurd (next_frame says so) or all here
-        buffer = unfilled_bytearray(length + pad)
+        buffer = allocate(length + pad)
         buffer[length:] = bytes(pad)
         filled = 0
         chunks = self._chunks
@@ -471,19 +473,6 @@ class MessageFramer:
         if pad:
             pieces.append(bytes(pad))
         return b"".join(pieces)
-
-
-def unfilled_bytearray(size: int) -> bytearray:
-    """A bytearray of `size` bytes left as malloc gave them, for a receive to fill. Why not
-    `bytearray(size)`: that zeroes every byte, and a receive buffer is written over at once;
-    zeroing a reply of megabytes took longer than receiving it (~2.7 ms of 16 MiB against ~0.45
-    ms). CPython's own PyByteArray_FromStringAndSize leaves the bytes unset when given no source."""
-    return _BYTEARRAY_OF_SIZE(None, size)
-
-
-_BYTEARRAY_OF_SIZE = ctypes.pythonapi.PyByteArray_FromStringAndSize
-_BYTEARRAY_OF_SIZE.restype = ctypes.py_object
-_BYTEARRAY_OF_SIZE.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ __all__ = ["CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConne
 
 CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeoutMS default)
 DIRECT_FRAME_BYTES = 1 << 16  # a larger reply to an in-place command is received into its own buffer
+# Makes the buffer such a reply is received into (its bytes are all overwritten).
+Allocate = Callable[[int], bytearray]
 
 
 class UpstreamClosed(Exception):
@@ -117,22 +119,24 @@ class UpstreamConnection:
     async def receive(self) -> wire.Message:
         return await self._receive(self._framer.next_message)
 
-    async def _receive_frame(self, pad: int) -> bytes | bytearray:
+    async def _receive_frame(self, pad: int, allocate: Allocate) -> bytes | bytearray:
         """The next frame, undecoded, and `pad` zero bytes (see MessageFramer.next_frame)."""
-        return await self._receive(functools.partial(self._framer.next_frame, pad), direct_pad=pad)
+        return await self._receive(functools.partial(self._framer.next_frame, pad), direct_pad=pad,
+                                   allocate=allocate)
 
-    async def _receive(self, pull: Callable[[], Any], *, direct_pad: int | None = None) -> Any:
+    async def _receive(self, pull: Callable[[], Any], *, direct_pad: int | None = None,
+                       allocate: Allocate = bytearray) -> Any:
         """What `pull` takes from the framer (a message, or a frame), once it has all it needs.
         With `direct_pad` (`pull` takes frames padded by that much), a large frame (an oplog
         batch) is received over plain TCP into a buffer of its own: one copy of its bytes, where
-        receiving chunks and joining them made two."""
+        receiving chunks and joining them made two; `allocate` makes that buffer."""
         direct = direct_pad is not None and isinstance(self._stream, trio.SocketStream)
         try:
             while True:
                 got = pull()
                 if got is not wire.NEED_DATA:
                     return got
-                if direct and (frame := await self._receive_direct(direct_pad or 0)) is not None:
+                if direct and (frame := await self._receive_direct(direct_pad or 0, allocate)) is not None:
                     return frame
                 data = await self._stream.receive_some(1 << 18)
                 if not data:
@@ -141,7 +145,7 @@ class UpstreamConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
 
-    async def _receive_direct(self, pad: int) -> bytearray | None:
+    async def _receive_direct(self, pad: int, allocate: Allocate) -> bytearray | None:
         """The next frame received into a buffer of its own (MessageFramer.frame_buffer), or
         None if it is small or its length has not come yet."""
         sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
@@ -152,7 +156,7 @@ class UpstreamConnection:
             if not head:
                 raise self._lost(f"upstream {self.address} closed the connection")
             self._framer.receive_data(head)
-        part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES)
+        part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES, allocate)
         if part is None:
             return None
         buffer, filled, length = part
@@ -182,28 +186,30 @@ class UpstreamConnection:
             raise MongoError.from_reply(bson.decode(msg.body))
         return reply
 
-    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int,
-                               exhaust: bool = False) -> tuple[bytes | bytearray, int]:
+    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int, exhaust: bool = False,
+                               allocate: Allocate = bytearray) -> tuple[bytes | bytearray, int]:
         """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
         (bytes holding the reply document, where it starts in them), going on for `pad` zero bytes
         past the message's end. One copy of the reply, where decoding it and padding it made three.
+        A large reply is received into a buffer that `allocate` makes (MessageFramer.frame_buffer).
 
         With `exhaust` (a getMore) the server may stream the cursor's next batches unasked: while
         `streaming`, `more_in_place` takes each. A server that streams nothing (a mongos before
         7.1) answers once, as to any getMore."""
         limit = self._limit(cmd, math.inf)
-        frame = await self._exchange(db, cmd, limit, functools.partial(self._receive_frame, pad),
+        frame = await self._exchange(db, cmd, limit, functools.partial(self._receive_frame, pad, allocate),
                                      flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0)
         return await self._in_place(frame, pad, limit)
 
-    async def more_in_place(self, *, pad: int) -> tuple[bytes | bytearray, int]:
+    async def more_in_place(self, *, pad: int,
+                            allocate: Allocate = bytearray) -> tuple[bytes | bytearray, int]:
         """The next batch of an exhaust cursor (see `command_in_place`), no request sent."""
         if self._streaming is None:
             raise RuntimeError("no exhaust cursor is streaming on this connection")
         answers, limit = self._streaming
         async with self._lock:
             with trio.move_on_after(limit) as waited:
-                frame = await self._receive_frame(pad)
+                frame = await self._receive_frame(pad, allocate)
             if waited.cancelled_caught:
                 raise await self._out_of_step(f"upstream {self.address} sent no batch within {limit:g} s",
                                               UpstreamTimeout)

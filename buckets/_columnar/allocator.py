@@ -59,3 +59,16 @@ def keep_large_allocations() -> bool:
     elif "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
         pa.set_memory_pool(pa.system_memory_pool())
     return done
+
+
+def unfilled_bytearray(size: int) -> bytearray:
+    """A bytearray of `size` bytes left as malloc gave them, for a receive to fill. Why not
+    `bytearray(size)`: that zeroes every byte, and a receive buffer is written over at once;
+    for a reply of megabytes the zeroing pass cost more than the receive itself. CPython's own
+    PyByteArray_FromStringAndSize leaves the bytes unset when given no source."""
+    return _BYTEARRAY_OF_SIZE(None, size)
+
+
+_BYTEARRAY_OF_SIZE = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_BYTEARRAY_OF_SIZE.restype = ctypes.py_object
+_BYTEARRAY_OF_SIZE.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
