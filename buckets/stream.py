@@ -877,8 +877,8 @@ class ParallelStream:
     def _release(self) -> None:
         """Drop the events a closed stream holds. A stream sits in reference cycles (its readers
         call back into it, its tasks' frames hold it), and the proxy's collector thresholds make
-        full collections rare (wireproxy.app.tune_gc_for_throughput): left to the collector, a
-        closed stream's retention (up to every bucket budget) stayed allocated."""
+        full collections rare (_columnar.allocator.tune_gc_for_throughput): left to the
+        collector, a closed stream's retention (up to every bucket budget) stayed allocated."""
         for bucket in self.buckets.values():
             bucket.clear()
         self.merge.drop_pending()

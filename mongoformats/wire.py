@@ -495,8 +495,9 @@ class DeferredPiece:
         raise NotImplementedError
 
     def pieces(self, scratch: Any) -> Iterator[bytes | memoryview]:
-        """The piece's bytes, in order, made one part at a time into `scratch` (a writable uint8
-        numpy array the caller reuses): each part must be sent before the next is asked for."""
+        """The piece's bytes, in order, made one part at a time into `scratch` (a writable
+        buffer, such as a bytearray, that the caller reuses): each part must be sent before the
+        next is asked for."""
         raise NotImplementedError
 
     def materialize(self) -> bytes | memoryview:

@@ -195,7 +195,7 @@ def test_a_reply_batch_is_gathered_a_part_at_a_time_into_any_buffer() -> None:
         assert len(body) == len(whole) and whole == bytes(share.own().array_body(first))
         elements = [size + len(str(first + i)) + 2 for i, size in enumerate(share.sizes)]
         for size in (1, 50, 200, 1000, 10_000, len(whole)):
-            parts = [bytes(p) for p in body.pieces(np.empty(size, np.uint8))]
+            parts = [bytes(p) for p in body.pieces(bytearray(size))]  # as the session sends
             assert b"".join(parts) == whole
             # Each part fills the buffer as far as whole elements go; one element too large for
             # it is a part of its own.

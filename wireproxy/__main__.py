@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.add_argument(flag, metavar=_METAVARS[kind], help=f"{f.metadata['help']} (default: {f.default!r})",
                                 type=functools.partial(_flag_value, kind, flag))
     args = parser.parse_args(argv)
-    # Before the settings are checked, which loads the engine: numba's cache choice is logged then.
+    # Before the settings are checked and the engine loads: numba's cache choice is logged then.
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     # The server and its compiled kernels load only now: `--help` and `--version` need neither.
     import trio
 
-    from buckets._columnar.allocator import keep_large_allocations
+    from buckets._columnar.allocator import keep_large_allocations, tune_gc_for_throughput
     from buckets._columnar.batch_splice import warm_up
-    from wireproxy.app import serve_proxy, tune_gc_for_throughput
+    from wireproxy.app import serve_proxy
 
     tune_gc_for_throughput()
     keep_large_allocations()

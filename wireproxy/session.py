@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import bson
-import numpy as np
 import trio
 from bson import Int64
 from bson.errors import InvalidBSON
@@ -186,7 +185,7 @@ class ClientSession:
         # login messages: they name whom the client claims to be, not whom mongos accepted.
         self.user: str | None = None
         self._privileges: list[dict[str, Any]] | None = None  # of `user`, asked with it
-        self._scratch: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # see _send_scratch
+        self._scratch: bytearray | None = None  # see _send_scratch
 
     async def run(self) -> None:
         try:
@@ -270,11 +269,11 @@ class ClientSession:
             data = wire.joined(data)
         await self.stream.send_all(wire.compress(data, compressor) if compressor else data)
 
-    def _send_scratch(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def _send_scratch(self) -> bytearray:
         """The connection's buffer for deferred pieces, made on its first use (most connections
         never send a batch of events)."""
         if self._scratch is None:
-            self._scratch = np.empty(SEND_PART_BYTES, np.uint8)
+            self._scratch = bytearray(SEND_PART_BYTES)
         return self._scratch
 
     def _next_reply_id(self) -> int:

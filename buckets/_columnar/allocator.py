@@ -1,22 +1,19 @@
-"""glibc malloc settings for the processes that handle events as columns (the proxy's and its
-reader processes).
+"""Process-wide memory settings for the processes that handle events as columns (the proxy's
+and its reader processes), applied by their entry points: glibc's malloc, Arrow's memory pool and
+the garbage collector. Figures: benchmarks/README.md, "Process-wide memory settings".
 
-A block of thousands of events has arrays of up to a few MiB (its sort keys alone are 94 bytes an event).
-glibc serves an allocation that large with a fresh mmap and unmaps it on free, so each new array
-faults in page by page: a 4-shard merge of such blocks cost 0.15 us an event, 0.065 with the
-memory kept in the heap (and the splice 0.78 against 0.52 in chunks of 8192).
+A block of thousands of events has arrays of up to a few MiB (its sort keys alone are 94 bytes an
+event). glibc serves an allocation that large with a fresh mmap and unmaps it on free, so each new
+array faults in page by page; kept in the heap, the memory is reused warm.
 
 Arrow's arrays (a block's events, each bucket's share, a reply's joined batch) then go through the
-same malloc: Arrow's default pool here, mimalloc, hands freed pages back to the system after a few
-milliseconds, so every merge's and reply's arrays faulted in afresh. In a catch-up that was 50k to
-150k page faults per million events in the proxy's process and 0.9 to 1.9 CPU-s of it, against
-none and 0.77 s with the system pool.
+same malloc: Arrow's default pool here, mimalloc, hands freed pages back to the system soon after,
+so every merge's and reply's arrays faulted in afresh.
 
 The heap then keeps up to TRIM_THRESHOLD bytes of freed memory for the next arrays instead of
 returning it at once. The proxy's use swings by hundreds of MiB as consumers fall behind and
-catch up (the buckets fill to their budgets and drain); with 64 MiB kept, each swing was handed
-back and faulted in again: 20k to 80k faults per million events and up to 0.4 CPU-s of the main
-process, against none with 512 MiB. RSS never exceeds the process's high-water mark, which the
+catch up (the buckets fill to their budgets and drain); with a smaller threshold each swing was
+handed back and faulted in again. RSS never exceeds the process's high-water mark, which the
 budgets bound; after a burst it may stay up to TRIM_THRESHOLD above what the buckets hold.
 """
 
@@ -24,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 
@@ -72,3 +70,21 @@ def unfilled_bytearray(size: int) -> bytearray:
 _BYTEARRAY_OF_SIZE = ctypes.pythonapi.PyByteArray_FromStringAndSize
 _BYTEARRAY_OF_SIZE.restype = ctypes.py_object
 _BYTEARRAY_OF_SIZE.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def tune_gc_for_throughput() -> None:
+    """Process-wide garbage-collector settings for a proxy process (called by the entry point).
+
+    The engine holds up to its buffer budgets in small, acyclic event objects; with the default
+    thresholds the cyclic collector keeps rescanning them. Freezing what exists at start-up and
+    collecting young objects less often raises a catch-up's throughput (benchmarks/README.md).
+    Memory stays bounded by the byte budgets either way.
+
+    Full collections still come, after ten of the older-generation ones (some minutes of
+    full-speed reading): closed streams and connections leave small reference cycles (tasks,
+    cancel scopes) that only a full collection frees. Buffered events cost them little: the
+    engine keeps them as plain tuples, which the collector stops tracking.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 10)

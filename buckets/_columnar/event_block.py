@@ -114,10 +114,11 @@ class KeyedEvents(DeferredPiece):
     def __len__(self) -> int:
         return self._size
 
-    def pieces(self, scratch: npt.NDArray[np.uint8]) -> Iterator[memoryview]:
+    def pieces(self, scratch: Any) -> Iterator[memoryview]:
         at, n = 0, len(self._rows)
+        buffer = np.frombuffer(scratch, np.uint8)  # a view: the sender's bytearray is written
         while at < n:
-            part = scratch
+            part = buffer
             following, written = self._gather_into(part, at)
             if following == at:  # an event too large for the buffer alone: a part of its own
                 part = np.empty(_element_bytes(self._events.sizes[self._rows[at]], self._first + at), np.uint8)
