@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import bson
-import numpy as np
 import trio
 from bson import Timestamp
 
@@ -42,6 +41,7 @@ from buckets._columnar.event_block import (
     items_bytes,
     last_key,
 )
+from buckets._columnar.sizes import count_reaching, count_within, reply_prefix
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
@@ -269,9 +269,8 @@ class Bucket:
                 break
             if is_block(segment):
                 part = segment.sliced(offset, offset + safe - position)
-                over = self.budget.used - freed - target
-                k = min(int(np.searchsorted(np.cumsum(part.sizes), over)) + 1, len(part))
-                freed += int(part.sizes[:k].sum())
+                k, nbytes = count_reaching(part.sizes, self.budget.used - freed - target)
+                freed += nbytes
                 position += k
             else:
                 freed += len(segment[EV_RAW])
@@ -390,7 +389,7 @@ class Bucket:
         while len(block):
             self._drop_delivered(block.nbytes)
             room = self.budget.room()  # in the budget and in the proxy's memory pool
-            k = int(np.searchsorted(np.cumsum(block.sizes), room, side="right"))
+            k = count_within(block.sizes, room)
             if k == 0:
                 await self.put(block.sliced(0, 1))  # waits (or takes one oversized event alone)
                 k = 1
@@ -670,13 +669,11 @@ class BucketCursor:
             # event to measure (a large one) or the first that does not fit goes through `take`.
             while offset < len(segment):
                 part = segment.sliced(offset, offset + limit - count)
-                costs = part.sizes + BATCH_ELEMENT_OVERHEAD
-                fit = int(np.searchsorted(np.cumsum(costs), BATCH_BYTES_LIMIT - size, side="right"))
-                if (large := np.flatnonzero(costs > MEASURE_ABOVE_BYTES)).size:
-                    fit = min(fit, int(large[0]))
+                fit, cost = reply_prefix(part.sizes, BATCH_BYTES_LIMIT - size, BATCH_ELEMENT_OVERHEAD,
+                                         MEASURE_ABOVE_BYTES)
                 if fit:
                     batch.append(part.sliced(0, fit))
-                    count, size, offset = count + fit, size + int(costs[:fit].sum()), offset + fit
+                    count, size, offset = count + fit, size + cost, offset + fit
                 if fit == len(part) or not take(part.sliced(fit, fit + 1).fields()[0]):
                     break
                 offset += 1
