@@ -8,7 +8,8 @@ is ever inverted except where the format itself inverts negative numbers.
 
 Source (facts only): mongodb/mongo src/mongo/db/storage/key_string.cpp (`CType`,
 `_appendBsonValue`, `_appendInteger`, `TypeBits`), summarized in shared/reference/mongodb-formats.md
-section A.3/A.4. Decimal128 values are keystring_decimal.py's. pymongo decodes the deprecated
+section A.3/A.4. Numbers keyed as doubles and integers are keystring_numbers.py's, Decimal128
+values keystring_decimal.py's. pymongo decodes the deprecated
 Symbol, Undefined and DBPointer types as str, None and DBRef, so keys of those types are encoded
 as the types they decode to.
 """
@@ -26,16 +27,28 @@ import bson
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
+from mongoformats.keystring_decimal import decimal_key, read_decimal, read_decimal_value, read_decimal_zero
+from mongoformats.keystring_numbers import (
+    ALL_ONES,
+    MIN_LARGE_DOUBLE,
+    NUM_NEG_1BYTE,
+    NUM_NEG_LARGE,
+    NUM_NEG_SMALL,
+    NUM_POS_1BYTE,
+    NUM_POS_LARGE,
+    NUM_POS_SMALL,
+    NUM_ZERO,
+    NUMERIC_NAN,
+    double_from_bits,
+    double_key,
+    magnitude_bytes,
+    preshifted_key,
+)
+
 __all__ = ["KeyStringBuilder", "KeyStringReader", "encode_type_bits", "decode_type_bits", "END", "key_of"]
 
-MINKEY, UNDEFINED, NULL, NUMERIC_NAN = 0x0A, 0x0F, 0x14, 0x1E
-NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
-# Doubles outside the integer encodings (V1): |x| < 1, |x| >= 2**63 (and infinities).
-NUM_NEG_LARGE, NUM_NEG_SMALL, NUM_POS_SMALL, NUM_POS_LARGE = 0x1F, 0x28, 0x2A, 0x33
-_MIN_LARGE_DOUBLE = 2.0**63
+MINKEY, UNDEFINED, NULL = 0x0A, 0x0F, 0x14
 _INT64_MIN = -(2**63)
-_TINIEST_WITH_2BIT_DCM = 2.0**-255       # smaller doubles are scaled up by 2**256 first
-_ALL_ONES = (1 << 64) - 1
 STRING, OBJECT, ARRAY, BINDATA, OID = 0x3C, 0x46, 0x50, 0x5A, 0x64
 FALSE, TRUE, DATE, TIMESTAMP, REGEX, CODE, CODE_WITH_SCOPE, MAXKEY = 0x6E, 0x6F, 0x78, 0x82, 0x8C, 0xA0, 0xAA, 0xF0
 END = 0x04
@@ -108,8 +121,6 @@ class KeyStringBuilder:
         self._buf += preshifted_key(abs(value) << 1, value < 0)
 
     def _decimal(self, value: Decimal128) -> None:
-        from mongoformats.keystring_decimal import decimal_key  # (it builds on this module's encoders)
-
         key, bits = decimal_key(value)
         self._buf += key
         self._bits += bits
@@ -269,61 +280,7 @@ def _millis(value: datetime.datetime) -> int:
 
 def _is_integer_double(value: float) -> bool:
     """Doubles the key encodes exactly like integers: whole numbers with magnitude below 2**63."""
-    return math.isfinite(value) and value == int(value) and abs(value) < _MIN_LARGE_DOUBLE
-
-
-def double_key(value: float, dcm: int = 0) -> bytes:
-    """Type byte and body of a number keyed as a double (key_string.cpp, V1
-    `_appendDoubleWithoutTypeBits`): whole numbers below 2**63 take the integer form, others one
-    of the fraction, small and large forms. Negative values store their magnitude's bytes
-    inverted, so the byte order is the numeric order.
-
-    `dcm` is the decimal continuation marker a Decimal128 stores in the spare low bits (0 for a
-    double; keystring_decimal.py): two bits below 2**63, one bit in the tiny and large ranges.
-    With a marker, a whole number takes the fraction form too.
-    """
-    if math.isnan(value):
-        return bytes([NUMERIC_NAN])
-    negative = value < 0
-    magnitude = -value if negative else value
-    if magnitude < 1.0:
-        ctype = NUM_NEG_SMALL if negative else NUM_POS_SMALL
-        if magnitude >= _TINIEST_WITH_2BIT_DCM:
-            encoded = (_double_bits(magnitude) << 2) | dcm            # prefix 0b11 (the exponent's top bits)
-        else:                                                         # prefix 0b01 or 0b10
-            encoded = ((_double_bits(math.ldexp(magnitude, 256)) << 1) | (dcm != 0)) + (1 << 62)
-    elif magnitude < _MIN_LARGE_DOUBLE:
-        integer = int(magnitude)
-        if dcm == 0 and integer == magnitude:
-            return preshifted_key(integer << 1, negative)
-        fraction_bytes = (64 - (integer << 1).bit_length()) // 8
-        ctype = (0x20 + fraction_bytes) if negative else (0x32 - fraction_bytes)
-        # The whole part doubled plus one (the "has a fraction" bit), then the fraction's bytes.
-        encoded = int(math.ldexp(magnitude, 8 * fraction_bytes)) + ((integer + 1) << (8 * fraction_bytes)) | dcm
-    else:
-        ctype = NUM_POS_LARGE if value > 0 else NUM_NEG_LARGE
-        encoded = _ALL_ONES if math.isinf(value) else ((_double_bits(magnitude) << 1) & (_ALL_ONES >> 1)) | (dcm != 0)
-    return bytes([ctype]) + _magnitude_bytes(encoded.to_bytes(8, "big"), negative)
-
-
-def _magnitude_bytes(body: bytes, negative: bool) -> bytes:
-    return bytes(b ^ 0xFF for b in body) if negative else body
-
-
-def preshifted_key(preshifted: int, negative: bool) -> bytes:
-    """A whole number's key from its magnitude doubled, plus 1 if a fraction follows
-    (`_appendPreshiftedIntegerPortion`): a type byte that counts its bytes, then the bytes."""
-    n = (preshifted.bit_length() + 7) // 8
-    ctype = NUM_NEG_1BYTE + 1 - n if negative else NUM_POS_1BYTE - 1 + n
-    return bytes([ctype]) + _magnitude_bytes(preshifted.to_bytes(n, "big"), negative)
-
-
-def _double_bits(value: float) -> int:
-    return int.from_bytes(struct.pack(">d", value), "big")
-
-
-def _double_from_bits(bits: int) -> float:
-    return float(struct.unpack(">d", bits.to_bytes(8, "big"))[0])
+    return math.isfinite(value) and value == int(value) and abs(value) < MIN_LARGE_DOUBLE
 
 
 # The body of Int64(-2**63)'s key: the double -2**63's (see `_append_body`).
@@ -515,34 +472,32 @@ class KeyStringReader:
         negative = ctype in (NUM_NEG_LARGE, NUM_NEG_SMALL)
         encoded = self._magnitude(8, negative)
         large = ctype in (NUM_NEG_LARGE, NUM_POS_LARGE)
-        if large and encoded == _ALL_ONES:
+        if large and encoded == ALL_ONES:
             if kind == _TB_DOUBLE:
                 return -math.inf if negative else math.inf
             return Decimal128("-Infinity" if negative else "Infinity")
         if kind == _TB_DECIMAL:
-            from mongoformats.keystring_decimal import read_decimal  # (it builds on this module)
 
             return read_decimal(large, encoded, negative, lambda: self._magnitude(8, negative),
                                 self._decimal_exponent_bits())
         if large:
             # The shift dropped the exponent's top bit, which every double >= 2**63 has set.
-            magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
+            magnitude = double_from_bits((encoded >> 1) | (1 << 62))
         elif encoded >> 62 == 0b11:
-            magnitude = _double_from_bits(encoded >> 2)
+            magnitude = double_from_bits(encoded >> 2)
         else:
-            magnitude = math.ldexp(_double_from_bits((encoded - (1 << 62)) >> 1), -256)
+            magnitude = math.ldexp(double_from_bits((encoded - (1 << 62)) >> 1), -256)
         return -magnitude if negative else magnitude
 
     def _magnitude(self, n: int, negative: bool) -> int:
         """The next `n` bytes as an unsigned big-endian number (stored inverted if negative)."""
-        return int.from_bytes(_magnitude_bytes(self._take(n), negative), "big")
+        return int.from_bytes(magnitude_bytes(self._take(n), negative), "big")
 
     def _decimal_exponent_bits(self) -> int:
         """The low 6 bits of a decimal's biased exponent, which follow its type bits `11`."""
         return self._next_bits(6)
 
     def _decimal(self, magnitude: Decimal, dcm: int, negative: bool) -> Decimal128:
-        from mongoformats.keystring_decimal import read_decimal_value  # (it builds on this module)
 
         continuation = self._magnitude(8, negative) if dcm in (1, 3) else None
         return read_decimal_value(magnitude, dcm, continuation, negative, self._decimal_exponent_bits())
@@ -591,6 +546,5 @@ class KeyStringReader:
 
     def _decimal_zero(self, prefix_tail: int) -> Decimal128:
         """A decimal zero: 0b11 and these 3 bits, then 12 more bits, name its exponent and sign."""
-        from mongoformats.keystring_decimal import read_decimal_zero  # (it builds on this module)
 
         return read_decimal_zero(0b11000 | prefix_tail, self._next_bits(12))

@@ -34,7 +34,7 @@ from decimal import ROUND_CEILING, ROUND_DOWN, Context, Decimal
 
 from bson.decimal128 import Decimal128
 
-from mongoformats.keystring import (
+from mongoformats.keystring_numbers import (
     NUM_NEG_LARGE,
     NUM_NEG_SMALL,
     NUM_POS_LARGE,

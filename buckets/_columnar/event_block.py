@@ -33,6 +33,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from buckets._columnar.byte_kernels import Index, U, copy_from, prefetch
+from mongoformats.change_events import EV_RAW
 from mongoformats.wire import ArrayRun, DeferredPiece
 
 __all__ = ["EventBlock", "KeyedEvents", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
@@ -560,7 +561,7 @@ def count_events(items: Sequence[Any]) -> int:
 
 def items_bytes(items: Sequence[Any]) -> int:
     """The events' BSON bytes in a list of items (what their budgets are charged)."""
-    return sum(i.nbytes if type(i) is EventBlock else len(i[_EV_RAW]) for i in items)
+    return sum(i.nbytes if type(i) is EventBlock else len(i[EV_RAW]) for i in items)
 
 
 def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -583,5 +584,3 @@ def first_key(item: Any) -> bytes:
 def last_key(item: Any) -> bytes:
     return item.last_key if type(item) is EventBlock else item[0]
 
-
-_EV_RAW = 5  # EventFields' bytes (mongoformats.change_events.EV_RAW, which imports this module)
