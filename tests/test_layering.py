@@ -69,3 +69,82 @@ def test_the_reference_transform_evaluates_nothing_with_the_engines_modules():
             assert not module.startswith(("buckets", "wireproxy")), f"simcluster/{path.name} imports {module}"
     assert sorted(p.name for p in (ROOT / "simcluster").glob("reference_*.py")) == ["reference_diff.py",
                                                                                       "reference_events.py"]
+
+
+# -- the speed-code fence ---------------------------------------------------------------------------
+# numpy, numba, llvmlite, pyarrow and ctypes, and process-wide allocator and collector settings,
+# live in one sub-package whose code is tested byte for byte against the plain implementation.
+FENCE = ROOT / "buckets" / "_columnar"
+SPEED_MODULES = {"numpy", "numba", "llvmlite", "pyarrow", "ctypes"}
+# Process-wide tuning: glibc's malloc, Arrow's memory pool, the garbage collector's thresholds.
+TUNING_CALLS = {"mallopt", "set_memory_pool", "freeze", "set_threshold", "disable"}
+# The Spark source and sink exchange rows with Spark as Arrow record batches (Spark's own
+# interface for Python data sources), not as a speed trick.
+ALLOWED_OUTSIDE = {("bucketspark", "pyarrow")}
+
+
+def _code_outside_the_fence() -> list[pathlib.Path]:
+    """Every module of the project's packages and tools, but the fence, tests and benchmarks."""
+    return [path for path in sorted(ROOT.glob("*/**/*.py"))
+            if path.relative_to(ROOT).parts[0] not in {"tests", "benchmarks", ".venv"}
+            and FENCE not in path.parents]
+
+
+def test_speed_libraries_and_process_tuning_live_only_in_the_columnar_fence():
+    assert (FENCE / "__init__.py").exists()
+    found: list[str] = []
+    for path in _code_outside_the_fence():
+        package = path.relative_to(ROOT).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports too
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+                if node.module == "gc":  # `from gc import freeze`
+                    found += [f"{where} imports gc.{a.name}" for a in node.names if a.name in TUNING_CALLS]
+            elif isinstance(node, ast.Attribute) and node.attr in TUNING_CALLS:
+                # `gc.freeze()`, `libc.mallopt(...)`, `pa.set_memory_pool(...)`; not `frozenset.freeze`.
+                is_gc = isinstance(node.value, ast.Name) and node.value.id == "gc"
+                if is_gc or node.attr in {"mallopt", "set_memory_pool"}:
+                    found.append(f"{where} calls {node.attr}")
+            found += [f"{where} imports {name}" for name in names
+                      if name.split(".")[0] in SPEED_MODULES and (package, name.split(".")[0]) not in ALLOWED_OUTSIDE]
+    assert found == []
+
+
+def test_importing_every_mongoformats_module_loads_no_speed_library_and_no_trio():
+    """A fresh interpreter: what `import mongoformats.x` drags in, through any import chain."""
+    modules = sorted(f"mongoformats.{p.stem}" for p in (ROOT / "mongoformats").glob("*.py") if p.stem != "__init__")
+    assert "mongoformats.wire" in modules and "mongoformats.oplog_splice" in modules
+    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+            "print(sorted(m for m in ('numpy', 'numba', 'llvmlite', 'pyarrow', 'trio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def _mongoformats_graph() -> dict[str, set[str]]:
+    """Which mongoformats modules each one imports, anywhere in it (functions, TYPE_CHECKING)."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "mongoformats").glob("*.py"):
+        name = f"mongoformats.{path.stem}"
+        graph[name] = {module for module, _ in _imports(path)
+                       if module.startswith("mongoformats.") and module != name}
+    return graph
+
+
+def test_mongoformats_modules_import_each_other_without_cycles():
+    graph = _mongoformats_graph()
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join([*path[path.index(module):], module])}"
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
