@@ -153,8 +153,8 @@ class MergedQueue:
 def _merge_mixed(items: list[Any]) -> list[Any]:
     """Blocks and single events (in shard order, each shard's in token order) in token order:
     the blocks merged as columns, the singles sorted, and the merged block cut where each single
-    goes. Turning every block into per-event tuples instead cost ~1 us an event, so one
-    transaction's event (a single) in a release made the whole release ten times dearer. Equal
+    goes. Turning every block into per-event tuples instead would make one transaction's event
+    (a single) in a release cost as much as the whole release as tuples. Equal
     keys between a block's event and a single (no two shards write one, in practice) take the
     exact path: everything as tuples, one stable sort, which keeps shard order."""
     singles = sorted((i for i in items if not is_block(i)), key=EVENT_SORT_KEY)  # stable: shard order

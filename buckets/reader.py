@@ -48,18 +48,14 @@ _SECONDARY_OK = {"mode": "secondaryPreferred"}
 URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
 MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
-# Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB (~50k
-# entries) unasked; read in batches, each shard's member serves the next batch while this one is
-# spliced, and other connections are served between batches (a batch of 16384 is ~8 MiB and
-# ~8 ms of splicing). Each batch costs the proxy a fixed share of Python and numpy calls (the
-# splice's templates, the reader's delivery, the merge and the deal: ~1 ms), so fewer batches
-# cost less; but a stream's first events wait for every shard's first batch, so the find asks
-# for a small one (FIRST_BATCH_ENTRIES; the getMores then stream the large ones, as a raw read
-# with the server's default first batch does). A/B in a 4-shard catch-up of 1M inserts,
-# readerProcesses 0, the proxy's CPU-s and the share of the raw read (medians of 5, two runs):
-# 4096 both 0.81 CPU-s; 8192 both 0.71-0.91, 0.57-0.64; a first batch of 1024, then 8192
-# 0.72-0.78, 0.63-0.65; then 16384: 0.66-0.69, 0.67 (16384 both: 0.60 CPU-s, but its first
-# events came later and it delivered no more events a second than 8192).
+# Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB of
+# entries unasked; read in batches, each shard's member serves the next batch while this one is
+# spliced, and other connections are served between batches. Each batch costs the proxy a fixed
+# share of Python and numpy calls (the splice's templates, the reader's delivery, the merge and
+# the deal), so fewer batches cost less; but a stream's first events wait for every shard's first
+# batch, so the find asks for a small one (FIRST_BATCH_ENTRIES; the getMores then stream the
+# large ones, as a raw read with the server's default first batch does). The sizes were chosen
+# by A/B runs (benchmarks/README.md, "Figures behind constants and designs").
 BATCH_ENTRIES = 16384
 FIRST_BATCH_ENTRIES = 1024
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}

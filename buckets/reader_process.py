@@ -7,7 +7,7 @@ merging, dealing and serving consumers, and never touches an oplog reply.
 
 The processes are a pool of the engine's (ReaderPool), started when a stream first asks for
 them and kept: streams share them, so opening a stream, or an accelerated watch() on a proxy
-with reader processes, does not wait for interpreters to start (~0.5 s each). A process that
+with reader processes, does not wait for interpreters to start. A process that
 dies fails the streams reading through it (they resume from their tokens); the next stream
 that asks gets a new one in its place. One that reads nothing for the engine's stream teardown
 time is stopped.
@@ -87,8 +87,8 @@ def encode_message(message: Any) -> tuple[int, list[Any]]:
     matters.
 
     Why out of band: a block's columns (hundreds of KB) copied into the pickle cost a fresh
-    reply-sized allocation that faults in page by page, 0.2 us an event; sent as they are, the
-    socket copies them once. Layout of a pickle's body: the count of buffers and each one's size
+    reply-sized allocation that faults in page by page; sent as they are, the socket copies
+    them once. Layout of a pickle's body: the count of buffers and each one's size
     (u32, then u64 each), the pickle, the buffers.
     """
     try:
@@ -448,9 +448,9 @@ async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None,
 def serve_readers(path: str) -> None:
     """Entry point of a reader process (run by trio_parallel): connect back, run tails until closed."""
     keep_large_allocations()
-    # The splice's compiled loops, loaded (~0.3 s; compiled on a cold cache) before connecting
-    # back: loaded on the first batches instead, they held a new stream's first events back by
-    # up to 300 ms (bench_latency's first readerProcesses workload showed it as its p99).
+    # The splice's compiled loops, loaded (compiled on a cold cache) before connecting back:
+    # loaded on the first batches instead, they hold a new stream's first events back (the p99
+    # of bench_latency's first readerProcesses workload).
     warm_up()
     trio.run(_serve, path)
 

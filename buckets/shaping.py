@@ -1,8 +1,8 @@
 """A watch()'s stages applied to a batch of events, spread over worker processes.
 
 Stages other than a plain $match (Debezium's $replaceRoot pipeline, projections, a $match on a
-looked-up document) decode, evaluate and re-encode every event: ~13 us an event in Python, so one
-process shapes ~75k events/s at most, less than it reads. With `readerProcesses: k` a getMore's
+looked-up document) decode, evaluate and re-encode every event in Python, so one process shapes
+fewer events a second than it reads. With `readerProcesses: k` a getMore's
 batch is cut into up to k runs of events, each shaped by a process of trio_parallel's, while the
 proxy process goes on merging and serving. Small batches are shaped in place: sending a run to
 another process and back costs about as much as shaping a few hundred events.
@@ -40,7 +40,7 @@ class Shaper:
 
     async def warm_up(self) -> None:
         """Start the worker processes while the stream opens, so that the first getMore that
-        needs them does not wait for interpreters to start and import the stages (~0.5 s)."""
+        needs them does not wait for interpreters to start and import the stages."""
         if not self.processes or not self.stages:
             return
         try:

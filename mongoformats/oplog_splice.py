@@ -1,7 +1,7 @@
 """The hot path of the oplog -> change event transform: plain CRUD entries, spliced as bytes.
 
-Why: inflating each entry (even lazily, with RawBSONDocument) and re-encoding the event costs
-~60 µs per event in Python, a ceiling of ~16k events/s per core. Nearly every entry of a busy
+Why: inflating each entry (even lazily, with RawBSONDocument) and re-encoding the event is the
+slowest way through Python, and caps what a core can transform. Nearly every entry of a busy
 oplog is a single insert, update or delete, and its event is mostly the entry's own bytes in a
 different order: `o` becomes fullDocument, `o2` documentKey, `ts` clusterTime, `wall` wallTime.
 So this module walks the entry's top-level elements once, copies those value slices into the
@@ -128,8 +128,7 @@ def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
     """A BSON array of the given encoded documents as (its size, the pieces after its length).
 
     Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
-    bytes object costs an allocation of that size, and such fresh memory faults in page by page:
-    a 400 KB reply built with three `+` took 1.3 us an event, joined once 0.1 us.
+    bytes object costs an allocation of that size, and such fresh memory faults in page by page.
     """
     if any(isinstance(item, ArrayRun) for item in items):
         return _array_parts_with_blocks(items)
@@ -172,9 +171,9 @@ class SplicedDocument(Mapping[str, Any]):
     """A BSON document held as the pieces it was spliced from, joined only if its bytes are asked for.
 
     Why: a reply's cursor may hold megabytes of events (a shard's oplog batch, a consumer that
-    fell behind). Joined here and then again into the wire message, each event was copied twice
-    into fresh reply-sized memory, which faults in page by page: ~0.4 us an event for a reply of
-    20k events. `document_parts` embeds the pieces as they are, so the message is the one join.
+    fell behind). Joined here and then again into the wire message, each event would be copied
+    twice into fresh reply-sized memory, which faults in page by page. `document_parts` embeds
+    the pieces as they are, so the message is the one join.
     Elsewhere it reads like a RawBSONDocument: `raw`, a read-only mapping, and bson.encode takes
     it by its type marker.
     """
@@ -420,8 +419,8 @@ def _fixed_head(head: bytes) -> tuple[_Head | tuple[()] | None, int]:
     element would end: `{op, ns, ui?, ...`; (None, 0) if they do not start so.
 
     Memoized: the op, ns and ui of a busy oplog's entries repeat (a few codes times the
-    collections written), and one lookup of these bytes costs a quarter of reading them
-    (0.18 against 0.7 us, measured). Its value is a function of these bytes alone, whatever
+    collections written), and one lookup of these bytes costs a fraction of reading them. Its
+    value is a function of these bytes alone, whatever
     follows in the entry. An entry without ui puts part of its `o` into the key, and so misses,
     bounded by the cache's size; servers since 3.6 give every CRUD entry a ui.
     """

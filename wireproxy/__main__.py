@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             server = await nursery.start(serve_proxy, config)
-            # The batch splice's compiled kernels, loaded (or compiled, ~5 s on a cold cache) in a
+            # The batch splice's compiled kernels, loaded (or compiled, on a cold cache) in a
             # thread while the proxy already serves: ready before the first stream needs them. A
             # shutdown does not wait for it.
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, warm_up, abandon_on_cancel=True))

@@ -31,10 +31,8 @@ log = logging.getLogger("wireproxy")
 
 # The kernel's send buffer asked for each client connection (it grants up to net.core.wmem_max,
 # doubled). Why not the kernel's own sizing: a connection starts at 16 KiB and grows only as
-# data flows, so a bucket's reply of megabytes went out in dozens of partial writes, each
-# waiting for the proxy's loop to come back to it between other work; the first reply of a
-# catch-up reached its consumer ~40 ms after it was made, against ~15 ms. A 1M-event catch-up
-# ran 5% to 19% faster in three A/B runs of 6 to 8 each (this machine's speed varies a lot).
+# data flows, so a bucket's reply of megabytes goes out in dozens of partial writes, each
+# waiting for the proxy's loop to come back to it between other work (benchmarks/README.md).
 # Memory is only used for bytes actually queued, which the replies' own sizes bound.
 CLIENT_SEND_BUFFER_BYTES = 4 << 20
 

@@ -127,13 +127,9 @@ class FrameBudget:
 # Pieces one scatter-gather write takes at most (Linux's IOV_MAX is 1024); a message of more
 # (a reply of many small events, each its own piece) is joined instead.
 _MAX_PIECES = 512
-# The buffer a reply's deferred batch is gathered into, a part at a time (wire.DeferredPiece).
-# Micro-benchmark of a sender gathering 30k events of ~540 bytes from 4 blocks into loopback TCP,
-# CPU an event: the whole batch at once ~310 ns; parts of 256 KiB ~265, 512 KiB ~250, 1 MiB ~260,
-# 4 MiB ~260 (each part is still in the cache when the kernel copies it out). In a 4-shard catch-up
-# of 1M inserts (readerProcesses 0, 6 runs taking turns), proxy/raw was 0.76 / 0.83 / 0.85 with
-# parts of 256 KiB / 512 KiB / 1 MiB (512 KiB and 1 MiB within the machine's noise); in another
-# run, 0.81 with parts of 512 KiB against 0.72 with whole batches.
+# The buffer a reply's deferred batch is gathered into, a part at a time (wire.DeferredPiece):
+# small enough that each part is still in the CPU's cache when the kernel copies it out, large
+# enough that the sends stay few (the sizes compared: benchmarks/README.md).
 SEND_PART_BYTES = 512 << 10
 
 

@@ -1,19 +1,18 @@
 """A batch of oplog entries spliced into events at once: plain inserts, updates and deletes in
 compiled loops (numba, buckets/_columnar/byte_kernels.py), the rest one by one.
 
-Why: `splice_crud` costs ~2.5 us an insert in Python, and each of its ~30 lines costs 0.1-0.7
-us; no line stands out, so no per-entry rewrite in Python gets much below it. But the inserts
+Why: `splice_crud`'s cost in Python is spread over its lines, none standing out, so no
+per-entry rewrite in Python gets much below it. But the inserts
 (and deletes, and the usual updates) of a backlog are alike: the same element order, the same
 constant bytes, differing only in a few values (ts, the _id's ObjectId, wall, the document) and
 in lengths. So a compiled loop reads each entry's elements where they must lie (`_layout`), the
 entries are grouped by what their op, ns and ui make of them (their kind: a batch holds a
 handful), Python makes each kind's templates once (the event's constant bytes), and a second
 loop writes every event into one buffer, its own values (token, clusterTime, wallTime, document,
-updatedFields) into its kind's template (`_assemble`). Walked and spliced this way, a batch of
-4096 inserts costs 0.28 us an entry, against 1.4 with numpy array operations over the batch
-(each a pass over it, a few dozen of them), measured side by side. An update's updatedFields
+updatedFields) into its kind's template (`_assemble`): two passes over the batch, where numpy
+array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
 is, for the usual diff (`{u: {...}}` alone), the diff's `u` document, copied as an insert's
-document is; other diffs are made one by one by `update_description` (~3.4 us) and copied in.
+document is; other diffs are made one by one by `update_description` and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
 (drivers give every document one; a TTL index's deletes have it), in the field order a server
@@ -451,7 +450,7 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
         return block
     # The block's runs of consecutive entries, found as arrays: a batch that starts a stream (its
     # first entries DDL or noops) or holds a few notes is mostly one run, and walking its thousands
-    # of entries in Python (each one's bytes cut out) cost ~6 ms a batch, 4x the splice's own time.
+    # of entries in Python (each one's bytes cut out) would cost more than the splice itself.
     ends = np.append(np.flatnonzero(np.diff(taken) != 1) + 1, len(taken)).tolist()
     items: list[Any] = []
     where = taken.tolist()
@@ -474,9 +473,8 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
 
 def warm_up() -> None:
     """Compile the walk's, the splice's and the blocks' kernels now, or load them from numba's
-    cache (~0.3 s): a process that starts serving pays it before its first batch, not inside it
-    (~5 s on a machine whose cache is cold, once), and its reader processes then find the cache
-    made."""
+    cache: a process that starts serving pays it before its first batch, not inside it (compiling
+    on a cold cache takes seconds, once), and its reader processes then find the cache made."""
     ui = bson.Binary(bytes(16), 4)
     oid = bson.ObjectId(bytes(12))
     stamps = {"ts": bson.Timestamp(1, 1), "t": bson.Int64(1), "v": bson.Int64(2),

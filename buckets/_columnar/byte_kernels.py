@@ -1,18 +1,18 @@
 """Compiled loops over BSON bytes (numba): the building blocks of the oplog walk and the batch
 splice, which read every entry of a backlog.
 
-Why compiled loops: reading an entry's elements one by one in Python costs ~2.5 us an entry, and
-doing it for a whole batch with numpy array operations ~1 us (each operation a pass over the
-batch, and a few dozen of them). A loop compiled by numba reads an entry's elements where they
-lie and writes its event in one pass, at tens of nanoseconds an entry. The loops stay Python
-source (one definition, read and tested as such); numba compiles them on first use and caches
-the machine code (buckets/_columnar/numba_cache.py says where), so a process pays ~1 s once, not
-every start.
+Why compiled loops: reading an entry's elements one by one in Python, or for a whole batch with
+numpy array operations (each operation a pass over the batch, and a few dozen of them), costs
+far more than a loop compiled by numba, which reads an entry's elements where they lie and
+writes its event in one pass (benchmarks/README.md). The loops stay Python source (one
+definition, read and tested as such); numba compiles them on first use and caches the machine
+code (buckets/_columnar/numba_cache.py says where), so a process compiles them once,
+not at every start.
 
 The loops index arrays with unsigned integers (np.uintp) only: numba checks a signed index for a
-negative one (Python's from-the-end) on every access, which costs ~1 ns a byte and keeps a copy
-loop from compiling to vector moves (~0.05 ns a byte). Positions are computed as signed integers
-and checked to lie in the array before they index it. Arrays are read-only where they can be:
+negative one (Python's from-the-end) on every access, which keeps a copy loop from compiling to
+vector moves. Positions are computed as signed integers and checked to lie in the array before
+they index it. Arrays are read-only where they can be:
 numba then knows a read and a write cannot alias.
 """
 
@@ -95,7 +95,8 @@ def u64(d: Bytes, at: Index) -> np.uint64:
 
 @numba.njit(cache=CACHE)
 def copy(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
-    """dst[at:at + n] = src[start:start + n]. (A loop: numba's slice assignment costs ~70 ns.)"""
+    """dst[at:at + n] = src[start:start + n]. (A loop: numba's slice assignment costs more for
+    the short copies made here.)"""
     to, start_at = U(at), U(start)
     for j in range(U(n)):
         dst[to + j] = src[start_at + j]

@@ -1,15 +1,15 @@
 """A run of spliced change events held as columns: the block a batch of oplog entries becomes.
 
-Why columns: an event that is a Python tuple of a key, its bytes and its names costs ~6 objects
-to make, marshal to the proxy process, unmarshal, file into a bucket and free again; at ~0.1 us
-an object, that was most of the proxy's ~3.3 us an event in a catch-up, far more than the
-splice's array work. A block holds a batch's events as one Arrow binary column (their bytes, back
-to back) beside their sort keys (one numpy row each) and the index of each one's kind (its
-operationType and namespace, shared by many). Merging, dealing into buckets and building a
-getMore reply are then whole-column operations in compiled code (numpy's sort, the gather and
-keying loops below): no per-event object is made until a consumer that needs one (a $match, a
-lookup, a stage) asks for `fields()`. A bucket's share of a merge is not copied out either: it
-points into the shards' blocks, and its reply gathers and keys its events in one pass.
+Why columns: an event that is a Python tuple of a key, its bytes and its names costs several
+objects to make, marshal to the proxy process, unmarshal, file into a bucket and free again, far
+more than the splice's array work. A block holds a batch's events as one Arrow binary column
+(their bytes, back to back) beside their sort keys (one numpy row each) and the index of each
+one's kind (its operationType and namespace, shared by many). Merging, dealing into buckets
+and building a getMore reply are then whole-column operations in compiled code (numpy's sort,
+the gather and keying loops below): no per-event object is made until a consumer that needs one
+(a $match, a lookup, a stage) asks for `fields()`. A bucket's share of a merge is not copied
+out either: it points into the shards' blocks, and its reply gathers and keys its events in one
+pass.
 
 What a block can hold: events whose sort keys all have one width (batch_splice's inserts,
 updates and deletes with an ObjectId _id), each of one namespace, no type bits and no shard tag.
@@ -282,8 +282,7 @@ class EventBlock(ArrayRun):
         """The events at `indices`, in that order, as a merge's block: their addresses in the
         blocks they lie in, nothing copied (a block of its own columns is read as the merge of
         one). The bytes are gathered once, by the reply that keys them (`array_body`): gathering
-        them here, into each bucket's share, cost a pass over every event's bytes (~0.1 s a
-        million events on this machine, a tenth of the proxy's CPU in a catch-up)."""
+        them here, into each bucket's share, would cost one more pass over every event's bytes."""
         unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
         assert unsorted is not None
         return EventBlock(None, None, self.kinds[indices], self.kind_table,
@@ -316,9 +315,9 @@ class EventBlock(ArrayRun):
         """The events of several blocks (each in token order) in token order; equal keys keep
         the blocks' order (Python's order of bytes: numpy's and the merge loop's alike). The
         blocks fall into sorted runs (a shard's batches follow one another), and the runs are
-        merged in one compiled pass (`_merge_runs`): a stable sort of the keys as byte strings
-        cost ~23 ns an event in a release of 4 shards' 16384-entry batches, the pass ~4. The
-        events are not joined: each reply gathers its own in that order as it keys them."""
+        merged in one compiled pass (`_merge_runs`), a fraction of what a stable sort of the
+        keys as byte strings costs (benchmarks/README.md). The events are not joined: each
+        reply gathers its own in that order as it keys them."""
         if len(blocks) == 1:
             return blocks[0]
         table: dict[Kind, int] = {}
@@ -351,8 +350,7 @@ class EventBlock(ArrayRun):
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         """Pickled as its columns' buffers: with protocol 5 and a buffer_callback (the reader
         processes' messages) they travel out of band, not copied into the pickle. A large bytes
-        object in a pickle costs its copy into fresh memory, which faults in page by page: 0.2 us
-        an event, as much as the splice's array work."""
+        object in a pickle costs its copy into fresh memory, which faults in page by page."""
         offsets = self._offsets()
         values = self.events.buffers()[2]
         body = (values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if values is not None
@@ -506,9 +504,8 @@ def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uin
     bytes), written from out[0] on for as long as they fit: (the next row's index, the bytes
     written). A bucket's share reads every few events of each shard's block, a stride the CPU's
     own prefetch does not follow, so the loop asks for the event PREFETCH_AHEAD rows on as it
-    copies this one (a reply's gather went from ~110 to ~70 ns an event in a merge-deal-reply
-    loop over 4 shards' blocks). (Arrow's element-wise join of a column of keys and the events
-    cost twice as much as one loop.)"""
+    copies this one. (One loop, not Arrow's element-wise join of a column of keys and the
+    events, which costs more: benchmarks/README.md.)"""
     n = len(rows)
     if start < 0:
         raise IndexError("start out of range")

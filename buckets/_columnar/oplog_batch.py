@@ -1,11 +1,10 @@
 """An oplog cursor reply's entries as offsets into the reply, not as bytes objects of their own.
 
-Why: slicing each entry out of a getMore reply (up to 16 MB, ~50k entries) cost a reader 0.37 us
-an entry, a tenth of all the proxy does with it, and the batch splice then joined the slices back
-into one buffer to read them. Here the reply is walked once for its entries' offsets, in a
-compiled loop (~0.01 us an entry; 0.13 in Python), and kept whole; the splice reads it in place,
-and an entry is sliced out only when something needs its own bytes (the one-by-one transform,
-the last entry's ts).
+Why: slicing each entry out of a getMore reply (up to 16 MB of entries) is a large share of what
+a reader does with it, and the batch splice then joined the slices back into one buffer to read
+them. Here the reply is walked once for its entries' offsets, in a compiled loop, and kept
+whole; the splice reads it in place, and an entry is sliced out only when something needs its
+own bytes (the one-by-one transform, the last entry's ts).
 
 The walk checks what BSON asks of every array: each element's header is the type (document
 here) and its index as its key, "0", "1", ...; a batch laid out otherwise raises ValueError.
