@@ -481,7 +481,7 @@ class MessageFramer:
 
 class DeferredPiece:
     """A piece of a message whose bytes are made as it is sent: a getMore reply's batch of
-    events, gathered from the blocks they lie in (buckets._columnar.event_block.KeyedEvents).
+    events, gathered from the blocks they lie in (the engine's columnar event blocks).
 
     Why: a batch of megabytes gathered whole is written to memory once and read back by the
     socket's copy, past every cache; gathered a few hundred KB at a time into a buffer the

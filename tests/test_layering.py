@@ -148,3 +148,16 @@ def test_mongoformats_modules_import_each_other_without_cycles():
 
     for module in sorted(graph):
         visit(module, [])
+
+
+# What mongoformats may import besides the standard library: pymongo's bson (and its saslprep),
+# the wire compressors' and checksum's libraries, and re2 (a query's $regex in linear time).
+FORMATS_THIRD_PARTY = {"bson", "pymongo", "zstandard", "cramjam", "crc32c", "re2"}
+
+
+def test_mongoformats_imports_only_the_standard_library_bson_and_the_compressors():
+    for path in (ROOT / "mongoformats").glob("*.py"):
+        for module, _ in _imports(path):
+            top = module.split(".")[0]
+            assert top in sys.stdlib_module_names | FORMATS_THIRD_PARTY | {"mongoformats"}, \
+                f"mongoformats/{path.name} imports {module}"
