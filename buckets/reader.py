@@ -48,6 +48,11 @@ _SECONDARY_OK = {"mode": "secondaryPreferred"}
 # follow demand (one written and not yet read back at a time), not a timer.
 URGENT_NOTE_S = 0.02
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
+# Notes on one shard at most this often. One note lets every waiting event go when the shard's
+# clock has passed their cluster time; a shard whose clock lags theirs (clocks move on by
+# gossip, src/mongo/db/vector_clock.h) writes its note below them, and the next one only one
+# increment higher, until its clock's second catches up: this caps what that costs.
+NOTE_SPACING_S = 0.005
 # A note written and not read back this long is given up on (lost in a failover, or its entry
 # sorts below the events that wait): another may be written.
 NOTE_PATIENCE_S = 0.5
@@ -476,11 +481,11 @@ class ShardReader:
         waiting on this shard, and a note is written unless one written is still to be read back.
         The tail's next delivery holds that note, and the merge says once more whether events
         still wait (those that came after the note was written). So an event waits for at most
-        two notes' round trips, and a shard gets at most one note per round trip, only while
-        events wait on it. A tail that is reading moves its mark by itself: it counts as idle
-        once its last reply was short of a full batch, or its getMore has waited PARKED_S, so a
-        catch-up writes no notes. Nothing here polls: the waits end on nudges, the tail's
-        parking and deliveries, or one timer."""
+        two notes' round trips, and a shard gets at most one note per round trip (and per
+        NOTE_SPACING_S), only while events wait on it. A tail that is reading moves its mark
+        by itself: it counts as idle once its last reply was short of a full batch, or its
+        getMore has waited PARKED_S, so a catch-up writes no notes. Nothing here polls: the
+        waits end on nudges, the tail's parking and deliveries, or one timer."""
         while True:
             await self._nudged.wait()
             self._nudged = trio.Event()
@@ -491,6 +496,8 @@ class ShardReader:
                     await self._read_on.wait()
                 if self._note_sent is None:
                     continue  # read back: the merge nudges again if events still wait
+            if (wait := self._last_noop + NOTE_SPACING_S - trio.current_time()) > 0:
+                await trio.sleep(wait)
             if not await self._write_note() and not self.stats.noop_unavailable:
                 await trio.sleep(URGENT_NOTE_S)  # the primary was not reached: try again soon
                 self._nudged.set()

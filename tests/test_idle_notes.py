@@ -19,7 +19,7 @@ import trio.testing
 from bson import Timestamp
 
 from buckets.budget import ByteBudget
-from buckets.reader import BATCH_ENTRIES, NOTE_PATIENCE_S, URGENT_NOTE_S, OplogTail, ShardReader
+from buckets.reader import BATCH_ENTRIES, NOTE_PATIENCE_S, NOTE_SPACING_S, URGENT_NOTE_S, OplogTail, ShardReader
 from buckets.topology import Topology, TopologyWatcher
 from mongoformats.change_events import OplogTransformer
 
@@ -92,8 +92,8 @@ async def _nudge(reader: ShardReader) -> None:
 async def test_an_idle_shard_gets_one_note_per_round_trip_while_events_wait(mock_clock: Any) -> None:
     """A nudge writes a note at once; more nudges write none until the tail has read again (the
     note written covers the events that were waiting then); after that read, a nudge (events
-    still wait: they came after the note) writes the next note at once, without waiting for a
-    timer (the clock does not move here)."""
+    still wait: they came after the note) writes the next note as soon as NOTE_SPACING_S has
+    passed (the clock moves only by that here)."""
     async with trio.open_nursery() as nursery:
         reader, tail, primary, waits = await _reader(nursery)
         await tail.read(1)  # a short reply: the tail has read the shard's oplog to its end
@@ -104,6 +104,9 @@ async def test_an_idle_shard_gets_one_note_per_round_trip_while_events_wait(mock
         assert primary.notes == 1
         await tail.read(1)  # the note
         await _nudge(reader)
+        assert primary.notes == 1  # not before NOTE_SPACING_S
+        mock_clock.jump(NOTE_SPACING_S)
+        await trio.testing.wait_all_tasks_blocked()
         assert primary.notes == 2
         await tail.read(1)
         waits["events"] = False  # that note let every waiting event go: no more notes
