@@ -14,6 +14,10 @@ cluster:
   writes its own noop when a shard holds events back.
 Cluster, proxy and this process (writer and consumers) are separate processes. Writes JSON and a
 PNG to benchmarks/results/.
+
+With --baseline-tree DIR (a checkout of another commit, `git worktree add DIR COMMIT`), that
+tree's proxy is measured too, as "baseline", taking turns with this one. --modes and
+--workloads pick what runs (default: all).
 """
 
 from __future__ import annotations
@@ -107,16 +111,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=int, default=500, help="inserts per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="writing time per measurement")
+    parser.add_argument("--baseline-tree", default=None,
+                        help="another checkout whose proxy is measured too, as 'baseline' (and 'baseline rp1')")
+    parser.add_argument("--modes", default=None,
+                        help="comma-separated: native, proxy, proxy rp1, baseline, baseline rp1 (default: all)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: spread, one hot shard")
     add_out_option(parser)
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=4, periodic_noop_s=10.0)
     # Streams are closed a second after their consumers leave (not the default 5 minutes): each
     # kept reading its shards (and writing notes) beside the measurements that followed.
     proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
+    baseline = (ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1", tree=args.baseline_tree)
+                if args.baseline_tree else None)
     results: dict[str, dict[str, float]] = {}
     try:
         async def run() -> None:
             await proxy.wait_ready()
+            if baseline is not None:
+                await baseline.wait_ready()
             host, port = parse_hosts(cluster.uri)[0]
             writer = await open_upstream(host, port)
             await writer.command("admin", {"enableSharding": "lat"})
@@ -128,6 +141,13 @@ def main(argv: list[str] | None = None) -> None:
                 # The shards read in a reader process: nudges and notes cross the process boundary.
                 "proxy rp1": lambda out, stop, task_status: proxy_consumers(proxy, out, stop, task_status,
                                                                             reader_processes=1)}
+            if baseline is not None:
+                consumers["baseline"] = lambda out, stop, task_status: proxy_consumers(baseline, out, stop,
+                                                                                       task_status)
+                consumers["baseline rp1"] = lambda out, stop, task_status: proxy_consumers(
+                    baseline, out, stop, task_status, reader_processes=1)
+            if args.modes is not None:
+                consumers = {m: consumers[m] for m in args.modes.split(",")}
 
             async def measure(mode: str, db: str, coll: str, seconds: float) -> tuple[list[float], int]:
                 out: list[float] = []
@@ -146,8 +166,10 @@ def main(argv: list[str] | None = None) -> None:
 
             # Native first: a proxy stream keeps reading (and writing notes) after its cursors close,
             # until its idle teardown, which would move a native stream's idle shards too.
-            for mode in consumers:
-                for workload, (db, coll) in WORKLOADS.items():
+            # Proxy and baseline take turns, per workload, so that both meet the same noise.
+            for workload in args.workloads.split(","):
+                db, coll = WORKLOADS[workload]
+                for mode in consumers:
                     out, written = await measure(mode, db, coll, args.seconds)
                     name = f"{workload}, {mode}"
                     results[name] = summary(out, written)
@@ -159,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(run)
     finally:
         proxy.close()
+        if baseline is not None:
+            baseline.close()
         cluster.close()
     path = write_results(args.out, "latency", {"rate": args.rate, "seconds": args.seconds, "results": results},
                          {k: v.get("p50_ms", 0.0) for k, v in results.items()},

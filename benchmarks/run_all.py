@@ -10,6 +10,7 @@ import argparse
 from benchmarks import (
     bench_engine,
     bench_latency,
+    bench_latency_load,
     bench_proxy,
     bench_replication,
     bench_simcluster,
@@ -27,6 +28,7 @@ if __name__ == "__main__":
     bench_engine.main(out)
     bench_watch_stages.main(out)
     bench_latency.main(out)
+    bench_latency_load.main(out)
     bench_replication.main(out)
     bench_soak.main(out)
     bench_soak.main(["--stepdown-every", "6", *out])

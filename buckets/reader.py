@@ -45,9 +45,18 @@ from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnecti
 log = logging.getLogger("buckets.reader")
 
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
-URGENT_NOTE_S = 0.02  # at most one note this often while events wait on an idle shard
+# A wants_progress interval this short means events wait on the shard's mark: its notes then
+# follow demand (one written and not yet read back at a time), not a timer.
+URGENT_NOTE_S = 0.02
 PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
-MAX_NUDGE_POLL_S = 0.05  # how often a held-back merge checks a busy reader for having gone idle
+# Notes on one shard at most this often. One note lets every waiting event go when the shard's
+# clock has passed their cluster time; a shard whose clock lags theirs (clocks move on by
+# gossip, src/mongo/db/vector_clock.h) writes its note below them, and the next one only one
+# increment higher, until its clock's second catches up: this caps what that costs.
+NOTE_SPACING_S = 0.005
+# A note written and not read back this long is given up on (lost in a failover, or its entry
+# sorts below the events that wait): another may be written.
+NOTE_PATIENCE_S = 0.5
 # Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB of
 # entries unasked; read in batches, each shard's member serves the next batch while this one is
 # spliced, and other connections are served between batches. Each batch costs the proxy a fixed
@@ -315,6 +324,13 @@ class ShardReader:
         self._notes = trio.Lock()              # one note at a time on the primary connection
         self._nudged = trio.Event()
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
+        self._parking = trio.Event()  # set when the tail parks or stops being parked
+        # Whether the last reply was short of a full batch: the oplog was read to its end then.
+        self._short = False
+        # When the note not yet read back was written (None: none is), and set on each delivery:
+        # the next reply after a note was written holds it, unless it was on its way already.
+        self._note_sent: float | None = None
+        self._read_on = trio.Event()
         # A reader process's batches that arrived and are not yet in the merge's channel (see arrived).
         self._arrived: ShardBatch | None = None
         self._arrival = trio.Event()
@@ -409,6 +425,9 @@ class ShardReader:
                 item.hold = BudgetHold(self.budget, item.nbytes)
 
     def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
+        # Both the find's and the getMores' batches are at least FIRST_BATCH_ENTRIES long.
+        self._short = entries < FIRST_BATCH_ENTRIES
+        self._took_reply()
         stats = self.stats
         stats.entries += entries
         stats.events += count_events(events)
@@ -421,10 +440,22 @@ class ShardReader:
 
     async def parked(self, waiting: bool) -> None:
         self._parked_since = trio.current_time() if waiting else None
+        self._parking.set()
+        self._parking = trio.Event()
 
     async def idle(self) -> None:
+        self._short = True  # (a note written may still be on its way: not "read back")
         if (interval := self.wants_progress(self.shard_id)) is not None and self._nursery is not None:
             self._nursery.start_soon(self._advance_idle_shard, interval)
+
+    def _took_reply(self) -> None:
+        """A batch was read: it holds the note written, if one was. Nudges until now are
+        answered by it: the merge takes this batch after this and nudges again if it must."""
+        self._note_sent = None
+        if self._nudged.is_set():  # (none waits on a set event: it may be replaced)
+            self._nudged = trio.Event()
+        self._read_on.set()
+        self._read_on = trio.Event()
 
     async def connected(self, host: str, reconnects: int) -> None:
         self.stats.host, self.stats.reconnects, self.stats.connected = host, reconnects, True
@@ -443,44 +474,79 @@ class ShardReader:
         """Write a note as soon as pending events wait on this shard while it is idle, instead
         of when the tail's awaitData getMore times out (up to await_ms later).
 
-        Idle means the tail has sat in a getMore for PARKED_S: a tail that is reading moves its
-        mark by itself, so a catch-up writes no notes. Polls only while the merge is held back:
-        every PARKED_S, backing off to MAX_NUDGE_POLL_S while the tail is busy (a long catch-up,
-        or a tail stopped by a full buffer)."""
+        Notes follow demand, not a timer: the merge nudges after each release that leaves events
+        waiting on this shard, and a note is written unless one written is still to be read back.
+        The tail's next delivery holds that note, and the merge says once more whether events
+        still wait (those that came after the note was written). So an event waits for at most
+        two notes' round trips, and a shard gets at most one note per round trip (and per
+        NOTE_SPACING_S), only while events wait on it. A tail that is reading moves its mark
+        by itself: it counts as idle once its last reply was short of a full batch, or its
+        getMore has waited PARKED_S, so a catch-up writes no notes. Nothing here polls: the
+        waits end on nudges, the tail's parking and deliveries, or one timer."""
         while True:
             await self._nudged.wait()
             self._nudged = trio.Event()
-            poll = PARKED_S
-            while (interval := self.wants_progress(self.shard_id)) is not None and interval <= URGENT_NOTE_S:
-                parked = self._parked_since
-                if parked is not None and trio.current_time() - parked >= PARKED_S:
-                    await self._advance_idle_shard(interval)
-                    poll = PARKED_S
-                else:
-                    poll = min(poll * 2, MAX_NUDGE_POLL_S)
-                await trio.sleep(poll)
+            if not await self._until_idle():
+                continue
+            if (sent := self._note_sent) is not None and trio.current_time() - sent < NOTE_PATIENCE_S:
+                with trio.move_on_at(sent + NOTE_PATIENCE_S):
+                    await self._read_on.wait()
+                if self._note_sent is None:
+                    continue  # read back: the merge nudges again if events still wait
+            if (wait := self._last_noop + NOTE_SPACING_S - trio.current_time()) > 0:
+                await trio.sleep(wait)
+            if not await self._write_note() and not self.stats.noop_unavailable:
+                await trio.sleep(URGENT_NOTE_S)  # the primary was not reached: try again soon
+                self._nudged.set()
+
+    def _urgent(self) -> bool:
+        interval = self.wants_progress(self.shard_id)
+        return interval is not None and interval <= URGENT_NOTE_S
+
+    async def _until_idle(self) -> bool:
+        """Wait until the tail has read the shard's oplog to its end; False if meanwhile no
+        events wait on it any more."""
+        while self._urgent():
+            parked = self._parked_since
+            if parked is None:
+                await self._parking.wait()
+            elif self._short or (left := parked + PARKED_S - trio.current_time()) <= 0:
+                return True
+            else:
+                with trio.move_on_after(left):
+                    await self._parking.wait()
+        return False
 
     async def _advance_idle_shard(self, interval: float) -> None:
+        """An awaitData getMore came back empty: write a note if the merge or a consumer waits on
+        this shard's mark, at most one per `interval` (events that wait are noted at once by
+        _answer_nudges; this is its fallback, and the lazy pace of a waiting consumer)."""
+        if trio.current_time() - self._last_noop >= interval:
+            await self._write_note()
+
+    async def _write_note(self) -> bool:
         """Write a noop so this idle shard's mark moves past events other shards are holding.
 
-        At most one note per `interval`; real servers only write their periodic noop every 10 s,
-        which is the cold-shard latency this avoids. Without the appendOplogNote privilege we fall
-        back to waiting for periodic noops and say so in status.
+        Real servers only write their periodic noop every 10 s, which is the cold-shard latency
+        this avoids. Without the appendOplogNote privilege we fall back to waiting for periodic
+        noops and say so in status.
         """
         async with self._notes:  # empty replies and nudges both write notes
-            now = trio.current_time()
-            if self.stats.noop_unavailable or now - self._last_noop < interval:
-                return
-            self._last_noop = now
+            if self.stats.noop_unavailable:
+                return False
+            self._last_noop = self._note_sent = trio.current_time()
             try:
                 if self._primary is None:  # notes are writes: they go to the primary, not the member read
                     self._primary = await self.tail.connect_member(self.hosts, secondary=False)
                 await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
                 self.stats.noops += 1
+                return True
             except (UpstreamClosed, MongoError) as exc:
+                self._note_sent = None
                 if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
                     self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"
                 await self._close_primary()  # elections: find the primary again next time
+                return False
 
     async def _close_primary(self) -> None:
         if self._primary is not None:

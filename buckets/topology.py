@@ -8,9 +8,10 @@ than T leaves the merge before the shard list has been checked past it. A shard 
 read from its topologyTime; since it did not exist at the previous check, that time is above the
 merge frontier and nothing it writes can arrive too late.
 
-The list is fetched only while the TOPOLOGY mark is what holds the merge back (at most every
-20 ms: a live tail pays at most that in latency) or a waiting consumer's resume point (at most once
-a second); a catch-up over a backlog older than the last check costs no round trip at all.
+The list is fetched only while the TOPOLOGY mark is what holds the merge back (at once, one read
+at a time: a live tail pays one or two round trips to mongos in latency) or a waiting consumer's
+resume point (at most once a second); a catch-up over a backlog older than the last check costs
+no round trip at all.
 """
 
 from __future__ import annotations
@@ -71,33 +72,44 @@ async def read_topology(conn: UpstreamConnection) -> Topology:
 
 class TopologyWatcher:
     def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]], known: Topology, *,
-                 holds_back: Callable[[], float | None], min_interval_s: float = 0.02) -> None:
+                 holds_back: Callable[[], float | None], min_interval_s: float = 0.02,
+                 lazy_check_s: float = 0.25) -> None:
         self.connect = connect
         self.known = set(known.shards)
         self.as_of = known.as_of
+        # How soon the mark should move (seconds between reads), or None: at most min_interval_s
+        # means events wait on it (read at once); more is a waiting consumer's resume point.
         self.holds_back = holds_back
         self.min_interval_s = min_interval_s
+        self.lazy_check_s = lazy_check_s  # how often the lazy case is looked at (no one nudges for it)
         self.checks = 0
         self.added: list[str] = []
         self._nudged = trio.Event()
 
     def nudge(self) -> None:
-        """Events wait on the shard list's mark: re-read it now (at most every min_interval_s)."""
+        """Events wait on the shard list's mark: re-read it now, or once the read under way is
+        taken by the merge."""
         self._nudged.set()
 
     async def run(self, advance: Callable[[Timestamp], Awaitable[None]],
                   add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None]) -> None:
         """Forever: when the shard list holds the merge back, re-read it; start readers for new
-        shards (`add_shard`) before the mark moves past their start (`advance`)."""
+        shards (`add_shard`) before the mark moves past their start (`advance`).
+
+        Reads follow demand: the merge nudges after each release that leaves events waiting on
+        the mark, and the list is read at once, one read at a time. Nudges made while a read is
+        under way came before the merge took its mark; the merge nudges again if events still
+        wait after it (they came after the read began), so those are dropped."""
         conn: UpstreamConnection | None = None
         last_check = -1e9
         try:
             while True:
-                with trio.move_on_after(self.min_interval_s):
+                with trio.move_on_after(self.lazy_check_s):
                     await self._nudged.wait()
                 self._nudged = trio.Event()
                 interval = self.holds_back()
-                if interval is None or trio.current_time() - last_check < interval:
+                if interval is None or (interval > self.min_interval_s
+                                        and trio.current_time() - last_check < interval):
                     continue
                 last_check = trio.current_time()
                 try:
@@ -122,6 +134,8 @@ class TopologyWatcher:
                         add_shard(sid, hosts, topology.joined[sid])
                 self.as_of = topology.as_of
                 await advance(topology.as_of)
+                if self._nudged.is_set():  # (answered by this mark; none waits on a set event)
+                    self._nudged = trio.Event()
         finally:
             if conn is not None:
                 await conn.aclose()
