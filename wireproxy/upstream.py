@@ -31,7 +31,7 @@ from pymongo.uri_parser import parse_uri, split_hosts
 
 from mongoformats import wire
 from mongoformats.change_events import RAW
-from mongoformats.errors import MongoError, ProtocolError
+from mongoformats.errors import ConnectionLost, MongoError, ProtocolError
 from mongoformats.oplog_splice import elements
 from mongoformats.scram import MECHANISM, ScramClient
 from wireproxy.cluster_time import ClusterTimeGossip
@@ -46,7 +46,7 @@ CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeo
 DIRECT_FRAME_BYTES = 1 << 16  # a larger reply to an in-place command is received into its own buffer
 
 
-class UpstreamClosed(Exception):
+class UpstreamClosed(ConnectionLost):
     """The upstream server closed the connection, could not be reached or did not answer in time."""
 
 
