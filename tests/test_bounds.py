@@ -357,7 +357,7 @@ async def test_an_unexpected_failure_is_answered_without_python_text(proxy, capl
     async def broken(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         raise TypeError("'int' object is not iterable: secret detail")
 
-    proxy.table.commands["parallelchangestreamstatus"] = broken
+    proxy.server.table.commands["parallelchangestreamstatus"] = broken
 
     def work():
         c = client(proxy_uri(proxy))
