@@ -62,6 +62,13 @@ import trio
 from bson import Decimal128, Int64, Timestamp
 
 from buckets.bucketing import BUCKET_BY, MAX_BUCKETS
+from buckets.commands import (
+    BEFORE_CHANGE,
+    FULL_DOCUMENT,
+    check_pipeline,
+    plan_watch,
+    read_watch,
+)
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.memory_limit import (
     DEAL_HEADROOM_BYTES,
@@ -75,7 +82,7 @@ from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
 from mongoformats.change_events import EV_RAW, EventFields, ddl_note
-from mongoformats.change_stages import compile_stages, unsupported_in_stages
+from mongoformats.change_stages import compile_stages
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.event_block import is_block
 from mongoformats.expressions import VARIABLES
@@ -94,9 +101,7 @@ from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import (
-    EVENT_TOKEN,
     decode_token,
-    fragment_of,
     high_water_mark,
     token_from_key,
     token_sort_key,
@@ -120,14 +125,6 @@ _OPEN_FIELDS = frozenset({
 # within their await time, a second or so), so it no longer holds its stream's bucket count.
 CURSOR_IN_USE_S = 10.0
 
-# The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
-# explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
-_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db", "$clusterTime",
-                           "$readPreference", "readConcern", "apiVersion", "apiStrict", "apiDeprecationErrors",
-                           "allowDiskUse"})
-_SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
-_FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
-_BEFORE_CHANGE = ("off", "whenAvailable", "required")
 # Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
 _V2_TOKENS_WIRE_VERSION = 18
 
@@ -217,29 +214,9 @@ MAX_READER_PROCESSES = 64    # the most a stream (readerProcesses) or the engine
 _SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
              "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
 
-# The server's pipeline length limit (internalPipelineLengthLimit, 1000 in release builds), checked
-# before any stage is parsed: Pipeline::parseCommon in src/mongo/db/pipeline/pipeline.cpp fails a
-# longer one with 7749501 "Pipeline length must be no longer than 1000 stages." (jstest
-# sharding/query/pipeline_length_limit.js). It bounds the $match a stream evaluates per event.
-MAX_PIPELINE_STAGES = 1000
 # Stream names: at most the server's namespace length (NamespaceString's MaxNsLen, 255 bytes,
 # InvalidNamespace beyond); they are also labels of /metrics and keys of status.
 MAX_NAME_BYTES = 255
-
-
-def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
-    """A command's `pipeline` checked as the server's aggregate parser checks it: an array of at
-    most MAX_PIPELINE_STAGES documents."""
-    if pipeline is None:
-        return []
-    if not isinstance(pipeline, list):
-        raise wrong_type(f"{command}.pipeline", pipeline, "array")
-    if len(pipeline) > MAX_PIPELINE_STAGES:
-        raise MongoError(7749501,
-                         f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages.")
-    if not all(isinstance(stage, dict) for stage in pipeline):
-        raise MongoError("TypeMismatch", "Each element of the 'pipeline' array must be an object")
-    return pipeline
 
 
 def check_stream_name(name: Any, command: str) -> str | None:
@@ -357,39 +334,6 @@ def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
                              "(read every bucket up to one token first)")
         return {**cmd, field: tokens[0]}
     return cmd
-
-
-def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
-    """Whether the fields of a watch()'s aggregate that the engine reads have the types the
-    server's parsers accept (what they then mean is checked where they are used)."""
-    cursor = cmd.get("cursor", {})
-    spec = cmd["pipeline"][0]["$changeStream"]
-    if not isinstance(cursor, dict) or not isinstance(cmd["aggregate"], (str, int, float)) or \
-            not isinstance(spec, dict):
-        return False
-    batch_size = cursor.get("batchSize")
-    if batch_size is not None and (type(batch_size) not in (int, Int64)
-                                   or not 0 <= batch_size <= 1 << 30):
-        return False
-    try:
-        check_lsid(cmd)
-    except MongoError:
-        return False
-    types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
-             "showExpandedEvents": bool, "showSystemEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
-             "fullDocumentBeforeChange": str}
-    return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
-
-
-def _check_read_concern(read_concern: Any) -> None:
-    """A change stream reads at majority only, as mongos refuses any other level given
-    (DocumentSourceChangeStream::LiteParsed::supportsReadConcern: onlySingleReadConcernSupported;
-    jstests/noPassthrough/change_stream_require_majority_read_concern.js). A readConcern that is
-    no document is left to mongos."""
-    level = read_concern.get("level") if isinstance(read_concern, dict) else None
-    if level is not None and level != "majority":
-        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
-                         f"than 'majority'. Current readConcern: {level}")
 
 
 @dataclass(frozen=True)
@@ -604,13 +548,13 @@ class Engine:
             raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
                              "it needs find and changeStream on every database ({db: '', collection: ''})")
         cmd = check_open_command(cmd)
-        if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
+        if cmd.get("fullDocument", "default") not in FULL_DOCUMENT:
             raise MongoError("BadValue", f"'{_shown(cmd['fullDocument'])}' is not a valid "
-                             f"fullDocument option; use one of {', '.join(_FULL_DOCUMENT)}")
-        if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
+                             f"fullDocument option; use one of {', '.join(FULL_DOCUMENT)}")
+        if cmd.get("fullDocumentBeforeChange", "off") not in BEFORE_CHANGE:
             raise MongoError("BadValue", f"'{_shown(cmd['fullDocumentBeforeChange'])}' is not a "
                              "valid fullDocumentBeforeChange option; use one of "
-                             f"{', '.join(_BEFORE_CHANGE)}")
+                             f"{', '.join(BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
         cmd = _one_token_if_common(cmd, n)
@@ -940,88 +884,37 @@ class Engine:
 
         Only streams whose every event the engine reproduces exactly are accelerated: every
         fullDocument and fullDocumentBeforeChange mode, and the stages, operators and expressions
-        mongoformats.change_stages evaluates. Anything else raises Decline, so the
-        proxy forwards the aggregate to mongos unchanged: acceleration never changes what a
-        consumer sees.
+        mongoformats.change_stages evaluates (buckets/commands.py reads and plans it). Anything
+        else raises Decline, so the proxy forwards the aggregate to mongos unchanged:
+        acceleration never changes what a consumer sees.
         """
         if self.requires_auth and not session.user:
             raise Decline()  # mongos answers an unauthenticated aggregate with its own error
         if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
-        if set(cmd) - _WATCH_FIELDS - {"collation"} or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
-            raise Decline()
-        check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
-        pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
-        if not _well_typed_watch(cmd):
-            raise Decline()  # mongos answers a malformed field in its own words
-        spec = pipeline[0]["$changeStream"]
-        if isinstance(spec, dict):
-            _check_read_concern(cmd.get("readConcern"))
-        try:
-            stages, split = without_split_stage(pipeline[1:])
-        except MongoError:
-            raise Decline() from None  # mongos answers a misplaced split stage
-        accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
-                    "fullDocument", "fullDocumentBeforeChange", "showSystemEvents"}
-        full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
-        before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
-        if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
-                or before_change not in _BEFORE_CHANGE
-                or unsupported_in_stages(stages) is not None
-                or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
-            raise Decline()
-        coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
-        cluster_wide = bool(spec.get("allChangesForCluster"))
-        if cluster_wide != (db == "admin" and coll is None):
-            raise Decline()  # mongos answers the exact error for a misplaced stream
-        if not await self._may_watch(session, change_stream_resource(None if cluster_wide else db, coll)):
+        request = read_watch(db, cmd)
+        if not await self._may_watch(session, request.resource):
             raise Decline()  # mongos answers Unauthorized, in its own words
-        token = spec.get("resumeAfter") or spec.get("startAfter")
-        resumed = decode_token(token) if token is not None else None
-        if resumed is not None and (resumed.from_invalidate or (resumed.fragment_num is not None and not split)):
-            # After an invalidate, or from a fragment without the split stage: mongos's rules,
-            # mongos's errors.
-            raise Decline()
-        sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
-                               "showSystemEvents": bool(spec.get("showSystemEvents")),
-                               "fullDocument": spec.get("fullDocument", "default"),
-                               "fullDocumentBeforeChange": before_change,
-                               "shardBufferBytes": self.config.watch_shard_buffer_bytes}
-        if resumed is not None and resumed.token_type == EVENT_TOKEN:
-            # From the high-water mark of its time: the stream must meet the event again (below).
-            sub["resumeAfter"] = high_water_mark(resumed.cluster_time, resumed.version)
-        elif token is not None:
-            sub["resumeAfter"] = token
-        elif "startAtOperationTime" in spec:
-            sub["startAtOperationTime"] = spec["startAtOperationTime"]
-        # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
-        # lookup the stages may test, means the whole pipeline runs on each returned event.
-        plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
-            and before_change == "off"
-        sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
+        plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
         if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
             return failed
-        scope = None if cluster_wide else (db, coll)
         try:
-            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
-                                        stages=() if plain_match else tuple(stages),
-                                        keep_version=None if resumed is None else (resumed.cluster_time,
-                                                                                   resumed.version))
+            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, plan.open, keep={0},
+                                        scope=plan.scope, stages=plan.stages,
+                                        keep_version=plan.keep_version)
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
             if exc.code_name == "ExceededMemoryLimit":
                 # The stream mongos serves is the same stream, only slower: better than none.
                 log.warning("watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc)
                 raise Decline() from None
             raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(session.user or "", stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"),
-                               sub.get("resumeAfter"), from_start=True)
-        if resumed is not None and resumed.token_type == EVENT_TOKEN:
-            assert token is not None
-            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
-            fragment = fragment_of(resumed)
-            cur.must_meet = fragment[0] if fragment is not None else cur.last_key
-            cur.fragments_sent = fragment[1] + 1 if fragment is not None else 0
-        cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+        cur = self._new_cursor(session.user or "", stream, 0, cmd, plan.batch_size,
+                               plan.open.get("resumeAfter"), from_start=True)
+        if plan.event_token is not None:
+            cur.last_key, cur.last_token = token_sort_key(plan.event_token), dict(plan.event_token)
+            cur.must_meet = plan.fragment[0] if plan.fragment is not None else cur.last_key
+            cur.fragments_sent = plan.fragment[1] + 1 if plan.fragment is not None else 0
+        cur.ns = plan.ns
         self._private[cur.cursor_id] = stream
         return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
                            "ns": cur.ns}}
