@@ -20,13 +20,19 @@ from mongoformats.errors import MongoError
 from mongoformats.idl import check_depth, check_lsid, wrong_type
 from mongoformats.large_events import SPLIT_STAGE, without_split_stage
 from mongoformats.privileges import change_stream_resource
-from mongoformats.resume_token import EVENT_TOKEN, decode_token, fragment_of, high_water_mark
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    ResumeTokenData,
+    decode_token,
+    fragment_of,
+    high_water_mark,
+)
 
 # The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
 # explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
-_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db", "$clusterTime",
-                           "$readPreference", "readConcern", "apiVersion", "apiStrict", "apiDeprecationErrors",
-                           "allowDiskUse"})
+_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db",
+                           "$clusterTime", "$readPreference", "readConcern", "apiVersion",
+                           "apiStrict", "apiDeprecationErrors", "allowDiskUse"})
 _SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
 FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 BEFORE_CHANGE = ("off", "whenAvailable", "required")
@@ -72,7 +78,8 @@ def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
     except MongoError:
         return False
     types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
-             "showExpandedEvents": bool, "showSystemEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
+             "showExpandedEvents": bool, "showSystemEvents": bool, "allChangesForCluster": bool,
+             "fullDocument": str,
              "fullDocumentBeforeChange": str}
     return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
 
@@ -84,8 +91,8 @@ def _check_read_concern(read_concern: Any) -> None:
     no document is left to mongos."""
     level = read_concern.get("level") if isinstance(read_concern, dict) else None
     if level is not None and level != "majority":
-        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
-                         f"than 'majority'. Current readConcern: {level}")
+        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a "
+                         f"readConcern other than 'majority'. Current readConcern: {level}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,16 @@ class WatchRequest:
         return bool(self.spec.get("allChangesForCluster"))
 
     @property
+    def scope(self) -> tuple[str, str | None] | None:
+        """The database and collection its stream reads (None: every one)."""
+        return None if self.cluster_wide else (self.db, self.coll)
+
+    @property
+    def ns(self) -> str:
+        """Its cursor's namespace, as mongos names it."""
+        return f"{self.db}.{self.coll}" if self.coll is not None else f"{self.db}.$cmd.aggregate"
+
+    @property
     def resource(self) -> dict[str, Any]:
         """What the client must hold find and changeStream on, as mongos checks it."""
         return change_stream_resource(None if self.cluster_wide else self.db, self.coll)
@@ -112,7 +129,8 @@ class WatchRequest:
 def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
     """A watch()'s aggregate `cmd` on `db`, checked as mongos checks what the engine reads;
     Decline for what the engine leaves to mongos."""
-    if set(cmd) - _WATCH_FIELDS - {"collation"} or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
+    if set(cmd) - _WATCH_FIELDS - {"collation"} \
+            or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
         raise Decline()
     check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
     pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
@@ -125,18 +143,22 @@ def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
         stages, split = without_split_stage(pipeline[1:])
     except MongoError:
         raise Decline() from None  # mongos answers a misplaced split stage
-    full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
-    before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
-    if (not isinstance(spec, dict) or set(spec) - _ACCEPTED or full_document not in FULL_DOCUMENT
-            or before_change not in BEFORE_CHANGE
-            or unsupported_in_stages(stages) is not None
-            or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
+    if not _served(spec, stages):
         raise Decline()
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
     if bool(spec.get("allChangesForCluster")) != (db == "admin" and coll is None):
         raise Decline()  # mongos answers the exact error for a misplaced stream
-    assert isinstance(before_change, str)
-    return WatchRequest(db, coll, spec, stages, split, before_change)
+    return WatchRequest(db, coll, spec, stages, split, spec.get("fullDocumentBeforeChange", "off"))
+
+
+def _served(spec: Any, stages: list[dict[str, Any]]) -> bool:
+    """Whether the engine reproduces every event of a $changeStream stage with options `spec`
+    followed by `stages`: known options with known values, one start point at most."""
+    return (isinstance(spec, dict) and not set(spec) - _ACCEPTED
+            and spec.get("fullDocument", "default") in FULL_DOCUMENT
+            and spec.get("fullDocumentBeforeChange", "off") in BEFORE_CHANGE
+            and unsupported_in_stages(stages) is None
+            and sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) <= 1)
 
 
 @dataclass(frozen=True)
@@ -161,37 +183,50 @@ def plan_watch(request: WatchRequest, cmd: dict[str, Any], *,
     `shard_buffer_bytes`; Decline for a resume mongos alone answers."""
     spec, split, before_change = request.spec, request.split, request.before_change
     token = spec.get("resumeAfter") or spec.get("startAfter")
-    resumed = decode_token(token) if token is not None else None
-    if resumed is not None and (resumed.from_invalidate or (resumed.fragment_num is not None and not split)):
-        # After an invalidate, or from a fragment without the split stage: mongos's rules,
-        # mongos's errors.
-        raise Decline()
+    resumed = _resumed(token, split)
     full_document = spec.get("fullDocument", "default")
-    sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
+    sub: dict[str, Any] = {"nBuckets": 1,
+                           "showExpandedEvents": bool(spec.get("showExpandedEvents")),
                            "showSystemEvents": bool(spec.get("showSystemEvents")),
                            "fullDocument": full_document,
                            "fullDocumentBeforeChange": before_change,
                            "shardBufferBytes": shard_buffer_bytes}
-    event = resumed is not None and resumed.token_type == EVENT_TOKEN
-    if resumed is not None and event:
-        # From the high-water mark of its time: the stream must meet the event again.
-        sub["resumeAfter"] = high_water_mark(resumed.cluster_time, resumed.version)
-    elif token is not None:
-        sub["resumeAfter"] = token
-    elif "startAtOperationTime" in spec:
-        sub["startAtOperationTime"] = spec["startAtOperationTime"]
+    event = resumed if resumed is not None and resumed.token_type == EVENT_TOKEN else None
+    sub.update(_start(spec, token, event))
     # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
     # lookup the stages may test, means the whole pipeline runs on each returned event.
     stages = request.stages
     plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
         and before_change == "off"
     sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
-    db, coll = request.db, request.coll
     return WatchPlan(
-        open=sub, scope=None if request.cluster_wide else (db, coll),
-        stages=() if plain_match else tuple(stages),
+        open=sub, scope=request.scope, stages=() if plain_match else tuple(stages),
         keep_version=None if resumed is None else (resumed.cluster_time, resumed.version),
-        event_token=token if event else None,
-        fragment=fragment_of(resumed) if resumed is not None and event else None,
-        ns=f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate",
-        batch_size=cmd.get("cursor", {}).get("batchSize"))
+        event_token=token if event is not None else None,
+        fragment=fragment_of(event) if event is not None else None,
+        ns=request.ns, batch_size=cmd.get("cursor", {}).get("batchSize"))
+
+
+def _resumed(token: Mapping[str, Any] | None, split: bool) -> ResumeTokenData | None:
+    """The resume token a watch() gives, decoded; Decline for one only mongos resumes from."""
+    resumed = decode_token(token) if token is not None else None
+    if resumed is not None and (resumed.from_invalidate
+                                or (resumed.fragment_num is not None and not split)):
+        # After an invalidate, or from a fragment without the split stage: mongos's rules,
+        # mongos's errors.
+        raise Decline()
+    return resumed
+
+
+def _start(spec: Mapping[str, Any], token: Mapping[str, Any] | None,
+           event: ResumeTokenData | None) -> dict[str, Any]:
+    """Where a watch()'s private stream starts: the `resumeAfter` or `startAtOperationTime` of
+    its open command (none: now)."""
+    if event is not None:
+        # From the high-water mark of its time: the stream must meet the event again.
+        return {"resumeAfter": high_water_mark(event.cluster_time, event.version)}
+    if token is not None:
+        return {"resumeAfter": token}
+    if "startAtOperationTime" in spec:
+        return {"startAtOperationTime": spec["startAtOperationTime"]}
+    return {}

@@ -7,5 +7,6 @@ __all__ = ["host_address"]
 
 
 def host_address(host: str, port: int) -> str:
-    """`host:port`, an IPv6 address in brackets: how servers and drivers write a member's address."""
+    """`host:port`, an IPv6 address in brackets: how servers and drivers write a member's
+    address."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

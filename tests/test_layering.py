@@ -95,8 +95,8 @@ def _modules_imported(path: pathlib.Path) -> set[str]:
 def test_the_engine_imports_nothing_of_the_proxy():
     for path in (ROOT / "buckets").rglob("*.py"):
         for module in _modules_imported(path):
-            assert module.split(".")[0] != "wireproxy", f"buckets/{path.relative_to(ROOT / 'buckets')} " \
-                                                        f"imports {module}"
+            where = path.relative_to(ROOT)
+            assert module.split(".")[0] != "wireproxy", f"{where} imports {module}"
 
 
 def test_the_proxy_imports_the_engine_only_in_its_composition_root():
@@ -110,7 +110,8 @@ def test_the_proxy_imports_the_engine_only_in_its_composition_root():
 def test_the_import_check_sees_deferred_and_type_checking_imports(tmp_path):
     """The rule above also catches the imports that hide a dependency from a first reading."""
     path = tmp_path / "hidden.py"
-    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from wireproxy.router import X\n"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from wireproxy.router import X\n"
                     "def f():\n    import wireproxy.upstream\n")
     assert {"wireproxy.router", "wireproxy.upstream"} <= _modules_imported(path)
 
