@@ -68,7 +68,8 @@ def _engine_config(config: ProxyConfig) -> EngineConfig:
 
 
 def _passing_through(handler: Handler) -> LocalHandler:
-    """`handler`, its Decline (the engine leaves the request to mongos) the router's PassThrough."""
+    """`handler` as the router calls it: the engine's Decline (the request is left to mongos)
+    becomes the router's PassThrough."""
     # Typed ClientSession, so that mypy checks the session is the engine's ClientContext.
     async def run(session: ClientSession, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
