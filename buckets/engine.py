@@ -30,7 +30,7 @@ Commands (admin database):
   getMore / killCursors on the returned cursor ids.
 
 Who may do what, when the upstream requires authentication (the client's identity is the one
-mongos confirms on its connection, wireproxy.session):
+mongos confirms on its connection, buckets.ports.ClientContext):
   - A named stream belongs to the user who created it. Opening, attaching to, reopening (another
     nBuckets) or asking the status of a stream another user created is Unauthorized (13): a
     stream's name is not a secret, and its events are the creator's to read. Names are
@@ -53,7 +53,7 @@ import decimal
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,13 @@ from bson import Decimal128, Int64, Timestamp
 
 from buckets._columnar.event_block import is_block
 from buckets.bucketing import BUCKET_BY, MAX_BUCKETS
+from buckets.commands import (
+    BEFORE_CHANGE,
+    FULL_DOCUMENT,
+    check_pipeline,
+    plan_watch,
+    read_watch,
+)
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.memory_limit import (
     DEAL_HEADROOM_BYTES,
@@ -71,11 +78,12 @@ from buckets.memory_limit import (
     shaping_processes,
     stream_floor,
 )
+from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import ReaderPool, reader_pool
 from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
 from buckets.topology import Topology, discover
 from mongoformats.change_events import EV_RAW, EventFields, ddl_note
-from mongoformats.change_stages import compile_stages, unsupported_in_stages
+from mongoformats.change_stages import compile_stages
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.expressions import VARIABLES
 from mongoformats.idl import (
@@ -93,17 +101,12 @@ from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import (
-    EVENT_TOKEN,
     decode_token,
-    fragment_of,
     high_water_mark,
     token_from_key,
     token_sort_key,
 )
 from mongoformats.sessions import session_id, sessions_named
-from wireproxy.config import MAX_READER_PROCESSES
-from wireproxy.router import CommandTable, PassThrough
-from wireproxy.upstream import MemberConnector, UpstreamConnection
 
 log = logging.getLogger("buckets.engine")
 
@@ -122,14 +125,6 @@ _OPEN_FIELDS = frozenset({
 # within their await time, a second or so), so it no longer holds its stream's bucket count.
 CURSOR_IN_USE_S = 10.0
 
-# The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
-# explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
-_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db", "$clusterTime",
-                           "$readPreference", "readConcern", "apiVersion", "apiStrict", "apiDeprecationErrors",
-                           "allowDiskUse"})
-_SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
-_FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
-_BEFORE_CHANGE = ("off", "whenAvailable", "required")
 # Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
 _V2_TOKENS_WIRE_VERSION = 18
 
@@ -214,33 +209,14 @@ def _shown(value: Any, limit: int = 100) -> str:
 
 
 _MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
+MAX_READER_PROCESSES = 64    # the most a stream (readerProcesses) or the engine's default may ask
 # The stream settings an open command may pass, with their ranges (defaults: EngineConfig).
 _SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
              "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
 
-# The server's pipeline length limit (internalPipelineLengthLimit, 1000 in release builds), checked
-# before any stage is parsed: Pipeline::parseCommon in src/mongo/db/pipeline/pipeline.cpp fails a
-# longer one with 7749501 "Pipeline length must be no longer than 1000 stages." (jstest
-# sharding/query/pipeline_length_limit.js). It bounds the $match a stream evaluates per event.
-MAX_PIPELINE_STAGES = 1000
 # Stream names: at most the server's namespace length (NamespaceString's MaxNsLen, 255 bytes,
 # InvalidNamespace beyond); they are also labels of /metrics and keys of status.
 MAX_NAME_BYTES = 255
-
-
-def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
-    """A command's `pipeline` checked as the server's aggregate parser checks it: an array of at
-    most MAX_PIPELINE_STAGES documents."""
-    if pipeline is None:
-        return []
-    if not isinstance(pipeline, list):
-        raise wrong_type(f"{command}.pipeline", pipeline, "array")
-    if len(pipeline) > MAX_PIPELINE_STAGES:
-        raise MongoError(7749501,
-                         f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages.")
-    if not all(isinstance(stage, dict) for stage in pipeline):
-        raise MongoError("TypeMismatch", "Each element of the 'pipeline' array must be an object")
-    return pipeline
 
 
 def check_stream_name(name: Any, command: str) -> str | None:
@@ -360,55 +336,28 @@ def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
     return cmd
 
 
-def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
-    """Whether the fields of a watch()'s aggregate that the engine reads have the types the
-    server's parsers accept (what they then mean is checked where they are used)."""
-    cursor = cmd.get("cursor", {})
-    spec = cmd["pipeline"][0]["$changeStream"]
-    if not isinstance(cursor, dict) or not isinstance(cmd["aggregate"], (str, int, float)) or \
-            not isinstance(spec, dict):
-        return False
-    batch_size = cursor.get("batchSize")
-    if batch_size is not None and (type(batch_size) not in (int, Int64)
-                                   or not 0 <= batch_size <= 1 << 30):
-        return False
-    try:
-        check_lsid(cmd)
-    except MongoError:
-        return False
-    types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
-             "showExpandedEvents": bool, "showSystemEvents": bool, "allChangesForCluster": bool, "fullDocument": str,
-             "fullDocumentBeforeChange": str}
-    return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
+@dataclass(frozen=True)
+class EngineCommands:
+    """What the engine serves: commands by name, an accelerated watch() (an aggregate opening a
+    change stream), and getMore / killCursors on the cursors it owns. A handler raises Decline to
+    leave a request to mongos."""
 
-
-def _check_read_concern(read_concern: Any) -> None:
-    """A change stream reads at majority only, as mongos refuses any other level given
-    (DocumentSourceChangeStream::LiteParsed::supportsReadConcern: onlySingleReadConcernSupported;
-    jstests/noPassthrough/change_stream_require_majority_read_concern.js). A readConcern that is
-    no document is left to mongos."""
-    level = read_concern.get("level") if isinstance(read_concern, dict) else None
-    if level is not None and level != "majority":
-        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
-                         f"than 'majority'. Current readConcern: {level}")
-
-
-async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-    """`cmd` run on the client's upstream connection, as mongos answers it (errors included)."""
-    up = await session.get_upstream()
-    return dict(bson.decode((await up.command(db, cmd, check=False)).raw))
+    named: Mapping[str, Handler]
+    change_stream: Handler
+    get_more: Handler
+    kill_cursors: Handler
+    cursors: Container[int]  # the ids of the engine's cursors, live: a cursor is listed while open
 
 
 class Engine:
-    def __init__(self, connect_upstream: Callable[[], Awaitable[UpstreamConnection]],
-                 config: EngineConfig | None = None, *, connect_member: MemberConnector | None = None,
-                 requires_auth: bool = False) -> None:
+    def __init__(self, connect_upstream: ConnectUpstream, config: EngineConfig | None = None, *,
+                 connect_member: Connector, requires_auth: bool = False) -> None:
         self.connect_upstream = connect_upstream
         # The upstream requires authentication (the proxy logs in with its own credentials), so a
         # client must have logged in on its connection before the engine serves it.
         self.requires_auth = requires_auth
         # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
-        self.connect_member = connect_member or MemberConnector()
+        self.connect_member = connect_member
         self.config = config or EngineConfig()
         self.streams: dict[str, ParallelStream] = {}
         self.cursors: dict[int, BucketCursor] = {}
@@ -429,19 +378,19 @@ class Engine:
         self.memory = MemoryPool(self.memory_limit)
         self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
 
-    def register(self, table: CommandTable) -> None:
-        table.change_stream_handler = self.cmd_change_stream
-        table.register("parallelChangeStream", self.cmd_open)
-        table.register("parallelChangeStreamStatus", self.cmd_status)
-        table.register("dropParallelChangeStream", self.cmd_drop)
-        table.owned_cursors = self.cursors
-        table.get_more = self.cmd_get_more
-        table.kill_cursors = self.cmd_kill_cursors
-        for name in DDL_COMMANDS:
-            table.register(name, self.cmd_ddl)
-        for name in ("killSessions", "killAllSessions", "killAllSessionsByPattern"):
-            table.register(name, self.cmd_kill_sessions)
-        table.register("endSessions", self.cmd_end_sessions)
+    def commands(self) -> EngineCommands:
+        """The commands the engine serves, for the proxy to route to it."""
+        named: dict[str, Handler] = {
+            "parallelChangeStream": self.cmd_open,
+            "parallelChangeStreamStatus": self.cmd_status,
+            "dropParallelChangeStream": self.cmd_drop,
+            "endSessions": self.cmd_end_sessions,
+            **dict.fromkeys(DDL_COMMANDS, self.cmd_ddl),
+            **dict.fromkeys(("killSessions", "killAllSessions", "killAllSessionsByPattern"),
+                            self.cmd_kill_sessions)}
+        return EngineCommands(named=named, change_stream=self.cmd_change_stream,
+                              get_more=self.cmd_get_more, kill_cursors=self.cmd_kill_cursors,
+                              cursors=self.cursors.keys())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after reader_idle_s.
@@ -575,14 +524,14 @@ class Engine:
 
     # -- commands ----------------------------------------------------------------------------------
 
-    def _user(self, session: Any, command: str) -> str:
+    def _user(self, session: ClientContext, command: str) -> str:
         """The user `session` logged in as; Unauthorized (13) when the upstream needs one and there is none."""
-        user = getattr(session, "user", None) or ""
+        user = session.user or ""
         if self.requires_auth and not user:
             raise MongoError("Unauthorized", f"Command {command} requires authentication")
         return str(user)
 
-    async def _may_watch(self, session: Any, resource: dict[str, Any]) -> bool:
+    async def _may_watch(self, session: ClientContext, resource: dict[str, Any]) -> bool:
         """Whether the client's own user holds find and changeStream on `resource`, as mongos
         would check for a change stream: the engine reads the shards with the proxy's login, so
         it asks the client's connection for its privileges (connectionStatus showPrivileges)."""
@@ -590,7 +539,7 @@ class Engine:
             return True
         return allows(await session.privileges(), ("find", "changeStream"), resource)
 
-    async def cmd_open(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_open(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         user = self._user(session, "parallelChangeStream")
         if db != "admin":
             raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
@@ -599,13 +548,13 @@ class Engine:
             raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
                              "it needs find and changeStream on every database ({db: '', collection: ''})")
         cmd = check_open_command(cmd)
-        if cmd.get("fullDocument", "default") not in _FULL_DOCUMENT:
+        if cmd.get("fullDocument", "default") not in FULL_DOCUMENT:
             raise MongoError("BadValue", f"'{_shown(cmd['fullDocument'])}' is not a valid "
-                             f"fullDocument option; use one of {', '.join(_FULL_DOCUMENT)}")
-        if cmd.get("fullDocumentBeforeChange", "off") not in _BEFORE_CHANGE:
+                             f"fullDocument option; use one of {', '.join(FULL_DOCUMENT)}")
+        if cmd.get("fullDocumentBeforeChange", "off") not in BEFORE_CHANGE:
             raise MongoError("BadValue", f"'{_shown(cmd['fullDocumentBeforeChange'])}' is not a "
                              "valid fullDocumentBeforeChange option; use one of "
-                             f"{', '.join(_BEFORE_CHANGE)}")
+                             f"{', '.join(BEFORE_CHANGE)}")
         n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
         bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
         cmd = _one_token_if_common(cmd, n)
@@ -614,7 +563,7 @@ class Engine:
         if bucket is not None:
             if name is None:
                 raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
-            return await self._attach_bucket(session, user, name, bucket, n, cmd, batch_size)
+            return await self._attach_bucket(user, name, bucket, n, cmd, batch_size)
         if n is None:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
         name = name or f"pcs-{uuid.uuid4().hex[:12]}"
@@ -630,12 +579,12 @@ class Engine:
             if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
                 raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
                                  "events after that token; attach to the bucket alone to re-read them")
-            cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
+            cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n, "bucketBy": stream.options.bucket_by}
 
-    async def cmd_drop(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_drop(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
         docstring): its creator's to drop, like every other use of a named stream."""
         user = self._user(session, "dropParallelChangeStream")
@@ -828,7 +777,7 @@ class Engine:
             stream.close()
             raise
 
-    def _new_cursor(self, session: Any, stream: ParallelStream, i: int, cmd: dict[str, Any],
+    def _new_cursor(self, user: str, stream: ParallelStream, i: int, cmd: dict[str, Any],
                     batch_size: int | None, token: Mapping[str, Any] | None, *,
                     from_start: bool = False) -> BucketCursor:
         """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
@@ -850,7 +799,7 @@ class Engine:
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
         cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
-                           ns=CURSOR_NS, batch_size=batch_size or None, user=getattr(session, "user", None) or "",
+                           ns=CURSOR_NS, batch_size=batch_size or None, user=user,
                            last_used=trio.current_time())
         if token is not None:
             cur.resume_after(token)
@@ -860,7 +809,7 @@ class Engine:
         self.cursors[cid] = cur
         return cur
 
-    async def _attach_bucket(self, session: Any, user: str, name: str, i: int, n: int | None,
+    async def _attach_bucket(self, user: str, name: str, i: int, n: int | None,
                              cmd: dict[str, Any], batch_size: int | None) -> dict[str, Any]:
         stream, created = await self._named(name, n, cmd, user)
         if i >= stream.options.n_buckets:
@@ -877,11 +826,11 @@ class Engine:
             # until the cursor reaches what the named stream's bucket holds.
             named = stream
             stream = await self._replay(named, i, {**cmd, "resumeAfter": token})
-            cur = self._new_cursor(session, stream, i, cmd, batch_size, token)
+            cur = self._new_cursor(user, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
             cur.join, cur.joined = named, lambda: self._close_private(cur.cursor_id)
         else:
-            cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
+            cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
         events: list[EventFields] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
@@ -921,111 +870,60 @@ class Engine:
         self._private[cid] = replay
         cur.join, cur.joined = named, lambda: self._close_private(cid)
 
-    async def cmd_change_stream(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_change_stream(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
             reply = await self._accelerate_watch(session, db, cmd)
-        except PassThrough:
+        except Decline:
             self.watches["passedThrough"] += 1
             raise
         self.watches["accelerated"] += 1
         return reply
 
-    async def _accelerate_watch(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def _accelerate_watch(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
 
         Only streams whose every event the engine reproduces exactly are accelerated: every
         fullDocument and fullDocumentBeforeChange mode, and the stages, operators and expressions
-        mongoformats.change_stages evaluates. Anything else raises PassThrough, so the
-        session forwards the aggregate to mongos unchanged: acceleration never changes what a
-        consumer sees.
+        mongoformats.change_stages evaluates (buckets/commands.py reads and plans it). Anything
+        else raises Decline, so the proxy forwards the aggregate to mongos unchanged:
+        acceleration never changes what a consumer sees.
         """
-        if self.requires_auth and not getattr(session, "user", None):
-            raise PassThrough()  # mongos answers an unauthenticated aggregate with its own error
+        if self.requires_auth and not session.user:
+            raise Decline()  # mongos answers an unauthenticated aggregate with its own error
         if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
-            raise PassThrough()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
-        if set(cmd) - _WATCH_FIELDS - {"collation"} or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
-            raise PassThrough()
-        check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
-        pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
-        if not _well_typed_watch(cmd):
-            raise PassThrough()  # mongos answers a malformed field in its own words
-        spec = pipeline[0]["$changeStream"]
-        if isinstance(spec, dict):
-            _check_read_concern(cmd.get("readConcern"))
-        try:
-            stages, split = without_split_stage(pipeline[1:])
-        except MongoError:
-            raise PassThrough() from None  # mongos answers a misplaced split stage
-        accepted = {"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents", "allChangesForCluster",
-                    "fullDocument", "fullDocumentBeforeChange", "showSystemEvents"}
-        full_document = spec.get("fullDocument", "default") if isinstance(spec, dict) else None
-        before_change = spec.get("fullDocumentBeforeChange", "off") if isinstance(spec, dict) else None
-        if (not isinstance(spec, dict) or set(spec) - accepted or full_document not in _FULL_DOCUMENT
-                or before_change not in _BEFORE_CHANGE
-                or unsupported_in_stages(stages) is not None
-                or sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1):
-            raise PassThrough()
-        coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
-        cluster_wide = bool(spec.get("allChangesForCluster"))
-        if cluster_wide != (db == "admin" and coll is None):
-            raise PassThrough()  # mongos answers the exact error for a misplaced stream
-        if not await self._may_watch(session, change_stream_resource(None if cluster_wide else db, coll)):
-            raise PassThrough()  # mongos answers Unauthorized, in its own words
-        token = spec.get("resumeAfter") or spec.get("startAfter")
-        resumed = decode_token(token) if token is not None else None
-        if resumed is not None and (resumed.from_invalidate or (resumed.fragment_num is not None and not split)):
-            # After an invalidate, or from a fragment without the split stage: mongos's rules,
-            # mongos's errors.
-            raise PassThrough()
-        sub: dict[str, Any] = {"nBuckets": 1, "showExpandedEvents": bool(spec.get("showExpandedEvents")),
-                               "showSystemEvents": bool(spec.get("showSystemEvents")),
-                               "fullDocument": spec.get("fullDocument", "default"),
-                               "fullDocumentBeforeChange": before_change,
-                               "shardBufferBytes": self.config.watch_shard_buffer_bytes}
-        if resumed is not None and resumed.token_type == EVENT_TOKEN:
-            # From the high-water mark of its time: the stream must meet the event again (below).
-            sub["resumeAfter"] = high_water_mark(resumed.cluster_time, resumed.version)
-        elif token is not None:
-            sub["resumeAfter"] = token
-        elif "startAtOperationTime" in spec:
-            sub["startAtOperationTime"] = spec["startAtOperationTime"]
-        # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
-        # lookup the stages may test, means the whole pipeline runs on each returned event.
-        plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
-            and before_change == "off"
-        sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
+            raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
+        request = read_watch(db, cmd)
+        if not await self._may_watch(session, request.resource):
+            raise Decline()  # mongos answers Unauthorized, in its own words
+        plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
         if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
             return failed
-        scope = None if cluster_wide else (db, coll)
         try:
-            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, sub, keep={0}, scope=scope,
-                                        stages=() if plain_match else tuple(stages),
-                                        keep_version=None if resumed is None else (resumed.cluster_time,
-                                                                                   resumed.version))
+            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, plan.open, keep={0},
+                                        scope=plan.scope, stages=plan.stages,
+                                        keep_version=plan.keep_version)
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
             if exc.code_name == "ExceededMemoryLimit":
                 # The stream mongos serves is the same stream, only slower: better than none.
                 log.warning("watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc)
-                raise PassThrough() from None
+                raise Decline() from None
             raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(session, stream, 0, cmd, cmd.get("cursor", {}).get("batchSize"),
-                               sub.get("resumeAfter"), from_start=True)
-        if resumed is not None and resumed.token_type == EVENT_TOKEN:
-            assert token is not None
-            cur.last_key, cur.last_token = token_sort_key(token), dict(token)
-            fragment = fragment_of(resumed)
-            cur.must_meet = fragment[0] if fragment is not None else cur.last_key
-            cur.fragments_sent = fragment[1] + 1 if fragment is not None else 0
-        cur.ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+        cur = self._new_cursor(session.user or "", stream, 0, cmd, plan.batch_size,
+                               plan.open.get("resumeAfter"), from_start=True)
+        if plan.event_token is not None:
+            cur.last_key, cur.last_token = token_sort_key(plan.event_token), dict(plan.event_token)
+            cur.must_meet = plan.fragment[0] if plan.fragment is not None else cur.last_key
+            cur.fragments_sent = plan.fragment[1] + 1 if plan.fragment is not None else 0
+        cur.ns = plan.ns
         self._private[cur.cursor_id] = stream
         return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
                            "ns": cur.ns}}
 
-    async def _holds(self, session: Any, action: str) -> bool:
+    async def _holds(self, session: ClientContext, action: str) -> bool:
         """Whether the client's user holds `action` on the cluster (always, without auth)."""
         return not self.requires_auth or allows(await session.privileges(), (action,), {"cluster": True})
 
-    def _owned(self, session: Any, cid: int, cmd: dict[str, Any]) -> BucketCursor:
+    def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
         check_lsid(cmd)
         cur = self.cursors.get(cid)
         if cur is None:
@@ -1037,20 +935,20 @@ class Engine:
             raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
         return cur
 
-    async def cmd_ddl(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_ddl(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
         name = next(iter(cmd))
         if not await self.lacks_expanded_events() or not isinstance(cmd[name], str):
-            raise PassThrough()
+            raise Decline()
         ns = target_namespace(db, cmd)
         shards = (await self._discover()).shards
         before = await self._holders(shards, ns)
         specs = None
         if name == "dropIndexes" and before:
             target_db, _, coll = ns.partition(".")
-            listed = await _forward(session, target_db, {"listIndexes": coll})
+            listed = await session.forward_command(target_db, {"listIndexes": coll})
             specs = {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
-        reply = await _forward(session, db, cmd)
+        reply = await session.forward_command(db, cmd)
         if reply.get("ok"):
             after = await self._holders(shards, ns)
             for note in plan_notes(cmd, ns, before, after, specs):
@@ -1060,8 +958,8 @@ class Engine:
                                           {"appendOplogNote": 1, "data": data})
         return reply
 
-    async def cmd_get_more(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        # The upstream's test fail points apply to getMores the proxy answers too (wireproxy/failpoints.py).
+    async def cmd_get_more(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        # The upstream's test fail points apply to getMores the engine answers too (ClientContext).
         if (failed := await session.fail_point_reply("getMore", db, cmd)) is not None:
             return failed
         more = get_more_request(cmd)
@@ -1090,7 +988,7 @@ class Engine:
             self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
         return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
 
-    async def cmd_kill_cursors(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_kill_cursors(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
             return failed
         killed, others = [], []
@@ -1110,32 +1008,32 @@ class Engine:
         reply: dict[str, Any] = {"cursorsKilled": killed, "cursorsNotFound": [], "cursorsAlive": [],
                                  "cursorsUnknown": []}
         if others:  # ids of mongos's cursors in the same command: mongos kills those
-            theirs = await _forward(session, db, {**cmd, "cursors": others})
+            theirs = await session.forward_command(db, {**cmd, "cursors": others})
             if not theirs.get("ok"):
                 return theirs
             for field_name in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
                 reply[field_name] += theirs.get(field_name, [])
         return reply
 
-    async def cmd_end_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_end_sessions(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """endSessions, forwarded; the engine's cursors of those sessions are killed at the next
         session refresh (EngineConfig.session_refresh_s), when the server kills those it holds."""
-        reply = await _forward(session, db, cmd)
+        reply = await session.forward_command(db, cmd)
         if reply.get("ok") and isinstance(cmd["endSessions"], list):
             owners = {cur.owner for cur in self.cursors.values()}  # only those: drivers end thousands
             self._ended_sessions.update(owner for spec in cmd["endSessions"] if isinstance(spec, Mapping)
                                         and "id" in spec and (owner := session_id(spec["id"])) in owners)
         return reply
 
-    async def cmd_kill_sessions(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_kill_sessions(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """killSessions / killAllSessions, forwarded; once mongos has accepted, the engine's
         cursors of those sessions are killed too, as the server closes a killed session's cursors
         (the unified test runner kills all sessions between tests)."""
         name = next(iter(cmd))
-        reply = await _forward(session, db, cmd)
+        reply = await session.forward_command(db, cmd)
         if not reply.get("ok"):
             return reply
-        named = sessions_named(cmd, getattr(session, "user", None) or "", access_control=self.requires_auth,
+        named = sessions_named(cmd, session.user or "", access_control=self.requires_auth,
                                kill_any=await self._holds(session, "killAnySession"))
         # Cursors opened outside any session belong to no session a command can name.
         self._kill_cursors_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
@@ -1162,7 +1060,7 @@ class Engine:
                        if cid in self.cursors})
         return owners
 
-    async def cmd_status(self, session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_status(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """Status of every stream, or of `name` with its merge frontier.
 
         With `after: [N tokens]` and `maxEvents: k` it also plans a micro-batch: `planEnd` is the

@@ -25,15 +25,15 @@ import trio
 from bson import Binary, Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
+from buckets.ports import Connection, ConnectUpstream
 from mongoformats.change_events import RAW, ChangeEvent
 from mongoformats.codecs import PLAIN
-from mongoformats.errors import MongoError
+from mongoformats.errors import ConnectionLost, MongoError
 from mongoformats.keystring import key_of
 from mongoformats.mql import get_path
 from mongoformats.oplog_splice import splice_at_end, splice_before_ns
 from mongoformats.resume_token import decode_token
 from mongoformats.update_diff import post_image
-from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 _LOOKUP_CHUNK = 500  # keys per find: bounds the $or (or $in) a server evaluates
 _MONGOS = ""         # the connection key of the upstream mongos (shards use their id)
@@ -57,11 +57,11 @@ class DocumentLookup:
     """Looks documents up over one connection to mongos and one per shard, one request at a time
     (shared by a stream's cursors; a lost connection is reopened once per request)."""
 
-    def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]],
-                 connect_shard: Callable[[str], Awaitable[UpstreamConnection]] | None = None) -> None:
+    def __init__(self, connect: ConnectUpstream,
+                 connect_shard: Callable[[str], Awaitable[Connection]] | None = None) -> None:
         self._connect = connect
         self._connect_shard = connect_shard
-        self._conns: dict[str, UpstreamConnection] = {}
+        self._conns: dict[str, Connection] = {}
         self._lock = trio.Lock()
 
     async def aclose(self) -> None:
@@ -178,7 +178,7 @@ class DocumentLookup:
                             conn = await self._connect_shard(target)
                         self._conns[target] = conn
                     return await conn.command(db, cmd)
-                except UpstreamClosed as exc:
+                except ConnectionLost as exc:
                     lost = self._conns.pop(target, None)
                     if lost is not None:
                         await lost.aclose()

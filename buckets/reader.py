@@ -36,11 +36,12 @@ from buckets._columnar.batch_splice import splice_entries
 from buckets._columnar.event_block import EventBlock, count_events, is_block
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.budget import BudgetHold, ByteBudget
+from buckets.ports import Connection, Connector
 from mongoformats.change_events import OplogTransformer, prev_op_ts
-from mongoformats.errors import MongoError, has_category
+from mongoformats.errors import ConnectionLost, MongoError, has_category
+from mongoformats.hosts import host_address
 from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from wireproxy.upstream import MemberConnector, UpstreamClosed, UpstreamConnection, host_address
 
 log = logging.getLogger("buckets.reader")
 
@@ -125,18 +126,18 @@ class TailOutput(Protocol):
 class OplogTail:
     """Reads one shard's oplog from `start`, forever, reconnecting to another member on failures.
 
-    Picklable until it runs (its connector is a MemberConnector: settings), so a reader process
-    can run it.
+    Picklable until it runs (its connector, a buckets.ports.Connector, is settings), so a
+    reader process can run it.
     """
 
     def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
                  transformer: OplogTransformer, await_ms: int = 200,
-                 connect_member: MemberConnector | None = None) -> None:
+                 connect_member: Connector) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
-        # Its record of failed members (a MemberConnector's) puts the member the tail lost last at
+        # Its record of failed members (the connector's) puts the member the tail lost last at
         # the end of the line: a hung one costs the connect timeout each time it is tried.
-        self.connect_member = connect_member or MemberConnector()
+        self.connect_member = connect_member
         self.position = start          # next read starts at ts >= position (inclusive at first)
         self.inclusive = True
         self.skip_key = skip_key       # events at or below this key were delivered before
@@ -144,7 +145,7 @@ class OplogTail:
         self.await_ms = await_ms
         self.reconnects = 0
 
-    async def check_history(self, conn: UpstreamConnection) -> None:
+    async def check_history(self, conn: Connection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
         reply = await conn.command("local", {"find": "oplog.rs", "filter": {}, "sort": {"$natural": 1},
                                              "limit": 1, "singleBatch": True, "$readPreference": _SECONDARY_OK})
@@ -165,7 +166,7 @@ class OplogTail:
         while True:
             try:
                 conn = await self.connect_member(self.hosts, secondary=True)
-            except UpstreamClosed as exc:
+            except ConnectionLost as exc:
                 self.reconnects += 1
                 await out.lost(str(exc), self.reconnects)
                 await trio.sleep(0.2)
@@ -177,7 +178,7 @@ class OplogTail:
                     first_connect = False
                     await out.checked()
                 await self._tail(conn, out)
-            except (UpstreamClosed, MongoError) as exc:
+            except (ConnectionLost, MongoError) as exc:
                 if isinstance(exc, MongoError):
                     if exc.code == 136:  # CappedPositionLost
                         raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
@@ -195,7 +196,7 @@ class OplogTail:
             finally:
                 await conn.aclose()
 
-    async def _tail(self, conn: UpstreamConnection, out: TailOutput) -> None:
+    async def _tail(self, conn: Connection, out: TailOutput) -> None:
         # Replies stay raw bytes: entries are found where they lie in the reply and spliced into events.
         op = "$gte" if self.inclusive else "$gt"
         data, at = await conn.command_in_place("local", {
@@ -231,7 +232,7 @@ class OplogTail:
                 await out.parked(False)
 
     async def _deliver(self, items: EventBlock | list[Any], entries: int, last_ts: Timestamp, out: TailOutput,
-                       conn: UpstreamConnection) -> None:
+                       conn: Connection) -> None:
         """Deliver what `splice_entries` made of `entries` oplog entries, less what a resumed
         stream delivered before (up to the skip key)."""
         transformer = self.transformer
@@ -260,7 +261,7 @@ class OplogTail:
         await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
 
-    async def _chain_through(self, conn: UpstreamConnection, ts: Timestamp) -> list[bytes]:
+    async def _chain_through(self, conn: Connection, ts: Timestamp) -> list[bytes]:
         """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
         one entry a query, as the server's change stream reads a chain that began before it."""
         if conn.streaming:  # `conn` carries the member's stream of batches: ask on a connection of its own
@@ -320,7 +321,7 @@ class ShardReader:
         self._checked: trio.Event | None = None
         self._nursery: trio.Nursery | None = None
         self._last_noop = -1e9
-        self._primary: UpstreamConnection | None = None
+        self._primary: Connection | None = None
         self._notes = trio.Lock()              # one note at a time on the primary connection
         self._nudged = trio.Event()
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
@@ -541,7 +542,7 @@ class ShardReader:
                 await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
                 self.stats.noops += 1
                 return True
-            except (UpstreamClosed, MongoError) as exc:
+            except (ConnectionLost, MongoError) as exc:
                 self._note_sent = None
                 if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
                     self.stats.noop_unavailable = f"{exc.code_name}: {exc.errmsg}"

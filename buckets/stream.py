@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -54,6 +54,7 @@ from buckets.memory_limit import (
     shaping_processes,
 )
 from buckets.merge import MergedQueue
+from buckets.ports import Connection, Connector, ConnectUpstream
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
 from buckets.shaping import Shaper
@@ -85,7 +86,6 @@ from mongoformats.resume_token import (
     token_text,
 )
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
-from wireproxy.upstream import MemberConnector, UpstreamConnection
 
 log = logging.getLogger("buckets.stream")
 
@@ -745,8 +745,7 @@ class BucketCursor:
 class ParallelStream:
     def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
                  floors: list[bytes], *, keep: set[int] | None = None,
-                 connect_upstream: Callable[[], Awaitable[UpstreamConnection]] | None = None,
-                 connect_member: MemberConnector | None = None,
+                 connect_upstream: ConnectUpstream | None = None, connect_member: Connector,
                  readers_pool: ReaderPool | None = None, memory: MemoryPool | None = None) -> None:
         self.name = name
         self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
@@ -763,7 +762,7 @@ class ParallelStream:
         self.keep = keep if keep is not None else set(range(n))
         self._hosts: list[ReaderHost] = []    # reader processes, with readerProcesses
         self.shaper = Shaper(options.stages, options.reader_processes)  # the stages, over as many processes
-        self._connect_member = connect_member or MemberConnector()
+        self._connect_member = connect_member
         self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
             options.full_document == "updateLookup" or options.needs_pre_images) else None
         self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i],
@@ -796,7 +795,7 @@ class ParallelStream:
         self._cancel = trio.CancelScope()
 
 
-    async def _connect_shard(self, sid: str) -> UpstreamConnection:
+    async def _connect_shard(self, sid: str) -> Connection:
         """A connection to a member of shard `sid` (pre-images live on the shard that wrote them)."""
         return await self._connect_member(self.readers[sid].hosts, secondary=True)
 

@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 
 import trio
 from bson import Timestamp
+from pymongo.uri_parser import split_hosts
 
-from mongoformats.errors import MongoError, has_category
-from wireproxy.upstream import UpstreamClosed, UpstreamConnection, parse_hosts
+from buckets.ports import Connection, ConnectUpstream
+from mongoformats.errors import ConnectionLost, MongoError, has_category
 
 log = logging.getLogger("buckets.topology")
 
@@ -40,7 +41,13 @@ class Topology(NamedTuple):
     sharded: bool = True
 
 
-async def discover(conn: UpstreamConnection) -> Topology:
+def _members(hosts: str) -> list[tuple[str, int]]:
+    """`h1:p1,[::1]:p2,h3` (members as servers list them) -> [(h1, p1), ("::1", p2), (h3, 27017)],
+    split by pymongo's parser, as drivers split them."""
+    return [(host, port or 27017) for host, port in split_hosts(hosts)]
+
+
+async def discover(conn: Connection) -> Topology:
     """What the engine reads behind `conn`: a mongos's shards, or a replica set as one shard.
 
     A replica set's change stream is the same stream on one shard (same events, tokens and
@@ -55,23 +62,23 @@ async def discover(conn: UpstreamConnection) -> Topology:
         raise MongoError(40573, "The $changeStream stage is only supported on replica sets")
     members = [*hello.get("hosts", []), *hello.get("passives", [])]
     as_of = hello.get("operationTime") or hello["$clusterTime"]["clusterTime"]
-    return Topology({set_name: parse_hosts("mongodb://" + ",".join(members))}, {set_name: Timestamp(0, 0)},
+    return Topology({set_name: _members(",".join(members))}, {set_name: Timestamp(0, 0)},
                     as_of, sharded=False)
 
 
-async def read_topology(conn: UpstreamConnection) -> Topology:
+async def read_topology(conn: Connection) -> Topology:
     reply = await conn.command("admin", {"listShards": 1})
     as_of = reply.get("operationTime") or reply["$clusterTime"]["clusterTime"]
     shards: dict[str, list[tuple[str, int]]] = {}
     joined: dict[str, Timestamp] = {}
     for s in reply["shards"]:
-        shards[s["_id"]] = parse_hosts("mongodb://" + s["host"].split("/", 1)[-1])
+        shards[s["_id"]] = _members(s["host"].split("/", 1)[-1])
         joined[s["_id"]] = s.get("topologyTime") or Timestamp(0, 0)
     return Topology(shards, joined, as_of)
 
 
 class TopologyWatcher:
-    def __init__(self, connect: Callable[[], Awaitable[UpstreamConnection]], known: Topology, *,
+    def __init__(self, connect: ConnectUpstream, known: Topology, *,
                  holds_back: Callable[[], float | None], min_interval_s: float = 0.02,
                  lazy_check_s: float = 0.25) -> None:
         self.connect = connect
@@ -100,7 +107,7 @@ class TopologyWatcher:
         the mark, and the list is read at once, one read at a time. Nudges made while a read is
         under way came before the merge took its mark; the merge nudges again if events still
         wait after it (they came after the read began), so those are dropped."""
-        conn: UpstreamConnection | None = None
+        conn: Connection | None = None
         last_check = -1e9
         try:
             while True:
@@ -116,7 +123,7 @@ class TopologyWatcher:
                     if conn is None:
                         conn = await self.connect()
                     topology = await read_topology(conn)
-                except (UpstreamClosed, MongoError) as exc:
+                except (ConnectionLost, MongoError) as exc:
                     if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
                         raise MongoError(exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}") \
                             from exc

@@ -14,16 +14,15 @@ from dataclasses import dataclass
 import trio
 
 from simcluster import SimCluster, open_cluster
-from wireproxy.app import serve_proxy
+from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
-from wireproxy.server import ProxyServer
 
 
 @dataclass
 class Environment:
     source: SimCluster
     target: SimCluster | None
-    proxy: ProxyServer
+    proxy: RunningProxy
 
     @property
     def proxy_uri(self) -> str:

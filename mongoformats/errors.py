@@ -48,6 +48,13 @@ class ProtocolError(Exception):
     """A malformed or oversized wire message. The connection that sent it is closed."""
 
 
+class ConnectionLost(Exception):
+    """A connection to a server was closed, could not be made, or got no answer in time: its
+    transport failed, where a MongoError is the server's own answer. Whoever opens connections
+    raises it (or a subclass), and whoever reads over them catches it without knowing who opened
+    them (the engine over the proxy's connections)."""
+
+
 class MongoError(Exception):
     """A command error with a MongoDB code: raised anywhere, rendered once at the boundary."""
 

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from simcluster import SimCluster, open_cluster
-from wireproxy.app import serve_proxy
+from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
 from wireproxy.server import ProxyServer
 
@@ -71,7 +71,7 @@ async def cluster() -> AsyncIterator[SimCluster]:
 
 
 @pytest.fixture
-async def proxy(cluster: SimCluster) -> AsyncIterator[ProxyServer]:
+async def proxy(cluster: SimCluster) -> AsyncIterator[RunningProxy]:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
         yield server
@@ -81,7 +81,7 @@ async def proxy(cluster: SimCluster) -> AsyncIterator[ProxyServer]:
         nursery.cancel_scope.cancel()
 
 
-def proxy_uri(server: ProxyServer) -> str:
+def proxy_uri(server: ProxyServer | RunningProxy) -> str:
     return f"mongodb://127.0.0.1:{server.port}/"
 
 

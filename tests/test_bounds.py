@@ -22,13 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo.errors import OperationFailure
 
+from buckets import commands as commands_module
 from buckets import engine as engine_module
-from buckets.engine import (
-    MAX_PIPELINE_STAGES,
-    check_open_command,
-    check_pipeline,
-    check_status_command,
-)
+from buckets.commands import MAX_PIPELINE_STAGES, check_pipeline
+from buckets.engine import check_open_command, check_status_command
 from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError
 from mongoformats.idl import MAX_BSON_DEPTH, check_depth, get_more_request, kill_cursors_ids
@@ -357,7 +354,7 @@ async def test_an_unexpected_failure_is_answered_without_python_text(proxy, capl
     async def broken(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         raise TypeError("'int' object is not iterable: secret detail")
 
-    proxy.table.commands["parallelchangestreamstatus"] = broken
+    proxy.server.table.commands["parallelchangestreamstatus"] = broken
 
     def work():
         c = client(proxy_uri(proxy))
@@ -435,7 +432,7 @@ def test_fuzzed_watch_and_cursor_fields_fail_with_mongodb_errors(stages, spec, c
     try:
         check_depth(cmd)
         check_pipeline(cmd["pipeline"], "aggregate")
-        if engine_module._well_typed_watch(cmd) and unsupported_in_stages(stages) is None:
+        if commands_module._well_typed_watch(cmd) and unsupported_in_stages(stages) is None:
             apply_stages(event, compile_stages(stages), {"_data": "00"})
     except MongoError:
         pass

@@ -855,7 +855,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     engine = proxy.engine
     stream = await engine._create("dealt-first", 1, {"nBuckets": 1, "startAtOperationTime": start})
     await poll_until(lambda: stream.buckets[0].end >= 500, 10)
-    cur = engine._new_cursor(None, stream, 0, {}, None, None, from_start=True)
+    cur = engine._new_cursor("", stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
     events, _ = await cur.next_batch(None, 0)
     assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in as_fields(events)] == list(range(500))

@@ -28,9 +28,8 @@ from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
 from tests.fuzz.wire_target import SEEDS, mutate
 from tests.test_auth import with_user
 from tests.test_wire_bounds import INNER, bomb
-from wireproxy.app import serve_proxy
+from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
-from wireproxy.server import ProxyServer
 
 
 def bad_string_frame(nested: bool) -> bytes:
@@ -92,7 +91,7 @@ def round_trip(uri: str, n: int) -> Callable[[], None]:
 
 
 @pytest.fixture
-async def cluster_and_proxy(cluster: SimCluster) -> AsyncIterator[tuple[SimCluster, ProxyServer]]:
+async def cluster_and_proxy(cluster: SimCluster) -> AsyncIterator[tuple[SimCluster, RunningProxy]]:
     async with trio.open_nursery() as nursery:
         config = ProxyConfig(upstream=cluster.uri, listen_port=0, frame_timeout_s=1.0)
         server = await nursery.start(serve_proxy, config)
@@ -193,16 +192,16 @@ async def test_incomplete_messages_of_clients_not_logged_in_share_one_budget(clu
     async with trio.open_nursery() as nursery:
         config = ProxyConfig(upstream=cluster.uri, listen_port=0,
                              unauthenticated_buffer_bytes=4 << 20)
-        proxy: ProxyServer = await nursery.start(serve_proxy, config)
+        proxy: RunningProxy = await nursery.start(serve_proxy, config)
         head = wire.HEADER.pack(10_000_000, 1, 0, wire.OP_MSG)
         first = await trio.open_tcp_stream("127.0.0.1", proxy.port)
         await first.send_all(head + bytes((3 << 20) - len(head)))
-        await poll_until(lambda: proxy.frame_budget.total == 3 << 20, 20)
+        await poll_until(lambda: proxy.server.frame_budget.total == 3 << 20, 20)
         await send_and_expect_close(proxy.port, head + bytes(2 << 20))
-        assert proxy.frame_budget.total == 3 << 20  # the first still holds its part
+        assert proxy.server.frame_budget.total == 3 << 20  # the first still holds its part
         await sync(round_trip(proxy_uri(proxy), 4))
         await first.aclose()
-        await poll_until(lambda: proxy.frame_budget.total == 0, 20)
+        await poll_until(lambda: proxy.server.frame_budget.total == 0, 20)
         await sync(round_trip(proxy_uri(proxy), 5))
         await sync(_close_all)
         nursery.cancel_scope.cancel()

@@ -27,9 +27,8 @@ from mongoformats.sessions import user_digest
 from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, sync
 from tests.test_engine import NS
-from wireproxy.app import serve_proxy
+from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
-from wireproxy.server import ProxyServer
 
 PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "monitor": "monitor-pw",
              "ops": "ops-pw", "cdc": "proxy-pw"}
@@ -44,7 +43,7 @@ def with_user(uri: str, user: str) -> str:
 
 
 @asynccontextmanager
-async def secured() -> AsyncIterator[tuple[SimCluster, ProxyServer]]:
+async def secured() -> AsyncIterator[tuple[SimCluster, RunningProxy]]:
     """A cluster requiring authentication and a proxy logging in as `cdc`."""
     async with open_cluster(shards=2, users=PASSWORDS, roles=ROLES) as cluster, trio.open_nursery() as nursery:
         proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc"), listen_port=0))
@@ -53,7 +52,7 @@ async def secured() -> AsyncIterator[tuple[SimCluster, ProxyServer]]:
         nursery.cancel_scope.cancel()
 
 
-def through(proxy: ProxyServer, user: str | None = None, **kwargs: Any) -> Any:
+def through(proxy: RunningProxy, user: str | None = None, **kwargs: Any) -> Any:
     base = f"mongodb://127.0.0.1:{proxy.port}/"
     return client(with_user(base, user) if user else base, **kwargs)
 
@@ -89,7 +88,7 @@ async def test_identity_comes_from_mongos_not_from_the_login_messages():
             who = mallory.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"]
             assert who == [{"user": "bob", "db": "admin"}]
             # The proxy's idea of each connection's user: alice's one connection, and bob.
-            assert sorted(s.user for s in proxy.sessions if s.user) == ["alice@admin", "bob@admin"]
+            assert sorted(s.user for s in proxy.server.sessions if s.user) == ["alice@admin", "bob@admin"]
             assert code_of(mallory.admin.command, {"getMore": hers, "collection": NS}) == 13
             assert code_of(mallory.admin.command, {"killCursors": NS, "cursors": [hers]}) == 13
             assert mallory.admin.command({"parallelChangeStreamStatus": 1})["streams"] == []

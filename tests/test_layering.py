@@ -1,6 +1,7 @@
 """The format package is pure: no trio, no sockets, and it imports no other package of ours."""
 
 import ast
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -161,3 +162,59 @@ def test_mongoformats_imports_only_the_standard_library_bson_and_the_compressors
             top = module.split(".")[0]
             assert top in sys.stdlib_module_names | FORMATS_THIRD_PARTY | {"mongoformats"}, \
                 f"mongoformats/{path.name} imports {module}"
+
+
+# The engine and the proxy: the engine states what it needs from the proxy (buckets/ports.py)
+# and never imports it; the proxy builds and wires the engine in its composition root only.
+COMPOSITION_ROOTS = {"app.py", "__main__.py"}
+
+
+def _modules_imported(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports, anywhere in it: at the top, inside functions, and under
+    `if TYPE_CHECKING:` (ast.walk visits them all)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: within the package itself
+                found.add(path.parent.name)
+            elif node.module:
+                found.add(node.module)
+    return found
+
+
+def test_the_engine_imports_nothing_of_the_proxy():
+    for path in (ROOT / "buckets").rglob("*.py"):
+        for module in _modules_imported(path):
+            where = path.relative_to(ROOT)
+            assert module.split(".")[0] != "wireproxy", f"{where} imports {module}"
+
+
+def test_the_proxy_imports_the_engine_only_in_its_composition_root():
+    for path in (ROOT / "wireproxy").rglob("*.py"):
+        if path.name in COMPOSITION_ROOTS and path.parent == ROOT / "wireproxy":
+            continue
+        for module in _modules_imported(path):
+            assert module.split(".")[0] != "buckets", f"wireproxy/{path.name} imports {module}"
+
+
+def test_the_import_check_sees_deferred_and_type_checking_imports(tmp_path):
+    """The rule above also catches the imports that hide a dependency from a first reading."""
+    path = tmp_path / "hidden.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from wireproxy.router import X\n"
+                    "def f():\n    import wireproxy.upstream\n")
+    assert {"wireproxy.router", "wireproxy.upstream"} <= _modules_imported(path)
+
+
+def test_the_proxys_reader_process_bound_is_the_engines():
+    """The proxy's configuration is checked without loading the engine, so it keeps its own copy
+    of the engine's bound on reader processes."""
+    from buckets.engine import MAX_READER_PROCESSES
+    from wireproxy.config import MAX_READER_PROCESSES as PROXY_MAX
+    from wireproxy.config import ProxyConfig
+
+    assert PROXY_MAX == MAX_READER_PROCESSES
+    bounds = {f.name: f.metadata["range"] for f in dataclasses.fields(ProxyConfig)}
+    assert bounds["reader_processes"] == (0, MAX_READER_PROCESSES)

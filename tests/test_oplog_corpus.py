@@ -44,6 +44,7 @@ from buckets._columnar.event_block import EventBlock
 from buckets.reader import OplogTail
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
+from wireproxy.upstream import MemberConnector
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "conformance" / "oplog_entries"
 PATHS = ("entry", "general", "reader", "reader-per-entry", "reader-in-run")
@@ -220,6 +221,7 @@ def _read(case: dict[str, Any], path: str) -> list[tuple[bytes, bytes, bytes]]:
         start=decode_token(resumed).cluster_time if resumed else Timestamp(0, 0),
         skip_key=_resume_key(case),
         transformer=_transformer(case["options"]),
+        connect_member=MemberConnector(),  # unused: _tail reads the connection it is given
     )
     out: Any = _Collect()  # the TailOutput
     conn: Any = _Oplog(batches, history)  # stands in for the UpstreamConnection to a member

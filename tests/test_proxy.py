@@ -191,7 +191,7 @@ async def test_bad_frames_close_only_their_connection(proxy):
                 s.settimeout(5)
                 assert s.recv(100) == b""
         assert good.t.c.find_one({"_id": 1}) == {"_id": 1}
-        assert proxy.metrics.protocol_errors._value.get() == 3
+        assert proxy.server.metrics.protocol_errors._value.get() == 3
     await sync(work)
 
 

@@ -80,7 +80,8 @@ async def test_a_client_on_a_mongos_that_hangs_is_cut_and_its_retries_go_to_anot
         await sync(c.um.t.insert_one, {"_id": 1})
 
         def pinned_to() -> set[str]:
-            return {s.upstream.address for s in proxy.sessions if s.upstream is not None and not s.upstream.closed}
+            return {s.upstream.address for s in proxy.server.sessions
+                    if s.upstream is not None and not s.upstream.closed}
 
         assert pinned_to() == {hung}, "the first mongos of the URI, while it answers"
         relay.cut()
@@ -141,13 +142,13 @@ async def test_behind_a_replica_set_clients_write_to_its_primary_and_follow_a_ne
         c = client(proxy_uri(proxy))
         await sync(c.rs.t.insert_one, {"_id": 1})
         old = rs.primary
-        assert {s.upstream.address for s in proxy.sessions if s.upstream is not None} == {old.address}
+        assert {s.upstream.address for s in proxy.server.sessions if s.upstream is not None} == {old.address}
         await rs.step_down(old, 60, 10, False)
-        await poll_until(lambda: rs.primary is not None and proxy.monitor.writable.get(rs.primary.address), 10)
-        await poll_until(lambda: not proxy.monitor.writable[old.address], 10)
+        await poll_until(lambda: rs.primary is not None and proxy.server.monitor.writable.get(rs.primary.address), 10)
+        await poll_until(lambda: not proxy.server.monitor.writable[old.address], 10)
         await sync(c.rs.t.insert_one, {"_id": 2})  # its pinned connection was cut: retried on a new one
         assert await sync(c.rs.t.count_documents, {}) == 2
-        assert {s.upstream.address for s in proxy.sessions
+        assert {s.upstream.address for s in proxy.server.sessions
                 if s.upstream is not None and not s.upstream.closed} == {rs.primary.address}
         await sync(_close_all)
         nursery.cancel_scope.cancel()

@@ -72,18 +72,18 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(serve_proxy, config)
+            proxy = await nursery.start(serve_proxy, config)
             # The batch splice's compiled kernels, loaded (or compiled, on a cold cache) in a
             # thread while the proxy already serves: ready before the first stream needs them. A
             # shutdown does not wait for it.
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, warm_up, abandon_on_cancel=True))
             logging.getLogger("wireproxy").info("listening on %s:%d, upstream %s", config.listen_host,
-                                                server.port, redact_uri(config.upstream))
+                                                proxy.port, redact_uri(config.upstream))
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
-                    await server.shutdown()
+                    await proxy.server.shutdown()
                     with trio.move_on_after(config.shutdown_grace_s + 1):
-                        while server.open_connections > 0:
+                        while proxy.server.open_connections > 0:
                             await trio.sleep(0.1)
                     nursery.cancel_scope.cancel()
                     return

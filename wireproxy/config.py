@@ -20,7 +20,9 @@ from typing import Any
 from mongoformats import wire
 from wireproxy.redact import redact_uri
 
-MAX_READER_PROCESSES = 64  # as parallelChangeStream's readerProcesses option allows
+# The engine's bound (buckets.engine.MAX_READER_PROCESSES, which a test checks this matches): the
+# proxy's configuration is read before, and without, the engine.
+MAX_READER_PROCESSES = 64
 
 
 def _setting(default: Any, help: str, low: float | None = None, high: float | None = None) -> Any:

@@ -16,12 +16,9 @@ import math
 import time
 from typing import NamedTuple
 
+from mongoformats.hosts import host_address
+
 __all__ = ["HostFailure", "HostHealth", "host_address"]
-
-
-def host_address(host: str, port: int) -> str:
-    """`host:port`, an IPv6 address in brackets: how servers and drivers write a member's address."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class HostFailure(NamedTuple):

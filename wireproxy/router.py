@@ -33,7 +33,8 @@ LocalHandler = Callable[[Any, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 @dataclass
 class CommandTable:
-    """Commands the proxy serves itself. The engine fills it; the router only reads it."""
+    """Commands the proxy serves itself. The composition root (wireproxy/app.py) fills it with
+    the engine's; the router only reads it."""
 
     commands: dict[str, LocalHandler] = field(default_factory=dict)
     # Cursor ids the proxy owns: their getMore/killCursors are local, all others pass through.

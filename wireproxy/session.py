@@ -354,6 +354,11 @@ class ClientSession:
         """The failGetMoreAfterCursorCheckout error for a getMore on a cursor of the proxy's own."""
         return await self.server.fail_points.after_checkout(self.get_upstream)
 
+    async def forward_command(self, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """`cmd` run on this client's upstream connection, as mongos answers it (errors included)."""
+        up = await self.get_upstream()
+        return dict(bson.decode((await up.command(db, cmd, check=False)).raw))
+
     # -- pass-through ------------------------------------------------------------------------------
 
     async def get_upstream(self) -> UpstreamConnection:

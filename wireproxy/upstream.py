@@ -31,7 +31,7 @@ from pymongo.uri_parser import parse_uri, split_hosts
 
 from mongoformats import wire
 from mongoformats.change_events import RAW
-from mongoformats.errors import MongoError, ProtocolError
+from mongoformats.errors import ConnectionLost, MongoError, ProtocolError
 from mongoformats.oplog_splice import elements
 from mongoformats.scram import MECHANISM, ScramClient
 from wireproxy.cluster_time import ClusterTimeGossip
@@ -48,7 +48,7 @@ DIRECT_FRAME_BYTES = 1 << 16  # a larger reply to an in-place command is receive
 Allocate = Callable[[int], bytearray]
 
 
-class UpstreamClosed(Exception):
+class UpstreamClosed(ConnectionLost):
     """The upstream server closed the connection, could not be reached or did not answer in time."""
 
 
