@@ -1,0 +1,154 @@
+"""A bucket whose consumer is slow or gone falls behind instead of stopping the merge for every
+bucket, and its consumer catches up later from a replay of the oplogs (buckets/catch_up.py).
+
+Each test writes a backlog of several bucket budgets to a 2-bucket stream whose bucket 1 is not
+read while bucket 0 is: bucket 0 gets every event, the stream stays within its budgets, and bucket
+1, read afterwards, returns every one of its events exactly once and in write order (identified
+by namespace and _id against the documents written), then goes on live."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import bson
+import pytest
+from bson.raw_bson import RawBSONDocument
+
+from tests.conftest import _close_all, client, proxy_uri, sync
+from tests.test_attach import _one_namespace_per_bucket
+
+NS = "$cmd.parallelChangeStream"
+BUDGET = 256 << 10
+PAD = "x" * 1000
+CHUNK = 50
+
+
+def _get_more(c: Any, cid: int, n: int, wait_ms: int = 300) -> list[RawBSONDocument]:
+    r = c.admin.command({"getMore": cid, "collection": NS, "batchSize": n, "maxTimeMS": wait_ms},
+                        codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+    return list(r["cursor"]["nextBatch"])
+
+
+def _key(e: RawBSONDocument) -> tuple[str, int]:
+    return f"{e['ns']['db']}.{e['ns']['coll']}", e["documentKey"]["_id"]
+
+
+class Workload:
+    """Inserts of padded documents, in chunks; every third chunk in a transaction. With
+    `bucket_by` "namespace" one collection per bucket, with "documentKey" one collection."""
+
+    def __init__(self, c: Any, bucket_by: str) -> None:
+        self.c = c
+        self.names = list(_one_namespace_per_bucket(2).values()) if bucket_by == "namespace" else ["fb.hot"]
+        self.written: list[tuple[str, int]] = []   # in write order
+        self.chunks = 0
+
+    def write(self, n: int) -> None:
+        c, lo = self.c, len(self.written) // len(self.names)
+        for start in range(lo, lo + n, CHUNK):
+            ids = range(start, min(start + CHUNK, lo + n))
+            self.chunks += 1
+            if self.chunks % 3 == 0:
+                with c.start_session() as s:
+                    s.with_transaction(lambda s, ids=ids: [
+                        c[ns.split(".")[0]][ns.split(".")[1]].insert_many(
+                            [{"_id": i, "pad": PAD} for i in ids], session=s) for ns in self.names])
+            else:
+                for ns in self.names:
+                    db, coll = ns.split(".")
+                    c[db][coll].insert_many([{"_id": i, "pad": PAD} for i in ids])
+            # A transaction's events come in its applyOps order: namespace by namespace.
+            self.written += [(ns, i) for ns in self.names for i in ids]
+
+
+def _open(c: Any, name: str, bucket_by: str) -> tuple[int, int]:
+    opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": name,
+                              "bucketBufferBytes": BUDGET, "bucketBy": bucket_by})
+    cursors = {cur["bucket"]: cur["id"] for cur in opened["cursors"]}
+    return cursors[0], cursors[1]
+
+
+def _bucket_status(c: Any, name: str, i: int) -> dict[str, Any]:
+    status = c.admin.command({"parallelChangeStreamStatus": 1, "name": name})
+    return status["streams"][0]["buckets"][i]
+
+
+def _read_until(c: Any, cid: int, got: list[RawBSONDocument], n: int, check: Any = None) -> None:
+    while len(got) < n:
+        got += _get_more(c, cid, n - len(got))
+        if check is not None:
+            check()
+
+
+@pytest.mark.parametrize("bucket_by", ["namespace", "documentKey"])
+async def test_a_stalled_bucket_falls_behind_and_catches_up(cluster, proxy, bucket_by):
+    """Bucket 1's cursor is never read while 8 budgets per bucket are written and bucket 0 is
+    read: bucket 0 gets all of its events, every budget stays within its limit, and the status
+    says bucket 1 is behind with events dropped. Bucket 1 is then read: all of its events, in
+    order, each once, then the events written after, from the stream again (live)."""
+    name = f"stall-{bucket_by}"
+    c = client(proxy_uri(proxy))
+    b0, b1 = await sync(_open, c, name, bucket_by)
+    work = Workload(c, bucket_by)
+    await sync(work.write, 8 * BUDGET // 1000 // len(work.names) * 2)
+    stream = proxy.engine.streams[name]
+    bucket_budgets = sum(b.budget.limit for b in stream.buckets.values())
+    shard_budgets = sum(b.limit for b in stream.shard_budgets.values())
+    held: list[int] = []
+
+    def within_budgets() -> None:
+        for b in stream.buckets.values():
+            assert b.budget.used <= b.budget.limit, "a bucket over its budget"
+        held.append(stream.memory()["heldBytes"])
+
+    got0: list[RawBSONDocument] = []
+
+    def drain0() -> None:
+        # Until bucket 0 is idle: every event it will ever get has come.
+        while True:
+            more = _get_more(c, b0, 1000)
+            within_budgets()
+            if not more and stream.buckets[1].lag.behind and stream.events_merged >= len(work.written):
+                break
+            got0.extend(more)
+    await sync(drain0)
+    assert max(held) <= bucket_budgets + shard_budgets
+    status = await sync(_bucket_status, c, name, 1)
+    assert status["state"] == "behind" and status["droppedEvents"] > 0, status
+    assert (await sync(_bucket_status, c, name, 0))["state"] == "live"
+    mine0 = [k for k in work.written if _in(k, 0, stream)]
+    mine1 = [k for k in work.written if _in(k, 1, stream)]
+    assert [_key(e) for e in got0] == mine0, "bucket 0: every event once, in order"
+    assert len(mine1) > 4 * BUDGET // 1000, "bucket 1 has a backlog of budgets"
+
+    got1: list[RawBSONDocument] = []
+    await sync(_read_until, c, b1, got1, len(mine1))
+    assert [_key(e) for e in got1] == mine1, "bucket 1: every event once, in order"
+    assert stream.replays >= 1
+    # Live again: events written now come from the stream's own bucket once the replay meets it.
+    await sync(work.write, CHUNK)
+    new = work.written[-CHUNK * len(work.names):]
+    await sync(_read_until, c, b0, got0, len(mine0) + len([k for k in new if _in(k, 0, stream)]))
+    tail1 = [k for k in new if _in(k, 1, stream)]
+    more1: list[RawBSONDocument] = []
+    await sync(_read_until, c, b1, more1, len(tail1))
+    assert [_key(e) for e in more1] == tail1
+
+    def back_live() -> None:
+        for _ in range(100):
+            if proxy.engine.cursors[b1].stream is stream and _bucket_status(c, name, 1)["state"] == "live":
+                return
+            assert not _get_more(c, b1, 10), "nothing more was written"
+        raise AssertionError("bucket 1's cursor never came back to its stream")
+    await sync(back_live)
+    await sync(_close_all)
+
+
+def _in(key: tuple[str, int], bucket: int, stream: Any) -> bool:
+    """Whether the insert `key` goes to `bucket` of `stream` (its routing)."""
+    from buckets.bucketing import bucket_of, bucket_of_document
+
+    ns, _id = key
+    if stream.options.bucket_by == "namespace":
+        return bucket_of(ns, stream.options.n_buckets) == bucket
+    return bucket_of_document(ns, _id, stream.options.n_buckets) == bucket
