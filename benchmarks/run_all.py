@@ -14,6 +14,7 @@ from benchmarks import (
     bench_replication,
     bench_simcluster,
     bench_soak,
+    bench_stall,
     bench_watch_stages,
 )
 from benchmarks.common import add_out_option
@@ -25,6 +26,7 @@ if __name__ == "__main__":
     bench_simcluster.main(out)
     bench_proxy.main(out)
     bench_engine.main(out)
+    bench_stall.main(out)
     bench_watch_stages.main(out)
     bench_latency.main(out)
     bench_replication.main(out)

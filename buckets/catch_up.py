@@ -39,8 +39,8 @@ class Lag:
     # events a replay re-reads.
     dropped_events: int = 0
     dropped_bytes: int = 0
-    fell_behind: int = 0        # how many times, over the stream's life
-    dropped_total: int = 0      # events, over the stream's life
+    fell_behind: int = 0  # how many times, over the stream's life
+    dropped_total: int = 0  # events, over the stream's life
 
     @property
     def behind(self) -> bool:

@@ -1087,7 +1087,8 @@ class Engine:
             if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
                 await self._replay_dropped(cur)
                 left = max(0, int((deadline - trio.current_time()) * 1000))
-                events, pbrt = await cur.next_batch(more.batch_size, left if more.max_time_ms is not None else None)
+                wait_ms = left if more.max_time_ms is not None else None
+                events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
         except MongoError as exc:
             self._drop_cursor(cid)
             raise with_change_stream_label(exc) from None

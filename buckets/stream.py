@@ -368,8 +368,9 @@ class Bucket:
         if last_key(event) <= self.floor or self.error is not None:
             return True  # a resumed stream: this bucket already had it; or a failed bucket
         n = event.nbytes if is_block(event) else len(event[EV_RAW])
-        if self.lag.behind and not self._rejoin(self.lag.rejoin_point(self.merge_frontier, self.floor)):
-            self.lag.drop(count_events([event]), n, last_key(event))
+        lag = self.lag
+        if lag.behind and not self._rejoin(lag.rejoin_point(self.merge_frontier, self.floor)):
+            lag.drop(count_events([event]), n, last_key(event))
             return True
         self._drop_delivered(n)  # returns at once while the budget has room
         if not self.budget.try_acquire(n):
@@ -377,12 +378,13 @@ class Bucket:
         self._append(event)
         return True
 
-    # -- falling behind (buckets/catch_up.py) -------------------------------------------------------
+    # -- falling behind (buckets/catch_up.py) ---------------------------------------------------
 
     def _fall_behind(self) -> None:
         """Full: hold every event up to here and drop what follows, rather than stop the merge.
         The frontier stays at that point: a cursor that reads to the end resumes from it."""
-        complete = max(self.frontier, self.floor, self.key_at(self._end - 1) if self._end > self.base else b"")
+        held = self.key_at(self._end - 1) if self._end > self.base else b""
+        complete = max(self.frontier, self.floor, held)
         self.lag.fall(complete)
         if complete > self.frontier:
             self.frontier, self.frontier_token = complete, token_from_key(complete)
@@ -424,7 +426,8 @@ class Bucket:
         n = items_bytes(events)
         self._drop_delivered(n)
         # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
-        if not self.lag.behind and self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
+        fits = self.budget.used + n <= self.budget.limit
+        if not self.lag.behind and fits and self.budget.try_acquire(n):
             for item in events:
                 self._append(item)
         else:
@@ -459,7 +462,8 @@ class Bucket:
         while not self.put_nowait(event):
             self.notify()
             n = event.nbytes if is_block(event) else len(event[EV_RAW])
-            if self.isolated and trio.current_time() - since >= FALL_BEHIND_AFTER_S and self.holds_back():
+            held_back = trio.current_time() - since >= FALL_BEHIND_AFTER_S
+            if self.isolated and held_back and self.holds_back():
                 self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
                 if not self.budget.try_acquire(n):
                     self._fall_behind()
@@ -599,7 +603,7 @@ class BucketCursor:
             return
         target = named.buckets[self.bucket.index]
         if target.position_after(start_point(self.last_token)[1]) is None:
-            return  # the named bucket starts after this point (or is behind): read on from the replay
+            return  # the named bucket starts after this point, or is behind: read the replay
         self.bucket.detach(self)
         self.stream, self.bucket, self.join = named, target, None
         self.position = target.base
@@ -1277,7 +1281,8 @@ def _lag_status(bucket: Bucket) -> dict[str, Any]:
     at = min(behind, default=bucket.frontier)
     merge = max(bucket.merge_frontier, bucket.frontier)
     at_ts, merge_ts = _key_time(at), _key_time(merge)
-    return {"state": lag.state(bool(bucket.awaiting)), "clusterTime": at_ts, "mergeClusterTime": merge_ts,
+    return {"state": lag.state(bool(bucket.awaiting)),
+            "clusterTime": at_ts, "mergeClusterTime": merge_ts,
             "behindSeconds": max(0, merge_ts.time - at_ts.time) if at_ts and merge_ts else 0,
             "droppedEvents": lag.dropped_events, "droppedBytes": lag.dropped_bytes,
             "fellBehind": lag.fell_behind, "droppedTotal": lag.dropped_total}

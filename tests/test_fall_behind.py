@@ -14,6 +14,7 @@ import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 
+from buckets.metrics import EngineCollector
 from tests.conftest import _close_all, client, proxy_uri, sync
 from tests.test_attach import _one_namespace_per_bucket
 
@@ -24,8 +25,10 @@ CHUNK = 50
 
 
 def _get_more(c: Any, cid: int, n: int, wait_ms: int = 300) -> list[RawBSONDocument]:
-    r = c.admin.command({"getMore": cid, "collection": NS, "batchSize": n, "maxTimeMS": wait_ms},
-                        codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+    r = c.admin.command(
+        {"getMore": cid, "collection": NS, "batchSize": n, "maxTimeMS": wait_ms},
+        codec_options=bson.CodecOptions(document_class=RawBSONDocument),
+    )
     return list(r["cursor"]["nextBatch"])
 
 
@@ -39,8 +42,10 @@ class Workload:
 
     def __init__(self, c: Any, bucket_by: str) -> None:
         self.c = c
-        self.names = list(_one_namespace_per_bucket(2).values()) if bucket_by == "namespace" else ["fb.hot"]
-        self.written: list[tuple[str, int]] = []   # in write order
+        self.names = (
+            list(_one_namespace_per_bucket(2).values()) if bucket_by == "namespace" else ["fb.hot"]
+        )
+        self.written: list[tuple[str, int]] = []  # in write order
         self.chunks = 0
 
     def write(self, n: int) -> None:
@@ -50,9 +55,14 @@ class Workload:
             self.chunks += 1
             if self.chunks % 3 == 0:
                 with c.start_session() as s:
-                    s.with_transaction(lambda s, ids=ids: [
-                        c[ns.split(".")[0]][ns.split(".")[1]].insert_many(
-                            [{"_id": i, "pad": PAD} for i in ids], session=s) for ns in self.names])
+                    s.with_transaction(
+                        lambda s, ids=ids: [
+                            c[ns.split(".")[0]][ns.split(".")[1]].insert_many(
+                                [{"_id": i, "pad": PAD} for i in ids], session=s
+                            )
+                            for ns in self.names
+                        ]
+                    )
             else:
                 for ns in self.names:
                     db, coll = ns.split(".")
@@ -62,8 +72,15 @@ class Workload:
 
 
 def _open(c: Any, name: str, bucket_by: str) -> tuple[int, int]:
-    opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": name,
-                              "bucketBufferBytes": BUDGET, "bucketBy": bucket_by})
+    opened = c.admin.command(
+        {
+            "parallelChangeStream": 1,
+            "nBuckets": 2,
+            "name": name,
+            "bucketBufferBytes": BUDGET,
+            "bucketBy": bucket_by,
+        }
+    )
     cursors = {cur["bucket"]: cur["id"] for cur in opened["cursors"]}
     return cursors[0], cursors[1]
 
@@ -108,9 +125,14 @@ async def test_a_stalled_bucket_falls_behind_and_catches_up(cluster, proxy, buck
         while True:
             more = _get_more(c, b0, 1000)
             within_budgets()
-            if not more and stream.buckets[1].lag.behind and stream.events_merged >= len(work.written):
+            if (
+                not more
+                and stream.buckets[1].lag.behind
+                and stream.events_merged >= len(work.written)
+            ):
                 break
             got0.extend(more)
+
     await sync(drain0)
     assert max(held) <= bucket_budgets + shard_budgets
     status = await sync(_bucket_status, c, name, 1)
@@ -127,21 +149,28 @@ async def test_a_stalled_bucket_falls_behind_and_catches_up(cluster, proxy, buck
     assert stream.replays >= 1
     # Live again: events written now come from the stream's own bucket once the replay meets it.
     await sync(work.write, CHUNK)
-    new = work.written[-CHUNK * len(work.names):]
+    new = work.written[-CHUNK * len(work.names) :]
     await sync(_read_until, c, b0, got0, len(mine0) + len([k for k in new if _in(k, 0, stream)]))
     tail1 = [k for k in new if _in(k, 1, stream)]
     more1: list[RawBSONDocument] = []
     await sync(_read_until, c, b1, more1, len(tail1))
     assert [_key(e) for e in more1] == tail1
-
-    def back_live() -> None:
-        for _ in range(100):
-            if proxy.engine.cursors[b1].stream is stream and _bucket_status(c, name, 1)["state"] == "live":
-                return
-            assert not _get_more(c, b1, 10), "nothing more was written"
-        raise AssertionError("bucket 1's cursor never came back to its stream")
-    await sync(back_live)
+    await sync(_back_live, c, proxy, name, b1)
     await sync(_close_all)
+
+
+def _back_live(c: Any, proxy: Any, name: str, cid: int) -> None:
+    """Read the idle cursor `cid` (of bucket 1) until it is back on its stream, and the stream's
+    bucket live again."""
+    stream = proxy.engine.streams[name]
+    for _ in range(100):
+        if (
+            proxy.engine.cursors[cid].stream is stream
+            and _bucket_status(c, name, 1)["state"] == "live"
+        ):
+            return
+        assert not _get_more(c, cid, 10), "nothing more was written"
+    raise AssertionError("bucket 1's cursor never came back to its stream")
 
 
 def _in(key: tuple[str, int], bucket: int, stream: Any) -> bool:
@@ -152,3 +181,50 @@ def _in(key: tuple[str, int], bucket: int, stream: Any) -> bool:
     if stream.options.bucket_by == "namespace":
         return bucket_of(ns, stream.options.n_buckets) == bucket
     return bucket_of_document(ns, _id, stream.options.n_buckets) == bucket
+
+
+async def test_writes_go_on_while_a_stalled_bucket_catches_up(cluster, proxy):
+    """Bucket 1 falls behind while bucket 0 is read; then both are read side by side while
+    writes go on: bucket 1 reports catching up (reading a replay), returns every event once
+    and in order, including those written during its catch-up, and comes back to its stream."""
+    name = "stall-writes"
+    c = client(proxy_uri(proxy))
+    b0, b1 = await sync(_open, c, name, "namespace")
+    work = Workload(c, "namespace")
+    await sync(work.write, 4 * BUDGET // 1000)
+    stream = proxy.engine.streams[name]
+    got: dict[int, list[RawBSONDocument]] = {0: [], 1: []}
+
+    def drain0() -> None:
+        while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
+            got[0].extend(_get_more(c, b0, 1000))
+
+    await sync(drain0)
+    states: list[str] = []
+
+    def side_by_side() -> None:
+        for _ in range(8):  # a chunk of writes per round: the catch-up chases a moving end
+            work.write(CHUNK)
+            for b, cid in ((0, b0), (1, b1)):
+                got[b].extend(_get_more(c, cid, 200))
+            states.append(_bucket_status(c, name, 1)["state"])
+        for b, cid in ((0, b0), (1, b1)):
+            mine = [k for k in work.written if _in(k, b, stream)]
+            _read_until(c, cid, got[b], len(mine))
+
+    await sync(side_by_side)
+    for b in (0, 1):
+        assert [_key(e) for e in got[b]] == [k for k in work.written if _in(k, b, stream)], b
+    assert "catchingUp" in states, states
+    status = await sync(_bucket_status, c, name, 1)
+    assert status["fellBehind"] >= 1 and status["droppedTotal"] > 0
+    metrics = {m.name: m for m in await EngineCollector(proxy.engine).snapshot()}
+    dropped = {
+        s.labels["bucket"]: s.value
+        for s in metrics["pcs_bucket_dropped"].samples
+        if s.labels["stream"] == name and s.name.endswith("_total")
+    }
+    assert dropped["1"] == status["droppedTotal"] and dropped["0"] == 0
+    assert "pcs_bucket_behind_seconds" in metrics
+    await sync(_back_live, c, proxy, name, b1)
+    await sync(_close_all)
