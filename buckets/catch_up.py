@@ -3,8 +3,9 @@ while its consumers catch up from a replay (pure state, no I/O; buckets/stream.p
 
 A bucket whose consumer is slow or gone fills its budget. Waiting for room there stops the merge
 for every bucket (head-of-line blocking). A full bucket waits (backpressure, which costs nothing
-while every consumer reads) until it has held the merge back for FALL_BEHIND_AFTER_S while a
-consumer of another bucket waits for events; then it falls behind:
+while every consumer reads) as long as no consumer of another bucket waits for events; while one
+does, it waits FALL_BEHIND_AFTER_S at most, and not at all once its own consumer has not read for
+that long (stalled or gone); then it falls behind:
 
     live --(full)--> behind --(a consumer waits to rejoin, none reads what it holds)--> live
                        |                                                                  |
@@ -23,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LIVE, BEHIND, CATCHING_UP = "live", "behind", "catchingUp"
-# How long a full bucket may hold the merge back while another bucket's consumer waits. Short
-# beside a stall (what the others lose), long beside the jitter of consumers that all read (a
-# bucket that falls behind costs a replay re-reading every shard's oplog).
+# How long a full bucket may hold the merge back while another bucket's consumer waits, and how
+# long its own consumer may go without reading before it counts as stalled. Short beside a stall
+# (what the others lose), long beside the jitter of consumers that all read (a bucket that falls
+# behind costs a replay re-reading every shard's oplog).
 FALL_BEHIND_AFTER_S = 0.5
 
 

@@ -859,6 +859,7 @@ class Engine:
         else:
             cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
         bucket.cursors.add(cur)
+        bucket.last_read = trio.current_time()  # a consumer arrives: not stalled (Bucket.put)
         self.cursors[cid] = cur
         return cur
 

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ class Bucket:
         # Whether a getMore of another bucket of the stream waits for events (set with isolated).
         self.holds_back: Callable[[], bool] = lambda: False
         self.lag = Lag()
+        self.last_read = -math.inf     # trio time a getMore last came or left (none yet: never)
         self.merge_frontier = floor    # the merge's frontier, also while behind
         # Cursors reading a replay that move to this bucket once it holds their next event.
         self.awaiting: set[BucketCursor] = set()
@@ -457,12 +459,14 @@ class Bucket:
         """Append `event`, waiting while the bucket is full (a consumer must read first:
         backpressure), or while the proxy's memory pool is (a consumer of this stream or another
         must read). An isolated bucket waits so only while no other bucket's consumer waits for
-        events, or briefly: then it falls behind (buckets/catch_up.py)."""
+        events, or briefly: once it has waited FALL_BEHIND_AFTER_S (its consumer is slow), or its
+        consumer has not read for that long (stalled or gone: at once), it falls behind
+        (buckets/catch_up.py)."""
         since = trio.current_time()
         while not self.put_nowait(event):
             self.notify()
             n = event.nbytes if is_block(event) else len(event[EV_RAW])
-            held_back = trio.current_time() - since >= FALL_BEHIND_AFTER_S
+            held_back = trio.current_time() - min(since, self.last_read) >= FALL_BEHIND_AFTER_S
             if self.isolated and held_back and self.holds_back():
                 self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
                 if not self.budget.try_acquire(n):
@@ -671,6 +675,7 @@ class BucketCursor:
         # drained at a batch per maxTimeMS.)
         self._settle()
         self.acked = self.position
+        bucket.last_read = trio.current_time()  # its consumer reads: not stalled (Bucket.put)
         if not first:
             bucket.notify()
             deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
@@ -717,6 +722,7 @@ class BucketCursor:
             # resume point that moves even while this bucket is idle.
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
         bucket.notify()
+        bucket.last_read = trio.current_time()
         self.exhausted = self.stream.ended and self.position >= bucket.end
         if self.exhausted and self.stream.end_token is not None:
             # The server closes the cursor on ChangeStreamInvalidated, whose token (the
@@ -928,8 +934,10 @@ class ParallelStream:
     def isolate(self) -> None:
         """A full bucket falls behind instead of stopping the merge (a named stream's buckets,
         each read by its own consumer; buckets/catch_up.py)."""
+        now = trio.current_time()
         for bucket in self.buckets.values():
             bucket.isolated = True
+            bucket.last_read = now  # its consumers are yet to come: none has stalled yet
             bucket.holds_back = functools.partial(self._others_wait, bucket.index)
 
     def _others_wait(self, index: int) -> bool:
@@ -940,7 +948,8 @@ class ParallelStream:
             bucket.unpin()
 
     def has_cursors(self) -> bool:
-        return any(b.cursors for b in self.buckets.values())
+        """Whether a consumer reads this stream, or reads a replay to come back to it."""
+        return any(b.cursors or b.awaiting for b in self.buckets.values())
 
     def _account(self, floor: int, *, reader: bool, in_hand: int = 0) -> PoolAccount | None:
         """A new budget's account in the proxy's memory pool (none without one, or once closing)."""

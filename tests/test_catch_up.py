@@ -128,3 +128,23 @@ async def test_a_bucket_rejoins_after_its_gap_once_a_consumer_waits_to_come_back
     assert bucket.position_after(event(32)[EV_SORT_KEY]) == bucket.base, "a replay joins after it"
     assert bucket.position_after(event(20)[EV_SORT_KEY]) is None, "but not inside the gap"
     assert bucket.lag.state(awaiting=bool(bucket.awaiting)) == CATCHING_UP
+
+
+@pytest.mark.parametrize("read_just_now", [False, True])
+async def test_a_stalled_consumer_falls_behind_at_once_a_slow_one_after_a_while(
+    autojump_clock: Any, read_just_now: bool
+) -> None:
+    """With another consumer waiting: a bucket whose consumer has not read for
+    FALL_BEHIND_AFTER_S (never, here) falls behind as soon as it is full; one whose consumer has
+    just read (slow, not gone) holds the merge back for FALL_BEHIND_AFTER_S first (on the test's
+    virtual clock)."""
+    bucket = _bucket(10)
+    _cursor(bucket)
+    await _put_all(bucket, range(2, 12))  # full
+    if read_just_now:
+        bucket.last_read = trio.current_time()
+    began = trio.current_time()
+    await bucket.put(event(12))
+    assert bucket.lag.behind
+    waited = trio.current_time() - began
+    assert (waited >= FALL_BEHIND_AFTER_S) if read_just_now else (waited < FALL_BEHIND_AFTER_S)
