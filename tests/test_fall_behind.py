@@ -228,3 +228,69 @@ async def test_writes_go_on_while_a_stalled_bucket_catches_up(cluster, proxy):
     assert "pcs_bucket_behind_seconds" in metrics
     await sync(_back_live, c, proxy, name, b1)
     await sync(_close_all)
+
+
+async def test_a_split_event_in_a_stalled_bucket_comes_back_in_its_fragments(cluster, proxy):
+    """With $changeStreamSplitLargeEvent: an update of about 20 MiB (a 10 MiB pre-image beside a
+    10 MiB change) in the middle of bucket 1's backlog, while bucket 1 is not read and falls
+    behind: read afterwards, bucket 1 returns its inserts and the event's two fragments, each
+    once and in order (the re-read serves the event that a 256 KiB bucket never held)."""
+    name = "stall-split"
+    c = client(proxy_uri(proxy))
+    names = _one_namespace_per_bucket(2)
+    ns0, ns1 = names[0], names[1]
+    db1, coll1 = ns1.split(".")
+    big = "q" * (10 << 20)
+
+    def setup() -> tuple[int, int]:
+        c[db1].create_collection(coll1, changeStreamPreAndPostImages={"enabled": True})
+        c[db1][coll1].insert_one({"_id": -1, "value": big})
+        opened = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": 2,
+                "name": name,
+                "bucketBufferBytes": BUDGET,
+                "pipeline": [{"$changeStreamSplitLargeEvent": {}}],
+                "fullDocumentBeforeChange": "whenAvailable",
+            }
+        )
+        cursors = {cur["bucket"]: cur["id"] for cur in opened["cursors"]}
+        return cursors[0], cursors[1]
+
+    b0, b1 = await sync(setup)
+    n = 1000  # about 4 budgets of events, in whole chunks
+
+    def write() -> None:
+        for lo in range(0, n, CHUNK):
+            if lo == n // 2:
+                c[db1][coll1].update_one({"_id": -1}, {"$set": {"value": "z" * (10 << 20)}})
+            for ns in (ns0, ns1):
+                db, coll = ns.split(".")
+                c[db][coll].insert_many([{"_id": i, "pad": PAD} for i in range(lo, lo + CHUNK)])
+
+    await sync(write)
+    stream = proxy.engine.streams[name]
+    got0: list[RawBSONDocument] = []
+
+    def drain0() -> None:
+        while not (stream.buckets[1].lag.behind and len(got0) >= n):
+            got0.extend(_get_more(c, b0, 1000))
+
+    await sync(drain0)
+    assert [e["documentKey"]["_id"] for e in got0] == list(range(n))
+    got1: list[RawBSONDocument] = []
+    await sync(_read_until, c, b1, got1, n + 2)
+
+    def seen(e: RawBSONDocument) -> tuple[str, int | None, int | None]:
+        split = e.get("splitEvent")
+        key = e.get("documentKey")
+        kind = e.get("operationType")
+        return kind, key["_id"] if key else None, split["fragment"] if split else None
+
+    expected = [("insert", i, None) for i in range(n // 2)]
+    expected += [("update", -1, 1), (None, None, 2)]  # the second holds the rest of the fields
+    expected += [("insert", i, None) for i in range(n // 2, n)]
+    assert [seen(e) for e in got1] == expected
+    assert not await sync(_get_more, c, b1, 10), "nothing twice"
+    await sync(_close_all)
