@@ -627,10 +627,18 @@ class Engine:
         cursors = []
         for i in range(n):
             token = per_bucket[i]
-            if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
-                raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
-                                 "events after that token; attach to the bucket alone to re-read them")
+            bucket = stream.buckets[i]
+            in_gap = False
+            if token is not None and bucket.position_after(key := start_point(token)[1]) is None:
+                # After the point a fallen-behind bucket is complete to: its first getMore
+                # moves it to a replay (buckets/catch_up.py). Below what it holds: lost.
+                in_gap = bucket.lag.behind and key >= bucket.floor
+                if not in_gap:
+                    raise MongoError("ChangeStreamHistoryLost",
+                                     f"bucket {i} of stream {name!r} no longer holds events after "
+                                     "that token; attach to the bucket alone to re-read them")
             cur = self._new_cursor(session, stream, i, cmd, batch_size, token, from_start=created)
+            cur.lost = in_gap
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n, "bucketBy": stream.options.bucket_by}

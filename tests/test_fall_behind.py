@@ -15,6 +15,7 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 
 from buckets.metrics import EngineCollector
+from mongoformats.resume_token import token_sort_key
 from tests.conftest import _close_all, client, proxy_uri, sync
 from tests.test_attach import _one_namespace_per_bucket
 
@@ -293,4 +294,44 @@ async def test_a_split_event_in_a_stalled_bucket_comes_back_in_its_fragments(clu
     expected += [("insert", i, None) for i in range(n // 2, n)]
     assert [seen(e) for e in got1] == expected
     assert not await sync(_get_more, c, b1, 10), "nothing twice"
+    await sync(_close_all)
+
+
+async def test_reopening_with_a_token_in_a_fallen_behind_buckets_gap_replays_it(cluster, proxy):
+    """A whole-stream open with one token per bucket, bucket 1's after the point it is complete
+    to (in what it dropped): the cursor is served by a replay from that token, returning exactly
+    bucket 1's events after it, where the bucket could not (ChangeStreamHistoryLost before)."""
+    name = "stall-reopen"
+    c = client(proxy_uri(proxy))
+    b0, b1 = await sync(_open, c, name, "namespace")
+    work = Workload(c, "namespace")
+    await sync(work.write, 4 * BUDGET // 1000)
+    stream = proxy.engine.streams[name]
+    got0: list[RawBSONDocument] = []
+
+    def drain0() -> None:
+        while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
+            got0.extend(_get_more(c, b0, 1000))
+
+    await sync(drain0)
+    mid = got0[-len(got0) // 4]["_id"]
+    assert stream.buckets[1].position_after(token_sort_key(mid)) is None, "in bucket 1's gap"
+    reopened = await sync(
+        c.admin.command,
+        {
+            "parallelChangeStream": 1,
+            "nBuckets": 2,
+            "name": name,
+            "resumeAfter": [got0[-1]["_id"], mid],
+        },
+    )
+    again = {cur["bucket"]: cur["id"] for cur in reopened["cursors"]}
+    mine1 = [k for k in work.written if _in(k, 1, stream)]
+    everything: list[RawBSONDocument] = []
+    await sync(_read_until, c, b1, everything, len(mine1))
+    after = [e for e in everything if e["_id"]["_data"] > mid["_data"]]
+    assert 0 < len(after) < len(everything)
+    got: list[RawBSONDocument] = []
+    await sync(_read_until, c, again[1], got, len(after))
+    assert [e["_id"]["_data"] for e in got] == [e["_id"]["_data"] for e in after]
     await sync(_close_all)
