@@ -7,6 +7,9 @@ Data flow and backpressure (every arrow is bounded):
 
 A full bucket stops the pump; a stopped pump stops taking batches, whose byte budgets stay
 charged, which stops the readers from issuing getMore. Memory is bounded by configuration.
+In a named stream a full bucket stops the pump only briefly while another bucket's consumer
+waits: then it falls behind, dropping what it is dealt, and its consumer catches up from a
+replay of the oplogs (buckets/catch_up.py).
 
 Retention: a bucket keeps events it has delivered for as long as its byte budget has room, so a
 consumer that re-attaches with a recent token (a retried Spark task) is served from memory. An
