@@ -627,12 +627,12 @@ class Engine:
         cursors = []
         for i in range(n):
             token = per_bucket[i]
-            bucket = stream.buckets[i]
+            dealt = stream.buckets[i]
             in_gap = False
-            if token is not None and bucket.position_after(key := start_point(token)[1]) is None:
+            if token is not None and dealt.position_after(key := start_point(token)[1]) is None:
                 # After the point a fallen-behind bucket is complete to: its first getMore
                 # moves it to a replay (buckets/catch_up.py). Below what it holds: lost.
-                in_gap = bucket.lag.behind and key >= bucket.floor
+                in_gap = dealt.lag.behind and key >= dealt.floor
                 if not in_gap:
                     raise MongoError("ChangeStreamHistoryLost",
                                      f"bucket {i} of stream {name!r} no longer holds events after "
