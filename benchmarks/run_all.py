@@ -15,6 +15,7 @@ from benchmarks import (
     bench_replication,
     bench_simcluster,
     bench_soak,
+    bench_stall,
     bench_watch_stages,
 )
 from benchmarks.common import add_out_option
@@ -26,6 +27,7 @@ if __name__ == "__main__":
     bench_simcluster.main(out)
     bench_proxy.main(out)
     bench_engine.main(out)
+    bench_stall.main(out)
     bench_watch_stages.main(out)
     bench_latency.main(out)
     bench_latency_load.main(out)

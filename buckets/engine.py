@@ -576,10 +576,18 @@ class Engine:
         cursors = []
         for i in range(n):
             token = per_bucket[i]
-            if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
-                raise MongoError("ChangeStreamHistoryLost", f"bucket {i} of stream {name!r} no longer holds "
-                                 "events after that token; attach to the bucket alone to re-read them")
+            dealt = stream.buckets[i]
+            in_gap = False
+            if token is not None and dealt.position_after(key := start_point(token)[1]) is None:
+                # After the point a fallen-behind bucket is complete to: its first getMore
+                # moves it to a replay (buckets/catch_up.py). Below what it holds: lost.
+                in_gap = dealt.lag.behind and key >= dealt.floor
+                if not in_gap:
+                    raise MongoError("ChangeStreamHistoryLost",
+                                     f"bucket {i} of stream {name!r} no longer holds events after "
+                                     "that token; attach to the bucket alone to re-read them")
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
+            cur.lost = in_gap
             cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
                             "postBatchResumeToken": cur.last_token, "bucket": i})
         return {"cursors": cursors, "name": name, "nBuckets": n, "bucketBy": stream.options.bucket_by}
@@ -764,6 +772,8 @@ class Engine:
         try:
             stream.last_active = trio.current_time()
             assert self._nursery is not None, "Engine.run() must be started first"
+            if named:
+                stream.isolate()  # before its first events are dealt: see buckets/catch_up.py
             self._nursery.start_soon(stream.run)
             await stream.started.wait()
             if stream.error is not None:
@@ -806,6 +816,7 @@ class Engine:
         else:
             cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
         bucket.cursors.add(cur)
+        bucket.last_read = trio.current_time()  # a consumer arrives: not stalled (Bucket.put)
         self.cursors[cid] = cur
         return cur
 
@@ -828,7 +839,7 @@ class Engine:
             stream = await self._replay(named, i, {**cmd, "resumeAfter": token})
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
-            cur.join, cur.joined = named, lambda: self._close_private(cur.cursor_id)
+            cur.follow(named, lambda: self._close_private(cur.cursor_id))
         else:
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
         events: list[EventFields] = []
@@ -854,8 +865,9 @@ class Engine:
 
     async def _replay_dropped(self, cur: BucketCursor) -> None:
         """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
-        pins no retention, Bucket._safe), to a replay from its resume point, which hands it back
-        to its stream's bucket once caught up, as an attach with an older token."""
+        pins no retention, Bucket._safe) or no longer holds (it fell behind, buckets/catch_up.py),
+        to a replay from its resume point, which hands it back to its stream's bucket once caught
+        up, as an attach with an older token."""
         named, cid, i = cur.stream, cur.cursor_id, cur.bucket.index
         opts = named.options
         replay = await self._replay(named, i, {"resumeAfter": cur.last_token,
@@ -868,7 +880,7 @@ class Engine:
         cur.resume_after(cur.last_token)
         cur.acked = cur.position
         self._private[cid] = replay
-        cur.join, cur.joined = named, lambda: self._close_private(cid)
+        cur.follow(named, lambda: self._close_private(cid))
 
     async def cmd_change_stream(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -974,10 +986,16 @@ class Engine:
             raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
         cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
-            if not cur.read and cur.position < cur.bucket.base and cid not in self._private:
+            if self._behind_its_bucket(cur):
                 await self._replay_dropped(cur)
             cur.read = True
+            deadline = trio.current_time() + (more.max_time_ms or 0) / 1000
             events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
+            if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
+                await self._replay_dropped(cur)
+                left = max(0, int((deadline - trio.current_time()) * 1000))
+                wait_ms = left if more.max_time_ms is not None else None
+                events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
         except MongoError as exc:
             self._drop_cursor(cid)
             raise with_change_stream_label(exc) from None
@@ -987,6 +1005,13 @@ class Engine:
         if not alive:
             self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
         return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+
+    def _behind_its_bucket(self, cur: BucketCursor) -> bool:
+        """A named stream's cursor whose next events its bucket does not hold: dropped before it
+        was first read, or not held since the bucket fell behind (BucketCursor.stale)."""
+        if cur.cursor_id in self._private:
+            return False
+        return (not cur.read and cur.position < cur.bucket.base) or cur.stale()
 
     async def cmd_kill_cursors(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:

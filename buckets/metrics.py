@@ -46,6 +46,14 @@ class _Families:
             "delivered": CounterMetricFamily("pcs_bucket_delivered", "Events returned to consumers",
                                              labels=bucket_labels),
             "cursors": GaugeMetricFamily("pcs_bucket_cursors", "Open cursors", labels=bucket_labels),
+            "behind": GaugeMetricFamily(
+                "pcs_bucket_behind_seconds",
+                "Cluster time from where the bucket's slowest consumer is complete to the merge",
+                labels=bucket_labels),
+            "dropped": CounterMetricFamily(
+                "pcs_bucket_dropped",
+                "Events a fallen-behind bucket dropped, re-read from the oplogs by its consumer",
+                labels=bucket_labels),
         }
         self.merged = CounterMetricFamily("pcs_stream_events_merged", "Events through the merge",
                                           labels=stream_labels)
@@ -72,7 +80,8 @@ class _Families:
         for b in status["buckets"]:
             labels = [name, str(b["bucket"])]
             for key, field in (("depth", "depth"), ("bytes", "bytes"), ("delivered", "delivered"),
-                               ("cursors", "cursors")):
+                               ("cursors", "cursors"), ("behind", "behindSeconds"),
+                               ("dropped", "droppedTotal")):
                 self.bucket[key].add_metric(labels, b[field])
 
     def done(self, engine: Engine) -> Iterator[Metric]:

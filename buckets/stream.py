@@ -7,6 +7,9 @@ Data flow and backpressure (every arrow is bounded):
 
 A full bucket stops the pump; a stopped pump stops taking batches, whose byte budgets stay
 charged, which stops the readers from issuing getMore. Memory is bounded by configuration.
+In a named stream a full bucket stops the pump only briefly while another bucket's consumer
+waits: then it falls behind, dropping what it is dealt, and its consumer catches up from a
+replay of the oplogs (buckets/catch_up.py).
 
 Retention: a bucket keeps events it has delivered for as long as its byte budget has room, so a
 consumer that re-attaches with a recent token (a retried Spark task) is served from memory. An
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +49,7 @@ from buckets._columnar.event_block import (
 from buckets._columnar.sizes import count_reaching, count_within, reply_prefix
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
+from buckets.catch_up import FALL_BEHIND_AFTER_S, Lag
 from buckets.lookup import DocumentLookup
 from buckets.memory_limit import (
     BUCKET_FLOOR_BYTES,
@@ -174,6 +180,17 @@ class Bucket:
         # The error of an event this bucket could not take (its $match failed on it), met by a
         # cursor once it has read every event before it; the bucket takes nothing after it.
         self.error: MongoError | None = None
+        # A bucket of a named stream falls behind when full instead of holding the merge back
+        # (buckets/catch_up.py); a private stream's one consumer is its only reader, so there
+        # a full bucket waits (backpressure).
+        self.isolated = False
+        # Whether a getMore of another bucket of the stream waits for events (set with isolated).
+        self.holds_back: Callable[[], bool] = lambda: False
+        self.lag = Lag()
+        self.last_read = -math.inf     # trio time a getMore last came or left (none yet: never)
+        self.merge_frontier = floor    # the merge's frontier, also while behind
+        # Cursors reading a replay that move to this bucket once it holds their next event.
+        self.awaiting: set[BucketCursor] = set()
 
     @property
     def end(self) -> int:
@@ -239,8 +256,9 @@ class Bucket:
         return out
 
     def position_after(self, key: bytes) -> int | None:
-        """Absolute index of the first event above `key`, or None if that history was dropped."""
-        if key < self.floor:
+        """Absolute index of the first event above `key`, or None if that history was dropped
+        (or, fallen behind, not held)."""
+        if key < self.floor or not self.lag.holds_after(key):
             return None
         s = bisect.bisect_right(self.firsts, key)
         if s == 0:
@@ -250,16 +268,16 @@ class Bucket:
 
     # -- retention -------------------------------------------------------------------------------------
 
-    def _drop_delivered(self, need: int) -> None:
+    def _drop_delivered(self, need: int, *, hard: bool = False) -> None:
         """Free retained events that every live cursor (or, with none, the last to leave) has passed,
-        oldest first.
+        oldest first (`hard`: also those only acked, the cache of re-attaches, see `_safe`).
 
         Frees down to 7/8 of the budget in one step, so the segment list shift is paid once per
         eighth of the budget rather than once per event (which made a full bucket quadratic).
         """
         if self.budget.used + need <= self.budget.limit:
             return
-        safe = self._safe()
+        safe = self._safe(hard=hard)
         target = self.budget.limit * 7 // 8 - need
         freed = 0
         position = self.base
@@ -284,13 +302,18 @@ class Bucket:
         if self.base < self._safe():
             self._drop_delivered(self.budget.limit)
 
-    def _safe(self) -> int:
+    def _safe(self, *, hard: bool = False) -> int:
         """Where retention may be freed up to: what every cursor that has been read has passed;
         with none read yet, every cursor; with none, the last consumer to leave. Beside a cursor
         that is read, one no getMore has read yet (the N cursors of an open whose buckets workers
         attach to on their own) pins nothing: what it would find dropped is re-read from the
-        oplogs (the engine's getMore moves it to a replay)."""
-        pinned = [c.acked for c in self.cursors if c.read] or [c.acked for c in self.cursors]
+        oplogs (the engine's getMore moves it to a replay). A cursor left before a fallen-behind
+        bucket's gap (`lost`) pins nothing either: it is served by a replay. `hard`: up to each
+        cursor's position instead of the start of its last batch (retention is a cache that
+        never makes a bucket fall behind)."""
+        cursors = [c for c in self.cursors if not c.lost]
+        pinned = ([c.position if hard else c.acked for c in cursors if c.read]
+                  or [c.position if hard else c.acked for c in cursors])
         return min(min(pinned, default=self.read_mark), self._end)
 
     def unpin(self) -> None:
@@ -325,6 +348,8 @@ class Bucket:
 
     def detach(self, cursor: BucketCursor) -> None:
         self.cursors.discard(cursor)
+        if cursor.join is not None:  # a replay's cursor leaves: nobody waits to come back
+            cursor.join.buckets[self.index].awaiting.discard(cursor)
         self.read_mark = max(self.read_mark, cursor.acked)
         self.notify()
 
@@ -355,10 +380,50 @@ class Bucket:
         if last_key(event) <= self.floor or self.error is not None:
             return True  # a resumed stream: this bucket already had it; or a failed bucket
         n = event.nbytes if is_block(event) else len(event[EV_RAW])
+        lag = self.lag
+        if lag.behind and not self._rejoin(lag.rejoin_point(self.merge_frontier, self.floor)):
+            lag.drop(count_events([event]), n, last_key(event))
+            return True
         self._drop_delivered(n)  # returns at once while the budget has room
         if not self.budget.try_acquire(n):
             return False
         self._append(event)
+        return True
+
+    # -- falling behind (buckets/catch_up.py) ---------------------------------------------------
+
+    def _fall_behind(self) -> None:
+        """Full: hold every event up to here and drop what follows, rather than stop the merge.
+        The frontier stays at that point: a cursor that reads to the end resumes from it."""
+        held = self.key_at(self._end - 1) if self._end > self.base else b""
+        complete = max(self.frontier, self.floor, held)
+        self.lag.fall(complete)
+        if complete > self.frontier:
+            self.frontier, self.frontier_token = complete, token_from_key(complete)
+        self.notify()
+
+    def _may_rejoin(self) -> bool:
+        """A consumer waits on a replay to come back, and none still reads what the bucket holds
+        before its gap (holding events after the gap beside them would hide it). With nobody
+        waiting, a bucket whose consumer is gone stays behind and holds nothing new."""
+        return bool(self.awaiting) and not any(c.read and not c.lost and c.position < self._end
+                                               for c in self.cursors)
+
+    def _rejoin(self, point: bytes) -> bool:
+        """Live again from `point` (every event up to it was dealt), if it may: what it retains
+        goes (a cache; every cursor left on this side of the gap is `lost` and moves to a
+        replay), and every event after `point` is held."""
+        if not self._may_rejoin():
+            return False
+        for cursor in self.cursors:
+            cursor.lost = True
+        if self._end > self.base:
+            self._forget(self._end, self.budget.used)
+        self.floor = max(self.floor, point)
+        self.lag.rejoin()
+        if point > self.frontier:
+            self.frontier, self.frontier_token = point, token_from_key(point)
+        self.notify()
         return True
 
     async def put_many(self, events: list[Any]) -> None:
@@ -373,7 +438,8 @@ class Bucket:
         n = items_bytes(events)
         self._drop_delivered(n)
         # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
-        if self.budget.used + n <= self.budget.limit and self.budget.try_acquire(n):
+        fits = self.budget.used + n <= self.budget.limit
+        if not self.lag.behind and fits and self.budget.try_acquire(n):
             for item in events:
                 self._append(item)
         else:
@@ -387,6 +453,8 @@ class Bucket:
     async def _put_block(self, block: EventBlock) -> None:
         """A block that does not fit at once goes in as parts that do, as consumers make room."""
         while len(block):
+            if self.lag.behind and self.put_nowait(block):
+                return  # dropped whole (or it rejoined and took it)
             self._drop_delivered(block.nbytes)
             room = self.budget.room()  # in the budget and in the proxy's memory pool
             k = count_within(block.sizes, room)
@@ -400,16 +468,38 @@ class Bucket:
     async def put(self, event: Any) -> None:
         """Append `event`, waiting while the bucket is full (a consumer must read first:
         backpressure), or while the proxy's memory pool is (a consumer of this stream or another
-        must read)."""
+        must read). An isolated bucket waits so only while no other bucket's consumer waits for
+        events, or briefly: once it has waited FALL_BEHIND_AFTER_S (its consumer is slow), or its
+        consumer has not read for that long (stalled or gone: at once), it falls behind
+        (buckets/catch_up.py)."""
+        since = trio.current_time()
         while not self.put_nowait(event):
             self.notify()
             n = event.nbytes if is_block(event) else len(event[EV_RAW])
+            held_back = trio.current_time() - min(since, self.last_read) >= FALL_BEHIND_AFTER_S
+            if self.isolated and held_back and self.holds_back():
+                self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
+                if not self.budget.try_acquire(n):
+                    self._fall_behind()
+                    self.lag.drop(count_events([event]), n, last_key(event))
+                    break
+                self._append(event)
+                break
             if self.budget.blocked_by_pool(n):
                 self.budget.wake_when_pool_frees(self.notify)
-            await self.changed.wait()
+            if self.isolated:  # woken by its consumers, and to look at the others now and then
+                with trio.move_on_after(FALL_BEHIND_AFTER_S / 4):
+                    await self.changed.wait()
+            else:
+                await self.changed.wait()
         self.notify()
 
     def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
+        self.merge_frontier = max(self.merge_frontier, key)
+        # Fallen behind, the resume point stays where the bucket is complete, until it rejoins:
+        # an idle one (dealt nothing since) rejoins here.
+        if self.lag.behind and not self._rejoin(self.lag.rejoin_point(key, self.floor)):
+            return
         # A failed bucket's resume point stays before its failing event.
         if key > self.frontier and self.error is None:
             self.frontier, self.frontier_token = key, token
@@ -488,6 +578,21 @@ class BucketCursor:
     # its stream back: a consumer left on the replay would hold it back for good.
     join: ParallelStream | None = None
     joined: Callable[[], None] | None = None
+    # Left before the gap of a bucket that fell behind and rejoined the merge after it: what
+    # follows this cursor's resume point is re-read by a replay (the engine's getMore moves it).
+    lost: bool = False
+
+    def stale(self) -> bool:
+        """Whether what follows this cursor is no longer in its bucket: the bucket fell behind
+        and the cursor has read what it holds, or the bucket rejoined past the cursor."""
+        return self.lost or (self.bucket.lag.behind and self.position >= self.bucket.end
+                             and not self.split_rest and not self.fragments_sent)
+
+    def follow(self, named: ParallelStream, joined: Callable[[], None]) -> None:
+        """Read on from a replay stream, and move to `named`'s bucket once it holds the events
+        after this cursor (that bucket rejoins the merge for it if it fell behind)."""
+        self.join, self.joined, self.lost = named, joined, False
+        named.buckets[self.bucket.index].awaiting.add(self)
 
     def resume_after(self, token: Mapping[str, Any]) -> None:
         """Place the cursor after `token`: it returns the bucket's events above it and, resumed
@@ -512,13 +617,15 @@ class BucketCursor:
             return
         target = named.buckets[self.bucket.index]
         if target.position_after(start_point(self.last_token)[1]) is None:
-            return  # the named bucket starts after this point: read on from the replay
+            return  # the named bucket starts after this point, or is behind: read the replay
         self.bucket.detach(self)
         self.stream, self.bucket, self.join = named, target, None
         self.position = target.base
         target.cursors.add(self)
         self.resume_after(self.last_token)
         self.acked = self.position
+        if not target.awaiting:
+            target.lag.settle()  # every consumer that was behind is back
         if self.joined is not None:
             self.joined()
 
@@ -578,6 +685,7 @@ class BucketCursor:
         # drained at a batch per maxTimeMS.)
         self._settle()
         self.acked = self.position
+        bucket.last_read = trio.current_time()  # its consumer reads: not stalled (Bucket.put)
         if not first:
             bucket.notify()
             deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
@@ -585,7 +693,7 @@ class BucketCursor:
             bucket.waiting += 1
             try:
                 while (self.position >= bucket.end and self.stream.error is None and not self.stream.ended
-                       and not self.killed and bucket.error is None):
+                       and not self.killed and bucket.error is None and not self.stale()):
                     with trio.move_on_at(deadline):
                         await bucket.changed.wait()
                         self._settle()
@@ -601,6 +709,8 @@ class BucketCursor:
             raise self.stream.error
         if bucket.error is not None and self.position >= bucket.end:
             raise bucket.error
+        if self.stale():
+            return [], self.last_token  # the engine moves it to a replay of what follows
         if self.position < bucket.base:
             raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
@@ -622,6 +732,7 @@ class BucketCursor:
             # resume point that moves even while this bucket is idle.
             self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
         bucket.notify()
+        bucket.last_read = trio.current_time()
         self.exhausted = self.stream.ended and self.position >= bucket.end
         if self.exhausted and self.stream.end_token is not None:
             # The server closes the cursor on ChangeStreamInvalidated, whose token (the
@@ -827,12 +938,25 @@ class ParallelStream:
         self.merge.add_shard(sid, token_sort_key(high_water_mark(start, version)))
         return reader
 
+    def isolate(self) -> None:
+        """A full bucket falls behind instead of stopping the merge (a named stream's buckets,
+        each read by its own consumer; buckets/catch_up.py)."""
+        now = trio.current_time()
+        for bucket in self.buckets.values():
+            bucket.isolated = True
+            bucket.last_read = now  # its consumers are yet to come: none has stalled yet
+            bucket.holds_back = functools.partial(self._others_wait, bucket.index)
+
+    def _others_wait(self, index: int) -> bool:
+        return any(b.waiting for i, b in self.buckets.items() if i != index)
+
     def _unpin(self) -> None:
         for bucket in self.buckets.values():
             bucket.unpin()
 
     def has_cursors(self) -> bool:
-        return any(b.cursors for b in self.buckets.values())
+        """Whether a consumer reads this stream, or reads a replay to come back to it."""
+        return any(b.cursors or b.awaiting for b in self.buckets.values())
 
     def _account(self, floor: int, *, reader: bool, in_hand: int = 0) -> PoolAccount | None:
         """A new budget's account in the proxy's memory pool (none without one, or once closing)."""
@@ -1116,7 +1240,8 @@ class ParallelStream:
         for i, bucket in self.buckets.items():
             lo = bucket.position_after(max(after[i], bucket.floor))
             hi = bucket.position_after(max(frontier, bucket.floor))
-            assert lo is not None and hi is not None
+            if lo is None or hi is None:
+                return frontier  # fallen behind: what it holds there is unknown
             runs.append(bucket.keys_between(lo, min(hi, lo + max_events + 1)))
         merged = list(heapq.merge(*runs))
         # Keys repeat across buckets for multi-bucket events; count each key once per bucket run.
@@ -1155,9 +1280,37 @@ class ParallelStream:
                          "limitBytes": b.budget.limit, "dealt": b.dealt_total, "delivered": b.delivered_total,
                          "cursors": len(b.cursors), "error": str(b.error) if b.error else None,
                          "consumerPosition": max((c.last_token for c in b.cursors), default=None,
-                                                 key=lambda t: t.get("_data", "") if t else "")}
+                                                 key=lambda t: t.get("_data", "") if t else ""),
+                         **_lag_status(b)}
                         for i, b in sorted(self.buckets.items())],
         }
+
+
+def _lag_status(bucket: Bucket) -> dict[str, Any]:
+    """How far a bucket's consumers are behind the merge (docs/commands.md): `clusterTime` is
+    where the slowest consumer's events are complete up to (its replay's position while it
+    catches up, the bucket's complete point while it is behind), beside the merge's."""
+    lag = bucket.lag
+    behind = [c.last_key for c in bucket.awaiting if c.last_key]
+    if lag.complete_to is not None:
+        behind.append(lag.complete_to)
+    at = min(behind, default=bucket.frontier)
+    merge = max(bucket.merge_frontier, bucket.frontier)
+    at_ts, merge_ts = _key_time(at), _key_time(merge)
+    return {"state": lag.state(bool(bucket.awaiting)),
+            "clusterTime": at_ts, "mergeClusterTime": merge_ts,
+            "behindSeconds": max(0, merge_ts.time - at_ts.time) if at_ts and merge_ts else 0,
+            "droppedEvents": lag.dropped_events, "droppedBytes": lag.dropped_bytes,
+            "fellBehind": lag.fell_behind, "droppedTotal": lag.dropped_total}
+
+
+def _key_time(key: bytes) -> Timestamp | None:
+    """The cluster time of a sort key (None for the empty key of a bucket that has seen none)."""
+    if not key:
+        return None
+    with contextlib.suppress(Exception):  # a key cut below an event (start_point) may not decode
+        return decode_token(token_from_key(key)).cluster_time
+    return None
 
 
 def _fit(shaped: list[tuple[int, ChangeEvent]],
