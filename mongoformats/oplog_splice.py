@@ -340,7 +340,7 @@ def document_of(body: bytes) -> bytes:
 
 def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
     """KeyString of the document at `start` as an object value; None for a value type we leave to the
-    general encoder (anything but ObjectId, string, int32, int64)."""
+    general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
     out = [b"\x46"]
     for name, (t, v, e) in elements(buf, start).items():
         if t == 0x07:
@@ -355,6 +355,15 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
                 return None
             out += (b"\x1e", name, b"\x00", preshifted_key(abs(value) << 1, value < 0) if value else b"\x29")
             bits += (0, 0) if t == 0x10 else (0, 1)
+        elif t == 0x05:  # binary (a UUID _id): its size (one byte below 255), subtype, bytes
+            n = _I32.unpack_from(buf, v)[0]
+            size = bytes((n,)) if n < 0xFF else b"\xff" + n.to_bytes(4, "big", signed=True)
+            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:e])
+        elif t == 0x03:  # a compound _id (or shard key part): an object within the object
+            inner = _ks_document_key(buf, v, bits)
+            if inner is None:
+                return None
+            out += (b"\x46", name, b"\x00", inner)
         else:
             return None
     out.append(b"\x00")
