@@ -401,6 +401,10 @@ _OP_ELEMENT = {op: _cstring_element(0x02, b"operationType", _string(op.encode())
 _INTERNAL_DBS = frozenset({b"admin", b"config", b"local"})
 _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
 _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
+_STRING_ID_BITS = [0] * 8  # and a string _id's (1: a string, not a symbol)
+# An update's o up to its diff's value: {$v: 2, diff: ...}, the diff its last element.
+_V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
+_V2_DIFF_AT = 4 + len(_V2_DIFF)
 
 
 # What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it is sent faster, for
@@ -550,15 +554,23 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         if o2 is None:
             return None
         key = raw[o2[0]:o2[1]]
-        o_fields = elements(raw, o0)
-        if b"_id" in o_fields and b"$v" not in o_fields:
-            op_type = "replace"
-            full = raw[o0:o1]
-        else:
-            version, diff = o_fields.get(b"$v"), o_fields.get(b"diff")
-            if version is None or diff is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
-                return None
+        diff_at = o0 + _V2_DIFF_AT
+        # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
+        if (raw[o0 + 4:diff_at] == _V2_DIFF and diff_at + 5 <= o1 - 1
+                and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1 and not raw[o1 - 1]):
             op_type = "update"
+            diff = (0x03, diff_at, o1 - 1)
+        else:
+            o_fields = elements(raw, o0)
+            if b"_id" in o_fields and b"$v" not in o_fields:
+                op_type = "replace"
+                full = raw[o0:o1]
+            else:
+                version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
+                if version is None or found is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
+                    return None
+                op_type, diff = "update", found
+        if op_type == "update":
             desc = update_description(raw, diff[1], expanded=expanded)
             if desc is None:
                 desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]], PLAIN),
@@ -566,6 +578,10 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     ks_key: bytes | None
     if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
         ks_key, bits = b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
+    elif key[4:9] == b"\x02_id\x00" and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1 and key[-2:] == b"\x00\x00":
+        # {_id: string}, the usual documentKey of string ids
+        ks_key = b"".join((b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00"))
+        bits = _STRING_ID_BITS
     else:
         bits = list(_TS_TAIL_BITS)
         ks_key = _ks_document_key(key, 0, bits)
@@ -617,6 +633,11 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
     """
     if expanded:
         return None
+    size = _I32.unpack_from(raw, start)[0]
+    if (raw[start + 4:start + 7] == b"\x03u\x00" and _I32.unpack_from(raw, start + 7)[0] == size - 8
+            and not raw[start + size - 1]):
+        # `{u: {...}}` alone, the most common diff: updatedFields is the `u` document as it is.
+        return document_of(b"".join((b"\x03updatedFields\x00", raw[start + 7:start + size - 1], _NOTHING_REMOVED)))
     sections = elements(raw, start)
     if any(t != 3 for t, _, _ in sections.values()):
         return None
@@ -713,6 +734,7 @@ def _walk_array(raw: bytes, sections: dict[bytes, tuple[int, int, int]], path: b
 
 
 _TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
+_NOTHING_REMOVED = b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]
