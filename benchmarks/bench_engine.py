@@ -11,6 +11,13 @@ also reports the cluster process's CPU time and how busy the machine's cores wer
 three processes' CPU over wall time times cores): a mode near 100% is bound by the cores, one
 near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
 
+Each proxy mode reports the proxy's CPU per event (main process and workers), the figure to
+compare versions by on a shared machine. `pymongo rp=N` drains the same buckets with pymongo
+workers (one thread and client per bucket, replies as RawBSONDocument, each event's `_id` and
+operationType read, as bucketspark's read_bucket does): its `consumers` figure, this process's
+CPU per event, is what an application's consumer pays for each event. --bucket-by documentKey
+deals every namespace over all the buckets (results named ..._by_documentKey).
+
 The raw read asks each getMore for as many entries as the proxy's readers do (BATCH_ENTRIES: the
 same reads, without the processing, exhaust as theirs are); `raw 16MiB` lets each reply fill up,
 as a getMore does unasked. simcluster serves its large replies at about half the rate per entry
@@ -48,13 +55,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psutil
+import pymongo
 import trio
 from bson import Int64, Timestamp
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 
 from benchmarks.common import add_out_option, write_results
 from benchmarks.workloads import WORKLOADS, write_workload
@@ -180,14 +191,15 @@ class ProxyProcess:
 
 
 async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int,
-                       reader_processes: int) -> tuple[int, dict[str, Any]]:
+                       reader_processes: int, bucket_by: str = "namespace") -> tuple[int, dict[str, Any]]:
     """Open a stream on the proxy and drain its N buckets, one consumer connection per bucket."""
     # A fresh name each time: re-attaching to an earlier stream would serve its retained events
     # from memory (when the same readerProcesses value is measured twice).
     name = f"bench-rp{reader_processes}-{time.monotonic_ns()}"
     ctl = await open_upstream("127.0.0.1", proxy.port)
     opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": buckets, "name": name,
-                                         "startAtOperationTime": start, "readerProcesses": reader_processes})
+                                         "startAtOperationTime": start, "readerProcesses": reader_processes,
+                                         "bucketBy": bucket_by})
     total = 0
 
     async def consume(cursor_id: Any, consumers: trio.Nursery) -> None:
@@ -218,6 +230,53 @@ async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets
     return total, {"noops": sum(s["noops"] for s in status["streams"][0]["shards"])}
 
 
+_RAW_OPTS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+
+
+async def pymongo_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int, reader_processes: int,
+                         bucket_by: str = "namespace") -> int:
+    """Drain the proxy's N buckets as an application's workers do: a pymongo client per bucket
+    (bucketspark's read_bucket), replies decoded as RawBSONDocument and each event's `_id` (its
+    resume token, what a worker checkpoints) and operationType read. The workers are threads of
+    this process, so this mode's `cpu_seconds_bench_process` is what consuming costs."""
+    name = f"bench-pymongo-rp{reader_processes}-{time.monotonic_ns()}"
+    total = 0
+    lock = threading.Lock()
+
+    def one(bucket: int) -> None:
+        nonlocal total
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(proxy.uri)
+        try:
+            admin = client.admin
+            cursor = admin.command({"parallelChangeStream": 1, "nBuckets": buckets, "name": name, "bucket": bucket,
+                                    "startAtOperationTime": start, "readerProcesses": reader_processes,
+                                    "bucketBy": bucket_by}, codec_options=_RAW_OPTS)["cursor"]
+            cid, batch = cursor["id"], cursor["firstBatch"]
+            while True:
+                for ev in batch:
+                    ev["_id"]
+                    ev["operationType"]
+                with lock:
+                    total += len(batch)
+                    if total >= want:
+                        break
+                batch = admin.command({"getMore": cid, "collection": "$cmd.parallelChangeStream",
+                                       "maxTimeMS": 200}, codec_options=_RAW_OPTS)["cursor"]["nextBatch"]
+            admin.command({"killCursors": "$cmd.parallelChangeStream", "cursors": [cid]})
+        finally:
+            client.close()
+
+    def run_all() -> None:
+        workers = [threading.Thread(target=one, args=(b,)) for b in range(buckets)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    await trio.to_thread.run_sync(run_all)
+    return total
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -240,6 +299,13 @@ def main(argv: list[str] | None = None) -> None:
                         "written through pymongo; ycsb: YCSB workload A's writes (benchmarks/workloads.py); "
                         "results go to engine_catchup_<workload>.*")
     parser.add_argument("--seed", type=int, default=1, help="the app and ycsb workloads' seed")
+    parser.add_argument("--bucket-by", choices=("namespace", "documentKey"), default="namespace",
+                        help="the streams' bucketBy: documentKey deals every namespace's events over all the "
+                        "buckets, so one hot collection does not leave the others idle; results get the suffix "
+                        "_by_documentKey")
+    parser.add_argument("--pymongo-consumers", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the first --reader-processes value with pymongo workers reading the "
+                        "buckets (RawBSONDocument), whose CPU (this process's) is the consumers' own cost")
     add_out_option(parser)
     args = parser.parse_args(argv)
     # The consumers (this process, every mode's) receive each reply into a buffer of its size:
@@ -284,10 +350,14 @@ def main(argv: list[str] | None = None) -> None:
             ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)]
         for rp in args.reader_processes:
             modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, events,
-                                                              args.buckets, rp), proxy))
+                                                              args.buckets, rp, args.bucket_by), proxy))
             if baseline is not None:
                 modes.append((f"baseline rp={rp}", functools.partial(proxy_stream, baseline, start, events,
-                                                                     args.buckets, rp), baseline))
+                                                                     args.buckets, rp, args.bucket_by), baseline))
+        if args.pymongo_consumers and args.reader_processes:
+            rp = args.reader_processes[0]
+            modes.append((f"pymongo rp={rp}", functools.partial(pymongo_stream, proxy, start, events, args.buckets,
+                                                                rp, args.bucket_by), proxy))
         for rp, watch_proxy in watch_proxies.items():
             modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, events),
                           watch_proxy))
@@ -323,10 +393,13 @@ def main(argv: list[str] | None = None) -> None:
             # Where the machine's CPU went: the cluster's process (every shard and mongos, one
             # trio loop), the consumers (this process) and the proxy's. `busy` near 1 means the
             # run was bound by the cores, not by any one process.
+            # The consumers' CPU per event: this process reads every mode's replies (a pymongo
+            # mode's workers decode them as an application's would).
             result = {"events": count, "seconds": wall, "events_per_s": count / wall,
-                      "cpu_seconds_bench_process": cpu, "cluster_cpu_seconds": in_cluster}
+                      "cpu_seconds_bench_process": cpu, "cluster_cpu_seconds": in_cluster,
+                      "consumer_cpu_us_per_event": 1e6 * cpu / max(count, 1)}
             line = (f"{run_name} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
-                    f"  cluster {in_cluster:4.1f} CPU-s")
+                    f"  cluster {in_cluster:4.1f} CPU-s  consumers {1e6 * cpu / max(count, 1):5.2f} us/event")
             total = 0.0
             if used is not None and proxy_cpu is not None:
                 main_cpu, worker_cpu = used.cpu_used(proxy_cpu)
@@ -336,8 +409,10 @@ def main(argv: list[str] | None = None) -> None:
                 # enough cores for its workers.
                 result.update(proxy_cpu_seconds=total, main_process_cpu_seconds=main_cpu,
                               worker_cpu_seconds=worker_cpu, events_per_proxy_cpu_second=count / total,
-                              events_per_main_process_cpu_second=count / main_cpu)
-                line += (f"  {count / total:>8,.0f} events per proxy CPU-second"
+                              events_per_main_process_cpu_second=count / main_cpu,
+                              proxy_cpu_us_per_event=1e6 * total / count)
+                line += (f"  proxy {1e6 * total / count:5.1f} us/event, {count / total:>8,.0f} events per proxy "
+                         "CPU-second"
                          f"  ({count / main_cpu:,.0f} per main-process CPU-second)")
             result["busy"] = (cpu + in_cluster + total) / (wall * (os.cpu_count() or 1))
             print(f"{line}  busy {result['busy']:.0%}", flush=True)
@@ -364,6 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     proxy_best = results[best]
     figures = {
         "events": events, "writes": args.events, "workload": args.workload, "seed": args.seed,
+        "bucket_by": args.bucket_by,
         "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
         "repeat": args.repeat, "warmup": args.warmup, "modes": results,
         "best_proxy_mode": best, "raw_mode": raw_mode,
@@ -405,6 +481,13 @@ def main(argv: list[str] | None = None) -> None:
         result_name = f"engine_catchup_{args.workload}"
     else:
         result_name = "engine_catchup_updates" if args.updates else "engine_catchup"
+    if args.bucket_by != "namespace":
+        result_name += f"_by_{args.bucket_by}"
+    pymongo_modes = [k for k in results if k.startswith("pymongo")]
+    if pymongo_modes:
+        figures["pymongo_consumer_cpu_us_per_event"] = results[pymongo_modes[0]]["consumer_cpu_us_per_event"]
+        print(f"pymongo consumers' CPU {figures['pymongo_consumer_cpu_us_per_event']:.2f} us per event "
+              f"({pymongo_modes[0]}: RawBSONDocument replies, each event's _id and operationType read)")
     path = write_results(args.out, result_name, figures,
                          {k: v["events_per_s"] for k, v in results.items()},
                          ylabel="events/s",

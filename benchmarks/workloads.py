@@ -77,12 +77,12 @@ def _order(rng: random.Random) -> dict[str, Any]:
             "customer": {"name": _text(rng, 8, 30), "email": f"{_token(rng)}@example.com", "address": _address(rng)},
             "items": [{"sku": _token(rng), "qty": rng.randint(1, 5), "price": round(rng.uniform(1, 500), 2),
                        "title": _text(rng, 10, 80)} for _ in range(rng.randint(1, 8))],
-            "notes": _text(rng, 0, 600), "tags": rng.sample(_WORDS, rng.randint(0, 5))}
+            "notes": _text(rng, 0, 1500), "tags": rng.sample(_WORDS, rng.randint(0, 5))}
 
 
 def _user(rng: random.Random) -> dict[str, Any]:
     return {"version": 0, "profile": {"first": rng.choice(_WORDS).title(), "last": rng.choice(_WORDS).title(),
-                                      "bio": _text(rng, 50, 1500), "age": rng.randint(18, 90)},
+                                      "bio": _text(rng, 50, 3200), "age": rng.randint(18, 90)},
             "addresses": [_address(rng) for _ in range(rng.randint(1, 3))],
             "prefs": {"lang": rng.choice(["en", "fr", "de", "ja"]), "mail": {"news": rng.random() < 0.5,
                                                                              "digest": rng.choice(["d", "w"])}},
@@ -90,16 +90,16 @@ def _user(rng: random.Random) -> dict[str, Any]:
 
 
 def _session(rng: random.Random) -> dict[str, Any]:
-    return {"version": 0, "user": _token(rng), "agent": _text(rng, 40, 200),
+    return {"version": 0, "user": _token(rng), "agent": _text(rng, 80, 200),
             "pages": [{"path": "/" + "/".join(rng.sample(_WORDS, 3)), "ms": rng.randint(5, 5000)}
-                      for _ in range(rng.randint(1, 20))], "active": True}
+                      for _ in range(rng.randint(3, 40))], "active": True}
 
 
 def _stock(rng: random.Random) -> dict[str, Any]:
     return {"version": 0, "qty": rng.randint(0, 10_000), "reserved": rng.randint(0, 50),
-            "title": _text(rng, 20, 200),
+            "title": _text(rng, 60, 200),
             "attrs": {w: _text(rng, 3, 30) for w in rng.sample(_WORDS, rng.randint(2, 12))},
-            "history": [{"delta": rng.randint(-20, 20), "by": _token(rng)} for _ in range(rng.randint(0, 10))]}
+            "history": [{"delta": rng.randint(-20, 20), "by": _token(rng)} for _ in range(rng.randint(1, 20))]}
 
 
 def _app_collections() -> list[_Collection]:

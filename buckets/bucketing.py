@@ -42,6 +42,7 @@ import bson
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.change_events import EV_NAMESPACES, EV_RAW, EventFields
+from mongoformats.oplog_splice import document_of, elements
 
 __all__ = ["bucket_of", "bucket_of_document", "buckets_for_event", "BUCKET_BY", "MAX_BUCKETS"]
 
@@ -58,10 +59,32 @@ def bucket_of_document(ns: str, document_id: Any, n: int) -> int:
     return zlib.crc32(bson.encode({"_id": document_id}), zlib.crc32(ns.encode("utf-8"))) % n
 
 
+# The BSON types of `_id`s whose element bytes are what bson.encode writes for their decoded value
+# (ObjectId, string, int32, int64, document, binary but the old subtype 2): the others (a symbol
+# decodes to a str, a DBPointer to a DBRef ...) are re-encoded as the contract says.
+_COPIED_TYPES = frozenset((0x07, 0x02, 0x10, 0x12, 0x03, 0x05))
+
+
 def _id_bytes(raw: bytes) -> bytes | None:
     """BSON {_id: <documentKey._id>} of a raw change event, or None if it has no documentKey.
 
-    Read lazily from the raw bytes (RawBSONDocument): only the documentKey is decoded."""
+    The usual `_id`'s element is found in the event's bytes and copied: inflating the event for
+    it (RawBSONDocument) cost more than the rest of dealing it."""
+    fields = elements(raw)
+    found = fields.get(b"documentKey")
+    if found is None or found[0] != 0x03:
+        return None
+    ident = elements(raw, found[1]).get(b"_id")
+    if ident is None:
+        return None
+    t, v, e = ident
+    if t in _COPIED_TYPES and (t != 0x05 or raw[v + 4] != 2):
+        return document_of(b"%c_id\x00%s" % (t, raw[v:e]))
+    return _decoded_id_bytes(raw)
+
+
+def _decoded_id_bytes(raw: bytes) -> bytes | None:
+    """`_id_bytes` through pymongo's decoder and encoder (what the contract names)."""
     key = RawBSONDocument(raw).get("documentKey")
     if not isinstance(key, RawBSONDocument) or "_id" not in key:
         return None

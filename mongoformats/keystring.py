@@ -91,6 +91,12 @@ class KeyStringBuilder:
     def type_bits(self) -> bytes:
         return encode_type_bits(self._bits)
 
+    @property
+    def bits(self) -> list[int]:
+        """The type bits so far, one int each, not yet encoded: for a caller that writes the
+        rest of a KeyString itself and appends these to its own."""
+        return list(self._bits)
+
     def append_end(self) -> None:
         self._buf.append(END)
 

@@ -338,7 +338,7 @@ def document_of(body: bytes) -> bytes:
 
 def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
     """KeyString of the document at `start` as an object value; None for a value type we leave to the
-    general encoder (anything but ObjectId, string, int32, int64)."""
+    general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
     out = [b"\x46"]
     for name, (t, v, e) in elements(buf, start).items():
         if t == 0x07:
@@ -353,11 +353,34 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
                 return None
             out += (b"\x1e", name, b"\x00", preshifted_key(abs(value) << 1, value < 0) if value else b"\x29")
             bits += (0, 0) if t == 0x10 else (0, 1)
+        elif t == 0x05:  # binary (a UUID _id): its size (one byte below 255), subtype, bytes
+            n = _I32.unpack_from(buf, v)[0]
+            size = bytes((n,)) if n < 0xFF else b"\xff" + n.to_bytes(4, "big", signed=True)
+            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:e])
+        elif t == 0x03:  # a compound _id (or shard key part): an object within the object
+            inner = _ks_document_key(buf, v, bits)
+            if inner is None:
+                return None
+            out += (b"\x46", name, b"\x00", inner)
         else:
             return None
     out.append(b"\x00")
     return b"".join(out)
 
+
+
+def _decoded_document_key(key: bytes) -> tuple[bytes, list[int]] | None:
+    """(KeyString, the token's type bits) of a documentKey `_ks_document_key` leaves: UUIDs and
+    other binary `_id`s, compound `_id`s, shard keys of other types. Decoded and keyed by the
+    general encoder, as the general path keys it (`_identifier`, then `encode_token`): the rest of
+    the event is still spliced, which costs a fraction of the general path's decode and re-encode
+    of the whole entry."""
+    ks = KeyStringBuilder()
+    try:
+        ks.append(bson.decode(key, PLAIN))
+    except (ValueError, bson.errors.BSONError):
+        return None  # the general path reports it
+    return ks.data, _TS_TAIL_BITS + ks.bits
 
 
 def _keystring(*values: Any) -> bytes:
@@ -376,6 +399,10 @@ _OP_ELEMENT = {op: _cstring_element(0x02, b"operationType", _string(op.encode())
 _INTERNAL_DBS = frozenset({b"admin", b"config", b"local"})
 _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
 _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
+_STRING_ID_BITS = [0] * 8  # and a string _id's (1: a string, not a symbol)
+# An update's o up to its diff's value: {$v: 2, diff: ...}, the diff its last element.
+_V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
+_V2_DIFF_AT = 4 + len(_V2_DIFF)
 
 
 # What splice_crud returns: a ChangeEvent's fields, as a plain tuple (it is sent faster, for
@@ -525,15 +552,23 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         if o2 is None:
             return None
         key = raw[o2[0]:o2[1]]
-        o_fields = elements(raw, o0)
-        if b"_id" in o_fields and b"$v" not in o_fields:
-            op_type = "replace"
-            full = raw[o0:o1]
-        else:
-            version, diff = o_fields.get(b"$v"), o_fields.get(b"diff")
-            if version is None or diff is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
-                return None
+        diff_at = o0 + _V2_DIFF_AT
+        # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
+        if (raw[o0 + 4:diff_at] == _V2_DIFF and diff_at + 5 <= o1 - 1
+                and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1 and not raw[o1 - 1]):
             op_type = "update"
+            diff = (0x03, diff_at, o1 - 1)
+        else:
+            o_fields = elements(raw, o0)
+            if b"_id" in o_fields and b"$v" not in o_fields:
+                op_type = "replace"
+                full = raw[o0:o1]
+            else:
+                version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
+                if version is None or found is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
+                    return None
+                op_type, diff = "update", found
+        if op_type == "update":
             desc = update_description(raw, diff[1], expanded=expanded)
             if desc is None:
                 desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]], PLAIN),
@@ -541,11 +576,18 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     ks_key: bytes | None
     if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
         ks_key, bits = b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
+    elif key[4:9] == b"\x02_id\x00" and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1 and key[-2:] == b"\x00\x00":
+        # {_id: string}, the usual documentKey of string ids
+        ks_key = b"".join((b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00"))
+        bits = _STRING_ID_BITS
     else:
         bits = list(_TS_TAIL_BITS)
         ks_key = _ks_document_key(key, 0, bits)
         if ks_key is None:
-            return None
+            decoded = _decoded_document_key(key)
+            if decoded is None:
+                return None
+            ks_key, bits = decoded
     # A token's timestamp is the entry's ts reversed: BSON has the increment, then the seconds,
     # little-endian; the KeyString the seconds, then the increment, big-endian.
     ts = raw[t0:t0 + 8]
@@ -571,40 +613,126 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
 
 
 def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | None:
-    """The updateDescription document of the `$v: 2` diff at raw[start:], as bytes, for the usual
-    diff: top-level `u`, `i` and `d` sections only (a `$set`, `$inc`, `$unset` ... of top-level
-    fields). updatedFields is then the `u` and `i` sections' elements as they are, one after the
-    other, and removedFields the names in `d`. None for any other diff (nested `s` sections, array
-    diffs) and with expanded events (disambiguatedPaths needs every name read): update_diff.py's
-    general path decodes those.
+    """The updateDescription document of the `$v: 2` diff at raw[start:], as bytes, read as
+    update_diff.py's general path reads it (change_stream_document_diff_parser): updatedFields
+    are the `u` and `i` sections' elements at their dotted paths, removedFields the names in `d`,
+    truncatedArrays the `l` of array diffs, sub-diffs (`s<field>`, `s<index>`) walked in their
+    order. None with expanded events (disambiguatedPaths needs every name judged) and for any
+    diff whose shape or types the general path would read differently or reject (it then
+    decodes the diff and reports what is wrong).
 
     Why: the general path decodes the diff into dicts, walks them and encodes the result, half of
-    an update's splice; here no value is read, only the sections' bounds (and `d`'s names). The
-    values are the server's bytes, not a decode-encode round trip, and the order is the general
-    path's (`u`, then `i`). A diff names each field once (the server writes it so);
-    one naming a field in both `u` and `i` would keep both here, where the general path's dict
-    keeps one.
+    an update's splice; here no value is decoded: updatedFields' values are the server's bytes,
+    copied under their new names. The usual diff, top-level sections alone (a `$set`, `$inc`,
+    `$unset` ... of top-level fields), copies the `u` and `i` documents whole. A diff names each
+    path once (the server writes it so); where nested sections make one path twice, the general
+    path's dict keeps one entry, so such a diff goes there. One naming a top-level field in both
+    `u` and `i` would keep both here.
     """
-    sections = elements(raw, start)
-    if expanded or not sections.keys() <= _TOP_LEVEL_SECTIONS:
+    if expanded:
         return None
-    updated: list[bytes] = []
-    removed = b""
+    size = _I32.unpack_from(raw, start)[0]
+    if (raw[start + 4:start + 7] == b"\x03u\x00" and _I32.unpack_from(raw, start + 7)[0] == size - 8
+            and not raw[start + size - 1]):
+        # `{u: {...}}` alone, the most common diff: updatedFields is the `u` document as it is.
+        return document_of(b"".join((b"\x03updatedFields\x00", raw[start + 7:start + size - 1], _NOTHING_REMOVED)))
+    sections = elements(raw, start)
     if any(t != 3 for t, _, _ in sections.values()):
         return None
-    for name in (b"u", b"i"):  # updates, then inserts, wherever they sit in the diff
-        if name in sections:
-            _, v, e = sections[name]
-            updated.append(raw[v + 4:e - 1])
-    if b"d" in sections:
-        removed = b"".join(_cstring_element(0x02, b"%d" % i, _string(field))
-                           for i, field in enumerate(elements(raw, sections[b"d"][1])))
+    updated: list[bytes] = []
+    removed: list[bytes] = []
+    truncated: list[bytes] = []
+    if sections.keys() <= _TOP_LEVEL_SECTIONS:
+        for name in (b"u", b"i"):  # updates, then inserts, wherever they sit in the diff
+            if name in sections:
+                _, v, e = sections[name]
+                updated.append(raw[v + 4:e - 1])
+        if b"d" in sections:
+            removed = list(elements(raw, sections[b"d"][1]))
+    elif not _walk_object(raw, sections, b"", updated, removed, truncated, set()):
+        return None
+    removed_fields = b"".join(_cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed))
     return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
-                                 b"\x04removedFields\x00", document_of(removed),
-                                 b"\x04truncatedArrays\x00\x05\x00\x00\x00\x00")))
+                                 b"\x04removedFields\x00", document_of(removed_fields),
+                                 b"\x04truncatedArrays\x00", document_of(b"".join(truncated)))))
+
+
+def _walk_object(raw: bytes, sections: dict[bytes, tuple[int, int, int]], prefix: bytes, updated: list[bytes],
+                 removed: list[bytes], truncated: list[bytes], seen: set[bytes]) -> bool:
+    """Add an object diff's paths (under `prefix`, "" or "a.b.") to the three lists, in the
+    general path's order: `u`, `i`, `d`, then the sub-diffs. False if it must go the general way:
+    a section that is not a document, a path met twice (`seen`), an array diff read otherwise."""
+    for name in (b"u", b"i"):
+        if name in sections:
+            t, v, _ = sections[name]
+            if t != 3:
+                return False
+            for field, (ft, fv, fe) in elements(raw, v).items():
+                path = prefix + field
+                if path in seen:
+                    return False
+                seen.add(path)
+                updated.append(b"%c%s\x00%s" % (ft, path, raw[fv:fe]))
+    if b"d" in sections:
+        t, v, _ = sections[b"d"]
+        if t != 3:
+            return False
+        removed += (prefix + field for field in elements(raw, v))
+    for key, (t, v, _) in sections.items():
+        if key[:1] != b"s" or len(key) == 1:
+            continue  # u, i, d (read above), and what the general path ignores (`b`)
+        if t != 3:
+            return False
+        sub = elements(raw, v)
+        a = sub.get(b"a")
+        if a is not None and a[0] == 0x08 and raw[a[1]] == 1:  # {a: true}: an array diff
+            if not _walk_array(raw, sub, prefix + key[1:], updated, removed, truncated, seen):
+                return False
+        elif not _walk_object(raw, sub, prefix + key[1:] + b".", updated, removed, truncated, seen):
+            return False
+    return True
+
+
+def _walk_array(raw: bytes, sections: dict[bytes, tuple[int, int, int]], path: bytes, updated: list[bytes],
+                removed: list[bytes], truncated: list[bytes], seen: set[bytes]) -> bool:
+    """`_walk_object` for an array diff at `path`: its new length (`l`), then its entries in
+    order, `u<index>` a new value, `s<index>` a sub-diff."""
+    if b"l" in sections:
+        t, v, e = sections[b"l"]
+        if t not in (0x01, 0x10, 0x12):  # numbers, which decode and encode back to these bytes
+            return False
+        field = _cstring_element(0x02, b"field", _string(path))
+        size = b"%cnewSize\x00%s" % (t, raw[v:e])
+        truncated.append(_cstring_element(0x03, b"%d" % len(truncated), document_of(field + size)))
+    for key, (t, v, e) in sections.items():
+        if key in (b"a", b"l"):
+            continue
+        letter, index = key[:1], key[1:]
+        if not index.isdigit() or (index[:1] == b"0" and len(index) > 1):
+            return False  # the general path reads every other key's index as int() does
+        if letter not in (b"u", b"s"):
+            continue
+        at = path + b"." + index
+        if letter == b"u":
+            if at in seen:
+                return False
+            seen.add(at)
+            updated.append(b"%c%s\x00%s" % (t, at, raw[v:e]))
+        else:
+            if t != 3:
+                return False
+            sub = elements(raw, v)
+            a = sub.get(b"a")
+            if a is not None and a[0] == 0x08 and raw[a[1]] == 1:
+                if not _walk_array(raw, sub, at, updated, removed, truncated, seen):
+                    return False
+            elif not _walk_object(raw, sub, at + b".", updated, removed, truncated, seen):
+                return False
+    return True
 
 
 _TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
+_NOTHING_REMOVED = b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

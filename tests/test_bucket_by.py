@@ -12,6 +12,8 @@ from typing import Any
 import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pymongo.errors import OperationFailure
 
 import buckets.engine as engine_module
@@ -55,6 +57,26 @@ def test_buckets_for_event_by_document():
         assert buckets_for_event(ddl, 4, "documentKey") == (0, 1, 2, 3)
     # the default stays by namespace
     assert buckets_for_event(insert, 16) == buckets_for_event(create, 16) == (zlib.crc32(b"d.c") % 16,)
+
+
+_ids = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**62), 2**62).map(bson.Int64), st.text(max_size=8),
+                 st.builds(bson.ObjectId), st.binary(max_size=8), st.uuids().map(lambda u: bson.Binary(u.bytes, 4)),
+                 st.binary(max_size=4).map(lambda b: bson.Binary(b, 2)), st.floats(allow_nan=False),
+                 st.fixed_dictionaries({"a": st.integers(0, 9), "b": st.text(max_size=3)}),
+                 st.text(max_size=4).map(bson.Regex), st.just(bson.MinKey()),
+                 st.integers(0, 2**40).map(bson.datetime_ms.DatetimeMS))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ids, st.booleans())
+def test_the_id_is_read_from_the_events_bytes_as_the_contract_encodes_it(ident: Any, shard_key: bool) -> None:
+    """The documentKey's `_id` element, copied from the event's bytes, hashes as bson.encode of
+    its decoded value does, whatever its type (some types are re-encoded)."""
+    key = {"sk": 1, "_id": ident} if shard_key else {"_id": ident}
+    event = _fields({"_id": {"_data": "82"}, "operationType": "delete", "ns": {"db": "d", "coll": "c"},
+                     "documentKey": key}, ("d.c",))
+    want = zlib.crc32(bson.encode({"_id": RawBSONDocument(event[5])["documentKey"]["_id"]}), zlib.crc32(b"d.c")) % 64
+    assert buckets_for_event(event, 64, "documentKey") == (want,)
 
 
 def _drain_all(c: Any, cursor_ids: list[int], end: bytes, timeout: float = 60) -> list[list[RawBSONDocument]]:

@@ -36,17 +36,38 @@ ids = st.one_of(
     st.builds(ObjectId),
     st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f == int(f) and abs(f) < 2**52),
     st.none(),
+    # What the general encoder keys for the splice (`_decoded_document_key`): UUIDs and other
+    # binary ids, compound ids, fractional doubles, decimals, dates.
+    st.uuids().map(lambda u: Binary(u.bytes, 4)),
+    st.binary(max_size=8),
+    st.fixed_dictionaries({"store": st.integers(0, 40), "sku": st.text(max_size=5)}),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.decimals(-(10**6), 10**6, places=2).map(lambda d: bson.Decimal128(str(d))),
+    st.integers(0, 2**41).map(bson.datetime_ms.DatetimeMS),
 )
 values = st.recursive(st.one_of(st.integers(-5, 5), st.text(max_size=4), st.none(), st.booleans()),
                       lambda inner: st.one_of(st.lists(inner, max_size=3),
                                               st.dictionaries(st.sampled_from("abxy"), inner, max_size=3)),
                       max_leaves=6)
-diffs = st.fixed_dictionaries({}, optional={
-    "u": st.dictionaries(st.sampled_from(["a", "b", "1"]), values, min_size=1, max_size=2),
+_sections = {
+    # "a.b" and "b" also come as paths of sub-diffs: a path met twice goes the general way.
+    "u": st.dictionaries(st.sampled_from(["a", "b", "1", "a.b"]), values, min_size=1, max_size=2),
     "i": st.dictionaries(st.sampled_from(["c", "d.e"]), values, min_size=1, max_size=2),
-    "d": st.dictionaries(st.sampled_from(["x", "y"]), st.just(False), min_size=1, max_size=2),
-    "sarr": st.fixed_dictionaries({"a": st.just(True), "l": st.integers(0, 3)}),
-})
+    "d": st.dictionaries(st.sampled_from(["x", "y", "b"]), st.just(False), min_size=1, max_size=2),
+}
+
+
+def _nested_diffs(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Object diffs whose sub-diffs (`s<field>`) are object or array diffs, as a server writes
+    for nested `$set`s, `$push`es and array-index sets (document_diff_serialization.h)."""
+    arrays = st.fixed_dictionaries({"a": st.just(True)}, optional={
+        "l": st.one_of(st.integers(0, 3), st.integers(0, 3).map(Int64)), "u0": values, "s1": inner, "u2": values,
+        "u10": values, "u01": values})  # u01: an index the general path reads with int()
+    return st.fixed_dictionaries({}, optional={**_sections, "sa": st.one_of(inner, arrays), "s1": inner,
+                                               "sarr": arrays})
+
+
+diffs = st.recursive(st.fixed_dictionaries({}, optional=_sections), _nested_diffs, max_leaves=4)
 
 
 @st.composite
@@ -106,13 +127,30 @@ def test_the_fixed_layout_agrees_with_the_walk(entry: dict[str, Any]) -> None:
 
 
 def test_the_fast_path_takes_the_common_shapes() -> None:
-    """Plain inserts, updates, replaces and deletes with ObjectId/int/string ids never fall back."""
-    for _id in (ObjectId(), 7, Int64(2**40), "k"):
+    """Plain inserts, updates (nested and array diffs too), replaces and deletes with ObjectId,
+    int, string, UUID and compound ids never fall back."""
+    for _id in (ObjectId(), 7, Int64(2**40), "k", Binary(uuid.uuid4().bytes, 4), {"store": 3, "sku": "s-1"}):
         for entry in ({"op": "i", "ns": "a.b", "o": {"_id": _id, "x": 1}, "o2": {"_id": _id}},
                       {"op": "u", "ns": "a.b", "o": {"$v": 2, "diff": {"u": {"x": 2}}}, "o2": {"_id": _id}},
+                      {"op": "u", "ns": "a.b", "o2": {"_id": _id},
+                       "o": {"$v": 2, "diff": {"sa": {"u": {"b": 1}, "sc": {"a": True, "u0": 2, "l": 1}}}}},
                       {"op": "u", "ns": "a.b", "o": {"_id": _id, "x": 3}, "o2": {"_id": _id}},
                       {"op": "d", "ns": "a.b", "o": {"_id": _id}}):
             assert splice_crud(bson.encode({**entry, "ts": Timestamp(5, 1)}), expanded=False)
+
+
+def test_binary_and_compound_document_keys_are_spliced_like_the_general_transform() -> None:
+    """The splice writes the KeyString of binary ids (short and past 254 bytes, where its size
+    takes five bytes) and of compound and nested ids itself; the token equals the general one."""
+    for _id in (Binary(uuid.uuid4().bytes, 4), Binary(b"x" * 300, 0), b"", {"store": 3, "sku": "s-1"},
+                {"a": {"b": Binary(b"k", 5), "c": Int64(-4)}, "d": "e"}, {"f": 1.5}):
+        for expanded in (False, True):
+            for entry in ({"op": "i", "ns": "a.b", "o": {"_id": _id, "x": 1}, "o2": {"_id": _id}},
+                          {"op": "d", "ns": "a.b", "o": {"sk": _id, "_id": 1}}):
+                raw = bson.encode({**entry, "ts": Timestamp(5, 1)})
+                tr = OplogTransformer(show_expanded_events=expanded)
+                assert splice_crud(raw, expanded=expanded)
+                assert tr.transform(raw) == tr.transform_decoded(RawBSONDocument(raw, RAW))
 
 
 def test_an_update_description_is_the_diffs_own_bytes_for_top_level_sections() -> None:
@@ -126,10 +164,23 @@ def test_an_update_description_is_the_diffs_own_bytes_for_top_level_sections() -
         raw = bson.encode({"diff": diff})
         got = update_description(raw, elements(raw)[b"diff"][1], expanded=False)
         assert got == bson.encode(update_description_from_diff(diff))
-    for diff, expanded in (({"u": {"a": 1}}, True), ({"sa": {"u": {"b": 1}}}, False),
-                           ({"sa": {"a": True, "u0": 1}}, False), ({"u": 5}, False)):
+    for diff, expanded in (({"u": {"a": 1}}, True), ({"u": 5}, False), ({"sa": 1}, False),
+                           ({"u": {"a.b": 1}, "sa": {"u": {"b": 2}}}, False), ({"sa": {"a": True, "u01": 1}}, False)):
         raw = bson.encode({"diff": diff})
         assert update_description(raw, elements(raw)[b"diff"][1], expanded=expanded) is None
+
+
+def test_a_nested_update_description_is_made_from_the_diffs_bytes() -> None:
+    """Sub-diffs of objects and arrays (nested `$set`, `$push`, array-index sets, truncations)
+    give the general path's updateDescription: paths dotted in its order, values as they are."""
+    values = {"s": "x", "o": {"a": [1, {"b": None}]}, "l": Int64(3), "dt": bson.datetime_ms.DatetimeMS(1)}
+    for diff in ({"sa": {"u": values, "sb": {"i": {"c": 1}, "d": {"e": False}}}},
+                 {"u": {"v": 1}, "sitems": {"a": True, "l": 2, "u1": {"sku": "k"}, "s0": {"u": {"qty": 4}}}},
+                 {"sarr": {"a": True, "u3": [1, 2], "s1": {"a": True, "u0": "z"}}, "d": {"gone": False}},
+                 {"s1": {"u": {"2": True}}, "i": {"new": values}}):
+        raw = bson.encode({"diff": diff})
+        got = update_description(raw, elements(raw)[b"diff"][1], expanded=False)
+        assert got == bson.encode(update_description_from_diff(diff))
 
 
 def test_elements_walks_every_bson_type() -> None:
