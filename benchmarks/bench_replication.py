@@ -74,7 +74,7 @@ def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, e
 
 def spark_buckets(proxy_uri: str, target_uri: str, start: Timestamp, events: int, buckets: int,
                   timeout_s: float) -> dict[str, Any]:
-    from bucketspark.demo import spark_session
+    from bucketspark.session import spark_session
     from bucketspark.sink import replicate_batch
 
     spark = spark_session("pcs-bench-replication")
