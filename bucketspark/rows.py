@@ -17,6 +17,20 @@ SCHEMA = (
 )
 
 
+# {_id: ObjectId} as BSON: int32 length 22, type 0x07, "_id" and its 0, 12 bytes, the closing 0.
+_OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
+
+
+def key_json(key: RawBSONDocument) -> str:
+    """A documentKey as canonical Extended JSON, as json_util.dumps writes it. The common key,
+    an ObjectId `_id` alone, is written straight from its bytes: decoding it and running
+    json_util would be a third of a row's cost."""
+    raw = key.raw
+    if len(raw) == 22 and raw.startswith(_OID_KEY_HEAD):
+        return '{"_id": {"$oid": "' + raw[9:21].hex() + '"}}'
+    return json_util.dumps(bson.decode(raw, PLAIN), json_options=json_util.CANONICAL_JSON_OPTIONS)
+
+
 def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool,
               payload: RawBSONDocument | None = None) -> tuple[Any, ...]:
     """The row of `ev`; its event and eventJson columns hold `payload` instead when given (the
@@ -24,8 +38,7 @@ def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool,
     ct = ev["clusterTime"]
     ns = ev.get("ns") or {}
     key = ev.get("documentKey")
-    doc_key = json_util.dumps(bson.decode(key.raw, PLAIN), json_options=json_util.CANONICAL_JSON_OPTIONS) \
-        if key else None
+    doc_key = key_json(key) if key else None
     body = ev if payload is None else payload
     as_json = json_util.dumps(bson.decode(body.raw, PLAIN),
                               json_options=json_util.RELAXED_JSON_OPTIONS) if with_json else None
