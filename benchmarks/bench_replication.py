@@ -94,11 +94,11 @@ def backlog_writes(source_uri: str) -> list[tuple[tuple[str, str], list[Any]]]:
     ordered.sort(key=lambda w: w[0])
     runs: dict[tuple[str, str], list[Any]] = {}
     writes: list[tuple[tuple[str, str], list[Any]]] = []
-    for _, ns, op in ordered:
-        run = runs.setdefault(ns, [])
+    for _, target_ns, op in ordered:
+        run = runs.setdefault(target_ns, [])
         run.append(op)
         if len(run) >= FLUSH_OPS:
-            writes.append((ns, runs.pop(ns)))
+            writes.append((target_ns, runs.pop(target_ns)))
     writes += list(runs.items())
     return writes
 

@@ -10,6 +10,7 @@ import pytest
 from bson import Binary, Decimal128, Int64, ObjectId, Timestamp, json_util
 from bson.raw_bson import RawBSONDocument
 
+from bucketspark.client import _token_key_of, token_key
 from bucketspark.rows import DECODE_WHOLE_BYTES, event_row, key_json
 from mongoformats.codecs import PLAIN, RAW
 
@@ -63,3 +64,16 @@ def test_a_full_document_only_row_holds_the_documents_bytes_and_json(with_json):
     assert row[7] == key_json(bson.decode(event.raw)["documentKey"]) and row[8] == doc.raw
     assert row[9] == (json_util.dumps(bson.decode(doc.raw, PLAIN), json_options=json_util.RELAXED_JSON_OPTIONS)
                       if with_json else None)
+
+
+@pytest.mark.parametrize("event", [
+    {"_id": {"_data": "8263A1B2C3000000012B"}, "operationType": "insert"},
+    {"_id": {"_typeBits": b"", "_data": "8263A1B2C3000000012C"}},  # _data not first in _id
+    {"operationType": "drop", "_id": {"_data": "8263A1B2C3000000012D"}},  # _id not first
+    {"_id": {"_data": ""}},
+])
+def test_an_events_token_is_read_from_its_bytes_as_from_its_fields(event):
+    raw = RawBSONDocument(bson.encode({"e": event}), RAW)["e"]  # nested: bson keeps the field order
+    assert _token_key_of(raw) == token_key(event["_id"]["_data"])
+    in_a_reply = RawBSONDocument(memoryview(raw.raw), RAW)  # as pymongo may hand events out
+    assert _token_key_of(in_a_reply) == token_key(event["_id"]["_data"])
