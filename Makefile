@@ -21,7 +21,7 @@ SPEC_TESTS := $(wildcard $(abspath ../shared/spec-tests))
 
 .PHONY: demo test bench
 demo: $(STAMP)
-	$(PY) -m bucketspark.demo
+	$(PY) -m demo
 
 test: $(STAMP) $(NODE_DEPS)
 	$(PY) -m ruff check .

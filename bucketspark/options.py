@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from buckets.bucketing import BUCKET_BY
 from bucketspark.client import StreamSpec
+
+# The `bucketBy` values the proxy's parallelChangeStream accepts (docs/commands.md); checked here so
+# that a typo fails when the query is defined, not in a Spark task.
+BUCKET_BY = ("namespace", "documentKey")
 
 # Every option the source takes, by its documented name: (kind, low, high). Spark lowercases
 # option names, so they are matched without case.

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-from wireproxy.extras import add_version_flag, require_extra
+from bucketspark._cli import add_version_flag, require_extra
 
 
 def start_replication(spark: Any, proxy_uri: str, target_uri: str, checkpoint: str, *, buckets: int, name: str,
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trigger-s", type=float, default=1.0)
     args = parser.parse_args(argv)
     require_extra("pcs-replicate", "spark", ["pyspark", "pandas", "pyarrow"])
-    from bucketspark.demo import spark_session
+    from bucketspark.session import spark_session
 
     spark = spark_session("pcs-replicate")  # the master and settings of Spark's own configuration
     query = start_replication(spark, args.proxy, args.target, args.checkpoint, buckets=args.buckets, name=args.name,

@@ -26,7 +26,7 @@ VERSION = importlib.metadata.version("parallelchangestream")
 COMMANDS = {
     "wireproxy": "wireproxy",
     "simcluster": "simcluster",
-    "pcs-demo": "bucketspark.demo",
+    "pcs-demo": "demo.demo",
     "pcs-replicate": "bucketspark.replicate",
 }
 
@@ -128,8 +128,8 @@ _MISSING = textwrap.dedent("""
 @pytest.mark.parametrize(
     ("missing", "module", "args", "extra"),
     [
-        ("rich", "bucketspark.demo", [], "sim,spark"),
-        ("pyspark", "bucketspark.demo", [], "sim,spark"),
+        ("rich", "demo.demo", [], "sim,spark"),
+        ("pyspark", "demo.demo", [], "sim,spark"),
         (
             "pyspark",
             "bucketspark.replicate",
@@ -151,7 +151,7 @@ def test_a_command_without_its_extra_says_which_to_install(missing, module, args
 
 def test_pcs_demo_writes_under_the_current_directory_or_out(tmp_path, monkeypatch):
     """Never into the installed package (site-packages)."""
-    import bucketspark.demo as demo
+    import demo.demo as demo
 
     seen: list[Path] = []
     monkeypatch.setattr(demo, "run_demo", lambda ops, buckets, timeout, out: seen.append(out) or 0)

@@ -125,6 +125,33 @@ def test_importing_every_mongoformats_module_loads_no_speed_library_and_no_trio(
     assert out.stdout.strip() == "[]"
 
 
+# What the Spark package may import: it talks to the proxy over the wire only. bson is pymongo's;
+# pyarrow and pandas are what pyspark's Arrow path runs on.
+SPARK_ALLOWED = {"bucketspark", "mongoformats", "pymongo", "bson", "pyspark", "pyarrow", "pandas"}
+PACKAGES = ("mongoformats", "simcluster", "wireproxy", "buckets", "bucketspark")
+
+
+def test_bucketspark_imports_only_pymongo_pyspark_stdlib_and_mongoformats():
+    """Every import statement counts, also those inside functions and under TYPE_CHECKING."""
+    for path in (ROOT / "bucketspark").rglob("*.py"):
+        for module, _ in _imports(path):
+            top = module.split(".")[0]
+            allowed = top in SPARK_ALLOWED or top in sys.stdlib_module_names
+            assert allowed, f"bucketspark/{path.relative_to(ROOT / 'bucketspark')} imports {module}"
+
+
+def test_importing_every_bucketspark_module_loads_no_other_package_of_ours():
+    modules = sorted(f"bucketspark.{p.stem}" for p in (ROOT / "bucketspark").glob("*.py")
+                     if p.stem != "__init__")
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'simcluster', 'wireproxy', 'buckets', 'demo'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
 def _mongoformats_graph() -> dict[str, set[str]]:
     """Which mongoformats modules each one imports, anywhere in it (functions, TYPE_CHECKING)."""
     graph: dict[str, set[str]] = {}
@@ -218,3 +245,11 @@ def test_the_proxys_reader_process_bound_is_the_engines():
     assert PROXY_MAX == MAX_READER_PROCESSES
     bounds = {f.name: f.metadata["range"] for f in dataclasses.fields(ProxyConfig)}
     assert bounds["reader_processes"] == (0, MAX_READER_PROCESSES)
+
+
+def test_the_demo_is_imported_by_nothing_but_tests_and_benchmarks():
+    assert (ROOT / "demo" / "embedded.py").exists()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for module, _ in _imports(path):
+                assert module.split(".")[0] != "demo", f"{path.relative_to(ROOT)} imports {module}"

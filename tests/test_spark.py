@@ -21,10 +21,11 @@ pyspark = pytest.importorskip("pyspark")
 
 from buckets.bucketing import bucket_of  # noqa: E402
 from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket  # noqa: E402
-from bucketspark.demo import converged, spark_session  # noqa: E402
-from bucketspark.embedded import embedded_environment  # noqa: E402
+from bucketspark.session import spark_session  # noqa: E402
 from bucketspark.sink import replicate_batch  # noqa: E402
 from bucketspark.verify import document_differences  # noqa: E402
+from demo.demo import converged  # noqa: E402
+from demo.embedded import embedded_environment  # noqa: E402
 from tests.conftest import free_port, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.spark

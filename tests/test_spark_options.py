@@ -171,3 +171,11 @@ def test_bucket_by_is_namespace_unless_asked_and_checked() -> None:
     assert spec.bucket_by == "documentKey" and spec.open_command()["bucketBy"] == "documentKey"
     with pytest.raises(ValueError, match="option 'bucketBy' is 'document'"):
         stream_spec(Options({"uri": "mongodb://p/", "bucketBy": "document"}))
+
+
+def test_the_sources_bucket_by_values_are_the_ones_the_proxy_accepts() -> None:
+    """bucketspark keeps its own copy (it imports nothing of the proxy or the engine)."""
+    from buckets.bucketing import BUCKET_BY as ENGINE_BUCKET_BY
+    from bucketspark.options import BUCKET_BY
+
+    assert BUCKET_BY == ENGINE_BUCKET_BY

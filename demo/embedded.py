@@ -1,7 +1,7 @@
 """Source and target simclusters plus the proxy, running on a background trio thread.
 
-Used by the demo and the Spark tests: Spark's own Python workers reach the proxy over loopback,
-exactly as they would reach a proxy in front of a real cluster.
+Used by the demo, the Spark tests and the benchmarks: Spark's own Python workers reach the proxy
+over loopback, exactly as they would reach a proxy in front of a real cluster.
 """
 
 from __future__ import annotations
