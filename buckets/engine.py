@@ -70,6 +70,7 @@ from buckets.commands import (
     plan_watch,
     read_watch,
 )
+from buckets.cursor import BucketCursor, start_point
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.memory_limit import (
     DEAL_HEADROOM_BYTES,
@@ -80,7 +81,7 @@ from buckets.memory_limit import (
 )
 from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import ReaderPool, reader_pool
-from buckets.stream import BucketCursor, ParallelStream, StreamOptions, start_point
+from buckets.stream import ParallelStream, StreamOptions
 from buckets.topology import Topology, discover
 from mongoformats.change_events import EV_RAW, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages

@@ -9,7 +9,8 @@ from typing import Any
 
 from bson import Timestamp
 
-from buckets.stream import Bucket, BucketCursor
+from buckets.bucket import Bucket
+from buckets.cursor import BucketCursor
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY, ChangeEvent
 from mongoformats.resume_token import ResumeTokenData, encode_token, high_water_mark, token_sort_key
 

@@ -11,8 +11,9 @@ import pytest
 import trio
 from bson import Timestamp
 
+from buckets.bucket import Bucket
 from buckets.catch_up import BEHIND, CATCHING_UP, FALL_BEHIND_AFTER_S, LIVE, Lag
-from buckets.stream import Bucket, BucketCursor
+from buckets.cursor import BucketCursor
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY
 from mongoformats.resume_token import high_water_mark, token_sort_key
 from tests.test_bucket_resume import event

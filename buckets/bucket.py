@@ -1,0 +1,436 @@
+"""A bucket: the events dealt to one of a stream's N buckets, retained and pending, with their
+positions and byte budget (buckets/stream.py deals them in; buckets/cursor.py reads them out)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import trio
+
+from buckets._columnar.event_block import (
+    EventBlock,
+    count_events,
+    first_key,
+    is_block,
+    items_bytes,
+    last_key,
+)
+from buckets._columnar.sizes import count_reaching, count_within
+from buckets.budget import ByteBudget
+from buckets.catch_up import FALL_BEHIND_AFTER_S, Lag
+from buckets.memory_limit import (
+    PoolAccount,
+)
+from mongoformats.change_events import (
+    EV_RAW,
+    EV_SORT_KEY,
+    EventFields,
+)
+from mongoformats.errors import MongoError
+from mongoformats.resume_token import (
+    token_from_key,
+)
+
+
+class Reader(Protocol):
+    """What a bucket sees of a cursor that reads it (buckets/cursor.py's BucketCursor): its
+    positions decide what retention may free, and a replay's cursor waits in `awaiting`."""
+
+    cursor_id: int
+    position: int
+    acked: int
+    read: bool
+    lost: bool
+    busy: bool
+    last_used: float
+    last_key: bytes
+    last_token: dict[str, Any]
+
+    @property
+    def join(self) -> Joinable | None: ...
+
+
+class Joinable(Protocol):
+    """The named stream a replay's cursor moves to (buckets/stream.py's ParallelStream)."""
+
+    @property
+    def buckets(self) -> dict[int, Bucket]: ...
+
+
+class Bucket:
+    """Events of one bucket in token order: [retained (delivered) ... pending].
+
+    Held as segments: an EventFields tuple is one event, an EventBlock a run of them (a backlog's
+    events stay columns from the splice to the reply). `starts[i]` is the absolute index of
+    segment i's first event and `firsts[i]` its sort key, for finding a position or a key.
+    """
+
+    def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any],
+                 account: PoolAccount | None = None) -> None:
+        self.index = index
+        self.segments: list[Any] = []
+        self.starts: list[int] = []
+        self.firsts: list[bytes] = []
+        self.base = 0                  # absolute index of the first retained event
+        self._end = 0                  # absolute index after the last
+        self.floor = floor             # every event above this key is (or will be) held here
+        # The stream's start point for this bucket: an attach without a token reads from here.
+        self.start_floor = floor
+        self.frontier_token = floor_token
+        self.frontier = floor
+        # `account`: its share of the proxy's memory limit (buckets/memory_limit.py).
+        self.budget = ByteBudget(limit_bytes, account)
+        if account is not None:
+            account.shed = self._shed
+        self.changed = trio.Event()
+        self.cursors: set[Reader] = set()
+        self.delivered_total = 0
+        self.dealt_total = 0           # events the merge dealt in (delivered_total counts them out)
+        self.waiting = 0               # getMores parked on this bucket right now
+        # How far consumers that have since left had read (absolute index). With no cursor open
+        # (a Spark micro-batch ended; the next attaches after where it stopped), only events up
+        # to here may be freed: the rest is what the next consumer will ask for.
+        self.read_mark = 0
+        # The error of an event this bucket could not take (its $match failed on it), met by a
+        # cursor once it has read every event before it; the bucket takes nothing after it.
+        self.error: MongoError | None = None
+        # A bucket of a named stream falls behind when full instead of holding the merge back
+        # (buckets/catch_up.py); a private stream's one consumer is its only reader, so there
+        # a full bucket waits (backpressure).
+        self.isolated = False
+        # Whether a getMore of another bucket of the stream waits for events (set with isolated).
+        self.holds_back: Callable[[], bool] = lambda: False
+        self.lag = Lag()
+        self.last_read = -math.inf     # trio time a getMore last came or left (none yet: never)
+        self.merge_frontier = floor    # the merge's frontier, also while behind
+        # Cursors reading a replay that move to this bucket once it holds their next event.
+        self.awaiting: set[Reader] = set()
+
+    @property
+    def end(self) -> int:
+        return self._end
+
+    @property
+    def retained(self) -> int:
+        return self._end - self.base
+
+    def depth(self) -> int:
+        """Events no live cursor has read yet."""
+        low = min((c.position for c in self.cursors), default=self.end)
+        return self.end - low
+
+    def notify(self) -> None:
+        """Wake every getMore (and a full-bucket put) waiting on this bucket. While some budget
+        waits for the proxy's memory pool, what consumers have read goes first (`_shed`)."""
+        if self.budget.account is not None and self.budget.account.pool.waiting:
+            self._shed()
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # -- positions -----------------------------------------------------------------------------------
+
+    def _segment_at(self, position: int) -> int:
+        """The index of the segment holding the event at absolute `position` (base <= it < end)."""
+        return bisect.bisect_right(self.starts, position) - 1
+
+    def key_at(self, position: int) -> bytes:
+        s = self._segment_at(position)
+        segment = self.segments[s]
+        return segment.key(position - self.starts[s]) if is_block(segment) else segment[EV_SORT_KEY]
+
+    def event_at(self, position: int) -> EventFields:
+        s = self._segment_at(position)
+        segment = self.segments[s]
+        if is_block(segment):
+            at = position - self.starts[s]
+            return segment.sliced(at, at + 1).fields()[0]
+        return segment
+
+    def items_from(self, position: int) -> Iterator[tuple[Any, int]]:
+        """(segment, offset of `position`'s event in it) from `position` to the end."""
+        if position >= self._end:
+            return
+        s = self._segment_at(position)
+        offset = position - self.starts[s]
+        for segment in itertools.islice(self.segments, s, None):
+            yield segment, offset
+            offset = 0
+
+    def keys_between(self, start: int, stop: int) -> list[bytes]:
+        """The sort keys of the events at [start, stop)."""
+        out: list[bytes] = []
+        for segment, offset in self.items_from(start):
+            if len(out) >= stop - start:
+                break
+            if is_block(segment):
+                part = segment.sliced(offset, offset + stop - start - len(out))
+                out += map(bytes, part.keys)
+            else:
+                out.append(segment[EV_SORT_KEY])
+        return out
+
+    def position_after(self, key: bytes) -> int | None:
+        """Absolute index of the first event above `key`, or None if that history was dropped
+        (or, fallen behind, not held)."""
+        if key < self.floor or not self.lag.holds_after(key):
+            return None
+        s = bisect.bisect_right(self.firsts, key)
+        if s == 0:
+            return self.base
+        segment = self.segments[s - 1]
+        return self.starts[s - 1] + (segment.bisect_right(key) if is_block(segment) else 1)
+
+    # -- retention -------------------------------------------------------------------------------------
+
+    def _drop_delivered(self, need: int, *, hard: bool = False) -> None:
+        """Free retained events that every live cursor (or, with none, the last to leave) has passed,
+        oldest first (`hard`: also those only acked, the cache of re-attaches, see `_safe`).
+
+        Frees down to 7/8 of the budget in one step, so the segment list shift is paid once per
+        eighth of the budget rather than once per event (which made a full bucket quadratic).
+        """
+        if self.budget.used + need <= self.budget.limit:
+            return
+        safe = self._safe(hard=hard)
+        target = self.budget.limit * 7 // 8 - need
+        freed = 0
+        position = self.base
+        # A block's share is found with one cumulative sum (in C), not event by event.
+        for segment, offset in self.items_from(self.base):
+            if position >= safe or self.budget.used - freed <= target:
+                break
+            if is_block(segment):
+                part = segment.sliced(offset, offset + safe - position)
+                k, nbytes = count_reaching(part.sizes, self.budget.used - freed - target)
+                freed += nbytes
+                position += k
+            else:
+                freed += len(segment[EV_RAW])
+                position += 1
+        if position > self.base:
+            self._forget(position, freed)
+
+    def _shed(self) -> None:
+        """Drop the delivered events every consumer has passed: retention serves re-attaches from
+        memory, a cache that never holds a stream, this one or another, waiting for memory."""
+        if self.base < self._safe():
+            self._drop_delivered(self.budget.limit)
+
+    def _safe(self, *, hard: bool = False) -> int:
+        """Where retention may be freed up to: what every cursor that has been read has passed;
+        with none read yet, every cursor; with none, the last consumer to leave. Beside a cursor
+        that is read, one no getMore has read yet (the N cursors of an open whose buckets workers
+        attach to on their own) pins nothing: what it would find dropped is re-read from the
+        oplogs (the engine's getMore moves it to a replay). A cursor left before a fallen-behind
+        bucket's gap (`lost`) pins nothing either: it is served by a replay. `hard`: up to each
+        cursor's position instead of the start of its last batch (retention is a cache that
+        never makes a bucket fall behind)."""
+        cursors = [c for c in self.cursors if not c.lost]
+        pinned = ([c.position if hard else c.acked for c in cursors if c.read]
+                  or [c.position if hard else c.acked for c in cursors])
+        return min(min(pinned, default=self.read_mark), self._end)
+
+    def unpin(self) -> None:
+        """Let go of the shard blocks this bucket's events point into (a shard's budget is full,
+        and only their release gives it bytes back): retained events no cursor needs are
+        dropped, and the rest copied into memory of their own."""
+        self._drop_delivered(self.budget.limit)
+        for i, segment in enumerate(self.segments):
+            if is_block(segment) and segment.pins:
+                self.segments[i] = segment.own()
+
+    def _forget(self, position: int, nbytes: int) -> None:
+        """Drop the retained events before absolute `position`, which hold `nbytes` of the budget."""
+        self.floor = self.key_at(position - 1)
+        if position >= self._end:
+            self.segments, self.starts, self.firsts = [], [], []
+        else:
+            s = self._segment_at(position)
+            segment = self.segments[s]
+            if position > self.starts[s]:  # a block cut: its tail stays
+                rest = segment.sliced(position - self.starts[s])
+                self.segments[s], self.starts[s], self.firsts[s] = rest, position, rest.first_key
+            del self.segments[:s], self.starts[:s], self.firsts[:s]
+        self.base = position
+        self.budget.release(nbytes)
+
+    def clear(self) -> None:
+        """Drop every retained event (the stream is closing): its memory returns at once."""
+        if self._end > self.base:
+            self._forget(self._end, self.budget.used)
+        self.notify()
+
+    def detach(self, cursor: Reader) -> None:
+        self.cursors.discard(cursor)
+        if cursor.join is not None:  # a replay's cursor leaves: nobody waits to come back
+            cursor.join.buckets[self.index].awaiting.discard(cursor)
+        self.read_mark = max(self.read_mark, cursor.acked)
+        self.notify()
+
+    def fail(self, error: MongoError) -> None:
+        """End this bucket at its current end with `error`: its cursors return the events before
+        it, then fail, as a server's stream fails on the event its pipeline cannot evaluate. The
+        other buckets go on: their namespaces never met the event."""
+        if self.error is None:
+            self.error = error
+            self.notify()
+
+    # -- taking events ----------------------------------------------------------------------------------
+
+    def _append(self, item: Any) -> None:
+        n = len(item) if is_block(item) else 1
+        self.segments.append(item)
+        self.starts.append(self._end)
+        self.firsts.append(first_key(item))
+        self._end += n
+        self.dealt_total += n
+
+    def put_nowait(self, event: Any) -> bool:
+        """Append `event` (one event's fields, or a block of events, whole) if it fits now (the
+        pump's fast path); False if the caller must `put`.
+
+        Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
+        """
+        if last_key(event) <= self.floor or self.error is not None:
+            return True  # a resumed stream: this bucket already had it; or a failed bucket
+        n = event.nbytes if is_block(event) else len(event[EV_RAW])
+        lag = self.lag
+        if lag.behind and not self._rejoin(lag.rejoin_point(self.merge_frontier, self.floor)):
+            lag.drop(count_events([event]), n, last_key(event))
+            return True
+        self._drop_delivered(n)  # returns at once while the budget has room
+        if not self.budget.try_acquire(n):
+            return False
+        self._append(event)
+        return True
+
+    # -- falling behind (buckets/catch_up.py) ---------------------------------------------------
+
+    def _fall_behind(self) -> None:
+        """Full: hold every event up to here and drop what follows, rather than stop the merge.
+        The frontier stays at that point: a cursor that reads to the end resumes from it."""
+        held = self.key_at(self._end - 1) if self._end > self.base else b""
+        complete = max(self.frontier, self.floor, held)
+        self.lag.fall(complete)
+        if complete > self.frontier:
+            self.frontier, self.frontier_token = complete, token_from_key(complete)
+        self.notify()
+
+    def _may_rejoin(self) -> bool:
+        """A consumer waits on a replay to come back, and none still reads what the bucket holds
+        before its gap (holding events after the gap beside them would hide it). With nobody
+        waiting, a bucket whose consumer is gone stays behind and holds nothing new."""
+        return bool(self.awaiting) and not any(c.read and not c.lost and c.position < self._end
+                                               for c in self.cursors)
+
+    def _rejoin(self, point: bytes) -> bool:
+        """Live again from `point` (every event up to it was dealt), if it may: what it retains
+        goes (a cache; every cursor left on this side of the gap is `lost` and moves to a
+        replay), and every event after `point` is held."""
+        if not self._may_rejoin():
+            return False
+        for cursor in self.cursors:
+            cursor.lost = True
+        if self._end > self.base:
+            self._forget(self._end, self.budget.used)
+        self.floor = max(self.floor, point)
+        self.lag.rejoin()
+        if point > self.frontier:
+            self.frontier, self.frontier_token = point, token_from_key(point)
+        self.notify()
+        return True
+
+    async def put_many(self, events: list[Any]) -> None:
+        """Append `events` (token order; EventFields and EventBlocks) and wake consumers; one budget
+        charge when they all fit, else a part at a time, waiting for consumers as `put` does."""
+        if self.error is not None:
+            return  # failed: nothing after its error is read
+        if first_key(events[0]) <= self.floor:  # a resumed stream: this bucket already had some
+            events = _above(events, self.floor)
+            if not events:
+                return
+        n = items_bytes(events)
+        self._drop_delivered(n)
+        # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
+        fits = self.budget.used + n <= self.budget.limit
+        if not self.lag.behind and fits and self.budget.try_acquire(n):
+            for item in events:
+                self._append(item)
+        else:
+            for item in events:
+                if is_block(item):
+                    await self._put_block(item)
+                elif not self.put_nowait(item):
+                    await self.put(item)
+        self.notify()
+
+    async def _put_block(self, block: EventBlock) -> None:
+        """A block that does not fit at once goes in as parts that do, as consumers make room."""
+        while len(block):
+            if self.lag.behind and self.put_nowait(block):
+                return  # dropped whole (or it rejoined and took it)
+            self._drop_delivered(block.nbytes)
+            room = self.budget.room()  # in the budget and in the proxy's memory pool
+            k = count_within(block.sizes, room)
+            if k == 0:
+                await self.put(block.sliced(0, 1))  # waits (or takes one oversized event alone)
+                k = 1
+            elif not self.put_nowait(block.sliced(0, k)):  # fits: the room was just measured
+                await self.put(block.sliced(0, k))
+            block = block.sliced(k)
+
+    async def put(self, event: Any) -> None:
+        """Append `event`, waiting while the bucket is full (a consumer must read first:
+        backpressure), or while the proxy's memory pool is (a consumer of this stream or another
+        must read). An isolated bucket waits so only while no other bucket's consumer waits for
+        events, or briefly: once it has waited FALL_BEHIND_AFTER_S (its consumer is slow), or its
+        consumer has not read for that long (stalled or gone: at once), it falls behind
+        (buckets/catch_up.py)."""
+        since = trio.current_time()
+        while not self.put_nowait(event):
+            self.notify()
+            n = event.nbytes if is_block(event) else len(event[EV_RAW])
+            held_back = trio.current_time() - min(since, self.last_read) >= FALL_BEHIND_AFTER_S
+            if self.isolated and held_back and self.holds_back():
+                self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
+                if not self.budget.try_acquire(n):
+                    self._fall_behind()
+                    self.lag.drop(count_events([event]), n, last_key(event))
+                    break
+                self._append(event)
+                break
+            if self.budget.blocked_by_pool(n):
+                self.budget.wake_when_pool_frees(self.notify)
+            if self.isolated:  # woken by its consumers, and to look at the others now and then
+                with trio.move_on_after(FALL_BEHIND_AFTER_S / 4):
+                    await self.changed.wait()
+            else:
+                await self.changed.wait()
+        self.notify()
+
+    def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
+        self.merge_frontier = max(self.merge_frontier, key)
+        # Fallen behind, the resume point stays where the bucket is complete, until it rejoins:
+        # an idle one (dealt nothing since) rejoins here.
+        if self.lag.behind and not self._rejoin(self.lag.rejoin_point(key, self.floor)):
+            return
+        # A failed bucket's resume point stays before its failing event.
+        if key > self.frontier and self.error is None:
+            self.frontier, self.frontier_token = key, token
+            self.notify()
+
+
+def _above(items: list[Any], key: bytes) -> list[Any]:
+    """The events of `items` (in token order) above `key`."""
+    out = []
+    for item in items:
+        if last_key(item) <= key:
+            continue
+        if is_block(item) and item.first_key <= key:
+            item = item.sliced(item.bisect_right(key))
+        out.append(item)
+    return out

@@ -1,0 +1,406 @@
+"""A cursor on one bucket: getMore semantics, lookups and stages, large-event splitting and the
+resume-point check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import trio
+from bson import Timestamp
+
+from buckets._columnar.event_block import (
+    as_fields,
+    count_events,
+    is_block,
+    last_key,
+)
+from buckets._columnar.sizes import reply_prefix
+from buckets.bucket import Bucket
+from buckets.stream import SPLIT, ParallelStream
+from mongoformats.change_events import (
+    EV_RAW,
+    EV_SORT_KEY,
+    ChangeEvent,
+    EventFields,
+    event_token,
+    events_from_fields,
+)
+from mongoformats.errors import MongoError
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, split_event
+from mongoformats.resume_token import (
+    decode_token,
+    fragment_of,
+    token_from_key,
+    token_sort_key,
+    token_text,
+)
+from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
+
+
+@dataclass(eq=False)
+class BucketCursor:
+    cursor_id: int
+    stream: ParallelStream
+    bucket: Bucket
+    position: int
+    owner: bytes             # the id of the session it was opened in (b"": none)
+    ns: str
+    batch_size: int | None = None
+    user: str = ""           # who opened it, when the proxy requires authentication
+    last_used: float = 0.0   # trio time of its creation or last getMore (idle cursors are killed)
+    busy: bool = False       # a getMore is running on it
+    read: bool = False       # a getMore has come for it (until then it pins no retention)
+    # Where the consumer has surely been: the start of the last batch handed out. A consumer that
+    # stops inside a batch (a Spark task reading up to its end token, which then kills the
+    # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing
+    # up to `position` made the next micro-batch fall back to re-reading the oplogs.
+    acked: int = -1
+
+    def __post_init__(self) -> None:
+        self.acked = self.position
+    last_key: bytes = b""
+    last_token: dict[str, Any] = field(default_factory=dict)
+    exhausted: bool = False
+    # Killed (killCursors, a killed session, a timeout): a getMore parked on it fails with
+    # CursorKilled, as mongos interrupts the operation that has a cursor checked out.
+    killed: bool = False
+    # A watch() resumed from an event's token must meet that event again, after its scope and
+    # stages, before any later one, as mongos's EnsureResumeTokenPresent stage requires: the
+    # event's key until then (the cursor starts at the high-water mark of its time), else None.
+    must_meet: bytes | None = None
+    met: bool = False
+    # Fragments of the split event at `position` already returned (or, resumed from a fragment's
+    # token, that fragment's number plus one): the event is consumed once its last one is out.
+    fragments_sent: int = 0
+    # The fragments of that event still to return. The server splits an event once and queues
+    # its fragments; split again for each getMore, an event whose updateLookup document changed
+    # in between would come back in pieces of two different events.
+    split_rest: list[EventFields] = field(default_factory=list)
+    # Resumed after this key (start_point's), which the bucket had not yet been dealt up to: a
+    # stream opened for another bucket's older token is still catching up, and the events up to
+    # the key, which this consumer has read, are yet to come. They are passed over as they
+    # arrive; None once the bucket holds (or has passed) everything up to the key.
+    resume_key: bytes | None = None
+    # Resumed from a fragment's token: (the split event's key, the fragment's number), until the
+    # event is reached (settled with resume_key).
+    resume_fragment: tuple[bytes, int] | None = None
+    # Reading a replay stream (resumed from a token older than its named stream's bucket held):
+    # the named stream, whose bucket this cursor moves to once it has read up to where that
+    # bucket holds every event, and what to call then (the engine closes the replay stream).
+    # Until then the named bucket keeps what it was dealt for this consumer, and, full, holds
+    # its stream back: a consumer left on the replay would hold it back for good.
+    join: ParallelStream | None = None
+    joined: Callable[[], None] | None = None
+    # Left before the gap of a bucket that fell behind and rejoined the merge after it: what
+    # follows this cursor's resume point is re-read by a replay (the engine's getMore moves it).
+    lost: bool = False
+
+    def stale(self) -> bool:
+        """Whether what follows this cursor is no longer in its bucket: the bucket fell behind
+        and the cursor has read what it holds, or the bucket rejoined past the cursor."""
+        return self.lost or (self.bucket.lag.behind and self.position >= self.bucket.end
+                             and not self.split_rest and not self.fragments_sent)
+
+    def follow(self, named: ParallelStream, joined: Callable[[], None]) -> None:
+        """Read on from a replay stream, and move to `named`'s bucket once it holds the events
+        after this cursor (that bucket rejoins the merge for it if it fell behind)."""
+        self.join, self.joined, self.lost = named, joined, False
+        named.buckets[self.bucket.index].awaiting.add(self)
+
+    def resume_after(self, token: Mapping[str, Any]) -> None:
+        """Place the cursor after `token`: it returns the bucket's events above it and, resumed
+        from a fragment, the split event's later fragments; never one at or before it, even those
+        the bucket is dealt only later. The caller checked that the bucket still holds the events
+        above the token (position_after is not None)."""
+        self.last_key, self.last_token = token_sort_key(token), dict(token)
+        self.resume_key = start_point(token)[1]
+        self.resume_fragment = fragment_of(token)
+        self._settle()
+
+    def _join_named_stream(self) -> None:
+        """Move from the replay stream to the named stream's bucket once that bucket holds every
+        event after this cursor's resume point (not inside a split event or before the resume
+        token was met: those states are the replay bucket's)."""
+        named = self.join
+        if (named is None or self.killed or self.split_rest or self.fragments_sent
+                or self.must_meet is not None):
+            return
+        if named.closed or named.error is not None:
+            self.join = None  # torn down or failed: the replay stream goes on alone
+            return
+        target = named.buckets[self.bucket.index]
+        if target.position_after(start_point(self.last_token)[1]) is None:
+            return  # the named bucket starts after this point, or is behind: read the replay
+        self.bucket.detach(self)
+        self.stream, self.bucket, self.join = named, target, None
+        self.position = target.base
+        target.cursors.add(self)
+        self.resume_after(self.last_token)
+        self.acked = self.position
+        if not target.awaiting:
+            target.lag.settle()  # every consumer that was behind is back
+        if self.joined is not None:
+            self.joined()
+
+    def _settle(self) -> None:
+        """Pass over the events at or below `resume_key` the bucket now holds; once it holds an
+        event above the key, or its frontier is past the key (all up to it was dealt), the cursor
+        stands at its resume point for good."""
+        key = self.resume_key
+        if key is None:
+            return
+        bucket = self.bucket
+        position = bucket.position_after(key)
+        if position is None:  # dropped below it: next_batch reports the history lost
+            return
+        if position > self.position:
+            # The passed-over events are behind the consumer: they need not stay retained, and a
+            # merge waiting for room in this bucket may go on.
+            self.position = self.acked = position
+            bucket.notify()
+        if position >= bucket.end and bucket.frontier < key:
+            return  # more events up to the key may still be dealt
+        self.resume_key = None
+        fragment, self.resume_fragment = self.resume_fragment, None
+        if fragment is None or position >= bucket.end:
+            return
+        if bucket.key_at(position) == fragment[0]:
+            self.fragments_sent = fragment[1] + 1  # in the split event: past the fragments returned
+
+    async def _shape(self, batch: list[ChangeEvent]) -> list[tuple[int, ChangeEvent]]:
+        """Lookups, then the user's stages, as the server orders them; (index in `batch`, event)
+        for each event that remains."""
+        lookup, options = self.stream.lookup, self.stream.options
+        if lookup is not None:
+            full, before = options.full_document, options.full_document_before_change
+            pre = await lookup.pre_images(batch) if options.needs_pre_images else {}
+            if full == "updateLookup":
+                batch = await lookup.with_post_images(batch)
+            elif full in ("whenAvailable", "required"):
+                batch = lookup.with_recorded_post_images(batch, pre, required=full == "required")
+            if before != "off":
+                batch = lookup.with_pre_images(batch, pre, required=before == "required")
+        if not options.stages:
+            return list(enumerate(batch))
+        # The invalidate too: the user's stages follow $changeStream's CheckInvalidate stage.
+        shaped = await self.stream.shaper.shape([ev.raw for ev in batch], [ev.token for ev in batch])
+        return [(i, ev._replace(raw=raw)) for i, (ev, raw) in enumerate(zip(batch, shaped, strict=True))
+                if raw is not None]
+
+    async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
+                         *, first: bool = False) -> tuple[list[Any], dict[str, Any]]:
+        bucket = self.bucket
+        limit = batch_size or self.batch_size or 1 << 30
+        # Asking for more means the previous batch was taken, before this getMore waits: a
+        # bucket whose budget that batch's retained events fill has room only once they may go,
+        # and a merge waiting to put more is woken to drop them. (Acked after the wait, every
+        # getMore on such a bucket waited out its maxTimeMS: a bucket budget smaller than a reply
+        # drained at a batch per maxTimeMS.)
+        self._settle()
+        self.acked = self.position
+        bucket.last_read = trio.current_time()  # its consumer reads: not stalled (Bucket.put)
+        if not first:
+            bucket.notify()
+            deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
+                                              else self.stream.options.max_await_ms) / 1000
+            bucket.waiting += 1
+            try:
+                while (self.position >= bucket.end and self.stream.error is None and not self.stream.ended
+                       and not self.killed and bucket.error is None and not self.stale()):
+                    with trio.move_on_at(deadline):
+                        await bucket.changed.wait()
+                        self._settle()
+                        if self.position >= bucket.end and bucket.frontier > self.last_key:
+                            break  # an idle bucket still returns the advanced resume point promptly
+                        continue
+                    break
+            finally:
+                bucket.waiting -= 1
+            if self.killed:
+                raise _interrupted()
+        if self.stream.error is not None:
+            raise self.stream.error
+        if bucket.error is not None and self.position >= bucket.end:
+            raise bucket.error
+        if self.stale():
+            return [], self.last_token  # the engine moves it to a replay of what follows
+        if self.position < bucket.base:
+            raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
+        if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
+            event = bucket.event_at(self.position)
+            batch, taken = self._fragments(event, [event])
+        else:
+            batch, taken = await self._read(limit)
+        self.position += count_events(taken)
+        bucket.delivered_total += count_events(batch)
+        if batch:
+            # The last event returned, as on a server: one a stage dropped is not a resume point
+            # (a stream resumed from it would not meet it again). A drained bucket's frontier
+            # moves it on below.
+            last = batch[-1]
+            self.last_key = last_key(last)
+            self.last_token = token_from_key(self.last_key) if is_block(last) else event_token(last)
+        if self.position >= bucket.end and bucket.frontier > self.last_key:
+            # Drained: everything up to the merge frontier was dealt out, so the frontier is a
+            # resume point that moves even while this bucket is idle.
+            self.last_key, self.last_token = bucket.frontier, bucket.frontier_token
+        bucket.notify()
+        bucket.last_read = trio.current_time()
+        self.exhausted = self.stream.ended and self.position >= bucket.end
+        if self.exhausted and self.stream.end_token is not None:
+            # The server closes the cursor on ChangeStreamInvalidated, whose token (the
+            # invalidate's) is the last postBatchResumeToken, also when a stage dropped the
+            # invalidate (the cursor code of mongos and mongod catches that exception and sets it).
+            self.last_token = self.stream.end_token
+            self.last_key = token_sort_key(self.last_token)
+        self._join_named_stream()
+        return batch, self.last_token
+
+    async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
+        """The next reply from the bucket's events at this cursor's position: (events to return,
+        events consumed; EventFields, or EventBlocks while nothing is shaped), after lookups,
+        stages, the resume point and a split."""
+        batch: list[Any] = []
+        count = size = 0
+        lookup, options = self.stream.lookup, self.stream.options
+        # Lookups and stages change events after this: the server measures what they make (_fit).
+        shaped = lookup is not None or bool(options.stages)
+
+        def take(ev: EventFields) -> bool:
+            """Add one event if it goes in this reply; whether the next may follow it."""
+            nonlocal count, size
+            cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
+            if count >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
+                return False
+            if cost > MEASURE_ABOVE_BYTES and not shaped and (big := self.stream.oversize(ev[EV_RAW])) is not None:
+                if batch:
+                    return False  # the events before it first; the next getMore fails or splits it
+                if big is not SPLIT:
+                    raise big
+                batch.append(ev)  # alone: its fragments are the reply
+                count += 1
+                return False
+            batch.append(ev)
+            count, size = count + 1, size + cost
+            return True
+
+        for segment, offset in self.bucket.items_from(self.position):
+            if not is_block(segment):
+                if not take(segment):
+                    break
+                continue
+            # A block's events that fit are taken as one slice, found with a cumulative sum; an
+            # event to measure (a large one) or the first that does not fit goes through `take`.
+            while offset < len(segment):
+                part = segment.sliced(offset, offset + limit - count)
+                fit, cost = reply_prefix(part.sizes, BATCH_BYTES_LIMIT - size, BATCH_ELEMENT_OVERHEAD,
+                                         MEASURE_ABOVE_BYTES)
+                if fit:
+                    batch.append(part.sliced(0, fit))
+                    count, size, offset = count + fit, size + cost, offset + fit
+                if fit == len(part) or not take(part.sliced(fit, fit + 1).fields()[0]):
+                    break
+                offset += 1
+            if offset < len(segment) or count >= limit:
+                break
+        if shaped or self.must_meet is not None:
+            batch = as_fields(batch)  # shaped and checked event by event
+        taken = batch
+        if shaped:
+            # Before the position moves: a failed lookup fails this getMore and loses nothing.
+            batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.oversize)
+            taken = taken[:consumed]
+            if self.killed:  # while its lookups ran
+                raise _interrupted()
+        if self.must_meet is not None:
+            batch = self._past_resume_point(batch)
+        if batch and not is_block(batch[0]) and (self.fragments_sent or (
+                len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
+            batch, taken = self._fragments(batch[0], as_fields(taken))
+        return batch, taken
+
+    def _fragments(self, event: EventFields, taken: list[EventFields]) -> tuple[list[EventFields], list[EventFields]]:
+        """The reply for a split event that heads the batch: its next fragments, as many as fit
+        (at least one), and the taken events it consumes (up to the event, and the event itself
+        once its last fragment is out). The event is split on the first call and its fragments
+        kept in `split_rest` for the getMores that follow. Resumed from a fragment, an event that
+        now splits otherwise, or not at all, fails the stream as the server's does
+        (ChangeStreamFatalError)."""
+        pieces = self.split_rest or [
+            tuple(ChangeEvent._make(event)._replace(sort_key=token_sort_key(token),
+                                                    type_bits=bytes(token.get("_typeBits", b"")), raw=raw))
+            for token, raw in split_event(event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent) or []]
+        out: list[EventFields] = []
+        size = 0
+        for piece in pieces:
+            size += len(piece[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
+            if out and size > BATCH_BYTES_LIMIT:
+                break
+            out.append(piece)
+        at = next(i for i, ev in enumerate(taken) if ev[EV_SORT_KEY] == event[EV_SORT_KEY])
+        if len(out) < len(pieces):
+            self.fragments_sent += len(out)
+            self.split_rest = pieces[len(out):]
+            return out, taken[:at]
+        self.fragments_sent, self.split_rest = 0, []
+        return out, taken[:at + 1]
+
+    def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:
+        """`batch` less the events up to the one resumed from; ChangeStreamFatalError if a later
+        event comes first (the token's event was filtered out, or is in no such stream).
+        Resumed from a fragment's token, the event stays, to be split again."""
+        assert self.must_meet is not None
+        for i, ev in enumerate(batch):
+            key = ev[EV_SORT_KEY]
+            if key == self.must_meet and self.fragments_sent and not self.met:
+                self.met, self.must_meet = True, None
+                return batch[i:]
+            if key == self.must_meet:
+                self.met = True
+            elif key > self.must_meet:
+                if not self.met:
+                    raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
+                                     f"found. {token_text(event_token(ev))}")
+                self.must_meet = None
+                return batch[i:]
+        return []
+
+
+def _fit(shaped: list[tuple[int, ChangeEvent]],
+         oversize: Callable[[bytes], MongoError | Literal[True] | None]) -> tuple[list[EventFields], int | None]:
+    """The longest head of the shaped events within a reply's batch limit (at least one), and how
+    many of the taken events it consumed (None: all of them). Lookups and stages grow events after
+    the batch was cut; what does not fit is returned by the next getMore. An event grown past
+    what a server can return (a document looked up beside a large update) ends the head; the
+    getMore that reaches it fails with BSONObjectTooLarge, as the server's does, or, with the
+    split stage, returns it alone, to be split."""
+    size = 0
+    for k, (_, ev) in enumerate(shaped):
+        size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
+        if k and size > BATCH_BYTES_LIMIT:
+            return [e for _, e in shaped[:k]], shaped[k][0]
+        if len(ev.raw) > MEASURE_ABOVE_BYTES and (big := oversize(ev.raw)) is not None:
+            if k:
+                return [e for _, e in shaped[:k]], shaped[k][0]
+            if big is not SPLIT:
+                raise big
+            return [ev], shaped[1][0] if len(shaped) > 1 else None
+    return [e for _, e in shaped], None
+
+
+def _interrupted() -> MongoError:
+    """What a getMore whose cursor was killed under it fails with, as mongos's does."""
+    return MongoError("CursorKilled", "operation was interrupted")
+
+
+def start_point(token: Mapping[str, Any]) -> tuple[Timestamp, bytes]:
+    """Where a stream resumed from `token` starts: the token's time, and the bucket floor (the
+    events above it are dealt). For a fragment's token the floor is just below its event, which
+    is dealt again to be split: a KeyString ends with its end byte (4), so the event's key less
+    that byte sorts below the event's and above every key below it, which differs earlier or goes
+    on with a type byte (all above 4)."""
+    data = decode_token(token)
+    fragment = fragment_of(data)
+    return data.cluster_time, fragment[0][:-1] if fragment is not None else token_sort_key(token)
