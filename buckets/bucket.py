@@ -4,12 +4,14 @@ positions and byte budget (buckets/stream.py deals them in; buckets/cursor.py re
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import trio
+from bson import Timestamp
 
 from buckets._columnar.event_block import (
     EventBlock,
@@ -31,9 +33,7 @@ from mongoformats.change_events import (
     EventFields,
 )
 from mongoformats.errors import MongoError
-from mongoformats.resume_token import (
-    token_from_key,
-)
+from mongoformats.resume_token import decode_token, token_from_key
 
 
 class Reader(Protocol):
@@ -434,3 +434,30 @@ def _above(items: list[Any], key: bytes) -> list[Any]:
             item = item.sliced(item.bisect_right(key))
         out.append(item)
     return out
+
+
+def lag_status(bucket: Bucket) -> dict[str, Any]:
+    """How far a bucket's consumers are behind the merge (docs/commands.md): `clusterTime` is
+    where the slowest consumer's events are complete up to (its replay's position while it
+    catches up, the bucket's complete point while it is behind), beside the merge's."""
+    lag = bucket.lag
+    behind = [c.last_key for c in bucket.awaiting if c.last_key]
+    if lag.complete_to is not None:
+        behind.append(lag.complete_to)
+    at = min(behind, default=bucket.frontier)
+    merge = max(bucket.merge_frontier, bucket.frontier)
+    at_ts, merge_ts = _key_time(at), _key_time(merge)
+    return {"state": lag.state(bool(bucket.awaiting)),
+            "clusterTime": at_ts, "mergeClusterTime": merge_ts,
+            "behindSeconds": max(0, merge_ts.time - at_ts.time) if at_ts and merge_ts else 0,
+            "droppedEvents": lag.dropped_events, "droppedBytes": lag.dropped_bytes,
+            "fellBehind": lag.fell_behind, "droppedTotal": lag.dropped_total}
+
+
+def _key_time(key: bytes) -> Timestamp | None:
+    """The cluster time of a sort key (None for the empty key of a bucket that has seen none)."""
+    if not key:
+        return None
+    with contextlib.suppress(Exception):  # a key cut below an event (start_point) may not decode
+        return decode_token(token_from_key(key)).cluster_time
+    return None

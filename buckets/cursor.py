@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import trio
 from bson import Timestamp
@@ -16,9 +16,9 @@ from buckets._columnar.event_block import (
     is_block,
     last_key,
 )
-from buckets._columnar.sizes import reply_prefix
 from buckets.bucket import Bucket
-from buckets.stream import SPLIT, ParallelStream
+from buckets.reply import cut_reply, fit_shaped, splits
+from buckets.stream import ParallelStream
 from mongoformats.change_events import (
     EV_RAW,
     EV_SORT_KEY,
@@ -28,7 +28,7 @@ from mongoformats.change_events import (
     events_from_fields,
 )
 from mongoformats.errors import MongoError
-from mongoformats.large_events import MEASURE_ABOVE_BYTES, split_event
+from mongoformats.large_events import split_event
 from mongoformats.resume_token import (
     decode_token,
     fragment_of,
@@ -58,8 +58,6 @@ class BucketCursor:
     # up to `position` made the next micro-batch fall back to re-reading the oplogs.
     acked: int = -1
 
-    def __post_init__(self) -> None:
-        self.acked = self.position
     last_key: bytes = b""
     last_token: dict[str, Any] = field(default_factory=dict)
     exhausted: bool = False
@@ -96,6 +94,9 @@ class BucketCursor:
     # Left before the gap of a bucket that fell behind and rejoined the merge after it: what
     # follows this cursor's resume point is re-read by a replay (the engine's getMore moves it).
     lost: bool = False
+
+    def __post_init__(self) -> None:
+        self.acked = self.position
 
     def stale(self) -> bool:
         """Whether what follows this cursor is no longer in its bucket: the bucket fell behind
@@ -202,37 +203,62 @@ class BucketCursor:
         self.acked = self.position
         bucket.last_read = trio.current_time()  # its consumer reads: not stalled (Bucket.put)
         if not first:
-            bucket.notify()
-            deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
-                                              else self.stream.options.max_await_ms) / 1000
-            bucket.waiting += 1
-            try:
-                while (self.position >= bucket.end and self.stream.error is None and not self.stream.ended
-                       and not self.killed and bucket.error is None and not self.stale()):
-                    with trio.move_on_at(deadline):
-                        await bucket.changed.wait()
-                        self._settle()
-                        if self.position >= bucket.end and bucket.frontier > self.last_key:
-                            break  # an idle bucket still returns the advanced resume point promptly
-                        continue
-                    break
-            finally:
-                bucket.waiting -= 1
-            if self.killed:
-                raise _interrupted()
-        if self.stream.error is not None:
-            raise self.stream.error
-        if bucket.error is not None and self.position >= bucket.end:
-            raise bucket.error
-        if self.stale():
+            await self._wait(max_time_ms)
+        if not self._readable():
             return [], self.last_token  # the engine moves it to a replay of what follows
-        if self.position < bucket.base:
-            raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
         if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
             event = bucket.event_at(self.position)
             batch, taken = self._fragments(event, [event])
         else:
             batch, taken = await self._read(limit)
+        self._advance(batch, taken)
+        return batch, self.last_token
+
+    def _waits(self) -> bool:
+        """Whether a getMore waits for events: none to read, and nothing ended or failed."""
+        bucket, stream = self.bucket, self.stream
+        return (self.position >= bucket.end and stream.error is None and not stream.ended
+                and not self.killed and bucket.error is None and not self.stale())
+
+    async def _wait(self, max_time_ms: int | None) -> None:
+        """Wait (up to maxTimeMS, or the stream's default) for events to read, an advanced resume
+        point, or an end; CursorKilled if the cursor is killed meanwhile."""
+        bucket = self.bucket
+        bucket.notify()
+        deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
+                                          else self.stream.options.max_await_ms) / 1000
+        bucket.waiting += 1
+        try:
+            while self._waits():
+                with trio.move_on_at(deadline):
+                    await bucket.changed.wait()
+                    self._settle()
+                    if self.position >= bucket.end and bucket.frontier > self.last_key:
+                        break  # an idle bucket still returns the advanced resume point promptly
+                    continue
+                break
+        finally:
+            bucket.waiting -= 1
+        if self.killed:
+            raise _interrupted()
+
+    def _readable(self) -> bool:
+        """Raise the stream's or the bucket's error, or ChangeStreamHistoryLost; False if what
+        follows this cursor is no longer in its bucket (stale)."""
+        bucket = self.bucket
+        if self.stream.error is not None:
+            raise self.stream.error
+        if bucket.error is not None and self.position >= bucket.end:
+            raise bucket.error
+        if self.stale():
+            return False
+        if self.position < bucket.base:
+            raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
+        return True
+
+    def _advance(self, batch: list[Any], taken: list[Any]) -> None:
+        """Move past the `taken` events once `batch` is the reply, and set the resume point."""
+        bucket = self.bucket
         self.position += count_events(taken)
         bucket.delivered_total += count_events(batch)
         if batch:
@@ -256,68 +282,29 @@ class BucketCursor:
             self.last_token = self.stream.end_token
             self.last_key = token_sort_key(self.last_token)
         self._join_named_stream()
-        return batch, self.last_token
 
     async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
         """The next reply from the bucket's events at this cursor's position: (events to return,
         events consumed; EventFields, or EventBlocks while nothing is shaped), after lookups,
         stages, the resume point and a split."""
-        batch: list[Any] = []
-        count = size = 0
         lookup, options = self.stream.lookup, self.stream.options
-        # Lookups and stages change events after this: the server measures what they make (_fit).
+        # Lookups and stages change events after this: the server measures what they make.
         shaped = lookup is not None or bool(options.stages)
-
-        def take(ev: EventFields) -> bool:
-            """Add one event if it goes in this reply; whether the next may follow it."""
-            nonlocal count, size
-            cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
-            if count >= limit or (batch and size + cost > BATCH_BYTES_LIMIT):
-                return False
-            if cost > MEASURE_ABOVE_BYTES and not shaped and (big := self.stream.oversize(ev[EV_RAW])) is not None:
-                if batch:
-                    return False  # the events before it first; the next getMore fails or splits it
-                if big is not SPLIT:
-                    raise big
-                batch.append(ev)  # alone: its fragments are the reply
-                count += 1
-                return False
-            batch.append(ev)
-            count, size = count + 1, size + cost
-            return True
-
-        for segment, offset in self.bucket.items_from(self.position):
-            if not is_block(segment):
-                if not take(segment):
-                    break
-                continue
-            # A block's events that fit are taken as one slice, found with a cumulative sum; an
-            # event to measure (a large one) or the first that does not fit goes through `take`.
-            while offset < len(segment):
-                part = segment.sliced(offset, offset + limit - count)
-                fit, cost = reply_prefix(part.sizes, BATCH_BYTES_LIMIT - size, BATCH_ELEMENT_OVERHEAD,
-                                         MEASURE_ABOVE_BYTES)
-                if fit:
-                    batch.append(part.sliced(0, fit))
-                    count, size, offset = count + fit, size + cost, offset + fit
-                if fit == len(part) or not take(part.sliced(fit, fit + 1).fields()[0]):
-                    break
-                offset += 1
-            if offset < len(segment) or count >= limit:
-                break
+        batch = cut_reply(self.bucket.items_from(self.position), limit,
+                          None if shaped else self.stream.sizer)
         if shaped or self.must_meet is not None:
             batch = as_fields(batch)  # shaped and checked event by event
         taken = batch
         if shaped:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            batch, consumed = _fit(await self._shape(events_from_fields(batch)), self.stream.oversize)
+            batch, consumed = fit_shaped(await self._shape(events_from_fields(batch)), self.stream.sizer)
             taken = taken[:consumed]
             if self.killed:  # while its lookups ran
                 raise _interrupted()
         if self.must_meet is not None:
             batch = self._past_resume_point(batch)
-        if batch and not is_block(batch[0]) and (self.fragments_sent or (
-                len(batch[0][EV_RAW]) > MEASURE_ABOVE_BYTES and self.stream.oversize(batch[0][EV_RAW]) is SPLIT)):
+        if batch and not is_block(batch[0]) and (self.fragments_sent
+                                                 or splits(batch[0], self.stream.sizer)):
             batch, taken = self._fragments(batch[0], as_fields(taken))
         return batch, taken
 
@@ -366,28 +353,6 @@ class BucketCursor:
                 self.must_meet = None
                 return batch[i:]
         return []
-
-
-def _fit(shaped: list[tuple[int, ChangeEvent]],
-         oversize: Callable[[bytes], MongoError | Literal[True] | None]) -> tuple[list[EventFields], int | None]:
-    """The longest head of the shaped events within a reply's batch limit (at least one), and how
-    many of the taken events it consumed (None: all of them). Lookups and stages grow events after
-    the batch was cut; what does not fit is returned by the next getMore. An event grown past
-    what a server can return (a document looked up beside a large update) ends the head; the
-    getMore that reaches it fails with BSONObjectTooLarge, as the server's does, or, with the
-    split stage, returns it alone, to be split."""
-    size = 0
-    for k, (_, ev) in enumerate(shaped):
-        size += len(ev.raw) + BATCH_ELEMENT_OVERHEAD
-        if k and size > BATCH_BYTES_LIMIT:
-            return [e for _, e in shaped[:k]], shaped[k][0]
-        if len(ev.raw) > MEASURE_ABOVE_BYTES and (big := oversize(ev.raw)) is not None:
-            if k:
-                return [e for _, e in shaped[:k]], shaped[k][0]
-            if big is not SPLIT:
-                raise big
-            return [ev], shaped[1][0] if len(shaped) > 1 else None
-    return [e for _, e in shaped], None
 
 
 def _interrupted() -> MongoError:

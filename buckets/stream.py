@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import bson
 import trio
@@ -39,7 +40,7 @@ from buckets._columnar.event_block import (
     as_fields,
     count_events,
 )
-from buckets.bucket import Bucket
+from buckets.bucket import Bucket, lag_status
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
 from buckets.lookup import DocumentLookup
@@ -55,6 +56,7 @@ from buckets.merge import MergedQueue
 from buckets.ports import Connection, Connector, ConnectUpstream
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
+from buckets.reply import EventSizer, Size
 from buckets.shaping import Shaper
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import (
@@ -72,9 +74,7 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.large_events import SPLIT_ABOVE_BYTES, event_bytes, event_too_large
 from mongoformats.resume_token import (
-    decode_token,
     high_water_mark,
     token_from_key,
     token_sort_key,
@@ -82,8 +82,6 @@ from mongoformats.resume_token import (
 
 log = logging.getLogger("buckets.stream")
 
-# What ParallelStream.oversize answers for an event to return in fragments.
-SPLIT: Literal[True] = True
 IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
 _ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
 _MERGED_AT_ONCE = 64       # shard batches the pump takes from its channel before a release
@@ -151,6 +149,7 @@ class ParallelStream:
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
         self.sharded = topology.sharded  # mongos sizes events as its shards send them, with their sort key
+        self.sizer = EventSizer(split=options.split_large_events, merged=self.sharded)
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
@@ -405,7 +404,7 @@ class ParallelStream:
 
     async def _deal(self, ready: list[EventFields]) -> None:
         """Deal merged events into their buckets: each bucket's share is appended in one step."""
-        scope, match, buckets = self.options.scope, self.options.match, self.buckets
+        scope, match = self.options.scope, self.options.match
         shares: dict[int, list[Any]] = {}
         by_document = self.options.bucket_by == "documentKey"
         if scope is not None or match is not None or by_document:
@@ -420,32 +419,36 @@ class ParallelStream:
             if scope is not None and not _in_scope(ev, scope):
                 continue
             if scope is not None and _invalidates(ev, scope):
-                await self._put_shares(shares)
-                shares = {}
+                await self._flush(shares)
                 await self._end_with(ev, match)
                 break
-            if match is not None:
-                try:
-                    if not _event_matches(ev, match):
-                        continue
-                except MongoError as exc:
-                    # Only the buckets of the event's namespaces meet it; each fails once its
-                    # consumers have read what came before.
-                    await self._put_shares(shares)
-                    shares = {}
-                    for b in self._route(ev):
-                        buckets[b].fail(exc)
-                    continue
+            if match is not None and not await self._matches(ev, match, shares):
+                continue
             route = self._routes.get(ev[EV_NAMESPACES]) if not by_document else None
-            if route is None:
-                route = self._route(ev)
-            for b in route:
+            for b in self._route(ev) if route is None else route:
                 share = shares.get(b)
                 if share is None:
                     shares[b] = [ev]
                 else:
                     share.append(ev)
         await self._put_shares(shares)
+
+    async def _matches(self, ev: EventFields, match: dict[str, Any],
+                       shares: dict[int, list[Any]]) -> bool:
+        """Whether `ev` passes the stream's $match. One the $match fails on fails only the buckets
+        of the event's namespaces, each once its consumers have read what came before (the
+        `shares` dealt so far are put first)."""
+        try:
+            return _event_matches(ev, match)
+        except MongoError as exc:
+            await self._flush(shares)
+            for b in self._route(ev):
+                self.buckets[b].fail(exc)
+            return False
+
+    async def _flush(self, shares: dict[int, list[Any]]) -> None:
+        await self._put_shares(shares)
+        shares.clear()
 
     async def _end_with(self, ev: EventFields, match: dict[str, Any] | None) -> None:
         """End the stream at its invalidating event `ev`: the event, then its invalidate, each
@@ -517,8 +520,6 @@ class ParallelStream:
         frontier = self.frontier_key
         if max_events is None:
             return frontier
-        import heapq
-
         runs = []
         for i, bucket in self.buckets.items():
             lo = bucket.position_after(max(after[i], bucket.floor))
@@ -527,18 +528,15 @@ class ParallelStream:
                 return frontier  # fallen behind: what it holds there is unknown
             runs.append(bucket.keys_between(lo, min(hi, lo + max_events + 1)))
         merged = list(heapq.merge(*runs))
-        # Keys repeat across buckets for multi-bucket events; count each key once per bucket run.
         if len(merged) <= max_events:
             return frontier
         end = merged[max_events - 1]
         return end
 
-    def oversize(self, raw: bytes) -> MongoError | Literal[True] | None:
-        """What a server does with an event of this size: split it (SPLIT, with the split stage and
-        over the split size), fail with BSONObjectTooLarge (returned) or return it whole (None)."""
-        if self.options.split_large_events:
-            return SPLIT if event_bytes(raw, merged=self.sharded) > SPLIT_ABOVE_BYTES else None
-        return event_too_large(raw, merged=self.sharded)
+    def oversize(self, raw: bytes) -> Size:
+        """What a server does with an event of this size: split it (with the split stage and over
+        the split size), fail with BSONObjectTooLarge, or return it whole."""
+        return self.sizer.size(raw)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -564,36 +562,9 @@ class ParallelStream:
                          "cursors": len(b.cursors), "error": str(b.error) if b.error else None,
                          "consumerPosition": max((c.last_token for c in b.cursors), default=None,
                                                  key=lambda t: t.get("_data", "") if t else ""),
-                         **_lag_status(b)}
+                         **lag_status(b)}
                         for i, b in sorted(self.buckets.items())],
         }
-
-
-def _lag_status(bucket: Bucket) -> dict[str, Any]:
-    """How far a bucket's consumers are behind the merge (docs/commands.md): `clusterTime` is
-    where the slowest consumer's events are complete up to (its replay's position while it
-    catches up, the bucket's complete point while it is behind), beside the merge's."""
-    lag = bucket.lag
-    behind = [c.last_key for c in bucket.awaiting if c.last_key]
-    if lag.complete_to is not None:
-        behind.append(lag.complete_to)
-    at = min(behind, default=bucket.frontier)
-    merge = max(bucket.merge_frontier, bucket.frontier)
-    at_ts, merge_ts = _key_time(at), _key_time(merge)
-    return {"state": lag.state(bool(bucket.awaiting)),
-            "clusterTime": at_ts, "mergeClusterTime": merge_ts,
-            "behindSeconds": max(0, merge_ts.time - at_ts.time) if at_ts and merge_ts else 0,
-            "droppedEvents": lag.dropped_events, "droppedBytes": lag.dropped_bytes,
-            "fellBehind": lag.fell_behind, "droppedTotal": lag.dropped_total}
-
-
-def _key_time(key: bytes) -> Timestamp | None:
-    """The cluster time of a sort key (None for the empty key of a bucket that has seen none)."""
-    if not key:
-        return None
-    with contextlib.suppress(Exception):  # a key cut below an event (start_point) may not decode
-        return decode_token(token_from_key(key)).cluster_time
-    return None
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
