@@ -1,7 +1,8 @@
 """buckets: the parallel change stream engine (shard readers, MergedQueue, buckets, resume)."""
 
 from buckets.bucketing import bucket_of, buckets_for_event
-from buckets.engine import CURSOR_NS, MAX_READER_PROCESSES, Engine, EngineCommands, EngineConfig
+from buckets.commands import MAX_READER_PROCESSES
+from buckets.engine import CURSOR_NS, Engine, EngineCommands, EngineConfig
 from buckets.merge import MergedQueue
 
 __all__ = ["bucket_of", "buckets_for_event", "Engine", "EngineCommands", "EngineConfig", "MergedQueue", "CURSOR_NS",

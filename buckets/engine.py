@@ -49,7 +49,6 @@ above is everyone's.
 
 from __future__ import annotations
 
-import decimal
 import logging
 import random
 import uuid
@@ -59,16 +58,18 @@ from typing import Any
 
 import bson
 import trio
-from bson import Decimal128, Int64, Timestamp
+from bson import Int64, Timestamp
 
 from buckets._columnar.event_block import is_block
-from buckets.bucketing import BUCKET_BY, MAX_BUCKETS
 from buckets.commands import (
-    BEFORE_CHANGE,
-    FULL_DOCUMENT,
-    check_pipeline,
+    check_status_command,
+    check_stream_name,
+    int_option,
+    open_match,
     plan_watch,
+    read_open,
     read_watch,
+    setting,
 )
 from buckets.cursor import BucketCursor, start_point
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
@@ -86,18 +87,14 @@ from buckets.topology import Topology, discover
 from mongoformats.change_events import EV_RAW, EventFields, ddl_note
 from mongoformats.change_stages import compile_stages
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.expressions import VARIABLES
 from mongoformats.idl import (
-    SAFE_INT64,
     check_depth,
     check_lsid,
     get_more_request,
     kill_cursors_ids,
-    type_name,
     wrong_type,
 )
-from mongoformats.large_events import SPLIT_STAGE, without_split_stage
-from mongoformats.mql import unsupported_in_query
+from mongoformats.large_events import SPLIT_STAGE
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
@@ -112,16 +109,6 @@ from mongoformats.sessions import session_id, sessions_named
 log = logging.getLogger("buckets.engine")
 
 CURSOR_NS = "admin.$cmd.parallelChangeStream"
-_OPEN_FIELDS = frozenset({
-    "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
-    "showSystemEvents",
-    "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
-    "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange", "bucketBy",
-    # generic fields drivers add to every command
-    "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
-    "$db", "readConcern", "writeConcern"})
-
-
 # A bucket cursor no getMore has used for this long is no longer read (consumers getMore again
 # within their await time, a second or so), so it no longer holds its stream's bucket count.
 CURSOR_IN_USE_S = 10.0
@@ -168,173 +155,6 @@ def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any]
     `events` are EventFields and EventBlocks."""
     return splice_cursor(cursor_id, ns, batch_field, [ev if is_block(ev) else ev[EV_RAW] for ev in events],
                          {"postBatchResumeToken": pbrt})
-
-
-def _mentions_full_document(stages: Any) -> bool:
-    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange),
-    or an expression reads the whole event ($$ROOT, $$CURRENT), which holds those fields."""
-    if isinstance(stages, Mapping):
-        return any(str(k).startswith("fullDocument") or _mentions_full_document(v) for k, v in stages.items())
-    if isinstance(stages, list):
-        return any(_mentions_full_document(v) for v in stages)
-    if not isinstance(stages, str):
-        return False
-    variable, _, path = stages.partition(".") if stages.startswith("$$") else ("", "", stages[1:])
-    return (variable in VARIABLES and not path) or (stages.startswith("$") and path.startswith("fullDocument"))
-
-
-def _int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, *,
-                command: str = "parallelChangeStream") -> int | None:
-    """An optional integer field: TypeMismatch (IDL's message) for a value that is no number,
-    BadValue for a number out of [low, high] or without an integer value."""
-    value = cmd.get(name)
-    if value is None:  # absent or null: the server's parsers take a null optional field as absent
-        return None
-    if type_name(value) not in SAFE_INT64:
-        raise wrong_type(f"{command}.{name}", value, *SAFE_INT64)
-    number = value.to_decimal() if isinstance(value, Decimal128) else value
-    # Range first, then integrality: int() of an infinite or NaN number raises (a float NaN fails
-    # the range; a Decimal NaN raises on any comparison, so it is tested first).
-    if isinstance(number, decimal.Decimal) and number.is_nan() or not low <= number <= high \
-            or int(number) != number:
-        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, "
-                         f"not {_shown(value)}")
-    return int(number)
-
-
-def _shown(value: Any, limit: int = 100) -> str:
-    """`value` for an error message, cut to `limit` characters: a client's junk is not echoed
-    whole."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-_MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
-MAX_READER_PROCESSES = 64    # the most a stream (readerProcesses) or the engine's default may ask
-# The stream settings an open command may pass, with their ranges (defaults: EngineConfig).
-_SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
-             "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
-
-# Stream names: at most the server's namespace length (NamespaceString's MaxNsLen, 255 bytes,
-# InvalidNamespace beyond); they are also labels of /metrics and keys of status.
-MAX_NAME_BYTES = 255
-
-
-def check_stream_name(name: Any, command: str) -> str | None:
-    """A stream name (None: none given): a string of at most MAX_NAME_BYTES UTF-8 bytes."""
-    if name is None:
-        return None
-    if not isinstance(name, str):
-        raise wrong_type(f"{command}.name", name, "string")
-    if len(name.encode(errors="surrogatepass")) > MAX_NAME_BYTES:
-        raise MongoError("InvalidNamespace", f"stream name is longer than {MAX_NAME_BYTES} bytes")
-    return name
-
-
-def _check_token(token: Any, path: str) -> None:
-    if not isinstance(token, Mapping):
-        raise wrong_type(path, token, "object")
-    decode_token(token)  # 40647, 40648, FailedToParse, InvalidResumeToken as the server's
-
-
-def check_status_command(cmd: dict[str, Any]) -> None:
-    """The fields of a parallelChangeStreamStatus command, typed as check_open_command types
-    them."""
-    check_depth(cmd)
-    check_lsid(cmd)
-    check_stream_name(cmd.get("name"), "parallelChangeStreamStatus")
-    after = cmd.get("after")
-    if after is not None:
-        if not isinstance(after, list):
-            raise wrong_type("parallelChangeStreamStatus.after", after, "array")
-        if len(after) > MAX_BUCKETS:
-            raise MongoError("BadValue", f"after has {len(after)} tokens: at most {MAX_BUCKETS}, "
-                             "one per bucket")
-        for i, token in enumerate(after):
-            _check_token(token, f"parallelChangeStreamStatus.after.{i}")
-    _int_option(cmd, "maxEvents", 1, 1 << 62, command="parallelChangeStreamStatus")
-
-
-def _setting(cmd: Mapping[str, Any], name: str, default: int) -> int:
-    """One of _SETTINGS (checked when the command came in, check_open_command), or its default."""
-    value = _int_option(cmd, name, *_SETTINGS[name])
-    return default if value is None else value
-
-
-def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
-    """Every field of a parallelChangeStream command checked before anything is created, with the
-    codes and messages of the server's parsers for the same fields of $changeStream (TypeMismatch
-    for a wrong type, BadValue for a bad value, IDLUnknownField, 7749501 for a long pipeline):
-    a malformed command fails, never the stream later. The command, null options left out (the
-    server's parsers take a null optional field as absent)."""
-    check_depth(cmd)
-    for key in cmd:
-        if key not in _OPEN_FIELDS:
-            raise MongoError("IDLUnknownField", "BSON field "
-                             f"'parallelChangeStream.{_shown(key)}' is an unknown field.")
-    first = next(iter(cmd))
-    cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
-    check_lsid(cmd)
-    if sum(k in cmd for k in ("startAtOperationTime", "resumeAfter", "startAfter")) > 1:
-        raise MongoError(40674,
-                         "Only one type of resume option is allowed, but multiple were found.")
-    for name, (low, high) in _SETTINGS.items():
-        _int_option(cmd, name, low, high)
-    _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
-    _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
-    _int_option(cmd, "batchSize", 0, 1 << 30)
-    for field in ("fullDocument", "fullDocumentBeforeChange"):
-        if field in cmd and not isinstance(cmd[field], str):
-            raise wrong_type(f"parallelChangeStream.{field}", cmd[field], "string")
-    for flag in ("showExpandedEvents", "showSystemEvents"):
-        if flag in cmd and not isinstance(cmd[flag], bool):
-            raise wrong_type(f"parallelChangeStream.{flag}", cmd[flag], "bool")
-    if "bucketBy" in cmd:
-        if not isinstance(cmd["bucketBy"], str):
-            raise wrong_type("parallelChangeStream.bucketBy", cmd["bucketBy"], "string")
-        if cmd["bucketBy"] not in BUCKET_BY:
-            raise MongoError("BadValue", f"'{_shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
-                             f"use one of {', '.join(BUCKET_BY)}")
-    if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
-        raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"],
-                         "timestamp")
-    check_stream_name(cmd.get("name"), "parallelChangeStream")
-    check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
-    for field in ("resumeAfter", "startAfter"):
-        if field not in cmd:
-            continue
-        tokens = cmd[field]
-        if isinstance(tokens, list):
-            if not tokens or len(tokens) > MAX_BUCKETS:
-                raise MongoError("BadValue", f"{field} takes one token, or a list of 1 to "
-                                 f"{MAX_BUCKETS} bucket tokens, not {len(tokens)}")
-            for i, token in enumerate(tokens):
-                _check_token(token, f"parallelChangeStream.{field}.{i}")
-        else:
-            _check_token(tokens, f"parallelChangeStream.{field}")
-    return cmd
-
-
-def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
-    """`cmd` with a `resumeAfter`/`startAfter` list of bucket tokens checked against `n`: a list of
-    another length is accepted only when its tokens are all the same (a common token), and is
-    then that one token.
-
-    Why: bucket i of an N-bucket stream holds the namespaces with crc32(ns) % N == i, so its
-    token says nothing of where a namespace dealt to another bucket of an M-bucket stream stands.
-    At a common token every namespace stands at the same point, which any bucket count can
-    resume from. (Spark's micro-batches all end at one planned token, so its checkpoints hold one.)
-    """
-    for field in ("resumeAfter", "startAfter"):
-        tokens = cmd.get(field)
-        if not isinstance(tokens, list) or n is None or len(tokens) == n:
-            continue
-        if len({token_sort_key(t) for t in tokens}) != 1:
-            raise MongoError("BadValue", f"{field} has {len(tokens)} bucket tokens but nBuckets is {n}: tokens of a "
-                             "stream with another bucket count resume it only if they are all the same token "
-                             "(read every bucket up to one token first)")
-        return {**cmd, field: tokens[0]}
-    return cmd
 
 
 @dataclass(frozen=True)
@@ -548,19 +368,9 @@ class Engine:
         if not await self._may_watch(session, change_stream_resource(None, None)):
             raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
                              "it needs find and changeStream on every database ({db: '', collection: ''})")
-        cmd = check_open_command(cmd)
-        if cmd.get("fullDocument", "default") not in FULL_DOCUMENT:
-            raise MongoError("BadValue", f"'{_shown(cmd['fullDocument'])}' is not a valid "
-                             f"fullDocument option; use one of {', '.join(FULL_DOCUMENT)}")
-        if cmd.get("fullDocumentBeforeChange", "off") not in BEFORE_CHANGE:
-            raise MongoError("BadValue", f"'{_shown(cmd['fullDocumentBeforeChange'])}' is not a "
-                             "valid fullDocumentBeforeChange option; use one of "
-                             f"{', '.join(BEFORE_CHANGE)}")
-        n = _int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
-        bucket = _int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
-        cmd = _one_token_if_common(cmd, n)
-        name = cmd.get("name")
-        batch_size = _int_option(cmd, "batchSize", 0, 1 << 30)
+        request = read_open(cmd)
+        cmd, n, bucket, name, batch_size = (request.cmd, request.n, request.bucket, request.name,
+                                            request.batch_size)
         if bucket is not None:
             if name is None:
                 raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
@@ -709,35 +519,18 @@ class Engine:
             if not isinstance(start, Timestamp):
                 raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
             floors = [token_sort_key(high_water_mark(start))] * n
-        checked = check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
-        pipeline, split = without_split_stage(checked)
-        queries = []
-        for stage in pipeline:
-            if set(stage) != {"$match"}:
-                raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages "
-                             f"(and a final {SPLIT_STAGE})")
-            if (unsupported := unsupported_in_query(stage["$match"])) is not None:
-                raise MongoError("BadValue", "parallelChangeStream's $match does not support "
-                                 f"{_shown(unsupported)}")
-            queries.append(stage["$match"])
-        # One flat $and: its depth does not grow with the number of stages.
-        match = None if not queries else queries[0] if len(queries) == 1 else {"$and": queries}
-        if (cmd.get("fullDocument", "default") != "default" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
-                and _mentions_full_document(pipeline):
-            # The $match runs as events are dealt, before any lookup: it would not see post-images.
-            raise MongoError("BadValue", "with fullDocument: 'updateLookup' or fullDocumentBeforeChange, the "
-                             "pipeline's $match may not test those fields (it runs before the lookups)")
+        match, split = open_match(cmd)
         options = StreamOptions(
             n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
             show_system_events=bool(cmd.get("showSystemEvents", False)), keep_version=keep_version,
-            shard_buffer_bytes=_setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
-            bucket_buffer_bytes=_setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
-            max_await_ms=_setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
+            shard_buffer_bytes=setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
+            bucket_buffer_bytes=setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
+            max_await_ms=setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
             reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
             stages=compile_stages(stages), split_large_events=split,
-            reader_processes=_setting(cmd, "readerProcesses", self.config.reader_processes),
+            reader_processes=setting(cmd, "readerProcesses", self.config.reader_processes),
             bucket_by=str(cmd.get("bucketBy", "namespace")),
             ddl_notes=await self.lacks_expanded_events())
         kept = len(keep) if keep is not None else n
@@ -1119,6 +912,6 @@ class Engine:
                 if len(after) != stream.options.n_buckets:
                     raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
                                      f"{stream.options.n_buckets} buckets")
-                end = stream.plan_end([token_sort_key(t) for t in after], _int_option(cmd, "maxEvents", 1, 1 << 62))
+                end = stream.plan_end([token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62))
                 out["planEnd"] = token_from_key(end)
         return out

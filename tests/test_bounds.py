@@ -23,9 +23,7 @@ from hypothesis import strategies as st
 from pymongo.errors import OperationFailure
 
 from buckets import commands as commands_module
-from buckets import engine as engine_module
-from buckets.commands import MAX_PIPELINE_STAGES, check_pipeline
-from buckets.engine import check_open_command, check_status_command
+from buckets.commands import MAX_PIPELINE_STAGES, check_open_command, check_pipeline, check_status_command
 from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError
 from mongoformats.idl import MAX_BSON_DEPTH, check_depth, get_more_request, kill_cursors_ids
@@ -392,7 +390,7 @@ FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(Heal
 
 
 @FUZZ
-@given(fields=st.dictionaries(st.sampled_from(sorted(engine_module._OPEN_FIELDS)), values,
+@given(fields=st.dictionaries(st.sampled_from(sorted(commands_module._OPEN_FIELDS)), values,
                               max_size=6), first=values)
 def test_fuzzed_open_and_status_fields_fail_with_mongodb_errors(fields, first):
     """Whatever the fields, the checks raise a MongoError or let through a command the engine's
@@ -400,10 +398,10 @@ def test_fuzzed_open_and_status_fields_fail_with_mongodb_errors(fields, first):
     cmd = {"parallelChangeStream": first, **fields}
     try:
         checked = check_open_command(cmd)
-        n = engine_module._int_option(checked, "nBuckets", 1, 1024)
-        engine_module._one_token_if_common(checked, n)
-        for name in engine_module._SETTINGS:
-            engine_module._setting(checked, name, 0)
+        n = commands_module.int_option(checked, "nBuckets", 1, 1024)
+        commands_module._one_token_if_common(checked, n)
+        for name in commands_module._SETTINGS:
+            commands_module.setting(checked, name, 0)
         for stage in checked.get("pipeline", []):
             if "$match" in stage:
                 unsupported_in_query(stage["$match"])

@@ -238,7 +238,7 @@ def test_the_import_check_sees_deferred_and_type_checking_imports(tmp_path):
 def test_the_proxys_reader_process_bound_is_the_engines():
     """The proxy's configuration is checked without loading the engine, so it keeps its own copy
     of the engine's bound on reader processes."""
-    from buckets.engine import MAX_READER_PROCESSES
+    from buckets.commands import MAX_READER_PROCESSES
     from wireproxy.config import MAX_READER_PROCESSES as PROXY_MAX
     from wireproxy.config import ProxyConfig
 

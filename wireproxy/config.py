@@ -20,7 +20,7 @@ from typing import Any
 from mongoformats import wire
 from wireproxy.redact import redact_uri
 
-# The engine's bound (buckets.engine.MAX_READER_PROCESSES, which a test checks this matches): the
+# The engine's bound (buckets.commands.MAX_READER_PROCESSES, which a test checks this matches): the
 # proxy's configuration is read before, and without, the engine.
 MAX_READER_PROCESSES = 64
 
