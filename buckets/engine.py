@@ -50,9 +50,8 @@ above is everyone's.
 from __future__ import annotations
 
 import logging
-import random
 import uuid
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +71,7 @@ from buckets.commands import (
     setting,
 )
 from buckets.cursor import BucketCursor, start_point
+from buckets.cursors import CursorRegistry
 from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
 from buckets.memory_limit import (
     DEAL_HEADROOM_BYTES,
@@ -181,18 +181,17 @@ class Engine:
         self.connect_member = connect_member
         self.config = config or EngineConfig()
         self.streams: dict[str, ParallelStream] = {}
-        self.cursors: dict[int, BucketCursor] = {}
-        self._private: dict[int, ParallelStream] = {}   # watch() and replay streams, by their one cursor
+        self.registry = CursorRegistry(self.config.cursor_timeout_s,
+                                       self.config.session_cursor_timeout_s)
+        self.cursors = self.registry.cursors
+        self._private = self.registry.private
         self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
         self._owners: dict[str, str] = {}               # named stream -> its creator's identity
-        self._ended_sessions: set[bytes] = set()      # ended since the last session refresh (cursor owners)
-        self._rng = random.Random()
         self._nursery: trio.Nursery | None = None
         self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
         self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
         # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
         self.watches = {"accelerated": 0, "passedThrough": 0}
-        self.cursors_timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
         self.rebucketed = 0         # named streams reopened with another nBuckets
         self.memory_limit = self.config.memory_limit_bytes or default_memory_limit()
         # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
@@ -225,8 +224,8 @@ class Engine:
                 await trio.sleep(1)
                 if trio.current_time() >= next_refresh:
                     next_refresh += self.config.session_refresh_s
-                    self._reap_ended_sessions()
-                self._kill_idle_cursors()
+                    self.registry.reap_ended_sessions()
+                self.registry.kill_idle(trio.current_time())
                 self._tear_down_idle()
 
     def all_streams(self) -> dict[str, ParallelStream]:
@@ -250,25 +249,10 @@ class Engine:
         """The shared reader processes: index, alive, tails (shards of streams) each reads."""
         return self._reader_pool.status() if self._reader_pool is not None else []
 
-    def _kill_idle_cursors(self) -> None:
-        now = trio.current_time()
-
-        def idle(cur: BucketCursor) -> bool:
-            limit = self.config.session_cursor_timeout_s if cur.owner else self.config.cursor_timeout_s
-            return not cur.busy and now - cur.last_used > limit
-        self.cursors_timed_out += self._kill_cursors_where(idle, "unused for the cursor timeout")
-
-    def _reap_ended_sessions(self) -> None:
-        ended, self._ended_sessions = self._ended_sessions, set()
-        self._kill_cursors_where(lambda cur: cur.owner in ended, "its session was ended")
-
-    def _kill_cursors_where(self, match: Callable[[BucketCursor], bool], why: str) -> int:
-        """Kill every cursor `match` selects (timeouts, ended or killed sessions); how many."""
-        doomed = [cid for cid, cur in self.cursors.items() if match(cur)]
-        for cid in doomed:
-            log.info("killing cursor %d of stream %s: %s", cid, self.cursors[cid].stream.name, why)
-            self._drop_cursor(cid)
-        return len(doomed)
+    @property
+    def cursors_timed_out(self) -> int:
+        """Idle cursors killed (serverStatus' metrics.cursor.timedOut)."""
+        return self.registry.timed_out
 
     def _make_room(self, need: int) -> None:
         """Close streams without cursors, least recently used first, until `need` more bytes fit
@@ -598,7 +582,7 @@ class Engine:
             token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
         # Resumed: placed after the token by resume_after, from the first event the bucket holds.
         position = bucket.base if token is not None else bucket.end
-        cid = (self._rng.getrandbits(62) << 1) | 1
+        cid = self.registry.new_id()
         lsid = cmd.get("lsid")
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
@@ -731,15 +715,7 @@ class Engine:
 
     def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
         check_lsid(cmd)
-        cur = self.cursors.get(cid)
-        if cur is None:
-            raise MongoError("CursorNotFound", f"cursor id {cid} not found")
-        if cur.user != self._user(session, next(iter(cmd))):
-            raise MongoError("Unauthorized", f"cursor id {cid} was not created by the authenticated user")
-        lsid = cmd.get("lsid")
-        if cur.owner and (lsid is None or session_id(lsid["id"]) != cur.owner):
-            raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
-        return cur
+        return self.registry.owned(cid, lambda: self._user(session, next(iter(cmd))), cmd.get("lsid"))
 
     async def cmd_ddl(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
@@ -839,9 +815,7 @@ class Engine:
         session refresh (EngineConfig.session_refresh_s), when the server kills those it holds."""
         reply = await session.forward_command(db, cmd)
         if reply.get("ok") and isinstance(cmd["endSessions"], list):
-            owners = {cur.owner for cur in self.cursors.values()}  # only those: drivers end thousands
-            self._ended_sessions.update(owner for spec in cmd["endSessions"] if isinstance(spec, Mapping)
-                                        and "id" in spec and (owner := session_id(spec["id"])) in owners)
+            self.registry.note_ended(cmd["endSessions"])
         return reply
 
     async def cmd_kill_sessions(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -855,28 +829,20 @@ class Engine:
         named = sessions_named(cmd, session.user or "", access_control=self.requires_auth,
                                kill_any=await self._holds(session, "killAnySession"))
         # Cursors opened outside any session belong to no session a command can name.
-        self._kill_cursors_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
+        self.registry.kill_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
                                  f"its session was killed ({name})")
         return reply
 
     def _close_private(self, cid: int) -> None:
-        """Close the private stream (a watch()'s, a replay) cursor `cid` reads, if any."""
-        private = self._private.pop(cid, None)
-        if private is not None:
-            private.close()
+        self.registry.close_private(cid)
 
     def _drop_cursor(self, cid: int) -> None:
-        cur = self.cursors.pop(cid, None)
-        if cur is not None:
-            cur.killed = True  # before detach wakes a getMore parked on it
-            cur.bucket.detach(cur)
-        self._close_private(cid)
+        self.registry.drop(cid)
 
     def _stream_owners(self) -> dict[str, str]:
         """Each stream's user: a named one's creator, a private one's cursor's user."""
         owners = {name: self._owners.get(name, "") for name in self.streams}
-        owners.update({stream.name: self.cursors[cid].user for cid, stream in self._private.items()
-                       if cid in self.cursors})
+        owners.update(self.registry.private_owners())
         return owners
 
     async def cmd_status(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
