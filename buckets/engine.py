@@ -55,7 +55,6 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import bson
 import trio
 from bson import Int64, Timestamp
 
@@ -64,28 +63,19 @@ from buckets.commands import (
     check_status_command,
     check_stream_name,
     int_option,
-    open_match,
     plan_watch,
     read_open,
     read_watch,
-    setting,
 )
+from buckets.config import EngineConfig
 from buckets.cursor import BucketCursor, start_point
 from buckets.cursors import CursorRegistry
-from buckets.ddl_notes import DDL_COMMANDS, EXPANDED_EVENTS_WIRE_VERSION, plan_notes, target_namespace
-from buckets.memory_limit import (
-    DEAL_HEADROOM_BYTES,
-    MemoryPool,
-    default_memory_limit,
-    shaping_processes,
-    stream_floor,
-)
+from buckets.ddl_notes import DDL_COMMANDS, plan_notes, target_namespace
 from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
-from buckets.reader_process import ReaderPool, reader_pool
-from buckets.stream import ParallelStream, StreamOptions
-from buckets.topology import Topology, discover
+from buckets.reader_process import reader_pool
+from buckets.stream import ParallelStream
+from buckets.streams import StreamSet
 from mongoformats.change_events import EV_RAW, EventFields, ddl_note
-from mongoformats.change_stages import compile_stages
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.idl import (
     check_depth,
@@ -94,12 +84,10 @@ from mongoformats.idl import (
     kill_cursors_ids,
     wrong_type,
 )
-from mongoformats.large_events import SPLIT_STAGE
 from mongoformats.oplog_splice import SplicedDocument
 from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import (
-    decode_token,
     high_water_mark,
     token_from_key,
     token_sort_key,
@@ -109,44 +97,8 @@ from mongoformats.sessions import session_id, sessions_named
 log = logging.getLogger("buckets.engine")
 
 CURSOR_NS = "admin.$cmd.parallelChangeStream"
-# A bucket cursor no getMore has used for this long is no longer read (consumers getMore again
-# within their await time, a second or so), so it no longer holds its stream's bucket count.
-CURSOR_IN_USE_S = 10.0
-
 # Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
 _V2_TOKENS_WIRE_VERSION = 18
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    shard_buffer_bytes: int = 1 << 30
-    bucket_buffer_bytes: int = 64 << 20
-    idle_teardown_s: float = 300.0     # a stream with no cursors for this long is torn down
-    max_await_ms: int = 1000
-    reader_await_ms: int = 200
-    reader_processes: int = 0          # default for streams that do not pass readerProcesses
-    # A reader process that has read nothing this long is stopped. Its own setting, not the
-    # stream teardown's: a process costs a second of CPU to start (imports), a stream nothing.
-    reader_idle_s: float = 300.0
-    # A reader process that answers nothing for this long (stopped, its loop stuck) is killed,
-    # failing its streams as a death does (None: never); the proxy's upstream_timeout_s.
-    hang_timeout_s: float | None = 30.0
-    # A cursor no getMore has used for this long is killed, as the server's cursorTimeoutMillis
-    # (10 min) kills idle cursors; one opened in a session lives as long as its session would on
-    # the server (logicalSessionTimeoutMinutes, 30 min), counted from the cursor's last use.
-    # Otherwise the cursor of a consumer that vanished (a crashed app's watch(), a killed Spark
-    # task) kept its stream reading every shard, and its buffers full, for the proxy's lifetime.
-    cursor_timeout_s: float = 600.0
-    session_cursor_timeout_s: float = 1800.0
-    # Cursors of sessions a client ended (endSessions) are killed at the next session refresh,
-    # as the server's logical session cache does every logicalSessionRefreshMillis (5 min).
-    session_refresh_s: float = 300.0
-    # What every stream's budgets hold, and every reader process, is counted under this
-    # (buckets/memory_limit.py); 0: half of the machine's (or the cgroup's) memory.
-    memory_limit_bytes: int = 0
-    # An accelerated watch() has one consumer, which cannot drain faster than a few batches of
-    # read-ahead give it; its shards' budgets are this.
-    watch_shard_buffer_bytes: int = 64 << 20
 
 
 def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any],
@@ -180,23 +132,15 @@ class Engine:
         # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
         self.connect_member = connect_member
         self.config = config or EngineConfig()
-        self.streams: dict[str, ParallelStream] = {}
         self.registry = CursorRegistry(self.config.cursor_timeout_s,
                                        self.config.session_cursor_timeout_s)
         self.cursors = self.registry.cursors
         self._private = self.registry.private
-        self._creating: dict[str, trio.Event] = {}     # named streams being created, set once done
-        self._owners: dict[str, str] = {}               # named stream -> its creator's identity
-        self._nursery: trio.Nursery | None = None
-        self._reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
-        self._upstream_wire_version: int | None = None  # learned on first use (see lacks_expanded_events)
+        self.stream_set = StreamSet(connect_upstream, connect_member, self.config, self.registry)
+        self.streams = self.stream_set.streams
+        self.memory, self.memory_limit = self.stream_set.memory, self.stream_set.memory_limit
         # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
         self.watches = {"accelerated": 0, "passedThrough": 0}
-        self.rebucketed = 0         # named streams reopened with another nBuckets
-        self.memory_limit = self.config.memory_limit_bytes or default_memory_limit()
-        # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
-        self.memory = MemoryPool(self.memory_limit)
-        self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
 
     def commands(self) -> EngineCommands:
         """The commands the engine serves, for the proxy to route to it."""
@@ -217,7 +161,7 @@ class Engine:
         pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s,
                                       memory=self.memory)
         async with pool_of_readers as pool, trio.open_nursery() as nursery:
-            self._nursery, self._reader_pool = nursery, pool
+            self.stream_set.nursery, self.stream_set.reader_pool = nursery, pool
             task_status.started()
             next_refresh = trio.current_time() + self.config.session_refresh_s
             while True:
@@ -226,16 +170,24 @@ class Engine:
                     next_refresh += self.config.session_refresh_s
                     self.registry.reap_ended_sessions()
                 self.registry.kill_idle(trio.current_time())
-                self._tear_down_idle()
+                self.stream_set.tear_down_idle()
 
     def all_streams(self) -> dict[str, ParallelStream]:
-        """Named streams and the private ones each serving one cursor (an accelerated watch(), a
-        bucket re-read from the oplogs), by name: status and /metrics show both."""
-        return {**self.streams, **{s.name: s for s in self._private.values()}}
+        """Named streams and the private ones each serving one cursor, by name."""
+        return self.all_streams()
+
+    @property
+    def rebucketed(self) -> int:
+        """Named streams reopened with another nBuckets."""
+        return self.stream_set.rebucketed
+
+    @property
+    def refused_for_memory(self) -> int:
+        """Opens refused, and watch()es passed through, for the memory limit."""
+        return self.stream_set.refused_for_memory
 
     def memory_reserved(self) -> int:
-        """What counts against the memory limit: each budget's floor or what it holds, if more,
-        and the reader processes (buckets/memory_limit.py)."""
+        """What counts against the memory limit (buckets/memory_limit.py)."""
         return self.memory.counted
 
     def memory_status(self) -> dict[str, int]:
@@ -247,85 +199,13 @@ class Engine:
 
     def reader_processes(self) -> list[dict[str, Any]]:
         """The shared reader processes: index, alive, tails (shards of streams) each reads."""
-        return self._reader_pool.status() if self._reader_pool is not None else []
+        pool = self.stream_set.reader_pool
+        return pool.status() if pool is not None else []
 
     @property
     def cursors_timed_out(self) -> int:
         """Idle cursors killed (serverStatus' metrics.cursor.timedOut)."""
         return self.registry.timed_out
-
-    def _make_room(self, need: int) -> None:
-        """Close streams without cursors, least recently used first, until `need` more bytes fit
-        under the memory limit (MemoryPool.check_admits). Such a stream is kept only so that a
-        consumer can re-attach to its retained events until the idle teardown; one re-attaching
-        later reopens it from its token. Streams with cursors are never closed to admit another,
-        and if closing every idle stream would still not make room, none is closed: the new
-        stream is refused either way."""
-        idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
-        over = self.memory.counted + need + DEAL_HEADROOM_BYTES - self.memory_limit
-        if over <= 0 or over > sum(s.memory()["countedBytes"] for s in idle):
-            return
-        for stream in idle:
-            if self.memory.counted + need + DEAL_HEADROOM_BYTES <= self.memory_limit:
-                break
-            self._close_named(stream, "tearing down idle stream %s early: its memory is needed for "
-                                      "a new stream")
-
-    def _tear_down_idle(self) -> None:
-        now = trio.current_time()
-        for stream in list(self.streams.values()):
-            if stream.has_cursors():
-                stream.last_active = now
-            elif now - stream.last_active > self.config.idle_teardown_s:
-                self._close_named(stream, "tearing down idle stream %s")
-
-    def _close_named(self, stream: ParallelStream, why: str) -> None:
-        """Close a named stream and forget it; `why` is logged, with %s for its name."""
-        log.info(why, stream.name)
-        stream.close()
-        del self.streams[stream.name]
-        self._owners.pop(stream.name, None)
-
-    # -- upstream helpers --------------------------------------------------------------------------
-
-    async def upstream_wire_version(self) -> int:
-        if self._upstream_wire_version is None:
-            up = await self.connect_upstream()
-            try:
-                hello = await up.command("admin", {"hello": 1})
-            finally:
-                await up.aclose()
-            self._upstream_wire_version = int(hello.get("maxWireVersion", 0))
-        return self._upstream_wire_version
-
-    async def lacks_expanded_events(self) -> bool:
-        """True for an upstream before 6.0: DDL events then come from the proxy's notes."""
-        return await self.upstream_wire_version() < EXPANDED_EVENTS_WIRE_VERSION
-
-    async def _on_each_shard(self, shards: Mapping[str, list[tuple[str, int]]], db: str,
-                             cmd: dict[str, Any]) -> dict[str, Any]:
-        """Run `cmd` on every shard's primary directly (shard id -> reply)."""
-        out: dict[str, Any] = {}
-        for sid, hosts in shards.items():
-            conn = await self.connect_member(hosts, secondary=False)
-            try:
-                out[sid] = await conn.command(db, cmd)
-            finally:
-                await conn.aclose()
-        return out
-
-    async def _holders(self, shards: Mapping[str, list[tuple[str, int]]], ns: str) -> dict[str, Any]:
-        db, _, coll = ns.partition(".")
-        replies = await self._on_each_shard(shards, db, {"listCollections": 1, "filter": {"name": coll}})
-        return {sid: bson.decode(r.raw)["cursor"]["firstBatch"][0] for sid, r in replies.items()
-                if r["cursor"]["firstBatch"]}
-
-    async def _discover(self) -> Topology:
-        up = await self.connect_upstream()
-        try:
-            return await discover(up)
-        finally:
-            await up.aclose()
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -362,7 +242,7 @@ class Engine:
         if n is None:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
         name = name or f"pcs-{uuid.uuid4().hex[:12]}"
-        stream, created = await self._named(name, n, cmd, user)
+        stream, created = await self.stream_set.named(name, n, cmd, user)
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
             # Joining an existing stream at a time: the same point as a token for that time.
@@ -400,170 +280,18 @@ class Engine:
         if not isinstance(name, str):
             raise wrong_type("dropParallelChangeStream", name, "string")
         check_stream_name(name, "dropParallelChangeStream")
-        while (pending := self._creating.get(name)) is not None:
+        while (pending := self.stream_set.creating.get(name)) is not None:
             await pending.wait()  # being created: dropped once it is (or found missing)
         stream = self.streams.get(name)
         if stream is None:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
-        self._check_owner(name, user)
+        self.stream_set.check_owner(name, user)
         # Its cursors, and those of replays that would move to it once caught up.
         doomed = [cid for cid, cur in self.cursors.items() if stream in (cur.stream, cur.join)]
         for cid in doomed:
             self._drop_cursor(cid)
-        self._close_named(stream, "dropping stream %s (dropParallelChangeStream)")
+        self.stream_set.close_named(stream, "dropping stream %s (dropParallelChangeStream)")
         return {"name": name, "cursorsKilled": [Int64(cid) for cid in doomed]}
-
-    def _check_owner(self, name: str, user: str) -> None:
-        """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""
-        owner = self._owners.get(name)
-        if owner is not None and owner != user:
-            raise MongoError("Unauthorized", f"parallel change stream {name!r} was created by another user")
-
-    async def _named(self, name: str, n: int | None, cmd: dict[str, Any],
-                     user: str) -> tuple[ParallelStream, bool]:
-        """The open stream `name`, or one created from `cmd` (then True). Commands that find it
-        missing at once (the N Spark tasks of a micro-batch after a proxy restart each attach
-        their bucket with nBuckets) wait for one creation: each made its own, and all but the
-        last were left outside `streams`, never torn down, reading every shard for good."""
-        while (pending := self._creating.get(name)) is not None:
-            await pending.wait()
-        stream = self.streams.get(name)
-        if stream is not None:
-            self._check_owner(name, user)  # before anything of hers is touched (a reopen kills her cursors)
-        by = cmd.get("bucketBy")
-        if stream is not None and ((n is not None and n != stream.options.n_buckets)
-                                   or (by is not None and by != stream.options.bucket_by)):
-            n = n or stream.options.n_buckets  # an attach with only another bucketBy keeps the count
-            self._close_to_rebucket(stream, n, by or stream.options.bucket_by)
-            stream = None
-        if stream is not None:
-            return stream, False
-        if n is None:
-            raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
-                             "pass nBuckets (and resumeAfter) to open it")
-        done = self._creating[name] = trio.Event()
-        try:
-            stream = await self._create(name, n, cmd)
-            self._owners[name] = user
-            return stream, True
-        finally:
-            del self._creating[name]
-            done.set()
-
-    def _close_to_rebucket(self, stream: ParallelStream, n: int, by: str) -> None:
-        """Close `stream` so that its name can be opened again with `n` buckets dealt `by`.
-
-        A bucketBy is part of a named stream's identity as nBuckets is: another one reopens it
-        the same way (bucket tokens of one mode mean nothing in the other).
-
-        Why: a Spark query restarted with another nBuckets (more tasks) reopens its stream under
-        the same name from its checkpoint. Bucket tokens are per bucket count, so the old stream's
-        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by closing
-        it, and the new stream re-reads from the given start. A stream whose cursors are in use is
-        still someone's: refused (ConflictingOperationInProgress, which the caller may retry), so
-        one job never pulls the buckets from under another. Cursors no getMore has used for
-        CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never kills its
-        cursor, and the cursor timeout is 10 minutes or more): they are killed with the stream.
-        """
-        now = trio.current_time()
-        cursors = [cur for b in stream.buckets.values() for cur in b.cursors]
-        in_use = sum(cur.busy or now - cur.last_used < CURSOR_IN_USE_S for cur in cursors)
-        if in_use:
-            raise MongoError("ConflictingOperationInProgress",
-                             f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} "
-                             f"(bucketBy {stream.options.bucket_by}) and {in_use} cursor(s) read it; close "
-                             f"them (or use another name) to reopen it with nBuckets {n} (bucketBy {by})")
-        for cur in cursors:
-            self._drop_cursor(cur.cursor_id)
-        self._close_named(stream, f"reopening stream %s with {n} buckets by {by} instead of "
-                                  f"{stream.options.n_buckets} by {stream.options.bucket_by} "
-                                  f"({len(cursors)} abandoned cursors killed)")
-        self.rebucketed += 1
-
-    async def _create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
-                      scope: tuple[str, str | None] | None = None,
-                      stages: tuple[dict[str, Any], ...] = (),
-                      keep_version: tuple[Timestamp, int] | None = None) -> ParallelStream:
-        topology = await self._discover()
-        now = topology.as_of
-        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
-        if keep_version is None and isinstance(tokens, Mapping):
-            data = decode_token(tokens)
-            keep_version = (data.cluster_time, data.version)
-        if isinstance(tokens, list):
-            floors = [token_sort_key(t) for t in tokens]
-            start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
-        elif tokens is not None:
-            start, key = start_point(tokens)
-            floors = [key] * n
-        else:
-            # Like the server, a stream with no start point sees what happens after now: the
-            # newest write (at `now` itself) was before it opened.
-            start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
-            if not isinstance(start, Timestamp):
-                raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
-            floors = [token_sort_key(high_water_mark(start))] * n
-        match, split = open_match(cmd)
-        options = StreamOptions(
-            n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
-            show_system_events=bool(cmd.get("showSystemEvents", False)), keep_version=keep_version,
-            shard_buffer_bytes=setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
-            bucket_buffer_bytes=setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
-            max_await_ms=setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
-            reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
-            full_document=str(cmd.get("fullDocument", "default")),
-            full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
-            stages=compile_stages(stages), split_large_events=split,
-            reader_processes=setting(cmd, "readerProcesses", self.config.reader_processes),
-            bucket_by=str(cmd.get("bucketBy", "namespace")),
-            ddl_notes=await self.lacks_expanded_events())
-        kept = len(keep) if keep is not None else n
-        # Admitted by its floor (what it always takes) and the reader processes it would start,
-        # beside what the others hold; its budgets then take what they hold from the same pool.
-        floor = stream_floor(len(topology.shards), kept)
-        assert self._reader_pool is not None, "Engine.run() must be started first"
-        starting = self._reader_pool.missing(options.reader_processes) \
-            + shaping_processes(bool(options.stages), options.reader_processes)
-        self._make_room(floor + starting * self.memory.process_bytes)
-        try:
-            self.memory.check_admits(floor, starting, streams=len(self.all_streams()),
-                                     shards=len(topology.shards), buckets=kept,
-                                     reader_processes=options.reader_processes)
-        except MongoError:
-            self.refused_for_memory += 1
-            raise
-        # The stream's accounts set its floor aside as it is made (no await between); its reader
-        # processes are counted as starting until they count themselves (ReaderPool._keep), so
-        # that streams created at once cannot each fit beside the others' absence.
-        self.memory.add_processes(starting)  # (shaping ones then count in the stream's own account)
-        try:
-            stream = ParallelStream(name, options, topology, start, floors, keep=keep,
-                                    connect_upstream=self.connect_upstream, connect_member=self.connect_member,
-                                    readers_pool=self._reader_pool, memory=self.memory)
-            return await self._start(stream, keep is None)
-        finally:
-            self.memory.add_processes(-starting)
-
-    async def _start(self, stream: ParallelStream, named: bool) -> ParallelStream:
-        """Run `stream` until it has opened (listed in `streams` if `named`), or fail as it
-        failed."""
-        try:
-            stream.last_active = trio.current_time()
-            assert self._nursery is not None, "Engine.run() must be started first"
-            if named:
-                stream.isolate()  # before its first events are dealt: see buckets/catch_up.py
-            self._nursery.start_soon(stream.run)
-            await stream.started.wait()
-            if stream.error is not None:
-                raise stream.error
-            if named:
-                self.streams[stream.name] = stream
-            return stream
-        except BaseException:
-            # Failed to open, or the command was cancelled meanwhile (its client left): nothing
-            # lists the stream, so nothing else would ever stop it and give back its floor.
-            stream.close()
-            raise
 
     def _new_cursor(self, user: str, stream: ParallelStream, i: int, cmd: dict[str, Any],
                     batch_size: int | None, token: Mapping[str, Any] | None, *,
@@ -600,7 +328,7 @@ class Engine:
 
     async def _attach_bucket(self, user: str, name: str, i: int, n: int | None,
                              cmd: dict[str, Any], batch_size: int | None) -> dict[str, Any]:
-        stream, created = await self._named(name, n, cmd, user)
+        stream, created = await self.stream_set.named(name, n, cmd, user)
         if i >= stream.options.n_buckets:
             raise MongoError("BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})")
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
@@ -614,7 +342,7 @@ class Engine:
             # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
             # until the cursor reaches what the named stream's bucket holds.
             named = stream
-            stream = await self._replay(named, i, {**cmd, "resumeAfter": token})
+            stream = await self.stream_set.replay(named, i, {**cmd, "resumeAfter": token})
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token)
             self._private[cur.cursor_id] = stream
             cur.follow(named, lambda: self._close_private(cur.cursor_id))
@@ -625,22 +353,6 @@ class Engine:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
         return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
 
-    async def _replay(self, named: ParallelStream, i: int, cmd: dict[str, Any]) -> ParallelStream:
-        """A private stream re-reading the oplogs for bucket `i` of `named` from `cmd`'s
-        resumeAfter, with `named`'s options."""
-        options = named.options
-        named.replays += 1
-        return await self._create(f"{named.name}#replay-{uuid.uuid4().hex[:8]}", options.n_buckets,
-                                  {**cmd, "nBuckets": options.n_buckets,
-                                   "showExpandedEvents": options.show_expanded_events,
-                                   "showSystemEvents": options.show_system_events,
-                                   "bucketBy": options.bucket_by,
-                                   "shardBufferBytes": options.shard_buffer_bytes,
-                                   "bucketBufferBytes": options.bucket_buffer_bytes,
-                                   "pipeline": ([{"$match": options.match}] if options.match else [])
-                                   + ([{SPLIT_STAGE: {}}] if options.split_large_events else [])},
-                                  keep={i})
-
     async def _replay_dropped(self, cur: BucketCursor) -> None:
         """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
         pins no retention, Bucket._safe) or no longer holds (it fell behind, buckets/catch_up.py),
@@ -648,7 +360,7 @@ class Engine:
         up, as an attach with an older token."""
         named, cid, i = cur.stream, cur.cursor_id, cur.bucket.index
         opts = named.options
-        replay = await self._replay(named, i, {"resumeAfter": cur.last_token,
+        replay = await self.stream_set.replay(named, i, {"resumeAfter": cur.last_token,
                                                "fullDocument": opts.full_document,
                                                "fullDocumentBeforeChange": opts.full_document_before_change})
         cur.bucket.detach(cur)
@@ -680,7 +392,7 @@ class Engine:
         """
         if self.requires_auth and not session.user:
             raise Decline()  # mongos answers an unauthenticated aggregate with its own error
-        if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
+        if await self.stream_set.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         request = read_watch(db, cmd)
         if not await self._may_watch(session, request.resource):
@@ -689,7 +401,7 @@ class Engine:
         if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
             return failed
         try:
-            stream = await self._create(f"watch-{uuid.uuid4().hex[:8]}", 1, plan.open, keep={0},
+            stream = await self.stream_set.create(f"watch-{uuid.uuid4().hex[:8]}", 1, plan.open, keep={0},
                                         scope=plan.scope, stages=plan.stages,
                                         keep_version=plan.keep_version)
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
@@ -720,11 +432,11 @@ class Engine:
     async def cmd_ddl(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
         name = next(iter(cmd))
-        if not await self.lacks_expanded_events() or not isinstance(cmd[name], str):
+        if not await self.stream_set.lacks_expanded_events() or not isinstance(cmd[name], str):
             raise Decline()
         ns = target_namespace(db, cmd)
-        shards = (await self._discover()).shards
-        before = await self._holders(shards, ns)
+        shards = (await self.stream_set.topology()).shards
+        before = await self.stream_set.holders(shards, ns)
         specs = None
         if name == "dropIndexes" and before:
             target_db, _, coll = ns.partition(".")
@@ -732,11 +444,11 @@ class Engine:
             specs = {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
         reply = await session.forward_command(db, cmd)
         if reply.get("ok"):
-            after = await self._holders(shards, ns)
+            after = await self.stream_set.holders(shards, ns)
             for note in plan_notes(cmd, ns, before, after, specs):
                 data = ddl_note(note.op_type, note.ns, ui=note.ui, operation_description=note.operation_description,
                                 state_before_change=note.state_before_change)
-                await self._on_each_shard({s: shards[s] for s in note.shards}, "admin",
+                await self.stream_set.on_each_shard({s: shards[s] for s in note.shards}, "admin",
                                           {"appendOplogNote": 1, "data": data})
         return reply
 
@@ -841,7 +553,7 @@ class Engine:
 
     def _stream_owners(self) -> dict[str, str]:
         """Each stream's user: a named one's creator, a private one's cursor's user."""
-        owners = {name: self._owners.get(name, "") for name in self.streams}
+        owners = {name: self.stream_set.owners.get(name, "") for name in self.streams}
         owners.update(self.registry.private_owners())
         return owners
 

@@ -57,12 +57,11 @@ from buckets.ports import Connection, Connector, ConnectUpstream
 from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
 from buckets.reply import EventSizer, Size
+from buckets.scope import event_matches, in_scope, invalidates
 from buckets.shaping import Shaper
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
 from mongoformats.change_events import (
-    EV_DB,
     EV_NAMESPACES,
-    EV_OP_TYPE,
     EV_RAW,
     EV_SHARD,
     ChangeEvent,
@@ -416,22 +415,26 @@ class ParallelStream:
                 continue
             if self.ended:
                 break
-            if scope is not None and not _in_scope(ev, scope):
+            if scope is not None and not in_scope(ev, scope):
                 continue
-            if scope is not None and _invalidates(ev, scope):
+            if scope is not None and invalidates(ev, scope):
                 await self._flush(shares)
                 await self._end_with(ev, match)
                 break
             if match is not None and not await self._matches(ev, match, shares):
                 continue
-            route = self._routes.get(ev[EV_NAMESPACES]) if not by_document else None
-            for b in self._route(ev) if route is None else route:
-                share = shares.get(b)
-                if share is None:
-                    shares[b] = [ev]
-                else:
-                    share.append(ev)
+            self._share(ev, shares, by_document)
         await self._put_shares(shares)
+
+    def _share(self, ev: EventFields, shares: dict[int, list[Any]], by_document: bool) -> None:
+        """Add `ev` to the share of each bucket it routes to."""
+        route = self._routes.get(ev[EV_NAMESPACES]) if not by_document else None
+        for b in self._route(ev) if route is None else route:
+            share = shares.get(b)
+            if share is None:
+                shares[b] = [ev]
+            else:
+                share.append(ev)
 
     async def _matches(self, ev: EventFields, match: dict[str, Any],
                        shares: dict[int, list[Any]]) -> bool:
@@ -439,7 +442,7 @@ class ParallelStream:
         of the event's namespaces, each once its consumers have read what came before (the
         `shares` dealt so far are put first)."""
         try:
-            return _event_matches(ev, match)
+            return event_matches(ev, match)
         except MongoError as exc:
             await self._flush(shares)
             for b in self._route(ev):
@@ -460,7 +463,7 @@ class ParallelStream:
         for bucket in self.buckets.values():
             for item in (ev, end):
                 try:
-                    if match is not None and not _event_matches(item, match):
+                    if match is not None and not event_matches(item, match):
                         continue
                 except MongoError as exc:
                     bucket.fail(exc)
@@ -573,27 +576,3 @@ def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
         first = first.exceptions[0]
     assert isinstance(first, Exception)
     return first
-
-
-def _in_scope(ev: EventFields, scope: tuple[str, str | None]) -> bool:
-    """buildOperationFilter (change_stream_filter_helpers.cpp): an event of a namespace the stream
-    watches (a rename by its source or its target, `o.to`); dropDatabase on a database stream
-    only ("Omit dropDatabase on single-collection streams")."""
-    db, coll = scope
-    if coll is None:
-        return bool(ev[EV_DB] == db) or any(ns.partition(".")[0] == db for ns in ev[EV_NAMESPACES])
-    return f"{db}.{coll}" in ev[EV_NAMESPACES]
-
-
-def _invalidates(ev: EventFields, scope: tuple[str, str | None]) -> bool:
-    """isInvalidatingCommand: drop/rename end a collection stream; dropDatabase a database stream."""
-    op_type = ev[EV_OP_TYPE]
-    if scope[1] is None:
-        return bool(op_type == "dropDatabase")
-    return bool(op_type in ("drop", "rename"))
-
-
-def _event_matches(ev: EventFields, match: dict[str, Any]) -> bool:
-    from mongoformats.mql import matches
-
-    return matches(bson.decode(ev[EV_RAW], PLAIN), match)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymongo.errors import OperationFailure
 
-import buckets.engine as engine_module
+import buckets.streams as streams_module
 from buckets.bucketing import bucket_of_document, buckets_for_event
 from mongoformats.change_events import RAW
 from mongoformats.resume_token import token_from_key
@@ -198,7 +198,7 @@ async def test_bucket_by_is_checked_and_part_of_a_streams_identity(cluster, prox
     """bucketBy is a string (TypeMismatch, 14) naming a mode (BadValue, 2). Reopening a named
     stream with another bucketBy is refused while its cursors are read (117), then reopens it from
     a common token, dealt the new way."""
-    monkeypatch.setattr(engine_module, "CURSOR_IN_USE_S", 0.5)
+    monkeypatch.setattr(streams_module, "CURSOR_IN_USE_S", 0.5)
 
     def work():
         c = client(proxy_uri(proxy))

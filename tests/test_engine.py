@@ -21,7 +21,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
-import buckets.engine as engine_module
+import buckets.streams as streams_module
 from buckets._columnar.event_block import as_fields
 from buckets.bucketing import BUCKET_BY, bucket_of, bucket_of_document
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
@@ -559,7 +559,7 @@ async def test_a_stream_changes_its_bucket_count_from_a_common_token(cluster, pr
     name with 4 buckets from that token: the 4 buckets hold exactly what came after it, each
     namespace in its new bucket. Not while the old buckets are still read; their cursors, once
     unused, are killed with the old stream."""
-    monkeypatch.setattr(engine_module, "CURSOR_IN_USE_S", 0.5)  # instead of 10 s
+    monkeypatch.setattr(streams_module, "CURSOR_IN_USE_S", 0.5)  # instead of 10 s
 
     def work():
         c = client(proxy_uri(proxy))
@@ -853,7 +853,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
         return start
     start = await sync(backlog)
     engine = proxy.engine
-    stream = await engine._create("dealt-first", 1, {"nBuckets": 1, "startAtOperationTime": start})
+    stream = await engine.stream_set.create("dealt-first", 1, {"nBuckets": 1, "startAtOperationTime": start})
     await poll_until(lambda: stream.buckets[0].end >= 500, 10)
     cur = engine._new_cursor("", stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
