@@ -582,14 +582,19 @@ class Engine:
                                "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed,
                                "memory": self.memory_status()}
         if name is not None:
-            stream = streams[0]
-            stream.last_active = trio.current_time()
-            out["frontier"] = token_from_key(stream.frontier_key)
-            after = cmd.get("after")
-            if after is not None:
-                if len(after) != stream.options.n_buckets:
-                    raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
-                                     f"{stream.options.n_buckets} buckets")
-                end = stream.plan_end([token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62))
-                out["planEnd"] = token_from_key(end)
+            out.update(_frontier_status(streams[0], cmd))
         return out
+
+
+def _frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, Any]:
+    """A named stream's merge frontier, and the end of the micro-batch planned from `after`."""
+    stream.last_active = trio.current_time()
+    out = {"frontier": token_from_key(stream.frontier_key)}
+    after = cmd.get("after")
+    if after is not None:
+        if len(after) != stream.options.n_buckets:
+            raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
+                             f"{stream.options.n_buckets} buckets")
+        end = stream.plan_end([token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62))
+        out["planEnd"] = token_from_key(end)
+    return out
