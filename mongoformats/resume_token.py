@@ -20,7 +20,8 @@ from typing import Any
 from bson import Binary, Timestamp
 
 from mongoformats.errors import MongoError
-from mongoformats.keystring import KeyStringBuilder, KeyStringReader
+from mongoformats.keystring import KeyStringBuilder
+from mongoformats.keystring_reader import KeyStringReader
 
 __all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
            "high_water_mark", "token_sort_key", "token_text", "fragment_of", "whole_event_token"]
