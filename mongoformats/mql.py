@@ -72,9 +72,6 @@ def _candidates(values: list[Any]) -> list[Any]:
     return out
 
 
-# The operators _match_op evaluates; unsupported_in_query names anything else a query uses.
-_FIELD_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$size", "$all",
-                              "$elemMatch", "$not", "$regex", "$options", "$type"})
 _LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
 
 # The server's MatchExpressionParser refuses a query nested deeper than this (kMaximumTreeDepth,
@@ -131,23 +128,34 @@ def _unsupported_in_condition(cond: Any, level: int) -> str | None:
     if level > MAX_QUERY_DEPTH:
         raise _too_deep(cond)
     if not _is_operator_doc(cond):
-        if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
-            return "a condition that mixes operators and fields"
-        if isinstance(cond, (re.Pattern, Regex)):
-            return _regex_problem(*_pattern_of(cond))
-        return None  # equality with a value
+        return _unsupported_in_value(cond)
     for op, arg in cond.items():
-        if op not in _FIELD_OPERATORS:
-            return op
-        if op in _LIST_ARGUMENTS and not isinstance(arg, list):
-            return f"{op} without an array"
-        if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
-            return "$not without an operator document or a regular expression"
-        found = _regex_operator_problem(cond) if op == "$regex" else \
-            _operand_problem(op, arg, level)
+        found = _unsupported_in_operator(op, arg, cond, level)
         if found is not None:
             return found
     return None
+
+
+def _unsupported_in_value(cond: Any) -> str | None:
+    """What in a condition that is not an operator document `matches` does not evaluate."""
+    if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
+        return "a condition that mixes operators and fields"
+    if isinstance(cond, (re.Pattern, Regex)):
+        return _regex_problem(*_pattern_of(cond))
+    return None  # equality with a value
+
+
+def _unsupported_in_operator(op: str, arg: Any, cond: Mapping[str, Any], level: int) -> str | None:
+    """What in one {op: arg} of the operator document `cond` `matches` does not evaluate."""
+    if op not in _FIELD_OPERATORS:
+        return op
+    if op in _LIST_ARGUMENTS and not isinstance(arg, list):
+        return f"{op} without an array"
+    if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
+        return "$not without an operator document or a regular expression"
+    if op == "$regex":
+        return _regex_operator_problem(cond)
+    return _operand_problem(op, arg, level)
 
 
 def _operand_problem(op: str, arg: Any, level: int) -> str | None:
@@ -191,46 +199,95 @@ def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
 
 
 def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
-    cands = _candidates(values)
-    if op == "$eq":
-        return _equals(arg, cands, values)
-    if op == "$ne":
-        return not _match_op("$eq", arg, values, doc, path)
-    if op in ("$gt", "$gte", "$lt", "$lte"):
-        want = {"$gt": (1,), "$gte": (0, 1), "$lt": (-1,), "$lte": (-1, 0)}[op]
+    match = _OPERATORS.get(op)
+    if match is None:
+        raise MongoError("BadValue", f"unknown operator: {op}")
+    return match(arg, values, doc, path)
+
+
+# Each field operator's test: (its operand, the path's values, the document, the path) -> bool.
+_Operator = Callable[[Any, list[Any], Any, str], bool]
+
+
+def _eq(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    return _equals(arg, _candidates(values), values)
+
+
+def _ne(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    return not _eq(arg, values, doc, path)
+
+
+def _comparison(outcomes: tuple[int, ...]) -> _Operator:
+    """$gt, $gte, $lt or $lte: some candidate of the operand's type bracket compares as one of
+    `outcomes` (compare's -1, 0, 1) with it."""
+
+    def match(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
         bracket = _bracket(arg)
-        return any(_bracket(v) == bracket and compare(v, arg) in want for v in cands)
-    if op == "$in":  # a regular expression in the list matches strings, as one outside it does
-        return any(_regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else _equals(a, cands, values)
-                   for a in arg)
-    if op == "$nin":
-        return not _match_op("$in", arg, values, doc, path)
-    if op == "$exists":
-        return bool(values) == bool(arg)
-    if op == "$size":
-        return any(isinstance(v, list) and len(v) == arg for v in values)
-    if op == "$all":
-        return all(_match_op("$eq", a, values, doc, path) for a in arg)
-    if op == "$elemMatch":
-        return any(isinstance(v, list) and any(
-            matches(item, arg) if isinstance(item, Mapping) and not _is_operator_doc(arg)
-            else _match_value(arg, [item], item, "") for item in v) for v in values)
-    if op == "$not":
-        return not _match_value(arg, values, doc, path)
-    if op == "$regex":
-        return _regex_matches(arg, values)
-    if op == "$options":
-        return True
-    if op == "$type":
-        wanted: set[type] = set()
-        for name in arg if isinstance(arg, list) else [arg]:
-            types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
-            if types is None:
-                raise MongoError("BadValue", f"Unknown type name alias: {name}")
-            wanted.update(types)
-        # Like every leaf operator, $type also tests an array's elements.
-        return any(type(v) in wanted for v in _candidates(values))
-    raise MongoError("BadValue", f"unknown operator: {op}")
+        return any(_bracket(v) == bracket and compare(v, arg) in outcomes for v in _candidates(values))
+
+    return match
+
+
+def _in(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    # A regular expression in the list matches strings, as one outside it does.
+    cands = _candidates(values)
+    return any(
+        _regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else _equals(a, cands, values)
+        for a in arg
+    )
+
+
+def _nin(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    return not _in(arg, values, doc, path)
+
+
+def _all(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    return all(_eq(a, values, doc, path) for a in arg)
+
+
+def _elem_match(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    by_query = not _is_operator_doc(arg)  # {field: ...} tests documents, {$op: ...} any element
+
+    def item_matches(item: Any) -> bool:
+        if by_query and isinstance(item, Mapping):
+            return matches(item, arg)
+        return _match_value(arg, [item], item, "")
+
+    return any(isinstance(v, list) and any(item_matches(item) for item in v) for v in values)
+
+
+def _type(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    wanted: set[type] = set()
+    for name in arg if isinstance(arg, list) else [arg]:
+        types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
+        if types is None:
+            raise MongoError("BadValue", f"Unknown type name alias: {name}")
+        wanted.update(types)
+    # Like every leaf operator, $type also tests an array's elements.
+    return any(type(v) in wanted for v in _candidates(values))
+
+
+_OPERATORS: dict[str, _Operator] = {
+    "$eq": _eq,
+    "$ne": _ne,
+    "$gt": _comparison((1,)),
+    "$gte": _comparison((0, 1)),
+    "$lt": _comparison((-1,)),
+    "$lte": _comparison((-1, 0)),
+    "$in": _in,
+    "$nin": _nin,
+    "$exists": lambda arg, values, doc, path: bool(values) == bool(arg),
+    "$size": lambda arg, values, doc, path: any(isinstance(v, list) and len(v) == arg for v in values),
+    "$all": _all,
+    "$elemMatch": _elem_match,
+    "$not": lambda arg, values, doc, path: not _match_value(arg, values, doc, path),
+    "$regex": lambda arg, values, doc, path: _regex_matches(arg, values),
+    "$options": lambda arg, values, doc, path: True,  # read with its $regex
+    "$type": _type,
+}
+
+# The operators _match_op evaluates; unsupported_in_query names anything else a query uses.
+_FIELD_OPERATORS = frozenset(_OPERATORS)
 
 
 def _is_operator_doc(v: Any) -> bool:
