@@ -11,7 +11,7 @@ event's `_id` (its resume token) fails the stream with ChangeStreamFatalError (2
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import bson
@@ -86,28 +86,40 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
         if name not in SUPPORTED_STAGES:
             return str(name)
         if name in ("$replaceRoot", "$replaceWith"):
-            if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
-                return "a $replaceRoot spec other than {newRoot: <expression>}"
-            root = new_root_expression(name, arg)
-            found = unsupported_in_expression(root)
-            if found is None and not (_is_document(root) or (isinstance(root, str) and root[1:] in documents)):
-                return f"a {name} whose new root may not be a document"
-            documents = {k for k, v in root.items() if _is_document(v)} if isinstance(root, Mapping) else set()
-        elif name == "$match":
-            found = unsupported_in_query(arg)
-        elif name == "$project":
-            found = _unsupported_in_projection(arg)
-        elif name == "$unset":
-            names = [arg] if isinstance(arg, str) else arg
-            ok = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
-            found = spec_problem(dict.fromkeys(names, 0)) if ok else "an $unset without field names"
+            found, documents = _unsupported_in_new_root(name, arg, documents)
         else:
-            found = _unsupported_in_projection(arg, computed_only=True)
+            found = _STAGE_CHECKS.get(name, _unsupported_in_computed)(arg)
+            if name != "$match":
+                documents = set()  # a projection may have changed them
         if found is not None:
             return found
-        if name not in ("$match", "$replaceRoot", "$replaceWith"):
-            documents = set()  # a projection may have changed them
     return None
+
+
+def _unsupported_in_new_root(name: str, arg: Any, documents: set[str]) -> tuple[str | None, set[str]]:
+    """What in a $replaceRoot or $replaceWith apply_stages does not evaluate as the server does,
+    and the top-level fields known to hold documents after it (`documents`: those before it)."""
+    if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
+        return "a $replaceRoot spec other than {newRoot: <expression>}", documents
+    root = new_root_expression(name, arg)
+    found = unsupported_in_expression(root)
+    known_document = isinstance(root, str) and root[1:] in documents
+    if found is None and not (_is_document(root) or known_document):
+        return f"a {name} whose new root may not be a document", documents
+    if not isinstance(root, Mapping):
+        return found, set()
+    return found, {k for k, v in root.items() if _is_document(v)}
+
+
+def _unsupported_in_unset(arg: Any) -> str | None:
+    names = [arg] if isinstance(arg, str) else arg
+    ok = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    return spec_problem(dict.fromkeys(names, 0)) if ok else "an $unset without field names"
+
+
+def _unsupported_in_computed(arg: Any) -> str | None:
+    """$addFields and $set: a projection of computed fields only."""
+    return _unsupported_in_projection(arg, computed_only=True)
 
 
 def _is_document(e: Any) -> bool:
@@ -121,6 +133,15 @@ def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str
         return problem
     return next(filter(None, map(unsupported_in_expression, computed_values(spec, computed_only=computed_only))),
                 None)
+
+
+# The checks of the stages that keep the document's shape or project it, by stage name;
+# $addFields and $set: _unsupported_in_computed.
+_STAGE_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "$match": unsupported_in_query,
+    "$project": _unsupported_in_projection,
+    "$unset": _unsupported_in_unset,
+}
 
 
 def encode_in_order(doc: Mapping[str, Any]) -> bytes:
