@@ -16,7 +16,7 @@ server and its errors instead of answering differently.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import bson
@@ -55,32 +55,44 @@ def unsupported_in_expression(e: Any) -> str | None:
     """The first operator, variable or malformed part of expression `e` that `evaluate` does not
     evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of it."""
     if isinstance(e, str):
-        if not e.startswith("$"):
-            return None
-        variable, *parts = e.split(".") if e.startswith("$$") else ["", *e[1:].split(".")]
-        if variable and variable not in (*VARIABLES, "$$REMOVE"):
-            return variable  # $$NOW, $$CLUSTER_TIME, user variables, ...
-        if any(not p or p.startswith("$") for p in parts):
-            return f"the field path {e!r}"  # the server refuses it (16872, 16410, 15998)
-        return None
+        return _unsupported_in_path(e) if e.startswith("$") else None
     if isinstance(e, list):
-        return next(filter(None, map(unsupported_in_expression, e)), None)
+        return _first_unsupported(e)
     if isinstance(e, Mapping):
-        if not any(str(k).startswith("$") for k in e):
-            return next(filter(None, map(unsupported_in_expression, e.values())), None)
-        if len(e) != 1:
-            return "an expression object with an operator and other fields"
-        (op, operand), = e.items()
-        if op == "$literal":
-            return None
-        if op not in _ARITY:
-            return str(op)
-        low, high = _ARITY[op]
-        args = _arguments(operand)
-        if not low <= len(args) <= high:
-            return f"{op} with {len(args)} arguments"
-        return next(filter(None, map(unsupported_in_expression, args)), None)
+        return _unsupported_in_object(e)
     return None
+
+
+def _first_unsupported(expressions: Iterable[Any]) -> str | None:
+    return next(filter(None, map(unsupported_in_expression, expressions)), None)
+
+
+def _unsupported_in_path(e: str) -> str | None:
+    """What `evaluate` does not evaluate in a "$field.path" or "$$VARIABLE.path"."""
+    variable, *parts = e.split(".") if e.startswith("$$") else ["", *e[1:].split(".")]
+    if variable and variable not in (*VARIABLES, "$$REMOVE"):
+        return variable  # $$NOW, $$CLUSTER_TIME, user variables, ...
+    if any(not p or p.startswith("$") for p in parts):
+        return f"the field path {e!r}"  # the server refuses it (16872, 16410, 15998)
+    return None
+
+
+def _unsupported_in_object(e: Mapping[str, Any]) -> str | None:
+    """What `evaluate` does not evaluate in a document of expressions or an {$operator: operand}."""
+    if not any(str(k).startswith("$") for k in e):
+        return _first_unsupported(e.values())
+    if len(e) != 1:
+        return "an expression object with an operator and other fields"
+    (op, operand), = e.items()
+    if op == "$literal":
+        return None
+    if op not in _ARITY:
+        return str(op)
+    low, high = _ARITY[op]
+    args = _arguments(operand)
+    if not low <= len(args) <= high:
+        return f"{op} with {len(args)} arguments"
+    return _first_unsupported(args)
 
 
 # An operator's evaluation: (the document, its arguments, the evaluator's further operators).
@@ -96,29 +108,39 @@ def evaluate(doc: Mapping[str, Any], e: Any, more: Operators | None = None) -> A
     is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
         if e.startswith("$$"):
-            variable, *parts = e.split(".")
-            if variable == "$$REMOVE":
-                return MISSING
-            if variable not in VARIABLES:
-                if variable in _SYSTEM_VARIABLES:
-                    raise MongoError("NotImplemented", f"the variable {variable} is not evaluated here")
-                raise MongoError(17276, f"Use of undefined variable: {variable[2:]}")
-            return _path(doc, parts)
+            return _variable(doc, e)
         return _path(doc, e[1:].split("."))
     if isinstance(e, dict):
-        if len(e) == 1:
-            (op, operand), = e.items()
-            if op == "$literal":
-                return operand
-            operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
-            if operator is not None:
-                return operator(doc, _arguments(operand), more)
-            if op.startswith("$"):
-                raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
-        return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+        return _evaluate_object(doc, e, more)
     if isinstance(e, list):
         return [None if (v := evaluate(doc, x, more)) is MISSING else v for x in e]
     return e
+
+
+def _variable(doc: Mapping[str, Any], e: str) -> Any:
+    """The value of a "$$VARIABLE.path": $$ROOT and $$CURRENT are `doc`, $$REMOVE is missing."""
+    variable, *parts = e.split(".")
+    if variable == "$$REMOVE":
+        return MISSING
+    if variable not in VARIABLES:
+        if variable in _SYSTEM_VARIABLES:
+            raise MongoError("NotImplemented", f"the variable {variable} is not evaluated here")
+        raise MongoError(17276, f"Use of undefined variable: {variable[2:]}")
+    return _path(doc, parts)
+
+
+def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators | None) -> Any:
+    """An {$operator: operand}'s value, or a document of expressions' (missing fields left out)."""
+    if len(e) == 1:
+        (op, operand), = e.items()
+        if op == "$literal":
+            return operand
+        operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
+        if operator is not None:
+            return operator(doc, _arguments(operand), more)
+        if op.startswith("$"):
+            raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
+    return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
 
 
 def _comparison(test: Callable[[int], Any]) -> Operator:
