@@ -14,6 +14,7 @@ own timeouts, and its commands may rightly run for hours.
 
 from __future__ import annotations
 
+import enum
 import functools
 import itertools
 import math
@@ -344,12 +345,11 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_cont
                 continue
             kept = False
             try:
-                hello = await conn.command("admin", {"hello": 1}, timeout_s=connect_timeout_s)
-                is_primary = bool(hello.get("isWritablePrimary"))
-                if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+                fit = await _member_fit(conn, secondary, connect_timeout_s)
+                if fit is _Fit.WANTED:
                     kept = True
                     return conn
-                if secondary and is_primary and fallback is None:
+                if fit is _Fit.FALLBACK and fallback is None:
                     fallback, kept = conn, True
             except (UpstreamClosed, MongoError) as exc:
                 errors.append(str(exc))
@@ -364,6 +364,24 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_cont
             await fallback.aclose()
     names = ",".join(f"{h}:{p}" for h, p in hosts)
     raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
+
+
+class _Fit(enum.Enum):
+    """How a member answers open_member's search: the role asked for, the primary standing in
+    for a secondary (secondaryPreferred), or neither."""
+
+    WANTED = "wanted"
+    FALLBACK = "fallback"
+    NONE = "none"
+
+
+async def _member_fit(conn: UpstreamConnection, secondary: bool, timeout_s: float) -> _Fit:
+    """Asks the member behind `conn` its role (hello, within `timeout_s`)."""
+    hello = await conn.command("admin", {"hello": 1}, timeout_s=timeout_s)
+    is_primary = bool(hello.get("isWritablePrimary"))
+    if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+        return _Fit.WANTED
+    return _Fit.FALLBACK if secondary and is_primary else _Fit.NONE
 
 
 async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -> UpstreamConnection:
