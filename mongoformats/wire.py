@@ -14,7 +14,6 @@ OP_COMPRESSED). Limits follow pymongo's receive_message: 16 < length <= maxMessa
 from __future__ import annotations
 
 import struct
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Final
 
 import crc32c
 
+from mongoformats.compression import COMPRESSOR_IDS, COMPRESSOR_NAMES, compressed, decompress
 from mongoformats.errors import ProtocolError
 
 __all__ = [
@@ -57,8 +57,6 @@ HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 
-COMPRESSOR_IDS: Final = {"noop": 0, "snappy": 1, "zlib": 2, "zstd": 3}
-_COMPRESSOR_NAMES: Final = {v: k for k, v in COMPRESSOR_IDS.items()}
 
 
 class _NeedData:
@@ -264,68 +262,6 @@ _Decoder = Callable[[int, int, bytes, "str | None"], "Message"]
 _DECODERS: Final[dict[int, _Decoder]] = {OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply}
 
 
-def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
-    """The `size` bytes `payload` inflates to. Nothing larger is ever made: the caller has
-    checked `size` against the message size limit, and each compressor is stopped one byte past
-    it (a payload that inflates further is refused, whatever its own headers claim), as the
-    server decompresses into a buffer of the declared size (message_compressor_manager.cpp)."""
-    name = _COMPRESSOR_NAMES.get(compressor_id)
-    try:
-        if name == "noop":
-            out = payload
-        elif name == "zlib":
-            d = zlib.decompressobj()
-            out = d.decompress(payload, size + 1)
-            if not d.eof:  # truncated, or more than `size` bytes in it
-                raise ProtocolError(f"zlib payload does not end within uncompressedSize {size}")
-        elif name == "snappy":
-            out = _snappy_decompress(payload, size)
-        elif name == "zstd":
-            out = _zstd_decompress(payload, size)
-        else:
-            raise ProtocolError(f"unknown compressor id {compressor_id}")
-    except ProtocolError:
-        raise
-    except Exception as exc:  # each library raises its own error type for corrupt input
-        raise ProtocolError(f"cannot decompress {name} payload: {exc}") from exc
-    if len(out) != size:
-        raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} does not match {len(out)}")
-    return out
-
-
-def _snappy_decompress(payload: bytes, size: int) -> bytes:
-    """Raw snappy starts with its uncompressed length (a varint) and its decoder allocates that
-    much: the length is compared with `size` before anything is inflated."""
-    import cramjam
-
-    stated = cramjam.snappy.decompress_raw_len(payload)
-    if stated != size:
-        raise ProtocolError(f"snappy payload states {stated} bytes, uncompressedSize {size}")
-    return bytes(cramjam.snappy.decompress_raw(payload))
-
-
-# A zstd frame names the window its decoder must keep; none larger than a whole message is
-# needed (a compressor's window never exceeds its input), so a larger one is refused rather
-# than allocated.
-_ZSTD_MAX_WINDOW: Final = 1 << 26
-
-
-def _zstd_decompress(payload: bytes, size: int) -> bytes:
-    """Streamed, read to one byte past `size` at most. Why not `ZstdDecompressor.decompress`
-    with max_output_size: a frame that states its content size is inflated to that size,
-    whatever max_output_size says."""
-    import zstandard
-
-    reader = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).stream_reader(
-        payload, read_across_frames=True)
-    pieces: list[bytes] = []
-    left = size + 1
-    while left > 0 and (piece := reader.read(left)):
-        pieces.append(piece)
-        left -= len(piece)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-
 def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
     """Decode one complete message (`data` is exactly one frame, header included)."""
     if len(data) < HEADER.size:
@@ -342,8 +278,8 @@ def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
             raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} out of range")
         if original == OP_COMPRESSED:
             raise ProtocolError("OP_COMPRESSED cannot wrap OP_COMPRESSED")
-        inner = _decompress(cid, data[HEADER.size + 9 :], size)
-        compressor = _COMPRESSOR_NAMES[cid]
+        inner = decompress(cid, data[HEADER.size + 9 :], size)
+        compressor = COMPRESSOR_NAMES[cid]
         op_code = original
         data = HEADER.pack(HEADER.size + size, request_id, response_to, original) + inner
     decoder = _DECODERS.get(op_code)
@@ -587,19 +523,6 @@ def compress(message: bytes, compressor: str, *, level: int = -1) -> bytes:
     """Wrap an encoded message in OP_COMPRESSED with `compressor` ("zlib", "snappy", "zstd", "noop")."""
     length, request_id, response_to, op_code = HEADER.unpack_from(message, 0)
     inner = message[HEADER.size:]
-    if compressor == "zlib":
-        packed = zlib.compress(inner, level)
-    elif compressor == "snappy":
-        import cramjam
-
-        packed = bytes(cramjam.snappy.compress_raw(inner))
-    elif compressor == "zstd":
-        import zstandard
-
-        packed = zstandard.ZstdCompressor().compress(inner)
-    elif compressor == "noop":
-        packed = inner
-    else:
-        raise ValueError(f"unknown compressor {compressor!r}")
+    packed = compressed(inner, compressor, level=level)
     payload = struct.pack("<iiB", op_code, len(inner), COMPRESSOR_IDS[compressor]) + packed
     return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_COMPRESSED) + payload
