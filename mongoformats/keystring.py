@@ -92,6 +92,11 @@ class KeyStringBuilder:
     def append_end(self) -> None:
         self._buf.append(END)
 
+    def append_zero_type_bits(self, count: int) -> None:
+        """The type bits of `count` values whose bytes the caller writes itself, all zero (int32,
+        String, ...): a key spliced from cached byte runs."""
+        self._bits += [0] * count
+
     def append(self, value: Any) -> None:
         fast = _FAST.get(type(value))
         if fast is not None:

@@ -60,7 +60,9 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
     other shape so the generic encoder handles it.
     """
     ident = data.event_identifier
-    if data.version != 2 or data.fragment_num is not None or type(ident) is not dict or len(ident) != 2:
+    if data.version != 2 or data.fragment_num is not None:
+        return None
+    if type(ident) is not dict or len(ident) != 2:
         return None
     keys = list(ident)
     if keys != ["operationType", "documentKey"] or type(ident["documentKey"]) is not dict:
@@ -79,7 +81,8 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
         ks.append(op)
         op_bytes = _IDENT_CACHE.setdefault(op, ks.data)
     key = KeyStringBuilder()
-    key._bits = [0, 0, 0, 0, 0, 0, 0]  # version, tokenType, txnOpIndex (2 bits each), operationType (1)
+    # The type bits of version, tokenType, txnOpIndex (2 each) and operationType (1), all zero.
+    key.append_zero_type_bits(7)
     key.append(ident["documentKey"])
     ts = data.cluster_time
     parts = [b"\x82", ts.time.to_bytes(4, "big"), ts.inc.to_bytes(4, "big"), head]
@@ -237,7 +240,8 @@ def token_text(token: Mapping[str, Any], *, spaced: bool = False) -> str:
 
 
 def token_sort_key(token: Mapping[str, Any]) -> bytes:
-    """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never counts)."""
+    """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never
+    counts)."""
     return binascii.unhexlify(token["_data"])
 
 
