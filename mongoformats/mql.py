@@ -25,14 +25,16 @@ from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE
 
 # $type: BSON type numbers -> the Python types pymongo decodes them to (string aliases below).
 _TYPES: dict[int | str, tuple[type, ...]] = {
-    1: (float,), 2: (str,), 3: (dict, SON, DBRef), 4: (list,), 5: (bytes, Binary), 7: (ObjectId,), 8: (bool,),
-    9: (datetime.datetime, DatetimeMS), 10: (type(None),), 11: (Regex,), 13: (Code,), 16: (int,), 17: (Timestamp,),
-    18: (Int64,), 19: (Decimal128,), -1: (MinKey,), 127: (MaxKey,),
+    1: (float,), 2: (str,), 3: (dict, SON, DBRef), 4: (list,), 5: (bytes, Binary), 7: (ObjectId,),
+    8: (bool,), 9: (datetime.datetime, DatetimeMS), 10: (type(None),), 11: (Regex,), 13: (Code,),
+    16: (int,), 17: (Timestamp,), 18: (Int64,), 19: (Decimal128,), -1: (MinKey,), 127: (MaxKey,),
     "number": (int, Int64, float, Decimal128),
 }
-_TYPE_ALIASES = {"double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
-                 "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
-                 "decimal": 19, "minKey": -1, "maxKey": 127}
+_TYPE_ALIASES = {
+    "double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
+    "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
+    "decimal": 19, "minKey": -1, "maxKey": 127,
+}
 
 
 def _bracket(value: Any) -> int:
@@ -223,7 +225,8 @@ def _comparison(outcomes: tuple[int, ...]) -> _Operator:
 
     def match(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
         bracket = _bracket(arg)
-        return any(_bracket(v) == bracket and compare(v, arg) in outcomes for v in _candidates(values))
+        cands = _candidates(values)
+        return any(_bracket(v) == bracket and compare(v, arg) in outcomes for v in cands)
 
     return match
 
@@ -232,7 +235,8 @@ def _in(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
     # A regular expression in the list matches strings, as one outside it does.
     cands = _candidates(values)
     return any(
-        _regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else _equals(a, cands, values)
+        _regex_matches(a, values) if isinstance(a, (re.Pattern, Regex))
+        else _equals(a, cands, values)
         for a in arg
     )
 
@@ -277,7 +281,9 @@ _OPERATORS: dict[str, _Operator] = {
     "$in": _in,
     "$nin": _nin,
     "$exists": lambda arg, values, doc, path: bool(values) == bool(arg),
-    "$size": lambda arg, values, doc, path: any(isinstance(v, list) and len(v) == arg for v in values),
+    "$size": lambda arg, values, doc, path: any(
+        isinstance(v, list) and len(v) == arg for v in values
+    ),
     "$all": _all,
     "$elemMatch": _elem_match,
     "$not": lambda arg, values, doc, path: not _match_value(arg, values, doc, path),

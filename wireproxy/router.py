@@ -16,7 +16,8 @@ from typing import Any
 
 
 class PassThrough(Exception):  # noqa: N818 (a signal, not an error)
-    """Raised by a local handler that declines a request: the session forwards it to the upstream."""
+    """Raised by a local handler that declines a request: the session forwards it to the
+    upstream."""
 
 
 class Route(enum.Enum):
@@ -52,7 +53,9 @@ def _cursor_id(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def classify(cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool) -> tuple[Route, LocalHandler | None]:
+def classify(
+    cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool
+) -> tuple[Route, LocalHandler | None]:
     name = next(iter(cmd), "").lower()
     if name in HELLO_NAMES:
         return Route.HELLO, None
@@ -63,7 +66,9 @@ def classify(cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool) -
     return Route.LOCAL, handler
 
 
-def _owned_cursor_handler(name: str, cmd: Mapping[str, Any], table: CommandTable) -> LocalHandler | None:
+def _owned_cursor_handler(
+    name: str, cmd: Mapping[str, Any], table: CommandTable
+) -> LocalHandler | None:
     """The local handler of a getMore on a cursor the proxy owns, or of a killCursors naming one."""
     if name == "getmore" and table.get_more and _cursor_id(cmd["getMore"]) in table.owned_cursors:
         return table.get_more
