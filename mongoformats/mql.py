@@ -200,30 +200,30 @@ def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
         arg is None and not values)
 
 
-def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+def _match_op(op: str, arg: Any, values: list[Any]) -> bool:
     match = _OPERATORS.get(op)
     if match is None:
         raise MongoError("BadValue", f"unknown operator: {op}")
-    return match(arg, values, doc, path)
+    return match(arg, values)
 
 
-# Each field operator's test: (its operand, the path's values, the document, the path) -> bool.
-_Operator = Callable[[Any, list[Any], Any, str], bool]
+# Each field operator's test: (its operand, the values at the field's path) -> bool.
+_Operator = Callable[[Any, list[Any]], bool]
 
 
-def _eq(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+def _eq(arg: Any, values: list[Any]) -> bool:
     return _equals(arg, _candidates(values), values)
 
 
-def _ne(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
-    return not _eq(arg, values, doc, path)
+def _ne(arg: Any, values: list[Any]) -> bool:
+    return not _eq(arg, values)
 
 
 def _comparison(outcomes: tuple[int, ...]) -> _Operator:
     """$gt, $gte, $lt or $lte: some candidate of the operand's type bracket compares as one of
     `outcomes` (compare's -1, 0, 1) with it."""
 
-    def match(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+    def match(arg: Any, values: list[Any]) -> bool:
         bracket = _bracket(arg)
         cands = _candidates(values)
         return any(_bracket(v) == bracket and compare(v, arg) in outcomes for v in cands)
@@ -231,7 +231,7 @@ def _comparison(outcomes: tuple[int, ...]) -> _Operator:
     return match
 
 
-def _in(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+def _in(arg: Any, values: list[Any]) -> bool:
     # A regular expression in the list matches strings, as one outside it does.
     cands = _candidates(values)
     return any(
@@ -241,26 +241,26 @@ def _in(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
     )
 
 
-def _nin(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
-    return not _in(arg, values, doc, path)
+def _nin(arg: Any, values: list[Any]) -> bool:
+    return not _in(arg, values)
 
 
-def _all(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
-    return all(_eq(a, values, doc, path) for a in arg)
+def _all(arg: Any, values: list[Any]) -> bool:
+    return all(_eq(a, values) for a in arg)
 
 
-def _elem_match(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+def _elem_match(arg: Any, values: list[Any]) -> bool:
     by_query = not _is_operator_doc(arg)  # {field: ...} tests documents, {$op: ...} any element
 
     def item_matches(item: Any) -> bool:
         if by_query and isinstance(item, Mapping):
             return matches(item, arg)
-        return _match_value(arg, [item], item, "")
+        return condition_matches(arg, [item])
 
     return any(isinstance(v, list) and any(item_matches(item) for item in v) for v in values)
 
 
-def _type(arg: Any, values: list[Any], doc: Any, path: str) -> bool:
+def _type(arg: Any, values: list[Any]) -> bool:
     wanted: set[type] = set()
     for name in arg if isinstance(arg, list) else [arg]:
         types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
@@ -280,15 +280,15 @@ _OPERATORS: dict[str, _Operator] = {
     "$lte": _comparison((-1, 0)),
     "$in": _in,
     "$nin": _nin,
-    "$exists": lambda arg, values, doc, path: bool(values) == bool(arg),
-    "$size": lambda arg, values, doc, path: any(
+    "$exists": lambda arg, values: bool(values) == bool(arg),
+    "$size": lambda arg, values: any(
         isinstance(v, list) and len(v) == arg for v in values
     ),
     "$all": _all,
     "$elemMatch": _elem_match,
-    "$not": lambda arg, values, doc, path: not _match_value(arg, values, doc, path),
-    "$regex": lambda arg, values, doc, path: _regex_matches(arg, values),
-    "$options": lambda arg, values, doc, path: True,  # read with its $regex
+    "$not": lambda arg, values: not condition_matches(arg, values),
+    "$regex": lambda arg, values: _regex_matches(arg, values),
+    "$options": lambda arg, values: True,  # read with its $regex
     "$type": _type,
 }
 
@@ -300,7 +300,9 @@ def _is_operator_doc(v: Any) -> bool:
     return isinstance(v, Mapping) and bool(v) and all(str(k).startswith("$") for k in v)
 
 
-def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
+def condition_matches(cond: Any, values: list[Any]) -> bool:
+    """Whether the values at a field's path (get_path) meet a query's condition on that field: an
+    operator document ({$gt: 1, $lt: 5}), a regular expression, or a value to equal."""
     if _is_operator_doc(cond):
         if "$regex" in cond:
             regex, options = cond["$regex"], cond.get("$options", "")
@@ -310,11 +312,17 @@ def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
             search = _compiled(regex, options)
             rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
             return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(
-                _match_op(k, v, values, doc, path) for k, v in rest.items())
-        return all(_match_op(k, v, values, doc, path) for k, v in cond.items())
+                _match_op(k, v, values) for k, v in rest.items())
+        return all(_match_op(k, v, values) for k, v in cond.items())
     if isinstance(cond, (re.Pattern, Regex)):
         return _regex_matches(cond, values)
-    return _match_op("$eq", cond, values, doc, path)
+    return _match_op("$eq", cond, values)
+
+
+def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
+    """condition_matches under the name and arguments simcluster.updates calls it by (the
+    document and path are not needed)."""
+    return condition_matches(cond, values)
 
 
 # User-supplied patterns run on RE2, whose matching time is linear in the subject: a pattern
@@ -420,6 +428,6 @@ def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
                 return False
         elif key in ("$comment", "$where"):
             continue
-        elif not _match_value(cond, get_path(doc, key), doc, key):
+        elif not condition_matches(cond, get_path(doc, key)):
             return False
     return True
