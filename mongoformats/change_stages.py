@@ -24,10 +24,14 @@ from mongoformats.idl import type_name
 from mongoformats.mql import matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
-__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "new_root_expression",
-           "replaced_root", "shape_events", "unsupported_in_stages"]
+__all__ = [
+    "SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order",
+    "new_root_expression", "replaced_root", "shape_events", "unsupported_in_stages",
+]
 
-SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"})
+SUPPORTED_STAGES = frozenset(
+    {"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"}
+)
 
 # Stages ready to apply to many events: (name, the $match query, the parsed Projection, or the
 # new root's expression).
@@ -96,7 +100,9 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def _unsupported_in_new_root(name: str, arg: Any, documents: set[str]) -> tuple[str | None, set[str]]:
+def _unsupported_in_new_root(
+    name: str, arg: Any, documents: set[str]
+) -> tuple[str | None, set[str]]:
     """What in a $replaceRoot or $replaceWith apply_stages does not evaluate as the server does,
     and the top-level fields known to hold documents after it (`documents`: those before it)."""
     if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
@@ -131,8 +137,8 @@ def _is_document(e: Any) -> bool:
 def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str | None:
     if (problem := spec_problem(spec, computed_only=computed_only)) is not None:
         return problem
-    return next(filter(None, map(unsupported_in_expression, computed_values(spec, computed_only=computed_only))),
-                None)
+    computed = computed_values(spec, computed_only=computed_only)
+    return next(filter(None, map(unsupported_in_expression, computed)), None)
 
 
 # The checks of the stages that keep the document's shape or project it, by stage name;
@@ -151,7 +157,9 @@ def encode_in_order(doc: Mapping[str, Any]) -> bytes:
     return wrapped[6:-1]  # int32 length, type 0x03, empty name NUL, the document, NUL
 
 
-def shape_events(raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]], stages: Stages) -> list[bytes | None]:
+def shape_events(
+    raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]], stages: Stages
+) -> list[bytes | None]:
     """Each event (its BSON and its token) through `stages`: the event's new BSON, or None where a
     $match dropped it. Whole batches at a time, so that a worker process can shape one."""
     out: list[bytes | None] = []
@@ -168,15 +176,19 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             if not matches(doc, arg):
                 return None
         elif name in ("$replaceRoot", "$replaceWith"):
-            # unsupported_in_stages admits only roots that are documents: the check is for simcluster's.
+            # unsupported_in_stages admits only roots that are documents: the check is for
+            # simcluster's.
             doc = replaced_root(name, evaluate(doc, arg))
         else:
             doc = arg.apply(doc, evaluate)
     # The server compares tokens by _data only (ResumeToken::operator==).
     _id = doc.get("_id")
     if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
-        raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which contains the "
-                         "resume token, was modified by the pipeline. Modifying the _id field of an event makes "
-                         "it impossible to resume the stream from that point. Only transformations that retain "
-                         "the unmodified _id field are allowed.")
+        raise MongoError(
+            "ChangeStreamFatalError",
+            "Encountered an event whose _id field, which contains the resume token, was modified "
+            "by the pipeline. Modifying the _id field of an event makes it impossible to resume "
+            "the stream from that point. Only transformations that retain the unmodified _id "
+            "field are allowed.",
+        )
     return doc

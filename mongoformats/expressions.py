@@ -1,12 +1,13 @@
-"""The aggregation expressions a change stream's stages may use, evaluated as the server does (pure).
+"""The aggregation expressions a change stream's stages may use, evaluated as the server does
+(pure).
 
 Shared by the stages after `$changeStream` (change_stages: projections, new roots), by
 queries' `$expr` (mql) and by simcluster's aggregate stages, which add operators of their own
 (`evaluate`'s `more`). Evaluated: field paths, the variables `$$ROOT`, `$$CURRENT` (with paths)
 and `$$REMOVE`, literals and `$literal`, arrays and documents of expressions, `$concat`,
-`$bsonSize`, `$ifNull`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and `$and $or $not`. That
-covers the drivers' suite and Debezium (its regex filter pipeline, and its oversize "skip" mode,
-`{$expr: {$lte: [{$bsonSize: "$fullDocument"}, <limit>]}}`).
+`$bsonSize`, `$ifNull`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and
+`$and $or $not`. That covers the drivers' suite and Debezium (its regex filter pipeline, and
+its oversize "skip" mode, `{$expr: {$lte: [{$bsonSize: "$fullDocument"}, <limit>]}}`).
 
 `unsupported_in_expression` names anything else, or a known operator given the wrong number of
 arguments, so that a caller with a real server behind it can leave such an expression to the
@@ -28,32 +29,39 @@ from mongoformats.idl import type_name
 
 __all__ = ["VARIABLES", "Operator", "Operators", "evaluate", "is_true", "unsupported_in_expression"]
 
-VARIABLES = ("$$ROOT", "$$CURRENT")  # the document the expression reads ($$REMOVE aside, the only ones evaluated)
+# The document the expression reads ($$REMOVE aside, the only variables evaluated).
+VARIABLES = ("$$ROOT", "$$CURRENT")
 
 # The server's other system variables: defined there, so not "undefined" here, only not evaluated.
-_SYSTEM_VARIABLES = frozenset({"$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META",
-                               "$$USER_ROLES"})
+_SYSTEM_VARIABLES = frozenset({
+    "$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META", "$$USER_ROLES",
+})
 
 # What each comparison makes of Value::compare's -1, 0 or 1.
 _COMPARISONS: dict[str, Callable[[int], Any]] = {
-    "$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0, "$gte": lambda c: c >= 0,
-    "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0, "$cmp": lambda c: c}
+    "$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0,
+    "$gte": lambda c: c >= 0, "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0, "$cmp": lambda c: c,
+}
 
 # Operators evaluated on their arguments, with how many they take (at least, at most). A server
 # refuses any other count when it parses the pipeline, so such an expression is left to it.
 _ARITY: dict[str, tuple[int, float]] = {
-    "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1), "$bsonSize": (1, 1),
-    "$in": (2, 2), "$ifNull": (2, math.inf), **dict.fromkeys(_COMPARISONS, (2, 2))}
+    "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1),
+    "$bsonSize": (1, 1), "$in": (2, 2), "$ifNull": (2, math.inf),
+    **dict.fromkeys(_COMPARISONS, (2, 2)),
+}
 
 
 def _arguments(operand: Any) -> list[Any]:
-    """An operator's arguments as ExpressionNary parses them: an array's elements, or the operand alone."""
+    """An operator's arguments as ExpressionNary parses them: an array's elements, or the operand
+    alone."""
     return operand if isinstance(operand, list) else [operand]
 
 
 def unsupported_in_expression(e: Any) -> str | None:
     """The first operator, variable or malformed part of expression `e` that `evaluate` does not
-    evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of it."""
+    evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of
+    it."""
     if isinstance(e, str):
         return _unsupported_in_path(e) if e.startswith("$") else None
     if isinstance(e, list):
@@ -139,12 +147,17 @@ def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators 
         if operator is not None:
             return operator(doc, _arguments(operand), more)
         if op.startswith("$"):
-            raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
+            raise MongoError(
+                "NotImplemented", f"the expression operator {op} is not evaluated here"
+            )
     return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
 
 
 def _comparison(test: Callable[[int], Any]) -> Operator:
-    return lambda doc, args, more: test(compare_values(evaluate(doc, args[0], more), evaluate(doc, args[1], more)))
+    def compared(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+        return test(compare_values(evaluate(doc, args[0], more), evaluate(doc, args[1], more)))
+
+    return compared
 
 
 def _and(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
@@ -213,7 +226,8 @@ def is_true(value: Any) -> bool:
     false; everything else is true, NaN, empty strings and empty arrays included."""
     if value is MISSING or value is None:
         return False
-    if isinstance(value, (int, float)):  # bool and Int64 too; NaN != 0, so NaN is true, as on the server
+    # bool and Int64 too; NaN != 0, so NaN is true, as on the server
+    if isinstance(value, (int, float)):
         return value != 0
     if isinstance(value, Decimal128):
         return not value.to_decimal().is_zero()
@@ -227,5 +241,6 @@ def _path(value: Any, parts: list[str]) -> Any:
     if isinstance(value, Mapping):
         return _path(value[parts[0]], parts[1:]) if parts[0] in value else MISSING
     if isinstance(value, list):
-        return [v for item in value if isinstance(item, (Mapping, list)) and (v := _path(item, parts)) is not MISSING]
+        found = (_path(item, parts) for item in value if isinstance(item, (Mapping, list)))
+        return [v for v in found if v is not MISSING]
     return MISSING
