@@ -10,8 +10,8 @@ import datetime
 import functools
 import re
 import reprlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeGuard
 
 import re2
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -200,7 +200,7 @@ def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
         arg is None and not values)
 
 
-def _match_op(op: str, arg: Any, values: list[Any]) -> bool:
+def _match_op(op: str, arg: object, values: list[object]) -> bool:
     match = _OPERATORS.get(op)
     if match is None:
         raise MongoError("BadValue", f"unknown operator: {op}")
@@ -208,14 +208,14 @@ def _match_op(op: str, arg: Any, values: list[Any]) -> bool:
 
 
 # Each field operator's test: (its operand, the values at the field's path) -> bool.
-_Operator = Callable[[Any, list[Any]], bool]
+_Operator = Callable[[Any, list[object]], bool]
 
 
-def _eq(arg: Any, values: list[Any]) -> bool:
+def _eq(arg: object, values: list[object]) -> bool:
     return _equals(arg, _candidates(values), values)
 
 
-def _ne(arg: Any, values: list[Any]) -> bool:
+def _ne(arg: object, values: list[object]) -> bool:
     return not _eq(arg, values)
 
 
@@ -223,7 +223,7 @@ def _comparison(outcomes: tuple[int, ...]) -> _Operator:
     """$gt, $gte, $lt or $lte: some candidate of the operand's type bracket compares as one of
     `outcomes` (compare's -1, 0, 1) with it."""
 
-    def match(arg: Any, values: list[Any]) -> bool:
+    def match(arg: object, values: list[object]) -> bool:
         bracket = _bracket(arg)
         cands = _candidates(values)
         return any(_bracket(v) == bracket and compare(v, arg) in outcomes for v in cands)
@@ -231,7 +231,7 @@ def _comparison(outcomes: tuple[int, ...]) -> _Operator:
     return match
 
 
-def _in(arg: Any, values: list[Any]) -> bool:
+def _in(arg: Iterable[object], values: list[object]) -> bool:
     # A regular expression in the list matches strings, as one outside it does.
     cands = _candidates(values)
     return any(
@@ -241,15 +241,15 @@ def _in(arg: Any, values: list[Any]) -> bool:
     )
 
 
-def _nin(arg: Any, values: list[Any]) -> bool:
+def _nin(arg: Iterable[object], values: list[object]) -> bool:
     return not _in(arg, values)
 
 
-def _all(arg: Any, values: list[Any]) -> bool:
+def _all(arg: Iterable[object], values: list[object]) -> bool:
     return all(_eq(a, values) for a in arg)
 
 
-def _elem_match(arg: Any, values: list[Any]) -> bool:
+def _elem_match(arg: Mapping[str, Any], values: list[object]) -> bool:
     by_query = not _is_operator_doc(arg)  # {field: ...} tests documents, {$op: ...} any element
 
     def item_matches(item: Any) -> bool:
@@ -260,7 +260,7 @@ def _elem_match(arg: Any, values: list[Any]) -> bool:
     return any(isinstance(v, list) and any(item_matches(item) for item in v) for v in values)
 
 
-def _type(arg: Any, values: list[Any]) -> bool:
+def _type(arg: Any, values: list[object]) -> bool:
     wanted: set[type] = set()
     for name in arg if isinstance(arg, list) else [arg]:
         types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
@@ -296,11 +296,11 @@ _OPERATORS: dict[str, _Operator] = {
 _FIELD_OPERATORS = frozenset(_OPERATORS)
 
 
-def _is_operator_doc(v: Any) -> bool:
+def _is_operator_doc(v: object) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(v, Mapping) and bool(v) and all(str(k).startswith("$") for k in v)
 
 
-def condition_matches(cond: Any, values: list[Any]) -> bool:
+def condition_matches(cond: object, values: list[object]) -> bool:
     """Whether the values at a field's path (get_path) meet a query's condition on that field: an
     operator document ({$gt: 1, $lt: 5}), a regular expression, or a value to equal."""
     if _is_operator_doc(cond):
@@ -319,7 +319,7 @@ def condition_matches(cond: Any, values: list[Any]) -> bool:
     return _match_op("$eq", cond, values)
 
 
-def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
+def _match_value(cond: object, values: list[object], doc: Any, path: str) -> bool:
     """condition_matches under the name and arguments simcluster.updates calls it by (the
     document and path are not needed)."""
     return condition_matches(cond, values)
