@@ -37,7 +37,7 @@ _TYPE_ALIASES = {
 }
 
 
-def _bracket(value: Any) -> int:
+def _bracket(value: object) -> int:
     """The canonical type of `value` (canonicalizeBSONType): a query's comparisons only match
     values of the comparand's type ("type bracketing"), every number being of one type."""
     ctype = sort_key(value)[0]
@@ -65,7 +65,7 @@ def get_path(doc: Any, path: str) -> list[Any]:
     return values
 
 
-def _candidates(values: list[Any]) -> list[Any]:
+def _candidates(values: list[object]) -> list[object]:
     out = []
     for v in values:
         out.append(v)
@@ -83,7 +83,7 @@ _LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
 MAX_QUERY_DEPTH = 100
 
 
-def _too_deep(query: Any) -> MongoError:
+def _too_deep(query: object) -> MongoError:
     return MongoError("BadValue", f"exceeded maximum query tree depth of {MAX_QUERY_DEPTH} at "
                       f"{_SHORT.repr(query)}")
 
@@ -93,7 +93,7 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 60, 60
 
 
-def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) -> str | None:
+def unsupported_in_query(query: object, *, top_level: bool = True, level: int = 0) -> str | None:
     """The first operator of `query` that `matches` does not evaluate as the server does (e.g.
     "$where", or a regular expression only a backtracking engine runs), or None when it
     evaluates all of it. `top_level`: whether `$expr` may be used (not inside $elemMatch, where
@@ -126,7 +126,7 @@ def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) 
     return None
 
 
-def _unsupported_in_condition(cond: Any, level: int) -> str | None:
+def _unsupported_in_condition(cond: object, level: int) -> str | None:
     if level > MAX_QUERY_DEPTH:
         raise _too_deep(cond)
     if not _is_operator_doc(cond):
@@ -138,7 +138,7 @@ def _unsupported_in_condition(cond: Any, level: int) -> str | None:
     return None
 
 
-def _unsupported_in_value(cond: Any) -> str | None:
+def _unsupported_in_value(cond: object) -> str | None:
     """What in a condition that is not an operator document `matches` does not evaluate."""
     if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
         return "a condition that mixes operators and fields"
@@ -192,7 +192,7 @@ def _regex_operator_problem(cond: Mapping[str, Any]) -> str | None:
 _EXACT_TYPES = frozenset({str, int, Int64, bool, ObjectId, type(None)})
 
 
-def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
+def _equals(arg: object, cands: list[object], values: list[object]) -> bool:
     """$eq: some candidate equals `arg`, or `arg` is null and the path has no value."""
     t = type(arg)
     exact = t in _EXACT_TYPES
@@ -252,7 +252,7 @@ def _all(arg: Iterable[object], values: list[object]) -> bool:
 def _elem_match(arg: Mapping[str, Any], values: list[object]) -> bool:
     by_query = not _is_operator_doc(arg)  # {field: ...} tests documents, {$op: ...} any element
 
-    def item_matches(item: Any) -> bool:
+    def item_matches(item: object) -> bool:
         if by_query and isinstance(item, Mapping):
             return matches(item, arg)
         return condition_matches(arg, [item])
@@ -319,7 +319,7 @@ def condition_matches(cond: object, values: list[object]) -> bool:
     return _match_op("$eq", cond, values)
 
 
-def _match_value(cond: object, values: list[object], doc: Any, path: str) -> bool:
+def _match_value(cond: object, values: list[object], doc: object, path: str) -> bool:
     """condition_matches under the name and arguments simcluster.updates calls it by (the
     document and path are not needed)."""
     return condition_matches(cond, values)
@@ -406,7 +406,7 @@ def _compiled(pattern: str, options: str) -> Search:
     return re.compile(pattern, flags).search
 
 
-def _regex_matches(pattern: Any, values: list[Any]) -> bool:
+def _regex_matches(pattern: object, values: list[object]) -> bool:
     search = _compiled(*_pattern_of(pattern)) if isinstance(pattern, (re.Pattern, Regex)) else \
         _compiled(pattern, "")
     return any(isinstance(v, str) and search(v) for v in _candidates(values))
