@@ -101,7 +101,7 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
 
 
 def _unsupported_in_new_root(
-    name: str, arg: Any, documents: set[str]
+    name: str, arg: object, documents: set[str]
 ) -> tuple[str | None, set[str]]:
     """What in a $replaceRoot or $replaceWith apply_stages does not evaluate as the server does,
     and the top-level fields known to hold documents after it (`documents`: those before it)."""
@@ -117,18 +117,19 @@ def _unsupported_in_new_root(
     return found, {k for k, v in root.items() if _is_document(v)}
 
 
-def _unsupported_in_unset(arg: Any) -> str | None:
+def _unsupported_in_unset(arg: object) -> str | None:
     names = [arg] if isinstance(arg, str) else arg
-    ok = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
-    return spec_problem(dict.fromkeys(names, 0)) if ok else "an $unset without field names"
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return "an $unset without field names"
+    return spec_problem(dict.fromkeys(names, 0))
 
 
-def _unsupported_in_computed(arg: Any) -> str | None:
+def _unsupported_in_computed(arg: object) -> str | None:
     """$addFields and $set: a projection of computed fields only."""
     return _unsupported_in_projection(arg, computed_only=True)
 
 
-def _is_document(e: Any) -> bool:
+def _is_document(e: object) -> bool:
     """Whether expression `e` always evaluates to a document: a document of expressions (not an
     operator), or the stage's input document."""
     return (isinstance(e, Mapping) and not any(str(k).startswith("$") for k in e)) or e in VARIABLES
@@ -143,7 +144,7 @@ def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str
 
 # The checks of the stages that keep the document's shape or project it, by stage name;
 # $addFields and $set: _unsupported_in_computed.
-_STAGE_CHECKS: dict[str, Callable[[Any], str | None]] = {
+_STAGE_CHECKS: dict[str, Callable[[object], str | None]] = {
     "$match": unsupported_in_query,
     "$project": _unsupported_in_projection,
     "$unset": _unsupported_in_unset,

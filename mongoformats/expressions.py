@@ -52,13 +52,13 @@ _ARITY: dict[str, tuple[int, float]] = {
 }
 
 
-def _arguments(operand: Any) -> list[Any]:
+def _arguments(operand: object) -> list[Any]:
     """An operator's arguments as ExpressionNary parses them: an array's elements, or the operand
     alone."""
     return operand if isinstance(operand, list) else [operand]
 
 
-def unsupported_in_expression(e: Any) -> str | None:
+def unsupported_in_expression(e: object) -> str | None:
     """The first operator, variable or malformed part of expression `e` that `evaluate` does not
     evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of
     it."""
@@ -71,7 +71,7 @@ def unsupported_in_expression(e: Any) -> str | None:
     return None
 
 
-def _first_unsupported(expressions: Iterable[Any]) -> str | None:
+def _first_unsupported(expressions: Iterable[object]) -> str | None:
     return next(filter(None, map(unsupported_in_expression, expressions)), None)
 
 
@@ -108,7 +108,7 @@ Operator = Callable[[Mapping[str, Any], list[Any], "Operators | None"], Any]
 Operators = Mapping[str, Operator]
 
 
-def evaluate(doc: Mapping[str, Any], e: Any, more: Operators | None = None) -> Any:
+def evaluate(doc: Mapping[str, Any], e: object, more: Operators | None = None) -> Any:
     """The value of expression `e` in document `doc`: one unsupported_in_expression admits, or
     one that uses the operators `more` adds (simcluster's own, looser, for its aggregate stages).
 
@@ -221,7 +221,7 @@ _OPERATORS: dict[str, Operator] = {
 assert set(_OPERATORS) == set(_ARITY)
 
 
-def is_true(value: Any) -> bool:
+def is_true(value: object) -> bool:
     """A value as a condition (Value::coerceToBool): missing, null, false and numeric zero are
     false; everything else is true, NaN, empty strings and empty arrays included."""
     if value is MISSING or value is None:
@@ -234,7 +234,7 @@ def is_true(value: Any) -> bool:
     return True
 
 
-def _path(value: Any, parts: list[str]) -> Any:
+def _path(value: object, parts: list[str]) -> Any:
     """A field path's value: through an array, the values found in its documents and arrays."""
     if not parts:
         return value

@@ -47,7 +47,7 @@ class CommandTable:
         self.commands[name.lower()] = handler
 
 
-def _cursor_id(value: Any) -> int | None:
+def _cursor_id(value: object) -> int | None:
     """A cursor id (an integer), else None: a command with a malformed id passes through, and
     mongos answers it with its own error."""
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
