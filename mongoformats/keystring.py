@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import math
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import bson
@@ -60,7 +60,7 @@ _TB_SPECIAL_ZERO = 0b11           # a zero with 3 more bits: -0.0 or a Decimal12
 _NEGATIVE_ZERO_BITS = [1, 1, 0, 0, 0]
 
 
-def key_of(values: Any) -> bytes:
+def key_of(values: Iterable[object]) -> bytes:
     """The KeyString of `values` in order, without type bits: the bytes an index compares, so
     values the server holds equal (1, 1.0, NumberLong(1), Decimal128("1")) give equal keys."""
     ks = KeyStringBuilder()
@@ -97,7 +97,7 @@ class KeyStringBuilder:
         String, ...): a key spliced from cached byte runs."""
         self._bits += [0] * count
 
-    def append(self, value: Any) -> None:
+    def append(self, value: object) -> None:
         fast = _FAST.get(type(value))
         if fast is not None:
             fast(self, value)
@@ -149,7 +149,7 @@ class KeyStringBuilder:
         self._bits += [(bits >> 1) & 1, bits & 1]
 
     @staticmethod
-    def _ctype(value: Any) -> int:
+    def _ctype(value: object) -> int:
         if value is None:
             return NULL
         if isinstance(value, bool):
@@ -163,7 +163,7 @@ class KeyStringBuilder:
                 return ctype
         raise ValueError(f"cannot encode {type(value).__name__} in a KeyString")
 
-    def _append_body(self, value: Any) -> None:
+    def _append_body(self, value: object) -> None:
         if value is None or isinstance(value, (bool, MinKey, MaxKey)):
             return  # the type byte is the whole key
         if isinstance(value, (int, float)):
@@ -202,7 +202,7 @@ class KeyStringBuilder:
         self._bits.append(0)  # String, not Symbol
         self._buf += _escape(value.encode())
 
-    def _array_body(self, value: list[Any] | tuple[Any, ...]) -> None:
+    def _array_body(self, value: list[object] | tuple[object, ...]) -> None:
         for item in value:
             self.append(item)
         self._buf.append(0)

@@ -55,7 +55,7 @@ class Projection:
         return _include(doc, self._tree, doc, evaluate)
 
 
-def spec_problem(spec: Any, *, computed_only: bool = False) -> str | None:
+def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
     """What makes a $project spec (or, `computed_only`, an $addFields spec) one these functions
     do not apply as the server does (most are specs the server rejects); None if nothing."""
     if not isinstance(spec, Mapping) or not spec:
@@ -79,12 +79,12 @@ def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> 
             if rule[0] == "compute"]
 
 
-def _is_flag(v: Any) -> bool:
+def _is_flag(v: object) -> bool:
     """A $project value that includes (true, a non-zero number) or excludes (false, 0) a field."""
     return isinstance(v, (bool, int, float))
 
 
-def _is_nested_spec(v: Any) -> bool:
+def _is_nested_spec(v: object) -> bool:
     """A document of fields, which $project and $addFields read as specs of the nested fields, not
     as a literal document."""
     return isinstance(v, Mapping) and not any(str(k).startswith("$") for k in v)
@@ -202,7 +202,7 @@ def _add_to_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Evalu
     return _add_fields(value if isinstance(value, dict) else {}, tree, root, evaluate)
 
 
-def _put(out: dict[str, Any], name: str, value: Any) -> None:
+def _put(out: dict[str, object], name: str, value: object) -> None:
     if value is not MISSING:
         out[name] = value
 
