@@ -27,6 +27,5 @@ CASES = [
          ops=(MOVE, ("insert", "test", {"_id": 1, "x": 1})),
          options={"showExpandedEvents": True, "showSystemEvents": False},
          expect=({"operationType": "insert", "ns": NS, "fullDocument": {"_id": 1, "x": 1},
-                  "documentKey": {"_id": 1}},),
-         diverges={"watch": NOT_ACCELERATED, "buckets": NO_SYSTEM_EVENTS}),
+                  "documentKey": {"_id": 1}},)),
 ]

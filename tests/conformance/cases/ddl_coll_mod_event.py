@@ -39,7 +39,7 @@ def _index(watch: str, field: str, options: dict) -> Case:
     return Case(f"collmod-index-{label}-{watch}", SOURCE, watch, options=EXPANDED,
                 setup=(*SETUP, ("command", {"createIndexes": "c", "indexes": [{"key": {field: 1}, "name": name,
                                                                                 **options}]})),
-                ops=tuple(ops), expect=tuple(expect), diverges=ALL_DIVERGE)
+                ops=tuple(ops), expect=tuple(expect))
 
 
 def _validator(watch: str) -> Case:
