@@ -841,7 +841,11 @@ class ShardNode(CommandServer):
                 found = self.select(ns, key, limit=1)
                 return found[0] if found else None
 
-            return await open_native_stream(self, db, cmd, [self], lookup)
+            def is_view(ns: str) -> bool:
+                coll = self.dbs.get(db, {}).get(ns.partition(".")[2])
+                return coll is not None and "viewOn" in coll.options
+
+            return await open_native_stream(self, db, cmd, [self], lookup, is_view=is_view)
         docs = self.select(ns, {}) if isinstance(coll, str) else []
         out = run_pipeline(docs, pipeline)
         return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
@@ -991,6 +995,12 @@ class ShardNode(CommandServer):
             return self._modify_view(db, coll, changes)
         old_options = dict(coll.options)
         coll.options.update({k: v for k, v in changes.items() if k != "index"})
+        if "validator" in changes:
+            # A validator comes with a validation level and action, the defaults unless given
+            # (the next collMod's stateBeforeChange shows them:
+            # jstests/change_streams/ddl_coll_mod_event.js, testCollModValidator).
+            coll.options.setdefault("validationLevel", "strict")
+            coll.options.setdefault("validationAction", "error")
         o2: dict[str, Any] = {"collectionOptions_old": options_before_change(coll.ui, old_options)}
         if "index" in changes:
             ix = next((i for i in coll.indexes.values() if i.name == changes["index"].get("name")
