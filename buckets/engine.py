@@ -393,6 +393,15 @@ def _check_read_concern(read_concern: Any) -> None:
                          f"than 'majority'. Current readConcern: {level}")
 
 
+async def _is_collection_or_absent(session: Any, db: str, coll: str) -> bool:
+    """Whether `db.coll` is no view, asked of mongos with the client's own login
+    (DocumentSourceChangeStream refuses a view: jstests/change_streams/ddl_view_events.js); False
+    when mongos does not answer, so that mongos decides."""
+    reply = await _forward(session, db, {"listCollections": 1, "filter": {"name": coll}, "cursor": {}})
+    batch = reply.get("cursor", {}).get("firstBatch") if reply.get("ok") else None
+    return isinstance(batch, list) and all(c.get("type", "collection") == "collection" for c in batch)
+
+
 async def _forward(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
     """`cmd` run on the client's upstream connection, as mongos answers it (errors included)."""
     up = await session.get_upstream()
@@ -969,6 +978,10 @@ class Engine:
         cluster_wide = bool(spec.get("allChangesForCluster"))
         if cluster_wide != (db == "admin" and coll is None):
             raise PassThrough()  # mongos answers the exact error for a misplaced stream
+        if db in ("local", "config") or (coll is not None and coll.startswith("system.")):
+            raise PassThrough()  # mongos refuses an internal namespace (InvalidNamespace)
+        if coll is not None and not await _is_collection_or_absent(session, db, coll):
+            raise PassThrough()  # mongos refuses a view (CommandNotSupportedOnView)
         if not await self._may_watch(session, change_stream_resource(None if cluster_wide else db, coll)):
             raise PassThrough()  # mongos answers Unauthorized, in its own words
         token = spec.get("resumeAfter") or spec.get("startAfter")
