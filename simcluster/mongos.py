@@ -690,8 +690,10 @@ class Mongos(CommandServer):
             shard = self.shards[sid]
             for member in self.replsets[sid].members:
                 member.shard_keys[ns] = key
-            if shard is not primary and shard.coll(ns) is None:
-                # Created silently on the other shards: the server does not log these as user DDL.
+            if shard is not primary and shard.coll(ns) is None and sid in owners:
+                # Created silently on the other shards given chunks: the server does not log these
+                # as user DDL. A shard given none creates it when a migration first brings it a
+                # chunk (chunks.clone_range).
                 shard.dbs.setdefault(dbname, {})
                 from simcluster.storage import Collection
 
