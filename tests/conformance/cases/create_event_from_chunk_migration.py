@@ -11,6 +11,7 @@ SETUP = (("admin", {"enableSharding": DB}), ("command", {"create": "test"}),
          ("admin", {"shardCollection": f"{DB}.test", "key": {"_id": 1}}),
          ("admin", {"split": f"{DB}.test", "middle": {"_id": 0}}))
 MOVE = ("admin", {"moveChunk": f"{DB}.test", "find": {"_id": 0}, "to": OTHER_SHARD})
+
 CASES = [
     Case("chunk-migration-create-events", SOURCE, "collection", coll="test", setup=SETUP, ops=(MOVE,),
          options={"showExpandedEvents": True, "showSystemEvents": True}, prefix=True,
