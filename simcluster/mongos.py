@@ -228,7 +228,7 @@ class Mongos(CommandServer):
         that has no primary shard yet)."""
         db, _, name = ns.partition(".")
         sid = self.db_primary.get(db)
-        coll = self.shards[sid].dbs.get(db, {}).get(name) if sid in self.shards else None
+        coll = self.shards[sid].dbs.get(db, {}).get(name) if sid is not None and sid in self.shards else None
         return coll is not None and "viewOn" in coll.options
 
     def owner_ids(self, ns: str) -> list[str]:
