@@ -349,6 +349,18 @@ class EngineCommands:
     cursors: Container[int]  # the ids of the engine's cursors, live: a cursor is listed while open
 
 
+async def _is_collection_or_absent(session: ClientContext, db: str, coll: str) -> bool:
+    """Whether `db.coll` is no view, asked of mongos with the client's own login
+    (DocumentSourceChangeStream refuses a view: jstests/change_streams/ddl_view_events.js); False
+    when mongos does not answer, so that mongos decides."""
+    reply = await session.forward_command(db, {"listCollections": 1, "filter": {"name": coll},
+                                               "cursor": {}})
+    cursor = reply.get("cursor") if reply.get("ok") else None
+    batch = cursor.get("firstBatch") if isinstance(cursor, dict) else None
+    return isinstance(batch, list) and all(
+        isinstance(c, dict) and c.get("type", "collection") == "collection" for c in batch)
+
+
 class Engine:
     def __init__(self, connect_upstream: ConnectUpstream, config: EngineConfig | None = None, *,
                  connect_member: Connector, requires_auth: bool = False) -> None:
@@ -905,6 +917,8 @@ class Engine:
         if await self.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         request = read_watch(db, cmd)
+        if request.coll is not None and not await _is_collection_or_absent(session, db, request.coll):
+            raise Decline()  # mongos refuses a view (CommandNotSupportedOnView)
         if not await self._may_watch(session, request.resource):
             raise Decline()  # mongos answers Unauthorized, in its own words
         plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
