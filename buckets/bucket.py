@@ -344,6 +344,14 @@ class Bucket:
         self.notify()
         return True
 
+    def rejoin_if_awaited(self) -> None:
+        """Behind, rejoin now after everything dealt so far, if it may (`_may_rejoin`). The merge
+        checks when it deals this bucket an event or moves its frontier; a stream that deals
+        nothing more (its writes stopped, nobody waits on it) does neither, so a consumer on a
+        replay that has caught up checks too, or it would wait to come back for good."""
+        if self.lag.behind:
+            self._rejoin(self.lag.rejoin_point(self.merge_frontier, self.floor))
+
     async def put_many(self, events: list[Any]) -> None:
         """Append `events` (token order; EventFields and EventBlocks) and wake consumers; one budget
         charge when they all fit, else a part at a time, waiting for consumers as `put` does."""

@@ -153,6 +153,8 @@ def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
     if bool(spec.get("allChangesForCluster")) != (db == "admin" and coll is None):
         raise Decline()  # mongos answers the exact error for a misplaced stream
+    if db in ("local", "config") or (coll is not None and coll.startswith("system.")):
+        raise Decline()  # mongos refuses an internal namespace (InvalidNamespace)
     return WatchRequest(db, coll, spec, stages, split, spec.get("fullDocumentBeforeChange", "off"))
 
 

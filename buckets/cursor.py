@@ -132,6 +132,7 @@ class BucketCursor:
             self.join = None  # torn down or failed: the replay stream goes on alone
             return
         target = named.buckets[self.bucket.index]
+        target.rejoin_if_awaited()
         if target.position_after(start_point(self.last_token)[1]) is None:
             return  # the named bucket starts after this point, or is behind: read the replay
         self.bucket.detach(self)

@@ -58,11 +58,9 @@ from typing import Any
 import trio
 from bson import Int64, Timestamp
 
-from buckets._columnar.event_block import is_block
 from buckets.commands import (
     check_status_command,
     check_stream_name,
-    int_option,
     plan_watch,
     read_open,
     read_watch,
@@ -73,9 +71,10 @@ from buckets.cursors import CursorRegistry
 from buckets.ddl_notes import DDL_COMMANDS, plan_notes, target_namespace
 from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import reader_pool
+from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
-from buckets.streams import StreamSet
-from mongoformats.change_events import EV_RAW, EventFields, ddl_note
+from buckets.streams import StreamSet, frontier_status
+from mongoformats.change_events import EventFields, ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.idl import (
     check_depth,
@@ -84,8 +83,6 @@ from mongoformats.idl import (
     kill_cursors_ids,
     wrong_type,
 )
-from mongoformats.oplog_splice import SplicedDocument
-from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.privileges import allows, change_stream_resource
 from mongoformats.resume_token import (
     high_water_mark,
@@ -101,14 +98,6 @@ CURSOR_NS = "admin.$cmd.parallelChangeStream"
 _V2_TOKENS_WIRE_VERSION = 18
 
 
-def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any],
-                    pbrt: Mapping[str, Any]) -> SplicedDocument:
-    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding);
-    `events` are EventFields and EventBlocks."""
-    return splice_cursor(cursor_id, ns, batch_field, [ev if is_block(ev) else ev[EV_RAW] for ev in events],
-                         {"postBatchResumeToken": pbrt})
-
-
 @dataclass(frozen=True)
 class EngineCommands:
     """What the engine serves: commands by name, an accelerated watch() (an aggregate opening a
@@ -120,6 +109,18 @@ class EngineCommands:
     get_more: Handler
     kill_cursors: Handler
     cursors: Container[int]  # the ids of the engine's cursors, live: a cursor is listed while open
+
+
+async def _is_collection_or_absent(session: ClientContext, db: str, coll: str) -> bool:
+    """Whether `db.coll` is no view, asked of mongos with the client's own login
+    (DocumentSourceChangeStream refuses a view: jstests/change_streams/ddl_view_events.js); False
+    when mongos does not answer, so that mongos decides."""
+    reply = await session.forward_command(db, {"listCollections": 1, "filter": {"name": coll},
+                                               "cursor": {}})
+    cursor = reply.get("cursor") if reply.get("ok") else None
+    batch = cursor.get("firstBatch") if isinstance(cursor, dict) else None
+    return isinstance(batch, list) and all(
+        isinstance(c, dict) and c.get("type", "collection") == "collection" for c in batch)
 
 
 class Engine:
@@ -395,6 +396,8 @@ class Engine:
         if await self.stream_set.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         request = read_watch(db, cmd)
+        if request.coll is not None and not await _is_collection_or_absent(session, db, request.coll):
+            raise Decline()  # mongos refuses a view (CommandNotSupportedOnView)
         if not await self._may_watch(session, request.resource):
             raise Decline()  # mongos answers Unauthorized, in its own words
         plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
@@ -582,19 +585,5 @@ class Engine:
                                "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed,
                                "memory": self.memory_status()}
         if name is not None:
-            out.update(_frontier_status(streams[0], cmd))
+            out.update(frontier_status(streams[0], cmd))
         return out
-
-
-def _frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, Any]:
-    """A named stream's merge frontier, and the end of the micro-batch planned from `after`."""
-    stream.last_active = trio.current_time()
-    out = {"frontier": token_from_key(stream.frontier_key)}
-    after = cmd.get("after")
-    if after is not None:
-        if len(after) != stream.options.n_buckets:
-            raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
-                             f"{stream.options.n_buckets} buckets")
-        end = stream.plan_end([token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62))
-        out["planEnd"] = token_from_key(end)
-    return out

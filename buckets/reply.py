@@ -10,7 +10,7 @@ it (BSONObjectTooLarge), or, with $changeStreamSplitLargeEvent, is returned alon
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from mongoformats.large_events import (
     event_bytes,
     event_too_large,
 )
+from mongoformats.oplog_splice import SplicedDocument
+from mongoformats.oplog_splice import cursor_document as splice_cursor
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 
 
@@ -147,3 +149,11 @@ def fit_shaped(shaped: list[tuple[int, ChangeEvent]],
 def splits(ev: EventFields, sizer: EventSizer) -> bool:
     """Whether `ev` is returned in fragments."""
     return len(ev[EV_RAW]) > MEASURE_ABOVE_BYTES and sizer.size(ev[EV_RAW]) is Size.SPLIT
+
+
+def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any],
+                    pbrt: Mapping[str, Any]) -> SplicedDocument:
+    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding);
+    `events` are EventFields and EventBlocks."""
+    return splice_cursor(cursor_id, ns, batch_field, [ev if is_block(ev) else ev[EV_RAW] for ev in events],
+                         {"postBatchResumeToken": pbrt})

@@ -14,6 +14,7 @@ import trio
 from bson import Timestamp
 
 from buckets.commands import (
+    int_option,
     open_match,
     setting,
 )
@@ -38,6 +39,7 @@ from mongoformats.large_events import SPLIT_STAGE
 from mongoformats.resume_token import (
     decode_token,
     high_water_mark,
+    token_from_key,
     token_sort_key,
 )
 
@@ -310,3 +312,17 @@ class StreamSet:
                                    "pipeline": ([{"$match": options.match}] if options.match else [])
                                    + ([{SPLIT_STAGE: {}}] if options.split_large_events else [])},
                                   keep={i})
+
+
+def frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, Any]:
+    """A named stream's merge frontier, and the end of the micro-batch planned from `after`."""
+    stream.last_active = trio.current_time()
+    out = {"frontier": token_from_key(stream.frontier_key)}
+    after = cmd.get("after")
+    if after is not None:
+        if len(after) != stream.options.n_buckets:
+            raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
+                             f"{stream.options.n_buckets} buckets")
+        end = stream.plan_end([token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62))
+        out["planEnd"] = token_from_key(end)
+    return out

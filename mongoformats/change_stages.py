@@ -11,7 +11,7 @@ event's `_id` (its resume token) fails the stream with ChangeStreamFatalError (2
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import bson
@@ -24,10 +24,14 @@ from mongoformats.idl import type_name
 from mongoformats.mql import matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
-__all__ = ["SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order", "new_root_expression",
-           "replaced_root", "shape_events", "unsupported_in_stages"]
+__all__ = [
+    "SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order",
+    "new_root_expression", "replaced_root", "shape_events", "unsupported_in_stages",
+]
 
-SUPPORTED_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"})
+SUPPORTED_STAGES = frozenset(
+    {"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"}
+)
 
 # Stages ready to apply to many events: (name, the $match query, the parsed Projection, or the
 # new root's expression).
@@ -86,31 +90,46 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
         if name not in SUPPORTED_STAGES:
             return str(name)
         if name in ("$replaceRoot", "$replaceWith"):
-            if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
-                return "a $replaceRoot spec other than {newRoot: <expression>}"
-            root = new_root_expression(name, arg)
-            found = unsupported_in_expression(root)
-            if found is None and not (_is_document(root) or (isinstance(root, str) and root[1:] in documents)):
-                return f"a {name} whose new root may not be a document"
-            documents = {k for k, v in root.items() if _is_document(v)} if isinstance(root, Mapping) else set()
-        elif name == "$match":
-            found = unsupported_in_query(arg)
-        elif name == "$project":
-            found = _unsupported_in_projection(arg)
-        elif name == "$unset":
-            names = [arg] if isinstance(arg, str) else arg
-            ok = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
-            found = spec_problem(dict.fromkeys(names, 0)) if ok else "an $unset without field names"
+            found, documents = _unsupported_in_new_root(name, arg, documents)
         else:
-            found = _unsupported_in_projection(arg, computed_only=True)
+            found = _STAGE_CHECKS.get(name, _unsupported_in_computed)(arg)
+            if name != "$match":
+                documents = set()  # a projection may have changed them
         if found is not None:
             return found
-        if name not in ("$match", "$replaceRoot", "$replaceWith"):
-            documents = set()  # a projection may have changed them
     return None
 
 
-def _is_document(e: Any) -> bool:
+def _unsupported_in_new_root(
+    name: str, arg: object, documents: set[str]
+) -> tuple[str | None, set[str]]:
+    """What in a $replaceRoot or $replaceWith apply_stages does not evaluate as the server does,
+    and the top-level fields known to hold documents after it (`documents`: those before it)."""
+    if name == "$replaceRoot" and not (isinstance(arg, Mapping) and set(arg) == {"newRoot"}):
+        return "a $replaceRoot spec other than {newRoot: <expression>}", documents
+    root = new_root_expression(name, arg)
+    found = unsupported_in_expression(root)
+    known_document = isinstance(root, str) and root[1:] in documents
+    if found is None and not (_is_document(root) or known_document):
+        return f"a {name} whose new root may not be a document", documents
+    if not isinstance(root, Mapping):
+        return found, set()
+    return found, {k for k, v in root.items() if _is_document(v)}
+
+
+def _unsupported_in_unset(arg: object) -> str | None:
+    names = [arg] if isinstance(arg, str) else arg
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return "an $unset without field names"
+    return spec_problem(dict.fromkeys(names, 0))
+
+
+def _unsupported_in_computed(arg: object) -> str | None:
+    """$addFields and $set: a projection of computed fields only."""
+    return _unsupported_in_projection(arg, computed_only=True)
+
+
+def _is_document(e: object) -> bool:
     """Whether expression `e` always evaluates to a document: a document of expressions (not an
     operator), or the stage's input document."""
     return (isinstance(e, Mapping) and not any(str(k).startswith("$") for k in e)) or e in VARIABLES
@@ -119,8 +138,17 @@ def _is_document(e: Any) -> bool:
 def _unsupported_in_projection(spec: Any, *, computed_only: bool = False) -> str | None:
     if (problem := spec_problem(spec, computed_only=computed_only)) is not None:
         return problem
-    return next(filter(None, map(unsupported_in_expression, computed_values(spec, computed_only=computed_only))),
-                None)
+    computed = computed_values(spec, computed_only=computed_only)
+    return next(filter(None, map(unsupported_in_expression, computed)), None)
+
+
+# The checks of the stages that keep the document's shape or project it, by stage name;
+# $addFields and $set: _unsupported_in_computed.
+_STAGE_CHECKS: dict[str, Callable[[object], str | None]] = {
+    "$match": unsupported_in_query,
+    "$project": _unsupported_in_projection,
+    "$unset": _unsupported_in_unset,
+}
 
 
 def encode_in_order(doc: Mapping[str, Any]) -> bytes:
@@ -130,7 +158,9 @@ def encode_in_order(doc: Mapping[str, Any]) -> bytes:
     return wrapped[6:-1]  # int32 length, type 0x03, empty name NUL, the document, NUL
 
 
-def shape_events(raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]], stages: Stages) -> list[bytes | None]:
+def shape_events(
+    raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]], stages: Stages
+) -> list[bytes | None]:
     """Each event (its BSON and its token) through `stages`: the event's new BSON, or None where a
     $match dropped it. Whole batches at a time, so that a worker process can shape one."""
     out: list[bytes | None] = []
@@ -147,15 +177,19 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             if not matches(doc, arg):
                 return None
         elif name in ("$replaceRoot", "$replaceWith"):
-            # unsupported_in_stages admits only roots that are documents: the check is for simcluster's.
+            # unsupported_in_stages admits only roots that are documents: the check is for
+            # simcluster's.
             doc = replaced_root(name, evaluate(doc, arg))
         else:
             doc = arg.apply(doc, evaluate)
     # The server compares tokens by _data only (ResumeToken::operator==).
     _id = doc.get("_id")
     if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
-        raise MongoError("ChangeStreamFatalError", "Encountered an event whose _id field, which contains the "
-                         "resume token, was modified by the pipeline. Modifying the _id field of an event makes "
-                         "it impossible to resume the stream from that point. Only transformations that retain "
-                         "the unmodified _id field are allowed.")
+        raise MongoError(
+            "ChangeStreamFatalError",
+            "Encountered an event whose _id field, which contains the resume token, was modified "
+            "by the pipeline. Modifying the _id field of an event makes it impossible to resume "
+            "the stream from that point. Only transformations that retain the unmodified _id "
+            "field are allowed.",
+        )
     return doc

@@ -1,12 +1,13 @@
-"""The aggregation expressions a change stream's stages may use, evaluated as the server does (pure).
+"""The aggregation expressions a change stream's stages may use, evaluated as the server does
+(pure).
 
 Shared by the stages after `$changeStream` (change_stages: projections, new roots), by
 queries' `$expr` (mql) and by simcluster's aggregate stages, which add operators of their own
 (`evaluate`'s `more`). Evaluated: field paths, the variables `$$ROOT`, `$$CURRENT` (with paths)
 and `$$REMOVE`, literals and `$literal`, arrays and documents of expressions, `$concat`,
-`$bsonSize`, `$ifNull`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and `$and $or $not`. That
-covers the drivers' suite and Debezium (its regex filter pipeline, and its oversize "skip" mode,
-`{$expr: {$lte: [{$bsonSize: "$fullDocument"}, <limit>]}}`).
+`$bsonSize`, `$ifNull`, the comparisons `$eq $ne $gt $gte $lt $lte $cmp`, `$in`, and
+`$and $or $not`. That covers the drivers' suite and Debezium (its regex filter pipeline, and
+its oversize "skip" mode, `{$expr: {$lte: [{$bsonSize: "$fullDocument"}, <limit>]}}`).
 
 `unsupported_in_expression` names anything else, or a known operator given the wrong number of
 arguments, so that a caller with a real server behind it can leave such an expression to the
@@ -16,7 +17,7 @@ server and its errors instead of answering differently.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import bson
@@ -28,59 +29,78 @@ from mongoformats.idl import type_name
 
 __all__ = ["VARIABLES", "Operator", "Operators", "evaluate", "is_true", "unsupported_in_expression"]
 
-VARIABLES = ("$$ROOT", "$$CURRENT")  # the document the expression reads ($$REMOVE aside, the only ones evaluated)
+# The document the expression reads ($$REMOVE aside, the only variables evaluated).
+VARIABLES = ("$$ROOT", "$$CURRENT")
 
 # The server's other system variables: defined there, so not "undefined" here, only not evaluated.
-_SYSTEM_VARIABLES = frozenset({"$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META",
-                               "$$USER_ROLES"})
+_SYSTEM_VARIABLES = frozenset({
+    "$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META", "$$USER_ROLES",
+})
 
 # What each comparison makes of Value::compare's -1, 0 or 1.
 _COMPARISONS: dict[str, Callable[[int], Any]] = {
-    "$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0, "$gte": lambda c: c >= 0,
-    "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0, "$cmp": lambda c: c}
+    "$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0,
+    "$gte": lambda c: c >= 0, "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0, "$cmp": lambda c: c,
+}
 
 # Operators evaluated on their arguments, with how many they take (at least, at most). A server
 # refuses any other count when it parses the pipeline, so such an expression is left to it.
 _ARITY: dict[str, tuple[int, float]] = {
-    "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1), "$bsonSize": (1, 1),
-    "$in": (2, 2), "$ifNull": (2, math.inf), **dict.fromkeys(_COMPARISONS, (2, 2))}
+    "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1),
+    "$bsonSize": (1, 1), "$in": (2, 2), "$ifNull": (2, math.inf),
+    **dict.fromkeys(_COMPARISONS, (2, 2)),
+}
 
 
-def _arguments(operand: Any) -> list[Any]:
-    """An operator's arguments as ExpressionNary parses them: an array's elements, or the operand alone."""
+def _arguments(operand: object) -> list[Any]:
+    """An operator's arguments as ExpressionNary parses them: an array's elements, or the operand
+    alone."""
     return operand if isinstance(operand, list) else [operand]
 
 
-def unsupported_in_expression(e: Any) -> str | None:
+def unsupported_in_expression(e: object) -> str | None:
     """The first operator, variable or malformed part of expression `e` that `evaluate` does not
-    evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of it."""
+    evaluate as the server does (e.g. "$mergeObjects", "$$NOW"); None when it evaluates all of
+    it."""
     if isinstance(e, str):
-        if not e.startswith("$"):
-            return None
-        variable, *parts = e.split(".") if e.startswith("$$") else ["", *e[1:].split(".")]
-        if variable and variable not in (*VARIABLES, "$$REMOVE"):
-            return variable  # $$NOW, $$CLUSTER_TIME, user variables, ...
-        if any(not p or p.startswith("$") for p in parts):
-            return f"the field path {e!r}"  # the server refuses it (16872, 16410, 15998)
-        return None
+        return _unsupported_in_path(e) if e.startswith("$") else None
     if isinstance(e, list):
-        return next(filter(None, map(unsupported_in_expression, e)), None)
+        return _first_unsupported(e)
     if isinstance(e, Mapping):
-        if not any(str(k).startswith("$") for k in e):
-            return next(filter(None, map(unsupported_in_expression, e.values())), None)
-        if len(e) != 1:
-            return "an expression object with an operator and other fields"
-        (op, operand), = e.items()
-        if op == "$literal":
-            return None
-        if op not in _ARITY:
-            return str(op)
-        low, high = _ARITY[op]
-        args = _arguments(operand)
-        if not low <= len(args) <= high:
-            return f"{op} with {len(args)} arguments"
-        return next(filter(None, map(unsupported_in_expression, args)), None)
+        return _unsupported_in_object(e)
     return None
+
+
+def _first_unsupported(expressions: Iterable[object]) -> str | None:
+    return next(filter(None, map(unsupported_in_expression, expressions)), None)
+
+
+def _unsupported_in_path(e: str) -> str | None:
+    """What `evaluate` does not evaluate in a "$field.path" or "$$VARIABLE.path"."""
+    variable, *parts = e.split(".") if e.startswith("$$") else ["", *e[1:].split(".")]
+    if variable and variable not in (*VARIABLES, "$$REMOVE"):
+        return variable  # $$NOW, $$CLUSTER_TIME, user variables, ...
+    if any(not p or p.startswith("$") for p in parts):
+        return f"the field path {e!r}"  # the server refuses it (16872, 16410, 15998)
+    return None
+
+
+def _unsupported_in_object(e: Mapping[str, Any]) -> str | None:
+    """What `evaluate` does not evaluate in a document of expressions or an {$operator: operand}."""
+    if not any(str(k).startswith("$") for k in e):
+        return _first_unsupported(e.values())
+    if len(e) != 1:
+        return "an expression object with an operator and other fields"
+    (op, operand), = e.items()
+    if op == "$literal":
+        return None
+    if op not in _ARITY:
+        return str(op)
+    low, high = _ARITY[op]
+    args = _arguments(operand)
+    if not low <= len(args) <= high:
+        return f"{op} with {len(args)} arguments"
+    return _first_unsupported(args)
 
 
 # An operator's evaluation: (the document, its arguments, the evaluator's further operators).
@@ -88,7 +108,7 @@ Operator = Callable[[Mapping[str, Any], list[Any], "Operators | None"], Any]
 Operators = Mapping[str, Operator]
 
 
-def evaluate(doc: Mapping[str, Any], e: Any, more: Operators | None = None) -> Any:
+def evaluate(doc: Mapping[str, Any], e: object, more: Operators | None = None) -> Any:
     """The value of expression `e` in document `doc`: one unsupported_in_expression admits, or
     one that uses the operators `more` adds (simcluster's own, looser, for its aggregate stages).
 
@@ -96,33 +116,48 @@ def evaluate(doc: Mapping[str, Any], e: Any, more: Operators | None = None) -> A
     is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
         if e.startswith("$$"):
-            variable, *parts = e.split(".")
-            if variable == "$$REMOVE":
-                return MISSING
-            if variable not in VARIABLES:
-                if variable in _SYSTEM_VARIABLES:
-                    raise MongoError("NotImplemented", f"the variable {variable} is not evaluated here")
-                raise MongoError(17276, f"Use of undefined variable: {variable[2:]}")
-            return _path(doc, parts)
+            return _variable(doc, e)
         return _path(doc, e[1:].split("."))
     if isinstance(e, dict):
-        if len(e) == 1:
-            (op, operand), = e.items()
-            if op == "$literal":
-                return operand
-            operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
-            if operator is not None:
-                return operator(doc, _arguments(operand), more)
-            if op.startswith("$"):
-                raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
-        return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+        return _evaluate_object(doc, e, more)
     if isinstance(e, list):
         return [None if (v := evaluate(doc, x, more)) is MISSING else v for x in e]
     return e
 
 
+def _variable(doc: Mapping[str, Any], e: str) -> Any:
+    """The value of a "$$VARIABLE.path": $$ROOT and $$CURRENT are `doc`, $$REMOVE is missing."""
+    variable, *parts = e.split(".")
+    if variable == "$$REMOVE":
+        return MISSING
+    if variable not in VARIABLES:
+        if variable in _SYSTEM_VARIABLES:
+            raise MongoError("NotImplemented", f"the variable {variable} is not evaluated here")
+        raise MongoError(17276, f"Use of undefined variable: {variable[2:]}")
+    return _path(doc, parts)
+
+
+def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators | None) -> Any:
+    """An {$operator: operand}'s value, or a document of expressions' (missing fields left out)."""
+    if len(e) == 1:
+        (op, operand), = e.items()
+        if op == "$literal":
+            return operand
+        operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
+        if operator is not None:
+            return operator(doc, _arguments(operand), more)
+        if op.startswith("$"):
+            raise MongoError(
+                "NotImplemented", f"the expression operator {op} is not evaluated here"
+            )
+    return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+
+
 def _comparison(test: Callable[[int], Any]) -> Operator:
-    return lambda doc, args, more: test(compare_values(evaluate(doc, args[0], more), evaluate(doc, args[1], more)))
+    def compared(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
+        return test(compare_values(evaluate(doc, args[0], more), evaluate(doc, args[1], more)))
+
+    return compared
 
 
 def _and(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> bool:
@@ -186,24 +221,26 @@ _OPERATORS: dict[str, Operator] = {
 assert set(_OPERATORS) == set(_ARITY)
 
 
-def is_true(value: Any) -> bool:
+def is_true(value: object) -> bool:
     """A value as a condition (Value::coerceToBool): missing, null, false and numeric zero are
     false; everything else is true, NaN, empty strings and empty arrays included."""
     if value is MISSING or value is None:
         return False
-    if isinstance(value, (int, float)):  # bool and Int64 too; NaN != 0, so NaN is true, as on the server
+    # bool and Int64 too; NaN != 0, so NaN is true, as on the server
+    if isinstance(value, (int, float)):
         return value != 0
     if isinstance(value, Decimal128):
         return not value.to_decimal().is_zero()
     return True
 
 
-def _path(value: Any, parts: list[str]) -> Any:
+def _path(value: object, parts: list[str]) -> Any:
     """A field path's value: through an array, the values found in its documents and arrays."""
     if not parts:
         return value
     if isinstance(value, Mapping):
         return _path(value[parts[0]], parts[1:]) if parts[0] in value else MISSING
     if isinstance(value, list):
-        return [v for item in value if isinstance(item, (Mapping, list)) and (v := _path(item, parts)) is not MISSING]
+        found = (_path(item, parts) for item in value if isinstance(item, (Mapping, list)))
+        return [v for v in found if v is not MISSING]
     return MISSING

@@ -58,7 +58,8 @@ _MIN_LARGE = 2.0**63
 _MAX_INT_FOR_DOUBLE = 2.0**53
 _TINIEST_2BIT_DCM = 2.0**-255
 _EXACT = Context(prec=1000, Emin=-100000, Emax=100000)  # a double's exact value has < 800 digits
-_DOWN_34 = Context(prec=34, rounding=ROUND_DOWN, Emin=-100000, Emax=100000)  # Decimal128, toward zero
+# Decimal128's precision, toward zero.
+_DOWN_34 = Context(prec=34, rounding=ROUND_DOWN, Emin=-100000, Emax=100000)
 _MAX_EXPONENT = 6111
 _U64 = (1 << 64) - 1
 # 2**256 and 2**-256 as Decimal128 holds them: rounded down to 34 digits (underestimates).
@@ -95,7 +96,8 @@ def _zero_bits(value: Decimal) -> list[int]:
     assert isinstance(exponent, int)
     which = exponent + _BIAS + (_ZERO_KINDS if value.is_signed() else 0)
     head = (which >> 12) + _DECIMAL_ZERO_0XXX
-    return [(head >> i) & 1 for i in range(4, -1, -1)] + [(which >> i) & 1 for i in range(11, -1, -1)]
+    head_bits = [(head >> i) & 1 for i in range(4, -1, -1)]
+    return head_bits + [(which >> i) & 1 for i in range(11, -1, -1)]
 
 
 def read_decimal_zero(head: int, low_bits: int) -> Decimal128:
@@ -132,7 +134,8 @@ def _key(d: Decimal, negative: bool) -> bytes:
         # Beyond the doubles: the decimal's own bits, with the top bit set (a finite double's is
         # clear), so it sorts between the largest double and infinity.
         hi, lo = _bid_words(_normalized(d.copy_abs()))
-        return bytes([NUM_NEG_LARGE if negative else NUM_POS_LARGE]) + _words(hi | 1 << 63, lo, negative)
+        ctype = NUM_NEG_LARGE if negative else NUM_POS_LARGE
+        return bytes([ctype]) + _words(hi | 1 << 63, lo, negative)
     if magnitude >= _MIN_LARGE or magnitude < _TINIEST_2BIT_DCM:
         # One marker bit only in these ranges: always a continuation.
         key = double_key(bin_, DCM_ABOVE_15)
@@ -184,7 +187,8 @@ def _normalized(magnitude: Decimal) -> Decimal:
 
 
 def _bid_words(value: Decimal) -> tuple[int, int]:
-    """The high and low 64 bits of a positive finite Decimal128 (BID: exponent, then coefficient)."""
+    """The high and low 64 bits of a positive finite Decimal128 (BID: exponent, then
+    coefficient)."""
     exponent = value.as_tuple().exponent
     assert isinstance(exponent, int)
     coefficient = _coefficient(value)
@@ -197,7 +201,8 @@ def _from_bid(hi: int, lo: int) -> Decimal:
 
 
 def _word(value: int, negative: bool) -> bytes:
-    """8 bytes big-endian, inverted for a negative number (whose magnitude's bytes sort reversed)."""
+    """8 bytes big-endian, inverted for a negative number (whose magnitude's bytes sort
+    reversed)."""
     body = value.to_bytes(8, "big")
     return bytes(b ^ 0xFF for b in body) if negative else body
 
@@ -224,7 +229,8 @@ def _continuation(magnitude: Decimal, stored: Decimal, negative: bool) -> bytes:
     unit = max(stored.adjusted() - 33, -_BIAS)
     steps = _EXACT.scaleb(_EXACT.subtract(magnitude, stored), -unit)
     if steps < 0 or steps != steps.to_integral_value() or steps >= 1 << 64:
-        raise ValueError(f"no decimal continuation for {magnitude} above {stored}")  # never, by construction
+        # never, by construction
+        raise ValueError(f"no decimal continuation for {magnitude} above {stored}")
     return _word(int(steps), negative)
 
 
@@ -234,7 +240,8 @@ def read_decimal(large: bool, encoded: int, negative: bool, next_word: Callable[
     (un-inverted); `next_word()` reads the next 8 (a continuation, or a decimal's low bits)."""
     if large:
         if encoded >> 63:  # beyond the doubles: the decimal's own bits
-            return _with_exponent(_from_bid(encoded & ~(1 << 63), next_word()), negative, exponent_bits)
+            own = _from_bid(encoded & ~(1 << 63), next_word())
+            return _with_exponent(own, negative, exponent_bits)
         bin_magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
         dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
     elif encoded >> 62 == 0b11:
@@ -248,8 +255,8 @@ def read_decimal(large: bool, encoded: int, negative: bool, next_word: Callable[
             return _with_exponent(_plus_steps(stored, next_word()), negative, exponent_bits)
         bin_magnitude = math.ldexp(scaled, -256)
         dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
-    return read_decimal_value(Decimal(bin_magnitude), dcm, next_word() if dcm in (1, 3) else None, negative,
-                              exponent_bits)
+    continuation = next_word() if dcm in (1, 3) else None
+    return read_decimal_value(Decimal(bin_magnitude), dcm, continuation, negative, exponent_bits)
 
 
 def read_decimal_value(bin_magnitude: Decimal, dcm: int, continuation: int | None, negative: bool,

@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import struct
 
-__all__ = ["NUMERIC_NAN", "NUM_ZERO", "NUM_POS_1BYTE", "NUM_NEG_1BYTE", "NUM_NEG_LARGE", "NUM_NEG_SMALL",
-           "NUM_POS_SMALL", "NUM_POS_LARGE", "double_key", "preshifted_key"]
+__all__ = [
+    "NUMERIC_NAN", "NUM_ZERO", "NUM_POS_1BYTE", "NUM_NEG_1BYTE", "NUM_NEG_LARGE", "NUM_NEG_SMALL",
+    "NUM_POS_SMALL", "NUM_POS_LARGE", "double_key", "preshifted_key",
+]
 
 NUMERIC_NAN = 0x1E
 NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
@@ -39,8 +41,9 @@ def double_key(value: float, dcm: int = 0) -> bytes:
     if magnitude < 1.0:
         ctype = NUM_NEG_SMALL if negative else NUM_POS_SMALL
         if magnitude >= TINIEST_WITH_2BIT_DCM:
-            encoded = (double_bits(magnitude) << 2) | dcm            # prefix 0b11 (the exponent's top bits)
-        else:                                                         # prefix 0b01 or 0b10
+            # prefix 0b11 (the exponent's top bits)
+            encoded = (double_bits(magnitude) << 2) | dcm
+        else:  # prefix 0b01 or 0b10
             encoded = ((double_bits(math.ldexp(magnitude, 256)) << 1) | (dcm != 0)) + (1 << 62)
     elif magnitude < MIN_LARGE_DOUBLE:
         integer = int(magnitude)
@@ -49,10 +52,12 @@ def double_key(value: float, dcm: int = 0) -> bytes:
         fraction_bytes = (64 - (integer << 1).bit_length()) // 8
         ctype = (0x20 + fraction_bytes) if negative else (0x32 - fraction_bytes)
         # The whole part doubled plus one (the "has a fraction" bit), then the fraction's bytes.
-        encoded = int(math.ldexp(magnitude, 8 * fraction_bytes)) + ((integer + 1) << (8 * fraction_bytes)) | dcm
+        shift = 8 * fraction_bytes
+        encoded = int(math.ldexp(magnitude, shift)) + ((integer + 1) << shift) | dcm
     else:
         ctype = NUM_POS_LARGE if value > 0 else NUM_NEG_LARGE
-        encoded = ALL_ONES if math.isinf(value) else ((double_bits(magnitude) << 1) & (ALL_ONES >> 1)) | (dcm != 0)
+        shifted = ((double_bits(magnitude) << 1) & (ALL_ONES >> 1)) | (dcm != 0)
+        encoded = ALL_ONES if math.isinf(value) else shifted
     return bytes([ctype]) + magnitude_bytes(encoded.to_bytes(8, "big"), negative)
 
 

@@ -33,8 +33,10 @@ from mongoformats.oplog_splice import document_of, elements
 from mongoformats.resume_token import decode_token, encode_token, token_text, whole_event_token
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
-__all__ = ["MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
-           "event_too_large", "join_fragments", "split_event", "without_split_stage"]
+__all__ = [
+    "MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
+    "event_too_large", "join_fragments", "split_event", "without_split_stage",
+]
 
 SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 MAX_EVENT_BYTES = MAX_INTERNAL_BSON_SIZE
@@ -83,13 +85,15 @@ def event_bytes(raw: bytes, *, merged: bool = False) -> int:
 
 
 def event_too_large(raw: bytes, *, merged: bool = False) -> MongoError | None:
-    """BSONObjectTooLarge (10334), as BSONObj words it, if the event cannot be returned; else None."""
+    """BSONObjectTooLarge (10334), as BSONObj words it, if the event cannot be returned; else
+    None."""
     size = event_bytes(raw, merged=merged)
     if size <= MAX_EVENT_BYTES:
         return None
     v, e = _id_span(raw)
     shown = token_text(bson.decode(raw[v:e]), spaced=True)
-    return MongoError("BSONObjectTooLarge", f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 "
+    return MongoError("BSONObjectTooLarge",
+                      f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 "
                       f"and {MAX_EVENT_BYTES}(16MB) First element: _id: {shown}")
 
 
@@ -102,14 +106,16 @@ def split_event(raw: bytes, *, merged: bool = False,
     returned. The server fails such a resume if the event now splits otherwise."""
     if event_bytes(raw, merged=merged) <= SPLIT_ABOVE_BYTES:
         if skip:
-            raise MongoError("ChangeStreamFatalError", "Attempted to resume from a split event fragment, but the "
-                             "event in the resumed stream was not large enough to be split")
+            raise MongoError("ChangeStreamFatalError",
+                             "Attempted to resume from a split event fragment, but the event in "
+                             "the resumed stream was not large enough to be split")
         return None
     fields = elements(raw)
     _, v, e = fields.pop(b"_id")
     token = bson.decode(raw[v:e])
     if not fields:
-        raise MongoError(7182502, "Cannot split an empty event or an event containing solely '_id' field")
+        raise MongoError(
+            7182502, "Cannot split an empty event or an event containing solely '_id' field")
     limit = SPLIT_ABOVE_BYTES - (e - v)
     # (element size, name, element bytes): the server's map orders by size, then name.
     by_size = sorted((end - (start - len(name) - 2), name, raw[start - len(name) - 2:end])
@@ -130,17 +136,19 @@ def split_event(raw: bytes, *, merged: bool = False,
             if i == len(by_size) or size + by_size[i][0] > limit:
                 break
         if size > limit:
-            raise MongoError(7182500, f"Splitting change event failed: fragment size {size} is greater than maximum "
-                             f"allowed fragment size {limit}")
+            raise MongoError(7182500, f"Splitting change event failed: fragment size {size} is "
+                             f"greater than maximum allowed fragment size {limit}")
         fragments.append((fragment_token, taken))
     if skip > len(fragments):
-        raise MongoError("ChangeStreamFatalError", "Attempted to resume from a split event, but the resumed stream "
-                         "produced a different split. Ensure that the pipeline used to resume is the same as the "
-                         "original")
+        raise MongoError("ChangeStreamFatalError",
+                         "Attempted to resume from a split event, but the resumed stream produced "
+                         "a different split. Ensure that the pipeline used to resume is the same "
+                         "as the original")
     out = []
     for number, (fragment_token, taken) in enumerate(fragments, start=1):
         if number > skip:
-            head = bson.encode({"_id": fragment_token, "splitEvent": {"fragment": number, "of": len(fragments)}})
+            split = {"fragment": number, "of": len(fragments)}
+            head = bson.encode({"_id": fragment_token, "splitEvent": split})
             out.append((fragment_token, document_of(head[4:-1] + b"".join(taken))))
     return out
 
@@ -151,7 +159,8 @@ def join_fragments(fragments: list[bytes]) -> bytes:
     fields but `_id` and `splitEvent`, in the fragments' order (the event's own order is lost;
     the split dealt its fields by size). Over 16 MiB, so never sent on the wire."""
     v, e = _id_span(fragments[0])
-    body = [bson.encode({"_id": whole_event_token(decode_token(bson.decode(fragments[0][v:e])))})[4:-1]]
+    whole_token = whole_event_token(decode_token(bson.decode(fragments[0][v:e])))
+    body = [bson.encode({"_id": whole_token})[4:-1]]
     for raw in fragments:
         for name, (_, start, end) in elements(raw).items():
             if name not in (b"_id", b"splitEvent"):

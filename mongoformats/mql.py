@@ -10,8 +10,8 @@ import datetime
 import functools
 import re
 import reprlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeGuard
 
 import re2
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -25,17 +25,19 @@ from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE
 
 # $type: BSON type numbers -> the Python types pymongo decodes them to (string aliases below).
 _TYPES: dict[int | str, tuple[type, ...]] = {
-    1: (float,), 2: (str,), 3: (dict, SON, DBRef), 4: (list,), 5: (bytes, Binary), 7: (ObjectId,), 8: (bool,),
-    9: (datetime.datetime, DatetimeMS), 10: (type(None),), 11: (Regex,), 13: (Code,), 16: (int,), 17: (Timestamp,),
-    18: (Int64,), 19: (Decimal128,), -1: (MinKey,), 127: (MaxKey,),
+    1: (float,), 2: (str,), 3: (dict, SON, DBRef), 4: (list,), 5: (bytes, Binary), 7: (ObjectId,),
+    8: (bool,), 9: (datetime.datetime, DatetimeMS), 10: (type(None),), 11: (Regex,), 13: (Code,),
+    16: (int,), 17: (Timestamp,), 18: (Int64,), 19: (Decimal128,), -1: (MinKey,), 127: (MaxKey,),
     "number": (int, Int64, float, Decimal128),
 }
-_TYPE_ALIASES = {"double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
-                 "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
-                 "decimal": 19, "minKey": -1, "maxKey": 127}
+_TYPE_ALIASES = {
+    "double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
+    "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
+    "decimal": 19, "minKey": -1, "maxKey": 127,
+}
 
 
-def _bracket(value: Any) -> int:
+def _bracket(value: object) -> int:
     """The canonical type of `value` (canonicalizeBSONType): a query's comparisons only match
     values of the comparand's type ("type bracketing"), every number being of one type."""
     ctype = sort_key(value)[0]
@@ -63,7 +65,7 @@ def get_path(doc: Any, path: str) -> list[Any]:
     return values
 
 
-def _candidates(values: list[Any]) -> list[Any]:
+def _candidates(values: list[object]) -> list[object]:
     out = []
     for v in values:
         out.append(v)
@@ -72,9 +74,6 @@ def _candidates(values: list[Any]) -> list[Any]:
     return out
 
 
-# The operators _match_op evaluates; unsupported_in_query names anything else a query uses.
-_FIELD_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$size", "$all",
-                              "$elemMatch", "$not", "$regex", "$options", "$type"})
 _LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
 
 # The server's MatchExpressionParser refuses a query nested deeper than this (kMaximumTreeDepth,
@@ -84,7 +83,7 @@ _LIST_ARGUMENTS = frozenset({"$in", "$nin", "$all"})
 MAX_QUERY_DEPTH = 100
 
 
-def _too_deep(query: Any) -> MongoError:
+def _too_deep(query: object) -> MongoError:
     return MongoError("BadValue", f"exceeded maximum query tree depth of {MAX_QUERY_DEPTH} at "
                       f"{_SHORT.repr(query)}")
 
@@ -94,7 +93,7 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 3, 4, 4, 60, 60
 
 
-def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) -> str | None:
+def unsupported_in_query(query: object, *, top_level: bool = True, level: int = 0) -> str | None:
     """The first operator of `query` that `matches` does not evaluate as the server does (e.g.
     "$where", or a regular expression only a backtracking engine runs), or None when it
     evaluates all of it. `top_level`: whether `$expr` may be used (not inside $elemMatch, where
@@ -127,27 +126,38 @@ def unsupported_in_query(query: Any, *, top_level: bool = True, level: int = 0) 
     return None
 
 
-def _unsupported_in_condition(cond: Any, level: int) -> str | None:
+def _unsupported_in_condition(cond: object, level: int) -> str | None:
     if level > MAX_QUERY_DEPTH:
         raise _too_deep(cond)
     if not _is_operator_doc(cond):
-        if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
-            return "a condition that mixes operators and fields"
-        if isinstance(cond, (re.Pattern, Regex)):
-            return _regex_problem(*_pattern_of(cond))
-        return None  # equality with a value
+        return _unsupported_in_value(cond)
     for op, arg in cond.items():
-        if op not in _FIELD_OPERATORS:
-            return op
-        if op in _LIST_ARGUMENTS and not isinstance(arg, list):
-            return f"{op} without an array"
-        if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
-            return "$not without an operator document or a regular expression"
-        found = _regex_operator_problem(cond) if op == "$regex" else \
-            _operand_problem(op, arg, level)
+        found = _unsupported_in_operator(op, arg, cond, level)
         if found is not None:
             return found
     return None
+
+
+def _unsupported_in_value(cond: object) -> str | None:
+    """What in a condition that is not an operator document `matches` does not evaluate."""
+    if isinstance(cond, Mapping) and any(str(k).startswith("$") for k in cond):
+        return "a condition that mixes operators and fields"
+    if isinstance(cond, (re.Pattern, Regex)):
+        return _regex_problem(*_pattern_of(cond))
+    return None  # equality with a value
+
+
+def _unsupported_in_operator(op: str, arg: Any, cond: Mapping[str, Any], level: int) -> str | None:
+    """What in one {op: arg} of the operator document `cond` `matches` does not evaluate."""
+    if op not in _FIELD_OPERATORS:
+        return op
+    if op in _LIST_ARGUMENTS and not isinstance(arg, list):
+        return f"{op} without an array"
+    if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
+        return "$not without an operator document or a regular expression"
+    if op == "$regex":
+        return _regex_operator_problem(cond)
+    return _operand_problem(op, arg, level)
 
 
 def _operand_problem(op: str, arg: Any, level: int) -> str | None:
@@ -182,7 +192,7 @@ def _regex_operator_problem(cond: Mapping[str, Any]) -> str | None:
 _EXACT_TYPES = frozenset({str, int, Int64, bool, ObjectId, type(None)})
 
 
-def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
+def _equals(arg: object, cands: list[object], values: list[object]) -> bool:
     """$eq: some candidate equals `arg`, or `arg` is null and the path has no value."""
     t = type(arg)
     exact = t in _EXACT_TYPES
@@ -190,54 +200,109 @@ def _equals(arg: Any, cands: list[Any], values: list[Any]) -> bool:
         arg is None and not values)
 
 
-def _match_op(op: str, arg: Any, values: list[Any], doc: Any, path: str) -> bool:
-    cands = _candidates(values)
-    if op == "$eq":
-        return _equals(arg, cands, values)
-    if op == "$ne":
-        return not _match_op("$eq", arg, values, doc, path)
-    if op in ("$gt", "$gte", "$lt", "$lte"):
-        want = {"$gt": (1,), "$gte": (0, 1), "$lt": (-1,), "$lte": (-1, 0)}[op]
+def _match_op(op: str, arg: object, values: list[object]) -> bool:
+    match = _OPERATORS.get(op)
+    if match is None:
+        raise MongoError("BadValue", f"unknown operator: {op}")
+    return match(arg, values)
+
+
+# Each field operator's test: (its operand, the values at the field's path) -> bool.
+_Operator = Callable[[Any, list[object]], bool]
+
+
+def _eq(arg: object, values: list[object]) -> bool:
+    return _equals(arg, _candidates(values), values)
+
+
+def _ne(arg: object, values: list[object]) -> bool:
+    return not _eq(arg, values)
+
+
+def _comparison(outcomes: tuple[int, ...]) -> _Operator:
+    """$gt, $gte, $lt or $lte: some candidate of the operand's type bracket compares as one of
+    `outcomes` (compare's -1, 0, 1) with it."""
+
+    def match(arg: object, values: list[object]) -> bool:
         bracket = _bracket(arg)
-        return any(_bracket(v) == bracket and compare(v, arg) in want for v in cands)
-    if op == "$in":  # a regular expression in the list matches strings, as one outside it does
-        return any(_regex_matches(a, values) if isinstance(a, (re.Pattern, Regex)) else _equals(a, cands, values)
-                   for a in arg)
-    if op == "$nin":
-        return not _match_op("$in", arg, values, doc, path)
-    if op == "$exists":
-        return bool(values) == bool(arg)
-    if op == "$size":
-        return any(isinstance(v, list) and len(v) == arg for v in values)
-    if op == "$all":
-        return all(_match_op("$eq", a, values, doc, path) for a in arg)
-    if op == "$elemMatch":
-        return any(isinstance(v, list) and any(
-            matches(item, arg) if isinstance(item, Mapping) and not _is_operator_doc(arg)
-            else _match_value(arg, [item], item, "") for item in v) for v in values)
-    if op == "$not":
-        return not _match_value(arg, values, doc, path)
-    if op == "$regex":
-        return _regex_matches(arg, values)
-    if op == "$options":
-        return True
-    if op == "$type":
-        wanted: set[type] = set()
-        for name in arg if isinstance(arg, list) else [arg]:
-            types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
-            if types is None:
-                raise MongoError("BadValue", f"Unknown type name alias: {name}")
-            wanted.update(types)
-        # Like every leaf operator, $type also tests an array's elements.
-        return any(type(v) in wanted for v in _candidates(values))
-    raise MongoError("BadValue", f"unknown operator: {op}")
+        cands = _candidates(values)
+        return any(_bracket(v) == bracket and compare(v, arg) in outcomes for v in cands)
+
+    return match
 
 
-def _is_operator_doc(v: Any) -> bool:
+def _in(arg: Iterable[object], values: list[object]) -> bool:
+    # A regular expression in the list matches strings, as one outside it does.
+    cands = _candidates(values)
+    return any(
+        _regex_matches(a, values) if isinstance(a, (re.Pattern, Regex))
+        else _equals(a, cands, values)
+        for a in arg
+    )
+
+
+def _nin(arg: Iterable[object], values: list[object]) -> bool:
+    return not _in(arg, values)
+
+
+def _all(arg: Iterable[object], values: list[object]) -> bool:
+    return all(_eq(a, values) for a in arg)
+
+
+def _elem_match(arg: Mapping[str, Any], values: list[object]) -> bool:
+    by_query = not _is_operator_doc(arg)  # {field: ...} tests documents, {$op: ...} any element
+
+    def item_matches(item: object) -> bool:
+        if by_query and isinstance(item, Mapping):
+            return matches(item, arg)
+        return condition_matches(arg, [item])
+
+    return any(isinstance(v, list) and any(item_matches(item) for item in v) for v in values)
+
+
+def _type(arg: Any, values: list[object]) -> bool:
+    wanted: set[type] = set()
+    for name in arg if isinstance(arg, list) else [arg]:
+        types = _TYPES.get(_TYPE_ALIASES.get(name, name) if isinstance(name, str) else name)
+        if types is None:
+            raise MongoError("BadValue", f"Unknown type name alias: {name}")
+        wanted.update(types)
+    # Like every leaf operator, $type also tests an array's elements.
+    return any(type(v) in wanted for v in _candidates(values))
+
+
+_OPERATORS: dict[str, _Operator] = {
+    "$eq": _eq,
+    "$ne": _ne,
+    "$gt": _comparison((1,)),
+    "$gte": _comparison((0, 1)),
+    "$lt": _comparison((-1,)),
+    "$lte": _comparison((-1, 0)),
+    "$in": _in,
+    "$nin": _nin,
+    "$exists": lambda arg, values: bool(values) == bool(arg),
+    "$size": lambda arg, values: any(
+        isinstance(v, list) and len(v) == arg for v in values
+    ),
+    "$all": _all,
+    "$elemMatch": _elem_match,
+    "$not": lambda arg, values: not condition_matches(arg, values),
+    "$regex": lambda arg, values: _regex_matches(arg, values),
+    "$options": lambda arg, values: True,  # read with its $regex
+    "$type": _type,
+}
+
+# The operators _match_op evaluates; unsupported_in_query names anything else a query uses.
+_FIELD_OPERATORS = frozenset(_OPERATORS)
+
+
+def _is_operator_doc(v: object) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(v, Mapping) and bool(v) and all(str(k).startswith("$") for k in v)
 
 
-def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
+def condition_matches(cond: object, values: list[object]) -> bool:
+    """Whether the values at a field's path (get_path) meet a query's condition on that field: an
+    operator document ({$gt: 1, $lt: 5}), a regular expression, or a value to equal."""
     if _is_operator_doc(cond):
         if "$regex" in cond:
             regex, options = cond["$regex"], cond.get("$options", "")
@@ -247,11 +312,17 @@ def _match_value(cond: Any, values: list[Any], doc: Any, path: str) -> bool:
             search = _compiled(regex, options)
             rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
             return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(
-                _match_op(k, v, values, doc, path) for k, v in rest.items())
-        return all(_match_op(k, v, values, doc, path) for k, v in cond.items())
+                _match_op(k, v, values) for k, v in rest.items())
+        return all(_match_op(k, v, values) for k, v in cond.items())
     if isinstance(cond, (re.Pattern, Regex)):
         return _regex_matches(cond, values)
-    return _match_op("$eq", cond, values, doc, path)
+    return _match_op("$eq", cond, values)
+
+
+def _match_value(cond: object, values: list[object], doc: object, path: str) -> bool:
+    """condition_matches under the name and arguments simcluster.updates calls it by (the
+    document and path are not needed)."""
+    return condition_matches(cond, values)
 
 
 # User-supplied patterns run on RE2, whose matching time is linear in the subject: a pattern
@@ -335,7 +406,7 @@ def _compiled(pattern: str, options: str) -> Search:
     return re.compile(pattern, flags).search
 
 
-def _regex_matches(pattern: Any, values: list[Any]) -> bool:
+def _regex_matches(pattern: object, values: list[object]) -> bool:
     search = _compiled(*_pattern_of(pattern)) if isinstance(pattern, (re.Pattern, Regex)) else \
         _compiled(pattern, "")
     return any(isinstance(v, str) and search(v) for v in _candidates(values))
@@ -357,6 +428,6 @@ def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
                 return False
         elif key in ("$comment", "$where"):
             continue
-        elif not _match_value(cond, get_path(doc, key), doc, key):
+        elif not condition_matches(cond, get_path(doc, key)):
             return False
     return True

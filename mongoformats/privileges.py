@@ -28,29 +28,42 @@ from typing import Any
 __all__ = ["BUILTIN_ROLES", "READ_ACTIONS", "WRITE_ACTIONS", "allows", "change_stream_resource",
            "privileges_of_roles"]
 
-READ_ACTIONS = ("changeStream", "collStats", "dbHash", "dbStats", "find", "killCursors", "listCollections",
-                "listIndexes")
-WRITE_ACTIONS = ("convertToCapped", "createCollection", "createIndex", "dropCollection", "dropIndex", "insert",
-                 "remove", "renameCollectionSameDB", "update")
-_DB_ADMIN_ACTIONS = ("collMod", "collStats", "convertToCapped", "createCollection", "createIndex", "dbStats",
-                     "dropCollection", "dropDatabase", "dropIndex", "enableProfiler", "listCollections",
-                     "listIndexes", "reIndex", "renameCollectionSameDB", "validate")
-_MONITOR_CLUSTER_ACTIONS = ("connPoolStats", "getCmdLineOpts", "getDefaultRWConcern", "getLog", "getParameter",
-                            "getShardMap", "hostInfo", "inprog", "listDatabases", "listSessions", "listShards",
-                            "netstat", "replSetGetConfig", "replSetGetStatus", "serverStatus", "shardingState",
-                            "top")
-_MONITOR_DB_ACTIONS = ("collStats", "dbStats", "getDatabaseVersion", "getShardVersion", "indexStats")
-_HOST_CLUSTER_ACTIONS = ("applicationMessage", "connPoolSync", "dropConnections", "flushRouterConfig", "fsync",
-                         "invalidateUserCache", "killAnyCursor", "killAnySession", "killop", "logRotate",
-                         "replSetResizeOplog", "resync", "setParameter", "shutdown", "touch", "unlock")
-_MANAGER_CLUSTER_ACTIONS = ("addShard", "appendOplogNote", "applicationMessage", "cleanupOrphaned",
-                            "flushRouterConfig", "getClusterParameter", "getDefaultRWConcern", "listSessions",
-                            "listShards", "removeShard", "replSetConfigure", "replSetGetConfig",
-                            "replSetGetStatus", "replSetStateChange", "resync", "setClusterParameter",
-                            "setDefaultRWConcern", "setFeatureCompatibilityVersion")
-_MANAGER_DB_ACTIONS = ("analyzeShardKey", "clearJumboFlag", "configureQueryAnalyzer", "enableSharding",
-                       "moveChunk", "moveCollection", "refineCollectionShardKey", "reshardCollection",
-                       "splitChunk", "splitVector")
+READ_ACTIONS = (
+    "changeStream", "collStats", "dbHash", "dbStats", "find", "killCursors", "listCollections",
+    "listIndexes",
+)
+WRITE_ACTIONS = (
+    "convertToCapped", "createCollection", "createIndex", "dropCollection", "dropIndex", "insert",
+    "remove", "renameCollectionSameDB", "update",
+)
+_DB_ADMIN_ACTIONS = (
+    "collMod", "collStats", "convertToCapped", "createCollection", "createIndex", "dbStats",
+    "dropCollection", "dropDatabase", "dropIndex", "enableProfiler", "listCollections",
+    "listIndexes", "reIndex", "renameCollectionSameDB", "validate",
+)
+_MONITOR_CLUSTER_ACTIONS = (
+    "connPoolStats", "getCmdLineOpts", "getDefaultRWConcern", "getLog", "getParameter",
+    "getShardMap", "hostInfo", "inprog", "listDatabases", "listSessions", "listShards", "netstat",
+    "replSetGetConfig", "replSetGetStatus", "serverStatus", "shardingState", "top",
+)
+_MONITOR_DB_ACTIONS = (
+    "collStats", "dbStats", "getDatabaseVersion", "getShardVersion", "indexStats",
+)
+_HOST_CLUSTER_ACTIONS = (
+    "applicationMessage", "connPoolSync", "dropConnections", "flushRouterConfig", "fsync",
+    "invalidateUserCache", "killAnyCursor", "killAnySession", "killop", "logRotate",
+    "replSetResizeOplog", "resync", "setParameter", "shutdown", "touch", "unlock",
+)
+_MANAGER_CLUSTER_ACTIONS = (
+    "addShard", "appendOplogNote", "applicationMessage", "cleanupOrphaned", "flushRouterConfig",
+    "getClusterParameter", "getDefaultRWConcern", "listSessions", "listShards", "removeShard",
+    "replSetConfigure", "replSetGetConfig", "replSetGetStatus", "replSetStateChange", "resync",
+    "setClusterParameter", "setDefaultRWConcern", "setFeatureCompatibilityVersion",
+)
+_MANAGER_DB_ACTIONS = (
+    "analyzeShardKey", "clearJumboFlag", "configureQueryAnalyzer", "enableSharding", "moveChunk",
+    "moveCollection", "refineCollectionShardKey", "reshardCollection", "splitChunk", "splitVector",
+)
 
 _ANY = {"db": "", "collection": ""}  # the server's any_normal: every non-system collection
 _CLUSTER = {"cluster": True}
@@ -69,13 +82,18 @@ BUILTIN_ROLES: dict[str, list[tuple[dict[str, Any], tuple[str, ...]]]] = {
     "clusterAdmin": [(_ANY, ("dropDatabase",))],
     "root": [],
 }
-# role -> the roles it includes, (role, db) with "{db}" for its own database (builtin_roles.yml's `roles`)
+# role -> the roles it includes, (role, db) with "{db}" for its own database (builtin_roles.yml's
+# `roles`)
 _INCLUDES: dict[str, tuple[tuple[str, str], ...]] = {
     "readWriteAnyDatabase": (("readAnyDatabase", "{db}"),),
     "clusterMonitor": (("read", "config"), ("read", "local")),
     "clusterManager": (("read", "config"),),
-    "clusterAdmin": (("clusterMonitor", "{db}"), ("hostManager", "{db}"), ("clusterManager", "{db}")),
-    "root": (("readWriteAnyDatabase", "{db}"), ("dbAdminAnyDatabase", "{db}"), ("clusterAdmin", "{db}")),
+    "clusterAdmin": (
+        ("clusterMonitor", "{db}"), ("hostManager", "{db}"), ("clusterManager", "{db}"),
+    ),
+    "root": (
+        ("readWriteAnyDatabase", "{db}"), ("dbAdminAnyDatabase", "{db}"), ("clusterAdmin", "{db}"),
+    ),
 }
 
 
@@ -87,7 +105,8 @@ def _with_included(roles: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         role, db = todo.pop()
         if (role, db) not in out:
             out.add((role, db))
-            todo.extend((inner, db if inner_db == "{db}" else inner_db) for inner, inner_db in _INCLUDES.get(role, ()))
+            todo.extend((inner, db if inner_db == "{db}" else inner_db)
+                        for inner, inner_db in _INCLUDES.get(role, ()))
     return out
 
 
@@ -99,11 +118,13 @@ def privileges_of_roles(roles: Iterable[tuple[str, str]]) -> list[dict[str, Any]
         for template, actions in BUILTIN_ROLES[role]:
             resource = {k: (db if v == "{db}" else v) for k, v in template.items()}
             by_resource.setdefault(tuple(resource.items()), set()).update(actions)
-    return [{"resource": dict(resource), "actions": sorted(actions)} for resource, actions in by_resource.items()]
+    return [{"resource": dict(resource), "actions": sorted(actions)}
+            for resource, actions in by_resource.items()]
 
 
 def change_stream_resource(db: str | None, coll: str | None) -> dict[str, Any]:
-    """What a change stream on a collection, a database (coll None) or the cluster (db None) reads."""
+    """What a change stream on a collection, a database (coll None) or the cluster (db None)
+    reads."""
     return {"db": db or "", "collection": coll or ""}
 
 
@@ -122,11 +143,13 @@ def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     return db_ok and coll_ok
 
 
-def allows(privileges: Iterable[Mapping[str, Any]], actions: Iterable[str], resource: Mapping[str, Any]) -> bool:
+def allows(
+    privileges: Iterable[Mapping[str, Any]], actions: Iterable[str], resource: Mapping[str, Any]
+) -> bool:
     """True when, for every action, some privilege grants it on a resource covering `resource`."""
     privileges = list(privileges)
     for action in actions:
-        if not any(_covers(p["resource"], resource) and (action in p["actions"] or "anyAction" in p["actions"])
-                   for p in privileges):
+        granted = (p for p in privileges if action in p["actions"] or "anyAction" in p["actions"])
+        if not any(_covers(p["resource"], resource) for p in granted):
             return False
     return True

@@ -40,7 +40,8 @@ class Projection:
         if computed_only:
             self._mode = "add"
         # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
-        elif all(rule == EXCLUDE for rule in others) if others else self._tree.get("_id") == EXCLUDE:
+        elif (all(rule == EXCLUDE for rule in others) if others
+              else self._tree.get("_id") == EXCLUDE):
             self._mode = "exclude"
         else:
             self._tree.setdefault("_id", INCLUDE)
@@ -54,7 +55,7 @@ class Projection:
         return _include(doc, self._tree, doc, evaluate)
 
 
-def spec_problem(spec: Any, *, computed_only: bool = False) -> str | None:
+def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
     """What makes a $project spec (or, `computed_only`, an $addFields spec) one these functions
     do not apply as the server does (most are specs the server rejects); None if nothing."""
     if not isinstance(spec, Mapping) or not spec:
@@ -63,8 +64,11 @@ def spec_problem(spec: Any, *, computed_only: bool = False) -> str | None:
         leaves = _leaves(_projection_tree(spec, computed_only=computed_only))
     except ValueError as exc:
         return str(exc)
-    flags = {rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)}
-    if flags == {True, False} or (False in flags and any(rule[0] == "compute" for _, rule in leaves)):
+    flags = {
+        rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)
+    }
+    computes = any(rule[0] == "compute" for _, rule in leaves)
+    if flags == {True, False} or (False in flags and computes):
         return "a $project that mixes inclusion and exclusion"
     return None
 
@@ -75,12 +79,12 @@ def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> 
             if rule[0] == "compute"]
 
 
-def _is_flag(v: Any) -> bool:
+def _is_flag(v: object) -> bool:
     """A $project value that includes (true, a non-zero number) or excludes (false, 0) a field."""
     return isinstance(v, (bool, int, float))
 
 
-def _is_nested_spec(v: Any) -> bool:
+def _is_nested_spec(v: object) -> bool:
     """A document of fields, which $project and $addFields read as specs of the nested fields, not
     as a literal document."""
     return isinstance(v, Mapping) and not any(str(k).startswith("$") for k in v)
@@ -120,28 +124,36 @@ def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) ->
         elif leaf in node:
             raise ValueError(f"a path collision at {key!r}")
         else:
-            node[leaf] = (INCLUDE if v else EXCLUDE) if _is_flag(v) and not computed_only else ("compute", v)
+            flag = _is_flag(v) and not computed_only
+            node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
     return tree
 
 
 def _computes(tree: _Tree) -> bool:
-    return any(rule[0] == "compute" or (rule[0] == "nested" and _computes(rule[1])) for rule in tree.values())
+    return any(
+        rule[0] == "compute" or (rule[0] == "nested" and _computes(rule[1]))
+        for rule in tree.values()
+    )
 
 
 def _leaves(tree: _Tree, prefix: str = "") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for name, rule in tree.items():
-        out += _leaves(rule[1], f"{prefix}{name}.") if rule[0] == "nested" else [(prefix + name, rule)]
+        nested = rule[0] == "nested"
+        out += _leaves(rule[1], f"{prefix}{name}.") if nested else [(prefix + name, rule)]
     return out
 
 
-def _include(doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
+def _include(
+    doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in doc.items():
         rule = tree.get(name)
         if rule == INCLUDE:
             out[name] = value
-        elif rule is not None and rule[0] == "nested" and (isinstance(value, (dict, list)) or _computes(rule[1])):
+        elif (rule is not None and rule[0] == "nested"
+              and (isinstance(value, (dict, list)) or _computes(rule[1]))):
             out[name] = _include_value(value, rule[1], root, evaluate)
     for name, rule in tree.items():
         if rule[0] == "compute":
@@ -160,7 +172,9 @@ def _include_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Eval
     return _include(value if isinstance(value, dict) else {}, tree, root, evaluate)
 
 
-def _add_fields(doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
+def _add_fields(
+    doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate
+) -> dict[str, Any]:
     """$addFields/$set, with the server's rules (its add-fields unit tests): a field set anew keeps
     its place, new ones follow in the spec's order; a nested rule keeps the sub-document's other
     fields, makes documents of scalars and applies to each element of an array."""
@@ -188,7 +202,7 @@ def _add_to_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Evalu
     return _add_fields(value if isinstance(value, dict) else {}, tree, root, evaluate)
 
 
-def _put(out: dict[str, Any], name: str, value: Any) -> None:
+def _put(out: dict[str, object], name: str, value: object) -> None:
     if value is not MISSING:
         out[name] = value
 

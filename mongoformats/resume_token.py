@@ -20,7 +20,8 @@ from typing import Any
 from bson import Binary, Timestamp
 
 from mongoformats.errors import MongoError
-from mongoformats.keystring import KeyStringBuilder, KeyStringReader
+from mongoformats.keystring import KeyStringBuilder
+from mongoformats.keystring_reader import KeyStringReader
 
 __all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
            "high_water_mark", "token_sort_key", "token_text", "fragment_of", "whole_event_token"]
@@ -59,7 +60,9 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
     other shape so the generic encoder handles it.
     """
     ident = data.event_identifier
-    if data.version != 2 or data.fragment_num is not None or type(ident) is not dict or len(ident) != 2:
+    if data.version != 2 or data.fragment_num is not None:
+        return None
+    if type(ident) is not dict or len(ident) != 2:
         return None
     keys = list(ident)
     if keys != ["operationType", "documentKey"] or type(ident["documentKey"]) is not dict:
@@ -78,7 +81,8 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
         ks.append(op)
         op_bytes = _IDENT_CACHE.setdefault(op, ks.data)
     key = KeyStringBuilder()
-    key._bits = [0, 0, 0, 0, 0, 0, 0]  # version, tokenType, txnOpIndex (2 bits each), operationType (1)
+    # The type bits of version, tokenType, txnOpIndex (2 each) and operationType (1), all zero.
+    key.append_zero_type_bits(7)
     key.append(ident["documentKey"])
     ts = data.cluster_time
     parts = [b"\x82", ts.time.to_bytes(4, "big"), ts.inc.to_bytes(4, "big"), head]
@@ -152,41 +156,56 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
     version = r.read()
     if type(version) is not int or version not in (0, 1, 2):
         raise _bad(50795, f"Invalid resume token version: {version!r}")
-    token_type = EVENT_TOKEN
-    if version >= 1:
-        token_type = r.read()
-        if token_type not in (HIGH_WATER_MARK, EVENT_TOKEN):
-            raise _bad(51057, f"Unknown tokenType {token_type!r}")
+    token_type = _read_token_type(r) if version >= 1 else EVENT_TOKEN
+    txn_op_index = _read_txn_op_index(r)
+    from_invalidate = _read_from_invalidate(r) if version >= 1 else False
+    uuid = _read_uuid(r) if not r.at_end() else None
+    event_identifier = _read_event_identifier(r) if not r.at_end() else None
+    fragment_num = r.read() if not r.at_end() and version >= 2 else None
+    if not r.at_end():
+        raise _bad(40646, "invalid oversized resume token")
+    r.finish()
+    return ResumeTokenData(ts, version, token_type, txn_op_index, from_invalidate, uuid,
+                           event_identifier, fragment_num)
+
+
+def _read_token_type(r: KeyStringReader) -> int:
+    token_type = r.read()
+    if token_type not in (HIGH_WATER_MARK, EVENT_TOKEN):
+        raise _bad(51057, f"Unknown tokenType {token_type!r}")
+    return token_type
+
+
+def _read_txn_op_index(r: KeyStringReader) -> int:
     txn_op_index = r.read()
     if type(txn_op_index) is not int:
         raise _bad(50855, "txnOpIndex must be an Int32")
     if txn_op_index < 0:
         raise _bad(50794, "txnOpIndex must be non-negative")
-    from_invalidate = False
-    if version >= 1:
-        from_invalidate = r.read()
-        if not isinstance(from_invalidate, bool):
-            raise ValueError("fromInvalidate is not a bool")
-    uuid = None
-    event_identifier = None
-    fragment_num = None
-    if not r.at_end():
-        u = r.read()
-        if isinstance(u, Binary) and u.subtype == 4:
-            uuid = uuidlib.UUID(bytes=bytes(u))
-        elif u is not None:
-            raise ValueError("uuid is not BinData subtype 4")
-    if not r.at_end():
-        event_identifier = r.read()
-        if not isinstance(event_identifier, dict):
-            raise ValueError("eventIdentifier is not an object")
-    if not r.at_end() and version >= 2:
-        fragment_num = r.read()
-    if not r.at_end():
-        raise _bad(40646, "invalid oversized resume token")
-    r.finish()
-    return ResumeTokenData(ts, version, token_type, txn_op_index, from_invalidate, uuid, event_identifier,
-                           fragment_num)
+    return txn_op_index
+
+
+def _read_from_invalidate(r: KeyStringReader) -> bool:
+    from_invalidate = r.read()
+    if not isinstance(from_invalidate, bool):
+        raise ValueError("fromInvalidate is not a bool")
+    return from_invalidate
+
+
+def _read_uuid(r: KeyStringReader) -> uuidlib.UUID | None:
+    u = r.read()
+    if isinstance(u, Binary) and u.subtype == 4:
+        return uuidlib.UUID(bytes=bytes(u))
+    if u is not None:
+        raise ValueError("uuid is not BinData subtype 4")
+    return None
+
+
+def _read_event_identifier(r: KeyStringReader) -> dict[str, Any]:
+    event_identifier = r.read()
+    if not isinstance(event_identifier, dict):
+        raise ValueError("eventIdentifier is not an object")
+    return event_identifier
 
 
 def high_water_mark(cluster_time: Timestamp, version: int = DEFAULT_VERSION) -> dict[str, Any]:
@@ -221,7 +240,8 @@ def token_text(token: Mapping[str, Any], *, spaced: bool = False) -> str:
 
 
 def token_sort_key(token: Mapping[str, Any]) -> bytes:
-    """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never counts)."""
+    """Bytes that order tokens as the server does (the `_data` KeyString; `_typeBits` never
+    counts)."""
     return binascii.unhexlify(token["_data"])
 
 

@@ -12,11 +12,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named", "user_digest", "user_identity"]
+__all__ = [
+    "UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named", "user_digest", "user_identity",
+]
 
-# The user of something that keeps none (a transaction in simcluster): only an id or an empty list names it.
+# The user of something that keeps none (a transaction in simcluster): only an id or an empty
+# list names it.
 UNKNOWN_USER = object()
-SessionsNamed = Callable[[bytes | None, Any], bool]  # (session id or None, user or UNKNOWN_USER) -> named?
+# (session id or None, user or UNKNOWN_USER) -> named?
+SessionsNamed = Callable[[bytes | None, Any], bool]
 
 
 def session_id(value: Any) -> bytes:
@@ -54,7 +58,9 @@ def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: b
         return named
     if name.lower() == "killallsessionsbypattern":
         return _by_patterns([spec for spec in specs if isinstance(spec, dict)])
-    users = {user_identity(spec.get("user"), spec.get("db")) for spec in specs if isinstance(spec, dict)}
+    users = {
+        user_identity(spec.get("user"), spec.get("db")) for spec in specs if isinstance(spec, dict)
+    }
     return lambda lsid, user: not users or (user is not UNKNOWN_USER and user in users)
 
 

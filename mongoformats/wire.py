@@ -2,9 +2,9 @@
 
 Strategy: sans-IO. `MessageFramer.receive_data(bytes)` buffers; `next_message()` returns one
 decoded message or `NEED_DATA`; `next_frame(pad)` and `op_msg_body_span` leave a large reply
-undecoded, its body read where it lies. Encoders are plain functions returning bytes. BSON payloads are
-never decoded here: they stay `bytes` (the caller wraps them in `RawBSONDocument` when it needs a
-field), so a pass-through proxy copies bytes and nothing else.
+undecoded, its body read where it lies. Encoders are plain functions returning bytes. BSON
+payloads are never decoded here: they stay `bytes` (the caller wraps them in `RawBSONDocument` when
+it needs a field), so a pass-through proxy copies bytes and nothing else.
 
 Spec: https://github.com/mongodb/specifications/blob/master/source/message/OP_MSG.md and
 https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/ (header, OP_QUERY, OP_REPLY,
@@ -14,7 +14,6 @@ OP_COMPRESSED). Limits follow pymongo's receive_message: 16 < length <= maxMessa
 from __future__ import annotations
 
 import struct
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Final
 
 import crc32c
 
+from mongoformats.compression import COMPRESSOR_IDS, COMPRESSOR_NAMES, compressed, decompress
 from mongoformats.errors import ProtocolError
 
 __all__ = [
@@ -29,7 +29,8 @@ __all__ = [
     "FLAG_CHECKSUM_PRESENT", "FLAG_MORE_TO_COME", "FLAG_EXHAUST_ALLOWED",
     "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
     "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
-    "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress", "decode_message",
+    "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress",
+    "decode_message",
     "op_msg_body_span", "op_msg_flags", "ArrayRun", "DeferredPiece", "joined",
 ]
 
@@ -57,8 +58,6 @@ HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 
-COMPRESSOR_IDS: Final = {"noop": 0, "snappy": 1, "zlib": 2, "zstd": 3}
-_COMPRESSOR_NAMES: Final = {v: k for k, v in COMPRESSOR_IDS.items()}
 
 
 class _NeedData:
@@ -73,7 +72,8 @@ NEED_DATA: Final = _NeedData()
 
 @dataclass(frozen=True, slots=True)
 class OpMsg:
-    """OP_MSG. `body` is the raw kind-0 BSON document; `sequences` maps identifier -> raw documents."""
+    """OP_MSG. `body` is the raw kind-0 BSON document; `sequences` maps identifier -> raw
+    documents."""
 
     request_id: int
     response_to: int
@@ -94,7 +94,8 @@ class OpMsg:
 
 @dataclass(frozen=True, slots=True)
 class OpQuery:
-    """Legacy OP_QUERY: accepted only for the first `isMaster`/`hello` of old drivers and mongosh."""
+    """Legacy OP_QUERY: accepted only for the first `isMaster`/`hello` of old drivers and
+    mongosh."""
 
     request_id: int
     response_to: int
@@ -126,7 +127,8 @@ Message = OpMsg | OpQuery | OpReply
 
 
 def _bson_at(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[bytes, int]:
-    """The BSON document starting at `pos`, checked against the frame end; returns (doc, next_pos)."""
+    """The BSON document starting at `pos`, checked against the frame end; returns (doc,
+    next_pos)."""
     stop = _bson_end(buf, pos, end)
     return bytes(buf[pos:stop]), stop
 
@@ -159,8 +161,10 @@ def _decode_op_msg(request_id: int, response_to: int, data: bytes, compressor: s
     return OpMsg(request_id, response_to, flags, data[start:stop], sequences, compressor)
 
 
-def _op_msg_sections(data: bytes | bytearray,
-                     end: int) -> tuple[int, tuple[int, int], tuple[tuple[str, tuple[bytes, ...]], ...]]:
+_Sequences = tuple[tuple[str, tuple[bytes, ...]], ...]  # (identifier, its documents) each
+
+
+def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int, int], _Sequences]:
     """(flags, where the body document lies, the document sequences) of the OP_MSG in data[:end],
     header included; checksums cover header..sections."""
     if end < HEADER.size + 4 + 1:
@@ -225,7 +229,9 @@ def op_msg_body_span(frame: bytes | bytearray) -> tuple[int, int] | None:
     return None if sequences else body
 
 
-def _decode_op_query(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpQuery:
+def _decode_op_query(
+    request_id: int, response_to: int, data: bytes, compressor: str | None
+) -> OpQuery:
     end = len(data)
     pos = HEADER.size
     if end - pos < 4:
@@ -244,7 +250,9 @@ def _decode_op_query(request_id: int, response_to: int, data: bytes, compressor:
     return OpQuery(request_id, response_to, flags, name, skip, nret, query, fields, compressor)
 
 
-def _decode_op_reply(request_id: int, response_to: int, data: bytes, compressor: str | None) -> OpReply:
+def _decode_op_reply(
+    request_id: int, response_to: int, data: bytes, compressor: str | None
+) -> OpReply:
     end = len(data)
     pos = HEADER.size
     if end - pos < 20:
@@ -261,69 +269,9 @@ def _decode_op_reply(request_id: int, response_to: int, data: bytes, compressor:
 
 
 _Decoder = Callable[[int, int, bytes, "str | None"], "Message"]
-_DECODERS: Final[dict[int, _Decoder]] = {OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply}
-
-
-def _decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
-    """The `size` bytes `payload` inflates to. Nothing larger is ever made: the caller has
-    checked `size` against the message size limit, and each compressor is stopped one byte past
-    it (a payload that inflates further is refused, whatever its own headers claim), as the
-    server decompresses into a buffer of the declared size (message_compressor_manager.cpp)."""
-    name = _COMPRESSOR_NAMES.get(compressor_id)
-    try:
-        if name == "noop":
-            out = payload
-        elif name == "zlib":
-            d = zlib.decompressobj()
-            out = d.decompress(payload, size + 1)
-            if not d.eof:  # truncated, or more than `size` bytes in it
-                raise ProtocolError(f"zlib payload does not end within uncompressedSize {size}")
-        elif name == "snappy":
-            out = _snappy_decompress(payload, size)
-        elif name == "zstd":
-            out = _zstd_decompress(payload, size)
-        else:
-            raise ProtocolError(f"unknown compressor id {compressor_id}")
-    except ProtocolError:
-        raise
-    except Exception as exc:  # each library raises its own error type for corrupt input
-        raise ProtocolError(f"cannot decompress {name} payload: {exc}") from exc
-    if len(out) != size:
-        raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} does not match {len(out)}")
-    return out
-
-
-def _snappy_decompress(payload: bytes, size: int) -> bytes:
-    """Raw snappy starts with its uncompressed length (a varint) and its decoder allocates that
-    much: the length is compared with `size` before anything is inflated."""
-    import cramjam
-
-    stated = cramjam.snappy.decompress_raw_len(payload)
-    if stated != size:
-        raise ProtocolError(f"snappy payload states {stated} bytes, uncompressedSize {size}")
-    return bytes(cramjam.snappy.decompress_raw(payload))
-
-
-# A zstd frame names the window its decoder must keep; none larger than a whole message is
-# needed (a compressor's window never exceeds its input), so a larger one is refused rather
-# than allocated.
-_ZSTD_MAX_WINDOW: Final = 1 << 26
-
-
-def _zstd_decompress(payload: bytes, size: int) -> bytes:
-    """Streamed, read to one byte past `size` at most. Why not `ZstdDecompressor.decompress`
-    with max_output_size: a frame that states its content size is inflated to that size,
-    whatever max_output_size says."""
-    import zstandard
-
-    reader = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).stream_reader(
-        payload, read_across_frames=True)
-    pieces: list[bytes] = []
-    left = size + 1
-    while left > 0 and (piece := reader.read(left)):
-        pieces.append(piece)
-        left -= len(piece)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+_DECODERS: Final[dict[int, _Decoder]] = {
+    OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply,
+}
 
 
 def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
@@ -342,8 +290,8 @@ def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
             raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} out of range")
         if original == OP_COMPRESSED:
             raise ProtocolError("OP_COMPRESSED cannot wrap OP_COMPRESSED")
-        inner = _decompress(cid, data[HEADER.size + 9 :], size)
-        compressor = _COMPRESSOR_NAMES[cid]
+        inner = decompress(cid, data[HEADER.size + 9 :], size)
+        compressor = COMPRESSOR_NAMES[cid]
         op_code = original
         data = HEADER.pack(HEADER.size + size, request_id, response_to, original) + inner
     decoder = _DECODERS.get(op_code)
@@ -407,15 +355,16 @@ class MessageFramer:
             raise ProtocolError("connection closed in the middle of a message")
         return NEED_DATA
 
-    def frame_buffer(self, pad: int, at_least: int, allocate: Callable[[int], bytearray] = bytearray,
-                     ) -> tuple[bytearray, int, int] | None:
+    def frame_buffer(
+        self, pad: int, at_least: int, allocate: Callable[[int], bytearray] = bytearray,
+    ) -> tuple[bytearray, int, int] | None:
         """For a frame of `at_least` bytes or more whose length has arrived but not all of it:
         (a buffer of its length plus `pad` zero bytes holding what has arrived, how much that
         is, its length); what it holds leaves the framer, and the caller receives the rest
         straight into it (recv_into). `allocate` makes the buffer: any bytes it holds are
         overwritten, so a caller may pass one that leaves them unset (the engine's
-        buckets/_columnar/allocator.unfilled_bytearray). None if the length is unknown, the frame is smaller or
-        it has all arrived (`next_frame` takes it).
+        buckets/_columnar/allocator.unfilled_bytearray). None if the length is unknown, the frame
+        is smaller or it has all arrived (`next_frame` takes it).
 
         Why: a reply of megabytes arrives in receives of 256 KB, and cutting the frame from them
         copied every byte a second time (the join), a tenth of a reader's time."""
@@ -446,11 +395,13 @@ class MessageFramer:
         return int(_I32.unpack_from(chunks[0], self._start)[0])
 
     def _take(self, n: int, pad: int) -> bytes:
-        """The next `n` unread bytes (there are that many) and `pad` zero bytes, copied once at most."""
+        """The next `n` unread bytes (there are that many) and `pad` zero bytes, copied once at
+        most."""
         chunks, start = self._chunks, self._start
         self._size -= n
         first = chunks[0]
-        if start == 0 and len(first) == n and not pad:  # a frame that came in one piece: no copy at all
+        # A frame that came in one piece: no copy at all.
+        if start == 0 and len(first) == n and not pad:
             chunks.popleft()
             return first
         if len(first) - start > n and not pad:
@@ -538,7 +489,8 @@ def encode_op_msg(
     flags: int = 0,
     sequences: tuple[tuple[str, tuple[bytes, ...]], ...] = (),
 ) -> bytes:
-    """An OP_MSG; `body` is the body document's BSON, or its pieces (oplog_splice.document_parts)."""
+    """An OP_MSG; `body` is the body document's BSON, or its pieces
+    (oplog_splice.document_parts)."""
     # One join for the whole message: replies run to megabytes, and every `+` of such a bytes
     # object is a fresh allocation of that size, which faults in page by page.
     checksum = bool(flags & FLAG_CHECKSUM_PRESENT)
@@ -561,18 +513,21 @@ def op_msg_parts(
     """An OP_MSG as the pieces it is made of, unjoined, for a scatter-gather write (`sendmsg`):
     a reply of megabytes then goes to the socket without first being copied into one bytes
     object. `trailer` bytes (a checksum) are counted in the length but not given."""
-    parts: list[bytes | memoryview] = [b"", _U32.pack(flags), b"\x00", *(body if isinstance(body, list) else (body,))]
+    body_parts = body if isinstance(body, list) else (body,)
+    parts: list[bytes | memoryview] = [b"", _U32.pack(flags), b"\x00", *body_parts]
     for ident, docs in sequences:
         name = ident.encode() + b"\x00"
         parts += [b"\x01", _I32.pack(4 + len(name) + sum(map(len, docs))), name, *docs]
-    parts[0] = HEADER.pack(sum(map(len, parts)) + HEADER.size + trailer, request_id, response_to, OP_MSG)
+    length = sum(map(len, parts)) + HEADER.size + trailer
+    parts[0] = HEADER.pack(length, request_id, response_to, OP_MSG)
     return parts
 
 
 def encode_op_reply(request_id: int, response_to: int, documents: tuple[bytes, ...], *,
                     response_flags: int = 8, cursor_id: int = 0, starting_from: int = 0) -> bytes:
     # response_flags 8 = AwaitCapable, which every modern server sets on OP_REPLY.
-    payload = struct.pack("<iqii", response_flags, cursor_id, starting_from, len(documents)) + b"".join(documents)
+    head = struct.pack("<iqii", response_flags, cursor_id, starting_from, len(documents))
+    payload = head + b"".join(documents)
     return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_REPLY) + payload
 
 
@@ -584,22 +539,10 @@ def encode_op_query(request_id: int, full_collection_name: str, query: bytes, *,
 
 
 def compress(message: bytes, compressor: str, *, level: int = -1) -> bytes:
-    """Wrap an encoded message in OP_COMPRESSED with `compressor` ("zlib", "snappy", "zstd", "noop")."""
+    """Wrap an encoded message in OP_COMPRESSED with `compressor` ("zlib", "snappy", "zstd",
+    "noop")."""
     length, request_id, response_to, op_code = HEADER.unpack_from(message, 0)
     inner = message[HEADER.size:]
-    if compressor == "zlib":
-        packed = zlib.compress(inner, level)
-    elif compressor == "snappy":
-        import cramjam
-
-        packed = bytes(cramjam.snappy.compress_raw(inner))
-    elif compressor == "zstd":
-        import zstandard
-
-        packed = zstandard.ZstdCompressor().compress(inner)
-    elif compressor == "noop":
-        packed = inner
-    else:
-        raise ValueError(f"unknown compressor {compressor!r}")
+    packed = compressed(inner, compressor, level=level)
     payload = struct.pack("<iiB", op_code, len(inner), COMPRESSOR_IDS[compressor]) + packed
     return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_COMPRESSED) + payload

@@ -162,9 +162,38 @@ def catalog_order(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def text_index_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A text index's spec as the catalog keeps it (fts_spec.cpp, FTSSpec::fixSpec): the text
+    fields of the key become `_fts: "text", _ftsx: 1` where the first of them stood, each gets a
+    weight (1 unless `weights` gives one), and default_language, language_override and
+    textIndexVersion follow the other options with their defaults ("english", "language", 3)
+    (jstests/change_streams/ddl_create_drop_index_events.js expects that key in the events)."""
+    key = spec["key"]
+    if "_fts" in key or "text" not in key.values():
+        return spec
+    fixed_key: dict[str, Any] = {}
+    weights = dict(spec.get("weights") or {})
+    for field, kind in key.items():
+        if kind != "text":
+            fixed_key[field] = kind
+            continue
+        weights.setdefault(field, 1)
+        fixed_key.setdefault("_fts", "text")
+        fixed_key.setdefault("_ftsx", 1)
+    tail = ("weights", "default_language", "language_override", "textIndexVersion")
+    out = {k: (fixed_key if k == "key" else v) for k, v in spec.items() if k not in tail}
+    out["weights"] = weights
+    out["default_language"] = spec.get("default_language", "english")
+    out["language_override"] = spec.get("language_override", "language")
+    out["textIndexVersion"] = spec.get("textIndexVersion", 3)
+    return out
+
+
 def fix_index_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """An index spec as the catalog keeps it: v, unique, hidden, prepareUnique (each only when
-    true), key, name, then the rest in the order given."""
+    true), key, name, then the rest in the order given; a text index's key and options as
+    `text_index_spec` gives them."""
+    spec = text_index_spec(spec)
     out: dict[str, Any] = {"v": int(spec.get("v", 2))}
     for flag in ("unique", "hidden", "prepareUnique"):
         if spec.get(flag):

@@ -27,6 +27,8 @@ from bson import Binary, MaxKey, MinKey, ObjectId, Timestamp
 from mongoformats.bson_order import compare, sort_key
 from mongoformats.hashed_key import hashed_value
 from mongoformats.mql import get_path
+from simcluster.catalog import create_entry_o, fix_index_spec
+from simcluster.storage import Collection
 
 if TYPE_CHECKING:
     from simcluster.node import ShardNode
@@ -174,6 +176,8 @@ def clone_range(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient
     Orphans a failed migration left on the recipient go first, as the recipient waits for the
     range deletions overlapping the range it is to receive."""
     delete_orphans(sc, chunk, recipient)
+    if recipient.coll(sc.ns) is None:
+        _create_on_recipient(sc.ns, donor, recipient)
     if not any(c.shard == recipient.set_name for c in sc.chunks):
         ui = Binary(sc.uuid.bytes, 4)
         donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
@@ -184,6 +188,29 @@ def clone_range(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient
     for doc in moving:
         recipient.insert_one(sc.ns, doc, {}, from_migrate=True)
     return moving
+
+
+def _create_on_recipient(ns: str, donor: ShardNode, recipient: ShardNode) -> None:
+    """A shard receiving a collection it does not have creates it with the donor's UUID, options
+    and indexes, each logged with fromMigrate (MigrationDestinationManager::
+    cloneCollectionIndexesAndOptions): change streams show that create and those createIndexes
+    only with showSystemEvents (jstests/change_streams/create_event_from_chunk_migration.js;
+    change_stream_filter_helpers.cpp, buildFromMigrateSystemOpFilter)."""
+    source = donor.coll(ns)
+    if source is None:
+        return
+    db, _, name = ns.partition(".")
+    coll = Collection(name, uuid=source.uuid, options=dict(source.options))
+    recipient.dbs.setdefault(db, {})[name] = coll
+    recipient.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                            "o": create_entry_o(name, coll.options, None), "fromMigrate": True})
+    for index in source.indexes.values():
+        if index.name == "_id_":
+            continue
+        spec = fix_index_spec(index.spec)
+        coll.add_index(spec, ns)
+        recipient.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
+                                "o": {"createIndexes": name, **spec}, "fromMigrate": True})
 
 
 def commit_migration(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode,

@@ -223,6 +223,14 @@ class Mongos(CommandServer):
             self.db_versions[db] = (uuidlib.uuid4(), self.clock.tick())
         return sid
 
+    def _is_view(self, ns: str) -> bool:
+        """Whether `ns` is a view in its database's primary shard's catalog (none for a database
+        that has no primary shard yet)."""
+        db, _, name = ns.partition(".")
+        sid = self.db_primary.get(db)
+        coll = self.shards[sid].dbs.get(db, {}).get(name) if sid is not None and sid in self.shards else None
+        return coll is not None and "viewOn" in coll.options
+
     def owner_ids(self, ns: str) -> list[str]:
         """The shards holding a collection of a user database: all for a sharded one, else its
         database's primary shard. Names only, so it answers while a shard has no primary."""
@@ -372,7 +380,8 @@ class Mongos(CommandServer):
             def topology() -> list[tuple[ReplicaSet, Timestamp]]:  # in the order shards were added
                 return [(rs, self.topology_times[sid]) for sid, rs in self.replsets.items()]
 
-            return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup, topology)
+            return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup, topology,
+                                            self._is_view)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         if pipeline and "$shardedDataDistribution" in pipeline[0]:
             if db != "admin" or coll != 1:
@@ -681,8 +690,10 @@ class Mongos(CommandServer):
             shard = self.shards[sid]
             for member in self.replsets[sid].members:
                 member.shard_keys[ns] = key
-            if shard is not primary and shard.coll(ns) is None:
-                # Created silently on the other shards: the server does not log these as user DDL.
+            if shard is not primary and shard.coll(ns) is None and sid in owners:
+                # Created silently on the other shards given chunks: the server does not log these
+                # as user DDL. A shard given none creates it when a migration first brings it a
+                # chunk (chunks.clone_range).
                 shard.dbs.setdefault(dbname, {})
                 from simcluster.storage import Collection
 

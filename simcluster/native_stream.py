@@ -425,9 +425,28 @@ def _check_read_concern(read_concern: Any) -> None:
                          f"than 'majority'. Current readConcern: {level}")
 
 
+def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: Any) -> None:
+    """Where a change stream may be opened (DocumentSourceChangeStream::
+    assertIsLegalSpecification; jstests/change_streams/invalid_namespaces.js): the admin
+    database only for a whole-cluster stream, never the local or config database nor a system.
+    collection (InvalidNamespace); and never on a view (CommandNotSupportedOnView, the
+    "is a view, not a collection" of AutoGetCollection; jstests/change_streams/ddl_view_events.js)."""
+    if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
+        raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "
+                         "the 'admin' database, and with no collection name")
+    if db == "admin" and not spec.get("allChangesForCluster") or db in ("local", "config"):
+        raise MongoError("InvalidNamespace", f"$changeStream may not be opened on the internal {db} database")
+    if coll is not None and coll.startswith("system."):
+        raise MongoError("InvalidNamespace", f"$changeStream may not be opened on the internal {db}.{coll} "
+                         "collection")
+    if coll is not None and is_view is not None and is_view(f"{db}.{coll}"):
+        raise MongoError("CommandNotSupportedOnView", f"Namespace {db}.{coll} is a view, not a collection")
+
+
 async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
-                             lookup: Any = None, topology: Any = None) -> dict[str, Any]:
-    """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read."""
+                             lookup: Any = None, topology: Any = None, is_view: Any = None) -> dict[str, Any]:
+    """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read;
+    `is_view(ns)` says whether a namespace is a view."""
     # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
     # shared/reference/mongodb-formats.md A.6).
     spec, stages, split = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
@@ -435,11 +454,7 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
     # The split stage makes a 6.0 stream write v2 tokens (fragmentNum needs them).
     version = 1 if server.version in ("5.0", "6.0") and not split else 2
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
-    if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
-        raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "
-                         "the 'admin' database, and with no collection name")
-    if db == "admin" and not spec.get("allChangesForCluster"):
-        raise MongoError(73, "$changeStream may not be opened on the internal admin database")
+    _check_namespace(db, coll, spec, is_view)
     if nodes is None:
         nodes = list(server.shards.values())
     stream = NativeStream(nodes, db, coll, spec, stages, version=version, topology=topology, split=split)

@@ -68,6 +68,9 @@ _ANONYMOUS_UID = __import__("hashlib").sha256(b"").digest()
 _I32 = struct.Struct("<i")
 
 
+# The bucket span of each time-series granularity (timeseries::getMaxSpanSecondsFromGranularity).
+_BUCKET_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
+
 class _SessionBytes(NamedTuple):
     """A retryable write's session fields as bytes, around each statement's stmtId."""
 
@@ -841,7 +844,11 @@ class ShardNode(CommandServer):
                 found = self.select(ns, key, limit=1)
                 return found[0] if found else None
 
-            return await open_native_stream(self, db, cmd, [self], lookup)
+            def is_view(ns: str) -> bool:
+                coll = self.dbs.get(db, {}).get(ns.partition(".")[2])
+                return coll is not None and "viewOn" in coll.options
+
+            return await open_native_stream(self, db, cmd, [self], lookup, is_view=is_view)
         docs = self.select(ns, {}) if isinstance(coll, str) else []
         out = run_pipeline(docs, pipeline)
         return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
@@ -987,10 +994,19 @@ class ShardNode(CommandServer):
         if coll is None:
             raise MongoError("NamespaceNotFound", f"ns does not exist: {ns}")
         changes = {k: v for k, v in cmd.items() if k != "collMod" and k not in _GENERIC_ARGS}
+        named = self.dbs.get(db, {}).get(cmd["collMod"])
+        if named is not None and "timeseries" in named.options and "timeseries" in changes:
+            return self._modify_timeseries(db, named, coll, changes["timeseries"])
         if "viewOn" in coll.options:
             return self._modify_view(db, coll, changes)
         old_options = dict(coll.options)
         coll.options.update({k: v for k, v in changes.items() if k != "index"})
+        if "validator" in changes:
+            # A validator comes with a validation level and action, the defaults unless given
+            # (the next collMod's stateBeforeChange shows them:
+            # jstests/change_streams/ddl_coll_mod_event.js, testCollModValidator).
+            coll.options.setdefault("validationLevel", "strict")
+            coll.options.setdefault("validationAction", "error")
         o2: dict[str, Any] = {"collectionOptions_old": options_before_change(coll.ui, old_options)}
         if "index" in changes:
             ix = next((i for i in coll.indexes.values() if i.name == changes["index"].get("name")
@@ -1003,6 +1019,26 @@ class ShardNode(CommandServer):
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"collMod": coll.name, **changes},
                            "o2": o2})
         return {}
+
+    def _modify_timeseries(self, db: str, view: Collection, buckets: Collection,
+                           change: dict[str, Any]) -> dict[str, Any]:
+        """collMod of a time-series collection's granularity: its buckets collection takes the
+        new options (a collMod of system.buckets.<name>, which change streams do not show) and
+        its view's unpack stage the new bucket span, a replacement of its system.views document
+        (ddl_view_events.js: the modify event's pipeline has bucketMaxSpanSeconds 86400 for
+        "minutes"; timeseries::getMaxSpanSecondsFromGranularity: 3600, 86400, 2592000)."""
+        ts = {**view.options["timeseries"], **change}
+        ts["bucketMaxSpanSeconds"] = change.get("bucketMaxSpanSeconds", _BUCKET_SPAN[ts["granularity"]])
+        old_options = dict(buckets.options)
+        buckets.options["timeseries"] = ts
+        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": buckets.ui, "o": {"collMod": buckets.name,
+                                                                                   "timeseries": change},
+                           "o2": {"collectionOptions_old": options_before_change(buckets.ui, old_options)}})
+        meta = {"metaField": ts["metaField"]} if "metaField" in ts else {}
+        unpack = {"timeField": ts["timeField"], **meta, "bucketMaxSpanSeconds": ts["bucketMaxSpanSeconds"]}
+        view.options["timeseries"] = ts
+        return self._modify_view(db, view, {"viewOn": view.options["viewOn"],
+                                            "pipeline": [{"$_internalUnpackBucket": unpack}]})
 
     def _modify_view(self, db: str, view: Collection, changes: dict[str, Any]) -> dict[str, Any]:
         """collMod of a view replaces its system.views document (ViewCatalog::modifyView): the

@@ -5,6 +5,7 @@ once a consumer waits on a replay to come back (tests/test_fall_behind.py has it
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,9 +15,10 @@ from bson import Timestamp
 from buckets.bucket import Bucket
 from buckets.catch_up import BEHIND, CATCHING_UP, FALL_BEHIND_AFTER_S, LIVE, Lag
 from buckets.cursor import BucketCursor
+from buckets.stream import StreamOptions
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from tests.test_bucket_resume import event
+from tests.test_bucket_resume import event, token
 
 K = [b"", *(bytes([0x10, k]) for k in range(1, 10))]  # K[1] < K[2] < ... (keys for the pure state)
 
@@ -149,3 +151,58 @@ async def test_a_stalled_consumer_falls_behind_at_once_a_slow_one_after_a_while(
     assert bucket.lag.behind
     waited = trio.current_time() - began
     assert (waited >= FALL_BEHIND_AFTER_S) if read_just_now else (waited < FALL_BEHIND_AFTER_S)
+
+
+def _stream(bucket: Bucket) -> Any:
+    """What a cursor reads of its stream, for a stream holding `bucket` alone (no lookups, no
+    stages, never ended)."""
+    return SimpleNamespace(
+        buckets={bucket.index: bucket},
+        options=StreamOptions(n_buckets=2),
+        error=None,
+        ended=False,
+        closed=False,
+        lookup=None,
+        end_token=None,
+        oversize=lambda raw: None,
+    )
+
+
+async def test_an_idle_bucket_rejoins_for_a_replay_that_has_caught_up(autojump_clock: Any) -> None:
+    """The bucket fell behind and was dealt its last events while its consumer still read what it
+    holds; the consumer then reads to the gap and moves to a replay. Nothing more is dealt (the
+    writes stopped, nobody waits on the stream: its merge frontier stays put). The replay, read
+    past the stream's merge frontier, hands the consumer back: the bucket rejoins for it, the
+    consumer is on it again, live, and reads what follows, with nothing lost or twice."""
+    named = _bucket(10)
+    stalled = _cursor(named)
+    await _put_all(named, range(2, 32))  # events 2..11 held, 12..31 dropped
+    named.advance_frontier(_mark(35), high_water_mark(Timestamp(35, 0)))
+    assert named.lag.behind and not stalled.stale(), "it still reads what the bucket holds"
+    stalled.position, stalled.last_token = named.end, token(11)  # read up to the gap
+    assert stalled.stale()
+    # The engine's move to a replay (Engine._replay_dropped), a replay dealt up to time 40.
+    floor = high_water_mark(Timestamp(1, 0))
+    replay = Bucket(1, 1 << 20, token_sort_key(floor), floor)
+    for t in range(2, 32):
+        assert replay.put_nowait(event(t))
+    replay.advance_frontier(_mark(40), high_water_mark(Timestamp(40, 0)))
+    named.detach(stalled)
+    stalled.stream, stalled.bucket, stalled.position = _stream(replay), replay, replay.base
+    replay.cursors.add(stalled)
+    stalled.resume_after(token(11))
+    joined: list[bool] = []
+    stalled.follow(_stream(named), lambda: joined.append(True))
+    assert named.lag.state(awaiting=bool(named.awaiting)) == CATCHING_UP
+    got, _ = await stalled.next_batch(100, 0)
+    assert [ev[EV_SORT_KEY] for ev in got] == [event(t)[EV_SORT_KEY] for t in range(12, 32)]
+    assert stalled.bucket is named and joined == [True], "back on its bucket"
+    assert not named.lag.behind and named.lag.state(awaiting=bool(named.awaiting)) == LIVE
+    await named.put(event(41))
+    got, _ = await stalled.next_batch(100, 0)
+    assert [ev[EV_SORT_KEY] for ev in got] == [event(41)[EV_SORT_KEY]], "what follows, once"
+
+
+def _mark(t: int) -> bytes:
+    """The key of the high-water mark at cluster time (t, 0): above every event before t."""
+    return token_sort_key(high_water_mark(Timestamp(t, 0)))

@@ -7,6 +7,7 @@ from bson import Decimal128, Int64, MinKey
 
 from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError
+from mongoformats.expressions import evaluate
 
 TOKEN = {"_data": "82AA"}
 
@@ -226,3 +227,18 @@ def test_expr_errors_are_the_servers(e, code, message):
     with pytest.raises(MongoError) as err:
         expr({"s": "x"}, e)
     assert (err.value.code, err.value.errmsg) == (code, message)
+
+
+def test_evaluate_refuses_variables_and_operators_it_does_not_know():
+    """An undefined user variable is the server's 17276 ("Use of undefined variable", Variables::
+    getValue in src/mongo/db/pipeline/variables.cpp); system variables and operators it does not
+    implement are NotImplemented (unsupported_in_stages leaves those pipelines to the server)."""
+    doc = {"a": {"b": 1}}
+    assert evaluate(doc, "$$ROOT.a.b") == 1
+    assert evaluate(doc, {"$literal": "$a"}) == "$a"
+    assert evaluate(doc, {"x": "$a.b", "y": "$missing"}) == {"x": 1}
+    for e, code_name in (("$$user", "Location17276"), ("$$NOW", "NotImplemented"),
+                         ({"$mergeObjects": ["$a"]}, "NotImplemented")):
+        with pytest.raises(MongoError) as caught:
+            evaluate(doc, e)
+        assert caught.value.code_name == code_name, e

@@ -6,7 +6,6 @@ jstest asserts, never what this project's code produces."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ import pytest
 from tests.conformance import cases as case_modules
 from tests.conformance.environment import Endpoints, running
 from tests.conformance.model import Case, comparable, resolve, substitute
-from tests.conformance.resolved import RESOLVED
 from tests.conformance.runner import play
 
 
@@ -26,8 +24,6 @@ def _cases() -> list[Case]:
     for info in pkgutil.iter_modules(case_modules.__path__):
         module = importlib.import_module(f"{case_modules.__name__}.{info.name}")
         found += module.CASES
-    found = [dataclasses.replace(c, diverges={p: r for p, r in c.diverges.items() if (c.name, p) not in RESOLVED})
-             for c in found]
     names = [c.name for c in found]
     assert len(names) == len(set(names)), "conformance case names must be unique"
     return found

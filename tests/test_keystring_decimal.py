@@ -22,7 +22,8 @@ from bson.decimal128 import Decimal128
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongoformats.keystring import KeyStringBuilder, KeyStringReader
+from mongoformats.keystring import KeyStringBuilder
+from mongoformats.keystring_reader import KeyStringReader
 from mongoformats.resume_token import ResumeTokenData, decode_token, encode_token
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import datetime
 import re
 
+import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mongoformats.bson_order import compare, sort_key
-from mongoformats.mql import matches
+from mongoformats.errors import MongoError
+from mongoformats.mql import matches, unsupported_in_query
 
 # One value of each canonical type, in the order the server documents for comparison and sort
 # (docs: "Comparison/Sort Order"): MinKey, null, numbers, strings, objects, arrays, binData,
@@ -87,3 +89,50 @@ def test_type_tests_array_elements_and_regex_options_take_every_flag():
     assert matches({"v": "a\nB"}, {"v": {"$regex": "^b$", "$options": "im"}})
     assert matches({"v": "a\nb"}, {"v": {"$regex": "a.b", "$options": "s"}})
     assert matches({"v": "ab"}, {"v": {"$regex": "a b # spaced", "$options": "x"}})
+
+
+# One document, and for each field operator a query that matches it and one that does not, as the
+# server's query docs describe each (docs: "Query and Projection Operators": comparison, element,
+# array and evaluation operators; an operator tests an array field's elements too).
+OPERATOR_DOC = {"a": [1, 5], "s": "abc", "n": None, "d": [{"x": 1}, {"x": 3}], "t": 2}
+OPERATOR_QUERIES = [
+    ({"t": {"$eq": 2}}, True), ({"a": {"$eq": 5}}, True), ({"gone": {"$eq": None}}, True),
+    ({"t": {"$eq": 3}}, False),
+    ({"t": {"$ne": 2}}, False), ({"a": {"$ne": 7}}, True),
+    ({"a": {"$gt": 4}}, True), ({"a": {"$gte": 6}}, False), ({"a": {"$lt": 2}}, True),
+    ({"a": {"$lte": 0}}, False), ({"t": {"$gt": "a"}}, False), ({"t": {"$gte": 2}}, True),
+    ({"a": {"$in": [7, 5]}}, True), ({"s": {"$in": [re.compile("^ab")]}}, True),
+    ({"s": {"$in": [Regex("^x")]}}, False),
+    ({"a": {"$nin": [1]}}, False), ({"t": {"$nin": [1]}}, True),
+    ({"n": {"$exists": True}}, True), ({"gone": {"$exists": False}}, True),
+    ({"t": {"$exists": False}}, False),
+    ({"a": {"$size": 2}}, True), ({"a": {"$size": 1}}, False),
+    ({"a": {"$all": [1, 5]}}, True), ({"a": {"$all": [1, 6]}}, False),
+    ({"d": {"$elemMatch": {"x": {"$gt": 2}}}}, True), ({"d": {"$elemMatch": {"x": 2}}}, False),
+    ({"a": {"$elemMatch": {"$gt": 4, "$lt": 6}}}, True), ({"a": {"$elemMatch": {"$gt": 5}}}, False),
+    ({"t": {"$not": {"$gt": 1}}}, False), ({"s": {"$not": re.compile("^z")}}, True),
+    ({"s": {"$regex": "B", "$options": "i"}}, True), ({"s": {"$regex": "^b"}}, False),
+    ({"t": {"$type": "int"}}, True), ({"t": {"$type": "string"}}, False),
+]
+
+
+def test_every_field_operator_matches_as_the_server_documents():
+    for query, expected in OPERATOR_QUERIES:
+        assert matches(OPERATOR_DOC, query) is expected, query
+
+
+def test_an_unknown_field_operator_is_the_servers_bad_value():
+    with pytest.raises(MongoError) as caught:
+        matches(OPERATOR_DOC, {"t": {"$foo": 1}})
+    assert caught.value.code_name == "BadValue"
+
+
+def test_unsupported_in_query_names_the_condition_matches_cannot_evaluate():
+    assert unsupported_in_query({"a": {"$gt": 1, "$lt": 5}}) is None
+    assert unsupported_in_query({"a": {"$gt": 1, "b": 2}}) == "a condition that mixes operators and fields"
+    assert unsupported_in_query({"a": {"$in": 1}}) == "$in without an array"
+    assert unsupported_in_query({"a": {"$not": 5}}) == (
+        "$not without an operator document or a regular expression")
+    assert unsupported_in_query({"a": {"$foo": 1}}) == "$foo"
+    assert unsupported_in_query({"a": {"$elemMatch": {"$where": "1"}}}) == "$where"
+    assert unsupported_in_query({"a": {"$regex": "x", "$options": 1}}) == "$options that is not a string"

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mongoformats.errors import MongoError
+from mongoformats.keystring import KeyStringBuilder
 from mongoformats.resume_token import (
     EVENT_TOKEN,
     HIGH_WATER_MARK,
@@ -191,3 +192,46 @@ def test_fast_event_token_path_is_byte_identical_to_the_generic_encoder(data):
     from mongoformats.resume_token import encode_token_generic
 
     assert encode_token(data) == encode_token_generic(data)
+
+
+def _token_of(*values):
+    """A token whose KeyString holds `values` in order (each field of ResumeTokenData's layout)."""
+    builder = KeyStringBuilder()
+    for value in values:
+        builder.append(value)
+    builder.append_end()
+    token = {"_data": builder.data.hex().upper()}
+    if builder.type_bits:
+        token["_typeBits"] = Binary(builder.type_bits, 0)
+    return token
+
+
+TS = Timestamp(1, 1)
+UUID4 = Binary(uuid.UUID(int=1).bytes, 4)
+
+
+# The codes of ResumeToken::getData (src/mongo/db/pipeline/resume_token.cpp, the module's source):
+# 51057 an unknown tokenType, 50855 a txnOpIndex that is not an int, 50794 a negative one, 40646
+# fields after the last one a version has. decode_token answers any other field of the wrong type
+# with InvalidResumeToken (260).
+@pytest.mark.parametrize("values,code", [
+    ((TS, 1, 99, 0, False), 51057),
+    ((TS, 1, EVENT_TOKEN, "0", False), 50855),
+    ((TS, 1, EVENT_TOKEN, -1, False), 50794),
+    ((TS, 1, EVENT_TOKEN, 0, 1), 260),
+    ((TS, 1, EVENT_TOKEN, 0, False, Binary(b"x" * 16, 0)), 260),
+    ((TS, 1, EVENT_TOKEN, 0, False, UUID4, "not an object"), 260),
+    ((TS, 1, EVENT_TOKEN, 0, False, UUID4, {"_id": 1}, 7), 40646),
+])
+def test_tokens_with_a_malformed_field_use_server_codes(values, code):
+    with pytest.raises(MongoError) as info:
+        decode_token(_token_of(*values))
+    assert info.value.code == code
+
+
+def test_each_field_a_version_has_is_decoded():
+    data = decode_token(_token_of(TS, 2, EVENT_TOKEN, 3, True, None, {"_id": 1}, 4))
+    assert (data.version, data.txn_op_index, data.from_invalidate) == (2, 3, True)
+    assert (data.uuid, data.event_identifier, data.fragment_num) == (None, {"_id": 1}, 4)
+    v0 = decode_token(_token_of(TS, 0, 0, UUID4))
+    assert (v0.token_type, v0.from_invalidate, v0.uuid) == (EVENT_TOKEN, False, uuid.UUID(int=1))

@@ -16,7 +16,8 @@ from typing import Any
 
 
 class PassThrough(Exception):  # noqa: N818 (a signal, not an error)
-    """Raised by a local handler that declines a request: the session forwards it to the upstream."""
+    """Raised by a local handler that declines a request: the session forwards it to the
+    upstream."""
 
 
 class Route(enum.Enum):
@@ -47,26 +48,44 @@ class CommandTable:
         self.commands[name.lower()] = handler
 
 
-def _cursor_id(value: Any) -> int | None:
+def _cursor_id(value: object) -> int | None:
     """A cursor id (an integer), else None: a command with a malformed id passes through, and
     mongos answers it with its own error."""
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def classify(cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool) -> tuple[Route, LocalHandler | None]:
+def classify(
+    cmd: Mapping[str, Any], table: CommandTable, *, accelerate: bool
+) -> tuple[Route, LocalHandler | None]:
     name = next(iter(cmd), "").lower()
     if name in HELLO_NAMES:
         return Route.HELLO, None
-    handler = table.commands.get(name)
-    if handler is not None:
-        return Route.LOCAL, handler
+    handler = (table.commands.get(name) or _owned_cursor_handler(name, cmd, table)
+               or _change_stream_handler(name, cmd, table, accelerate))
+    if handler is None:
+        return Route.PASSTHROUGH, None
+    return Route.LOCAL, handler
+
+
+def _owned_cursor_handler(
+    name: str, cmd: Mapping[str, Any], table: CommandTable
+) -> LocalHandler | None:
+    """The local handler of a getMore on a cursor the proxy owns, or of a killCursors naming one."""
     if name == "getmore" and table.get_more and _cursor_id(cmd["getMore"]) in table.owned_cursors:
-        return Route.LOCAL, table.get_more
-    if name == "killcursors" and table.kill_cursors and isinstance(cursors := cmd.get("cursors"), list) and any(
-            _cursor_id(c) in table.owned_cursors for c in cursors):
-        return Route.LOCAL, table.kill_cursors
-    if name == "aggregate" and accelerate and table.change_stream_handler:
-        pipeline = cmd.get("pipeline") or []
-        if pipeline and isinstance(pipeline[0], Mapping) and "$changeStream" in pipeline[0]:
-            return Route.LOCAL, table.change_stream_handler
-    return Route.PASSTHROUGH, None
+        return table.get_more
+    if name == "killcursors" and table.kill_cursors:
+        cursors = cmd.get("cursors")
+        if isinstance(cursors, list) and any(_cursor_id(c) in table.owned_cursors for c in cursors):
+            return table.kill_cursors
+    return None
+
+
+def _change_stream_handler(name: str, cmd: Mapping[str, Any], table: CommandTable,
+                           accelerate: bool) -> LocalHandler | None:
+    """The local handler of a `$changeStream` aggregate, when acceleration is on."""
+    if name != "aggregate" or not accelerate or not table.change_stream_handler:
+        return None
+    pipeline = cmd.get("pipeline") or []
+    if pipeline and isinstance(pipeline[0], Mapping) and "$changeStream" in pipeline[0]:
+        return table.change_stream_handler
+    return None

@@ -14,6 +14,7 @@ own timeouts, and its commands may rightly run for hours.
 
 from __future__ import annotations
 
+import enum
 import functools
 import itertools
 import math
@@ -37,13 +38,16 @@ from mongoformats.scram import MECHANISM, ScramClient
 from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.host_health import HostHealth, host_address
 
-__all__ = ["CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed",
-           "UpstreamTimeout", "authenticate", "host_address", "logged_in", "open_member", "open_upstream",
-           "parse_hosts", "upstream_ssl_context", "UpstreamTarget"]
+__all__ = [
+    "CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed",
+    "UpstreamTimeout", "authenticate", "host_address", "logged_in", "open_member", "open_upstream",
+    "parse_hosts", "upstream_ssl_context", "UpstreamTarget",
+]
 
 
 CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeoutMS default)
-DIRECT_FRAME_BYTES = 1 << 16  # a larger reply to an in-place command is received into its own buffer
+# A larger reply to an in-place command is received into its own buffer.
+DIRECT_FRAME_BYTES = 1 << 16
 # Makes the buffer such a reply is received into (its bytes are all overwritten).
 Allocate = Callable[[int], bytearray]
 
@@ -65,11 +69,12 @@ def parse_hosts(uri: str) -> list[tuple[str, int]]:
 
 
 class UpstreamConnection:
-    def __init__(self, stream: trio.abc.Stream, address: str, *, reply_timeout_s: float | None = None,
-                 health: HostHealth | None = None) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str, *,
+                 reply_timeout_s: float | None = None, health: HostHealth | None = None) -> None:
         self._stream = stream
         self.address = address
-        self.reply_timeout_s = reply_timeout_s  # None: wait as long as it takes (a client's connection)
+        # None: wait as long as it takes (a client's connection).
+        self.reply_timeout_s = reply_timeout_s
         self._health = health  # told when the host fails this connection, so others are tried first
         self._framer = wire.MessageFramer()
         # Told of each reply of `command` (wireproxy/cluster_time.py), on the connections to mongos.
@@ -103,7 +108,8 @@ class UpstreamConnection:
         self.closed = True
         return kind(error)
 
-    async def _out_of_step(self, error: str, kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
+    async def _out_of_step(self, error: str,
+                           kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
         """`_lost`, for a connection whose socket still works but whose replies no longer match
         its requests (a late answer may still come): the socket is closed too."""
         lost = self._lost(error, kind)
@@ -136,8 +142,10 @@ class UpstreamConnection:
                 got = pull()
                 if got is not wire.NEED_DATA:
                     return got
-                if direct and (frame := await self._receive_direct(direct_pad or 0, allocate)) is not None:
-                    return frame
+                if direct:
+                    frame = await self._receive_direct(direct_pad or 0, allocate)
+                    if frame is not None:
+                        return frame
                 data = await self._stream.receive_some(1 << 18)
                 if not data:
                     raise self._lost(f"upstream {self.address} closed the connection")
@@ -186,8 +194,10 @@ class UpstreamConnection:
             raise MongoError.from_reply(bson.decode(msg.body))
         return reply
 
-    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int, exhaust: bool = False,
-                               allocate: Allocate = bytearray) -> tuple[bytes | bytearray, int]:
+    async def command_in_place(
+        self, db: str, cmd: dict[str, Any], *, pad: int, exhaust: bool = False,
+        allocate: Allocate = bytearray,
+    ) -> tuple[bytes | bytearray, int]:
         """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
         (bytes holding the reply document, where it starts in them), going on for `pad` zero bytes
         past the message's end. One copy of the reply, where decoding it and padding it made three.
@@ -197,7 +207,8 @@ class UpstreamConnection:
         `streaming`, `more_in_place` takes each. A server that streams nothing (a mongos before
         7.1) answers once, as to any getMore."""
         limit = self._limit(cmd, math.inf)
-        frame = await self._exchange(db, cmd, limit, functools.partial(self._receive_frame, pad, allocate),
+        receive = functools.partial(self._receive_frame, pad, allocate)
+        frame = await self._exchange(db, cmd, limit, receive,
                                      flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0)
         return await self._in_place(frame, pad, limit)
 
@@ -211,13 +222,15 @@ class UpstreamConnection:
             with trio.move_on_after(limit) as waited:
                 frame = await self._receive_frame(pad, allocate)
             if waited.cancelled_caught:
-                raise await self._out_of_step(f"upstream {self.address} sent no batch within {limit:g} s",
-                                              UpstreamTimeout)
+                raise await self._out_of_step(
+                    f"upstream {self.address} sent no batch within {limit:g} s", UpstreamTimeout)
         await self._answered(frame, answers)
         return await self._in_place(frame, pad, limit)
 
-    async def _in_place(self, frame: bytes | bytearray, pad: int, limit: float) -> tuple[bytes | bytearray, int]:
-        """The reply document's place in `frame` (see `command_in_place`); notes whether more come."""
+    async def _in_place(self, frame: bytes | bytearray, pad: int,
+                        limit: float) -> tuple[bytes | bytearray, int]:
+        """The reply document's place in `frame` (see `command_in_place`); notes whether more
+        come."""
         try:
             span = wire.op_msg_body_span(frame)
             if span is None:  # compressed, or in another shape: decoded, then padded
@@ -233,12 +246,14 @@ class UpstreamConnection:
         self._streaming = (request_id, limit) if flags & wire.FLAG_MORE_TO_COME else None
         start, end = span
         ok = elements(frame, start).get(b"ok")
-        if ok is None or not any(frame[ok[1]:ok[2]]):  # ok is 0 (a double, an int) or false: zero bytes
+        # ok is 0 (a double, an int) or false: zero bytes
+        if ok is None or not any(frame[ok[1]:ok[2]]):
             raise MongoError.from_reply(bson.decode(frame[start:end]))
         return frame, start
 
     def _limit(self, cmd: dict[str, Any] | bytes, timeout_s: float) -> float:
-        """How long `cmd`'s answer may take: `timeout_s`, or `reply_timeout_s` past its maxTimeMS."""
+        """How long `cmd`'s answer may take: `timeout_s`, or `reply_timeout_s` past its
+        maxTimeMS."""
         if self.reply_timeout_s is None:
             return timeout_s
         waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
@@ -259,8 +274,9 @@ class UpstreamConnection:
             if waited.cancelled_caught:
                 # Its answer may still come: the connection is out of step for good.
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
-                raise await self._out_of_step(f"upstream {self.address} did not answer {name} within {limit:g} s",
-                                              UpstreamTimeout)
+                raise await self._out_of_step(
+                    f"upstream {self.address} did not answer {name} within {limit:g} s",
+                    UpstreamTimeout)
         await self._answered(got, rid)
         return got
 
@@ -276,7 +292,8 @@ class UpstreamConnection:
 
 
 class Credentials(NamedTuple):
-    """The proxy's own login on the upstream (from the `--upstream` URI), for the engine's connections."""
+    """The proxy's own login on the upstream (from the `--upstream` URI), for the engine's
+    connections."""
 
     user: str
     password: str
@@ -293,17 +310,20 @@ async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> No
                                                     "payload": Binary(client.first(), 0),
                                                     "options": {"skipEmptyExchange": True}})
     final = client.final(bytes(reply["payload"]))
-    reply = await conn.command(credentials.source, {"saslContinue": 1, "conversationId": reply["conversationId"],
-                                                    "payload": Binary(final, 0)})
+    reply = await conn.command(credentials.source, {
+        "saslContinue": 1, "conversationId": reply["conversationId"], "payload": Binary(final, 0)})
     client.verify(bytes(reply["payload"]))
     while not reply.get("done"):
-        reply = await conn.command(credentials.source, {"saslContinue": 1, "conversationId": reply["conversationId"],
-                                                        "payload": Binary(b"", 0)})
+        reply = await conn.command(credentials.source, {
+            "saslContinue": 1, "conversationId": reply["conversationId"],
+            "payload": Binary(b"", 0)})
 
 
-async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                        reply_timeout_s: float | None = None, health: HostHealth | None = None,
-                        connect_timeout_s: float = CONNECT_TIMEOUT_S, count_losses: bool = True) -> UpstreamConnection:
+async def open_upstream(
+    host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+    reply_timeout_s: float | None = None, health: HostHealth | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S, count_losses: bool = True,
+) -> UpstreamConnection:
     """A connection to `host`; with `health`, a failure to connect is recorded there, and so are
     the connection's own losses unless `count_losses` is off (a client's connection: mongos may
     close it for what the client sent, which says nothing of mongos)."""
@@ -325,36 +345,40 @@ async def open_upstream(host: str, port: int, *, ssl_context: ssl.SSLContext | N
                               health=health if count_losses else None)
 
 
-async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_context: ssl.SSLContext | None = None,
-                      reply_timeout_s: float | None = None, health: HostHealth | None = None,
-                      connect_timeout_s: float = CONNECT_TIMEOUT_S) -> UpstreamConnection:
+async def open_member(
+    hosts: list[tuple[str, int]], *, secondary: bool, ssl_context: ssl.SSLContext | None = None,
+    reply_timeout_s: float | None = None, health: HostHealth | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+) -> UpstreamConnection:
     """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
     is reachable, else the primary (secondaryPreferred). Members that are down, recovering or in
     rollback (neither primary nor secondary), or that do not answer hello within the connect
-    timeout (a hung process), are passed over; with `health`, members seen failing are tried last."""
+    timeout (a hung process), are passed over; with `health`, members seen failing are tried
+    last."""
     fallback: UpstreamConnection | None = None
     errors = []
     try:
         for host, port in (health.order(hosts) if health is not None else hosts):
             try:
-                conn = await open_upstream(host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s,
-                                           health=health, connect_timeout_s=connect_timeout_s)
+                conn = await open_upstream(
+                    host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s,
+                    health=health, connect_timeout_s=connect_timeout_s)
             except UpstreamClosed as exc:
                 errors.append(str(exc))
                 continue
             kept = False
             try:
-                hello = await conn.command("admin", {"hello": 1}, timeout_s=connect_timeout_s)
-                is_primary = bool(hello.get("isWritablePrimary"))
-                if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+                fit = await _member_fit(conn, secondary, connect_timeout_s)
+                if fit is _Fit.WANTED:
                     kept = True
                     return conn
-                if secondary and is_primary and fallback is None:
+                if fit is _Fit.FALLBACK and fallback is None:
                     fallback, kept = conn, True
             except (UpstreamClosed, MongoError) as exc:
                 errors.append(str(exc))
             finally:
-                if not kept:  # passed over, failed, or cancelled mid-handshake: no socket is left open
+                # Passed over, failed, or cancelled mid-handshake: no socket is left open.
+                if not kept:
                     await conn.aclose()
         if fallback is not None:
             conn, fallback = fallback, None
@@ -363,10 +387,30 @@ async def open_member(hosts: list[tuple[str, int]], *, secondary: bool, ssl_cont
         if fallback is not None:  # a better member answered, or the search was cancelled
             await fallback.aclose()
     names = ",".join(f"{h}:{p}" for h, p in hosts)
-    raise UpstreamClosed(f"no {'readable' if secondary else 'primary'} member among {names}: {'; '.join(errors)}")
+    wanted = "readable" if secondary else "primary"
+    raise UpstreamClosed(f"no {wanted} member among {names}: {'; '.join(errors)}")
 
 
-async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -> UpstreamConnection:
+class _Fit(enum.Enum):
+    """How a member answers open_member's search: the role asked for, the primary standing in
+    for a secondary (secondaryPreferred), or neither."""
+
+    WANTED = "wanted"
+    FALLBACK = "fallback"
+    NONE = "none"
+
+
+async def _member_fit(conn: UpstreamConnection, secondary: bool, timeout_s: float) -> _Fit:
+    """Asks the member behind `conn` its role (hello, within `timeout_s`)."""
+    hello = await conn.command("admin", {"hello": 1}, timeout_s=timeout_s)
+    is_primary = bool(hello.get("isWritablePrimary"))
+    if (secondary and hello.get("secondary")) or (not secondary and is_primary):
+        return _Fit.WANTED
+    return _Fit.FALLBACK if secondary and is_primary else _Fit.NONE
+
+
+async def logged_in(conn: UpstreamConnection,
+                    credentials: Credentials | None) -> UpstreamConnection:
     """`conn`, authenticated with `credentials` if any (closed if that fails)."""
     if credentials is not None:
         try:
@@ -377,7 +421,8 @@ async def logged_in(conn: UpstreamConnection, credentials: Credentials | None) -
     return conn
 
 
-def upstream_ssl_context(tls: bool, ca_file: str = "", allow_invalid: bool = False) -> ssl.SSLContext | None:
+def upstream_ssl_context(tls: bool, ca_file: str = "",
+                         allow_invalid: bool = False) -> ssl.SSLContext | None:
     """The client-side TLS context for upstream connections (None: plain TCP)."""
     if not tls:
         return None
@@ -403,7 +448,8 @@ class MemberConnector:
     reply_timeout_s: float | None = None  # see UpstreamConnection.command
     connect_timeout_s: float = CONNECT_TIMEOUT_S  # to connect, and for the member's hello
 
-    async def __call__(self, hosts: list[tuple[str, int]], *, secondary: bool) -> UpstreamConnection:
+    async def __call__(self, hosts: list[tuple[str, int]], *,
+                       secondary: bool) -> UpstreamConnection:
         conn = await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context(),
                                  reply_timeout_s=self.reply_timeout_s, health=self.health,
                                  connect_timeout_s=self.connect_timeout_s)
@@ -427,7 +473,8 @@ class MemberConnector:
         return record
 
     def __getstate__(self) -> dict[str, Any]:
-        # An SSLContext does not pickle, and a reader process keeps its own record of failed members.
+        # An SSLContext does not pickle, and a reader process keeps its own record of failed
+        # members.
         return {k: v for k, v in self.__dict__.items() if k not in ("_ctx", "_health")}
 
 
@@ -446,27 +493,31 @@ class UpstreamTarget:
     heartbeat_s: float = 10.0  # how often each mongos is checked (heartbeatFrequencyMS)
 
     @classmethod
-    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "", tls_allow_invalid: bool = False,
+    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "",
+                 tls_allow_invalid: bool = False,
                  reply_timeout_s: float | None = None) -> UpstreamTarget:
         try:
             parsed = parse_uri(uri)
         except (ConfigurationError, ValueError) as exc:
-            raise ValueError(f"upstream: {exc}") from None  # not the URI itself: it may hold a password
+            # Not the URI itself: it may hold a password.
+            raise ValueError(f"upstream: {exc}") from None
         options = parsed["options"]
         mechanism = options.get("authMechanism", MECHANISM)
         if mechanism != MECHANISM:
-            raise ValueError(f"upstream: authMechanism {mechanism} is not supported; the proxy logs in "
-                             f"with {MECHANISM}")
+            raise ValueError(f"upstream: authMechanism {mechanism} is not supported; the proxy "
+                             f"logs in with {MECHANISM}")
         credentials = None
         if parsed["username"]:
             # As drivers do: authSource, else the URI's database, else admin.
             source = options.get("authSource") or parsed["database"] or "admin"
             credentials = Credentials(parsed["username"], parsed["password"] or "", source)
         insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
-        # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to a driver.
+        # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to
+        # a driver.
         connect_timeout_s = options.get("connectTimeoutMS", CONNECT_TIMEOUT_S) or math.inf
         return cls(parsed["nodelist"], MemberConnector(
-            tls=tls or bool(options.get("tls")), tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
+            tls=tls or bool(options.get("tls")),
+            tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
             tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials,
             reply_timeout_s=reply_timeout_s, connect_timeout_s=connect_timeout_s),
             heartbeat_s=options.get("heartbeatFrequencyMS", 10.0))

@@ -72,7 +72,8 @@ class UpstreamMonitor:
                 if not self._ready.is_set():
                     errors = [f"{a}: {f.error}" for h in self.hosts
                               if (f := self.health.failure(a := host_address(*h))) is not None]
-                    log.warning("waiting for the upstream to answer (%s)", "; ".join(errors) or "connecting")
+                    why = "; ".join(errors) or "connecting"
+                    log.warning("waiting for the upstream to answer (%s)", why)
             task_status.started()
 
     async def _watch(self, host: str, port: int) -> None:
@@ -83,10 +84,12 @@ class UpstreamMonitor:
             while True:
                 try:
                     if conn is None:
-                        conn = await open_upstream(host, port, ssl_context=self._ssl, health=self.health,
-                                                   connect_timeout_s=self.connect_timeout_s)
+                        conn = await open_upstream(
+                            host, port, ssl_context=self._ssl, health=self.health,
+                            connect_timeout_s=self.connect_timeout_s)
                         conn.gossip = self.gossip
-                    hello = await conn.command("admin", {"hello": 1}, timeout_s=self.connect_timeout_s)
+                    hello = await conn.command("admin", {"hello": 1},
+                                               timeout_s=self.connect_timeout_s)
                 except (UpstreamClosed, MongoError) as exc:
                     if conn is not None:
                         await conn.aclose()
@@ -101,7 +104,8 @@ class UpstreamMonitor:
                     if isinstance(exc, UpstreamTimeout):
                         await self._cut_clients(address)
                 else:
-                    self.wire_versions = (int(hello.get("minWireVersion", 0)), int(hello.get("maxWireVersion", 0)))
+                    self.wire_versions = (int(hello.get("minWireVersion", 0)),
+                                          int(hello.get("maxWireVersion", 0)))
                     writable = bool(hello.get("isWritablePrimary"))  # a mongos's is always true
                     if self.writable.get(address) and not writable:
                         log.warning("upstream %s no longer takes writes (stepped down)", address)

@@ -213,6 +213,11 @@ def _read(stream: Any, case: Case) -> list[dict[str, Any]] | int:
     deadline = time.monotonic() + _DEADLINE_S
     quiet_since = time.monotonic()
     while time.monotonic() < deadline:
+        if not stream._cursor.alive:
+            # The server closed the cursor and every event it sent has been read: the shell's
+            # isExhausted(), the end of the stream (the jstests' filtered invalidate). pymongo's
+            # try_next would resume a closed cursor from its last token instead.
+            return events
         try:
             event = stream.try_next()
         except OperationFailure as exc:

@@ -23,16 +23,12 @@ def _events(db: str, coll: str) -> tuple:
 
 OPS = (_txn("c1"), _txn("c2"), ("txn", [("command", {"createIndexes": "someColl", "indexes": [
     {"key": {"unused": 1}, "name": "unused_1"}]}, f"{DB}_3")]))
-D6 = ("D6b: simcluster logs DDL run inside a transaction outside the transaction, without lsid "
-      "and txnNumber")
 
 CASES = [
     Case("create-index-txn-collection", SOURCE, "collection", coll="c1", options=EXPANDED, ops=OPS,
-         expect=_events(DB, "c1"), diverges={p: D6 for p in ("simcluster", "watch", "buckets")}),
+         expect=_events(DB, "c1")),
     Case("create-index-txn-database", SOURCE, "database", options=EXPANDED, ops=OPS,
-         expect=(*_events(DB, "c1"), *_events(DB, "c2")),
-         diverges={p: D6 for p in ("simcluster", "watch", "buckets")}),
+         expect=(*_events(DB, "c1"), *_events(DB, "c2"))),
     Case("create-index-txn-cluster", SOURCE, "cluster", options=EXPANDED, ops=OPS, buckets=False,
-         expect=(*_events(DB, "c1"), *_events(DB, "c2"), *_events(f"{DB}_3", "someColl")),
-         diverges={p: D6 for p in ("simcluster", "watch")}),
+         expect=(*_events(DB, "c1"), *_events(DB, "c2"), *_events(f"{DB}_3", "someColl"))),
 ]

@@ -72,22 +72,18 @@ STEPS = [
                              ["arrayWithDotted.AndNumericFields", 0, 0, "0", 0, "1.2", "a.b"]}}),
 ]
 
-D10 = "D10: disambiguatedPaths reports paths that only hold array indices"
 
 
 def _cases() -> list[Case]:
     out = []
     for i, (name, update, description) in enumerate(STEPS):
         before = tuple(("update", "c", {"_id": 100}, u) for _, u, _ in STEPS[:i])
-        diverges = {p: D10 for p in ("simcluster", "watch", "buckets")} if name in DIVERGING else {}
         out.append(Case(f"expanded-update-{name}", SOURCE, "collection", options={"showExpandedEvents": True},
                         setup=(("insert", "c", DOC), *before),
                         ops=(("update", "c", {"_id": 100}, update),),
                         expect=({"documentKey": {"_id": 100}, "ns": NS, "operationType": "update",
-                                 "updateDescription": description},),
-                        diverges=diverges))
+                                 "updateDescription": description},)))
     return out
 
 
-DIVERGING = {"array-indices-not-ambiguous"}
 CASES = _cases()

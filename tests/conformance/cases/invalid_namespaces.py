@@ -9,17 +9,10 @@ from tests.conformance.model import DB, Case
 
 SOURCE = "jstests/change_streams/invalid_namespaces.js"
 
-INTERNAL = ("new: simcluster opens a change stream on the config database and on system.* collections; the "
-            "server refuses them with InvalidNamespace (document_source_change_stream.cpp, "
-            "assertIsLegalSpecification)")
-REFUSED = {"simcluster": INTERNAL, "watch": INTERNAL}
-
 CASES = [
     Case("invalid-namespace-database-admin", SOURCE, "database", watch_db="admin", ops=(), error=73),
-    Case("invalid-namespace-database-config", SOURCE, "database", watch_db="config", ops=(), error=73,
-         diverges=REFUSED),
-    *[Case(f"invalid-namespace-collection-{coll.replace('.', '-')}", SOURCE, "collection", coll=coll, ops=(), error=73,
-           diverges=REFUSED)
+    Case("invalid-namespace-database-config", SOURCE, "database", watch_db="config", ops=(), error=73),
+    *[Case(f"invalid-namespace-collection-{coll.replace('.', '-')}", SOURCE, "collection", coll=coll, ops=(), error=73)
       for coll in ("system.users", "system.profile", "system.version")],
     *[Case(f"valid-namespace-collection-{coll}", SOURCE, "collection", coll=coll,
            ops=(("insert", coll, {"_id": 0}),),

@@ -14,7 +14,6 @@ NS = {"db": DB, "coll": "test"}
 EXPANDED = {"showExpandedEvents": True}
 SKIP_CREATES = ({"$match": {"operationType": {"$nin": ["create", "createIndexes"]}}},)
 ENABLE = (("admin", {"enableSharding": DB}),)
-D14B = "D14b: simcluster's shardCollection event ignores the command's numInitialChunks and collation"
 
 
 def _description(key: dict, *, unique: bool = False, chunks: int = 0, **more: object) -> dict:
@@ -26,16 +25,16 @@ def _shard(options: dict) -> tuple:
     return ("admin", {"shardCollection": f"{DB}.test", **options})
 
 
-# (name, shardCollection's options, the operationDescription, divergence)
-VARIANTS: list[tuple[str, dict, dict, str | None]] = [
-    ("range", {"key": {"_id": 1}}, _description({"_id": 1}), None),
-    ("hashed", {"key": {"_id": "hashed"}}, _description({"_id": "hashed"}), None),
-    ("compound-hashed", {"key": {"x": "hashed", "y": 1}}, _description({"x": "hashed", "y": 1}), None),
+# (name, shardCollection's options, the operationDescription)
+VARIANTS: list[tuple[str, dict, dict]] = [
+    ("range", {"key": {"_id": 1}}, _description({"_id": 1})),
+    ("hashed", {"key": {"_id": "hashed"}}, _description({"_id": "hashed"})),
+    ("compound-hashed", {"key": {"x": "hashed", "y": 1}}, _description({"x": "hashed", "y": 1})),
     ("num-initial-chunks", {"key": {"_id": "hashed"}, "numInitialChunks": 10},
-     _description({"_id": "hashed"}, chunks=10), D14B),
-    ("unique", {"key": {"_id": 1}, "unique": True}, _description({"_id": 1}, unique=True), None),
+     _description({"_id": "hashed"}, chunks=10)),
+    ("unique", {"key": {"_id": 1}, "unique": True}, _description({"_id": 1}, unique=True)),
     ("collation", {"key": {"_id": 1}, "collation": {"locale": "simple"}},
-     _description({"_id": 1}, collation={"locale": "simple"}), D14B),
+     _description({"_id": 1}, collation={"locale": "simple"})),
 ]
 
 
@@ -47,15 +46,10 @@ def _event(description: dict, uuid: bool) -> dict:
     return {**event, "collectionUUID": uuid_of("test")} if uuid else event
 
 
-def _known(reason: str | None) -> dict:
-    return {p: reason for p in ("simcluster", "watch", "buckets")} if reason else {}
-
-
 CASES = [
     *[Case(f"shard-collection-{name}-{watch}", SOURCE, watch, coll="test", options=EXPANDED, setup=ENABLE,
-           pipeline=SKIP_CREATES, ops=(_shard(options),), expect=(_event(description, True),),
-           diverges=_known(reason))
-      for watch in ("database", "collection") for name, options, description, reason in VARIANTS],
+           pipeline=SKIP_CREATES, ops=(_shard(options),), expect=(_event(description, True),))
+      for watch in ("database", "collection") for name, options, description in VARIANTS],
     *[Case(f"shard-collection-{name}-{watch}-resume", SOURCE, watch, coll="test", options=EXPANDED,
            setup=(*ENABLE, ("command", {"create": "test"})), pipeline=SKIP_CREATES,
            ops=(_shard({"key": key}), ("insert", "test", {"_id": 1})), resume=("resumeAfter", 0),
