@@ -175,7 +175,7 @@ class Engine:
 
     def all_streams(self) -> dict[str, ParallelStream]:
         """Named streams and the private ones each serving one cursor, by name."""
-        return self.all_streams()
+        return self.stream_set.all_streams()
 
     @property
     def rebucketed(self) -> int:
