@@ -253,3 +253,48 @@ def test_the_demo_is_imported_by_nothing_but_tests_and_benchmarks():
         for path in (ROOT / package).rglob("*.py"):
             for module, _ in _imports(path):
                 assert module.split(".")[0] != "demo", f"{path.relative_to(ROOT)} imports {module}"
+
+
+# The engine's sans-IO cores: synchronous, unit-tested without sockets or an event loop.
+ENGINE_PURE_CORES = ("buckets.commands", "buckets.reply", "buckets.scope", "buckets.ddl_notes",
+                     "buckets.merge", "buckets.catch_up")
+
+
+def _buckets_graph() -> dict[str, set[str]]:
+    """Which modules each buckets module imports, anywhere in it (functions, TYPE_CHECKING)."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "buckets").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = {module for module, _ in _imports(path)} - {name}
+    return graph
+
+
+def test_the_engines_pure_cores_import_no_trio():
+    graph = _buckets_graph()
+    for core in ENGINE_PURE_CORES:
+        seen, todo = set(), [core]
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            assert "trio" not in graph[module], f"{core} reaches trio through {module}"
+            todo += [m for m in graph[module] if m.startswith("buckets.") and m in graph]
+
+
+def test_buckets_modules_import_each_other_without_cycles():
+    graph = {module: {m for m in imported if m.startswith("buckets.") and m != "buckets"}
+             for module, imported in _buckets_graph().items() if module != "buckets"}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join([*path[path.index(module):], module])}"
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
