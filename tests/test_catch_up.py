@@ -15,6 +15,7 @@ from bson import Timestamp
 from buckets.bucket import Bucket
 from buckets.catch_up import BEHIND, CATCHING_UP, FALL_BEHIND_AFTER_S, LIVE, Lag
 from buckets.cursor import BucketCursor
+from buckets.reply import EventSizer
 from buckets.stream import StreamOptions
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -164,7 +165,7 @@ def _stream(bucket: Bucket) -> Any:
         closed=False,
         lookup=None,
         end_token=None,
-        oversize=lambda raw: None,
+        sizer=EventSizer(),
     )
 
 
