@@ -1,5 +1,5 @@
 """Where a bucket of a named stream stands against the merge: live, fallen behind, or live again
-while its consumers catch up from a replay (pure state, no I/O; buckets/stream.py drives it).
+while its consumers catch up from a replay (pure state, no I/O; buckets/bucket.py drives it).
 
 A bucket whose consumer is slow or gone fills its budget. Waiting for room there stops the merge
 for every bucket (head-of-line blocking). A full bucket waits (backpressure, which costs nothing
