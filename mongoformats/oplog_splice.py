@@ -398,6 +398,7 @@ _OP_ELEMENT = {op: _cstring_element(0x02, b"operationType", _string(op.encode())
                for op in ("insert", "update", "replace", "delete")}
 _INTERNAL_DBS = frozenset({b"admin", b"config", b"local"})
 _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
+_UUID_KEY_HEAD = b"\x1f\x00\x00\x00\x05_id\x00\x10\x00\x00\x00"  # {_id: binary of 16 bytes}
 _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
 _STRING_ID_BITS = [0] * 8  # and a string _id's (1: a string, not a symbol)
 # An update's o up to its diff's value: {$v: 2, diff: ...}, the diff its last element.
@@ -559,7 +560,12 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
             op_type = "update"
             diff = (0x03, diff_at, o1 - 1)
         else:
-            o_fields = elements(raw, o0)
+            # A replacement leads with its _id (the server puts it first); a document that does
+            # not hold the bytes `$v` anywhere has no `$v` field: neither needs the walk.
+            if raw[o0 + 4] and raw[o0 + 5:o0 + 9] == b"_id\x00" and raw.find(b"$v\x00", o0, o1) < 0:
+                o_fields = {b"_id": (0, 0, 0)}
+            else:
+                o_fields = elements(raw, o0)
             if b"_id" in o_fields and b"$v" not in o_fields:
                 op_type = "replace"
                 full = raw[o0:o1]
@@ -580,6 +586,9 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         # {_id: string}, the usual documentKey of string ids
         ks_key = b"".join((b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00"))
         bits = _STRING_ID_BITS
+    elif len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
+        # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
+        ks_key, bits = b"".join((b"\x46\x5a_id\x00\x5a\x10", key[13:30], b"\x00")), _TS_TAIL_BITS
     else:
         bits = list(_TS_TAIL_BITS)
         ks_key = _ks_document_key(key, 0, bits)
