@@ -340,27 +340,42 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
     """KeyString of the document at `start` as an object value; None for a value type we leave to the
     general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
     out = [b"\x46"]
-    for name, (t, v, e) in elements(buf, start).items():
+    unpack, index, names = _I32.unpack_from, buf.index, byte_slices(buf)
+    end = start + unpack(buf, start)[0] - 1
+    p = start + 4
+    seen: set[bytes] = set()
+    while p < end:  # the elements, walked here: `elements` would build a dict of them first
+        t = buf[p]
+        q = index(0, p + 1)
+        v = q + 1
+        name = names[p + 1:q]
+        if name in seen:
+            return None  # a name twice: the general encoder decides which value counts
+        seen.add(name)
         if t == 0x07:
-            out += (b"\x64", name, b"\x00\x64", buf[v:e])
+            p = v + 12
+            out += (b"\x64", name, b"\x00\x64", buf[v:p])
         elif t == 0x02:
-            text = buf[v + 4:e - 1]
-            out += (b"\x3c", name, b"\x00\x3c", text.replace(b"\x00", b"\x00\xff"), b"\x00")
+            p = v + 4 + unpack(buf, v)[0]
+            out += (b"\x3c", name, b"\x00\x3c", buf[v + 4:p - 1].replace(b"\x00", b"\x00\xff"), b"\x00")
             bits.append(0)
         elif t == 0x10 or t == 0x12:
-            value = int.from_bytes(buf[v:e], "little", signed=True)
+            p = v + (4 if t == 0x10 else 8)
+            value = int.from_bytes(buf[v:p], "little", signed=True)
             if t == 0x12 and abs(value) >= 2**63 - 1:
                 return None
             out += (b"\x1e", name, b"\x00", preshifted_key(abs(value) << 1, value < 0) if value else b"\x29")
             bits += (0, 0) if t == 0x10 else (0, 1)
         elif t == 0x05:  # binary (a UUID _id): its size (one byte below 255), subtype, bytes
-            n = _I32.unpack_from(buf, v)[0]
+            n = unpack(buf, v)[0]
+            p = v + 5 + n
             size = bytes((n,)) if n < 0xFF else b"\xff" + n.to_bytes(4, "big", signed=True)
-            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:e])
+            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:p])
         elif t == 0x03:  # a compound _id (or shard key part): an object within the object
             inner = _ks_document_key(buf, v, bits)
             if inner is None:
                 return None
+            p = v + unpack(buf, v)[0]
             out += (b"\x46", name, b"\x00", inner)
         else:
             return None
@@ -660,6 +675,8 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
             removed = list(elements(raw, sections[b"d"][1]))
     elif not _walk_object(raw, sections, b"", updated, removed, truncated, set()):
         return None
+    if not removed and not truncated:  # the usual diff: fields set, none removed, no array cut
+        return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)), _NOTHING_REMOVED)))
     removed_fields = b"".join(_cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed))
     return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
                                  b"\x04removedFields\x00", document_of(removed_fields),
