@@ -162,15 +162,14 @@ def _merge_mixed(items: list[Any]) -> list[Any]:
     if not blocks:
         return singles
     merged = EventBlock.merge(blocks)
+    cuts, exact = merged.bisect_keys([EVENT_SORT_KEY(single) for single in singles])
+    if exact:
+        everything = as_fields(items)
+        everything.sort(key=EVENT_SORT_KEY)
+        return everything
     out: list[Any] = []
     at = 0
-    for single in singles:
-        key = EVENT_SORT_KEY(single)
-        cut = merged.bisect_right(key, at)
-        if cut and merged.key(cut - 1) == key:
-            exact = as_fields(items)
-            exact.sort(key=EVENT_SORT_KEY)
-            return exact
+    for single, cut in zip(singles, cuts, strict=True):
         if cut > at:
             out.append(merged.sliced(at, cut))
             at = cut

@@ -340,27 +340,42 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
     """KeyString of the document at `start` as an object value; None for a value type we leave to the
     general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
     out = [b"\x46"]
-    for name, (t, v, e) in elements(buf, start).items():
+    unpack, index, names = _I32.unpack_from, buf.index, byte_slices(buf)
+    end = start + unpack(buf, start)[0] - 1
+    p = start + 4
+    seen: set[bytes] = set()
+    while p < end:  # the elements, walked here: `elements` would build a dict of them first
+        t = buf[p]
+        q = index(0, p + 1)
+        v = q + 1
+        name = names[p + 1:q]
+        if name in seen:
+            return None  # a name twice: the general encoder decides which value counts
+        seen.add(name)
         if t == 0x07:
-            out += (b"\x64", name, b"\x00\x64", buf[v:e])
+            p = v + 12
+            out += (b"\x64", name, b"\x00\x64", buf[v:p])
         elif t == 0x02:
-            text = buf[v + 4:e - 1]
-            out += (b"\x3c", name, b"\x00\x3c", text.replace(b"\x00", b"\x00\xff"), b"\x00")
+            p = v + 4 + unpack(buf, v)[0]
+            out += (b"\x3c", name, b"\x00\x3c", buf[v + 4:p - 1].replace(b"\x00", b"\x00\xff"), b"\x00")
             bits.append(0)
         elif t == 0x10 or t == 0x12:
-            value = int.from_bytes(buf[v:e], "little", signed=True)
+            p = v + (4 if t == 0x10 else 8)
+            value = int.from_bytes(buf[v:p], "little", signed=True)
             if t == 0x12 and abs(value) >= 2**63 - 1:
                 return None
             out += (b"\x1e", name, b"\x00", preshifted_key(abs(value) << 1, value < 0) if value else b"\x29")
             bits += (0, 0) if t == 0x10 else (0, 1)
         elif t == 0x05:  # binary (a UUID _id): its size (one byte below 255), subtype, bytes
-            n = _I32.unpack_from(buf, v)[0]
+            n = unpack(buf, v)[0]
+            p = v + 5 + n
             size = bytes((n,)) if n < 0xFF else b"\xff" + n.to_bytes(4, "big", signed=True)
-            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:e])
+            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:p])
         elif t == 0x03:  # a compound _id (or shard key part): an object within the object
             inner = _ks_document_key(buf, v, bits)
             if inner is None:
                 return None
+            p = v + unpack(buf, v)[0]
             out += (b"\x46", name, b"\x00", inner)
         else:
             return None
@@ -398,6 +413,7 @@ _OP_ELEMENT = {op: _cstring_element(0x02, b"operationType", _string(op.encode())
                for op in ("insert", "update", "replace", "delete")}
 _INTERNAL_DBS = frozenset({b"admin", b"config", b"local"})
 _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
+_UUID_KEY_HEAD = b"\x1f\x00\x00\x00\x05_id\x00\x10\x00\x00\x00"  # {_id: binary of 16 bytes}
 _TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
 _STRING_ID_BITS = [0] * 8  # and a string _id's (1: a string, not a symbol)
 # An update's o up to its diff's value: {$v: 2, diff: ...}, the diff its last element.
@@ -559,7 +575,12 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
             op_type = "update"
             diff = (0x03, diff_at, o1 - 1)
         else:
-            o_fields = elements(raw, o0)
+            # A replacement leads with its _id (the server puts it first); a document that does
+            # not hold the bytes `$v` anywhere has no `$v` field: neither needs the walk.
+            if raw[o0 + 4] and raw[o0 + 5:o0 + 9] == b"_id\x00" and raw.find(b"$v\x00", o0, o1) < 0:
+                o_fields = {b"_id": (0, 0, 0)}
+            else:
+                o_fields = elements(raw, o0)
             if b"_id" in o_fields and b"$v" not in o_fields:
                 op_type = "replace"
                 full = raw[o0:o1]
@@ -580,6 +601,9 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         # {_id: string}, the usual documentKey of string ids
         ks_key = b"".join((b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00"))
         bits = _STRING_ID_BITS
+    elif len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
+        # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
+        ks_key, bits = b"".join((b"\x46\x5a_id\x00\x5a\x10", key[13:30], b"\x00")), _TS_TAIL_BITS
     else:
         bits = list(_TS_TAIL_BITS)
         ks_key = _ks_document_key(key, 0, bits)
@@ -651,6 +675,8 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
             removed = list(elements(raw, sections[b"d"][1]))
     elif not _walk_object(raw, sections, b"", updated, removed, truncated, set()):
         return None
+    if not removed and not truncated:  # the usual diff: fields set, none removed, no array cut
+        return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)), _NOTHING_REMOVED)))
     removed_fields = b"".join(_cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed))
     return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
                                  b"\x04removedFields\x00", document_of(removed_fields),

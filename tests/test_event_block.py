@@ -4,6 +4,7 @@ same order and the same reply bytes."""
 
 from __future__ import annotations
 
+import bisect
 import pickle
 import uuid
 import weakref
@@ -280,3 +281,27 @@ def test_a_merge_of_many_batches_from_a_few_shards_is_in_token_order() -> None:
     keys = [f[0] for f in merged.fields()]
     assert keys == sorted(keys) and len(keys) == 600
     assert sorted(f[5] for f in merged.fields()) == sorted(f[5] for b in blocks for f in b.fields())
+
+
+@settings(max_examples=30, deadline=None)
+@given(shard_blocks(), st.data())
+def test_bisecting_sorted_keys_cuts_where_pythons_bisect_does(blocks: list[EventBlock],
+                                                              data: st.DataObject) -> None:
+    """bisect_keys (one compiled loop for many keys, in a block's order or a merge's) cuts each
+    key where bisect.bisect_right over the events' keys as bytes does: keys shorter and longer
+    than an event's (a high-water mark's, a string _id's), a key's prefix, equal keys."""
+    merged = EventBlock.merge(blocks) if len(blocks) > 1 else blocks[0]
+    keys = [f[0] for f in merged.fields()]
+    near = st.sampled_from(keys).flatmap(lambda k: st.sampled_from(
+        [k, k[:-1], k[:9], k + b"\x00", k[:-1] + bytes([(k[-1] + 1) % 256]), k[:-1] + b"\x00\xff"]))
+    probes = sorted(data.draw(st.lists(st.one_of(near, st.binary(max_size=40)), max_size=12)))
+    lo = data.draw(st.integers(0, len(blocks[0])))
+    for block in (merged, blocks[0]):
+        rows = [f[0] for f in block.fields()]
+        cuts, exact = block.bisect_keys(probes, lo)
+        want: list[int] = []
+        for probe in probes:
+            want.append(bisect.bisect_right(rows, probe, max([lo, *want[-1:]])))
+        assert cuts == want
+        assert exact == any(c and rows[c - 1] == p for c, p in zip(cuts, probes, strict=True))
+        assert [block.bisect_right(p, lo) for p in probes] == [bisect.bisect_right(rows, p, lo) for p in probes]

@@ -10,7 +10,7 @@ from bson import Int64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buckets._columnar.oplog_batch import reply_batch
+from buckets._columnar.oplog_batch import SLACK, batch_in_place, reply_batch
 from mongoformats.oplog_splice import cursor_batch
 
 
@@ -28,6 +28,11 @@ def test_a_batch_of_any_size_is_found_entry_for_entry(n: int, pad: int, first: b
     got_id, batch = reply_batch(reply)
     assert (got_id, batch.entries()) == cursor_batch(reply)
     assert len(batch) == n
+    # A reply received into a buffer of its own (a bytearray) gives its entries as bytes too.
+    _, in_place = batch_in_place(bytearray(reply + bytes(SLACK)), 0)
+    entries = in_place.entries()
+    assert entries == batch.entries() and all(type(e) is bytes for e in entries)
+    assert in_place.entries(n // 2) == entries[n // 2:]
     if n:
         assert batch.entry(-1) == bson.encode({"i": n - 1, "s": "x" * (((n - 1) * 7 + pad) % 50)})
 

@@ -242,3 +242,29 @@ def test_a_spliced_cursor_document_encodes_like_bson_wherever_it_is_embedded():
     assert b"".join(document_parts({"cursor": cursor, "ok": 1.0})) == bson.encode({"cursor": plain, "ok": 1.0})
     assert bson.encode({"cursors": [cursor]}) == bson.encode({"cursors": [plain]})
     assert cursor["id"] == 7 and len(cursor["nextBatch"]) == 50 and list(cursor) == list(plain)
+
+
+def test_uuid_keys_and_replacements_are_spliced_without_walking_them(monkeypatch: Any) -> None:
+    """A `{_id: <16 bytes of binary>}` documentKey is keyed, and a replacement (its _id first, as a
+    server writes it) told from an update, from where their bytes must lie: no element walk. The
+    events equal the general transform's; a document holding the bytes `$v` is still walked."""
+    from mongoformats import oplog_splice
+
+    def walked(*_: Any) -> Any:
+        raise AssertionError("walked")
+
+    ids = [Binary(uuid.uuid4().bytes, 4), Binary(uuid.uuid4().bytes, 3), Binary(b"k" * 16, 0)]
+    fast = [{"op": "d", "ns": "a.b", "o": {"_id": _id}} for _id in ids]
+    fast += [{"op": "i", "ns": "a.b", "o": {"_id": _id, "x": 1}, "o2": {"_id": _id}} for _id in ids]
+    fast += [{"op": "u", "ns": "a.b", "o": {"_id": _id, "x": {"y": [1, "v"]}}, "o2": {"_id": _id}} for _id in ids]
+    walked_too = [{"op": "u", "ns": "a.b", "o": {"_id": 1, "x": "$v"}, "o2": {"_id": 1}},
+                  {"op": "u", "ns": "a.b", "o": {"_id": 1, "$v": 1}, "o2": {"_id": 1}},
+                  {"op": "u", "ns": "a.b", "o": {"x": 1, "_id": 1}, "o2": {"_id": 1}}]
+    stamps = {"ts": Timestamp(5, 1), "t": Int64(1), "v": Int64(2), "wall": bson.datetime_ms.DatetimeMS(5000)}
+    raws = [bson.encode({**entry, **stamps}) for entry in fast + walked_too]
+    want = [OplogTransformer().transform_decoded(RawBSONDocument(raw, RAW)) for raw in raws]
+    with monkeypatch.context() as patched:
+        patched.setattr(oplog_splice, "_ks_document_key", walked)
+        patched.setattr(oplog_splice, "elements", walked)
+        assert [OplogTransformer().transform(raw) for raw in raws[:len(fast)]] == want[:len(fast)]
+    assert [OplogTransformer().transform(raw) for raw in raws] == want

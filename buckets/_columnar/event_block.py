@@ -19,7 +19,6 @@ block's events as those tuples, equal to what the per-event path makes.
 
 from __future__ import annotations
 
-import bisect
 import pickle
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -44,7 +43,7 @@ Kind = tuple[str, str, str, Any]
 
 
 class _KeyRows(Sequence[bytes]):
-    """A block's sort keys as a sequence of bytes, for `bisect` (only the probed rows are made);
+    """A block's sort keys as a sequence of bytes (only the rows read are made);
     with `order`, row order[i] is the i-th (a merge's keys, probed before they are put in order)."""
 
     __slots__ = ("rows", "order")
@@ -232,7 +231,24 @@ class EventBlock(ArrayRun):
 
     def bisect_right(self, key: bytes, lo: int = 0) -> int:
         """How many events have a sort key <= `key` (Python's bytes order, whatever its length)."""
-        return bisect.bisect_right(self._key_rows(), key, lo)
+        cuts, _ = self.bisect_keys([key], lo)
+        return cuts[0]
+
+    def bisect_keys(self, keys: Sequence[bytes], lo: int = 0) -> tuple[list[int], bool]:
+        """`bisect_right` of each of the sorted `keys` (from `lo` on), and whether some key equals
+        an event's. One compiled loop for them all: a merge of blocks with single events cuts
+        the merged block at every single, and a bisection in Python made a bytes object of
+        each row it probed (a merge's rows, through its order)."""
+        if self._keys is None:
+            assert self._unsorted is not None
+            rows, order, ordered = self._unsorted.keys, self._unsorted.order, True
+        else:
+            rows, order, ordered = self._keys, _NO_ORDER, False
+        bounds = np.zeros(len(keys) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, keys), np.int64, len(keys)), out=bounds[1:])
+        cuts = np.empty(len(keys), np.int64)
+        exact = _bisect_keys(rows, order, ordered, np.frombuffer(b"".join(keys), np.uint8), bounds, lo, cuts)
+        return cuts.tolist(), bool(exact)
 
     @property
     def sizes(self) -> npt.NDArray[np.int64]:
@@ -391,6 +407,45 @@ def _run_starts(blocks: Sequence[EventBlock]) -> list[int]:
         if block.first_key < before.last_key:
             starts.append(at)
     return starts
+
+
+_NO_ORDER = np.zeros(0, np.int64)
+
+
+@numba.njit(cache=CACHE)
+def _row_order(rows: npt.NDArray[np.uint8], row: Index, keys: npt.NDArray[np.uint8], k0: Index, k1: Index) -> int:
+    """-1, 0 or 1 as row `row` of `rows` is below, equal to or above keys[k0:k1] in Python's
+    bytes order (the first differing byte, else the shorter is below)."""
+    width, n = rows.shape[1], k1 - k0
+    for j in range(min(width, n)):
+        a, b = rows[row, j], keys[k0 + j]
+        if a != b:
+            return 1 if a > b else -1
+    return 0 if width == n else (1 if width > n else -1)
+
+
+@numba.njit(cache=CACHE)
+def _bisect_keys(rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64], ordered: bool,
+                 keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64], lo: int,
+                 cuts: npt.NDArray[np.int64]) -> bool:
+    """EventBlock.bisect_keys' loop: cuts[i] is bisect_right of key i (keys[bounds[i]:bounds[i + 1]],
+    in ascending order, so each search starts where the last ended) over the rows (row order[j]
+    the j-th, if `ordered`); whether some key equals the row before its cut."""
+    n = len(order) if ordered else rows.shape[0]
+    exact = False
+    for i in range(len(cuts)):
+        k0, k1 = bounds[i], bounds[i + 1]
+        hi = n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _row_order(rows, order[mid] if ordered else mid, keys, k0, k1) > 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        cuts[i] = lo
+        if lo > 0 and _row_order(rows, order[lo - 1] if ordered else lo - 1, keys, k0, k1) == 0:
+            exact = True
+    return exact
 
 
 @numba.njit(cache=CACHE)

@@ -60,8 +60,12 @@ class OplogBatch:
     def entries(self, start: int = 0, stop: int | None = None) -> list[bytes]:
         """The entries from `start` to `stop`, cut out with one slicer (not one `entry()` each)."""
         starts = self.starts[start:stop]
-        cut = byte_slices(self.data).__getitem__
-        return list(map(cut, map(slice, starts.tolist(), (starts + self.lengths[start:stop]).tolist())))
+        cuts = map(slice, starts.tolist(), (starts + self.lengths[start:stop]).tolist())
+        if type(self.data) is bytes:
+            return list(map(self.data.__getitem__, cuts))
+        # A reply received into its own buffer: each entry copied out of a view of it as bytes,
+        # in C calls alone (byte_slices' wrapper would run a Python method per entry).
+        return list(map(bytes, map(memoryview(self.data).__getitem__, cuts)))
 
 
 def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:
