@@ -13,14 +13,8 @@ from typing import Any, Protocol
 import trio
 from bson import Timestamp
 
-from buckets._columnar.event_block import (
-    EventBlock,
-    count_events,
-    first_key,
-    is_block,
-    items_bytes,
-    last_key,
-)
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import count_events, first_key, is_block, items_bytes, last_key
 from buckets._columnar.sizes import count_reaching, count_within
 from buckets.budget import ByteBudget
 from buckets.catch_up import FALL_BEHIND_AFTER_S, Lag

@@ -10,12 +10,7 @@ from typing import Any
 import trio
 from bson import Timestamp
 
-from buckets._columnar.event_block import (
-    as_fields,
-    count_events,
-    is_block,
-    last_key,
-)
+from buckets._columnar.items import as_fields, count_events, is_block, last_key
 from buckets.bucket import Bucket
 from buckets.reply import cut_reply, fit_shaped, splits
 from buckets.stream import ParallelStream

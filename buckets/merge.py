@@ -23,15 +23,8 @@ import bisect
 from collections.abc import Iterable
 from typing import Any
 
-from buckets._columnar.event_block import (
-    EventBlock,
-    as_fields,
-    count_events,
-    first_key,
-    is_block,
-    items_bytes,
-    last_key,
-)
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import as_fields, count_events, first_key, is_block, items_bytes, last_key
 from mongoformats.change_events import EVENT_SORT_KEY
 
 __all__ = ["MergedQueue"]

@@ -33,7 +33,8 @@ from bson import Int64, Timestamp
 
 from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.batch_splice import splice_entries
-from buckets._columnar.event_block import EventBlock, count_events, is_block
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import count_events, is_block
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.budget import BudgetHold, ByteBudget
 from buckets.ports import Connection, Connector

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from buckets._columnar.event_block import is_block
+from buckets._columnar.items import is_block
 from buckets._columnar.sizes import reply_prefix
 from mongoformats.change_events import EV_RAW, ChangeEvent, EventFields
 from mongoformats.errors import MongoError

@@ -35,11 +35,8 @@ import bson
 import trio
 from bson import Timestamp
 
-from buckets._columnar.event_block import (
-    EventBlock,
-    as_fields,
-    count_events,
-)
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import as_fields, count_events
 from buckets.bucket import Bucket, lag_status
 from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget

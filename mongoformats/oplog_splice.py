@@ -336,6 +336,16 @@ def document_of(body: bytes) -> bytes:
 # The ctype bytes are those of keystring.py (CType in the server's key_string.cpp): 0x1E the
 # numeric family, 0x29 zero, 0x3C string, 0x46 object, 0x64 ObjectId.
 
+def _ks_integer(little_endian: bytes, bits: list[int]) -> bytes | None:
+    """KeyString body of an int32 (4 bytes) or int64 (8 bytes) value, its type bits appended to
+    `bits`; None for an int64 at the edge of the range, which the general encoder keys."""
+    value = int.from_bytes(little_endian, "little", signed=True)
+    if len(little_endian) == 8 and abs(value) >= 2**63 - 1:
+        return None
+    bits += (0, 0) if len(little_endian) == 4 else (0, 1)
+    return preshifted_key(abs(value) << 1, value < 0) if value else b"\x29"
+
+
 def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
     """KeyString of the document at `start` as an object value; None for a value type we leave to the
     general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
@@ -361,11 +371,10 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
             bits.append(0)
         elif t == 0x10 or t == 0x12:
             p = v + (4 if t == 0x10 else 8)
-            value = int.from_bytes(buf[v:p], "little", signed=True)
-            if t == 0x12 and abs(value) >= 2**63 - 1:
+            number = _ks_integer(buf[v:p], bits)
+            if number is None:
                 return None
-            out += (b"\x1e", name, b"\x00", preshifted_key(abs(value) << 1, value < 0) if value else b"\x29")
-            bits += (0, 0) if t == 0x10 else (0, 1)
+            out += (b"\x1e", name, b"\x00", number)
         elif t == 0x05:  # binary (a UUID _id): its size (one byte below 255), subtype, bytes
             n = unpack(buf, v)[0]
             p = v + 5 + n

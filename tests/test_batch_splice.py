@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
-from buckets._columnar.event_block import EventBlock, as_fields
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import splice_crud
 from tests.conftest import client, sync

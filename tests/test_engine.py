@@ -22,7 +22,7 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
 import buckets.streams as streams_module
-from buckets._columnar.event_block import as_fields
+from buckets._columnar.items import as_fields
 from buckets.bucketing import BUCKET_BY, bucket_of, bucket_of_document
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key

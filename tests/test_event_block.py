@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block
-from buckets._columnar.event_block import EventBlock, _merge_runs, as_fields, count_events
+from buckets._columnar.event_block import EventBlock, _merge_runs
+from buckets._columnar.items import as_fields, count_events
 from buckets._columnar.oplog_batch import OplogBatch
 from buckets.merge import MergedQueue
 from mongoformats.change_events import EVENT_SORT_KEY

@@ -7,7 +7,7 @@ import trio
 from bson import Timestamp
 
 from buckets import reader_process
-from buckets._columnar.event_block import as_fields
+from buckets._columnar.items import as_fields
 from buckets.reader_process import MessageStream
 from tests.test_event_block import block_of_inserts
 

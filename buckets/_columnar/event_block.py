@@ -32,10 +32,10 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from buckets._columnar.byte_kernels import Index, U, copy_from, prefetch
-from mongoformats.change_events import EV_RAW
+from buckets._columnar.key_search import bisect_keys_kernel
 from mongoformats.wire import ArrayRun, DeferredPiece
 
-__all__ = ["EventBlock", "KeyedEvents", "as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
+__all__ = ["EventBlock", "KeyedEvents"]
 
 PREFETCH_AHEAD = 4  # rows: from 1 to 8 gave the same
 # (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
@@ -247,7 +247,7 @@ class EventBlock(ArrayRun):
         bounds = np.zeros(len(keys) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, keys), np.int64, len(keys)), out=bounds[1:])
         cuts = np.empty(len(keys), np.int64)
-        exact = _bisect_keys(rows, order, ordered, np.frombuffer(b"".join(keys), np.uint8), bounds, lo, cuts)
+        exact = bisect_keys_kernel(rows, order, ordered, np.frombuffer(b"".join(keys), np.uint8), bounds, lo, cuts)
         return cuts.tolist(), bool(exact)
 
     @property
@@ -413,42 +413,6 @@ _NO_ORDER = np.zeros(0, np.int64)
 
 
 @numba.njit(cache=CACHE)
-def _row_order(rows: npt.NDArray[np.uint8], row: Index, keys: npt.NDArray[np.uint8], k0: Index, k1: Index) -> int:
-    """-1, 0 or 1 as row `row` of `rows` is below, equal to or above keys[k0:k1] in Python's
-    bytes order (the first differing byte, else the shorter is below)."""
-    width, n = rows.shape[1], k1 - k0
-    for j in range(min(width, n)):
-        a, b = rows[row, j], keys[k0 + j]
-        if a != b:
-            return 1 if a > b else -1
-    return 0 if width == n else (1 if width > n else -1)
-
-
-@numba.njit(cache=CACHE)
-def _bisect_keys(rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64], ordered: bool,
-                 keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64], lo: int,
-                 cuts: npt.NDArray[np.int64]) -> bool:
-    """EventBlock.bisect_keys' loop: cuts[i] is bisect_right of key i (keys[bounds[i]:bounds[i + 1]],
-    in ascending order, so each search starts where the last ended) over the rows (row order[j]
-    the j-th, if `ordered`); whether some key equals the row before its cut."""
-    n = len(order) if ordered else rows.shape[0]
-    exact = False
-    for i in range(len(cuts)):
-        k0, k1 = bounds[i], bounds[i + 1]
-        hi = n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _row_order(rows, order[mid] if ordered else mid, keys, k0, k1) > 0:
-                hi = mid
-            else:
-                lo = mid + 1
-        cuts[i] = lo
-        if lo > 0 and _row_order(rows, order[lo - 1] if ordered else lo - 1, keys, k0, k1) == 0:
-            exact = True
-    return exact
-
-
-@numba.njit(cache=CACHE)
 def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
     """Row `row`'s first 8 bytes as a big-endian number: they order as the bytes do."""
     value = np.uint64(0)
@@ -595,44 +559,3 @@ def _put_key(out: npt.NDArray[np.uint8], at: int, index: int) -> int:
         index //= 10
     out[U(at + width + 1)] = 0
     return at + width + 2
-
-
-# -- lists of events that may hold blocks ----------------------------------------------------------
-# A batch of events travels as a list whose items are EventFields tuples (one event each) or
-# EventBlocks (a run of events each): "items" below.
-
-
-def is_block(item: Any) -> bool:
-    return type(item) is EventBlock
-
-
-def count_events(items: Sequence[Any]) -> int:
-    """How many events a list of items holds."""
-    return sum(len(i) if type(i) is EventBlock else 1 for i in items)
-
-
-def items_bytes(items: Sequence[Any]) -> int:
-    """The events' BSON bytes in a list of items (what their budgets are charged)."""
-    return sum(i.nbytes if type(i) is EventBlock else len(i[EV_RAW]) for i in items)
-
-
-def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
-    """The events of a list of items, each an EventFields tuple."""
-    if not any(type(i) is EventBlock for i in items):
-        return list(items)
-    out: list[tuple[Any, ...]] = []
-    for item in items:
-        if type(item) is EventBlock:
-            out += item.fields()
-        else:
-            out.append(item)
-    return out
-
-
-def first_key(item: Any) -> bytes:
-    return item.first_key if type(item) is EventBlock else item[0]
-
-
-def last_key(item: Any) -> bytes:
-    return item.last_key if type(item) is EventBlock else item[0]
-
