@@ -300,7 +300,7 @@ async def test_a_split_event_in_a_stalled_bucket_comes_back_in_its_fragments(clu
 async def test_reopening_with_a_token_in_a_fallen_behind_buckets_gap_replays_it(cluster, proxy):
     """A whole-stream open with one token per bucket, bucket 1's after the point it is complete
     to (in what it dropped): the cursor is served by a replay from that token, returning exactly
-    bucket 1's events after it, where the bucket could not (ChangeStreamHistoryLost before)."""
+    bucket 1's events after it, which the bucket alone could not serve."""
     name = "stall-reopen"
     c = client(proxy_uri(proxy))
     b0, b1 = await sync(_open, c, name, "namespace")
