@@ -40,7 +40,8 @@ async def _stream(
     """Open a 4-bucket stream at `start` and drain it, one consumer connection per bucket.
     Without `targets` (the unstalled run) the buckets are drained until --events have come in
     all, giving each bucket's count; with them, each consumer reads its bucket's count, and
-    consumer `stalled` first waits --stall-s seconds."""
+    consumer `stalled` reads one batch, then waits --stall-s seconds (a consumer that never came
+    would hold the merge for the first read's grace first, buckets/catch_up.py)."""
     name = f"stall-{stalled}-{time.monotonic_ns()}"
     ctl = await open_upstream("127.0.0.1", proxy.port)
     opened = await ctl.command(
@@ -58,13 +59,14 @@ async def _stream(
     done_at: list[float | None] = [None] * args.buckets
     extra = [0] * args.buckets
     began = time.perf_counter()
-    peak = {"heldBytes": 0, "fellBehind": 0}
+    peak: dict[str, Any] = {"heldBytes": 0, "fellBehind": 0, "fellBehindPerBucket": [0] * args.buckets}
 
     async def consume(b: int, cursor_id: Any, consumers: trio.Nursery) -> None:
         conn = await open_upstream("127.0.0.1", proxy.port)
         more = {"getMore": cursor_id, "collection": NS, "maxTimeMS": 200}
         try:
-            if b == stalled:
+            if b == stalled:  # it starts reading as the others do, then stops for --stall-s
+                _, counts[b] = await _count(conn, "admin", more)
                 await trio.sleep(args.stall_s)
             while targets is None or counts[b] < targets[b]:
                 _, got = await _count(conn, "admin", more)
@@ -86,6 +88,10 @@ async def _stream(
             peak["fellBehind"] = max(
                 peak["fellBehind"], sum(b["fellBehind"] for b in status["buckets"])
             )
+            peak["fellBehindPerBucket"] = [
+                max(was, b["fellBehind"])
+                for was, b in zip(peak["fellBehindPerBucket"], status["buckets"], strict=True)
+            ]
             await trio.sleep(0.5)
 
     async with trio.open_nursery() as outer:
@@ -112,6 +118,7 @@ async def _stream(
         "others_seconds": others_s,
         "peakHeldBytes": peak["heldBytes"],
         "fellBehind": peak["fellBehind"],
+        "fellBehindPerBucket": peak["fellBehindPerBucket"],
     }
 
 
@@ -159,10 +166,16 @@ def main(argv: list[str] | None = None) -> None:
     caught_up = stall["counts"][stalled] == base["counts"][stalled] and not any(
         stall["extraEvents"]
     )
+    # Counts only (the events are not compared one by one): every bucket of the stalled run read
+    # what the same bucket read unstalled, the unstalled run read the backlog exactly, and no
+    # bucket had more after its count.
+    every_bucket_exact = (stall["counts"] == base["counts"] and sum(base["counts"]) == args.events
+                          and not any(stall["extraEvents"]))
     for label, r in results.items():
         print(
             f"{label:>9}: other buckets {r['others_events_per_s']:>10,.0f} events/s "
-            f"({r['others_seconds']:.2f} s), counts {r['counts']}, fell behind {r['fellBehind']}x, "
+            f"({r['others_seconds']:.2f} s), counts {r['counts']}, "
+            f"fell behind {r['fellBehind']}x {r['fellBehindPerBucket']}, "
             f"peak held {r['peakHeldBytes'] / 2**20:.1f} MiB"
         )
     print(f"other buckets' rate, stall / no stall: {ratio:.2f} (goal >= 0.90)")
@@ -171,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{base['counts'][stalled]:,} events, caught up {stall['doneAt'][stalled]:.1f} s after "
         f"the start; complete, none twice: {caught_up}"
     )
+    print(f"every bucket's count as unstalled, nothing more: {every_bucket_exact}")
     figures = {
         "events": args.events,
         "buckets": args.buckets,
@@ -179,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "others_rate_ratio": ratio,
         "stalled_caught_up": caught_up,
+        "every_bucket_exact": every_bucket_exact,
     }
     path = write_results(
         args.out,

@@ -17,7 +17,7 @@ from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import count_events, first_key, is_block, items_bytes, last_key
 from buckets._columnar.sizes import count_reaching, count_within
 from buckets.budget import ByteBudget
-from buckets.catch_up import FALL_BEHIND_AFTER_S, Lag
+from buckets.catch_up import FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, Lag
 from buckets.memory_limit import (
     PoolAccount,
 )
@@ -100,6 +100,7 @@ class Bucket:
         self.holds_back: Callable[[], bool] = lambda: False
         self.lag = Lag()
         self.last_read = -math.inf     # trio time a getMore last came or left (none yet: never)
+        self.read_once = False         # a getMore has read this bucket (Bucket.put's patience)
         self.merge_frontier = floor    # the merge's frontier, also while behind
         # Cursors reading a replay that move to this bucket once it holds their next event.
         self.awaiting: set[Reader] = set()
@@ -391,12 +392,13 @@ class Bucket:
         must read). An isolated bucket waits so only while no other bucket's consumer waits for
         events, or briefly: once it has waited FALL_BEHIND_AFTER_S (its consumer is slow), or its
         consumer has not read for that long (stalled or gone: at once), it falls behind
-        (buckets/catch_up.py)."""
+        (buckets/catch_up.py); before its first read, FIRST_READ_GRACE_S stands for both."""
         since = trio.current_time()
         while not self.put_nowait(event):
             self.notify()
             n = event.nbytes if is_block(event) else len(event[EV_RAW])
-            held_back = trio.current_time() - min(since, self.last_read) >= FALL_BEHIND_AFTER_S
+            patience = FALL_BEHIND_AFTER_S if self.read_once else FIRST_READ_GRACE_S
+            held_back = trio.current_time() - min(since, self.last_read) >= patience
             if self.isolated and held_back and self.holds_back():
                 self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
                 if not self.budget.try_acquire(n):

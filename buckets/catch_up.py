@@ -5,7 +5,8 @@ A bucket whose consumer is slow or gone fills its budget. Waiting for room there
 for every bucket (head-of-line blocking). A full bucket waits (backpressure, which costs nothing
 while every consumer reads) as long as no consumer of another bucket waits for events; while one
 does, it waits FALL_BEHIND_AFTER_S at most, and not at all once its own consumer has not read for
-that long (stalled or gone); then it falls behind:
+that long (stalled or gone); a bucket no consumer has read yet waits FIRST_READ_GRACE_S (its
+consumer is yet to come). Then it falls behind:
 
     live --(full)--> behind --(a consumer waits to rejoin, none reads what it holds)--> live
                        |                                                                  |
@@ -29,6 +30,11 @@ LIVE, BEHIND, CATCHING_UP = "live", "behind", "catchingUp"
 # (what the others lose), long beside the jitter of consumers that all read (a bucket that falls
 # behind costs a replay re-reading every shard's oplog).
 FALL_BEHIND_AFTER_S = 0.5
+# How long a full bucket no consumer has read yet may hold the merge back: its consumer is yet to
+# come (a worker attaching after the opener, a Spark task being scheduled). Longer than
+# FALL_BEHIND_AFTER_S because falling behind at the start costs a replay of every shard's oplog
+# for a consumer that was only late, while waiting costs only the start's few seconds.
+FIRST_READ_GRACE_S = 5.0
 
 
 @dataclass

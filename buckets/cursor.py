@@ -198,6 +198,7 @@ class BucketCursor:
         self._settle()
         self.acked = self.position
         bucket.last_read = trio.current_time()  # its consumer reads: not stalled (Bucket.put)
+        bucket.read_once = True
         if not first:
             await self._wait(max_time_ms)
         if not self._readable():

@@ -13,7 +13,7 @@ import trio
 from bson import Timestamp
 
 from buckets.bucket import Bucket
-from buckets.catch_up import BEHIND, CATCHING_UP, FALL_BEHIND_AFTER_S, LIVE, Lag
+from buckets.catch_up import BEHIND, CATCHING_UP, FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, LIVE, Lag
 from buckets.cursor import BucketCursor
 from buckets.reply import EventSizer
 from buckets.stream import StreamOptions
@@ -134,24 +134,31 @@ async def test_a_bucket_rejoins_after_its_gap_once_a_consumer_waits_to_come_back
     assert bucket.lag.state(awaiting=bool(bucket.awaiting)) == CATCHING_UP
 
 
-@pytest.mark.parametrize("read_just_now", [False, True])
-async def test_a_stalled_consumer_falls_behind_at_once_a_slow_one_after_a_while(
-    autojump_clock: Any, read_just_now: bool
+@pytest.mark.parametrize("last_read", ["never", "long ago", "just now"])
+async def test_a_stalled_consumer_falls_behind_at_once_a_slow_or_late_one_after_a_while(
+    autojump_clock: Any, last_read: str
 ) -> None:
-    """With another consumer waiting: a bucket whose consumer has not read for
-    FALL_BEHIND_AFTER_S (never, here) falls behind as soon as it is full; one whose consumer has
-    just read (slow, not gone) holds the merge back for FALL_BEHIND_AFTER_S first (on the test's
-    virtual clock)."""
+    """With another consumer waiting (on the test's virtual clock): a bucket whose consumer read
+    it, but not for FALL_BEHIND_AFTER_S, falls behind as soon as it is full (stalled or gone); one
+    whose consumer has just read (slow) holds the merge back for FALL_BEHIND_AFTER_S first; one
+    no consumer has read yet (its consumer is yet to come) for FIRST_READ_GRACE_S."""
     bucket = _bucket(10)
     _cursor(bucket)
     await _put_all(bucket, range(2, 12))  # full
-    if read_just_now:
-        bucket.last_read = trio.current_time()
+    if last_read == "never":
+        bucket.last_read = trio.current_time()  # its cursor was made (ParallelStream.isolate)
+    else:
+        bucket.read_once = True
+        bucket.last_read = trio.current_time() - (0 if last_read == "just now" else 10)
     began = trio.current_time()
     await bucket.put(event(12))
     assert bucket.lag.behind
     waited = trio.current_time() - began
-    assert (waited >= FALL_BEHIND_AFTER_S) if read_just_now else (waited < FALL_BEHIND_AFTER_S)
+    if last_read == "long ago":
+        assert waited < FALL_BEHIND_AFTER_S
+    else:
+        patience = FALL_BEHIND_AFTER_S if last_read == "just now" else FIRST_READ_GRACE_S
+        assert patience <= waited < patience + FALL_BEHIND_AFTER_S
 
 
 def _stream(bucket: Bucket) -> Any:
