@@ -99,7 +99,7 @@ def _qualified(block: Function) -> str:
 def _check_ratchet(found: set[str], allowed: set[str], what: str) -> None:
     new = sorted(found - allowed)
     fixed = sorted(allowed - found)
-    assert not new, f"{what}: {new}; split them up (see issue 48) rather than allowlisting"
+    assert not new, f"{what}: {new}; split them up rather than allowlisting"
     assert not fixed, f"no longer {what}, remove from the allowlist: {fixed}"
 
 
@@ -127,8 +127,8 @@ def test_every_module_maintainable() -> None:
 
 
 def test_average_complexity_is_reported() -> None:
-    """Prints the average over every block radon rates (functions, methods and classes), the
-    figure issue 48 asks to bring to 3.2 or below; run with -s to see it."""
+    """Prints the average over every block radon rates (functions, methods and classes), a
+    figure to bring to 3.2 or below; run with -s to see it."""
     blocks = [block for source in _sources().values() for block in cc_visit(source)]
     average = average_complexity(blocks)
     print(f"\naverage cyclomatic complexity: {average:.2f} over {len(blocks)} blocks")

@@ -184,23 +184,34 @@ def _in(key: tuple[str, int], bucket: int, stream: Any) -> bool:
     return bucket_of_document(ns, _id, stream.options.n_buckets) == bucket
 
 
-async def test_writes_go_on_while_a_stalled_bucket_catches_up(cluster, proxy):
-    """Bucket 1 falls behind while bucket 0 is read; then both are read side by side while
-    writes go on: bucket 1 reports catching up (reading a replay), returns every event once
-    and in order, including those written during its catch-up, and comes back to its stream."""
-    name = "stall-writes"
+async def _bucket_1_fallen_behind(
+    proxy: Any, name: str
+) -> tuple[Any, int, int, Any, Any, list[RawBSONDocument]]:
+    """A 2-bucket stream `name` by namespace, 4 budgets written; bucket 0 read until bucket 1,
+    never read, has fallen behind and every write is merged: (client, bucket 0's and bucket 1's
+    cursor ids, the workload, the engine's stream, bucket 0's events so far)."""
     c = client(proxy_uri(proxy))
     b0, b1 = await sync(_open, c, name, "namespace")
     work = Workload(c, "namespace")
     await sync(work.write, 4 * BUDGET // 1000)
     stream = proxy.engine.streams[name]
-    got: dict[int, list[RawBSONDocument]] = {0: [], 1: []}
+    got0: list[RawBSONDocument] = []
 
     def drain0() -> None:
         while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
-            got[0].extend(_get_more(c, b0, 1000))
+            got0.extend(_get_more(c, b0, 1000))
 
     await sync(drain0)
+    return c, b0, b1, work, stream, got0
+
+
+async def test_writes_go_on_while_a_stalled_bucket_catches_up(cluster, proxy):
+    """Bucket 1 falls behind while bucket 0 is read; then both are read side by side while
+    writes go on: bucket 1 reports catching up (reading a replay), returns every event once
+    and in order, including those written during its catch-up, and comes back to its stream."""
+    name = "stall-writes"
+    c, b0, b1, work, stream, got0 = await _bucket_1_fallen_behind(proxy, name)
+    got: dict[int, list[RawBSONDocument]] = {0: got0, 1: []}
     states: list[str] = []
 
     def side_by_side() -> None:
@@ -302,18 +313,7 @@ async def test_reopening_with_a_token_in_a_fallen_behind_buckets_gap_replays_it(
     to (in what it dropped): the cursor is served by a replay from that token, returning exactly
     bucket 1's events after it, which the bucket alone could not serve."""
     name = "stall-reopen"
-    c = client(proxy_uri(proxy))
-    b0, b1 = await sync(_open, c, name, "namespace")
-    work = Workload(c, "namespace")
-    await sync(work.write, 4 * BUDGET // 1000)
-    stream = proxy.engine.streams[name]
-    got0: list[RawBSONDocument] = []
-
-    def drain0() -> None:
-        while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
-            got0.extend(_get_more(c, b0, 1000))
-
-    await sync(drain0)
+    c, b0, b1, work, stream, got0 = await _bucket_1_fallen_behind(proxy, name)
     mid = got0[-len(got0) // 4]["_id"]
     assert stream.buckets[1].position_after(token_sort_key(mid)) is None, "in bucket 1's gap"
     reopened = await sync(
