@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(NODE_DEPS)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(if $(SPEC_TESTS),PCS_SPEC_TESTS="$${PCS_SPEC_TESTS:-$(SPEC_TESTS)}") $(PY) -m pytest -q
 

@@ -91,9 +91,13 @@ async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | No
         nonlocal total
         host, port = parse_hosts(uri)[0]
         conn = await open_upstream(host, port)
-        cursor_id, total_here = await _count(conn, "local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}})
+        cursor_id, total_here = await _count(
+            conn, "local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}}
+        )
         while cursor_id:
-            cursor_id, more = await _count(conn, "local", {"getMore": Int64(cursor_id), **more_of}, exhaust=True)
+            cursor_id, more = await _count(
+                conn, "local", {"getMore": Int64(cursor_id), **more_of}, exhaust=True
+            )
             total_here += more
         total += total_here
         await conn.aclose()
@@ -104,7 +108,9 @@ async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | No
     return total
 
 
-async def _count(conn: UpstreamConnection, db: str, cmd: dict[str, Any], *, exhaust: bool = False) -> tuple[int, int]:
+async def _count(
+    conn: UpstreamConnection, db: str, cmd: dict[str, Any], *, exhaust: bool = False
+) -> tuple[int, int]:
     """(cursor id, documents in its batch) of a find, aggregate or getMore: what every mode's
     consumer does with a reply, raw, native and proxy alike. The consumers share the machine's
     cores with the proxy and the cluster, so they only find the documents in the reply where it
@@ -114,27 +120,42 @@ async def _count(conn: UpstreamConnection, db: str, cmd: dict[str, Any], *, exha
     if conn.streaming:
         data, at = await conn.more_in_place(pad=SLACK, allocate=unfilled_bytearray)
     else:
-        data, at = await conn.command_in_place(db, cmd, pad=SLACK, exhaust=exhaust, allocate=unfilled_bytearray)
+        data, at = await conn.command_in_place(
+            db, cmd, pad=SLACK, exhaust=exhaust, allocate=unfilled_bytearray
+        )
     cursor_id, batch = batch_in_place(data, at)
     return cursor_id, len(batch)
 
 
-async def watch_stream(uri: str, start: Timestamp, want: int, stages: list[dict[str, Any]] | None = None,
-                       **options: Any) -> int:
+async def watch_stream(
+    uri: str,
+    start: Timestamp,
+    want: int,
+    stages: list[dict[str, Any]] | None = None,
+    **options: Any,
+) -> int:
     """A cluster-wide change stream (what a driver's `client.watch()` sends) through `uri`, mongos
     or the accelerating proxy, drained with raw getMores; `options` go to $changeStream."""
     host, port = parse_hosts(uri)[0]
     conn = await open_upstream(host, port)
     spec = {"allChangesForCluster": True, "startAtOperationTime": start, **options}
-    cursor_id, got = await _count(conn, "admin", {"aggregate": 1, "pipeline": [{"$changeStream": spec},
-                                                                         *(stages or [])], "cursor": {}})
+    cursor_id, got = await _count(
+        conn,
+        "admin",
+        {"aggregate": 1, "pipeline": [{"$changeStream": spec}, *(stages or [])], "cursor": {}},
+    )
     while got < want:
-        cursor_id, more = await _count(conn, "admin", {"getMore": Int64(cursor_id), "collection": "$cmd.aggregate",
-                                                       "maxTimeMS": 1000})
+        cursor_id, more = await _count(
+            conn,
+            "admin",
+            {"getMore": Int64(cursor_id), "collection": "$cmd.aggregate", "maxTimeMS": 1000},
+        )
         got += more
     # As a driver's close() does: otherwise the stream stays open (and reading) until its cursor
     # times out, beside the runs that follow.
-    await conn.command("admin", {"killCursors": "$cmd.aggregate", "cursors": [Int64(cursor_id)]}, check=False)
+    await conn.command(
+        "admin", {"killCursors": "$cmd.aggregate", "cursors": [Int64(cursor_id)]}, check=False
+    )
     await conn.aclose()
     return got
 
@@ -152,9 +173,21 @@ class ProxyProcess:
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
         # Its log goes to a file, shown at close() if it holds an error (a failed stream's traceback).
         self.log = tempfile.NamedTemporaryFile("w+", prefix="wireproxy-", suffix=".log")  # noqa: SIM115
-        self.process = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", upstream,
-                                         "--listen", f"127.0.0.1:{self.port}", *flags], stderr=self.log,
-                                        cwd=tree, env=env)
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "wireproxy",
+                "--upstream",
+                upstream,
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                *flags,
+            ],
+            stderr=self.log,
+            cwd=tree,
+            env=env,
+        )
         self.ps = psutil.Process(self.process.pid)
 
     async def wait_ready(self) -> None:
@@ -186,20 +219,34 @@ class ProxyProcess:
         text = self.log.read()
         if " ERROR " in text:  # from the first error's line on
             first = text.rfind("\n", 0, text.index(" ERROR ")) + 1
-            print(f"the proxy on port {self.port} logged errors:\n{text[first:first + 4000]}")
+            print(f"the proxy on port {self.port} logged errors:\n{text[first : first + 4000]}")
         self.log.close()
 
 
-async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int,
-                       reader_processes: int, bucket_by: str = "namespace") -> tuple[int, dict[str, Any]]:
+async def proxy_stream(
+    proxy: ProxyProcess,
+    start: Timestamp,
+    want: int,
+    buckets: int,
+    reader_processes: int,
+    bucket_by: str = "namespace",
+) -> tuple[int, dict[str, Any]]:
     """Open a stream on the proxy and drain its N buckets, one consumer connection per bucket."""
     # A fresh name each time: re-attaching to an earlier stream would serve its retained events
     # from memory (when the same readerProcesses value is measured twice).
     name = f"bench-rp{reader_processes}-{time.monotonic_ns()}"
     ctl = await open_upstream("127.0.0.1", proxy.port)
-    opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": buckets, "name": name,
-                                         "startAtOperationTime": start, "readerProcesses": reader_processes,
-                                         "bucketBy": bucket_by})
+    opened = await ctl.command(
+        "admin",
+        {
+            "parallelChangeStream": 1,
+            "nBuckets": buckets,
+            "name": name,
+            "startAtOperationTime": start,
+            "readerProcesses": reader_processes,
+            "bucketBy": bucket_by,
+        },
+    )
     total = 0
 
     async def consume(cursor_id: Any, consumers: trio.Nursery) -> None:
@@ -208,7 +255,11 @@ async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets
         try:
             while True:
                 # Raw bytes all the way: the consumer counts events without decoding them.
-                more = {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 200}
+                more = {
+                    "getMore": cursor_id,
+                    "collection": "$cmd.parallelChangeStream",
+                    "maxTimeMS": 200,
+                }
                 _, got = await _count(conn, "admin", more)
                 total += got  # not `total += await ...`: that reads total before the await
                 if total >= want:
@@ -224,8 +275,13 @@ async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets
         for cur in opened["cursors"]:
             consumers.start_soon(consume, cur["id"], consumers)
     status = await ctl.command("admin", {"parallelChangeStreamStatus": 1, "name": name})
-    await ctl.command("admin", {"killCursors": "$cmd.parallelChangeStream",
-                                "cursors": [c["id"] for c in opened["cursors"]]})
+    await ctl.command(
+        "admin",
+        {
+            "killCursors": "$cmd.parallelChangeStream",
+            "cursors": [c["id"] for c in opened["cursors"]],
+        },
+    )
     await ctl.aclose()
     return total, {"noops": sum(s["noops"] for s in status["streams"][0]["shards"])}
 
@@ -233,8 +289,14 @@ async def proxy_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets
 _RAW_OPTS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
 
 
-async def pymongo_stream(proxy: ProxyProcess, start: Timestamp, want: int, buckets: int, reader_processes: int,
-                         bucket_by: str = "namespace") -> int:
+async def pymongo_stream(
+    proxy: ProxyProcess,
+    start: Timestamp,
+    want: int,
+    buckets: int,
+    reader_processes: int,
+    bucket_by: str = "namespace",
+) -> int:
     """Drain the proxy's N buckets as an application's workers do: a pymongo client per bucket
     (bucketspark's read_bucket), replies decoded as RawBSONDocument and each event's `_id` (its
     resume token, what a worker checkpoints) and operationType read. The workers are threads of
@@ -248,9 +310,18 @@ async def pymongo_stream(proxy: ProxyProcess, start: Timestamp, want: int, bucke
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(proxy.uri)
         try:
             admin = client.admin
-            cursor = admin.command({"parallelChangeStream": 1, "nBuckets": buckets, "name": name, "bucket": bucket,
-                                    "startAtOperationTime": start, "readerProcesses": reader_processes,
-                                    "bucketBy": bucket_by}, codec_options=_RAW_OPTS)["cursor"]
+            cursor = admin.command(
+                {
+                    "parallelChangeStream": 1,
+                    "nBuckets": buckets,
+                    "name": name,
+                    "bucket": bucket,
+                    "startAtOperationTime": start,
+                    "readerProcesses": reader_processes,
+                    "bucketBy": bucket_by,
+                },
+                codec_options=_RAW_OPTS,
+            )["cursor"]
             cid, batch = cursor["id"], cursor["firstBatch"]
             while True:
                 for ev in batch:
@@ -260,8 +331,10 @@ async def pymongo_stream(proxy: ProxyProcess, start: Timestamp, want: int, bucke
                     total += len(batch)
                     if total >= want:
                         break
-                batch = admin.command({"getMore": cid, "collection": "$cmd.parallelChangeStream",
-                                       "maxTimeMS": 200}, codec_options=_RAW_OPTS)["cursor"]["nextBatch"]
+                batch = admin.command(
+                    {"getMore": cid, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 200},
+                    codec_options=_RAW_OPTS,
+                )["cursor"]["nextBatch"]
             admin.command({"killCursors": "$cmd.parallelChangeStream", "cursors": [cid]})
         finally:
             client.close()
@@ -278,34 +351,71 @@ async def pymongo_stream(proxy: ProxyProcess, start: Timestamp, want: int, bucke
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--buckets", type=int, default=4)
-    parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1, 2],
-                        help="readerProcesses values to measure the proxy with")
-    parser.add_argument("--watch-reader-processes", type=int, nargs="*", default=[0, 2],
-                        help="reader processes of the accelerated watch() measured (one proxy process each)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each mode, taking turns; medians reported")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="runs of each proxy mode before the measured ones, reported apart (see the docstring)")
-    parser.add_argument("--baseline-tree", default=None,
-                        help="a checkout of another version (git worktree add DIR COMMIT): its proxy is measured "
-                             "too, as 'baseline rp=N' for each --reader-processes value, taking turns with this one")
-    parser.add_argument("--updates", type=float, default=0.0,
-                        help="the share of the backlog that updates documents (a $set and an $inc each; the "
-                             "rest inserts them); results go to engine_catchup_updates.* when above 0")
-    parser.add_argument("--workload", choices=("inserts", *WORKLOADS), default="inserts",
-                        help="inserts: the prefilled insert (or --updates) backlog; app: an application-like mix "
-                        "written through pymongo; ycsb: YCSB workload A's writes (benchmarks/workloads.py); "
-                        "results go to engine_catchup_<workload>.*")
+    parser.add_argument(
+        "--reader-processes",
+        type=int,
+        nargs="*",
+        default=[0, 1, 2],
+        help="readerProcesses values to measure the proxy with",
+    )
+    parser.add_argument(
+        "--watch-reader-processes",
+        type=int,
+        nargs="*",
+        default=[0, 2],
+        help="reader processes of the accelerated watch() measured (one proxy process each)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each mode, taking turns; medians reported"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="runs of each proxy mode before the measured ones, reported apart (see the docstring)",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="a checkout of another version (git worktree add DIR COMMIT): its proxy is measured "
+        "too, as 'baseline rp=N' for each --reader-processes value, taking turns with this one",
+    )
+    parser.add_argument(
+        "--updates",
+        type=float,
+        default=0.0,
+        help="the share of the backlog that updates documents (a $set and an $inc each; the "
+        "rest inserts them); results go to engine_catchup_updates.* when above 0",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("inserts", *WORKLOADS),
+        default="inserts",
+        help="inserts: the prefilled insert (or --updates) backlog; app: an application-like mix "
+        "written through pymongo; ycsb: YCSB workload A's writes (benchmarks/workloads.py); "
+        "results go to engine_catchup_<workload>.*",
+    )
     parser.add_argument("--seed", type=int, default=1, help="the app and ycsb workloads' seed")
-    parser.add_argument("--bucket-by", choices=("namespace", "documentKey"), default="namespace",
-                        help="the streams' bucketBy: documentKey deals every namespace's events over all the "
-                        "buckets, so one hot collection does not leave the others idle; results get the suffix "
-                        "_by_documentKey")
-    parser.add_argument("--pymongo-consumers", action=argparse.BooleanOptionalAction, default=True,
-                        help="also measure the first --reader-processes value with pymongo workers reading the "
-                        "buckets (RawBSONDocument), whose CPU (this process's) is the consumers' own cost")
+    parser.add_argument(
+        "--bucket-by",
+        choices=("namespace", "documentKey"),
+        default="namespace",
+        help="the streams' bucketBy: documentKey deals every namespace's events over all the "
+        "buckets, so one hot collection does not leave the others idle; results get the suffix "
+        "_by_documentKey",
+    )
+    parser.add_argument(
+        "--pymongo-consumers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the first --reader-processes value with pymongo workers reading the "
+        "buckets (RawBSONDocument), whose CPU (this process's) is the consumers' own cost",
+    )
     add_out_option(parser)
     args = parser.parse_args(argv)
     # The consumers (this process, every mode's) receive each reply into a buffer of its size:
@@ -317,13 +427,17 @@ def main(argv: list[str] | None = None) -> None:
         kind = f"the {args.workload} workload"
     else:
         kind = f"{args.updates:.0%} updates" if args.updates else "inserts"
-    print(f"prefilling {args.events:,} writes ({kind}) over 4 shards in a cluster subprocess ...", flush=True)
+    print(
+        f"prefilling {args.events:,} writes ({kind}) over 4 shards in a cluster subprocess ...",
+        flush=True,
+    )
     # Idle shards write their periodic noop every 0.5 s instead of a server's 10 s: the native
     # stream's last events wait for every shard's mark, and 10 s of that tail would be a fixed
     # cost in its rate, not throughput (the proxy writes its own notes and does not wait).
     if args.workload == "inserts":
-        cluster = spawn_cluster(shards=4, prefill_events=args.events, prefill_updates=args.updates,
-                                periodic_noop_s=0.5)
+        cluster = spawn_cluster(
+            shards=4, prefill_events=args.events, prefill_updates=args.updates, periodic_noop_s=0.5
+        )
         events = args.events
     else:
         cluster = spawn_cluster(shards=4, periodic_noop_s=0.5)
@@ -331,12 +445,17 @@ def main(argv: list[str] | None = None) -> None:
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
-    baseline = (ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1", tree=args.baseline_tree)
-                if args.baseline_tree else None)
+    baseline = (
+        ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1", tree=args.baseline_tree)
+        if args.baseline_tree
+        else None
+    )
     # The unchanged consumer: a driver's cluster-wide watch() pointed at a proxy that accelerates
     # change streams. Its readerProcesses is the proxy's setting, so each value is its own proxy.
-    watch_proxies = {rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
-                     for rp in args.watch_reader_processes}
+    watch_proxies = {
+        rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
+        for rp in args.watch_reader_processes
+    }
     every_proxy = [proxy, *watch_proxies.values(), *([baseline] if baseline else [])]
     try:
         start = _ts(min(cluster.info["start"]))
@@ -347,25 +466,56 @@ def main(argv: list[str] | None = None) -> None:
         # stream (~20 s) after them: this machine's speed drifts within a minute, and the ratio
         # the goal is set on compares the raw read with the proxy's.
         modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
-            ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)]
+            ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)
+        ]
         for rp in args.reader_processes:
-            modes.append((f"proxy rp={rp}", functools.partial(proxy_stream, proxy, start, events,
-                                                              args.buckets, rp, args.bucket_by), proxy))
+            modes.append(
+                (
+                    f"proxy rp={rp}",
+                    functools.partial(
+                        proxy_stream, proxy, start, events, args.buckets, rp, args.bucket_by
+                    ),
+                    proxy,
+                )
+            )
             if baseline is not None:
-                modes.append((f"baseline rp={rp}", functools.partial(proxy_stream, baseline, start, events,
-                                                                     args.buckets, rp, args.bucket_by), baseline))
+                modes.append(
+                    (
+                        f"baseline rp={rp}",
+                        functools.partial(
+                            proxy_stream, baseline, start, events, args.buckets, rp, args.bucket_by
+                        ),
+                        baseline,
+                    )
+                )
         if args.pymongo_consumers and args.reader_processes:
             rp = args.reader_processes[0]
-            modes.append((f"pymongo rp={rp}", functools.partial(pymongo_stream, proxy, start, events, args.buckets,
-                                                                rp, args.bucket_by), proxy))
+            modes.append(
+                (
+                    f"pymongo rp={rp}",
+                    functools.partial(
+                        pymongo_stream, proxy, start, events, args.buckets, rp, args.bucket_by
+                    ),
+                    proxy,
+                )
+            )
         for rp, watch_proxy in watch_proxies.items():
-            modes.append((f"watch() rp={rp}", functools.partial(watch_stream, watch_proxy.uri, start, events),
-                          watch_proxy))
-        modes += [("raw 16MiB", lambda: raw_read(shard_uris, start, None), None),
-                  ("native", lambda: watch_stream(cluster.uri, start, events), None)]
+            modes.append(
+                (
+                    f"watch() rp={rp}",
+                    functools.partial(watch_stream, watch_proxy.uri, start, events),
+                    watch_proxy,
+                )
+            )
+        modes += [
+            ("raw 16MiB", lambda: raw_read(shard_uris, start, None), None),
+            ("native", lambda: watch_stream(cluster.uri, start, events), None),
+        ]
 
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in modes}
-        warmups: dict[str, list[dict[str, float]]] = {name: [] for name, _, used in modes if used is not None}
+        warmups: dict[str, list[dict[str, float]]] = {
+            name: [] for name, _, used in modes if used is not None
+        }
 
         async def run() -> None:
             for each in every_proxy:
@@ -373,7 +523,9 @@ def main(argv: list[str] | None = None) -> None:
             for rep in range(args.warmup):
                 for name, fn, used in modes:
                     if used is not None:
-                        warmups[name].append(await measure(name, fn, used, f"warm-up {rep + 1}/{args.warmup}"))
+                        warmups[name].append(
+                            await measure(name, fn, used, f"warm-up {rep + 1}/{args.warmup}")
+                        )
             for rep in range(args.repeat):
                 for name, fn, used in modes:
                     runs[name].append(await measure(name, fn, used, f"{rep + 1}/{args.repeat}"))
@@ -383,23 +535,35 @@ def main(argv: list[str] | None = None) -> None:
         def cluster_cpu() -> float:
             return sum(cluster_ps.cpu_times()[:2])
 
-        async def measure(name: str, fn: Callable[[], Awaitable[Any]], used: ProxyProcess | None,
-                          run_name: str) -> dict[str, float]:
+        async def measure(
+            name: str, fn: Callable[[], Awaitable[Any]], used: ProxyProcess | None, run_name: str
+        ) -> dict[str, float]:
             wall, cpu, in_cluster = time.perf_counter(), time.process_time(), cluster_cpu()
             proxy_cpu = used.cpu_seconds() if used is not None else None
             out = await fn()
             count = out[0] if isinstance(out, tuple) else out
-            wall, cpu, in_cluster = time.perf_counter() - wall, time.process_time() - cpu, cluster_cpu() - in_cluster
+            wall, cpu, in_cluster = (
+                time.perf_counter() - wall,
+                time.process_time() - cpu,
+                cluster_cpu() - in_cluster,
+            )
             # Where the machine's CPU went: the cluster's process (every shard and mongos, one
             # trio loop), the consumers (this process) and the proxy's. `busy` near 1 means the
             # run was bound by the cores, not by any one process.
             # The consumers' CPU per event: this process reads every mode's replies (a pymongo
             # mode's workers decode them as an application's would).
-            result = {"events": count, "seconds": wall, "events_per_s": count / wall,
-                      "cpu_seconds_bench_process": cpu, "cluster_cpu_seconds": in_cluster,
-                      "consumer_cpu_us_per_event": 1e6 * cpu / max(count, 1)}
-            line = (f"{run_name} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
-                    f"  cluster {in_cluster:4.1f} CPU-s  consumers {1e6 * cpu / max(count, 1):5.2f} us/event")
+            result = {
+                "events": count,
+                "seconds": wall,
+                "events_per_s": count / wall,
+                "cpu_seconds_bench_process": cpu,
+                "cluster_cpu_seconds": in_cluster,
+                "consumer_cpu_us_per_event": 1e6 * cpu / max(count, 1),
+            }
+            line = (
+                f"{run_name} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
+                f"  cluster {in_cluster:4.1f} CPU-s  consumers {1e6 * cpu / max(count, 1):5.2f} us/event"
+            )
             total = 0.0
             if used is not None and proxy_cpu is not None:
                 main_cpu, worker_cpu = used.cpu_used(proxy_cpu)
@@ -407,13 +571,19 @@ def main(argv: list[str] | None = None) -> None:
                 # The main process merges, deals and serves every event whatever readerProcesses
                 # is: events per main-process CPU-second is the most the proxy can reach with
                 # enough cores for its workers.
-                result.update(proxy_cpu_seconds=total, main_process_cpu_seconds=main_cpu,
-                              worker_cpu_seconds=worker_cpu, events_per_proxy_cpu_second=count / total,
-                              events_per_main_process_cpu_second=count / main_cpu,
-                              proxy_cpu_us_per_event=1e6 * total / count)
-                line += (f"  proxy {1e6 * total / count:5.1f} us/event, {count / total:>8,.0f} events per proxy "
-                         "CPU-second"
-                         f"  ({count / main_cpu:,.0f} per main-process CPU-second)")
+                result.update(
+                    proxy_cpu_seconds=total,
+                    main_process_cpu_seconds=main_cpu,
+                    worker_cpu_seconds=worker_cpu,
+                    events_per_proxy_cpu_second=count / total,
+                    events_per_main_process_cpu_second=count / main_cpu,
+                    proxy_cpu_us_per_event=1e6 * total / count,
+                )
+                line += (
+                    f"  proxy {1e6 * total / count:5.1f} us/event, {count / total:>8,.0f} events per proxy "
+                    "CPU-second"
+                    f"  ({count / main_cpu:,.0f} per main-process CPU-second)"
+                )
             result["busy"] = (cpu + in_cluster + total) / (wall * (os.cpu_count() or 1))
             print(f"{line}  busy {result['busy']:.0%}", flush=True)
             if used is not None:
@@ -435,48 +605,82 @@ def main(argv: list[str] | None = None) -> None:
     raw_mode = max(("raw", "raw 16MiB"), key=lambda k: results[k]["events_per_s"])
     raw = results[raw_mode]
     native = results["native"]
-    best = max((k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"])
+    best = max(
+        (k for k in results if k.startswith("proxy")), key=lambda k: results[k]["events_per_s"]
+    )
     proxy_best = results[best]
     figures = {
-        "events": events, "writes": args.events, "workload": args.workload, "seed": args.seed,
+        "events": events,
+        "writes": args.events,
+        "workload": args.workload,
+        "seed": args.seed,
         "bucket_by": args.bucket_by,
-        "updates": args.updates, "buckets": args.buckets, "cpus": os.cpu_count(),
-        "repeat": args.repeat, "warmup": args.warmup, "modes": results,
-        "best_proxy_mode": best, "raw_mode": raw_mode,
+        "updates": args.updates,
+        "buckets": args.buckets,
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "warmup": args.warmup,
+        "modes": results,
+        "best_proxy_mode": best,
+        "raw_mode": raw_mode,
         "proxy_over_raw": proxy_best["events_per_s"] / raw["events_per_s"],
         # The same ratio taken within each repetition (the two modes measured a few seconds
         # apart), then its median: the machine's drift between repetitions moves it less.
         "proxy_over_raw_paired": statistics.median(
-            p["events_per_s"] / r["events_per_s"] for p, r in zip(runs[best], runs[raw_mode], strict=True)),
+            p["events_per_s"] / r["events_per_s"]
+            for p, r in zip(runs[best], runs[raw_mode], strict=True)
+        ),
         "proxy_over_native": proxy_best["events_per_s"] / native["events_per_s"],
         "proxy_main_process_ceiling_over_native": max(
-            results[k]["events_per_main_process_cpu_second"] for k in results if k.startswith("proxy"))
+            results[k]["events_per_main_process_cpu_second"]
+            for k in results
+            if k.startswith("proxy")
+        )
         / native["events_per_s"],
-        "proxy_events_per_cpu_second": max(results[k]["events_per_proxy_cpu_second"]
-                                           for k in results if k.startswith("proxy")),
-        "reader_processes_scaling": {k: results[k]["events_per_s"] for k in results if k.startswith("proxy")},
+        "proxy_events_per_cpu_second": max(
+            results[k]["events_per_proxy_cpu_second"] for k in results if k.startswith("proxy")
+        ),
+        "reader_processes_scaling": {
+            k: results[k]["events_per_s"] for k in results if k.startswith("proxy")
+        },
     }
     watches = [k for k in results if k.startswith("watch()")]
     if watches:
         best_watch = max(watches, key=lambda k: results[k]["events_per_s"])
-        figures.update(best_watch_mode=best_watch,
-                       watch_over_native=results[best_watch]["events_per_s"] / native["events_per_s"])
-    print(f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best} over {raw_mode}; "
-          f"{figures['proxy_over_raw_paired']:.2f} as the median of each repetition's ratio)")
+        figures.update(
+            best_watch_mode=best_watch,
+            watch_over_native=results[best_watch]["events_per_s"] / native["events_per_s"],
+        )
+    print(
+        f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best} over {raw_mode}; "
+        f"{figures['proxy_over_raw_paired']:.2f} as the median of each repetition's ratio)"
+    )
     print(f"proxy/native {figures['proxy_over_native']:.2f}   (goal >= 3)")
-    print(f"proxy main-process ceiling/native {figures['proxy_main_process_ceiling_over_native']:.2f}   "
-          "(the most readerProcesses can reach with a core per worker)")
-    print(f"proxy events per CPU-second {figures['proxy_events_per_cpu_second']:,.0f}   (goal >= 80,000)")
+    print(
+        f"proxy main-process ceiling/native {figures['proxy_main_process_ceiling_over_native']:.2f}   "
+        "(the most readerProcesses can reach with a core per worker)"
+    )
+    print(
+        f"proxy events per CPU-second {figures['proxy_events_per_cpu_second']:,.0f}   (goal >= 80,000)"
+    )
     if watches:
-        print(f"accelerated watch()/native {figures['watch_over_native']:.2f}   ({figures['best_watch_mode']}: "
-              "the same consumer, pointed at the proxy)")
+        print(
+            f"accelerated watch()/native {figures['watch_over_native']:.2f}   ({figures['best_watch_mode']}: "
+            "the same consumer, pointed at the proxy)"
+        )
     if baseline is not None:
-        figures["over_baseline"] = {f"rp={rp}": {
-            f: results[f"proxy rp={rp}"][f] / results[f"baseline rp={rp}"][f]
-            for f in ("events_per_s", "events_per_proxy_cpu_second")} for rp in args.reader_processes}
+        figures["over_baseline"] = {
+            f"rp={rp}": {
+                f: results[f"proxy rp={rp}"][f] / results[f"baseline rp={rp}"][f]
+                for f in ("events_per_s", "events_per_proxy_cpu_second")
+            }
+            for rp in args.reader_processes
+        }
         for rp, ratio in figures["over_baseline"].items():
-            print(f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
-                  f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})")
+            print(
+                f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
+                f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})"
+            )
     if args.workload != "inserts":
         result_name = f"engine_catchup_{args.workload}"
     else:
@@ -485,13 +689,21 @@ def main(argv: list[str] | None = None) -> None:
         result_name += f"_by_{args.bucket_by}"
     pymongo_modes = [k for k in results if k.startswith("pymongo")]
     if pymongo_modes:
-        figures["pymongo_consumer_cpu_us_per_event"] = results[pymongo_modes[0]]["consumer_cpu_us_per_event"]
-        print(f"pymongo consumers' CPU {figures['pymongo_consumer_cpu_us_per_event']:.2f} us per event "
-              f"({pymongo_modes[0]}: RawBSONDocument replies, each event's _id and operationType read)")
-    path = write_results(args.out, result_name, figures,
-                         {k: v["events_per_s"] for k, v in results.items()},
-                         ylabel="events/s",
-                         title=f"catch-up of {events:,} events ({kind}) over 4 shards")
+        figures["pymongo_consumer_cpu_us_per_event"] = results[pymongo_modes[0]][
+            "consumer_cpu_us_per_event"
+        ]
+        print(
+            f"pymongo consumers' CPU {figures['pymongo_consumer_cpu_us_per_event']:.2f} us per event "
+            f"({pymongo_modes[0]}: RawBSONDocument replies, each event's _id and operationType read)"
+        )
+    path = write_results(
+        args.out,
+        result_name,
+        figures,
+        {k: v["events_per_s"] for k, v in results.items()},
+        ylabel="events/s",
+        title=f"catch-up of {events:,} events ({kind}) over 4 shards",
+    )
     print(f"wrote {path}")
 
 

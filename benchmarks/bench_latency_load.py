@@ -41,7 +41,9 @@ _TICK_S = 0.005  # the writer sends what is due this often
 _CHUNK = 50
 
 
-def write_paced(uri: str, db: str, rate: float, seconds: float, seed: int, ready: Any, go: Any) -> tuple[int, float]:
+def write_paced(
+    uri: str, db: str, rate: float, seconds: float, seed: int, ready: Any, go: Any
+) -> tuple[int, float]:
     """Write the app mix into `db` at `rate` writes a second for `seconds` (in a process of its
     own); returns (writes, seconds taken). `ready` is set once connected, writing starts on `go`."""
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri)
@@ -88,33 +90,41 @@ def _shard(client: Any, db: str, coll: str, sharded: set[str]) -> None:
 def _flush(database: Any, pending: dict[str, list[Any]]) -> None:
     for name, writes in pending.items():
         for at in range(0, len(writes), _CHUNK):
-            database[name].bulk_write(writes[at:at + _CHUNK], ordered=True)
+            database[name].bulk_write(writes[at : at + _CHUNK], ordered=True)
     pending.clear()
 
 
-def _writer_main(uri: str, db: str, rate: float, seconds: float, seed: int, ready: Any, go: Any,
-                 result: Any) -> None:
+def _writer_main(
+    uri: str, db: str, rate: float, seconds: float, seed: int, ready: Any, go: Any, result: Any
+) -> None:
     result.put(write_paced(uri, db, rate, seconds, seed, ready, go))
 
 
-async def live_latency(proxy: ProxyProcess, uri: str, db: str, rate: float, seconds: float,
-                       seed: int) -> dict[str, float]:
+async def live_latency(
+    proxy: ProxyProcess, uri: str, db: str, rate: float, seconds: float, seed: int
+) -> dict[str, float]:
     """Write the mix live at `rate` while 4 buckets are read; the latency figures."""
     spawn = multiprocessing.get_context("spawn")
     ready, go, result = spawn.Event(), spawn.Event(), spawn.Queue()
-    writer = spawn.Process(target=_writer_main, args=(uri, db, rate, seconds, seed, ready, go, result))
+    writer = spawn.Process(
+        target=_writer_main, args=(uri, db, rate, seconds, seed, ready, go, result)
+    )
     writer.start()
     latencies: list[float] = []
     ctl = await open_upstream("127.0.0.1", proxy.port)
-    opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": 4,
-                                         "name": f"load-{db}-{time.monotonic_ns()}"})
+    opened = await ctl.command(
+        "admin",
+        {"parallelChangeStream": 1, "nBuckets": 4, "name": f"load-{db}-{time.monotonic_ns()}"},
+    )
     stop = trio.Event()
 
     async def consume(cursor_id: Any) -> None:
         conn = await open_upstream("127.0.0.1", proxy.port)
         while not stop.is_set():
-            reply = await conn.command("admin", {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream",
-                                                 "maxTimeMS": 100})
+            reply = await conn.command(
+                "admin",
+                {"getMore": cursor_id, "collection": "$cmd.parallelChangeStream", "maxTimeMS": 100},
+            )
             now = time.time()
             for event in reply["cursor"]["nextBatch"]:
                 wall = event.get("wallTime")
@@ -132,24 +142,48 @@ async def live_latency(proxy: ProxyProcess, uri: str, db: str, rate: float, seco
             while len(latencies) < written:
                 await trio.sleep(0.05)
         stop.set()
-    await ctl.command("admin", {"killCursors": "$cmd.parallelChangeStream",
-                                "cursors": [c["id"] for c in opened["cursors"]]})
+    await ctl.command(
+        "admin",
+        {
+            "killCursors": "$cmd.parallelChangeStream",
+            "cursors": [c["id"] for c in opened["cursors"]],
+        },
+    )
     await ctl.aclose()
     writer.join()
     ms = sorted(x * 1000 for x in latencies)
-    figures: dict[str, float] = {"target_rate": rate, "achieved_rate": written / took, "written": written,
-                                 "events": len(ms), "saturated": written / took < 0.9 * rate}
+    figures: dict[str, float] = {
+        "target_rate": rate,
+        "achieved_rate": written / took,
+        "written": written,
+        "events": len(ms),
+        "saturated": written / took < 0.9 * rate,
+    }
     if ms:
+
         def pick(q: float) -> float:
             return ms[min(len(ms) - 1, int(q * len(ms)))]
-        figures.update(p50_ms=pick(0.5), p90_ms=pick(0.9), p99_ms=pick(0.99), max_ms=ms[-1],
-                       mean_ms=statistics.fmean(ms))
+
+        figures.update(
+            p50_ms=pick(0.5),
+            p90_ms=pick(0.9),
+            p99_ms=pick(0.99),
+            max_ms=ms[-1],
+            mean_ms=statistics.fmean(ms),
+        )
     return figures
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backlog", type=int, default=20_000, help="writes of the backlog the maximum is measured on")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=20_000,
+        help="writes of the backlog the maximum is measured on",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="writing time per load level")
     parser.add_argument("--seed", type=int, default=1)
     add_out_option(parser)
@@ -158,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
     results: dict[str, Any] = {}
     try:
+
         async def run() -> None:
             await proxy.wait_ready()
             host, port = parse_hosts(cluster.uri)[0]
@@ -165,7 +200,10 @@ def main(argv: list[str] | None = None) -> None:
             start = (await conn.command("admin", {"ping": 1}))["operationTime"]
             await conn.aclose()
             events = await trio.to_thread.run_sync(
-                lambda: write_workload(cluster.uri, "app", args.backlog, seed=args.seed, db="backlog"))
+                lambda: write_workload(
+                    cluster.uri, "app", args.backlog, seed=args.seed, db="backlog"
+                )
+            )
             began = time.perf_counter()
             got, _ = await proxy_stream(proxy, start, events, 4, 0)
             max_rate = got / (time.perf_counter() - began)
@@ -176,11 +214,15 @@ def main(argv: list[str] | None = None) -> None:
             levels: dict[str, Any] = results.setdefault("levels", {})
             for i, level in enumerate(LEVELS):
                 name = f"{level:.0%}"
-                r = levels[name] = await live_latency(proxy, cluster.uri, f"load{i}", level * max_rate,
-                                                      args.seconds, args.seed + i)
-                print(f"{name:>4} of max: {r['achieved_rate']:8,.0f}/{r['target_rate']:,.0f} writes/s  "
-                      f"{r['events']:>7,}/{r['written']:,} events  p50 {r.get('p50_ms', 0):7.1f} ms  "
-                      f"p99 {r.get('p99_ms', 0):7.1f} ms  max {r.get('max_ms', 0):7.1f} ms", flush=True)
+                r = levels[name] = await live_latency(
+                    proxy, cluster.uri, f"load{i}", level * max_rate, args.seconds, args.seed + i
+                )
+                print(
+                    f"{name:>4} of max: {r['achieved_rate']:8,.0f}/{r['target_rate']:,.0f} writes/s  "
+                    f"{r['events']:>7,}/{r['written']:,} events  p50 {r.get('p50_ms', 0):7.1f} ms  "
+                    f"p99 {r.get('p99_ms', 0):7.1f} ms  max {r.get('max_ms', 0):7.1f} ms",
+                    flush=True,
+                )
                 await trio.sleep(3)
 
         trio.run(run)
@@ -190,10 +232,22 @@ def main(argv: list[str] | None = None) -> None:
     figures = {"seconds": args.seconds, "backlog": args.backlog, "seed": args.seed, **results}
     path = write_json(args.out, "latency_load", figures)
     levels = results.get("levels", {})
-    series = {q: [(100 * float(k.rstrip("%")) / 100, v[f"{q}_ms"]) for k, v in levels.items() if f"{q}_ms" in v]
-              for q in ("p50", "p99")}
-    plot_series(args.out, "latency_load", series, xlabel="load (% of the maximum catch-up rate)",
-                ylabel="write-to-bucket latency (ms)", title="application-like mix written live, 4 shards")
+    series = {
+        q: [
+            (100 * float(k.rstrip("%")) / 100, v[f"{q}_ms"])
+            for k, v in levels.items()
+            if f"{q}_ms" in v
+        ]
+        for q in ("p50", "p99")
+    }
+    plot_series(
+        args.out,
+        "latency_load",
+        series,
+        xlabel="load (% of the maximum catch-up rate)",
+        ylabel="write-to-bucket latency (ms)",
+        title="application-like mix written live, 4 shards",
+    )
     print(f"wrote {path}")
 
 

@@ -41,15 +41,27 @@ def _measure(uri: str, inserts: int, docs: int, coll: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--inserts", type=int, default=5000)
     parser.add_argument("--docs", type=int, default=100_000)
     add_out_option(parser)
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=2)
     port = _free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", cluster.uri, "--listen",
-                              f"127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wireproxy",
+            "--upstream",
+            cluster.uri,
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         setup: pymongo.MongoClient[dict] = pymongo.MongoClient(cluster.uri)
         for k in range(0, args.docs, 5000):
@@ -70,17 +82,31 @@ def main(argv: list[str] | None = None) -> None:
         proxy.terminate()
         proxy.wait(10)
         cluster.close()
-    ratios = {"insert_one": through["insert_one_per_s"] / direct["insert_one_per_s"],
-              "find_batched": through["find_docs_per_s"] / direct["find_docs_per_s"]}
-    print(f"insert_one   direct {direct['insert_one_per_s']:>9,.0f}/s  proxy {through['insert_one_per_s']:>9,.0f}/s"
-          f"  ratio {ratios['insert_one']:.2f}")
-    print(f"find batched direct {direct['find_docs_per_s']:>9,.0f}/s  proxy {through['find_docs_per_s']:>9,.0f}/s"
-          f"  ratio {ratios['find_batched']:.2f}  (goal >= 0.7)")
-    write_results(args.out, "proxy_passthrough", {"direct": direct, "proxy": through, "ratios": ratios},
-                  {"insert_one direct": direct["insert_one_per_s"], "insert_one proxy": through["insert_one_per_s"],
-                   "find/100 direct": direct["find_docs_per_s"] / 100,
-                   "find/100 proxy": through["find_docs_per_s"] / 100},
-                  ylabel="ops/s (find: docs/s / 100)", title="pymongo directly vs through wireproxy")
+    ratios = {
+        "insert_one": through["insert_one_per_s"] / direct["insert_one_per_s"],
+        "find_batched": through["find_docs_per_s"] / direct["find_docs_per_s"],
+    }
+    print(
+        f"insert_one   direct {direct['insert_one_per_s']:>9,.0f}/s  proxy {through['insert_one_per_s']:>9,.0f}/s"
+        f"  ratio {ratios['insert_one']:.2f}"
+    )
+    print(
+        f"find batched direct {direct['find_docs_per_s']:>9,.0f}/s  proxy {through['find_docs_per_s']:>9,.0f}/s"
+        f"  ratio {ratios['find_batched']:.2f}  (goal >= 0.7)"
+    )
+    write_results(
+        args.out,
+        "proxy_passthrough",
+        {"direct": direct, "proxy": through, "ratios": ratios},
+        {
+            "insert_one direct": direct["insert_one_per_s"],
+            "insert_one proxy": through["insert_one_per_s"],
+            "find/100 direct": direct["find_docs_per_s"] / 100,
+            "find/100 proxy": through["find_docs_per_s"] / 100,
+        },
+        ylabel="ops/s (find: docs/s / 100)",
+        title="pymongo directly vs through wireproxy",
+    )
 
 
 if __name__ == "__main__":

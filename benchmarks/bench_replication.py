@@ -43,7 +43,9 @@ NAMESPACES = [f"bench{i % 4}.c{i}" for i in range(8)]  # what simcluster.launche
 
 
 def target_count(target: pymongo.MongoClient[Any]) -> int:
-    return sum(target[ns.split(".")[0]][ns.split(".")[1]].estimated_document_count() for ns in NAMESPACES)
+    return sum(
+        target[ns.split(".")[0]][ns.split(".")[1]].estimated_document_count() for ns in NAMESPACES
+    )
 
 
 def clear(target: pymongo.MongoClient[Any]) -> None:
@@ -55,13 +57,17 @@ def _write_one(coll: Any, ops: list[Any], session: Any) -> Any:
     return coll.bulk_write(ops, session=session)
 
 
-def per_event_transactions(source_uri: str, target_uri: str, start: Timestamp, events: int) -> dict[str, Any]:
+def per_event_transactions(
+    source_uri: str, target_uri: str, start: Timestamp, events: int
+) -> dict[str, Any]:
     """The reference replay: native change stream, one target transaction per event."""
     source: pymongo.MongoClient[Any] = pymongo.MongoClient(source_uri)
     target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
     done = 0
     began = time.perf_counter()
-    with source.watch(start_at_operation_time=start, full_document="updateLookup", batch_size=2000) as stream:
+    with source.watch(
+        start_at_operation_time=start, full_document="updateLookup", batch_size=2000
+    ) as stream:
         for change in stream:
             if change["operationType"] not in ("insert", "update", "replace", "delete"):
                 continue
@@ -83,12 +89,17 @@ def backlog_writes(source_uri: str) -> list[tuple[tuple[str, str], list[Any]]]:
     namespace's upserts in the backlog's order (prefill numbers its writes in field `i`), cut
     into runs of FLUSH_OPS, a run sent when its last event has been read."""
     source: pymongo.MongoClient[RawBSONDocument] = pymongo.MongoClient(
-        source_uri, document_class=RawBSONDocument)
+        source_uri, document_class=RawBSONDocument
+    )
     ordered: list[tuple[int, tuple[str, str], Any]] = []
     for ns in NAMESPACES:
         db, coll = ns.split(".")
         for doc in source[db][coll].find():
-            event = {"operationType": "insert", "documentKey": {"_id": doc["_id"]}, "fullDocument": doc}
+            event = {
+                "operationType": "insert",
+                "documentKey": {"_id": doc["_id"]},
+                "fullDocument": doc,
+            }
             ordered += [(doc["i"], (db, coll), op) for op in dml_ops(event)]
     source.close()
     ordered.sort(key=lambda w: w[0])
@@ -103,7 +114,9 @@ def backlog_writes(source_uri: str) -> list[tuple[tuple[str, str], list[Any]]]:
     return writes
 
 
-def bulk_write_ceiling(target_uri: str, writes: list[tuple[tuple[str, str], list[Any]]]) -> dict[str, Any]:
+def bulk_write_ceiling(
+    target_uri: str, writes: list[tuple[tuple[str, str], list[Any]]]
+) -> dict[str, Any]:
     """The target's rate for `writes` as ordered bulk writes from one client."""
     target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
     target.admin.command("ping")  # connected before the clock starts
@@ -113,12 +126,18 @@ def bulk_write_ceiling(target_uri: str, writes: list[tuple[tuple[str, str], list
     elapsed = time.perf_counter() - began
     done = sum(len(ops) for _, ops in writes)
     target.close()
-    return {"events": done, "seconds": elapsed, "events_per_s": done / elapsed, "bulk_writes": len(writes),
-            "batch_ops": FLUSH_OPS}
+    return {
+        "events": done,
+        "seconds": elapsed,
+        "events_per_s": done / elapsed,
+        "bulk_writes": len(writes),
+        "batch_ops": FLUSH_OPS,
+    }
 
 
-def spark_buckets(proxy_uri: str, target_uri: str, start: Timestamp, events: int, buckets: int,
-                  timeout_s: float) -> dict[str, Any]:
+def spark_buckets(
+    proxy_uri: str, target_uri: str, start: Timestamp, events: int, buckets: int, timeout_s: float
+) -> dict[str, Any]:
     from bucketspark.session import spark_session
     from bucketspark.sink import replicate_batch
 
@@ -128,12 +147,24 @@ def spark_buckets(proxy_uri: str, target_uri: str, start: Timestamp, events: int
     batches: list[int] = []
     try:
         began = time.perf_counter()
-        df = (spark.readStream.format("parallelchangestream").option("uri", proxy_uri)
-              .option("nBuckets", str(buckets)).option("name", "bench-replication")
-              .option("startAtOperationTime", f"{start.time},{start.inc}").option("showExpandedEvents", "false")
-              .option("maxEventsPerTrigger", "200000").load())
-        query = (df.writeStream.foreachBatch(replicate_batch(target_uri, lambda e, counts: batches.append(e)))
-                 .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start())
+        df = (
+            spark.readStream.format("parallelchangestream")
+            .option("uri", proxy_uri)
+            .option("nBuckets", str(buckets))
+            .option("name", "bench-replication")
+            .option("startAtOperationTime", f"{start.time},{start.inc}")
+            .option("showExpandedEvents", "false")
+            .option("maxEventsPerTrigger", "200000")
+            .load()
+        )
+        query = (
+            df.writeStream.foreachBatch(
+                replicate_batch(target_uri, lambda e, counts: batches.append(e))
+            )
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
         deadline = time.monotonic() + timeout_s
         while target_count(target) < events and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -144,11 +175,18 @@ def spark_buckets(proxy_uri: str, target_uri: str, start: Timestamp, events: int
         spark.stop()
         target.close()
         shutil.rmtree(checkpoint, ignore_errors=True)
-    return {"events": copied, "seconds": elapsed, "events_per_s": copied / elapsed, "micro_batches": len(batches)}
+    return {
+        "events": copied,
+        "seconds": elapsed,
+        "events_per_s": copied / elapsed,
+        "micro_batches": len(batches),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--baseline-events", type=int, default=20_000)
     parser.add_argument("--buckets", type=int, default=4)
@@ -163,20 +201,36 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(proxy.wait_ready)
         start = _ts(min(source.info["start"]))
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(target.uri)
-        print(f"backlog: {args.events:,} inserts on 4 shards; baseline on the first {args.baseline_events:,}")
-        baseline = per_event_transactions(source.uri, target.uri, start, min(args.baseline_events, args.events))
-        print(f"per-event transactions   {baseline['events_per_s']:>10,.0f} events/s "
-              f"({baseline['events']:,} in {baseline['seconds']:.1f}s)")
+        print(
+            f"backlog: {args.events:,} inserts on 4 shards; baseline on the first {args.baseline_events:,}"
+        )
+        baseline = per_event_transactions(
+            source.uri, target.uri, start, min(args.baseline_events, args.events)
+        )
+        print(
+            f"per-event transactions   {baseline['events_per_s']:>10,.0f} events/s "
+            f"({baseline['events']:,} in {baseline['seconds']:.1f}s)"
+        )
         clear(client)
         ceiling = bulk_write_ceiling(target.uri, backlog_writes(source.uri))
-        print(f"ceiling: ordered bulk    {ceiling['events_per_s']:>10,.0f} events/s "
-              f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s, {ceiling['bulk_writes']} bulk writes "
-              f"of <= {FLUSH_OPS})")
+        print(
+            f"ceiling: ordered bulk    {ceiling['events_per_s']:>10,.0f} events/s "
+            f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s, {ceiling['bulk_writes']} bulk writes "
+            f"of <= {FLUSH_OPS})"
+        )
         clear(client)
-        ours = spark_buckets(f"mongodb://127.0.0.1:{proxy.port}/", target.uri, start, args.events, args.buckets,
-                             args.timeout_s)
-        print(f"spark, {args.buckets} buckets          {ours['events_per_s']:>10,.0f} events/s "
-              f"({ours['events']:,} in {ours['seconds']:.1f}s, {ours['micro_batches']} micro-batches)")
+        ours = spark_buckets(
+            f"mongodb://127.0.0.1:{proxy.port}/",
+            target.uri,
+            start,
+            args.events,
+            args.buckets,
+            args.timeout_s,
+        )
+        print(
+            f"spark, {args.buckets} buckets          {ours['events_per_s']:>10,.0f} events/s "
+            f"({ours['events']:,} in {ours['seconds']:.1f}s, {ours['micro_batches']} micro-batches)"
+        )
         client.close()
     finally:
         proxy.close()
@@ -186,13 +240,29 @@ def main(argv: list[str] | None = None) -> None:
     of_ceiling = ours["events_per_s"] / ceiling["events_per_s"]
     print(f"ratio spark/per-event-transactions: {ratio:.1f}x (goal >= 5x)")
     print(f"ratio spark/ceiling: {of_ceiling:.2f} (goal >= 0.7)")
-    write_results(args.out, "replication", {"events": args.events, "buckets": args.buckets, "baseline": baseline,
-                                  "ceiling": ceiling, "spark": ours, "ratio": ratio, "goal": 5.0,
-                                  "ratio_of_ceiling": of_ceiling, "goal_of_ceiling": 0.7},
-                  {"per-event txn": baseline["events_per_s"], f"spark {args.buckets} buckets": ours["events_per_s"],
-                   "ceiling (bulk writes)": ceiling["events_per_s"]},
-                  ylabel="events/s", title=f"Replicating {args.events:,} events ({ratio:.1f}x per-event; "
-                  f"{of_ceiling:.2f} of the ceiling)")
+    write_results(
+        args.out,
+        "replication",
+        {
+            "events": args.events,
+            "buckets": args.buckets,
+            "baseline": baseline,
+            "ceiling": ceiling,
+            "spark": ours,
+            "ratio": ratio,
+            "goal": 5.0,
+            "ratio_of_ceiling": of_ceiling,
+            "goal_of_ceiling": 0.7,
+        },
+        {
+            "per-event txn": baseline["events_per_s"],
+            f"spark {args.buckets} buckets": ours["events_per_s"],
+            "ceiling (bulk writes)": ceiling["events_per_s"],
+        },
+        ylabel="events/s",
+        title=f"Replicating {args.events:,} events ({ratio:.1f}x per-event; "
+        f"{of_ceiling:.2f} of the ceiling)",
+    )
 
 
 if __name__ == "__main__":

@@ -24,10 +24,14 @@ from simcluster.launcher import spawn_cluster
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--entries", type=int, default=300_000)
     parser.add_argument("--docs", type=int, default=100_000)
-    parser.add_argument("--clients", type=int, default=2, help="client processes for the concurrent insert run")
+    parser.add_argument(
+        "--clients", type=int, default=2, help="client processes for the concurrent insert run"
+    )
     add_out_option(parser)
     args = parser.parse_args(argv)
     cluster = spawn_cluster(shards=1, prefill_events=args.entries)
@@ -42,13 +46,28 @@ def main(argv: list[str] | None = None) -> None:
         cluster.close()
     print(f"raw oplog serving  {read_rate:>10,.0f} entries/s  (goal >= 300,000)")
     print(f"insert_many        {insert_rate:>10,.0f} docs/s     (one client)")
-    print(f"insert_many        {concurrent_rate:>10,.0f} docs/s     ({args.clients} client processes; goal >= 100,000)")
-    write_results(args.out, "simcluster", {"oplog_entries_per_s": read_rate, "insert_many_docs_per_s": concurrent_rate,
-                                 "insert_many_one_client_docs_per_s": insert_rate, "clients": args.clients,
-                                 "entries": args.entries, "docs": args.docs},
-                  {"oplog entries/s": read_rate, "insert_many docs/s (1 client)": insert_rate,
-                   f"insert_many docs/s ({args.clients} clients)": concurrent_rate},
-                  ylabel="per second", title="simcluster serving rates (one process, one core)")
+    print(
+        f"insert_many        {concurrent_rate:>10,.0f} docs/s     ({args.clients} client processes; goal >= 100,000)"
+    )
+    write_results(
+        args.out,
+        "simcluster",
+        {
+            "oplog_entries_per_s": read_rate,
+            "insert_many_docs_per_s": concurrent_rate,
+            "insert_many_one_client_docs_per_s": insert_rate,
+            "clients": args.clients,
+            "entries": args.entries,
+            "docs": args.docs,
+        },
+        {
+            "oplog entries/s": read_rate,
+            "insert_many docs/s (1 client)": insert_rate,
+            f"insert_many docs/s ({args.clients} clients)": concurrent_rate,
+        },
+        ylabel="per second",
+        title="simcluster serving rates (one process, one core)",
+    )
 
 
 def _insert_many(uri: str, coll: str, docs: int, start: Any = None) -> float:
@@ -72,7 +91,10 @@ def _concurrent_inserts(uri: str, docs: int, clients: int) -> float:
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Manager().Barrier(clients + 1)  # every client connected, then all go at once
     with ctx.Pool(clients) as pool:
-        jobs = [pool.apply_async(_insert_many, (uri, f"c{k}", docs // clients, start)) for k in range(clients)]
+        jobs = [
+            pool.apply_async(_insert_many, (uri, f"c{k}", docs // clients, start))
+            for k in range(clients)
+        ]
         start.wait()
         t = time.perf_counter()
         for job in jobs:

@@ -92,23 +92,34 @@ class Soak:
                 ids = [bson.ObjectId() for _ in range(200)]
                 conn = await self.insert(conn, coll, ids)
                 self.written.update(i.binary for i in ids)
-            await conn.command("soak", {"update": "h", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}}]}, check=False)
+            await conn.command(
+                "soak",
+                {"update": "h", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}}]},
+                check=False,
+            )
             await trio.sleep(0.05)
         await conn.aclose()
         self.written_all.set()
 
-    async def insert(self, conn: UpstreamConnection, coll: str, ids: list[bson.ObjectId]) -> UpstreamConnection:
+    async def insert(
+        self, conn: UpstreamConnection, coll: str, ids: list[bson.ObjectId]
+    ) -> UpstreamConnection:
         """Insert documents with these ids, majority-acknowledged, retrying through failovers. Unordered,
         so a retry inserts what the failed attempt did not (duplicate keys are what it did). soak.r's
         documents are larger, so that its 1 MB chunks fill in seconds."""
         pad = "x" * (2000 if coll == "r" else 200)
-        cmd = {"insert": coll, "ordered": False, "writeConcern": {"w": "majority"},
-               "documents": [{"_id": i, "pad": pad} for i in ids]}
+        cmd = {
+            "insert": coll,
+            "ordered": False,
+            "writeConcern": {"w": "majority"},
+            "documents": [{"_id": i, "pad": pad} for i in ids],
+        }
         for _ in range(100):
             try:
                 reply = await conn.command("soak", cmd)
-                if not reply.get("writeConcernError") and all(e["code"] == 11000
-                                                                for e in reply.get("writeErrors", [])):
+                if not reply.get("writeConcernError") and all(
+                    e["code"] == 11000 for e in reply.get("writeErrors", [])
+                ):
                     return conn
             except UpstreamClosed:
                 conn = await self.connect()
@@ -120,13 +131,23 @@ class Soak:
 
     async def consume_steadily(self) -> None:
         ctl = await self.connect()
-        opened = await ctl.command("admin", {"parallelChangeStream": 1, "nBuckets": 4, "name": "steady",
-                                             "readerProcesses": self.rp, "shardBufferBytes": 256 * MIB})
+        opened = await ctl.command(
+            "admin",
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": 4,
+                "name": "steady",
+                "readerProcesses": self.rp,
+                "shardBufferBytes": 256 * MIB,
+            },
+        )
 
         async def bucket(cursor_id: Any) -> None:
             conn = await self.connect()
             while self.running:
-                reply = await conn.command("admin", {"getMore": cursor_id, "collection": NS, "maxTimeMS": 200})
+                reply = await conn.command(
+                    "admin", {"getMore": cursor_id, "collection": NS, "maxTimeMS": 200}
+                )
                 for event in reply["cursor"]["nextBatch"]:
                     if event["operationType"] == "insert":
                         key = event["documentKey"]["_id"].binary
@@ -141,40 +162,57 @@ class Soak:
     async def open_stream(self, conn: UpstreamConnection, **options: Any) -> RawBSONDocument | None:
         """A parallelChangeStream's reply, or None if the proxy's memory limit refused it
         (ExceededMemoryLimit); other errors are in the reply."""
-        opened = await conn.command("admin", {"parallelChangeStream": 1, "readerProcesses": self.rp, **options},
-                                    check=False)
+        opened = await conn.command(
+            "admin", {"parallelChangeStream": 1, "readerProcesses": self.rp, **options}, check=False
+        )
         return None if opened.get("code") == 146 else opened
 
     async def churn_once(self, conn: UpstreamConnection) -> str:
         kind = random.choice(["stream", "watch", "hang up", "rebucket", "status", "unknown cursor"])
         if kind == "stream":
             # Half with the default budgets, which seldom fit beside the others under the memory limit.
-            budgets = random.choice([{}, {"shardBufferBytes": 64 * MIB, "bucketBufferBytes": 8 * MIB}])
+            budgets = random.choice(
+                [{}, {"shardBufferBytes": 64 * MIB, "bucketBufferBytes": 8 * MIB}]
+            )
             opened = await self.open_stream(conn, nBuckets=random.choice([1, 4, 16]), **budgets)
             if opened is None:
                 return "stream refused"
             for cursor in opened["cursors"][:2]:
-                await conn.command("admin", {"getMore": cursor["id"], "collection": NS, "maxTimeMS": 50})
+                await conn.command(
+                    "admin", {"getMore": cursor["id"], "collection": NS, "maxTimeMS": 50}
+                )
         elif kind == "watch":
-            watch = await conn.command("soak", {"aggregate": "h", "pipeline": [{"$changeStream": {}}], "cursor": {}})
-            await conn.command("soak", {"getMore": watch["cursor"]["id"], "collection": "h", "maxTimeMS": 50})
+            watch = await conn.command(
+                "soak", {"aggregate": "h", "pipeline": [{"$changeStream": {}}], "cursor": {}}
+            )
+            await conn.command(
+                "soak", {"getMore": watch["cursor"]["id"], "collection": "h", "maxTimeMS": 50}
+            )
         elif kind == "hang up":  # the connection closes while its getMore waits for events
             opened = await self.open_stream(conn, nBuckets=2, shardBufferBytes=64 * MIB)
             if opened is None:
                 return "hang up refused"
             with trio.move_on_after(0.05):
-                await conn.command("admin", {"getMore": opened["cursors"][0]["id"], "collection": NS,
-                                             "maxTimeMS": 5000})
+                await conn.command(
+                    "admin",
+                    {"getMore": opened["cursors"][0]["id"], "collection": NS, "maxTimeMS": 5000},
+                )
         elif kind == "rebucket":
-            opened = await self.open_stream(conn, nBuckets=random.choice([2, 3]), name=f"re{random.randrange(3)}")
+            opened = await self.open_stream(
+                conn, nBuckets=random.choice([2, 3]), name=f"re{random.randrange(3)}"
+            )
             if opened is None:
                 return "rebucket refused"
             if opened.get("ok"):
-                await conn.command("admin", {"killCursors": NS, "cursors": [c["id"] for c in opened["cursors"]]})
+                await conn.command(
+                    "admin", {"killCursors": NS, "cursors": [c["id"] for c in opened["cursors"]]}
+                )
         elif kind == "status":
             await conn.command("admin", {"parallelChangeStreamStatus": 1})
         else:
-            await conn.command("admin", {"getMore": bson.Int64(12345), "collection": NS}, check=False)
+            await conn.command(
+                "admin", {"getMore": bson.Int64(12345), "collection": NS}, check=False
+            )
         return kind
 
     async def churn(self) -> None:
@@ -191,17 +229,26 @@ class Soak:
             main, readers = resident_mib(self.proxy)
             self.samples.append((elapsed, main + readers))
             balancer = ""
-            with contextlib.suppress(UpstreamClosed, MongoError):  # mongos may be waiting out an election
+            with contextlib.suppress(
+                UpstreamClosed, MongoError
+            ):  # mongos may be waiting out an election
                 conn = await self.connect()
                 rounds = (await conn.command("admin", {"balancerStatus": 1}))["numBalancerRounds"]
-                moves = (await conn.command("config", {"count": "changelog", "query": {"what": "moveChunk.from"}}))["n"]
-                compliant = (await conn.command("admin", {"balancerCollectionStatus": "soak.r"}, check=False)).get(
-                    "balancerCompliant")
+                moves = (
+                    await conn.command(
+                        "config", {"count": "changelog", "query": {"what": "moveChunk.from"}}
+                    )
+                )["n"]
+                compliant = (
+                    await conn.command("admin", {"balancerCollectionStatus": "soak.r"}, check=False)
+                ).get("balancerCompliant")
                 await conn.aclose()
                 balancer = f"balancer rounds {rounds}, {moves} moves, compliant {compliant}  "
-            print(f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB  {balancer}"
-                  f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read  churn {self.churned}",
-                  flush=True)
+            print(
+                f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB  {balancer}"
+                f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read  churn {self.churned}",
+                flush=True,
+            )
             await trio.sleep(SAMPLE_S)
 
     async def run(self, seconds: float, shards: dict[str, str], stepdown_every_s: float) -> None:
@@ -216,16 +263,34 @@ class Soak:
             nursery.start_soon(self.sample, started)
             await trio.sleep(seconds)
             self.writing = False
-            with trio.move_on_after(30):  # the last write ends, and the long-lived stream catches up with it
+            with trio.move_on_after(
+                30
+            ):  # the last write ends, and the long-lived stream catches up with it
                 await self.written_all.wait()
                 while not self.written <= self.seen:
                     await trio.sleep(0.2)
             self.running = False
             conn = await self.connect()
-            status = bson.decode((await conn.command("admin", {"parallelChangeStreamStatus": 1})).raw)
-            moves = {note: (await conn.command("config", {"count": "changelog", "query": {
-                "what": "moveChunk.from", "details.note": note}}))["n"] for note in ("success", "aborted")}
-            self.engine_status = {"memory": status["memory"], "watches": status["watches"], "migrations": moves}
+            status = bson.decode(
+                (await conn.command("admin", {"parallelChangeStreamStatus": 1})).raw
+            )
+            moves = {
+                note: (
+                    await conn.command(
+                        "config",
+                        {
+                            "count": "changelog",
+                            "query": {"what": "moveChunk.from", "details.note": note},
+                        },
+                    )
+                )["n"]
+                for note in ("success", "aborted")
+            }
+            self.engine_status = {
+                "memory": status["memory"],
+                "watches": status["watches"],
+                "migrations": moves,
+            }
             nursery.cancel_scope.cancel()
 
     async def step_down_primaries(self, shards: dict[str, str], every_s: float) -> None:
@@ -245,8 +310,11 @@ class Soak:
             member = await open_upstream(host, port)
             try:
                 if (await member.command("admin", {"hello": 1})).get("isWritablePrimary"):
-                    await member.command("admin", {"replSetStepDown": 5, "secondaryCatchUpPeriodSecs": 2,
-                                                   "force": True}, check=False)
+                    await member.command(
+                        "admin",
+                        {"replSetStepDown": 5, "secondaryCatchUpPeriodSecs": 2, "force": True},
+                        check=False,
+                    )
                     return True
             finally:
                 await member.aclose()
@@ -255,31 +323,60 @@ class Soak:
     def figures(self, seconds: float) -> dict[str, Any]:
         first = max(m for t, m in self.samples if t <= seconds / 2)
         second = max(m for t, m in self.samples if t > seconds / 2)
-        return {"seconds": seconds, "inserts_written": len(self.written), "inserts_read": len(self.seen),
-                "inserts_lost": len(self.written - self.seen), "inserts_duplicated": self.duplicates,
-                "churn": self.churned, "stepdowns": self.stepdowns, "proxy_status_at_end": self.engine_status,
-                "proxy_mib_first_half_peak": first, "proxy_mib_second_half_peak": second,
-                "second_over_first_half_peak": second / first, "samples": self.samples}
+        return {
+            "seconds": seconds,
+            "inserts_written": len(self.written),
+            "inserts_read": len(self.seen),
+            "inserts_lost": len(self.written - self.seen),
+            "inserts_duplicated": self.duplicates,
+            "churn": self.churned,
+            "stepdowns": self.stepdowns,
+            "proxy_status_at_end": self.engine_status,
+            "proxy_mib_first_half_peak": first,
+            "proxy_mib_second_half_peak": second,
+            "second_over_first_half_peak": second / first,
+            "samples": self.samples,
+        }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=90)
     parser.add_argument("--reader-processes", type=int, nargs="*", default=[0, 1])
-    parser.add_argument("--stepdown-every", type=float, default=0.0, metavar="S",
-                        help="3-member shards, a random shard's primary stepped down every S seconds (0: off)")
+    parser.add_argument(
+        "--stepdown-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="3-member shards, a random shard's primary stepped down every S seconds (0: off)",
+    )
     add_out_option(parser)
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
     for rp in args.reader_processes:
         if args.stepdown_every:
-            cluster = spawn_cluster(shards=3, periodic_noop_s=1, members=3,
-                                    flags=["--election-timeout-s", "0.5", "--replication-lag-s", "0.01"])
+            cluster = spawn_cluster(
+                shards=3,
+                periodic_noop_s=1,
+                members=3,
+                flags=["--election-timeout-s", "0.5", "--replication-lag-s", "0.01"],
+            )
         else:
             cluster = spawn_cluster(shards=3, periodic_noop_s=1)
-        proxy = ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp),
-                             "--stream-idle-teardown-s", "5", "--cursor-timeout-s", "10",
-                             "--memory-limit-bytes", str(MEMORY_LIMIT))
+        proxy = ProxyProcess(
+            cluster.uri,
+            "--accelerate-change-streams",
+            "--reader-processes",
+            str(rp),
+            "--stream-idle-teardown-s",
+            "5",
+            "--cursor-timeout-s",
+            "10",
+            "--memory-limit-bytes",
+            str(MEMORY_LIMIT),
+        )
         try:
             soak = Soak(proxy, rp)
             trio.run(soak.run, args.seconds, cluster.info["shards"], args.stepdown_every)
@@ -287,18 +384,25 @@ def main(argv: list[str] | None = None) -> None:
             proxy.close()
             cluster.close()
         results[f"rp={rp}"] = figures = soak.figures(args.seconds)
-        print(f"rp={rp}: {figures['inserts_read']:,} of {figures['inserts_written']:,} inserts read "
-              f"({figures['inserts_lost']} lost, {figures['inserts_duplicated']} twice; "
-              f"{figures['stepdowns']} stepdowns); proxy peak "
-              f"{figures['proxy_mib_first_half_peak']:.0f} MiB in the first half, "
-              f"{figures['proxy_mib_second_half_peak']:.0f} MiB in the second "
-              f"({figures['second_over_first_half_peak']:.2f}x)")
+        print(
+            f"rp={rp}: {figures['inserts_read']:,} of {figures['inserts_written']:,} inserts read "
+            f"({figures['inserts_lost']} lost, {figures['inserts_duplicated']} twice; "
+            f"{figures['stepdowns']} stepdowns); proxy peak "
+            f"{figures['proxy_mib_first_half_peak']:.0f} MiB in the first half, "
+            f"{figures['proxy_mib_second_half_peak']:.0f} MiB in the second "
+            f"({figures['second_over_first_half_peak']:.2f}x)"
+        )
     name = "soak_stepdowns" if args.stepdown_every else "soak"
     path = write_json(args.out, name, {"stepdown_every_s": args.stepdown_every, "modes": results})
-    plot_series(args.out, name, {mode: r["samples"] for mode, r in results.items()}, xlabel="seconds",
-                ylabel="proxy resident MiB (main + reader processes)",
-                title=f"proxy memory under stream churn, {args.seconds:.0f} s"
-                + (f", a stepdown every {args.stepdown_every:g} s" if args.stepdown_every else ""))
+    plot_series(
+        args.out,
+        name,
+        {mode: r["samples"] for mode, r in results.items()},
+        xlabel="seconds",
+        ylabel="proxy resident MiB (main + reader processes)",
+        title=f"proxy memory under stream churn, {args.seconds:.0f} s"
+        + (f", a stepdown every {args.stepdown_every:g} s" if args.stepdown_every else ""),
+    )
     print(f"wrote {path}")
 
 

@@ -59,7 +59,11 @@ async def _stream(
     done_at: list[float | None] = [None] * args.buckets
     extra = [0] * args.buckets
     began = time.perf_counter()
-    peak: dict[str, Any] = {"heldBytes": 0, "fellBehind": 0, "fellBehindPerBucket": [0] * args.buckets}
+    peak: dict[str, Any] = {
+        "heldBytes": 0,
+        "fellBehind": 0,
+        "fellBehindPerBucket": [0] * args.buckets,
+    }
 
     async def consume(b: int, cursor_id: Any, consumers: trio.Nursery) -> None:
         conn = await open_upstream("127.0.0.1", proxy.port)
@@ -169,8 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     # Counts only (the events are not compared one by one): every bucket of the stalled run read
     # what the same bucket read unstalled, the unstalled run read the backlog exactly, and no
     # bucket had more after its count.
-    every_bucket_exact = (stall["counts"] == base["counts"] and sum(base["counts"]) == args.events
-                          and not any(stall["extraEvents"]))
+    every_bucket_exact = (
+        stall["counts"] == base["counts"]
+        and sum(base["counts"]) == args.events
+        and not any(stall["extraEvents"])
+    )
     for label, r in results.items():
         print(
             f"{label:>9}: other buckets {r['others_events_per_s']:>10,.0f} events/s "

@@ -23,13 +23,24 @@ def add_out_option(parser: argparse.ArgumentParser) -> None:
     """`--out DIR`: where this run's JSON and PNG files go (default: a new folder under
     benchmarks/runs/)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    parser.add_argument("--out", type=Path, default=HERE / "runs" / stamp,
-                        help="folder for this run's JSON and PNG files (default: benchmarks/runs/<time>/; "
-                        "--out benchmarks/results refreshes the committed figures)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "runs" / stamp,
+        help="folder for this run's JSON and PNG files (default: benchmarks/runs/<time>/; "
+        "--out benchmarks/results refreshes the committed figures)",
+    )
 
 
-def write_results(out: Path, name: str, figures: dict[str, Any], bars: dict[str, float], *, ylabel: str,
-                  title: str) -> Path:
+def write_results(
+    out: Path,
+    name: str,
+    figures: dict[str, Any],
+    bars: dict[str, float],
+    *,
+    ylabel: str,
+    title: str,
+) -> Path:
     path = write_json(out, name, figures)
     plot_bars(out, name, bars, ylabel=ylabel, title=title)
     return path
@@ -38,9 +49,12 @@ def write_results(out: Path, name: str, figures: dict[str, Any], bars: dict[str,
 def write_json(out: Path, name: str, figures: dict[str, Any]) -> Path:
     """`<out>/<name>.json`: the figures, stamped with when and on what they were measured."""
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-               **figures}
+    payload = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        **figures,
+    }
     path = out / f"{name}.json"
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path
@@ -58,8 +72,15 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_series(out: Path, name: str, series: dict[str, list[tuple[float, float]]], *, xlabel: str, ylabel: str,
-                title: str) -> None:
+def plot_series(
+    out: Path,
+    name: str,
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> None:
     """`<out>/<name>.png`: one line per series of (x, y) points."""
     if (plt := _pyplot()) is None:
         return
@@ -82,7 +103,11 @@ def plot_bars(out: Path, name: str, bars: dict[str, float], *, ylabel: str, titl
         return
     # Wider with more bars, and slanted labels, so that names like "watch() rp=2" stay apart.
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(bars)), 3.8))
-    ax.bar(list(bars), list(bars.values()), color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(bars)])
+    ax.bar(
+        list(bars),
+        list(bars.values()),
+        color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(bars)],
+    )
     for i, v in enumerate(bars.values()):
         ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom")
     ax.set_ylabel(ylabel)

@@ -21,7 +21,9 @@ from benchmarks import (
 from benchmarks.common import add_out_option
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_out_option(parser)
     out = ["--out", str(parser.parse_args().out)]
     bench_simcluster.main(out)

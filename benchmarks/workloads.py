@@ -33,12 +33,37 @@ from bson import Binary, ObjectId
 from pymongo import DeleteOne, InsertOne, ReplaceOne, UpdateOne
 
 WORKLOADS = ("app", "ycsb")
-_BULK = 500            # operations per bulk write
-_TXN_SHARE = 0.01      # of the app mix's operations, in transactions of 2 to 5 writes
+_BULK = 500  # operations per bulk write
+_TXN_SHARE = 0.01  # of the app mix's operations, in transactions of 2 to 5 writes
 _LARGE_SHARE = 0.0005  # of the app mix's inserts, 100 KB to 1 MB documents
-_WORDS = ["alpha", "bravo", "coffee", "delta", "echo", "forest", "garden", "harbor", "island", "jungle",
-          "kitten", "lemon", "meadow", "nectar", "orbit", "pepper", "quartz", "river", "salmon", "tiger",
-          "umber", "violet", "walnut", "xenon", "yellow", "zephyr"]
+_WORDS = [
+    "alpha",
+    "bravo",
+    "coffee",
+    "delta",
+    "echo",
+    "forest",
+    "garden",
+    "harbor",
+    "island",
+    "jungle",
+    "kitten",
+    "lemon",
+    "meadow",
+    "nectar",
+    "orbit",
+    "pepper",
+    "quartz",
+    "river",
+    "salmon",
+    "tiger",
+    "umber",
+    "violet",
+    "walnut",
+    "xenon",
+    "yellow",
+    "zephyr",
+]
 
 
 def _text(rng: random.Random, low: int, high: int) -> str:
@@ -68,46 +93,94 @@ class _Collection:
 
 
 def _address(rng: random.Random) -> dict[str, Any]:
-    return {"street": f"{rng.randint(1, 999)} {_text(rng, 6, 20)}", "city": rng.choice(_WORDS).title(),
-            "zip": f"{rng.randint(10000, 99999)}", "geo": {"lat": rng.uniform(-90, 90), "lon": rng.uniform(-180, 180)}}
+    return {
+        "street": f"{rng.randint(1, 999)} {_text(rng, 6, 20)}",
+        "city": rng.choice(_WORDS).title(),
+        "zip": f"{rng.randint(10000, 99999)}",
+        "geo": {"lat": rng.uniform(-90, 90), "lon": rng.uniform(-180, 180)},
+    }
 
 
 def _order(rng: random.Random) -> dict[str, Any]:
-    return {"status": rng.choice(["new", "paid", "packed", "shipped"]), "version": 0,
-            "customer": {"name": _text(rng, 8, 30), "email": f"{_token(rng)}@example.com", "address": _address(rng)},
-            "items": [{"sku": _token(rng), "qty": rng.randint(1, 5), "price": round(rng.uniform(1, 500), 2),
-                       "title": _text(rng, 10, 80)} for _ in range(rng.randint(1, 8))],
-            "notes": _text(rng, 0, 1500), "tags": rng.sample(_WORDS, rng.randint(0, 5))}
+    return {
+        "status": rng.choice(["new", "paid", "packed", "shipped"]),
+        "version": 0,
+        "customer": {
+            "name": _text(rng, 8, 30),
+            "email": f"{_token(rng)}@example.com",
+            "address": _address(rng),
+        },
+        "items": [
+            {
+                "sku": _token(rng),
+                "qty": rng.randint(1, 5),
+                "price": round(rng.uniform(1, 500), 2),
+                "title": _text(rng, 10, 80),
+            }
+            for _ in range(rng.randint(1, 8))
+        ],
+        "notes": _text(rng, 0, 1500),
+        "tags": rng.sample(_WORDS, rng.randint(0, 5)),
+    }
 
 
 def _user(rng: random.Random) -> dict[str, Any]:
-    return {"version": 0, "profile": {"first": rng.choice(_WORDS).title(), "last": rng.choice(_WORDS).title(),
-                                      "bio": _text(rng, 50, 3200), "age": rng.randint(18, 90)},
-            "addresses": [_address(rng) for _ in range(rng.randint(1, 3))],
-            "prefs": {"lang": rng.choice(["en", "fr", "de", "ja"]), "mail": {"news": rng.random() < 0.5,
-                                                                             "digest": rng.choice(["d", "w"])}},
-            "tags": rng.sample(_WORDS, rng.randint(1, 8)), "logins": rng.randint(0, 1000)}
+    return {
+        "version": 0,
+        "profile": {
+            "first": rng.choice(_WORDS).title(),
+            "last": rng.choice(_WORDS).title(),
+            "bio": _text(rng, 50, 3200),
+            "age": rng.randint(18, 90),
+        },
+        "addresses": [_address(rng) for _ in range(rng.randint(1, 3))],
+        "prefs": {
+            "lang": rng.choice(["en", "fr", "de", "ja"]),
+            "mail": {"news": rng.random() < 0.5, "digest": rng.choice(["d", "w"])},
+        },
+        "tags": rng.sample(_WORDS, rng.randint(1, 8)),
+        "logins": rng.randint(0, 1000),
+    }
 
 
 def _session(rng: random.Random) -> dict[str, Any]:
-    return {"version": 0, "user": _token(rng), "agent": _text(rng, 80, 200),
-            "pages": [{"path": "/" + "/".join(rng.sample(_WORDS, 3)), "ms": rng.randint(5, 5000)}
-                      for _ in range(rng.randint(3, 40))], "active": True}
+    return {
+        "version": 0,
+        "user": _token(rng),
+        "agent": _text(rng, 80, 200),
+        "pages": [
+            {"path": "/" + "/".join(rng.sample(_WORDS, 3)), "ms": rng.randint(5, 5000)}
+            for _ in range(rng.randint(3, 40))
+        ],
+        "active": True,
+    }
 
 
 def _stock(rng: random.Random) -> dict[str, Any]:
-    return {"version": 0, "qty": rng.randint(0, 10_000), "reserved": rng.randint(0, 50),
-            "title": _text(rng, 60, 200),
-            "attrs": {w: _text(rng, 3, 30) for w in rng.sample(_WORDS, rng.randint(2, 12))},
-            "history": [{"delta": rng.randint(-20, 20), "by": _token(rng)} for _ in range(rng.randint(1, 20))]}
+    return {
+        "version": 0,
+        "qty": rng.randint(0, 10_000),
+        "reserved": rng.randint(0, 50),
+        "title": _text(rng, 60, 200),
+        "attrs": {w: _text(rng, 3, 30) for w in rng.sample(_WORDS, rng.randint(2, 12))},
+        "history": [
+            {"delta": rng.randint(-20, 20), "by": _token(rng)} for _ in range(rng.randint(1, 20))
+        ],
+    }
 
 
 def _app_collections() -> list[_Collection]:
     return [
         _Collection("orders", lambda rng, i: ObjectId(), _order),
-        _Collection("users", lambda rng, i: Binary.from_uuid(uuid.UUID(int=rng.getrandbits(128), version=4)), _user),
+        _Collection(
+            "users",
+            lambda rng, i: Binary.from_uuid(uuid.UUID(int=rng.getrandbits(128), version=4)),
+            _user,
+        ),
         _Collection("sessions", lambda rng, i: f"sess-{i:09d}-{_token(rng)}", _session),
-        _Collection("stock", lambda rng, i: {"store": rng.randint(1, 40), "sku": f"sku-{i:08d}"}, _stock),
+        _Collection(
+            "stock", lambda rng, i: {"store": rng.randint(1, 40), "sku": f"sku-{i:08d}"}, _stock
+        ),
     ]
 
 
@@ -118,10 +191,22 @@ def _app_update(rng: random.Random, coll: str) -> dict[str, Any] | list[dict[str
     form = rng.randrange(10)
     if coll == "orders":
         updates: list[dict[str, Any]] = [
-            {"$set": {"status": rng.choice(["paid", "packed", "shipped", "done"]), "customer.address.city":
-                      rng.choice(_WORDS).title()}},
-            {"$push": {"items": {"sku": _token(rng), "qty": rng.randint(1, 3), "price": 9.99,
-                                 "title": _text(rng, 5, 40)}}},
+            {
+                "$set": {
+                    "status": rng.choice(["paid", "packed", "shipped", "done"]),
+                    "customer.address.city": rng.choice(_WORDS).title(),
+                }
+            },
+            {
+                "$push": {
+                    "items": {
+                        "sku": _token(rng),
+                        "qty": rng.randint(1, 3),
+                        "price": 9.99,
+                        "title": _text(rng, 5, 40),
+                    }
+                }
+            },
             {"$pull": {"tags": rng.choice(_WORDS)}},
             {"$addToSet": {"tags": rng.choice(_WORDS)}},
             {"$set": {"items.0.qty": rng.randint(1, 9)}},
@@ -132,7 +217,12 @@ def _app_update(rng: random.Random, coll: str) -> dict[str, Any] | list[dict[str
         updates = [
             {"$set": {"profile.bio": _text(rng, 50, 800)}},
             {"$inc": {"logins": 1}},
-            {"$set": {"prefs.mail.news": rng.random() < 0.5, "prefs.lang": rng.choice(["en", "fr"])}},
+            {
+                "$set": {
+                    "prefs.mail.news": rng.random() < 0.5,
+                    "prefs.lang": rng.choice(["en", "fr"]),
+                }
+            },
             {"$push": {"addresses": _address(rng)}},
             {"$rename": {"tags": "labels"}},
             {"$rename": {"labels": "tags"}},
@@ -151,15 +241,24 @@ def _app_update(rng: random.Random, coll: str) -> dict[str, Any] | list[dict[str
             {"$set": {f"attrs.{rng.choice(_WORDS)}": _text(rng, 3, 20)}},
         ]
     if form == 9:  # a pipeline update: a new status and etag computed server-side
-        return [{"$set": {"etag": _token(rng), "version": {"$literal": rng.randint(1, 10**9)},
-                          "summary": {"$concat": [_text(rng, 3, 10), "-", _token(rng)]}}}]
+        return [
+            {
+                "$set": {
+                    "etag": _token(rng),
+                    "version": {"$literal": rng.randint(1, 10**9)},
+                    "summary": {"$concat": [_text(rng, 3, 10), "-", _token(rng)]},
+                }
+            }
+        ]
     update = rng.choice(updates)
     if "$inc" in update:
         return {**update, "$inc": {**update["$inc"], "version": 1}}
     return {**update, **bump}
 
 
-def _app_ops(seed: int, writes: int) -> Iterator[tuple[str, Any] | tuple[str, list[tuple[str, Any]]]]:
+def _app_ops(
+    seed: int, writes: int
+) -> Iterator[tuple[str, Any] | tuple[str, list[tuple[str, Any]]]]:
     """(collection, pymongo write) pairs, or ("txn", [(collection, write), ...]) for a transaction."""
     rng = random.Random(seed)
     colls = _app_collections()
@@ -228,7 +327,10 @@ def _ycsb_ops(seed: int, writes: int) -> Iterator[tuple[str, Any]]:
     for _ in range(writes - records):
         key = order[rng.choices(range(records), cum_weights=weights)[0]]
         value = "".join(rng.choices(string.ascii_letters, k=100))
-        yield "usertable", UpdateOne({"_id": f"user{key:010d}"}, {"$set": {f"field{rng.randrange(10)}": value}})
+        yield (
+            "usertable",
+            UpdateOne({"_id": f"user{key:010d}"}, {"$set": {f"field{rng.randrange(10)}": value}}),
+        )
 
 
 def write_workload(uri: str, workload: str, writes: int, *, seed: int = 1, db: str = "app") -> int:
@@ -247,7 +349,9 @@ def write_workload(uri: str, workload: str, writes: int, *, seed: int = 1, db: s
                 with client.start_session() as session, session.start_transaction():
                     for coll, write in op:
                         if coll not in sharded:
-                            client.admin.command("shardCollection", f"{db}.{coll}", key={"_id": "hashed"})
+                            client.admin.command(
+                                "shardCollection", f"{db}.{coll}", key={"_id": "hashed"}
+                            )
                             sharded.add(coll)
                         client[db][coll].bulk_write([write], session=session)
                 events += len(op)

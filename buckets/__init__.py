@@ -5,5 +5,13 @@ from buckets.commands import MAX_READER_PROCESSES
 from buckets.engine import CURSOR_NS, Engine, EngineCommands, EngineConfig
 from buckets.merge import MergedQueue
 
-__all__ = ["bucket_of", "buckets_for_event", "Engine", "EngineCommands", "EngineConfig", "MergedQueue", "CURSOR_NS",
-           "MAX_READER_PROCESSES"]
+__all__ = [
+    "bucket_of",
+    "buckets_for_event",
+    "Engine",
+    "EngineCommands",
+    "EngineConfig",
+    "MergedQueue",
+    "CURSOR_NS",
+    "MAX_READER_PROCESSES",
+]

@@ -18,14 +18,8 @@ from buckets._columnar.items import count_events, first_key, is_block, items_byt
 from buckets._columnar.sizes import count_reaching, count_within
 from buckets.budget import ByteBudget
 from buckets.catch_up import FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, Lag
-from buckets.memory_limit import (
-    PoolAccount,
-)
-from mongoformats.change_events import (
-    EV_RAW,
-    EV_SORT_KEY,
-    EventFields,
-)
+from buckets.memory_limit import PoolAccount
+from mongoformats.change_events import EV_RAW, EV_SORT_KEY, EventFields
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, token_from_key
 
@@ -63,15 +57,21 @@ class Bucket:
     segment i's first event and `firsts[i]` its sort key, for finding a position or a key.
     """
 
-    def __init__(self, index: int, limit_bytes: int, floor: bytes, floor_token: dict[str, Any],
-                 account: PoolAccount | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        limit_bytes: int,
+        floor: bytes,
+        floor_token: dict[str, Any],
+        account: PoolAccount | None = None,
+    ) -> None:
         self.index = index
         self.segments: list[Any] = []
         self.starts: list[int] = []
         self.firsts: list[bytes] = []
-        self.base = 0                  # absolute index of the first retained event
-        self._end = 0                  # absolute index after the last
-        self.floor = floor             # every event above this key is (or will be) held here
+        self.base = 0  # absolute index of the first retained event
+        self._end = 0  # absolute index after the last
+        self.floor = floor  # every event above this key is (or will be) held here
         # The stream's start point for this bucket: an attach without a token reads from here.
         self.start_floor = floor
         self.frontier_token = floor_token
@@ -83,8 +83,8 @@ class Bucket:
         self.changed = trio.Event()
         self.cursors: set[Reader] = set()
         self.delivered_total = 0
-        self.dealt_total = 0           # events the merge dealt in (delivered_total counts them out)
-        self.waiting = 0               # getMores parked on this bucket right now
+        self.dealt_total = 0  # events the merge dealt in (delivered_total counts them out)
+        self.waiting = 0  # getMores parked on this bucket right now
         # How far consumers that have since left had read (absolute index). With no cursor open
         # (a Spark micro-batch ended; the next attaches after where it stopped), only events up
         # to here may be freed: the rest is what the next consumer will ask for.
@@ -99,9 +99,9 @@ class Bucket:
         # Whether a getMore of another bucket of the stream waits for events (set with isolated).
         self.holds_back: Callable[[], bool] = lambda: False
         self.lag = Lag()
-        self.last_read = -math.inf     # trio time a getMore last came or left (none yet: never)
-        self.read_once = False         # a getMore has read this bucket (Bucket.put's patience)
-        self.merge_frontier = floor    # the merge's frontier, also while behind
+        self.last_read = -math.inf  # trio time a getMore last came or left (none yet: never)
+        self.read_once = False  # a getMore has read this bucket (Bucket.put's patience)
+        self.merge_frontier = floor  # the merge's frontier, also while behind
         # Cursors reading a replay that move to this bucket once it holds their next event.
         self.awaiting: set[Reader] = set()
 
@@ -225,8 +225,9 @@ class Bucket:
         cursor's position instead of the start of its last batch (retention is a cache that
         never makes a bucket fall behind)."""
         cursors = [c for c in self.cursors if not c.lost]
-        pinned = ([c.position if hard else c.acked for c in cursors if c.read]
-                  or [c.position if hard else c.acked for c in cursors])
+        pinned = [c.position if hard else c.acked for c in cursors if c.read] or [
+            c.position if hard else c.acked for c in cursors
+        ]
         return min(min(pinned, default=self.read_mark), self._end)
 
     def unpin(self) -> None:
@@ -319,8 +320,9 @@ class Bucket:
         """A consumer waits on a replay to come back, and none still reads what the bucket holds
         before its gap (holding events after the gap beside them would hide it). With nobody
         waiting, a bucket whose consumer is gone stays behind and holds nothing new."""
-        return bool(self.awaiting) and not any(c.read and not c.lost and c.position < self._end
-                                               for c in self.cursors)
+        return bool(self.awaiting) and not any(
+            c.read and not c.lost and c.position < self._end for c in self.cursors
+        )
 
     def _rejoin(self, point: bytes) -> bool:
         """Live again from `point` (every event up to it was dealt), if it may: what it retains
@@ -451,11 +453,16 @@ def lag_status(bucket: Bucket) -> dict[str, Any]:
     at = min(behind, default=bucket.frontier)
     merge = max(bucket.merge_frontier, bucket.frontier)
     at_ts, merge_ts = _key_time(at), _key_time(merge)
-    return {"state": lag.state(bool(bucket.awaiting)),
-            "clusterTime": at_ts, "mergeClusterTime": merge_ts,
-            "behindSeconds": max(0, merge_ts.time - at_ts.time) if at_ts and merge_ts else 0,
-            "droppedEvents": lag.dropped_events, "droppedBytes": lag.dropped_bytes,
-            "fellBehind": lag.fell_behind, "droppedTotal": lag.dropped_total}
+    return {
+        "state": lag.state(bool(bucket.awaiting)),
+        "clusterTime": at_ts,
+        "mergeClusterTime": merge_ts,
+        "behindSeconds": max(0, merge_ts.time - at_ts.time) if at_ts and merge_ts else 0,
+        "droppedEvents": lag.dropped_events,
+        "droppedBytes": lag.dropped_bytes,
+        "fellBehind": lag.fell_behind,
+        "droppedTotal": lag.dropped_total,
+    }
 
 
 def _key_time(key: bytes) -> Timestamp | None:

@@ -35,16 +35,40 @@ from mongoformats.resume_token import (
 
 # The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
 # explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
-_WATCH_FIELDS = frozenset({"aggregate", "pipeline", "cursor", "maxTimeMS", "comment", "lsid", "$db",
-                           "$clusterTime", "$readPreference", "readConcern", "apiVersion",
-                           "apiStrict", "apiDeprecationErrors", "allowDiskUse"})
+_WATCH_FIELDS = frozenset(
+    {
+        "aggregate",
+        "pipeline",
+        "cursor",
+        "maxTimeMS",
+        "comment",
+        "lsid",
+        "$db",
+        "$clusterTime",
+        "$readPreference",
+        "readConcern",
+        "apiVersion",
+        "apiStrict",
+        "apiDeprecationErrors",
+        "allowDiskUse",
+    }
+)
 _SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
 FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 BEFORE_CHANGE = ("off", "whenAvailable", "required")
 # The $changeStream options an accelerated watch() may give.
-_ACCEPTED = frozenset({"resumeAfter", "startAfter", "startAtOperationTime", "showExpandedEvents",
-                       "allChangesForCluster", "fullDocument", "fullDocumentBeforeChange",
-                       "showSystemEvents"})
+_ACCEPTED = frozenset(
+    {
+        "resumeAfter",
+        "startAfter",
+        "startAtOperationTime",
+        "showExpandedEvents",
+        "allChangesForCluster",
+        "fullDocument",
+        "fullDocumentBeforeChange",
+        "showSystemEvents",
+    }
+)
 
 # The server's pipeline length limit (internalPipelineLengthLimit, 1000 in release builds), checked
 # before any stage is parsed: Pipeline::parseCommon in src/mongo/db/pipeline/pipeline.cpp fails a
@@ -61,31 +85,44 @@ def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
     if not isinstance(pipeline, list):
         raise wrong_type(f"{command}.pipeline", pipeline, "array")
     if len(pipeline) > MAX_PIPELINE_STAGES:
-        raise MongoError(7749501,
-                         f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages.")
+        raise MongoError(
+            7749501, f"Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages."
+        )
     if not all(isinstance(stage, dict) for stage in pipeline):
         raise MongoError("TypeMismatch", "Each element of the 'pipeline' array must be an object")
     return pipeline
+
+
 def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
     """Whether the fields of a watch()'s aggregate that the engine reads have the types the
     server's parsers accept (what they then mean is checked where they are used)."""
     cursor = cmd.get("cursor", {})
     spec = cmd["pipeline"][0]["$changeStream"]
-    if not isinstance(cursor, dict) or not isinstance(cmd["aggregate"], (str, int, float)) or \
-            not isinstance(spec, dict):
+    if (
+        not isinstance(cursor, dict)
+        or not isinstance(cmd["aggregate"], (str, int, float))
+        or not isinstance(spec, dict)
+    ):
         return False
     batch_size = cursor.get("batchSize")
-    if batch_size is not None and (type(batch_size) not in (int, Int64)
-                                   or not 0 <= batch_size <= 1 << 30):
+    if batch_size is not None and (
+        type(batch_size) not in (int, Int64) or not 0 <= batch_size <= 1 << 30
+    ):
         return False
     try:
         check_lsid(cmd)
     except MongoError:
         return False
-    types = {"resumeAfter": dict, "startAfter": dict, "startAtOperationTime": Timestamp,
-             "showExpandedEvents": bool, "showSystemEvents": bool, "allChangesForCluster": bool,
-             "fullDocument": str,
-             "fullDocumentBeforeChange": str}
+    types = {
+        "resumeAfter": dict,
+        "startAfter": dict,
+        "startAtOperationTime": Timestamp,
+        "showExpandedEvents": bool,
+        "showSystemEvents": bool,
+        "allChangesForCluster": bool,
+        "fullDocument": str,
+        "fullDocumentBeforeChange": str,
+    }
     return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
 
 
@@ -96,8 +133,11 @@ def _check_read_concern(read_concern: Any) -> None:
     no document is left to mongos."""
     level = read_concern.get("level") if isinstance(read_concern, dict) else None
     if level is not None and level != "majority":
-        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a "
-                         f"readConcern other than 'majority'. Current readConcern: {level}")
+        raise MongoError(
+            "InvalidOptions",
+            "Aggregation stage $changeStream cannot run with a "
+            f"readConcern other than 'majority'. Current readConcern: {level}",
+        )
 
 
 @dataclass(frozen=True)
@@ -105,10 +145,10 @@ class WatchRequest:
     """A watch() the engine can serve, once its client is found to hold the privileges."""
 
     db: str
-    coll: str | None              # None: a database's or the whole cluster's stream
-    spec: Mapping[str, Any]       # the $changeStream stage's options
+    coll: str | None  # None: a database's or the whole cluster's stream
+    spec: Mapping[str, Any]  # the $changeStream stage's options
     stages: list[dict[str, Any]]  # the stages after it, less a final split stage
-    split: bool                   # the pipeline ends with the split stage
+    split: bool  # the pipeline ends with the split stage
     before_change: str
 
     @property
@@ -134,8 +174,10 @@ class WatchRequest:
 def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
     """A watch()'s aggregate `cmd` on `db`, checked as mongos checks what the engine reads;
     Decline for what the engine leaves to mongos."""
-    if set(cmd) - _WATCH_FIELDS - {"collation"} \
-            or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION:
+    if (
+        set(cmd) - _WATCH_FIELDS - {"collation"}
+        or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION
+    ):
         raise Decline()
     check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
     pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
@@ -161,18 +203,21 @@ def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
 def _served(spec: Any, stages: list[dict[str, Any]]) -> bool:
     """Whether the engine reproduces every event of a $changeStream stage with options `spec`
     followed by `stages`: known options with known values, one start point at most."""
-    return (isinstance(spec, dict) and not set(spec) - _ACCEPTED
-            and spec.get("fullDocument", "default") in FULL_DOCUMENT
-            and spec.get("fullDocumentBeforeChange", "off") in BEFORE_CHANGE
-            and unsupported_in_stages(stages) is None
-            and sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) <= 1)
+    return (
+        isinstance(spec, dict)
+        and not set(spec) - _ACCEPTED
+        and spec.get("fullDocument", "default") in FULL_DOCUMENT
+        and spec.get("fullDocumentBeforeChange", "off") in BEFORE_CHANGE
+        and unsupported_in_stages(stages) is None
+        and sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) <= 1
+    )
 
 
 @dataclass(frozen=True)
 class WatchPlan:
     """The private one-bucket stream serving a watch(), and where its cursor starts."""
 
-    open: dict[str, Any]                # the stream's parallelChangeStream options
+    open: dict[str, Any]  # the stream's parallelChangeStream options
     scope: tuple[str, str | None] | None  # its database and collection (None: the cluster)
     stages: tuple[dict[str, Any], ...]  # run on each returned event (): none, a $match filters
     keep_version: tuple[Timestamp, int] | None  # the resume token's version, kept by the stream
@@ -180,53 +225,63 @@ class WatchPlan:
     # cursor must meet that event again before it returns anything.
     event_token: Mapping[str, Any] | None
     fragment: tuple[bytes, int] | None
-    ns: str                             # the cursor's namespace, as mongos names it
+    ns: str  # the cursor's namespace, as mongos names it
     batch_size: int | None
 
 
-def plan_watch(request: WatchRequest, cmd: dict[str, Any], *,
-               shard_buffer_bytes: int) -> WatchPlan:
+def plan_watch(request: WatchRequest, cmd: dict[str, Any], *, shard_buffer_bytes: int) -> WatchPlan:
     """The stream serving `request` (from `cmd`, the aggregate), each shard buffering up to
     `shard_buffer_bytes`; Decline for a resume mongos alone answers."""
     spec, split, before_change = request.spec, request.split, request.before_change
     token = spec.get("resumeAfter") or spec.get("startAfter")
     resumed = _resumed(token, split)
     full_document = spec.get("fullDocument", "default")
-    sub: dict[str, Any] = {"nBuckets": 1,
-                           "showExpandedEvents": bool(spec.get("showExpandedEvents")),
-                           "showSystemEvents": bool(spec.get("showSystemEvents")),
-                           "fullDocument": full_document,
-                           "fullDocumentBeforeChange": before_change,
-                           "shardBufferBytes": shard_buffer_bytes}
+    sub: dict[str, Any] = {
+        "nBuckets": 1,
+        "showExpandedEvents": bool(spec.get("showExpandedEvents")),
+        "showSystemEvents": bool(spec.get("showSystemEvents")),
+        "fullDocument": full_document,
+        "fullDocumentBeforeChange": before_change,
+        "shardBufferBytes": shard_buffer_bytes,
+    }
     event = resumed if resumed is not None and resumed.token_type == EVENT_TOKEN else None
     sub.update(_start(spec, token, event))
     # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
     # lookup the stages may test, means the whole pipeline runs on each returned event.
     stages = request.stages
-    plain_match = all(set(st) == {"$match"} for st in stages) and full_document == "default" \
+    plain_match = (
+        all(set(st) == {"$match"} for st in stages)
+        and full_document == "default"
         and before_change == "off"
+    )
     sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
     return WatchPlan(
-        open=sub, scope=request.scope, stages=() if plain_match else tuple(stages),
+        open=sub,
+        scope=request.scope,
+        stages=() if plain_match else tuple(stages),
         keep_version=None if resumed is None else (resumed.cluster_time, resumed.version),
         event_token=token if event is not None else None,
         fragment=fragment_of(event) if event is not None else None,
-        ns=request.ns, batch_size=cmd.get("cursor", {}).get("batchSize"))
+        ns=request.ns,
+        batch_size=cmd.get("cursor", {}).get("batchSize"),
+    )
 
 
 def _resumed(token: Mapping[str, Any] | None, split: bool) -> ResumeTokenData | None:
     """The resume token a watch() gives, decoded; Decline for one only mongos resumes from."""
     resumed = decode_token(token) if token is not None else None
-    if resumed is not None and (resumed.from_invalidate
-                                or (resumed.fragment_num is not None and not split)):
+    if resumed is not None and (
+        resumed.from_invalidate or (resumed.fragment_num is not None and not split)
+    ):
         # After an invalidate, or from a fragment without the split stage: mongos's rules,
         # mongos's errors.
         raise Decline()
     return resumed
 
 
-def _start(spec: Mapping[str, Any], token: Mapping[str, Any] | None,
-           event: ResumeTokenData | None) -> dict[str, Any]:
+def _start(
+    spec: Mapping[str, Any], token: Mapping[str, Any] | None, event: ResumeTokenData | None
+) -> dict[str, Any]:
     """Where a watch()'s private stream starts: the `resumeAfter` or `startAtOperationTime` of
     its open command (none: now)."""
     if event is not None:
@@ -241,31 +296,62 @@ def _start(spec: Mapping[str, Any], token: Mapping[str, Any] | None,
 
 # -- parallelChangeStream and its status ----------------------------------------------------------
 
-_OPEN_FIELDS = frozenset({
-    "parallelChangeStream", "nBuckets", "name", "bucket", "pipeline", "fullDocument", "showExpandedEvents",
-    "showSystemEvents",
-    "startAtOperationTime", "resumeAfter", "startAfter", "batchSize", "maxAwaitTimeMS", "shardBufferBytes",
-    "bucketBufferBytes", "readerProcesses", "fullDocumentBeforeChange", "bucketBy",
-    # generic fields drivers add to every command
-    "lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion", "comment",
-    "$db", "readConcern", "writeConcern"})
+_OPEN_FIELDS = frozenset(
+    {
+        "parallelChangeStream",
+        "nBuckets",
+        "name",
+        "bucket",
+        "pipeline",
+        "fullDocument",
+        "showExpandedEvents",
+        "showSystemEvents",
+        "startAtOperationTime",
+        "resumeAfter",
+        "startAfter",
+        "batchSize",
+        "maxAwaitTimeMS",
+        "shardBufferBytes",
+        "bucketBufferBytes",
+        "readerProcesses",
+        "fullDocumentBeforeChange",
+        "bucketBy",
+        # generic fields drivers add to every command
+        "lsid",
+        "$clusterTime",
+        "$readPreference",
+        "txnNumber",
+        "autocommit",
+        "apiVersion",
+        "comment",
+        "$db",
+        "readConcern",
+        "writeConcern",
+    }
+)
 
 
 def _mentions_full_document(stages: Any) -> bool:
     """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange),
     or an expression reads the whole event ($$ROOT, $$CURRENT), which holds those fields."""
     if isinstance(stages, Mapping):
-        return any(str(k).startswith("fullDocument") or _mentions_full_document(v) for k, v in stages.items())
+        return any(
+            str(k).startswith("fullDocument") or _mentions_full_document(v)
+            for k, v in stages.items()
+        )
     if isinstance(stages, list):
         return any(_mentions_full_document(v) for v in stages)
     if not isinstance(stages, str):
         return False
     variable, _, path = stages.partition(".") if stages.startswith("$$") else ("", "", stages[1:])
-    return (variable in VARIABLES and not path) or (stages.startswith("$") and path.startswith("fullDocument"))
+    return (variable in VARIABLES and not path) or (
+        stages.startswith("$") and path.startswith("fullDocument")
+    )
 
 
-def int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, *,
-                command: str = "parallelChangeStream") -> int | None:
+def int_option(
+    cmd: Mapping[str, Any], name: str, low: int, high: int, *, command: str = "parallelChangeStream"
+) -> int | None:
     """An optional integer field: TypeMismatch (IDL's message) for a value that is no number,
     BadValue for a number out of [low, high] or without an integer value."""
     value = cmd.get(name)
@@ -276,10 +362,15 @@ def int_option(cmd: Mapping[str, Any], name: str, low: int, high: int, *,
     number = value.to_decimal() if isinstance(value, Decimal128) else value
     # Range first, then integrality: int() of an infinite or NaN number raises (a float NaN fails
     # the range; a Decimal NaN raises on any comparison, so it is tested first).
-    if isinstance(number, decimal.Decimal) and number.is_nan() or not low <= number <= high \
-            or int(number) != number:
-        raise MongoError("BadValue", f"{name} must be an integer between {low} and {high}, "
-                         f"not {shown(value)}")
+    if (
+        isinstance(number, decimal.Decimal)
+        and number.is_nan()
+        or not low <= number <= high
+        or int(number) != number
+    ):
+        raise MongoError(
+            "BadValue", f"{name} must be an integer between {low} and {high}, not {shown(value)}"
+        )
     return int(number)
 
 
@@ -290,11 +381,15 @@ def shown(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-_MAX_BYTES = 1 << 50         # a byte budget above this is a typo, not memory
-MAX_READER_PROCESSES = 64    # the most a stream (readerProcesses) or the engine's default may ask
+_MAX_BYTES = 1 << 50  # a byte budget above this is a typo, not memory
+MAX_READER_PROCESSES = 64  # the most a stream (readerProcesses) or the engine's default may ask
 # The stream settings an open command may pass, with their ranges (defaults: EngineConfig).
-_SETTINGS = {"shardBufferBytes": (1, _MAX_BYTES), "bucketBufferBytes": (1, _MAX_BYTES),
-             "maxAwaitTimeMS": (0, (1 << 31) - 1), "readerProcesses": (0, MAX_READER_PROCESSES)}
+_SETTINGS = {
+    "shardBufferBytes": (1, _MAX_BYTES),
+    "bucketBufferBytes": (1, _MAX_BYTES),
+    "maxAwaitTimeMS": (0, (1 << 31) - 1),
+    "readerProcesses": (0, MAX_READER_PROCESSES),
+}
 
 # Stream names: at most the server's namespace length (NamespaceString's MaxNsLen, 255 bytes,
 # InvalidNamespace beyond); they are also labels of /metrics and keys of status.
@@ -329,8 +424,9 @@ def check_status_command(cmd: dict[str, Any]) -> None:
         if not isinstance(after, list):
             raise wrong_type("parallelChangeStreamStatus.after", after, "array")
         if len(after) > MAX_BUCKETS:
-            raise MongoError("BadValue", f"after has {len(after)} tokens: at most {MAX_BUCKETS}, "
-                             "one per bucket")
+            raise MongoError(
+                "BadValue", f"after has {len(after)} tokens: at most {MAX_BUCKETS}, one per bucket"
+            )
         for i, token in enumerate(after):
             _check_token(token, f"parallelChangeStreamStatus.after.{i}")
     int_option(cmd, "maxEvents", 1, 1 << 62, command="parallelChangeStreamStatus")
@@ -351,14 +447,17 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     check_depth(cmd)
     for key in cmd:
         if key not in _OPEN_FIELDS:
-            raise MongoError("IDLUnknownField", "BSON field "
-                             f"'parallelChangeStream.{shown(key)}' is an unknown field.")
+            raise MongoError(
+                "IDLUnknownField",
+                f"BSON field 'parallelChangeStream.{shown(key)}' is an unknown field.",
+            )
     first = next(iter(cmd))
     cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
     check_lsid(cmd)
     if sum(k in cmd for k in ("startAtOperationTime", "resumeAfter", "startAfter")) > 1:
-        raise MongoError(40674,
-                         "Only one type of resume option is allowed, but multiple were found.")
+        raise MongoError(
+            40674, "Only one type of resume option is allowed, but multiple were found."
+        )
     _check_options(cmd)
     check_stream_name(cmd.get("name"), "parallelChangeStream")
     check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
@@ -385,19 +484,26 @@ def _check_options(cmd: Mapping[str, Any]) -> None:
         if not isinstance(cmd["bucketBy"], str):
             raise wrong_type("parallelChangeStream.bucketBy", cmd["bucketBy"], "string")
         if cmd["bucketBy"] not in BUCKET_BY:
-            raise MongoError("BadValue", f"'{shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
-                             f"use one of {', '.join(BUCKET_BY)}")
+            raise MongoError(
+                "BadValue",
+                f"'{shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
+                f"use one of {', '.join(BUCKET_BY)}",
+            )
     if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
-        raise wrong_type("parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"],
-                         "timestamp")
+        raise wrong_type(
+            "parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"], "timestamp"
+        )
 
 
 def _check_tokens(tokens: Any, field: str) -> None:
     """resumeAfter or startAfter: one token, or a list of one per bucket."""
     if isinstance(tokens, list):
         if not tokens or len(tokens) > MAX_BUCKETS:
-            raise MongoError("BadValue", f"{field} takes one token, or a list of 1 to "
-                             f"{MAX_BUCKETS} bucket tokens, not {len(tokens)}")
+            raise MongoError(
+                "BadValue",
+                f"{field} takes one token, or a list of 1 to "
+                f"{MAX_BUCKETS} bucket tokens, not {len(tokens)}",
+            )
         for i, token in enumerate(tokens):
             _check_token(token, f"parallelChangeStream.{field}.{i}")
     else:
@@ -419,9 +525,12 @@ def _one_token_if_common(cmd: dict[str, Any], n: int | None) -> dict[str, Any]:
         if not isinstance(tokens, list) or n is None or len(tokens) == n:
             continue
         if len({token_sort_key(t) for t in tokens}) != 1:
-            raise MongoError("BadValue", f"{field} has {len(tokens)} bucket tokens but nBuckets is {n}: tokens of a "
-                             "stream with another bucket count resume it only if they are all the same token "
-                             "(read every bucket up to one token first)")
+            raise MongoError(
+                "BadValue",
+                f"{field} has {len(tokens)} bucket tokens but nBuckets is {n}: tokens of a "
+                "stream with another bucket count resume it only if they are all the same token "
+                "(read every bucket up to one token first)",
+            )
         return {**cmd, field: tokens[0]}
     return cmd
 
@@ -431,9 +540,9 @@ class OpenRequest:
     """A parallelChangeStream command, checked: open a named stream of `n` buckets (or attach to
     one of its buckets, `bucket`), from `cmd`'s start point."""
 
-    cmd: dict[str, Any]         # checked, null options left out, one resume token if common
-    n: int | None               # nBuckets
-    bucket: int | None          # attach to this bucket alone
+    cmd: dict[str, Any]  # checked, null options left out, one resume token if common
+    n: int | None  # nBuckets
+    bucket: int | None  # attach to this bucket alone
     name: str | None
     batch_size: int | None
 
@@ -443,12 +552,18 @@ def read_open(cmd: dict[str, Any]) -> OpenRequest:
     list of bucket tokens of another length than nBuckets taken as its common token."""
     cmd = check_open_command(cmd)
     if cmd.get("fullDocument", "default") not in FULL_DOCUMENT:
-        raise MongoError("BadValue", f"'{shown(cmd['fullDocument'])}' is not a valid "
-                         f"fullDocument option; use one of {', '.join(FULL_DOCUMENT)}")
+        raise MongoError(
+            "BadValue",
+            f"'{shown(cmd['fullDocument'])}' is not a valid "
+            f"fullDocument option; use one of {', '.join(FULL_DOCUMENT)}",
+        )
     if cmd.get("fullDocumentBeforeChange", "off") not in BEFORE_CHANGE:
-        raise MongoError("BadValue", f"'{shown(cmd['fullDocumentBeforeChange'])}' is not a "
-                         "valid fullDocumentBeforeChange option; use one of "
-                         f"{', '.join(BEFORE_CHANGE)}")
+        raise MongoError(
+            "BadValue",
+            f"'{shown(cmd['fullDocumentBeforeChange'])}' is not a "
+            "valid fullDocumentBeforeChange option; use one of "
+            f"{', '.join(BEFORE_CHANGE)}",
+        )
     n = int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
     bucket = int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
     cmd = _one_token_if_common(cmd, n)
@@ -464,17 +579,26 @@ def open_match(cmd: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
     queries = []
     for stage in pipeline:
         if set(stage) != {"$match"}:
-            raise MongoError("BadValue", "parallelChangeStream pipelines may only contain $match stages "
-                         f"(and a final {SPLIT_STAGE})")
+            raise MongoError(
+                "BadValue",
+                "parallelChangeStream pipelines may only contain $match stages "
+                f"(and a final {SPLIT_STAGE})",
+            )
         if (unsupported := unsupported_in_query(stage["$match"])) is not None:
-            raise MongoError("BadValue", "parallelChangeStream's $match does not support "
-                             f"{shown(unsupported)}")
+            raise MongoError(
+                "BadValue", f"parallelChangeStream's $match does not support {shown(unsupported)}"
+            )
         queries.append(stage["$match"])
     # One flat $and: its depth does not grow with the number of stages.
     match = None if not queries else queries[0] if len(queries) == 1 else {"$and": queries}
-    if (cmd.get("fullDocument", "default") != "default" or cmd.get("fullDocumentBeforeChange", "off") != "off") \
-            and _mentions_full_document(pipeline):
+    if (
+        cmd.get("fullDocument", "default") != "default"
+        or cmd.get("fullDocumentBeforeChange", "off") != "off"
+    ) and _mentions_full_document(pipeline):
         # The $match runs as events are dealt, before any lookup: it would not see post-images.
-        raise MongoError("BadValue", "with fullDocument: 'updateLookup' or fullDocumentBeforeChange, the "
-                         "pipeline's $match may not test those fields (it runs before the lookups)")
+        raise MongoError(
+            "BadValue",
+            "with fullDocument: 'updateLookup' or fullDocumentBeforeChange, the "
+            "pipeline's $match may not test those fields (it runs before the lookups)",
+        )
     return match, split

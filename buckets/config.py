@@ -9,10 +9,10 @@ from dataclasses import dataclass
 class EngineConfig:
     shard_buffer_bytes: int = 1 << 30
     bucket_buffer_bytes: int = 64 << 20
-    idle_teardown_s: float = 300.0     # a stream with no cursors for this long is torn down
+    idle_teardown_s: float = 300.0  # a stream with no cursors for this long is torn down
     max_await_ms: int = 1000
     reader_await_ms: int = 200
-    reader_processes: int = 0          # default for streams that do not pass readerProcesses
+    reader_processes: int = 0  # default for streams that do not pass readerProcesses
     # A reader process that has read nothing this long is stopped. Its own setting, not the
     # stream teardown's: a process costs a second of CPU to start (imports), a stream nothing.
     reader_idle_s: float = 300.0

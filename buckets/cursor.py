@@ -40,13 +40,13 @@ class BucketCursor:
     stream: ParallelStream
     bucket: Bucket
     position: int
-    owner: bytes             # the id of the session it was opened in (b"": none)
+    owner: bytes  # the id of the session it was opened in (b"": none)
     ns: str
     batch_size: int | None = None
-    user: str = ""           # who opened it, when the proxy requires authentication
-    last_used: float = 0.0   # trio time of its creation or last getMore (idle cursors are killed)
-    busy: bool = False       # a getMore is running on it
-    read: bool = False       # a getMore has come for it (until then it pins no retention)
+    user: str = ""  # who opened it, when the proxy requires authentication
+    last_used: float = 0.0  # trio time of its creation or last getMore (idle cursors are killed)
+    busy: bool = False  # a getMore is running on it
+    read: bool = False  # a getMore has come for it (until then it pins no retention)
     # Where the consumer has surely been: the start of the last batch handed out. A consumer that
     # stops inside a batch (a Spark task reading up to its end token, which then kills the
     # cursor) resumes from a token in that batch, so the batch must outlive the cursor; freeing
@@ -96,8 +96,12 @@ class BucketCursor:
     def stale(self) -> bool:
         """Whether what follows this cursor is no longer in its bucket: the bucket fell behind
         and the cursor has read what it holds, or the bucket rejoined past the cursor."""
-        return self.lost or (self.bucket.lag.behind and self.position >= self.bucket.end
-                             and not self.split_rest and not self.fragments_sent)
+        return self.lost or (
+            self.bucket.lag.behind
+            and self.position >= self.bucket.end
+            and not self.split_rest
+            and not self.fragments_sent
+        )
 
     def follow(self, named: ParallelStream, joined: Callable[[], None]) -> None:
         """Read on from a replay stream, and move to `named`'s bucket once it holds the events
@@ -120,8 +124,13 @@ class BucketCursor:
         event after this cursor's resume point (not inside a split event or before the resume
         token was met: those states are the replay bucket's)."""
         named = self.join
-        if (named is None or self.killed or self.split_rest or self.fragments_sent
-                or self.must_meet is not None):
+        if (
+            named is None
+            or self.killed
+            or self.split_rest
+            or self.fragments_sent
+            or self.must_meet is not None
+        ):
             return
         if named.closed or named.error is not None:
             self.join = None  # torn down or failed: the replay stream goes on alone
@@ -182,12 +191,18 @@ class BucketCursor:
         if not options.stages:
             return list(enumerate(batch))
         # The invalidate too: the user's stages follow $changeStream's CheckInvalidate stage.
-        shaped = await self.stream.shaper.shape([ev.raw for ev in batch], [ev.token for ev in batch])
-        return [(i, ev._replace(raw=raw)) for i, (ev, raw) in enumerate(zip(batch, shaped, strict=True))
-                if raw is not None]
+        shaped = await self.stream.shaper.shape(
+            [ev.raw for ev in batch], [ev.token for ev in batch]
+        )
+        return [
+            (i, ev._replace(raw=raw))
+            for i, (ev, raw) in enumerate(zip(batch, shaped, strict=True))
+            if raw is not None
+        ]
 
-    async def next_batch(self, batch_size: int | None, max_time_ms: int | None,
-                         *, first: bool = False) -> tuple[list[Any], dict[str, Any]]:
+    async def next_batch(
+        self, batch_size: int | None, max_time_ms: int | None, *, first: bool = False
+    ) -> tuple[list[Any], dict[str, Any]]:
         bucket = self.bucket
         limit = batch_size or self.batch_size or 1 << 30
         # Asking for more means the previous batch was taken, before this getMore waits: a
@@ -203,7 +218,9 @@ class BucketCursor:
             await self._wait(max_time_ms)
         if not self._readable():
             return [], self.last_token  # the engine moves it to a replay of what follows
-        if self.split_rest:  # mid-split: the fragments as they were cut, nothing read or shaped again
+        if (
+            self.split_rest
+        ):  # mid-split: the fragments as they were cut, nothing read or shaped again
             event = bucket.event_at(self.position)
             batch, taken = self._fragments(event, [event])
         else:
@@ -214,16 +231,24 @@ class BucketCursor:
     def _waits(self) -> bool:
         """Whether a getMore waits for events: none to read, and nothing ended or failed."""
         bucket, stream = self.bucket, self.stream
-        return (self.position >= bucket.end and stream.error is None and not stream.ended
-                and not self.killed and bucket.error is None and not self.stale())
+        return (
+            self.position >= bucket.end
+            and stream.error is None
+            and not stream.ended
+            and not self.killed
+            and bucket.error is None
+            and not self.stale()
+        )
 
     async def _wait(self, max_time_ms: int | None) -> None:
         """Wait (up to maxTimeMS, or the stream's default) for events to read, an advanced resume
         point, or an end; CursorKilled if the cursor is killed meanwhile."""
         bucket = self.bucket
         bucket.notify()
-        deadline = trio.current_time() + (max_time_ms if max_time_ms is not None
-                                          else self.stream.options.max_await_ms) / 1000
+        deadline = (
+            trio.current_time()
+            + (max_time_ms if max_time_ms is not None else self.stream.options.max_await_ms) / 1000
+        )
         bucket.waiting += 1
         try:
             while self._waits():
@@ -250,7 +275,9 @@ class BucketCursor:
         if self.stale():
             return False
         if self.position < bucket.base:
-            raise MongoError("ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it")
+            raise MongoError(
+                "ChangeStreamHistoryLost", "bucket history was dropped before this cursor read it"
+            )
         return True
 
     def _advance(self, batch: list[Any], taken: list[Any]) -> None:
@@ -287,25 +314,33 @@ class BucketCursor:
         lookup, options = self.stream.lookup, self.stream.options
         # Lookups and stages change events after this: the server measures what they make.
         shaped = lookup is not None or bool(options.stages)
-        batch = cut_reply(self.bucket.items_from(self.position), limit,
-                          None if shaped else self.stream.sizer)
+        batch = cut_reply(
+            self.bucket.items_from(self.position), limit, None if shaped else self.stream.sizer
+        )
         if shaped or self.must_meet is not None:
             batch = as_fields(batch)  # shaped and checked event by event
         taken = batch
         if shaped:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
-            batch, consumed = fit_shaped(await self._shape(events_from_fields(batch)), self.stream.sizer)
+            batch, consumed = fit_shaped(
+                await self._shape(events_from_fields(batch)), self.stream.sizer
+            )
             taken = taken[:consumed]
             if self.killed:  # while its lookups ran
                 raise _interrupted()
         if self.must_meet is not None:
             batch = self._past_resume_point(batch)
-        if batch and not is_block(batch[0]) and (self.fragments_sent
-                                                 or splits(batch[0], self.stream.sizer)):
+        if (
+            batch
+            and not is_block(batch[0])
+            and (self.fragments_sent or splits(batch[0], self.stream.sizer))
+        ):
             batch, taken = self._fragments(batch[0], as_fields(taken))
         return batch, taken
 
-    def _fragments(self, event: EventFields, taken: list[EventFields]) -> tuple[list[EventFields], list[EventFields]]:
+    def _fragments(
+        self, event: EventFields, taken: list[EventFields]
+    ) -> tuple[list[EventFields], list[EventFields]]:
         """The reply for a split event that heads the batch: its next fragments, as many as fit
         (at least one), and the taken events it consumes (up to the event, and the event itself
         once its last fragment is out). The event is split on the first call and its fragments
@@ -313,9 +348,18 @@ class BucketCursor:
         now splits otherwise, or not at all, fails the stream as the server's does
         (ChangeStreamFatalError)."""
         pieces = self.split_rest or [
-            tuple(ChangeEvent._make(event)._replace(sort_key=token_sort_key(token),
-                                                    type_bits=bytes(token.get("_typeBits", b"")), raw=raw))
-            for token, raw in split_event(event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent) or []]
+            tuple(
+                ChangeEvent._make(event)._replace(
+                    sort_key=token_sort_key(token),
+                    type_bits=bytes(token.get("_typeBits", b"")),
+                    raw=raw,
+                )
+            )
+            for token, raw in split_event(
+                event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent
+            )
+            or []
+        ]
         out: list[EventFields] = []
         size = 0
         for piece in pieces:
@@ -326,10 +370,10 @@ class BucketCursor:
         at = next(i for i, ev in enumerate(taken) if ev[EV_SORT_KEY] == event[EV_SORT_KEY])
         if len(out) < len(pieces):
             self.fragments_sent += len(out)
-            self.split_rest = pieces[len(out):]
+            self.split_rest = pieces[len(out) :]
             return out, taken[:at]
         self.fragments_sent, self.split_rest = 0, []
-        return out, taken[:at + 1]
+        return out, taken[: at + 1]
 
     def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:
         """`batch` less the events up to the one resumed from; ChangeStreamFatalError if a later
@@ -345,8 +389,11 @@ class BucketCursor:
                 self.met = True
             elif key > self.must_meet:
                 if not self.met:
-                    raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
-                                     f"found. {token_text(event_token(ev))}")
+                    raise MongoError(
+                        "ChangeStreamFatalError",
+                        "cannot resume stream; the resume token was not "
+                        f"found. {token_text(event_token(ev))}",
+                    )
                 self.must_meet = None
                 return batch[i:]
         return []

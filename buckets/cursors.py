@@ -25,8 +25,10 @@ class CursorRegistry:
         self.cursor_timeout_s = cursor_timeout_s
         self.session_cursor_timeout_s = session_cursor_timeout_s
         self.cursors: dict[int, BucketCursor] = {}
-        self.private: dict[int, ParallelStream] = {}  # watch() and replay streams, by their one cursor
-        self._ended_sessions: set[bytes] = set()     # ended since the last session refresh (owners)
+        self.private: dict[
+            int, ParallelStream
+        ] = {}  # watch() and replay streams, by their one cursor
+        self._ended_sessions: set[bytes] = set()  # ended since the last session refresh (owners)
         self._rng = random.Random()
         self.timed_out = 0  # idle cursors killed (serverStatus' metrics.cursor.timedOut)
 
@@ -34,14 +36,18 @@ class CursorRegistry:
         """A fresh cursor id: positive, odd, never 0 (which ends a cursor in a reply)."""
         return (self._rng.getrandbits(62) << 1) | 1
 
-    def owned(self, cid: int, user: Callable[[], str], lsid: Mapping[str, Any] | None) -> BucketCursor:
+    def owned(
+        self, cid: int, user: Callable[[], str], lsid: Mapping[str, Any] | None
+    ) -> BucketCursor:
         """Cursor `cid` if the caller may use it: its creator (`user()`, asked once the cursor is
         found) and, if opened in a session, in that session."""
         cur = self.cursors.get(cid)
         if cur is None:
             raise MongoError("CursorNotFound", f"cursor id {cid} not found")
         if cur.user != user():
-            raise MongoError("Unauthorized", f"cursor id {cid} was not created by the authenticated user")
+            raise MongoError(
+                "Unauthorized", f"cursor id {cid} was not created by the authenticated user"
+            )
         if cur.owner and (lsid is None or session_id(lsid["id"]) != cur.owner):
             raise MongoError("Unauthorized", f"cursor id {cid} belongs to another session")
         return cur
@@ -71,14 +77,20 @@ class CursorRegistry:
         def idle(cur: BucketCursor) -> bool:
             limit = self.session_cursor_timeout_s if cur.owner else self.cursor_timeout_s
             return not cur.busy and now - cur.last_used > limit
+
         self.timed_out += self.kill_where(idle, "unused for the cursor timeout")
 
     def note_ended(self, sessions: Iterable[Any]) -> None:
         """Sessions a client ended (endSessions' specs): their cursors are killed at the next
         session refresh. Only the sessions of cursors are kept: drivers end thousands."""
         owners = {cur.owner for cur in self.cursors.values()}
-        self._ended_sessions.update(owner for spec in sessions if isinstance(spec, Mapping)
-                                    and "id" in spec and (owner := session_id(spec["id"])) in owners)
+        self._ended_sessions.update(
+            owner
+            for spec in sessions
+            if isinstance(spec, Mapping)
+            and "id" in spec
+            and (owner := session_id(spec["id"])) in owners
+        )
 
     def reap_ended_sessions(self) -> None:
         ended, self._ended_sessions = self._ended_sessions, set()
@@ -86,5 +98,8 @@ class CursorRegistry:
 
     def private_owners(self) -> dict[str, str]:
         """Each private stream's user: its cursor's."""
-        return {stream.name: self.cursors[cid].user for cid, stream in self.private.items()
-                if cid in self.cursors}
+        return {
+            stream.name: self.cursors[cid].user
+            for cid, stream in self.private.items()
+            if cid in self.cursors
+        }

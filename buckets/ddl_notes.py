@@ -52,8 +52,13 @@ def _ui(info: Mapping[str, Any] | None) -> Any:
     return (info or {}).get("info", {}).get("uuid")
 
 
-def plan_notes(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders,
-               index_specs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Note]:
+def plan_notes(
+    cmd: Mapping[str, Any],
+    ns: str,
+    before: Holders,
+    after: Holders,
+    index_specs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Note]:
     """The notes for a DDL command that succeeded. `index_specs` are the indexes before a dropIndexes."""
     planner = _PLANNERS.get(next(iter(cmd)))
     return planner(cmd, ns, before, after, index_specs or {}) if planner is not None else []
@@ -68,7 +73,9 @@ def _holders(after: Holders) -> tuple[tuple[str, ...], Any]:
     return holders, _ui(after[holders[0]]) if holders else None
 
 
-def _create(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs) -> list[Note]:
+def _create(
+    cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs
+) -> list[Note]:
     new = tuple(sorted(set(after) - set(before)))
     info = after[new[0]] if new else None
     if "viewOn" in cmd:
@@ -79,15 +86,19 @@ def _create(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _:
     return [Note("create", ns, new, _ui(info), desc)] if new else []
 
 
-def _create_indexes(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders,
-                    _: Specs) -> list[Note]:
+def _create_indexes(
+    cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs
+) -> list[Note]:
     holders, ui = _holders(after)
-    return [Note("createIndexes", ns, holders, ui, {"indexes": [{"v": 2, **spec}]})
-            for spec in cmd.get("indexes", [])]
+    return [
+        Note("createIndexes", ns, holders, ui, {"indexes": [{"v": 2, **spec}]})
+        for spec in cmd.get("indexes", [])
+    ]
 
 
-def _drop_indexes(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders,
-                  specs: Specs) -> list[Note]:
+def _drop_indexes(
+    cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, specs: Specs
+) -> list[Note]:
     wanted = cmd["index"]
     if wanted == "*":
         dropped = [s for n, s in specs.items() if n != "_id_"]
@@ -99,13 +110,19 @@ def _drop_indexes(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holde
     return [Note("dropIndexes", ns, holders, ui, {"indexes": [dict(spec)]}) for spec in dropped]
 
 
-def _coll_mod(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs) -> list[Note]:
+def _coll_mod(
+    cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs
+) -> list[Note]:
     changes = {k: v for k, v in cmd.items() if k not in _GENERIC_FIELDS and k != "collMod"}
     if not changes:
         return []
     old = next(iter(before.values()), {})
     holders, ui = _holders(after)
-    return [Note("modify", ns, holders, ui, changes, {"collectionOptions": dict(old.get("options", {}))})]
+    return [
+        Note(
+            "modify", ns, holders, ui, changes, {"collectionOptions": dict(old.get("options", {}))}
+        )
+    ]
 
 
 def _drop(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs) -> list[Note]:
@@ -113,28 +130,65 @@ def _drop(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: S
     return [Note("drop", ns, views)] if views else []
 
 
-def _shard_collection(cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders,
-                      _: Specs) -> list[Note]:
+def _shard_collection(
+    cmd: Mapping[str, Any], ns: str, before: Holders, after: Holders, _: Specs
+) -> list[Note]:
     targets = tuple(sorted(before)) or tuple(sorted(after))
-    desc = {"shardKey": dict(cmd.get("key", {})), "unique": bool(cmd.get("unique", False)),
-            "numInitialChunks": Int64(cmd.get("numInitialChunks", 0)),
-            "presplitHashedZones": bool(cmd.get("presplitHashedZones", False))}
+    desc = {
+        "shardKey": dict(cmd.get("key", {})),
+        "unique": bool(cmd.get("unique", False)),
+        "numInitialChunks": Int64(cmd.get("numInitialChunks", 0)),
+        "presplitHashedZones": bool(cmd.get("presplitHashedZones", False)),
+    }
     notes = []
     if not before and targets:  # sharding a new collection creates it first, as 6.0+ shows
-        notes.append(Note("create", ns, targets[:1], _ui(after.get(targets[0])),
-                          {"idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}))
-    notes.append(Note("shardCollection", ns, targets[:1], _ui(after.get(targets[0])) if targets else None, desc))
+        notes.append(
+            Note(
+                "create",
+                ns,
+                targets[:1],
+                _ui(after.get(targets[0])),
+                {"idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+            )
+        )
+    notes.append(
+        Note(
+            "shardCollection",
+            ns,
+            targets[:1],
+            _ui(after.get(targets[0])) if targets else None,
+            desc,
+        )
+    )
     return notes
 
 
 # The notes of each DDL command, from the command and the shards' collections before and after.
 _PLANNERS: dict[str, Callable[[Mapping[str, Any], str, Holders, Holders, Specs], list[Note]]] = {
-    "create": _create, "createIndexes": _create_indexes, "dropIndexes": _drop_indexes,
-    "collMod": _coll_mod, "drop": _drop, "shardCollection": _shard_collection,
+    "create": _create,
+    "createIndexes": _create_indexes,
+    "dropIndexes": _drop_indexes,
+    "collMod": _coll_mod,
+    "drop": _drop,
+    "shardCollection": _shard_collection,
 }
 
 
 # Fields drivers add to every command; never part of what a DDL event describes.
-_GENERIC_FIELDS = frozenset({"lsid", "$clusterTime", "$readPreference", "txnNumber", "autocommit", "apiVersion",
-                             "apiStrict", "apiDeprecationErrors", "comment", "$db", "readConcern", "writeConcern",
-                             "maxTimeMS"})
+_GENERIC_FIELDS = frozenset(
+    {
+        "lsid",
+        "$clusterTime",
+        "$readPreference",
+        "txnNumber",
+        "autocommit",
+        "apiVersion",
+        "apiStrict",
+        "apiDeprecationErrors",
+        "comment",
+        "$db",
+        "readConcern",
+        "writeConcern",
+        "maxTimeMS",
+    }
+)

@@ -76,19 +76,9 @@ from buckets.stream import ParallelStream
 from buckets.streams import StreamSet, frontier_status
 from mongoformats.change_events import EventFields, ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.idl import (
-    check_depth,
-    check_lsid,
-    get_more_request,
-    kill_cursors_ids,
-    wrong_type,
-)
+from mongoformats.idl import check_depth, check_lsid, get_more_request, kill_cursors_ids, wrong_type
 from mongoformats.privileges import allows, change_stream_resource
-from mongoformats.resume_token import (
-    high_water_mark,
-    token_from_key,
-    token_sort_key,
-)
+from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from mongoformats.sessions import session_id, sessions_named
 
 log = logging.getLogger("buckets.engine")
@@ -115,17 +105,25 @@ async def _is_collection_or_absent(session: ClientContext, db: str, coll: str) -
     """Whether `db.coll` is no view, asked of mongos with the client's own login
     (DocumentSourceChangeStream refuses a view: jstests/change_streams/ddl_view_events.js); False
     when mongos does not answer, so that mongos decides."""
-    reply = await session.forward_command(db, {"listCollections": 1, "filter": {"name": coll},
-                                               "cursor": {}})
+    reply = await session.forward_command(
+        db, {"listCollections": 1, "filter": {"name": coll}, "cursor": {}}
+    )
     cursor = reply.get("cursor") if reply.get("ok") else None
     batch = cursor.get("firstBatch") if isinstance(cursor, dict) else None
     return isinstance(batch, list) and all(
-        isinstance(c, dict) and c.get("type", "collection") == "collection" for c in batch)
+        isinstance(c, dict) and c.get("type", "collection") == "collection" for c in batch
+    )
 
 
 class Engine:
-    def __init__(self, connect_upstream: ConnectUpstream, config: EngineConfig | None = None, *,
-                 connect_member: Connector, requires_auth: bool = False) -> None:
+    def __init__(
+        self,
+        connect_upstream: ConnectUpstream,
+        config: EngineConfig | None = None,
+        *,
+        connect_member: Connector,
+        requires_auth: bool = False,
+    ) -> None:
         self.connect_upstream = connect_upstream
         # The upstream requires authentication (the proxy logs in with its own credentials), so a
         # client must have logged in on its connection before the engine serves it.
@@ -133,8 +131,9 @@ class Engine:
         # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
         self.connect_member = connect_member
         self.config = config or EngineConfig()
-        self.registry = CursorRegistry(self.config.cursor_timeout_s,
-                                       self.config.session_cursor_timeout_s)
+        self.registry = CursorRegistry(
+            self.config.cursor_timeout_s, self.config.session_cursor_timeout_s
+        )
         self.cursors = self.registry.cursors
         self._private = self.registry.private
         self.stream_set = StreamSet(connect_upstream, connect_member, self.config, self.registry)
@@ -151,16 +150,24 @@ class Engine:
             "dropParallelChangeStream": self.cmd_drop,
             "endSessions": self.cmd_end_sessions,
             **dict.fromkeys(DDL_COMMANDS, self.cmd_ddl),
-            **dict.fromkeys(("killSessions", "killAllSessions", "killAllSessionsByPattern"),
-                            self.cmd_kill_sessions)}
-        return EngineCommands(named=named, change_stream=self.cmd_change_stream,
-                              get_more=self.cmd_get_more, kill_cursors=self.cmd_kill_cursors,
-                              cursors=self.cursors.keys())
+            **dict.fromkeys(
+                ("killSessions", "killAllSessions", "killAllSessionsByPattern"),
+                self.cmd_kill_sessions,
+            ),
+        }
+        return EngineCommands(
+            named=named,
+            change_stream=self.cmd_change_stream,
+            get_more=self.cmd_get_more,
+            kill_cursors=self.cmd_kill_cursors,
+            cursors=self.cursors.keys(),
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A reader process that reads nothing is stopped after reader_idle_s.
-        pool_of_readers = reader_pool(self.config.reader_idle_s, self.config.hang_timeout_s,
-                                      memory=self.memory)
+        pool_of_readers = reader_pool(
+            self.config.reader_idle_s, self.config.hang_timeout_s, memory=self.memory
+        )
         async with pool_of_readers as pool, trio.open_nursery() as nursery:
             self.stream_set.nursery, self.stream_set.reader_pool = nursery, pool
             task_status.started()
@@ -195,8 +202,11 @@ class Engine:
         """limitBytes; reservedBytes, what counts against it; heldBytes, what the budgets hold;
         floorBytes, what the open streams are admitted by; readerProcessBytes; memoryWaits, takes
         that waited for room in the pool; streamsRefused."""
-        return {**self.memory.status(), "memoryWaits": self.memory.refusals,
-                "streamsRefused": self.refused_for_memory}
+        return {
+            **self.memory.status(),
+            "memoryWaits": self.memory.refusals,
+            "streamsRefused": self.refused_for_memory,
+        }
 
     def reader_processes(self) -> list[dict[str, Any]]:
         """The shared reader processes: index, alive, tails (shards of streams) each reads."""
@@ -225,17 +235,29 @@ class Engine:
             return True
         return allows(await session.privileges(), ("find", "changeStream"), resource)
 
-    async def cmd_open(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_open(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         user = self._user(session, "parallelChangeStream")
         if db != "admin":
-            raise MongoError("Unauthorized", "parallelChangeStream may only be run against the admin database.")
+            raise MongoError(
+                "Unauthorized", "parallelChangeStream may only be run against the admin database."
+            )
         # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
         if not await self._may_watch(session, change_stream_resource(None, None)):
-            raise MongoError("Unauthorized", "not authorized on admin to execute command { parallelChangeStream: 1 }: "
-                             "it needs find and changeStream on every database ({db: '', collection: ''})")
+            raise MongoError(
+                "Unauthorized",
+                "not authorized on admin to execute command { parallelChangeStream: 1 }: "
+                "it needs find and changeStream on every database ({db: '', collection: ''})",
+            )
         request = read_open(cmd)
-        cmd, n, bucket, name, batch_size = (request.cmd, request.n, request.bucket, request.name,
-                                            request.batch_size)
+        cmd, n, bucket, name, batch_size = (
+            request.cmd,
+            request.n,
+            request.bucket,
+            request.name,
+            request.batch_size,
+        )
         if bucket is not None:
             if name is None:
                 raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
@@ -259,22 +281,40 @@ class Engine:
                 # moves it to a replay (buckets/catch_up.py). Below what it holds: lost.
                 in_gap = dealt.lag.behind and key >= dealt.floor
                 if not in_gap:
-                    raise MongoError("ChangeStreamHistoryLost",
-                                     f"bucket {i} of stream {name!r} no longer holds events after "
-                                     "that token; attach to the bucket alone to re-read them")
+                    raise MongoError(
+                        "ChangeStreamHistoryLost",
+                        f"bucket {i} of stream {name!r} no longer holds events after "
+                        "that token; attach to the bucket alone to re-read them",
+                    )
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
             cur.lost = in_gap
-            cursors.append({"id": Int64(cur.cursor_id), "ns": CURSOR_NS, "firstBatch": [],
-                            "postBatchResumeToken": cur.last_token, "bucket": i})
-        return {"cursors": cursors, "name": name, "nBuckets": n, "bucketBy": stream.options.bucket_by}
+            cursors.append(
+                {
+                    "id": Int64(cur.cursor_id),
+                    "ns": CURSOR_NS,
+                    "firstBatch": [],
+                    "postBatchResumeToken": cur.last_token,
+                    "bucket": i,
+                }
+            )
+        return {
+            "cursors": cursors,
+            "name": name,
+            "nBuckets": n,
+            "bucketBy": stream.options.bucket_by,
+        }
 
-    async def cmd_drop(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_drop(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
         docstring): its creator's to drop, like every other use of a named stream."""
         user = self._user(session, "dropParallelChangeStream")
         if db != "admin":
-            raise MongoError("Unauthorized",
-                             "dropParallelChangeStream may only be run against the admin database.")
+            raise MongoError(
+                "Unauthorized",
+                "dropParallelChangeStream may only be run against the admin database.",
+            )
         check_depth(cmd)
         check_lsid(cmd)
         name = cmd["dropParallelChangeStream"]
@@ -294,9 +334,17 @@ class Engine:
         self.stream_set.close_named(stream, "dropping stream %s (dropParallelChangeStream)")
         return {"name": name, "cursorsKilled": [Int64(cid) for cid in doomed]}
 
-    def _new_cursor(self, user: str, stream: ParallelStream, i: int, cmd: dict[str, Any],
-                    batch_size: int | None, token: Mapping[str, Any] | None, *,
-                    from_start: bool = False) -> BucketCursor:
+    def _new_cursor(
+        self,
+        user: str,
+        stream: ParallelStream,
+        i: int,
+        cmd: dict[str, Any],
+        batch_size: int | None,
+        token: Mapping[str, Any] | None,
+        *,
+        from_start: bool = False,
+    ) -> BucketCursor:
         """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
         (`from_start`), at the stream's start point; else at the bucket's live end.
 
@@ -308,16 +356,26 @@ class Engine:
         """
         bucket = stream.buckets[i]
         if token is None and from_start:
-            token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
+            token = token_from_key(
+                bucket.floor
+            )  # the start point: below every event the bucket holds
         # Resumed: placed after the token by resume_after, from the first event the bucket holds.
         position = bucket.base if token is not None else bucket.end
         cid = self.registry.new_id()
         lsid = cmd.get("lsid")
         # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
         # _user) and, if opened in a session, to that session too.
-        cur = BucketCursor(cid, stream, bucket, position, owner=session_id(lsid["id"]) if lsid else b"",
-                           ns=CURSOR_NS, batch_size=batch_size or None, user=user,
-                           last_used=trio.current_time())
+        cur = BucketCursor(
+            cid,
+            stream,
+            bucket,
+            position,
+            owner=session_id(lsid["id"]) if lsid else b"",
+            ns=CURSOR_NS,
+            batch_size=batch_size or None,
+            user=user,
+            last_used=trio.current_time(),
+        )
         if token is not None:
             cur.resume_after(token)
         else:
@@ -327,14 +385,25 @@ class Engine:
         self.cursors[cid] = cur
         return cur
 
-    async def _attach_bucket(self, user: str, name: str, i: int, n: int | None,
-                             cmd: dict[str, Any], batch_size: int | None) -> dict[str, Any]:
+    async def _attach_bucket(
+        self,
+        user: str,
+        name: str,
+        i: int,
+        n: int | None,
+        cmd: dict[str, Any],
+        batch_size: int | None,
+    ) -> dict[str, Any]:
         stream, created = await self.stream_set.named(name, n, cmd, user)
         if i >= stream.options.n_buckets:
-            raise MongoError("BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})")
+            raise MongoError(
+                "BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})"
+            )
         token = cmd.get("resumeAfter") or cmd.get("startAfter")
         if isinstance(token, list):
-            raise MongoError("BadValue", "attaching to one bucket takes one resumeAfter token, not a list")
+            raise MongoError(
+                "BadValue", "attaching to one bucket takes one resumeAfter token, not a list"
+            )
         if token is None:
             # Without a token, from the stream's start point: nothing it holds for the bucket is
             # skipped, and what retention has dropped since is re-read by a replay below.
@@ -352,7 +421,11 @@ class Engine:
         events: list[EventFields] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
-        return {"cursor": cursor_document(cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token)}
+        return {
+            "cursor": cursor_document(
+                cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token
+            )
+        }
 
     async def _replay_dropped(self, cur: BucketCursor) -> None:
         """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
@@ -361,9 +434,15 @@ class Engine:
         up, as an attach with an older token."""
         named, cid, i = cur.stream, cur.cursor_id, cur.bucket.index
         opts = named.options
-        replay = await self.stream_set.replay(named, i, {"resumeAfter": cur.last_token,
-                                               "fullDocument": opts.full_document,
-                                               "fullDocumentBeforeChange": opts.full_document_before_change})
+        replay = await self.stream_set.replay(
+            named,
+            i,
+            {
+                "resumeAfter": cur.last_token,
+                "fullDocument": opts.full_document,
+                "fullDocumentBeforeChange": opts.full_document_before_change,
+            },
+        )
         cur.bucket.detach(cur)
         bucket = replay.buckets[i]
         cur.stream, cur.bucket, cur.position = replay, bucket, bucket.base
@@ -373,7 +452,9 @@ class Engine:
         self._private[cid] = replay
         cur.follow(named, lambda: self._close_private(cid))
 
-    async def cmd_change_stream(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_change_stream(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         try:
             reply = await self._accelerate_watch(session, db, cmd)
         except Decline:
@@ -382,7 +463,9 @@ class Engine:
         self.watches["accelerated"] += 1
         return reply
 
-    async def _accelerate_watch(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def _accelerate_watch(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
 
         Only streams whose every event the engine reproduces exactly are accelerated: every
@@ -396,7 +479,9 @@ class Engine:
         if await self.stream_set.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
         request = read_watch(db, cmd)
-        if request.coll is not None and not await _is_collection_or_absent(session, db, request.coll):
+        if request.coll is not None and not await _is_collection_or_absent(
+            session, db, request.coll
+        ):
             raise Decline()  # mongos refuses a view (CommandNotSupportedOnView)
         if not await self._may_watch(session, request.resource):
             raise Decline()  # mongos answers Unauthorized, in its own words
@@ -404,33 +489,58 @@ class Engine:
         if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
             return failed
         try:
-            stream = await self.stream_set.create(f"watch-{uuid.uuid4().hex[:8]}", 1, plan.open, keep={0},
-                                        scope=plan.scope, stages=plan.stages,
-                                        keep_version=plan.keep_version)
+            stream = await self.stream_set.create(
+                f"watch-{uuid.uuid4().hex[:8]}",
+                1,
+                plan.open,
+                keep={0},
+                scope=plan.scope,
+                stages=plan.stages,
+                keep_version=plan.keep_version,
+            )
         except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
             if exc.code_name == "ExceededMemoryLimit":
                 # The stream mongos serves is the same stream, only slower: better than none.
-                log.warning("watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc)
+                log.warning(
+                    "watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc
+                )
                 raise Decline() from None
             raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(session.user or "", stream, 0, cmd, plan.batch_size,
-                               plan.open.get("resumeAfter"), from_start=True)
+        cur = self._new_cursor(
+            session.user or "",
+            stream,
+            0,
+            cmd,
+            plan.batch_size,
+            plan.open.get("resumeAfter"),
+            from_start=True,
+        )
         if plan.event_token is not None:
             cur.last_key, cur.last_token = token_sort_key(plan.event_token), dict(plan.event_token)
             cur.must_meet = plan.fragment[0] if plan.fragment is not None else cur.last_key
             cur.fragments_sent = plan.fragment[1] + 1 if plan.fragment is not None else 0
         cur.ns = plan.ns
         self._private[cur.cursor_id] = stream
-        return {"cursor": {"firstBatch": [], "postBatchResumeToken": cur.last_token, "id": Int64(cur.cursor_id),
-                           "ns": cur.ns}}
+        return {
+            "cursor": {
+                "firstBatch": [],
+                "postBatchResumeToken": cur.last_token,
+                "id": Int64(cur.cursor_id),
+                "ns": cur.ns,
+            }
+        }
 
     async def _holds(self, session: ClientContext, action: str) -> bool:
         """Whether the client's user holds `action` on the cluster (always, without auth)."""
-        return not self.requires_auth or allows(await session.privileges(), (action,), {"cluster": True})
+        return not self.requires_auth or allows(
+            await session.privileges(), (action,), {"cluster": True}
+        )
 
     def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
         check_lsid(cmd)
-        return self.registry.owned(cid, lambda: self._user(session, next(iter(cmd))), cmd.get("lsid"))
+        return self.registry.owned(
+            cid, lambda: self._user(session, next(iter(cmd))), cmd.get("lsid")
+        )
 
     async def cmd_ddl(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
@@ -449,13 +559,23 @@ class Engine:
         if reply.get("ok"):
             after = await self.stream_set.holders(shards, ns)
             for note in plan_notes(cmd, ns, before, after, specs):
-                data = ddl_note(note.op_type, note.ns, ui=note.ui, operation_description=note.operation_description,
-                                state_before_change=note.state_before_change)
-                await self.stream_set.on_each_shard({s: shards[s] for s in note.shards}, "admin",
-                                          {"appendOplogNote": 1, "data": data})
+                data = ddl_note(
+                    note.op_type,
+                    note.ns,
+                    ui=note.ui,
+                    operation_description=note.operation_description,
+                    state_before_change=note.state_before_change,
+                )
+                await self.stream_set.on_each_shard(
+                    {s: shards[s] for s in note.shards},
+                    "admin",
+                    {"appendOplogNote": 1, "data": data},
+                )
         return reply
 
-    async def cmd_get_more(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_get_more(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         # The upstream's test fail points apply to getMores the engine answers too (ClientContext).
         if (failed := await session.fail_point_reply("getMore", db, cmd)) is not None:
             return failed
@@ -463,12 +583,17 @@ class Engine:
         cid = more.cursor_id
         cur = self._owned(session, cid, cmd)
         if f"{db}.{more.collection}" != cur.ns:
-            raise MongoError("Unauthorized", f"Requested getMore on namespace '{db}.{more.collection}', "
-                             f"but cursor belongs to a different namespace {cur.ns}")
+            raise MongoError(
+                "Unauthorized",
+                f"Requested getMore on namespace '{db}.{more.collection}', "
+                f"but cursor belongs to a different namespace {cur.ns}",
+            )
         if (fail := await session.fail_after_checkout()) is not None:
             raise with_change_stream_label(fail)  # like the server's: the cursor survives it
         if cur.busy:  # mongos pins a cursor for one operation at a time
-            raise MongoError("CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid}).")
+            raise MongoError(
+                "CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid})."
+            )
         cur.busy = True  # a getMore waiting for events is a use: never timed out under it
         try:
             if self._behind_its_bucket(cur):
@@ -498,7 +623,9 @@ class Engine:
             return False
         return (not cur.read and cur.position < cur.bucket.base) or cur.stale()
 
-    async def cmd_kill_cursors(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_kill_cursors(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         if (failed := await session.fail_point_reply("killCursors", db, cmd)) is not None:
             return failed
         killed, others = [], []
@@ -507,7 +634,9 @@ class Engine:
         # Every id is checked before any is killed: one the caller may not kill fails the
         # command, as the server checks authorization for all of them first.
         user = self._user(session, "killCursors") if mine else ""
-        if any(cur.user != user for cur in mine) and not await self._holds(session, "killAnyCursor"):
+        if any(cur.user != user for cur in mine) and not await self._holds(
+            session, "killAnyCursor"
+        ):
             raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
         for cid in ids:
             if cid in self.cursors:
@@ -515,17 +644,28 @@ class Engine:
                 killed.append(Int64(cid))
             else:
                 others.append(Int64(cid))
-        reply: dict[str, Any] = {"cursorsKilled": killed, "cursorsNotFound": [], "cursorsAlive": [],
-                                 "cursorsUnknown": []}
+        reply: dict[str, Any] = {
+            "cursorsKilled": killed,
+            "cursorsNotFound": [],
+            "cursorsAlive": [],
+            "cursorsUnknown": [],
+        }
         if others:  # ids of mongos's cursors in the same command: mongos kills those
             theirs = await session.forward_command(db, {**cmd, "cursors": others})
             if not theirs.get("ok"):
                 return theirs
-            for field_name in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
+            for field_name in (
+                "cursorsKilled",
+                "cursorsNotFound",
+                "cursorsAlive",
+                "cursorsUnknown",
+            ):
                 reply[field_name] += theirs.get(field_name, [])
         return reply
 
-    async def cmd_end_sessions(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_end_sessions(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         """endSessions, forwarded; the engine's cursors of those sessions are killed at the next
         session refresh (EngineConfig.session_refresh_s), when the server kills those it holds."""
         reply = await session.forward_command(db, cmd)
@@ -533,7 +673,9 @@ class Engine:
             self.registry.note_ended(cmd["endSessions"])
         return reply
 
-    async def cmd_kill_sessions(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_kill_sessions(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         """killSessions / killAllSessions, forwarded; once mongos has accepted, the engine's
         cursors of those sessions are killed too, as the server closes a killed session's cursors
         (the unified test runner kills all sessions between tests)."""
@@ -541,11 +683,17 @@ class Engine:
         reply = await session.forward_command(db, cmd)
         if not reply.get("ok"):
             return reply
-        named = sessions_named(cmd, session.user or "", access_control=self.requires_auth,
-                               kill_any=await self._holds(session, "killAnySession"))
+        named = sessions_named(
+            cmd,
+            session.user or "",
+            access_control=self.requires_auth,
+            kill_any=await self._holds(session, "killAnySession"),
+        )
         # Cursors opened outside any session belong to no session a command can name.
-        self.registry.kill_where(lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
-                                 f"its session was killed ({name})")
+        self.registry.kill_where(
+            lambda cur: bool(cur.owner) and named(cur.owner, cur.user),
+            f"its session was killed ({name})",
+        )
         return reply
 
     def _close_private(self, cid: int) -> None:
@@ -560,7 +708,9 @@ class Engine:
         owners.update(self.registry.private_owners())
         return owners
 
-    async def cmd_status(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def cmd_status(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         """Status of every stream, or of `name` with its merge frontier.
 
         With `after: [N tokens]` and `maxEvents: k` it also plans a micro-batch: `planEnd` is the
@@ -577,13 +727,20 @@ class Engine:
         if not await self._holds(session, "inprog"):
             owners = self._stream_owners()
             if name is not None and owners.get(name) != user:
-                raise MongoError("Unauthorized", f"parallel change stream {name!r} was created by another user")
+                raise MongoError(
+                    "Unauthorized", f"parallel change stream {name!r} was created by another user"
+                )
             streams = [s for s in streams if owners.get(s.name) == user]
             cursors = [cur for cur in cursors if cur.user == user]
-        out: dict[str, Any] = {"streams": [s.status() for s in streams], "cursors": len(cursors),
-                               "watches": dict(self.watches), "readerProcesses": self.reader_processes(),
-                               "cursorsTimedOut": self.cursors_timed_out, "streamsRebucketed": self.rebucketed,
-                               "memory": self.memory_status()}
+        out: dict[str, Any] = {
+            "streams": [s.status() for s in streams],
+            "cursors": len(cursors),
+            "watches": dict(self.watches),
+            "readerProcesses": self.reader_processes(),
+            "cursorsTimedOut": self.cursors_timed_out,
+            "streamsRebucketed": self.rebucketed,
+            "memory": self.memory_status(),
+        }
         if name is not None:
             out.update(frontier_status(streams[0], cmd))
         return out

@@ -36,7 +36,7 @@ from mongoformats.resume_token import decode_token
 from mongoformats.update_diff import post_image
 
 _LOOKUP_CHUNK = 500  # keys per find: bounds the $or (or $in) a server evaluates
-_MONGOS = ""         # the connection key of the upstream mongos (shards use their id)
+_MONGOS = ""  # the connection key of the upstream mongos (shards use their id)
 
 
 # A documentKey's field names, and its values as an index compares them (1 and 1.0 are one key).
@@ -57,8 +57,11 @@ class DocumentLookup:
     """Looks documents up over one connection to mongos and one per shard, one request at a time
     (shared by a stream's cursors; a lost connection is reopened once per request)."""
 
-    def __init__(self, connect: ConnectUpstream,
-                 connect_shard: Callable[[str], Awaitable[Connection]] | None = None) -> None:
+    def __init__(
+        self,
+        connect: ConnectUpstream,
+        connect_shard: Callable[[str], Awaitable[Connection]] | None = None,
+    ) -> None:
         self._connect = connect
         self._connect_shard = connect_shard
         self._conns: dict[str, Connection] = {}
@@ -78,7 +81,10 @@ class DocumentLookup:
             return events
         out = list(events)
         for (db, coll), indexes in updates.items():
-            keys = [bson.decode(RawBSONDocument(events[i].raw, RAW)["documentKey"].raw, PLAIN) for i in indexes]
+            keys = [
+                bson.decode(RawBSONDocument(events[i].raw, RAW)["documentKey"].raw, PLAIN)
+                for i in indexes
+            ]
             found = await self._find(db, coll, keys)
             for i, key in zip(indexes, keys, strict=True):
                 doc = found.get(_key_identity(key))
@@ -94,16 +100,32 @@ class DocumentLookup:
                 if data.uuid is not None:
                     # Images are kept under the applyOps entry that holds the write (ChangeEvent.applied_at).
                     ts, index = ev.applied_at or (data.cluster_time, data.txn_op_index)
-                    by_shard[ev.shard].append((i, {"nsUUID": Binary(data.uuid.bytes, 4), "ts": ts,
-                                                   "applyOpsIndex": Int64(index)}))
+                    by_shard[ev.shard].append(
+                        (
+                            i,
+                            {
+                                "nsUUID": Binary(data.uuid.bytes, 4),
+                                "ts": ts,
+                                "applyOpsIndex": Int64(index),
+                            },
+                        )
+                    )
         out: dict[int, bytes | None] = {}
         for shard, wanted in by_shard.items():
             found: dict[bytes, bytes] = {}
             for lo in range(0, len(wanted), _LOOKUP_CHUNK):
-                ids = [image_id for _, image_id in wanted[lo:lo + _LOOKUP_CHUNK]]
-                reply = await self._command(shard, "config", {
-                    "find": "system.preimages", "filter": {"_id": {"$in": ids}}, "batchSize": len(ids),
-                    "singleBatch": True, "$readPreference": {"mode": "secondaryPreferred"}})
+                ids = [image_id for _, image_id in wanted[lo : lo + _LOOKUP_CHUNK]]
+                reply = await self._command(
+                    shard,
+                    "config",
+                    {
+                        "find": "system.preimages",
+                        "filter": {"_id": {"$in": ids}},
+                        "batchSize": len(ids),
+                        "singleBatch": True,
+                        "$readPreference": {"mode": "secondaryPreferred"},
+                    },
+                )
                 for doc in reply["cursor"]["firstBatch"]:
                     found[bson.encode(doc["_id"])] = doc["preImage"].raw
             for i, image_id in wanted:
@@ -111,23 +133,28 @@ class DocumentLookup:
         return out
 
     @staticmethod
-    def with_pre_images(events: list[ChangeEvent], pre: dict[int, bytes | None], *,
-                        required: bool) -> list[ChangeEvent]:
+    def with_pre_images(
+        events: list[ChangeEvent], pre: dict[int, bytes | None], *, required: bool
+    ) -> list[ChangeEvent]:
         out = list(events)
         for i, ev in enumerate(events):
             if ev.op_type not in ("update", "replace", "delete"):
                 continue
             before = pre.get(i)
             if before is None and required:
-                raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
-                                 "update, delete and replace events, but the pre-image was not found for event: "
-                                 f"{_event_text(ev.raw)}")
+                raise MongoError(
+                    "NoMatchingDocument",
+                    "Change stream was configured to require a pre-image for all "
+                    "update, delete and replace events, but the pre-image was not found for event: "
+                    f"{_event_text(ev.raw)}",
+                )
             out[i] = ev._replace(raw=splice_at_end(ev.raw, "fullDocumentBeforeChange", before))
         return out
 
     @staticmethod
-    def with_recorded_post_images(events: list[ChangeEvent], pre: dict[int, bytes | None], *,
-                                  required: bool) -> list[ChangeEvent]:
+    def with_recorded_post_images(
+        events: list[ChangeEvent], pre: dict[int, bytes | None], *, required: bool
+    ) -> list[ChangeEvent]:
         """fullDocument whenAvailable / required: each update's pre-image with the update applied."""
         out = list(events)
         for i, ev in enumerate(events):
@@ -139,8 +166,11 @@ class DocumentLookup:
                 description = bson.decode(ev.raw, PLAIN)["updateDescription"]
                 after = bson.encode(post_image(bson.decode(before, PLAIN), description))
             elif required:
-                raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image for all "
-                                 f"update events, but the post-image was not found for event: {_event_text(ev.raw)}")
+                raise MongoError(
+                    "NoMatchingDocument",
+                    "Change stream was configured to require a post-image for all "
+                    f"update events, but the post-image was not found for event: {_event_text(ev.raw)}",
+                )
             out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocument", after))
         return out
 
@@ -148,14 +178,21 @@ class DocumentLookup:
         """Current documents by the identity of their documentKey. Matched on the whole key, as the
         server's updateLookup matches: the shard key and `_id`, since `_id` alone is unique only on
         each shard."""
-        wanted = {_key_identity(k): k for k in keys}  # a document updated twice in a batch: found once
+        wanted = {
+            _key_identity(k): k for k in keys
+        }  # a document updated twice in a batch: found once
         shapes = {names for names, _ in wanted}
         unique = list(wanted.values())
         out: dict[_Identity, bytes] = {}
         for lo in range(0, len(unique), _LOOKUP_CHUNK):
-            chunk = unique[lo:lo + _LOOKUP_CHUNK]
-            cmd = {"find": coll, "filter": {"$or": chunk} if len(chunk) > 1 else chunk[0],
-                   "batchSize": len(chunk), "singleBatch": True, "readConcern": {"level": "majority"}}
+            chunk = unique[lo : lo + _LOOKUP_CHUNK]
+            cmd = {
+                "find": coll,
+                "filter": {"$or": chunk} if len(chunk) > 1 else chunk[0],
+                "batchSize": len(chunk),
+                "singleBatch": True,
+                "readConcern": {"level": "majority"},
+            }
             reply = await self._command(_MONGOS, db, cmd)
             for raw in reply["cursor"]["firstBatch"]:
                 doc = bson.decode(raw.raw, PLAIN)
@@ -183,7 +220,9 @@ class DocumentLookup:
                     if lost is not None:
                         await lost.aclose()
                     if attempt == 2:
-                        raise MongoError("HostUnreachable", f"looking up documents failed: {exc}") from exc
+                        raise MongoError(
+                            "HostUnreachable", f"looking up documents failed: {exc}"
+                        ) from exc
         raise AssertionError("unreachable")
 
 
@@ -203,4 +242,6 @@ def _event_text(raw: bytes) -> str:
             return f'"{value}"'
         return str(value)
 
-    return text({k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event})
+    return text(
+        {k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event}
+    )

@@ -170,11 +170,11 @@ class MemoryPool:
         self.limit = limit
         self.process_bytes = process_bytes
         self.accounts: dict[PoolAccount, bool] = {}  # open accounts (insertion-ordered set)
-        self.floors = 0     # the open accounts' floors
-        self.above = 0      # what they hold above their floors
-        self.held = 0       # what they hold
+        self.floors = 0  # the open accounts' floors
+        self.above = 0  # what they hold above their floors
+        self.held = 0  # what they hold
         self.processes = 0  # reader processes running (or starting)
-        self.refusals = 0   # takes that had to wait for room
+        self.refusals = 0  # takes that had to wait for room
         self._waiters: dict[Callable[[], None], None] = {}
 
     @property
@@ -217,12 +217,24 @@ class MemoryPool:
             wake()
 
     def status(self) -> dict[str, int]:
-        return {"limitBytes": self.limit, "reservedBytes": self.counted, "heldBytes": self.held,
-                "floorBytes": self.floors,
-                "readerProcessBytes": self.processes * self.process_bytes}
+        return {
+            "limitBytes": self.limit,
+            "reservedBytes": self.counted,
+            "heldBytes": self.held,
+            "floorBytes": self.floors,
+            "readerProcessBytes": self.processes * self.process_bytes,
+        }
 
-    def check_admits(self, floor: int, processes: int, *, streams: int, shards: int, buckets: int,
-                     reader_processes: int) -> None:
+    def check_admits(
+        self,
+        floor: int,
+        processes: int,
+        *,
+        streams: int,
+        shards: int,
+        buckets: int,
+        reader_processes: int,
+    ) -> None:
         """ExceededMemoryLimit unless a stream with `floor` (and `processes` reader processes to
         start) fits beside what is counted, with the dealing headroom left; the message says what
         to change."""
@@ -238,9 +250,11 @@ class MemoryPool:
                 f"{mib(self.process_bytes)} each, but only {fit} fit in the {mib(room)} left of "
                 f"the proxy's {mib(self.limit)} memory limit ({self.processes} running); pass "
                 f"readerProcesses: {self.processes + fit} or fewer (0 reads in the proxy "
-                "process), or start the proxy with a higher --memory-limit-bytes")
-        processes_part = (f" + {processes} reader processes x {mib(self.process_bytes)}"
-                          if processes else "")
+                "process), or start the proxy with a higher --memory-limit-bytes",
+            )
+        processes_part = (
+            f" + {processes} reader processes x {mib(self.process_bytes)}" if processes else ""
+        )
         raise MongoError(
             "ExceededMemoryLimit",
             f"a parallel change stream needs {mib(need)} to start ({shards} shards x "
@@ -249,4 +263,5 @@ class MemoryPool:
             f"limit is held by {streams} open streams and {self.processes} reader processes; "
             "read or close streams you no longer need (killCursors: a stream left without cursors "
             "makes room at once), open fewer buckets, or start the proxy with a higher "
-            "--memory-limit-bytes")
+            "--memory-limit-bytes",
+        )

@@ -24,12 +24,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.items import as_fields, count_events, first_key, is_block, items_bytes, last_key
+from buckets._columnar.items import (
+    as_fields,
+    count_events,
+    first_key,
+    is_block,
+    items_bytes,
+    last_key,
+)
 from mongoformats.change_events import EVENT_SORT_KEY
 
 __all__ = ["MergedQueue"]
 
-_COMPACT_AT = 4096          # released events are cut off a run's front in slices of at least this
+_COMPACT_AT = 4096  # released events are cut off a run's front in slices of at least this
 
 
 class _Run:
@@ -47,7 +54,11 @@ class _Run:
         events, head = self.events, self.head
         if head == len(events) or first_key(events[head]) > key:
             return []
-        end = len(events) if first_key(events[-1]) <= key else bisect.bisect_right(events, key, head, key=first_key)
+        end = (
+            len(events)
+            if first_key(events[-1]) <= key
+            else bisect.bisect_right(events, key, head, key=first_key)
+        )
         taken = events[head:end]
         last = taken[-1]
         if is_block(last) and last.last_key > key:  # a block reaching past the key: its head only
@@ -71,7 +82,7 @@ class MergedQueue:
         self._runs: dict[str, _Run] = {s: _Run(b"") for s in shards}
 
     def __len__(self) -> int:
-        return sum(count_events(r.events[r.head:]) for r in self._runs.values())
+        return sum(count_events(r.events[r.head :]) for r in self._runs.values())
 
     @property
     def shards(self) -> list[str]:
@@ -91,7 +102,9 @@ class MergedQueue:
         last = last_key(run.events[-1]) if len(run.events) > run.head else run.mark
         # Only the ends are checked: a batch is one oplog read, in oplog order by construction.
         if first_key(events[0]) <= last or last_key(events[-1]) < first_key(events[0]):
-            raise ValueError(f"shard {shard} pushed events out of token order or at or below its mark")
+            raise ValueError(
+                f"shard {shard} pushed events out of token order or at or below its mark"
+            )
         run.events += events
 
     def advance(self, shard: str, mark: bytes) -> None:
@@ -150,7 +163,9 @@ def _merge_mixed(items: list[Any]) -> list[Any]:
     (a single) in a release cost as much as the whole release as tuples. Equal
     keys between a block's event and a single (no two shards write one, in practice) take the
     exact path: everything as tuples, one stable sort, which keeps shard order."""
-    singles = sorted((i for i in items if not is_block(i)), key=EVENT_SORT_KEY)  # stable: shard order
+    singles = sorted(
+        (i for i in items if not is_block(i)), key=EVENT_SORT_KEY
+    )  # stable: shard order
     blocks = [i for i in items if is_block(i)]
     if not blocks:
         return singles

@@ -22,8 +22,15 @@ from mongoformats.errors import MongoError
 # Makes the buffer a reply is received into, given its size (bytearray, or an uninitialised one).
 Allocate = Callable[[int], bytearray]
 
-__all__ = ["ClientContext", "Connection", "Connector", "ConnectUpstream", "Decline", "Handler",
-           "HostRecord"]
+__all__ = [
+    "ClientContext",
+    "Connection",
+    "Connector",
+    "ConnectUpstream",
+    "Decline",
+    "Handler",
+    "HostRecord",
+]
 
 
 class Decline(Exception):  # noqa: N818 (a signal, not an error)
@@ -44,21 +51,29 @@ class Connection(Protocol):
         """An exhaust cursor's batches are still coming: take them with `more_in_place`."""
         ...
 
-    async def command(self, db: str, cmd: dict[str, Any], *, check: bool = True,
-                      timeout_s: float = math.inf) -> RawBSONDocument:
+    async def command(
+        self, db: str, cmd: dict[str, Any], *, check: bool = True, timeout_s: float = math.inf
+    ) -> RawBSONDocument:
         """The reply to `cmd`; with `check`, an `{ok: 0}` reply raises MongoError."""
         ...
 
-    async def command_in_place(self, db: str, cmd: dict[str, Any], *, pad: int,
-                               exhaust: bool = False,
-                               allocate: Allocate = bytearray) -> tuple[bytes | bytearray, int]:
+    async def command_in_place(
+        self,
+        db: str,
+        cmd: dict[str, Any],
+        *,
+        pad: int,
+        exhaust: bool = False,
+        allocate: Allocate = bytearray,
+    ) -> tuple[bytes | bytearray, int]:
         """The reply to `cmd` left where it was received: (bytes holding the reply document
         followed by `pad` zero bytes, where the document starts, in a buffer `allocate` made);
         with `exhaust`, a getMore's later batches may come unasked (`streaming`)."""
         ...
 
-    async def more_in_place(self, *, pad: int,
-                            allocate: Allocate = bytearray) -> tuple[bytes | bytearray, int]:
+    async def more_in_place(
+        self, *, pad: int, allocate: Allocate = bytearray
+    ) -> tuple[bytes | bytearray, int]:
         """The next batch of an exhaust cursor, as `command_in_place` gives it."""
         ...
 
@@ -104,8 +119,9 @@ class ClientContext(Protocol):
         """`cmd` run on the client's own connection to mongos; its reply, errors included."""
         ...
 
-    async def fail_point_reply(self, name: str, db: str,
-                               cmd: dict[str, Any]) -> dict[str, Any] | None:
+    async def fail_point_reply(
+        self, name: str, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """mongos's answer to the command `name` if a failCommand fail point armed through the
         proxy fires for it (tests only); None otherwise."""
         ...

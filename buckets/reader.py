@@ -50,7 +50,7 @@ _SECONDARY_OK = {"mode": "secondaryPreferred"}
 # A wants_progress interval this short means events wait on the shard's mark: its notes then
 # follow demand (one written and not yet read back at a time), not a timer.
 URGENT_NOTE_S = 0.02
-PARKED_S = 0.005     # a reader in a getMore this long has read its shard's oplog to the end
+PARKED_S = 0.005  # a reader in a getMore this long has read its shard's oplog to the end
 # Notes on one shard at most this often. One note lets every waiting event go when the shard's
 # clock has passed their cluster time; a shard whose clock lags theirs (clocks move on by
 # gossip, src/mongo/db/vector_clock.h) writes its note below them, and the next one only one
@@ -95,15 +95,19 @@ class ShardStats:
     noops: int = 0
     reconnects: int = 0
     noop_unavailable: str = ""
-    connected: bool = False  # reading from a member now (False until the first connect, and while lost)
-    last_error: str = ""     # why the reader last lost its member, or could not reach one
+    connected: bool = (
+        False  # reading from a member now (False until the first connect, and while lost)
+    )
+    last_error: str = ""  # why the reader last lost its member, or could not reach one
     last_error_at: float = 0.0  # wall-clock time of that
 
 
 class TailOutput(Protocol):
     """What an OplogTail reports, in order."""
 
-    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(
+        self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp
+    ) -> None:
         """Events of entries read through `last_ts` (`nbytes` of them, as plain tuples): returns
         once they are charged to the shard's budget and handed on."""
 
@@ -131,35 +135,57 @@ class OplogTail:
     reader process can run it.
     """
 
-    def __init__(self, shard_id: str, hosts: list[tuple[str, int]], *, start: Timestamp, skip_key: bytes,
-                 transformer: OplogTransformer, await_ms: int = 200,
-                 connect_member: Connector) -> None:
+    def __init__(
+        self,
+        shard_id: str,
+        hosts: list[tuple[str, int]],
+        *,
+        start: Timestamp,
+        skip_key: bytes,
+        transformer: OplogTransformer,
+        await_ms: int = 200,
+        connect_member: Connector,
+    ) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
         # Its record of failed members (the connector's) puts the member the tail lost last at
         # the end of the line: a hung one costs the connect timeout each time it is tried.
         self.connect_member = connect_member
-        self.position = start          # next read starts at ts >= position (inclusive at first)
+        self.position = start  # next read starts at ts >= position (inclusive at first)
         self.inclusive = True
-        self.skip_key = skip_key       # events at or below this key were delivered before
+        self.skip_key = skip_key  # events at or below this key were delivered before
         self.transformer = transformer
         self.await_ms = await_ms
         self.reconnects = 0
 
     async def check_history(self, conn: Connection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
-        reply = await conn.command("local", {"find": "oplog.rs", "filter": {}, "sort": {"$natural": 1},
-                                             "limit": 1, "singleBatch": True, "$readPreference": _SECONDARY_OK})
+        reply = await conn.command(
+            "local",
+            {
+                "find": "oplog.rs",
+                "filter": {},
+                "sort": {"$natural": 1},
+                "limit": 1,
+                "singleBatch": True,
+                "$readPreference": _SECONDARY_OK,
+            },
+        )
         first = reply["cursor"]["firstBatch"]
         if not first:
             return
         entry = first[0]
         ts = entry["ts"]
-        starts_set = entry["op"] == "n" and entry["o"].get("msg") in ("initiating set", "new primary")
+        starts_set = entry["op"] == "n" and entry["o"].get("msg") in (
+            "initiating set",
+            "new primary",
+        )
         if (ts.time, ts.inc) > (self.position.time, self.position.inc) and not starts_set:
-            raise MongoError("ChangeStreamHistoryLost",
-                             f"Resume of change stream was not possible, as the resume point may no longer be "
-                             f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})")
+            raise MongoError(
+                "ChangeStreamHistoryLost",
+                f"Resume of change stream was not possible, as the resume point may no longer be "
+                f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})",
+            )
 
     async def run(self, out: TailOutput) -> None:
         """Read until cancelled; reconnect and resume from the last position on network errors."""
@@ -182,8 +208,11 @@ class OplogTail:
             except (ConnectionLost, MongoError) as exc:
                 if isinstance(exc, MongoError):
                     if exc.code == 136:  # CappedPositionLost
-                        raise MongoError("ChangeStreamHistoryLost", f"shard {self.shard_id}: oplog truncated past "
-                                         f"the read position {self.position}") from exc
+                        raise MongoError(
+                            "ChangeStreamHistoryLost",
+                            f"shard {self.shard_id}: oplog truncated past "
+                            f"the read position {self.position}",
+                        ) from exc
                     if exc.code != 43 and not has_category(exc.code, "RetriableError"):
                         raise
                     # A lost connection has told the connector's record already; an error reply not.
@@ -200,13 +229,23 @@ class OplogTail:
     async def _tail(self, conn: Connection, out: TailOutput) -> None:
         # Replies stay raw bytes: entries are found where they lie in the reply and spliced into events.
         op = "$gte" if self.inclusive else "$gt"
-        data, at = await conn.command_in_place("local", {
-            "find": "oplog.rs", "filter": {"ts": {op: self.position}}, "tailable": True, "awaitData": True,
-            # A first batch of its own size (see BATCH_ENTRIES): the server's default (101
-            # entries) cost a round trip to every shard before the flow began, a large one the
-            # time to make it.
-            "batchSize": FIRST_BATCH_ENTRIES, "readConcern": {"level": "majority"}, "$readPreference": _SECONDARY_OK},
-            pad=SLACK, allocate=unfilled_bytearray)
+        data, at = await conn.command_in_place(
+            "local",
+            {
+                "find": "oplog.rs",
+                "filter": {"ts": {op: self.position}},
+                "tailable": True,
+                "awaitData": True,
+                # A first batch of its own size (see BATCH_ENTRIES): the server's default (101
+                # entries) cost a round trip to every shard before the flow began, a large one the
+                # time to make it.
+                "batchSize": FIRST_BATCH_ENTRIES,
+                "readConcern": {"level": "majority"},
+                "$readPreference": _SECONDARY_OK,
+            },
+            pad=SLACK,
+            allocate=unfilled_bytearray,
+        )
         transformer = self.transformer
         expanded = transformer.show_expanded_events
         while True:
@@ -226,14 +265,29 @@ class OplogTail:
                 if conn.streaming:
                     data, at = await conn.more_in_place(pad=SLACK, allocate=unfilled_bytearray)
                 else:
-                    data, at = await conn.command_in_place("local", {
-                        "getMore": Int64(cursor_id), "collection": "oplog.rs", "batchSize": BATCH_ENTRIES,
-                        "maxTimeMS": self.await_ms}, pad=SLACK, exhaust=True, allocate=unfilled_bytearray)
+                    data, at = await conn.command_in_place(
+                        "local",
+                        {
+                            "getMore": Int64(cursor_id),
+                            "collection": "oplog.rs",
+                            "batchSize": BATCH_ENTRIES,
+                            "maxTimeMS": self.await_ms,
+                        },
+                        pad=SLACK,
+                        exhaust=True,
+                        allocate=unfilled_bytearray,
+                    )
             finally:
                 await out.parked(False)
 
-    async def _deliver(self, items: EventBlock | list[Any], entries: int, last_ts: Timestamp, out: TailOutput,
-                       conn: Connection) -> None:
+    async def _deliver(
+        self,
+        items: EventBlock | list[Any],
+        entries: int,
+        last_ts: Timestamp,
+        out: TailOutput,
+        conn: Connection,
+    ) -> None:
         """Deliver what `splice_entries` made of `entries` oplog entries, less what a resumed
         stream delivered before (up to the skip key)."""
         transformer = self.transformer
@@ -257,7 +311,9 @@ class OplogTail:
                     events.append(item)
                     nbytes += item.nbytes
             elif item and item[0] > skip:
-                events.append(item)  # a spliced event: a plain tuple (marshals fast) until delivered
+                events.append(
+                    item
+                )  # a spliced event: a plain tuple (marshals fast) until delivered
                 nbytes += len(item[5])
         await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
@@ -265,7 +321,9 @@ class OplogTail:
     async def _chain_through(self, conn: Connection, ts: Timestamp) -> list[bytes]:
         """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
         one entry a query, as the server's change stream reads a chain that began before it."""
-        if conn.streaming:  # `conn` carries the member's stream of batches: ask on a connection of its own
+        if (
+            conn.streaming
+        ):  # `conn` carries the member's stream of batches: ask on a connection of its own
             same = [h for h in self.hosts if host_address(*h) == conn.address]
             side = await self.connect_member(same or self.hosts, secondary=True)
             try:
@@ -275,14 +333,25 @@ class OplogTail:
         out: list[bytes] = []
         at: Timestamp | None = ts
         while at is not None:
-            reply = await conn.command("local", {"find": "oplog.rs", "filter": {"ts": at}, "limit": 1,
-                                                 "singleBatch": True, "readConcern": {"level": "majority"},
-                                                 "$readPreference": _SECONDARY_OK})
+            reply = await conn.command(
+                "local",
+                {
+                    "find": "oplog.rs",
+                    "filter": {"ts": at},
+                    "limit": 1,
+                    "singleBatch": True,
+                    "readConcern": {"level": "majority"},
+                    "$readPreference": _SECONDARY_OK,
+                },
+            )
             _, entries = cursor_batch(bytes(reply.raw))
             if not entries:
-                raise MongoError("IncompleteTransactionHistory", "oplog no longer contains the complete write "
-                                 f"history of this transaction, log with ts {at} cannot be found on shard "
-                                 f"{self.shard_id}")
+                raise MongoError(
+                    "IncompleteTransactionHistory",
+                    "oplog no longer contains the complete write "
+                    f"history of this transaction, log with ts {at} cannot be found on shard "
+                    f"{self.shard_id}",
+                )
             out.append(entries[0])
             at = prev_op_ts(entries[0])
         return out[::-1]
@@ -304,7 +373,9 @@ class ShardReader:
     process (`elsewhere`) that reports to the same methods.
     """
 
-    def __init__(self, tail: OplogTail, *, budget: ByteBudget, elsewhere: ReadsElsewhere | None = None) -> None:
+    def __init__(
+        self, tail: OplogTail, *, budget: ByteBudget, elsewhere: ReadsElsewhere | None = None
+    ) -> None:
         self.tail = tail
         self.shard_id = tail.shard_id
         self.hosts = tail.hosts
@@ -323,7 +394,7 @@ class ShardReader:
         self._nursery: trio.Nursery | None = None
         self._last_noop = -1e9
         self._primary: Connection | None = None
-        self._notes = trio.Lock()              # one note at a time on the primary connection
+        self._notes = trio.Lock()  # one note at a time on the primary connection
         self._nudged = trio.Event()
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
         self._parking = trio.Event()  # set when the tail parks or stops being parked
@@ -337,7 +408,9 @@ class ShardReader:
         self._arrived: ShardBatch | None = None
         self._arrival = trio.Event()
 
-    async def run(self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None) -> None:
+    async def run(
+        self, send: trio.MemorySendChannel[ShardBatch], checked: trio.Event | None = None
+    ) -> None:
         """Read until cancelled. `checked` is set once the oplog is known to reach back to the
         start point, so that opening a stream fails at once (ChangeStreamHistoryLost) instead of
         at the first getMore."""
@@ -360,7 +433,9 @@ class ShardReader:
 
     # -- TailOutput --------------------------------------------------------------------------------
 
-    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(
+        self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp
+    ) -> None:
         assert self._send is not None
         self._count(events, entries, last_ts)
         await self.reserve(nbytes)
@@ -398,7 +473,9 @@ class ShardReader:
             batch, self._arrived = self._arrived, None
             if batch is not None:
                 await self._send.send(batch)
-            del batch  # not held while waiting: its blocks' charges return once nothing refers to them
+            del (
+                batch
+            )  # not held while waiting: its blocks' charges return once nothing refers to them
 
     async def reserve(self, nbytes: int) -> None:
         """Take `nbytes` of the shard's budget (and of the proxy's memory pool), waiting until
@@ -447,7 +524,9 @@ class ShardReader:
 
     async def idle(self) -> None:
         self._short = True  # (a note written may still be on its way: not "read back")
-        if (interval := self.wants_progress(self.shard_id)) is not None and self._nursery is not None:
+        if (
+            interval := self.wants_progress(self.shard_id)
+        ) is not None and self._nursery is not None:
             self._nursery.start_soon(self._advance_idle_shard, interval)
 
     def _took_reply(self) -> None:
@@ -464,7 +543,12 @@ class ShardReader:
 
     async def lost(self, error: str, reconnects: int) -> None:
         stats = self.stats
-        stats.connected, stats.reconnects, stats.last_error, stats.last_error_at = False, reconnects, error, time.time()
+        stats.connected, stats.reconnects, stats.last_error, stats.last_error_at = (
+            False,
+            reconnects,
+            error,
+            time.time(),
+        )
 
     # -- notes ---------------------------------------------------------------------------------------
 
@@ -490,7 +574,9 @@ class ShardReader:
             self._nudged = trio.Event()
             if not await self._until_idle():
                 continue
-            if (sent := self._note_sent) is not None and trio.current_time() - sent < NOTE_PATIENCE_S:
+            if (
+                sent := self._note_sent
+            ) is not None and trio.current_time() - sent < NOTE_PATIENCE_S:
                 with trio.move_on_at(sent + NOTE_PATIENCE_S):
                     await self._read_on.wait()
                 if self._note_sent is None:
@@ -538,7 +624,9 @@ class ShardReader:
                 return False
             self._last_noop = self._note_sent = trio.current_time()
             try:
-                if self._primary is None:  # notes are writes: they go to the primary, not the member read
+                if (
+                    self._primary is None
+                ):  # notes are writes: they go to the primary, not the member read
                     self._primary = await self.tail.connect_member(self.hosts, secondary=False)
                 await self._primary.command("admin", {"appendOplogNote": 1, "data": NOOP_NOTE})
                 self.stats.noops += 1

@@ -69,9 +69,9 @@ log = logging.getLogger("buckets.reader_process")
 _HEADER = struct.Struct("<IB")  # body length, body format (_MARSHAL or _PICKLE)
 _MARSHAL, _PICKLE = 0, 1
 SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel; it may grant less (net.core.wmem_max)
-START_TIMEOUT_S = 60.0   # a reader process must connect back this soon (interpreter start, imports)
-HEARTBEAT_S = 1.0        # how often the proxy pings each reader process
-SEND_TIMEOUT_S = 60.0    # a message not taken this long means the other process hangs
+START_TIMEOUT_S = 60.0  # a reader process must connect back this soon (interpreter start, imports)
+HEARTBEAT_S = 1.0  # how often the proxy pings each reader process
+SEND_TIMEOUT_S = 60.0  # a message not taken this long means the other process hangs
 
 
 def encode_message(message: Any) -> tuple[int, list[Any]]:
@@ -108,10 +108,10 @@ def decode_message(fmt: int, body: bytes | bytearray | memoryview) -> Any:
     (count,) = struct.unpack_from("<I", view)
     sizes = struct.unpack_from(f"<{count}Q", view, 4)
     at = len(view) - sum(sizes)
-    data = view[4 + 8 * count:at]
+    data = view[4 + 8 * count : at]
     buffers = []
     for size in sizes:
-        buffers.append(view[at:at + size])
+        buffers.append(view[at : at + size])
         at += size
     return pickle.loads(data, buffers=buffers)
 
@@ -142,7 +142,9 @@ class MessageStream:
         async with self._send_lock:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(SEND_TIMEOUT_S):
-                    await self.stream.send_all(_HEADER.pack(sum(memoryview(p).nbytes for p in pieces), fmt))
+                    await self.stream.send_all(
+                        _HEADER.pack(sum(memoryview(p).nbytes for p in pieces), fmt)
+                    )
                     for piece in pieces:
                         await self.stream.send_all(piece)
                     return
@@ -180,16 +182,18 @@ class ReaderHost:
         self._heard = trio.current_time()  # when it last sent anything
         self.started = False  # connected back and relaying
         self.alive = True
-        self.idle_since: float | None = trio.current_time()  # since when it reads nothing (None: it reads)
+        self.idle_since: float | None = (
+            trio.current_time()
+        )  # since when it reads nothing (None: it reads)
         self.scope = trio.CancelScope()  # cancelled to retire it
         self._channel: MessageStream | None = None
         self._keys = itertools.count()
         self._readers: dict[int, ShardReader] = {}
         self._failures: dict[int, trio.Event] = {}
         self._errors: dict[int, Exception] = {}
-        self._credit: dict[int, int] = {}    # granted, not yet sent to the process
+        self._credit: dict[int, int] = {}  # granted, not yet sent to the process
         self._credit_due = trio.Event()
-        self._wants: dict[int, int] = {}     # bytes each tail asked for, not yet granted
+        self._wants: dict[int, int] = {}  # bytes each tail asked for, not yet granted
         self._wanted: dict[int, trio.Event] = {}
         self._death = "closed its connection"
 
@@ -197,7 +201,9 @@ class ReaderHost:
         """Start the process, wait for it to connect, then relay until cancelled (which kills it)
         or until it dies (which fails the tails it ran)."""
         try:
-            with tempfile.TemporaryDirectory(prefix="pcs-readers-") as private:  # 0700: only this user connects
+            with tempfile.TemporaryDirectory(
+                prefix="pcs-readers-"
+            ) as private:  # 0700: only this user connects
                 path = os.path.join(private, f"r{self.index}.sock")
                 listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
                 with listener:
@@ -222,10 +228,14 @@ class ReaderHost:
         finally:
             self.alive = False
             for key in list(self._readers):
-                self._fail(key, MongoError("InternalError", f"reader process {self.index} {self._death}"))
+                self._fail(
+                    key, MongoError("InternalError", f"reader process {self.index} {self._death}")
+                )
 
     async def _process(self, path: str) -> None:
-        limiter = trio.CapacityLimiter(1)  # not the default limiter: that one admits only os.cpu_count() jobs
+        limiter = trio.CapacityLimiter(
+            1
+        )  # not the default limiter: that one admits only os.cpu_count() jobs
         try:
             await trio_parallel.run_sync(serve_readers, path, kill_on_cancel=True, limiter=limiter)
         except trio_parallel.BrokenWorkerError as exc:  # killed, out of memory, ...
@@ -260,8 +270,11 @@ class ReaderHost:
             self._wants.pop(key, None)
             self._wanted.pop(key, None)
             if gone and self.alive:  # still running there: stop it
-                with (trio.CancelScope(shield=True), trio.move_on_after(5),
-                      contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(5),
+                    contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+                ):
                     await self._channel.send(("remove", key))
 
     def status(self) -> dict[str, Any]:
@@ -322,7 +335,9 @@ class ReaderHost:
             reader = self._readers.get(key)
             if reader is None:  # a tail that was removed: what it sent last is not wanted
                 continue
-            if kind == "batch":  # taken without waiting: this connection serves every stream's tails
+            if (
+                kind == "batch"
+            ):  # taken without waiting: this connection serves every stream's tails
                 _, _, events, nbytes, entries, (secs, inc) = message
                 reader.arrived(events, nbytes, entries, Timestamp(secs, inc))
                 # Not held while the next message is awaited: its blocks' charges return only
@@ -365,8 +380,13 @@ class ReaderPool:
     they read something; one that has read nothing for `idle_s` is stopped (memory is bounded by
     what streams use, not by the most they ever asked for) and started again when asked."""
 
-    def __init__(self, nursery: trio.Nursery, idle_s: float, hang_s: float | None = None,
-                 memory: MemoryPool | None = None) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        idle_s: float,
+        hang_s: float | None = None,
+        memory: MemoryPool | None = None,
+    ) -> None:
         self._nursery = nursery
         self.memory = memory  # each running process is counted in it (READER_PROCESS_BYTES)
         self._slots: list[ReaderHost] = []
@@ -379,8 +399,16 @@ class ReaderPool:
             await trio.sleep(min(self.idle_s, 10.0))
             now = trio.current_time()
             for host in self._slots:
-                if host.alive and host.idle_since is not None and now - host.idle_since >= self.idle_s:
-                    log.info("reader process %d read nothing for %.0f s: stopped", host.index, self.idle_s)
+                if (
+                    host.alive
+                    and host.idle_since is not None
+                    and now - host.idle_since >= self.idle_s
+                ):
+                    log.info(
+                        "reader process %d read nothing for %.0f s: stopped",
+                        host.index,
+                        self.idle_s,
+                    )
                     host.retire()
 
     def status(self) -> list[dict[str, Any]]:
@@ -394,8 +422,11 @@ class ReaderPool:
     async def hosts(self, count: int) -> list[ReaderHost]:
         """The first `count` processes, starting any that are missing or dead (side by side)."""
         async with self._lock:
-            fresh = [ReaderHost(i, self.hang_s) for i in range(count)
-                     if i >= len(self._slots) or not self._slots[i].alive]
+            fresh = [
+                ReaderHost(i, self.hang_s)
+                for i in range(count)
+                if i >= len(self._slots) or not self._slots[i].alive
+            ]
             async with trio.open_nursery() as starting:
                 for host in fresh:
                     starting.start_soon(self._nursery.start, self._keep, host)
@@ -410,8 +441,9 @@ class ReaderPool:
                     host.idle_since = trio.current_time()
             return handed
 
-    async def _keep(self, host: ReaderHost, *,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _keep(
+        self, host: ReaderHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run `host`, counted in the memory pool while it runs; once it has started, however it
         ends (the process killed, its socket broken), that fails only its own tails (host.run
         does that), never the engine and the other processes."""
@@ -423,16 +455,21 @@ class ReaderPool:
         except* Exception as group:
             if not host.started:
                 raise  # the stream that asked for it fails to open
-            log.warning("reader process %d ended (%s); streams reading through it fail and resume from their "
-                        "tokens", host.index, group.exceptions[0])
+            log.warning(
+                "reader process %d ended (%s); streams reading through it fail and resume from their "
+                "tokens",
+                host.index,
+                group.exceptions[0],
+            )
         finally:
             if self.memory is not None:
                 self.memory.add_processes(-1)
 
 
 @contextlib.asynccontextmanager
-async def reader_pool(idle_s: float = 300.0, hang_s: float | None = None,
-                      memory: MemoryPool | None = None) -> AsyncIterator[ReaderPool]:
+async def reader_pool(
+    idle_s: float = 300.0, hang_s: float | None = None, memory: MemoryPool | None = None
+) -> AsyncIterator[ReaderPool]:
     """A pool of reader processes, all killed on exit; with `hang_s`, also one that answers
     nothing for that long; with `memory`, each counted in that pool while it runs."""
     async with trio.open_nursery() as nursery:
@@ -497,9 +534,13 @@ class _Report:
         self.channel = channel
         self.credit = credit
 
-    async def deliver(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
+    async def deliver(
+        self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp
+    ) -> None:
         await self.credit.spend(nbytes)
-        await self.channel.send(("batch", self.key, events, nbytes, entries, (last_ts.time, last_ts.inc)))
+        await self.channel.send(
+            ("batch", self.key, events, nbytes, entries, (last_ts.time, last_ts.inc))
+        )
 
     async def checked(self) -> None:
         await self.channel.send(("checked", self.key))
@@ -543,7 +584,9 @@ async def _serve(path: str) -> None:
                 for key, n in message[1].items():
                     if key in credits:
                         credits[key].grant(n)
-            elif message[0] == "ping":  # answered beside the tails' sends, never behind a blocked one
+            elif (
+                message[0] == "ping"
+            ):  # answered beside the tails' sends, never behind a blocked one
                 nursery.start_soon(channel.send, ("pong", None))
         nursery.cancel_scope.cancel()  # the proxy closed the pool: stop every tail
 
@@ -553,6 +596,8 @@ async def _run_tail(tail: OplogTail, report: _Report) -> None:
         await tail.run(report)
     except MongoError as exc:
         await report.channel.send(("failed", report.key, exc.code, exc.errmsg))
-    except Exception as exc:  # a bug, or an entry the transform cannot handle: this stream fails alone
+    except (
+        Exception
+    ) as exc:  # a bug, or an entry the transform cannot handle: this stream fails alone
         log.exception("shard %s: reader failed", tail.shard_id)
         await report.channel.send(("failed", report.key, 1, f"{type(exc).__name__}: {exc}"))

@@ -33,8 +33,8 @@ from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 class Size(enum.Enum):
     """What a server does with an event of some size."""
 
-    FITS = "fits"            # returned whole
-    SPLIT = "split"          # returned in fragments (the split stage, over the split size)
+    FITS = "fits"  # returned whole
+    SPLIT = "split"  # returned in fragments (the split stage, over the split size)
     TOO_LARGE = "too large"  # fails the getMore with BSONObjectTooLarge
 
 
@@ -96,8 +96,12 @@ class _Cut:
         through `take`. Where in the block the reply stopped (its length: all taken)."""
         while offset < len(block):
             part = block.sliced(offset, offset + self.limit - self.count)
-            fit, cost = reply_prefix(part.sizes, BATCH_BYTES_LIMIT - self.size,
-                                     BATCH_ELEMENT_OVERHEAD, MEASURE_ABOVE_BYTES)
+            fit, cost = reply_prefix(
+                part.sizes,
+                BATCH_BYTES_LIMIT - self.size,
+                BATCH_ELEMENT_OVERHEAD,
+                MEASURE_ABOVE_BYTES,
+            )
             if fit:
                 self.batch.append(part.sliced(0, fit))
                 self.count, self.size, offset = self.count + fit, self.size + cost, offset + fit
@@ -107,8 +111,7 @@ class _Cut:
         return offset
 
 
-def cut_reply(items: Iterable[tuple[Any, int]], limit: int,
-              sizer: EventSizer | None) -> list[Any]:
+def cut_reply(items: Iterable[tuple[Any, int]], limit: int, sizer: EventSizer | None) -> list[Any]:
     """The head of `items` ((segment, offset) from Bucket.items_from: EventFields, or EventBlocks
     from an offset) that goes into one reply of at most `limit` events: EventFields and slices of
     the blocks. Events are measured with `sizer`; None when lookups or stages change them after
@@ -124,8 +127,9 @@ def cut_reply(items: Iterable[tuple[Any, int]], limit: int,
     return cut.batch
 
 
-def fit_shaped(shaped: list[tuple[int, ChangeEvent]],
-               sizer: EventSizer) -> tuple[list[EventFields], int | None]:
+def fit_shaped(
+    shaped: list[tuple[int, ChangeEvent]], sizer: EventSizer
+) -> tuple[list[EventFields], int | None]:
     """The longest head of the shaped events within a reply's batch limit (at least one), and how
     many of the taken events it consumed (None: all of them). Lookups and stages grow events after
     the batch was cut; what does not fit is returned by the next getMore. An event grown past
@@ -151,9 +155,15 @@ def splits(ev: EventFields, sizer: EventSizer) -> bool:
     return len(ev[EV_RAW]) > MEASURE_ABOVE_BYTES and sizer.size(ev[EV_RAW]) is Size.SPLIT
 
 
-def cursor_document(cursor_id: int, ns: str, batch_field: str, events: list[Any],
-                    pbrt: Mapping[str, Any]) -> SplicedDocument:
+def cursor_document(
+    cursor_id: int, ns: str, batch_field: str, events: list[Any], pbrt: Mapping[str, Any]
+) -> SplicedDocument:
     """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding);
     `events` are EventFields and EventBlocks."""
-    return splice_cursor(cursor_id, ns, batch_field, [ev if is_block(ev) else ev[EV_RAW] for ev in events],
-                         {"postBatchResumeToken": pbrt})
+    return splice_cursor(
+        cursor_id,
+        ns,
+        batch_field,
+        [ev if is_block(ev) else ev[EV_RAW] for ev in events],
+        {"postBatchResumeToken": pbrt},
+    )

@@ -44,14 +44,23 @@ class Shaper:
         if not self.processes or not self.stages:
             return
         try:
-            async with trio.open_nursery() as nursery:  # at once: each busy worker makes the next start
+            async with (
+                trio.open_nursery() as nursery
+            ):  # at once: each busy worker makes the next start
                 for _ in range(self.processes):
-                    nursery.start_soon(functools.partial(trio_parallel.run_sync, shape_events, [], [], (),
-                                                         limiter=self._limiter))
-        except* trio_parallel.BrokenWorkerError as group:  # shape() copes with a dead worker when it meets one
+                    nursery.start_soon(
+                        functools.partial(
+                            trio_parallel.run_sync, shape_events, [], [], (), limiter=self._limiter
+                        )
+                    )
+        except* (
+            trio_parallel.BrokenWorkerError
+        ) as group:  # shape() copes with a dead worker when it meets one
             log.warning("a shaping process failed to start: %s", group.exceptions[0])
 
-    async def shape(self, raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]]) -> list[bytes | None]:
+    async def shape(
+        self, raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]]
+    ) -> list[bytes | None]:
         """Each event through the stages, in order: its new bytes, or None where a $match dropped it.
         A stage's error is the first failing event's, as if the events were shaped one by one."""
         runs = min(self.processes, len(raws) // SHAPE_RUN_EVENTS)
@@ -64,12 +73,20 @@ class Shaper:
             part = slice(i * size, (i + 1) * size)
             try:
                 try:
-                    results[i] = await trio_parallel.run_sync(shape_events, raws[part], tokens[part], self.stages,
-                                                              limiter=self._limiter)
-                except trio_parallel.BrokenWorkerError as exc:  # killed, out of memory: no reason to fail the stream
-                    log.warning("a shaping process died (%s); its events are shaped in the proxy process", exc)
+                    results[i] = await trio_parallel.run_sync(
+                        shape_events, raws[part], tokens[part], self.stages, limiter=self._limiter
+                    )
+                except (
+                    trio_parallel.BrokenWorkerError
+                ) as exc:  # killed, out of memory: no reason to fail the stream
+                    log.warning(
+                        "a shaping process died (%s); its events are shaped in the proxy process",
+                        exc,
+                    )
                     results[i] = shape_events(raws[part], tokens[part], self.stages)
-            except MongoError as exc:  # a stage's error, raised where it was shaped: kept for its place in order
+            except (
+                MongoError
+            ) as exc:  # a stage's error, raised where it was shaped: kept for its place in order
                 results[i] = exc
 
         async with trio.open_nursery() as nursery:

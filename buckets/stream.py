@@ -70,26 +70,22 @@ from mongoformats.change_events import (
 from mongoformats.change_stages import Stages
 from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
-from mongoformats.resume_token import (
-    high_water_mark,
-    token_from_key,
-    token_sort_key,
-)
+from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 
 log = logging.getLogger("buckets.stream")
 
-IDLE_PROGRESS_S = 1.0      # only a waiting consumer's resume point is behind: this often
-_ROUTES_CACHED = 1 << 16   # namespace -> buckets routes a stream memoizes before starting over
-_MERGED_AT_ONCE = 64       # shard batches the pump takes from its channel before a release
+IDLE_PROGRESS_S = 1.0  # only a waiting consumer's resume point is behind: this often
+_ROUTES_CACHED = 1 << 16  # namespace -> buckets routes a stream memoizes before starting over
+_MERGED_AT_ONCE = 64  # shard batches the pump takes from its channel before a release
 
 
 @dataclass(frozen=True)
 class StreamOptions:
     n_buckets: int
     show_expanded_events: bool = False
-    shard_buffer_bytes: int = 1 << 30        # per shard, as in the design (1 GiB)
-    bucket_buffer_bytes: int = 64 << 20      # per bucket: pending plus retained events
-    max_await_ms: int = 1000                 # a getMore waits this long for events by default
+    shard_buffer_bytes: int = 1 << 30  # per shard, as in the design (1 GiB)
+    bucket_buffer_bytes: int = 64 << 20  # per bucket: pending plus retained events
+    max_await_ms: int = 1000  # a getMore waits this long for events by default
     reader_await_ms: int = 200
     # Processes that read the shards' oplogs and turn entries into events (one Python process is
     # one core; buckets/reader_process.py), and as many that apply `stages` (buckets/shaping.py);
@@ -103,11 +99,11 @@ class StreamOptions:
     keep_version: tuple[Timestamp, int] | None = None
     # With showExpandedEvents: migrateLastChunkFromShard, and create/createIndexes a migration wrote.
     show_system_events: bool = False
-    match: dict[str, Any] | None = None      # a $match on events, applied before bucketing
+    match: dict[str, Any] | None = None  # a $match on events, applied before bucketing
     # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
     # stream; events outside it are dropped and the invalidating event ends the stream.
     scope: tuple[str, str | None] | None = None
-    full_document: str = "default"           # or "updateLookup": updates carry the current document
+    full_document: str = "default"  # or "updateLookup": updates carry the current document
     full_document_before_change: str = "off"  # or "whenAvailable" / "required": recorded pre-images
     # Stages after $changeStream applied to each event as it is returned, after the lookups (an
     # accelerated watch() with $project, $addFields, ..., or a $match that tests fullDocument).
@@ -121,7 +117,10 @@ class StreamOptions:
     @property
     def needs_pre_images(self) -> bool:
         """Recorded pre-images are read (for fullDocumentBeforeChange, or to compute post-images)."""
-        return self.full_document_before_change != "off" or self.full_document in ("whenAvailable", "required")
+        return self.full_document_before_change != "off" or self.full_document in (
+            "whenAvailable",
+            "required",
+        )
 
 
 def _kind_event(kind: tuple[str, str, str, Any]) -> EventFields:
@@ -131,33 +130,60 @@ def _kind_event(kind: tuple[str, str, str, Any]) -> EventFields:
 
 
 class ParallelStream:
-    def __init__(self, name: str, options: StreamOptions, topology: Topology, start: Timestamp,
-                 floors: list[bytes], *, keep: set[int] | None = None,
-                 connect_upstream: ConnectUpstream | None = None, connect_member: Connector,
-                 readers_pool: ReaderPool | None = None, memory: MemoryPool | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: StreamOptions,
+        topology: Topology,
+        start: Timestamp,
+        floors: list[bytes],
+        *,
+        keep: set[int] | None = None,
+        connect_upstream: ConnectUpstream | None = None,
+        connect_member: Connector,
+        readers_pool: ReaderPool | None = None,
+        memory: MemoryPool | None = None,
+    ) -> None:
         self.name = name
         self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
         self._closing = False
         shaping = shaping_processes(bool(options.stages), options.reader_processes)
         # Its shaping processes, at a reader process's size (they start the same interpreter).
-        self._shaping = memory.account(shaping * memory.process_bytes, reader=False) \
-            if memory is not None and shaping else None
+        self._shaping = (
+            memory.account(shaping * memory.process_bytes, reader=False)
+            if memory is not None and shaping
+            else None
+        )
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
-        self.sharded = topology.sharded  # mongos sizes events as its shards send them, with their sort key
+        self.sharded = (
+            topology.sharded
+        )  # mongos sizes events as its shards send them, with their sort key
         self.sizer = EventSizer(split=options.split_large_events, merged=self.sharded)
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
-        self._hosts: list[ReaderHost] = []    # reader processes, with readerProcesses
-        self.shaper = Shaper(options.stages, options.reader_processes)  # the stages, over as many processes
+        self._hosts: list[ReaderHost] = []  # reader processes, with readerProcesses
+        self.shaper = Shaper(
+            options.stages, options.reader_processes
+        )  # the stages, over as many processes
         self._connect_member = connect_member
-        self.lookup = DocumentLookup(connect_upstream, self._connect_shard) if connect_upstream is not None and (
-            options.full_document == "updateLookup" or options.needs_pre_images) else None
-        self.buckets = {i: Bucket(i, options.bucket_buffer_bytes, floors[i],
-                                  token_from_key(floors[i]),
-                                  self._account(BUCKET_FLOOR_BYTES, reader=False))
-                        for i in self.keep}
+        self.lookup = (
+            DocumentLookup(connect_upstream, self._connect_shard)
+            if connect_upstream is not None
+            and (options.full_document == "updateLookup" or options.needs_pre_images)
+            else None
+        )
+        self.buckets = {
+            i: Bucket(
+                i,
+                options.bucket_buffer_bytes,
+                floors[i],
+                token_from_key(floors[i]),
+                self._account(BUCKET_FLOOR_BYTES, reader=False),
+            )
+            for i in self.keep
+        }
         self._skip = min(floors[i] for i in self.keep)
         self.shard_budgets: dict[str, ByteBudget] = {}
         self._routes: dict[tuple[str, ...], tuple[int, ...]] = {}
@@ -169,20 +195,20 @@ class ParallelStream:
         # nothing waits on it.
         self.watcher: TopologyWatcher | None = None
         if connect_upstream is not None and topology.sharded:
-            self.watcher = TopologyWatcher(connect_upstream, topology,
-                                           holds_back=lambda: self._shard_holds_back(TOPOLOGY))
+            self.watcher = TopologyWatcher(
+                connect_upstream, topology, holds_back=lambda: self._shard_holds_back(TOPOLOGY)
+            )
             self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
         self.error: Exception | None = None
         self.events_merged = 0
-        self.replays = 0     # attaches older than retention, served by re-reading the oplogs
+        self.replays = 0  # attaches older than retention, served by re-reading the oplogs
         self.last_active = 0.0
         self.started = trio.Event()
         self._frontier = b""
-        self.ended = False   # an accelerated single-collection or database stream was invalidated
+        self.ended = False  # an accelerated single-collection or database stream was invalidated
         # Its invalidate's token: where a cursor that read to the end resumes (startAfter).
         self.end_token: dict[str, Any] | None = None
         self._cancel = trio.CancelScope()
-
 
     async def _connect_shard(self, sid: str) -> Connection:
         """A connection to a member of shard `sid` (pre-images live on the shard that wrote them)."""
@@ -194,14 +220,22 @@ class ParallelStream:
         # The reader holds a batch in hand while it waits for room: counted beside the budget.
         account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
-        tail = OplogTail(sid, hosts, start=start, skip_key=self._skip, await_ms=options.reader_await_ms,
-                         transformer=OplogTransformer(show_expanded_events=options.show_expanded_events,
-                                                      show_system_events=options.show_system_events,
-                                                      token_version=options.token_version,
-                                                      keep_version=options.keep_version,
-                                                      view_events=scope is None or scope[1] is None,
-                                                      ddl_notes=options.ddl_notes),
-                         connect_member=self._connect_member)
+        tail = OplogTail(
+            sid,
+            hosts,
+            start=start,
+            skip_key=self._skip,
+            await_ms=options.reader_await_ms,
+            transformer=OplogTransformer(
+                show_expanded_events=options.show_expanded_events,
+                show_system_events=options.show_system_events,
+                token_version=options.token_version,
+                keep_version=options.keep_version,
+                view_events=scope is None or scope[1] is None,
+                ddl_notes=options.ddl_notes,
+            ),
+            connect_member=self._connect_member,
+        )
         reader = self.readers[sid] = ShardReader(tail, budget=self.shard_budgets[sid])
         if self._hosts:  # with readerProcesses: shards are dealt over the reader processes in turn
             reader.elsewhere = self._hosts[(len(self.readers) - 1) % len(self._hosts)]
@@ -251,10 +285,12 @@ class ParallelStream:
         accounts = [b.account for b in self._budgets() if b.account is not None]
         if self._shaping is not None:
             accounts.append(self._shaping)
-        return {"heldBytes": sum(b.used for b in self._budgets()),
-                "floorBytes": sum(a.floor for a in accounts),
-                "countedBytes": sum(a.counted for a in accounts),
-                "memoryWaits": sum(b.pool_waits for b in self._budgets())}
+        return {
+            "heldBytes": sum(b.used for b in self._budgets()),
+            "floorBytes": sum(a.floor for a in accounts),
+            "countedBytes": sum(a.counted for a in accounts),
+            "memoryWaits": sum(b.pool_waits for b in self._budgets()),
+        }
 
     def close(self) -> None:
         """Stop reading; once `run` has unwound, the retained events are dropped (see `_release`).
@@ -303,8 +339,12 @@ class ParallelStream:
                 # InternalError, as a server fails one cursor; other streams and the proxy go on.
                 bug = _first_leaf(group)
                 log.error("stream %s: internal error", self.name, exc_info=bug)
-                self._fail(MongoError("InternalError", f"parallel change stream {self.name!r} failed: "
-                                      f"{type(bug).__name__}: {bug}"))
+                self._fail(
+                    MongoError(
+                        "InternalError",
+                        f"parallel change stream {self.name!r} failed: {type(bug).__name__}: {bug}",
+                    )
+                )
             finally:
                 self.started.set()
                 if self.lookup is not None:
@@ -327,20 +367,28 @@ class ParallelStream:
             yield
             return
         async with contextlib.AsyncExitStack() as stack:
-            pool = self._pool if self._pool is not None else await stack.enter_async_context(reader_pool())
+            pool = (
+                self._pool
+                if self._pool is not None
+                else await stack.enter_async_context(reader_pool())
+            )
             hosts = self._hosts = await pool.hosts(self.options.reader_processes)
             for i, reader in enumerate(self.readers.values()):
                 reader.elsewhere = hosts[i % len(hosts)]
             yield
 
-    async def _watch_topology(self, nursery: trio.Nursery, send: trio.MemorySendChannel[ShardBatch]) -> None:
+    async def _watch_topology(
+        self, nursery: trio.Nursery, send: trio.MemorySendChannel[ShardBatch]
+    ) -> None:
         assert self.watcher is not None
 
         async def advance(as_of: Timestamp) -> None:
             await send.send(ShardBatch(TOPOLOGY, [], mark_after(as_of), 0))
 
         def add_shard(sid: str, hosts: list[tuple[str, int]], joined: Timestamp) -> None:
-            reader = self._new_reader(sid, hosts, max(joined, self.start, key=lambda ts: (ts.time, ts.inc)))
+            reader = self._new_reader(
+                sid, hosts, max(joined, self.start, key=lambda ts: (ts.time, ts.inc))
+            )
             nursery.start_soon(reader.run, send.clone())
 
         async with send:
@@ -363,8 +411,13 @@ class ParallelStream:
                     arrived.append(recv.receive_nowait())
             for batch in arrived:
                 events = batch.events
-                if tag_shard:  # pre-images are read from the shard that wrote the event: remember which
-                    events = [(*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1:]) for ev in as_fields(events)]
+                if (
+                    tag_shard
+                ):  # pre-images are read from the shard that wrote the event: remember which
+                    events = [
+                        (*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1 :])
+                        for ev in as_fields(events)
+                    ]
                 merge.extend(batch.shard, events)
                 merge.advance(batch.shard, batch.mark)
             ready, freed = merge.pop_ready()
@@ -433,8 +486,9 @@ class ParallelStream:
             else:
                 share.append(ev)
 
-    async def _matches(self, ev: EventFields, match: dict[str, Any],
-                       shares: dict[int, list[Any]]) -> bool:
+    async def _matches(
+        self, ev: EventFields, match: dict[str, Any], shares: dict[int, list[Any]]
+    ) -> bool:
         """Whether `ev` passes the stream's $match. One the $match fails on fails only the buckets
         of the event's namespaces, each once its consumers have read what came before (the
         `shares` dealt so far are put first)."""
@@ -455,7 +509,11 @@ class ParallelStream:
         through the user's $match, which comes after $changeStream's own CheckInvalidate stage
         (document_source_change_stream.cpp). A $match that drops the invalidate does not keep
         the stream open: the server's cursor closes on ChangeStreamInvalidated all the same."""
-        end = tuple(invalidate_event(ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime")))
+        end = tuple(
+            invalidate_event(
+                ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime")
+            )
+        )
         self.end_token = event_token(end)
         for bucket in self.buckets.values():
             for item in (ev, end):
@@ -482,12 +540,16 @@ class ParallelStream:
         """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces.
         By documentKey, each event's own (never memoized: it depends on the document)."""
         if self.options.bucket_by == "documentKey":
-            return tuple(b for b in buckets_for_event(ev, self.options.n_buckets, "documentKey")
-                         if b in self.buckets)
+            return tuple(
+                b
+                for b in buckets_for_event(ev, self.options.n_buckets, "documentKey")
+                if b in self.buckets
+            )
         if len(self._routes) >= _ROUTES_CACHED:
             self._routes.clear()
-        route = self._routes[ev[EV_NAMESPACES]] = tuple(b for b in buckets_for_event(ev, self.options.n_buckets)
-                                                    if b in self.buckets)
+        route = self._routes[ev[EV_NAMESPACES]] = tuple(
+            b for b in buckets_for_event(ev, self.options.n_buckets) if b in self.buckets
+        )
         return route
 
     async def _put_shares(self, shares: dict[int, list[Any]]) -> None:
@@ -540,30 +602,62 @@ class ParallelStream:
 
     def status(self) -> dict[str, Any]:
         return {
-            "name": self.name, "nBuckets": self.options.n_buckets, "bucketBy": self.options.bucket_by,
+            "name": self.name,
+            "nBuckets": self.options.n_buckets,
+            "bucketBy": self.options.bucket_by,
             "eventsMerged": self.events_merged,
-            "mergeQueue": len(self.merge), "replays": self.replays, "stageRunsInProcesses": self.shaper.runs_sent,
+            "mergeQueue": len(self.merge),
+            "replays": self.replays,
+            "stageRunsInProcesses": self.shaper.runs_sent,
             "memory": self.memory(),
             "error": str(self.error) if self.error else None,
-            "shards": [{"shard": s, "host": r.stats.host, "lastTs": r.stats.last_ts,
-                        "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time) if r.stats.last_ts.time else None,
-                        "entriesRead": r.stats.entries,
-                        "events": r.stats.events, "bufferBytes": r.buffered,
-                        "bufferLimitBytes": self.shard_budgets[s].limit, "noops": r.stats.noops,
-                        "reconnects": r.stats.reconnects, "connected": r.stats.connected,
-                        "lastError": r.stats.last_error or None,
-                        "lastErrorAt": (datetime.fromtimestamp(r.stats.last_error_at, UTC)
-                                        if r.stats.last_error else None),
-                        "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
-                        "noopFallback": r.stats.noop_unavailable or None} for s, r in self.readers.items()],
+            "shards": [
+                {
+                    "shard": s,
+                    "host": r.stats.host,
+                    "lastTs": r.stats.last_ts,
+                    "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time)
+                    if r.stats.last_ts.time
+                    else None,
+                    "entriesRead": r.stats.entries,
+                    "events": r.stats.events,
+                    "bufferBytes": r.buffered,
+                    "bufferLimitBytes": self.shard_budgets[s].limit,
+                    "noops": r.stats.noops,
+                    "reconnects": r.stats.reconnects,
+                    "connected": r.stats.connected,
+                    "lastError": r.stats.last_error or None,
+                    "lastErrorAt": (
+                        datetime.fromtimestamp(r.stats.last_error_at, UTC)
+                        if r.stats.last_error
+                        else None
+                    ),
+                    "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
+                    "noopFallback": r.stats.noop_unavailable or None,
+                }
+                for s, r in self.readers.items()
+            ],
             "topology": self.watcher.status() if self.watcher is not None else None,
-            "buckets": [{"bucket": i, "depth": b.depth(), "retained": b.retained, "bytes": b.budget.used,
-                         "limitBytes": b.budget.limit, "dealt": b.dealt_total, "delivered": b.delivered_total,
-                         "cursors": len(b.cursors), "error": str(b.error) if b.error else None,
-                         "consumerPosition": max((c.last_token for c in b.cursors), default=None,
-                                                 key=lambda t: t.get("_data", "") if t else ""),
-                         **lag_status(b)}
-                        for i, b in sorted(self.buckets.items())],
+            "buckets": [
+                {
+                    "bucket": i,
+                    "depth": b.depth(),
+                    "retained": b.retained,
+                    "bytes": b.budget.used,
+                    "limitBytes": b.budget.limit,
+                    "dealt": b.dealt_total,
+                    "delivered": b.delivered_total,
+                    "cursors": len(b.cursors),
+                    "error": str(b.error) if b.error else None,
+                    "consumerPosition": max(
+                        (c.last_token for c in b.cursors),
+                        default=None,
+                        key=lambda t: t.get("_data", "") if t else "",
+                    ),
+                    **lag_status(b),
+                }
+                for i, b in sorted(self.buckets.items())
+            ],
         }
 
 

@@ -13,11 +13,7 @@ import bson
 import trio
 from bson import Timestamp
 
-from buckets.commands import (
-    int_option,
-    open_match,
-    setting,
-)
+from buckets.commands import int_option, open_match, setting
 from buckets.config import EngineConfig
 from buckets.cursor import start_point
 from buckets.cursors import CursorRegistry
@@ -36,12 +32,7 @@ from buckets.topology import Topology, discover
 from mongoformats.change_stages import compile_stages
 from mongoformats.errors import MongoError
 from mongoformats.large_events import SPLIT_STAGE
-from mongoformats.resume_token import (
-    decode_token,
-    high_water_mark,
-    token_from_key,
-    token_sort_key,
-)
+from mongoformats.resume_token import decode_token, high_water_mark, token_from_key, token_sort_key
 
 log = logging.getLogger("buckets.engine")
 
@@ -51,21 +42,30 @@ CURSOR_IN_USE_S = 10.0
 
 
 class StreamSet:
-    def __init__(self, connect_upstream: ConnectUpstream, connect_member: Connector,
-                 config: EngineConfig, registry: CursorRegistry) -> None:
+    def __init__(
+        self,
+        connect_upstream: ConnectUpstream,
+        connect_member: Connector,
+        config: EngineConfig,
+        registry: CursorRegistry,
+    ) -> None:
         self.connect_upstream, self.connect_member = connect_upstream, connect_member
         self.config, self.registry = config, registry
         self.streams: dict[str, ParallelStream] = {}
         self.creating: dict[str, trio.Event] = {}  # named streams being created, set once done
-        self.owners: dict[str, str] = {}           # named stream -> its creator's identity
+        self.owners: dict[str, str] = {}  # named stream -> its creator's identity
         self.nursery: trio.Nursery | None = None
         self.reader_pool: ReaderPool | None = None  # reader processes, shared by every stream
-        self._upstream_wire_version: int | None = None  # learned on first use (lacks_expanded_events)
-        self.rebucketed = 0         # named streams reopened with another nBuckets
+        self._upstream_wire_version: int | None = (
+            None  # learned on first use (lacks_expanded_events)
+        )
+        self.rebucketed = 0  # named streams reopened with another nBuckets
         self.memory_limit = config.memory_limit_bytes or default_memory_limit()
         # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
         self.memory = MemoryPool(self.memory_limit)
-        self.refused_for_memory = 0  # opens refused, and watch()es passed through, for the memory limit
+        self.refused_for_memory = (
+            0  # opens refused, and watch()es passed through, for the memory limit
+        )
 
     def all_streams(self) -> dict[str, ParallelStream]:
         """Named streams and the private ones each serving one cursor (an accelerated watch(), a
@@ -79,15 +79,18 @@ class StreamSet:
         later reopens it from its token. Streams with cursors are never closed to admit another,
         and if closing every idle stream would still not make room, none is closed: the new
         stream is refused either way."""
-        idle = sorted((s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active)
+        idle = sorted(
+            (s for s in self.streams.values() if not s.has_cursors()), key=lambda s: s.last_active
+        )
         over = self.memory.counted + need + DEAL_HEADROOM_BYTES - self.memory_limit
         if over <= 0 or over > sum(s.memory()["countedBytes"] for s in idle):
             return
         for stream in idle:
             if self.memory.counted + need + DEAL_HEADROOM_BYTES <= self.memory_limit:
                 break
-            self.close_named(stream, "tearing down idle stream %s early: its memory is needed for "
-                                      "a new stream")
+            self.close_named(
+                stream, "tearing down idle stream %s early: its memory is needed for a new stream"
+            )
 
     def tear_down_idle(self) -> None:
         now = trio.current_time()
@@ -120,8 +123,9 @@ class StreamSet:
         """True for an upstream before 6.0: DDL events then come from the proxy's notes."""
         return await self.upstream_wire_version() < EXPANDED_EVENTS_WIRE_VERSION
 
-    async def on_each_shard(self, shards: Mapping[str, list[tuple[str, int]]], db: str,
-                             cmd: dict[str, Any]) -> dict[str, Any]:
+    async def on_each_shard(
+        self, shards: Mapping[str, list[tuple[str, int]]], db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any]:
         """Run `cmd` on every shard's primary directly (shard id -> reply)."""
         out: dict[str, Any] = {}
         for sid, hosts in shards.items():
@@ -134,9 +138,14 @@ class StreamSet:
 
     async def holders(self, shards: Mapping[str, list[tuple[str, int]]], ns: str) -> dict[str, Any]:
         db, _, coll = ns.partition(".")
-        replies = await self.on_each_shard(shards, db, {"listCollections": 1, "filter": {"name": coll}})
-        return {sid: bson.decode(r.raw)["cursor"]["firstBatch"][0] for sid, r in replies.items()
-                if r["cursor"]["firstBatch"]}
+        replies = await self.on_each_shard(
+            shards, db, {"listCollections": 1, "filter": {"name": coll}}
+        )
+        return {
+            sid: bson.decode(r.raw)["cursor"]["firstBatch"][0]
+            for sid, r in replies.items()
+            if r["cursor"]["firstBatch"]
+        }
 
     async def topology(self) -> Topology:
         up = await self.connect_upstream()
@@ -149,10 +158,13 @@ class StreamSet:
         """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""
         owner = self.owners.get(name)
         if owner is not None and owner != user:
-            raise MongoError("Unauthorized", f"parallel change stream {name!r} was created by another user")
+            raise MongoError(
+                "Unauthorized", f"parallel change stream {name!r} was created by another user"
+            )
 
-    async def named(self, name: str, n: int | None, cmd: dict[str, Any],
-                     user: str) -> tuple[ParallelStream, bool]:
+    async def named(
+        self, name: str, n: int | None, cmd: dict[str, Any], user: str
+    ) -> tuple[ParallelStream, bool]:
         """The open stream `name`, or one created from `cmd` (then True). Commands that find it
         missing at once (the N Spark tasks of a micro-batch after a proxy restart each attach
         their bucket with nBuckets) wait for one creation: each made its own, and all but the
@@ -161,18 +173,27 @@ class StreamSet:
             await pending.wait()
         stream = self.streams.get(name)
         if stream is not None:
-            self.check_owner(name, user)  # before anything of hers is touched (a reopen kills her cursors)
+            self.check_owner(
+                name, user
+            )  # before anything of hers is touched (a reopen kills her cursors)
         by = cmd.get("bucketBy")
-        if stream is not None and ((n is not None and n != stream.options.n_buckets)
-                                   or (by is not None and by != stream.options.bucket_by)):
-            n = n or stream.options.n_buckets  # an attach with only another bucketBy keeps the count
+        if stream is not None and (
+            (n is not None and n != stream.options.n_buckets)
+            or (by is not None and by != stream.options.bucket_by)
+        ):
+            n = (
+                n or stream.options.n_buckets
+            )  # an attach with only another bucketBy keeps the count
             self._close_to_rebucket(stream, n, by or stream.options.bucket_by)
             stream = None
         if stream is not None:
             return stream, False
         if n is None:
-            raise MongoError("BadValue", f"no parallel change stream named {name!r} is open on this proxy; "
-                             "pass nBuckets (and resumeAfter) to open it")
+            raise MongoError(
+                "BadValue",
+                f"no parallel change stream named {name!r} is open on this proxy; "
+                "pass nBuckets (and resumeAfter) to open it",
+            )
         done = self.creating[name] = trio.Event()
         try:
             stream = await self.create(name, n, cmd)
@@ -201,21 +222,33 @@ class StreamSet:
         cursors = [cur for b in stream.buckets.values() for cur in b.cursors]
         in_use = sum(cur.busy or now - cur.last_used < CURSOR_IN_USE_S for cur in cursors)
         if in_use:
-            raise MongoError("ConflictingOperationInProgress",
-                             f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} "
-                             f"(bucketBy {stream.options.bucket_by}) and {in_use} cursor(s) read it; close "
-                             f"them (or use another name) to reopen it with nBuckets {n} (bucketBy {by})")
+            raise MongoError(
+                "ConflictingOperationInProgress",
+                f"stream {stream.name!r} is open with nBuckets {stream.options.n_buckets} "
+                f"(bucketBy {stream.options.bucket_by}) and {in_use} cursor(s) read it; close "
+                f"them (or use another name) to reopen it with nBuckets {n} (bucketBy {by})",
+            )
         for cur in cursors:
             self.registry.drop(cur.cursor_id)
-        self.close_named(stream, f"reopening stream %s with {n} buckets by {by} instead of "
-                                  f"{stream.options.n_buckets} by {stream.options.bucket_by} "
-                                  f"({len(cursors)} abandoned cursors killed)")
+        self.close_named(
+            stream,
+            f"reopening stream %s with {n} buckets by {by} instead of "
+            f"{stream.options.n_buckets} by {stream.options.bucket_by} "
+            f"({len(cursors)} abandoned cursors killed)",
+        )
         self.rebucketed += 1
 
-    async def create(self, name: str, n: int, cmd: dict[str, Any], *, keep: set[int] | None = None,
-                      scope: tuple[str, str | None] | None = None,
-                      stages: tuple[dict[str, Any], ...] = (),
-                      keep_version: tuple[Timestamp, int] | None = None) -> ParallelStream:
+    async def create(
+        self,
+        name: str,
+        n: int,
+        cmd: dict[str, Any],
+        *,
+        keep: set[int] | None = None,
+        scope: tuple[str, str | None] | None = None,
+        stages: tuple[dict[str, Any], ...] = (),
+        keep_version: tuple[Timestamp, int] | None = None,
+    ) -> ParallelStream:
         topology = await self.topology()
         now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
@@ -237,30 +270,42 @@ class StreamSet:
             floors = [token_sort_key(high_water_mark(start))] * n
         match, split = open_match(cmd)
         options = StreamOptions(
-            n_buckets=n, show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
-            show_system_events=bool(cmd.get("showSystemEvents", False)), keep_version=keep_version,
+            n_buckets=n,
+            show_expanded_events=bool(cmd.get("showExpandedEvents", False)),
+            show_system_events=bool(cmd.get("showSystemEvents", False)),
+            keep_version=keep_version,
             shard_buffer_bytes=setting(cmd, "shardBufferBytes", self.config.shard_buffer_bytes),
             bucket_buffer_bytes=setting(cmd, "bucketBufferBytes", self.config.bucket_buffer_bytes),
             max_await_ms=setting(cmd, "maxAwaitTimeMS", self.config.max_await_ms),
-            reader_await_ms=self.config.reader_await_ms, match=match, scope=scope,
+            reader_await_ms=self.config.reader_await_ms,
+            match=match,
+            scope=scope,
             full_document=str(cmd.get("fullDocument", "default")),
             full_document_before_change=str(cmd.get("fullDocumentBeforeChange", "off")),
-            stages=compile_stages(stages), split_large_events=split,
+            stages=compile_stages(stages),
+            split_large_events=split,
             reader_processes=setting(cmd, "readerProcesses", self.config.reader_processes),
             bucket_by=str(cmd.get("bucketBy", "namespace")),
-            ddl_notes=await self.lacks_expanded_events())
+            ddl_notes=await self.lacks_expanded_events(),
+        )
         kept = len(keep) if keep is not None else n
         # Admitted by its floor (what it always takes) and the reader processes it would start,
         # beside what the others hold; its budgets then take what they hold from the same pool.
         floor = stream_floor(len(topology.shards), kept)
         assert self.reader_pool is not None, "Engine.run() must be started first"
-        starting = self.reader_pool.missing(options.reader_processes) \
-            + shaping_processes(bool(options.stages), options.reader_processes)
+        starting = self.reader_pool.missing(options.reader_processes) + shaping_processes(
+            bool(options.stages), options.reader_processes
+        )
         self._make_room(floor + starting * self.memory.process_bytes)
         try:
-            self.memory.check_admits(floor, starting, streams=len(self.all_streams()),
-                                     shards=len(topology.shards), buckets=kept,
-                                     reader_processes=options.reader_processes)
+            self.memory.check_admits(
+                floor,
+                starting,
+                streams=len(self.all_streams()),
+                shards=len(topology.shards),
+                buckets=kept,
+                reader_processes=options.reader_processes,
+            )
         except MongoError:
             self.refused_for_memory += 1
             raise
@@ -269,9 +314,18 @@ class StreamSet:
         # that streams created at once cannot each fit beside the others' absence.
         self.memory.add_processes(starting)  # (shaping ones then count in the stream's own account)
         try:
-            stream = ParallelStream(name, options, topology, start, floors, keep=keep,
-                                    connect_upstream=self.connect_upstream, connect_member=self.connect_member,
-                                    readers_pool=self.reader_pool, memory=self.memory)
+            stream = ParallelStream(
+                name,
+                options,
+                topology,
+                start,
+                floors,
+                keep=keep,
+                connect_upstream=self.connect_upstream,
+                connect_member=self.connect_member,
+                readers_pool=self.reader_pool,
+                memory=self.memory,
+            )
             return await self._start(stream, keep is None)
         finally:
             self.memory.add_processes(-starting)
@@ -302,16 +356,22 @@ class StreamSet:
         resumeAfter, with `named`'s options."""
         options = named.options
         named.replays += 1
-        return await self.create(f"{named.name}#replay-{uuid.uuid4().hex[:8]}", options.n_buckets,
-                                  {**cmd, "nBuckets": options.n_buckets,
-                                   "showExpandedEvents": options.show_expanded_events,
-                                   "showSystemEvents": options.show_system_events,
-                                   "bucketBy": options.bucket_by,
-                                   "shardBufferBytes": options.shard_buffer_bytes,
-                                   "bucketBufferBytes": options.bucket_buffer_bytes,
-                                   "pipeline": ([{"$match": options.match}] if options.match else [])
-                                   + ([{SPLIT_STAGE: {}}] if options.split_large_events else [])},
-                                  keep={i})
+        return await self.create(
+            f"{named.name}#replay-{uuid.uuid4().hex[:8]}",
+            options.n_buckets,
+            {
+                **cmd,
+                "nBuckets": options.n_buckets,
+                "showExpandedEvents": options.show_expanded_events,
+                "showSystemEvents": options.show_system_events,
+                "bucketBy": options.bucket_by,
+                "shardBufferBytes": options.shard_buffer_bytes,
+                "bucketBufferBytes": options.bucket_buffer_bytes,
+                "pipeline": ([{"$match": options.match}] if options.match else [])
+                + ([{SPLIT_STAGE: {}}] if options.split_large_events else []),
+            },
+            keep={i},
+        )
 
 
 def frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -321,8 +381,12 @@ def frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, An
     after = cmd.get("after")
     if after is not None:
         if len(after) != stream.options.n_buckets:
-            raise MongoError("BadValue", f"after has {len(after)} tokens, the stream has "
-                             f"{stream.options.n_buckets} buckets")
-        end = stream.plan_end([token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62))
+            raise MongoError(
+                "BadValue",
+                f"after has {len(after)} tokens, the stream has {stream.options.n_buckets} buckets",
+            )
+        end = stream.plan_end(
+            [token_sort_key(t) for t in after], int_option(cmd, "maxEvents", 1, 1 << 62)
+        )
         out["planEnd"] = token_from_key(end)
     return out

@@ -34,9 +34,9 @@ TOPOLOGY = "config"
 
 
 class Topology(NamedTuple):
-    shards: dict[str, list[tuple[str, int]]]   # shard id -> its members' addresses
-    joined: dict[str, Timestamp]               # shard id -> topologyTime
-    as_of: Timestamp                           # every shard that joined at or before this is listed
+    shards: dict[str, list[tuple[str, int]]]  # shard id -> its members' addresses
+    joined: dict[str, Timestamp]  # shard id -> topologyTime
+    as_of: Timestamp  # every shard that joined at or before this is listed
     # A replica set upstream is its one and only "shard": nothing can join it, so no watcher.
     sharded: bool = True
 
@@ -62,8 +62,9 @@ async def discover(conn: Connection) -> Topology:
         raise MongoError(40573, "The $changeStream stage is only supported on replica sets")
     members = [*hello.get("hosts", []), *hello.get("passives", [])]
     as_of = hello.get("operationTime") or hello["$clusterTime"]["clusterTime"]
-    return Topology({set_name: _members(",".join(members))}, {set_name: Timestamp(0, 0)},
-                    as_of, sharded=False)
+    return Topology(
+        {set_name: _members(",".join(members))}, {set_name: Timestamp(0, 0)}, as_of, sharded=False
+    )
 
 
 async def read_topology(conn: Connection) -> Topology:
@@ -78,9 +79,15 @@ async def read_topology(conn: Connection) -> Topology:
 
 
 class TopologyWatcher:
-    def __init__(self, connect: ConnectUpstream, known: Topology, *,
-                 holds_back: Callable[[], float | None], min_interval_s: float = 0.02,
-                 lazy_check_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        connect: ConnectUpstream,
+        known: Topology,
+        *,
+        holds_back: Callable[[], float | None],
+        min_interval_s: float = 0.02,
+        lazy_check_s: float = 0.25,
+    ) -> None:
         self.connect = connect
         self.known = set(known.shards)
         self.as_of = known.as_of
@@ -88,7 +95,9 @@ class TopologyWatcher:
         # means events wait on it (read at once); more is a waiting consumer's resume point.
         self.holds_back = holds_back
         self.min_interval_s = min_interval_s
-        self.lazy_check_s = lazy_check_s  # how often the lazy case is looked at (no one nudges for it)
+        self.lazy_check_s = (
+            lazy_check_s  # how often the lazy case is looked at (no one nudges for it)
+        )
         self.checks = 0
         self.added: list[str] = []
         self._nudged = trio.Event()
@@ -98,8 +107,11 @@ class TopologyWatcher:
         taken by the merge."""
         self._nudged.set()
 
-    async def run(self, advance: Callable[[Timestamp], Awaitable[None]],
-                  add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None]) -> None:
+    async def run(
+        self,
+        advance: Callable[[Timestamp], Awaitable[None]],
+        add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None],
+    ) -> None:
         """Forever: when the shard list holds the merge back, re-read it; start readers for new
         shards (`add_shard`) before the mark moves past their start (`advance`).
 
@@ -115,8 +127,9 @@ class TopologyWatcher:
                     await self._nudged.wait()
                 self._nudged = trio.Event()
                 interval = self.holds_back()
-                if interval is None or (interval > self.min_interval_s
-                                        and trio.current_time() - last_check < interval):
+                if interval is None or (
+                    interval > self.min_interval_s and trio.current_time() - last_check < interval
+                ):
                     continue
                 last_check = trio.current_time()
                 try:
@@ -125,8 +138,9 @@ class TopologyWatcher:
                     topology = await read_topology(conn)
                 except (ConnectionLost, MongoError) as exc:
                     if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
-                        raise MongoError(exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}") \
-                            from exc
+                        raise MongoError(
+                            exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}"
+                        ) from exc
                     log.warning("listShards: %s; retrying", exc)
                     if conn is not None:
                         await conn.aclose()
@@ -135,7 +149,11 @@ class TopologyWatcher:
                 self.checks += 1
                 for sid, hosts in topology.shards.items():
                     if sid not in self.known:
-                        log.info("shard %s joined at %s: reading it from then on", sid, topology.joined[sid])
+                        log.info(
+                            "shard %s joined at %s: reading it from then on",
+                            sid,
+                            topology.joined[sid],
+                        )
                         self.known.add(sid)
                         self.added.append(sid)
                         add_shard(sid, hosts, topology.joined[sid])
@@ -148,4 +166,8 @@ class TopologyWatcher:
                 await conn.aclose()
 
     def status(self) -> dict[str, Any]:
-        return {"checkedThrough": self.as_of, "checks": self.checks, "shardsAdded": list(self.added)}
+        return {
+            "checkedThrough": self.as_of,
+            "checks": self.checks,
+            "shardsAdded": list(self.added),
+        }

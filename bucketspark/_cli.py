@@ -22,8 +22,12 @@ def add_version_flag(parser: argparse.ArgumentParser) -> None:
         version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
         version = "unknown (not installed)"
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version}",
-                        help="print the package's version and exit")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version}",
+        help="print the package's version and exit",
+    )
 
 
 def require_extra(prog: str, extra: str, modules: Iterable[str]) -> None:
@@ -32,6 +36,8 @@ def require_extra(prog: str, extra: str, modules: Iterable[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            sys.stderr.write(f"{prog}: needs the [{extra}] extra (module {exc.name or name!r} is not "
-                             f"installed); install it with: pip install '{DISTRIBUTION}[{extra}]'\n")
+            sys.stderr.write(
+                f"{prog}: needs the [{extra}] extra (module {exc.name or name!r} is not "
+                f"installed); install it with: pip install '{DISTRIBUTION}[{extra}]'\n"
+            )
             raise SystemExit(2) from None

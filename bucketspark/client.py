@@ -31,16 +31,21 @@ class StreamSpec:
     n_buckets: int
     show_expanded_events: bool = True
     pipeline: tuple[dict[str, Any], ...] = field(default=())
-    full_document: str = "default"     # or "updateLookup", "whenAvailable", "required"
+    full_document: str = "default"  # or "updateLookup", "whenAvailable", "required"
     full_document_before_change: str = "off"
     # Engine options passed through when the stream is created (shardBufferBytes, bucketBufferBytes,
     # readerProcesses, maxAwaitTimeMS), as (name, value) pairs so the spec stays hashable.
     engine_options: tuple[tuple[str, int], ...] = ()
-    bucket_by: str = "namespace"       # or "documentKey" (buckets/bucketing.py)
+    bucket_by: str = "namespace"  # or "documentKey" (buckets/bucketing.py)
 
     def open_command(self, **extra: Any) -> dict[str, Any]:
-        cmd: dict[str, Any] = {"parallelChangeStream": 1, "nBuckets": self.n_buckets, "name": self.name,
-                               "showExpandedEvents": self.show_expanded_events, "bucketBy": self.bucket_by}
+        cmd: dict[str, Any] = {
+            "parallelChangeStream": 1,
+            "nBuckets": self.n_buckets,
+            "name": self.name,
+            "showExpandedEvents": self.show_expanded_events,
+            "bucketBy": self.bucket_by,
+        }
         if self.pipeline:
             cmd["pipeline"] = list(self.pipeline)
         if self.full_document != "default":
@@ -68,7 +73,7 @@ def _token_key_of(ev: RawBSONDocument) -> bytes:
     raw = ev.raw
     if raw[4:9] == _ID_HEAD and raw[13:20] == _DATA_HEAD:
         size = int.from_bytes(raw[20:24], "little")  # the string's bytes and its closing 0
-        return binascii.unhexlify(raw[24:23 + size])
+        return binascii.unhexlify(raw[24 : 23 + size])
     return token_key(ev["_id"]["_data"])
 
 
@@ -77,8 +82,11 @@ def _token_key_of(ev: RawBSONDocument) -> bytes:
 # of the proxy's before it fails and Spark retries it; pymongo's default is to wait forever, so a
 # proxy that hangs, or a network that drops its packets, would hold the micro-batch for good.
 # Generous, as a getMore waits up to maxAwaitTimeMS and may look documents up for its events.
-CLIENT_DEFAULTS: dict[str, Any] = {"serverSelectionTimeoutMS": 10_000, "socketTimeoutMS": 120_000,
-                                   "appname": "bucketspark"}
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "serverSelectionTimeoutMS": 10_000,
+    "socketTimeoutMS": 120_000,
+    "appname": "bucketspark",
+}
 
 
 def client_for(uri: str) -> pymongo.MongoClient[Any]:
@@ -89,9 +97,17 @@ def client_for(uri: str) -> pymongo.MongoClient[Any]:
     return pymongo.MongoClient(uri, **{k: v for k, v in CLIENT_DEFAULTS.items() if k not in given})
 
 
-def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int, start: str, end: str, *,
-                batch_size: int = 1000, max_await_ms: int = 500, max_events: int | None = None
-                ) -> Iterator[RawBSONDocument]:
+def read_bucket(
+    client: pymongo.MongoClient[Any],
+    spec: StreamSpec,
+    bucket: int,
+    start: str,
+    end: str,
+    *,
+    batch_size: int = 1000,
+    max_await_ms: int = 500,
+    max_events: int | None = None,
+) -> Iterator[RawBSONDocument]:
     """Events of `bucket` with start < token <= end (tokens given as `_data` hex strings).
 
     A stream opened with $changeStreamSplitLargeEvent returns an event over 16 MiB in fragments,
@@ -101,8 +117,10 @@ def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int,
     if token_key(start) >= end_key:
         return
     admin = client.admin
-    reply = admin.command(spec.open_command(bucket=bucket, resumeAfter={"_data": start}, batchSize=batch_size),
-                          codec_options=RAW_OPTS)
+    reply = admin.command(
+        spec.open_command(bucket=bucket, resumeAfter={"_data": start}, batchSize=batch_size),
+        codec_options=RAW_OPTS,
+    )
     cursor = reply["cursor"]
     cid = cursor["id"]
     batch = cursor["firstBatch"]
@@ -128,8 +146,15 @@ def read_bucket(client: pymongo.MongoClient[Any], spec: StreamSpec, bucket: int,
                     return
             if token_key(pbrt["_data"]) >= end_key and not fragments:
                 return
-            more = admin.command({"getMore": cid, "collection": CURSOR_COLLECTION, "batchSize": batch_size,
-                                  "maxTimeMS": max_await_ms}, codec_options=RAW_OPTS)
+            more = admin.command(
+                {
+                    "getMore": cid,
+                    "collection": CURSOR_COLLECTION,
+                    "batchSize": batch_size,
+                    "maxTimeMS": max_await_ms,
+                },
+                codec_options=RAW_OPTS,
+            )
             batch = more["cursor"]["nextBatch"]
             pbrt = more["cursor"]["postBatchResumeToken"]
     finally:
@@ -145,9 +170,14 @@ def open_stream(client: pymongo.MongoClient[Any], spec: StreamSpec, **start: Any
     return [c["postBatchResumeToken"]["_data"] for c in cursors]
 
 
-def plan_end(client: pymongo.MongoClient[Any], spec: StreamSpec, after: list[str], max_events: int | None) -> str:
-    cmd: dict[str, Any] = {"parallelChangeStreamStatus": 1, "name": spec.name,
-                           "after": [{"_data": t} for t in after]}
+def plan_end(
+    client: pymongo.MongoClient[Any], spec: StreamSpec, after: list[str], max_events: int | None
+) -> str:
+    cmd: dict[str, Any] = {
+        "parallelChangeStreamStatus": 1,
+        "name": spec.name,
+        "after": [{"_data": t} for t in after],
+    }
     if max_events is not None:
         cmd["maxEvents"] = max_events
     reply = client.admin.command(cmd)

@@ -232,9 +232,7 @@ def _parse_option(name: str, text: str, spelt: str | None = None) -> Any:
         ) from None
 
 
-def namespace_match(
-    database: str | None, collections: tuple[str, ...]
-) -> dict[str, Any] | None:
+def namespace_match(database: str | None, collections: tuple[str, ...]) -> dict[str, Any] | None:
     """The $match stage keeping the events of `database` (of its `collections`, if any): the
     connector's database/collection options, as a filter on the stream's namespaces. A rename
     is kept by its source namespace, a dropDatabase by its database when no collection is named
@@ -262,8 +260,10 @@ def stream_spec(options: Options) -> StreamSpec:
         pipeline.insert(0, match)  # first: a $changeStreamSplitLargeEvent stays the last stage
     bucket_by = options.get("bucketBy") or "namespace"
     if bucket_by not in BUCKET_BY:
-        raise ValueError(f"parallelchangestream: option 'bucketBy' is {bucket_by!r}; use one of "
-                         f"{', '.join(BUCKET_BY)}")
+        raise ValueError(
+            f"parallelchangestream: option 'bucketBy' is {bucket_by!r}; use one of "
+            f"{', '.join(BUCKET_BY)}"
+        )
     full_document = options.get("fullDocument") or "default"
     if options.get("change.stream.publish.full.document.only") and full_document == "default":
         full_document = "updateLookup"  # as the connector: rows are documents, updates' looked up

@@ -35,8 +35,9 @@ def key_json(key: Mapping[str, Any]) -> str:
     return json_util.dumps(key, json_options=json_util.CANONICAL_JSON_OPTIONS)
 
 
-def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool,
-              payload: RawBSONDocument | None = None) -> tuple[Any, ...]:
+def event_row(
+    bucket: int, ev: RawBSONDocument, *, with_json: bool, payload: RawBSONDocument | None = None
+) -> tuple[Any, ...]:
     """The row of `ev`; its event and eventJson columns hold `payload` instead when given (the
     event's fullDocument, for change.stream.publish.full.document.only)."""
     raw = ev.raw
@@ -47,11 +48,22 @@ def event_row(bucket: int, ev: RawBSONDocument, *, with_json: bool,
     body = raw if payload is None else payload.raw
     as_json = None
     if with_json:
-        decoded = fields if payload is None and isinstance(fields, dict) else bson.decode(body, PLAIN)
+        decoded = (
+            fields if payload is None and isinstance(fields, dict) else bson.decode(body, PLAIN)
+        )
         as_json = json_util.dumps(decoded, json_options=json_util.RELAXED_JSON_OPTIONS)
-    return (bucket, fields["_id"]["_data"], datetime.datetime.fromtimestamp(ct.time, datetime.UTC), ct.inc,
-            fields["operationType"], ns.get("db"), ns.get("coll"), key_json(key) if key else None,
-            bytes(body), as_json)
+    return (
+        bucket,
+        fields["_id"]["_data"],
+        datetime.datetime.fromtimestamp(ct.time, datetime.UTC),
+        ct.inc,
+        fields["operationType"],
+        ns.get("db"),
+        ns.get("coll"),
+        key_json(key) if key else None,
+        bytes(body),
+        as_json,
+    )
 
 
 ARROW_ROWS = 2000  # rows per Arrow record batch a read yields
@@ -61,10 +73,20 @@ def arrow_schema() -> Any:
     """SCHEMA as Arrow types (pyarrow is imported only where Spark runs)."""
     import pyarrow as pa
 
-    return pa.schema([("bucket", pa.int32()), ("token", pa.string()), ("clusterTime", pa.timestamp("us", tz="UTC")),
-                      ("clusterTimeInc", pa.int64()), ("operationType", pa.string()), ("db", pa.string()),
-                      ("coll", pa.string()), ("documentKey", pa.string()), ("event", pa.binary()),
-                      ("eventJson", pa.string())])
+    return pa.schema(
+        [
+            ("bucket", pa.int32()),
+            ("token", pa.string()),
+            ("clusterTime", pa.timestamp("us", tz="UTC")),
+            ("clusterTimeInc", pa.int64()),
+            ("operationType", pa.string()),
+            ("db", pa.string()),
+            ("coll", pa.string()),
+            ("documentKey", pa.string()),
+            ("event", pa.binary()),
+            ("eventJson", pa.string()),
+        ]
+    )
 
 
 def arrow_batches(rows: Any, schema: Any) -> Any:
@@ -74,8 +96,9 @@ def arrow_batches(rows: Any, schema: Any) -> Any:
 
     def batch(chunk: list[tuple[Any, ...]]) -> Any:
         columns = zip(*chunk, strict=True)
-        return pa.RecordBatch.from_arrays([pa.array(col, f.type) for col, f in zip(columns, schema, strict=True)],
-                                          schema=schema)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(col, f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
+        )
 
     chunk: list[tuple[Any, ...]] = []
     for row in rows:

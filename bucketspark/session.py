@@ -11,9 +11,13 @@ from typing import Any
 # few shuffle partitions, the driver on loopback. Filled in only where the Spark configuration
 # (spark-submit --conf, spark-defaults.conf, PYSPARK_SUBMIT_ARGS) says nothing, and never for a
 # cluster master, whose executors must reach the driver.
-LOCAL_DEFAULTS = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-                  "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1",
-                  "spark.python.worker.reuse": "true"}
+LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.python.worker.reuse": "true",
+}
 
 
 def spark_session(app: str = "parallelchangestream-demo", master: str | None = None) -> Any:
@@ -47,4 +51,3 @@ def spark_session(app: str = "parallelchangestream-demo", master: str | None = N
 
     spark.dataSource.register(ParallelChangeStreamDataSource)
     return spark
-

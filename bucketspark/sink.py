@@ -34,7 +34,14 @@ from pymongo.errors import OperationFailure
 from bucketspark.client import client_for
 from mongoformats.codecs import PLAIN
 
-_ALREADY_DONE = {26, 27, 48, 68, 85, 86}  # NamespaceNotFound, IndexNotFound, NamespaceExists, Index*
+_ALREADY_DONE = {
+    26,
+    27,
+    48,
+    68,
+    85,
+    86,
+}  # NamespaceNotFound, IndexNotFound, NamespaceExists, Index*
 
 
 @dataclass
@@ -91,8 +98,11 @@ def _compile(node: _Node, current: Any) -> Any:
         if child is _UNSET:
             expr = {"$unsetField": {"field": field, "input": expr}}
             continue
-        value = {"$literal": child.value} if isinstance(child, _Set) else \
-            _compile(child, {"$getField": {"field": field, "input": current}})
+        value = (
+            {"$literal": child.value}
+            if isinstance(child, _Set)
+            else _compile(child, {"$getField": {"field": field, "input": current}})
+        )
         expr = {"$setField": {"field": field, "input": expr, "value": value}}
     return expr
 
@@ -108,11 +118,27 @@ def _compile_array(node: _Node, current: Any) -> Any:
     for idx in sorted(k for k in node.children if isinstance(k, int)):
         if idx > pos:
             gap = idx - pos
-            pieces.append({"$slice": [{"$concatArrays": [{"$slice": [current, pos, gap]},
-                                                         {"$literal": [None] * gap}]}, gap]})
+            pieces.append(
+                {
+                    "$slice": [
+                        {
+                            "$concatArrays": [
+                                {"$slice": [current, pos, gap]},
+                                {"$literal": [None] * gap},
+                            ]
+                        },
+                        gap,
+                    ]
+                }
+            )
         child = node.children[idx]
-        pieces.append([{"$literal": child.value} if isinstance(child, _Set) else
-                       _compile(child, {"$arrayElemAt": [current, idx]})])
+        pieces.append(
+            [
+                {"$literal": child.value}
+                if isinstance(child, _Set)
+                else _compile(child, {"$arrayElemAt": [current, idx]})
+            ]
+        )
         pos = idx + 1
     end = node.truncate
     if end is None or end > pos:
@@ -149,8 +175,9 @@ def _paths(
     def parts(path: str) -> Path:
         nonlocal unresolved
         if path in exact:
-            return [p if isinstance(p, int) and not isinstance(p, bool) else str(p)
-                    for p in exact[path]]
+            return [
+                p if isinstance(p, int) and not isinstance(p, bool) else str(p) for p in exact[path]
+            ]
         first, *rest = path.split(".")
         if known:
             return [first, *(int(p) if _array_index(p) else p for p in rest)]
@@ -163,8 +190,9 @@ def _paths(
     return sets, removed, truncated, not unresolved
 
 
-def _operators(sets: list[tuple[Path, Any]], removed: list[Path],
-               truncated: list[tuple[Path, int]]) -> list[dict[str, Any]]:
+def _operators(
+    sets: list[tuple[Path, Any]], removed: list[Path], truncated: list[tuple[Path, int]]
+) -> list[dict[str, Any]]:
     """The update as operator documents: one, or two when a truncated array is also updated
     (one update may not touch a path and its prefix: ConflictingUpdateOperators)."""
     dotted = ".".join
@@ -179,14 +207,15 @@ def _operators(sets: list[tuple[Path, Any]], removed: list[Path],
     if not cut:
         return [main] if main else []
     touched = [p for p, _ in sets] + removed
-    clash = any(q[:len(p)] == p for p, _ in truncated for q in touched)
+    clash = any(q[: len(p)] == p for p, _ in truncated for q in touched)
     if clash or not main:
         return [{"$push": cut}] + ([main] if main else [])
     return [{**main, "$push": cut}]
 
 
-def _pipeline(sets: list[tuple[Path, Any]], removed: list[Path],
-              truncated: list[tuple[Path, int]]) -> list[dict[str, Any]]:
+def _pipeline(
+    sets: list[tuple[Path, Any]], removed: list[Path], truncated: list[tuple[Path, int]]
+) -> list[dict[str, Any]]:
     """The update as a pipeline of $replaceWith stages that set, unset and cut each exact path
     with $setField/$unsetField/$getField and array slices: a field whose name holds a dot or
     starts with $ is that one field, an array index that element (MongoDB 5.0+ targets)."""
@@ -201,7 +230,7 @@ def _pipeline(sets: list[tuple[Path, Any]], removed: list[Path],
     stages = []
     for i in range(0, len(names), _ROOT_CHUNK):
         part = _Node()
-        part.children = {k: root.children[k] for k in names[i:i + _ROOT_CHUNK]}
+        part.children = {k: root.children[k] for k in names[i : i + _ROOT_CHUNK]}
         stages.append({"$replaceWith": _compile(part, "$$ROOT")})
     return stages
 
@@ -217,9 +246,11 @@ def update_ops(key: Mapping[str, Any], desc: Mapping[str, Any]) -> list[Any]:
     if all(_plain(p) for p in every):
         return [UpdateOne(key, spec) for spec in _operators(sets, removed, truncated)]
     if not exact:
-        raise ValueError("an update of a field whose name holds a dot or starts with $, under a "
-                         "path with an all-digit component, needs the stream's disambiguatedPaths "
-                         f"(showExpandedEvents: true) to be applied exactly: {dict(desc)!r}")
+        raise ValueError(
+            "an update of a field whose name holds a dot or starts with $, under a "
+            "path with an all-digit component, needs the stream's disambiguatedPaths "
+            f"(showExpandedEvents: true) to be applied exactly: {dict(desc)!r}"
+        )
     return [UpdateOne(key, _pipeline(sets, removed, truncated))]
 
 
@@ -259,8 +290,13 @@ def apply_ddl(client: pymongo.MongoClient[Any], ev: Mapping[str, Any]) -> None:
             client.drop_database(ns["db"])
         elif kind == "rename":
             to = ev["to"]
-            client.admin.command({"renameCollection": f"{ns['db']}.{ns['coll']}", "to": f"{to['db']}.{to['coll']}",
-                                  "dropTarget": True})
+            client.admin.command(
+                {
+                    "renameCollection": f"{ns['db']}.{ns['coll']}",
+                    "to": f"{to['db']}.{to['coll']}",
+                    "dropTarget": True,
+                }
+            )
         elif kind == "create":
             db.command({"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}})
         elif kind == "createIndexes":
@@ -308,7 +344,9 @@ def _write_unit(client: pymongo.MongoClient[Any], ops: list[tuple[tuple[str, str
             body(None)
 
 
-def apply_events(client: pymongo.MongoClient[Any], events: Iterable[Mapping[str, Any] | bytes]) -> ApplyStats:
+def apply_events(
+    client: pymongo.MongoClient[Any], events: Iterable[Mapping[str, Any] | bytes]
+) -> ApplyStats:
     """Apply events (decoded dicts or raw BSON) in order to the target cluster behind `client`.
 
     DML is gathered per namespace and written as ordered bulk writes: the order that matters is
@@ -373,6 +411,8 @@ def _crosses_buckets(kind: str, bucket_by: str) -> bool:
     if bucket_by == "documentKey":
         return kind not in DML and kind != "invalidate"
     return kind in CROSS_BUCKET
+
+
 _APPLIED_SCHEMA = "bucket INT, applied LONG, barrierToken STRING, barrierEvent BINARY"
 
 
@@ -395,9 +435,16 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
             nonlocal bucket, barrier
             for batch in batches:
                 columns = batch.to_pydict()
-                for b, token, kind, raw in zip(columns["bucket"], columns["token"], columns["operationType"],
-                                               columns["event"], strict=True):
-                    if bucket is not None and b != bucket:  # the source's contract: a partition is a bucket
+                for b, token, kind, raw in zip(
+                    columns["bucket"],
+                    columns["token"],
+                    columns["operationType"],
+                    columns["event"],
+                    strict=True,
+                ):
+                    if (
+                        bucket is not None and b != bucket
+                    ):  # the source's contract: a partition is a bucket
                         raise ValueError(f"a partition holds buckets {bucket} and {b}")
                     bucket = b
                     if _crosses_buckets(kind, bucket_by):
@@ -405,16 +452,29 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
                         return
                     yield raw
 
-        client = client_for(target_uri)  # a target that stops answering fails the task: see CLIENT_DEFAULTS
+        client = client_for(
+            target_uri
+        )  # a target that stops answering fails the task: see CLIENT_DEFAULTS
         try:
             stats = apply_events(client, events())
         finally:
             client.close()
         yield pa.RecordBatch.from_pydict(
-            {"bucket": [bucket], "applied": [stats.applied + stats.ddl],
-             "barrierToken": [barrier[0] if barrier else None], "barrierEvent": [barrier[1] if barrier else None]},
-            schema=pa.schema([("bucket", pa.int32()), ("applied", pa.int64()), ("barrierToken", pa.string()),
-                              ("barrierEvent", pa.binary())]))
+            {
+                "bucket": [bucket],
+                "applied": [stats.applied + stats.ddl],
+                "barrierToken": [barrier[0] if barrier else None],
+                "barrierEvent": [barrier[1] if barrier else None],
+            },
+            schema=pa.schema(
+                [
+                    ("bucket", pa.int32()),
+                    ("applied", pa.int64()),
+                    ("barrierToken", pa.string()),
+                    ("barrierEvent", pa.binary()),
+                ]
+            ),
+        )
 
     return apply
 
@@ -440,7 +500,9 @@ def replicate_batch(target_uri: str, on_batch: Any = None, *, bucket_by: str = "
             columns = df.select("bucket", "token", "operationType", "event")
             segment = columns
             while True:
-                results = segment.mapInArrow(replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA).collect()
+                results = segment.mapInArrow(
+                    replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA
+                ).collect()
                 for r in results:
                     if r["bucket"] is not None:
                         applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
@@ -460,7 +522,11 @@ def replicate_batch(target_uri: str, on_batch: Any = None, *, bucket_by: str = "
                 # later one start at it again (and stop there at once); the others are done.
                 resume = lit(False)
                 for r in stops:
-                    after = col("token") > first if r["barrierToken"] == first else col("token") >= r["barrierToken"]
+                    after = (
+                        col("token") > first
+                        if r["barrierToken"] == first
+                        else col("token") >= r["barrierToken"]
+                    )
                     resume = resume | ((col("bucket") == r["bucket"]) & after)
                 segment = columns.filter(resume)
         finally:
@@ -473,5 +539,10 @@ def replicate_batch(target_uri: str, on_batch: Any = None, *, bucket_by: str = "
 
 def parquet_sink(df: Any, path: str, checkpoint: str) -> Any:
     """The plain sink: events as Parquet files partitioned by namespace."""
-    return (df.writeStream.format("parquet").partitionBy("db", "coll").option("path", path)
-            .option("checkpointLocation", checkpoint).start())
+    return (
+        df.writeStream.format("parquet")
+        .partitionBy("db", "coll")
+        .option("path", path)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )

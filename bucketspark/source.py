@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
@@ -65,11 +70,20 @@ def _read(partition: BucketPartition) -> Iterator[Any]:
     """One bucket's events in (start, end], as Arrow record batches of rows."""
     client = client_for(partition.spec.uri)
     try:
-        events = read_bucket(client, partition.spec, partition.bucket, partition.start, partition.end,
-                             batch_size=partition.batch_size)
+        events = read_bucket(
+            client,
+            partition.spec,
+            partition.bucket,
+            partition.start,
+            partition.end,
+            batch_size=partition.batch_size,
+        )
         if partition.full_document_only:  # the connector's publish.full.document.only
-            rows = (event_row(partition.bucket, ev, with_json=partition.with_json, payload=doc)
-                    for ev in events if isinstance(doc := ev.get("fullDocument"), RawBSONDocument))
+            rows = (
+                event_row(partition.bucket, ev, with_json=partition.with_json, payload=doc)
+                for ev in events
+                if isinstance(doc := ev.get("fullDocument"), RawBSONDocument)
+            )
         else:
             rows = (event_row(partition.bucket, ev, with_json=partition.with_json) for ev in events)
         yield from arrow_batches(rows, arrow_schema())
@@ -103,8 +117,9 @@ class _ReaderOptions:
         self.full_document_only = options.get("change.stream.publish.full.document.only", False)
 
     def partition(self, bucket: int, start: str, end: str) -> BucketPartition:
-        return BucketPartition(bucket, start, end, self.spec, self.with_json, self.batch_size,
-                               self.full_document_only)
+        return BucketPartition(
+            bucket, start, end, self.spec, self.with_json, self.batch_size, self.full_document_only
+        )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, BucketPartition)
@@ -128,14 +143,20 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         return self._offset(tokens)
 
     def _offset(self, tokens: list[str]) -> dict[str, Any]:
-        return {"nBuckets": self.spec.n_buckets, "bucketBy": self.spec.bucket_by, "name": self.spec.name,
-                "tokens": tokens}
+        return {
+            "nBuckets": self.spec.n_buckets,
+            "bucketBy": self.spec.bucket_by,
+            "name": self.spec.name,
+            "tokens": tokens,
+        }
 
     def _same_buckets(self, offset: dict[str, Any]) -> bool:
         """`offset` was written with this query's nBuckets and bucketBy (offsets without bucketBy
         are by namespace)."""
-        return offset.get("nBuckets") == self.spec.n_buckets \
+        return (
+            offset.get("nBuckets") == self.spec.n_buckets
             and offset.get("bucketBy", "namespace") == self.spec.bucket_by
+        )
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_events) if self.max_events else ReadAllAvailable()
@@ -157,7 +178,8 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
                 f"buckets stand at different tokens; it was dealt by {offset.get('bucketBy', 'namespace')} and "
                 f"the query asks for nBuckets={self.spec.n_buckets} by {self.spec.bucket_by}, which "
                 "can only start from one common token (restart once with the old nBuckets and bucketBy, or start a new "
-                "checkpoint)")
+                "checkpoint)"
+            )
         return tokens[:1] * self.spec.n_buckets
 
     def _reopen(self, tokens: list[str]) -> None:
@@ -207,7 +229,10 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         # no latestOffset first) is re-read with the new count: at common start and end tokens, its
         # buckets together hold the same events, dealt anew.
         starts = self._start_tokens(start)
-        return [self.partition(i, s, e) for i, (s, e) in enumerate(zip(starts, self._tokens(end), strict=True))]
+        return [
+            self.partition(i, s, e)
+            for i, (s, e) in enumerate(zip(starts, self._tokens(end), strict=True))
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
         # Nothing to release: the proxy's buckets drop delivered events under memory pressure, and

@@ -30,8 +30,9 @@ class Environment:
 
 
 @contextmanager
-def embedded_environment(*, shards: int = 3, with_target: bool = True, version: str = "7.0",
-                         proxy_port: int = 0) -> Iterator[Environment]:
+def embedded_environment(
+    *, shards: int = 3, with_target: bool = True, version: str = "7.0", proxy_port: int = 0
+) -> Iterator[Environment]:
     ready: list[Environment] = []
     failed: list[BaseException] = []
     started = threading.Event()
@@ -43,7 +44,9 @@ def embedded_environment(*, shards: int = 3, with_target: bool = True, version: 
             target = await target_cm.__aenter__() if target_cm else None
             try:
                 async with trio.open_nursery() as nursery:
-                    proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=source.uri, listen_port=proxy_port))
+                    proxy = await nursery.start(
+                        serve_proxy, ProxyConfig(upstream=source.uri, listen_port=proxy_port)
+                    )
                     ready.append(Environment(source, target, proxy))
                     started.set()
                     while not stop.is_set():
@@ -64,7 +67,9 @@ def embedded_environment(*, shards: int = 3, with_target: bool = True, version: 
     thread.start()
     started.wait(60)
     if failed or not ready:
-        raise RuntimeError("the embedded clusters did not start") from (failed[0] if failed else None)
+        raise RuntimeError("the embedded clusters did not start") from (
+            failed[0] if failed else None
+        )
     try:
         yield ready[0]
     finally:

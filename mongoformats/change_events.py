@@ -26,13 +26,39 @@ from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import PLAIN, RAW
 from mongoformats.oplog_splice import TOKEN_TIMESTAMP, document_of, splice_crud
-from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, token_from_key, token_sort_key
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    ResumeTokenData,
+    encode_token,
+    token_from_key,
+    token_sort_key,
+)
 from mongoformats.update_diff import update_description_from_diff
 
-__all__ = ["EVENT_BYTES", "EVENT_SORT_KEY", "EV_APPLIED_AT", "EV_COLL", "EV_DB", "EV_NAMESPACES", "EV_OP_TYPE",
-           "EV_RAW", "EV_SHARD", "EV_SORT_KEY", "EV_TYPE_BITS", "PCS_NOTE_KEY", "RAW", "ChangeEvent", "EventFields",
-           "OplogTransformer", "ddl_note", "event_token", "events_from_fields", "invalidate_event",
-           "is_internal_namespace", "prev_op_ts"]
+__all__ = [
+    "EVENT_BYTES",
+    "EVENT_SORT_KEY",
+    "EV_APPLIED_AT",
+    "EV_COLL",
+    "EV_DB",
+    "EV_NAMESPACES",
+    "EV_OP_TYPE",
+    "EV_RAW",
+    "EV_SHARD",
+    "EV_SORT_KEY",
+    "EV_TYPE_BITS",
+    "PCS_NOTE_KEY",
+    "RAW",
+    "ChangeEvent",
+    "EventFields",
+    "OplogTransformer",
+    "ddl_note",
+    "event_token",
+    "events_from_fields",
+    "invalidate_event",
+    "is_internal_namespace",
+    "prev_op_ts",
+]
 
 
 # The key our proxy writes in appendOplogNote payloads that describe DDL (see buckets DDL notes).
@@ -57,15 +83,15 @@ class ChangeEvent(NamedTuple):
     hot path only ever needs them for the last event of a batch.
     """
 
-    sort_key: bytes           # resume token `_data` bytes: the total order of events
-    type_bits: bytes          # the token's `_typeBits` (b"" when its KeyString needs none)
+    sort_key: bytes  # resume token `_data` bytes: the total order of events
+    type_bits: bytes  # the token's `_typeBits` (b"" when its KeyString needs none)
     op_type: str
     db: str
-    coll: str | None          # None for database-level events (dropDatabase)
-    raw: bytes                # the BSON event document, byte-identical to the server's
+    coll: str | None  # None for database-level events (dropDatabase)
+    raw: bytes  # the BSON event document, byte-identical to the server's
     # Every namespace ("db.coll") the event belongs to: a rename belongs to source and target.
     namespaces: tuple[str, ...] = ()
-    shard: str = ""           # the shard whose oplog it came from (set only when lookups need it)
+    shard: str = ""  # the shard whose oplog it came from (set only when lookups need it)
     # An op of a transaction: (ts of the applyOps entry that holds it, its index there), where
     # the server records its pre- and post-images (the unwinder's applyOpsTs and applyOpsIndex).
     # It differs from (clusterTime, txnOpIndex) in a chained or prepared transaction. None: at
@@ -73,9 +99,24 @@ class ChangeEvent(NamedTuple):
     applied_at: tuple[Timestamp, int] | None = None
 
     @classmethod
-    def for_token(cls, token: Mapping[str, Any], op_type: str, db: str, coll: str | None, raw: bytes,
-                  namespaces: tuple[str, ...] = ()) -> ChangeEvent:
-        return cls(token_sort_key(token), bytes(token.get("_typeBits", b"")), op_type, db, coll, raw, namespaces)
+    def for_token(
+        cls,
+        token: Mapping[str, Any],
+        op_type: str,
+        db: str,
+        coll: str | None,
+        raw: bytes,
+        namespaces: tuple[str, ...] = (),
+    ) -> ChangeEvent:
+        return cls(
+            token_sort_key(token),
+            bytes(token.get("_typeBits", b"")),
+            op_type,
+            db,
+            coll,
+            raw,
+            namespaces,
+        )
 
     @property
     def token(self) -> dict[str, Any]:
@@ -99,7 +140,17 @@ _event_from_fields = functools.partial(tuple.__new__, ChangeEvent)
 # stops tracking a plain tuple of bytes and str after one collection, never a tuple subclass, and
 # each full collection would walk every buffered event, a pause that grows with the buffers.
 EventFields = tuple[Any, ...]
-EV_SORT_KEY, EV_TYPE_BITS, EV_OP_TYPE, EV_DB, EV_COLL, EV_RAW, EV_NAMESPACES, EV_SHARD, EV_APPLIED_AT = range(9)
+(
+    EV_SORT_KEY,
+    EV_TYPE_BITS,
+    EV_OP_TYPE,
+    EV_DB,
+    EV_COLL,
+    EV_RAW,
+    EV_NAMESPACES,
+    EV_SHARD,
+    EV_APPLIED_AT,
+) = range(9)
 # An event's sort key and bytes by position: for key= and map() over many events, where an
 # itemgetter is cheaper than attribute access or indexing in a lambda.
 EVENT_SORT_KEY = itemgetter(EV_SORT_KEY)
@@ -135,8 +186,14 @@ def _split_ns(ns: str) -> tuple[str, str]:
     return db, coll
 
 
-def ddl_note(op_type: str, ns: str, *, ui: Any = None, operation_description: Mapping[str, Any] | None = None,
-             state_before_change: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def ddl_note(
+    op_type: str,
+    ns: str,
+    *,
+    ui: Any = None,
+    operation_description: Mapping[str, Any] | None = None,
+    state_before_change: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The appendOplogNote `data` our proxy writes to record a DDL command the stream must show."""
     note: dict[str, Any] = {"op": op_type, "ns": ns}
     if ui is not None:
@@ -172,16 +229,26 @@ class OplogTransformer:
             that the resumed event is found again.
     """
 
-    def __init__(self, *, show_expanded_events: bool = False, show_migration_events: bool = False,
-                 show_system_events: bool = False, token_version: int = 2, ddl_notes: bool = False,
-                 view_events: bool = True, keep_version: tuple[Timestamp, int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        show_expanded_events: bool = False,
+        show_migration_events: bool = False,
+        show_system_events: bool = False,
+        token_version: int = 2,
+        ddl_notes: bool = False,
+        view_events: bool = True,
+        keep_version: tuple[Timestamp, int] | None = None,
+    ) -> None:
         self.show_expanded_events = show_expanded_events
         self.show_migration_events = show_migration_events
         self.show_system_events = show_system_events
         self.token_version = token_version
         self.ddl_notes = ddl_notes
         self.view_events = view_events
-        self.keep_version = keep_version if keep_version is not None and keep_version[1] != token_version else None
+        self.keep_version = (
+            keep_version if keep_version is not None and keep_version[1] != token_version else None
+        )
         # (lsid id bytes, txnNumber) -> ops buffered from partialTxn / prepare entries, each with
         # the ts of its entry and its index there (where the server records its images).
         self._pending_txns: dict[tuple[bytes, int], list[tuple[Any, Timestamp, int]]] = {}
@@ -260,8 +327,14 @@ class OplogTransformer:
 
     # -- CRUD --------------------------------------------------------------------------------------
 
-    def _crud(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any,
-              txn_op_index: int, txn: tuple[Any, Any] | None) -> ChangeEvent | None:
+    def _crud(
+        self,
+        op_doc: Mapping[str, Any],
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> ChangeEvent | None:
         ns = op_doc["ns"]
         if ns.endswith(".system.views"):
             return self._view_event(op_doc, ts, wall)
@@ -278,8 +351,16 @@ class OplogTransformer:
             first = next(iter(o.keys()), None)
             if first not in ("create", "createIndexes") or self.ddl_notes:
                 return None
-            return self._ddl(op_doc, first, o, ns.split(".", 1)[0], ts=ts, wall=wall, txn_op_index=txn_op_index,
-                             txn=txn)
+            return self._ddl(
+                op_doc,
+                first,
+                o,
+                ns.split(".", 1)[0],
+                ts=ts,
+                wall=wall,
+                txn_op_index=txn_op_index,
+                txn=txn,
+            )
         full_document = update_description = None
         if op == "i":
             op_type = "insert"
@@ -290,15 +371,18 @@ class OplogTransformer:
             if o.get("$v") == 2:
                 op_type = "update"
                 update_description = update_description_from_diff(
-                    _plain(o["diff"]), disambiguate=self.show_expanded_events)
+                    _plain(o["diff"]), disambiguate=self.show_expanded_events
+                )
             elif "_id" in o:
                 op_type = "replace"
                 full_document = o
             else:  # legacy $v:1 {$set, $unset}
                 op_type = "update"
-                update_description = {"updatedFields": _plain(o.get("$set", {})),
-                                      "removedFields": list(_plain(o.get("$unset", {}))),
-                                      "truncatedArrays": []}
+                update_description = {
+                    "updatedFields": _plain(o.get("$set", {})),
+                    "removedFields": list(_plain(o.get("$unset", {}))),
+                    "truncatedArrays": [],
+                }
         elif op == "d":
             op_type = "delete"
             document_key = o
@@ -321,17 +405,28 @@ class OplogTransformer:
         ident = self._identifier(op_type, key, None, self._version_at(ts))
         return self._finish(ts, txn_op_index, ui, ident, fields, op_type, db, coll, (ns,), txn)
 
-    def _view_event(self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any) -> ChangeEvent | None:
+    def _view_event(
+        self, op_doc: Mapping[str, Any], ts: Timestamp, wall: Any
+    ) -> ChangeEvent | None:
         """6.0+ servers show writes to system.views as view events: an insert as `create`, an update
         (collMod of a view, logged as a replacement) as `modify`, a delete as `drop`. Per
         change_stream_event_transform.cpp (ChangeStreamViewDefinitionEventTransformation), the
         operationDescription is the whole view document but `_id`, and the token carries the `ui`
         of the system.views entry (audit D1, D2, D3)."""
         kinds = {"i": "create", "u": "modify", "d": "drop"}
-        if not self.show_expanded_events or self.ddl_notes or not self.view_events or op_doc["op"] not in kinds:
+        if (
+            not self.show_expanded_events
+            or self.ddl_notes
+            or not self.view_events
+            or op_doc["op"] not in kinds
+        ):
             return None
         o = _plain(op_doc["o"])
-        name = o.get("_id") if op_doc["op"] != "u" else (_plain(op_doc.get("o2")) or {}).get("_id", o.get("_id"))
+        name = (
+            o.get("_id")
+            if op_doc["op"] != "u"
+            else (_plain(op_doc.get("o2")) or {}).get("_id", o.get("_id"))
+        )
         if not isinstance(name, str) or "." not in name or (op_doc["op"] == "u" and "$v" in o):
             return None  # not a whole view definition the server would write
         db, coll = _split_ns(name)
@@ -340,7 +435,9 @@ class OplogTransformer:
         ui = op_doc.get("ui")
         kind = kinds[op_doc["op"]]
         if kind == "drop":
-            return self._ddl_event("drop", db, coll, ts, wall, ui, None, show_desc=False, show_uuid=False)
+            return self._ddl_event(
+                "drop", db, coll, ts, wall, ui, None, show_desc=False, show_uuid=False
+            )
         desc = {k: v for k, v in o.items() if k != "_id"}
         return self._ddl_event(kind, db, coll, ts, wall, ui, desc, show_uuid=False)
 
@@ -357,8 +454,11 @@ class OplogTransformer:
             self._pending_txns.pop(self._txn_key(doc), None)
             self._chain_gaps.pop(self._txn_key(doc), None)
             return []
-        if doc.get("fromMigrate") and not self.show_migration_events and not (
-                self.show_system_events and first in _SYSTEM_FROM_MIGRATE):
+        if (
+            doc.get("fromMigrate")
+            and not self.show_migration_events
+            and not (self.show_system_events and first in _SYSTEM_FROM_MIGRATE)
+        ):
             return []
         db = doc["ns"].split(".", 1)[0]
         if db in _INTERNAL_DBS:
@@ -366,8 +466,18 @@ class OplogTransformer:
         ev = self._ddl(doc, first, o, db)
         return [ev] if ev is not None else []
 
-    def _ddl(self, doc: Mapping[str, Any], first: str, o: Mapping[str, Any], db: str, *, ts: Timestamp | None = None,
-             wall: Any = None, txn_op_index: int = 0, txn: tuple[Any, Any] | None = None) -> ChangeEvent | None:
+    def _ddl(
+        self,
+        doc: Mapping[str, Any],
+        first: str,
+        o: Mapping[str, Any],
+        db: str,
+        *,
+        ts: Timestamp | None = None,
+        wall: Any = None,
+        txn_op_index: int = 0,
+        txn: tuple[Any, Any] | None = None,
+    ) -> ChangeEvent | None:
         """`ts`, `wall`, `txn_op_index` and `txn`: a command inside a transaction's applyOps."""
         if ts is None:
             ts, wall = doc["ts"], doc.get("wall")
@@ -379,8 +489,9 @@ class OplogTransformer:
         named = o.get(first)
         if first in _SYSTEM_FILTERED and isinstance(named, str) and named.startswith("system."):
             return None
-        if first == "renameCollection" and all(_split_ns(o[k])[1].startswith("system.")
-                                               for k in ("renameCollection", "to")):
+        if first == "renameCollection" and all(
+            _split_ns(o[k])[1].startswith("system.") for k in ("renameCollection", "to")
+        ):
             return None
         if first == "drop":
             coll = o["drop"]
@@ -391,8 +502,17 @@ class OplogTransformer:
             desc: dict[str, Any] = {"to": {"db": dst_db, "coll": dst_coll}}
             if o.get("dropTarget") is not None:
                 desc["dropTarget"] = o["dropTarget"]
-            return event("rename", src_db, src_coll, ts, wall, ui, desc, to={"db": dst_db, "coll": dst_coll},
-                                   extra_ns=(f"{dst_db}.{dst_coll}",))
+            return event(
+                "rename",
+                src_db,
+                src_coll,
+                ts,
+                wall,
+                ui,
+                desc,
+                to={"db": dst_db, "coll": dst_coll},
+                extra_ns=(f"{dst_db}.{dst_coll}",),
+            )
         if first == "dropDatabase":
             return event("dropDatabase", db, None, ts, wall, None, None, show_desc=False)
         if not expanded or self.ddl_notes:
@@ -400,17 +520,28 @@ class OplogTransformer:
         if first == "create":
             desc = {k: v for k, v in _plain(o).items() if k != "create"}
             coll = o["create"]
-            if "viewOn" in desc:  # views are recorded in system.views; the create entry is the collection
+            if (
+                "viewOn" in desc
+            ):  # views are recorded in system.views; the create entry is the collection
                 return None
             return event("create", db, coll, ts, wall, ui, desc)
         if first == "createIndexes":
             spec = {k: v for k, v in _plain(o).items() if k != "createIndexes"}
             return event("createIndexes", db, o["createIndexes"], ts, wall, ui, {"indexes": [spec]})
         if first == "commitIndexBuild":
-            return event("createIndexes", db, o["commitIndexBuild"], ts, wall, ui,
-                                   {"indexes": _plain(o)["indexes"]})
+            return event(
+                "createIndexes",
+                db,
+                o["commitIndexBuild"],
+                ts,
+                wall,
+                ui,
+                {"indexes": _plain(o)["indexes"]},
+            )
         if first == "dropIndexes":
-            return event("dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]})
+            return event(
+                "dropIndexes", db, o["dropIndexes"], ts, wall, ui, {"indexes": [_plain(doc["o2"])]}
+            )
         if first == "collMod":
             desc = {k: v for k, v in _plain(o).items() if k != "collMod"}
             o2 = _plain(doc.get("o2")) or {}
@@ -420,11 +551,24 @@ class OplogTransformer:
             return event("modify", db, o["collMod"], ts, wall, ui, desc, state_before=before)
         return None
 
-    def _ddl_event(self, op_type: str, db: str, coll: str | None, ts: Timestamp, wall: Any, ui: Any,
-                   desc: dict[str, Any] | None, *, show_desc: bool = True, to: dict[str, Any] | None = None,
-                   state_before: dict[str, Any] | None = None, extra_ns: tuple[str, ...] = (),
-                   show_uuid: bool = True, txn_op_index: int = 0,
-                   txn: tuple[Any, Any] | None = None) -> ChangeEvent:
+    def _ddl_event(
+        self,
+        op_type: str,
+        db: str,
+        coll: str | None,
+        ts: Timestamp,
+        wall: Any,
+        ui: Any,
+        desc: dict[str, Any] | None,
+        *,
+        show_desc: bool = True,
+        to: dict[str, Any] | None = None,
+        state_before: dict[str, Any] | None = None,
+        extra_ns: tuple[str, ...] = (),
+        show_uuid: bool = True,
+        txn_op_index: int = 0,
+        txn: tuple[Any, Any] | None = None,
+    ) -> ChangeEvent:
         fields: dict[str, Any] = {}
         if to is not None:
             fields["to"] = to  # the server adds `to` ahead of `_id` (mongodb-formats.md C.11)
@@ -452,21 +596,37 @@ class OplogTransformer:
         if o2 is not None and self.show_expanded_events:
             # reshardCollection and refineCollectionShardKey too: buildInternalOpFilter admits them
             # and the transform's kNoop case maps them (change_stream_event_transform.cpp; D5).
-            for kind, shown in (("shardCollection", not self.ddl_notes),
-                                ("reshardCollection", not self.ddl_notes),
-                                ("refineCollectionShardKey", not self.ddl_notes),
-                                ("migrateLastChunkFromShard", self.show_system_events)):
+            for kind, shown in (
+                ("shardCollection", not self.ddl_notes),
+                ("reshardCollection", not self.ddl_notes),
+                ("refineCollectionShardKey", not self.ddl_notes),
+                ("migrateLastChunkFromShard", self.show_system_events),
+            ):
                 if kind in o2 and shown:
                     db, coll = _split_ns(o2[kind])
                     if not self._shown_namespace(db, coll):
                         return []
                     desc = {k: v for k, v in _plain(o2).items() if k != kind}
-                    return [self._ddl_event(kind, db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc)]
+                    return [
+                        self._ddl_event(
+                            kind, db, coll, doc["ts"], doc.get("wall"), doc.get("ui"), desc
+                        )
+                    ]
         if self.ddl_notes and self.show_expanded_events and o is not None and PCS_NOTE_KEY in o:
             note = _plain(o)[PCS_NOTE_KEY]
             db, coll = _split_ns(note["ns"])
-            return [self._ddl_event(note["op"], db, coll or None, doc["ts"], doc.get("wall"), note.get("ui"),
-                                    note.get("operationDescription"), state_before=note.get("stateBeforeChange"))]
+            return [
+                self._ddl_event(
+                    note["op"],
+                    db,
+                    coll or None,
+                    doc["ts"],
+                    doc.get("wall"),
+                    note.get("ui"),
+                    note.get("operationDescription"),
+                    state_before=note.get("stateBeforeChange"),
+                )
+            ]
         return []  # periodic noops, plain appendOplogNote, migrateChunkToNewShard: marks only
 
     def _shown_namespace(self, db: str, coll: str) -> bool:
@@ -478,7 +638,9 @@ class OplogTransformer:
             return False
         if not coll.startswith("system."):
             return True
-        return self.show_system_events and (coll == "system.js" or coll.startswith(_SHOWN_SYSTEM_PREFIXES))
+        return self.show_system_events and (
+            coll == "system.js" or coll.startswith(_SHOWN_SYSTEM_PREFIXES)
+        )
 
     # -- transactions ------------------------------------------------------------------------------
 
@@ -507,15 +669,23 @@ class OplogTransformer:
         ops = self._pending_txns.pop(self._txn_key(doc), [])
         return self._unwind(ops, doc["ts"], doc.get("wall"), (doc["lsid"], doc["txnNumber"]))
 
-    def _unwind(self, ops: list[tuple[Any, Timestamp, int]], ts: Timestamp, wall: Any,
-                txn: tuple[Any, Any] | None) -> list[ChangeEvent]:
+    def _unwind(
+        self,
+        ops: list[tuple[Any, Timestamp, int]],
+        ts: Timestamp,
+        wall: Any,
+        txn: tuple[Any, Any] | None,
+    ) -> list[ChangeEvent]:
         # txnOpIndex counts every operation of the transaction, including ones that make no event.
         out = []
         for index, (op, entry_ts, entry_index) in enumerate(ops):
             ev = self._crud(op, ts, wall, index, txn)
             if ev is not None:
-                out.append(ev if (entry_ts, entry_index) == (ts, index) else
-                           ev._replace(applied_at=(entry_ts, entry_index)))
+                out.append(
+                    ev
+                    if (entry_ts, entry_index) == (ts, index)
+                    else ev._replace(applied_at=(entry_ts, entry_index))
+                )
         return out
 
     # -- tokens ------------------------------------------------------------------------------------
@@ -526,7 +696,9 @@ class OplogTransformer:
         return keep[1] if keep is not None and not _later(ts, keep[0]) else self.token_version
 
     @staticmethod
-    def _identifier(op_type: str, document_key: Any, desc: Any, version: int) -> dict[str, Any] | None:
+    def _identifier(
+        op_type: str, document_key: Any, desc: Any, version: int
+    ) -> dict[str, Any] | None:
         if version >= 2 or op_type not in _CLASSIC:
             ident: dict[str, Any] = {"operationType": op_type}
             if document_key is not None:
@@ -536,11 +708,24 @@ class OplogTransformer:
             return ident
         return document_key  # v0/v1 classic events: the documentKey itself (absent for DDL)
 
-    def _finish(self, ts: Timestamp, txn_op_index: int, ui: Any, ident: Any, fields: dict[str, Any],
-                op_type: str, db: str, coll: str | None, namespaces: tuple[str, ...],
-                txn: tuple[Any, Any] | None) -> ChangeEvent:
-        token = encode_token(ResumeTokenData(ts, self._version_at(ts), EVENT_TOKEN, txn_op_index, False,
-                                             _uuid(ui), ident))
+    def _finish(
+        self,
+        ts: Timestamp,
+        txn_op_index: int,
+        ui: Any,
+        ident: Any,
+        fields: dict[str, Any],
+        op_type: str,
+        db: str,
+        coll: str | None,
+        namespaces: tuple[str, ...],
+        txn: tuple[Any, Any] | None,
+    ) -> ChangeEvent:
+        token = encode_token(
+            ResumeTokenData(
+                ts, self._version_at(ts), EVENT_TOKEN, txn_op_index, False, _uuid(ui), ident
+            )
+        )
         head: dict[str, Any] = {}
         if "to" in fields:
             head["to"] = fields.pop("to")
@@ -563,8 +748,12 @@ def _later(a: Timestamp, b: Timestamp) -> bool:
 # (change_stream_filter_helpers.cpp buildNotFromMigrateFilter -> buildFromMigrateSystemOpFilter).
 _SYSTEM_FROM_MIGRATE = frozenset({"create", "createIndexes"})
 _SHOWN_SYSTEM_PREFIXES = ("system.resharding.", "system.buckets.")
-_SYSTEM_FILTERED = frozenset({"drop", "create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"})
-_CLASSIC = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"})
+_SYSTEM_FILTERED = frozenset(
+    {"drop", "create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"}
+)
+_CLASSIC = frozenset(
+    {"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"}
+)
 
 
 def with_field_before_ns(event: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
@@ -590,12 +779,28 @@ def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
     from mongoformats.resume_token import decode_token
 
     data = decode_token(trigger.token)
-    token = encode_token(ResumeTokenData(data.cluster_time, data.version, data.token_type, data.txn_op_index,
-                                         True, data.uuid, data.event_identifier, data.fragment_num))
-    doc: dict[str, Any] = {"_id": token, "operationType": "invalidate", "clusterTime": data.cluster_time}
+    token = encode_token(
+        ResumeTokenData(
+            data.cluster_time,
+            data.version,
+            data.token_type,
+            data.txn_op_index,
+            True,
+            data.uuid,
+            data.event_identifier,
+            data.fragment_num,
+        )
+    )
+    doc: dict[str, Any] = {
+        "_id": token,
+        "operationType": "invalidate",
+        "clusterTime": data.cluster_time,
+    }
     if wall is not None:
         doc["wallTime"] = wall
-    return ChangeEvent.for_token(token, "invalidate", trigger.db, trigger.coll, bson.encode(doc), trigger.namespaces)
+    return ChangeEvent.for_token(
+        token, "invalidate", trigger.db, trigger.coll, bson.encode(doc), trigger.namespaces
+    )
 
 
 def prev_op_ts(entry: bytes | RawBSONDocument) -> Timestamp | None:

@@ -25,8 +25,15 @@ from mongoformats.mql import matches, unsupported_in_query
 from mongoformats.projection import Projection, computed_values, spec_problem
 
 __all__ = [
-    "SUPPORTED_STAGES", "Stages", "apply_stages", "compile_stages", "encode_in_order",
-    "new_root_expression", "replaced_root", "shape_events", "unsupported_in_stages",
+    "SUPPORTED_STAGES",
+    "Stages",
+    "apply_stages",
+    "compile_stages",
+    "encode_in_order",
+    "new_root_expression",
+    "replaced_root",
+    "shape_events",
+    "unsupported_in_stages",
 ]
 
 SUPPORTED_STAGES = frozenset(
@@ -42,7 +49,7 @@ def compile_stages(stages: Iterable[Mapping[str, Any]]) -> Stages:
     """`stages` with each projection parsed once, for apply_stages (which runs per event)."""
     out = []
     for stage in stages:
-        (name, arg), = stage.items()
+        ((name, arg),) = stage.items()
         if name not in SUPPORTED_STAGES:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
         if name in ("$replaceRoot", "$replaceWith"):
@@ -66,9 +73,12 @@ def replaced_root(name: str, root: Any) -> dict[str, Any]:
     document: `root`, or the server's 40228 if it is not a document."""
     if not isinstance(root, dict):
         what = "'newRoot' expression" if name == "$replaceRoot" else "'replacement document'"
-        raise MongoError(40228, f"{what} must evaluate to an object, but resulting value was: "
-                         f"{'MISSING' if root is MISSING else root}. Type of resulting value: "
-                         f"'{'missing' if root is MISSING else type_name(root)}'.")
+        raise MongoError(
+            40228,
+            f"{what} must evaluate to an object, but resulting value was: "
+            f"{'MISSING' if root is MISSING else root}. Type of resulting value: "
+            f"'{'missing' if root is MISSING else type_name(root)}'.",
+        )
     return root
 
 
@@ -86,7 +96,7 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     for stage in stages:
         if not isinstance(stage, Mapping) or len(stage) != 1:
             return "a stage that is not a document with one field"
-        (name, arg), = stage.items()
+        ((name, arg),) = stage.items()
         if name not in SUPPORTED_STAGES:
             return str(name)
         if name in ("$replaceRoot", "$replaceWith"):

@@ -15,8 +15,9 @@ from bson.raw_bson import RawBSONDocument
 __all__ = ["PLAIN", "RAW"]
 
 # Nested documents stay raw slices; UUIDs decode as bson.Binary subtype 4 (the server's bytes).
-RAW: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument,
-                                                  datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+RAW: CodecOptions[RawBSONDocument] = CodecOptions(
+    document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 # Fully decoded into dicts (types kept: Int64 stays Int64). Typed Any: callers take it as the
 # Mapping or dict they need (CodecOptions is invariant in its document type).
 PLAIN: CodecOptions[Any] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)

@@ -89,7 +89,8 @@ def _zstd_decompress(payload: bytes, size: int) -> bytes:
     import zstandard
 
     reader = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).stream_reader(
-        payload, read_across_frames=True)
+        payload, read_across_frames=True
+    )
     pieces: list[bytes] = []
     left = size + 1
     while left > 0 and (piece := reader.read(left)):

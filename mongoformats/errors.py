@@ -58,7 +58,9 @@ class ConnectionLost(Exception):
 class MongoError(Exception):
     """A command error with a MongoDB code: raised anywhere, rendered once at the boundary."""
 
-    def __init__(self, code: int | str, errmsg: str, *, labels: tuple[str, ...] = (), **extra: Any) -> None:
+    def __init__(
+        self, code: int | str, errmsg: str, *, labels: tuple[str, ...] = (), **extra: Any
+    ) -> None:
         self.code = code_of(code) if isinstance(code, str) else code
         self.code_name = code_name(self.code)
         self.errmsg = errmsg
@@ -80,7 +82,12 @@ class MongoError(Exception):
         return MongoError(self.code, self.errmsg, labels=merged, **self.extra)
 
     def to_reply(self) -> dict[str, Any]:
-        reply: dict[str, Any] = {"ok": 0.0, "errmsg": self.errmsg, "code": self.code, "codeName": self.code_name}
+        reply: dict[str, Any] = {
+            "ok": 0.0,
+            "errmsg": self.errmsg,
+            "code": self.code,
+            "codeName": self.code_name,
+        }
         reply.update(self.extra)
         if self.labels:
             reply["errorLabels"] = list(self.labels)
@@ -89,10 +96,26 @@ class MongoError(Exception):
     @classmethod
     def from_reply(cls, reply: dict[str, Any]) -> MongoError:
         """Rebuild the error a server answered, keeping its code, message, labels and extra fields."""
-        extra = {k: v for k, v in reply.items() if k not in ("ok", "errmsg", "code", "codeName", "errorLabels",
-                                                              "$clusterTime", "operationTime")}
-        return cls(int(reply.get("code", 8)), str(reply.get("errmsg", "")),
-                   labels=tuple(reply.get("errorLabels", ())), **extra)
+        extra = {
+            k: v
+            for k, v in reply.items()
+            if k
+            not in (
+                "ok",
+                "errmsg",
+                "code",
+                "codeName",
+                "errorLabels",
+                "$clusterTime",
+                "operationTime",
+            )
+        }
+        return cls(
+            int(reply.get("code", 8)),
+            str(reply.get("errmsg", "")),
+            labels=tuple(reply.get("errorLabels", ())),
+            **extra,
+        )
 
 
 def _rebuilt(code: int, errmsg: str, labels: tuple[str, ...], extra: dict[str, Any]) -> MongoError:

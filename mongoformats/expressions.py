@@ -33,21 +33,31 @@ __all__ = ["VARIABLES", "Operator", "Operators", "evaluate", "is_true", "unsuppo
 VARIABLES = ("$$ROOT", "$$CURRENT")
 
 # The server's other system variables: defined there, so not "undefined" here, only not evaluated.
-_SYSTEM_VARIABLES = frozenset({
-    "$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META", "$$USER_ROLES",
-})
+_SYSTEM_VARIABLES = frozenset(
+    {"$$NOW", "$$CLUSTER_TIME", "$$DESCEND", "$$PRUNE", "$$KEEP", "$$SEARCH_META", "$$USER_ROLES"}
+)
 
 # What each comparison makes of Value::compare's -1, 0 or 1.
 _COMPARISONS: dict[str, Callable[[int], Any]] = {
-    "$eq": lambda c: c == 0, "$ne": lambda c: c != 0, "$gt": lambda c: c > 0,
-    "$gte": lambda c: c >= 0, "$lt": lambda c: c < 0, "$lte": lambda c: c <= 0, "$cmp": lambda c: c,
+    "$eq": lambda c: c == 0,
+    "$ne": lambda c: c != 0,
+    "$gt": lambda c: c > 0,
+    "$gte": lambda c: c >= 0,
+    "$lt": lambda c: c < 0,
+    "$lte": lambda c: c <= 0,
+    "$cmp": lambda c: c,
 }
 
 # Operators evaluated on their arguments, with how many they take (at least, at most). A server
 # refuses any other count when it parses the pipeline, so such an expression is left to it.
 _ARITY: dict[str, tuple[int, float]] = {
-    "$concat": (0, math.inf), "$and": (0, math.inf), "$or": (0, math.inf), "$not": (1, 1),
-    "$bsonSize": (1, 1), "$in": (2, 2), "$ifNull": (2, math.inf),
+    "$concat": (0, math.inf),
+    "$and": (0, math.inf),
+    "$or": (0, math.inf),
+    "$not": (1, 1),
+    "$bsonSize": (1, 1),
+    "$in": (2, 2),
+    "$ifNull": (2, math.inf),
     **dict.fromkeys(_COMPARISONS, (2, 2)),
 }
 
@@ -91,7 +101,7 @@ def _unsupported_in_object(e: Mapping[str, Any]) -> str | None:
         return _first_unsupported(e.values())
     if len(e) != 1:
         return "an expression object with an operator and other fields"
-    (op, operand), = e.items()
+    ((op, operand),) = e.items()
     if op == "$literal":
         return None
     if op not in _ARITY:
@@ -140,7 +150,7 @@ def _variable(doc: Mapping[str, Any], e: str) -> Any:
 def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators | None) -> Any:
     """An {$operator: operand}'s value, or a document of expressions' (missing fields left out)."""
     if len(e) == 1:
-        (op, operand), = e.items()
+        ((op, operand),) = e.items()
         if op == "$literal":
             return operand
         operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
@@ -216,8 +226,14 @@ def _if_null(doc: Mapping[str, Any], args: list[Any], more: Operators | None) ->
 
 _OPERATORS: dict[str, Operator] = {
     **{op: _comparison(test) for op, test in _COMPARISONS.items()},
-    "$and": _and, "$or": _or, "$not": _not, "$bsonSize": _bson_size, "$in": _in, "$concat": _concat,
-    "$ifNull": _if_null}
+    "$and": _and,
+    "$or": _or,
+    "$not": _not,
+    "$bsonSize": _bson_size,
+    "$in": _in,
+    "$concat": _concat,
+    "$ifNull": _if_null,
+}
 assert set(_OPERATORS) == set(_ARITY)
 
 

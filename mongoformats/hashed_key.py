@@ -29,9 +29,30 @@ __all__ = ["hashed_value"]
 _I32, _I64, _F64 = struct.Struct("<i"), struct.Struct("<q"), struct.Struct("<d")
 
 # BSON type byte -> canonical type (canonicalizeBSONType); EOO and Undefined share 0.
-_CANONICAL = {0x00: 0, 0x06: 0, 0xFF: -1, 0x0A: 5, 0x01: 10, 0x10: 10, 0x12: 10, 0x13: 10, 0x02: 15, 0x0E: 15,
-              0x03: 20, 0x04: 25, 0x05: 30, 0x07: 35, 0x08: 40, 0x09: 45, 0x11: 47, 0x0B: 50, 0x0C: 55, 0x0D: 60,
-              0x0F: 65, 0x7F: 127}
+_CANONICAL = {
+    0x00: 0,
+    0x06: 0,
+    0xFF: -1,
+    0x0A: 5,
+    0x01: 10,
+    0x10: 10,
+    0x12: 10,
+    0x13: 10,
+    0x02: 15,
+    0x0E: 15,
+    0x03: 20,
+    0x04: 25,
+    0x05: 30,
+    0x07: 35,
+    0x08: 40,
+    0x09: 45,
+    0x11: 47,
+    0x0B: 50,
+    0x0C: 55,
+    0x0D: 60,
+    0x0F: 65,
+    0x7F: 127,
+}
 
 
 def hashed_value(value: Any) -> Int64:
@@ -50,14 +71,14 @@ def _hash_element(digest: Any, buf: bytes, p: int, *, with_name: bool) -> int:
         return p + 1
     name_end = buf.index(0, p + 1)
     if with_name:
-        digest.update(buf[p + 1:name_end + 1])
+        digest.update(buf[p + 1 : name_end + 1])
     v = name_end + 1
     end = _value_end(buf, t, v)
     if t in (0x03, 0x04):
         _hash_elements(digest, buf, v + 4)
     elif t == 0x0F:  # code with scope: int32 total, the code string (with its NUL), the scope
         n = _I32.unpack_from(buf, v + 4)[0]
-        digest.update(buf[v + 8:v + 8 + n])
+        digest.update(buf[v + 8 : v + 8 + n])
         _hash_elements(digest, buf, v + 8 + n + 4)
     elif t in (0x01, 0x10, 0x12, 0x13):
         digest.update(_I64.pack(_as_int64(t, buf, v)))
@@ -83,4 +104,4 @@ def _as_int64(t: int, buf: bytes, p: int) -> int:
     if t == 0x01:
         d = _F64.unpack_from(buf, p)[0]
         return INT64_MIN if d == 2.0**63 else safe_long(d)
-    return safe_long(Decimal128.from_bid(bytes(buf[p:p + 16])))
+    return safe_long(Decimal128.from_bid(bytes(buf[p : p + 16])))

@@ -22,9 +22,20 @@ from bson.datetime_ms import DatetimeMS
 
 from mongoformats.errors import MongoError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_BSON_DEPTH", "SAFE_INT64", "GetMore", "check_depth",
-           "check_lsid", "get_more_request", "kill_cursors_ids", "safe_long", "type_name",
-           "wrong_type"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_BSON_DEPTH",
+    "SAFE_INT64",
+    "GetMore",
+    "check_depth",
+    "check_lsid",
+    "get_more_request",
+    "kill_cursors_ids",
+    "safe_long",
+    "type_name",
+    "wrong_type",
+]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -32,10 +43,23 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SAFE_INT64 = ("long", "int", "decimal", "double")
 
 _NAMES: tuple[tuple[type | tuple[type, ...], str], ...] = (
-    (bool, "bool"), (Int64, "long"), (int, "int"), (float, "double"), (str, "string"), (Decimal128, "decimal"),
-    ((bytes, Binary), "binData"), (ObjectId, "objectId"), ((datetime.datetime, DatetimeMS), "date"),
-    (type(None), "null"), (Regex, "regex"), (Code, "javascript"), (Timestamp, "timestamp"), (MinKey, "minKey"),
-    (MaxKey, "maxKey"), (list, "array"))
+    (bool, "bool"),
+    (Int64, "long"),
+    (int, "int"),
+    (float, "double"),
+    (str, "string"),
+    (Decimal128, "decimal"),
+    ((bytes, Binary), "binData"),
+    (ObjectId, "objectId"),
+    ((datetime.datetime, DatetimeMS), "date"),
+    (type(None), "null"),
+    (Regex, "regex"),
+    (Code, "javascript"),
+    (Timestamp, "timestamp"),
+    (MinKey, "minKey"),
+    (MaxKey, "maxKey"),
+    (list, "array"),
+)
 
 
 def type_name(value: Any) -> str:
@@ -48,10 +72,16 @@ def type_name(value: Any) -> str:
 
 def wrong_type(path: str, value: Any, *expected: str) -> MongoError:
     if len(expected) == 1:
-        return MongoError("TypeMismatch", f"BSON field '{path}' is the wrong type '{type_name(value)}', "
-                          f"expected type '{expected[0]}'")
-    return MongoError("TypeMismatch", f"BSON field '{path}' is the wrong type '{type_name(value)}', "
-                      f"expected types '[{', '.join(expected)}']")
+        return MongoError(
+            "TypeMismatch",
+            f"BSON field '{path}' is the wrong type '{type_name(value)}', "
+            f"expected type '{expected[0]}'",
+        )
+    return MongoError(
+        "TypeMismatch",
+        f"BSON field '{path}' is the wrong type '{type_name(value)}', "
+        f"expected types '[{', '.join(expected)}']",
+    )
 
 
 # The server validates every command's BSON to this nesting depth (BSONDepth's
@@ -67,8 +97,9 @@ def check_depth(doc: Any) -> None:
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
-        children = value.values() if isinstance(value, dict) else value \
-            if isinstance(value, list) else ()
+        children = (
+            value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        )
         for child in children:
             if isinstance(child, (dict, list)):
                 if depth >= MAX_BSON_DEPTH:
@@ -87,8 +118,9 @@ def check_lsid(cmd: Mapping[str, Any]) -> None:
     if "id" not in lsid:
         raise _missing("LogicalSessionId.id")
     ident = lsid["id"]
-    if not isinstance(ident, uuid.UUID) and not (isinstance(ident, (bytes, Binary))
-                                                 and len(ident) == 16):
+    if not isinstance(ident, uuid.UUID) and not (
+        isinstance(ident, (bytes, Binary)) and len(ident) == 16
+    ):
         raise wrong_type("LogicalSessionId.id", ident, "binData")
 
 
@@ -140,8 +172,12 @@ def get_more_request(cmd: dict[str, Any]) -> GetMore:
         raise _missing("getMore.collection")
     if not isinstance(coll, str):
         raise wrong_type("getMore.collection", coll, "string")
-    return GetMore(int(cid), coll, _optional_number(cmd, "getMore", "batchSize"),
-                   _optional_number(cmd, "getMore", "maxTimeMS"))
+    return GetMore(
+        int(cid),
+        coll,
+        _optional_number(cmd, "getMore", "batchSize"),
+        _optional_number(cmd, "getMore", "maxTimeMS"),
+    )
 
 
 def kill_cursors_ids(cmd: dict[str, Any]) -> list[int]:

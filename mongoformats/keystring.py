@@ -26,9 +26,7 @@ import bson
 from bson import Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
-from mongoformats.keystring_decimal import (
-    decimal_key,
-)
+from mongoformats.keystring_decimal import decimal_key
 from mongoformats.keystring_numbers import (
     MIN_LARGE_DOUBLE,
     NUM_NEG_1BYTE,
@@ -40,9 +38,7 @@ from mongoformats.keystring_numbers import (
     preshifted_key,
 )
 
-__all__ = [
-    "KeyStringBuilder", "encode_type_bits", "END", "key_of",
-]
+__all__ = ["KeyStringBuilder", "encode_type_bits", "END", "key_of"]
 
 MINKEY, UNDEFINED, NULL = 0x0A, 0x0F, 0x14
 INT64_MIN = -(2**63)
@@ -55,8 +51,8 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 # Type-bit values for numbers, appended high bit first (TypeBits::kInt ... kDecimal).
 TB_INT32, TB_INT64, TB_DOUBLE = 0b00, 0b01, 0b10
-TB_DECIMAL = 0b11                # Decimal128: 6 bits of its exponent follow
-_TB_SPECIAL_ZERO = 0b11           # a zero with 3 more bits: -0.0 or a Decimal128 zero
+TB_DECIMAL = 0b11  # Decimal128: 6 bits of its exponent follow
+_TB_SPECIAL_ZERO = 0b11  # a zero with 3 more bits: -0.0 or a Decimal128 zero
 _NEGATIVE_ZERO_BITS = [1, 1, 0, 0, 0]
 
 
@@ -283,8 +279,16 @@ _FAST: dict[type, Any] = {
     Decimal128: KeyStringBuilder._decimal,
 }
 _GENERIC_BY_TYPE: dict[type, int] = {
-    ObjectId: OID, int: NUMERIC_NAN, float: NUMERIC_NAN, Int64: NUMERIC_NAN, str: STRING,
-    dict: OBJECT, list: ARRAY, type(None): NULL, bool: FALSE, Timestamp: TIMESTAMP,
+    ObjectId: OID,
+    int: NUMERIC_NAN,
+    float: NUMERIC_NAN,
+    Int64: NUMERIC_NAN,
+    str: STRING,
+    dict: OBJECT,
+    list: ARRAY,
+    type(None): NULL,
+    bool: FALSE,
+    Timestamp: TIMESTAMP,
     Decimal128: NUMERIC_NAN,
 }
 
@@ -294,7 +298,7 @@ def _regex_flags(value: Regex[Any]) -> bytes:
     if isinstance(value.flags, str):
         return value.flags.encode()
     raw = bson.encode({"": value})  # {"": regex}: header, type, name, pattern\0, flags\0, end
-    return raw[6 + len(value.pattern.encode()) + 1:-2]
+    return raw[6 + len(value.pattern.encode()) + 1 : -2]
 
 
 def _millis(value: datetime.datetime) -> int:

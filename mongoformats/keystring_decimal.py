@@ -46,11 +46,11 @@ from mongoformats.keystring_numbers import (
 
 __all__ = ["decimal_key", "read_decimal", "read_decimal_value", "read_decimal_zero"]
 
-DECIMAL_BITS = (1, 1)          # TypeBits::kDecimal
-_EXPONENT_BITS = 6             # TypeBits::kStoredDecimalExponentBits
-_BIAS = 6176                   # Decimal128's exponent bias
-_ZERO_KINDS = 12288            # biased exponents (0..12287) of positive zeros; negative ones follow
-_DECIMAL_ZERO_0XXX = 0x1A      # first 5-bit prefix of a decimal zero (0b11010)
+DECIMAL_BITS = (1, 1)  # TypeBits::kDecimal
+_EXPONENT_BITS = 6  # TypeBits::kStoredDecimalExponentBits
+_BIAS = 6176  # Decimal128's exponent bias
+_ZERO_KINDS = 12288  # biased exponents (0..12287) of positive zeros; negative ones follow
+_DECIMAL_ZERO_0XXX = 0x1A  # first 5-bit prefix of a decimal zero (0b11010)
 # Decimal continuation markers (key_string.h).
 DCM_EQUAL, DCM_BELOW_15, DCM_EQUAL_15, DCM_ABOVE_15 = 0, 1, 2, 3
 _DBL_MIN, _DBL_MAX = sys.float_info.min, sys.float_info.max
@@ -234,8 +234,9 @@ def _continuation(magnitude: Decimal, stored: Decimal, negative: bool) -> bytes:
     return _word(int(steps), negative)
 
 
-def read_decimal(large: bool, encoded: int, negative: bool, next_word: Callable[[], int],
-                 exponent_bits: int) -> Decimal128:
+def read_decimal(
+    large: bool, encoded: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
     """The finite decimal behind a small- or large-magnitude key whose 8 bytes are `encoded`
     (un-inverted); `next_word()` reads the next 8 (a continuation, or a decimal's low bits)."""
     if large:
@@ -259,8 +260,13 @@ def read_decimal(large: bool, encoded: int, negative: bool, next_word: Callable[
     return read_decimal_value(Decimal(bin_magnitude), dcm, continuation, negative, exponent_bits)
 
 
-def read_decimal_value(bin_magnitude: Decimal, dcm: int, continuation: int | None, negative: bool,
-                       stored_exponent_bits: int) -> Decimal128:
+def read_decimal_value(
+    bin_magnitude: Decimal,
+    dcm: int,
+    continuation: int | None,
+    negative: bool,
+    stored_exponent_bits: int,
+) -> Decimal128:
     """The decimal a key holds: its exact magnitude from the double (as an exact Decimal) and the
     marker and continuation, then the one exponent in its cohort whose low 6 bits are stored."""
     if dcm == DCM_EQUAL:

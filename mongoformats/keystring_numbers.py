@@ -11,8 +11,16 @@ import math
 import struct
 
 __all__ = [
-    "NUMERIC_NAN", "NUM_ZERO", "NUM_POS_1BYTE", "NUM_NEG_1BYTE", "NUM_NEG_LARGE", "NUM_NEG_SMALL",
-    "NUM_POS_SMALL", "NUM_POS_LARGE", "double_key", "preshifted_key",
+    "NUMERIC_NAN",
+    "NUM_ZERO",
+    "NUM_POS_1BYTE",
+    "NUM_NEG_1BYTE",
+    "NUM_NEG_LARGE",
+    "NUM_NEG_SMALL",
+    "NUM_POS_SMALL",
+    "NUM_POS_LARGE",
+    "double_key",
+    "preshifted_key",
 ]
 
 NUMERIC_NAN = 0x1E
@@ -20,7 +28,7 @@ NUM_ZERO, NUM_POS_1BYTE, NUM_NEG_1BYTE = 0x29, 0x2B, 0x27
 # Doubles outside the integer encodings (V1): |x| < 1, |x| >= 2**63 (and infinities).
 NUM_NEG_LARGE, NUM_NEG_SMALL, NUM_POS_SMALL, NUM_POS_LARGE = 0x1F, 0x28, 0x2A, 0x33
 MIN_LARGE_DOUBLE = 2.0**63
-TINIEST_WITH_2BIT_DCM = 2.0**-255       # smaller doubles are scaled up by 2**256 first
+TINIEST_WITH_2BIT_DCM = 2.0**-255  # smaller doubles are scaled up by 2**256 first
 ALL_ONES = (1 << 64) - 1
 
 

@@ -213,9 +213,13 @@ class KeyStringReader:
         if large and encoded == ALL_ONES:
             return _infinity(kind == TB_DECIMAL, negative)
         if kind == TB_DECIMAL:
-
-            return read_decimal(large, encoded, negative, lambda: self._magnitude(8, negative),
-                                self._decimal_exponent_bits())
+            return read_decimal(
+                large,
+                encoded,
+                negative,
+                lambda: self._magnitude(8, negative),
+                self._decimal_exponent_bits(),
+            )
         magnitude = _double_magnitude(encoded, large)
         return -magnitude if negative else magnitude
 
@@ -251,8 +255,11 @@ class KeyStringReader:
                 # Whole parts from 2**53 on are exact and the byte after them is only the marker;
                 # 8 whole-part bytes leave no room for one: a continuation always follows.
                 dcm = encoded & 3 if shift else 3
-                exact = Decimal(whole) if whole >= 2**53 else \
-                    Decimal(math.ldexp((encoded & ~3) - ((whole + 1) << shift), -shift))
+                exact = (
+                    Decimal(whole)
+                    if whole >= 2**53
+                    else Decimal(math.ldexp((encoded & ~3) - ((whole + 1) << shift), -shift))
+                )
                 return self._decimal(exact, dcm, negative)
             value = math.ldexp(encoded - ((whole + 1) << shift), -shift)
         else:

@@ -34,8 +34,15 @@ from mongoformats.resume_token import decode_token, encode_token, token_text, wh
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
 __all__ = [
-    "MAX_EVENT_BYTES", "MEASURE_ABOVE_BYTES", "SPLIT_ABOVE_BYTES", "SPLIT_STAGE", "event_bytes",
-    "event_too_large", "join_fragments", "split_event", "without_split_stage",
+    "MAX_EVENT_BYTES",
+    "MEASURE_ABOVE_BYTES",
+    "SPLIT_ABOVE_BYTES",
+    "SPLIT_STAGE",
+    "event_bytes",
+    "event_too_large",
+    "join_fragments",
+    "split_event",
+    "without_split_stage",
 ]
 
 SPLIT_STAGE = "$changeStreamSplitLargeEvent"
@@ -92,13 +99,16 @@ def event_too_large(raw: bytes, *, merged: bool = False) -> MongoError | None:
         return None
     v, e = _id_span(raw)
     shown = token_text(bson.decode(raw[v:e]), spaced=True)
-    return MongoError("BSONObjectTooLarge",
-                      f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 "
-                      f"and {MAX_EVENT_BYTES}(16MB) First element: _id: {shown}")
+    return MongoError(
+        "BSONObjectTooLarge",
+        f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 "
+        f"and {MAX_EVENT_BYTES}(16MB) First element: _id: {shown}",
+    )
 
 
-def split_event(raw: bytes, *, merged: bool = False,
-                skip: int = 0) -> list[tuple[dict[str, Any], bytes]] | None:
+def split_event(
+    raw: bytes, *, merged: bool = False, skip: int = 0
+) -> list[tuple[dict[str, Any], bytes]] | None:
     """The fragments of a too-large event after the first `skip`, each as (its token, its BSON),
     or None if it needs no split.
 
@@ -106,28 +116,34 @@ def split_event(raw: bytes, *, merged: bool = False,
     returned. The server fails such a resume if the event now splits otherwise."""
     if event_bytes(raw, merged=merged) <= SPLIT_ABOVE_BYTES:
         if skip:
-            raise MongoError("ChangeStreamFatalError",
-                             "Attempted to resume from a split event fragment, but the event in "
-                             "the resumed stream was not large enough to be split")
+            raise MongoError(
+                "ChangeStreamFatalError",
+                "Attempted to resume from a split event fragment, but the event in "
+                "the resumed stream was not large enough to be split",
+            )
         return None
     fields = elements(raw)
     _, v, e = fields.pop(b"_id")
     token = bson.decode(raw[v:e])
     if not fields:
         raise MongoError(
-            7182502, "Cannot split an empty event or an event containing solely '_id' field")
+            7182502, "Cannot split an empty event or an event containing solely '_id' field"
+        )
     limit = SPLIT_ABOVE_BYTES - (e - v)
     # (element size, name, element bytes): the server's map orders by size, then name.
-    by_size = sorted((end - (start - len(name) - 2), name, raw[start - len(name) - 2:end])
-                     for name, (_, start, end) in fields.items())
+    by_size = sorted(
+        (end - (start - len(name) - 2), name, raw[start - len(name) - 2 : end])
+        for name, (_, start, end) in fields.items()
+    )
     data = decode_token(token)
     fragments: list[tuple[dict[str, Any], list[bytes]]] = []
     i = 0
     while i < len(by_size):
         fragment_token = encode_token(dataclasses.replace(data, fragment_num=len(fragments)))
         encoded_token = len(bson.encode(fragment_token))
-        size = len(bson.encode({"_id": fragment_token, "splitEvent": {"fragment": 1, "of": 0}})) \
-            + _sort_key_field_bytes(encoded_token)
+        size = len(
+            bson.encode({"_id": fragment_token, "splitEvent": {"fragment": 1, "of": 0}})
+        ) + _sort_key_field_bytes(encoded_token)
         taken = []
         while True:  # at least one field per fragment
             taken.append(by_size[i][2])
@@ -136,14 +152,19 @@ def split_event(raw: bytes, *, merged: bool = False,
             if i == len(by_size) or size + by_size[i][0] > limit:
                 break
         if size > limit:
-            raise MongoError(7182500, f"Splitting change event failed: fragment size {size} is "
-                             f"greater than maximum allowed fragment size {limit}")
+            raise MongoError(
+                7182500,
+                f"Splitting change event failed: fragment size {size} is "
+                f"greater than maximum allowed fragment size {limit}",
+            )
         fragments.append((fragment_token, taken))
     if skip > len(fragments):
-        raise MongoError("ChangeStreamFatalError",
-                         "Attempted to resume from a split event, but the resumed stream produced "
-                         "a different split. Ensure that the pipeline used to resume is the same "
-                         "as the original")
+        raise MongoError(
+            "ChangeStreamFatalError",
+            "Attempted to resume from a split event, but the resumed stream produced "
+            "a different split. Ensure that the pipeline used to resume is the same "
+            "as the original",
+        )
     out = []
     for number, (fragment_token, taken) in enumerate(fragments, start=1):
         if number > skip:
@@ -164,5 +185,5 @@ def join_fragments(fragments: list[bytes]) -> bytes:
     for raw in fragments:
         for name, (_, start, end) in elements(raw).items():
             if name not in (b"_id", b"splitEvent"):
-                body.append(raw[start - len(name) - 2:end])
+                body.append(raw[start - len(name) - 2 : end])
     return document_of(b"".join(body))

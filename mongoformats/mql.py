@@ -25,15 +25,43 @@ from mongoformats.keystring import FALSE, NUMERIC_NAN, STRING, TRUE
 
 # $type: BSON type numbers -> the Python types pymongo decodes them to (string aliases below).
 _TYPES: dict[int | str, tuple[type, ...]] = {
-    1: (float,), 2: (str,), 3: (dict, SON, DBRef), 4: (list,), 5: (bytes, Binary), 7: (ObjectId,),
-    8: (bool,), 9: (datetime.datetime, DatetimeMS), 10: (type(None),), 11: (Regex,), 13: (Code,),
-    16: (int,), 17: (Timestamp,), 18: (Int64,), 19: (Decimal128,), -1: (MinKey,), 127: (MaxKey,),
+    1: (float,),
+    2: (str,),
+    3: (dict, SON, DBRef),
+    4: (list,),
+    5: (bytes, Binary),
+    7: (ObjectId,),
+    8: (bool,),
+    9: (datetime.datetime, DatetimeMS),
+    10: (type(None),),
+    11: (Regex,),
+    13: (Code,),
+    16: (int,),
+    17: (Timestamp,),
+    18: (Int64,),
+    19: (Decimal128,),
+    -1: (MinKey,),
+    127: (MaxKey,),
     "number": (int, Int64, float, Decimal128),
 }
 _TYPE_ALIASES = {
-    "double": 1, "string": 2, "object": 3, "array": 4, "binData": 5, "objectId": 7, "bool": 8,
-    "date": 9, "null": 10, "regex": 11, "javascript": 13, "int": 16, "timestamp": 17, "long": 18,
-    "decimal": 19, "minKey": -1, "maxKey": 127,
+    "double": 1,
+    "string": 2,
+    "object": 3,
+    "array": 4,
+    "binData": 5,
+    "objectId": 7,
+    "bool": 8,
+    "date": 9,
+    "null": 10,
+    "regex": 11,
+    "javascript": 13,
+    "int": 16,
+    "timestamp": 17,
+    "long": 18,
+    "decimal": 19,
+    "minKey": -1,
+    "maxKey": 127,
 }
 
 
@@ -84,8 +112,10 @@ MAX_QUERY_DEPTH = 100
 
 
 def _too_deep(query: object) -> MongoError:
-    return MongoError("BadValue", f"exceeded maximum query tree depth of {MAX_QUERY_DEPTH} at "
-                      f"{_SHORT.repr(query)}")
+    return MongoError(
+        "BadValue",
+        f"exceeded maximum query tree depth of {MAX_QUERY_DEPTH} at {_SHORT.repr(query)}",
+    )
 
 
 # The part of a query an error shows: a few levels and elements (reprlib stops at them).
@@ -197,7 +227,8 @@ def _equals(arg: object, cands: list[object], values: list[object]) -> bool:
     t = type(arg)
     exact = t in _EXACT_TYPES
     return any(v == arg if exact and type(v) is t else compare(v, arg) == 0 for v in cands) or (
-        arg is None and not values)
+        arg is None and not values
+    )
 
 
 def _match_op(op: str, arg: object, values: list[object]) -> bool:
@@ -235,7 +266,8 @@ def _in(arg: Iterable[object], values: list[object]) -> bool:
     # A regular expression in the list matches strings, as one outside it does.
     cands = _candidates(values)
     return any(
-        _regex_matches(a, values) if isinstance(a, (re.Pattern, Regex))
+        _regex_matches(a, values)
+        if isinstance(a, (re.Pattern, Regex))
         else _equals(a, cands, values)
         for a in arg
     )
@@ -281,9 +313,7 @@ _OPERATORS: dict[str, _Operator] = {
     "$in": _in,
     "$nin": _nin,
     "$exists": lambda arg, values: bool(values) == bool(arg),
-    "$size": lambda arg, values: any(
-        isinstance(v, list) and len(v) == arg for v in values
-    ),
+    "$size": lambda arg, values: any(isinstance(v, list) and len(v) == arg for v in values),
     "$all": _all,
     "$elemMatch": _elem_match,
     "$not": lambda arg, values: not condition_matches(arg, values),
@@ -312,7 +342,8 @@ def condition_matches(cond: object, values: list[object]) -> bool:
             search = _compiled(regex, options)
             rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
             return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(
-                _match_op(k, v, values) for k, v in rest.items())
+                _match_op(k, v, values) for k, v in rest.items()
+            )
         return all(_match_op(k, v, values) for k, v in cond.items())
     if isinstance(cond, (re.Pattern, Regex)):
         return _regex_matches(cond, values)
@@ -331,7 +362,7 @@ def _match_value(cond: object, values: list[object], doc: object, path: str) -> 
 # unsupported_in_query names such patterns, so that the engine never runs them (a watch() goes to
 # mongos, a parallelChangeStream is refused). Only simcluster, a simulator, runs them, on re.
 _RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False   # a refused pattern is an answer, not a line on stderr
+_RE2_OPTIONS.log_errors = False  # a refused pattern is an answer, not a line on stderr
 _RE2_OPTIONS.never_capture = True  # matching only tests; groups would cost time and memory
 # $options letters and their inline flags (RE2 and re alike); PCRE's x has no RE2 equivalent.
 _INLINE = {"i": "i", "m": "m", "s": "s"}
@@ -363,8 +394,9 @@ def _regex_problem(pattern: str, options: str) -> str | None:
     if "\0" in pattern:
         raise MongoError("BadValue", "Regular expression cannot contain an embedded null byte")
     if "\0" in options:
-        raise MongoError("BadValue", "Regular expression options string cannot contain an embedded "
-                         "null byte")
+        raise MongoError(
+            "BadValue", "Regular expression options string cannot contain an embedded null byte"
+        )
     if "x" in options:
         return "a regular expression with the x option"
     try:
@@ -407,8 +439,11 @@ def _compiled(pattern: str, options: str) -> Search:
 
 
 def _regex_matches(pattern: object, values: list[object]) -> bool:
-    search = _compiled(*_pattern_of(pattern)) if isinstance(pattern, (re.Pattern, Regex)) else \
-        _compiled(pattern, "")
+    search = (
+        _compiled(*_pattern_of(pattern))
+        if isinstance(pattern, (re.Pattern, Regex))
+        else _compiled(pattern, "")
+    )
     return any(isinstance(v, str) and search(v) for v in _candidates(values))
 
 

@@ -33,9 +33,22 @@ from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifte
 from mongoformats.update_diff import update_description_from_diff
 from mongoformats.wire import ArrayRun, DeferredPiece, joined
 
-__all__ = ["TOKEN_TIMESTAMP", "Spliced", "SplicedDocument", "array_items", "array_of", "byte_slices", "cursor_batch",
-           "cursor_span", "document_of", "document_parts", "elements", "splice_crud", "timestamp_of",
-           "update_description"]
+__all__ = [
+    "TOKEN_TIMESTAMP",
+    "Spliced",
+    "SplicedDocument",
+    "array_items",
+    "array_of",
+    "byte_slices",
+    "cursor_batch",
+    "cursor_span",
+    "document_of",
+    "document_parts",
+    "elements",
+    "splice_crud",
+    "timestamp_of",
+    "update_description",
+]
 
 _I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
@@ -45,25 +58,37 @@ _TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-en
 TOKEN_TIMESTAMP = struct.Struct(">II")  # a token's timestamp: seconds, then increment, big-endian
 
 # Sizes of fixed-width BSON values by type byte.
-_FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0x06: 0,
-          0x7F: 0, 0xFF: 0}
+_FIXED = {
+    0x01: 8,
+    0x07: 12,
+    0x08: 1,
+    0x09: 8,
+    0x0A: 0,
+    0x10: 4,
+    0x11: 8,
+    0x12: 8,
+    0x13: 16,
+    0x06: 0,
+    0x7F: 0,
+    0xFF: 0,
+}
 
 
 def _value_end(buf: bytes | bytearray, t: int, p: int) -> int:
     n = _FIXED.get(t)
     if n is not None:
         return p + n
-    if t in (0x03, 0x04):                      # document, array: int32 total length
+    if t in (0x03, 0x04):  # document, array: int32 total length
         return p + _I32.unpack_from(buf, p)[0]
-    if t in (0x02, 0x0D, 0x0E):                # string, JS code, symbol: int32 length + bytes
+    if t in (0x02, 0x0D, 0x0E):  # string, JS code, symbol: int32 length + bytes
         return p + 4 + _I32.unpack_from(buf, p)[0]
-    if t == 0x05:                              # binary: int32 length + subtype + bytes
+    if t == 0x05:  # binary: int32 length + subtype + bytes
         return p + 5 + _I32.unpack_from(buf, p)[0]
-    if t == 0x0F:                              # code with scope: int32 total length
+    if t == 0x0F:  # code with scope: int32 total length
         return p + _I32.unpack_from(buf, p)[0]
-    if t == 0x0B:                              # regex: two cstrings
+    if t == 0x0B:  # regex: two cstrings
         return buf.index(0, buf.index(0, p) + 1) + 1
-    if t == 0x0C:                              # DBPointer: string + ObjectId
+    if t == 0x0C:  # DBPointer: string + ObjectId
         return p + 4 + _I32.unpack_from(buf, p)[0] + 12
     raise ValueError(f"unknown BSON type 0x{t:02x}")
 
@@ -74,7 +99,7 @@ def leading_id(doc: bytes) -> tuple[int, bytes] | None:
     if len(doc) < 10 or doc[5:9] != b"_id\x00":
         return None
     t = doc[4]
-    return t, doc[9:_value_end(doc, t, 9)]
+    return t, doc[9 : _value_end(doc, t, 9)]
 
 
 def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
@@ -97,7 +122,7 @@ def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, i
         else:
             n = fixed.get(t)
             e = v + n if n is not None else _value_end(buf, t, v)
-        out[names[p + 1:q]] = (t, v, e)
+        out[names[p + 1 : q]] = (t, v, e)
         p = e
     return out
 
@@ -208,8 +233,9 @@ class SplicedDocument(Mapping[str, Any]):
         return len(self._inflated())
 
 
-def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[Any],
-                    extra: dict[str, Any] | None = None) -> SplicedDocument:
+def cursor_document(
+    cursor_id: int, ns: str, batch_field: str, items: list[Any], extra: dict[str, Any] | None = None
+) -> SplicedDocument:
     """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
     spliced from the documents' own bytes: no per-document object is built or re-encoded, and
     nothing is joined until the reply is (see SplicedDocument)."""
@@ -218,7 +244,9 @@ def cursor_document(cursor_id: int, ns: str, batch_field: str, items: list[Any],
     name = b"\x04" + batch_field.encode() + b"\x00"
     array_size, array_parts = _array_parts(items)
     size = 4 + len(head) + len(name) + array_size + len(tail) + 1
-    return SplicedDocument([_I32.pack(size), head, name, _I32.pack(array_size), *array_parts, tail, b"\x00"])
+    return SplicedDocument(
+        [_I32.pack(size), head, name, _I32.pack(array_size), *array_parts, tail, b"\x00"]
+    )
 
 
 def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
@@ -264,7 +292,9 @@ def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
     _, ns_value, _ = elements(event)[b"ns"]
     at = ns_value - len(b"\x03ns\x00")
     key = name.encode()
-    element = b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    element = (
+        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    )
     return document_of(event[4:at] + element + event[at:-1])
 
 
@@ -274,7 +304,9 @@ def splice_at_end(event: bytes, name: str, document: bytes | None) -> bytes:
     sets that field, which the event does not have, and a pipeline Document appends a field it
     does not find (document.h, DocumentStorage::getField; audit D11)."""
     key = name.encode()
-    element = b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    element = (
+        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    )
     return document_of(event[4:-1] + element)
 
 
@@ -336,6 +368,7 @@ def document_of(body: bytes) -> bytes:
 # The ctype bytes are those of keystring.py (CType in the server's key_string.cpp): 0x1E the
 # numeric family, 0x29 zero, 0x3C string, 0x46 object, 0x64 ObjectId.
 
+
 def _ks_integer(little_endian: bytes, bits: list[int]) -> bytes | None:
     """KeyString body of an int32 (4 bytes) or int64 (8 bytes) value, its type bits appended to
     `bits`; None for an int64 at the edge of the range, which the general encoder keys."""
@@ -358,7 +391,7 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
         t = buf[p]
         q = index(0, p + 1)
         v = q + 1
-        name = names[p + 1:q]
+        name = names[p + 1 : q]
         if name in seen:
             return None  # a name twice: the general encoder decides which value counts
         seen.add(name)
@@ -367,7 +400,13 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
             out += (b"\x64", name, b"\x00\x64", buf[v:p])
         elif t == 0x02:
             p = v + 4 + unpack(buf, v)[0]
-            out += (b"\x3c", name, b"\x00\x3c", buf[v + 4:p - 1].replace(b"\x00", b"\x00\xff"), b"\x00")
+            out += (
+                b"\x3c",
+                name,
+                b"\x00\x3c",
+                buf[v + 4 : p - 1].replace(b"\x00", b"\x00\xff"),
+                b"\x00",
+            )
             bits.append(0)
         elif t == 0x10 or t == 0x12:
             p = v + (4 if t == 0x10 else 8)
@@ -379,7 +418,7 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
             n = unpack(buf, v)[0]
             p = v + 5 + n
             size = bytes((n,)) if n < 0xFF else b"\xff" + n.to_bytes(4, "big", signed=True)
-            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4:p])
+            out += (b"\x5a", name, b"\x00\x5a", size, buf[v + 4 : p])
         elif t == 0x03:  # a compound _id (or shard key part): an object within the object
             inner = _ks_document_key(buf, v, bits)
             if inner is None:
@@ -390,7 +429,6 @@ def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
             return None
     out.append(b"\x00")
     return b"".join(out)
-
 
 
 def _decoded_document_key(key: bytes) -> tuple[bytes, list[int]] | None:
@@ -416,14 +454,20 @@ def _keystring(*values: Any) -> bytes:
 
 # v2 event token after the timestamp: version 2, tokenType 128 (event), txnOpIndex 0, fromInvalidate false.
 _TOKEN_HEAD = _keystring(2, 128, 0, False)
-_OP_IDENT = {op: b"\x46\x3coperationType\x00\x3c" + op.encode() + b"\x00\x46documentKey\x00"
-             for op in ("insert", "update", "replace", "delete")}
-_OP_ELEMENT = {op: _cstring_element(0x02, b"operationType", _string(op.encode()))
-               for op in ("insert", "update", "replace", "delete")}
+_OP_IDENT = {
+    op: b"\x46\x3coperationType\x00\x3c" + op.encode() + b"\x00\x46documentKey\x00"
+    for op in ("insert", "update", "replace", "delete")
+}
+_OP_ELEMENT = {
+    op: _cstring_element(0x02, b"operationType", _string(op.encode()))
+    for op in ("insert", "update", "replace", "delete")
+}
 _INTERNAL_DBS = frozenset({b"admin", b"config", b"local"})
 _OID_KEY_HEAD = b"\x16\x00\x00\x00\x07_id\x00"
 _UUID_KEY_HEAD = b"\x1f\x00\x00\x00\x05_id\x00\x10\x00\x00\x00"  # {_id: binary of 16 bytes}
-_TS_TAIL_BITS = [0] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
+_TS_TAIL_BITS = [
+    0
+] * 7  # type bits of version, tokenType, txnOpIndex (2 each) and operationType (1)
 _STRING_ID_BITS = [0] * 8  # and a string _id's (1: a string, not a symbol)
 # An update's o up to its diff's value: {$v: 2, diff: ...}, the diff its last element.
 _V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
@@ -476,13 +520,18 @@ def _fixed_head(head: bytes) -> tuple[_Head | tuple[()] | None, int]:
     follows in the entry. An entry without ui puts part of its `o` into the key, and so misses,
     bounded by the cache's size; servers since 3.6 give every CRUD entry a ui.
     """
-    if head[:8] != _OP_HEAD or head[9:10] != b"\x00" or head[10:14] != b"\x02ns\x00" or len(head) < 18:
+    if (
+        head[:8] != _OP_HEAD
+        or head[9:10] != b"\x00"
+        or head[10:14] != b"\x02ns\x00"
+        or len(head) < 18
+    ):
         return None, 0
     q = 18 + _I32.unpack_from(head, 14)[0]  # past the ns string
-    if q <= 18 or head[q - 1:q] != b"\x00":
+    if q <= 18 or head[q - 1 : q] != b"\x00":
         return None, 0
-    ui = head[q + 4:q + _UI_BYTES] if head[q:q + 9] == _UI_HEAD else None
-    return _head(head[8:9], head[18:q - 1], ui), q + _UI_BYTES if ui is not None else q
+    ui = head[q + 4 : q + _UI_BYTES] if head[q : q + 9] == _UI_HEAD else None
+    return _head(head[8:9], head[18 : q - 1], ui), q + _UI_BYTES if ui is not None else q
 
 
 def _fixed_layout(raw: bytes) -> _Layout | None:
@@ -499,31 +548,34 @@ def _fixed_layout(raw: bytes) -> _Layout | None:
     p = 4
     if raw[4:10] == b"\x03lsid\x00":  # a retryable write: lsid and txnNumber lead
         p = 10 + _I32.unpack_from(raw, 10)[0]
-        if raw[p:p + 11] != b"\x12txnNumber\x00":
+        if raw[p : p + 11] != b"\x12txnNumber\x00":
             return None
         p += 19
-    if raw[p:p + 8] != _OP_HEAD or len(raw) < p + 18:
+    if raw[p : p + 8] != _OP_HEAD or len(raw) < p + 18:
         return None
     # The op element is 10 bytes, then the ns string's element header and length 8.
-    head, n = _fixed_head(raw[p:p + 18 + _UI_BYTES + _I32.unpack_from(raw, p + 14)[0]])
+    head, n = _fixed_head(raw[p : p + 18 + _UI_BYTES + _I32.unpack_from(raw, p + 14)[0]])
     if head is None:
         return None
     p += n
-    if raw[p:p + 3] != b"\x03o\x00":
+    if raw[p : p + 3] != b"\x03o\x00":
         return None
     o = (p + 3, p + 3 + _I32.unpack_from(raw, p + 3)[0])
     p = o[1]
     o2 = None
-    if raw[p:p + 4] == b"\x03o2\x00":
+    if raw[p : p + 4] == b"\x03o2\x00":
         o2 = (p + 4, p + 4 + _I32.unpack_from(raw, p + 4)[0])
         p = o2[1]
-    if raw[p:p + 8] == b"\x10stmtId\x00":
+    if raw[p : p + 8] == b"\x10stmtId\x00":
         p += 12
     end = p + _STAMP_BYTES
     n = len(raw) - 1  # where the document's terminator must be
     if end > n or _STAMP_NAMES.unpack_from(raw, p) != _STAMP_HEADERS or raw[n]:
         return None
-    if end != n and (raw[end:end + 12] != b"\x03prevOpTime\x00" or end + 12 + _I32.unpack_from(raw, end + 12)[0] != n):
+    if end != n and (
+        raw[end : end + 12] != b"\x03prevOpTime\x00"
+        or end + 12 + _I32.unpack_from(raw, end + 12)[0] != n
+    ):
         return None
     return head, o, o2, p + 4, (p + 40, p + 48)
 
@@ -534,13 +586,25 @@ def _walked_layout(raw: bytes) -> _Layout | None:
     missing or of another type: the general path reports what is wrong)."""
     f = elements(raw)
     op, ns, ui, o, o2, ts, wall = map(f.get, (b"op", b"ns", b"ui", b"o", b"o2", b"ts", b"wall"))
-    if (op is None or op[0] != 0x02 or ns is None or ns[0] != 0x02 or o is None or o[0] != 0x03
-            or ts is None or ts[0] != 0x11 or (o2 is not None and o2[0] != 0x03)
-            or (wall is not None and wall[0] != 0x09) or b"fromMigrate" in f):
+    if (
+        op is None
+        or op[0] != 0x02
+        or ns is None
+        or ns[0] != 0x02
+        or o is None
+        or o[0] != 0x03
+        or ts is None
+        or ts[0] != 0x11
+        or (o2 is not None and o2[0] != 0x03)
+        or (wall is not None and wall[0] != 0x09)
+        or b"fromMigrate" in f
+    ):
         return None
-    if ui is not None and (ui[0] != 0x05 or _I32.unpack_from(raw, ui[1])[0] != 16 or raw[ui[1] + 4] != 4):
+    if ui is not None and (
+        ui[0] != 0x05 or _I32.unpack_from(raw, ui[1])[0] != 16 or raw[ui[1] + 4] != 4
+    ):
         return None
-    head = _head(raw[op[1] + 4:op[2] - 1], raw[ns[1] + 4:ns[2] - 1], ui and raw[ui[1]:ui[2]])
+    head = _head(raw[op[1] + 4 : op[2] - 1], raw[ns[1] + 4 : ns[2] - 1], ui and raw[ui[1] : ui[2]])
     if head is None:
         return None
     return head, o[1:], o2 and o2[1:], ts[1], wall and wall[1:]
@@ -564,29 +628,37 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         op_type = "insert"
         full = raw[o0:o1]
         if o2 is not None:
-            key = raw[o2[0]:o2[1]]
+            key = raw[o2[0] : o2[1]]
         else:
             ident = elements(raw, o0).get(b"_id")
             if ident is None:
                 return None
-            key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1]:ident[2]]))
+            key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1] : ident[2]]))
     elif code == b"d":
         op_type = "delete"
         key = raw[o0:o1]
     else:
         if o2 is None:
             return None
-        key = raw[o2[0]:o2[1]]
+        key = raw[o2[0] : o2[1]]
         diff_at = o0 + _V2_DIFF_AT
         # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
-        if (raw[o0 + 4:diff_at] == _V2_DIFF and diff_at + 5 <= o1 - 1
-                and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1 and not raw[o1 - 1]):
+        if (
+            raw[o0 + 4 : diff_at] == _V2_DIFF
+            and diff_at + 5 <= o1 - 1
+            and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1
+            and not raw[o1 - 1]
+        ):
             op_type = "update"
             diff = (0x03, diff_at, o1 - 1)
         else:
             # A replacement leads with its _id (the server puts it first); a document that does
             # not hold the bytes `$v` anywhere has no `$v` field: neither needs the walk.
-            if raw[o0 + 4] and raw[o0 + 5:o0 + 9] == b"_id\x00" and raw.find(b"$v\x00", o0, o1) < 0:
+            if (
+                raw[o0 + 4]
+                and raw[o0 + 5 : o0 + 9] == b"_id\x00"
+                and raw.find(b"$v\x00", o0, o1) < 0
+            ):
                 o_fields = {b"_id": (0, 0, 0)}
             else:
                 o_fields = elements(raw, o0)
@@ -595,20 +667,33 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
                 full = raw[o0:o1]
             else:
                 version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
-                if version is None or found is None or raw[version[1]:version[2]] != b"\x02\x00\x00\x00":
+                if (
+                    version is None
+                    or found is None
+                    or raw[version[1] : version[2]] != b"\x02\x00\x00\x00"
+                ):
                     return None
                 op_type, diff = "update", found
         if op_type == "update":
             desc = update_description(raw, diff[1], expanded=expanded)
             if desc is None:
-                desc = bson.encode(update_description_from_diff(bson.decode(raw[diff[1]:diff[2]], PLAIN),
-                                                                disambiguate=expanded))
+                desc = bson.encode(
+                    update_description_from_diff(
+                        bson.decode(raw[diff[1] : diff[2]], PLAIN), disambiguate=expanded
+                    )
+                )
     ks_key: bytes | None
     if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
         ks_key, bits = b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
-    elif key[4:9] == b"\x02_id\x00" and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1 and key[-2:] == b"\x00\x00":
+    elif (
+        key[4:9] == b"\x02_id\x00"
+        and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1
+        and key[-2:] == b"\x00\x00"
+    ):
         # {_id: string}, the usual documentKey of string ids
-        ks_key = b"".join((b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00"))
+        ks_key = b"".join(
+            (b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00")
+        )
         bits = _STRING_ID_BITS
     elif len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
         # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
@@ -623,18 +708,30 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
             ks_key, bits = decoded
     # A token's timestamp is the entry's ts reversed: BSON has the increment, then the seconds,
     # little-endian; the KeyString the seconds, then the increment, big-endian.
-    ts = raw[t0:t0 + 8]
-    sort_key = b"".join((b"\x82", ts[::-1], _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key, b"\x00\x04"))
+    ts = raw[t0 : t0 + 8]
+    sort_key = b"".join(
+        (b"\x82", ts[::-1], _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key, b"\x00\x04")
+    )
     hex_data = hexlify(sort_key).upper()
     n = len(hex_data)
     type_bits = encode_type_bits(bits) if bits else b""
-    typed = b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits if type_bits else b""
-    parts = [_ID_HEAD.pack(b"\x03_id\x00", n + 17 + len(typed), b"\x02_data\x00", n + 1), hex_data, b"\x00", typed,
-             b"\x00", _OP_ELEMENT[op_type], b"\x11clusterTime\x00", ts]
+    typed = (
+        b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits if type_bits else b""
+    )
+    parts = [
+        _ID_HEAD.pack(b"\x03_id\x00", n + 17 + len(typed), b"\x02_data\x00", n + 1),
+        hex_data,
+        b"\x00",
+        typed,
+        b"\x00",
+        _OP_ELEMENT[op_type],
+        b"\x11clusterTime\x00",
+        ts,
+    ]
     if expanded and ui is not None:
         parts += (b"\x05collectionUUID\x00", ui)
     if wall is not None:
-        parts += (b"\x09wallTime\x00", raw[wall[0]:wall[1]])
+        parts += (b"\x09wallTime\x00", raw[wall[0] : wall[1]])
     if full is not None:
         parts += (b"\x03fullDocument\x00", full)
     ns_element, db, coll, namespaces = names
@@ -665,10 +762,17 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
     if expanded:
         return None
     size = _I32.unpack_from(raw, start)[0]
-    if (raw[start + 4:start + 7] == b"\x03u\x00" and _I32.unpack_from(raw, start + 7)[0] == size - 8
-            and not raw[start + size - 1]):
+    if (
+        raw[start + 4 : start + 7] == b"\x03u\x00"
+        and _I32.unpack_from(raw, start + 7)[0] == size - 8
+        and not raw[start + size - 1]
+    ):
         # `{u: {...}}` alone, the most common diff: updatedFields is the `u` document as it is.
-        return document_of(b"".join((b"\x03updatedFields\x00", raw[start + 7:start + size - 1], _NOTHING_REMOVED)))
+        return document_of(
+            b"".join(
+                (b"\x03updatedFields\x00", raw[start + 7 : start + size - 1], _NOTHING_REMOVED)
+            )
+        )
     sections = elements(raw, start)
     if any(t != 3 for t, _, _ in sections.values()):
         return None
@@ -679,21 +783,41 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
         for name in (b"u", b"i"):  # updates, then inserts, wherever they sit in the diff
             if name in sections:
                 _, v, e = sections[name]
-                updated.append(raw[v + 4:e - 1])
+                updated.append(raw[v + 4 : e - 1])
         if b"d" in sections:
             removed = list(elements(raw, sections[b"d"][1]))
     elif not _walk_object(raw, sections, b"", updated, removed, truncated, set()):
         return None
     if not removed and not truncated:  # the usual diff: fields set, none removed, no array cut
-        return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)), _NOTHING_REMOVED)))
-    removed_fields = b"".join(_cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed))
-    return document_of(b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)),
-                                 b"\x04removedFields\x00", document_of(removed_fields),
-                                 b"\x04truncatedArrays\x00", document_of(b"".join(truncated)))))
+        return document_of(
+            b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)), _NOTHING_REMOVED))
+        )
+    removed_fields = b"".join(
+        _cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed)
+    )
+    return document_of(
+        b"".join(
+            (
+                b"\x03updatedFields\x00",
+                document_of(b"".join(updated)),
+                b"\x04removedFields\x00",
+                document_of(removed_fields),
+                b"\x04truncatedArrays\x00",
+                document_of(b"".join(truncated)),
+            )
+        )
+    )
 
 
-def _walk_object(raw: bytes, sections: dict[bytes, tuple[int, int, int]], prefix: bytes, updated: list[bytes],
-                 removed: list[bytes], truncated: list[bytes], seen: set[bytes]) -> bool:
+def _walk_object(
+    raw: bytes,
+    sections: dict[bytes, tuple[int, int, int]],
+    prefix: bytes,
+    updated: list[bytes],
+    removed: list[bytes],
+    truncated: list[bytes],
+    seen: set[bytes],
+) -> bool:
     """Add an object diff's paths (under `prefix`, "" or "a.b.") to the three lists, in the
     general path's order: `u`, `i`, `d`, then the sub-diffs. False if it must go the general way:
     a section that is not a document, a path met twice (`seen`), an array diff read otherwise."""
@@ -728,8 +852,15 @@ def _walk_object(raw: bytes, sections: dict[bytes, tuple[int, int, int]], prefix
     return True
 
 
-def _walk_array(raw: bytes, sections: dict[bytes, tuple[int, int, int]], path: bytes, updated: list[bytes],
-                removed: list[bytes], truncated: list[bytes], seen: set[bytes]) -> bool:
+def _walk_array(
+    raw: bytes,
+    sections: dict[bytes, tuple[int, int, int]],
+    path: bytes,
+    updated: list[bytes],
+    removed: list[bytes],
+    truncated: list[bytes],
+    seen: set[bytes],
+) -> bool:
     """`_walk_object` for an array diff at `path`: its new length (`l`), then its entries in
     order, `u<index>` a new value, `s<index>` a sub-diff."""
     if b"l" in sections:
@@ -767,7 +898,9 @@ def _walk_array(raw: bytes, sections: dict[bytes, tuple[int, int, int]], path: b
 
 
 _TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
-_NOTHING_REMOVED = b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
+_NOTHING_REMOVED = (
+    b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
+)
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]
@@ -783,6 +916,8 @@ def _namespace(ns: bytes) -> _NamespaceParts | tuple[()]:
     db, _, coll = ns.partition(b".")
     parts: _NamespaceParts | tuple[()] = ()
     if db not in _INTERNAL_DBS and not coll.startswith(b"system."):
-        element = b"\x03ns\x00" + document_of(b"\x02db\x00" + _string(db) + b"\x02coll\x00" + _string(coll))
+        element = b"\x03ns\x00" + document_of(
+            b"\x02db\x00" + _string(db) + b"\x02coll\x00" + _string(coll)
+        )
         parts = (element, db.decode(), coll.decode(), (ns.decode(),))
     return parts

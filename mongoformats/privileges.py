@@ -25,44 +25,128 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["BUILTIN_ROLES", "READ_ACTIONS", "WRITE_ACTIONS", "allows", "change_stream_resource",
-           "privileges_of_roles"]
+__all__ = [
+    "BUILTIN_ROLES",
+    "READ_ACTIONS",
+    "WRITE_ACTIONS",
+    "allows",
+    "change_stream_resource",
+    "privileges_of_roles",
+]
 
 READ_ACTIONS = (
-    "changeStream", "collStats", "dbHash", "dbStats", "find", "killCursors", "listCollections",
+    "changeStream",
+    "collStats",
+    "dbHash",
+    "dbStats",
+    "find",
+    "killCursors",
+    "listCollections",
     "listIndexes",
 )
 WRITE_ACTIONS = (
-    "convertToCapped", "createCollection", "createIndex", "dropCollection", "dropIndex", "insert",
-    "remove", "renameCollectionSameDB", "update",
+    "convertToCapped",
+    "createCollection",
+    "createIndex",
+    "dropCollection",
+    "dropIndex",
+    "insert",
+    "remove",
+    "renameCollectionSameDB",
+    "update",
 )
 _DB_ADMIN_ACTIONS = (
-    "collMod", "collStats", "convertToCapped", "createCollection", "createIndex", "dbStats",
-    "dropCollection", "dropDatabase", "dropIndex", "enableProfiler", "listCollections",
-    "listIndexes", "reIndex", "renameCollectionSameDB", "validate",
+    "collMod",
+    "collStats",
+    "convertToCapped",
+    "createCollection",
+    "createIndex",
+    "dbStats",
+    "dropCollection",
+    "dropDatabase",
+    "dropIndex",
+    "enableProfiler",
+    "listCollections",
+    "listIndexes",
+    "reIndex",
+    "renameCollectionSameDB",
+    "validate",
 )
 _MONITOR_CLUSTER_ACTIONS = (
-    "connPoolStats", "getCmdLineOpts", "getDefaultRWConcern", "getLog", "getParameter",
-    "getShardMap", "hostInfo", "inprog", "listDatabases", "listSessions", "listShards", "netstat",
-    "replSetGetConfig", "replSetGetStatus", "serverStatus", "shardingState", "top",
+    "connPoolStats",
+    "getCmdLineOpts",
+    "getDefaultRWConcern",
+    "getLog",
+    "getParameter",
+    "getShardMap",
+    "hostInfo",
+    "inprog",
+    "listDatabases",
+    "listSessions",
+    "listShards",
+    "netstat",
+    "replSetGetConfig",
+    "replSetGetStatus",
+    "serverStatus",
+    "shardingState",
+    "top",
 )
 _MONITOR_DB_ACTIONS = (
-    "collStats", "dbStats", "getDatabaseVersion", "getShardVersion", "indexStats",
+    "collStats",
+    "dbStats",
+    "getDatabaseVersion",
+    "getShardVersion",
+    "indexStats",
 )
 _HOST_CLUSTER_ACTIONS = (
-    "applicationMessage", "connPoolSync", "dropConnections", "flushRouterConfig", "fsync",
-    "invalidateUserCache", "killAnyCursor", "killAnySession", "killop", "logRotate",
-    "replSetResizeOplog", "resync", "setParameter", "shutdown", "touch", "unlock",
+    "applicationMessage",
+    "connPoolSync",
+    "dropConnections",
+    "flushRouterConfig",
+    "fsync",
+    "invalidateUserCache",
+    "killAnyCursor",
+    "killAnySession",
+    "killop",
+    "logRotate",
+    "replSetResizeOplog",
+    "resync",
+    "setParameter",
+    "shutdown",
+    "touch",
+    "unlock",
 )
 _MANAGER_CLUSTER_ACTIONS = (
-    "addShard", "appendOplogNote", "applicationMessage", "cleanupOrphaned", "flushRouterConfig",
-    "getClusterParameter", "getDefaultRWConcern", "listSessions", "listShards", "removeShard",
-    "replSetConfigure", "replSetGetConfig", "replSetGetStatus", "replSetStateChange", "resync",
-    "setClusterParameter", "setDefaultRWConcern", "setFeatureCompatibilityVersion",
+    "addShard",
+    "appendOplogNote",
+    "applicationMessage",
+    "cleanupOrphaned",
+    "flushRouterConfig",
+    "getClusterParameter",
+    "getDefaultRWConcern",
+    "listSessions",
+    "listShards",
+    "removeShard",
+    "replSetConfigure",
+    "replSetGetConfig",
+    "replSetGetStatus",
+    "replSetStateChange",
+    "resync",
+    "setClusterParameter",
+    "setDefaultRWConcern",
+    "setFeatureCompatibilityVersion",
 )
 _MANAGER_DB_ACTIONS = (
-    "analyzeShardKey", "clearJumboFlag", "configureQueryAnalyzer", "enableSharding", "moveChunk",
-    "moveCollection", "refineCollectionShardKey", "reshardCollection", "splitChunk", "splitVector",
+    "analyzeShardKey",
+    "clearJumboFlag",
+    "configureQueryAnalyzer",
+    "enableSharding",
+    "moveChunk",
+    "moveCollection",
+    "refineCollectionShardKey",
+    "reshardCollection",
+    "splitChunk",
+    "splitVector",
 )
 
 _ANY = {"db": "", "collection": ""}  # the server's any_normal: every non-system collection
@@ -89,10 +173,14 @@ _INCLUDES: dict[str, tuple[tuple[str, str], ...]] = {
     "clusterMonitor": (("read", "config"), ("read", "local")),
     "clusterManager": (("read", "config"),),
     "clusterAdmin": (
-        ("clusterMonitor", "{db}"), ("hostManager", "{db}"), ("clusterManager", "{db}"),
+        ("clusterMonitor", "{db}"),
+        ("hostManager", "{db}"),
+        ("clusterManager", "{db}"),
     ),
     "root": (
-        ("readWriteAnyDatabase", "{db}"), ("dbAdminAnyDatabase", "{db}"), ("clusterAdmin", "{db}"),
+        ("readWriteAnyDatabase", "{db}"),
+        ("dbAdminAnyDatabase", "{db}"),
+        ("clusterAdmin", "{db}"),
     ),
 }
 
@@ -105,8 +193,10 @@ def _with_included(roles: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         role, db = todo.pop()
         if (role, db) not in out:
             out.add((role, db))
-            todo.extend((inner, db if inner_db == "{db}" else inner_db)
-                        for inner, inner_db in _INCLUDES.get(role, ()))
+            todo.extend(
+                (inner, db if inner_db == "{db}" else inner_db)
+                for inner, inner_db in _INCLUDES.get(role, ())
+            )
     return out
 
 
@@ -118,8 +208,10 @@ def privileges_of_roles(roles: Iterable[tuple[str, str]]) -> list[dict[str, Any]
         for template, actions in BUILTIN_ROLES[role]:
             resource = {k: (db if v == "{db}" else v) for k, v in template.items()}
             by_resource.setdefault(tuple(resource.items()), set()).update(actions)
-    return [{"resource": dict(resource), "actions": sorted(actions)}
-            for resource, actions in by_resource.items()]
+    return [
+        {"resource": dict(resource), "actions": sorted(actions)}
+        for resource, actions in by_resource.items()
+    ]
 
 
 def change_stream_resource(db: str | None, coll: str | None) -> dict[str, Any]:

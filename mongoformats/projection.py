@@ -40,8 +40,9 @@ class Projection:
         if computed_only:
             self._mode = "add"
         # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
-        elif (all(rule == EXCLUDE for rule in others) if others
-              else self._tree.get("_id") == EXCLUDE):
+        elif (
+            all(rule == EXCLUDE for rule in others) if others else self._tree.get("_id") == EXCLUDE
+        ):
             self._mode = "exclude"
         else:
             self._tree.setdefault("_id", INCLUDE)
@@ -75,8 +76,11 @@ def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
 
 def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> list[Any]:
     """The expressions of a valid spec's computed fields."""
-    return [rule[1] for _, rule in _leaves(_projection_tree(spec, computed_only=computed_only))
-            if rule[0] == "compute"]
+    return [
+        rule[1]
+        for _, rule in _leaves(_projection_tree(spec, computed_only=computed_only))
+        if rule[0] == "compute"
+    ]
 
 
 def _is_flag(v: object) -> bool:
@@ -152,8 +156,11 @@ def _include(
         rule = tree.get(name)
         if rule == INCLUDE:
             out[name] = value
-        elif (rule is not None and rule[0] == "nested"
-              and (isinstance(value, (dict, list)) or _computes(rule[1]))):
+        elif (
+            rule is not None
+            and rule[0] == "nested"
+            and (isinstance(value, (dict, list)) or _computes(rule[1]))
+        ):
             out[name] = _include_value(value, rule[1], root, evaluate)
     for name, rule in tree.items():
         if rule[0] == "compute":
@@ -167,8 +174,11 @@ def _include_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Eval
     """A nested rule on one value: documents are projected, arrays element by element (dropping
     what is neither unless the rule computes a field, which makes it a document)."""
     if isinstance(value, list):
-        return [_include_value(v, tree, root, evaluate) for v in value
-                if isinstance(v, (dict, list)) or _computes(tree)]
+        return [
+            _include_value(v, tree, root, evaluate)
+            for v in value
+            if isinstance(v, (dict, list)) or _computes(tree)
+        ]
     return _include(value if isinstance(value, dict) else {}, tree, root, evaluate)
 
 

@@ -23,8 +23,18 @@ from mongoformats.errors import MongoError
 from mongoformats.keystring import KeyStringBuilder
 from mongoformats.keystring_reader import KeyStringReader
 
-__all__ = ["ResumeTokenData", "HIGH_WATER_MARK", "EVENT_TOKEN", "encode_token", "decode_token",
-           "high_water_mark", "token_sort_key", "token_text", "fragment_of", "whole_event_token"]
+__all__ = [
+    "ResumeTokenData",
+    "HIGH_WATER_MARK",
+    "EVENT_TOKEN",
+    "encode_token",
+    "decode_token",
+    "high_water_mark",
+    "token_sort_key",
+    "token_text",
+    "fragment_of",
+    "whole_event_token",
+]
 
 HIGH_WATER_MARK = 0
 EVENT_TOKEN = 128
@@ -165,8 +175,9 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
     if not r.at_end():
         raise _bad(40646, "invalid oversized resume token")
     r.finish()
-    return ResumeTokenData(ts, version, token_type, txn_op_index, from_invalidate, uuid,
-                           event_identifier, fragment_num)
+    return ResumeTokenData(
+        ts, version, token_type, txn_op_index, from_invalidate, uuid, event_identifier, fragment_num
+    )
 
 
 def _read_token_type(r: KeyStringReader) -> int:
@@ -251,4 +262,3 @@ def token_from_key(key: bytes, type_bits: bytes = b"") -> dict[str, Any]:
     if type_bits:
         token["_typeBits"] = Binary(type_bits, 0)
     return token
-

@@ -63,11 +63,17 @@ class ScramCredential(NamedTuple):
     server_key: bytes
 
 
-def make_credential(password: str, *, iterations: int = ITERATIONS, salt: bytes | None = None) -> ScramCredential:
+def make_credential(
+    password: str, *, iterations: int = ITERATIONS, salt: bytes | None = None
+) -> ScramCredential:
     salt = salt if salt is not None else os.urandom(28)
     salted = _salted(password, salt, iterations)
-    return ScramCredential(salt, iterations, hashlib.sha256(_hmac(salted, b"Client Key")).digest(),
-                           _hmac(salted, b"Server Key"))
+    return ScramCredential(
+        salt,
+        iterations,
+        hashlib.sha256(_hmac(salted, b"Client Key")).digest(),
+        _hmac(salted, b"Server Key"),
+    )
 
 
 class ScramClient:
@@ -97,8 +103,9 @@ class ScramClient:
         return without_proof + b",p=" + base64.b64encode(proof)
 
     def verify(self, server_final: bytes) -> None:
-        if not hmac.compare_digest(_fields(server_final).get("v", "").encode(),
-                                   base64.b64encode(self._server_signature)):
+        if not hmac.compare_digest(
+            _fields(server_final).get("v", "").encode(), base64.b64encode(self._server_signature)
+        ):
             raise MongoError("AuthenticationFailed", "server signature did not match")
 
 
@@ -114,15 +121,21 @@ class ScramServer:
 
     def first(self, client_first: bytes) -> bytes:
         if not client_first.startswith(b"n,"):
-            raise MongoError("BadValue", "SCRAM channel binding is not supported; the GS2 header must be 'n,,'")
+            raise MongoError(
+                "BadValue", "SCRAM channel binding is not supported; the GS2 header must be 'n,,'"
+            )
         bare = client_first.split(b",", 2)[2]
         f = _fields(bare)
         self.user = f.get("n", "").replace("=2C", ",").replace("=3D", "=")
         self._credential = self._lookup.get(self.user)
         # An unknown user still gets a well-formed challenge; the proof fails later (no user oracle).
-        cred = self._credential or make_credential("unknown user", iterations=4096, salt=hashlib.sha256(bare).digest())
+        cred = self._credential or make_credential(
+            "unknown user", iterations=4096, salt=hashlib.sha256(bare).digest()
+        )
         self._nonce = f.get("r", "") + base64.b64encode(os.urandom(24)).decode()
-        server_first = f"r={self._nonce},s={base64.b64encode(cred.salt).decode()},i={cred.iterations}".encode()
+        server_first = (
+            f"r={self._nonce},s={base64.b64encode(cred.salt).decode()},i={cred.iterations}".encode()
+        )
         self._auth_prefix = bare + b"," + server_first
         return server_first
 
@@ -139,6 +152,8 @@ class ScramServer:
         if len(proof) != len(signature):
             raise _auth_failed()
         client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
-        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), self._credential.stored_key):
+        if not hmac.compare_digest(
+            hashlib.sha256(client_key).digest(), self._credential.stored_key
+        ):
             raise _auth_failed()
         return b"v=" + base64.b64encode(_hmac(self._credential.server_key, auth_message))

@@ -13,7 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "UNKNOWN_USER", "SessionsNamed", "session_id", "sessions_named", "user_digest", "user_identity",
+    "UNKNOWN_USER",
+    "SessionsNamed",
+    "session_id",
+    "sessions_named",
+    "user_digest",
+    "user_identity",
 ]
 
 # The user of something that keeps none (a transaction in simcluster): only an id or an empty
@@ -33,8 +38,9 @@ def user_identity(user: Any, db: Any) -> str:
     return f"{user}@{db}"
 
 
-def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: bool,
-                   kill_any: bool = False) -> SessionsNamed:
+def sessions_named(
+    cmd: dict[str, Any], caller: str | None, *, access_control: bool, kill_any: bool = False
+) -> SessionsNamed:
     """Which sessions a killSessions [{id}] or killAllSessions [{user, db}] names, as a test of
     (session id, user); users are user_identity strings, `caller` too.
 
@@ -55,6 +61,7 @@ def sessions_named(cmd: dict[str, Any], caller: str | None, *, access_control: b
             if ids and lsid not in ids:
                 return False
             return not own_only or (bool(ids) if user is UNKNOWN_USER else user == caller)
+
         return named
     if name.lower() == "killallsessionsbypattern":
         return _by_patterns([spec for spec in specs if isinstance(spec, dict)])
@@ -81,12 +88,19 @@ def _by_patterns(patterns: list[dict[str, Any]]) -> SessionsNamed:
             ids.add(session_id(pattern["lsid"]["id"]))
         if "uid" in pattern:
             uids.add(bytes(pattern["uid"]))
-        users.update(user_identity(u.get("user"), u.get("db")) for u in pattern.get("users") or ()
-                     if isinstance(u, dict))
+        users.update(
+            user_identity(u.get("user"), u.get("db"))
+            for u in pattern.get("users") or ()
+            if isinstance(u, dict)
+        )
 
     def named(lsid: bytes | None, user: Any) -> bool:
         if not patterns or lsid in ids:
             return True
-        return user is not UNKNOWN_USER and user is not None and (
-            user in users or user_digest(user) in uids)
+        return (
+            user is not UNKNOWN_USER
+            and user is not None
+            and (user in users or user_digest(user) in uids)
+        )
+
     return named

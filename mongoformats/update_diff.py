@@ -24,7 +24,9 @@ def _is_numeric_strict(name: str) -> bool:
     return name.isascii() and name.isdigit() and (len(name) == 1 or name[0] != "0")
 
 
-def update_description_from_diff(diff: Mapping[str, Any], *, disambiguate: bool = False) -> dict[str, Any]:
+def update_description_from_diff(
+    diff: Mapping[str, Any], *, disambiguate: bool = False
+) -> dict[str, Any]:
     """The server's reading (change_stream_document_diff_parser.cpp, buildUpdateDescriptionWith-
     DeltaOplog): in an object diff the `u` fields, then the `i` fields, then the `d` fields, then
     the sub-diffs in their order; in an array diff the truncation, then the entries in order.
@@ -81,7 +83,11 @@ def update_description_from_diff(diff: Mapping[str, Any], *, disambiguate: bool 
                 walk(value, path + [idx], amb)
 
     walk_object(diff, [], False)
-    out: dict[str, Any] = {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}
+    out: dict[str, Any] = {
+        "updatedFields": updated,
+        "removedFields": removed,
+        "truncatedArrays": truncated,
+    }
     if disambiguate:
         out["disambiguatedPaths"] = disambiguated
     return out
@@ -119,7 +125,7 @@ def post_image(before: Mapping[str, Any], description: Mapping[str, Any]) -> dic
 
     for t in description.get("truncatedArrays") or []:
         node, key = parent(t["field"])
-        del node[key][t["newSize"]:]
+        del node[key][t["newSize"] :]
     for path in description.get("removedFields") or []:
         node, key = parent(path)
         if isinstance(node, dict):

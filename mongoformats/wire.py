@@ -25,13 +25,34 @@ from mongoformats.compression import COMPRESSOR_IDS, COMPRESSOR_NAMES, compresse
 from mongoformats.errors import ProtocolError
 
 __all__ = [
-    "NEED_DATA", "OP_MSG", "OP_QUERY", "OP_REPLY", "OP_COMPRESSED",
-    "FLAG_CHECKSUM_PRESENT", "FLAG_MORE_TO_COME", "FLAG_EXHAUST_ALLOWED",
-    "MAX_MESSAGE_SIZE", "MAX_BSON_SIZE", "MAX_INTERNAL_BSON_SIZE", "COMPRESSOR_IDS",
-    "OpMsg", "OpQuery", "OpReply", "Message", "MessageFramer",
-    "encode_op_msg", "op_msg_parts", "encode_op_reply", "encode_op_query", "compress",
+    "NEED_DATA",
+    "OP_MSG",
+    "OP_QUERY",
+    "OP_REPLY",
+    "OP_COMPRESSED",
+    "FLAG_CHECKSUM_PRESENT",
+    "FLAG_MORE_TO_COME",
+    "FLAG_EXHAUST_ALLOWED",
+    "MAX_MESSAGE_SIZE",
+    "MAX_BSON_SIZE",
+    "MAX_INTERNAL_BSON_SIZE",
+    "COMPRESSOR_IDS",
+    "OpMsg",
+    "OpQuery",
+    "OpReply",
+    "Message",
+    "MessageFramer",
+    "encode_op_msg",
+    "op_msg_parts",
+    "encode_op_reply",
+    "encode_op_query",
+    "compress",
     "decode_message",
-    "op_msg_body_span", "op_msg_flags", "ArrayRun", "DeferredPiece", "joined",
+    "op_msg_body_span",
+    "op_msg_flags",
+    "ArrayRun",
+    "DeferredPiece",
+    "joined",
 ]
 
 OP_REPLY: Final = 1
@@ -57,7 +78,6 @@ BATCH_ELEMENT_OVERHEAD: Final = 9
 HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
-
 
 
 class _NeedData:
@@ -270,7 +290,9 @@ def _decode_op_reply(
 
 _Decoder = Callable[[int, int, bytes, "str | None"], "Message"]
 _DECODERS: Final[dict[int, _Decoder]] = {
-    OP_MSG: _decode_op_msg, OP_QUERY: _decode_op_query, OP_REPLY: _decode_op_reply,
+    OP_MSG: _decode_op_msg,
+    OP_QUERY: _decode_op_query,
+    OP_REPLY: _decode_op_reply,
 }
 
 
@@ -314,7 +336,7 @@ class MessageFramer:
         # (slice, bytes), cost a reader a seventh of its time.
         self._chunks: deque[bytes] = deque()
         self._start = 0  # where the unread data begins in the first chunk
-        self._size = 0   # unread bytes in all
+        self._size = 0  # unread bytes in all
         self.max_size = max_size  # the largest frame taken; a caller may lower it as it goes
         self._eof = False
 
@@ -332,7 +354,7 @@ class MessageFramer:
 
     @property
     def trailing_data(self) -> bytes:
-        return b"".join(self._chunks)[self._start:]
+        return b"".join(self._chunks)[self._start :]
 
     def next_message(self) -> Message | _NeedData:
         frame = self.next_frame()
@@ -356,7 +378,7 @@ class MessageFramer:
         return NEED_DATA
 
     def frame_buffer(
-        self, pad: int, at_least: int, allocate: Callable[[int], bytearray] = bytearray,
+        self, pad: int, at_least: int, allocate: Callable[[int], bytearray] = bytearray
     ) -> tuple[bytearray, int, int] | None:
         """For a frame of `at_least` bytes or more whose length has arrived but not all of it:
         (a buffer of its length plus `pad` zero bytes holding what has arrived, how much that
@@ -378,8 +400,8 @@ class MessageFramer:
         filled = 0
         chunks = self._chunks
         for chunk in chunks:
-            piece = memoryview(chunk)[self._start if filled == 0 else 0:]
-            buffer[filled:filled + len(piece)] = piece
+            piece = memoryview(chunk)[self._start if filled == 0 else 0 :]
+            buffer[filled : filled + len(piece)] = piece
             filled += len(piece)
         chunks.clear()
         self._start = self._size = 0
@@ -389,7 +411,7 @@ class MessageFramer:
         """The next frame's length (its first 4 bytes have arrived)."""
         chunks = self._chunks
         while len(chunks[0]) - self._start < 4:  # the length itself is split between chunks:
-            head = chunks.popleft()[self._start:]  # join the first two only, not all received
+            head = chunks.popleft()[self._start :]  # join the first two only, not all received
             chunks[0] = head + chunks[0]
             self._start = 0
         return int(_I32.unpack_from(chunks[0], self._start)[0])
@@ -406,7 +428,7 @@ class MessageFramer:
             return first
         if len(first) - start > n and not pad:
             self._start = start + n
-            return first[start:start + n]
+            return first[start : start + n]
         pieces: list[bytes | memoryview] = []
         need = n
         while need:
@@ -494,8 +516,16 @@ def encode_op_msg(
     # One join for the whole message: replies run to megabytes, and every `+` of such a bytes
     # object is a fresh allocation of that size, which faults in page by page.
     checksum = bool(flags & FLAG_CHECKSUM_PRESENT)
-    message = joined(op_msg_parts(request_id, response_to, body, flags=flags, sequences=sequences,
-                                    trailer=4 if checksum else 0))
+    message = joined(
+        op_msg_parts(
+            request_id,
+            response_to,
+            body,
+            flags=flags,
+            sequences=sequences,
+            trailer=4 if checksum else 0,
+        )
+    )
     if checksum:
         return message + _U32.pack(crc32c.crc32c(message))
     return message
@@ -523,18 +553,37 @@ def op_msg_parts(
     return parts
 
 
-def encode_op_reply(request_id: int, response_to: int, documents: tuple[bytes, ...], *,
-                    response_flags: int = 8, cursor_id: int = 0, starting_from: int = 0) -> bytes:
+def encode_op_reply(
+    request_id: int,
+    response_to: int,
+    documents: tuple[bytes, ...],
+    *,
+    response_flags: int = 8,
+    cursor_id: int = 0,
+    starting_from: int = 0,
+) -> bytes:
     # response_flags 8 = AwaitCapable, which every modern server sets on OP_REPLY.
     head = struct.pack("<iqii", response_flags, cursor_id, starting_from, len(documents))
     payload = head + b"".join(documents)
     return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_REPLY) + payload
 
 
-def encode_op_query(request_id: int, full_collection_name: str, query: bytes, *,
-                    flags: int = 0, number_to_skip: int = 0, number_to_return: int = -1) -> bytes:
-    payload = (_I32.pack(flags) + full_collection_name.encode() + b"\x00"
-               + struct.pack("<ii", number_to_skip, number_to_return) + query)
+def encode_op_query(
+    request_id: int,
+    full_collection_name: str,
+    query: bytes,
+    *,
+    flags: int = 0,
+    number_to_skip: int = 0,
+    number_to_return: int = -1,
+) -> bytes:
+    payload = (
+        _I32.pack(flags)
+        + full_collection_name.encode()
+        + b"\x00"
+        + struct.pack("<ii", number_to_skip, number_to_return)
+        + query
+    )
     return HEADER.pack(HEADER.size + len(payload), request_id, 0, OP_QUERY) + payload
 
 
@@ -542,7 +591,7 @@ def compress(message: bytes, compressor: str, *, level: int = -1) -> bytes:
     """Wrap an encoded message in OP_COMPRESSED with `compressor` ("zlib", "snappy", "zstd",
     "noop")."""
     length, request_id, response_to, op_code = HEADER.unpack_from(message, 0)
-    inner = message[HEADER.size:]
+    inner = message[HEADER.size :]
     packed = compressed(inner, compressor, level=level)
     payload = struct.pack("<iiB", op_code, len(inner), COMPRESSOR_IDS[compressor]) + packed
     return HEADER.pack(HEADER.size + len(payload), request_id, response_to, OP_COMPRESSED) + payload

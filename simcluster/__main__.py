@@ -29,73 +29,142 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="simcluster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="simcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_version_flag(parser)
     parser.add_argument("--shards", type=_at_least(int, 0), default=3)
-    parser.add_argument("--members", type=_at_least(int, 1, 50), default=1,
-                        help="members per shard replica set (a replica set has at most 50)")
-    parser.add_argument("--replication-lag-s", type=_at_least(float, 0), default=0.0,
-                        help="how far secondaries trail")
-    parser.add_argument("--election-timeout-s", type=_at_least(float, 0.001), default=10.0,
-                        help="electionTimeoutMillis / 1000")
-    parser.add_argument("--spare-shards", type=_at_least(int, 0), default=0,
-                        help="empty replica sets started beside the cluster, for addShard")
-    parser.add_argument("--tls-cert-file", default="",
-                        help="PEM with certificate and key: every process then requires TLS (requireTLS)")
-    parser.add_argument("--user", action="append", default=[], metavar="NAME:PASSWORD",
-                        help="require SCRAM-SHA-256 authentication and add this admin user (repeatable)")
-    parser.add_argument("--role", action="append", default=[], metavar="NAME:ROLE@DB",
-                        help="give user NAME this built-in role (read, readWrite, dbAdmin, readAnyDatabase, "
-                             "readWriteAnyDatabase, dbAdminAnyDatabase, clusterMonitor, hostManager, "
-                             "clusterManager, clusterAdmin, root) instead of root (repeatable)")
+    parser.add_argument(
+        "--members",
+        type=_at_least(int, 1, 50),
+        default=1,
+        help="members per shard replica set (a replica set has at most 50)",
+    )
+    parser.add_argument(
+        "--replication-lag-s",
+        type=_at_least(float, 0),
+        default=0.0,
+        help="how far secondaries trail",
+    )
+    parser.add_argument(
+        "--election-timeout-s",
+        type=_at_least(float, 0.001),
+        default=10.0,
+        help="electionTimeoutMillis / 1000",
+    )
+    parser.add_argument(
+        "--spare-shards",
+        type=_at_least(int, 0),
+        default=0,
+        help="empty replica sets started beside the cluster, for addShard",
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        default="",
+        help="PEM with certificate and key: every process then requires TLS (requireTLS)",
+    )
+    parser.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="NAME:PASSWORD",
+        help="require SCRAM-SHA-256 authentication and add this admin user (repeatable)",
+    )
+    parser.add_argument(
+        "--role",
+        action="append",
+        default=[],
+        metavar="NAME:ROLE@DB",
+        help="give user NAME this built-in role (read, readWrite, dbAdmin, readAnyDatabase, "
+        "readWriteAnyDatabase, dbAdminAnyDatabase, clusterMonitor, hostManager, "
+        "clusterManager, clusterAdmin, root) instead of root (repeatable)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_at_least(int, 0, 65535), default=DEFAULT_PORT,
-                        help="mongos port (0 = any free port, for mongos and shards)")
-    parser.add_argument("--shard-port", type=_at_least(int, 0, 65535), default=None,
-                        help=f"first port of the shard members, one each in turn "
-                             f"(default: --port + {SHARD_PORT_OFFSET}; 0 = any free ports)")
-    parser.add_argument("--mongodb-version", choices=MONGODB_VERSIONS, default="7.0",
-                        help="the MongoDB version to emulate (default: 7.0)")
+    parser.add_argument(
+        "--port",
+        type=_at_least(int, 0, 65535),
+        default=DEFAULT_PORT,
+        help="mongos port (0 = any free port, for mongos and shards)",
+    )
+    parser.add_argument(
+        "--shard-port",
+        type=_at_least(int, 0, 65535),
+        default=None,
+        help=f"first port of the shard members, one each in turn "
+        f"(default: --port + {SHARD_PORT_OFFSET}; 0 = any free ports)",
+    )
+    parser.add_argument(
+        "--mongodb-version",
+        choices=MONGODB_VERSIONS,
+        default="7.0",
+        help="the MongoDB version to emulate (default: 7.0)",
+    )
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     parser.add_argument("--oplog-mb", type=_at_least(int, 1), default=1024)
-    parser.add_argument("--periodic-noop-s", type=_at_least(float, 0.001), default=10.0,
-                        help="periodicNoopIntervalSecs")
-    parser.add_argument("--prefill", type=_at_least(int, 0), default=0,
-                        help="write this many documents before serving")
-    parser.add_argument("--prefill-updates", type=_at_least(float, 0.0, 0.99), default=0.0,
-                        help="the share of the prefill's writes that update documents it inserted")
+    parser.add_argument(
+        "--periodic-noop-s",
+        type=_at_least(float, 0.001),
+        default=10.0,
+        help="periodicNoopIntervalSecs",
+    )
+    parser.add_argument(
+        "--prefill",
+        type=_at_least(int, 0),
+        default=0,
+        help="write this many documents before serving",
+    )
+    parser.add_argument(
+        "--prefill-updates",
+        type=_at_least(float, 0.0, 0.99),
+        default=0.0,
+        help="the share of the prefill's writes that update documents it inserted",
+    )
     parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
     argv = sys.argv[1:] if argv is None else argv
     if (old := _old_version_value(argv)) is not None:
-        parser.error(f"--version {old}: use --mongodb-version {old} to emulate MongoDB {old} "
-                     f"(--version prints the package's version)")
+        parser.error(
+            f"--version {old}: use --mongodb-version {old} to emulate MongoDB {old} "
+            f"(--version prints the package's version)"
+        )
     args = parser.parse_args(argv)
     shard_port = _shard_port(args.port, args.shard_port)
     shard_processes = (args.shards + args.spare_shards) * args.members
     if shard_port and shard_port + shard_processes - 1 > 65535:
-        parser.error(f"--port {args.port}: the cluster's {1 + shard_processes} processes take the "
-                     f"ports from it (mongos {args.port}, shard members from {shard_port}), past 65535")
+        parser.error(
+            f"--port {args.port}: the cluster's {1 + shard_processes} processes take the "
+            f"ports from it (mongos {args.port}, shard members from {shard_port}), past 65535"
+        )
     if bad := [u for u in args.user if ":" not in u]:
         parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
     logging.basicConfig(level=args.log_level)
 
     async def run() -> None:
-        async with open_cluster(shards=args.shards, members=args.members, host=args.host, port=args.port,
-                                shard_port=shard_port, version=args.mongodb_version,
-                                oplog_bytes=args.oplog_mb << 20,
-                                periodic_noop_s=args.periodic_noop_s, replication_lag_s=args.replication_lag_s,
-                                election_timeout_s=args.election_timeout_s,
-                                spare_shards=args.spare_shards, tls=_server_tls(args.tls_cert_file),
-                                users=dict(u.split(":", 1) for u in args.user) or None,
-                                roles=_roles(args.role)) as cluster:
+        async with open_cluster(
+            shards=args.shards,
+            members=args.members,
+            host=args.host,
+            port=args.port,
+            shard_port=shard_port,
+            version=args.mongodb_version,
+            oplog_bytes=args.oplog_mb << 20,
+            periodic_noop_s=args.periodic_noop_s,
+            replication_lag_s=args.replication_lag_s,
+            election_timeout_s=args.election_timeout_s,
+            spare_shards=args.spare_shards,
+            tls=_server_tls(args.tls_cert_file),
+            users=dict(u.split(":", 1) for u in args.user) or None,
+            roles=_roles(args.role),
+        ) as cluster:
             if args.prefill:
                 from simcluster.launcher import prefill
 
                 prefill(cluster, args.prefill, updates=args.prefill_updates)
             if args.json:
-                info = {"mongos": cluster.uri, "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
-                        "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)]}
+                info = {
+                    "mongos": cluster.uri,
+                    "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
+                    "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)],
+                }
                 print(json.dumps(info), flush=True)
             else:
                 print(cluster.describe(), flush=True)
@@ -126,18 +195,23 @@ def _shard_port(port: int, shard_port: int | None) -> int:
     return port + SHARD_PORT_OFFSET if port else 0
 
 
-def _at_least(kind: type[int] | type[float], low: float, high: float | None = None) -> Callable[[str], float]:
+def _at_least(
+    kind: type[int] | type[float], low: float, high: float | None = None
+) -> Callable[[str], float]:
     """An argparse type: a number of `kind` in [low, high]; argparse prints the message after the flag."""
+
     def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, "
-                                             f"not {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if kind is int else 'a number'}, not {text!r}"
+            ) from None
         if not (low <= value <= (high if high is not None else math.inf)):  # NaN fails too
             span = f"between {low} and {high}" if high is not None else f"at least {low}"
             raise argparse.ArgumentTypeError(f"must be {span}, not {text}")
         return value
+
     return parse
 
 
@@ -150,7 +224,9 @@ def _roles(specs: list[str]) -> dict[str, list[tuple[str, str]]]:
         name, _, grant = spec.partition(":")
         role, _, db = grant.partition("@")
         if role not in BUILTIN_ROLES:
-            raise SystemExit(f"--role {spec}: unknown role {role!r} (one of {', '.join(BUILTIN_ROLES)})")
+            raise SystemExit(
+                f"--role {spec}: unknown role {role!r} (one of {', '.join(BUILTIN_ROLES)})"
+            )
         roles.setdefault(name, []).append((role, db or "admin"))
     return roles
 

@@ -53,16 +53,24 @@ def _field_name(spec: Any, op: str) -> str:
     name = "$getField" if get else "$setField"
     if isinstance(spec, str) and spec.startswith("$"):
         ref = f"${spec[2:]}" if spec.startswith("$$") else f"$CURRENT.{spec[1:]}"
-        raise MongoError(5654600 if get else 4161108, f"'{ref}' is a field path reference which "
-                         f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?")
+        raise MongoError(
+            5654600 if get else 4161108,
+            f"'{ref}' is a field path reference which "
+            f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?",
+        )
     if isinstance(spec, Mapping):
         if set(spec) != {"$literal"}:
-            raise MongoError(5654601 if get else 4161106, f"{name} requires 'field' to evaluate "
-                             "to a constant, but got a non-constant argument")
+            raise MongoError(
+                5654601 if get else 4161106,
+                f"{name} requires 'field' to evaluate "
+                "to a constant, but got a non-constant argument",
+            )
         spec = spec["$literal"]
     if not isinstance(spec, str):
-        raise MongoError(5654602 if get else 4161107, f"{name} requires 'field' to evaluate to "
-                         f"type String, but got {type_name(spec)}")
+        raise MongoError(
+            5654602 if get else 4161107,
+            f"{name} requires 'field' to evaluate to type String, but got {type_name(spec)}",
+        )
     return spec
 
 
@@ -90,8 +98,11 @@ def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: 
 # an argument is null or missing, the server's codes for arguments of the wrong type.
 def _int_argument(value: Any, code: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise MongoError(code, f"{what} must be a numeric value representable as a 32-bit integral "
-                         f"value, but is {type_name(value)}")
+        raise MongoError(
+            code,
+            f"{what} must be a numeric value representable as a 32-bit integral "
+            f"value, but is {type_name(value)}",
+        )
     return int(value)
 
 
@@ -112,8 +123,9 @@ def _array_elem_at(doc: Mapping[str, Any], args: list[Any], more: Operators | No
     if array is None or array is MISSING or index is None or index is MISSING:
         return None
     if not isinstance(array, list):
-        raise MongoError(28689, "$arrayElemAt's first argument must be an array, but is "
-                         f"{type_name(array)}")
+        raise MongoError(
+            28689, f"$arrayElemAt's first argument must be an array, but is {type_name(array)}"
+        )
     i = _int_argument(index, 28690, "$arrayElemAt's second argument")
     i = i + len(array) if i < 0 else i
     return array[i] if 0 <= i < len(array) else MISSING
@@ -125,24 +137,29 @@ def _slice(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> A
         return None
     array = values[0]
     if not isinstance(array, list):
-        raise MongoError(28724, "First argument to $slice must be an array, but is of type: "
-                         f"{type_name(array)}")
+        raise MongoError(
+            28724, f"First argument to $slice must be an array, but is of type: {type_name(array)}"
+        )
     if len(values) == 2:
         n = _int_argument(values[1], 28725, "Second argument to $slice")
-        return array[:n] if n >= 0 else array[max(len(array) + n, 0):]
+        return array[:n] if n >= 0 else array[max(len(array) + n, 0) :]
     pos = _int_argument(values[1], 28725, "Second argument to $slice")
     n = _int_argument(values[2], 28726, "Third argument to $slice")
     if n <= 0:
         raise MongoError(28727, f"Third argument to $slice must be positive: {n}")
     start = max(len(array) + pos, 0) if pos < 0 else min(pos, len(array))
-    return array[start:start + n]
+    return array[start : start + n]
 
 
 _OPERATORS: dict[str, Operator] = {
     **{op: functools.partial(_arithmetic, op=op) for op in ("$add", "$multiply", "$subtract")},
     **{op: functools.partial(_field, op=op) for op in ("$getField", "$setField", "$unsetField")},
-    "$size": _size, "$mergeObjects": _merge_objects, "$concatArrays": _concat_arrays,
-    "$arrayElemAt": _array_elem_at, "$slice": _slice}
+    "$size": _size,
+    "$mergeObjects": _merge_objects,
+    "$concatArrays": _concat_arrays,
+    "$arrayElemAt": _array_elem_at,
+    "$slice": _slice,
+}
 
 
 def _expr(doc: Mapping[str, Any], e: Any) -> Any:
@@ -155,11 +172,15 @@ def _value(v: Any) -> Any:
     return None if v is MISSING else v
 
 
-def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_pipeline(
+    docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     for stage in pipeline:
         if len(stage) != 1:
-            raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
-        (name, spec), = stage.items()
+            raise MongoError(
+                40323, "A pipeline stage specification object must contain exactly one field."
+            )
+        ((name, spec),) = stage.items()
         if name == "$match":
             docs = [d for d in docs if q.matches(d, spec)]
         elif name in ("$project", "$addFields", "$set", "$unset"):
@@ -192,7 +213,10 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> 
 
 def _compiled(stage: str, spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """$project, $addFields/$set, $unset: the server's rules, shared with the engine's stages."""
-    if stage != "$unset" and (problem := spec_problem(spec, computed_only=stage != "$project")) is not None:
+    if (
+        stage != "$unset"
+        and (problem := spec_problem(spec, computed_only=stage != "$project")) is not None
+    ):
         raise MongoError("NotImplemented", f"simcluster does not evaluate {problem}")
     projection = Projection(stage, spec)
     return lambda doc: projection.apply(doc, _expr)
@@ -206,7 +230,10 @@ def find_projection(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
         return lambda doc: doc
     for name, value in spec.items():
         if name.endswith("$") or isinstance(value, dict) and {"$slice", "$elemMatch"} & set(value):
-            raise MongoError("NotImplemented", f"simcluster does not evaluate the find projection {name}: {value}")
+            raise MongoError(
+                "NotImplemented",
+                f"simcluster does not evaluate the find projection {name}: {value}",
+            )
     return _compiled("$project", spec)
 
 
@@ -215,14 +242,17 @@ def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, A
     import bson
 
     for d in docs:
-        key = _value(_expr(d, spec["_id"])) if not isinstance(spec["_id"], dict) else {
-            k: _value(_expr(d, v)) for k, v in spec["_id"].items()}
+        key = (
+            _value(_expr(d, spec["_id"]))
+            if not isinstance(spec["_id"], dict)
+            else {k: _value(_expr(d, v)) for k, v in spec["_id"].items()}
+        )
         gk = bson.encode({"k": key})
         acc = groups.setdefault(gk, {"_id": key})
         for field, op_spec in spec.items():
             if field == "_id":
                 continue
-            (op, arg), = op_spec.items()
+            ((op, arg),) = op_spec.items()
             v = _value(_expr(d, arg))
             if op == "$sum":
                 acc[field] = acc.get(field, 0) + (v if isinstance(v, (int, float)) else 0)

@@ -20,6 +20,7 @@ from simcluster.storage import Collection, id_key
 
 __all__ = ["Applier", "apply_diff"]
 
+
 def apply_diff(doc: Mapping[str, Any], diff: Mapping[str, Any]) -> dict[str, Any]:
     """Apply an object diff `{d, u, i, s<field>}` (document_diff_serialization.h) to a copy of `doc`.
 
@@ -48,7 +49,7 @@ def _apply_sub(current: Any, diff: Mapping[str, Any]) -> Any:
         return apply_diff(current if isinstance(current, Mapping) else {}, diff)
     arr = list(current) if isinstance(current, list) else []
     if "l" in diff:
-        del arr[int(diff["l"]):]
+        del arr[int(diff["l"]) :]
     for key, value in diff.items():
         if key in ("a", "l"):
             continue
@@ -82,7 +83,9 @@ class Applier:
         # the applyOps entry, 0 outside transactions): (before, after).
         self.images: dict[tuple[bytes, int, int], tuple[Any, Any]] = {}
 
-    def record_images(self, coll: Collection, ts: Any, before: Any, after: Any, index: int = 0) -> None:
+    def record_images(
+        self, coll: Collection, ts: Any, before: Any, after: Any, index: int = 0
+    ) -> None:
         """Keep a write's images if its collection had pre- and post-images enabled at the time."""
         if (coll.options.get("changeStreamPreAndPostImages") or {}).get("enabled"):
             self.images[(coll.uuid.bytes, (ts.time << 32) | ts.inc, index)] = (before, after)
@@ -102,7 +105,9 @@ class Applier:
     def record_statement(self, entry: Mapping[str, Any]) -> None:
         if "stmtId" not in entry or "lsid" not in entry:
             return
-        self.statements_of(bytes(entry["lsid"]["id"]), int(entry["txnNumber"])).add(int(entry["stmtId"]))
+        self.statements_of(bytes(entry["lsid"]["id"]), int(entry["txnNumber"])).add(
+            int(entry["stmtId"])
+        )
 
     def already_done(self, session: Mapping[str, Any]) -> bool:
         """Was this retryable-write statement (its session fields: lsid, txnNumber, stmtId) done
@@ -110,7 +115,11 @@ class Applier:
         if "stmtId" not in session:
             return False
         known = self.statements.get(bytes(session["lsid"]["id"]))
-        return known is not None and known[0] == int(session["txnNumber"]) and int(session["stmtId"]) in known[1]
+        return (
+            known is not None
+            and known[0] == int(session["txnNumber"])
+            and int(session["stmtId"]) in known[1]
+        )
 
     def apply(self, entry: Mapping[str, Any], *, at: tuple[Any, int] | None = None) -> None:
         """Apply one entry; `at` is (ts, index) of an op inside a transaction's applyOps entry,
@@ -249,14 +258,17 @@ class Applier:
                 self.apply(op, at=at)
 
 
-def take_prepared(applier: Applier) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
+def take_prepared(
+    applier: Applier,
+) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
     """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid, prepare ts, ops)."""
-    out = [(key, lsid, ts, [op for op, _ in applier.pending.pop(key, [])])
-           for key, (lsid, ts) in applier.prepared.items()]
+    out = [
+        (key, lsid, ts, [op for op, _ in applier.pending.pop(key, [])])
+        for key, (lsid, ts) in applier.prepared.items()
+    ]
     applier.prepared.clear()
     return out
 
 
 def _txn(entry: Mapping[str, Any]) -> tuple[bytes, int]:
     return bytes(entry["lsid"]["id"]), int(entry["txnNumber"])
-

@@ -20,36 +20,69 @@ __all__ = ["required_privileges"]
 _CLUSTER = {"cluster": True}
 
 _ON_NAMESPACE = {
-    "find": ("find",), "count": ("find",), "distinct": ("find",), "listindexes": ("listIndexes",),
-    "insert": ("insert",), "update": ("update",), "delete": ("remove",), "findandmodify": ("find", "update"),
-    "create": ("createCollection",), "drop": ("dropCollection",), "createindexes": ("createIndex",),
-    "dropindexes": ("dropIndex",), "collmod": ("collMod",), "collstats": ("collStats",),
+    "find": ("find",),
+    "count": ("find",),
+    "distinct": ("find",),
+    "listindexes": ("listIndexes",),
+    "insert": ("insert",),
+    "update": ("update",),
+    "delete": ("remove",),
+    "findandmodify": ("find", "update"),
+    "create": ("createCollection",),
+    "drop": ("dropCollection",),
+    "createindexes": ("createIndex",),
+    "dropindexes": ("dropIndex",),
+    "collmod": ("collMod",),
+    "collstats": ("collStats",),
 }
 # Commands naming their collection by its full namespace ("db.coll"), on that namespace.
-_ON_FULL_NAMESPACE = {"shardcollection": ("enableSharding",), "movechunk": ("moveChunk",),
-                      "moverange": ("moveChunk",), "split": ("splitChunk",),
-                      "reshardcollection": ("reshardCollection",),
-                      "refinecollectionshardkey": ("refineCollectionShardKey",)}
+_ON_FULL_NAMESPACE = {
+    "shardcollection": ("enableSharding",),
+    "movechunk": ("moveChunk",),
+    "moverange": ("moveChunk",),
+    "split": ("splitChunk",),
+    "reshardcollection": ("reshardCollection",),
+    "refinecollectionshardkey": ("refineCollectionShardKey",),
+}
 # Commands acting on one fixed namespace: the balancer's switch is config.settings
 # (cluster_control_balancer_cmd.cpp: update to start or stop it, find for its status).
-_ON_FIXED_NAMESPACE = {"balancerstart": ("update",), "balancerstop": ("update",), "balancerstatus": ("find",)}
+_ON_FIXED_NAMESPACE = {
+    "balancerstart": ("update",),
+    "balancerstop": ("update",),
+    "balancerstatus": ("find",),
+}
 _CONFIG_SETTINGS = {"db": "config", "collection": "settings"}
-_ON_DATABASE = {"listcollections": ("listCollections",), "dropdatabase": ("dropDatabase",),
-                "enablesharding": ("enableSharding",), "dbstats": ("dbStats",)}
+_ON_DATABASE = {
+    "listcollections": ("listCollections",),
+    "dropdatabase": ("dropDatabase",),
+    "enablesharding": ("enableSharding",),
+    "dbstats": ("dbStats",),
+}
 _ON_CLUSTER = {
-    "addshard": ("addShard",), "listshards": ("listShards",), "appendoplognote": ("appendOplogNote",),
-    "replsetstepdown": ("replSetStateChange",), "replsetgetstatus": ("replSetGetStatus",),
-    "serverstatus": ("serverStatus",), "shutdown": ("shutdown",),
+    "addshard": ("addShard",),
+    "listshards": ("listShards",),
+    "appendoplognote": ("appendOplogNote",),
+    "replsetstepdown": ("replSetStateChange",),
+    "replsetgetstatus": ("replSetGetStatus",),
+    "serverstatus": ("serverStatus",),
+    "shutdown": ("shutdown",),
     "setfeaturecompatibilityversion": ("setFeatureCompatibilityVersion",),
     # kill_all_sessions_command.cpp, kill_all_sessions_by_pattern_command.cpp: killAnySession,
     # which hostManager (so clusterAdmin and root) holds and no read or write role does.
-    "killallsessions": ("killAnySession",), "killallsessionsbypattern": ("killAnySession",),
-    "getparameter": ("getParameter",), "setparameter": ("setParameter",), "getcmdlineopts": ("getCmdLineOpts",),
-    "hostinfo": ("hostInfo",), "getlog": ("getLog",), "getshardmap": ("getShardMap",),
+    "killallsessions": ("killAnySession",),
+    "killallsessionsbypattern": ("killAnySession",),
+    "getparameter": ("getParameter",),
+    "setparameter": ("setParameter",),
+    "getcmdlineopts": ("getCmdLineOpts",),
+    "hostinfo": ("hostInfo",),
+    "getlog": ("getLog",),
+    "getshardmap": ("getShardMap",),
 }
 
 
-def required_privileges(name: str, db: str, cmd: dict[str, Any]) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+def required_privileges(
+    name: str, db: str, cmd: dict[str, Any]
+) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
     """[(actions, resource)] that `cmd` needs; [] for a command any logged-in user may run."""
     key = name.lower()
     target = cmd.get(name)
@@ -69,7 +102,12 @@ def required_privileges(name: str, db: str, cmd: dict[str, Any]) -> list[tuple[t
         ns_db, _, coll = target.partition(".") if isinstance(target, str) else ("", "", "")
         return [(_ON_FULL_NAMESPACE[key], {"db": ns_db, "collection": coll})]
     if key in _ON_NAMESPACE:
-        return [(_ON_NAMESPACE[key], {"db": db, "collection": target if isinstance(target, str) else ""})]
+        return [
+            (
+                _ON_NAMESPACE[key],
+                {"db": db, "collection": target if isinstance(target, str) else ""},
+            )
+        ]
     if key in _ON_DATABASE:
         if key == "enablesharding" and isinstance(target, str):
             db = target

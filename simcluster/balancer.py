@@ -61,8 +61,11 @@ class Balancer:
         self._round_over = trio.Event()
 
     def status(self) -> dict[str, Any]:
-        return {"mode": self.mongos.config.balancer_mode(), "inBalancerRound": self.in_round,
-                "numBalancerRounds": Int64(self.rounds)}
+        return {
+            "mode": self.mongos.config.balancer_mode(),
+            "inBalancerRound": self.in_round,
+            "numBalancerRounds": Int64(self.rounds),
+        }
 
     async def wait_round_over(self) -> None:
         """Until no round is running (balancerStop returns once the balancer has stopped)."""
@@ -115,9 +118,14 @@ class Balancer:
             for chunk, to in plan_migrations(sc, self.data_sizes(sc), size, available):
                 # Migrations yield (the commit waits for the recipient's majority): the plan may
                 # have gone stale, and the balancer may have been stopped, meanwhile.
-                if (self.mongos.config.balancer_mode() != "full" or self.mongos.in_transaction(ns)
-                        or self.mongos.migrating(ns) or chunk not in sc.chunks or chunk.shard == to
-                        or self._shard_without_primary()):
+                if (
+                    self.mongos.config.balancer_mode() != "full"
+                    or self.mongos.in_transaction(ns)
+                    or self.mongos.migrating(ns)
+                    or chunk not in sc.chunks
+                    or chunk.shard == to
+                    or self._shard_without_primary()
+                ):
                     break
                 end = range_end(sc, self.mongos.shards[chunk.shard], chunk, size)
                 if end is not None:
@@ -125,7 +133,12 @@ class Balancer:
                 try:
                     await self.mongos.migrate(sc, chunk, to)
                 except MongoError as exc:
-                    log.info("balancer: moving a range of %s to %s failed, retried next round: %s", ns, to, exc)
+                    log.info(
+                        "balancer: moving a range of %s to %s failed, retried next round: %s",
+                        ns,
+                        to,
+                        exc,
+                    )
                     break
                 moved += 1
         self.migrations += moved
@@ -144,9 +157,9 @@ class Balancer:
         return sizes
 
 
-
-def plan_migrations(sc: ShardedCollection, sizes: dict[str, int], max_bytes: int,
-                    available: set[str]) -> list[tuple[Chunk, str]]:
+def plan_migrations(
+    sc: ShardedCollection, sizes: dict[str, int], max_bytes: int, available: set[str]
+) -> list[tuple[Chunk, str]]:
     """The round's migrations for one collection, as (chunk to move from its min, receiving shard).
     Takes the shards it uses out of `available`. Ties go to the first shard id, as the server walks
     its shard statistics in order."""
@@ -158,8 +171,12 @@ def plan_migrations(sc: ShardedCollection, sizes: dict[str, int], max_bytes: int
             return planned
         giver = max(candidates, key=lambda sid: (sizes[sid], -candidates.index(sid)))
         taker = min(candidates, key=lambda sid: (sizes[sid], candidates.index(sid)))
-        if (giver == taker or sizes[giver] <= ideal or sizes[taker] >= ideal
-                or sizes[giver] - sizes[taker] < 3 * max_bytes):
+        if (
+            giver == taker
+            or sizes[giver] <= ideal
+            or sizes[taker] >= ideal
+            or sizes[giver] - sizes[taker] < 3 * max_bytes
+        ):
             return planned
         chunk = next((c for c in sc.chunks if c.shard == giver), None)
         if chunk is None:

@@ -48,14 +48,19 @@ class Chunk:
     def holds(self, point: Any) -> bool:
         """min <= point < max, MinKey and MaxKey being open ends."""
         return (isinstance(self.min, MinKey) or compare(point, self.min) >= 0) and (
-            isinstance(self.max, MaxKey) or compare(point, self.max) < 0)
+            isinstance(self.max, MaxKey) or compare(point, self.max) < 0
+        )
 
 
 def key_text(value: Any) -> str:
     """A shard key or bound as BSONObj::toString prints it in an error message: `{ a: 1, b: "x" }`,
     the ends as MinKey and MaxKey (values of other types in their Python form)."""
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k}: {key_text(v)}" for k, v in value.items()) + " }" if value else "{}"
+        return (
+            "{ " + ", ".join(f"{k}: {key_text(v)}" for k, v in value.items()) + " }"
+            if value
+            else "{}"
+        )
     if isinstance(value, str):
         return f'"{value}"'
     if isinstance(value, MinKey | MaxKey):
@@ -76,7 +81,9 @@ class ShardedCollection:
     # (they change on drop and re-create, or a refined shard key).
     timestamp: Timestamp = field(default_factory=lambda: Timestamp(0, 0))
     epoch: ObjectId = field(default_factory=ObjectId)
-    sharded_at: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
+    sharded_at: datetime.datetime = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC)
+    )
 
     @property
     def presplit(self) -> bool:
@@ -97,8 +104,12 @@ class ShardedCollection:
     def point(self, values: list[Any]) -> Any:
         """The key-space point of the shard key fields' values (in key order), a hashed field's
         value hashed."""
-        return self.as_point([hashed_value(v) if kind == "hashed" else v
-                              for v, kind in zip(values, self.key.values(), strict=True)])
+        return self.as_point(
+            [
+                hashed_value(v) if kind == "hashed" else v
+                for v, kind in zip(values, self.key.values(), strict=True)
+            ]
+        )
 
     def edge(self, end: type[MinKey] | type[MaxKey]) -> Any:
         """The point below (MinKey) or above (MaxKey) every key: each field at that end."""
@@ -122,7 +133,10 @@ class ShardedCollection:
         with 200 chunks, against 7.5 us now)."""
         chunks = self.chunks
         key = sort_key(point)
-        lo, hi = 0, len(chunks) - 1  # the last chunk ends at MaxKey: it holds whatever is past the others
+        lo, hi = (
+            0,
+            len(chunks) - 1,
+        )  # the last chunk ends at MaxKey: it holds whatever is past the others
         while lo < hi:
             mid = (lo + hi) // 2
             if key < sort_key(chunks[mid].max):
@@ -170,7 +184,9 @@ def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardNode) -> int
     return len(found)
 
 
-def clone_range(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode) -> list[dict[str, Any]]:
+def clone_range(
+    sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode
+) -> list[dict[str, Any]]:
     """Copy the chunk's documents from donor to recipient (the chunk stays the donor's); returns them.
 
     Orphans a failed migration left on the recipient go first, as the recipient waits for the
@@ -180,10 +196,19 @@ def clone_range(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient
         _create_on_recipient(sc.ns, donor, recipient)
     if not any(c.shard == recipient.set_name for c in sc.chunks):
         ui = Binary(sc.uuid.bytes, 4)
-        donor.append_noop({"msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
-                                  "with no chunks for this collection"},
-                          {"migrateChunkToNewShard": sc.ns, "fromShardId": donor.set_name,
-                           "toShardId": recipient.set_name}, ui, sc.ns)
+        donor.append_noop(
+            {
+                "msg": f"Migrating chunk from shard {donor.set_name} to shard {recipient.set_name} "
+                "with no chunks for this collection"
+            },
+            {
+                "migrateChunkToNewShard": sc.ns,
+                "fromShardId": donor.set_name,
+                "toShardId": recipient.set_name,
+            },
+            ui,
+            sc.ns,
+        )
     moving = [doc for _, doc in sc.documents_in(donor, chunk)]
     for doc in moving:
         recipient.insert_one(sc.ns, doc, {}, from_migrate=True)
@@ -202,19 +227,38 @@ def _create_on_recipient(ns: str, donor: ShardNode, recipient: ShardNode) -> Non
     db, _, name = ns.partition(".")
     coll = Collection(name, uuid=source.uuid, options=dict(source.options))
     recipient.dbs.setdefault(db, {})[name] = coll
-    recipient.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                            "o": create_entry_o(name, coll.options, None), "fromMigrate": True})
+    recipient.oplog.append(
+        {
+            "op": "c",
+            "ns": f"{db}.$cmd",
+            "ui": coll.ui,
+            "o": create_entry_o(name, coll.options, None),
+            "fromMigrate": True,
+        }
+    )
     for index in source.indexes.values():
         if index.name == "_id_":
             continue
         spec = fix_index_spec(index.spec)
         coll.add_index(spec, ns)
-        recipient.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                                "o": {"createIndexes": name, **spec}, "fromMigrate": True})
+        recipient.oplog.append(
+            {
+                "op": "c",
+                "ns": f"{db}.$cmd",
+                "ui": coll.ui,
+                "o": {"createIndexes": name, **spec},
+                "fromMigrate": True,
+            }
+        )
 
 
-def commit_migration(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode,
-                     moved: list[dict[str, Any]]) -> None:
+def commit_migration(
+    sc: ShardedCollection,
+    chunk: Chunk,
+    donor: ShardNode,
+    recipient: ShardNode,
+    moved: list[dict[str, Any]],
+) -> None:
     """Give the chunk to the recipient and delete the donor's copies of `moved`.
 
     The commit bumps the collection's major version: the moved chunk takes (major + 1, 0) and, if
@@ -228,6 +272,9 @@ def commit_migration(sc: ShardedCollection, chunk: Chunk, donor: ShardNode, reci
     if control is not None:
         control.version = (major, 1)
     else:
-        donor.append_noop({"msg": f"Migrate the last chunk for {sc.ns} off shard {donor.set_name}"},
-                          {"migrateLastChunkFromShard": sc.ns, "shardId": donor.set_name},
-                          Binary(sc.uuid.bytes, 4), sc.ns)
+        donor.append_noop(
+            {"msg": f"Migrate the last chunk for {sc.ns} off shard {donor.set_name}"},
+            {"migrateLastChunkFromShard": sc.ns, "shardId": donor.set_name},
+            Binary(sc.uuid.bytes, 4),
+            sc.ns,
+        )

@@ -40,18 +40,30 @@ class SimCluster:
     def describe(self) -> str:
         lines = [f"mongos   {self.uri}"]
         lines += [f"{sid:8} {self.shard_uri(sid)}" for sid in sorted(self.replsets)]
-        lines += [f"{sid:8} {self.shard_uri(sid)} (not added: addShard)" for sid in sorted(self.spares)]
+        lines += [
+            f"{sid:8} {self.shard_uri(sid)} (not added: addShard)" for sid in sorted(self.spares)
+        ]
         return "\n".join(lines)
 
 
 @asynccontextmanager
-async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.0.1", port: int = 0,
-                       shard_port: int | None = None, version: str = "7.0",
-                       oplog_bytes: int = 1 << 30, periodic_noop_s: float = 10.0,
-                       replication_lag_s: float = 0.0, election_timeout_s: float = 10.0,
-                       spare_shards: int = 0, tls: ssl.SSLContext | None = None,
-                       users: dict[str, str] | None = None,
-                       roles: dict[str, list[tuple[str, str]]] | None = None) -> AsyncIterator[SimCluster]:
+async def open_cluster(
+    *,
+    shards: int = 3,
+    members: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    shard_port: int | None = None,
+    version: str = "7.0",
+    oplog_bytes: int = 1 << 30,
+    periodic_noop_s: float = 10.0,
+    replication_lag_s: float = 0.0,
+    election_timeout_s: float = 10.0,
+    spare_shards: int = 0,
+    tls: ssl.SSLContext | None = None,
+    users: dict[str, str] | None = None,
+    roles: dict[str, list[tuple[str, str]]] | None = None,
+) -> AsyncIterator[SimCluster]:
     """Start a cluster on loopback. `port=0` picks free ports; otherwise mongos gets `port` and the
     shard members the ports from `shard_port` (default: the ones after `port`; 0: any free ports).
     `periodic_noop_s` is the shards' periodicNoopIntervalSecs
@@ -69,17 +81,31 @@ async def open_cluster(*, shards: int = 3, members: int = 1, host: str = "127.0.
 
     def replica_set(i: int) -> ReplicaSet:
         name = f"shard{i}"
-        nodes = [ShardNode(clock, host, first + i * members + j if first else 0, name, version=version,
-                           oplog_bytes=oplog_bytes, initiate=j == 0) for j in range(members)]
+        nodes = [
+            ShardNode(
+                clock,
+                host,
+                first + i * members + j if first else 0,
+                name,
+                version=version,
+                oplog_bytes=oplog_bytes,
+                initiate=j == 0,
+            )
+            for j in range(members)
+        ]
         for node in nodes:
             node.periodic_noop_interval_s = periodic_noop_s  # periodicNoopIntervalSecs
-        return ReplicaSet(name, nodes, lag_s=replication_lag_s, election_timeout_s=election_timeout_s)
+        return ReplicaSet(
+            name, nodes, lag_s=replication_lag_s, election_timeout_s=election_timeout_s
+        )
 
     replsets = {rs.set_name: rs for rs in map(replica_set, range(shards))}
     spares = {rs.set_name: rs for rs in map(replica_set, range(shards, shards + spare_shards))}
     mongos = Mongos(clock, host, port, replsets, version=version, spares=spares)
     async with trio.open_nursery() as nursery:
-        credentials = {name: make_credential(pw) for name, pw in users.items()} if users is not None else None
+        credentials = (
+            {name: make_credential(pw) for name, pw in users.items()} if users is not None else None
+        )
         time_key = ClusterTimeKey.generate(clock.now())  # signs $clusterTime when auth is on
         mongos.ssl_context, mongos.users, mongos.user_roles = tls, credentials, dict(roles or {})
         mongos.time_key = time_key

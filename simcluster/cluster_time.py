@@ -63,16 +63,24 @@ class ClusterTimeKey:
 
 def _field(doc: Mapping[str, Any], name: str, kinds: tuple[type, ...], kind_name: str) -> Any:
     if name not in doc:
-        raise MongoError("NoSuchKey", f"Missing expected field \"{name}\"")
+        raise MongoError("NoSuchKey", f'Missing expected field "{name}"')
     value = doc[name]
     if not isinstance(value, kinds) or isinstance(value, bool):
-        raise MongoError("TypeMismatch", f"\"{name}\" had the wrong type. Expected {kind_name}, found "
-                         f"{type(value).__name__}")
+        raise MongoError(
+            "TypeMismatch",
+            f'"{name}" had the wrong type. Expected {kind_name}, found {type(value).__name__}',
+        )
     return value
 
 
-def gossip_in(cluster_time: Any, *, key: ClusterTimeKey | None, authenticated: bool, newest: Timestamp,
-              missing_signature_parses: bool) -> Timestamp | None:
+def gossip_in(
+    cluster_time: Any,
+    *,
+    key: ClusterTimeKey | None,
+    authenticated: bool,
+    newest: Timestamp,
+    missing_signature_parses: bool,
+) -> Timestamp | None:
     """The time a command's `$clusterTime` moves the clock to, None to ignore it, or the
     server's error (see the module docstring). `key` None: authorization is off. `newest`: the
     process's cluster time (a time not ahead of it is accepted unchecked).
@@ -86,7 +94,9 @@ def gossip_in(cluster_time: Any, *, key: ClusterTimeKey | None, authenticated: b
         signature = _field(cluster_time, "signature", (Mapping,), "object")
         digest = _field(signature, "hash", (bytes,), "binData")
         if len(digest) != _HASH_BYTES:
-            raise MongoError("UnsupportedFormat", f"Unsupported SHA1Block hash length: {len(digest)}")
+            raise MongoError(
+                "UnsupportedFormat", f"Unsupported SHA1Block hash length: {len(digest)}"
+            )
         proof = bytes(digest)
         key_id = int(_field(signature, "keyId", (int, float), "long"))
     if key is None:
@@ -96,7 +106,9 @@ def gossip_in(cluster_time: Any, *, key: ClusterTimeKey | None, authenticated: b
     if (ts.time, ts.inc) <= (newest.time, newest.inc):
         return ts
     if key_id != key.key_id:
-        raise MongoError("KeyNotFound", f"No keys found for HMAC that is valid for time: {ts} with id: {key_id}")
+        raise MongoError(
+            "KeyNotFound", f"No keys found for HMAC that is valid for time: {ts} with id: {key_id}"
+        )
     if proof is None:
         raise MongoError("CannotVerifyAndSignLogicalTime", "Proof is missing")
     if not hmac.compare_digest(proof, key.proof(ts)):

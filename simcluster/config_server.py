@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from simcluster.oplog import ClusterClock
 
 CONFIG_SET = "configRepl"  # the config server replica set's name in a server's own test clusters
-CATALOG = frozenset({"version", "shards", "databases", "collections", "chunks", "mongos", "tags", "locks"})
+CATALOG = frozenset(
+    {"version", "shards", "databases", "collections", "chunks", "mongos", "tags", "locks"}
+)
 # Databases that live on the config server, never on a shard.
 CONFIG_DATABASES = frozenset({"admin", "config"})
 CHANGELOG = "config.changelog"
@@ -42,10 +44,14 @@ SETTINGS = "config.settings"
 
 class ConfigServer:
     def __init__(self, clock: ClusterClock, host: str, *, version: str) -> None:
-        self.node = ShardNode(clock, host, 0, CONFIG_SET, version=version)  # in-process only: never served
+        self.node = ShardNode(
+            clock, host, 0, CONFIG_SET, version=version
+        )  # in-process only: never served
         self.replset = ReplicaSet(CONFIG_SET, [self.node])
         self.cluster_id = ObjectId()  # config.version's clusterId: fixed for the cluster's life
-        for name in sorted(CATALOG | {"settings", "changelog", "actionlog"}):  # what `show collections` lists
+        for name in sorted(
+            CATALOG | {"settings", "changelog", "actionlog"}
+        ):  # what `show collections` lists
             self.node.coll(f"config.{name}", create=True)
 
     def catalog(self, mongos: Mongos, ns: str) -> list[dict[str, Any]] | None:
@@ -58,27 +64,48 @@ class ConfigServer:
         if coll == "shards":
             return mongos.shard_docs()
         if coll == "databases":
-            return [{"_id": name, "primary": sid, "partitioned": False,
-                     "version": {"uuid": Binary(mongos.db_versions[name][0].bytes, 4),
-                                 "timestamp": mongos.db_versions[name][1], "lastMod": 1}}
-                    for name, sid in sorted(mongos.db_primary.items()) if name not in CONFIG_DATABASES]
+            return [
+                {
+                    "_id": name,
+                    "primary": sid,
+                    "partitioned": False,
+                    "version": {
+                        "uuid": Binary(mongos.db_versions[name][0].bytes, 4),
+                        "timestamp": mongos.db_versions[name][1],
+                        "lastMod": 1,
+                    },
+                }
+                for name, sid in sorted(mongos.db_primary.items())
+                if name not in CONFIG_DATABASES
+            ]
         if coll == "collections":
             return [collection_doc(sc) for _, sc in sorted(mongos.sharded.items())]
         if coll == "chunks":
             return [chunk_doc(sc, c) for _, sc in sorted(mongos.sharded.items()) for c in sc.chunks]
         if coll == "mongos":
             now = datetime.datetime.now(datetime.UTC)
-            return [{"_id": mongos.address, "advisoryHostFQDNs": [], "created": mongos.started_at,
-                     "mongoVersion": mongos.full_version, "ping": now,
-                     "up": Int64((now - mongos.started_at).total_seconds()), "waiting": True}]
+            return [
+                {
+                    "_id": mongos.address,
+                    "advisoryHostFQDNs": [],
+                    "created": mongos.started_at,
+                    "mongoVersion": mongos.full_version,
+                    "ping": now,
+                    "up": Int64((now - mongos.started_at).total_seconds()),
+                    "waiting": True,
+                }
+            ]
         return []  # tags (no zones here) and locks (a migration here never spans a read)
 
     @staticmethod
     def check_write(ns: str) -> None:
         db, _, coll = ns.partition(".")
         if db == "config" and coll in CATALOG:
-            raise MongoError("IllegalOperation", f"simcluster builds {ns} from its routing metadata and takes no "
-                                                 "writes to it; use the sharding commands")
+            raise MongoError(
+                "IllegalOperation",
+                f"simcluster builds {ns} from its routing metadata and takes no "
+                "writes to it; use the sharding commands",
+            )
 
     def setting(self, name: str) -> dict[str, Any] | None:
         found = self.node.select(SETTINGS, {"_id": name})
@@ -86,9 +113,15 @@ class ConfigServer:
 
     def set_balancer_mode(self, mode: str) -> None:
         """What balancerStart/balancerStop write (BalancerConfiguration::setBalancerMode)."""
-        self.node.update_docs(SETTINGS, {"q": {"_id": "balancer"}, "u": {"$set": {"mode": mode,
-                                                                                   "stopped": mode == "off"}},
-                                         "upsert": True}, {})
+        self.node.update_docs(
+            SETTINGS,
+            {
+                "q": {"_id": "balancer"},
+                "u": {"$set": {"mode": mode, "stopped": mode == "off"}},
+                "upsert": True,
+            },
+            {},
+        )
 
     def balancer_mode(self) -> str:
         """The settings' `mode`, else the legacy `stopped` flag; "full" when there is no document."""
@@ -106,20 +139,35 @@ class ConfigServer:
             return int(value)
         return None
 
-    def log_change(self, mongos: Mongos, what: str, ns: str, details: dict[str, Any], *, shard: str) -> None:
+    def log_change(
+        self, mongos: Mongos, what: str, ns: str, details: dict[str, Any], *, shard: str
+    ) -> None:
         """A config.changelog entry, as the server's ShardingLogging writes them."""
         now = datetime.datetime.now(datetime.UTC)
-        doc = {"_id": f"{mongos.address}-{now.isoformat(timespec='milliseconds')}-{ObjectId()}",
-               "server": mongos.address, "shard": shard, "clientAddr": "", "time": now, "what": what,
-               "ns": ns, "details": details}
+        doc = {
+            "_id": f"{mongos.address}-{now.isoformat(timespec='milliseconds')}-{ObjectId()}",
+            "server": mongos.address,
+            "shard": shard,
+            "clientAddr": "",
+            "time": now,
+            "what": what,
+            "ns": ns,
+            "details": details,
+        }
         self.node.insert_one(CHANGELOG, doc, {})
 
 
 def collection_doc(sc: ShardedCollection) -> dict[str, Any]:
     """sc's config.collections document (CollectionType, fields in the IDL's order)."""
-    doc: dict[str, Any] = {"_id": sc.ns, "lastmodEpoch": sc.epoch, "lastmod": sc.sharded_at,
-                           "timestamp": sc.timestamp, "uuid": Binary(sc.uuid.bytes, 4), "key": dict(sc.key),
-                           "unique": sc.unique}
+    doc: dict[str, Any] = {
+        "_id": sc.ns,
+        "lastmodEpoch": sc.epoch,
+        "lastmod": sc.sharded_at,
+        "timestamp": sc.timestamp,
+        "uuid": Binary(sc.uuid.bytes, 4),
+        "key": dict(sc.key),
+        "unique": sc.unique,
+    }
     if sc.chunk_bytes is not None:
         doc["maxChunkSizeBytes"] = Int64(sc.chunk_bytes)
     doc["noBalance"] = False
@@ -128,10 +176,16 @@ def collection_doc(sc: ShardedCollection) -> dict[str, Any]:
 
 def chunk_doc(sc: ShardedCollection, chunk: Chunk) -> dict[str, Any]:
     """A chunk's config.chunks document (ChunkType: keyed by collection UUID since 5.0)."""
-    return {"_id": chunk.id, "uuid": Binary(sc.uuid.bytes, 4), "min": bound_doc(sc, chunk.min),
-            "max": bound_doc(sc, chunk.max), "shard": chunk.shard, "lastmod": Timestamp(*chunk.version),
-            "onCurrentShardSince": chunk.history[0][0] if chunk.history else sc.timestamp,
-            "history": [{"validAfter": ts, "shard": shard} for ts, shard in chunk.history]}
+    return {
+        "_id": chunk.id,
+        "uuid": Binary(sc.uuid.bytes, 4),
+        "min": bound_doc(sc, chunk.min),
+        "max": bound_doc(sc, chunk.max),
+        "shard": chunk.shard,
+        "lastmod": Timestamp(*chunk.version),
+        "onCurrentShardSince": chunk.history[0][0] if chunk.history else sc.timestamp,
+        "history": [{"validAfter": ts, "shard": shard} for ts, shard in chunk.history],
+    }
 
 
 def bound_doc(sc: ShardedCollection, point: Any) -> dict[str, Any]:

@@ -38,8 +38,8 @@ class Cursor:
     fetch: Callable[[int, float], Awaitable[list[Any]]] | None = None
     tailable: bool = False
     await_data: bool = False
-    lsid: bytes | None = None    # the id of the session that opened it (killSessions closes it)
-    user: str | None = None      # who opened it, when auth is on
+    lsid: bytes | None = None  # the id of the session that opened it (killSessions closes it)
+    user: str | None = None  # who opened it, when auth is on
     # Extra cursor-reply fields computed per batch (change streams: postBatchResumeToken).
     extra: Callable[[], dict[str, Any]] | None = None
     # A tailable cursor that can end (a change stream after its invalidate event).
@@ -79,8 +79,11 @@ class CursorManager:
         if cur is None:
             raise MongoError("CursorNotFound", f"cursor id {cid} not found")
         if cur.ns != ns:
-            raise MongoError("Unauthorized", f"Requested getMore on namespace '{ns}', but cursor belongs to a "
-                             f"different namespace {cur.ns}")
+            raise MongoError(
+                "Unauthorized",
+                f"Requested getMore on namespace '{ns}', but cursor belongs to a "
+                f"different namespace {cur.ns}",
+            )
         return cur
 
     def kill(self, cid: int) -> bool:
@@ -89,7 +92,9 @@ class CursorManager:
             cursor.operation.cancel()  # a pinned cursor: its getMore fails with CursorKilled
         return cursor is not None
 
-    def opened_in(self, cid: int, lsid: bytes | None, user: str | None, *, no_timeout: bool = False) -> None:
+    def opened_in(
+        self, cid: int, lsid: bytes | None, user: str | None, *, no_timeout: bool = False
+    ) -> None:
         """Record the session (and user) a cursor was opened in, and whether it has noCursorTimeout."""
         if (cursor := self._cursors.get(cid)) is not None:
             cursor.lsid, cursor.user, cursor.no_timeout = lsid, user, no_timeout
@@ -98,8 +103,11 @@ class CursorManager:
         """Kill every cursor opened outside a session, without noCursorTimeout, that no getMore
         is using and none has used for `idle_s` seconds (the cursor monitor's pass); how many."""
         cutoff = time.monotonic() - idle_s
-        idle = [cid for cid, c in self._cursors.items()
-                if c.lsid is None and not c.no_timeout and not c.busy and c.last_used < cutoff]
+        idle = [
+            cid
+            for cid, c in self._cursors.items()
+            if c.lsid is None and not c.no_timeout and not c.busy and c.last_used < cutoff
+        ]
         for cid in idle:
             self.kill(cid)
         self.timed_out += len(idle)
@@ -113,24 +121,45 @@ class CursorManager:
 
     async def first_batch(self, cursor: Cursor, batch_size: int | None) -> Any:
         cid = self.register(cursor)
-        return await self._batch(cid, cursor, batch_size if batch_size is not None else 101, "firstBatch",
-                                 None, first=True)
+        return await self._batch(
+            cid,
+            cursor,
+            batch_size if batch_size is not None else 101,
+            "firstBatch",
+            None,
+            first=True,
+        )
 
-    async def get_more(self, cid: int, ns: str, batch_size: int | None, max_time_ms: int | None,
-                       fail_after_checkout: MongoError | None = None) -> Any:
+    async def get_more(
+        self,
+        cid: int,
+        ns: str,
+        batch_size: int | None,
+        max_time_ms: int | None,
+        fail_after_checkout: MongoError | None = None,
+    ) -> Any:
         cursor = self.get(cid, ns)
         if fail_after_checkout is not None:
             # failGetMoreAfterCursorCheckout: the getMore fails but the cursor survives.
             fail_after_checkout.change_stream = cursor.change_stream  # type: ignore[attr-defined]
             raise fail_after_checkout
         if max_time_ms is not None and not cursor.await_data:
-            raise MongoError("BadValue", "cannot set maxTimeMS on getMore command for a non-awaitData cursor")
+            raise MongoError(
+                "BadValue", "cannot set maxTimeMS on getMore command for a non-awaitData cursor"
+            )
         if cursor.busy:
             raise MongoError("CursorInUse", f"cursor id {cid} is already in use")
         return await self._batch(cid, cursor, batch_size or 0, "nextBatch", max_time_ms)
 
-    async def _batch(self, cid: int, cursor: Cursor, batch_size: int, key: str, max_time_ms: int | None,
-                     first: bool = False) -> Any:
+    async def _batch(
+        self,
+        cid: int,
+        cursor: Cursor,
+        batch_size: int,
+        key: str,
+        max_time_ms: int | None,
+        first: bool = False,
+    ) -> Any:
         limit = batch_size if batch_size > 0 else 1 << 30
         if first and batch_size == 0:
             # find's and aggregate's batchSize 0: the cursor is made and nothing read yet (an empty
@@ -139,8 +168,11 @@ class CursorManager:
         elif cursor.fetch is not None:
             operation = cursor.operation = trio.CancelScope()
             try:
-                await_ms = 0 if first or not cursor.await_data else (
-                    max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
+                await_ms = (
+                    0
+                    if first or not cursor.await_data
+                    else (max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
+                )
                 with operation:
                     batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
                 if operation.cancelled_caught:

@@ -12,7 +12,9 @@ from typing import Any
 from bson import ObjectId
 
 
-def prefill(cluster: Any, events: int, *, updates: float = 0.0, namespaces: int = 8, doc_bytes: int = 100) -> None:
+def prefill(
+    cluster: Any, events: int, *, updates: float = 0.0, namespaces: int = 8, doc_bytes: int = 100
+) -> None:
     """Write `events` writes spread over `namespaces` hashed-sharded collections, in-process: the
     first (1 - `updates`) of them inserts, the rest updates of those documents in turn (a `$set`
     and an `$inc`, logged as `$v: 2` diffs), as an update-heavy workload's oplog holds.
@@ -35,7 +37,10 @@ def prefill(cluster: Any, events: int, *, updates: float = 0.0, namespaces: int 
         written.append((ns, doc))
     for i in range(events - inserts):
         ns, doc = written[i % inserts]
-        change = {"q": {"_id": doc["_id"]}, "u": {"$set": {"i": inserts + i, "state": f"s{i % 7}"}, "$inc": {"n": 1}}}
+        change = {
+            "q": {"_id": doc["_id"]},
+            "u": {"$set": {"i": inserts + i, "state": f"s{i % 7}"}, "$inc": {"n": 1}},
+        }
         mongos.shard_for_doc(ns, doc).update_docs(ns, change, {})
 
 
@@ -63,14 +68,39 @@ def stop_process(process: subprocess.Popen[Any]) -> None:
         process.kill()
 
 
-def spawn_cluster(*, shards: int = 4, prefill_events: int = 0, prefill_updates: float = 0.0, version: str = "7.0",
-                  periodic_noop_s: float = 10.0, members: int = 1, flags: Sequence[str] = ()) -> ClusterProcess:
+def spawn_cluster(
+    *,
+    shards: int = 4,
+    prefill_events: int = 0,
+    prefill_updates: float = 0.0,
+    version: str = "7.0",
+    periodic_noop_s: float = 10.0,
+    members: int = 1,
+    flags: Sequence[str] = (),
+) -> ClusterProcess:
     """Start `python -m simcluster --json` in a subprocess; returns once it printed its addresses.
     `flags` are more of its command-line options."""
-    cmd = [sys.executable, "-m", "simcluster", "--shards", str(shards), "--port", "0", "--json",
-           "--prefill", str(prefill_events), "--prefill-updates", str(prefill_updates), "--mongodb-version", version,
-           "--periodic-noop-s", str(periodic_noop_s),
-           "--members", str(members), *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "simcluster",
+        "--shards",
+        str(shards),
+        "--port",
+        "0",
+        "--json",
+        "--prefill",
+        str(prefill_events),
+        "--prefill-updates",
+        str(prefill_updates),
+        "--mongodb-version",
+        version,
+        "--periodic-noop-s",
+        str(periodic_noop_s),
+        "--members",
+        str(members),
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -20,7 +20,14 @@ from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.balancer import Balancer, plan_migrations, range_end
 from simcluster.catalog import index_name
-from simcluster.chunks import Chunk, ShardedCollection, clone_range, commit_migration, delete_orphans, key_text
+from simcluster.chunks import (
+    Chunk,
+    ShardedCollection,
+    clone_range,
+    commit_migration,
+    delete_orphans,
+    key_text,
+)
 from simcluster.config_server import CONFIG_DATABASES, ConfigServer, bound_doc
 from simcluster.cursors import Cursor
 from simcluster.node import READ_COMMANDS, WRITE_COMMANDS, ShardNode
@@ -37,8 +44,16 @@ MIGRATION_MAJORITY_TIMEOUT_S = 60
 class Mongos(CommandServer):
     process_kind = "mongos"
 
-    def __init__(self, clock: ClusterClock, host: str, port: int, replsets: dict[str, ReplicaSet], *,
-                 version: str = "7.0", spares: dict[str, ReplicaSet] | None = None) -> None:
+    def __init__(
+        self,
+        clock: ClusterClock,
+        host: str,
+        port: int,
+        replsets: dict[str, ReplicaSet],
+        *,
+        version: str = "7.0",
+        spares: dict[str, ReplicaSet] | None = None,
+    ) -> None:
         super().__init__(clock, host, port, version=version)
         self.replsets = replsets
         self.shards = Primaries(replsets)
@@ -54,26 +69,47 @@ class Mongos(CommandServer):
         self.config = ConfigServer(clock, host, version=version)
         self.sharded: dict[str, ShardedCollection] = {}
         self._next_primary = 0
-        self.commands.update({
-            "insert": self.cmd_insert, "update": self.cmd_update, "delete": self.cmd_delete,
-            "find": self.cmd_find, "count": self.cmd_count, "distinct": self.cmd_distinct,
-            "aggregate": self.cmd_aggregate, "findandmodify": self.cmd_find_and_modify,
-            "create": self.cmd_primary_ddl, "createindexes": self.cmd_owners_ddl,
-            "dropindexes": self.cmd_owners_ddl, "collmod": self.cmd_owners_ddl, "drop": self.cmd_drop,
-            "dropdatabase": self.cmd_drop_database, "renamecollection": self.cmd_rename,
-            "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
-            "listindexes": self.cmd_list_indexes, "enablesharding": self.cmd_enable_sharding,
-            "shardcollection": self.cmd_shard_collection, "listshards": self.cmd_list_shards,
-            "reshardcollection": self.cmd_reshard_collection,
-            "refinecollectionshardkey": self.cmd_refine_collection_shard_key,
-            "movechunk": self.cmd_move_chunk, "split": self.cmd_split, "addshard": self.cmd_add_shard,
-            "moverange": self.cmd_move_range, "balancerstart": self.cmd_balancer_start,
-            "balancerstop": self.cmd_balancer_stop, "balancerstatus": self.cmd_balancer_status,
-            "configurecollectionbalancing": self.cmd_configure_collection_balancing,
-            "balancercollectionstatus": self.cmd_balancer_collection_status, "getshardmap": self.cmd_list_shards,
-            "dbstats": self.cmd_db_stats, "appendoplognote": self.cmd_append_oplog_note,
-            "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
-        })
+        self.commands.update(
+            {
+                "insert": self.cmd_insert,
+                "update": self.cmd_update,
+                "delete": self.cmd_delete,
+                "find": self.cmd_find,
+                "count": self.cmd_count,
+                "distinct": self.cmd_distinct,
+                "aggregate": self.cmd_aggregate,
+                "findandmodify": self.cmd_find_and_modify,
+                "create": self.cmd_primary_ddl,
+                "createindexes": self.cmd_owners_ddl,
+                "dropindexes": self.cmd_owners_ddl,
+                "collmod": self.cmd_owners_ddl,
+                "drop": self.cmd_drop,
+                "dropdatabase": self.cmd_drop_database,
+                "renamecollection": self.cmd_rename,
+                "listdatabases": self.cmd_list_databases,
+                "listcollections": self.cmd_list_collections,
+                "listindexes": self.cmd_list_indexes,
+                "enablesharding": self.cmd_enable_sharding,
+                "shardcollection": self.cmd_shard_collection,
+                "listshards": self.cmd_list_shards,
+                "reshardcollection": self.cmd_reshard_collection,
+                "refinecollectionshardkey": self.cmd_refine_collection_shard_key,
+                "movechunk": self.cmd_move_chunk,
+                "split": self.cmd_split,
+                "addshard": self.cmd_add_shard,
+                "moverange": self.cmd_move_range,
+                "balancerstart": self.cmd_balancer_start,
+                "balancerstop": self.cmd_balancer_stop,
+                "balancerstatus": self.cmd_balancer_status,
+                "configurecollectionbalancing": self.cmd_configure_collection_balancing,
+                "balancercollectionstatus": self.cmd_balancer_collection_status,
+                "getshardmap": self.cmd_list_shards,
+                "dbstats": self.cmd_db_stats,
+                "appendoplognote": self.cmd_append_oplog_note,
+                "committransaction": self.cmd_commit_transaction,
+                "aborttransaction": self.cmd_abort_transaction,
+            }
+        )
         # Transactions this router has seen start, by session: lsid id -> txnNumber. Shards join a
         # transaction when its first statement reaches them (get_or_start on the shard).
         self.txn_numbers: dict[bytes, int] = {}
@@ -99,8 +135,11 @@ class Mongos(CommandServer):
         # collection wait for shards that hold none of it.
         if name.lower() in WRITE_COMMANDS or name.lower() in READ_COMMANDS:
             coll = cmd.get(name)
-            targets = ([self.replsets[sid] for sid in self.owner_ids(f"{db}.{coll}")]
-                       if isinstance(coll, str) and db not in CONFIG_DATABASES else list(self.replsets.values()))
+            targets = (
+                [self.replsets[sid] for sid in self.owner_ids(f"{db}.{coll}")]
+                if isinstance(coll, str) and db not in CONFIG_DATABASES
+                else list(self.replsets.values())
+            )
             for rs in targets:
                 if rs.primary_node is None:
                     await rs.wait_primary(20.0)
@@ -116,8 +155,11 @@ class Mongos(CommandServer):
         if name.lower() not in WRITE_COMMANDS:
             return
         # Each shard's newest entry, taken before any wait: no other task ran since the handler wrote.
-        written = [(rs, rs.primary_node.oplog.last_key()) for rs in self.replsets.values()
-                   if len(rs.members) > 1 and rs.primary_node is not None]
+        written = [
+            (rs, rs.primary_node.oplog.last_key())
+            for rs in self.replsets.values()
+            if len(rs.members) > 1 and rs.primary_node is not None
+        ]
         for rs, key in written:
             try:
                 await rs.write_concern(cmd, reply, key)
@@ -127,13 +169,20 @@ class Mongos(CommandServer):
                 # A state-change error from a shard would make the driver mark mongos itself
                 # Unknown: mongos reports the shard connection it lost instead, which a driver
                 # retries (the retryable-write label) without doubting mongos.
-                raise MongoError("HostUnreachable", f"write to shard {rs.set_name} was interrupted :: caused by "
-                                 f":: {exc.code_name}: {exc.errmsg}") from exc
+                raise MongoError(
+                    "HostUnreachable",
+                    f"write to shard {rs.set_name} was interrupted :: caused by "
+                    f":: {exc.code_name}: {exc.errmsg}",
+                ) from exc
 
     def _participants(self, key: TxnKey) -> list[str]:
-        return [sid for sid, s in sorted(self.shards.items()) if s.transactions.open(key) is not None]
+        return [
+            sid for sid, s in sorted(self.shards.items()) if s.transactions.open(key) is not None
+        ]
 
-    async def cmd_commit_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_commit_transaction(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         """One participant commits directly; several go through two-phase commit, as mongos's
         coordinator does: prepare everywhere, wait until every prepare is majority-committed (so
         a new primary still holds it), record the decision, then commit on each shard's current
@@ -146,7 +195,10 @@ class Mongos(CommandServer):
             self.commit_decisions.pop(key, None)
             return {}
         participants = self._participants(key)
-        if any(getattr(s.transactions.txns.get(key), "state", None) == "aborted" for s in self.shards.values()):
+        if any(
+            getattr(s.transactions.txns.get(key), "state", None) == "aborted"
+            for s in self.shards.values()
+        ):
             # A participant already ended it (killSessions, transactionLifetimeLimitSeconds): the
             # router, which knows every participant, aborts the rest rather than commit a part.
             for sid in participants:
@@ -176,7 +228,9 @@ class Mongos(CommandServer):
             self.commit_decisions.pop(key, None)
         return {}
 
-    async def _write_decision(self, key: TxnKey, participants: list[str], commit_ts: Timestamp) -> None:
+    async def _write_decision(
+        self, key: TxnKey, participants: list[str], commit_ts: Timestamp
+    ) -> None:
         for sid in participants:
             rs = self.replsets[sid]
             await rs.wait_primary(20.0)
@@ -194,7 +248,9 @@ class Mongos(CommandServer):
         for lsid in [lsid for lsid in self.txn_numbers if named(lsid, UNKNOWN_USER)]:
             del self.txn_numbers[lsid]
 
-    async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_abort_transaction(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         key = txn_key(cmd)
         participants = self._participants(key)
         if not participants and self.txn_numbers.get(key[0]) != key[1]:
@@ -228,17 +284,25 @@ class Mongos(CommandServer):
         that has no primary shard yet)."""
         db, _, name = ns.partition(".")
         sid = self.db_primary.get(db)
-        coll = self.shards[sid].dbs.get(db, {}).get(name) if sid is not None and sid in self.shards else None
+        coll = (
+            self.shards[sid].dbs.get(db, {}).get(name)
+            if sid is not None and sid in self.shards
+            else None
+        )
         return coll is not None and "viewOn" in coll.options
 
     def owner_ids(self, ns: str) -> list[str]:
         """The shards holding a collection of a user database: all for a sharded one, else its
         database's primary shard. Names only, so it answers while a shard has no primary."""
-        return sorted(self.shards) if ns in self.sharded else [self._primary_id(ns.split(".", 1)[0])]
+        return (
+            sorted(self.shards) if ns in self.sharded else [self._primary_id(ns.split(".", 1)[0])]
+        )
 
     def owners(self, ns: str) -> list[ShardNode]:
         if ns not in self.sharded:
-            return [self.primary_of(ns.split(".", 1)[0])]  # the config server's, for config and admin
+            return [
+                self.primary_of(ns.split(".", 1)[0])
+            ]  # the config server's, for config and admin
         return [self.shards[s] for s in self.owner_ids(ns)]
 
     def target(self, ns: str, filt: dict[str, Any]) -> list[ShardNode]:
@@ -279,7 +343,9 @@ class Mongos(CommandServer):
         await self._writable(ns)
         return q.run_updates(cmd, lambda i, spec: self._route_update(ns, cmd, i, spec))
 
-    def _route_update(self, ns: str, cmd: dict[str, Any], i: int, spec: dict[str, Any]) -> dict[str, Any]:
+    def _route_update(
+        self, ns: str, cmd: dict[str, Any], i: int, spec: dict[str, Any]
+    ) -> dict[str, Any]:
         """One update statement: targeted by shard key when the filter pins it, else broadcast."""
         shards = self.target(ns, spec.get("q", {}))
         result: dict[str, Any] = {"n": 0, "nModified": 0, "upserted": []}
@@ -293,8 +359,11 @@ class Mongos(CommandServer):
                 break
         if not result["n"] and spec.get("upsert") and len(shards) > 1:
             # A broadcast upsert that matched nothing inserts on the shard owning the new document.
-            new = apply_update({k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
-                                 spec["u"], is_insert=True)
+            new = apply_update(
+                {k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
+                spec["u"],
+                is_insert=True,
+            )
             shard = self.shard_for_doc(ns, new)
             r = shard.update_docs(ns, spec, shard._session_fields(cmd, i))
             result["n"] += r["n"]
@@ -314,7 +383,9 @@ class Mongos(CommandServer):
                     break
         return {"n": n}
 
-    async def cmd_find_and_modify(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_find_and_modify(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         ns = f"{db}.{cmd['findAndModify']}"
         await self._writable(ns)
         shards = self.target(ns, cmd.get("query", {}))
@@ -322,8 +393,11 @@ class Mongos(CommandServer):
             if shard.select(ns, cmd.get("query", {}), limit=1):
                 return await shard.cmd_find_and_modify(db, cmd, req)
         if cmd.get("upsert"):
-            new = apply_update({k: v for k, v in cmd.get("query", {}).items() if not k.startswith("$")},
-                                 cmd.get("update", {}), is_insert=True)
+            new = apply_update(
+                {k: v for k, v in cmd.get("query", {}).items() if not k.startswith("$")},
+                cmd.get("update", {}),
+                is_insert=True,
+            )
             return await self.shard_for_doc(ns, new).cmd_find_and_modify(db, cmd, req)
         return {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
 
@@ -350,7 +424,7 @@ class Mongos(CommandServer):
         docs = self.gather(ns, cmd.get("filter", {}))
         if cmd.get("sort"):
             docs = q.sort_docs(docs, cmd["sort"])
-        docs = docs[cmd.get("skip", 0):]
+        docs = docs[cmd.get("skip", 0) :]
         if cmd.get("limit"):
             docs = docs[: abs(cmd["limit"])]
         docs = list(map(find_projection(cmd.get("projection")), docs))
@@ -360,12 +434,15 @@ class Mongos(CommandServer):
 
     async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         docs = self.gather(f"{db}.{cmd['count']}", cmd.get("query") or {})
-        docs = docs[cmd.get("skip", 0):]
+        docs = docs[cmd.get("skip", 0) :]
         return {"n": min(len(docs), cmd["limit"]) if cmd.get("limit") else len(docs)}
 
     async def cmd_distinct(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"values": q.distinct_values(self.gather(f"{db}.{cmd['distinct']}", cmd.get("query") or {}),
-                                            cmd["key"])}
+        return {
+            "values": q.distinct_values(
+                self.gather(f"{db}.{cmd['distinct']}", cmd.get("query") or {}), cmd["key"]
+            )
+        }
 
     async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         coll = cmd["aggregate"]
@@ -380,19 +457,27 @@ class Mongos(CommandServer):
             def topology() -> list[tuple[ReplicaSet, Timestamp]]:  # in the order shards were added
                 return [(rs, self.topology_times[sid]) for sid, rs in self.replsets.items()]
 
-            return await open_native_stream(self, db, cmd, list(self.replsets.values()), lookup, topology,
-                                            self._is_view)
+            return await open_native_stream(
+                self, db, cmd, list(self.replsets.values()), lookup, topology, self._is_view
+            )
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         if pipeline and "$shardedDataDistribution" in pipeline[0]:
             if db != "admin" or coll != 1:
-                raise MongoError("InvalidNamespace", "The $shardedDataDistribution stage can only be run on "
-                                                     "the admin database with {aggregate: 1}")
+                raise MongoError(
+                    "InvalidNamespace",
+                    "The $shardedDataDistribution stage can only be run on "
+                    "the admin database with {aggregate: 1}",
+                )
             docs, pipeline = self.sharded_data_distribution(), pipeline[1:]
         else:
             first_match = pipeline[0].get("$match", {}) if pipeline else {}
             docs = self.gather(ns, first_match) if isinstance(coll, str) else []
         out = run_pipeline(docs, pipeline)
-        return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
+        return {
+            "cursor": await self.cursors.first_batch(
+                Cursor(ns, out), cmd.get("cursor", {}).get("batchSize")
+            )
+        }
 
     def sharded_data_distribution(self) -> list[dict[str, Any]]:
         """$shardedDataDistribution (6.0.3+): per sharded collection, each shard holding it with its
@@ -406,8 +491,15 @@ class Mongos(CommandServer):
             for sid, shard in sorted(self.shards.items()):
                 coll = shard.coll(ns)
                 if coll is not None:
-                    shards.append({"shardName": sid, "numOrphanedDocs": 0, "numOwnedDocuments": len(coll.docs),
-                                   "ownedSizeBytes": coll.data_size(), "orphanedSizeBytes": 0})
+                    shards.append(
+                        {
+                            "shardName": sid,
+                            "numOrphanedDocs": 0,
+                            "numOwnedDocuments": len(coll.docs),
+                            "ownedSizeBytes": coll.data_size(),
+                            "orphanedSizeBytes": 0,
+                        }
+                    )
             out.append({"ns": ns, "shards": shards})
         return out
 
@@ -424,7 +516,11 @@ class Mongos(CommandServer):
         reply: dict[str, Any] = {}
         for shard in self.owners(ns):
             sc = self.sharded.get(ns)
-            sub = dict(cmd, collectionUUID=Binary(sc.uuid.bytes, 4)) if sc and name == "createIndexes" else cmd
+            sub = (
+                dict(cmd, collectionUUID=Binary(sc.uuid.bytes, 4))
+                if sc and name == "createIndexes"
+                else cmd
+            )
             reply = await shard.commands[name.lower()](db, sub, req)
         return reply
 
@@ -458,18 +554,24 @@ class Mongos(CommandServer):
     async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         src = cmd["renameCollection"]
         if src in self.sharded:
-            raise MongoError("IllegalOperation",
-                             "renameCollection of a sharded collection is not supported by simcluster")
+            raise MongoError(
+                "IllegalOperation",
+                "renameCollection of a sharded collection is not supported by simcluster",
+            )
         return await self.primary_of(src.split(".", 1)[0]).cmd_rename(db, cmd, req)
 
-    async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_list_databases(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         names = sorted({n for s in [self.config.node, *self.shards.values()] for n in s.dbs})
         dbs = [{"name": n, "sizeOnDisk": Int64(4096), "empty": False} for n in names]
         if cmd.get("nameOnly"):
             dbs = [{"name": n} for n in names]
         return {"databases": dbs, "totalSize": Int64(4096 * len(dbs))}
 
-    async def cmd_list_collections(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_list_collections(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         return await self.primary_of(db).cmd_list_collections(db, cmd, req)
 
     async def cmd_list_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -480,7 +582,9 @@ class Mongos(CommandServer):
         objects = sum(len(c.docs) for s in self.shards.values() for c in s.dbs.get(db, {}).values())
         return {"db": db, "objects": objects, "raw": {}}
 
-    async def cmd_append_oplog_note(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_append_oplog_note(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         # mongos writes the note on every shard (cluster_oplog_note_cmd).
         for shard in self.shards.values():
             await shard.cmd_append_oplog_note(db, cmd, req)
@@ -488,19 +592,30 @@ class Mongos(CommandServer):
 
     # -- sharding ----------------------------------------------------------------------------------
 
-    async def cmd_enable_sharding(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_enable_sharding(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         self.primary_of(cmd["enableSharding"])
         return {}
 
     async def cmd_list_shards(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if db != "admin":
-            raise MongoError("Unauthorized", "listShards may only be run against the admin database.")
+            raise MongoError(
+                "Unauthorized", "listShards may only be run against the admin database."
+            )
         return {"shards": self.shard_docs()}
 
     def shard_docs(self) -> list[dict[str, Any]]:
         """config.shards, which listShards returns as it is (ShardType)."""
-        return [{"_id": sid, "host": f"{rs.set_name}/{','.join(rs.hosts)}", "state": 1,
-                 "topologyTime": self.topology_times[sid]} for sid, rs in sorted(self.replsets.items())]
+        return [
+            {
+                "_id": sid,
+                "host": f"{rs.set_name}/{','.join(rs.hosts)}",
+                "state": 1,
+                "topologyTime": self.topology_times[sid],
+            }
+            for sid, rs in sorted(self.replsets.items())
+        ]
 
     async def cmd_add_shard(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """`{addShard: "<set>/<host:port>,...", name?}`: the set must be running (one of the
@@ -509,8 +624,10 @@ class Mongos(CommandServer):
             raise MongoError("Unauthorized", "addShard may only be run against the admin database.")
         seed = cmd["addShard"]
         if not isinstance(seed, str):
-            raise MongoError("TypeMismatch", "BSON field 'addShard.addShard' is the wrong type, expected type "
-                             "'string'")
+            raise MongoError(
+                "TypeMismatch",
+                "BSON field 'addShard.addShard' is the wrong type, expected type 'string'",
+            )
         if "maxSize" in cmd:  # removed in 6.2
             raise MongoError("InvalidOptions", "addShard no longer supports maxSize field")
         set_name, _, hosts = seed.rpartition("/")
@@ -518,23 +635,38 @@ class Mongos(CommandServer):
         for sid, member in self.replsets.items():
             if seeds & set(member.hosts):  # adding the same set again answers as the first time did
                 if cmd.get("name", sid) != sid:
-                    raise MongoError("IllegalOperation", f"A shard already exists containing the replica set "
-                                     f"'{member.set_name}'")
+                    raise MongoError(
+                        "IllegalOperation",
+                        f"A shard already exists containing the replica set '{member.set_name}'",
+                    )
                 return {"shardAdded": sid}
         rs = next((r for r in self.spares.values() if seeds & set(r.hosts)), None)
         if rs is None:
-            raise MongoError("OperationFailed", f"failed to run command {{ isMaster: 1 }} when attempting to add "
-                             f"shard {seed} :: caused by :: HostUnreachable: no member of {seed} answered")
+            raise MongoError(
+                "OperationFailed",
+                f"failed to run command {{ isMaster: 1 }} when attempting to add "
+                f"shard {seed} :: caused by :: HostUnreachable: no member of {seed} answered",
+            )
         if set_name and set_name != rs.set_name:
-            raise MongoError("OperationFailed", f"in seed list {seed}, host {next(iter(seeds))} does not belong to "
-                             f"replica set {set_name}; found {{ setName: \"{rs.set_name}\" }}")
+            raise MongoError(
+                "OperationFailed",
+                f"in seed list {seed}, host {next(iter(seeds))} does not belong to "
+                f'replica set {set_name}; found {{ setName: "{rs.set_name}" }}',
+            )
         name = cmd.get("name") or rs.set_name
         if name in self.replsets:
             raise MongoError("IllegalOperation", f"A shard named {name} already exists")
-        databases = sorted(d for d, colls in rs.primary.dbs.items() if colls and d not in ("admin", "config", "local"))
+        databases = sorted(
+            d
+            for d, colls in rs.primary.dbs.items()
+            if colls and d not in ("admin", "config", "local")
+        )
         if databases:
-            raise MongoError("IllegalOperation", f"can't add shard '{seed}' because a local database "
-                             f"'{databases[0]}' exists in another shard")
+            raise MongoError(
+                "IllegalOperation",
+                f"can't add shard '{seed}' because a local database "
+                f"'{databases[0]}' exists in another shard",
+            )
         del self.spares[rs.set_name]
         self.topology_times[name] = self.clock.tick()
         self.replsets[name] = rs
@@ -542,10 +674,14 @@ class Mongos(CommandServer):
 
     # -- balancing (simcluster/balancer.py) -------------------------------------------------------
 
-    async def cmd_balancer_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_balancer_status(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         return self.balancer.status()
 
-    async def cmd_balancer_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_balancer_start(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         self.config.set_balancer_mode("full")
         self.balancer.wake()
         return {}
@@ -553,13 +689,18 @@ class Mongos(CommandServer):
     async def cmd_balancer_stop(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         self.config.set_balancer_mode("off")
         self.balancer.wake()
-        await self.balancer.wait_round_over()  # the round's migration in progress ends; no other starts
+        await (
+            self.balancer.wait_round_over()
+        )  # the round's migration in progress ends; no other starts
         return {}
 
     def in_transaction(self, ns: str) -> bool:
         """Whether an open or prepared transaction holds writes to `ns` on some shard."""
-        return any(txn.state in ("open", "prepared") and any(op.get("ns") == ns for op in txn.ops)
-                   for shard in self.shards.values() for txn in shard.transactions.txns.values())
+        return any(
+            txn.state in ("open", "prepared") and any(op.get("ns") == ns for op in txn.ops)
+            for shard in self.shards.values()
+            for txn in shard.transactions.txns.values()
+        )
 
     def migrating(self, ns: str) -> bool:
         return ns in self._migrating
@@ -582,7 +723,9 @@ class Mongos(CommandServer):
         was; the copies the recipient still holds are deleted as orphans. Committing on w:1 copies
         lost the documents when the recipient's primary stepped down before its secondaries had them.
         """
-        assert not self.migrating(sc.ns), "callers wait for the collection's other migration (_wait_to_migrate)"
+        assert not self.migrating(sc.ns), (
+            "callers wait for the collection's other migration (_wait_to_migrate)"
+        )
         # Each side's current primary (an election may have come since the caller looked).
         donor, recipient = self.shards[chunk.shard], self.shards[to]
         lo, hi = chunk.min, chunk.max
@@ -591,23 +734,47 @@ class Mongos(CommandServer):
             moved = clone_range(sc, chunk, donor, recipient)
             await self._wait_for_copies(recipient, bool(moved))
             if self.replsets[donor.set_name].primary_node is not donor:
-                raise MongoError("InterruptedDueToReplStateChange", f"donor {donor.set_name} stepped down")
+                raise MongoError(
+                    "InterruptedDueToReplStateChange", f"donor {donor.set_name} stepped down"
+                )
             commit_migration(sc, chunk, donor, recipient, moved)
         except MongoError as exc:
             rs = self.replsets[recipient.set_name]
             if rs.primary_node is not None:
                 delete_orphans(sc, chunk, rs.primary_node)
-            self.config.log_change(self, "moveChunk.from", sc.ns, {
-                "min": bound_doc(sc, lo), "max": bound_doc(sc, hi), "from": donor.set_name,
-                "to": recipient.set_name, "note": "aborted"}, shard=donor.set_name)
-            raise MongoError("OperationFailed", f"Data transfer error: migrate failed: {exc.code_name}: "
-                             f"{exc.errmsg}") from exc
+            self.config.log_change(
+                self,
+                "moveChunk.from",
+                sc.ns,
+                {
+                    "min": bound_doc(sc, lo),
+                    "max": bound_doc(sc, hi),
+                    "from": donor.set_name,
+                    "to": recipient.set_name,
+                    "note": "aborted",
+                },
+                shard=donor.set_name,
+            )
+            raise MongoError(
+                "OperationFailed",
+                f"Data transfer error: migrate failed: {exc.code_name}: {exc.errmsg}",
+            ) from exc
         finally:
             del self._migrating[sc.ns]
             held.set()
-        self.config.log_change(self, "moveChunk.from", sc.ns, {
-            "min": bound_doc(sc, lo), "max": bound_doc(sc, hi), "from": donor.set_name, "to": recipient.set_name,
-            "note": "success"}, shard=donor.set_name)
+        self.config.log_change(
+            self,
+            "moveChunk.from",
+            sc.ns,
+            {
+                "min": bound_doc(sc, lo),
+                "max": bound_doc(sc, hi),
+                "from": donor.set_name,
+                "to": recipient.set_name,
+                "note": "success",
+            },
+            shard=donor.set_name,
+        )
 
     async def _wait_for_copies(self, recipient: ShardNode, copied: bool) -> None:
         """Until the recipient's newest entry is majority-committed (the server's cloner waits for
@@ -616,11 +783,17 @@ class Mongos(CommandServer):
         if not copied or len(rs.members) == 1:
             return
         reply: dict[str, Any] = {}
-        await rs.write_concern({"writeConcern": {"w": "majority", "wtimeout": MIGRATION_MAJORITY_TIMEOUT_S * 1000}},
-                               reply, recipient.oplog.last_key())
+        await rs.write_concern(
+            {"writeConcern": {"w": "majority", "wtimeout": MIGRATION_MAJORITY_TIMEOUT_S * 1000}},
+            reply,
+            recipient.oplog.last_key(),
+        )
         if "writeConcernError" in reply:
-            raise MongoError("WriteConcernFailed", f"the copies on {recipient.set_name} were not majority-committed "
-                             f"within {MIGRATION_MAJORITY_TIMEOUT_S} s")
+            raise MongoError(
+                "WriteConcernFailed",
+                f"the copies on {recipient.set_name} were not majority-committed "
+                f"within {MIGRATION_MAJORITY_TIMEOUT_S} s",
+            )
 
     def _sharded(self, ns: Any) -> ShardedCollection:
         sc = self.sharded.get(ns) if isinstance(ns, str) else None
@@ -628,19 +801,25 @@ class Mongos(CommandServer):
             raise MongoError("NamespaceNotSharded", f"{ns} is not sharded")
         return sc
 
-    async def cmd_configure_collection_balancing(self, db: str, cmd: dict[str, Any],
-                                                 req: Request) -> dict[str, Any]:
+    async def cmd_configure_collection_balancing(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         """chunkSize in MB, 1 to 1024; 0 goes back to the cluster's chunk size."""
         sc = self._sharded(cmd["configureCollectionBalancing"])
         if "chunkSize" in cmd:
             mb = cmd["chunkSize"]
             if not isinstance(mb, int) or isinstance(mb, bool) or not 0 <= mb <= 1024:
-                raise MongoError("InvalidOptions", f"chunk size must be an integer between 1 and 1024 MB, or 0 for "
-                                                   f"the default; got {mb!r}")
+                raise MongoError(
+                    "InvalidOptions",
+                    f"chunk size must be an integer between 1 and 1024 MB, or 0 for "
+                    f"the default; got {mb!r}",
+                )
             sc.chunk_bytes = mb << 20 or None
         return {}
 
-    async def cmd_balancer_collection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_balancer_collection_status(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         sc = self._sharded(cmd["balancerCollectionStatus"])
         size = self.balancer.chunk_bytes(sc)
         reply: dict[str, Any] = {"chunkSize": size / (1 << 20), "balancerCompliant": True}
@@ -648,7 +827,9 @@ class Mongos(CommandServer):
             reply.update(balancerCompliant=False, firstComplianceViolation="chunksImbalance")
         return reply
 
-    async def cmd_shard_collection(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_shard_collection(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         ns = cmd["shardCollection"]
         key = dict(cmd["key"])
         if ns in self.sharded:
@@ -668,8 +849,9 @@ class Mongos(CommandServer):
             # a createIndexes (CreateCollectionCoordinator; "When sharding a non-existent
             # collection, MongoDB implicitly ... creates the shard key index").
             index = {"key": key, "name": index_name(key)}
-            await primary.cmd_create_indexes(dbname, {"createIndexes": ns.split(".", 1)[1],
-                                                      "indexes": [index]}, req)
+            await primary.cmd_create_indexes(
+                dbname, {"createIndexes": ns.split(".", 1)[1], "indexes": [index]}, req
+            )
         created = self.clock.tick()
         sc = ShardedCollection(ns, key, coll_uuid, bool(cmd.get("unique")), timestamp=created)
         ids = sorted(self.shards)
@@ -684,7 +866,10 @@ class Mongos(CommandServer):
         else:
             bounds, owners = [low, high], [primary.set_name]
         # Versions 1|0, 1|1, ... in key order; each chunk on its first shard since the collection's timestamp.
-        sc.chunks = [Chunk(bounds[i], bounds[i + 1], sid, (1, i), [(created, sid)]) for i, sid in enumerate(owners)]
+        sc.chunks = [
+            Chunk(bounds[i], bounds[i + 1], sid, (1, i), [(created, sid)])
+            for i, sid in enumerate(owners)
+        ]
         self.sharded[ns] = sc
         for sid in ids:
             shard = self.shards[sid]
@@ -697,29 +882,38 @@ class Mongos(CommandServer):
                 shard.dbs.setdefault(dbname, {})
                 from simcluster.storage import Collection
 
-                shard.dbs[dbname][ns.split(".", 1)[1]] = Collection(ns.split(".", 1)[1], uuid=coll_uuid)
+                shard.dbs[dbname][ns.split(".", 1)[1]] = Collection(
+                    ns.split(".", 1)[1], uuid=coll_uuid
+                )
         # The request as the coordinator logs it (notifyChangeStreamsOnShardCollection): what was
         # given, in the IDL's order (shardCollection_events jstest: numInitialChunks as given,
         # collation when given).
-        o2 = {"shardCollection": ns, "shardKey": key, "unique": sc.unique,
-              "numInitialChunks": Int64(cmd.get("numInitialChunks") or 0),
-              "presplitHashedZones": bool(cmd.get("presplitHashedZones", False))}
+        o2 = {
+            "shardCollection": ns,
+            "shardKey": key,
+            "unique": sc.unique,
+            "numInitialChunks": Int64(cmd.get("numInitialChunks") or 0),
+            "presplitHashedZones": bool(cmd.get("presplitHashedZones", False)),
+        }
         if "collation" in cmd:
             o2["collation"] = dict(cmd["collation"])
         primary.append_noop({"msg": {"shardCollection": ns}}, o2, Binary(coll_uuid.bytes, 4), ns)
         return {"collectionsharded": ns, "collectionUUID": Binary(coll_uuid.bytes, 4)}
 
-    def _key_argument(self, db: str, cmd: dict[str, Any],
-                      name: str) -> tuple[ShardedCollection, dict[str, Any]]:
+    def _key_argument(
+        self, db: str, cmd: dict[str, Any], name: str
+    ) -> tuple[ShardedCollection, dict[str, Any]]:
         """The sharded collection and new key of a reshardCollection/refineCollectionShardKey."""
         if db != "admin":
             raise MongoError("Unauthorized", f"{name} may only be run against the admin database.")
         if "key" not in cmd:
-            raise MongoError("IDLFailedToParse",
-                             f"BSON field '{name}.key' is missing but a required field")
+            raise MongoError(
+                "IDLFailedToParse", f"BSON field '{name}.key' is missing but a required field"
+            )
         if not isinstance(cmd["key"], dict) or not cmd["key"]:
-            raise MongoError("TypeMismatch",
-                             f"BSON field '{name}.key' is the wrong type, expected type 'object'")
+            raise MongoError(
+                "TypeMismatch", f"BSON field '{name}.key' is the wrong type, expected type 'object'"
+            )
         return self._sharded(cmd[name]), dict(cmd["key"])
 
     def _set_shard_key(self, sc: ShardedCollection, key: dict[str, Any]) -> None:
@@ -729,8 +923,9 @@ class Mongos(CommandServer):
             for member in rs.members:
                 member.shard_keys[sc.ns] = key
 
-    async def cmd_refine_collection_shard_key(self, db: str, cmd: dict[str, Any],
-                                              req: Request) -> dict[str, Any]:
+    async def cmd_refine_collection_shard_key(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         """`{refineCollectionShardKey: ns, key}`: the key gains suffix fields; every chunk keeps
         its range, its bounds extended with MinKey (MaxKey for the top). The coordinator on the
         primary shard then logs the noop change streams show as refineCollectionShardKey
@@ -739,19 +934,26 @@ class Mongos(CommandServer):
         shardKey, oldShardKey})."""
         sc, key = self._key_argument(db, cmd, "refineCollectionShardKey")
         old = dict(sc.key)
-        if list(key.items())[:len(old)] != list(old.items()) or len(key) <= len(old):
+        if list(key.items())[: len(old)] != list(old.items()) or len(key) <= len(old):
             # simcluster's words
-            raise MongoError("InvalidOptions", "refineCollectionShardKey: the proposed shard key "
-                             f"{key_text(key)} does not extend the current shard key "
-                             f"{key_text(old)}")
+            raise MongoError(
+                "InvalidOptions",
+                "refineCollectionShardKey: the proposed shard key "
+                f"{key_text(key)} does not extend the current shard key "
+                f"{key_text(old)}",
+            )
         dbname = sc.ns.split(".", 1)[0]
         primary = self.primary_of(dbname)
         coll = primary.coll(sc.ns)
         wanted = list(key.items())
-        if coll is None or not any(list(ix.key.items())[:len(wanted)] == wanted
-                                   for ix in coll.indexes.values()):
-            raise MongoError("InvalidOptions", "Please create an index that starts with the "
-                             "proposed shard key before sharding the collection")
+        if coll is None or not any(
+            list(ix.key.items())[: len(wanted)] == wanted for ix in coll.indexes.values()
+        ):
+            raise MongoError(
+                "InvalidOptions",
+                "Please create an index that starts with the "
+                "proposed shard key before sharding the collection",
+            )
         await self._wait_to_migrate(sc.ns)
         added = len(key) - len(old)
         for chunk in sc.chunks:
@@ -765,8 +967,9 @@ class Mongos(CommandServer):
         primary.append_noop({"msg": msg}, o2, Binary(sc.uuid.bytes, 4), sc.ns)
         return {}
 
-    async def cmd_reshard_collection(self, db: str, cmd: dict[str, Any],
-                                     req: Request) -> dict[str, Any]:
+    async def cmd_reshard_collection(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         """`{reshardCollection: ns, key, unique?, numInitialChunks?, collation?}`: the collection
         is rebuilt under the new key as the server's resharding does, simulated with one
         recipient, the primary shard: a temporary `system.resharding.<old uuid>` collection with
@@ -784,9 +987,14 @@ class Mongos(CommandServer):
         old, old_uuid, reshard_uuid = dict(sc.key), sc.uuid, uuidlib.uuid4()
         source = primary.coll(sc.ns)
         temp = f"system.resharding.{old_uuid}"
-        primary._create(dbname, temp, dict(source.options) if source is not None else {}, reshard_uuid)
-        specs = [dict(ix.spec) for ix in (source.indexes.values() if source is not None else [])
-                 if ix.name != "_id_"]
+        primary._create(
+            dbname, temp, dict(source.options) if source is not None else {}, reshard_uuid
+        )
+        specs = [
+            dict(ix.spec)
+            for ix in (source.indexes.values() if source is not None else [])
+            if ix.name != "_id_"
+        ]
         if not any(spec["key"] == key for spec in specs):
             specs.append({"key": key, "name": index_name(key)})
         await primary.cmd_create_indexes(dbname, {"createIndexes": temp, "indexes": specs}, req)
@@ -804,15 +1012,30 @@ class Mongos(CommandServer):
                     copy = member.dbs.get(dbname, {}).get(name)
                     if copy is not None:
                         copy.uuid = reshard_uuid
-        await primary.cmd_rename(dbname, {"renameCollection": f"{dbname}.{temp}", "to": sc.ns,
-                                          "dropTarget": True}, req, from_migrate=True)
+        await primary.cmd_rename(
+            dbname,
+            {"renameCollection": f"{dbname}.{temp}", "to": sc.ns, "dropTarget": True},
+            req,
+            from_migrate=True,
+        )
         sc.uuid = reshard_uuid
         created = sc.timestamp
-        sc.chunks = [Chunk(sc.edge(MinKey), sc.edge(MaxKey), primary.set_name, (1, 0),
-                           [(created, primary.set_name)])]
-        o2: dict[str, Any] = {"reshardCollection": sc.ns,
-                              "reshardUUID": Binary(reshard_uuid.bytes, 4),
-                              "shardKey": key, "oldShardKey": old, "unique": sc.unique}
+        sc.chunks = [
+            Chunk(
+                sc.edge(MinKey),
+                sc.edge(MaxKey),
+                primary.set_name,
+                (1, 0),
+                [(created, primary.set_name)],
+            )
+        ]
+        o2: dict[str, Any] = {
+            "reshardCollection": sc.ns,
+            "reshardUUID": Binary(reshard_uuid.bytes, 4),
+            "shardKey": key,
+            "oldShardKey": old,
+            "unique": sc.unique,
+        }
         if "numInitialChunks" in cmd:
             o2["numInitialChunks"] = Int64(cmd["numInitialChunks"])
         if "collation" in cmd:
@@ -830,19 +1053,28 @@ class Mongos(CommandServer):
         ns = cmd["split"]
         sc = self._sharded(ns)
         if not isinstance(cmd.get("middle"), dict):
-            raise MongoError("InvalidOptions", "split needs a 'middle' key here (the 'find' and 'bounds' forms "
-                                               "are not simulated)")
-        point = self._bound(sc, cmd["middle"], "new split key {} is not valid for shard key pattern {}")
+            raise MongoError(
+                "InvalidOptions",
+                "split needs a 'middle' key here (the 'find' and 'bounds' forms are not simulated)",
+            )
+        point = self._bound(
+            sc, cmd["middle"], "new split key {} is not valid for shard key pattern {}"
+        )
         chunk = sc.chunk_at(point)
         if q.compare(point, chunk.min) == 0:
             lo, hi = (key_text(bound_doc(sc, p)) for p in (chunk.min, chunk.max))
-            raise MongoError("CannotSplit", f"new split key {key_text(bound_doc(sc, point))} is a boundary key of "
-                             f"existing chunk [{lo},{hi})")
+            raise MongoError(
+                "CannotSplit",
+                f"new split key {key_text(bound_doc(sc, point))} is a boundary key of "
+                f"existing chunk [{lo},{hi})",
+            )
         sc.split(chunk, point)
         return {}
 
     @staticmethod
-    def _bound(sc: ShardedCollection, bound: Any, wording: str, *, code: int | str = "InvalidOptions") -> Any:
+    def _bound(
+        sc: ShardedCollection, bound: Any, wording: str, *, code: int | str = "InvalidOptions"
+    ) -> Any:
         """The key-space point a bound names: {<shard key field>: value, ...} with every field of
         the key, in any order (a hash value for a hashed field), as the server's isShardKey
         requires; else `code` in the command's `wording` (of the bound, then the key)."""
@@ -864,14 +1096,22 @@ class Mongos(CommandServer):
         if "find" in cmd:
             point = _equality_point(sc, cmd["find"])
             if point is _NO_POINT:
-                raise MongoError(656450, f"no shard key found in chunk query {key_text(cmd['find'])}")
+                raise MongoError(
+                    656450, f"no shard key found in chunk query {key_text(cmd['find'])}"
+                )
             chunk = sc.chunk_at(point)
         else:
-            lo = self._bound(sc, cmd["bounds"][0], "shard key bounds [{},...) are not valid for shard key pattern {}",
-                             code=656451)
+            lo = self._bound(
+                sc,
+                cmd["bounds"][0],
+                "shard key bounds [{},...) are not valid for shard key pattern {}",
+                code=656451,
+            )
             starting = [c for c in sc.chunks if q.compare(c.min, lo) == 0]
             if not starting:
-                raise MongoError("InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}")
+                raise MongoError(
+                    "InvalidOptions", f"no chunk of {sc.ns} starts at {cmd['bounds'][0]}"
+                )
             chunk = starting[0]
         if chunk.shard != recipient.set_name:
             await self.migrate(sc, chunk, recipient.set_name)
@@ -884,16 +1124,23 @@ class Mongos(CommandServer):
         sc = self._sharded(cmd["moveRange"])
         recipient = self._recipient(cmd.get("toShard"))
         if not isinstance(cmd.get("min"), dict):
-            raise MongoError("InvalidOptions", "moveRange needs 'min' here (a range given by 'max' alone is "
-                                               "not simulated)")
+            raise MongoError(
+                "InvalidOptions",
+                "moveRange needs 'min' here (a range given by 'max' alone is not simulated)",
+            )
         await self._wait_to_migrate(sc.ns)
         wording = "moveRange bound {} is not a full shard key of pattern {}"  # simcluster's words
         lo = self._bound(sc, cmd["min"], wording)
         chunk = sc.chunk_at(lo)
         hi = self._bound(sc, cmd["max"], wording) if isinstance(cmd.get("max"), dict) else None
-        if hi is not None and (q.compare(hi, lo) <= 0 or q.compare(hi, chunk.max) > 0):  # checked before any change
-            raise MongoError("InvalidOptions", f"the range of moveRange must lie within one chunk: {cmd['max']} "
-                                               f"is not inside the chunk holding {cmd['min']}")
+        if hi is not None and (
+            q.compare(hi, lo) <= 0 or q.compare(hi, chunk.max) > 0
+        ):  # checked before any change
+            raise MongoError(
+                "InvalidOptions",
+                f"the range of moveRange must lie within one chunk: {cmd['max']} "
+                f"is not inside the chunk holding {cmd['min']}",
+            )
         if q.compare(chunk.min, lo) != 0:
             chunk = sc.split(chunk, lo)
         donor = self.shards[chunk.shard]
@@ -914,7 +1161,9 @@ _NO_POINT = object()
 def _equality_point(sc: ShardedCollection, filt: Any) -> Any:
     """The key-space point a query names by equality on every shard key field (a plain value, not
     an operator document), as the server's extractShardKeyFromQuery finds it; else _NO_POINT."""
-    if not isinstance(filt, dict) or not all(f in filt and not _has_operator(filt[f]) for f in sc.key):
+    if not isinstance(filt, dict) or not all(
+        f in filt and not _has_operator(filt[f]) for f in sc.key
+    ):
         return _NO_POINT
     return sc.point([filt[f] for f in sc.key])
 

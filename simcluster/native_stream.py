@@ -53,20 +53,54 @@ from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 from simcluster.reference_events import ReferenceTransformer, RefEvent, encode_event, invalidate_for
 
-_OPTIONS = frozenset({"fullDocument", "fullDocumentBeforeChange", "resumeAfter", "startAfter",
-                      "startAtOperationTime", "allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
-                      "showSystemEvents", "$_generateV2ResumeTokens"})
+_OPTIONS = frozenset(
+    {
+        "fullDocument",
+        "fullDocumentBeforeChange",
+        "resumeAfter",
+        "startAfter",
+        "startAtOperationTime",
+        "allChangesForCluster",
+        "showExpandedEvents",
+        "showMigrationEvents",
+        "showSystemEvents",
+        "$_generateV2ResumeTokens",
+    }
+)
 # Stages allowed after $changeStream (the server's allow-list, minus those simcluster lacks).
-_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
-                     "$redact", "$changeStreamSplitLargeEvent"})
+_STAGES = frozenset(
+    {
+        "$match",
+        "$project",
+        "$addFields",
+        "$set",
+        "$unset",
+        "$replaceRoot",
+        "$replaceWith",
+        "$redact",
+        "$changeStreamSplitLargeEvent",
+    }
+)
 _IMAGE_MODES = ("whenAvailable", "required")
 # Each option's Python type and the IDL's type name (document_source_change_stream.idl): tokens are
 # `resumeToken` (bson_serialization_type object), the modes are string enums, the flags bool.
 _OPTION_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "resumeAfter": (dict, "object"), "startAfter": (dict, "object"), "startAtOperationTime": (Timestamp, "timestamp"),
-    "fullDocument": (str, "string"), "fullDocumentBeforeChange": (str, "string"),
-    **{flag: (bool, "bool") for flag in ("allChangesForCluster", "showExpandedEvents", "showMigrationEvents",
-                                         "showSystemEvents", "$_generateV2ResumeTokens")}}
+    "resumeAfter": (dict, "object"),
+    "startAfter": (dict, "object"),
+    "startAtOperationTime": (Timestamp, "timestamp"),
+    "fullDocument": (str, "string"),
+    "fullDocumentBeforeChange": (str, "string"),
+    **{
+        flag: (bool, "bool")
+        for flag in (
+            "allChangesForCluster",
+            "showExpandedEvents",
+            "showMigrationEvents",
+            "showSystemEvents",
+            "$_generateV2ResumeTokens",
+        )
+    },
+}
 # The events that end a stream (isInvalidatingCommand); a collection stream sees dropDatabase never
 # (the reference's filter), its own collection's drop or rename only.
 _INVALIDATING = {"collection": ("drop", "rename"), "database": ("dropDatabase",)}
@@ -84,10 +118,18 @@ class OplogSource(Protocol):
 
 
 class NativeStream:
-    def __init__(self, nodes: list[OplogSource], db: str, coll: str | None, spec: dict[str, Any],
-                 stages: list[dict[str, Any]], *, version: int = 2,
-                 topology: Callable[[], list[tuple[OplogSource, Timestamp]]] | None = None,
-                 split: bool = False) -> None:
+    def __init__(
+        self,
+        nodes: list[OplogSource],
+        db: str,
+        coll: str | None,
+        spec: dict[str, Any],
+        stages: list[dict[str, Any]],
+        *,
+        version: int = 2,
+        topology: Callable[[], list[tuple[OplogSource, Timestamp]]] | None = None,
+        split: bool = False,
+    ) -> None:
         self.nodes = nodes
         # mongos: every shard with the time it joined, in joining order. A shard added after the
         # stream opened is read from its topologyTime, like mongos's kNewShardDetected handling.
@@ -95,7 +137,11 @@ class NativeStream:
         self.spec = spec
         self.version = version
         self.db, self.coll = db, coll
-        self.scope = "cluster" if spec.get("allChangesForCluster") else ("database" if coll is None else "collection")
+        self.scope = (
+            "cluster"
+            if spec.get("allChangesForCluster")
+            else ("database" if coll is None else "collection")
+        )
         self.full_document = spec.get("fullDocument", "default")
         self.before_change = spec.get("fullDocumentBeforeChange", "off")
         # Which member set each pending event came from: its pre- and post-images live there.
@@ -122,13 +168,19 @@ class NativeStream:
         if token is not None:
             data = decode_token(token)
             if data.from_invalidate and "resumeAfter" in spec:
-                raise MongoError(260, "Attempting to resume a change stream using 'resumeAfter' is not allowed "
-                                 "from an invalidate notification.")
+                raise MongoError(
+                    260,
+                    "Attempting to resume a change stream using 'resumeAfter' is not allowed "
+                    "from an invalidate notification.",
+                )
             start = data.cluster_time
             self.skip_key = token_sort_key(token)
             if data.fragment_num is not None and not split:
-                raise MongoError("ChangeStreamFatalError", "To resume from a split event, the $changeStream pipeline "
-                                 f"must include a {SPLIT_STAGE} stage")
+                raise MongoError(
+                    "ChangeStreamFatalError",
+                    "To resume from a split event, the $changeStream pipeline "
+                    f"must include a {SPLIT_STAGE} stage",
+                )
             fragment = fragment_of(data)
             if data.token_type == EVENT_TOKEN and not data.from_invalidate:
                 self.must_meet = fragment[0] if fragment is not None else self.skip_key
@@ -138,20 +190,27 @@ class NativeStream:
         else:
             start = spec.get("startAtOperationTime") or nodes[0].clock.now()
             if "startAtOperationTime" not in spec:
-                start = Timestamp(start.time, start.inc + 1)  # a new stream sees what happens after now
+                start = Timestamp(
+                    start.time, start.inc + 1
+                )  # a new stream sees what happens after now
             self.skip_key = token_sort_key(high_water_mark(start, version))
             self.last_token = high_water_mark(start, version)
         self.positions = [ts_key(start) - 1 for _ in nodes]
         for node in nodes:
             first = node.oplog.first_key()
             if ts_key(start) < first and node.oplog.truncated_before:
-                raise MongoError("ChangeStreamHistoryLost", "Resume of change stream was not possible, as the resume "
-                                 "point may no longer be in the oplog.")
+                raise MongoError(
+                    "ChangeStreamHistoryLost",
+                    "Resume of change stream was not possible, as the resume "
+                    "point may no longer be in the oplog.",
+                )
         self.pending: list[RefEvent] = []
         self.ready: collections.deque[RefEvent] = collections.deque()
         self.frontier = min(self.positions)
         self.done = False
-        self.end_token: dict[str, Any] | None = None  # the invalidate's token, once the stream ended
+        self.end_token: dict[str, Any] | None = (
+            None  # the invalidate's token, once the stream ended
+        )
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -160,18 +219,23 @@ class NativeStream:
         be newer than a shard added before it, so the frontier never passed the new shard's start."""
         if self.topology is None:
             return
-        for node, joined in self.topology()[len(self.nodes):]:
+        for node, joined in self.topology()[len(self.nodes) :]:
             self.nodes.append(node)
             self.positions.append(max(ts_key(joined) - 1, self.frontier))
             self.transformers.append(self._transformer(node))
 
     def _transformer(self, node: OplogSource) -> ReferenceTransformer:
-        return ReferenceTransformer(db=self.db, coll=self.coll, cluster=self.scope == "cluster",
-                                    expanded=bool(self.spec.get("showExpandedEvents")),
-                                    migration=bool(self.spec.get("showMigrationEvents")),
-                                    system_events=bool(self.spec.get("showSystemEvents")),
-                                    version=self.version, resumed_from=self.resumed_from,
-                                    chain=node.oplog.chain_through)
+        return ReferenceTransformer(
+            db=self.db,
+            coll=self.coll,
+            cluster=self.scope == "cluster",
+            expanded=bool(self.spec.get("showExpandedEvents")),
+            migration=bool(self.spec.get("showMigrationEvents")),
+            system_events=bool(self.spec.get("showSystemEvents")),
+            version=self.version,
+            resumed_from=self.resumed_from,
+            chain=node.oplog.chain_through,
+        )
 
     def _poll(self) -> list[RefEvent]:
         self._join_new_shards()
@@ -189,7 +253,10 @@ class NativeStream:
                 self.positions[i] = node.oplog.entry_key(raws[-1])
         # Every shard has been read through its position: nothing at or below the oldest can still come.
         frontier = self.frontier = min(self.positions)
-        ready = sorted((e for e in self.pending if ts_key(e.cluster_time) <= frontier), key=lambda e: e.sort_key)
+        ready = sorted(
+            (e for e in self.pending if ts_key(e.cluster_time) <= frontier),
+            key=lambda e: e.sort_key,
+        )
         self.pending = [e for e in self.pending if ts_key(e.cluster_time) > frontier]
         return ready
 
@@ -200,24 +267,33 @@ class NativeStream:
         wants_post = ev.op_type == "update" and self.full_document != "default"
         wants_pre = self.before_change != "off" and ev.op_type in ("update", "replace", "delete")
         doc = ev.doc
-        images = origin.images.get((ev.image_key[0], ts_key(ev.image_key[1]), ev.image_key[2])) \
-            if origin is not None and ev.image_key is not None else None
+        images = (
+            origin.images.get((ev.image_key[0], ts_key(ev.image_key[1]), ev.image_key[2]))
+            if origin is not None and ev.image_key is not None
+            else None
+        )
         if wants_post:
             if self.full_document == "updateLookup":
                 after = node_for_lookup(f"{ev.db}.{ev.coll}", doc["documentKey"])
             else:  # whenAvailable / required: the post-image recorded with the write
                 after = images[1] if images is not None else None
                 if after is None and self.full_document == "required":
-                    raise MongoError("NoMatchingDocument", "Change stream was configured to require a post-image "
-                                     "for all update events, but the post-image was not found for event: "
-                                     f"{_image_error_text(doc)}")
+                    raise MongoError(
+                        "NoMatchingDocument",
+                        "Change stream was configured to require a post-image "
+                        "for all update events, but the post-image was not found for event: "
+                        f"{_image_error_text(doc)}",
+                    )
             doc = _with_full_document(doc, after)
         if wants_pre:
             before = images[0] if images is not None else None
             if before is None and self.before_change == "required":
-                raise MongoError("NoMatchingDocument", "Change stream was configured to require a pre-image for all "
-                                 "update, delete and replace events, but the pre-image was not found for event: "
-                                 f"{_image_error_text(doc)}")
+                raise MongoError(
+                    "NoMatchingDocument",
+                    "Change stream was configured to require a pre-image for all "
+                    "update, delete and replace events, but the pre-image was not found for event: "
+                    f"{_image_error_text(doc)}",
+                )
             # DocumentSourceChangeStreamAddPreImage sets a field the event does not have (it
             # removes the transform's preImageId): Document appends it, after every other field.
             doc = {**doc, "fullDocumentBeforeChange": before}
@@ -275,16 +351,23 @@ class NativeStream:
                             shaped = None
                         skip, self.met = self.skip_fragments, True
                     elif not self.met:
-                        raise MongoError("ChangeStreamFatalError", "cannot resume stream; the resume token was not "
-                                         f"found. {token_text(ev.token)}")
+                        raise MongoError(
+                            "ChangeStreamFatalError",
+                            "cannot resume stream; the resume token was not "
+                            f"found. {token_text(ev.token)}",
+                        )
                     else:
                         self.must_meet = None  # passed it
-                if shaped is not None:  # (one the stages dropped is never a resume point, as on a server)
+                if (
+                    shaped is not None
+                ):  # (one the stages dropped is never a resume point, as on a server)
                     if len(shaped.raw) > MEASURE_ABOVE_BYTES or skip:
                         shaped = self._large(shaped.raw, skip)
                     if isinstance(shaped, list):  # fragments: returned from the top of the loop
                         self.held.extend(shaped)
-                    elif self.held or (out and size + len(shaped.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT):
+                    elif self.held or (
+                        out and size + len(shaped.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT
+                    ):
                         self.held.append((shaped, ev.token))
                     else:
                         out.append(shaped)
@@ -295,7 +378,9 @@ class NativeStream:
                     # ahead of the user's stages: a $match may drop it, and the stream ends all the same.
                     inv = invalidate_for(ev)
                     self.end_token = inv.token
-                    inv_doc = apply_stages(inv.doc, self.stages, inv.token) if self.stages else inv.doc
+                    inv_doc = (
+                        apply_stages(inv.doc, self.stages, inv.token) if self.stages else inv.doc
+                    )
                     if inv_doc is None:
                         pass
                     elif self.held:
@@ -315,10 +400,14 @@ class NativeStream:
             if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
                 if trio.current_time() >= deadline:
                     return out
-                await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
+                await (
+                    trio.lowlevel.checkpoint()
+                )  # a long catch-up must not starve other connections
                 continue  # more entries to read right away
             if not self.pending:
-                hwm = high_water_mark(Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version)
+                hwm = high_water_mark(
+                    Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version
+                )
                 if token_sort_key(hwm) > token_sort_key(self.last_token):
                     self.last_token = hwm
             if trio.current_time() >= deadline:
@@ -345,6 +434,7 @@ def _image_error_text(event: dict[str, Any]) -> str:
     """The event as a missing image's error names it (ChangeStreamAddPreImageStage::
     makePreImageNotFoundErrorMsg, also used for post-images): a Document of operationType, ns,
     clusterTime and txnNumber, printed by Document::toString (a missing field left out)."""
+
     def text(value: Any) -> str:
         if isinstance(value, dict):
             return "{" + ", ".join(f"{k}: {text(v)}" for k, v in value.items()) + "}"
@@ -352,7 +442,9 @@ def _image_error_text(event: dict[str, Any]) -> str:
             return f"Timestamp({value.time}, {value.inc})"
         return _element_text(value)
 
-    return text({k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event})
+    return text(
+        {k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event}
+    )
 
 
 def _element_text(value: Any) -> str:
@@ -371,7 +463,9 @@ async def _wake(node: Any, nursery: Any) -> None:
     nursery.cancel_scope.cancel()
 
 
-def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+def parse_change_stream(
+    cmd: dict[str, Any], version: int = 2
+) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
     """The $changeStream spec, the stages after it but $changeStreamSplitLargeEvent, and whether
     that one ends the pipeline; `version` 1 is a 5.0 server (no expanded events, no pre-images)."""
     pipeline = cmd.get("pipeline", [])
@@ -381,26 +475,43 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     if cmd.get("explain"):
         raise MongoError("NotImplemented", "simcluster does not explain change streams")
     if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
-        raise MongoError("NotImplemented", "simcluster does not compare by a collation in a change stream")
+        raise MongoError(
+            "NotImplemented", "simcluster does not compare by a collation in a change stream"
+        )
     if not isinstance(spec, dict):
         # DocumentSourceChangeStream::LiteParsed (document_source_change_stream.h).
-        raise MongoError(6188500, f"$changeStream must take a nested object but found: $changeStream: "
-                         f"{_element_text(spec)}")
+        raise MongoError(
+            6188500,
+            f"$changeStream must take a nested object but found: $changeStream: "
+            f"{_element_text(spec)}",
+        )
     # The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
     # an unknown field, then each field's BSON type; the enums' values after that.
     for key, value in spec.items():
-        if key not in _OPTIONS or (key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2):
-            raise MongoError("IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field.")
-        if not isinstance(value, _OPTION_TYPES[key][0]) or (_OPTION_TYPES[key][1] != "bool"
-                                                              and isinstance(value, bool)):
+        if key not in _OPTIONS or (
+            key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
+        ):
+            raise MongoError(
+                "IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field."
+            )
+        if not isinstance(value, _OPTION_TYPES[key][0]) or (
+            _OPTION_TYPES[key][1] != "bool" and isinstance(value, bool)
+        ):
             raise wrong_type(f"$changeStream.{key}", value, _OPTION_TYPES[key][1])
-    for key, allowed in (("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
-                         ("fullDocumentBeforeChange", ("off", "whenAvailable", "required"))):
+    for key, allowed in (
+        ("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
+        ("fullDocumentBeforeChange", ("off", "whenAvailable", "required")),
+    ):
         if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
-            raise MongoError("BadValue", f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
-                             "a valid value.")
+            raise MongoError(
+                "BadValue",
+                f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
+                "a valid value.",
+            )
     if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
-        raise MongoError(40674, "Only one type of resume option is allowed, but multiple were found.")
+        raise MongoError(
+            40674, "Only one type of resume option is allowed, but multiple were found."
+        )
     for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
@@ -410,7 +521,9 @@ def parse_change_stream(cmd: dict[str, Any], version: int = 2) -> tuple[dict[str
     stages, split = without_split_stage(pipeline[1:])
     if (unsupported := unsupported_in_stages(stages)) is not None:
         # Said at once, not as some later event's error or, worse, as events shaped wrongly.
-        raise MongoError("NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream")
+        raise MongoError(
+            "NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream"
+        )
     return spec, stages, split
 
 
@@ -421,8 +534,11 @@ def _check_read_concern(read_concern: Any) -> None:
     local and linearizable fail; majority, and none, work)."""
     level = read_concern.get("level") if isinstance(read_concern, dict) else None
     if level is not None and level != "majority":
-        raise MongoError("InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
-                         f"than 'majority'. Current readConcern: {level}")
+        raise MongoError(
+            "InvalidOptions",
+            "Aggregation stage $changeStream cannot run with a readConcern other "
+            f"than 'majority'. Current readConcern: {level}",
+        )
 
 
 def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: Any) -> None:
@@ -432,19 +548,35 @@ def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: A
     collection (InvalidNamespace); and never on a view (CommandNotSupportedOnView, the
     "is a view, not a collection" of AutoGetCollection; jstests/change_streams/ddl_view_events.js)."""
     if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
-        raise MongoError("InvalidOptions", "A change stream with 'allChangesForCluster:true' may only be opened on "
-                         "the 'admin' database, and with no collection name")
+        raise MongoError(
+            "InvalidOptions",
+            "A change stream with 'allChangesForCluster:true' may only be opened on "
+            "the 'admin' database, and with no collection name",
+        )
     if db == "admin" and not spec.get("allChangesForCluster") or db in ("local", "config"):
-        raise MongoError("InvalidNamespace", f"$changeStream may not be opened on the internal {db} database")
+        raise MongoError(
+            "InvalidNamespace", f"$changeStream may not be opened on the internal {db} database"
+        )
     if coll is not None and coll.startswith("system."):
-        raise MongoError("InvalidNamespace", f"$changeStream may not be opened on the internal {db}.{coll} "
-                         "collection")
+        raise MongoError(
+            "InvalidNamespace",
+            f"$changeStream may not be opened on the internal {db}.{coll} collection",
+        )
     if coll is not None and is_view is not None and is_view(f"{db}.{coll}"):
-        raise MongoError("CommandNotSupportedOnView", f"Namespace {db}.{coll} is a view, not a collection")
+        raise MongoError(
+            "CommandNotSupportedOnView", f"Namespace {db}.{coll} is a view, not a collection"
+        )
 
 
-async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: list[Any] | None = None,
-                             lookup: Any = None, topology: Any = None, is_view: Any = None) -> dict[str, Any]:
+async def open_native_stream(
+    server: Any,
+    db: str,
+    cmd: dict[str, Any],
+    nodes: list[Any] | None = None,
+    lookup: Any = None,
+    topology: Any = None,
+    is_view: Any = None,
+) -> dict[str, Any]:
     """Serve an aggregate whose first stage is $changeStream; `nodes` are the oplogs to read;
     `is_view(ns)` says whether a namespace is a view."""
     # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
@@ -457,7 +589,9 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
     _check_namespace(db, coll, spec, is_view)
     if nodes is None:
         nodes = list(server.shards.values())
-    stream = NativeStream(nodes, db, coll, spec, stages, version=version, topology=topology, split=split)
+    stream = NativeStream(
+        nodes, db, coll, spec, stages, version=version, topology=topology, split=split
+    )
     ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
 
     async def fetch(limit: int, deadline: float) -> list[Any]:
@@ -467,8 +601,15 @@ async def open_native_stream(server: Any, db: str, cmd: dict[str, Any], nodes: l
             exc.change_stream = True  # type: ignore[attr-defined]
             raise
 
-    cursor = Cursor(ns, fetch=fetch, tailable=True, await_data=True, change_stream=True,
-                    extra=lambda: {"postBatchResumeToken": stream.last_token}, done=lambda: stream.done)
+    cursor = Cursor(
+        ns,
+        fetch=fetch,
+        tailable=True,
+        await_data=True,
+        change_stream=True,
+        extra=lambda: {"postBatchResumeToken": stream.last_token},
+        done=lambda: stream.done,
+    )
     batch = cmd.get("cursor", {}).get("batchSize")
     # No batchSize: every event there is now (batchSize 0 gives none, as for find).
     return {"cursor": await server.cursors.first_batch(cursor, 1 << 30 if batch is None else batch)}

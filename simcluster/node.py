@@ -43,7 +43,13 @@ from simcluster.oplog import ClusterClock, Oplog, ts_key
 from simcluster.replset import ReplicaSet
 from simcluster.server import DECODE, CommandServer, Request
 from simcluster.storage import Collection, id_key
-from simcluster.transactions import Transaction, TransactionTable, TxnKey, no_such_transaction, txn_key
+from simcluster.transactions import (
+    Transaction,
+    TransactionTable,
+    TxnKey,
+    no_such_transaction,
+    txn_key,
+)
 from simcluster.updates import apply_update, pipeline_entry, replaced_by_pipeline, update_with_entry
 
 log = logging.getLogger("simcluster")
@@ -52,11 +58,37 @@ OPLOG_NS = "local.oplog.rs"
 PREIMAGES_NS = "config.system.preimages"
 # Commands a secondary refuses with NotWritablePrimary, and reads it serves only with secondaryOk
 # (a non-primary $readPreference; drivers send primaryPreferred on a direct connection).
-WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findandmodify", "create", "drop", "dropdatabase",
-                            "createindexes", "dropindexes", "collmod", "renamecollection", "appendoplognote",
-                            "committransaction", "aborttransaction"})
-READ_COMMANDS = frozenset({"find", "aggregate", "count", "distinct", "listcollections", "listindexes",
-                                 "listdatabases", "dbstats", "collstats"})
+WRITE_COMMANDS = frozenset(
+    {
+        "insert",
+        "update",
+        "delete",
+        "findandmodify",
+        "create",
+        "drop",
+        "dropdatabase",
+        "createindexes",
+        "dropindexes",
+        "collmod",
+        "renamecollection",
+        "appendoplognote",
+        "committransaction",
+        "aborttransaction",
+    }
+)
+READ_COMMANDS = frozenset(
+    {
+        "find",
+        "aggregate",
+        "count",
+        "distinct",
+        "listcollections",
+        "listindexes",
+        "listdatabases",
+        "dbstats",
+        "collstats",
+    }
+)
 
 
 def _wall(key: int) -> datetime.datetime:
@@ -71,13 +103,14 @@ _I32 = struct.Struct("<i")
 # The bucket span of each time-series granularity (timeseries::getMaxSpanSecondsFromGranularity).
 _BUCKET_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
 
+
 class _SessionBytes(NamedTuple):
     """A retryable write's session fields as bytes, around each statement's stmtId."""
 
     lsid_id: bytes
     txn_number: int
-    head: bytes   # lsid, txnNumber: before op
-    tail: bytes   # prevOpTime: after wall
+    head: bytes  # lsid, txnNumber: before op
+    tail: bytes  # prevOpTime: after wall
 
 
 def _logged_lsid(cmd: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +129,9 @@ def _session_bytes(cmd: dict[str, Any]) -> _SessionBytes | None:
     if cached is None:
         head = bson.encode({"lsid": _logged_lsid(cmd), "txnNumber": Int64(cmd["txnNumber"])})[4:-1]
         tail = bson.encode({"prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}})[4:-1]
-        cached = cmd["$session_bytes"] = _SessionBytes(bytes(cmd["lsid"]["id"]), int(cmd["txnNumber"]), head, tail)
+        cached = cmd["$session_bytes"] = _SessionBytes(
+            bytes(cmd["lsid"]["id"]), int(cmd["txnNumber"]), head, tail
+        )
     return cached
 
 
@@ -108,10 +143,15 @@ class SentInserts:
     def __init__(self, node: ShardNode, ns: str, cmd: Any) -> None:
         self.node, self.ns = node, ns
         self.session = _session_bytes(cmd)
-        self.known = (node.applier.statements_of(self.session.lsid_id, self.session.txn_number)
-                      if self.session is not None else None)
+        self.known = (
+            node.applier.statements_of(self.session.lsid_id, self.session.txn_number)
+            if self.session is not None
+            else None
+        )
         shard_key = node.shard_keys.get(ns)
-        self.whole_key = bool(shard_key) and set(shard_key or ()) != {"_id"}  # documentKey beyond _id
+        self.whole_key = bool(shard_key) and set(shard_key or ()) != {
+            "_id"
+        }  # documentKey beyond _id
         self.coll: Collection | None = None
         self.head = b""
         self.wall_ms = int(time.time() * 1000)  # one clock reading for the command's writes
@@ -133,19 +173,30 @@ class SentInserts:
             return False  # a time-series collection: its writes go to its buckets (insert_one)
         t, value = ident
         # A string's or an ObjectId's id_key is its BSON bytes: made straight from the sent bytes.
-        key = b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value) if t in (0x02, 0x07) else id_key(doc["_id"])
+        key = (
+            b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value)
+            if t in (0x02, 0x07)
+            else id_key(doc["_id"])
+        )
         coll.check_unique(doc, self.ns, key=key)
         coll.put(doc, key=key)
         if self.whole_key:
             o2 = bson.encode(node.document_key(self.ns, doc))
         else:
-            o2 = b"%b%b\x00" % (_I32.pack(len(value) + 10), raw[4:9 + len(value)])
+            o2 = b"%b%b\x00" % (_I32.pack(len(value) + 10), raw[4 : 9 + len(value)])
         session = self.session
         if session is None:
-            node.oplog.append_body(b"%b%b\x03o2\x00%b" % (self.head, raw, o2), wake=False, wall_ms=self.wall_ms)
+            node.oplog.append_body(
+                b"%b%b\x03o2\x00%b" % (self.head, raw, o2), wake=False, wall_ms=self.wall_ms
+            )
         else:
-            node.oplog.append_body(b"%b%b\x03o2\x00%b\x10stmtId\x00%b" % (self.head, raw, o2, _I32.pack(stmt_id)),
-                                   head=session.head, tail=session.tail, wake=False, wall_ms=self.wall_ms)
+            node.oplog.append_body(
+                b"%b%b\x03o2\x00%b\x10stmtId\x00%b" % (self.head, raw, o2, _I32.pack(stmt_id)),
+                head=session.head,
+                tail=session.tail,
+                wake=False,
+                wall_ms=self.wall_ms,
+            )
             assert self.known is not None
             self.known.add(stmt_id)
         return True
@@ -157,13 +208,33 @@ def _drop_index(coll: Collection, name: str) -> None:
 
 
 # Generic command arguments (and the simulator's own cached keys): never collection options.
-_GENERIC_ARGS = frozenset({
-    "lsid", "txnNumber", "autocommit", "startTransaction", "$clusterTime", "writeConcern",
-    "readConcern", "$readPreference", "$db", "comment", "maxTimeMS", "apiVersion", "apiStrict",
-    "apiDeprecationErrors", "stmtId", "$lsid_logged", "$session_bytes", "$raw_documents"})
+_GENERIC_ARGS = frozenset(
+    {
+        "lsid",
+        "txnNumber",
+        "autocommit",
+        "startTransaction",
+        "$clusterTime",
+        "writeConcern",
+        "readConcern",
+        "$readPreference",
+        "$db",
+        "comment",
+        "maxTimeMS",
+        "apiVersion",
+        "apiStrict",
+        "apiDeprecationErrors",
+        "stmtId",
+        "$lsid_logged",
+        "$session_bytes",
+        "$raw_documents",
+    }
+)
 
 # The stages an update pipeline may hold (the others fail as on a server).
-_UPDATE_PIPELINE_STAGES = frozenset({"$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"})
+_UPDATE_PIPELINE_STAGES = frozenset(
+    {"$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"}
+)
 
 
 class ShardNode(CommandServer):
@@ -173,11 +244,23 @@ class ShardNode(CommandServer):
     default) is the primary of a set of one.
     """
 
-    runtime_parameters = {**CommandServer.runtime_parameters, "periodicNoopIntervalSecs": "periodic_noop_interval_s",
-                          "transactionLifetimeLimitSeconds": "transaction_lifetime_s"}
+    runtime_parameters = {
+        **CommandServer.runtime_parameters,
+        "periodicNoopIntervalSecs": "periodic_noop_interval_s",
+        "transactionLifetimeLimitSeconds": "transaction_lifetime_s",
+    }
 
-    def __init__(self, clock: ClusterClock, host: str, port: int, set_name: str, *, version: str = "7.0",
-                 oplog_bytes: int = 1 << 30, initiate: bool = True) -> None:
+    def __init__(
+        self,
+        clock: ClusterClock,
+        host: str,
+        port: int,
+        set_name: str,
+        *,
+        version: str = "7.0",
+        oplog_bytes: int = 1 << 30,
+        initiate: bool = True,
+    ) -> None:
         super().__init__(clock, host, port, version=version)
         self.set_name = set_name
         self.oplog = Oplog(clock, cap_bytes=oplog_bytes)
@@ -186,26 +269,42 @@ class ShardNode(CommandServer):
         self.election_id = ObjectId("7fffffff0000000000000001")
         self.state = "PRIMARY" if initiate else "SECONDARY"
         self.up = True
-        self.in_sync = True             # False from a restart until it caught up (or resynced)
-        self.frozen_until = -math.inf   # replSetStepDown: not electable before this trio time
+        self.in_sync = True  # False from a restart until it caught up (or resynced)
+        self.frozen_until = -math.inf  # replSetStepDown: not electable before this trio time
         # After an election this member lost entries to: its last entry the set's history shares.
         # Entries after it are rolled back at its next sync; until then they count for nothing.
         self.branch_end: int | None = None
         # ns -> shard key pattern (set by the router), so o2/documentKey holds shard key + _id.
         self.shard_keys: dict[str, dict[str, Any]] = {}
-        self.commands.update({
-            "insert": self.cmd_insert, "update": self.cmd_update, "delete": self.cmd_delete,
-            "find": self.cmd_find, "count": self.cmd_count, "distinct": self.cmd_distinct,
-            "aggregate": self.cmd_aggregate, "findandmodify": self.cmd_find_and_modify,
-            "create": self.cmd_create, "drop": self.cmd_drop, "dropdatabase": self.cmd_drop_database,
-            "listdatabases": self.cmd_list_databases, "listcollections": self.cmd_list_collections,
-            "listindexes": self.cmd_list_indexes, "createindexes": self.cmd_create_indexes,
-            "dropindexes": self.cmd_drop_indexes, "collmod": self.cmd_coll_mod,
-            "renamecollection": self.cmd_rename, "appendoplognote": self.cmd_append_oplog_note,
-            "replsetgetstatus": self.cmd_repl_status, "replsetstepdown": self.cmd_step_down,
-            "dbstats": self.cmd_db_stats, "collstats": self.cmd_coll_stats,
-            "committransaction": self.cmd_commit_transaction, "aborttransaction": self.cmd_abort_transaction,
-        })
+        self.commands.update(
+            {
+                "insert": self.cmd_insert,
+                "update": self.cmd_update,
+                "delete": self.cmd_delete,
+                "find": self.cmd_find,
+                "count": self.cmd_count,
+                "distinct": self.cmd_distinct,
+                "aggregate": self.cmd_aggregate,
+                "findandmodify": self.cmd_find_and_modify,
+                "create": self.cmd_create,
+                "drop": self.cmd_drop,
+                "dropdatabase": self.cmd_drop_database,
+                "listdatabases": self.cmd_list_databases,
+                "listcollections": self.cmd_list_collections,
+                "listindexes": self.cmd_list_indexes,
+                "createindexes": self.cmd_create_indexes,
+                "dropindexes": self.cmd_drop_indexes,
+                "collmod": self.cmd_coll_mod,
+                "renamecollection": self.cmd_rename,
+                "appendoplognote": self.cmd_append_oplog_note,
+                "replsetgetstatus": self.cmd_repl_status,
+                "replsetstepdown": self.cmd_step_down,
+                "dbstats": self.cmd_db_stats,
+                "collstats": self.cmd_coll_stats,
+                "committransaction": self.cmd_commit_transaction,
+                "aborttransaction": self.cmd_abort_transaction,
+            }
+        )
         self.transactions = TransactionTable(self.oplog, self.applier.record_images)
         if initiate:
             self.oplog.append({"op": "n", "ns": "", "o": {"msg": "initiating set"}})
@@ -217,7 +316,9 @@ class ShardNode(CommandServer):
         # balancer waits for transactions on a collection). Settable with setParameter.
         self.transaction_lifetime_s = 60
         self.expired_transaction_passes = 0  # serverStatus metrics.abortExpiredTransactions.passes
-        self.replset: ReplicaSet  # assigned by the ReplicaSet this member joins (open_cluster builds both)
+        self.replset: (
+            ReplicaSet  # assigned by the ReplicaSet this member joins (open_cluster builds both)
+        )
 
     @property
     def is_primary(self) -> bool:
@@ -243,6 +344,7 @@ class ShardNode(CommandServer):
         """The server's abortExpiredTransactions job: a pass every half lifetime, at most a
         minute apart. The period is read again every quarter second, so a setParameter takes
         effect at once, as the server's parameter hook resets the job's period."""
+
         def expired(key: TxnKey, txn: Transaction) -> bool:
             return time.monotonic() - txn.started >= self.transaction_lifetime_s
 
@@ -275,7 +377,12 @@ class ShardNode(CommandServer):
             await self.wait_running()
             source = rs.primary_node
             # stopReplProducer: the server's fail point that stops this member fetching entries.
-            if self.is_primary or source is None or source is self or "stopReplProducer" in self.fail_points:
+            if (
+                self.is_primary
+                or source is None
+                or source is self
+                or "stopReplProducer" in self.fail_points
+            ):
                 await trio.sleep(0.05)  # nothing to sync from: roles change rarely, look again soon
                 continue
             mine = self.oplog.last_key()
@@ -287,7 +394,9 @@ class ShardNode(CommandServer):
             if source is not rs.primary_node:
                 continue
             if mine and (not source.oplog.contains(mine) or mine < source.oplog.first_key()):
-                self._resync(source)  # rolled-back entries, or too stale to catch up: copy the primary
+                self._resync(
+                    source
+                )  # rolled-back entries, or too stale to catch up: copy the primary
             else:
                 for raw in source.oplog.read_after(mine, 10_000):
                     doc = bson.decode(raw, DECODE)
@@ -300,7 +409,9 @@ class ShardNode(CommandServer):
             await trio.lowlevel.checkpoint()
 
     def _resync(self, source: ShardNode) -> None:
-        log.info("%s: rolling back to the primary's state (resync from %s)", self.address, source.address)
+        log.info(
+            "%s: rolling back to the primary's state (resync from %s)", self.address, source.address
+        )
         self.dbs.clear()
         self.dbs.update(copy.deepcopy(source.dbs))
         self.applier.pending = copy.deepcopy(source.applier.pending)
@@ -332,7 +443,9 @@ class ShardNode(CommandServer):
         while self.branch_end is not None and self.branch_end <= key:
             if not await self.replset.wait_changed(deadline):
                 return False
-        return await self.replset.wait_commit_beyond(key, deadline) and await self.oplog.wait_beyond(key, deadline)
+        return await self.replset.wait_commit_beyond(
+            key, deadline
+        ) and await self.oplog.wait_beyond(key, deadline)
 
     # -- roles: what a secondary refuses (mongodb-formats.md D: 10107, 13435) -------------------------
 
@@ -351,7 +464,11 @@ class ShardNode(CommandServer):
             rp = cmd.get("$readPreference")
             secondary_ok = isinstance(rp, dict) and rp.get("mode", "primary") != "primary"
             if lname in READ_COMMANDS and not secondary_ok:
-                raise MongoError("NotPrimaryNoSecondaryOk", "not primary and secondaryOk=false", topologyVersion=tv)
+                raise MongoError(
+                    "NotPrimaryNoSecondaryOk",
+                    "not primary and secondaryOk=false",
+                    topologyVersion=tv,
+                )
         self.check_session(name, cmd)
 
     async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
@@ -369,7 +486,10 @@ class ShardNode(CommandServer):
         last, committed = self.oplog.last_key(), self.commit_key()
         primary = rs.primary_node
         out: dict[str, Any] = {
-            "isWritablePrimary": self.is_primary, "hosts": rs.hosts, "setName": self.set_name, "setVersion": 1,
+            "isWritablePrimary": self.is_primary,
+            "hosts": rs.hosts,
+            "setName": self.set_name,
+            "setVersion": 1,
             "secondary": not self.is_primary and self.in_sync,
         }
         if primary is not None:
@@ -377,8 +497,12 @@ class ShardNode(CommandServer):
         out["me"] = self.address
         if self.is_primary:
             out["electionId"] = self.election_id
-        out["lastWrite"] = {"opTime": self._optime(last), "lastWriteDate": _wall(last),
-                            "majorityOpTime": self._optime(committed), "majorityWriteDate": _wall(committed)}
+        out["lastWrite"] = {
+            "opTime": self._optime(last),
+            "lastWriteDate": _wall(last),
+            "majorityOpTime": self._optime(committed),
+            "majorityWriteDate": _wall(committed),
+        }
         return out
 
     async def cmd_repl_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -386,20 +510,46 @@ class ShardNode(CommandServer):
         committed = self._optime(rs.commit_key())
         members = []
         for i, m in enumerate(rs.members):
-            state, name = ((1, "PRIMARY") if m.is_primary else (2, "SECONDARY") if m.in_sync else
-                           (3, "RECOVERING")) if m.up else (8, "(not reachable/healthy)")
-            members.append({"_id": i, "name": m.address, "health": 1.0 if m.up else 0.0, "state": state,
-                            "stateStr": name, "optime": m._optime(m.oplog.last_key()),
-                            "optimeDate": _wall(m.oplog.last_key()), **({"self": True} if m is self else {})})
+            state, name = (
+                (
+                    (1, "PRIMARY")
+                    if m.is_primary
+                    else (2, "SECONDARY")
+                    if m.in_sync
+                    else (3, "RECOVERING")
+                )
+                if m.up
+                else (8, "(not reachable/healthy)")
+            )
+            members.append(
+                {
+                    "_id": i,
+                    "name": m.address,
+                    "health": 1.0 if m.up else 0.0,
+                    "state": state,
+                    "stateStr": name,
+                    "optime": m._optime(m.oplog.last_key()),
+                    "optimeDate": _wall(m.oplog.last_key()),
+                    **({"self": True} if m is self else {}),
+                }
+            )
         me = self._optime(self.oplog.last_key())
-        my_state = next(m["state"] for m in members if m.get("self"))  # RECOVERING (3) while catching up
-        return {"set": self.set_name, "myState": my_state, "term": Int64(rs.term),
-                "optimes": {"lastCommittedOpTime": committed, "appliedOpTime": me, "durableOpTime": me},
-                "members": members}
+        my_state = next(
+            m["state"] for m in members if m.get("self")
+        )  # RECOVERING (3) while catching up
+        return {
+            "set": self.set_name,
+            "myState": my_state,
+            "term": Int64(rs.term),
+            "optimes": {"lastCommittedOpTime": committed, "appliedOpTime": me, "durableOpTime": me},
+            "members": members,
+        }
 
     async def cmd_step_down(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if db != "admin":
-            raise MongoError("Unauthorized", "replSetStepDown may only be run against the admin database.")
+            raise MongoError(
+                "Unauthorized", "replSetStepDown may only be run against the admin database."
+            )
         secs = float(cmd.get("replSetStepDown") or 60)
         catch_up = float(cmd.get("secondaryCatchUpPeriodSecs", 10))
         await self.replset.step_down(self, secs, catch_up, bool(cmd.get("force")))
@@ -407,8 +557,14 @@ class ShardNode(CommandServer):
 
     # -- storage helpers ---------------------------------------------------------------------------
 
-    def coll(self, ns: str, *, create: bool = False, uuid: Any = None,
-             session: dict[str, Any] | None = None) -> Collection | None:
+    def coll(
+        self,
+        ns: str,
+        *,
+        create: bool = False,
+        uuid: Any = None,
+        session: dict[str, Any] | None = None,
+    ) -> Collection | None:
         """A collection; with `create`, made (and logged) when missing, inside the transaction
         of `session` if it has one."""
         db, _, name = ns.partition(".")
@@ -423,8 +579,9 @@ class ShardNode(CommandServer):
             return colls.get(coll.options["viewOn"], coll)
         return coll
 
-    def _log_ddl(self, entry: dict[str, Any], session: dict[str, Any] | None,
-                 undo: Callable[[], None]) -> None:
+    def _log_ddl(
+        self, entry: dict[str, Any], session: dict[str, Any] | None, undo: Callable[[], None]
+    ) -> None:
         """A DDL entry: inside the session's transaction when there is one (the server logs a
         create or createIndexes run in a transaction inside its applyOps, ddl_create_index_txn.js),
         else on its own. Retryable-write session fields are never logged on DDL."""
@@ -434,8 +591,15 @@ class ShardNode(CommandServer):
         else:
             self.oplog.append(entry)
 
-    def _create(self, db: str, name: str, options: dict[str, Any], uuid: Any = None, *,
-                session: dict[str, Any] | None = None) -> Collection:
+    def _create(
+        self,
+        db: str,
+        name: str,
+        options: dict[str, Any],
+        uuid: Any = None,
+        *,
+        session: dict[str, Any] | None = None,
+    ) -> Collection:
         if not name or "$" in name or not db:
             raise MongoError("InvalidNamespace", f"Invalid collection name: {db}.{name}")
         is_buckets = name.startswith("system.buckets.")
@@ -462,8 +626,12 @@ class ShardNode(CommandServer):
             self._log_ddl(entry, session, drop_view)
             return coll
         self.dbs.setdefault(db, {})[name] = coll
-        entry = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                 "o": create_entry_o(name, stored, options.get("idIndex"))}
+        entry = {
+            "op": "c",
+            "ns": f"{db}.$cmd",
+            "ui": coll.ui,
+            "o": create_entry_o(name, stored, options.get("idIndex")),
+        }
 
         def drop() -> None:  # the transaction aborted
             self.dbs.get(db, {}).pop(name, None)
@@ -475,21 +643,30 @@ class ShardNode(CommandServer):
         views = self.dbs.get(db, {}).get("system.views")
         return views if views is not None else self._create(db, "system.views", {}, session=session)
 
-    def _create_timeseries(self, db: str, name: str, options: dict[str, Any],
-                           session: dict[str, Any] | None) -> Collection:
+    def _create_timeseries(
+        self, db: str, name: str, options: dict[str, Any], session: dict[str, Any] | None
+    ) -> Collection:
         """A time-series collection, as 7.0/8.0 make one (timeseries::createCollection): the
         clustered `system.buckets.<name>` collection, then a view `<name>` on it that unpacks the
         buckets (ddl_view_events.js: the create event is the view's, on system.buckets.<name>)."""
         ts = dict(options["timeseries"])
         meta = {"metaField": ts["metaField"]} if "metaField" in ts else {}
-        ts_opts = {"timeField": ts["timeField"], **meta, "granularity": ts.get("granularity", "seconds"),
-                   "bucketMaxSpanSeconds": ts.get("bucketMaxSpanSeconds", 3600)}
+        ts_opts = {
+            "timeField": ts["timeField"],
+            **meta,
+            "granularity": ts.get("granularity", "seconds"),
+            "bucketMaxSpanSeconds": ts.get("bucketMaxSpanSeconds", 3600),
+        }
         buckets = f"system.buckets.{name}"
         rest = {k: v for k, v in options.items() if k not in ("timeseries", "idIndex")}
-        self._create(db, buckets, {**rest, "clusteredIndex": True, "timeseries": ts_opts},
-                     session=session)
-        unpack = {"timeField": ts_opts["timeField"], **meta,
-                  "bucketMaxSpanSeconds": ts_opts["bucketMaxSpanSeconds"]}
+        self._create(
+            db, buckets, {**rest, "clusteredIndex": True, "timeseries": ts_opts}, session=session
+        )
+        unpack = {
+            "timeField": ts_opts["timeField"],
+            **meta,
+            "bucketMaxSpanSeconds": ts_opts["bucketMaxSpanSeconds"],
+        }
         pipeline = [{"$_internalUnpackBucket": unpack}]
         view = self._create(db, name, {"viewOn": buckets, "pipeline": pipeline}, session=session)
         view.options["timeseries"] = ts_opts
@@ -513,17 +690,29 @@ class ShardNode(CommandServer):
         lsid = _logged_lsid(cmd)
         if cmd.get("autocommit") is False:
             return {"$txn": self.transactions.get_or_start(cmd, lsid)}
-        return {"lsid": lsid, "txnNumber": Int64(cmd["txnNumber"]), "stmtId": stmt_id,
-                "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
+        return {
+            "lsid": lsid,
+            "txnNumber": Int64(cmd["txnNumber"]),
+            "stmtId": stmt_id,
+            "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)},
+        }
 
-    def _log(self, entry: dict[str, Any], session: dict[str, Any], undo: Callable[[], None],
-             images: tuple[Any, Any] | None = None, coll: Collection | None = None) -> None:
+    def _log(
+        self,
+        entry: dict[str, Any],
+        session: dict[str, Any],
+        undo: Callable[[], None],
+        images: tuple[Any, Any] | None = None,
+        coll: Collection | None = None,
+    ) -> None:
         """Append a write's oplog entry, or hold it in its transaction until commit. `images` are
         the document before and after an update or delete, kept if the collection asks for them
         (in a transaction, at its commit)."""
         txn = session.get("$txn")
         if txn is not None:
-            txn.record(entry, undo, (coll, *images) if images is not None and coll is not None else None)
+            txn.record(
+                entry, undo, (coll, *images) if images is not None and coll is not None else None
+            )
             return
         entry.update(session)
         ts, _ = self.oplog.append(entry)
@@ -533,9 +722,13 @@ class ShardNode(CommandServer):
 
     def check_session(self, name: str, cmd: dict[str, Any]) -> None:
         """A statement of a transaction this node never started fails as the server does (251)."""
-        if cmd.get("autocommit") is False and not cmd.get("startTransaction") and "lsid" in cmd \
-                and name.lower() not in ("committransaction", "aborttransaction") \
-                and self.transactions.open(txn_key(cmd)) is None:
+        if (
+            cmd.get("autocommit") is False
+            and not cmd.get("startTransaction")
+            and "lsid" in cmd
+            and name.lower() not in ("committransaction", "aborttransaction")
+            and self.transactions.open(txn_key(cmd)) is None
+        ):
             raise no_such_transaction(txn_key(cmd))
 
     def kill_sessions(self, named: SessionsNamed) -> None:
@@ -545,21 +738,34 @@ class ShardNode(CommandServer):
 
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         reply = await super().cmd_server_status(db, cmd, req)
-        reply["metrics"]["abortExpiredTransactions"] = {"passes": Int64(self.expired_transaction_passes)}
+        reply["metrics"]["abortExpiredTransactions"] = {
+            "passes": Int64(self.expired_transaction_passes)
+        }
         return reply
 
-    async def cmd_commit_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_commit_transaction(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         self.transactions.commit(txn_key(cmd))
         return {}
 
-    async def cmd_abort_transaction(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_abort_transaction(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         self.transactions.abort(txn_key(cmd))
         return {}
 
     # -- writes ------------------------------------------------------------------------------------
 
-    def insert_one(self, ns: str, doc: dict[str, Any], session: dict[str, Any], *, from_migrate: bool = False,
-                   raw: bytes | None = None) -> None:
+    def insert_one(
+        self,
+        ns: str,
+        doc: dict[str, Any],
+        session: dict[str, Any],
+        *,
+        from_migrate: bool = False,
+        raw: bytes | None = None,
+    ) -> None:
         coll = self.coll(ns, create=True, session=session)
         assert coll is not None
         ns = f"{ns.partition('.')[0]}.{coll.name}"
@@ -569,9 +775,13 @@ class ShardNode(CommandServer):
         key = id_key(doc["_id"])
         coll.check_unique(doc, ns, key=key)
         coll.put(doc, key=key)
-        entry: dict[str, Any] = {"op": "i", "ns": ns, "ui": coll.ui,
-                                 "o": RawBSONDocument(raw, RAW) if raw is not None else doc,
-                                 "o2": self.document_key(ns, doc)}
+        entry: dict[str, Any] = {
+            "op": "i",
+            "ns": ns,
+            "ui": coll.ui,
+            "o": RawBSONDocument(raw, RAW) if raw is not None else doc,
+            "o2": self.document_key(ns, doc),
+        }
         if from_migrate:
             entry["fromMigrate"] = True
         self._log(entry, session, lambda: coll.remove(doc))
@@ -585,11 +795,14 @@ class ShardNode(CommandServer):
         coll = self.coll(ns)
         filt, upd = spec.get("q", {}), spec.get("u", {})
         if isinstance(upd, list):
-            return self._pipeline_update(ns, filt, upd, spec.get("multi", False), session,
-                                         bool(spec.get("upsert")))
+            return self._pipeline_update(
+                ns, filt, upd, spec.get("multi", False), session, bool(spec.get("upsert"))
+            )
         multi = spec.get("multi", False)
         if multi and upd and not next(iter(upd)).startswith("$"):
-            raise MongoError("FailedToParse", "multi update is not supported for replacement-style update")
+            raise MongoError(
+                "FailedToParse", "multi update is not supported for replacement-style update"
+            )
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
         for old in matched:
@@ -604,16 +817,27 @@ class ShardNode(CommandServer):
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
         if not matched and spec.get("upsert"):
-            base = {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
-            new = apply_update(base if upd and next(iter(upd)).startswith("$") else None, upd, is_insert=True)
+            base = {
+                k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)
+            }
+            new = apply_update(
+                base if upd and next(iter(upd)).startswith("$") else None, upd, is_insert=True
+            )
             if "_id" not in new:
                 new = {"_id": base.get("_id", ObjectId()), **new}
             self.insert_one(ns, new, session)
             out = {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
         return out
 
-    def _pipeline_update(self, ns: str, filt: dict[str, Any], pipeline: list[Any], multi: bool,
-                         session: dict[str, Any], upsert: bool = False) -> dict[str, Any]:
+    def _pipeline_update(
+        self,
+        ns: str,
+        filt: dict[str, Any],
+        pipeline: list[Any],
+        multi: bool,
+        session: dict[str, Any],
+        upsert: bool = False,
+    ) -> dict[str, Any]:
         """An update given as an aggregation pipeline; logged as the server logs it: the $v:2 diff of
         old -> new, or the whole new document when that diff is not smaller (updates.pipeline_entry)."""
         from simcluster.aggregate import run_pipeline
@@ -621,7 +845,9 @@ class ShardNode(CommandServer):
         for stage in pipeline:
             name = next(iter(stage), "")
             if name not in _UPDATE_PIPELINE_STAGES:
-                raise MongoError("InvalidOptions", f"{name} is not allowed to be used within an update")
+                raise MongoError(
+                    "InvalidOptions", f"{name} is not allowed to be used within an update"
+                )
         coll = self.coll(ns)
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = 0
@@ -638,8 +864,9 @@ class ShardNode(CommandServer):
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
         if not matched and upsert:
             # As the server: the pipeline runs on a document made of the filter's equalities.
-            base = {k: v for k, v in filt.items()
-                    if not k.startswith("$") and not isinstance(v, dict)}
+            base = {
+                k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)
+            }
             new = replaced_by_pipeline(base, run_pipeline([dict(base)], pipeline)[0])
             if "_id" not in new:
                 new = {"_id": ObjectId(), **new}
@@ -649,10 +876,19 @@ class ShardNode(CommandServer):
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['update']}"
-        return q.run_updates(cmd, lambda i, spec: self.update_docs(ns, spec, self._session_fields(cmd, i)))
+        return q.run_updates(
+            cmd, lambda i, spec: self.update_docs(ns, spec, self._session_fields(cmd, i))
+        )
 
-    def delete_docs(self, ns: str, filt: dict[str, Any], limit: int, session: dict[str, Any],
-                    *, from_migrate: bool = False) -> int:
+    def delete_docs(
+        self,
+        ns: str,
+        filt: dict[str, Any],
+        limit: int,
+        session: dict[str, Any],
+        *,
+        from_migrate: bool = False,
+    ) -> int:
         if self.applier.already_done(session):  # a retried statement: it deleted one
             return 1
         coll = self.coll(ns)
@@ -662,7 +898,12 @@ class ShardNode(CommandServer):
         for doc in self.select(ns, filt, limit=limit):
             coll.remove(doc)
             removed += 1
-            entry: dict[str, Any] = {"op": "d", "ns": ns, "ui": coll.ui, "o": self.document_key(ns, doc)}
+            entry: dict[str, Any] = {
+                "op": "d",
+                "ns": ns,
+                "ui": coll.ui,
+                "o": self.document_key(ns, doc),
+            }
             if from_migrate:
                 entry["fromMigrate"] = True
             self._log(entry, session, functools.partial(coll.put, doc), (doc, None), coll)
@@ -672,10 +913,14 @@ class ShardNode(CommandServer):
         ns = f"{db}.{cmd['delete']}"
         n = 0
         for i, spec in enumerate(cmd.get("deletes", [])):
-            n += self.delete_docs(ns, spec.get("q", {}), spec.get("limit", 0), self._session_fields(cmd, i))
+            n += self.delete_docs(
+                ns, spec.get("q", {}), spec.get("limit", 0), self._session_fields(cmd, i)
+            )
         return {"n": n}
 
-    async def cmd_find_and_modify(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_find_and_modify(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         ns = f"{db}.{cmd['findAndModify']}"
         coll = self.coll(ns)
         docs = [d for d in coll if q.matches(d, cmd.get("query", {}))] if coll else []
@@ -689,8 +934,15 @@ class ShardNode(CommandServer):
             return {"lastErrorObject": {"n": 1 if old else 0}, "value": old}
         # The document found, by _id; the query still stands beside it for a positional `$` path.
         query = cmd.get("query", {})
-        r = self.update_docs(ns, {"q": {"$and": [{"_id": old["_id"]}, query]} if old else query,
-                                  "u": cmd.get("update", {}), "upsert": cmd.get("upsert", False)}, session)
+        r = self.update_docs(
+            ns,
+            {
+                "q": {"$and": [{"_id": old["_id"]}, query]} if old else query,
+                "u": cmd.get("update", {}),
+                "upsert": cmd.get("upsert", False),
+            },
+            session,
+        )
         after = None
         if cmd.get("new"):
             target = old["_id"] if old else (r.get("upserted") or [{"_id": None}])[0]["_id"]
@@ -703,8 +955,16 @@ class ShardNode(CommandServer):
 
     # -- reads -------------------------------------------------------------------------------------
 
-    def select(self, ns: str, filt: dict[str, Any], *, sort: Any = None, skip: int = 0, limit: int = 0,
-               projection: Any = None) -> list[dict[str, Any]]:
+    def select(
+        self,
+        ns: str,
+        filt: dict[str, Any],
+        *,
+        sort: Any = None,
+        skip: int = 0,
+        limit: int = 0,
+        projection: Any = None,
+    ) -> list[dict[str, Any]]:
         coll = self.coll(ns)
         if coll is None:
             return []
@@ -733,19 +993,39 @@ class ShardNode(CommandServer):
         """config.system.preimages as the server keeps it: {_id: {nsUUID, ts, applyOpsIndex},
         operationTime, preImage}; an `_id: {$in: [...]}` or `_id: {...}` filter is looked up directly."""
         ids = filt.get("_id")
-        wanted = ids.get("$in") if isinstance(ids, dict) and "$in" in ids else [ids] if isinstance(ids, dict) else None
-        keys = ([(bytes(i["nsUUID"]), ts_key(i["ts"]), int(i.get("applyOpsIndex", 0)))
-                 for i in wanted if isinstance(i, dict) and "nsUUID" in i]
-                if wanted is not None else list(self.applier.images))
+        wanted = (
+            ids.get("$in")
+            if isinstance(ids, dict) and "$in" in ids
+            else [ids]
+            if isinstance(ids, dict)
+            else None
+        )
+        keys = (
+            [
+                (bytes(i["nsUUID"]), ts_key(i["ts"]), int(i.get("applyOpsIndex", 0)))
+                for i in wanted
+                if isinstance(i, dict) and "nsUUID" in i
+            ]
+            if wanted is not None
+            else list(self.applier.images)
+        )
         out = []
         for uuid_bytes, key, index in keys:
             images = self.applier.images.get((uuid_bytes, key, index))
             if images is None or images[0] is None:
                 continue
             ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
-            out.append({"_id": {"nsUUID": Binary(uuid_bytes, 4), "ts": ts, "applyOpsIndex": Int64(index)},
-                        "operationTime": datetime.datetime.fromtimestamp(ts.time, datetime.UTC),
-                        "preImage": images[0]})
+            out.append(
+                {
+                    "_id": {
+                        "nsUUID": Binary(uuid_bytes, 4),
+                        "ts": ts,
+                        "applyOpsIndex": Int64(index),
+                    },
+                    "operationTime": datetime.datetime.fromtimestamp(ts.time, datetime.UTC),
+                    "preImage": images[0],
+                }
+            )
         return out
 
     async def cmd_find(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -753,10 +1033,22 @@ class ShardNode(CommandServer):
         if ns == OPLOG_NS:
             return await self._find_oplog(cmd)
         if ns == PREIMAGES_NS:
-            docs = [d for d in self._preimage_docs(cmd.get("filter") or {}) if q.matches(d, cmd.get("filter") or {})]
-            return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
-        docs = self.select(ns, cmd.get("filter", {}), sort=cmd.get("sort"), skip=cmd.get("skip", 0),
-                           limit=cmd.get("limit", 0), projection=cmd.get("projection"))
+            docs = [
+                d
+                for d in self._preimage_docs(cmd.get("filter") or {})
+                if q.matches(d, cmd.get("filter") or {})
+            ]
+            return {
+                "cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))
+            }
+        docs = self.select(
+            ns,
+            cmd.get("filter", {}),
+            sort=cmd.get("sort"),
+            skip=cmd.get("skip", 0),
+            limit=cmd.get("limit", 0),
+            projection=cmd.get("projection"),
+        )
         if cmd.get("singleBatch"):
             docs = docs[: cmd.get("batchSize", 101) or None]
         return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
@@ -789,14 +1081,18 @@ class ShardNode(CommandServer):
         async def fetch(limit: int, deadline: float) -> list[Any]:
             nonlocal position
             if oplog.truncated_before and position < oplog.truncated_before:
-                raise MongoError("CappedPositionLost", "CollectionScan died due to position in capped collection "
-                                 "being deleted")
+                raise MongoError(
+                    "CappedPositionLost",
+                    "CollectionScan died due to position in capped collection being deleted",
+                )
             nonlocal remaining
             while True:
                 upto = self.commit_key() if majority else None
                 if upper is not None:
                     upto = upper if upto is None else min(upto, upper)
-                raws = oplog.read_after(position, min(limit, remaining) if remaining else limit, upto=upto)
+                raws = oplog.read_after(
+                    position, min(limit, remaining) if remaining else limit, upto=upto
+                )
                 if cmd.get("limit"):
                     if not remaining:
                         return []
@@ -804,7 +1100,11 @@ class ShardNode(CommandServer):
                 if raws:
                     position = oplog.entry_key(raws[-1])
                     if rest:
-                        return [bson.decode(r, DECODE) for r in raws if q.matches(bson.decode(r, DECODE), rest)]
+                        return [
+                            bson.decode(r, DECODE)
+                            for r in raws
+                            if q.matches(bson.decode(r, DECODE), rest)
+                        ]
                     return RawBatch(raws)
                 if not tailable:
                     return []
@@ -816,20 +1116,39 @@ class ShardNode(CommandServer):
         # `limit`, or its first batch if that is all it asked for (singleBatch), as on a server:
         # no cursor is left open, to time out.
         def done() -> bool:
-            return (bool(cmd.get("singleBatch")) or (bool(cmd.get("limit")) and not remaining)
-                    or position >= min(oplog.last_key(), upper or 1 << 64))
+            return (
+                bool(cmd.get("singleBatch"))
+                or (bool(cmd.get("limit")) and not remaining)
+                or position >= min(oplog.last_key(), upper or 1 << 64)
+            )
 
-        cursor = Cursor(OPLOG_NS, fetch=fetch, tailable=tailable, await_data=bool(cmd.get("awaitData")),
-                        done=None if tailable else done)
+        cursor = Cursor(
+            OPLOG_NS,
+            fetch=fetch,
+            tailable=tailable,
+            await_data=bool(cmd.get("awaitData")),
+            done=None if tailable else done,
+        )
         return {"cursor": await self.cursors.first_batch(cursor, cmd.get("batchSize"))}
 
     async def cmd_count(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"n": len(self.select(f"{db}.{cmd['count']}", cmd.get("query") or {}, skip=cmd.get("skip", 0),
-                                     limit=cmd.get("limit", 0)))}
+        return {
+            "n": len(
+                self.select(
+                    f"{db}.{cmd['count']}",
+                    cmd.get("query") or {},
+                    skip=cmd.get("skip", 0),
+                    limit=cmd.get("limit", 0),
+                )
+            )
+        }
 
     async def cmd_distinct(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"values": q.distinct_values(self.select(f"{db}.{cmd['distinct']}", cmd.get("query") or {}),
-                                            cmd["key"])}
+        return {
+            "values": q.distinct_values(
+                self.select(f"{db}.{cmd['distinct']}", cmd.get("query") or {}), cmd["key"]
+            )
+        }
 
     async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         from simcluster.aggregate import run_pipeline
@@ -851,7 +1170,11 @@ class ShardNode(CommandServer):
             return await open_native_stream(self, db, cmd, [self], lookup, is_view=is_view)
         docs = self.select(ns, {}) if isinstance(coll, str) else []
         out = run_pipeline(docs, pipeline)
-        return {"cursor": await self.cursors.first_batch(Cursor(ns, out), cmd.get("cursor", {}).get("batchSize"))}
+        return {
+            "cursor": await self.cursors.first_batch(
+                Cursor(ns, out), cmd.get("cursor", {}).get("batchSize")
+            )
+        }
 
     # -- DDL ---------------------------------------------------------------------------------------
 
@@ -859,13 +1182,17 @@ class ShardNode(CommandServer):
         name = cmd["create"]
         if self.coll(f"{db}.{name}") is not None:
             raise MongoError("NamespaceExists", f"Collection {db}.{name} already exists.")
-        opts = {k: v for k, v in cmd.items()
-                if k not in ("create", "collectionUUID") and k not in _GENERIC_ARGS}
+        opts = {
+            k: v
+            for k, v in cmd.items()
+            if k not in ("create", "collectionUUID") and k not in _GENERIC_ARGS
+        }
         self._create(db, name, opts, cmd.get("collectionUUID"), session=self._ddl_session(cmd))
         return {}
 
-    async def cmd_drop(self, db: str, cmd: dict[str, Any], req: Request, *,
-                       from_migrate: bool = False) -> dict[str, Any]:
+    async def cmd_drop(
+        self, db: str, cmd: dict[str, Any], req: Request, *, from_migrate: bool = False
+    ) -> dict[str, Any]:
         """Drop a collection or view. `from_migrate`: a sharded collection's drop on a shard other
         than the database's primary, which 7.0's DropCollectionCoordinator sends with fromMigrate
         (sendDropCollectionParticipantCommandToShards), so change streams show one drop."""
@@ -877,13 +1204,24 @@ class ShardNode(CommandServer):
             views = self.dbs.get(db, {}).get("system.views")
             if views is not None:
                 views.docs.pop(id_key(f"{db}.{name}"), None)
-                self.oplog.append({"op": "d", "ns": f"{db}.system.views", "ui": views.ui,
-                                   "o": {"_id": f"{db}.{name}"}})
+                self.oplog.append(
+                    {
+                        "op": "d",
+                        "ns": f"{db}.system.views",
+                        "ui": views.ui,
+                        "o": {"_id": f"{db}.{name}"},
+                    }
+                )
             if "timeseries" in coll.options:  # and a time-series collection its buckets
                 await self.cmd_drop(db, {"drop": coll.options["viewOn"]}, req)
             return {"ns": f"{db}.{name}"}
-        entry: dict[str, Any] = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"drop": name},
-                                 "o2": {"numRecords": len(coll.docs)}}
+        entry: dict[str, Any] = {
+            "op": "c",
+            "ns": f"{db}.$cmd",
+            "ui": coll.ui,
+            "o": {"drop": name},
+            "o2": {"numRecords": len(coll.docs)},
+        }
         if from_migrate:
             entry["fromMigrate"] = True
         self.oplog.append(entry)
@@ -899,8 +1237,9 @@ class ShardNode(CommandServer):
         self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "o": {"dropDatabase": 1}})
         return {"dropped": db}
 
-    async def cmd_rename(self, db: str, cmd: dict[str, Any], req: Request, *,
-                         from_migrate: bool = False) -> dict[str, Any]:
+    async def cmd_rename(
+        self, db: str, cmd: dict[str, Any], req: Request, *, from_migrate: bool = False
+    ) -> dict[str, Any]:
         """renameCollection; `from_migrate` for resharding's rename of its temporary collection
         over the original (RenameCollectionOptions markFromMigrate), which streams hide."""
         src, dst = cmd["renameCollection"], cmd["to"]
@@ -928,7 +1267,9 @@ class ShardNode(CommandServer):
         """The transaction a DDL command runs in, if any (a create or createIndexes may)."""
         return self._session_fields(cmd, 0) if cmd.get("autocommit") is False else None
 
-    async def cmd_create_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_create_indexes(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         """On an empty collection (or one made in this transaction) each new index is one
         createIndexes entry; on a collection with documents the build is two-phase: one
         startIndexBuild and one commitIndexBuild entry holding all the new indexes
@@ -939,11 +1280,15 @@ class ShardNode(CommandServer):
         coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"), session=session)
         assert coll is not None
         txn = (session or {}).get("$txn")
-        if txn is not None and not any(op["ns"] == f"{db}.$cmd" and op["o"].get("create") == coll.name
-                                       for op in txn.ops):
+        if txn is not None and not any(
+            op["ns"] == f"{db}.$cmd" and op["o"].get("create") == coll.name for op in txn.ops
+        ):
             # Only a collection this transaction created may get indexes in it (create_indexes.cpp).
-            raise MongoError("OperationNotSupportedInTransaction", f"Cannot create new indexes on "
-                             f"existing collection {ns} in a multi-document transaction.")
+            raise MongoError(
+                "OperationNotSupportedInTransaction",
+                f"Cannot create new indexes on "
+                f"existing collection {ns} in a multi-document transaction.",
+            )
         before = len(coll.indexes)
         added: list[dict[str, Any]] = []
         try:
@@ -958,15 +1303,23 @@ class ShardNode(CommandServer):
         if added and coll.docs and session is None:
             build = {"indexBuildUUID": Binary(uuidlib.uuid4().bytes, 4), "indexes": added}
             for phase in ("startIndexBuild", "commitIndexBuild"):
-                self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                                   "o": {phase: coll.name, **build}})
+                self.oplog.append(
+                    {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {phase: coll.name, **build}}
+                )
         else:
             for spec in added:
-                entry = {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                         "o": {"createIndexes": coll.name, **spec}}
+                entry = {
+                    "op": "c",
+                    "ns": f"{db}.$cmd",
+                    "ui": coll.ui,
+                    "o": {"createIndexes": coll.name, **spec},
+                }
                 self._log_ddl(entry, session, functools.partial(_drop_index, coll, spec["name"]))
-        return {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
-                "createdCollectionAutomatically": not existed}
+        return {
+            "numIndexesBefore": before,
+            "numIndexesAfter": len(coll.indexes),
+            "createdCollectionAutomatically": not existed,
+        }
 
     async def cmd_drop_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['dropIndexes']}"
@@ -974,18 +1327,32 @@ class ShardNode(CommandServer):
         if coll is None:
             raise MongoError("NamespaceNotFound", f"ns not found {ns}")
         which: Any = cmd.get("index")
-        names = [n for n in coll.indexes if n != "_id_"] if which == "*" else (
-            [which] if isinstance(which, str) else
-            [n for n, ix in coll.indexes.items() if ix.key == dict(which)] if isinstance(which, dict) else list(which))
+        names = (
+            [n for n in coll.indexes if n != "_id_"]
+            if which == "*"
+            else (
+                [which]
+                if isinstance(which, str)
+                else [n for n, ix in coll.indexes.items() if ix.key == dict(which)]
+                if isinstance(which, dict)
+                else list(which)
+            )
+        )
         before = len(coll.indexes)
         for name in names:
             ix = coll.indexes.get(name)
             if ix is None or name == "_id_":
                 raise MongoError("IndexNotFound", f"index not found with name [{name}]")
             del coll.indexes[name]
-            self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui,
-                               "o": {"dropIndexes": coll.name, "index": name},
-                               "o2": fix_index_spec(ix.spec)})
+            self.oplog.append(
+                {
+                    "op": "c",
+                    "ns": f"{db}.$cmd",
+                    "ui": coll.ui,
+                    "o": {"dropIndexes": coll.name, "index": name},
+                    "o2": fix_index_spec(ix.spec),
+                }
+            )
         return {"nIndexesWas": before}
 
     async def cmd_coll_mod(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -1009,36 +1376,66 @@ class ShardNode(CommandServer):
             coll.options.setdefault("validationAction", "error")
         o2: dict[str, Any] = {"collectionOptions_old": options_before_change(coll.ui, old_options)}
         if "index" in changes:
-            ix = next((i for i in coll.indexes.values() if i.name == changes["index"].get("name")
-                       or i.key == changes["index"].get("keyPattern")), None)
+            ix = next(
+                (
+                    i
+                    for i in coll.indexes.values()
+                    if i.name == changes["index"].get("name")
+                    or i.key == changes["index"].get("keyPattern")
+                ),
+                None,
+            )
             if ix is None:
                 raise MongoError("IndexNotFound", "cannot find index for collMod")
             changed = [k for k in changes["index"] if k not in ("name", "keyPattern")]
             o2["indexOptions_old"] = {k: ix.spec.get(k, False) for k in changed}
             ix.spec = modified_index_spec(ix.spec, changes["index"])
-        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"collMod": coll.name, **changes},
-                           "o2": o2})
+        self.oplog.append(
+            {
+                "op": "c",
+                "ns": f"{db}.$cmd",
+                "ui": coll.ui,
+                "o": {"collMod": coll.name, **changes},
+                "o2": o2,
+            }
+        )
         return {}
 
-    def _modify_timeseries(self, db: str, view: Collection, buckets: Collection,
-                           change: dict[str, Any]) -> dict[str, Any]:
+    def _modify_timeseries(
+        self, db: str, view: Collection, buckets: Collection, change: dict[str, Any]
+    ) -> dict[str, Any]:
         """collMod of a time-series collection's granularity: its buckets collection takes the
         new options (a collMod of system.buckets.<name>, which change streams do not show) and
         its view's unpack stage the new bucket span, a replacement of its system.views document
         (ddl_view_events.js: the modify event's pipeline has bucketMaxSpanSeconds 86400 for
         "minutes"; timeseries::getMaxSpanSecondsFromGranularity: 3600, 86400, 2592000)."""
         ts = {**view.options["timeseries"], **change}
-        ts["bucketMaxSpanSeconds"] = change.get("bucketMaxSpanSeconds", _BUCKET_SPAN[ts["granularity"]])
+        ts["bucketMaxSpanSeconds"] = change.get(
+            "bucketMaxSpanSeconds", _BUCKET_SPAN[ts["granularity"]]
+        )
         old_options = dict(buckets.options)
         buckets.options["timeseries"] = ts
-        self.oplog.append({"op": "c", "ns": f"{db}.$cmd", "ui": buckets.ui, "o": {"collMod": buckets.name,
-                                                                                   "timeseries": change},
-                           "o2": {"collectionOptions_old": options_before_change(buckets.ui, old_options)}})
+        self.oplog.append(
+            {
+                "op": "c",
+                "ns": f"{db}.$cmd",
+                "ui": buckets.ui,
+                "o": {"collMod": buckets.name, "timeseries": change},
+                "o2": {"collectionOptions_old": options_before_change(buckets.ui, old_options)},
+            }
+        )
         meta = {"metaField": ts["metaField"]} if "metaField" in ts else {}
-        unpack = {"timeField": ts["timeField"], **meta, "bucketMaxSpanSeconds": ts["bucketMaxSpanSeconds"]}
+        unpack = {
+            "timeField": ts["timeField"],
+            **meta,
+            "bucketMaxSpanSeconds": ts["bucketMaxSpanSeconds"],
+        }
         view.options["timeseries"] = ts
-        return self._modify_view(db, view, {"viewOn": view.options["viewOn"],
-                                            "pipeline": [{"$_internalUnpackBucket": unpack}]})
+        return self._modify_view(
+            db,
+            view,
+            {"viewOn": view.options["viewOn"], "pipeline": [{"$_internalUnpackBucket": unpack}]},
+        )
 
     def _modify_view(self, db: str, view: Collection, changes: dict[str, Any]) -> dict[str, Any]:
         """collMod of a view replaces its system.views document (ViewCatalog::modifyView): the
@@ -1048,12 +1445,24 @@ class ShardNode(CommandServer):
         views = self._system_views(db, None)
         doc = {"_id": f"{db}.{view.name}", **view_document(view.options)}
         views.put(doc)
-        self.oplog.append({"op": "u", "ns": f"{db}.system.views", "ui": views.ui, "o": doc,
-                           "o2": {"_id": doc["_id"]}})
+        self.oplog.append(
+            {
+                "op": "u",
+                "ns": f"{db}.system.views",
+                "ui": views.ui,
+                "o": doc,
+                "o2": {"_id": doc["_id"]},
+            }
+        )
         return {}
 
-    async def cmd_list_databases(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        dbs = [{"name": n, "sizeOnDisk": Int64(4096), "empty": not colls} for n, colls in sorted(self.dbs.items())]
+    async def cmd_list_databases(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
+        dbs = [
+            {"name": n, "sizeOnDisk": Int64(4096), "empty": not colls}
+            for n, colls in sorted(self.dbs.items())
+        ]
         if cmd.get("nameOnly"):
             dbs = [{"name": d["name"]} for d in dbs]
         return {"databases": dbs, "totalSize": Int64(4096 * len(dbs))}
@@ -1063,23 +1472,39 @@ class ShardNode(CommandServer):
         for name, coll in sorted(self.dbs.get(db, {}).items()):
             is_view = "viewOn" in coll.options
             # A time-series collection lists as its own type, writable (list_collections.cpp).
-            kind = ("timeseries" if "timeseries" in coll.options else "view") if is_view else "collection"
-            options = ({"timeseries": coll.options["timeseries"]} if kind == "timeseries"
-                       else dict(coll.options))
-            info: dict[str, Any] = {"name": name, "type": kind, "options": options,
-                                    "info": {"readOnly": kind == "view"}}
+            kind = (
+                ("timeseries" if "timeseries" in coll.options else "view")
+                if is_view
+                else "collection"
+            )
+            options = (
+                {"timeseries": coll.options["timeseries"]}
+                if kind == "timeseries"
+                else dict(coll.options)
+            )
+            info: dict[str, Any] = {
+                "name": name,
+                "type": kind,
+                "options": options,
+                "info": {"readOnly": kind == "view"},
+            }
             if not is_view:
                 info["info"]["uuid"] = coll.ui
                 info["idIndex"] = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
             out.append(info)
         return out
 
-    async def cmd_list_collections(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_list_collections(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         infos = [i for i in self.collection_infos(db) if q.matches(i, cmd.get("filter") or {})]
         if cmd.get("nameOnly"):
             infos = [{"name": i["name"], "type": i["type"]} for i in infos]
-        return {"cursor": await self.cursors.first_batch(Cursor(f"{db}.$cmd.listCollections", infos),
-                                                         cmd.get("cursor", {}).get("batchSize"))}
+        return {
+            "cursor": await self.cursors.first_batch(
+                Cursor(f"{db}.$cmd.listCollections", infos), cmd.get("cursor", {}).get("batchSize")
+            )
+        }
 
     async def cmd_list_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['listIndexes']}"
@@ -1091,7 +1516,11 @@ class ShardNode(CommandServer):
 
     async def cmd_db_stats(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         colls = self.dbs.get(db, {})
-        return {"db": db, "collections": len(colls), "objects": sum(len(c.docs) for c in colls.values())}
+        return {
+            "db": db,
+            "collections": len(colls),
+            "objects": sum(len(c.docs) for c in colls.values()),
+        }
 
     async def cmd_coll_stats(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         coll = self.coll(f"{db}.{cmd['collStats']}")
@@ -1099,20 +1528,27 @@ class ShardNode(CommandServer):
 
     # -- oplog notes -------------------------------------------------------------------------------
 
-    async def cmd_append_oplog_note(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_append_oplog_note(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         if db != "admin":
-            raise MongoError("Unauthorized", "appendOplogNote may only be run against the admin database.")
+            raise MongoError(
+                "Unauthorized", "appendOplogNote may only be run against the admin database."
+            )
         data = cmd.get("data")
         if not isinstance(data, dict):
             raise MongoError("BadValue", "'data' field must be a document")
         max_ct = cmd.get("maxClusterTime")
         if max_ct is not None and ts_key(max_ct) <= self.oplog.last_key():
-            raise MongoError("StaleClusterTime", "maxClusterTime is not greater than the last applied timestamp")
+            raise MongoError(
+                "StaleClusterTime", "maxClusterTime is not greater than the last applied timestamp"
+            )
         self.oplog.append({"op": "n", "ns": "", "o": data})
         return {}
 
-    def append_noop(self, o: dict[str, Any], o2: dict[str, Any] | None = None, ui: Any = None,
-                    ns: str = "") -> Timestamp:
+    def append_noop(
+        self, o: dict[str, Any], o2: dict[str, Any] | None = None, ui: Any = None, ns: str = ""
+    ) -> Timestamp:
         """A noop entry; sharding's notices for change streams name their collection (`ns`, `ui`)."""
         entry: dict[str, Any] = {"op": "n", "ns": ns, "o": o}
         if ui is not None:

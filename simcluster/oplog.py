@@ -44,7 +44,9 @@ _ENTRY_TAIL = ("prevOpTime", "multiOpType")
 
 
 def _stamp(inc: int, secs: int, term: int, wall_ms: int) -> bytes:
-    return _STAMP.pack(b"\x11ts\x00", inc, secs, b"\x12t\x00", term, b"\x12v\x00", 2, b"\x09wall\x00", wall_ms)
+    return _STAMP.pack(
+        b"\x11ts\x00", inc, secs, b"\x12t\x00", term, b"\x12v\x00", 2, b"\x09wall\x00", wall_ms
+    )
 
 
 class ClusterClock:
@@ -123,12 +125,22 @@ class Oplog:
         head = {k: fields[k] for k in _SESSION_HEAD if k in fields}
         tail = {k: fields[k] for k in _ENTRY_TAIL if k in fields}
         body = {k: v for k, v in fields.items() if k not in head and k not in tail}
-        key, raw = self.append_body(bson.encode(body)[4:-1], head=bson.encode(head)[4:-1] if head else b"",
-                                    tail=bson.encode(tail)[4:-1] if tail else b"")
+        key, raw = self.append_body(
+            bson.encode(body)[4:-1],
+            head=bson.encode(head)[4:-1] if head else b"",
+            tail=bson.encode(tail)[4:-1] if tail else b"",
+        )
         return Timestamp(key >> 32, key & 0xFFFFFFFF), raw
 
-    def append_body(self, body: bytes, *, head: bytes = b"", tail: bytes = b"", wake: bool = True,
-                    wall_ms: int | None = None) -> tuple[int, bytes]:
+    def append_body(
+        self,
+        body: bytes,
+        *,
+        head: bytes = b"",
+        tail: bytes = b"",
+        wake: bool = True,
+        wall_ms: int | None = None,
+    ) -> tuple[int, bytes]:
         """Stamp and append an entry given as encoded elements, in the order of the server's
         OplogEntryBase IDL: `head` (the session: lsid, txnNumber), `body` (op, ns, ui, o, o2, stmtId,
         fromMigrate), the stamp (ts, t, v, wall), then `tail` (prevOpTime). `wall_ms` is the
@@ -137,8 +149,16 @@ class Oplog:
         write."""
         wall_ms = int(time.time() * 1000) if wall_ms is None else wall_ms
         key = self.clock.tick_key(wall_ms // 1000)
-        raw = b"".join((_I32.pack(len(head) + len(body) + len(tail) + 5 + _STAMP.size), head, body,
-                        _stamp(key & 0xFFFFFFFF, key >> 32, self.term, wall_ms), tail, b"\x00"))
+        raw = b"".join(
+            (
+                _I32.pack(len(head) + len(body) + len(tail) + 5 + _STAMP.size),
+                head,
+                body,
+                _stamp(key & 0xFFFFFFFF, key >> 32, self.term, wall_ms),
+                tail,
+                b"\x00",
+            )
+        )
         self.append_raw(key, raw, wake=wake)
         return key, raw
 
@@ -180,9 +200,12 @@ class Oplog:
             key = ts_key(at)
             i = bisect.bisect_left(self._keys, key)
             if i == len(self._keys) or self._keys[i] != key:
-                raise MongoError("IncompleteTransactionHistory", "oplog no longer contains the complete write "
-                                 f"history of this transaction, log with opTime {{ ts: {at}, t: {self.term} }} "
-                                 "cannot be found")
+                raise MongoError(
+                    "IncompleteTransactionHistory",
+                    "oplog no longer contains the complete write "
+                    f"history of this transaction, log with opTime {{ ts: {at}, t: {self.term} }} "
+                    "cannot be found",
+                )
             out.append(self._entries[i])
             at = prev_op_ts(self._entries[i])
         return out[::-1]
@@ -194,12 +217,17 @@ class Oplog:
     def copy_from(self, other: Oplog) -> None:
         """Become a copy of another member's oplog (a resync)."""
         self._keys, self._entries = list(other._keys), list(other._entries)
-        self._bytes, self.truncated_before, self.term = other._bytes, other.truncated_before, other.term
+        self._bytes, self.truncated_before, self.term = (
+            other._bytes,
+            other.truncated_before,
+            other.term,
+        )
         self._grew.set()
         self._grew = trio.Event()
 
-    def read_after(self, key: int, limit: int, max_bytes: int = BATCH_BYTES_LIMIT,
-                   upto: int | None = None) -> list[bytes]:
+    def read_after(
+        self, key: int, limit: int, max_bytes: int = BATCH_BYTES_LIMIT, upto: int | None = None
+    ) -> list[bytes]:
         """Entries with ts > key (and <= `upto`, a commit point): at most `limit`, and few enough
         that the reply stays under 16 MiB."""
         i = bisect.bisect_right(self._keys, key)

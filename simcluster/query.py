@@ -20,6 +20,7 @@ from mongoformats.mql import get_path, matches
 
 __all__ = ["compare", "get_path", "matches", "pinned_ids", "sort_docs", "MISSING", "ObjectId"]
 
+
 def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
     """The `_id` values a filter can only match (`{_id: v, ...}`, `{_id: {$in: [...]}, ...}`, an
     `$or` of such branches, or an `$and` with such a clause), or None when it may match others:
@@ -44,8 +45,11 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
         return [cond]
     if set(cond) == {"$eq"}:
         return [cond["$eq"]]
-    if set(cond) == {"$in"} and isinstance(cond["$in"], list) and not any(
-            isinstance(v, (re.Pattern, Regex)) for v in cond["$in"]):
+    if (
+        set(cond) == {"$in"}
+        and isinstance(cond["$in"], list)
+        and not any(isinstance(v, (re.Pattern, Regex)) for v in cond["$in"])
+    ):
         return list(cond["$in"])
     return None
 

@@ -31,7 +31,9 @@ __all__ = ["describe_update"]
 
 def _numeric_strict(name: str) -> bool:
     """FieldRef::isNumericPathComponentStrict: all ASCII digits, no leading zero unless "0"."""
-    return bool(name) and all("0" <= c <= "9" for c in name) and not (len(name) > 1 and name[0] == "0")
+    return (
+        bool(name) and all("0" <= c <= "9" for c in name) and not (len(name) > 1 and name[0] == "0")
+    )
 
 
 class _Path:
@@ -130,10 +132,17 @@ def describe_update(o: Mapping[str, Any], *, expanded: bool) -> dict[str, Any]:
     `{$set, $unset}`), fields in the server's order."""
     b = _Builder()
     if o.get("$v") != 2:  # $v: 1 modifier style, from servers before 5.0: no disambiguatedPaths
-        return {"updatedFields": dict(o.get("$set", {})), "removedFields": list(o.get("$unset", {})),
-                "truncatedArrays": []}
+        return {
+            "updatedFields": dict(o.get("$set", {})),
+            "removedFields": list(o.get("$unset", {})),
+            "truncatedArrays": [],
+        }
     _object_diff(o["diff"], b)
-    out: dict[str, Any] = {"updatedFields": b.updated, "removedFields": b.removed, "truncatedArrays": b.truncated}
+    out: dict[str, Any] = {
+        "updatedFields": b.updated,
+        "removedFields": b.removed,
+        "truncatedArrays": b.truncated,
+    }
     if expanded:
         out["disambiguatedPaths"] = b.disambiguated
     return out

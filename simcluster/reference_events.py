@@ -42,7 +42,12 @@ import bson
 from bson import Timestamp
 
 from mongoformats.codecs import PLAIN
-from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token_generic, token_sort_key
+from mongoformats.resume_token import (
+    EVENT_TOKEN,
+    ResumeTokenData,
+    encode_token_generic,
+    token_sort_key,
+)
 from simcluster.reference_diff import describe_update
 
 __all__ = ["RefEvent", "ReferenceTransformer", "encode_event", "invalidate_for"]
@@ -51,8 +56,12 @@ _INTERNAL_DBS = ("admin", "config", "local")
 # Kinds whose v0/v1 token identifier is the documentKey (none for the DDL among them).
 _CLASSIC = ("insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate")
 # Sharding's noops: the o2 field naming the collection, and whether showSystemEvents is needed.
-_NOOP_EVENTS = (("shardCollection", False), ("reshardCollection", False),
-                ("refineCollectionShardKey", False), ("migrateLastChunkFromShard", True))
+_NOOP_EVENTS = (
+    ("shardCollection", False),
+    ("reshardCollection", False),
+    ("refineCollectionShardKey", False),
+    ("migrateLastChunkFromShard", True),
+)
 
 
 @dataclass
@@ -81,12 +90,33 @@ def encode_event(doc: Mapping[str, Any]) -> bytes:
 def invalidate_for(trigger: RefEvent) -> RefEvent:
     """The invalidate after `trigger`: its token is the trigger's with fromInvalidate set."""
     data = _token_data(trigger.token)
-    token = encode_token_generic(ResumeTokenData(data.cluster_time, data.version, EVENT_TOKEN, data.txn_op_index,
-                                                 True, data.uuid, data.event_identifier))
-    doc: dict[str, Any] = {"_id": token, "operationType": "invalidate", "clusterTime": trigger.cluster_time}
+    token = encode_token_generic(
+        ResumeTokenData(
+            data.cluster_time,
+            data.version,
+            EVENT_TOKEN,
+            data.txn_op_index,
+            True,
+            data.uuid,
+            data.event_identifier,
+        )
+    )
+    doc: dict[str, Any] = {
+        "_id": token,
+        "operationType": "invalidate",
+        "clusterTime": trigger.cluster_time,
+    }
     if "wallTime" in trigger.doc:
         doc["wallTime"] = trigger.doc["wallTime"]
-    return RefEvent(doc, token, token_sort_key(token), trigger.cluster_time, "invalidate", trigger.db, trigger.coll)
+    return RefEvent(
+        doc,
+        token,
+        token_sort_key(token),
+        trigger.cluster_time,
+        "invalidate",
+        trigger.db,
+        trigger.coll,
+    )
 
 
 def _token_data(token: Mapping[str, Any]) -> ResumeTokenData:
@@ -118,9 +148,19 @@ class ReferenceTransformer:
             commit whose earlier entries were written before this transformer's first entry).
     """
 
-    def __init__(self, *, db: str, coll: str | None, cluster: bool, expanded: bool, migration: bool,
-                 system_events: bool, version: int, resumed_from: ResumeTokenData | None,
-                 chain: Callable[[Timestamp], list[bytes]]) -> None:
+    def __init__(
+        self,
+        *,
+        db: str,
+        coll: str | None,
+        cluster: bool,
+        expanded: bool,
+        migration: bool,
+        system_events: bool,
+        version: int,
+        resumed_from: ResumeTokenData | None,
+        chain: Callable[[Timestamp], list[bytes]],
+    ) -> None:
         self.db, self.coll, self.cluster = db, coll, cluster
         self.single = coll is not None and not cluster
         self.expanded, self.migration, self.system_events = expanded, migration, system_events
@@ -157,8 +197,15 @@ class ReferenceTransformer:
 
     # -- CRUD ------------------------------------------------------------------------------------
 
-    def _write(self, op: dict[str, Any], ts: Timestamp, wall: Any, txn_op_index: int,
-               txn: tuple[Any, Any] | None, applied_at: tuple[Timestamp, int]) -> RefEvent | None:
+    def _write(
+        self,
+        op: dict[str, Any],
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+        applied_at: tuple[Timestamp, int],
+    ) -> RefEvent | None:
         db, coll = _split(op["ns"])
         if op.get("fromMigrate") and not self.migration:
             return None
@@ -197,8 +244,14 @@ class ReferenceTransformer:
             event.image_key = (bytes(ui), applied_at[0], applied_at[1])
         return event
 
-    def _view(self, op: dict[str, Any], ts: Timestamp, wall: Any, txn_op_index: int,
-              txn: tuple[Any, Any] | None) -> RefEvent | None:
+    def _view(
+        self,
+        op: dict[str, Any],
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
         """A write to system.views, seen by database and cluster streams with expanded events."""
         db, _ = _split(op["ns"])
         if self.single or not self.expanded or not self._db_in_scope(db):
@@ -240,15 +293,24 @@ class ReferenceTransformer:
             return []
         # With showSystemEvents, a migration's create and createIndexes are shown
         # (change_stream_filter_helpers.cpp buildFromMigrateSystemOpFilter).
-        if entry.get("fromMigrate") and not self.migration and not (
-                self.system_events and name in ("create", "createIndexes")):
+        if (
+            entry.get("fromMigrate")
+            and not self.migration
+            and not (self.system_events and name in ("create", "createIndexes"))
+        ):
             return []
         db, _ = _split(entry["ns"])
         event = self._ddl(entry, name, db, entry["ts"], entry.get("wall"), 0, None)
         return [event] if event is not None else []
 
-    def _command_in_transaction(self, op: dict[str, Any], ts: Timestamp, wall: Any, txn_op_index: int,
-                                txn: tuple[Any, Any] | None) -> RefEvent | None:
+    def _command_in_transaction(
+        self,
+        op: dict[str, Any],
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
         """create and createIndexes run inside a transaction (the server's transaction filter
         admits those two commands among a transaction's ops)."""
         name = next(iter(op["o"]))
@@ -257,8 +319,16 @@ class ReferenceTransformer:
         db, _ = _split(op["ns"])
         return self._ddl(op, name, db, ts, wall, txn_op_index, txn)
 
-    def _ddl(self, entry: dict[str, Any], name: str, db: str, ts: Timestamp, wall: Any, txn_op_index: int,
-             txn: tuple[Any, Any] | None) -> RefEvent | None:
+    def _ddl(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
         o, ui = entry["o"], entry.get("ui")
         to: dict[str, Any] | None = None
         state_before: dict[str, Any] | None = None
@@ -293,8 +363,13 @@ class ReferenceTransformer:
         if not self.expanded:
             return None
         coll = o[name]
-        op_type = {"create": "create", "createIndexes": "createIndexes", "commitIndexBuild": "createIndexes",
-                   "dropIndexes": "dropIndexes", "collMod": "modify"}.get(name)
+        op_type = {
+            "create": "create",
+            "createIndexes": "createIndexes",
+            "commitIndexBuild": "createIndexes",
+            "dropIndexes": "dropIndexes",
+            "collMod": "modify",
+        }.get(name)
         if op_type is None or not isinstance(coll, str) or not self._coll_in_scope(db, coll):
             return None
         rest = {k: v for k, v in o.items() if k != name}
@@ -313,8 +388,11 @@ class ReferenceTransformer:
             o2 = entry.get("o2") or {}
             # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a
             # field missing from o2 is left out.
-            state_before = {name: o2[f"{name}_old"] for name in ("collectionOptions", "indexOptions")
-                            if f"{name}_old" in o2}
+            state_before = {
+                name: o2[f"{name}_old"]
+                for name in ("collectionOptions", "indexOptions")
+                if f"{name}_old" in o2
+            }
         doc = self._head(txn, None, op_type, ts, ui, wall)
         doc["ns"] = {"db": db, "coll": coll}
         doc["operationDescription"] = desc
@@ -322,8 +400,15 @@ class ReferenceTransformer:
             doc["stateBeforeChange"] = state_before
         return self._finish(doc, op_type, db, coll, ts, txn_op_index, ui, None, desc)
 
-    def _head(self, txn: tuple[Any, Any] | None, to: dict[str, Any] | None, op_type: str, ts: Timestamp,
-                  ui: Any, wall: Any) -> dict[str, Any]:
+    def _head(
+        self,
+        txn: tuple[Any, Any] | None,
+        to: dict[str, Any] | None,
+        op_type: str,
+        ts: Timestamp,
+        ui: Any,
+        wall: Any,
+    ) -> dict[str, Any]:
         """An event's leading fields in the server's order; `_id` holds its place until the
         token is set."""
         doc: dict[str, Any] = {}
@@ -376,11 +461,15 @@ class ReferenceTransformer:
                 self.gaps[key] = prev
             self.pending.setdefault(key, []).extend(ops)
             return []
-        return self._unwind(self._earlier_ops(key, entry) + ops, entry, (entry["lsid"], entry["txnNumber"]))
+        return self._unwind(
+            self._earlier_ops(key, entry) + ops, entry, (entry["lsid"], entry["txnNumber"])
+        )
 
     def _commit_prepared(self, entry: dict[str, Any]) -> list[RefEvent]:
         key = _txn_key(entry)
-        return self._unwind(self._earlier_ops(key, entry), entry, (entry["lsid"], entry["txnNumber"]))
+        return self._unwind(
+            self._earlier_ops(key, entry), entry, (entry["lsid"], entry["txnNumber"])
+        )
 
     def _earlier_ops(self, key: tuple[bytes, int], commit: dict[str, Any]) -> list[Any]:
         """The transaction's ops from its earlier entries: those read, and those before the first
@@ -395,19 +484,35 @@ class ReferenceTransformer:
             ops = earlier + ops
         return ops
 
-    def _unwind(self, ops: list[tuple[dict[str, Any], Timestamp, int]], commit: dict[str, Any],
-                txn: tuple[Any, Any] | None) -> list[RefEvent]:
+    def _unwind(
+        self,
+        ops: list[tuple[dict[str, Any], Timestamp, int]],
+        commit: dict[str, Any],
+        txn: tuple[Any, Any] | None,
+    ) -> list[RefEvent]:
         out = []
         for index, (op, entry_ts, entry_index) in enumerate(ops):  # txnOpIndex counts every op
-            event = self._write(op, commit["ts"], commit.get("wall"), index, txn, (entry_ts, entry_index))
+            event = self._write(
+                op, commit["ts"], commit.get("wall"), index, txn, (entry_ts, entry_index)
+            )
             if event is not None:
                 out.append(event)
         return out
 
     # -- tokens ----------------------------------------------------------------------------------
 
-    def _finish(self, doc: dict[str, Any], op_type: str, db: str, coll: str | None, ts: Timestamp,
-                txn_op_index: int, ui: Any, document_key: Any, desc: Any) -> RefEvent:
+    def _finish(
+        self,
+        doc: dict[str, Any],
+        op_type: str,
+        db: str,
+        coll: str | None,
+        ts: Timestamp,
+        txn_op_index: int,
+        ui: Any,
+        document_key: Any,
+        desc: Any,
+    ) -> RefEvent:
         version = self.version
         resumed = self.resumed_from
         if resumed is not None and not ts > resumed.cluster_time:
@@ -421,8 +526,9 @@ class ReferenceTransformer:
                 identifier["operationDescription"] = desc
         else:
             identifier = document_key
-        token = encode_token_generic(ResumeTokenData(ts, version, EVENT_TOKEN, txn_op_index, False, _uuid(ui),
-                                                     identifier))
+        token = encode_token_generic(
+            ResumeTokenData(ts, version, EVENT_TOKEN, txn_op_index, False, _uuid(ui), identifier)
+        )
         doc["_id"] = token
         return RefEvent(doc, token, token_sort_key(token), ts, op_type, db, coll)
 

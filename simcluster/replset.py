@@ -43,8 +43,14 @@ log = logging.getLogger("simcluster")
 
 
 class ReplicaSet:
-    def __init__(self, set_name: str, members: list[ShardNode], *, lag_s: float = 0.0,
-                 election_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        set_name: str,
+        members: list[ShardNode],
+        *,
+        lag_s: float = 0.0,
+        election_timeout_s: float = 10.0,
+    ) -> None:
         self.set_name = set_name
         self.members = members
         self.lag_s = lag_s
@@ -52,7 +58,7 @@ class ReplicaSet:
         self.term = 1
         self.primary_node: ShardNode | None = members[0]
         self._commit = 0
-        self._changed = trio.Event()    # set (and replaced) when the commit point or a role changes
+        self._changed = trio.Event()  # set (and replaced) when the commit point or a role changes
         self.nursery: trio.Nursery | None = None  # where elections and restarts run (the cluster's)
         for m in members:
             m.replset = self
@@ -63,8 +69,11 @@ class ReplicaSet:
     def primary(self) -> ShardNode:
         """The primary, for a router sending a write; FailedToSatisfyReadPreference during an election."""
         if self.primary_node is None:
-            raise MongoError("FailedToSatisfyReadPreference", "Could not find host matching read preference "
-                             f"{{ mode: \"primary\" }} for set {self.set_name}")
+            raise MongoError(
+                "FailedToSatisfyReadPreference",
+                "Could not find host matching read preference "
+                f'{{ mode: "primary" }} for set {self.set_name}',
+            )
         return self.primary_node
 
     async def wait_primary(self, timeout_s: float) -> None:
@@ -138,14 +147,21 @@ class ReplicaSet:
             return
         timeout = wc.get("wtimeout") or 0
         if not await self.wait_majority(key, timeout / 1000 if timeout else math.inf):
-            reply["writeConcernError"] = {"code": 64, "codeName": "WriteConcernFailed",
-                                          "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": True}}
+            reply["writeConcernError"] = {
+                "code": 64,
+                "codeName": "WriteConcernFailed",
+                "errmsg": "waiting for replication timed out",
+                "errInfo": {"wtimeout": True},
+            }
             return
         await self.wait_primary(20.0)
         primary = self.primary_node
         if primary is None or not (primary.oplog.contains(key) or key < primary.oplog.first_key()):
-            raise MongoError("InterruptedDueToReplStateChange", "operation was interrupted because the primary "
-                             "stepped down or was stopped before the write was majority committed")
+            raise MongoError(
+                "InterruptedDueToReplStateChange",
+                "operation was interrupted because the primary "
+                "stepped down or was stopped before the write was majority committed",
+            )
 
     @property
     def oplog(self) -> Any:
@@ -177,8 +193,14 @@ class ReplicaSet:
         # step (the whole set was down): then none has more to learn, and the vote rule alone
         # picks the one with the newest oplog, as the set does after a full restart.
         whole_set_restarted = not any(m.in_sync for m in up)
-        candidates = [m for m in up if m is not exclude and (m.in_sync or whole_set_restarted)
-                      and m.frozen_until <= now and sum(newest[voter] <= newest[m] for voter in up) >= self.majority]
+        candidates = [
+            m
+            for m in up
+            if m is not exclude
+            and (m.in_sync or whole_set_restarted)
+            and m.frozen_until <= now
+            and sum(newest[voter] <= newest[m] for voter in up) >= self.majority
+        ]
         if not candidates:
             return None
         winner = max(candidates, key=lambda m: (newest[m], -self.members.index(m)))
@@ -189,10 +211,19 @@ class ReplicaSet:
             if m.oplog.last_key() > branch:
                 m.branch_end = branch if m.branch_end is None else min(m.branch_end, branch)
         self.term += 1
-        log.info("%s: %s elected primary in term %d (its last entry %s)", self.set_name, winner.address, self.term,
-                 winner.oplog.last_ts())
-        log.debug("%s: members' last entries, up, in sync, branch end: %s; commit point %s", self.set_name,
-                  {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end) for m in self.members}, self._commit)
+        log.info(
+            "%s: %s elected primary in term %d (its last entry %s)",
+            self.set_name,
+            winner.address,
+            self.term,
+            winner.oplog.last_ts(),
+        )
+        log.debug(
+            "%s: members' last entries, up, in sync, branch end: %s; commit point %s",
+            self.set_name,
+            {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end) for m in self.members},
+            self._commit,
+        )
         for m in self.members:
             m.state = "SECONDARY"
         winner.in_sync = True
@@ -206,21 +237,28 @@ class ReplicaSet:
             await trio.sleep(self.election_timeout_s)
             self.elect()
 
-    async def step_down(self, node: ShardNode, stepdown_s: float, catch_up_s: float, force: bool) -> None:
+    async def step_down(
+        self, node: ShardNode, stepdown_s: float, catch_up_s: float, force: bool
+    ) -> None:
         if node is not self.primary_node:
             raise MongoError("NotWritablePrimary", "not primary so can't step down")
         target = node.oplog.last_key()
 
         def caught_up() -> bool:
-            return any(m is not node and m.up and m.oplog.last_key() >= target for m in self.members)
+            return any(
+                m is not node and m.up and m.oplog.last_key() >= target for m in self.members
+            )
 
         with trio.move_on_after(catch_up_s):
             while not caught_up():
                 await self._changed.wait()
         if not caught_up() and not force:
-            raise MongoError("ExceededTimeLimit", "No electable secondaries caught up as of "
-                             f"{trio.current_time():.3f}. Please use the replSetStepDown command with the argument "
-                             "{force: true} to force node to step down.")
+            raise MongoError(
+                "ExceededTimeLimit",
+                "No electable secondaries caught up as of "
+                f"{trio.current_time():.3f}. Please use the replSetStepDown command with the argument "
+                "{force: true} to force node to step down.",
+            )
         node.frozen_until = trio.current_time() + stepdown_s
         node.state = "SECONDARY"
         self.primary_node = None

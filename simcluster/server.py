@@ -42,8 +42,10 @@ MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
 # Decoded commands are dicts; UUIDs stay Binary subtype 4 (no representation chosen).
 # Dates beyond Python's datetime (years 1-9999; BSON spans ±292 million years) decode as DatetimeMS,
 # as a server takes them (pymongo's default would refuse the command).
-DECODE: CodecOptions[Any] = CodecOptions(tz_aware=True,
-                                         datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+DECODE: CodecOptions[Any] = CodecOptions(
+    tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+
 
 class Request:
     """What a handler may want beyond the command: the connection it came on."""
@@ -51,14 +53,27 @@ class Request:
     def __init__(self, conn_id: int, peer: str) -> None:
         self.conn_id = conn_id
         self.peer = peer
-        self.user: str | None = None                 # authenticated as (SCRAM), when auth is on
+        self.user: str | None = None  # authenticated as (SCRAM), when auth is on
         # Open SASL conversations: (conversation, skipEmptyExchange, proof checked).
         self.conversations: dict[int, tuple[ScramServer, bool, bool]] = {}
 
 
 # What an unauthenticated connection may run when auth is on (the server's requiresAuth() false).
-_NO_AUTH = frozenset({"hello", "ismaster", "ping", "buildinfo", "saslstart", "saslcontinue", "connectionstatus",
-                      "logout", "getnonce", "endsessions", "whatsmyuri"})
+_NO_AUTH = frozenset(
+    {
+        "hello",
+        "ismaster",
+        "ping",
+        "buildinfo",
+        "saslstart",
+        "saslcontinue",
+        "connectionstatus",
+        "logout",
+        "getnonce",
+        "endsessions",
+        "whatsmyuri",
+    }
+)
 
 
 class CommandServer:
@@ -98,19 +113,35 @@ class CommandServer:
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
         self.topology_counter = 0
         self._topology_changed = trio.Event()
-        self.commands: dict[str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]] = {
-            "hello": self.cmd_hello, "ismaster": self.cmd_hello, "ping": self.cmd_ping,
-            "buildinfo": self.cmd_build_info, "getparameter": self.cmd_get_parameter,
+        self.commands: dict[
+            str, Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]
+        ] = {
+            "hello": self.cmd_hello,
+            "ismaster": self.cmd_hello,
+            "ping": self.cmd_ping,
+            "buildinfo": self.cmd_build_info,
+            "getparameter": self.cmd_get_parameter,
             "setparameter": self.cmd_set_parameter,
-            "endsessions": self.cmd_ok, "killallsessions": self.cmd_kill_sessions,
+            "endsessions": self.cmd_ok,
+            "killallsessions": self.cmd_kill_sessions,
             "killallsessionsbypattern": self.cmd_kill_sessions,
-            "killsessions": self.cmd_kill_sessions, "startsession": self.cmd_start_session,
-            "refreshsessions": self.cmd_ok, "getmore": self.cmd_get_more, "killcursors": self.cmd_kill_cursors,
-            "serverstatus": self.cmd_server_status, "configurefailpoint": self.cmd_configure_fail_point,
-            "getcmdlineopts": self.cmd_cmdline, "hostinfo": self.cmd_host_info, "getlog": self.cmd_get_log,
-            "whatsmyuri": self.cmd_whatsmyuri, "connectionstatus": self.cmd_connection_status,
-            "getfreemonitoringstatus": self.cmd_ok, "atlasversion": self.cmd_not_found,
-            "saslstart": self.cmd_sasl_start, "saslcontinue": self.cmd_sasl_continue, "logout": self.cmd_logout,
+            "killsessions": self.cmd_kill_sessions,
+            "startsession": self.cmd_start_session,
+            "refreshsessions": self.cmd_ok,
+            "getmore": self.cmd_get_more,
+            "killcursors": self.cmd_kill_cursors,
+            "serverstatus": self.cmd_server_status,
+            "configurefailpoint": self.cmd_configure_fail_point,
+            "getcmdlineopts": self.cmd_cmdline,
+            "hostinfo": self.cmd_host_info,
+            "getlog": self.cmd_get_log,
+            "whatsmyuri": self.cmd_whatsmyuri,
+            "connectionstatus": self.cmd_connection_status,
+            "getfreemonitoringstatus": self.cmd_ok,
+            "atlasversion": self.cmd_not_found,
+            "saslstart": self.cmd_sasl_start,
+            "saslcontinue": self.cmd_sasl_continue,
+            "logout": self.cmd_logout,
         }
 
     @property
@@ -127,18 +158,24 @@ class CommandServer:
     # -- wire ------------------------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        self._cancel = trio.CancelScope()  # a fresh scope, so a stopped process can be started again
+        self._cancel = (
+            trio.CancelScope()
+        )  # a fresh scope, so a stopped process can be started again
         with self._cancel:
             tcp = await trio.open_tcp_listeners(self.port, host=self.host)
             self.port = tcp[0].socket.getsockname()[1]
             listeners: list[Any] = list(tcp)
             if self.ssl_context is not None:
-                listeners = [trio.SSLListener(t, self.ssl_context, https_compatible=False) for t in tcp]
+                listeners = [
+                    trio.SSLListener(t, self.ssl_context, https_compatible=False) for t in tcp
+                ]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.background)
                 nursery.start_soon(self._time_out_cursors)
                 task_status.started(self.port)
-                await trio.serve_listeners(self._handle_connection, listeners, handler_nursery=nursery)
+                await trio.serve_listeners(
+                    self._handle_connection, listeners, handler_nursery=nursery
+                )
 
     async def background(self) -> None:
         """Work a process does on its own (periodic noops, replication); stops with the process."""
@@ -172,10 +209,14 @@ class CommandServer:
         self._topology_changed.set()
         self._topology_changed = trio.Event()
 
-    async def _handle_connection(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
+    async def _handle_connection(
+        self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    ) -> None:
         conn_id = next(self._conn_ids)
         framer = wire.MessageFramer()
-        sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+        sock = (
+            stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+        )
         req = Request(conn_id, str(sock.getpeername()))
         try:
             async with stream:
@@ -196,7 +237,9 @@ class CommandServer:
                         if reply is _CLOSE:
                             return
                         assert isinstance(reply, bytes)
-                        await self.wait_running()  # a reply made as the process paused is not sent either
+                        await (
+                            self.wait_running()
+                        )  # a reply made as the process paused is not sent either
                         await stream.send_all(reply)
         except ProtocolError as exc:
             log.info("closing connection %s: %s", conn_id, exc)
@@ -207,7 +250,9 @@ class CommandServer:
             # it (one trio run) the whole cluster. A server closes the one connection.
             log.exception("closing connection %s after an unexpected error", conn_id)
 
-    async def _dispatch(self, msg: Any, req: Request) -> tuple[bytes | None | object, wire.OpMsg | None]:
+    async def _dispatch(
+        self, msg: Any, req: Request
+    ) -> tuple[bytes | None | object, wire.OpMsg | None]:
         """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
         run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
         if isinstance(msg, wire.OpQuery):
@@ -218,7 +263,9 @@ class CommandServer:
             body = await self._run(db, cmd, req)
             if body is _CLOSE:
                 return _CLOSE, None
-            reply = wire.encode_op_reply(next(self._message_ids), msg.request_id, (bson.encode(body),))
+            reply = wire.encode_op_reply(
+                next(self._message_ids), msg.request_id, (bson.encode(body),)
+            )
             return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
         if not isinstance(msg, wire.OpMsg):
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
@@ -230,7 +277,9 @@ class CommandServer:
                 # fullDocument) is byte-identical to what was sent, as on the server.
                 cmd["$raw_documents"] = docs
         db = cmd.pop("$db", "admin")
-        exhaust = msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
+        exhaust = (
+            msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
+        )
         body = await self._run(db, cmd, req)
         if body is _CLOSE:
             return _CLOSE, None
@@ -244,8 +293,12 @@ class CommandServer:
         # cursor id inflates its batch, thousands of entries.)
         again = exhaust and bool(body.get("ok")) and cmd.get("getMore") in self.cursors
         reply_id = next(self._message_ids)
-        reply = wire.encode_op_msg(reply_id, msg.request_id, document_parts(body),
-                                   flags=wire.FLAG_MORE_TO_COME if again else 0)
+        reply = wire.encode_op_msg(
+            reply_id,
+            msg.request_id,
+            document_parts(body),
+            flags=wire.FLAG_MORE_TO_COME if again else 0,
+        )
         follow = dataclasses.replace(msg, request_id=reply_id) if again else None
         return (wire.compress(reply, msg.compressor) if msg.compressor else reply), follow
 
@@ -253,9 +306,13 @@ class CommandServer:
         name = next(iter(cmd), "")
         try:
             if "$clusterTime" in cmd:
-                gossiped = gossip_in(cmd["$clusterTime"], key=self.time_key if self.users is not None else None,
-                                     authenticated=req.user is not None, newest=self.clock.now(),
-                                     missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"])
+                gossiped = gossip_in(
+                    cmd["$clusterTime"],
+                    key=self.time_key if self.users is not None else None,
+                    authenticated=req.user is not None,
+                    newest=self.clock.now(),
+                    missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"],
+                )
                 if gossiped is not None:
                     self.clock.advance(gossiped)
             fp = await self._fail_point(name)
@@ -273,11 +330,19 @@ class CommandServer:
             reply.setdefault("ok", 1.0)
             # A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
             # cursor it used). The command is looked at first: a reply's cursor may hold megabytes.
-            if (("lsid" in cmd or cmd.get("noCursorTimeout")) and name.lower() != "getmore"
-                    and isinstance(cursor := reply.get("cursor"), Mapping) and cursor.get("id")):
+            if (
+                ("lsid" in cmd or cmd.get("noCursorTimeout"))
+                and name.lower() != "getmore"
+                and isinstance(cursor := reply.get("cursor"), Mapping)
+                and cursor.get("id")
+            ):
                 in_session = "lsid" in cmd
-                self.cursors.opened_in(int(cursor["id"]), session_id(cmd["lsid"]["id"]) if in_session else None,
-                                       req.user if in_session else None, no_timeout=bool(cmd.get("noCursorTimeout")))
+                self.cursors.opened_in(
+                    int(cursor["id"]),
+                    session_id(cmd["lsid"]["id"]) if in_session else None,
+                    req.user if in_session else None,
+                    no_timeout=bool(cmd.get("noCursorTimeout")),
+                )
             await self.settle(name, cmd, reply)
         except MongoError as exc:
             if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
@@ -286,8 +351,9 @@ class CommandServer:
                 exc = exc.with_labels("RetryableWriteError")
             if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
                 exc = with_change_stream_label(exc)
-            elif has_category(exc.code, "NonResumableChangeStreamError") \
-                    and not exc.has_label("NonResumableChangeStreamError"):
+            elif has_category(exc.code, "NonResumableChangeStreamError") and not exc.has_label(
+                "NonResumableChangeStreamError"
+            ):
                 # ErrorLabelBuilder::build labels these codes whatever the command and whenever
                 # it fails, a change stream's opening aggregate included (error_labels.cpp).
                 exc = exc.with_labels("NonResumableChangeStreamError")
@@ -306,7 +372,10 @@ class CommandServer:
             if not allows(privileges, actions, resource):
                 target = cmd.get(name)
                 shown = f'"{target}"' if isinstance(target, str) else target
-                raise MongoError("Unauthorized", f"not authorized on {db} to execute command {{ {name}: {shown} }}")
+                raise MongoError(
+                    "Unauthorized",
+                    f"not authorized on {db} to execute command {{ {name}: {shown} }}",
+                )
 
     async def check_command(self, name: str, db: str, cmd: dict[str, Any]) -> None:
         """Hook: reject a command this process may not run now (a write on a secondary, a statement
@@ -320,8 +389,10 @@ class CommandServer:
         # Signed with the cluster's key under authorization; else the dummy signature, as a
         # server gives clients that may advance the clock (simcluster.cluster_time).
         key = self.time_key if self.users is not None else None
-        reply["$clusterTime"] = {"clusterTime": now,
-                                 "signature": key.sign(now) if key is not None else dict(DUMMY_SIGNATURE)}
+        reply["$clusterTime"] = {
+            "clusterTime": now,
+            "signature": key.sign(now) if key is not None else dict(DUMMY_SIGNATURE),
+        }
         reply["operationTime"] = now
         return reply
 
@@ -340,8 +411,11 @@ class CommandServer:
         if data.get("closeConnection"):
             return _CLOSE
         if "errorCode" in data:
-            raise MongoError(int(data["errorCode"]), "Failing command via 'failCommand' failpoint",
-                             labels=tuple(data.get("errorLabels", ())))
+            raise MongoError(
+                int(data["errorCode"]),
+                "Failing command via 'failCommand' failpoint",
+                labels=tuple(data.get("errorLabels", ())),
+            )
         return None
 
     async def hang_while(self, name: str) -> None:
@@ -349,14 +423,18 @@ class CommandServer:
         while name in self.fail_points:
             await trio.sleep(0.01)
 
-    async def cmd_configure_fail_point(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_configure_fail_point(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         name = cmd["configureFailPoint"]
         mode = cmd.get("mode", "off")
         if mode == "off":
             self.fail_points.pop(name, None)
         else:
-            self.fail_points[name] = {"mode": dict(mode) if isinstance(mode, dict) else mode,
-                                      "data": cmd.get("data", {})}
+            self.fail_points[name] = {
+                "mode": dict(mode) if isinstance(mode, dict) else mode,
+                "data": cmd.get("data", {}),
+            }
         return {"count": 0}
 
     # -- generic commands -------------------------------------------------------------------------
@@ -366,10 +444,16 @@ class CommandServer:
 
     async def cmd_hello(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-            raise MongoError(51760 if "topologyVersion" in cmd else 51758,
-                             "topologyVersion and maxAwaitTimeMS must be given together")
+            raise MongoError(
+                51760 if "topologyVersion" in cmd else 51758,
+                "topologyVersion and maxAwaitTimeMS must be given together",
+            )
         tv = cmd.get("topologyVersion")
-        if tv is not None and tv.get("processId") == self.process_id and tv.get("counter") == self.topology_counter:
+        if (
+            tv is not None
+            and tv.get("processId") == self.process_id
+            and tv.get("counter") == self.topology_counter
+        ):
             # Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS.
             with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
                 await self._topology_changed.wait()
@@ -380,19 +464,33 @@ class CommandServer:
         out.update(self.hello_fields(cmd))
         if legacy:
             out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
-        out.update({
-            "topologyVersion": {"processId": self.process_id, "counter": Int64(self.topology_counter)},
-            "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
-            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.UTC),
-            "logicalSessionTimeoutMinutes": 30, "connectionId": req.conn_id,
-            "minWireVersion": 0, "maxWireVersion": self.max_wire_version, "readOnly": False,
-        })
+        out.update(
+            {
+                "topologyVersion": {
+                    "processId": self.process_id,
+                    "counter": Int64(self.topology_counter),
+                },
+                "maxBsonObjectSize": 16 * 1024 * 1024,
+                "maxMessageSizeBytes": 48_000_000,
+                "maxWriteBatchSize": 100_000,
+                "localTime": datetime.datetime.now(datetime.UTC),
+                "logicalSessionTimeoutMinutes": 30,
+                "connectionId": req.conn_id,
+                "minWireVersion": 0,
+                "maxWireVersion": self.max_wire_version,
+                "readOnly": False,
+            }
+        )
         if "compression" in cmd:
             supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
             if supported:
                 out["compression"] = supported
         mechs_for = cmd.get("saslSupportedMechs")
-        if self.users is not None and isinstance(mechs_for, str) and mechs_for.partition(".")[2] in self.users:
+        if (
+            self.users is not None
+            and isinstance(mechs_for, str)
+            and mechs_for.partition(".")[2] in self.users
+        ):
             out["saslSupportedMechs"] = [MECHANISM]
         speculative = cmd.get("speculativeAuthenticate")
         if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
@@ -401,8 +499,9 @@ class CommandServer:
             # driver then logs in the ordinary way.
             start = {k: v for k, v in speculative.items() if k != "db"}
             with contextlib.suppress(MongoError):
-                out["speculativeAuthenticate"] = await self.cmd_sasl_start(str(speculative.get("db", "")), start,
-                                                                           req)
+                out["speculativeAuthenticate"] = await self.cmd_sasl_start(
+                    str(speculative.get("db", "")), start, req
+                )
         return out
 
     async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -417,11 +516,15 @@ class CommandServer:
     async def cmd_whatsmyuri(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"you": req.peer}
 
-    async def cmd_connection_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+    async def cmd_connection_status(
+        self, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
         users = [{"user": req.user, "db": "admin"}] if req.user else []
         granted = self.roles_of(req.user) if req.user else []
-        info: dict[str, Any] = {"authenticatedUsers": users,
-                                "authenticatedUserRoles": [{"role": r, "db": d} for r, d in granted]}
+        info: dict[str, Any] = {
+            "authenticatedUsers": users,
+            "authenticatedUserRoles": [{"role": r, "db": d} for r, d in granted],
+        }
         if cmd.get("showPrivileges"):
             info["authenticatedUserPrivileges"] = privileges_of_roles(granted)
         return {"authInfo": info}
@@ -430,8 +533,11 @@ class CommandServer:
 
     async def cmd_sasl_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if cmd.get("mechanism") != MECHANISM:
-            raise MongoError("MechanismUnavailable", f"Received authentication for mechanism {cmd.get('mechanism')} "
-                             "which is unknown or not enabled")
+            raise MongoError(
+                "MechanismUnavailable",
+                f"Received authentication for mechanism {cmd.get('mechanism')} "
+                "which is unknown or not enabled",
+            )
         if self.users is None or db != "admin":
             raise MongoError("AuthenticationFailed", "Authentication failed.")
         # Several conversations may be open on one connection here, each finishing on its own. A
@@ -480,33 +586,53 @@ class CommandServer:
     async def cmd_build_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         full = self.full_version
         parts = [int(p) for p in full.split(".")] + [0]
-        return {"version": full, "gitVersion": "simcluster", "modules": [], "allocator": "system",
-                "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": parts,
-                "bits": 64, "debug": False, "maxBsonObjectSize": 16 * 1024 * 1024,
-                "storageEngines": ["wiredTiger"], "openssl": {"running": "disabled"}}
+        return {
+            "version": full,
+            "gitVersion": "simcluster",
+            "modules": [],
+            "allocator": "system",
+            "javascriptEngine": "none",
+            "sysInfo": "deprecated",
+            "versionArray": parts,
+            "bits": 64,
+            "debug": False,
+            "maxBsonObjectSize": 16 * 1024 * 1024,
+            "storageEngines": ["wiredTiger"],
+            "openssl": {"running": "disabled"},
+        }
 
     async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         # enableTestCommands: simcluster always serves the test commands (configureFailPoint, ...),
         # as a server started with it does; drivers' test harnesses read it.
-        params = {"featureCompatibilityVersion": {"version": self.version}, "enableTestCommands": True,
-                  "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
-                  **{name: getattr(self, attr) for name, attr in self.runtime_parameters.items()}}
+        params = {
+            "featureCompatibilityVersion": {"version": self.version},
+            "enableTestCommands": True,
+            "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
+            **{name: getattr(self, attr) for name, attr in self.runtime_parameters.items()},
+        }
         if cmd.get("getParameter") == "*":
             return dict(params)
         return {k: v for k, v in params.items() if k in cmd}
 
     async def cmd_set_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         if db != "admin":
-            raise MongoError("Unauthorized", "setParameter may only be run against the admin database.")
+            raise MongoError(
+                "Unauthorized", "setParameter may only be run against the admin database."
+            )
         out = {}
         for key, value in cmd.items():
             if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
                 continue
             attr = self.runtime_parameters.get(key)
             if attr is None:
-                raise MongoError("InvalidOptions", f"attempted to set unrecognized parameter [{key}]")
+                raise MongoError(
+                    "InvalidOptions", f"attempted to set unrecognized parameter [{key}]"
+                )
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise MongoError("BadValue", f"Invalid value for parameter {key}: {value!r} is not a positive number")
+                raise MongoError(
+                    "BadValue",
+                    f"Invalid value for parameter {key}: {value!r} is not a positive number",
+                )
             out["was"] = getattr(self, attr)
             setattr(self, attr, value)
         return out
@@ -515,29 +641,49 @@ class CommandServer:
         return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
 
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"host": self.address, "version": self.version, "process": self.process_kind,
-                "uptime": 1.0, "connections": {"current": 0, "available": 1000},
-                "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))},
-                                       "timedOut": Int64(self.cursors.timed_out)}}}
+        return {
+            "host": self.address,
+            "version": self.version,
+            "process": self.process_kind,
+            "uptime": 1.0,
+            "connections": {"current": 0, "available": 1000},
+            "metrics": {
+                "cursor": {
+                    "open": {"total": Int64(len(self.cursors))},
+                    "timedOut": Int64(self.cursors.timed_out),
+                }
+            },
+        }
 
     async def cmd_cmdline(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"argv": [self.process_kind], "parsed": {}}
 
     async def cmd_host_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"system": {"hostname": self.host, "numCores": 2}, "os": {"type": "Linux"}, "extra": {}}
+        return {
+            "system": {"hostname": self.host, "numCores": 2},
+            "os": {"type": "Linux"},
+            "extra": {},
+        }
 
     async def cmd_get_log(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"totalLinesWritten": 0, "log": []} if cmd["getLog"] != "*" else {"names": ["global", "startupWarnings"]}
+        return (
+            {"totalLinesWritten": 0, "log": []}
+            if cmd["getLog"] != "*"
+            else {"names": ["global", "startupWarnings"]}
+        )
 
     async def cmd_get_more(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         more = get_more_request(cmd)
         fail = None
         fp = self.fail_points.get("failGetMoreAfterCursorCheckout")
         if fp and self._fail_point_fires(fp):
-            fail = MongoError(int(fp["data"].get("errorCode", 1)), "Failing command via "
-                              "'failGetMoreAfterCursorCheckout' failpoint")
-        cursor = await self.cursors.get_more(more.cursor_id, f"{db}.{more.collection}", more.batch_size,
-                                             more.max_time_ms, fail)
+            fail = MongoError(
+                int(fp["data"].get("errorCode", 1)),
+                "Failing command via 'failGetMoreAfterCursorCheckout' failpoint",
+            )
+        cursor = await self.cursors.get_more(
+            more.cursor_id, f"{db}.{more.collection}", more.batch_size, more.max_time_ms, fail
+        )
         return {"cursor": cursor}
 
     def _fail_point_fires(self, fp: dict[str, Any]) -> bool:
@@ -552,23 +698,35 @@ class CommandServer:
     async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """killSessions [{id}] / killAllSessions [{user, db}] / killAllSessionsByPattern [pattern]
         (mongoformats.sessions.sessions_named)."""
-        caller = user_identity(req.user, "admin") if req.user else None  # simcluster's users are admin's
-        kill_any = req.user is not None and allows(privileges_of_roles(self.roles_of(req.user)), ("killAnySession",),
-                                                   {"cluster": True})
-        self.kill_sessions(sessions_named(cmd, caller, access_control=self.users is not None, kill_any=kill_any))
+        caller = (
+            user_identity(req.user, "admin") if req.user else None
+        )  # simcluster's users are admin's
+        kill_any = req.user is not None and allows(
+            privileges_of_roles(self.roles_of(req.user)), ("killAnySession",), {"cluster": True}
+        )
+        self.kill_sessions(
+            sessions_named(cmd, caller, access_control=self.users is not None, kill_any=kill_any)
+        )
         return {}
 
     def kill_sessions(self, named: SessionsNamed) -> None:
         """What ends with the named sessions: here their cursors (a getMore running on one fails
         with CursorKilled); a shard and mongos end their transactions too."""
-        self.cursors.kill_sessions(lambda c: named(c.lsid, user_identity(c.user, "admin") if c.user else c.user))
+        self.cursors.kill_sessions(
+            lambda c: named(c.lsid, user_identity(c.user, "admin") if c.user else c.user)
+        )
 
     async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         killed: list[Int64] = []
         missing: list[Int64] = []
         for cid in kill_cursors_ids(cmd):
             (killed if self.cursors.kill(cid) else missing).append(Int64(cid))
-        return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": []}
+        return {
+            "cursorsKilled": killed,
+            "cursorsNotFound": missing,
+            "cursorsAlive": [],
+            "cursorsUnknown": [],
+        }
 
 
 _CLOSE = object()
@@ -597,6 +755,8 @@ def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:
     lname = name.lower()
     if lname in ("committransaction", "aborttransaction"):
         return True
-    return "txnNumber" in cmd and "autocommit" not in cmd and lname in (
-        "insert", "update", "delete", "findandmodify")
-
+    return (
+        "txnNumber" in cmd
+        and "autocommit" not in cmd
+        and lname in ("insert", "update", "delete", "findandmodify")
+    )

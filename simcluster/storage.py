@@ -71,7 +71,9 @@ class Collection:
 
     def __post_init__(self) -> None:
         if "_id_" not in self.indexes:
-            self.indexes["_id_"] = Index("_id_", {"_id": 1}, False, {"v": 2, "key": {"_id": 1}, "name": "_id_"})
+            self.indexes["_id_"] = Index(
+                "_id_", {"_id": 1}, False, {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+            )
 
     @property
     def ui(self) -> Binary:
@@ -88,21 +90,34 @@ class Collection:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(list(self.docs.values()))
 
-    def check_unique(self, doc: dict[str, Any], ns: str, ignore: bytes | None = None, *,
-                     key: bytes | None = None) -> None:
+    def check_unique(
+        self, doc: dict[str, Any], ns: str, ignore: bytes | None = None, *, key: bytes | None = None
+    ) -> None:
         k = key or id_key(doc["_id"])
         if k in self.docs and k != ignore:
-            raise MongoError("DuplicateKey", f"E11000 duplicate key error collection: {ns} index: _id_ dup key: "
-                             f"{{ _id: {doc['_id']!r} }}", keyPattern={"_id": 1}, keyValue={"_id": doc["_id"]})
+            raise MongoError(
+                "DuplicateKey",
+                f"E11000 duplicate key error collection: {ns} index: _id_ dup key: "
+                f"{{ _id: {doc['_id']!r} }}",
+                keyPattern={"_id": 1},
+                keyValue={"_id": doc["_id"]},
+            )
         for ix in self.indexes.values():
             if ix.unique:
                 owner = ix.entries.get(ix.key_of(doc))
                 if owner is not None and owner != (ignore or k):
                     kv = ix.key_value(doc)
-                    raise MongoError("DuplicateKey", f"E11000 duplicate key error collection: {ns} index: "
-                                     f"{ix.name} dup key: {kv!r}", keyPattern=ix.key, keyValue=kv)
+                    raise MongoError(
+                        "DuplicateKey",
+                        f"E11000 duplicate key error collection: {ns} index: "
+                        f"{ix.name} dup key: {kv!r}",
+                        keyPattern=ix.key,
+                        keyValue=kv,
+                    )
 
-    def put(self, doc: dict[str, Any], old: dict[str, Any] | None = None, *, key: bytes | None = None) -> None:
+    def put(
+        self, doc: dict[str, Any], old: dict[str, Any] | None = None, *, key: bytes | None = None
+    ) -> None:
         k = key or id_key(doc["_id"])
         for ix in self.indexes.values():
             if ix.unique:
@@ -126,8 +141,12 @@ class Collection:
             for d in self.docs.values():
                 kk = ix.key_of(d)
                 if kk in ix.entries:
-                    raise MongoError("DuplicateKey", f"E11000 duplicate key error collection: {ns} index: {name}",
-                                     keyPattern=ix.key, keyValue=ix.key_value(d))
+                    raise MongoError(
+                        "DuplicateKey",
+                        f"E11000 duplicate key error collection: {ns} index: {name}",
+                        keyPattern=ix.key,
+                        keyValue=ix.key_value(d),
+                    )
                 ix.entries[kk] = id_key(d["_id"])
         self.indexes[name] = ix
         return True

@@ -40,8 +40,10 @@ def txn_key(cmd: dict[str, Any]) -> TxnKey:
 
 
 def no_such_transaction(key: TxnKey) -> MongoError:
-    return MongoError("NoSuchTransaction", f"Transaction with txnNumber {key[1]} has been aborted or was never "
-                      "started").with_labels("TransientTransactionError")
+    return MongoError(
+        "NoSuchTransaction",
+        f"Transaction with txnNumber {key[1]} has been aborted or was never started",
+    ).with_labels("TransientTransactionError")
 
 
 @dataclass
@@ -51,7 +53,7 @@ class Transaction:
     ops: list[dict[str, Any]] = field(default_factory=list)
     undo: list[Callable[[], None]] = field(default_factory=list)
     images: list[Any] = field(default_factory=list)  # per op: (collection, before, after) or None
-    state: str = "open"          # open -> prepared -> committed | aborted
+    state: str = "open"  # open -> prepared -> committed | aborted
     prepare_ts: Timestamp | None = None
     # When it started (time.monotonic()): it expires transactionLifetimeLimitSeconds later, unless prepared.
     started: float = field(default_factory=time.monotonic)
@@ -62,7 +64,9 @@ class Transaction:
     def record(self, op: dict[str, Any], undo: Callable[[], None], images: Any = None) -> None:
         """Hold a write until commit; `images` (collection, before, after) if it may keep them."""
         if self.state != "open":
-            raise MongoError("PreparedTransactionInProgress", "cannot write to a prepared transaction")
+            raise MongoError(
+                "PreparedTransactionInProgress", "cannot write to a prepared transaction"
+            )
         self.ops.append(op)
         self.undo.append(undo)
         self.images.append(images)
@@ -110,7 +114,10 @@ class TransactionTable:
         if txn.state != "open":
             raise no_such_transaction(key)
         if txn.ops:
-            chunks = [txn.ops[i:i + MAX_OPS_PER_ENTRY] for i in range(0, len(txn.ops), MAX_OPS_PER_ENTRY)]
+            chunks = [
+                txn.ops[i : i + MAX_OPS_PER_ENTRY]
+                for i in range(0, len(txn.ops), MAX_OPS_PER_ENTRY)
+            ]
             prev = {"ts": Timestamp(0, 0), "t": Int64(-1)}
             entry_ts = []
             for i, chunk in enumerate(chunks):
@@ -119,11 +126,20 @@ class TransactionTable:
                     o["partialTxn"] = True
                 elif len(chunks) > 1:
                     o["count"] = Int64(len(txn.ops))
-                ts, _ = self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": o, **txn.session_fields(),
-                                           "prevOpTime": prev})
+                ts, _ = self.oplog.append(
+                    {
+                        "op": "c",
+                        "ns": "admin.$cmd",
+                        "o": o,
+                        **txn.session_fields(),
+                        "prevOpTime": prev,
+                    }
+                )
                 entry_ts.append(ts)
                 prev = {"ts": ts, "t": Int64(self.oplog.term)}
-            self._record_images(txn, lambda i: (entry_ts[i // MAX_OPS_PER_ENTRY], i % MAX_OPS_PER_ENTRY))
+            self._record_images(
+                txn, lambda i: (entry_ts[i // MAX_OPS_PER_ENTRY], i % MAX_OPS_PER_ENTRY)
+            )
         txn.state = "committed"
 
     def prepare(self, key: TxnKey) -> Timestamp:
@@ -132,17 +148,36 @@ class TransactionTable:
         if txn is None or txn.state not in ("open", "prepared"):
             raise no_such_transaction(key)
         if txn.state == "open":
-            ts, _ = self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": {"applyOps": txn.ops, "prepare": True},
-                                       **txn.session_fields(), "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}})
+            ts, _ = self.oplog.append(
+                {
+                    "op": "c",
+                    "ns": "admin.$cmd",
+                    "o": {"applyOps": txn.ops, "prepare": True},
+                    **txn.session_fields(),
+                    "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)},
+                }
+            )
             txn.state, txn.prepare_ts = "prepared", ts
         assert txn.prepare_ts is not None
         return txn.prepare_ts
 
-    def restore_prepared(self, key: TxnKey, lsid: dict[str, Any], prepare_ts: Timestamp, ops: list[Any],
-                         apply: Callable[..., None]) -> None:
+    def restore_prepared(
+        self,
+        key: TxnKey,
+        lsid: dict[str, Any],
+        prepare_ts: Timestamp,
+        ops: list[Any],
+        apply: Callable[..., None],
+    ) -> None:
         """A transaction prepared under an earlier primary, known from the oplog: still prepared here."""
-        self.txns[key] = Transaction(lsid, key[1], ops=list(ops), state="prepared", prepare_ts=prepare_ts,
-                                     apply_on_commit=apply)
+        self.txns[key] = Transaction(
+            lsid,
+            key[1],
+            ops=list(ops),
+            state="prepared",
+            prepare_ts=prepare_ts,
+            apply_on_commit=apply,
+        )
 
     def commit_prepared(self, key: TxnKey, commit_ts: Timestamp) -> None:
         txn = self.txns[key]
@@ -156,11 +191,20 @@ class TransactionTable:
             txn.apply_on_commit = None
         # All its ops are in the one prepare entry: their images are kept under its ts.
         self._record_images(txn, lambda i: (prepare_ts, i))
-        self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": {"commitTransaction": 1, "commitTimestamp": commit_ts},
-                           **txn.session_fields(), "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)}})
+        self.oplog.append(
+            {
+                "op": "c",
+                "ns": "admin.$cmd",
+                "o": {"commitTransaction": 1, "commitTimestamp": commit_ts},
+                **txn.session_fields(),
+                "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)},
+            }
+        )
         txn.state = "committed"
 
-    def _record_images(self, txn: Transaction, where: Callable[[int], tuple[Timestamp, int]]) -> None:
+    def _record_images(
+        self, txn: Transaction, where: Callable[[int], tuple[Timestamp, int]]
+    ) -> None:
         """Keep the images of a committed transaction's writes where the server keys them: the
         ts of the applyOps entry holding the write and its index there (`where(op index)`)."""
         if self.record_images is None:
@@ -189,10 +233,19 @@ class TransactionTable:
         if txn is None or txn.state == "committed":
             raise no_such_transaction(key)
         if txn.state == "prepared":
-            self.oplog.append({"op": "c", "ns": "admin.$cmd", "o": {"abortTransaction": 1}, **txn.session_fields(),
-                               "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)}})
+            self.oplog.append(
+                {
+                    "op": "c",
+                    "ns": "admin.$cmd",
+                    "o": {"abortTransaction": 1},
+                    **txn.session_fields(),
+                    "prevOpTime": {"ts": txn.prepare_ts, "t": Int64(self.oplog.term)},
+                }
+            )
         if txn.state in ("open", "prepared"):
-            self._undo(txn)  # a taken-over transaction has nothing to undo: its ops were never applied
+            self._undo(
+                txn
+            )  # a taken-over transaction has nothing to undo: its ops were never applied
         txn.state = "aborted"
 
     @staticmethod

@@ -32,7 +32,13 @@ from mongoformats.errors import MongoError
 from mongoformats.mql import _match_value, matches
 from simcluster.query import sort_docs
 
-__all__ = ["apply_update", "pipeline_diff", "pipeline_entry", "replaced_by_pipeline", "update_with_entry"]
+__all__ = [
+    "apply_update",
+    "pipeline_diff",
+    "pipeline_entry",
+    "replaced_by_pipeline",
+    "update_with_entry",
+]
 
 # -- the diff, built as the server's log builder builds it ----------------------------------------
 
@@ -44,7 +50,9 @@ class _DocDiff:
         self.deletes: list[str] = []
         self.updates: dict[str, Any] = {}
         self.inserts: dict[str, Any] = {}
-        self.children: dict[str, _DocDiff | _ArrayDiff] = {}  # the s<name> sub-diffs, in order added
+        self.children: dict[
+            str, _DocDiff | _ArrayDiff
+        ] = {}  # the s<name> sub-diffs, in order added
 
     def serialize(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -189,7 +197,11 @@ def _arith(old: Any, operand: Any, op: str) -> Any:
     # The server keeps the wider of the two types: Int32 + Int32 stays Int32 unless it overflows.
     if isinstance(old, float) or isinstance(operand, float):
         return float(result)
-    if isinstance(old, bson.Int64) or isinstance(operand, bson.Int64) or not -(2**31) <= result < 2**31:
+    if (
+        isinstance(old, bson.Int64)
+        or isinstance(operand, bson.Int64)
+        or not -(2**31) <= result < 2**31
+    ):
         return bson.Int64(result)
     return int(result)
 
@@ -220,10 +232,14 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[Any, int] |
         each = isinstance(value, Mapping) and "$each" in value
         items = list(value["$each"]) if each else [value]
         if exists and not isinstance(old, list):
-            raise MongoError("BadValue", f"The field must be an array but is of type {type(old).__name__}")
+            raise MongoError(
+                "BadValue", f"The field must be an array but is of type {type(old).__name__}"
+            )
         arr = list(old) if exists else []
         before = len(arr)
-        if op == "$addToSet":  # logged whole, as 7.0/8.0 do (newer servers log the appended elements)
+        if (
+            op == "$addToSet"
+        ):  # logged whole, as 7.0/8.0 do (newer servers log the appended elements)
             for item in items:
                 if all(compare(item, a) != 0 for a in arr):
                     arr.append(copy.deepcopy(item))
@@ -262,24 +278,57 @@ def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[Any, int] |
         if not isinstance(old, list):
             raise MongoError("BadValue", "Cannot apply $pull to a non-array value")
         gone = value if op == "$pullAll" else [value]
-        keep = [a for a in old if not any(
-            (matches(a, g) if isinstance(g, Mapping) and isinstance(a, Mapping) else
-             _match_value(g, [a], a, "")) for g in gone)]
+        keep = [
+            a
+            for a in old
+            if not any(
+                (
+                    matches(a, g)
+                    if isinstance(g, Mapping) and isinstance(a, Mapping)
+                    else _match_value(g, [a], a, "")
+                )
+                for g in gone
+            )
+        ]
         return None if len(keep) == len(old) else (keep, 0)
     raise _unknown_modifier(op)
 
 
 def _unknown_modifier(op: str) -> MongoError:
-    return MongoError("FailedToParse", f"Unknown modifier: {op}. Expected a valid update modifier or "
-                      "pipeline-style update specified as an array")
+    return MongoError(
+        "FailedToParse",
+        f"Unknown modifier: {op}. Expected a valid update modifier or "
+        "pipeline-style update specified as an array",
+    )
 
 
-_MODIFIERS = frozenset({"$set", "$setOnInsert", "$inc", "$mul", "$min", "$max", "$currentDate", "$push",
-                        "$addToSet", "$pop", "$pull", "$pullAll", "$unset", "$rename"})
+_MODIFIERS = frozenset(
+    {
+        "$set",
+        "$setOnInsert",
+        "$inc",
+        "$mul",
+        "$min",
+        "$max",
+        "$currentDate",
+        "$push",
+        "$addToSet",
+        "$pop",
+        "$pull",
+        "$pullAll",
+        "$unset",
+        "$rename",
+    }
+)
 
 
-def _expand(doc: Any, parts: list[str], array_filters: Mapping[str, Any], query: Mapping[str, Any],
-            path: str) -> list[list[str]]:
+def _expand(
+    doc: Any,
+    parts: list[str],
+    array_filters: Mapping[str, Any],
+    query: Mapping[str, Any],
+    path: str,
+) -> list[list[str]]:
     """The concrete paths of one update path: `$[]`, `$[<id>]` and `$` become the indexes they
     select in this document, in index order."""
     out: list[list[str]] = [[]]
@@ -293,16 +342,24 @@ def _expand(doc: Any, parts: list[str], array_filters: Mapping[str, Any], query:
             found, _, value = _lookup(doc, prefix)
             where = ".".join(prefix)
             if found < len(prefix):
-                raise MongoError("BadValue", f"The path '{where}' must exist in the document in order to apply "
-                                 "array updates.")
+                raise MongoError(
+                    "BadValue",
+                    f"The path '{where}' must exist in the document in order to apply "
+                    "array updates.",
+                )
             if not isinstance(value, list):
-                raise MongoError("BadValue", f"Cannot apply array updates to non-array element {where}: {value!r}")
+                raise MongoError(
+                    "BadValue",
+                    f"Cannot apply array updates to non-array element {where}: {value!r}",
+                )
             if part == "$":
                 grown.append([*prefix, str(_positional(value, where, query))])
                 continue
             ident = part[2:-1]
             if ident and ident not in array_filters:
-                raise MongoError("BadValue", f"No array filter found for identifier '{ident}' in path '{path}'")
+                raise MongoError(
+                    "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
+                )
             for idx, element in enumerate(value):
                 if not ident or matches({ident: element}, array_filters[ident]):
                     grown.append([*prefix, str(idx)])
@@ -317,14 +374,24 @@ def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
         terms += [(k, v) for k, v in clause.items() if k == where or k.startswith(where + ".")]
     if terms:
         for idx, element in enumerate(array):
-            if all(matches({where: [element]} if k == where else {where: element}, {k: v}) for k, v in terms):
+            if all(
+                matches({where: [element]} if k == where else {where: element}, {k: v})
+                for k, v in terms
+            ):
                 return idx
-    raise MongoError("BadValue", "The positional operator did not find the match needed from the query.")
+    raise MongoError(
+        "BadValue", "The positional operator did not find the match needed from the query."
+    )
 
 
-def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
-                      array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None,
-                      ) -> tuple[dict[str, Any], Any]:
+def update_with_entry(
+    doc: dict[str, Any] | None,
+    update: Mapping[str, Any],
+    *,
+    is_insert: bool = False,
+    array_filters: list[Any] | None = None,
+    query: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], Any]:
     """(the updated copy of `doc`, the `o` of the oplog entry the server writes for it, or None when
     nothing changed): a `$v: 2` diff for update operators, the new document for a replacement."""
     new = copy.deepcopy(doc) if doc is not None else {}
@@ -352,12 +419,20 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
                 steps.append((parts, op, parts, value))
     steps.sort(key=lambda s: _path_order(s[0]))
     if not is_insert:  # a top-level field the update stores: set whole, or created
-        _check_top_level_names({t[0]: None for t, op, _, _ in steps
-                                if op != "$unset" and (len(t) == 1 or t[0] not in new)})
+        _check_top_level_names(
+            {
+                t[0]: None
+                for t, op, _, _ in steps
+                if op != "$unset" and (len(t) == 1 or t[0] not in new)
+            }
+        )
     for a, b in zip(steps, steps[1:], strict=False):
-        if b[0][:len(a[0])] == a[0]:
-            raise MongoError("ConflictingUpdateOperators", f"Updating the path '{'.'.join(b[0])}' would create a "
-                             f"conflict at '{'.'.join(a[0])}'")
+        if b[0][: len(a[0])] == a[0]:
+            raise MongoError(
+                "ConflictingUpdateOperators",
+                f"Updating the path '{'.'.join(b[0])}' would create a "
+                f"conflict at '{'.'.join(a[0])}'",
+            )
     log = _Log()
     for target, op, parts, value in steps:
         if op == "$unset":
@@ -368,7 +443,10 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
             found, flags, old = _lookup(new, parts)
             if found == len(parts):  # as RenameNode: the target is set, then the source removed
                 if flags[-1]:
-                    raise MongoError("BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'")
+                    raise MongoError(
+                        "BadValue",
+                        f"The source field cannot be an array element, '{'.'.join(parts)}'",
+                    )
                 _put(new, target, old, log)
                 _unset(new, parts, flags, log)
         else:
@@ -384,8 +462,10 @@ def update_with_entry(doc: dict[str, Any] | None, update: Mapping[str, Any], *, 
             else:
                 _put(new, parts, result, log)
     if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
-        raise MongoError("ImmutableField", "Performing an update on the path '_id' would modify the immutable "
-                         "field '_id'")
+        raise MongoError(
+            "ImmutableField",
+            "Performing an update on the path '_id' would modify the immutable field '_id'",
+        )
     return new, {"$v": 2, "diff": log.diff()} if log.changed else None
 
 
@@ -400,10 +480,12 @@ def _check_top_level_names(fields: Mapping[str, Any]) -> None:
     $replaceWith/$setField may store one). DBRef's $ref/$id/$db pass (their order unchecked)."""
     for name in fields:
         if name.startswith("$") and name not in _DBREF_FIELDS:
-            raise MongoError("DollarPrefixedFieldName",
-                             f"The dollar ($) prefixed field '{name}' in '{name}' is not allowed in "
-                             "the context of an update's replacement document. Consider using an "
-                             "aggregation pipeline with $replaceWith.")
+            raise MongoError(
+                "DollarPrefixedFieldName",
+                f"The dollar ($) prefixed field '{name}' in '{name}' is not allowed in "
+                "the context of an update's replacement document. Consider using an "
+                "aggregation pipeline with $replaceWith.",
+            )
 
 
 def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
@@ -413,8 +495,8 @@ def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
     if found == len(parts):
         log.add(parts, flags, "u", value)
     else:
-        _, _, subtree = _lookup(doc, parts[:found + 1])
-        log.add(parts[:found + 1], flags[:found + 1], "i", subtree)
+        _, _, subtree = _lookup(doc, parts[: found + 1])
+        log.add(parts[: found + 1], flags[: found + 1], "i", subtree)
 
 
 def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: _Log) -> None:
@@ -434,16 +516,27 @@ def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> d
         out["_id"] = doc["_id"]
     for k, v in replacement.items():
         if k == "_id" and doc is not None and "_id" in doc and not _same(v, doc["_id"]):
-            raise MongoError("ImmutableField", "After applying the update, the (immutable) field '_id' was found "
-                             "to have been altered to _id: " + repr(v))
+            raise MongoError(
+                "ImmutableField",
+                "After applying the update, the (immutable) field '_id' was found "
+                "to have been altered to _id: " + repr(v),
+            )
         out[k] = v
     return out
 
 
-def apply_update(doc: dict[str, Any] | None, update: Mapping[str, Any], *, is_insert: bool = False,
-                 array_filters: list[Any] | None = None, query: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def apply_update(
+    doc: dict[str, Any] | None,
+    update: Mapping[str, Any],
+    *,
+    is_insert: bool = False,
+    array_filters: list[Any] | None = None,
+    query: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The updated copy of `doc` (None for an upsert's new document)."""
-    return update_with_entry(doc, update, is_insert=is_insert, array_filters=array_filters, query=query)[0]
+    return update_with_entry(
+        doc, update, is_insert=is_insert, array_filters=array_filters, query=query
+    )[0]
 
 
 def replaced_by_pipeline(doc: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
@@ -454,11 +547,17 @@ def replaced_by_pipeline(doc: Mapping[str, Any], result: Mapping[str, Any]) -> d
 
 # -- pipeline updates: the server compares the documents -----------------------------------------
 
-_DELTA_METADATA_BYTES = 15  # `$v: 2` and the `diff` element around a diff (kSizeOfDeltaOplogEntryMetadata)
+_DELTA_METADATA_BYTES = (
+    15  # `$v: 2` and the `diff` element around a diff (kSizeOfDeltaOplogEntryMetadata)
+)
 
 
 def _size(value: Any) -> int:
-    return len(bson.encode(value if isinstance(value, Mapping) else {str(i): v for i, v in enumerate(value)}))
+    return len(
+        bson.encode(
+            value if isinstance(value, Mapping) else {str(i): v for i, v in enumerate(value)}
+        )
+    )
 
 
 def pipeline_entry(old: Mapping[str, Any], new: Mapping[str, Any]) -> Any:
@@ -476,7 +575,9 @@ def pipeline_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, A
     return _doc_diff(old, new, _DELTA_METADATA_BYTES)
 
 
-def _doc_diff(old: Mapping[str, Any], new: Mapping[str, Any], padding: int = 0) -> dict[str, Any] | None:
+def _doc_diff(
+    old: Mapping[str, Any], new: Mapping[str, Any], padding: int = 0
+) -> dict[str, Any] | None:
     """computeDocDiff: both documents walked side by side; a field whose name differs from the new
     document's field at that place is deleted unless it comes again later (then it is an insert,
     which moves it); None if the diff is no smaller than `new`."""

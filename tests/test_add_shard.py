@@ -49,6 +49,7 @@ async def test_add_shard_errors_and_listing(growing):
         shards = {s["_id"]: s for s in c.admin.command("listShards")["shards"]}
         assert sorted(shards) == ["shard0", "shard1", "shard2"]
         assert shards["shard2"]["topologyTime"] > before >= shards["shard0"]["topologyTime"]
+
     await sync(work)
 
 
@@ -61,10 +62,19 @@ async def test_streams_read_a_shard_added_while_they_run(growing, reader_process
         c = client(proxy_uri(proxy))
         direct = client(cluster.uri)
         start = c.admin.command("ping")["operationTime"]
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 4, "name": "grow",
-                                  "showExpandedEvents": True, "startAtOperationTime": start,
-                                  "readerProcesses": reader_processes})
-        native = direct.watch(start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=200)
+        opened = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": 4,
+                "name": "grow",
+                "showExpandedEvents": True,
+                "startAtOperationTime": start,
+                "readerProcesses": reader_processes,
+            }
+        )
+        native = direct.watch(
+            start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=200
+        )
         c.admin.command("shardCollection", "g.h", key={"_id": "hashed"})
         c.g.h.insert_many([{"_id": i} for i in range(50)])
         assert add_spare(c, cluster) == "shard2"
@@ -96,6 +106,7 @@ async def test_streams_read_a_shard_added_while_they_run(growing, reader_process
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "grow"})["streams"][0]
         assert status["topology"]["shardsAdded"] == ["shard2"]
         assert sorted(s["shard"] for s in status["shards"]) == ["shard0", "shard1", "shard2"]
+
     await sync(work)
 
 

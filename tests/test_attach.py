@@ -20,8 +20,10 @@ NS = "$cmd.parallelChangeStream"
 
 def _next(c: Any, cursor_id: int, n: int) -> list[RawBSONDocument]:
     """One getMore's events (at most `n`, waiting for none)."""
-    r = c.admin.command({"getMore": cursor_id, "collection": NS, "batchSize": n, "maxTimeMS": 0},
-                        codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+    r = c.admin.command(
+        {"getMore": cursor_id, "collection": NS, "batchSize": n, "maxTimeMS": 0},
+        codec_options=bson.CodecOptions(document_class=RawBSONDocument),
+    )
     return list(r["cursor"]["nextBatch"])
 
 
@@ -48,8 +50,15 @@ async def test_an_attach_without_a_token_replays_what_retention_dropped(cluster,
     an attach without a token is served by a replay and still returns every event, in order,
     and then the events written after the attach."""
     c = client(proxy_uri(proxy))
-    opened = await sync(c.admin.command, {"parallelChangeStream": 1, "nBuckets": 1, "name": "dropped",
-                                          "bucketBufferBytes": 16 << 10})
+    opened = await sync(
+        c.admin.command,
+        {
+            "parallelChangeStream": 1,
+            "nBuckets": 1,
+            "name": "dropped",
+            "bucketBufferBytes": 16 << 10,
+        },
+    )
     n = 400
     await sync(c.att.dropped.insert_many, [{"_id": i} for i in range(n)])
     first = await sync(_read, c, opened["cursors"][0]["id"], n)
@@ -57,7 +66,9 @@ async def test_an_attach_without_a_token_replays_what_retention_dropped(cluster,
     stream = proxy.engine.streams["dropped"]
     bucket = stream.buckets[0]
     assert bucket.position_after(bucket.start_floor) is None, "retention dropped the start"
-    attached = await sync(c.admin.command, {"parallelChangeStream": 1, "name": "dropped", "bucket": 0})
+    attached = await sync(
+        c.admin.command, {"parallelChangeStream": 1, "name": "dropped", "bucket": 0}
+    )
     assert stream.replays == 1
     await sync(c.att.dropped.insert_many, [{"_id": i} for i in range(n, n + 20)])
     # The opener reads on too: a cursor that stops reading pins its bucket's retention.
@@ -76,15 +87,19 @@ def _one_namespace_per_bucket(n: int) -> dict[int, str]:
 
 
 @pytest.mark.parametrize("with_token", [False, True])
-async def test_workers_attached_beside_an_unread_open_get_a_backlog_of_many_budgets(cluster, proxy, with_token):
+async def test_workers_attached_beside_an_unread_open_get_a_backlog_of_many_budgets(
+    cluster, proxy, with_token
+):
     """A driver opens the stream (4 cursors it never reads) and 4 workers attach one bucket
     each, from the open's postBatchResumeToken or without a token; a backlog of several bucket
     budgets per bucket is written: the opener's unread cursors pin no retention, so the merge
     goes on, and every worker gets every event of its bucket, in order."""
     budget = 16 << 10
     c = client(proxy_uri(proxy))
-    opened = await sync(c.admin.command, {"parallelChangeStream": 1, "nBuckets": 4, "name": "hol",
-                                          "bucketBufferBytes": budget})
+    opened = await sync(
+        c.admin.command,
+        {"parallelChangeStream": 1, "nBuckets": 4, "name": "hol", "bucketBufferBytes": budget},
+    )
     workers = {}
     for cur in opened["cursors"]:
         cmd = {"parallelChangeStream": 1, "name": "hol", "bucket": cur["bucket"]}
@@ -99,7 +114,10 @@ async def test_workers_attached_beside_an_unread_open_get_a_backlog_of_many_budg
         for lo in range(0, per_ns, 20):
             for ns in names.values():
                 db, coll = ns.split(".")
-                c[db][coll].insert_many([{"_id": i, "pad": pad} for i in range(lo, min(lo + 20, per_ns))])
+                c[db][coll].insert_many(
+                    [{"_id": i, "pad": pad} for i in range(lo, min(lo + 20, per_ns))]
+                )
+
     await sync(write)
     got: dict[int, list[RawBSONDocument]] = {b: [] for b in workers}
 
@@ -109,11 +127,14 @@ async def test_workers_attached_beside_an_unread_open_get_a_backlog_of_many_budg
             for b, cid in workers.items():
                 if len(got[b]) < per_ns:
                     got[b] += _next(c, cid, per_ns - len(got[b]))
+
     await sync(read_all)
     for b, events in got.items():
         assert {f"{e['ns']['db']}.{e['ns']['coll']}" for e in events} == {names[b]}
         assert _ids(events) == list(range(per_ns))
-    assert all(cur["id"] in proxy.engine.cursors for cur in opened["cursors"]), "the opener's cursors live on"
+    assert all(cur["id"] in proxy.engine.cursors for cur in opened["cursors"]), (
+        "the opener's cursors live on"
+    )
     await sync(_close_all)
 
 
@@ -122,9 +143,13 @@ async def test_an_unread_cursor_whose_events_were_dropped_reads_them_from_a_repl
     budget, so retention drops what the opener has not read; its first getMore is then served
     by a replay of the oplogs: every event, in order, then the live ones."""
     c = client(proxy_uri(proxy))
-    opened = await sync(c.admin.command, {"parallelChangeStream": 1, "nBuckets": 1, "name": "cache",
-                                          "bucketBufferBytes": 16 << 10})
-    worker = (await sync(c.admin.command, {"parallelChangeStream": 1, "name": "cache", "bucket": 0}))["cursor"]["id"]
+    opened = await sync(
+        c.admin.command,
+        {"parallelChangeStream": 1, "nBuckets": 1, "name": "cache", "bucketBufferBytes": 16 << 10},
+    )
+    worker = (
+        await sync(c.admin.command, {"parallelChangeStream": 1, "name": "cache", "bucket": 0})
+    )["cursor"]["id"]
     n = 300
     await sync(c.att.cache.insert_many, [{"_id": i, "pad": "x" * 200} for i in range(n)])
     assert _ids(await sync(_read, c, worker, n)) == list(range(n))

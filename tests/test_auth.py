@@ -23,10 +23,13 @@ def with_user(uri: str, user: str, password: str) -> str:
 
 async def test_logins_pass_through_and_the_engine_uses_its_own():
     async with open_cluster(shards=2, users=USERS) as cluster, trio.open_nursery() as nursery:
-        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc", "proxy-pw"),
-                                                             listen_port=0))
-        wrong = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc", "nope"),
-                                                             listen_port=0))
+        proxy = await nursery.start(
+            serve_proxy,
+            ProxyConfig(upstream=with_user(cluster.uri, "cdc", "proxy-pw"), listen_port=0),
+        )
+        wrong = await nursery.start(
+            serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc", "nope"), listen_port=0)
+        )
         base = f"mongodb://127.0.0.1:{proxy.port}/"
 
         def work() -> None:
@@ -35,7 +38,9 @@ async def test_logins_pass_through_and_the_engine_uses_its_own():
                 anonymous.t.c.find_one()  # mongos refuses it on the client's own connection
             assert info.value.code == 13
             with pytest.raises(OperationFailure) as info:
-                anonymous.admin.command({"parallelChangeStream": 1, "nBuckets": 1})  # and so does the engine
+                anonymous.admin.command(
+                    {"parallelChangeStream": 1, "nBuckets": 1}
+                )  # and so does the engine
             assert info.value.code == 13
             with pytest.raises(OperationFailure) as info:
                 client(with_user(base, "alice", "wrong")).admin.command("ping")
@@ -45,10 +50,13 @@ async def test_logins_pass_through_and_the_engine_uses_its_own():
             status = alice.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"]
             assert status == [{"user": "alice", "db": "admin"}]
             # Read in a reader process, which logs in as the engine too.
-            opened = alice.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "mine",
-                                          "readerProcesses": 1})
+            opened = alice.admin.command(
+                {"parallelChangeStream": 1, "nBuckets": 1, "name": "mine", "readerProcesses": 1}
+            )
             alice.t.c.insert_many([{"_id": i} for i in range(50)])
-            events = drain(alice, opened["cursors"][0]["id"], end_point(alice))  # shards read as "cdc"
+            events = drain(
+                alice, opened["cursors"][0]["id"], end_point(alice)
+            )  # shards read as "cdc"
             assert [e["documentKey"]["_id"] for e in events] == list(range(50))
 
             bob = client(with_user(base, "bob", "bob-pw"))
@@ -61,6 +69,7 @@ async def test_logins_pass_through_and_the_engine_uses_its_own():
             with pytest.raises(OperationFailure) as info:
                 carol.admin.command({"parallelChangeStream": 1, "nBuckets": 1})
             assert info.value.code == 18
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -71,10 +80,18 @@ async def test_users_get_only_the_change_streams_their_roles_allow():
     nothing wider, and so does the proxy, which asks the client's own connection for its
     privileges; the engine itself reads the shards as the proxy's user, which may read all."""
     roles = {"reader": [("read", "shop")]}
-    async with open_cluster(shards=2, users=USERS | {"reader": "reader-pw"}, roles=roles) as cluster, \
-            trio.open_nursery() as nursery:
-        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc", "proxy-pw"),
-                                                             listen_port=0, accelerate_change_streams=True))
+    async with (
+        open_cluster(shards=2, users=USERS | {"reader": "reader-pw"}, roles=roles) as cluster,
+        trio.open_nursery() as nursery,
+    ):
+        proxy = await nursery.start(
+            serve_proxy,
+            ProxyConfig(
+                upstream=with_user(cluster.uri, "cdc", "proxy-pw"),
+                listen_port=0,
+                accelerate_change_streams=True,
+            ),
+        )
         base = f"mongodb://127.0.0.1:{proxy.port}/"
 
         def work() -> None:
@@ -82,7 +99,8 @@ async def test_users_get_only_the_change_streams_their_roles_allow():
             privileges = direct.admin.command("connectionStatus", showPrivileges=True)["authInfo"]
             assert privileges["authenticatedUserRoles"] == [{"role": "read", "db": "shop"}]
             assert [p["resource"] for p in privileges["authenticatedUserPrivileges"]] == [
-                {"db": "shop", "collection": ""}]
+                {"db": "shop", "collection": ""}
+            ]
             with pytest.raises(OperationFailure) as info:
                 direct.shop.orders.insert_one({"_id": 0})  # read only
             assert info.value.code == 13
@@ -92,9 +110,15 @@ async def test_users_get_only_the_change_streams_their_roles_allow():
 
             reader = client(with_user(base, "reader", "reader-pw"))
             with pytest.raises(OperationFailure) as info:
-                reader.admin.command({"parallelChangeStream": 1, "nBuckets": 1})  # reads every database
+                reader.admin.command(
+                    {"parallelChangeStream": 1, "nBuckets": 1}
+                )  # reads every database
             assert info.value.code == 13
-            for scope in (lambda c: c.watch(), lambda c: c.other.watch(), lambda c: c.other.c.watch()):
+            for scope in (
+                lambda c: c.watch(),
+                lambda c: c.other.watch(),
+                lambda c: c.other.c.watch(),
+            ):
                 with pytest.raises(OperationFailure) as native, scope(direct):
                     pass
                 with pytest.raises(OperationFailure) as proxied, scope(reader):
@@ -116,6 +140,7 @@ async def test_users_get_only_the_change_streams_their_roles_allow():
                     assert ids == [0, 1, 2, 3, 4, "end"]
                 served = alice.admin.command({"parallelChangeStreamStatus": 1})["cursors"]
                 assert served == 2, "the engine serves the reader's streams"
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

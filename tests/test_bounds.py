@@ -23,7 +23,12 @@ from hypothesis import strategies as st
 from pymongo.errors import OperationFailure
 
 from buckets import commands as commands_module
-from buckets.commands import MAX_PIPELINE_STAGES, check_open_command, check_pipeline, check_status_command
+from buckets.commands import (
+    MAX_PIPELINE_STAGES,
+    check_open_command,
+    check_pipeline,
+    check_status_command,
+)
 from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
 from mongoformats.errors import MongoError
 from mongoformats.idl import MAX_BSON_DEPTH, check_depth, get_more_request, kill_cursors_ids
@@ -43,8 +48,10 @@ CATASTROPHIC = "^(a+)+$"  # exponential backtracking on "aaa...ab" in re and PCR
 async def accelerated(cluster: Any) -> Any:
     """A proxy that serves drivers' watch() from the engine (accelerate_change_streams)."""
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
-                                                              accelerate_change_streams=True))
+        server = await nursery.start(
+            serve_proxy,
+            ProxyConfig(upstream=cluster.uri, listen_port=0, accelerate_change_streams=True),
+        )
         yield server
         await sync(_close_all)  # while the proxy still answers endSessions
         nursery.cancel_scope.cancel()
@@ -87,7 +94,9 @@ def test_pipeline_length_and_command_depth_are_the_servers():
     with pytest.raises(MongoError) as info:
         check_pipeline([{"$match": {}}] * (MAX_PIPELINE_STAGES + 1), "parallelChangeStream")
     assert (info.value.code, info.value.errmsg) == (
-        7749501, "Pipeline length must be no longer than 1000 stages.")
+        7749501,
+        "Pipeline length must be no longer than 1000 stages.",
+    )
     with pytest.raises(MongoError) as info:
         check_pipeline({"$match": {}}, "parallelChangeStream")
     assert info.value.code == 14
@@ -120,8 +129,11 @@ def test_queries_deeper_than_the_servers_tree_limit_are_refused():
     for at_limit in (nested_and(MAX_QUERY_DEPTH), {"v": _nested_not(MAX_QUERY_DEPTH)}):
         assert unsupported_in_query(at_limit) is None
         matches({"a": 1, "v": 2}, at_limit)  # no RecursionError
-    for past in (nested_and(MAX_QUERY_DEPTH + 1), {"v": _nested_not(MAX_QUERY_DEPTH + 1)},
-                 nested_and(5000)):
+    for past in (
+        nested_and(MAX_QUERY_DEPTH + 1),
+        {"v": _nested_not(MAX_QUERY_DEPTH + 1)},
+        nested_and(5000),
+    ):
         with pytest.raises(MongoError) as info:
             unsupported_in_query(past)
         assert info.value.code == 2
@@ -152,23 +164,37 @@ async def test_long_and_deep_pipelines_are_refused_at_open_and_the_longest_allow
         with pytest.raises(OperationFailure) as info:
             c.long.c.watch([match] * MAX_PIPELINE_STAGES)  # with $changeStream: 1,001
         assert info.value.code == 7749501
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1,
-                                  "pipeline": [match] * 1000})
+        opened = c.admin.command(
+            {"parallelChangeStream": 1, "nBuckets": 1, "pipeline": [match] * 1000}
+        )
         with c.long.c.watch([match] * (MAX_PIPELINE_STAGES - 1)) as watched:
             c.long.c.insert_one({"_id": 1})
             assert watched.next()["documentKey"] == {"_id": 1}
         events = next_events(c, opened["cursors"][0]["id"], 1)
         assert [e["documentKey"] for e in events] == [{"_id": 1}]
         # ($and takes two BSON levels a level: past 100 $and, the command is past 200 levels)
-        for query, code in (({"v": _nested_not(MAX_QUERY_DEPTH + 1)}, 2),
-                            (nested_and(MAX_QUERY_DEPTH + 1), 15), (nested_expression(120), 15)):
+        for query, code in (
+            ({"v": _nested_not(MAX_QUERY_DEPTH + 1)}, 2),
+            (nested_and(MAX_QUERY_DEPTH + 1), 15),
+            (nested_expression(120), 15),
+        ):
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 1,
-                                 "pipeline": [{"$match": query}]})
+                c.admin.command(
+                    {"parallelChangeStream": 1, "nBuckets": 1, "pipeline": [{"$match": query}]}
+                )
             assert info.value.code == code
-        c.admin.command({"parallelChangeStream": 1, "nBuckets": 1,
-                         "pipeline": [{"$match": nested_expression(90)}, {"$match": nested_and(90)},
-                                      {"$match": {"v": _nested_not(MAX_QUERY_DEPTH)}}]})
+        c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": 1,
+                "pipeline": [
+                    {"$match": nested_expression(90)},
+                    {"$match": nested_and(90)},
+                    {"$match": {"v": _nested_not(MAX_QUERY_DEPTH)}},
+                ],
+            }
+        )
+
     await sync(work)
 
 
@@ -189,7 +215,8 @@ def test_a_catastrophic_pattern_is_matched_in_linear_time():
         "              {'s': {'$regex': pattern, '$options': 'i'}}):\n"
         "    assert not matches(doc, query), query\n"
         "assert matches(doc, {'s': {'$not': Regex(pattern)}})\n"
-        "print('done')\n")
+        "print('done')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "done", done.stderr
 
@@ -197,37 +224,55 @@ def test_a_catastrophic_pattern_is_matched_in_linear_time():
 def test_patterns_only_a_backtracking_engine_runs_are_named():
     """Backreferences, lookaround, possessive quantifiers and the x option are not RE2's: the
     engine leaves such a query to mongos (watch()) or refuses it (parallelChangeStream)."""
-    for query in ({"a": {"$regex": r"(a)\1"}}, {"a": {"$regex": "a(?=b)"}},
-                  {"a": {"$regex": "(?<!x)a"}}, {"a": {"$regex": "a++"}},
-                  {"a": {"$regex": "a b", "$options": "x"}}, {"a": Regex(r"(a)\1")},
-                  {"a": {"$in": [Regex("(?=a)")]}}, {"a": {"$not": Regex(r"(a)\1")}},
-                  {"a": {"$elemMatch": {"$regex": r"(a)\1"}}}, {"$or": [{"a": {"$regex": 5}}]}):
+    for query in (
+        {"a": {"$regex": r"(a)\1"}},
+        {"a": {"$regex": "a(?=b)"}},
+        {"a": {"$regex": "(?<!x)a"}},
+        {"a": {"$regex": "a++"}},
+        {"a": {"$regex": "a b", "$options": "x"}},
+        {"a": Regex(r"(a)\1")},
+        {"a": {"$in": [Regex("(?=a)")]}},
+        {"a": {"$not": Regex(r"(a)\1")}},
+        {"a": {"$elemMatch": {"$regex": r"(a)\1"}}},
+        {"$or": [{"a": {"$regex": 5}}]},
+    ):
         assert unsupported_in_query(query) is not None, query
-    for query in ({"a": {"$regex": CATASTROPHIC}}, {"a": {"$regex": "^A.B$", "$options": "ims"}},
-                  {"a": Regex("x", "i")}, {"a": {"$in": [Regex("^a"), 1]}}):
+    for query in (
+        {"a": {"$regex": CATASTROPHIC}},
+        {"a": {"$regex": "^A.B$", "$options": "ims"}},
+        {"a": Regex("x", "i")},
+        {"a": {"$in": [Regex("^a"), 1]}},
+    ):
         assert unsupported_in_query(query) is None, query
 
 
 def test_patterns_the_server_refuses_are_refused():
     """BadValue for a pattern past 32,764 characters or with a NUL byte (RegexMatchExpression,
     src/mongo/db/matcher/expression_leaf.cpp): RE2 is never asked to compile such a pattern."""
-    for query in ({"a": {"$regex": "a" * 32765}}, {"a": {"$regex": "a\0"}},
-                  {"a": Regex("a" * 40000)}, {"a": {"$regex": "a", "$options": "i\0"}}):
+    for query in (
+        {"a": {"$regex": "a" * 32765}},
+        {"a": {"$regex": "a\0"}},
+        {"a": Regex("a" * 40000)},
+        {"a": {"$regex": "a", "$options": "i\0"}},
+    ):
         with pytest.raises(MongoError) as info:
             unsupported_in_query(query)
         assert info.value.code == 2 and info.value.errmsg.startswith("Regular expression")
     assert unsupported_in_query({"a": {"$regex": "a" * 32764}}) is None
 
 
-@pytest.mark.parametrize("pattern, options, subject, expected", [
-    ("b$", "", "ab\n", True),       # PCRE's $ matches before a final newline
-    ("b$", "", "ab\nc", False),
-    (r"b\$", "", "ab$", True),      # an escaped $ is no anchor
-    ("^b$", "m", "a\nb\nc", True),
-    ("A.B", "is", "xa\nb", True),
-    ("A.B", "", "xa\nb", False),
-    (r"\d+", "", "x42", True),
-])
+@pytest.mark.parametrize(
+    "pattern, options, subject, expected",
+    [
+        ("b$", "", "ab\n", True),  # PCRE's $ matches before a final newline
+        ("b$", "", "ab\nc", False),
+        (r"b\$", "", "ab$", True),  # an escaped $ is no anchor
+        ("^b$", "m", "a\nb\nc", True),
+        ("A.B", "is", "xa\nb", True),
+        ("A.B", "", "xa\nb", False),
+        (r"\d+", "", "x42", True),
+    ],
+)
 def test_re2_matches_as_the_server_does(pattern, options, subject, expected):
     assert matches({"s": subject}, {"s": {"$regex": pattern, "$options": options}}) is expected
 
@@ -240,16 +285,25 @@ async def test_a_catastrophic_regex_in_a_stream_starves_no_client(accelerated):
 
     def work():
         c, other = client(proxy_uri(proxy)), client(proxy_uri(proxy))
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1,
-                                  "pipeline": [{"$match": {"fullDocument.s":
-                                                           {"$regex": CATASTROPHIC}}}]})
+        opened = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": 1,
+                "pipeline": [{"$match": {"fullDocument.s": {"$regex": CATASTROPHIC}}}],
+            }
+        )
         c.re.c.insert_many([{"_id": 1, "s": "a" * 100 + "b"}, {"_id": 2, "s": "aaaa"}])
         assert other.admin.command("ping")["ok"] == 1
         events = next_events(c, opened["cursors"][0]["id"], 1)
         assert [e["documentKey"] for e in events] == [{"_id": 2}]
         with pytest.raises(OperationFailure) as info:
-            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1,
-                             "pipeline": [{"$match": {"fullDocument.s": {"$regex": r"(a)\1"}}}]})
+            c.admin.command(
+                {
+                    "parallelChangeStream": 1,
+                    "nBuckets": 1,
+                    "pipeline": [{"$match": {"fullDocument.s": {"$regex": r"(a)\1"}}}],
+                }
+            )
         assert info.value.code == 2 and "RE2" in info.value.details["errmsg"]
         before = proxy.engine.watches["passedThrough"]
         try:  # (simcluster, in mongos's place, does not evaluate it either)
@@ -257,6 +311,7 @@ async def test_a_catastrophic_regex_in_a_stream_starves_no_client(accelerated):
         except OperationFailure as exc:
             assert exc.code == 238
         assert proxy.engine.watches["passedThrough"] == before + 1
+
     await sync(work)
 
 
@@ -285,10 +340,13 @@ async def test_a_page_is_formatted_off_the_loop(monkeypatch):
     page = (await metrics.page()).decode()
     assert threads and threads[0] is not threading.main_thread()
     assert 'pcs_commands_total{command="find",route="passthrough"} 1.0' in page
+
     def names(text: str) -> set[str]:
         return {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
 
-    assert names(page) == {n for n in names(real(metrics.registry).decode()) if not n.endswith("_created")}
+    assert names(page) == {
+        n for n in names(real(metrics.registry).decode()) if not n.endswith("_created")
+    }
 
 
 async def test_metrics_labels_are_bounded_and_closed_streams_leave_the_page(cluster):
@@ -296,8 +354,9 @@ async def test_metrics_labels_are_bounded_and_closed_streams_leave_the_page(clus
     (InvalidNamespace, as a namespace past MaxNsLen is); a torn-down stream's series are gone."""
     port = free_port()
     async with trio.open_nursery() as nursery:
-        config = ProxyConfig(upstream=cluster.uri, listen_port=0, metrics_port=port,
-                             stream_idle_teardown_s=0.5)
+        config = ProxyConfig(
+            upstream=cluster.uri, listen_port=0, metrics_port=port, stream_idle_teardown_s=0.5
+        )
         proxy = await nursery.start(serve_proxy, config)
 
         def work():
@@ -309,8 +368,9 @@ async def test_metrics_labels_are_bounded_and_closed_streams_leave_the_page(clus
                 c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "n" * 256})
             assert info.value.code == 73
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 1,
-                                 "name": "é" * 128})  # 256 bytes
+                c.admin.command(
+                    {"parallelChangeStream": 1, "nBuckets": 1, "name": "é" * 128}
+                )  # 256 bytes
             assert info.value.code == 73
             opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "s" * 255})
             lines = scrape(port)
@@ -321,6 +381,7 @@ async def test_metrics_labels_are_bounded_and_closed_streams_leave_the_page(clus
             ids = [cur["id"] for cur in opened["cursors"]]
             c.admin.command({"killCursors": NS, "cursors": ids})
             wait_until(lambda: not any("stream=" in ln for ln in scrape(port)), timeout=20)
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -349,6 +410,7 @@ def test_a_failure_is_logged_once_per_error_id_and_interval(caplog):
 
 async def test_an_unexpected_failure_is_answered_without_python_text(proxy, caplog):
     """InternalError with an error id the log holds, never the exception's words."""
+
     async def broken(session: Any, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         raise TypeError("'int' object is not iterable: secret detail")
 
@@ -359,6 +421,7 @@ async def test_an_unexpected_failure_is_answered_without_python_text(proxy, capl
         with pytest.raises(OperationFailure) as info:
             c.admin.command({"parallelChangeStreamStatus": 1})
         return info.value
+
     with caplog.at_level(logging.ERROR, logger="wireproxy.session"):
         failure = await sync(work)
     message = failure.details["errmsg"]
@@ -371,27 +434,66 @@ async def test_an_unexpected_failure_is_answered_without_python_text(proxy, capl
 # Fuzzed values: every BSON type the proxy decodes, numbers at and past their limits, operator
 # names, and documents and arrays of them, nested.
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=True),
-    st.text(max_size=8), st.binary(max_size=17), st.builds(Int64, st.integers(-(2**63), 2**63 - 1)),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.binary(max_size=17),
+    st.builds(Int64, st.integers(-(2**63), 2**63 - 1)),
     st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
     st.builds(Decimal128, st.sampled_from(["1", "NaN", "-Infinity", "-1E+6000", "2.5", "1E+30"])),
-    st.builds(Regex, st.sampled_from(["a", r"(a)\1", CATASTROPHIC, "["]),
-              st.sampled_from(["", "i", "x"])),
-    st.sampled_from(["$a", "$$ROOT", "$$NOW", "$fullDocument.a", "x" * 300]))
+    st.builds(
+        Regex, st.sampled_from(["a", r"(a)\1", CATASTROPHIC, "["]), st.sampled_from(["", "i", "x"])
+    ),
+    st.sampled_from(["$a", "$$ROOT", "$$NOW", "$fullDocument.a", "x" * 300]),
+)
 keys = st.one_of(
-    st.sampled_from(["$and", "$or", "$not", "$regex", "$options", "$in", "$elemMatch", "$expr",
-                     "$eq", "$match", "$project", "$set", "$unset", "$replaceRoot", "newRoot",
-                     "$concat", "$literal", "_data", "_typeBits", "id", "a", "fullDocument"]),
-    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=4))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)), max_leaves=12)
-FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck),
-                database=None)
+    st.sampled_from(
+        [
+            "$and",
+            "$or",
+            "$not",
+            "$regex",
+            "$options",
+            "$in",
+            "$elemMatch",
+            "$expr",
+            "$eq",
+            "$match",
+            "$project",
+            "$set",
+            "$unset",
+            "$replaceRoot",
+            "newRoot",
+            "$concat",
+            "$literal",
+            "_data",
+            "_typeBits",
+            "id",
+            "a",
+            "fullDocument",
+        ]
+    ),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=4),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)),
+    max_leaves=12,
+)
+FUZZ = settings(
+    max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None
+)
 
 
 @FUZZ
-@given(fields=st.dictionaries(st.sampled_from(sorted(commands_module._OPEN_FIELDS)), values,
-                              max_size=6), first=values)
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(sorted(commands_module._OPEN_FIELDS)), values, max_size=6
+    ),
+    first=values,
+)
 def test_fuzzed_open_and_status_fields_fail_with_mongodb_errors(fields, first):
     """Whatever the fields, the checks raise a MongoError or let through a command the engine's
     later steps (token lists, settings, stages) read without a Python exception."""
@@ -407,26 +509,37 @@ def test_fuzzed_open_and_status_fields_fail_with_mongodb_errors(fields, first):
                 unsupported_in_query(stage["$match"])
     except MongoError:
         pass
-    status = {"parallelChangeStreamStatus": 1,
-              **{k: v for k, v in fields.items() if k in ("name", "lsid")},
-              "after": fields.get("resumeAfter"), "maxEvents": fields.get("batchSize")}
+    status = {
+        "parallelChangeStreamStatus": 1,
+        **{k: v for k, v in fields.items() if k in ("name", "lsid")},
+        "after": fields.get("resumeAfter"),
+        "maxEvents": fields.get("batchSize"),
+    }
     with contextlib.suppress(MongoError):
         check_status_command(status)
 
 
 @FUZZ
-@given(stages=st.lists(st.one_of(values, st.dictionaries(keys, values, min_size=1, max_size=1)),
-                       max_size=3),
-       spec=values, cursor=values,
-       more=st.dictionaries(st.sampled_from(["getMore", "collection", "batchSize", "maxTimeMS",
-                                             "cursors"]), values))
+@given(
+    stages=st.lists(
+        st.one_of(values, st.dictionaries(keys, values, min_size=1, max_size=1)), max_size=3
+    ),
+    spec=values,
+    cursor=values,
+    more=st.dictionaries(
+        st.sampled_from(["getMore", "collection", "batchSize", "maxTimeMS", "cursors"]), values
+    ),
+)
 def test_fuzzed_watch_and_cursor_fields_fail_with_mongodb_errors(stages, spec, cursor, more):
     """An accelerated aggregate's fields: typed (else left to mongos) or refused with MongoErrors,
     and stages the engine accepts run on an event with MongoErrors at most; getMore and
     killCursors fields fail with the server's IDL errors."""
     cmd = {"aggregate": "c", "pipeline": [{"$changeStream": spec}, *stages], "cursor": cursor}
-    event = {"_id": {"_data": "00"}, "operationType": "insert",
-             "fullDocument": {"a": [1, "x"], "s": "a" * 30}}
+    event = {
+        "_id": {"_data": "00"},
+        "operationType": "insert",
+        "fullDocument": {"a": [1, "x"], "s": "a" * 30},
+    }
     try:
         check_depth(cmd)
         check_pipeline(cmd["pipeline"], "aggregate")
@@ -444,9 +557,15 @@ async def test_fuzzed_engine_commands_through_the_proxy_never_fail_with_internal
     accelerated watch()'s aggregate, and getMore and killCursors on the cursors they open, with
     fuzzed fields: a reply or a MongoDB error other than InternalError, and the proxy serves on."""
     async with trio.open_nursery() as nursery:
-        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0,
-                                                             stream_idle_teardown_s=0.5,
-                                                             accelerate_change_streams=True))
+        proxy = await nursery.start(
+            serve_proxy,
+            ProxyConfig(
+                upstream=cluster.uri,
+                listen_port=0,
+                stream_idle_teardown_s=0.5,
+                accelerate_change_streams=True,
+            ),
+        )
 
         def work() -> None:
             c = client(proxy_uri(proxy))
@@ -465,30 +584,50 @@ async def test_fuzzed_engine_commands_through_the_proxy_never_fail_with_internal
                     return None
 
             stages = st.lists(st.dictionaries(keys, values, min_size=1, max_size=1), max_size=3)
-            status_fields = {"name": st.one_of(st.just("fz"), values), "after": values,
-                             "maxEvents": values}
+            status_fields = {
+                "name": st.one_of(st.just("fz"), values),
+                "after": values,
+                "maxEvents": values,
+            }
 
             # Derandomized: the same 150 commands every run, so the closing check that the fuzz
             # reached several of the engine's errors cannot fail by chance.
-            @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck),
-                      database=None, derandomize=True)
-            @given(pipeline=st.one_of(values, stages),
-                   name=st.one_of(st.just("fz"), st.just("fz"), values),
-                   spec=st.one_of(st.just({}), values),
-                   status=st.fixed_dictionaries({}, optional=status_fields),
-                   cursor=st.one_of(st.just({}), values),
-                   more=st.fixed_dictionaries({"maxTimeMS": st.one_of(st.integers(0, 20), values)},
-                                              optional={"batchSize": values, "collection": values}))
+            @settings(
+                max_examples=150,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+                derandomize=True,
+            )
+            @given(
+                pipeline=st.one_of(values, stages),
+                name=st.one_of(st.just("fz"), st.just("fz"), values),
+                spec=st.one_of(st.just({}), values),
+                status=st.fixed_dictionaries({}, optional=status_fields),
+                cursor=st.one_of(st.just({}), values),
+                more=st.fixed_dictionaries(
+                    {"maxTimeMS": st.one_of(st.integers(0, 20), values)},
+                    optional={"batchSize": values, "collection": values},
+                ),
+            )
             def one(pipeline, name, status, spec, cursor, more):
                 opened: list[tuple[str, Any, str]] = []
-                reply = run("admin", {"parallelChangeStream": 1, "nBuckets": 1, "name": name,
-                                      "pipeline": pipeline})
+                reply = run(
+                    "admin",
+                    {"parallelChangeStream": 1, "nBuckets": 1, "name": name, "pipeline": pipeline},
+                )
                 if reply is not None:
                     opened.append(("admin", reply["cursors"][0]["id"], NS))
                 run("admin", {"parallelChangeStreamStatus": 1, **status})
                 stages = pipeline if isinstance(pipeline, list) else [pipeline]
-                reply = run("fz", {"aggregate": "c", "pipeline": [{"$changeStream": spec}, *stages],
-                                   "cursor": cursor})
+                reply = run(
+                    "fz",
+                    {
+                        "aggregate": "c",
+                        "pipeline": [{"$changeStream": spec}, *stages],
+                        "cursor": cursor,
+                    },
+                )
                 if reply is not None and reply["cursor"]["id"]:
                     opened.append(("fz", reply["cursor"]["id"], "c"))
                 for db, cid, coll in opened:
@@ -500,16 +639,24 @@ async def test_fuzzed_engine_commands_through_the_proxy_never_fail_with_internal
             one()
             # the fuzz reached the checks and the commands that succeed too
             assert len(codes) >= 2 and len(opened_kinds) == 2, (codes, opened_kinds)
+
         await sync(work, timeout=600)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=60),
-                      st.builds(lambda tail, cut: bytes.fromhex(_TOKEN)[:cut] + tail,
-                                st.binary(max_size=30), st.integers(0, 40))),
-       bits=st.one_of(st.just(b""), st.binary(max_size=4)))
+@given(
+    data=st.one_of(
+        st.binary(max_size=60),
+        st.builds(
+            lambda tail, cut: bytes.fromhex(_TOKEN)[:cut] + tail,
+            st.binary(max_size=30),
+            st.integers(0, 40),
+        ),
+    ),
+    bits=st.one_of(st.just(b""), st.binary(max_size=4)),
+)
 def test_fuzzed_resume_tokens_fail_with_mongodb_errors(data, bits):
     """Token bytes cut anywhere and type bits of any length: InvalidResumeToken and its kin."""
     token = {"_data": data.hex().upper(), "_typeBits": Binary(bits, 0)}
@@ -530,7 +677,9 @@ _TOKEN = high_water_mark(Timestamp(5, 1))["_data"]
 def test_lines_clients_cause_are_throttled(caplog):
     """A flood of bad frames logs one line per interval, the next saying how many were left out."""
     now = [0.0]
-    log = metrics_module.ThrottledLog(logging.getLogger("throttle-test"), interval_s=10.0, clock=lambda: now[0])
+    log = metrics_module.ThrottledLog(
+        logging.getLogger("throttle-test"), interval_s=10.0, clock=lambda: now[0]
+    )
     with caplog.at_level(logging.INFO, logger="throttle-test"):
         for conn in range(100_000):
             log.info("bad frame", "conn%d: closing after a bad frame: %s", conn, "junk")
@@ -538,6 +687,8 @@ def test_lines_clients_cause_are_throttled(caplog):
         log.info("bad frame", "conn%d: closing after a bad frame: %s", 100_000, "junk")
         log.info("closing", "conn%d: closing: %s", 7, "idle timeout")
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["conn0: closing after a bad frame: junk",
-                     "conn100000: closing after a bad frame: junk (and 99999 more since the last such line)",
-                     "conn7: closing: idle timeout"]
+    assert lines == [
+        "conn0: closing after a bad frame: junk",
+        "conn100000: closing after a bad frame: junk (and 99999 more since the last such line)",
+        "conn7: closing: idle timeout",
+    ]

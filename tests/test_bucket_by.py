@@ -34,10 +34,15 @@ def _fields(event: dict[str, Any], namespaces: tuple[str, ...]) -> tuple[Any, ..
 
 def test_bucket_of_document_is_pinned_crc32():
     """Values any client can compute: crc32 of the namespace then of BSON {_id: <id>}."""
-    assert [bucket_of_document("shop.orders", i, 8)
-            for i in (1, 2, 3, "a", bson.ObjectId("65a000000000000000000001"))] == [2, 2, 2, 5, 3]
+    assert [
+        bucket_of_document("shop.orders", i, 8)
+        for i in (1, 2, 3, "a", bson.ObjectId("65a000000000000000000001"))
+    ] == [2, 2, 2, 5, 3]
     assert bucket_of_document("shop.orders", 2, 1024) == 418
-    assert bucket_of_document("shop.orders", 1, 8) == zlib.crc32(b"shop.orders" + bson.encode({"_id": 1})) % 8
+    assert (
+        bucket_of_document("shop.orders", 1, 8)
+        == zlib.crc32(b"shop.orders" + bson.encode({"_id": 1})) % 8
+    )
     assert bucket_of_document("a.b", 1, 1) == 0
     # 1000 integer ids spread evenly: no bucket over 26% of 4
     assert max(Counter(bucket_of_document("h.hot", i, 4) for i in range(1000)).values()) < 260
@@ -49,37 +54,66 @@ def test_buckets_for_event_by_document():
     insert = _fields({"operationType": "insert", "documentKey": {"_id": 7}}, ("d.c",))
     moved = _fields({"operationType": "delete", "documentKey": {"k": 1, "_id": 7}}, ("d.c",))
     assert buckets_for_event(insert, 16, "documentKey") == (bucket_of_document("d.c", 7, 16),)
-    assert buckets_for_event(moved, 16, "documentKey") == buckets_for_event(insert, 16, "documentKey")
+    assert buckets_for_event(moved, 16, "documentKey") == buckets_for_event(
+        insert, 16, "documentKey"
+    )
     create = _fields({"operationType": "createIndexes"}, ("d.c",))
     drop_db = _fields({"operationType": "dropDatabase"}, ())
     rename = _fields({"operationType": "rename"}, ("d.a", "d.b"))
     for ddl in (create, drop_db, rename):
         assert buckets_for_event(ddl, 4, "documentKey") == (0, 1, 2, 3)
     # the default stays by namespace
-    assert buckets_for_event(insert, 16) == buckets_for_event(create, 16) == (zlib.crc32(b"d.c") % 16,)
+    assert (
+        buckets_for_event(insert, 16) == buckets_for_event(create, 16) == (zlib.crc32(b"d.c") % 16,)
+    )
 
 
-_ids = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**62), 2**62).map(bson.Int64), st.text(max_size=8),
-                 st.builds(bson.ObjectId), st.binary(max_size=8), st.uuids().map(lambda u: bson.Binary(u.bytes, 4)),
-                 st.binary(max_size=4).map(lambda b: bson.Binary(b, 2)), st.floats(allow_nan=False),
-                 st.fixed_dictionaries({"a": st.integers(0, 9), "b": st.text(max_size=3)}),
-                 st.text(max_size=4).map(bson.Regex), st.just(bson.MinKey()),
-                 st.integers(0, 2**40).map(bson.datetime_ms.DatetimeMS))
+_ids = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**62), 2**62).map(bson.Int64),
+    st.text(max_size=8),
+    st.builds(bson.ObjectId),
+    st.binary(max_size=8),
+    st.uuids().map(lambda u: bson.Binary(u.bytes, 4)),
+    st.binary(max_size=4).map(lambda b: bson.Binary(b, 2)),
+    st.floats(allow_nan=False),
+    st.fixed_dictionaries({"a": st.integers(0, 9), "b": st.text(max_size=3)}),
+    st.text(max_size=4).map(bson.Regex),
+    st.just(bson.MinKey()),
+    st.integers(0, 2**40).map(bson.datetime_ms.DatetimeMS),
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(_ids, st.booleans())
-def test_the_id_is_read_from_the_events_bytes_as_the_contract_encodes_it(ident: Any, shard_key: bool) -> None:
+def test_the_id_is_read_from_the_events_bytes_as_the_contract_encodes_it(
+    ident: Any, shard_key: bool
+) -> None:
     """The documentKey's `_id` element, copied from the event's bytes, hashes as bson.encode of
     its decoded value does, whatever its type (some types are re-encoded)."""
     key = {"sk": 1, "_id": ident} if shard_key else {"_id": ident}
-    event = _fields({"_id": {"_data": "82"}, "operationType": "delete", "ns": {"db": "d", "coll": "c"},
-                     "documentKey": key}, ("d.c",))
-    want = zlib.crc32(bson.encode({"_id": RawBSONDocument(event[5])["documentKey"]["_id"]}), zlib.crc32(b"d.c")) % 64
+    event = _fields(
+        {
+            "_id": {"_data": "82"},
+            "operationType": "delete",
+            "ns": {"db": "d", "coll": "c"},
+            "documentKey": key,
+        },
+        ("d.c",),
+    )
+    want = (
+        zlib.crc32(
+            bson.encode({"_id": RawBSONDocument(event[5])["documentKey"]["_id"]}),
+            zlib.crc32(b"d.c"),
+        )
+        % 64
+    )
     assert buckets_for_event(event, 64, "documentKey") == (want,)
 
 
-def _drain_all(c: Any, cursor_ids: list[int], end: bytes, timeout: float = 60) -> list[list[RawBSONDocument]]:
+def _drain_all(
+    c: Any, cursor_ids: list[int], end: bytes, timeout: float = 60
+) -> list[list[RawBSONDocument]]:
     """getMore round-robin on every bucket until each passes `end` (none is left to fill up)."""
     out: list[list[RawBSONDocument]] = [[] for _ in cursor_ids]
     done = [False] * len(cursor_ids)
@@ -89,7 +123,9 @@ def _drain_all(c: Any, cursor_ids: list[int], end: bytes, timeout: float = 60) -
         for i, cid in enumerate(cursor_ids):
             if done[i]:
                 continue
-            r = c.admin.command({"getMore": cid, "collection": NS, "maxTimeMS": 200}, codec_options=RAW)
+            r = c.admin.command(
+                {"getMore": cid, "collection": NS, "maxTimeMS": 200}, codec_options=RAW
+            )
             out[i] += [e for e in r["cursor"]["nextBatch"] if key(e["_id"]) <= end]
             done[i] = key(r["cursor"]["postBatchResumeToken"]) >= end
     return out
@@ -105,8 +141,12 @@ def _hot_workload(c: Any) -> None:
             c.h.hot.update_one({"_id": i}, {"$set": {"v": round_}})
     c.h.hot.create_index("v")
     with c.start_session() as s:
-        s.with_transaction(lambda s: [c.h.hot.update_one({"_id": i}, {"$set": {"v": 4}}, session=s)
-                                      for i in range(0, 200, 25)])
+        s.with_transaction(
+            lambda s: [
+                c.h.hot.update_one({"_id": i}, {"$set": {"v": 4}}, session=s)
+                for i in range(0, 200, 25)
+            ]
+        )
     c.h.hot.update_one({"_id": 1000}, {"$set": {"v": 1}}, upsert=True)
     c.h.hot.update_one({"_id": 1000}, {"$set": {"v": 2}}, upsert=True)
     c.h.hot.delete_many({"_id": {"$lt": 20}})
@@ -117,11 +157,20 @@ async def test_one_hot_collection_spreads_over_every_bucket(cluster, proxy):
     bucket (its bucket_of_document) in mongos's order, upserts included; DDL (createIndexes) is in
     every bucket with its token; a transaction is split by document, each event carrying its
     lsid and txnNumber, and the buckets hold all of it."""
+
     def work():
         c = client(proxy_uri(proxy))
         start = c.admin.command("ping")["operationTime"]
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": N, "name": "hot", "bucketBy": "documentKey",
-                                  "showExpandedEvents": True, "startAtOperationTime": start})
+        opened = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": N,
+                "name": "hot",
+                "bucketBy": "documentKey",
+                "showExpandedEvents": True,
+                "startAtOperationTime": start,
+            }
+        )
         assert opened["bucketBy"] == "documentKey"
         _hot_workload(c)
         end = end_point(c)
@@ -139,21 +188,31 @@ async def test_one_hot_collection_spreads_over_every_bucket(cluster, proxy):
                 assert b == bucket_of_document("h.hot", doc, N)
                 by_doc.setdefault(doc, []).append((b, order[key(e["_id"])]))
         for doc, seen in by_doc.items():
-            assert [i for _, i in seen] == sorted(i for _, i in seen), f"document {doc} out of order"
-        assert [bson.decode(e.raw) for e in native if "documentKey" in e] == \
-            sorted((bson.decode(e.raw) for d in dml for e in d), key=lambda e: order[key(e["_id"])])
+            assert [i for _, i in seen] == sorted(i for _, i in seen), (
+                f"document {doc} out of order"
+            )
+        assert [bson.decode(e.raw) for e in native if "documentKey" in e] == sorted(
+            (bson.decode(e.raw) for d in dml for e in d), key=lambda e: order[key(e["_id"])]
+        )
         # createIndexes (one per shard holding the collection, as on mongos) in every bucket alike
-        ddl = [[key(e["_id"]) for e in evs if e["operationType"] == "createIndexes"] for evs in per_bucket]
+        ddl = [
+            [key(e["_id"]) for e in evs if e["operationType"] == "createIndexes"]
+            for evs in per_bucket
+        ]
         native_ddl = [key(e["_id"]) for e in native if e["operationType"] == "createIndexes"]
         assert native_ddl and all(t == native_ddl for t in ddl)
         in_txn = [e for d in dml for e in d if "txnNumber" in e]
         assert len(in_txn) == 8 and all("lsid" in e for e in in_txn)
         assert len({b for b, evs in enumerate(dml) for e in evs if "txnNumber" in e}) > 1  # split
-        upserted = [e["operationType"] for e in dml[bucket_of_document("h.hot", 1000, N)]
-                    if e["documentKey"]["_id"] == 1000]
+        upserted = [
+            e["operationType"]
+            for e in dml[bucket_of_document("h.hot", 1000, N)]
+            if e["documentKey"]["_id"] == 1000
+        ]
         assert upserted == ["insert", "update"]
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "hot"})["streams"][0]
         assert status["bucketBy"] == "documentKey"
+
     await sync(work)
 
 
@@ -161,36 +220,66 @@ async def test_resume_and_replay_from_bucket_tokens_by_document(cluster, proxy):
     """Bucket tokens of a documentKey stream resume it (a new stream from a list of tokens, as
     after a proxy restart) and, once the bucket no longer holds them, a replay re-reads the oplogs
     for that bucket alone: nothing lost, nothing twice, per-document order kept."""
+
     def work():
         c = client(proxy_uri(proxy))
-        opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": N, "name": "keys", "bucketBy": "documentKey",
-                                  "bucketBufferBytes": 20_000})
+        opened = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": N,
+                "name": "keys",
+                "bucketBy": "documentKey",
+                "bucketBufferBytes": 20_000,
+            }
+        )
         c.k.c.insert_many([{"_id": i, "pad": "p" * 100} for i in range(300)])
         c.k.c.update_many({}, {"$set": {"v": 1}})
         end = end_point(c)
         per_bucket = _drain_all(c, [cur["id"] for cur in opened["cursors"]], end)
         assert sum(map(len, per_bucket)) == 600
         for b, evs in enumerate(per_bucket):
-            assert [e["operationType"] for e in evs if e["documentKey"]["_id"] == evs[0]["documentKey"]["_id"]] \
-                == ["insert", "update"]
+            assert [
+                e["operationType"]
+                for e in evs
+                if e["documentKey"]["_id"] == evs[0]["documentKey"]["_id"]
+            ] == ["insert", "update"]
             assert all(bucket_of_document("k.c", e["documentKey"]["_id"], N) == b for e in evs)
         # Resume a new stream from each bucket's 10th token.
         tokens = [bson.decode(evs[9]["_id"].raw) for evs in per_bucket]
-        resumed = c.admin.command({"parallelChangeStream": 1, "nBuckets": N, "name": "keys2",
-                                   "bucketBy": "documentKey", "resumeAfter": tokens})
+        resumed = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": N,
+                "name": "keys2",
+                "bucketBy": "documentKey",
+                "resumeAfter": tokens,
+            }
+        )
         again = _drain_all(c, [cur["id"] for cur in resumed["cursors"]], end)
-        assert [[e.raw for e in evs] for evs in again] == [[e.raw for e in evs[10:]] for evs in per_bucket]
+        assert [[e.raw for e in evs] for evs in again] == [
+            [e.raw for e in evs[10:]] for evs in per_bucket
+        ]
         # The 20 KB buckets of "keys" no longer hold their first events: attaching replays.
         b = 2
         # (Counted from here: a bucket that fell behind while the round-robin reader waited on
         # the others was replayed too, buckets/catch_up.py.)
-        before = c.admin.command({"parallelChangeStreamStatus": 1, "name": "keys"})["streams"][0]["replays"]
-        att = c.admin.command({"parallelChangeStream": 1, "name": "keys", "bucket": b,
-                               "resumeAfter": bson.decode(per_bucket[b][0]["_id"].raw)}, codec_options=RAW)
+        before = c.admin.command({"parallelChangeStreamStatus": 1, "name": "keys"})["streams"][0][
+            "replays"
+        ]
+        att = c.admin.command(
+            {
+                "parallelChangeStream": 1,
+                "name": "keys",
+                "bucket": b,
+                "resumeAfter": bson.decode(per_bucket[b][0]["_id"].raw),
+            },
+            codec_options=RAW,
+        )
         replayed = _drain_all(c, [att["cursor"]["id"]], end)[0]
         assert [e.raw for e in replayed] == [e.raw for e in per_bucket[b][1:]]
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "keys"})["streams"][0]
         assert status["replays"] == before + 1
+
     await sync(work)
 
 
@@ -213,20 +302,37 @@ async def test_bucket_by_is_checked_and_part_of_a_streams_identity(cluster, prox
         _drain_all(c, [cur["id"] for cur in opened["cursors"]], end)
         common = token_from_key(end)
         with pytest.raises(OperationFailure) as info:
-            c.admin.command({"parallelChangeStream": 1, "nBuckets": N, "name": "mode", "bucketBy": "documentKey",
-                             "resumeAfter": common})
+            c.admin.command(
+                {
+                    "parallelChangeStream": 1,
+                    "nBuckets": N,
+                    "name": "mode",
+                    "bucketBy": "documentKey",
+                    "resumeAfter": common,
+                }
+            )
         assert info.value.code == 117
         c.m.c.insert_many([{"_id": i} for i in range(40, 100)])
         replies = []
 
         def reopen() -> bool:
             try:
-                replies.append(c.admin.command({"parallelChangeStream": 1, "nBuckets": N, "name": "mode",
-                                                "bucketBy": "documentKey", "resumeAfter": common}))
+                replies.append(
+                    c.admin.command(
+                        {
+                            "parallelChangeStream": 1,
+                            "nBuckets": N,
+                            "name": "mode",
+                            "bucketBy": "documentKey",
+                            "resumeAfter": common,
+                        }
+                    )
+                )
                 return True
             except OperationFailure as exc:
                 assert exc.code == 117
                 return False
+
         wait_until(reopen, timeout=10)
         assert replies[0]["bucketBy"] == "documentKey"
         end = end_point(c)
@@ -236,23 +342,35 @@ async def test_bucket_by_is_checked_and_part_of_a_streams_identity(cluster, prox
         assert all(bucket_of_document("m.c", i, N) == b for b, got in ids.items() for i in got)
         assert len([got for got in ids.values() if got]) > 1
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "mode"})
-        assert status["streamsRebucketed"] == 1 and status["streams"][0]["bucketBy"] == "documentKey"
+        assert (
+            status["streamsRebucketed"] == 1 and status["streams"][0]["bucketBy"] == "documentKey"
+        )
         # Attaching without bucketBy joins the stream as it is; with another, without nBuckets,
         # reopens it with the same count.
         assert "cursor" in c.admin.command({"parallelChangeStream": 1, "name": "mode", "bucket": 0})
 
         def attach_by_namespace() -> bool:
             try:
-                c.admin.command({"parallelChangeStream": 1, "name": "mode", "bucket": 1, "bucketBy": "namespace",
-                                 "resumeAfter": token_from_key(end)})
+                c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "name": "mode",
+                        "bucket": 1,
+                        "bucketBy": "namespace",
+                        "resumeAfter": token_from_key(end),
+                    }
+                )
                 return True
             except OperationFailure as exc:
                 assert exc.code == 117
                 return False
+
         wait_until(attach_by_namespace, timeout=10)
         status = c.admin.command({"parallelChangeStreamStatus": 1, "name": "mode"})
         assert status["streamsRebucketed"] == 2
-        assert (status["streams"][0]["bucketBy"], status["streams"][0]["nBuckets"]) == ("namespace", N)
+        assert (status["streams"][0]["bucketBy"], status["streams"][0]["nBuckets"]) == (
+            "namespace",
+            N,
+        )
+
     await sync(work)
-
-

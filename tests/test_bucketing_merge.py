@@ -14,13 +14,21 @@ from mongoformats.resume_token import ResumeTokenData, encode_token, high_water_
 def test_bucket_of_is_pinned_crc32():
     # Values of zlib.crc32: any client in any language can compute them.
     assert [bucket_of(ns, 8) for ns in ("shop.orders", "crm.customers", "logs.events")] == [
-        714211571 % 8, 984767914 % 8, 1992238296 % 8]
+        714211571 % 8,
+        984767914 % 8,
+        1992238296 % 8,
+    ]
     assert bucket_of("a.b", 1) == 0
 
 
 def _event(ts, idx=0, ns=("db.c",)):
-    tok = encode_token(ResumeTokenData(Timestamp(ts, 1), txn_op_index=idx,
-                                       event_identifier={"operationType": "insert", "documentKey": {"_id": ts}}))
+    tok = encode_token(
+        ResumeTokenData(
+            Timestamp(ts, 1),
+            txn_op_index=idx,
+            event_identifier={"operationType": "insert", "documentKey": {"_id": ts}},
+        )
+    )
     return ChangeEvent.for_token(tok, "insert", "db", "c", b"x" * 10, ns)
 
 
@@ -46,7 +54,9 @@ def test_event_waits_for_every_shard_mark():
     assert len(q.pop_ready()[0]) == 1 and len(q) == 0
 
 
-@given(st.lists(st.lists(st.integers(1, 10_000), max_size=30), min_size=1, max_size=5), st.randoms())
+@given(
+    st.lists(st.lists(st.integers(1, 10_000), max_size=30), min_size=1, max_size=5), st.randoms()
+)
 def test_merge_outputs_every_event_in_token_order(streams, rnd):
     shards = [f"s{i}" for i in range(len(streams))]
     # Distinct timestamps across shards, sorted per shard: one cluster clock, one oplog per shard.
@@ -62,7 +72,9 @@ def test_merge_outputs_every_event_in_token_order(streams, rnd):
     while any(c < len(p) for c, p in zip(cursors, per_shard, strict=True)):
         i = rnd.randrange(len(shards))
         if cursors[i] < len(per_shard[i]):
-            batch = per_shard[i][cursors[i]:cursors[i] + rnd.randint(1, 4)]  # one read of a shard's oplog
+            batch = per_shard[i][
+                cursors[i] : cursors[i] + rnd.randint(1, 4)
+            ]  # one read of a shard's oplog
             cursors[i] += len(batch)
             q.extend(shards[i], [_event(ts) for ts in batch])
             q.advance(shards[i], _mark(batch[-1]))

@@ -11,11 +11,16 @@ from wireproxy.cluster_time import ClusterTimeGossip
 
 
 def _signed(secs: int, key: int) -> dict[str, object]:
-    return {"clusterTime": Timestamp(secs, 1), "signature": {"hash": Binary(bytes([key]) * 20), "keyId": Int64(key)}}
+    return {
+        "clusterTime": Timestamp(secs, 1),
+        "signature": {"hash": Binary(bytes([key]) * 20), "keyId": Int64(key)},
+    }
 
 
 def _reply(secs: int, key: int, **more: object) -> bytes:
-    return bson.encode({"ok": 1.0, "$clusterTime": _signed(secs, key), "operationTime": Timestamp(secs, 1), **more})
+    return bson.encode(
+        {"ok": 1.0, "$clusterTime": _signed(secs, key), "operationTime": Timestamp(secs, 1), **more}
+    )
 
 
 def test_nothing_seen_leaves_the_reply_as_it_is():

@@ -73,9 +73,21 @@ def _log_until_upstream_is_down(args: list[str]) -> str:
     """wireproxy's log up to its first "upstream ... is down" warning (its upstream refuses
     connections), after which it is stopped: by then the engine has loaded."""
     lines: list[str] = []
-    with subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", "mongodb://127.0.0.1:9",
-                           "--listen", "127.0.0.1:0", *args], stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wireproxy",
+            "--upstream",
+            "mongodb://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            *args,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ) as proc:
         watchdog = threading.Timer(60, proc.kill)
         watchdog.start()
         try:

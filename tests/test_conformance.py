@@ -38,8 +38,12 @@ def _marks(case: Case, path: str) -> list[pytest.MarkDecorator]:
     return []
 
 
-PARAMS = [pytest.param(case, path, version, id=f"{version}-{path}-{case.name}", marks=_marks(case, path))
-          for case in CASES for version in case.versions for path in case.paths]
+PARAMS = [
+    pytest.param(case, path, version, id=f"{version}-{path}-{case.name}", marks=_marks(case, path))
+    for case in CASES
+    for version in case.versions
+    for path in case.paths
+]
 
 
 class _Clusters:
@@ -84,9 +88,10 @@ def test_conformance(case: Case, path: str, version: str, clusters: _Clusters) -
     assert isinstance(got, list), f"{case.source}: opening the stream failed with {got}"
     expected = [resolve(substitute(e, db), uuids) for e in case.expect]
     if case.prefix:
-        got = got[:len(expected)]
+        got = got[: len(expected)]
     if case.unordered:
         expected = _in_order_of(got, expected)
     actual = [comparable(a, e) for a, e in zip(got, expected, strict=False)]
     assert len(got) == len(expected) and actual == expected, (
-        f"{case.source}\nexpected: {expected}\nactual:   {[comparable(a, {}) for a in got]}")
+        f"{case.source}\nexpected: {expected}\nactual:   {[comparable(a, {}) for a in got]}"
+    )

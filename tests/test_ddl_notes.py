@@ -24,7 +24,16 @@ from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
 # The seven kinds; sharding a new collection also creates it, so a create precedes shardCollection.
-EXPECTED = ["create", "createIndexes", "modify", "dropIndexes", "create", "drop", "create", "shardCollection"]
+EXPECTED = [
+    "create",
+    "createIndexes",
+    "modify",
+    "dropIndexes",
+    "create",
+    "drop",
+    "create",
+    "shardCollection",
+]
 
 
 def ddl_workload(c: Any) -> None:
@@ -48,26 +57,45 @@ async def test_ddl_kinds_arrive_once_each_in_order(version: str) -> None:
 
         def work() -> None:
             c = client(proxy_uri(proxy))
-            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "showExpandedEvents": True})
+            opened = c.admin.command(
+                {"parallelChangeStream": 1, "nBuckets": 2, "showExpandedEvents": True}
+            )
             ddl_workload(c)
             end = end_point(c)
-            events = sorted((e for cur in opened["cursors"] for e in drain(c, cur["id"], end)),
-                            key=lambda e: bytes.fromhex(e["_id"]["_data"]))
+            events = sorted(
+                (e for cur in opened["cursors"] for e in drain(c, cur["id"], end)),
+                key=lambda e: bytes.fromhex(e["_id"]["_data"]),
+            )
             on_d = [e for e in events if e["ns"]["db"] == "d"]
             kinds = [e["operationType"] for e in on_d if e["operationType"] not in ("insert",)]
             # 7.0+ oplogs: sharding a new collection also logs its shard key index's createIndexes
             # (D14a); the 5.0 path's notes come from the client's commands, which name no index.
-            expected = EXPECTED if version == "5.0" else [*EXPECTED[:-1], "createIndexes", "shardCollection"]
+            expected = (
+                EXPECTED
+                if version == "5.0"
+                else [*EXPECTED[:-1], "createIndexes", "shardCollection"]
+            )
             assert kinds == expected, kinds
-            assert [e["operationType"] for e in on_d][:3] == ["create", "insert", "createIndexes"]  # in place
+            assert [e["operationType"] for e in on_d][:3] == [
+                "create",
+                "insert",
+                "createIndexes",
+            ]  # in place
             index = next(e for e in on_d if e["operationType"] == "createIndexes")
             assert dict(index["operationDescription"]["indexes"][0]["key"]) == {"a": 1}
             modify = next(e for e in on_d if e["operationType"] == "modify")
             assert dict(modify["operationDescription"]) == {"validationLevel": "moderate"}
-            notes = sum(1 for node in cluster.shards.values() for raw in node.oplog.read_after(0, 1 << 30)
-                        if PCS_NOTE_KEY in bson.decode(raw).get("o", {}))
+            notes = sum(
+                1
+                for node in cluster.shards.values()
+                for raw in node.oplog.read_after(0, 1 << 30)
+                if PCS_NOTE_KEY in bson.decode(raw).get("o", {})
+            )
             assert notes == (8 if version == "5.0" else 0)  # 8.0: the native entries, and no notes
-            assert all(decode_token(e["_id"]).version == 2 for e in events)  # the proxy speaks 7.0/8.0 tokens
+            assert all(
+                decode_token(e["_id"]).version == 2 for e in events
+            )  # the proxy speaks 7.0/8.0 tokens
+
         try:
             await sync(work)
         finally:
@@ -77,6 +105,7 @@ async def test_ddl_kinds_arrive_once_each_in_order(version: str) -> None:
 
 async def test_a_5_0_native_stream_has_v1_tokens_and_no_expanded_events() -> None:
     async with open_cluster(shards=1, version="5.0") as cluster:
+
         def work() -> None:
             c = client(cluster.uri)
             with pytest.raises(OperationFailure) as info:
@@ -87,15 +116,21 @@ async def test_a_5_0_native_stream_has_v1_tokens_and_no_expanded_events() -> Non
                 event = stream.next()
             assert decode_token(event["_id"]).version == 1
             _close_all()
+
         await sync(work)
 
 
 def test_plan_notes_targets_the_holders() -> None:
     before = {"shard0": {"name": "c", "type": "collection", "options": {}, "info": {"uuid": "u"}}}
-    notes = plan_notes({"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1"}]}, "d.c", before, before)
+    notes = plan_notes(
+        {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1"}]}, "d.c", before, before
+    )
     assert [(n.op_type, n.shards, n.operation_description) for n in notes] == [
-        ("createIndexes", ("shard0",), {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]})]
+        ("createIndexes", ("shard0",), {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]})
+    ]
     # A collection's drop is native on every version: no note; a view's drop gets one.
     assert plan_notes({"drop": "c"}, "d.c", before, {}) == []
-    assert plan_notes({"drop": "v"}, "d.v", {"shard1": {"type": "view"}}, {})[0].shards == ("shard1",)
+    assert plan_notes({"drop": "v"}, "d.v", {"shard1": {"type": "view"}}, {})[0].shards == (
+        "shard1",
+    )
     assert plan_notes({"collMod": "c"}, "d.c", before, before) == []

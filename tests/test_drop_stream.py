@@ -33,7 +33,9 @@ def _counted(status: dict) -> int:
 async def test_a_dropped_stream_kills_its_cursors_and_frees_its_memory(cluster, proxy):
     conn = await open_upstream("127.0.0.1", proxy.port)
     before = await conn.command("admin", {"parallelChangeStreamStatus": 1})
-    opened = await conn.command("admin", {"parallelChangeStream": 1, "nBuckets": 2, "name": "dropme"})
+    opened = await conn.command(
+        "admin", {"parallelChangeStream": 1, "nBuckets": 2, "name": "dropme"}
+    )
     parked, other = (cur["id"] for cur in opened["cursors"])
     c = client(proxy_uri(proxy))
     await sync(c.d.c.insert_many, [{"_id": i, "pad": "x" * 500} for i in range(200)])
@@ -47,15 +49,22 @@ async def test_a_dropped_stream_kills_its_cursors_and_frees_its_memory(cluster, 
         waiter = await open_upstream("127.0.0.1", proxy.port)
         # Read to the end first, so that the next getMore waits for events.
         reply = await waiter.command("admin", {"getMore": parked, "collection": NS, "maxTimeMS": 0})
-        reply = await waiter.command("admin", {"getMore": parked, "collection": NS, "maxTimeMS": 30_000},
-                                     check=False)
-        outcome.update(code=reply.get("code"), events=len(reply.get("cursor", {}).get("nextBatch", [])))
+        reply = await waiter.command(
+            "admin", {"getMore": parked, "collection": NS, "maxTimeMS": 30_000}, check=False
+        )
+        outcome.update(
+            code=reply.get("code"), events=len(reply.get("cursor", {}).get("nextBatch", []))
+        )
         await waiter.aclose()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(get_more)
-        await poll_until(lambda: proxy.engine.cursors[parked].busy
-                         and proxy.engine.cursors[parked].bucket.waiting, 10)
+        await poll_until(
+            lambda: (
+                proxy.engine.cursors[parked].busy and proxy.engine.cursors[parked].bucket.waiting
+            ),
+            10,
+        )
         dropped = await conn.command("admin", {"dropParallelChangeStream": "dropme"})
     assert sorted(dropped["cursorsKilled"]) == sorted([parked, other])
     # (An idle bucket's getMore returns once its resume point moves, ~1 s: rarely, just before the drop.)
@@ -69,7 +78,10 @@ async def test_a_dropped_stream_kills_its_cursors_and_frees_its_memory(cluster, 
         with pytest.raises(OperationFailure) as info:
             c.admin.command({"getMore": other, "collection": NS, "maxTimeMS": 0})
         assert info.value.code == 43  # CursorNotFound, as after killCursors
-        for cmd in ({"dropParallelChangeStream": "dropme"}, {"parallelChangeStreamStatus": 1, "name": "dropme"}):
+        for cmd in (
+            {"dropParallelChangeStream": "dropme"},
+            {"parallelChangeStreamStatus": 1, "name": "dropme"},
+        ):
             with pytest.raises(OperationFailure) as info:
                 c.admin.command(cmd)
             assert info.value.code == 26  # NamespaceNotFound
@@ -82,6 +94,7 @@ async def test_a_dropped_stream_kills_its_cursors_and_frees_its_memory(cluster, 
         # The name is free again.
         c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "dropme"})
         c.admin.command({"dropParallelChangeStream": "dropme"})
+
     await sync(later)
     await conn.aclose()
     await sync(_close_all)
@@ -89,8 +102,10 @@ async def test_a_dropped_stream_kills_its_cursors_and_frees_its_memory(cluster, 
 
 async def test_only_the_creator_drops_a_stream():
     async with open_cluster(shards=1, users=USERS) as cluster, trio.open_nursery() as nursery:
-        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc", "proxy-pw"),
-                                                             listen_port=0))
+        proxy = await nursery.start(
+            serve_proxy,
+            ProxyConfig(upstream=with_user(cluster.uri, "cdc", "proxy-pw"), listen_port=0),
+        )
         base = f"mongodb://127.0.0.1:{proxy.port}/"
 
         def work() -> None:
@@ -103,6 +118,7 @@ async def test_only_the_creator_drops_a_stream():
             assert "alices" in proxy.engine.streams
             alice.admin.command({"dropParallelChangeStream": "alices"})
             assert "alices" not in proxy.engine.streams
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

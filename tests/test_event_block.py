@@ -33,9 +33,21 @@ def block_of_inserts(stamps: list[tuple[int, int]], collections: list[int]) -> E
     entries = []
     for (secs, inc), c in zip(stamps, collections, strict=True):
         _id = ObjectId()
-        entries.append(bson.encode({"op": "i", "ns": f"db.c{c}", "ui": _UUIDS[c], "o": {"_id": _id, "c": c},
-                                    "o2": {"_id": _id}, "ts": Timestamp(secs, inc), "t": Int64(1),
-                                    "v": Int64(2), "wall": bson.datetime_ms.DatetimeMS(secs * 1000)}))
+        entries.append(
+            bson.encode(
+                {
+                    "op": "i",
+                    "ns": f"db.c{c}",
+                    "ui": _UUIDS[c],
+                    "o": {"_id": _id, "c": c},
+                    "o2": {"_id": _id},
+                    "ts": Timestamp(secs, inc),
+                    "t": Int64(1),
+                    "v": Int64(2),
+                    "wall": bson.datetime_ms.DatetimeMS(secs * 1000),
+                }
+            )
+        )
     _, block, where = splice_block(OplogBatch.of(entries), expanded=False)
     assert block is not None and len(where) == len(entries)
     return block
@@ -52,14 +64,19 @@ def shard_blocks(draw: st.DrawFn) -> list[EventBlock]:
     out = []
     for _ in range(draw(st.integers(1, 3))):
         n = draw(st.integers(BATCH_MIN, BATCH_MIN + 40))
-        out.append(block_of_inserts(_stamps(draw, n), draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))))
+        out.append(
+            block_of_inserts(
+                _stamps(draw, n), draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+            )
+        )
     return out
 
 
 @settings(max_examples=25, deadline=None)
 @given(shard_blocks(), st.data())
-def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: list[EventBlock],
-                                                                       data: st.DataObject) -> None:
+def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
     as_blocks, as_tuples = MergedQueue([]), MergedQueue([])
     for i, block in enumerate(blocks):
         for queue, events in ((as_blocks, [block]), (as_tuples, block.fields())):
@@ -67,19 +84,26 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: li
             queue.extend(str(i), events)
     # The marks move in steps: each release may cut a block in two.
     keys = sorted({k for b in blocks for k in map(EVENT_SORT_KEY, b.fields())})
-    for cut in sorted(data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=4))) + [len(keys) - 1]:
+    for cut in sorted(data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=4))) + [
+        len(keys) - 1
+    ]:
         for i in range(len(blocks)):
             as_blocks.advance(str(i), keys[cut])
             as_tuples.advance(str(i), keys[cut])
         got, freed = as_blocks.pop_ready()
         want, freed_tuples = as_tuples.pop_ready()
-        if len(got) == 1:  # a merge's block (whose events are taken only as it is dealt) shares out its order
+        if (
+            len(got) == 1
+        ):  # a merge's block (whose events are taken only as it is dealt) shares out its order
             probe = data.draw(st.sampled_from([*(f[0] for f in want), b"", b"\xff"]))
-            assert got[0].bisect_right(probe) == sum(f[0] <= probe for f in want)  # probed unsorted, as sorted
+            assert got[0].bisect_right(probe) == sum(
+                f[0] <= probe for f in want
+            )  # probed unsorted, as sorted
             by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
             shares = got[0].shares([by_coll[coll] for _, _, coll, _ in got[0].kind_table])
             assert {b: share.fields() for b, share in shares.items()} == {
-                b: mine for b in (0, 1) if (mine := [f for f in want if b in by_coll[f[4]]])}
+                b: mine for b in (0, 1) if (mine := [f for f in want if b in by_coll[f[4]]])
+            }
         assert as_fields(got) == want and freed == freed_tuples
         assert len(blocks) == 1 or len(got) <= 1  # several shards' blocks merge into one block
     assert len(as_blocks) == len(as_tuples) == 0
@@ -88,14 +112,19 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(blocks: li
 @settings(max_examples=25, deadline=None)
 @given(shard_blocks(), st.data())
 def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_blocks(
-        blocks: list[EventBlock], data: st.DataObject) -> None:
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
     """A shard's events as a block, as tuples, or as a block's head then tuples (a batch with a
     transaction in it): the release is the tuples' merge, and blocks are not turned into tuples."""
     mixed, as_tuples = MergedQueue([]), MergedQueue([])
     shapes = [data.draw(st.sampled_from(["block", "tuples", "both"])) for _ in blocks]
     for i, (block, shape) in enumerate(zip(blocks, shapes, strict=True)):
         k = data.draw(st.integers(1, len(block) - 1))
-        items = {"block": [block], "tuples": block.fields(), "both": [block.sliced(0, k), *block.sliced(k).fields()]}
+        items = {
+            "block": [block],
+            "tuples": block.fields(),
+            "both": [block.sliced(0, k), *block.sliced(k).fields()],
+        }
         for queue, events in ((mixed, items[shape]), (as_tuples, block.fields())):
             queue.add_shard(str(i), b"")
             queue.extend(str(i), events)
@@ -110,14 +139,18 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
     dealt: dict[int, list[tuple[Any, ...]]] = {0: [], 1: []}
     for item in got:
         if isinstance(item, EventBlock):
-            for b, share in item.shares([by_coll[coll] for _, _, coll, _ in item.kind_table]).items():
+            for b, share in item.shares(
+                [by_coll[coll] for _, _, coll, _ in item.kind_table]
+            ).items():
                 dealt[b] += share.fields()
         else:
             for b in by_coll[item[4]]:
                 dealt[b].append(item)
     assert dealt == {b: [f for f in want if b in by_coll[f[4]]] for b in (0, 1)}
     # (Each event's key holds its own ObjectId: no two are equal, so the exact path is not taken.)
-    assert any(isinstance(item, EventBlock) for item in got) == any(shape != "tuples" for shape in shapes)
+    assert any(isinstance(item, EventBlock) for item in got) == any(
+        shape != "tuples" for shape in shapes
+    )
 
 
 def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> None:
@@ -138,10 +171,20 @@ def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> N
 def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:
     block = block_of_inserts([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
     fields = block.fields()
-    assert len(block) == count_events([block]) == 300 and block.nbytes == sum(len(f[5]) for f in fields)
-    assert block.sliced(10, 20).fields() == fields[10:20] == pickle.loads(pickle.dumps(block.sliced(10, 20))).fields()
+    assert len(block) == count_events([block]) == 300 and block.nbytes == sum(
+        len(f[5]) for f in fields
+    )
+    assert (
+        block.sliced(10, 20).fields()
+        == fields[10:20]
+        == pickle.loads(pickle.dumps(block.sliced(10, 20))).fields()
+    )
     assert block.take([5, 1]).fields() == [fields[5], fields[1]]  # type: ignore[arg-type]
-    assert [block.key(i) for i in (0, 299)] == [block.first_key, block.last_key] == [fields[0][0], fields[-1][0]]
+    assert (
+        [block.key(i) for i in (0, 299)]
+        == [block.first_key, block.last_key]
+        == [fields[0][0], fields[-1][0]]
+    )
     # A high-water mark's key is shorter than an event's: compared as Python compares bytes.
     assert block.bisect_right(token_sort_key(high_water_mark(Timestamp(7, 150)))) == 149
     assert block.bisect_right(fields[41][0]) == 42 and block.bisect_right(b"") == 0
@@ -157,7 +200,8 @@ def test_a_block_shares_out_its_events_by_their_kinds_routes_and_never_an_empty_
 
     fields = block.fields()
     assert {b: share.fields() for b, share in shares(block).items()} == {
-        b: [f for i, f in enumerate(fields) if b in route_of[f"c{i % 3}"]] for b in (0, 1, 2)}
+        b: [f for i, f in enumerate(fields) if b in route_of[f"c{i % 3}"]] for b in (0, 1, 2)
+    }
     # Cut down to one db.c0 event, the block still names the other kinds: buckets 1 and 2 get
     # nothing (an empty block would have no first key for the bucket to check).
     assert list(shares(block.sliced(3, 4))) == [0]
@@ -170,8 +214,14 @@ def test_a_reply_from_blocks_is_the_reply_from_their_events_bytes() -> None:
     # Mixed with single events, and keyed on from where each part starts.
     mixed = [block.sliced(0, 50), raws[50], block.sliced(51, 200)]
     for items in ([block], mixed):
-        assert (cursor_document(5, "admin.$cmd", "nextBatch", items, {"postBatchResumeToken": {"_data": "00"}}).raw
-                == cursor_document(5, "admin.$cmd", "nextBatch", raws, {"postBatchResumeToken": {"_data": "00"}}).raw)
+        assert (
+            cursor_document(
+                5, "admin.$cmd", "nextBatch", items, {"postBatchResumeToken": {"_data": "00"}}
+            ).raw
+            == cursor_document(
+                5, "admin.$cmd", "nextBatch", raws, {"postBatchResumeToken": {"_data": "00"}}
+            ).raw
+        )
 
 
 def test_a_blocks_elements_are_keyed_from_any_index_across_digit_counts() -> None:
@@ -218,7 +268,9 @@ def test_a_share_of_a_merge_is_keyed_from_where_its_events_lie() -> None:
         assert share.nbytes == sum(map(len, raws)) and list(share.sizes) == list(map(len, raws))
         for first in (0, 7, 995):
             part = share.sliced(3, 200)
-            expected = b"".join(b"\x03%d\x00%s" % (first + i, raw) for i, raw in enumerate(raws[3:200]))
+            expected = b"".join(
+                b"\x03%d\x00%s" % (first + i, raw) for i, raw in enumerate(raws[3:200])
+            )
             assert bytes(part.array_body(first)) == expected
         assert [f[5] for f in share.fields()] == raws
 
@@ -259,14 +311,21 @@ def test_a_blocks_hold_lives_as_long_as_some_block_points_into_it() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(8, 13), st.lists(st.lists(st.binary(min_size=13, max_size=13), max_size=40), min_size=1, max_size=6),
-       st.sampled_from([b"\x00", b"\x00\x01", b"\x00\xff"]))
-def test_the_merge_of_sorted_runs_is_a_stable_sort_of_their_keys(width: int, runs: list[list[bytes]],
-                                                                 alphabet: bytes) -> None:
+@given(
+    st.integers(8, 13),
+    st.lists(st.lists(st.binary(min_size=13, max_size=13), max_size=40), min_size=1, max_size=6),
+    st.sampled_from([b"\x00", b"\x00\x01", b"\x00\xff"]),
+)
+def test_the_merge_of_sorted_runs_is_a_stable_sort_of_their_keys(
+    width: int, runs: list[list[bytes]], alphabet: bytes
+) -> None:
     """`_merge_runs` against numpy's stable sort of the same keys as byte strings: keys of few
     byte values, so heads (the first 8 bytes) and whole keys are often equal across runs, and
     runs may be empty."""
-    rows = [sorted(bytes(alphabet[b % len(alphabet)] for b in key[:width]) for key in run) for run in runs]
+    rows = [
+        sorted(bytes(alphabet[b % len(alphabet)] for b in key[:width]) for key in run)
+        for run in runs
+    ]
     keys = np.frombuffer(b"".join(b"".join(run) for run in rows), np.uint8).reshape(-1, width)
     bounds = np.cumsum([0] + [len(run) for run in rows]).astype(np.int64)
     expected = np.argsort(keys.view(f"S{width}").ravel(), kind="stable")
@@ -275,8 +334,16 @@ def test_the_merge_of_sorted_runs_is_a_stable_sort_of_their_keys(width: int, run
 
 def test_a_merge_of_many_batches_from_a_few_shards_is_in_token_order() -> None:
     """Each shard's consecutive batches make one sorted run; the runs interleave."""
-    shards = [[block_of_inserts([(7, i) for i in range(s + 1 + 4 * 50 * b, s + 1 + 4 * 50 * (b + 1), 4)],
-                                [i % 3 for i in range(50)]) for b in range(3)] for s in range(4)]
+    shards = [
+        [
+            block_of_inserts(
+                [(7, i) for i in range(s + 1 + 4 * 50 * b, s + 1 + 4 * 50 * (b + 1), 4)],
+                [i % 3 for i in range(50)],
+            )
+            for b in range(3)
+        ]
+        for s in range(4)
+    ]
     blocks = [block for shard in shards for block in shard]
     merged = EventBlock.merge(blocks)
     keys = [f[0] for f in merged.fields()]
@@ -286,15 +353,26 @@ def test_a_merge_of_many_batches_from_a_few_shards_is_in_token_order() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(shard_blocks(), st.data())
-def test_bisecting_sorted_keys_cuts_where_pythons_bisect_does(blocks: list[EventBlock],
-                                                              data: st.DataObject) -> None:
+def test_bisecting_sorted_keys_cuts_where_pythons_bisect_does(
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
     """bisect_keys (one compiled loop for many keys, in a block's order or a merge's) cuts each
     key where bisect.bisect_right over the events' keys as bytes does: keys shorter and longer
     than an event's (a high-water mark's, a string _id's), a key's prefix, equal keys."""
     merged = EventBlock.merge(blocks) if len(blocks) > 1 else blocks[0]
     keys = [f[0] for f in merged.fields()]
-    near = st.sampled_from(keys).flatmap(lambda k: st.sampled_from(
-        [k, k[:-1], k[:9], k + b"\x00", k[:-1] + bytes([(k[-1] + 1) % 256]), k[:-1] + b"\x00\xff"]))
+    near = st.sampled_from(keys).flatmap(
+        lambda k: st.sampled_from(
+            [
+                k,
+                k[:-1],
+                k[:9],
+                k + b"\x00",
+                k[:-1] + bytes([(k[-1] + 1) % 256]),
+                k[:-1] + b"\x00\xff",
+            ]
+        )
+    )
     probes = sorted(data.draw(st.lists(st.one_of(near, st.binary(max_size=40)), max_size=12)))
     lo = data.draw(st.integers(0, len(blocks[0])))
     for block in (merged, blocks[0]):
@@ -305,4 +383,6 @@ def test_bisecting_sorted_keys_cuts_where_pythons_bisect_does(blocks: list[Event
             want.append(bisect.bisect_right(rows, probe, max([lo, *want[-1:]])))
         assert cuts == want
         assert exact == any(c and rows[c - 1] == p for c, p in zip(cuts, probes, strict=True))
-        assert [block.bisect_right(p, lo) for p in probes] == [bisect.bisect_right(rows, p, lo) for p in probes]
+        assert [block.bisect_right(p, lo) for p in probes] == [
+            bisect.bisect_right(rows, p, lo) for p in probes
+        ]

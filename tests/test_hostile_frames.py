@@ -83,10 +83,12 @@ async def send_and_expect_close(port: int, data: bytes) -> None:
 
 def round_trip(uri: str, n: int) -> Callable[[], None]:
     """A pymongo client's work through `uri`: a write and a read of it."""
+
     def work() -> None:
         c = client(uri)
         c.t.hostile.insert_one({"_id": n})
         assert c.t.hostile.find_one({"_id": n}) == {"_id": n}
+
     return work
 
 
@@ -106,9 +108,11 @@ async def test_a_bad_bson_string_closes_only_its_connection(cluster_and_proxy):
     each time that connection ends, and clients of mongos, the shard and the proxy go on."""
     cluster, proxy = cluster_and_proxy
     shard = cluster.replsets["shard0"].members[0]
-    targets = [(cluster.mongos.port, cluster.uri),
-               (shard.port, f"mongodb://{shard.address}/?directConnection=true"),
-               (proxy.port, proxy_uri(proxy))]
+    targets = [
+        (cluster.mongos.port, cluster.uri),
+        (shard.port, f"mongodb://{shard.address}/?directConnection=true"),
+        (proxy.port, proxy_uri(proxy)),
+    ]
     for n, (port, uri) in enumerate(targets):
         for nested in (False, True):
             await send_and_expect_close(port, bad_string_frame(nested))
@@ -180,6 +184,7 @@ async def test_before_login_a_large_message_closes_the_connection_and_after_it_i
             alice = client(with_user(proxy_uri(proxy), "alice", "alice-pw"))
             alice.t.big.insert_one({"_id": 1, "pad": "x" * 2_000_000})
             assert len(alice.t.big.find_one({"_id": 1})["pad"]) == 2_000_000
+
         await sync(work)
         await sync(_close_all)  # while the servers answer endSessions
         nursery.cancel_scope.cancel()
@@ -190,8 +195,9 @@ async def test_incomplete_messages_of_clients_not_logged_in_share_one_budget(clu
     whose message would take the total past 4 MiB is closed, the first is not; once the first
     leaves, the budget is free again. A pymongo client works throughout."""
     async with trio.open_nursery() as nursery:
-        config = ProxyConfig(upstream=cluster.uri, listen_port=0,
-                             unauthenticated_buffer_bytes=4 << 20)
+        config = ProxyConfig(
+            upstream=cluster.uri, listen_port=0, unauthenticated_buffer_bytes=4 << 20
+        )
         proxy: RunningProxy = await nursery.start(serve_proxy, config)
         head = wire.HEADER.pack(10_000_000, 1, 0, wire.OP_MSG)
         first = await trio.open_tcp_stream("127.0.0.1", proxy.port)
@@ -216,8 +222,10 @@ async def test_mutated_frames_never_take_down_simcluster_or_the_proxy(cluster_an
     for port, uri in [(cluster.mongos.port, cluster.uri), (proxy.port, proxy_uri(proxy))]:
         for _ in range(150):
             seed = rng.choice(SEEDS[:-2])  # the large bombs have their own test
-            edits = [(rng.randrange(4), rng.randrange(1 << 16), rng.randrange(1 << 16))
-                     for _ in range(rng.randint(1, 4))]
+            edits = [
+                (rng.randrange(4), rng.randrange(1 << 16), rng.randrange(1 << 16))
+                for _ in range(rng.randint(1, 4))
+            ]
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             try:
                 await stream.send_all(mutate(seed, edits))

@@ -30,12 +30,21 @@ from tests.test_engine import NS
 from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
 
-PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "monitor": "monitor-pw",
-             "ops": "ops-pw", "cdc": "proxy-pw"}
+PASSWORDS = {
+    "alice": "alice-pw",
+    "bob": "bob-pw",
+    "carol": "carol-pw",
+    "monitor": "monitor-pw",
+    "ops": "ops-pw",
+    "cdc": "proxy-pw",
+}
 # alice and cdc: root (simcluster's default); the others built-in roles only.
-ROLES = {"bob": [("read", "shop")], "carol": [("readAnyDatabase", "admin")],
-         "monitor": [("clusterMonitor", "admin"), ("readAnyDatabase", "admin")],
-         "ops": [("hostManager", "admin"), ("readAnyDatabase", "admin")]}
+ROLES = {
+    "bob": [("read", "shop")],
+    "carol": [("readAnyDatabase", "admin")],
+    "monitor": [("clusterMonitor", "admin"), ("readAnyDatabase", "admin")],
+    "ops": [("hostManager", "admin"), ("readAnyDatabase", "admin")],
+}
 
 
 def with_user(uri: str, user: str) -> str:
@@ -45,8 +54,13 @@ def with_user(uri: str, user: str) -> str:
 @asynccontextmanager
 async def secured() -> AsyncIterator[tuple[SimCluster, RunningProxy]]:
     """A cluster requiring authentication and a proxy logging in as `cdc`."""
-    async with open_cluster(shards=2, users=PASSWORDS, roles=ROLES) as cluster, trio.open_nursery() as nursery:
-        proxy = await nursery.start(serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc"), listen_port=0))
+    async with (
+        open_cluster(shards=2, users=PASSWORDS, roles=ROLES) as cluster,
+        trio.open_nursery() as nursery,
+    ):
+        proxy = await nursery.start(
+            serve_proxy, ProxyConfig(upstream=with_user(cluster.uri, "cdc"), listen_port=0)
+        )
         yield cluster, proxy
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -70,6 +84,7 @@ async def test_identity_comes_from_mongos_not_from_the_login_messages():
     in. Neither may read or kill alice's cursors. After logout, and after a failed
     re-authentication, the proxy again knows exactly what mongos says."""
     async with secured() as (cluster, proxy):
+
         def work() -> None:
             alice = through(proxy, "alice")
             opened = alice.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "hers"})
@@ -78,17 +93,36 @@ async def test_identity_comes_from_mongos_not_from_the_login_messages():
             # One connection (maxPoolSize 1), so every command below shares its upstream login.
             mallory = through(proxy, maxPoolSize=1)
             bob = ScramClient("bob", PASSWORDS["bob"])
-            his = mallory.admin.command({"saslStart": 1, "mechanism": MECHANISM, "payload": Binary(bob.first(), 0),
-                                         "options": {"skipEmptyExchange": True}})
-            mallory.admin.command({"saslStart": 1, "mechanism": MECHANISM,
-                                   "payload": Binary(b"n,,n=alice,r=abcdefghijklmnop", 0)})
-            done = mallory.admin.command({"saslContinue": 1, "conversationId": his["conversationId"],
-                                          "payload": Binary(bob.final(bytes(his["payload"])), 0)})
+            his = mallory.admin.command(
+                {
+                    "saslStart": 1,
+                    "mechanism": MECHANISM,
+                    "payload": Binary(bob.first(), 0),
+                    "options": {"skipEmptyExchange": True},
+                }
+            )
+            mallory.admin.command(
+                {
+                    "saslStart": 1,
+                    "mechanism": MECHANISM,
+                    "payload": Binary(b"n,,n=alice,r=abcdefghijklmnop", 0),
+                }
+            )
+            done = mallory.admin.command(
+                {
+                    "saslContinue": 1,
+                    "conversationId": his["conversationId"],
+                    "payload": Binary(bob.final(bytes(his["payload"])), 0),
+                }
+            )
             assert done["done"]
             who = mallory.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"]
             assert who == [{"user": "bob", "db": "admin"}]
             # The proxy's idea of each connection's user: alice's one connection, and bob.
-            assert sorted(s.user for s in proxy.server.sessions if s.user) == ["alice@admin", "bob@admin"]
+            assert sorted(s.user for s in proxy.server.sessions if s.user) == [
+                "alice@admin",
+                "bob@admin",
+            ]
             assert code_of(mallory.admin.command, {"getMore": hers, "collection": NS}) == 13
             assert code_of(mallory.admin.command, {"killCursors": NS, "cursors": [hers]}) == 13
             assert mallory.admin.command({"parallelChangeStreamStatus": 1})["streams"] == []
@@ -96,21 +130,46 @@ async def test_identity_comes_from_mongos_not_from_the_login_messages():
 
             # A failed re-authentication leaves bob logged in (as mongos says); logout, nobody.
             failed = ScramClient("alice", "wrong")
-            step = mallory.admin.command({"saslStart": 1, "mechanism": MECHANISM,
-                                          "payload": Binary(failed.first(), 0)})
-            assert code_of(mallory.admin.command, {"saslContinue": 1, "conversationId": step["conversationId"],
-                                                   "payload": Binary(failed.final(bytes(step["payload"])), 0)}) == 18
+            step = mallory.admin.command(
+                {"saslStart": 1, "mechanism": MECHANISM, "payload": Binary(failed.first(), 0)}
+            )
+            assert (
+                code_of(
+                    mallory.admin.command,
+                    {
+                        "saslContinue": 1,
+                        "conversationId": step["conversationId"],
+                        "payload": Binary(failed.final(bytes(step["payload"])), 0),
+                    },
+                )
+                == 18
+            )
             assert code_of(mallory.admin.command, {"getMore": hers, "collection": NS}) == 13
             mallory.admin.command("logout")
             assert code_of(mallory.admin.command, {"parallelChangeStreamStatus": 1}) == 13
 
             eve = through(proxy, maxPoolSize=1)
-            start = eve.admin.command({"saslStart": 1, "mechanism": MECHANISM,
-                                       "payload": Binary(b"n,,n=alice,r=abcdefghijklmnop", 0)})
-            assert code_of(eve.admin.command, {"saslContinue": 1, "conversationId": start["conversationId"],
-                                               "payload": Binary(b"", 0)}) == 18
+            start = eve.admin.command(
+                {
+                    "saslStart": 1,
+                    "mechanism": MECHANISM,
+                    "payload": Binary(b"n,,n=alice,r=abcdefghijklmnop", 0),
+                }
+            )
+            assert (
+                code_of(
+                    eve.admin.command,
+                    {
+                        "saslContinue": 1,
+                        "conversationId": start["conversationId"],
+                        "payload": Binary(b"", 0),
+                    },
+                )
+                == 18
+            )
             assert code_of(eve.admin.command, {"getMore": hers, "collection": NS}) == 13
             assert code_of(eve.admin.command, {"parallelChangeStreamStatus": 1}) == 13
+
         await sync(work)
 
 
@@ -119,23 +178,35 @@ async def test_named_streams_belong_to_their_creator():
     nBuckets, or ask about alice's; the status lists each user's own streams and cursors, all of
     them for a user holding `inprog` (clusterMonitor)."""
     async with secured() as (cluster, proxy):
+
         def work() -> None:
-            alice, carol, monitor = through(proxy, "alice"), through(proxy, "carol"), through(proxy, "monitor")
+            alice, carol, monitor = (
+                through(proxy, "alice"),
+                through(proxy, "carol"),
+                through(proxy, "monitor"),
+            )
             opened = alice.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "hers"})
-            for attempt in ({"parallelChangeStream": 1, "nBuckets": 2, "name": "hers"},
-                            {"parallelChangeStream": 1, "nBuckets": 3, "name": "hers"},
-                            {"parallelChangeStream": 1, "name": "hers", "bucket": 0},
-                            {"parallelChangeStreamStatus": 1, "name": "hers"}):
+            for attempt in (
+                {"parallelChangeStream": 1, "nBuckets": 2, "name": "hers"},
+                {"parallelChangeStream": 1, "nBuckets": 3, "name": "hers"},
+                {"parallelChangeStream": 1, "name": "hers", "bucket": 0},
+                {"parallelChangeStreamStatus": 1, "name": "hers"},
+            ):
                 assert code_of(carol.admin.command, attempt) == 13, attempt
             carol.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "mine"})
             listed = carol.admin.command({"parallelChangeStreamStatus": 1})
             assert [s["name"] for s in listed["streams"]] == ["mine"] and listed["cursors"] == 1
             listed = alice.admin.command({"parallelChangeStreamStatus": 1})  # root holds inprog too
-            assert [s["name"] for s in listed["streams"]] == ["hers", "mine"] and listed["cursors"] == 3
+            assert [s["name"] for s in listed["streams"]] == ["hers", "mine"] and listed[
+                "cursors"
+            ] == 3
             listed = monitor.admin.command({"parallelChangeStreamStatus": 1})
-            assert [s["name"] for s in listed["streams"]] == ["hers", "mine"] and listed["cursors"] == 3
+            assert [s["name"] for s in listed["streams"]] == ["hers", "mine"] and listed[
+                "cursors"
+            ] == 3
             for cursor in opened["cursors"]:  # still hers, still open
                 alice.admin.command({"getMore": cursor["id"], "collection": NS, "maxTimeMS": 10})
+
         await sync(work)
 
 
@@ -144,16 +215,31 @@ async def test_kill_cursors_checks_the_user_not_the_session():
     hands out another one) or from none; another user may not, unless it holds killAnyCursor
     (hostManager)."""
     async with secured() as (cluster, proxy):
+
         def work() -> None:
-            alice, carol, ops = through(proxy, "alice"), through(proxy, "carol"), through(proxy, "ops")
+            alice, carol, ops = (
+                through(proxy, "alice"),
+                through(proxy, "carol"),
+                through(proxy, "ops"),
+            )
             with alice.start_session() as s1, alice.start_session() as s2:  # both open: two lsids
-                ids = [c["id"] for c in alice.admin.command({"parallelChangeStream": 1, "nBuckets": 3},
-                                                            session=s1)["cursors"]]
-                assert alice.admin.command({"killCursors": NS, "cursors": [ids[0]]},
-                                           session=s2)["cursorsKilled"] == [ids[0]]
+                ids = [
+                    c["id"]
+                    for c in alice.admin.command(
+                        {"parallelChangeStream": 1, "nBuckets": 3}, session=s1
+                    )["cursors"]
+                ]
+                assert alice.admin.command({"killCursors": NS, "cursors": [ids[0]]}, session=s2)[
+                    "cursorsKilled"
+                ] == [ids[0]]
             assert code_of(carol.admin.command, {"killCursors": NS, "cursors": [ids[1]]}) == 13
-            assert ops.admin.command({"killCursors": NS, "cursors": [ids[1]]})["cursorsKilled"] == [ids[1]]
-            assert alice.admin.command({"killCursors": NS, "cursors": [ids[2]]})["cursorsKilled"] == [ids[2]]
+            assert ops.admin.command({"killCursors": NS, "cursors": [ids[1]]})["cursorsKilled"] == [
+                ids[1]
+            ]
+            assert alice.admin.command({"killCursors": NS, "cursors": [ids[2]]})[
+                "cursorsKilled"
+            ] == [ids[2]]
+
         await sync(work)
 
 
@@ -163,19 +249,31 @@ async def test_admin_commands_need_the_built_in_roles_privileges():
     read or change server parameters and logs. killSessions with another user's session id kills
     it only for a holder of killAnySession (kill_sessions_command.cpp, makeLogicalSessionIds)."""
     async with secured() as (cluster, proxy):
+
         def work() -> None:
             direct_bob = client(with_user(cluster.uri, "bob"))
             for bob in (direct_bob, through(proxy, "bob")):
-                for cmd in ({"killAllSessions": []}, {"killAllSessions": [{"user": "alice", "db": "admin"}]},
-                            {"killAllSessionsByPattern": []},
-                            {"getParameter": "*"}, {"setParameter": 1, "cursorTimeoutMillis": 1000},
-                            {"getCmdLineOpts": 1}, {"hostInfo": 1}, {"getLog": "global"}, {"balancerStop": 1},
-                            {"balancerStatus": 1}, {"moveChunk": "shop.orders", "find": {"_id": 0}, "to": "shard1"}):
+                for cmd in (
+                    {"killAllSessions": []},
+                    {"killAllSessions": [{"user": "alice", "db": "admin"}]},
+                    {"killAllSessionsByPattern": []},
+                    {"getParameter": "*"},
+                    {"setParameter": 1, "cursorTimeoutMillis": 1000},
+                    {"getCmdLineOpts": 1},
+                    {"hostInfo": 1},
+                    {"getLog": "global"},
+                    {"balancerStop": 1},
+                    {"balancerStatus": 1},
+                    {"moveChunk": "shop.orders", "find": {"_id": 0}, "to": "shard1"},
+                ):
                     assert code_of(bob.admin.command, cmd) == 13, cmd
             monitor = client(with_user(cluster.uri, "monitor"))
             monitor.admin.command("getParameter", "*")
             monitor.admin.command("balancerStatus")  # clusterMonitor reads config
-            assert code_of(monitor.admin.command, {"setParameter": 1, "cursorTimeoutMillis": 1000}) == 13
+            assert (
+                code_of(monitor.admin.command, {"setParameter": 1, "cursorTimeoutMillis": 1000})
+                == 13
+            )
             through(proxy, "ops").admin.command({"killAllSessions": []})
 
             alice = client(with_user(cluster.uri, "alice"))
@@ -184,7 +282,9 @@ async def test_admin_commands_need_the_built_in_roles_privileges():
                 cursor = alice.shop.orders.find(batch_size=2, session=session)
                 next(cursor)
                 lsid = session.session_id
-                direct_bob.admin.command({"killSessions": [lsid]})  # only bob's own session of that id
+                direct_bob.admin.command(
+                    {"killSessions": [lsid]}
+                )  # only bob's own session of that id
                 next(cursor), next(cursor)  # a getMore: alive
                 client(with_user(cluster.uri, "ops")).admin.command({"killSessions": [lsid]})
                 with pytest.raises(OperationFailure):
@@ -192,10 +292,15 @@ async def test_admin_commands_need_the_built_in_roles_privileges():
             with alice.start_session() as session:
                 cursor = alice.shop.orders.find(batch_size=2, session=session)
                 next(cursor)
-                pattern = {"lsid": {"id": session.session_id["id"], "uid": user_digest("alice@admin")}}
-                client(with_user(cluster.uri, "ops")).admin.command({"killAllSessionsByPattern": [pattern]})
+                pattern = {
+                    "lsid": {"id": session.session_id["id"], "uid": user_digest("alice@admin")}
+                }
+                client(with_user(cluster.uri, "ops")).admin.command(
+                    {"killAllSessionsByPattern": [pattern]}
+                )
                 with pytest.raises(OperationFailure):
                     list(cursor)
+
         await sync(work)
 
 
@@ -222,10 +327,21 @@ class RawConnection:
 
     def login(self, user: str) -> None:
         scram = ScramClient(user, PASSWORDS[user])
-        first = self.command({"saslStart": 1, "mechanism": MECHANISM, "payload": Binary(scram.first(), 0),
-                              "options": {"skipEmptyExchange": True}})
-        done = self.command({"saslContinue": 1, "conversationId": first["conversationId"],
-                             "payload": Binary(scram.final(bytes(first["payload"])), 0)})
+        first = self.command(
+            {
+                "saslStart": 1,
+                "mechanism": MECHANISM,
+                "payload": Binary(scram.first(), 0),
+                "options": {"skipEmptyExchange": True},
+            }
+        )
+        done = self.command(
+            {
+                "saslContinue": 1,
+                "conversationId": first["conversationId"],
+                "payload": Binary(scram.final(bytes(first["payload"])), 0),
+            }
+        )
         assert done["ok"] and done["done"], done
 
     def close(self) -> None:
@@ -253,9 +369,13 @@ async def test_gossiped_cluster_time_must_be_signed_when_auth_is_on():
                 key = cluster.mongos.time_key
                 assert key is not None
                 ahead = Timestamp(reply["$clusterTime"]["clusterTime"].time + 100, 0)
-                reply = anonymous.command({"ping": 1, "$clusterTime": forged(ahead, os.urandom(20), key.key_id)})
+                reply = anonymous.command(
+                    {"ping": 1, "$clusterTime": forged(ahead, os.urandom(20), key.key_id)}
+                )
                 assert reply["code"] == 204 and reply["codeName"] == "TimeProofMismatch"
-                reply = anonymous.command({"ping": 1, "$clusterTime": forged(ahead, os.urandom(20), 12345)})
+                reply = anonymous.command(
+                    {"ping": 1, "$clusterTime": forged(ahead, os.urandom(20), 12345)}
+                )
                 assert reply["code"] == 211
                 anonymous.login("alice")
                 assert anonymous.command({"ping": 1, "$clusterTime": forged(ahead)})["code"] == 211
@@ -273,6 +393,7 @@ async def test_gossiped_cluster_time_must_be_signed_when_auth_is_on():
             for i in range(3):
                 alice.shop.orders.insert_one({"_id": i})
             assert alice.shop.orders.count_documents({}) == 3
+
         await sync(work)
 
 
@@ -280,6 +401,7 @@ async def test_without_auth_any_cluster_time_is_taken():
     """Without authorization every client may advance the clock (vector_clock.cpp: no validator
     checks), and replies carry the dummy signature."""
     async with open_cluster(shards=1) as cluster:
+
         def work() -> None:
             conn = RawConnection(cluster.mongos.port)
             now = conn.command({"ping": 1})["$clusterTime"]
@@ -288,6 +410,7 @@ async def test_without_auth_any_cluster_time_is_taken():
             assert conn.command({"ping": 1, "$clusterTime": forged(ahead)})["ok"] == 1
             assert cluster.clock.now().time >= ahead.time
             conn.close()
+
         await sync(work)
 
 
@@ -300,9 +423,12 @@ async def test_the_startup_log_shows_no_password():
         uri = with_user(cluster.uri, "cdc")
 
         def run() -> str:
-            with subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", uri, "--listen", "127.0.0.1:0"],
-                                  stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": os.getcwd()}) as proc:
+            with subprocess.Popen(
+                [sys.executable, "-m", "wireproxy", "--upstream", uri, "--listen", "127.0.0.1:0"],
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.getcwd()},
+            ) as proc:
                 try:
                     assert proc.stderr is not None
                     for line in proc.stderr:
@@ -311,5 +437,6 @@ async def test_the_startup_log_shows_no_password():
                     raise AssertionError("the proxy exited before listening")
                 finally:
                     proc.terminate()
+
         line = await sync(run, timeout=120)
         assert PASSWORDS["cdc"] not in line and "cdc:***@" in line

@@ -19,7 +19,14 @@ import trio.testing
 from bson import Timestamp
 
 from buckets.budget import ByteBudget
-from buckets.reader import BATCH_ENTRIES, NOTE_PATIENCE_S, NOTE_SPACING_S, URGENT_NOTE_S, OplogTail, ShardReader
+from buckets.reader import (
+    BATCH_ENTRIES,
+    NOTE_PATIENCE_S,
+    NOTE_SPACING_S,
+    URGENT_NOTE_S,
+    OplogTail,
+    ShardReader,
+)
 from buckets.topology import Topology, TopologyWatcher
 from mongoformats.change_events import OplogTransformer
 
@@ -48,8 +55,14 @@ class _ScriptedTail(OplogTail):
             assert not secondary  # notes go to the primary
             return primary
 
-        super().__init__("shard1", [("member", 27018)], start=Timestamp(1, 0), skip_key=b"",
-                         transformer=OplogTransformer(), connect_member=connect)  # type: ignore[arg-type]
+        super().__init__(
+            "shard1",
+            [("member", 27018)],
+            start=Timestamp(1, 0),
+            skip_key=b"",
+            transformer=OplogTransformer(),
+            connect_member=connect,
+        )  # type: ignore[arg-type]
         self.send, self.recv = trio.open_memory_channel[int](0)
         self.at = 1
 
@@ -66,7 +79,9 @@ class _ScriptedTail(OplogTail):
         await trio.testing.wait_all_tasks_blocked()
 
 
-async def _reader(nursery: trio.Nursery) -> tuple[ShardReader, _ScriptedTail, _Primary, dict[str, bool]]:
+async def _reader(
+    nursery: trio.Nursery,
+) -> tuple[ShardReader, _ScriptedTail, _Primary, dict[str, bool]]:
     primary = _Primary()
     tail = _ScriptedTail(primary)
     reader = ShardReader(tail, budget=ByteBudget(1 << 20))
@@ -89,7 +104,9 @@ async def _nudge(reader: ShardReader) -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
-async def test_an_idle_shard_gets_one_note_per_round_trip_while_events_wait(mock_clock: Any) -> None:
+async def test_an_idle_shard_gets_one_note_per_round_trip_while_events_wait(
+    mock_clock: Any,
+) -> None:
     """A nudge writes a note at once; more nudges write none until the tail has read again (the
     note written covers the events that were waiting then); after that read, a nudge (events
     still wait: they came after the note) writes the next note as soon as NOTE_SPACING_S has
@@ -155,8 +172,10 @@ class _Mongos:
     async def command(self, db: str, cmd: dict[str, Any], **_: Any) -> dict[str, Any]:
         assert db == "admin" and "listShards" in cmd
         self.reads += 1
-        return {"shards": [{"_id": "shard0", "host": "rs0/member:27018"}],
-                "operationTime": Timestamp(10 + self.reads, 1)}
+        return {
+            "shards": [{"_id": "shard0", "host": "rs0/member:27018"}],
+            "operationTime": Timestamp(10 + self.reads, 1),
+        }
 
     async def aclose(self) -> None:
         pass
@@ -174,8 +193,11 @@ async def test_the_shard_list_is_read_at_once_while_events_wait_on_it(mock_clock
     async def connect() -> Any:
         return mongos
 
-    watcher = TopologyWatcher(connect, Topology({"shard0": [("member", 27018)]}, {}, Timestamp(10, 1)),
-                              holds_back=lambda: URGENT_NOTE_S if waits["events"] else None)
+    watcher = TopologyWatcher(
+        connect,
+        Topology({"shard0": [("member", 27018)]}, {}, Timestamp(10, 1)),
+        holds_back=lambda: URGENT_NOTE_S if waits["events"] else None,
+    )
 
     async def advance(as_of: Timestamp) -> None:
         watcher.nudge()  # the merge's nudges that came while this read was under way

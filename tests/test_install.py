@@ -180,7 +180,14 @@ def base_install() -> Iterator[tuple[Path, list[str]]]:
         src.mkdir()
         for name in ("pyproject.toml", "README.md", "LICENSE"):
             shutil.copy(ROOT / name, src / name)
-        for package in ("mongoformats", "simcluster", "wireproxy", "buckets", "bucketspark", "demo"):
+        for package in (
+            "mongoformats",
+            "simcluster",
+            "wireproxy",
+            "buckets",
+            "bucketspark",
+            "demo",
+        ):
             shutil.copytree(
                 ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__")
             )

@@ -41,9 +41,14 @@ def exact(value: Any) -> Fraction:
 
 # Decimals inside the normal double range (the encodings beyond it are not written).
 coefficients = st.integers(min_value=1, max_value=10**34 - 1)
-decimals = st.builds(lambda c, e, neg: Decimal128(Decimal((int(neg), tuple(map(int, str(c))), e))),
-                     coefficients, st.integers(min_value=-300, max_value=250), st.booleans()) \
-    .filter(lambda d: 1e-300 < abs(float(d.to_decimal())) < 1e300)
+decimals = st.builds(
+    lambda c, e, neg: Decimal128(Decimal((int(neg), tuple(map(int, str(c))), e))),
+    coefficients,
+    st.integers(min_value=-300, max_value=250),
+    st.booleans(),
+).filter(lambda d: 1e-300 < abs(float(d.to_decimal())) < 1e300)
+
+
 # Decimals near doubles and integers, where the markers and continuations decide the order: a
 # double's exact value rounded to 1..34 digits, and its decimal neighbours at that precision.
 def _near(f: float, digits: int, nudge: int) -> Decimal128:
@@ -54,16 +59,34 @@ def _near(f: float, digits: int, nudge: int) -> Decimal128:
     return Decimal128(d)
 
 
-near_doubles = st.builds(_near, st.floats(min_value=-1e30, max_value=1e30).filter(lambda f: abs(f) > 1e-200),
-                         st.integers(min_value=1, max_value=34), st.sampled_from((-1, 0, 1)))
-doubles = st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f == 0 or 1e-300 < abs(f) < 1e300)
-integers = st.one_of(st.integers(min_value=-(2**31), max_value=2**31 - 1),
-                     st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1).map(Int64))
+near_doubles = st.builds(
+    _near,
+    st.floats(min_value=-1e30, max_value=1e30).filter(lambda f: abs(f) > 1e-200),
+    st.integers(min_value=1, max_value=34),
+    st.sampled_from((-1, 0, 1)),
+)
+doubles = st.floats(allow_nan=False, allow_infinity=False).filter(
+    lambda f: f == 0 or 1e-300 < abs(f) < 1e300
+)
+integers = st.one_of(
+    st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1).map(Int64),
+)
 numbers = st.one_of(decimals, near_doubles, doubles, integers)
 
 
-@pytest.mark.parametrize("text, double", [("1.5", 1.5), ("-2.25", -2.25), ("1", 1.0), ("1.000", 1.0),
-                                           ("0.5", 0.5), ("12345678", 12345678.0), ("-1E+20", -1e20)])
+@pytest.mark.parametrize(
+    "text, double",
+    [
+        ("1.5", 1.5),
+        ("-2.25", -2.25),
+        ("1", 1.0),
+        ("1.000", 1.0),
+        ("0.5", 0.5),
+        ("12345678", 12345678.0),
+        ("-1E+20", -1e20),
+    ],
+)
 def test_a_decimal_equal_to_a_double_has_its_key(text, double):
     assert key(Decimal128(text))[0] == key(double)[0]
 
@@ -103,8 +126,15 @@ def test_decimal_nan_and_infinities_share_the_double_keys(text):
 
 
 def test_an_event_token_with_a_decimal_document_key_round_trips():
-    data = ResumeTokenData(Timestamp(1700000000, 3), 2, 128, 0, False, None,
-                           {"operationType": "insert", "documentKey": {"_id": Decimal128("0.1")}})
+    data = ResumeTokenData(
+        Timestamp(1700000000, 3),
+        2,
+        128,
+        0,
+        False,
+        None,
+        {"operationType": "insert", "documentKey": {"_id": Decimal128("0.1")}},
+    )
     token = encode_token(data)
     assert "_typeBits" in token  # the decimal's type bits travel with the token
     back = decode_token(token)
@@ -113,19 +143,34 @@ def test_an_event_token_with_a_decimal_document_key_round_trips():
 
 # Decimals beyond the doubles: below the subnormals and above the largest double they key by
 # their own bits; in the subnormal range by a double scaled up by 2**256 and a continuation.
-extremes = st.builds(lambda c, e, neg: Decimal128(Decimal((int(neg), tuple(map(int, str(c))), e))),
-                     coefficients, st.one_of(st.integers(min_value=-6176, max_value=-290),
-                                             st.integers(min_value=270, max_value=6111)), st.booleans())
+extremes = st.builds(
+    lambda c, e, neg: Decimal128(Decimal((int(neg), tuple(map(int, str(c))), e))),
+    coefficients,
+    st.one_of(
+        st.integers(min_value=-6176, max_value=-290), st.integers(min_value=270, max_value=6111)
+    ),
+    st.booleans(),
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(extremes | st.builds(_near, st.floats(min_value=5e-324, max_value=1e-300),
-                                         st.integers(min_value=1, max_value=34), st.sampled_from((-1, 0, 1))))
+@given(
+    extremes
+    | st.builds(
+        _near,
+        st.floats(min_value=5e-324, max_value=1e-300),
+        st.integers(min_value=1, max_value=34),
+        st.sampled_from((-1, 0, 1)),
+    )
+)
 def test_decimals_beyond_the_double_range_come_back_and_sort(value):
     data, bits = key(value)
     back = KeyStringReader(data + b"\x04", bits).read()
     assert back.bid == value.bid
     for other in (0.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, math.inf, 1e-300):
         for o in (other, -other):
-            assert (data < key(o)[0]) == (exact(value) < exact(o)) if not math.isinf(o) else \
-                (data < key(o)[0]) == (o > 0)
+            assert (
+                (data < key(o)[0]) == (exact(value) < exact(o))
+                if not math.isinf(o)
+                else (data < key(o)[0]) == (o > 0)
+            )

@@ -21,24 +21,36 @@ def test_mongoformats_imports_nothing_of_ours_and_no_io():
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                assert top not in OURS | {"trio", "socket", "asyncio", "ssl"}, f"{path.name} imports {name}"
+                assert top not in OURS | {"trio", "socket", "asyncio", "ssl"}, (
+                    f"{path.name} imports {name}"
+                )
 
 
 def test_importing_mongoformats_does_not_load_trio():
     code = "import sys, mongoformats, mongoformats.wire, mongoformats.change_events; print('trio' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     assert out.stdout.strip() == "False"
 
 
 # The engine's oplog-to-event transform. simcluster's change streams build their events with
 # their own reference (simcluster/reference_events.py), so that a differential test compares two
 # implementations instead of one with itself.
-ENGINE_TRANSFORM = {"mongoformats.change_events", "mongoformats.oplog_splice", "buckets._columnar.batch_splice",
-                    "buckets._columnar.event_block", "mongoformats.update_diff"}
+ENGINE_TRANSFORM = {
+    "mongoformats.change_events",
+    "mongoformats.oplog_splice",
+    "buckets._columnar.batch_splice",
+    "buckets._columnar.event_block",
+    "mongoformats.update_diff",
+}
 # Byte-level BSON helpers that oplog_splice also holds and that build no event: a reply's cursor
 # document and its parts for the wire, and a document's leading `_id` bytes.
-WIRE_HELPERS = {("mongoformats.oplog_splice", "cursor_document"), ("mongoformats.oplog_splice", "document_parts"),
-                ("mongoformats.oplog_splice", "leading_id")}
+WIRE_HELPERS = {
+    ("mongoformats.oplog_splice", "cursor_document"),
+    ("mongoformats.oplog_splice", "document_parts"),
+    ("mongoformats.oplog_splice", "leading_id"),
+}
 # The reference and the stream serving it also evaluate no event stage or query with the engine's.
 REFERENCE_ALSO = {"mongoformats.change_stages", "mongoformats.mql"}
 
@@ -60,16 +72,24 @@ def test_simcluster_shares_no_transform_code_with_the_engine():
     for path in (ROOT / "simcluster").glob("*.py"):
         for module, name in _imports(path):
             if module in ENGINE_TRANSFORM:
-                assert (module, name) in WIRE_HELPERS, f"simcluster/{path.name} imports {name} from {module}"
+                assert (module, name) in WIRE_HELPERS, (
+                    f"simcluster/{path.name} imports {name} from {module}"
+                )
 
 
 def test_the_reference_transform_evaluates_nothing_with_the_engines_modules():
     for path in (ROOT / "simcluster").glob("reference_*.py"):
         for module, _ in _imports(path):
-            assert module not in ENGINE_TRANSFORM | REFERENCE_ALSO, f"simcluster/{path.name} imports {module}"
-            assert not module.startswith(("buckets", "wireproxy")), f"simcluster/{path.name} imports {module}"
-    assert sorted(p.name for p in (ROOT / "simcluster").glob("reference_*.py")) == ["reference_diff.py",
-                                                                                      "reference_events.py"]
+            assert module not in ENGINE_TRANSFORM | REFERENCE_ALSO, (
+                f"simcluster/{path.name} imports {module}"
+            )
+            assert not module.startswith(("buckets", "wireproxy")), (
+                f"simcluster/{path.name} imports {module}"
+            )
+    assert sorted(p.name for p in (ROOT / "simcluster").glob("reference_*.py")) == [
+        "reference_diff.py",
+        "reference_events.py",
+    ]
 
 
 # -- the speed-code fence ---------------------------------------------------------------------------
@@ -86,9 +106,12 @@ ALLOWED_OUTSIDE = {("bucketspark", "pyarrow")}
 
 def _code_outside_the_fence() -> list[pathlib.Path]:
     """Every module of the project's packages and tools, but the fence, tests and benchmarks."""
-    return [path for path in sorted(ROOT.glob("*/**/*.py"))
-            if path.relative_to(ROOT).parts[0] not in {"tests", "benchmarks", ".venv"}
-            and FENCE not in path.parents]
+    return [
+        path
+        for path in sorted(ROOT.glob("*/**/*.py"))
+        if path.relative_to(ROOT).parts[0] not in {"tests", "benchmarks", ".venv"}
+        and FENCE not in path.parents
+    ]
 
 
 def test_speed_libraries_and_process_tuning_live_only_in_the_columnar_fence():
@@ -104,24 +127,38 @@ def test_speed_libraries_and_process_tuning_live_only_in_the_columnar_fence():
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names = [node.module]
                 if node.module == "gc":  # `from gc import freeze`
-                    found += [f"{where} imports gc.{a.name}" for a in node.names if a.name in TUNING_CALLS]
+                    found += [
+                        f"{where} imports gc.{a.name}" for a in node.names if a.name in TUNING_CALLS
+                    ]
             elif isinstance(node, ast.Attribute) and node.attr in TUNING_CALLS:
                 # `gc.freeze()`, `libc.mallopt(...)`, `pa.set_memory_pool(...)`; not `frozenset.freeze`.
                 is_gc = isinstance(node.value, ast.Name) and node.value.id == "gc"
                 if is_gc or node.attr in {"mallopt", "set_memory_pool"}:
                     found.append(f"{where} calls {node.attr}")
-            found += [f"{where} imports {name}" for name in names
-                      if name.split(".")[0] in SPEED_MODULES and (package, name.split(".")[0]) not in ALLOWED_OUTSIDE]
+            found += [
+                f"{where} imports {name}"
+                for name in names
+                if name.split(".")[0] in SPEED_MODULES
+                and (package, name.split(".")[0]) not in ALLOWED_OUTSIDE
+            ]
     assert found == []
 
 
 def test_importing_every_mongoformats_module_loads_no_speed_library_and_no_trio():
     """A fresh interpreter: what `import mongoformats.x` drags in, through any import chain."""
-    modules = sorted(f"mongoformats.{p.stem}" for p in (ROOT / "mongoformats").glob("*.py") if p.stem != "__init__")
+    modules = sorted(
+        f"mongoformats.{p.stem}"
+        for p in (ROOT / "mongoformats").glob("*.py")
+        if p.stem != "__init__"
+    )
     assert "mongoformats.wire" in modules and "mongoformats.oplog_splice" in modules
-    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
-            "print(sorted(m for m in ('numpy', 'numba', 'llvmlite', 'pyarrow', 'trio') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    code = (
+        f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+        "print(sorted(m for m in ('numpy', 'numba', 'llvmlite', 'pyarrow', 'trio') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -141,14 +178,19 @@ def test_bucketspark_imports_only_pymongo_pyspark_stdlib_and_mongoformats():
 
 
 def test_importing_every_bucketspark_module_loads_no_other_package_of_ours():
-    modules = sorted(f"bucketspark.{p.stem}" for p in (ROOT / "bucketspark").glob("*.py")
-                     if p.stem != "__init__")
-    code = ("import importlib, sys\n"
-            f"for name in {modules!r}:\n"
-            "    importlib.import_module(name)\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'simcluster', 'wireproxy', 'buckets', 'demo'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    modules = sorted(
+        f"bucketspark.{p.stem}" for p in (ROOT / "bucketspark").glob("*.py") if p.stem != "__init__"
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'simcluster', 'wireproxy', 'buckets', 'demo'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -157,8 +199,11 @@ def _mongoformats_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in (ROOT / "mongoformats").glob("*.py"):
         name = f"mongoformats.{path.stem}"
-        graph[name] = {module for module, _ in _imports(path)
-                       if module.startswith("mongoformats.") and module != name}
+        graph[name] = {
+            module
+            for module, _ in _imports(path)
+            if module.startswith("mongoformats.") and module != name
+        }
     return graph
 
 
@@ -167,7 +212,9 @@ def _assert_acyclic(graph: dict[str, set[str]]) -> None:
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:
-        assert module not in path, f"import cycle: {' -> '.join([*path[path.index(module):], module])}"
+        assert module not in path, (
+            f"import cycle: {' -> '.join([*path[path.index(module) :], module])}"
+        )
         if module in done:
             return
         for imported in sorted(graph.get(module, ())):
@@ -192,8 +239,9 @@ def test_mongoformats_imports_only_the_standard_library_bson_and_the_compressors
     for path in (ROOT / "mongoformats").glob("*.py"):
         for module, _ in _imports(path):
             top = module.split(".")[0]
-            assert top in sys.stdlib_module_names | FORMATS_THIRD_PARTY | {"mongoformats"}, \
+            assert top in sys.stdlib_module_names | FORMATS_THIRD_PARTY | {"mongoformats"}, (
                 f"mongoformats/{path.name} imports {module}"
+            )
 
 
 # The engine and the proxy: the engine states what it needs from the proxy (buckets/ports.py)
@@ -234,9 +282,11 @@ def test_the_proxy_imports_the_engine_only_in_its_composition_root():
 def test_the_import_check_sees_deferred_and_type_checking_imports(tmp_path):
     """The rule above also catches the imports that hide a dependency from a first reading."""
     path = tmp_path / "hidden.py"
-    path.write_text("from typing import TYPE_CHECKING\n"
-                    "if TYPE_CHECKING:\n    from wireproxy.router import X\n"
-                    "def f():\n    import wireproxy.upstream\n")
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from wireproxy.router import X\n"
+        "def f():\n    import wireproxy.upstream\n"
+    )
     assert {"wireproxy.router", "wireproxy.upstream"} <= _modules_imported(path)
 
 
@@ -261,8 +311,14 @@ def test_the_demo_is_imported_by_nothing_but_tests_and_benchmarks():
 
 
 # The engine's sans-IO cores: synchronous, unit-tested without sockets or an event loop.
-ENGINE_PURE_CORES = ("buckets.commands", "buckets.reply", "buckets.scope", "buckets.ddl_notes",
-                     "buckets.merge", "buckets.catch_up")
+ENGINE_PURE_CORES = (
+    "buckets.commands",
+    "buckets.reply",
+    "buckets.scope",
+    "buckets.ddl_notes",
+    "buckets.merge",
+    "buckets.catch_up",
+)
 
 
 def _buckets_graph() -> dict[str, set[str]]:
@@ -289,6 +345,9 @@ def test_the_engines_pure_cores_import_no_trio():
 
 
 def test_buckets_modules_import_each_other_without_cycles():
-    graph = {module: {m for m in imported if m.startswith("buckets.") and m != "buckets"}
-             for module, imported in _buckets_graph().items() if module != "buckets"}
+    graph = {
+        module: {m for m in imported if m.startswith("buckets.") and m != "buckets"}
+        for module, imported in _buckets_graph().items()
+        if module != "buckets"
+    }
     _assert_acyclic(graph)

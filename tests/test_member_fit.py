@@ -15,7 +15,9 @@ class _Member:
     def __init__(self, reply: dict[str, object]) -> None:
         self.reply = reply
 
-    async def command(self, db: str, cmd: dict[str, object], *, timeout_s: float) -> dict[str, object]:
+    async def command(
+        self, db: str, cmd: dict[str, object], *, timeout_s: float
+    ) -> dict[str, object]:
         assert (db, cmd) == ("admin", {"hello": 1})
         return self.reply
 
@@ -25,9 +27,16 @@ SECONDARY = {"isWritablePrimary": False, "secondary": True}
 OTHER = {"isWritablePrimary": False, "secondary": False}  # e.g. RECOVERING or ROLLBACK
 
 
-@pytest.mark.parametrize(("reply", "secondary", "fit"), [
-    (PRIMARY, False, _Fit.WANTED), (SECONDARY, False, _Fit.NONE), (OTHER, False, _Fit.NONE),
-    (SECONDARY, True, _Fit.WANTED), (PRIMARY, True, _Fit.FALLBACK), (OTHER, True, _Fit.NONE),
-])
+@pytest.mark.parametrize(
+    ("reply", "secondary", "fit"),
+    [
+        (PRIMARY, False, _Fit.WANTED),
+        (SECONDARY, False, _Fit.NONE),
+        (OTHER, False, _Fit.NONE),
+        (SECONDARY, True, _Fit.WANTED),
+        (PRIMARY, True, _Fit.FALLBACK),
+        (OTHER, True, _Fit.NONE),
+    ],
+)
 async def test_a_member_fits_by_its_role(reply, secondary, fit):
     assert await _member_fit(_Member(reply), secondary, 1.0) is fit  # type: ignore[arg-type]

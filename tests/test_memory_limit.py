@@ -85,16 +85,18 @@ def test_a_tiny_budget_admits_one_batch_and_the_pool_counts_it():
     """A 1-byte budget still takes a whole batch when it is empty (nothing can deadlock on a small
     budget); the pool counts those bytes, and a batch the pool has no room for waits."""
     pool = MemoryPool(2 * SHARD_FLOOR_BYTES + DEAL_HEADROOM_BYTES)
-    budgets = [ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True,
-                                          in_hand=SHARD_BATCH_BYTES)) for _ in range(2)]
+    budgets = [
+        ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES))
+        for _ in range(2)
+    ]
     batch = SHARD_BATCH_BYTES
-    assert budgets[0].try_acquire(batch)           # within its floor
-    assert not budgets[0].try_acquire(1)           # its own limit: one batch at a time
-    assert not budgets[1].try_acquire(batch + 1)   # over its floor; the pool is full
+    assert budgets[0].try_acquire(batch)  # within its floor
+    assert not budgets[0].try_acquire(1)  # its own limit: one batch at a time
+    assert not budgets[1].try_acquire(batch + 1)  # over its floor; the pool is full
     assert budgets[1].blocked_by_pool(batch + 1)
     assert pool.held == batch and pool.counted <= pool.limit
     budgets[0].release(batch)
-    assert not budgets[0].try_acquire(batch + 1)   # nothing left above the floors
+    assert not budgets[0].try_acquire(batch + 1)  # nothing left above the floors
     assert budgets[1].try_acquire(batch)
 
 
@@ -105,6 +107,7 @@ def test_a_take_that_would_wait_first_sheds_what_other_accounts_only_cache():
 
     def shed():
         cache.give(DEAL_HEADROOM_BYTES)
+
     cache.shed = shed
     other = pool.account(MIB, reader=False)
     assert other.try_take(3 * MIB)
@@ -117,8 +120,10 @@ def test_admission_counts_the_floor_and_the_reader_processes_to_start():
     with pytest.raises(MongoError) as info:
         pool.check_admits(stream_floor(3, 2), 4, streams=0, shards=3, buckets=2, reader_processes=4)
     assert info.value.code == 146
-    assert ("readerProcesses: 4 needs 4 more reader processes of 300 MiB each, but only 1 fit"
-            in info.value.errmsg)
+    assert (
+        "readerProcesses: 4 needs 4 more reader processes of 300 MiB each, but only 1 fit"
+        in info.value.errmsg
+    )
     assert "pass readerProcesses: 1 or fewer" in info.value.errmsg
     for _ in range(6):
         pool.account(SHARD_FLOOR_BYTES, reader=True)
@@ -138,6 +143,7 @@ async def test_a_budget_waiting_for_the_pool_resumes_when_another_gives_bytes_ba
     async def take() -> None:
         await waiting.acquire(2 * MIB)
         got.set()
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(take)
         await trio.testing.wait_all_tasks_blocked()
@@ -165,10 +171,12 @@ def _read_all(c: Any, cursor_id: int, end: bytes, *, timeout: float = 60) -> lis
     out: list[Any] = []
 
     def done() -> bool:
-        reply = c.admin.command({"getMore": cursor_id, "collection": NS,
-                                 "maxTimeMS": 200})["cursor"]
+        reply = c.admin.command({"getMore": cursor_id, "collection": NS, "maxTimeMS": 200})[
+            "cursor"
+        ]
         out.extend(reply["nextBatch"])
         return token_sort_key(reply["postBatchResumeToken"]) >= end
+
     wait_until(done, timeout=timeout, interval=0)
     return out
 
@@ -186,8 +194,15 @@ async def test_streams_with_one_byte_budgets_cannot_hold_more_than_the_limit(clu
             admitted = refused = 0
             for i in range(300):
                 try:
-                    c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": f"tiny{i}",
-                                     "shardBufferBytes": 1, "bucketBufferBytes": 1})
+                    c.admin.command(
+                        {
+                            "parallelChangeStream": 1,
+                            "nBuckets": 1,
+                            "name": f"tiny{i}",
+                            "shardBufferBytes": 1,
+                            "bucketBufferBytes": 1,
+                        }
+                    )
                     admitted += 1
                 except OperationFailure as exc:
                     assert exc.code == 146, exc
@@ -198,11 +213,17 @@ async def test_streams_with_one_byte_budgets_cannot_hold_more_than_the_limit(clu
                     break
             assert admitted == (limit - DEAL_HEADROOM_BYTES) // floor and refused == 3
             c.fill.c.insert_many([{"pad": "x" * 1000} for _ in range(2000)])
-            wait_until(lambda: all(sum(r.stats.events for r in s.readers.values())
-                                   for s in proxy.engine.streams.values()), timeout=60)
+            wait_until(
+                lambda: all(
+                    sum(r.stats.events for r in s.readers.values())
+                    for s in proxy.engine.streams.values()
+                ),
+                timeout=60,
+            )
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["heldBytes"] > 0 and memory["reservedBytes"] <= limit
             assert memory["floorBytes"] == admitted * floor
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -218,18 +239,27 @@ async def test_reader_processes_that_do_not_fit_are_refused(cluster):
         def work():
             c = client(proxy_uri(proxy))
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "many",
-                                 "readerProcesses": 8, "shardBufferBytes": 16 * MIB,
-                                 "bucketBufferBytes": MIB})
+                c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "nBuckets": 1,
+                        "name": "many",
+                        "readerProcesses": 8,
+                        "shardBufferBytes": 16 * MIB,
+                        "bucketBufferBytes": MIB,
+                    }
+                )
             assert info.value.code == 146
             assert "readerProcesses: 8 needs 8 more reader processes" in str(info.value)
             assert "pass readerProcesses: 1 or fewer" in str(info.value)
             assert not proxy.engine.reader_processes()  # none started for it
-            c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": "one",
-                             "readerProcesses": 1})
+            c.admin.command(
+                {"parallelChangeStream": 1, "nBuckets": 1, "name": "one", "readerProcesses": 1}
+            )
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["readerProcessBytes"] == READER_PROCESS_BYTES
             assert memory["streamsRefused"] == 1
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -251,12 +281,20 @@ async def test_idle_streams_that_hold_little_do_not_refuse_a_new_one(cluster):
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["floorBytes"] == 6 * stream_floor(SHARDS, 2)
             assert memory["reservedBytes"] <= 3 * full
-            figures = {ln.split()[0]: float(ln.split()[1]) for ln in scrape(port)
-                       if ln.startswith("pcs_memory")}
+            figures = {
+                ln.split()[0]: float(ln.split()[1])
+                for ln in scrape(port)
+                if ln.startswith("pcs_memory")
+            }
             assert figures["pcs_memory_limit_bytes"] == 3 * full
             assert figures["pcs_memory_floor_bytes"] == 6 * stream_floor(SHARDS, 2)
-            assert {"pcs_memory_reserved_bytes", "pcs_memory_held_bytes",
-                    "pcs_memory_reader_process_bytes", "pcs_memory_waits_total"} <= set(figures)
+            assert {
+                "pcs_memory_reserved_bytes",
+                "pcs_memory_held_bytes",
+                "pcs_memory_reader_process_bytes",
+                "pcs_memory_waits_total",
+            } <= set(figures)
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -276,8 +314,14 @@ async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_dra
             c = client(proxy_uri(proxy))
             ids = {}
             for name in ("first", "second"):
-                opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": name,
-                                          "bucketBufferBytes": 1 << 30})
+                opened = c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "nBuckets": 1,
+                        "name": name,
+                        "bucketBufferBytes": 1 << 30,
+                    }
+                )
                 ids[name] = opened["cursors"][0]["id"]
             for i in range(docs // 32):
                 c.fill.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
@@ -286,6 +330,7 @@ async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_dra
 
             def dealt(name: str) -> int:
                 return streams[name].buckets[0].dealt_total
+
             # The two buckets exhaust the pool (to within an event), far below their budgets.
             wait_until(lambda: proxy.engine.memory.counted > limit - MIB, timeout=60)
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
@@ -302,6 +347,7 @@ async def test_a_stream_waits_for_the_pool_and_resumes_when_another_consumer_dra
             for events in got.values():
                 assert [e["documentKey"]["_id"] for e in events] == list(range(docs))
             assert proxy.engine.memory.counted <= limit
+
         await sync(work, timeout=180)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -320,9 +366,15 @@ async def test_a_reader_process_waits_for_the_pool_too(cluster):
             c = client(proxy_uri(proxy))
             ids = {}
             for name, processes in (("local", 0), ("remote", 1)):
-                opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "name": name,
-                                          "bucketBufferBytes": 1 << 30,
-                                          "readerProcesses": processes})
+                opened = c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "nBuckets": 1,
+                        "name": name,
+                        "bucketBufferBytes": 1 << 30,
+                        "readerProcesses": processes,
+                    }
+                )
                 ids[name] = opened["cursors"][0]["id"]
             for i in range(docs // 32):
                 c.fill.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
@@ -332,6 +384,7 @@ async def test_a_reader_process_waits_for_the_pool_too(cluster):
             for name in ("local", "remote"):
                 events = _read_all(c, ids[name], end)
                 assert [e["documentKey"]["_id"] for e in events] == list(range(docs))
+
         await sync(work, timeout=180)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -360,6 +413,7 @@ async def test_a_reader_process_sends_only_what_was_granted_and_gives_back_what_
         async def send(n: int) -> None:
             await credit.spend(n)
             sent.set()
+
         nursery.start_soon(send, 100)
         await trio.testing.wait_all_tasks_blocked()
         assert channel.sent == [("want", 7, 100, 0)] and not sent.is_set()
@@ -384,8 +438,9 @@ async def test_a_watch_that_shapes_in_worker_processes_counts_them(cluster):
     floor = stream_floor(SHARDS, 1)
     limit = floor + DEAL_HEADROOM_BYTES + 2 * READER_PROCESS_BYTES
     async with trio.open_nursery() as nursery:
-        proxy = await _proxy(cluster, nursery, limit, accelerate_change_streams=True,
-                             reader_processes=1)
+        proxy = await _proxy(
+            cluster, nursery, limit, accelerate_change_streams=True, reader_processes=1
+        )
 
         def work():
             c = client(proxy_uri(proxy))
@@ -402,6 +457,7 @@ async def test_a_watch_that_shapes_in_worker_processes_counts_them(cluster):
                     c.shaped.c.insert_one({"_id": 2})
                     assert more.next()["documentKey"] == {"_id": 2}
                 assert proxy.engine.watches == {"accelerated": 1, "passedThrough": 1}
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -417,32 +473,43 @@ async def test_a_read_stream_goes_on_beside_abandoned_ones_that_exhaust_the_pool
 
         def attach_and_read(token: Any, bucket: int, end: bytes) -> list[Any]:
             c = client(proxy_uri(proxy))  # a consumer of its own: its cursor, its session
-            cursor = c.admin.command({"parallelChangeStream": 1, "name": "live", "bucket": bucket,
-                                      "resumeAfter": token})["cursor"]
+            cursor = c.admin.command(
+                {"parallelChangeStream": 1, "name": "live", "bucket": bucket, "resumeAfter": token}
+            )["cursor"]
             return _read_all(c, cursor["id"], end, timeout=120)
 
         def work():
             c = client(proxy_uri(proxy))
             for name, processes in (("gone", 0), ("gone-too", 1)):
-                c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": name,
-                                 "readerProcesses": processes})
+                c.admin.command(
+                    {
+                        "parallelChangeStream": 1,
+                        "nBuckets": 2,
+                        "name": name,
+                        "readerProcesses": processes,
+                    }
+                )
             # The opener leaves (Spark's driver): each bucket is attached by a worker of its own.
             opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "live"})
-            c.admin.command({"killCursors": NS,
-                             "cursors": [cur["id"] for cur in opened["cursors"]]})
+            c.admin.command(
+                {"killCursors": NS, "cursors": [cur["id"] for cur in opened["cursors"]]}
+            )
             for i in range(docs // 32):
                 c.big.c.insert_many([{"_id": i * 32 + k, "pad": "x" * size} for k in range(32)])
                 c.small.c.insert_many([{"_id": i * 32 + k} for k in range(32)])
             end = _end_key(c)
             with concurrent.futures.ThreadPoolExecutor(2) as workers:
-                reads = [workers.submit(attach_and_read, cur["postBatchResumeToken"], cur["bucket"],
-                                        end) for cur in opened["cursors"]]
+                reads = [
+                    workers.submit(attach_and_read, cur["postBatchResumeToken"], cur["bucket"], end)
+                    for cur in opened["cursors"]
+                ]
                 events = [e for read in reads for e in read.result()]
             for db in ("big", "small"):
                 ids = [e["documentKey"]["_id"] for e in events if e["ns"]["db"] == db]
                 assert ids == list(range(docs)), db
             memory = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             assert memory["memoryWaits"] > 0 and memory["reservedBytes"] <= limit
+
         await sync(work, timeout=180)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

@@ -12,10 +12,18 @@ from mongoformats.resume_token import high_water_mark
 
 
 def test_an_open_command_reads_into_a_request_without_its_null_options():
-    request = read_open({"parallelChangeStream": 1, "nBuckets": 4, "name": "s", "batchSize": 10,
-                         "fullDocument": None})
-    assert request == OpenRequest({"parallelChangeStream": 1, "nBuckets": 4, "name": "s",
-                                   "batchSize": 10}, 4, None, "s", 10)
+    request = read_open(
+        {
+            "parallelChangeStream": 1,
+            "nBuckets": 4,
+            "name": "s",
+            "batchSize": 10,
+            "fullDocument": None,
+        }
+    )
+    assert request == OpenRequest(
+        {"parallelChangeStream": 1, "nBuckets": 4, "name": "s", "batchSize": 10}, 4, None, "s", 10
+    )
 
 
 def test_bucket_tokens_of_another_count_are_one_token_if_common():
@@ -23,17 +31,25 @@ def test_bucket_tokens_of_another_count_are_one_token_if_common():
     request = read_open({"parallelChangeStream": 1, "nBuckets": 4, "resumeAfter": [token, token]})
     assert request.cmd["resumeAfter"] == token
     with pytest.raises(MongoError) as info:
-        read_open({"parallelChangeStream": 1, "nBuckets": 4,
-                   "resumeAfter": [token, high_water_mark(Timestamp(11, 1))]})
+        read_open(
+            {
+                "parallelChangeStream": 1,
+                "nBuckets": 4,
+                "resumeAfter": [token, high_water_mark(Timestamp(11, 1))],
+            }
+        )
     assert info.value.code_name == "BadValue"
 
 
-@pytest.mark.parametrize(("field", "value", "code_name"), [
-    ("fullDocument", "sometimes", "BadValue"),
-    ("fullDocumentBeforeChange", 1, "TypeMismatch"),
-    ("bucketBy", "shard", "BadValue"),
-    ("surprise", 1, "IDLUnknownField"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "code_name"),
+    [
+        ("fullDocument", "sometimes", "BadValue"),
+        ("fullDocumentBeforeChange", 1, "TypeMismatch"),
+        ("bucketBy", "shard", "BadValue"),
+        ("surprise", 1, "IDLUnknownField"),
+    ],
+)
 def test_a_bad_option_fails_with_the_servers_code(field, value, code_name):
     with pytest.raises(MongoError) as info:
         read_open({"parallelChangeStream": 1, "nBuckets": 2, field: value})
@@ -43,15 +59,22 @@ def test_a_bad_option_fails_with_the_servers_code(field, value, code_name):
 def test_match_stages_fold_into_one_flat_and():
     assert open_match({"pipeline": []}) == (None, False)
     assert open_match({"pipeline": [{"$match": {"a": 1}}]}) == ({"a": 1}, False)
-    assert open_match({"pipeline": [{"$match": {"a": 1}}, {"$match": {"b": 2}},
-                                    {"$changeStreamSplitLargeEvent": {}}]}) == (
-        {"$and": [{"a": 1}, {"b": 2}]}, True)
+    assert open_match(
+        {
+            "pipeline": [
+                {"$match": {"a": 1}},
+                {"$match": {"b": 2}},
+                {"$changeStreamSplitLargeEvent": {}},
+            ]
+        }
+    ) == ({"$and": [{"a": 1}, {"b": 2}]}, True)
 
 
 def test_a_match_may_not_test_what_lookups_add():
     with pytest.raises(MongoError) as info:
-        open_match({"fullDocument": "updateLookup",
-                    "pipeline": [{"$match": {"fullDocument.a": 1}}]})
+        open_match(
+            {"fullDocument": "updateLookup", "pipeline": [{"$match": {"fullDocument.a": 1}}]}
+        )
     assert info.value.code_name == "BadValue" and "runs before the lookups" in info.value.errmsg
     with pytest.raises(MongoError, match="may only contain \\$match stages"):
         open_match({"pipeline": [{"$project": {"a": 1}}]})

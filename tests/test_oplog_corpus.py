@@ -143,7 +143,12 @@ class _Oplog:
         )
 
     async def command_in_place(
-        self, db: str, cmd: dict[str, Any], *, pad: int, exhaust: bool = False,
+        self,
+        db: str,
+        cmd: dict[str, Any],
+        *,
+        pad: int,
+        exhaust: bool = False,
         allocate: Any = bytearray,
     ) -> tuple[bytes, int]:
         assert db == "local" and ("find" in cmd or "getMore" in cmd)

@@ -16,9 +16,17 @@ from simcluster.updates import pipeline_diff, update_with_entry
 
 names = st.sampled_from(["a", "b", "c", "arr", "sub"])
 scalars = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none())
-docs = st.fixed_dictionaries({"_id": st.integers(0, 9)}, optional={
-    "a": scalars, "b": scalars, "arr": st.lists(scalars, max_size=5),
-    "sub": st.fixed_dictionaries({}, optional={"x": scalars, "y": st.lists(scalars, max_size=3)})})
+docs = st.fixed_dictionaries(
+    {"_id": st.integers(0, 9)},
+    optional={
+        "a": scalars,
+        "b": scalars,
+        "arr": st.lists(scalars, max_size=5),
+        "sub": st.fixed_dictionaries(
+            {}, optional={"x": scalars, "y": st.lists(scalars, max_size=3)}
+        ),
+    },
+)
 updates = st.one_of(
     st.builds(lambda k, v: {"$set": {k: v}}, names, scalars),
     st.builds(lambda k: {"$unset": {k: ""}}, names),
@@ -40,8 +48,12 @@ updates = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(docs, updates)
-def test_post_image_equals_the_updated_document(before: dict[str, Any], update: dict[str, Any]) -> None:
-    if any(k.startswith("arr") for k in next(iter(update.values()))) and not isinstance(before.get("arr"), list):
+def test_post_image_equals_the_updated_document(
+    before: dict[str, Any], update: dict[str, Any]
+) -> None:
+    if any(k.startswith("arr") for k in next(iter(update.values()))) and not isinstance(
+        before.get("arr"), list
+    ):
         before = {**before, "arr": [1, 2, 3]}
     if "sub.x" in next(iter(update.values())) and not isinstance(before.get("sub"), dict):
         before = {**before, "sub": {}}
@@ -50,15 +62,21 @@ def test_post_image_equals_the_updated_document(before: dict[str, Any], update: 
         assert bson.encode(after) == bson.encode(before)  # no entry: nothing changed
         return
     description = update_description_from_diff(entry["diff"])
-    assert bson.encode(post_image(before, description)) == bson.encode(after)  # field order and types too
+    assert bson.encode(post_image(before, description)) == bson.encode(
+        after
+    )  # field order and types too
 
 
 @settings(max_examples=300, deadline=None)
 @given(docs, docs)
-def test_post_image_of_a_pipeline_update_equals_its_result(before: dict[str, Any], other: dict[str, Any]) -> None:
+def test_post_image_of_a_pipeline_update_equals_its_result(
+    before: dict[str, Any], other: dict[str, Any]
+) -> None:
     """A pipeline update whose result keeps the old fields' order ($set, $unset stages): the
     server's document diff, when it logs one, rebuilds the result."""
-    after = {k: other.get(k, v) for k, v in before.items() if k == "_id" or k in other or len(k) % 2}
+    after = {
+        k: other.get(k, v) for k, v in before.items() if k == "_id" or k in other or len(k) % 2
+    }
     after.update((k, v) for k, v in other.items() if k not in after)
     after["_id"] = before["_id"]
     if isinstance(before.get("sub"), dict) and isinstance(after.get("sub"), dict):

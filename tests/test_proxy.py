@@ -40,38 +40,70 @@ def test_routing_is_a_pure_function():
     assert classify({"isMaster": 1}, table, accelerate=False)[0] is Route.HELLO
     assert classify({"parallelChangeStream": 1}, table, accelerate=False) == (Route.LOCAL, mine)
     assert classify({"getMore": 7, "collection": "x"}, table, accelerate=False)[0] is Route.LOCAL
-    assert classify({"getMore": 8, "collection": "x"}, table, accelerate=False)[0] is Route.PASSTHROUGH
+    assert (
+        classify({"getMore": 8, "collection": "x"}, table, accelerate=False)[0] is Route.PASSTHROUGH
+    )
     assert classify({"find": "c"}, table, accelerate=True)[0] is Route.PASSTHROUGH
 
 
 def test_config_from_env_and_toml(tmp_path):
-    cfg = ProxyConfig.from_env({"WIREPROXY_LISTEN_PORT": "1234", "WIREPROXY_ACCELERATE_CHANGE_STREAMS": "true",
-                                "WIREPROXY_CURSOR_TIMEOUT_S": "60"})
-    assert cfg.listen_port == 1234 and cfg.accelerate_change_streams is True and cfg.cursor_timeout_s == 60.0
+    cfg = ProxyConfig.from_env(
+        {
+            "WIREPROXY_LISTEN_PORT": "1234",
+            "WIREPROXY_ACCELERATE_CHANGE_STREAMS": "true",
+            "WIREPROXY_CURSOR_TIMEOUT_S": "60",
+        }
+    )
+    assert (
+        cfg.listen_port == 1234
+        and cfg.accelerate_change_streams is True
+        and cfg.cursor_timeout_s == 60.0
+    )
     path = tmp_path / "p.toml"
-    path.write_text('[wireproxy]\nupstream = "mongodb://m:1"\nmax_connections = 5\nshutdown_grace_s = 3\n')
+    path.write_text(
+        '[wireproxy]\nupstream = "mongodb://m:1"\nmax_connections = 5\nshutdown_grace_s = 3\n'
+    )
     cfg = ProxyConfig.from_toml(str(path))
-    assert cfg.max_connections == 5 and cfg.shutdown_grace_s == 3.0 and type(cfg.shutdown_grace_s) is float
-    path.write_text('[wireproxy]\nbogus = 1\n')
+    assert (
+        cfg.max_connections == 5
+        and cfg.shutdown_grace_s == 3.0
+        and type(cfg.shutdown_grace_s) is float
+    )
+    path.write_text("[wireproxy]\nbogus = 1\n")
     with pytest.raises(ValueError, match="unknown wireproxy settings"):
         ProxyConfig.from_toml(str(path))
 
 
-@pytest.mark.parametrize(("source", "message"), [
-    ({"WIREPROXY_ACCELERATE_CHANGE_STREAMS": "ture"}, "WIREPROXY_ACCELERATE_CHANGE_STREAMS must be true or false"),
-    ({"WIREPROXY_LISTEN_PORT": "80a"}, "WIREPROXY_LISTEN_PORT must be an integer, not '80a'"),
-    ({"WIREPROXY_LISTEN_PORT": "70000"}, "listen_port must be between 0 and 65535, not 70000"),
-    ({"WIREPROXY_READER_PROCESSES": "-1"}, "reader_processes must be between 0 and 64"),
-    ({"WIREPROXY_MAX_CONNECTIONS": "0"}, "max_connections must be at least 1"),
-    ({"WIREPROXY_IDLE_TIMEOUT_S": "nan"}, "idle_timeout_s must be a finite number, not nan"),
-    ({"WIREPROXY_TLS_CA_FILE": "ca.pem"}, "tls_ca_file needs tls_cert_file"),
-    ({"WIREPROXY_UPSTREAM": "mongos:27017"}, "upstream: Invalid URI scheme"),
-    ({"WIREPROXY_UPSTREAM": "mongodb://u:secret@h/?tls=maybe"}, "upstream: The value of tls must be 'true' or"),
-    ({"WIREPROXY_UPSTREAM": "mongodb://h/?readPreferense=secondary"}, "upstream: Unknown option"),
-    ({"WIREPROXY_UPSTREAM": "mongodb://u:p@h/?authMechanism=PLAIN"}, "authMechanism PLAIN is not supported"),
-    ('listen_port = "27018"', "listen_port must be an integer, not '27018'"),
-    ("accelerate_change_streams = 1", "accelerate_change_streams must be true or false, not 1"),
-])
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            {"WIREPROXY_ACCELERATE_CHANGE_STREAMS": "ture"},
+            "WIREPROXY_ACCELERATE_CHANGE_STREAMS must be true or false",
+        ),
+        ({"WIREPROXY_LISTEN_PORT": "80a"}, "WIREPROXY_LISTEN_PORT must be an integer, not '80a'"),
+        ({"WIREPROXY_LISTEN_PORT": "70000"}, "listen_port must be between 0 and 65535, not 70000"),
+        ({"WIREPROXY_READER_PROCESSES": "-1"}, "reader_processes must be between 0 and 64"),
+        ({"WIREPROXY_MAX_CONNECTIONS": "0"}, "max_connections must be at least 1"),
+        ({"WIREPROXY_IDLE_TIMEOUT_S": "nan"}, "idle_timeout_s must be a finite number, not nan"),
+        ({"WIREPROXY_TLS_CA_FILE": "ca.pem"}, "tls_ca_file needs tls_cert_file"),
+        ({"WIREPROXY_UPSTREAM": "mongos:27017"}, "upstream: Invalid URI scheme"),
+        (
+            {"WIREPROXY_UPSTREAM": "mongodb://u:secret@h/?tls=maybe"},
+            "upstream: The value of tls must be 'true' or",
+        ),
+        (
+            {"WIREPROXY_UPSTREAM": "mongodb://h/?readPreferense=secondary"},
+            "upstream: Unknown option",
+        ),
+        (
+            {"WIREPROXY_UPSTREAM": "mongodb://u:p@h/?authMechanism=PLAIN"},
+            "authMechanism PLAIN is not supported",
+        ),
+        ('listen_port = "27018"', "listen_port must be an integer, not '27018'"),
+        ("accelerate_change_streams = 1", "accelerate_change_streams must be true or false, not 1"),
+    ],
+)
 def test_a_bad_setting_is_refused_by_name(tmp_path, source, message):
     """A wrong type, a value out of range or an upstream URI a driver would refuse fails the config
     with the setting's name, never later inside the server; nor is a mistyped boolean read as off."""
@@ -90,16 +122,31 @@ def test_wireproxy_command_reports_a_bad_setting_as_a_usage_error():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "wireproxy", "--reader-processes", "65"], capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "wireproxy", "--reader-processes", "65"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and "reader_processes must be between 0 and 64, not 65" in run.stderr
     assert "Traceback" not in run.stderr
-    run = subprocess.run([sys.executable, "-m", "wireproxy", "--listen-port", "abc"], capture_output=True,
-                         text=True, timeout=60)
-    assert run.returncode == 2 and "argument --listen-port: must be an integer, not 'abc'" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "wireproxy", "--help"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "wireproxy", "--listen-port", "abc"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        run.returncode == 2
+        and "argument --listen-port: must be an integer, not 'abc'" in run.stderr
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "wireproxy", "--help"], capture_output=True, text=True, timeout=60
+    )
     # Every setting is a flag (made from ProxyConfig's fields).
-    assert all(f"--{name.replace('_', '-')}" in run.stdout for name in ProxyConfig.__dataclass_fields__)
+    assert all(
+        f"--{name.replace('_', '-')}" in run.stdout for name in ProxyConfig.__dataclass_fields__
+    )
 
 
 async def test_pymongo_crud_cursors_bulk_and_sessions(proxy):
@@ -115,20 +162,27 @@ async def test_pymongo_crud_cursors_bulk_and_sessions(proxy):
         with c.start_session() as s:
             coll.update_one({"_id": 2}, {"$set": {"y": 2}}, session=s)
             assert coll.find_one({"_id": 2}, session=s)["y"] == 2
-        assert [d["_id"] for d in coll.aggregate([{"$group": {"_id": "$g", "n": {"$sum": 1}}},
-                                                  {"$sort": {"_id": 1}}])] == [None, 0, 1, 2]
+        assert [
+            d["_id"]
+            for d in coll.aggregate(
+                [{"$group": {"_id": "$g", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]
+            )
+        ] == [None, 0, 1, 2]
         cur = coll.find({}, batch_size=10)
         next(cur)
         cur.close()  # killCursors passes through
         # A transaction across shards (hashed keys spread the documents), committed and aborted.
         c.admin.command("shardCollection", "t.h", key={"_id": "hashed"})
         with c.start_session() as s:
-            s.with_transaction(lambda s: c.t.h.insert_many([{"_id": i} for i in range(20)], session=s))
+            s.with_transaction(
+                lambda s: c.t.h.insert_many([{"_id": i} for i in range(20)], session=s)
+            )
         with c.start_session() as s:
             s.start_transaction()
             c.t.h.insert_one({"_id": "gone"}, session=s)
             s.abort_transaction()
         assert c.t.h.count_documents({}) == 20
+
     await sync(work)
 
 
@@ -158,25 +212,39 @@ async def test_an_exhaust_cursor_streams_through_the_proxy_from_a_mongos_that_st
             c = client(proxy_uri(server))
             try:
                 c.ks.c.insert_many([{"i": i} for i in range(10)])
-                return [d["i"] for d in c.ks.c.find(cursor_type=CursorType.EXHAUST, batch_size=3).sort("i")]
+                return [
+                    d["i"]
+                    for d in c.ks.c.find(cursor_type=CursorType.EXHAUST, batch_size=3).sort("i")
+                ]
             finally:
                 c.close()  # while the proxy still answers its endSessions
+
         assert await sync(work) == list(range(10))
-        assert await exhaust_batches("127.0.0.1", server.port) == ([[2, 3, 4], [5, 6, 7], [8, 9]], True)
+        assert await exhaust_batches("127.0.0.1", server.port) == (
+            [[2, 3, 4], [5, 6, 7], [8, 9]],
+            True,
+        )
         nursery.cancel_scope.cancel()
 
 
 async def test_legacy_op_query_handshake(proxy):
     def work():
         with socket.create_connection(("127.0.0.1", proxy.port)) as s:
-            s.sendall(wire.encode_op_query(1, "admin.$cmd", bson.encode({"isMaster": 1, "helloOk": True})))
+            s.sendall(
+                wire.encode_op_query(1, "admin.$cmd", bson.encode({"isMaster": 1, "helloOk": True}))
+            )
             s.settimeout(5)
             framer = wire.MessageFramer()
             while (msg := framer.next_message()) is wire.NEED_DATA:
                 framer.receive_data(s.recv(65536))
             assert isinstance(msg, wire.OpReply) and msg.response_to == 1
             reply = bson.decode(msg.documents[0])
-            assert reply["ismaster"] is True and reply["msg"] == "isdbgrid" and reply["helloOk"] is True
+            assert (
+                reply["ismaster"] is True
+                and reply["msg"] == "isdbgrid"
+                and reply["helloOk"] is True
+            )
+
     await sync(work)
 
 
@@ -184,14 +252,18 @@ async def test_bad_frames_close_only_their_connection(proxy):
     def work():
         good = client(proxy_uri(proxy))
         good.t.c.insert_one({"_id": 1})
-        for junk in (struct.pack("<iiii", 12, 1, 0, 2013), struct.pack("<iiii", 60_000_000, 1, 0, 2013),
-                     struct.pack("<iiiiIB", 26, 1, 0, 2013, 0, 9) + b"\x00" * 5):
+        for junk in (
+            struct.pack("<iiii", 12, 1, 0, 2013),
+            struct.pack("<iiii", 60_000_000, 1, 0, 2013),
+            struct.pack("<iiiiIB", 26, 1, 0, 2013, 0, 9) + b"\x00" * 5,
+        ):
             with socket.create_connection(("127.0.0.1", proxy.port)) as s:
                 s.sendall(junk)
                 s.settimeout(5)
                 assert s.recv(100) == b""
         assert good.t.c.find_one({"_id": 1}) == {"_id": 1}
         assert proxy.server.metrics.protocol_errors._value.get() == 3
+
     await sync(work)
 
 
@@ -201,9 +273,16 @@ async def test_a_reply_sent_in_pieces_arrives_whole_through_partial_writes_and_a
     events (a deferred piece) is gathered into the connection's buffer a part at a time, here a
     buffer smaller than one event, and one that holds a few."""
     events = block_of_inserts([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
-    pieces = [b"head", b"", events.array_body(0), memoryview(bytes(range(256)) * 3000),
-              pa.py_buffer(b"x" * 1_000_001), events.sliced(5, 300).array_body(12),
-              memoryview(np.arange(50_000, dtype=np.int64)), b"tail"]
+    pieces = [
+        b"head",
+        b"",
+        events.array_body(0),
+        memoryview(bytes(range(256)) * 3000),
+        pa.py_buffer(b"x" * 1_000_001),
+        events.sliced(5, 300).array_body(12),
+        memoryview(np.arange(50_000, dtype=np.int64)),
+        b"tail",
+    ]
     want = wire.joined(pieces)
     assert want.count(bytes(events.array_body(0))) == 1
     scratch = np.empty(300, np.uint8)
@@ -242,11 +321,14 @@ async def test_upstream_failure_is_a_network_error_not_a_hang(cluster):
         def work():
             c = client(proxy_uri(server), retryWrites=False, retryReads=False)
             c.t.c.insert_one({"_id": 1})
-            trio.from_thread.run_sync(cluster.mongos.stop)  # trio state is touched on its own thread
+            trio.from_thread.run_sync(
+                cluster.mongos.stop
+            )  # trio state is touched on its own thread
             from pymongo.errors import AutoReconnect
 
             with pytest.raises(AutoReconnect):
                 c.t.c.find_one({"_id": 1})
+
         await sync(work)
         nursery.cancel_scope.cancel()
 
@@ -261,6 +343,7 @@ async def test_metrics_endpoint(cluster):
             client(proxy_uri(server)).t.c.insert_one({"_id": 1})
             text = "\n".join(scrape(port))
             assert "pcs_commands_total" in text and 'command="insert"' in text
+
         await sync(work)
         nursery.cancel_scope.cancel()
 
@@ -278,13 +361,18 @@ async def test_metrics_follow_prometheus_naming(cluster):
             c.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": "naming"})
             c.t.c.insert_one({"_id": 1})
             return scrape(port)
+
         page = await sync(work)
         nursery.cancel_scope.cancel()
-    lines = page[page.index("") + 1:]  # the body, after the HTTP headers
+    lines = page[page.index("") + 1 :]  # the body, after the HTTP headers
     types = dict(line.split()[2:4] for line in lines if line.startswith("# TYPE "))
     samples = {line.split("{")[0].split()[0] for line in lines if line and not line.startswith("#")}
-    assert {"pcs_commands_total", "pcs_shard_entries_total", "pcs_bucket_depth",
-            "process_resident_memory_bytes"} <= samples
+    assert {
+        "pcs_commands_total",
+        "pcs_shard_entries_total",
+        "pcs_bucket_depth",
+        "process_resident_memory_bytes",
+    } <= samples
     assert all(name.startswith(("pcs_", "process_")) for name in samples), samples
     assert not [name for name in samples if name.endswith("_created")]
     assert all(name.endswith("_total") for name, kind in types.items() if kind == "counter"), types
@@ -299,7 +387,9 @@ async def test_client_tls_with_standard_connection_string_options(cluster, tmp_p
     cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
     ca.cert_pem.write_to_path(str(ca_file))
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, tls_cert_file=str(cert_file)))
+        server = ProxyServer(
+            ProxyConfig(upstream=cluster.uri, listen_port=0, tls_cert_file=str(cert_file))
+        )
         await nursery.start(server.serve)
 
         def work():
@@ -310,9 +400,12 @@ async def test_client_tls_with_standard_connection_string_options(cluster, tmp_p
             # Without trusting the CA, the handshake fails: verification is really on.
             from pymongo.errors import ServerSelectionTimeoutError
 
-            untrusting = client(f"mongodb://127.0.0.1:{server.port}/?tls=true", serverSelectionTimeoutMS=1000)
+            untrusting = client(
+                f"mongodb://127.0.0.1:{server.port}/?tls=true", serverSelectionTimeoutMS=1000
+            )
             with pytest.raises(ServerSelectionTimeoutError):
                 untrusting.admin.command("ping")
+
         await sync(work)
         nursery.cancel_scope.cancel()
 
@@ -322,10 +415,16 @@ async def test_retryable_write_survives_a_dropped_connection(proxy):
         c = client(proxy_uri(proxy))
         c.t.r.insert_one({"_id": 0})
         # mongos drops the connection on the next insert; the driver retries once, through the proxy.
-        c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
-                         "data": {"failCommands": ["insert"], "closeConnection": True}})
+        c.admin.command(
+            {
+                "configureFailPoint": "failCommand",
+                "mode": {"times": 1},
+                "data": {"failCommands": ["insert"], "closeConnection": True},
+            }
+        )
         c.t.r.insert_one({"_id": 1})
         assert c.t.r.count_documents({}) == 2
+
     await sync(work)
 
 
@@ -336,15 +435,34 @@ async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
     import sys
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", cluster.uri,
-                             "--listen", f"127.0.0.1:{port}", "--shutdown-grace-s", "5"], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wireproxy",
+            "--upstream",
+            cluster.uri,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--shutdown-grace-s",
+            "5",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def work():
-            c = client(f"mongodb://127.0.0.1:{port}/", retryReads=False, serverSelectionTimeoutMS=2000)
+            c = client(
+                f"mongodb://127.0.0.1:{port}/", retryReads=False, serverSelectionTimeoutMS=2000
+            )
             c.t.c.insert_many([{"_id": i} for i in range(10)])
             # mongos holds the next find for 1.5 s: SIGTERM arrives while it is in flight.
-            c.admin.command("configureFailPoint", "failCommand", mode={"times": 1},
-                            data={"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 1500})
+            c.admin.command(
+                "configureFailPoint",
+                "failCommand",
+                mode={"times": 1},
+                data={"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 1500},
+            )
             import threading
 
             threading.Timer(0.4, proc.send_signal, (signal.SIGTERM,)).start()
@@ -355,6 +473,7 @@ async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
             assert proc.wait(10) == 0
             with pytest.raises(OSError):  # no longer accepting
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
         await sync(work)
     finally:
         proc.kill()
@@ -365,7 +484,9 @@ async def test_max_connections_and_idle_timeout(cluster):
     """Past max_connections a client is refused (closed at once); an idle client is closed after
     idle_timeout_s; the clients within the limits keep working."""
     async with trio.open_nursery() as nursery:
-        server = ProxyServer(ProxyConfig(upstream=cluster.uri, listen_port=0, max_connections=2, idle_timeout_s=0.5))
+        server = ProxyServer(
+            ProxyConfig(upstream=cluster.uri, listen_port=0, max_connections=2, idle_timeout_s=0.5)
+        )
         await nursery.start(server.serve)
         hello = wire.encode_op_msg(1, 0, bson.encode({"hello": 1, "$db": "admin"}))
 
@@ -411,7 +532,9 @@ async def test_a_member_connection_cancelled_mid_handshake_leaves_no_socket_open
         await trio.sleep_forever()
 
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1")
+        )
         port = listeners[0].socket.getsockname()[1]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -435,7 +558,9 @@ async def test_a_member_that_hangs_is_tried_last_by_every_later_connection(clust
         await trio.sleep_forever()
 
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1")
+        )
         hung = ("127.0.0.1", listeners[0].socket.getsockname()[1])
         member = cluster.shards["shard0"]
         hosts = [hung, (member.host, member.port)]

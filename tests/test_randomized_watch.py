@@ -29,9 +29,21 @@ def _seeds() -> list[int]:
 
 
 def _an_id(rng: random.Random, i: int) -> Any:
-    return rng.choice([i, f"s{i}", ObjectId(), Int64(i * 7), i + 0.5, Decimal128(f"{i}.25"), {"a": i, "b": "x"},
-                       datetime.datetime(2020, 1, 1) + datetime.timedelta(seconds=i),
-                       Binary(uuid.UUID(int=rng.getrandbits(128)).bytes, 4), -i, f"unicodé\u2603{i}"])
+    return rng.choice(
+        [
+            i,
+            f"s{i}",
+            ObjectId(),
+            Int64(i * 7),
+            i + 0.5,
+            Decimal128(f"{i}.25"),
+            {"a": i, "b": "x"},
+            datetime.datetime(2020, 1, 1) + datetime.timedelta(seconds=i),
+            Binary(uuid.UUID(int=rng.getrandbits(128)).bytes, 4),
+            -i,
+            f"unicodé\u2603{i}",
+        ]
+    )
 
 
 _UPDATES = [
@@ -68,13 +80,22 @@ def _workload(c: Any, rng: random.Random, n: int) -> None:
         if op < 0.35 or not live:
             coll, _id = rng.choice(colls), _an_id(rng, i)
             try:
-                coll.insert_one({"_id": _id, "v": rng.randrange(100), "arr": [1, {"q": 2}, 3], "sub": {"0": {"y": 2}},
-                                 "t": "y" * rng.randrange(200)})
+                coll.insert_one(
+                    {
+                        "_id": _id,
+                        "v": rng.randrange(100),
+                        "arr": [1, {"q": 2}, 3],
+                        "sub": {"0": {"y": 2}},
+                        "t": "y" * rng.randrange(200),
+                    }
+                )
             except DuplicateKeyError:  # 14 and NumberLong(14) are one _id
                 continue
             live.append((coll, _id))
         elif op < 0.4:  # one _id on both shards of r1.k, told apart by k
-            c.r1.k.insert_many([{"_id": i, "k": rng.randrange(500)}, {"_id": i, "k": 500 + rng.randrange(500)}])
+            c.r1.k.insert_many(
+                [{"_id": i, "k": rng.randrange(500)}, {"_id": i, "k": 500 + rng.randrange(500)}]
+            )
             c.r1.k.update_many({"_id": i}, {"$inc": {"n": 1}})
         elif op < 0.8:
             coll, _id = rng.choice(live)
@@ -93,9 +114,14 @@ def _workload(c: Any, rng: random.Random, n: int) -> None:
             coll.delete_one({"_id": _id})
         elif op < 0.97:
             with c.start_session() as s:  # across shards (hashed r0.h) and into another database
-                s.with_transaction(lambda s, i=i: (
-                    c.r0.h.insert_many([{"_id": f"tx{i}.{j}"} for j in range(rng.randrange(1, 6))], session=s),
-                    c.r2.b.update_many({}, {"$inc": {"tx": 1}}, session=s)))
+                s.with_transaction(
+                    lambda s, i=i: (
+                        c.r0.h.insert_many(
+                            [{"_id": f"tx{i}.{j}"} for j in range(rng.randrange(1, 6))], session=s
+                        ),
+                        c.r2.b.update_many({}, {"$inc": {"tx": 1}}, session=s),
+                    )
+                )
         else:
             _ddl(c, rng.randrange(4), i)
 
@@ -106,7 +132,9 @@ def _ddl(c: Any, kind: int, i: int) -> None:
     elif kind == 1:
         try:
             c.r2.command({"collMod": "b", "validationLevel": "moderate"})
-        except OperationFailure as exc:  # r2.b not written yet (seed 104): the server's NamespaceNotFound
+        except (
+            OperationFailure
+        ) as exc:  # r2.b not written yet (seed 104): the server's NamespaceNotFound
             assert exc.code == 26
     elif kind == 2:
         c.r3.command({"create": f"view{i}", "viewOn": "x", "pipeline": []})
@@ -130,8 +158,11 @@ async def test_a_random_workload_watched_through_the_proxy_equals_mongos(seed):
             _workload(direct, rng, int(os.environ.get("RANDOM_WATCH_OPS", "400")))
             direct.end.c.insert_one({"_id": 0})
             base = {"max_await_time_ms": 200, "show_expanded_events": True}
-            for images in ({}, {"full_document": "updateLookup"},
-                           {"full_document": "whenAvailable", "full_document_before_change": "whenAvailable"}):
+            for images in (
+                {},
+                {"full_document": "updateLookup"},
+                {"full_document": "whenAvailable", "full_document_before_change": "whenAvailable"},
+            ):
                 want = collect(direct.watch(start_at_operation_time=start, **base, **images))
                 got = collect(proxied.watch(start_at_operation_time=start, **base, **images))
                 assert len(want) > 250, len(want)
@@ -141,6 +172,8 @@ async def test_a_random_workload_watched_through_the_proxy_equals_mongos(seed):
                     want = collect(direct.watch(**{how: token}, **base))
                     got = collect(proxied.watch(**{how: token}, **base))
                     assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], how
-            assert proxied.admin.command("parallelChangeStreamStatus")["watches"]["passedThrough"] == 0
+            assert (
+                proxied.admin.command("parallelChangeStreamStatus")["watches"]["passedThrough"] == 0
+            )
 
         await sync(work)

@@ -61,7 +61,10 @@ async def test_batches_go_as_marshal_and_other_messages_as_pickles():
     in_txn = (*spliced[:8], (Timestamp(5, 1), 0))
     batch = ("batch", 1, [spliced], 5, 1, (5, 1))
     assert reader_process.encode_message(batch)[0] == reader_process._MARSHAL
-    assert reader_process.encode_message(("batch", 1, [in_txn], 5, 1, (5, 1)))[0] == reader_process._PICKLE
+    assert (
+        reader_process.encode_message(("batch", 1, [in_txn], 5, 1, (5, 1)))[0]
+        == reader_process._PICKLE
+    )
     sender, receiver = _connected_pair()
     for message in (batch, ("batch", 1, [spliced, in_txn], 10, 2, (5, 1)), ("credit", {1: 5})):
         await sender.send(message)

@@ -9,9 +9,21 @@ import subprocess
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # What a fresh clone does not have: the developer's virtualenv, caches, installed npm packages.
-_NOT_COPIED = shutil.ignore_patterns(".git", ".venv", ".node", "node_modules", "__pycache__", "*.egg-info",
-                                     ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "runs",
-                                     "spark-warehouse", "build")
+_NOT_COPIED = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    ".node",
+    "node_modules",
+    "__pycache__",
+    "*.egg-info",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "runs",
+    "spark-warehouse",
+    "build",
+)
 
 
 def section_blocks(text: str, heading: str, language: str) -> list[str]:
@@ -36,8 +48,13 @@ def test_quickstart_runs_verbatim(tmp_path):
     assert len(blocks) == 1
     clone = tmp_path / "clone"
     shutil.copytree(ROOT, clone, ignore=_NOT_COPIED)
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", blocks[0]], cwd=clone, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", blocks[0]],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     lines = [line for line in done.stdout.splitlines() if line.startswith("bucket ")]
     assert len(lines) == 6, done.stdout

@@ -33,15 +33,29 @@ def test_d10_array_index_not_ambiguous(describe):
     `disambiguatedPaths: {}` for a path of non-dotted fields and array indices."""
     push = describe({"sarr": {"a": True, "u4": 5}})
     assert push["updatedFields"] == {"arr.4": 5} and push["disambiguatedPaths"] == {}
-    deep = describe({"stopLevelArray": {"a": True, "s0": {"ssubArray": {"a": True, "s1": {
-        "a": True, "s1": {"a": True, "s0": {"sbottomArray": {"a": True, "u2": "x"}}}}}}}})
+    deep = describe(
+        {
+            "stopLevelArray": {
+                "a": True,
+                "s0": {
+                    "ssubArray": {
+                        "a": True,
+                        "s1": {
+                            "a": True,
+                            "s1": {"a": True, "s0": {"sbottomArray": {"a": True, "u2": "x"}}},
+                        },
+                    }
+                },
+            }
+        }
+    )
     assert deep["updatedFields"] == {"topLevelArray.0.subArray.1.1.0.bottomArray.2": "x"}
     assert deep["disambiguatedPaths"] == {}
 
 
 @both
 def test_d10_leading_numeric_field_not_ambiguous(describe):
-    """"We don't include numeric fields at the start of the path because those are unambiguous"
+    """ "We don't include numeric fields at the start of the path because those are unambiguous"
     (same function): `isNumeric` needs numParts() > 1."""
     assert describe({"u": {"0": 1}})["disambiguatedPaths"] == {}
     assert describe({"s0": {"u": {"a": 1}}})["disambiguatedPaths"] == {}
@@ -51,10 +65,16 @@ def test_d10_leading_numeric_field_not_ambiguous(describe):
 def test_d10_numeric_field_below_the_top_is_ambiguous(describe):
     """A numeric object field below the top level, or a dotted field anywhere, makes the path
     ambiguous from there on; indices below it are then reported as integers."""
-    assert describe({"sm": {"s1": {"u": {"a": 5}}}})["disambiguatedPaths"] == {"m.1.a": ["m", "1", "a"]}
-    assert describe({"sm": {"s1": {"a": True, "u0": 3}}})["disambiguatedPaths"] == {"m.1.0": ["m", "1", 0]}
+    assert describe({"sm": {"s1": {"u": {"a": 5}}}})["disambiguatedPaths"] == {
+        "m.1.a": ["m", "1", "a"]
+    }
+    assert describe({"sm": {"s1": {"a": True, "u0": 3}}})["disambiguatedPaths"] == {
+        "m.1.0": ["m", "1", 0]
+    }
     assert describe({"u": {"a.b": 1}})["disambiguatedPaths"] == {"a.b": ["a.b"]}
-    assert describe({"sm": {"s01": {"u": {"a": 5}}}})["disambiguatedPaths"] == {}  # not strictly numeric
+    assert (
+        describe({"sm": {"s01": {"u": {"a": 5}}}})["disambiguatedPaths"] == {}
+    )  # not strictly numeric
 
 
 @both
@@ -83,14 +103,23 @@ def test_d10_fast_path_orders_updates_before_inserts():
 
 # -- entry level: oplog entries shaped as a 7.0/8.0 mongod writes them, through both transforms ----
 
+
 def _entry(op: str, ns: str, o: dict[str, Any], inc: int, **more: Any) -> dict[str, Any]:
     import datetime
 
     from bson import Int64, Timestamp
 
-    entry = {"op": op, "ns": ns, **({"ui": more.pop("ui")} if "ui" in more else {}), "o": o, **more,
-             "ts": Timestamp(1_700_000_000, inc), "t": Int64(1), "v": Int64(2),
-             "wall": datetime.datetime(2023, 11, 14, 22, 13, 20, inc * 1000)}
+    entry = {
+        "op": op,
+        "ns": ns,
+        **({"ui": more.pop("ui")} if "ui" in more else {}),
+        "o": o,
+        **more,
+        "ts": Timestamp(1_700_000_000, inc),
+        "t": Int64(1),
+        "v": Int64(2),
+        "wall": datetime.datetime(2023, 11, 14, 22, 13, 20, inc * 1000),
+    }
     return entry
 
 
@@ -103,9 +132,17 @@ def _both_transforms(entries: list[dict[str, Any]], **options: Any) -> list[dict
     from simcluster.reference_events import ReferenceTransformer, encode_event
 
     engine = OplogTransformer(show_expanded_events=True, **options)
-    reference = ReferenceTransformer(db="admin", coll=None, cluster=True, expanded=True, migration=False,
-                                     system_events=bool(options.get("show_system_events")), version=2,
-                                     resumed_from=None, chain=lambda ts: [])
+    reference = ReferenceTransformer(
+        db="admin",
+        coll=None,
+        cluster=True,
+        expanded=True,
+        migration=False,
+        system_events=bool(options.get("show_system_events")),
+        version=2,
+        resumed_from=None,
+        chain=lambda ts: [],
+    )
     got, want = [], []
     for entry in entries:
         raw = bson.encode(entry)
@@ -130,9 +167,16 @@ def test_d1_view_collmod_is_a_modify_event():
     jstests/change_streams/ddl_view_events.js "Test 'collMod' command on views")."""
     views = _uuid_binary()
     view = {"_id": "db.v", "viewOn": "base", "pipeline": [{"$match": {"a": 2}}]}
-    events = _both_transforms([_entry("u", "db.system.views", view, 1, ui=views, o2={"_id": "db.v"})])
+    events = _both_transforms(
+        [_entry("u", "db.system.views", view, 1, ui=views, o2={"_id": "db.v"})]
+    )
     assert [(e["operationType"], e["ns"], e["operationDescription"]) for e in events] == [
-        ("modify", {"db": "db", "coll": "v"}, {"viewOn": "base", "pipeline": [{"$match": {"a": 2}}]})]
+        (
+            "modify",
+            {"db": "db", "coll": "v"},
+            {"viewOn": "base", "pipeline": [{"$match": {"a": 2}}]},
+        )
+    ]
     assert "collectionUUID" not in events[0] and "stateBeforeChange" not in events[0]
 
 
@@ -145,9 +189,18 @@ def test_d2_d3_view_event_token_has_system_views_uuid_and_whole_document():
     from mongoformats.resume_token import decode_token
 
     views = _uuid_binary()
-    view = {"_id": "db.v", "viewOn": "base", "pipeline": [], "collation": {"locale": "fr", "strength": 1}}
-    events = _both_transforms([_entry("i", "db.system.views", view, 1, ui=views),
-                               _entry("d", "db.system.views", {"_id": "db.v"}, 2, ui=views)])
+    view = {
+        "_id": "db.v",
+        "viewOn": "base",
+        "pipeline": [],
+        "collation": {"locale": "fr", "strength": 1},
+    }
+    events = _both_transforms(
+        [
+            _entry("i", "db.system.views", view, 1, ui=views),
+            _entry("d", "db.system.views", {"_id": "db.v"}, 2, ui=views),
+        ]
+    )
     assert [e["operationType"] for e in events] == ["create", "drop"]
     assert events[0]["operationDescription"] == {k: v for k, v in view.items() if k != "_id"}
     for event in events:
@@ -162,33 +215,71 @@ def test_d4_system_collections_make_no_ddl_events():
     ("the time-series create command does not produce an event")."""
     ui = _uuid_binary()
     entries = [
-        _entry("c", "db.$cmd", {"create": "system.views", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
-               1, ui=ui),
+        _entry(
+            "c",
+            "db.$cmd",
+            {"create": "system.views", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+            1,
+            ui=ui,
+        ),
         _entry("c", "db.$cmd", {"create": "system.buckets.ts", "validator": {}}, 2, ui=ui),
-        _entry("c", "db.$cmd", {"createIndexes": "system.buckets.ts", "v": 2, "key": {"meta": 1}, "name": "m"},
-               3, ui=ui),
+        _entry(
+            "c",
+            "db.$cmd",
+            {"createIndexes": "system.buckets.ts", "v": 2, "key": {"meta": 1}, "name": "m"},
+            3,
+            ui=ui,
+        ),
         _entry("c", "db.$cmd", {"drop": "system.views"}, 4, ui=ui),
-        _entry("c", "db.$cmd", {"create": "plain", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
-               5, ui=ui),
+        _entry(
+            "c",
+            "db.$cmd",
+            {"create": "plain", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+            5,
+            ui=ui,
+        ),
     ]
-    assert [(e["operationType"], e["ns"]["coll"]) for e in _both_transforms(entries)] == [("create", "plain")]
+    assert [(e["operationType"], e["ns"]["coll"]) for e in _both_transforms(entries)] == [
+        ("create", "plain")
+    ]
 
 
 def test_d5_reshard_and_refine_noops_are_events():
     """buildInternalOpFilter admits the reshardCollection and refineCollectionShardKey noops, and
     the transform's kNoop case shows them with o2 minus that field as operationDescription."""
     ui = _uuid_binary()
-    reshard = {"reshardCollection": "db.c", "reshardUUID": _uuid_binary(), "shardKey": {"k": 1}, "oldShardKey":
-               {"_id": 1}, "unique": False, "numInitialChunks": 1, "provenance": "reshardCollection"}
-    refine = {"refineCollectionShardKey": "db.c", "shardKey": {"a": 1, "b": 1}, "oldShardKey": {"a": 1}}
-    events = _both_transforms([_entry("n", "db.c", {"msg": {"reshardCollection": "db.c"}}, 1, ui=ui, o2=reshard),
-                               _entry("n", "db.c", {"msg": {"refineCollectionShardKey": "db.c"}}, 2, ui=ui,
-                                      o2=refine)])
+    reshard = {
+        "reshardCollection": "db.c",
+        "reshardUUID": _uuid_binary(),
+        "shardKey": {"k": 1},
+        "oldShardKey": {"_id": 1},
+        "unique": False,
+        "numInitialChunks": 1,
+        "provenance": "reshardCollection",
+    }
+    refine = {
+        "refineCollectionShardKey": "db.c",
+        "shardKey": {"a": 1, "b": 1},
+        "oldShardKey": {"a": 1},
+    }
+    events = _both_transforms(
+        [
+            _entry("n", "db.c", {"msg": {"reshardCollection": "db.c"}}, 1, ui=ui, o2=reshard),
+            _entry("n", "db.c", {"msg": {"refineCollectionShardKey": "db.c"}}, 2, ui=ui, o2=refine),
+        ]
+    )
     assert [(e["operationType"], e["ns"], e["operationDescription"]) for e in events] == [
-        ("reshardCollection", {"db": "db", "coll": "c"},
-         {k: v for k, v in reshard.items() if k != "reshardCollection"}),
-        ("refineCollectionShardKey", {"db": "db", "coll": "c"},
-         {k: v for k, v in refine.items() if k != "refineCollectionShardKey"})]
+        (
+            "reshardCollection",
+            {"db": "db", "coll": "c"},
+            {k: v for k, v in reshard.items() if k != "reshardCollection"},
+        ),
+        (
+            "refineCollectionShardKey",
+            {"db": "db", "coll": "c"},
+            {k: v for k, v in refine.items() if k != "refineCollectionShardKey"},
+        ),
+    ]
 
 
 def test_d6a_create_and_create_indexes_inside_a_transaction():
@@ -201,24 +292,47 @@ def test_d6a_create_and_create_indexes_inside_a_transaction():
 
     ui = _uuid_binary()
     lsid = {"id": _uuid_binary(), "uid": b"\x01" * 32}
-    ops = [{"op": "c", "ns": "db.$cmd", "ui": ui, "o": {"create": "t", "idIndex": {"v": 2, "key": {"_id": 1},
-                                                                                  "name": "_id_"}}},
-           {"op": "c", "ns": "db.$cmd", "ui": ui, "o": {"createIndexes": "t", "v": 2, "key": {"unused": 1},
-                                                        "name": "unused_1"}},
-           {"op": "i", "ns": "db.t", "ui": ui, "o": {"_id": 1}, "o2": {"_id": 1}}]
-    entry = _entry("c", "admin.$cmd", {"applyOps": ops}, 1, lsid=lsid, txnNumber=Int64(3),
-                   prevOpTime={"ts": __import__("bson").Timestamp(0, 0), "t": Int64(-1)})
+    ops = [
+        {
+            "op": "c",
+            "ns": "db.$cmd",
+            "ui": ui,
+            "o": {"create": "t", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+        },
+        {
+            "op": "c",
+            "ns": "db.$cmd",
+            "ui": ui,
+            "o": {"createIndexes": "t", "v": 2, "key": {"unused": 1}, "name": "unused_1"},
+        },
+        {"op": "i", "ns": "db.t", "ui": ui, "o": {"_id": 1}, "o2": {"_id": 1}},
+    ]
+    entry = _entry(
+        "c",
+        "admin.$cmd",
+        {"applyOps": ops},
+        1,
+        lsid=lsid,
+        txnNumber=Int64(3),
+        prevOpTime={"ts": __import__("bson").Timestamp(0, 0), "t": Int64(-1)},
+    )
     events = _both_transforms([entry])
     assert [e["operationType"] for e in events] == ["create", "createIndexes", "insert"]
     assert [decode_token(e["_id"]).txn_op_index for e in events] == [0, 1, 2]
     for event in events:
         assert list(event)[:3] == ["txnNumber", "lsid", "_id"] and event["txnNumber"] == 3
-    assert events[1]["operationDescription"] == {"indexes": [{"v": 2, "key": {"unused": 1}, "name": "unused_1"}]}
+    assert events[1]["operationDescription"] == {
+        "indexes": [{"v": 2, "key": {"unused": 1}, "name": "unused_1"}]
+    }
 
 
-@pytest.mark.parametrize("expanded,version,migration", [(False, 2, False), (True, 1, False), (False, 1, True),
-                                                        (True, 2, True)])
-async def test_engine_transform_equals_the_reference_on_a_random_workload(expanded, version, migration):
+@pytest.mark.parametrize(
+    "expanded,version,migration",
+    [(False, 2, False), (True, 1, False), (False, 1, True), (True, 2, True)],
+)
+async def test_engine_transform_equals_the_reference_on_a_random_workload(
+    expanded, version, migration
+):
     """Every shard's oplog of the randomized workload (tests/test_randomized_watch.py: CRUD with
     nested and array diffs, transactions across shards, migrations, DDL, views) through the
     engine's transform and simcluster's reference, with the stream options the randomized watch
@@ -242,11 +356,22 @@ async def test_engine_transform_equals_the_reference_on_a_random_workload(expand
             # From the start, and from later entries: a read that begins inside a transaction's
             # chain reads its earlier entries back by prevOpTime (each implementation its own way).
             for first in range(0, len(entries), 23):
-                engine = OplogTransformer(show_expanded_events=expanded, show_migration_events=migration,
-                                          token_version=version)
-                reference = ReferenceTransformer(db="admin", coll=None, cluster=True, expanded=expanded,
-                                                 migration=migration, system_events=False, version=version,
-                                                 resumed_from=None, chain=oplog.chain_through)
+                engine = OplogTransformer(
+                    show_expanded_events=expanded,
+                    show_migration_events=migration,
+                    token_version=version,
+                )
+                reference = ReferenceTransformer(
+                    db="admin",
+                    coll=None,
+                    cluster=True,
+                    expanded=expanded,
+                    migration=migration,
+                    system_events=False,
+                    version=version,
+                    resumed_from=None,
+                    chain=oplog.chain_through,
+                )
                 got, want = [], []
                 for raw in entries[first:]:
                     if (gap := engine.missing_chain(raw)) is not None:

@@ -39,7 +39,11 @@ def _outcome(work: Any) -> Any:
 
     try:
         return work()
-    except (OperationFailure, AssertionError, pytest.fail.Exception) as exc:  # (the last: DID NOT RAISE)
+    except (
+        OperationFailure,
+        AssertionError,
+        pytest.fail.Exception,
+    ) as exc:  # (the last: DID NOT RAISE)
         return f"{type(exc).__name__}: {exc}"
 
 
@@ -69,7 +73,8 @@ async def test_d7_single_collection_stream_sees_no_view_events(via):
             db.create_collection("vv")
             db.vv.insert_one({"_id": "end"})
             stream = client(_uri(cluster, server, via)).d7.vv.watch(
-                start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=100)
+                start_at_operation_time=start, show_expanded_events=True, max_await_time_ms=100
+            )
             events = _until(stream, _is_end)
             return [e["operationType"] for e in events], "collectionUUID" in events[0]
 
@@ -93,7 +98,9 @@ async def test_d8_start_after_invalidate_skips_drop_database(via):
             direct.d8.x.insert_one({"_id": 1})
             direct.drop_database("d8")
             coll = client(_uri(cluster, server, via)).d8.x
-            first = _until(coll.watch(start_at_operation_time=start, max_await_time_ms=100), lambda ev: False)
+            first = _until(
+                coll.watch(start_at_operation_time=start, max_await_time_ms=100), lambda ev: False
+            )
             direct.d8.x.insert_one({"_id": "end"})
             after = _until(coll.watch(start_after=first[-1]["_id"], max_await_time_ms=100), _is_end)
             return [e["operationType"] for e in first], [e["operationType"] for e in after]
@@ -115,10 +122,21 @@ async def test_d9_resume_from_a_v1_event_token(via):
             start = direct.admin.command("ping")["operationTime"]
             for _id in (1, 2, "end"):
                 direct.d9.c.insert_one({"_id": _id})
-            first = _until(direct.d9.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end)[0]
+            first = _until(
+                direct.d9.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end
+            )[0]
             data = decode_token(first["_id"])
-            v1 = encode_token(ResumeTokenData(data.cluster_time, 1, EVENT_TOKEN, data.txn_op_index, False, data.uuid,
-                                              first["documentKey"]))
+            v1 = encode_token(
+                ResumeTokenData(
+                    data.cluster_time,
+                    1,
+                    EVENT_TOKEN,
+                    data.txn_op_index,
+                    False,
+                    data.uuid,
+                    first["documentKey"],
+                )
+            )
             coll = client(_uri(cluster, server, via)).d9.c
             events = _until(coll.watch(resume_after=v1, max_await_time_ms=100), _is_end)
             return [(e["documentKey"]["_id"], decode_token(e["_id"]).version) for e in events]
@@ -128,16 +146,33 @@ async def test_d9_resume_from_a_v1_event_token(via):
 
 
 _BAD_SPECS = [
-    ({"fullDocument": 1}, 14, "BSON field '$changeStream.fullDocument' is the wrong type 'int', expected type "
-     "'string'"),
-    ({"showExpandedEvents": "yes"}, 14, "BSON field '$changeStream.showExpandedEvents' is the wrong type 'string', "
-     "expected type 'bool'"),
-    ({"resumeAfter": "x"}, 14, "BSON field '$changeStream.resumeAfter' is the wrong type 'string', expected type "
-     "'object'"),
-    ({"startAtOperationTime": 5}, 14, "BSON field '$changeStream.startAtOperationTime' is the wrong type 'int', "
-     "expected type 'timestamp'"),
-    ({"fullDocument": "bogus"}, 2, "Enumeration value 'bogus' for field '$changeStream.fullDocument' is not a "
-     "valid value."),
+    (
+        {"fullDocument": 1},
+        14,
+        "BSON field '$changeStream.fullDocument' is the wrong type 'int', expected type 'string'",
+    ),
+    (
+        {"showExpandedEvents": "yes"},
+        14,
+        "BSON field '$changeStream.showExpandedEvents' is the wrong type 'string', "
+        "expected type 'bool'",
+    ),
+    (
+        {"resumeAfter": "x"},
+        14,
+        "BSON field '$changeStream.resumeAfter' is the wrong type 'string', expected type 'object'",
+    ),
+    (
+        {"startAtOperationTime": 5},
+        14,
+        "BSON field '$changeStream.startAtOperationTime' is the wrong type 'int', "
+        "expected type 'timestamp'",
+    ),
+    (
+        {"fullDocument": "bogus"},
+        2,
+        "Enumeration value 'bogus' for field '$changeStream.fullDocument' is not a valid value.",
+    ),
     (1, 6188500, "$changeStream must take a nested object but found: $changeStream: 1"),
 ]
 
@@ -146,9 +181,11 @@ _IDS = ["d19a", "d19b", "d19c", "d19d", "d19f", "d19e"]
 
 
 def _cases() -> list[Any]:
-    return [pytest.param(spec, code, message, via, id=f"{name}-{via}")
-            for (spec, code, message), name in zip(_BAD_SPECS, _IDS, strict=True)
-            for via in ("direct", "accelerated")]
+    return [
+        pytest.param(spec, code, message, via, id=f"{name}-{via}")
+        for (spec, code, message), name in zip(_BAD_SPECS, _IDS, strict=True)
+        for via in ("direct", "accelerated")
+    ]
 
 
 @pytest.mark.parametrize("spec,code,message,via", _cases())
@@ -185,12 +222,18 @@ async def test_user_stages_see_the_invalidate(via):
             direct.inv.c.insert_one({"_id": 1})
             direct.inv.c.drop()
             coll = client(_uri(cluster, server, via)).inv.c
-            only = coll.watch([{"$match": {"operationType": "invalidate"}}], start_at_operation_time=start,
-                              max_await_time_ms=100)
+            only = coll.watch(
+                [{"$match": {"operationType": "invalidate"}}],
+                start_at_operation_time=start,
+                max_await_time_ms=100,
+            )
             events = _until(only, lambda ev: False, timeout=5)
             kept = [e["operationType"] for e in events]
-            inserts = coll.watch([{"$match": {"operationType": "insert"}}], start_at_operation_time=start,
-                                 max_await_time_ms=100)
+            inserts = coll.watch(
+                [{"$match": {"operationType": "insert"}}],
+                start_at_operation_time=start,
+                max_await_time_ms=100,
+            )
             seen = []
             deadline = time.monotonic() + 5
             while inserts.alive and time.monotonic() < deadline:
@@ -218,7 +261,9 @@ async def test_d9_resume_from_a_v1_high_water_mark_keeps_v1_at_its_time(via):
             start = direct.admin.command("ping")["operationTime"]
             for _id in (1, 2, "end"):
                 direct.d9h.c.insert_one({"_id": _id})
-            first = _until(direct.d9h.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end)[0]
+            first = _until(
+                direct.d9h.c.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end
+            )[0]
             hwm = encode_token(ResumeTokenData(first["clusterTime"], 1, HIGH_WATER_MARK))
             coll = client(_uri(cluster, server, via)).d9h.c
             events = _until(coll.watch(resume_after=hwm, max_await_time_ms=100), _is_end)
@@ -242,21 +287,33 @@ async def test_d19f_missing_required_image_names_the_event(via):
             start = direct.admin.command("ping")["operationTime"]
             direct.d47.c.insert_one({"_id": 1})
             direct.d47.c.update_one({"_id": 1}, {"$set": {"a": 1}})
-            update = _until(direct.d47.c.watch(start_at_operation_time=start, max_await_time_ms=100),
-                            lambda ev: ev["operationType"] == "update")[-1]
+            update = _until(
+                direct.d47.c.watch(start_at_operation_time=start, max_await_time_ms=100),
+                lambda ev: ev["operationType"] == "update",
+            )[-1]
             coll = client(_uri(cluster, server, via)).d47.c
             with pytest.raises(OperationFailure) as err:
-                _until(coll.watch(start_at_operation_time=start, full_document="required", max_await_time_ms=100),
-                       lambda ev: ev["operationType"] == "update", timeout=10)
+                _until(
+                    coll.watch(
+                        start_at_operation_time=start,
+                        full_document="required",
+                        max_await_time_ms=100,
+                    ),
+                    lambda ev: ev["operationType"] == "update",
+                    timeout=10,
+                )
             ts = update["clusterTime"]
             return err.value.code, err.value.details["errmsg"], f"Timestamp({ts.time}, {ts.inc})"
 
         got = await sync(_outcome, work)
     assert isinstance(got, tuple), got
     code, message, ts = got
-    assert (code, message) == (47, "Change stream was configured to require a post-image for all update events, "
-                               'but the post-image was not found for event: {operationType: "update", '
-                               f'ns: {{db: "d47", coll: "c"}}, clusterTime: {ts}}}')
+    assert (code, message) == (
+        47,
+        "Change stream was configured to require a post-image for all update events, "
+        'but the post-image was not found for event: {operationType: "update", '
+        f'ns: {{db: "d47", coll: "c"}}, clusterTime: {ts}}}',
+    )
 
 
 @pytest.mark.parametrize("via", ["direct", "accelerated"])
@@ -273,8 +330,14 @@ async def test_d8_drop_database_does_not_end_a_stream_on_a_collection_it_did_not
             direct.drop_database("d8b")
             direct.d8b.x.insert_one({"_id": "end"})
             coll = client(_uri(cluster, server, via)).d8b.x
-            return [e["operationType"] for e in _until(coll.watch(start_at_operation_time=start,
-                                                                  max_await_time_ms=100), _is_end, timeout=10)]
+            return [
+                e["operationType"]
+                for e in _until(
+                    coll.watch(start_at_operation_time=start, max_await_time_ms=100),
+                    _is_end,
+                    timeout=10,
+                )
+            ]
 
         got = await sync(_outcome, work)
     assert got == ["insert"]
@@ -294,12 +357,16 @@ async def test_a_rename_into_the_watched_database_is_seen(via):
             direct.admin.command("renameCollection", "rsrc.a", to="rdst.b")
             direct.rdst.b.insert_one({"_id": "end"})
             db = client(_uri(cluster, server, via)).rdst
-            events = _until(db.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end, timeout=10)
+            events = _until(
+                db.watch(start_at_operation_time=start, max_await_time_ms=100), _is_end, timeout=10
+            )
             return [(e["operationType"], e["ns"], e.get("to")) for e in events]
 
         got = await sync(_outcome, work)
-    assert got == [("rename", {"db": "rsrc", "coll": "a"}, {"db": "rdst", "coll": "b"}),
-                                ("insert", {"db": "rdst", "coll": "b"}, None)]
+    assert got == [
+        ("rename", {"db": "rsrc", "coll": "a"}, {"db": "rdst", "coll": "b"}),
+        ("insert", {"db": "rdst", "coll": "b"}, None),
+    ]
 
 
 @pytest.mark.parametrize("via", ["direct", "accelerated"])
@@ -319,17 +386,25 @@ async def test_a_change_stream_reads_at_majority_only(via):
             out: dict[str, Any] = {}
             for level in ("local", "linearizable", "majority", None):
                 try:
-                    coll.with_options(read_concern=ReadConcern(level)).watch(max_await_time_ms=100).close()
+                    coll.with_options(read_concern=ReadConcern(level)).watch(
+                        max_await_time_ms=100
+                    ).close()
                     out[str(level)] = "ok"
                 except OperationFailure as exc:
                     out[str(level)] = (exc.code, exc.details["errmsg"])
             return out
 
         got = await sync(_outcome, work)
-    message = ("Aggregation stage $changeStream cannot run with a readConcern other than 'majority'. "
-               "Current readConcern: ")
-    assert got == {"local": (72, message + "local"), "linearizable": (72, message + "linearizable"),
-                   "majority": "ok", "None": "ok"}
+    message = (
+        "Aggregation stage $changeStream cannot run with a readConcern other than 'majority'. "
+        "Current readConcern: "
+    )
+    assert got == {
+        "local": (72, message + "local"),
+        "linearizable": (72, message + "linearizable"),
+        "majority": "ok",
+        "None": "ok",
+    }
 
 
 async def test_d20_replies_the_proxy_makes_carry_the_cluster_time():
@@ -344,15 +419,23 @@ async def test_d20_replies_the_proxy_makes_carry_the_cluster_time():
             hello = proxied.admin.command("hello")  # the first command of this client
             start = direct.admin.command("ping")["operationTime"]
             direct.ct.c.insert_one({"_id": 1})
-            opened = proxied.ct.command({"aggregate": "c", "pipeline": [{"$changeStream": {
-                "startAtOperationTime": start}}], "cursor": {}})
-            more = proxied.ct.command({"getMore": opened["cursor"]["id"], "collection": "c", "maxTimeMS": 100})
+            opened = proxied.ct.command(
+                {
+                    "aggregate": "c",
+                    "pipeline": [{"$changeStream": {"startAtOperationTime": start}}],
+                    "cursor": {},
+                }
+            )
+            more = proxied.ct.command(
+                {"getMore": opened["cursor"]["id"], "collection": "c", "maxTimeMS": 100}
+            )
             proxied.ct.command({"killCursors": "c", "cursors": [opened["cursor"]["id"]]})
             replies = [opened, more, hello]
             keys = [sorted(k for k in r if k in ("$clusterTime", "operationTime")) for r in replies]
             seen = direct.admin.command("ping")["$clusterTime"]
             signed = all(set(r["$clusterTime"]) == set(seen) for r in replies) and all(
-                r["$clusterTime"]["clusterTime"] >= start for r in (opened, more))
+                r["$clusterTime"]["clusterTime"] >= start for r in (opened, more)
+            )
             return keys, signed
 
         got = await sync(_outcome, work)
@@ -382,13 +465,27 @@ async def test_show_system_events_through_the_accelerated_watch():
             def events(uri: str) -> list[bytes]:
                 # (pymongo's watch() has no showSystemEvents: the commands as a driver sends them.)
                 db = client(uri).sys
-                cursor = db.command("aggregate", "c", cursor={}, pipeline=[{"$changeStream": {
-                    "startAtOperationTime": start, "showExpandedEvents": True, "showSystemEvents": True}}])["cursor"]
+                cursor = db.command(
+                    "aggregate",
+                    "c",
+                    cursor={},
+                    pipeline=[
+                        {
+                            "$changeStream": {
+                                "startAtOperationTime": start,
+                                "showExpandedEvents": True,
+                                "showSystemEvents": True,
+                            }
+                        }
+                    ],
+                )["cursor"]
                 out, batch = [], cursor["firstBatch"]
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline and not any(_is_end(e) for e in out):
                     out += batch
-                    batch = db.command("getMore", cursor["id"], collection="c", maxTimeMS=100)["cursor"]["nextBatch"]
+                    batch = db.command("getMore", cursor["id"], collection="c", maxTimeMS=100)[
+                        "cursor"
+                    ]["nextBatch"]
                 db.command("killCursors", "c", cursors=[cursor["id"]])
                 return [bson.encode(e) for e in out]
 

@@ -35,12 +35,20 @@ def _docs(node, ns):
 
 async def _settled(rs):
     """Wait until every live member is in sync (caught up or rolled back) and has all the primary has."""
-    await poll_until(lambda: not any(m.up and (not m.in_sync or m.oplog.last_key() < rs.primary.oplog.last_key())
-                                     for m in rs.members), 10)
+    await poll_until(
+        lambda: (
+            not any(
+                m.up and (not m.in_sync or m.oplog.last_key() < rs.primary.oplog.last_key())
+                for m in rs.members
+            )
+        ),
+        10,
+    )
 
 
 async def test_secondaries_replicate_bytes_and_data():
     async with open_cluster(shards=2, members=3) as cluster:
+
         def work():
             c = client(cluster.uri)
             c.admin.command("enableSharding", "app")
@@ -63,17 +71,26 @@ async def test_secondaries_replicate_bytes_and_data():
                 items.insert_one({"_id": 101}, session=s)
             # Read from a secondary through a replica set connection, as an analytics client does.
             rs = client(cluster.shard_uri("shard0"), readPreference="secondary")
-            assert rs.app.items.count_documents({}) == len(cluster.replsets["shard0"].primary.coll("app.items").docs)
+            assert rs.app.items.count_documents({}) == len(
+                cluster.replsets["shard0"].primary.coll("app.items").docs
+            )
+
         await sync(work)
         for rs in cluster.replsets.values():
             await _settled(rs)
             primary = rs.primary
             for m in rs.members:
-                assert _oplog(m) == _oplog(primary), "a secondary's oplog is the primary's, byte for byte"
+                assert _oplog(m) == _oplog(primary), (
+                    "a secondary's oplog is the primary's, byte for byte"
+                )
                 for ns in ("app.items", "app.renamed", "app.view"):
                     assert _docs(m, ns) == _docs(primary, ns), (m.address, ns)
+
                 def catalog(node):
-                    return {n: (c.uuid, sorted(c.indexes)) for n, c in node.dbs.get("app", {}).items()}
+                    return {
+                        n: (c.uuid, sorted(c.indexes)) for n, c in node.dbs.get("app", {}).items()
+                    }
+
                 assert catalog(m) == catalog(primary)
         await sync(_close_all)
 
@@ -103,6 +120,7 @@ async def test_secondary_refuses_writes_and_unflagged_reads():
             rs.members[1].in_sync = False  # as a member that rejoined and is catching up
             assert direct.admin.command("replSetGetStatus")["myState"] == 3  # RECOVERING
             rs.members[1].in_sync = True
+
         await sync(work)
         await sync(_close_all)
 
@@ -122,6 +140,7 @@ async def test_stepdown_elects_a_new_primary_in_a_new_term_and_clients_follow():
             hello = c.admin.command("hello")
             assert hello["primary"] != old.address
             return c.t.c.count_documents({})
+
         assert await sync(work) == 20
         new = rs.primary
         assert new is not old and rs.term == 2 and not old.is_primary
@@ -135,19 +154,30 @@ async def test_stepdown_elects_a_new_primary_in_a_new_term_and_clients_follow():
 
 async def test_failover_after_a_primary_stops_and_rollback_on_its_return():
     # Lag, so the primary holds w:1 writes no secondary has when it is stopped.
-    async with open_cluster(shards=1, members=3, replication_lag_s=0.3, election_timeout_s=0.2) as cluster:
+    async with open_cluster(
+        shards=1, members=3, replication_lag_s=0.3, election_timeout_s=0.2
+    ) as cluster:
         rs = cluster.replsets["shard0"]
         old = rs.primary
 
         def committed():
             c = client(cluster.uri)
-            c.t.c.insert_many([{"_id": i} for i in range(10)])  # majority: on a secondary before the reply
+            c.t.c.insert_many(
+                [{"_id": i} for i in range(10)]
+            )  # majority: on a secondary before the reply
             c.t.command({"insert": "c", "documents": [{"_id": "lost"}], "writeConcern": {"w": 1}})
+
         await sync(committed)
         lost_key = old.oplog.last_key()
         # A majority read of the oplog never returns the w:1 write, which the failover will roll back.
-        reader = client(f"mongodb://{rs.members[1].address}/?directConnection=true").local["oplog.rs"].with_options(
-            read_concern=ReadConcern("majority"), read_preference=ReadPreference.SECONDARY_PREFERRED)
+        reader = (
+            client(f"mongodb://{rs.members[1].address}/?directConnection=true")
+            .local["oplog.rs"]
+            .with_options(
+                read_concern=ReadConcern("majority"),
+                read_preference=ReadPreference.SECONDARY_PREFERRED,
+            )
+        )
         since = {"ts": {"$gte": Timestamp(lost_key >> 32, lost_key & 0xFFFFFFFF)}}
         seen = await sync(lambda: list(reader.find(since)))
         assert seen == []
@@ -160,12 +190,15 @@ async def test_failover_after_a_primary_stops_and_rollback_on_its_return():
             c = client(cluster.uri)
             c.t.c.insert_one({"_id": "after"})
             return sorted(str(d["_id"]) for d in c.t.c.find())
+
         ids = await sync(after)
         assert "lost" not in ids and "after" in ids and len(ids) == 11
         await rs.restart_member(old)
         await _settled(rs)
         assert not old.is_primary and old.in_sync
-        assert _oplog(old) == _oplog(rs.primary), "the returning member rolled back to the primary's history"
+        assert _oplog(old) == _oplog(rs.primary), (
+            "the returning member rolled back to the primary's history"
+        )
         assert _docs(old, "t.c") == _docs(rs.primary, "t.c")
         await sync(_close_all)
 
@@ -191,9 +224,17 @@ async def test_a_stepped_down_primary_never_shows_a_majority_reader_what_it_will
         # point is recomputed.
         old.fail_points["stopReplProducer"] = {"mode": "alwaysOn", "data": {}}
         rs.member_applied()
-        assert rs.commit_key() < doomed, "a write only the old primary has is not majority committed"
-        reader = client(f"mongodb://{old.address}/?directConnection=true").local["oplog.rs"].with_options(
-            read_concern=ReadConcern("majority"), read_preference=ReadPreference.SECONDARY_PREFERRED)
+        assert rs.commit_key() < doomed, (
+            "a write only the old primary has is not majority committed"
+        )
+        reader = (
+            client(f"mongodb://{old.address}/?directConnection=true")
+            .local["oplog.rs"]
+            .with_options(
+                read_concern=ReadConcern("majority"),
+                read_preference=ReadPreference.SECONDARY_PREFERRED,
+            )
+        )
         since = {"ts": {"$gte": Timestamp(doomed >> 32, doomed & 0xFFFFFFFF)}}
         # The new primary's entries reach the third member: the set's commit point passes the
         # doomed write's time, and still the old primary's majority reads stop short of it.
@@ -218,8 +259,10 @@ async def test_a_member_that_lacks_a_committed_write_is_never_elected():
 
         def write():
             client(f"mongodb://{c.address}/?directConnection=true").admin.command(
-                "configureFailPoint", "stopReplProducer", mode="alwaysOn")
+                "configureFailPoint", "stopReplProducer", mode="alwaysOn"
+            )
             client(cluster.uri).t.c.insert_one({"_id": "committed"})  # w: majority, on A and B
+
         await sync(write)
         committed = a.oplog.last_key()
         assert b.oplog.contains(committed) and not c.oplog.contains(committed)
@@ -241,22 +284,32 @@ async def test_a_member_that_lacks_a_committed_write_is_never_elected():
 async def test_a_retried_write_statement_is_applied_once():
     """The server keeps retryable-write results per (lsid, txnNumber, stmtId) (config.transactions):
     the same statement sent again is acknowledged, not applied again, also by a new primary."""
-    bump = {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}], "txnNumber": Int64(103)}
+    bump = {
+        "update": "c",
+        "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}],
+        "txnNumber": Int64(103),
+    }
     async with open_cluster(shards=1, members=3) as cluster:
         c = client(cluster.uri)
         # pymongo puts its lsid on each command; the txnNumbers are ours, above any it used itself.
         session = c.start_session()
 
         def send_twice(cmd):
-            return [c.t.command(cmd, session=session)["n"] for _ in range(2)]  # the statement, then its retry
+            return [
+                c.t.command(cmd, session=session)["n"] for _ in range(2)
+            ]  # the statement, then its retry
 
         def work():
             c.t.c.insert_one({"_id": 1, "n": 0})
-            assert send_twice({"insert": "c", "documents": [{"_id": 2}], "txnNumber": Int64(101)}) == [1, 1]
-            assert send_twice({"delete": "c", "deletes": [{"q": {"_id": 2}, "limit": 1}],
-                               "txnNumber": Int64(102)}) == [1, 1]
+            assert send_twice(
+                {"insert": "c", "documents": [{"_id": 2}], "txnNumber": Int64(101)}
+            ) == [1, 1]
+            assert send_twice(
+                {"delete": "c", "deletes": [{"q": {"_id": 2}, "limit": 1}], "txnNumber": Int64(102)}
+            ) == [1, 1]
             assert send_twice(bump) == [1, 1]
             return c.t.c.find_one({"_id": 1})["n"], c.t.c.count_documents({})
+
         assert await sync(work) == (1, 1)
         rs = cluster.replsets["shard0"]
         await _settled(rs)
@@ -265,6 +318,7 @@ async def test_a_retried_write_statement_is_applied_once():
         def retry_on_the_new_primary():
             c.t.command(bump, session=session)
             return c.t.c.find_one({"_id": 1})["n"]
+
         assert await sync(retry_on_the_new_primary) == 1
         await sync(session.end_session)
         await sync(_close_all)
@@ -275,7 +329,9 @@ async def test_prepared_transaction_survives_a_failover_between_prepare_and_comm
     a shard primary that dies before the decision reaches it is replaced by a member that took the
     prepared transaction over from the oplog, and the commit lands there, exactly once."""
     # Short periodic noops: the native stream waits for an idle shard's noop, as mongos does.
-    async with open_cluster(shards=2, members=3, election_timeout_s=0.2, periodic_noop_s=0.2) as cluster:
+    async with open_cluster(
+        shards=2, members=3, election_timeout_s=0.2, periodic_noop_s=0.2
+    ) as cluster:
         rs = cluster.replsets["shard0"]
         old = rs.primary_node
 
@@ -296,13 +352,17 @@ async def test_prepared_transaction_survives_a_failover_between_prepare_and_comm
 
             worker = threading.Thread(target=commit)
             worker.start()
-            wait_until(lambda: cluster.mongos.commit_decisions, timeout=20)  # the coordinator decided
+            wait_until(
+                lambda: cluster.mongos.commit_decisions, timeout=20
+            )  # the coordinator decided
             trio.from_thread.run_sync(rs.stop_member, old)  # before the decision reached shard0
             wait_until(lambda: rs.primary_node not in (None, old), timeout=20)  # a new primary
             c.admin.command("configureFailPoint", "hangBeforeWritingDecision", mode="off")
             worker.join(30)
             assert done == [True]
-            assert sorted(d["_id"] for d in c.tx.h.find({"_id": {"$gte": 1000}})) == list(range(1000, 1008))
+            assert sorted(d["_id"] for d in c.tx.h.find({"_id": {"$gte": 1000}})) == list(
+                range(1000, 1008)
+            )
             on_new = [d["_id"] for d in rs.primary_node.select("tx.h", {})]
             assert on_new, "shard0 owns part of the transaction"
             seen = []
@@ -310,8 +370,11 @@ async def test_prepared_transaction_survives_a_failover_between_prepare_and_comm
                 change = native.try_next()
                 if change is not None and change["operationType"] == "insert":
                     seen.append(change["documentKey"]["_id"])
-            assert sorted(seen) == list(range(1000, 1008))  # each write once, after the failover too
+            assert sorted(seen) == list(
+                range(1000, 1008)
+            )  # each write once, after the failover too
             native.close()
+
         await sync(work)
         await sync(_close_all)
 
@@ -328,13 +391,18 @@ async def test_secondaries_keep_the_pre_images_the_primary_kept():
             c.pre.c.insert_many([{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
             c.pre.c.update_one({"_id": 1}, {"$set": {"v": 10}})
             with c.start_session() as s:
-                s.with_transaction(lambda s: (c.pre.c.delete_one({"_id": 2}, session=s),
-                                              c.pre.c.update_one({"_id": 1}, {"$inc": {"v": 1}}, session=s)))
+                s.with_transaction(
+                    lambda s: (
+                        c.pre.c.delete_one({"_id": 2}, session=s),
+                        c.pre.c.update_one({"_id": 1}, {"$inc": {"v": 1}}, session=s),
+                    )
+                )
             primary, secondary = rs.members
             wait_until(lambda: len(secondary.images) == len(primary.images) == 3, timeout=10)
             assert secondary.images == primary.images
             assert sorted(before["v"] for before, _ in primary.images.values()) == [1, 2, 10]
             assert sorted(index for _, _, index in primary.images) == [0, 0, 1]
+
         await sync(work)
         await sync(_close_all)
 
@@ -354,6 +422,7 @@ async def test_a_migration_commits_only_copies_no_failover_can_roll_back():
             c.admin.command("shardCollection", "mig.c", key={"k": 1})
             c.mig.c.insert_many([{"_id": i, "k": i} for i in range(50)])
             return c.config.chunks.find_one({})["shard"]
+
         donor_id = await sync(setup)
         recipient_id = next(s for s in cluster.replsets if s != donor_id)
         rs = cluster.replsets[recipient_id]
@@ -375,7 +444,9 @@ async def test_a_migration_commits_only_copies_no_failover_can_roll_back():
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sync, move)
-            await poll_until(lambda: len(old.select("mig.c", {})) == 50, 10)  # cloned, not committed
+            await poll_until(
+                lambda: len(old.select("mig.c", {})) == 50, 10
+            )  # cloned, not committed
             nursery.start_soon(sync, write_during_migration)
             await trio.sleep(0.3)
             assert cluster.mongos.migrating("mig.c") and "written_while_migrating" not in outcome
@@ -388,13 +459,18 @@ async def test_a_migration_commits_only_copies_no_failover_can_roll_back():
         assert error.code == 96 and "migrate failed" in str(error), error  # OperationFailed
         assert outcome["written_while_migrating"] is False
         await _settled(rs)
-        assert all(not m.select("mig.c", {}) for m in rs.members)  # rolled back, or deleted as orphans
+        assert all(
+            not m.select("mig.c", {}) for m in rs.members
+        )  # rolled back, or deleted as orphans
 
         def check():
             assert {d["_id"] for d in c.mig.c.find()} == set(range(50)) | {100}
             assert c.config.chunks.find_one({})["shard"] == donor_id
-            c.admin.command("moveChunk", "mig.c", find={"k": 0}, to=recipient_id)  # now it goes through
+            c.admin.command(
+                "moveChunk", "mig.c", find={"k": 0}, to=recipient_id
+            )  # now it goes through
             assert {d["_id"] for d in c.mig.c.find()} == set(range(50)) | {100}
+
         await sync(check)
         await poll_until(lambda: all(len(m.select("mig.c", {})) == 51 for m in rs.members), 10)
         await sync(_close_all)

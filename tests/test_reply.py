@@ -23,12 +23,25 @@ MB = 1 << 20
 
 def event(t: int, nbytes: int = 0) -> tuple[Any, ...]:
     """The insert of _id t at cluster time (t, 1); its BSON `nbytes` long when given."""
-    token = encode_token(ResumeTokenData(Timestamp(t, 1), uuid=uuid.UUID(int=7), event_identifier={
-        "operationType": "insert", "documentKey": {"_id": t}}))
+    token = encode_token(
+        ResumeTokenData(
+            Timestamp(t, 1),
+            uuid=uuid.UUID(int=7),
+            event_identifier={"operationType": "insert", "documentKey": {"_id": t}},
+        )
+    )
 
     def raw(pad: str) -> bytes:
-        return bson.encode({"_id": token, "operationType": "insert", "clusterTime": Timestamp(t, 1),
-                            "ns": {"db": "d", "coll": "c"}, "documentKey": {"_id": t}, "x": pad})
+        return bson.encode(
+            {
+                "_id": token,
+                "operationType": "insert",
+                "clusterTime": Timestamp(t, 1),
+                "ns": {"db": "d", "coll": "c"},
+                "documentKey": {"_id": t},
+                "x": pad,
+            }
+        )
 
     if nbytes:
         raw_bytes = raw("a" * (nbytes - len(raw(""))))
@@ -60,7 +73,8 @@ def test_a_too_large_event_fails_the_reply_that_starts_with_it():
     with pytest.raises(MongoError) as info:
         cut_reply(items([big, event(3)]), 10, EventSizer())
     assert info.value.code == 10334 and info.value.errmsg.startswith(
-        f"BSONObj size: {MAX_EVENT_BYTES + 1} (0x{MAX_EVENT_BYTES + 1:X}) is invalid.")
+        f"BSONObj size: {MAX_EVENT_BYTES + 1} (0x{MAX_EVENT_BYTES + 1:X}) is invalid."
+    )
     # The events before it are returned first; the next getMore fails.
     small = event(1)
     assert cut_reply(items([small, big]), 10, EventSizer()) == [small]

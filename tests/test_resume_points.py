@@ -34,13 +34,23 @@ async def test_a_stream_resumed_inside_a_transaction_returns_the_rest_of_it():
             direct, proxied, start = _clients(cluster, server)
             direct.admin.command("shardCollection", "rp.h", key={"_id": "hashed"})
             direct.rp.h.insert_many([{"_id": i} for i in range(20)])
-            with direct.start_session() as s:  # 700 writes on one shard: a chain of two applyOps entries
-                s.with_transaction(lambda s: direct.rp.u.insert_many([{"_id": i} for i in range(700)], session=s))
+            with (
+                direct.start_session() as s
+            ):  # 700 writes on one shard: a chain of two applyOps entries
+                s.with_transaction(
+                    lambda s: direct.rp.u.insert_many([{"_id": i} for i in range(700)], session=s)
+                )
             with direct.start_session() as s:  # both shards: prepared on each, then committed
-                s.with_transaction(lambda s: [direct.rp.h.update_one({"_id": i}, {"$set": {"v": 1}}, session=s)
-                                              for i in range(8)])
+                s.with_transaction(
+                    lambda s: [
+                        direct.rp.h.update_one({"_id": i}, {"$set": {"v": 1}}, session=s)
+                        for i in range(8)
+                    ]
+                )
             direct.rp.u.insert_one({"_id": "end", "marker": True})
-            everything = _collect(direct.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)
+            everything = _collect(
+                direct.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker
+            )
             chain = [e for e in everything if e["ns"]["coll"] == "u" and "lsid" in e]
             prepared = [e for e in everything if e["ns"]["coll"] == "h" and "lsid" in e]
             assert len(chain) == 700 and len(prepared) == 8
@@ -48,23 +58,33 @@ async def test_a_stream_resumed_inside_a_transaction_returns_the_rest_of_it():
             # on a server), and txnOpIndex counts it too.
             assert decode_token(chain[100]["_id"]).txn_op_index == 101
             for event in (chain[0], chain[100], chain[600], prepared[2]):
-                want = everything[everything.index(event) + 1:]
+                want = everything[everything.index(event) + 1 :]
                 for c in (direct, proxied):
-                    got = _collect(c.watch(resume_after=event["_id"], max_await_time_ms=200), _is_marker)
+                    got = _collect(
+                        c.watch(resume_after=event["_id"], max_await_time_ms=200), _is_marker
+                    )
                     assert _encoded(got) == _encoded(want), (c is proxied, event["documentKey"])
             # Starting at the commit's time: the whole transaction.
             at = chain[0]["clusterTime"]
             for c in (direct, proxied):
-                got = _collect(c.watch(start_at_operation_time=at, max_await_time_ms=200), _is_marker)
-                assert _encoded(got) == _encoded(everything[everything.index(chain[0]):])
+                got = _collect(
+                    c.watch(start_at_operation_time=at, max_await_time_ms=200), _is_marker
+                )
+                assert _encoded(got) == _encoded(everything[everything.index(chain[0]) :])
 
             # A bucket resumed from inside the chain, read in a reader process: the events after
             # it, as a native stream has them.
-            opened = proxied.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "readerProcesses": 1,
-                                            "resumeAfter": chain[100]["_id"]})
+            opened = proxied.admin.command(
+                {
+                    "parallelChangeStream": 1,
+                    "nBuckets": 1,
+                    "readerProcesses": 1,
+                    "resumeAfter": chain[100]["_id"],
+                }
+            )
             cursor_id = opened["cursors"][0]["id"]
             got = drain(proxied, cursor_id, end_point(proxied))
-            native = everything[everything.index(chain[100]) + 1:]
+            native = everything[everything.index(chain[100]) + 1 :]
             assert _encoded([bson.decode(e.raw) for e in got]) == _encoded(native)
 
         await sync(work)
@@ -84,7 +104,9 @@ async def test_a_token_the_resumed_stream_does_not_have_fails_it(where):
             db.t1.insert_one({"_id": 0})
             db.t2.insert_one({"_id": 0})  # both collections on the database's primary shard
             primary = direct.config.databases.find_one({"_id": "rp"})["primary"]
-            targets = [direct, proxied] if where == "mongos" else [client(cluster.shard_uri(primary))]
+            targets = (
+                [direct, proxied] if where == "mongos" else [client(cluster.shard_uri(primary))]
+            )
             for n, c in enumerate(targets):
                 both = [{"$match": {"ns.coll": {"$in": ["t1", "t2"]}}}]
                 stream = c.rp.watch(both, max_await_time_ms=200)
@@ -99,15 +121,18 @@ async def test_a_token_the_resumed_stream_does_not_have_fails_it(where):
                         resumed.try_next()
                 assert failed.value.code == 280
                 assert failed.value.details["errmsg"].startswith(
-                    "cannot resume stream; the resume token was not found. {_data: \"")
+                    'cannot resume stream; the resume token was not found. {_data: "'
+                )
                 assert "NonResumableChangeStreamError" in failed.value.details["errorLabels"]
                 # The same token, in a stream that has its event: the events after it.
                 ok = c.rp.watch(both, resume_after=token, max_await_time_ms=200)
                 assert ok.next()["documentKey"] == {"_id": f"b{n}"}
                 ok.close()
                 # And a token of another collection's stream.
-                with pytest.raises(OperationFailure) as failed, \
-                        c.rp.t2.watch(resume_after=token, max_await_time_ms=200) as other:
+                with (
+                    pytest.raises(OperationFailure) as failed,
+                    c.rp.t2.watch(resume_after=token, max_await_time_ms=200) as other,
+                ):
                     db.t2.insert_one({"_id": f"c{n}"})
                     for _ in range(20):
                         other.try_next()
@@ -124,14 +149,18 @@ async def test_resuming_from_a_fragment_needs_the_split_stage():
         def work():
             direct, proxied, start = _clients(cluster, server)
             direct.rp.f.insert_one({"_id": 1, "marker": True})
-            event = _collect(direct.rp.f.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker)[-1]
+            event = _collect(
+                direct.rp.f.watch(start_at_operation_time=start, max_await_time_ms=200), _is_marker
+            )[-1]
             fragment = encode_token(dataclasses.replace(decode_token(event["_id"]), fragment_num=0))
             for c in (direct, proxied):
                 with pytest.raises(OperationFailure) as failed:
                     c.rp.f.watch(resume_after=fragment)
                 assert failed.value.code == 280
-                assert failed.value.details["errmsg"] == ("To resume from a split event, the $changeStream pipeline "
-                                                          "must include a $changeStreamSplitLargeEvent stage")
+                assert failed.value.details["errmsg"] == (
+                    "To resume from a split event, the $changeStream pipeline "
+                    "must include a $changeStreamSplitLargeEvent stage"
+                )
 
         await sync(work)
 
@@ -149,8 +178,13 @@ async def test_an_event_the_stages_drop_is_never_the_resume_point():
             # The lookup makes the engine apply the whole pipeline per returned event.
             pipeline = [{"$match": {"fullDocument.keep": True}}]
             for c in (direct, proxied):
-                stream = c.rp.m.watch(pipeline, start_at_operation_time=start, full_document="updateLookup",
-                                      batch_size=3, max_await_time_ms=200)
+                stream = c.rp.m.watch(
+                    pipeline,
+                    start_at_operation_time=start,
+                    full_document="updateLookup",
+                    batch_size=3,
+                    max_await_time_ms=200,
+                )
                 seen = []
                 while not seen or not _is_marker(seen[-1]):
                     ev = stream.try_next()
@@ -162,8 +196,15 @@ async def test_an_event_the_stages_drop_is_never_the_resume_point():
                 stream.close()
                 assert [e["documentKey"]["_id"] for e in seen] == [*range(0, 200, 10), "end"]
                 # Resuming from a point between two batches returns the rest.
-                rest = _collect(c.rp.m.watch(pipeline, resume_after=seen[5]["_id"], full_document="updateLookup",
-                                             max_await_time_ms=200), _is_marker)
+                rest = _collect(
+                    c.rp.m.watch(
+                        pipeline,
+                        resume_after=seen[5]["_id"],
+                        full_document="updateLookup",
+                        max_await_time_ms=200,
+                    ),
+                    _is_marker,
+                )
                 assert _encoded(rest) == _encoded(seen[6:])
 
         await sync(work)

@@ -33,27 +33,43 @@ SEED_V0 = "825F156B3F0000000229295A1004C982483732384D28AE57C6500C6018BF46645F696
 def test_manual_v2_insert_token():
     data = decode_token({"_data": MANUAL_V2_INSERT})
     assert data == ResumeTokenData(
-        Timestamp(1666193824, 1), 2, EVENT_TOKEN, 0, False, uuid.UUID("ab1154ac-acd8-49a4-8c61-756d70d3b21f"),
-        {"operationType": "insert", "documentKey": {"_id": ObjectId("635019a078be67426d7cf4d2")}})
+        Timestamp(1666193824, 1),
+        2,
+        EVENT_TOKEN,
+        0,
+        False,
+        uuid.UUID("ab1154ac-acd8-49a4-8c61-756d70d3b21f"),
+        {"operationType": "insert", "documentKey": {"_id": ObjectId("635019a078be67426d7cf4d2")}},
+    )
     assert encode_token(data) == {"_data": MANUAL_V2_INSERT}
 
 
 def test_seed_v0_token():
     data = decode_token({"_data": SEED_V0})
-    assert data.version == 0 and data.event_identifier == {"_id": ObjectId("5f156b3f0de1faaef1b3df83")}
+    assert data.version == 0 and data.event_identifier == {
+        "_id": ObjectId("5f156b3f0de1faaef1b3df83")
+    }
     assert encode_token(data) == {"_data": SEED_V0}
 
 
 def test_high_water_marks():
     # Both quoted in mongodb-formats.md A.2 (v2 from mongo docs/change_streams.md).
-    assert high_water_mark(Timestamp(1773154695, 2)) == {"_data": "8269B03187000000022B0429296E1404"}
-    assert high_water_mark(Timestamp(1, 0), version=1) == {"_data": "8200000001000000002B0229296E04"}
+    assert high_water_mark(Timestamp(1773154695, 2)) == {
+        "_data": "8269B03187000000022B0429296E1404"
+    }
+    assert high_water_mark(Timestamp(1, 0), version=1) == {
+        "_data": "8200000001000000002B0229296E04"
+    }
 
 
 def test_type_bits_for_double_key():
     # {_id: 3.0}: bit 7 set after six header bits and one string bit -> serialized 82 80 00 ("goAA").
-    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                          "documentKey": {"_id": 3.0}}))
+    tok = encode_token(
+        ResumeTokenData(
+            Timestamp(5, 1),
+            event_identifier={"operationType": "insert", "documentKey": {"_id": 3.0}},
+        )
+    )
     assert bytes(tok["_typeBits"]) == b"\x82\x80\x00"
     assert decode_token(tok).event_identifier["documentKey"]["_id"] == 3.0
     assert type(decode_token(tok).event_identifier["documentKey"]["_id"]) is float
@@ -62,10 +78,17 @@ def test_type_bits_for_double_key():
 def test_type_bits_for_negative_zero_key():
     # {_id: -0.0}: the zero key byte, and V1's 5-bit negative-zero code 11000 (TypeBits::appendZero
     # in key_string.cpp) after the seven header bits -> bits 7 and 8 set -> serialized 82 80 01.
-    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                          "documentKey": {"_id": -0.0}}))
-    zero = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                           "documentKey": {"_id": 0}}))
+    tok = encode_token(
+        ResumeTokenData(
+            Timestamp(5, 1),
+            event_identifier={"operationType": "insert", "documentKey": {"_id": -0.0}},
+        )
+    )
+    zero = encode_token(
+        ResumeTokenData(
+            Timestamp(5, 1), event_identifier={"operationType": "insert", "documentKey": {"_id": 0}}
+        )
+    )
     assert tok["_data"] == zero["_data"]  # -0.0 == 0 == 0.0 in the index order
     assert bytes(tok["_typeBits"]) == b"\x82\x80\x01"
     back = decode_token(tok).event_identifier["documentKey"]["_id"]
@@ -74,20 +97,30 @@ def test_type_bits_for_negative_zero_key():
 
 # Hand-derived from key_string.cpp's V1 double rules (_appendDoubleWithoutTypeBits, _appendSmallDouble,
 # _appendLargeDouble, marker 0): the key byte and the 8 bytes that follow it.
-@pytest.mark.parametrize(("value", "key"), [
-    (1.5, "2B0380000000000000"),          # 1-byte whole part 2*1+1, then the fraction .5 = 0x80
-    (-1.5, "27FC7FFFFFFFFFFFFF"),         # the same bytes inverted under the negative type byte
-    (0.25, "2AFF40000000000000"),         # |x| < 1: the double's bits shifted left by 2
-    (2.0**70, "3308A0000000000000"),      # |x| >= 2**63: bits shifted left by 1, top bit cleared
-    (math.inf, "33FFFFFFFFFFFFFFFF"),
-])
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        (1.5, "2B0380000000000000"),  # 1-byte whole part 2*1+1, then the fraction .5 = 0x80
+        (-1.5, "27FC7FFFFFFFFFFFFF"),  # the same bytes inverted under the negative type byte
+        (0.25, "2AFF40000000000000"),  # |x| < 1: the double's bits shifted left by 2
+        (2.0**70, "3308A0000000000000"),  # |x| >= 2**63: bits shifted left by 1, top bit cleared
+        (math.inf, "33FFFFFFFFFFFFFFFF"),
+    ],
+)
 def test_double_keys(value, key):
-    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                          "documentKey": {"_id": value}}))
+    tok = encode_token(
+        ResumeTokenData(
+            Timestamp(5, 1),
+            event_identifier={"operationType": "insert", "documentKey": {"_id": value}},
+        )
+    )
     assert tok["_data"].endswith("5F6964" + "00" + key + "000004")
     assert decode_token(tok).event_identifier["documentKey"]["_id"] == value
-    other = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                            "documentKey": {"_id": 1}}))
+    other = encode_token(
+        ResumeTokenData(
+            Timestamp(5, 1), event_identifier={"operationType": "insert", "documentKey": {"_id": 1}}
+        )
+    )
     assert (tok["_data"] < other["_data"]) == (value < 1)
 
 
@@ -95,10 +128,17 @@ def test_the_smallest_long_is_keyed_as_the_double_of_its_value():
     # key_string.cpp _appendInteger: no positive int64 holds 2**63, so NumberLong(-2**63) takes the
     # key of the double -2**63 (large-magnitude form), keeping its NumberLong type bits.
     def token(value):
-        return encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                              "documentKey": {"_id": value}}))
+        return encode_token(
+            ResumeTokenData(
+                Timestamp(5, 1),
+                event_identifier={"operationType": "insert", "documentKey": {"_id": value}},
+            )
+        )
+
     long_min, double = token(Int64(-(2**63))), token(-(2.0**63))
-    assert long_min["_data"] == double["_data"] and long_min["_data"].endswith("5F6964001FF83FFFFFFFFFFFFF000004")
+    assert long_min["_data"] == double["_data"] and long_min["_data"].endswith(
+        "5F6964001FF83FFFFFFFFFFFFF000004"
+    )
     assert long_min["_typeBits"] != double["_typeBits"]
     back = decode_token(long_min).event_identifier["documentKey"]["_id"]
     assert type(back) is Int64 and back == -(2**63)
@@ -107,27 +147,37 @@ def test_the_smallest_long_is_keyed_as_the_double_of_its_value():
 # key_string.cpp: kCode (160) then the code as a C string; kCodeWithScope (170) then the code and
 # the scope's elements as an object's (_appendCodeWString); a {$ref, $id} document, which pymongo
 # decodes as a DBRef, is an object like any other; kRegEx (140), pattern and flags (_appendRegex).
-@pytest.mark.parametrize(("value", "key"), [
-    (Code("f"), "A06600"),
-    (Code("f", {"a": 1}), "AA66001E61002B0200"),
-    (DBRef("c", 1), "463C24726566003C63001E246964002B0200"),
-    # kRegEx, pattern, flags as BSON stores them (pymongo decodes them into re-module bits)
-    (bson.decode(bson.encode({"r": Regex("ab", "imx")}))["r"], "8C616200696D7800"),
-])
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        (Code("f"), "A06600"),
+        (Code("f", {"a": 1}), "AA66001E61002B0200"),
+        (DBRef("c", 1), "463C24726566003C63001E246964002B0200"),
+        # kRegEx, pattern, flags as BSON stores them (pymongo decodes them into re-module bits)
+        (bson.decode(bson.encode({"r": Regex("ab", "imx")}))["r"], "8C616200696D7800"),
+    ],
+)
 def test_code_regex_and_dbref_keys(value, key):
-    tok = encode_token(ResumeTokenData(Timestamp(5, 1), event_identifier={"operationType": "insert",
-                                                                          "documentKey": {"_id": value}}))
+    tok = encode_token(
+        ResumeTokenData(
+            Timestamp(5, 1),
+            event_identifier={"operationType": "insert", "documentKey": {"_id": value}},
+        )
+    )
     assert tok["_data"].endswith("5F6964" + "00" + key + "000004")
     back = decode_token(tok).event_identifier["documentKey"]["_id"]
     assert bson.encode({"v": back}) == bson.encode({"v": value})
 
 
-@pytest.mark.parametrize("token,code", [
-    ({"_data": 5}, 40647),
-    ({"_data": "XYZ"}, 9),
-    ({"_data": "8200000001000000002B0629296E04"}, 50795),
-    ({"_data": "8269B03187000000022B0429296E1404", "_typeBits": Binary(b"\x01", 3)}, 40648),
-])
+@pytest.mark.parametrize(
+    "token,code",
+    [
+        ({"_data": 5}, 40647),
+        ({"_data": "XYZ"}, 9),
+        ({"_data": "8200000001000000002B0629296E04"}, 50795),
+        ({"_data": "8269B03187000000022B0429296E1404", "_typeBits": Binary(b"\x01", 3)}, 40648),
+    ],
+)
 def test_malformed_tokens_use_server_codes(token, code):
     with pytest.raises(MongoError) as info:
         decode_token(token)
@@ -145,8 +195,12 @@ scalar = st.one_of(
     st.booleans(),
     st.none(),
 )
-doc_key = st.dictionaries(st.text(min_size=1, max_size=5).filter(lambda s: "\x00" not in s), scalar, min_size=1,
-                          max_size=3)
+doc_key = st.dictionaries(
+    st.text(min_size=1, max_size=5).filter(lambda s: "\x00" not in s),
+    scalar,
+    min_size=1,
+    max_size=3,
+)
 timestamps = st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
 tokens = st.builds(
     ResumeTokenData,
@@ -156,7 +210,9 @@ tokens = st.builds(
     txn_op_index=st.integers(0, 2**31 - 1),
     from_invalidate=st.booleans(),
     uuid=st.uuids() | st.none(),
-    event_identifier=st.one_of(st.none(), doc_key.map(lambda k: {"operationType": "insert", "documentKey": k})),
+    event_identifier=st.one_of(
+        st.none(), doc_key.map(lambda k: {"operationType": "insert", "documentKey": k})
+    ),
 )
 
 
@@ -178,8 +234,15 @@ def test_round_trip(data):
 @given(tokens, tokens)
 def test_byte_order_is_logical_order(a, b):
     def logical(t):
-        return (t.cluster_time.time, t.cluster_time.inc, t.version, t.token_type, t.txn_op_index,
-                t.from_invalidate)
+        return (
+            t.cluster_time.time,
+            t.cluster_time.inc,
+            t.version,
+            t.token_type,
+            t.txn_op_index,
+            t.from_invalidate,
+        )
+
     ka, kb = token_sort_key(encode_token(a)), token_sort_key(encode_token(b))
     if logical(a) != logical(b):
         assert (ka < kb) == (logical(a) < logical(b))
@@ -214,15 +277,18 @@ UUID4 = Binary(uuid.UUID(int=1).bytes, 4)
 # 51057 an unknown tokenType, 50855 a txnOpIndex that is not an int, 50794 a negative one, 40646
 # fields after the last one a version has. decode_token answers any other field of the wrong type
 # with InvalidResumeToken (260).
-@pytest.mark.parametrize("values,code", [
-    ((TS, 1, 99, 0, False), 51057),
-    ((TS, 1, EVENT_TOKEN, "0", False), 50855),
-    ((TS, 1, EVENT_TOKEN, -1, False), 50794),
-    ((TS, 1, EVENT_TOKEN, 0, 1), 260),
-    ((TS, 1, EVENT_TOKEN, 0, False, Binary(b"x" * 16, 0)), 260),
-    ((TS, 1, EVENT_TOKEN, 0, False, UUID4, "not an object"), 260),
-    ((TS, 1, EVENT_TOKEN, 0, False, UUID4, {"_id": 1}, 7), 40646),
-])
+@pytest.mark.parametrize(
+    "values,code",
+    [
+        ((TS, 1, 99, 0, False), 51057),
+        ((TS, 1, EVENT_TOKEN, "0", False), 50855),
+        ((TS, 1, EVENT_TOKEN, -1, False), 50794),
+        ((TS, 1, EVENT_TOKEN, 0, 1), 260),
+        ((TS, 1, EVENT_TOKEN, 0, False, Binary(b"x" * 16, 0)), 260),
+        ((TS, 1, EVENT_TOKEN, 0, False, UUID4, "not an object"), 260),
+        ((TS, 1, EVENT_TOKEN, 0, False, UUID4, {"_id": 1}, 7), 40646),
+    ],
+)
 def test_tokens_with_a_malformed_field_use_server_codes(values, code):
     with pytest.raises(MongoError) as info:
         decode_token(_token_of(*values))

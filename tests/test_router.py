@@ -25,11 +25,17 @@ def _table() -> CommandTable:
 
 def test_kill_cursors_is_local_when_it_names_an_owned_cursor():
     table = _table()
-    assert classify({"killCursors": "c", "cursors": [8, 7]}, table, accelerate=False) == (Route.LOCAL, _kill)
+    assert classify({"killCursors": "c", "cursors": [8, 7]}, table, accelerate=False) == (
+        Route.LOCAL,
+        _kill,
+    )
     for cursors in ([8], [], "7", [True], None):
         route = classify({"killCursors": "c", "cursors": cursors}, table, accelerate=False)
         assert route == (Route.PASSTHROUGH, None), cursors
-    assert classify({"getMore": True, "collection": "c"}, table, accelerate=False)[0] is Route.PASSTHROUGH
+    assert (
+        classify({"getMore": True, "collection": "c"}, table, accelerate=False)[0]
+        is Route.PASSTHROUGH
+    )
 
 
 def test_a_change_stream_aggregate_is_local_only_with_acceleration_on():

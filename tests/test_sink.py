@@ -47,8 +47,13 @@ def _workload(c: pymongo.MongoClient[Any]) -> None:
                 "v": 1,
                 "pad": pad,
             },  # top-level $: only an insert stores it
-            {"_id": 3, "arr": list(range(30)), "sub": {"a": 1, "pad": pad}, "doomed": True,
-             "pad": pad},
+            {
+                "_id": 3,
+                "arr": list(range(30)),
+                "sub": {"a": 1, "pad": pad},
+                "doomed": True,
+                "pad": pad,
+            },
             {"_id": 4, "keep": 1, "pad": pad},
         ]
     )

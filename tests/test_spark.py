@@ -53,9 +53,14 @@ def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> 
         c.bt2.c.insert_many([{"_id": i} for i in range(100)])
     finally:
         c.close()
-    reader = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
-              .option("name", "batch1").option("startAtOperationTime", f"{start.time},{start.inc}")
-              .option("bucketBufferBytes", str(8 << 20)))
+    reader = (
+        spark.read.format("parallelchangestream")
+        .option("uri", env.proxy_uri)
+        .option("nBuckets", "4")
+        .option("name", "batch1")
+        .option("startAtOperationTime", f"{start.time},{start.inc}")
+        .option("bucketBufferBytes", str(8 << 20))
+    )
     df = reader.load()
     assert df.rdd.getNumPartitions() == 4
     c = client_for(env.proxy_uri)
@@ -66,7 +71,9 @@ def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> 
         c.close()
     rows = df.filter("operationType = 'insert'").collect()
     assert len(rows) == 600
-    per_partition = df.rdd.mapPartitionsWithIndex(lambda i, it: [(i, sorted({r["bucket"] for r in it}))]).collect()
+    per_partition = df.rdd.mapPartitionsWithIndex(
+        lambda i, it: [(i, sorted({r["bucket"] for r in it}))]
+    ).collect()
     assert all(buckets in ([], [i]) for i, buckets in per_partition)
     # Same (start, end] twice: the same rows, in the same order per bucket.
     spec = StreamSpec(env.proxy_uri, "batch1", 4)
@@ -84,8 +91,9 @@ def test_batch_read_one_task_per_bucket_and_repeatable(env: Any, spark: Any) -> 
         c.close()
 
 
-def test_a_read_with_the_connectors_options_gets_only_that_collections_events(env: Any,
-                                                                              spark: Any) -> None:
+def test_a_read_with_the_connectors_options_gets_only_that_collections_events(
+    env: Any, spark: Any
+) -> None:
     """connection.uri, database and collection (the MongoDB Spark connector's names) and a start
     time in the connector's timestamp mode, as mongosh prints it: only filt.keep's events."""
     c = client_for(env.proxy_uri)
@@ -97,35 +105,63 @@ def test_a_read_with_the_connectors_options_gets_only_that_collections_events(en
         c.filt.keep.update_one({"_id": 0}, {"$set": {"v": 1}})
     finally:
         c.close()
-    df = (spark.read.format("parallelchangestream").option("connection.uri", env.proxy_uri)
-          .option("database", "filt").option("collection", "keep").option("nBuckets", "2")
-          .option("name", "connector-options").option("change.stream.startup.mode", "timestamp")
-          .option("change.stream.startup.mode.timestamp.start.at.operation.time",
-                  f"Timestamp({start.time}, {start.inc})").load())
+    df = (
+        spark.read.format("parallelchangestream")
+        .option("connection.uri", env.proxy_uri)
+        .option("database", "filt")
+        .option("collection", "keep")
+        .option("nBuckets", "2")
+        .option("name", "connector-options")
+        .option("change.stream.startup.mode", "timestamp")
+        .option(
+            "change.stream.startup.mode.timestamp.start.at.operation.time",
+            f"Timestamp({start.time}, {start.inc})",
+        )
+        .load()
+    )
     rows = df.select("db", "coll", "operationType").collect()
     assert {(r["db"], r["coll"]) for r in rows} == {("filt", "keep")}
     kinds = sorted(r["operationType"] for r in rows if r["operationType"] in ("insert", "update"))
     assert kinds == ["insert"] * 30 + ["update"]
     # change.stream.publish.full.document.only: rows carry the documents, updates' looked up.
-    docs = (spark.read.format("parallelchangestream").option("connection.uri", env.proxy_uri)
-            .option("database", "filt").option("collection", "keep").option("nBuckets", "2")
-            .option("name", "connector-documents")
-            .option("startAtOperationTime", f"{start.time},{start.inc}")
-            .option("change.stream.publish.full.document.only", "true").load())
-    bodies = sorted((bson.decode(r["event"]) for r in docs.select("event").collect()),
-                    key=lambda d: d["_id"])
+    docs = (
+        spark.read.format("parallelchangestream")
+        .option("connection.uri", env.proxy_uri)
+        .option("database", "filt")
+        .option("collection", "keep")
+        .option("nBuckets", "2")
+        .option("name", "connector-documents")
+        .option("startAtOperationTime", f"{start.time},{start.inc}")
+        .option("change.stream.publish.full.document.only", "true")
+        .load()
+    )
+    bodies = sorted(
+        (bson.decode(r["event"]) for r in docs.select("event").collect()), key=lambda d: d["_id"]
+    )
     assert bodies[:2] == [{"_id": 0}, {"_id": 0, "v": 1}] and len(bodies) == 31
 
 
-def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: Any, tmp_path: Any) -> None:
+def test_streaming_replication_with_checkpoint_restart_and_ddl(
+    env: Any, spark: Any, tmp_path: Any
+) -> None:
     source, target = client_for(env.proxy_uri), client_for(env.target.uri)
     checkpoint = str(tmp_path / "ckpt")
 
     def start_query() -> Any:
-        df = (spark.readStream.format("parallelchangestream").option("uri", env.proxy_uri)
-              .option("nBuckets", "4").option("name", "repl").option("maxEventsPerTrigger", "400").load())
-        return (df.writeStream.foreachBatch(replicate_batch(env.target.uri)).option("checkpointLocation", checkpoint)
-                .trigger(processingTime="500 milliseconds").start())
+        df = (
+            spark.readStream.format("parallelchangestream")
+            .option("uri", env.proxy_uri)
+            .option("nBuckets", "4")
+            .option("name", "repl")
+            .option("maxEventsPerTrigger", "400")
+            .load()
+        )
+        return (
+            df.writeStream.foreachBatch(replicate_batch(env.target.uri))
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
 
     try:
         query = start_query()
@@ -142,14 +178,24 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(env: Any, spark: 
         source.admin.command({"renameCollection": "rs.other", "to": "rs.renamed"})
         _awkward_updates(source.rs.items)
         with source.start_session() as s:  # replayed as one target transaction per bucket
-            s.with_transaction(lambda s: (source.rs.items.update_one({"_id": 1}, {"$set": {"paid": True}}, session=s),
-                                          source.rs.ledger.insert_one({"_id": 1, "amount": 5}, session=s)))
+            s.with_transaction(
+                lambda s: (
+                    source.rs.items.update_one({"_id": 1}, {"$set": {"paid": True}}, session=s),
+                    source.rs.ledger.insert_one({"_id": 1, "amount": 5}, session=s),
+                )
+            )
         query = start_query()
-        wait_until(lambda: converged(source, target, ('rs',)), timeout=90)
+        wait_until(lambda: converged(source, target, ("rs",)), timeout=90)
         assert target.rs.items.count_documents({"low": True}) == 100
-        assert target.rs.items.find_one({"_id": 1})["paid"] and target.rs.ledger.count_documents({}) == 1
+        assert (
+            target.rs.items.find_one({"_id": 1})["paid"]
+            and target.rs.ledger.count_documents({}) == 1
+        )
         assert "v_idx" in [ix["name"] for ix in target.rs.items.list_indexes()]
-        assert "renamed" in target.rs.list_collection_names() and "other" not in target.rs.list_collection_names()
+        assert (
+            "renamed" in target.rs.list_collection_names()
+            and "other" not in target.rs.list_collection_names()
+        )
         assert document_differences(source, target, ("rs",)) == []  # byte for byte, by _id
         progress = query.recentProgress
         assert all(p["numInputRows"] <= 400 for p in progress)  # admission control
@@ -163,11 +209,14 @@ def _awkward_updates(items: Any) -> None:
     """Fields whose names hold a dot or start with $ (set with $setField, as the manual's "Field
     Names with Periods and Dollar Signs" says), also inside a subdocument; an array cut short
     and changed in one update; numeric keys beside array indices."""
+
     def set_field(name: str, value: Any, on: Any = "$$ROOT") -> dict[str, Any]:
         return {"$setField": {"field": {"$literal": name}, "input": on, "value": value}}
-    items.update_many({"_id": {"$in": [2, 3, 4]}},
-                      {"$set": {"pad": "p" * 300, "arr": list(range(30)), "sub": {"a": 1},
-                                "n": {"0": 0}}})
+
+    items.update_many(
+        {"_id": {"$in": [2, 3, 4]}},
+        {"$set": {"pad": "p" * 300, "arr": list(range(30)), "sub": {"a": 1}, "n": {"0": 0}}},
+    )
     items.update_one({"_id": 2}, [{"$replaceWith": set_field("hosts.example.com", 1)}])
     items.update_one({"_id": 2}, [{"$set": {"sub": set_field("db.example.com", True, "$sub")}}])
     items.update_one({"_id": 3}, [{"$replaceWith": set_field("$price", {"$literal": "$5"})}])
@@ -177,8 +226,9 @@ def _awkward_updates(items: Any) -> None:
     items.delete_one({"_id": 300})
 
 
-def test_a_query_restarted_with_another_nbuckets_carries_on_from_its_checkpoint(env: Any, spark: Any,
-                                                                              tmp_path: Any) -> None:
+def test_a_query_restarted_with_another_nbuckets_carries_on_from_its_checkpoint(
+    env: Any, spark: Any, tmp_path: Any
+) -> None:
     """Stopped with 2 buckets and restarted on the same checkpoint with 3: every insert arrives
     once, those after the restart in their namespace's bucket of 3."""
     checkpoint = str(tmp_path / "ckpt-rebucket")
@@ -189,18 +239,40 @@ def test_a_query_restarted_with_another_nbuckets_carries_on_from_its_checkpoint(
 
     def seen() -> list[tuple[int, str, int, int]]:
         return [row for rows in batches.values() for row in rows]
+
     colls = ["rb.a", "rb.b", "rb.g"]  # rb.a and rb.b share bucket 1 of 2; of 3, each has its own
 
     def start_query(n: int) -> Any:
-        df = (spark.readStream.format("parallelchangestream").option("uri", env.proxy_uri)
-              .option("nBuckets", str(n)).option("name", "rebucket").load())
+        df = (
+            spark.readStream.format("parallelchangestream")
+            .option("uri", env.proxy_uri)
+            .option("nBuckets", str(n))
+            .option("name", "rebucket")
+            .load()
+        )
 
         def collect(batch: Any, batch_id: int) -> None:
-            rows = batch.filter("operationType = 'insert'").select("db", "coll", "documentKey", "bucket").collect()
-            batches[batch_id] = [(n, f"{r['db']}.{r['coll']}", int(json.loads(r["documentKey"])["_id"]["$numberInt"]),
-                                  r["bucket"]) for r in rows]
-        return (df.writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
-                .trigger(processingTime="300 milliseconds").start())
+            rows = (
+                batch.filter("operationType = 'insert'")
+                .select("db", "coll", "documentKey", "bucket")
+                .collect()
+            )
+            batches[batch_id] = [
+                (
+                    n,
+                    f"{r['db']}.{r['coll']}",
+                    int(json.loads(r["documentKey"])["_id"]["$numberInt"]),
+                    r["bucket"],
+                )
+                for r in rows
+            ]
+
+        return (
+            df.writeStream.foreachBatch(collect)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="300 milliseconds")
+            .start()
+        )
 
     def insert(ids: range) -> None:
         c = client_for(env.proxy_uri)
@@ -223,37 +295,64 @@ def test_a_query_restarted_with_another_nbuckets_carries_on_from_its_checkpoint(
     query.stop()
     c = client_for(env.proxy_uri)
     try:  # the proxy reopened the stream of that name with 3 buckets
-        assert c.admin.command({"parallelChangeStreamStatus": 1, "name": "rebucket"})["streams"][0]["nBuckets"] == 3
+        assert (
+            c.admin.command({"parallelChangeStreamStatus": 1, "name": "rebucket"})["streams"][0][
+                "nBuckets"
+            ]
+            == 3
+        )
     finally:
         c.close()
-    assert sorted((ns, i) for _, ns, i, _ in seen()) == sorted((ns, i) for ns in colls for i in range(200))
+    assert sorted((ns, i) for _, ns, i, _ in seen()) == sorted(
+        (ns, i) for ns in colls for i in range(200)
+    )
     assert all(b == bucket_of(ns, n) for n, ns, _, b in seen())
     assert {n for n, _, i, _ in seen() if i >= 100} == {3}
-    assert len({bucket_of(ns, 2) for ns in colls}) == 2 and len({bucket_of(ns, 3) for ns in colls}) == 3
+    assert (
+        len({bucket_of(ns, 2) for ns in colls}) == 2
+        and len({bucket_of(ns, 3) for ns in colls}) == 3
+    )
 
 
-def test_a_checkpoint_whose_buckets_stand_apart_refuses_another_nbuckets(env: Any, spark: Any, tmp_path: Any) -> None:
+def test_a_checkpoint_whose_buckets_stand_apart_refuses_another_nbuckets(
+    env: Any, spark: Any, tmp_path: Any
+) -> None:
     """A checkpoint started from per-bucket tokens that differ (startTokens of a batch read never
     evened out) can't be dealt anew: the error says so before any batch runs."""
     from bucketspark.source import Options, _StreamReader
 
     reader = _StreamReader(Options({"uri": env.proxy_uri, "nBuckets": "3", "name": "apart"}))
     with pytest.raises(ValueError, match="nBuckets=2 and its buckets stand at different tokens"):
-        reader.partitions({"nBuckets": 2, "name": "apart", "tokens": ["8201", "8202"]},
-                          {"nBuckets": 2, "name": "apart", "tokens": ["8203", "8203"]})
+        reader.partitions(
+            {"nBuckets": 2, "name": "apart", "tokens": ["8201", "8202"]},
+            {"nBuckets": 2, "name": "apart", "tokens": ["8203", "8203"]},
+        )
 
 
-@pytest.mark.parametrize(("option", "value", "message"), [
-    ("nBucket", "8", "unknown option 'nbucket'"),
-    ("showExpandedEvents", "ture", "option showExpandedEvents must be true or false, not 'ture'"),
-    ("nBuckets", "2000", "option nBuckets must be an integer between 1 and 1024, not '2000'"),
-])
-def test_a_misspelt_or_malformed_option_fails_the_query_by_name(env: Any, spark: Any, option: str, value: str,
-                                                              message: str) -> None:
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("nBucket", "8", "unknown option 'nbucket'"),
+        (
+            "showExpandedEvents",
+            "ture",
+            "option showExpandedEvents must be true or false, not 'ture'",
+        ),
+        ("nBuckets", "2000", "option nBuckets must be an integer between 1 and 1024, not '2000'"),
+    ],
+)
+def test_a_misspelt_or_malformed_option_fails_the_query_by_name(
+    env: Any, spark: Any, option: str, value: str, message: str
+) -> None:
     """Spark passes any option name through: a typo (nBucket) must not quietly run with 4 buckets,
     nor a mistyped boolean read as false."""
-    df = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("name", "typo")
-          .option(option, value).load())
+    df = (
+        spark.read.format("parallelchangestream")
+        .option("uri", env.proxy_uri)
+        .option("name", "typo")
+        .option(option, value)
+        .load()
+    )
     with pytest.raises(Exception, match=f"(?i){message}"):
         df.collect()
 
@@ -263,9 +362,25 @@ def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_pa
     with the same checkpoint: the target ends equal to the source, updates ($inc) applied once."""
     source, target = client_for(env.proxy_uri), client_for(env.target.uri)
     start = source.admin.command("ping")["operationTime"]
-    cmd = [sys.executable, "-m", "bucketspark.replicate", "--proxy", env.proxy_uri, "--target", env.target.uri,
-           "--checkpoint", str(tmp_path / "ckpt-kill"), "--name", "kill9", "--start", f"{start.time},{start.inc}",
-           "--max-events-per-trigger", "300", "--trigger-s", "0.2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bucketspark.replicate",
+        "--proxy",
+        env.proxy_uri,
+        "--target",
+        env.target.uri,
+        "--checkpoint",
+        str(tmp_path / "ckpt-kill"),
+        "--name",
+        "kill9",
+        "--start",
+        f"{start.time},{start.inc}",
+        "--max-events-per-trigger",
+        "300",
+        "--trigger-s",
+        "0.2",
+    ]
 
     job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -289,16 +404,28 @@ def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_pa
 
 
 def test_pcs_replicate_exits_non_zero_when_its_query_fails_on_the_configured_master(
-        tmp_path: Any) -> None:
+    tmp_path: Any,
+) -> None:
     """A proxy that cannot be reached fails the query: the job says why on stderr and exits 1
     (not 0, which a scheduler would take for success). The master comes from Spark's own
     settings (here the MASTER variable spark-submit reads), not from the job."""
     proxy = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
-    cmd = [sys.executable, "-m", "bucketspark.replicate", "--proxy", proxy, "--target",
-           "mongodb://127.0.0.1:1/", "--checkpoint", str(tmp_path / "ckpt-fail"),
-           "--trigger-s", "0.2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MASTER": "local[1]"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "bucketspark.replicate",
+        "--proxy",
+        proxy,
+        "--target",
+        "mongodb://127.0.0.1:1/",
+        "--checkpoint",
+        str(tmp_path / "ckpt-fail"),
+        "--trigger-s",
+        "0.2",
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "MASTER": "local[1]"}
+    )
     assert "Spark master local[1]" in done.stdout, done.stdout
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert "pcs-replicate: the replication query failed" in done.stderr
@@ -313,7 +440,9 @@ def test_a_batch_with_several_cross_bucket_events_replays_in_order(env: Any, spa
         start = source.admin.command("ping")["operationTime"]
         source.xb.a.insert_many([{"_id": i} for i in range(10)])
         source.xb2.z.insert_many([{"_id": i} for i in range(5)])
-        source.xb.other.insert_many([{"_id": i} for i in range(20)])  # a bucket that may run through
+        source.xb.other.insert_many(
+            [{"_id": i} for i in range(20)]
+        )  # a bucket that may run through
         source.admin.command({"renameCollection": "xb.a", "to": "xb.b"})
         source.xb.b.insert_many([{"_id": i} for i in range(10, 15)])
         source.xb.a.insert_one({"_id": "recreated"})
@@ -321,21 +450,31 @@ def test_a_batch_with_several_cross_bucket_events_replays_in_order(env: Any, spa
         source.xb2.z.insert_one({"_id": "after the drop"})
         source.admin.command({"renameCollection": "xb.b", "to": "xb.c"})
         source.xb.c.update_one({"_id": 0}, {"$set": {"last": True}})
-        df = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
-              .option("name", "barriers").option("startAtOperationTime", f"{start.time},{start.inc}").load())
+        df = (
+            spark.read.format("parallelchangestream")
+            .option("uri", env.proxy_uri)
+            .option("nBuckets", "4")
+            .option("name", "barriers")
+            .option("startAtOperationTime", f"{start.time},{start.inc}")
+            .load()
+        )
         applied: dict[int, int] = {}
         replicate_batch(env.target.uri, lambda epoch, counts: applied.update(counts))(df, 0)
         assert converged(source, target, ("xb", "xb2"))
         assert sorted(target.xb.list_collection_names()) == ["a", "c", "other"]
         assert target.xb.c.find_one({"_id": 0}) == {"_id": 0, "last": True}
         assert target.xb2.z.count_documents({}) == 1
-        assert sum(applied.values()) >= 55  # every event, a cross-bucket one once per bucket it is in
+        assert (
+            sum(applied.values()) >= 55
+        )  # every event, a cross-bucket one once per bucket it is in
     finally:
         source.close()
         target.close()
 
 
-def test_a_hot_collection_bucketed_by_document_key_replicates_with_ddl_as_a_barrier(env: Any, spark: Any) -> None:
+def test_a_hot_collection_bucketed_by_document_key_replicates_with_ddl_as_a_barrier(
+    env: Any, spark: Any
+) -> None:
     """bucketBy documentKey: one collection's events spread over the 4 tasks, and its DDL (in
     every bucket) is applied once, between what came before and after it in every bucket: a
     drop followed by the same _ids inserted again, and an index, end as on the source."""
@@ -348,33 +487,52 @@ def test_a_hot_collection_bucketed_by_document_key_replicates_with_ddl_as_a_barr
         source.dk.hot.insert_many([{"_id": i, "again": True} for i in range(50)])
         source.dk.hot.create_index("again", name="again_idx")
         source.dk.hot.update_many({"_id": {"$lt": 10}}, {"$set": {"last": True}})
-        df = (spark.read.format("parallelchangestream").option("uri", env.proxy_uri).option("nBuckets", "4")
-              .option("bucketBy", "documentKey").option("name", "by-document")
-              .option("startAtOperationTime", f"{start.time},{start.inc}").load())
-        per_bucket = {r["bucket"]: r["count"] for r in df.filter("operationType = 'insert'")
-                      .groupBy("bucket").count().collect()}
+        df = (
+            spark.read.format("parallelchangestream")
+            .option("uri", env.proxy_uri)
+            .option("nBuckets", "4")
+            .option("bucketBy", "documentKey")
+            .option("name", "by-document")
+            .option("startAtOperationTime", f"{start.time},{start.inc}")
+            .load()
+        )
+        per_bucket = {
+            r["bucket"]: r["count"]
+            for r in df.filter("operationType = 'insert'").groupBy("bucket").count().collect()
+        }
         assert len(per_bucket) == 4 and max(per_bucket.values()) <= 0.4 * 250, per_bucket
         replicate_batch(env.target.uri, bucket_by="documentKey")(df, 0)
         assert converged(source, target, ("dk",))
         assert document_differences(source, target, ("dk",)) == []
-        assert target.dk.hot.count_documents({}) == 50 and target.dk.hot.count_documents({"last": True}) == 10
+        assert (
+            target.dk.hot.count_documents({}) == 50
+            and target.dk.hot.count_documents({"last": True}) == 10
+        )
         assert "again_idx" in [ix["name"] for ix in target.dk.hot.list_indexes()]
     finally:
         source.close()
         target.close()
 
 
-def test_a_checkpoint_of_another_bucket_by_is_dealt_anew_only_from_one_token(env: Any, spark: Any) -> None:
+def test_a_checkpoint_of_another_bucket_by_is_dealt_anew_only_from_one_token(
+    env: Any, spark: Any
+) -> None:
     """bucketBy is part of the offsets: a checkpoint by namespace whose buckets stand apart can't
     go on by documentKey."""
     from bucketspark.source import Options, _StreamReader
 
-    reader = _StreamReader(Options({"uri": env.proxy_uri, "nBuckets": "2", "name": "modes",
-                                    "bucketBy": "documentKey"}))
-    with pytest.raises(ValueError, match="different tokens; it was dealt by namespace and the query asks "
-                                         "for nBuckets=2 by documentKey"):
-        reader.partitions({"nBuckets": 2, "name": "modes", "tokens": ["8201", "8202"]},
-                          {"nBuckets": 2, "name": "modes", "tokens": ["8203", "8203"]})
+    reader = _StreamReader(
+        Options({"uri": env.proxy_uri, "nBuckets": "2", "name": "modes", "bucketBy": "documentKey"})
+    )
+    with pytest.raises(
+        ValueError,
+        match="different tokens; it was dealt by namespace and the query asks "
+        "for nBuckets=2 by documentKey",
+    ):
+        reader.partitions(
+            {"nBuckets": 2, "name": "modes", "tokens": ["8201", "8202"]},
+            {"nBuckets": 2, "name": "modes", "tokens": ["8203", "8203"]},
+        )
 
 
 def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any) -> None:
@@ -386,8 +544,18 @@ def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any
     assert default.options.pool_options.socket_timeout == 120
     default.close()
     port = free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "wireproxy", "--upstream", env.source.uri,
-                              "--listen", f"127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wireproxy",
+            "--upstream",
+            env.source.uri,
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     uri = f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500&connectTimeoutMS=1500&serverSelectionTimeoutMS=3000"
     c = client_for(uri)
     try:

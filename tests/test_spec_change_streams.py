@@ -31,8 +31,10 @@ def spec_dir(environ: dict[str, str] | os._Environ[str]) -> tuple[Path, str | No
     root = environ.get(SPEC_ENV, "")
     folder = Path(root).resolve() / "change-streams"
     if not root:
-        return folder, (f"{SPEC_ENV} is not set: set it to the folder holding the drivers' spec "
-                        "tests (change-streams/*.json), e.g. ../shared/spec-tests")
+        return folder, (
+            f"{SPEC_ENV} is not set: set it to the folder holding the drivers' spec "
+            "tests (change-streams/*.json), e.g. ../shared/spec-tests"
+        )
     if not any(folder.glob("*.json")):
         return folder, f"{SPEC_ENV}={root}: no spec tests in {folder} (change-streams/*.json)"
     return folder, None
@@ -67,8 +69,14 @@ def _cases() -> list[Any]:
             reason = SKIPS.get(path.name) or SKIPS.get(test["description"])
             if reason:
                 marks.append(pytest.mark.skip(reason=reason))
-            out.append(pytest.param(path.name, test["description"], id=f"{path.stem}:{test['description'][:70]}",
-                                    marks=marks))
+            out.append(
+                pytest.param(
+                    path.name,
+                    test["description"],
+                    id=f"{path.stem}:{test['description'][:70]}",
+                    marks=marks,
+                )
+            )
     return out
 
 
@@ -84,18 +92,36 @@ async def test_change_streams_spec(filename: str, description: str, via: str) ->
     # Accelerated: on the sharded cluster where a test allows it (the engine merges its shards),
     # else on the replica set (one shard to the engine).
     topologies = ["sharded", "replicaset"] if via == "accelerated" else ["replicaset", "sharded"]
-    runnable = [t for t in topologies if requirements_met(data.get("runOnRequirements"), t)
-                and requirements_met(test.get("runOnRequirements"), t)]
+    runnable = [
+        t
+        for t in topologies
+        if requirements_met(data.get("runOnRequirements"), t)
+        and requirements_met(test.get("runOnRequirements"), t)
+    ]
     if not runnable:
-        pytest.skip("runOnRequirements exclude MongoDB 7.0 on a replica set and on a sharded cluster")
+        pytest.skip(
+            "runOnRequirements exclude MongoDB 7.0 on a replica set and on a sharded cluster"
+        )
     topology = runnable[0]
-    async with open_cluster(shards=2 if topology == "sharded" else 1, periodic_noop_s=0.2) as cluster:
+    async with open_cluster(
+        shards=2 if topology == "sharded" else 1, periodic_noop_s=0.2
+    ) as cluster:
         uri = cluster.uri if topology == "sharded" else cluster.shard_uri("shard0")
         async with trio.open_nursery() as nursery:
             if via in ("proxy", "accelerated"):
-                upstream = cluster.uri if topology == "sharded" else f"mongodb://{cluster.shards['shard0'].address}/"
-                server = await nursery.start(serve_proxy, ProxyConfig(
-                    upstream=upstream, listen_port=0, accelerate_change_streams=via == "accelerated"))
+                upstream = (
+                    cluster.uri
+                    if topology == "sharded"
+                    else f"mongodb://{cluster.shards['shard0'].address}/"
+                )
+                server = await nursery.start(
+                    serve_proxy,
+                    ProxyConfig(
+                        upstream=upstream,
+                        listen_port=0,
+                        accelerate_change_streams=via == "accelerated",
+                    ),
+                )
                 uri = f"mongodb://127.0.0.1:{server.port}/"
             await sync(UnifiedTest(uri, data, test).run, timeout=60)
             if via == "accelerated" and _opens_a_stream(test):
@@ -106,4 +132,6 @@ async def test_change_streams_spec(filename: str, description: str, via: str) ->
 
 def _opens_a_stream(test: dict[str, Any]) -> bool:
     """The test opens a change stream that the server accepts (not one it must refuse)."""
-    return any(op["name"] == "createChangeStream" and "expectError" not in op for op in test["operations"])
+    return any(
+        op["name"] == "createChangeStream" and "expectError" not in op for op in test["operations"]
+    )

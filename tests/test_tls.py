@@ -36,13 +36,24 @@ def certificates(tmp_path: Any) -> tuple[ssl.SSLContext, str, str]:
 async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates, upstream_tls_in):
     """Upstream TLS from the proxy's settings, or from the upstream URI's options as a driver reads them."""
     server_ctx, pem, ca_file = certificates
-    async with open_cluster(shards=2, members=2, tls=server_ctx) as cluster, trio.open_nursery() as nursery:
+    async with (
+        open_cluster(shards=2, members=2, tls=server_ctx) as cluster,
+        trio.open_nursery() as nursery,
+    ):
         if upstream_tls_in == "settings":
-            config = ProxyConfig(upstream=cluster.uri, listen_port=0, tls_cert_file=pem,
-                                 upstream_tls=True, upstream_tls_ca_file=ca_file)
+            config = ProxyConfig(
+                upstream=cluster.uri,
+                listen_port=0,
+                tls_cert_file=pem,
+                upstream_tls=True,
+                upstream_tls_ca_file=ca_file,
+            )
         else:
-            config = ProxyConfig(upstream=f"{cluster.uri}?tls=true&tlsCAFile={ca_file}", listen_port=0,
-                                 tls_cert_file=pem)
+            config = ProxyConfig(
+                upstream=f"{cluster.uri}?tls=true&tlsCAFile={ca_file}",
+                listen_port=0,
+                tls_cert_file=pem,
+            )
         proxy = await nursery.start(serve_proxy, config)
 
         def work() -> None:
@@ -63,13 +74,23 @@ async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates, upstream
             # Read in a reader process: the engine's TLS settings travel there (MemberConnector).
             # The backlog comes as blocks of events, whose reply a TLS stream takes whole
             # (wire.DeferredPiece.materialize), not a part at a time.
-            opened = c.admin.command({"parallelChangeStream": 1, "nBuckets": 1, "readerProcesses": 1,
-                                      "startAtOperationTime": start})
+            opened = c.admin.command(
+                {
+                    "parallelChangeStream": 1,
+                    "nBuckets": 1,
+                    "readerProcesses": 1,
+                    "startAtOperationTime": start,
+                }
+            )
             events = drain(c, opened["cursors"][0]["id"], end_point(c))
-            assert sorted(e["documentKey"]["_id"] for e in events
-                          if e["operationType"] == "insert" and e["ns"]["coll"] == "h") == list(range(1000))
+            assert sorted(
+                e["documentKey"]["_id"]
+                for e in events
+                if e["operationType"] == "insert" and e["ns"]["coll"] == "h"
+            ) == list(range(1000))
             status = c.admin.command({"parallelChangeStreamStatus": 1})["streams"][0]
             assert all(s["reconnects"] == 0 for s in status["shards"])  # read over TLS, not retried
+
         await sync(work)
         await sync(_close_all)
         nursery.cancel_scope.cancel()

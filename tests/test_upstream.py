@@ -21,13 +21,24 @@ from simcluster import open_cluster
 from tests.conftest import client, sync
 from wireproxy.upstream import UpstreamClosed, open_upstream
 
-REPLY = bson.encode({"cursor": {"nextBatch": [{"i": i, "s": "x" * i} for i in range(300)], "id": Int64(9),
-                                "ns": "local.oplog.rs"}, "ok": 1.0})
-ERROR = bson.encode({"ok": 0.0, "errmsg": "cursor id 9 not found", "code": 43, "codeName": "CursorNotFound"})
+REPLY = bson.encode(
+    {
+        "cursor": {
+            "nextBatch": [{"i": i, "s": "x" * i} for i in range(300)],
+            "id": Int64(9),
+            "ns": "local.oplog.rs",
+        },
+        "ok": 1.0,
+    }
+)
+ERROR = bson.encode(
+    {"ok": 0.0, "errmsg": "cursor id 9 not found", "code": 43, "codeName": "CursorNotFound"}
+)
 
 
 async def _answering(answer: Callable[[int], bytes], test: Callable[[Any], Any]) -> None:
     """Run `test` on a connection to a server that answers request id r with answer(r)."""
+
     async def serve(stream: trio.SocketStream) -> None:
         framer = wire.MessageFramer()
         while data := await stream.receive_some(1 << 16):
@@ -36,7 +47,9 @@ async def _answering(answer: Callable[[int], bytes], test: Callable[[Any], Any])
                 await stream.send_all(answer(msg.request_id))  # type: ignore[union-attr]
 
     async with trio.open_nursery() as nursery:
-        [listener] = await nursery.start(functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1")
+        )
         conn = await open_upstream("127.0.0.1", listener.socket.getsockname()[1])
         try:
             await test(conn)
@@ -55,10 +68,13 @@ def test_a_reply_in_any_shape_is_taken_in_place_with_room_after_it(shape: str) -
 
     async def test(conn: Any) -> None:
         for _ in range(3):  # answers back to back on one connection stay in step
-            data, at = await conn.command_in_place("local", {"getMore": Int64(9), "collection": "oplog.rs"},
-                                                   pad=SLACK)
-            assert data[at:at + len(REPLY)] == REPLY
-            assert data.endswith(bytes(SLACK))  # after the reply (and a checksum, if the message has one)
+            data, at = await conn.command_in_place(
+                "local", {"getMore": Int64(9), "collection": "oplog.rs"}, pad=SLACK
+            )
+            assert data[at : at + len(REPLY)] == REPLY
+            assert data.endswith(
+                bytes(SLACK)
+            )  # after the reply (and a checksum, if the message has one)
             cursor_id, batch = batch_in_place(data, at)
             assert (cursor_id, batch.entries()) == (9, reply_batch(REPLY)[1].entries())
             assert (await conn.command("local", {"ping": 1})).raw == REPLY
@@ -69,9 +85,13 @@ def test_a_reply_in_any_shape_is_taken_in_place_with_room_after_it(shape: str) -
 def test_an_error_reply_taken_in_place_raises_its_code() -> None:
     async def test(conn: Any) -> None:
         with pytest.raises(MongoError) as caught:
-            await conn.command_in_place("local", {"getMore": Int64(9), "collection": "oplog.rs"}, pad=SLACK)
+            await conn.command_in_place(
+                "local", {"getMore": Int64(9), "collection": "oplog.rs"}, pad=SLACK
+            )
         assert caught.value.code == 43
-        assert (await conn.command("admin", {"ping": 1}, check=False))["code"] == 43  # still in step
+        assert (await conn.command("admin", {"ping": 1}, check=False))[
+            "code"
+        ] == 43  # still in step
 
     trio.run(_answering, lambda rid: wire.encode_op_msg(1, rid, ERROR), test)
 
@@ -85,7 +105,9 @@ def test_an_answer_to_another_request_closes_the_connection() -> None:
     trio.run(_answering, lambda rid: wire.encode_op_msg(1, rid + 1, REPLY), test)
 
 
-async def test_an_exhaust_cursor_is_read_batch_by_batch_and_its_connection_runs_nothing_else_meanwhile() -> None:
+async def test_an_exhaust_cursor_is_read_batch_by_batch_and_its_connection_runs_nothing_else_meanwhile() -> (
+    None
+):
     """Against simcluster's mongod: `command_in_place(exhaust=True)` starts the stream, each
     `more_in_place` takes the next batch while `streaming`; the last batch (the cursor done) ends
     it, and the connection runs commands again."""
@@ -94,11 +116,17 @@ async def test_an_exhaust_cursor_is_read_batch_by_batch_and_its_connection_runs_
         node = cluster.mongos.primary_of("ks")
         conn = await open_upstream(node.host, node.port)
         try:
-            data, at = await conn.command_in_place("ks", {"find": "c", "batchSize": 0}, pad=SLACK, exhaust=True)
+            data, at = await conn.command_in_place(
+                "ks", {"find": "c", "batchSize": 0}, pad=SLACK, exhaust=True
+            )
             cursor_id, _ = batch_in_place(data, at)
             assert not conn.streaming  # a find is answered once, exhaustAllowed or not
-            data, at = await conn.command_in_place("ks", {"getMore": Int64(cursor_id), "collection": "c",
-                                                          "batchSize": 3}, pad=SLACK, exhaust=True)
+            data, at = await conn.command_in_place(
+                "ks",
+                {"getMore": Int64(cursor_id), "collection": "c", "batchSize": 3},
+                pad=SLACK,
+                exhaust=True,
+            )
             sizes = [len(batch_in_place(data, at)[1])]
             with pytest.raises(RuntimeError, match="exhaust"):
                 await conn.command("admin", {"ping": 1})

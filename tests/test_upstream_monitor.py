@@ -18,7 +18,9 @@ from tests.conftest import _close_all, client, free_port, poll_until, proxy_uri,
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
-FAST_CHECKS = "heartbeatFrequencyMS=500&connectTimeoutMS=1000"  # a hung mongos is seen within ~1.5 s
+FAST_CHECKS = (
+    "heartbeatFrequencyMS=500&connectTimeoutMS=1000"  # a hung mongos is seen within ~1.5 s
+)
 
 
 class Relay:
@@ -50,7 +52,9 @@ class Relay:
             nursery.start_soon(self._pipe, near, far, nursery.cancel_scope)
             nursery.start_soon(self._pipe, far, near, nursery.cancel_scope)
 
-    async def _pipe(self, src: trio.SocketStream, dst: trio.SocketStream, both: trio.CancelScope) -> None:
+    async def _pipe(
+        self, src: trio.SocketStream, dst: trio.SocketStream, both: trio.CancelScope
+    ) -> None:
         try:
             while data := await src.receive_some(1 << 16):
                 await self._open.wait()
@@ -73,15 +77,23 @@ async def test_a_client_on_a_mongos_that_hangs_is_cut_and_its_retries_go_to_anot
         await nursery.start(relay.serve)
         hung = f"127.0.0.1:{relay.port}"
         metrics_port = free_port()
-        proxy = await nursery.start(serve_proxy, ProxyConfig(
-            upstream=f"mongodb://{hung},{cluster.mongos.address}/?{FAST_CHECKS}", listen_port=0,
-            metrics_port=metrics_port))
+        proxy = await nursery.start(
+            serve_proxy,
+            ProxyConfig(
+                upstream=f"mongodb://{hung},{cluster.mongos.address}/?{FAST_CHECKS}",
+                listen_port=0,
+                metrics_port=metrics_port,
+            ),
+        )
         c = client(proxy_uri(proxy))
         await sync(c.um.t.insert_one, {"_id": 1})
 
         def pinned_to() -> set[str]:
-            return {s.upstream.address for s in proxy.server.sessions
-                    if s.upstream is not None and not s.upstream.closed}
+            return {
+                s.upstream.address
+                for s in proxy.server.sessions
+                if s.upstream is not None and not s.upstream.closed
+            }
 
         assert pinned_to() == {hung}, "the first mongos of the URI, while it answers"
         relay.cut()
@@ -100,7 +112,9 @@ async def test_a_client_on_a_mongos_that_hangs_is_cut_and_its_retries_go_to_anot
         # connections are made: the pinned ones stay where they are).
         relay.heal()
         with trio.fail_after(10):
-            while await sync(_up, metrics_port, hung) != 1.0:  # /metrics is served by this trio loop
+            while (
+                await sync(_up, metrics_port, hung) != 1.0
+            ):  # /metrics is served by this trio loop
                 await trio.sleep(0.2)
         await sync(_close_all)
         nursery.cancel_scope.cancel()
@@ -116,8 +130,14 @@ async def test_the_proxy_listens_only_once_a_mongos_answers():
         started: list = []
 
         async def start_proxy() -> None:
-            started.append(await nursery.start(serve_proxy, ProxyConfig(
-                upstream=f"mongodb://127.0.0.1:{relay.port}/?{FAST_CHECKS}", listen_port=0)))
+            started.append(
+                await nursery.start(
+                    serve_proxy,
+                    ProxyConfig(
+                        upstream=f"mongodb://127.0.0.1:{relay.port}/?{FAST_CHECKS}", listen_port=0
+                    ),
+                )
+            )
 
         nursery.start_soon(start_proxy)
         await trio.sleep(2.5)
@@ -130,25 +150,44 @@ async def test_the_proxy_listens_only_once_a_mongos_answers():
         nursery.cancel_scope.cancel()
 
 
-
 async def test_behind_a_replica_set_clients_write_to_its_primary_and_follow_a_new_one():
     """A replica set upstream (no mongos), its primary listed last: clients are pinned to the
     primary, and when it steps down they are cut, and their retried writes go to the new one."""
-    async with open_cluster(shards=1, members=3, election_timeout_s=0.3) as cluster, trio.open_nursery() as nursery:
+    async with (
+        open_cluster(shards=1, members=3, election_timeout_s=0.3) as cluster,
+        trio.open_nursery() as nursery,
+    ):
         rs = cluster.replsets["shard0"]
         listed = sorted(rs.members, key=lambda m: m.is_primary)
-        proxy = await nursery.start(serve_proxy, ProxyConfig(
-            upstream=f"mongodb://{','.join(m.address for m in listed)}/?{FAST_CHECKS}", listen_port=0))
+        proxy = await nursery.start(
+            serve_proxy,
+            ProxyConfig(
+                upstream=f"mongodb://{','.join(m.address for m in listed)}/?{FAST_CHECKS}",
+                listen_port=0,
+            ),
+        )
         c = client(proxy_uri(proxy))
         await sync(c.rs.t.insert_one, {"_id": 1})
         old = rs.primary
-        assert {s.upstream.address for s in proxy.server.sessions if s.upstream is not None} == {old.address}
+        assert {s.upstream.address for s in proxy.server.sessions if s.upstream is not None} == {
+            old.address
+        }
         await rs.step_down(old, 60, 10, False)
-        await poll_until(lambda: rs.primary is not None and proxy.server.monitor.writable.get(rs.primary.address), 10)
+        await poll_until(
+            lambda: (
+                rs.primary is not None and proxy.server.monitor.writable.get(rs.primary.address)
+            ),
+            10,
+        )
         await poll_until(lambda: not proxy.server.monitor.writable[old.address], 10)
-        await sync(c.rs.t.insert_one, {"_id": 2})  # its pinned connection was cut: retried on a new one
+        await sync(
+            c.rs.t.insert_one, {"_id": 2}
+        )  # its pinned connection was cut: retried on a new one
         assert await sync(c.rs.t.count_documents, {}) == 2
-        assert {s.upstream.address for s in proxy.server.sessions
-                if s.upstream is not None and not s.upstream.closed} == {rs.primary.address}
+        assert {
+            s.upstream.address
+            for s in proxy.server.sessions
+            if s.upstream is not None and not s.upstream.closed
+        } == {rs.primary.address}
         await sync(_close_all)
         nursery.cancel_scope.cancel()

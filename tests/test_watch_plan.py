@@ -27,16 +27,27 @@ def plan(db: str, cmd: dict[str, Any]) -> Any:
 
 
 def event_token(**fields: Any) -> dict[str, Any]:
-    return encode_token(ResumeTokenData(AT, uuid=uuid.UUID(int=7),
-                                        event_identifier={"operationType": "insert",
-                                                          "documentKey": {"_id": 1}}, **fields))
+    return encode_token(
+        ResumeTokenData(
+            AT,
+            uuid=uuid.UUID(int=7),
+            event_identifier={"operationType": "insert", "documentKey": {"_id": 1}},
+            **fields,
+        )
+    )
 
 
 def test_a_collections_watch_is_one_private_bucket_scoped_to_it():
     p = plan("db", watch())
-    assert p.open == {"nBuckets": 1, "showExpandedEvents": False, "showSystemEvents": False,
-                      "fullDocument": "default", "fullDocumentBeforeChange": "off",
-                      "shardBufferBytes": BUFFER, "pipeline": []}
+    assert p.open == {
+        "nBuckets": 1,
+        "showExpandedEvents": False,
+        "showSystemEvents": False,
+        "fullDocument": "default",
+        "fullDocumentBeforeChange": "off",
+        "shardBufferBytes": BUFFER,
+        "pipeline": [],
+    }
     assert (p.scope, p.ns, p.stages) == (("db", "c"), "db.c", ())
     assert (p.event_token, p.keep_version) == (None, None)
     assert read_watch("db", watch()).resource == {"db": "db", "collection": "c"}
@@ -63,15 +74,27 @@ def test_match_stages_filter_as_events_are_dealt_and_other_stages_run_per_event(
     assert (p.open["pipeline"], p.stages) == ([], (match,))
 
 
-@pytest.mark.parametrize("cmd", [
-    {**watch(), "explain": True},
-    {**watch(), "hint": {"a": 1}},
-    {**watch(), "collation": {"locale": "fr"}},
-    watch(fullDocument="sometimes"),
-    watch(resumeAfter=high_water_mark(AT), startAtOperationTime=AT),
-    watch(unknownOption=1),
-    watch(showExpandedEvents="yes"),
-], ids=["explain", "hint", "collation", "fullDocument", "two starts", "unknown option", "mistyped"])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        {**watch(), "explain": True},
+        {**watch(), "hint": {"a": 1}},
+        {**watch(), "collation": {"locale": "fr"}},
+        watch(fullDocument="sometimes"),
+        watch(resumeAfter=high_water_mark(AT), startAtOperationTime=AT),
+        watch(unknownOption=1),
+        watch(showExpandedEvents="yes"),
+    ],
+    ids=[
+        "explain",
+        "hint",
+        "collation",
+        "fullDocument",
+        "two starts",
+        "unknown option",
+        "mistyped",
+    ],
+)
 def test_what_changes_mongos_answer_is_left_to_mongos(cmd):
     with pytest.raises(Decline):
         read_watch("db", cmd)
@@ -88,8 +111,10 @@ def test_malformed_commands_fail_with_mongos_errors():
     with pytest.raises(MongoError) as info:
         read_watch("db", {**watch(), "readConcern": {"level": "local"}})
     assert (info.value.code_name, info.value.errmsg) == (
-        "InvalidOptions", "Aggregation stage $changeStream cannot run with a readConcern other "
-                          "than 'majority'. Current readConcern: local")
+        "InvalidOptions",
+        "Aggregation stage $changeStream cannot run with a readConcern other "
+        "than 'majority'. Current readConcern: local",
+    )
     long = watch(*[{"$match": {}}] * MAX_PIPELINE_STAGES)
     with pytest.raises(MongoError) as info:
         read_watch("db", long)

@@ -16,7 +16,9 @@ DOCS = (bson.encode({"_id": 1}), bson.encode({"_id": 2, "x": "y"}))
 
 def frames():
     yield wire.encode_op_msg(7, 0, BODY)
-    yield wire.encode_op_msg(8, 3, BODY, flags=wire.FLAG_MORE_TO_COME, sequences=(("documents", DOCS),))
+    yield wire.encode_op_msg(
+        8, 3, BODY, flags=wire.FLAG_MORE_TO_COME, sequences=(("documents", DOCS),)
+    )
     yield wire.encode_op_msg(9, 0, BODY, flags=wire.FLAG_CHECKSUM_PRESENT)
     yield wire.encode_op_query(10, "admin.$cmd", bson.encode({"isMaster": 1}))
     yield wire.encode_op_reply(11, 10, (bson.encode({"ismaster": True, "ok": 1.0}),))
@@ -45,7 +47,13 @@ def test_whole_bytewise_and_trailing(frame):
 
 
 def test_op_msg_fields_round_trip():
-    [msg], _ = feed([wire.encode_op_msg(8, 3, BODY, flags=wire.FLAG_MORE_TO_COME, sequences=(("documents", DOCS),))])
+    [msg], _ = feed(
+        [
+            wire.encode_op_msg(
+                8, 3, BODY, flags=wire.FLAG_MORE_TO_COME, sequences=(("documents", DOCS),)
+            )
+        ]
+    )
     assert isinstance(msg, wire.OpMsg)
     assert (msg.request_id, msg.response_to, msg.more_to_come, msg.body) == (8, 3, True, BODY)
     assert msg.sequences == (("documents", DOCS),)
@@ -58,7 +66,9 @@ def test_compressed_remembers_compressor():
 
 def test_op_query_and_reply_fields():
     [q], _ = feed([wire.encode_op_query(5, "admin.$cmd", BODY)])
-    assert isinstance(q, wire.OpQuery) and q.full_collection_name == "admin.$cmd" and q.query == BODY
+    assert (
+        isinstance(q, wire.OpQuery) and q.full_collection_name == "admin.$cmd" and q.query == BODY
+    )
     [r], _ = feed([wire.encode_op_reply(6, 5, DOCS)])
     assert isinstance(r, wire.OpReply) and r.documents == DOCS and r.response_to == 5
 
@@ -67,7 +77,7 @@ def test_op_query_and_reply_fields():
 def test_a_frame_taken_whole_with_room_after_it_gives_the_body_in_place(frame):
     """next_frame(pad) gives each message's bytes and `pad` zero bytes, however it arrived; a plain
     OP_MSG's body is found where it lies, any other message is left to decode_message."""
-    for pieces in ([frame + frame], [frame[i:i + 7] for i in range(0, len(frame), 7)] + [frame]):
+    for pieces in ([frame + frame], [frame[i : i + 7] for i in range(0, len(frame), 7)] + [frame]):
         framer = wire.MessageFramer()
         for piece in pieces:
             framer.receive_data(piece)
@@ -79,7 +89,7 @@ def test_a_frame_taken_whole_with_room_after_it_gives_the_body_in_place(frame):
             plain = isinstance(msg, wire.OpMsg) and not msg.sequences and msg.compressor is None
             assert (span is not None) == plain
             if span is not None:
-                assert got[span[0]:span[1]] == msg.body
+                assert got[span[0] : span[1]] == msg.body
         assert framer.next_frame() is wire.NEED_DATA
 
 
@@ -92,34 +102,48 @@ def test_a_large_frame_is_handed_over_as_a_buffer_to_receive_the_rest_into(cut):
     frame = wire.encode_op_msg(3, 0, bson.encode({"pad": "x" * 10_000}))
     framer = wire.MessageFramer()
     assert framer.frame_buffer(256, 1000) is None  # nothing yet
-    for piece in (frame[:2], frame[2:cut // 2 + 2], frame[cut // 2 + 2:cut]):
+    for piece in (frame[:2], frame[2 : cut // 2 + 2], frame[cut // 2 + 2 : cut]):
         if piece:  # (an empty piece is the end of the stream)
             framer.receive_data(piece)
     assert framer.frame_buffer(256, len(frame) + 1) is None  # smaller than asked: next_frame's
     buffer, filled, length = framer.frame_buffer(256, 1000)
     assert (filled, length, len(buffer), framer.buffered) == (cut, len(frame), len(frame) + 256, 0)
     buffer[filled:length] = frame[filled:]
-    assert bytes(buffer) == frame + bytes(256) and wire.op_msg_body_span(buffer) == wire.op_msg_body_span(frame)
+    assert bytes(buffer) == frame + bytes(256) and wire.op_msg_body_span(
+        buffer
+    ) == wire.op_msg_body_span(frame)
     framer.receive_data(frame)
-    assert framer.frame_buffer(256, 1000) is None and framer.next_frame() == frame  # all here: no buffer
+    assert (
+        framer.frame_buffer(256, 1000) is None and framer.next_frame() == frame
+    )  # all here: no buffer
 
 
-@pytest.mark.parametrize("name", ["bad checksum", "unknown required flag", "unknown section kind",
-                                  "bson length past frame", "no kind-0 section"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bad checksum",
+        "unknown required flag",
+        "unknown section kind",
+        "bson length past frame",
+        "no kind-0 section",
+    ],
+)
 def test_a_bad_op_msg_taken_in_place_raises_protocol_error(name):
     with pytest.raises(ProtocolError):
         wire.op_msg_body_span(BAD[name] + bytes(256))
 
 
 def _mutate(frame: bytes, offset: int, value: bytes) -> bytes:
-    return frame[:offset] + value + frame[offset + len(value):]
+    return frame[:offset] + value + frame[offset + len(value) :]
 
 
 BAD = {
     "length too small": struct.pack("<iiii", 16, 1, 0, 2013),
     "length too large": struct.pack("<iiii", 48_000_001, 1, 0, 2013),
     "unknown opcode": struct.pack("<iiii", 21, 1, 0, 9999) + b"\x00" * 5,
-    "bad checksum": _mutate(wire.encode_op_msg(9, 0, BODY, flags=wire.FLAG_CHECKSUM_PRESENT), 24, b"\xff"),
+    "bad checksum": _mutate(
+        wire.encode_op_msg(9, 0, BODY, flags=wire.FLAG_CHECKSUM_PRESENT), 24, b"\xff"
+    ),
     "unknown required flag": _mutate(wire.encode_op_msg(1, 0, BODY), 16, struct.pack("<I", 1 << 4)),
     "unknown section kind": _mutate(wire.encode_op_msg(1, 0, BODY), 20, b"\x07"),
     "bson length past frame": _mutate(wire.encode_op_msg(1, 0, BODY), 21, struct.pack("<i", 9999)),

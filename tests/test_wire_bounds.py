@@ -21,13 +21,14 @@ from mongoformats import wire
 from mongoformats.errors import ProtocolError
 
 BODY = bson.encode({"ping": 1, "$db": "admin"})
-INNER = wire.encode_op_msg(1, 0, BODY)[wire.HEADER.size:]  # what a compressed OP_MSG wraps
+INNER = wire.encode_op_msg(1, 0, BODY)[wire.HEADER.size :]  # what a compressed OP_MSG wraps
 # Inflates to more than any message may hold; compresses to a few hundred KB at most.
 BOMB_BYTES = 64 << 20
 
 
-def compressed_frame(compressor: str, payload: bytes, declared: int,
-                     original: int = wire.OP_MSG) -> bytes:
+def compressed_frame(
+    compressor: str, payload: bytes, declared: int, original: int = wire.OP_MSG
+) -> bytes:
     """An OP_COMPRESSED frame holding `payload` as is, claiming `declared` uncompressed bytes."""
     body = struct.pack("<iiB", original, declared, wire.COMPRESSOR_IDS[compressor]) + payload
     return wire.HEADER.pack(wire.HEADER.size + len(body), 1, 0, wire.OP_COMPRESSED) + body

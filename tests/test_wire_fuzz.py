@@ -28,15 +28,22 @@ from mongoformats import wire
 from tests.fuzz.wire_target import INTERESTING_INT32, LIMIT, SEEDS, consume, mutate
 
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 # What one input may make the framer and the parsers hold at once: a frame of LIMIT bytes, the
 # message it inflates to (LIMIT at most), their copies while a body is cut out, and slack.
 MEMORY_BOUND = 6 * LIMIT
 
 cuts = st.lists(st.integers(0, 4096), max_size=8)
-edits = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1 << 16), st.integers(0, 1 << 16)),
-                 min_size=1, max_size=6)
+edits = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 1 << 16), st.integers(0, 1 << 16)),
+    min_size=1,
+    max_size=6,
+)
 
 
 def consume_bounded(data: bytes, pieces: list[int]) -> None:
@@ -58,10 +65,15 @@ def test_arbitrary_bytes(data, pieces):
 
 
 @FUZZ
-@given(header=st.tuples(st.sampled_from(INTERESTING_INT32 + [64, 100]), st.integers(-2, 2),
-                        st.sampled_from([wire.OP_MSG, wire.OP_QUERY, wire.OP_REPLY,
-                                         wire.OP_COMPRESSED, 0])),
-       rest=st.binary(max_size=512), pieces=cuts)
+@given(
+    header=st.tuples(
+        st.sampled_from(INTERESTING_INT32 + [64, 100]),
+        st.integers(-2, 2),
+        st.sampled_from([wire.OP_MSG, wire.OP_QUERY, wire.OP_REPLY, wire.OP_COMPRESSED, 0]),
+    ),
+    rest=st.binary(max_size=512),
+    pieces=cuts,
+)
 def test_arbitrary_bytes_behind_a_plausible_header(header, rest, pieces):
     length, request_id, op_code = header
     consume_bounded(wire.HEADER.pack(length, request_id, 0, op_code) + rest, pieces)
@@ -80,12 +92,14 @@ def test_mutated_streams_of_frames(seeds, edits, pieces):
 
 
 @FUZZ
-@given(compressor=st.sampled_from(["zlib", "snappy", "zstd", "noop"]),
-       fill=st.one_of(st.integers(0, 2 * LIMIT),
-                      st.sampled_from([LIMIT - 64, 8 * LIMIT, 16 * LIMIT])),
-       declared=st.one_of(st.integers(-8, 64), st.integers(LIMIT - 64, LIMIT + 64),
-                          st.integers(-(2**31), 2**31 - 1)),
-       pieces=cuts)
+@given(
+    compressor=st.sampled_from(["zlib", "snappy", "zstd", "noop"]),
+    fill=st.one_of(st.integers(0, 2 * LIMIT), st.sampled_from([LIMIT - 64, 8 * LIMIT, 16 * LIMIT])),
+    declared=st.one_of(
+        st.integers(-8, 64), st.integers(LIMIT - 64, LIMIT + 64), st.integers(-(2**31), 2**31 - 1)
+    ),
+    pieces=cuts,
+)
 def test_compressed_frames_with_lying_sizes(compressor, fill, declared, pieces):
     """A compressed OP_MSG whose body inflates to up to 16 MiB (16x the limit) claims any size."""
     inner = wire.encode_op_msg(1, 0, bson.encode({"ping": 1, "pad": bytes(fill)}))
@@ -96,8 +110,11 @@ def test_compressed_frames_with_lying_sizes(compressor, fill, declared, pieces):
 
 
 @FUZZ
-@given(length=st.one_of(st.sampled_from(INTERESTING_INT32), st.integers(-(2**31), 2**31 - 1)),
-       where=st.sampled_from(["top", "nested", "sequence", "query"]), pieces=cuts)
+@given(
+    length=st.one_of(st.sampled_from(INTERESTING_INT32), st.integers(-(2**31), 2**31 - 1)),
+    where=st.sampled_from(["top", "nested", "sequence", "query"]),
+    pieces=cuts,
+)
 def test_bson_strings_stating_the_wrong_length(length, where, pieces):
     bad = struct.pack("<i", 25) + b"\x02a\x00" + struct.pack("<i", length) + b"hello world!\x00\x00"
     if where == "top":
@@ -106,8 +123,9 @@ def test_bson_strings_stating_the_wrong_length(length, where, pieces):
         body = struct.pack("<i", 8 + len(bad)) + b"\x03x\x00" + bad + b"\x00"
         frame = wire.HEADER.pack(21 + len(body), 1, 0, wire.OP_MSG) + bytes(5) + body
     elif where == "sequence":
-        frame = wire.encode_op_msg(1, 0, bson.encode({"insert": "c", "$db": "t"}),
-                                   sequences=(("documents", (bad,)),))
+        frame = wire.encode_op_msg(
+            1, 0, bson.encode({"insert": "c", "$db": "t"}), sequences=(("documents", (bad,)),)
+        )
     else:
         frame = wire.encode_op_query(1, "admin.$cmd", bad)
     consume_bounded(frame, pieces)

@@ -33,7 +33,12 @@ def main(argv: list[str]) -> None:
         cats = ", ".join(repr(c) for c in e.get("categories", []))
         line = f"    {e['code']}: ({e['name']!r}, frozenset({{{cats}}})),"
         lines.append(line.replace("frozenset({})", "frozenset()"))
-    lines += ["}", "", "CODE_BY_NAME: dict[str, int] = {name: code for code, (name, _) in ERROR_CODES.items()}", ""]
+    lines += [
+        "}",
+        "",
+        "CODE_BY_NAME: dict[str, int] = {name: code for code, (name, _) in ERROR_CODES.items()}",
+        "",
+    ]
     OUT.write_text("\n".join(lines))
     print(f"wrote {len(rows)} codes to {OUT}")
 

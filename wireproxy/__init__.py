@@ -14,8 +14,13 @@ if TYPE_CHECKING:
     from wireproxy.router import CommandTable, Route, classify
     from wireproxy.server import ProxyServer
 
-_HOMES = {"ProxyConfig": "wireproxy.config", "CommandTable": "wireproxy.router",
-          "Route": "wireproxy.router", "classify": "wireproxy.router", "ProxyServer": "wireproxy.server"}
+_HOMES = {
+    "ProxyConfig": "wireproxy.config",
+    "CommandTable": "wireproxy.router",
+    "Route": "wireproxy.router",
+    "classify": "wireproxy.router",
+    "ProxyServer": "wireproxy.server",
+}
 
 __all__ = ["ProxyConfig", "CommandTable", "Route", "classify", "ProxyServer"]
 

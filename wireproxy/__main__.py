@@ -30,8 +30,9 @@ def _flag_value(kind: str, flag: str, raw: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="wireproxy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="wireproxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_version_flag(parser)
     parser.add_argument("--config", help="TOML file with a [wireproxy] table")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
@@ -41,22 +42,37 @@ def main(argv: list[str] | None = None) -> None:
     for f in settings:
         kind, flag = str(f.type), "--" + f.name.replace("_", "-")
         if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})")
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})",
+            )
         else:
-            parser.add_argument(flag, metavar=_METAVARS[kind], help=f"{f.metadata['help']} (default: {f.default!r})",
-                                type=functools.partial(_flag_value, kind, flag))
+            parser.add_argument(
+                flag,
+                metavar=_METAVARS[kind],
+                help=f"{f.metadata['help']} (default: {f.default!r})",
+                type=functools.partial(_flag_value, kind, flag),
+            )
     args = parser.parse_args(argv)
     # Before the settings are checked and the engine loads: numba's cache choice is logged then.
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     try:
         config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
         config = ProxyConfig.from_env(base=config)
         # Flags given override the file and the environment.
-        changes: dict[str, Any] = {f.name: v for f in settings if (v := getattr(args, f.name)) is not None}
+        changes: dict[str, Any] = {
+            f.name: v for f in settings if (v := getattr(args, f.name)) is not None
+        }
         if args.listen:
             host, _, port = args.listen.rpartition(":")
-            changes.update(listen_host=host or "127.0.0.1", listen_port=parse_value("int", port, "--listen's port"))
+            changes.update(
+                listen_host=host or "127.0.0.1",
+                listen_port=parse_value("int", port, "--listen's port"),
+            )
         config = dataclasses.replace(config, **changes)
     except (OSError, ValueError) as exc:  # a bad setting, a missing or malformed file
         parser.error(str(exc))
@@ -76,9 +92,15 @@ def main(argv: list[str] | None = None) -> None:
             # The batch splice's compiled kernels, loaded (or compiled, on a cold cache) in a
             # thread while the proxy already serves: ready before the first stream needs them. A
             # shutdown does not wait for it.
-            nursery.start_soon(functools.partial(trio.to_thread.run_sync, warm_up, abandon_on_cancel=True))
-            logging.getLogger("wireproxy").info("listening on %s:%d, upstream %s", config.listen_host,
-                                                proxy.port, redact_uri(config.upstream))
+            nursery.start_soon(
+                functools.partial(trio.to_thread.run_sync, warm_up, abandon_on_cancel=True)
+            )
+            logging.getLogger("wireproxy").info(
+                "listening on %s:%d, upstream %s",
+                config.listen_host,
+                proxy.port,
+                redact_uri(config.upstream),
+            )
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     await proxy.server.shutdown()

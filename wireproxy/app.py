@@ -36,23 +36,27 @@ class RunningProxy:
 
 def _engine_config(config: ProxyConfig) -> EngineConfig:
     """The engine's settings that the proxy's configuration holds."""
-    return EngineConfig(reader_processes=config.reader_processes,
-                        idle_teardown_s=config.stream_idle_teardown_s,
-                        reader_idle_s=config.reader_idle_s,
-                        cursor_timeout_s=config.cursor_timeout_s,
-                        memory_limit_bytes=config.memory_limit_bytes,
-                        hang_timeout_s=config.upstream_timeout_s or None)
+    return EngineConfig(
+        reader_processes=config.reader_processes,
+        idle_teardown_s=config.stream_idle_teardown_s,
+        reader_idle_s=config.reader_idle_s,
+        cursor_timeout_s=config.cursor_timeout_s,
+        memory_limit_bytes=config.memory_limit_bytes,
+        hang_timeout_s=config.upstream_timeout_s or None,
+    )
 
 
 def _passing_through(handler: Handler) -> LocalHandler:
     """`handler` as the router calls it: the engine's Decline (the request is left to mongos)
     becomes the router's PassThrough."""
+
     # Typed ClientSession, so that mypy checks the session is the engine's ClientContext.
     async def run(session: ClientSession, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
             return await handler(session, db, cmd)
         except Decline:
             raise PassThrough() from None
+
     return run
 
 
@@ -66,15 +70,21 @@ def route_to(table: CommandTable, commands: EngineCommands) -> None:
     table.owned_cursors = commands.cursors
 
 
-async def serve_proxy(config: ProxyConfig, *, engine_config: EngineConfig | None = None,
-                      task_status: trio.TaskStatus[RunningProxy] = trio.TASK_STATUS_IGNORED,
-                      ) -> None:
+async def serve_proxy(
+    config: ProxyConfig,
+    *,
+    engine_config: EngineConfig | None = None,
+    task_status: trio.TaskStatus[RunningProxy] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Run the proxy and its engine until cancelled; `task_status.started(RunningProxy)` once
     listening."""
     server = ProxyServer(config)
-    engine = Engine(server.connect_engine_upstream, engine_config or _engine_config(config),
-                    connect_member=server.connect_member,
-                    requires_auth=server.credentials is not None)
+    engine = Engine(
+        server.connect_engine_upstream,
+        engine_config or _engine_config(config),
+        connect_member=server.connect_member,
+        requires_auth=server.credentials is not None,
+    )
     route_to(server.table, engine.commands())
     server.metrics.registry.register(EngineCollector(engine))
     async with trio.open_nursery() as nursery:

@@ -42,7 +42,11 @@ class ClusterTimeGossip:
             at = signed.get("clusterTime")
             if isinstance(at, Timestamp) and _after(at, self._time):
                 # A copy of its bytes: the reply's buffer is not kept alive by it.
-                raw = bytes(signed.raw) if isinstance(signed, RawBSONDocument) else bson.encode(signed)
+                raw = (
+                    bytes(signed.raw)
+                    if isinstance(signed, RawBSONDocument)
+                    else bson.encode(signed)
+                )
                 self.cluster_time = RawBSONDocument(raw, RAW)
                 self._time = at
         op_time = doc.get("operationTime")
@@ -57,4 +61,3 @@ class ClusterTimeGossip:
             if "operationTime" not in reply:
                 reply["operationTime"] = self.operation_time or self._time
         return reply
-

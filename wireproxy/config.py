@@ -34,73 +34,114 @@ class ProxyConfig:
     upstream: str = _setting(
         "mongodb://127.0.0.1:27017",
         "the cluster's mongos, as a connection string (its credentials are the engine's own "
-        "login; tls=true and the tlsCAFile / tlsAllowInvalidCertificates options apply)")
+        "login; tls=true and the tlsCAFile / tlsAllowInvalidCertificates options apply)",
+    )
     listen_host: str = _setting("127.0.0.1", "address to listen on")
     listen_port: int = _setting(27018, "port to listen on (0: any free port)", 0, 65535)
     metrics_port: int = _setting(0, "serve Prometheus /metrics on this port (0: off)", 0, 65535)
     max_connections: int = _setting(
-        10_000, "client connections served at once; more are closed as they come", 1)
+        10_000, "client connections served at once; more are closed as they come", 1
+    )
     idle_timeout_s: float = _setting(0.0, "close client connections idle this long (0: never)", 0)
     # The three limits below bound what a client can make the proxy hold with messages it
     # starts and never finishes (each up to maxMessageSizeBytes, 48 MB, otherwise).
     frame_timeout_s: float = _setting(
-        30.0, "close a client connection whose message has begun to arrive and is not whole "
-              "this long after (0: never)", 0)
+        30.0,
+        "close a client connection whose message has begun to arrive and is not whole "
+        "this long after (0: never)",
+        0,
+    )
     unauthenticated_max_message_bytes: int = _setting(
-        1 << 20, "the largest message a client that has not logged in may send, when the "
-                 "upstream URI carries credentials (the cluster then requires authentication, "
-                 "and such a client can only say hello and log in); a larger one closes the "
-                 "connection", 1024, wire.MAX_MESSAGE_SIZE)
+        1 << 20,
+        "the largest message a client that has not logged in may send, when the "
+        "upstream URI carries credentials (the cluster then requires authentication, "
+        "and such a client can only say hello and log in); a larger one closes the "
+        "connection",
+        1024,
+        wire.MAX_MESSAGE_SIZE,
+    )
     unauthenticated_buffer_bytes: int = _setting(
-        256 << 20, "what the incomplete messages of all clients that have not logged in may "
-                   "hold at once (every client, when the cluster runs without authentication); "
-                   "a client whose message would take it past this is closed (0: no limit)", 0)
+        256 << 20,
+        "what the incomplete messages of all clients that have not logged in may "
+        "hold at once (every client, when the cluster runs without authentication); "
+        "a client whose message would take it past this is closed (0: no limit)",
+        0,
+    )
     shutdown_grace_s: float = _setting(10.0, "on SIGTERM, how long in-flight requests get", 0)
     accelerate_change_streams: bool = _setting(
-        False, "serve drivers' watch() ($changeStream aggregates) from "
-               "the engine instead of passing them to mongos")
+        False,
+        "serve drivers' watch() ($changeStream aggregates) from "
+        "the engine instead of passing them to mongos",
+    )
     reader_processes: int = _setting(
-        0, "worker processes turning oplog batches into events, and applying an "
-           "accelerated watch()'s stages (0: in the proxy)", 0, MAX_READER_PROCESSES)
+        0,
+        "worker processes turning oplog batches into events, and applying an "
+        "accelerated watch()'s stages (0: in the proxy)",
+        0,
+        MAX_READER_PROCESSES,
+    )
     stream_idle_teardown_s: float = _setting(
-        300.0, "close a parallel change stream that has had no cursor, and no "
-               "status call, this long", 0)
+        300.0,
+        "close a parallel change stream that has had no cursor, and no status call, this long",
+        0,
+    )
     reader_idle_s: float = _setting(
-        300.0, "stop a reader process that has read nothing this long (started "
-               "again when a stream needs it)", 0)
+        300.0,
+        "stop a reader process that has read nothing this long (started "
+        "again when a stream needs it)",
+        0,
+    )
     cursor_timeout_s: float = _setting(
-        600.0, "kill engine cursors no getMore used this long, as "
-               "cursorTimeoutMillis does (cursors opened in a session: 1800, "
-               "the session timeout)", 0)
+        600.0,
+        "kill engine cursors no getMore used this long, as "
+        "cursorTimeoutMillis does (cursors opened in a session: 1800, "
+        "the session timeout)",
+        0,
+    )
     upstream_timeout_s: float = _setting(
-        30.0, "the engine gives up on a shard member or mongos that has not "
-              "answered a command this long past its maxTimeMS (a hung or cut-off "
-              "host; as a driver's socketTimeoutMS) and reads on from another "
-              "member, and kills a reader process that answers nothing this long "
-              "(0: wait forever)", 0)
+        30.0,
+        "the engine gives up on a shard member or mongos that has not "
+        "answered a command this long past its maxTimeMS (a hung or cut-off "
+        "host; as a driver's socketTimeoutMS) and reads on from another "
+        "member, and kills a reader process that answers nothing this long "
+        "(0: wait forever)",
+        0,
+    )
     memory_limit_bytes: int = _setting(
-        0, "bound on what all streams' buffers hold and the "
-           "reader processes; streams that do not fit are "
-           "refused (ExceededMemoryLimit) (0: half the "
-           "machine's or cgroup's memory)", 0)
+        0,
+        "bound on what all streams' buffers hold and the "
+        "reader processes; streams that do not fit are "
+        "refused (ExceededMemoryLimit) (0: half the "
+        "machine's or cgroup's memory)",
+        0,
+    )
     tls_cert_file: str = _setting(
-        "", "client-side TLS: the proxy's certificate and key (PEM); empty: plain TCP")
+        "", "client-side TLS: the proxy's certificate and key (PEM); empty: plain TCP"
+    )
     tls_ca_file: str = _setting(
-        "", "with tls_cert_file: require client certificates signed by this CA")
+        "", "with tls_cert_file: require client certificates signed by this CA"
+    )
     upstream_tls: bool = _setting(
-        False, "TLS to mongos and the shards (as tls=true in the upstream URI)")
+        False, "TLS to mongos and the shards (as tls=true in the upstream URI)"
+    )
     upstream_tls_ca_file: str = _setting(
-        "", "CA to verify the upstream's certificates (as tlsCAFile)")
-    upstream_tls_allow_invalid: bool = _setting(False, "accept any upstream certificate "
-                                                       "(as tlsAllowInvalidCertificates)")
+        "", "CA to verify the upstream's certificates (as tlsCAFile)"
+    )
+    upstream_tls_allow_invalid: bool = _setting(
+        False, "accept any upstream certificate (as tlsAllowInvalidCertificates)"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             kind = str(f.type)
             # bool is an int to Python, and an int is a fine float; nothing else converts.
-            ok = {"bool": type(value) is bool, "int": type(value) is int, "str": type(value) is str,
-                  "float": type(value) in (int, float)}[kind]
+            ok = {
+                "bool": type(value) is bool,
+                "int": type(value) is int,
+                "str": type(value) is str,
+                "float": type(value) in (int, float),
+            }[kind]
             if not ok:
                 raise ValueError(f"{f.name} must be {_KINDS[kind]}, not {value!r}")
             if kind == "float":
@@ -115,13 +156,18 @@ class ProxyConfig:
             raise ValueError("listen_host must not be empty")
         if self.tls_ca_file and not self.tls_cert_file:
             raise ValueError(
-                "tls_ca_file needs tls_cert_file: client certificates are asked for over TLS")
+                "tls_ca_file needs tls_cert_file: client certificates are asked for over TLS"
+            )
         check_upstream_uri(self.upstream)
 
     def __repr__(self) -> str:
         # The upstream URI holds the proxy's password: shown redacted wherever a config is.
-        shown = ", ".join(f"{f.name}={redact_uri(self.upstream)!r}" if f.name == "upstream"
-                          else f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        shown = ", ".join(
+            f"{f.name}={redact_uri(self.upstream)!r}"
+            if f.name == "upstream"
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
         return f"ProxyConfig({shown})"
 
     @classmethod

@@ -40,7 +40,7 @@ class UpstreamFailPoints:
     """The fail points mongos accepted through this proxy (one instance per proxy)."""
 
     def __init__(self) -> None:
-        self._armed: dict[str, dict[str, Any]] = {}   # name -> {"mode": ..., "data": {...}}
+        self._armed: dict[str, dict[str, Any]] = {}  # name -> {"mode": ..., "data": {...}}
         self._rng = random.Random()
 
     def observe(self, cmd: dict[str, Any], ok: bool) -> None:
@@ -52,8 +52,10 @@ class UpstreamFailPoints:
         if mode == "off":
             self._armed.pop(name, None)
         else:
-            self._armed[name] = {"mode": dict(mode) if isinstance(mode, dict) else mode,
-                                 "data": dict(cmd.get("data") or {})}
+            self._armed[name] = {
+                "mode": dict(mode) if isinstance(mode, dict) else mode,
+                "data": dict(cmd.get("data") or {}),
+            }
 
     def _spend(self, name: str) -> None:
         """One firing of `name` seen: a {times: n} fail point is off after its n-th."""
@@ -64,7 +66,9 @@ class UpstreamFailPoints:
             if mode["times"] <= 0:
                 del self._armed[name]
 
-    async def probe(self, upstream: GetUpstream, name: str, db: str, cmd: dict[str, Any]) -> dict[str, Any] | None:
+    async def probe(
+        self, upstream: GetUpstream, name: str, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """mongos's answer if its failCommand fires for the local command `name`, else None.
         `upstream` is called only then: a session need not open a mongos connection for this."""
         fp = self._armed.get(FAIL_COMMAND)
@@ -73,12 +77,22 @@ class UpstreamFailPoints:
         up = await upstream()
         fake = Int64(self._rng.getrandbits(62) | 1)
         if name == "getMore":
-            reply = bson.decode((await up.command(db, {"getMore": fake, "collection": cmd.get("collection")},
-                                                  check=False)).raw)
+            reply = bson.decode(
+                (
+                    await up.command(
+                        db, {"getMore": fake, "collection": cmd.get("collection")}, check=False
+                    )
+                ).raw
+            )
             missed = reply.get("code") == 43 and str(int(fake)) in str(reply.get("errmsg", ""))
         elif name == "killCursors":
-            reply = bson.decode((await up.command(db, {"killCursors": cmd.get("killCursors"), "cursors": [fake]},
-                                                  check=False)).raw)
+            reply = bson.decode(
+                (
+                    await up.command(
+                        db, {"killCursors": cmd.get("killCursors"), "cursors": [fake]}, check=False
+                    )
+                ).raw
+            )
             missed = bool(reply.get("ok"))
         elif name == "aggregate":
             sent = {k: v for k, v in cmd.items() if k not in ("lsid", "$clusterTime", "txnNumber")}
@@ -112,9 +126,19 @@ class UpstreamFailPoints:
             self._spend(AFTER_CHECKOUT)
         if isinstance(mode, dict):  # a count moved: mongos's copy follows it
             left = self._armed.get(AFTER_CHECKOUT)
-            await (await upstream()).command("admin", {"configureFailPoint": AFTER_CHECKOUT,
-                                       "mode": "off" if left is None else left["mode"], "data": data}, check=False)
+            await (await upstream()).command(
+                "admin",
+                {
+                    "configureFailPoint": AFTER_CHECKOUT,
+                    "mode": "off" if left is None else left["mode"],
+                    "data": data,
+                },
+                check=False,
+            )
         if not fires:
             return None
-        return MongoError(int(data.get("errorCode", 1)), f"Failing command via '{AFTER_CHECKOUT}' failpoint",
-                          labels=tuple(data.get("errorLabels", ())))
+        return MongoError(
+            int(data.get("errorCode", 1)),
+            f"Failing command via '{AFTER_CHECKOUT}' failpoint",
+            labels=tuple(data.get("errorLabels", ())),
+        )

@@ -23,7 +23,7 @@ __all__ = ["HostFailure", "HostHealth", "host_address"]
 
 class HostFailure(NamedTuple):
     error: str
-    order: float   # time.monotonic() of the failure, for ordering
+    order: float  # time.monotonic() of the failure, for ordering
 
 
 class HostHealth:
@@ -43,7 +43,9 @@ class HostHealth:
     def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """`hosts`, those that have not failed first (in their own order), then the failed ones,
         the longest-failed first."""
+
         def last_failed(host: tuple[str, int]) -> float:
             failure = self._failed.get(host_address(*host))
             return -math.inf if failure is None else failure.order
+
         return sorted(hosts, key=last_failed)

@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
@@ -31,30 +38,128 @@ OTHER_COMMAND = "other"
 
 # Command names that may become a label: the server's commands (src/mongo/db/commands/ and
 # src/mongo/s/commands/) that drivers, tools and the proxy's own users send, and the proxy's own.
-KNOWN_COMMANDS = frozenset({
-    "abortTransaction", "addShard", "aggregate", "analyzeShardKey", "appendOplogNote",
-    "authenticate", "balancerStart", "balancerStatus", "balancerStop", "buildInfo", "bulkWrite",
-    "checkShardingIndex", "cleanupOrphaned", "clearJumboFlag", "collMod", "collStats",
-    "commitTransaction", "compact", "configureFailPoint", "connPoolStats", "connectionStatus",
-    "count", "create", "createIndexes", "createRole", "createSearchIndexes", "createUser",
-    "currentOp", "dataSize", "dbHash", "dbStats", "delete", "distinct", "drop",
-    "dropAllRolesFromDatabase", "dropAllUsersFromDatabase", "dropDatabase", "dropIndexes",
-    "dropRole", "dropSearchIndex", "dropUser", "enableSharding", "endSessions", "explain",
-    "features", "find", "findAndModify", "flushRouterConfig", "fsync", "getCmdLineOpts",
-    "getDefaultRWConcern", "getLastError", "getLog", "getMore", "getParameter", "getShardMap",
-    "getShardVersion", "getnonce", "grantPrivilegesToRole", "grantRolesToRole", "grantRolesToUser",
-    "hello", "hostInfo", "insert", "isMaster", "ismaster", "killAllSessions",
-    "killAllSessionsByPattern", "killCursors", "killOp", "killSessions", "listCollections",
-    "listCommands", "listDatabases", "listIndexes", "listSearchIndexes", "listShards", "lockInfo",
-    "logout", "mapReduce", "moveChunk", "movePrimary", "moveRange", "ping", "profile", "reIndex",
-    "refineCollectionShardKey", "refreshSessions", "removeShard", "renameCollection",
-    "replSetGetStatus", "reshardCollection", "revokePrivilegesFromRole", "revokeRolesFromRole",
-    "revokeRolesFromUser", "rolesInfo", "saslContinue", "saslStart", "serverStatus",
-    "setDefaultRWConcern", "setFeatureCompatibilityVersion", "setParameter", "shardCollection",
-    "shutdown", "split", "splitVector", "startSession", "top", "update", "updateRole",
-    "updateSearchIndex", "updateUser", "usersInfo", "validate", "whatsmyuri",
-    "parallelChangeStream", "parallelChangeStreamStatus", "dropParallelChangeStream",
-})
+KNOWN_COMMANDS = frozenset(
+    {
+        "abortTransaction",
+        "addShard",
+        "aggregate",
+        "analyzeShardKey",
+        "appendOplogNote",
+        "authenticate",
+        "balancerStart",
+        "balancerStatus",
+        "balancerStop",
+        "buildInfo",
+        "bulkWrite",
+        "checkShardingIndex",
+        "cleanupOrphaned",
+        "clearJumboFlag",
+        "collMod",
+        "collStats",
+        "commitTransaction",
+        "compact",
+        "configureFailPoint",
+        "connPoolStats",
+        "connectionStatus",
+        "count",
+        "create",
+        "createIndexes",
+        "createRole",
+        "createSearchIndexes",
+        "createUser",
+        "currentOp",
+        "dataSize",
+        "dbHash",
+        "dbStats",
+        "delete",
+        "distinct",
+        "drop",
+        "dropAllRolesFromDatabase",
+        "dropAllUsersFromDatabase",
+        "dropDatabase",
+        "dropIndexes",
+        "dropRole",
+        "dropSearchIndex",
+        "dropUser",
+        "enableSharding",
+        "endSessions",
+        "explain",
+        "features",
+        "find",
+        "findAndModify",
+        "flushRouterConfig",
+        "fsync",
+        "getCmdLineOpts",
+        "getDefaultRWConcern",
+        "getLastError",
+        "getLog",
+        "getMore",
+        "getParameter",
+        "getShardMap",
+        "getShardVersion",
+        "getnonce",
+        "grantPrivilegesToRole",
+        "grantRolesToRole",
+        "grantRolesToUser",
+        "hello",
+        "hostInfo",
+        "insert",
+        "isMaster",
+        "ismaster",
+        "killAllSessions",
+        "killAllSessionsByPattern",
+        "killCursors",
+        "killOp",
+        "killSessions",
+        "listCollections",
+        "listCommands",
+        "listDatabases",
+        "listIndexes",
+        "listSearchIndexes",
+        "listShards",
+        "lockInfo",
+        "logout",
+        "mapReduce",
+        "moveChunk",
+        "movePrimary",
+        "moveRange",
+        "ping",
+        "profile",
+        "reIndex",
+        "refineCollectionShardKey",
+        "refreshSessions",
+        "removeShard",
+        "renameCollection",
+        "replSetGetStatus",
+        "reshardCollection",
+        "revokePrivilegesFromRole",
+        "revokeRolesFromRole",
+        "revokeRolesFromUser",
+        "rolesInfo",
+        "saslContinue",
+        "saslStart",
+        "serverStatus",
+        "setDefaultRWConcern",
+        "setFeatureCompatibilityVersion",
+        "setParameter",
+        "shardCollection",
+        "shutdown",
+        "split",
+        "splitVector",
+        "startSession",
+        "top",
+        "update",
+        "updateRole",
+        "updateSearchIndex",
+        "updateUser",
+        "usersInfo",
+        "validate",
+        "whatsmyuri",
+        "parallelChangeStream",
+        "parallelChangeStreamStatus",
+        "dropParallelChangeStream",
+    }
+)
 
 
 def command_label(name: str) -> str:
@@ -124,8 +229,13 @@ class FailureLog:
             self._unlogged.clear()
         self._logged_at[error_id] = now
         repeats = self._unlogged.pop(error_id, 0)
-        self.logger.error("%s failed: error id %s (%d more of it since it was last logged)", what,
-                          error_id, repeats, exc_info=exc)
+        self.logger.error(
+            "%s failed: error id %s (%d more of it since it was last logged)",
+            what,
+            error_id,
+            repeats,
+            exc_info=exc,
+        )
         return error_id
 
 
@@ -135,8 +245,12 @@ class ThrottledLog:
     sending a hundred thousand bad frames must neither fill the log nor spend the loop's time on
     formatting lines."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger, self.interval_s, self._clock = logger, interval_s, clock
         self._logged_at: dict[str, float] = {}
         self._left_out: dict[str, int] = {}
@@ -161,20 +275,35 @@ class ProxyMetrics:
         self.registry = _Registry()
         # One page rendered at a time: scrapes that come together do not each take a thread.
         self._render = trio.CapacityLimiter(1)
-        self.connections = Gauge("pcs_client_connections", "Open client connections",
-                                 registry=self.registry)
-        self.commands = Counter("pcs_commands_total", "Commands received (command: the "
-                                "command's name if the server knows it, else other)",
-                                ["command", "route"], registry=self.registry)
-        self.errors = Counter("pcs_error_replies_total", "Error replies sent, by code", ["code"],
-                              registry=self.registry)
-        self.upstream_latency = Histogram("pcs_upstream_request_duration_seconds",
-                                          "Round trip of a command passed to the upstream",
-                                          registry=self.registry)
-        self.upstream_up = Gauge("pcs_upstream_up", "1 while the upstream host (a mongos) answers "
-                                 "the proxy's hello checks", ["address"], registry=self.registry)
-        self.protocol_errors = Counter("pcs_protocol_errors_total", "Connections closed for bad "
-                                       "frames", registry=self.registry)
+        self.connections = Gauge(
+            "pcs_client_connections", "Open client connections", registry=self.registry
+        )
+        self.commands = Counter(
+            "pcs_commands_total",
+            "Commands received (command: the command's name if the server knows it, else other)",
+            ["command", "route"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "pcs_error_replies_total",
+            "Error replies sent, by code",
+            ["code"],
+            registry=self.registry,
+        )
+        self.upstream_latency = Histogram(
+            "pcs_upstream_request_duration_seconds",
+            "Round trip of a command passed to the upstream",
+            registry=self.registry,
+        )
+        self.upstream_up = Gauge(
+            "pcs_upstream_up",
+            "1 while the upstream host (a mongos) answers the proxy's hello checks",
+            ["address"],
+            registry=self.registry,
+        )
+        self.protocol_errors = Counter(
+            "pcs_protocol_errors_total", "Connections closed for bad frames", registry=self.registry
+        )
         ProcessCollector(registry=self.registry)
         # Commands that failed unexpectedly (answered InternalError): logged by error id.
         self.failures = FailureLog(logging.getLogger("wireproxy.session"))
@@ -192,5 +321,6 @@ class ProxyMetrics:
             await trio.sleep(0)
         for family in families:  # fresh objects of each collect(): theirs to change
             family.samples = [s for s in family.samples if not s.name.endswith("_created")]
-        return await trio.to_thread.run_sync(generate_latest, _Families(families),
-                                             limiter=self._render)
+        return await trio.to_thread.run_sync(
+            generate_latest, _Families(families), limiter=self._render
+        )

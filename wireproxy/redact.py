@@ -11,8 +11,12 @@ REDACTED = "***"
 
 # Connection-string options whose values are secrets (AWS session tokens travel in
 # authMechanismProperties; the key file passwords unlock client certificates).
-_SECRET_OPTIONS = ("authMechanismProperties", "tlsCertificateKeyFilePassword", "sslPEMKeyPassword",
-                   "sslClientCertificateKeyPassword")
+_SECRET_OPTIONS = (
+    "authMechanismProperties",
+    "tlsCertificateKeyFilePassword",
+    "sslPEMKeyPassword",
+    "sslClientCertificateKeyPassword",
+)
 _SECRET_OPTION = re.compile(r"(?i)([?&;](?:" + "|".join(_SECRET_OPTIONS) + r")=)[^&;]*")
 
 

@@ -60,8 +60,11 @@ def classify(
     name = next(iter(cmd), "").lower()
     if name in HELLO_NAMES:
         return Route.HELLO, None
-    handler = (table.commands.get(name) or _owned_cursor_handler(name, cmd, table)
-               or _change_stream_handler(name, cmd, table, accelerate))
+    handler = (
+        table.commands.get(name)
+        or _owned_cursor_handler(name, cmd, table)
+        or _change_stream_handler(name, cmd, table, accelerate)
+    )
     if handler is None:
         return Route.PASSTHROUGH, None
     return Route.LOCAL, handler
@@ -80,8 +83,9 @@ def _owned_cursor_handler(
     return None
 
 
-def _change_stream_handler(name: str, cmd: Mapping[str, Any], table: CommandTable,
-                           accelerate: bool) -> LocalHandler | None:
+def _change_stream_handler(
+    name: str, cmd: Mapping[str, Any], table: CommandTable, accelerate: bool
+) -> LocalHandler | None:
     """The local handler of a `$changeStream` aggregate, when acceleration is on."""
     if name != "aggregate" or not accelerate or not table.change_stream_handler:
         return None

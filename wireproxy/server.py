@@ -38,8 +38,13 @@ CLIENT_SEND_BUFFER_BYTES = 4 << 20
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig, *, table: CommandTable | None = None,
-                 metrics: ProxyMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        *,
+        table: CommandTable | None = None,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
         self.config = config
         self.table = table or CommandTable()
         self.metrics = metrics or ProxyMetrics()
@@ -47,10 +52,13 @@ class ProxyServer:
         # The newest $clusterTime mongos sent, for the replies the proxy makes itself.
         self.cluster_time = ClusterTimeGossip()
         self.process_id = ObjectId()
-        target = UpstreamTarget.from_uri(config.upstream, tls=config.upstream_tls,
-                                         tls_ca_file=config.upstream_tls_ca_file,
-                                         tls_allow_invalid=config.upstream_tls_allow_invalid,
-                                         reply_timeout_s=config.upstream_timeout_s or None)
+        target = UpstreamTarget.from_uri(
+            config.upstream,
+            tls=config.upstream_tls,
+            tls_ca_file=config.upstream_tls_ca_file,
+            tls_allow_invalid=config.upstream_tls_allow_invalid,
+            reply_timeout_s=config.upstream_timeout_s or None,
+        )
         self.hosts = target.hosts
         # Credentials in the upstream URI are the engine's own login (readers, lookups, notes);
         # a client's pinned connection is never logged in with them: each client authenticates itself.
@@ -64,10 +72,16 @@ class ProxyServer:
         self._upstream_ssl = target.member.ssl_context()
         # The mongoses seen failing, by the monitor or by any connection to them: tried last.
         self.health = HostHealth()
-        self.monitor = UpstreamMonitor(self.hosts, health=self.health, heartbeat_s=target.heartbeat_s,
-                                       connect_timeout_s=target.member.connect_timeout_s,
-                                       ssl_context=self._upstream_ssl, cut_clients=self._cut_clients_of,
-                                       up_gauge=self.metrics.upstream_up, gossip=self.cluster_time)
+        self.monitor = UpstreamMonitor(
+            self.hosts,
+            health=self.health,
+            heartbeat_s=target.heartbeat_s,
+            connect_timeout_s=target.member.connect_timeout_s,
+            ssl_context=self._upstream_ssl,
+            cut_clients=self._cut_clients_of,
+            up_gauge=self.metrics.upstream_up,
+            gossip=self.cluster_time,
+        )
         self.sessions: set[ClientSession] = set()
         self.port = config.listen_port
         self.handler_nursery: trio.Nursery | None = None
@@ -96,13 +110,21 @@ class ProxyServer:
         last: Exception | None = None
         # The hosts that take writes first (every mongos; a replica set's primary), then by health.
         writable = self.monitor.writable
-        for host, port in sorted(self.health.order(self.hosts), key=lambda h: not writable.get(host_address(*h))):
+        for host, port in sorted(
+            self.health.order(self.hosts), key=lambda h: not writable.get(host_address(*h))
+        ):
             try:
                 # A client's connection may be closed for what the client sent: only the
                 # engine's losses count against a mongos.
-                conn = await open_upstream(host, port, ssl_context=self._upstream_ssl, reply_timeout_s=reply_timeout_s,
-                                           health=self.health, connect_timeout_s=self.connect_member.connect_timeout_s,
-                                           count_losses=engine)
+                conn = await open_upstream(
+                    host,
+                    port,
+                    ssl_context=self._upstream_ssl,
+                    reply_timeout_s=reply_timeout_s,
+                    health=self.health,
+                    connect_timeout_s=self.connect_member.connect_timeout_s,
+                    count_losses=engine,
+                )
                 conn.gossip = self.cluster_time
                 return conn
             except UpstreamClosed as exc:
@@ -114,7 +136,11 @@ class ProxyServer:
         down: a command in flight fails, or the next one does, with a network error their drivers
         retry, on a new connection to another host."""
         for session in list(self.sessions):
-            if session.upstream is not None and session.upstream.address == address and not session.upstream.closed:
+            if (
+                session.upstream is not None
+                and session.upstream.address == address
+                and not session.upstream.closed
+            ):
                 log.warning("conn%d: cutting its connection to %s", session.conn_id, address)
                 await session.upstream.aclose()
 
@@ -127,9 +153,13 @@ class ProxyServer:
             await nursery.start(self.monitor.run)
             self.handler_nursery = nursery
             ssl_ctx = self._client_ssl()
-            listeners: list[Any] = await trio.open_tcp_listeners(self.config.listen_port, host=self.config.listen_host)
+            listeners: list[Any] = await trio.open_tcp_listeners(
+                self.config.listen_port, host=self.config.listen_host
+            )
             if ssl_ctx is not None:
-                listeners = [trio.SSLListener(lst, ssl_ctx, https_compatible=False) for lst in listeners]
+                listeners = [
+                    trio.SSLListener(lst, ssl_ctx, https_compatible=False) for lst in listeners
+                ]
             sock = listeners[0].transport_listener.socket if ssl_ctx else listeners[0].socket
             self.port = sock.getsockname()[1]
             if self.config.metrics_port:
@@ -143,7 +173,9 @@ class ProxyServer:
         if self._listener_scope is not None:
             self._listener_scope.cancel()
         if self.handler_nursery is not None:
-            self.handler_nursery.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace_s
+            self.handler_nursery.cancel_scope.deadline = (
+                trio.current_time() + self.config.shutdown_grace_s
+            )
 
     @property
     def open_connections(self) -> int:
@@ -160,7 +192,9 @@ class ProxyServer:
         socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
         if isinstance(socket_stream, trio.SocketStream):
             with contextlib.suppress(OSError):  # a client gone already: its session finds out
-                socket_stream.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, CLIENT_SEND_BUFFER_BYTES)
+                socket_stream.setsockopt(
+                    trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, CLIENT_SEND_BUFFER_BYTES
+                )
         conn_id = next(self._conn_ids)
         session = ClientSession(self, stream, conn_id)
         self.sessions.add(session)
@@ -175,8 +209,12 @@ class ProxyServer:
             self.metrics.connections.dec()
             self._limiter.release()
 
-    async def _serve_metrics(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.config.metrics_port, host=self.config.listen_host)
+    async def _serve_metrics(
+        self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        listeners = await trio.open_tcp_listeners(
+            self.config.metrics_port, host=self.config.listen_host
+        )
         task_status.started(listeners[0].socket.getsockname()[1])
 
         async def http(stream: trio.SocketStream) -> None:
@@ -184,8 +222,12 @@ class ProxyServer:
                 with trio.move_on_after(5):
                     await stream.receive_some(4096)
                     body = await self.metrics.page()  # formatted off the loop
-                    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n")
+                    head = (
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                        b"Content-Length: "
+                        + str(len(body)).encode()
+                        + b"\r\nConnection: close\r\n\r\n"
+                    )
                     await stream.send_all(head + body)
 
         await trio.serve_listeners(http, listeners)

@@ -46,8 +46,11 @@ def identity_of(users: Any) -> str | None:
     "user@db" (the server's UserName form, so that users of the same name in two databases stay
     apart); several users (servers before 6.0 let a connection authenticate as more than one)
     are one identity, sorted and comma-separated; None when nobody is logged in."""
-    names = sorted(f"{u['user']}@{u['db']}" for u in users or ()
-                   if isinstance(u, dict) and isinstance(u.get("user"), str) and isinstance(u.get("db"), str))
+    names = sorted(
+        f"{u['user']}@{u['db']}"
+        for u in users or ()
+        if isinstance(u, dict) and isinstance(u.get("user"), str) and isinstance(u.get("db"), str)
+    )
     return ",".join(names) if names else None
 
 
@@ -55,8 +58,9 @@ class _CloseConnection(Exception):
     pass
 
 
-def read_command(msg: wire.OpMsg, table: CommandTable, *,
-                 accelerate: bool) -> tuple[RawBSONDocument, str, Route, LocalHandler | None]:
+def read_command(
+    msg: wire.OpMsg, table: CommandTable, *, accelerate: bool
+) -> tuple[RawBSONDocument, str, Route, LocalHandler | None]:
     """A client's OP_MSG as a command: its body (left undecoded), name, route and handler.
     ProtocolError, closing the connection as mongos does, when the body is empty or not BSON
     (the top level is checked here; mongos checks what lies deeper in a pass-through command)."""
@@ -133,7 +137,9 @@ _MAX_PIECES = 512
 SEND_PART_BYTES = 512 << 10
 
 
-async def _send_pieces(stream: trio.SocketStream, pieces: list[Any], scratch: Callable[[], Any]) -> None:
+async def _send_pieces(
+    stream: trio.SocketStream, pieces: list[Any], scratch: Callable[[], Any]
+) -> None:
     """`stream.send_all(b"".join(pieces))` without the join: `sendmsg` writes from the pieces
     where they lie, and is called again from where a partial write stopped; a deferred piece
     (wire.DeferredPiece) is made part by part into the buffer `scratch()` gives, each part sent
@@ -191,11 +197,16 @@ class ClientSession:
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
             self.server.metrics.protocol_errors.inc()
-            self.server.metrics.client_log.info("bad frame", "conn%d: closing after a bad frame: %s",
-                                                self.conn_id, group.exceptions[0])
+            self.server.metrics.client_log.info(
+                "bad frame",
+                "conn%d: closing after a bad frame: %s",
+                self.conn_id,
+                group.exceptions[0],
+            )
         except* (UpstreamClosed, _CloseConnection) as group:
-            self.server.metrics.client_log.info("closing", "conn%d: closing: %s", self.conn_id,
-                                                group.exceptions[0])
+            self.server.metrics.client_log.info(
+                "closing", "conn%d: closing: %s", self.conn_id, group.exceptions[0]
+            )
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -227,8 +238,10 @@ class ClientSession:
                     return msg  # type: ignore[return-value]
                 held = self.framer.buffered
                 if held and not logged_in and not budget.hold(self, held):
-                    raise _CloseConnection("incomplete messages of clients not logged in hold more "
-                                           f"than unauthenticated_buffer_bytes ({budget.limit})")
+                    raise _CloseConnection(
+                        "incomplete messages of clients not logged in hold more "
+                        f"than unauthenticated_buffer_bytes ({budget.limit})"
+                    )
                 now = trio.current_time()
                 if held and started is None:
                     started = now
@@ -251,15 +264,20 @@ class ClientSession:
             return await self.stream.receive_some(1 << 18)
         if deadline <= frame_deadline:
             raise _CloseConnection("idle timeout")
-        raise _CloseConnection(f"a message was not whole within frame_timeout_s "
-                               f"({config.frame_timeout_s} s)")
+        raise _CloseConnection(
+            f"a message was not whole within frame_timeout_s ({config.frame_timeout_s} s)"
+        )
 
     async def _send(self, data: bytes | list[bytes | memoryview], compressor: str | None) -> None:
         """Send a message, or its pieces (`wire.op_msg_parts`): on a plain TCP stream they go out
         with scatter-gather writes, unjoined (a reply of megabytes is then copied once, into the
         kernel, not first into one bytes object); compressed or over TLS they are joined."""
         if isinstance(data, list):
-            if compressor is None and type(self.stream) is trio.SocketStream and len(data) <= _MAX_PIECES:
+            if (
+                compressor is None
+                and type(self.stream) is trio.SocketStream
+                and len(data) <= _MAX_PIECES
+            ):
                 await _send_pieces(self.stream, data, self._send_scratch)
                 return
             data = wire.joined(data)
@@ -291,8 +309,10 @@ class ClientSession:
         if name in ("ismaster", "hello"):
             reply = await self.hello(cmd)
         else:
-            reply = MongoError("UnsupportedOpQueryCommand", f"Unsupported OP_QUERY command: {name}. The client "
-                               "driver may require an upgrade.").to_reply()
+            reply = MongoError(
+                "UnsupportedOpQueryCommand",
+                f"Unsupported OP_QUERY command: {name}. The client driver may require an upgrade.",
+            ).to_reply()
         self.server.cluster_time.stamp(reply)
         out = wire.encode_op_reply(self._next_reply_id(), msg.request_id, (bson.encode(reply),))
         await self._send(out, msg.compressor)
@@ -308,7 +328,9 @@ class ClientSession:
                 # ask mongos who is logged in now: the next request is read only after the answer.
                 await self._verify_login()
             elif name.lower() == "configurefailpoint" and reply_body is not None:
-                self.server.fail_points.observe(bson.decode(msg.body), bool(bson.decode(reply_body).get("ok")))
+                self.server.fail_points.observe(
+                    bson.decode(msg.body), bool(bson.decode(reply_body).get("ok"))
+                )
             return
         decoded = decoded_command(msg)
         try:
@@ -325,7 +347,12 @@ class ClientSession:
         except MongoError as exc:
             self.server.metrics.errors.labels(code=str(exc.code)).inc()
             reply = exc.to_reply()
-        except (UpstreamClosed, _CloseConnection, trio.BrokenResourceError, trio.ClosedResourceError):
+        except (
+            UpstreamClosed,
+            _CloseConnection,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+        ):
             raise  # the connection ends, as a pass-through command's would
         except Exception as exc:
             # A bug of ours must cost this one command, not the connection, nor (through the
@@ -336,8 +363,10 @@ class ClientSession:
             what = f"conn{self.conn_id}: {command_label(name)}"
             error_id = self.server.metrics.failures.record(exc, what)
             self.server.metrics.errors.labels(code="1").inc()
-            reply = MongoError("InternalError", "the proxy failed to run the command "
-                               f"(error id {error_id}; see the proxy's log)").to_reply()
+            reply = MongoError(
+                "InternalError",
+                f"the proxy failed to run the command (error id {error_id}; see the proxy's log)",
+            ).to_reply()
         if not msg.more_to_come:
             # As every mongos reply: the newest cluster time, as mongos signed it.
             self.server.cluster_time.stamp(reply)
@@ -346,7 +375,9 @@ class ClientSession:
 
     # -- the upstream's fail points on local commands (see wireproxy/failpoints.py) ----------------
 
-    async def fail_point_reply(self, name: str, db: str, cmd: dict[str, Any]) -> dict[str, Any] | None:
+    async def fail_point_reply(
+        self, name: str, db: str, cmd: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """mongos's answer to the local command `name` if its failCommand fail point fires for it."""
         return await self.server.fail_points.probe(self.get_upstream, name, db, cmd)
 
@@ -376,12 +407,20 @@ class ClientSession:
         Unverifiable (an error reply) counts as nobody: the engine then refuses what needs a user."""
         self.user, self._privileges = None, []
         up = await self.get_upstream()
-        reply = bson.decode((await up.command("admin", {"connectionStatus": 1, "showPrivileges": True},
-                                              check=False)).raw)
+        reply = bson.decode(
+            (
+                await up.command(
+                    "admin", {"connectionStatus": 1, "showPrivileges": True}, check=False
+                )
+            ).raw
+        )
         info = reply.get("authInfo") if reply.get("ok") else None
         if not isinstance(info, dict):
-            log.info("conn%d: connectionStatus failed, taking the connection as logged out: %s",
-                     self.conn_id, reply.get("errmsg"))
+            log.info(
+                "conn%d: connectionStatus failed, taking the connection as logged out: %s",
+                self.conn_id,
+                reply.get("errmsg"),
+            )
             return
         self.user = identity_of(info.get("authenticatedUsers"))
         privileges = info.get("authenticatedUserPrivileges")
@@ -400,8 +439,15 @@ class ClientSession:
         up = await self.get_upstream()
         rid = up.next_request_id()
         start = trio.current_time()
-        await up.send(wire.encode_op_msg(rid, 0, msg.body, flags=msg.flags & ~wire.FLAG_CHECKSUM_PRESENT,
-                                         sequences=msg.sequences))
+        await up.send(
+            wire.encode_op_msg(
+                rid,
+                0,
+                msg.body,
+                flags=msg.flags & ~wire.FLAG_CHECKSUM_PRESENT,
+                sequences=msg.sequences,
+            )
+        )
         if msg.more_to_come:
             return None
         response_to = msg.request_id
@@ -412,10 +458,17 @@ class ClientSession:
             self.server.metrics.upstream_latency.observe(trio.current_time() - start)
             self.server.cluster_time.observe(reply.body)
             reply_id = self._next_reply_id()
-            out = wire.encode_op_msg(reply_id, response_to, reply.body, flags=reply.flags & wire.FLAG_MORE_TO_COME,
-                                     sequences=reply.sequences)
+            out = wire.encode_op_msg(
+                reply_id,
+                response_to,
+                reply.body,
+                flags=reply.flags & wire.FLAG_MORE_TO_COME,
+                sequences=reply.sequences,
+            )
             await self._send(out, msg.compressor)
-            if not reply.more_to_come:  # exhaust: the upstream keeps sending until it clears moreToCome
+            if (
+                not reply.more_to_come
+            ):  # exhaust: the upstream keeps sending until it clears moreToCome
                 return reply.body
             response_to = reply_id
 
@@ -424,8 +477,10 @@ class ClientSession:
     async def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
         server = self.server
         if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-            raise MongoError(51760 if "topologyVersion" in cmd else 51758,
-                             "topologyVersion and maxAwaitTimeMS must be given together")
+            raise MongoError(
+                51760 if "topologyVersion" in cmd else 51758,
+                "topologyVersion and maxAwaitTimeMS must be given together",
+            )
         tv = cmd.get("topologyVersion")
         if tv is not None and tv.get("processId") == server.process_id:
             await trio.sleep(int(cmd["maxAwaitTimeMS"]) / 1000)
@@ -434,14 +489,20 @@ class ClientSession:
         if cmd.get("helloOk"):
             reply["helloOk"] = True
         reply["ismaster" if legacy else "isWritablePrimary"] = True
-        reply.update({
-            "msg": "isdbgrid",
-            "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
-            "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
-            "maxWriteBatchSize": 100_000, "localTime": datetime.datetime.now(datetime.UTC),
-            "logicalSessionTimeoutMinutes": 30, "connectionId": self.conn_id,
-            "minWireVersion": server.wire_versions[0], "maxWireVersion": server.wire_versions[1],
-        })
+        reply.update(
+            {
+                "msg": "isdbgrid",
+                "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
+                "maxBsonObjectSize": 16 * 1024 * 1024,
+                "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
+                "maxWriteBatchSize": 100_000,
+                "localTime": datetime.datetime.now(datetime.UTC),
+                "logicalSessionTimeoutMinutes": 30,
+                "connectionId": self.conn_id,
+                "minWireVersion": server.wire_versions[0],
+                "maxWireVersion": server.wire_versions[1],
+            }
+        )
         if "compression" in cmd:
             chosen = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
             if chosen:
@@ -449,8 +510,14 @@ class ClientSession:
         if any(f in cmd for f in _UPSTREAM_HELLO_FIELDS):
             # Authentication belongs to the upstream: ask it on the pinned connection.
             up = await self.get_upstream()
-            sub = {k: v for k, v in cmd.items() if k not in ("compression", "topologyVersion", "maxAwaitTimeMS")}
-            got = await up.command(cmd.get("$db", "admin"), {k: v for k, v in sub.items() if k != "$db"}, check=False)
+            sub = {
+                k: v
+                for k, v in cmd.items()
+                if k not in ("compression", "topologyVersion", "maxAwaitTimeMS")
+            }
+            got = await up.command(
+                cmd.get("$db", "admin"), {k: v for k, v in sub.items() if k != "$db"}, check=False
+            )
             for f in _UPSTREAM_HELLO_FIELDS:
                 if f in got:
                     reply[f] = bson.decode(bson.encode({"v": got[f]}))["v"]

@@ -39,9 +39,20 @@ from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.host_health import HostHealth, host_address
 
 __all__ = [
-    "CONNECT_TIMEOUT_S", "Credentials", "MemberConnector", "UpstreamConnection", "UpstreamClosed",
-    "UpstreamTimeout", "authenticate", "host_address", "logged_in", "open_member", "open_upstream",
-    "parse_hosts", "upstream_ssl_context", "UpstreamTarget",
+    "CONNECT_TIMEOUT_S",
+    "Credentials",
+    "MemberConnector",
+    "UpstreamConnection",
+    "UpstreamClosed",
+    "UpstreamTimeout",
+    "authenticate",
+    "host_address",
+    "logged_in",
+    "open_member",
+    "open_upstream",
+    "parse_hosts",
+    "upstream_ssl_context",
+    "UpstreamTarget",
 ]
 
 
@@ -69,8 +80,14 @@ def parse_hosts(uri: str) -> list[tuple[str, int]]:
 
 
 class UpstreamConnection:
-    def __init__(self, stream: trio.abc.Stream, address: str, *,
-                 reply_timeout_s: float | None = None, health: HostHealth | None = None) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        address: str,
+        *,
+        reply_timeout_s: float | None = None,
+        health: HostHealth | None = None,
+    ) -> None:
         self._stream = stream
         self.address = address
         # None: wait as long as it takes (a client's connection).
@@ -108,8 +125,9 @@ class UpstreamConnection:
         self.closed = True
         return kind(error)
 
-    async def _out_of_step(self, error: str,
-                           kind: type[UpstreamClosed] = UpstreamClosed) -> UpstreamClosed:
+    async def _out_of_step(
+        self, error: str, kind: type[UpstreamClosed] = UpstreamClosed
+    ) -> UpstreamClosed:
         """`_lost`, for a connection whose socket still works but whose replies no longer match
         its requests (a late answer may still come): the socket is closed too."""
         lost = self._lost(error, kind)
@@ -127,11 +145,17 @@ class UpstreamConnection:
 
     async def _receive_frame(self, pad: int, allocate: Allocate) -> bytes | bytearray:
         """The next frame, undecoded, and `pad` zero bytes (see MessageFramer.next_frame)."""
-        return await self._receive(functools.partial(self._framer.next_frame, pad), direct_pad=pad,
-                                   allocate=allocate)
+        return await self._receive(
+            functools.partial(self._framer.next_frame, pad), direct_pad=pad, allocate=allocate
+        )
 
-    async def _receive(self, pull: Callable[[], Any], *, direct_pad: int | None = None,
-                       allocate: Allocate = bytearray) -> Any:
+    async def _receive(
+        self,
+        pull: Callable[[], Any],
+        *,
+        direct_pad: int | None = None,
+        allocate: Allocate = bytearray,
+    ) -> Any:
         """What `pull` takes from the framer (a message, or a frame), once it has all it needs.
         With `direct_pad` (`pull` takes frames padded by that much), a large frame (an oplog
         batch) is received over plain TCP into a buffer of its own: one copy of its bytes, where
@@ -179,8 +203,14 @@ class UpstreamConnection:
     def next_request_id(self) -> int:
         return next(self._ids)
 
-    async def command(self, db: str, cmd: dict[str, Any] | bytes, *, check: bool = True,
-                      timeout_s: float = math.inf) -> RawBSONDocument:
+    async def command(
+        self,
+        db: str,
+        cmd: dict[str, Any] | bytes,
+        *,
+        check: bool = True,
+        timeout_s: float = math.inf,
+    ) -> RawBSONDocument:
         """Run one command and return its reply; `check` raises MongoError on `{ok: 0}`, and no
         answer within `reply_timeout_s` past the command's maxTimeMS (or within `timeout_s`, if
         sooner) closes the connection and raises UpstreamClosed."""
@@ -195,7 +225,12 @@ class UpstreamConnection:
         return reply
 
     async def command_in_place(
-        self, db: str, cmd: dict[str, Any], *, pad: int, exhaust: bool = False,
+        self,
+        db: str,
+        cmd: dict[str, Any],
+        *,
+        pad: int,
+        exhaust: bool = False,
         allocate: Allocate = bytearray,
     ) -> tuple[bytes | bytearray, int]:
         """`command` for a reply of megabytes (an oplog batch) that the caller reads where it lies:
@@ -208,12 +243,14 @@ class UpstreamConnection:
         7.1) answers once, as to any getMore."""
         limit = self._limit(cmd, math.inf)
         receive = functools.partial(self._receive_frame, pad, allocate)
-        frame = await self._exchange(db, cmd, limit, receive,
-                                     flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0)
+        frame = await self._exchange(
+            db, cmd, limit, receive, flags=wire.FLAG_EXHAUST_ALLOWED if exhaust else 0
+        )
         return await self._in_place(frame, pad, limit)
 
-    async def more_in_place(self, *, pad: int,
-                            allocate: Allocate = bytearray) -> tuple[bytes | bytearray, int]:
+    async def more_in_place(
+        self, *, pad: int, allocate: Allocate = bytearray
+    ) -> tuple[bytes | bytearray, int]:
         """The next batch of an exhaust cursor (see `command_in_place`), no request sent."""
         if self._streaming is None:
             raise RuntimeError("no exhaust cursor is streaming on this connection")
@@ -223,18 +260,20 @@ class UpstreamConnection:
                 frame = await self._receive_frame(pad, allocate)
             if waited.cancelled_caught:
                 raise await self._out_of_step(
-                    f"upstream {self.address} sent no batch within {limit:g} s", UpstreamTimeout)
+                    f"upstream {self.address} sent no batch within {limit:g} s", UpstreamTimeout
+                )
         await self._answered(frame, answers)
         return await self._in_place(frame, pad, limit)
 
-    async def _in_place(self, frame: bytes | bytearray, pad: int,
-                        limit: float) -> tuple[bytes | bytearray, int]:
+    async def _in_place(
+        self, frame: bytes | bytearray, pad: int, limit: float
+    ) -> tuple[bytes | bytearray, int]:
         """The reply document's place in `frame` (see `command_in_place`); notes whether more
         come."""
         try:
             span = wire.op_msg_body_span(frame)
             if span is None:  # compressed, or in another shape: decoded, then padded
-                msg = wire.decode_message(bytes(frame[:len(frame) - pad]))
+                msg = wire.decode_message(bytes(frame[: len(frame) - pad]))
                 if not isinstance(msg, wire.OpMsg):
                     raise await self._out_of_step(f"upstream {self.address} answered out of turn")
                 flags, request_id = msg.flags, msg.request_id
@@ -247,7 +286,7 @@ class UpstreamConnection:
         start, end = span
         ok = elements(frame, start).get(b"ok")
         # ok is 0 (a double, an int) or false: zero bytes
-        if ok is None or not any(frame[ok[1]:ok[2]]):
+        if ok is None or not any(frame[ok[1] : ok[2]]):
             raise MongoError.from_reply(bson.decode(frame[start:end]))
         return frame, start
 
@@ -259,8 +298,15 @@ class UpstreamConnection:
         waits = cmd.get("maxTimeMS", 0) / 1000 if isinstance(cmd, dict) else 0
         return min(timeout_s, self.reply_timeout_s + waits)
 
-    async def _exchange(self, db: str, cmd: dict[str, Any] | bytes, limit: float,
-                        receive: Callable[[], Awaitable[Any]], *, flags: int = 0) -> Any:
+    async def _exchange(
+        self,
+        db: str,
+        cmd: dict[str, Any] | bytes,
+        limit: float,
+        receive: Callable[[], Awaitable[Any]],
+        *,
+        flags: int = 0,
+    ) -> Any:
         """Send the command, and take its answer with `receive` within `limit` seconds (see
         `_limit`): a message or a frame, checked to answer this request."""
         if self._streaming is not None:
@@ -276,15 +322,19 @@ class UpstreamConnection:
                 name = next(iter(cmd), "command") if isinstance(cmd, dict) else "command"
                 raise await self._out_of_step(
                     f"upstream {self.address} did not answer {name} within {limit:g} s",
-                    UpstreamTimeout)
+                    UpstreamTimeout,
+                )
         await self._answered(got, rid)
         return got
 
     async def _answered(self, got: wire.Message | bytes | bytearray, answers: int) -> None:
         """Check that `got` (a message, or a frame) answers the message `answers`, and note the
         host answered; a connection answered out of turn is closed."""
-        response_to = (wire.HEADER.unpack_from(got, 0)[2] if isinstance(got, bytes | bytearray)
-                       else got.response_to)
+        response_to = (
+            wire.HEADER.unpack_from(got, 0)[2]
+            if isinstance(got, bytes | bytearray)
+            else got.response_to
+        )
         if response_to != answers:
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         if self._health is not None:
@@ -306,23 +356,41 @@ class Credentials(NamedTuple):
 async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
     """SCRAM-SHA-256 over saslStart/saslContinue; AuthenticationFailed (18) if refused."""
     client = ScramClient(credentials.user, credentials.password)
-    reply = await conn.command(credentials.source, {"saslStart": 1, "mechanism": MECHANISM,
-                                                    "payload": Binary(client.first(), 0),
-                                                    "options": {"skipEmptyExchange": True}})
+    reply = await conn.command(
+        credentials.source,
+        {
+            "saslStart": 1,
+            "mechanism": MECHANISM,
+            "payload": Binary(client.first(), 0),
+            "options": {"skipEmptyExchange": True},
+        },
+    )
     final = client.final(bytes(reply["payload"]))
-    reply = await conn.command(credentials.source, {
-        "saslContinue": 1, "conversationId": reply["conversationId"], "payload": Binary(final, 0)})
+    reply = await conn.command(
+        credentials.source,
+        {"saslContinue": 1, "conversationId": reply["conversationId"], "payload": Binary(final, 0)},
+    )
     client.verify(bytes(reply["payload"]))
     while not reply.get("done"):
-        reply = await conn.command(credentials.source, {
-            "saslContinue": 1, "conversationId": reply["conversationId"],
-            "payload": Binary(b"", 0)})
+        reply = await conn.command(
+            credentials.source,
+            {
+                "saslContinue": 1,
+                "conversationId": reply["conversationId"],
+                "payload": Binary(b"", 0),
+            },
+        )
 
 
 async def open_upstream(
-    host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-    reply_timeout_s: float | None = None, health: HostHealth | None = None,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S, count_losses: bool = True,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    reply_timeout_s: float | None = None,
+    health: HostHealth | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    count_losses: bool = True,
 ) -> UpstreamConnection:
     """A connection to `host`; with `health`, a failure to connect is recorded there, and so are
     the connection's own losses unless `count_losses` is off (a client's connection: mongos may
@@ -341,13 +409,18 @@ async def open_upstream(
         if health is not None:
             health.failed(address, error)
         raise (UpstreamTimeout if timed_out else UpstreamClosed)(error) from exc
-    return UpstreamConnection(stream, address, reply_timeout_s=reply_timeout_s,
-                              health=health if count_losses else None)
+    return UpstreamConnection(
+        stream, address, reply_timeout_s=reply_timeout_s, health=health if count_losses else None
+    )
 
 
 async def open_member(
-    hosts: list[tuple[str, int]], *, secondary: bool, ssl_context: ssl.SSLContext | None = None,
-    reply_timeout_s: float | None = None, health: HostHealth | None = None,
+    hosts: list[tuple[str, int]],
+    *,
+    secondary: bool,
+    ssl_context: ssl.SSLContext | None = None,
+    reply_timeout_s: float | None = None,
+    health: HostHealth | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> UpstreamConnection:
     """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
@@ -358,11 +431,16 @@ async def open_member(
     fallback: UpstreamConnection | None = None
     errors = []
     try:
-        for host, port in (health.order(hosts) if health is not None else hosts):
+        for host, port in health.order(hosts) if health is not None else hosts:
             try:
                 conn = await open_upstream(
-                    host, port, ssl_context=ssl_context, reply_timeout_s=reply_timeout_s,
-                    health=health, connect_timeout_s=connect_timeout_s)
+                    host,
+                    port,
+                    ssl_context=ssl_context,
+                    reply_timeout_s=reply_timeout_s,
+                    health=health,
+                    connect_timeout_s=connect_timeout_s,
+                )
             except UpstreamClosed as exc:
                 errors.append(str(exc))
                 continue
@@ -409,8 +487,9 @@ async def _member_fit(conn: UpstreamConnection, secondary: bool, timeout_s: floa
     return _Fit.FALLBACK if secondary and is_primary else _Fit.NONE
 
 
-async def logged_in(conn: UpstreamConnection,
-                    credentials: Credentials | None) -> UpstreamConnection:
+async def logged_in(
+    conn: UpstreamConnection, credentials: Credentials | None
+) -> UpstreamConnection:
     """`conn`, authenticated with `credentials` if any (closed if that fails)."""
     if credentials is not None:
         try:
@@ -421,8 +500,9 @@ async def logged_in(conn: UpstreamConnection,
     return conn
 
 
-def upstream_ssl_context(tls: bool, ca_file: str = "",
-                         allow_invalid: bool = False) -> ssl.SSLContext | None:
+def upstream_ssl_context(
+    tls: bool, ca_file: str = "", allow_invalid: bool = False
+) -> ssl.SSLContext | None:
     """The client-side TLS context for upstream connections (None: plain TCP)."""
     if not tls:
         return None
@@ -448,11 +528,17 @@ class MemberConnector:
     reply_timeout_s: float | None = None  # see UpstreamConnection.command
     connect_timeout_s: float = CONNECT_TIMEOUT_S  # to connect, and for the member's hello
 
-    async def __call__(self, hosts: list[tuple[str, int]], *,
-                       secondary: bool) -> UpstreamConnection:
-        conn = await open_member(hosts, secondary=secondary, ssl_context=self.ssl_context(),
-                                 reply_timeout_s=self.reply_timeout_s, health=self.health,
-                                 connect_timeout_s=self.connect_timeout_s)
+    async def __call__(
+        self, hosts: list[tuple[str, int]], *, secondary: bool
+    ) -> UpstreamConnection:
+        conn = await open_member(
+            hosts,
+            secondary=secondary,
+            ssl_context=self.ssl_context(),
+            reply_timeout_s=self.reply_timeout_s,
+            health=self.health,
+            connect_timeout_s=self.connect_timeout_s,
+        )
         return await logged_in(conn, self.credentials)
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -493,9 +579,15 @@ class UpstreamTarget:
     heartbeat_s: float = 10.0  # how often each mongos is checked (heartbeatFrequencyMS)
 
     @classmethod
-    def from_uri(cls, uri: str, *, tls: bool = False, tls_ca_file: str = "",
-                 tls_allow_invalid: bool = False,
-                 reply_timeout_s: float | None = None) -> UpstreamTarget:
+    def from_uri(
+        cls,
+        uri: str,
+        *,
+        tls: bool = False,
+        tls_ca_file: str = "",
+        tls_allow_invalid: bool = False,
+        reply_timeout_s: float | None = None,
+    ) -> UpstreamTarget:
         try:
             parsed = parse_uri(uri)
         except (ConfigurationError, ValueError) as exc:
@@ -504,8 +596,10 @@ class UpstreamTarget:
         options = parsed["options"]
         mechanism = options.get("authMechanism", MECHANISM)
         if mechanism != MECHANISM:
-            raise ValueError(f"upstream: authMechanism {mechanism} is not supported; the proxy "
-                             f"logs in with {MECHANISM}")
+            raise ValueError(
+                f"upstream: authMechanism {mechanism} is not supported; the proxy "
+                f"logs in with {MECHANISM}"
+            )
         credentials = None
         if parsed["username"]:
             # As drivers do: authSource, else the URI's database, else admin.
@@ -515,9 +609,15 @@ class UpstreamTarget:
         # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to
         # a driver.
         connect_timeout_s = options.get("connectTimeoutMS", CONNECT_TIMEOUT_S) or math.inf
-        return cls(parsed["nodelist"], MemberConnector(
-            tls=tls or bool(options.get("tls")),
-            tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
-            tls_allow_invalid=tls_allow_invalid or insecure, credentials=credentials,
-            reply_timeout_s=reply_timeout_s, connect_timeout_s=connect_timeout_s),
-            heartbeat_s=options.get("heartbeatFrequencyMS", 10.0))
+        return cls(
+            parsed["nodelist"],
+            MemberConnector(
+                tls=tls or bool(options.get("tls")),
+                tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
+                tls_allow_invalid=tls_allow_invalid or insecure,
+                credentials=credentials,
+                reply_timeout_s=reply_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+            ),
+            heartbeat_s=options.get("heartbeatFrequencyMS", 10.0),
+        )

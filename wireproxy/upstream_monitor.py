@@ -42,10 +42,18 @@ WAITING_LOG_S = 10.0
 
 
 class UpstreamMonitor:
-    def __init__(self, hosts: list[tuple[str, int]], *, health: HostHealth, heartbeat_s: float,
-                 connect_timeout_s: float, ssl_context: ssl.SSLContext | None,
-                 cut_clients: Callable[[str], Awaitable[None]], up_gauge: Gauge,
-                 gossip: ClusterTimeGossip | None = None) -> None:
+    def __init__(
+        self,
+        hosts: list[tuple[str, int]],
+        *,
+        health: HostHealth,
+        heartbeat_s: float,
+        connect_timeout_s: float,
+        ssl_context: ssl.SSLContext | None,
+        cut_clients: Callable[[str], Awaitable[None]],
+        up_gauge: Gauge,
+        gossip: ClusterTimeGossip | None = None,
+    ) -> None:
         self.hosts = hosts
         self.gossip = gossip  # told the cluster time of each hello (the proxy's replies carry it)
         self.health = health
@@ -70,8 +78,11 @@ class UpstreamMonitor:
                 with trio.move_on_after(WAITING_LOG_S):
                     await self._ready.wait()
                 if not self._ready.is_set():
-                    errors = [f"{a}: {f.error}" for h in self.hosts
-                              if (f := self.health.failure(a := host_address(*h))) is not None]
+                    errors = [
+                        f"{a}: {f.error}"
+                        for h in self.hosts
+                        if (f := self.health.failure(a := host_address(*h))) is not None
+                    ]
                     why = "; ".join(errors) or "connecting"
                     log.warning("waiting for the upstream to answer (%s)", why)
             task_status.started()
@@ -85,11 +96,16 @@ class UpstreamMonitor:
                 try:
                     if conn is None:
                         conn = await open_upstream(
-                            host, port, ssl_context=self._ssl, health=self.health,
-                            connect_timeout_s=self.connect_timeout_s)
+                            host,
+                            port,
+                            ssl_context=self._ssl,
+                            health=self.health,
+                            connect_timeout_s=self.connect_timeout_s,
+                        )
                         conn.gossip = self.gossip
-                    hello = await conn.command("admin", {"hello": 1},
-                                               timeout_s=self.connect_timeout_s)
+                    hello = await conn.command(
+                        "admin", {"hello": 1}, timeout_s=self.connect_timeout_s
+                    )
                 except (UpstreamClosed, MongoError) as exc:
                     if conn is not None:
                         await conn.aclose()
@@ -104,8 +120,10 @@ class UpstreamMonitor:
                     if isinstance(exc, UpstreamTimeout):
                         await self._cut_clients(address)
                 else:
-                    self.wire_versions = (int(hello.get("minWireVersion", 0)),
-                                          int(hello.get("maxWireVersion", 0)))
+                    self.wire_versions = (
+                        int(hello.get("minWireVersion", 0)),
+                        int(hello.get("maxWireVersion", 0)),
+                    )
                     writable = bool(hello.get("isWritablePrimary"))  # a mongos's is always true
                     if self.writable.get(address) and not writable:
                         log.warning("upstream %s no longer takes writes (stepped down)", address)

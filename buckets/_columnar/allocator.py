@@ -50,8 +50,9 @@ def keep_large_allocations() -> bool:
     libc = ctypes.CDLL(name)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False  # musl has no mallopt worth the name; macOS none at all
-    done = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD,
-                                                                                       TRIM_THRESHOLD))
+    done = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
     if not done:
         log.warning("mallopt refused the malloc settings; large arrays are mapped afresh each time")
     elif "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:

@@ -65,8 +65,12 @@ from mongoformats.oplog_splice import (
 
 __all__ = ["BATCH_MIN", "splice_block", "splice_entries", "warm_up"]
 
-BATCH_MIN = 128  # fewer entries are spliced one by one: numpy's fixed cost per call outweighs its gain
-BLOCK_RUN_MIN = 32  # a shorter run of events between others (noops, DDL) goes as tuples, not a block
+BATCH_MIN = (
+    128  # fewer entries are spliced one by one: numpy's fixed cost per call outweighs its gain
+)
+BLOCK_RUN_MIN = (
+    32  # a shorter run of events between others (noops, DDL) goes as tuples, not a block
+)
 
 _Ints = npt.NDArray[np.int64]
 _Words = npt.NDArray[np.uint64]
@@ -95,7 +99,11 @@ _TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
 _KEY_OID_HEAD = b"\x46\x64_id\x00\x64"
 _KEY_TS = 1
 # "insert", "delete" and "update" have as many letters: their tokens and events have one layout.
-assert len({len(_OP_IDENT[op]) for op in _OPS.values()}) == len({len(_OP_ELEMENT[op]) for op in _OPS.values()}) == 1
+assert (
+    len({len(_OP_IDENT[op]) for op in _OPS.values()})
+    == len({len(_OP_ELEMENT[op]) for op in _OPS.values()})
+    == 1
+)
 _KEY_OID = _KEY_TS + 8 + len(_TOKEN_HEAD) + 19 + len(_OP_IDENT["insert"]) + len(_KEY_OID_HEAD)
 _KEY_BYTES = _KEY_OID + 12 + 3
 # The event up to its fullDocument's value: its length, _id (the token's hex), operationType,
@@ -103,7 +111,9 @@ _KEY_BYTES = _KEY_OID + 12 + 3
 _HEX_BYTES = 2 * _KEY_BYTES
 _ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", _HEX_BYTES + 17, b"\x02_data\x00", _HEX_BYTES + 1)
 _HEX_AT = 4 + len(_ID_ELEMENT)
-_CLUSTER_TIME_AT = _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
+_CLUSTER_TIME_AT = (
+    _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
+)
 _OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
 _WALL_TIME = b"\x09wallTime\x00"
 _COLLECTION_UUID = b"\x05collectionUUID\x00"
@@ -114,7 +124,9 @@ _UPDATED_FIELDS = b"\x03updatedFields\x00"
 # An update's event after its documentKey: updateDescription's header, its length (zeros here),
 # updatedFields' header; and, for a diff of `u` alone, what follows updatedFields to the end.
 _UPDATE_HEAD = b"\x03updateDescription\x00" + bytes(4) + _UPDATED_FIELDS
-_SIMPLE_REST = b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00\x00\x00"
+_SIMPLE_REST = (
+    b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00\x00\x00"
+)
 _END = b"\x00"
 # What follows the updatedFields of: an insert or a delete (none), a simple update, another update.
 _CLOSINGS = (b"", _SIMPLE_REST, _END)
@@ -126,22 +138,49 @@ _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
 def _key_template(op: str, uuid_ks: bytes) -> bytes:
     """A kind's sort key, with zeros where each event's ts and ObjectId go."""
-    return b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _KEY_OID_HEAD, bytes(12),
-                     b"\x00\x00\x04"))
+    return b"".join(
+        (
+            b"\x82",
+            bytes(8),
+            _TOKEN_HEAD,
+            uuid_ks,
+            _OP_IDENT[op],
+            _KEY_OID_HEAD,
+            bytes(12),
+            b"\x00\x00\x04",
+        )
+    )
 
 
 def _front_template(op: str, key: bytes, ui: bytes, expanded: bool) -> bytes:
     """A kind's event up to its document (an insert's fullDocument header ends it), with zeros
     (in the hex too) where each event's length, ts, ObjectId and wall go."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
-    return b"".join((bytes(4), _ID_ELEMENT, hexlify(key).upper(), b"\x00\x00", _OP_ELEMENT[op],
-                     b"\x11clusterTime\x00", bytes(8), uuid, _WALL_TIME, bytes(8),
-                     _FULL_DOCUMENT if op == "insert" else b""))
+    return b"".join(
+        (
+            bytes(4),
+            _ID_ELEMENT,
+            hexlify(key).upper(),
+            b"\x00\x00",
+            _OP_ELEMENT[op],
+            b"\x11clusterTime\x00",
+            bytes(8),
+            uuid,
+            _WALL_TIME,
+            bytes(8),
+            _FULL_DOCUMENT if op == "insert" else b"",
+        )
+    )
 
 
 def _wall_at(expanded: bool) -> int:
     """Where a front's wallTime value is (collectionUUID comes before it in expanded events)."""
-    return _CLUSTER_TIME_AT + 8 + (len(_COLLECTION_UUID) + _UUID_VALUE_BYTES if expanded else 0) + len(_WALL_TIME)
+    return (
+        _CLUSTER_TIME_AT
+        + 8
+        + (len(_COLLECTION_UUID) + _UUID_VALUE_BYTES if expanded else 0)
+        + len(_WALL_TIME)
+    )
 
 
 def _made_of(head: bytes) -> Any:
@@ -153,8 +192,9 @@ def _made_of(head: bytes) -> Any:
         return None
 
 
-def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None,
-                                                                 npt.NDArray[np.intp]]:
+def splice_block(
+    batch: OplogBatch, *, expanded: bool
+) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None, npt.NDArray[np.intp]]:
     """The events of the plain inserts, updates and deletes this module takes, as one EventBlock
     (the second item; None if there are none) and the indices of their entries (the third, an
     array: a batch the block holds whole never needs them as Python integers); and for each entry
@@ -170,9 +210,21 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
     # `update_description` does not take leaves its entry to splice_crud.
     descriptions: dict[int, bytes] = {}
     if update.any():
-        tried = {i: _description(data, s, e, diff, expanded) for i, s, e, diff in zip(
-            *(a[update & ~simple].tolist() for a in (np.arange(n), batch.starts, batch.starts + batch.lengths,
-                                                      rows[:, _R_O_START] + _DIFF_AT)), strict=True)}
+        tried = {
+            i: _description(data, s, e, diff, expanded)
+            for i, s, e, diff in zip(
+                *(
+                    a[update & ~simple].tolist()
+                    for a in (
+                        np.arange(n),
+                        batch.starts,
+                        batch.starts + batch.lengths,
+                        rows[:, _R_O_START] + _DIFF_AT,
+                    )
+                ),
+                strict=True,
+            )
+        }
         ok[[i for i, made_here in tried.items() if made_here is None]] = False
         descriptions = {i: made_here for i, made_here in tried.items() if made_here is not None}
 
@@ -180,12 +232,16 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
     # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
     # once per kind: a batch's entries share a handful.
     cut = byte_slices(data)
-    made = [_made_of(cut[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()]
+    made = [
+        _made_of(cut[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()
+    ]
     keep = np.fromiter(map(bool, made), np.bool_, len(made))
     if not keep.all():
         dropped = ok & ~keep[which]
         for i, kind in zip(np.flatnonzero(dropped).tolist(), which[dropped].tolist(), strict=True):
-            out[i] = made[kind]  # () for an internal namespace; None for a view's (the general path)
+            out[i] = made[
+                kind
+            ]  # () for an internal namespace; None for a view's (the general path)
         ok &= ~dropped
     taken = np.flatnonzero(ok)
     if not len(taken):
@@ -201,28 +257,56 @@ def splice_block(batch: OplogBatch, *, expanded: bool) -> tuple[list[Spliced | t
             parts += (b"", b"", b"")
             continue
         key = _key_template(op, h[3])
-        parts += (key, _front_template(op, key, h[2], expanded),
-                  h[1][0] + _DOCUMENT_KEY + _OID_KEY + (bytes(13) + _UPDATE_HEAD if op == "update" else bytes(14)))
+        parts += (
+            key,
+            _front_template(op, key, h[2], expanded),
+            h[1][0]
+            + _DOCUMENT_KEY
+            + _OID_KEY
+            + (bytes(13) + _UPDATE_HEAD if op == "update" else bytes(14)),
+        )
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
     # Other updates' updatedFields and closing, made above (less their headers, then the end).
-    extras = [descriptions[i][4 + len(_UPDATED_FIELDS):] + _END if i in descriptions else b""
-              for i in taken.tolist()] if descriptions else []
+    extras = (
+        [
+            descriptions[i][4 + len(_UPDATED_FIELDS) :] + _END if i in descriptions else b""
+            for i in taken.tolist()
+        ]
+        if descriptions
+        else []
+    )
     extra_at = np.zeros(len(taken) + 1, np.int64)
     if extras:
         np.cumsum(np.fromiter(map(len, extras), np.int64, len(extras)), out=extra_at[1:])
-    keys, events, offsets = _assemble(d, taken, rows, which, as_bytes(b"".join(parts)), at,
-                                      as_bytes(b"".join(extras) or b"\0"), extra_at, _wall_at(expanded))
-    column = pa.Array.from_buffers(pa.large_binary(), len(taken),
-                                   [None, pa.py_buffer(offsets), pa.py_buffer(events)])
-    kind_table = tuple((op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
-                       for op, h in zip(ops, made, strict=True))
+    keys, events, offsets = _assemble(
+        d,
+        taken,
+        rows,
+        which,
+        as_bytes(b"".join(parts)),
+        at,
+        as_bytes(b"".join(extras) or b"\0"),
+        extra_at,
+        _wall_at(expanded),
+    )
+    column = pa.Array.from_buffers(
+        pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
+    )
+    kind_table = tuple(
+        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
+        for op, h in zip(ops, made, strict=True)
+    )
     return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
 
 
 # Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
-_P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD))
-_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY))
+_P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
+    as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD)
+)
+_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(
+    as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY)
+)
 _P_STMT_ID, _P_PREV_OP_TIME, _P_SIMPLE_REST = map(as_bytes, (_STMT_ID, _PREV_OP_TIME, _SIMPLE_REST))
 _P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
 _TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
@@ -236,7 +320,9 @@ _STMT_ID_BYTES = len(_STMT_ID)
 _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 
 # The layout kernel's columns: one row per entry.
-_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE = range(_ROW_WIDTH := 9)
+_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE = range(
+    _ROW_WIDTH := 9
+)
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
 
 
@@ -260,7 +346,9 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
         return
     code = u8(d, p + _OP_CODE_AT)
-    op = _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1  # i, d, u
+    op = (
+        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
+    )  # i, d, u
     if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
         return
     ns = i32(d, p + _HEAD_BYTES)
@@ -279,15 +367,23 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
         diff = o_start + _DIFF_AT
         diff_length = i32(d, diff)
-        if (diff_length < 5 or diff_length > o_end - diff - 1 or not has(d, o_start + 4, _P_V2_DIFF)
-                or diff + diff_length + 1 != o_end or u8(d, o_end - 1) != 0):
+        if (
+            diff_length < 5
+            or diff_length > o_end - diff - 1
+            or not has(d, o_start + 4, _P_V2_DIFF)
+            or diff + diff_length + 1 != o_end
+            or u8(d, o_end - 1) != 0
+        ):
             return
         # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
         # document, which ends where the diff does, is the event's updatedFields as it is.
         if not expanded and has(d, diff + 4, _P_U):
             u_length = i32(d, o_start + _U_AT)
-            simple = (5 <= u_length <= diff_length - 8 and o_start + _U_AT + u_length == o_end - 2
-                      and u8(d, o_end - 3) == 0)
+            simple = (
+                5 <= u_length <= diff_length - 8
+                and o_start + _U_AT + u_length == o_end - 2
+                and u8(d, o_end - 3) == 0
+            )
     # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
     if op == _DELETE:
         key = o_start
@@ -302,13 +398,21 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     stamps = key + _OID_KEY_BYTES
     if has(d, stamps, _P_STMT_ID):
         stamps += _STMT_ID_BYTES + 4
-    if not (has(d, stamps + _TS_OFFSET, _P_TS) and has(d, stamps + _T_OFFSET, _P_T)
-            and has(d, stamps + _V_OFFSET, _P_V) and has(d, stamps + _WALL_OFFSET, _P_WALL)):
+    if not (
+        has(d, stamps + _TS_OFFSET, _P_TS)
+        and has(d, stamps + _T_OFFSET, _P_T)
+        and has(d, stamps + _V_OFFSET, _P_V)
+        and has(d, stamps + _WALL_OFFSET, _P_WALL)
+    ):
         return
     after = stamps + _STAMP_BYTES
     if after != end:  # prevOpTime, if there is one, must fill the rest of the entry exactly
         prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
-        if not has(d, after, _P_PREV_OP_TIME) or prev_length < 5 or after + _PREV_OP_TIME_BYTES + prev_length != end:
+        if (
+            not has(d, after, _P_PREV_OP_TIME)
+            or prev_length < 5
+            or after + _PREV_OP_TIME_BYTES + prev_length != end
+        ):
             return
     row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
@@ -316,7 +420,9 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
 
 
 @numba.njit(cache=CACHE)
-def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[_Ints, _Ints, _Ints]:
+def _layouts(
+    d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
+) -> tuple[_Ints, _Ints, _Ints]:
     """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
     -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
     same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
@@ -337,8 +443,12 @@ def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[
         if not row[_R_OK]:
             continue
         p, stop = row[_R_P], row[_R_HEAD_END]
-        fingerprint = ((np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15)) ^ u64(d, p + _HEAD_BYTES + 4)
-                       ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F)) ^ u64(d, stop - 8))
+        fingerprint = (
+            (np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15))
+            ^ u64(d, p + _HEAD_BYTES + 4)
+            ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
+            ^ u64(d, stop - 8)
+        )
         slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
         while True:
             kind = table[slot]
@@ -349,7 +459,9 @@ def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[
                 kinds += 1
                 break
             q = rows[U(firsts[U(kind)]), _R_P]
-            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(d, p, d[U(q):U(q + stop - p)]):
+            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(
+                d, p, d[U(q) : U(q + stop - p)]
+            ):
                 which[i] = kind
                 break
             slot = (slot + np.uint64(1)) & mask
@@ -357,8 +469,17 @@ def _layouts(d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool) -> tuple[
 
 
 @numba.njit(cache=CACHE)
-def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _Bytes, at: _Ints,
-              extra: _Bytes, extra_at: _Ints, wall_at: int) -> tuple[_Bytes, _Bytes, _Ints]:
+def _assemble(
+    d: _Bytes,
+    taken: _Ints,
+    rows: _Ints,
+    which: _Ints,
+    templates: _Bytes,
+    at: _Ints,
+    extra: _Bytes,
+    extra_at: _Ints,
+    wall_at: int,
+) -> tuple[_Bytes, _Bytes, _Ints]:
     """The taken entries' sort keys (rows of _KEY_BYTES) and events (their bytes back to back, and
     offsets): each is its kind's templates (key, front, tail: `templates` from at[3k] to at[3k+3])
     with its own ts, ObjectId and wall written in, then its document (an insert's), its
@@ -372,8 +493,11 @@ def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _By
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
-            size += (row[_R_O_END] - 2 - row[_R_O_START] - _U_AT + len(_P_SIMPLE_REST) if row[_R_SIMPLE]
-                     else extra_at[i + 1] - extra_at[i])
+            size += (
+                row[_R_O_END] - 2 - row[_R_O_START] - _U_AT + len(_P_SIMPLE_REST)
+                if row[_R_SIMPLE]
+                else extra_at[i + 1] - extra_at[i]
+            )
         offsets[i + 1] = offsets[i] + size
     keys = np.empty(m * _KEY_BYTES, np.uint8)
     out = np.empty(offsets[m], np.uint8)
@@ -417,7 +541,9 @@ def _assemble(d: _Bytes, taken: _Ints, rows: _Ints, which: _Ints, templates: _By
     return keys.reshape(m, _KEY_BYTES), out, offsets
 
 
-def _description(data: bytes | bytearray, start: int, end: int, diff: int, expanded: bool) -> bytes | None:
+def _description(
+    data: bytes | bytearray, start: int, end: int, diff: int, expanded: bool
+) -> bytes | None:
     """The updateDescription of the update entry data[start:end] whose diff is at `diff`, read
     from the entry alone as splice_crud reads it (bytes past a broken entry are another's); None
     if `update_description` does not take it or cannot read it (splice_crud then says why)."""
@@ -427,7 +553,9 @@ def _description(data: bytes | bytearray, start: int, end: int, diff: int, expan
         return None
 
 
-def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = False) -> EventBlock | list[Any]:
+def splice_entries(
+    batch: OplogBatch, splice: bool = True, expanded: bool = False
+) -> EventBlock | list[Any]:
     """The batch's events as one EventBlock when every entry is a plain insert, update or
     delete this module takes (the usual batch of a backlog); else one item for each entry, in
     order: its event's fields (`splice_crud`'s), () for an entry with no event, or the entry's own
@@ -442,7 +570,10 @@ def splice_entries(batch: OplogBatch, splice: bool = True, expanded: bool = Fals
     def outside(start: int, stop: int) -> list[Any]:
         """The items of the entries in [start, stop), none of them in the block."""
         entries = batch.entries(start, stop)
-        return [_one_by_one(entry, made, expanded) for entry, made in zip(entries, out[start:stop], strict=True)]
+        return [
+            _one_by_one(entry, made, expanded)
+            for entry, made in zip(entries, out[start:stop], strict=True)
+        ]
 
     if block is None:
         return outside(0, len(batch))
@@ -477,14 +608,35 @@ def warm_up() -> None:
     on a cold cache takes seconds, once), and its reader processes then find the cache made."""
     ui = bson.Binary(bytes(16), 4)
     oid = bson.ObjectId(bytes(12))
-    stamps = {"ts": bson.Timestamp(1, 1), "t": bson.Int64(1), "v": bson.Int64(2),
-              "wall": bson.datetime_ms.DatetimeMS(0)}
+    stamps = {
+        "ts": bson.Timestamp(1, 1),
+        "t": bson.Int64(1),
+        "v": bson.Int64(2),
+        "wall": bson.datetime_ms.DatetimeMS(0),
+    }
     entries = [
         {"op": "i", "ns": "db.c", "ui": ui, "o": {"_id": oid}, "o2": {"_id": oid}, **stamps},
-        {"op": "u", "ns": "db.c", "ui": ui, "o": {"$v": 2, "diff": {"u": {"a": 1}}}, "o2": {"_id": oid}, **stamps},
-        {"op": "u", "ns": "db.c", "ui": ui, "o": {"$v": 2, "diff": {"d": {"a": False}}}, "o2": {"_id": oid}, **stamps},
-        {"op": "d", "ns": "db.c", "ui": ui, "o": {"_id": oid}, **stamps}]
-    reply = bson.encode({"cursor": {"nextBatch": entries, "id": bson.Int64(0), "ns": "local.oplog.rs"}})
+        {
+            "op": "u",
+            "ns": "db.c",
+            "ui": ui,
+            "o": {"$v": 2, "diff": {"u": {"a": 1}}},
+            "o2": {"_id": oid},
+            **stamps,
+        },
+        {
+            "op": "u",
+            "ns": "db.c",
+            "ui": ui,
+            "o": {"$v": 2, "diff": {"d": {"a": False}}},
+            "o2": {"_id": oid},
+            **stamps,
+        },
+        {"op": "d", "ns": "db.c", "ui": ui, "o": {"_id": oid}, **stamps},
+    ]
+    reply = bson.encode(
+        {"cursor": {"nextBatch": entries, "id": bson.Int64(0), "ns": "local.oplog.rs"}}
+    )
     for expanded in (False, True):
         _, block, _ = splice_block(reply_batch(reply)[1], expanded=expanded)
     # And what a release does with blocks: merge, take each bucket's share, key a reply's batch

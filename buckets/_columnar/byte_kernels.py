@@ -31,7 +31,19 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["U", "as_bytes", "copy", "copy_from", "prefetch", "has", "hex_digits", "i32", "put_i32", "u8", "u64"]
+__all__ = [
+    "U",
+    "as_bytes",
+    "copy",
+    "copy_from",
+    "prefetch",
+    "has",
+    "hex_digits",
+    "i32",
+    "put_i32",
+    "u8",
+    "u64",
+]
 
 U = np.uintp
 Bytes = npt.NDArray[np.uint8]
@@ -72,7 +84,12 @@ def i32(d: Bytes, at: Index) -> int:
     if at < 0 or at + 4 > len(d):
         return -1
     u = U(at)
-    v = np.int64(d[u]) | (np.int64(d[u + 1]) << 8) | (np.int64(d[u + 2]) << 16) | (np.int64(d[u + 3]) << 24)
+    v = (
+        np.int64(d[u])
+        | (np.int64(d[u + 1]) << 8)
+        | (np.int64(d[u + 2]) << 16)
+        | (np.int64(d[u + 3]) << 24)
+    )
     return int(v - (1 << 32) if v >= 1 << 31 else v)
 
 
@@ -105,24 +122,42 @@ def copy(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
 @intrinsic
 def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
     """memcpy(dst, src, n) on addresses given as integers (LLVM's memcpy)."""
+
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         to, start, size = args
         pointer = ir.IntType(8).as_pointer()
-        cgutils.raw_memcpy(builder, builder.inttoptr(to, pointer), builder.inttoptr(start, pointer), size, 1)
+        cgutils.raw_memcpy(
+            builder, builder.inttoptr(to, pointer), builder.inttoptr(start, pointer), size, 1
+        )
         return context.get_dummy_value()
+
     return types.void(types.uintp, types.uintp, types.intp), codegen
 
 
 @intrinsic
 def _prefetch(typingctx: Any, address: Any) -> Any:
     """Ask the CPU to bring the cache line at `address` in (llvm.prefetch: read, keep, data)."""
+
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         pointer = ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
-            pointer, ir.IntType(32), ir.IntType(32), ir.IntType(32)]), "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.inttoptr(args[0], pointer), ir.Constant(ir.IntType(32), 0),
-                          ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(
+                ir.VoidType(), [pointer, ir.IntType(32), ir.IntType(32), ir.IntType(32)]
+            ),
+            "llvm.prefetch.p0i8",
+        )
+        builder.call(
+            fn,
+            [
+                builder.inttoptr(args[0], pointer),
+                ir.Constant(ir.IntType(32), 0),
+                ir.Constant(ir.IntType(32), 3),
+                ir.Constant(ir.IntType(32), 1),
+            ],
+        )
         return context.get_dummy_value()
+
     return types.void(types.uintp), codegen
 
 

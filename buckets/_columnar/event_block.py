@@ -48,7 +48,9 @@ class _KeyRows(Sequence[bytes]):
 
     __slots__ = ("rows", "order")
 
-    def __init__(self, rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64] | None = None) -> None:
+    def __init__(
+        self, rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64] | None = None
+    ) -> None:
         self.rows = rows
         self.order = order
 
@@ -75,16 +77,24 @@ class _Scattered(NamedTuple):
         addresses, sizes = [], []
         for part in parts:
             at, values = _offsets_of(part), part.buffers()[2]
-            addresses.append(at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0))
+            addresses.append(
+                at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0)
+            )
             sizes.append(np.diff(at))
-        return cls(parts, np.concatenate(addresses), np.concatenate(sizes),
-                   tuple(b.hold for b in blocks if b.hold is not None))
+        return cls(
+            parts,
+            np.concatenate(addresses),
+            np.concatenate(sizes),
+            tuple(b.hold for b in blocks if b.hold is not None),
+        )
 
     def gather(self, rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
         """Events `rows`, in that order, in one column of their own: one copy of each, where
         joining the columns and then taking from the join copied each twice."""
         out, offsets = _gather_rows(self.addresses, self.sizes, rows)
-        return pa.Array.from_buffers(pa.large_binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
+        return pa.Array.from_buffers(
+            pa.large_binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(out)]
+        )
 
 
 class _Unsorted(NamedTuple):
@@ -121,7 +131,9 @@ class KeyedEvents(DeferredPiece):
             part = buffer
             following, written = self._gather_into(part, at)
             if following == at:  # an event too large for the buffer alone: a part of its own
-                part = np.empty(_element_bytes(self._events.sizes[self._rows[at]], self._first + at), np.uint8)
+                part = np.empty(
+                    _element_bytes(self._events.sizes[self._rows[at]], self._first + at), np.uint8
+                )
                 following, written = self._gather_into(part, at)
             yield part.data[:written]
             at = following
@@ -134,7 +146,9 @@ class KeyedEvents(DeferredPiece):
 
     def _gather_into(self, out: npt.NDArray[np.uint8], at: int) -> tuple[int, int]:
         """The elements from row `at` on that fit in `out`: (the next row, the bytes written)."""
-        return _keyed_gather_into(out, self._events.addresses, self._events.sizes, self._rows, at, self._first)
+        return _keyed_gather_into(
+            out, self._events.addresses, self._events.sizes, self._rows, at, self._first
+        )
 
 
 class EventBlock(ArrayRun):
@@ -150,9 +164,15 @@ class EventBlock(ArrayRun):
 
     __slots__ = ("_keys", "_events", "_unsorted", "kinds", "kind_table", "_sizes", "hold")
 
-    def __init__(self, keys: npt.NDArray[np.uint8] | None, events: pa.LargeBinaryArray | None,
-                 kinds: npt.NDArray[np.int32], kind_table: tuple[Kind, ...], unsorted: _Unsorted | None = None,
-                 hold: Any = None) -> None:
+    def __init__(
+        self,
+        keys: npt.NDArray[np.uint8] | None,
+        events: pa.LargeBinaryArray | None,
+        kinds: npt.NDArray[np.int32],
+        kind_table: tuple[Kind, ...],
+        unsorted: _Unsorted | None = None,
+        hold: Any = None,
+    ) -> None:
         """A merge's block gives `unsorted` in place of `keys` and `events`, taken on first use."""
         self._keys = keys
         self._events = events
@@ -185,7 +205,9 @@ class EventBlock(ArrayRun):
     @property
     def pins(self) -> bool:
         """Whether this block keeps some hold alive (its events point into held blocks)."""
-        return self.hold is not None or (self._unsorted is not None and bool(self._unsorted.events.holds))
+        return self.hold is not None or (
+            self._unsorted is not None and bool(self._unsorted.events.holds)
+        )
 
     def own(self) -> EventBlock:
         """These events in memory of their own, holding nothing: what a buffer keeps when the
@@ -197,9 +219,14 @@ class EventBlock(ArrayRun):
             return self
         values = self.events.buffers()[2]
         offsets = self._offsets()
-        body = (pa.py_buffer(bytes(values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))))
-                if values is not None else pa.py_buffer(b""))
-        events = pa.Array.from_buffers(pa.large_binary(), len(self), [None, pa.py_buffer(offsets - offsets[0]), body])
+        body = (
+            pa.py_buffer(bytes(values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))))
+            if values is not None
+            else pa.py_buffer(b"")
+        )
+        events = pa.Array.from_buffers(
+            pa.large_binary(), len(self), [None, pa.py_buffer(offsets - offsets[0]), body]
+        )
         return EventBlock(self.keys.copy(), events, self.kinds, self.kind_table)
 
     # -- reading -------------------------------------------------------------------------------
@@ -247,7 +274,9 @@ class EventBlock(ArrayRun):
         bounds = np.zeros(len(keys) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, keys), np.int64, len(keys)), out=bounds[1:])
         cuts = np.empty(len(keys), np.int64)
-        exact = bisect_keys_kernel(rows, order, ordered, np.frombuffer(b"".join(keys), np.uint8), bounds, lo, cuts)
+        exact = bisect_keys_kernel(
+            rows, order, ordered, np.frombuffer(b"".join(keys), np.uint8), bounds, lo, cuts
+        )
         return cuts.tolist(), bool(exact)
 
     @property
@@ -274,9 +303,12 @@ class EventBlock(ArrayRun):
         keys = np.ascontiguousarray(self.keys).tobytes()
         width = self.keys.shape[1]
         names = map(self.kind_table.__getitem__, self.kinds.tolist())
-        return [(keys[i:i + width], b"", op, db, coll, raw, namespaces, "", None)
-                for i, (op, db, coll, namespaces), raw in zip(
-                    range(0, len(keys), width), names, self.events.to_pylist(), strict=True)]
+        return [
+            (keys[i : i + width], b"", op, db, coll, raw, namespaces, "", None)
+            for i, (op, db, coll, namespaces), raw in zip(
+                range(0, len(keys), width), names, self.events.to_pylist(), strict=True
+            )
+        ]
 
     # -- making other blocks ---------------------------------------------------------------------
 
@@ -286,10 +318,20 @@ class EventBlock(ArrayRun):
         if self._events is None:
             assert self._unsorted is not None
             unsorted = self._unsorted._replace(order=self._unsorted.order[start:stop])
-            return EventBlock(None if self._keys is None else self._keys[start:stop], None, self.kinds[start:stop],
-                              self.kind_table, unsorted)
-        block = EventBlock(self.keys[start:stop], self.events.slice(start, stop - start), self.kinds[start:stop],
-                           self.kind_table, hold=self.hold)
+            return EventBlock(
+                None if self._keys is None else self._keys[start:stop],
+                None,
+                self.kinds[start:stop],
+                self.kind_table,
+                unsorted,
+            )
+        block = EventBlock(
+            self.keys[start:stop],
+            self.events.slice(start, stop - start),
+            self.kinds[start:stop],
+            self.kind_table,
+            hold=self.hold,
+        )
         if self._sizes is not None:
             block._sizes = self._sizes[start:stop]
         return block
@@ -301,14 +343,24 @@ class EventBlock(ArrayRun):
         them here, into each bucket's share, would cost one more pass over every event's bytes."""
         unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
         assert unsorted is not None
-        return EventBlock(None, None, self.kinds[indices], self.kind_table,
-                          unsorted._replace(order=unsorted.order[indices]))
+        return EventBlock(
+            None,
+            None,
+            self.kinds[indices],
+            self.kind_table,
+            unsorted._replace(order=unsorted.order[indices]),
+        )
 
     def _as_merge(self) -> EventBlock:
         """This block as a merge of itself alone (its order the identity), whose events' addresses
         are found once for all the parts taken from it."""
-        return EventBlock(None, None, self.kinds, self.kind_table,
-                          _Unsorted(self.keys, _Scattered.of((self,)), np.arange(len(self))))
+        return EventBlock(
+            None,
+            None,
+            self.kinds,
+            self.kind_table,
+            _Unsorted(self.keys, _Scattered.of((self,)), np.arange(len(self))),
+        )
 
     def shares(self, routes: Sequence[Collection[int]]) -> dict[int, EventBlock]:
         """Each bucket's share of the block, `routes[k]` being the buckets of kind k's events: one
@@ -339,8 +391,11 @@ class EventBlock(ArrayRun):
         table: dict[Kind, int] = {}
         kinds = []
         for block in blocks:
-            remap = np.fromiter((table.setdefault(kind, len(table)) for kind in block.kind_table), np.int32,
-                                len(block.kind_table))
+            remap = np.fromiter(
+                (table.setdefault(kind, len(table)) for kind in block.kind_table),
+                np.int32,
+                len(block.kind_table),
+            )
             kinds.append(remap[block.kinds])
         keys = np.concatenate([b.keys for b in blocks])
         starts = _run_starts(blocks)
@@ -350,8 +405,13 @@ class EventBlock(ArrayRun):
             order = _merge_runs(keys, np.array([*starts, len(keys)], np.int64))
         else:
             order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
-        return cls(None, None, np.concatenate(kinds)[order], tuple(table),
-                   _Unsorted(keys, _Scattered.of(blocks), order))
+        return cls(
+            None,
+            None,
+            np.concatenate(kinds)[order],
+            tuple(table),
+            _Unsorted(keys, _Scattered.of(blocks), order),
+        )
 
     def array_body(self, first_index: int) -> KeyedEvents:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
@@ -369,10 +429,17 @@ class EventBlock(ArrayRun):
         object in a pickle costs its copy into fresh memory, which faults in page by page."""
         offsets = self._offsets()
         values = self.events.buffers()[2]
-        body = (values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if values is not None
-                else pa.py_buffer(b""))
-        columns = (np.ascontiguousarray(self.keys), offsets - offsets[0], memoryview(body),
-                   np.ascontiguousarray(self.kinds))
+        body = (
+            values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+            if values is not None
+            else pa.py_buffer(b"")
+        )
+        columns = (
+            np.ascontiguousarray(self.keys),
+            offsets - offsets[0],
+            memoryview(body),
+            np.ascontiguousarray(self.kinds),
+        )
         wrap = pickle.PickleBuffer if protocol >= 5 else bytes
         return (_restore, (*map(wrap, columns), self.keys.shape[1], self.kind_table))
 
@@ -384,18 +451,25 @@ def _offsets_of(events: pa.LargeBinaryArray) -> npt.NDArray[np.int64]:
     """Where each event starts in the column's values buffer, and where the last ends (len + 1 of them)."""
     if not len(events):
         return np.zeros(1, np.int64)
-    return np.frombuffer(events.buffers()[1], np.int64)[events.offset:events.offset + len(events) + 1]
+    return np.frombuffer(events.buffers()[1], np.int64)[
+        events.offset : events.offset + len(events) + 1
+    ]
 
 
-def _restore(keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_table: tuple[Kind, ...]) -> EventBlock:
+def _restore(
+    keys: Any, offsets: Any, body: Any, kinds: Any, width: int, kind_table: tuple[Kind, ...]
+) -> EventBlock:
     kinds = np.frombuffer(kinds, np.int32)
     n = len(kinds)
-    events = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)])
-    return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events,
-                      kinds, kind_table)
+    events = pa.Array.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)]
+    )
+    return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events, kinds, kind_table)
 
 
-_MERGED_RUNS = 16  # more sorted runs than this are sorted by numpy (a scan of every run's head per event)
+_MERGED_RUNS = (
+    16  # more sorted runs than this are sorted by numpy (a scan of every run's head per event)
+)
 
 
 def _run_starts(blocks: Sequence[EventBlock]) -> list[int]:
@@ -422,7 +496,9 @@ def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
 
 
 @numba.njit(cache=CACHE)
-def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _merge_runs(
+    keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
     """The order of the rows of `keys` (at least 8 bytes wide) that merges its sorted runs (run
     r: rows bounds[r] to bounds[r + 1]); equal keys keep the runs' order. Each run's next row
     and that row's head (its first 8 bytes as a big-endian number) are kept at hand (`at`,
@@ -470,8 +546,9 @@ def _merge_runs(keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]) -> n
 
 
 @numba.njit(cache=CACHE)
-def _gather_rows(addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
-                 rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+def _gather_rows(
+    addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """`_Scattered.gather`'s loop: sizes first, so the output is one array, then one copy each."""
     n = len(rows)
     offsets = np.empty(n + 1, np.int64)
@@ -516,8 +593,14 @@ def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first
 
 
 @numba.njit(cache=CACHE)
-def _keyed_gather_into(out: npt.NDArray[np.uint8], addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64],
-                       rows: npt.NDArray[np.int64], start: int, first_index: int) -> tuple[int, int]:
+def _keyed_gather_into(
+    out: npt.NDArray[np.uint8],
+    addresses: npt.NDArray[np.uintp],
+    sizes: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    start: int,
+    first_index: int,
+) -> tuple[int, int]:
     """The events at rows[start:] of a scattered column (each at its address) as array
     elements (type 3 (a document), its index first_index + i in decimal as its key, then its
     bytes), written from out[0] on for as long as they fit: (the next row's index, the bytes

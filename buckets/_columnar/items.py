@@ -45,4 +45,3 @@ def first_key(item: Any) -> bytes:
 
 def last_key(item: Any) -> bytes:
     return item.last_key if type(item) is EventBlock else item[0]
-

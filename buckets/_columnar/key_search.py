@@ -15,7 +15,9 @@ from buckets._columnar.byte_kernels import Index
 
 
 @numba.njit(cache=CACHE)
-def row_order(rows: npt.NDArray[np.uint8], row: Index, keys: npt.NDArray[np.uint8], k0: Index, k1: Index) -> int:
+def row_order(
+    rows: npt.NDArray[np.uint8], row: Index, keys: npt.NDArray[np.uint8], k0: Index, k1: Index
+) -> int:
     """-1, 0 or 1 as row `row` of `rows` is below, equal to or above keys[k0:k1] in Python's
     bytes order (the first differing byte, else the shorter is below)."""
     width, n = rows.shape[1], k1 - k0
@@ -27,9 +29,15 @@ def row_order(rows: npt.NDArray[np.uint8], row: Index, keys: npt.NDArray[np.uint
 
 
 @numba.njit(cache=CACHE)
-def bisect_keys_kernel(rows: npt.NDArray[np.uint8], order: npt.NDArray[np.int64], ordered: bool,
-                 keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64], lo: int,
-                 cuts: npt.NDArray[np.int64]) -> bool:
+def bisect_keys_kernel(
+    rows: npt.NDArray[np.uint8],
+    order: npt.NDArray[np.int64],
+    ordered: bool,
+    keys: npt.NDArray[np.uint8],
+    bounds: npt.NDArray[np.int64],
+    lo: int,
+    cuts: npt.NDArray[np.int64],
+) -> bool:
     """EventBlock.bisect_keys' loop: cuts[i] is bisect_right of key i (keys[bounds[i]:bounds[i + 1]],
     in ascending order, so each search starts where the last ended) over the rows (row order[j]
     the j-th, if `ordered`); whether some key equals the row before its cut."""

@@ -55,7 +55,7 @@ class OplogBatch:
 
     def entry(self, i: int) -> bytes:
         start = int(self.starts[i])
-        return byte_slices(self.data)[start:start + int(self.lengths[i])]
+        return byte_slices(self.data)[start : start + int(self.lengths[i])]
 
     def entries(self, start: int = 0, stop: int | None = None) -> list[bytes]:
         """The entries from `start` to `stop`, cut out with one slicer (not one `entry()` each)."""
@@ -97,8 +97,11 @@ def _walk(data: bytes | bytearray, start: int, end: int) -> _Ints:
     read on the way, in a compiled loop (byte_kernels)."""
     starts = _walk_kernel(as_bytes(data), start, end)
     if len(starts) and starts[0] < 0:
-        raise ValueError("the cursor's batch is not an array of documents keyed 0, 1, ..."
-                         if starts[0] == _BAD_KEY else "the cursor's batch is not an array of documents")
+        raise ValueError(
+            "the cursor's batch is not an array of documents keyed 0, 1, ..."
+            if starts[0] == _BAD_KEY
+            else "the cursor's batch is not an array of documents"
+        )
     return starts
 
 

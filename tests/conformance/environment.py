@@ -32,9 +32,13 @@ def running(version: str, *, shards: int = 2) -> Iterator[Endpoints]:
     started, stop = threading.Event(), threading.Event()
 
     async def serve() -> None:
-        async with open_cluster(shards=shards, version=version, periodic_noop_s=0.2) as cluster, \
-                trio.open_nursery() as nursery:
-            config = ProxyConfig(upstream=cluster.uri, listen_port=0, accelerate_change_streams=True)
+        async with (
+            open_cluster(shards=shards, version=version, periodic_noop_s=0.2) as cluster,
+            trio.open_nursery() as nursery,
+        ):
+            config = ProxyConfig(
+                upstream=cluster.uri, listen_port=0, accelerate_change_streams=True
+            )
             proxy = await nursery.start(serve_proxy, config)
             ready.append(Endpoints(version, cluster.uri, f"mongodb://127.0.0.1:{proxy.port}/"))
             started.set()
@@ -53,7 +57,9 @@ def running(version: str, *, shards: int = 2) -> Iterator[Endpoints]:
     thread.start()
     started.wait(60)
     if failed or not ready:
-        raise RuntimeError(f"the {version} cluster did not start") from (failed[0] if failed else None)
+        raise RuntimeError(f"the {version} cluster did not start") from (
+            failed[0] if failed else None
+        )
     try:
         yield ready[0]
     finally:

@@ -38,8 +38,16 @@ from typing import Any
 DB = "<db>"
 VERSIONS = ("7.0", "8.0")
 # The fields compared only when an expected event states them.
-IGNORED_UNLESS_GIVEN = ("_id", "clusterTime", "wallTime", "collectionUUID", "lsid", "txnNumber",
-                        "operationDescription", "updateDescription")
+IGNORED_UNLESS_GIVEN = (
+    "_id",
+    "clusterTime",
+    "wallTime",
+    "collectionUUID",
+    "lsid",
+    "txnNumber",
+    "operationDescription",
+    "updateDescription",
+)
 PRESENT = "<present>"
 UUID_PREFIX = "<uuid:"
 # The shard id of the case database's primary shard, and of another shard.
@@ -55,27 +63,29 @@ def uuid_of(coll: str) -> str:
 @dataclass(frozen=True)
 class Case:
     name: str
-    source: str                     # the jstest it comes from, as a path in mongodb/mongo
-    watch: str                      # "collection" (of `coll`), "database" or "cluster"
-    ops: tuple[Any, ...]            # run after the stream is opened
+    source: str  # the jstest it comes from, as a path in mongodb/mongo
+    watch: str  # "collection" (of `coll`), "database" or "cluster"
+    ops: tuple[Any, ...]  # run after the stream is opened
     expect: tuple[dict[str, Any], ...] = ()
-    error: int | None = None        # the code opening or reading the stream fails with
-    setup: tuple[Any, ...] = ()     # run before the stream is opened
-    options: dict[str, Any] = field(default_factory=dict)   # $changeStream's fields
-    pipeline: tuple[dict[str, Any], ...] = ()               # stages after $changeStream
+    error: int | None = None  # the code opening or reading the stream fails with
+    setup: tuple[Any, ...] = ()  # run before the stream is opened
+    options: dict[str, Any] = field(default_factory=dict)  # $changeStream's fields
+    pipeline: tuple[dict[str, Any], ...] = ()  # stages after $changeStream
     coll: str = "c"
     versions: tuple[str, ...] = VERSIONS
     # Whether the case also runs through parallelChangeStream buckets: a cluster-wide stream
     # filtered to the case's namespaces, which has no invalidate and takes only $match stages.
     buckets: bool = True
-    unordered: bool = False         # the jstest compares the events as a set
-    prefix: bool = False            # the jstest reads only the first len(expect) events
+    unordered: bool = False  # the jstest compares the events as a set
+    prefix: bool = False  # the jstest reads only the first len(expect) events
     # Paths known to differ from the server, each with the reason (the fidelity audit's item,
     # e.g. "D10: ..."): run as strict xfails, so that a fix shows up as an unexpected pass.
     diverges: dict[str, str] = field(default_factory=dict)
-    resume: tuple[str, int] | None = None   # ("resumeAfter" | "startAfter" | ..., event index)
-    resume_pipeline: tuple[dict[str, Any], ...] | None = None   # the resumed stream's, if not `pipeline`
-    watch_db: str = DB              # the database a collection or database stream watches
+    resume: tuple[str, int] | None = None  # ("resumeAfter" | "startAfter" | ..., event index)
+    resume_pipeline: tuple[dict[str, Any], ...] | None = (
+        None  # the resumed stream's, if not `pipeline`
+    )
+    watch_db: str = DB  # the database a collection or database stream watches
     # Options sent in $changeStream as they are, not through watch()'s arguments (which has none
     # for some, and checks the types of others itself).
     raw_options: tuple[str, ...] = ()
@@ -105,8 +115,11 @@ def substitute(value: Any, db: str) -> Any:
 def comparable(actual: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
     """`actual` without the fields the comparison ignores unless `expected` states them, and with
     `PRESENT` for the fields `expected` only requires to be there."""
-    return {k: PRESENT if expected.get(k) == PRESENT else v for k, v in actual.items()
-            if k not in IGNORED_UNLESS_GIVEN or k in expected}
+    return {
+        k: PRESENT if expected.get(k) == PRESENT else v
+        for k, v in actual.items()
+        if k not in IGNORED_UNLESS_GIVEN or k in expected
+    }
 
 
 def resolve(value: Any, names: dict[str, Any]) -> Any:

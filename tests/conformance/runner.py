@@ -33,9 +33,14 @@ _DEADLINE_S = 30.0
 _QUIET_S = 1.0
 _names = itertools.count()
 # $changeStream's fields, as pymongo's watch() names them.
-_WATCH_KWARGS = {"fullDocument": "full_document", "fullDocumentBeforeChange": "full_document_before_change",
-                 "showExpandedEvents": "show_expanded_events", "resumeAfter": "resume_after",
-                 "startAfter": "start_after", "startAtOperationTime": "start_at_operation_time"}
+_WATCH_KWARGS = {
+    "fullDocument": "full_document",
+    "fullDocumentBeforeChange": "full_document_before_change",
+    "showExpandedEvents": "show_expanded_events",
+    "resumeAfter": "resume_after",
+    "startAfter": "start_after",
+    "startAtOperationTime": "start_at_operation_time",
+}
 
 
 def fresh_db(path: str) -> str:
@@ -43,7 +48,9 @@ def fresh_db(path: str) -> str:
     return f"cf{next(_names)}{path[0]}"
 
 
-def _run(client: pymongo.MongoClient[Any], db: str, op: tuple[Any, ...], session: Any = None) -> None:
+def _run(
+    client: pymongo.MongoClient[Any], db: str, op: tuple[Any, ...], session: Any = None
+) -> None:
     kind, *args = op
     database = client[db]
     if kind == "insert":
@@ -60,7 +67,7 @@ def _run(client: pymongo.MongoClient[Any], db: str, op: tuple[Any, ...], session
         database[args[0]].delete_one(args[1], session=session)
     elif kind == "delete_many":
         database[args[0]].delete_many(args[1], session=session)
-    elif kind == "command":     # ("command", {cmd}[, another database])
+    elif kind == "command":  # ("command", {cmd}[, another database])
         client[args[1] if len(args) > 1 else db].command(args[0], session=session)
     elif kind == "admin":
         client.admin.command(args[0], session=session)
@@ -74,8 +81,12 @@ def _run(client: pymongo.MongoClient[Any], db: str, op: tuple[Any, ...], session
         raise ValueError(f"unknown operation {kind!r}")
 
 
-def run_ops(client: pymongo.MongoClient[Any], db: str, ops: tuple[Any, ...],
-            shards: dict[str, str] | None = None) -> None:
+def run_ops(
+    client: pymongo.MongoClient[Any],
+    db: str,
+    ops: tuple[Any, ...],
+    shards: dict[str, str] | None = None,
+) -> None:
     for op in ops:
         _run(client, db, resolve(substitute(op, db), shards or {}))
 
@@ -85,7 +96,9 @@ def _shards(client: pymongo.MongoClient[Any], db: str) -> dict[str, str]:
     entry = client.config.databases.find_one({"_id": db})
     assert entry is not None, f"config.databases has no {db}"
     primary = entry["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"] if s["_id"] != primary)
+    other = next(
+        s["_id"] for s in client.admin.command("listShards")["shards"] if s["_id"] != primary
+    )
     return {PRIMARY_SHARD: primary, OTHER_SHARD: other}
 
 
@@ -103,10 +116,14 @@ def _done(events: list[dict[str, Any]], case: Case, quiet_since: float) -> bool:
     if events and events[-1].get("operationType") == "invalidate":
         return True
     if case.error is not None and time.monotonic() - quiet_since > 2 * _QUIET_S:
-        return True     # the expected error did not come (an error comes with its event's batch)
+        return True  # the expected error did not come (an error comes with its event's batch)
     if case.prefix and len(events) >= len(case.expect):
         return True
-    return len(events) >= len(case.expect) and time.monotonic() - quiet_since > _QUIET_S and bool(case.pipeline)
+    return (
+        len(events) >= len(case.expect)
+        and time.monotonic() - quiet_since > _QUIET_S
+        and bool(case.pipeline)
+    )
 
 
 def _watch_target(client: pymongo.MongoClient[Any], db: str, case: Case) -> Any:
@@ -124,9 +141,12 @@ def play(case: Case, path: str, ends: Endpoints) -> Played:
     error code opening or reading the stream failed with, and the UUIDs of the database's
     collections after the operations."""
     db = fresh_db(path)
-    writer: pymongo.MongoClient[Any] = pymongo.MongoClient(ends.mongos_uri, serverSelectionTimeoutMS=10_000)
+    writer: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        ends.mongos_uri, serverSelectionTimeoutMS=10_000
+    )
     reader: pymongo.MongoClient[Any] = pymongo.MongoClient(
-        ends.mongos_uri if path == "simcluster" else ends.proxy_uri, serverSelectionTimeoutMS=10_000)
+        ends.mongos_uri if path == "simcluster" else ends.proxy_uri, serverSelectionTimeoutMS=10_000
+    )
     try:
         # Made before the stream opens, so that its create event is no part of the case's.
         writer[db][END_COLL].insert_one({"_id": "made before the stream"})
@@ -139,7 +159,11 @@ def play(case: Case, path: str, ends: Endpoints) -> Played:
         if path == "buckets":
             events = _play_buckets(case, writer, reader, db, options, pipeline, shards)
             return db, events, {**before, **_uuids(writer, db)}
-        accelerated = reader.admin.command("parallelChangeStreamStatus")["watches"] if path == "watch" else None
+        accelerated = (
+            reader.admin.command("parallelChangeStreamStatus")["watches"]
+            if path == "watch"
+            else None
+        )
         try:
             stream = _open(reader, db, case, pipeline, options)
         except OperationFailure as exc:
@@ -147,7 +171,9 @@ def play(case: Case, path: str, ends: Endpoints) -> Played:
         with stream:
             if accelerated is not None:
                 after = reader.admin.command("parallelChangeStreamStatus")["watches"]
-                assert after["accelerated"] == accelerated["accelerated"] + 1, "the engine did not serve this watch()"
+                assert after["accelerated"] == accelerated["accelerated"] + 1, (
+                    "the engine did not serve this watch()"
+                )
             run_ops(writer, db, case.ops, shards)
             _write_end(writer, db, case)
             got = _read(stream, case)
@@ -157,10 +183,16 @@ def play(case: Case, path: str, ends: Endpoints) -> Played:
         option, index = case.resume
         assert len(got) > index, f"the first stream saw no event {index} to resume from: {got}"
         try:
-            again = pipeline if case.resume_pipeline is None else list(substitute(case.resume_pipeline, db))
+            again = (
+                pipeline
+                if case.resume_pipeline is None
+                else list(substitute(case.resume_pipeline, db))
+            )
             # "startAtOperationTime" starts at the event's cluster time, the others at its token.
-            points = {name: got[index]["clusterTime" if name == "startAtOperationTime" else "_id"]
-                      for name in option.split("+")}
+            points = {
+                name: got[index]["clusterTime" if name == "startAtOperationTime" else "_id"]
+                for name in option.split("+")
+            }
             resumed = _open(reader, db, case, again, {**options, **points})
         except OperationFailure as exc:
             return db, int(exc.code or 0), uuids
@@ -171,29 +203,57 @@ def play(case: Case, path: str, ends: Endpoints) -> Played:
         reader.close()
 
 
-def _open(reader: pymongo.MongoClient[Any], db: str, case: Case, pipeline: list[dict[str, Any]],
-          options: dict[str, Any]) -> Any:
+def _open(
+    reader: pymongo.MongoClient[Any],
+    db: str,
+    case: Case,
+    pipeline: list[dict[str, Any]],
+    options: dict[str, Any],
+) -> Any:
     """A driver's change stream with `options`; those watch() has no argument for (or that it
     would check itself) go into $changeStream as they are."""
-    kwargs = {_WATCH_KWARGS[name]: value for name, value in options.items()
-              if name in _WATCH_KWARGS and name not in case.raw_options}
-    raw = {name: value for name, value in options.items() if name not in _WATCH_KWARGS or name in case.raw_options}
+    kwargs = {
+        _WATCH_KWARGS[name]: value
+        for name, value in options.items()
+        if name in _WATCH_KWARGS and name not in case.raw_options
+    }
+    raw = {
+        name: value
+        for name, value in options.items()
+        if name not in _WATCH_KWARGS or name in case.raw_options
+    }
     target = _watch_target(reader, db, case)
     if not raw:
         return target.watch(pipeline, **kwargs)
     stream = _raw_stream_class(target, raw)(
-        target, pipeline, kwargs.get("full_document"), kwargs.get("resume_after"), None, None, None,
-        kwargs.get("start_at_operation_time"), None, kwargs.get("start_after"), None,
-        kwargs.get("full_document_before_change"), kwargs.get("show_expanded_events"))
-    stream._initialize_cursor()     # as watch() does after making its stream
+        target,
+        pipeline,
+        kwargs.get("full_document"),
+        kwargs.get("resume_after"),
+        None,
+        None,
+        None,
+        kwargs.get("start_at_operation_time"),
+        None,
+        kwargs.get("start_after"),
+        None,
+        kwargs.get("full_document_before_change"),
+        kwargs.get("show_expanded_events"),
+    )
+    stream._initialize_cursor()  # as watch() does after making its stream
     return stream
 
 
 def _raw_stream_class(target: Any, raw: dict[str, Any]) -> type[Any]:
     """The driver's stream class for `target`, adding `raw` to the $changeStream stage it sends
     (on its first aggregate and on every resume)."""
-    base: type[Any] = (CollectionChangeStream if isinstance(target, Collection)
-                       else DatabaseChangeStream if isinstance(target, Database) else ClusterChangeStream)
+    base: type[Any] = (
+        CollectionChangeStream
+        if isinstance(target, Collection)
+        else DatabaseChangeStream
+        if isinstance(target, Database)
+        else ClusterChangeStream
+    )
 
     def options(stream: Any) -> dict[str, Any]:
         return {**base._change_stream_options(stream), **raw}
@@ -203,8 +263,11 @@ def _raw_stream_class(target: Any, raw: dict[str, Any]) -> type[Any]:
 
 def _uuids(client: pymongo.MongoClient[Any], db: str, prefix: str = "") -> dict[str, Any]:
     """The UUID of each collection of `db`, by its `uuid_of` placeholder."""
-    return {uuid_of(prefix + c["name"]): c["info"]["uuid"] for c in client[db].list_collections()
-            if "uuid" in c.get("info", {})}
+    return {
+        uuid_of(prefix + c["name"]): c["info"]["uuid"]
+        for c in client[db].list_collections()
+        if "uuid" in c.get("info", {})
+    }
 
 
 def _read(stream: Any, case: Case) -> list[dict[str, Any]] | int:
@@ -240,19 +303,31 @@ def _passing_end(stage: dict[str, Any]) -> dict[str, Any]:
     return {"$match": {"$or": [{"documentKey._id": END}, stage["$match"]]}}
 
 
-def _play_buckets(case: Case, writer: pymongo.MongoClient[Any], proxy: pymongo.MongoClient[Any], db: str,
-                  options: dict[str, Any], pipeline: list[dict[str, Any]],
-                  shards: dict[str, str]) -> list[dict[str, Any]]:
+def _play_buckets(
+    case: Case,
+    writer: pymongo.MongoClient[Any],
+    proxy: pymongo.MongoClient[Any],
+    db: str,
+    options: dict[str, Any],
+    pipeline: list[dict[str, Any]],
+    shards: dict[str, str],
+) -> list[dict[str, Any]]:
     scope: dict[str, Any] = {"ns.db": db}
     if case.watch == "collection":
         scope["ns.coll"] = {"$in": [case.coll, END_COLL]}
     # startAtOperationTime includes its own time: start just after the last write made.
     last: Timestamp = writer.admin.command("ping")["operationTime"]
     start = Timestamp(last.time, last.inc + 1)
-    opened = proxy.admin.command({"parallelChangeStream": 1, "nBuckets": 2, "name": f"conformance-{db}",
-                                  "startAtOperationTime": start,
-                                  "pipeline": [{"$match": scope}, *map(_passing_end, pipeline)],
-                                  **options})
+    opened = proxy.admin.command(
+        {
+            "parallelChangeStream": 1,
+            "nBuckets": 2,
+            "name": f"conformance-{db}",
+            "startAtOperationTime": start,
+            "pipeline": [{"$match": scope}, *map(_passing_end, pipeline)],
+            **options,
+        }
+    )
     cursors = {c["id"]: list(c["firstBatch"]) for c in opened["cursors"]}
     try:
         run_ops(writer, db, case.ops, shards)
@@ -262,10 +337,20 @@ def _play_buckets(case: Case, writer: pymongo.MongoClient[Any], proxy: pymongo.M
         deadline = time.monotonic() + _DEADLINE_S
         rounds_after_end = 0
         while rounds_after_end < 2:
-            assert time.monotonic() < deadline, f"no end marker within {_DEADLINE_S:.0f} s: {list(seen.values())}"
+            assert time.monotonic() < deadline, (
+                f"no end marker within {_DEADLINE_S:.0f} s: {list(seen.values())}"
+            )
             for cid, first in cursors.items():
-                batch = first or proxy.admin.command({"getMore": cid, "collection": "$cmd.parallelChangeStream",
-                                                      "maxTimeMS": 100})["cursor"]["nextBatch"]
+                batch = (
+                    first
+                    or proxy.admin.command(
+                        {
+                            "getMore": cid,
+                            "collection": "$cmd.parallelChangeStream",
+                            "maxTimeMS": 100,
+                        }
+                    )["cursor"]["nextBatch"]
+                )
                 cursors[cid] = []
                 for event in batch:
                     token = event["_id"]["_data"]

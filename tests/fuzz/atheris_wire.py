@@ -33,9 +33,9 @@ def split(data: bytes) -> tuple[bytes, list[int]]:
     if not data:
         return b"", []
     n = data[0] % 4
-    head = data[1:1 + 2 * n]
-    cuts = [int.from_bytes(head[i:i + 2], "little") for i in range(0, len(head) - 1, 2)]
-    return data[1 + 2 * n:], cuts
+    head = data[1 : 1 + 2 * n]
+    cuts = [int.from_bytes(head[i : i + 2], "little") for i in range(0, len(head) - 1, 2)]
+    return data[1 + 2 * n :], cuts
 
 
 def one_input(data: bytes) -> None:

@@ -85,17 +85,19 @@ def _frame_in_place(data: bytes) -> None:
     try:
         while (frame := framer.next_frame(8)) is not wire.NEED_DATA:
             if wire.op_msg_body_span(frame) is None:  # type: ignore[arg-type]
-                wire.decode_message(frame[:len(frame) - 8], max_size=LIMIT)  # type: ignore[index]
+                wire.decode_message(frame[: len(frame) - 8], max_size=LIMIT)  # type: ignore[index]
     except ProtocolError:
         pass
 
 
 # -- seeds: valid frames of every kind, and the hostile ones found so far -------------------------
 
+
 def _bad_string(length: int) -> bytes:
     """{a: "hello world!"} whose string states `length` bytes."""
-    return (struct.pack("<i", 25) + b"\x02a\x00" + struct.pack("<i", length)
-            + b"hello world!\x00\x00")
+    return (
+        struct.pack("<i", 25) + b"\x02a\x00" + struct.pack("<i", length) + b"hello world!\x00\x00"
+    )
 
 
 def _compressed(inner: bytes, compressor: str, declared: int | None = None) -> bytes:
@@ -108,12 +110,14 @@ def _compressed(inner: bytes, compressor: str, declared: int | None = None) -> b
 def seeds() -> list[bytes]:
     body = bson.encode({"find": "c", "filter": {"x": {"$gt": 1}}, "$db": "test"})
     docs = (bson.encode({"_id": 1}), bson.encode({"_id": 2, "s": "x" * 40}))
-    get_more = bson.encode({"getMore": bson.Int64(5), "collection": "c", "batchSize": 2,
-                            "$db": "t"})
+    get_more = bson.encode(
+        {"getMore": bson.Int64(5), "collection": "c", "batchSize": 2, "$db": "t"}
+    )
     kill = bson.encode({"killCursors": "c", "cursors": [bson.Int64(5)], "$db": "t"})
     hello = bson.encode({"hello": 1, "helloOk": True, "compression": ["zlib"], "$db": "admin"})
-    insert = wire.encode_op_msg(2, 0, bson.encode({"insert": "c", "$db": "t"}),
-                                sequences=(("documents", docs),))
+    insert = wire.encode_op_msg(
+        2, 0, bson.encode({"insert": "c", "$db": "t"}), sequences=(("documents", docs),)
+    )
     out = [
         wire.encode_op_msg(1, 0, body),
         insert,
@@ -136,8 +140,23 @@ def seeds() -> list[bytes]:
 
 SEEDS = seeds()
 # Values that land on a length or size field and make it lie.
-INTERESTING_INT32 = [0, 1, 4, 5, 16, 20, 21, -1, -16, 0x7FFFFFFF, -0x80000000, LIMIT, LIMIT + 1,
-                     wire.MAX_MESSAGE_SIZE, wire.MAX_MESSAGE_SIZE + 1]
+INTERESTING_INT32 = [
+    0,
+    1,
+    4,
+    5,
+    16,
+    20,
+    21,
+    -1,
+    -16,
+    0x7FFFFFFF,
+    -0x80000000,
+    LIMIT,
+    LIMIT + 1,
+    wire.MAX_MESSAGE_SIZE,
+    wire.MAX_MESSAGE_SIZE + 1,
+]
 
 
 def mutate(seed: bytes, edits: list[tuple[int, int, Any]]) -> bytes:
@@ -151,7 +170,9 @@ def mutate(seed: bytes, edits: list[tuple[int, int, Any]]) -> bytes:
         if kind == 0:
             data[pos] ^= (value % 255) + 1
         elif kind == 1:
-            data[pos:pos + 4] = struct.pack("<i", INTERESTING_INT32[value % len(INTERESTING_INT32)])
+            data[pos : pos + 4] = struct.pack(
+                "<i", INTERESTING_INT32[value % len(INTERESTING_INT32)]
+            )
         elif kind == 2:
             del data[pos:]
         else:

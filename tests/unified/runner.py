@@ -20,8 +20,20 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 SERVER_VERSION = (7, 0, 14)
 
-_TYPES = {"double": float, "string": str, "object": dict, "array": list, "binData": bytes, "objectId": None,
-          "bool": bool, "date": None, "null": type(None), "int": int, "long": Int64, "timestamp": None}
+_TYPES = {
+    "double": float,
+    "string": str,
+    "object": dict,
+    "array": list,
+    "binData": bytes,
+    "objectId": None,
+    "bool": bool,
+    "date": None,
+    "null": type(None),
+    "int": int,
+    "long": Int64,
+    "timestamp": None,
+}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -52,8 +64,12 @@ class Listener(monitoring.CommandListener):
         self.events: list[tuple[str, Any]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if "commandStartedEvent" in self.observe and event.command_name not in self.ignore and \
-                event.command_name not in ("hello", "isMaster", "ismaster", "saslStart", "endSessions"):
+        if (
+            "commandStartedEvent" in self.observe
+            and event.command_name not in self.ignore
+            and event.command_name
+            not in ("hello", "isMaster", "ismaster", "saslStart", "endSessions")
+        ):
             self.events.append(("commandStartedEvent", event))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
@@ -69,7 +85,7 @@ class Mismatch(AssertionError):
 
 def match(expected: Any, actual: Any, path: str = "", root: bool = True) -> None:
     if isinstance(expected, dict) and len(expected) == 1 and next(iter(expected)).startswith("$$"):
-        (op, arg), = expected.items()
+        ((op, arg),) = expected.items()
         if op == "$$unsetOrMatches":
             return match(arg, actual, path, root)
         if op == "$$type":
@@ -104,8 +120,12 @@ def match(expected: Any, actual: Any, path: str = "", root: bool = True) -> None
         for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
             match(e, a, f"{path}[{i}]", False)
         return None
-    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and isinstance(actual, (int, float)) \
-            and not isinstance(actual, bool):
+    if (
+        isinstance(expected, (int, float))
+        and not isinstance(expected, bool)
+        and isinstance(actual, (int, float))
+        and not isinstance(actual, bool)
+    ):
         if expected != actual:
             raise Mismatch(f"{path}: {expected!r} != {actual!r}")
         return None
@@ -120,7 +140,11 @@ def _is_type(value: Any, name: str) -> bool:
     from bson import ObjectId, Timestamp
     from bson.datetime_ms import DatetimeMS
 
-    special = {"objectId": ObjectId, "timestamp": Timestamp, "date": (datetime.datetime, DatetimeMS)}
+    special = {
+        "objectId": ObjectId,
+        "timestamp": Timestamp,
+        "date": (datetime.datetime, DatetimeMS),
+    }
     if name in special:
         return isinstance(value, special[name])  # type: ignore[arg-type]
     if name == "int":
@@ -128,7 +152,11 @@ def _is_type(value: Any, name: str) -> bool:
     if name == "long":
         return isinstance(value, Int64)
     kind = _TYPES.get(name)
-    return kind is not None and isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    return (
+        kind is not None
+        and isinstance(value, kind)
+        and not (kind is int and isinstance(value, bool))
+    )
 
 
 class UnifiedTest:
@@ -167,12 +195,17 @@ class UnifiedTest:
 
     def _create_entities(self, specs: list[dict[str, Any]]) -> None:
         for spec in specs:
-            (kind, conf), = spec.items()
+            ((kind, conf),) = spec.items()
             if kind == "client":
-                listener = Listener(conf.get("observeEvents", []), conf.get("ignoreCommandMonitoringEvents", []))
-                c: pymongo.MongoClient[Any] = pymongo.MongoClient(self.uri, event_listeners=[listener],
-                                                                  serverSelectionTimeoutMS=5000,
-                                                                  heartbeatFrequencyMS=500)
+                listener = Listener(
+                    conf.get("observeEvents", []), conf.get("ignoreCommandMonitoringEvents", [])
+                )
+                c: pymongo.MongoClient[Any] = pymongo.MongoClient(
+                    self.uri,
+                    event_listeners=[listener],
+                    serverSelectionTimeoutMS=5000,
+                    heartbeatFrequencyMS=500,
+                )
                 self.clients.append(c)
                 self.entities[conf["id"]] = c
                 self.listeners[conf["id"]] = listener
@@ -186,7 +219,9 @@ class UnifiedTest:
     def _initial_data(self, data: list[dict[str, Any]]) -> None:
         if not data:
             return
-        setup: pymongo.MongoClient[Any] = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=5000)
+        setup: pymongo.MongoClient[Any] = pymongo.MongoClient(
+            self.uri, serverSelectionTimeoutMS=5000
+        )
         try:
             for d in data:
                 db = setup.get_database(d["databaseName"], write_concern=WriteConcern("majority"))
@@ -228,12 +263,19 @@ class UnifiedTest:
             raise NotImplementedError(f"testRunner.{name}")
         target = self.entities[obj]
         if name == "createChangeStream":
-            opts = {"full_document": args.get("fullDocument"),
-                    "full_document_before_change": args.get("fullDocumentBeforeChange"),
-                    "resume_after": args.get("resumeAfter"), "start_after": args.get("startAfter"),
-                    "batch_size": args.get("batchSize"), "max_await_time_ms": args.get("maxAwaitTimeMS"),
-                    "show_expanded_events": args.get("showExpandedEvents"), "comment": args.get("comment")}
-            return target.watch(args.get("pipeline", []), **{k: v for k, v in opts.items() if v is not None})
+            opts = {
+                "full_document": args.get("fullDocument"),
+                "full_document_before_change": args.get("fullDocumentBeforeChange"),
+                "resume_after": args.get("resumeAfter"),
+                "start_after": args.get("startAfter"),
+                "batch_size": args.get("batchSize"),
+                "max_await_time_ms": args.get("maxAwaitTimeMS"),
+                "show_expanded_events": args.get("showExpandedEvents"),
+                "comment": args.get("comment"),
+            }
+            return target.watch(
+                args.get("pipeline", []), **{k: v for k, v in opts.items() if v is not None}
+            )
         if name in ("iterateUntilDocumentOrError", "iterateOnce"):
             deadline = time.monotonic() + 15
             while True:
@@ -247,13 +289,25 @@ class UnifiedTest:
         if name == "insertOne":
             return {"insertedId": target.insert_one(args["document"]).inserted_id}
         if name == "insertMany":
-            return {"insertedIds": dict(enumerate(target.insert_many(args["documents"]).inserted_ids))}
+            return {
+                "insertedIds": dict(enumerate(target.insert_many(args["documents"]).inserted_ids))
+            }
         if name in ("updateOne", "updateMany", "replaceOne"):
-            fn = {"updateOne": target.update_one, "updateMany": target.update_many,
-                  "replaceOne": target.replace_one}[name]
-            r = fn(args["filter"], args.get("update", args.get("replacement")), upsert=args.get("upsert", False))
-            return {"matchedCount": r.matched_count, "modifiedCount": r.modified_count, "upsertedCount":
-                    1 if r.upserted_id is not None else 0}
+            fn = {
+                "updateOne": target.update_one,
+                "updateMany": target.update_many,
+                "replaceOne": target.replace_one,
+            }[name]
+            r = fn(
+                args["filter"],
+                args.get("update", args.get("replacement")),
+                upsert=args.get("upsert", False),
+            )
+            return {
+                "matchedCount": r.matched_count,
+                "modifiedCount": r.modified_count,
+                "upsertedCount": 1 if r.upserted_id is not None else 0,
+            }
         if name in ("deleteOne", "deleteMany"):
             r = (target.delete_one if name == "deleteOne" else target.delete_many)(args["filter"])
             return {"deletedCount": r.deleted_count}
@@ -297,14 +351,20 @@ class UnifiedTest:
         if expected.get("ignoreExtraEvents"):
             actual = actual[: len(wanted)]
         if len(actual) != len(wanted):
-            raise Mismatch(f"expected {len(wanted)} events, got {[e.command_name for _, e in actual]}")
+            raise Mismatch(
+                f"expected {len(wanted)} events, got {[e.command_name for _, e in actual]}"
+            )
         for (kind, event), want in zip(actual, wanted, strict=True):
-            (want_kind, fields), = want.items()
+            ((want_kind, fields),) = want.items()
             if kind != want_kind:
                 raise Mismatch(f"expected {want_kind}, got {kind}")
             if "commandName" in fields and event.command_name != fields["commandName"]:
-                raise Mismatch(f"expected command {fields['commandName']}, got {event.command_name}")
+                raise Mismatch(
+                    f"expected command {fields['commandName']}, got {event.command_name}"
+                )
             if "databaseName" in fields and event.database_name != fields["databaseName"]:
-                raise Mismatch(f"expected database {fields['databaseName']}, got {event.database_name}")
+                raise Mismatch(
+                    f"expected database {fields['databaseName']}, got {event.database_name}"
+                )
             if "command" in fields:
                 match(fields["command"], dict(event.command), "command")

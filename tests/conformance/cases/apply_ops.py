@@ -18,31 +18,85 @@ TXN = {"lsid": PRESENT, "txnNumber": PRESENT}
 
 
 def _insert(db: str, coll: str, key: int, a: object) -> dict:
-    return {"operationType": "insert", "ns": {"db": db, "coll": coll}, "documentKey": {"_id": key},
-            "fullDocument": {"_id": key, "a": a}, **TXN}
+    return {
+        "operationType": "insert",
+        "ns": {"db": db, "coll": coll},
+        "documentKey": {"_id": key},
+        "fullDocument": {"_id": key, "a": a},
+        **TXN,
+    }
 
 
-SETUP = (("command", {"create": COLL}), ("command", {"create": OTHER}),
-         ("command", {"create": "someColl"}, OTHER_DB),
-         ("insert", COLL, {"_id": 0, "a": "I was here before the transaction"}))
-TXN_OPS = ("txn", [("insert", COLL, {"_id": 1, "a": 0}), ("insert", COLL, {"_id": 2, "a": 0}),
-                   ("insert", OTHER, {"_id": 111, "a": "Doc on other collection"}),
-                   ("command", {"insert": "someColl", "documents": [{"_id": 222, "a": "Doc on other DB"}]},
-                    OTHER_DB),
-                   ("update", COLL, {"_id": 1}, {"$inc": {"a": 1}}), ("delete", COLL, {"_id": 0})])
+SETUP = (
+    ("command", {"create": COLL}),
+    ("command", {"create": OTHER}),
+    ("command", {"create": "someColl"}, OTHER_DB),
+    ("insert", COLL, {"_id": 0, "a": "I was here before the transaction"}),
+)
+TXN_OPS = (
+    "txn",
+    [
+        ("insert", COLL, {"_id": 1, "a": 0}),
+        ("insert", COLL, {"_id": 2, "a": 0}),
+        ("insert", OTHER, {"_id": 111, "a": "Doc on other collection"}),
+        (
+            "command",
+            {"insert": "someColl", "documents": [{"_id": 222, "a": "Doc on other DB"}]},
+            OTHER_DB,
+        ),
+        ("update", COLL, {"_id": 1}, {"$inc": {"a": 1}}),
+        ("delete", COLL, {"_id": 0}),
+    ],
+)
 OPS = (TXN_OPS, ("drop", COLL))
 FIRST = (_insert(DB, COLL, 1, 0), _insert(DB, COLL, 2, 0))
-REST = ({"operationType": "update", "ns": {"db": DB, "coll": COLL}, "documentKey": {"_id": 1},
-         "updateDescription": {"updatedFields": {"a": 1}, "removedFields": [], "truncatedArrays": []}, **TXN},
-        {"operationType": "delete", "ns": {"db": DB, "coll": COLL}, "documentKey": {"_id": 0}, **TXN},
-        {"operationType": "drop", "ns": {"db": DB, "coll": COLL}})
+REST = (
+    {
+        "operationType": "update",
+        "ns": {"db": DB, "coll": COLL},
+        "documentKey": {"_id": 1},
+        "updateDescription": {
+            "updatedFields": {"a": 1},
+            "removedFields": [],
+            "truncatedArrays": [],
+        },
+        **TXN,
+    },
+    {"operationType": "delete", "ns": {"db": DB, "coll": COLL}, "documentKey": {"_id": 0}, **TXN},
+    {"operationType": "drop", "ns": {"db": DB, "coll": COLL}},
+)
 
 CASES = [
-    Case("apply-ops-collection", SOURCE, "collection", coll=COLL, setup=SETUP, ops=OPS,
-         expect=(*FIRST, *REST, {"operationType": "invalidate"})),
-    Case("apply-ops-database", SOURCE, "database", setup=SETUP, ops=OPS,
-         expect=(*FIRST, _insert(DB, OTHER, 111, "Doc on other collection"), *REST)),
-    Case("apply-ops-cluster", SOURCE, "cluster", setup=SETUP, ops=OPS, buckets=False, unordered=True,
-         expect=(*FIRST, _insert(DB, OTHER, 111, "Doc on other collection"),
-                 _insert(OTHER_DB, "someColl", 222, "Doc on other DB"), *REST)),
+    Case(
+        "apply-ops-collection",
+        SOURCE,
+        "collection",
+        coll=COLL,
+        setup=SETUP,
+        ops=OPS,
+        expect=(*FIRST, *REST, {"operationType": "invalidate"}),
+    ),
+    Case(
+        "apply-ops-database",
+        SOURCE,
+        "database",
+        setup=SETUP,
+        ops=OPS,
+        expect=(*FIRST, _insert(DB, OTHER, 111, "Doc on other collection"), *REST),
+    ),
+    Case(
+        "apply-ops-cluster",
+        SOURCE,
+        "cluster",
+        setup=SETUP,
+        ops=OPS,
+        buckets=False,
+        unordered=True,
+        expect=(
+            *FIRST,
+            _insert(DB, OTHER, 111, "Doc on other collection"),
+            _insert(OTHER_DB, "someColl", 222, "Doc on other DB"),
+            *REST,
+        ),
+    ),
 ]

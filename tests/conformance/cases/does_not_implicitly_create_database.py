@@ -11,13 +11,41 @@ SOURCE = "jstests/change_streams/does_not_implicitly_create_database.js"
 NS = {"db": DB, "coll": "test"}
 
 CASES = [
-    Case("no-implicit-create-writes-seen", SOURCE, "collection", coll="test",
-         ops=(("insert", "test", {"_id": 1}), ("insert", "test", {"_id": 2}),
-              ("update", "test", {"_id": 1}, {"$set": {"updated": True}}), ("delete", "test", {"_id": 2})),
-         expect=({"documentKey": {"_id": 1}, "fullDocument": {"_id": 1}, "ns": NS, "operationType": "insert"},
-                 {"documentKey": {"_id": 2}, "fullDocument": {"_id": 2}, "ns": NS, "operationType": "insert"},
-                 {"documentKey": {"_id": 1}, "ns": NS, "operationType": "update",
-                  "updateDescription": {"removedFields": [], "updatedFields": {"updated": True},
-                                        "truncatedArrays": []}},
-                 {"documentKey": {"_id": 2}, "ns": NS, "operationType": "delete"})),
+    Case(
+        "no-implicit-create-writes-seen",
+        SOURCE,
+        "collection",
+        coll="test",
+        ops=(
+            ("insert", "test", {"_id": 1}),
+            ("insert", "test", {"_id": 2}),
+            ("update", "test", {"_id": 1}, {"$set": {"updated": True}}),
+            ("delete", "test", {"_id": 2}),
+        ),
+        expect=(
+            {
+                "documentKey": {"_id": 1},
+                "fullDocument": {"_id": 1},
+                "ns": NS,
+                "operationType": "insert",
+            },
+            {
+                "documentKey": {"_id": 2},
+                "fullDocument": {"_id": 2},
+                "ns": NS,
+                "operationType": "insert",
+            },
+            {
+                "documentKey": {"_id": 1},
+                "ns": NS,
+                "operationType": "update",
+                "updateDescription": {
+                    "removedFields": [],
+                    "updatedFields": {"updated": True},
+                    "truncatedArrays": [],
+                },
+            },
+            {"documentKey": {"_id": 2}, "ns": NS, "operationType": "delete"},
+        ),
+    )
 ]

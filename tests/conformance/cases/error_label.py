@@ -8,7 +8,14 @@ SOURCE = "jstests/change_streams/error_label.js"
 COLL = "change_stream_error_label"
 
 CASES = [
-    Case("error-label-projected-out-resume-token", SOURCE, "collection", coll=COLL,
-         setup=(("command", {"create": COLL}),), pipeline=({"$project": {"_id": 0}},),
-         ops=(("insert", COLL, {"a": 1}),), error=280),
+    Case(
+        "error-label-projected-out-resume-token",
+        SOURCE,
+        "collection",
+        coll=COLL,
+        setup=(("command", {"create": COLL}),),
+        pipeline=({"$project": {"_id": 0}},),
+        ops=(("insert", COLL, {"a": 1}),),
+        error=280,
+    )
 ]

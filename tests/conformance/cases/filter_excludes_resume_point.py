@@ -9,7 +9,15 @@ SOURCE = "jstests/change_streams/filter_excludes_resume_point.js"
 COLL = "filter_excludes_resume_point"
 
 CASES = [
-    Case("filter-excludes-resume-point", SOURCE, "collection", coll=COLL, setup=(("command", {"create": COLL}),),
-         ops=(("insert_many", COLL, [{"_id": 1}, {"_id": 2}]),), resume=("resumeAfter", 0),
-         resume_pipeline=({"$match": {"fullDocument._id": {"$gt": 1}}},), error=280),
+    Case(
+        "filter-excludes-resume-point",
+        SOURCE,
+        "collection",
+        coll=COLL,
+        setup=(("command", {"create": COLL}),),
+        ops=(("insert_many", COLL, [{"_id": 1}, {"_id": 2}]),),
+        resume=("resumeAfter", 0),
+        resume_pipeline=({"$match": {"fullDocument._id": {"$gt": 1}}},),
+        error=280,
+    )
 ]

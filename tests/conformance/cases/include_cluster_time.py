@@ -11,15 +11,45 @@ COLL = "include_cluster_time"
 NS = {"db": DB, "coll": COLL}
 
 CASES = [
-    Case("include-cluster-time", SOURCE, "collection", coll=COLL, setup=(("command", {"create": COLL}),),
-         ops=(("insert", COLL, {"_id": 0}), ("update", COLL, {"_id": 0}, {"$set": {"updated": True}}),
-              ("delete", COLL, {"_id": 0}), ("drop", COLL)),
-         expect=({"operationType": "insert", "clusterTime": PRESENT, "ns": NS, "documentKey": {"_id": 0},
-                  "fullDocument": {"_id": 0}},
-                 {"operationType": "update", "clusterTime": PRESENT, "ns": NS, "documentKey": {"_id": 0},
-                  "updateDescription": {"updatedFields": {"updated": True}, "removedFields": [],
-                                        "truncatedArrays": []}},
-                 {"operationType": "delete", "clusterTime": PRESENT, "ns": NS, "documentKey": {"_id": 0}},
-                 {"operationType": "drop", "clusterTime": PRESENT, "ns": NS},
-                 {"operationType": "invalidate", "clusterTime": PRESENT})),
+    Case(
+        "include-cluster-time",
+        SOURCE,
+        "collection",
+        coll=COLL,
+        setup=(("command", {"create": COLL}),),
+        ops=(
+            ("insert", COLL, {"_id": 0}),
+            ("update", COLL, {"_id": 0}, {"$set": {"updated": True}}),
+            ("delete", COLL, {"_id": 0}),
+            ("drop", COLL),
+        ),
+        expect=(
+            {
+                "operationType": "insert",
+                "clusterTime": PRESENT,
+                "ns": NS,
+                "documentKey": {"_id": 0},
+                "fullDocument": {"_id": 0},
+            },
+            {
+                "operationType": "update",
+                "clusterTime": PRESENT,
+                "ns": NS,
+                "documentKey": {"_id": 0},
+                "updateDescription": {
+                    "updatedFields": {"updated": True},
+                    "removedFields": [],
+                    "truncatedArrays": [],
+                },
+            },
+            {
+                "operationType": "delete",
+                "clusterTime": PRESENT,
+                "ns": NS,
+                "documentKey": {"_id": 0},
+            },
+            {"operationType": "drop", "clusterTime": PRESENT, "ns": NS},
+            {"operationType": "invalidate", "clusterTime": PRESENT},
+        ),
+    )
 ]

@@ -17,9 +17,17 @@ REPLACED = {"_id": 1, "z": 1}
 ENABLE = ("command", {"collMod": "test", "changeStreamPreAndPostImages": {"enabled": True}})
 INC = ("update", "test", {"_id": 1}, {"$inc": {"x": 2}})
 # (fullDocumentBeforeChange, fullDocument) as the jstest's option sets give them.
-OPTION_SETS = [(None, None), ("whenAvailable", None), (None, "whenAvailable"), ("whenAvailable", "whenAvailable"),
-               ("required", None), (None, "required"), ("required", "required"), ("whenAvailable", "required"),
-               ("required", "whenAvailable")]
+OPTION_SETS = [
+    (None, None),
+    ("whenAvailable", None),
+    (None, "whenAvailable"),
+    ("whenAvailable", "whenAvailable"),
+    ("required", None),
+    (None, "required"),
+    ("required", "required"),
+    ("whenAvailable", "required"),
+    ("required", "whenAvailable"),
+]
 
 
 def _images(before_mode: str | None, after_mode: str | None, before: object, after: object) -> dict:
@@ -32,26 +40,73 @@ def _images(before_mode: str | None, after_mode: str | None, before: object, aft
 
 
 def _cases(before_mode: str | None, after_mode: str | None) -> list[Case]:
-    options = {k: v for k, v in (("fullDocumentBeforeChange", before_mode), ("fullDocument", after_mode)) if v}
+    options = {
+        k: v
+        for k, v in (("fullDocumentBeforeChange", before_mode), ("fullDocument", after_mode))
+        if v
+    }
     label = f"{before_mode or 'off'}-{after_mode or 'default'}"
-    insert = {"operationType": "insert", "ns": NS, "documentKey": {"_id": 1}, "fullDocument": ORIGINAL}
+    insert = {
+        "operationType": "insert",
+        "ns": NS,
+        "documentKey": {"_id": 1},
+        "fullDocument": ORIGINAL,
+    }
     required = "required" in (before_mode, after_mode)
-    disabled = Case(f"pit-images-{label}-disabled", SOURCE, "collection", coll="test", options=options,
-                    setup=(("command", {"create": "test"}),), ops=(("insert", "test", ORIGINAL), INC),
-                    error=47 if required else None,
-                    expect=() if required else (
-                        insert, {"operationType": "update", "ns": NS, "documentKey": {"_id": 1},
-                                 **_images(before_mode, after_mode, None, None)}))
-    enabled = Case(f"pit-images-{label}-enabled", SOURCE, "collection", coll="test", options=options,
-                   setup=(("command", {"create": "test"}), ("insert", "test", ORIGINAL), INC, ENABLE),
-                   ops=(INC, ("replace", "test", {"_id": 1}, REPLACED), ("delete", "test", {"_id": 1})),
-                   expect=({"operationType": "update", "ns": NS, "documentKey": {"_id": 1},
-                            **_images(before_mode, after_mode, UPDATED, UPDATED_2)},
-                           {"operationType": "replace", "ns": NS, "documentKey": {"_id": 1}, "fullDocument": REPLACED,
-                            **_images(before_mode, None, UPDATED_2, None)},
-                           {"operationType": "delete", "ns": NS, "documentKey": {"_id": 1},
-                            **_images(before_mode, None, REPLACED, None)}))
+    disabled = Case(
+        f"pit-images-{label}-disabled",
+        SOURCE,
+        "collection",
+        coll="test",
+        options=options,
+        setup=(("command", {"create": "test"}),),
+        ops=(("insert", "test", ORIGINAL), INC),
+        error=47 if required else None,
+        expect=()
+        if required
+        else (
+            insert,
+            {
+                "operationType": "update",
+                "ns": NS,
+                "documentKey": {"_id": 1},
+                **_images(before_mode, after_mode, None, None),
+            },
+        ),
+    )
+    enabled = Case(
+        f"pit-images-{label}-enabled",
+        SOURCE,
+        "collection",
+        coll="test",
+        options=options,
+        setup=(("command", {"create": "test"}), ("insert", "test", ORIGINAL), INC, ENABLE),
+        ops=(INC, ("replace", "test", {"_id": 1}, REPLACED), ("delete", "test", {"_id": 1})),
+        expect=(
+            {
+                "operationType": "update",
+                "ns": NS,
+                "documentKey": {"_id": 1},
+                **_images(before_mode, after_mode, UPDATED, UPDATED_2),
+            },
+            {
+                "operationType": "replace",
+                "ns": NS,
+                "documentKey": {"_id": 1},
+                "fullDocument": REPLACED,
+                **_images(before_mode, None, UPDATED_2, None),
+            },
+            {
+                "operationType": "delete",
+                "ns": NS,
+                "documentKey": {"_id": 1},
+                **_images(before_mode, None, REPLACED, None),
+            },
+        ),
+    )
     return [disabled, enabled]
 
 
-CASES = [case for before_mode, after_mode in OPTION_SETS for case in _cases(before_mode, after_mode)]
+CASES = [
+    case for before_mode, after_mode in OPTION_SETS for case in _cases(before_mode, after_mode)
+]

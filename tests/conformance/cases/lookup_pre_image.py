@@ -13,36 +13,66 @@ NS = {"db": DB, "coll": COLL}
 
 
 def _setup(enabled: bool) -> tuple:
-    return (("command", {"create": COLL}),
-            ("command", {"collMod": COLL, "changeStreamPreAndPostImages": {"enabled": enabled}}))
+    return (
+        ("command", {"create": COLL}),
+        ("command", {"collMod": COLL, "changeStreamPreAndPostImages": {"enabled": enabled}}),
+    )
 
 
 def _ops(key: str) -> tuple:
-    return (("insert", COLL, {"_id": key}), ("replace", COLL, {"_id": key}, {"foo": "bar"}),
-            ("update", COLL, {"_id": key}, {"$set": {"foo": "baz"}}))
+    return (
+        ("insert", COLL, {"_id": key}),
+        ("replace", COLL, {"_id": key}, {"foo": "bar"}),
+        ("update", COLL, {"_id": key}, {"$set": {"foo": "baz"}}),
+    )
 
 
 def _events(key: str, pre: bool | None) -> tuple:
     """The four events; `pre` True: with pre-images, None: with null pre-images, False: without."""
-    images: list = [None] * 3 if pre is None else [{"_id": key}, {"_id": key, "foo": "bar"},
-                                                  {"_id": key, "foo": "baz"}]
+    images: list = (
+        [None] * 3
+        if pre is None
+        else [{"_id": key}, {"_id": key, "foo": "bar"}, {"_id": key, "foo": "baz"}]
+    )
     before: list[dict] = [{}, *({"fullDocumentBeforeChange": image} for image in images)]
     if pre is False:
         before = [{}, {}, {}]
     return (
-        {"operationType": "insert", "ns": NS, "documentKey": {"_id": key}, "fullDocument": {"_id": key},
-         **before[0]},
-        {"operationType": "replace", "ns": NS, "documentKey": {"_id": key},
-         "fullDocument": {"_id": key, "foo": "bar"}, **before[1]},
-        {"operationType": "update", "ns": NS, "documentKey": {"_id": key},
-         "fullDocument": {"_id": key, "foo": "baz"},
-         "updateDescription": {"updatedFields": {"foo": "baz"}, "removedFields": [], "truncatedArrays": []},
-         **before[2]},
+        {
+            "operationType": "insert",
+            "ns": NS,
+            "documentKey": {"_id": key},
+            "fullDocument": {"_id": key},
+            **before[0],
+        },
+        {
+            "operationType": "replace",
+            "ns": NS,
+            "documentKey": {"_id": key},
+            "fullDocument": {"_id": key, "foo": "bar"},
+            **before[1],
+        },
+        {
+            "operationType": "update",
+            "ns": NS,
+            "documentKey": {"_id": key},
+            "fullDocument": {"_id": key, "foo": "baz"},
+            "updateDescription": {
+                "updatedFields": {"foo": "baz"},
+                "removedFields": [],
+                "truncatedArrays": [],
+            },
+            **before[2],
+        },
     )
 
 
 def _delete(key: str, pre: bool | None) -> dict:
-    image = {} if pre is False else {"fullDocumentBeforeChange": {"_id": key, "foo": "baz"} if pre else None}
+    image = (
+        {}
+        if pre is False
+        else {"fullDocumentBeforeChange": {"_id": key, "foo": "baz"} if pre else None}
+    )
     return {"operationType": "delete", "ns": NS, "documentKey": {"_id": key}, **image}
 
 
@@ -51,15 +81,30 @@ def _options(mode: str) -> dict:
 
 
 def _case(name: str, enabled: bool, mode: str, **kwargs: object) -> Case:
-    return Case(f"pre-image-{name}", SOURCE, "collection", coll=COLL, options=_options(mode),
-                setup=_setup(enabled), ops=_ops("x" if enabled else "y"), **kwargs)  # type: ignore[arg-type]
+    return Case(
+        f"pre-image-{name}",
+        SOURCE,
+        "collection",
+        coll=COLL,
+        options=_options(mode),
+        setup=_setup(enabled),
+        ops=_ops("x" if enabled else "y"),
+        **kwargs,
+    )  # type: ignore[arg-type]
 
 
 def _delete_case(name: str, enabled: bool, mode: str, pre: bool | None) -> Case:
     key = "x" if enabled else "y"
-    return Case(f"pre-image-delete-{name}", SOURCE, "collection", coll=COLL, options=_options(mode),
-                setup=(*_setup(enabled), ("insert", COLL, {"_id": key, "foo": "baz"})),
-                ops=(("delete", COLL, {"_id": key}),), expect=(_delete(key, pre),))
+    return Case(
+        f"pre-image-delete-{name}",
+        SOURCE,
+        "collection",
+        coll=COLL,
+        options=_options(mode),
+        setup=(*_setup(enabled), ("insert", COLL, {"_id": key, "foo": "baz"})),
+        ops=(("delete", COLL, {"_id": key}),),
+        expect=(_delete(key, pre),),
+    )
 
 
 CASES = [

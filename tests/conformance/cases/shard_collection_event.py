@@ -17,8 +17,13 @@ ENABLE = (("admin", {"enableSharding": DB}),)
 
 
 def _description(key: dict, *, unique: bool = False, chunks: int = 0, **more: object) -> dict:
-    return {"shardKey": key, "unique": unique, "numInitialChunks": Int64(chunks), "presplitHashedZones": False,
-            **more}
+    return {
+        "shardKey": key,
+        "unique": unique,
+        "numInitialChunks": Int64(chunks),
+        "presplitHashedZones": False,
+        **more,
+    }
 
 
 def _shard(options: dict) -> tuple:
@@ -30,11 +35,17 @@ VARIANTS: list[tuple[str, dict, dict]] = [
     ("range", {"key": {"_id": 1}}, _description({"_id": 1})),
     ("hashed", {"key": {"_id": "hashed"}}, _description({"_id": "hashed"})),
     ("compound-hashed", {"key": {"x": "hashed", "y": 1}}, _description({"x": "hashed", "y": 1})),
-    ("num-initial-chunks", {"key": {"_id": "hashed"}, "numInitialChunks": 10},
-     _description({"_id": "hashed"}, chunks=10)),
+    (
+        "num-initial-chunks",
+        {"key": {"_id": "hashed"}, "numInitialChunks": 10},
+        _description({"_id": "hashed"}, chunks=10),
+    ),
     ("unique", {"key": {"_id": 1}, "unique": True}, _description({"_id": 1}, unique=True)),
-    ("collation", {"key": {"_id": 1}, "collation": {"locale": "simple"}},
-     _description({"_id": 1}, collation={"locale": "simple"})),
+    (
+        "collation",
+        {"key": {"_id": 1}, "collation": {"locale": "simple"}},
+        _description({"_id": 1}, collation={"locale": "simple"}),
+    ),
 ]
 
 
@@ -47,12 +58,42 @@ def _event(description: dict, uuid: bool) -> dict:
 
 
 CASES = [
-    *[Case(f"shard-collection-{name}-{watch}", SOURCE, watch, coll="test", options=EXPANDED, setup=ENABLE,
-           pipeline=SKIP_CREATES, ops=(_shard(options),), expect=(_event(description, True),))
-      for watch in ("database", "collection") for name, options, description in VARIANTS],
-    *[Case(f"shard-collection-{name}-{watch}-resume", SOURCE, watch, coll="test", options=EXPANDED,
-           setup=(*ENABLE, ("command", {"create": "test"})), pipeline=SKIP_CREATES,
-           ops=(_shard({"key": key}), ("insert", "test", {"_id": 1})), resume=("resumeAfter", 0),
-           expect=({"operationType": "insert", "ns": NS, "fullDocument": {"_id": 1}, "documentKey": {"_id": 1}},))
-      for watch in ("database", "collection") for name, key in RESUMED],
+    *[
+        Case(
+            f"shard-collection-{name}-{watch}",
+            SOURCE,
+            watch,
+            coll="test",
+            options=EXPANDED,
+            setup=ENABLE,
+            pipeline=SKIP_CREATES,
+            ops=(_shard(options),),
+            expect=(_event(description, True),),
+        )
+        for watch in ("database", "collection")
+        for name, options, description in VARIANTS
+    ],
+    *[
+        Case(
+            f"shard-collection-{name}-{watch}-resume",
+            SOURCE,
+            watch,
+            coll="test",
+            options=EXPANDED,
+            setup=(*ENABLE, ("command", {"create": "test"})),
+            pipeline=SKIP_CREATES,
+            ops=(_shard({"key": key}), ("insert", "test", {"_id": 1})),
+            resume=("resumeAfter", 0),
+            expect=(
+                {
+                    "operationType": "insert",
+                    "ns": NS,
+                    "fullDocument": {"_id": 1},
+                    "documentKey": {"_id": 1},
+                },
+            ),
+        )
+        for watch in ("database", "collection")
+        for name, key in RESUMED
+    ],
 ]

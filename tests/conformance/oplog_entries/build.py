@@ -538,9 +538,7 @@ def updates() -> dict[str, Any]:
         lambda x: upd({"m.1.0": "x"}, expanded=x, paths={"m.1.0": ["m", "1", 0]}),
     )
     diff_case(
-        "leading-numeric-field",
-        {"u": {"0": "zero"}},
-        lambda x: upd({"0": "zero"}, expanded=x),
+        "leading-numeric-field", {"u": {"0": "zero"}}, lambda x: upd({"0": "zero"}, expanded=x)
     )
     diff_case(
         "dotted-field",
