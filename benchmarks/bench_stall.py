@@ -16,18 +16,56 @@ within the run at any --events.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import struct
 import time
 from typing import Any
 
 import trio
 
-from benchmarks.bench_engine import ProxyProcess, _count, _ts
+from benchmarks.bench_engine import ProxyProcess, _ts
 from benchmarks.common import add_out_option, write_results
-from buckets._columnar.allocator import keep_large_allocations
+from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
+from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from simcluster.launcher import spawn_cluster
 from wireproxy.upstream import open_upstream
 
 NS = "$cmd.parallelChangeStream"
+# An event's first element is its resume token {_data: "<hex>"}: 4 bytes of event length, type
+# and "_id", the token's length, type and "_data", then the string's length and the string.
+_TOKEN_AT = 4 + 1 + 4 + 4 + 1 + 6
+
+
+class Sequence:
+    """What one bucket's consumer read, event by event, checked as it comes: each token above the
+    one before (order kept, nothing twice), and a digest of the whole sequence to compare with
+    another run's. Only the token's bytes are sliced out of the reply, so the check costs each
+    consumer about the same in both runs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = b""
+        self.out_of_order = 0
+        self.digest = hashlib.blake2b(digest_size=16)
+
+    def add(self, data: bytes | bytearray, starts: Any) -> None:
+        for start in starts.tolist():
+            at = start + _TOKEN_AT
+            (n,) = struct.unpack_from("<i", data, at)
+            token = bytes(data[at + 4 : at + 3 + n])
+            if token <= self.last:
+                self.out_of_order += 1
+            self.last = token
+            self.digest.update(token)
+        self.count += len(starts)
+
+
+async def _read(conn: Any, cmd: dict[str, Any], seq: Sequence) -> int:
+    """One getMore; its events go into `seq`; how many there were."""
+    data, at = await conn.command_in_place("admin", cmd, pad=SLACK, allocate=unfilled_bytearray)
+    _, batch = batch_in_place(data, at)
+    seq.add(batch.data, batch.starts)
+    return len(batch.starts)
 
 
 async def _stream(
@@ -56,6 +94,7 @@ async def _stream(
         },
     )
     counts = [0] * args.buckets
+    seqs = [Sequence() for _ in range(args.buckets)]
     done_at: list[float | None] = [None] * args.buckets
     extra = [0] * args.buckets
     began = time.perf_counter()
@@ -70,16 +109,15 @@ async def _stream(
         more = {"getMore": cursor_id, "collection": NS, "maxTimeMS": 200}
         try:
             if b == stalled:  # it starts reading as the others do, then stops for --stall-s
-                _, counts[b] = await _count(conn, "admin", more)
+                counts[b] = await _read(conn, more, seqs[b])
                 await trio.sleep(args.stall_s)
             while targets is None or counts[b] < targets[b]:
-                _, got = await _count(conn, "admin", more)
-                counts[b] += got
+                counts[b] += await _read(conn, more, seqs[b])
                 if targets is None and sum(counts) >= args.events:
                     consumers.cancel_scope.cancel()
             done_at[b] = time.perf_counter() - began
             # Nothing more may come: a duplicate would show here.
-            _, extra[b] = await _count(conn, "admin", {**more, "maxTimeMS": 500})
+            extra[b] = await _read(conn, {**more, "maxTimeMS": 500}, seqs[b])
         finally:
             await conn.aclose()
 
@@ -118,6 +156,8 @@ async def _stream(
         "seconds": wall,
         "doneAt": done_at,
         "extraEvents": extra,
+        "outOfOrder": [q.out_of_order for q in seqs],
+        "digests": [q.digest.hexdigest() for q in seqs],
         "others_events_per_s": sum(counts[b] for b in others) / others_s,
         "others_seconds": others_s,
         "peakHeldBytes": peak["heldBytes"],
@@ -167,14 +207,15 @@ def main(argv: list[str] | None = None) -> None:
         cluster.close()
     base, stall = results["no stall"], results["stall"]
     ratio = stall["others_events_per_s"] / base["others_events_per_s"]
-    caught_up = stall["counts"][stalled] == base["counts"][stalled] and not any(
-        stall["extraEvents"]
-    )
-    # Counts only (the events are not compared one by one): every bucket of the stalled run read
-    # what the same bucket read unstalled, the unstalled run read the backlog exactly, and no
-    # bucket had more after its count.
+    # Event by event: each bucket read the same sequence of tokens in both runs (the digests),
+    # each in token order with none twice, the unstalled run read the backlog exactly, and no
+    # bucket had more after it.
+    same = [a == b for a, b in zip(base["digests"], stall["digests"], strict=True)]
+    ordered = not any(base["outOfOrder"]) and not any(stall["outOfOrder"])
+    caught_up = same[stalled] and ordered and not any(stall["extraEvents"])
     every_bucket_exact = (
-        stall["counts"] == base["counts"]
+        all(same)
+        and ordered
         and sum(base["counts"]) == args.events
         and not any(stall["extraEvents"])
     )
@@ -189,9 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"stalled bucket {stalled}: {stall['counts'][stalled]:,} of "
         f"{base['counts'][stalled]:,} events, caught up {stall['doneAt'][stalled]:.1f} s after "
-        f"the start; complete, none twice: {caught_up}"
+        f"the start; the same events as unstalled, in order, none twice: {caught_up}"
     )
-    print(f"every bucket's count as unstalled, nothing more: {every_bucket_exact}")
+    print(f"every bucket read the same events as unstalled, in order, once: {every_bucket_exact}")
     figures = {
         "events": args.events,
         "buckets": args.buckets,

@@ -17,7 +17,7 @@ from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import count_events, first_key, is_block, items_bytes, last_key
 from buckets._columnar.sizes import count_reaching, count_within
 from buckets.budget import ByteBudget
-from buckets.catch_up import FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, Lag
+from buckets.catch_up import FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, MIN_WAIT_S, WAIT_SLICE_S, Lag
 from buckets.memory_limit import PoolAccount
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY, EventFields
 from mongoformats.errors import MongoError
@@ -392,16 +392,13 @@ class Bucket:
         """Append `event`, waiting while the bucket is full (a consumer must read first:
         backpressure), or while the proxy's memory pool is (a consumer of this stream or another
         must read). An isolated bucket waits so only while no other bucket's consumer waits for
-        events, or briefly: once it has waited FALL_BEHIND_AFTER_S (its consumer is slow), or its
-        consumer has not read for that long (stalled or gone: at once), it falls behind
-        (buckets/catch_up.py); before its first read, FIRST_READ_GRACE_S stands for both."""
-        since = trio.current_time()
+        events, or briefly: once its consumer is slow or gone (`_slow_or_gone`), it falls behind
+        (buckets/catch_up.py)."""
+        waited = 0.0  # with the event loop running: see WAIT_SLICE_S
         while not self.put_nowait(event):
             self.notify()
             n = event.nbytes if is_block(event) else len(event[EV_RAW])
-            patience = FALL_BEHIND_AFTER_S if self.read_once else FIRST_READ_GRACE_S
-            held_back = trio.current_time() - min(since, self.last_read) >= patience
-            if self.isolated and held_back and self.holds_back():
+            if self.isolated and self._slow_or_gone(waited) and self.holds_back():
                 self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
                 if not self.budget.try_acquire(n):
                     self._fall_behind()
@@ -412,11 +409,27 @@ class Bucket:
             if self.budget.blocked_by_pool(n):
                 self.budget.wake_when_pool_frees(self.notify)
             if self.isolated:  # woken by its consumers, and to look at the others now and then
-                with trio.move_on_after(FALL_BEHIND_AFTER_S / 4):
+                began = trio.current_time()
+                with trio.move_on_after(WAIT_SLICE_S):
                     await self.changed.wait()
+                waited += min(trio.current_time() - began, WAIT_SLICE_S)
             else:
                 await self.changed.wait()
         self.notify()
+
+    def _slow_or_gone(self, waited: float) -> bool:
+        """Whether this bucket's consumer is slow or gone, for a put that has `waited` so far:
+        the put has waited the patience, or, once it has waited MIN_WAIT_S, no getMore has come
+        for the patience (a consumer long away is gone). No consumer reads the bucket while its
+        consumers are on replays: gone at once. A getMore parked on the bucket is a consumer
+        present, however long it waited for events before: woken by `notify`, it reads what was
+        just dealt once the merge yields."""
+        if self.awaiting and all(c.lost for c in self.cursors):
+            return True
+        if self.waiting or waited < MIN_WAIT_S:
+            return False
+        patience = FALL_BEHIND_AFTER_S if self.read_once else FIRST_READ_GRACE_S
+        return waited >= patience or trio.current_time() - self.last_read >= patience
 
     def advance_frontier(self, key: bytes, token: dict[str, Any]) -> None:
         self.merge_frontier = max(self.merge_frontier, key)

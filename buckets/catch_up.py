@@ -4,9 +4,10 @@ while its consumers catch up from a replay (pure state, no I/O; buckets/bucket.p
 A bucket whose consumer is slow or gone fills its budget. Waiting for room there stops the merge
 for every bucket (head-of-line blocking). A full bucket waits (backpressure, which costs nothing
 while every consumer reads) as long as no consumer of another bucket waits for events; while one
-does, it waits FALL_BEHIND_AFTER_S at most, and not at all once its own consumer has not read for
-that long (stalled or gone); a bucket no consumer has read yet waits FIRST_READ_GRACE_S (its
-consumer is yet to come). Then it falls behind:
+does, it waits FALL_BEHIND_AFTER_S at most (its consumer is slow), and only MIN_WAIT_S once its
+own consumer has sent no getMore for that long (stalled or gone); a bucket no consumer has read
+yet waits FIRST_READ_GRACE_S (its consumer is yet to come). A getMore parked on the bucket is a
+consumer present. Then it falls behind:
 
     live --(full)--> behind --(a consumer waits to rejoin, none reads what it holds)--> live
                        |                                                                  |
@@ -26,15 +27,22 @@ from dataclasses import dataclass
 
 LIVE, BEHIND, CATCHING_UP = "live", "behind", "catchingUp"
 # How long a full bucket may hold the merge back while another bucket's consumer waits, and how
-# long its own consumer may go without reading before it counts as stalled. Short beside a stall
-# (what the others lose), long beside the jitter of consumers that all read (a bucket that falls
-# behind costs a replay re-reading every shard's oplog).
-FALL_BEHIND_AFTER_S = 0.5
+# long its own consumer may go without a getMore before it counts as stalled. Short beside a
+# stall (what the others lose), long beside the jitter of consumers that all read on a busy
+# machine (a bucket that falls behind costs a replay re-reading every shard's oplog).
+FALL_BEHIND_AFTER_S = 1.0
 # How long a full bucket no consumer has read yet may hold the merge back: its consumer is yet to
 # come (a worker attaching after the opener, a Spark task being scheduled). Longer than
 # FALL_BEHIND_AFTER_S because falling behind at the start costs a replay of every shard's oplog
 # for a consumer that was only late, while waiting costs only the start's few seconds.
 FIRST_READ_GRACE_S = 5.0
+# A full bucket looks at its consumer and the others every WAIT_SLICE_S while it waits, and
+# counts only the time it waited with the proxy's event loop running: a pause of the whole
+# proxy (a compile, a garbage collection) kept its consumer from being served too. It waits at
+# least MIN_WAIT_S even for a consumer long away, in which a getMore already on its way (sent
+# during such a pause) is served.
+WAIT_SLICE_S = FALL_BEHIND_AFTER_S / 8
+MIN_WAIT_S = 2 * WAIT_SLICE_S
 
 
 @dataclass

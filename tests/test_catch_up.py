@@ -13,7 +13,15 @@ import trio
 from bson import Timestamp
 
 from buckets.bucket import Bucket
-from buckets.catch_up import BEHIND, CATCHING_UP, FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, LIVE, Lag
+from buckets.catch_up import (
+    BEHIND,
+    CATCHING_UP,
+    FALL_BEHIND_AFTER_S,
+    FIRST_READ_GRACE_S,
+    LIVE,
+    MIN_WAIT_S,
+    Lag,
+)
 from buckets.cursor import BucketCursor
 from buckets.reply import EventSizer
 from buckets.stream import StreamOptions
@@ -159,6 +167,60 @@ async def test_a_stalled_consumer_falls_behind_at_once_a_slow_or_late_one_after_
     else:
         patience = FALL_BEHIND_AFTER_S if last_read == "just now" else FIRST_READ_GRACE_S
         assert patience <= waited < patience + FALL_BEHIND_AFTER_S
+
+
+async def test_a_consumer_parked_on_a_full_bucket_is_present_however_long_it_waited(
+    autojump_clock: Any,
+) -> None:
+    """A getMore that has waited on the bucket for events since long before the merge filled it
+    is a consumer present, not a stalled one: the full bucket wakes it and waits for it to read
+    (while another consumer waits too) rather than falling behind and costing it a replay."""
+    bucket = _bucket(10)
+    cur = _cursor(bucket)
+    bucket.read_once = True
+    bucket.last_read = trio.current_time() - 10 * FALL_BEHIND_AFTER_S  # when its getMore came
+    bucket.waiting = 1
+    await _put_all(bucket, range(2, 12))  # full, without a checkpoint the getMore could run in
+
+    async def parked_get_more() -> None:
+        await bucket.changed.wait()  # woken by the full bucket's notify
+        await trio.sleep(FALL_BEHIND_AFTER_S)  # and, on a busy machine, late to run
+        bucket.waiting -= 1
+        cur.position = cur.acked = bucket.end  # it read all ten
+        bucket.last_read = trio.current_time()
+        bucket.notify()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(parked_get_more)
+        await trio.sleep(0)
+        await bucket.put(event(12))
+    assert not bucket.lag.behind and bucket.lag.fell_behind == 0
+    assert bucket.key_at(bucket.end - 1) == event(12)[EV_SORT_KEY]
+
+
+async def test_a_pause_of_the_whole_proxy_does_not_count_against_a_consumer(
+    autojump_clock: Any,
+) -> None:
+    """The event loop stood still for several patiences (a compile, a collection) just after the
+    consumer's last getMore left: its next getMore, sent meanwhile, is served within the bucket's
+    first MIN_WAIT_S of waiting, and the bucket does not fall behind for it."""
+    bucket = _bucket(10)
+    cur = _cursor(bucket)
+    bucket.read_once = True
+    await _put_all(bucket, range(2, 12))  # full
+    bucket.last_read = trio.current_time()
+    autojump_clock.jump(5 * FALL_BEHIND_AFTER_S)  # the pause
+
+    async def get_more_sent_during_the_pause() -> None:
+        await trio.sleep(MIN_WAIT_S / 2)  # read off its socket once the loop runs again
+        cur.position = cur.acked = bucket.end
+        bucket.last_read = trio.current_time()
+        bucket.notify()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(get_more_sent_during_the_pause)
+        await bucket.put(event(12))
+    assert not bucket.lag.behind and bucket.key_at(bucket.end - 1) == event(12)[EV_SORT_KEY]
 
 
 def _stream(bucket: Bucket) -> Any:

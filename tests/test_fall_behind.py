@@ -335,3 +335,34 @@ async def test_reopening_with_a_token_in_a_fallen_behind_buckets_gap_replays_it(
     await sync(_read_until, c, again[1], got, len(after))
     assert [e["_id"]["_data"] for e in got] == [e["_id"]["_data"] for e in after]
     await sync(_close_all)
+
+
+async def test_a_bucket_that_falls_behind_again_and_again_loses_and_repeats_nothing(cluster, proxy):
+    """Three rounds: bucket 1's consumer stays away while several budgets are written and bucket
+    0 is read, so bucket 1 falls behind; then it reads until it is back on its live bucket. Over
+    the rounds each bucket returns every event once, in write order, with resume tokens rising,
+    across three falls, three replays and three rejoins."""
+    name = "stall-rounds"
+    c = client(proxy_uri(proxy))
+    b0, b1 = await sync(_open, c, name, "namespace")
+    work = Workload(c, "namespace")
+    stream = proxy.engine.streams[name]
+    got: dict[int, list[RawBSONDocument]] = {0: [], 1: []}
+
+    def round_() -> None:
+        work.write(4 * BUDGET // 1000)
+        while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
+            got[0].extend(_get_more(c, b0, 1000))
+        _read_until(c, b1, got[1], len([k for k in work.written if _in(k, 1, stream)]))
+        _back_live(c, proxy, name, b1)
+
+    for _ in range(3):
+        await sync(round_)
+    await sync(_read_until, c, b0, got[0], len([k for k in work.written if _in(k, 0, stream)]))
+    for b in (0, 1):
+        assert [_key(e) for e in got[b]] == [k for k in work.written if _in(k, b, stream)], b
+        tokens = [e["_id"]["_data"] for e in got[b]]
+        assert tokens == sorted(set(tokens)), f"bucket {b}: resume tokens rise, none twice"
+    status = await sync(_bucket_status, c, name, 1)
+    assert status["fellBehind"] == 3 and stream.replays >= 3, status
+    await sync(_close_all)
