@@ -16,7 +16,7 @@ $(NODE_DEPS):
 		mkdir -p .node && npm install --prefix .node --no-audit --no-fund --loglevel=error mongodb@6 mongosh@2; \
 	else echo "npm not found: the Node.js driver and mongosh tests will be skipped"; fi
 
-# The drivers' spec tests live beside the repository, not in it (tests/test_spec_change_streams.py).
+# The drivers' spec tests live beside the repository, not in it (tests/integration/test_spec_change_streams.py).
 SPEC_TESTS := $(wildcard $(abspath ../shared/spec-tests))
 
 .PHONY: demo test bench

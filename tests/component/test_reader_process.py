@@ -9,7 +9,7 @@ from bson import Timestamp
 from buckets import reader_process
 from buckets._columnar.items import as_fields
 from buckets.reader_process import MessageStream
-from tests.test_event_block import block_of_inserts
+from tests.unit.test_event_block import block_of_inserts
 
 
 def _connected_pair() -> tuple[MessageStream, MessageStream]:

@@ -18,7 +18,7 @@ from buckets.shaping import SHAPE_RUN_EVENTS
 from mongoformats.resume_token import decode_token
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
-from tests.test_change_stages import DEBEZIUM, DEBEZIUM_SKIP
+from tests.unit.test_change_stages import DEBEZIUM, DEBEZIUM_SKIP
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -295,7 +295,7 @@ async def test_stages_the_engine_does_not_evaluate_go_to_mongos():
 @pytest.mark.parametrize(("pipeline", "events"), [(DEBEZIUM, 43), (DEBEZIUM_SKIP + DEBEZIUM, 41)])
 async def test_debeziums_watch_is_accelerated_and_equals_mongos(pipeline, events):
     """Debezium's default pipeline ($replaceRoot with $concat and $$ROOT, a $match by regex on the
-    namespace, then the event made the root again; tests/test_change_stages.py DEBEZIUM), as
+    namespace, then the event made the root again; tests/unit/test_change_stages.py DEBEZIUM), as
     its connector opens it on a cluster, and with its oversize "skip" mode ($expr, $bsonSize)
     before it: served by the engine, event for event as mongos."""
     async with accelerated(shards=2) as (cluster, server):
@@ -680,7 +680,7 @@ async def test_a_watch_from_a_past_time_sees_every_event_its_readers_dealt_befor
     backlog they may deal events before the aggregate that created the stream makes its cursor;
     the cursor starts at the stream's start, so none are skipped (at the bucket's end, a 1M-event
     catch-up lost its first few hundred now and then, when a GC pause delayed the aggregate).
-    In-process the race rarely opens: tests/test_engine.py forces it; this checks the whole path."""
+    In-process the race rarely opens: tests/integration/test_engine.py forces it; this checks the whole path."""
     async with accelerated(shards=3) as (cluster, server):
 
         def work():

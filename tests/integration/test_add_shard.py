@@ -11,7 +11,7 @@ from pymongo.errors import OperationFailure
 
 from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, proxy_uri, sync
-from tests.test_engine import drain, end_point, key, reference
+from tests.integration.test_engine import drain, end_point, key, reference
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 

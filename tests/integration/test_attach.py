@@ -13,7 +13,7 @@ from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import bucket_of
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
-from tests.test_resume_exactly_once import _read
+from tests.integration.test_resume_exactly_once import _read
 
 NS = "$cmd.parallelChangeStream"
 

@@ -10,7 +10,7 @@ from pymongo.errors import OperationFailure
 
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
-from tests.test_engine import NS, drain, end_point
+from tests.integration.test_engine import NS, drain, end_point
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 

@@ -21,7 +21,7 @@ from buckets.bucketing import bucket_of_document, buckets_for_event
 from mongoformats.change_events import RAW
 from mongoformats.resume_token import token_from_key
 from tests.conftest import client, proxy_uri, sync, wait_until
-from tests.test_engine import NS, end_point, key, native_stream
+from tests.integration.test_engine import NS, end_point, key, native_stream
 
 N = 4
 

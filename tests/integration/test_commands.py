@@ -21,7 +21,7 @@ from simcluster.launcher import spawn_cluster
 from wireproxy.config import ProxyConfig
 from wireproxy.extras import require_extra
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = importlib.metadata.version("parallelchangestream")
 COMMANDS = {
     "wireproxy": "wireproxy",

@@ -19,7 +19,7 @@ from mongoformats.change_events import PCS_NOTE_KEY
 from mongoformats.resume_token import decode_token
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, proxy_uri, sync
-from tests.test_engine import drain, end_point
+from tests.integration.test_engine import drain, end_point
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 

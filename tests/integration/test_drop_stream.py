@@ -2,7 +2,7 @@
 back in the proxy's pool at once.
 
 Codes as the server's: a getMore waiting on a killed cursor fails with CursorKilled (237) and a
-later one with CursorNotFound (43), as after killCursors (tests/test_engine.py checks those
+later one with CursorNotFound (43), as after killCursors (tests/integration/test_engine.py checks those
 against mongos's behaviour); a name no stream has is NamespaceNotFound (26), as `drop` of a
 missing collection on servers before 7.0 and parallelChangeStreamStatus here; another user's
 stream is Unauthorized (13), as every other use of it (buckets/engine.py's module docstring).
@@ -16,7 +16,7 @@ from pymongo.errors import OperationFailure
 
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
-from tests.test_auth import USERS, with_user
+from tests.integration.test_auth import USERS, with_user
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 from wireproxy.upstream import open_upstream

@@ -1298,7 +1298,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     cluster, proxy
 ):
     """The readers of a new stream may deal events before the command that created it makes its
-    cursors (tests/test_accelerate.py has the race end to end): made here on purpose, the cursor
+    cursors (tests/integration/test_accelerate.py has the race end to end): made here on purpose, the cursor
     still starts at the stream's start point, with that point as its resume token."""
 
     def backlog():

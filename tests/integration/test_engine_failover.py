@@ -2,7 +2,7 @@
 
 Writes go on while the members the readers depend on are stopped and primaries change. Each bucket
 must still deliver every committed write once, in order, and the union must equal what mongos's
-stream would deliver (tests/test_engine.reference) — zero lost, zero duplicated.
+stream would deliver (tests/integration/test_engine.reference) — zero lost, zero duplicated.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.conftest import (
     sync,
     wait_until,
 )
-from tests.test_engine import drain, end_point, key, reference
+from tests.integration.test_engine import drain, end_point, key, reference
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
@@ -141,7 +141,7 @@ def _shard_status(c, stream, shard):
 
 def _every_write_once(cluster, c, start, opened, total) -> None:
     """The union of the buckets' events up to now, checked: each bucket in token order with no
-    repeat and only its namespaces, the union mongos's stream (tests/test_engine.reference), each
+    repeat and only its namespaces, the union mongos's stream (tests/integration/test_engine.reference), each
     of the `total` inserts once, and per namespace in write order."""
     end = end_point(c)
     union: dict[bytes, RawBSONDocument] = {}

@@ -17,7 +17,7 @@ from bson.raw_bson import RawBSONDocument
 from buckets.metrics import EngineCollector
 from mongoformats.resume_token import token_sort_key
 from tests.conftest import _close_all, client, proxy_uri, sync
-from tests.test_attach import _one_namespace_per_bucket
+from tests.integration.test_attach import _one_namespace_per_bucket
 
 NS = "$cmd.parallelChangeStream"
 BUDGET = 256 << 10

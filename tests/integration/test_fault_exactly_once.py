@@ -48,7 +48,7 @@ NAMESPACES = {
     )
     for b in range(N_BUCKETS)
 }
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Proxy:

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import client, sync
-from tests.test_accelerate import accelerated
+from tests.integration.test_accelerate import accelerated
+
+LAYERS = ("unit", "component", "integration")
 
 # Each audit item: the tests ("module::function", or "module::function[id-prefix]" for one
 # parametrization) that check it.
@@ -133,14 +135,26 @@ def _param_ids(function: Any) -> list[str]:
     return ids
 
 
+def _test_function(module_name: str, function_name: str) -> Any:
+    """The test `function_name` of the test module `module_name` in whichever layer holds it:
+    the map names tests, not the layer (unit, component, integration) they live in."""
+    for layer in LAYERS:
+        try:
+            module = importlib.import_module(f"tests.{layer}.{module_name}")
+        except ModuleNotFoundError:
+            continue
+        if (function := getattr(module, function_name, None)) is not None:
+            return function
+    return None
+
+
 @pytest.mark.parametrize("item", AUDIT_ITEMS)
 def test_every_audit_item_names_its_tests(item: str) -> None:
     assert set(AUDIT_TESTS) == set(AUDIT_ITEMS)
     for name in AUDIT_TESTS[item]:
         module_name, _, test = name.partition("::")
         function_name, _, param = test.partition("[")
-        module = importlib.import_module(f"tests.{module_name}")
-        function = getattr(module, function_name, None)
+        function = _test_function(module_name, function_name)
         assert callable(function), f"{item}: no test {name}"
         if param:
             prefix = param.rstrip("]")

@@ -26,8 +26,8 @@ from mongoformats import wire
 from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
 from tests.fuzz.wire_target import SEEDS, mutate
-from tests.test_auth import with_user
-from tests.test_wire_bounds import INNER, bomb
+from tests.integration.test_auth import with_user
+from tests.unit.test_wire_bounds import INNER, bomb
 from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
 

@@ -26,7 +26,7 @@ from mongoformats.scram import MECHANISM, ScramClient
 from mongoformats.sessions import user_digest
 from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, sync
-from tests.test_engine import NS
+from tests.integration.test_engine import NS
 from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
 

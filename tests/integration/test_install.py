@@ -26,7 +26,7 @@ import pytest
 from buckets._columnar import numba_cache
 from simcluster.launcher import spawn_cluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 # Only what the proxy needs at run time: none of these may come with the base install.
 NOT_IN_BASE = {"pyspark", "pandas", "rich", "matplotlib", "psutil", "pytest"}

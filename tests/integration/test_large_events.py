@@ -29,7 +29,7 @@ from mongoformats.resume_token import (
     token_sort_key,
 )
 from tests.conftest import client, sync
-from tests.test_accelerate import accelerated
+from tests.integration.test_accelerate import accelerated
 
 TEN_MB = 10 * 1024 * 1024
 

@@ -16,7 +16,7 @@ from tests.conftest import proxy_uri
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NODE_MODULES = ROOT / ".node" / "node_modules"
 MONGOSH = NODE_MODULES / ".bin" / "mongosh"
 

@@ -18,8 +18,8 @@ from pymongo import AsyncMongoClient, CursorType, InsertOne, UpdateOne
 from mongoformats import wire
 from simcluster import open_cluster
 from tests.conftest import client, free_port, proxy_uri, scrape, sync
-from tests.test_event_block import block_of_inserts
-from tests.test_simcluster import exhaust_batches
+from tests.integration.test_simcluster import exhaust_batches
+from tests.unit.test_event_block import block_of_inserts
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 from wireproxy.router import CommandTable, Route, classify

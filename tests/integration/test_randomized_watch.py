@@ -20,7 +20,7 @@ from bson import Binary, Decimal128, Int64, ObjectId
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from tests.conftest import client, sync
-from tests.test_accelerate import _collect, accelerated
+from tests.integration.test_accelerate import _collect, accelerated
 
 
 def _seeds() -> list[int]:

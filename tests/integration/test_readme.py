@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # What a fresh clone does not have: the developer's virtualenv, caches, installed npm packages.
 _NOT_COPIED = shutil.ignore_patterns(

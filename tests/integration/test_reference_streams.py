@@ -14,7 +14,7 @@ import pytest
 
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, decode_token, encode_token
 from tests.conftest import client, sync
-from tests.test_accelerate import accelerated
+from tests.integration.test_accelerate import accelerated
 
 
 def _until(stream: Any, stop: Any, timeout: float = 30) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from bson.raw_bson import RawBSONDocument
 
 from buckets.bucketing import bucket_of
 from tests.conftest import _close_all, client, proxy_uri, sync
-from tests.test_engine import NS, end_point, key
+from tests.integration.test_engine import NS, end_point, key
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 

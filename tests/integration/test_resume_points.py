@@ -14,8 +14,8 @@ from pymongo.errors import OperationFailure
 
 from mongoformats.resume_token import decode_token, encode_token
 from tests.conftest import client, sync
-from tests.test_accelerate import _clients, _collect, _is_marker, accelerated
-from tests.test_engine import drain, end_point
+from tests.integration.test_accelerate import _clients, _collect, _is_marker, accelerated
+from tests.integration.test_engine import drain, end_point
 
 
 def _encoded(events: list[Any]) -> list[bytes]:

@@ -28,8 +28,8 @@ from mongoformats.resume_token import decode_token, high_water_mark, token_sort_
 from simcluster import open_cluster
 from simcluster.chunks import Chunk, ShardedCollection
 from tests.conftest import client, sync, wait_until
-from tests.test_accelerate import _collect
-from tests.test_engine import drain
+from tests.integration.test_accelerate import _collect
+from tests.integration.test_engine import drain
 from wireproxy.upstream import open_upstream
 
 STRIP = ("ts", "t", "v", "wall", "ui", "lsid", "txnNumber", "stmtId", "prevOpTime")

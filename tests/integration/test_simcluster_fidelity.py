@@ -478,8 +478,8 @@ def _fidelity_workload(c: Any) -> None:
 async def test_the_engine_equals_the_reference_on_these_entries(version):
     """The proxy's accelerated watch() delivers, byte for byte, what simcluster's mongos delivers
     on all the entries above (cluster-wide, showExpandedEvents)."""
-    from tests.test_accelerate import _clients, _collect, _is_marker, accelerated
-    from tests.test_engine import drain, end_point, key, native_stream
+    from tests.integration.test_accelerate import _clients, _collect, _is_marker, accelerated
+    from tests.integration.test_engine import drain, end_point, key, native_stream
 
     async with accelerated(shards=2, version=version) as (cluster, server):
 
@@ -547,7 +547,7 @@ async def test_indexes_in_a_transaction_only_on_a_collection_it_created(cluster)
 async def test_secondaries_apply_these_entries_to_the_same_catalog():
     """A secondary applying the entries above (system.views writes, index builds, DDL inside
     applyOps, time-series, resharding's rename) ends with the primary's catalog and documents."""
-    from tests.test_replication import _settled
+    from tests.integration.test_replication import _settled
 
     async with open_cluster(shards=2, members=2) as cluster:
         await sync(lambda: _fidelity_workload(client(cluster.uri)))

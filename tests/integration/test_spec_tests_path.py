@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SUITE = "tests/test_spec_change_streams.py"
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = "tests/integration/test_spec_change_streams.py"
 
 
 def _pytest(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +38,10 @@ def test_without_the_files_the_suite_is_skipped_with_one_reason(value):
 def test_in_ci_missing_files_fail_the_suite():
     run = _pytest({"CI": "true"})
     assert run.returncode == 1
-    assert "FAILED tests/test_spec_change_streams.py::test_spec_tests_are_present" in run.stdout
+    assert (
+        "FAILED tests/integration/test_spec_change_streams.py::test_spec_tests_are_present"
+        in run.stdout
+    )
     assert "PCS_SPEC_TESTS is not set" in run.stdout
 
 

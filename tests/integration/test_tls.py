@@ -12,7 +12,7 @@ from pymongo.errors import ServerSelectionTimeoutError
 
 from simcluster import open_cluster
 from tests.conftest import _close_all, client, sync
-from tests.test_engine import drain, end_point
+from tests.integration.test_engine import drain, end_point
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
 

@@ -22,7 +22,7 @@ from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import OplogBatch
 from mongoformats.oplog_splice import splice_crud
 from tests.conftest import client, sync
-from tests.test_oplog_splice import crud_entries
+from tests.unit.test_oplog_splice import crud_entries
 
 
 @st.composite

@@ -1,7 +1,7 @@
 """The live / behind / catching-up state of a bucket (buckets/catch_up.py), without sockets: a full
 bucket of a named stream waits for its consumer only while no other bucket's consumer waits, then
 falls behind, holding what it has and dropping what follows; it rejoins the merge after the gap
-once a consumer waits on a replay to come back (tests/test_fall_behind.py has it end to end)."""
+once a consumer waits on a replay to come back (tests/integration/test_fall_behind.py has it end to end)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from buckets.reply import EventSizer
 from buckets.stream import StreamOptions
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY
 from mongoformats.resume_token import high_water_mark, token_sort_key
-from tests.test_bucket_resume import event, token
+from tests.unit.test_bucket_resume import event, token
 
 K = [b"", *(bytes([0x10, k]) for k in range(1, 10))]  # K[1] < K[2] < ... (keys for the pure state)
 

@@ -15,7 +15,7 @@ from radon.complexity import average_complexity, cc_visit
 from radon.metrics import mi_rank, mi_visit
 from radon.visitors import Function
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("mongoformats", "simcluster", "wireproxy", "buckets", "bucketspark", "demo")
 
 MAX_COMPLEXITY = 15

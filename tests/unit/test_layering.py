@@ -6,7 +6,7 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OURS = {"simcluster", "wireproxy", "buckets", "bucketspark"}
 
 

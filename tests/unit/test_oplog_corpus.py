@@ -24,7 +24,7 @@ up to it skipped). Events are compared field by field (order and BSON types incl
 where the case gives the token, byte for byte. A case known to differ from the server is a strict xfail
 naming the fidelity audit's item (shared/reference/fidelity-audit-2026-11-26.md).
 
-Run: `PYTHONPATH=$PWD .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_oplog_corpus.py`
+Run: `PYTHONPATH=$PWD .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_oplog_corpus.py`
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
 from wireproxy.upstream import MemberConnector
 
-CORPUS = pathlib.Path(__file__).resolve().parent / "conformance" / "oplog_entries"
+CORPUS = pathlib.Path(__file__).resolve().parents[1] / "conformance" / "oplog_entries"
 PATHS = ("entry", "general", "reader", "reader-per-entry", "reader-in-run")
 RUN = 100  # filler inserts on each side of the case's entries in `reader-in-run`
 FILLER_NS, FILLER_UI = "shop.filler", Binary(bytes(range(16)), 4)

@@ -333,7 +333,7 @@ def test_d6a_create_and_create_indexes_inside_a_transaction():
 async def test_engine_transform_equals_the_reference_on_a_random_workload(
     expanded, version, migration
 ):
-    """Every shard's oplog of the randomized workload (tests/test_randomized_watch.py: CRUD with
+    """Every shard's oplog of the randomized workload (tests/integration/test_randomized_watch.py: CRUD with
     nested and array diffs, transactions across shards, migrations, DDL, views) through the
     engine's transform and simcluster's reference, with the stream options the randomized watch
     test does not use (classic events, v1 tokens as 6.0 writes them, migration events): the same
@@ -346,7 +346,7 @@ async def test_engine_transform_equals_the_reference_on_a_random_workload(
     from simcluster import open_cluster
     from simcluster.reference_events import ReferenceTransformer, encode_event
     from tests.conftest import client, sync
-    from tests.test_randomized_watch import _workload
+    from tests.integration.test_randomized_watch import _workload
 
     async with open_cluster(shards=3) as cluster:
         await sync(lambda: _workload(client(cluster.uri), random.Random(11), 250))

@@ -8,7 +8,7 @@ the framer's size limit.
 CI runs a short pass (WIRE_FUZZ_EXAMPLES, default 300 per test: a few seconds). A long run:
 
     WIRE_FUZZ_EXAMPLES=500000 nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider \\
-        tests/test_wire_fuzz.py
+        tests/unit/test_wire_fuzz.py
 
 or, coverage-guided (atheris, libFuzzer's mutations from the same seeds), see
 tests/fuzz/atheris_wire.py.
