@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from bson import Timestamp
+from trio.testing import MockClock
 
 from buckets.bucket import Bucket
 from buckets.cursor import BucketCursor
@@ -52,7 +53,9 @@ def keys_from(bucket: Bucket, position: int) -> list[bytes]:
     return bucket.keys_between(position, bucket.end)
 
 
-async def test_events_up_to_the_token_dealt_after_the_attach_are_passed_over() -> None:
+async def test_events_up_to_the_token_dealt_after_the_attach_are_passed_over(
+    autojump_clock: MockClock,
+) -> None:
     bucket, cur = bucket_and_cursor(10, token(20))
     assert cur.position == bucket.end and cur.resume_key is not None
     for t in range(11, 26):
@@ -63,13 +66,17 @@ async def test_events_up_to_the_token_dealt_after_the_attach_are_passed_over() -
     assert cur.last_token == token(20)
 
 
-async def test_a_token_the_bucket_holds_places_the_cursor_at_once() -> None:
+async def test_a_token_the_bucket_holds_places_the_cursor_at_once(
+    autojump_clock: MockClock,
+) -> None:
     bucket, cur = bucket_and_cursor(10, token(4))
     assert cur.resume_key is None
     assert keys_from(bucket, cur.position) == [event(t)[EV_SORT_KEY] for t in range(5, 11)]
 
 
-async def test_a_frontier_past_the_token_settles_a_bucket_that_got_no_event_up_to_it() -> None:
+async def test_a_frontier_past_the_token_settles_a_bucket_that_got_no_event_up_to_it(
+    autojump_clock: MockClock,
+) -> None:
     bucket, cur = bucket_and_cursor(3, token(20))
     bucket.advance_frontier(
         token_sort_key(high_water_mark(Timestamp(21, 0))), high_water_mark(Timestamp(21, 0))
@@ -78,7 +85,9 @@ async def test_a_frontier_past_the_token_settles_a_bucket_that_got_no_event_up_t
     assert cur.resume_key is None and cur.position == bucket.end
 
 
-async def test_a_fragment_token_dealt_later_resumes_inside_its_event() -> None:
+async def test_a_fragment_token_dealt_later_resumes_inside_its_event(
+    autojump_clock: MockClock,
+) -> None:
     """Resumed from fragment 1 of event 15: the event is returned again, from fragment 2."""
     bucket, cur = bucket_and_cursor(10, token(15, fragment=1))
     for t in range(11, 18):
@@ -88,7 +97,7 @@ async def test_a_fragment_token_dealt_later_resumes_inside_its_event() -> None:
     assert keys_from(bucket, cur.position)[0] == event(15)[EV_SORT_KEY]
 
 
-async def test_passing_over_events_lets_a_full_bucket_free_them() -> None:
+async def test_passing_over_events_lets_a_full_bucket_free_them(autojump_clock: MockClock) -> None:
     """The passed-over events are behind the consumer: a full bucket may drop them and take more."""
     bucket, cur = bucket_and_cursor(0, token(100), limit=8 * len(event(1)[EV_RAW]))
     bucket.cursors.add(cur)

@@ -38,5 +38,5 @@ OTHER = {"isWritablePrimary": False, "secondary": False}  # e.g. RECOVERING or R
         (OTHER, True, _Fit.NONE),
     ],
 )
-async def test_a_member_fits_by_its_role(reply, secondary, fit):
+async def test_a_member_fits_by_its_role(reply, secondary, fit, autojump_clock):
     assert await _member_fit(_Member(reply), secondary, 1.0) is fit  # type: ignore[arg-type]

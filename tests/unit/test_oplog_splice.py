@@ -27,7 +27,6 @@ from mongoformats.oplog_splice import (
     update_description,
 )
 from mongoformats.update_diff import update_description_from_diff
-from tests.conftest import client, sync
 
 ids = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
@@ -293,37 +292,6 @@ def test_elements_walks_every_bson_type() -> None:
         body = bytes([t]) + name + b"\x00" + raw[v:e]
         single = (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
         assert single == bson.encode({name.decode(): doc[name.decode()]})
-
-
-async def test_a_real_workload_oplog_splices_like_the_general_path(cluster) -> None:  # type: ignore[no-untyped-def]
-    def work() -> None:
-        c = client(cluster.uri)
-        c.admin.command("enableSharding", "sp")
-        c.admin.command("shardCollection", "sp.h", key={"_id": "hashed"})
-        for i in range(40):
-            c.sp.h.insert_one({"_id": i, "s": str(i)})
-        c.sp.h.insert_many([{"_id": f"k{i}", "n": Int64(i)} for i in range(20)])
-        c.sp.h.update_many({}, {"$inc": {"n": 1}, "$push": {"arr": {"$each": [1, 2]}}})
-        c.sp.h.update_one({"_id": 3}, {"$unset": {"s": ""}, "$set": {"a.b": [1, {"c": 2}]}})
-        c.sp.h.replace_one({"_id": 4}, {"z": 1})
-        c.sp.h.delete_many({"_id": {"$lt": 10}})
-        c.sp.plain.insert_one({"x": 1})
-        c.sp.plain.create_index("x")
-        c.sp.plain.drop()
-
-    await sync(work)
-    checked = spliced = 0
-    for shard in cluster.shards.values():
-        for expanded in (False, True):
-            fast, slow = (
-                OplogTransformer(show_expanded_events=expanded),
-                OplogTransformer(show_expanded_events=expanded),
-            )
-            for raw in shard.oplog.read_after(0, 1 << 30):
-                assert fast.transform(raw) == slow.transform_decoded(RawBSONDocument(raw, RAW))
-                checked += 1
-                spliced += bool(splice_crud(raw, expanded=expanded))
-    assert checked > 200 and spliced > 150
 
 
 def test_array_of_encodes_like_bson_at_every_size():
