@@ -9,8 +9,6 @@ import struct
 import time
 
 import bson
-import numpy as np
-import pyarrow as pa
 import pytest
 import trio
 from pymongo import AsyncMongoClient, CursorType, InsertOne, UpdateOne
@@ -19,103 +17,9 @@ from mongoformats import wire
 from simcluster import open_cluster
 from tests.conftest import client, free_port, proxy_uri, scrape, sync
 from tests.integration.test_simcluster import exhaust_batches
-from tests.unit.test_event_block import block_of_inserts
 from wireproxy.app import serve_proxy
 from wireproxy.config import ProxyConfig
-from wireproxy.router import CommandTable, Route, classify
 from wireproxy.server import ProxyServer
-from wireproxy.session import _send_pieces
-
-
-def test_routing_is_a_pure_function():
-    table = CommandTable()
-
-    async def mine(session, db, cmd):
-        return {}
-
-    table.register("parallelChangeStream", mine)
-    table.owned_cursors = {7}
-    table.get_more = mine
-    assert classify({"hello": 1}, table, accelerate=False)[0] is Route.HELLO
-    assert classify({"isMaster": 1}, table, accelerate=False)[0] is Route.HELLO
-    assert classify({"parallelChangeStream": 1}, table, accelerate=False) == (Route.LOCAL, mine)
-    assert classify({"getMore": 7, "collection": "x"}, table, accelerate=False)[0] is Route.LOCAL
-    assert (
-        classify({"getMore": 8, "collection": "x"}, table, accelerate=False)[0] is Route.PASSTHROUGH
-    )
-    assert classify({"find": "c"}, table, accelerate=True)[0] is Route.PASSTHROUGH
-
-
-def test_config_from_env_and_toml(tmp_path):
-    cfg = ProxyConfig.from_env(
-        {
-            "WIREPROXY_LISTEN_PORT": "1234",
-            "WIREPROXY_ACCELERATE_CHANGE_STREAMS": "true",
-            "WIREPROXY_CURSOR_TIMEOUT_S": "60",
-        }
-    )
-    assert (
-        cfg.listen_port == 1234
-        and cfg.accelerate_change_streams is True
-        and cfg.cursor_timeout_s == 60.0
-    )
-    path = tmp_path / "p.toml"
-    path.write_text(
-        '[wireproxy]\nupstream = "mongodb://m:1"\nmax_connections = 5\nshutdown_grace_s = 3\n'
-    )
-    cfg = ProxyConfig.from_toml(str(path))
-    assert (
-        cfg.max_connections == 5
-        and cfg.shutdown_grace_s == 3.0
-        and type(cfg.shutdown_grace_s) is float
-    )
-    path.write_text("[wireproxy]\nbogus = 1\n")
-    with pytest.raises(ValueError, match="unknown wireproxy settings"):
-        ProxyConfig.from_toml(str(path))
-
-
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        (
-            {"WIREPROXY_ACCELERATE_CHANGE_STREAMS": "ture"},
-            "WIREPROXY_ACCELERATE_CHANGE_STREAMS must be true or false",
-        ),
-        ({"WIREPROXY_LISTEN_PORT": "80a"}, "WIREPROXY_LISTEN_PORT must be an integer, not '80a'"),
-        ({"WIREPROXY_LISTEN_PORT": "70000"}, "listen_port must be between 0 and 65535, not 70000"),
-        ({"WIREPROXY_READER_PROCESSES": "-1"}, "reader_processes must be between 0 and 64"),
-        ({"WIREPROXY_MAX_CONNECTIONS": "0"}, "max_connections must be at least 1"),
-        ({"WIREPROXY_IDLE_TIMEOUT_S": "nan"}, "idle_timeout_s must be a finite number, not nan"),
-        ({"WIREPROXY_TLS_CA_FILE": "ca.pem"}, "tls_ca_file needs tls_cert_file"),
-        ({"WIREPROXY_UPSTREAM": "mongos:27017"}, "upstream: Invalid URI scheme"),
-        (
-            {"WIREPROXY_UPSTREAM": "mongodb://u:secret@h/?tls=maybe"},
-            "upstream: The value of tls must be 'true' or",
-        ),
-        (
-            {"WIREPROXY_UPSTREAM": "mongodb://h/?readPreferense=secondary"},
-            "upstream: Unknown option",
-        ),
-        (
-            {"WIREPROXY_UPSTREAM": "mongodb://u:p@h/?authMechanism=PLAIN"},
-            "authMechanism PLAIN is not supported",
-        ),
-        ('listen_port = "27018"', "listen_port must be an integer, not '27018'"),
-        ("accelerate_change_streams = 1", "accelerate_change_streams must be true or false, not 1"),
-    ],
-)
-def test_a_bad_setting_is_refused_by_name(tmp_path, source, message):
-    """A wrong type, a value out of range or an upstream URI a driver would refuse fails the config
-    with the setting's name, never later inside the server; nor is a mistyped boolean read as off."""
-    with pytest.raises(ValueError) as err:
-        if isinstance(source, dict):
-            ProxyConfig.from_env(source)
-        else:
-            path = tmp_path / "p.toml"
-            path.write_text(f"[wireproxy]\n{source}\n")
-            ProxyConfig.from_toml(str(path))
-    assert message in str(err.value)
-    assert "secret" not in str(err.value)  # an upstream URI's password is never echoed
 
 
 def test_wireproxy_command_reports_a_bad_setting_as_a_usage_error():
@@ -204,7 +108,8 @@ async def test_async_pymongo(proxy):
 
 async def test_an_exhaust_cursor_streams_through_the_proxy_from_a_mongos_that_streams():
     """Against an 8.0 mongos (exhaust getMore since 7.1): the proxy relays each streamed reply as
-    it comes, moreToCome kept and each answering the last; pymongo's exhaust cursor reads through."""
+    it comes, moreToCome kept and each answering the last; pymongo's exhaust cursor reads
+    through."""
     async with open_cluster(shards=2, version="8.0") as cluster, trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
 
@@ -265,52 +170,6 @@ async def test_bad_frames_close_only_their_connection(proxy):
         assert proxy.server.metrics.protocol_errors._value.get() == 3
 
     await sync(work)
-
-
-async def test_a_reply_sent_in_pieces_arrives_whole_through_partial_writes_and_a_closed_peer_is_broken():
-    """Scatter-gather sends (a reply's pieces, unjoined) over a socket whose buffers are small and
-    whose reader is slow: every write is partial, often in the middle of a piece. A batch of
-    events (a deferred piece) is gathered into the connection's buffer a part at a time, here a
-    buffer smaller than one event, and one that holds a few."""
-    events = block_of_inserts([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
-    pieces = [
-        b"head",
-        b"",
-        events.array_body(0),
-        memoryview(bytes(range(256)) * 3000),
-        pa.py_buffer(b"x" * 1_000_001),
-        events.sliced(5, 300).array_body(12),
-        memoryview(np.arange(50_000, dtype=np.int64)),
-        b"tail",
-    ]
-    want = wire.joined(pieces)
-    assert want.count(bytes(events.array_body(0))) == 1
-    scratch = np.empty(300, np.uint8)
-    a, b = trio.socket.socketpair()
-    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    sender, receiver = trio.SocketStream(a), trio.SocketStream(b)
-    got = bytearray()
-
-    async def read_slowly() -> None:
-        while len(got) < len(want):
-            got.extend(await receiver.receive_some(50_000))
-            await trio.sleep(0.001)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_slowly)
-        await _send_pieces(sender, pieces, lambda: scratch)
-    assert bytes(got) == want
-    got.clear()
-    scratch = np.empty(4000, np.uint8)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_slowly)
-        await _send_pieces(sender, pieces, lambda: scratch)
-    assert bytes(got) == want
-    await receiver.aclose()
-    with pytest.raises(trio.BrokenResourceError):
-        for _ in range(100):
-            await _send_pieces(sender, pieces, lambda: scratch)
-    await sender.aclose()
 
 
 async def test_upstream_failure_is_a_network_error_not_a_hang(cluster):
@@ -414,7 +273,8 @@ async def test_retryable_write_survives_a_dropped_connection(proxy):
     def work():
         c = client(proxy_uri(proxy))
         c.t.r.insert_one({"_id": 0})
-        # mongos drops the connection on the next insert; the driver retries once, through the proxy.
+        # mongos drops the connection on the next insert; the driver retries once, through the
+        # proxy.
         c.admin.command(
             {
                 "configureFailPoint": "failCommand",
@@ -429,7 +289,8 @@ async def test_retryable_write_survives_a_dropped_connection(proxy):
 
 
 async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
-    """`wireproxy` as users run it: SIGTERM stops accepting, lets the request in flight finish, exits 0."""
+    """`wireproxy` as users run it: SIGTERM stops accepting, lets the request in flight finish,
+    exits 0."""
     import signal
     import subprocess
     import sys
