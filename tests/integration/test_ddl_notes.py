@@ -14,7 +14,6 @@ import pytest
 import trio
 from pymongo.errors import OperationFailure
 
-from buckets.ddl_notes import plan_notes
 from mongoformats.change_events import PCS_NOTE_KEY
 from mongoformats.resume_token import decode_token
 from simcluster import open_cluster
@@ -118,19 +117,3 @@ async def test_a_5_0_native_stream_has_v1_tokens_and_no_expanded_events() -> Non
             _close_all()
 
         await sync(work)
-
-
-def test_plan_notes_targets_the_holders() -> None:
-    before = {"shard0": {"name": "c", "type": "collection", "options": {}, "info": {"uuid": "u"}}}
-    notes = plan_notes(
-        {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1"}]}, "d.c", before, before
-    )
-    assert [(n.op_type, n.shards, n.operation_description) for n in notes] == [
-        ("createIndexes", ("shard0",), {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]})
-    ]
-    # A collection's drop is native on every version: no note; a view's drop gets one.
-    assert plan_notes({"drop": "c"}, "d.c", before, {}) == []
-    assert plan_notes({"drop": "v"}, "d.v", {"shard1": {"type": "view"}}, {})[0].shards == (
-        "shard1",
-    )
-    assert plan_notes({"collMod": "c"}, "d.c", before, before) == []

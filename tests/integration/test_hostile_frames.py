@@ -14,7 +14,6 @@ keeps working, through the proxy and against simcluster directly.
 from __future__ import annotations
 
 import random
-import struct
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 
@@ -27,36 +26,10 @@ from simcluster import SimCluster, open_cluster
 from tests.conftest import _close_all, client, poll_until, proxy_uri, sync
 from tests.fuzz.wire_target import SEEDS, mutate
 from tests.integration.test_auth import with_user
+from tests.unit.test_hostile_frames import bad_string_frame
 from tests.unit.test_wire_bounds import INNER, bomb
 from wireproxy.app import RunningProxy, serve_proxy
 from wireproxy.config import ProxyConfig
-
-
-def bad_string_frame(nested: bool) -> bytes:
-    """A 46-byte OP_MSG whose body holds a string stating 0x7fffffff bytes: at the top level, or
-    (`nested`) one level down, where a lazily parsed RawBSONDocument does not look."""
-    if nested:
-        inner = _string_doc(b"b", b"abcdefg")
-        body = struct.pack("<i", 5 + 3 + len(inner)) + b"\x03a\x00" + inner + b"\x00"
-    else:
-        body = _string_doc(b"a", b"hello world!")
-    return wire.HEADER.pack(wire.HEADER.size + 5 + len(body), 1, 0, wire.OP_MSG) + bytes(5) + body
-
-
-def _string_doc(key: bytes, text: bytes) -> bytes:
-    """{key: text} whose string states 0x7fffffff bytes."""
-    element = b"\x02" + key + b"\x00" + struct.pack("<i", 0x7FFFFFFF) + text + b"\x00"
-    return struct.pack("<i", 5 + len(element)) + element + b"\x00"
-
-
-def test_the_bad_string_frames_are_as_reported():
-    assert len(bad_string_frame(nested=False)) == 46
-    for nested in (False, True):
-        frame = bad_string_frame(nested)
-        # The frame is sound, its BSON not.
-        assert isinstance(wire.decode_message(frame), wire.OpMsg)
-        with pytest.raises(bson.errors.InvalidBSON):
-            bson.decode(wire.decode_message(frame).body)
 
 
 async def closed_by_peer(stream: trio.SocketStream, timeout: float = 20) -> None:

@@ -16,17 +16,13 @@ import pytest
 import trio
 from bson import Int64, MaxKey, MinKey, Timestamp
 from bson.raw_bson import RawBSONDocument
-from hypothesis import given
-from hypothesis import strategies as st
 from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
 
 from mongoformats import wire
-from mongoformats.bson_order import sort_key
 from mongoformats.change_events import RAW, OplogTransformer
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, high_water_mark, token_sort_key
 from simcluster import open_cluster
-from simcluster.chunks import Chunk, ShardedCollection
 from tests.conftest import client, sync, wait_until
 from tests.integration.test_accelerate import _collect
 from tests.integration.test_engine import drain
@@ -478,24 +474,6 @@ async def test_transactions_single_and_cross_shard(cluster):
         decode_token(e["_id"]).txn_op_index for e in in_txn if e["ns"]["coll"] == "one"
     ) == [0, 1]
     assert not [e for e in events if e.get("documentKey", {}).get("_id") == 99]
-
-
-def test_oplog_stamp_spliced_as_bytes_equals_encoding_the_stamped_entry():
-    from bson import Int64
-
-    from simcluster.oplog import ClusterClock, Oplog
-
-    oplog = Oplog(ClusterClock(), term=7)
-    fields = {
-        "op": "i",
-        "ns": "a.b",
-        "ui": bson.Binary(b"\x01" * 16, 4),
-        "o": {"_id": 1, "x": [1, 2]},
-        "o2": {"_id": 1},
-    }
-    ts, raw = oplog.append(fields)
-    wall = bson.decode(raw)["wall"]
-    assert raw == bson.encode({**fields, "ts": ts, "t": Int64(7), "v": Int64(2), "wall": wall})
 
 
 async def test_inserts_spliced_from_the_sent_bytes_log_the_same_entries():
@@ -999,42 +977,6 @@ async def test_a_compound_shard_key_cuts_chunks_on_every_field(cluster):
         assert len(cluster.mongos.sharded["ck.r"].chunks) == 1
 
     await sync(work)
-
-
-_KEY_VALUES = st.one_of(
-    st.integers(-50, 50),
-    st.floats(-50, 50, allow_nan=False),
-    st.text(max_size=3),
-    st.none(),
-    st.booleans(),
-)
-
-
-@given(
-    bounds=st.lists(_KEY_VALUES, max_size=12),
-    points=st.lists(_KEY_VALUES, max_size=12),
-    splits=st.lists(st.tuples(st.integers(0, 20), _KEY_VALUES), max_size=4),
-)
-def test_chunk_at_finds_the_chunk_whose_range_holds_the_point(bounds, points, splits):
-    """The binary search agrees with the definition (min <= point < max), over mixed BSON types,
-    before and after splits."""
-    cuts = sorted({sort_key(b): b for b in bounds}.items())
-    edges = [MinKey(), *(b for _, b in cuts), MaxKey()]
-    sc = ShardedCollection(
-        "d.c",
-        {"k": 1},
-        uuid.uuid4(),
-        chunks=[Chunk(edges[i], edges[i + 1], f"s{i % 3}") for i in range(len(edges) - 1)],
-    )
-    for index, point in splits:
-        chunk = sc.chunks[index % len(sc.chunks)]
-        inside = chunk.holds(point) and (
-            isinstance(chunk.min, MinKey) or sort_key(point) != sort_key(chunk.min)
-        )
-        if inside:  # a split cuts strictly inside a chunk
-            sc.split(chunk, point)
-    for point in [*points, *bounds, MinKey(), MaxKey()]:
-        assert sc.chunk_at(point) is next((c for c in sc.chunks if c.holds(point)), sc.chunks[-1])
 
 
 async def test_the_balancer_does_not_move_a_collection_a_transaction_holds_writes_to(cluster):
