@@ -19,7 +19,6 @@ import pytest
 
 from simcluster.launcher import spawn_cluster
 from wireproxy.config import ProxyConfig
-from wireproxy.extras import require_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = importlib.metadata.version("parallelchangestream")
@@ -117,16 +116,6 @@ def test_log_level_is_a_flag_of_wireproxy_and_simcluster():
 # -- a command whose extra is missing -------------------------------------------------------------
 
 
-def test_require_extra_names_the_extra_and_exits_2(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
-    with pytest.raises(SystemExit) as exit_:
-        require_extra("pcs-replicate", "spark", ["pyspark"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "pcs-replicate: needs the [spark] extra (module 'pyspark' is not installed)" in err
-    assert "pip install 'parallelchangestream[spark]'" in err
-
-
 # A command run with some modules missing: sys.modules[name] = None makes importing them fail.
 _MISSING = textwrap.dedent("""
     import runpy, sys
@@ -159,20 +148,6 @@ def test_a_command_without_its_extra_says_which_to_install(missing, module, args
     )
     # --help and --version still work without the extra.
     assert _run([missing, module, "--help"], code=_MISSING).returncode == 0
-
-
-def test_pcs_demo_writes_under_the_current_directory_or_out(tmp_path, monkeypatch):
-    """Never into the installed package (site-packages)."""
-    import demo.demo as demo
-
-    seen: list[Path] = []
-    monkeypatch.setattr(demo, "run_demo", lambda ops, buckets, timeout, out: seen.append(out) or 0)
-    monkeypatch.chdir(tmp_path)
-    for argv in ([], ["--out", str(tmp_path / "elsewhere")]):
-        with pytest.raises(SystemExit) as exit_:
-            demo.main(argv)
-        assert exit_.value.code == 0
-    assert [p.resolve() for p in seen] == [tmp_path / demo.DEFAULT_OUT, tmp_path / "elsewhere"]
 
 
 # -- strict configuration -------------------------------------------------------------------------

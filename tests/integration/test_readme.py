@@ -32,17 +32,6 @@ def section_blocks(text: str, heading: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
 
 
-def test_readme_starts_with_the_two_setup_commands():
-    first = re.search(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-    assert first is not None
-    commands = [line.split("#")[0].strip() for line in first.group(1).splitlines() if line.strip()]
-    assert commands == ["make demo", "make test"]
-
-
-def test_readme_is_short():
-    assert len(README.read_bytes()) <= 25 * 1024
-
-
 def test_quickstart_runs_verbatim(tmp_path):
     blocks = section_blocks(README.read_text(), "Quickstart", "sh")
     assert len(blocks) == 1
