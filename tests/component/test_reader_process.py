@@ -44,7 +44,8 @@ async def test_a_send_cancelled_midway_still_sends_its_whole_message():
 
 async def test_a_send_the_other_process_never_takes_breaks_the_connection(monkeypatch):
     """A process that stops reading is hung: after SEND_TIMEOUT_S the connection is closed (its
-    tails fail and resume from their tokens) instead of waiting forever or leaving half a message."""
+    tails fail and resume from their tokens) instead of waiting forever or leaving half a
+    message."""
     monkeypatch.setattr(reader_process, "SEND_TIMEOUT_S", 0.3)
     sender, receiver = _connected_pair()  # the receiver never reads
     with pytest.raises(trio.BrokenResourceError), trio.fail_after(5):

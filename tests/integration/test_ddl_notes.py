@@ -36,7 +36,8 @@ EXPECTED = [
 
 
 def ddl_workload(c: Any) -> None:
-    """The seven kinds, each through the proxy, on collections with one holder so each is one event."""
+    """The seven kinds, each through the proxy, on collections with one holder so each is one
+    event."""
     c.d.create_collection("plain", validationLevel="off")
     c.d.plain.insert_one({"_id": 1, "a": 1})
     c.d.plain.create_index("a")

@@ -2,10 +2,10 @@
 back in the proxy's pool at once.
 
 Codes as the server's: a getMore waiting on a killed cursor fails with CursorKilled (237) and a
-later one with CursorNotFound (43), as after killCursors (tests/integration/test_engine.py checks those
-against mongos's behaviour); a name no stream has is NamespaceNotFound (26), as `drop` of a
-missing collection on servers before 7.0 and parallelChangeStreamStatus here; another user's
-stream is Unauthorized (13), as every other use of it (buckets/engine.py's module docstring).
+later one with CursorNotFound (43), as after killCursors (tests/integration/test_engine.py checks
+those against mongos's behaviour); a name no stream has is NamespaceNotFound (26), as `drop` of a
+missing collection on servers before 7.0 and parallelChangeStreamStatus here; another user's stream
+is Unauthorized (13), as every other use of it (buckets/engine.py's module docstring).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ async def test_a_dropped_stream_kills_its_cursors_and_frees_its_memory(cluster, 
         )
         dropped = await conn.command("admin", {"dropParallelChangeStream": "dropme"})
     assert sorted(dropped["cursorsKilled"]) == sorted([parked, other])
-    # (An idle bucket's getMore returns once its resume point moves, ~1 s: rarely, just before the drop.)
+    # (An idle bucket's getMore returns once its resume point moves, ~1 s: rarely, just before the
+    # drop.)
     if outcome["code"] is not None:
         assert outcome["code"] == 237  # CursorKilled
     after = await conn.command("admin", {"parallelChangeStreamStatus": 1})

@@ -48,10 +48,10 @@ def key(token: Any) -> bytes:
 
 
 def workload(c: Any, seed: int, n: int = 300) -> None:
-    """Inserts, every update kind, replaces, deletes, DDL, a hashed and a ranged sharded collection, a
-    chunk migration, and the balancer on: w1.big (1 MB chunks) fills one shard with 4.5 MB while the
-    workload runs, and the balancer moves ranges of it away meanwhile. Updates and deletes target
-    documents that exist."""
+    """Inserts, every update kind, replaces, deletes, DDL, a hashed and a ranged sharded collection,
+    a chunk migration, and the balancer on: w1.big (1 MB chunks) fills one shard with 4.5 MB while
+    the workload runs, and the balancer moves ranges of it away meanwhile. Updates and deletes
+    target documents that exist."""
     rng, big = (
         random.Random(seed),
         random.Random(-seed),
@@ -125,9 +125,11 @@ def workload(c: Any, seed: int, n: int = 300) -> None:
 
 
 def native_stream(c: Any, start: Timestamp, end_key: bytes) -> list[RawBSONDocument]:
-    """mongos's own change stream of the whole cluster, expanded events on, from start up to end_key."""
+    """mongos's own change stream of the whole cluster, expanded events on, from start up to
+    end_key."""
     # A note on every shard past the end: mongos releases nothing until every shard has written past
-    # it, and an idle shard otherwise waits for its periodic noop (the engine nudges idle shards itself).
+    # it, and an idle shard otherwise waits for its periodic noop (the engine nudges idle shards
+    # itself).
     c.admin.command("appendOplogNote", data={"test": "past the end"})
     reply = c.admin.command(
         {
@@ -175,7 +177,8 @@ def drain(
     db: str = "admin",
     collection: str = NS,
 ) -> list[RawBSONDocument]:
-    """getMore on one bucket (or another change stream cursor) until its postBatchResumeToken passes end_key."""
+    """getMore on one bucket (or another change stream cursor) until its postBatchResumeToken passes
+    end_key."""
     out: list[RawBSONDocument] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -214,7 +217,8 @@ def _union_cases() -> list[tuple[int, int, int, str]]:
 
 
 def _bucket_of_event(e: RawBSONDocument, n: int, by: str) -> set[int]:
-    """The buckets an event belongs in (buckets/bucketing.py's contract, computed from the event)."""
+    """The buckets an event belongs in (buckets/bucketing.py's contract, computed from the
+    event)."""
     ns = e["ns"]
     if by == "documentKey":
         if "documentKey" not in e:
@@ -229,8 +233,8 @@ def _bucket_of_event(e: RawBSONDocument, n: int, by: str) -> set[int]:
 async def test_union_of_buckets_equals_the_merged_stream(
     cluster, proxy, n_buckets, reader_processes, seed, bucket_by
 ):
-    """With readerProcesses the entries are spliced in worker processes: the same events must come out.
-    By documentKey, every event lies in its document's bucket and every event without a
+    """With readerProcesses the entries are spliced in worker processes: the same events must come
+    out. By documentKey, every event lies in its document's bucket and every event without a
     documentKey (DDL) in every bucket."""
 
     def work():
@@ -537,7 +541,8 @@ async def test_slow_consumer_stays_within_the_byte_budgets(cluster, proxy):
         bucket = status["buckets"][0]
         assert bucket["bytes"] <= 16_000
         for shard in status["shards"]:
-            # A reader may hold one batch beyond the budget only when the budget was empty before it.
+            # A reader may hold one batch beyond the budget only when the budget was empty before
+            # it.
             assert shard["bufferBytes"] <= 16_000 + 16 * 1024 * 1024
         assert status["mergeQueue"] < 2000
         end = end_point(c)
@@ -913,7 +918,8 @@ async def test_a_stream_changes_its_bucket_count_from_a_common_token(cluster, pr
         replies = []
 
         def reopen() -> bool:
-            """As the Spark source does: retried while refused, until the old cursors count as unused."""
+            """As the Spark source does: retried while refused, until the old cursors count as
+            unused."""
             try:
                 replies.append(
                     c.admin.command(
@@ -1059,7 +1065,8 @@ async def test_a_stream_without_cursors_is_torn_down_after_the_configured_time(c
                 {"killCursors": NS, "cursors": [cur["id"] for cur in opened["cursors"]]}
             )
 
-            # Watched on the engine itself: a status command counts as activity (Spark plans with it).
+            # Watched on the engine itself: a status command counts as activity (Spark plans with
+            # it).
             wait_until(lambda: "short-lived" not in proxy.engine.streams, timeout=10)
             # Its events are freed once it has unwound, not left to the rare full collections.
             wait_until(
@@ -1128,7 +1135,8 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             assert (
                 c.admin.command({"parallelChangeStreamStatus": 1})["memory"]["streamsRefused"] == 2
             )
-            # One that would not fit even in all the idle streams' room is refused, and they are spared.
+            # One that would not fit even in all the idle streams' room is refused, and they are
+            # spared.
             c.admin.command(
                 {"killCursors": NS, "cursors": [cur["id"] for cur in second["cursors"]]}
             )
@@ -1298,8 +1306,8 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     cluster, proxy
 ):
     """The readers of a new stream may deal events before the command that created it makes its
-    cursors (tests/integration/test_accelerate.py has the race end to end): made here on purpose, the cursor
-    still starts at the stream's start point, with that point as its resume token."""
+    cursors (tests/integration/test_accelerate.py has the race end to end): made here on purpose,
+    the cursor still starts at the stream's start point, with that point as its resume token."""
 
     def backlog():
         c = client(proxy_uri(proxy))
@@ -1372,7 +1380,8 @@ async def test_killing_cursors_and_sessions(cluster, proxy):
     )
     parked, other = (cur["id"] for cur in opened["cursors"])
     outcome = await _kill_during_get_more(proxy, raw, parked)
-    # (An idle bucket's getMore returns once its resume point moves, ~1 s: rarely, just before the kill.)
+    # (An idle bucket's getMore returns once its resume point moves, ~1 s: rarely, just before the
+    # kill.)
     if outcome["code"] is not None:
         assert (outcome["code"], outcome["message"]) == (
             237,
@@ -1501,8 +1510,8 @@ async def test_a_cursor_killed_while_its_lookups_run_fails_that_getmore(cluster,
 
 
 async def test_an_idle_cluster_gets_few_notes_while_a_consumer_waits(cluster, proxy):
-    """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a
-    second per shard; notes come faster only while events wait on an idle shard (one per round trip)."""
+    """A consumer waiting on an idle cluster keeps a fresh resume point from about one note a second
+    per shard; notes come faster only while events wait on an idle shard (one per round trip)."""
 
     def work():
         c = client(proxy_uri(proxy))

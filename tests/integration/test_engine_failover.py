@@ -1,4 +1,5 @@
-"""The engine across replica-set failures: a member stopped mid-stream, a primary stepdown, a failover.
+"""The engine across replica-set failures: a member stopped mid-stream, a primary stepdown, a
+failover.
 
 Writes go on while the members the readers depend on are stopped and primaries change. Each bucket
 must still deliver every committed write once, in order, and the union must equal what mongos's
@@ -141,8 +142,9 @@ def _shard_status(c, stream, shard):
 
 def _every_write_once(cluster, c, start, opened, total) -> None:
     """The union of the buckets' events up to now, checked: each bucket in token order with no
-    repeat and only its namespaces, the union mongos's stream (tests/integration/test_engine.reference), each
-    of the `total` inserts once, and per namespace in write order."""
+    repeat and only its namespaces, the union mongos's stream
+    (tests/integration/test_engine.reference), each of the `total` inserts once, and per namespace
+    in write order."""
     end = end_point(c)
     union: dict[bytes, RawBSONDocument] = {}
     for cur in opened["cursors"]:

@@ -62,7 +62,8 @@ OPTIONS = {
     "bucketBufferBytes": st.integers(1 << 16, 1 << 24),
     "fullDocumentBeforeChange": st.just("off"),
     "startAtOperationTime": st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 9)),
-    # readerProcesses only invalid: a valid one starts interpreters, which is not what is fuzzed here
+    # readerProcesses only invalid: a valid one starts interpreters, which is not what is fuzzed
+    # here
     "readerProcesses": st.one_of(st.integers(65, 100), st.integers(-5, -1), st.text(max_size=2)),
     "bogus": values,
 }
@@ -100,7 +101,8 @@ async def test_random_commands_get_errors_with_codes_and_hurt_nothing(cluster):
                 optional={"batchSize": st.one_of(st.integers(-3, 5), values)},
             )
 
-            # A getMore for mongos (no cursor of the engine's): its parser's errors, then CursorNotFound.
+            # A getMore for mongos (no cursor of the engine's): its parser's errors, then
+            # CursorNotFound.
             theirs = st.fixed_dictionaries(
                 {
                     "getMore": st.one_of(st.builds(Int64, st.integers(1, 2**40)), values),

@@ -74,11 +74,15 @@ async def test_mongosh_through_the_proxy_and_directly(cluster, proxy):
     script = (
         "db.getSiblingDB('sh').c.insertMany([{_id: 1}, {_id: 2}]);"
         "const r = db.adminCommand({parallelChangeStream: 1, nBuckets: 3, name: 'sh'});"
-        "print(JSON.stringify({n: db.getSiblingDB('sh').c.countDocuments({}), buckets: r.cursors.length}))"
+        "print(JSON.stringify({n: db.getSiblingDB('sh').c.countDocuments({}),"
+        " buckets: r.cursors.length}))"
     )
     for uri in (proxy_uri(proxy), cluster.uri, cluster.shard_uri("shard0")):
         if uri != proxy_uri(proxy):
-            script = "print(JSON.stringify({n: db.getSiblingDB('sh2').c.insertOne({a: 1}).acknowledged ? 1 : 0}))"
+            script = (
+                "print(JSON.stringify({n: db.getSiblingDB('sh2').c.insertOne({a: 1})"
+                ".acknowledged ? 1 : 0}))"
+            )
         out = await _run(str(MONGOSH), uri, "--quiet", "--norc", "--eval", script)
         line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
         assert json.loads(line)["n"] >= 1
@@ -110,7 +114,8 @@ async def test_mongosh_script_through_the_proxy(cluster, accelerate):
 
 
 async def test_node_driver_and_mongosh_directly_against_a_shard_replica_set():
-    """Issue 3: unmodified clients against a shard's three-member replica set, not through mongos."""
+    """Issue 3: unmodified clients against a shard's three-member replica set, not through
+    mongos."""
     from simcluster import open_cluster
 
     async with open_cluster(shards=1, members=3) as cluster:

@@ -104,7 +104,8 @@ def _workload(c: Any, rng: random.Random, n: int) -> None:
             try:
                 coll.update_one({"_id": _id}, update, array_filters=filters)
             except WriteError as exc:
-                # BadValue ($[] on a missing array), TypeMismatch, PathNotViable: the document is unchanged
+                # BadValue ($[] on a missing array), TypeMismatch, PathNotViable: the document is
+                # unchanged
                 assert exc.code in (2, 14, 28)
         elif op < 0.86:
             coll, _id = rng.choice(live)

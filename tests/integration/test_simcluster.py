@@ -493,7 +493,8 @@ async def test_inserts_spliced_from_the_sent_bytes_log_the_same_entries():
         for with_session in (False, True):
 
             def session(n: int, on: bool = with_session) -> dict:
-                # A statement is done once per (lsid, txnNumber, stmtId): each command its own session.
+                # A statement is done once per (lsid, txnNumber, stmtId): each command its own
+                # session.
                 return (
                     {"lsid": {"id": bson.Binary(bytes([n]) * 16, 4)}, "txnNumber": Int64(5)}
                     if on
@@ -545,7 +546,8 @@ async def test_find_and_modify_updates_the_element_its_query_matched(cluster):
 
 
 async def test_a_dotted_exclusion_removes_the_nested_field(cluster):
-    """find's exclusion projection and $unset (an exclusion $project) remove dotted paths, through arrays."""
+    """find's exclusion projection and $unset (an exclusion $project) remove dotted paths, through
+    arrays."""
 
     def work():
         coll = client(cluster.uri).px.c
@@ -758,9 +760,9 @@ async def test_idle_cursors_opened_outside_sessions_time_out(cluster):
 async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_by_less_than_three(
     cluster,
 ):
-    """7.0's balancer (simcluster/balancer.py): on by default; at the default 128 MB chunk size a few
-    MB never move; at 1 MB, ranges of about 1 MB move from the fullest shard while shards differ by
-    3 MB or more. Nothing is lost or doubled, and a change stream sees none of it."""
+    """7.0's balancer (simcluster/balancer.py): on by default; at the default 128 MB chunk size a
+    few MB never move; at 1 MB, ranges of about 1 MB move from the fullest shard while shards differ
+    by 3 MB or more. Nothing is lost or doubled, and a change stream sees none of it."""
 
     def work():
         c = client(cluster.uri)
@@ -810,7 +812,8 @@ async def test_the_balancer_moves_ranges_of_the_chunk_size_until_shards_differ_b
             sid: client(cluster.shard_uri(sid)).bal.c.count_documents({})
             for sid in sorted(cluster.replsets)
         }
-        # 4.8 MB: 1 MB goes to each empty shard (one migration per shard per round), then 2.8 - 1 < 3.
+        # 4.8 MB: 1 MB goes to each empty shard (one migration per shard per round), then 2.8 - 1 <
+        # 3.
         assert sorted(counts.values()) == [104, 104, 292], counts
         assert sum(counts.values()) == c.bal.c.count_documents({}) == 500
         for sid, n in counts.items():  # each shard holds the keys of its own chunks

@@ -47,8 +47,10 @@ if MISSING and os.environ.get("CI", "").lower() != "true":
 # Why some tests cannot run here; everything else must pass.
 SKIPS = {
     "change-streams-nsType.json": "nsType is a MongoDB 8.1 feature; simcluster reports 7.0",
-    "The watch helper must not throw a custom exception when executed against a single server topology, but "
-    "instead depend on a server error": "needs a standalone server; simcluster runs replica sets and mongos",
+    "The watch helper must not throw a custom exception when executed against a single server "
+    "topology, but instead depend on a server error": (
+        "needs a standalone server; simcluster runs replica sets and mongos"
+    ),
 }
 
 

@@ -26,12 +26,14 @@ from tests.unit.test_oplog_splice import crud_entries
 
 @st.composite
 def writes(draw: st.DrawFn) -> dict[str, Any]:
-    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a collection
-    with events or not (internal, a view's), and now and then an entry of another shape."""
+    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a
+    collection with events or not (internal, a view's), and now and then an entry of another
+    shape."""
     if draw(st.integers(0, 9)) == 0:
         return draw(crud_entries())
     _id = ObjectId(draw(st.binary(min_size=12, max_size=12)))
-    # Names alike in length and a UUID shared (a rename's before and after): kinds told apart by their bytes.
+    # Names alike in length and a UUID shared (a rename's before and after): kinds told apart by
+    # their bytes.
     ns = draw(
         st.sampled_from(
             [

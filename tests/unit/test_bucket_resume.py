@@ -1,6 +1,7 @@
 """A bucket cursor placed after a resume token its bucket has not been dealt up to yet (the stream
-was opened for an older token and is catching up): it passes over the events up to the token as
-they arrive and returns none of them (tests/integration/test_resume_exactly_once.py has it end to end)."""
+was opened for an older token and is catching up): it passes over the events up to the token as they
+arrive and returns none of them (tests/integration/test_resume_exactly_once.py has it end to
+end)."""
 
 from __future__ import annotations
 

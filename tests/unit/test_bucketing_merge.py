@@ -1,4 +1,5 @@
-"""Bucket assignment is pinned; the MergedQueue releases events in token order under the mark rule."""
+"""Bucket assignment is pinned; the MergedQueue releases events in token order under the mark
+rule."""
 
 import pytest
 from bson import Timestamp

@@ -1,7 +1,8 @@
 """The live / behind / catching-up state of a bucket (buckets/catch_up.py), without sockets: a full
 bucket of a named stream waits for its consumer only while no other bucket's consumer waits, then
-falls behind, holding what it has and dropping what follows; it rejoins the merge after the gap
-once a consumer waits on a replay to come back (tests/integration/test_fall_behind.py has it end to end)."""
+falls behind, holding what it has and dropping what follows; it rejoins the merge after the gap once
+a consumer waits on a replay to come back (tests/integration/test_fall_behind.py has it end to
+end)."""
 
 from __future__ import annotations
 

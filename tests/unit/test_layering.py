@@ -27,7 +27,10 @@ def test_mongoformats_imports_nothing_of_ours_and_no_io():
 
 
 def test_importing_mongoformats_does_not_load_trio():
-    code = "import sys, mongoformats, mongoformats.wire, mongoformats.change_events; print('trio' in sys.modules)"
+    code = (
+        "import sys, mongoformats, mongoformats.wire, mongoformats.change_events; "
+        "print('trio' in sys.modules)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
@@ -92,7 +95,7 @@ def test_the_reference_transform_evaluates_nothing_with_the_engines_modules():
     ]
 
 
-# -- the speed-code fence ---------------------------------------------------------------------------
+# -- the speed-code fence --------------------------------------------------------------------------
 # numpy, numba, llvmlite, pyarrow and ctypes, and process-wide allocator and collector settings,
 # live in one sub-package whose code is tested byte for byte against the plain implementation.
 FENCE = ROOT / "buckets" / "_columnar"
@@ -131,7 +134,8 @@ def test_speed_libraries_and_process_tuning_live_only_in_the_columnar_fence():
                         f"{where} imports gc.{a.name}" for a in node.names if a.name in TUNING_CALLS
                     ]
             elif isinstance(node, ast.Attribute) and node.attr in TUNING_CALLS:
-                # `gc.freeze()`, `libc.mallopt(...)`, `pa.set_memory_pool(...)`; not `frozenset.freeze`.
+                # `gc.freeze()`, `libc.mallopt(...)`, `pa.set_memory_pool(...)`; not
+                # `frozenset.freeze`.
                 is_gc = isinstance(node.value, ast.Name) and node.value.id == "gc"
                 if is_gc or node.attr in {"mallopt", "set_memory_pool"}:
                     found.append(f"{where} calls {node.attr}")
@@ -154,7 +158,8 @@ def test_importing_every_mongoformats_module_loads_no_speed_library_and_no_trio(
     assert "mongoformats.wire" in modules and "mongoformats.oplog_splice" in modules
     code = (
         f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
-        "print(sorted(m for m in ('numpy', 'numba', 'llvmlite', 'pyarrow', 'trio') if m in sys.modules))"
+        "print(sorted(m for m in ('numpy', 'numba', 'llvmlite', 'pyarrow', 'trio')"
+        " if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
