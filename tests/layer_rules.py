@@ -53,7 +53,7 @@ def refuse_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
 def forbidden_imports(path: Path) -> tuple[str, ...]:
     """The modules of UNIT_FORBIDDEN_IMPORTS that the test module at `path` imports, at any
     level (a function-level import counts too)."""
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if _forbidden(a.name))

@@ -29,7 +29,7 @@ def test_a_socket_pair_stays_allowed() -> None:
         assert right.recv(1) == b"x"
 
 
-async def test_trio_cannot_open_a_tcp_stream_either(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_trio_socket_cannot_connect_either(autojump_clock: trio.testing.MockClock) -> None:
     with trio.socket.socket() as s, pytest.raises(SocketInFastLayer):
         await s.connect(("127.0.0.1", 9))
 
