@@ -16,10 +16,11 @@ $(NODE_DEPS):
 		mkdir -p .node && npm install --prefix .node --no-audit --no-fund --loglevel=error mongodb@6 mongosh@2; \
 	else echo "npm not found: the Node.js driver and mongosh tests will be skipped"; fi
 
-# The drivers' spec tests live beside the repository, not in it (tests/test_spec_change_streams.py).
+# The drivers' spec tests live beside the repository, not in it
+# (tests/integration/test_spec_change_streams.py).
 SPEC_TESTS := $(wildcard $(abspath ../shared/spec-tests))
 
-.PHONY: demo test bench
+.PHONY: demo test test-fast bench
 demo: $(STAMP)
 	$(PY) -m demo
 
@@ -28,6 +29,11 @@ test: $(STAMP) $(NODE_DEPS)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(if $(SPEC_TESTS),PCS_SPEC_TESTS="$${PCS_SPEC_TESTS:-$(SPEC_TESTS)}") $(PY) -m pytest -q
+
+# The unit and component layers alone (docs/testing.md): no sockets, no cluster, no Spark; under a
+# minute. `make test` runs them too, with the integration layer.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit tests/component
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

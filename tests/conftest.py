@@ -25,7 +25,8 @@ T = TypeVar("T")
 
 
 async def sync(fn: Callable[..., T], *args: Any, timeout: float = 90, **kwargs: Any) -> T:
-    """Run blocking client code (pymongo) off the trio thread, with a deadline (no test may hang CI)."""
+    """Run blocking client code (pymongo) off the trio thread, with a deadline (no test may hang
+    CI)."""
     with trio.fail_after(timeout):
         return await trio.to_thread.run_sync(
             functools.partial(fn, *args, **kwargs), abandon_on_cancel=True

@@ -1,5 +1,5 @@
 """Coverage-guided fuzzing of the wire framer and the command parsing after it (the target of
-tests/test_wire_fuzz.py: tests/fuzz/wire_target.py), with atheris (libFuzzer). For long runs;
+tests/unit/test_wire_fuzz.py: tests/fuzz/wire_target.py), with atheris (libFuzzer). For long runs;
 CI runs the hypothesis tests instead. Install atheris (`pip install atheris`), then:
 
     mkdir -p /tmp/wire-corpus
@@ -25,7 +25,7 @@ import atheris
 with atheris.instrument_imports(include=["mongoformats", "wireproxy", "simcluster", "tests.fuzz"]):
     from tests.fuzz.wire_target import LIMIT, SEEDS, consume
 
-MEMORY_BOUND = 6 * LIMIT  # as tests/test_wire_fuzz.py
+MEMORY_BOUND = 6 * LIMIT  # as tests/unit/test_wire_fuzz.py
 
 
 def split(data: bytes) -> tuple[bytes, list[int]]:

@@ -1,4 +1,4 @@
-"""The fuzz target shared by tests/test_wire_fuzz.py (hypothesis, in CI) and
+"""The fuzz target shared by tests/unit/test_wire_fuzz.py (hypothesis, in CI) and
 tests/fuzz/atheris_wire.py (coverage-guided, long runs): bytes a client sends, through the
 framer and the command parsing the proxy and simcluster do next.
 

@@ -2,7 +2,7 @@
 the change events a real server emits for them, one JSON file per kind of entry.
 
 Run `PYTHONPATH=$PWD .venv/bin/python -m tests.conformance.oplog_entries.build` to rewrite the
-files; tests/test_oplog_corpus.py reads them (it never imports this module). Every value is
+files; tests/unit/test_oplog_corpus.py reads them (it never imports this module). Every value is
 written in canonical extended JSON (bson.json_util), so Int32, Int64, Double, UUID and dates keep
 their types.
 

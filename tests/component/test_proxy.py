@@ -1,0 +1,61 @@
+"""The proxy's scatter-gather send (wireproxy.session._send_pieces) over an in-process socket pair
+with small buffers and a slow reader: partial writes, and a closed peer."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import trio
+
+from mongoformats import wire
+from tests.unit.test_event_block import block_of_inserts
+from wireproxy.session import _send_pieces
+
+
+async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_and_a_closed_peer_breaks():
+    """Scatter-gather sends (a reply's pieces, unjoined) over a socket whose buffers are small and
+    whose reader is slow: every write is partial, often in the middle of a piece. A batch of
+    events (a deferred piece) is gathered into the connection's buffer a part at a time, here a
+    buffer smaller than one event, and one that holds a few."""
+    events = block_of_inserts([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
+    pieces = [
+        b"head",
+        b"",
+        events.array_body(0),
+        memoryview(bytes(range(256)) * 3000),
+        pa.py_buffer(b"x" * 1_000_001),
+        events.sliced(5, 300).array_body(12),
+        memoryview(np.arange(50_000, dtype=np.int64)),
+        b"tail",
+    ]
+    want = wire.joined(pieces)
+    assert want.count(bytes(events.array_body(0))) == 1
+    scratch = np.empty(300, np.uint8)
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sender, receiver = trio.SocketStream(a), trio.SocketStream(b)
+    got = bytearray()
+
+    async def read_slowly() -> None:
+        while len(got) < len(want):
+            got.extend(await receiver.receive_some(50_000))
+            await trio.sleep(0.001)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_slowly)
+        await _send_pieces(sender, pieces, lambda: scratch)
+    assert bytes(got) == want
+    got.clear()
+    scratch = np.empty(4000, np.uint8)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_slowly)
+        await _send_pieces(sender, pieces, lambda: scratch)
+    assert bytes(got) == want
+    await receiver.aclose()
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(100):
+            await _send_pieces(sender, pieces, lambda: scratch)
+    await sender.aclose()

@@ -1,0 +1,280 @@
+"""The batch splice gives, for every entry it takes, exactly the event `splice_crud` gives.
+
+`splice_crud` is pinned to the general transform by test_oplog_splice; these tests pin the numpy
+batch path to `splice_crud` byte for byte, on random batches, on broken bytes, and on the entries
+a real workload writes (retryable writes included).
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from typing import Any
+
+import bson
+from bson import Binary, Int64, ObjectId, Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import as_fields
+from buckets._columnar.oplog_batch import OplogBatch
+from mongoformats.oplog_splice import splice_crud
+from tests.unit.test_oplog_splice import crud_entries
+
+
+@st.composite
+def writes(draw: st.DrawFn) -> dict[str, Any]:
+    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a
+    collection with events or not (internal, a view's), and now and then an entry of another
+    shape."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(crud_entries())
+    _id = ObjectId(draw(st.binary(min_size=12, max_size=12)))
+    # Names alike in length and a UUID shared (a rename's before and after): kinds told apart by
+    # their bytes.
+    ns = draw(
+        st.sampled_from(
+            [
+                "db.c",
+                "db.c",
+                "db.d",
+                "other.long_collection_name",
+                "admin.x",
+                "db.system.views",
+                "db." + "n" * 100,
+            ]
+        )
+    )
+    ui = Binary(uuid.UUID(int=draw(st.one_of(st.just(7), st.integers(0, 2**128 - 1)))).bytes, 4)
+    value = st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20))
+    doc = draw(st.dictionaries(st.sampled_from("abc"), value, max_size=3))
+    entry: dict[str, Any] = {
+        "op": "i",
+        "ns": ns,
+        "ui": ui,
+        "o": {"_id": _id, **doc},
+        "o2": {"_id": _id},
+    }
+    op = draw(st.sampled_from("idu"))
+    if op == "d":
+        entry = {"op": "d", "ns": ns, "ui": ui, "o": {"_id": _id}}
+    elif (
+        op == "u"
+    ):  # the usual diffs (top-level sections), and now and then one splice_crud makes otherwise
+        entry = {
+            "op": "u",
+            "ns": ns,
+            "ui": ui,
+            "o": {"$v": 2, "diff": draw(update_diffs)},
+            "o2": {"_id": _id},
+        }
+    retryable = draw(st.booleans())
+    if retryable:
+        entry["stmtId"] = draw(st.integers(0, 5))
+    entry["ts"] = Timestamp(draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, 2**32 - 1)))
+    entry["t"], entry["v"] = Int64(1), Int64(2)
+    entry["wall"] = bson.datetime_ms.DatetimeMS(draw(st.integers(0, 2**41)))
+    if retryable:
+        session = {
+            "lsid": {"id": Binary(uuid.uuid4().bytes, 4), "uid": b"\x01" * 32},
+            "txnNumber": Int64(draw(st.integers(0, 9))),
+        }
+        entry = {**session, **entry, "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
+    return entry
+
+
+_fields = st.dictionaries(
+    st.sampled_from(["a", "b", "long_field_name"]),
+    st.one_of(
+        st.integers(-(2**63), 2**63 - 1),
+        st.text(max_size=20),
+        st.lists(st.integers(-9, 9), max_size=3),
+        st.dictionaries(st.just("x"), st.booleans()),
+    ),
+    min_size=1,
+    max_size=3,
+)
+update_diffs = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "d": st.dictionaries(st.sampled_from(["x", "y"]), st.just(False), min_size=1),
+            "u": _fields,
+            "i": _fields.map(lambda f: {k + "2": v for k, v in f.items()}),
+        },
+    ),
+    st.fixed_dictionaries({"u": _fields, "sa": st.fixed_dictionaries({"u": _fields})}),
+    # An array's diff: a `$push` (u<index>), an element's sub-diff (`items.0.qty`), a truncation.
+    st.fixed_dictionaries(
+        {
+            "i": _fields,
+            "sarr": st.fixed_dictionaries(
+                {"a": st.just(True)},
+                optional={
+                    "l": st.integers(0, 3),
+                    "u2": _fields,
+                    "s0": st.fixed_dictionaries({"u": _fields}),
+                },
+            ),
+        }
+    ),
+)
+
+_IDL_ORDER = [
+    "lsid",
+    "txnNumber",
+    "op",
+    "ns",
+    "ui",
+    "o",
+    "o2",
+    "stmtId",
+    "ts",
+    "t",
+    "v",
+    "wall",
+    "prevOpTime",
+]
+
+
+def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
+    """Each entry's event as the batch splice gives it (its block's events in their entries'
+    places), checked against splice_crud's; None where the batch leaves the entry to it."""
+    out, block, where = splice_block(OplogBatch.of(entries), expanded=expanded)
+    assert len(out) == len(entries) and all(out[i] is None for i in where)
+    batch = list(out)
+    if block is not None:  # (also after a trip between processes)
+        assert block.fields() == pickle.loads(pickle.dumps(block)).fields()
+        for i, fields in zip(where, block.fields(), strict=True):
+            batch[i] = fields
+    assert where.tolist() == [i for i, item in enumerate(batch) if item]
+    for raw, item in zip(entries, batch, strict=True):
+        if item is not None:
+            assert item == splice_crud(raw, expanded=expanded)
+    return batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(writes(), min_size=1, max_size=40), st.booleans())
+def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(
+    entries: list[dict[str, Any]], expanded: bool
+) -> None:
+    raws = [bson.encode(e) for e in entries]
+    batch = _same_as_one_by_one(raws, expanded)
+    for entry, item in zip(entries, batch, strict=True):
+        key = entry.get("o2") if entry["op"] in "iu" else entry["o"] if entry["op"] == "d" else None
+        plain = (
+            key is not None
+            and list(key) == ["_id"]
+            and isinstance(key["_id"], ObjectId)
+            and key["_id"] == entry["o"].get("_id", key["_id"])
+            and "ui" in entry
+            and "wall" in entry
+            and not entry["ns"].endswith(".views")
+            and not (entry["op"] == "u" and (expanded or "$v" not in entry["o"]))
+        )
+        if plain and list(entry) == sorted(
+            entry, key=_IDL_ORDER.index
+        ):  # as a server writes it: always taken
+            assert item is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(writes(), min_size=1, max_size=8), st.data())
+def test_broken_bytes_are_left_to_the_one_by_one_path(
+    entries: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """A byte changed, or an entry cut short, anywhere: what is taken is still exactly splice_crud's
+    event (a changed document byte is copied, as splice_crud copies it), and nothing raises: an
+    entry it cannot read is left to splice_crud, which says what is wrong with it."""
+    raws = [bytearray(bson.encode(e)) for e in entries]
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw = raws[data.draw(st.integers(0, len(raws) - 1))]
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(raws) - 1))
+        raws[i] = raws[i][: data.draw(st.integers(0, len(raws[i])))]
+    _same_as_one_by_one([bytes(r) for r in raws], data.draw(st.booleans()))
+
+
+def test_splice_entries_takes_a_batch_of_inserts_and_deletes_whole_and_anything_else_item_by_item() -> (
+    None
+):
+    def insert(i: int, ns: str = "db.c") -> bytes:
+        _id = ObjectId()
+        return bson.encode(
+            {
+                "op": "i",
+                "ns": ns,
+                "ui": Binary(b"u" * 16, 4),
+                "o": {"_id": _id, "i": i},
+                "o2": {"_id": _id},
+                "ts": Timestamp(9, i),
+                "t": Int64(1),
+                "v": Int64(2),
+                "wall": bson.datetime_ms.DatetimeMS(i),
+            }
+        )
+
+    batch = [insert(i) for i in range(BATCH_MIN)]
+    batch[7] = bson.encode(
+        {
+            k: v
+            for k, v in {**bson.decode(batch[7]), "op": "d", "o": {"_id": ObjectId()}}.items()
+            if k != "o2"
+        }
+    )
+    block = splice_entries(OplogBatch.of(batch), True, False)
+    assert isinstance(block, EventBlock) and block.fields() == [
+        splice_crud(raw, expanded=False) for raw in batch
+    ]
+    noop = bson.encode(
+        {"op": "n", "ns": "", "o": {"msg": "x"}, "ts": Timestamp(9, 999), "t": Int64(1)}
+    )
+    items = splice_entries(OplogBatch.of([*batch, noop]), True, False)
+    assert (
+        isinstance(items, list)
+        and items[1] == noop
+        and as_fields(items[:1]) == [splice_crud(r, expanded=False) for r in batch]
+    )
+    # Runs between other entries are blocks; short runs are tuples.
+    items = splice_entries(OplogBatch.of([*batch[:100], noop, *batch[100:]]), True, False)
+    assert [type(i) for i in items] == [EventBlock, bytes, *[tuple] * (BATCH_MIN - 100)]
+    assert as_fields(items[:1]) + items[2:] == [splice_crud(r, expanded=False) for r in batch]
+    items = splice_entries(OplogBatch.of([*batch, insert(0, "config.x")]), True, False)
+    assert isinstance(items, list) and items[-1] == ()
+    assert splice_entries(OplogBatch.of(batch), False, False) == batch
+    # Other entries first, last and between runs of every length: each entry's item in its place.
+    mixed = [
+        noop,
+        noop,
+        *batch[:40],
+        noop,
+        *batch[40:45],
+        insert(1, "config.x"),
+        noop,
+        *batch[45:],
+        noop,
+    ]
+    items = splice_entries(OplogBatch.of(mixed), True, False)
+    assert [type(i) for i in items] == [
+        bytes,
+        bytes,
+        EventBlock,
+        bytes,
+        *[tuple] * 5,
+        tuple,
+        bytes,
+        EventBlock,
+        bytes,
+    ]
+    assert items[9] == () and [len(i) for i in items if type(i) is EventBlock] == [
+        40,
+        BATCH_MIN - 45,
+    ]
+    assert as_fields(items) == [
+        r if (made := splice_crud(r, expanded=False)) is None else made for r in mixed
+    ]

@@ -1,0 +1,67 @@
+"""simcluster's parts that need no server: the oplog's stamp spliced as bytes, and chunk lookup by
+shard key (tests/integration/test_simcluster.py runs simcluster against pymongo)."""
+
+from __future__ import annotations
+
+import uuid
+
+import bson
+from bson import Int64, MaxKey, MinKey
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mongoformats.bson_order import sort_key
+from simcluster.chunks import Chunk, ShardedCollection
+
+
+def test_oplog_stamp_spliced_as_bytes_equals_encoding_the_stamped_entry():
+
+    from simcluster.oplog import ClusterClock, Oplog
+
+    oplog = Oplog(ClusterClock(), term=7)
+    fields = {
+        "op": "i",
+        "ns": "a.b",
+        "ui": bson.Binary(b"\x01" * 16, 4),
+        "o": {"_id": 1, "x": [1, 2]},
+        "o2": {"_id": 1},
+    }
+    ts, raw = oplog.append(fields)
+    wall = bson.decode(raw)["wall"]
+    assert raw == bson.encode({**fields, "ts": ts, "t": Int64(7), "v": Int64(2), "wall": wall})
+
+
+_KEY_VALUES = st.one_of(
+    st.integers(-50, 50),
+    st.floats(-50, 50, allow_nan=False),
+    st.text(max_size=3),
+    st.none(),
+    st.booleans(),
+)
+
+
+@given(
+    bounds=st.lists(_KEY_VALUES, max_size=12),
+    points=st.lists(_KEY_VALUES, max_size=12),
+    splits=st.lists(st.tuples(st.integers(0, 20), _KEY_VALUES), max_size=4),
+)
+def test_chunk_at_finds_the_chunk_whose_range_holds_the_point(bounds, points, splits):
+    """The binary search agrees with the definition (min <= point < max), over mixed BSON types,
+    before and after splits."""
+    cuts = sorted({sort_key(b): b for b in bounds}.items())
+    edges = [MinKey(), *(b for _, b in cuts), MaxKey()]
+    sc = ShardedCollection(
+        "d.c",
+        {"k": 1},
+        uuid.uuid4(),
+        chunks=[Chunk(edges[i], edges[i + 1], f"s{i % 3}") for i in range(len(edges) - 1)],
+    )
+    for index, point in splits:
+        chunk = sc.chunks[index % len(sc.chunks)]
+        inside = chunk.holds(point) and (
+            isinstance(chunk.min, MinKey) or sort_key(point) != sort_key(chunk.min)
+        )
+        if inside:  # a split cuts strictly inside a chunk
+            sc.split(chunk, point)
+    for point in [*points, *bounds, MinKey(), MaxKey()]:
+        assert sc.chunk_at(point) is next((c for c in sc.chunks if c.holds(point)), sc.chunks[-1])
