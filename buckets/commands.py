@@ -90,8 +90,9 @@ _OPEN_FIELDS = frozenset(
 
 
 def _mentions_full_document(stages: Any) -> bool:
-    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange),
-    or an expression reads the whole event ($$ROOT, $$CURRENT), which holds those fields."""
+    """True if a field path anywhere in `stages` starts with fullDocument (or
+    fullDocumentBeforeChange), or an expression reads the whole event ($$ROOT, $$CURRENT), which
+    holds those fields."""
     if isinstance(stages, Mapping):
         return any(
             str(k).startswith("fullDocument") or _mentions_full_document(v)
@@ -99,11 +100,15 @@ def _mentions_full_document(stages: Any) -> bool:
         )
     if isinstance(stages, list):
         return any(_mentions_full_document(v) for v in stages)
-    if not isinstance(stages, str):
-        return False
-    variable, _, path = stages.partition(".") if stages.startswith("$$") else ("", "", stages[1:])
+    return isinstance(stages, str) and _path_mentions_full_document(stages)
+
+
+def _path_mentions_full_document(text: str) -> bool:
+    """Whether a string of a pipeline is a field path into fullDocument (or
+    fullDocumentBeforeChange), or a variable that holds the whole event."""
+    variable, _, path = text.partition(".") if text.startswith("$$") else ("", "", text[1:])
     return (variable in VARIABLES and not path) or (
-        stages.startswith("$") and path.startswith("fullDocument")
+        text.startswith("$") and path.startswith("fullDocument")
     )
 
 
@@ -232,25 +237,33 @@ def _check_options(cmd: Mapping[str, Any]) -> None:
     int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
     int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
     int_option(cmd, "batchSize", 0, 1 << 30)
-    for field in ("fullDocument", "fullDocumentBeforeChange"):
-        if field in cmd and not isinstance(cmd[field], str):
-            raise wrong_type(f"parallelChangeStream.{field}", cmd[field], "string")
-    for flag in ("showExpandedEvents", "showSystemEvents"):
-        if flag in cmd and not isinstance(cmd[flag], bool):
-            raise wrong_type(f"parallelChangeStream.{flag}", cmd[flag], "bool")
-    if "bucketBy" in cmd:
-        if not isinstance(cmd["bucketBy"], str):
-            raise wrong_type("parallelChangeStream.bucketBy", cmd["bucketBy"], "string")
-        if cmd["bucketBy"] not in BUCKET_BY:
-            raise MongoError(
-                "BadValue",
-                f"'{shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
-                f"use one of {', '.join(BUCKET_BY)}",
-            )
-    if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
-        raise wrong_type(
-            "parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"], "timestamp"
+    _check_types(cmd, _OPTION_TYPES)
+    if "bucketBy" in cmd and cmd["bucketBy"] not in BUCKET_BY:
+        raise MongoError(
+            "BadValue",
+            f"'{shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
+            f"use one of {', '.join(BUCKET_BY)}",
         )
+    _check_types(cmd, _START_TYPE)
+
+
+# The typed options of a parallelChangeStream command: (field, Python type, BSON type name).
+_OPTION_TYPES = (
+    ("fullDocument", str, "string"),
+    ("fullDocumentBeforeChange", str, "string"),
+    ("showExpandedEvents", bool, "bool"),
+    ("showSystemEvents", bool, "bool"),
+    ("bucketBy", str, "string"),
+)
+_START_TYPE = (("startAtOperationTime", Timestamp, "timestamp"),)
+
+
+def _check_types(cmd: Mapping[str, Any], types: tuple[tuple[str, type, str], ...]) -> None:
+    """TypeMismatch (IDL's message) for the first of `types`' fields that `cmd` gives with
+    another type."""
+    for field, python_type, bson_type in types:
+        if field in cmd and not isinstance(cmd[field], python_type):
+            raise wrong_type(f"parallelChangeStream.{field}", cmd[field], bson_type)
 
 
 def _check_tokens(tokens: Any, field: str) -> None:

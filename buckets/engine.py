@@ -71,12 +71,14 @@ from buckets.reader_process import reader_pool
 from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
 from buckets.streams import frontier_status
-from mongoformats.change_events import ddl_note
+from mongoformats.change_events import EventFields, ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.idl import get_more_request, kill_cursors_ids
+from mongoformats.idl import GetMore, get_more_request, kill_cursors_ids
 from mongoformats.sessions import sessions_named
 
 log = logging.getLogger("buckets.engine")
+
+_KILL_REPLY_FIELDS = ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown")
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,25 @@ class Engine(StreamCommands, WatchCommands):
             return failed
         more = get_more_request(cmd)
         cid = more.cursor_id
-        cur = self._owned(session, cid, cmd)
+        cur = await self._check_out(session, db, cmd, more)
+        cur.busy = True  # a getMore waiting for events is a use: never timed out under it
+        try:
+            events, pbrt = await self._next_batch(cur, more)
+        except MongoError as exc:
+            self._drop_cursor(cid)
+            raise with_change_stream_label(exc) from None
+        finally:
+            cur.busy, cur.last_used = False, trio.current_time()
+        alive = not cur.exhausted
+        if not alive:
+            self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
+        return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+
+    async def _check_out(
+        self, session: ClientContext, db: str, cmd: dict[str, Any], more: GetMore
+    ) -> BucketCursor:
+        """The cursor a getMore names, if the client may use it now."""
+        cur = self._owned(session, more.cursor_id, cmd)
         if f"{db}.{more.collection}" != cur.ns:
             raise MongoError(
                 "Unauthorized",
@@ -221,29 +241,26 @@ class Engine(StreamCommands, WatchCommands):
             raise with_change_stream_label(fail)  # like the server's: the cursor survives it
         if cur.busy:  # mongos pins a cursor for one operation at a time
             raise MongoError(
-                "CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid})."
+                "CursorInUse",
+                f"Cursor already in use (namespace: '{cur.ns}', id: {more.cursor_id}).",
             )
-        cur.busy = True  # a getMore waiting for events is a use: never timed out under it
-        try:
-            if self._behind_its_bucket(cur):
-                await self._replay_dropped(cur)
-            cur.read = True
-            deadline = trio.current_time() + (more.max_time_ms or 0) / 1000
-            events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
-            if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
-                await self._replay_dropped(cur)
-                left = max(0, int((deadline - trio.current_time()) * 1000))
-                wait_ms = left if more.max_time_ms is not None else None
-                events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
-        except MongoError as exc:
-            self._drop_cursor(cid)
-            raise with_change_stream_label(exc) from None
-        finally:
-            cur.busy, cur.last_used = False, trio.current_time()
-        alive = not cur.exhausted
-        if not alive:
-            self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
-        return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+        return cur
+
+    async def _next_batch(
+        self, cur: BucketCursor, more: GetMore
+    ) -> tuple[list[EventFields], Mapping[str, Any]]:
+        """A getMore's batch, from a replay if the cursor's bucket no longer holds its events."""
+        if self._behind_its_bucket(cur):
+            await self._replay_dropped(cur)
+        cur.read = True
+        deadline = trio.current_time() + (more.max_time_ms or 0) / 1000
+        events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
+        if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
+            await self._replay_dropped(cur)
+            left = max(0, int((deadline - trio.current_time()) * 1000))
+            wait_ms = left if more.max_time_ms is not None else None
+            events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
+        return events, pbrt
 
     def _behind_its_bucket(self, cur: BucketCursor) -> bool:
         """A named stream's cursor whose next events its bucket does not hold: dropped before it
@@ -259,38 +276,32 @@ class Engine(StreamCommands, WatchCommands):
             return failed
         killed, others = [], []
         ids = kill_cursors_ids(cmd)
-        mine = [self.cursors[cid] for cid in ids if cid in self.cursors]
-        # Every id is checked before any is killed: one the caller may not kill fails the
-        # command, as the server checks authorization for all of them first.
-        user = self._user(session, "killCursors") if mine else ""
-        if any(cur.user != user for cur in mine) and not await self._holds(
-            session, "killAnyCursor"
-        ):
-            raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
+        await self._check_may_kill(session, ids)
         for cid in ids:
             if cid in self.cursors:
                 self._drop_cursor(cid)
                 killed.append(Int64(cid))
             else:
                 others.append(Int64(cid))
-        reply: dict[str, Any] = {
-            "cursorsKilled": killed,
-            "cursorsNotFound": [],
-            "cursorsAlive": [],
-            "cursorsUnknown": [],
-        }
+        reply: dict[str, Any] = {field: [] for field in _KILL_REPLY_FIELDS}
+        reply["cursorsKilled"] = killed
         if others:  # ids of mongos's cursors in the same command: mongos kills those
             theirs = await session.forward_command(db, {**cmd, "cursors": others})
             if not theirs.get("ok"):
                 return theirs
-            for field_name in (
-                "cursorsKilled",
-                "cursorsNotFound",
-                "cursorsAlive",
-                "cursorsUnknown",
-            ):
-                reply[field_name] += theirs.get(field_name, [])
+            for field in _KILL_REPLY_FIELDS:
+                reply[field] += theirs.get(field, [])
         return reply
+
+    async def _check_may_kill(self, session: ClientContext, ids: list[int]) -> None:
+        """Every id is checked before any is killed: one the caller may not kill fails the
+        command, as the server checks authorization for all of them first."""
+        mine = [self.cursors[cid] for cid in ids if cid in self.cursors]
+        user = self._user(session, "killCursors") if mine else ""
+        if any(cur.user != user for cur in mine) and not await self._holds(
+            session, "killAnyCursor"
+        ):
+            raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
 
     async def cmd_end_sessions(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
@@ -331,6 +342,24 @@ class Engine(StreamCommands, WatchCommands):
         owners.update(self.registry.private_owners())
         return owners
 
+    def _users_own(
+        self,
+        user: str,
+        name: str | None,
+        streams: list[ParallelStream],
+        cursors: list[BucketCursor],
+    ) -> tuple[list[ParallelStream], list[BucketCursor]]:
+        """The streams and cursors of `user`'s; Unauthorized if the stream `name` is not."""
+        owners = self._stream_owners()
+        if name is not None and owners.get(name) != user:
+            raise MongoError(
+                "Unauthorized", f"parallel change stream {name!r} was created by another user"
+            )
+        return (
+            [s for s in streams if owners.get(s.name) == user],
+            [cur for cur in cursors if cur.user == user],
+        )
+
     async def cmd_status(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any]:
@@ -348,13 +377,7 @@ class Engine(StreamCommands, WatchCommands):
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         cursors = list(self.cursors.values())
         if not await self._holds(session, "inprog"):
-            owners = self._stream_owners()
-            if name is not None and owners.get(name) != user:
-                raise MongoError(
-                    "Unauthorized", f"parallel change stream {name!r} was created by another user"
-                )
-            streams = [s for s in streams if owners.get(s.name) == user]
-            cursors = [cur for cur in cursors if cur.user == user]
+            streams, cursors = self._users_own(user, name, streams, cursors)
         out: dict[str, Any] = {
             "streams": [s.status() for s in streams],
             "cursors": len(cursors),

@@ -8,14 +8,12 @@ from typing import Any
 
 from bson import Int64, Timestamp
 
-from buckets.commands import (
-    check_stream_name,
-    read_open,
-)
+from buckets.commands import OpenRequest, check_stream_name, read_open
 from buckets.cursor import BucketCursor, start_point
 from buckets.engine_base import CURSOR_NS, EngineState
 from buckets.ports import ClientContext
 from buckets.reply import cursor_document
+from buckets.stream import ParallelStream
 from mongoformats.change_events import EventFields
 from mongoformats.errors import MongoError
 from mongoformats.idl import check_depth, check_lsid, wrong_type
@@ -23,15 +21,44 @@ from mongoformats.privileges import change_stream_resource
 from mongoformats.resume_token import high_water_mark, token_from_key
 
 
+def _admin_only(db: str, command: str) -> None:
+    if db != "admin":
+        raise MongoError("Unauthorized", f"{command} may only be run against the admin database.")
+
+
+def _start_tokens(cmd: dict[str, Any], n: int) -> list[Any]:
+    """Each bucket's resume token (None: none given), from one token, a list of one per bucket,
+    or startAtOperationTime."""
+    tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+    if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
+        # Joining an existing stream at a time: the same point as a token for that time.
+        tokens = high_water_mark(cmd["startAtOperationTime"])
+    return tokens if isinstance(tokens, list) else [tokens] * n
+
+
+def _resumes_in_gap(stream: ParallelStream, i: int, token: Any) -> bool:
+    """Whether bucket `i` resumes from `token` in the gap after it fell behind (its first
+    getMore then moves it to a replay); ChangeStreamHistoryLost if it no longer holds it."""
+    dealt = stream.buckets[i]
+    if token is None or dealt.position_after(key := start_point(token)[1]) is not None:
+        return False
+    # After the point a fallen-behind bucket is complete to: its first getMore moves it to a
+    # replay (buckets/catch_up.py). Below what it holds: lost.
+    if dealt.lag.behind and key >= dealt.floor:
+        return True
+    raise MongoError(
+        "ChangeStreamHistoryLost",
+        f"bucket {i} of stream {stream.name!r} no longer holds events after "
+        "that token; attach to the bucket alone to re-read them",
+    )
+
+
 class StreamCommands(EngineState):
     async def cmd_open(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any]:
         user = self._user(session, "parallelChangeStream")
-        if db != "admin":
-            raise MongoError(
-                "Unauthorized", "parallelChangeStream may only be run against the admin database."
-            )
+        _admin_only(db, "parallelChangeStream")
         # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
         if not await self._may_watch(session, change_stream_resource(None, None)):
             raise MongoError(
@@ -40,41 +67,26 @@ class StreamCommands(EngineState):
                 "it needs find and changeStream on every database ({db: '', collection: ''})",
             )
         request = read_open(cmd)
-        cmd, n, bucket, name, batch_size = (
-            request.cmd,
-            request.n,
-            request.bucket,
-            request.name,
-            request.batch_size,
-        )
-        if bucket is not None:
-            if name is None:
+        if request.bucket is not None:
+            if request.name is None:
                 raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
-            return await self._attach_bucket(user, name, bucket, n, cmd, batch_size)
-        if n is None:
+            return await self._attach_bucket(
+                user, request.name, request.bucket, request.n, request.cmd, request.batch_size
+            )
+        if request.n is None:
             raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
-        name = name or f"pcs-{uuid.uuid4().hex[:12]}"
+        return await self._open_named(user, request, request.n)
+
+    async def _open_named(self, user: str, request: OpenRequest, n: int) -> dict[str, Any]:
+        """A cursor on each of the `n` buckets of the stream `request` names (created if new)."""
+        cmd, batch_size = request.cmd, request.batch_size
+        name = request.name or f"pcs-{uuid.uuid4().hex[:12]}"
         stream, created = await self.stream_set.named(name, n, cmd, user)
-        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
-        if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
-            # Joining an existing stream at a time: the same point as a token for that time.
-            tokens = high_water_mark(cmd["startAtOperationTime"])
-        per_bucket = tokens if isinstance(tokens, list) else [tokens] * n
         cursors = []
+        tokens = _start_tokens(cmd, n)
         for i in range(n):
-            token = per_bucket[i]
-            dealt = stream.buckets[i]
-            in_gap = False
-            if token is not None and dealt.position_after(key := start_point(token)[1]) is None:
-                # After the point a fallen-behind bucket is complete to: its first getMore
-                # moves it to a replay (buckets/catch_up.py). Below what it holds: lost.
-                in_gap = dealt.lag.behind and key >= dealt.floor
-                if not in_gap:
-                    raise MongoError(
-                        "ChangeStreamHistoryLost",
-                        f"bucket {i} of stream {name!r} no longer holds events after "
-                        "that token; attach to the bucket alone to re-read them",
-                    )
+            token = tokens[i]
+            in_gap = _resumes_in_gap(stream, i, token)
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
             cur.lost = in_gap
             cursors.append(
@@ -99,11 +111,7 @@ class StreamCommands(EngineState):
         """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
         docstring): its creator's to drop, like every other use of a named stream."""
         user = self._user(session, "dropParallelChangeStream")
-        if db != "admin":
-            raise MongoError(
-                "Unauthorized",
-                "dropParallelChangeStream may only be run against the admin database.",
-            )
+        _admin_only(db, "dropParallelChangeStream")
         check_depth(cmd)
         check_lsid(cmd)
         name = cmd["dropParallelChangeStream"]

@@ -8,12 +8,11 @@ from typing import Any
 
 from bson import Int64
 
+from buckets.cursor import BucketCursor
 from buckets.engine_base import EngineState
 from buckets.ports import ClientContext, Decline
-from buckets.watch_command import (
-    plan_watch,
-    read_watch,
-)
+from buckets.stream import ParallelStream
+from buckets.watch_command import WatchPlan, WatchRequest, plan_watch, read_watch
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.resume_token import token_sort_key
 
@@ -56,14 +55,45 @@ class WatchCommands(EngineState):
 
         Only streams whose every event the engine reproduces exactly are accelerated: every
         fullDocument and fullDocumentBeforeChange mode, and the stages, operators and expressions
-        mongoformats.change_stages evaluates (buckets/commands.py reads and plans it). Anything
+        mongoformats.change_stages evaluates (buckets/watch_command.py reads and plans it). Anything
         else raises Decline, so the proxy forwards the aggregate to mongos unchanged:
         acceleration never changes what a consumer sees.
         """
+        request = await self._served_watch(session, db, cmd)
+        plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
+        if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
+            return failed
+        stream = await self._watch_stream(plan, cmd)
+        cur = self._new_cursor(
+            session.user or "",
+            stream,
+            0,
+            cmd,
+            plan.batch_size,
+            plan.open.get("resumeAfter"),
+            from_start=True,
+        )
+        _place_after_event(cur, plan)
+        cur.ns = plan.ns
+        self._private[cur.cursor_id] = stream
+        return {
+            "cursor": {
+                "firstBatch": [],
+                "postBatchResumeToken": cur.last_token,
+                "id": Int64(cur.cursor_id),
+                "ns": cur.ns,
+            }
+        }
+
+    async def _served_watch(
+        self, session: ClientContext, db: str, cmd: dict[str, Any]
+    ) -> WatchRequest:
+        """The watch() `cmd` on `db` read, if the engine serves it to this client; else Decline."""
         if self.requires_auth and not session.user:
             raise Decline()  # mongos answers an unauthenticated aggregate with its own error
         if await self.stream_set.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
-            raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
+            # Its streams carry v1 tokens (and older events): mongos's own, unchanged.
+            raise Decline()
         request = read_watch(db, cmd)
         if request.coll is not None and not await _is_collection_or_absent(
             session, db, request.coll
@@ -71,11 +101,12 @@ class WatchCommands(EngineState):
             raise Decline()  # mongos refuses a view (CommandNotSupportedOnView)
         if not await self._may_watch(session, request.resource):
             raise Decline()  # mongos answers Unauthorized, in its own words
-        plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
-        if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
-            return failed
+        return request
+
+    async def _watch_stream(self, plan: WatchPlan, cmd: dict[str, Any]) -> ParallelStream:
+        """The private one-bucket stream `plan` describes; Decline when memory is short."""
         try:
-            stream = await self.stream_set.create(
+            return await self.stream_set.create(
                 f"watch-{uuid.uuid4().hex[:8]}",
                 1,
                 plan.open,
@@ -92,26 +123,12 @@ class WatchCommands(EngineState):
                 )
                 raise Decline() from None
             raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(
-            session.user or "",
-            stream,
-            0,
-            cmd,
-            plan.batch_size,
-            plan.open.get("resumeAfter"),
-            from_start=True,
-        )
-        if plan.event_token is not None:
-            cur.last_key, cur.last_token = token_sort_key(plan.event_token), dict(plan.event_token)
-            cur.must_meet = plan.fragment[0] if plan.fragment is not None else cur.last_key
-            cur.fragments_sent = plan.fragment[1] + 1 if plan.fragment is not None else 0
-        cur.ns = plan.ns
-        self._private[cur.cursor_id] = stream
-        return {
-            "cursor": {
-                "firstBatch": [],
-                "postBatchResumeToken": cur.last_token,
-                "id": Int64(cur.cursor_id),
-                "ns": cur.ns,
-            }
-        }
+
+
+def _place_after_event(cur: BucketCursor, plan: WatchPlan) -> None:
+    """A watch() resumed after an event: its cursor returns nothing before meeting it again."""
+    if plan.event_token is None:
+        return
+    cur.last_key, cur.last_token = token_sort_key(plan.event_token), dict(plan.event_token)
+    cur.must_meet = plan.fragment[0] if plan.fragment is not None else cur.last_key
+    cur.fragments_sent = plan.fragment[1] + 1 if plan.fragment is not None else 0

@@ -226,20 +226,13 @@ class OplogTail:
     ) -> None:
         """Deliver what `splice_entries` made of `entries` oplog entries, less what a resumed
         stream delivered before (up to the skip key)."""
-        transformer = self.transformer
-        transform = transformer.transform_decoded
         skip = self.skip_key
         events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields) and blocks
         nbytes = 0
         listed: list[Any] = [items] if isinstance(items, EventBlock) else items
         for item in listed:
             if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
-                if (gap := transformer.missing_chain(item)) is not None:
-                    transformer.adopt_chain(await self._chain_through(conn, gap))
-                for ev in transform(item):
-                    if ev.sort_key > skip:
-                        events.append(tuple(ev))
-                        nbytes += len(ev.raw)
+                nbytes += await self._transform(item, conn, events)
             elif type(item) is EventBlock:  # a backlog's batch, or a run of its events, as columns
                 if item.first_key <= skip:
                     item = item.sliced(item.bisect_right(skip))
@@ -253,6 +246,20 @@ class OplogTail:
                 nbytes += len(item[5])
         await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
+
+    async def _transform(self, entry: bytes, conn: Connection, events: list[Any]) -> int:
+        """The events of an oplog entry the splice left whole, appended to `events` as plain
+        tuples (after the skip key); their bytes. A transaction's chain that began before the
+        stream is read back first."""
+        transformer = self.transformer
+        if (gap := transformer.missing_chain(entry)) is not None:
+            transformer.adopt_chain(await self._chain_through(conn, gap))
+        nbytes = 0
+        for ev in transformer.transform_decoded(entry):
+            if ev.sort_key > self.skip_key:
+                events.append(tuple(ev))
+                nbytes += len(ev.raw)
+        return nbytes
 
     async def _chain_through(self, conn: Connection, ts: Timestamp) -> list[bytes]:
         """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,

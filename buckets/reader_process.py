@@ -241,25 +241,20 @@ class ReaderHost:
                 # once every reference is gone, and the process sends no more until they do.
                 del message, events
             elif kind == "want":
-                _, _, n, returned = message
-                if returned:  # the grant it had left, given back (too small for its batch)
-                    reader.granted -= returned
-                    reader.budget.release(returned)
-                self._wants[key] = n
-                if (wanted := self._wanted.get(key)) is not None:
-                    wanted.set()
-            elif kind == "parked":
-                await reader.parked(message[2])
-            elif kind == "idle":
-                await reader.idle()
-            elif kind == "checked":
-                await reader.checked()
-            elif kind == "connected":
-                await reader.connected(message[2], message[3])
-            elif kind == "lost":
-                await reader.lost(message[2], message[3])
+                self._want(key, reader, message[2], message[3])
             elif kind == "failed":
                 self._fail(key, MongoError(message[2], message[3]))
+            else:
+                await _report(reader, kind, message)
+
+    def _want(self, key: int, reader: ShardReader, n: int, returned: int) -> None:
+        """A tail asks for `n` bytes of credit, giving back `returned`."""
+        if returned:  # the grant it had left, given back (too small for its batch)
+            reader.granted -= returned
+            reader.budget.release(returned)
+        self._wants[key] = n
+        if (wanted := self._wanted.get(key)) is not None:
+            wanted.set()
 
     def _fail(self, key: int, exc: Exception) -> None:
         if self._readers.pop(key, None) is not None:
@@ -270,6 +265,20 @@ class ReaderHost:
     def _note_idle(self) -> None:
         if not self._readers and self.idle_since is None:
             self.idle_since = trio.current_time()
+
+
+async def _report(reader: ShardReader, kind: str, message: tuple[Any, ...]) -> None:
+    """A tail's report in a reader process, made to its ShardReader in this one."""
+    if kind == "parked":
+        await reader.parked(message[2])
+    elif kind == "idle":
+        await reader.idle()
+    elif kind == "checked":
+        await reader.checked()
+    elif kind == "connected":
+        await reader.connected(message[2], message[3])
+    elif kind == "lost":
+        await reader.lost(message[2], message[3])
 
 
 class ReaderPool:

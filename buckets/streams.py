@@ -173,19 +173,9 @@ class StreamSet:
             await pending.wait()
         stream = self.streams.get(name)
         if stream is not None:
-            self.check_owner(
-                name, user
-            )  # before anything of hers is touched (a reopen kills her cursors)
-        by = cmd.get("bucketBy")
-        if stream is not None and (
-            (n is not None and n != stream.options.n_buckets)
-            or (by is not None and by != stream.options.bucket_by)
-        ):
-            n = (
-                n or stream.options.n_buckets
-            )  # an attach with only another bucketBy keeps the count
-            self._close_to_rebucket(stream, n, by or stream.options.bucket_by)
-            stream = None
+            # Before anything of hers is touched (a reopen kills her cursors).
+            self.check_owner(name, user)
+            stream = self._unless_rebucketed(stream, n, cmd.get("bucketBy"))
         if stream is not None:
             return stream, False
         if n is None:
@@ -202,6 +192,17 @@ class StreamSet:
         finally:
             del self.creating[name]
             done.set()
+
+    def _unless_rebucketed(
+        self, stream: ParallelStream, n: int | None, by: str | None
+    ) -> ParallelStream | None:
+        """`stream`, or None once it is closed to be reopened with another nBuckets or bucketBy."""
+        options = stream.options
+        if (n is None or n == options.n_buckets) and (by is None or by == options.bucket_by):
+            return stream
+        n = n or options.n_buckets  # an attach with only another bucketBy keeps the count
+        self._close_to_rebucket(stream, n, by or options.bucket_by)
+        return None
 
     def _close_to_rebucket(self, stream: ParallelStream, n: int, by: str) -> None:
         """Close `stream` so that its name can be opened again with `n` buckets dealt `by`.
@@ -250,24 +251,11 @@ class StreamSet:
         keep_version: tuple[Timestamp, int] | None = None,
     ) -> ParallelStream:
         topology = await self.topology()
-        now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if keep_version is None and isinstance(tokens, Mapping):
             data = decode_token(tokens)
             keep_version = (data.cluster_time, data.version)
-        if isinstance(tokens, list):
-            floors = [token_sort_key(t) for t in tokens]
-            start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
-        elif tokens is not None:
-            start, key = start_point(tokens)
-            floors = [key] * n
-        else:
-            # Like the server, a stream with no start point sees what happens after now: the
-            # newest write (at `now` itself) was before it opened.
-            start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
-            if not isinstance(start, Timestamp):
-                raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
-            floors = [token_sort_key(high_water_mark(start))] * n
+        start, floors = _start_and_floors(cmd, n, topology.as_of)
         match, split = open_match(cmd)
         options = StreamOptions(
             n_buckets=n,
@@ -372,6 +360,26 @@ class StreamSet:
             },
             keep={i},
         )
+
+
+def _start_and_floors(cmd: dict[str, Any], n: int, now: Timestamp) -> tuple[Timestamp, list[bytes]]:
+    """Where a new stream starts reading, and each bucket's floor (the key below its first
+    event), from the open command's resume tokens or startAtOperationTime; `now` is the cluster
+    time of the newest write."""
+    tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+    if isinstance(tokens, list):
+        floors = [token_sort_key(t) for t in tokens]
+        start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
+        return start, floors
+    if tokens is not None:
+        start, key = start_point(tokens)
+        return start, [key] * n
+    # Like the server, a stream with no start point sees what happens after now: the newest
+    # write (at `now` itself) was before it opened.
+    start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
+    if not isinstance(start, Timestamp):
+        raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
+    return start, [token_sort_key(high_water_mark(start))] * n
 
 
 def frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, Any]:

@@ -150,10 +150,7 @@ class WatchRequest:
 def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
     """A watch()'s aggregate `cmd` on `db`, checked as mongos checks what the engine reads;
     Decline for what the engine leaves to mongos."""
-    if (
-        set(cmd) - _WATCH_FIELDS - {"collation"}
-        or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION
-    ):
+    if not _plain_fields(cmd):
         raise Decline()
     check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
     pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
@@ -169,11 +166,23 @@ def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
     if not _served(spec, stages):
         raise Decline()
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
+    _check_namespace(spec, db, coll)
+    return WatchRequest(db, coll, spec, stages, split, spec.get("fullDocumentBeforeChange", "off"))
+
+
+def _plain_fields(cmd: Mapping[str, Any]) -> bool:
+    """Whether the aggregate gives only fields that leave its events as they are."""
+    return not set(cmd) - _WATCH_FIELDS - {"collation"} and (
+        cmd.get("collation", _SIMPLE_COLLATION) == _SIMPLE_COLLATION
+    )
+
+
+def _check_namespace(spec: Mapping[str, Any], db: str, coll: str | None) -> None:
+    """Decline a stream on a namespace mongos answers with an error of its own."""
     if bool(spec.get("allChangesForCluster")) != (db == "admin" and coll is None):
         raise Decline()  # mongos answers the exact error for a misplaced stream
     if db in ("local", "config") or (coll is not None and coll.startswith("system.")):
         raise Decline()  # mongos refuses an internal namespace (InvalidNamespace)
-    return WatchRequest(db, coll, spec, stages, split, spec.get("fullDocumentBeforeChange", "off"))
 
 
 def _served(spec: Any, stages: list[dict[str, Any]]) -> bool:
@@ -222,14 +231,8 @@ def plan_watch(request: WatchRequest, cmd: dict[str, Any], *, shard_buffer_bytes
     }
     event = resumed if resumed is not None and resumed.token_type == EVENT_TOKEN else None
     sub.update(_start(spec, token, event))
-    # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
-    # lookup the stages may test, means the whole pipeline runs on each returned event.
     stages = request.stages
-    plain_match = (
-        all(set(st) == {"$match"} for st in stages)
-        and full_document == "default"
-        and before_change == "off"
-    )
+    plain_match = _filters_as_dealt(stages, full_document, before_change)
     sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
     return WatchPlan(
         open=sub,
@@ -240,6 +243,17 @@ def plan_watch(request: WatchRequest, cmd: dict[str, Any], *, shard_buffer_bytes
         fragment=fragment_of(event) if event is not None else None,
         ns=request.ns,
         batch_size=cmd.get("cursor", {}).get("batchSize"),
+    )
+
+
+def _filters_as_dealt(stages: list[dict[str, Any]], full_document: str, before_change: str) -> bool:
+    """Whether the stages are $match stages alone that filter events as they are dealt
+    (cheapest); any other stage, or a lookup the stages may test, means the whole pipeline runs
+    on each returned event."""
+    return (
+        all(set(st) == {"$match"} for st in stages)
+        and full_document == "default"
+        and before_change == "off"
     )
 
 
