@@ -4,11 +4,13 @@ Commands (admin database):
   {parallelChangeStream: 1, nBuckets: N, name?, startAtOperationTime? | resumeAfter? | startAfter?,
    showExpandedEvents?, pipeline?: [{$match: ...}], batchSize?, maxAwaitTimeMS?, shardBufferBytes?,
    bucketBufferBytes?, readerProcesses?, bucketBy?: "namespace" | "documentKey"}
-      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets, bucketBy}
-      Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
-      one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket count
-      changes from a common token: a list of tokens all alike, whatever its length, is that one
-      token, and a name open with another nBuckets and no cursors is reopened with the new count.
+      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets,
+          bucketBy}
+      Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may
+      be one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket
+      count changes from a common token: a list of tokens all alike, whatever its length, is that
+      one token, and a name open with another nBuckets and no cursors is reopened with the new
+      count.
       bucketBy (buckets/bucketing.py has the contract) deals events by namespace (the default) or
       by document: one collection spreads over every bucket, each document's events stay in one
       bucket in order, events without a documentKey (DDL) go to every bucket with the same token,
@@ -174,7 +176,8 @@ class Engine(StreamCommands, WatchCommands):
     # -- commands ----------------------------------------------------------------------------------
 
     async def cmd_ddl(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
+        """A DDL command on its way to mongos: recorded as notes when the upstream cannot show
+        it."""
         name = next(iter(cmd))
         if not await self.stream_set.lacks_expanded_events() or not isinstance(cmd[name], str):
             raise Decline()

@@ -51,7 +51,8 @@ class EngineState:
         self.watches = {"accelerated": 0, "passedThrough": 0}
 
     def _user(self, session: ClientContext, command: str) -> str:
-        """The user `session` logged in as; Unauthorized (13) when the upstream needs one and there is none."""
+        """The user `session` logged in as; Unauthorized (13) when the upstream needs one and
+        there is none."""
         user = session.user or ""
         if self.requires_auth and not user:
             raise MongoError("Unauthorized", f"Command {command} requires authentication")

@@ -95,7 +95,8 @@ class MergedQueue:
         self._runs[shard] = _Run(mark)
 
     def extend(self, shard: str, events: list[Any]) -> None:
-        """Queue a batch of `shard`'s events (EventFields or EventBlocks), in token order and above its mark."""
+        """Queue a batch of `shard`'s events (EventFields or EventBlocks), in token order and
+        above its mark."""
         if not events:
             return
         run = self._runs[shard]

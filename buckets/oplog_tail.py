@@ -163,7 +163,8 @@ class OplogTail:
                 await conn.aclose()
 
     async def _tail(self, conn: Connection, out: TailOutput) -> None:
-        # Replies stay raw bytes: entries are found where they lie in the reply and spliced into events.
+        # Replies stay raw bytes: entries are found where they lie in the reply and spliced into
+        # events.
         op = "$gte" if self.inclusive else "$gt"
         data, at = await conn.command_in_place(
             "local",

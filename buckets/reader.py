@@ -135,7 +135,8 @@ class ShardReader:
         # the next reply after a note was written holds it, unless it was on its way already.
         self._note_sent: float | None = None
         self._read_on = trio.Event()
-        # A reader process's batches that arrived and are not yet in the merge's channel (see arrived).
+        # A reader process's batches that arrived and are not yet in the merge's channel (see
+        # arrived).
         self._arrived: ShardBatch | None = None
         self._arrival = trio.Event()
 
@@ -281,7 +282,7 @@ class ShardReader:
             time.time(),
         )
 
-    # -- notes ---------------------------------------------------------------------------------------
+    # -- notes -------------------------------------------------------------------------------------
 
     def nudge(self) -> None:
         """The merge holds events back on this shard's mark (a no-I/O call, for the pump)."""

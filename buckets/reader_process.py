@@ -1,4 +1,5 @@
-"""Reader processes (readerProcesses): shards' oplogs read and transformed outside the proxy process.
+"""Reader processes (readerProcesses): shards' oplogs read and transformed outside the proxy
+process.
 
 One Python process is one core. With `readerProcesses: k`, a stream deals its shards over k
 reader processes; each process runs the shards' OplogTails (connections, getMores, splicing,
@@ -13,8 +14,9 @@ that asks gets a new one in its place. One that reads nothing for the engine's s
 time is stopped.
 
 Transport: the proxy process listens on a Unix socket in a private directory; each reader
-process, started by trio_parallel (which kills it when the pool closes or retires it), connects to it. Both
-directions carry length-prefixed messages (see `encode_message`); `key` names one tail (one shard of one stream):
+process (buckets/reader_worker.py), started by trio_parallel (which kills it when the pool closes
+or retires it), connects to it. Both directions carry length-prefixed messages
+(buckets/reader_channel.py); `key` names one tail (one shard of one stream):
 
     proxy -> reader:  ("add", key, OplogTail)    ("remove", key)
                       ("grant", {key: bytes the tail may send})
@@ -362,8 +364,8 @@ class ReaderPool:
             if not host.started:
                 raise  # the stream that asked for it fails to open
             log.warning(
-                "reader process %d ended (%s); streams reading through it fail and resume from their "
-                "tokens",
+                "reader process %d ended (%s); streams reading through it fail and resume from "
+                "their tokens",
                 host.index,
                 group.exceptions[0],
             )
@@ -383,6 +385,3 @@ async def reader_pool(
         nursery.start_soon(pool.retire_idle)
         yield pool
         nursery.cancel_scope.cancel()
-
-
-# -- the reader process's side -----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The reader process's side: tails run, their reports sent back to the proxy (see buckets/reader_process.py)."""
+"""The reader process's side: tails run, their reports sent back to the proxy (see
+buckets/reader_process.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ log = logging.getLogger("buckets.reader_process")
 
 
 def serve_readers(path: str) -> None:
-    """Entry point of a reader process (run by trio_parallel): connect back, run tails until closed."""
+    """Entry point of a reader process (run by trio_parallel): connect back, run tails until
+    closed."""
     keep_large_allocations()
     # The splice's compiled loops, loaded (compiled on a cold cache) before connecting back:
     # loaded on the first batches instead, they hold a new stream's first events back (the p99

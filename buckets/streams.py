@@ -212,12 +212,13 @@ class StreamSet:
 
         Why: a Spark query restarted with another nBuckets (more tasks) reopens its stream under
         the same name from its checkpoint. Bucket tokens are per bucket count, so the old stream's
-        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by closing
-        it, and the new stream re-reads from the given start. A stream whose cursors are in use is
-        still someone's: refused (ConflictingOperationInProgress, which the caller may retry), so
-        one job never pulls the buckets from under another. Cursors no getMore has used for
-        CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never kills its
-        cursor, and the cursor timeout is 10 minutes or more): they are killed with the stream.
+        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by
+        closing it, and the new stream re-reads from the given start. A stream whose cursors are
+        in use is still someone's: refused (ConflictingOperationInProgress, which the caller may
+        retry), so one job never pulls the buckets from under another. Cursors no getMore has
+        used for CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never
+        kills its cursor, and the cursor timeout is 10 minutes or more): they are killed with the
+        stream.
         """
         now = trio.current_time()
         cursors = [cur for b in stream.buckets.values() for cur in b.cursors]
