@@ -208,12 +208,7 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     a malformed command fails, never the stream later. The command, null options left out (the
     server's parsers take a null optional field as absent)."""
     check_depth(cmd)
-    for key in cmd:
-        if key not in _OPEN_FIELDS:
-            raise MongoError(
-                "IDLUnknownField",
-                f"BSON field 'parallelChangeStream.{shown(key)}' is an unknown field.",
-            )
+    _check_known_fields(cmd)
     first = next(iter(cmd))
     cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
     check_lsid(cmd)
@@ -228,6 +223,15 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
         if field in cmd:
             _check_tokens(cmd[field], field)
     return cmd
+
+
+def _check_known_fields(cmd: Mapping[str, Any]) -> None:
+    for key in cmd:
+        if key not in _OPEN_FIELDS:
+            raise MongoError(
+                "IDLUnknownField",
+                f"BSON field 'parallelChangeStream.{shown(key)}' is an unknown field.",
+            )
 
 
 def _check_options(cmd: Mapping[str, Any]) -> None:
@@ -341,25 +345,29 @@ def read_open(cmd: dict[str, Any]) -> OpenRequest:
     return OpenRequest(cmd, n, bucket, cmd.get("name"), int_option(cmd, "batchSize", 0, 1 << 30))
 
 
+def _match_query(stage: dict[str, Any]) -> Any:
+    """The query of a $match stage the engine's query language evaluates; BadValue for any
+    other stage or query."""
+    if set(stage) != {"$match"}:
+        raise MongoError(
+            "BadValue",
+            "parallelChangeStream pipelines may only contain $match stages "
+            f"(and a final {SPLIT_STAGE})",
+        )
+    if (unsupported := unsupported_in_query(stage["$match"])) is not None:
+        raise MongoError(
+            "BadValue", f"parallelChangeStream's $match does not support {shown(unsupported)}"
+        )
+    return stage["$match"]
+
+
 def open_match(cmd: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
     """The $match a parallelChangeStream's pipeline applies as events are dealt (None: none), and
     whether it ends with the split stage. Only $match stages, of what the engine's query language
     evaluates, and none that tests the fields lookups add (it runs before them)."""
     checked = check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
     pipeline, split = without_split_stage(checked)
-    queries = []
-    for stage in pipeline:
-        if set(stage) != {"$match"}:
-            raise MongoError(
-                "BadValue",
-                "parallelChangeStream pipelines may only contain $match stages "
-                f"(and a final {SPLIT_STAGE})",
-            )
-        if (unsupported := unsupported_in_query(stage["$match"])) is not None:
-            raise MongoError(
-                "BadValue", f"parallelChangeStream's $match does not support {shown(unsupported)}"
-            )
-        queries.append(stage["$match"])
+    queries = [_match_query(stage) for stage in pipeline]
     # One flat $and: its depth does not grow with the number of stages.
     match = None if not queries else queries[0] if len(queries) == 1 else {"$and": queries}
     if (
@@ -373,3 +381,14 @@ def open_match(cmd: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
             "pipeline's $match may not test those fields (it runs before the lookups)",
         )
     return match, split
+
+
+def read_drop(cmd: dict[str, Any]) -> str:
+    """The name a dropParallelChangeStream command names, checked."""
+    check_depth(cmd)
+    check_lsid(cmd)
+    name = cmd["dropParallelChangeStream"]
+    if not isinstance(name, str):
+        raise wrong_type("dropParallelChangeStream", name, "string")
+    check_stream_name(name, "dropParallelChangeStream")
+    return name

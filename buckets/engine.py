@@ -64,7 +64,7 @@ from buckets.commands import (
 )
 from buckets.config import EngineConfig as EngineConfig  # wireproxy imports it from here
 from buckets.cursor import BucketCursor
-from buckets.ddl_notes import DDL_COMMANDS, plan_notes, target_namespace
+from buckets.ddl_notes import DDL_COMMANDS, Note, plan_notes, target_namespace
 from buckets.engine_base import CURSOR_NS as CURSOR_NS
 from buckets.engine_open import StreamCommands
 from buckets.engine_watch import WatchCommands
@@ -94,6 +94,13 @@ class EngineCommands:
     get_more: Handler
     kill_cursors: Handler
     cursors: Container[int]  # the ids of the engine's cursors, live: a cursor is listed while open
+
+
+async def _index_specs(session: ClientContext, ns: str) -> dict[str, Any]:
+    """The indexes of `ns` by name, as the client's listIndexes returns them."""
+    target_db, _, coll = ns.partition(".")
+    listed = await session.forward_command(target_db, {"listIndexes": coll})
+    return {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
 
 
 class Engine(StreamCommands, WatchCommands):
@@ -186,26 +193,28 @@ class Engine(StreamCommands, WatchCommands):
         before = await self.stream_set.holders(shards, ns)
         specs = None
         if name == "dropIndexes" and before:
-            target_db, _, coll = ns.partition(".")
-            listed = await session.forward_command(target_db, {"listIndexes": coll})
-            specs = {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
+            specs = await _index_specs(session, ns)
         reply = await session.forward_command(db, cmd)
         if reply.get("ok"):
             after = await self.stream_set.holders(shards, ns)
             for note in plan_notes(cmd, ns, before, after, specs):
-                data = ddl_note(
-                    note.op_type,
-                    note.ns,
-                    ui=note.ui,
-                    operation_description=note.operation_description,
-                    state_before_change=note.state_before_change,
-                )
-                await self.stream_set.on_each_shard(
-                    {s: shards[s] for s in note.shards},
-                    "admin",
-                    {"appendOplogNote": 1, "data": data},
-                )
+                await self._write_note(note, shards)
         return reply
+
+    async def _write_note(self, note: Note, shards: Mapping[str, list[tuple[str, int]]]) -> None:
+        """`note` appended to the oplog of each shard it names."""
+        data = ddl_note(
+            note.op_type,
+            note.ns,
+            ui=note.ui,
+            operation_description=note.operation_description,
+            state_before_change=note.state_before_change,
+        )
+        await self.stream_set.on_each_shard(
+            {s: shards[s] for s in note.shards},
+            "admin",
+            {"appendOplogNote": 1, "data": data},
+        )
 
     async def cmd_get_more(
         self, session: ClientContext, db: str, cmd: dict[str, Any]

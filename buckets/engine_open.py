@@ -8,7 +8,7 @@ from typing import Any
 
 from bson import Int64, Timestamp
 
-from buckets.commands import OpenRequest, check_stream_name, read_open
+from buckets.commands import OpenRequest, read_drop, read_open
 from buckets.cursor import BucketCursor, start_point
 from buckets.engine_base import CURSOR_NS, EngineState
 from buckets.ports import ClientContext
@@ -16,7 +16,6 @@ from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
 from mongoformats.change_events import EventFields
 from mongoformats.errors import MongoError
-from mongoformats.idl import check_depth, check_lsid, wrong_type
 from mongoformats.privileges import change_stream_resource
 from mongoformats.resume_token import high_water_mark, token_from_key
 
@@ -112,12 +111,7 @@ class StreamCommands(EngineState):
         docstring): its creator's to drop, like every other use of a named stream."""
         user = self._user(session, "dropParallelChangeStream")
         _admin_only(db, "dropParallelChangeStream")
-        check_depth(cmd)
-        check_lsid(cmd)
-        name = cmd["dropParallelChangeStream"]
-        if not isinstance(name, str):
-            raise wrong_type("dropParallelChangeStream", name, "string")
-        check_stream_name(name, "dropParallelChangeStream")
+        name = read_drop(cmd)
         while (pending := self.stream_set.creating.get(name)) is not None:
             await pending.wait()  # being created: dropped once it is (or found missing)
         stream = self.streams.get(name)

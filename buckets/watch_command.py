@@ -80,26 +80,34 @@ def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
         or not isinstance(spec, dict)
     ):
         return False
-    batch_size = cursor.get("batchSize")
-    if batch_size is not None and (
-        type(batch_size) not in (int, Int64) or not 0 <= batch_size <= 1 << 30
-    ):
+    if not _batch_size_ok(cursor.get("batchSize")) or not _lsid_ok(cmd):
         return False
+    return all(isinstance(spec[k], t) for k, t in _SPEC_TYPES.items() if spec.get(k) is not None)
+
+
+# The types of the $changeStream options the engine reads.
+_SPEC_TYPES = {
+    "resumeAfter": dict,
+    "startAfter": dict,
+    "startAtOperationTime": Timestamp,
+    "showExpandedEvents": bool,
+    "showSystemEvents": bool,
+    "allChangesForCluster": bool,
+    "fullDocument": str,
+    "fullDocumentBeforeChange": str,
+}
+
+
+def _batch_size_ok(batch_size: Any) -> bool:
+    return batch_size is None or (type(batch_size) in (int, Int64) and 0 <= batch_size <= 1 << 30)
+
+
+def _lsid_ok(cmd: Mapping[str, Any]) -> bool:
     try:
         check_lsid(cmd)
     except MongoError:
         return False
-    types = {
-        "resumeAfter": dict,
-        "startAfter": dict,
-        "startAtOperationTime": Timestamp,
-        "showExpandedEvents": bool,
-        "showSystemEvents": bool,
-        "allChangesForCluster": bool,
-        "fullDocument": str,
-        "fullDocumentBeforeChange": str,
-    }
-    return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
+    return True
 
 
 def _check_read_concern(read_concern: Any) -> None:
