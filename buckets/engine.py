@@ -64,18 +64,20 @@ from buckets.commands import (
 )
 from buckets.config import EngineConfig as EngineConfig  # wireproxy imports it from here
 from buckets.cursor import BucketCursor
+from buckets.cursors import CursorRegistry
 from buckets.ddl_notes import DDL_COMMANDS, Note, plan_notes, target_namespace
 from buckets.engine_base import CURSOR_NS as CURSOR_NS
+from buckets.engine_base import Access
 from buckets.engine_open import StreamCommands
 from buckets.engine_watch import WatchCommands
-from buckets.ports import ClientContext, Decline, Handler
+from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import reader_pool
 from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
-from buckets.streams import frontier_status
+from buckets.streams import StreamSet, frontier_status
 from mongoformats.change_events import EventFields, ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.idl import GetMore, get_more_request, kill_cursors_ids
+from mongoformats.idl import GetMore, check_lsid, get_more_request, kill_cursors_ids
 from mongoformats.sessions import sessions_named
 
 log = logging.getLogger("buckets.engine")
@@ -103,13 +105,41 @@ async def _index_specs(session: ClientContext, ns: str) -> dict[str, Any]:
     return {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
 
 
-class Engine(StreamCommands, WatchCommands):
+class Engine:
+    """The engine as the proxy sees it: a facade over the cursor registry, the streams (and the
+    memory pool and reader processes they share), and the commands served on them."""
+
+    def __init__(
+        self,
+        connect_upstream: ConnectUpstream,
+        config: EngineConfig | None = None,
+        *,
+        connect_member: Connector,
+        requires_auth: bool = False,
+    ) -> None:
+        self.connect_upstream = connect_upstream
+        # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
+        self.connect_member = connect_member
+        self.config = config or EngineConfig()
+        self.access = Access(requires_auth)
+        self.registry = CursorRegistry(
+            self.config.cursor_timeout_s, self.config.session_cursor_timeout_s
+        )
+        self.cursors = self.registry.cursors
+        self.stream_set = StreamSet(connect_upstream, connect_member, self.config, self.registry)
+        self.streams = self.stream_set.streams
+        self.memory, self.memory_limit = self.stream_set.memory, self.stream_set.memory_limit
+        self.opens = StreamCommands(self.access, self.registry, self.stream_set)
+        self.watch = WatchCommands(self.access, self.registry, self.stream_set, self.config)
+        # watch() aggregates served by the engine / forwarded to the upstream (status, /metrics)
+        self.watches = self.watch.watches
+
     def commands(self) -> EngineCommands:
         """The commands the engine serves, for the proxy to route to it."""
         named: dict[str, Handler] = {
-            "parallelChangeStream": self.cmd_open,
+            "parallelChangeStream": self.opens.cmd_open,
             "parallelChangeStreamStatus": self.cmd_status,
-            "dropParallelChangeStream": self.cmd_drop,
+            "dropParallelChangeStream": self.opens.cmd_drop,
             "endSessions": self.cmd_end_sessions,
             **dict.fromkeys(DDL_COMMANDS, self.cmd_ddl),
             **dict.fromkeys(
@@ -119,7 +149,7 @@ class Engine(StreamCommands, WatchCommands):
         }
         return EngineCommands(
             named=named,
-            change_stream=self.cmd_change_stream,
+            change_stream=self.watch.cmd_change_stream,
             get_more=self.cmd_get_more,
             kill_cursors=self.cmd_kill_cursors,
             cursors=self.cursors.keys(),
@@ -229,14 +259,20 @@ class Engine(StreamCommands, WatchCommands):
         try:
             events, pbrt = await self._next_batch(cur, more)
         except MongoError as exc:
-            self._drop_cursor(cid)
+            self.registry.drop(cid)
             raise with_change_stream_label(exc) from None
         finally:
             cur.busy, cur.last_used = False, trio.current_time()
         alive = not cur.exhausted
         if not alive:
-            self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
+            self.registry.drop(cid)  # after an invalidate, as on the server: the cursor is closed
         return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+
+    def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
+        check_lsid(cmd)
+        return self.registry.owned(
+            cid, lambda: self.access.user(session, next(iter(cmd))), cmd.get("lsid")
+        )
 
     async def _check_out(
         self, session: ClientContext, db: str, cmd: dict[str, Any], more: GetMore
@@ -263,12 +299,12 @@ class Engine(StreamCommands, WatchCommands):
     ) -> tuple[list[EventFields], Mapping[str, Any]]:
         """A getMore's batch, from a replay if the cursor's bucket no longer holds its events."""
         if self._behind_its_bucket(cur):
-            await self._replay_dropped(cur)
+            await self.opens.replay_dropped(cur)
         cur.read = True
         deadline = trio.current_time() + (more.max_time_ms or 0) / 1000
         events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
         if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
-            await self._replay_dropped(cur)
+            await self.opens.replay_dropped(cur)
             left = max(0, int((deadline - trio.current_time()) * 1000))
             wait_ms = left if more.max_time_ms is not None else None
             events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
@@ -277,7 +313,7 @@ class Engine(StreamCommands, WatchCommands):
     def _behind_its_bucket(self, cur: BucketCursor) -> bool:
         """A named stream's cursor whose next events its bucket does not hold: dropped before it
         was first read, or not held since the bucket fell behind (BucketCursor.stale)."""
-        if cur.cursor_id in self._private:
+        if cur.cursor_id in self.registry.private:
             return False
         return (not cur.read and cur.position < cur.bucket.base) or cur.stale()
 
@@ -291,7 +327,7 @@ class Engine(StreamCommands, WatchCommands):
         await self._check_may_kill(session, ids)
         for cid in ids:
             if cid in self.cursors:
-                self._drop_cursor(cid)
+                self.registry.drop(cid)
                 killed.append(Int64(cid))
             else:
                 others.append(Int64(cid))
@@ -309,8 +345,8 @@ class Engine(StreamCommands, WatchCommands):
         """Every id is checked before any is killed: one the caller may not kill fails the
         command, as the server checks authorization for all of them first."""
         mine = [self.cursors[cid] for cid in ids if cid in self.cursors]
-        user = self._user(session, "killCursors") if mine else ""
-        if any(cur.user != user for cur in mine) and not await self._holds(
+        user = self.access.user(session, "killCursors") if mine else ""
+        if any(cur.user != user for cur in mine) and not await self.access.holds(
             session, "killAnyCursor"
         ):
             raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
@@ -338,8 +374,8 @@ class Engine(StreamCommands, WatchCommands):
         named = sessions_named(
             cmd,
             session.user or "",
-            access_control=self.requires_auth,
-            kill_any=await self._holds(session, "killAnySession"),
+            access_control=self.access.requires_auth,
+            kill_any=await self.access.holds(session, "killAnySession"),
         )
         # Cursors opened outside any session belong to no session a command can name.
         self.registry.kill_where(
@@ -381,14 +417,14 @@ class Engine(StreamCommands, WatchCommands):
         highest token such that buckets hold at most k events in (after_i, planEnd] (admission
         control for Spark); without maxEvents, planEnd is the frontier.
         """
-        user = self._user(session, "parallelChangeStreamStatus")
+        user = self.access.user(session, "parallelChangeStreamStatus")
         check_status_command(cmd)
         name = cmd.get("name")
         streams = [s for n, s in sorted(self.all_streams().items()) if name in (None, n)]
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         cursors = list(self.cursors.values())
-        if not await self._holds(session, "inprog"):
+        if not await self.access.holds(session, "inprog"):
             streams, cursors = self._users_own(user, name, streams, cursors)
         out: dict[str, Any] = {
             "streams": [s.status() for s in streams],

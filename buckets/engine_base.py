@@ -1,21 +1,19 @@
-"""The state every engine command works on: the cursor registry and the streams, and the
-checks of who the client is and what it may do."""
+"""What the engine's commands share: the namespace of its cursors, the client's access (who it
+is and what it may do), and a new cursor placed in its bucket and registered."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from buckets.config import EngineConfig
 from buckets.cursor import BucketCursor
 from buckets.cursors import CursorRegistry
-from buckets.ports import ClientContext, Connector, ConnectUpstream
+from buckets.ports import ClientContext
 from buckets.stream import ParallelStream
-from buckets.streams import StreamSet
 from mongoformats.errors import MongoError
-from mongoformats.idl import check_lsid
 from mongoformats.privileges import allows
 from mongoformats.resume_token import token_from_key
 from mongoformats.sessions import session_id
@@ -23,34 +21,15 @@ from mongoformats.sessions import session_id
 CURSOR_NS = "admin.$cmd.parallelChangeStream"
 
 
-class EngineState:
-    def __init__(
-        self,
-        connect_upstream: ConnectUpstream,
-        config: EngineConfig | None = None,
-        *,
-        connect_member: Connector,
-        requires_auth: bool = False,
-    ) -> None:
-        self.connect_upstream = connect_upstream
-        # The upstream requires authentication (the proxy logs in with its own credentials), so a
-        # client must have logged in on its connection before the engine serves it.
-        self.requires_auth = requires_auth
-        # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
-        self.connect_member = connect_member
-        self.config = config or EngineConfig()
-        self.registry = CursorRegistry(
-            self.config.cursor_timeout_s, self.config.session_cursor_timeout_s
-        )
-        self.cursors = self.registry.cursors
-        self._private = self.registry.private
-        self.stream_set = StreamSet(connect_upstream, connect_member, self.config, self.registry)
-        self.streams = self.stream_set.streams
-        self.memory, self.memory_limit = self.stream_set.memory, self.stream_set.memory_limit
-        # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
-        self.watches = {"accelerated": 0, "passedThrough": 0}
+@dataclass(frozen=True)
+class Access:
+    """Who the client is and what it may do (buckets/engine.py's docstring has the rules)."""
 
-    def _user(self, session: ClientContext, command: str) -> str:
+    # The upstream requires authentication (the proxy logs in with its own credentials), so a
+    # client must have logged in on its connection before the engine serves it.
+    requires_auth: bool = False
+
+    def user(self, session: ClientContext, command: str) -> str:
         """The user `session` logged in as; Unauthorized (13) when the upstream needs one and
         there is none."""
         user = session.user or ""
@@ -58,7 +37,7 @@ class EngineState:
             raise MongoError("Unauthorized", f"Command {command} requires authentication")
         return str(user)
 
-    async def _may_watch(self, session: ClientContext, resource: dict[str, Any]) -> bool:
+    async def may_watch(self, session: ClientContext, resource: dict[str, Any]) -> bool:
         """Whether the client's own user holds find and changeStream on `resource`, as mongos
         would check for a change stream: the engine reads the shards with the proxy's login, so
         it asks the client's connection for its privileges (connectionStatus showPrivileges)."""
@@ -66,71 +45,58 @@ class EngineState:
             return True
         return allows(await session.privileges(), ("find", "changeStream"), resource)
 
-    async def _holds(self, session: ClientContext, action: str) -> bool:
+    async def holds(self, session: ClientContext, action: str) -> bool:
         """Whether the client's user holds `action` on the cluster (always, without auth)."""
         return not self.requires_auth or allows(
             await session.privileges(), (action,), {"cluster": True}
         )
 
-    def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
-        check_lsid(cmd)
-        return self.registry.owned(
-            cid, lambda: self._user(session, next(iter(cmd))), cmd.get("lsid")
-        )
 
-    def _new_cursor(
-        self,
-        user: str,
-        stream: ParallelStream,
-        i: int,
-        cmd: dict[str, Any],
-        batch_size: int | None,
-        token: Mapping[str, Any] | None,
-        *,
-        from_start: bool = False,
-    ) -> BucketCursor:
-        """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
-        (`from_start`), at the stream's start point; else at the bucket's live end.
+def new_cursor(
+    registry: CursorRegistry,
+    user: str,
+    stream: ParallelStream,
+    i: int,
+    cmd: dict[str, Any],
+    batch_size: int | None,
+    token: Mapping[str, Any] | None,
+    *,
+    from_start: bool = False,
+) -> BucketCursor:
+    """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
+    (`from_start`), at the stream's start point; else at the bucket's live end.
 
-        Why `from_start`: a new stream's readers start as soon as every oplog is known to reach
-        back far enough, and may deal events before the command that created it gets to run again.
-        Those events are after the start point the command asked for, so its cursor must see them:
-        placed at the live end, it skipped them (a 1M-event catch-up lost the first few hundred).
-        Nothing leaves a bucket before a cursor has read it, so the bucket still holds them all.
-        """
-        bucket = stream.buckets[i]
-        if token is None and from_start:
-            token = token_from_key(
-                bucket.floor
-            )  # the start point: below every event the bucket holds
-        # Resumed: placed after the token by resume_after, from the first event the bucket holds.
-        position = bucket.base if token is not None else bucket.end
-        cid = self.registry.new_id()
-        lsid = cmd.get("lsid")
-        # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
-        # _user) and, if opened in a session, to that session too.
-        cur = BucketCursor(
-            cid,
-            stream,
-            bucket,
-            position,
-            owner=session_id(lsid["id"]) if lsid else b"",
-            ns=CURSOR_NS,
-            batch_size=batch_size or None,
-            user=user,
-            last_used=trio.current_time(),
-        )
-        if token is not None:
-            cur.resume_after(token)
-        else:
-            cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
-        bucket.cursors.add(cur)
-        bucket.last_read = trio.current_time()  # a consumer arrives: not stalled (Bucket.put)
-        self.cursors[cid] = cur
-        return cur
-
-    def _close_private(self, cid: int) -> None:
-        self.registry.close_private(cid)
-
-    def _drop_cursor(self, cid: int) -> None:
-        self.registry.drop(cid)
+    Why `from_start`: a new stream's readers start as soon as every oplog is known to reach
+    back far enough, and may deal events before the command that created it gets to run again.
+    Those events are after the start point the command asked for, so its cursor must see them:
+    placed at the live end, it skipped them (a 1M-event catch-up lost the first few hundred).
+    Nothing leaves a bucket before a cursor has read it, so the bucket still holds them all.
+    """
+    bucket = stream.buckets[i]
+    if token is None and from_start:
+        token = token_from_key(bucket.floor)  # the start point: below every event the bucket holds
+    # Resumed: placed after the token by resume_after, from the first event the bucket holds.
+    position = bucket.base if token is not None else bucket.end
+    cid = registry.new_id()
+    lsid = cmd.get("lsid")
+    # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
+    # Access.user) and, if opened in a session, to that session too.
+    cur = BucketCursor(
+        cid,
+        stream,
+        bucket,
+        position,
+        owner=session_id(lsid["id"]) if lsid else b"",
+        ns=CURSOR_NS,
+        batch_size=batch_size or None,
+        user=user,
+        last_used=trio.current_time(),
+    )
+    if token is not None:
+        cur.resume_after(token)
+    else:
+        cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
+    bucket.cursors.add(cur)
+    bucket.last_read = trio.current_time()  # a consumer arrives: not stalled (Bucket.put)
+    registry.cursors[cid] = cur
+    return cur

@@ -10,10 +10,12 @@ from bson import Int64, Timestamp
 
 from buckets.commands import OpenRequest, read_drop, read_open
 from buckets.cursor import BucketCursor, start_point
-from buckets.engine_base import CURSOR_NS, EngineState
+from buckets.cursors import CursorRegistry
+from buckets.engine_base import CURSOR_NS, Access, new_cursor
 from buckets.ports import ClientContext
 from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
+from buckets.streams import StreamSet
 from mongoformats.change_events import EventFields
 from mongoformats.errors import MongoError
 from mongoformats.privileges import change_stream_resource
@@ -52,14 +54,22 @@ def _resumes_in_gap(stream: ParallelStream, i: int, token: Any) -> bool:
     )
 
 
-class StreamCommands(EngineState):
+class StreamCommands:
+    """parallelChangeStream and dropParallelChangeStream, over the engine's cursor registry and
+    streams."""
+
+    def __init__(self, access: Access, registry: CursorRegistry, stream_set: StreamSet) -> None:
+        self.access = access
+        self.registry = registry
+        self.stream_set = stream_set
+
     async def cmd_open(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any]:
-        user = self._user(session, "parallelChangeStream")
+        user = self.access.user(session, "parallelChangeStream")
         _admin_only(db, "parallelChangeStream")
         # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
-        if not await self._may_watch(session, change_stream_resource(None, None)):
+        if not await self.access.may_watch(session, change_stream_resource(None, None)):
             raise MongoError(
                 "Unauthorized",
                 "not authorized on admin to execute command { parallelChangeStream: 1 }: "
@@ -86,7 +96,9 @@ class StreamCommands(EngineState):
         for i in range(n):
             token = tokens[i]
             in_gap = _resumes_in_gap(stream, i, token)
-            cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
+            cur = new_cursor(
+                self.registry, user, stream, i, cmd, batch_size, token, from_start=created
+            )
             cur.lost = in_gap
             cursors.append(
                 {
@@ -107,21 +119,23 @@ class StreamCommands(EngineState):
     async def cmd_drop(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any]:
-        """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
-        docstring): its creator's to drop, like every other use of a named stream."""
-        user = self._user(session, "dropParallelChangeStream")
+        """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see
+        buckets/engine.py): its creator's to drop, like every other use of a named stream."""
+        user = self.access.user(session, "dropParallelChangeStream")
         _admin_only(db, "dropParallelChangeStream")
         name = read_drop(cmd)
         while (pending := self.stream_set.creating.get(name)) is not None:
             await pending.wait()  # being created: dropped once it is (or found missing)
-        stream = self.streams.get(name)
+        stream = self.stream_set.streams.get(name)
         if stream is None:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         self.stream_set.check_owner(name, user)
         # Its cursors, and those of replays that would move to it once caught up.
-        doomed = [cid for cid, cur in self.cursors.items() if stream in (cur.stream, cur.join)]
+        doomed = [
+            cid for cid, cur in self.registry.cursors.items() if stream in (cur.stream, cur.join)
+        ]
         for cid in doomed:
-            self._drop_cursor(cid)
+            self.registry.drop(cid)
         self.stream_set.close_named(stream, "dropping stream %s (dropParallelChangeStream)")
         return {"name": name, "cursorsKilled": [Int64(cid) for cid in doomed]}
 
@@ -153,11 +167,13 @@ class StreamCommands(EngineState):
             # until the cursor reaches what the named stream's bucket holds.
             named = stream
             stream = await self.stream_set.replay(named, i, {**cmd, "resumeAfter": token})
-            cur = self._new_cursor(user, stream, i, cmd, batch_size, token)
-            self._private[cur.cursor_id] = stream
-            cur.follow(named, lambda: self._close_private(cur.cursor_id))
+            cur = new_cursor(self.registry, user, stream, i, cmd, batch_size, token)
+            self.registry.private[cur.cursor_id] = stream
+            cur.follow(named, lambda: self.registry.close_private(cur.cursor_id))
         else:
-            cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
+            cur = new_cursor(
+                self.registry, user, stream, i, cmd, batch_size, token, from_start=created
+            )
         events: list[EventFields] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
@@ -167,7 +183,7 @@ class StreamCommands(EngineState):
             )
         }
 
-    async def _replay_dropped(self, cur: BucketCursor) -> None:
+    async def replay_dropped(self, cur: BucketCursor) -> None:
         """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
         pins no retention, Bucket._safe) or no longer holds (it fell behind, buckets/catch_up.py),
         to a replay from its resume point, which hands it back to its stream's bucket once caught
@@ -189,5 +205,5 @@ class StreamCommands(EngineState):
         bucket.cursors.add(cur)
         cur.resume_after(cur.last_token)
         cur.acked = cur.position
-        self._private[cid] = replay
-        cur.follow(named, lambda: self._close_private(cid))
+        self.registry.private[cid] = replay
+        cur.follow(named, lambda: self.registry.close_private(cid))

@@ -8,10 +8,13 @@ from typing import Any
 
 from bson import Int64
 
+from buckets.config import EngineConfig
 from buckets.cursor import BucketCursor
-from buckets.engine_base import EngineState
+from buckets.cursors import CursorRegistry
+from buckets.engine_base import Access, new_cursor
 from buckets.ports import ClientContext, Decline
 from buckets.stream import ParallelStream
+from buckets.streams import StreamSet
 from buckets.watch_command import WatchPlan, WatchRequest, plan_watch, read_watch
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.resume_token import token_sort_key
@@ -36,7 +39,23 @@ async def _is_collection_or_absent(session: ClientContext, db: str, coll: str) -
     )
 
 
-class WatchCommands(EngineState):
+class WatchCommands:
+    """watch() aggregates the engine serves, each from a private stream of its own."""
+
+    def __init__(
+        self,
+        access: Access,
+        registry: CursorRegistry,
+        stream_set: StreamSet,
+        config: EngineConfig,
+    ) -> None:
+        self.access = access
+        self.registry = registry
+        self.stream_set = stream_set
+        self.config = config
+        # served by the engine / forwarded to the upstream (status and /metrics)
+        self.watches = {"accelerated": 0, "passedThrough": 0}
+
     async def cmd_change_stream(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any]:
@@ -64,7 +83,8 @@ class WatchCommands(EngineState):
         if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
             return failed
         stream = await self._watch_stream(plan, cmd)
-        cur = self._new_cursor(
+        cur = new_cursor(
+            self.registry,
             session.user or "",
             stream,
             0,
@@ -75,7 +95,7 @@ class WatchCommands(EngineState):
         )
         _place_after_event(cur, plan)
         cur.ns = plan.ns
-        self._private[cur.cursor_id] = stream
+        self.registry.private[cur.cursor_id] = stream
         return {
             "cursor": {
                 "firstBatch": [],
@@ -89,7 +109,7 @@ class WatchCommands(EngineState):
         self, session: ClientContext, db: str, cmd: dict[str, Any]
     ) -> WatchRequest:
         """The watch() `cmd` on `db` read, if the engine serves it to this client; else Decline."""
-        if self.requires_auth and not session.user:
+        if self.access.requires_auth and not session.user:
             raise Decline()  # mongos answers an unauthenticated aggregate with its own error
         if await self.stream_set.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
             # Its streams carry v1 tokens (and older events): mongos's own, unchanged.
@@ -99,7 +119,7 @@ class WatchCommands(EngineState):
             session, db, request.coll
         ):
             raise Decline()  # mongos refuses a view (CommandNotSupportedOnView)
-        if not await self._may_watch(session, request.resource):
+        if not await self.access.may_watch(session, request.resource):
             raise Decline()  # mongos answers Unauthorized, in its own words
         return request
 
