@@ -1,9 +1,7 @@
-"""The pure half of an accelerated watch(): its aggregate read and checked, and the private
-stream that serves it planned, without I/O (Engine._accelerate_watch runs the plan).
-
-Only streams whose every event the engine reproduces exactly are accelerated. Anything else
-raises Decline, and mongos answers the aggregate unchanged; a malformed command raises the
-MongoError mongos would answer.
+"""The pure half of parallelChangeStream, parallelChangeStreamStatus and
+dropParallelChangeStream: each command read and checked without I/O, failing with the codes and
+messages the server's parsers give the same fields (buckets/watch_command.py reads an accelerated
+watch()'s aggregate, with the pipeline checks and option values shared from here).
 """
 
 from __future__ import annotations

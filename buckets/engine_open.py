@@ -4,6 +4,7 @@ dropped (buckets/engine.py describes the commands)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from bson import Int64, Timestamp
@@ -27,7 +28,7 @@ def _admin_only(db: str, command: str) -> None:
         raise MongoError("Unauthorized", f"{command} may only be run against the admin database.")
 
 
-def _start_tokens(cmd: dict[str, Any], n: int) -> list[Any]:
+def _start_tokens(cmd: dict[str, Any], n: int) -> list[Mapping[str, Any] | None]:
     """Each bucket's resume token (None: none given), from one token, a list of one per bucket,
     or startAtOperationTime."""
     tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
@@ -37,7 +38,7 @@ def _start_tokens(cmd: dict[str, Any], n: int) -> list[Any]:
     return tokens if isinstance(tokens, list) else [tokens] * n
 
 
-def _resumes_in_gap(stream: ParallelStream, i: int, token: Any) -> bool:
+def _resumes_in_gap(stream: ParallelStream, i: int, token: Mapping[str, Any] | None) -> bool:
     """Whether bucket `i` resumes from `token` in the gap after it fell behind (its first
     getMore then moves it to a replay); ChangeStreamHistoryLost if it no longer holds it."""
     dealt = stream.buckets[i]

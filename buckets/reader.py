@@ -1,4 +1,5 @@
-"""Reading one shard: an OplogTail reads and transforms, a ShardReader feeds the merge.
+"""Reading one shard: an OplogTail (buckets/oplog_tail.py) reads and transforms, a ShardReader
+feeds the merge.
 
 Strategy: a tailable awaitData `find` from the start timestamp, then one exhaust getMore whose
 batches the member streams unasked, as replication's oplog fetcher reads (the next batch is made

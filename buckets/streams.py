@@ -92,6 +92,31 @@ class StreamSet:
                 stream, "tearing down idle stream %s early: its memory is needed for a new stream"
             )
 
+    def _admit(self, options: StreamOptions, shards: int, kept: int) -> int:
+        """Admit a stream of `shards` shards and `kept` buckets kept, or refuse it
+        (ExceededMemoryLimit); the reader processes it would start. Admitted by its floor (what
+        it always takes) and those processes, beside what the others hold; its budgets then take
+        what they hold from the same pool. Synchronous: nothing else is admitted meanwhile."""
+        assert self.reader_pool is not None, "Engine.run() must be started first"
+        floor = stream_floor(shards, kept)
+        starting = self.reader_pool.missing(options.reader_processes) + shaping_processes(
+            bool(options.stages), options.reader_processes
+        )
+        self._make_room(floor + starting * self.memory.process_bytes)
+        try:
+            self.memory.check_admits(
+                floor,
+                starting,
+                streams=len(self.all_streams()),
+                shards=shards,
+                buckets=kept,
+                reader_processes=options.reader_processes,
+            )
+        except MongoError:
+            self.refused_for_memory += 1
+            raise
+        return starting
+
     def tear_down_idle(self) -> None:
         now = trio.current_time()
         for stream in list(self.streams.values()):
@@ -277,27 +302,8 @@ class StreamSet:
             bucket_by=str(cmd.get("bucketBy", "namespace")),
             ddl_notes=await self.lacks_expanded_events(),
         )
-        kept = len(keep) if keep is not None else n
-        # Admitted by its floor (what it always takes) and the reader processes it would start,
-        # beside what the others hold; its budgets then take what they hold from the same pool.
-        floor = stream_floor(len(topology.shards), kept)
         assert self.reader_pool is not None, "Engine.run() must be started first"
-        starting = self.reader_pool.missing(options.reader_processes) + shaping_processes(
-            bool(options.stages), options.reader_processes
-        )
-        self._make_room(floor + starting * self.memory.process_bytes)
-        try:
-            self.memory.check_admits(
-                floor,
-                starting,
-                streams=len(self.all_streams()),
-                shards=len(topology.shards),
-                buckets=kept,
-                reader_processes=options.reader_processes,
-            )
-        except MongoError:
-            self.refused_for_memory += 1
-            raise
+        starting = self._admit(options, len(topology.shards), len(keep) if keep is not None else n)
         # The stream's accounts set its floor aside as it is made (no await between); its reader
         # processes are counted as starting until they count themselves (ReaderPool._keep), so
         # that streams created at once cannot each fit beside the others' absence.

@@ -1,7 +1,7 @@
 """The engine's control plane, in pieces that need no sockets: where a stream and its cursors
 start (buckets/streams.py, buckets/engine_open.py), the typed options of an open command
-(buckets/commands.py), and the shard-list watcher's retries (buckets/topology.py) against a fake
-mongos under trio's autojump clock."""
+(buckets/commands.py), a stream's memory admission, and the shard-list watcher's retries
+(buckets/topology.py) against a fake mongos under trio's autojump clock."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ import trio
 from bson import Timestamp
 
 from buckets.commands import read_open
+from buckets.config import EngineConfig
 from buckets.cursor import start_point
+from buckets.cursors import CursorRegistry
 from buckets.engine_open import _start_tokens
-from buckets.streams import _start_and_floors
+from buckets.memory_limit import DEAL_HEADROOM_BYTES, READER_PROCESS_BYTES, stream_floor
+from buckets.stream import StreamOptions
+from buckets.streams import StreamSet, _start_and_floors
 from buckets.topology import Topology, TopologyWatcher
 from mongoformats.errors import ConnectionLost, MongoError
 from mongoformats.resume_token import high_water_mark, token_sort_key
@@ -131,7 +135,7 @@ def _watcher(mongos: _FlakyMongos, connects: list[int]) -> TopologyWatcher:
         return mongos
 
     return TopologyWatcher(
-        connect,  # type: ignore[arg-type]
+        connect,
         Topology({"shard0": [("a", 1)]}, {}, Timestamp(10, 1)),
         holds_back=lambda: 0.0,  # events wait on the shard list: read it at every chance
     )
@@ -169,3 +173,38 @@ async def test_a_list_shards_error_no_retry_cures_fails_the_watcher(autojump_clo
     assert info.value.code_name == "Unauthorized"
     assert "reading the shard list (listShards) failed: not allowed" in info.value.errmsg
     assert mongos.closed == 1
+
+
+class _Pool:
+    """Stands in for the reader processes: `running` of them started already."""
+
+    def __init__(self, running: int) -> None:
+        self.running = running
+
+    def missing(self, count: int) -> int:
+        return max(0, count - self.running)
+
+
+def _stream_set(limit: int, running: int) -> StreamSet:
+    streams = StreamSet(
+        None,  # type: ignore[arg-type]  # admission connects to nothing
+        None,  # type: ignore[arg-type]
+        EngineConfig(memory_limit_bytes=limit),
+        CursorRegistry(600.0, 1800.0),
+    )
+    streams.reader_pool = _Pool(running)  # type: ignore[assignment]
+    return streams
+
+
+def test_admission_counts_only_the_reader_processes_a_stream_would_start():
+    """Synchronous, no loop: a stream is admitted by its floor and the reader processes not yet
+    running (buckets/memory_limit.py); a refusal is ExceededMemoryLimit and counted."""
+    room = stream_floor(3, 2) + DEAL_HEADROOM_BYTES + READER_PROCESS_BYTES
+    streams = _stream_set(room, running=1)
+    assert streams._admit(StreamOptions(n_buckets=2, reader_processes=2), 3, 2) == 1
+    assert streams._admit(StreamOptions(n_buckets=2, reader_processes=1), 3, 2) == 0
+    with pytest.raises(MongoError) as info:
+        streams._admit(StreamOptions(n_buckets=2, reader_processes=3), 3, 2)
+    assert info.value.code_name == "ExceededMemoryLimit"
+    assert streams.refused_for_memory == 1
+    assert streams.memory.counted == 0  # admission sets nothing aside: the stream's accounts do

@@ -314,6 +314,7 @@ def test_the_demo_is_imported_by_nothing_but_tests_and_benchmarks():
 ENGINE_PURE_CORES = (
     "buckets.commands",
     "buckets.watch_command",
+    "buckets.memory_limit",
     "buckets.reply",
     "buckets.scope",
     "buckets.ddl_notes",
