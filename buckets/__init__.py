@@ -2,7 +2,9 @@
 
 from buckets.bucketing import bucket_of, buckets_for_event
 from buckets.commands import MAX_READER_PROCESSES
-from buckets.engine import CURSOR_NS, Engine, EngineCommands, EngineConfig
+from buckets.config import EngineConfig
+from buckets.engine import Engine, EngineCommands
+from buckets.engine_base import CURSOR_NS
 from buckets.merge import MergedQueue
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""ByteBudget: a byte-counting bound that makes producers wait (the backpressure of every buffer)."""
+"""ByteBudget: a byte-counting bound that makes producers wait (the backpressure of every
+buffer)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The pure half of an accelerated watch(): its aggregate read and checked, and the private
-stream that serves it planned, without I/O (Engine._accelerate_watch runs the plan).
-
-Only streams whose every event the engine reproduces exactly are accelerated. Anything else
-raises Decline, and mongos answers the aggregate unchanged; a malformed command raises the
-MongoError mongos would answer.
+"""The pure half of parallelChangeStream, parallelChangeStreamStatus and
+dropParallelChangeStream: each command read and checked without I/O, failing with the codes and
+messages the server's parsers give the same fields (buckets/watch_command.py reads an accelerated
+watch()'s aggregate, with the pipeline checks and option values shared from here).
 """
 
 from __future__ import annotations
@@ -13,62 +11,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bson import Decimal128, Int64, Timestamp
+from bson import Decimal128, Timestamp
 
 from buckets.bucketing import BUCKET_BY, MAX_BUCKETS
-from buckets.ports import Decline
-from mongoformats.change_stages import unsupported_in_stages
 from mongoformats.errors import MongoError
 from mongoformats.expressions import VARIABLES
 from mongoformats.idl import SAFE_INT64, check_depth, check_lsid, type_name, wrong_type
 from mongoformats.large_events import SPLIT_STAGE, without_split_stage
 from mongoformats.mql import unsupported_in_query
-from mongoformats.privileges import change_stream_resource
 from mongoformats.resume_token import (
-    EVENT_TOKEN,
-    ResumeTokenData,
     decode_token,
-    fragment_of,
-    high_water_mark,
     token_sort_key,
 )
 
-# The fields of a watch()'s aggregate that leave its events as they are. Any other (collation,
-# explain, let, hint, a transaction's, ...) changes what mongos answers, so it answers.
-_WATCH_FIELDS = frozenset(
-    {
-        "aggregate",
-        "pipeline",
-        "cursor",
-        "maxTimeMS",
-        "comment",
-        "lsid",
-        "$db",
-        "$clusterTime",
-        "$readPreference",
-        "readConcern",
-        "apiVersion",
-        "apiStrict",
-        "apiDeprecationErrors",
-        "allowDiskUse",
-    }
-)
-_SIMPLE_COLLATION = {"locale": "simple"}  # binary comparison, the default: as if none were given
 FULL_DOCUMENT = ("default", "updateLookup", "whenAvailable", "required")
 BEFORE_CHANGE = ("off", "whenAvailable", "required")
-# The $changeStream options an accelerated watch() may give.
-_ACCEPTED = frozenset(
-    {
-        "resumeAfter",
-        "startAfter",
-        "startAtOperationTime",
-        "showExpandedEvents",
-        "allChangesForCluster",
-        "fullDocument",
-        "fullDocumentBeforeChange",
-        "showSystemEvents",
-    }
-)
 
 # The server's pipeline length limit (internalPipelineLengthLimit, 1000 in release builds), checked
 # before any stage is parsed: Pipeline::parseCommon in src/mongo/db/pipeline/pipeline.cpp fails a
@@ -91,207 +48,6 @@ def check_pipeline(pipeline: Any, command: str) -> list[dict[str, Any]]:
     if not all(isinstance(stage, dict) for stage in pipeline):
         raise MongoError("TypeMismatch", "Each element of the 'pipeline' array must be an object")
     return pipeline
-
-
-def _well_typed_watch(cmd: Mapping[str, Any]) -> bool:
-    """Whether the fields of a watch()'s aggregate that the engine reads have the types the
-    server's parsers accept (what they then mean is checked where they are used)."""
-    cursor = cmd.get("cursor", {})
-    spec = cmd["pipeline"][0]["$changeStream"]
-    if (
-        not isinstance(cursor, dict)
-        or not isinstance(cmd["aggregate"], (str, int, float))
-        or not isinstance(spec, dict)
-    ):
-        return False
-    batch_size = cursor.get("batchSize")
-    if batch_size is not None and (
-        type(batch_size) not in (int, Int64) or not 0 <= batch_size <= 1 << 30
-    ):
-        return False
-    try:
-        check_lsid(cmd)
-    except MongoError:
-        return False
-    types = {
-        "resumeAfter": dict,
-        "startAfter": dict,
-        "startAtOperationTime": Timestamp,
-        "showExpandedEvents": bool,
-        "showSystemEvents": bool,
-        "allChangesForCluster": bool,
-        "fullDocument": str,
-        "fullDocumentBeforeChange": str,
-    }
-    return all(isinstance(spec[k], t) for k, t in types.items() if spec.get(k) is not None)
-
-
-def _check_read_concern(read_concern: Any) -> None:
-    """A change stream reads at majority only, as mongos refuses any other level given
-    (DocumentSourceChangeStream::LiteParsed::supportsReadConcern: onlySingleReadConcernSupported;
-    jstests/noPassthrough/change_stream_require_majority_read_concern.js). A readConcern that is
-    no document is left to mongos."""
-    level = read_concern.get("level") if isinstance(read_concern, dict) else None
-    if level is not None and level != "majority":
-        raise MongoError(
-            "InvalidOptions",
-            "Aggregation stage $changeStream cannot run with a "
-            f"readConcern other than 'majority'. Current readConcern: {level}",
-        )
-
-
-@dataclass(frozen=True)
-class WatchRequest:
-    """A watch() the engine can serve, once its client is found to hold the privileges."""
-
-    db: str
-    coll: str | None  # None: a database's or the whole cluster's stream
-    spec: Mapping[str, Any]  # the $changeStream stage's options
-    stages: list[dict[str, Any]]  # the stages after it, less a final split stage
-    split: bool  # the pipeline ends with the split stage
-    before_change: str
-
-    @property
-    def cluster_wide(self) -> bool:
-        return bool(self.spec.get("allChangesForCluster"))
-
-    @property
-    def scope(self) -> tuple[str, str | None] | None:
-        """The database and collection its stream reads (None: every one)."""
-        return None if self.cluster_wide else (self.db, self.coll)
-
-    @property
-    def ns(self) -> str:
-        """Its cursor's namespace, as mongos names it."""
-        return f"{self.db}.{self.coll}" if self.coll is not None else f"{self.db}.$cmd.aggregate"
-
-    @property
-    def resource(self) -> dict[str, Any]:
-        """What the client must hold find and changeStream on, as mongos checks it."""
-        return change_stream_resource(None if self.cluster_wide else self.db, self.coll)
-
-
-def read_watch(db: str, cmd: dict[str, Any]) -> WatchRequest:
-    """A watch()'s aggregate `cmd` on `db`, checked as mongos checks what the engine reads;
-    Decline for what the engine leaves to mongos."""
-    if (
-        set(cmd) - _WATCH_FIELDS - {"collation"}
-        or cmd.get("collation", _SIMPLE_COLLATION) != _SIMPLE_COLLATION
-    ):
-        raise Decline()
-    check_depth(cmd)  # mongos's own check of any command: every walk below is bounded
-    pipeline = check_pipeline(cmd.get("pipeline"), "aggregate")
-    if not _well_typed_watch(cmd):
-        raise Decline()  # mongos answers a malformed field in its own words
-    spec = pipeline[0]["$changeStream"]
-    if isinstance(spec, dict):
-        _check_read_concern(cmd.get("readConcern"))
-    try:
-        stages, split = without_split_stage(pipeline[1:])
-    except MongoError:
-        raise Decline() from None  # mongos answers a misplaced split stage
-    if not _served(spec, stages):
-        raise Decline()
-    coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
-    if bool(spec.get("allChangesForCluster")) != (db == "admin" and coll is None):
-        raise Decline()  # mongos answers the exact error for a misplaced stream
-    if db in ("local", "config") or (coll is not None and coll.startswith("system.")):
-        raise Decline()  # mongos refuses an internal namespace (InvalidNamespace)
-    return WatchRequest(db, coll, spec, stages, split, spec.get("fullDocumentBeforeChange", "off"))
-
-
-def _served(spec: Any, stages: list[dict[str, Any]]) -> bool:
-    """Whether the engine reproduces every event of a $changeStream stage with options `spec`
-    followed by `stages`: known options with known values, one start point at most."""
-    return (
-        isinstance(spec, dict)
-        and not set(spec) - _ACCEPTED
-        and spec.get("fullDocument", "default") in FULL_DOCUMENT
-        and spec.get("fullDocumentBeforeChange", "off") in BEFORE_CHANGE
-        and unsupported_in_stages(stages) is None
-        and sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) <= 1
-    )
-
-
-@dataclass(frozen=True)
-class WatchPlan:
-    """The private one-bucket stream serving a watch(), and where its cursor starts."""
-
-    open: dict[str, Any]  # the stream's parallelChangeStream options
-    scope: tuple[str, str | None] | None  # its database and collection (None: the cluster)
-    stages: tuple[dict[str, Any], ...]  # run on each returned event (): none, a $match filters
-    keep_version: tuple[Timestamp, int] | None  # the resume token's version, kept by the stream
-    # Resumed after an event: its token, and its fragment (sort key, number) if it was one; the
-    # cursor must meet that event again before it returns anything.
-    event_token: Mapping[str, Any] | None
-    fragment: tuple[bytes, int] | None
-    ns: str  # the cursor's namespace, as mongos names it
-    batch_size: int | None
-
-
-def plan_watch(request: WatchRequest, cmd: dict[str, Any], *, shard_buffer_bytes: int) -> WatchPlan:
-    """The stream serving `request` (from `cmd`, the aggregate), each shard buffering up to
-    `shard_buffer_bytes`; Decline for a resume mongos alone answers."""
-    spec, split, before_change = request.spec, request.split, request.before_change
-    token = spec.get("resumeAfter") or spec.get("startAfter")
-    resumed = _resumed(token, split)
-    full_document = spec.get("fullDocument", "default")
-    sub: dict[str, Any] = {
-        "nBuckets": 1,
-        "showExpandedEvents": bool(spec.get("showExpandedEvents")),
-        "showSystemEvents": bool(spec.get("showSystemEvents")),
-        "fullDocument": full_document,
-        "fullDocumentBeforeChange": before_change,
-        "shardBufferBytes": shard_buffer_bytes,
-    }
-    event = resumed if resumed is not None and resumed.token_type == EVENT_TOKEN else None
-    sub.update(_start(spec, token, event))
-    # $match stages alone filter events as they are dealt (cheapest); any other stage, or a
-    # lookup the stages may test, means the whole pipeline runs on each returned event.
-    stages = request.stages
-    plain_match = (
-        all(set(st) == {"$match"} for st in stages)
-        and full_document == "default"
-        and before_change == "off"
-    )
-    sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
-    return WatchPlan(
-        open=sub,
-        scope=request.scope,
-        stages=() if plain_match else tuple(stages),
-        keep_version=None if resumed is None else (resumed.cluster_time, resumed.version),
-        event_token=token if event is not None else None,
-        fragment=fragment_of(event) if event is not None else None,
-        ns=request.ns,
-        batch_size=cmd.get("cursor", {}).get("batchSize"),
-    )
-
-
-def _resumed(token: Mapping[str, Any] | None, split: bool) -> ResumeTokenData | None:
-    """The resume token a watch() gives, decoded; Decline for one only mongos resumes from."""
-    resumed = decode_token(token) if token is not None else None
-    if resumed is not None and (
-        resumed.from_invalidate or (resumed.fragment_num is not None and not split)
-    ):
-        # After an invalidate, or from a fragment without the split stage: mongos's rules,
-        # mongos's errors.
-        raise Decline()
-    return resumed
-
-
-def _start(
-    spec: Mapping[str, Any], token: Mapping[str, Any] | None, event: ResumeTokenData | None
-) -> dict[str, Any]:
-    """Where a watch()'s private stream starts: the `resumeAfter` or `startAtOperationTime` of
-    its open command (none: now)."""
-    if event is not None:
-        # From the high-water mark of its time: the stream must meet the event again.
-        return {"resumeAfter": high_water_mark(event.cluster_time, event.version)}
-    if token is not None:
-        return {"resumeAfter": token}
-    if "startAtOperationTime" in spec:
-        return {"startAtOperationTime": spec["startAtOperationTime"]}
-    return {}
 
 
 # -- parallelChangeStream and its status ----------------------------------------------------------
@@ -332,8 +88,9 @@ _OPEN_FIELDS = frozenset(
 
 
 def _mentions_full_document(stages: Any) -> bool:
-    """True if a field path anywhere in `stages` starts with fullDocument (or fullDocumentBeforeChange),
-    or an expression reads the whole event ($$ROOT, $$CURRENT), which holds those fields."""
+    """True if a field path anywhere in `stages` starts with fullDocument (or
+    fullDocumentBeforeChange), or an expression reads the whole event ($$ROOT, $$CURRENT), which
+    holds those fields."""
     if isinstance(stages, Mapping):
         return any(
             str(k).startswith("fullDocument") or _mentions_full_document(v)
@@ -341,11 +98,15 @@ def _mentions_full_document(stages: Any) -> bool:
         )
     if isinstance(stages, list):
         return any(_mentions_full_document(v) for v in stages)
-    if not isinstance(stages, str):
-        return False
-    variable, _, path = stages.partition(".") if stages.startswith("$$") else ("", "", stages[1:])
+    return isinstance(stages, str) and _path_mentions_full_document(stages)
+
+
+def _path_mentions_full_document(text: str) -> bool:
+    """Whether a string of a pipeline is a field path into fullDocument (or
+    fullDocumentBeforeChange), or a variable that holds the whole event."""
+    variable, _, path = text.partition(".") if text.startswith("$$") else ("", "", text[1:])
     return (variable in VARIABLES and not path) or (
-        stages.startswith("$") and path.startswith("fullDocument")
+        text.startswith("$") and path.startswith("fullDocument")
     )
 
 
@@ -445,12 +206,7 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     a malformed command fails, never the stream later. The command, null options left out (the
     server's parsers take a null optional field as absent)."""
     check_depth(cmd)
-    for key in cmd:
-        if key not in _OPEN_FIELDS:
-            raise MongoError(
-                "IDLUnknownField",
-                f"BSON field 'parallelChangeStream.{shown(key)}' is an unknown field.",
-            )
+    _check_known_fields(cmd)
     first = next(iter(cmd))
     cmd = {k: v for k, v in cmd.items() if v is not None or k == first}
     check_lsid(cmd)
@@ -467,6 +223,15 @@ def check_open_command(cmd: dict[str, Any]) -> dict[str, Any]:
     return cmd
 
 
+def _check_known_fields(cmd: Mapping[str, Any]) -> None:
+    for key in cmd:
+        if key not in _OPEN_FIELDS:
+            raise MongoError(
+                "IDLUnknownField",
+                f"BSON field 'parallelChangeStream.{shown(key)}' is an unknown field.",
+            )
+
+
 def _check_options(cmd: Mapping[str, Any]) -> None:
     """The typed options of a parallelChangeStream command, in the order the checks run."""
     for name, (low, high) in _SETTINGS.items():
@@ -474,25 +239,33 @@ def _check_options(cmd: Mapping[str, Any]) -> None:
     int_option(cmd, "nBuckets", 1, MAX_BUCKETS)
     int_option(cmd, "bucket", 0, MAX_BUCKETS - 1)
     int_option(cmd, "batchSize", 0, 1 << 30)
-    for field in ("fullDocument", "fullDocumentBeforeChange"):
-        if field in cmd and not isinstance(cmd[field], str):
-            raise wrong_type(f"parallelChangeStream.{field}", cmd[field], "string")
-    for flag in ("showExpandedEvents", "showSystemEvents"):
-        if flag in cmd and not isinstance(cmd[flag], bool):
-            raise wrong_type(f"parallelChangeStream.{flag}", cmd[flag], "bool")
-    if "bucketBy" in cmd:
-        if not isinstance(cmd["bucketBy"], str):
-            raise wrong_type("parallelChangeStream.bucketBy", cmd["bucketBy"], "string")
-        if cmd["bucketBy"] not in BUCKET_BY:
-            raise MongoError(
-                "BadValue",
-                f"'{shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
-                f"use one of {', '.join(BUCKET_BY)}",
-            )
-    if "startAtOperationTime" in cmd and not isinstance(cmd["startAtOperationTime"], Timestamp):
-        raise wrong_type(
-            "parallelChangeStream.startAtOperationTime", cmd["startAtOperationTime"], "timestamp"
+    _check_types(cmd, _OPTION_TYPES)
+    if "bucketBy" in cmd and cmd["bucketBy"] not in BUCKET_BY:
+        raise MongoError(
+            "BadValue",
+            f"'{shown(cmd['bucketBy'])}' is not a valid bucketBy option; "
+            f"use one of {', '.join(BUCKET_BY)}",
         )
+    _check_types(cmd, _START_TYPE)
+
+
+# The typed options of a parallelChangeStream command: (field, Python type, BSON type name).
+_OPTION_TYPES = (
+    ("fullDocument", str, "string"),
+    ("fullDocumentBeforeChange", str, "string"),
+    ("showExpandedEvents", bool, "bool"),
+    ("showSystemEvents", bool, "bool"),
+    ("bucketBy", str, "string"),
+)
+_START_TYPE = (("startAtOperationTime", Timestamp, "timestamp"),)
+
+
+def _check_types(cmd: Mapping[str, Any], types: tuple[tuple[str, type, str], ...]) -> None:
+    """TypeMismatch (IDL's message) for the first of `types`' fields that `cmd` gives with
+    another type."""
+    for field, python_type, bson_type in types:
+        if field in cmd and not isinstance(cmd[field], python_type):
+            raise wrong_type(f"parallelChangeStream.{field}", cmd[field], bson_type)
 
 
 def _check_tokens(tokens: Any, field: str) -> None:
@@ -570,25 +343,29 @@ def read_open(cmd: dict[str, Any]) -> OpenRequest:
     return OpenRequest(cmd, n, bucket, cmd.get("name"), int_option(cmd, "batchSize", 0, 1 << 30))
 
 
+def _match_query(stage: dict[str, Any]) -> Any:
+    """The query of a $match stage the engine's query language evaluates; BadValue for any
+    other stage or query."""
+    if set(stage) != {"$match"}:
+        raise MongoError(
+            "BadValue",
+            "parallelChangeStream pipelines may only contain $match stages "
+            f"(and a final {SPLIT_STAGE})",
+        )
+    if (unsupported := unsupported_in_query(stage["$match"])) is not None:
+        raise MongoError(
+            "BadValue", f"parallelChangeStream's $match does not support {shown(unsupported)}"
+        )
+    return stage["$match"]
+
+
 def open_match(cmd: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
     """The $match a parallelChangeStream's pipeline applies as events are dealt (None: none), and
     whether it ends with the split stage. Only $match stages, of what the engine's query language
     evaluates, and none that tests the fields lookups add (it runs before them)."""
     checked = check_pipeline(cmd.get("pipeline"), "parallelChangeStream")
     pipeline, split = without_split_stage(checked)
-    queries = []
-    for stage in pipeline:
-        if set(stage) != {"$match"}:
-            raise MongoError(
-                "BadValue",
-                "parallelChangeStream pipelines may only contain $match stages "
-                f"(and a final {SPLIT_STAGE})",
-            )
-        if (unsupported := unsupported_in_query(stage["$match"])) is not None:
-            raise MongoError(
-                "BadValue", f"parallelChangeStream's $match does not support {shown(unsupported)}"
-            )
-        queries.append(stage["$match"])
+    queries = [_match_query(stage) for stage in pipeline]
     # One flat $and: its depth does not grow with the number of stages.
     match = None if not queries else queries[0] if len(queries) == 1 else {"$and": queries}
     if (
@@ -602,3 +379,14 @@ def open_match(cmd: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
             "pipeline's $match may not test those fields (it runs before the lookups)",
         )
     return match, split
+
+
+def read_drop(cmd: dict[str, Any]) -> str:
+    """The name a dropParallelChangeStream command names, checked."""
+    check_depth(cmd)
+    check_lsid(cmd)
+    name = cmd["dropParallelChangeStream"]
+    if not isinstance(name, str):
+        raise wrong_type("dropParallelChangeStream", name, "string")
+    check_stream_name(name, "dropParallelChangeStream")
+    return name

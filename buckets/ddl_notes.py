@@ -59,7 +59,8 @@ def plan_notes(
     after: Holders,
     index_specs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Note]:
-    """The notes for a DDL command that succeeded. `index_specs` are the indexes before a dropIndexes."""
+    """The notes for a DDL command that succeeded. `index_specs` are the indexes before a
+    dropIndexes."""
     planner = _PLANNERS.get(next(iter(cmd)))
     return planner(cmd, ns, before, after, index_specs or {}) if planner is not None else []
 

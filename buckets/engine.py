@@ -4,11 +4,13 @@ Commands (admin database):
   {parallelChangeStream: 1, nBuckets: N, name?, startAtOperationTime? | resumeAfter? | startAfter?,
    showExpandedEvents?, pipeline?: [{$match: ...}], batchSize?, maxAwaitTimeMS?, shardBufferBytes?,
    bucketBufferBytes?, readerProcesses?, bucketBy?: "namespace" | "documentKey"}
-      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets, bucketBy}
-      Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may be
-      one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket count
-      changes from a common token: a list of tokens all alike, whatever its length, is that one
-      token, and a name open with another nBuckets and no cursors is reopened with the new count.
+      -> {cursors: [{id, ns, firstBatch, postBatchResumeToken, bucket}], name, nBuckets,
+          bucketBy}
+      Creates the stream `name` (a random name if omitted) or re-attaches to it. `resumeAfter` may
+      be one token, or a list of N tokens (one per bucket) to resume a whole stream. The bucket
+      count changes from a common token: a list of tokens all alike, whatever its length, is that
+      one token, and a name open with another nBuckets and no cursors is reopened with the new
+      count.
       bucketBy (buckets/bucketing.py has the contract) deals events by namespace (the default) or
       by document: one collection spreads over every bucket, each document's events stay in one
       bucket in order, events without a documentKey (DDL) go to every bucket with the same token,
@@ -50,25 +52,24 @@ above is everyone's.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import trio
-from bson import Int64, Timestamp
+from bson import Int64
 
 from buckets.commands import (
     check_status_command,
-    check_stream_name,
-    plan_watch,
-    read_open,
-    read_watch,
 )
-from buckets.config import EngineConfig
-from buckets.cursor import BucketCursor, start_point
+from buckets.config import EngineConfig as EngineConfig  # wireproxy imports it from here
+from buckets.cursor import BucketCursor
 from buckets.cursors import CursorRegistry
-from buckets.ddl_notes import DDL_COMMANDS, plan_notes, target_namespace
+from buckets.ddl_notes import DDL_COMMANDS, Note, plan_notes, target_namespace
+from buckets.engine_base import CURSOR_NS as CURSOR_NS
+from buckets.engine_base import Access
+from buckets.engine_open import StreamCommands
+from buckets.engine_watch import WatchCommands
 from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import reader_pool
 from buckets.reply import cursor_document
@@ -76,16 +77,12 @@ from buckets.stream import ParallelStream
 from buckets.streams import StreamSet, frontier_status
 from mongoformats.change_events import EventFields, ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
-from mongoformats.idl import check_depth, check_lsid, get_more_request, kill_cursors_ids, wrong_type
-from mongoformats.privileges import allows, change_stream_resource
-from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
-from mongoformats.sessions import session_id, sessions_named
+from mongoformats.idl import GetMore, check_lsid, get_more_request, kill_cursors_ids
+from mongoformats.sessions import sessions_named
 
 log = logging.getLogger("buckets.engine")
 
-CURSOR_NS = "admin.$cmd.parallelChangeStream"
-# Servers from 6.1 on (wire version 18) write v2 resume tokens, as the engine does; older ones v1.
-_V2_TOKENS_WIRE_VERSION = 18
+_KILL_REPLY_FIELDS = ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown")
 
 
 @dataclass(frozen=True)
@@ -101,21 +98,17 @@ class EngineCommands:
     cursors: Container[int]  # the ids of the engine's cursors, live: a cursor is listed while open
 
 
-async def _is_collection_or_absent(session: ClientContext, db: str, coll: str) -> bool:
-    """Whether `db.coll` is no view, asked of mongos with the client's own login
-    (DocumentSourceChangeStream refuses a view: jstests/change_streams/ddl_view_events.js); False
-    when mongos does not answer, so that mongos decides."""
-    reply = await session.forward_command(
-        db, {"listCollections": 1, "filter": {"name": coll}, "cursor": {}}
-    )
-    cursor = reply.get("cursor") if reply.get("ok") else None
-    batch = cursor.get("firstBatch") if isinstance(cursor, dict) else None
-    return isinstance(batch, list) and all(
-        isinstance(c, dict) and c.get("type", "collection") == "collection" for c in batch
-    )
+async def _index_specs(session: ClientContext, ns: str) -> dict[str, Any]:
+    """The indexes of `ns` by name, as the client's listIndexes returns them."""
+    target_db, _, coll = ns.partition(".")
+    listed = await session.forward_command(target_db, {"listIndexes": coll})
+    return {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
 
 
 class Engine:
+    """The engine as the proxy sees it: a facade over the cursor registry, the streams (and the
+    memory pool and reader processes they share), and the commands served on them."""
+
     def __init__(
         self,
         connect_upstream: ConnectUpstream,
@@ -125,29 +118,28 @@ class Engine:
         requires_auth: bool = False,
     ) -> None:
         self.connect_upstream = connect_upstream
-        # The upstream requires authentication (the proxy logs in with its own credentials), so a
-        # client must have logged in on its connection before the engine serves it.
-        self.requires_auth = requires_auth
         # Shard members, with the same TLS settings as mongos; it keeps the members it saw failing.
         self.connect_member = connect_member
         self.config = config or EngineConfig()
+        self.access = Access(requires_auth)
         self.registry = CursorRegistry(
             self.config.cursor_timeout_s, self.config.session_cursor_timeout_s
         )
         self.cursors = self.registry.cursors
-        self._private = self.registry.private
         self.stream_set = StreamSet(connect_upstream, connect_member, self.config, self.registry)
         self.streams = self.stream_set.streams
         self.memory, self.memory_limit = self.stream_set.memory, self.stream_set.memory_limit
-        # watch() aggregates served by the engine / forwarded to the upstream (status and /metrics)
-        self.watches = {"accelerated": 0, "passedThrough": 0}
+        self.opens = StreamCommands(self.access, self.registry, self.stream_set)
+        self.watch = WatchCommands(self.access, self.registry, self.stream_set, self.config)
+        # watch() aggregates served by the engine / forwarded to the upstream (status, /metrics)
+        self.watches = self.watch.watches
 
     def commands(self) -> EngineCommands:
         """The commands the engine serves, for the proxy to route to it."""
         named: dict[str, Handler] = {
-            "parallelChangeStream": self.cmd_open,
+            "parallelChangeStream": self.opens.cmd_open,
             "parallelChangeStreamStatus": self.cmd_status,
-            "dropParallelChangeStream": self.cmd_drop,
+            "dropParallelChangeStream": self.opens.cmd_drop,
             "endSessions": self.cmd_end_sessions,
             **dict.fromkeys(DDL_COMMANDS, self.cmd_ddl),
             **dict.fromkeys(
@@ -157,7 +149,7 @@ class Engine:
         }
         return EngineCommands(
             named=named,
-            change_stream=self.cmd_change_stream,
+            change_stream=self.watch.cmd_change_stream,
             get_more=self.cmd_get_more,
             kill_cursors=self.cmd_kill_cursors,
             cursors=self.cursors.keys(),
@@ -220,330 +212,9 @@ class Engine:
 
     # -- commands ----------------------------------------------------------------------------------
 
-    def _user(self, session: ClientContext, command: str) -> str:
-        """The user `session` logged in as; Unauthorized (13) when the upstream needs one and there is none."""
-        user = session.user or ""
-        if self.requires_auth and not user:
-            raise MongoError("Unauthorized", f"Command {command} requires authentication")
-        return str(user)
-
-    async def _may_watch(self, session: ClientContext, resource: dict[str, Any]) -> bool:
-        """Whether the client's own user holds find and changeStream on `resource`, as mongos
-        would check for a change stream: the engine reads the shards with the proxy's login, so
-        it asks the client's connection for its privileges (connectionStatus showPrivileges)."""
-        if not self.requires_auth:
-            return True
-        return allows(await session.privileges(), ("find", "changeStream"), resource)
-
-    async def cmd_open(
-        self, session: ClientContext, db: str, cmd: dict[str, Any]
-    ) -> dict[str, Any]:
-        user = self._user(session, "parallelChangeStream")
-        if db != "admin":
-            raise MongoError(
-                "Unauthorized", "parallelChangeStream may only be run against the admin database."
-            )
-        # A parallel stream reads every namespace: a cluster-wide change stream's privileges.
-        if not await self._may_watch(session, change_stream_resource(None, None)):
-            raise MongoError(
-                "Unauthorized",
-                "not authorized on admin to execute command { parallelChangeStream: 1 }: "
-                "it needs find and changeStream on every database ({db: '', collection: ''})",
-            )
-        request = read_open(cmd)
-        cmd, n, bucket, name, batch_size = (
-            request.cmd,
-            request.n,
-            request.bucket,
-            request.name,
-            request.batch_size,
-        )
-        if bucket is not None:
-            if name is None:
-                raise MongoError("BadValue", "attaching to a bucket needs the stream's name")
-            return await self._attach_bucket(user, name, bucket, n, cmd, batch_size)
-        if n is None:
-            raise MongoError("BadValue", "nBuckets is required: an integer between 1 and 1024")
-        name = name or f"pcs-{uuid.uuid4().hex[:12]}"
-        stream, created = await self.stream_set.named(name, n, cmd, user)
-        tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
-        if tokens is None and isinstance(cmd.get("startAtOperationTime"), Timestamp):
-            # Joining an existing stream at a time: the same point as a token for that time.
-            tokens = high_water_mark(cmd["startAtOperationTime"])
-        per_bucket = tokens if isinstance(tokens, list) else [tokens] * n
-        cursors = []
-        for i in range(n):
-            token = per_bucket[i]
-            dealt = stream.buckets[i]
-            in_gap = False
-            if token is not None and dealt.position_after(key := start_point(token)[1]) is None:
-                # After the point a fallen-behind bucket is complete to: its first getMore
-                # moves it to a replay (buckets/catch_up.py). Below what it holds: lost.
-                in_gap = dealt.lag.behind and key >= dealt.floor
-                if not in_gap:
-                    raise MongoError(
-                        "ChangeStreamHistoryLost",
-                        f"bucket {i} of stream {name!r} no longer holds events after "
-                        "that token; attach to the bucket alone to re-read them",
-                    )
-            cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
-            cur.lost = in_gap
-            cursors.append(
-                {
-                    "id": Int64(cur.cursor_id),
-                    "ns": CURSOR_NS,
-                    "firstBatch": [],
-                    "postBatchResumeToken": cur.last_token,
-                    "bucket": i,
-                }
-            )
-        return {
-            "cursors": cursors,
-            "name": name,
-            "nBuckets": n,
-            "bucketBy": stream.options.bucket_by,
-        }
-
-    async def cmd_drop(
-        self, session: ClientContext, db: str, cmd: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Close the stream `cmd["dropParallelChangeStream"]` and kill its cursors (see the module
-        docstring): its creator's to drop, like every other use of a named stream."""
-        user = self._user(session, "dropParallelChangeStream")
-        if db != "admin":
-            raise MongoError(
-                "Unauthorized",
-                "dropParallelChangeStream may only be run against the admin database.",
-            )
-        check_depth(cmd)
-        check_lsid(cmd)
-        name = cmd["dropParallelChangeStream"]
-        if not isinstance(name, str):
-            raise wrong_type("dropParallelChangeStream", name, "string")
-        check_stream_name(name, "dropParallelChangeStream")
-        while (pending := self.stream_set.creating.get(name)) is not None:
-            await pending.wait()  # being created: dropped once it is (or found missing)
-        stream = self.streams.get(name)
-        if stream is None:
-            raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
-        self.stream_set.check_owner(name, user)
-        # Its cursors, and those of replays that would move to it once caught up.
-        doomed = [cid for cid, cur in self.cursors.items() if stream in (cur.stream, cur.join)]
-        for cid in doomed:
-            self._drop_cursor(cid)
-        self.stream_set.close_named(stream, "dropping stream %s (dropParallelChangeStream)")
-        return {"name": name, "cursorsKilled": [Int64(cid) for cid in doomed]}
-
-    def _new_cursor(
-        self,
-        user: str,
-        stream: ParallelStream,
-        i: int,
-        cmd: dict[str, Any],
-        batch_size: int | None,
-        token: Mapping[str, Any] | None,
-        *,
-        from_start: bool = False,
-    ) -> BucketCursor:
-        """A cursor on bucket `i`: after `token` if given; else, on a stream this command created
-        (`from_start`), at the stream's start point; else at the bucket's live end.
-
-        Why `from_start`: a new stream's readers start as soon as every oplog is known to reach
-        back far enough, and may deal events before the command that created it gets to run again.
-        Those events are after the start point the command asked for, so its cursor must see them:
-        placed at the live end, it skipped them (a 1M-event catch-up lost the first few hundred).
-        Nothing leaves a bucket before a cursor has read it, so the bucket still holds them all.
-        """
-        bucket = stream.buckets[i]
-        if token is None and from_start:
-            token = token_from_key(
-                bucket.floor
-            )  # the start point: below every event the bucket holds
-        # Resumed: placed after the token by resume_after, from the first event the bucket holds.
-        position = bucket.base if token is not None else bucket.end
-        cid = self.registry.new_id()
-        lsid = cmd.get("lsid")
-        # Like the server: a cursor belongs to the user who opened it (with an upstream login, see
-        # _user) and, if opened in a session, to that session too.
-        cur = BucketCursor(
-            cid,
-            stream,
-            bucket,
-            position,
-            owner=session_id(lsid["id"]) if lsid else b"",
-            ns=CURSOR_NS,
-            batch_size=batch_size or None,
-            user=user,
-            last_used=trio.current_time(),
-        )
-        if token is not None:
-            cur.resume_after(token)
-        else:
-            cur.last_key, cur.last_token = bucket.frontier, bucket.frontier_token
-        bucket.cursors.add(cur)
-        bucket.last_read = trio.current_time()  # a consumer arrives: not stalled (Bucket.put)
-        self.cursors[cid] = cur
-        return cur
-
-    async def _attach_bucket(
-        self,
-        user: str,
-        name: str,
-        i: int,
-        n: int | None,
-        cmd: dict[str, Any],
-        batch_size: int | None,
-    ) -> dict[str, Any]:
-        stream, created = await self.stream_set.named(name, n, cmd, user)
-        if i >= stream.options.n_buckets:
-            raise MongoError(
-                "BadValue", f"bucket must be below nBuckets ({stream.options.n_buckets})"
-            )
-        token = cmd.get("resumeAfter") or cmd.get("startAfter")
-        if isinstance(token, list):
-            raise MongoError(
-                "BadValue", "attaching to one bucket takes one resumeAfter token, not a list"
-            )
-        if token is None:
-            # Without a token, from the stream's start point: nothing it holds for the bucket is
-            # skipped, and what retention has dropped since is re-read by a replay below.
-            token = token_from_key(stream.buckets[i].start_floor)
-        if token is not None and stream.buckets[i].position_after(start_point(token)[1]) is None:
-            # Older than this bucket's retained history: re-read the oplogs for this bucket alone,
-            # until the cursor reaches what the named stream's bucket holds.
-            named = stream
-            stream = await self.stream_set.replay(named, i, {**cmd, "resumeAfter": token})
-            cur = self._new_cursor(user, stream, i, cmd, batch_size, token)
-            self._private[cur.cursor_id] = stream
-            cur.follow(named, lambda: self._close_private(cur.cursor_id))
-        else:
-            cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
-        events: list[EventFields] = []
-        if batch_size:
-            events, _ = await cur.next_batch(batch_size, 0, first=True)
-        return {
-            "cursor": cursor_document(
-                cur.cursor_id, CURSOR_NS, "firstBatch", events, cur.last_token
-            )
-        }
-
-    async def _replay_dropped(self, cur: BucketCursor) -> None:
-        """Move `cur`, whose events its bucket dropped before it was first read (an unread cursor
-        pins no retention, Bucket._safe) or no longer holds (it fell behind, buckets/catch_up.py),
-        to a replay from its resume point, which hands it back to its stream's bucket once caught
-        up, as an attach with an older token."""
-        named, cid, i = cur.stream, cur.cursor_id, cur.bucket.index
-        opts = named.options
-        replay = await self.stream_set.replay(
-            named,
-            i,
-            {
-                "resumeAfter": cur.last_token,
-                "fullDocument": opts.full_document,
-                "fullDocumentBeforeChange": opts.full_document_before_change,
-            },
-        )
-        cur.bucket.detach(cur)
-        bucket = replay.buckets[i]
-        cur.stream, cur.bucket, cur.position = replay, bucket, bucket.base
-        bucket.cursors.add(cur)
-        cur.resume_after(cur.last_token)
-        cur.acked = cur.position
-        self._private[cid] = replay
-        cur.follow(named, lambda: self._close_private(cid))
-
-    async def cmd_change_stream(
-        self, session: ClientContext, db: str, cmd: dict[str, Any]
-    ) -> dict[str, Any]:
-        try:
-            reply = await self._accelerate_watch(session, db, cmd)
-        except Decline:
-            self.watches["passedThrough"] += 1
-            raise
-        self.watches["accelerated"] += 1
-        return reply
-
-    async def _accelerate_watch(
-        self, session: ClientContext, db: str, cmd: dict[str, Any]
-    ) -> dict[str, Any]:
-        """An ordinary `watch()` (aggregate with $changeStream), served from the shards in parallel.
-
-        Only streams whose every event the engine reproduces exactly are accelerated: every
-        fullDocument and fullDocumentBeforeChange mode, and the stages, operators and expressions
-        mongoformats.change_stages evaluates (buckets/commands.py reads and plans it). Anything
-        else raises Decline, so the proxy forwards the aggregate to mongos unchanged:
-        acceleration never changes what a consumer sees.
-        """
-        if self.requires_auth and not session.user:
-            raise Decline()  # mongos answers an unauthenticated aggregate with its own error
-        if await self.stream_set.upstream_wire_version() < _V2_TOKENS_WIRE_VERSION:
-            raise Decline()  # its streams carry v1 tokens (and older events): mongos's own, unchanged
-        request = read_watch(db, cmd)
-        if request.coll is not None and not await _is_collection_or_absent(
-            session, db, request.coll
-        ):
-            raise Decline()  # mongos refuses a view (CommandNotSupportedOnView)
-        if not await self._may_watch(session, request.resource):
-            raise Decline()  # mongos answers Unauthorized, in its own words
-        plan = plan_watch(request, cmd, shard_buffer_bytes=self.config.watch_shard_buffer_bytes)
-        if (failed := await session.fail_point_reply("aggregate", db, cmd)) is not None:
-            return failed
-        try:
-            stream = await self.stream_set.create(
-                f"watch-{uuid.uuid4().hex[:8]}",
-                1,
-                plan.open,
-                keep={0},
-                scope=plan.scope,
-                stages=plan.stages,
-                keep_version=plan.keep_version,
-            )
-        except MongoError as exc:  # e.g. ChangeStreamHistoryLost, labelled as mongos labels it
-            if exc.code_name == "ExceededMemoryLimit":
-                # The stream mongos serves is the same stream, only slower: better than none.
-                log.warning(
-                    "watch() on %s passed through to the upstream: %s", cmd["aggregate"], exc
-                )
-                raise Decline() from None
-            raise with_change_stream_label(exc) from None
-        cur = self._new_cursor(
-            session.user or "",
-            stream,
-            0,
-            cmd,
-            plan.batch_size,
-            plan.open.get("resumeAfter"),
-            from_start=True,
-        )
-        if plan.event_token is not None:
-            cur.last_key, cur.last_token = token_sort_key(plan.event_token), dict(plan.event_token)
-            cur.must_meet = plan.fragment[0] if plan.fragment is not None else cur.last_key
-            cur.fragments_sent = plan.fragment[1] + 1 if plan.fragment is not None else 0
-        cur.ns = plan.ns
-        self._private[cur.cursor_id] = stream
-        return {
-            "cursor": {
-                "firstBatch": [],
-                "postBatchResumeToken": cur.last_token,
-                "id": Int64(cur.cursor_id),
-                "ns": cur.ns,
-            }
-        }
-
-    async def _holds(self, session: ClientContext, action: str) -> bool:
-        """Whether the client's user holds `action` on the cluster (always, without auth)."""
-        return not self.requires_auth or allows(
-            await session.privileges(), (action,), {"cluster": True}
-        )
-
-    def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
-        check_lsid(cmd)
-        return self.registry.owned(
-            cid, lambda: self._user(session, next(iter(cmd))), cmd.get("lsid")
-        )
-
     async def cmd_ddl(self, session: ClientContext, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        """A DDL command on its way to mongos: recorded as notes when the upstream cannot show it."""
+        """A DDL command on its way to mongos: recorded as notes when the upstream cannot show
+        it."""
         name = next(iter(cmd))
         if not await self.stream_set.lacks_expanded_events() or not isinstance(cmd[name], str):
             raise Decline()
@@ -552,26 +223,28 @@ class Engine:
         before = await self.stream_set.holders(shards, ns)
         specs = None
         if name == "dropIndexes" and before:
-            target_db, _, coll = ns.partition(".")
-            listed = await session.forward_command(target_db, {"listIndexes": coll})
-            specs = {ix["name"]: ix for ix in listed.get("cursor", {}).get("firstBatch", [])}
+            specs = await _index_specs(session, ns)
         reply = await session.forward_command(db, cmd)
         if reply.get("ok"):
             after = await self.stream_set.holders(shards, ns)
             for note in plan_notes(cmd, ns, before, after, specs):
-                data = ddl_note(
-                    note.op_type,
-                    note.ns,
-                    ui=note.ui,
-                    operation_description=note.operation_description,
-                    state_before_change=note.state_before_change,
-                )
-                await self.stream_set.on_each_shard(
-                    {s: shards[s] for s in note.shards},
-                    "admin",
-                    {"appendOplogNote": 1, "data": data},
-                )
+                await self._write_note(note, shards)
         return reply
+
+    async def _write_note(self, note: Note, shards: Mapping[str, list[tuple[str, int]]]) -> None:
+        """`note` appended to the oplog of each shard it names."""
+        data = ddl_note(
+            note.op_type,
+            note.ns,
+            ui=note.ui,
+            operation_description=note.operation_description,
+            state_before_change=note.state_before_change,
+        )
+        await self.stream_set.on_each_shard(
+            {s: shards[s] for s in note.shards},
+            "admin",
+            {"appendOplogNote": 1, "data": data},
+        )
 
     async def cmd_get_more(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
@@ -581,7 +254,31 @@ class Engine:
             return failed
         more = get_more_request(cmd)
         cid = more.cursor_id
-        cur = self._owned(session, cid, cmd)
+        cur = await self._check_out(session, db, cmd, more)
+        cur.busy = True  # a getMore waiting for events is a use: never timed out under it
+        try:
+            events, pbrt = await self._next_batch(cur, more)
+        except MongoError as exc:
+            self.registry.drop(cid)
+            raise with_change_stream_label(exc) from None
+        finally:
+            cur.busy, cur.last_used = False, trio.current_time()
+        alive = not cur.exhausted
+        if not alive:
+            self.registry.drop(cid)  # after an invalidate, as on the server: the cursor is closed
+        return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+
+    def _owned(self, session: ClientContext, cid: int, cmd: dict[str, Any]) -> BucketCursor:
+        check_lsid(cmd)
+        return self.registry.owned(
+            cid, lambda: self.access.user(session, next(iter(cmd))), cmd.get("lsid")
+        )
+
+    async def _check_out(
+        self, session: ClientContext, db: str, cmd: dict[str, Any], more: GetMore
+    ) -> BucketCursor:
+        """The cursor a getMore names, if the client may use it now."""
+        cur = self._owned(session, more.cursor_id, cmd)
         if f"{db}.{more.collection}" != cur.ns:
             raise MongoError(
                 "Unauthorized",
@@ -592,34 +289,31 @@ class Engine:
             raise with_change_stream_label(fail)  # like the server's: the cursor survives it
         if cur.busy:  # mongos pins a cursor for one operation at a time
             raise MongoError(
-                "CursorInUse", f"Cursor already in use (namespace: '{cur.ns}', id: {cid})."
+                "CursorInUse",
+                f"Cursor already in use (namespace: '{cur.ns}', id: {more.cursor_id}).",
             )
-        cur.busy = True  # a getMore waiting for events is a use: never timed out under it
-        try:
-            if self._behind_its_bucket(cur):
-                await self._replay_dropped(cur)
-            cur.read = True
-            deadline = trio.current_time() + (more.max_time_ms or 0) / 1000
-            events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
-            if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
-                await self._replay_dropped(cur)
-                left = max(0, int((deadline - trio.current_time()) * 1000))
-                wait_ms = left if more.max_time_ms is not None else None
-                events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
-        except MongoError as exc:
-            self._drop_cursor(cid)
-            raise with_change_stream_label(exc) from None
-        finally:
-            cur.busy, cur.last_used = False, trio.current_time()
-        alive = not cur.exhausted
-        if not alive:
-            self._drop_cursor(cid)  # after an invalidate, as on the server: the cursor is closed
-        return {"cursor": cursor_document(cid if alive else 0, cur.ns, "nextBatch", events, pbrt)}
+        return cur
+
+    async def _next_batch(
+        self, cur: BucketCursor, more: GetMore
+    ) -> tuple[list[EventFields], Mapping[str, Any]]:
+        """A getMore's batch, from a replay if the cursor's bucket no longer holds its events."""
+        if self._behind_its_bucket(cur):
+            await self.opens.replay_dropped(cur)
+        cur.read = True
+        deadline = trio.current_time() + (more.max_time_ms or 0) / 1000
+        events, pbrt = await cur.next_batch(more.batch_size, more.max_time_ms)
+        if not events and self._behind_its_bucket(cur):  # its bucket fell behind meanwhile
+            await self.opens.replay_dropped(cur)
+            left = max(0, int((deadline - trio.current_time()) * 1000))
+            wait_ms = left if more.max_time_ms is not None else None
+            events, pbrt = await cur.next_batch(more.batch_size, wait_ms)
+        return events, pbrt
 
     def _behind_its_bucket(self, cur: BucketCursor) -> bool:
         """A named stream's cursor whose next events its bucket does not hold: dropped before it
         was first read, or not held since the bucket fell behind (BucketCursor.stale)."""
-        if cur.cursor_id in self._private:
+        if cur.cursor_id in self.registry.private:
             return False
         return (not cur.read and cur.position < cur.bucket.base) or cur.stale()
 
@@ -630,38 +324,32 @@ class Engine:
             return failed
         killed, others = [], []
         ids = kill_cursors_ids(cmd)
-        mine = [self.cursors[cid] for cid in ids if cid in self.cursors]
-        # Every id is checked before any is killed: one the caller may not kill fails the
-        # command, as the server checks authorization for all of them first.
-        user = self._user(session, "killCursors") if mine else ""
-        if any(cur.user != user for cur in mine) and not await self._holds(
-            session, "killAnyCursor"
-        ):
-            raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
+        await self._check_may_kill(session, ids)
         for cid in ids:
             if cid in self.cursors:
-                self._drop_cursor(cid)
+                self.registry.drop(cid)
                 killed.append(Int64(cid))
             else:
                 others.append(Int64(cid))
-        reply: dict[str, Any] = {
-            "cursorsKilled": killed,
-            "cursorsNotFound": [],
-            "cursorsAlive": [],
-            "cursorsUnknown": [],
-        }
+        reply: dict[str, Any] = {field: [] for field in _KILL_REPLY_FIELDS}
+        reply["cursorsKilled"] = killed
         if others:  # ids of mongos's cursors in the same command: mongos kills those
             theirs = await session.forward_command(db, {**cmd, "cursors": others})
             if not theirs.get("ok"):
                 return theirs
-            for field_name in (
-                "cursorsKilled",
-                "cursorsNotFound",
-                "cursorsAlive",
-                "cursorsUnknown",
-            ):
-                reply[field_name] += theirs.get(field_name, [])
+            for field in _KILL_REPLY_FIELDS:
+                reply[field] += theirs.get(field, [])
         return reply
+
+    async def _check_may_kill(self, session: ClientContext, ids: list[int]) -> None:
+        """Every id is checked before any is killed: one the caller may not kill fails the
+        command, as the server checks authorization for all of them first."""
+        mine = [self.cursors[cid] for cid in ids if cid in self.cursors]
+        user = self.access.user(session, "killCursors") if mine else ""
+        if any(cur.user != user for cur in mine) and not await self.access.holds(
+            session, "killAnyCursor"
+        ):
+            raise MongoError("Unauthorized", f"not authorized to kill cursor on {CURSOR_NS}")
 
     async def cmd_end_sessions(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
@@ -686,8 +374,8 @@ class Engine:
         named = sessions_named(
             cmd,
             session.user or "",
-            access_control=self.requires_auth,
-            kill_any=await self._holds(session, "killAnySession"),
+            access_control=self.access.requires_auth,
+            kill_any=await self.access.holds(session, "killAnySession"),
         )
         # Cursors opened outside any session belong to no session a command can name.
         self.registry.kill_where(
@@ -696,17 +384,29 @@ class Engine:
         )
         return reply
 
-    def _close_private(self, cid: int) -> None:
-        self.registry.close_private(cid)
-
-    def _drop_cursor(self, cid: int) -> None:
-        self.registry.drop(cid)
-
     def _stream_owners(self) -> dict[str, str]:
         """Each stream's user: a named one's creator, a private one's cursor's user."""
         owners = {name: self.stream_set.owners.get(name, "") for name in self.streams}
         owners.update(self.registry.private_owners())
         return owners
+
+    def _users_own(
+        self,
+        user: str,
+        name: str | None,
+        streams: list[ParallelStream],
+        cursors: list[BucketCursor],
+    ) -> tuple[list[ParallelStream], list[BucketCursor]]:
+        """The streams and cursors of `user`'s; Unauthorized if the stream `name` is not."""
+        owners = self._stream_owners()
+        if name is not None and owners.get(name) != user:
+            raise MongoError(
+                "Unauthorized", f"parallel change stream {name!r} was created by another user"
+            )
+        return (
+            [s for s in streams if owners.get(s.name) == user],
+            [cur for cur in cursors if cur.user == user],
+        )
 
     async def cmd_status(
         self, session: ClientContext, db: str, cmd: dict[str, Any]
@@ -717,21 +417,15 @@ class Engine:
         highest token such that buckets hold at most k events in (after_i, planEnd] (admission
         control for Spark); without maxEvents, planEnd is the frontier.
         """
-        user = self._user(session, "parallelChangeStreamStatus")
+        user = self.access.user(session, "parallelChangeStreamStatus")
         check_status_command(cmd)
         name = cmd.get("name")
         streams = [s for n, s in sorted(self.all_streams().items()) if name in (None, n)]
         if name is not None and not streams:
             raise MongoError("NamespaceNotFound", f"no parallel change stream named {name!r}")
         cursors = list(self.cursors.values())
-        if not await self._holds(session, "inprog"):
-            owners = self._stream_owners()
-            if name is not None and owners.get(name) != user:
-                raise MongoError(
-                    "Unauthorized", f"parallel change stream {name!r} was created by another user"
-                )
-            streams = [s for s in streams if owners.get(s.name) == user]
-            cursors = [cur for cur in cursors if cur.user == user]
+        if not await self.access.holds(session, "inprog"):
+            streams, cursors = self._users_own(user, name, streams, cursors)
         out: dict[str, Any] = {
             "streams": [s.status() for s in streams],
             "cursors": len(cursors),

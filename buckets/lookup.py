@@ -92,13 +92,15 @@ class DocumentLookup:
         return out
 
     async def pre_images(self, events: list[ChangeEvent]) -> dict[int, bytes | None]:
-        """The recorded pre-image of each update, replace and delete in `events` (by index), or None."""
+        """The recorded pre-image of each update, replace and delete in `events` (by index), or
+        None."""
         by_shard: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
         for i, ev in enumerate(events):
             if ev.op_type in ("update", "replace", "delete"):
                 data = decode_token(ev.token)
                 if data.uuid is not None:
-                    # Images are kept under the applyOps entry that holds the write (ChangeEvent.applied_at).
+                    # Images are kept under the applyOps entry that holds the write
+                    # (ChangeEvent.applied_at).
                     ts, index = ev.applied_at or (data.cluster_time, data.txn_op_index)
                     by_shard[ev.shard].append(
                         (
@@ -155,7 +157,8 @@ class DocumentLookup:
     def with_recorded_post_images(
         events: list[ChangeEvent], pre: dict[int, bytes | None], *, required: bool
     ) -> list[ChangeEvent]:
-        """fullDocument whenAvailable / required: each update's pre-image with the update applied."""
+        """fullDocument whenAvailable / required: each update's pre-image with the update
+        applied."""
         out = list(events)
         for i, ev in enumerate(events):
             if ev.op_type != "update":
@@ -169,7 +172,8 @@ class DocumentLookup:
                 raise MongoError(
                     "NoMatchingDocument",
                     "Change stream was configured to require a post-image for all "
-                    f"update events, but the post-image was not found for event: {_event_text(ev.raw)}",
+                    "update events, but the post-image was not found for event: "
+                    f"{_event_text(ev.raw)}",
                 )
             out[i] = ev._replace(raw=splice_before_ns(ev.raw, "fullDocument", after))
         return out

@@ -95,7 +95,8 @@ class MergedQueue:
         self._runs[shard] = _Run(mark)
 
     def extend(self, shard: str, events: list[Any]) -> None:
-        """Queue a batch of `shard`'s events (EventFields or EventBlocks), in token order and above its mark."""
+        """Queue a batch of `shard`'s events (EventFields or EventBlocks), in token order and
+        above its mark."""
         if not events:
             return
         run = self._runs[shard]
@@ -175,6 +176,11 @@ def _merge_mixed(items: list[Any]) -> list[Any]:
         everything = as_fields(items)
         everything.sort(key=EVENT_SORT_KEY)
         return everything
+    return _interleave(merged, singles, cuts)
+
+
+def _interleave(merged: EventBlock, singles: list[Any], cuts: list[int]) -> list[Any]:
+    """`merged` cut before each single's position (`cuts`), with the singles between."""
     out: list[Any] = []
     at = 0
     for single, cut in zip(singles, cuts, strict=True):

@@ -1,4 +1,5 @@
-"""Reading one shard: an OplogTail reads and transforms, a ShardReader feeds the merge.
+"""Reading one shard: an OplogTail (buckets/oplog_tail.py) reads and transforms, a ShardReader
+feeds the merge.
 
 Strategy: a tailable awaitData `find` from the start timestamp, then one exhaust getMore whose
 batches the member streams unasked, as replication's oplog fetcher reads (the next batch is made
@@ -29,24 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
-from bson import Int64, Timestamp
+from bson import Timestamp
 
-from buckets._columnar.allocator import unfilled_bytearray
-from buckets._columnar.batch_splice import splice_entries
-from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import count_events, is_block
-from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.budget import BudgetHold, ByteBudget
-from buckets.ports import Connection, Connector
-from mongoformats.change_events import OplogTransformer, prev_op_ts
+from buckets.oplog_tail import (
+    FIRST_BATCH_ENTRIES,
+    OplogTail,
+)
+from buckets.ports import Connection
 from mongoformats.errors import ConnectionLost, MongoError, has_category
-from mongoformats.hosts import host_address
-from mongoformats.oplog_splice import cursor_batch, timestamp_of
 from mongoformats.resume_token import high_water_mark, token_sort_key
 
 log = logging.getLogger("buckets.reader")
 
-_SECONDARY_OK = {"mode": "secondaryPreferred"}
 # A wants_progress interval this short means events wait on the shard's mark: its notes then
 # follow demand (one written and not yet read back at a time), not a timer.
 URGENT_NOTE_S = 0.02
@@ -59,16 +56,6 @@ NOTE_SPACING_S = 0.005
 # A note written and not read back this long is given up on (lost in a failover, or its entry
 # sorts below the events that wait): another may be written.
 NOTE_PATIENCE_S = 0.5
-# Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB of
-# entries unasked; read in batches, each shard's member serves the next batch while this one is
-# spliced, and other connections are served between batches. Each batch costs the proxy a fixed
-# share of Python and numpy calls (the splice's templates, the reader's delivery, the merge and
-# the deal), so fewer batches cost less; but a stream's first events wait for every shard's first
-# batch, so the find asks for a small one (FIRST_BATCH_ENTRIES; the getMores then stream the
-# large ones, as a raw read with the server's default first batch does). The sizes were chosen
-# by A/B runs (benchmarks/README.md, "Figures behind constants and designs").
-BATCH_ENTRIES = 16384
-FIRST_BATCH_ENTRIES = 1024
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
 
 
@@ -100,261 +87,6 @@ class ShardStats:
     )
     last_error: str = ""  # why the reader last lost its member, or could not reach one
     last_error_at: float = 0.0  # wall-clock time of that
-
-
-class TailOutput(Protocol):
-    """What an OplogTail reports, in order."""
-
-    async def deliver(
-        self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp
-    ) -> None:
-        """Events of entries read through `last_ts` (`nbytes` of them, as plain tuples): returns
-        once they are charged to the shard's budget and handed on."""
-
-    async def checked(self) -> None:
-        """The oplog reaches back to the start point (the stream may report itself open)."""
-
-    async def parked(self, waiting: bool) -> None:
-        """An awaitData getMore starts (True: the shard's oplog was read to its end) or returns."""
-
-    async def idle(self) -> None:
-        """An awaitData getMore returned nothing: the shard's mark may need a note to move."""
-
-    async def connected(self, host: str, reconnects: int) -> None:
-        """Reading from member `host`, after `reconnects` lost connections so far."""
-
-    async def lost(self, error: str, reconnects: int) -> None:
-        """The member read from was lost, or none could be reached (`error` says why): the tail
-        tries again, and stays lost to status until it reads again (a whole shard down)."""
-
-
-class OplogTail:
-    """Reads one shard's oplog from `start`, forever, reconnecting to another member on failures.
-
-    Picklable until it runs (its connector, a buckets.ports.Connector, is settings), so a
-    reader process can run it.
-    """
-
-    def __init__(
-        self,
-        shard_id: str,
-        hosts: list[tuple[str, int]],
-        *,
-        start: Timestamp,
-        skip_key: bytes,
-        transformer: OplogTransformer,
-        await_ms: int = 200,
-        connect_member: Connector,
-    ) -> None:
-        self.shard_id = shard_id
-        self.hosts = hosts
-        # Its record of failed members (the connector's) puts the member the tail lost last at
-        # the end of the line: a hung one costs the connect timeout each time it is tried.
-        self.connect_member = connect_member
-        self.position = start  # next read starts at ts >= position (inclusive at first)
-        self.inclusive = True
-        self.skip_key = skip_key  # events at or below this key were delivered before
-        self.transformer = transformer
-        self.await_ms = await_ms
-        self.reconnects = 0
-
-    async def check_history(self, conn: Connection) -> None:
-        """Fail like the server if the oplog no longer reaches back to the start point."""
-        reply = await conn.command(
-            "local",
-            {
-                "find": "oplog.rs",
-                "filter": {},
-                "sort": {"$natural": 1},
-                "limit": 1,
-                "singleBatch": True,
-                "$readPreference": _SECONDARY_OK,
-            },
-        )
-        first = reply["cursor"]["firstBatch"]
-        if not first:
-            return
-        entry = first[0]
-        ts = entry["ts"]
-        starts_set = entry["op"] == "n" and entry["o"].get("msg") in (
-            "initiating set",
-            "new primary",
-        )
-        if (ts.time, ts.inc) > (self.position.time, self.position.inc) and not starts_set:
-            raise MongoError(
-                "ChangeStreamHistoryLost",
-                f"Resume of change stream was not possible, as the resume point may no longer be "
-                f"in the oplog of shard {self.shard_id} (its oldest entry is {ts})",
-            )
-
-    async def run(self, out: TailOutput) -> None:
-        """Read until cancelled; reconnect and resume from the last position on network errors."""
-        first_connect = True
-        while True:
-            try:
-                conn = await self.connect_member(self.hosts, secondary=True)
-            except ConnectionLost as exc:
-                self.reconnects += 1
-                await out.lost(str(exc), self.reconnects)
-                await trio.sleep(0.2)
-                continue
-            try:
-                await out.connected(conn.address, self.reconnects)
-                if first_connect:
-                    await self.check_history(conn)
-                    first_connect = False
-                    await out.checked()
-                await self._tail(conn, out)
-            except (ConnectionLost, MongoError) as exc:
-                if isinstance(exc, MongoError):
-                    if exc.code == 136:  # CappedPositionLost
-                        raise MongoError(
-                            "ChangeStreamHistoryLost",
-                            f"shard {self.shard_id}: oplog truncated past "
-                            f"the read position {self.position}",
-                        ) from exc
-                    if exc.code != 43 and not has_category(exc.code, "RetriableError"):
-                        raise
-                    # A lost connection has told the connector's record already; an error reply not.
-                    self.connect_member.health.failed(conn.address, str(exc))
-                # The member was lost (dropped, hung, stepped down, shutting down, recovering, the
-                # cursor gone): read on from another one.
-                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
-                self.reconnects += 1
-                await out.lost(str(exc), self.reconnects)
-                await trio.sleep(0.05)
-            finally:
-                await conn.aclose()
-
-    async def _tail(self, conn: Connection, out: TailOutput) -> None:
-        # Replies stay raw bytes: entries are found where they lie in the reply and spliced into events.
-        op = "$gte" if self.inclusive else "$gt"
-        data, at = await conn.command_in_place(
-            "local",
-            {
-                "find": "oplog.rs",
-                "filter": {"ts": {op: self.position}},
-                "tailable": True,
-                "awaitData": True,
-                # A first batch of its own size (see BATCH_ENTRIES): the server's default (101
-                # entries) cost a round trip to every shard before the flow began, a large one the
-                # time to make it.
-                "batchSize": FIRST_BATCH_ENTRIES,
-                "readConcern": {"level": "majority"},
-                "$readPreference": _SECONDARY_OK,
-            },
-            pad=SLACK,
-            allocate=unfilled_bytearray,
-        )
-        transformer = self.transformer
-        expanded = transformer.show_expanded_events
-        while True:
-            cursor_id, batch = batch_in_place(data, at)
-            if len(batch):
-                # Up to the time of an older token resumed from, events keep its version: the
-                # general path, which writes any version, makes them.
-                splice = transformer.token_version == 2 and transformer.keep_version is None
-                items = splice_entries(batch, splice, expanded)
-                await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
-            else:
-                await out.idle()
-            if not cursor_id:
-                return
-            await out.parked(True)
-            try:
-                if conn.streaming:
-                    data, at = await conn.more_in_place(pad=SLACK, allocate=unfilled_bytearray)
-                else:
-                    data, at = await conn.command_in_place(
-                        "local",
-                        {
-                            "getMore": Int64(cursor_id),
-                            "collection": "oplog.rs",
-                            "batchSize": BATCH_ENTRIES,
-                            "maxTimeMS": self.await_ms,
-                        },
-                        pad=SLACK,
-                        exhaust=True,
-                        allocate=unfilled_bytearray,
-                    )
-            finally:
-                await out.parked(False)
-
-    async def _deliver(
-        self,
-        items: EventBlock | list[Any],
-        entries: int,
-        last_ts: Timestamp,
-        out: TailOutput,
-        conn: Connection,
-    ) -> None:
-        """Deliver what `splice_entries` made of `entries` oplog entries, less what a resumed
-        stream delivered before (up to the skip key)."""
-        transformer = self.transformer
-        transform = transformer.transform_decoded
-        skip = self.skip_key
-        events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields) and blocks
-        nbytes = 0
-        listed: list[Any] = [items] if isinstance(items, EventBlock) else items
-        for item in listed:
-            if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
-                if (gap := transformer.missing_chain(item)) is not None:
-                    transformer.adopt_chain(await self._chain_through(conn, gap))
-                for ev in transform(item):
-                    if ev.sort_key > skip:
-                        events.append(tuple(ev))
-                        nbytes += len(ev.raw)
-            elif type(item) is EventBlock:  # a backlog's batch, or a run of its events, as columns
-                if item.first_key <= skip:
-                    item = item.sliced(item.bisect_right(skip))
-                if len(item):
-                    events.append(item)
-                    nbytes += item.nbytes
-            elif item and item[0] > skip:
-                events.append(
-                    item
-                )  # a spliced event: a plain tuple (marshals fast) until delivered
-                nbytes += len(item[5])
-        await out.deliver(events, nbytes, entries, last_ts)
-        self.position, self.inclusive = last_ts, False
-
-    async def _chain_through(self, conn: Connection, ts: Timestamp) -> list[bytes]:
-        """A transaction's entries up to the one at `ts`, oldest first: read back by prevOpTime,
-        one entry a query, as the server's change stream reads a chain that began before it."""
-        if (
-            conn.streaming
-        ):  # `conn` carries the member's stream of batches: ask on a connection of its own
-            same = [h for h in self.hosts if host_address(*h) == conn.address]
-            side = await self.connect_member(same or self.hosts, secondary=True)
-            try:
-                return await self._chain_through(side, ts)
-            finally:
-                await side.aclose()
-        out: list[bytes] = []
-        at: Timestamp | None = ts
-        while at is not None:
-            reply = await conn.command(
-                "local",
-                {
-                    "find": "oplog.rs",
-                    "filter": {"ts": at},
-                    "limit": 1,
-                    "singleBatch": True,
-                    "readConcern": {"level": "majority"},
-                    "$readPreference": _SECONDARY_OK,
-                },
-            )
-            _, entries = cursor_batch(bytes(reply.raw))
-            if not entries:
-                raise MongoError(
-                    "IncompleteTransactionHistory",
-                    "oplog no longer contains the complete write "
-                    f"history of this transaction, log with ts {at} cannot be found on shard "
-                    f"{self.shard_id}",
-                )
-            out.append(entries[0])
-            at = prev_op_ts(entries[0])
-        return out[::-1]
 
 
 class ReadsElsewhere(Protocol):
@@ -404,7 +136,8 @@ class ShardReader:
         # the next reply after a note was written holds it, unless it was on its way already.
         self._note_sent: float | None = None
         self._read_on = trio.Event()
-        # A reader process's batches that arrived and are not yet in the merge's channel (see arrived).
+        # A reader process's batches that arrived and are not yet in the merge's channel (see
+        # arrived).
         self._arrived: ShardBatch | None = None
         self._arrival = trio.Event()
 
@@ -550,7 +283,7 @@ class ShardReader:
             time.time(),
         )
 
-    # -- notes ---------------------------------------------------------------------------------------
+    # -- notes -------------------------------------------------------------------------------------
 
     def nudge(self) -> None:
         """The merge holds events back on this shard's mark (a no-I/O call, for the pump)."""

@@ -1,4 +1,5 @@
-"""Reader processes (readerProcesses): shards' oplogs read and transformed outside the proxy process.
+"""Reader processes (readerProcesses): shards' oplogs read and transformed outside the proxy
+process.
 
 One Python process is one core. With `readerProcesses: k`, a stream deals its shards over k
 reader processes; each process runs the shards' OplogTails (connections, getMores, splicing,
@@ -13,8 +14,9 @@ that asks gets a new one in its place. One that reads nothing for the engine's s
 time is stopped.
 
 Transport: the proxy process listens on a Unix socket in a private directory; each reader
-process, started by trio_parallel (which kills it when the pool closes or retires it), connects to it. Both
-directions carry length-prefixed messages (see `encode_message`); `key` names one tail (one shard of one stream):
+process (buckets/reader_worker.py), started by trio_parallel (which kills it when the pool closes
+or retires it), connects to it. Both directions carry length-prefixed messages
+(buckets/reader_channel.py); `key` names one tail (one shard of one stream):
 
     proxy -> reader:  ("add", key, OplogTail)    ("remove", key)
                       ("grant", {key: bytes the tail may send})
@@ -44,10 +46,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import marshal
 import os
-import pickle
-import struct
 import tempfile
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -56,120 +55,20 @@ import trio
 import trio_parallel
 from bson import Timestamp
 
-from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
-from buckets._columnar.batch_splice import warm_up
+from buckets.reader_channel import (
+    MessageStream,
+)
+from buckets.reader_worker import serve_readers
 from mongoformats.errors import MongoError
 
 if TYPE_CHECKING:
     from buckets.memory_limit import MemoryPool
-    from buckets.reader import OplogTail, ShardReader
+    from buckets.reader import ShardReader
 
 log = logging.getLogger("buckets.reader_process")
 
-_HEADER = struct.Struct("<IB")  # body length, body format (_MARSHAL or _PICKLE)
-_MARSHAL, _PICKLE = 0, 1
-SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel; it may grant less (net.core.wmem_max)
 START_TIMEOUT_S = 60.0  # a reader process must connect back this soon (interpreter start, imports)
 HEARTBEAT_S = 1.0  # how often the proxy pings each reader process
-SEND_TIMEOUT_S = 60.0  # a message not taken this long means the other process hangs
-
-
-def encode_message(message: Any) -> tuple[int, list[Any]]:
-    """(format, the pieces of the body) of a message: marshal when it holds only builtin values,
-    else pickle, whose out-of-band buffers (an EventBlock's columns) follow the pickle as they are.
-
-    Why marshal first: a batch of spliced events as tuples (the general path's) is tuples of
-    bytes and str, and marshal writes it in two thirds of pickle's time. Both ends are the same
-    interpreter (trio_parallel starts this one), the one condition marshal sets. A message with
-    another type in it (an EventBlock, a tail to add, a transaction's event with its Timestamp)
-    makes marshal raise at once and goes as a pickle. One difference remains: marshal reads any
-    bytes-like value back as plain bytes (a bson.Binary too); no message holds one where its type
-    matters.
-
-    Why out of band: a block's columns (hundreds of KB) copied into the pickle cost a fresh
-    reply-sized allocation that faults in page by page; sent as they are, the socket copies
-    them once. Layout of a pickle's body: the count of buffers and each one's size
-    (u32, then u64 each), the pickle, the buffers.
-    """
-    try:
-        return _MARSHAL, [marshal.dumps(message)]
-    except ValueError:
-        buffers: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-        views = [b.raw() for b in buffers]
-        table = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views))
-        return _PICKLE, [table, data, *views]
-
-
-def decode_message(fmt: int, body: bytes | bytearray | memoryview) -> Any:
-    if fmt == _MARSHAL:
-        return marshal.loads(body)
-    view = memoryview(body)
-    (count,) = struct.unpack_from("<I", view)
-    sizes = struct.unpack_from(f"<{count}Q", view, 4)
-    at = len(view) - sum(sizes)
-    data = view[4 + 8 * count : at]
-    buffers = []
-    for size in sizes:
-        buffers.append(view[at : at + size])
-        at += size
-    return pickle.loads(data, buffers=buffers)
-
-
-class MessageStream:
-    """Length-prefixed messages over a connected socket; sends are serialized, receives are one
-    reader's. A message is received straight into a buffer of its size (`recv_into`): a batch of
-    events is large, and reading it in pieces and joining them cost a copy per piece."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self._send_lock = trio.StrictFIFOLock()
-        for option in (trio.socket.SO_SNDBUF, trio.socket.SO_RCVBUF):  # fewer wake-ups per batch
-            stream.setsockopt(trio.socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
-
-    async def send(self, message: Any) -> None:
-        """Send one message whole, even if the caller is cancelled meanwhile.
-
-        Why shielded: a send cancelled part-way leaves half a message on the socket, and the other
-        side then reads the rest of the stream out of step. That broke every stream of the
-        process, not just the one whose tail was stopped (a stream closing while its tail was
-        sending a batch). The other side is our own process, which always reads on, so the send
-        ends soon; if that process is gone, the socket is broken and the send fails at once. One
-        that stops reading for SEND_TIMEOUT_S is taken for hung: the connection is closed (which
-        fails that process's tails) rather than left with half a message.
-        """
-        fmt, pieces = encode_message(message)
-        async with self._send_lock:
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(SEND_TIMEOUT_S):
-                    await self.stream.send_all(
-                        _HEADER.pack(sum(memoryview(p).nbytes for p in pieces), fmt)
-                    )
-                    for piece in pieces:
-                        await self.stream.send_all(piece)
-                    return
-                await self.stream.aclose()
-        raise trio.BrokenResourceError(f"the other process read nothing for {SEND_TIMEOUT_S:.0f} s")
-
-    async def receive(self) -> Any:
-        """The next message, or None once the other side has closed."""
-        header = await self._exactly(_HEADER.size)
-        if header is None:
-            return None
-        size, fmt = _HEADER.unpack(header)
-        body = await self._exactly(size)
-        return None if body is None else decode_message(fmt, body)
-
-    async def _exactly(self, n: int) -> memoryview | None:
-        # Unzeroed memory: zeroing first was a pass over every batch's bytes that the receive then
-        # overwrites (6% of the proxy's main process).
-        view, got = memoryview(unfilled_bytearray(n)), 0
-        while got < n:
-            k = await self.stream.socket.recv_into(view[got:], n - got)
-            if not k:
-                return None
-            got += k
-        return view
 
 
 class ReaderHost:
@@ -344,25 +243,20 @@ class ReaderHost:
                 # once every reference is gone, and the process sends no more until they do.
                 del message, events
             elif kind == "want":
-                _, _, n, returned = message
-                if returned:  # the grant it had left, given back (too small for its batch)
-                    reader.granted -= returned
-                    reader.budget.release(returned)
-                self._wants[key] = n
-                if (wanted := self._wanted.get(key)) is not None:
-                    wanted.set()
-            elif kind == "parked":
-                await reader.parked(message[2])
-            elif kind == "idle":
-                await reader.idle()
-            elif kind == "checked":
-                await reader.checked()
-            elif kind == "connected":
-                await reader.connected(message[2], message[3])
-            elif kind == "lost":
-                await reader.lost(message[2], message[3])
+                self._want(key, reader, message[2], message[3])
             elif kind == "failed":
                 self._fail(key, MongoError(message[2], message[3]))
+            else:
+                await _report(reader, kind, message)
+
+    def _want(self, key: int, reader: ShardReader, n: int, returned: int) -> None:
+        """A tail asks for `n` bytes of credit, giving back `returned`."""
+        if returned:  # the grant it had left, given back (too small for its batch)
+            reader.granted -= returned
+            reader.budget.release(returned)
+        self._wants[key] = n
+        if (wanted := self._wanted.get(key)) is not None:
+            wanted.set()
 
     def _fail(self, key: int, exc: Exception) -> None:
         if self._readers.pop(key, None) is not None:
@@ -373,6 +267,20 @@ class ReaderHost:
     def _note_idle(self) -> None:
         if not self._readers and self.idle_since is None:
             self.idle_since = trio.current_time()
+
+
+async def _report(reader: ShardReader, kind: str, message: tuple[Any, ...]) -> None:
+    """A tail's report in a reader process, made to its ShardReader in this one."""
+    if kind == "parked":
+        await reader.parked(message[2])
+    elif kind == "idle":
+        await reader.idle()
+    elif kind == "checked":
+        await reader.checked()
+    elif kind == "connected":
+        await reader.connected(message[2], message[3])
+    elif kind == "lost":
+        await reader.lost(message[2], message[3])
 
 
 class ReaderPool:
@@ -456,8 +364,8 @@ class ReaderPool:
             if not host.started:
                 raise  # the stream that asked for it fails to open
             log.warning(
-                "reader process %d ended (%s); streams reading through it fail and resume from their "
-                "tokens",
+                "reader process %d ended (%s); streams reading through it fail and resume from "
+                "their tokens",
                 host.index,
                 group.exceptions[0],
             )
@@ -477,127 +385,3 @@ async def reader_pool(
         nursery.start_soon(pool.retire_idle)
         yield pool
         nursery.cancel_scope.cancel()
-
-
-# -- the reader process's side -----------------------------------------------------------------------
-
-
-def serve_readers(path: str) -> None:
-    """Entry point of a reader process (run by trio_parallel): connect back, run tails until closed."""
-    keep_large_allocations()
-    # The splice's compiled loops, loaded (compiled on a cold cache) before connecting back:
-    # loaded on the first batches instead, they hold a new stream's first events back (the p99
-    # of bench_latency's first readerProcesses workload).
-    warm_up()
-    trio.run(_serve, path)
-
-
-class _Credit:
-    """What a tail may send: bytes the proxy granted and the tail has not spent (see Flow
-    control)."""
-
-    def __init__(self, key: int, channel: MessageStream) -> None:
-        self.key = key
-        self.channel = channel
-        self.available = 0
-        self.asked = 0  # the bytes of the one request the proxy has not answered yet
-        self._granted = trio.Event()
-
-    async def spend(self, n: int) -> None:
-        """Wait until `n` bytes are granted and spend them; then ask ahead for a batch as large."""
-        while self.available < n:
-            if not self.asked:
-                await self._ask(n)
-            await self._granted.wait()
-        self.available -= n
-        if not self.asked and self.available < n:
-            await self._ask(n)
-
-    async def _ask(self, n: int) -> None:
-        # What is left goes back with the request: the budget may be too small to hold it and
-        # `n` beside it, and it then waits on bytes this tail would never send.
-        returned, self.available, self.asked = self.available, 0, n
-        await self.channel.send(("want", self.key, n, returned))
-
-    def grant(self, n: int) -> None:
-        self.available += n
-        self.asked = 0
-        self._granted.set()
-        self._granted = trio.Event()
-
-
-class _Report:
-    """A tail's TailOutput in a reader process: every report becomes a message to the proxy."""
-
-    def __init__(self, key: int, channel: MessageStream, credit: _Credit) -> None:
-        self.key = key
-        self.channel = channel
-        self.credit = credit
-
-    async def deliver(
-        self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp
-    ) -> None:
-        await self.credit.spend(nbytes)
-        await self.channel.send(
-            ("batch", self.key, events, nbytes, entries, (last_ts.time, last_ts.inc))
-        )
-
-    async def checked(self) -> None:
-        await self.channel.send(("checked", self.key))
-
-    async def parked(self, waiting: bool) -> None:
-        await self.channel.send(("parked", self.key, waiting))
-
-    async def idle(self) -> None:
-        await self.channel.send(("idle", self.key))
-
-    async def connected(self, host: str, reconnects: int) -> None:
-        await self.channel.send(("connected", self.key, host, reconnects))
-
-    async def lost(self, error: str, reconnects: int) -> None:
-        await self.channel.send(("lost", self.key, error, reconnects))
-
-
-async def _serve(path: str) -> None:
-    channel = MessageStream(await trio.open_unix_socket(path))
-    credits: dict[int, _Credit] = {}
-    tails: dict[int, trio.CancelScope] = {}
-
-    async def run_tail(key: int, tail: OplogTail) -> None:
-        try:
-            with tails[key]:
-                await _run_tail(tail, _Report(key, channel, credits[key]))
-        finally:
-            tails.pop(key, None)
-            credits.pop(key, None)
-
-    async with trio.open_nursery() as nursery:
-        while (message := await channel.receive()) is not None:
-            if message[0] == "add":
-                _, key, tail = message
-                credits[key], tails[key] = _Credit(key, channel), trio.CancelScope()
-                nursery.start_soon(run_tail, key, tail)
-            elif message[0] == "remove":  # its stream closed
-                if (scope := tails.get(message[1])) is not None:
-                    scope.cancel()
-            elif message[0] == "grant":
-                for key, n in message[1].items():
-                    if key in credits:
-                        credits[key].grant(n)
-            elif (
-                message[0] == "ping"
-            ):  # answered beside the tails' sends, never behind a blocked one
-                nursery.start_soon(channel.send, ("pong", None))
-        nursery.cancel_scope.cancel()  # the proxy closed the pool: stop every tail
-
-
-async def _run_tail(tail: OplogTail, report: _Report) -> None:
-    try:
-        await tail.run(report)
-    except MongoError as exc:
-        await report.channel.send(("failed", report.key, exc.code, exc.errmsg))
-    except (
-        Exception
-    ) as exc:  # a bug, or an entry the transform cannot handle: this stream fails alone
-        log.exception("shard %s: reader failed", tail.shard_id)
-        await report.channel.send(("failed", report.key, 1, f"{type(exc).__name__}: {exc}"))

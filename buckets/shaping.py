@@ -34,7 +34,8 @@ class Shaper:
     def __init__(self, stages: Stages, processes: int) -> None:
         self.stages = stages
         self.processes = processes
-        # Its own limiter: the default one admits os.cpu_count() jobs, and reader processes hold theirs for good.
+        # Its own limiter: the default one admits os.cpu_count() jobs, and reader processes hold
+        # theirs for good.
         self._limiter = trio.CapacityLimiter(processes) if processes else None
         self.runs_sent = 0  # for status: runs shaped in worker processes
 
@@ -61,7 +62,8 @@ class Shaper:
     async def shape(
         self, raws: Sequence[bytes], tokens: Sequence[Mapping[str, Any]]
     ) -> list[bytes | None]:
-        """Each event through the stages, in order: its new bytes, or None where a $match dropped it.
+        """Each event through the stages, in order: its new bytes, or None where a $match
+        dropped it.
         A stage's error is the first failing event's, as if the events were shaped one by one."""
         runs = min(self.processes, len(raws) // SHAPE_RUN_EVENTS)
         if runs < 1:

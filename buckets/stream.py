@@ -50,8 +50,9 @@ from buckets.memory_limit import (
     shaping_processes,
 )
 from buckets.merge import MergedQueue
+from buckets.oplog_tail import OplogTail
 from buckets.ports import Connection, Connector, ConnectUpstream
-from buckets.reader import URGENT_NOTE_S, OplogTail, ShardBatch, ShardReader, mark_after
+from buckets.reader import URGENT_NOTE_S, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
 from buckets.reply import EventSizer, Size
 from buckets.scope import event_matches, in_scope, invalidates

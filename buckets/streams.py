@@ -92,6 +92,31 @@ class StreamSet:
                 stream, "tearing down idle stream %s early: its memory is needed for a new stream"
             )
 
+    def _admit(self, options: StreamOptions, shards: int, kept: int) -> int:
+        """Admit a stream of `shards` shards and `kept` buckets kept, or refuse it
+        (ExceededMemoryLimit); the reader processes it would start. Admitted by its floor (what
+        it always takes) and those processes, beside what the others hold; its budgets then take
+        what they hold from the same pool. Synchronous: nothing else is admitted meanwhile."""
+        assert self.reader_pool is not None, "Engine.run() must be started first"
+        floor = stream_floor(shards, kept)
+        starting = self.reader_pool.missing(options.reader_processes) + shaping_processes(
+            bool(options.stages), options.reader_processes
+        )
+        self._make_room(floor + starting * self.memory.process_bytes)
+        try:
+            self.memory.check_admits(
+                floor,
+                starting,
+                streams=len(self.all_streams()),
+                shards=shards,
+                buckets=kept,
+                reader_processes=options.reader_processes,
+            )
+        except MongoError:
+            self.refused_for_memory += 1
+            raise
+        return starting
+
     def tear_down_idle(self) -> None:
         now = trio.current_time()
         for stream in list(self.streams.values()):
@@ -173,19 +198,9 @@ class StreamSet:
             await pending.wait()
         stream = self.streams.get(name)
         if stream is not None:
-            self.check_owner(
-                name, user
-            )  # before anything of hers is touched (a reopen kills her cursors)
-        by = cmd.get("bucketBy")
-        if stream is not None and (
-            (n is not None and n != stream.options.n_buckets)
-            or (by is not None and by != stream.options.bucket_by)
-        ):
-            n = (
-                n or stream.options.n_buckets
-            )  # an attach with only another bucketBy keeps the count
-            self._close_to_rebucket(stream, n, by or stream.options.bucket_by)
-            stream = None
+            # Before anything of hers is touched (a reopen kills her cursors).
+            self.check_owner(name, user)
+            stream = self._unless_rebucketed(stream, n, cmd.get("bucketBy"))
         if stream is not None:
             return stream, False
         if n is None:
@@ -203,6 +218,17 @@ class StreamSet:
             del self.creating[name]
             done.set()
 
+    def _unless_rebucketed(
+        self, stream: ParallelStream, n: int | None, by: str | None
+    ) -> ParallelStream | None:
+        """`stream`, or None once it is closed to be reopened with another nBuckets or bucketBy."""
+        options = stream.options
+        if (n is None or n == options.n_buckets) and (by is None or by == options.bucket_by):
+            return stream
+        n = n or options.n_buckets  # an attach with only another bucketBy keeps the count
+        self._close_to_rebucket(stream, n, by or options.bucket_by)
+        return None
+
     def _close_to_rebucket(self, stream: ParallelStream, n: int, by: str) -> None:
         """Close `stream` so that its name can be opened again with `n` buckets dealt `by`.
 
@@ -211,12 +237,13 @@ class StreamSet:
 
         Why: a Spark query restarted with another nBuckets (more tasks) reopens its stream under
         the same name from its checkpoint. Bucket tokens are per bucket count, so the old stream's
-        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by closing
-        it, and the new stream re-reads from the given start. A stream whose cursors are in use is
-        still someone's: refused (ConflictingOperationInProgress, which the caller may retry), so
-        one job never pulls the buckets from under another. Cursors no getMore has used for
-        CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never kills its
-        cursor, and the cursor timeout is 10 minutes or more): they are killed with the stream.
+        retention cannot serve the new buckets; with no cursor reading it, nothing is lost by
+        closing it, and the new stream re-reads from the given start. A stream whose cursors are
+        in use is still someone's: refused (ConflictingOperationInProgress, which the caller may
+        retry), so one job never pulls the buckets from under another. Cursors no getMore has
+        used for CURSOR_IN_USE_S are a stopped consumer's (a Spark task cancelled mid-read never
+        kills its cursor, and the cursor timeout is 10 minutes or more): they are killed with the
+        stream.
         """
         now = trio.current_time()
         cursors = [cur for b in stream.buckets.values() for cur in b.cursors]
@@ -250,24 +277,11 @@ class StreamSet:
         keep_version: tuple[Timestamp, int] | None = None,
     ) -> ParallelStream:
         topology = await self.topology()
-        now = topology.as_of
         tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
         if keep_version is None and isinstance(tokens, Mapping):
             data = decode_token(tokens)
             keep_version = (data.cluster_time, data.version)
-        if isinstance(tokens, list):
-            floors = [token_sort_key(t) for t in tokens]
-            start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
-        elif tokens is not None:
-            start, key = start_point(tokens)
-            floors = [key] * n
-        else:
-            # Like the server, a stream with no start point sees what happens after now: the
-            # newest write (at `now` itself) was before it opened.
-            start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
-            if not isinstance(start, Timestamp):
-                raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
-            floors = [token_sort_key(high_water_mark(start))] * n
+        start, floors = _start_and_floors(cmd, n, topology.as_of)
         match, split = open_match(cmd)
         options = StreamOptions(
             n_buckets=n,
@@ -288,27 +302,8 @@ class StreamSet:
             bucket_by=str(cmd.get("bucketBy", "namespace")),
             ddl_notes=await self.lacks_expanded_events(),
         )
-        kept = len(keep) if keep is not None else n
-        # Admitted by its floor (what it always takes) and the reader processes it would start,
-        # beside what the others hold; its budgets then take what they hold from the same pool.
-        floor = stream_floor(len(topology.shards), kept)
         assert self.reader_pool is not None, "Engine.run() must be started first"
-        starting = self.reader_pool.missing(options.reader_processes) + shaping_processes(
-            bool(options.stages), options.reader_processes
-        )
-        self._make_room(floor + starting * self.memory.process_bytes)
-        try:
-            self.memory.check_admits(
-                floor,
-                starting,
-                streams=len(self.all_streams()),
-                shards=len(topology.shards),
-                buckets=kept,
-                reader_processes=options.reader_processes,
-            )
-        except MongoError:
-            self.refused_for_memory += 1
-            raise
+        starting = self._admit(options, len(topology.shards), len(keep) if keep is not None else n)
         # The stream's accounts set its floor aside as it is made (no await between); its reader
         # processes are counted as starting until they count themselves (ReaderPool._keep), so
         # that streams created at once cannot each fit beside the others' absence.
@@ -372,6 +367,26 @@ class StreamSet:
             },
             keep={i},
         )
+
+
+def _start_and_floors(cmd: dict[str, Any], n: int, now: Timestamp) -> tuple[Timestamp, list[bytes]]:
+    """Where a new stream starts reading, and each bucket's floor (the key below its first
+    event), from the open command's resume tokens or startAtOperationTime; `now` is the cluster
+    time of the newest write."""
+    tokens = cmd.get("resumeAfter", cmd.get("startAfter"))
+    if isinstance(tokens, list):
+        floors = [token_sort_key(t) for t in tokens]
+        start = min((start_point(t)[0] for t in tokens), key=lambda ts: (ts.time, ts.inc))
+        return start, floors
+    if tokens is not None:
+        start, key = start_point(tokens)
+        return start, [key] * n
+    # Like the server, a stream with no start point sees what happens after now: the newest
+    # write (at `now` itself) was before it opened.
+    start = cmd.get("startAtOperationTime", Timestamp(now.time, now.inc + 1))
+    if not isinstance(start, Timestamp):
+        raise MongoError("TypeMismatch", "startAtOperationTime must be a Timestamp")
+    return start, [token_sort_key(high_water_mark(start))] * n
 
 
 def frontier_status(stream: ParallelStream, cmd: dict[str, Any]) -> dict[str, Any]:

@@ -126,10 +126,7 @@ class TopologyWatcher:
                 with trio.move_on_after(self.lazy_check_s):
                     await self._nudged.wait()
                 self._nudged = trio.Event()
-                interval = self.holds_back()
-                if interval is None or (
-                    interval > self.min_interval_s and trio.current_time() - last_check < interval
-                ):
+                if not self._due(last_check):
                     continue
                 last_check = trio.current_time()
                 try:
@@ -137,26 +134,13 @@ class TopologyWatcher:
                         conn = await self.connect()
                     topology = await read_topology(conn)
                 except (ConnectionLost, MongoError) as exc:
-                    if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
-                        raise MongoError(
-                            exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}"
-                        ) from exc
-                    log.warning("listShards: %s; retrying", exc)
+                    _check_retriable(exc)
                     if conn is not None:
                         await conn.aclose()
                     conn = None
                     continue
                 self.checks += 1
-                for sid, hosts in topology.shards.items():
-                    if sid not in self.known:
-                        log.info(
-                            "shard %s joined at %s: reading it from then on",
-                            sid,
-                            topology.joined[sid],
-                        )
-                        self.known.add(sid)
-                        self.added.append(sid)
-                        add_shard(sid, hosts, topology.joined[sid])
+                self._add_new(topology, add_shard)
                 self.as_of = topology.as_of
                 await advance(topology.as_of)
                 if self._nudged.is_set():  # (answered by this mark; none waits on a set event)
@@ -165,9 +149,42 @@ class TopologyWatcher:
             if conn is not None:
                 await conn.aclose()
 
+    def _due(self, last_check: float) -> bool:
+        """Whether the shard list holds the merge back enough to be read again now."""
+        interval = self.holds_back()
+        return interval is not None and (
+            interval <= self.min_interval_s or trio.current_time() - last_check >= interval
+        )
+
+    def _add_new(
+        self,
+        topology: Topology,
+        add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None],
+    ) -> None:
+        """Start readers for the shards `topology` lists that were not known yet."""
+        for sid, hosts in topology.shards.items():
+            if sid not in self.known:
+                log.info(
+                    "shard %s joined at %s: reading it from then on",
+                    sid,
+                    topology.joined[sid],
+                )
+                self.known.add(sid)
+                self.added.append(sid)
+                add_shard(sid, hosts, topology.joined[sid])
+
     def status(self) -> dict[str, Any]:
         return {
             "checkedThrough": self.as_of,
             "checks": self.checks,
             "shardsAdded": list(self.added),
         }
+
+
+def _check_retriable(exc: ConnectionLost | MongoError) -> None:
+    """A failed listShards that a retry may cure is logged; any other fails the stream."""
+    if isinstance(exc, MongoError) and not has_category(exc.code, "RetriableError"):
+        raise MongoError(
+            exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}"
+        ) from exc
+    log.warning("listShards: %s; retrying", exc)

@@ -19,14 +19,8 @@ import trio.testing
 from bson import Timestamp
 
 from buckets.budget import ByteBudget
-from buckets.reader import (
-    BATCH_ENTRIES,
-    NOTE_PATIENCE_S,
-    NOTE_SPACING_S,
-    URGENT_NOTE_S,
-    OplogTail,
-    ShardReader,
-)
+from buckets.oplog_tail import BATCH_ENTRIES, OplogTail
+from buckets.reader import NOTE_PATIENCE_S, NOTE_SPACING_S, URGENT_NOTE_S, ShardReader
 from buckets.topology import Topology, TopologyWatcher
 from mongoformats.change_events import OplogTransformer
 

@@ -6,9 +6,9 @@ import pytest
 import trio
 from bson import Timestamp
 
-from buckets import reader_process
+from buckets import reader_channel
 from buckets._columnar.items import as_fields
-from buckets.reader_process import MessageStream
+from buckets.reader_channel import MessageStream
 from tests.unit.test_event_block import block_of_inserts
 
 
@@ -46,7 +46,7 @@ async def test_a_send_the_other_process_never_takes_breaks_the_connection(monkey
     """A process that stops reading is hung: after SEND_TIMEOUT_S the connection is closed (its
     tails fail and resume from their tokens) instead of waiting forever or leaving half a
     message."""
-    monkeypatch.setattr(reader_process, "SEND_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(reader_channel, "SEND_TIMEOUT_S", 0.3)
     sender, receiver = _connected_pair()  # the receiver never reads
     with pytest.raises(trio.BrokenResourceError), trio.fail_after(5):
         await sender.send(("batch", 1, b"x" * (64 << 20)))
@@ -61,10 +61,10 @@ async def test_batches_go_as_marshal_and_other_messages_as_pickles():
     spliced = (b"\x82sort", b"", "insert", "db", "c", b"\x05\x00\x00\x00\x00", ("db.c",), "", None)
     in_txn = (*spliced[:8], (Timestamp(5, 1), 0))
     batch = ("batch", 1, [spliced], 5, 1, (5, 1))
-    assert reader_process.encode_message(batch)[0] == reader_process._MARSHAL
+    assert reader_channel.encode_message(batch)[0] == reader_channel._MARSHAL
     assert (
-        reader_process.encode_message(("batch", 1, [in_txn], 5, 1, (5, 1)))[0]
-        == reader_process._PICKLE
+        reader_channel.encode_message(("batch", 1, [in_txn], 5, 1, (5, 1)))[0]
+        == reader_channel._PICKLE
     )
     sender, receiver = _connected_pair()
     for message in (batch, ("batch", 1, [spliced, in_txn], 10, 2, (5, 1)), ("credit", {1: 5})):

@@ -24,6 +24,7 @@ from pymongo.errors import OperationFailure
 import buckets.streams as streams_module
 from buckets._columnar.items import as_fields
 from buckets.bucketing import BUCKET_BY, bucket_of, bucket_of_document
+from buckets.engine_base import new_cursor
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from simcluster import open_cluster
@@ -1321,13 +1322,13 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
         "dealt-first", 1, {"nBuckets": 1, "startAtOperationTime": start}
     )
     await poll_until(lambda: stream.buckets[0].end >= 500, 10)
-    cur = engine._new_cursor("", stream, 0, {}, None, None, from_start=True)
+    cur = new_cursor(engine.registry, "", stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
     events, _ = await cur.next_batch(None, 0)
     assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in as_fields(events)] == list(
         range(500)
     )
-    engine._drop_cursor(cur.cursor_id)
+    engine.registry.drop(cur.cursor_id)
 
 
 async def test_buckets_attached_at_once_to_a_missing_stream_share_one_stream(cluster, proxy):
@@ -1365,7 +1366,7 @@ async def test_buckets_attached_at_once_to_a_missing_stream_share_one_stream(clu
     engine = proxy.engine
     assert {engine.cursors[cid].stream for cid in ids} == {engine.streams["restarted"]}
     for cid in ids:
-        engine._drop_cursor(cid)
+        engine.registry.drop(cid)
 
 
 async def test_killing_cursors_and_sessions(cluster, proxy):

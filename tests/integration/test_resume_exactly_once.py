@@ -212,7 +212,7 @@ async def test_a_bucket_resumed_from_a_replay_joins_its_named_stream(cluster):
             _write(c, PER_NS, PER_NS + more)
             _drain_and_check(c, ids, tokens, read, PER_NS + more)
             assert engine.cursors[ids[1]].stream is engine.streams["once"]
-            assert not engine._private, "the replay stream was closed"
+            assert not engine.registry.private, "the replay stream was closed"
 
         await sync(run)
         await sync(_close_all)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from buckets import commands as commands_module
+from buckets import watch_command
 from buckets.commands import (
     MAX_PIPELINE_STAGES,
     check_open_command,
@@ -326,7 +327,7 @@ def test_fuzzed_watch_and_cursor_fields_fail_with_mongodb_errors(stages, spec, c
     try:
         check_depth(cmd)
         check_pipeline(cmd["pipeline"], "aggregate")
-        if commands_module._well_typed_watch(cmd) and unsupported_in_stages(stages) is None:
+        if watch_command._well_typed_watch(cmd) and unsupported_in_stages(stages) is None:
             apply_stages(event, compile_stages(stages), {"_data": "00"})
     except MongoError:
         pass

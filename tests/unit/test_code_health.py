@@ -66,10 +66,6 @@ COMPLEX_FUNCTIONS: set[str] = {
 LONG_MODULES: set[str] = {
     "buckets/_columnar/batch_splice.py",
     "buckets/_columnar/event_block.py",
-    "buckets/commands.py",
-    "buckets/engine.py",
-    "buckets/reader.py",
-    "buckets/reader_process.py",
     "buckets/stream.py",
     "mongoformats/change_events.py",
     "mongoformats/oplog_splice.py",

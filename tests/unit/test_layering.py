@@ -318,6 +318,8 @@ def test_the_demo_is_imported_by_nothing_but_tests_and_benchmarks():
 # The engine's sans-IO cores: synchronous, unit-tested without sockets or an event loop.
 ENGINE_PURE_CORES = (
     "buckets.commands",
+    "buckets.watch_command",
+    "buckets.memory_limit",
     "buckets.reply",
     "buckets.scope",
     "buckets.ddl_notes",

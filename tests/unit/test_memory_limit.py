@@ -157,11 +157,11 @@ class _Channel:
 async def test_a_reader_process_sends_only_what_was_granted_and_gives_back_what_is_too_little(
     autojump_clock: MockClock,
 ) -> None:
-    """The reader process's side of the flow control (buckets/reader_process.py): a tail asks for
+    """The reader process's side of the flow control (buckets/reader_worker.py): a tail asks for
     its batch's size and waits for the grant; once it has sent, it asks ahead for a batch as large;
     short of credit for a larger one, it gives back what it has, so a budget too small for both
     still admits the batch."""
-    from buckets.reader_process import _Credit
+    from buckets.reader_worker import _Credit
 
     channel = _Channel()
     credit = _Credit(7, channel)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from bson import Timestamp
 
-from buckets.commands import OpenRequest, open_match, read_open
+from buckets.commands import OpenRequest, open_match, read_drop, read_open
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import high_water_mark
 
@@ -78,3 +78,13 @@ def test_a_match_may_not_test_what_lookups_add():
     assert info.value.code_name == "BadValue" and "runs before the lookups" in info.value.errmsg
     with pytest.raises(MongoError, match="may only contain \\$match stages"):
         open_match({"pipeline": [{"$project": {"a": 1}}]})
+
+
+def test_a_drop_command_names_one_stream_by_a_string():
+    assert read_drop({"dropParallelChangeStream": "s"}) == "s"
+    with pytest.raises(MongoError) as info:
+        read_drop({"dropParallelChangeStream": 1})
+    assert info.value.code_name == "TypeMismatch"
+    with pytest.raises(MongoError) as info:
+        read_drop({"dropParallelChangeStream": "x" * 256})
+    assert info.value.code_name == "InvalidNamespace"

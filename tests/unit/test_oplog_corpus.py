@@ -11,7 +11,7 @@ Every case runs on every path a real batch of entries can take in the engine:
 - `entry`: one entry at a time through `OplogTransformer.transform` (the byte splice
   `oplog_splice.splice_crud` first, the general transform for the rest);
 - `general`: one entry at a time through `transform_decoded` alone;
-- `reader`: buckets/reader.py's `OplogTail` reading the entries from a find reply, as one batch
+- `reader`: buckets/oplog_tail.py's `OplogTail` reading the entries from a find reply, as one batch
   (`batch_splice.splice_entries` one by one below BATCH_MIN entries, then `_deliver`);
 - `reader-per-entry`: the same, each entry in a getMore batch of its own (transactions split over
   batches);
@@ -43,7 +43,7 @@ from trio.testing import MockClock
 
 from buckets._columnar.batch_splice import BATCH_MIN
 from buckets._columnar.event_block import EventBlock
-from buckets.reader import OplogTail
+from buckets.oplog_tail import OplogTail
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
 from wireproxy.upstream import MemberConnector

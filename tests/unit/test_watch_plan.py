@@ -1,4 +1,4 @@
-"""The pure half of an accelerated watch() (buckets/commands.py): which aggregates the engine
+"""The pure half of an accelerated watch() (buckets/watch_command.py): which aggregates the engine
 serves, the errors mongos would give for malformed ones, and the private stream planned for the
 rest. No sockets, no event loop."""
 
@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from bson import Timestamp
 
-from buckets.commands import MAX_PIPELINE_STAGES, plan_watch, read_watch
+from buckets.commands import MAX_PIPELINE_STAGES
 from buckets.ports import Decline
+from buckets.watch_command import plan_watch, read_watch
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import ResumeTokenData, encode_token, high_water_mark
 
