@@ -78,7 +78,6 @@ LONG_MODULES: set[str] = {
     "simcluster/node.py",
     "simcluster/server.py",
     "simcluster/updates.py",
-    "wireproxy/upstream.py",
 }
 
 # Paths of modules below maintainability B.

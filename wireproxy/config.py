@@ -250,6 +250,7 @@ def check_upstream_uri(uri: str) -> None:
     proxy's own limits). A mongodb+srv:// URI is checked when the proxy starts, where its DNS
     records are looked up: building a config does no network I/O."""
     if not uri.startswith("mongodb+srv://"):
-        from wireproxy.upstream import UpstreamTarget  # here: `wireproxy --help` loads no engine
+        # Imported here: `wireproxy --help` loads no engine.
+        from wireproxy.upstream_target import UpstreamTarget
 
         UpstreamTarget.from_uri(uri)

@@ -15,17 +15,13 @@ from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
 from wireproxy.host_health import HostHealth, host_address
+from wireproxy.members import logged_in
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession, FrameBudget
-from wireproxy.upstream import (
-    UpstreamClosed,
-    UpstreamConnection,
-    UpstreamTarget,
-    logged_in,
-    open_upstream,
-)
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
 from wireproxy.upstream_monitor import UpstreamMonitor
+from wireproxy.upstream_target import UpstreamTarget
 
 log = logging.getLogger("wireproxy")
 
