@@ -11,11 +11,11 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import bson
 import trio
-from bson import Int64
+from bson import Int64, ObjectId
 from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
@@ -23,12 +23,13 @@ from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.oplog_splice import document_parts
-from wireproxy.metrics import command_label
+from wireproxy.cluster_time import ClusterTimeGossip
+from wireproxy.config import ProxyConfig
+from wireproxy.failpoints import UpstreamFailPoints
+from wireproxy.members import Credentials
+from wireproxy.metrics import ProxyMetrics, command_label
 from wireproxy.router import CommandTable, LocalHandler, PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
-
-if TYPE_CHECKING:
-    from wireproxy.server import ProxyServer
 
 log = logging.getLogger("wireproxy")
 
@@ -173,8 +174,27 @@ async def _send_views(stream: trio.SocketStream, views: list[memoryview]) -> Non
             views[0] = views[0][sent:]
 
 
+class SessionHost(Protocol):
+    """What a session uses of the server that accepted it (wireproxy.server.ProxyServer): stated
+    here, so that the session does not import the server that imports it."""
+
+    config: ProxyConfig
+    table: CommandTable
+    metrics: ProxyMetrics
+    fail_points: UpstreamFailPoints
+    cluster_time: ClusterTimeGossip
+    credentials: Credentials | None
+    frame_budget: FrameBudget
+    process_id: ObjectId
+
+    @property
+    def wire_versions(self) -> tuple[int, int]: ...
+
+    async def connect_upstream(self, *, engine: bool = False) -> UpstreamConnection: ...
+
+
 class ClientSession:
-    def __init__(self, server: ProxyServer, stream: trio.abc.Stream, conn_id: int) -> None:
+    def __init__(self, server: SessionHost, stream: trio.abc.Stream, conn_id: int) -> None:
         self.server = server
         self.stream = stream
         self.conn_id = conn_id
