@@ -27,7 +27,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "buckets/_columnar/batch_splice.py:_layout",
     "buckets/_columnar/batch_splice.py:splice_block",
     "buckets/_columnar/event_block.py:_merge_runs",
-    "demo/demo.py:run_workload",
     "mongoformats/change_events.py:OplogTransformer._crud",
     "mongoformats/change_events.py:OplogTransformer._ddl",
     "mongoformats/oplog_splice.py:_walk_array",
