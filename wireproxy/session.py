@@ -59,6 +59,15 @@ class _CloseConnection(Exception):
     pass
 
 
+# Failures that end the client's connection, whatever command they come from.
+_CONNECTION_ENDS = (
+    UpstreamClosed,
+    _CloseConnection,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+)
+
+
 def read_command(
     msg: wire.OpMsg, table: CommandTable, *, accelerate: bool
 ) -> tuple[RawBSONDocument, str, Route, LocalHandler | None]:
@@ -243,25 +252,18 @@ class ClientSession:
         and, before it has logged in, when a message is larger than
         unauthenticated_max_message_bytes (the cluster requiring authentication) or would take
         the incomplete messages of such clients past unauthenticated_buffer_bytes."""
-        config = self.server.config
         budget = self.server.frame_budget
         started: float | None = None  # when the first bytes of the message being received came
         try:
             while True:
                 logged_in = self.user is not None
-                if not logged_in and self.server.credentials is not None:
-                    self.framer.max_size = config.unauthenticated_max_message_bytes
-                else:
-                    self.framer.max_size = wire.MAX_MESSAGE_SIZE
+                self.framer.max_size = self._max_message_bytes(logged_in)
                 msg = self.framer.next_message()
                 if msg is not wire.NEED_DATA:
                     return msg  # type: ignore[return-value]
                 held = self.framer.buffered
-                if held and not logged_in and not budget.hold(self, held):
-                    raise _CloseConnection(
-                        "incomplete messages of clients not logged in hold more "
-                        f"than unauthenticated_buffer_bytes ({budget.limit})"
-                    )
+                if held and not logged_in:
+                    self._hold(budget, held)
                 now = trio.current_time()
                 if held and started is None:
                     started = now
@@ -271,6 +273,22 @@ class ClientSession:
                     return None
         finally:
             budget.hold(self, 0)
+
+    def _max_message_bytes(self, logged_in: bool) -> int:
+        """The largest message the client may send now: bounded before it has logged in, when
+        the cluster requires authentication."""
+        if not logged_in and self.server.credentials is not None:
+            return self.server.config.unauthenticated_max_message_bytes
+        return wire.MAX_MESSAGE_SIZE
+
+    def _hold(self, budget: FrameBudget, held: int) -> None:
+        """Count the incomplete message of a client not logged in against `budget`, or close
+        the connection."""
+        if not budget.hold(self, held):
+            raise _CloseConnection(
+                "incomplete messages of clients not logged in hold more "
+                f"than unauthenticated_buffer_bytes ({budget.limit})"
+            )
 
     async def _receive_some(self, now: float, started: float | None) -> bytes | bytearray:
         """The next bytes from the client, within idle_timeout_s and, for a message begun at
@@ -342,56 +360,64 @@ class ClientSession:
         cmd, name, route, handler = read_command(msg, self.server.table, accelerate=accelerate)
         self.server.metrics.commands.labels(command=command_label(name), route=route.value).inc()
         if route is Route.PASSTHROUGH:
-            reply_body = await self._forward(msg)
-            if name.lower() in _LOGIN_COMMANDS:
-                # Whatever the step's outcome (done, failed, or sent with moreToCome and no reply),
-                # ask mongos who is logged in now: the next request is read only after the answer.
-                await self._verify_login()
-            elif name.lower() == "configurefailpoint" and reply_body is not None:
-                self.server.fail_points.observe(
-                    bson.decode(msg.body), bool(bson.decode(reply_body).get("ok"))
-                )
+            await self._pass_through(msg, name)
             return
-        decoded = decoded_command(msg)
-        try:
-            if route is Route.HELLO:
-                reply = await self.hello(decoded)
-            else:
-                assert handler is not None
-                try:
-                    reply = await handler(self, decoded.pop("$db", "admin"), decoded)
-                except PassThrough:
-                    await self._forward(msg)
-                    return
-                reply.setdefault("ok", 1.0)
-        except MongoError as exc:
-            self.server.metrics.errors.labels(code=str(exc.code)).inc()
-            reply = exc.to_reply()
-        except (
-            UpstreamClosed,
-            _CloseConnection,
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-        ):
-            raise  # the connection ends, as a pass-through command's would
-        except Exception as exc:
-            # A bug of ours must cost this one command, not the connection, nor (through the
-            # listeners' nursery) every client of the proxy. The server's answer to its own
-            # unexpected failures is InternalError.
-            # The reply names the failure only by its error id, which the (rate-limited) log
-            # holds with the traceback: no Python text reaches a client.
-            what = f"conn{self.conn_id}: {command_label(name)}"
-            error_id = self.server.metrics.failures.record(exc, what)
-            self.server.metrics.errors.labels(code="1").inc()
-            reply = MongoError(
-                "InternalError",
-                f"the proxy failed to run the command (error id {error_id}; see the proxy's log)",
-            ).to_reply()
-        if not msg.more_to_come:
+        reply = await self._run_local(msg, name, route, handler)
+        if reply is not None and not msg.more_to_come:
             # As every mongos reply: the newest cluster time, as mongos signed it.
             self.server.cluster_time.stamp(reply)
             parts = wire.op_msg_parts(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(parts, msg.compressor)
+
+    async def _pass_through(self, msg: wire.OpMsg, name: str) -> None:
+        """Forward `msg`, and learn from it what a login or configureFailPoint changed."""
+        reply_body = await self._forward(msg)
+        if name.lower() in _LOGIN_COMMANDS:
+            # Whatever the step's outcome (done, failed, or sent with moreToCome and no reply),
+            # ask mongos who is logged in now: the next request is read only after the answer.
+            await self._verify_login()
+        elif name.lower() == "configurefailpoint" and reply_body is not None:
+            self.server.fail_points.observe(
+                bson.decode(msg.body), bool(bson.decode(reply_body).get("ok"))
+            )
+
+    async def _run_local(
+        self, msg: wire.OpMsg, name: str, route: Route, handler: LocalHandler | None
+    ) -> dict[str, Any] | None:
+        """The reply to a command the proxy runs itself, errors included; None when its handler
+        passed it through to mongos, which has answered."""
+        decoded = decoded_command(msg)
+        try:
+            if route is Route.HELLO:
+                return await self.hello(decoded)
+            assert handler is not None
+            try:
+                reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+            except PassThrough:
+                await self._forward(msg)
+                return None
+            reply.setdefault("ok", 1.0)
+            return reply
+        except MongoError as exc:
+            self.server.metrics.errors.labels(code=str(exc.code)).inc()
+            return exc.to_reply()
+        except _CONNECTION_ENDS:
+            raise  # the connection ends, as a pass-through command's would
+        except Exception as exc:
+            return self._internal_error(exc, name)
+
+    def _internal_error(self, exc: Exception, name: str) -> dict[str, Any]:
+        """A bug of ours must cost this one command, not the connection, nor (through the
+        listeners' nursery) every client of the proxy. The server's answer to its own unexpected
+        failures is InternalError. The reply names the failure only by its error id, which the
+        (rate-limited) log holds with the traceback: no Python text reaches a client."""
+        what = f"conn{self.conn_id}: {command_label(name)}"
+        error_id = self.server.metrics.failures.record(exc, what)
+        self.server.metrics.errors.labels(code="1").inc()
+        return MongoError(
+            "InternalError",
+            f"the proxy failed to run the command (error id {error_id}; see the proxy's log)",
+        ).to_reply()
 
     # -- the upstream's fail points on local commands (see wireproxy/failpoints.py) ----------------
 
@@ -496,54 +522,75 @@ class ClientSession:
 
     async def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
         server = self.server
-        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-            raise MongoError(
-                51760 if "topologyVersion" in cmd else 51758,
-                "topologyVersion and maxAwaitTimeMS must be given together",
-            )
-        tv = cmd.get("topologyVersion")
-        if tv is not None and tv.get("processId") == server.process_id:
-            await trio.sleep(int(cmd["maxAwaitTimeMS"]) / 1000)
-        legacy = next(iter(cmd)).lower() == "ismaster"
-        reply: dict[str, Any] = {}
-        if cmd.get("helloOk"):
-            reply["helloOk"] = True
-        reply["ismaster" if legacy else "isWritablePrimary"] = True
-        reply.update(
-            {
-                "msg": "isdbgrid",
-                "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
-                "maxBsonObjectSize": 16 * 1024 * 1024,
-                "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
-                "maxWriteBatchSize": 100_000,
-                "localTime": datetime.datetime.now(datetime.UTC),
-                "logicalSessionTimeoutMinutes": 30,
-                "connectionId": self.conn_id,
-                "minWireVersion": server.wire_versions[0],
-                "maxWireVersion": server.wire_versions[1],
-            }
-        )
-        if "compression" in cmd:
-            chosen = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
-            if chosen:
-                reply["compression"] = chosen
+        await _await_topology_change(cmd, server.process_id)
+        reply = hello_reply(cmd, server.process_id, server.wire_versions, self.conn_id)
         if any(f in cmd for f in _UPSTREAM_HELLO_FIELDS):
-            # Authentication belongs to the upstream: ask it on the pinned connection.
-            up = await self.get_upstream()
-            sub = {
-                k: v
-                for k, v in cmd.items()
-                if k not in ("compression", "topologyVersion", "maxAwaitTimeMS")
-            }
-            got = await up.command(
-                cmd.get("$db", "admin"), {k: v for k, v in sub.items() if k != "$db"}, check=False
-            )
-            for f in _UPSTREAM_HELLO_FIELDS:
-                if f in got:
-                    reply[f] = bson.decode(bson.encode({"v": got[f]}))["v"]
-            if "speculativeAuthenticate" in cmd:
-                # The handshake may have logged in (speculative authentication completes in hello
-                # for some mechanisms, X.509's): mongos says whether it did, and as whom.
-                await self._verify_login()
+            reply.update(await self._upstream_hello_fields(cmd))
         reply["ok"] = 1.0
         return reply
+
+    async def _upstream_hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Authentication belongs to the upstream: the hello fields only it can answer, asked on
+        the pinned connection."""
+        up = await self.get_upstream()
+        sub = {k: v for k, v in cmd.items() if k not in _LOCAL_HELLO_FIELDS}
+        got = await up.command(cmd.get("$db", "admin"), sub, check=False)
+        fields = {
+            f: bson.decode(bson.encode({"v": got[f]}))["v"]
+            for f in _UPSTREAM_HELLO_FIELDS
+            if f in got
+        }
+        if "speculativeAuthenticate" in cmd:
+            # The handshake may have logged in (speculative authentication completes in hello
+            # for some mechanisms, X.509's): mongos says whether it did, and as whom.
+            await self._verify_login()
+        return fields
+
+
+# What a hello the proxy passes upstream leaves out: the fields the proxy answers itself.
+_LOCAL_HELLO_FIELDS = frozenset({"compression", "topologyVersion", "maxAwaitTimeMS", "$db"})
+# The compressors the proxy speaks (mongoformats.wire).
+_COMPRESSORS = ("zlib", "snappy", "zstd")
+
+
+async def _await_topology_change(cmd: dict[str, Any], process_id: ObjectId) -> None:
+    """A streaming hello (topologyVersion with maxAwaitTimeMS) waits up to maxAwaitTimeMS for a
+    change of the topology the client knows; the proxy's never changes while it runs."""
+    if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
+        raise MongoError(
+            51760 if "topologyVersion" in cmd else 51758,
+            "topologyVersion and maxAwaitTimeMS must be given together",
+        )
+    tv = cmd.get("topologyVersion")
+    if tv is not None and tv.get("processId") == process_id:
+        await trio.sleep(int(cmd["maxAwaitTimeMS"]) / 1000)
+
+
+def hello_reply(
+    cmd: dict[str, Any], process_id: ObjectId, wire_versions: tuple[int, int], conn_id: int
+) -> dict[str, Any]:
+    """The proxy's own answer to hello (or the legacy isMaster): a mongos's, without the fields
+    only the upstream can give."""
+    legacy = next(iter(cmd)).lower() == "ismaster"
+    reply: dict[str, Any] = {}
+    if cmd.get("helloOk"):
+        reply["helloOk"] = True
+    reply["ismaster" if legacy else "isWritablePrimary"] = True
+    reply.update(
+        {
+            "msg": "isdbgrid",
+            "topologyVersion": {"processId": process_id, "counter": Int64(0)},
+            "maxBsonObjectSize": 16 * 1024 * 1024,
+            "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
+            "maxWriteBatchSize": 100_000,
+            "localTime": datetime.datetime.now(datetime.UTC),
+            "logicalSessionTimeoutMinutes": 30,
+            "connectionId": conn_id,
+            "minWireVersion": wire_versions[0],
+            "maxWireVersion": wire_versions[1],
+        }
+    )
+    chosen = [c for c in cmd.get("compression", ()) if c in _COMPRESSORS]
+    if chosen:
+        reply["compression"] = chosen
+    return reply
