@@ -6,7 +6,9 @@ member of the wanted role (primary, or secondaryPreferred), and the TLS settings
 from __future__ import annotations
 
 import enum
+import functools
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -88,44 +90,64 @@ async def open_member(
     timeout (a hung process), are passed over; with `health`, members seen failing are tried
     last."""
     fallback: UpstreamConnection | None = None
-    errors = []
+    errors: list[str] = []
+    connect = functools.partial(
+        open_upstream,
+        ssl_context=ssl_context,
+        reply_timeout_s=reply_timeout_s,
+        health=health,
+        connect_timeout_s=connect_timeout_s,
+    )
     try:
         for host, port in health.order(hosts) if health is not None else hosts:
-            try:
-                conn = await open_upstream(
-                    host,
-                    port,
-                    ssl_context=ssl_context,
-                    reply_timeout_s=reply_timeout_s,
-                    health=health,
-                    connect_timeout_s=connect_timeout_s,
-                )
-            except UpstreamClosed as exc:
-                errors.append(str(exc))
+            tried = await _try_member(connect(host, port), secondary, connect_timeout_s, errors)
+            if tried is None:
                 continue
-            kept = False
-            try:
-                fit = await _member_fit(conn, secondary, connect_timeout_s)
-                if fit is _Fit.WANTED:
-                    kept = True
-                    return conn
-                if fit is _Fit.FALLBACK and fallback is None:
-                    fallback, kept = conn, True
-            except (UpstreamClosed, MongoError) as exc:
-                errors.append(str(exc))
-            finally:
-                # Passed over, failed, or cancelled mid-handshake: no socket is left open.
-                if not kept:
-                    await conn.aclose()
+            fit, conn = tried
+            if fit is _Fit.WANTED:
+                return conn
+            if fit is _Fit.FALLBACK and fallback is None:
+                fallback = conn
+            else:  # passed over: no socket is left open
+                await conn.aclose()
         if fallback is not None:
             conn, fallback = fallback, None
             return conn
     finally:
         if fallback is not None:  # a better member answered, or the search was cancelled
             await fallback.aclose()
+    raise _none_found(hosts, secondary, errors)
+
+
+def _none_found(hosts: list[tuple[str, int]], secondary: bool, errors: list[str]) -> UpstreamClosed:
     names = ",".join(f"{h}:{p}" for h, p in hosts)
     wanted = "readable" if secondary else "primary"
-    raise UpstreamClosed(f"no {wanted} member among {names}: {'; '.join(errors)}")
+    return UpstreamClosed(f"no {wanted} member among {names}: {'; '.join(errors)}")
+
+
+async def _try_member(
+    connecting: Awaitable[UpstreamConnection],
+    secondary: bool,
+    timeout_s: float,
+    errors: list[str],
+) -> tuple[_Fit, UpstreamConnection] | None:
+    """How a member fits open_member's search, with the connection `connecting` makes to it;
+    None when it could not be reached or asked, the error appended to `errors`. A connection
+    that fails, or is cancelled, mid-handshake is closed."""
+    try:
+        conn = await connecting
+    except UpstreamClosed as exc:
+        errors.append(str(exc))
+        return None
+    try:
+        return await _member_fit(conn, secondary, timeout_s), conn
+    except (UpstreamClosed, MongoError) as exc:
+        errors.append(str(exc))
+        await conn.aclose()
+        return None
+    except BaseException:
+        await conn.aclose()
+        raise
 
 
 class _Fit(enum.Enum):
