@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from pymongo.errors import ConfigurationError
 from pymongo.uri_parser import parse_uri
@@ -45,17 +46,6 @@ class UpstreamTarget:
             # Not the URI itself: it may hold a password.
             raise ValueError(f"upstream: {exc}") from None
         options = parsed["options"]
-        mechanism = options.get("authMechanism", MECHANISM)
-        if mechanism != MECHANISM:
-            raise ValueError(
-                f"upstream: authMechanism {mechanism} is not supported; the proxy "
-                f"logs in with {MECHANISM}"
-            )
-        credentials = None
-        if parsed["username"]:
-            # As drivers do: authSource, else the URI's database, else admin.
-            source = options.get("authSource") or parsed["database"] or "admin"
-            credentials = Credentials(parsed["username"], parsed["password"] or "", source)
         insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
         # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to
         # a driver.
@@ -66,9 +56,26 @@ class UpstreamTarget:
                 tls=tls or bool(options.get("tls")),
                 tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
                 tls_allow_invalid=tls_allow_invalid or insecure,
-                credentials=credentials,
+                credentials=_credentials(parsed),
                 reply_timeout_s=reply_timeout_s,
                 connect_timeout_s=connect_timeout_s,
             ),
             heartbeat_s=options.get("heartbeatFrequencyMS", 10.0),
         )
+
+
+def _credentials(parsed: dict[str, Any]) -> Credentials | None:
+    """The login a URI parsed by pymongo names, if any; ValueError for a mechanism other than
+    the one the proxy logs in with."""
+    options = parsed["options"]
+    mechanism = options.get("authMechanism", MECHANISM)
+    if mechanism != MECHANISM:
+        raise ValueError(
+            f"upstream: authMechanism {mechanism} is not supported; the proxy "
+            f"logs in with {MECHANISM}"
+        )
+    if not parsed["username"]:
+        return None
+    # As drivers do: authSource, else the URI's database, else admin.
+    source = options.get("authSource") or parsed["database"] or "admin"
+    return Credentials(parsed["username"], parsed["password"] or "", source)
