@@ -22,7 +22,7 @@ Idempotent on replay (a re-applied batch leaves the same state):
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,20 +190,27 @@ def _paths(
     return sets, removed, truncated, not unresolved
 
 
+def _dotted(path: Path) -> str:
+    return ".".join(map(str, path))
+
+
+def _set_and_unset(sets: list[tuple[Path, Any]], removed: list[Path]) -> dict[str, Any]:
+    """The $set and $unset of an update, each only when it has paths."""
+    main: dict[str, Any] = {}
+    if sets:
+        main["$set"] = {_dotted(p): v for p, v in sets}
+    if removed:
+        main["$unset"] = {_dotted(p): "" for p in removed}
+    return main
+
+
 def _operators(
     sets: list[tuple[Path, Any]], removed: list[Path], truncated: list[tuple[Path, int]]
 ) -> list[dict[str, Any]]:
     """The update as operator documents: one, or two when a truncated array is also updated
     (one update may not touch a path and its prefix: ConflictingUpdateOperators)."""
-    dotted = ".".join
-    main: dict[str, Any] = {}
-    if sets:
-        main["$set"] = {dotted(map(str, p)): v for p, v in sets}
-    if removed:
-        main["$unset"] = {dotted(map(str, p)): "" for p in removed}
-    cut: dict[str, Any] = {}
-    for p, n in truncated:
-        cut[dotted(map(str, p))] = {"$each": [], "$slice": n}
+    main = _set_and_unset(sets, removed)
+    cut = {_dotted(p): {"$each": [], "$slice": n} for p, n in truncated}
     if not cut:
         return [main] if main else []
     touched = [p for p, _ in sets] + removed
@@ -278,35 +285,66 @@ def dml_ops(ev: Mapping[str, Any]) -> list[Any]:
     raise ValueError(kind)
 
 
+# How each DDL event is replayed on the target: (client, the event's database, its namespace,
+# the event, its operationDescription). Kinds without an entry are not replayed: shardCollection
+# (the target's sharding layout is the operator's choice), and those the target makes itself.
+_DdlStep = Callable[
+    [pymongo.MongoClient[Any], Any, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]],
+    None,
+]
+
+
+def _rename(
+    client: pymongo.MongoClient[Any],
+    db: Any,
+    ns: Mapping[str, Any],
+    ev: Mapping[str, Any],
+    desc: Mapping[str, Any],
+) -> None:
+    to = ev["to"]
+    client.admin.command(
+        {
+            "renameCollection": f"{ns['db']}.{ns['coll']}",
+            "to": f"{to['db']}.{to['coll']}",
+            "dropTarget": True,
+        }
+    )
+
+
+def _drop_indexes(
+    client: pymongo.MongoClient[Any],
+    db: Any,
+    ns: Mapping[str, Any],
+    ev: Mapping[str, Any],
+    desc: Mapping[str, Any],
+) -> None:
+    for spec in desc.get("indexes", []):
+        db.command({"dropIndexes": ns["coll"], "index": spec["name"]})
+
+
+_DDL: dict[str, _DdlStep] = {
+    "drop": lambda client, db, ns, ev, desc: db.drop_collection(ns["coll"]),
+    "dropDatabase": lambda client, db, ns, ev, desc: client.drop_database(ns["db"]),
+    "rename": _rename,
+    "create": lambda client, db, ns, ev, desc: db.command(
+        {"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}}
+    ),
+    "createIndexes": lambda client, db, ns, ev, desc: db.command(
+        {"createIndexes": ns["coll"], "indexes": desc.get("indexes", [])}
+    ),
+    "dropIndexes": _drop_indexes,
+    "modify": lambda client, db, ns, ev, desc: db.command({"collMod": ns["coll"], **desc}),
+}
+
+
 def apply_ddl(client: pymongo.MongoClient[Any], ev: Mapping[str, Any]) -> None:
-    kind = ev["operationType"]
     ns = ev["ns"]
     db = client[ns["db"]]
     desc = ev.get("operationDescription") or {}
+    step = _DDL.get(ev["operationType"])
     try:
-        if kind == "drop":
-            db.drop_collection(ns["coll"])
-        elif kind == "dropDatabase":
-            client.drop_database(ns["db"])
-        elif kind == "rename":
-            to = ev["to"]
-            client.admin.command(
-                {
-                    "renameCollection": f"{ns['db']}.{ns['coll']}",
-                    "to": f"{to['db']}.{to['coll']}",
-                    "dropTarget": True,
-                }
-            )
-        elif kind == "create":
-            db.command({"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}})
-        elif kind == "createIndexes":
-            db.command({"createIndexes": ns["coll"], "indexes": desc.get("indexes", [])})
-        elif kind == "dropIndexes":
-            for spec in desc.get("indexes", []):
-                db.command({"dropIndexes": ns["coll"], "index": spec["name"]})
-        elif kind == "modify":
-            db.command({"collMod": ns["coll"], **desc})
-        # shardCollection: the target's sharding layout is the operator's choice; not replayed.
+        if step is not None:
+            step(client, db, ns, ev, desc)
     except OperationFailure as exc:
         if exc.code not in _ALREADY_DONE:
             raise
@@ -356,50 +394,66 @@ def apply_events(
     transaction (consecutive in a bucket: same lsid and txnNumber) are written as one target
     transaction, after what was gathered before them.
     """
-    stats = ApplyStats()
-    runs: dict[tuple[str, str], list[Any]] = {}
-    unit: list[tuple[tuple[str, str], Any]] = []
-    unit_key: tuple[bytes, int] | None = None
-
-    def flush(ns: tuple[str, str] | None = None) -> None:
-        for key in [ns] if ns is not None else list(runs):
-            ops = runs.pop(key, None)
-            if ops:
-                client[key[0]][key[1]].bulk_write(ops, ordered=True)
-
-    def end_unit() -> None:
-        nonlocal unit, unit_key
-        if unit:
-            flush()
-            _write_unit(client, unit)
-        unit, unit_key = [], None
-
+    applier = _Applier(client)
     for raw in events:
-        ev = bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw
+        applier.apply(bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw)
+    applier.end_unit()
+    applier.flush()
+    return applier.stats
+
+
+class _Applier:
+    """apply_events' state: the DML gathered per namespace, and the source transaction whose
+    events are being gathered (its key, and its writes in order)."""
+
+    def __init__(self, client: pymongo.MongoClient[Any]) -> None:
+        self.client = client
+        self.stats = ApplyStats()
+        self.runs: dict[tuple[str, str], list[Any]] = {}
+        self.unit: list[tuple[tuple[str, str], Any]] = []
+        self.unit_key: tuple[bytes, int] | None = None
+
+    def apply(self, ev: Mapping[str, Any]) -> None:
         kind = ev["operationType"]
-        stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
+        self.stats.by_type[kind] = self.stats.by_type.get(kind, 0) + 1
         txn = _txn_key(ev) if kind in DML else None
-        if txn != unit_key:
-            end_unit()
-            unit_key = txn
+        if txn != self.unit_key:
+            self.end_unit()
+            self.unit_key = txn
         if kind in DML:
-            ns = (ev["ns"]["db"], ev["ns"]["coll"])
-            ops = dml_ops(ev)
-            if txn is not None:
-                unit.extend((ns, op) for op in ops)
-            elif ops:
-                run = runs.setdefault(ns, [])
-                run.extend(ops)
-                if len(run) >= FLUSH_OPS:
-                    flush(ns)
-            stats.applied += 1
+            self._gather(ev, txn)
+            self.stats.applied += 1
         elif kind != "invalidate":
-            flush()
-            apply_ddl(client, ev)
-            stats.ddl += 1
-    end_unit()
-    flush()
-    return stats
+            self.flush()
+            apply_ddl(self.client, ev)
+            self.stats.ddl += 1
+
+    def _gather(self, ev: Mapping[str, Any], txn: tuple[bytes, int] | None) -> None:
+        """A DML event's writes, into its transaction's or its namespace's; a namespace's are
+        written once FLUSH_OPS are held."""
+        ns = (ev["ns"]["db"], ev["ns"]["coll"])
+        ops = dml_ops(ev)
+        if txn is not None:
+            self.unit.extend((ns, op) for op in ops)
+        elif ops:
+            run = self.runs.setdefault(ns, [])
+            run.extend(ops)
+            if len(run) >= FLUSH_OPS:
+                self.flush(ns)
+
+    def flush(self, ns: tuple[str, str] | None = None) -> None:
+        """Write the DML gathered for `ns`, or for every namespace."""
+        for key in [ns] if ns is not None else list(self.runs):
+            ops = self.runs.pop(key, None)
+            if ops:
+                self.client[key[0]][key[1]].bulk_write(ops, ordered=True)
+
+    def end_unit(self) -> None:
+        """Write the transaction gathered, after everything gathered before it."""
+        if self.unit:
+            self.flush()
+            _write_unit(self.client, self.unit)
+        self.unit, self.unit_key = [], None
 
 
 CROSS_BUCKET = ("rename", "dropDatabase")
