@@ -24,7 +24,8 @@ CURSOR_COLLECTION = "$cmd.parallelChangeStream"
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """What identifies a stream on the proxy; carried in every partition so a task is self-contained."""
+    """What identifies a stream on the proxy; carried in every partition so a task is
+    self-contained."""
 
     uri: str
     name: str
@@ -172,7 +173,8 @@ def _whole_events(
 
 
 def open_stream(client: pymongo.MongoClient[Any], spec: StreamSpec, **start: Any) -> list[str]:
-    """Create (or join) the stream; returns each bucket's starting token (`_data`) and closes the cursors."""
+    """Create (or join) the stream; returns each bucket's starting token (`_data`) and closes the
+    cursors."""
     admin = client.admin
     reply = admin.command(spec.open_command(**start))
     cursors = list(reply["cursors"])

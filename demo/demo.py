@@ -243,7 +243,8 @@ def _demo(env: Environment, ops: int, buckets: int, timeout_s: float, out: Path)
 
     assert env.target is not None
     console.print(
-        f"[bold]source[/] {env.source.uri}  [bold]target[/] {env.target.uri}  [bold]proxy[/] {env.proxy_uri}"
+        f"[bold]source[/] {env.source.uri}  [bold]target[/] {env.target.uri}  "
+        f"[bold]proxy[/] {env.proxy_uri}"
     )
     spark = spark_session()
     per_batch: list[dict[str, Any]] = []
@@ -270,13 +271,13 @@ def _demo(env: Environment, ops: int, buckets: int, timeout_s: float, out: Path)
     started = time.time()
     try:
         while not query.lastProgress and time.time() - started < 60:
-            time.sleep(
-                0.2
-            )  # the first micro-batch opens the stream; writes before it would be missed
+            # The first micro-batch opens the stream; writes before it would be missed.
+            time.sleep(0.2)
         issued = run_workload(source, ops)
         written = time.time()
         console.print(
-            f"workload: {issued} writes in {written - started:.1f}s; waiting for the target to catch up"
+            f"workload: {issued} writes in {written - started:.1f}s; "
+            "waiting for the target to catch up"
         )
         deadline = time.time() + timeout_s
         while time.time() < deadline and not converged(source, target):

@@ -58,7 +58,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/server.py:CommandServer.cmd_hello",
     "simcluster/updates.py:_modify",
     "simcluster/updates.py:update_with_entry",
-    "wireproxy/session.py:ClientSession.hello",
 }
 
 # Paths of modules over MAX_LINES lines.

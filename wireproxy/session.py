@@ -424,7 +424,8 @@ class ClientSession:
     async def fail_point_reply(
         self, name: str, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """mongos's answer to the local command `name` if its failCommand fail point fires for it."""
+        """mongos's answer to the local command `name` if its failCommand fail point fires for
+        it."""
         return await self.server.fail_points.probe(self.get_upstream, name, db, cmd)
 
     async def fail_after_checkout(self) -> MongoError | None:
@@ -432,7 +433,8 @@ class ClientSession:
         return await self.server.fail_points.after_checkout(self.get_upstream)
 
     async def forward_command(self, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        """`cmd` run on this client's upstream connection, as mongos answers it (errors included)."""
+        """`cmd` run on this client's upstream connection, as mongos answers it (errors
+        included)."""
         up = await self.get_upstream()
         return dict(bson.decode((await up.command(db, cmd, check=False)).raw))
 
@@ -450,7 +452,8 @@ class ClientSession:
     async def _verify_login(self) -> None:
         """Learn who is logged in on the pinned upstream connection, and their privileges, from
         mongos itself (connectionStatus with showPrivileges), after any login command or logout.
-        Unverifiable (an error reply) counts as nobody: the engine then refuses what needs a user."""
+        Unverifiable (an error reply) counts as nobody: the engine then refuses what needs a
+        user."""
         self.user, self._privileges = None, []
         up = await self.get_upstream()
         reply = bson.decode(
