@@ -47,7 +47,8 @@ def _is_marker(ev: dict[str, Any]) -> bool:
 async def accelerated(
     shards: int, version: str = "7.0", reader_processes: int = 0
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """A cluster (short periodic noops, so native streams move on) and a proxy with acceleration on."""
+    """A cluster (short periodic noops, so native streams move on) and a proxy with acceleration
+    on."""
     async with (
         open_cluster(shards=shards, periodic_noop_s=0.2, version=version) as cluster,
         trio.open_nursery() as nursery,
@@ -106,7 +107,8 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
                 )
                 assert len(want) > 60
                 assert [bson.encode(e) for e in got] == [bson.encode(e) for e in want], name
-            # A collection stream ends with the drop of its collection and an invalidate, through the engine too.
+            # A collection stream ends with the drop of its collection and an invalidate, through
+            # the engine too.
             ev = _collect(
                 proxied.acc.other.watch(start_at_operation_time=start, max_await_time_ms=200),
                 lambda e: e["operationType"] == "invalidate",
@@ -175,9 +177,10 @@ async def test_watch_through_the_accelerated_proxy_equals_mongos():
 
 
 async def test_update_lookup_tells_documents_apart_by_the_whole_document_key():
-    """`_id` is unique only on each shard: two documents with one `_id` on two shards differ by their
-    shard key, and the engine's updateLookup finds each its own document, as mongos does. Values an
-    index holds equal (14, 14.0, NumberLong 14) are one `_id`, in simcluster as on a server."""
+    """`_id` is unique only on each shard: two documents with one `_id` on two shards differ by
+    their shard key, and the engine's updateLookup finds each its own document, as mongos does.
+    Values an index holds equal (14, 14.0, NumberLong 14) are one `_id`, in simcluster as on a
+    server."""
     async with accelerated(shards=2) as (cluster, server):
 
         def work():
@@ -252,8 +255,9 @@ async def test_servers_before_6_1_keep_their_own_streams(version):
 
 async def test_stages_the_engine_does_not_evaluate_go_to_mongos():
     """A watch() whose stages use what mongoformats.change_stages does not evaluate (an operator
-    expression in $expr or a projection, a $replaceRoot that may not make a document) is mongos's: the consumer
-    gets mongos's own answer, here simcluster's, which evaluates no more than the engine does."""
+    expression in $expr or a projection, a $replaceRoot that may not make a document) is mongos's:
+    the consumer gets mongos's own answer, here simcluster's, which evaluates no more than the
+    engine does."""
     async with accelerated(shards=2) as (cluster, server):
 
         def work():
@@ -502,7 +506,8 @@ async def test_pre_images_through_the_accelerated_proxy_equal_mongos():
                 and {"_id": 7, "v": 7} in before
                 and all(b is not None for b in before)
             )
-            # required, on a collection that keeps no pre-images: the server's error, through the engine too.
+            # required, on a collection that keeps no pre-images: the server's error, through the
+            # engine too.
             direct.pre.plain.delete_one({"_id": 0})
             with (
                 proxied.pre.plain.watch(
@@ -675,7 +680,7 @@ async def test_images_of_chained_and_prepared_transactions_are_found_where_the_s
         await sync(work)
 
 
-async def test_a_watch_from_a_past_time_sees_every_event_its_readers_dealt_before_the_cursor_existed():
+async def test_a_watch_from_a_past_time_sees_the_events_dealt_before_its_cursor_existed():
     """A new stream's readers start as soon as the oplogs are known to reach back, and on a
     backlog they may deal events before the aggregate that created the stream makes its cursor;
     the cursor starts at the stream's start, so none are skipped (at the bucket's end, a 1M-event

@@ -304,7 +304,7 @@ async def test_admin_commands_need_the_built_in_roles_privileges():
         await sync(work)
 
 
-# -- $clusterTime -----------------------------------------------------------------------------------
+# -- $clusterTime ----------------------------------------------------------------------------------
 
 
 class RawConnection:
@@ -353,11 +353,12 @@ def forged(ts: Timestamp, digest: bytes = bytes(20), key_id: int = 0) -> dict[st
 
 
 async def test_gossiped_cluster_time_must_be_signed_when_auth_is_on():
-    """jstests/auth/advance_cluster_time.js and jstests/sharding/advance_cluster_time_action_type.js:
-    an unauthenticated client's unsigned (dummy-signed) time is ignored; a signature that does
-    not match is TimeProofMismatch (204), an unknown key KeyNotFound (211), also for a logged-in
-    user sending the dummy one. Signed times from the cluster's own replies go back unchanged,
-    through the proxy too, which passes signatures through and makes none."""
+    """jstests/auth/advance_cluster_time.js and
+    jstests/sharding/advance_cluster_time_action_type.js: an unauthenticated client's unsigned
+    (dummy-signed) time is ignored; a signature that does not match is TimeProofMismatch (204), an
+    unknown key KeyNotFound (211), also for a logged-in user sending the dummy one. Signed times
+    from the cluster's own replies go back unchanged, through the proxy too, which passes
+    signatures through and makes none."""
     async with secured() as (cluster, proxy):
         far = Timestamp(int(time.mktime((2096, 1, 1, 0, 0, 0, 0, 0, 0))), 1)
 
@@ -414,7 +415,7 @@ async def test_without_auth_any_cluster_time_is_taken():
         await sync(work)
 
 
-# -- credentials in what the proxy shows --------------------------------------------------------------
+# -- credentials in what the proxy shows -----------------------------------------------------------
 
 
 async def test_the_startup_log_shows_no_password():

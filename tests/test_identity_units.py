@@ -115,7 +115,8 @@ def test_signed_cluster_time_follows_the_servers_rules() -> None:
 
 def test_built_in_roles_follow_the_servers_definitions() -> None:
     """src/mongo/db/auth/builtin_roles.yml: killAnySession and killAnyCursor are hostManager's,
-    inprog clusterMonitor's; clusterAdmin and root include both; no read or write role holds them."""
+    inprog clusterMonitor's; clusterAdmin and root include both; no read or write role holds
+    them."""
 
     def holds(roles: list[tuple[str, str]], action: str) -> bool:
         return allows(privileges_of_roles(roles), (action,), CLUSTER)

@@ -106,7 +106,8 @@ def test_config_from_env_and_toml(tmp_path):
 )
 def test_a_bad_setting_is_refused_by_name(tmp_path, source, message):
     """A wrong type, a value out of range or an upstream URI a driver would refuse fails the config
-    with the setting's name, never later inside the server; nor is a mistyped boolean read as off."""
+    with the setting's name, never later inside the server; nor is a mistyped boolean read as
+    off."""
     with pytest.raises(ValueError) as err:
         if isinstance(source, dict):
             ProxyConfig.from_env(source)
@@ -204,7 +205,8 @@ async def test_async_pymongo(proxy):
 
 async def test_an_exhaust_cursor_streams_through_the_proxy_from_a_mongos_that_streams():
     """Against an 8.0 mongos (exhaust getMore since 7.1): the proxy relays each streamed reply as
-    it comes, moreToCome kept and each answering the last; pymongo's exhaust cursor reads through."""
+    it comes, moreToCome kept and each answering the last; pymongo's exhaust cursor reads
+    through."""
     async with open_cluster(shards=2, version="8.0") as cluster, trio.open_nursery() as nursery:
         server = await nursery.start(serve_proxy, ProxyConfig(upstream=cluster.uri, listen_port=0))
 
@@ -267,7 +269,7 @@ async def test_bad_frames_close_only_their_connection(proxy):
     await sync(work)
 
 
-async def test_a_reply_sent_in_pieces_arrives_whole_through_partial_writes_and_a_closed_peer_is_broken():
+async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_a_closed_peer_breaks():
     """Scatter-gather sends (a reply's pieces, unjoined) over a socket whose buffers are small and
     whose reader is slow: every write is partial, often in the middle of a piece. A batch of
     events (a deferred piece) is gathered into the connection's buffer a part at a time, here a
@@ -414,7 +416,8 @@ async def test_retryable_write_survives_a_dropped_connection(proxy):
     def work():
         c = client(proxy_uri(proxy))
         c.t.r.insert_one({"_id": 0})
-        # mongos drops the connection on the next insert; the driver retries once, through the proxy.
+        # mongos drops the connection on the next insert; the driver retries once, through the
+        # proxy.
         c.admin.command(
             {
                 "configureFailPoint": "failCommand",
@@ -429,7 +432,8 @@ async def test_retryable_write_survives_a_dropped_connection(proxy):
 
 
 async def test_sigterm_finishes_in_flight_requests_then_exits(cluster):
-    """`wireproxy` as users run it: SIGTERM stops accepting, lets the request in flight finish, exits 0."""
+    """`wireproxy` as users run it: SIGTERM stops accepting, lets the request in flight finish,
+    exits 0."""
     import signal
     import subprocess
     import sys

@@ -1,4 +1,5 @@
-"""simcluster replica sets against unmodified pymongo: secondaries, majority, stepdown, failover, rollback.
+"""simcluster replica sets against unmodified pymongo: secondaries, majority, stepdown, failover,
+rollback.
 
 Facts checked (see simcluster/replset.py for sources): secondaries hold byte-identical oplogs and
 the same data; a secondary refuses writes (10107) and reads without secondaryOk (13435); a
@@ -34,7 +35,8 @@ def _docs(node, ns):
 
 
 async def _settled(rs):
-    """Wait until every live member is in sync (caught up or rolled back) and has all the primary has."""
+    """Wait until every live member is in sync (caught up or rolled back) and has all the primary
+    has."""
     await poll_until(
         lambda: (
             not any(
@@ -110,7 +112,8 @@ async def test_secondary_refuses_writes_and_unflagged_reads():
             assert err.value.details["code"] == 10107  # NotWritablePrimary
             # pymongo sends primaryPreferred on a direct connection, so reads work ...
             assert direct.t.c.count_documents({}) == 0
-            # ... and without a read preference the server refuses them (13435 NotPrimaryNoSecondaryOk).
+            # ... and without a read preference the server refuses them (13435
+            # NotPrimaryNoSecondaryOk).
             with pytest.raises(NotPrimaryError) as err2:
                 direct.t.command({"find": "c", "$readPreference": {"mode": "primary"}})
             assert err2.value.details["code"] == 13435
@@ -134,7 +137,8 @@ async def test_stepdown_elects_a_new_primary_in_a_new_term_and_clients_follow():
             c = client(cluster.shard_uri("shard0"))
             c.t.c.insert_many([{"_id": i} for i in range(10)])
             c.admin.command("replSetStepDown", 60)
-            # A retryable write finds the new primary (the driver rediscovers after NotWritablePrimary).
+            # A retryable write finds the new primary (the driver rediscovers after
+            # NotWritablePrimary).
             for i in range(10, 20):
                 c.t.c.insert_one({"_id": i})
             hello = c.admin.command("hello")
@@ -169,7 +173,8 @@ async def test_failover_after_a_primary_stops_and_rollback_on_its_return():
 
         await sync(committed)
         lost_key = old.oplog.last_key()
-        # A majority read of the oplog never returns the w:1 write, which the failover will roll back.
+        # A majority read of the oplog never returns the w:1 write, which the failover will roll
+        # back.
         reader = (
             client(f"mongodb://{rs.members[1].address}/?directConnection=true")
             .local["oplog.rs"]
@@ -380,8 +385,8 @@ async def test_prepared_transaction_survives_a_failover_between_prepare_and_comm
 
 
 async def test_secondaries_keep_the_pre_images_the_primary_kept():
-    """Pre-images are written on every member as it applies the oplog (as in config.system.preimages),
-    also for a transaction's writes, so a new primary still has them."""
+    """Pre-images are written on every member as it applies the oplog (as in
+    config.system.preimages), also for a transaction's writes, so a new primary still has them."""
     async with open_cluster(shards=1, members=2) as cluster:
         rs = cluster.replsets["shard0"]
 

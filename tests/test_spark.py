@@ -20,7 +20,13 @@ from pymongo.errors import NetworkTimeout
 pyspark = pytest.importorskip("pyspark")
 
 from buckets.bucketing import bucket_of  # noqa: E402
-from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket  # noqa: E402
+from bucketspark.client import (  # noqa: E402
+    StreamSpec,
+    client_for,
+    open_stream,
+    plan_end,
+    read_bucket,
+)
 from bucketspark.session import spark_session  # noqa: E402
 from bucketspark.sink import replicate_batch  # noqa: E402
 from bucketspark.verify import document_differences  # noqa: E402
@@ -170,7 +176,8 @@ def test_streaming_replication_with_checkpoint_restart_and_ddl(
         source.rs.items.create_index("v", name="v_idx")
         source.rs.items.update_many({"v": {"$lt": 100}}, {"$set": {"low": True}})
         wait_until(lambda: target.rs.items.count_documents({}) >= 200, timeout=90)
-        # Crash-stop the query mid-stream (its checkpoint is all that survives), write more, restart.
+        # Crash-stop the query mid-stream (its checkpoint is all that survives), write more,
+        # restart.
         query.stop()
         source.rs.items.delete_many({"v": {"$gte": 450}})
         source.rs.other.insert_many([{"_id": i} for i in range(50)])
@@ -358,8 +365,9 @@ def test_a_misspelt_or_malformed_option_fails_the_query_by_name(
 
 
 def test_driver_killed_with_sigkill_resumes_from_its_checkpoint(env: Any, tmp_path: Any) -> None:
-    """The replication job (`pcs-replicate`) in its own process, killed -9 mid-stream and started again
-    with the same checkpoint: the target ends equal to the source, updates ($inc) applied once."""
+    """The replication job (`pcs-replicate`) in its own process, killed -9 mid-stream and started
+    again with the same checkpoint: the target ends equal to the source, updates ($inc) applied
+    once."""
     source, target = client_for(env.proxy_uri), client_for(env.target.uri)
     start = source.admin.command("ping")["operationTime"]
     cmd = [
@@ -556,7 +564,10 @@ def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any
         ],
         stderr=subprocess.DEVNULL,
     )
-    uri = f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500&connectTimeoutMS=1500&serverSelectionTimeoutMS=3000"
+    uri = (
+        f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500&connectTimeoutMS=1500"
+        "&serverSelectionTimeoutMS=3000"
+    )
     c = client_for(uri)
     try:
         assert c.options.pool_options.socket_timeout == 1.5

@@ -34,7 +34,8 @@ def certificates(tmp_path: Any) -> tuple[ssl.SSLContext, str, str]:
 
 @pytest.mark.parametrize("upstream_tls_in", ["settings", "uri"])
 async def test_proxy_and_engine_over_tls_to_a_tls_cluster(certificates, upstream_tls_in):
-    """Upstream TLS from the proxy's settings, or from the upstream URI's options as a driver reads them."""
+    """Upstream TLS from the proxy's settings, or from the upstream URI's options as a driver reads
+    them."""
     server_ctx, pem, ca_file = certificates
     async with (
         open_cluster(shards=2, members=2, tls=server_ctx) as cluster,
