@@ -56,7 +56,11 @@ class ApplyStats:
 _DOLLAR_PREFIXED = operator.methodcaller("startswith", "$")
 
 
-def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
+# A write that applies a DML event (bulk_write's request types).
+WriteOp = DeleteOne | ReplaceOne[Any] | UpdateOne
+
+
+def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> WriteOp:
     """Upsert the whole document. A replacement may not hold a top-level field starting with $
     (DollarPrefixedFieldName, where it replaces a document); a pipeline's $replaceWith may."""
     if any(map(_DOLLAR_PREFIXED, doc)):
@@ -64,13 +68,13 @@ def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
     return ReplaceOne(key, doc, upsert=True)
 
 
-def dml_ops(ev: Mapping[str, Any]) -> list[Any]:
+def dml_ops(ev: Mapping[str, Any]) -> list[WriteOp]:
     kind = ev["operationType"]
     key = ev["documentKey"]
     if kind in ("insert", "replace"):
         return [_replace_op(key, ev["fullDocument"])]
     if kind == "update":
-        return update_ops(key, ev["updateDescription"])
+        return [*update_ops(key, ev["updateDescription"])]
     if kind == "delete":
         return [DeleteOne(key)]
     raise ValueError(kind)
@@ -324,7 +328,13 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     return apply
 
 
-def replicate_batch(target_uri: str, on_batch: Any = None, *, bucket_by: str = "namespace") -> Any:
+# What replicate_batch tells of each micro-batch: its epoch id, and the events each bucket applied.
+OnBatch = Callable[[int, dict[int, int]], None]
+
+
+def replicate_batch(
+    target_uri: str, on_batch: OnBatch | None = None, *, bucket_by: str = "namespace"
+) -> Callable[[Any, int], None]:
     """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
 
     `bucket_by` is the source's bucketBy. Events that span buckets (rename, dropDatabase; by

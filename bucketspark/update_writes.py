@@ -199,7 +199,7 @@ def _pipeline(
     return stages
 
 
-def update_ops(key: Mapping[str, Any], desc: Mapping[str, Any]) -> list[Any]:
+def update_ops(key: Mapping[str, Any], desc: Mapping[str, Any]) -> list[UpdateOne]:
     """The writes that apply an update event's updateDescription to the document `key` names.
 
     Update operators when every path is plain (the common case, any target version), else an
