@@ -8,14 +8,13 @@ Only requestID/responseTo are rewritten (the proxy numbers its own upstream requ
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import bson
 import trio
-from bson import Int64, ObjectId
+from bson import ObjectId
 from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
@@ -26,15 +25,18 @@ from mongoformats.oplog_splice import document_parts
 from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
+from wireproxy.hello import (
+    LOCAL_HELLO_FIELDS,
+    UPSTREAM_HELLO_FIELDS,
+    await_topology_change,
+    hello_reply,
+)
 from wireproxy.members import Credentials
 from wireproxy.metrics import ProxyMetrics, command_label
 from wireproxy.router import CommandTable, LocalHandler, PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
 log = logging.getLogger("wireproxy")
-
-# What a driver may ask in hello that only the upstream can answer (authentication).
-_UPSTREAM_HELLO_FIELDS = ("saslSupportedMechs", "speculativeAuthenticate")
 
 
 # Commands that may change who is logged in on the upstream connection: SCRAM and other SASL
@@ -525,9 +527,9 @@ class ClientSession:
 
     async def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
         server = self.server
-        await _await_topology_change(cmd, server.process_id)
+        await await_topology_change(cmd, server.process_id)
         reply = hello_reply(cmd, server.process_id, server.wire_versions, self.conn_id)
-        if any(f in cmd for f in _UPSTREAM_HELLO_FIELDS):
+        if any(f in cmd for f in UPSTREAM_HELLO_FIELDS):
             reply.update(await self._upstream_hello_fields(cmd))
         reply["ok"] = 1.0
         return reply
@@ -536,11 +538,11 @@ class ClientSession:
         """Authentication belongs to the upstream: the hello fields only it can answer, asked on
         the pinned connection."""
         up = await self.get_upstream()
-        sub = {k: v for k, v in cmd.items() if k not in _LOCAL_HELLO_FIELDS}
+        sub = {k: v for k, v in cmd.items() if k not in LOCAL_HELLO_FIELDS}
         got = await up.command(cmd.get("$db", "admin"), sub, check=False)
         fields = {
             f: bson.decode(bson.encode({"v": got[f]}))["v"]
-            for f in _UPSTREAM_HELLO_FIELDS
+            for f in UPSTREAM_HELLO_FIELDS
             if f in got
         }
         if "speculativeAuthenticate" in cmd:
@@ -548,52 +550,3 @@ class ClientSession:
             # for some mechanisms, X.509's): mongos says whether it did, and as whom.
             await self._verify_login()
         return fields
-
-
-# What a hello the proxy passes upstream leaves out: the fields the proxy answers itself.
-_LOCAL_HELLO_FIELDS = frozenset({"compression", "topologyVersion", "maxAwaitTimeMS", "$db"})
-# The compressors the proxy speaks (mongoformats.wire).
-_COMPRESSORS = ("zlib", "snappy", "zstd")
-
-
-async def _await_topology_change(cmd: dict[str, Any], process_id: ObjectId) -> None:
-    """A streaming hello (topologyVersion with maxAwaitTimeMS) waits up to maxAwaitTimeMS for a
-    change of the topology the client knows; the proxy's never changes while it runs."""
-    if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-        raise MongoError(
-            51760 if "topologyVersion" in cmd else 51758,
-            "topologyVersion and maxAwaitTimeMS must be given together",
-        )
-    tv = cmd.get("topologyVersion")
-    if tv is not None and tv.get("processId") == process_id:
-        await trio.sleep(int(cmd["maxAwaitTimeMS"]) / 1000)
-
-
-def hello_reply(
-    cmd: dict[str, Any], process_id: ObjectId, wire_versions: tuple[int, int], conn_id: int
-) -> dict[str, Any]:
-    """The proxy's own answer to hello (or the legacy isMaster): a mongos's, without the fields
-    only the upstream can give."""
-    legacy = next(iter(cmd)).lower() == "ismaster"
-    reply: dict[str, Any] = {}
-    if cmd.get("helloOk"):
-        reply["helloOk"] = True
-    reply["ismaster" if legacy else "isWritablePrimary"] = True
-    reply.update(
-        {
-            "msg": "isdbgrid",
-            "topologyVersion": {"processId": process_id, "counter": Int64(0)},
-            "maxBsonObjectSize": 16 * 1024 * 1024,
-            "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
-            "maxWriteBatchSize": 100_000,
-            "localTime": datetime.datetime.now(datetime.UTC),
-            "logicalSessionTimeoutMinutes": 30,
-            "connectionId": conn_id,
-            "minWireVersion": wire_versions[0],
-            "maxWireVersion": wire_versions[1],
-        }
-    )
-    chosen = [c for c in cmd.get("compression", ()) if c in _COMPRESSORS]
-    if chosen:
-        reply["compression"] = chosen
-    return reply
