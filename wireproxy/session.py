@@ -223,7 +223,6 @@ class ClientSession:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:  # per-connection tasks live and die here
-                self.nursery = nursery
                 await self._loop()
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
