@@ -1,9 +1,14 @@
 """What `pcs-replicate` shares with the other commands: `--version`, and a clear refusal when the
 [spark] extra is missing (exit code 2, as argparse's usage errors, instead of a traceback).
 
-The proxy's commands have the same two helpers in `wireproxy.extras`; bucketspark talks to the
-proxy over the wire only and imports none of its modules, so it keeps its own. Standard library
-only, so that it works in an install without the extra.
+Standard library only, so that it works in an install without the extra.
+
+Why a copy of `wireproxy.extras` rather than one shared module: bucketspark talks to the proxy over
+the wire only and imports none of its modules, and the one package both may import, mongoformats,
+holds MongoDB's formats, not the distribution's name, version and extras that these helpers know
+about. So each command package keeps this minimal version of its own, and
+tests/test_commands.py runs every command's `--version` and missing-extra refusal, so the copies
+cannot drift apart unnoticed.
 """
 
 from __future__ import annotations

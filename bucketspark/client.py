@@ -24,7 +24,8 @@ CURSOR_COLLECTION = "$cmd.parallelChangeStream"
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """What identifies a stream on the proxy; carried in every partition so a task is self-contained."""
+    """What identifies a stream on the proxy; carried in every partition so a task is
+    self-contained."""
 
     uri: str
     name: str
@@ -129,15 +130,7 @@ def read_bucket(
     fragments: list[bytes] = []
     try:
         while True:
-            for ev in batch:
-                # pymongo may hand the events out as memoryview slices of the reply, which a
-                # bytes search does not take: bytes() copies those, and only those.
-                data = bytes(ev.raw)
-                if _SPLIT_EVENT in data and "splitEvent" in ev:
-                    fragments.append(data)
-                    if ev["splitEvent"]["fragment"] < ev["splitEvent"]["of"]:
-                        continue
-                    ev, fragments = RawBSONDocument(join_fragments(fragments), RAW_OPTS), []
+            for ev in _whole_events(batch, fragments):
                 if _token_key_of(ev) > end_key:
                     return
                 yield ev
@@ -161,8 +154,27 @@ def read_bucket(
         admin.command({"killCursors": CURSOR_COLLECTION, "cursors": [cid]})
 
 
+def _whole_events(
+    batch: list[RawBSONDocument], fragments: list[bytes]
+) -> Iterator[RawBSONDocument]:
+    """The events of `batch`, the fragments of a split event joined back into it once its last
+    has come; the fragments of an event not yet whole stay in `fragments` for the next batch."""
+    for ev in batch:
+        # pymongo may hand the events out as memoryview slices of the reply, which a bytes
+        # search does not take: bytes() copies those, and only those.
+        data = bytes(ev.raw)
+        if _SPLIT_EVENT in data and "splitEvent" in ev:
+            fragments.append(data)
+            if ev["splitEvent"]["fragment"] < ev["splitEvent"]["of"]:
+                continue
+            ev = RawBSONDocument(join_fragments(fragments), RAW_OPTS)
+            fragments.clear()
+        yield ev
+
+
 def open_stream(client: pymongo.MongoClient[Any], spec: StreamSpec, **start: Any) -> list[str]:
-    """Create (or join) the stream; returns each bucket's starting token (`_data`) and closes the cursors."""
+    """Create (or join) the stream; returns each bucket's starting token (`_data`) and closes the
+    cursors."""
     admin = client.admin
     reply = admin.command(spec.open_command(**start))
     cursors = list(reply["cursors"])

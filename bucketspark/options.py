@@ -16,6 +16,7 @@ fullDocument updateLookup unless another post-image mode is set), `change.stream
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from bucketspark.client import StreamSpec
@@ -186,49 +187,65 @@ def _parse_collections(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _one_of(text: str, choices: tuple[str, ...]) -> str:
+    """`text` in lower case if it is one of `choices` (lower case), else ValueError."""
+    if text.lower() not in choices:
+        raise ValueError
+    return text.lower()
+
+
+def _int_between(text: str, low: int, high: int) -> int:
+    value = int(text)
+    if not low <= value <= high:
+        raise ValueError
+    return value
+
+
+def _json_list(text: str) -> list[Any]:
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise ValueError
+    return value
+
+
+# How an option's text is read, by its kind: (text, low, high) -> value, or ValueError,
+# TypeError or OverflowError for text that is not of the kind.
+_PARSERS: dict[str, Callable[[str, int, int], Any]] = {
+    "str": lambda text, low, high: text,
+    "bool": lambda text, low, high: _one_of(text, ("true", "false")) == "true",
+    "int": _int_between,
+    "timestamp": lambda text, low, high: parse_start_time(text),
+    "pipeline": lambda text, low, high: _parse_pipeline(text),
+    "collections": lambda text, low, high: _parse_collections(text),
+    "startup mode": lambda text, low, high: _one_of(text, ("latest", "timestamp")),
+    "json list": lambda text, low, high: _json_list(text),
+}
+
+
+def _wanted(kind: str, low: int, high: int) -> str:
+    """What an option of `kind` takes, for the error naming it."""
+    span = f"between {low} and {high}" if high < _INT_MAX else f"of at least {low}"
+    return {
+        "bool": "true or false",
+        "int": f"an integer {span}",
+        "timestamp": '"<seconds>,<increment>", "Timestamp(<seconds>, <increment>)", an '
+        "ISO-8601 instant with a time zone and whole seconds, or "
+        '{"$timestamp": {"t": .., "i": ..}}',
+        "pipeline": "a JSON list of stages (or one stage)",
+        "json list": "a JSON list",
+        "collections": r"collection names separated by commas (\ escapes), or *",
+        "startup mode": "latest or timestamp",
+    }[kind]
+
+
 def _parse_option(name: str, text: str, spelt: str | None = None) -> Any:
     kind, low, high = _OPTIONS[name]
     try:
-        if kind == "str":
-            return text
-        if kind == "bool":
-            if text.lower() not in ("true", "false"):
-                raise ValueError
-            return text.lower() == "true"
-        if kind == "int":
-            value = int(text)
-            if not low <= value <= high:
-                raise ValueError
-            return value
-        if kind == "timestamp":
-            return parse_start_time(text)
-        if kind == "pipeline":
-            return _parse_pipeline(text)
-        if kind == "collections":
-            return _parse_collections(text)
-        if kind == "startup mode":
-            if text.lower() not in ("latest", "timestamp"):
-                raise ValueError
-            return text.lower()
-        value = json.loads(text)
-        if not isinstance(value, list):
-            raise ValueError
-        return value
+        return _PARSERS[kind](text, low, high)
     except (ValueError, TypeError, OverflowError):
-        span = f"between {low} and {high}" if high < _INT_MAX else f"of at least {low}"
-        want = {
-            "bool": "true or false",
-            "int": f"an integer {span}",
-            "timestamp": '"<seconds>,<increment>", "Timestamp(<seconds>, <increment>)", an '
-            "ISO-8601 instant with a time zone and whole seconds, or "
-            '{"$timestamp": {"t": .., "i": ..}}',
-            "pipeline": "a JSON list of stages (or one stage)",
-            "json list": "a JSON list",
-            "collections": r"collection names separated by commas (\ escapes), or *",
-            "startup mode": "latest or timestamp",
-        }[kind]
         raise ValueError(
-            f"parallelchangestream: option {spelt or name} must be {want}, not {text!r}"
+            f"parallelchangestream: option {spelt or name} must be "
+            f"{_wanted(kind, low, high)}, not {text!r}"
         ) from None
 
 
@@ -253,20 +270,13 @@ def stream_spec(options: Options) -> StreamSpec:
             "parallelchangestream: option 'connection.uri' (or 'uri': the proxy's connection "
             "string) is required"
         )
-    pipeline = list(options.get("pipeline", ()))
-    if (
-        match := namespace_match(options.get("database"), options.get("collection", ()))
-    ) is not None:
-        pipeline.insert(0, match)  # first: a $changeStreamSplitLargeEvent stays the last stage
+    pipeline = _pipeline_of(options)
     bucket_by = options.get("bucketBy") or "namespace"
     if bucket_by not in BUCKET_BY:
         raise ValueError(
             f"parallelchangestream: option 'bucketBy' is {bucket_by!r}; use one of "
             f"{', '.join(BUCKET_BY)}"
         )
-    full_document = options.get("fullDocument") or "default"
-    if options.get("change.stream.publish.full.document.only") and full_document == "default":
-        full_document = "updateLookup"  # as the connector: rows are documents, updates' looked up
     return StreamSpec(
         uri=uri,
         name=options.get("name") or "spark",
@@ -274,7 +284,23 @@ def stream_spec(options: Options) -> StreamSpec:
         bucket_by=bucket_by,
         show_expanded_events=options.get("showExpandedEvents", True),
         pipeline=tuple(pipeline),
-        full_document=full_document,
+        full_document=_full_document(options),
         full_document_before_change=options.get("fullDocumentBeforeChange") or "off",
         engine_options=tuple((k, v) for k in ENGINE_OPTIONS if (v := options.get(k)) is not None),
     )
+
+
+def _pipeline_of(options: Options) -> list[Any]:
+    """The stream's pipeline: the one given, after the database/collection filter if any."""
+    pipeline = list(options.get("pipeline", ()))
+    match = namespace_match(options.get("database"), options.get("collection", ()))
+    if match is not None:
+        pipeline.insert(0, match)  # first: a $changeStreamSplitLargeEvent stays the last stage
+    return pipeline
+
+
+def _full_document(options: Options) -> str:
+    full_document: str = options.get("fullDocument") or "default"
+    if options.get("change.stream.publish.full.document.only") and full_document == "default":
+        return "updateLookup"  # as the connector: rows are documents, updates' looked up
+    return full_document

@@ -1,6 +1,7 @@
 """`pcs-replicate`: the replication job — a Spark streaming query copying a cluster into another.
 
-    pcs-replicate --proxy mongodb://proxy:27018 --target mongodb://target/ --checkpoint /ckpt --buckets 8
+    pcs-replicate --proxy mongodb://proxy:27018 --target mongodb://target/ \
+        --checkpoint /ckpt --buckets 8
 
 One Spark task per bucket reads through the proxy; `bucketspark.sink.replicate_batch` applies each
 micro-batch to the target (ordered bulk writes per namespace, DDL as barriers, idempotent on

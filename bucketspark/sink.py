@@ -22,7 +22,7 @@ Idempotent on replay (a re-applied batch leaves the same state):
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.errors import OperationFailure
 
 from bucketspark.client import client_for
+from bucketspark.update_writes import update_ops
 from mongoformats.codecs import PLAIN
 
 _ALREADY_DONE = {
@@ -51,214 +52,15 @@ class ApplyStats:
     by_type: dict[str, int] = field(default_factory=dict)
 
 
-# A path's components: a field name (str) or an array index (int).
-Path = list[str | int]
-
-_SLICE_ALL = (1 << 31) - 1  # "to the end" as $slice's count (a positive int32)
-_ROOT_CHUNK = 50  # top-level fields per $replaceWith stage: bounds the expression's nesting
-
-
-class _Set:
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-_UNSET = object()
-
-
-class _Node:
-    """A subdocument or array along an update's paths: what happens under each of its fields
-    (or indices), and the array's new length if the update truncated it."""
-
-    __slots__ = ("children", "truncate")
-
-    def __init__(self) -> None:
-        self.children: dict[str | int, Any] = {}  # -> _Node, _Set or _UNSET
-        self.truncate: int | None = None
-
-    def at(self, path: Path) -> _Node:
-        node = self
-        for step in path:
-            child = node.children.get(step)
-            if not isinstance(child, _Node):
-                child = node.children[step] = _Node()
-            node = child
-        return node
-
-
-def _compile(node: _Node, current: Any) -> Any:
-    """The expression computing the new value of `node` from `current`, its value before."""
-    if node.truncate is not None or any(isinstance(k, int) for k in node.children):
-        return _compile_array(node, current)
-    expr = current
-    for name, child in node.children.items():
-        field = {"$literal": name}  # a constant, whatever the name: dots, a leading $
-        if child is _UNSET:
-            expr = {"$unsetField": {"field": field, "input": expr}}
-            continue
-        value = (
-            {"$literal": child.value}
-            if isinstance(child, _Set)
-            else _compile(child, {"$getField": {"field": field, "input": current}})
-        )
-        expr = {"$setField": {"field": field, "input": expr, "value": value}}
-    return expr
-
-
-def _compile_array(node: _Node, current: Any) -> Any:
-    """The array rebuilt from slices of `current` and the new elements, cut at the new length.
-
-    An index past the end pads with nulls, as an update's $set of it does (the server's diff
-    names only the set index): each gap between new elements is filled from `current`, then
-    with nulls."""
-    pieces: list[Any] = []
-    pos = 0
-    for idx in sorted(k for k in node.children if isinstance(k, int)):
-        if idx > pos:
-            gap = idx - pos
-            pieces.append(
-                {
-                    "$slice": [
-                        {
-                            "$concatArrays": [
-                                {"$slice": [current, pos, gap]},
-                                {"$literal": [None] * gap},
-                            ]
-                        },
-                        gap,
-                    ]
-                }
-            )
-        child = node.children[idx]
-        pieces.append(
-            [
-                {"$literal": child.value}
-                if isinstance(child, _Set)
-                else _compile(child, {"$arrayElemAt": [current, idx]})
-            ]
-        )
-        pos = idx + 1
-    end = node.truncate
-    if end is None or end > pos:
-        pieces.append({"$slice": [current, pos, _SLICE_ALL if end is None else end - pos]})
-    return {"$concatArrays": pieces}
-
-
-def _array_index(component: str) -> bool:
-    """True for an all-digit path component the server reads as an array index (no leading
-    zero but "0" itself: isNumericPathComponentStrict)."""
-    return component.isdigit() and (component == "0" or not component.startswith("0"))
-
-
-def _plain(path: Path) -> bool:
-    """True if the dotted string of `path` names it for an update operator: no component holds
-    a dot, starts with $ (a positional operator, or refused at the top level) or is empty."""
-    return all(isinstance(p, int) or (p and "." not in p and not p.startswith("$")) for p in path)
-
-
-def _paths(
-    desc: Mapping[str, Any],
-) -> tuple[list[tuple[Path, Any]], list[Path], list[tuple[Path, int]], bool]:
-    """(sets, removals, truncations) of an updateDescription as exact paths, and whether they
-    are exact. `disambiguatedPaths` (expanded events, 6.1+) gives the components of every path
-    that holds a field name with a dot, or an all-digit field name below the top level
-    (change_stream_document_diff_parser.cpp); so in a path it does not list, an all-digit
-    component below the top level is an array index. Without it, such a component may be
-    either."""
-    exact = desc.get("disambiguatedPaths")
-    known = exact is not None
-    exact = exact or {}
-    unresolved = False
-
-    def parts(path: str) -> Path:
-        nonlocal unresolved
-        if path in exact:
-            return [
-                p if isinstance(p, int) and not isinstance(p, bool) else str(p) for p in exact[path]
-            ]
-        first, *rest = path.split(".")
-        if known:
-            return [first, *(int(p) if _array_index(p) else p for p in rest)]
-        unresolved = unresolved or any(p.isdigit() for p in rest)
-        return [first, *rest]
-
-    sets = [(parts(k), v) for k, v in (desc.get("updatedFields") or {}).items()]
-    removed = [parts(k) for k in desc.get("removedFields") or []]
-    truncated = [(parts(t["field"]), int(t["newSize"])) for t in desc.get("truncatedArrays") or []]
-    return sets, removed, truncated, not unresolved
-
-
-def _operators(
-    sets: list[tuple[Path, Any]], removed: list[Path], truncated: list[tuple[Path, int]]
-) -> list[dict[str, Any]]:
-    """The update as operator documents: one, or two when a truncated array is also updated
-    (one update may not touch a path and its prefix: ConflictingUpdateOperators)."""
-    dotted = ".".join
-    main: dict[str, Any] = {}
-    if sets:
-        main["$set"] = {dotted(map(str, p)): v for p, v in sets}
-    if removed:
-        main["$unset"] = {dotted(map(str, p)): "" for p in removed}
-    cut: dict[str, Any] = {}
-    for p, n in truncated:
-        cut[dotted(map(str, p))] = {"$each": [], "$slice": n}
-    if not cut:
-        return [main] if main else []
-    touched = [p for p, _ in sets] + removed
-    clash = any(q[: len(p)] == p for p, _ in truncated for q in touched)
-    if clash or not main:
-        return [{"$push": cut}] + ([main] if main else [])
-    return [{**main, "$push": cut}]
-
-
-def _pipeline(
-    sets: list[tuple[Path, Any]], removed: list[Path], truncated: list[tuple[Path, int]]
-) -> list[dict[str, Any]]:
-    """The update as a pipeline of $replaceWith stages that set, unset and cut each exact path
-    with $setField/$unsetField/$getField and array slices: a field whose name holds a dot or
-    starts with $ is that one field, an array index that element (MongoDB 5.0+ targets)."""
-    root = _Node()
-    for p, n in truncated:
-        root.at(p).truncate = n
-    for p in removed:
-        root.at(p[:-1]).children[p[-1]] = _UNSET
-    for p, v in sets:
-        root.at(p[:-1]).children[p[-1]] = _Set(v)
-    names = list(root.children)
-    stages = []
-    for i in range(0, len(names), _ROOT_CHUNK):
-        part = _Node()
-        part.children = {k: root.children[k] for k in names[i : i + _ROOT_CHUNK]}
-        stages.append({"$replaceWith": _compile(part, "$$ROOT")})
-    return stages
-
-
-def update_ops(key: Mapping[str, Any], desc: Mapping[str, Any]) -> list[Any]:
-    """The writes that apply an update event's updateDescription to the document `key` names.
-
-    Update operators when every path is plain (the common case, any target version), else an
-    update pipeline that addresses each exact path. Never an upsert: replaying an update after a
-    later delete leaves the document deleted."""
-    sets, removed, truncated, exact = _paths(desc)
-    every = [p for p, _ in sets] + removed + [p for p, _ in truncated]
-    if all(_plain(p) for p in every):
-        return [UpdateOne(key, spec) for spec in _operators(sets, removed, truncated)]
-    if not exact:
-        raise ValueError(
-            "an update of a field whose name holds a dot or starts with $, under a "
-            "path with an all-digit component, needs the stream's disambiguatedPaths "
-            f"(showExpandedEvents: true) to be applied exactly: {dict(desc)!r}"
-        )
-    return [UpdateOne(key, _pipeline(sets, removed, truncated))]
-
-
 # Checks a field name without a Python frame per field: this runs once per inserted document.
 _DOLLAR_PREFIXED = operator.methodcaller("startswith", "$")
 
 
-def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
+# A write that applies a DML event (bulk_write's request types).
+WriteOp = DeleteOne | ReplaceOne[Any] | UpdateOne
+
+
+def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> WriteOp:
     """Upsert the whole document. A replacement may not hold a top-level field starting with $
     (DollarPrefixedFieldName, where it replaces a document); a pipeline's $replaceWith may."""
     if any(map(_DOLLAR_PREFIXED, doc)):
@@ -266,47 +68,78 @@ def _replace_op(key: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
     return ReplaceOne(key, doc, upsert=True)
 
 
-def dml_ops(ev: Mapping[str, Any]) -> list[Any]:
+def dml_ops(ev: Mapping[str, Any]) -> list[WriteOp]:
     kind = ev["operationType"]
     key = ev["documentKey"]
     if kind in ("insert", "replace"):
         return [_replace_op(key, ev["fullDocument"])]
     if kind == "update":
-        return update_ops(key, ev["updateDescription"])
+        return [*update_ops(key, ev["updateDescription"])]
     if kind == "delete":
         return [DeleteOne(key)]
     raise ValueError(kind)
 
 
+# How each DDL event is replayed on the target: (client, the event's database, its namespace,
+# the event, its operationDescription). Kinds without an entry are not replayed: shardCollection
+# (the target's sharding layout is the operator's choice), and those the target makes itself.
+_DdlStep = Callable[
+    [pymongo.MongoClient[Any], Any, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]],
+    None,
+]
+
+
+def _rename(
+    client: pymongo.MongoClient[Any],
+    db: Any,
+    ns: Mapping[str, Any],
+    ev: Mapping[str, Any],
+    desc: Mapping[str, Any],
+) -> None:
+    to = ev["to"]
+    client.admin.command(
+        {
+            "renameCollection": f"{ns['db']}.{ns['coll']}",
+            "to": f"{to['db']}.{to['coll']}",
+            "dropTarget": True,
+        }
+    )
+
+
+def _drop_indexes(
+    client: pymongo.MongoClient[Any],
+    db: Any,
+    ns: Mapping[str, Any],
+    ev: Mapping[str, Any],
+    desc: Mapping[str, Any],
+) -> None:
+    for spec in desc.get("indexes", []):
+        db.command({"dropIndexes": ns["coll"], "index": spec["name"]})
+
+
+_DDL: dict[str, _DdlStep] = {
+    "drop": lambda client, db, ns, ev, desc: db.drop_collection(ns["coll"]),
+    "dropDatabase": lambda client, db, ns, ev, desc: client.drop_database(ns["db"]),
+    "rename": _rename,
+    "create": lambda client, db, ns, ev, desc: db.command(
+        {"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}}
+    ),
+    "createIndexes": lambda client, db, ns, ev, desc: db.command(
+        {"createIndexes": ns["coll"], "indexes": desc.get("indexes", [])}
+    ),
+    "dropIndexes": _drop_indexes,
+    "modify": lambda client, db, ns, ev, desc: db.command({"collMod": ns["coll"], **desc}),
+}
+
+
 def apply_ddl(client: pymongo.MongoClient[Any], ev: Mapping[str, Any]) -> None:
-    kind = ev["operationType"]
     ns = ev["ns"]
     db = client[ns["db"]]
     desc = ev.get("operationDescription") or {}
+    step = _DDL.get(ev["operationType"])
     try:
-        if kind == "drop":
-            db.drop_collection(ns["coll"])
-        elif kind == "dropDatabase":
-            client.drop_database(ns["db"])
-        elif kind == "rename":
-            to = ev["to"]
-            client.admin.command(
-                {
-                    "renameCollection": f"{ns['db']}.{ns['coll']}",
-                    "to": f"{to['db']}.{to['coll']}",
-                    "dropTarget": True,
-                }
-            )
-        elif kind == "create":
-            db.command({"create": ns["coll"], **{k: v for k, v in desc.items() if k != "idIndex"}})
-        elif kind == "createIndexes":
-            db.command({"createIndexes": ns["coll"], "indexes": desc.get("indexes", [])})
-        elif kind == "dropIndexes":
-            for spec in desc.get("indexes", []):
-                db.command({"dropIndexes": ns["coll"], "index": spec["name"]})
-        elif kind == "modify":
-            db.command({"collMod": ns["coll"], **desc})
-        # shardCollection: the target's sharding layout is the operator's choice; not replayed.
+        if step is not None:
+            step(client, db, ns, ev, desc)
     except OperationFailure as exc:
         if exc.code not in _ALREADY_DONE:
             raise
@@ -356,50 +189,66 @@ def apply_events(
     transaction (consecutive in a bucket: same lsid and txnNumber) are written as one target
     transaction, after what was gathered before them.
     """
-    stats = ApplyStats()
-    runs: dict[tuple[str, str], list[Any]] = {}
-    unit: list[tuple[tuple[str, str], Any]] = []
-    unit_key: tuple[bytes, int] | None = None
-
-    def flush(ns: tuple[str, str] | None = None) -> None:
-        for key in [ns] if ns is not None else list(runs):
-            ops = runs.pop(key, None)
-            if ops:
-                client[key[0]][key[1]].bulk_write(ops, ordered=True)
-
-    def end_unit() -> None:
-        nonlocal unit, unit_key
-        if unit:
-            flush()
-            _write_unit(client, unit)
-        unit, unit_key = [], None
-
+    applier = _Applier(client)
     for raw in events:
-        ev = bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw
+        applier.apply(bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw)
+    applier.end_unit()
+    applier.flush()
+    return applier.stats
+
+
+class _Applier:
+    """apply_events' state: the DML gathered per namespace, and the source transaction whose
+    events are being gathered (its key, and its writes in order)."""
+
+    def __init__(self, client: pymongo.MongoClient[Any]) -> None:
+        self.client = client
+        self.stats = ApplyStats()
+        self.runs: dict[tuple[str, str], list[Any]] = {}
+        self.unit: list[tuple[tuple[str, str], Any]] = []
+        self.unit_key: tuple[bytes, int] | None = None
+
+    def apply(self, ev: Mapping[str, Any]) -> None:
         kind = ev["operationType"]
-        stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
+        self.stats.by_type[kind] = self.stats.by_type.get(kind, 0) + 1
         txn = _txn_key(ev) if kind in DML else None
-        if txn != unit_key:
-            end_unit()
-            unit_key = txn
+        if txn != self.unit_key:
+            self.end_unit()
+            self.unit_key = txn
         if kind in DML:
-            ns = (ev["ns"]["db"], ev["ns"]["coll"])
-            ops = dml_ops(ev)
-            if txn is not None:
-                unit.extend((ns, op) for op in ops)
-            elif ops:
-                run = runs.setdefault(ns, [])
-                run.extend(ops)
-                if len(run) >= FLUSH_OPS:
-                    flush(ns)
-            stats.applied += 1
+            self._gather(ev, txn)
+            self.stats.applied += 1
         elif kind != "invalidate":
-            flush()
-            apply_ddl(client, ev)
-            stats.ddl += 1
-    end_unit()
-    flush()
-    return stats
+            self.flush()
+            apply_ddl(self.client, ev)
+            self.stats.ddl += 1
+
+    def _gather(self, ev: Mapping[str, Any], txn: tuple[bytes, int] | None) -> None:
+        """A DML event's writes, into its transaction's or its namespace's; a namespace's are
+        written once FLUSH_OPS are held."""
+        ns = (ev["ns"]["db"], ev["ns"]["coll"])
+        ops = dml_ops(ev)
+        if txn is not None:
+            self.unit.extend((ns, op) for op in ops)
+        elif ops:
+            run = self.runs.setdefault(ns, [])
+            run.extend(ops)
+            if len(run) >= FLUSH_OPS:
+                self.flush(ns)
+
+    def flush(self, ns: tuple[str, str] | None = None) -> None:
+        """Write the DML gathered for `ns`, or for every namespace."""
+        for key in [ns] if ns is not None else list(self.runs):
+            ops = self.runs.pop(key, None)
+            if ops:
+                self.client[key[0]][key[1]].bulk_write(ops, ordered=True)
+
+    def end_unit(self) -> None:
+        """Write the transaction gathered, after everything gathered before it."""
+        if self.unit:
+            self.flush()
+            _write_unit(self.client, self.unit)
+        self.unit, self.unit_key = [], None
 
 
 CROSS_BUCKET = ("rename", "dropDatabase")
@@ -479,7 +328,13 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     return apply
 
 
-def replicate_batch(target_uri: str, on_batch: Any = None, *, bucket_by: str = "namespace") -> Any:
+# What replicate_batch tells of each micro-batch: its epoch id, and the events each bucket applied.
+OnBatch = Callable[[int, dict[int, int]], None]
+
+
+def replicate_batch(
+    target_uri: str, on_batch: OnBatch | None = None, *, bucket_by: str = "namespace"
+) -> Callable[[Any, int], None]:
     """A `foreachBatch` function: each bucket's partition is applied by its own task, in order.
 
     `bucket_by` is the source's bucketBy. Events that span buckets (rename, dropDatabase; by

@@ -4,24 +4,23 @@ Options: uri (the proxy), nBuckets, bucketBy ("namespace", the default, or "docu
 collection spread over every bucket, each document's events in one bucket in order, DDL in every
 bucket; buckets/bucketing.py), name, pipeline (JSON list of $match stages, and a final
 $changeStreamSplitLargeEvent: an event over 16 MiB then arrives in fragments, joined back into one
-row, where without it the read fails with BSONObjectTooLarge), fullDocument
-("default", "updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange,
-startAtOperationTime ("<seconds>,<increment>", "Timestamp(<s>, <i>)" or ISO-8601),
-showExpandedEvents (default true),
-maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the engine's
-shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy creates
-the stream); a batch read also takes startTokens (JSON list, one per bucket) and endToken. Any
-other option name, or a value of the wrong kind, is refused (`Options`). The MongoDB Spark
-connector's names are accepted too where they mean the same (connection.uri, database and
-collection as filters, aggregation.pipeline, change.stream.*): see bucketspark/options.py.
+row, where without it the read fails with BSONObjectTooLarge), fullDocument ("default",
+"updateLookup", "whenAvailable", "required"), fullDocumentBeforeChange, startAtOperationTime
+("<seconds>,<increment>", "Timestamp(<s>, <i>)" or ISO-8601), showExpandedEvents (default true),
+maxEventsPerTrigger, jsonColumn (add the event as relaxed extended JSON), batchSize, and the
+engine's shardBufferBytes, bucketBufferBytes, readerProcesses, maxAwaitTimeMS (used when the proxy
+creates the stream); a batch read also takes startTokens (JSON list, one per bucket) and endToken.
+Any other option name, or a value of the wrong kind, is refused (`Options`). The MongoDB Spark
+connector's names are accepted too where they mean the same (connection.uri, database and collection
+as filters, aggregation.pipeline, change.stream.*): see bucketspark/options.py.
 
-Offsets are JSON `{"nBuckets": N, "bucketBy": ..., "name": ..., "tokens": [<_data of bucket 0>, ...]}`. A micro-batch
-reads, in bucket i, the events with tokens in (start_i, end_i]; the end is planned by the proxy
-from its merge frontier, so the set is fixed when planned and a retried task returns the same
-rows. The proxy keeps no durable state: after a proxy restart the stream is reopened from the
-checkpointed tokens. A query may be restarted on its checkpoint with another nBuckets (more or
-fewer tasks), or another bucketBy, the same way: a micro-batch ends every bucket at one token, from
-which any bucket count and either mode resumes.
+Offsets are JSON `{"nBuckets": N, "bucketBy": ..., "name": ..., "tokens": [<_data of bucket 0>,
+...]}`. A micro-batch reads, in bucket i, the events with tokens in (start_i, end_i]; the end is
+planned by the proxy from its merge frontier, so the set is fixed when planned and a retried task
+returns the same rows. The proxy keeps no durable state: after a proxy restart the stream is
+reopened from the checkpointed tokens. A query may be restarted on its checkpoint with another
+nBuckets (more or fewer tasks), or another bucketBy, the same way: a micro-batch ends every bucket
+at one token, from which any bucket count and either mode resumes.
 """
 
 from __future__ import annotations
@@ -174,11 +173,12 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
             return tokens
         if len(set(tokens)) != 1:
             raise ValueError(
-                f"parallelchangestream: the checkpoint was written with nBuckets={offset.get('nBuckets')} and its "
-                f"buckets stand at different tokens; it was dealt by {offset.get('bucketBy', 'namespace')} and "
-                f"the query asks for nBuckets={self.spec.n_buckets} by {self.spec.bucket_by}, which "
-                "can only start from one common token (restart once with the old nBuckets and bucketBy, or start a new "
-                "checkpoint)"
+                "parallelchangestream: the checkpoint was written with "
+                f"nBuckets={offset.get('nBuckets')} and its buckets stand at different tokens; it "
+                f"was dealt by {offset.get('bucketBy', 'namespace')} and the query asks for "
+                f"nBuckets={self.spec.n_buckets} by {self.spec.bucket_by}, which can only start "
+                "from one common token (restart once with the old nBuckets and bucketBy, or start "
+                "a new checkpoint)"
             )
         return tokens[:1] * self.spec.n_buckets
 
@@ -245,7 +245,8 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
 
 
 class _BatchReader(_ReaderOptions, DataSourceReader):
-    """A bounded read: events from startAtOperationTime (or start tokens) up to now (or endToken)."""
+    """A bounded read: events from startAtOperationTime (or start tokens) up to now (or
+    endToken)."""
 
     def partitions(self) -> Sequence[InputPartition]:
         client = client_for(self.spec.uri)

@@ -18,6 +18,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from wireproxy.extras import add_version_flag, require_extra
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
     from demo.embedded import Environment
 
@@ -42,102 +44,137 @@ def _console() -> Console:
     return Console()
 
 
-def run_workload(client: pymongo.MongoClient[Any], ops: int, seed: int = 7) -> int:
-    """A mixed workload through the proxy; returns the number of write operations issued."""
-    from rich.progress import Progress
+class _Workload:
+    """The demo's mixed workload on the source cluster (through the proxy): each step draws one
+    kind of write from `rng` and issues a batch of it, returning how many writes it counts."""
 
-    rng = random.Random(seed)
+    def __init__(self, client: pymongo.MongoClient[Any], rng: random.Random) -> None:
+        self.client, self.rng = client, rng
+        self.shop, self.crm, self.logs = client.shop, client.crm, client.logs
+        self.next_id = self.next_sku = 0
+        # A step's share of the draws: below 0.45 inserts, below 0.75 updates, and so on; the
+        # rest adds items.
+        self._steps: list[tuple[float, Callable[[int], int]]] = [
+            (0.45, self.insert),
+            (0.75, self.update),
+            (0.82, self.delete),
+            (0.9, self.transact),
+        ]
+
+    def step(self, batch: int) -> int:
+        choice = self.rng.random()
+        run = next((run for below, run in self._steps if choice < below), self.add_items)
+        return run(batch)
+
+    def _some_order(self) -> int:
+        return self.rng.randrange(max(self.next_id, 1))
+
+    def insert(self, batch: int) -> int:
+        rng = self.rng
+        docs = [
+            {
+                "_id": self.next_id + i,
+                "cust": rng.randrange(500),
+                "total": rng.randrange(1, 900),
+                "lines": [rng.randrange(50) for _ in range(rng.randrange(1, 4))],
+            }
+            for i in range(batch)
+        ]
+        self.next_id += batch
+        self.shop.orders.insert_many(docs)
+        self.logs.events.insert_many(
+            [{"k": rng.randrange(10_000), "msg": f"order {d['_id']}"} for d in docs[:50]]
+        )
+        self.crm.customers.insert_many(
+            [{"email": f"c{self.next_id}-{i}@x.io", "visits": 0} for i in range(20)]
+        )
+        return batch + 70
+
+    def update(self, batch: int) -> int:
+        orders = self.shop.orders
+        for _ in range(batch // 4):
+            oid = self._some_order()
+            kind = self.rng.randrange(4)
+            if kind == 0:
+                orders.update_one({"_id": oid}, {"$inc": {"total": 5}, "$set": {"status": "paid"}})
+            elif kind == 1:
+                orders.update_one({"_id": oid}, {"$push": {"lines": 7}, "$unset": {"status": ""}})
+            elif kind == 2:
+                orders.replace_one({"_id": oid}, {"cust": 1, "total": 1, "replaced": True})
+            else:
+                self.crm.customers.update_many({"visits": {"$lt": 1}}, {"$inc": {"visits": 1}})
+        return batch // 4
+
+    def delete(self, batch: int) -> int:
+        for _ in range(batch // 8):
+            self.shop.orders.delete_one({"_id": self._some_order()})
+        return batch // 8
+
+    def transact(self, batch: int) -> int:
+        """A transaction across shards (orders is hashed) and collections: pay an order, log it."""
+        for _ in range(5):
+            oid = self._some_order()
+
+            def pay(s: Any, oid: int = oid) -> None:
+                self.shop.orders.update_many(
+                    {"_id": {"$in": [oid, oid + 1]}}, {"$set": {"paid": True}}, session=s
+                )
+                self.crm.payments.insert_one(
+                    {"order": oid, "amount": self.rng.randrange(1, 99)}, session=s
+                )
+
+            with self.client.start_session() as s:
+                s.with_transaction(pay)
+        return 10
+
+    def add_items(self, batch: int) -> int:
+        self.shop.items.insert_many(
+            [{"sku": f"sku-{self.next_sku + i}", "price": i} for i in range(10)]
+        )
+        self.next_sku += 10
+        return 10
+
+
+def _set_up(client: pymongo.MongoClient[Any]) -> None:
+    """Sharded collections and indexes the workload writes to."""
     admin = client.admin
     admin.command("enableSharding", "shop")
     admin.command("shardCollection", "shop.orders", key={"_id": "hashed"})
     admin.command("shardCollection", "logs.events", key={"k": 1})
-    shop, crm, logs = client.shop, client.crm, client.logs
-    shop.create_collection("items")
-    shop.items.create_index("sku", unique=True)
-    crm.customers.create_index([("email", 1)])
+    client.shop.create_collection("items")
+    client.shop.items.create_index("sku", unique=True)
+    client.crm.customers.create_index([("email", 1)])
+
+
+def _ddl_and_migration(client: pymongo.MongoClient[Any]) -> None:
+    """DDL and a chunk migration at the end of the run (fromMigrate writes never reach
+    consumers)."""
+    shop, crm, admin = client.shop, client.crm, client.admin
+    shop.items.create_index([("price", -1)], name="price_desc")
+    shop.command({"collMod": "items", "validationLevel": "moderate"})
+    shop.items.drop_index("price_desc")
+    crm.create_collection("audit")
+    crm.audit.insert_one({"at": "end"})
+    crm.create_collection("scratch")
+    crm.scratch.insert_one({"tmp": 1})
+    crm.drop_collection("scratch")
+    target_shard = sorted(s["_id"] for s in admin.command("listShards")["shards"])[-1]
+    admin.command("moveChunk", "logs.events", find={"k": 0}, to=target_shard)
+
+
+def run_workload(client: pymongo.MongoClient[Any], ops: int, seed: int = 7) -> int:
+    """A mixed workload through the proxy; returns the number of write operations issued."""
+    from rich.progress import Progress
+
+    workload = _Workload(client, random.Random(seed))
+    _set_up(client)
     done = 0
     with Progress(console=_console(), transient=False) as progress:
         task = progress.add_task("workload", total=ops)
-        next_id = next_sku = 0
         while done < ops:
-            batch = min(200, ops - done)
-            choice = rng.random()
-            if choice < 0.45:
-                docs = [
-                    {
-                        "_id": next_id + i,
-                        "cust": rng.randrange(500),
-                        "total": rng.randrange(1, 900),
-                        "lines": [rng.randrange(50) for _ in range(rng.randrange(1, 4))],
-                    }
-                    for i in range(batch)
-                ]
-                next_id += batch
-                shop.orders.insert_many(docs)
-                logs.events.insert_many(
-                    [{"k": rng.randrange(10_000), "msg": f"order {d['_id']}"} for d in docs[:50]]
-                )
-                crm.customers.insert_many(
-                    [{"email": f"c{next_id}-{i}@x.io", "visits": 0} for i in range(20)]
-                )
-                done += batch + 70
-            elif choice < 0.75:
-                for _ in range(batch // 4):
-                    oid = rng.randrange(max(next_id, 1))
-                    kind = rng.randrange(4)
-                    if kind == 0:
-                        shop.orders.update_one(
-                            {"_id": oid}, {"$inc": {"total": 5}, "$set": {"status": "paid"}}
-                        )
-                    elif kind == 1:
-                        shop.orders.update_one(
-                            {"_id": oid}, {"$push": {"lines": 7}, "$unset": {"status": ""}}
-                        )
-                    elif kind == 2:
-                        shop.orders.replace_one(
-                            {"_id": oid}, {"cust": 1, "total": 1, "replaced": True}
-                        )
-                    else:
-                        crm.customers.update_many({"visits": {"$lt": 1}}, {"$inc": {"visits": 1}})
-                done += batch // 4
-            elif choice < 0.82:
-                for _ in range(batch // 8):
-                    shop.orders.delete_one({"_id": rng.randrange(max(next_id, 1))})
-                done += batch // 8
-            elif choice < 0.9:
-                # A transaction across shards (orders is hashed) and collections: pay an order, log it.
-                for _ in range(5):
-                    oid = rng.randrange(max(next_id, 1))
-
-                    def pay(s: Any, oid: int = oid) -> None:
-                        shop.orders.update_many(
-                            {"_id": {"$in": [oid, oid + 1]}}, {"$set": {"paid": True}}, session=s
-                        )
-                        crm.payments.insert_one(
-                            {"order": oid, "amount": rng.randrange(1, 99)}, session=s
-                        )
-
-                    with client.start_session() as s:
-                        s.with_transaction(pay)
-                done += 10
-            else:
-                shop.items.insert_many(
-                    [{"sku": f"sku-{next_sku + i}", "price": i} for i in range(10)]
-                )
-                next_sku += 10
-                done += 10
+            done += workload.step(min(200, ops - done))
             progress.update(task, completed=min(done, ops))
-        # DDL and a chunk migration at the end of the run (fromMigrate writes never reach consumers).
-        shop.items.create_index([("price", -1)], name="price_desc")
-        shop.command({"collMod": "items", "validationLevel": "moderate"})
-        shop.items.drop_index("price_desc")
-        crm.create_collection("audit")
-        crm.audit.insert_one({"at": "end"})
-        crm.create_collection("scratch")
-        crm.scratch.insert_one({"tmp": 1})
-        crm.drop_collection("scratch")
-        target_shard = sorted(s["_id"] for s in admin.command("listShards")["shards"])[-1]
-        admin.command("moveChunk", "logs.events", find={"k": 0}, to=target_shard)
+        _ddl_and_migration(client)
     return done
 
 
@@ -206,7 +243,8 @@ def _demo(env: Environment, ops: int, buckets: int, timeout_s: float, out: Path)
 
     assert env.target is not None
     console.print(
-        f"[bold]source[/] {env.source.uri}  [bold]target[/] {env.target.uri}  [bold]proxy[/] {env.proxy_uri}"
+        f"[bold]source[/] {env.source.uri}  [bold]target[/] {env.target.uri}  "
+        f"[bold]proxy[/] {env.proxy_uri}"
     )
     spark = spark_session()
     per_batch: list[dict[str, Any]] = []
@@ -233,13 +271,13 @@ def _demo(env: Environment, ops: int, buckets: int, timeout_s: float, out: Path)
     started = time.time()
     try:
         while not query.lastProgress and time.time() - started < 60:
-            time.sleep(
-                0.2
-            )  # the first micro-batch opens the stream; writes before it would be missed
+            # The first micro-batch opens the stream; writes before it would be missed.
+            time.sleep(0.2)
         issued = run_workload(source, ops)
         written = time.time()
         console.print(
-            f"workload: {issued} writes in {written - started:.1f}s; waiting for the target to catch up"
+            f"workload: {issued} writes in {written - started:.1f}s; "
+            "waiting for the target to catch up"
         )
         deadline = time.time() + timeout_s
         while time.time() < deadline and not converged(source, target):
@@ -262,26 +300,10 @@ def _report(
     ok: bool,
     out: Path,
 ) -> None:
-    from rich.table import Table
-
     console = _console()
-    table = Table(title="source vs target")
-    for col in ("collection", "source docs", "target docs", "hash", "indexes", "match"):
-        table.add_column(col)
-    for name, (s, si), (t, _ti), good in rows:
-        table.add_row(
-            name, str(s[0]), str(t[0]), s[1], ",".join(si), "[green]yes" if good else "[red]NO"
-        )
-    console.print(table)
+    console.print(_collections_table(rows))
     totals = {b: sum(p["counts"].get(b, 0) for p in per_batch) for b in range(buckets)}
-    span = (per_batch[-1]["t"] - per_batch[0]["t"]) if len(per_batch) > 1 else 1.0
-    bt = Table(title="events per bucket")
-    bt.add_column("bucket")
-    bt.add_column("events")
-    bt.add_column("events/s")
-    for b, n in totals.items():
-        bt.add_row(str(b), str(n), f"{n / max(span, 1e-9):.0f}")
-    console.print(bt)
+    console.print(_buckets_table(totals, per_batch))
     console.print(
         f"micro-batches: {len(per_batch)}; catch-up lag after the last write: {lag:.1f}s; "
         f"verification: {'[green]PASSED' if ok else '[red]FAILED'}"
@@ -292,29 +314,63 @@ def _report(
         )
     )
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4))
-        t0 = per_batch[0]["t"] if per_batch else 0
-        for b in range(buckets):
-            ax.plot(
-                [p["t"] - t0 for p in per_batch],
-                [p["counts"].get(b, 0) for p in per_batch],
-                marker="o",
-                label=f"bucket {b}",
-            )
-        ax.set_xlabel("seconds since the first micro-batch")
-        ax.set_ylabel("events per micro-batch")
-        ax.set_title("parallelChangeStream demo: throughput per bucket")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "demo_throughput.png", dpi=100)
+        _plot(per_batch, buckets, out / "demo_throughput.png")
         console.print(f"plot: {out / 'demo_throughput.png'}")
     except ImportError:
         console.print("matplotlib is not installed: no plot")
+
+
+def _collections_table(rows: list[tuple[str, Any, Any, bool]]) -> Table:
+    """Each collection's count, hash and indexes on the source, beside the target's count."""
+    from rich.table import Table
+
+    table = Table(title="source vs target")
+    for col in ("collection", "source docs", "target docs", "hash", "indexes", "match"):
+        table.add_column(col)
+    for name, (s, si), (t, _ti), good in rows:
+        table.add_row(
+            name, str(s[0]), str(t[0]), s[1], ",".join(si), "[green]yes" if good else "[red]NO"
+        )
+    return table
+
+
+def _buckets_table(totals: dict[int, int], per_batch: list[dict[str, Any]]) -> Table:
+    """Events per bucket, and their rate over the span of the micro-batches."""
+    from rich.table import Table
+
+    span = (per_batch[-1]["t"] - per_batch[0]["t"]) if len(per_batch) > 1 else 1.0
+    table = Table(title="events per bucket")
+    table.add_column("bucket")
+    table.add_column("events")
+    table.add_column("events/s")
+    for b, n in totals.items():
+        table.add_row(str(b), str(n), f"{n / max(span, 1e-9):.0f}")
+    return table
+
+
+def _plot(per_batch: list[dict[str, Any]], buckets: int, path: Path) -> None:
+    """Events per micro-batch of each bucket over time, as a PNG; ImportError without
+    matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    t0 = per_batch[0]["t"] if per_batch else 0
+    for b in range(buckets):
+        ax.plot(
+            [p["t"] - t0 for p in per_batch],
+            [p["counts"].get(b, 0) for p in per_batch],
+            marker="o",
+            label=f"bucket {b}",
+        )
+    ax.set_xlabel("seconds since the first micro-batch")
+    ax.set_ylabel("events per micro-batch")
+    ax.set_title("parallelChangeStream demo: throughput per bucket")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> None:

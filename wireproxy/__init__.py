@@ -1,4 +1,5 @@
-"""wireproxy: a transparent MongoDB wire-protocol proxy in front of mongos, with commands of its own.
+"""wireproxy: a transparent MongoDB wire-protocol proxy in front of mongos, with commands of its
+own.
 
 The names below are imported on first use (PEP 562): `wireproxy --help` and `--version` then load
 neither the server nor numba's compiled kernels.

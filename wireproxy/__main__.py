@@ -29,6 +29,44 @@ def _flag_value(kind: str, flag: str, raw: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag} ")) from None
 
 
+def _add_setting_flag(parser: argparse.ArgumentParser, f: dataclasses.Field[Any]) -> None:
+    """The flag of one setting of ProxyConfig: --reader-processes sets reader_processes."""
+    kind, flag = str(f.type), "--" + f.name.replace("_", "-")
+    if kind == "bool":
+        parser.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})",
+        )
+    else:
+        parser.add_argument(
+            flag,
+            metavar=_METAVARS[kind],
+            help=f"{f.metadata['help']} (default: {f.default!r})",
+            type=functools.partial(_flag_value, kind, flag),
+        )
+
+
+def _configured(args: argparse.Namespace) -> ProxyConfig:
+    """The settings of the file, then the environment, then the flags given (later wins);
+    OSError or ValueError for a bad setting, a missing or malformed file."""
+    config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
+    config = ProxyConfig.from_env(base=config)
+    changes: dict[str, Any] = {
+        f.name: v
+        for f in dataclasses.fields(ProxyConfig)
+        if (v := getattr(args, f.name)) is not None
+    }
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        changes.update(
+            listen_host=host or "127.0.0.1",
+            listen_port=parse_value("int", port, "--listen's port"),
+        )
+    return dataclasses.replace(config, **changes)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="wireproxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -37,44 +75,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", help="TOML file with a [wireproxy] table")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     parser.add_argument("--listen", metavar="HOST:PORT", help="listen_host and listen_port in one")
-    # One flag per setting, from ProxyConfig's fields: --reader-processes sets reader_processes.
-    settings = dataclasses.fields(ProxyConfig)
-    for f in settings:
-        kind, flag = str(f.type), "--" + f.name.replace("_", "-")
-        if kind == "bool":
-            parser.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})",
-            )
-        else:
-            parser.add_argument(
-                flag,
-                metavar=_METAVARS[kind],
-                help=f"{f.metadata['help']} (default: {f.default!r})",
-                type=functools.partial(_flag_value, kind, flag),
-            )
+    for f in dataclasses.fields(ProxyConfig):
+        _add_setting_flag(parser, f)
     args = parser.parse_args(argv)
     # Before the settings are checked and the engine loads: numba's cache choice is logged then.
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     try:
-        config = ProxyConfig.from_toml(args.config) if args.config else ProxyConfig()
-        config = ProxyConfig.from_env(base=config)
-        # Flags given override the file and the environment.
-        changes: dict[str, Any] = {
-            f.name: v for f in settings if (v := getattr(args, f.name)) is not None
-        }
-        if args.listen:
-            host, _, port = args.listen.rpartition(":")
-            changes.update(
-                listen_host=host or "127.0.0.1",
-                listen_port=parse_value("int", port, "--listen's port"),
-            )
-        config = dataclasses.replace(config, **changes)
-    except (OSError, ValueError) as exc:  # a bad setting, a missing or malformed file
+        config = _configured(args)
+    except (OSError, ValueError) as exc:
         parser.error(str(exc))
     # The server and its compiled kernels load only now: `--help` and `--version` need neither.
     import trio

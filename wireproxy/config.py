@@ -14,7 +14,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from mongoformats import wire
@@ -133,25 +133,8 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            kind = str(f.type)
-            # bool is an int to Python, and an int is a fine float; nothing else converts.
-            ok = {
-                "bool": type(value) is bool,
-                "int": type(value) is int,
-                "str": type(value) is str,
-                "float": type(value) in (int, float),
-            }[kind]
-            if not ok:
-                raise ValueError(f"{f.name} must be {_KINDS[kind]}, not {value!r}")
-            if kind == "float":
-                if not math.isfinite(value):
-                    raise ValueError(f"{f.name} must be a finite number, not {value!r}")
-                object.__setattr__(self, f.name, float(value))
-            low, high = f.metadata["range"]
-            if (low is not None and value < low) or (high is not None and value > high):
-                span = f"between {low} and {high}" if high is not None else f"at least {low}"
-                raise ValueError(f"{f.name} must be {span}, not {value!r}")
+            value = _checked_value(f, getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
         if not self.listen_host:
             raise ValueError("listen_host must not be empty")
         if self.tls_ca_file and not self.tls_cert_file:
@@ -197,6 +180,31 @@ class ProxyConfig:
             return cls(**data)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
+
+
+# Whether a value is of a setting's kind: bool is an int to Python, and an int is a fine float;
+# nothing else converts.
+_OF_KIND = {
+    "bool": lambda value: type(value) is bool,
+    "int": lambda value: type(value) is int,
+    "str": lambda value: type(value) is str,
+    "float": lambda value: type(value) in (int, float),
+}
+
+
+def _checked_value(f: Field[Any], value: Any) -> Any:
+    """`value` as the setting `f` holds it (an int given for a float becomes one); ValueError if
+    it is not of the setting's kind, or outside its range."""
+    kind = str(f.type)
+    if not _OF_KIND[kind](value):
+        raise ValueError(f"{f.name} must be {_KINDS[kind]}, not {value!r}")
+    if kind == "float" and not math.isfinite(value):
+        raise ValueError(f"{f.name} must be a finite number, not {value!r}")
+    low, high = f.metadata["range"]
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{f.name} must be {span}, not {value!r}")
+    return float(value) if kind == "float" else value
 
 
 def _wireproxy_table(document: dict[str, Any], path: str) -> dict[str, Any]:
@@ -250,6 +258,7 @@ def check_upstream_uri(uri: str) -> None:
     proxy's own limits). A mongodb+srv:// URI is checked when the proxy starts, where its DNS
     records are looked up: building a config does no network I/O."""
     if not uri.startswith("mongodb+srv://"):
-        from wireproxy.upstream import UpstreamTarget  # here: `wireproxy --help` loads no engine
+        # Imported here: `wireproxy --help` loads no engine.
+        from wireproxy.upstream_target import UpstreamTarget
 
         UpstreamTarget.from_uri(uri)

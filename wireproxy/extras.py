@@ -3,7 +3,8 @@
 The base install is the proxy; `simcluster`, `pcs-demo` and `pcs-replicate` need extras
 (pyproject.toml). Without them a command says which extra to install and exits with code 2 (a
 usage error, as argparse's), instead of a ModuleNotFoundError traceback. This module imports
-nothing beyond the standard library, so it works in any install.
+nothing beyond the standard library, so it works in any install. bucketspark, which imports no
+proxy code, keeps a minimal copy for `pcs-replicate` (bucketspark/_cli.py says why).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ def package_version() -> str:
     """The installed distribution's version (from its metadata, the one source of truth)."""
     try:
         return importlib.metadata.version(DISTRIBUTION)
-    except (
-        importlib.metadata.PackageNotFoundError
-    ):  # run from a source tree that was never installed
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
         return "unknown (not installed)"
 
 

@@ -76,34 +76,10 @@ class UpstreamFailPoints:
             return None
         up = await upstream()
         fake = Int64(self._rng.getrandbits(62) | 1)
-        if name == "getMore":
-            reply = bson.decode(
-                (
-                    await up.command(
-                        db, {"getMore": fake, "collection": cmd.get("collection")}, check=False
-                    )
-                ).raw
-            )
-            missed = reply.get("code") == 43 and str(int(fake)) in str(reply.get("errmsg", ""))
-        elif name == "killCursors":
-            reply = bson.decode(
-                (
-                    await up.command(
-                        db, {"killCursors": cmd.get("killCursors"), "cursors": [fake]}, check=False
-                    )
-                ).raw
-            )
-            missed = bool(reply.get("ok"))
-        elif name == "aggregate":
-            sent = {k: v for k, v in cmd.items() if k not in ("lsid", "$clusterTime", "txnNumber")}
-            reply = bson.decode((await up.command(db, sent, check=False)).raw)
-            missed = bool(reply.get("ok"))
-            cursor = reply.get("cursor") or {}
-            if missed and cursor.get("id"):
-                coll = str(cursor.get("ns", "")).partition(".")[2]
-                await up.command(db, {"killCursors": coll, "cursors": [cursor["id"]]}, check=False)
-        else:
+        trial = _TRIALS.get(name)
+        if trial is None:
             return None
+        reply, missed = await trial(up, db, cmd, fake)
         if missed:
             return None
         self._spend(FAIL_COMMAND)
@@ -116,11 +92,7 @@ class UpstreamFailPoints:
         if fp is None:
             return None
         mode = fp["mode"]
-        if isinstance(mode, dict) and int(mode.get("skip", 0)) > 0:
-            mode["skip"] = int(mode["skip"]) - 1
-            fires = False
-        else:  # alwaysOn, {times: n} while n > 0, or {skip: n} once n are skipped
-            fires = mode == "alwaysOn" or (isinstance(mode, dict) and int(mode.get("times", 1)) > 0)
+        fires = _fires(mode)
         data = fp["data"]
         if fires:
             self._spend(AFTER_CHECKOUT)
@@ -142,3 +114,63 @@ class UpstreamFailPoints:
             f"Failing command via '{AFTER_CHECKOUT}' failpoint",
             labels=tuple(data.get("errorLabels", ())),
         )
+
+
+def _fires(mode: str | dict[str, Any]) -> bool:
+    """Whether a fail point in `mode` fires this time: alwaysOn, {times: n} while n > 0, or
+    {skip: n} once n are skipped (a skipped time counts down `mode`'s skip)."""
+    if isinstance(mode, dict) and int(mode.get("skip", 0)) > 0:
+        mode["skip"] = int(mode["skip"]) - 1
+        return False
+    return mode == "alwaysOn" or (isinstance(mode, dict) and int(mode.get("times", 1)) > 0)
+
+
+# How the proxy learns whether mongos's failCommand fires for a command it runs itself: it sends
+# mongos a harmless command of the same name (on a cursor id no cursor has), whose answer is
+# mongos's own when the fail point fired. Each returns mongos's reply and whether it missed.
+Trial = Callable[
+    [UpstreamConnection, str, dict[str, Any], Int64], Awaitable[tuple[dict[str, Any], bool]]
+]
+
+
+async def _run(up: UpstreamConnection, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    return bson.decode((await up.command(db, cmd, check=False)).raw)
+
+
+async def _try_get_more(
+    up: UpstreamConnection, db: str, cmd: dict[str, Any], fake: Int64
+) -> tuple[dict[str, Any], bool]:
+    """A getMore on no cursor: CursorNotFound (43) naming it when the fail point missed."""
+    reply = await _run(up, db, {"getMore": fake, "collection": cmd.get("collection")})
+    missed = reply.get("code") == 43 and str(int(fake)) in str(reply.get("errmsg", ""))
+    return reply, missed
+
+
+async def _try_kill_cursors(
+    up: UpstreamConnection, db: str, cmd: dict[str, Any], fake: Int64
+) -> tuple[dict[str, Any], bool]:
+    """A killCursors of no cursor: ok when the fail point missed."""
+    reply = await _run(up, db, {"killCursors": cmd.get("killCursors"), "cursors": [fake]})
+    return reply, bool(reply.get("ok"))
+
+
+async def _try_aggregate(
+    up: UpstreamConnection, db: str, cmd: dict[str, Any], fake: Int64
+) -> tuple[dict[str, Any], bool]:
+    """The aggregate itself, outside the client's session: ok when the fail point missed, and
+    the cursor it opened is killed."""
+    sent = {k: v for k, v in cmd.items() if k not in ("lsid", "$clusterTime", "txnNumber")}
+    reply = await _run(up, db, sent)
+    missed = bool(reply.get("ok"))
+    cursor = reply.get("cursor") or {}
+    if missed and cursor.get("id"):
+        coll = str(cursor.get("ns", "")).partition(".")[2]
+        await up.command(db, {"killCursors": coll, "cursors": [cursor["id"]]}, check=False)
+    return reply, missed
+
+
+_TRIALS: dict[str, Trial] = {
+    "getMore": _try_get_more,
+    "killCursors": _try_kill_cursors,
+    "aggregate": _try_aggregate,
+}

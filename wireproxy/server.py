@@ -15,17 +15,13 @@ from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.config import ProxyConfig
 from wireproxy.failpoints import UpstreamFailPoints
 from wireproxy.host_health import HostHealth, host_address
+from wireproxy.members import logged_in
 from wireproxy.metrics import ProxyMetrics
 from wireproxy.router import CommandTable
 from wireproxy.session import ClientSession, FrameBudget
-from wireproxy.upstream import (
-    UpstreamClosed,
-    UpstreamConnection,
-    UpstreamTarget,
-    logged_in,
-    open_upstream,
-)
+from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream
 from wireproxy.upstream_monitor import UpstreamMonitor
+from wireproxy.upstream_target import UpstreamTarget
 
 log = logging.getLogger("wireproxy")
 
@@ -61,7 +57,8 @@ class ProxyServer:
         )
         self.hosts = target.hosts
         # Credentials in the upstream URI are the engine's own login (readers, lookups, notes);
-        # a client's pinned connection is never logged in with them: each client authenticates itself.
+        # a client's pinned connection is never logged in with them: each client authenticates
+        # itself.
         self.credentials = target.member.credentials
         # What incomplete messages of clients not logged in hold (see ClientSession._receive).
         self.frame_budget = FrameBudget(config.unauthenticated_buffer_bytes)
@@ -99,7 +96,8 @@ class ProxyServer:
 
     @property
     def wire_versions(self) -> tuple[int, int]:
-        """The wire versions of the mongos that answered last (the proxy listens only once one has)."""
+        """The wire versions of the mongos that answered last (the proxy listens only once one
+        has)."""
         return self.monitor.wire_versions or (0, 21)
 
     async def connect_upstream(self, *, engine: bool = False) -> UpstreamConnection:

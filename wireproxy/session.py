@@ -8,14 +8,13 @@ Only requestID/responseTo are rewritten (the proxy numbers its own upstream requ
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import bson
 import trio
-from bson import Int64
+from bson import ObjectId
 from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
@@ -23,17 +22,21 @@ from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import MongoError, ProtocolError
 from mongoformats.oplog_splice import document_parts
-from wireproxy.metrics import command_label
+from wireproxy.cluster_time import ClusterTimeGossip
+from wireproxy.config import ProxyConfig
+from wireproxy.failpoints import UpstreamFailPoints
+from wireproxy.hello import (
+    LOCAL_HELLO_FIELDS,
+    UPSTREAM_HELLO_FIELDS,
+    await_topology_change,
+    hello_reply,
+)
+from wireproxy.members import Credentials
+from wireproxy.metrics import ProxyMetrics, command_label
 from wireproxy.router import CommandTable, LocalHandler, PassThrough, Route, classify
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection
 
-if TYPE_CHECKING:
-    from wireproxy.server import ProxyServer
-
 log = logging.getLogger("wireproxy")
-
-# What a driver may ask in hello that only the upstream can answer (authentication).
-_UPSTREAM_HELLO_FIELDS = ("saslSupportedMechs", "speculativeAuthenticate")
 
 
 # Commands that may change who is logged in on the upstream connection: SCRAM and other SASL
@@ -56,6 +59,15 @@ def identity_of(users: Any) -> str | None:
 
 class _CloseConnection(Exception):
     pass
+
+
+# Failures that end the client's connection, whatever command they come from.
+_CONNECTION_ENDS = (
+    UpstreamClosed,
+    _CloseConnection,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+)
 
 
 def read_command(
@@ -173,8 +185,27 @@ async def _send_views(stream: trio.SocketStream, views: list[memoryview]) -> Non
             views[0] = views[0][sent:]
 
 
+class SessionHost(Protocol):
+    """What a session uses of the server that accepted it (wireproxy.server.ProxyServer): stated
+    here, so that the session does not import the server that imports it."""
+
+    config: ProxyConfig
+    table: CommandTable
+    metrics: ProxyMetrics
+    fail_points: UpstreamFailPoints
+    cluster_time: ClusterTimeGossip
+    credentials: Credentials | None
+    frame_budget: FrameBudget
+    process_id: ObjectId
+
+    @property
+    def wire_versions(self) -> tuple[int, int]: ...
+
+    async def connect_upstream(self, *, engine: bool = False) -> UpstreamConnection: ...
+
+
 class ClientSession:
-    def __init__(self, server: ProxyServer, stream: trio.abc.Stream, conn_id: int) -> None:
+    def __init__(self, server: SessionHost, stream: trio.abc.Stream, conn_id: int) -> None:
         self.server = server
         self.stream = stream
         self.conn_id = conn_id
@@ -192,7 +223,6 @@ class ClientSession:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:  # per-connection tasks live and die here
-                self.nursery = nursery
                 await self._loop()
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
@@ -223,25 +253,18 @@ class ClientSession:
         and, before it has logged in, when a message is larger than
         unauthenticated_max_message_bytes (the cluster requiring authentication) or would take
         the incomplete messages of such clients past unauthenticated_buffer_bytes."""
-        config = self.server.config
         budget = self.server.frame_budget
         started: float | None = None  # when the first bytes of the message being received came
         try:
             while True:
                 logged_in = self.user is not None
-                if not logged_in and self.server.credentials is not None:
-                    self.framer.max_size = config.unauthenticated_max_message_bytes
-                else:
-                    self.framer.max_size = wire.MAX_MESSAGE_SIZE
+                self.framer.max_size = self._max_message_bytes(logged_in)
                 msg = self.framer.next_message()
                 if msg is not wire.NEED_DATA:
                     return msg  # type: ignore[return-value]
                 held = self.framer.buffered
-                if held and not logged_in and not budget.hold(self, held):
-                    raise _CloseConnection(
-                        "incomplete messages of clients not logged in hold more "
-                        f"than unauthenticated_buffer_bytes ({budget.limit})"
-                    )
+                if held and not logged_in:
+                    self._hold(budget, held)
                 now = trio.current_time()
                 if held and started is None:
                     started = now
@@ -251,6 +274,22 @@ class ClientSession:
                     return None
         finally:
             budget.hold(self, 0)
+
+    def _max_message_bytes(self, logged_in: bool) -> int:
+        """The largest message the client may send now: bounded before it has logged in, when
+        the cluster requires authentication."""
+        if not logged_in and self.server.credentials is not None:
+            return self.server.config.unauthenticated_max_message_bytes
+        return wire.MAX_MESSAGE_SIZE
+
+    def _hold(self, budget: FrameBudget, held: int) -> None:
+        """Count the incomplete message of a client not logged in against `budget`, or close
+        the connection."""
+        if not budget.hold(self, held):
+            raise _CloseConnection(
+                "incomplete messages of clients not logged in hold more "
+                f"than unauthenticated_buffer_bytes ({budget.limit})"
+            )
 
     async def _receive_some(self, now: float, started: float | None) -> bytes | bytearray:
         """The next bytes from the client, within idle_timeout_s and, for a message begun at
@@ -322,63 +361,72 @@ class ClientSession:
         cmd, name, route, handler = read_command(msg, self.server.table, accelerate=accelerate)
         self.server.metrics.commands.labels(command=command_label(name), route=route.value).inc()
         if route is Route.PASSTHROUGH:
-            reply_body = await self._forward(msg)
-            if name.lower() in _LOGIN_COMMANDS:
-                # Whatever the step's outcome (done, failed, or sent with moreToCome and no reply),
-                # ask mongos who is logged in now: the next request is read only after the answer.
-                await self._verify_login()
-            elif name.lower() == "configurefailpoint" and reply_body is not None:
-                self.server.fail_points.observe(
-                    bson.decode(msg.body), bool(bson.decode(reply_body).get("ok"))
-                )
+            await self._pass_through(msg, name)
             return
-        decoded = decoded_command(msg)
-        try:
-            if route is Route.HELLO:
-                reply = await self.hello(decoded)
-            else:
-                assert handler is not None
-                try:
-                    reply = await handler(self, decoded.pop("$db", "admin"), decoded)
-                except PassThrough:
-                    await self._forward(msg)
-                    return
-                reply.setdefault("ok", 1.0)
-        except MongoError as exc:
-            self.server.metrics.errors.labels(code=str(exc.code)).inc()
-            reply = exc.to_reply()
-        except (
-            UpstreamClosed,
-            _CloseConnection,
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-        ):
-            raise  # the connection ends, as a pass-through command's would
-        except Exception as exc:
-            # A bug of ours must cost this one command, not the connection, nor (through the
-            # listeners' nursery) every client of the proxy. The server's answer to its own
-            # unexpected failures is InternalError.
-            # The reply names the failure only by its error id, which the (rate-limited) log
-            # holds with the traceback: no Python text reaches a client.
-            what = f"conn{self.conn_id}: {command_label(name)}"
-            error_id = self.server.metrics.failures.record(exc, what)
-            self.server.metrics.errors.labels(code="1").inc()
-            reply = MongoError(
-                "InternalError",
-                f"the proxy failed to run the command (error id {error_id}; see the proxy's log)",
-            ).to_reply()
-        if not msg.more_to_come:
+        reply = await self._run_local(msg, name, route, handler)
+        if reply is not None and not msg.more_to_come:
             # As every mongos reply: the newest cluster time, as mongos signed it.
             self.server.cluster_time.stamp(reply)
             parts = wire.op_msg_parts(self._next_reply_id(), msg.request_id, document_parts(reply))
             await self._send(parts, msg.compressor)
+
+    async def _pass_through(self, msg: wire.OpMsg, name: str) -> None:
+        """Forward `msg`, and learn from it what a login or configureFailPoint changed."""
+        reply_body = await self._forward(msg)
+        if name.lower() in _LOGIN_COMMANDS:
+            # Whatever the step's outcome (done, failed, or sent with moreToCome and no reply),
+            # ask mongos who is logged in now: the next request is read only after the answer.
+            await self._verify_login()
+        elif name.lower() == "configurefailpoint" and reply_body is not None:
+            self.server.fail_points.observe(
+                bson.decode(msg.body), bool(bson.decode(reply_body).get("ok"))
+            )
+
+    async def _run_local(
+        self, msg: wire.OpMsg, name: str, route: Route, handler: LocalHandler | None
+    ) -> dict[str, Any] | None:
+        """The reply to a command the proxy runs itself, errors included; None when its handler
+        passed it through to mongos, which has answered."""
+        decoded = decoded_command(msg)
+        try:
+            if route is Route.HELLO:
+                return await self.hello(decoded)
+            assert handler is not None
+            try:
+                reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+            except PassThrough:
+                await self._forward(msg)
+                return None
+            reply.setdefault("ok", 1.0)
+            return reply
+        except MongoError as exc:
+            self.server.metrics.errors.labels(code=str(exc.code)).inc()
+            return exc.to_reply()
+        except _CONNECTION_ENDS:
+            raise  # the connection ends, as a pass-through command's would
+        except Exception as exc:
+            return self._internal_error(exc, name)
+
+    def _internal_error(self, exc: Exception, name: str) -> dict[str, Any]:
+        """A bug of ours must cost this one command, not the connection, nor (through the
+        listeners' nursery) every client of the proxy. The server's answer to its own unexpected
+        failures is InternalError. The reply names the failure only by its error id, which the
+        (rate-limited) log holds with the traceback: no Python text reaches a client."""
+        what = f"conn{self.conn_id}: {command_label(name)}"
+        error_id = self.server.metrics.failures.record(exc, what)
+        self.server.metrics.errors.labels(code="1").inc()
+        return MongoError(
+            "InternalError",
+            f"the proxy failed to run the command (error id {error_id}; see the proxy's log)",
+        ).to_reply()
 
     # -- the upstream's fail points on local commands (see wireproxy/failpoints.py) ----------------
 
     async def fail_point_reply(
         self, name: str, db: str, cmd: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """mongos's answer to the local command `name` if its failCommand fail point fires for it."""
+        """mongos's answer to the local command `name` if its failCommand fail point fires for
+        it."""
         return await self.server.fail_points.probe(self.get_upstream, name, db, cmd)
 
     async def fail_after_checkout(self) -> MongoError | None:
@@ -386,7 +434,8 @@ class ClientSession:
         return await self.server.fail_points.after_checkout(self.get_upstream)
 
     async def forward_command(self, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        """`cmd` run on this client's upstream connection, as mongos answers it (errors included)."""
+        """`cmd` run on this client's upstream connection, as mongos answers it (errors
+        included)."""
         up = await self.get_upstream()
         return dict(bson.decode((await up.command(db, cmd, check=False)).raw))
 
@@ -404,7 +453,8 @@ class ClientSession:
     async def _verify_login(self) -> None:
         """Learn who is logged in on the pinned upstream connection, and their privileges, from
         mongos itself (connectionStatus with showPrivileges), after any login command or logout.
-        Unverifiable (an error reply) counts as nobody: the engine then refuses what needs a user."""
+        Unverifiable (an error reply) counts as nobody: the engine then refuses what needs a
+        user."""
         self.user, self._privileges = None, []
         up = await self.get_upstream()
         reply = bson.decode(
@@ -476,54 +526,26 @@ class ClientSession:
 
     async def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
         server = self.server
-        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-            raise MongoError(
-                51760 if "topologyVersion" in cmd else 51758,
-                "topologyVersion and maxAwaitTimeMS must be given together",
-            )
-        tv = cmd.get("topologyVersion")
-        if tv is not None and tv.get("processId") == server.process_id:
-            await trio.sleep(int(cmd["maxAwaitTimeMS"]) / 1000)
-        legacy = next(iter(cmd)).lower() == "ismaster"
-        reply: dict[str, Any] = {}
-        if cmd.get("helloOk"):
-            reply["helloOk"] = True
-        reply["ismaster" if legacy else "isWritablePrimary"] = True
-        reply.update(
-            {
-                "msg": "isdbgrid",
-                "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
-                "maxBsonObjectSize": 16 * 1024 * 1024,
-                "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
-                "maxWriteBatchSize": 100_000,
-                "localTime": datetime.datetime.now(datetime.UTC),
-                "logicalSessionTimeoutMinutes": 30,
-                "connectionId": self.conn_id,
-                "minWireVersion": server.wire_versions[0],
-                "maxWireVersion": server.wire_versions[1],
-            }
-        )
-        if "compression" in cmd:
-            chosen = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
-            if chosen:
-                reply["compression"] = chosen
-        if any(f in cmd for f in _UPSTREAM_HELLO_FIELDS):
-            # Authentication belongs to the upstream: ask it on the pinned connection.
-            up = await self.get_upstream()
-            sub = {
-                k: v
-                for k, v in cmd.items()
-                if k not in ("compression", "topologyVersion", "maxAwaitTimeMS")
-            }
-            got = await up.command(
-                cmd.get("$db", "admin"), {k: v for k, v in sub.items() if k != "$db"}, check=False
-            )
-            for f in _UPSTREAM_HELLO_FIELDS:
-                if f in got:
-                    reply[f] = bson.decode(bson.encode({"v": got[f]}))["v"]
-            if "speculativeAuthenticate" in cmd:
-                # The handshake may have logged in (speculative authentication completes in hello
-                # for some mechanisms, X.509's): mongos says whether it did, and as whom.
-                await self._verify_login()
+        await await_topology_change(cmd, server.process_id)
+        reply = hello_reply(cmd, server.process_id, server.wire_versions, self.conn_id)
+        if any(f in cmd for f in UPSTREAM_HELLO_FIELDS):
+            reply.update(await self._upstream_hello_fields(cmd))
         reply["ok"] = 1.0
         return reply
+
+    async def _upstream_hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Authentication belongs to the upstream: the hello fields only it can answer, asked on
+        the pinned connection."""
+        up = await self.get_upstream()
+        sub = {k: v for k, v in cmd.items() if k not in LOCAL_HELLO_FIELDS}
+        got = await up.command(cmd.get("$db", "admin"), sub, check=False)
+        fields = {
+            f: bson.decode(bson.encode({"v": got[f]}))["v"]
+            for f in UPSTREAM_HELLO_FIELDS
+            if f in got
+        }
+        if "speculativeAuthenticate" in cmd:
+            # The handshake may have logged in (speculative authentication completes in hello
+            # for some mechanisms, X.509's): mongos says whether it did, and as whom.
+            await self._verify_login()
+        return fields

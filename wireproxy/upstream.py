@@ -14,45 +14,33 @@ own timeouts, and its commands may rightly run for hours.
 
 from __future__ import annotations
 
-import enum
 import functools
 import itertools
 import math
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import bson
 import trio
-from bson import Binary
 from bson.raw_bson import RawBSONDocument
-from pymongo.errors import ConfigurationError
-from pymongo.uri_parser import parse_uri, split_hosts
+from pymongo.uri_parser import split_hosts
 
 from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import ConnectionLost, MongoError, ProtocolError
 from mongoformats.oplog_splice import elements
-from mongoformats.scram import MECHANISM, ScramClient
 from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.host_health import HostHealth, host_address
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
-    "Credentials",
-    "MemberConnector",
     "UpstreamConnection",
     "UpstreamClosed",
     "UpstreamTimeout",
-    "authenticate",
     "host_address",
-    "logged_in",
-    "open_member",
     "open_upstream",
     "parse_hosts",
-    "upstream_ssl_context",
-    "UpstreamTarget",
 ]
 
 
@@ -341,47 +329,6 @@ class UpstreamConnection:
             self._health.answered(self.address)
 
 
-class Credentials(NamedTuple):
-    """The proxy's own login on the upstream (from the `--upstream` URI), for the engine's
-    connections."""
-
-    user: str
-    password: str
-    source: str = "admin"
-
-    def __repr__(self) -> str:  # reprs end up in logs and tracebacks: never the password
-        return f"Credentials(user={self.user!r}, password='***', source={self.source!r})"
-
-
-async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> None:
-    """SCRAM-SHA-256 over saslStart/saslContinue; AuthenticationFailed (18) if refused."""
-    client = ScramClient(credentials.user, credentials.password)
-    reply = await conn.command(
-        credentials.source,
-        {
-            "saslStart": 1,
-            "mechanism": MECHANISM,
-            "payload": Binary(client.first(), 0),
-            "options": {"skipEmptyExchange": True},
-        },
-    )
-    final = client.final(bytes(reply["payload"]))
-    reply = await conn.command(
-        credentials.source,
-        {"saslContinue": 1, "conversationId": reply["conversationId"], "payload": Binary(final, 0)},
-    )
-    client.verify(bytes(reply["payload"]))
-    while not reply.get("done"):
-        reply = await conn.command(
-            credentials.source,
-            {
-                "saslContinue": 1,
-                "conversationId": reply["conversationId"],
-                "payload": Binary(b"", 0),
-            },
-        )
-
-
 async def open_upstream(
     host: str,
     port: int,
@@ -412,212 +359,3 @@ async def open_upstream(
     return UpstreamConnection(
         stream, address, reply_timeout_s=reply_timeout_s, health=health if count_losses else None
     )
-
-
-async def open_member(
-    hosts: list[tuple[str, int]],
-    *,
-    secondary: bool,
-    ssl_context: ssl.SSLContext | None = None,
-    reply_timeout_s: float | None = None,
-    health: HostHealth | None = None,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-) -> UpstreamConnection:
-    """Connect to one member of a replica set: its primary, or (secondary=True) a secondary if one
-    is reachable, else the primary (secondaryPreferred). Members that are down, recovering or in
-    rollback (neither primary nor secondary), or that do not answer hello within the connect
-    timeout (a hung process), are passed over; with `health`, members seen failing are tried
-    last."""
-    fallback: UpstreamConnection | None = None
-    errors = []
-    try:
-        for host, port in health.order(hosts) if health is not None else hosts:
-            try:
-                conn = await open_upstream(
-                    host,
-                    port,
-                    ssl_context=ssl_context,
-                    reply_timeout_s=reply_timeout_s,
-                    health=health,
-                    connect_timeout_s=connect_timeout_s,
-                )
-            except UpstreamClosed as exc:
-                errors.append(str(exc))
-                continue
-            kept = False
-            try:
-                fit = await _member_fit(conn, secondary, connect_timeout_s)
-                if fit is _Fit.WANTED:
-                    kept = True
-                    return conn
-                if fit is _Fit.FALLBACK and fallback is None:
-                    fallback, kept = conn, True
-            except (UpstreamClosed, MongoError) as exc:
-                errors.append(str(exc))
-            finally:
-                # Passed over, failed, or cancelled mid-handshake: no socket is left open.
-                if not kept:
-                    await conn.aclose()
-        if fallback is not None:
-            conn, fallback = fallback, None
-            return conn
-    finally:
-        if fallback is not None:  # a better member answered, or the search was cancelled
-            await fallback.aclose()
-    names = ",".join(f"{h}:{p}" for h, p in hosts)
-    wanted = "readable" if secondary else "primary"
-    raise UpstreamClosed(f"no {wanted} member among {names}: {'; '.join(errors)}")
-
-
-class _Fit(enum.Enum):
-    """How a member answers open_member's search: the role asked for, the primary standing in
-    for a secondary (secondaryPreferred), or neither."""
-
-    WANTED = "wanted"
-    FALLBACK = "fallback"
-    NONE = "none"
-
-
-async def _member_fit(conn: UpstreamConnection, secondary: bool, timeout_s: float) -> _Fit:
-    """Asks the member behind `conn` its role (hello, within `timeout_s`)."""
-    hello = await conn.command("admin", {"hello": 1}, timeout_s=timeout_s)
-    is_primary = bool(hello.get("isWritablePrimary"))
-    if (secondary and hello.get("secondary")) or (not secondary and is_primary):
-        return _Fit.WANTED
-    return _Fit.FALLBACK if secondary and is_primary else _Fit.NONE
-
-
-async def logged_in(
-    conn: UpstreamConnection, credentials: Credentials | None
-) -> UpstreamConnection:
-    """`conn`, authenticated with `credentials` if any (closed if that fails)."""
-    if credentials is not None:
-        try:
-            await authenticate(conn, credentials)
-        except BaseException:  # a refused login, a dead socket or a cancellation: no socket leaks
-            await conn.aclose()
-            raise
-    return conn
-
-
-def upstream_ssl_context(
-    tls: bool, ca_file: str = "", allow_invalid: bool = False
-) -> ssl.SSLContext | None:
-    """The client-side TLS context for upstream connections (None: plain TCP)."""
-    if not tls:
-        return None
-    ctx = ssl.create_default_context(cafile=ca_file or None)
-    if allow_invalid:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-@dataclass(frozen=True)
-class MemberConnector:
-    """The engine's way to a shard member: TLS settings and the proxy's own login.
-
-    Settings only, so it pickles: a reader process (readerProcesses) connects with the same
-    settings as the proxy process. The TLS context is built once per process, on first use.
-    """
-
-    tls: bool = False
-    tls_ca_file: str = ""
-    tls_allow_invalid: bool = False
-    credentials: Credentials | None = None
-    reply_timeout_s: float | None = None  # see UpstreamConnection.command
-    connect_timeout_s: float = CONNECT_TIMEOUT_S  # to connect, and for the member's hello
-
-    async def __call__(
-        self, hosts: list[tuple[str, int]], *, secondary: bool
-    ) -> UpstreamConnection:
-        conn = await open_member(
-            hosts,
-            secondary=secondary,
-            ssl_context=self.ssl_context(),
-            reply_timeout_s=self.reply_timeout_s,
-            health=self.health,
-            connect_timeout_s=self.connect_timeout_s,
-        )
-        return await logged_in(conn, self.credentials)
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        cached: ssl.SSLContext | None = self.__dict__.get("_ctx")
-        if cached is None and self.tls:
-            cached = upstream_ssl_context(self.tls, self.tls_ca_file, self.tls_allow_invalid)
-            object.__setattr__(self, "_ctx", cached)
-        return cached
-
-    @property
-    def health(self) -> HostHealth:
-        """The members this connector saw failing: every reader, note and command of the engine
-        that connects through it passes them over first."""
-        record: HostHealth | None = self.__dict__.get("_health")
-        if record is None:
-            record = HostHealth()
-            object.__setattr__(self, "_health", record)
-        return record
-
-    def __getstate__(self) -> dict[str, Any]:
-        # An SSLContext does not pickle, and a reader process keeps its own record of failed
-        # members.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_ctx", "_health")}
-
-
-@dataclass(frozen=True)
-class UpstreamTarget:
-    """The mongos to connect to, and how: the `upstream` connection string read by pymongo's own
-    parser, so a URI a driver refuses is refused here with the driver's message, and its options
-    mean what they mean to a driver. The proxy's upstream_tls* settings add to the URI's tls ones.
-
-    A mongodb+srv:// name is looked up in DNS (SRV and TXT records, as drivers do) when this is
-    made: once, when the proxy starts.
-    """
-
-    hosts: list[tuple[str, int]]
-    member: MemberConnector  # TLS and login; the engine's connections to shard members use the same
-    heartbeat_s: float = 10.0  # how often each mongos is checked (heartbeatFrequencyMS)
-
-    @classmethod
-    def from_uri(
-        cls,
-        uri: str,
-        *,
-        tls: bool = False,
-        tls_ca_file: str = "",
-        tls_allow_invalid: bool = False,
-        reply_timeout_s: float | None = None,
-    ) -> UpstreamTarget:
-        try:
-            parsed = parse_uri(uri)
-        except (ConfigurationError, ValueError) as exc:
-            # Not the URI itself: it may hold a password.
-            raise ValueError(f"upstream: {exc}") from None
-        options = parsed["options"]
-        mechanism = options.get("authMechanism", MECHANISM)
-        if mechanism != MECHANISM:
-            raise ValueError(
-                f"upstream: authMechanism {mechanism} is not supported; the proxy "
-                f"logs in with {MECHANISM}"
-            )
-        credentials = None
-        if parsed["username"]:
-            # As drivers do: authSource, else the URI's database, else admin.
-            source = options.get("authSource") or parsed["database"] or "admin"
-            credentials = Credentials(parsed["username"], parsed["password"] or "", source)
-        insecure = bool(options.get("tlsInsecure") or options.get("tlsAllowInvalidCertificates"))
-        # pymongo's parser gives these in seconds; a connectTimeoutMS of 0 means no limit, as to
-        # a driver.
-        connect_timeout_s = options.get("connectTimeoutMS", CONNECT_TIMEOUT_S) or math.inf
-        return cls(
-            parsed["nodelist"],
-            MemberConnector(
-                tls=tls or bool(options.get("tls")),
-                tls_ca_file=tls_ca_file or options.get("tlsCAFile", ""),
-                tls_allow_invalid=tls_allow_invalid or insecure,
-                credentials=credentials,
-                reply_timeout_s=reply_timeout_s,
-                connect_timeout_s=connect_timeout_s,
-            ),
-            heartbeat_s=options.get("heartbeatFrequencyMS", 10.0),
-        )

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import trio
 from prometheus_client import Gauge
@@ -78,14 +79,17 @@ class UpstreamMonitor:
                 with trio.move_on_after(WAITING_LOG_S):
                     await self._ready.wait()
                 if not self._ready.is_set():
-                    errors = [
-                        f"{a}: {f.error}"
-                        for h in self.hosts
-                        if (f := self.health.failure(a := host_address(*h))) is not None
-                    ]
-                    why = "; ".join(errors) or "connecting"
-                    log.warning("waiting for the upstream to answer (%s)", why)
+                    log.warning("waiting for the upstream to answer (%s)", self._why_waiting())
             task_status.started()
+
+    def _why_waiting(self) -> str:
+        """The hosts' last errors, or that they are still being connected to."""
+        errors = [
+            f"{a}: {f.error}"
+            for h in self.hosts
+            if (f := self.health.failure(a := host_address(*h))) is not None
+        ]
+        return "; ".join(errors) or "connecting"
 
     async def _watch(self, host: str, port: int) -> None:
         address = host_address(host, port)
@@ -95,14 +99,7 @@ class UpstreamMonitor:
             while True:
                 try:
                     if conn is None:
-                        conn = await open_upstream(
-                            host,
-                            port,
-                            ssl_context=self._ssl,
-                            health=self.health,
-                            connect_timeout_s=self.connect_timeout_s,
-                        )
-                        conn.gossip = self.gossip
+                        conn = await self._connect(host, port)
                     hello = await conn.command(
                         "admin", {"hello": 1}, timeout_s=self.connect_timeout_s
                     )
@@ -110,29 +107,11 @@ class UpstreamMonitor:
                     if conn is not None:
                         await conn.aclose()
                         conn = None
-                    if isinstance(exc, MongoError):  # a lost connection has told the record already
-                        self.health.failed(address, str(exc))
-                    if was_up is not False:
-                        log.warning("upstream %s is down: %s", address, exc)
+                    await self._went_down(address, exc, was_up)
                     was_up = False
-                    self.writable[address] = False  # a primary that is down takes no writes either
-                    self._up.labels(address).set(0)
-                    if isinstance(exc, UpstreamTimeout):
-                        await self._cut_clients(address)
                 else:
-                    self.wire_versions = (
-                        int(hello.get("minWireVersion", 0)),
-                        int(hello.get("maxWireVersion", 0)),
-                    )
-                    writable = bool(hello.get("isWritablePrimary"))  # a mongos's is always true
-                    if self.writable.get(address) and not writable:
-                        log.warning("upstream %s no longer takes writes (stepped down)", address)
-                        await self._cut_clients(address)
-                    self.writable[address] = writable
-                    if was_up is False:
-                        log.info("upstream %s answers again", address)
+                    await self._answered(address, hello, was_up)
                     was_up = True
-                    self._up.labels(address).set(1)
                 self._checked.add(address)
                 if self.wire_versions is not None and len(self._checked) == len(self.hosts):
                     self._ready.set()
@@ -140,3 +119,43 @@ class UpstreamMonitor:
         finally:
             if conn is not None:
                 await conn.aclose()
+
+    async def _connect(self, host: str, port: int) -> UpstreamConnection:
+        conn = await open_upstream(
+            host,
+            port,
+            ssl_context=self._ssl,
+            health=self.health,
+            connect_timeout_s=self.connect_timeout_s,
+        )
+        conn.gossip = self.gossip
+        return conn
+
+    async def _went_down(
+        self, address: str, exc: UpstreamClosed | MongoError, was_up: bool | None
+    ) -> None:
+        """A check of `address` failed: record and say it, and cut its clients if it hangs."""
+        if isinstance(exc, MongoError):  # a lost connection has told the record already
+            self.health.failed(address, str(exc))
+        if was_up is not False:
+            log.warning("upstream %s is down: %s", address, exc)
+        self.writable[address] = False  # a primary that is down takes no writes either
+        self._up.labels(address).set(0)
+        if isinstance(exc, UpstreamTimeout):
+            await self._cut_clients(address)
+
+    async def _answered(self, address: str, hello: Mapping[str, Any], was_up: bool | None) -> None:
+        """A check of `address` answered: note what it speaks and whether it takes writes, and
+        cut its clients if it stepped down."""
+        self.wire_versions = (
+            int(hello.get("minWireVersion", 0)),
+            int(hello.get("maxWireVersion", 0)),
+        )
+        writable = bool(hello.get("isWritablePrimary"))  # a mongos's is always true
+        if self.writable.get(address) and not writable:
+            log.warning("upstream %s no longer takes writes (stepped down)", address)
+            await self._cut_clients(address)
+        self.writable[address] = writable
+        if was_up is False:
+            log.info("upstream %s answers again", address)
+        self._up.labels(address).set(1)

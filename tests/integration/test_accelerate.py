@@ -680,12 +680,13 @@ async def test_images_of_chained_and_prepared_transactions_are_found_where_the_s
         await sync(work)
 
 
-async def test_a_watch_from_a_past_time_sees_every_event_its_readers_dealt_before_the_cursor_existed():
-    """A new stream's readers start as soon as the oplogs are known to reach back, and on a backlog
-    they may deal events before the aggregate that created the stream makes its cursor; the cursor
-    starts at the stream's start, so none are skipped (at the bucket's end, a 1M-event catch-up lost
-    its first few hundred now and then, when a GC pause delayed the aggregate). In-process the race
-    rarely opens: tests/integration/test_engine.py forces it; this checks the whole path."""
+async def test_a_watch_from_a_past_time_sees_the_events_dealt_before_its_cursor_existed():
+    """A new stream's readers start as soon as the oplogs are known to reach back, and on a
+    backlog they may deal events before the aggregate that created the stream makes its cursor;
+    the cursor starts at the stream's start, so none are skipped (at the bucket's end, a 1M-event
+    catch-up lost its first few hundred now and then, when a GC pause delayed the aggregate).
+    In-process the race rarely opens: tests/integration/test_engine.py forces it; this checks the
+    whole path."""
     async with accelerated(shards=3) as (cluster, server):
 
         def work():

@@ -357,8 +357,8 @@ async def test_gossiped_cluster_time_must_be_signed_when_auth_is_on():
     jstests/sharding/advance_cluster_time_action_type.js: an unauthenticated client's unsigned
     (dummy-signed) time is ignored; a signature that does not match is TimeProofMismatch (204), an
     unknown key KeyNotFound (211), also for a logged-in user sending the dummy one. Signed times
-    from the cluster's own replies go back unchanged, through the proxy too, which passes signatures
-    through and makes none."""
+    from the cluster's own replies go back unchanged, through the proxy too, which passes
+    signatures through and makes none."""
     async with secured() as (cluster, proxy):
         far = Timestamp(int(time.mktime((2096, 1, 1, 0, 0, 0, 0, 0, 0))), 1)
 

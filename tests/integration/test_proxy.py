@@ -384,7 +384,7 @@ async def test_a_member_connection_cancelled_mid_handshake_leaves_no_socket_open
     import gc
     import warnings
 
-    from wireproxy.upstream import open_member
+    from wireproxy.members import open_member
 
     accepted: list[trio.SocketStream] = []
 
@@ -410,7 +410,7 @@ async def test_a_member_that_hangs_is_tried_last_by_every_later_connection(clust
     """A member that accepts connections and answers nothing (a stopped process) costs the connect
     timeout once; the engine's connector (readers, notes, commands on primaries) then tries it
     after the others until it answers again."""
-    from wireproxy.upstream import MemberConnector
+    from wireproxy.members import MemberConnector
 
     accepted: list[trio.SocketStream] = []
 

@@ -20,7 +20,13 @@ from pymongo.errors import NetworkTimeout
 pyspark = pytest.importorskip("pyspark")
 
 from buckets.bucketing import bucket_of  # noqa: E402
-from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket  # noqa: E402
+from bucketspark.client import (  # noqa: E402
+    StreamSpec,
+    client_for,
+    open_stream,
+    plan_end,
+    read_bucket,
+)
 from bucketspark.session import spark_session  # noqa: E402
 from bucketspark.sink import replicate_batch  # noqa: E402
 from bucketspark.verify import document_differences  # noqa: E402
@@ -558,7 +564,10 @@ def test_a_task_fails_rather_than_hangs_on_a_proxy_that_stops_answering(env: Any
         ],
         stderr=subprocess.DEVNULL,
     )
-    uri = f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500&connectTimeoutMS=1500&serverSelectionTimeoutMS=3000"
+    uri = (
+        f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500&connectTimeoutMS=1500"
+        "&serverSelectionTimeoutMS=3000"
+    )
     c = client_for(uri)
     try:
         assert c.options.pool_options.socket_timeout == 1.5

@@ -105,9 +105,7 @@ def test_an_answer_to_another_request_closes_the_connection() -> None:
     trio.run(_answering, lambda rid: wire.encode_op_msg(1, rid + 1, REPLY), test)
 
 
-async def test_an_exhaust_cursor_is_read_batch_by_batch_and_its_connection_runs_nothing_else_meanwhile() -> (
-    None
-):
+async def test_an_exhaust_cursor_is_read_by_batch_and_its_connection_runs_nothing_else() -> None:
     """Against simcluster's mongod: `command_in_place(exhaust=True)` starts the stream, each
     `more_in_place` takes the next batch while `streaming`; the last batch (the cursor done) ends
     it, and the connection runs commands again."""

@@ -15,7 +15,7 @@ from simcluster.cluster_time import ClusterTimeKey, gossip_in
 from wireproxy.config import ProxyConfig
 from wireproxy.redact import redact_uri
 from wireproxy.session import identity_of
-from wireproxy.upstream import UpstreamTarget
+from wireproxy.upstream_target import UpstreamTarget
 
 CLUSTER = {"cluster": True}
 

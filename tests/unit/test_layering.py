@@ -358,3 +358,26 @@ def test_buckets_modules_import_each_other_without_cycles():
         if module != "buckets"
     }
     _assert_acyclic(graph)
+
+
+def _wireproxy_graph() -> dict[str, set[str]]:
+    """Which wireproxy modules each one imports, anywhere in it (functions, TYPE_CHECKING); the
+    package's `__init__` is the module `wireproxy`."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "wireproxy").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = {
+            module
+            for module, _ in _imports(path)
+            if module.split(".")[0] == "wireproxy" and module != name
+        }
+    return graph
+
+
+def test_wireproxy_modules_import_each_other_without_cycles():
+    """The session states what it uses of its server as a Protocol (session.SessionHost) rather
+    than importing the server that imports it."""
+    graph = _wireproxy_graph()
+    assert "wireproxy.session" in graph and "wireproxy.server" in graph["wireproxy"]
+    _assert_acyclic(graph)

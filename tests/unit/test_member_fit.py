@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from wireproxy.upstream import _Fit, _member_fit
+from wireproxy.members import _Fit, _member_fit
 
 
 class _Member:

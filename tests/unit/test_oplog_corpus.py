@@ -46,7 +46,7 @@ from buckets._columnar.event_block import EventBlock
 from buckets.oplog_tail import OplogTail
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
-from wireproxy.upstream import MemberConnector
+from wireproxy.members import MemberConnector
 
 CORPUS = pathlib.Path(__file__).resolve().parents[1] / "conformance" / "oplog_entries"
 PATHS = ("entry", "general", "reader", "reader-per-entry", "reader-in-run")
