@@ -29,16 +29,14 @@ from typing import Any, Protocol
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
+from mongoformats.change_stages import apply_stages, compile_stages
 from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
-from mongoformats.idl import wrong_type
 from mongoformats.large_events import (
     MEASURE_ABOVE_BYTES,
     SPLIT_STAGE,
     event_too_large,
     split_event,
-    without_split_stage,
 )
 from mongoformats.resume_token import (
     EVENT_TOKEN,
@@ -52,55 +50,14 @@ from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 from simcluster.reference_events import ReferenceTransformer, RefEvent, encode_event, invalidate_for
+from simcluster.stream_request import (
+    _check_namespace,
+    _check_read_concern,
+    _element_text,
+    parse_change_stream,
+)
 
-_OPTIONS = frozenset(
-    {
-        "fullDocument",
-        "fullDocumentBeforeChange",
-        "resumeAfter",
-        "startAfter",
-        "startAtOperationTime",
-        "allChangesForCluster",
-        "showExpandedEvents",
-        "showMigrationEvents",
-        "showSystemEvents",
-        "$_generateV2ResumeTokens",
-    }
-)
-# Stages allowed after $changeStream (the server's allow-list, minus those simcluster lacks).
-_STAGES = frozenset(
-    {
-        "$match",
-        "$project",
-        "$addFields",
-        "$set",
-        "$unset",
-        "$replaceRoot",
-        "$replaceWith",
-        "$redact",
-        "$changeStreamSplitLargeEvent",
-    }
-)
 _IMAGE_MODES = ("whenAvailable", "required")
-# Each option's Python type and the IDL's type name (document_source_change_stream.idl): tokens are
-# `resumeToken` (bson_serialization_type object), the modes are string enums, the flags bool.
-_OPTION_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "resumeAfter": (dict, "object"),
-    "startAfter": (dict, "object"),
-    "startAtOperationTime": (Timestamp, "timestamp"),
-    "fullDocument": (str, "string"),
-    "fullDocumentBeforeChange": (str, "string"),
-    **{
-        flag: (bool, "bool")
-        for flag in (
-            "allChangesForCluster",
-            "showExpandedEvents",
-            "showMigrationEvents",
-            "showSystemEvents",
-            "$_generateV2ResumeTokens",
-        )
-    },
-}
 # The events that end a stream (isInvalidatingCommand); a collection stream sees dropDatabase never
 # (the reference's filter), its own collection's drop or rename only.
 _INVALIDATING = {"collection": ("drop", "rename"), "database": ("dropDatabase",)}
@@ -447,125 +404,11 @@ def _image_error_text(event: dict[str, Any]) -> str:
     )
 
 
-def _element_text(value: Any) -> str:
-    """A value as BSONElement::toString prints it in an error message (the common kinds)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return "null" if value is None else str(value)
-
-
 async def _wake(node: Any, nursery: Any) -> None:
     import trio
 
     await node.wait_commit_beyond(node.commit_key(), trio.current_time() + 3600)
     nursery.cancel_scope.cancel()
-
-
-def parse_change_stream(
-    cmd: dict[str, Any], version: int = 2
-) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
-    """The $changeStream spec, the stages after it but $changeStreamSplitLargeEvent, and whether
-    that one ends the pipeline; `version` 1 is a 5.0 server (no expanded events, no pre-images)."""
-    pipeline = cmd.get("pipeline", [])
-    spec = pipeline[0]["$changeStream"]
-    # Said at once rather than answered as if they were not there: an explain is no cursor, and
-    # a collation changes what the stages' comparisons match.
-    if cmd.get("explain"):
-        raise MongoError("NotImplemented", "simcluster does not explain change streams")
-    if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
-        raise MongoError(
-            "NotImplemented", "simcluster does not compare by a collation in a change stream"
-        )
-    if not isinstance(spec, dict):
-        # DocumentSourceChangeStream::LiteParsed (document_source_change_stream.h).
-        raise MongoError(
-            6188500,
-            f"$changeStream must take a nested object but found: $changeStream: "
-            f"{_element_text(spec)}",
-        )
-    # The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
-    # an unknown field, then each field's BSON type; the enums' values after that.
-    for key, value in spec.items():
-        if key not in _OPTIONS or (
-            key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
-        ):
-            raise MongoError(
-                "IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field."
-            )
-        if not isinstance(value, _OPTION_TYPES[key][0]) or (
-            _OPTION_TYPES[key][1] != "bool" and isinstance(value, bool)
-        ):
-            raise wrong_type(f"$changeStream.{key}", value, _OPTION_TYPES[key][1])
-    for key, allowed in (
-        ("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
-        ("fullDocumentBeforeChange", ("off", "whenAvailable", "required")),
-    ):
-        if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
-            raise MongoError(
-                "BadValue",
-                f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
-                "a valid value.",
-            )
-    if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
-        raise MongoError(
-            40674, "Only one type of resume option is allowed, but multiple were found."
-        )
-    for stage in pipeline[1:]:
-        if "$changeStream" in stage:
-            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
-        name = next(iter(stage), "")
-        if name not in _STAGES or (name == SPLIT_STAGE and version < 2):  # 5.0 has no such stage
-            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-    stages, split = without_split_stage(pipeline[1:])
-    if (unsupported := unsupported_in_stages(stages)) is not None:
-        # Said at once, not as some later event's error or, worse, as events shaped wrongly.
-        raise MongoError(
-            "NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream"
-        )
-    return spec, stages, split
-
-
-def _check_read_concern(read_concern: Any) -> None:
-    """A change stream reads at majority only: DocumentSourceChangeStream::LiteParsed::
-    supportsReadConcern answers onlySingleReadConcernSupported(majority), InvalidOptions for any
-    other level given (jstests/noPassthrough/change_stream_require_majority_read_concern.js:
-    local and linearizable fail; majority, and none, work)."""
-    level = read_concern.get("level") if isinstance(read_concern, dict) else None
-    if level is not None and level != "majority":
-        raise MongoError(
-            "InvalidOptions",
-            "Aggregation stage $changeStream cannot run with a readConcern other "
-            f"than 'majority'. Current readConcern: {level}",
-        )
-
-
-def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: Any) -> None:
-    """Where a change stream may be opened (DocumentSourceChangeStream::
-    assertIsLegalSpecification; jstests/change_streams/invalid_namespaces.js): the admin
-    database only for a whole-cluster stream, never the local or config database nor a system.
-    collection (InvalidNamespace); and never on a view (CommandNotSupportedOnView, the
-    "is a view, not a collection" of AutoGetCollection; jstests/change_streams/ddl_view_events.js)."""
-    if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
-        raise MongoError(
-            "InvalidOptions",
-            "A change stream with 'allChangesForCluster:true' may only be opened on "
-            "the 'admin' database, and with no collection name",
-        )
-    if db == "admin" and not spec.get("allChangesForCluster") or db in ("local", "config"):
-        raise MongoError(
-            "InvalidNamespace", f"$changeStream may not be opened on the internal {db} database"
-        )
-    if coll is not None and coll.startswith("system."):
-        raise MongoError(
-            "InvalidNamespace",
-            f"$changeStream may not be opened on the internal {db}.{coll} collection",
-        )
-    if coll is not None and is_view is not None and is_view(f"{db}.{coll}"):
-        raise MongoError(
-            "CommandNotSupportedOnView", f"Namespace {db}.{coll} is a view, not a collection"
-        )
 
 
 async def open_native_stream(
