@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -19,20 +20,26 @@ from collections.abc import Callable, Sequence
 import trio
 
 from simcluster.cluster import open_cluster
-from wireproxy.extras import add_version_flag
 
 DEFAULT_PORT = 27017
 # Shard members from --port + 1000: away from 27018, where the proxy listens.
 SHARD_PORT_OFFSET = 1000
 MONGODB_VERSIONS = ["5.0", "6.0", "7.0", "8.0"]
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+# The distribution simcluster ships in; its metadata holds the one version of every command.
+DISTRIBUTION = "parallelchangestream"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="simcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_version_flag(parser)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {_package_version()}",
+        help="print the package's version and exit",
+    )
     parser.add_argument("--shards", type=_at_least(int, 0), default=3)
     parser.add_argument(
         "--members",
@@ -172,6 +179,15 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
+
+
+def _package_version() -> str:
+    """The installed distribution's version, read here rather than through the proxy's command
+    helpers: simcluster imports nothing of the proxy."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _old_version_value(argv: Sequence[str]) -> str | None:

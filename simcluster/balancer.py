@@ -30,7 +30,7 @@ round.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import bson
 import trio
@@ -39,10 +39,8 @@ from bson import Int64
 from mongoformats.bson_order import compare
 from mongoformats.errors import MongoError
 from simcluster.chunks import Chunk, ShardedCollection
-
-if TYPE_CHECKING:
-    from simcluster.mongos import Mongos
-    from simcluster.node import ShardNode
+from simcluster.roles import ShardMember
+from simcluster.router_roles import BalancedRouter
 
 log = logging.getLogger("simcluster.balancer")
 
@@ -52,7 +50,7 @@ SHORT_ROUND_S = 1.0
 
 
 class Balancer:
-    def __init__(self, mongos: Mongos) -> None:
+    def __init__(self, mongos: BalancedRouter) -> None:
         self.mongos = mongos
         self.rounds = 0
         self.migrations = 0
@@ -185,7 +183,9 @@ def plan_migrations(
         available -= {giver, taker}
 
 
-def range_end(sc: ShardedCollection, donor: ShardNode, chunk: Chunk, max_bytes: int) -> Any | None:
+def range_end(
+    sc: ShardedCollection, donor: ShardMember, chunk: Chunk, max_bytes: int
+) -> Any | None:
     """Where a range of about `max_bytes` starting at the chunk's min ends: the key of the first document
     past that many documents of average size (moved on past equal keys, which cannot be split), or
     None when the chunk holds less or has no such key (it moves whole)."""

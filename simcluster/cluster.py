@@ -20,10 +20,10 @@ from simcluster.replset import Primaries, ReplicaSet
 @dataclass
 class SimCluster:
     mongos: Mongos
-    replsets: dict[str, ReplicaSet]
+    replsets: dict[str, ReplicaSet[ShardNode]]
     clock: ClusterClock
     # Replica sets running beside the cluster but not part of it until `addShard` names them.
-    spares: dict[str, ReplicaSet]
+    spares: dict[str, ReplicaSet[ShardNode]]
 
     @property
     def shards(self) -> Primaries:
@@ -79,7 +79,7 @@ async def open_cluster(
     clock = ClusterClock()
     first = (port + 1 if port else 0) if shard_port is None else shard_port
 
-    def replica_set(i: int) -> ReplicaSet:
+    def replica_set(i: int) -> ReplicaSet[ShardNode]:
         name = f"shard{i}"
         nodes = [
             ShardNode(

@@ -19,18 +19,16 @@ Two kinds of collections:
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bson import Binary, Int64, ObjectId, Timestamp
 
 from mongoformats.errors import MongoError
+from simcluster.chunks import Chunk, ShardedCollection
 from simcluster.node import ShardNode
+from simcluster.oplog import ClusterClock
 from simcluster.replset import ReplicaSet
-
-if TYPE_CHECKING:
-    from simcluster.chunks import Chunk, ShardedCollection
-    from simcluster.mongos import Mongos
-    from simcluster.oplog import ClusterClock
+from simcluster.router_roles import CatalogRouter
 
 CONFIG_SET = "configRepl"  # the config server replica set's name in a server's own test clusters
 CATALOG = frozenset(
@@ -54,7 +52,7 @@ class ConfigServer:
         ):  # what `show collections` lists
             self.node.coll(f"config.{name}", create=True)
 
-    def catalog(self, mongos: Mongos, ns: str) -> list[dict[str, Any]] | None:
+    def catalog(self, mongos: CatalogRouter, ns: str) -> list[dict[str, Any]] | None:
         """The documents of a catalog collection (`config.<one of CATALOG>`), or None for any other ns."""
         db, _, coll = ns.partition(".")
         if db != "config" or coll not in CATALOG:
@@ -140,7 +138,7 @@ class ConfigServer:
         return None
 
     def log_change(
-        self, mongos: Mongos, what: str, ns: str, details: dict[str, Any], *, shard: str
+        self, mongos: CatalogRouter, what: str, ns: str, details: dict[str, Any], *, shard: str
     ) -> None:
         """A config.changelog entry, as the server's ShardingLogging writes them."""
         now = datetime.datetime.now(datetime.UTC)

@@ -23,6 +23,7 @@ from simcluster.mongos_crud import CrudRouting
 from simcluster.mongos_ddl import DdlRouting
 from simcluster.mongos_shard_keys import ShardKeyCommands
 from simcluster.mongos_txn import TransactionRouting
+from simcluster.node import ShardNode
 from simcluster.oplog import ClusterClock
 from simcluster.replset import Primaries, ReplicaSet
 from simcluster.transactions import TxnKey
@@ -36,10 +37,10 @@ class Mongos(TransactionRouting, CrudRouting, DdlRouting, ShardKeyCommands):
         clock: ClusterClock,
         host: str,
         port: int,
-        replsets: dict[str, ReplicaSet],
+        replsets: dict[str, ReplicaSet[ShardNode]],
         *,
         version: str = "7.0",
-        spares: dict[str, ReplicaSet] | None = None,
+        spares: dict[str, ReplicaSet[ShardNode]] | None = None,
     ) -> None:
         super().__init__(clock, host, port, version=version)
         self.replsets = replsets

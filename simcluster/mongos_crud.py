@@ -12,6 +12,7 @@ from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.cursors import Cursor
 from simcluster.mongos_routing import RouterBase
+from simcluster.node import ShardNode
 from simcluster.replset import ReplicaSet
 from simcluster.server import Request
 from simcluster.updates import apply_update
@@ -134,7 +135,9 @@ class CrudRouting(RouterBase):
                 found = self.gather(ns, key)
                 return found[0] if found else None
 
-            def topology() -> list[tuple[ReplicaSet, Timestamp]]:  # in the order shards were added
+            def topology() -> list[
+                tuple[ReplicaSet[ShardNode], Timestamp]
+            ]:  # in the order shards were added
                 return [(rs, self.topology_times[sid]) for sid, rs in self.replsets.items()]
 
             return await open_native_stream(

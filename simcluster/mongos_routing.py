@@ -27,9 +27,9 @@ from simcluster.transactions import TxnKey
 class RouterBase(CommandServer):
     """What every part of the router shares: its metadata, and targeting by shard key."""
 
-    replsets: dict[str, ReplicaSet]
-    shards: Primaries
-    spares: dict[str, ReplicaSet]
+    replsets: dict[str, ReplicaSet[ShardNode]]
+    shards: Primaries[ShardNode]
+    spares: dict[str, ReplicaSet[ShardNode]]
     topology_times: dict[str, Timestamp]
     db_primary: dict[str, str]
     db_versions: dict[str, tuple[uuidlib.UUID, Timestamp]]

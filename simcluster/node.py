@@ -317,7 +317,7 @@ class ShardNode(CommandServer):
         self.transaction_lifetime_s = 60
         self.expired_transaction_passes = 0  # serverStatus metrics.abortExpiredTransactions.passes
         self.replset: (
-            ReplicaSet  # assigned by the ReplicaSet this member joins (open_cluster builds both)
+            ReplicaSet[ShardNode]  # assigned by the ReplicaSet this member joins (open_cluster builds both)
         )
 
     @property

@@ -27,26 +27,27 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import trio
 from bson import ObjectId
 
 from mongoformats.errors import MongoError
-
-if TYPE_CHECKING:
-    from simcluster.node import ShardNode
+from simcluster.roles import ReplMember
 
 __all__ = ["Primaries", "ReplicaSet"]
 
 log = logging.getLogger("simcluster")
 
+# The members' type: what a router reaches through a set is the member class itself.
+M = TypeVar("M", bound=ReplMember)
 
-class ReplicaSet:
+
+class ReplicaSet(Generic[M]):
     def __init__(
         self,
         set_name: str,
-        members: list[ShardNode],
+        members: list[M],
         *,
         lag_s: float = 0.0,
         election_timeout_s: float = 10.0,
@@ -56,7 +57,7 @@ class ReplicaSet:
         self.lag_s = lag_s
         self.election_timeout_s = election_timeout_s
         self.term = 1
-        self.primary_node: ShardNode | None = members[0]
+        self.primary_node: M | None = members[0]
         self._commit = 0
         self._changed = trio.Event()  # set (and replaced) when the commit point or a role changes
         self.nursery: trio.Nursery | None = None  # where elections and restarts run (the cluster's)
@@ -66,7 +67,7 @@ class ReplicaSet:
     # -- roles -------------------------------------------------------------------------------------
 
     @property
-    def primary(self) -> ShardNode:
+    def primary(self) -> M:
         """The primary, for a router sending a write; FailedToSatisfyReadPreference during an election."""
         if self.primary_node is None:
             raise MongoError(
@@ -184,7 +185,7 @@ class ReplicaSet:
 
     # -- elections ---------------------------------------------------------------------------------
 
-    def elect(self, *, exclude: ShardNode | None = None) -> ShardNode | None:
+    def elect(self, *, exclude: M | None = None) -> M | None:
         """Make the live member with the newest oplog primary, if a majority of members vote for it."""
         now = trio.current_time()
         up = [m for m in self.members if m.up]
@@ -237,9 +238,7 @@ class ReplicaSet:
             await trio.sleep(self.election_timeout_s)
             self.elect()
 
-    async def step_down(
-        self, node: ShardNode, stepdown_s: float, catch_up_s: float, force: bool
-    ) -> None:
+    async def step_down(self, node: M, stepdown_s: float, catch_up_s: float, force: bool) -> None:
         if node is not self.primary_node:
             raise MongoError("NotWritablePrimary", "not primary so can't step down")
         target = node.oplog.last_key()
@@ -268,32 +267,32 @@ class ReplicaSet:
 
     # -- stopping and restarting members -----------------------------------------------------------
 
-    def stop_member(self, node: ShardNode) -> None:
+    def stop_member(self, node: M) -> None:
         """Like killing the mongod: connections drop; its data and oplog stay (they are on disk)."""
         node.stop()
         self._lost(node)
 
-    async def restart_member(self, node: ShardNode) -> None:
+    async def restart_member(self, node: M) -> None:
         """Start a stopped member again on its port; it rejoins as a secondary and catches up."""
         assert self.nursery is not None
         self._set_rejoining(node)
         await self.nursery.start(node.serve)
         self._rejoined()
 
-    def pause_member(self, node: ShardNode) -> None:
+    def pause_member(self, node: M) -> None:
         """Like SIGSTOP on the mongod, or a network partition that drops its packets: its connections
         stay open and go unanswered (a client learns only by its own timeout); to the set it is down."""
         node.pause()
         self._lost(node)
 
-    def resume_member(self, node: ShardNode) -> None:
+    def resume_member(self, node: M) -> None:
         """SIGCONT, or the partition healed: it answers what waited, rejoins as a secondary and
         catches up (rolling back what it wrote as a primary that nobody else has)."""
         self._set_rejoining(node)
         node.resume()
         self._rejoined()
 
-    def _lost(self, node: ShardNode) -> None:
+    def _lost(self, node: M) -> None:
         node.up = False
         if node is self.primary_node:
             self.primary_node = None
@@ -302,7 +301,7 @@ class ReplicaSet:
             self._start(self._elect_after_timeout)
 
     @staticmethod
-    def _set_rejoining(node: ShardNode) -> None:
+    def _set_rejoining(node: M) -> None:
         # It catches up from the primary before it serves reads or stands (see `elect` for a set
         # with no primary to catch up from).
         node.up, node.in_sync, node.state = True, False, "SECONDARY"
@@ -317,14 +316,14 @@ class ReplicaSet:
             self.nursery.start_soon(fn)
 
 
-class Primaries(Mapping[str, "ShardNode"]):
+class Primaries(Mapping[str, M]):
     """shard id -> that shard's current primary: what a router sends writes to. Looked up on each
     access, so a router keeps routing across elections."""
 
-    def __init__(self, replsets: dict[str, ReplicaSet]) -> None:
+    def __init__(self, replsets: dict[str, ReplicaSet[M]]) -> None:
         self.replsets = replsets
 
-    def __getitem__(self, shard_id: str) -> ShardNode:
+    def __getitem__(self, shard_id: str) -> M:
         return self.replsets[shard_id].primary
 
     def __iter__(self) -> Iterator[str]:
