@@ -192,34 +192,13 @@ class CommandServer(GenericCommands):
         self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
     ) -> None:
         conn_id = next(self._conn_ids)
-        framer = wire.MessageFramer()
         sock = (
             stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
         )
         req = Request(conn_id, str(sock.getpeername()))
         try:
             async with stream:
-                while True:
-                    msg = framer.next_message()
-                    if msg is wire.NEED_DATA:
-                        data = await stream.receive_some(1 << 16)
-                        framer.receive_data(data)
-                        if not data and not framer.trailing_data:
-                            return
-                        continue
-                    request: object | None = msg
-                    while request is not None:  # an exhaust getMore runs again after each reply
-                        await self.wait_running()
-                        reply, request = await self._dispatch(request, req)
-                        if reply is None:
-                            continue
-                        if reply is _CLOSE:
-                            return
-                        assert isinstance(reply, bytes)
-                        await (
-                            self.wait_running()
-                        )  # a reply made as the process paused is not sent either
-                        await stream.send_all(reply)
+                await self._converse(stream, req)
         except ProtocolError as exc:
             log.info("closing connection %s: %s", conn_id, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -229,32 +208,69 @@ class CommandServer(GenericCommands):
             # it (one trio run) the whole cluster. A server closes the one connection.
             log.exception("closing connection %s after an unexpected error", conn_id)
 
+    async def _converse(
+        self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream], req: Request
+    ) -> None:
+        """Answer the connection's messages until the client closes it or a reply drops it."""
+        framer = wire.MessageFramer()
+        while True:
+            msg = framer.next_message()
+            if msg is wire.NEED_DATA:
+                data = await stream.receive_some(1 << 16)
+                framer.receive_data(data)
+                if not data and not framer.trailing_data:
+                    return
+                continue
+            if not await self._answer(stream, msg, req):
+                return
+
+    async def _answer(
+        self,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        msg: object,
+        req: Request,
+    ) -> bool:
+        """Send the replies to one message; False when the connection is to be dropped."""
+        request: object | None = msg
+        while request is not None:  # an exhaust getMore runs again after each reply
+            await self.wait_running()
+            reply, request = await self._dispatch(request, req)
+            if reply is None:
+                continue
+            if reply is _CLOSE:
+                return False
+            assert isinstance(reply, bytes)
+            await self.wait_running()  # a reply made as the process paused is not sent either
+            await stream.send_all(reply)
+        return True
+
     async def _dispatch(
         self, msg: Any, req: Request
     ) -> tuple[bytes | None | object, wire.OpMsg | None]:
         """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
-        run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
+        run next without reading one: an exhaust getMore's own again, as the reply said
+        moreToCome."""
         if isinstance(msg, wire.OpQuery):
-            cmd = decode_document(msg.query)
-            if "$query" in cmd:
-                cmd = cmd["$query"]
-            db = msg.full_collection_name.split(".", 1)[0]
-            body = await self._run(db, cmd, req)
-            if body is _CLOSE:
-                return _CLOSE, None
-            reply = wire.encode_op_reply(
-                next(self._message_ids), msg.request_id, (bson.encode(body),)
-            )
-            return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
+            return await self._answer_op_query(msg, req), None
         if not isinstance(msg, wire.OpMsg):
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
-        cmd = decode_document(msg.body)
-        for ident, docs in msg.sequences:
-            cmd[ident] = decode_sequence(docs)
-            if ident == "documents":
-                # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
-                # fullDocument) is byte-identical to what was sent, as on the server.
-                cmd["$raw_documents"] = docs
+        return await self._answer_op_msg(msg, req)
+
+    async def _answer_op_query(self, msg: wire.OpQuery, req: Request) -> bytes | object:
+        cmd = decode_document(msg.query)
+        if "$query" in cmd:
+            cmd = cmd["$query"]
+        db = msg.full_collection_name.split(".", 1)[0]
+        body = await self._run(db, cmd, req)
+        if body is _CLOSE:
+            return _CLOSE
+        reply = wire.encode_op_reply(next(self._message_ids), msg.request_id, (bson.encode(body),))
+        return wire.compress(reply, msg.compressor) if msg.compressor else reply
+
+    async def _answer_op_msg(
+        self, msg: wire.OpMsg, req: Request
+    ) -> tuple[bytes | None | object, wire.OpMsg | None]:
+        cmd = _op_msg_command(msg)
         db = cmd.pop("$db", "admin")
         exhaust = (
             msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
@@ -284,63 +300,68 @@ class CommandServer(GenericCommands):
     async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:
         name = next(iter(cmd), "")
         try:
-            if "$clusterTime" in cmd:
-                gossiped = gossip_in(
-                    cmd["$clusterTime"],
-                    key=self.time_key if self.users is not None else None,
-                    authenticated=req.user is not None,
-                    newest=self.clock.now(),
-                    missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"],
-                )
-                if gossiped is not None:
-                    self.clock.advance(gossiped)
+            self._gossip_in(cmd, req)
             fp = await self._fail_point(name)
             if fp is _CLOSE:
                 return _CLOSE
-            handler = self.commands.get(name.lower())
-            if handler is None:
-                raise MongoError("CommandNotFound", f"no such command: '{name}'")
-            if self.users is not None and name.lower() not in _NO_AUTH:
-                if req.user is None:
-                    raise MongoError("Unauthorized", f"Command {name} requires authentication")
-                self._authorize(name, db, cmd, req.user)
-            await self.check_command(name, db, cmd)
-            reply = await handler(db, cmd, req)
-            reply.setdefault("ok", 1.0)
-            # A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
-            # cursor it used). The command is looked at first: a reply's cursor may hold megabytes.
-            if (
-                ("lsid" in cmd or cmd.get("noCursorTimeout"))
-                and name.lower() != "getmore"
-                and isinstance(cursor := reply.get("cursor"), Mapping)
-                and cursor.get("id")
-            ):
-                in_session = "lsid" in cmd
-                self.cursors.opened_in(
-                    int(cursor["id"]),
-                    session_id(cmd["lsid"]["id"]) if in_session else None,
-                    req.user if in_session else None,
-                    no_timeout=bool(cmd.get("noCursorTimeout")),
-                )
-            await self.settle(name, cmd, reply)
+            reply = await self._handle(name, db, cmd, req)
         except MongoError as exc:
-            if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
-                # 4.4+ servers label the errors a driver may retry a write on (error_labels.cpp);
-                # drivers no longer decide that themselves.
-                exc = exc.with_labels("RetryableWriteError")
-            if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
-                exc = with_change_stream_label(exc)
-            elif has_category(exc.code, "NonResumableChangeStreamError") and not exc.has_label(
-                "NonResumableChangeStreamError"
-            ):
-                # ErrorLabelBuilder::build labels these codes whatever the command and whenever
-                # it fails, a change stream's opening aggregate included (error_labels.cpp).
-                exc = exc.with_labels("NonResumableChangeStreamError")
-            reply = exc.to_reply()
+            reply = _labelled(exc, name, cmd).to_reply()
         except Exception as exc:  # a bug or unexpected input must not take the node down
             log.exception("command %s failed", name)
             reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
         return self.decorate(reply)
+
+    def _gossip_in(self, cmd: dict[str, Any], req: Request) -> None:
+        """Advance the clock to a command's $clusterTime (checked as simcluster.cluster_time
+        says)."""
+        if "$clusterTime" not in cmd:
+            return
+        gossiped = gossip_in(
+            cmd["$clusterTime"],
+            key=self.time_key if self.users is not None else None,
+            authenticated=req.user is not None,
+            newest=self.clock.now(),
+            missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"],
+        )
+        if gossiped is not None:
+            self.clock.advance(gossiped)
+
+    async def _handle(
+        self, name: str, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
+        """Check, run and settle one command; its reply."""
+        handler = self.commands.get(name.lower())
+        if handler is None:
+            raise MongoError("CommandNotFound", f"no such command: '{name}'")
+        if self.users is not None and name.lower() not in _NO_AUTH:
+            if req.user is None:
+                raise MongoError("Unauthorized", f"Command {name} requires authentication")
+            self._authorize(name, db, cmd, req.user)
+        await self.check_command(name, db, cmd)
+        reply = await handler(db, cmd, req)
+        reply.setdefault("ok", 1.0)
+        self._note_cursor(name, cmd, reply, req)
+        await self.settle(name, cmd, reply)
+        return reply
+
+    def _note_cursor(
+        self, name: str, cmd: dict[str, Any], reply: dict[str, Any], req: Request
+    ) -> None:
+        """A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
+        cursor it used). The command is looked at first: a reply's cursor may hold megabytes."""
+        if not ("lsid" in cmd or cmd.get("noCursorTimeout")) or name.lower() == "getmore":
+            return
+        cursor = reply.get("cursor")
+        if not isinstance(cursor, Mapping) or not cursor.get("id"):
+            return
+        in_session = "lsid" in cmd
+        self.cursors.opened_in(
+            int(cursor["id"]),
+            session_id(cmd["lsid"]["id"]) if in_session else None,
+            req.user if in_session else None,
+            no_timeout=bool(cmd.get("noCursorTimeout")),
+        )
 
     def _authorize(self, name: str, db: str, cmd: dict[str, Any], user: str) -> None:
         privileges = privileges_of_roles(self.roles_of(user))
@@ -401,6 +422,18 @@ class CommandServer(GenericCommands):
 _CLOSE = object()
 
 
+def _op_msg_command(msg: wire.OpMsg) -> dict[str, Any]:
+    """An OP_MSG's command: its body with each document sequence as the field it names."""
+    cmd = decode_document(msg.body)
+    for ident, docs in msg.sequences:
+        cmd[ident] = decode_sequence(docs)
+        if ident == "documents":
+            # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
+            # fullDocument) is byte-identical to what was sent, as on the server.
+            cmd["$raw_documents"] = docs
+    return cmd
+
+
 def decode_document(raw: bytes) -> dict[str, Any]:
     """A message's BSON document; ProtocolError (the connection closes) when it is not valid
     BSON, as a server's message parsing fails the connection (service_entry_point_common.cpp:
@@ -417,6 +450,23 @@ def decode_sequence(docs: tuple[bytes, ...]) -> list[dict[str, Any]]:
         return bson.decode_all(b"".join(docs), DECODE)
     except (InvalidBSON, ValueError, OverflowError) as exc:
         raise ProtocolError(f"invalid BSON in the message: {exc}") from exc
+
+
+def _labelled(exc: MongoError, name: str, cmd: dict[str, Any]) -> MongoError:
+    """The error with the labels a server adds to it."""
+    if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
+        # 4.4+ servers label the errors a driver may retry a write on (error_labels.cpp);
+        # drivers no longer decide that themselves.
+        exc = exc.with_labels("RetryableWriteError")
+    if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
+        return with_change_stream_label(exc)
+    if has_category(exc.code, "NonResumableChangeStreamError") and not exc.has_label(
+        "NonResumableChangeStreamError"
+    ):
+        # ErrorLabelBuilder::build labels these codes whatever the command and whenever
+        # it fails, a change stream's opening aggregate included (error_labels.cpp).
+        return exc.with_labels("NonResumableChangeStreamError")
+    return exc
 
 
 def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:

@@ -74,6 +74,22 @@ class GenericCommands:
         raise NotImplementedError
 
     async def cmd_hello(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
+        await self._await_topology_change(cmd)
+        out: dict[str, Any] = {}
+        if cmd.get("helloOk"):
+            out["helloOk"] = True
+        out.update(self.hello_fields(cmd))
+        if next(iter(cmd)).lower() == "ismaster":  # the legacy spelling
+            out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
+        out.update(self._limits(req))
+        out.update(self._negotiated(cmd))
+        speculative = cmd.get("speculativeAuthenticate")
+        if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
+            await self._speculative_authentication(speculative, req, out)
+        return out
+
+    async def _await_topology_change(self, cmd: dict[str, Any]) -> None:
+        """Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS."""
         if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
             raise MongoError(
                 51760 if "topologyVersion" in cmd else 51758,
@@ -85,33 +101,30 @@ class GenericCommands:
             and tv.get("processId") == self.process_id
             and tv.get("counter") == self.topology_counter
         ):
-            # Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS.
             with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
                 await self._topology_changed.wait()
-        legacy = next(iter(cmd)).lower() == "ismaster"
+
+    def _limits(self, req: Request) -> dict[str, Any]:
+        """What every hello reply states: the topology version, sizes, wire versions."""
+        return {
+            "topologyVersion": {
+                "processId": self.process_id,
+                "counter": Int64(self.topology_counter),
+            },
+            "maxBsonObjectSize": 16 * 1024 * 1024,
+            "maxMessageSizeBytes": 48_000_000,
+            "maxWriteBatchSize": 100_000,
+            "localTime": datetime.datetime.now(datetime.UTC),
+            "logicalSessionTimeoutMinutes": 30,
+            "connectionId": req.conn_id,
+            "minWireVersion": 0,
+            "maxWireVersion": self.max_wire_version,
+            "readOnly": False,
+        }
+
+    def _negotiated(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The compressors both sides know, and the user's login mechanisms when asked."""
         out: dict[str, Any] = {}
-        if cmd.get("helloOk"):
-            out["helloOk"] = True
-        out.update(self.hello_fields(cmd))
-        if legacy:
-            out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
-        out.update(
-            {
-                "topologyVersion": {
-                    "processId": self.process_id,
-                    "counter": Int64(self.topology_counter),
-                },
-                "maxBsonObjectSize": 16 * 1024 * 1024,
-                "maxMessageSizeBytes": 48_000_000,
-                "maxWriteBatchSize": 100_000,
-                "localTime": datetime.datetime.now(datetime.UTC),
-                "logicalSessionTimeoutMinutes": 30,
-                "connectionId": req.conn_id,
-                "minWireVersion": 0,
-                "maxWireVersion": self.max_wire_version,
-                "readOnly": False,
-            }
-        )
         if "compression" in cmd:
             supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
             if supported:
@@ -123,17 +136,19 @@ class GenericCommands:
             and mechs_for.partition(".")[2] in self.users
         ):
             out["saslSupportedMechs"] = [MECHANISM]
-        speculative = cmd.get("speculativeAuthenticate")
-        if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
-            # The handshake's first login step (speculative authentication, as drivers send it):
-            # answered as saslStart on the `db` it names; a failure omits the answer, and the
-            # driver then logs in the ordinary way.
-            start = {k: v for k, v in speculative.items() if k != "db"}
-            with contextlib.suppress(MongoError):
-                out["speculativeAuthenticate"] = await self.cmd_sasl_start(
-                    str(speculative.get("db", "")), start, req
-                )
         return out
+
+    async def _speculative_authentication(
+        self, speculative: dict[str, Any], req: Request, out: dict[str, Any]
+    ) -> None:
+        """The handshake's first login step (speculative authentication, as drivers send it):
+        answered as saslStart on the `db` it names; a failure omits the answer, and the driver
+        then logs in the ordinary way."""
+        start = {k: v for k, v in speculative.items() if k != "db"}
+        with contextlib.suppress(MongoError):
+            out["speculativeAuthenticate"] = await self.cmd_sasl_start(
+                str(speculative.get("db", "")), start, req
+            )
 
     async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {}

@@ -68,6 +68,12 @@ _OPTION_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
     },
 }
 
+# The string enums' values.
+_ENUMS = {
+    "fullDocument": ("default", "updateLookup", "whenAvailable", "required"),
+    "fullDocumentBeforeChange": ("off", "whenAvailable", "required"),
+}
+
 
 def _element_text(value: Any) -> str:
     """A value as BSONElement::toString prints it in an error message (the common kinds)."""
@@ -85,14 +91,7 @@ def parse_change_stream(
     that one ends the pipeline; `version` 1 is a 5.0 server (no expanded events, no pre-images)."""
     pipeline = cmd.get("pipeline", [])
     spec = pipeline[0]["$changeStream"]
-    # Said at once rather than answered as if they were not there: an explain is no cursor, and
-    # a collation changes what the stages' comparisons match.
-    if cmd.get("explain"):
-        raise MongoError("NotImplemented", "simcluster does not explain change streams")
-    if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
-        raise MongoError(
-            "NotImplemented", "simcluster does not compare by a collation in a change stream"
-        )
+    _check_unsimulated(cmd)
     if not isinstance(spec, dict):
         # DocumentSourceChangeStream::LiteParsed (document_source_change_stream.h).
         raise MongoError(
@@ -100,23 +99,34 @@ def parse_change_stream(
             f"$changeStream must take a nested object but found: $changeStream: "
             f"{_element_text(spec)}",
         )
-    # The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
-    # an unknown field, then each field's BSON type; the enums' values after that.
+    _check_spec(spec, version)
+    _check_stage_names(pipeline[1:], version)
+    stages, split = without_split_stage(pipeline[1:])
+    if (unsupported := unsupported_in_stages(stages)) is not None:
+        # Said at once, not as some later event's error or, worse, as events shaped wrongly.
+        raise MongoError(
+            "NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream"
+        )
+    return spec, stages, split
+
+
+def _check_unsimulated(cmd: dict[str, Any]) -> None:
+    """Said at once rather than answered as if they were not there: an explain is no cursor, and
+    a collation changes what the stages' comparisons match."""
+    if cmd.get("explain"):
+        raise MongoError("NotImplemented", "simcluster does not explain change streams")
+    if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
+        raise MongoError(
+            "NotImplemented", "simcluster does not compare by a collation in a change stream"
+        )
+
+
+def _check_spec(spec: dict[str, Any], version: int) -> None:
+    """The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
+    an unknown field, then each field's BSON type; the enums' values after that."""
     for key, value in spec.items():
-        if key not in _OPTIONS or (
-            key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
-        ):
-            raise MongoError(
-                "IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field."
-            )
-        if not isinstance(value, _OPTION_TYPES[key][0]) or (
-            _OPTION_TYPES[key][1] != "bool" and isinstance(value, bool)
-        ):
-            raise wrong_type(f"$changeStream.{key}", value, _OPTION_TYPES[key][1])
-    for key, allowed in (
-        ("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
-        ("fullDocumentBeforeChange", ("off", "whenAvailable", "required")),
-    ):
+        _check_field(key, value, version)
+    for key, allowed in _ENUMS.items():
         if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
             raise MongoError(
                 "BadValue",
@@ -127,19 +137,27 @@ def parse_change_stream(
         raise MongoError(
             40674, "Only one type of resume option is allowed, but multiple were found."
         )
-    for stage in pipeline[1:]:
+
+
+def _check_field(key: str, value: Any, version: int) -> None:
+    if key not in _OPTIONS or (
+        key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
+    ):
+        raise MongoError(
+            "IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field."
+        )
+    wanted, type_name = _OPTION_TYPES[key]
+    if not isinstance(value, wanted) or (type_name != "bool" and isinstance(value, bool)):
+        raise wrong_type(f"$changeStream.{key}", value, type_name)
+
+
+def _check_stage_names(stages: list[dict[str, Any]], version: int) -> None:
+    for stage in stages:
         if "$changeStream" in stage:
             raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
         name = next(iter(stage), "")
         if name not in _STAGES or (name == SPLIT_STAGE and version < 2):  # 5.0 has no such stage
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-    stages, split = without_split_stage(pipeline[1:])
-    if (unsupported := unsupported_in_stages(stages)) is not None:
-        # Said at once, not as some later event's error or, worse, as events shaped wrongly.
-        raise MongoError(
-            "NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream"
-        )
-    return spec, stages, split
 
 
 def _check_read_concern(read_concern: Any) -> None:
@@ -161,23 +179,30 @@ def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: A
     assertIsLegalSpecification; jstests/change_streams/invalid_namespaces.js): the admin
     database only for a whole-cluster stream, never the local or config database nor a system.
     collection (InvalidNamespace); and never on a view (CommandNotSupportedOnView, the
-    "is a view, not a collection" of AutoGetCollection; jstests/change_streams/ddl_view_events.js)."""
-    if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
+    "is a view, not a collection" of AutoGetCollection;
+    jstests/change_streams/ddl_view_events.js)."""
+    whole_cluster = bool(spec.get("allChangesForCluster"))
+    if whole_cluster and (db != "admin" or coll is not None):
         raise MongoError(
             "InvalidOptions",
             "A change stream with 'allChangesForCluster:true' may only be opened on "
             "the 'admin' database, and with no collection name",
         )
-    if db == "admin" and not spec.get("allChangesForCluster") or db in ("local", "config"):
+    if db == "admin" and not whole_cluster or db in ("local", "config"):
         raise MongoError(
             "InvalidNamespace", f"$changeStream may not be opened on the internal {db} database"
         )
-    if coll is not None and coll.startswith("system."):
+    if coll is not None:
+        _check_collection(db, coll, is_view)
+
+
+def _check_collection(db: str, coll: str, is_view: Any) -> None:
+    if coll.startswith("system."):
         raise MongoError(
             "InvalidNamespace",
             f"$changeStream may not be opened on the internal {db}.{coll} collection",
         )
-    if coll is not None and is_view is not None and is_view(f"{db}.{coll}"):
+    if is_view is not None and is_view(f"{db}.{coll}"):
         raise MongoError(
             "CommandNotSupportedOnView", f"Namespace {db}.{coll} is a view, not a collection"
         )
