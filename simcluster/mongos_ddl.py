@@ -9,6 +9,8 @@ from bson import Binary, Int64
 
 from mongoformats.errors import MongoError
 from simcluster.mongos_routing import RouterBase
+from simcluster.node import ShardNode
+from simcluster.replset import ReplicaSet
 from simcluster.server import Request
 
 
@@ -116,16 +118,7 @@ class DdlRouting(RouterBase):
     async def cmd_add_shard(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         """`{addShard: "<set>/<host:port>,...", name?}`: the set must be running (one of the
         cluster's spares) and hold no databases; the default shard name is the set name."""
-        if db != "admin":
-            raise MongoError("Unauthorized", "addShard may only be run against the admin database.")
-        seed = cmd["addShard"]
-        if not isinstance(seed, str):
-            raise MongoError(
-                "TypeMismatch",
-                "BSON field 'addShard.addShard' is the wrong type, expected type 'string'",
-            )
-        if "maxSize" in cmd:  # removed in 6.2
-            raise MongoError("InvalidOptions", "addShard no longer supports maxSize field")
+        seed = _add_shard_seed(db, cmd)
         set_name, _, hosts = seed.rpartition("/")
         seeds = set(hosts.split(","))
         for sid, member in self.replsets.items():
@@ -136,6 +129,18 @@ class DdlRouting(RouterBase):
                         f"A shard already exists containing the replica set '{member.set_name}'",
                     )
                 return {"shardAdded": sid}
+        rs = self._spare_named(seed, set_name, seeds)
+        name = cmd.get("name") or rs.set_name
+        if name in self.replsets:
+            raise MongoError("IllegalOperation", f"A shard named {name} already exists")
+        _check_no_databases(seed, rs.primary)
+        del self.spares[rs.set_name]
+        self.topology_times[name] = self.clock.tick()
+        self.replsets[name] = rs
+        return {"shardAdded": name}
+
+    def _spare_named(self, seed: str, set_name: str, seeds: set[str]) -> ReplicaSet[ShardNode]:
+        """The running replica set the seed list reaches."""
         rs = next((r for r in self.spares.values() if seeds & set(r.hosts)), None)
         if rs is None:
             raise MongoError(
@@ -149,21 +154,30 @@ class DdlRouting(RouterBase):
                 f"in seed list {seed}, host {next(iter(seeds))} does not belong to "
                 f'replica set {set_name}; found {{ setName: "{rs.set_name}" }}',
             )
-        name = cmd.get("name") or rs.set_name
-        if name in self.replsets:
-            raise MongoError("IllegalOperation", f"A shard named {name} already exists")
-        databases = sorted(
-            d
-            for d, colls in rs.primary.dbs.items()
-            if colls and d not in ("admin", "config", "local")
+        return rs
+
+
+def _add_shard_seed(db: str, cmd: dict[str, Any]) -> str:
+    if db != "admin":
+        raise MongoError("Unauthorized", "addShard may only be run against the admin database.")
+    seed = cmd["addShard"]
+    if not isinstance(seed, str):
+        raise MongoError(
+            "TypeMismatch",
+            "BSON field 'addShard.addShard' is the wrong type, expected type 'string'",
         )
-        if databases:
-            raise MongoError(
-                "IllegalOperation",
-                f"can't add shard '{seed}' because a local database "
-                f"'{databases[0]}' exists in another shard",
-            )
-        del self.spares[rs.set_name]
-        self.topology_times[name] = self.clock.tick()
-        self.replsets[name] = rs
-        return {"shardAdded": name}
+    if "maxSize" in cmd:  # removed in 6.2
+        raise MongoError("InvalidOptions", "addShard no longer supports maxSize field")
+    return seed
+
+
+def _check_no_databases(seed: str, primary: ShardNode) -> None:
+    databases = sorted(
+        d for d, colls in primary.dbs.items() if colls and d not in ("admin", "config", "local")
+    )
+    if databases:
+        raise MongoError(
+            "IllegalOperation",
+            f"can't add shard '{seed}' because a local database "
+            f"'{databases[0]}' exists in another shard",
+        )

@@ -22,20 +22,7 @@ class TransactionRouting(RouterBase):
     two-phase for several."""
 
     async def check_command(self, name: str, db: str, cmd: dict[str, Any]) -> None:
-        # During an election a command for the shards waits for the new primary
-        # (defaultFindReplicaSetHostTimeoutMS, 20 s) before it fails with FailedToSatisfyReadPreference;
-        # what mongos answers itself (hello, ping, ...) does not wait, nor does a command on a
-        # collection wait for shards that hold none of it.
-        if name.lower() in WRITE_COMMANDS or name.lower() in READ_COMMANDS:
-            coll = cmd.get(name)
-            targets = (
-                [self.replsets[sid] for sid in self.owner_ids(f"{db}.{coll}")]
-                if isinstance(coll, str) and db not in CONFIG_DATABASES
-                else list(self.replsets.values())
-            )
-            for rs in targets:
-                if rs.primary_node is None:
-                    await rs.wait_primary(20.0)
+        await self._wait_for_primaries(name, db, cmd)
         if cmd.get("autocommit") is not False or "lsid" not in cmd:
             return
         lsid, number = txn_key(cmd)
@@ -43,6 +30,23 @@ class TransactionRouting(RouterBase):
             self.txn_numbers[lsid] = number
         elif self.txn_numbers.get(lsid) != number:
             raise no_such_transaction((lsid, number))
+
+    async def _wait_for_primaries(self, name: str, db: str, cmd: dict[str, Any]) -> None:
+        """During an election a command for the shards waits for the new primary
+        (defaultFindReplicaSetHostTimeoutMS, 20 s) before it fails with
+        FailedToSatisfyReadPreference; what mongos answers itself (hello, ping, ...) does not
+        wait, nor does a command on a collection wait for shards that hold none of it."""
+        if name.lower() not in WRITE_COMMANDS and name.lower() not in READ_COMMANDS:
+            return
+        coll = cmd.get(name)
+        targets = (
+            [self.replsets[sid] for sid in self.owner_ids(f"{db}.{coll}")]
+            if isinstance(coll, str) and db not in CONFIG_DATABASES
+            else list(self.replsets.values())
+        )
+        for rs in targets:
+            if rs.primary_node is None:
+                await rs.wait_primary(20.0)
 
     async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
         if name.lower() not in WRITE_COMMANDS:
@@ -100,26 +104,37 @@ class TransactionRouting(RouterBase):
         if len(participants) == 1:
             self.shards[participants[0]].transactions.commit(key)
         elif participants:
-            prepared = {sid: self.shards[sid].transactions.prepare(key) for sid in participants}
-            commit_ts = max(prepared.values(), key=lambda ts: (ts.time, ts.inc))
-            for sid, ts in prepared.items():
-                rs = self.replsets[sid]
-                if len(rs.members) > 1:
-                    await rs.wait_majority(ts_key(ts), timeout_s=30.0)
-                    await rs.wait_primary(20.0)
-                    if rs.primary_node is None or rs.primary_node.transactions.open(key) is None:
-                        # A failover lost the prepare: the coordinator decides to abort.
-                        for other in participants:
-                            node = self.replsets[other].primary_node
-                            if node is not None and node.transactions.open(key) is not None:
-                                node.transactions.abort(key)
-                        raise no_such_transaction(key)
-            self.commit_decisions[key] = (participants, commit_ts)
-            await self.hang_while("hangBeforeWritingDecision")
-            await self._write_decision(key, participants, commit_ts)
-            # Written everywhere: a commit retried from now on finds no participant and answers ok.
-            self.commit_decisions.pop(key, None)
+            await self._two_phase_commit(key, participants)
         return {}
+
+    async def _two_phase_commit(self, key: TxnKey, participants: list[str]) -> None:
+        prepared = {sid: self.shards[sid].transactions.prepare(key) for sid in participants}
+        commit_ts = max(prepared.values(), key=lambda ts: (ts.time, ts.inc))
+        for sid, ts in prepared.items():
+            await self._check_prepare_held(key, sid, ts, participants)
+        self.commit_decisions[key] = (participants, commit_ts)
+        await self.hang_while("hangBeforeWritingDecision")
+        await self._write_decision(key, participants, commit_ts)
+        # Written everywhere: a commit retried from now on finds no participant and answers ok.
+        self.commit_decisions.pop(key, None)
+
+    async def _check_prepare_held(
+        self, key: TxnKey, sid: str, ts: Timestamp, participants: list[str]
+    ) -> None:
+        """Wait until the shard's prepare is majority-committed; when a failover lost it, the
+        coordinator decides to abort, everywhere."""
+        rs = self.replsets[sid]
+        if len(rs.members) == 1:
+            return
+        await rs.wait_majority(ts_key(ts), timeout_s=30.0)
+        await rs.wait_primary(20.0)
+        if rs.primary_node is not None and rs.primary_node.transactions.open(key) is not None:
+            return
+        for other in participants:
+            node = self.replsets[other].primary_node
+            if node is not None and node.transactions.open(key) is not None:
+                node.transactions.abort(key)
+        raise no_such_transaction(key)
 
     async def _write_decision(
         self, key: TxnKey, participants: list[str], commit_ts: Timestamp

@@ -186,32 +186,55 @@ class ReplicaSet(Generic[M]):
     # -- elections ---------------------------------------------------------------------------------
 
     def elect(self, *, exclude: M | None = None) -> M | None:
-        """Make the live member with the newest oplog primary, if a majority of members vote for it."""
-        now = trio.current_time()
+        """Make the live member with the newest oplog primary, if a majority of members vote for
+        it."""
         up = [m for m in self.members if m.up]
         newest = {m: m.oplog.last_optime() for m in up}
-        # A member back from a restart catches up before it stands, unless no live member is in
-        # step (the whole set was down): then none has more to learn, and the vote rule alone
-        # picks the one with the newest oplog, as the set does after a full restart.
-        whole_set_restarted = not any(m.in_sync for m in up)
         candidates = [
-            m
-            for m in up
-            if m is not exclude
-            and (m.in_sync or whole_set_restarted)
-            and m.frozen_until <= now
-            and sum(newest[voter] <= newest[m] for voter in up) >= self.majority
+            m for m in self._electable(up, exclude) if self._votes(m, newest) >= self.majority
         ]
         if not candidates:
             return None
         winner = max(candidates, key=lambda m: (newest[m], -self.members.index(m)))
-        # Whoever holds entries past the winner's last one holds what the new history never has.
+        self._mark_branches(winner)
+        self.term += 1
+        self._log_election(winner)
+        for m in self.members:
+            m.state = "SECONDARY"
+        winner.in_sync = True
+        winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
+        self.primary_node = winner
+        self.notify()
+        return winner
+
+    def _electable(self, up: list[M], exclude: M | None) -> list[M]:
+        """The live members that may stand: in step and not frozen. A member back from a restart
+        catches up before it stands, unless no live member is in step (the whole set was down):
+        then none has more to learn, and the vote rule alone picks the one with the newest oplog,
+        as the set does after a full restart."""
+        now = trio.current_time()
+        whole_set_restarted = not any(m.in_sync for m in up)
+        return [
+            m
+            for m in up
+            if m is not exclude and (m.in_sync or whole_set_restarted) and m.frozen_until <= now
+        ]
+
+    @staticmethod
+    def _votes(candidate: M, newest: dict[M, tuple[int, int]]) -> int:
+        """The live members whose last entry is no newer than the candidate's."""
+        return sum(last <= newest[candidate] for last in newest.values())
+
+    def _mark_branches(self, winner: M) -> None:
+        """Whoever holds entries past the winner's last one holds what the new history never
+        has."""
         branch = winner.oplog.last_key()
         winner.branch_end = None
         for m in self.members:
             if m.oplog.last_key() > branch:
                 m.branch_end = branch if m.branch_end is None else min(m.branch_end, branch)
-        self.term += 1
+
+    def _log_election(self, winner: M) -> None:
         log.info(
             "%s: %s elected primary in term %d (its last entry %s)",
             self.set_name,
@@ -225,13 +248,6 @@ class ReplicaSet(Generic[M]):
             {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end) for m in self.members},
             self._commit,
         )
-        for m in self.members:
-            m.state = "SECONDARY"
-        winner.in_sync = True
-        winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
-        self.primary_node = winner
-        self.notify()
-        return winner
 
     async def _elect_after_timeout(self) -> None:
         while self.primary_node is None:
