@@ -235,9 +235,8 @@ class MigrationRouting(RouterBase):
         lo = self._bound(sc, cmd["min"], wording)
         chunk = sc.chunk_at(lo)
         hi = self._bound(sc, cmd["max"], wording) if isinstance(cmd.get("max"), dict) else None
-        if hi is not None and (
-            q.compare(hi, lo) <= 0 or q.compare(hi, chunk.max) > 0
-        ):  # checked before any change
+        if hi is not None and (q.compare(hi, lo) <= 0 or q.compare(hi, chunk.max) > 0):
+            # Checked before any change.
             raise MongoError(
                 "InvalidOptions",
                 f"the range of moveRange must lie within one chunk: {cmd['max']} "
@@ -245,13 +244,19 @@ class MigrationRouting(RouterBase):
             )
         if q.compare(chunk.min, lo) != 0:
             chunk = sc.split(chunk, lo)
-        donor = self.shards[chunk.shard]
+        self._cut_range_end(sc, chunk, hi)
+        if chunk.shard != recipient.set_name:
+            await self.migrate(sc, chunk, recipient.set_name)
+        return {}
+
+    def _cut_range_end(self, sc: ShardedCollection, chunk: Chunk, hi: Any) -> None:
+        """Split the chunk where the moved range ends: at `hi`, or (none given) where the donor
+        counts about one chunk size of documents; not at all when the range is the whole
+        chunk."""
         if hi is None:
+            donor = self.shards[chunk.shard]
             hi = range_end(sc, donor, chunk, self.balancer.chunk_bytes(sc))
         elif q.compare(hi, chunk.max) == 0:
             hi = None
         if hi is not None:
             sc.split(chunk, hi)
-        if chunk.shard != recipient.set_name:
-            await self.migrate(sc, chunk, recipient.set_name)
-        return {}

@@ -306,21 +306,28 @@ class NativeStream:
             if not self._send_held(reply):
                 return reply.docs
             if self.held or self.done:
-                if self.done and not self.held and self.end_token is not None:
-                    # Closed on ChangeStreamInvalidated: its token, the invalidate's, is the last
-                    # postBatchResumeToken, also when a stage dropped the invalidate (the
-                    # cursor code of mongos and mongod catches that exception and sets it).
-                    self.last_token = self.end_token
+                self._settle_end_token()
                 return reply.docs
-            if not self.ready:
-                self.ready.extend(self._poll())
-            last = self._take_ready(reply, lookup)
-            if last is not None:
-                self.last_token = last.token
+            self._fill(reply, lookup)
             if self.held or self.done:
                 continue  # the held ones go out first, as far as this reply has room
             if reply.docs or not await self._wait_for_entries(deadline):
                 return reply.docs
+
+    def _settle_end_token(self) -> None:
+        """Closed on ChangeStreamInvalidated: its token, the invalidate's, is the last
+        postBatchResumeToken, also when a stage dropped the invalidate (the cursor code of
+        mongos and mongod catches that exception and sets it)."""
+        if self.done and not self.held and self.end_token is not None:
+            self.last_token = self.end_token
+
+    def _fill(self, reply: _Reply, lookup: Any) -> None:
+        """Read what is ready (polling the shards when nothing is) into the reply."""
+        if not self.ready:
+            self.ready.extend(self._poll())
+        last = self._take_ready(reply, lookup)
+        if last is not None:
+            self.last_token = last.token
 
     def _send_held(self, reply: _Reply) -> bool:
         """Move held documents into the reply; False when the next one does not fit in it."""
