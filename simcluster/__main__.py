@@ -1,4 +1,5 @@
-"""`simcluster --shards 3 --members 3 --port 27017`: run a simulated sharded cluster and print its addresses.
+"""`simcluster --shards 3 --members 3 --port 27017`: run a simulated sharded cluster and print its
+addresses.
 
 Its mongos listens on --port (27017, as mongos does) and the shard members on the ports from
 --shard-port (28017 by default, clear of the proxy's default 27018), so that `simcluster` and
@@ -214,7 +215,8 @@ def _shard_port(port: int, shard_port: int | None) -> int:
 def _at_least(
     kind: type[int] | type[float], low: float, high: float | None = None
 ) -> Callable[[str], float]:
-    """An argparse type: a number of `kind` in [low, high]; argparse prints the message after the flag."""
+    """An argparse type: a number of `kind` in [low, high]; argparse prints the message after the
+    flag."""
 
     def parse(text: str) -> float:
         try:

@@ -1,6 +1,7 @@
-"""The balancer (in 7.0 a thread of the config server primary; here a task of mongos, which holds the
-config metadata): rounds that even out each sharded collection's data across the shards by moving
-ranges of about the collection's chunk size, so change streams see migrations nobody asked for.
+"""The balancer (in 7.0 a thread of the config server primary; here a task of mongos, which holds
+the config metadata): rounds that even out each sharded collection's data across the shards by
+moving ranges of about the collection's chunk size, so change streams see migrations nobody asked
+for.
 
 The rules, from the server's source (read for facts only):
 - balancer.cpp: on by default (mode "full"); a round every 10 s, 1 s after a round that moved
@@ -160,7 +161,8 @@ class Balancer:
         return any(rs.primary_node is None for rs in self.mongos.replsets.values())
 
     def data_sizes(self, sc: ShardedCollection) -> dict[str, int]:
-        """Each shard's bytes of the collection (the server's _shardsvrGetStatsForBalancing, orphans aside)."""
+        """Each shard's bytes of the collection (the server's _shardsvrGetStatsForBalancing, orphans
+        aside)."""
         sizes = {}
         for sid, shard in sorted(self.mongos.shards.items()):
             coll = shard.coll(sc.ns)
@@ -211,9 +213,9 @@ def _giver_and_taker(
 def range_end(
     sc: ShardedCollection, donor: ShardMember, chunk: Chunk, max_bytes: int
 ) -> Any | None:
-    """Where a range of about `max_bytes` starting at the chunk's min ends: the key of the first document
-    past that many documents of average size (moved on past equal keys, which cannot be split), or
-    None when the chunk holds less or has no such key (it moves whole)."""
+    """Where a range of about `max_bytes` starting at the chunk's min ends: the key of the first
+    document past that many documents of average size (moved on past equal keys, which cannot be
+    split), or None when the chunk holds less or has no such key (it moves whole)."""
     docs = sc.documents_in(donor, chunk)
     sizes = [len(bson.encode(doc)) for _, doc in docs]
     total = sum(sizes)

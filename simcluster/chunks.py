@@ -1,7 +1,8 @@
-"""A sharded collection's config metadata (shard key, chunks) and moving a range of it to another shard.
+"""A sharded collection's config metadata (shard key, chunks) and moving a range of it to another
+shard.
 
-A migration has the server's phases (the router, simcluster/mongos.py, runs them and holds the
-collection's writes meanwhile, as the donor's critical section does):
+A migration has the server's phases (the router, simcluster/mongos_migrate.py, runs them and holds
+the collection's writes meanwhile, as the donor's critical section does):
 - `clone_range`: the recipient inserts the range's documents, logged with `fromMigrate: true` as the
   server's cloner logs them (change streams hide them);
 - the router waits until the recipient's copies are majority-committed, so a failover on the
@@ -73,7 +74,8 @@ class ShardedCollection:
     uuid: uuidlib.UUID
     unique: bool = False
     chunks: list[Chunk] = field(default_factory=list)
-    # configureCollectionBalancing's chunkSize, in bytes; None: the cluster's (config.settings chunksize).
+    # configureCollectionBalancing's chunkSize, in bytes; None: the cluster's (config.settings
+    # chunksize).
     chunk_bytes: int | None = None
     # config.collections' incarnation fields: set when the collection is sharded, never changed here
     # (they change on drop and re-create, or a refined shard key).
@@ -152,7 +154,8 @@ class ShardedCollection:
         return max(c.version for c in self.chunks)
 
     def split(self, chunk: Chunk, point: Any) -> Chunk:
-        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the upper half.
+        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the
+        upper half.
 
         As the config server commits a split, both halves take the next minor versions of the
         collection version; the lower half keeps the chunk's identity."""
@@ -185,7 +188,8 @@ def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardMember) -> i
 def clone_range(
     sc: ShardedCollection, chunk: Chunk, donor: ShardMember, recipient: ShardMember
 ) -> list[dict[str, Any]]:
-    """Copy the chunk's documents from donor to recipient (the chunk stays the donor's); returns them.
+    """Copy the chunk's documents from donor to recipient (the chunk stays the donor's); returns
+    them.
 
     Orphans a failed migration left on the recipient go first, as the recipient waits for the
     range deletions overlapping the range it is to receive."""

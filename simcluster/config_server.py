@@ -92,7 +92,8 @@ class ConfigServer:
         )
 
     def balancer_mode(self) -> str:
-        """The settings' `mode`, else the legacy `stopped` flag; "full" when there is no document."""
+        """The settings' `mode`, else the legacy `stopped` flag; "full" when there is no
+        document."""
         doc = self.setting("balancer") or {}
         mode = doc.get("mode")
         if mode in ("full", "off"):

@@ -3,6 +3,11 @@
 Strategy: the router calls its shards in-process (one trio process hosts the cluster), targeting
 by shard key like mongos: an insert goes to the chunk owning its key; reads and multi-writes whose
 filter pins the whole shard key go to one shard, the rest are scatter-gather.
+
+Mongos holds the router's state and its command table; the commands live by concern, each part a
+mixin over the routing table (mongos_routing.RouterBase): statement hooks and transactions
+(mongos_txn), reads and writes (mongos_crud), DDL and shards (mongos_ddl), migrations and the
+balancer's commands (mongos_migrate), shard keys (mongos_shard_keys).
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class Mongos(TransactionRouting, CrudRouting, DdlRouting, ShardKeyCommands):
         started = clock.tick()
         self.topology_times: dict[str, Timestamp] = dict.fromkeys(replsets, started)
         self.db_primary: dict[str, str] = {}
-        # Each database's version (config.databases `version`: uuid, timestamp), set with its primary.
+        # Each database's version (config.databases `version`: uuid, timestamp), set with its
+        # primary.
         self.db_versions: dict[str, tuple[uuidlib.UUID, Timestamp]] = {}
         self.started_at = datetime.datetime.now(datetime.UTC)
         self.config = ConfigServer(clock, host, version=version)
@@ -101,8 +107,9 @@ class Mongos(TransactionRouting, CrudRouting, DdlRouting, ShardKeyCommands):
         # Transactions this router has seen start, by session: lsid id -> txnNumber. Shards join a
         # transaction when its first statement reaches them (get_or_start on the shard).
         self.txn_numbers: dict[bytes, int] = {}
-        # Two-phase commit decisions (the coordinator's config.transaction_coordinators): participants
-        # and commit timestamp, so a commit retried after a failover finishes what was decided.
+        # Two-phase commit decisions (the coordinator's config.transaction_coordinators):
+        # participants and commit timestamp, so a commit retried after a failover finishes what was
+        # decided.
         self.commit_decisions: dict[TxnKey, tuple[list[str], Timestamp]] = {}
         self.balancer = Balancer(self)
         # Collections with a migration in its critical section: their writes wait for the event.

@@ -65,7 +65,8 @@ class MigrationRouting(RouterBase):
         and the commit waits until the recipient's copies are majority-committed. A recipient or
         donor failover meanwhile fails the migration (OperationFailed) and leaves the chunk where it
         was; the copies the recipient still holds are deleted as orphans. Committing on w:1 copies
-        lost the documents when the recipient's primary stepped down before its secondaries had them.
+        would lose the documents if the recipient's primary stepped down before its secondaries had
+        them.
         """
         assert not self.migrating(sc.ns), (
             "callers wait for the collection's other migration (_wait_to_migrate)"
@@ -220,9 +221,9 @@ class MigrationRouting(RouterBase):
         return {"millis": 0}
 
     async def cmd_move_range(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """`{moveRange: ns, toShard, min, max?}` (6.0+, what the balancer runs): the range from `min`
-        moves, cut out of its chunk first; without `max` it ends where the donor counts about one
-        chunk size of documents (simcluster/balancer.py: range_end)."""
+        """`{moveRange: ns, toShard, min, max?}` (6.0+, what the balancer runs): the range from
+        `min` moves, cut out of its chunk first; without `max` it ends where the donor counts about
+        one chunk size of documents (simcluster/balancer.py: range_end)."""
         sc = self._sharded(cmd["moveRange"])
         recipient = self._recipient(cmd.get("toShard"))
         if not isinstance(cmd.get("min"), dict):

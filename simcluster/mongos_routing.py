@@ -109,9 +109,9 @@ class RouterBase(CommandServer):
         for shard in self.target(ns, filt):
             found = shard.select(ns, filt)
             if sc is not None and any(c.shard != shard.set_name for c in sc.chunks):
-                # A migration's copies on its recipient are not the recipient's until the commit (and
-                # a failed one's stay until deleted): shards filter such orphans out of reads by the
-                # chunk ownership they know.
+                # A migration's copies on its recipient are not the recipient's until the commit
+                # (and a failed one's stay until deleted): shards filter such orphans out of reads
+                # by the chunk ownership they know.
                 found = [d for d in found if sc.owner(sc.key_point(d)) == shard.set_name]
             out += found
         return out

@@ -51,7 +51,8 @@ class TransactionRouting(RouterBase):
     async def settle(self, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
         if name.lower() not in WRITE_COMMANDS:
             return
-        # Each shard's newest entry, taken before any wait: no other task ran since the handler wrote.
+        # Each shard's newest entry, taken before any wait: no other task ran since the handler
+        # wrote.
         written = [
             (rs, rs.primary_node.oplog.last_key())
             for rs in self.replsets.values()

@@ -18,8 +18,9 @@ Facts kept from the server (replication_coordinator_impl.cpp, and the docs on el
   simulator does it by resyncing from the primary (the state it reaches is the server's);
 - until then, such entries are on another branch: they count toward no majority, and the member's
   own commit point stops before them (a secondary does not advance its commit point to a greater
-  term than its lastApplied's: jstests/replsets/secondaries_do_not_advance_commit_point_to_greater_term),
-  so a majority read on it never returns them.
+  term than its lastApplied's:
+  jstests/replsets/secondaries_do_not_advance_commit_point_to_greater_term), so a majority read on
+  it never returns them.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class ReplicaSet(Generic[M]):
 
     @property
     def primary(self) -> M:
-        """The primary, for a router sending a write; FailedToSatisfyReadPreference during an election."""
+        """The primary, for a router sending a write; FailedToSatisfyReadPreference during an
+        election."""
         if self.primary_node is None:
             raise MongoError(
                 "FailedToSatisfyReadPreference",
@@ -87,7 +89,8 @@ class ReplicaSet(Generic[M]):
         return [m.address for m in self.members]
 
     def _wake(self) -> None:
-        """Wake everything waiting on the set: for a primary, a caught-up member, the commit point."""
+        """Wake everything waiting on the set: for a primary, a caught-up member, the commit
+        point."""
         self._changed.set()
         self._changed = trio.Event()
 
@@ -271,8 +274,8 @@ class ReplicaSet(Generic[M]):
             raise MongoError(
                 "ExceededTimeLimit",
                 "No electable secondaries caught up as of "
-                f"{trio.current_time():.3f}. Please use the replSetStepDown command with the argument "
-                "{force: true} to force node to step down.",
+                f"{trio.current_time():.3f}. Please use the replSetStepDown command with "
+                "the argument {force: true} to force node to step down.",
             )
         node.frozen_until = trio.current_time() + stepdown_s
         node.state = "SECONDARY"
@@ -296,8 +299,9 @@ class ReplicaSet(Generic[M]):
         self._rejoined()
 
     def pause_member(self, node: M) -> None:
-        """Like SIGSTOP on the mongod, or a network partition that drops its packets: its connections
-        stay open and go unanswered (a client learns only by its own timeout); to the set it is down."""
+        """Like SIGSTOP on the mongod, or a network partition that drops its packets: its
+        connections stay open and go unanswered (a client learns only by its own timeout); to the
+        set it is down."""
         node.pause()
         self._lost(node)
 

@@ -87,13 +87,15 @@ class CommandServer(GenericCommands):
         self.ssl_context: ssl.SSLContext | None = None
         # security.authorization enabled when set: admin-database users and their SCRAM credentials.
         self.users: dict[str, ScramCredential] | None = None
-        # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
+        # Each user's built-in roles, (role, db); a user not listed has root (the cluster's
+        # default).
         self.user_roles: dict[str, list[tuple[str, str]]] = {}
         # With authorization: the cluster's key signing $clusterTime (simcluster.cluster_time).
         self.time_key: ClusterTimeKey | None = None
         self._cancel = trio.CancelScope()
-        # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition that
-        # drops its packets): its sockets stay open and nothing on them is answered until it resumes.
+        # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition
+        # that drops its packets): its sockets stay open and nothing on them is answered until it
+        # resumes.
         self._running = trio.Event()
         self._running.set()
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
