@@ -12,6 +12,7 @@ from simcluster import query as q
 from simcluster.aggregate import find_projection, run_pipeline
 from simcluster.cursors import Cursor
 from simcluster.mongos_routing import RouterBase
+from simcluster.native_stream import open_native_stream
 from simcluster.node import ShardNode
 from simcluster.replset import ReplicaSet
 from simcluster.server import Request
@@ -58,16 +59,21 @@ class CrudRouting(RouterBase):
                 break
         if not result["n"] and spec.get("upsert") and len(shards) > 1:
             # A broadcast upsert that matched nothing inserts on the shard owning the new document.
-            new = apply_update(
-                {k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
-                spec["u"],
-                is_insert=True,
-            )
-            shard = self.shard_for_doc(ns, new)
-            r = shard.update_docs(ns, spec, shard._session_fields(cmd, i))
+            r = self._upsert_where_owned(ns, cmd, i, spec)
             result["n"] += r["n"]
             result["upserted"] += r.get("upserted", [])
         return result
+
+    def _upsert_where_owned(
+        self, ns: str, cmd: dict[str, Any], i: int, spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        new = apply_update(
+            {k: v for k, v in spec.get("q", {}).items() if not k.startswith("$")},
+            spec["u"],
+            is_insert=True,
+        )
+        shard = self.shard_for_doc(ns, new)
+        return shard.update_docs(ns, spec, shard._session_fields(cmd, i))
 
     async def cmd_delete(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['delete']}"
@@ -129,20 +135,7 @@ class CrudRouting(RouterBase):
         coll = cmd["aggregate"]
         pipeline = cmd.get("pipeline", [])
         if pipeline and "$changeStream" in pipeline[0]:
-            from simcluster.native_stream import open_native_stream
-
-            def lookup(ns: str, key: dict[str, Any]) -> Any:
-                found = self.gather(ns, key)
-                return found[0] if found else None
-
-            def topology() -> list[
-                tuple[ReplicaSet[ShardNode], Timestamp]
-            ]:  # in the order shards were added
-                return [(rs, self.topology_times[sid]) for sid, rs in self.replsets.items()]
-
-            return await open_native_stream(
-                self, db, cmd, list(self.replsets.values()), lookup, topology, self._is_view
-            )
+            return await self._open_change_stream(db, cmd)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         if pipeline and "$shardedDataDistribution" in pipeline[0]:
             if db != "admin" or coll != 1:
@@ -161,6 +154,22 @@ class CrudRouting(RouterBase):
                 Cursor(ns, out), cmd.get("cursor", {}).get("batchSize")
             )
         }
+
+    async def _open_change_stream(self, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A change stream over every shard, merged; a shard added later joins from its
+        topologyTime."""
+
+        def lookup(ns: str, key: dict[str, Any]) -> Any:
+            found = self.gather(ns, key)
+            return found[0] if found else None
+
+        def topology() -> list[tuple[ReplicaSet[ShardNode], Timestamp]]:
+            # In the order shards were added.
+            return [(rs, self.topology_times[sid]) for sid, rs in self.replsets.items()]
+
+        return await open_native_stream(
+            self, db, cmd, list(self.replsets.values()), lookup, topology, self._is_view
+        )
 
     def sharded_data_distribution(self) -> list[dict[str, Any]]:
         """$shardedDataDistribution (6.0.3+): per sharded collection, each shard holding it with its

@@ -108,12 +108,7 @@ class RouterBase(CommandServer):
         sc = self.sharded.get(ns)
         for shard in self.target(ns, filt):
             found = shard.select(ns, filt)
-            if sc is not None and any(c.shard != shard.set_name for c in sc.chunks):
-                # A migration's copies on its recipient are not the recipient's until the commit
-                # (and a failed one's stay until deleted): shards filter such orphans out of reads
-                # by the chunk ownership they know.
-                found = [d for d in found if sc.owner(sc.key_point(d)) == shard.set_name]
-            out += found
+            out += found if sc is None else _owned(sc, shard.set_name, found)
         return out
 
     def shard_docs(self) -> list[dict[str, Any]]:
@@ -174,6 +169,15 @@ def _equality_point(sc: ShardedCollection, filt: Any) -> Any:
     ):
         return _NO_POINT
     return sc.point([filt[f] for f in sc.key])
+
+
+def _owned(sc: ShardedCollection, sid: str, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The documents of `found` (read on shard `sid`) that the shard owns. A migration's copies on
+    its recipient are not the recipient's until the commit (and a failed one's stay until
+    deleted): shards filter such orphans out of reads by the chunk ownership they know."""
+    if all(c.shard == sid for c in sc.chunks):
+        return found
+    return [d for d in found if sc.owner(sc.key_point(d)) == sid]
 
 
 def _has_operator(value: Any) -> bool:

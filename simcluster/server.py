@@ -274,9 +274,7 @@ class CommandServer(GenericCommands):
     ) -> tuple[bytes | None | object, wire.OpMsg | None]:
         cmd = _op_msg_command(msg)
         db = cmd.pop("$db", "admin")
-        exhaust = (
-            msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
-        )
+        exhaust = self._exhaust_requested(msg, cmd)
         body = await self._run(db, cmd, req)
         if body is _CLOSE:
             return _CLOSE, None
@@ -298,6 +296,12 @@ class CommandServer(GenericCommands):
         )
         follow = dataclasses.replace(msg, request_id=reply_id) if again else None
         return (wire.compress(reply, msg.compressor) if msg.compressor else reply), follow
+
+    def _exhaust_requested(self, msg: wire.OpMsg, cmd: dict[str, Any]) -> bool:
+        """Whether the message is a getMore that may stream its batches (exhaustAllowed)."""
+        return (
+            msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
+        )
 
     async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:
         name = next(iter(cmd), "")
