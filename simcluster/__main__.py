@@ -32,6 +32,49 @@ DISTRIBUTION = "parallelchangestream"
 
 
 def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parse(parser, argv)
+    shard_port = _shard_port(args.port, args.shard_port)
+    logging.basicConfig(level=args.log_level)
+
+    async def run() -> None:
+        async with open_cluster(
+            shards=args.shards,
+            members=args.members,
+            host=args.host,
+            port=args.port,
+            shard_port=shard_port,
+            version=args.mongodb_version,
+            oplog_bytes=args.oplog_mb << 20,
+            periodic_noop_s=args.periodic_noop_s,
+            replication_lag_s=args.replication_lag_s,
+            election_timeout_s=args.election_timeout_s,
+            spare_shards=args.spare_shards,
+            tls=_server_tls(args.tls_cert_file),
+            users=dict(u.split(":", 1) for u in args.user) or None,
+            roles=_roles(args.role),
+        ) as cluster:
+            if args.prefill:
+                from simcluster.launcher import prefill
+
+                prefill(cluster, args.prefill, updates=args.prefill_updates)
+            if args.json:
+                info = {
+                    "mongos": cluster.uri,
+                    "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
+                    "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)],
+                }
+                print(json.dumps(info), flush=True)
+            else:
+                print(cluster.describe(), flush=True)
+            await trio.sleep_forever()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(run)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -128,7 +171,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the share of the prefill's writes that update documents it inserted",
     )
     parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
-    argv = sys.argv[1:] if argv is None else argv
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments, refused with a usage error where they cannot work together."""
     if (old := _old_version_value(argv)) is not None:
         parser.error(
             f"--version {old}: use --mongodb-version {old} to emulate MongoDB {old} "
@@ -144,42 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if bad := [u for u in args.user if ":" not in u]:
         parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
-    logging.basicConfig(level=args.log_level)
-
-    async def run() -> None:
-        async with open_cluster(
-            shards=args.shards,
-            members=args.members,
-            host=args.host,
-            port=args.port,
-            shard_port=shard_port,
-            version=args.mongodb_version,
-            oplog_bytes=args.oplog_mb << 20,
-            periodic_noop_s=args.periodic_noop_s,
-            replication_lag_s=args.replication_lag_s,
-            election_timeout_s=args.election_timeout_s,
-            spare_shards=args.spare_shards,
-            tls=_server_tls(args.tls_cert_file),
-            users=dict(u.split(":", 1) for u in args.user) or None,
-            roles=_roles(args.role),
-        ) as cluster:
-            if args.prefill:
-                from simcluster.launcher import prefill
-
-                prefill(cluster, args.prefill, updates=args.prefill_updates)
-            if args.json:
-                info = {
-                    "mongos": cluster.uri,
-                    "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
-                    "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)],
-                }
-                print(json.dumps(info), flush=True)
-            else:
-                print(cluster.describe(), flush=True)
-            await trio.sleep_forever()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run)
+    return args
 
 
 def _package_version() -> str:

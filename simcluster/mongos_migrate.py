@@ -18,7 +18,7 @@ from simcluster.chunks import (
     key_text,
 )
 from simcluster.config_server import bound_doc
-from simcluster.mongos_routing import _NO_POINT, RouterBase, _equality_point
+from simcluster.mongos_routing import NO_POINT, RouterBase, equality_point
 from simcluster.node import ShardNode
 from simcluster.server import Request
 
@@ -197,8 +197,8 @@ class MigrationRouting(RouterBase):
         recipient = self._recipient(cmd["to"])
         await self._wait_to_migrate(sc.ns)
         if "find" in cmd:
-            point = _equality_point(sc, cmd["find"])
-            if point is _NO_POINT:
+            point = equality_point(sc, cmd["find"])
+            if point is NO_POINT:
                 raise MongoError(
                     656450, f"no shard key found in chunk query {key_text(cmd['find'])}"
                 )

@@ -91,8 +91,8 @@ class RouterBase(CommandServer):
             return self.owners(ns)
         # Equality on every shard key field names one point, so one shard; anything else may
         # match on any shard (a key prefix is a range of points, which may span chunks).
-        point = _equality_point(sc, filt)
-        return [self.shards[sc.owner(point)]] if point is not _NO_POINT else self.owners(ns)
+        point = equality_point(sc, filt)
+        return [self.shards[sc.owner(point)]] if point is not NO_POINT else self.owners(ns)
 
     def shard_for_doc(self, ns: str, doc: dict[str, Any]) -> ShardNode:
         sc = self.sharded.get(ns)
@@ -158,16 +158,16 @@ class RouterBase(CommandServer):
         return self.shards[to]
 
 
-_NO_POINT = object()
+NO_POINT = object()
 
 
-def _equality_point(sc: ShardedCollection, filt: Any) -> Any:
+def equality_point(sc: ShardedCollection, filt: Any) -> Any:
     """The key-space point a query names by equality on every shard key field (a plain value, not
-    an operator document), as the server's extractShardKeyFromQuery finds it; else _NO_POINT."""
+    an operator document), as the server's extractShardKeyFromQuery finds it; else NO_POINT."""
     if not isinstance(filt, dict) or not all(
         f in filt and not _has_operator(filt[f]) for f in sc.key
     ):
-        return _NO_POINT
+        return NO_POINT
     return sc.point([filt[f] for f in sc.key])
 
 

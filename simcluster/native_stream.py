@@ -52,9 +52,9 @@ from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 from simcluster.reference_events import ReferenceTransformer, RefEvent, encode_event, invalidate_for
 from simcluster.stream_request import (
-    _check_namespace,
-    _check_read_concern,
-    _element_text,
+    check_namespace,
+    check_read_concern,
+    element_text,
     parse_change_stream,
 )
 
@@ -480,7 +480,7 @@ def _image_error_text(event: dict[str, Any]) -> str:
             return "{" + ", ".join(f"{k}: {text(v)}" for k, v in value.items()) + "}"
         if isinstance(value, Timestamp):
             return f"Timestamp({value.time}, {value.inc})"
-        return _element_text(value)
+        return element_text(value)
 
     return text(
         {k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event}
@@ -506,11 +506,11 @@ async def open_native_stream(
     # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
     # shared/reference/mongodb-formats.md A.6).
     spec, stages, split = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
-    _check_read_concern(cmd.get("readConcern"))
+    check_read_concern(cmd.get("readConcern"))
     # The split stage makes a 6.0 stream write v2 tokens (fragmentNum needs them).
     version = 1 if server.version in ("5.0", "6.0") and not split else 2
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
-    _check_namespace(db, coll, spec, is_view)
+    check_namespace(db, coll, spec, is_view)
     if nodes is None:
         nodes = list(server.shards.values())
     stream = NativeStream(

@@ -159,13 +159,20 @@ class ReplicaSet(Generic[M]):
             }
             return
         await self.wait_primary(20.0)
-        primary = self.primary_node
-        if primary is None or not (primary.oplog.contains(key) or key < primary.oplog.first_key()):
+        if not self._primary_holds(key):
             raise MongoError(
                 "InterruptedDueToReplStateChange",
                 "operation was interrupted because the primary "
                 "stepped down or was stopped before the write was majority committed",
             )
+
+    def _primary_holds(self, key: int) -> bool:
+        """Whether the current primary's history has the entry `key` (or has truncated past it):
+        not so when a failover rolled the write back."""
+        primary = self.primary_node
+        if primary is None:
+            return False
+        return primary.oplog.contains(key) or key < primary.oplog.first_key()
 
     @property
     def oplog(self) -> Any:

@@ -75,7 +75,7 @@ _ENUMS = {
 }
 
 
-def _element_text(value: Any) -> str:
+def element_text(value: Any) -> str:
     """A value as BSONElement::toString prints it in an error message (the common kinds)."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -97,7 +97,7 @@ def parse_change_stream(
         raise MongoError(
             6188500,
             f"$changeStream must take a nested object but found: $changeStream: "
-            f"{_element_text(spec)}",
+            f"{element_text(spec)}",
         )
     _check_spec(spec, version)
     _check_stage_names(pipeline[1:], version)
@@ -160,7 +160,7 @@ def _check_stage_names(stages: list[dict[str, Any]], version: int) -> None:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
 
 
-def _check_read_concern(read_concern: Any) -> None:
+def check_read_concern(read_concern: Any) -> None:
     """A change stream reads at majority only: DocumentSourceChangeStream::LiteParsed::
     supportsReadConcern answers onlySingleReadConcernSupported(majority), InvalidOptions for any
     other level given (jstests/noPassthrough/change_stream_require_majority_read_concern.js:
@@ -174,7 +174,7 @@ def _check_read_concern(read_concern: Any) -> None:
         )
 
 
-def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: Any) -> None:
+def check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: Any) -> None:
     """Where a change stream may be opened (DocumentSourceChangeStream::
     assertIsLegalSpecification; jstests/change_streams/invalid_namespaces.js): the admin
     database only for a whole-cluster stream, never the local or config database nor a system.
