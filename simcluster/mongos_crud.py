@@ -137,6 +137,19 @@ class CrudRouting(RouterBase):
         if pipeline and "$changeStream" in pipeline[0]:
             return await self._open_change_stream(db, cmd)
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
+        docs, pipeline = self._aggregate_input(db, coll, ns, pipeline)
+        out = run_pipeline(docs, pipeline)
+        return {
+            "cursor": await self.cursors.first_batch(
+                Cursor(ns, out), cmd.get("cursor", {}).get("batchSize")
+            )
+        }
+
+    def _aggregate_input(
+        self, db: str, coll: Any, ns: str, pipeline: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The documents a pipeline starts from, and the stages left to run on them: the
+        $shardedDataDistribution stage's, or what the first $match targets."""
         if pipeline and "$shardedDataDistribution" in pipeline[0]:
             if db != "admin" or coll != 1:
                 raise MongoError(
@@ -144,16 +157,9 @@ class CrudRouting(RouterBase):
                     "The $shardedDataDistribution stage can only be run on "
                     "the admin database with {aggregate: 1}",
                 )
-            docs, pipeline = self.sharded_data_distribution(), pipeline[1:]
-        else:
-            first_match = pipeline[0].get("$match", {}) if pipeline else {}
-            docs = self.gather(ns, first_match) if isinstance(coll, str) else []
-        out = run_pipeline(docs, pipeline)
-        return {
-            "cursor": await self.cursors.first_batch(
-                Cursor(ns, out), cmd.get("cursor", {}).get("batchSize")
-            )
-        }
+            return self.sharded_data_distribution(), pipeline[1:]
+        first_match = pipeline[0].get("$match", {}) if pipeline else {}
+        return (self.gather(ns, first_match) if isinstance(coll, str) else []), pipeline
 
     async def _open_change_stream(self, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """A change stream over every shard, merged; a shard added later joins from its

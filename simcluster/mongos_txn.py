@@ -62,16 +62,10 @@ class TransactionRouting(RouterBase):
             try:
                 await rs.write_concern(cmd, reply, key)
             except MongoError as exc:
-                if not has_category(exc.code, "NotPrimaryError"):
+                shown = _as_seen_by_the_router(exc, rs.set_name)
+                if shown is exc:
                     raise
-                # A state-change error from a shard would make the driver mark mongos itself
-                # Unknown: mongos reports the shard connection it lost instead, which a driver
-                # retries (the retryable-write label) without doubting mongos.
-                raise MongoError(
-                    "HostUnreachable",
-                    f"write to shard {rs.set_name} was interrupted :: caused by "
-                    f":: {exc.code_name}: {exc.errmsg}",
-                ) from exc
+                raise shown from exc
 
     def _participants(self, key: TxnKey) -> list[str]:
         return [
@@ -168,3 +162,15 @@ class TransactionRouting(RouterBase):
             self.shards[sid].transactions.abort(key)
         self.txn_numbers.pop(key[0], None)
         return {}
+
+
+def _as_seen_by_the_router(exc: MongoError, shard: str) -> MongoError:
+    """A shard's error as mongos reports it. A state-change error from a shard would make the
+    driver mark mongos itself Unknown: mongos reports the shard connection it lost instead, which
+    a driver retries (the retryable-write label) without doubting mongos."""
+    if not has_category(exc.code, "NotPrimaryError"):
+        return exc
+    return MongoError(
+        "HostUnreachable",
+        f"write to shard {shard} was interrupted :: caused by :: {exc.code_name}: {exc.errmsg}",
+    )

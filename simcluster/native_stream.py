@@ -153,19 +153,8 @@ class NativeStream:
     def _resume(self, token: dict[str, Any]) -> Timestamp:
         """Set up a stream resumed from `token` (resumeAfter, startAfter); its start time."""
         data = decode_token(token)
-        if data.from_invalidate and "resumeAfter" in self.spec:
-            raise MongoError(
-                260,
-                "Attempting to resume a change stream using 'resumeAfter' is not allowed "
-                "from an invalidate notification.",
-            )
+        self._check_resumable(data)
         self.skip_key = token_sort_key(token)
-        if data.fragment_num is not None and not self.split:
-            raise MongoError(
-                "ChangeStreamFatalError",
-                "To resume from a split event, the $changeStream pipeline "
-                f"must include a {SPLIT_STAGE} stage",
-            )
         fragment = fragment_of(data)
         if data.token_type == EVENT_TOKEN and not data.from_invalidate:
             self.must_meet = fragment[0] if fragment is not None else self.skip_key
@@ -173,6 +162,21 @@ class NativeStream:
             self.skip_fragments = fragment[1] + 1
         self.last_token = dict(token)
         return data.cluster_time
+
+    def _check_resumable(self, data: Any) -> None:
+        """Refuse resumeAfter an invalidate, and a split event's token without the split stage."""
+        if data.from_invalidate and "resumeAfter" in self.spec:
+            raise MongoError(
+                260,
+                "Attempting to resume a change stream using 'resumeAfter' is not allowed "
+                "from an invalidate notification.",
+            )
+        if data.fragment_num is not None and not self.split:
+            raise MongoError(
+                "ChangeStreamFatalError",
+                "To resume from a split event, the $changeStream pipeline "
+                f"must include a {SPLIT_STAGE} stage",
+            )
 
     def _start(self) -> Timestamp:
         """Set up a stream opened at startAtOperationTime, or now; its start time."""
