@@ -421,6 +421,15 @@ class NativeStream:
         reply.add(raw)
         return invalidate
 
+    def _advance_to_frontier(self) -> None:
+        """With nothing pending, the resume point moves up to the merge frontier's high-water
+        mark."""
+        hwm = high_water_mark(
+            Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version
+        )
+        if token_sort_key(hwm) > token_sort_key(self.last_token):
+            self.last_token = hwm
+
     async def _wait_for_entries(self, deadline: float) -> bool:
         """Until there is more to read or the deadline (then False)."""
         if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
@@ -429,11 +438,7 @@ class NativeStream:
             await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
             return True  # more entries to read right away
         if not self.pending:
-            hwm = high_water_mark(
-                Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version
-            )
-            if token_sort_key(hwm) > token_sort_key(self.last_token):
-                self.last_token = hwm
+            self._advance_to_frontier()
         if trio.current_time() >= deadline:
             return False
         with trio.move_on_at(deadline):

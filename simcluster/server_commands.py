@@ -125,10 +125,9 @@ class GenericCommands:
     def _negotiated(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """The compressors both sides know, and the user's login mechanisms when asked."""
         out: dict[str, Any] = {}
-        if "compression" in cmd:
-            supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
-            if supported:
-                out["compression"] = supported
+        supported = [c for c in cmd.get("compression", ()) if c in ("zlib", "snappy", "zstd")]
+        if supported:
+            out["compression"] = supported
         mechs_for = cmd.get("saslSupportedMechs")
         if (
             self.users is not None
@@ -267,19 +266,22 @@ class GenericCommands:
         for key, value in cmd.items():
             if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
                 continue
-            attr = self.runtime_parameters.get(key)
-            if attr is None:
-                raise MongoError(
-                    "InvalidOptions", f"attempted to set unrecognized parameter [{key}]"
-                )
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise MongoError(
-                    "BadValue",
-                    f"Invalid value for parameter {key}: {value!r} is not a positive number",
-                )
+            attr = self._runtime_parameter(key, value)
             out["was"] = getattr(self, attr)
             setattr(self, attr, value)
         return out
+
+    def _runtime_parameter(self, key: str, value: Any) -> str:
+        """The attribute holding a settable parameter, if `value` is valid for it."""
+        attr = self.runtime_parameters.get(key)
+        if attr is None:
+            raise MongoError("InvalidOptions", f"attempted to set unrecognized parameter [{key}]")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise MongoError(
+                "BadValue",
+                f"Invalid value for parameter {key}: {value!r} is not a positive number",
+            )
+        return attr
 
     async def cmd_start_session(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
