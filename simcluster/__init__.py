@@ -1,4 +1,5 @@
-"""simcluster: a sharded MongoDB cluster simulator that unmodified drivers talk to over real sockets."""
+"""simcluster: a sharded MongoDB cluster simulator that unmodified drivers talk to over real
+sockets."""
 
 from simcluster.cluster import SimCluster, open_cluster
 

@@ -1,4 +1,5 @@
-"""`simcluster --shards 3 --members 3 --port 27017`: run a simulated sharded cluster and print its addresses.
+"""`simcluster --shards 3 --members 3 --port 27017`: run a simulated sharded cluster and print its
+addresses.
 
 Its mongos listens on --port (27017, as mongos does) and the shard members on the ports from
 --shard-port (28017 by default, clear of the proxy's default 27018), so that `simcluster` and
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -19,20 +21,69 @@ from collections.abc import Callable, Sequence
 import trio
 
 from simcluster.cluster import open_cluster
-from wireproxy.extras import add_version_flag
 
 DEFAULT_PORT = 27017
 # Shard members from --port + 1000: away from 27018, where the proxy listens.
 SHARD_PORT_OFFSET = 1000
 MONGODB_VERSIONS = ["5.0", "6.0", "7.0", "8.0"]
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+# The distribution simcluster ships in; its metadata holds the one version of every command.
+DISTRIBUTION = "parallelchangestream"
 
 
 def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parse(parser, argv)
+    shard_port = _shard_port(args.port, args.shard_port)
+    logging.basicConfig(level=args.log_level)
+
+    async def run() -> None:
+        async with open_cluster(
+            shards=args.shards,
+            members=args.members,
+            host=args.host,
+            port=args.port,
+            shard_port=shard_port,
+            version=args.mongodb_version,
+            oplog_bytes=args.oplog_mb << 20,
+            periodic_noop_s=args.periodic_noop_s,
+            replication_lag_s=args.replication_lag_s,
+            election_timeout_s=args.election_timeout_s,
+            spare_shards=args.spare_shards,
+            tls=_server_tls(args.tls_cert_file),
+            users=dict(u.split(":", 1) for u in args.user) or None,
+            roles=_roles(args.role),
+        ) as cluster:
+            if args.prefill:
+                from simcluster.launcher import prefill
+
+                prefill(cluster, args.prefill, updates=args.prefill_updates)
+            if args.json:
+                info = {
+                    "mongos": cluster.uri,
+                    "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
+                    "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)],
+                }
+                print(json.dumps(info), flush=True)
+            else:
+                print(cluster.describe(), flush=True)
+            await trio.sleep_forever()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(run)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_version_flag(parser)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {_package_version()}",
+        help="print the package's version and exit",
+    )
     parser.add_argument("--shards", type=_at_least(int, 0), default=3)
     parser.add_argument(
         "--members",
@@ -120,7 +171,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the share of the prefill's writes that update documents it inserted",
     )
     parser.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
-    argv = sys.argv[1:] if argv is None else argv
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments, refused with a usage error where they cannot work together."""
     if (old := _old_version_value(argv)) is not None:
         parser.error(
             f"--version {old}: use --mongodb-version {old} to emulate MongoDB {old} "
@@ -136,42 +191,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     if bad := [u for u in args.user if ":" not in u]:
         parser.error(f"--user {bad[0]}: expected NAME:PASSWORD")
-    logging.basicConfig(level=args.log_level)
+    return args
 
-    async def run() -> None:
-        async with open_cluster(
-            shards=args.shards,
-            members=args.members,
-            host=args.host,
-            port=args.port,
-            shard_port=shard_port,
-            version=args.mongodb_version,
-            oplog_bytes=args.oplog_mb << 20,
-            periodic_noop_s=args.periodic_noop_s,
-            replication_lag_s=args.replication_lag_s,
-            election_timeout_s=args.election_timeout_s,
-            spare_shards=args.spare_shards,
-            tls=_server_tls(args.tls_cert_file),
-            users=dict(u.split(":", 1) for u in args.user) or None,
-            roles=_roles(args.role),
-        ) as cluster:
-            if args.prefill:
-                from simcluster.launcher import prefill
 
-                prefill(cluster, args.prefill, updates=args.prefill_updates)
-            if args.json:
-                info = {
-                    "mongos": cluster.uri,
-                    "shards": {s: cluster.shard_uri(s) for s in cluster.shards},
-                    "start": [cluster.shards[s].oplog.first_key() for s in sorted(cluster.shards)],
-                }
-                print(json.dumps(info), flush=True)
-            else:
-                print(cluster.describe(), flush=True)
-            await trio.sleep_forever()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run)
+def _package_version() -> str:
+    """The installed distribution's version, read here rather than through the proxy's command
+    helpers: simcluster imports nothing of the proxy."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _old_version_value(argv: Sequence[str]) -> str | None:
@@ -198,7 +227,8 @@ def _shard_port(port: int, shard_port: int | None) -> int:
 def _at_least(
     kind: type[int] | type[float], low: float, high: float | None = None
 ) -> Callable[[str], float]:
-    """An argparse type: a number of `kind` in [low, high]; argparse prints the message after the flag."""
+    """An argparse type: a number of `kind` in [low, high]; argparse prints the message after the
+    flag."""
 
     def parse(text: str) -> float:
         try:

@@ -1,6 +1,7 @@
-"""The balancer (in 7.0 a thread of the config server primary; here a task of mongos, which holds the
-config metadata): rounds that even out each sharded collection's data across the shards by moving
-ranges of about the collection's chunk size, so change streams see migrations nobody asked for.
+"""The balancer (in 7.0 a thread of the config server primary; here a task of mongos, which holds
+the config metadata): rounds that even out each sharded collection's data across the shards by
+moving ranges of about the collection's chunk size, so change streams see migrations nobody asked
+for.
 
 The rules, from the server's source (read for facts only):
 - balancer.cpp: on by default (mode "full"); a round every 10 s, 1 s after a round that moved
@@ -30,7 +31,7 @@ round.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import bson
 import trio
@@ -39,10 +40,8 @@ from bson import Int64
 from mongoformats.bson_order import compare
 from mongoformats.errors import MongoError
 from simcluster.chunks import Chunk, ShardedCollection
-
-if TYPE_CHECKING:
-    from simcluster.mongos import Mongos
-    from simcluster.node import ShardNode
+from simcluster.roles import ShardMember
+from simcluster.router_roles import BalancedRouter
 
 log = logging.getLogger("simcluster.balancer")
 
@@ -52,7 +51,7 @@ SHORT_ROUND_S = 1.0
 
 
 class Balancer:
-    def __init__(self, mongos: Mongos) -> None:
+    def __init__(self, mongos: BalancedRouter) -> None:
         self.mongos = mongos
         self.rounds = 0
         self.migrations = 0
@@ -112,44 +111,58 @@ class Balancer:
         moved = 0
         for ns in sorted(self.mongos.sharded):
             sc = self.mongos.sharded.get(ns)
-            if sc is None or self.mongos.in_transaction(ns) or self.mongos.migrating(ns):
+            if sc is None or self._busy(ns):
                 continue
-            size = self.chunk_bytes(sc)
-            for chunk, to in plan_migrations(sc, self.data_sizes(sc), size, available):
-                # Migrations yield (the commit waits for the recipient's majority): the plan may
-                # have gone stale, and the balancer may have been stopped, meanwhile.
-                if (
-                    self.mongos.config.balancer_mode() != "full"
-                    or self.mongos.in_transaction(ns)
-                    or self.mongos.migrating(ns)
-                    or chunk not in sc.chunks
-                    or chunk.shard == to
-                    or self._shard_without_primary()
-                ):
-                    break
-                end = range_end(sc, self.mongos.shards[chunk.shard], chunk, size)
-                if end is not None:
-                    sc.split(chunk, end)
-                try:
-                    await self.mongos.migrate(sc, chunk, to)
-                except MongoError as exc:
-                    log.info(
-                        "balancer: moving a range of %s to %s failed, retried next round: %s",
-                        ns,
-                        to,
-                        exc,
-                    )
-                    break
-                moved += 1
+            moved += await self._balance(sc, available)
         self.migrations += moved
         return moved
+
+    def _busy(self, ns: str) -> bool:
+        """Whether a transaction or another migration holds the collection now."""
+        return self.mongos.in_transaction(ns) or self.mongos.migrating(ns)
+
+    async def _balance(self, sc: ShardedCollection, available: set[str]) -> int:
+        """The round's migrations of one collection; how many ranges moved."""
+        size = self.chunk_bytes(sc)
+        moved = 0
+        for chunk, to in plan_migrations(sc, self.data_sizes(sc), size, available):
+            # Migrations yield (the commit waits for the recipient's majority): the plan may
+            # have gone stale, and the balancer may have been stopped, meanwhile.
+            if self._stale(sc, chunk, to):
+                break
+            end = range_end(sc, self.mongos.shards[chunk.shard], chunk, size)
+            if end is not None:
+                sc.split(chunk, end)
+            try:
+                await self.mongos.migrate(sc, chunk, to)
+            except MongoError as exc:
+                log.info(
+                    "balancer: moving a range of %s to %s failed, retried next round: %s",
+                    sc.ns,
+                    to,
+                    exc,
+                )
+                break
+            moved += 1
+        return moved
+
+    def _stale(self, sc: ShardedCollection, chunk: Chunk, to: str) -> bool:
+        """Whether a planned migration is no longer to run."""
+        return (
+            self.mongos.config.balancer_mode() != "full"
+            or self._busy(sc.ns)
+            or chunk not in sc.chunks
+            or chunk.shard == to
+            or self._shard_without_primary()
+        )
 
     def _shard_without_primary(self) -> bool:
         """Whether some shard has no primary: a round then does nothing (see the module's notes)."""
         return any(rs.primary_node is None for rs in self.mongos.replsets.values())
 
     def data_sizes(self, sc: ShardedCollection) -> dict[str, int]:
-        """Each shard's bytes of the collection (the server's _shardsvrGetStatsForBalancing, orphans aside)."""
+        """Each shard's bytes of the collection (the server's _shardsvrGetStatsForBalancing, orphans
+        aside)."""
         sizes = {}
         for sid, shard in sorted(self.mongos.shards.items()):
             coll = shard.coll(sc.ns)
@@ -166,18 +179,10 @@ def plan_migrations(
     ideal = sum(sizes.values()) // max(len(sizes), 1)
     planned: list[tuple[Chunk, str]] = []
     while True:
-        candidates = [sid for sid in sorted(sizes) if sid in available]
-        if len(candidates) < 2:
+        pair = _giver_and_taker(sizes, available, ideal, max_bytes)
+        if pair is None:
             return planned
-        giver = max(candidates, key=lambda sid: (sizes[sid], -candidates.index(sid)))
-        taker = min(candidates, key=lambda sid: (sizes[sid], candidates.index(sid)))
-        if (
-            giver == taker
-            or sizes[giver] <= ideal
-            or sizes[taker] >= ideal
-            or sizes[giver] - sizes[taker] < 3 * max_bytes
-        ):
-            return planned
+        giver, taker = pair
         chunk = next((c for c in sc.chunks if c.shard == giver), None)
         if chunk is None:
             return planned
@@ -185,10 +190,32 @@ def plan_migrations(
         available -= {giver, taker}
 
 
-def range_end(sc: ShardedCollection, donor: ShardNode, chunk: Chunk, max_bytes: int) -> Any | None:
-    """Where a range of about `max_bytes` starting at the chunk's min ends: the key of the first document
-    past that many documents of average size (moved on past equal keys, which cannot be split), or
-    None when the chunk holds less or has no such key (it moves whole)."""
+def _giver_and_taker(
+    sizes: dict[str, int], available: set[str], ideal: int, max_bytes: int
+) -> tuple[str, str] | None:
+    """The most loaded available shard and the least loaded one, if the first holds more than
+    the ideal, the second less, and they differ by at least 3 chunk sizes."""
+    candidates = [sid for sid in sorted(sizes) if sid in available]
+    if len(candidates) < 2:
+        return None
+    giver = max(candidates, key=lambda sid: (sizes[sid], -candidates.index(sid)))
+    taker = min(candidates, key=lambda sid: (sizes[sid], candidates.index(sid)))
+    if (
+        giver == taker
+        or sizes[giver] <= ideal
+        or sizes[taker] >= ideal
+        or sizes[giver] - sizes[taker] < 3 * max_bytes
+    ):
+        return None
+    return giver, taker
+
+
+def range_end(
+    sc: ShardedCollection, donor: ShardMember, chunk: Chunk, max_bytes: int
+) -> Any | None:
+    """Where a range of about `max_bytes` starting at the chunk's min ends: the key of the first
+    document past that many documents of average size (moved on past equal keys, which cannot be
+    split), or None when the chunk holds less or has no such key (it moves whole)."""
     docs = sc.documents_in(donor, chunk)
     sizes = [len(bson.encode(doc)) for _, doc in docs]
     total = sum(sizes)

@@ -1,7 +1,8 @@
-"""A sharded collection's config metadata (shard key, chunks) and moving a range of it to another shard.
+"""A sharded collection's config metadata (shard key, chunks) and moving a range of it to another
+shard.
 
-A migration has the server's phases (the router, simcluster/mongos.py, runs them and holds the
-collection's writes meanwhile, as the donor's critical section does):
+A migration has the server's phases (the router, simcluster/mongos_migrate.py, runs them and holds
+the collection's writes meanwhile, as the donor's critical section does):
 - `clone_range`: the recipient inserts the range's documents, logged with `fromMigrate: true` as the
   server's cloner logs them (change streams hide them);
 - the router waits until the recipient's copies are majority-committed, so a failover on the
@@ -20,7 +21,7 @@ from __future__ import annotations
 import datetime
 import uuid as uuidlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bson import Binary, MaxKey, MinKey, ObjectId, Timestamp
 
@@ -28,10 +29,8 @@ from mongoformats.bson_order import compare, sort_key
 from mongoformats.hashed_key import hashed_value
 from mongoformats.mql import get_path
 from simcluster.catalog import create_entry_o, fix_index_spec
+from simcluster.roles import ShardMember
 from simcluster.storage import Collection
-
-if TYPE_CHECKING:
-    from simcluster.node import ShardNode
 
 
 @dataclass
@@ -75,7 +74,8 @@ class ShardedCollection:
     uuid: uuidlib.UUID
     unique: bool = False
     chunks: list[Chunk] = field(default_factory=list)
-    # configureCollectionBalancing's chunkSize, in bytes; None: the cluster's (config.settings chunksize).
+    # configureCollectionBalancing's chunkSize, in bytes; None: the cluster's (config.settings
+    # chunksize).
     chunk_bytes: int | None = None
     # config.collections' incarnation fields: set when the collection is sharded, never changed here
     # (they change on drop and re-create, or a refined shard key).
@@ -154,7 +154,8 @@ class ShardedCollection:
         return max(c.version for c in self.chunks)
 
     def split(self, chunk: Chunk, point: Any) -> Chunk:
-        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the upper half.
+        """Cut `chunk` at `point` (strictly inside it); both halves stay on its shard. Returns the
+        upper half.
 
         As the config server commits a split, both halves take the next minor versions of the
         collection version; the lower half keeps the chunk's identity."""
@@ -164,19 +165,19 @@ class ShardedCollection:
         chunk.max, chunk.version = point, (major, minor + 1)
         return upper
 
-    def documents_in(self, shard: ShardNode, chunk: Chunk) -> list[tuple[Any, dict[str, Any]]]:
+    def documents_in(self, shard: ShardMember, chunk: Chunk) -> list[tuple[Any, dict[str, Any]]]:
         """The shard's documents in the chunk's range as (key point, document), in key order."""
         found = [(self.key_point(doc), doc) for doc in shard.select(self.ns, {})]
         return sorted(((p, d) for p, d in found if chunk.holds(p)), key=lambda pd: sort_key(pd[0]))
 
 
-def _delete_range(sc: ShardedCollection, shard: ShardNode, docs: list[dict[str, Any]]) -> None:
+def _delete_range(sc: ShardedCollection, shard: ShardMember, docs: list[dict[str, Any]]) -> None:
     """Delete these documents of `shard`'s, logged `fromMigrate` as the range deleter logs them."""
     for doc in docs:
         shard.delete_docs(sc.ns, {"_id": doc["_id"]}, 1, {}, from_migrate=True)
 
 
-def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardNode) -> int:
+def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardMember) -> int:
     """Delete `shard`'s documents in the chunk's range, which it does not own (what a failed
     migration left there); how many."""
     found = [doc for _, doc in sc.documents_in(shard, chunk)]
@@ -185,9 +186,10 @@ def delete_orphans(sc: ShardedCollection, chunk: Chunk, shard: ShardNode) -> int
 
 
 def clone_range(
-    sc: ShardedCollection, chunk: Chunk, donor: ShardNode, recipient: ShardNode
+    sc: ShardedCollection, chunk: Chunk, donor: ShardMember, recipient: ShardMember
 ) -> list[dict[str, Any]]:
-    """Copy the chunk's documents from donor to recipient (the chunk stays the donor's); returns them.
+    """Copy the chunk's documents from donor to recipient (the chunk stays the donor's); returns
+    them.
 
     Orphans a failed migration left on the recipient go first, as the recipient waits for the
     range deletions overlapping the range it is to receive."""
@@ -215,7 +217,7 @@ def clone_range(
     return moving
 
 
-def _create_on_recipient(ns: str, donor: ShardNode, recipient: ShardNode) -> None:
+def _create_on_recipient(ns: str, donor: ShardMember, recipient: ShardMember) -> None:
     """A shard receiving a collection it does not have creates it with the donor's UUID, options
     and indexes, each logged with fromMigrate (MigrationDestinationManager::
     cloneCollectionIndexesAndOptions): change streams show that create and those createIndexes
@@ -255,8 +257,8 @@ def _create_on_recipient(ns: str, donor: ShardNode, recipient: ShardNode) -> Non
 def commit_migration(
     sc: ShardedCollection,
     chunk: Chunk,
-    donor: ShardNode,
-    recipient: ShardNode,
+    donor: ShardMember,
+    recipient: ShardMember,
     moved: list[dict[str, Any]],
 ) -> None:
     """Give the chunk to the recipient and delete the donor's copies of `moved`.

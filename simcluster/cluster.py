@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,21 +10,22 @@ from dataclasses import dataclass
 
 import trio
 
-from mongoformats.scram import make_credential
+from mongoformats.scram import ScramCredential, make_credential
 from simcluster.cluster_time import ClusterTimeKey
 from simcluster.mongos import Mongos
 from simcluster.node import ShardNode
 from simcluster.oplog import ClusterClock
 from simcluster.replset import Primaries, ReplicaSet
+from simcluster.server import CommandServer
 
 
 @dataclass
 class SimCluster:
     mongos: Mongos
-    replsets: dict[str, ReplicaSet]
+    replsets: dict[str, ReplicaSet[ShardNode]]
     clock: ClusterClock
     # Replica sets running beside the cluster but not part of it until `addShard` names them.
-    spares: dict[str, ReplicaSet]
+    spares: dict[str, ReplicaSet[ShardNode]]
 
     @property
     def shards(self) -> Primaries:
@@ -77,9 +79,9 @@ async def open_cluster(
     authentication, like security.authorization enabled. A user has the root role unless `roles`
     gives it built-in roles ([(role, db)], see mongoformats.privileges); commands check them."""
     clock = ClusterClock()
-    first = (port + 1 if port else 0) if shard_port is None else shard_port
+    first = _first_shard_port(port, shard_port)
 
-    def replica_set(i: int) -> ReplicaSet:
+    def replica_set(i: int) -> ReplicaSet[ShardNode]:
         name = f"shard{i}"
         nodes = [
             ShardNode(
@@ -103,20 +105,47 @@ async def open_cluster(
     spares = {rs.set_name: rs for rs in map(replica_set, range(shards, shards + spare_shards))}
     mongos = Mongos(clock, host, port, replsets, version=version, spares=spares)
     async with trio.open_nursery() as nursery:
-        credentials = (
-            {name: make_credential(pw) for name, pw in users.items()} if users is not None else None
+        secure = functools.partial(
+            _secure,
+            tls=tls,
+            credentials=_credentials(users),
+            roles=roles or {},
+            time_key=ClusterTimeKey.generate(clock.now()),  # signs $clusterTime when auth is on
         )
-        time_key = ClusterTimeKey.generate(clock.now())  # signs $clusterTime when auth is on
-        mongos.ssl_context, mongos.users, mongos.user_roles = tls, credentials, dict(roles or {})
-        mongos.time_key = time_key
+        secure(mongos)
         for rs in [*replsets.values(), *spares.values()]:
             rs.nursery = nursery
             for node in rs.members:
-                node.ssl_context, node.users, node.user_roles = tls, credentials, dict(roles or {})
-                node.time_key = time_key
+                secure(node)
                 await nursery.start(node.serve)
         await nursery.start(mongos.serve)
         try:
             yield SimCluster(mongos, replsets, clock, spares)
         finally:
             nursery.cancel_scope.cancel()
+
+
+def _first_shard_port(port: int, shard_port: int | None) -> int:
+    """The first shard member's port: shard_port, else the one after mongos's; 0 for any."""
+    if shard_port is not None:
+        return shard_port
+    return port + 1 if port else 0
+
+
+def _credentials(users: dict[str, str] | None) -> dict[str, ScramCredential] | None:
+    if users is None:
+        return None
+    return {name: make_credential(pw) for name, pw in users.items()}
+
+
+def _secure(
+    server: CommandServer,
+    *,
+    tls: ssl.SSLContext | None,
+    credentials: dict[str, ScramCredential] | None,
+    roles: dict[str, list[tuple[str, str]]],
+    time_key: ClusterTimeKey,
+) -> None:
+    """One process's TLS, users, their roles and the cluster's $clusterTime key."""
+    server.ssl_context, server.users, server.user_roles = tls, credentials, dict(roles)
+    server.time_key = time_key

@@ -19,18 +19,17 @@ Two kinds of collections:
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from bson import Binary, Int64, ObjectId, Timestamp
 
 from mongoformats.errors import MongoError
+from simcluster.chunks import Chunk, ShardedCollection
 from simcluster.node import ShardNode
+from simcluster.oplog import ClusterClock
 from simcluster.replset import ReplicaSet
-
-if TYPE_CHECKING:
-    from simcluster.chunks import Chunk, ShardedCollection
-    from simcluster.mongos import Mongos
-    from simcluster.oplog import ClusterClock
+from simcluster.router_roles import CatalogRouter
 
 CONFIG_SET = "configRepl"  # the config server replica set's name in a server's own test clusters
 CATALOG = frozenset(
@@ -54,48 +53,17 @@ class ConfigServer:
         ):  # what `show collections` lists
             self.node.coll(f"config.{name}", create=True)
 
-    def catalog(self, mongos: Mongos, ns: str) -> list[dict[str, Any]] | None:
-        """The documents of a catalog collection (`config.<one of CATALOG>`), or None for any other ns."""
+    def catalog(self, mongos: CatalogRouter, ns: str) -> list[dict[str, Any]] | None:
+        """The documents of a catalog collection (`config.<one of CATALOG>`), or None for any
+        other ns."""
         db, _, coll = ns.partition(".")
         if db != "config" or coll not in CATALOG:
             return None
         if coll == "version":
             return [{"_id": 1, "clusterId": self.cluster_id}]
-        if coll == "shards":
-            return mongos.shard_docs()
-        if coll == "databases":
-            return [
-                {
-                    "_id": name,
-                    "primary": sid,
-                    "partitioned": False,
-                    "version": {
-                        "uuid": Binary(mongos.db_versions[name][0].bytes, 4),
-                        "timestamp": mongos.db_versions[name][1],
-                        "lastMod": 1,
-                    },
-                }
-                for name, sid in sorted(mongos.db_primary.items())
-                if name not in CONFIG_DATABASES
-            ]
-        if coll == "collections":
-            return [collection_doc(sc) for _, sc in sorted(mongos.sharded.items())]
-        if coll == "chunks":
-            return [chunk_doc(sc, c) for _, sc in sorted(mongos.sharded.items()) for c in sc.chunks]
-        if coll == "mongos":
-            now = datetime.datetime.now(datetime.UTC)
-            return [
-                {
-                    "_id": mongos.address,
-                    "advisoryHostFQDNs": [],
-                    "created": mongos.started_at,
-                    "mongoVersion": mongos.full_version,
-                    "ping": now,
-                    "up": Int64((now - mongos.started_at).total_seconds()),
-                    "waiting": True,
-                }
-            ]
-        return []  # tags (no zones here) and locks (a migration here never spans a read)
+        build = _CATALOG_BUILDERS.get(coll)
+        # tags (no zones here) and locks (a migration here never spans a read) are empty.
+        return build(mongos) if build is not None else []
 
     @staticmethod
     def check_write(ns: str) -> None:
@@ -124,7 +92,8 @@ class ConfigServer:
         )
 
     def balancer_mode(self) -> str:
-        """The settings' `mode`, else the legacy `stopped` flag; "full" when there is no document."""
+        """The settings' `mode`, else the legacy `stopped` flag; "full" when there is no
+        document."""
         doc = self.setting("balancer") or {}
         mode = doc.get("mode")
         if mode in ("full", "off"):
@@ -140,7 +109,7 @@ class ConfigServer:
         return None
 
     def log_change(
-        self, mongos: Mongos, what: str, ns: str, details: dict[str, Any], *, shard: str
+        self, mongos: CatalogRouter, what: str, ns: str, details: dict[str, Any], *, shard: str
     ) -> None:
         """A config.changelog entry, as the server's ShardingLogging writes them."""
         now = datetime.datetime.now(datetime.UTC)
@@ -155,6 +124,50 @@ class ConfigServer:
             "details": details,
         }
         self.node.insert_one(CHANGELOG, doc, {})
+
+
+def _database_docs(mongos: CatalogRouter) -> list[dict[str, Any]]:
+    return [
+        {
+            "_id": name,
+            "primary": sid,
+            "partitioned": False,
+            "version": {
+                "uuid": Binary(mongos.db_versions[name][0].bytes, 4),
+                "timestamp": mongos.db_versions[name][1],
+                "lastMod": 1,
+            },
+        }
+        for name, sid in sorted(mongos.db_primary.items())
+        if name not in CONFIG_DATABASES
+    ]
+
+
+def _mongos_docs(mongos: CatalogRouter) -> list[dict[str, Any]]:
+    now = datetime.datetime.now(datetime.UTC)
+    return [
+        {
+            "_id": mongos.address,
+            "advisoryHostFQDNs": [],
+            "created": mongos.started_at,
+            "mongoVersion": mongos.full_version,
+            "ping": now,
+            "up": Int64((now - mongos.started_at).total_seconds()),
+            "waiting": True,
+        }
+    ]
+
+
+# The catalog collections built from the router's metadata, each by its builder.
+_CATALOG_BUILDERS: dict[str, Callable[[CatalogRouter], list[dict[str, Any]]]] = {
+    "shards": lambda mongos: mongos.shard_docs(),
+    "databases": _database_docs,
+    "collections": lambda mongos: [collection_doc(sc) for _, sc in sorted(mongos.sharded.items())],
+    "chunks": lambda mongos: [
+        chunk_doc(sc, c) for _, sc in sorted(mongos.sharded.items()) for c in sc.chunks
+    ],
+    "mongos": _mongos_docs,
+}
 
 
 def collection_doc(sc: ShardedCollection) -> dict[str, Any]:

@@ -26,19 +26,18 @@ import collections
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import trio
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_stages import apply_stages, compile_stages, unsupported_in_stages
+from mongoformats.change_stages import apply_stages, compile_stages
 from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
-from mongoformats.idl import wrong_type
 from mongoformats.large_events import (
     MEASURE_ABOVE_BYTES,
     SPLIT_STAGE,
     event_too_large,
     split_event,
-    without_split_stage,
 )
 from mongoformats.resume_token import (
     EVENT_TOKEN,
@@ -52,55 +51,14 @@ from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 from simcluster.cursors import Cursor
 from simcluster.oplog import ts_key
 from simcluster.reference_events import ReferenceTransformer, RefEvent, encode_event, invalidate_for
+from simcluster.stream_request import (
+    check_namespace,
+    check_read_concern,
+    element_text,
+    parse_change_stream,
+)
 
-_OPTIONS = frozenset(
-    {
-        "fullDocument",
-        "fullDocumentBeforeChange",
-        "resumeAfter",
-        "startAfter",
-        "startAtOperationTime",
-        "allChangesForCluster",
-        "showExpandedEvents",
-        "showMigrationEvents",
-        "showSystemEvents",
-        "$_generateV2ResumeTokens",
-    }
-)
-# Stages allowed after $changeStream (the server's allow-list, minus those simcluster lacks).
-_STAGES = frozenset(
-    {
-        "$match",
-        "$project",
-        "$addFields",
-        "$set",
-        "$unset",
-        "$replaceRoot",
-        "$replaceWith",
-        "$redact",
-        "$changeStreamSplitLargeEvent",
-    }
-)
 _IMAGE_MODES = ("whenAvailable", "required")
-# Each option's Python type and the IDL's type name (document_source_change_stream.idl): tokens are
-# `resumeToken` (bson_serialization_type object), the modes are string enums, the flags bool.
-_OPTION_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "resumeAfter": (dict, "object"),
-    "startAfter": (dict, "object"),
-    "startAtOperationTime": (Timestamp, "timestamp"),
-    "fullDocument": (str, "string"),
-    "fullDocumentBeforeChange": (str, "string"),
-    **{
-        flag: (bool, "bool")
-        for flag in (
-            "allChangesForCluster",
-            "showExpandedEvents",
-            "showMigrationEvents",
-            "showSystemEvents",
-            "$_generateV2ResumeTokens",
-        )
-    },
-}
 # The events that end a stream (isInvalidatingCommand); a collection stream sees dropDatabase never
 # (the reference's filter), its own collection's drop or rename only.
 _INVALIDATING = {"collection": ("drop", "rename"), "database": ("dropDatabase",)}
@@ -115,6 +73,26 @@ class OplogSource(Protocol):
     def commit_key(self) -> int: ...
 
     async def wait_commit_beyond(self, key: int, deadline: float) -> bool: ...
+
+
+class _Reply:
+    """The batch a getMore returns: at most `limit` documents and BATCH_BYTES_LIMIT bytes, but
+    always the first document, whatever its size (the server's batch rule)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.docs: list[RawBSONDocument] = []
+        self.size = 0
+
+    def full(self) -> bool:
+        return len(self.docs) >= self.limit
+
+    def has_room(self, raw: bytes | memoryview) -> bool:
+        return not self.docs or self.size + len(raw) + BATCH_ELEMENT_OVERHEAD <= BATCH_BYTES_LIMIT
+
+    def add(self, doc: RawBSONDocument) -> None:
+        self.docs.append(doc)
+        self.size += len(doc.raw) + BATCH_ELEMENT_OVERHEAD
 
 
 class NativeStream:
@@ -137,18 +115,14 @@ class NativeStream:
         self.spec = spec
         self.version = version
         self.db, self.coll = db, coll
-        self.scope = (
-            "cluster"
-            if spec.get("allChangesForCluster")
-            else ("database" if coll is None else "collection")
-        )
+        self.scope = _scope(spec, coll)
         self.full_document = spec.get("fullDocument", "default")
         self.before_change = spec.get("fullDocumentBeforeChange", "off")
         # Which member set each pending event came from: its pre- and post-images live there.
         self.origin: dict[bytes, Any] = {}
         self.stages = compile_stages(stages)
-        # $changeStreamSplitLargeEvent ends the pipeline: events too large are returned in fragments.
-        # On mongos the shards split (and size) events with their merge metadata.
+        # $changeStreamSplitLargeEvent ends the pipeline: events too large are returned in
+        # fragments. On mongos the shards split (and size) events with their merge metadata.
         self.split, self.merged = split, topology is not None
         # Shaped events to return first, with their tokens: a split event's fragments, or an event
         # (and its invalidate) the last reply had no room for, as a server stashes the document
@@ -165,58 +139,61 @@ class NativeStream:
         token = spec.get("resumeAfter") or spec.get("startAfter")
         self.resumed_from = decode_token(token) if token is not None else None
         self.transformers = [self._transformer(node) for node in nodes]
-        if token is not None:
-            data = decode_token(token)
-            if data.from_invalidate and "resumeAfter" in spec:
-                raise MongoError(
-                    260,
-                    "Attempting to resume a change stream using 'resumeAfter' is not allowed "
-                    "from an invalidate notification.",
-                )
-            start = data.cluster_time
-            self.skip_key = token_sort_key(token)
-            if data.fragment_num is not None and not split:
-                raise MongoError(
-                    "ChangeStreamFatalError",
-                    "To resume from a split event, the $changeStream pipeline "
-                    f"must include a {SPLIT_STAGE} stage",
-                )
-            fragment = fragment_of(data)
-            if data.token_type == EVENT_TOKEN and not data.from_invalidate:
-                self.must_meet = fragment[0] if fragment is not None else self.skip_key
-            if fragment is not None:  # that event again, past the fragment returned
-                self.skip_fragments = fragment[1] + 1
-            self.last_token: dict[str, Any] = dict(token)
-        else:
-            start = spec.get("startAtOperationTime") or nodes[0].clock.now()
-            if "startAtOperationTime" not in spec:
-                start = Timestamp(
-                    start.time, start.inc + 1
-                )  # a new stream sees what happens after now
-            self.skip_key = token_sort_key(high_water_mark(start, version))
-            self.last_token = high_water_mark(start, version)
+        self.last_token: dict[str, Any]
+        start = self._resume(token) if token is not None else self._start()
         self.positions = [ts_key(start) - 1 for _ in nodes]
-        for node in nodes:
-            first = node.oplog.first_key()
-            if ts_key(start) < first and node.oplog.truncated_before:
-                raise MongoError(
-                    "ChangeStreamHistoryLost",
-                    "Resume of change stream was not possible, as the resume "
-                    "point may no longer be in the oplog.",
-                )
+        _check_history(nodes, start)
         self.pending: list[RefEvent] = []
         self.ready: collections.deque[RefEvent] = collections.deque()
         self.frontier = min(self.positions)
         self.done = False
-        self.end_token: dict[str, Any] | None = (
-            None  # the invalidate's token, once the stream ended
-        )
+        # The invalidate's token, once the stream ended.
+        self.end_token: dict[str, Any] | None = None
+
+    def _resume(self, token: dict[str, Any]) -> Timestamp:
+        """Set up a stream resumed from `token` (resumeAfter, startAfter); its start time."""
+        data = decode_token(token)
+        self._check_resumable(data)
+        self.skip_key = token_sort_key(token)
+        fragment = fragment_of(data)
+        if data.token_type == EVENT_TOKEN and not data.from_invalidate:
+            self.must_meet = fragment[0] if fragment is not None else self.skip_key
+        if fragment is not None:  # that event again, past the fragment returned
+            self.skip_fragments = fragment[1] + 1
+        self.last_token = dict(token)
+        return data.cluster_time
+
+    def _check_resumable(self, data: Any) -> None:
+        """Refuse resumeAfter an invalidate, and a split event's token without the split stage."""
+        if data.from_invalidate and "resumeAfter" in self.spec:
+            raise MongoError(
+                260,
+                "Attempting to resume a change stream using 'resumeAfter' is not allowed "
+                "from an invalidate notification.",
+            )
+        if data.fragment_num is not None and not self.split:
+            raise MongoError(
+                "ChangeStreamFatalError",
+                "To resume from a split event, the $changeStream pipeline "
+                f"must include a {SPLIT_STAGE} stage",
+            )
+
+    def _start(self) -> Timestamp:
+        """Set up a stream opened at startAtOperationTime, or now; its start time."""
+        start = self.spec.get("startAtOperationTime")
+        if start is None:  # a new stream sees what happens after now
+            now = self.nodes[0].clock.now()
+            start = Timestamp(now.time, now.inc + 1)
+        self.skip_key = token_sort_key(high_water_mark(start, self.version))
+        self.last_token = high_water_mark(start, self.version)
+        return start
 
     # -- reading -----------------------------------------------------------------------------------
 
     def _join_new_shards(self) -> None:
         """Checked before each read, in the same synchronous step: no entry read in this poll can
-        be newer than a shard added before it, so the frontier never passed the new shard's start."""
+        be newer than a shard added before it, so the frontier never passed the new shard's
+        start."""
         if self.topology is None:
             return
         for node, joined in self.topology()[len(self.nodes) :]:
@@ -240,18 +217,9 @@ class NativeStream:
     def _poll(self) -> list[RefEvent]:
         self._join_new_shards()
         for i, node in enumerate(self.nodes):
-            # Bounded reads, like one getMore batch per shard cursor.
-            raws = node.oplog.read_after(self.positions[i], 4096, upto=node.commit_key())
-            if raws:
-                transformer = self.transformers[i]
-                for raw in raws:
-                    for ev in transformer.events(raw):
-                        if ev.sort_key > self.skip_key or ev.sort_key == self.must_meet:
-                            self.pending.append(ev)
-                            if self.before_change != "off" or self.full_document in _IMAGE_MODES:
-                                self.origin[ev.sort_key] = node
-                self.positions[i] = node.oplog.entry_key(raws[-1])
-        # Every shard has been read through its position: nothing at or below the oldest can still come.
+            self._read_shard(i, node)
+        # Every shard has been read through its position: nothing at or below the oldest can
+        # still come.
         frontier = self.frontier = min(self.positions)
         ready = sorted(
             (e for e in self.pending if ts_key(e.cluster_time) <= frontier),
@@ -260,46 +228,68 @@ class NativeStream:
         self.pending = [e for e in self.pending if ts_key(e.cluster_time) > frontier]
         return ready
 
+    def _read_shard(self, i: int, node: OplogSource) -> None:
+        """The shard's new majority-committed entries, as events, into `pending`."""
+        # Bounded reads, like one getMore batch per shard cursor.
+        raws = node.oplog.read_after(self.positions[i], 4096, upto=node.commit_key())
+        if not raws:
+            return
+        wants_images = self.before_change != "off" or self.full_document in _IMAGE_MODES
+        for raw in raws:
+            for ev in self.transformers[i].events(raw):
+                if ev.sort_key > self.skip_key or ev.sort_key == self.must_meet:
+                    self.pending.append(ev)
+                    if wants_images:
+                        self.origin[ev.sort_key] = node
+        self.positions[i] = node.oplog.entry_key(raws[-1])
+
+    # -- shaping -----------------------------------------------------------------------------------
+
     def _shape(self, ev: RefEvent, node_for_lookup: Any) -> Any:
-        """Apply fullDocument lookups or post-images, pre-images and the user's stages to one event:
-        the event's document, or None when a $match drops it."""
+        """Apply fullDocument lookups or post-images, pre-images and the user's stages to one
+        event: the event's document, or None when a $match drops it."""
         origin = self.origin.pop(ev.sort_key, None)
-        wants_post = ev.op_type == "update" and self.full_document != "default"
-        wants_pre = self.before_change != "off" and ev.op_type in ("update", "replace", "delete")
         doc = ev.doc
         images = (
             origin.images.get((ev.image_key[0], ts_key(ev.image_key[1]), ev.image_key[2]))
             if origin is not None and ev.image_key is not None
             else None
         )
-        if wants_post:
-            if self.full_document == "updateLookup":
-                after = node_for_lookup(f"{ev.db}.{ev.coll}", doc["documentKey"])
-            else:  # whenAvailable / required: the post-image recorded with the write
-                after = images[1] if images is not None else None
-                if after is None and self.full_document == "required":
-                    raise MongoError(
-                        "NoMatchingDocument",
-                        "Change stream was configured to require a post-image "
-                        "for all update events, but the post-image was not found for event: "
-                        f"{_image_error_text(doc)}",
-                    )
-            doc = _with_full_document(doc, after)
-        if wants_pre:
-            before = images[0] if images is not None else None
-            if before is None and self.before_change == "required":
-                raise MongoError(
-                    "NoMatchingDocument",
-                    "Change stream was configured to require a pre-image for all "
-                    "update, delete and replace events, but the pre-image was not found for event: "
-                    f"{_image_error_text(doc)}",
-                )
+        if ev.op_type == "update" and self.full_document != "default":
+            doc = _with_full_document(doc, self._post_image(ev, images, node_for_lookup))
+        if self.before_change != "off" and ev.op_type in ("update", "replace", "delete"):
             # DocumentSourceChangeStreamAddPreImage sets a field the event does not have (it
             # removes the transform's preImageId): Document appends it, after every other field.
-            doc = {**doc, "fullDocumentBeforeChange": before}
+            doc = {**doc, "fullDocumentBeforeChange": self._pre_image(doc, images)}
         if self.stages:
             return apply_stages(doc, self.stages, ev.token)
         return doc
+
+    def _post_image(self, ev: RefEvent, images: Any, node_for_lookup: Any) -> Any:
+        """An update's fullDocument: looked up now (updateLookup), or the post-image recorded
+        with the write (whenAvailable, required)."""
+        if self.full_document == "updateLookup":
+            return node_for_lookup(f"{ev.db}.{ev.coll}", ev.doc["documentKey"])
+        after = images[1] if images is not None else None
+        if after is None and self.full_document == "required":
+            raise MongoError(
+                "NoMatchingDocument",
+                "Change stream was configured to require a post-image "
+                "for all update events, but the post-image was not found for event: "
+                f"{_image_error_text(ev.doc)}",
+            )
+        return after
+
+    def _pre_image(self, doc: dict[str, Any], images: Any) -> Any:
+        before = images[0] if images is not None else None
+        if before is None and self.before_change == "required":
+            raise MongoError(
+                "NoMatchingDocument",
+                "Change stream was configured to require a pre-image for all "
+                "update, delete and replace events, but the pre-image was not found for "
+                f"event: {_image_error_text(doc)}",
+            )
+        return before
 
     def _large(self, raw: bytes, skip: int) -> Any:
         """A large event as the server returns it: whole, in fragments (with their tokens, past the
@@ -312,111 +302,170 @@ class NativeStream:
             raise too_large
         return RawBSONDocument(raw, RAW)
 
-    async def fetch(self, limit: int, deadline: float, lookup: Any) -> list[Any]:
-        import trio
+    # -- a getMore's batch -------------------------------------------------------------------------
 
-        out: list[Any] = []
-        ready = self.ready
-        last: RefEvent | None = None  # the last event returned: its token is computed once
-        size = 0
+    async def fetch(self, limit: int, deadline: float, lookup: Any) -> list[Any]:
+        reply = _Reply(limit)
         while True:
-            while self.held and len(out) < limit:
-                doc, token = self.held[0]
-                if out and size + len(doc.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT:
-                    return out
-                self.held.popleft()
-                out.append(doc)
-                size += len(doc.raw) + BATCH_ELEMENT_OVERHEAD
-                self.last_token = token
+            if not self._send_held(reply):
+                return reply.docs
             if self.held or self.done:
-                if self.done and not self.held and self.end_token is not None:
-                    # Closed on ChangeStreamInvalidated: its token, the invalidate's, is the last
-                    # postBatchResumeToken, also when a stage dropped the invalidate (the
-                    # cursor code of mongos and mongod catches that exception and sets it).
-                    self.last_token = self.end_token
-                return out
-            if not ready:
-                ready.extend(self._poll())
-            while ready and len(out) < limit:
-                ev = ready.popleft()
-                shaped = self._shape(ev, lookup)
-                if shaped is not None:  # in the event's own field order, as the server sends it
-                    shaped = RawBSONDocument(encode_event(shaped), RAW)
-                skip = 0
-                if shaped is not None and self.must_meet is not None:
-                    if ev.sort_key == self.must_meet:
-                        # The event the client has: swallowed, unless the client had fragments
-                        # of it, then split again past them. Once met, a copy is swallowed too.
-                        if self.met or not self.skip_fragments:
-                            shaped = None
-                        skip, self.met = self.skip_fragments, True
-                    elif not self.met:
-                        raise MongoError(
-                            "ChangeStreamFatalError",
-                            "cannot resume stream; the resume token was not "
-                            f"found. {token_text(ev.token)}",
-                        )
-                    else:
-                        self.must_meet = None  # passed it
-                if (
-                    shaped is not None
-                ):  # (one the stages dropped is never a resume point, as on a server)
-                    if len(shaped.raw) > MEASURE_ABOVE_BYTES or skip:
-                        shaped = self._large(shaped.raw, skip)
-                    if isinstance(shaped, list):  # fragments: returned from the top of the loop
-                        self.held.extend(shaped)
-                    elif self.held or (
-                        out and size + len(shaped.raw) + BATCH_ELEMENT_OVERHEAD > BATCH_BYTES_LIMIT
-                    ):
-                        self.held.append((shaped, ev.token))
-                    else:
-                        out.append(shaped)
-                        size += len(shaped.raw) + BATCH_ELEMENT_OVERHEAD
-                        last = ev
-                if self.scope in _INVALIDATING and ev.op_type in _INVALIDATING[self.scope]:
-                    # The invalidate comes from a stage of $changeStream itself (CheckInvalidate),
-                    # ahead of the user's stages: a $match may drop it, and the stream ends all the same.
-                    inv = invalidate_for(ev)
-                    self.end_token = inv.token
-                    inv_doc = (
-                        apply_stages(inv.doc, self.stages, inv.token) if self.stages else inv.doc
-                    )
-                    if inv_doc is None:
-                        pass
-                    elif self.held:
-                        self.held.append((RawBSONDocument(encode_event(inv_doc), RAW), inv.token))
-                    else:
-                        out.append(RawBSONDocument(encode_event(inv_doc), RAW))
-                        last = inv
-                    self.done = True
-                if self.held or self.done:
-                    break
-            if last is not None:
-                self.last_token, last = last.token, None
+                self._settle_end_token()
+                return reply.docs
+            self._fill(reply, lookup)
             if self.held or self.done:
                 continue  # the held ones go out first, as far as this reply has room
-            if out:
-                return out
-            if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
-                if trio.current_time() >= deadline:
-                    return out
-                await (
-                    trio.lowlevel.checkpoint()
-                )  # a long catch-up must not starve other connections
-                continue  # more entries to read right away
-            if not self.pending:
-                hwm = high_water_mark(
-                    Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version
-                )
-                if token_sort_key(hwm) > token_sort_key(self.last_token):
-                    self.last_token = hwm
+            if reply.docs or not await self._wait_for_entries(deadline):
+                return reply.docs
+
+    def _settle_end_token(self) -> None:
+        """Closed on ChangeStreamInvalidated: its token, the invalidate's, is the last
+        postBatchResumeToken, also when a stage dropped the invalidate (the cursor code of
+        mongos and mongod catches that exception and sets it)."""
+        if self.done and not self.held and self.end_token is not None:
+            self.last_token = self.end_token
+
+    def _fill(self, reply: _Reply, lookup: Any) -> None:
+        """Read what is ready (polling the shards when nothing is) into the reply."""
+        if not self.ready:
+            self.ready.extend(self._poll())
+        last = self._take_ready(reply, lookup)
+        if last is not None:
+            self.last_token = last.token
+
+    def _send_held(self, reply: _Reply) -> bool:
+        """Move held documents into the reply; False when the next one does not fit in it."""
+        while self.held and not reply.full():
+            doc, token = self.held[0]
+            if not reply.has_room(doc.raw):
+                return False
+            self.held.popleft()
+            reply.add(doc)
+            self.last_token = token
+        return True
+
+    def _take_ready(self, reply: _Reply, lookup: Any) -> RefEvent | None:
+        """Shape ready events into the reply until it is full, something is held or the stream
+        ended; the last event returned (its token is the reply's resume point)."""
+        last = None
+        while self.ready and not reply.full():
+            ev = self.ready.popleft()
+            if self._return_event(ev, reply, lookup):
+                last = ev
+            invalidate = self._end_on_invalidate(ev, reply)
+            if invalidate is not None:
+                last = invalidate
+            if self.held or self.done:
+                break
+        return last
+
+    def _return_event(self, ev: RefEvent, reply: _Reply, lookup: Any) -> bool:
+        """Shape the event and put it in the reply (True) or hold it; False when the stages or
+        the resume point drop it (one the stages dropped is never a resume point, as on a
+        server)."""
+        shaped = self._shape(ev, lookup)
+        if shaped is None:
+            return False
+        # In the event's own field order, as the server sends it.
+        doc: Any = RawBSONDocument(encode_event(shaped), RAW)
+        drop, skip = self._check_resume_point(ev)
+        if drop:
+            return False
+        if len(doc.raw) > MEASURE_ABOVE_BYTES or skip:
+            doc = self._large(doc.raw, skip)
+        if isinstance(doc, list):  # fragments: returned from the top of fetch's loop
+            self.held.extend(doc)
+        elif self.held or not reply.has_room(doc.raw):
+            self.held.append((doc, ev.token))
+        else:
+            reply.add(doc)
+            return True
+        return False
+
+    def _check_resume_point(self, ev: RefEvent) -> tuple[bool, int]:
+        """While resuming from an event's token: whether to drop this event (the one the client
+        has, or a copy of it) and how many of its fragments the client has."""
+        if self.must_meet is None:
+            return False, 0
+        if ev.sort_key == self.must_meet:
+            # Swallowed, unless the client had fragments of it, then split again past them.
+            drop = self.met or not self.skip_fragments
+            self.met = True
+            return drop, self.skip_fragments
+        if not self.met:
+            raise MongoError(
+                "ChangeStreamFatalError",
+                f"cannot resume stream; the resume token was not found. {token_text(ev.token)}",
+            )
+        self.must_meet = None  # passed it
+        return False, 0
+
+    def _end_on_invalidate(self, ev: RefEvent, reply: _Reply) -> RefEvent | None:
+        """End the stream after an event that invalidates it; the invalidate when it went into
+        the reply. The invalidate comes from a stage of $changeStream itself (CheckInvalidate),
+        ahead of the user's stages: a $match may drop it, and the stream ends all the same."""
+        if ev.op_type not in _INVALIDATING.get(self.scope, ()):
+            return None
+        invalidate = invalidate_for(ev)
+        self.end_token = invalidate.token
+        self.done = True
+        doc = invalidate.doc
+        if self.stages:
+            doc = apply_stages(doc, self.stages, invalidate.token)
+        if doc is None:
+            return None
+        raw = RawBSONDocument(encode_event(doc), RAW)
+        if self.held:
+            self.held.append((raw, invalidate.token))
+            return None
+        reply.add(raw)
+        return invalidate
+
+    def _advance_to_frontier(self) -> None:
+        """With nothing pending, the resume point moves up to the merge frontier's high-water
+        mark."""
+        hwm = high_water_mark(
+            Timestamp(self.frontier >> 32, self.frontier & 0xFFFFFFFF), self.version
+        )
+        if token_sort_key(hwm) > token_sort_key(self.last_token):
+            self.last_token = hwm
+
+    async def _wait_for_entries(self, deadline: float) -> bool:
+        """Until there is more to read or the deadline (then False)."""
+        if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
             if trio.current_time() >= deadline:
-                return out
-            with trio.move_on_at(deadline):
-                async with trio.open_nursery() as nursery:
-                    # Wake on the first write to any shard, like a getMore waiting on its shard cursors.
-                    for node in self.nodes:
-                        nursery.start_soon(_wake, node, nursery)
+                return False
+            await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
+            return True  # more entries to read right away
+        if not self.pending:
+            self._advance_to_frontier()
+        if trio.current_time() >= deadline:
+            return False
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+                # Wake on the first write to any shard, like a getMore waiting on its shard
+                # cursors.
+                for node in self.nodes:
+                    nursery.start_soon(_wake, node, nursery)
+        return True
+
+
+def _scope(spec: dict[str, Any], coll: str | None) -> str:
+    """What a stream watches: the cluster, a database or a collection."""
+    if spec.get("allChangesForCluster"):
+        return "cluster"
+    return "database" if coll is None else "collection"
+
+
+def _check_history(nodes: list[OplogSource], start: Timestamp) -> None:
+    """ChangeStreamHistoryLost when some oplog no longer reaches back to `start`."""
+    for node in nodes:
+        if ts_key(start) < node.oplog.first_key() and node.oplog.truncated_before:
+            raise MongoError(
+                "ChangeStreamHistoryLost",
+                "Resume of change stream was not possible, as the resume "
+                "point may no longer be in the oplog.",
+            )
 
 
 def _with_full_document(event: dict[str, Any], document: Any) -> dict[str, Any]:
@@ -440,132 +489,16 @@ def _image_error_text(event: dict[str, Any]) -> str:
             return "{" + ", ".join(f"{k}: {text(v)}" for k, v in value.items()) + "}"
         if isinstance(value, Timestamp):
             return f"Timestamp({value.time}, {value.inc})"
-        return _element_text(value)
+        return element_text(value)
 
     return text(
         {k: event[k] for k in ("operationType", "ns", "clusterTime", "txnNumber") if k in event}
     )
 
 
-def _element_text(value: Any) -> str:
-    """A value as BSONElement::toString prints it in an error message (the common kinds)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return "null" if value is None else str(value)
-
-
 async def _wake(node: Any, nursery: Any) -> None:
-    import trio
-
     await node.wait_commit_beyond(node.commit_key(), trio.current_time() + 3600)
     nursery.cancel_scope.cancel()
-
-
-def parse_change_stream(
-    cmd: dict[str, Any], version: int = 2
-) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
-    """The $changeStream spec, the stages after it but $changeStreamSplitLargeEvent, and whether
-    that one ends the pipeline; `version` 1 is a 5.0 server (no expanded events, no pre-images)."""
-    pipeline = cmd.get("pipeline", [])
-    spec = pipeline[0]["$changeStream"]
-    # Said at once rather than answered as if they were not there: an explain is no cursor, and
-    # a collation changes what the stages' comparisons match.
-    if cmd.get("explain"):
-        raise MongoError("NotImplemented", "simcluster does not explain change streams")
-    if cmd.get("collation", {"locale": "simple"}) != {"locale": "simple"}:
-        raise MongoError(
-            "NotImplemented", "simcluster does not compare by a collation in a change stream"
-        )
-    if not isinstance(spec, dict):
-        # DocumentSourceChangeStream::LiteParsed (document_source_change_stream.h).
-        raise MongoError(
-            6188500,
-            f"$changeStream must take a nested object but found: $changeStream: "
-            f"{_element_text(spec)}",
-        )
-    # The IDL parser (document_source_change_stream.idl), field by field in the spec's order:
-    # an unknown field, then each field's BSON type; the enums' values after that.
-    for key, value in spec.items():
-        if key not in _OPTIONS or (
-            key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
-        ):
-            raise MongoError(
-                "IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field."
-            )
-        if not isinstance(value, _OPTION_TYPES[key][0]) or (
-            _OPTION_TYPES[key][1] != "bool" and isinstance(value, bool)
-        ):
-            raise wrong_type(f"$changeStream.{key}", value, _OPTION_TYPES[key][1])
-    for key, allowed in (
-        ("fullDocument", ("default", "updateLookup", "whenAvailable", "required")),
-        ("fullDocumentBeforeChange", ("off", "whenAvailable", "required")),
-    ):
-        if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
-            raise MongoError(
-                "BadValue",
-                f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
-                "a valid value.",
-            )
-    if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
-        raise MongoError(
-            40674, "Only one type of resume option is allowed, but multiple were found."
-        )
-    for stage in pipeline[1:]:
-        if "$changeStream" in stage:
-            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
-        name = next(iter(stage), "")
-        if name not in _STAGES or (name == SPLIT_STAGE and version < 2):  # 5.0 has no such stage
-            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
-    stages, split = without_split_stage(pipeline[1:])
-    if (unsupported := unsupported_in_stages(stages)) is not None:
-        # Said at once, not as some later event's error or, worse, as events shaped wrongly.
-        raise MongoError(
-            "NotImplemented", f"simcluster does not evaluate {unsupported} in a change stream"
-        )
-    return spec, stages, split
-
-
-def _check_read_concern(read_concern: Any) -> None:
-    """A change stream reads at majority only: DocumentSourceChangeStream::LiteParsed::
-    supportsReadConcern answers onlySingleReadConcernSupported(majority), InvalidOptions for any
-    other level given (jstests/noPassthrough/change_stream_require_majority_read_concern.js:
-    local and linearizable fail; majority, and none, work)."""
-    level = read_concern.get("level") if isinstance(read_concern, dict) else None
-    if level is not None and level != "majority":
-        raise MongoError(
-            "InvalidOptions",
-            "Aggregation stage $changeStream cannot run with a readConcern other "
-            f"than 'majority'. Current readConcern: {level}",
-        )
-
-
-def _check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: Any) -> None:
-    """Where a change stream may be opened (DocumentSourceChangeStream::
-    assertIsLegalSpecification; jstests/change_streams/invalid_namespaces.js): the admin
-    database only for a whole-cluster stream, never the local or config database nor a system.
-    collection (InvalidNamespace); and never on a view (CommandNotSupportedOnView, the
-    "is a view, not a collection" of AutoGetCollection; jstests/change_streams/ddl_view_events.js)."""
-    if spec.get("allChangesForCluster") and (db != "admin" or coll is not None):
-        raise MongoError(
-            "InvalidOptions",
-            "A change stream with 'allChangesForCluster:true' may only be opened on "
-            "the 'admin' database, and with no collection name",
-        )
-    if db == "admin" and not spec.get("allChangesForCluster") or db in ("local", "config"):
-        raise MongoError(
-            "InvalidNamespace", f"$changeStream may not be opened on the internal {db} database"
-        )
-    if coll is not None and coll.startswith("system."):
-        raise MongoError(
-            "InvalidNamespace",
-            f"$changeStream may not be opened on the internal {db}.{coll} collection",
-        )
-    if coll is not None and is_view is not None and is_view(f"{db}.{coll}"):
-        raise MongoError(
-            "CommandNotSupportedOnView", f"Namespace {db}.{coll} is a view, not a collection"
-        )
 
 
 async def open_native_stream(
@@ -582,11 +515,11 @@ async def open_native_stream(
     # 5.0 servers know no expanded events; 5.0 and 6.0 write v1 tokens (v2 is the default from 6.1,
     # shared/reference/mongodb-formats.md A.6).
     spec, stages, split = parse_change_stream(cmd, 1 if server.version == "5.0" else 2)
-    _check_read_concern(cmd.get("readConcern"))
+    check_read_concern(cmd.get("readConcern"))
     # The split stage makes a 6.0 stream write v2 tokens (fragmentNum needs them).
     version = 1 if server.version in ("5.0", "6.0") and not split else 2
     coll = cmd["aggregate"] if isinstance(cmd["aggregate"], str) else None
-    _check_namespace(db, coll, spec, is_view)
+    check_namespace(db, coll, spec, is_view)
     if nodes is None:
         nodes = list(server.shards.values())
     stream = NativeStream(

@@ -316,9 +316,8 @@ class ShardNode(CommandServer):
         # balancer waits for transactions on a collection). Settable with setParameter.
         self.transaction_lifetime_s = 60
         self.expired_transaction_passes = 0  # serverStatus metrics.abortExpiredTransactions.passes
-        self.replset: (
-            ReplicaSet  # assigned by the ReplicaSet this member joins (open_cluster builds both)
-        )
+        # Assigned by the ReplicaSet this member joins (open_cluster builds both).
+        self.replset: ReplicaSet[ShardNode]
 
     @property
     def is_primary(self) -> bool:

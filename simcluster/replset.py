@@ -18,8 +18,9 @@ Facts kept from the server (replication_coordinator_impl.cpp, and the docs on el
   simulator does it by resyncing from the primary (the state it reaches is the server's);
 - until then, such entries are on another branch: they count toward no majority, and the member's
   own commit point stops before them (a secondary does not advance its commit point to a greater
-  term than its lastApplied's: jstests/replsets/secondaries_do_not_advance_commit_point_to_greater_term),
-  so a majority read on it never returns them.
+  term than its lastApplied's:
+  jstests/replsets/secondaries_do_not_advance_commit_point_to_greater_term), so a majority read on
+  it never returns them.
 """
 
 from __future__ import annotations
@@ -27,26 +28,27 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import trio
 from bson import ObjectId
 
 from mongoformats.errors import MongoError
-
-if TYPE_CHECKING:
-    from simcluster.node import ShardNode
+from simcluster.roles import ReplMember
 
 __all__ = ["Primaries", "ReplicaSet"]
 
 log = logging.getLogger("simcluster")
 
+# The members' type: what a router reaches through a set is the member class itself.
+M = TypeVar("M", bound=ReplMember)
 
-class ReplicaSet:
+
+class ReplicaSet(Generic[M]):
     def __init__(
         self,
         set_name: str,
-        members: list[ShardNode],
+        members: list[M],
         *,
         lag_s: float = 0.0,
         election_timeout_s: float = 10.0,
@@ -56,7 +58,7 @@ class ReplicaSet:
         self.lag_s = lag_s
         self.election_timeout_s = election_timeout_s
         self.term = 1
-        self.primary_node: ShardNode | None = members[0]
+        self.primary_node: M | None = members[0]
         self._commit = 0
         self._changed = trio.Event()  # set (and replaced) when the commit point or a role changes
         self.nursery: trio.Nursery | None = None  # where elections and restarts run (the cluster's)
@@ -66,8 +68,9 @@ class ReplicaSet:
     # -- roles -------------------------------------------------------------------------------------
 
     @property
-    def primary(self) -> ShardNode:
-        """The primary, for a router sending a write; FailedToSatisfyReadPreference during an election."""
+    def primary(self) -> M:
+        """The primary, for a router sending a write; FailedToSatisfyReadPreference during an
+        election."""
         if self.primary_node is None:
             raise MongoError(
                 "FailedToSatisfyReadPreference",
@@ -86,7 +89,8 @@ class ReplicaSet:
         return [m.address for m in self.members]
 
     def _wake(self) -> None:
-        """Wake everything waiting on the set: for a primary, a caught-up member, the commit point."""
+        """Wake everything waiting on the set: for a primary, a caught-up member, the commit
+        point."""
         self._changed.set()
         self._changed = trio.Event()
 
@@ -155,13 +159,20 @@ class ReplicaSet:
             }
             return
         await self.wait_primary(20.0)
-        primary = self.primary_node
-        if primary is None or not (primary.oplog.contains(key) or key < primary.oplog.first_key()):
+        if not self._primary_holds(key):
             raise MongoError(
                 "InterruptedDueToReplStateChange",
                 "operation was interrupted because the primary "
                 "stepped down or was stopped before the write was majority committed",
             )
+
+    def _primary_holds(self, key: int) -> bool:
+        """Whether the current primary's history has the entry `key` (or has truncated past it):
+        not so when a failover rolled the write back."""
+        primary = self.primary_node
+        if primary is None:
+            return False
+        return primary.oplog.contains(key) or key < primary.oplog.first_key()
 
     @property
     def oplog(self) -> Any:
@@ -184,33 +195,56 @@ class ReplicaSet:
 
     # -- elections ---------------------------------------------------------------------------------
 
-    def elect(self, *, exclude: ShardNode | None = None) -> ShardNode | None:
-        """Make the live member with the newest oplog primary, if a majority of members vote for it."""
-        now = trio.current_time()
+    def elect(self, *, exclude: M | None = None) -> M | None:
+        """Make the live member with the newest oplog primary, if a majority of members vote for
+        it."""
         up = [m for m in self.members if m.up]
         newest = {m: m.oplog.last_optime() for m in up}
-        # A member back from a restart catches up before it stands, unless no live member is in
-        # step (the whole set was down): then none has more to learn, and the vote rule alone
-        # picks the one with the newest oplog, as the set does after a full restart.
-        whole_set_restarted = not any(m.in_sync for m in up)
         candidates = [
-            m
-            for m in up
-            if m is not exclude
-            and (m.in_sync or whole_set_restarted)
-            and m.frozen_until <= now
-            and sum(newest[voter] <= newest[m] for voter in up) >= self.majority
+            m for m in self._electable(up, exclude) if self._votes(m, newest) >= self.majority
         ]
         if not candidates:
             return None
         winner = max(candidates, key=lambda m: (newest[m], -self.members.index(m)))
-        # Whoever holds entries past the winner's last one holds what the new history never has.
+        self._mark_branches(winner)
+        self.term += 1
+        self._log_election(winner)
+        for m in self.members:
+            m.state = "SECONDARY"
+        winner.in_sync = True
+        winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
+        self.primary_node = winner
+        self.notify()
+        return winner
+
+    def _electable(self, up: list[M], exclude: M | None) -> list[M]:
+        """The live members that may stand: in step and not frozen. A member back from a restart
+        catches up before it stands, unless no live member is in step (the whole set was down):
+        then none has more to learn, and the vote rule alone picks the one with the newest oplog,
+        as the set does after a full restart."""
+        now = trio.current_time()
+        whole_set_restarted = not any(m.in_sync for m in up)
+        return [
+            m
+            for m in up
+            if m is not exclude and (m.in_sync or whole_set_restarted) and m.frozen_until <= now
+        ]
+
+    @staticmethod
+    def _votes(candidate: M, newest: dict[M, tuple[int, int]]) -> int:
+        """The live members whose last entry is no newer than the candidate's."""
+        return sum(last <= newest[candidate] for last in newest.values())
+
+    def _mark_branches(self, winner: M) -> None:
+        """Whoever holds entries past the winner's last one holds what the new history never
+        has."""
         branch = winner.oplog.last_key()
         winner.branch_end = None
         for m in self.members:
             if m.oplog.last_key() > branch:
                 m.branch_end = branch if m.branch_end is None else min(m.branch_end, branch)
-        self.term += 1
+
+    def _log_election(self, winner: M) -> None:
         log.info(
             "%s: %s elected primary in term %d (its last entry %s)",
             self.set_name,
@@ -224,22 +258,13 @@ class ReplicaSet:
             {m.address: (m.oplog.last_key(), m.up, m.in_sync, m.branch_end) for m in self.members},
             self._commit,
         )
-        for m in self.members:
-            m.state = "SECONDARY"
-        winner.in_sync = True
-        winner.become_primary(self.term, ObjectId(f"7fffffff{self.term:016x}"))
-        self.primary_node = winner
-        self.notify()
-        return winner
 
     async def _elect_after_timeout(self) -> None:
         while self.primary_node is None:
             await trio.sleep(self.election_timeout_s)
             self.elect()
 
-    async def step_down(
-        self, node: ShardNode, stepdown_s: float, catch_up_s: float, force: bool
-    ) -> None:
+    async def step_down(self, node: M, stepdown_s: float, catch_up_s: float, force: bool) -> None:
         if node is not self.primary_node:
             raise MongoError("NotWritablePrimary", "not primary so can't step down")
         target = node.oplog.last_key()
@@ -256,8 +281,8 @@ class ReplicaSet:
             raise MongoError(
                 "ExceededTimeLimit",
                 "No electable secondaries caught up as of "
-                f"{trio.current_time():.3f}. Please use the replSetStepDown command with the argument "
-                "{force: true} to force node to step down.",
+                f"{trio.current_time():.3f}. Please use the replSetStepDown command with "
+                "the argument {force: true} to force node to step down.",
             )
         node.frozen_until = trio.current_time() + stepdown_s
         node.state = "SECONDARY"
@@ -268,32 +293,33 @@ class ReplicaSet:
 
     # -- stopping and restarting members -----------------------------------------------------------
 
-    def stop_member(self, node: ShardNode) -> None:
+    def stop_member(self, node: M) -> None:
         """Like killing the mongod: connections drop; its data and oplog stay (they are on disk)."""
         node.stop()
         self._lost(node)
 
-    async def restart_member(self, node: ShardNode) -> None:
+    async def restart_member(self, node: M) -> None:
         """Start a stopped member again on its port; it rejoins as a secondary and catches up."""
         assert self.nursery is not None
         self._set_rejoining(node)
         await self.nursery.start(node.serve)
         self._rejoined()
 
-    def pause_member(self, node: ShardNode) -> None:
-        """Like SIGSTOP on the mongod, or a network partition that drops its packets: its connections
-        stay open and go unanswered (a client learns only by its own timeout); to the set it is down."""
+    def pause_member(self, node: M) -> None:
+        """Like SIGSTOP on the mongod, or a network partition that drops its packets: its
+        connections stay open and go unanswered (a client learns only by its own timeout); to the
+        set it is down."""
         node.pause()
         self._lost(node)
 
-    def resume_member(self, node: ShardNode) -> None:
+    def resume_member(self, node: M) -> None:
         """SIGCONT, or the partition healed: it answers what waited, rejoins as a secondary and
         catches up (rolling back what it wrote as a primary that nobody else has)."""
         self._set_rejoining(node)
         node.resume()
         self._rejoined()
 
-    def _lost(self, node: ShardNode) -> None:
+    def _lost(self, node: M) -> None:
         node.up = False
         if node is self.primary_node:
             self.primary_node = None
@@ -302,7 +328,7 @@ class ReplicaSet:
             self._start(self._elect_after_timeout)
 
     @staticmethod
-    def _set_rejoining(node: ShardNode) -> None:
+    def _set_rejoining(node: M) -> None:
         # It catches up from the primary before it serves reads or stands (see `elect` for a set
         # with no primary to catch up from).
         node.up, node.in_sync, node.state = True, False, "SECONDARY"
@@ -317,14 +343,14 @@ class ReplicaSet:
             self.nursery.start_soon(fn)
 
 
-class Primaries(Mapping[str, "ShardNode"]):
+class Primaries(Mapping[str, M]):
     """shard id -> that shard's current primary: what a router sends writes to. Looked up on each
     access, so a router keeps routing across elections."""
 
-    def __init__(self, replsets: dict[str, ReplicaSet]) -> None:
+    def __init__(self, replsets: dict[str, ReplicaSet[M]]) -> None:
         self.replsets = replsets
 
-    def __getitem__(self, shard_id: str) -> ShardNode:
+    def __getitem__(self, shard_id: str) -> M:
         return self.replsets[shard_id].primary
 
     def __iter__(self) -> Iterator[str]:

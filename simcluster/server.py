@@ -8,33 +8,30 @@ other exception becomes InternalError (1): bad input never kills a node or anoth
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import itertools
 import logging
 import ssl
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import bson
 import trio
-from bson import Binary, Int64, ObjectId
+from bson import ObjectId
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import InvalidBSON
 
 from mongoformats import wire
 from mongoformats.errors import MongoError, ProtocolError, has_category, with_change_stream_label
-from mongoformats.idl import get_more_request, kill_cursors_ids
 from mongoformats.oplog_splice import document_parts
 from mongoformats.privileges import allows, privileges_of_roles
-from mongoformats.scram import MECHANISM, ScramCredential, ScramServer
-from mongoformats.sessions import SessionsNamed, session_id, sessions_named, user_identity
+from mongoformats.scram import ScramCredential
+from mongoformats.sessions import session_id
 from simcluster.authz import required_privileges
 from simcluster.cluster_time import DUMMY_SIGNATURE, ClusterTimeKey, gossip_in
 from simcluster.cursors import CursorManager
 from simcluster.oplog import ClusterClock
+from simcluster.server_commands import GenericCommands, Request
 
 log = logging.getLogger("simcluster")
 
@@ -45,17 +42,6 @@ MAX_WIRE_VERSION = {"7.0": 21, "8.0": 25, "6.0": 17, "5.0": 13}
 DECODE: CodecOptions[Any] = CodecOptions(
     tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
-
-
-class Request:
-    """What a handler may want beyond the command: the connection it came on."""
-
-    def __init__(self, conn_id: int, peer: str) -> None:
-        self.conn_id = conn_id
-        self.peer = peer
-        self.user: str | None = None  # authenticated as (SCRAM), when auth is on
-        # Open SASL conversations: (conversation, skipEmptyExchange, proof checked).
-        self.conversations: dict[int, tuple[ScramServer, bool, bool]] = {}
 
 
 # What an unauthenticated connection may run when auth is on (the server's requiresAuth() false).
@@ -76,7 +62,7 @@ _NO_AUTH = frozenset(
 )
 
 
-class CommandServer:
+class CommandServer(GenericCommands):
     """Base of mongod and mongos: subclasses add commands to `self.commands`."""
 
     process_kind = "mongod"
@@ -101,13 +87,15 @@ class CommandServer:
         self.ssl_context: ssl.SSLContext | None = None
         # security.authorization enabled when set: admin-database users and their SCRAM credentials.
         self.users: dict[str, ScramCredential] | None = None
-        # Each user's built-in roles, (role, db); a user not listed has root (the cluster's default).
+        # Each user's built-in roles, (role, db); a user not listed has root (the cluster's
+        # default).
         self.user_roles: dict[str, list[tuple[str, str]]] = {}
         # With authorization: the cluster's key signing $clusterTime (simcluster.cluster_time).
         self.time_key: ClusterTimeKey | None = None
         self._cancel = trio.CancelScope()
-        # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition that
-        # drops its packets): its sockets stay open and nothing on them is answered until it resumes.
+        # Cleared while the process is paused (a SIGSTOPped mongod, or one cut off by a partition
+        # that drops its packets): its sockets stay open and nothing on them is answered until it
+        # resumes.
         self._running = trio.Event()
         self._running.set()
         # topologyVersion: the counter moves on every role change, and wakes awaitable hellos.
@@ -149,13 +137,6 @@ class CommandServer:
         """Whether a getMore with exhaustAllowed streams its batches: mongod's since 4.2, mongos's
         since 7.1 (SERVER-57297; before, it answered such a getMore plainly, without moreToCome)."""
         return self.process_kind == "mongod" or self.max_wire_version >= 22
-
-    @property
-    def address(self) -> str:
-        # As the server's HostAndPort writes one: an IPv6 address in brackets.
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    # -- wire ------------------------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self._cancel = (
@@ -213,34 +194,13 @@ class CommandServer:
         self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
     ) -> None:
         conn_id = next(self._conn_ids)
-        framer = wire.MessageFramer()
         sock = (
             stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
         )
         req = Request(conn_id, str(sock.getpeername()))
         try:
             async with stream:
-                while True:
-                    msg = framer.next_message()
-                    if msg is wire.NEED_DATA:
-                        data = await stream.receive_some(1 << 16)
-                        framer.receive_data(data)
-                        if not data and not framer.trailing_data:
-                            return
-                        continue
-                    request: object | None = msg
-                    while request is not None:  # an exhaust getMore runs again after each reply
-                        await self.wait_running()
-                        reply, request = await self._dispatch(request, req)
-                        if reply is None:
-                            continue
-                        if reply is _CLOSE:
-                            return
-                        assert isinstance(reply, bytes)
-                        await (
-                            self.wait_running()
-                        )  # a reply made as the process paused is not sent either
-                        await stream.send_all(reply)
+                await self._converse(stream, req)
         except ProtocolError as exc:
             log.info("closing connection %s: %s", conn_id, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -250,36 +210,71 @@ class CommandServer:
             # it (one trio run) the whole cluster. A server closes the one connection.
             log.exception("closing connection %s after an unexpected error", conn_id)
 
+    async def _converse(
+        self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream], req: Request
+    ) -> None:
+        """Answer the connection's messages until the client closes it or a reply drops it."""
+        framer = wire.MessageFramer()
+        while True:
+            msg = framer.next_message()
+            if msg is wire.NEED_DATA:
+                data = await stream.receive_some(1 << 16)
+                framer.receive_data(data)
+                if not data and not framer.trailing_data:
+                    return
+                continue
+            if not await self._answer(stream, msg, req):
+                return
+
+    async def _answer(
+        self,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        msg: object,
+        req: Request,
+    ) -> bool:
+        """Send the replies to one message; False when the connection is to be dropped."""
+        request: object | None = msg
+        while request is not None:  # an exhaust getMore runs again after each reply
+            await self.wait_running()
+            reply, request = await self._dispatch(request, req)
+            if reply is None:
+                continue
+            if reply is _CLOSE:
+                return False
+            assert isinstance(reply, bytes)
+            await self.wait_running()  # a reply made as the process paused is not sent either
+            await stream.send_all(reply)
+        return True
+
     async def _dispatch(
         self, msg: Any, req: Request
     ) -> tuple[bytes | None | object, wire.OpMsg | None]:
         """The reply to `msg` (None: none is due; _CLOSE: drop the connection), and the request to
-        run next without reading one: an exhaust getMore's own again, as the reply said moreToCome."""
+        run next without reading one: an exhaust getMore's own again, as the reply said
+        moreToCome."""
         if isinstance(msg, wire.OpQuery):
-            cmd = decode_document(msg.query)
-            if "$query" in cmd:
-                cmd = cmd["$query"]
-            db = msg.full_collection_name.split(".", 1)[0]
-            body = await self._run(db, cmd, req)
-            if body is _CLOSE:
-                return _CLOSE, None
-            reply = wire.encode_op_reply(
-                next(self._message_ids), msg.request_id, (bson.encode(body),)
-            )
-            return (wire.compress(reply, msg.compressor) if msg.compressor else reply), None
+            return await self._answer_op_query(msg, req), None
         if not isinstance(msg, wire.OpMsg):
             raise ProtocolError("only OP_MSG and OP_QUERY are accepted from clients")
-        cmd = decode_document(msg.body)
-        for ident, docs in msg.sequences:
-            cmd[ident] = decode_sequence(docs)
-            if ident == "documents":
-                # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
-                # fullDocument) is byte-identical to what was sent, as on the server.
-                cmd["$raw_documents"] = docs
+        return await self._answer_op_msg(msg, req)
+
+    async def _answer_op_query(self, msg: wire.OpQuery, req: Request) -> bytes | object:
+        cmd = decode_document(msg.query)
+        if "$query" in cmd:
+            cmd = cmd["$query"]
+        db = msg.full_collection_name.split(".", 1)[0]
+        body = await self._run(db, cmd, req)
+        if body is _CLOSE:
+            return _CLOSE
+        reply = wire.encode_op_reply(next(self._message_ids), msg.request_id, (bson.encode(body),))
+        return wire.compress(reply, msg.compressor) if msg.compressor else reply
+
+    async def _answer_op_msg(
+        self, msg: wire.OpMsg, req: Request
+    ) -> tuple[bytes | None | object, wire.OpMsg | None]:
+        cmd = _op_msg_command(msg)
         db = cmd.pop("$db", "admin")
-        exhaust = (
-            msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
-        )
+        exhaust = self._exhaust_requested(msg, cmd)
         body = await self._run(db, cmd, req)
         if body is _CLOSE:
             return _CLOSE, None
@@ -302,69 +297,77 @@ class CommandServer:
         follow = dataclasses.replace(msg, request_id=reply_id) if again else None
         return (wire.compress(reply, msg.compressor) if msg.compressor else reply), follow
 
+    def _exhaust_requested(self, msg: wire.OpMsg, cmd: dict[str, Any]) -> bool:
+        """Whether the message is a getMore that may stream its batches (exhaustAllowed)."""
+        return (
+            msg.exhaust_allowed and self.serves_exhaust and next(iter(cmd), "").lower() == "getmore"
+        )
+
     async def _run(self, db: str, cmd: dict[str, Any], req: Request) -> Any:
         name = next(iter(cmd), "")
         try:
-            if "$clusterTime" in cmd:
-                gossiped = gossip_in(
-                    cmd["$clusterTime"],
-                    key=self.time_key if self.users is not None else None,
-                    authenticated=req.user is not None,
-                    newest=self.clock.now(),
-                    missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"],
-                )
-                if gossiped is not None:
-                    self.clock.advance(gossiped)
+            self._gossip_in(cmd, req)
             fp = await self._fail_point(name)
             if fp is _CLOSE:
                 return _CLOSE
-            handler = self.commands.get(name.lower())
-            if handler is None:
-                raise MongoError("CommandNotFound", f"no such command: '{name}'")
-            if self.users is not None and name.lower() not in _NO_AUTH:
-                if req.user is None:
-                    raise MongoError("Unauthorized", f"Command {name} requires authentication")
-                self._authorize(name, db, cmd, req.user)
-            await self.check_command(name, db, cmd)
-            reply = await handler(db, cmd, req)
-            reply.setdefault("ok", 1.0)
-            # A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
-            # cursor it used). The command is looked at first: a reply's cursor may hold megabytes.
-            if (
-                ("lsid" in cmd or cmd.get("noCursorTimeout"))
-                and name.lower() != "getmore"
-                and isinstance(cursor := reply.get("cursor"), Mapping)
-                and cursor.get("id")
-            ):
-                in_session = "lsid" in cmd
-                self.cursors.opened_in(
-                    int(cursor["id"]),
-                    session_id(cmd["lsid"]["id"]) if in_session else None,
-                    req.user if in_session else None,
-                    no_timeout=bool(cmd.get("noCursorTimeout")),
-                )
-            await self.settle(name, cmd, reply)
+            reply = await self._handle(name, db, cmd, req)
         except MongoError as exc:
-            if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
-                # 4.4+ servers label the errors a driver may retry a write on (error_labels.cpp);
-                # drivers no longer decide that themselves.
-                exc = exc.with_labels("RetryableWriteError")
-            if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
-                exc = with_change_stream_label(exc)
-            elif has_category(exc.code, "NonResumableChangeStreamError") and not exc.has_label(
-                "NonResumableChangeStreamError"
-            ):
-                # ErrorLabelBuilder::build labels these codes whatever the command and whenever
-                # it fails, a change stream's opening aggregate included (error_labels.cpp).
-                exc = exc.with_labels("NonResumableChangeStreamError")
-            reply = exc.to_reply()
+            reply = _labelled(exc, name, cmd).to_reply()
         except Exception as exc:  # a bug or unexpected input must not take the node down
             log.exception("command %s failed", name)
             reply = MongoError("InternalError", f"{type(exc).__name__}: {exc}").to_reply()
         return self.decorate(reply)
 
-    def roles_of(self, user: str) -> list[tuple[str, str]]:
-        return self.user_roles.get(user, [("root", "admin")])
+    def _gossip_in(self, cmd: dict[str, Any], req: Request) -> None:
+        """Advance the clock to a command's $clusterTime (checked as simcluster.cluster_time
+        says)."""
+        if "$clusterTime" not in cmd:
+            return
+        gossiped = gossip_in(
+            cmd["$clusterTime"],
+            key=self.time_key if self.users is not None else None,
+            authenticated=req.user is not None,
+            newest=self.clock.now(),
+            missing_signature_parses=self.max_wire_version >= MAX_WIRE_VERSION["8.0"],
+        )
+        if gossiped is not None:
+            self.clock.advance(gossiped)
+
+    async def _handle(
+        self, name: str, db: str, cmd: dict[str, Any], req: Request
+    ) -> dict[str, Any]:
+        """Check, run and settle one command; its reply."""
+        handler = self.commands.get(name.lower())
+        if handler is None:
+            raise MongoError("CommandNotFound", f"no such command: '{name}'")
+        if self.users is not None and name.lower() not in _NO_AUTH:
+            if req.user is None:
+                raise MongoError("Unauthorized", f"Command {name} requires authentication")
+            self._authorize(name, db, cmd, req.user)
+        await self.check_command(name, db, cmd)
+        reply = await handler(db, cmd, req)
+        reply.setdefault("ok", 1.0)
+        self._note_cursor(name, cmd, reply, req)
+        await self.settle(name, cmd, reply)
+        return reply
+
+    def _note_cursor(
+        self, name: str, cmd: dict[str, Any], reply: dict[str, Any], req: Request
+    ) -> None:
+        """A cursor opened: its session, user and noCursorTimeout (a getMore's reply names the
+        cursor it used). The command is looked at first: a reply's cursor may hold megabytes."""
+        if not ("lsid" in cmd or cmd.get("noCursorTimeout")) or name.lower() == "getmore":
+            return
+        cursor = reply.get("cursor")
+        if not isinstance(cursor, Mapping) or not cursor.get("id"):
+            return
+        in_session = "lsid" in cmd
+        self.cursors.opened_in(
+            int(cursor["id"]),
+            session_id(cmd["lsid"]["id"]) if in_session else None,
+            req.user if in_session else None,
+            no_timeout=bool(cmd.get("noCursorTimeout")),
+        )
 
     def _authorize(self, name: str, db: str, cmd: dict[str, Any], user: str) -> None:
         privileges = privileges_of_roles(self.roles_of(user))
@@ -396,8 +399,6 @@ class CommandServer:
         reply["operationTime"] = now
         return reply
 
-    # -- fail points (configureFailPoint failCommand) ---------------------------------------------
-
     async def _fail_point(self, name: str) -> object | None:
         fp = self.fail_points.get("failCommand")
         if not fp or name not in fp["data"].get("failCommands", ()):
@@ -423,313 +424,20 @@ class CommandServer:
         while name in self.fail_points:
             await trio.sleep(0.01)
 
-    async def cmd_configure_fail_point(
-        self, db: str, cmd: dict[str, Any], req: Request
-    ) -> dict[str, Any]:
-        name = cmd["configureFailPoint"]
-        mode = cmd.get("mode", "off")
-        if mode == "off":
-            self.fail_points.pop(name, None)
-        else:
-            self.fail_points[name] = {
-                "mode": dict(mode) if isinstance(mode, dict) else mode,
-                "data": cmd.get("data", {}),
-            }
-        return {"count": 0}
-
-    # -- generic commands -------------------------------------------------------------------------
-
-    def hello_fields(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    async def cmd_hello(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-            raise MongoError(
-                51760 if "topologyVersion" in cmd else 51758,
-                "topologyVersion and maxAwaitTimeMS must be given together",
-            )
-        tv = cmd.get("topologyVersion")
-        if (
-            tv is not None
-            and tv.get("processId") == self.process_id
-            and tv.get("counter") == self.topology_counter
-        ):
-            # Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS.
-            with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
-                await self._topology_changed.wait()
-        legacy = next(iter(cmd)).lower() == "ismaster"
-        out: dict[str, Any] = {}
-        if cmd.get("helloOk"):
-            out["helloOk"] = True
-        out.update(self.hello_fields(cmd))
-        if legacy:
-            out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
-        out.update(
-            {
-                "topologyVersion": {
-                    "processId": self.process_id,
-                    "counter": Int64(self.topology_counter),
-                },
-                "maxBsonObjectSize": 16 * 1024 * 1024,
-                "maxMessageSizeBytes": 48_000_000,
-                "maxWriteBatchSize": 100_000,
-                "localTime": datetime.datetime.now(datetime.UTC),
-                "logicalSessionTimeoutMinutes": 30,
-                "connectionId": req.conn_id,
-                "minWireVersion": 0,
-                "maxWireVersion": self.max_wire_version,
-                "readOnly": False,
-            }
-        )
-        if "compression" in cmd:
-            supported = [c for c in cmd["compression"] if c in ("zlib", "snappy", "zstd")]
-            if supported:
-                out["compression"] = supported
-        mechs_for = cmd.get("saslSupportedMechs")
-        if (
-            self.users is not None
-            and isinstance(mechs_for, str)
-            and mechs_for.partition(".")[2] in self.users
-        ):
-            out["saslSupportedMechs"] = [MECHANISM]
-        speculative = cmd.get("speculativeAuthenticate")
-        if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
-            # The handshake's first login step (speculative authentication, as drivers send it):
-            # answered as saslStart on the `db` it names; a failure omits the answer, and the
-            # driver then logs in the ordinary way.
-            start = {k: v for k, v in speculative.items() if k != "db"}
-            with contextlib.suppress(MongoError):
-                out["speculativeAuthenticate"] = await self.cmd_sasl_start(
-                    str(speculative.get("db", "")), start, req
-                )
-        return out
-
-    async def cmd_ok(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {}
-
-    async def cmd_not_found(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        raise MongoError("CommandNotFound", f"no such command: '{next(iter(cmd))}'")
-
-    async def cmd_ping(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {}
-
-    async def cmd_whatsmyuri(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"you": req.peer}
-
-    async def cmd_connection_status(
-        self, db: str, cmd: dict[str, Any], req: Request
-    ) -> dict[str, Any]:
-        users = [{"user": req.user, "db": "admin"}] if req.user else []
-        granted = self.roles_of(req.user) if req.user else []
-        info: dict[str, Any] = {
-            "authenticatedUsers": users,
-            "authenticatedUserRoles": [{"role": r, "db": d} for r, d in granted],
-        }
-        if cmd.get("showPrivileges"):
-            info["authenticatedUserPrivileges"] = privileges_of_roles(granted)
-        return {"authInfo": info}
-
-    # -- authentication (SCRAM-SHA-256) -------------------------------------------------------------
-
-    async def cmd_sasl_start(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        if cmd.get("mechanism") != MECHANISM:
-            raise MongoError(
-                "MechanismUnavailable",
-                f"Received authentication for mechanism {cmd.get('mechanism')} "
-                "which is unknown or not enabled",
-            )
-        if self.users is None or db != "admin":
-            raise MongoError("AuthenticationFailed", "Authentication failed.")
-        # Several conversations may be open on one connection here, each finishing on its own. A
-        # server keeps one (authentication_session.cpp: a new saslStart abandons the open one):
-        # simcluster is the more lenient upstream, which a proxy must be safe against as well.
-        conversation = ScramServer(self.users)
-        payload = conversation.first(bytes(cmd["payload"]))
-        cid = max(req.conversations, default=0) + 1  # ids of open conversations stay unique
-        skip = bool((cmd.get("options") or {}).get("skipEmptyExchange"))
-        req.conversations[cid] = (conversation, skip, False)
-        return {"conversationId": cid, "done": False, "payload": Binary(payload, 0)}
-
-    async def cmd_sasl_continue(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        cid = cmd.get("conversationId")
-        if cid not in req.conversations:
-            raise MongoError("ProtocolError", "No SASL session state found")
-        conversation, skip, proved = req.conversations[cid]
-        payload = bytes(cmd.get("payload", b""))
-        if proved:  # the empty last step of a conversation without skipEmptyExchange
-            del req.conversations[cid]
-            return {"conversationId": cid, "done": True, "payload": Binary(b"", 0)}
-        if not payload:  # a client-final message is due: nothing proves who the client is
-            del req.conversations[cid]
-            raise MongoError("AuthenticationFailed", "Authentication failed.")
-        try:
-            final = conversation.final(payload)
-        except MongoError:
-            del req.conversations[cid]
-            raise
-        req.user = conversation.user
-        if skip:
-            del req.conversations[cid]
-        else:
-            req.conversations[cid] = (conversation, skip, True)
-        return {"conversationId": cid, "done": skip, "payload": Binary(final, 0)}
-
-    async def cmd_logout(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        req.user = None
-        return {}
-
-    @property
-    def full_version(self) -> str:
-        """The release this process reports (buildInfo's `version`) for its feature version."""
-        return {"7.0": "7.0.14", "8.0": "8.0.4", "6.0": "6.0.19", "5.0": "5.0.30"}[self.version]
-
-    async def cmd_build_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        full = self.full_version
-        parts = [int(p) for p in full.split(".")] + [0]
-        return {
-            "version": full,
-            "gitVersion": "simcluster",
-            "modules": [],
-            "allocator": "system",
-            "javascriptEngine": "none",
-            "sysInfo": "deprecated",
-            "versionArray": parts,
-            "bits": 64,
-            "debug": False,
-            "maxBsonObjectSize": 16 * 1024 * 1024,
-            "storageEngines": ["wiredTiger"],
-            "openssl": {"running": "disabled"},
-        }
-
-    async def cmd_get_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        # enableTestCommands: simcluster always serves the test commands (configureFailPoint, ...),
-        # as a server started with it does; drivers' test harnesses read it.
-        params = {
-            "featureCompatibilityVersion": {"version": self.version},
-            "enableTestCommands": True,
-            "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
-            **{name: getattr(self, attr) for name, attr in self.runtime_parameters.items()},
-        }
-        if cmd.get("getParameter") == "*":
-            return dict(params)
-        return {k: v for k, v in params.items() if k in cmd}
-
-    async def cmd_set_parameter(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        if db != "admin":
-            raise MongoError(
-                "Unauthorized", "setParameter may only be run against the admin database."
-            )
-        out = {}
-        for key, value in cmd.items():
-            if key in ("setParameter", "lsid", "$clusterTime", "$readPreference", "comment"):
-                continue
-            attr = self.runtime_parameters.get(key)
-            if attr is None:
-                raise MongoError(
-                    "InvalidOptions", f"attempted to set unrecognized parameter [{key}]"
-                )
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise MongoError(
-                    "BadValue",
-                    f"Invalid value for parameter {key}: {value!r} is not a positive number",
-                )
-            out["was"] = getattr(self, attr)
-            setattr(self, attr, value)
-        return out
-
-    async def cmd_start_session(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
-
-    async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {
-            "host": self.address,
-            "version": self.version,
-            "process": self.process_kind,
-            "uptime": 1.0,
-            "connections": {"current": 0, "available": 1000},
-            "metrics": {
-                "cursor": {
-                    "open": {"total": Int64(len(self.cursors))},
-                    "timedOut": Int64(self.cursors.timed_out),
-                }
-            },
-        }
-
-    async def cmd_cmdline(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {"argv": [self.process_kind], "parsed": {}}
-
-    async def cmd_host_info(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return {
-            "system": {"hostname": self.host, "numCores": 2},
-            "os": {"type": "Linux"},
-            "extra": {},
-        }
-
-    async def cmd_get_log(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        return (
-            {"totalLinesWritten": 0, "log": []}
-            if cmd["getLog"] != "*"
-            else {"names": ["global", "startupWarnings"]}
-        )
-
-    async def cmd_get_more(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        more = get_more_request(cmd)
-        fail = None
-        fp = self.fail_points.get("failGetMoreAfterCursorCheckout")
-        if fp and self._fail_point_fires(fp):
-            fail = MongoError(
-                int(fp["data"].get("errorCode", 1)),
-                "Failing command via 'failGetMoreAfterCursorCheckout' failpoint",
-            )
-        cursor = await self.cursors.get_more(
-            more.cursor_id, f"{db}.{more.collection}", more.batch_size, more.max_time_ms, fail
-        )
-        return {"cursor": cursor}
-
-    def _fail_point_fires(self, fp: dict[str, Any]) -> bool:
-        mode = fp["mode"]
-        if isinstance(mode, dict):
-            if mode.get("times", 0) <= 0:
-                return False
-            mode["times"] -= 1
-            return True
-        return mode == "alwaysOn"
-
-    async def cmd_kill_sessions(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        """killSessions [{id}] / killAllSessions [{user, db}] / killAllSessionsByPattern [pattern]
-        (mongoformats.sessions.sessions_named)."""
-        caller = (
-            user_identity(req.user, "admin") if req.user else None
-        )  # simcluster's users are admin's
-        kill_any = req.user is not None and allows(
-            privileges_of_roles(self.roles_of(req.user)), ("killAnySession",), {"cluster": True}
-        )
-        self.kill_sessions(
-            sessions_named(cmd, caller, access_control=self.users is not None, kill_any=kill_any)
-        )
-        return {}
-
-    def kill_sessions(self, named: SessionsNamed) -> None:
-        """What ends with the named sessions: here their cursors (a getMore running on one fails
-        with CursorKilled); a shard and mongos end their transactions too."""
-        self.cursors.kill_sessions(
-            lambda c: named(c.lsid, user_identity(c.user, "admin") if c.user else c.user)
-        )
-
-    async def cmd_kill_cursors(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        killed: list[Int64] = []
-        missing: list[Int64] = []
-        for cid in kill_cursors_ids(cmd):
-            (killed if self.cursors.kill(cid) else missing).append(Int64(cid))
-        return {
-            "cursorsKilled": killed,
-            "cursorsNotFound": missing,
-            "cursorsAlive": [],
-            "cursorsUnknown": [],
-        }
-
 
 _CLOSE = object()
+
+
+def _op_msg_command(msg: wire.OpMsg) -> dict[str, Any]:
+    """An OP_MSG's command: its body with each document sequence as the field it names."""
+    cmd = decode_document(msg.body)
+    for ident, docs in msg.sequences:
+        cmd[ident] = decode_sequence(docs)
+        if ident == "documents":
+            # Inserts keep the client's exact bytes, so the oplog's `o` (and every event's
+            # fullDocument) is byte-identical to what was sent, as on the server.
+            cmd["$raw_documents"] = docs
+    return cmd
 
 
 def decode_document(raw: bytes) -> dict[str, Any]:
@@ -748,6 +456,23 @@ def decode_sequence(docs: tuple[bytes, ...]) -> list[dict[str, Any]]:
         return bson.decode_all(b"".join(docs), DECODE)
     except (InvalidBSON, ValueError, OverflowError) as exc:
         raise ProtocolError(f"invalid BSON in the message: {exc}") from exc
+
+
+def _labelled(exc: MongoError, name: str, cmd: dict[str, Any]) -> MongoError:
+    """The error with the labels a server adds to it."""
+    if _retryable_write(name, cmd) and has_category(exc.code, "RetriableError"):
+        # 4.4+ servers label the errors a driver may retry a write on (error_labels.cpp);
+        # drivers no longer decide that themselves.
+        exc = exc.with_labels("RetryableWriteError")
+    if name in ("getMore", "aggregate") and getattr(exc, "change_stream", False):
+        return with_change_stream_label(exc)
+    if has_category(exc.code, "NonResumableChangeStreamError") and not exc.has_label(
+        "NonResumableChangeStreamError"
+    ):
+        # ErrorLabelBuilder::build labels these codes whatever the command and whenever
+        # it fails, a change stream's opening aggregate included (error_labels.cpp).
+        return exc.with_labels("NonResumableChangeStreamError")
+    return exc
 
 
 def _retryable_write(name: str, cmd: dict[str, Any]) -> bool:

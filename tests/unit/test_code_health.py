@@ -38,12 +38,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/apply.py:Applier._command",
     "simcluster/authz.py:required_privileges",
     "simcluster/cursors.py:CursorManager._batch",
-    "simcluster/mongos.py:Mongos.cmd_add_shard",
-    "simcluster/mongos.py:Mongos.cmd_reshard_collection",
-    "simcluster/mongos.py:Mongos.cmd_shard_collection",
-    "simcluster/native_stream.py:NativeStream.__init__",
-    "simcluster/native_stream.py:NativeStream.fetch",
-    "simcluster/native_stream.py:parse_change_stream",
     "simcluster/node.py:ShardNode.cmd_coll_mod",
     "simcluster/node.py:ShardNode.cmd_create_indexes",
     "simcluster/node.py:ShardNode.cmd_find_and_modify",
@@ -52,10 +46,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/query.py:pinned_ids",
     "simcluster/reference_events.py:ReferenceTransformer._ddl",
     "simcluster/reference_events.py:ReferenceTransformer._write",
-    "simcluster/replset.py:ReplicaSet.elect",
-    "simcluster/server.py:CommandServer._dispatch",
-    "simcluster/server.py:CommandServer._run",
-    "simcluster/server.py:CommandServer.cmd_hello",
     "simcluster/updates.py:_modify",
     "simcluster/updates.py:update_with_entry",
 }
@@ -67,16 +57,12 @@ LONG_MODULES: set[str] = {
     "buckets/stream.py",
     "mongoformats/change_events.py",
     "mongoformats/oplog_splice.py",
-    "simcluster/mongos.py",
-    "simcluster/native_stream.py",
     "simcluster/node.py",
-    "simcluster/server.py",
     "simcluster/updates.py",
 }
 
 # Paths of modules below maintainability B.
 HARD_MODULES: set[str] = {
-    "simcluster/mongos.py",
     "simcluster/node.py",
     "simcluster/updates.py",
 }
