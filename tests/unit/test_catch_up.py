@@ -252,7 +252,7 @@ async def test_an_idle_bucket_rejoins_for_a_replay_that_has_caught_up(autojump_c
     assert named.lag.behind and not stalled.stale(), "it still reads what the bucket holds"
     stalled.position, stalled.last_token = named.end, token(11)  # read up to the gap
     assert stalled.stale()
-    # The engine's move to a replay (Engine._replay_dropped), a replay dealt up to time 40.
+    # The engine's move to a replay (StreamCommands.replay_dropped), a replay dealt up to time 40.
     floor = high_water_mark(Timestamp(1, 0))
     replay = Bucket(1, 1 << 20, token_sort_key(floor), floor)
     for t in range(2, 32):
