@@ -18,6 +18,7 @@ from bson import Timestamp
 from mongoformats.oplog_splice import TOKEN_TIMESTAMP
 from mongoformats.resume_token import (
     ResumeTokenData,
+    decode_token,
     encode_token,
     token_from_key,
     token_sort_key,
@@ -84,7 +85,7 @@ class ChangeEvent(NamedTuple):
 # Events from their fields as plain tuples (splice_crud's items, or events sent as tuples by a
 # reader process). tuple.__new__ skips NamedTuple._make's Python-level wrapper and length check
 # (a third of the cost); the tuples are ours, always all nine fields.
-_event_from_fields = functools.partial(tuple.__new__, ChangeEvent)
+event_from_fields = functools.partial(tuple.__new__, ChangeEvent)
 # Where many events wait a while (the engine's merge and buckets), each is the plain tuple of a
 # ChangeEvent's fields, read by position (a ChangeEvent reads the same way). Why: the collector
 # stops tracking a plain tuple of bytes and str after one collection, never a tuple subclass, and
@@ -113,22 +114,7 @@ def event_token(event: EventFields) -> dict[str, Any]:
 
 
 def events_from_fields(items: Iterable[Any]) -> list[ChangeEvent]:
-    return list(map(_event_from_fields, items))
-
-
-def with_field_before_ns(event: Mapping[str, Any], name: str, value: Any) -> dict[str, Any]:
-    """`event` with `name` set just before `ns`: where the server puts fullDocument (a looked-up or
-    recorded post-image, or None). (fullDocumentBeforeChange goes last: oplog_splice.splice_at_end.)"""
-    out: dict[str, Any] = {}
-    for key, item in event.items():
-        if key == "ns":
-            out[name] = value
-        out[key] = item
-    return out
-
-
-def with_full_document(event: Mapping[str, Any], document: Any) -> dict[str, Any]:
-    return with_field_before_ns(event, "fullDocument", document)
+    return list(map(event_from_fields, items))
 
 
 def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
@@ -136,8 +122,6 @@ def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
 
     Its token is the triggering event's token with fromInvalidate set (mongodb-formats.md C.11).
     """
-    from mongoformats.resume_token import decode_token
-
     data = decode_token(trigger.token)
     token = encode_token(
         ResumeTokenData(

@@ -39,6 +39,10 @@ def test_importing_mongoformats_does_not_load_trio():
 # implementations instead of one with itself.
 ENGINE_TRANSFORM = {
     "mongoformats.change_events",
+    "mongoformats.crud_events",
+    "mongoformats.ddl_events",
+    "mongoformats.event_writer",
+    "mongoformats.events",
     "mongoformats.oplog_splice",
     "buckets._columnar.batch_splice",
     "buckets._columnar.event_block",
