@@ -119,12 +119,22 @@ def _unsupported_in_new_root(
         return "a $replaceRoot spec other than {newRoot: <expression>}", documents
     root = new_root_expression(name, arg)
     found = unsupported_in_expression(root)
-    known_document = isinstance(root, str) and root[1:] in documents
-    if found is None and not (_is_document(root) or known_document):
+    if found is None and not _known_document(root, documents):
         return f"a {name} whose new root may not be a document", documents
+    return found, _document_fields(root)
+
+
+def _known_document(root: object, documents: set[str]) -> bool:
+    """Whether a new root is a document: an expression that always is one, or a field path to a
+    top-level field known to hold one."""
+    return _is_document(root) or (isinstance(root, str) and root[1:] in documents)
+
+
+def _document_fields(root: object) -> set[str]:
+    """The top-level fields known to hold documents after a new root."""
     if not isinstance(root, Mapping):
-        return found, set()
-    return found, {k for k, v in root.items() if _is_document(v)}
+        return set()
+    return {k for k, v in root.items() if _is_document(v)}
 
 
 def _unsupported_in_unset(arg: object) -> str | None:

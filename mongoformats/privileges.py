@@ -229,10 +229,13 @@ def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     have_db, have_coll = have.get("db", ""), have.get("collection", "")
     if want_coll.startswith("system."):
         return have_db in ("", want_db) and have_coll == want_coll  # never by a wildcard
-    # An empty name in what is wanted means "all of them": only a wildcard covers it.
-    db_ok = have_db == "" or (want_db != "" and have_db == want_db)
-    coll_ok = have_coll == "" or (want_coll != "" and have_coll == want_coll)
-    return db_ok and coll_ok
+    return _name_covers(have_db, want_db) and _name_covers(have_coll, want_coll)
+
+
+def _name_covers(have: str, want: str) -> bool:
+    """Whether a resource's db (or collection) name covers the wanted one: an empty name in what
+    is wanted means "all of them", which only a wildcard (an empty name) covers."""
+    return have == "" or (want != "" and have == want)
 
 
 def allows(
