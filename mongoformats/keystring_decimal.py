@@ -131,35 +131,51 @@ def _key(d: Decimal, negative: bool) -> bytes:
     if magnitude < _DBL_MIN:
         return _tiny_key(d.copy_abs(), magnitude, negative)
     if magnitude >= _DBL_MAX:
-        # Beyond the doubles: the decimal's own bits, with the top bit set (a finite double's is
-        # clear), so it sorts between the largest double and infinity.
-        hi, lo = _bid_words(_normalized(d.copy_abs()))
-        ctype = NUM_NEG_LARGE if negative else NUM_POS_LARGE
-        return bytes([ctype]) + _words(hi | 1 << 63, lo, negative)
+        return _huge_key(d, negative)
     if magnitude >= _MIN_LARGE or magnitude < _TINIEST_2BIT_DCM:
         # One marker bit only in these ranges: always a continuation.
         key = double_key(bin_, DCM_ABOVE_15)
         stored = _rounded(Decimal(magnitude), 34, ROUND_CEILING)
-    elif magnitude >= _MAX_INT_FOR_DOUBLE:
-        # The double may have lost whole-number digits here: the whole part is written as an
-        # integer with its "has a fraction" bit, then (below 2**55, where a byte is spare) a marker.
-        whole = int(d.copy_abs())
-        has_fraction = Decimal(whole) != d.copy_abs()
-        key = preshifted_key((whole << 1) | has_fraction, negative)
-        if not has_fraction:
-            return key
-        if whole < 2**55:
-            key += bytes([DCM_ABOVE_15 ^ (0xFF if negative else 0)])
-        stored = Decimal(whole)
-    elif _coefficient(d) < 10**15:
+        return key + _continuation(d.copy_abs(), stored, negative)
+    if magnitude >= _MAX_INT_FOR_DOUBLE:
+        return _large_integer_key(d, negative)
+    return _double_range_key(d, bin_, negative)
+
+
+def _huge_key(d: Decimal, negative: bool) -> bytes:
+    """Beyond the doubles: the decimal's own bits, with the top bit set (a finite double's is
+    clear), so it sorts between the largest double and infinity."""
+    hi, lo = _bid_words(_normalized(d.copy_abs()))
+    ctype = NUM_NEG_LARGE if negative else NUM_POS_LARGE
+    return bytes([ctype]) + _words(hi | 1 << 63, lo, negative)
+
+
+def _large_integer_key(d: Decimal, negative: bool) -> bytes:
+    """Where the double may have lost whole-number digits: the whole part is written as an
+    integer with its "has a fraction" bit, then (below 2**55, where a byte is spare) a marker."""
+    whole = int(d.copy_abs())
+    has_fraction = Decimal(whole) != d.copy_abs()
+    key = preshifted_key((whole << 1) | has_fraction, negative)
+    if not has_fraction:
+        return key
+    if whole < 2**55:
+        key += bytes([DCM_ABOVE_15 ^ (0xFF if negative else 0)])
+    return key + _continuation(d.copy_abs(), Decimal(whole), negative)
+
+
+def _double_range_key(d: Decimal, bin_: float, negative: bool) -> bytes:
+    """Within the doubles' two-bit marker range: the double, marked by how the decimal compares
+    with it rounded up to 15 digits, then a continuation unless those 15 digits are the
+    decimal."""
+    if _coefficient(d) < 10**15:
         # At most 15 digits: the double rounded up to 15 digits is the decimal.
         return double_key(bin_, DCM_EQUAL_15)
-    else:
-        from_bin = _rounded(Decimal(magnitude), 15, ROUND_CEILING)
-        if from_bin == d.copy_abs():
-            return double_key(bin_, DCM_EQUAL_15)
-        key = double_key(bin_, DCM_BELOW_15 if d.copy_abs() < from_bin else DCM_ABOVE_15)
-        stored = _rounded(Decimal(magnitude), 34, ROUND_CEILING)
+    magnitude = abs(bin_)
+    from_bin = _rounded(Decimal(magnitude), 15, ROUND_CEILING)
+    if from_bin == d.copy_abs():
+        return double_key(bin_, DCM_EQUAL_15)
+    key = double_key(bin_, DCM_BELOW_15 if d.copy_abs() < from_bin else DCM_ABOVE_15)
+    stored = _rounded(Decimal(magnitude), 34, ROUND_CEILING)
     return key + _continuation(d.copy_abs(), stored, negative)
 
 
