@@ -193,12 +193,7 @@ def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int,
     if flags & 0xFFFF & ~_KNOWN_REQUIRED_FLAGS:
         raise ProtocolError(f"OP_MSG has unknown required flag bits {flags & 0xFFFF:#x}")
     if flags & FLAG_CHECKSUM_PRESENT:
-        if end < HEADER.size + 4 + 4 + 1:
-            raise ProtocolError("OP_MSG too short for its checksum")
-        end -= 4
-        (expected,) = _U32.unpack_from(data, end)
-        if crc32c.crc32c(data[:end]) != expected:
-            raise ProtocolError("OP_MSG checksum mismatch")
+        end = _checked_sections_end(data, end)
     pos = HEADER.size + 4
     body: tuple[int, int] | None = None
     sequences: list[tuple[str, tuple[bytes, ...]]] = []
@@ -210,24 +205,42 @@ def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int,
                 raise ProtocolError("OP_MSG has more than one kind-0 section")
             body = (pos, pos := _bson_end(data, pos, end))
         elif kind == 1:
-            if end - pos < 4:
-                raise ProtocolError("truncated document sequence")
-            (size,) = _I32.unpack_from(data, pos)
-            seq_end = pos + size
-            if size < 5 or seq_end > end:
-                raise ProtocolError(f"invalid document sequence length {size}")
-            ident, p = _cstring_at(data, pos + 4, seq_end)
-            docs = []
-            while p < seq_end:
-                doc, p = _bson_at(data, p, seq_end)
-                docs.append(doc)
-            sequences.append((ident, tuple(docs)))
-            pos = seq_end
+            ident, docs, pos = _document_sequence(data, pos, end)
+            sequences.append((ident, docs))
         else:
             raise ProtocolError(f"unknown OP_MSG section kind {kind}")
     if body is None:
         raise ProtocolError("OP_MSG has no kind-0 section")
     return flags, body, tuple(sequences)
+
+
+def _checked_sections_end(data: bytes | bytearray, end: int) -> int:
+    """Where the sections of an OP_MSG with a checksum end, the checksum verified."""
+    if end < HEADER.size + 4 + 4 + 1:
+        raise ProtocolError("OP_MSG too short for its checksum")
+    end -= 4
+    (expected,) = _U32.unpack_from(data, end)
+    if crc32c.crc32c(data[:end]) != expected:
+        raise ProtocolError("OP_MSG checksum mismatch")
+    return end
+
+
+def _document_sequence(
+    data: bytes | bytearray, pos: int, end: int
+) -> tuple[str, tuple[bytes, ...], int]:
+    """The kind-1 section at data[pos:end]: (its identifier, its documents, where it ends)."""
+    if end - pos < 4:
+        raise ProtocolError("truncated document sequence")
+    (size,) = _I32.unpack_from(data, pos)
+    seq_end = pos + size
+    if size < 5 or seq_end > end:
+        raise ProtocolError(f"invalid document sequence length {size}")
+    ident, p = _cstring_at(data, pos + 4, seq_end)
+    docs = []
+    while p < seq_end:
+        doc, p = _bson_at(data, p, seq_end)
+        docs.append(doc)
+    return ident, tuple(docs), seq_end
 
 
 def op_msg_flags(frame: bytes | bytearray) -> int:
