@@ -173,7 +173,7 @@ def _include(
         rule = tree.get(name)
         if rule == INCLUDE:
             out[name] = value
-        elif _projects_into(rule, value):
+        elif rule is not None and _projects_into(rule, value):
             out[name] = _include_value(value, rule[1], root, evaluate)
     for name, rule in tree.items():
         if rule[0] == "compute":
@@ -186,7 +186,7 @@ def _include(
 def _projects_into(rule: Any, value: Any) -> bool:
     """Whether a nested rule gives a field's value: a document or array, or any value when the
     rule computes a field (which makes it a document)."""
-    if rule is None or rule[0] != "nested":
+    if rule[0] != "nested":
         return False
     return isinstance(value, (dict, list)) or _computes(rule[1])
 

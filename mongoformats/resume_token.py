@@ -69,9 +69,9 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
     Produces exactly the bytes of the generic path (tests compare both); returns None for any
     other shape so the generic encoder handles it.
     """
-    if not _is_common_event(data):
+    ident = _common_identifier(data)
+    if ident is None:
         return None
-    ident = data.event_identifier
     key = KeyStringBuilder()
     # The type bits of version, tokenType, txnOpIndex (2 each) and operationType (1), all zero.
     key.append_zero_type_bits(7)
@@ -84,14 +84,15 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
     return _token_document(b"".join(parts), key.type_bits)
 
 
-def _is_common_event(data: ResumeTokenData) -> bool:
-    """A v2 event token, not a fragment's, identified by {operationType, documentKey: {...}}."""
+def _common_identifier(data: ResumeTokenData) -> Mapping[str, Any] | None:
+    """The identifier of a v2 event token, not a fragment's, identified by {operationType,
+    documentKey: {...}}; None for any other token."""
     if data.version != 2 or data.fragment_num is not None:
-        return False
+        return None
     ident = data.event_identifier
     if type(ident) is not dict or list(ident) != ["operationType", "documentKey"]:
-        return False
-    return type(ident["documentKey"]) is dict
+        return None
+    return ident if type(ident["documentKey"]) is dict else None
 
 
 def _head_bytes(data: ResumeTokenData) -> bytes:
