@@ -164,7 +164,8 @@ class GetMore(NamedTuple):
 
 
 def get_more_request(cmd: dict[str, Any]) -> GetMore:
-    """A getMore's fields: the cursor id (a long), collection (a string), batchSize and maxTimeMS."""
+    """A getMore's fields: the cursor id (a long), collection (a string), batchSize and
+    maxTimeMS."""
     cid, coll = cmd["getMore"], cmd.get("collection")
     if not isinstance(cid, Int64):
         raise wrong_type("getMore.getMore", cid, "long")

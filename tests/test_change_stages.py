@@ -31,7 +31,8 @@ def as_list(doc):
         # Computed fields follow the inclusions, in the spec's order, even one replacing a field.
         ({"b": 1, "a": 1}, {"b": {"$literal": "new"}, "a": 1}, {"a": 1, "b": "new"}),
         ({"x": 1}, {"second": "$x", "first": "lit"}, {"second": 1, "first": "lit"}),
-        # A dotted inclusion: a sub-document keeps its own order; a missing or scalar parent is left out.
+        # A dotted inclusion: a sub-document keeps its own order; a missing or scalar parent is
+        # left out.
         ({"a": {"c": 2, "b": 1, "d": 3}}, {"a.b": 1, "a.c": 1}, {"a": {"c": 2, "b": 1}}),
         ({"a": {"c": 1}}, {"a.b": 1}, {"a": {}}),
         ({"a": "scalar"}, {"a.b": 1}, {}),
@@ -41,7 +42,8 @@ def as_list(doc):
             {"a.b": 1},
             {"a": [{}, {"b": 1}, [], [{}]]},
         ),
-        # A computed dotted field makes documents of scalars, in arrays too, and of a missing parent.
+        # A computed dotted field makes documents of scalars, in arrays too, and of a missing
+        # parent.
         ({"a": [1, {"b": 1, "c": 2}, []]}, {"a.b": "new"}, {"a": [{"b": "new"}, {"b": "new"}, []]}),
         ({}, {"s.t": "v"}, {"s": {"t": "v"}}),
         # A nested rule keeps its field's input position, even when it computes into a scalar.
@@ -56,8 +58,8 @@ def as_list(doc):
         ({"a": 1}, {"_id": 1}, {}),
         # Exclusion, dotted and through arrays.
         ({"a": [{"b": 1, "c": 2}, 5], "d": 1}, {"a.b": 0, "d": 0}, {"a": [{"c": 2}, 5]}),
-        # Expressions: arrays of expressions and $literal; a path that finds nothing leaves its field
-        # out, is null in an array; a path through an array collects what its elements hold.
+        # Expressions: arrays of expressions and $literal; a path that finds nothing leaves its
+        # field out, is null in an array; a path through an array collects what its elements hold.
         (
             {"x": 1},
             {"v": ["$x", {"$literal": "$x"}, {"k": "$x", "m": "$no"}, "$no"], "w": "$no"},
@@ -195,8 +197,8 @@ def test_concat_of_a_non_string_and_a_root_that_is_no_document_fail_as_the_serve
     with pytest.raises(MongoError) as err:
         apply_stages({"_id": TOKEN}, compile_stages([{"$replaceWith": "$missing"}]), TOKEN)
     assert err.value.code == 40228 and err.value.errmsg.startswith(
-        "'replacement document' must evaluate to an object, but resulting value was: MISSING. Type of resulting "
-        "value: 'missing'."
+        "'replacement document' must evaluate to an object, but resulting value was: MISSING. "
+        "Type of resulting value: 'missing'."
     )
     assert apply_stages(
         {"_id": TOKEN, "a": 1}, compile_stages([{"$set": {"a": "$$REMOVE"}}]), TOKEN
@@ -321,7 +323,8 @@ def expr(doc, e):
         ({"$in": ["$s", ["a", "x"]]}, True),
         ({"$in": ["$missing", [None]]}, False),
         ({"$in": ["$i", [1.0]]}, True),
-        # Conditions as coerceToBool takes them: numeric zero, null and missing are false, NaN and "" true.
+        # Conditions as coerceToBool takes them: numeric zero, null and missing are false, NaN and
+        # "" true.
         ({"$and": ["$i", "$s", "$nan", "$empty"]}, True),
         ({"$or": ["$zero", "$n", "$missing", False]}, False),
         ({"$not": "$zero"}, True),

@@ -241,7 +241,8 @@ async def test_the_engine_splits_large_events_as_mongos_does():
                 rest += more["cursor"]["nextBatch"]
             assert [bson.encode(e) for e in rest[:2]] == [bson.encode(e) for e in want[1:]]
 
-            # A Spark task's read: the fragments joined back into the event, up to the event's token.
+            # A Spark task's read: the fragments joined back into the event, up to the event's
+            # token.
             spec = StreamSpec(
                 uri=f"mongodb://127.0.0.1:{server.port}/",
                 name="big",

@@ -27,7 +27,10 @@ def test_mongoformats_imports_nothing_of_ours_and_no_io():
 
 
 def test_importing_mongoformats_does_not_load_trio():
-    code = "import sys, mongoformats, mongoformats.wire, mongoformats.change_events; print('trio' in sys.modules)"
+    code = (
+        "import sys, mongoformats, mongoformats.wire, mongoformats.change_events; "
+        "print('trio' in sys.modules)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )

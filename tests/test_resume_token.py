@@ -21,13 +21,17 @@ from mongoformats.resume_token import (
     token_sort_key,
 )
 
-# MongoDB manual, "Resume Tokens from Change Events" (v2 insert); also quoted in Debezium's SourceInfoTest.
+# MongoDB manual, "Resume Tokens from Change Events" (v2 insert); also quoted in Debezium's
+# SourceInfoTest.
 MANUAL_V2_INSERT = (
     "82635019A0000000012B042C0100296E5A1004AB1154ACACD849A48C61756D70D3B21F463C6F7065726174696F6E5479706500"
     "3C696E736572740046646F63756D656E744B65790046645F69640064635019A078BE67426D7CF4D2000004"
 )
 # shared/reference/mongodb-formats.md A.8: a v0 insert token.
-SEED_V0 = "825F156B3F0000000229295A1004C982483732384D28AE57C6500C6018BF46645F696400645F156B3F0DE1FAAEF1B3DF830004"
+SEED_V0 = (
+    "825F156B3F0000000229295A1004C982483732384D28AE57C6500C6018BF46645F696400645F156B3F0DE1FAAEF1"
+    "B3DF830004"
+)
 
 
 def test_manual_v2_insert_token():
@@ -63,7 +67,8 @@ def test_high_water_marks():
 
 
 def test_type_bits_for_double_key():
-    # {_id: 3.0}: bit 7 set after six header bits and one string bit -> serialized 82 80 00 ("goAA").
+    # {_id: 3.0}: bit 7 set after six header bits and one string bit -> serialized 82 80 00
+    # ("goAA").
     tok = encode_token(
         ResumeTokenData(
             Timestamp(5, 1),
@@ -95,8 +100,8 @@ def test_type_bits_for_negative_zero_key():
     assert type(back) is float and math.copysign(1.0, back) == -1.0
 
 
-# Hand-derived from key_string.cpp's V1 double rules (_appendDoubleWithoutTypeBits, _appendSmallDouble,
-# _appendLargeDouble, marker 0): the key byte and the 8 bytes that follow it.
+# Hand-derived from key_string.cpp's V1 double rules (_appendDoubleWithoutTypeBits,
+# _appendSmallDouble, _appendLargeDouble, marker 0): the key byte and the 8 bytes that follow it.
 @pytest.mark.parametrize(
     ("value", "key"),
     [
