@@ -247,16 +247,20 @@ class OplogTransformer:
     def _apply_ops(self, doc: RawBSONDocument, o: RawBSONDocument) -> list[ChangeEvent]:
         ops: list[PendingOp] = [(op, doc["ts"], i) for i, op in enumerate(o["applyOps"])]
         if o.get("partialTxn") or o.get("prepare"):
-            key = _txn_key(doc)
-            if key not in self._pending_txns and (prev := prev_op_ts(doc)) is not None:
-                self._chain_gaps[key] = prev  # the chain began before this read did
-            self._pending_txns.setdefault(key, []).extend(ops)
+            self._buffer(doc, ops)
             return []
         txn: Txn | None = None  # batched writes and retryable applyOps carry no transaction
         if "lsid" in doc and doc.get("multiOpType") != 1:
             ops = self._pending_txns.pop(_txn_key(doc), []) + ops
             txn = (doc["lsid"], doc["txnNumber"])
         return self._unwind(ops, doc["ts"], doc.get("wall"), txn)
+
+    def _buffer(self, doc: RawBSONDocument, ops: list[PendingOp]) -> None:
+        """Keep the ops of a partialTxn or prepare entry for the transaction's commit."""
+        key = _txn_key(doc)
+        if key not in self._pending_txns and (prev := prev_op_ts(doc)) is not None:
+            self._chain_gaps[key] = prev  # the chain began before this read did
+        self._pending_txns.setdefault(key, []).extend(ops)
 
     def _commit_prepared(self, doc: RawBSONDocument) -> list[ChangeEvent]:
         ops = self._pending_txns.pop(_txn_key(doc), [])

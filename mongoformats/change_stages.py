@@ -202,7 +202,13 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             doc = replaced_root(name, evaluate(doc, arg))
         else:
             doc = arg.apply(doc, evaluate)
-    # The server compares tokens by _data only (ResumeToken::operator==).
+    _check_token_kept(doc, token)
+    return doc
+
+
+def _check_token_kept(doc: dict[str, Any], token: Mapping[str, Any]) -> None:
+    """The server's error for a pipeline that modified the event's `_id`; it compares tokens by
+    _data only (ResumeToken::operator==)."""
     _id = doc.get("_id")
     if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
         raise MongoError(
@@ -212,4 +218,3 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             "the stream from that point. Only transformations that retain the unmodified _id "
             "field are allowed.",
         )
-    return doc

@@ -102,8 +102,12 @@ def _unsupported_in_object(e: Mapping[str, Any]) -> str | None:
     if len(e) != 1:
         return "an expression object with an operator and other fields"
     ((op, operand),) = e.items()
-    if op == "$literal":
-        return None
+    return None if op == "$literal" else _unsupported_in_operator(op, operand)
+
+
+def _unsupported_in_operator(op: str, operand: object) -> str | None:
+    """What `evaluate` does not evaluate in an {$operator: operand}: the operator, its number of
+    arguments, or an argument."""
     if op not in _ARITY:
         return str(op)
     low, high = _ARITY[op]
@@ -153,7 +157,7 @@ def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators 
         ((op, operand),) = e.items()
         if op == "$literal":
             return operand
-        operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
+        operator = _operator(op, more)
         if operator is not None:
             return operator(doc, _arguments(operand), more)
         if op.startswith("$"):
@@ -161,6 +165,11 @@ def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators 
                 "NotImplemented", f"the expression operator {op} is not evaluated here"
             )
     return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+
+
+def _operator(op: str, more: Operators | None) -> Operator | None:
+    """An operator's evaluation: ours, else the one `more` adds, else None."""
+    return _OPERATORS.get(op) or (more.get(op) if more is not None else None)
 
 
 def _comparison(test: Callable[[int], Any]) -> Operator:

@@ -243,8 +243,10 @@ def allows(
 ) -> bool:
     """True when, for every action, some privilege grants it on a resource covering `resource`."""
     privileges = list(privileges)
-    for action in actions:
-        granted = (p for p in privileges if action in p["actions"] or "anyAction" in p["actions"])
-        if not any(_covers(p["resource"], resource) for p in granted):
-            return False
-    return True
+    return all(_granted(privileges, action, resource) for action in actions)
+
+
+def _granted(privileges: list[Mapping[str, Any]], action: str, resource: Mapping[str, Any]) -> bool:
+    """Whether some privilege grants `action` on a resource covering `resource`."""
+    granted = (p for p in privileges if action in p["actions"] or "anyAction" in p["actions"])
+    return any(_covers(p["resource"], resource) for p in granted)

@@ -110,10 +110,7 @@ def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) ->
     numbers are values, not inclusions."""
     tree: _Tree = {}
     for key, v in spec.items():
-        parts = key.split(".")
-        if any(not part or part.startswith("$") for part in parts):
-            raise ValueError(f"the field name {key!r}")
-        *parents, leaf = parts
+        *parents, leaf = _field_path(key)
         node = _parent_node(tree, parents, key)
         if _is_nested_spec(v):
             _merge_nested(node, leaf, v, key, computed_only)
@@ -123,6 +120,14 @@ def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) ->
             flag = _is_flag(v) and not computed_only
             node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
     return tree
+
+
+def _field_path(key: str) -> list[str]:
+    """A spec's field name as its path components; ValueError for an empty or `$` one."""
+    parts = key.split(".")
+    if any(not part or part.startswith("$") for part in parts):
+        raise ValueError(f"the field name {key!r}")
+    return parts
 
 
 def _parent_node(tree: _Tree, parents: list[str], key: str) -> _Tree:
@@ -175,12 +180,20 @@ def _include(
             out[name] = value
         elif rule is not None and _projects_into(rule, value):
             out[name] = _include_value(value, rule[1], root, evaluate)
+    _add_computed(out, doc, tree, root, evaluate)
+    return out
+
+
+def _add_computed(
+    out: dict[str, Any], doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate
+) -> None:
+    """An inclusion's computed fields, after the included ones, in the spec's order; a nested
+    rule that computes makes a document where `doc` has no such field."""
     for name, rule in tree.items():
         if rule[0] == "compute":
             _put(out, name, evaluate(root, rule[1]))
         elif rule[0] == "nested" and name not in doc and _computes(rule[1]):
             out[name] = _include({}, rule[1], root, evaluate)
-    return out
 
 
 def _projects_into(rule: Any, value: Any) -> bool:
@@ -253,10 +266,13 @@ def _exclude(value: Any, tree: _Tree) -> Any:
         return [_exclude(v, tree) for v in value]
     if not isinstance(value, dict):
         return value
-    out: dict[str, Any] = {}
-    for name, v in value.items():
-        rule = tree.get(name)
-        if rule == EXCLUDE:
-            continue
-        out[name] = _exclude(v, rule[1]) if rule is not None and rule[0] == "nested" else v
-    return out
+    return {
+        name: _exclude_in(v, tree.get(name))
+        for name, v in value.items()
+        if tree.get(name) != EXCLUDE
+    }
+
+
+def _exclude_in(value: Any, rule: Any) -> Any:
+    """A kept field's value: its nested rules applied, if it has any."""
+    return _exclude(value, rule[1]) if rule is not None and rule[0] == "nested" else value
