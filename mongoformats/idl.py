@@ -97,14 +97,18 @@ def check_depth(doc: Any) -> None:
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
-        children = (
-            value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        )
-        for child in children:
+        for child in _children(value):
             if isinstance(child, (dict, list)):
                 if depth >= MAX_BSON_DEPTH:
                     raise MongoError("Overflow", "BSONObj exceeds maximum nested object depth")
                 stack.append((child, depth + 1))
+
+
+def _children(value: Any) -> Any:
+    """A document's values, an array's elements, nothing for a scalar."""
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, list) else ()
 
 
 def check_lsid(cmd: Mapping[str, Any]) -> None:
@@ -117,11 +121,13 @@ def check_lsid(cmd: Mapping[str, Any]) -> None:
         raise wrong_type("OperationSessionInfo.lsid", lsid, "object")
     if "id" not in lsid:
         raise _missing("LogicalSessionId.id")
-    ident = lsid["id"]
-    if not isinstance(ident, uuid.UUID) and not (
-        isinstance(ident, (bytes, Binary)) and len(ident) == 16
-    ):
-        raise wrong_type("LogicalSessionId.id", ident, "binData")
+    if not _is_session_uuid(lsid["id"]):
+        raise wrong_type("LogicalSessionId.id", lsid["id"], "binData")
+
+
+def _is_session_uuid(ident: object) -> bool:
+    """A session id's `id`: a UUID, or 16 bytes of binData."""
+    return isinstance(ident, uuid.UUID) or (isinstance(ident, (bytes, Binary)) and len(ident) == 16)
 
 
 def _missing(path: str) -> MongoError:
