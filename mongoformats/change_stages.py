@@ -193,17 +193,22 @@ def shape_events(
 def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) -> Any:
     """`doc` through `stages` (compile_stages), or None if a `$match` drops it."""
     for name, arg in stages:
-        if name == "$match":
-            if not matches(doc, arg):
-                return None
-        elif name in ("$replaceRoot", "$replaceWith"):
-            # unsupported_in_stages admits only roots that are documents: the check is for
-            # simcluster's.
-            doc = replaced_root(name, evaluate(doc, arg))
-        else:
-            doc = arg.apply(doc, evaluate)
+        doc = _apply_stage(doc, name, arg)
+        if doc is None:
+            return None
     _check_token_kept(doc, token)
     return doc
+
+
+def _apply_stage(doc: dict[str, Any], name: str, arg: Any) -> Any:
+    """`doc` through one compiled stage, or None if a `$match` drops it."""
+    if name == "$match":
+        return doc if matches(doc, arg) else None
+    if name in ("$replaceRoot", "$replaceWith"):
+        # unsupported_in_stages admits only roots that are documents: the check is for
+        # simcluster's.
+        return replaced_root(name, evaluate(doc, arg))
+    return arg.apply(doc, evaluate)
 
 
 def _check_token_kept(doc: dict[str, Any], token: Mapping[str, Any]) -> None:

@@ -78,9 +78,7 @@ def crud_event(writer: EventWriter, op_doc: Mapping[str, Any], at: EventAt) -> C
     ns = op_doc["ns"]
     if ns.endswith(".system.views"):
         return view_event(writer, op_doc, at)
-    if is_internal_namespace(ns):
-        return None
-    if op_doc.get("fromMigrate") and not writer.show_migration_events:
+    if not _shown(writer, op_doc, ns):
         return None
     op = op_doc["op"]
     if op == "c":
@@ -89,6 +87,13 @@ def crud_event(writer: EventWriter, op_doc: Mapping[str, Any], at: EventAt) -> C
     if parts is None:
         return None
     return _write_event(writer, op_doc, parts(op_doc, writer.show_expanded_events), at)
+
+
+def _shown(writer: EventWriter, op_doc: Mapping[str, Any], ns: str) -> bool:
+    """Internal namespaces never show; a migration's writes only with showMigrationEvents."""
+    if is_internal_namespace(ns):
+        return False
+    return not op_doc.get("fromMigrate") or writer.show_migration_events
 
 
 def _command_in_txn(

@@ -192,16 +192,22 @@ def view_event(writer: EventWriter, op_doc: Mapping[str, Any], at: EventAt) -> C
 def _view_definition(op_doc: Mapping[str, Any], kind: str) -> DdlEvent | None:
     o = plain(op_doc["o"])
     name = _view_name(op_doc, o)
-    if not isinstance(name, str) or "." not in name or (kind == "modify" and "$v" in o):
-        return None  # not a whole view definition the server would write
-    db, coll = split_ns(name)
-    if db in INTERNAL_DBS:
+    if not _is_user_view(name, kind, o):
         return None
+    db, coll = split_ns(name)
     ui = op_doc.get("ui")
     if kind == "drop":
         return DdlEvent("drop", db, coll, ui, None, show_desc=False, show_uuid=False)
     desc = {k: v for k, v in o.items() if k != "_id"}
     return DdlEvent(kind, db, coll, ui, desc, show_uuid=False)
+
+
+def _is_user_view(name: Any, kind: str, o: dict[str, Any]) -> bool:
+    """Whether a system.views write is a whole definition the server would show: a view named
+    "db.name" outside the internal databases (an update that is a diff is not)."""
+    if not isinstance(name, str) or "." not in name or (kind == "modify" and "$v" in o):
+        return False
+    return split_ns(name)[0] not in INTERNAL_DBS
 
 
 def _view_name(op_doc: Mapping[str, Any], o: dict[str, Any]) -> Any:

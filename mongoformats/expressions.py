@@ -129,9 +129,7 @@ def evaluate(doc: Mapping[str, Any], e: object, more: Operators | None = None) -
     A path that finds nothing is MISSING (the caller leaves such a field out); inside an array it
     is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
-        if e.startswith("$$"):
-            return _variable(doc, e)
-        return _path(doc, e[1:].split("."))
+        return _variable(doc, e) if e.startswith("$$") else _path(doc, e[1:].split("."))
     if isinstance(e, dict):
         return _evaluate_object(doc, e, more)
     if isinstance(e, list):
