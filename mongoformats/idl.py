@@ -151,7 +151,7 @@ def safe_long(value: Any) -> int:
     if isinstance(value, int):
         return value
     number = value.to_decimal() if isinstance(value, Decimal128) else value
-    if number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number):
+    if _is_nan(number):
         return 0
     if number > INT64_MAX:  # +infinity too
         return INT64_MAX
@@ -160,6 +160,10 @@ def safe_long(value: Any) -> int:
     if isinstance(number, decimal.Decimal):
         return int(number.to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
     return int(number)
+
+
+def _is_nan(number: float | decimal.Decimal) -> bool:
+    return number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number)
 
 
 class GetMore(NamedTuple):

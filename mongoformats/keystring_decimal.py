@@ -256,22 +256,48 @@ def read_decimal(
     """The finite decimal behind a small- or large-magnitude key whose 8 bytes are `encoded`
     (un-inverted); `next_word()` reads the next 8 (a continuation, or a decimal's low bits)."""
     if large:
-        if encoded >> 63:  # beyond the doubles: the decimal's own bits
-            own = _from_bid(encoded & ~(1 << 63), next_word())
-            return _with_exponent(own, negative, exponent_bits)
-        bin_magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
-        dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
-    elif encoded >> 62 == 0b11:
-        bin_magnitude, dcm = _double_from_bits(encoded >> 2), encoded & 3
-    elif encoded >> 62 == 0:  # below the subnormals: the decimal's own bits
+        return _read_large(encoded, negative, next_word, exponent_bits)
+    if encoded >> 62 == 0b11:
+        dcm = encoded & 3
+        return _read_marked(
+            _double_from_bits(encoded >> 2), dcm, negative, next_word, exponent_bits
+        )
+    if encoded >> 62 == 0:  # below the subnormals: the decimal's own bits
         return _with_exponent(_from_bid(encoded, next_word()), negative, exponent_bits)
-    else:
-        scaled = _double_from_bits((encoded - (1 << 62)) >> 1)
-        if encoded & 1 and scaled < _DBL_MIN * 2.0**256:  # a decimal in the subnormal range
-            stored = _DOWN_34.multiply(_rounded(Decimal(scaled), 34, ROUND_DOWN), _DOWNSHIFT)
-            return _with_exponent(_plus_steps(stored, next_word()), negative, exponent_bits)
-        bin_magnitude = math.ldexp(scaled, -256)
-        dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
+    return _read_scaled(encoded, negative, next_word, exponent_bits)
+
+
+def _read_large(
+    encoded: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
+    """A large-magnitude key: beyond the doubles the decimal's own bits, else a double with a
+    one-bit marker."""
+    if encoded >> 63:  # beyond the doubles: the decimal's own bits
+        own = _from_bid(encoded & ~(1 << 63), next_word())
+        return _with_exponent(own, negative, exponent_bits)
+    bin_magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
+    dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
+    return _read_marked(bin_magnitude, dcm, negative, next_word, exponent_bits)
+
+
+def _read_scaled(
+    encoded: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
+    """A tiny key, scaled up by 2**256: in the subnormal range the stored value plus its
+    continuation, else a double with a one-bit marker."""
+    scaled = _double_from_bits((encoded - (1 << 62)) >> 1)
+    if encoded & 1 and scaled < _DBL_MIN * 2.0**256:  # a decimal in the subnormal range
+        stored = _DOWN_34.multiply(_rounded(Decimal(scaled), 34, ROUND_DOWN), _DOWNSHIFT)
+        return _with_exponent(_plus_steps(stored, next_word()), negative, exponent_bits)
+    bin_magnitude = math.ldexp(scaled, -256)
+    dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
+    return _read_marked(bin_magnitude, dcm, negative, next_word, exponent_bits)
+
+
+def _read_marked(
+    bin_magnitude: float, dcm: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
+    """The decimal of a double and its marker, reading the continuation the marker announces."""
     continuation = next_word() if dcm in (1, 3) else None
     return read_decimal_value(Decimal(bin_magnitude), dcm, continuation, negative, exponent_bits)
 
