@@ -94,11 +94,9 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     then "$event" as the root again."""
     documents: set[str] = set()  # top-level fields known to hold documents (for a later new root)
     for stage in stages:
-        if not isinstance(stage, Mapping) or len(stage) != 1:
-            return "a stage that is not a document with one field"
+        if (problem := _stage_shape_problem(stage)) is not None:
+            return problem
         ((name, arg),) = stage.items()
-        if name not in SUPPORTED_STAGES:
-            return str(name)
         if name in ("$replaceRoot", "$replaceWith"):
             found, documents = _unsupported_in_new_root(name, arg, documents)
         else:
@@ -108,6 +106,14 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _stage_shape_problem(stage: object) -> str | None:
+    """A stage that is not {<a stage apply_stages evaluates>: <its spec>}: what it is instead."""
+    if not isinstance(stage, Mapping) or len(stage) != 1:
+        return "a stage that is not a document with one field"
+    name = next(iter(stage))
+    return None if name in SUPPORTED_STAGES else str(name)
 
 
 def _unsupported_in_new_root(

@@ -101,6 +101,10 @@ def identifier(op_type: str, document_key: Any, desc: Any, version: int) -> dict
     return document_key  # v0/v1 classic events: the documentKey itself (absent for DDL)
 
 
+def _uuid_field(ui: Any) -> dict[str, Any]:
+    return {"collectionUUID": ui} if ui is not None else {}
+
+
 def _expanded_ddl_fields(event: DdlEvent) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if event.desc is not None and event.show_desc:
@@ -163,8 +167,8 @@ class EventWriter:
         fields: dict[str, Any] = {"to": event.to} if event.to is not None else {}
         fields["operationType"] = event.op_type
         fields["clusterTime"] = at.ts
-        if expanded and event.ui is not None and event.show_uuid:
-            fields["collectionUUID"] = event.ui
+        if expanded and event.show_uuid:
+            fields.update(_uuid_field(event.ui))
         if at.wall is not None:
             fields["wallTime"] = at.wall
         coll = event.coll

@@ -153,16 +153,19 @@ def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators 
     """An {$operator: operand}'s value, or a document of expressions' (missing fields left out)."""
     if len(e) == 1:
         ((op, operand),) = e.items()
-        if op == "$literal":
-            return operand
-        operator = _operator(op, more)
-        if operator is not None:
-            return operator(doc, _arguments(operand), more)
         if op.startswith("$"):
-            raise MongoError(
-                "NotImplemented", f"the expression operator {op} is not evaluated here"
-            )
+            return _apply_operator(doc, op, operand, more)
     return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+
+
+def _apply_operator(doc: Mapping[str, Any], op: str, operand: Any, more: Operators | None) -> Any:
+    """An {$operator: operand}'s value; NotImplemented for an operator not evaluated here."""
+    if op == "$literal":
+        return operand
+    operator = _operator(op, more)
+    if operator is None:
+        raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
+    return operator(doc, _arguments(operand), more)
 
 
 def _operator(op: str, more: Operators | None) -> Operator | None:
