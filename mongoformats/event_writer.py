@@ -7,18 +7,16 @@ summarized in shared/reference/mongodb-formats.md C.11 (field order) and A.5 (to
 
 from __future__ import annotations
 
-import datetime
 import uuid as uuidlib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import bson
-from bson import Timestamp
-from bson.datetime_ms import DatetimeMS
+from bson import Binary, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import PLAIN
-from mongoformats.events import ChangeEvent
+from mongoformats.events import ChangeEvent, Wall
 from mongoformats.oplog_splice import document_of
 from mongoformats.resume_token import EVENT_TOKEN, ResumeTokenData, encode_token
 
@@ -28,8 +26,8 @@ _CLASSIC = frozenset(
     {"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase", "invalidate"}
 )
 
-# An entry's wallTime as the RAW codec decodes it (absent in entries of old servers).
-Wall = datetime.datetime | DatetimeMS | None
+# A collection's UUID as an entry holds it (binData subtype 4), or as a caller gives it.
+CollectionUUID = Binary | uuidlib.UUID
 # A transaction's identity in its events: (lsid, txnNumber).
 Txn = tuple[Mapping[str, Any], int]
 
@@ -50,7 +48,7 @@ class DdlEvent(NamedTuple):
     op_type: str
     db: str
     coll: str | None  # None for database-level events (dropDatabase)
-    ui: Any  # the collection's UUID as the entry holds it (bson.Binary), or None
+    ui: CollectionUUID | None
     desc: dict[str, Any] | None  # its operationDescription
     show_desc: bool = True
     to: dict[str, Any] | None = None  # a rename's target namespace
@@ -81,7 +79,7 @@ def later(a: Timestamp, b: Timestamp) -> bool:
     return (a.time, a.inc) > (b.time, b.inc)
 
 
-def _uuid(value: Any) -> uuidlib.UUID | None:
+def _uuid(value: CollectionUUID | None) -> uuidlib.UUID | None:
     if value is None:
         return None
     if isinstance(value, uuidlib.UUID):
@@ -89,7 +87,12 @@ def _uuid(value: Any) -> uuidlib.UUID | None:
     return uuidlib.UUID(bytes=bytes(value))
 
 
-def identifier(op_type: str, document_key: Any, desc: Any, version: int) -> dict[str, Any] | None:
+def identifier(
+    op_type: str,
+    document_key: Mapping[str, Any] | None,
+    desc: Mapping[str, Any] | None,
+    version: int,
+) -> Mapping[str, Any] | None:
     """The token's eventIdentifier."""
     if version >= 2 or op_type not in _CLASSIC:
         ident: dict[str, Any] = {"operationType": op_type}
@@ -101,7 +104,7 @@ def identifier(op_type: str, document_key: Any, desc: Any, version: int) -> dict
     return document_key  # v0/v1 classic events: the documentKey itself (absent for DDL)
 
 
-def _uuid_field(ui: Any) -> dict[str, Any]:
+def _uuid_field(ui: CollectionUUID | None) -> dict[str, Any]:
     return {"collectionUUID": ui} if ui is not None else {}
 
 
@@ -180,8 +183,8 @@ class EventWriter:
     def finish(
         self,
         at: EventAt,
-        ui: Any,
-        ident: Any,
+        ui: CollectionUUID | None,
+        ident: Mapping[str, Any] | None,
         fields: dict[str, Any],
         op_type: str,
         db: str,

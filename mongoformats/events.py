@@ -7,6 +7,7 @@ shared/reference/mongodb-formats.md C.11 (field order; tokens A.5).
 
 from __future__ import annotations
 
+import datetime
 import functools
 from collections.abc import Iterable, Mapping
 from operator import itemgetter
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple
 
 import bson
 from bson import Timestamp
+from bson.datetime_ms import DatetimeMS
 
 from mongoformats.oplog_splice import TOKEN_TIMESTAMP
 from mongoformats.resume_token import (
@@ -23,6 +25,9 @@ from mongoformats.resume_token import (
     token_from_key,
     token_sort_key,
 )
+
+# An entry's wallTime as the RAW codec decodes it (absent in entries of old servers).
+Wall = datetime.datetime | DatetimeMS | None
 
 
 class ChangeEvent(NamedTuple):
@@ -113,11 +118,11 @@ def event_token(event: EventFields) -> dict[str, Any]:
     return token_from_key(event[EV_SORT_KEY], event[EV_TYPE_BITS])
 
 
-def events_from_fields(items: Iterable[Any]) -> list[ChangeEvent]:
+def events_from_fields(items: Iterable[EventFields]) -> list[ChangeEvent]:
     return list(map(event_from_fields, items))
 
 
-def invalidate_event(trigger: ChangeEvent, *, wall: Any = None) -> ChangeEvent:
+def invalidate_event(trigger: ChangeEvent, *, wall: Wall = None) -> ChangeEvent:
     """The `invalidate` that follows an event closing a single-collection or database stream.
 
     Its token is the triggering event's token with fromInvalidate set (mongodb-formats.md C.11).

@@ -385,7 +385,7 @@ _INLINE = {"i": "i", "m": "m", "s": "s"}
 _RE_FLAGS = {"i": re.I, "m": re.M, "s": re.S, "x": re.X}
 _FLAG_LETTERS = ((re.I, "i"), (re.M, "m"), (re.S, "s"), (re.X, "x"))
 
-Search = Callable[[str], Any]
+Search = Callable[[str], object]  # a match (truthy) or None
 
 
 def _pattern_of(value: Any) -> tuple[str, str]:

@@ -57,6 +57,6 @@ class ArrayRun:
         raise NotImplementedError
 
 
-def joined(pieces: Iterable[Any]) -> bytes:
+def joined(pieces: Iterable[bytes | bytearray | memoryview | DeferredPiece]) -> bytes:
     """`b"".join(pieces)`, deferred pieces made whole first."""
     return b"".join(p.materialize() if isinstance(p, DeferredPiece) else p for p in pieces)
