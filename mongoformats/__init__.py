@@ -1,4 +1,5 @@
-"""Pure MongoDB formats: wire framing, KeyString resume tokens, oplog-to-event transform, error codes.
+"""Pure MongoDB formats: wire framing, KeyString resume tokens, oplog-to-event transform, error
+codes.
 
 No I/O, no trio and no numpy, numba or pyarrow anywhere in this package: stdlib, bson and the
 compression libraries only (tests/test_layering.py enforces it; the engine's columnar speed code

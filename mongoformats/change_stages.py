@@ -94,11 +94,9 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     then "$event" as the root again."""
     documents: set[str] = set()  # top-level fields known to hold documents (for a later new root)
     for stage in stages:
-        if not isinstance(stage, Mapping) or len(stage) != 1:
-            return "a stage that is not a document with one field"
+        if (problem := _stage_shape_problem(stage)) is not None:
+            return problem
         ((name, arg),) = stage.items()
-        if name not in SUPPORTED_STAGES:
-            return str(name)
         if name in ("$replaceRoot", "$replaceWith"):
             found, documents = _unsupported_in_new_root(name, arg, documents)
         else:
@@ -110,6 +108,14 @@ def unsupported_in_stages(stages: Iterable[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def _stage_shape_problem(stage: object) -> str | None:
+    """A stage that is not {<a stage apply_stages evaluates>: <its spec>}: what it is instead."""
+    if not isinstance(stage, Mapping) or len(stage) != 1:
+        return "a stage that is not a document with one field"
+    name = next(iter(stage))
+    return None if name in SUPPORTED_STAGES else str(name)
+
+
 def _unsupported_in_new_root(
     name: str, arg: object, documents: set[str]
 ) -> tuple[str | None, set[str]]:
@@ -119,12 +125,22 @@ def _unsupported_in_new_root(
         return "a $replaceRoot spec other than {newRoot: <expression>}", documents
     root = new_root_expression(name, arg)
     found = unsupported_in_expression(root)
-    known_document = isinstance(root, str) and root[1:] in documents
-    if found is None and not (_is_document(root) or known_document):
+    if found is None and not _known_document(root, documents):
         return f"a {name} whose new root may not be a document", documents
+    return found, _document_fields(root)
+
+
+def _known_document(root: object, documents: set[str]) -> bool:
+    """Whether a new root is a document: an expression that always is one, or a field path to a
+    top-level field known to hold one."""
+    return _is_document(root) or (isinstance(root, str) and root[1:] in documents)
+
+
+def _document_fields(root: object) -> set[str]:
+    """The top-level fields known to hold documents after a new root."""
     if not isinstance(root, Mapping):
-        return found, set()
-    return found, {k for k, v in root.items() if _is_document(v)}
+        return set()
+    return {k for k, v in root.items() if _is_document(v)}
 
 
 def _unsupported_in_unset(arg: object) -> str | None:
@@ -183,16 +199,27 @@ def shape_events(
 def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) -> Any:
     """`doc` through `stages` (compile_stages), or None if a `$match` drops it."""
     for name, arg in stages:
-        if name == "$match":
-            if not matches(doc, arg):
-                return None
-        elif name in ("$replaceRoot", "$replaceWith"):
-            # unsupported_in_stages admits only roots that are documents: the check is for
-            # simcluster's.
-            doc = replaced_root(name, evaluate(doc, arg))
-        else:
-            doc = arg.apply(doc, evaluate)
-    # The server compares tokens by _data only (ResumeToken::operator==).
+        doc = _apply_stage(doc, name, arg)
+        if doc is None:
+            return None
+    _check_token_kept(doc, token)
+    return doc
+
+
+def _apply_stage(doc: dict[str, Any], name: str, arg: Any) -> Any:
+    """`doc` through one compiled stage, or None if a `$match` drops it."""
+    if name == "$match":
+        return doc if matches(doc, arg) else None
+    if name in ("$replaceRoot", "$replaceWith"):
+        # unsupported_in_stages admits only roots that are documents: the check is for
+        # simcluster's.
+        return replaced_root(name, evaluate(doc, arg))
+    return arg.apply(doc, evaluate)
+
+
+def _check_token_kept(doc: dict[str, Any], token: Mapping[str, Any]) -> None:
+    """The server's error for a pipeline that modified the event's `_id`; it compares tokens by
+    _data only (ResumeToken::operator==)."""
     _id = doc.get("_id")
     if not isinstance(_id, dict) or _id.get("_data") != token["_data"]:
         raise MongoError(
@@ -202,4 +229,3 @@ def apply_stages(doc: dict[str, Any], stages: Stages, token: Mapping[str, Any]) 
             "the stream from that point. Only transformations that retain the unmodified _id "
             "field are allowed.",
         )
-    return doc

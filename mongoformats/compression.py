@@ -7,6 +7,7 @@ its compressor ids); the server's bound on inflation: message_compressor_manager
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Final
 
 from mongoformats.errors import ProtocolError
@@ -42,20 +43,11 @@ def decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
     it (a payload that inflates further is refused, whatever its own headers claim), as the
     server decompresses into a buffer of the declared size (message_compressor_manager.cpp)."""
     name = COMPRESSOR_NAMES.get(compressor_id)
+    inflate = _DECOMPRESSORS.get(name) if name is not None else None
+    if inflate is None:
+        raise ProtocolError(f"unknown compressor id {compressor_id}")
     try:
-        if name == "noop":
-            out = payload
-        elif name == "zlib":
-            d = zlib.decompressobj()
-            out = d.decompress(payload, size + 1)
-            if not d.eof:  # truncated, or more than `size` bytes in it
-                raise ProtocolError(f"zlib payload does not end within uncompressedSize {size}")
-        elif name == "snappy":
-            out = _snappy_decompress(payload, size)
-        elif name == "zstd":
-            out = _zstd_decompress(payload, size)
-        else:
-            raise ProtocolError(f"unknown compressor id {compressor_id}")
+        out = inflate(payload, size)
     except ProtocolError:
         raise
     except Exception as exc:  # each library raises its own error type for corrupt input
@@ -63,6 +55,18 @@ def decompress(compressor_id: int, payload: bytes, size: int) -> bytes:
     if len(out) != size:
         raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} does not match {len(out)}")
     return out
+
+
+def _zlib_decompress(payload: bytes, size: int) -> bytes:
+    d = zlib.decompressobj()
+    out = d.decompress(payload, size + 1)
+    if not d.eof:  # truncated, or more than `size` bytes in it
+        raise ProtocolError(f"zlib payload does not end within uncompressedSize {size}")
+    return out
+
+
+def _noop_decompress(payload: bytes, size: int) -> bytes:
+    return payload
 
 
 def _snappy_decompress(payload: bytes, size: int) -> bytes:
@@ -97,3 +101,12 @@ def _zstd_decompress(payload: bytes, size: int) -> bytes:
         pieces.append(piece)
         left -= len(piece)
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+# Each compressor's inflation of a payload into at most `size` bytes (see `decompress`).
+_DECOMPRESSORS: dict[str, Callable[[bytes, int], bytes]] = {
+    "noop": _noop_decompress,
+    "zlib": _zlib_decompress,
+    "snappy": _snappy_decompress,
+    "zstd": _zstd_decompress,
+}

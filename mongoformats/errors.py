@@ -95,7 +95,8 @@ class MongoError(Exception):
 
     @classmethod
     def from_reply(cls, reply: dict[str, Any]) -> MongoError:
-        """Rebuild the error a server answered, keeping its code, message, labels and extra fields."""
+        """Rebuild the error a server answered, keeping its code, message, labels and extra
+        fields."""
         extra = {
             k: v
             for k, v in reply.items()
@@ -123,7 +124,8 @@ def _rebuilt(code: int, errmsg: str, labels: tuple[str, ...], extra: dict[str, A
 
 
 def is_resumable_change_stream_error(code: int) -> bool:
-    """Whether a server attaches `ResumableChangeStreamError` to a change-stream getMore failing with `code`.
+    """Whether a server attaches `ResumableChangeStreamError` to a change-stream getMore failing
+    with `code`.
 
     The server's rule (ErrorLabelBuilder::isResumableChangeStreamError, 4.4+): retriable or network
     errors, NeedRetargetting errors, RetryChangeStream and FailedToSatisfyReadPreference; never the

@@ -102,8 +102,12 @@ def _unsupported_in_object(e: Mapping[str, Any]) -> str | None:
     if len(e) != 1:
         return "an expression object with an operator and other fields"
     ((op, operand),) = e.items()
-    if op == "$literal":
-        return None
+    return None if op == "$literal" else _unsupported_in_operator(op, operand)
+
+
+def _unsupported_in_operator(op: str, operand: object) -> str | None:
+    """What `evaluate` does not evaluate in an {$operator: operand}: the operator, its number of
+    arguments, or an argument."""
     if op not in _ARITY:
         return str(op)
     low, high = _ARITY[op]
@@ -125,9 +129,7 @@ def evaluate(doc: Mapping[str, Any], e: object, more: Operators | None = None) -
     A path that finds nothing is MISSING (the caller leaves such a field out); inside an array it
     is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
-        if e.startswith("$$"):
-            return _variable(doc, e)
-        return _path(doc, e[1:].split("."))
+        return _variable(doc, e) if e.startswith("$$") else _path(doc, e[1:].split("."))
     if isinstance(e, dict):
         return _evaluate_object(doc, e, more)
     if isinstance(e, list):
@@ -151,16 +153,24 @@ def _evaluate_object(doc: Mapping[str, Any], e: dict[str, Any], more: Operators 
     """An {$operator: operand}'s value, or a document of expressions' (missing fields left out)."""
     if len(e) == 1:
         ((op, operand),) = e.items()
-        if op == "$literal":
-            return operand
-        operator = _OPERATORS.get(op) or (more.get(op) if more is not None else None)
-        if operator is not None:
-            return operator(doc, _arguments(operand), more)
         if op.startswith("$"):
-            raise MongoError(
-                "NotImplemented", f"the expression operator {op} is not evaluated here"
-            )
+            return _apply_operator(doc, op, operand, more)
     return {k: v for k, x in e.items() if (v := evaluate(doc, x, more)) is not MISSING}
+
+
+def _apply_operator(doc: Mapping[str, Any], op: str, operand: Any, more: Operators | None) -> Any:
+    """An {$operator: operand}'s value; NotImplemented for an operator not evaluated here."""
+    if op == "$literal":
+        return operand
+    operator = _operator(op, more)
+    if operator is None:
+        raise MongoError("NotImplemented", f"the expression operator {op} is not evaluated here")
+    return operator(doc, _arguments(operand), more)
+
+
+def _operator(op: str, more: Operators | None) -> Operator | None:
+    """An operator's evaluation: ours, else the one `more` adds, else None."""
+    return _OPERATORS.get(op) or (more.get(op) if more is not None else None)
 
 
 def _comparison(test: Callable[[int], Any]) -> Operator:

@@ -97,14 +97,18 @@ def check_depth(doc: Any) -> None:
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
-        children = (
-            value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        )
-        for child in children:
+        for child in _children(value):
             if isinstance(child, (dict, list)):
                 if depth >= MAX_BSON_DEPTH:
                     raise MongoError("Overflow", "BSONObj exceeds maximum nested object depth")
                 stack.append((child, depth + 1))
+
+
+def _children(value: Any) -> Any:
+    """A document's values, an array's elements, nothing for a scalar."""
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, list) else ()
 
 
 def check_lsid(cmd: Mapping[str, Any]) -> None:
@@ -117,11 +121,13 @@ def check_lsid(cmd: Mapping[str, Any]) -> None:
         raise wrong_type("OperationSessionInfo.lsid", lsid, "object")
     if "id" not in lsid:
         raise _missing("LogicalSessionId.id")
-    ident = lsid["id"]
-    if not isinstance(ident, uuid.UUID) and not (
-        isinstance(ident, (bytes, Binary)) and len(ident) == 16
-    ):
-        raise wrong_type("LogicalSessionId.id", ident, "binData")
+    if not _is_session_uuid(lsid["id"]):
+        raise wrong_type("LogicalSessionId.id", lsid["id"], "binData")
+
+
+def _is_session_uuid(ident: object) -> bool:
+    """A session id's `id`: a UUID, or 16 bytes of binData."""
+    return isinstance(ident, uuid.UUID) or (isinstance(ident, (bytes, Binary)) and len(ident) == 16)
 
 
 def _missing(path: str) -> MongoError:
@@ -145,7 +151,7 @@ def safe_long(value: Any) -> int:
     if isinstance(value, int):
         return value
     number = value.to_decimal() if isinstance(value, Decimal128) else value
-    if number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number):
+    if _is_nan(number):
         return 0
     if number > INT64_MAX:  # +infinity too
         return INT64_MAX
@@ -156,6 +162,10 @@ def safe_long(value: Any) -> int:
     return int(number)
 
 
+def _is_nan(number: float | decimal.Decimal) -> bool:
+    return number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number)
+
+
 class GetMore(NamedTuple):
     cursor_id: int
     collection: str
@@ -164,7 +174,8 @@ class GetMore(NamedTuple):
 
 
 def get_more_request(cmd: dict[str, Any]) -> GetMore:
-    """A getMore's fields: the cursor id (a long), collection (a string), batchSize and maxTimeMS."""
+    """A getMore's fields: the cursor id (a long), collection (a string), batchSize and
+    maxTimeMS."""
     cid, coll = cmd["getMore"], cmd.get("collection")
     if not isinstance(cid, Int64):
         raise wrong_type("getMore.getMore", cid, "long")

@@ -186,14 +186,7 @@ class KeyStringBuilder:
         if isinstance(value, float) and not _is_integer_double(value):
             self._buf += double_key(value)[1:]
             return
-        if value == INT64_MIN and not isinstance(value, float):
-            # No positive int64 holds its magnitude: keyed as that double (_appendInteger).
-            self._buf += INT64_MIN_BODY
-            return
-        v = _integral(value)
-        if v:
-            # [1:]: the type byte is written already
-            self._buf += preshifted_key(abs(v) << 1, v < 0)[1:]
+        self._buf += _integer_body(value)
 
     def _code_body(self, value: Code) -> None:
         self._buf += _escape(str(value).encode())
@@ -370,3 +363,12 @@ def encode_type_bits(bits: list[int]) -> bytes:
     if len(data) <= 127:
         return bytes([0x80 | len(data)]) + bytes(data)
     return b"\x80" + struct.pack("<i", len(data)) + bytes(data)
+
+
+def _integer_body(value: int | float) -> bytes:
+    """The body of a whole number (the type byte is written already): none for zero."""
+    if value == INT64_MIN and not isinstance(value, float):
+        # No positive int64 holds its magnitude: keyed as that double (_appendInteger).
+        return INT64_MIN_BODY
+    v = _integral(value)
+    return preshifted_key(abs(v) << 1, v < 0)[1:] if v else b""

@@ -131,35 +131,51 @@ def _key(d: Decimal, negative: bool) -> bytes:
     if magnitude < _DBL_MIN:
         return _tiny_key(d.copy_abs(), magnitude, negative)
     if magnitude >= _DBL_MAX:
-        # Beyond the doubles: the decimal's own bits, with the top bit set (a finite double's is
-        # clear), so it sorts between the largest double and infinity.
-        hi, lo = _bid_words(_normalized(d.copy_abs()))
-        ctype = NUM_NEG_LARGE if negative else NUM_POS_LARGE
-        return bytes([ctype]) + _words(hi | 1 << 63, lo, negative)
+        return _huge_key(d, negative)
     if magnitude >= _MIN_LARGE or magnitude < _TINIEST_2BIT_DCM:
         # One marker bit only in these ranges: always a continuation.
         key = double_key(bin_, DCM_ABOVE_15)
         stored = _rounded(Decimal(magnitude), 34, ROUND_CEILING)
-    elif magnitude >= _MAX_INT_FOR_DOUBLE:
-        # The double may have lost whole-number digits here: the whole part is written as an
-        # integer with its "has a fraction" bit, then (below 2**55, where a byte is spare) a marker.
-        whole = int(d.copy_abs())
-        has_fraction = Decimal(whole) != d.copy_abs()
-        key = preshifted_key((whole << 1) | has_fraction, negative)
-        if not has_fraction:
-            return key
-        if whole < 2**55:
-            key += bytes([DCM_ABOVE_15 ^ (0xFF if negative else 0)])
-        stored = Decimal(whole)
-    elif _coefficient(d) < 10**15:
+        return key + _continuation(d.copy_abs(), stored, negative)
+    if magnitude >= _MAX_INT_FOR_DOUBLE:
+        return _large_integer_key(d, negative)
+    return _double_range_key(d, bin_, negative)
+
+
+def _huge_key(d: Decimal, negative: bool) -> bytes:
+    """Beyond the doubles: the decimal's own bits, with the top bit set (a finite double's is
+    clear), so it sorts between the largest double and infinity."""
+    hi, lo = _bid_words(_normalized(d.copy_abs()))
+    ctype = NUM_NEG_LARGE if negative else NUM_POS_LARGE
+    return bytes([ctype]) + _words(hi | 1 << 63, lo, negative)
+
+
+def _large_integer_key(d: Decimal, negative: bool) -> bytes:
+    """Where the double may have lost whole-number digits: the whole part is written as an
+    integer with its "has a fraction" bit, then (below 2**55, where a byte is spare) a marker."""
+    whole = int(d.copy_abs())
+    has_fraction = Decimal(whole) != d.copy_abs()
+    key = preshifted_key((whole << 1) | has_fraction, negative)
+    if not has_fraction:
+        return key
+    if whole < 2**55:
+        key += bytes([DCM_ABOVE_15 ^ (0xFF if negative else 0)])
+    return key + _continuation(d.copy_abs(), Decimal(whole), negative)
+
+
+def _double_range_key(d: Decimal, bin_: float, negative: bool) -> bytes:
+    """Within the doubles' two-bit marker range: the double, marked by how the decimal compares
+    with it rounded up to 15 digits, then a continuation unless those 15 digits are the
+    decimal."""
+    if _coefficient(d) < 10**15:
         # At most 15 digits: the double rounded up to 15 digits is the decimal.
         return double_key(bin_, DCM_EQUAL_15)
-    else:
-        from_bin = _rounded(Decimal(magnitude), 15, ROUND_CEILING)
-        if from_bin == d.copy_abs():
-            return double_key(bin_, DCM_EQUAL_15)
-        key = double_key(bin_, DCM_BELOW_15 if d.copy_abs() < from_bin else DCM_ABOVE_15)
-        stored = _rounded(Decimal(magnitude), 34, ROUND_CEILING)
+    magnitude = abs(bin_)
+    from_bin = _rounded(Decimal(magnitude), 15, ROUND_CEILING)
+    if from_bin == d.copy_abs():
+        return double_key(bin_, DCM_EQUAL_15)
+    key = double_key(bin_, DCM_BELOW_15 if d.copy_abs() < from_bin else DCM_ABOVE_15)
+    stored = _rounded(Decimal(magnitude), 34, ROUND_CEILING)
     return key + _continuation(d.copy_abs(), stored, negative)
 
 
@@ -240,22 +256,48 @@ def read_decimal(
     """The finite decimal behind a small- or large-magnitude key whose 8 bytes are `encoded`
     (un-inverted); `next_word()` reads the next 8 (a continuation, or a decimal's low bits)."""
     if large:
-        if encoded >> 63:  # beyond the doubles: the decimal's own bits
-            own = _from_bid(encoded & ~(1 << 63), next_word())
-            return _with_exponent(own, negative, exponent_bits)
-        bin_magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
-        dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
-    elif encoded >> 62 == 0b11:
-        bin_magnitude, dcm = _double_from_bits(encoded >> 2), encoded & 3
-    elif encoded >> 62 == 0:  # below the subnormals: the decimal's own bits
+        return _read_large(encoded, negative, next_word, exponent_bits)
+    if encoded >> 62 == 0b11:
+        dcm = encoded & 3
+        return _read_marked(
+            _double_from_bits(encoded >> 2), dcm, negative, next_word, exponent_bits
+        )
+    if encoded >> 62 == 0:  # below the subnormals: the decimal's own bits
         return _with_exponent(_from_bid(encoded, next_word()), negative, exponent_bits)
-    else:
-        scaled = _double_from_bits((encoded - (1 << 62)) >> 1)
-        if encoded & 1 and scaled < _DBL_MIN * 2.0**256:  # a decimal in the subnormal range
-            stored = _DOWN_34.multiply(_rounded(Decimal(scaled), 34, ROUND_DOWN), _DOWNSHIFT)
-            return _with_exponent(_plus_steps(stored, next_word()), negative, exponent_bits)
-        bin_magnitude = math.ldexp(scaled, -256)
-        dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
+    return _read_scaled(encoded, negative, next_word, exponent_bits)
+
+
+def _read_large(
+    encoded: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
+    """A large-magnitude key: beyond the doubles the decimal's own bits, else a double with a
+    one-bit marker."""
+    if encoded >> 63:  # beyond the doubles: the decimal's own bits
+        own = _from_bid(encoded & ~(1 << 63), next_word())
+        return _with_exponent(own, negative, exponent_bits)
+    bin_magnitude = _double_from_bits((encoded >> 1) | (1 << 62))
+    dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
+    return _read_marked(bin_magnitude, dcm, negative, next_word, exponent_bits)
+
+
+def _read_scaled(
+    encoded: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
+    """A tiny key, scaled up by 2**256: in the subnormal range the stored value plus its
+    continuation, else a double with a one-bit marker."""
+    scaled = _double_from_bits((encoded - (1 << 62)) >> 1)
+    if encoded & 1 and scaled < _DBL_MIN * 2.0**256:  # a decimal in the subnormal range
+        stored = _DOWN_34.multiply(_rounded(Decimal(scaled), 34, ROUND_DOWN), _DOWNSHIFT)
+        return _with_exponent(_plus_steps(stored, next_word()), negative, exponent_bits)
+    bin_magnitude = math.ldexp(scaled, -256)
+    dcm = DCM_ABOVE_15 if encoded & 1 else DCM_EQUAL
+    return _read_marked(bin_magnitude, dcm, negative, next_word, exponent_bits)
+
+
+def _read_marked(
+    bin_magnitude: float, dcm: int, negative: bool, next_word: Callable[[], int], exponent_bits: int
+) -> Decimal128:
+    """The decimal of a double and its marker, reading the continuation the marker announces."""
     continuation = next_word() if dcm in (1, 3) else None
     return read_decimal_value(Decimal(bin_magnitude), dcm, continuation, negative, exponent_bits)
 

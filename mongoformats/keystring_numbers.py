@@ -47,26 +47,41 @@ def double_key(value: float, dcm: int = 0) -> bytes:
     negative = value < 0
     magnitude = -value if negative else value
     if magnitude < 1.0:
-        ctype = NUM_NEG_SMALL if negative else NUM_POS_SMALL
-        if magnitude >= TINIEST_WITH_2BIT_DCM:
-            # prefix 0b11 (the exponent's top bits)
-            encoded = (double_bits(magnitude) << 2) | dcm
-        else:  # prefix 0b01 or 0b10
-            encoded = ((double_bits(math.ldexp(magnitude, 256)) << 1) | (dcm != 0)) + (1 << 62)
+        ctype, encoded = _small(magnitude, negative, dcm)
     elif magnitude < MIN_LARGE_DOUBLE:
         integer = int(magnitude)
         if dcm == 0 and integer == magnitude:
             return preshifted_key(integer << 1, negative)
-        fraction_bytes = (64 - (integer << 1).bit_length()) // 8
-        ctype = (0x20 + fraction_bytes) if negative else (0x32 - fraction_bytes)
-        # The whole part doubled plus one (the "has a fraction" bit), then the fraction's bytes.
-        shift = 8 * fraction_bytes
-        encoded = int(math.ldexp(magnitude, shift)) + ((integer + 1) << shift) | dcm
+        ctype, encoded = _with_fraction(magnitude, integer, negative, dcm)
     else:
-        ctype = NUM_POS_LARGE if value > 0 else NUM_NEG_LARGE
-        shifted = ((double_bits(magnitude) << 1) & (ALL_ONES >> 1)) | (dcm != 0)
-        encoded = ALL_ONES if math.isinf(value) else shifted
+        ctype, encoded = _large(value, magnitude, dcm)
     return bytes([ctype]) + magnitude_bytes(encoded.to_bytes(8, "big"), negative)
+
+
+def _small(magnitude: float, negative: bool, dcm: int) -> tuple[int, int]:
+    """(type, body) of a magnitude below 1."""
+    ctype = NUM_NEG_SMALL if negative else NUM_POS_SMALL
+    if magnitude >= TINIEST_WITH_2BIT_DCM:
+        # prefix 0b11 (the exponent's top bits)
+        return ctype, (double_bits(magnitude) << 2) | dcm
+    # prefix 0b01 or 0b10
+    return ctype, ((double_bits(math.ldexp(magnitude, 256)) << 1) | (dcm != 0)) + (1 << 62)
+
+
+def _with_fraction(magnitude: float, integer: int, negative: bool, dcm: int) -> tuple[int, int]:
+    """(type, body) of a magnitude from 1 to 2**63 that is not written as an integer: the whole
+    part doubled plus one (the "has a fraction" bit), then the fraction's bytes."""
+    fraction_bytes = (64 - (integer << 1).bit_length()) // 8
+    ctype = (0x20 + fraction_bytes) if negative else (0x32 - fraction_bytes)
+    shift = 8 * fraction_bytes
+    return ctype, int(math.ldexp(magnitude, shift)) + ((integer + 1) << shift) | dcm
+
+
+def _large(value: float, magnitude: float, dcm: int) -> tuple[int, int]:
+    """(type, body) of a magnitude of 2**63 or more, infinity included."""
+    ctype = NUM_POS_LARGE if value > 0 else NUM_NEG_LARGE
+    shifted = ((double_bits(magnitude) << 1) & (ALL_ONES >> 1)) | (dcm != 0)
+    return ctype, ALL_ONES if math.isinf(value) else shifted
 
 
 def magnitude_bytes(body: bytes, negative: bool) -> bytes:

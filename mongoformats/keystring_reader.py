@@ -207,6 +207,10 @@ class KeyStringReader:
             )
         if ctype == NUMERIC_NAN:
             return math.nan if kind == TB_DOUBLE else Decimal128("NaN")
+        return self._read_non_nan(ctype, kind)
+
+    def _read_non_nan(self, ctype: int, kind: int) -> float | Decimal128:
+        """A double or decimal's body after its type bits `kind`: infinity, or its magnitude."""
         negative = ctype in (NUM_NEG_LARGE, NUM_NEG_SMALL)
         encoded = self._magnitude(8, negative)
         large = ctype in (NUM_NEG_LARGE, NUM_POS_LARGE)

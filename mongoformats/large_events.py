@@ -30,7 +30,13 @@ import bson
 
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import document_of, elements
-from mongoformats.resume_token import decode_token, encode_token, token_text, whole_event_token
+from mongoformats.resume_token import (
+    ResumeTokenData,
+    decode_token,
+    encode_token,
+    token_text,
+    whole_event_token,
+)
 from mongoformats.wire import MAX_INTERNAL_BSON_SIZE
 
 __all__ = [
@@ -129,23 +135,38 @@ def split_event(
         raise MongoError(
             7182502, "Cannot split an empty event or an event containing solely '_id' field"
         )
-    limit = SPLIT_ABOVE_BYTES - (e - v)
     # (element size, name, element bytes): the server's map orders by size, then name.
     by_size = sorted(
         (end - (start - len(name) - 2), name, raw[start - len(name) - 2 : end])
         for name, (_, start, end) in fields.items()
     )
-    data = decode_token(token)
-    fragments: list[tuple[dict[str, Any], list[bytes]]] = []
+    fragments = _deal(by_size, decode_token(token), SPLIT_ABOVE_BYTES - (e - v))
+    if skip > len(fragments):
+        raise MongoError(
+            "ChangeStreamFatalError",
+            "Attempted to resume from a split event, but the resumed stream produced "
+            "a different split. Ensure that the pipeline used to resume is the same "
+            "as the original",
+        )
+    return [_fragment(fragments, number) for number in range(skip + 1, len(fragments) + 1)]
+
+
+# A fragment as dealt: its token and the elements it took.
+_Dealt = tuple[dict[str, Any], list[bytes]]
+
+
+def _deal(
+    by_size: list[tuple[int, bytes, bytes]], data: ResumeTokenData, limit: int
+) -> list[_Dealt]:
+    """The fields (sorted by size) dealt greedily into fragments of at most `limit` bytes, each
+    taking at least one."""
+    fragments: list[_Dealt] = []
     i = 0
     while i < len(by_size):
         fragment_token = encode_token(dataclasses.replace(data, fragment_num=len(fragments)))
-        encoded_token = len(bson.encode(fragment_token))
-        size = len(
-            bson.encode({"_id": fragment_token, "splitEvent": {"fragment": 1, "of": 0}})
-        ) + _sort_key_field_bytes(encoded_token)
+        size = _fragment_overhead(fragment_token)
         taken = []
-        while True:  # at least one field per fragment
+        while True:
             taken.append(by_size[i][2])
             size += by_size[i][0]
             i += 1
@@ -158,20 +179,22 @@ def split_event(
                 f"greater than maximum allowed fragment size {limit}",
             )
         fragments.append((fragment_token, taken))
-    if skip > len(fragments):
-        raise MongoError(
-            "ChangeStreamFatalError",
-            "Attempted to resume from a split event, but the resumed stream produced "
-            "a different split. Ensure that the pipeline used to resume is the same "
-            "as the original",
-        )
-    out = []
-    for number, (fragment_token, taken) in enumerate(fragments, start=1):
-        if number > skip:
-            split = {"fragment": number, "of": len(fragments)}
-            head = bson.encode({"_id": fragment_token, "splitEvent": split})
-            out.append((fragment_token, document_of(head[4:-1] + b"".join(taken))))
-    return out
+    return fragments
+
+
+def _fragment_overhead(fragment_token: dict[str, Any]) -> int:
+    """A fragment's size without its fields: `_id`, `splitEvent` and the `$sortKey` metadata."""
+    encoded_token = len(bson.encode(fragment_token))
+    head = bson.encode({"_id": fragment_token, "splitEvent": {"fragment": 1, "of": 0}})
+    return len(head) + _sort_key_field_bytes(encoded_token)
+
+
+def _fragment(fragments: list[_Dealt], number: int) -> tuple[dict[str, Any], bytes]:
+    """Fragment `number` (1-based) as (its token, its BSON)."""
+    fragment_token, taken = fragments[number - 1]
+    split = {"fragment": number, "of": len(fragments)}
+    head = bson.encode({"_id": fragment_token, "splitEvent": split})
+    return fragment_token, document_of(head[4:-1] + b"".join(taken))
 
 
 def join_fragments(fragments: list[bytes]) -> bytes:

@@ -78,19 +78,20 @@ def get_path(doc: Any, path: str) -> list[Any]:
     """All values at a dotted path, expanding arrays the way the query engine does."""
     values: list[Any] = [doc]
     for part in path.split("."):
-        nxt: list[Any] = []
-        for v in values:
-            if isinstance(v, Mapping):
-                if part in v:
-                    nxt.append(v[part])
-            elif isinstance(v, list):
-                if part.isdigit() and int(part) < len(v):
-                    nxt.append(v[int(part)])
-                for item in v:
-                    if isinstance(item, Mapping) and part in item:
-                        nxt.append(item[part])
-        values = nxt
+        values = [found for v in values for found in _step(v, part)]
     return values
+
+
+def _step(value: Any, part: str) -> list[Any]:
+    """The values one path component leads to from `value`: a document's field; an array's
+    element at that index, then the field of each of its documents."""
+    if isinstance(value, Mapping):
+        return [value[part]] if part in value else []
+    if not isinstance(value, list):
+        return []
+    out = [value[int(part)]] if part.isdigit() and int(part) < len(value) else []
+    out += [item[part] for item in value if isinstance(item, Mapping) and part in item]
+    return out
 
 
 def _candidates(values: list[object]) -> list[object]:
@@ -137,21 +138,30 @@ def unsupported_in_query(query: object, *, top_level: bool = True, level: int = 
     if not isinstance(query, Mapping):
         return "a query that is not a document"
     for key, cond in query.items():
-        if key in ("$and", "$or", "$nor"):
-            if not isinstance(cond, list) or not cond:
-                return f"{key} without a non-empty array"
-            for sub in cond:
-                found = unsupported_in_query(sub, top_level=top_level, level=level + 1)
-                if found is not None:
-                    return found
-        elif key == "$comment":
-            continue
-        elif key == "$expr" and top_level:
-            if (found := unsupported_in_expression(cond)) is not None:
-                return found
-        elif str(key).startswith("$"):
-            return str(key)  # $expr, $where, $text, $jsonSchema, ...
-        elif (found := _unsupported_in_condition(cond, level)) is not None:
+        if (found := _unsupported_in_clause(key, cond, top_level, level)) is not None:
+            return found
+    return None
+
+
+def _unsupported_in_clause(key: str, cond: Any, top_level: bool, level: int) -> str | None:
+    """What in one {key: cond} of a query `matches` does not evaluate as the server does."""
+    if key in ("$and", "$or", "$nor"):
+        return _unsupported_in_logical(key, cond, top_level, level)
+    if key == "$comment":
+        return None
+    if key == "$expr" and top_level:
+        return unsupported_in_expression(cond)
+    if str(key).startswith("$"):
+        return str(key)  # $expr, $where, $text, $jsonSchema, ...
+    return _unsupported_in_condition(cond, level)
+
+
+def _unsupported_in_logical(key: str, cond: Any, top_level: bool, level: int) -> str | None:
+    if not isinstance(cond, list) or not cond:
+        return f"{key} without a non-empty array"
+    for sub in cond:
+        found = unsupported_in_query(sub, top_level=top_level, level=level + 1)
+        if found is not None:
             return found
     return None
 
@@ -335,19 +345,25 @@ def condition_matches(cond: object, values: list[object]) -> bool:
     operator document ({$gt: 1, $lt: 5}), a regular expression, or a value to equal."""
     if _is_operator_doc(cond):
         if "$regex" in cond:
-            regex, options = cond["$regex"], cond.get("$options", "")
-            if isinstance(regex, (re.Pattern, Regex)):
-                regex, own = _pattern_of(regex)
-                options += own
-            search = _compiled(regex, options)
-            rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
-            return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(
-                _match_op(k, v, values) for k, v in rest.items()
-            )
+            return _regex_condition_matches(cond, values)
         return all(_match_op(k, v, values) for k, v in cond.items())
     if isinstance(cond, (re.Pattern, Regex)):
         return _regex_matches(cond, values)
     return _match_op("$eq", cond, values)
+
+
+def _regex_condition_matches(cond: Mapping[str, Any], values: list[object]) -> bool:
+    """An operator document with $regex (and its $options, and the pattern's own flags), then
+    its other operators."""
+    regex, options = cond["$regex"], cond.get("$options", "")
+    if isinstance(regex, (re.Pattern, Regex)):
+        regex, own = _pattern_of(regex)
+        options += own
+    search = _compiled(regex, options)
+    rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
+    return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(
+        _match_op(k, v, values) for k, v in rest.items()
+    )
 
 
 def _match_value(cond: object, values: list[object], doc: object, path: str) -> bool:
@@ -369,7 +385,7 @@ _INLINE = {"i": "i", "m": "m", "s": "s"}
 _RE_FLAGS = {"i": re.I, "m": re.M, "s": re.S, "x": re.X}
 _FLAG_LETTERS = ((re.I, "i"), (re.M, "m"), (re.S, "s"), (re.X, "x"))
 
-Search = Callable[[str], Any]
+Search = Callable[[str], object]  # a match (truthy) or None
 
 
 def _pattern_of(value: Any) -> tuple[str, str]:
@@ -448,21 +464,23 @@ def _regex_matches(pattern: object, values: list[object]) -> bool:
 
 
 def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
-    for key, cond in query.items():
-        if key == "$and":
-            if not all(matches(doc, q) for q in cond):
-                return False
-        elif key == "$or":
-            if not any(matches(doc, q) for q in cond):
-                return False
-        elif key == "$nor":
-            if any(matches(doc, q) for q in cond):
-                return False
-        elif key == "$expr":
-            if not is_true(evaluate(doc, cond)):
-                return False
-        elif key in ("$comment", "$where"):
-            continue
-        elif not condition_matches(cond, get_path(doc, key)):
-            return False
-    return True
+    return all(_clause_matches(doc, key, cond) for key, cond in query.items())
+
+
+def _clause_matches(doc: Mapping[str, Any], key: str, cond: Any) -> bool:
+    top = _TOP_LEVEL.get(key)
+    if top is not None:
+        return top(doc, cond)
+    return condition_matches(cond, get_path(doc, key))
+
+
+# A query's top-level operators: (the document, the operand) -> whether it matches. $comment
+# and $where match every document.
+_TOP_LEVEL: dict[str, Callable[[Mapping[str, Any], Any], bool]] = {
+    "$and": lambda doc, cond: all(matches(doc, q) for q in cond),
+    "$or": lambda doc, cond: any(matches(doc, q) for q in cond),
+    "$nor": lambda doc, cond: not any(matches(doc, q) for q in cond),
+    "$expr": lambda doc, cond: bool(is_true(evaluate(doc, cond))),
+    "$comment": lambda doc, cond: True,
+    "$where": lambda doc, cond: True,
+}

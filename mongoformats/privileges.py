@@ -229,10 +229,13 @@ def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     have_db, have_coll = have.get("db", ""), have.get("collection", "")
     if want_coll.startswith("system."):
         return have_db in ("", want_db) and have_coll == want_coll  # never by a wildcard
-    # An empty name in what is wanted means "all of them": only a wildcard covers it.
-    db_ok = have_db == "" or (want_db != "" and have_db == want_db)
-    coll_ok = have_coll == "" or (want_coll != "" and have_coll == want_coll)
-    return db_ok and coll_ok
+    return _name_covers(have_db, want_db) and _name_covers(have_coll, want_coll)
+
+
+def _name_covers(have: str, want: str) -> bool:
+    """Whether a resource's db (or collection) name covers the wanted one: an empty name in what
+    is wanted means "all of them", which only a wildcard (an empty name) covers."""
+    return have == "" or (want != "" and have == want)
 
 
 def allows(
@@ -240,8 +243,10 @@ def allows(
 ) -> bool:
     """True when, for every action, some privilege grants it on a resource covering `resource`."""
     privileges = list(privileges)
-    for action in actions:
-        granted = (p for p in privileges if action in p["actions"] or "anyAction" in p["actions"])
-        if not any(_covers(p["resource"], resource) for p in granted):
-            return False
-    return True
+    return all(_granted(privileges, action, resource) for action in actions)
+
+
+def _granted(privileges: list[Mapping[str, Any]], action: str, resource: Mapping[str, Any]) -> bool:
+    """Whether some privilege grants `action` on a resource covering `resource`."""
+    granted = (p for p in privileges if action in p["actions"] or "anyAction" in p["actions"])
+    return any(_covers(p["resource"], resource) for p in granted)

@@ -36,17 +36,9 @@ class Projection:
             spec = dict.fromkeys([spec] if isinstance(spec, str) else spec, 0)
         computed_only = stage in ("$addFields", "$set")
         self._tree = _projection_tree(spec, computed_only=computed_only)
-        others = [rule for name, rule in _leaves(self._tree) if name != "_id"]
-        if computed_only:
-            self._mode = "add"
-        # {_id: 0} alone excludes, {_id: 1} alone includes only _id; otherwise the other fields say.
-        elif (
-            all(rule == EXCLUDE for rule in others) if others else self._tree.get("_id") == EXCLUDE
-        ):
-            self._mode = "exclude"
-        else:
+        self._mode = "add" if computed_only else _project_mode(self._tree)
+        if self._mode == "include":
             self._tree.setdefault("_id", INCLUDE)
-            self._mode = "include"
 
     def apply(self, doc: dict[str, Any], evaluate: Evaluate) -> dict[str, Any]:
         if self._mode == "exclude":
@@ -54,6 +46,14 @@ class Projection:
         if self._mode == "add":
             return _add_fields(doc, self._tree, doc, evaluate)
         return _include(doc, self._tree, doc, evaluate)
+
+
+def _project_mode(tree: _Tree) -> str:
+    """Whether a $project excludes or includes: {_id: 0} alone excludes, {_id: 1} alone includes
+    only _id; otherwise the other fields say."""
+    others = [rule for name, rule in _leaves(tree) if name != "_id"]
+    excludes = all(rule == EXCLUDE for rule in others) if others else tree.get("_id") == EXCLUDE
+    return "exclude" if excludes else "include"
 
 
 def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
@@ -65,13 +65,16 @@ def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
         leaves = _leaves(_projection_tree(spec, computed_only=computed_only))
     except ValueError as exc:
         return str(exc)
+    return "a $project that mixes inclusion and exclusion" if _mixes(leaves) else None
+
+
+def _mixes(leaves: list[tuple[str, Any]]) -> bool:
+    """Whether a spec both excludes fields (but _id) and includes or computes others."""
     flags = {
         rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)
     }
     computes = any(rule[0] == "compute" for _, rule in leaves)
-    if flags == {True, False} or (False in flags and computes):
-        return "a $project that mixes inclusion and exclusion"
-    return None
+    return flags == {True, False} or (False in flags and computes)
 
 
 def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> list[Any]:
@@ -107,30 +110,49 @@ def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) ->
     numbers are values, not inclusions."""
     tree: _Tree = {}
     for key, v in spec.items():
-        parts = key.split(".")
-        if any(not part or part.startswith("$") for part in parts):
-            raise ValueError(f"the field name {key!r}")
-        node = tree
-        *parents, leaf = parts
-        for name in parents:
-            rule = node.setdefault(name, ("nested", {}))
-            if rule[0] != "nested":
-                raise ValueError(f"a path collision at {key!r}")
-            node = rule[1]
+        *parents, leaf = _field_path(key)
+        node = _parent_node(tree, parents, key)
         if _is_nested_spec(v):
-            if not v:
-                raise ValueError(f"an empty document for the field {key!r}")
-            rule = node.setdefault(leaf, ("nested", {}))
-            sub = _projection_tree(v, computed_only=computed_only)
-            if rule[0] != "nested" or set(sub) & set(rule[1]):
-                raise ValueError(f"a path collision at {key!r}")
-            rule[1].update(sub)
+            _merge_nested(node, leaf, v, key, computed_only)
         elif leaf in node:
             raise ValueError(f"a path collision at {key!r}")
         else:
             flag = _is_flag(v) and not computed_only
             node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
     return tree
+
+
+def _field_path(key: str) -> list[str]:
+    """A spec's field name as its path components; ValueError for an empty or `$` one."""
+    parts = key.split(".")
+    if any(not part or part.startswith("$") for part in parts):
+        raise ValueError(f"the field name {key!r}")
+    return parts
+
+
+def _parent_node(tree: _Tree, parents: list[str], key: str) -> _Tree:
+    """The subtree a dotted path's leaf goes in, made as needed."""
+    node = tree
+    for name in parents:
+        rule = node.setdefault(name, ("nested", {}))
+        if rule[0] != "nested":
+            raise ValueError(f"a path collision at {key!r}")
+        node = rule[1]
+    return node
+
+
+def _merge_nested(
+    node: _Tree, leaf: str, v: Mapping[str, Any], key: str, computed_only: bool
+) -> None:
+    """A nested document of fields, merged into the leaf's subtree (dotted paths may have made
+    it already)."""
+    if not v:
+        raise ValueError(f"an empty document for the field {key!r}")
+    rule = node.setdefault(leaf, ("nested", {}))
+    sub = _projection_tree(v, computed_only=computed_only)
+    if rule[0] != "nested" or set(sub) & set(rule[1]):
+        raise ValueError(f"a path collision at {key!r}")
+    rule[1].update(sub)
 
 
 def _computes(tree: _Tree) -> bool:
@@ -156,18 +178,30 @@ def _include(
         rule = tree.get(name)
         if rule == INCLUDE:
             out[name] = value
-        elif (
-            rule is not None
-            and rule[0] == "nested"
-            and (isinstance(value, (dict, list)) or _computes(rule[1]))
-        ):
+        elif rule is not None and _projects_into(rule, value):
             out[name] = _include_value(value, rule[1], root, evaluate)
+    _add_computed(out, doc, tree, root, evaluate)
+    return out
+
+
+def _add_computed(
+    out: dict[str, Any], doc: dict[str, Any], tree: _Tree, root: dict[str, Any], evaluate: Evaluate
+) -> None:
+    """An inclusion's computed fields, after the included ones, in the spec's order; a nested
+    rule that computes makes a document where `doc` has no such field."""
     for name, rule in tree.items():
         if rule[0] == "compute":
             _put(out, name, evaluate(root, rule[1]))
         elif rule[0] == "nested" and name not in doc and _computes(rule[1]):
             out[name] = _include({}, rule[1], root, evaluate)
-    return out
+
+
+def _projects_into(rule: Any, value: Any) -> bool:
+    """Whether a nested rule gives a field's value: a document or array, or any value when the
+    rule computes a field (which makes it a document)."""
+    if rule[0] != "nested":
+        return False
+    return isinstance(value, (dict, list)) or _computes(rule[1])
 
 
 def _include_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> Any:
@@ -193,17 +227,27 @@ def _add_fields(
         rule = tree.get(name)
         if rule is None:
             out[name] = value
-        elif rule[0] == "compute":
-            _put(out, name, evaluate(root, rule[1]))
         else:
-            out[name] = _add_to_value(value, rule[1], root, evaluate)
+            _add_field(out, name, value, rule, root, evaluate)
     for name, rule in tree.items():
         if name not in doc:
-            if rule[0] == "compute":
-                _put(out, name, evaluate(root, rule[1]))
-            else:
-                out[name] = _add_fields({}, rule[1], root, evaluate)
+            _add_field(out, name, {}, rule, root, evaluate)
     return out
+
+
+def _add_field(
+    out: dict[str, Any],
+    name: str,
+    value: Any,
+    rule: Any,
+    root: dict[str, Any],
+    evaluate: Evaluate,
+) -> None:
+    """Set `name` by its rule: computed, or the nested rules applied to its value."""
+    if rule[0] == "compute":
+        _put(out, name, evaluate(root, rule[1]))
+    else:
+        out[name] = _add_to_value(value, rule[1], root, evaluate)
 
 
 def _add_to_value(value: Any, tree: _Tree, root: dict[str, Any], evaluate: Evaluate) -> Any:
@@ -222,10 +266,13 @@ def _exclude(value: Any, tree: _Tree) -> Any:
         return [_exclude(v, tree) for v in value]
     if not isinstance(value, dict):
         return value
-    out: dict[str, Any] = {}
-    for name, v in value.items():
-        rule = tree.get(name)
-        if rule == EXCLUDE:
-            continue
-        out[name] = _exclude(v, rule[1]) if rule is not None and rule[0] == "nested" else v
-    return out
+    return {
+        name: _exclude_in(v, tree.get(name))
+        for name, v in value.items()
+        if tree.get(name) != EXCLUDE
+    }
+
+
+def _exclude_in(value: Any, rule: Any) -> Any:
+    """A kept field's value: its nested rules applied, if it has any."""
+    return _exclude(value, rule[1]) if rule is not None and rule[0] == "nested" else value

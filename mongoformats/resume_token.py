@@ -69,39 +69,59 @@ def _event_token_fast(data: ResumeTokenData) -> dict[str, Any] | None:
     Produces exactly the bytes of the generic path (tests compare both); returns None for any
     other shape so the generic encoder handles it.
     """
-    ident = data.event_identifier
-    if data.version != 2 or data.fragment_num is not None:
+    ident = _common_identifier(data)
+    if ident is None:
         return None
-    if type(ident) is not dict or len(ident) != 2:
-        return None
-    keys = list(ident)
-    if keys != ["operationType", "documentKey"] or type(ident["documentKey"]) is not dict:
-        return None
-    head_key = (data.version, data.token_type, data.txn_op_index, data.from_invalidate)
-    head = _HEAD_CACHE.get(head_key)
-    if head is None:
-        ks = KeyStringBuilder()
-        for v in (data.version, data.token_type, data.txn_op_index, data.from_invalidate):
-            ks.append(v)
-        head = _HEAD_CACHE.setdefault(head_key, ks.data) if len(_HEAD_CACHE) < 4096 else ks.data
-    op = ident["operationType"]
-    op_bytes = _IDENT_CACHE.get(op)
-    if op_bytes is None:
-        ks = KeyStringBuilder()
-        ks.append(op)
-        op_bytes = _IDENT_CACHE.setdefault(op, ks.data)
     key = KeyStringBuilder()
     # The type bits of version, tokenType, txnOpIndex (2 each) and operationType (1), all zero.
     key.append_zero_type_bits(7)
     key.append(ident["documentKey"])
     ts = data.cluster_time
-    parts = [b"\x82", ts.time.to_bytes(4, "big"), ts.inc.to_bytes(4, "big"), head]
+    parts = [b"\x82", ts.time.to_bytes(4, "big"), ts.inc.to_bytes(4, "big"), _head_bytes(data)]
     parts.append(b"\x5a\x10\x04" + data.uuid.bytes if data.uuid is not None else b"\x14")
-    parts += [b"\x46\x3coperationType\x00", op_bytes, b"\x46documentKey\x00", key.data, b"\x00\x04"]
-    token: dict[str, Any] = {"_data": b"".join(parts).hex().upper()}
-    bits = key.type_bits
-    if bits:
-        token["_typeBits"] = Binary(bits, 0)
+    parts += [b"\x46\x3coperationType\x00", _op_type_bytes(ident["operationType"])]
+    parts += [b"\x46documentKey\x00", key.data, b"\x00\x04"]
+    return _token_document(b"".join(parts), key.type_bits)
+
+
+def _common_identifier(data: ResumeTokenData) -> Mapping[str, Any] | None:
+    """The identifier of a v2 event token, not a fragment's, identified by {operationType,
+    documentKey: {...}}; None for any other token."""
+    if data.version != 2 or data.fragment_num is not None:
+        return None
+    ident = data.event_identifier
+    if type(ident) is not dict or list(ident) != ["operationType", "documentKey"]:
+        return None
+    return ident if type(ident["documentKey"]) is dict else None
+
+
+def _head_bytes(data: ResumeTokenData) -> bytes:
+    """The KeyString of version, tokenType, txnOpIndex and fromInvalidate, cached (bounded)."""
+    head_key = (data.version, data.token_type, data.txn_op_index, data.from_invalidate)
+    head = _HEAD_CACHE.get(head_key)
+    if head is None:
+        ks = KeyStringBuilder()
+        for v in head_key:
+            ks.append(v)
+        head = _HEAD_CACHE.setdefault(head_key, ks.data) if len(_HEAD_CACHE) < 4096 else ks.data
+    return head
+
+
+def _op_type_bytes(op: str) -> bytes:
+    """The KeyString of an operationType, cached (there are a few dozen)."""
+    op_bytes = _IDENT_CACHE.get(op)
+    if op_bytes is None:
+        ks = KeyStringBuilder()
+        ks.append(op)
+        op_bytes = _IDENT_CACHE.setdefault(op, ks.data)
+    return op_bytes
+
+
+def _token_document(key: bytes, type_bits: bytes) -> dict[str, Any]:
+    """{_data: the KeyString in upper-case hex, _typeBits when it needs any}."""
+    token: dict[str, Any] = {"_data": key.hex().upper()}
+    if type_bits:
+        token["_typeBits"] = Binary(type_bits, 0)
     return token
 
 
@@ -118,27 +138,25 @@ def encode_token_generic(data: ResumeTokenData) -> dict[str, Any]:
     if data.fragment_num is not None and data.version < 2:
         raise _bad(7182504, "fragmentNum requires a version 2 resume token")
     ks = KeyStringBuilder()
-    ks.append(data.cluster_time)
-    ks.append(data.version)
-    if data.version >= 1:
-        ks.append(data.token_type)
-    ks.append(data.txn_op_index)
-    if data.version >= 1:
-        ks.append(data.from_invalidate)
-    if data.uuid is not None:
-        ks.append(Binary(data.uuid.bytes, 4))
-    elif data.version >= 2:
-        ks.append(None)  # v2 writes a missing UUID as an explicit null
-    if data.event_identifier is not None:
-        ks.append(data.event_identifier)
-    if data.fragment_num is not None:
-        ks.append(data.fragment_num)
+    for value in _token_values(data):
+        ks.append(value)
     ks.append_end()
-    token: dict[str, Any] = {"_data": ks.data.hex().upper()}
-    bits = ks.type_bits
-    if bits:
-        token["_typeBits"] = Binary(bits, 0)
-    return token
+    return _token_document(ks.data, ks.type_bits)
+
+
+def _token_values(data: ResumeTokenData) -> list[Any]:
+    """The values a token's KeyString holds, in order, for its version."""
+    v1 = data.version >= 1
+    values: list[Any] = [data.cluster_time, data.version]
+    values += [data.token_type] if v1 else []
+    values.append(data.txn_op_index)
+    values += [data.from_invalidate] if v1 else []
+    if data.uuid is not None:
+        values.append(Binary(data.uuid.bytes, 4))
+    elif data.version >= 2:
+        values.append(None)  # v2 writes a missing UUID as an explicit null
+    optional = (data.event_identifier, data.fragment_num)
+    return values + [value for value in optional if value is not None]
 
 
 def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
@@ -163,9 +181,7 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
     ts = r.read()
     if not isinstance(ts, Timestamp):
         raise ValueError("clusterTime is not a Timestamp")
-    version = r.read()
-    if type(version) is not int or version not in (0, 1, 2):
-        raise _bad(50795, f"Invalid resume token version: {version!r}")
+    version = _read_version(r)
     token_type = _read_token_type(r) if version >= 1 else EVENT_TOKEN
     txn_op_index = _read_txn_op_index(r)
     from_invalidate = _read_from_invalidate(r) if version >= 1 else False
@@ -178,6 +194,13 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
     return ResumeTokenData(
         ts, version, token_type, txn_op_index, from_invalidate, uuid, event_identifier, fragment_num
     )
+
+
+def _read_version(r: KeyStringReader) -> int:
+    version = r.read()
+    if type(version) is not int or version not in (0, 1, 2):
+        raise _bad(50795, f"Invalid resume token version: {version!r}")
+    return version
 
 
 def _read_token_type(r: KeyStringReader) -> int:

@@ -128,7 +128,8 @@ class ScramServer:
         f = _fields(bare)
         self.user = f.get("n", "").replace("=2C", ",").replace("=3D", "=")
         self._credential = self._lookup.get(self.user)
-        # An unknown user still gets a well-formed challenge; the proof fails later (no user oracle).
+        # An unknown user still gets a well-formed challenge; the proof fails later (no user
+        # oracle).
         cred = self._credential or make_credential(
             "unknown user", iterations=4096, salt=hashlib.sha256(bare).digest()
         )

@@ -54,17 +54,29 @@ def sessions_named(
     name = next(iter(cmd))
     specs = cmd[name] if isinstance(cmd[name], list) else []
     if name.lower() == "killsessions":
-        ids = {session_id(spec["id"]) for spec in specs}
-        own_only = access_control and not (ids and kill_any)
-
-        def named(lsid: bytes | None, user: Any) -> bool:
-            if ids and lsid not in ids:
-                return False
-            return not own_only or (bool(ids) if user is UNKNOWN_USER else user == caller)
-
-        return named
+        return _by_ids(specs, caller, access_control=access_control, kill_any=kill_any)
     if name.lower() == "killallsessionsbypattern":
         return _by_patterns([spec for spec in specs if isinstance(spec, dict)])
+    return _by_users(specs)
+
+
+def _by_ids(
+    specs: list[Any], caller: str | None, *, access_control: bool, kill_any: bool
+) -> SessionsNamed:
+    """killSessions [{id}]: see `sessions_named`."""
+    ids = {session_id(spec["id"]) for spec in specs}
+    own_only = access_control and not (ids and kill_any)
+
+    def named(lsid: bytes | None, user: Any) -> bool:
+        if ids and lsid not in ids:
+            return False
+        return not own_only or (bool(ids) if user is UNKNOWN_USER else user == caller)
+
+    return named
+
+
+def _by_users(specs: list[Any]) -> SessionsNamed:
+    """killAllSessions [{user, db}]: those users' sessions, every session for an empty list."""
     users = {
         user_identity(spec.get("user"), spec.get("db")) for spec in specs if isinstance(spec, dict)
     }

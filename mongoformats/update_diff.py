@@ -13,6 +13,7 @@ components with array indices as integers.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,28 +101,11 @@ def post_image(before: Mapping[str, Any], description: Mapping[str, Any]) -> dic
     A dotted path is walked through `before`: a numeric component indexes an array, else it names
     a field; `disambiguatedPaths` (expanded events) gives the exact components when present.
     """
-    import copy
-
     doc: Any = copy.deepcopy(dict(before))
     exact = description.get("disambiguatedPaths") or {}
 
-    def parts(path: str) -> list[Any]:
-        return list(exact[path]) if path in exact else path.split(".")
-
     def parent(path: str) -> tuple[Any, Any]:
-        steps = parts(path)
-        node = doc
-        for step in steps[:-1]:
-            key = _index(node, step)
-            if isinstance(node, list):
-                while len(node) <= key:
-                    node.append(None)
-                if not isinstance(node[key], (dict, list)):
-                    node[key] = {}
-                node = node[key]
-            else:
-                node = node.setdefault(key, {})
-        return node, _index(node, steps[-1])
+        return _parent(doc, list(exact[path]) if path in exact else path.split("."))
 
     for t in description.get("truncatedArrays") or []:
         node, key = parent(t["field"])
@@ -133,10 +117,33 @@ def post_image(before: Mapping[str, Any], description: Mapping[str, Any]) -> dic
     for path, value in (description.get("updatedFields") or {}).items():
         node, key = parent(path)
         if isinstance(node, list):
-            while len(node) <= key:
-                node.append(None)
+            _pad(node, key)
         node[key] = value
     return doc
+
+
+def _parent(doc: Any, steps: list[Any]) -> tuple[Any, Any]:
+    """The node a path's last step is in, made as needed, and that step as its key there."""
+    node = doc
+    for step in steps[:-1]:
+        node = _child(node, _index(node, step))
+    return node, _index(node, steps[-1])
+
+
+def _child(node: Any, key: Any) -> Any:
+    """The document or array at `key` in `node`, made (a document) if it holds neither."""
+    if not isinstance(node, list):
+        return node.setdefault(key, {})
+    _pad(node, key)
+    if not isinstance(node[key], (dict, list)):
+        node[key] = {}
+    return node[key]
+
+
+def _pad(array: list[Any], index: int) -> None:
+    """Extend `array` with nulls up to `index`, as the server does for a path past its end."""
+    while len(array) <= index:
+        array.append(None)
 
 
 def _index(node: Any, step: Any) -> Any:

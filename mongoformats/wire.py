@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import crc32c
 
 from mongoformats.compression import COMPRESSOR_IDS, COMPRESSOR_NAMES, compressed, decompress
 from mongoformats.errors import ProtocolError
+from mongoformats.wire_pieces import ArrayRun, DeferredPiece, joined
 
 __all__ = [
     "NEED_DATA",
@@ -193,12 +194,7 @@ def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int,
     if flags & 0xFFFF & ~_KNOWN_REQUIRED_FLAGS:
         raise ProtocolError(f"OP_MSG has unknown required flag bits {flags & 0xFFFF:#x}")
     if flags & FLAG_CHECKSUM_PRESENT:
-        if end < HEADER.size + 4 + 4 + 1:
-            raise ProtocolError("OP_MSG too short for its checksum")
-        end -= 4
-        (expected,) = _U32.unpack_from(data, end)
-        if crc32c.crc32c(data[:end]) != expected:
-            raise ProtocolError("OP_MSG checksum mismatch")
+        end = _checked_sections_end(data, end)
     pos = HEADER.size + 4
     body: tuple[int, int] | None = None
     sequences: list[tuple[str, tuple[bytes, ...]]] = []
@@ -210,24 +206,42 @@ def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int,
                 raise ProtocolError("OP_MSG has more than one kind-0 section")
             body = (pos, pos := _bson_end(data, pos, end))
         elif kind == 1:
-            if end - pos < 4:
-                raise ProtocolError("truncated document sequence")
-            (size,) = _I32.unpack_from(data, pos)
-            seq_end = pos + size
-            if size < 5 or seq_end > end:
-                raise ProtocolError(f"invalid document sequence length {size}")
-            ident, p = _cstring_at(data, pos + 4, seq_end)
-            docs = []
-            while p < seq_end:
-                doc, p = _bson_at(data, p, seq_end)
-                docs.append(doc)
-            sequences.append((ident, tuple(docs)))
-            pos = seq_end
+            ident, docs, pos = _document_sequence(data, pos, end)
+            sequences.append((ident, docs))
         else:
             raise ProtocolError(f"unknown OP_MSG section kind {kind}")
     if body is None:
         raise ProtocolError("OP_MSG has no kind-0 section")
     return flags, body, tuple(sequences)
+
+
+def _checked_sections_end(data: bytes | bytearray, end: int) -> int:
+    """Where the sections of an OP_MSG with a checksum end, the checksum verified."""
+    if end < HEADER.size + 4 + 4 + 1:
+        raise ProtocolError("OP_MSG too short for its checksum")
+    end -= 4
+    (expected,) = _U32.unpack_from(data, end)
+    if crc32c.crc32c(data[:end]) != expected:
+        raise ProtocolError("OP_MSG checksum mismatch")
+    return end
+
+
+def _document_sequence(
+    data: bytes | bytearray, pos: int, end: int
+) -> tuple[str, tuple[bytes, ...], int]:
+    """The kind-1 section at data[pos:end]: (its identifier, its documents, where it ends)."""
+    if end - pos < 4:
+        raise ProtocolError("truncated document sequence")
+    (size,) = _I32.unpack_from(data, pos)
+    seq_end = pos + size
+    if size < 5 or seq_end > end:
+        raise ProtocolError(f"invalid document sequence length {size}")
+    ident, p = _cstring_at(data, pos + 4, seq_end)
+    docs = []
+    while p < seq_end:
+        doc, p = _bson_at(data, p, seq_end)
+        docs.append(doc)
+    return ident, tuple(docs), seq_end
 
 
 def op_msg_flags(frame: bytes | bytearray) -> int:
@@ -450,57 +464,6 @@ class MessageFramer:
 
 # ---------------------------------------------------------------------------------------------
 # encoding
-
-
-class DeferredPiece:
-    """A piece of a message whose bytes are made as it is sent: a getMore reply's batch of
-    events, gathered from the blocks they lie in (the engine's columnar event blocks).
-
-    Why: a batch of megabytes gathered whole is written to memory once and read back by the
-    socket's copy, past every cache; gathered a few hundred KB at a time into a buffer the
-    sender reuses (`pieces`), each part is still in the cache when the kernel copies it. A
-    sender that needs the whole message (compressed, over TLS) takes `materialize()`, and
-    `joined` joins a list of pieces that may hold deferred ones."""
-
-    __slots__ = ()
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def pieces(self, scratch: Any) -> Iterator[bytes | memoryview]:
-        """The piece's bytes, in order, made one part at a time into `scratch` (a writable
-        buffer, such as a bytearray, that the caller reuses): each part must be sent before the
-        next is asked for."""
-        raise NotImplementedError
-
-    def materialize(self) -> bytes | memoryview:
-        """The piece's bytes, all of them."""
-        raise NotImplementedError
-
-    def __bytes__(self) -> bytes:
-        return bytes(self.materialize())
-
-
-class ArrayRun:
-    """A run of documents that writes itself as consecutive elements of a BSON array: what a
-    reply's batch may hold besides encoded documents (the engine's columnar event blocks), so
-    that a cursor document is assembled without knowing how the run keeps its documents."""
-
-    __slots__ = ()
-
-    def __len__(self) -> int:
-        """How many documents (array elements) the run holds."""
-        raise NotImplementedError
-
-    def array_body(self, first_index: int) -> DeferredPiece:
-        """The documents as array elements keyed from `first_index` on (type 3, the index in
-        decimal, the document), as a piece made while it is sent."""
-        raise NotImplementedError
-
-
-def joined(pieces: Iterable[Any]) -> bytes:
-    """`b"".join(pieces)`, deferred pieces made whole first."""
-    return b"".join(p.materialize() if isinstance(p, DeferredPiece) else p for p in pieces)
 
 
 def encode_op_msg(

@@ -31,8 +31,8 @@ def as_list(doc):
         # Computed fields follow the inclusions, in the spec's order, even one replacing a field.
         ({"b": 1, "a": 1}, {"b": {"$literal": "new"}, "a": 1}, {"a": 1, "b": "new"}),
         ({"x": 1}, {"second": "$x", "first": "lit"}, {"second": 1, "first": "lit"}),
-        # A dotted inclusion: a sub-document keeps its own order; a missing or scalar parent is left
-        # out.
+        # A dotted inclusion: a sub-document keeps its own order; a missing or scalar parent is
+        # left out.
         ({"a": {"c": 2, "b": 1, "d": 3}}, {"a.b": 1, "a.c": 1}, {"a": {"c": 2, "b": 1}}),
         ({"a": {"c": 1}}, {"a.b": 1}, {"a": {}}),
         ({"a": "scalar"}, {"a.b": 1}, {}),

@@ -44,6 +44,10 @@ def test_importing_mongoformats_does_not_load_trio():
 # implementations instead of one with itself.
 ENGINE_TRANSFORM = {
     "mongoformats.change_events",
+    "mongoformats.crud_events",
+    "mongoformats.ddl_events",
+    "mongoformats.event_writer",
+    "mongoformats.events",
     "mongoformats.oplog_splice",
     "buckets._columnar.batch_splice",
     "buckets._columnar.event_block",
@@ -234,6 +238,51 @@ def _assert_acyclic(graph: dict[str, set[str]]) -> None:
 
 def test_mongoformats_modules_import_each_other_without_cycles():
     graph = _mongoformats_graph()
+    _assert_acyclic(graph)
+
+
+def _package_imports(source: str, package: str, modules: set[str]) -> set[str]:
+    """Which of `modules` (a flat package's, "package.name") `source` imports, any way at all:
+    at the top, inside functions, under `if TYPE_CHECKING:` (ast.walk visits them all),
+    absolute or relative (`from . import x`, `from .x import y`), and `from package import x`."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative, within the (flat) package itself
+                base = f"{package}.{base}" if base else package
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found & modules
+
+
+def test_the_import_graph_counts_function_level_type_checking_and_relative_imports():
+    modules = {f"pkg.{name}" for name in "abcdef"}
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import a\n"
+        "from .b import thing\n"
+        "if TYPE_CHECKING:\n"
+        "    from pkg.c import Kind\n"
+        "def f():\n"
+        "    import pkg.d\n"
+        "    from pkg import e\n"
+    )
+    assert _package_imports(source, "pkg", modules) == modules - {"pkg.f"}
+
+
+def test_mongoformats_has_no_import_cycle_of_any_kind_of_import():
+    """The review named keystring/keystring_decimal; every pair and longer circle counts."""
+    paths = sorted((ROOT / "mongoformats").glob("*.py"))
+    modules = {f"mongoformats.{p.stem}" for p in paths}
+    graph = {
+        f"mongoformats.{p.stem}": _package_imports(p.read_text(), "mongoformats", modules)
+        - {f"mongoformats.{p.stem}"}
+        for p in paths
+    }
+    assert graph["mongoformats.keystring"] >= {"mongoformats.keystring_decimal"}
     _assert_acyclic(graph)
 
 

@@ -89,8 +89,7 @@ def test_equality_matches_equal_numbers_and_nothing_of_another_type():
         {"_id": "14"},
         {"_id": [14]},
     ]
-    # Before, any two values of types the comparison did not know (Decimal128, dates, binData) were
-    # equal.
+    # Values of every type compare by value (Decimal128, dates and binData too), never all equal.
     for probe, want in (
         (14, 5),
         (Decimal128("14.5"), 1),
