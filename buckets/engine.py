@@ -69,12 +69,13 @@ from buckets.config import EngineConfig
 from buckets.cursor import BucketCursor, start_point
 from buckets.cursors import CursorRegistry
 from buckets.ddl_notes import DDL_COMMANDS, plan_notes, target_namespace
+from buckets.event_run import EventRun
 from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import reader_pool
 from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
 from buckets.streams import StreamSet, frontier_status
-from mongoformats.change_events import EventFields, ddl_note
+from mongoformats.change_events import ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.idl import check_depth, check_lsid, get_more_request, kill_cursors_ids, wrong_type
 from mongoformats.privileges import allows, change_stream_resource
@@ -418,7 +419,7 @@ class Engine:
             cur.follow(named, lambda: self._close_private(cur.cursor_id))
         else:
             cur = self._new_cursor(user, stream, i, cmd, batch_size, token, from_start=created)
-        events: list[EventFields] = []
+        events: list[EventRun] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
         return {

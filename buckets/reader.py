@@ -33,8 +33,7 @@ from bson import Int64, Timestamp
 
 from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.batch_splice import splice_entries
-from buckets._columnar.event_block import EventBlock
-from buckets._columnar.items import count_events, is_block
+from buckets._columnar.items import SplicedItems, above, count_events, hold_blocks, listed
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.budget import BudgetHold, ByteBudget
 from buckets.ports import Connection, Connector
@@ -282,7 +281,7 @@ class OplogTail:
 
     async def _deliver(
         self,
-        items: EventBlock | list[Any],
+        items: SplicedItems,
         entries: int,
         last_ts: Timestamp,
         out: TailOutput,
@@ -295,8 +294,7 @@ class OplogTail:
         skip = self.skip_key
         events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields) and blocks
         nbytes = 0
-        listed: list[Any] = [items] if isinstance(items, EventBlock) else items
-        for item in listed:
+        for item in listed(items):
             if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
                 if (gap := transformer.missing_chain(item)) is not None:
                     transformer.adopt_chain(await self._chain_through(conn, gap))
@@ -304,17 +302,11 @@ class OplogTail:
                     if ev.sort_key > skip:
                         events.append(tuple(ev))
                         nbytes += len(ev.raw)
-            elif type(item) is EventBlock:  # a backlog's batch, or a run of its events, as columns
-                if item.first_key <= skip:
-                    item = item.sliced(item.bisect_right(skip))
-                if len(item):
-                    events.append(item)
-                    nbytes += item.nbytes
-            elif item and item[0] > skip:
-                events.append(
-                    item
-                )  # a spliced event: a plain tuple (marshals fast) until delivered
-                nbytes += len(item[5])
+            # A block (a backlog's events as columns) or a spliced event (a plain tuple, which
+            # marshals fast, until delivered).
+            elif (kept := above(item, skip)) is not None:
+                events.append(kept[0])
+                nbytes += kept[1]
         await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
 
@@ -499,9 +491,7 @@ class ShardReader:
     def _hold(self, events: list[Any]) -> None:
         """Each block's charge returns when the block is let go, not when the merge deals it: the
         buckets' shares point into it (EventBlock.take)."""
-        for item in events:
-            if is_block(item):
-                item.hold = BudgetHold(self.budget, item.nbytes)
+        hold_blocks(events, lambda nbytes: BudgetHold(self.budget, nbytes))
 
     def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
         # Both the find's and the getMores' batches are at least FIRST_BATCH_ENTRIES long.

@@ -70,7 +70,6 @@ LONG_MODULES: set[str] = {
     "buckets/engine.py",
     "buckets/reader.py",
     "buckets/reader_process.py",
-    "buckets/stream.py",
     "mongoformats/change_events.py",
     "mongoformats/oplog_splice.py",
     "simcluster/mongos.py",
