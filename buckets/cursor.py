@@ -22,7 +22,7 @@ from mongoformats.change_events import (
     events_from_fields,
 )
 from mongoformats.errors import MongoError
-from mongoformats.large_events import split_event
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, split_event
 from mongoformats.resume_token import (
     decode_token,
     fragment_of,
@@ -314,10 +314,21 @@ class BucketCursor:
         if shaped or self.must_meet is not None:
             events, taken = await self._checked(taken, shaped)
             batch = plain_runs(events)
-        head = batch[0].sliced(0, 1).fields()[0] if batch else None
-        if head is not None and (self.fragments_sent or splits(head, self.stream.sizer)):
+        head = self._split_head(batch)
+        if head is not None:
             return self._fragments(head, taken)
         return batch, taken
+
+    def _split_head(self, batch: list[EventRun]) -> EventFields | None:
+        """The reply's first event if it is returned in fragments (or already is being)."""
+        if not batch:
+            return None
+        head = batch[0].sliced(0, 1)
+        # Only an event over MEASURE_ABOVE_BYTES may split: the others are not made one by one.
+        if not self.fragments_sent and head.nbytes <= MEASURE_ABOVE_BYTES:
+            return None
+        event = head.fields()[0]
+        return event if self.fragments_sent or splits(event, self.stream.sizer) else None
 
     async def _checked(
         self, taken: list[EventRun], shaped: bool
