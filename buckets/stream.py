@@ -130,33 +130,20 @@ class ParallelStream:
         self.name = name
         self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
         self._closing = False
-        shaping = shaping_processes(bool(options.stages), options.reader_processes)
-        # Its shaping processes, at a reader process's size (they start the same interpreter).
-        self._shaping = (
-            memory.account(shaping * memory.process_bytes, reader=False)
-            if memory is not None and shaping
-            else None
-        )
+        self._shaping = _shaping_account(options, memory)
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
-        self.sharded = (
-            topology.sharded
-        )  # mongos sizes events as its shards send them, with their sort key
+        # mongos sizes events as its shards send them, with their sort key
+        self.sharded = topology.sharded
         self.sizer = EventSizer(split=options.split_large_events, merged=self.sharded)
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
         self._hosts: list[ReaderHost] = []  # reader processes, with readerProcesses
-        self.shaper = Shaper(
-            options.stages, options.reader_processes
-        )  # the stages, over as many processes
+        # The stages, over as many processes.
+        self.shaper = Shaper(options.stages, options.reader_processes)
         self._connect_member = connect_member
-        self.lookup = (
-            DocumentLookup(connect_upstream, self._connect_shard)
-            if connect_upstream is not None
-            and (options.full_document == "updateLookup" or options.needs_pre_images)
-            else None
-        )
+        self.lookup = self._lookup(connect_upstream)
         self.buckets = {
             i: Bucket(
                 i,
@@ -180,14 +167,7 @@ class ParallelStream:
         self.merge = MergedQueue(())
         for sid, hosts in topology.shards.items():
             self._new_reader(sid, hosts, start)
-        # Without an upstream to ask (a fixed shard list, or a replica set), nothing is added and
-        # nothing waits on it.
-        self.watcher: TopologyWatcher | None = None
-        if connect_upstream is not None and topology.sharded:
-            self.watcher = TopologyWatcher(
-                connect_upstream, topology, holds_back=lambda: self._shard_holds_back(TOPOLOGY)
-            )
-            self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
+        self.watcher = self._topology_watcher(connect_upstream, topology)
         self.error: Exception | None = None
         self.events_merged = 0
         self.replays = 0  # attaches older than retention, served by re-reading the oplogs
@@ -195,6 +175,29 @@ class ParallelStream:
         self.started = trio.Event()
         self._frontier = b""
         self._cancel = trio.CancelScope()
+
+    def _lookup(self, connect_upstream: ConnectUpstream | None) -> DocumentLookup | None:
+        """The stream's document and pre-image lookups, if its options ask for them."""
+        options = self.options
+        if connect_upstream is None or not (
+            options.full_document == "updateLookup" or options.needs_pre_images
+        ):
+            return None
+        return DocumentLookup(connect_upstream, self._connect_shard)
+
+    def _topology_watcher(
+        self, connect_upstream: ConnectUpstream | None, topology: Topology
+    ) -> TopologyWatcher | None:
+        """What adds shards as they join, a shard of the merge of its own. Without an upstream
+        to ask (a fixed shard list, or a replica set), nothing is added and nothing waits on
+        it."""
+        if connect_upstream is None or not topology.sharded:
+            return None
+        watcher = TopologyWatcher(
+            connect_upstream, topology, holds_back=lambda: self._shard_holds_back(TOPOLOGY)
+        )
+        self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
+        return watcher
 
     async def _connect_shard(self, sid: str) -> Connection:
         """A connection to a member of shard `sid` (pre-images live on the shard that wrote
@@ -554,6 +557,15 @@ def _bucket_status(index: int, bucket: Bucket) -> dict[str, Any]:
         ),
         **lag_status(bucket),
     }
+
+
+def _shaping_account(options: StreamOptions, memory: MemoryPool | None) -> PoolAccount | None:
+    """The account of a stream's shaping processes, at a reader process's size (they start the
+    same interpreter)."""
+    shaping = shaping_processes(bool(options.stages), options.reader_processes)
+    if memory is None or not shaping:
+        return None
+    return memory.account(shaping * memory.process_bytes, reader=False)
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:
