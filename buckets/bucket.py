@@ -13,13 +13,11 @@ from typing import Any, Protocol
 import trio
 from bson import Timestamp
 
-from buckets._columnar.event_block import EventBlock
-from buckets._columnar.items import count_events, first_key, is_block, items_bytes, last_key
-from buckets._columnar.sizes import count_reaching, count_within
 from buckets.budget import ByteBudget
 from buckets.catch_up import FALL_BEHIND_AFTER_S, FIRST_READ_GRACE_S, MIN_WAIT_S, WAIT_SLICE_S, Lag
+from buckets.event_run import EventRun, runs_bytes
 from buckets.memory_limit import PoolAccount
-from mongoformats.change_events import EV_RAW, EV_SORT_KEY, EventFields
+from mongoformats.change_events import EventFields
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import decode_token, token_from_key
 
@@ -52,9 +50,9 @@ class Joinable(Protocol):
 class Bucket:
     """Events of one bucket in token order: [retained (delivered) ... pending].
 
-    Held as segments: an EventFields tuple is one event, an EventBlock a run of them (a backlog's
-    events stay columns from the splice to the reply). `starts[i]` is the absolute index of
-    segment i's first event and `firsts[i]` its sort key, for finding a position or a key.
+    Held as segments, each a run of events (buckets/event_run.py; a backlog's events stay
+    columns from the splice to the reply). `starts[i]` is the absolute index of segment i's
+    first event and `firsts[i]` its sort key, for finding a position or a key.
     """
 
     def __init__(
@@ -66,7 +64,7 @@ class Bucket:
         account: PoolAccount | None = None,
     ) -> None:
         self.index = index
-        self.segments: list[Any] = []
+        self.segments: list[EventRun] = []
         self.starts: list[int] = []
         self.firsts: list[bytes] = []
         self.base = 0  # absolute index of the first retained event
@@ -134,18 +132,14 @@ class Bucket:
 
     def key_at(self, position: int) -> bytes:
         s = self._segment_at(position)
-        segment = self.segments[s]
-        return segment.key(position - self.starts[s]) if is_block(segment) else segment[EV_SORT_KEY]
+        return self.segments[s].key(position - self.starts[s])
 
     def event_at(self, position: int) -> EventFields:
         s = self._segment_at(position)
-        segment = self.segments[s]
-        if is_block(segment):
-            at = position - self.starts[s]
-            return segment.sliced(at, at + 1).fields()[0]
-        return segment
+        at = position - self.starts[s]
+        return self.segments[s].sliced(at, at + 1).fields()[0]
 
-    def items_from(self, position: int) -> Iterator[tuple[Any, int]]:
+    def items_from(self, position: int) -> Iterator[tuple[EventRun, int]]:
         """(segment, offset of `position`'s event in it) from `position` to the end."""
         if position >= self._end:
             return
@@ -161,11 +155,7 @@ class Bucket:
         for segment, offset in self.items_from(start):
             if len(out) >= stop - start:
                 break
-            if is_block(segment):
-                part = segment.sliced(offset, offset + stop - start - len(out))
-                out += map(bytes, part.keys)
-            else:
-                out.append(segment[EV_SORT_KEY])
+            out += segment.sliced(offset, offset + stop - start - len(out)).keys()
         return out
 
     def position_after(self, key: bytes) -> int | None:
@@ -176,8 +166,7 @@ class Bucket:
         s = bisect.bisect_right(self.firsts, key)
         if s == 0:
             return self.base
-        segment = self.segments[s - 1]
-        return self.starts[s - 1] + (segment.bisect_right(key) if is_block(segment) else 1)
+        return self.starts[s - 1] + self.segments[s - 1].bisect_right(key)
 
     # -- retention -------------------------------------------------------------------------------------
 
@@ -194,18 +183,13 @@ class Bucket:
         target = self.budget.limit * 7 // 8 - need
         freed = 0
         position = self.base
-        # A block's share is found with one cumulative sum (in C), not event by event.
         for segment, offset in self.items_from(self.base):
             if position >= safe or self.budget.used - freed <= target:
                 break
-            if is_block(segment):
-                part = segment.sliced(offset, offset + safe - position)
-                k, nbytes = count_reaching(part.sizes, self.budget.used - freed - target)
-                freed += nbytes
-                position += k
-            else:
-                freed += len(segment[EV_RAW])
-                position += 1
+            part = segment.sliced(offset, offset + safe - position)
+            k, nbytes = part.count_reaching(self.budget.used - freed - target)
+            freed += nbytes
+            position += k
         if position > self.base:
             self._forget(position, freed)
 
@@ -236,7 +220,7 @@ class Bucket:
         dropped, and the rest copied into memory of their own."""
         self._drop_delivered(self.budget.limit)
         for i, segment in enumerate(self.segments):
-            if is_block(segment) and segment.pins:
+            if segment.pins:
                 self.segments[i] = segment.own()
 
     def _forget(self, position: int, nbytes: int) -> None:
@@ -277,26 +261,26 @@ class Bucket:
 
     # -- taking events ----------------------------------------------------------------------------------
 
-    def _append(self, item: Any) -> None:
-        n = len(item) if is_block(item) else 1
-        self.segments.append(item)
+    def _append(self, run: EventRun) -> None:
+        n = len(run)
+        self.segments.append(run)
         self.starts.append(self._end)
-        self.firsts.append(first_key(item))
+        self.firsts.append(run.first_key)
         self._end += n
         self.dealt_total += n
 
-    def put_nowait(self, event: Any) -> bool:
-        """Append `event` (one event's fields, or a block of events, whole) if it fits now (the
-        pump's fast path); False if the caller must `put`.
+    def put_nowait(self, event: EventRun) -> bool:
+        """Append the run `event` whole if it fits now (the pump's fast path); False if the
+        caller must `put`.
 
         Does not wake readers: the pump calls `notify()` once per merged batch, not per event.
         """
-        if last_key(event) <= self.floor or self.error is not None:
+        if event.last_key <= self.floor or self.error is not None:
             return True  # a resumed stream: this bucket already had it; or a failed bucket
-        n = event.nbytes if is_block(event) else len(event[EV_RAW])
+        n = event.nbytes
         lag = self.lag
         if lag.behind and not self._rejoin(lag.rejoin_point(self.merge_frontier, self.floor)):
-            lag.drop(count_events([event]), n, last_key(event))
+            lag.drop(len(event), n, event.last_key)
             return True
         self._drop_delivered(n)  # returns at once while the budget has room
         if not self.budget.try_acquire(n):
@@ -349,16 +333,16 @@ class Bucket:
         if self.lag.behind:
             self._rejoin(self.lag.rejoin_point(self.merge_frontier, self.floor))
 
-    async def put_many(self, events: list[Any]) -> None:
-        """Append `events` (token order; EventFields and EventBlocks) and wake consumers; one budget
+    async def put_many(self, events: list[EventRun]) -> None:
+        """Append the runs `events` (token order) and wake consumers; one budget
         charge when they all fit, else a part at a time, waiting for consumers as `put` does."""
         if self.error is not None:
             return  # failed: nothing after its error is read
-        if first_key(events[0]) <= self.floor:  # a resumed stream: this bucket already had some
+        if events[0].first_key <= self.floor:  # a resumed stream: this bucket already had some
             events = _above(events, self.floor)
             if not events:
                 return
-        n = items_bytes(events)
+        n = runs_bytes(events)
         self._drop_delivered(n)
         # (try_acquire lets one oversized item into an empty budget; a whole share must fit.)
         fits = self.budget.used + n <= self.budget.limit
@@ -367,20 +351,18 @@ class Bucket:
                 self._append(item)
         else:
             for item in events:
-                if is_block(item):
-                    await self._put_block(item)
-                elif not self.put_nowait(item):
-                    await self.put(item)
+                for piece in item.pieces():
+                    await self._put_run(piece)
         self.notify()
 
-    async def _put_block(self, block: EventBlock) -> None:
-        """A block that does not fit at once goes in as parts that do, as consumers make room."""
+    async def _put_run(self, block: EventRun) -> None:
+        """A run that does not fit at once goes in as parts that do, as consumers make room."""
         while len(block):
             if self.lag.behind and self.put_nowait(block):
                 return  # dropped whole (or it rejoined and took it)
             self._drop_delivered(block.nbytes)
             room = self.budget.room()  # in the budget and in the proxy's memory pool
-            k = count_within(block.sizes, room)
+            k = block.count_within(room)
             if k == 0:
                 await self.put(block.sliced(0, 1))  # waits (or takes one oversized event alone)
                 k = 1
@@ -388,7 +370,7 @@ class Bucket:
                 await self.put(block.sliced(0, k))
             block = block.sliced(k)
 
-    async def put(self, event: Any) -> None:
+    async def put(self, event: EventRun) -> None:
         """Append `event`, waiting while the bucket is full (a consumer must read first:
         backpressure), or while the proxy's memory pool is (a consumer of this stream or another
         must read). An isolated bucket waits so only while no other bucket's consumer waits for
@@ -397,12 +379,12 @@ class Bucket:
         waited = 0.0  # with the event loop running: see WAIT_SLICE_S
         while not self.put_nowait(event):
             self.notify()
-            n = event.nbytes if is_block(event) else len(event[EV_RAW])
+            n = event.nbytes
             if self.isolated and self._slow_or_gone(waited) and self.holds_back():
                 self._drop_delivered(n, hard=True)  # retention is a cache: it goes first
                 if not self.budget.try_acquire(n):
                     self._fall_behind()
-                    self.lag.drop(count_events([event]), n, last_key(event))
+                    self.lag.drop(len(event), n, event.last_key)
                     break
                 self._append(event)
                 break
@@ -443,13 +425,13 @@ class Bucket:
             self.notify()
 
 
-def _above(items: list[Any], key: bytes) -> list[Any]:
+def _above(items: list[EventRun], key: bytes) -> list[EventRun]:
     """The events of `items` (in token order) above `key`."""
     out = []
     for item in items:
-        if last_key(item) <= key:
+        if item.last_key <= key:
             continue
-        if is_block(item) and item.first_key <= key:
+        if item.first_key <= key:
             item = item.sliced(item.bisect_right(key))
         out.append(item)
     return out

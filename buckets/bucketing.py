@@ -23,7 +23,8 @@ one bucket, in order (what Kafka-based CDC gives per key). Only the documentKey'
 on a sharded collection the documentKey also holds the shard key, which an update may change (the
 server, answering the update with WouldChangeOwningShard (283) internally, then writes a delete
 and an insert in a transaction, each with its own documentKey); hashing the `_id` keeps those two
-in one bucket, in order. An upsert is an insert (or an update) of its document and goes where that document goes.
+in one bucket, in order. An upsert is an insert (or an update) of its document and goes where
+that document goes.
 Events without a documentKey (DDL: create, drop, rename, dropDatabase, createIndexes, modify,
 shardCollection, invalidate ...) go, with the same token, to every bucket: a barrier, so that a
 bucket's consumer sees a collection's DDL in order with that collection's documents.
@@ -41,10 +42,18 @@ from typing import Any
 import bson
 from bson.raw_bson import RawBSONDocument
 
-from mongoformats.change_events import EV_NAMESPACES, EV_RAW, EventFields
+from buckets.event_run import namespaces_of, raw_of
+from mongoformats.change_events import EventFields
 from mongoformats.oplog_splice import document_of, elements
 
-__all__ = ["bucket_of", "bucket_of_document", "buckets_for_event", "BUCKET_BY", "MAX_BUCKETS"]
+__all__ = [
+    "bucket_of",
+    "bucket_of_document",
+    "buckets_for_event",
+    "buckets_for_namespaces",
+    "BUCKET_BY",
+    "MAX_BUCKETS",
+]
 
 MAX_BUCKETS = 1024
 BUCKET_BY = ("namespace", "documentKey")
@@ -92,13 +101,18 @@ def _decoded_id_bytes(raw: bytes) -> bytes | None:
 
 
 def buckets_for_event(event: EventFields, n: int, by: str = "namespace") -> tuple[int, ...]:
-    namespaces = event[EV_NAMESPACES]
+    namespaces = namespaces_of(event)
     if by == "documentKey":
         if len(namespaces) == 1:
-            doc = _id_bytes(bytes(event[EV_RAW]))
+            doc = _id_bytes(bytes(raw_of(event)))
             if doc is not None:
                 return (zlib.crc32(doc, zlib.crc32(namespaces[0].encode("utf-8"))) % n,)
         return tuple(range(n))  # no documentKey: a barrier in every bucket
+    return buckets_for_namespaces(namespaces, n)
+
+
+def buckets_for_namespaces(namespaces: tuple[str, ...], n: int) -> tuple[int, ...]:
+    """The buckets (of `n`) of events of `namespaces` dealt by namespace."""
     if len(namespaces) == 1:  # the common case: one collection
         return (zlib.crc32(namespaces[0].encode("utf-8")) % n,)
     if not namespaces:  # database-level events

@@ -10,24 +10,22 @@ from typing import Any
 import trio
 from bson import Timestamp
 
-from buckets._columnar.items import as_fields, count_events, is_block, last_key
 from buckets.bucket import Bucket
+from buckets.event_run import EventRun, count_events, fields_of, plain_runs, raw_of
 from buckets.reply import cut_reply, fit_shaped, splits
 from buckets.stream import ParallelStream
 from mongoformats.change_events import (
-    EV_RAW,
-    EV_SORT_KEY,
+    EVENT_SORT_KEY,
     ChangeEvent,
     EventFields,
     event_token,
     events_from_fields,
 )
 from mongoformats.errors import MongoError
-from mongoformats.large_events import split_event
+from mongoformats.large_events import MEASURE_ABOVE_BYTES, split_event
 from mongoformats.resume_token import (
     decode_token,
     fragment_of,
-    token_from_key,
     token_sort_key,
     token_text,
 )
@@ -202,7 +200,8 @@ class BucketCursor:
 
     async def next_batch(
         self, batch_size: int | None, max_time_ms: int | None, *, first: bool = False
-    ) -> tuple[list[Any], dict[str, Any]]:
+    ) -> tuple[list[EventRun], dict[str, Any]]:
+        """The next reply's events (as runs) and its postBatchResumeToken."""
         bucket = self.bucket
         limit = batch_size or self.batch_size or 1 << 30
         # Asking for more means the previous batch was taken, before this getMore waits: a
@@ -218,11 +217,9 @@ class BucketCursor:
             await self._wait(max_time_ms)
         if not self._readable():
             return [], self.last_token  # the engine moves it to a replay of what follows
-        if (
-            self.split_rest
-        ):  # mid-split: the fragments as they were cut, nothing read or shaped again
+        if self.split_rest:  # mid-split: the fragments as they were cut, nothing read again
             event = bucket.event_at(self.position)
-            batch, taken = self._fragments(event, [event])
+            batch, taken = self._fragments(event, plain_runs([event]))
         else:
             batch, taken = await self._read(limit)
         self._advance(batch, taken)
@@ -280,7 +277,7 @@ class BucketCursor:
             )
         return True
 
-    def _advance(self, batch: list[Any], taken: list[Any]) -> None:
+    def _advance(self, batch: list[EventRun], taken: list[EventRun]) -> None:
         """Move past the `taken` events once `batch` is the reply, and set the resume point."""
         bucket = self.bucket
         self.position += count_events(taken)
@@ -289,9 +286,7 @@ class BucketCursor:
             # The last event returned, as on a server: one a stage dropped is not a resume point
             # (a stream resumed from it would not meet it again). A drained bucket's frontier
             # moves it on below.
-            last = batch[-1]
-            self.last_key = last_key(last)
-            self.last_token = token_from_key(self.last_key) if is_block(last) else event_token(last)
+            self.last_key, self.last_token = batch[-1].last_key, batch[-1].last_token()
         if self.position >= bucket.end and bucket.frontier > self.last_key:
             # Drained: everything up to the merge frontier was dealt out, so the frontier is a
             # resume point that moves even while this bucket is idle.
@@ -307,47 +302,82 @@ class BucketCursor:
             self.last_key = token_sort_key(self.last_token)
         self._join_named_stream()
 
-    async def _read(self, limit: int) -> tuple[list[Any], list[Any]]:
+    async def _read(self, limit: int) -> tuple[list[EventRun], list[EventRun]]:
         """The next reply from the bucket's events at this cursor's position: (events to return,
-        events consumed; EventFields, or EventBlocks while nothing is shaped), after lookups,
-        stages, the resume point and a split."""
-        lookup, options = self.stream.lookup, self.stream.options
+        events consumed), after lookups, stages, the resume point and a split."""
         # Lookups and stages change events after this: the server measures what they make.
-        shaped = lookup is not None or bool(options.stages)
-        batch = cut_reply(
+        shaped = self.stream.lookup is not None or bool(self.stream.options.stages)
+        taken = cut_reply(
             self.bucket.items_from(self.position), limit, None if shaped else self.stream.sizer
         )
+        batch = taken
         if shaped or self.must_meet is not None:
-            batch = as_fields(batch)  # shaped and checked event by event
-        taken = batch
+            events, taken = await self._checked(taken, shaped)
+            batch = plain_runs(events)
+        head = self._split_head(batch)
+        if head is not None:
+            return self._fragments(head, taken)
+        return batch, taken
+
+    def _split_head(self, batch: list[EventRun]) -> EventFields | None:
+        """The reply's first event if it is returned in fragments (or already is being)."""
+        if not batch:
+            return None
+        head = batch[0].sliced(0, 1)
+        # Only an event over MEASURE_ABOVE_BYTES may split: the others are not made one by one.
+        if not self.fragments_sent and head.nbytes <= MEASURE_ABOVE_BYTES:
+            return None
+        event = head.fields()[0]
+        return event if self.fragments_sent or splits(event, self.stream.sizer) else None
+
+    async def _checked(
+        self, taken: list[EventRun], shaped: bool
+    ) -> tuple[list[EventFields], list[EventRun]]:
+        """The `taken` events after lookups and stages (if `shaped`) and the resume point check,
+        one by one, and the taken events they consume."""
+        batch = fields_of(taken)
         if shaped:
             # Before the position moves: a failed lookup fails this getMore and loses nothing.
             batch, consumed = fit_shaped(
                 await self._shape(events_from_fields(batch)), self.stream.sizer
             )
-            taken = taken[:consumed]
+            taken = plain_runs(fields_of(taken)[:consumed])
             if self.killed:  # while its lookups ran
                 raise _interrupted()
         if self.must_meet is not None:
             batch = self._past_resume_point(batch)
-        if (
-            batch
-            and not is_block(batch[0])
-            and (self.fragments_sent or splits(batch[0], self.stream.sizer))
-        ):
-            batch, taken = self._fragments(batch[0], as_fields(taken))
         return batch, taken
 
     def _fragments(
-        self, event: EventFields, taken: list[EventFields]
-    ) -> tuple[list[EventFields], list[EventFields]]:
+        self, event: EventFields, taken: list[EventRun]
+    ) -> tuple[list[EventRun], list[EventRun]]:
         """The reply for a split event that heads the batch: its next fragments, as many as fit
         (at least one), and the taken events it consumes (up to the event, and the event itself
         once its last fragment is out). The event is split on the first call and its fragments
         kept in `split_rest` for the getMores that follow. Resumed from a fragment, an event that
         now splits otherwise, or not at all, fails the stream as the server's does
         (ChangeStreamFatalError)."""
-        pieces = self.split_rest or [
+        pieces = self.split_rest or self._split(event)
+        out: list[EventFields] = []
+        size = 0
+        for piece in pieces:
+            size += len(raw_of(piece)) + BATCH_ELEMENT_OVERHEAD
+            if out and size > BATCH_BYTES_LIMIT:
+                break
+            out.append(piece)
+        consumed = fields_of(taken)
+        key = EVENT_SORT_KEY(event)
+        at = next(i for i, ev in enumerate(consumed) if EVENT_SORT_KEY(ev) == key)
+        if len(out) < len(pieces):
+            self.fragments_sent += len(out)
+            self.split_rest = pieces[len(out) :]
+            return plain_runs(out), plain_runs(consumed[:at])
+        self.fragments_sent, self.split_rest = 0, []
+        return plain_runs(out), plain_runs(consumed[: at + 1])
+
+    def _split(self, event: EventFields) -> list[EventFields]:
+        """`event`'s fragments from `fragments_sent` on, each with its fragment's token."""
+        return [
             tuple(
                 ChangeEvent._make(event)._replace(
                     sort_key=token_sort_key(token),
@@ -356,24 +386,10 @@ class BucketCursor:
                 )
             )
             for token, raw in split_event(
-                event[EV_RAW], merged=self.stream.sharded, skip=self.fragments_sent
+                raw_of(event), merged=self.stream.sharded, skip=self.fragments_sent
             )
             or []
         ]
-        out: list[EventFields] = []
-        size = 0
-        for piece in pieces:
-            size += len(piece[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
-            if out and size > BATCH_BYTES_LIMIT:
-                break
-            out.append(piece)
-        at = next(i for i, ev in enumerate(taken) if ev[EV_SORT_KEY] == event[EV_SORT_KEY])
-        if len(out) < len(pieces):
-            self.fragments_sent += len(out)
-            self.split_rest = pieces[len(out) :]
-            return out, taken[:at]
-        self.fragments_sent, self.split_rest = 0, []
-        return out, taken[: at + 1]
 
     def _past_resume_point(self, batch: list[EventFields]) -> list[EventFields]:
         """`batch` less the events up to the one resumed from; ChangeStreamFatalError if a later
@@ -381,7 +397,7 @@ class BucketCursor:
         Resumed from a fragment's token, the event stays, to be split again."""
         assert self.must_meet is not None
         for i, ev in enumerate(batch):
-            key = ev[EV_SORT_KEY]
+            key = EVENT_SORT_KEY(ev)
             if key == self.must_meet and self.fragments_sent and not self.met:
                 self.met, self.must_meet = True, None
                 return batch[i:]

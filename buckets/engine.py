@@ -70,12 +70,13 @@ from buckets.engine_base import CURSOR_NS as CURSOR_NS
 from buckets.engine_base import Access
 from buckets.engine_open import StreamCommands
 from buckets.engine_watch import WatchCommands
+from buckets.event_run import EventRun
 from buckets.ports import ClientContext, Connector, ConnectUpstream, Decline, Handler
 from buckets.reader_process import reader_pool
 from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
 from buckets.streams import StreamSet, frontier_status
-from mongoformats.change_events import EventFields, ddl_note
+from mongoformats.change_events import ddl_note
 from mongoformats.errors import MongoError, with_change_stream_label
 from mongoformats.idl import GetMore, check_lsid, get_more_request, kill_cursors_ids
 from mongoformats.sessions import sessions_named
@@ -296,7 +297,7 @@ class Engine:
 
     async def _next_batch(
         self, cur: BucketCursor, more: GetMore
-    ) -> tuple[list[EventFields], Mapping[str, Any]]:
+    ) -> tuple[list[EventRun], Mapping[str, Any]]:
         """A getMore's batch, from a replay if the cursor's bucket no longer holds its events."""
         if self._behind_its_bucket(cur):
             await self.opens.replay_dropped(cur)

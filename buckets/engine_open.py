@@ -13,11 +13,11 @@ from buckets.commands import OpenRequest, read_drop, read_open
 from buckets.cursor import BucketCursor, start_point
 from buckets.cursors import CursorRegistry
 from buckets.engine_base import CURSOR_NS, Access, new_cursor
+from buckets.event_run import EventRun
 from buckets.ports import ClientContext
 from buckets.reply import cursor_document
 from buckets.stream import ParallelStream
 from buckets.streams import StreamSet
-from mongoformats.change_events import EventFields
 from mongoformats.errors import MongoError
 from mongoformats.privileges import change_stream_resource
 from mongoformats.resume_token import high_water_mark, token_from_key
@@ -175,7 +175,7 @@ class StreamCommands:
             cur = new_cursor(
                 self.registry, user, stream, i, cmd, batch_size, token, from_start=created
             )
-        events: list[EventFields] = []
+        events: list[EventRun] = []
         if batch_size:
             events, _ = await cur.next_batch(batch_size, 0, first=True)
         return {

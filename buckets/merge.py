@@ -8,11 +8,9 @@ reader has read the oplog through some timestamp T: nothing at or before T can f
 Each shard's events already arrive in token order (its oplog's order), so the queue keeps one
 sorted run per shard and merges the releasable prefixes of the runs with one `list.sort`, whose
 run detection makes that a k-way merge in C. A heap push and pop per event cost about as much as
-a fifth of the whole splice. A backlog's batches arrive as EventBlocks (columns, see
-buckets/_columnar/event_block.py); the shards' blocks are merged as columns instead (one stable
-numpy sort of their keys), and no per-event object is made. Single events released beside them
-(a transaction's, a small batch's) are sorted apart and put where they go between parts of the
-merged block.
+a fifth of the whole splice. Events arrive as runs (buckets/event_run.py); a backlog's runs are
+columns, which merge as columns (buckets/_columnar/run.py's merge_runs), and no per-event object
+is made.
 
 Pure and synchronous (no I/O, no trio): the async pump around it lives in stream.py.
 """
@@ -21,18 +19,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from typing import Any
 
-from buckets._columnar.event_block import EventBlock
-from buckets._columnar.items import (
-    as_fields,
-    count_events,
-    first_key,
-    is_block,
-    items_bytes,
-    last_key,
-)
-from mongoformats.change_events import EVENT_SORT_KEY
+from buckets._columnar.run import merge_runs
+from buckets.event_run import EventRun, count_events
 
 __all__ = ["MergedQueue"]
 
@@ -40,28 +29,28 @@ _COMPACT_AT = 4096  # released events are cut off a run's front in slices of at 
 
 
 class _Run:
-    """One shard's pending events, in token order: items[head:] are still to be released. An item
-    is one event's fields or an EventBlock (a run of spliced events)."""
+    """One shard's pending runs of events, in token order: events[head:] are still to be
+    released."""
 
     __slots__ = ("events", "head", "mark")
 
     def __init__(self, mark: bytes) -> None:
-        self.events: list[Any] = []
+        self.events: list[EventRun] = []
         self.head = 0
         self.mark = mark
 
-    def take_through(self, key: bytes) -> list[Any]:
+    def take_through(self, key: bytes) -> list[EventRun]:
         events, head = self.events, self.head
-        if head == len(events) or first_key(events[head]) > key:
+        if head == len(events) or events[head].first_key > key:
             return []
         end = (
             len(events)
-            if first_key(events[-1]) <= key
-            else bisect.bisect_right(events, key, head, key=first_key)
+            if events[-1].first_key <= key
+            else bisect.bisect_right(events, key, head, key=_first_key)
         )
         taken = events[head:end]
         last = taken[-1]
-        if is_block(last) and last.last_key > key:  # a block reaching past the key: its head only
+        if last.last_key > key:  # a run reaching past the key: its head only
             cut = last.bisect_right(key)
             taken[-1] = last.sliced(0, cut)
             end -= 1
@@ -94,15 +83,14 @@ class MergedQueue:
             raise ValueError(f"shard {shard} joins below the merge frontier")
         self._runs[shard] = _Run(mark)
 
-    def extend(self, shard: str, events: list[Any]) -> None:
-        """Queue a batch of `shard`'s events (EventFields or EventBlocks), in token order and
-        above its mark."""
+    def extend(self, shard: str, events: list[EventRun]) -> None:
+        """Queue a batch of `shard`'s runs of events, in token order and above its mark."""
         if not events:
             return
         run = self._runs[shard]
-        last = last_key(run.events[-1]) if len(run.events) > run.head else run.mark
+        last = run.events[-1].last_key if len(run.events) > run.head else run.mark
         # Only the ends are checked: a batch is one oplog read, in oplog order by construction.
-        if first_key(events[0]) <= last or last_key(events[-1]) < first_key(events[0]):
+        if events[0].first_key <= last or events[-1].last_key < events[0].first_key:
             raise ValueError(
                 f"shard {shard} pushed events out of token order or at or below its mark"
             )
@@ -123,7 +111,7 @@ class MergedQueue:
 
     def blocking_shards(self) -> list[str]:
         """Shards whose mark holds back a pending event (they need a noop to move on)."""
-        heads = [first_key(r.events[r.head]) for r in self._runs.values() if len(r.events) > r.head]
+        heads = [r.events[r.head].first_key for r in self._runs.values() if len(r.events) > r.head]
         if not heads:
             return []
         head = min(heads)
@@ -134,60 +122,25 @@ class MergedQueue:
         for run in self._runs.values():
             run.events, run.head = [], 0
 
-    def pop_ready(self) -> tuple[list[Any], dict[str, int]]:
-        """Every event now at or below the frontier, in token order (EventFields and EventBlocks),
-        and the bytes each shard's released events hold (for its buffer budget), less those of
-        blocks with a hold (theirs return with it, once the buckets let the block go). Ties
-        between shards keep shard order."""
+    def pop_ready(self) -> tuple[list[EventRun], dict[str, int]]:
+        """Every event now at or below the frontier, as runs in token order, and the bytes each
+        shard's released events hold (for its buffer budget), less those of runs with a hold
+        (theirs return with it, once the buckets let the run go). Ties between shards keep
+        shard order."""
         frontier = self.frontier()
-        out: list[Any] = []
+        out: list[EventRun] = []
         freed: dict[str, int] = {}
         runs = 0
         for shard, run in self._runs.items():
             taken = run.take_through(frontier)
             if taken:
-                freed[shard] = items_bytes([i for i in taken if not is_block(i) or i.hold is None])
+                freed[shard] = sum(r.released_bytes for r in taken)
                 out += taken
                 runs += 1
         if runs > 1:
-            if all(map(is_block, out)):
-                # Blocks merge as columns: one stable sort of their keys (the backlog's case).
-                return [EventBlock.merge(out)], freed
-            return _merge_mixed(out), freed
+            return merge_runs(out), freed
         return out, freed
 
 
-def _merge_mixed(items: list[Any]) -> list[Any]:
-    """Blocks and single events (in shard order, each shard's in token order) in token order:
-    the blocks merged as columns, the singles sorted, and the merged block cut where each single
-    goes. Turning every block into per-event tuples instead would make one transaction's event
-    (a single) in a release cost as much as the whole release as tuples. Equal
-    keys between a block's event and a single (no two shards write one, in practice) take the
-    exact path: everything as tuples, one stable sort, which keeps shard order."""
-    singles = sorted(
-        (i for i in items if not is_block(i)), key=EVENT_SORT_KEY
-    )  # stable: shard order
-    blocks = [i for i in items if is_block(i)]
-    if not blocks:
-        return singles
-    merged = EventBlock.merge(blocks)
-    cuts, exact = merged.bisect_keys([EVENT_SORT_KEY(single) for single in singles])
-    if exact:
-        everything = as_fields(items)
-        everything.sort(key=EVENT_SORT_KEY)
-        return everything
-    return _interleave(merged, singles, cuts)
-
-
-def _interleave(merged: EventBlock, singles: list[Any], cuts: list[int]) -> list[Any]:
-    """`merged` cut before each single's position (`cuts`), with the singles between."""
-    out: list[Any] = []
-    at = 0
-    for single, cut in zip(singles, cuts, strict=True):
-        if cut > at:
-            out.append(merged.sliced(at, cut))
-            at = cut
-        out.append(single)
-    if at < len(merged):
-        out.append(merged.sliced(at))
-    return out
+def _first_key(run: EventRun) -> bytes:
+    return run.first_key

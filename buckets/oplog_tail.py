@@ -10,7 +10,7 @@ from bson import Int64, Timestamp
 
 from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.batch_splice import splice_entries
-from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import SplicedItems, above, listed
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.ports import Connection, Connector
 from mongoformats.change_events import OplogTransformer, prev_op_ts
@@ -219,7 +219,7 @@ class OplogTail:
 
     async def _deliver(
         self,
-        items: EventBlock | list[Any],
+        items: SplicedItems,
         entries: int,
         last_ts: Timestamp,
         out: TailOutput,
@@ -230,21 +230,14 @@ class OplogTail:
         skip = self.skip_key
         events: list[Any] = []  # plain tuples (spliced ones as they are, others' fields) and blocks
         nbytes = 0
-        listed: list[Any] = [items] if isinstance(items, EventBlock) else items
-        for item in listed:
+        for item in listed(items):
             if type(item) is bytes:  # the general path: transactions, DDL, noops, rare shapes
                 nbytes += await self._transform(item, conn, events)
-            elif type(item) is EventBlock:  # a backlog's batch, or a run of its events, as columns
-                if item.first_key <= skip:
-                    item = item.sliced(item.bisect_right(skip))
-                if len(item):
-                    events.append(item)
-                    nbytes += item.nbytes
-            elif item and item[0] > skip:
-                events.append(
-                    item
-                )  # a spliced event: a plain tuple (marshals fast) until delivered
-                nbytes += len(item[5])
+            # A block (a backlog's events as columns) or a spliced event (a plain tuple, which
+            # marshals fast, until delivered).
+            elif (kept := above(item, skip)) is not None:
+                events.append(kept[0])
+                nbytes += kept[1]
         await out.deliver(events, nbytes, entries, last_ts)
         self.position, self.inclusive = last_ts, False
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import trio
 from bson import Timestamp
 
-from buckets._columnar.items import count_events, is_block
+from buckets._columnar.items import count_events, hold_blocks
 from buckets.budget import BudgetHold, ByteBudget
 from buckets.oplog_tail import (
     FIRST_BATCH_ENTRIES,
@@ -232,9 +232,7 @@ class ShardReader:
     def _hold(self, events: list[Any]) -> None:
         """Each block's charge returns when the block is let go, not when the merge deals it: the
         buckets' shares point into it (EventBlock.take)."""
-        for item in events:
-            if is_block(item):
-                item.hold = BudgetHold(self.budget, item.nbytes)
+        hold_blocks(events, lambda nbytes: BudgetHold(self.budget, nbytes))
 
     def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
         # Both the find's and the getMores' batches are at least FIRST_BATCH_ENTRIES long.

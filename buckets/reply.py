@@ -14,9 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from buckets._columnar.items import is_block
-from buckets._columnar.sizes import reply_prefix
-from mongoformats.change_events import EV_RAW, ChangeEvent, EventFields
+from buckets.event_run import EventRun, PlainRun, raw_of
+from mongoformats.change_events import ChangeEvent, EventFields
 from mongoformats.errors import MongoError
 from mongoformats.large_events import (
     MAX_EVENT_BYTES,
@@ -64,7 +63,7 @@ class _Cut:
 
     def __init__(self, limit: int, sizer: EventSizer | None) -> None:
         self.limit, self.sizer = limit, sizer
-        self.batch: list[Any] = []
+        self.batch: list[EventRun] = []
         self.count = self.size = 0
 
     @property
@@ -73,34 +72,32 @@ class _Cut:
 
     def take(self, ev: EventFields) -> bool:
         """Add one event if it goes in this reply; whether the next may follow it."""
-        cost = len(ev[EV_RAW]) + BATCH_ELEMENT_OVERHEAD
+        raw = raw_of(ev)
+        cost = len(raw) + BATCH_ELEMENT_OVERHEAD
         if self.full or (self.batch and self.size + cost > BATCH_BYTES_LIMIT):
             return False
         if cost > MEASURE_ABOVE_BYTES and self.sizer is not None:
-            size = self.sizer.size(ev[EV_RAW])
+            size = self.sizer.size(raw)
             if size is not Size.FITS:
                 if self.batch:
                     return False  # the events before it first; the next getMore fails or splits it
                 if size is Size.TOO_LARGE:
-                    raise self.sizer.error(ev[EV_RAW])
-                self.batch.append(ev)  # alone: its fragments are the reply
+                    raise self.sizer.error(raw)
+                self.batch.append(PlainRun([ev]))  # alone: its fragments are the reply
                 self.count += 1
                 return False
-        self.batch.append(ev)
+        self.batch.append(PlainRun([ev]))
         self.count, self.size = self.count + 1, self.size + cost
         return True
 
-    def take_block(self, block: Any, offset: int) -> int:
-        """Take a block's events from `offset` on: those that fit as one slice, found with a
-        cumulative sum; an event to measure (a large one) or the first that does not fit goes
-        through `take`. Where in the block the reply stopped (its length: all taken)."""
-        while offset < len(block):
-            part = block.sliced(offset, offset + self.limit - self.count)
-            fit, cost = reply_prefix(
-                part.sizes,
-                BATCH_BYTES_LIMIT - self.size,
-                BATCH_ELEMENT_OVERHEAD,
-                MEASURE_ABOVE_BYTES,
+    def take_run(self, run: EventRun, offset: int) -> int:
+        """Take a run's events from `offset` on: those that fit as one slice; an event to
+        measure (a large one) or the first that does not fit goes through `take`. Where in the
+        run the reply stopped (its length: all taken)."""
+        while offset < len(run):
+            part = run.sliced(offset, offset + self.limit - self.count)
+            fit, cost = part.reply_prefix(
+                BATCH_BYTES_LIMIT - self.size, BATCH_ELEMENT_OVERHEAD, MEASURE_ABOVE_BYTES
             )
             if fit:
                 self.batch.append(part.sliced(0, fit))
@@ -111,18 +108,15 @@ class _Cut:
         return offset
 
 
-def cut_reply(items: Iterable[tuple[Any, int]], limit: int, sizer: EventSizer | None) -> list[Any]:
-    """The head of `items` ((segment, offset) from Bucket.items_from: EventFields, or EventBlocks
-    from an offset) that goes into one reply of at most `limit` events: EventFields and slices of
-    the blocks. Events are measured with `sizer`; None when lookups or stages change them after
-    this (`fit_shaped` measures what they make)."""
+def cut_reply(
+    items: Iterable[tuple[EventRun, int]], limit: int, sizer: EventSizer | None
+) -> list[EventRun]:
+    """The head of `items` ((run, offset) from Bucket.items_from) that goes into one reply of
+    at most `limit` events, as slices of the runs. Events are measured with `sizer`; None when
+    lookups or stages change them after this (`fit_shaped` measures what they make)."""
     cut = _Cut(limit, sizer)
-    for segment, offset in items:
-        if not is_block(segment):
-            if not cut.take(segment):
-                break
-            continue
-        if cut.take_block(segment, offset) < len(segment) or cut.full:
+    for run, offset in items:
+        if cut.take_run(run, offset) < len(run) or cut.full:
             break
     return cut.batch
 
@@ -152,18 +146,14 @@ def fit_shaped(
 
 def splits(ev: EventFields, sizer: EventSizer) -> bool:
     """Whether `ev` is returned in fragments."""
-    return len(ev[EV_RAW]) > MEASURE_ABOVE_BYTES and sizer.size(ev[EV_RAW]) is Size.SPLIT
+    raw = raw_of(ev)
+    return len(raw) > MEASURE_ABOVE_BYTES and sizer.size(raw) is Size.SPLIT
 
 
 def cursor_document(
-    cursor_id: int, ns: str, batch_field: str, events: list[Any], pbrt: Mapping[str, Any]
+    cursor_id: int, ns: str, batch_field: str, events: list[EventRun], pbrt: Mapping[str, Any]
 ) -> SplicedDocument:
-    """A reply's `cursor` sub-document, its batch spliced from the events' bytes (no re-encoding);
-    `events` are EventFields and EventBlocks."""
-    return splice_cursor(
-        cursor_id,
-        ns,
-        batch_field,
-        [ev if is_block(ev) else ev[EV_RAW] for ev in events],
-        {"postBatchResumeToken": pbrt},
-    )
+    """A reply's `cursor` sub-document, its batch spliced from the runs' bytes (no
+    re-encoding)."""
+    parts = [part for run in events for part in run.reply_parts()]
+    return splice_cursor(cursor_id, ns, batch_field, parts, {"postBatchResumeToken": pbrt})

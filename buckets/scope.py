@@ -7,7 +7,8 @@ from typing import Any
 
 import bson
 
-from mongoformats.change_events import EV_DB, EV_NAMESPACES, EV_OP_TYPE, EV_RAW, EventFields
+from buckets.event_run import db_of, namespaces_of, op_type_of, raw_of
+from mongoformats.change_events import EventFields
 from mongoformats.codecs import PLAIN
 from mongoformats.mql import matches
 
@@ -18,13 +19,15 @@ def in_scope(ev: EventFields, scope: tuple[str, str | None]) -> bool:
     only ("Omit dropDatabase on single-collection streams")."""
     db, coll = scope
     if coll is None:
-        return bool(ev[EV_DB] == db) or any(ns.partition(".")[0] == db for ns in ev[EV_NAMESPACES])
-    return f"{db}.{coll}" in ev[EV_NAMESPACES]
+        namespaces = namespaces_of(ev)
+        return db_of(ev) == db or any(ns.partition(".")[0] == db for ns in namespaces)
+    return f"{db}.{coll}" in namespaces_of(ev)
 
 
 def invalidates(ev: EventFields, scope: tuple[str, str | None]) -> bool:
-    """isInvalidatingCommand: drop/rename end a collection stream; dropDatabase a database stream."""
-    op_type = ev[EV_OP_TYPE]
+    """isInvalidatingCommand: drop/rename end a collection stream; dropDatabase a database
+    stream."""
+    op_type = op_type_of(ev)
     if scope[1] is None:
         return bool(op_type == "dropDatabase")
     return bool(op_type in ("drop", "rename"))
@@ -32,4 +35,4 @@ def invalidates(ev: EventFields, scope: tuple[str, str | None]) -> bool:
 
 def event_matches(ev: EventFields, match: dict[str, Any]) -> bool:
     """Whether `ev` passes the $match `match` (a MongoError if the $match fails on it)."""
-    return matches(bson.decode(ev[EV_RAW], PLAIN), match)
+    return matches(bson.decode(raw_of(ev), PLAIN), match)

@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import bson
 import trio
 from bson import Timestamp
 
-from buckets._columnar.event_block import EventBlock
-from buckets._columnar.items import as_fields, count_events
+from buckets._columnar.items import as_runs
 from buckets.bucket import Bucket, lag_status
-from buckets.bucketing import buckets_for_event
 from buckets.budget import ByteBudget
+from buckets.deal import Dealer
+from buckets.event_run import count_events, fields_of, plain_runs, with_shard
 from buckets.lookup import DocumentLookup
 from buckets.memory_limit import (
     BUCKET_FLOOR_BYTES,
@@ -55,28 +54,16 @@ from buckets.ports import Connection, Connector, ConnectUpstream
 from buckets.reader import URGENT_NOTE_S, ShardBatch, ShardReader, mark_after
 from buckets.reader_process import ReaderHost, ReaderPool, reader_pool
 from buckets.reply import EventSizer, Size
-from buckets.scope import event_matches, in_scope, invalidates
 from buckets.shaping import Shaper
 from buckets.topology import TOPOLOGY, Topology, TopologyWatcher
-from mongoformats.change_events import (
-    EV_NAMESPACES,
-    EV_RAW,
-    EV_SHARD,
-    ChangeEvent,
-    EventFields,
-    OplogTransformer,
-    event_token,
-    invalidate_event,
-)
+from mongoformats.change_events import OplogTransformer
 from mongoformats.change_stages import Stages
-from mongoformats.codecs import PLAIN
 from mongoformats.errors import MongoError
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 
 log = logging.getLogger("buckets.stream")
 
 IDLE_PROGRESS_S = 1.0  # only a waiting consumer's resume point is behind: this often
-_ROUTES_CACHED = 1 << 16  # namespace -> buckets routes a stream memoizes before starting over
 _MERGED_AT_ONCE = 64  # shard batches the pump takes from its channel before a release
 
 
@@ -98,7 +85,8 @@ class StreamOptions:
     # Resumed from a token of an older version: (its clusterTime, its version); the events up to
     # that time keep the version (OplogTransformer's keep_version).
     keep_version: tuple[Timestamp, int] | None = None
-    # With showExpandedEvents: migrateLastChunkFromShard, and create/createIndexes a migration wrote.
+    # With showExpandedEvents: migrateLastChunkFromShard, and create/createIndexes a migration
+    # wrote.
     show_system_events: bool = False
     match: dict[str, Any] | None = None  # a $match on events, applied before bucketing
     # Accelerated $changeStream: ("db", "coll") for a collection stream, ("db", None) for a database
@@ -117,17 +105,12 @@ class StreamOptions:
 
     @property
     def needs_pre_images(self) -> bool:
-        """Recorded pre-images are read (for fullDocumentBeforeChange, or to compute post-images)."""
+        """Recorded pre-images are read (for fullDocumentBeforeChange, or to compute
+        post-images)."""
         return self.full_document_before_change != "off" or self.full_document in (
             "whenAvailable",
             "required",
         )
-
-
-def _kind_event(kind: tuple[str, str, str, Any]) -> EventFields:
-    """An event of a block's kind (operationType, db, coll, namespaces), for routing it."""
-    op_type, db, coll, namespaces = kind
-    return (b"", b"", op_type, db, coll, b"", namespaces, "", None)
 
 
 class ParallelStream:
@@ -148,33 +131,20 @@ class ParallelStream:
         self.name = name
         self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
         self._closing = False
-        shaping = shaping_processes(bool(options.stages), options.reader_processes)
-        # Its shaping processes, at a reader process's size (they start the same interpreter).
-        self._shaping = (
-            memory.account(shaping * memory.process_bytes, reader=False)
-            if memory is not None and shaping
-            else None
-        )
+        self._shaping = _shaping_account(options, memory)
         self._pool = readers_pool  # the engine's reader processes (None: the stream starts its own)
         self.options = options
-        self.sharded = (
-            topology.sharded
-        )  # mongos sizes events as its shards send them, with their sort key
+        # mongos sizes events as its shards send them, with their sort key
+        self.sharded = topology.sharded
         self.sizer = EventSizer(split=options.split_large_events, merged=self.sharded)
         self.start = start
         n = options.n_buckets
         self.keep = keep if keep is not None else set(range(n))
         self._hosts: list[ReaderHost] = []  # reader processes, with readerProcesses
-        self.shaper = Shaper(
-            options.stages, options.reader_processes
-        )  # the stages, over as many processes
+        # The stages, over as many processes.
+        self.shaper = Shaper(options.stages, options.reader_processes)
         self._connect_member = connect_member
-        self.lookup = (
-            DocumentLookup(connect_upstream, self._connect_shard)
-            if connect_upstream is not None
-            and (options.full_document == "updateLookup" or options.needs_pre_images)
-            else None
-        )
+        self.lookup = self._lookup(connect_upstream)
         self.buckets = {
             i: Bucket(
                 i,
@@ -187,32 +157,52 @@ class ParallelStream:
         }
         self._skip = min(floors[i] for i in self.keep)
         self.shard_budgets: dict[str, ByteBudget] = {}
-        self._routes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self.dealer = Dealer(
+            self.buckets,
+            n,
+            scope=options.scope,
+            match=options.match,
+            bucket_by=options.bucket_by,
+        )
         self.readers: dict[str, ShardReader] = {}
         self.merge = MergedQueue(())
         for sid, hosts in topology.shards.items():
             self._new_reader(sid, hosts, start)
-        # Without an upstream to ask (a fixed shard list, or a replica set), nothing is added and
-        # nothing waits on it.
-        self.watcher: TopologyWatcher | None = None
-        if connect_upstream is not None and topology.sharded:
-            self.watcher = TopologyWatcher(
-                connect_upstream, topology, holds_back=lambda: self._shard_holds_back(TOPOLOGY)
-            )
-            self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
+        self.watcher = self._topology_watcher(connect_upstream, topology)
         self.error: Exception | None = None
         self.events_merged = 0
         self.replays = 0  # attaches older than retention, served by re-reading the oplogs
         self.last_active = 0.0
         self.started = trio.Event()
         self._frontier = b""
-        self.ended = False  # an accelerated single-collection or database stream was invalidated
-        # Its invalidate's token: where a cursor that read to the end resumes (startAfter).
-        self.end_token: dict[str, Any] | None = None
         self._cancel = trio.CancelScope()
 
+    def _lookup(self, connect_upstream: ConnectUpstream | None) -> DocumentLookup | None:
+        """The stream's document and pre-image lookups, if its options ask for them."""
+        options = self.options
+        if connect_upstream is None or not (
+            options.full_document == "updateLookup" or options.needs_pre_images
+        ):
+            return None
+        return DocumentLookup(connect_upstream, self._connect_shard)
+
+    def _topology_watcher(
+        self, connect_upstream: ConnectUpstream | None, topology: Topology
+    ) -> TopologyWatcher | None:
+        """What adds shards as they join, a shard of the merge of its own. Without an upstream
+        to ask (a fixed shard list, or a replica set), nothing is added and nothing waits on
+        it."""
+        if connect_upstream is None or not topology.sharded:
+            return None
+        watcher = TopologyWatcher(
+            connect_upstream, topology, holds_back=lambda: self._shard_holds_back(TOPOLOGY)
+        )
+        self.merge.add_shard(TOPOLOGY, max(mark_after(topology.as_of), self.merge.frontier()))
+        return watcher
+
     async def _connect_shard(self, sid: str) -> Connection:
-        """A connection to a member of shard `sid` (pre-images live on the shard that wrote them)."""
+        """A connection to a member of shard `sid` (pre-images live on the shard that wrote
+        them)."""
         return await self._connect_member(self.readers[sid].hosts, secondary=True)
 
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
@@ -304,6 +294,16 @@ class ParallelStream:
                 budget.account.close()
         if self._shaping is not None:
             self._shaping.close()
+
+    @property
+    def ended(self) -> bool:
+        """Whether an accelerated single-collection or database stream was invalidated."""
+        return self.dealer.ended
+
+    @property
+    def end_token(self) -> dict[str, Any] | None:
+        """The invalidate's token: where a cursor that read to the end resumes (startAfter)."""
+        return self.dealer.end_token
 
     @property
     def closed(self) -> bool:
@@ -401,8 +401,6 @@ class ParallelStream:
         self.started.set()
 
     async def _pump(self, recv: trio.MemoryReceiveChannel[ShardBatch]) -> None:
-        merge = self.merge
-        tag_shard = self.options.needs_pre_images
         async for first in recv:
             # Every batch already waiting is merged with this one: fewer, larger releases (each
             # release cuts the shards' blocks at the frontier, and each piece is dealt apart).
@@ -410,28 +408,10 @@ class ParallelStream:
             with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
                 while len(arrived) < _MERGED_AT_ONCE:
                     arrived.append(recv.receive_nowait())
-            for batch in arrived:
-                events = batch.events
-                if (
-                    tag_shard
-                ):  # pre-images are read from the shard that wrote the event: remember which
-                    events = [
-                        (*ev[:EV_SHARD], batch.shard, *ev[EV_SHARD + 1 :])
-                        for ev in as_fields(events)
-                    ]
-                merge.extend(batch.shard, events)
-                merge.advance(batch.shard, batch.mark)
-            ready, freed = merge.pop_ready()
-            # Events that wait on some marks: idle shards write a note now, not at their next
-            # getMore timeout, and the shard list is re-read (live-tail latency). (Not guarded
-            # by len(merge), which counts a block's events: this runs for every release.)
-            for shard in merge.blocking_shards():
-                reader = self.readers.get(shard)
-                if reader is not None:
-                    reader.nudge()
-                elif shard == TOPOLOGY and self.watcher is not None:
-                    self.watcher.nudge()
-            await self._deal(ready)
+            self._queue(arrived)
+            ready, freed = self.merge.pop_ready()
+            self._nudge_blocking_shards()
+            await self.dealer.deal(ready)
             # Budgets are released once per merged batch, not once per event.
             for shard, nbytes in freed.items():
                 self.shard_budgets[shard].release(nbytes)
@@ -440,122 +420,40 @@ class ParallelStream:
             if any(reader.starved for reader in self.readers.values()):
                 self._unpin()
             self.events_merged += count_events(ready)
-            frontier = merge.frontier()
-            if frontier > self._frontier:
-                # Every mark is a high-water-mark token key, so the frontier is itself a token;
-                # idle buckets report it as their postBatchResumeToken.
-                self._frontier = frontier
-                token = token_from_key(frontier)
-                for bucket in self.buckets.values():
-                    bucket.advance_frontier(frontier, token)
+            self._advance_frontier()
             # Nor may this frame hold the blocks while it waits for the next batch: a waiting
             # reader's batch comes only once they are let go.
-            del first, arrived, batch, events, ready
+            del first, arrived, ready
 
-    async def _deal(self, ready: list[EventFields]) -> None:
-        """Deal merged events into their buckets: each bucket's share is appended in one step."""
-        scope, match = self.options.scope, self.options.match
-        shares: dict[int, list[Any]] = {}
-        by_document = self.options.bucket_by == "documentKey"
-        if scope is not None or match is not None or by_document:
-            # filtered event by event, or routed by each event's documentKey
-            ready = as_fields(ready)
-        for ev in ready:
-            if type(ev) is EventBlock:
-                self._deal_block(ev, shares)
-                continue
-            if self.ended:
-                break
-            if scope is not None and not in_scope(ev, scope):
-                continue
-            if scope is not None and invalidates(ev, scope):
-                await self._flush(shares)
-                await self._end_with(ev, match)
-                break
-            if match is not None and not await self._matches(ev, match, shares):
-                continue
-            self._share(ev, shares, by_document)
-        await self._put_shares(shares)
+    def _queue(self, arrived: list[ShardBatch]) -> None:
+        """Queue the shards' batches in the merge and move their marks."""
+        for batch in arrived:
+            events = as_runs(batch.events)
+            if self.options.needs_pre_images:  # read from the shard that wrote the event
+                events = plain_runs(with_shard(fields_of(events), batch.shard))
+            self.merge.extend(batch.shard, events)
+            self.merge.advance(batch.shard, batch.mark)
 
-    def _share(self, ev: EventFields, shares: dict[int, list[Any]], by_document: bool) -> None:
-        """Add `ev` to the share of each bucket it routes to."""
-        route = self._routes.get(ev[EV_NAMESPACES]) if not by_document else None
-        for b in self._route(ev) if route is None else route:
-            share = shares.get(b)
-            if share is None:
-                shares[b] = [ev]
-            else:
-                share.append(ev)
+    def _nudge_blocking_shards(self) -> None:
+        """Events that wait on some marks: idle shards write a note now, not at their next
+        getMore timeout, and the shard list is re-read (live-tail latency). (Not guarded by
+        len(merge), which counts a block's events: this runs for every release.)"""
+        for shard in self.merge.blocking_shards():
+            reader = self.readers.get(shard)
+            if reader is not None:
+                reader.nudge()
+            elif shard == TOPOLOGY and self.watcher is not None:
+                self.watcher.nudge()
 
-    async def _matches(
-        self, ev: EventFields, match: dict[str, Any], shares: dict[int, list[Any]]
-    ) -> bool:
-        """Whether `ev` passes the stream's $match. One the $match fails on fails only the buckets
-        of the event's namespaces, each once its consumers have read what came before (the
-        `shares` dealt so far are put first)."""
-        try:
-            return event_matches(ev, match)
-        except MongoError as exc:
-            await self._flush(shares)
-            for b in self._route(ev):
-                self.buckets[b].fail(exc)
-            return False
-
-    async def _flush(self, shares: dict[int, list[Any]]) -> None:
-        await self._put_shares(shares)
-        shares.clear()
-
-    async def _end_with(self, ev: EventFields, match: dict[str, Any] | None) -> None:
-        """End the stream at its invalidating event `ev`: the event, then its invalidate, each
-        through the user's $match, which comes after $changeStream's own CheckInvalidate stage
-        (document_source_change_stream.cpp). A $match that drops the invalidate does not keep
-        the stream open: the server's cursor closes on ChangeStreamInvalidated all the same."""
-        end = tuple(
-            invalidate_event(
-                ChangeEvent._make(ev), wall=bson.decode(ev[EV_RAW], PLAIN).get("wallTime")
-            )
-        )
-        self.end_token = event_token(end)
-        for bucket in self.buckets.values():
-            for item in (ev, end):
-                try:
-                    if match is not None and not event_matches(item, match):
-                        continue
-                except MongoError as exc:
-                    bucket.fail(exc)
-                    break
-                await bucket.put(item)
-        self.ended = True
-
-    def _deal_block(self, block: EventBlock, shares: dict[int, list[Any]]) -> None:
-        """A block's share of each bucket, taken as columns: an event goes where its kind's
-        namespaces route it."""
-        routes = []
-        for kind in block.kind_table:
-            route = self._routes.get(kind[3])
-            routes.append(self._route(_kind_event(kind)) if route is None else route)
-        for b, share in block.shares(routes).items():
-            shares.setdefault(b, []).append(share)
-
-    def _route(self, ev: EventFields) -> tuple[int, ...]:
-        """The kept buckets of `ev`'s namespaces, memoized: most streams see few namespaces.
-        By documentKey, each event's own (never memoized: it depends on the document)."""
-        if self.options.bucket_by == "documentKey":
-            return tuple(
-                b
-                for b in buckets_for_event(ev, self.options.n_buckets, "documentKey")
-                if b in self.buckets
-            )
-        if len(self._routes) >= _ROUTES_CACHED:
-            self._routes.clear()
-        route = self._routes[ev[EV_NAMESPACES]] = tuple(
-            b for b in buckets_for_event(ev, self.options.n_buckets) if b in self.buckets
-        )
-        return route
-
-    async def _put_shares(self, shares: dict[int, list[Any]]) -> None:
-        for b, share in shares.items():
-            await self.buckets[b].put_many(share)
+    def _advance_frontier(self) -> None:
+        """Every mark is a high-water-mark token key, so the merge's frontier is itself a token;
+        idle buckets report it as their postBatchResumeToken."""
+        frontier = self.merge.frontier()
+        if frontier > self._frontier:
+            self._frontier = frontier
+            token = token_from_key(frontier)
+            for bucket in self.buckets.values():
+                bucket.advance_frontier(frontier, token)
 
     def _shard_holds_back(self, shard: str) -> float | None:
         """How soon `shard`'s mark should move (seconds between nudges), or None if it holds
@@ -612,54 +510,63 @@ class ParallelStream:
             "stageRunsInProcesses": self.shaper.runs_sent,
             "memory": self.memory(),
             "error": str(self.error) if self.error else None,
-            "shards": [
-                {
-                    "shard": s,
-                    "host": r.stats.host,
-                    "lastTs": r.stats.last_ts,
-                    "lagSeconds": max(0.0, time.time() - r.stats.last_ts.time)
-                    if r.stats.last_ts.time
-                    else None,
-                    "entriesRead": r.stats.entries,
-                    "events": r.stats.events,
-                    "bufferBytes": r.buffered,
-                    "bufferLimitBytes": self.shard_budgets[s].limit,
-                    "noops": r.stats.noops,
-                    "reconnects": r.stats.reconnects,
-                    "connected": r.stats.connected,
-                    "lastError": r.stats.last_error or None,
-                    "lastErrorAt": (
-                        datetime.fromtimestamp(r.stats.last_error_at, UTC)
-                        if r.stats.last_error
-                        else None
-                    ),
-                    "readerProcess": r.elsewhere.index if r.elsewhere is not None else None,
-                    "noopFallback": r.stats.noop_unavailable or None,
-                }
-                for s, r in self.readers.items()
-            ],
+            "shards": [self._shard_status(s, r) for s, r in self.readers.items()],
             "topology": self.watcher.status() if self.watcher is not None else None,
-            "buckets": [
-                {
-                    "bucket": i,
-                    "depth": b.depth(),
-                    "retained": b.retained,
-                    "bytes": b.budget.used,
-                    "limitBytes": b.budget.limit,
-                    "dealt": b.dealt_total,
-                    "delivered": b.delivered_total,
-                    "cursors": len(b.cursors),
-                    "error": str(b.error) if b.error else None,
-                    "consumerPosition": max(
-                        (c.last_token for c in b.cursors),
-                        default=None,
-                        key=lambda t: t.get("_data", "") if t else "",
-                    ),
-                    **lag_status(b),
-                }
-                for i, b in sorted(self.buckets.items())
-            ],
+            "buckets": [_bucket_status(i, b) for i, b in sorted(self.buckets.items())],
         }
+
+    def _shard_status(self, shard: str, reader: ShardReader) -> dict[str, Any]:
+        stats = reader.stats
+        return {
+            "shard": shard,
+            "host": stats.host,
+            "lastTs": stats.last_ts,
+            "lagSeconds": (
+                max(0.0, time.time() - stats.last_ts.time) if stats.last_ts.time else None
+            ),
+            "entriesRead": stats.entries,
+            "events": stats.events,
+            "bufferBytes": reader.buffered,
+            "bufferLimitBytes": self.shard_budgets[shard].limit,
+            "noops": stats.noops,
+            "reconnects": stats.reconnects,
+            "connected": stats.connected,
+            "lastError": stats.last_error or None,
+            "lastErrorAt": (
+                datetime.fromtimestamp(stats.last_error_at, UTC) if stats.last_error else None
+            ),
+            "readerProcess": reader.elsewhere.index if reader.elsewhere is not None else None,
+            "noopFallback": stats.noop_unavailable or None,
+        }
+
+
+def _bucket_status(index: int, bucket: Bucket) -> dict[str, Any]:
+    return {
+        "bucket": index,
+        "depth": bucket.depth(),
+        "retained": bucket.retained,
+        "bytes": bucket.budget.used,
+        "limitBytes": bucket.budget.limit,
+        "dealt": bucket.dealt_total,
+        "delivered": bucket.delivered_total,
+        "cursors": len(bucket.cursors),
+        "error": str(bucket.error) if bucket.error else None,
+        "consumerPosition": max(
+            (c.last_token for c in bucket.cursors),
+            default=None,
+            key=lambda t: t.get("_data", "") if t else "",
+        ),
+        **lag_status(bucket),
+    }
+
+
+def _shaping_account(options: StreamOptions, memory: MemoryPool | None) -> PoolAccount | None:
+    """The account of a stream's shaping processes, at a reader process's size (they start the
+    same interpreter)."""
+    shaping = shaping_processes(bool(options.stages), options.reader_processes)
+    if memory is None or not shaping:
+        return None
+    return memory.account(shaping * memory.process_bytes, reader=False)
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> Exception:

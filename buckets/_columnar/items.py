@@ -1,29 +1,36 @@
-"""Lists of events that may hold blocks: a batch of events travels as a list whose items are
-EventFields tuples (one event each) or EventBlocks (a run of events each)."""
+"""What the splice makes of a batch of oplog entries (a reader's items: EventFields tuples, one
+event each, and EventBlocks, a run of events each) and its turn into the engine's runs
+(buckets/event_run.py) as the merge takes them. Items cross from the reader processes as they
+are: a plain tuple marshals fast, a block's columns travel out of band."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from buckets._columnar.event_block import EventBlock
+from buckets._columnar.run import ColumnarRun
+from buckets.event_run import EventRun, PlainRun
 from mongoformats.change_events import EV_RAW
 
-__all__ = ["as_fields", "count_events", "first_key", "is_block", "items_bytes", "last_key"]
+__all__ = [
+    "SplicedItems",
+    "above",
+    "as_fields",
+    "as_runs",
+    "count_events",
+    "hold_blocks",
+    "listed",
+]
 
-
-def is_block(item: Any) -> bool:
-    return type(item) is EventBlock
+# What batch_splice.splice_entries makes of a batch: one block, or a list of items (an oplog
+# entry's bytes for the general path, a spliced event's tuple, a block, or () for none).
+SplicedItems = EventBlock | list[Any]
 
 
 def count_events(items: Sequence[Any]) -> int:
     """How many events a list of items holds."""
     return sum(len(i) if type(i) is EventBlock else 1 for i in items)
-
-
-def items_bytes(items: Sequence[Any]) -> int:
-    """The events' BSON bytes in a list of items (what their budgets are charged)."""
-    return sum(i.nbytes if type(i) is EventBlock else len(i[EV_RAW]) for i in items)
 
 
 def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -39,9 +46,43 @@ def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
-def first_key(item: Any) -> bytes:
-    return item.first_key if type(item) is EventBlock else item[0]
+def as_runs(items: Sequence[Any]) -> list[EventRun]:
+    """A list of items (the readers' and the merge's) as runs: each block a columnar run, each
+    stretch of single events between them one plain run."""
+    out: list[EventRun] = []
+    singles: list[Any] = []
+    for item in items:
+        if type(item) is EventBlock:
+            if singles:
+                out.append(PlainRun(singles))
+                singles = []
+            out.append(ColumnarRun(item))
+        else:
+            singles.append(item)
+    if singles:
+        out.append(PlainRun(singles))
+    return out
 
 
-def last_key(item: Any) -> bytes:
-    return item.last_key if type(item) is EventBlock else item[0]
+def listed(items: SplicedItems) -> list[Any]:
+    """A splice's items as a list."""
+    return [items] if isinstance(items, EventBlock) else items
+
+
+def above(item: Any, skip: bytes) -> tuple[Any, int] | None:
+    """A spliced item (an event's tuple, a block, or ()) less its events at or below `skip`, and
+    their bytes; None if none is left."""
+    if type(item) is EventBlock:
+        if item.first_key <= skip:
+            item = item.sliced(item.bisect_right(skip))
+        return (item, item.nbytes) if len(item) else None
+    if item and item[0] > skip:
+        return item, len(item[EV_RAW])
+    return None
+
+
+def hold_blocks(items: Sequence[Any], hold: Callable[[int], Any]) -> None:
+    """Give each block the hold `hold` makes of its bytes (see EventBlock.hold)."""
+    for item in items:
+        if type(item) is EventBlock:
+            item.hold = hold(item.nbytes)

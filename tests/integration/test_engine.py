@@ -22,9 +22,9 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.errors import OperationFailure
 
 import buckets.streams as streams_module
-from buckets._columnar.items import as_fields
 from buckets.bucketing import BUCKET_BY, bucket_of, bucket_of_document
 from buckets.engine_base import new_cursor
+from buckets.event_run import fields_of
 from mongoformats.change_events import EV_RAW, RAW, OplogTransformer
 from mongoformats.resume_token import high_water_mark, token_from_key, token_sort_key
 from simcluster import open_cluster
@@ -1325,7 +1325,7 @@ async def test_the_cursor_of_a_new_stream_starts_at_its_start_even_if_events_wer
     cur = new_cursor(engine.registry, "", stream, 0, {}, None, None, from_start=True)
     assert cur.last_token == high_water_mark(start)
     events, _ = await cur.next_batch(None, 0)
-    assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in as_fields(events)] == list(
+    assert [bson.decode(ev[EV_RAW])["fullDocument"]["i"] for ev in fields_of(events)] == list(
         range(500)
     )
     engine.registry.drop(cur.cursor_id)

@@ -13,6 +13,7 @@ from trio.testing import MockClock
 
 from buckets.bucket import Bucket
 from buckets.cursor import BucketCursor
+from buckets.event_run import PlainRun
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY, ChangeEvent
 from mongoformats.resume_token import ResumeTokenData, encode_token, high_water_mark, token_sort_key
 
@@ -44,7 +45,7 @@ def bucket_and_cursor(
     floor = high_water_mark(Timestamp(1, 0))
     bucket = Bucket(0, limit, token_sort_key(floor), floor)
     for t in range(1, dealt + 1):
-        assert bucket.put_nowait(event(t))
+        assert bucket.put_nowait(PlainRun([event(t)]))
     cur = BucketCursor(1, None, bucket, bucket.base, owner=b"", ns="admin.x")  # type: ignore[arg-type]
     cur.resume_after(resume)
     return bucket, cur
@@ -60,7 +61,7 @@ async def test_events_up_to_the_token_dealt_after_the_attach_are_passed_over(
     bucket, cur = bucket_and_cursor(10, token(20))
     assert cur.position == bucket.end and cur.resume_key is not None
     for t in range(11, 26):
-        bucket.put_nowait(event(t))
+        bucket.put_nowait(PlainRun([event(t)]))
     cur._settle()
     assert cur.resume_key is None
     assert keys_from(bucket, cur.position) == [event(t)[EV_SORT_KEY] for t in range(21, 26)]
@@ -92,7 +93,7 @@ async def test_a_fragment_token_dealt_later_resumes_inside_its_event(
     """Resumed from fragment 1 of event 15: the event is returned again, from fragment 2."""
     bucket, cur = bucket_and_cursor(10, token(15, fragment=1))
     for t in range(11, 18):
-        bucket.put_nowait(event(t))
+        bucket.put_nowait(PlainRun([event(t)]))
     cur._settle()
     assert cur.resume_key is None and cur.fragments_sent == 2
     assert keys_from(bucket, cur.position)[0] == event(15)[EV_SORT_KEY]
@@ -103,9 +104,10 @@ async def test_passing_over_events_lets_a_full_bucket_free_them(autojump_clock: 
     bucket, cur = bucket_and_cursor(0, token(100), limit=8 * len(event(1)[EV_RAW]))
     bucket.cursors.add(cur)
     for t in range(1, 103):
-        if not bucket.put_nowait(event(t)):  # full: the cursor passes over what it holds
+        # full: the cursor passes over what it holds
+        if not bucket.put_nowait(PlainRun([event(t)])):
             cur._settle()
-            assert bucket.put_nowait(event(t))
+            assert bucket.put_nowait(PlainRun([event(t)]))
     cur._settle()
     assert cur.resume_key is None
     assert keys_from(bucket, cur.position) == [event(t)[EV_SORT_KEY] for t in (101, 102)]

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from buckets.bucketing import bucket_of, buckets_for_event
+from buckets.event_run import PlainRun, fields_of
 from buckets.merge import MergedQueue
 from mongoformats.change_events import ChangeEvent
 from mongoformats.resume_token import ResumeTokenData, encode_token, high_water_mark, token_sort_key
@@ -46,7 +47,7 @@ def test_cross_namespace_events_reach_every_affected_bucket():
 
 def test_event_waits_for_every_shard_mark():
     q = MergedQueue(["s0", "s1"])
-    q.extend("s0", [_event(10)])
+    q.extend("s0", [PlainRun([_event(10)])])
     q.advance("s0", _mark(10))
     assert q.pop_ready() == ([], {}) and q.blocking_shards() == ["s1"]
     q.advance("s1", _mark(9))
@@ -77,21 +78,22 @@ def test_merge_outputs_every_event_in_token_order(streams, rnd):
                 cursors[i] : cursors[i] + rnd.randint(1, 4)
             ]  # one read of a shard's oplog
             cursors[i] += len(batch)
-            q.extend(shards[i], [_event(ts) for ts in batch])
+            q.extend(shards[i], [PlainRun([_event(ts) for ts in batch])])
             q.advance(shards[i], _mark(batch[-1]))
-        out += [e.sort_key for e in q.pop_ready()[0]]
+        out += [e.sort_key for e in fields_of(q.pop_ready()[0])]
     for s in shards:
         q.advance(s, _mark(20_000))
-    out += [e.sort_key for e in q.pop_ready()[0]]
+    out += [e.sort_key for e in fields_of(q.pop_ready()[0])]
     assert out == sorted(out) and len(out) == sum(len(p) for p in per_shard)
 
 
 def test_a_batch_below_its_shards_mark_is_refused():
     q = MergedQueue(["s0"])
-    q.extend("s0", [_event(3), _event(4)])
+    q.extend("s0", [PlainRun([_event(3), _event(4)])])
     with pytest.raises(ValueError):
-        q.extend("s0", [_event(4)])
+        q.extend("s0", [PlainRun([_event(4)])])
     q.advance("s0", _mark(10))
-    events, freed = q.pop_ready()
+    runs, freed = q.pop_ready()
+    events = fields_of(runs)
     assert [e.sort_key for e in events] == [_event(3).sort_key, _event(4).sort_key]
     assert freed == {"s0": sum(len(e.raw) for e in events)}

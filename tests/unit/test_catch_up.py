@@ -24,6 +24,7 @@ from buckets.catch_up import (
     Lag,
 )
 from buckets.cursor import BucketCursor
+from buckets.event_run import PlainRun, fields_of
 from buckets.reply import EventSizer
 from buckets.stream import StreamOptions
 from mongoformats.change_events import EV_RAW, EV_SORT_KEY
@@ -78,7 +79,7 @@ def _cursor(bucket: Bucket) -> BucketCursor:
 
 async def _put_all(bucket: Bucket, times: range) -> None:
     for t in times:
-        await bucket.put(event(t))
+        await bucket.put(PlainRun([event(t)]))
 
 
 async def test_a_full_bucket_falls_behind_once_another_consumer_waits(autojump_clock: Any) -> None:
@@ -130,11 +131,11 @@ async def test_a_bucket_rejoins_after_its_gap_once_a_consumer_waits_to_come_back
     reading = _cursor(bucket)  # a consumer still reading what the bucket holds keeps it behind
     waiting = BucketCursor(2, None, bucket, 0, owner=b"", ns="admin.x")  # type: ignore[arg-type]
     bucket.awaiting.add(waiting)
-    await bucket.put(event(32))
+    await bucket.put(PlainRun([event(32)]))
     assert bucket.lag.behind and bucket.lag.dropped_events == 21
     bucket.cursors.discard(reading)
     stalled.position = bucket.end
-    await bucket.put(event(33))
+    await bucket.put(PlainRun([event(33)]))
     assert not bucket.lag.behind and stalled.lost and stalled.stale()
     assert bucket.keys_between(bucket.base, bucket.end) == [event(33)[EV_SORT_KEY]]
     assert bucket.floor >= event(32)[EV_SORT_KEY], "everything up to the rejoin point was dealt"
@@ -160,7 +161,7 @@ async def test_a_stalled_consumer_falls_behind_at_once_a_slow_or_late_one_after_
         bucket.read_once = True
         bucket.last_read = trio.current_time() - (0 if last_read == "just now" else 10)
     began = trio.current_time()
-    await bucket.put(event(12))
+    await bucket.put(PlainRun([event(12)]))
     assert bucket.lag.behind
     waited = trio.current_time() - began
     if last_read == "long ago":
@@ -194,7 +195,7 @@ async def test_a_consumer_parked_on_a_full_bucket_is_present_however_long_it_wai
     async with trio.open_nursery() as nursery:
         nursery.start_soon(parked_get_more)
         await trio.sleep(0)
-        await bucket.put(event(12))
+        await bucket.put(PlainRun([event(12)]))
     assert not bucket.lag.behind and bucket.lag.fell_behind == 0
     assert bucket.key_at(bucket.end - 1) == event(12)[EV_SORT_KEY]
 
@@ -220,7 +221,7 @@ async def test_a_pause_of_the_whole_proxy_does_not_count_against_a_consumer(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(get_more_sent_during_the_pause)
-        await bucket.put(event(12))
+        await bucket.put(PlainRun([event(12)]))
     assert not bucket.lag.behind and bucket.key_at(bucket.end - 1) == event(12)[EV_SORT_KEY]
 
 
@@ -256,7 +257,7 @@ async def test_an_idle_bucket_rejoins_for_a_replay_that_has_caught_up(autojump_c
     floor = high_water_mark(Timestamp(1, 0))
     replay = Bucket(1, 1 << 20, token_sort_key(floor), floor)
     for t in range(2, 32):
-        assert replay.put_nowait(event(t))
+        assert replay.put_nowait(PlainRun([event(t)]))
     replay.advance_frontier(_mark(40), high_water_mark(Timestamp(40, 0)))
     named.detach(stalled)
     stalled.stream, stalled.bucket, stalled.position = _stream(replay), replay, replay.base
@@ -266,12 +267,16 @@ async def test_an_idle_bucket_rejoins_for_a_replay_that_has_caught_up(autojump_c
     stalled.follow(_stream(named), lambda: joined.append(True))
     assert named.lag.state(awaiting=bool(named.awaiting)) == CATCHING_UP
     got, _ = await stalled.next_batch(100, 0)
-    assert [ev[EV_SORT_KEY] for ev in got] == [event(t)[EV_SORT_KEY] for t in range(12, 32)]
+    assert [ev[EV_SORT_KEY] for ev in fields_of(got)] == [
+        event(t)[EV_SORT_KEY] for t in range(12, 32)
+    ]
     assert stalled.bucket is named and joined == [True], "back on its bucket"
     assert not named.lag.behind and named.lag.state(awaiting=bool(named.awaiting)) == LIVE
-    await named.put(event(41))
+    await named.put(PlainRun([event(41)]))
     got, _ = await stalled.next_batch(100, 0)
-    assert [ev[EV_SORT_KEY] for ev in got] == [event(41)[EV_SORT_KEY]], "what follows, once"
+    assert [ev[EV_SORT_KEY] for ev in fields_of(got)] == [event(41)[EV_SORT_KEY]], (
+        "what follows, once"
+    )
 
 
 def _mark(t: int) -> bytes:

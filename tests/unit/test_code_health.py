@@ -52,7 +52,6 @@ COMPLEX_FUNCTIONS: set[str] = {
 LONG_MODULES: set[str] = {
     "buckets/_columnar/batch_splice.py",
     "buckets/_columnar/event_block.py",
-    "buckets/stream.py",
     "mongoformats/oplog_splice.py",
     "simcluster/node.py",
     "simcluster/updates.py",

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block
 from buckets._columnar.event_block import EventBlock, _merge_runs
-from buckets._columnar.items import as_fields, count_events
+from buckets._columnar.items import as_runs, count_events
 from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.run import ColumnarRun
+from buckets.event_run import fields_of
 from buckets.merge import MergedQueue
 from mongoformats.change_events import EVENT_SORT_KEY
 from mongoformats.oplog_splice import array_of, cursor_document
@@ -81,7 +83,7 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(
     for i, block in enumerate(blocks):
         for queue, events in ((as_blocks, [block]), (as_tuples, block.fields())):
             queue.add_shard(str(i), b"")
-            queue.extend(str(i), events)
+            queue.extend(str(i), as_runs(events))
     # The marks move in steps: each release may cut a block in two.
     keys = sorted({k for b in blocks for k in map(EVENT_SORT_KEY, b.fields())})
     for cut in sorted(data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=4))) + [
@@ -91,7 +93,8 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(
             as_blocks.advance(str(i), keys[cut])
             as_tuples.advance(str(i), keys[cut])
         got, freed = as_blocks.pop_ready()
-        want, freed_tuples = as_tuples.pop_ready()
+        want_runs, freed_tuples = as_tuples.pop_ready()
+        want = fields_of(want_runs)
         if (
             len(got) == 1
         ):  # a merge's block (whose events are taken only as it is dealt) shares out its order
@@ -100,11 +103,12 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(
                 f[0] <= probe for f in want
             )  # probed unsorted, as sorted
             by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
-            shares = got[0].shares([by_coll[coll] for _, _, coll, _ in got[0].kind_table])
+            merged = got[0].block
+            shares = merged.shares([by_coll[coll] for _, _, coll, _ in merged.kind_table])
             assert {b: share.fields() for b, share in shares.items()} == {
                 b: mine for b in (0, 1) if (mine := [f for f in want if b in by_coll[f[4]]])
             }
-        assert as_fields(got) == want and freed == freed_tuples
+        assert fields_of(got) == want and freed == freed_tuples
         assert len(blocks) == 1 or len(got) <= 1  # several shards' blocks merge into one block
     assert len(as_blocks) == len(as_tuples) == 0
 
@@ -127,29 +131,23 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
         }
         for queue, events in ((mixed, items[shape]), (as_tuples, block.fields())):
             queue.add_shard(str(i), b"")
-            queue.extend(str(i), events)
+            queue.extend(str(i), as_runs(events))
     for queue in (mixed, as_tuples):
         for i in range(len(blocks)):
             queue.advance(str(i), b"\xff")
     got, _ = mixed.pop_ready()
-    want, _ = as_tuples.pop_ready()
-    assert as_fields(got) == want
+    want = fields_of(as_tuples.pop_ready()[0])
+    assert fields_of(got) == want
     # Each bucket's share of each block, with the single events between them, is its part of the
     # order.
     by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
     dealt: dict[int, list[tuple[Any, ...]]] = {0: [], 1: []}
-    for item in got:
-        if isinstance(item, EventBlock):
-            for b, share in item.shares(
-                [by_coll[coll] for _, _, coll, _ in item.kind_table]
-            ).items():
-                dealt[b] += share.fields()
-        else:
-            for b in by_coll[item[4]]:
-                dealt[b].append(item)
+    for run in got:
+        for b, share in run.shares(lambda namespaces: by_coll[namespaces[0][3:]]).items():
+            dealt[b] += share.fields()
     assert dealt == {b: [f for f in want if b in by_coll[f[4]]] for b in (0, 1)}
     # (Each event's key holds its own ObjectId: no two are equal, so the exact path is not taken.)
-    assert any(isinstance(item, EventBlock) for item in got) == any(
+    assert any(isinstance(run, ColumnarRun) for run in got) == any(
         shape != "tuples" for shape in shapes
     )
 
@@ -161,12 +159,12 @@ def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> N
     fields = block.fields()
     for first, second in (([block], fields), (fields, [block])):
         queue = MergedQueue(["a", "b"])
-        queue.extend("a", first)
-        queue.extend("b", second)
+        queue.extend("a", as_runs(first))
+        queue.extend("b", as_runs(second))
         queue.advance("a", b"\xff")
         queue.advance("b", b"\xff")
         got, _ = queue.pop_ready()
-        assert as_fields(got) == [f for pair in zip(fields, fields, strict=True) for f in pair]
+        assert fields_of(got) == [f for pair in zip(fields, fields, strict=True) for f in pair]
 
 
 def test_a_block_slices_bisects_and_crosses_processes_as_its_tuples() -> None:

@@ -496,3 +496,47 @@ def test_simcluster_imports_only_mongoformats_bson_trio_and_the_standard_library
             top = module.split(".")[0]
             allowed = top in SIMCLUSTER_ALLOWED or top in sys.stdlib_module_names
             assert allowed, f"simcluster/{path.name} imports {module}"
+
+
+# The two implementations of the engine's event run (buckets/event_run.py): only they know how
+# events are held (an EventFields tuple's EV_* indices, an EventBlock's columns).
+RUN_IMPLEMENTATIONS = {ROOT / "buckets" / "event_run.py", ROOT / "buckets" / "_columnar"}
+
+
+def _event_layout_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) for each name, attribute or imported name that is an EV_* index or
+    EventBlock."""
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+        found += [
+            (getattr(node, "lineno", 0), name)
+            for name in names
+            if name == "EventBlock" or (name.startswith("EV_") and name[3:].isupper())
+        ]
+    return found
+
+
+def test_only_the_event_run_implementations_know_how_events_are_held():
+    found = []
+    for package in ("buckets", "wireproxy"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path in RUN_IMPLEMENTATIONS or RUN_IMPLEMENTATIONS & set(path.parents):
+                continue
+            found += [
+                f"{path.relative_to(ROOT)}:{line} uses {name}"
+                for line, name in _event_layout_names(ast.parse(path.read_text()))
+            ]
+    assert found == []
+
+
+def test_the_event_layout_check_sees_indices_imports_and_attributes():
+    code = "from m import EV_RAW, EventBlock\nx = ev[EV_RAW]\ny = blocks.EventBlock\nEV_raw = 1\n"
+    names = sorted(name for _, name in _event_layout_names(ast.parse(code)))
+    assert names == ["EV_RAW", "EV_RAW", "EventBlock", "EventBlock"]

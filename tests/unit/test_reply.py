@@ -11,6 +11,7 @@ import bson
 import pytest
 from bson import Timestamp
 
+from buckets.event_run import PlainRun, fields_of
 from buckets.reply import EventSizer, Size, cut_reply, fit_shaped, splits
 from mongoformats.change_events import EV_RAW, ChangeEvent
 from mongoformats.errors import MongoError
@@ -53,43 +54,48 @@ def event(t: int, nbytes: int = 0) -> tuple[Any, ...]:
 
 def items(events: list[tuple[Any, ...]]) -> list[tuple[Any, int]]:
     """As Bucket.items_from gives events held one by one."""
-    return [(ev, 0) for ev in events]
+    return [(PlainRun([ev]), 0) for ev in events]
+
+
+def cut(*args: Any) -> list[tuple[Any, ...]]:
+    """The events of the reply cut_reply cuts."""
+    return fields_of(cut_reply(*args))
 
 
 def test_a_reply_holds_at_most_the_batch_size():
     events = [event(t) for t in range(1, 6)]
-    assert cut_reply(items(events), 3, EventSizer()) == events[:3]
-    assert cut_reply(items(events), 10, EventSizer()) == events
+    assert cut(items(events), 3, EventSizer()) == events[:3]
+    assert cut(items(events), 10, EventSizer()) == events
 
 
 def test_a_reply_holds_at_most_the_batch_bytes_and_at_least_one_event():
     events = [event(t, 6 * MB) for t in range(1, 5)]
-    reply = cut_reply(items(events), 100, EventSizer())
+    reply = cut(items(events), 100, EventSizer())
     assert reply == events[:2] and sum(len(ev[EV_RAW]) for ev in events[:3]) > BATCH_BYTES_LIMIT
 
 
 def test_a_too_large_event_fails_the_reply_that_starts_with_it():
     big = event(2, MAX_EVENT_BYTES + 1)
     with pytest.raises(MongoError) as info:
-        cut_reply(items([big, event(3)]), 10, EventSizer())
+        cut(items([big, event(3)]), 10, EventSizer())
     assert info.value.code == 10334 and info.value.errmsg.startswith(
         f"BSONObj size: {MAX_EVENT_BYTES + 1} (0x{MAX_EVENT_BYTES + 1:X}) is invalid."
     )
     # The events before it are returned first; the next getMore fails.
     small = event(1)
-    assert cut_reply(items([small, big]), 10, EventSizer()) == [small]
+    assert cut(items([small, big]), 10, EventSizer()) == [small]
 
 
 def test_with_the_split_stage_a_large_event_is_returned_alone():
     sizer = EventSizer(split=True)
     big, small = event(2, SPLIT_ABOVE_BYTES + 1), event(3)
-    assert cut_reply(items([big, small]), 10, sizer) == [big] and splits(big, sizer)
-    assert cut_reply(items([event(1), big]), 10, sizer) == [event(1)]
+    assert cut(items([big, small]), 10, sizer) == [big] and splits(big, sizer)
+    assert cut(items([event(1), big]), 10, sizer) == [event(1)]
 
 
 def test_events_to_be_shaped_are_not_measured_when_cut():
     big = event(2, MAX_EVENT_BYTES + 1)
-    assert cut_reply(items([big]), 10, None) == [big]
+    assert cut(items([big]), 10, None) == [big]
 
 
 def test_the_sizer_draws_the_servers_lines():

@@ -1,0 +1,137 @@
+"""The columnar run: an EventBlock (a backlog's events as columns, see event_block.py) behind
+the engine's run interface (buckets/event_run.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.sizes import count_reaching, count_within, reply_prefix
+from buckets.event_run import EventRun, PlainRun, Route, fields_of
+from mongoformats.change_events import EVENT_SORT_KEY, EventFields
+from mongoformats.resume_token import token_from_key
+
+__all__ = ["ColumnarRun", "merge_runs"]
+
+
+class ColumnarRun:
+    """The events of one EventBlock. Its events have no type bits, so a sort key alone is a
+    resume token."""
+
+    __slots__ = ("block",)
+
+    def __init__(self, block: EventBlock) -> None:
+        self.block = block
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def __repr__(self) -> str:
+        return f"<ColumnarRun of {len(self.block)} events>"
+
+    @property
+    def first_key(self) -> bytes:
+        return self.block.first_key
+
+    @property
+    def last_key(self) -> bytes:
+        return self.block.last_key
+
+    @property
+    def nbytes(self) -> int:
+        return self.block.nbytes
+
+    @property
+    def pins(self) -> bool:
+        return self.block.pins
+
+    @property
+    def released_bytes(self) -> int:
+        return 0 if self.block.hold is not None else self.block.nbytes
+
+    def key(self, i: int) -> bytes:
+        return self.block.key(i)
+
+    def keys(self) -> list[bytes]:
+        return list(map(bytes, self.block.keys))
+
+    def bisect_right(self, key: bytes) -> int:
+        return self.block.bisect_right(key)
+
+    def sliced(self, start: int, stop: int | None = None) -> ColumnarRun:
+        return ColumnarRun(self.block.sliced(start, stop))
+
+    def pieces(self) -> Iterator[EventRun]:
+        """Whole: a block's slices are views, cut to a bucket's room with one cumulative sum."""
+        yield self
+
+    def own(self) -> ColumnarRun:
+        return ColumnarRun(self.block.own())
+
+    def shares(self, route: Route) -> dict[int, EventRun]:
+        """Taken as columns: one mask per bucket over the block's kinds, each kind routed by
+        its namespaces."""
+        routes = [route(kind[3]) for kind in self.block.kind_table]
+        return {b: ColumnarRun(share) for b, share in self.block.shares(routes).items()}
+
+    def fields(self) -> list[EventFields]:
+        return self.block.fields()
+
+    def last_token(self) -> dict[str, Any]:
+        return token_from_key(self.block.last_key)
+
+    def reply_parts(self) -> list[Any]:
+        return [self.block]
+
+    def count_within(self, room: int) -> int:
+        return count_within(self.block.sizes, room)
+
+    def count_reaching(self, total: int) -> tuple[int, int]:
+        return count_reaching(self.block.sizes, total)
+
+    def reply_prefix(self, room: int, overhead: int, measure_above: int) -> tuple[int, int]:
+        return reply_prefix(self.block.sizes, room, overhead, measure_above)
+
+
+def merge_runs(runs: list[EventRun]) -> list[EventRun]:
+    """Several shards' runs (in shard order, each shard's in token order) in token order: the
+    columnar runs merged as columns (one pass over their keys, see EventBlock.merge), the single
+    events sorted, and the merged block cut where each single goes. Turning every block into
+    single events instead would make one transaction's event in a release cost as much as the
+    whole release as tuples. Equal keys between a block's event and a single (no two shards
+    write one, in practice) take the exact path: everything as single events, one stable sort,
+    which keeps shard order."""
+    blocks = [run.block for run in runs if isinstance(run, ColumnarRun)]
+    singles = sorted(
+        fields_of(run for run in runs if not isinstance(run, ColumnarRun)), key=EVENT_SORT_KEY
+    )  # stable: shard order
+    if not blocks:
+        return [PlainRun(singles)] if singles else []
+    merged = EventBlock.merge(blocks)
+    if not singles:
+        return [ColumnarRun(merged)]
+    cuts, exact = merged.bisect_keys([EVENT_SORT_KEY(single) for single in singles])
+    if exact:
+        return [PlainRun(sorted(fields_of(runs), key=EVENT_SORT_KEY))]
+    return _interleaved(merged, singles, cuts)
+
+
+def _interleaved(merged: EventBlock, singles: list[EventFields], cuts: list[int]) -> list[EventRun]:
+    """`merged` cut at `cuts`, single i going before the part from cuts[i] on."""
+    out: list[EventRun] = []
+    at = 0
+    pending: list[EventFields] = []
+    for single, cut in zip(singles, cuts, strict=True):
+        if cut > at:
+            if pending:
+                out.append(PlainRun(pending))
+                pending = []
+            out.append(ColumnarRun(merged.sliced(at, cut)))
+            at = cut
+        pending.append(single)
+    if pending:
+        out.append(PlainRun(pending))
+    if at < len(merged):
+        out.append(ColumnarRun(merged.sliced(at)))
+    return out
