@@ -20,19 +20,37 @@ from __future__ import annotations
 import functools
 import struct
 from binascii import hexlify
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import chain
 from typing import Any
 
 import bson
-from bson import Timestamp
-from bson.raw_bson import RawBSONDocument
 
-from mongoformats.codecs import PLAIN, RAW
+from mongoformats.bson_bytes import (
+    _I32,
+    SplicedDocument,
+    _cstring_element,
+    _string,
+    array_items,
+    array_of,
+    byte_slices,
+    cursor_batch,
+    cursor_document,
+    cursor_span,
+    document_of,
+    document_parts,
+    elements,
+    leading_id,
+    splice_at_end,
+    splice_before_ns,
+    timestamp_of,
+)
+from mongoformats.bson_bytes import _value_end as _value_end  # hashed_key's import path
+from mongoformats.codecs import PLAIN
+from mongoformats.diff_splice import update_description
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
-from mongoformats.wire import ArrayRun, DeferredPiece, joined
 
+# The byte-level helpers are bson_bytes's and the diff's reading diff_splice's; they are
+# re-exported here, where the other packages import them from.
 __all__ = [
     "TOKEN_TIMESTAMP",
     "Spliced",
@@ -41,327 +59,23 @@ __all__ = [
     "array_of",
     "byte_slices",
     "cursor_batch",
+    "cursor_document",
     "cursor_span",
     "document_of",
     "document_parts",
     "elements",
+    "leading_id",
+    "splice_at_end",
+    "splice_before_ns",
     "splice_crud",
     "timestamp_of",
     "update_description",
 ]
 
-_I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
 # the `_data` string's header and length.
 _ID_HEAD = struct.Struct("<5si7si")
-_TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
 TOKEN_TIMESTAMP = struct.Struct(">II")  # a token's timestamp: seconds, then increment, big-endian
-
-# Sizes of fixed-width BSON values by type byte.
-_FIXED = {
-    0x01: 8,
-    0x07: 12,
-    0x08: 1,
-    0x09: 8,
-    0x0A: 0,
-    0x10: 4,
-    0x11: 8,
-    0x12: 8,
-    0x13: 16,
-    0x06: 0,
-    0x7F: 0,
-    0xFF: 0,
-}
-
-
-def _value_end(buf: bytes | bytearray, t: int, p: int) -> int:
-    n = _FIXED.get(t)
-    if n is not None:
-        return p + n
-    if t in (0x03, 0x04):  # document, array: int32 total length
-        return p + _I32.unpack_from(buf, p)[0]
-    if t in (0x02, 0x0D, 0x0E):  # string, JS code, symbol: int32 length + bytes
-        return p + 4 + _I32.unpack_from(buf, p)[0]
-    if t == 0x05:  # binary: int32 length + subtype + bytes
-        return p + 5 + _I32.unpack_from(buf, p)[0]
-    if t == 0x0F:  # code with scope: int32 total length
-        return p + _I32.unpack_from(buf, p)[0]
-    if t == 0x0B:  # regex: two cstrings
-        return buf.index(0, buf.index(0, p) + 1) + 1
-    if t == 0x0C:  # DBPointer: string + ObjectId
-        return p + 4 + _I32.unpack_from(buf, p)[0] + 12
-    raise ValueError(f"unknown BSON type 0x{t:02x}")
-
-
-def leading_id(doc: bytes) -> tuple[int, bytes] | None:
-    """(BSON type, value bytes) of `doc`'s `_id` when it is the first element (drivers put it
-    there), else None."""
-    if len(doc) < 10 or doc[5:9] != b"_id\x00":
-        return None
-    t = doc[4]
-    return t, doc[9 : _value_end(doc, t, 9)]
-
-
-def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
-    """The elements of the BSON document at `start`: name -> (type, value start, value end)
-    (names as bytes, in a bytearray too: a reply received into its own buffer)."""
-    unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
-    names = byte_slices(buf)
-    end = start + unpack(buf, start)[0] - 1
-    p = start + 4
-    out: dict[bytes, tuple[int, int, int]] = {}
-    while p < end:
-        t = buf[p]
-        q = index(0, p + 1)
-        v = q + 1
-        # The common types inline: this loop runs for every element of every oplog entry.
-        if t == 3 or t == 4:
-            e = v + unpack(buf, v)[0]
-        elif t == 2:
-            e = v + 4 + unpack(buf, v)[0]
-        else:
-            n = fixed.get(t)
-            e = v + n if n is not None else _value_end(buf, t, v)
-        out[names[p + 1 : q]] = (t, v, e)
-        p = e
-    return out
-
-
-def array_items(buf: bytes, start: int = 0) -> list[bytes]:
-    """The values of the BSON array (or document) of documents at `start`, as byte slices."""
-    unpack, index = _I32.unpack_from, buf.index
-    end = start + unpack(buf, start)[0] - 1
-    p = start + 4
-    out = []
-    while p < end:
-        if buf[p] != 3:
-            raise ValueError(f"array element of BSON type 0x{buf[p]:02x}, not a document")
-        v = index(0, p + 1) + 1
-        p = v + unpack(buf, v)[0]
-        out.append(buf[v:p])
-    return out
-
-
-@functools.lru_cache(maxsize=17)
-def _index_keys(size_class: int) -> tuple[bytes, ...]:
-    """The element headers (type 0x03, then the index as a C string) of an array's first
-    2**size_class documents; memoized: every getMore reply would otherwise format one per event."""
-    return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
-
-
-def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
-    """A BSON array of the given encoded documents as (its size, the pieces after its length).
-
-    Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
-    bytes object costs an allocation of that size, and such fresh memory faults in page by page.
-    """
-    if any(isinstance(item, ArrayRun) for item in items):
-        return _array_parts_with_blocks(items)
-    n = len(items)
-    size_class = n.bit_length()
-    if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
-        keys: Sequence[bytes] = _index_keys(size_class)[:n]
-    else:
-        keys = [b"\x03%d\x00" % i for i in range(n)]
-    size = 5 + sum(map(len, keys)) + sum(map(len, items))
-    return size, chain(chain.from_iterable(zip(keys, items, strict=True)), (b"\x00",))
-
-
-def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
-    """`_array_parts` of documents some of which come as runs (wire.ArrayRun, the engine's event
-    blocks): a run's elements are keyed and written as the reply is sent (ArrayRun.array_body)."""
-    parts: list[Any] = []
-    index, size = 0, 5
-    for item in items:
-        body: bytes | DeferredPiece
-        if isinstance(item, ArrayRun):
-            body = item.array_body(index)
-            index += len(item)
-        else:
-            body = b"\x03%d\x00%s" % (index, item)
-            index += 1
-        parts.append(body)
-        size += len(body)
-    parts.append(b"\x00")
-    return size, parts
-
-
-def array_of(items: list[bytes]) -> bytes:
-    """A BSON array of the given encoded documents (the inverse of array_items)."""
-    size, parts = _array_parts(items)
-    return joined(chain((_I32.pack(size),), parts))
-
-
-class SplicedDocument(Mapping[str, Any]):
-    """A BSON document held as the pieces it was spliced from, joined only if its bytes are asked for.
-
-    Why: a reply's cursor may hold megabytes of events (a shard's oplog batch, a consumer that
-    fell behind). Joined here and then again into the wire message, each event would be copied
-    twice into fresh reply-sized memory, which faults in page by page. `document_parts` embeds
-    the pieces as they are, so the message is the one join.
-    Elsewhere it reads like a RawBSONDocument: `raw`, a read-only mapping, and bson.encode takes
-    it by its type marker.
-    """
-
-    _type_marker = 101  # what bson.encode looks for to embed a document's `raw` bytes as they are
-    __slots__ = ("parts", "size", "_raw", "_document")
-
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts  # the first piece is the int32 length of the whole
-        self.size = _I32.unpack(parts[0])[0]
-        self._raw: bytes | None = None
-        self._document: RawBSONDocument | None = None
-
-    @property
-    def raw(self) -> bytes:
-        if self._raw is None:
-            self._raw = joined(self.parts)
-        return self._raw
-
-    def _inflated(self) -> RawBSONDocument:
-        if self._document is None:
-            self._document = RawBSONDocument(self.raw, RAW)
-        return self._document
-
-    def __getitem__(self, key: str) -> Any:
-        return self._inflated()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._inflated())
-
-    def __len__(self) -> int:
-        return len(self._inflated())
-
-
-def cursor_document(
-    cursor_id: int, ns: str, batch_field: str, items: list[Any], extra: dict[str, Any] | None = None
-) -> SplicedDocument:
-    """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
-    spliced from the documents' own bytes: no per-document object is built or re-encoded, and
-    nothing is joined until the reply is (see SplicedDocument)."""
-    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
-    tail = bson.encode(extra or {})[4:-1]
-    name = b"\x04" + batch_field.encode() + b"\x00"
-    array_size, array_parts = _array_parts(items)
-    size = 4 + len(head) + len(name) + array_size + len(tail) + 1
-    return SplicedDocument(
-        [_I32.pack(size), head, name, _I32.pack(array_size), *array_parts, tail, b"\x00"]
-    )
-
-
-def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
-    """`doc` as BSON, in pieces to join once (with the wire header, by `encode_op_msg`): the
-    embedded raw documents (a reply's cursor, megabytes of events) are not copied into an
-    encoder's growing buffer, which reallocates and faults in a reply-sized block each time,
-    and a SplicedDocument's pieces go in as they are."""
-    parts: list[bytes | memoryview] = [b""]
-    size = 4 + 1  # the length and the terminator
-    plain: dict[str, Any] = {}
-
-    def flush() -> None:
-        nonlocal size
-        if plain:
-            encoded = bson.encode(plain)[4:-1]
-            parts.append(encoded)
-            size += len(encoded)
-            plain.clear()
-
-    for key, value in doc.items():
-        if isinstance(value, (RawBSONDocument, SplicedDocument)):
-            flush()
-            name = b"\x03" + key.encode() + b"\x00"
-            if isinstance(value, SplicedDocument):
-                parts.append(name)
-                parts += value.parts
-                size += len(name) + value.size
-            else:
-                parts += (name, value.raw)
-                size += len(name) + len(value.raw)
-        else:
-            plain[key] = value
-    flush()
-    parts.append(b"\x00")
-    parts[0] = _I32.pack(size)
-    return parts
-
-
-def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
-    """`event` (BSON) with a `name` element (`document`'s BSON, or null) spliced in just before
-    `ns`: where the server puts fullDocument (a slot the transform reserves). Fields
-    ahead of `_id` (a transaction's lsid/txnNumber) stay where they are."""
-    _, ns_value, _ = elements(event)[b"ns"]
-    at = ns_value - len(b"\x03ns\x00")
-    key = name.encode()
-    element = (
-        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
-    )
-    return document_of(event[4:at] + element + event[at:-1])
-
-
-def splice_at_end(event: bytes, name: str, document: bytes | None) -> bytes:
-    """`event` (BSON) with a `name` element (`document`'s BSON, or null) appended after its last
-    field: where the server puts fullDocumentBeforeChange. DocumentSourceChangeStreamAddPreImage
-    sets that field, which the event does not have, and a pipeline Document appends a field it
-    does not find (document.h, DocumentStorage::getField; audit D11)."""
-    key = name.encode()
-    element = (
-        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
-    )
-    return document_of(event[4:-1] + element)
-
-
-def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
-    """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding them."""
-    cursor_id, start, _ = cursor_span(reply)
-    return cursor_id, array_items(reply, start)
-
-
-def byte_slices(buf: bytes | bytearray) -> Any:
-    """What slices `buf` to bytes objects: `buf` itself if it is bytes (no cost on the usual
-    path), else a view of it whose slices are copied into bytes once (a bytearray's own slices
-    are bytearrays, unhashable and not bytes to `type(x) is bytes` checks): a reply received
-    into its own buffer (UpstreamConnection) hands out entries and names as bytes."""
-    return buf if type(buf) is bytes else _BytesOf(memoryview(buf))
-
-
-class _BytesOf:
-    __slots__ = ("view",)
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-
-    def __getitem__(self, cut: slice) -> bytes:
-        return bytes(self.view[cut])
-
-
-def cursor_span(reply: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
-    """(cursor id, where its firstBatch/nextBatch array starts and ends) of the find/getMore reply
-    at `at` in `reply`."""
-    _, c0, _ = elements(reply, at)[b"cursor"]
-    cursor = elements(reply, c0)
-    _, i0, i1 = cursor[b"id"]
-    _, start, end = cursor.get(b"nextBatch") or cursor[b"firstBatch"]
-    return int.from_bytes(reply[i0:i1], "little", signed=True), start, end
-
-
-def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
-    _, v, _ = elements(doc)[name]
-    inc, secs = _TS.unpack_from(doc, v)
-    return Timestamp(secs, inc)
-
-
-def _cstring_element(t: int, name: bytes, value: bytes) -> bytes:
-    return bytes((t,)) + name + b"\x00" + value
-
-
-def _string(value: bytes) -> bytes:
-    return _I32.pack(len(value) + 1) + value + b"\x00"
-
-
-def document_of(body: bytes) -> bytes:
-    """A BSON document of the elements `body` (its length, then the elements, then the end byte).
-    Joined, not added: `body` is copied once, which counts for large events' fragments."""
-    return b"".join((_I32.pack(len(body) + 5), body, b"\x00"))
 
 
 # -- KeyString of a documentKey, straight from its BSON bytes -----------------------------------
@@ -740,167 +454,6 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         parts += (b"\x03updateDescription\x00", desc)
     body = b"".join(parts)
     return sort_key, type_bits, op_type, db, coll, document_of(body), namespaces, "", None
-
-
-def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | None:
-    """The updateDescription document of the `$v: 2` diff at raw[start:], as bytes, read as
-    update_diff.py's general path reads it (change_stream_document_diff_parser): updatedFields
-    are the `u` and `i` sections' elements at their dotted paths, removedFields the names in `d`,
-    truncatedArrays the `l` of array diffs, sub-diffs (`s<field>`, `s<index>`) walked in their
-    order. None with expanded events (disambiguatedPaths needs every name judged) and for any
-    diff whose shape or types the general path would read differently or reject (it then
-    decodes the diff and reports what is wrong).
-
-    Why: the general path decodes the diff into dicts, walks them and encodes the result, half of
-    an update's splice; here no value is decoded: updatedFields' values are the server's bytes,
-    copied under their new names. The usual diff, top-level sections alone (a `$set`, `$inc`,
-    `$unset` ... of top-level fields), copies the `u` and `i` documents whole. A diff names each
-    path once (the server writes it so); where nested sections make one path twice, the general
-    path's dict keeps one entry, so such a diff goes there. One naming a top-level field in both
-    `u` and `i` would keep both here.
-    """
-    if expanded:
-        return None
-    size = _I32.unpack_from(raw, start)[0]
-    if (
-        raw[start + 4 : start + 7] == b"\x03u\x00"
-        and _I32.unpack_from(raw, start + 7)[0] == size - 8
-        and not raw[start + size - 1]
-    ):
-        # `{u: {...}}` alone, the most common diff: updatedFields is the `u` document as it is.
-        return document_of(
-            b"".join(
-                (b"\x03updatedFields\x00", raw[start + 7 : start + size - 1], _NOTHING_REMOVED)
-            )
-        )
-    sections = elements(raw, start)
-    if any(t != 3 for t, _, _ in sections.values()):
-        return None
-    updated: list[bytes] = []
-    removed: list[bytes] = []
-    truncated: list[bytes] = []
-    if sections.keys() <= _TOP_LEVEL_SECTIONS:
-        for name in (b"u", b"i"):  # updates, then inserts, wherever they sit in the diff
-            if name in sections:
-                _, v, e = sections[name]
-                updated.append(raw[v + 4 : e - 1])
-        if b"d" in sections:
-            removed = list(elements(raw, sections[b"d"][1]))
-    elif not _walk_object(raw, sections, b"", updated, removed, truncated, set()):
-        return None
-    if not removed and not truncated:  # the usual diff: fields set, none removed, no array cut
-        return document_of(
-            b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)), _NOTHING_REMOVED))
-        )
-    removed_fields = b"".join(
-        _cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed)
-    )
-    return document_of(
-        b"".join(
-            (
-                b"\x03updatedFields\x00",
-                document_of(b"".join(updated)),
-                b"\x04removedFields\x00",
-                document_of(removed_fields),
-                b"\x04truncatedArrays\x00",
-                document_of(b"".join(truncated)),
-            )
-        )
-    )
-
-
-def _walk_object(
-    raw: bytes,
-    sections: dict[bytes, tuple[int, int, int]],
-    prefix: bytes,
-    updated: list[bytes],
-    removed: list[bytes],
-    truncated: list[bytes],
-    seen: set[bytes],
-) -> bool:
-    """Add an object diff's paths (under `prefix`, "" or "a.b.") to the three lists, in the
-    general path's order: `u`, `i`, `d`, then the sub-diffs. False if it must go the general way:
-    a section that is not a document, a path met twice (`seen`), an array diff read otherwise."""
-    for name in (b"u", b"i"):
-        if name in sections:
-            t, v, _ = sections[name]
-            if t != 3:
-                return False
-            for field, (ft, fv, fe) in elements(raw, v).items():
-                path = prefix + field
-                if path in seen:
-                    return False
-                seen.add(path)
-                updated.append(b"%c%s\x00%s" % (ft, path, raw[fv:fe]))
-    if b"d" in sections:
-        t, v, _ = sections[b"d"]
-        if t != 3:
-            return False
-        removed += (prefix + field for field in elements(raw, v))
-    for key, (t, v, _) in sections.items():
-        if key[:1] != b"s" or len(key) == 1:
-            continue  # u, i, d (read above), and what the general path ignores (`b`)
-        if t != 3:
-            return False
-        sub = elements(raw, v)
-        a = sub.get(b"a")
-        if a is not None and a[0] == 0x08 and raw[a[1]] == 1:  # {a: true}: an array diff
-            if not _walk_array(raw, sub, prefix + key[1:], updated, removed, truncated, seen):
-                return False
-        elif not _walk_object(raw, sub, prefix + key[1:] + b".", updated, removed, truncated, seen):
-            return False
-    return True
-
-
-def _walk_array(
-    raw: bytes,
-    sections: dict[bytes, tuple[int, int, int]],
-    path: bytes,
-    updated: list[bytes],
-    removed: list[bytes],
-    truncated: list[bytes],
-    seen: set[bytes],
-) -> bool:
-    """`_walk_object` for an array diff at `path`: its new length (`l`), then its entries in
-    order, `u<index>` a new value, `s<index>` a sub-diff."""
-    if b"l" in sections:
-        t, v, e = sections[b"l"]
-        if t not in (0x01, 0x10, 0x12):  # numbers, which decode and encode back to these bytes
-            return False
-        field = _cstring_element(0x02, b"field", _string(path))
-        size = b"%cnewSize\x00%s" % (t, raw[v:e])
-        truncated.append(_cstring_element(0x03, b"%d" % len(truncated), document_of(field + size)))
-    for key, (t, v, e) in sections.items():
-        if key in (b"a", b"l"):
-            continue
-        letter, index = key[:1], key[1:]
-        if not index.isdigit() or (index[:1] == b"0" and len(index) > 1):
-            return False  # the general path reads every other key's index as int() does
-        if letter not in (b"u", b"s"):
-            continue
-        at = path + b"." + index
-        if letter == b"u":
-            if at in seen:
-                return False
-            seen.add(at)
-            updated.append(b"%c%s\x00%s" % (t, at, raw[v:e]))
-        else:
-            if t != 3:
-                return False
-            sub = elements(raw, v)
-            a = sub.get(b"a")
-            if a is not None and a[0] == 0x08 and raw[a[1]] == 1:
-                if not _walk_array(raw, sub, at, updated, removed, truncated, seen):
-                    return False
-            elif not _walk_object(raw, sub, at + b".", updated, removed, truncated, seen):
-                return False
-    return True
-
-
-_TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
-_NOTHING_REMOVED = (
-    b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
-)
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

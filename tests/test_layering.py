@@ -43,6 +43,7 @@ ENGINE_TRANSFORM = {
     "buckets._columnar.batch_splice",
     "buckets._columnar.event_block",
     "mongoformats.update_diff",
+    "mongoformats.diff_splice",
 }
 # Byte-level BSON helpers that oplog_splice also holds and that build no event: a reply's cursor
 # document and its parts for the wire, and a document's leading `_id` bytes.
