@@ -294,34 +294,46 @@ def _fixed_layout(raw: bytes) -> _Layout | None:
     return head, o, o2, p + 4, (p + 40, p + 48)
 
 
+# The BSON types a CRUD entry's fields must have, and those of its optional fields.
+_WALKED_TYPES = {
+    b"op": 0x02,
+    b"ns": 0x02,
+    b"o": 0x03,
+    b"ts": 0x11,
+}
+_WALKED_OPTIONAL_TYPES = {b"o2": 0x03, b"wall": 0x09}
+
+
 def _walked_layout(raw: bytes) -> _Layout | None:
     """The layout of a CRUD entry of any field order (sessions, extra fields); None if it is not
     one the splice handles (not i/u/d, a migration's write, a UUID that is not 16 bytes, a field
     missing or of another type: the general path reports what is wrong)."""
     f = elements(raw)
-    op, ns, ui, o, o2, ts, wall = map(f.get, (b"op", b"ns", b"ui", b"o", b"o2", b"ts", b"wall"))
-    if (
-        op is None
-        or op[0] != 0x02
-        or ns is None
-        or ns[0] != 0x02
-        or o is None
-        or o[0] != 0x03
-        or ts is None
-        or ts[0] != 0x11
-        or (o2 is not None and o2[0] != 0x03)
-        or (wall is not None and wall[0] != 0x09)
-        or b"fromMigrate" in f
-    ):
+    if not _typed_as_crud(raw, f):
         return None
-    if ui is not None and (
-        ui[0] != 0x05 or _I32.unpack_from(raw, ui[1])[0] != 16 or raw[ui[1] + 4] != 4
-    ):
-        return None
+    op, ns, o, ts = f[b"op"], f[b"ns"], f[b"o"], f[b"ts"]
+    ui, o2, wall = f.get(b"ui"), f.get(b"o2"), f.get(b"wall")
     head = _head(raw[op[1] + 4 : op[2] - 1], raw[ns[1] + 4 : ns[2] - 1], ui and raw[ui[1] : ui[2]])
     if head is None:
         return None
     return head, o[1:], o2 and o2[1:], ts[1], wall and wall[1:]
+
+
+def _typed_as_crud(raw: bytes, f: dict[bytes, tuple[int, int, int]]) -> bool:
+    """Whether an entry's elements `f` have a CRUD entry's fields and types, a ui (if any) of a
+    16-byte UUID, and no fromMigrate."""
+    if b"fromMigrate" in f:
+        return False
+    for name, t in _WALKED_TYPES.items():
+        if name not in f or f[name][0] != t:
+            return False
+    for name, t in _WALKED_OPTIONAL_TYPES.items():
+        if name in f and f[name][0] != t:
+            return False
+    ui = f.get(b"ui")
+    return ui is None or (
+        ui[0] == 0x05 and _I32.unpack_from(raw, ui[1])[0] == 16 and raw[ui[1] + 4] == 4
+    )
 
 
 def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
@@ -333,102 +345,156 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     layout = _fixed_layout(raw) or _walked_layout(raw)
     if layout is None:
         return None
-    head, (o0, o1), o2, t0, wall = layout
+    head, o, o2, t0, wall = layout
     if not head:
         return ()
     code, names, ui, uuid_ks = head
-    full = desc = None
-    if code == b"i":
-        op_type = "insert"
-        full = raw[o0:o1]
-        if o2 is not None:
-            key = raw[o2[0] : o2[1]]
-        else:
-            ident = elements(raw, o0).get(b"_id")
-            if ident is None:
-                return None
-            key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1] : ident[2]]))
-    elif code == b"d":
-        op_type = "delete"
-        key = raw[o0:o1]
-    else:
-        if o2 is None:
-            return None
-        key = raw[o2[0] : o2[1]]
-        diff_at = o0 + _V2_DIFF_AT
-        # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
-        if (
-            raw[o0 + 4 : diff_at] == _V2_DIFF
-            and diff_at + 5 <= o1 - 1
-            and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1
-            and not raw[o1 - 1]
-        ):
-            op_type = "update"
-            diff = (0x03, diff_at, o1 - 1)
-        else:
-            # A replacement leads with its _id (the server puts it first); a document that does
-            # not hold the bytes `$v` anywhere has no `$v` field: neither needs the walk.
-            if (
-                raw[o0 + 4]
-                and raw[o0 + 5 : o0 + 9] == b"_id\x00"
-                and raw.find(b"$v\x00", o0, o1) < 0
-            ):
-                o_fields = {b"_id": (0, 0, 0)}
-            else:
-                o_fields = elements(raw, o0)
-            if b"_id" in o_fields and b"$v" not in o_fields:
-                op_type = "replace"
-                full = raw[o0:o1]
-            else:
-                version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
-                if (
-                    version is None
-                    or found is None
-                    or raw[version[1] : version[2]] != b"\x02\x00\x00\x00"
-                ):
-                    return None
-                op_type, diff = "update", found
-        if op_type == "update":
-            desc = update_description(raw, diff[1], expanded=expanded)
-            if desc is None:
-                desc = bson.encode(
-                    update_description_from_diff(
-                        bson.decode(raw[diff[1] : diff[2]], PLAIN), disambiguate=expanded
-                    )
-                )
-    ks_key: bytes | None
-    if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
-        ks_key, bits = b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
-    elif (
-        key[4:9] == b"\x02_id\x00"
-        and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1
-        and key[-2:] == b"\x00\x00"
-    ):
-        # {_id: string}, the usual documentKey of string ids
-        ks_key = b"".join(
-            (b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00")
-        )
-        bits = _STRING_ID_BITS
-    elif len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
-        # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
-        ks_key, bits = b"".join((b"\x46\x5a_id\x00\x5a\x10", key[13:30], b"\x00")), _TS_TAIL_BITS
-    else:
-        bits = list(_TS_TAIL_BITS)
-        ks_key = _ks_document_key(key, 0, bits)
-        if ks_key is None:
-            decoded = _decoded_document_key(key)
-            if decoded is None:
-                return None
-            ks_key, bits = decoded
+    parts = _OP_PARTS[code](raw, o, o2, expanded)
+    if parts is None:
+        return None
+    op_type, key, full, desc = parts
+    keyed = _token_key(key)
+    if keyed is None:
+        return None
+    ks_key, bits = keyed
     # A token's timestamp is the entry's ts reversed: BSON has the increment, then the seconds,
     # little-endian; the KeyString the seconds, then the increment, big-endian.
     ts = raw[t0 : t0 + 8]
     sort_key = b"".join(
         (b"\x82", ts[::-1], _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key, b"\x00\x04")
     )
+    type_bits = encode_type_bits(bits) if bits else b""
+    body = b"".join(
+        _event_parts(
+            sort_key,
+            type_bits,
+            op_type,
+            ts,
+            ui if expanded else None,
+            wall and raw[wall[0] : wall[1]],
+            full,
+            names[0],
+            key,
+            desc,
+        )
+    )
+    _, db, coll, namespaces = names
+    return sort_key, type_bits, op_type, db, coll, document_of(body), namespaces, "", None
+
+
+# An event's parts from an entry's o and o2: (operationType, documentKey, fullDocument or None,
+# updateDescription or None); None for the general path.
+_OpParts = tuple[str, bytes, "bytes | None", "bytes | None"]
+
+
+def _insert_parts(raw: bytes, o: _Range, o2: _Range | None, expanded: bool) -> _OpParts | None:
+    """An insert's: o is the document, o2 (a sharded collection's) its documentKey, else the
+    documentKey is the document's `_id`."""
+    if o2 is not None:
+        key = raw[o2[0] : o2[1]]
+    else:
+        ident = elements(raw, o[0]).get(b"_id")
+        if ident is None:
+            return None
+        key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1] : ident[2]]))
+    return "insert", key, raw[o[0] : o[1]], None
+
+
+def _delete_parts(raw: bytes, o: _Range, o2: _Range | None, expanded: bool) -> _OpParts | None:
+    """A delete's: o is the documentKey (with the shard key's fields in a sharded collection)."""
+    return "delete", raw[o[0] : o[1]], None, None
+
+
+def _update_parts(raw: bytes, o: _Range, o2: _Range | None, expanded: bool) -> _OpParts | None:
+    """An update's or a replace's: o2 is the documentKey, o the diff or the new document."""
+    if o2 is None:
+        return None
+    key = raw[o2[0] : o2[1]]
+    diff_at = _diff_at(raw, o)
+    if diff_at is None:
+        return None
+    if diff_at < 0:
+        return "replace", key, raw[o[0] : o[1]], None
+    desc = update_description(raw, diff_at, expanded=expanded)
+    if desc is None:
+        end = diff_at + _I32.unpack_from(raw, diff_at)[0]
+        desc = bson.encode(
+            update_description_from_diff(
+                bson.decode(raw[diff_at:end], PLAIN), disambiguate=expanded
+            )
+        )
+    return "update", key, None, desc
+
+
+def _diff_at(raw: bytes, o: _Range) -> int | None:
+    """Where an update's `$v: 2` diff starts in raw; -1 for a replacement document; None for
+    anything else (an older $v, a malformed o: the general path reports it)."""
+    o0, o1 = o
+    diff_at = o0 + _V2_DIFF_AT
+    # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
+    if (
+        raw[o0 + 4 : diff_at] == _V2_DIFF
+        and diff_at + 5 <= o1 - 1
+        and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1
+        and not raw[o1 - 1]
+    ):
+        return diff_at
+    # A replacement leads with its _id (the server puts it first); a document that does not hold
+    # the bytes `$v` anywhere has no `$v` field: neither needs the walk.
+    if raw[o0 + 4] and raw[o0 + 5 : o0 + 9] == b"_id\x00" and raw.find(b"$v\x00", o0, o1) < 0:
+        return -1
+    o_fields = elements(raw, o0)
+    if b"_id" in o_fields and b"$v" not in o_fields:
+        return -1
+    version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
+    if version is None or found is None or raw[version[1] : version[2]] != b"\x02\x00\x00\x00":
+        return None
+    return found[1] if found[0] == 0x03 else None  # a diff is a document, else the general path
+
+
+_OP_PARTS = {b"i": _insert_parts, b"d": _delete_parts, b"u": _update_parts}
+
+
+def _token_key(key: bytes) -> tuple[bytes, list[int] | None] | None:
+    """(KeyString of the documentKey, the token's type bits or None for none) of a documentKey's
+    BSON; the usual shapes are read where their parts lie, the rest walked or decoded."""
+    if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
+        return b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
+    if (
+        key[4:9] == b"\x02_id\x00"
+        and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1
+        and key[-2:] == b"\x00\x00"
+    ):
+        # {_id: string}, the usual documentKey of string ids
+        string = key[13:-2].replace(b"\x00", b"\x00\xff")
+        return b"".join((b"\x46\x3c_id\x00\x3c", string, b"\x00\x00")), _STRING_ID_BITS
+    if len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
+        # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
+        return b"".join((b"\x46\x5a_id\x00\x5a\x10", key[13:30], b"\x00")), _TS_TAIL_BITS
+    bits = list(_TS_TAIL_BITS)
+    ks_key = _ks_document_key(key, 0, bits)
+    if ks_key is None:
+        return _decoded_document_key(key)
+    return ks_key, bits
+
+
+def _event_parts(
+    sort_key: bytes,
+    type_bits: bytes,
+    op_type: str,
+    ts: bytes,
+    ui: bytes | None,
+    wall: bytes | None,
+    full: bytes | None,
+    ns_element: bytes,
+    key: bytes,
+    desc: bytes | None,
+) -> list[bytes]:
+    """The event's elements in the server's order, as pieces to join once: _id (the token),
+    operationType, clusterTime, collectionUUID (expanded events), wallTime, fullDocument, ns,
+    documentKey, updateDescription."""
     hex_data = hexlify(sort_key).upper()
     n = len(hex_data)
-    type_bits = encode_type_bits(bits) if bits else b""
     typed = (
         b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits if type_bits else b""
     )
@@ -442,18 +508,16 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         b"\x11clusterTime\x00",
         ts,
     ]
-    if expanded and ui is not None:
+    if ui is not None:
         parts += (b"\x05collectionUUID\x00", ui)
     if wall is not None:
-        parts += (b"\x09wallTime\x00", raw[wall[0] : wall[1]])
+        parts += (b"\x09wallTime\x00", wall)
     if full is not None:
         parts += (b"\x03fullDocument\x00", full)
-    ns_element, db, coll, namespaces = names
     parts += (ns_element, b"\x03documentKey\x00", key)
     if desc is not None:
         parts += (b"\x03updateDescription\x00", desc)
-    body = b"".join(parts)
-    return sort_key, type_bits, op_type, db, coll, document_of(body), namespaces, "", None
+    return parts
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]
