@@ -41,6 +41,7 @@ ENGINE_TRANSFORM = {
     "mongoformats.change_events",
     "mongoformats.oplog_splice",
     "buckets._columnar.batch_splice",
+    "buckets._columnar.batch_layout",
     "buckets._columnar.event_block",
     "mongoformats.update_diff",
     "mongoformats.diff_splice",

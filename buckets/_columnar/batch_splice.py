@@ -46,16 +46,34 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from buckets._columnar.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, put_i32, u8, u64
+from buckets._columnar.batch_layout import (
+    _DIFF_AT,
+    _INSERT,
+    _OID_KEY,
+    _OPS,
+    _R_HEAD_END,
+    _R_KEY,
+    _R_O_END,
+    _R_O_START,
+    _R_OK,
+    _R_OP,
+    _R_P,
+    _R_SIMPLE,
+    _R_STAMPS,
+    _TS_AT,
+    _U_AT,
+    _UPDATE,
+    _WALL_AT,
+    _layouts,
+)
+from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
-    _OP_HEAD,
     _OP_IDENT,
     _TOKEN_HEAD,
-    _UI_HEAD,
     Spliced,
     _fixed_head,
     byte_slices,
@@ -76,22 +94,6 @@ _Ints = npt.NDArray[np.int64]
 _Words = npt.NDArray[np.uint64]
 _Bytes = npt.NDArray[np.uint8]
 
-_NS = b"\x02ns\x00"
-_HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
-_OPS = {ord("i"): "insert", ord("d"): "delete", ord("u"): "update"}
-_LSID = b"\x03lsid\x00"
-_TXN_NUMBER = b"\x12txnNumber\x00"
-_O = b"\x03o\x00"
-_O2 = b"\x03o2\x00"
-# An update's o up to its diff's value: {$v: 2, diff: ...} (the diff is o's last element).
-_V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
-_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"  # a 22-byte document of one ObjectId _id: the documentKey
-_OID_KEY_BYTES = 22
-_STMT_ID = b"\x10stmtId\x00"
-_PREV_OP_TIME = b"\x03prevOpTime\x00"
-# ts, t, v and wall follow, each 8 bytes (its header's offset from ts's, the header).
-_STAMPS = ((0, b"\x11ts\x00"), (12, b"\x12t\x00"), (23, b"\x12v\x00"), (34, b"\x09wall\x00"))
-_TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
 
 # The resume token's KeyString (the sort key; see splice_crud): 0x82, the ts (seconds, then
 # increment, big-endian), the token's fixed head, the collection's UUID (19 bytes: 0x5a, its
@@ -114,7 +116,6 @@ _HEX_AT = 4 + len(_ID_ELEMENT)
 _CLUSTER_TIME_AT = (
     _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
 )
-_OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
 _WALL_TIME = b"\x09wallTime\x00"
 _COLLECTION_UUID = b"\x05collectionUUID\x00"
 _UUID_VALUE_BYTES = 21  # a binary value: its length, subtype 4, 16 bytes
@@ -130,9 +131,9 @@ _SIMPLE_REST = (
 _END = b"\x00"
 # What follows the updatedFields of: an insert or a delete (none), a simple update, another update.
 _CLOSINGS = (b"", _SIMPLE_REST, _END)
-# In an update's o: where its diff's value is; where a diff of `u` alone has the `u` document.
-_DIFF_AT = 4 + len(_V2_DIFF)
-_U_AT = _DIFF_AT + 7
+_P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
+_UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
+_UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
 
@@ -298,174 +299,6 @@ def splice_block(
         for op, h in zip(ops, made, strict=True)
     )
     return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
-
-
-# Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
-_P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
-    as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD)
-)
-_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(
-    as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY)
-)
-_P_STMT_ID, _P_PREV_OP_TIME, _P_SIMPLE_REST = map(as_bytes, (_STMT_ID, _PREV_OP_TIME, _SIMPLE_REST))
-_P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
-_TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
-_UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
-_UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
-_TXN_NUMBER_BYTES = len(_TXN_NUMBER)
-_O2_BYTES = len(_O2)
-_NS_BYTES = len(_NS)
-_UI_ELEMENT_BYTES = len(_UI_HEAD) + 16
-_STMT_ID_BYTES = len(_STMT_ID)
-_PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
-
-# The layout kernel's columns: one row per entry.
-_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE = range(
-    _ROW_WIDTH := 9
-)
-_INSERT, _DELETE, _UPDATE = 0, 1, 2
-
-
-@numba.njit(cache=CACHE)
-def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
-    """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
-    checking each element where it must start, as splice_crud's fixed layout does; every boundary
-    comes from the entry's own lengths, so it is taken only if it is exactly that sequence."""
-    end = start + length - 1  # where its terminating zero must be
-    if length < 5 + _HEAD_BYTES + 4 or u8(d, end) != 0:
-        return
-    p = start + 4
-    if has(d, p, _P_LSID):  # a retryable write's lsid and txnNumber lead (OplogEntryBase's order)
-        lsid = i32(d, start + 10)
-        if lsid < 5 or lsid > length - 40:
-            return
-        p = start + 10 + lsid
-        if not has(d, p, _P_TXN_NUMBER):
-            return
-        p += _TXN_NUMBER_BYTES + 8
-    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
-        return
-    code = u8(d, p + _OP_CODE_AT)
-    op = (
-        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
-    )  # i, d, u
-    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
-        return
-    ns = i32(d, p + _HEAD_BYTES)
-    if ns < 2 or ns > end - p:
-        return
-    ui = p + _HEAD_BYTES + 4 + ns
-    head_end = ui + _UI_ELEMENT_BYTES
-    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
-        return
-    o_start = head_end + 3
-    o_length = i32(d, o_start)
-    if o_length < 5 or o_length > end - o_start:
-        return
-    o_end = o_start + o_length
-    simple = False
-    if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
-        diff = o_start + _DIFF_AT
-        diff_length = i32(d, diff)
-        if (
-            diff_length < 5
-            or diff_length > o_end - diff - 1
-            or not has(d, o_start + 4, _P_V2_DIFF)
-            or diff + diff_length + 1 != o_end
-            or u8(d, o_end - 1) != 0
-        ):
-            return
-        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
-        # document, which ends where the diff does, is the event's updatedFields as it is.
-        if not expanded and has(d, diff + 4, _P_U):
-            u_length = i32(d, o_start + _U_AT)
-            simple = (
-                5 <= u_length <= diff_length - 8
-                and o_start + _U_AT + u_length == o_end - 2
-                and u8(d, o_end - 3) == 0
-            )
-    # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
-    if op == _DELETE:
-        key = o_start
-        if o_end != o_start + _OID_KEY_BYTES:
-            return
-    else:
-        key = o_end + _O2_BYTES
-        if not has(d, o_end, _P_O2):
-            return
-    if not has(d, key, _P_OID_KEY) or u8(d, key + _OID_KEY_BYTES - 1) != 0:
-        return
-    stamps = key + _OID_KEY_BYTES
-    if has(d, stamps, _P_STMT_ID):
-        stamps += _STMT_ID_BYTES + 4
-    if not (
-        has(d, stamps + _TS_OFFSET, _P_TS)
-        and has(d, stamps + _T_OFFSET, _P_T)
-        and has(d, stamps + _V_OFFSET, _P_V)
-        and has(d, stamps + _WALL_OFFSET, _P_WALL)
-    ):
-        return
-    after = stamps + _STAMP_BYTES
-    if after != end:  # prevOpTime, if there is one, must fill the rest of the entry exactly
-        prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
-        if (
-            not has(d, after, _P_PREV_OP_TIME)
-            or prev_length < 5
-            or after + _PREV_OP_TIME_BYTES + prev_length != end
-        ):
-            return
-    row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
-    row[_R_O_START], row[_R_O_END] = o_start, o_end
-    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
-
-
-@numba.njit(cache=CACHE)
-def _layouts(
-    d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
-) -> tuple[_Ints, _Ints, _Ints]:
-    """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
-    -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
-    same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
-    words: the UUID's) in an open-addressed table, then compared in full."""
-    n = len(starts)
-    rows = np.zeros((n, _ROW_WIDTH), np.int64)
-    which = np.full(n, -1, np.int64)
-    firsts = np.empty(n, np.int64)
-    kinds = 0
-    slots = 1
-    while slots < 2 * n:
-        slots *= 2
-    table = np.full(slots, -1, np.int64)  # a kind's index, or -1
-    mask = np.uint64(slots - 1)
-    for i in range(U(n)):
-        row = rows[i]
-        _layout(d, starts[i], lengths[i], expanded, row)
-        if not row[_R_OK]:
-            continue
-        p, stop = row[_R_P], row[_R_HEAD_END]
-        fingerprint = (
-            (np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15))
-            ^ u64(d, p + _HEAD_BYTES + 4)
-            ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
-            ^ u64(d, stop - 8)
-        )
-        slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
-        while True:
-            kind = table[slot]
-            if kind < 0:
-                table[slot] = kinds
-                firsts[U(kinds)] = i
-                which[i] = kinds
-                kinds += 1
-                break
-            q = rows[U(firsts[U(kind)]), _R_P]
-            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(
-                d, p, d[U(q) : U(q + stop - p)]
-            ):
-                which[i] = kind
-                break
-            slot = (slot + np.uint64(1)) & mask
-    return rows, which, firsts[:kinds]
 
 
 @numba.njit(cache=CACHE)
