@@ -24,8 +24,6 @@ GOOD_MI_RANKS = ("A", "B")
 
 # "path:Qualified.name" of functions above MAX_COMPLEXITY.
 COMPLEX_FUNCTIONS: set[str] = {
-    "buckets/_columnar/batch_layout.py:_layout",
-    "buckets/_columnar/batch_splice.py:splice_block",
     "buckets/_columnar/event_block.py:_merge_runs",
     "demo/demo.py:run_workload",
     "mongoformats/change_events.py:OplogTransformer._crud",

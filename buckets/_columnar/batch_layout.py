@@ -70,72 +70,119 @@ _INSERT, _DELETE, _UPDATE = 0, 1, 2
 def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
     """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
     checking each element where it must start, as splice_crud's fixed layout does; every boundary
-    comes from the entry's own lengths, so it is taken only if it is exactly that sequence."""
+    comes from the entry's own lengths, so it is taken only if it is exactly that sequence. Each
+    step returns -1 where the entry is not of that shape."""
     end = start + length - 1  # where its terminating zero must be
     if length < 5 + _HEAD_BYTES + 4 or u8(d, end) != 0:
         return
-    p = start + 4
-    if has(d, p, _P_LSID):  # a retryable write's lsid and txnNumber lead (OplogEntryBase's order)
-        lsid = i32(d, start + 10)
-        if lsid < 5 or lsid > length - 40:
-            return
-        p = start + 10 + lsid
-        if not has(d, p, _P_TXN_NUMBER):
-            return
-        p += _TXN_NUMBER_BYTES + 8
-    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
+    p = _op_at(d, start, length)
+    if p < 0:
         return
-    code = u8(d, p + _OP_CODE_AT)
-    op = (
-        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
-    )  # i, d, u
-    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
-        return
-    ns = i32(d, p + _HEAD_BYTES)
-    if ns < 2 or ns > end - p:
-        return
-    ui = p + _HEAD_BYTES + 4 + ns
-    head_end = ui + _UI_ELEMENT_BYTES
-    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
+    op, head_end = _head_of(d, p, end)
+    if op < 0:
         return
     o_start = head_end + 3
     o_length = i32(d, o_start)
     if o_length < 5 or o_length > end - o_start:
         return
     o_end = o_start + o_length
-    simple = False
-    if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
-        diff = o_start + _DIFF_AT
-        diff_length = i32(d, diff)
-        if (
-            diff_length < 5
-            or diff_length > o_end - diff - 1
-            or not has(d, o_start + 4, _P_V2_DIFF)
-            or diff + diff_length + 1 != o_end
-            or u8(d, o_end - 1) != 0
-        ):
-            return
-        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
-        # document, which ends where the diff does, is the event's updatedFields as it is.
-        if not expanded and has(d, diff + 4, _P_U):
-            u_length = i32(d, o_start + _U_AT)
-            simple = (
-                5 <= u_length <= diff_length - 8
-                and o_start + _U_AT + u_length == o_end - 2
-                and u8(d, o_end - 3) == 0
-            )
-    # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
+    simple = _update_shape(d, o_start, o_end, expanded) if op == _UPDATE else 0
+    key = _key_at(d, op, o_start, o_end)
+    if simple < 0 or key < 0:
+        return
+    stamps = _stamps_at(d, key + _OID_KEY_BYTES, end)
+    if stamps < 0:
+        return
+    row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
+    row[_R_O_START], row[_R_O_END] = o_start, o_end
+    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
+
+
+@numba.njit(cache=CACHE)
+def _op_at(d: _Bytes, start: int, length: int) -> int:
+    """Where the op element starts: after a retryable write's lsid and txnNumber, which lead
+    (OplogEntryBase's order), if the entry has them."""
+    p = start + 4
+    if not has(d, p, _P_LSID):
+        return p
+    lsid = i32(d, start + 10)
+    if lsid < 5 or lsid > length - 40:
+        return -1
+    p = start + 10 + lsid
+    if not has(d, p, _P_TXN_NUMBER):
+        return -1
+    return p + _TXN_NUMBER_BYTES + 8
+
+
+@numba.njit(cache=CACHE)
+def _head_of(d: _Bytes, p: int, end: int) -> tuple[int, int]:
+    """(the op: _INSERT, _DELETE or _UPDATE, where the ui element ends, o's header following it)
+    of the entry whose op element is at `p`; (-1, 0) for any other op or shape."""
+    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
+        return -1, 0
+    code = u8(d, p + _OP_CODE_AT)
+    op = (
+        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
+    )  # i, d, u
+    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
+        return -1, 0
+    ns = i32(d, p + _HEAD_BYTES)
+    if ns < 2 or ns > end - p:
+        return -1, 0
+    ui = p + _HEAD_BYTES + 4 + ns
+    head_end = ui + _UI_ELEMENT_BYTES
+    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
+        return -1, 0
+    return op, head_end
+
+
+@numba.njit(cache=CACHE)
+def _update_shape(d: _Bytes, o_start: int, o_end: int, expanded: bool) -> int:
+    """An update's o, which must be {$v: 2, diff} with the diff ending where o does: 1 for the
+    usual diff, `{u: {...}}` alone (a $set of existing top-level fields), whose `u` document,
+    ending where the diff does, is the event's updatedFields as it is; 0 for another diff; -1
+    for another o."""
+    diff = o_start + _DIFF_AT
+    diff_length = i32(d, diff)
+    if (
+        diff_length < 5
+        or diff_length > o_end - diff - 1
+        or not has(d, o_start + 4, _P_V2_DIFF)
+        or diff + diff_length + 1 != o_end
+        or u8(d, o_end - 1) != 0
+    ):
+        return -1
+    if expanded or not has(d, diff + 4, _P_U):
+        return 0
+    u_length = i32(d, o_start + _U_AT)
+    return int(
+        5 <= u_length <= diff_length - 8
+        and o_start + _U_AT + u_length == o_end - 2
+        and u8(d, o_end - 3) == 0
+    )
+
+
+@numba.njit(cache=CACHE)
+def _key_at(d: _Bytes, op: int, o_start: int, o_end: int) -> int:
+    """Where the documentKey, `{_id: ObjectId}`, is: an insert's and an update's o2 (an insert's
+    o is its document), a delete's o; -1 if it is not there or not of that shape."""
     if op == _DELETE:
         key = o_start
         if o_end != o_start + _OID_KEY_BYTES:
-            return
+            return -1
     else:
         key = o_end + _O2_BYTES
         if not has(d, o_end, _P_O2):
-            return
+            return -1
     if not has(d, key, _P_OID_KEY) or u8(d, key + _OID_KEY_BYTES - 1) != 0:
-        return
-    stamps = key + _OID_KEY_BYTES
+        return -1
+    return key
+
+
+@numba.njit(cache=CACHE)
+def _stamps_at(d: _Bytes, stamps: int, end: int) -> int:
+    """Where ts, t, v and wall start, after a stmtId if there is one; -1 unless they are there
+    and prevOpTime, if there is one, fills the rest of the entry exactly."""
     if has(d, stamps, _P_STMT_ID):
         stamps += _STMT_ID_BYTES + 4
     if not (
@@ -144,19 +191,18 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         and has(d, stamps + _V_OFFSET, _P_V)
         and has(d, stamps + _WALL_OFFSET, _P_WALL)
     ):
-        return
+        return -1
     after = stamps + _STAMP_BYTES
-    if after != end:  # prevOpTime, if there is one, must fill the rest of the entry exactly
-        prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
-        if (
-            not has(d, after, _P_PREV_OP_TIME)
-            or prev_length < 5
-            or after + _PREV_OP_TIME_BYTES + prev_length != end
-        ):
-            return
-    row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
-    row[_R_O_START], row[_R_O_END] = o_start, o_end
-    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
+    if after == end:
+        return stamps
+    prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
+    if (
+        not has(d, after, _P_PREV_OP_TIME)
+        or prev_length < 5
+        or after + _PREV_OP_TIME_BYTES + prev_length != end
+    ):
+        return -1
+    return stamps
 
 
 @numba.njit(cache=CACHE)

@@ -205,30 +205,7 @@ def splice_block(
     d = as_bytes(data)
     rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)
     ok = rows[:, _R_OK].astype(np.bool_)
-    update, simple = ok & (rows[:, _R_OP] == _UPDATE), rows[:, _R_SIMPLE].astype(np.bool_)
-
-    # Other updates' updateDescription is made one by one (diffs differ in shape); a diff that
-    # `update_description` does not take leaves its entry to splice_crud.
-    descriptions: dict[int, bytes] = {}
-    if update.any():
-        tried = {
-            i: _description(data, s, e, diff, expanded)
-            for i, s, e, diff in zip(
-                *(
-                    a[update & ~simple].tolist()
-                    for a in (
-                        np.arange(n),
-                        batch.starts,
-                        batch.starts + batch.lengths,
-                        rows[:, _R_O_START] + _DIFF_AT,
-                    )
-                ),
-                strict=True,
-            )
-        }
-        ok[[i for i, made_here in tried.items() if made_here is None]] = False
-        descriptions = {i: made_here for i, made_here in tried.items() if made_here is not None}
-
+    descriptions = _other_descriptions(batch, rows, ok, expanded)
     out: list[Spliced | tuple[()] | None] = [None] * n
     # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
     # once per kind: a batch's entries share a handful.
@@ -236,22 +213,72 @@ def splice_block(
     made = [
         _made_of(cut[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()
     ]
-    keep = np.fromiter(map(bool, made), np.bool_, len(made))
-    if not keep.all():
-        dropped = ok & ~keep[which]
-        for i, kind in zip(np.flatnonzero(dropped).tolist(), which[dropped].tolist(), strict=True):
-            out[i] = made[
-                kind
-            ]  # () for an internal namespace; None for a view's (the general path)
-        ok &= ~dropped
+    _leave_unmade(made, which, ok, out)
     taken = np.flatnonzero(ok)
     if not len(taken):
         return out, None, taken
-
-    # Each kind's templates: its sort key, its event's front (up to its document: an insert's
-    # fullDocument header ends it) and its tail (ns, documentKey, an update's updateDescription
-    # header), with zeros where each event's own values go.
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
+    templates, at = _templates(ops, made, expanded)
+    extras, extra_at = _extras(descriptions, taken)
+    keys, events, offsets = _assemble(
+        d, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
+    )
+    column = pa.Array.from_buffers(
+        pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
+    )
+    kind_table = tuple(
+        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
+        for op, h in zip(ops, made, strict=True)
+    )
+    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
+
+
+def _other_descriptions(
+    batch: OplogBatch, rows: _Ints, ok: npt.NDArray[np.bool_], expanded: bool
+) -> dict[int, bytes]:
+    """The updateDescription of each taken update whose diff is not `u` alone, made one by one
+    (diffs differ in shape), by entry index; an update whose diff `update_description` does not
+    take is dropped from `ok`, for splice_crud."""
+    update = ok & (rows[:, _R_OP] == _UPDATE)
+    if not update.any():
+        return {}
+    other = update & ~rows[:, _R_SIMPLE].astype(np.bool_)
+    columns = (
+        np.arange(len(batch)),
+        batch.starts,
+        batch.starts + batch.lengths,
+        rows[:, _R_O_START] + _DIFF_AT,
+    )
+    tried = {
+        i: _description(batch.data, s, e, diff, expanded)
+        for i, s, e, diff in zip(*(a[other].tolist() for a in columns), strict=True)
+    }
+    ok[[i for i, made_here in tried.items() if made_here is None]] = False
+    return {i: made_here for i, made_here in tried.items() if made_here is not None}
+
+
+def _leave_unmade(
+    made: list[Any],
+    which: _Ints,
+    ok: npt.NDArray[np.bool_],
+    out: list[Spliced | tuple[()] | None],
+) -> None:
+    """Drop from `ok` the entries of kinds that make no event here: () in `out` for an internal
+    namespace's, None for a view's (the general path)."""
+    keep = np.fromiter(map(bool, made), np.bool_, len(made))
+    if keep.all():
+        return
+    dropped = ok & ~keep[which]
+    for i, kind in zip(np.flatnonzero(dropped).tolist(), which[dropped].tolist(), strict=True):
+        out[i] = made[kind]
+    ok &= ~dropped
+
+
+def _templates(ops: list[str], made: list[Any], expanded: bool) -> tuple[_Bytes, _Ints]:
+    """Each kind's templates, back to back, and where each starts: its sort key, its event's
+    front (up to its document: an insert's fullDocument header ends it) and its tail (ns,
+    documentKey, an update's updateDescription header), with zeros where each event's own values
+    go."""
     parts: list[bytes] = []
     for op, h in zip(ops, made, strict=True):
         if not h:  # (a kind none of whose entries is taken: no event refers to it)
@@ -268,7 +295,12 @@ def splice_block(
         )
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
-    # Other updates' updatedFields and closing, made above (less their headers, then the end).
+    return as_bytes(b"".join(parts)), at
+
+
+def _extras(descriptions: dict[int, bytes], taken: _Ints) -> tuple[_Bytes, _Ints]:
+    """Other updates' updatedFields and closing, made one by one (less their headers, then the
+    end), back to back in the order of `taken`, and where each starts."""
     extras = (
         [
             descriptions[i][4 + len(_UPDATED_FIELDS) :] + _END if i in descriptions else b""
@@ -280,25 +312,7 @@ def splice_block(
     extra_at = np.zeros(len(taken) + 1, np.int64)
     if extras:
         np.cumsum(np.fromiter(map(len, extras), np.int64, len(extras)), out=extra_at[1:])
-    keys, events, offsets = _assemble(
-        d,
-        taken,
-        rows,
-        which,
-        as_bytes(b"".join(parts)),
-        at,
-        as_bytes(b"".join(extras) or b"\0"),
-        extra_at,
-        _wall_at(expanded),
-    )
-    column = pa.Array.from_buffers(
-        pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
-    )
-    kind_table = tuple(
-        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
-        for op, h in zip(ops, made, strict=True)
-    )
-    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
+    return as_bytes(b"".join(extras) or b"\0"), extra_at
 
 
 @numba.njit(cache=CACHE)
