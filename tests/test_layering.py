@@ -43,6 +43,7 @@ ENGINE_TRANSFORM = {
     "buckets._columnar.batch_splice",
     "buckets._columnar.batch_layout",
     "buckets._columnar.event_block",
+    "buckets._columnar.block_kernels",
     "mongoformats.update_diff",
     "mongoformats.diff_splice",
 }
