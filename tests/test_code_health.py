@@ -24,7 +24,6 @@ GOOD_MI_RANKS = ("A", "B")
 
 # "path:Qualified.name" of functions above MAX_COMPLEXITY.
 COMPLEX_FUNCTIONS: set[str] = {
-    "buckets/_columnar/block_kernels.py:_merge_runs",
     "demo/demo.py:run_workload",
     "mongoformats/change_events.py:OplogTransformer._crud",
     "mongoformats/change_events.py:OplogTransformer._ddl",

@@ -34,35 +34,10 @@ def _merge_runs(
     `cur`; a spent run's `at` is -1), so most comparisons are one; equal heads compare the rest
     byte by byte."""
     k = U(len(bounds) - 1)
-    if bounds[0] != 0:
-        raise IndexError("the first run must start at row 0")
-    n = bounds[k]
-    at = np.empty(k, np.int64)
-    cur = np.zeros(k, np.uint64)
-    for r in range(k):
-        if not 0 <= bounds[r] <= bounds[r + U(1)] <= len(keys):
-            raise IndexError("run out of range")
-        at[r] = bounds[r] if bounds[r] < bounds[r + U(1)] else -1
-        if at[r] >= 0:
-            cur[r] = _head(keys, U(at[r]))
-    order = np.empty(n, np.int64)
-    width = U(keys.shape[1])
-    for i in range(U(n)):
-        best = U(0)
-        while at[best] < 0:
-            best += U(1)
-        for r in range(best + U(1), k):
-            if at[r] < 0 or cur[r] > cur[best]:
-                continue
-            if cur[r] < cur[best]:
-                best = U(r)
-                continue
-            a, b = U(at[r]), U(at[best])
-            for j in range(U(8), width):
-                if keys[a, j] != keys[b, j]:
-                    if keys[a, j] < keys[b, j]:
-                        best = U(r)
-                    break
+    at, cur = _run_heads(keys, bounds)
+    order = np.empty(bounds[k], np.int64)
+    for i in range(U(bounds[k])):
+        best = _best_run(keys, at, cur)
         row = at[best]
         order[i] = row
         row += 1
@@ -72,6 +47,50 @@ def _merge_runs(
         else:
             at[best] = -1
     return order
+
+
+@numba.njit(cache=CACHE)
+def _run_heads(
+    keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+    """Each run's first row (-1 for an empty run) and that row's head; the bounds checked."""
+    k = U(len(bounds) - 1)
+    if bounds[0] != 0:
+        raise IndexError("the first run must start at row 0")
+    at = np.empty(k, np.int64)
+    cur = np.zeros(k, np.uint64)
+    for r in range(k):
+        if not 0 <= bounds[r] <= bounds[r + U(1)] <= len(keys):
+            raise IndexError("run out of range")
+        at[r] = bounds[r] if bounds[r] < bounds[r + U(1)] else -1
+        if at[r] >= 0:
+            cur[r] = _head(keys, U(at[r]))
+    return at, cur
+
+
+@numba.njit(cache=CACHE)
+def _best_run(
+    keys: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], cur: npt.NDArray[np.uint64]
+) -> np.uintp:
+    """The run whose next row has the lowest key, the first such run on a tie."""
+    best = U(0)
+    while at[best] < 0:
+        best += U(1)
+    for r in range(best + U(1), len(at)):
+        if at[r] < 0 or cur[r] > cur[best]:
+            continue
+        if cur[r] < cur[best] or _tail_less(keys, U(at[r]), U(at[best])):
+            best = U(r)
+    return best
+
+
+@numba.njit(cache=CACHE)
+def _tail_less(keys: npt.NDArray[np.uint8], a: Index, b: Index) -> bool:
+    """Whether row `a`'s bytes after its head order before row `b`'s."""
+    for j in range(U(8), U(keys.shape[1])):
+        if keys[a, j] != keys[b, j]:
+            return bool(keys[a, j] < keys[b, j])
+    return False
 
 
 @numba.njit(cache=CACHE)
