@@ -177,7 +177,8 @@ def array_of(items: list[bytes]) -> bytes:
 
 
 class SplicedDocument(Mapping[str, Any]):
-    """A BSON document held as the pieces it was spliced from, joined only if its bytes are asked for.
+    """A BSON document held as the pieces it was spliced from, joined only if its bytes are
+    asked for.
 
     Why: a reply's cursor may hold megabytes of events (a shard's oplog batch, a consumer that
     fell behind). Joined here and then again into the wire message, each event would be copied
@@ -295,7 +296,8 @@ def splice_at_end(event: bytes, name: str, document: bytes | None) -> bytes:
 
 
 def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
-    """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding them."""
+    """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding
+    them."""
     cursor_id, start, _ = cursor_span(reply)
     return cursor_id, array_items(reply, start)
 

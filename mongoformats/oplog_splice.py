@@ -94,8 +94,9 @@ def _ks_integer(little_endian: bytes, bits: list[int]) -> bytes | None:
 
 
 def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
-    """KeyString of the document at `start` as an object value; None for a value type we leave to the
-    general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
+    """KeyString of the document at `start` as an object value; None for a value type we leave
+    to the general encoder (anything but ObjectId, string, int32, int64, binary and documents of
+    these)."""
     out = [b"\x46"]
     unpack, index, names = _I32.unpack_from, buf.index, byte_slices(buf)
     end = start + unpack(buf, start)[0] - 1
@@ -166,7 +167,8 @@ def _keystring(*values: Any) -> bytes:
     return ks.data
 
 
-# v2 event token after the timestamp: version 2, tokenType 128 (event), txnOpIndex 0, fromInvalidate false.
+# v2 event token after the timestamp: version 2, tokenType 128 (event), txnOpIndex 0,
+# fromInvalidate false.
 _TOKEN_HEAD = _keystring(2, 128, 0, False)
 _OP_IDENT = {
     op: b"\x46\x3coperationType\x00\x3c" + op.encode() + b"\x00\x46documentKey\x00"

@@ -16,7 +16,8 @@ def test_glibc_keeps_large_allocations_unless_the_environment_says_otherwise(mon
     before = pa.default_memory_pool()
     try:
         assert keep_large_allocations() is True
-        # Arrow's arrays go through that malloc too (its own pool returns freed pages to the system).
+        # Arrow's arrays go through that malloc too (its own pool returns freed pages to the
+        # system).
         assert pa.default_memory_pool().backend_name == "system"
     finally:
         pa.set_memory_pool(before)

@@ -27,12 +27,14 @@ from tests.test_oplog_splice import crud_entries
 
 @st.composite
 def writes(draw: st.DrawFn) -> dict[str, Any]:
-    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a collection
-    with events or not (internal, a view's), and now and then an entry of another shape."""
+    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a
+    collection with events or not (internal, a view's), and now and then an entry of another
+    shape."""
     if draw(st.integers(0, 9)) == 0:
         return draw(crud_entries())
     _id = ObjectId(draw(st.binary(min_size=12, max_size=12)))
-    # Names alike in length and a UUID shared (a rename's before and after): kinds told apart by their bytes.
+    # Names alike in length and a UUID shared (a rename's before and after): kinds told apart by
+    # their bytes.
     ns = draw(
         st.sampled_from(
             [
@@ -199,9 +201,7 @@ def test_broken_bytes_are_left_to_the_one_by_one_path(
     _same_as_one_by_one([bytes(r) for r in raws], data.draw(st.booleans()))
 
 
-def test_splice_entries_takes_a_batch_of_inserts_and_deletes_whole_and_anything_else_item_by_item() -> (
-    None
-):
+def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item() -> None:
     def insert(i: int, ns: str = "db.c") -> bytes:
         _id = ObjectId()
         return bson.encode(

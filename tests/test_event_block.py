@@ -134,7 +134,8 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
     got, _ = mixed.pop_ready()
     want, _ = as_tuples.pop_ready()
     assert as_fields(got) == want
-    # Each bucket's share of each block, with the single events between them, is its part of the order.
+    # Each bucket's share of each block, with the single events between them, is its part of the
+    # order.
     by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
     dealt: dict[int, list[tuple[Any, ...]]] = {0: [], 1: []}
     for item in got:

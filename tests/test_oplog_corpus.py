@@ -21,8 +21,8 @@ Every case runs on every path a real batch of entries can take in the engine:
 A case whose transaction began before the read (`history`) is read back by prevOpTime, as the
 reader does; a case with `resumeAfter` starts the reader at that token (its time, and the events
 up to it skipped). Events are compared field by field (order and BSON types included), then,
-where the case gives the token, byte for byte. A case known to differ from the server is a strict xfail
-naming the fidelity audit's item (shared/reference/fidelity-audit-2026-11-26.md).
+where the case gives the token, byte for byte. A case known to differ from the server is a
+strict xfail naming the fidelity audit's item (shared/reference/fidelity-audit-2026-11-26.md).
 
 Run: `PYTHONPATH=$PWD .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_oplog_corpus.py`
 """

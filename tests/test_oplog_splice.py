@@ -136,7 +136,8 @@ def test_spliced_events_equal_the_general_transform(entry: dict[str, Any], expan
 @settings(max_examples=300, deadline=None)
 @given(crud_entries())
 def test_the_fixed_layout_agrees_with_the_walk(entry: dict[str, Any]) -> None:
-    """Where the fixed-position parse of the usual entry shape applies, it finds what the walk finds."""
+    """Where the fixed-position parse of the usual entry shape applies, it finds what the walk
+    finds."""
     raw = bson.encode(entry)
     fixed, walked = _fixed_layout(raw), _walked_layout(raw)
     assert fixed is None or fixed == walked
@@ -335,8 +336,8 @@ def test_array_of_encodes_like_bson_at_every_size():
 
 
 def test_a_spliced_cursor_document_encodes_like_bson_wherever_it_is_embedded():
-    """A reply's cursor stays pieces until the reply is joined; embedded at the top (document_parts),
-    in an array (bson.encode) or read as a mapping, it is the same document."""
+    """A reply's cursor stays pieces until the reply is joined; embedded at the top
+    (document_parts), in an array (bson.encode) or read as a mapping, it is the same document."""
     items = [bson.encode({"_id": i, "v": "x" * i}) for i in range(50)]
     cursor = cursor_document(
         7, "db.coll", "nextBatch", items, {"postBatchResumeToken": {"_data": "82AB"}}

@@ -314,7 +314,8 @@ class EventBlock(ArrayRun):
     # -- making other blocks ---------------------------------------------------------------------
 
     def sliced(self, start: int, stop: int | None = None) -> EventBlock:
-        """Events [start, stop): views, nothing copied (a merge's stays unsorted: a part of its order)."""
+        """Events [start, stop): views, nothing copied (a merge's stays unsorted: a part of its
+        order)."""
         stop = len(self) if stop is None else min(stop, len(self))
         if self._events is None:
             assert self._unsorted is not None
@@ -449,7 +450,8 @@ class EventBlock(ArrayRun):
 
 
 def _offsets_of(events: pa.LargeBinaryArray) -> npt.NDArray[np.int64]:
-    """Where each event starts in the column's values buffer, and where the last ends (len + 1 of them)."""
+    """Where each event starts in the column's values buffer, and where the last ends (len + 1
+    of them)."""
     if not len(events):
         return np.zeros(1, np.int64)
     return np.frombuffer(events.buffers()[1], np.int64)[
