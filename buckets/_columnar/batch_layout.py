@@ -165,7 +165,13 @@ def _update_shape(d: _Bytes, o_start: int, o_end: int, expanded: bool) -> int:
 @numba.njit(cache=CACHE)
 def _key_at(d: _Bytes, op: int, o_start: int, o_end: int) -> int:
     """Where the documentKey, `{_id: ObjectId}`, is: an insert's and an update's o2 (an insert's
-    o is its document), a delete's o; -1 if it is not there or not of that shape."""
+    o is its document), a delete's o; -1 if it is not there or not of that shape.
+
+    Other keys (string, UUID, compound `_id`s, shard keys beside `_id`) stay on splice_crud's
+    path, spliced one by one: a block's sort keys are rows of one width, and the merge stacks
+    the rows of every shard's blocks into one array, so a key of another width would need a
+    key column with offsets (or padding that fields() and bisect_keys strip) through EventBlock
+    and the merge, not only a layout here."""
     if op == _DELETE:
         key = o_start
         if o_end != o_start + _OID_KEY_BYTES:

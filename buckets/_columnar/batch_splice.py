@@ -444,7 +444,14 @@ def splice_entries(
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:
     """What splice_entries gives for an entry outside the block: what splice_block made of it,
-    else its event's fields (splice_crud's), else its bytes, for the general transform."""
+    else its event's fields (splice_crud's), else its bytes, for the general transform.
+
+    splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
+    _key_at), replacements (the kernels place clusterTime and wallTime at fixed offsets, for an
+    operationType of six letters as insert, update and delete have; replace has seven), and
+    entries of any field order. The general transform keeps
+    transactions (applyOps chains and prepared commits carry state across entries: the
+    transaction's lsid, txnNumber and each op's txnOpIndex in its token), DDL and noops."""
     if made is None:
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made
