@@ -53,6 +53,7 @@ from mongoformats.update_diff import update_description_from_diff
 # re-exported here, where the other packages import them from.
 __all__ = [
     "TOKEN_TIMESTAMP",
+    "Layout",
     "Spliced",
     "SplicedDocument",
     "array_items",
@@ -68,6 +69,7 @@ __all__ = [
     "splice_at_end",
     "splice_before_ns",
     "splice_crud",
+    "splice_laid_out",
     "timestamp_of",
     "update_description",
 ]
@@ -202,7 +204,7 @@ _Head = tuple[bytes, "_NamespaceParts", "bytes | None", bytes]
 # Where an entry's values lie: (its head, o value, o2 value or None, offset of the ts value, wall
 # value or None); a value is its (start, end) offsets in the entry. None: the general path.
 _Range = tuple[int, int]
-_Layout = tuple[_Head | tuple[()], _Range, "_Range | None", int, "_Range | None"]
+Layout = tuple[_Head | tuple[()], _Range, "_Range | None", int, "_Range | None"]
 
 _OP_HEAD = b"\x02op\x00\x02\x00\x00\x00"
 _UI_HEAD = b"\x05ui\x00\x10\x00\x00\x00\x04"
@@ -250,7 +252,7 @@ def _fixed_head(head: bytes) -> tuple[_Head | tuple[()] | None, int]:
     return _head(head[8:9], head[18 : q - 1], ui), q + _UI_BYTES if ui is not None else q
 
 
-def _fixed_layout(raw: bytes) -> _Layout | None:
+def _fixed_layout(raw: bytes) -> Layout | None:
     """The layout of an entry shaped as a server writes a plain CRUD op, in the order of its
     OplogEntryBase IDL: `{lsid?, txnNumber?, op, ns, ui?, o, o2?, stmtId?, ts, t, v, wall,
     prevOpTime?}` (the session fields are a retryable write's); None for any other shape.
@@ -306,7 +308,7 @@ _WALKED_TYPES = {
 _WALKED_OPTIONAL_TYPES = {b"o2": 0x03, b"wall": 0x09}
 
 
-def _walked_layout(raw: bytes) -> _Layout | None:
+def _walked_layout(raw: bytes) -> Layout | None:
     """The layout of a CRUD entry of any field order (sessions, extra fields); None if it is not
     one the splice handles (not i/u/d, a migration's write, a UUID that is not 16 bytes, a field
     missing or of another type: the general path reports what is wrong)."""
@@ -347,6 +349,12 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     layout = _fixed_layout(raw) or _walked_layout(raw)
     if layout is None:
         return None
+    return splice_laid_out(raw, layout, expanded=expanded)
+
+
+def splice_laid_out(raw: bytes, layout: Layout, *, expanded: bool) -> Spliced | tuple[()] | None:
+    """`splice_crud` of an entry whose layout is already known: where the batch splice's compiled
+    walk found it (an entry whose documentKey the block does not take)."""
     head, o, o2, t0, wall = layout
     if not head:
         return ()

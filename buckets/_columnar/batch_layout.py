@@ -60,9 +60,21 @@ _STMT_ID_BYTES = len(_STMT_ID)
 _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 
 # The layout kernel's columns: one row per entry.
-_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE = range(
-    _ROW_WIDTH := 9
-)
+# _R_OK: the block takes the entry; _R_LAID: it has the block's layout, whatever its
+# documentKey (which ends at _R_KEY_END), so splice_crud's layout need not be read again.
+(
+    _R_OK,
+    _R_OP,
+    _R_P,
+    _R_HEAD_END,
+    _R_O_START,
+    _R_O_END,
+    _R_KEY,
+    _R_STAMPS,
+    _R_SIMPLE,
+    _R_LAID,
+    _R_KEY_END,
+) = range(_ROW_WIDTH := 11)
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
 
 
@@ -87,15 +99,17 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         return
     o_end = o_start + o_length
     simple = _update_shape(d, o_start, o_end, expanded) if op == _UPDATE else 0
-    key = _key_at(d, op, o_start, o_end)
+    key, key_end = _key_at(d, op, o_start, o_end, end)
     if simple < 0 or key < 0:
         return
-    stamps = _stamps_at(d, key + _OID_KEY_BYTES, end)
+    stamps = _stamps_at(d, key_end, end)
     if stamps < 0:
         return
-    row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
+    row[_R_OK] = key_end - key == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
+    row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
+    row[_R_LAID], row[_R_KEY_END] = 1, key_end
 
 
 @numba.njit(cache=CACHE)
@@ -163,26 +177,24 @@ def _update_shape(d: _Bytes, o_start: int, o_end: int, expanded: bool) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _key_at(d: _Bytes, op: int, o_start: int, o_end: int) -> int:
-    """Where the documentKey, `{_id: ObjectId}`, is: an insert's and an update's o2 (an insert's
-    o is its document), a delete's o; -1 if it is not there or not of that shape.
+def _key_at(d: _Bytes, op: int, o_start: int, o_end: int, end: int) -> tuple[int, int]:
+    """Where the documentKey starts and ends: an insert's and an update's o2 (an insert's o is
+    its document), a delete's o; (-1, -1) if it is not there or not a document.
 
-    Other keys (string, UUID, compound `_id`s, shard keys beside `_id`) stay on splice_crud's
-    path, spliced one by one: a block's sort keys are rows of one width, and the merge stacks
-    the rows of every shard's blocks into one array, so a key of another width would need a
-    key column with offsets (or padding that fields() and bisect_keys strip) through EventBlock
-    and the merge, not only a layout here."""
+    The block takes `{_id: ObjectId}` keys alone (_R_OK). Other keys (string, UUID, compound
+    `_id`s, shard keys beside `_id`) are spliced one by one from this layout: a block's sort
+    keys are rows of one width, and the merge stacks the rows of every shard's blocks into one
+    array, so a key of another width would need a key column with offsets (or padding that
+    fields() and bisect_keys strip) through EventBlock and the merge."""
     if op == _DELETE:
-        key = o_start
-        if o_end != o_start + _OID_KEY_BYTES:
-            return -1
-    else:
-        key = o_end + _O2_BYTES
-        if not has(d, o_end, _P_O2):
-            return -1
-    if not has(d, key, _P_OID_KEY) or u8(d, key + _OID_KEY_BYTES - 1) != 0:
-        return -1
-    return key
+        return (o_start, o_end) if u8(d, o_end - 1) == 0 else (-1, -1)
+    key = o_end + _O2_BYTES
+    if not has(d, o_end, _P_O2):
+        return -1, -1
+    key_length = i32(d, key)
+    if key_length < 5 or key_length > end - key or u8(d, key + key_length - 1) != 0:
+        return -1, -1
+    return key, key + key_length
 
 
 @numba.njit(cache=CACHE)

@@ -23,16 +23,19 @@ writes them, with or without a retryable write's session fields:
      prevOpTime?}
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
-and of updates, those whose diff `update_description` takes (top-level sections, no expanded
-events). Every other entry (replacements, other keys, nested diffs, transactions, DDL, noops, a
-field out of place) gets None here and goes through `splice_crud` or the general transform, as
-before. An entry taken here gives exactly `splice_crud`'s event (tests compare the two on random
-and broken entries): every boundary is derived from the entry's BSON lengths, and it is only
-taken if it is exactly that sequence of elements.
+and of updates, those whose diff `update_description` takes (no expanded events). Entries of
+these shapes with another documentKey (string, UUID, compound `_id`s, shard keys) get
+`splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
+other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
+goes through `splice_crud` or the general transform. An entry taken here gives exactly
+`splice_crud`'s event (tests compare the two on random and broken entries): every boundary is
+derived from the entry's BSON lengths, and it is only taken if it is exactly that sequence of
+elements.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from binascii import hexlify
 from typing import Any
@@ -48,12 +51,15 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from buckets._columnar.batch_layout import (
+    _DELETE,
     _DIFF_AT,
     _INSERT,
     _OID_KEY,
     _OPS,
     _R_HEAD_END,
     _R_KEY,
+    _R_KEY_END,
+    _R_LAID,
     _R_O_END,
     _R_O_START,
     _R_OK,
@@ -79,6 +85,7 @@ from mongoformats.oplog_splice import (
     _fixed_head,
     byte_slices,
     splice_crud,
+    splice_laid_out,
     update_description,
 )
 
@@ -200,7 +207,8 @@ def splice_block(
     """The events of the plain inserts, updates and deletes this module takes, as one EventBlock
     (the second item; None if there are none) and the indices of their entries (the third, an
     array: a batch the block holds whole never needs them as Python integers); and for each entry
-    (the first), () for one of an internal namespace, or None for one the block holds or the
+    (the first): its event's fields if it was spliced here outside the block (another
+    documentKey), () for one of an internal namespace, or None for one the block holds or the
     caller must transform (what `splice_crud` says of it)."""
     n, data = len(batch), batch.data
     d = as_bytes(data)
@@ -215,6 +223,7 @@ def splice_block(
         _made_of(cut[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()
     ]
     _leave_unmade(made, which, ok, out)
+    _splice_laid_out(batch, rows, out, expanded)
     taken = np.flatnonzero(ok)
     if not len(taken):
         return out, None, taken
@@ -256,6 +265,41 @@ def _other_descriptions(
     }
     ok[[i for i, made_here in tried.items() if made_here is None]] = False
     return {i: made_here for i, made_here in tried.items() if made_here is not None}
+
+
+def _splice_laid_out(
+    batch: OplogBatch, rows: _Ints, out: list[Spliced | tuple[()] | None], expanded: bool
+) -> None:
+    """Splice, one by one, the entries that have the block's layout but another documentKey
+    (see batch_layout's _key_at) from the layout the compiled walk found: their events are
+    splice_crud's, without its reading the entry's elements again. An entry that cannot be read
+    so stays None in `out`, for splice_crud to say what is wrong with it."""
+    laid = (rows[:, _R_LAID] != 0) & (rows[:, _R_OK] == 0)
+    if not laid.any():
+        return
+    cut = byte_slices(batch.data)
+    where = np.flatnonzero(laid)
+    columns = (_R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_KEY_END, _R_STAMPS)
+    for i, s, e, (op, p, head_end, o0, o1, k0, k1, stamps) in zip(
+        where.tolist(),
+        batch.starts[where].tolist(),
+        (batch.starts + batch.lengths)[where].tolist(),
+        rows[where][:, columns].tolist(),
+        strict=True,
+    ):
+        head = _made_of(cut[p:head_end])
+        if head is None:
+            continue
+        at = stamps - s
+        layout = (
+            head,
+            (o0 - s, o1 - s),
+            None if op == _DELETE else (k0 - s, k1 - s),
+            at + _TS_AT,
+            (at + _WALL_AT, at + _WALL_AT + 8),
+        )
+        with contextlib.suppress(ValueError, IndexError, struct.error, bson.errors.BSONError):
+            out[i] = splice_laid_out(cut[s:e], layout, expanded=expanded)
 
 
 def _leave_unmade(
