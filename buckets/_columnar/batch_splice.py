@@ -35,7 +35,6 @@ elements.
 
 from __future__ import annotations
 
-import contextlib
 import struct
 from binascii import hexlify
 from typing import Any
@@ -277,29 +276,30 @@ def _splice_laid_out(
     laid = (rows[:, _R_LAID] != 0) & (rows[:, _R_OK] == 0)
     if not laid.any():
         return
-    cut = byte_slices(batch.data)
     where = np.flatnonzero(laid)
-    columns = (_R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_KEY_END, _R_STAMPS)
-    for i, s, e, (op, p, head_end, o0, o1, k0, k1, stamps) in zip(
-        where.tolist(),
-        batch.starts[where].tolist(),
-        (batch.starts + batch.lengths)[where].tolist(),
-        rows[where][:, columns].tolist(),
-        strict=True,
+    # Offsets within each entry: its start taken off the columns at once.
+    columns = rows[where][:, [_R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_KEY_END]]
+    columns[:, 1:] -= batch.starts[where, None]
+    stamps = (rows[where, _R_STAMPS] - batch.starts[where]).tolist()
+    for i, entry, (op, p, head_end, o0, o1, k0, k1), at in zip(
+        where.tolist(), batch.entries_at(where), columns.tolist(), stamps, strict=True
     ):
-        head = _made_of(cut[p:head_end])
+        head = _made_of(entry[p:head_end])
         if head is None:
             continue
-        at = stamps - s
         layout = (
             head,
-            (o0 - s, o1 - s),
-            None if op == _DELETE else (k0 - s, k1 - s),
+            (o0, o1),
+            None if op == _DELETE else (k0, k1),
             at + _TS_AT,
             (at + _WALL_AT, at + _WALL_AT + 8),
         )
-        with contextlib.suppress(ValueError, IndexError, struct.error, bson.errors.BSONError):
-            out[i] = splice_laid_out(cut[s:e], layout, expanded=expanded)
+        # try, not contextlib.suppress: it costs nothing until something is raised, where a
+        # context manager per entry costs a call in and out.
+        try:  # noqa: SIM105
+            out[i] = splice_laid_out(entry, layout, expanded=expanded)
+        except (ValueError, IndexError, struct.error, bson.errors.BSONError):
+            pass  # left to splice_crud, which reports it
 
 
 def _leave_unmade(
@@ -460,11 +460,16 @@ def splice_entries(
     out, block, taken = splice_block(batch, expanded=expanded)
 
     def outside(start: int, stop: int) -> list[Any]:
-        """The items of the entries in [start, stop), none of them in the block."""
-        entries = batch.entries(start, stop)
+        """The items of the entries in [start, stop), none of them in the block; only those
+        splice_block did not splice are cut out of the batch."""
+        made = out[start:stop]
+        todo = [start + j for j, item in enumerate(made) if item is None]
+        if not todo:
+            return made
+        entries = iter(batch.entries_at(todo))
         return [
-            _one_by_one(entry, made, expanded)
-            for entry, made in zip(entries, out[start:stop], strict=True)
+            item if item is not None else _one_by_one(next(entries), None, expanded)
+            for item in made
         ]
 
     if block is None:
