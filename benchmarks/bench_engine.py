@@ -10,6 +10,8 @@ proxy/raw >= 0.7, proxy/native >= 3, >= 80k events per proxy CPU-second. Each ru
 also reports the cluster process's CPU time and how busy the machine's cores were (`busy`: the
 three processes' CPU over wall time times cores): a mode near 100% is bound by the cores, one
 near 1/cores by a single process (the native stream: mongos's merge in the cluster's one loop).
+A proxy mode also reports `main process busy`, its main process's CPU over wall time: near 100%,
+that process's CPU is the bound (a machine `busy` near 1/cores then only says the others idle).
 
 Each proxy mode reports the proxy's CPU per event (main process and workers), the figure to
 compare versions by on a shared machine. `pymongo rp=N` drains the same buckets with pymongo
@@ -171,7 +173,8 @@ class ProxyProcess:
             self.port = probe.getsockname()[1]
         self.uri = f"mongodb://127.0.0.1:{self.port}/"
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
-        # Its log goes to a file, shown at close() if it holds an error (a failed stream's traceback).
+        # Its log goes to a file, shown at close() if it holds an error (a failed stream's
+        # traceback).
         self.log = tempfile.NamedTemporaryFile("w+", prefix="wireproxy-", suffix=".log")  # noqa: SIM115
         self.process = subprocess.Popen(
             [
@@ -270,7 +273,8 @@ async def proxy_stream(
         finally:
             await conn.aclose()
 
-    # Session-less cursors belong to the user, so each consumer drains its bucket on its own connection.
+    # Session-less cursors belong to the user, so each consumer drains its bucket on its own
+    # connection.
     async with trio.open_nursery() as consumers:
         for cur in opened["cursors"]:
             consumers.start_soon(consume, cur["id"], consumers)
@@ -562,7 +566,8 @@ def main(argv: list[str] | None = None) -> None:
             }
             line = (
                 f"{run_name} {name:14} {count:>10,} in {wall:6.1f}s  {count / wall:>10,.0f}/s"
-                f"  cluster {in_cluster:4.1f} CPU-s  consumers {1e6 * cpu / max(count, 1):5.2f} us/event"
+                f"  cluster {in_cluster:4.1f} CPU-s"
+                f"  consumers {1e6 * cpu / max(count, 1):5.2f} us/event"
             )
             total = 0.0
             if used is not None and proxy_cpu is not None:
@@ -570,7 +575,9 @@ def main(argv: list[str] | None = None) -> None:
                 total = main_cpu + worker_cpu
                 # The main process merges, deals and serves every event whatever readerProcesses
                 # is: events per main-process CPU-second is the most the proxy can reach with
-                # enough cores for its workers.
+                # enough cores for its workers. Its share of the wall time is how busy the one
+                # core it runs on was (`busy` is over all the machine's cores): near 100%, the
+                # main process's CPU is the bound; well below, it waits (on shards, consumers).
                 result.update(
                     proxy_cpu_seconds=total,
                     main_process_cpu_seconds=main_cpu,
@@ -578,11 +585,13 @@ def main(argv: list[str] | None = None) -> None:
                     events_per_proxy_cpu_second=count / total,
                     events_per_main_process_cpu_second=count / main_cpu,
                     proxy_cpu_us_per_event=1e6 * total / count,
+                    main_process_busy=main_cpu / wall,
                 )
                 line += (
-                    f"  proxy {1e6 * total / count:5.1f} us/event, {count / total:>8,.0f} events per proxy "
-                    "CPU-second"
-                    f"  ({count / main_cpu:,.0f} per main-process CPU-second)"
+                    f"  proxy {1e6 * total / count:5.1f} us/event,"
+                    f" {count / total:>8,.0f} events per proxy CPU-second"
+                    f"  ({count / main_cpu:,.0f} per main-process CPU-second,"
+                    f" main process busy {main_cpu / wall:.0%})"
                 )
             result["busy"] = (cpu + in_cluster + total) / (wall * (os.cpu_count() or 1))
             print(f"{line}  busy {result['busy']:.0%}", flush=True)
@@ -657,16 +666,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"proxy/native {figures['proxy_over_native']:.2f}   (goal >= 3)")
     print(
-        f"proxy main-process ceiling/native {figures['proxy_main_process_ceiling_over_native']:.2f}   "
-        "(the most readerProcesses can reach with a core per worker)"
+        "proxy main-process ceiling/native "
+        f"{figures['proxy_main_process_ceiling_over_native']:.2f}"
+        "   (the most readerProcesses can reach with a core per worker)"
     )
     print(
-        f"proxy events per CPU-second {figures['proxy_events_per_cpu_second']:,.0f}   (goal >= 80,000)"
+        f"proxy events per CPU-second {figures['proxy_events_per_cpu_second']:,.0f}"
+        "   (goal >= 80,000)"
     )
     if watches:
         print(
-            f"accelerated watch()/native {figures['watch_over_native']:.2f}   ({figures['best_watch_mode']}: "
-            "the same consumer, pointed at the proxy)"
+            f"accelerated watch()/native {figures['watch_over_native']:.2f}"
+            f"   ({figures['best_watch_mode']}: the same consumer, pointed at the proxy)"
         )
     if baseline is not None:
         figures["over_baseline"] = {
@@ -679,7 +690,8 @@ def main(argv: list[str] | None = None) -> None:
         for rp, ratio in figures["over_baseline"].items():
             print(
                 f"proxy/baseline {rp}: {ratio['events_per_s']:.2f} events/s, "
-                f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second ({args.baseline_tree})"
+                f"{ratio['events_per_proxy_cpu_second']:.2f} per proxy CPU-second"
+                f" ({args.baseline_tree})"
             )
     if args.workload != "inserts":
         result_name = f"engine_catchup_{args.workload}"
@@ -693,8 +705,10 @@ def main(argv: list[str] | None = None) -> None:
             "consumer_cpu_us_per_event"
         ]
         print(
-            f"pymongo consumers' CPU {figures['pymongo_consumer_cpu_us_per_event']:.2f} us per event "
-            f"({pymongo_modes[0]}: RawBSONDocument replies, each event's _id and operationType read)"
+            "pymongo consumers' CPU "
+            f"{figures['pymongo_consumer_cpu_us_per_event']:.2f} us per event"
+            f" ({pymongo_modes[0]}: RawBSONDocument replies,"
+            " each event's _id and operationType read)"
         )
     path = write_results(
         args.out,

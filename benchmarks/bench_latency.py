@@ -1,4 +1,5 @@
-"""Live-tail latency, write to event: simcluster's native mongos change stream vs the proxy's buckets.
+"""Live-tail latency, write to event: simcluster's native mongos change stream vs the proxy's
+buckets.
 
     .venv/bin/python -m benchmarks.bench_latency [--rate 500] [--seconds 10]
 
@@ -218,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
                     await trio.sleep(3)  # the stream's teardown, before the next measurement
                 return out, written
 
-            # Native first: a proxy stream keeps reading (and writing notes) after its cursors close,
-            # until its idle teardown, which would move a native stream's idle shards too.
+            # Native first: a proxy stream keeps reading (and writing notes) after its cursors
+            # close, until its idle teardown, which would move a native stream's idle shards too.
             # Proxy and baseline take turns, per workload, so that both meet the same noise.
             for workload in args.workloads.split(","):
                 db, coll = WORKLOADS[workload]
@@ -229,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
                     results[name] = summary(out, written)
                     r = results[name]
                     print(
-                        f"{name:26} {r['events']:>6,}/{written:,} events  p50 {r.get('p50_ms', 0):8.1f} ms  "
+                        f"{name:26} {r['events']:>6,}/{written:,} events"
+                        f"  p50 {r.get('p50_ms', 0):8.1f} ms  "
                         f"p99 {r.get('p99_ms', 0):8.1f} ms  max {r.get('max_ms', 0):8.1f} ms",
                         flush=True,
                     )

@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
                     proxy, cluster.uri, f"load{i}", level * max_rate, args.seconds, args.seed + i
                 )
                 print(
-                    f"{name:>4} of max: {r['achieved_rate']:8,.0f}/{r['target_rate']:,.0f} writes/s  "
+                    f"{name:>4} of max:"
+                    f" {r['achieved_rate']:8,.0f}/{r['target_rate']:,.0f} writes/s  "
                     f"{r['events']:>7,}/{r['written']:,} events  p50 {r.get('p50_ms', 0):7.1f} ms  "
                     f"p99 {r.get('p99_ms', 0):7.1f} ms  max {r.get('max_ms', 0):7.1f} ms",
                     flush=True,

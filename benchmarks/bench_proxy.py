@@ -87,11 +87,13 @@ def main(argv: list[str] | None = None) -> None:
         "find_batched": through["find_docs_per_s"] / direct["find_docs_per_s"],
     }
     print(
-        f"insert_one   direct {direct['insert_one_per_s']:>9,.0f}/s  proxy {through['insert_one_per_s']:>9,.0f}/s"
+        f"insert_one   direct {direct['insert_one_per_s']:>9,.0f}/s"
+        f"  proxy {through['insert_one_per_s']:>9,.0f}/s"
         f"  ratio {ratios['insert_one']:.2f}"
     )
     print(
-        f"find batched direct {direct['find_docs_per_s']:>9,.0f}/s  proxy {through['find_docs_per_s']:>9,.0f}/s"
+        f"find batched direct {direct['find_docs_per_s']:>9,.0f}/s"
+        f"  proxy {through['find_docs_per_s']:>9,.0f}/s"
         f"  ratio {ratios['find_batched']:.2f}  (goal >= 0.7)"
     )
     write_results(

@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         start = _ts(min(source.info["start"]))
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(target.uri)
         print(
-            f"backlog: {args.events:,} inserts on 4 shards; baseline on the first {args.baseline_events:,}"
+            f"backlog: {args.events:,} inserts on 4 shards;"
+            f" baseline on the first {args.baseline_events:,}"
         )
         baseline = per_event_transactions(
             source.uri, target.uri, start, min(args.baseline_events, args.events)
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         ceiling = bulk_write_ceiling(target.uri, backlog_writes(source.uri))
         print(
             f"ceiling: ordered bulk    {ceiling['events_per_s']:>10,.0f} events/s "
-            f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s, {ceiling['bulk_writes']} bulk writes "
+            f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s,"
+            f" {ceiling['bulk_writes']} bulk writes "
             f"of <= {FLUSH_OPS})"
         )
         clear(client)

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"raw oplog serving  {read_rate:>10,.0f} entries/s  (goal >= 300,000)")
     print(f"insert_many        {insert_rate:>10,.0f} docs/s     (one client)")
     print(
-        f"insert_many        {concurrent_rate:>10,.0f} docs/s     ({args.clients} client processes; goal >= 100,000)"
+        f"insert_many        {concurrent_rate:>10,.0f} docs/s"
+        f"     ({args.clients} client processes; goal >= 100,000)"
     )
     write_results(
         args.out,

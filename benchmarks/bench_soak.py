@@ -104,9 +104,9 @@ class Soak:
     async def insert(
         self, conn: UpstreamConnection, coll: str, ids: list[bson.ObjectId]
     ) -> UpstreamConnection:
-        """Insert documents with these ids, majority-acknowledged, retrying through failovers. Unordered,
-        so a retry inserts what the failed attempt did not (duplicate keys are what it did). soak.r's
-        documents are larger, so that its 1 MB chunks fill in seconds."""
+        """Insert documents with these ids, majority-acknowledged, retrying through failovers.
+        Unordered, so a retry inserts what the failed attempt did not (duplicate keys are what it
+        did). soak.r's documents are larger, so that its 1 MB chunks fill in seconds."""
         pad = "x" * (2000 if coll == "r" else 200)
         cmd = {
             "insert": coll,
@@ -170,7 +170,8 @@ class Soak:
     async def churn_once(self, conn: UpstreamConnection) -> str:
         kind = random.choice(["stream", "watch", "hang up", "rebucket", "status", "unknown cursor"])
         if kind == "stream":
-            # Half with the default budgets, which seldom fit beside the others under the memory limit.
+            # Half with the default budgets, which seldom fit beside the others under the memory
+            # limit.
             budgets = random.choice(
                 [{}, {"shardBufferBytes": 64 * MIB, "bucketBufferBytes": 8 * MIB}]
             )
@@ -245,8 +246,10 @@ class Soak:
                 await conn.aclose()
                 balancer = f"balancer rounds {rounds}, {moves} moves, compliant {compliant}  "
             print(
-                f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB  {balancer}"
-                f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read  churn {self.churned}",
+                f"  rp={self.rp} {elapsed:5.0f}s  proxy {main:7.1f} + {readers:6.1f} MiB"
+                f"  {balancer}"
+                f"{len(self.written):>9,} inserts written, {len(self.seen):>9,} read"
+                f"  churn {self.churned}",
                 flush=True,
             )
             await trio.sleep(SAMPLE_S)

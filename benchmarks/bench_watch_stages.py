@@ -8,7 +8,8 @@ $match by regex, the event made the root again), and with that pipeline after it
 "skip" mode's $expr/$bsonSize $match. Stages beyond a $match decode, evaluate and re-encode every
 event, in simcluster's mongos as in the proxy; the proxy spreads that work over its
 readerProcesses (buckets/shaping.py), whose processes a short warm-up starts. Each mode runs once,
-the proxies' readerProcesses values in turn; the figures are events/s and the ratio to mongos for the same pipeline.
+the proxies' readerProcesses values in turn; the figures are events/s and the ratio to mongos
+for the same pipeline.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         async def run() -> None:
             for proxy in proxies.values():
                 await proxy.wait_ready()
-                # Its reader and shaping processes started (interpreters, imports) before it is timed.
+                # Its reader and shaping processes started (interpreters, imports) before it is
+                # timed.
                 await watch(proxy.uri, start, DEBEZIUM, 5000)
             for name, pipeline in PIPELINES.items():
                 targets = [

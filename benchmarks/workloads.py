@@ -259,7 +259,8 @@ def _app_update(rng: random.Random, coll: str) -> dict[str, Any] | list[dict[str
 def _app_ops(
     seed: int, writes: int
 ) -> Iterator[tuple[str, Any] | tuple[str, list[tuple[str, Any]]]]:
-    """(collection, pymongo write) pairs, or ("txn", [(collection, write), ...]) for a transaction."""
+    """(collection, pymongo write) pairs, or ("txn", [(collection, write), ...]) for a
+    transaction."""
     rng = random.Random(seed)
     colls = _app_collections()
     counter = itertools.count()

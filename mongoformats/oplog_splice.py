@@ -20,348 +20,64 @@ from __future__ import annotations
 import functools
 import struct
 from binascii import hexlify
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import chain
 from typing import Any
 
 import bson
-from bson import Timestamp
-from bson.raw_bson import RawBSONDocument
 
-from mongoformats.codecs import PLAIN, RAW
+from mongoformats.bson_bytes import (
+    _I32,
+    SplicedDocument,
+    _cstring_element,
+    _string,
+    array_items,
+    array_of,
+    byte_slices,
+    cursor_batch,
+    cursor_document,
+    cursor_span,
+    document_of,
+    document_parts,
+    elements,
+    leading_id,
+    splice_at_end,
+    splice_before_ns,
+    timestamp_of,
+)
+from mongoformats.bson_bytes import _value_end as _value_end  # hashed_key's import path
+from mongoformats.codecs import PLAIN
+from mongoformats.diff_splice import update_description
 from mongoformats.keystring import KeyStringBuilder, encode_type_bits, preshifted_key
 from mongoformats.update_diff import update_description_from_diff
-from mongoformats.wire import ArrayRun, DeferredPiece, joined
 
+# The byte-level helpers are bson_bytes's and the diff's reading diff_splice's; they are
+# re-exported here, where the other packages import them from.
 __all__ = [
     "TOKEN_TIMESTAMP",
+    "Layout",
     "Spliced",
     "SplicedDocument",
     "array_items",
     "array_of",
     "byte_slices",
     "cursor_batch",
+    "cursor_document",
     "cursor_span",
     "document_of",
     "document_parts",
     "elements",
+    "leading_id",
+    "splice_at_end",
+    "splice_before_ns",
     "splice_crud",
+    "splice_laid_out",
     "timestamp_of",
     "update_description",
 ]
 
-_I32 = struct.Struct("<i")
 # An event's `_id` up to the hex of its token: the element's header, the document's length, then
 # the `_data` string's header and length.
 _ID_HEAD = struct.Struct("<5si7si")
-_TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
 TOKEN_TIMESTAMP = struct.Struct(">II")  # a token's timestamp: seconds, then increment, big-endian
-
-# Sizes of fixed-width BSON values by type byte.
-_FIXED = {
-    0x01: 8,
-    0x07: 12,
-    0x08: 1,
-    0x09: 8,
-    0x0A: 0,
-    0x10: 4,
-    0x11: 8,
-    0x12: 8,
-    0x13: 16,
-    0x06: 0,
-    0x7F: 0,
-    0xFF: 0,
-}
-
-
-def _value_end(buf: bytes | bytearray, t: int, p: int) -> int:
-    n = _FIXED.get(t)
-    if n is not None:
-        return p + n
-    if t in (0x03, 0x04):  # document, array: int32 total length
-        return p + _I32.unpack_from(buf, p)[0]
-    if t in (0x02, 0x0D, 0x0E):  # string, JS code, symbol: int32 length + bytes
-        return p + 4 + _I32.unpack_from(buf, p)[0]
-    if t == 0x05:  # binary: int32 length + subtype + bytes
-        return p + 5 + _I32.unpack_from(buf, p)[0]
-    if t == 0x0F:  # code with scope: int32 total length
-        return p + _I32.unpack_from(buf, p)[0]
-    if t == 0x0B:  # regex: two cstrings
-        return buf.index(0, buf.index(0, p) + 1) + 1
-    if t == 0x0C:  # DBPointer: string + ObjectId
-        return p + 4 + _I32.unpack_from(buf, p)[0] + 12
-    raise ValueError(f"unknown BSON type 0x{t:02x}")
-
-
-def leading_id(doc: bytes) -> tuple[int, bytes] | None:
-    """(BSON type, value bytes) of `doc`'s `_id` when it is the first element (drivers put it
-    there), else None."""
-    if len(doc) < 10 or doc[5:9] != b"_id\x00":
-        return None
-    t = doc[4]
-    return t, doc[9 : _value_end(doc, t, 9)]
-
-
-def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
-    """The elements of the BSON document at `start`: name -> (type, value start, value end)
-    (names as bytes, in a bytearray too: a reply received into its own buffer)."""
-    unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
-    names = byte_slices(buf)
-    end = start + unpack(buf, start)[0] - 1
-    p = start + 4
-    out: dict[bytes, tuple[int, int, int]] = {}
-    while p < end:
-        t = buf[p]
-        q = index(0, p + 1)
-        v = q + 1
-        # The common types inline: this loop runs for every element of every oplog entry.
-        if t == 3 or t == 4:
-            e = v + unpack(buf, v)[0]
-        elif t == 2:
-            e = v + 4 + unpack(buf, v)[0]
-        else:
-            n = fixed.get(t)
-            e = v + n if n is not None else _value_end(buf, t, v)
-        out[names[p + 1 : q]] = (t, v, e)
-        p = e
-    return out
-
-
-def array_items(buf: bytes, start: int = 0) -> list[bytes]:
-    """The values of the BSON array (or document) of documents at `start`, as byte slices."""
-    unpack, index = _I32.unpack_from, buf.index
-    end = start + unpack(buf, start)[0] - 1
-    p = start + 4
-    out = []
-    while p < end:
-        if buf[p] != 3:
-            raise ValueError(f"array element of BSON type 0x{buf[p]:02x}, not a document")
-        v = index(0, p + 1) + 1
-        p = v + unpack(buf, v)[0]
-        out.append(buf[v:p])
-    return out
-
-
-@functools.lru_cache(maxsize=17)
-def _index_keys(size_class: int) -> tuple[bytes, ...]:
-    """The element headers (type 0x03, then the index as a C string) of an array's first
-    2**size_class documents; memoized: every getMore reply would otherwise format one per event."""
-    return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
-
-
-def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
-    """A BSON array of the given encoded documents as (its size, the pieces after its length).
-
-    Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
-    bytes object costs an allocation of that size, and such fresh memory faults in page by page.
-    """
-    if any(isinstance(item, ArrayRun) for item in items):
-        return _array_parts_with_blocks(items)
-    n = len(items)
-    size_class = n.bit_length()
-    if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
-        keys: Sequence[bytes] = _index_keys(size_class)[:n]
-    else:
-        keys = [b"\x03%d\x00" % i for i in range(n)]
-    size = 5 + sum(map(len, keys)) + sum(map(len, items))
-    return size, chain(chain.from_iterable(zip(keys, items, strict=True)), (b"\x00",))
-
-
-def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
-    """`_array_parts` of documents some of which come as runs (wire.ArrayRun, the engine's event
-    blocks): a run's elements are keyed and written as the reply is sent (ArrayRun.array_body)."""
-    parts: list[Any] = []
-    index, size = 0, 5
-    for item in items:
-        body: bytes | DeferredPiece
-        if isinstance(item, ArrayRun):
-            body = item.array_body(index)
-            index += len(item)
-        else:
-            body = b"\x03%d\x00%s" % (index, item)
-            index += 1
-        parts.append(body)
-        size += len(body)
-    parts.append(b"\x00")
-    return size, parts
-
-
-def array_of(items: list[bytes]) -> bytes:
-    """A BSON array of the given encoded documents (the inverse of array_items)."""
-    size, parts = _array_parts(items)
-    return joined(chain((_I32.pack(size),), parts))
-
-
-class SplicedDocument(Mapping[str, Any]):
-    """A BSON document held as the pieces it was spliced from, joined only if its bytes are asked for.
-
-    Why: a reply's cursor may hold megabytes of events (a shard's oplog batch, a consumer that
-    fell behind). Joined here and then again into the wire message, each event would be copied
-    twice into fresh reply-sized memory, which faults in page by page. `document_parts` embeds
-    the pieces as they are, so the message is the one join.
-    Elsewhere it reads like a RawBSONDocument: `raw`, a read-only mapping, and bson.encode takes
-    it by its type marker.
-    """
-
-    _type_marker = 101  # what bson.encode looks for to embed a document's `raw` bytes as they are
-    __slots__ = ("parts", "size", "_raw", "_document")
-
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts  # the first piece is the int32 length of the whole
-        self.size = _I32.unpack(parts[0])[0]
-        self._raw: bytes | None = None
-        self._document: RawBSONDocument | None = None
-
-    @property
-    def raw(self) -> bytes:
-        if self._raw is None:
-            self._raw = joined(self.parts)
-        return self._raw
-
-    def _inflated(self) -> RawBSONDocument:
-        if self._document is None:
-            self._document = RawBSONDocument(self.raw, RAW)
-        return self._document
-
-    def __getitem__(self, key: str) -> Any:
-        return self._inflated()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._inflated())
-
-    def __len__(self) -> int:
-        return len(self._inflated())
-
-
-def cursor_document(
-    cursor_id: int, ns: str, batch_field: str, items: list[Any], extra: dict[str, Any] | None = None
-) -> SplicedDocument:
-    """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
-    spliced from the documents' own bytes: no per-document object is built or re-encoded, and
-    nothing is joined until the reply is (see SplicedDocument)."""
-    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
-    tail = bson.encode(extra or {})[4:-1]
-    name = b"\x04" + batch_field.encode() + b"\x00"
-    array_size, array_parts = _array_parts(items)
-    size = 4 + len(head) + len(name) + array_size + len(tail) + 1
-    return SplicedDocument(
-        [_I32.pack(size), head, name, _I32.pack(array_size), *array_parts, tail, b"\x00"]
-    )
-
-
-def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
-    """`doc` as BSON, in pieces to join once (with the wire header, by `encode_op_msg`): the
-    embedded raw documents (a reply's cursor, megabytes of events) are not copied into an
-    encoder's growing buffer, which reallocates and faults in a reply-sized block each time,
-    and a SplicedDocument's pieces go in as they are."""
-    parts: list[bytes | memoryview] = [b""]
-    size = 4 + 1  # the length and the terminator
-    plain: dict[str, Any] = {}
-
-    def flush() -> None:
-        nonlocal size
-        if plain:
-            encoded = bson.encode(plain)[4:-1]
-            parts.append(encoded)
-            size += len(encoded)
-            plain.clear()
-
-    for key, value in doc.items():
-        if isinstance(value, (RawBSONDocument, SplicedDocument)):
-            flush()
-            name = b"\x03" + key.encode() + b"\x00"
-            if isinstance(value, SplicedDocument):
-                parts.append(name)
-                parts += value.parts
-                size += len(name) + value.size
-            else:
-                parts += (name, value.raw)
-                size += len(name) + len(value.raw)
-        else:
-            plain[key] = value
-    flush()
-    parts.append(b"\x00")
-    parts[0] = _I32.pack(size)
-    return parts
-
-
-def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
-    """`event` (BSON) with a `name` element (`document`'s BSON, or null) spliced in just before
-    `ns`: where the server puts fullDocument (a slot the transform reserves). Fields
-    ahead of `_id` (a transaction's lsid/txnNumber) stay where they are."""
-    _, ns_value, _ = elements(event)[b"ns"]
-    at = ns_value - len(b"\x03ns\x00")
-    key = name.encode()
-    element = (
-        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
-    )
-    return document_of(event[4:at] + element + event[at:-1])
-
-
-def splice_at_end(event: bytes, name: str, document: bytes | None) -> bytes:
-    """`event` (BSON) with a `name` element (`document`'s BSON, or null) appended after its last
-    field: where the server puts fullDocumentBeforeChange. DocumentSourceChangeStreamAddPreImage
-    sets that field, which the event does not have, and a pipeline Document appends a field it
-    does not find (document.h, DocumentStorage::getField; audit D11)."""
-    key = name.encode()
-    element = (
-        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
-    )
-    return document_of(event[4:-1] + element)
-
-
-def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
-    """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding them."""
-    cursor_id, start, _ = cursor_span(reply)
-    return cursor_id, array_items(reply, start)
-
-
-def byte_slices(buf: bytes | bytearray) -> Any:
-    """What slices `buf` to bytes objects: `buf` itself if it is bytes (no cost on the usual
-    path), else a view of it whose slices are copied into bytes once (a bytearray's own slices
-    are bytearrays, unhashable and not bytes to `type(x) is bytes` checks): a reply received
-    into its own buffer (UpstreamConnection) hands out entries and names as bytes."""
-    return buf if type(buf) is bytes else _BytesOf(memoryview(buf))
-
-
-class _BytesOf:
-    __slots__ = ("view",)
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-
-    def __getitem__(self, cut: slice) -> bytes:
-        return bytes(self.view[cut])
-
-
-def cursor_span(reply: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
-    """(cursor id, where its firstBatch/nextBatch array starts and ends) of the find/getMore reply
-    at `at` in `reply`."""
-    _, c0, _ = elements(reply, at)[b"cursor"]
-    cursor = elements(reply, c0)
-    _, i0, i1 = cursor[b"id"]
-    _, start, end = cursor.get(b"nextBatch") or cursor[b"firstBatch"]
-    return int.from_bytes(reply[i0:i1], "little", signed=True), start, end
-
-
-def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
-    _, v, _ = elements(doc)[name]
-    inc, secs = _TS.unpack_from(doc, v)
-    return Timestamp(secs, inc)
-
-
-def _cstring_element(t: int, name: bytes, value: bytes) -> bytes:
-    return bytes((t,)) + name + b"\x00" + value
-
-
-def _string(value: bytes) -> bytes:
-    return _I32.pack(len(value) + 1) + value + b"\x00"
-
-
-def document_of(body: bytes) -> bytes:
-    """A BSON document of the elements `body` (its length, then the elements, then the end byte).
-    Joined, not added: `body` is copied once, which counts for large events' fragments."""
-    return b"".join((_I32.pack(len(body) + 5), body, b"\x00"))
 
 
 # -- KeyString of a documentKey, straight from its BSON bytes -----------------------------------
@@ -380,8 +96,9 @@ def _ks_integer(little_endian: bytes, bits: list[int]) -> bytes | None:
 
 
 def _ks_document_key(buf: bytes, start: int, bits: list[int]) -> bytes | None:
-    """KeyString of the document at `start` as an object value; None for a value type we leave to the
-    general encoder (anything but ObjectId, string, int32, int64, binary and documents of these)."""
+    """KeyString of the document at `start` as an object value; None for a value type we leave
+    to the general encoder (anything but ObjectId, string, int32, int64, binary and documents of
+    these)."""
     out = [b"\x46"]
     unpack, index, names = _I32.unpack_from, buf.index, byte_slices(buf)
     end = start + unpack(buf, start)[0] - 1
@@ -452,7 +169,8 @@ def _keystring(*values: Any) -> bytes:
     return ks.data
 
 
-# v2 event token after the timestamp: version 2, tokenType 128 (event), txnOpIndex 0, fromInvalidate false.
+# v2 event token after the timestamp: version 2, tokenType 128 (event), txnOpIndex 0,
+# fromInvalidate false.
 _TOKEN_HEAD = _keystring(2, 128, 0, False)
 _OP_IDENT = {
     op: b"\x46\x3coperationType\x00\x3c" + op.encode() + b"\x00\x46documentKey\x00"
@@ -486,7 +204,7 @@ _Head = tuple[bytes, "_NamespaceParts", "bytes | None", bytes]
 # Where an entry's values lie: (its head, o value, o2 value or None, offset of the ts value, wall
 # value or None); a value is its (start, end) offsets in the entry. None: the general path.
 _Range = tuple[int, int]
-_Layout = tuple[_Head | tuple[()], _Range, "_Range | None", int, "_Range | None"]
+Layout = tuple[_Head | tuple[()], _Range, "_Range | None", int, "_Range | None"]
 
 _OP_HEAD = b"\x02op\x00\x02\x00\x00\x00"
 _UI_HEAD = b"\x05ui\x00\x10\x00\x00\x00\x04"
@@ -534,7 +252,7 @@ def _fixed_head(head: bytes) -> tuple[_Head | tuple[()] | None, int]:
     return _head(head[8:9], head[18 : q - 1], ui), q + _UI_BYTES if ui is not None else q
 
 
-def _fixed_layout(raw: bytes) -> _Layout | None:
+def _fixed_layout(raw: bytes) -> Layout | None:
     """The layout of an entry shaped as a server writes a plain CRUD op, in the order of its
     OplogEntryBase IDL: `{lsid?, txnNumber?, op, ns, ui?, o, o2?, stmtId?, ts, t, v, wall,
     prevOpTime?}` (the session fields are a retryable write's); None for any other shape.
@@ -580,34 +298,46 @@ def _fixed_layout(raw: bytes) -> _Layout | None:
     return head, o, o2, p + 4, (p + 40, p + 48)
 
 
-def _walked_layout(raw: bytes) -> _Layout | None:
+# The BSON types a CRUD entry's fields must have, and those of its optional fields.
+_WALKED_TYPES = {
+    b"op": 0x02,
+    b"ns": 0x02,
+    b"o": 0x03,
+    b"ts": 0x11,
+}
+_WALKED_OPTIONAL_TYPES = {b"o2": 0x03, b"wall": 0x09}
+
+
+def _walked_layout(raw: bytes) -> Layout | None:
     """The layout of a CRUD entry of any field order (sessions, extra fields); None if it is not
     one the splice handles (not i/u/d, a migration's write, a UUID that is not 16 bytes, a field
     missing or of another type: the general path reports what is wrong)."""
     f = elements(raw)
-    op, ns, ui, o, o2, ts, wall = map(f.get, (b"op", b"ns", b"ui", b"o", b"o2", b"ts", b"wall"))
-    if (
-        op is None
-        or op[0] != 0x02
-        or ns is None
-        or ns[0] != 0x02
-        or o is None
-        or o[0] != 0x03
-        or ts is None
-        or ts[0] != 0x11
-        or (o2 is not None and o2[0] != 0x03)
-        or (wall is not None and wall[0] != 0x09)
-        or b"fromMigrate" in f
-    ):
+    if not _typed_as_crud(raw, f):
         return None
-    if ui is not None and (
-        ui[0] != 0x05 or _I32.unpack_from(raw, ui[1])[0] != 16 or raw[ui[1] + 4] != 4
-    ):
-        return None
+    op, ns, o, ts = f[b"op"], f[b"ns"], f[b"o"], f[b"ts"]
+    ui, o2, wall = f.get(b"ui"), f.get(b"o2"), f.get(b"wall")
     head = _head(raw[op[1] + 4 : op[2] - 1], raw[ns[1] + 4 : ns[2] - 1], ui and raw[ui[1] : ui[2]])
     if head is None:
         return None
     return head, o[1:], o2 and o2[1:], ts[1], wall and wall[1:]
+
+
+def _typed_as_crud(raw: bytes, f: dict[bytes, tuple[int, int, int]]) -> bool:
+    """Whether an entry's elements `f` have a CRUD entry's fields and types, a ui (if any) of a
+    16-byte UUID, and no fromMigrate."""
+    if b"fromMigrate" in f:
+        return False
+    for name, t in _WALKED_TYPES.items():
+        if name not in f or f[name][0] != t:
+            return False
+    for name, t in _WALKED_OPTIONAL_TYPES.items():
+        if name in f and f[name][0] != t:
+            return False
+    ui = f.get(b"ui")
+    return ui is None or (
+        ui[0] == 0x05 and _I32.unpack_from(raw, ui[1])[0] == 16 and raw[ui[1] + 4] == 4
+    )
 
 
 def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
@@ -619,102 +349,162 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
     layout = _fixed_layout(raw) or _walked_layout(raw)
     if layout is None:
         return None
-    head, (o0, o1), o2, t0, wall = layout
+    return splice_laid_out(raw, layout, expanded=expanded)
+
+
+def splice_laid_out(raw: bytes, layout: Layout, *, expanded: bool) -> Spliced | tuple[()] | None:
+    """`splice_crud` of an entry whose layout is already known: where the batch splice's compiled
+    walk found it (an entry whose documentKey the block does not take)."""
+    head, o, o2, t0, wall = layout
     if not head:
         return ()
     code, names, ui, uuid_ks = head
-    full = desc = None
-    if code == b"i":
-        op_type = "insert"
-        full = raw[o0:o1]
-        if o2 is not None:
-            key = raw[o2[0] : o2[1]]
-        else:
-            ident = elements(raw, o0).get(b"_id")
-            if ident is None:
-                return None
-            key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1] : ident[2]]))
-    elif code == b"d":
-        op_type = "delete"
-        key = raw[o0:o1]
-    else:
-        if o2 is None:
-            return None
-        key = raw[o2[0] : o2[1]]
-        diff_at = o0 + _V2_DIFF_AT
-        # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
-        if (
-            raw[o0 + 4 : diff_at] == _V2_DIFF
-            and diff_at + 5 <= o1 - 1
-            and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1
-            and not raw[o1 - 1]
-        ):
-            op_type = "update"
-            diff = (0x03, diff_at, o1 - 1)
-        else:
-            # A replacement leads with its _id (the server puts it first); a document that does
-            # not hold the bytes `$v` anywhere has no `$v` field: neither needs the walk.
-            if (
-                raw[o0 + 4]
-                and raw[o0 + 5 : o0 + 9] == b"_id\x00"
-                and raw.find(b"$v\x00", o0, o1) < 0
-            ):
-                o_fields = {b"_id": (0, 0, 0)}
-            else:
-                o_fields = elements(raw, o0)
-            if b"_id" in o_fields and b"$v" not in o_fields:
-                op_type = "replace"
-                full = raw[o0:o1]
-            else:
-                version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
-                if (
-                    version is None
-                    or found is None
-                    or raw[version[1] : version[2]] != b"\x02\x00\x00\x00"
-                ):
-                    return None
-                op_type, diff = "update", found
-        if op_type == "update":
-            desc = update_description(raw, diff[1], expanded=expanded)
-            if desc is None:
-                desc = bson.encode(
-                    update_description_from_diff(
-                        bson.decode(raw[diff[1] : diff[2]], PLAIN), disambiguate=expanded
-                    )
-                )
-    ks_key: bytes | None
-    if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
-        ks_key, bits = b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
-    elif (
-        key[4:9] == b"\x02_id\x00"
-        and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1
-        and key[-2:] == b"\x00\x00"
-    ):
-        # {_id: string}, the usual documentKey of string ids
-        ks_key = b"".join(
-            (b"\x46\x3c_id\x00\x3c", key[13:-2].replace(b"\x00", b"\x00\xff"), b"\x00\x00")
-        )
-        bits = _STRING_ID_BITS
-    elif len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
-        # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
-        ks_key, bits = b"".join((b"\x46\x5a_id\x00\x5a\x10", key[13:30], b"\x00")), _TS_TAIL_BITS
-    else:
-        bits = list(_TS_TAIL_BITS)
-        ks_key = _ks_document_key(key, 0, bits)
-        if ks_key is None:
-            decoded = _decoded_document_key(key)
-            if decoded is None:
-                return None
-            ks_key, bits = decoded
+    parts = _OP_PARTS[code](raw, o, o2, expanded)
+    if parts is None:
+        return None
+    op_type, key, full, desc = parts
+    keyed = _token_key(key)
+    if keyed is None:
+        return None
+    ks_key, bits = keyed
     # A token's timestamp is the entry's ts reversed: BSON has the increment, then the seconds,
     # little-endian; the KeyString the seconds, then the increment, big-endian.
     ts = raw[t0 : t0 + 8]
     sort_key = b"".join(
         (b"\x82", ts[::-1], _TOKEN_HEAD, uuid_ks, _OP_IDENT[op_type], ks_key, b"\x00\x04")
     )
+    type_bits = encode_type_bits(bits) if bits else b""
+    body = b"".join(
+        _event_parts(
+            sort_key,
+            type_bits,
+            op_type,
+            ts,
+            ui if expanded else None,
+            wall and raw[wall[0] : wall[1]],
+            full,
+            names[0],
+            key,
+            desc,
+        )
+    )
+    _, db, coll, namespaces = names
+    return sort_key, type_bits, op_type, db, coll, document_of(body), namespaces, "", None
+
+
+# An event's parts from an entry's o and o2: (operationType, documentKey, fullDocument or None,
+# updateDescription or None); None for the general path.
+_OpParts = tuple[str, bytes, "bytes | None", "bytes | None"]
+
+
+def _insert_parts(raw: bytes, o: _Range, o2: _Range | None, expanded: bool) -> _OpParts | None:
+    """An insert's: o is the document, o2 (a sharded collection's) its documentKey, else the
+    documentKey is the document's `_id`."""
+    if o2 is not None:
+        key = raw[o2[0] : o2[1]]
+    else:
+        ident = elements(raw, o[0]).get(b"_id")
+        if ident is None:
+            return None
+        key = document_of(_cstring_element(ident[0], b"_id", raw[ident[1] : ident[2]]))
+    return "insert", key, raw[o[0] : o[1]], None
+
+
+def _delete_parts(raw: bytes, o: _Range, o2: _Range | None, expanded: bool) -> _OpParts | None:
+    """A delete's: o is the documentKey (with the shard key's fields in a sharded collection)."""
+    return "delete", raw[o[0] : o[1]], None, None
+
+
+def _update_parts(raw: bytes, o: _Range, o2: _Range | None, expanded: bool) -> _OpParts | None:
+    """An update's or a replace's: o2 is the documentKey, o the diff or the new document."""
+    if o2 is None:
+        return None
+    key = raw[o2[0] : o2[1]]
+    diff_at = _diff_at(raw, o)
+    if diff_at is None:
+        return None
+    if diff_at < 0:
+        return "replace", key, raw[o[0] : o[1]], None
+    desc = update_description(raw, diff_at, expanded=expanded)
+    if desc is None:
+        end = diff_at + _I32.unpack_from(raw, diff_at)[0]
+        desc = bson.encode(
+            update_description_from_diff(
+                bson.decode(raw[diff_at:end], PLAIN), disambiguate=expanded
+            )
+        )
+    return "update", key, None, desc
+
+
+def _diff_at(raw: bytes, o: _Range) -> int | None:
+    """Where an update's `$v: 2` diff starts in raw; -1 for a replacement document; None for
+    anything else (an older $v, a malformed o: the general path reports it)."""
+    o0, o1 = o
+    diff_at = o0 + _V2_DIFF_AT
+    # The usual o, `{$v: 2, diff}` as a server writes it, is read where its parts must lie.
+    if (
+        raw[o0 + 4 : diff_at] == _V2_DIFF
+        and diff_at + 5 <= o1 - 1
+        and diff_at + _I32.unpack_from(raw, diff_at)[0] == o1 - 1
+        and not raw[o1 - 1]
+    ):
+        return diff_at
+    # A replacement leads with its _id (the server puts it first); a document that does not hold
+    # the bytes `$v` anywhere has no `$v` field: neither needs the walk.
+    if raw[o0 + 4] and raw[o0 + 5 : o0 + 9] == b"_id\x00" and raw.find(b"$v\x00", o0, o1) < 0:
+        return -1
+    o_fields = elements(raw, o0)
+    if b"_id" in o_fields and b"$v" not in o_fields:
+        return -1
+    version, found = o_fields.get(b"$v"), o_fields.get(b"diff")
+    if version is None or found is None or raw[version[1] : version[2]] != b"\x02\x00\x00\x00":
+        return None
+    return found[1] if found[0] == 0x03 else None  # a diff is a document, else the general path
+
+
+_OP_PARTS = {b"i": _insert_parts, b"d": _delete_parts, b"u": _update_parts}
+
+
+def _token_key(key: bytes) -> tuple[bytes, list[int] | None] | None:
+    """(KeyString of the documentKey, the token's type bits or None for none) of a documentKey's
+    BSON; the usual shapes are read where their parts lie, the rest walked or decoded."""
+    if len(key) == 22 and key.startswith(_OID_KEY_HEAD):  # {_id: ObjectId}, the usual documentKey
+        return b"\x46\x64_id\x00\x64" + key[9:21] + b"\x00", None
+    if (
+        key[4:9] == b"\x02_id\x00"
+        and 13 + _I32.unpack_from(key, 9)[0] == len(key) - 1
+        and key[-2:] == b"\x00\x00"
+    ):
+        # {_id: string}, the usual documentKey of string ids
+        string = key[13:-2].replace(b"\x00", b"\x00\xff")
+        return b"".join((b"\x46\x3c_id\x00\x3c", string, b"\x00\x00")), _STRING_ID_BITS
+    if len(key) == 31 and key.startswith(_UUID_KEY_HEAD) and not key[-1]:
+        # {_id: UUID}: binary of 16 bytes, keyed as its size byte, subtype and bytes
+        return b"".join((b"\x46\x5a_id\x00\x5a\x10", key[13:30], b"\x00")), _TS_TAIL_BITS
+    bits = list(_TS_TAIL_BITS)
+    ks_key = _ks_document_key(key, 0, bits)
+    if ks_key is None:
+        return _decoded_document_key(key)
+    return ks_key, bits
+
+
+def _event_parts(
+    sort_key: bytes,
+    type_bits: bytes,
+    op_type: str,
+    ts: bytes,
+    ui: bytes | None,
+    wall: bytes | None,
+    full: bytes | None,
+    ns_element: bytes,
+    key: bytes,
+    desc: bytes | None,
+) -> list[bytes]:
+    """The event's elements in the server's order, as pieces to join once: _id (the token),
+    operationType, clusterTime, collectionUUID (expanded events), wallTime, fullDocument, ns,
+    documentKey, updateDescription."""
     hex_data = hexlify(sort_key).upper()
     n = len(hex_data)
-    type_bits = encode_type_bits(bits) if bits else b""
     typed = (
         b"\x05_typeBits\x00" + _I32.pack(len(type_bits)) + b"\x00" + type_bits if type_bits else b""
     )
@@ -728,179 +518,16 @@ def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
         b"\x11clusterTime\x00",
         ts,
     ]
-    if expanded and ui is not None:
+    if ui is not None:
         parts += (b"\x05collectionUUID\x00", ui)
     if wall is not None:
-        parts += (b"\x09wallTime\x00", raw[wall[0] : wall[1]])
+        parts += (b"\x09wallTime\x00", wall)
     if full is not None:
         parts += (b"\x03fullDocument\x00", full)
-    ns_element, db, coll, namespaces = names
     parts += (ns_element, b"\x03documentKey\x00", key)
     if desc is not None:
         parts += (b"\x03updateDescription\x00", desc)
-    body = b"".join(parts)
-    return sort_key, type_bits, op_type, db, coll, document_of(body), namespaces, "", None
-
-
-def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | None:
-    """The updateDescription document of the `$v: 2` diff at raw[start:], as bytes, read as
-    update_diff.py's general path reads it (change_stream_document_diff_parser): updatedFields
-    are the `u` and `i` sections' elements at their dotted paths, removedFields the names in `d`,
-    truncatedArrays the `l` of array diffs, sub-diffs (`s<field>`, `s<index>`) walked in their
-    order. None with expanded events (disambiguatedPaths needs every name judged) and for any
-    diff whose shape or types the general path would read differently or reject (it then
-    decodes the diff and reports what is wrong).
-
-    Why: the general path decodes the diff into dicts, walks them and encodes the result, half of
-    an update's splice; here no value is decoded: updatedFields' values are the server's bytes,
-    copied under their new names. The usual diff, top-level sections alone (a `$set`, `$inc`,
-    `$unset` ... of top-level fields), copies the `u` and `i` documents whole. A diff names each
-    path once (the server writes it so); where nested sections make one path twice, the general
-    path's dict keeps one entry, so such a diff goes there. One naming a top-level field in both
-    `u` and `i` would keep both here.
-    """
-    if expanded:
-        return None
-    size = _I32.unpack_from(raw, start)[0]
-    if (
-        raw[start + 4 : start + 7] == b"\x03u\x00"
-        and _I32.unpack_from(raw, start + 7)[0] == size - 8
-        and not raw[start + size - 1]
-    ):
-        # `{u: {...}}` alone, the most common diff: updatedFields is the `u` document as it is.
-        return document_of(
-            b"".join(
-                (b"\x03updatedFields\x00", raw[start + 7 : start + size - 1], _NOTHING_REMOVED)
-            )
-        )
-    sections = elements(raw, start)
-    if any(t != 3 for t, _, _ in sections.values()):
-        return None
-    updated: list[bytes] = []
-    removed: list[bytes] = []
-    truncated: list[bytes] = []
-    if sections.keys() <= _TOP_LEVEL_SECTIONS:
-        for name in (b"u", b"i"):  # updates, then inserts, wherever they sit in the diff
-            if name in sections:
-                _, v, e = sections[name]
-                updated.append(raw[v + 4 : e - 1])
-        if b"d" in sections:
-            removed = list(elements(raw, sections[b"d"][1]))
-    elif not _walk_object(raw, sections, b"", updated, removed, truncated, set()):
-        return None
-    if not removed and not truncated:  # the usual diff: fields set, none removed, no array cut
-        return document_of(
-            b"".join((b"\x03updatedFields\x00", document_of(b"".join(updated)), _NOTHING_REMOVED))
-        )
-    removed_fields = b"".join(
-        _cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed)
-    )
-    return document_of(
-        b"".join(
-            (
-                b"\x03updatedFields\x00",
-                document_of(b"".join(updated)),
-                b"\x04removedFields\x00",
-                document_of(removed_fields),
-                b"\x04truncatedArrays\x00",
-                document_of(b"".join(truncated)),
-            )
-        )
-    )
-
-
-def _walk_object(
-    raw: bytes,
-    sections: dict[bytes, tuple[int, int, int]],
-    prefix: bytes,
-    updated: list[bytes],
-    removed: list[bytes],
-    truncated: list[bytes],
-    seen: set[bytes],
-) -> bool:
-    """Add an object diff's paths (under `prefix`, "" or "a.b.") to the three lists, in the
-    general path's order: `u`, `i`, `d`, then the sub-diffs. False if it must go the general way:
-    a section that is not a document, a path met twice (`seen`), an array diff read otherwise."""
-    for name in (b"u", b"i"):
-        if name in sections:
-            t, v, _ = sections[name]
-            if t != 3:
-                return False
-            for field, (ft, fv, fe) in elements(raw, v).items():
-                path = prefix + field
-                if path in seen:
-                    return False
-                seen.add(path)
-                updated.append(b"%c%s\x00%s" % (ft, path, raw[fv:fe]))
-    if b"d" in sections:
-        t, v, _ = sections[b"d"]
-        if t != 3:
-            return False
-        removed += (prefix + field for field in elements(raw, v))
-    for key, (t, v, _) in sections.items():
-        if key[:1] != b"s" or len(key) == 1:
-            continue  # u, i, d (read above), and what the general path ignores (`b`)
-        if t != 3:
-            return False
-        sub = elements(raw, v)
-        a = sub.get(b"a")
-        if a is not None and a[0] == 0x08 and raw[a[1]] == 1:  # {a: true}: an array diff
-            if not _walk_array(raw, sub, prefix + key[1:], updated, removed, truncated, seen):
-                return False
-        elif not _walk_object(raw, sub, prefix + key[1:] + b".", updated, removed, truncated, seen):
-            return False
-    return True
-
-
-def _walk_array(
-    raw: bytes,
-    sections: dict[bytes, tuple[int, int, int]],
-    path: bytes,
-    updated: list[bytes],
-    removed: list[bytes],
-    truncated: list[bytes],
-    seen: set[bytes],
-) -> bool:
-    """`_walk_object` for an array diff at `path`: its new length (`l`), then its entries in
-    order, `u<index>` a new value, `s<index>` a sub-diff."""
-    if b"l" in sections:
-        t, v, e = sections[b"l"]
-        if t not in (0x01, 0x10, 0x12):  # numbers, which decode and encode back to these bytes
-            return False
-        field = _cstring_element(0x02, b"field", _string(path))
-        size = b"%cnewSize\x00%s" % (t, raw[v:e])
-        truncated.append(_cstring_element(0x03, b"%d" % len(truncated), document_of(field + size)))
-    for key, (t, v, e) in sections.items():
-        if key in (b"a", b"l"):
-            continue
-        letter, index = key[:1], key[1:]
-        if not index.isdigit() or (index[:1] == b"0" and len(index) > 1):
-            return False  # the general path reads every other key's index as int() does
-        if letter not in (b"u", b"s"):
-            continue
-        at = path + b"." + index
-        if letter == b"u":
-            if at in seen:
-                return False
-            seen.add(at)
-            updated.append(b"%c%s\x00%s" % (t, at, raw[v:e]))
-        else:
-            if t != 3:
-                return False
-            sub = elements(raw, v)
-            a = sub.get(b"a")
-            if a is not None and a[0] == 0x08 and raw[a[1]] == 1:
-                if not _walk_array(raw, sub, at, updated, removed, truncated, seen):
-                    return False
-            elif not _walk_object(raw, sub, at + b".", updated, removed, truncated, seen):
-                return False
-    return True
-
-
-_TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
-_NOTHING_REMOVED = (
-    b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
-)
+    return parts
 
 
 _NamespaceParts = tuple[bytes, str, str, tuple[str]]

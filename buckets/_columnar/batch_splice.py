@@ -19,15 +19,18 @@ Which entries: single inserts, updates and deletes whose documentKey is `{_id: O
 writes them, with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
-    {lsid?, txnNumber?, op: "u", ns, ui, o: {$v: 2, diff}, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
+    {lsid?, txnNumber?, op: "u", ns, ui, o: {$v: 2, diff}, o2: {_id}, stmtId?, ts, t, v, wall,
+     prevOpTime?}
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
-and of updates, those whose diff `update_description` takes (top-level sections, no expanded
-events). Every other entry (replacements, other keys, nested diffs, transactions, DDL, noops, a
-field out of place) gets None here and goes through `splice_crud` or the general transform, as
-before. An entry taken here gives exactly `splice_crud`'s event (tests compare the two on random
-and broken entries): every boundary is derived from the entry's BSON lengths, and it is only
-taken if it is exactly that sequence of elements.
+and of updates, those whose diff `update_description` takes (no expanded events). Entries of
+these shapes with another documentKey (string, UUID, compound `_id`s, shard keys) get
+`splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
+other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
+goes through `splice_crud` or the general transform. An entry taken here gives exactly
+`splice_crud`'s event (tests compare the two on random and broken entries): every boundary is
+derived from the entry's BSON lengths, and it is only taken if it is exactly that sequence of
+elements.
 """
 
 from __future__ import annotations
@@ -46,20 +49,42 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from buckets._columnar.byte_kernels import U, as_bytes, copy, has, hex_digits, i32, put_i32, u8, u64
+from buckets._columnar.batch_layout import (
+    _DELETE,
+    _DIFF_AT,
+    _INSERT,
+    _OID_KEY,
+    _OPS,
+    _R_HEAD_END,
+    _R_KEY,
+    _R_KEY_END,
+    _R_LAID,
+    _R_O_END,
+    _R_O_START,
+    _R_OK,
+    _R_OP,
+    _R_P,
+    _R_SIMPLE,
+    _R_STAMPS,
+    _TS_AT,
+    _U_AT,
+    _UPDATE,
+    _WALL_AT,
+    _layouts,
+)
+from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
-    _OP_HEAD,
     _OP_IDENT,
     _TOKEN_HEAD,
-    _UI_HEAD,
     Spliced,
     _fixed_head,
     byte_slices,
     splice_crud,
+    splice_laid_out,
     update_description,
 )
 
@@ -76,22 +101,6 @@ _Ints = npt.NDArray[np.int64]
 _Words = npt.NDArray[np.uint64]
 _Bytes = npt.NDArray[np.uint8]
 
-_NS = b"\x02ns\x00"
-_HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
-_OPS = {ord("i"): "insert", ord("d"): "delete", ord("u"): "update"}
-_LSID = b"\x03lsid\x00"
-_TXN_NUMBER = b"\x12txnNumber\x00"
-_O = b"\x03o\x00"
-_O2 = b"\x03o2\x00"
-# An update's o up to its diff's value: {$v: 2, diff: ...} (the diff is o's last element).
-_V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
-_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"  # a 22-byte document of one ObjectId _id: the documentKey
-_OID_KEY_BYTES = 22
-_STMT_ID = b"\x10stmtId\x00"
-_PREV_OP_TIME = b"\x03prevOpTime\x00"
-# ts, t, v and wall follow, each 8 bytes (its header's offset from ts's, the header).
-_STAMPS = ((0, b"\x11ts\x00"), (12, b"\x12t\x00"), (23, b"\x12v\x00"), (34, b"\x09wall\x00"))
-_TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
 
 # The resume token's KeyString (the sort key; see splice_crud): 0x82, the ts (seconds, then
 # increment, big-endian), the token's fixed head, the collection's UUID (19 bytes: 0x5a, its
@@ -114,7 +123,6 @@ _HEX_AT = 4 + len(_ID_ELEMENT)
 _CLUSTER_TIME_AT = (
     _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
 )
-_OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
 _WALL_TIME = b"\x09wallTime\x00"
 _COLLECTION_UUID = b"\x05collectionUUID\x00"
 _UUID_VALUE_BYTES = 21  # a binary value: its length, subtype 4, 16 bytes
@@ -130,9 +138,9 @@ _SIMPLE_REST = (
 _END = b"\x00"
 # What follows the updatedFields of: an insert or a delete (none), a simple update, another update.
 _CLOSINGS = (b"", _SIMPLE_REST, _END)
-# In an update's o: where its diff's value is; where a diff of `u` alone has the `u` document.
-_DIFF_AT = 4 + len(_V2_DIFF)
-_U_AT = _DIFF_AT + 7
+_P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
+_UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
+_UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
 
@@ -198,36 +206,14 @@ def splice_block(
     """The events of the plain inserts, updates and deletes this module takes, as one EventBlock
     (the second item; None if there are none) and the indices of their entries (the third, an
     array: a batch the block holds whole never needs them as Python integers); and for each entry
-    (the first), () for one of an internal namespace, or None for one the block holds or the
+    (the first): its event's fields if it was spliced here outside the block (another
+    documentKey), () for one of an internal namespace, or None for one the block holds or the
     caller must transform (what `splice_crud` says of it)."""
     n, data = len(batch), batch.data
     d = as_bytes(data)
     rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)
     ok = rows[:, _R_OK].astype(np.bool_)
-    update, simple = ok & (rows[:, _R_OP] == _UPDATE), rows[:, _R_SIMPLE].astype(np.bool_)
-
-    # Other updates' updateDescription is made one by one (diffs differ in shape); a diff that
-    # `update_description` does not take leaves its entry to splice_crud.
-    descriptions: dict[int, bytes] = {}
-    if update.any():
-        tried = {
-            i: _description(data, s, e, diff, expanded)
-            for i, s, e, diff in zip(
-                *(
-                    a[update & ~simple].tolist()
-                    for a in (
-                        np.arange(n),
-                        batch.starts,
-                        batch.starts + batch.lengths,
-                        rows[:, _R_O_START] + _DIFF_AT,
-                    )
-                ),
-                strict=True,
-            )
-        }
-        ok[[i for i, made_here in tried.items() if made_here is None]] = False
-        descriptions = {i: made_here for i, made_here in tried.items() if made_here is not None}
-
+    descriptions = _other_descriptions(batch, rows, ok, expanded)
     out: list[Spliced | tuple[()] | None] = [None] * n
     # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
     # once per kind: a batch's entries share a handful.
@@ -235,22 +221,109 @@ def splice_block(
     made = [
         _made_of(cut[start:stop]) for start, stop in rows[firsts][:, [_R_P, _R_HEAD_END]].tolist()
     ]
-    keep = np.fromiter(map(bool, made), np.bool_, len(made))
-    if not keep.all():
-        dropped = ok & ~keep[which]
-        for i, kind in zip(np.flatnonzero(dropped).tolist(), which[dropped].tolist(), strict=True):
-            out[i] = made[
-                kind
-            ]  # () for an internal namespace; None for a view's (the general path)
-        ok &= ~dropped
+    _leave_unmade(made, which, ok, out)
+    _splice_laid_out(batch, rows, out, expanded)
     taken = np.flatnonzero(ok)
     if not len(taken):
         return out, None, taken
-
-    # Each kind's templates: its sort key, its event's front (up to its document: an insert's
-    # fullDocument header ends it) and its tail (ns, documentKey, an update's updateDescription
-    # header), with zeros where each event's own values go.
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
+    templates, at = _templates(ops, made, expanded)
+    extras, extra_at = _extras(descriptions, taken)
+    keys, events, offsets = _assemble(
+        d, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
+    )
+    column = pa.Array.from_buffers(
+        pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
+    )
+    kind_table = tuple(
+        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
+        for op, h in zip(ops, made, strict=True)
+    )
+    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
+
+
+def _other_descriptions(
+    batch: OplogBatch, rows: _Ints, ok: npt.NDArray[np.bool_], expanded: bool
+) -> dict[int, bytes]:
+    """The updateDescription of each taken update whose diff is not `u` alone, made one by one
+    (diffs differ in shape), by entry index; an update whose diff `update_description` does not
+    take is dropped from `ok`, for splice_crud."""
+    update = ok & (rows[:, _R_OP] == _UPDATE)
+    if not update.any():
+        return {}
+    other = update & ~rows[:, _R_SIMPLE].astype(np.bool_)
+    columns = (
+        np.arange(len(batch)),
+        batch.starts,
+        batch.starts + batch.lengths,
+        rows[:, _R_O_START] + _DIFF_AT,
+    )
+    tried = {
+        i: _description(batch.data, s, e, diff, expanded)
+        for i, s, e, diff in zip(*(a[other].tolist() for a in columns), strict=True)
+    }
+    ok[[i for i, made_here in tried.items() if made_here is None]] = False
+    return {i: made_here for i, made_here in tried.items() if made_here is not None}
+
+
+def _splice_laid_out(
+    batch: OplogBatch, rows: _Ints, out: list[Spliced | tuple[()] | None], expanded: bool
+) -> None:
+    """Splice, one by one, the entries that have the block's layout but another documentKey
+    (see batch_layout's _key_at) from the layout the compiled walk found: their events are
+    splice_crud's, without its reading the entry's elements again. An entry that cannot be read
+    so stays None in `out`, for splice_crud to say what is wrong with it."""
+    laid = (rows[:, _R_LAID] != 0) & (rows[:, _R_OK] == 0)
+    if not laid.any():
+        return
+    where = np.flatnonzero(laid)
+    # Offsets within each entry: its start taken off the columns at once.
+    columns = rows[where][:, [_R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_KEY_END]]
+    columns[:, 1:] -= batch.starts[where, None]
+    stamps = (rows[where, _R_STAMPS] - batch.starts[where]).tolist()
+    for i, entry, (op, p, head_end, o0, o1, k0, k1), at in zip(
+        where.tolist(), batch.entries_at(where), columns.tolist(), stamps, strict=True
+    ):
+        head = _made_of(entry[p:head_end])
+        if head is None:
+            continue
+        layout = (
+            head,
+            (o0, o1),
+            None if op == _DELETE else (k0, k1),
+            at + _TS_AT,
+            (at + _WALL_AT, at + _WALL_AT + 8),
+        )
+        # try, not contextlib.suppress: it costs nothing until something is raised, where a
+        # context manager per entry costs a call in and out.
+        try:  # noqa: SIM105
+            out[i] = splice_laid_out(entry, layout, expanded=expanded)
+        except (ValueError, IndexError, struct.error, bson.errors.BSONError):
+            pass  # left to splice_crud, which reports it
+
+
+def _leave_unmade(
+    made: list[Any],
+    which: _Ints,
+    ok: npt.NDArray[np.bool_],
+    out: list[Spliced | tuple[()] | None],
+) -> None:
+    """Drop from `ok` the entries of kinds that make no event here: () in `out` for an internal
+    namespace's, None for a view's (the general path)."""
+    keep = np.fromiter(map(bool, made), np.bool_, len(made))
+    if keep.all():
+        return
+    dropped = ok & ~keep[which]
+    for i, kind in zip(np.flatnonzero(dropped).tolist(), which[dropped].tolist(), strict=True):
+        out[i] = made[kind]
+    ok &= ~dropped
+
+
+def _templates(ops: list[str], made: list[Any], expanded: bool) -> tuple[_Bytes, _Ints]:
+    """Each kind's templates, back to back, and where each starts: its sort key, its event's
+    front (up to its document: an insert's fullDocument header ends it) and its tail (ns,
+    documentKey, an update's updateDescription header), with zeros where each event's own values
+    go."""
     parts: list[bytes] = []
     for op, h in zip(ops, made, strict=True):
         if not h:  # (a kind none of whose entries is taken: no event refers to it)
@@ -267,7 +340,12 @@ def splice_block(
         )
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
-    # Other updates' updatedFields and closing, made above (less their headers, then the end).
+    return as_bytes(b"".join(parts)), at
+
+
+def _extras(descriptions: dict[int, bytes], taken: _Ints) -> tuple[_Bytes, _Ints]:
+    """Other updates' updatedFields and closing, made one by one (less their headers, then the
+    end), back to back in the order of `taken`, and where each starts."""
     extras = (
         [
             descriptions[i][4 + len(_UPDATED_FIELDS) :] + _END if i in descriptions else b""
@@ -279,193 +357,7 @@ def splice_block(
     extra_at = np.zeros(len(taken) + 1, np.int64)
     if extras:
         np.cumsum(np.fromiter(map(len, extras), np.int64, len(extras)), out=extra_at[1:])
-    keys, events, offsets = _assemble(
-        d,
-        taken,
-        rows,
-        which,
-        as_bytes(b"".join(parts)),
-        at,
-        as_bytes(b"".join(extras) or b"\0"),
-        extra_at,
-        _wall_at(expanded),
-    )
-    column = pa.Array.from_buffers(
-        pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
-    )
-    kind_table = tuple(
-        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
-        for op, h in zip(ops, made, strict=True)
-    )
-    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
-
-
-# Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
-_P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
-    as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD)
-)
-_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(
-    as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY)
-)
-_P_STMT_ID, _P_PREV_OP_TIME, _P_SIMPLE_REST = map(as_bytes, (_STMT_ID, _PREV_OP_TIME, _SIMPLE_REST))
-_P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
-_TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
-_UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
-_UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
-_TXN_NUMBER_BYTES = len(_TXN_NUMBER)
-_O2_BYTES = len(_O2)
-_NS_BYTES = len(_NS)
-_UI_ELEMENT_BYTES = len(_UI_HEAD) + 16
-_STMT_ID_BYTES = len(_STMT_ID)
-_PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
-
-# The layout kernel's columns: one row per entry.
-_R_OK, _R_OP, _R_P, _R_HEAD_END, _R_O_START, _R_O_END, _R_KEY, _R_STAMPS, _R_SIMPLE = range(
-    _ROW_WIDTH := 9
-)
-_INSERT, _DELETE, _UPDATE = 0, 1, 2
-
-
-@numba.njit(cache=CACHE)
-def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
-    """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
-    checking each element where it must start, as splice_crud's fixed layout does; every boundary
-    comes from the entry's own lengths, so it is taken only if it is exactly that sequence."""
-    end = start + length - 1  # where its terminating zero must be
-    if length < 5 + _HEAD_BYTES + 4 or u8(d, end) != 0:
-        return
-    p = start + 4
-    if has(d, p, _P_LSID):  # a retryable write's lsid and txnNumber lead (OplogEntryBase's order)
-        lsid = i32(d, start + 10)
-        if lsid < 5 or lsid > length - 40:
-            return
-        p = start + 10 + lsid
-        if not has(d, p, _P_TXN_NUMBER):
-            return
-        p += _TXN_NUMBER_BYTES + 8
-    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
-        return
-    code = u8(d, p + _OP_CODE_AT)
-    op = (
-        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
-    )  # i, d, u
-    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
-        return
-    ns = i32(d, p + _HEAD_BYTES)
-    if ns < 2 or ns > end - p:
-        return
-    ui = p + _HEAD_BYTES + 4 + ns
-    head_end = ui + _UI_ELEMENT_BYTES
-    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
-        return
-    o_start = head_end + 3
-    o_length = i32(d, o_start)
-    if o_length < 5 or o_length > end - o_start:
-        return
-    o_end = o_start + o_length
-    simple = False
-    if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
-        diff = o_start + _DIFF_AT
-        diff_length = i32(d, diff)
-        if (
-            diff_length < 5
-            or diff_length > o_end - diff - 1
-            or not has(d, o_start + 4, _P_V2_DIFF)
-            or diff + diff_length + 1 != o_end
-            or u8(d, o_end - 1) != 0
-        ):
-            return
-        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
-        # document, which ends where the diff does, is the event's updatedFields as it is.
-        if not expanded and has(d, diff + 4, _P_U):
-            u_length = i32(d, o_start + _U_AT)
-            simple = (
-                5 <= u_length <= diff_length - 8
-                and o_start + _U_AT + u_length == o_end - 2
-                and u8(d, o_end - 3) == 0
-            )
-    # An insert's and an update's o2 is its documentKey (an insert's o its document); a delete's o is it.
-    if op == _DELETE:
-        key = o_start
-        if o_end != o_start + _OID_KEY_BYTES:
-            return
-    else:
-        key = o_end + _O2_BYTES
-        if not has(d, o_end, _P_O2):
-            return
-    if not has(d, key, _P_OID_KEY) or u8(d, key + _OID_KEY_BYTES - 1) != 0:
-        return
-    stamps = key + _OID_KEY_BYTES
-    if has(d, stamps, _P_STMT_ID):
-        stamps += _STMT_ID_BYTES + 4
-    if not (
-        has(d, stamps + _TS_OFFSET, _P_TS)
-        and has(d, stamps + _T_OFFSET, _P_T)
-        and has(d, stamps + _V_OFFSET, _P_V)
-        and has(d, stamps + _WALL_OFFSET, _P_WALL)
-    ):
-        return
-    after = stamps + _STAMP_BYTES
-    if after != end:  # prevOpTime, if there is one, must fill the rest of the entry exactly
-        prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
-        if (
-            not has(d, after, _P_PREV_OP_TIME)
-            or prev_length < 5
-            or after + _PREV_OP_TIME_BYTES + prev_length != end
-        ):
-            return
-    row[_R_OK], row[_R_OP], row[_R_P], row[_R_HEAD_END] = 1, op, p, head_end
-    row[_R_O_START], row[_R_O_END] = o_start, o_end
-    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
-
-
-@numba.njit(cache=CACHE)
-def _layouts(
-    d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
-) -> tuple[_Ints, _Ints, _Ints]:
-    """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
-    -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
-    same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
-    words: the UUID's) in an open-addressed table, then compared in full."""
-    n = len(starts)
-    rows = np.zeros((n, _ROW_WIDTH), np.int64)
-    which = np.full(n, -1, np.int64)
-    firsts = np.empty(n, np.int64)
-    kinds = 0
-    slots = 1
-    while slots < 2 * n:
-        slots *= 2
-    table = np.full(slots, -1, np.int64)  # a kind's index, or -1
-    mask = np.uint64(slots - 1)
-    for i in range(U(n)):
-        row = rows[i]
-        _layout(d, starts[i], lengths[i], expanded, row)
-        if not row[_R_OK]:
-            continue
-        p, stop = row[_R_P], row[_R_HEAD_END]
-        fingerprint = (
-            (np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15))
-            ^ u64(d, p + _HEAD_BYTES + 4)
-            ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
-            ^ u64(d, stop - 8)
-        )
-        slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
-        while True:
-            kind = table[slot]
-            if kind < 0:
-                table[slot] = kinds
-                firsts[U(kinds)] = i
-                which[i] = kinds
-                kinds += 1
-                break
-            q = rows[U(firsts[U(kind)]), _R_P]
-            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(
-                d, p, d[U(q) : U(q + stop - p)]
-            ):
-                which[i] = kind
-                break
-            slot = (slot + np.uint64(1)) & mask
-    return rows, which, firsts[:kinds]
+    return as_bytes(b"".join(extras) or b"\0"), extra_at
 
 
 @numba.njit(cache=CACHE)
@@ -568,11 +460,16 @@ def splice_entries(
     out, block, taken = splice_block(batch, expanded=expanded)
 
     def outside(start: int, stop: int) -> list[Any]:
-        """The items of the entries in [start, stop), none of them in the block."""
-        entries = batch.entries(start, stop)
+        """The items of the entries in [start, stop), none of them in the block; only those
+        splice_block did not splice are cut out of the batch."""
+        made = out[start:stop]
+        todo = [start + j for j, item in enumerate(made) if item is None]
+        if not todo:
+            return made
+        entries = iter(batch.entries_at(todo))
         return [
-            _one_by_one(entry, made, expanded)
-            for entry, made in zip(entries, out[start:stop], strict=True)
+            item if item is not None else _one_by_one(next(entries), None, expanded)
+            for item in made
         ]
 
     if block is None:
@@ -596,7 +493,14 @@ def splice_entries(
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:
     """What splice_entries gives for an entry outside the block: what splice_block made of it,
-    else its event's fields (splice_crud's), else its bytes, for the general transform."""
+    else its event's fields (splice_crud's), else its bytes, for the general transform.
+
+    splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
+    _key_at), replacements (the kernels place clusterTime and wallTime at fixed offsets, for an
+    operationType of six letters as insert, update and delete have; replace has seven), and
+    entries of any field order. The general transform keeps
+    transactions (applyOps chains and prepared commits carry state across entries: the
+    transaction's lsid, txnNumber and each op's txnOpIndex in its token), DDL and noops."""
     if made is None:
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made

@@ -38,9 +38,10 @@ def bisect_keys_kernel(
     lo: int,
     cuts: npt.NDArray[np.int64],
 ) -> bool:
-    """EventBlock.bisect_keys' loop: cuts[i] is bisect_right of key i (keys[bounds[i]:bounds[i + 1]],
-    in ascending order, so each search starts where the last ended) over the rows (row order[j]
-    the j-th, if `ordered`); whether some key equals the row before its cut."""
+    """EventBlock.bisect_keys' loop: cuts[i] is bisect_right of key i
+    (keys[bounds[i]:bounds[i + 1]], in ascending order, so each search starts where the last
+    ended) over the rows (row order[j] the j-th, if `ordered`); whether some key equals the row
+    before its cut."""
     n = len(order) if ordered else rows.shape[0]
     exact = False
     for i in range(len(cuts)):

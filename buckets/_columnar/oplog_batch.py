@@ -59,8 +59,12 @@ class OplogBatch:
 
     def entries(self, start: int = 0, stop: int | None = None) -> list[bytes]:
         """The entries from `start` to `stop`, cut out with one slicer (not one `entry()` each)."""
-        starts = self.starts[start:stop]
-        cuts = map(slice, starts.tolist(), (starts + self.lengths[start:stop]).tolist())
+        return self.entries_at(slice(start, stop))
+
+    def entries_at(self, which: Any) -> list[bytes]:
+        """The entries `which` (a slice, or indices) picks, cut out as `entries` cuts them."""
+        starts = self.starts[which]
+        cuts = map(slice, starts.tolist(), (starts + self.lengths[which]).tolist())
         if type(self.data) is bytes:
             return list(map(self.data.__getitem__, cuts))
         # A reply received into its own buffer: each entry copied out of a view of it as bytes,

@@ -50,8 +50,11 @@ ENGINE_TRANSFORM = {
     "mongoformats.events",
     "mongoformats.oplog_splice",
     "buckets._columnar.batch_splice",
+    "buckets._columnar.batch_layout",
     "buckets._columnar.event_block",
+    "buckets._columnar.block_kernels",
     "mongoformats.update_diff",
+    "mongoformats.diff_splice",
 }
 # Byte-level BSON helpers that oplog_splice also holds and that build no event: a reply's cursor
 # document and its parts for the wire, and a document's leading `_id` bytes.

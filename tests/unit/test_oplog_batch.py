@@ -21,8 +21,8 @@ def _reply(docs: list[dict], first: bool = False, cursor_id: int = 7) -> bytes:
     )
 
 
-# Sizes across the keys' widths (0-9, 10-99, 100-999, 1000-...): each width is its own stretch of
-# the walk.
+# Sizes across the keys' widths (0-9, 10-99, 100-999, 1000-...): each width is its own stretch
+# of the walk.
 @settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from([0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 1001, 1500]),

@@ -1,0 +1,272 @@
+"""Where a batch's plain CRUD entries keep their parts: the layout kernels of batch_splice.
+
+Each entry's elements are checked where they must start, in the order a server writes them (see
+batch_splice's docstring for the shapes), and its parts' offsets go into one row per entry;
+entries whose op, ns and ui bytes are equal are grouped into kinds.
+"""
+
+from __future__ import annotations
+
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
+
+# isort: split
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8, u64
+from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD
+
+_Ints = npt.NDArray[np.int64]
+_Bytes = npt.NDArray[np.uint8]
+
+_NS = b"\x02ns\x00"
+_HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
+_OPS = {ord("i"): "insert", ord("d"): "delete", ord("u"): "update"}
+_LSID = b"\x03lsid\x00"
+_TXN_NUMBER = b"\x12txnNumber\x00"
+_O = b"\x03o\x00"
+_O2 = b"\x03o2\x00"
+# An update's o up to its diff's value: {$v: 2, diff: ...} (the diff is o's last element).
+_V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
+_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"  # a 22-byte document of one ObjectId _id: the documentKey
+_OID_KEY_BYTES = 22
+_STMT_ID = b"\x10stmtId\x00"
+_PREV_OP_TIME = b"\x03prevOpTime\x00"
+# ts, t, v and wall follow, each 8 bytes (its header's offset from ts's, the header).
+_STAMPS = ((0, b"\x11ts\x00"), (12, b"\x12t\x00"), (23, b"\x12v\x00"), (34, b"\x09wall\x00"))
+_TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
+
+_OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
+# In an update's o: where its diff's value is; where a diff of `u` alone has the `u` document.
+_DIFF_AT = 4 + len(_V2_DIFF)
+_U_AT = _DIFF_AT + 7
+
+# Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
+_P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
+    as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD)
+)
+_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(
+    as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY)
+)
+_P_STMT_ID, _P_PREV_OP_TIME = map(as_bytes, (_STMT_ID, _PREV_OP_TIME))
+_P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
+_TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
+_TXN_NUMBER_BYTES = len(_TXN_NUMBER)
+_O2_BYTES = len(_O2)
+_NS_BYTES = len(_NS)
+_UI_ELEMENT_BYTES = len(_UI_HEAD) + 16
+_STMT_ID_BYTES = len(_STMT_ID)
+_PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
+
+# The layout kernel's columns: one row per entry.
+# _R_OK: the block takes the entry; _R_LAID: it has the block's layout, whatever its
+# documentKey (which ends at _R_KEY_END), so splice_crud's layout need not be read again.
+(
+    _R_OK,
+    _R_OP,
+    _R_P,
+    _R_HEAD_END,
+    _R_O_START,
+    _R_O_END,
+    _R_KEY,
+    _R_STAMPS,
+    _R_SIMPLE,
+    _R_LAID,
+    _R_KEY_END,
+) = range(_ROW_WIDTH := 11)
+_INSERT, _DELETE, _UPDATE = 0, 1, 2
+
+
+@numba.njit(cache=CACHE)
+def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
+    """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
+    checking each element where it must start, as splice_crud's fixed layout does; every boundary
+    comes from the entry's own lengths, so it is taken only if it is exactly that sequence. Each
+    step returns -1 where the entry is not of that shape."""
+    end = start + length - 1  # where its terminating zero must be
+    if length < 5 + _HEAD_BYTES + 4 or u8(d, end) != 0:
+        return
+    p = _op_at(d, start, length)
+    if p < 0:
+        return
+    op, head_end = _head_of(d, p, end)
+    if op < 0:
+        return
+    o_start = head_end + 3
+    o_length = i32(d, o_start)
+    if o_length < 5 or o_length > end - o_start:
+        return
+    o_end = o_start + o_length
+    simple = _update_shape(d, o_start, o_end, expanded) if op == _UPDATE else 0
+    key, key_end = _key_at(d, op, o_start, o_end, end)
+    if simple < 0 or key < 0:
+        return
+    stamps = _stamps_at(d, key_end, end)
+    if stamps < 0:
+        return
+    row[_R_OK] = key_end - key == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
+    row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
+    row[_R_O_START], row[_R_O_END] = o_start, o_end
+    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
+    row[_R_LAID], row[_R_KEY_END] = 1, key_end
+
+
+@numba.njit(cache=CACHE)
+def _op_at(d: _Bytes, start: int, length: int) -> int:
+    """Where the op element starts: after a retryable write's lsid and txnNumber, which lead
+    (OplogEntryBase's order), if the entry has them."""
+    p = start + 4
+    if not has(d, p, _P_LSID):
+        return p
+    lsid = i32(d, start + 10)
+    if lsid < 5 or lsid > length - 40:
+        return -1
+    p = start + 10 + lsid
+    if not has(d, p, _P_TXN_NUMBER):
+        return -1
+    return p + _TXN_NUMBER_BYTES + 8
+
+
+@numba.njit(cache=CACHE)
+def _head_of(d: _Bytes, p: int, end: int) -> tuple[int, int]:
+    """(the op: _INSERT, _DELETE or _UPDATE, where the ui element ends, o's header following it)
+    of the entry whose op element is at `p`; (-1, 0) for any other op or shape."""
+    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
+        return -1, 0
+    code = u8(d, p + _OP_CODE_AT)
+    op = (
+        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
+    )  # i, d, u
+    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
+        return -1, 0
+    ns = i32(d, p + _HEAD_BYTES)
+    if ns < 2 or ns > end - p:
+        return -1, 0
+    ui = p + _HEAD_BYTES + 4 + ns
+    head_end = ui + _UI_ELEMENT_BYTES
+    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
+        return -1, 0
+    return op, head_end
+
+
+@numba.njit(cache=CACHE)
+def _update_shape(d: _Bytes, o_start: int, o_end: int, expanded: bool) -> int:
+    """An update's o, which must be {$v: 2, diff} with the diff ending where o does: 1 for the
+    usual diff, `{u: {...}}` alone (a $set of existing top-level fields), whose `u` document,
+    ending where the diff does, is the event's updatedFields as it is; 0 for another diff; -1
+    for another o."""
+    diff = o_start + _DIFF_AT
+    diff_length = i32(d, diff)
+    if (
+        diff_length < 5
+        or diff_length > o_end - diff - 1
+        or not has(d, o_start + 4, _P_V2_DIFF)
+        or diff + diff_length + 1 != o_end
+        or u8(d, o_end - 1) != 0
+    ):
+        return -1
+    if expanded or not has(d, diff + 4, _P_U):
+        return 0
+    u_length = i32(d, o_start + _U_AT)
+    return int(
+        5 <= u_length <= diff_length - 8
+        and o_start + _U_AT + u_length == o_end - 2
+        and u8(d, o_end - 3) == 0
+    )
+
+
+@numba.njit(cache=CACHE)
+def _key_at(d: _Bytes, op: int, o_start: int, o_end: int, end: int) -> tuple[int, int]:
+    """Where the documentKey starts and ends: an insert's and an update's o2 (an insert's o is
+    its document), a delete's o; (-1, -1) if it is not there or not a document.
+
+    The block takes `{_id: ObjectId}` keys alone (_R_OK). Other keys (string, UUID, compound
+    `_id`s, shard keys beside `_id`) are spliced one by one from this layout: a block's sort
+    keys are rows of one width, and the merge stacks the rows of every shard's blocks into one
+    array, so a key of another width would need a key column with offsets (or padding that
+    fields() and bisect_keys strip) through EventBlock and the merge."""
+    if op == _DELETE:
+        return (o_start, o_end) if u8(d, o_end - 1) == 0 else (-1, -1)
+    key = o_end + _O2_BYTES
+    if not has(d, o_end, _P_O2):
+        return -1, -1
+    key_length = i32(d, key)
+    if key_length < 5 or key_length > end - key or u8(d, key + key_length - 1) != 0:
+        return -1, -1
+    return key, key + key_length
+
+
+@numba.njit(cache=CACHE)
+def _stamps_at(d: _Bytes, stamps: int, end: int) -> int:
+    """Where ts, t, v and wall start, after a stmtId if there is one; -1 unless they are there
+    and prevOpTime, if there is one, fills the rest of the entry exactly."""
+    if has(d, stamps, _P_STMT_ID):
+        stamps += _STMT_ID_BYTES + 4
+    if not (
+        has(d, stamps + _TS_OFFSET, _P_TS)
+        and has(d, stamps + _T_OFFSET, _P_T)
+        and has(d, stamps + _V_OFFSET, _P_V)
+        and has(d, stamps + _WALL_OFFSET, _P_WALL)
+    ):
+        return -1
+    after = stamps + _STAMP_BYTES
+    if after == end:
+        return stamps
+    prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
+    if (
+        not has(d, after, _P_PREV_OP_TIME)
+        or prev_length < 5
+        or after + _PREV_OP_TIME_BYTES + prev_length != end
+    ):
+        return -1
+    return stamps
+
+
+@numba.njit(cache=CACHE)
+def _layouts(
+    d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
+) -> tuple[_Ints, _Ints, _Ints]:
+    """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
+    -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
+    same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
+    words: the UUID's) in an open-addressed table, then compared in full."""
+    n = len(starts)
+    rows = np.zeros((n, _ROW_WIDTH), np.int64)
+    which = np.full(n, -1, np.int64)
+    firsts = np.empty(n, np.int64)
+    kinds = 0
+    slots = 1
+    while slots < 2 * n:
+        slots *= 2
+    table = np.full(slots, -1, np.int64)  # a kind's index, or -1
+    mask = np.uint64(slots - 1)
+    for i in range(U(n)):
+        row = rows[i]
+        _layout(d, starts[i], lengths[i], expanded, row)
+        if not row[_R_OK]:
+            continue
+        p, stop = row[_R_P], row[_R_HEAD_END]
+        fingerprint = (
+            (np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15))
+            ^ u64(d, p + _HEAD_BYTES + 4)
+            ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
+            ^ u64(d, stop - 8)
+        )
+        slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
+        while True:
+            kind = table[slot]
+            if kind < 0:
+                table[slot] = kinds
+                firsts[U(kinds)] = i
+                which[i] = kinds
+                kinds += 1
+                break
+            q = rows[U(firsts[U(kind)]), _R_P]
+            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(
+                d, p, d[U(q) : U(q + stop - p)]
+            ):
+                which[i] = kind
+                break
+            slot = (slot + np.uint64(1)) & mask
+    return rows, which, firsts[:kinds]

@@ -1,0 +1,350 @@
+"""Byte-level BSON helpers: a document's elements and values as offsets, arrays and reply
+cursors spliced from encoded documents, without decoding them.
+
+Why: the proxy's hot paths (oplog entries to events, replies to consumers) move documents it
+never needs to look inside; reading their elements by offset and joining their bytes avoids
+inflating each one into Python objects and encoding it again.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
+from typing import Any
+
+import bson
+from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
+
+from mongoformats.codecs import RAW
+from mongoformats.wire import ArrayRun, DeferredPiece, joined
+
+__all__ = [
+    "SplicedDocument",
+    "array_items",
+    "array_of",
+    "byte_slices",
+    "cursor_batch",
+    "cursor_document",
+    "cursor_span",
+    "document_of",
+    "document_parts",
+    "elements",
+    "leading_id",
+    "splice_at_end",
+    "splice_before_ns",
+    "timestamp_of",
+]
+
+_I32 = struct.Struct("<i")
+_TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
+
+# Sizes of fixed-width BSON values by type byte.
+_FIXED = {
+    0x01: 8,
+    0x07: 12,
+    0x08: 1,
+    0x09: 8,
+    0x0A: 0,
+    0x10: 4,
+    0x11: 8,
+    0x12: 8,
+    0x13: 16,
+    0x06: 0,
+    0x7F: 0,
+    0xFF: 0,
+}
+
+
+def _value_end(buf: bytes | bytearray, t: int, p: int) -> int:
+    n = _FIXED.get(t)
+    if n is not None:
+        return p + n
+    if t in (0x03, 0x04):  # document, array: int32 total length
+        return p + _I32.unpack_from(buf, p)[0]
+    if t in (0x02, 0x0D, 0x0E):  # string, JS code, symbol: int32 length + bytes
+        return p + 4 + _I32.unpack_from(buf, p)[0]
+    if t == 0x05:  # binary: int32 length + subtype + bytes
+        return p + 5 + _I32.unpack_from(buf, p)[0]
+    if t == 0x0F:  # code with scope: int32 total length
+        return p + _I32.unpack_from(buf, p)[0]
+    if t == 0x0B:  # regex: two cstrings
+        return buf.index(0, buf.index(0, p) + 1) + 1
+    if t == 0x0C:  # DBPointer: string + ObjectId
+        return p + 4 + _I32.unpack_from(buf, p)[0] + 12
+    raise ValueError(f"unknown BSON type 0x{t:02x}")
+
+
+def leading_id(doc: bytes) -> tuple[int, bytes] | None:
+    """(BSON type, value bytes) of `doc`'s `_id` when it is the first element (drivers put it
+    there), else None."""
+    if len(doc) < 10 or doc[5:9] != b"_id\x00":
+        return None
+    t = doc[4]
+    return t, doc[9 : _value_end(doc, t, 9)]
+
+
+def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, int, int]]:
+    """The elements of the BSON document at `start`: name -> (type, value start, value end)
+    (names as bytes, in a bytearray too: a reply received into its own buffer)."""
+    unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
+    names = byte_slices(buf)
+    end = start + unpack(buf, start)[0] - 1
+    p = start + 4
+    out: dict[bytes, tuple[int, int, int]] = {}
+    while p < end:
+        t = buf[p]
+        q = index(0, p + 1)
+        v = q + 1
+        # The common types inline: this loop runs for every element of every oplog entry.
+        if t == 3 or t == 4:
+            e = v + unpack(buf, v)[0]
+        elif t == 2:
+            e = v + 4 + unpack(buf, v)[0]
+        else:
+            n = fixed.get(t)
+            e = v + n if n is not None else _value_end(buf, t, v)
+        out[names[p + 1 : q]] = (t, v, e)
+        p = e
+    return out
+
+
+def array_items(buf: bytes, start: int = 0) -> list[bytes]:
+    """The values of the BSON array (or document) of documents at `start`, as byte slices."""
+    unpack, index = _I32.unpack_from, buf.index
+    end = start + unpack(buf, start)[0] - 1
+    p = start + 4
+    out = []
+    while p < end:
+        if buf[p] != 3:
+            raise ValueError(f"array element of BSON type 0x{buf[p]:02x}, not a document")
+        v = index(0, p + 1) + 1
+        p = v + unpack(buf, v)[0]
+        out.append(buf[v:p])
+    return out
+
+
+@functools.lru_cache(maxsize=17)
+def _index_keys(size_class: int) -> tuple[bytes, ...]:
+    """The element headers (type 0x03, then the index as a C string) of an array's first
+    2**size_class documents; memoized: every getMore reply would otherwise format one per event."""
+    return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
+
+
+def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
+    """A BSON array of the given encoded documents as (its size, the pieces after its length).
+
+    Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
+    bytes object costs an allocation of that size, and such fresh memory faults in page by page.
+    """
+    if any(isinstance(item, ArrayRun) for item in items):
+        return _array_parts_with_blocks(items)
+    n = len(items)
+    size_class = n.bit_length()
+    if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
+        keys: Sequence[bytes] = _index_keys(size_class)[:n]
+    else:
+        keys = [b"\x03%d\x00" % i for i in range(n)]
+    size = 5 + sum(map(len, keys)) + sum(map(len, items))
+    return size, chain(chain.from_iterable(zip(keys, items, strict=True)), (b"\x00",))
+
+
+def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
+    """`_array_parts` of documents some of which come as runs (wire.ArrayRun, the engine's event
+    blocks): a run's elements are keyed and written as the reply is sent (ArrayRun.array_body)."""
+    parts: list[Any] = []
+    index, size = 0, 5
+    for item in items:
+        body: bytes | DeferredPiece
+        if isinstance(item, ArrayRun):
+            body = item.array_body(index)
+            index += len(item)
+        else:
+            body = b"\x03%d\x00%s" % (index, item)
+            index += 1
+        parts.append(body)
+        size += len(body)
+    parts.append(b"\x00")
+    return size, parts
+
+
+def array_of(items: list[bytes]) -> bytes:
+    """A BSON array of the given encoded documents (the inverse of array_items)."""
+    size, parts = _array_parts(items)
+    return joined(chain((_I32.pack(size),), parts))
+
+
+class SplicedDocument(Mapping[str, Any]):
+    """A BSON document held as the pieces it was spliced from, joined only if its bytes are
+    asked for.
+
+    Why: a reply's cursor may hold megabytes of events (a shard's oplog batch, a consumer that
+    fell behind). Joined here and then again into the wire message, each event would be copied
+    twice into fresh reply-sized memory, which faults in page by page. `document_parts` embeds
+    the pieces as they are, so the message is the one join.
+    Elsewhere it reads like a RawBSONDocument: `raw`, a read-only mapping, and bson.encode takes
+    it by its type marker.
+    """
+
+    _type_marker = 101  # what bson.encode looks for to embed a document's `raw` bytes as they are
+    __slots__ = ("parts", "size", "_raw", "_document")
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts  # the first piece is the int32 length of the whole
+        self.size = _I32.unpack(parts[0])[0]
+        self._raw: bytes | None = None
+        self._document: RawBSONDocument | None = None
+
+    @property
+    def raw(self) -> bytes:
+        if self._raw is None:
+            self._raw = joined(self.parts)
+        return self._raw
+
+    def _inflated(self) -> RawBSONDocument:
+        if self._document is None:
+            self._document = RawBSONDocument(self.raw, RAW)
+        return self._document
+
+    def __getitem__(self, key: str) -> Any:
+        return self._inflated()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._inflated())
+
+    def __len__(self) -> int:
+        return len(self._inflated())
+
+
+def cursor_document(
+    cursor_id: int, ns: str, batch_field: str, items: list[Any], extra: dict[str, Any] | None = None
+) -> SplicedDocument:
+    """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
+    spliced from the documents' own bytes: no per-document object is built or re-encoded, and
+    nothing is joined until the reply is (see SplicedDocument)."""
+    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
+    tail = bson.encode(extra or {})[4:-1]
+    name = b"\x04" + batch_field.encode() + b"\x00"
+    array_size, array_parts = _array_parts(items)
+    size = 4 + len(head) + len(name) + array_size + len(tail) + 1
+    return SplicedDocument(
+        [_I32.pack(size), head, name, _I32.pack(array_size), *array_parts, tail, b"\x00"]
+    )
+
+
+def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
+    """`doc` as BSON, in pieces to join once (with the wire header, by `encode_op_msg`): the
+    embedded raw documents (a reply's cursor, megabytes of events) are not copied into an
+    encoder's growing buffer, which reallocates and faults in a reply-sized block each time,
+    and a SplicedDocument's pieces go in as they are."""
+    parts: list[bytes | memoryview] = [b""]
+    size = 4 + 1  # the length and the terminator
+    plain: dict[str, Any] = {}
+
+    def flush() -> None:
+        nonlocal size
+        if plain:
+            encoded = bson.encode(plain)[4:-1]
+            parts.append(encoded)
+            size += len(encoded)
+            plain.clear()
+
+    for key, value in doc.items():
+        if isinstance(value, (RawBSONDocument, SplicedDocument)):
+            flush()
+            name = b"\x03" + key.encode() + b"\x00"
+            if isinstance(value, SplicedDocument):
+                parts.append(name)
+                parts += value.parts
+                size += len(name) + value.size
+            else:
+                parts += (name, value.raw)
+                size += len(name) + len(value.raw)
+        else:
+            plain[key] = value
+    flush()
+    parts.append(b"\x00")
+    parts[0] = _I32.pack(size)
+    return parts
+
+
+def splice_before_ns(event: bytes, name: str, document: bytes | None) -> bytes:
+    """`event` (BSON) with a `name` element (`document`'s BSON, or null) spliced in just before
+    `ns`: where the server puts fullDocument (a slot the transform reserves). Fields
+    ahead of `_id` (a transaction's lsid/txnNumber) stay where they are."""
+    _, ns_value, _ = elements(event)[b"ns"]
+    at = ns_value - len(b"\x03ns\x00")
+    key = name.encode()
+    element = (
+        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    )
+    return document_of(event[4:at] + element + event[at:-1])
+
+
+def splice_at_end(event: bytes, name: str, document: bytes | None) -> bytes:
+    """`event` (BSON) with a `name` element (`document`'s BSON, or null) appended after its last
+    field: where the server puts fullDocumentBeforeChange. DocumentSourceChangeStreamAddPreImage
+    sets that field, which the event does not have, and a pipeline Document appends a field it
+    does not find (document.h, DocumentStorage::getField; audit D11)."""
+    key = name.encode()
+    element = (
+        b"\x03" + key + b"\x00" + document if document is not None else b"\x0a" + key + b"\x00"
+    )
+    return document_of(event[4:-1] + element)
+
+
+def cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
+    """(cursor id, documents of firstBatch/nextBatch) of a find/getMore reply, without decoding
+    them."""
+    cursor_id, start, _ = cursor_span(reply)
+    return cursor_id, array_items(reply, start)
+
+
+def byte_slices(buf: bytes | bytearray) -> Any:
+    """What slices `buf` to bytes objects: `buf` itself if it is bytes (no cost on the usual
+    path), else a view of it whose slices are copied into bytes once (a bytearray's own slices
+    are bytearrays, unhashable and not bytes to `type(x) is bytes` checks): a reply received
+    into its own buffer (UpstreamConnection) hands out entries and names as bytes."""
+    return buf if type(buf) is bytes else _BytesOf(memoryview(buf))
+
+
+class _BytesOf:
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def __getitem__(self, cut: slice) -> bytes:
+        return bytes(self.view[cut])
+
+
+def cursor_span(reply: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
+    """(cursor id, where its firstBatch/nextBatch array starts and ends) of the find/getMore reply
+    at `at` in `reply`."""
+    _, c0, _ = elements(reply, at)[b"cursor"]
+    cursor = elements(reply, c0)
+    _, i0, i1 = cursor[b"id"]
+    _, start, end = cursor.get(b"nextBatch") or cursor[b"firstBatch"]
+    return int.from_bytes(reply[i0:i1], "little", signed=True), start, end
+
+
+def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
+    _, v, _ = elements(doc)[name]
+    inc, secs = _TS.unpack_from(doc, v)
+    return Timestamp(secs, inc)
+
+
+def _cstring_element(t: int, name: bytes, value: bytes) -> bytes:
+    return bytes((t,)) + name + b"\x00" + value
+
+
+def _string(value: bytes) -> bytes:
+    return _I32.pack(len(value) + 1) + value + b"\x00"
+
+
+def document_of(body: bytes) -> bytes:
+    """A BSON document of the elements `body` (its length, then the elements, then the end byte).
+    Joined, not added: `body` is copied once, which counts for large events' fragments."""
+    return b"".join((_I32.pack(len(body) + 5), body, b"\x00"))
