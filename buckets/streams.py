@@ -200,7 +200,9 @@ class StreamSet:
         if stream is not None:
             # Before anything of hers is touched (a reopen kills her cursors).
             self.check_owner(name, user)
-            stream = self._unless_rebucketed(stream, n, cmd.get("bucketBy"))
+            if self._rebucketed(stream, n, cmd.get("bucketBy")):
+                # An attach with only another bucketBy reopens it with the same count.
+                n, stream = n or stream.options.n_buckets, None
         if stream is not None:
             return stream, False
         if n is None:
@@ -218,16 +220,13 @@ class StreamSet:
             del self.creating[name]
             done.set()
 
-    def _unless_rebucketed(
-        self, stream: ParallelStream, n: int | None, by: str | None
-    ) -> ParallelStream | None:
-        """`stream`, or None once it is closed to be reopened with another nBuckets or bucketBy."""
+    def _rebucketed(self, stream: ParallelStream, n: int | None, by: str | None) -> bool:
+        """Whether `stream` was closed to be reopened with another nBuckets or bucketBy."""
         options = stream.options
         if (n is None or n == options.n_buckets) and (by is None or by == options.bucket_by):
-            return stream
-        n = n or options.n_buckets  # an attach with only another bucketBy keeps the count
-        self._close_to_rebucket(stream, n, by or options.bucket_by)
-        return None
+            return False
+        self._close_to_rebucket(stream, n or options.n_buckets, by or options.bucket_by)
+        return True
 
     def _close_to_rebucket(self, stream: ParallelStream, n: int, by: str) -> None:
         """Close `stream` so that its name can be opened again with `n` buckets dealt `by`.
