@@ -124,7 +124,7 @@ class Bucket:
         self.changed.set()
         self.changed = trio.Event()
 
-    # -- positions -----------------------------------------------------------------------------------
+    # -- positions --------------------------------------------------------------------------------
 
     def _segment_at(self, position: int) -> int:
         """The index of the segment holding the event at absolute `position` (base <= it < end)."""
@@ -168,11 +168,12 @@ class Bucket:
             return self.base
         return self.starts[s - 1] + self.segments[s - 1].bisect_right(key)
 
-    # -- retention -------------------------------------------------------------------------------------
+    # -- retention --------------------------------------------------------------------------------
 
     def _drop_delivered(self, need: int, *, hard: bool = False) -> None:
-        """Free retained events that every live cursor (or, with none, the last to leave) has passed,
-        oldest first (`hard`: also those only acked, the cache of re-attaches, see `_safe`).
+        """Free retained events that every live cursor (or, with none, the last to leave) has
+        passed, oldest first (`hard`: also those only acked, the cache of re-attaches, see
+        `_safe`).
 
         Frees down to 7/8 of the budget in one step, so the segment list shift is paid once per
         eighth of the budget rather than once per event (which made a full bucket quadratic).
@@ -224,7 +225,8 @@ class Bucket:
                 self.segments[i] = segment.own()
 
     def _forget(self, position: int, nbytes: int) -> None:
-        """Drop the retained events before absolute `position`, which hold `nbytes` of the budget."""
+        """Drop the retained events before absolute `position`, which hold `nbytes` of the
+        budget."""
         self.floor = self.key_at(position - 1)
         if position >= self._end:
             self.segments, self.starts, self.firsts = [], [], []
@@ -259,7 +261,7 @@ class Bucket:
             self.error = error
             self.notify()
 
-    # -- taking events ----------------------------------------------------------------------------------
+    # -- taking events ----------------------------------------------------------------------------
 
     def _append(self, run: EventRun) -> None:
         n = len(run)

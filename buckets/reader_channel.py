@@ -110,8 +110,8 @@ class MessageStream:
         return None if body is None else decode_message(fmt, body)
 
     async def _exactly(self, n: int) -> memoryview | None:
-        # Unzeroed memory: zeroing first was a pass over every batch's bytes that the receive then
-        # overwrites (6% of the proxy's main process).
+        # Unzeroed memory: zeroing it first would be a pass over every batch's bytes that the
+        # receive then overwrites.
         view, got = memoryview(unfilled_bytearray(n)), 0
         while got < n:
             k = await self.stream.socket.recv_into(view[got:], n - got)
