@@ -45,11 +45,11 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/native_stream.py:NativeStream.__init__",
     "simcluster/native_stream.py:NativeStream.fetch",
     "simcluster/native_stream.py:parse_change_stream",
-    "simcluster/node.py:ShardNode.cmd_coll_mod",
-    "simcluster/node.py:ShardNode.cmd_create_indexes",
-    "simcluster/node.py:ShardNode.cmd_find_and_modify",
-    "simcluster/node.py:ShardNode.select",
-    "simcluster/node.py:ShardNode.update_docs",
+    "simcluster/member_ddl.py:DDLCommands.cmd_coll_mod",
+    "simcluster/member_ddl.py:DDLCommands.cmd_create_indexes",
+    "simcluster/member_writes.py:WriteCommands.cmd_find_and_modify",
+    "simcluster/member_core.py:MemberCore.select",
+    "simcluster/member_writes.py:WriteCommands.update_docs",
     "simcluster/query.py:pinned_ids",
     "simcluster/reference_events.py:ReferenceTransformer._ddl",
     "simcluster/reference_events.py:ReferenceTransformer._write",
@@ -75,7 +75,6 @@ LONG_MODULES: set[str] = {
     "mongoformats/oplog_splice.py",
     "simcluster/mongos.py",
     "simcluster/native_stream.py",
-    "simcluster/node.py",
     "simcluster/server.py",
     "simcluster/updates.py",
     "wireproxy/upstream.py",
@@ -84,7 +83,6 @@ LONG_MODULES: set[str] = {
 # Paths of modules below maintainability B.
 HARD_MODULES: set[str] = {
     "simcluster/mongos.py",
-    "simcluster/node.py",
     "simcluster/updates.py",
 }
 
