@@ -12,6 +12,7 @@ from bson import Binary, Int64, Timestamp
 
 from mongoformats.errors import MongoError
 from simcluster import query as q
+from simcluster.aggregate import run_pipeline
 from simcluster.cursors import Cursor, RawBatch
 from simcluster.member_core import MemberCore
 from simcluster.oplog import ts_key
@@ -188,8 +189,6 @@ class ReadCommands(MemberCore):
         }
 
     async def cmd_aggregate(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
-        from simcluster.aggregate import run_pipeline
-
         coll = cmd["aggregate"]
         ns = f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd.aggregate"
         pipeline = cmd.get("pipeline", [])

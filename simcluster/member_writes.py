@@ -17,6 +17,7 @@ from mongoformats.codecs import RAW
 from mongoformats.errors import MongoError
 from mongoformats.oplog_splice import leading_id
 from simcluster import query as q
+from simcluster.aggregate import run_pipeline
 from simcluster.member_core import MemberCore, _logged_lsid
 from simcluster.server import Request
 from simcluster.storage import Collection, id_key
@@ -127,6 +128,10 @@ _UPDATE_PIPELINE_STAGES = frozenset(
 class WriteCommands(MemberCore):
     """The write commands of a member."""
 
+    def sent_inserts(self, ns: str, cmd: Any) -> SentInserts:
+        """The logger of one insert command's documents from their sent bytes (query.run_inserts)."""
+        return SentInserts(self, ns, cmd)
+
     def insert_one(
         self,
         ns: str,
@@ -210,8 +215,6 @@ class WriteCommands(MemberCore):
     ) -> dict[str, Any]:
         """An update given as an aggregation pipeline; logged as the server logs it: the $v:2 diff of
         old -> new, or the whole new document when that diff is not smaller (updates.pipeline_entry)."""
-        from simcluster.aggregate import run_pipeline
-
         for stage in pipeline:
             name = next(iter(stage), "")
             if name not in _UPDATE_PIPELINE_STAGES:

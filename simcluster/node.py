@@ -17,11 +17,11 @@ from simcluster.member_core import _wall
 from simcluster.member_ddl import DDLCommands
 from simcluster.member_reads import ReadCommands
 from simcluster.member_replication import Replication
-from simcluster.member_writes import SentInserts, WriteCommands
+from simcluster.member_writes import WriteCommands
 from simcluster.oplog import ClusterClock
 from simcluster.server import CommandServer, Request
 
-__all__ = ["READ_COMMANDS", "WRITE_COMMANDS", "SentInserts", "ShardNode"]
+__all__ = ["READ_COMMANDS", "WRITE_COMMANDS", "ShardNode"]
 
 
 # Commands a secondary refuses with NotWritablePrimary, and reads it serves only with secondaryOk

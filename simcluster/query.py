@@ -79,16 +79,14 @@ def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any
     sent = raws is not None and cmd.get("autocommit") is not False
     errors = []
     n = 0
-    batches: dict[Any, Any] = {}  # node -> SentInserts
+    batches: dict[Any, Any] = {}  # node -> its SentInserts
     for i, doc in enumerate(cmd.get("documents", [])):
         node = node_for(doc)
         if sent:
             assert raws is not None
             batch = batches.get(node)
             if batch is None:
-                from simcluster.node import SentInserts
-
-                batch = batches[node] = SentInserts(node, ns, cmd)
+                batch = batches[node] = node.sent_inserts(ns, cmd)
             try:
                 done = batch.insert(doc, raws[i], i)
             except MongoError as exc:

@@ -351,3 +351,60 @@ def test_buckets_modules_import_each_other_without_cycles():
         if module != "buckets"
     }
     _assert_acyclic(graph)
+
+
+# The shard-member side of the simulator: the modules of a mongod (ShardNode and its command
+# families) and what they build on. The router's side (mongos, balancer, config server, replica
+# set, server) has its own rule.
+SIMCLUSTER_MEMBER_MODULES = {
+    f"simcluster.{name}"
+    for name in (
+        "node",
+        "member_core",
+        "member_writes",
+        "member_reads",
+        "member_ddl",
+        "member_replication",
+        "query",
+        "storage",
+        "updates",
+        "transactions",
+        "oplog",
+        "apply",
+        "aggregate",
+        "catalog",
+        "cursors",
+        "authz",
+        "cluster_time",
+        "reference_events",
+        "reference_diff",
+    )
+}
+
+
+def _simcluster_graph() -> dict[str, set[str]]:
+    """Which simcluster modules each one imports, anywhere in it (functions, TYPE_CHECKING);
+    `from simcluster import query` counts as an import of simcluster.query."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "simcluster").glob("*.py"):
+        name = f"simcluster.{path.stem}"
+        imported = set()
+        for module, what in _imports(path):
+            if module == "simcluster" and what is not None:
+                imported.add(f"simcluster.{what}")
+            elif module.startswith("simcluster."):
+                imported.add(module)
+        graph[name] = imported - {name}
+    return graph
+
+
+def test_simcluster_member_modules_are_acyclic():
+    graph = _simcluster_graph()
+    assert SIMCLUSTER_MEMBER_MODULES <= set(graph), SIMCLUSTER_MEMBER_MODULES - set(graph)
+    _assert_acyclic(
+        {
+            module: imported & SIMCLUSTER_MEMBER_MODULES
+            for module, imported in graph.items()
+            if module in SIMCLUSTER_MEMBER_MODULES
+        }
+    )
