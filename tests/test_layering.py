@@ -368,6 +368,7 @@ SIMCLUSTER_MEMBER_MODULES = {
         "query",
         "storage",
         "updates",
+        "modifiers",
         "transactions",
         "oplog",
         "apply",
