@@ -29,7 +29,7 @@ import bson
 from mongoformats.bson_order import MISSING
 from mongoformats.errors import MongoError
 from mongoformats.mql import matches
-from simcluster.modifiers import _MODIFIERS, _modify, _same, _unknown_modifier
+from simcluster.modifiers import MODIFIERS, modify, same, unknown_modifier
 
 __all__ = [
     "apply_update",
@@ -256,38 +256,84 @@ def update_with_entry(
 ) -> tuple[dict[str, Any], Any]:
     """(the updated copy of `doc`, the `o` of the oplog entry the server writes for it, or None when
     nothing changed): a `$v: 2` diff for update operators, the new document for a replacement."""
-    new = copy.deepcopy(doc) if doc is not None else {}
     if not update or not all(k.startswith("$") for k in update):
-        if not is_insert:
-            _check_top_level_names(update)
-        new = _replace(doc, update)
-        replacement = not any(k.startswith("$") for k in update)
-        changed = doc is None or bson.encode(new) != bson.encode(doc)
-        return new, new if replacement and changed else None
+        return _replacement_with_entry(doc, update, is_insert)
+    new = copy.deepcopy(doc) if doc is not None else {}
+    steps = _steps(new, update, _filters_by_identifier(array_filters), query or {})
+    if not is_insert:
+        _check_top_level_names(_stored_top_level(steps, new))
+    _check_conflicts(steps)
+    log = _Log()
+    for target, op, parts, value in steps:
+        _STEPS.get(op, _modify_step)(new, target, op, parts, value, is_insert, log)
+    _check_id_kept(doc, new)
+    return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+
+
+def _replacement_with_entry(
+    doc: dict[str, Any] | None, update: Mapping[str, Any], is_insert: bool
+) -> tuple[dict[str, Any], Any]:
+    """A replacement logs the new document, unless it changed nothing."""
+    if not is_insert:
+        _check_top_level_names(update)
+    new = _replace(doc, update)
+    replacement = not any(k.startswith("$") for k in update)
+    changed = doc is None or bson.encode(new) != bson.encode(doc)
+    return new, new if replacement and changed else None
+
+
+def _filters_by_identifier(array_filters: list[Any] | None) -> dict[str, Any]:
+    """arrayFilters by the identifier each names (`{"x.a": ..}` belongs to `$[x]`)."""
     filters: dict[str, Any] = {}
     for spec in array_filters or ():
         for key in spec:
             filters.setdefault(key.split(".")[0], {})[key] = spec[key]
-    # Every (operator, concrete path, argument), then applied in path order (renames at their target).
-    steps: list[tuple[list[str], str, list[str], Any]] = []
+    return filters
+
+
+# (the path applied to, operator, concrete path, argument)
+_Step = tuple[list[str], str, list[str], Any]
+
+
+def _steps(
+    new: dict[str, Any],
+    update: Mapping[str, Any],
+    filters: Mapping[str, Any],
+    query: Mapping[str, Any],
+) -> list[_Step]:
+    """Every (operator, concrete path, argument), in the path order they apply in (renames at
+    their target)."""
+    steps: list[_Step] = []
     for op, fields in update.items():
-        if op not in _MODIFIERS:
-            raise _unknown_modifier(op)
+        if op not in MODIFIERS:
+            raise unknown_modifier(op)
         for path, value in fields.items():
             if op == "$rename":
                 steps.append((value.split("."), op, path.split("."), value))
                 continue
-            for parts in _expand(new, path.split("."), filters, query or {}, path):
+            for parts in _expand(new, path.split("."), filters, query, path):
                 steps.append((parts, op, parts, value))
     steps.sort(key=lambda s: _path_order(s[0]))
-    if not is_insert:  # a top-level field the update stores: set whole, or created
-        _check_top_level_names(
-            {
-                t[0]: None
-                for t, op, _, _ in steps
-                if op != "$unset" and (len(t) == 1 or t[0] not in new)
-            }
+    return steps
+
+
+def _stored_top_level(steps: list[_Step], new: dict[str, Any]) -> dict[str, None]:
+    """The top-level fields the update stores: set whole, or created."""
+    return {
+        t[0]: None for t, op, _, _ in steps if op != "$unset" and (len(t) == 1 or t[0] not in new)
+    }
+
+
+def _check_id_kept(doc: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    if doc is not None and "_id" in doc and not same(new.get("_id"), doc["_id"]):
+        raise MongoError(
+            "ImmutableField",
+            "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
+
+
+def _check_conflicts(steps: list[_Step]) -> None:
+    """Two operators may not update the same path, or a path and a part of it."""
     for a, b in zip(steps, steps[1:], strict=False):
         if b[0][: len(a[0])] == a[0]:
             raise MongoError(
@@ -295,40 +341,67 @@ def update_with_entry(
                 f"Updating the path '{'.'.join(b[0])}' would create a "
                 f"conflict at '{'.'.join(a[0])}'",
             )
-    log = _Log()
-    for target, op, parts, value in steps:
-        if op == "$unset":
-            found, flags, _ = _lookup(new, parts)
-            if found == len(parts):
-                _unset(new, parts, flags, log)
-        elif op == "$rename":
-            found, flags, old = _lookup(new, parts)
-            if found == len(parts):  # as RenameNode: the target is set, then the source removed
-                if flags[-1]:
-                    raise MongoError(
-                        "BadValue",
-                        f"The source field cannot be an array element, '{'.'.join(parts)}'",
-                    )
-                _put(new, target, old, log)
-                _unset(new, parts, flags, log)
-        else:
-            found, flags, old = _lookup(new, parts)
-            modified = _modify(op, old if found == len(parts) else MISSING, value, is_insert)
-            if modified is None:
-                continue
-            result, appended = modified
-            if appended:  # $push that only appended: each new element, not the array
-                for idx in range(len(result) - appended, len(result)):
-                    log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
-                _create(new, parts, result)
-            else:
-                _put(new, parts, result, log)
-    if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
+
+
+def _unset_step(
+    new: dict[str, Any],
+    target: list[str],
+    op: str,
+    parts: list[str],
+    value: Any,
+    is_insert: bool,
+    log: _Log,
+) -> None:
+    found, flags, _ = _lookup(new, parts)
+    if found == len(parts):
+        _unset(new, parts, flags, log)
+
+
+def _rename_step(
+    new: dict[str, Any],
+    target: list[str],
+    op: str,
+    parts: list[str],
+    value: Any,
+    is_insert: bool,
+    log: _Log,
+) -> None:
+    found, flags, old = _lookup(new, parts)
+    if found < len(parts):
+        return
+    # As RenameNode: the target is set, then the source removed.
+    if flags[-1]:
         raise MongoError(
-            "ImmutableField",
-            "Performing an update on the path '_id' would modify the immutable field '_id'",
+            "BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'"
         )
-    return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+    _put(new, target, old, log)
+    _unset(new, parts, flags, log)
+
+
+def _modify_step(
+    new: dict[str, Any],
+    target: list[str],
+    op: str,
+    parts: list[str],
+    value: Any,
+    is_insert: bool,
+    log: _Log,
+) -> None:
+    found, flags, old = _lookup(new, parts)
+    modified = modify(op, old if found == len(parts) else MISSING, value, is_insert)
+    if modified is None:
+        return
+    result, appended = modified
+    if not appended:
+        _put(new, parts, result, log)
+        return
+    # A $push that only appended logs each new element, not the array.
+    for idx in range(len(result) - appended, len(result)):
+        log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
+    _create(new, parts, result)
+
+
+_STEPS = {"$unset": _unset_step, "$rename": _rename_step}
 
 
 _DBREF_FIELDS = frozenset({"$ref", "$id", "$db"})
@@ -377,7 +450,7 @@ def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> d
     if doc is not None and "_id" in doc:
         out["_id"] = doc["_id"]
     for k, v in replacement.items():
-        if k == "_id" and doc is not None and "_id" in doc and not _same(v, doc["_id"]):
+        if k == "_id" and doc is not None and "_id" in doc and not same(v, doc["_id"]):
             raise MongoError(
                 "ImmutableField",
                 "After applying the update, the (immutable) field '_id' was found "
@@ -454,7 +527,7 @@ def _doc_diff(
             gone.add(name)
             i += 1
             continue
-        if not _same(before, after):
+        if not same(before, after):
             sub = _sub_diff(before, after)
             if sub is None:
                 node.updates[name] = after
@@ -477,7 +550,7 @@ def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
     if len(old) > len(new):
         out["l"] = len(new)
     for idx, after in enumerate(new):
-        if idx < len(old) and _same(old[idx], after):
+        if idx < len(old) and same(old[idx], after):
             continue
         sub = _sub_diff(old[idx], after) if idx < len(old) else None
         if sub is None:

@@ -57,8 +57,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/server.py:CommandServer._dispatch",
     "simcluster/server.py:CommandServer._run",
     "simcluster/server.py:CommandServer.cmd_hello",
-    "simcluster/updates.py:_modify",
-    "simcluster/updates.py:update_with_entry",
     "wireproxy/session.py:ClientSession.hello",
 }
 
@@ -76,14 +74,12 @@ LONG_MODULES: set[str] = {
     "simcluster/mongos.py",
     "simcluster/native_stream.py",
     "simcluster/server.py",
-    "simcluster/updates.py",
     "wireproxy/upstream.py",
 }
 
 # Paths of modules below maintainability B.
 HARD_MODULES: set[str] = {
     "simcluster/mongos.py",
-    "simcluster/updates.py",
 }
 
 
