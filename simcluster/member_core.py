@@ -6,6 +6,7 @@ and what of its oplog is majority-committed.
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import math
 import uuid as uuidlib
@@ -50,6 +51,28 @@ def _logged_lsid(cmd: dict[str, Any]) -> dict[str, Any]:
     if lsid is None:
         lsid = cmd["$lsid_logged"] = cmd["lsid"] | {"uid": Binary(_ANONYMOUS_UID, 0)}
     return lsid
+
+
+def _matching(coll: Collection, filt: dict[str, Any], stop_at: int) -> list[dict[str, Any]]:
+    """The documents of `coll` that match `filt`, at most `stop_at` of them unless that is 0; a
+    filter that pins `_id` values is answered from the `_id` index."""
+    ids = q.pinned_ids(filt)
+    if ids is not None:
+        found = {id(d): d for d in map(coll.docs.get, map(id_key, ids)) if d is not None}
+        return [d for d in found.values() if q.matches(d, filt)]
+    scan = (d for d in coll.docs.values() if q.matches(d, filt))
+    return list(itertools.islice(scan, stop_at or None))
+
+
+def _is_timeseries_request(name: str, options: dict[str, Any]) -> bool:
+    """A create of a time-series collection (not of its view or buckets, made on the way)."""
+    is_buckets = name.startswith("system.buckets.")
+    return "timeseries" in options and "viewOn" not in options and not is_buckets
+
+
+def _as_uuid(uuid: Any) -> uuidlib.UUID:
+    """A collection UUID given as a UUID or as its 16 bytes (a BSON binary)."""
+    return uuid if isinstance(uuid, uuidlib.UUID) else uuidlib.UUID(bytes=bytes(uuid))
 
 
 class MemberCore(CommandServer):
@@ -171,29 +194,14 @@ class MemberCore(CommandServer):
     ) -> Collection:
         if not name or "$" in name or not db:
             raise MongoError("InvalidNamespace", f"Invalid collection name: {db}.{name}")
-        is_buckets = name.startswith("system.buckets.")
-        if "timeseries" in options and "viewOn" not in options and not is_buckets:
+        if _is_timeseries_request(name, options):
             return self._create_timeseries(db, name, options, session)
         stored = catalog_options({k: v for k, v in options.items() if k != "idIndex"})
         coll = Collection(name, options=stored)
         if uuid is not None:
-            coll.uuid = uuid if isinstance(uuid, uuidlib.UUID) else uuidlib.UUID(bytes=bytes(uuid))
+            coll.uuid = _as_uuid(uuid)
         if "viewOn" in stored:
-            # A view is a document in <db>.system.views (ViewCatalog), made by that collection's
-            # first view; the insert is what the oplog shows, with system.views' UUID.
-            views = self._system_views(db, session)
-            coll.uuid = views.uuid
-            self.dbs[db][name] = coll
-            doc = {"_id": f"{db}.{name}", **view_document(stored)}
-            views.put(doc)
-
-            def drop_view() -> None:  # the transaction aborted
-                self.dbs.get(db, {}).pop(name, None)
-                views.remove(doc)
-
-            entry = {"op": "i", "ns": f"{db}.system.views", "ui": views.ui, "o": doc}
-            self._log_ddl(entry, session, drop_view)
-            return coll
+            return self._create_view(db, coll, session)
         self.dbs.setdefault(db, {})[name] = coll
         entry = {
             "op": "c",
@@ -207,6 +215,24 @@ class MemberCore(CommandServer):
 
         self._log_ddl(entry, session, drop)
         return coll
+
+    def _create_view(self, db: str, view: Collection, session: dict[str, Any] | None) -> Collection:
+        """A view is a document in <db>.system.views (ViewCatalog), made by that collection's
+        first view; the insert is what the oplog shows, with system.views' UUID."""
+        name = view.name
+        views = self._system_views(db, session)
+        view.uuid = views.uuid
+        self.dbs[db][name] = view
+        doc = {"_id": f"{db}.{name}", **view_document(view.options)}
+        views.put(doc)
+
+        def drop_view() -> None:  # the transaction aborted
+            self.dbs.get(db, {}).pop(name, None)
+            views.remove(doc)
+
+        entry = {"op": "i", "ns": f"{db}.system.views", "ui": views.ui, "o": doc}
+        self._log_ddl(entry, session, drop_view)
+        return view
 
     def _system_views(self, db: str, session: dict[str, Any] | None) -> Collection:
         views = self.dbs.get(db, {}).get("system.views")
@@ -313,19 +339,8 @@ class MemberCore(CommandServer):
         coll = self.coll(ns)
         if coll is None:
             return []
-        ids = q.pinned_ids(filt)
-        if ids is not None:
-            found = {id(d): d for d in map(coll.docs.get, map(id_key, ids)) if d is not None}
-            docs = [d for d in found.values() if q.matches(d, filt)]
-        elif limit and not sort and not skip:
-            docs = []
-            for d in coll.docs.values():
-                if q.matches(d, filt):
-                    docs.append(d)
-                    if len(docs) >= abs(limit):
-                        break
-        else:
-            docs = [d for d in coll.docs.values() if q.matches(d, filt)]
+        # Without a sort or skip, the scan stops at the limit.
+        docs = _matching(coll, filt, 0 if sort or skip else abs(limit))
         if sort:
             docs = q.sort_docs(docs, sort)
         if skip:

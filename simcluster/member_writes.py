@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import struct
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import bson
@@ -125,6 +126,11 @@ _UPDATE_PIPELINE_STAGES = frozenset(
 )
 
 
+def _equalities(filt: dict[str, Any]) -> dict[str, Any]:
+    """The fields an upsert's new document takes from its filter: its plain equalities."""
+    return {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
+
+
 class WriteCommands(MemberCore):
     """The write commands of a member."""
 
@@ -167,21 +173,44 @@ class WriteCommands(MemberCore):
     def update_docs(self, ns: str, spec: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
         if self.applier.already_done(session):  # a retried statement: it matched and modified one
             return {"n": 1, "nModified": 1}
-        coll = self.coll(ns)
         filt, upd = spec.get("q", {}), spec.get("u", {})
-        if isinstance(upd, list):
-            return self._pipeline_update(
-                ns, filt, upd, spec.get("multi", False), session, bool(spec.get("upsert"))
-            )
         multi = spec.get("multi", False)
-        if multi and upd and not next(iter(upd)).startswith("$"):
+        if isinstance(upd, list):
+            return self._pipeline_update(ns, filt, upd, multi, session, bool(spec.get("upsert")))
+        operators = bool(upd) and next(iter(upd)).startswith("$")
+        if multi and upd and not operators:
             raise MongoError(
                 "FailedToParse", "multi update is not supported for replacement-style update"
             )
         matched = self.select(ns, filt, limit=0 if multi else 1)
+        filters = spec.get("arrayFilters")
+        n_modified = self._update_matched(
+            ns,
+            matched,
+            lambda old: update_with_entry(old, upd, array_filters=filters, query=filt),
+            session,
+        )
+        if not matched and spec.get("upsert"):
+            base = _equalities(filt)
+            new = apply_update(base if operators else None, upd, is_insert=True)
+            if "_id" not in new:
+                new = {"_id": base.get("_id", ObjectId()), **new}
+            return self._upserted(ns, new, session)
+        return {"n": len(matched), "nModified": n_modified}
+
+    def _update_matched(
+        self,
+        ns: str,
+        matched: list[dict[str, Any]],
+        change: Callable[[dict[str, Any]], tuple[dict[str, Any], Any]],
+        session: dict[str, Any],
+    ) -> int:
+        """Replace each matched document by its `change` (the new document, and the `o` the
+        oplog entry logs, None when nothing changed); how many changed."""
+        coll = self.coll(ns)
         n_modified = 0
         for old in matched:
-            new, o = update_with_entry(old, upd, array_filters=spec.get("arrayFilters"), query=filt)
+            new, o = change(old)
             assert coll is not None
             coll.check_unique(new, ns, ignore=id_key(old["_id"]))
             if o is None:
@@ -190,19 +219,11 @@ class WriteCommands(MemberCore):
             n_modified += 1
             entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
             self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
-        out: dict[str, Any] = {"n": len(matched), "nModified": n_modified}
-        if not matched and spec.get("upsert"):
-            base = {
-                k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)
-            }
-            new = apply_update(
-                base if upd and next(iter(upd)).startswith("$") else None, upd, is_insert=True
-            )
-            if "_id" not in new:
-                new = {"_id": base.get("_id", ObjectId()), **new}
-            self.insert_one(ns, new, session)
-            out = {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
-        return out
+        return n_modified
+
+    def _upserted(self, ns: str, new: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
+        self.insert_one(ns, new, session)
+        return {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
 
     def _pipeline_update(
         self,
@@ -213,38 +234,29 @@ class WriteCommands(MemberCore):
         session: dict[str, Any],
         upsert: bool = False,
     ) -> dict[str, Any]:
-        """An update given as an aggregation pipeline; logged as the server logs it: the $v:2 diff of
-        old -> new, or the whole new document when that diff is not smaller (updates.pipeline_entry)."""
+        """An update given as an aggregation pipeline; logged as the server logs it: the $v:2
+        diff of old -> new, or the whole new document when that diff is not smaller
+        (updates.pipeline_entry)."""
         for stage in pipeline:
             name = next(iter(stage), "")
             if name not in _UPDATE_PIPELINE_STAGES:
                 raise MongoError(
                     "InvalidOptions", f"{name} is not allowed to be used within an update"
                 )
-        coll = self.coll(ns)
-        matched = self.select(ns, filt, limit=0 if multi else 1)
-        n_modified = 0
-        for old in matched:
+
+        def change(old: dict[str, Any]) -> tuple[dict[str, Any], Any]:
             new = replaced_by_pipeline(old, run_pipeline([dict(old)], pipeline)[0])
-            o = pipeline_entry(old, new)
-            if o is None:
-                continue
-            assert coll is not None
-            coll.check_unique(new, ns, ignore=id_key(old["_id"]))
-            coll.put(new, old)
-            n_modified += 1
-            entry = {"op": "u", "ns": ns, "ui": coll.ui, "o": o, "o2": self.document_key(ns, old)}
-            self._log(entry, session, functools.partial(coll.put, old, new), (old, new), coll)
+            return new, pipeline_entry(old, new)
+
+        matched = self.select(ns, filt, limit=0 if multi else 1)
+        n_modified = self._update_matched(ns, matched, change, session)
         if not matched and upsert:
             # As the server: the pipeline runs on a document made of the filter's equalities.
-            base = {
-                k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)
-            }
+            base = _equalities(filt)
             new = replaced_by_pipeline(base, run_pipeline([dict(base)], pipeline)[0])
             if "_id" not in new:
                 new = {"_id": ObjectId(), **new}
-            self.insert_one(ns, new, session)
-            return {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": new["_id"]}]}
+            return self._upserted(ns, new, session)
         return {"n": len(matched), "nModified": n_modified}
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -295,11 +307,7 @@ class WriteCommands(MemberCore):
         self, db: str, cmd: dict[str, Any], req: Request
     ) -> dict[str, Any]:
         ns = f"{db}.{cmd['findAndModify']}"
-        coll = self.coll(ns)
-        docs = [d for d in coll if q.matches(d, cmd.get("query", {}))] if coll else []
-        if cmd.get("sort"):
-            docs = q.sort_docs(docs, cmd["sort"])
-        old = docs[0] if docs else None
+        old = self._first_match(ns, cmd.get("query", {}), cmd.get("sort"))
         session = self._session_fields(cmd, 0)
         if cmd.get("remove"):
             if old is not None:
@@ -316,15 +324,22 @@ class WriteCommands(MemberCore):
             },
             session,
         )
-        after = None
-        if cmd.get("new"):
-            target = old["_id"] if old else (r.get("upserted") or [{"_id": None}])[0]["_id"]
-            c = self.coll(ns)
-            after = c.docs.get(id_key(target)) if c else None
         leo: dict[str, Any] = {"n": r["n"], "updatedExisting": bool(old)}
         if r.get("upserted"):
             leo["upserted"] = r["upserted"][0]["_id"]
-        return {"lastErrorObject": leo, "value": after if cmd.get("new") else old}
+        if not cmd.get("new"):
+            return {"lastErrorObject": leo, "value": old}
+        target = old["_id"] if old else (r.get("upserted") or [{"_id": None}])[0]["_id"]
+        coll = self.coll(ns)
+        return {"lastErrorObject": leo, "value": coll.docs.get(id_key(target)) if coll else None}
+
+    def _first_match(self, ns: str, query: dict[str, Any], sort: Any) -> dict[str, Any] | None:
+        """The document findAndModify acts on: the first match, in `sort` order if given."""
+        coll = self.coll(ns)
+        docs = [d for d in coll if q.matches(d, query)] if coll else []
+        if sort:
+            docs = q.sort_docs(docs, sort)
+        return docs[0] if docs else None
 
     async def cmd_commit_transaction(
         self, db: str, cmd: dict[str, Any], req: Request
