@@ -55,6 +55,68 @@ _GENERIC_ARGS = frozenset(
 )
 
 
+def _created_in(txn: Any, db: str, name: str) -> bool:
+    """Whether transaction `txn` created collection `name` of `db`."""
+    return any(op["ns"] == f"{db}.$cmd" and op["o"].get("create") == name for op in txn.ops)
+
+
+def _add_indexes(coll: Collection, specs: list[dict[str, Any]], ns: str) -> list[dict[str, Any]]:
+    """Add the indexes of a createIndexes to `coll`; the specs of those that are new. One that
+    fails takes back the ones added before it."""
+    added: list[dict[str, Any]] = []
+    try:
+        for spec in specs:
+            fixed = fix_index_spec({"v": 2, **spec})
+            if coll.add_index(fixed, ns):
+                added.append(fixed)
+    except MongoError:
+        for spec in added:
+            coll.indexes.pop(spec["name"], None)
+        raise
+    return added
+
+
+def _index_names(coll: Collection, which: Any) -> list[str]:
+    """The index names a dropIndexes `index` argument names: "*" (all but _id_), a name, a key
+    pattern, or a list of names."""
+    if which == "*":
+        return [n for n in coll.indexes if n != "_id_"]
+    if isinstance(which, str):
+        return [which]
+    if isinstance(which, dict):
+        return [n for n, ix in coll.indexes.items() if ix.key == dict(which)]
+    return list(which)
+
+
+def _modify_options(coll: Collection, changes: dict[str, Any]) -> None:
+    coll.options.update({k: v for k, v in changes.items() if k != "index"})
+    if "validator" in changes:
+        # A validator comes with a validation level and action, the defaults unless given
+        # (the next collMod's stateBeforeChange shows them:
+        # jstests/change_streams/ddl_coll_mod_event.js, testCollModValidator).
+        coll.options.setdefault("validationLevel", "strict")
+        coll.options.setdefault("validationAction", "error")
+
+
+def _modify_index(coll: Collection, change: dict[str, Any]) -> dict[str, Any]:
+    """Apply a collMod's `index` change (found by name or key pattern); the options it had
+    before, for the entry's o2.indexOptions_old."""
+    ix = next(
+        (
+            i
+            for i in coll.indexes.values()
+            if i.name == change.get("name") or i.key == change.get("keyPattern")
+        ),
+        None,
+    )
+    if ix is None:
+        raise MongoError("IndexNotFound", "cannot find index for collMod")
+    changed = [k for k in change if k not in ("name", "keyPattern")]
+    old = {k: ix.spec.get(k, False) for k in changed}
+    ix.spec = modified_index_spec(ix.spec, change)
+    return old
+
+
 class DDLCommands(MemberCore):
     """The DDL commands of a member."""
 
@@ -160,9 +222,7 @@ class DDLCommands(MemberCore):
         coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"), session=session)
         assert coll is not None
         txn = (session or {}).get("$txn")
-        if txn is not None and not any(
-            op["ns"] == f"{db}.$cmd" and op["o"].get("create") == coll.name for op in txn.ops
-        ):
+        if txn is not None and not _created_in(txn, db, coll.name):
             # Only a collection this transaction created may get indexes in it (create_indexes.cpp).
             raise MongoError(
                 "OperationNotSupportedInTransaction",
@@ -170,22 +230,9 @@ class DDLCommands(MemberCore):
                 f"existing collection {ns} in a multi-document transaction.",
             )
         before = len(coll.indexes)
-        added: list[dict[str, Any]] = []
-        try:
-            for spec in cmd.get("indexes", []):
-                fixed = fix_index_spec({"v": 2, **spec})
-                if coll.add_index(fixed, ns):
-                    added.append(fixed)
-        except MongoError:
-            for spec in added:
-                coll.indexes.pop(spec["name"], None)
-            raise
+        added = _add_indexes(coll, cmd.get("indexes", []), ns)
         if added and coll.docs and session is None:
-            build = {"indexBuildUUID": Binary(uuidlib.uuid4().bytes, 4), "indexes": added}
-            for phase in ("startIndexBuild", "commitIndexBuild"):
-                self.oplog.append(
-                    {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {phase: coll.name, **build}}
-                )
+            self._log_index_build(db, coll, added)
         else:
             for spec in added:
                 entry = {
@@ -201,25 +248,21 @@ class DDLCommands(MemberCore):
             "createdCollectionAutomatically": not existed,
         }
 
+    def _log_index_build(self, db: str, coll: Collection, added: list[dict[str, Any]]) -> None:
+        """A two-phase build's startIndexBuild and commitIndexBuild entries."""
+        build = {"indexBuildUUID": Binary(uuidlib.uuid4().bytes, 4), "indexes": added}
+        for phase in ("startIndexBuild", "commitIndexBuild"):
+            self.oplog.append(
+                {"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {phase: coll.name, **build}}
+            )
+
     async def cmd_drop_indexes(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         ns = f"{db}.{cmd['dropIndexes']}"
         coll = self.coll(ns)
         if coll is None:
             raise MongoError("NamespaceNotFound", f"ns not found {ns}")
-        which: Any = cmd.get("index")
-        names = (
-            [n for n in coll.indexes if n != "_id_"]
-            if which == "*"
-            else (
-                [which]
-                if isinstance(which, str)
-                else [n for n, ix in coll.indexes.items() if ix.key == dict(which)]
-                if isinstance(which, dict)
-                else list(which)
-            )
-        )
         before = len(coll.indexes)
-        for name in names:
+        for name in _index_names(coll, cmd.get("index")):
             ix = coll.indexes.get(name)
             if ix is None or name == "_id_":
                 raise MongoError("IndexNotFound", f"index not found with name [{name}]")
@@ -247,29 +290,10 @@ class DDLCommands(MemberCore):
         if "viewOn" in coll.options:
             return self._modify_view(db, coll, changes)
         old_options = dict(coll.options)
-        coll.options.update({k: v for k, v in changes.items() if k != "index"})
-        if "validator" in changes:
-            # A validator comes with a validation level and action, the defaults unless given
-            # (the next collMod's stateBeforeChange shows them:
-            # jstests/change_streams/ddl_coll_mod_event.js, testCollModValidator).
-            coll.options.setdefault("validationLevel", "strict")
-            coll.options.setdefault("validationAction", "error")
+        _modify_options(coll, changes)
         o2: dict[str, Any] = {"collectionOptions_old": options_before_change(coll.ui, old_options)}
         if "index" in changes:
-            ix = next(
-                (
-                    i
-                    for i in coll.indexes.values()
-                    if i.name == changes["index"].get("name")
-                    or i.key == changes["index"].get("keyPattern")
-                ),
-                None,
-            )
-            if ix is None:
-                raise MongoError("IndexNotFound", "cannot find index for collMod")
-            changed = [k for k in changes["index"] if k not in ("name", "keyPattern")]
-            o2["indexOptions_old"] = {k: ix.spec.get(k, False) for k in changed}
-            ix.spec = modified_index_spec(ix.spec, changes["index"])
+            o2["indexOptions_old"] = _modify_index(coll, changes["index"])
         self.oplog.append(
             {
                 "op": "c",

@@ -45,8 +45,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/native_stream.py:NativeStream.__init__",
     "simcluster/native_stream.py:NativeStream.fetch",
     "simcluster/native_stream.py:parse_change_stream",
-    "simcluster/member_ddl.py:DDLCommands.cmd_coll_mod",
-    "simcluster/member_ddl.py:DDLCommands.cmd_create_indexes",
     "simcluster/query.py:pinned_ids",
     "simcluster/reference_events.py:ReferenceTransformer._ddl",
     "simcluster/reference_events.py:ReferenceTransformer._write",
