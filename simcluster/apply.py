@@ -22,7 +22,8 @@ __all__ = ["Applier", "apply_diff"]
 
 
 def apply_diff(doc: Mapping[str, Any], diff: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply an object diff `{d, u, i, s<field>}` (document_diff_serialization.h) to a copy of `doc`.
+    """Apply an object diff `{d, u, i, s<field>}` (document_diff_serialization.h) to a copy of
+    `doc`.
 
     `u` rewrites a field where it stands, `i` appends it at the end, `d` removes it: the field
     order the primary's update produced.
@@ -261,7 +262,8 @@ class Applier:
 def take_prepared(
     applier: Applier,
 ) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
-    """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid, prepare ts, ops)."""
+    """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid,
+    prepare ts, ops)."""
     out = [
         (key, lsid, ts, [op for op, _ in applier.pending.pop(key, [])])
         for key, (lsid, ts) in applier.prepared.items()

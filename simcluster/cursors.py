@@ -95,7 +95,8 @@ class CursorManager:
     def opened_in(
         self, cid: int, lsid: bytes | None, user: str | None, *, no_timeout: bool = False
     ) -> None:
-        """Record the session (and user) a cursor was opened in, and whether it has noCursorTimeout."""
+        """Record the session (and user) a cursor was opened in, and whether it has
+        noCursorTimeout."""
         if (cursor := self._cursors.get(cid)) is not None:
             cursor.lsid, cursor.user, cursor.no_timeout = lsid, user, no_timeout
 
@@ -114,7 +115,8 @@ class CursorManager:
         return len(idle)
 
     def kill_sessions(self, match: Callable[[Cursor], bool]) -> None:
-        """Kill every cursor opened in a session that `match` selects (killSessions, killAllSessions)."""
+        """Kill every cursor opened in a session that `match` selects (killSessions,
+        killAllSessions)."""
         for cid, cursor in list(self._cursors.items()):
             if cursor.lsid is not None and match(cursor):
                 self.kill(cid)

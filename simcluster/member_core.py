@@ -124,7 +124,8 @@ class MemberCore(CommandServer):
         return self.state == "PRIMARY"
 
     def applied_key(self) -> int:
-        """The newest entry of this member's that is on the set's history (what counts toward a majority)."""
+        """The newest entry of this member's that is on the set's history (what counts toward a
+        majority)."""
         last = self.oplog.last_key()
         return last if self.branch_end is None else min(last, self.branch_end)
 
@@ -279,7 +280,8 @@ class MemberCore(CommandServer):
         return out
 
     def _session_fields(self, cmd: dict[str, Any], stmt_id: int) -> dict[str, Any]:
-        """What each write of `cmd` logs besides itself: retryable-write fields, or its transaction."""
+        """What each write of `cmd` logs besides itself: retryable-write fields, or its
+        transaction."""
         if "lsid" not in cmd or "txnNumber" not in cmd:
             return {}
         lsid = _logged_lsid(cmd)

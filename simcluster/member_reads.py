@@ -29,7 +29,8 @@ class ReadCommands(MemberCore):
 
     def _preimage_docs(self, filt: dict[str, Any]) -> list[dict[str, Any]]:
         """config.system.preimages as the server keeps it: {_id: {nsUUID, ts, applyOpsIndex},
-        operationTime, preImage}; an `_id: {$in: [...]}` or `_id: {...}` filter is looked up directly."""
+        operationTime, preImage}; an `_id: {$in: [...]}` or `_id: {...}` filter is looked up
+        directly."""
         ids = filt.get("_id")
         wanted = (
             ids.get("$in")

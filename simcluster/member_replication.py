@@ -74,7 +74,8 @@ class Replication(MemberCore):
             last_seen = self.oplog.last_key()
 
     async def _replicate(self) -> None:
-        """A secondary's sync loop: copy the primary's new entries (after the set's lag) and apply them."""
+        """A secondary's sync loop: copy the primary's new entries (after the set's lag) and apply
+        them."""
         rs = self.replset
         while True:
             await self.wait_running()
@@ -193,7 +194,8 @@ class Replication(MemberCore):
     def append_noop(
         self, o: dict[str, Any], o2: dict[str, Any] | None = None, ui: Any = None, ns: str = ""
     ) -> Timestamp:
-        """A noop entry; sharding's notices for change streams name their collection (`ns`, `ui`)."""
+        """A noop entry; sharding's notices for change streams name their collection (`ns`,
+        `ui`)."""
         entry: dict[str, Any] = {"op": "n", "ns": ns, "o": o}
         if ui is not None:
             entry["ui"] = ui

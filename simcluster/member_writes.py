@@ -135,7 +135,8 @@ class WriteCommands(MemberCore):
     """The write commands of a member."""
 
     def sent_inserts(self, ns: str, cmd: Any) -> SentInserts:
-        """The logger of one insert command's documents from their sent bytes (query.run_inserts)."""
+        """The logger of one insert command's documents from their sent bytes
+        (query.run_inserts)."""
         return SentInserts(self, ns, cmd)
 
     def insert_one(

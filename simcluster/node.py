@@ -60,7 +60,8 @@ READ_COMMANDS = frozenset(
 
 
 class ShardNode(Replication, WriteCommands, ReadCommands, DDLCommands):
-    """One member of shard replica set `set_name`: a primary takes writes, a secondary replicates them.
+    """One member of shard replica set `set_name`: a primary takes writes, a secondary
+    replicates them.
 
     Roles and the commit point live in `simcluster.replset.ReplicaSet`; a node alone (the
     default) is the primary of a set of one.
@@ -168,7 +169,8 @@ class ShardNode(Replication, WriteCommands, ReadCommands, DDLCommands):
         return out
 
     def kill_sessions(self, named: SessionsNamed) -> None:
-        """Cursors, then the sessions' unprepared transactions (killSessionsAbortUnpreparedTransactions)."""
+        """Cursors, then the sessions' unprepared transactions
+        (killSessionsAbortUnpreparedTransactions)."""
         super().kill_sessions(named)
         self.transactions.kill_sessions(named)
 

@@ -55,7 +55,8 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
 
 
 def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """`docs` in the order of `spec` ({field: 1 | -1}), values in BSON order (a missing field as null).
+    """`docs` in the order of `spec` ({field: 1 | -1}), values in BSON order (a missing field as
+    null).
     One stable sort per field, the last field first: each value's key is built once."""
     out = list(docs)
     for field, direction in reversed(list(spec.items())):
@@ -73,9 +74,11 @@ def write_error(index: int, exc: MongoError) -> dict[str, Any]:
 
 
 def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any]:
-    """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to write to."""
+    """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to
+    write to."""
     raws = cmd.get("$raw_documents")
-    # Outside a transaction, the documents' own bytes make the oplog entries (ShardNode.insert_sent).
+    # Outside a transaction, the documents' own bytes make the oplog entries
+    # (member_writes.SentInserts).
     sent = raws is not None and cmd.get("autocommit") is not False
     errors = []
     n = 0

@@ -183,7 +183,7 @@ class ReferenceTransformer:
             return db == self.db and coll == self.coll
         return self._db_in_scope(db) and not coll.startswith("system.") and not coll.startswith("$")
 
-    # -- entry point ---------------------------------------------------------------------------------
+    # -- entry point -------------------------------------------------------------------------
 
     def events(self, raw: bytes) -> list[RefEvent]:
         entry = bson.decode(raw, PLAIN)

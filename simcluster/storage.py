@@ -1,4 +1,5 @@
-"""Collections of one node: documents keyed by `_id`, unique indexes, and the oplog entries writes make."""
+"""Collections of one node: documents keyed by `_id`, unique indexes, and the oplog entries
+writes make."""
 
 from __future__ import annotations
 

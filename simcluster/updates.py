@@ -105,7 +105,8 @@ class _Log:
                 else:
                     node.children[part] = child
             elif not isinstance(child, (_DocDiff, _ArrayDiff)):
-                return  # inside a value logged whole (a created subtree): that value is the final one
+                # Inside a value logged whole (a created subtree): that value is the final one.
+                return
             node = child
         last = parts[-1]
         if isinstance(node, _ArrayDiff):
@@ -497,7 +498,8 @@ def _size(value: Any) -> int:
 
 def pipeline_entry(old: Mapping[str, Any], new: Mapping[str, Any]) -> Any:
     """The `o` of the oplog entry for a pipeline update from `old` to `new`: the diff when it is
-    smaller than the document, else the whole document (a replace event); None if nothing changed."""
+    smaller than the document, else the whole document (a replace event); None if nothing
+    changed."""
     if bson.encode(new) == bson.encode(old):
         return None
     diff = pipeline_diff(old, new)
