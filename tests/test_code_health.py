@@ -36,7 +36,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "mongoformats/oplog_splice.py:splice_crud",
     "simcluster/aggregate.py:_group",
     "simcluster/aggregate.py:run_pipeline",
-    "simcluster/cursors.py:CursorManager._batch",
     "simcluster/mongos.py:Mongos.cmd_add_shard",
     "simcluster/mongos.py:Mongos.cmd_reshard_collection",
     "simcluster/mongos.py:Mongos.cmd_shard_collection",
