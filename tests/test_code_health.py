@@ -34,8 +34,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "mongoformats/oplog_splice.py:_walk_object",
     "mongoformats/oplog_splice.py:_walked_layout",
     "mongoformats/oplog_splice.py:splice_crud",
-    "simcluster/aggregate.py:_group",
-    "simcluster/aggregate.py:run_pipeline",
     "simcluster/mongos.py:Mongos.cmd_add_shard",
     "simcluster/mongos.py:Mongos.cmd_reshard_collection",
     "simcluster/mongos.py:Mongos.cmd_shard_collection",
