@@ -134,6 +134,57 @@ def _uuid(value: Any) -> uuidlib.UUID | None:
     return None if value is None else uuidlib.UUID(bytes=bytes(value))
 
 
+def _crud(op: dict[str, Any], expanded: bool) -> tuple[str, Any, Any, Any] | None:
+    """(operationType, fullDocument, documentKey, updateDescription) of a CRUD entry (None
+    where an event has no such field), or None for an entry that is not one."""
+    o = op["o"]
+    if op["op"] == "i":
+        return "insert", o, op["o2"] if "o2" in op else {"_id": o["_id"]}, None
+    if op["op"] == "d":
+        return "delete", None, o, None
+    if op["op"] != "u":
+        return None
+    if o.get("$v") != 2 and "_id" in o:  # a whole new document
+        return "replace", o, op["o2"], None
+    # A $v:2 diff (or a $v:1 modifier document).
+    return "update", None, op["o2"], describe_update(o, expanded=expanded)
+
+
+# The DDL entries only expanded streams show, by the event type each makes.
+_EXPANDED_DDL = {
+    "create": "create",
+    "createIndexes": "createIndexes",
+    "commitIndexBuild": "createIndexes",
+    "dropIndexes": "dropIndexes",
+    "collMod": "modify",
+}
+
+
+def _ddl_description(
+    entry: dict[str, Any], name: str
+) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(operationDescription, stateBeforeChange or None) of an expanded DDL event, or None for
+    a view's create (a view's definition is shown from its system.views document)."""
+    rest = {k: v for k, v in entry["o"].items() if k != name}
+    if name == "create":
+        return None if "viewOn" in rest else (rest, None)
+    if name == "createIndexes":
+        return {"indexes": [rest]}, None
+    if name == "commitIndexBuild":
+        return {"indexes": rest["indexes"]}, None
+    if name == "dropIndexes":
+        return {"indexes": [entry["o2"]]}, None
+    o2 = entry.get("o2") or {}
+    # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a field
+    # missing from o2 is left out.
+    state_before = {
+        field: o2[f"{field}_old"]
+        for field in ("collectionOptions", "indexOptions")
+        if f"{field}_old" in o2
+    }
+    return rest, state_before
+
+
 class ReferenceTransformer:
     """One shard's oplog entries, in order, to the events one change stream shows.
 
@@ -215,22 +266,10 @@ class ReferenceTransformer:
             return self._command_in_transaction(op, ts, wall, txn_op_index, txn)
         if not self._coll_in_scope(db, coll) or coll.startswith("system."):
             return None
-        o = op["o"]
-        full_document: Any = None
-        update_description = None
-        if op["op"] == "i":
-            op_type, full_document = "insert", o
-            document_key = op["o2"] if "o2" in op else {"_id": o["_id"]}
-        elif op["op"] == "u":
-            document_key = op["o2"]
-            if o.get("$v") != 2 and "_id" in o:  # a whole new document
-                op_type, full_document = "replace", o
-            else:  # a $v:2 diff (or a $v:1 modifier document)
-                op_type, update_description = "update", describe_update(o, expanded=self.expanded)
-        elif op["op"] == "d":
-            op_type, document_key = "delete", o
-        else:
+        crud = _crud(op, self.expanded)
+        if crud is None:
             return None
+        op_type, full_document, document_key, update_description = crud
         ui = op.get("ui")
         doc = self._head(txn, None, op_type, ts, ui, wall)
         if full_document is not None:
@@ -329,70 +368,95 @@ class ReferenceTransformer:
         txn_op_index: int,
         txn: tuple[Any, Any] | None,
     ) -> RefEvent | None:
+        """The event of a DDL entry `name` (of database `db`), or None when the stream does
+        not show it."""
+        event = {
+            "dropDatabase": self._drop_database_event,
+            "renameCollection": self._rename_event,
+            "drop": self._drop_event,
+        }.get(name, self._expanded_ddl_event)
+        return event(entry, name, db, ts, wall, txn_op_index, txn)
+
+    def _drop_database_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
+        if self.single or not self._db_in_scope(db):
+            return None
+        doc = self._head(txn, None, "dropDatabase", ts, None, wall)
+        doc["ns"] = {"db": db}
+        return self._finish(doc, "dropDatabase", db, None, ts, txn_op_index, None, None, None)
+
+    def _rename_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
         o, ui = entry["o"], entry.get("ui")
-        to: dict[str, Any] | None = None
-        state_before: dict[str, Any] | None = None
-        desc: dict[str, Any] | None
-        if name == "dropDatabase":
-            if self.single or not self._db_in_scope(db):
-                return None
-            doc = self._head(txn, None, "dropDatabase", ts, None, wall)
-            doc["ns"] = {"db": db}
-            return self._finish(doc, "dropDatabase", db, None, ts, txn_op_index, None, None, None)
-        if name == "renameCollection":
-            src_db, src = _split(o["renameCollection"])
-            dst_db, dst = _split(o["to"])
-            if not (self._coll_in_scope(src_db, src) or self._coll_in_scope(dst_db, dst)):
-                return None
-            to = {"db": dst_db, "coll": dst}
-            # The command but renameCollection and stayTemp, its `to` made an ns document in place.
-            desc = {k: v for k, v in o.items() if k not in ("renameCollection", "stayTemp")}
-            desc["to"] = dict(to)
-            doc = self._head(txn, to, "rename", ts, ui, wall)
-            doc["ns"] = {"db": src_db, "coll": src}
-            if self.expanded:
-                doc["operationDescription"] = desc
-            return self._finish(doc, "rename", src_db, src, ts, txn_op_index, ui, None, desc)
-        if name == "drop":
-            coll = o["drop"]
-            if not self._coll_in_scope(db, coll):
-                return None
-            doc = self._head(txn, None, "drop", ts, ui, wall)
-            doc["ns"] = {"db": db, "coll": coll}
-            return self._finish(doc, "drop", db, coll, ts, txn_op_index, ui, None, None)
+        src_db, src = _split(o["renameCollection"])
+        dst_db, dst = _split(o["to"])
+        if not (self._coll_in_scope(src_db, src) or self._coll_in_scope(dst_db, dst)):
+            return None
+        to = {"db": dst_db, "coll": dst}
+        # The command but renameCollection and stayTemp, its `to` made an ns document in place.
+        desc = {k: v for k, v in o.items() if k not in ("renameCollection", "stayTemp")}
+        desc["to"] = dict(to)
+        doc = self._head(txn, to, "rename", ts, ui, wall)
+        doc["ns"] = {"db": src_db, "coll": src}
+        if self.expanded:
+            doc["operationDescription"] = desc
+        return self._finish(doc, "rename", src_db, src, ts, txn_op_index, ui, None, desc)
+
+    def _drop_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
+        coll, ui = entry["o"]["drop"], entry.get("ui")
+        if not self._coll_in_scope(db, coll):
+            return None
+        doc = self._head(txn, None, "drop", ts, ui, wall)
+        doc["ns"] = {"db": db, "coll": coll}
+        return self._finish(doc, "drop", db, coll, ts, txn_op_index, ui, None, None)
+
+    def _expanded_ddl_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
+        """The DDL events only expanded streams show: create, createIndexes, dropIndexes and
+        modify."""
         if not self.expanded:
             return None
-        coll = o[name]
-        op_type = {
-            "create": "create",
-            "createIndexes": "createIndexes",
-            "commitIndexBuild": "createIndexes",
-            "dropIndexes": "dropIndexes",
-            "collMod": "modify",
-        }.get(name)
+        coll, ui = entry["o"][name], entry.get("ui")
+        op_type = _EXPANDED_DDL.get(name)
         if op_type is None or not isinstance(coll, str) or not self._coll_in_scope(db, coll):
             return None
-        rest = {k: v for k, v in o.items() if k != name}
-        if name == "create":
-            if "viewOn" in rest:
-                return None  # a view's definition is shown from its system.views document
-            desc = rest
-        elif name == "createIndexes":
-            desc = {"indexes": [rest]}
-        elif name == "commitIndexBuild":
-            desc = {"indexes": rest["indexes"]}
-        elif name == "dropIndexes":
-            desc = {"indexes": [entry["o2"]]}
-        else:
-            desc = rest
-            o2 = entry.get("o2") or {}
-            # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a
-            # field missing from o2 is left out.
-            state_before = {
-                name: o2[f"{name}_old"]
-                for name in ("collectionOptions", "indexOptions")
-                if f"{name}_old" in o2
-            }
+        described = _ddl_description(entry, name)
+        if described is None:
+            return None
+        desc, state_before = described
         doc = self._head(txn, None, op_type, ts, ui, wall)
         doc["ns"] = {"db": db, "coll": coll}
         doc["operationDescription"] = desc

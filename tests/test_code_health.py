@@ -40,8 +40,6 @@ COMPLEX_FUNCTIONS: set[str] = {
     "simcluster/native_stream.py:NativeStream.__init__",
     "simcluster/native_stream.py:NativeStream.fetch",
     "simcluster/native_stream.py:parse_change_stream",
-    "simcluster/reference_events.py:ReferenceTransformer._ddl",
-    "simcluster/reference_events.py:ReferenceTransformer._write",
     "simcluster/replset.py:ReplicaSet.elect",
     "simcluster/server.py:CommandServer._dispatch",
     "simcluster/server.py:CommandServer._run",
