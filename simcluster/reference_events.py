@@ -48,7 +48,7 @@ from mongoformats.resume_token import (
     encode_token_generic,
     token_sort_key,
 )
-from simcluster.reference_diff import describe_update
+from simcluster.reference_fields import EXPANDED_DDL, crud_fields, ddl_description
 
 __all__ = ["RefEvent", "ReferenceTransformer", "encode_event", "invalidate_for"]
 
@@ -134,57 +134,6 @@ def _uuid(value: Any) -> uuidlib.UUID | None:
     return None if value is None else uuidlib.UUID(bytes=bytes(value))
 
 
-def _crud(op: dict[str, Any], expanded: bool) -> tuple[str, Any, Any, Any] | None:
-    """(operationType, fullDocument, documentKey, updateDescription) of a CRUD entry (None
-    where an event has no such field), or None for an entry that is not one."""
-    o = op["o"]
-    if op["op"] == "i":
-        return "insert", o, op["o2"] if "o2" in op else {"_id": o["_id"]}, None
-    if op["op"] == "d":
-        return "delete", None, o, None
-    if op["op"] != "u":
-        return None
-    if o.get("$v") != 2 and "_id" in o:  # a whole new document
-        return "replace", o, op["o2"], None
-    # A $v:2 diff (or a $v:1 modifier document).
-    return "update", None, op["o2"], describe_update(o, expanded=expanded)
-
-
-# The DDL entries only expanded streams show, by the event type each makes.
-_EXPANDED_DDL = {
-    "create": "create",
-    "createIndexes": "createIndexes",
-    "commitIndexBuild": "createIndexes",
-    "dropIndexes": "dropIndexes",
-    "collMod": "modify",
-}
-
-
-def _ddl_description(
-    entry: dict[str, Any], name: str
-) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
-    """(operationDescription, stateBeforeChange or None) of an expanded DDL event, or None for
-    a view's create (a view's definition is shown from its system.views document)."""
-    rest = {k: v for k, v in entry["o"].items() if k != name}
-    if name == "create":
-        return None if "viewOn" in rest else (rest, None)
-    if name == "createIndexes":
-        return {"indexes": [rest]}, None
-    if name == "commitIndexBuild":
-        return {"indexes": rest["indexes"]}, None
-    if name == "dropIndexes":
-        return {"indexes": [entry["o2"]]}, None
-    o2 = entry.get("o2") or {}
-    # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a field
-    # missing from o2 is left out.
-    state_before = {
-        field: o2[f"{field}_old"]
-        for field in ("collectionOptions", "indexOptions")
-        if f"{field}_old" in o2
-    }
-    return rest, state_before
-
-
 class ReferenceTransformer:
     """One shard's oplog entries, in order, to the events one change stream shows.
 
@@ -266,7 +215,7 @@ class ReferenceTransformer:
             return self._command_in_transaction(op, ts, wall, txn_op_index, txn)
         if not self._coll_in_scope(db, coll) or coll.startswith("system."):
             return None
-        crud = _crud(op, self.expanded)
+        crud = crud_fields(op, self.expanded)
         if crud is None:
             return None
         op_type, full_document, document_key, update_description = crud
@@ -450,10 +399,10 @@ class ReferenceTransformer:
         if not self.expanded:
             return None
         coll, ui = entry["o"][name], entry.get("ui")
-        op_type = _EXPANDED_DDL.get(name)
+        op_type = EXPANDED_DDL.get(name)
         if op_type is None or not isinstance(coll, str) or not self._coll_in_scope(db, coll):
             return None
-        described = _ddl_description(entry, name)
+        described = ddl_description(entry, name)
         if described is None:
             return None
         desc, state_before = described

@@ -89,6 +89,7 @@ def test_the_reference_transform_evaluates_nothing_with_the_engines_modules():
     assert sorted(p.name for p in (ROOT / "simcluster").glob("reference_*.py")) == [
         "reference_diff.py",
         "reference_events.py",
+        "reference_fields.py",
     ]
 
 
@@ -379,6 +380,7 @@ SIMCLUSTER_MEMBER_MODULES = {
         "cluster_time",
         "reference_events",
         "reference_diff",
+        "reference_fields",
     )
 }
 

@@ -1,0 +1,62 @@
+"""The fields of the change events a reference stream makes of CRUD and DDL oplog entries:
+which event type each entry makes and its description, as the server's change stream
+transforms read them (change_stream_event_transform.cpp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simcluster.reference_diff import describe_update
+
+__all__ = ["EXPANDED_DDL", "crud_fields", "ddl_description"]
+
+
+def crud_fields(op: dict[str, Any], expanded: bool) -> tuple[str, Any, Any, Any] | None:
+    """(operationType, fullDocument, documentKey, updateDescription) of a CRUD entry (None
+    where an event has no such field), or None for an entry that is not one."""
+    o = op["o"]
+    if op["op"] == "i":
+        return "insert", o, op["o2"] if "o2" in op else {"_id": o["_id"]}, None
+    if op["op"] == "d":
+        return "delete", None, o, None
+    if op["op"] != "u":
+        return None
+    if o.get("$v") != 2 and "_id" in o:  # a whole new document
+        return "replace", o, op["o2"], None
+    # A $v:2 diff (or a $v:1 modifier document).
+    return "update", None, op["o2"], describe_update(o, expanded=expanded)
+
+
+# The DDL entries only expanded streams show, by the event type each makes.
+EXPANDED_DDL = {
+    "create": "create",
+    "createIndexes": "createIndexes",
+    "commitIndexBuild": "createIndexes",
+    "dropIndexes": "dropIndexes",
+    "collMod": "modify",
+}
+
+
+def ddl_description(
+    entry: dict[str, Any], name: str
+) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(operationDescription, stateBeforeChange or None) of an expanded DDL event, or None for
+    a view's create (a view's definition is shown from its system.views document)."""
+    rest = {k: v for k, v in entry["o"].items() if k != name}
+    if name == "create":
+        return None if "viewOn" in rest else (rest, None)
+    if name == "createIndexes":
+        return {"indexes": [rest]}, None
+    if name == "commitIndexBuild":
+        return {"indexes": rest["indexes"]}, None
+    if name == "dropIndexes":
+        return {"indexes": [entry["o2"]]}, None
+    o2 = entry.get("o2") or {}
+    # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a field
+    # missing from o2 is left out.
+    state_before = {
+        field: o2[f"{field}_old"]
+        for field in ("collectionOptions", "indexOptions")
+        if f"{field}_old" in o2
+    }
+    return rest, state_before
