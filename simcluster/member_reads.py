@@ -24,6 +24,25 @@ OPLOG_NS = "local.oplog.rs"
 PREIMAGES_NS = "config.system.preimages"
 
 
+def _ts_bounds(cond: Any) -> tuple[int, int | None]:
+    """(the key an oplog scan starts after, the last key it may return or None) of a `ts`
+    condition: a timestamp, or `$gt`/`$gte` and `$lt`/`$lte`."""
+    if isinstance(cond, Timestamp):
+        return ts_key(cond) - 1, ts_key(cond)
+    if not isinstance(cond, dict):
+        return 0, None
+    position, upper = 0, None
+    if "$gte" in cond:
+        position = ts_key(cond["$gte"]) - 1
+    elif "$gt" in cond:
+        position = ts_key(cond["$gt"])
+    if "$lte" in cond:
+        upper = ts_key(cond["$lte"])
+    elif "$lt" in cond:
+        upper = ts_key(cond["$lt"]) - 1
+    return position, upper
+
+
 class ReadCommands(MemberCore):
     """The read commands of a member."""
 
@@ -98,15 +117,7 @@ class ReadCommands(MemberCore):
         filt = cmd.get("filter", {})
         cond = filt.get("ts", {})
         oplog = self.oplog
-        position, upper = 0, None
-        if isinstance(cond, Timestamp):
-            position, upper = ts_key(cond) - 1, ts_key(cond)
-        elif isinstance(cond, dict):
-            if "$gte" in cond or "$gt" in cond:
-                start = ts_key(cond["$gte"] if "$gte" in cond else cond["$gt"])
-                position = start - 1 if "$gte" in cond else start
-            if "$lte" in cond or "$lt" in cond:
-                upper = ts_key(cond["$lte"]) if "$lte" in cond else ts_key(cond["$lt"]) - 1
+        position, upper = _ts_bounds(cond)
         # A scan that starts before the oldest entry starts at the oldest entry; only a cursor whose
         # position is truncated away later dies with CappedPositionLost.
         position = max(position, oplog.truncated_before)

@@ -79,14 +79,8 @@ class Replication(MemberCore):
         rs = self.replset
         while True:
             await self.wait_running()
-            source = rs.primary_node
-            # stopReplProducer: the server's fail point that stops this member fetching entries.
-            if (
-                self.is_primary
-                or source is None
-                or source is self
-                or "stopReplProducer" in self.fail_points
-            ):
+            source = self._sync_source()
+            if source is None:
                 await trio.sleep(0.05)  # nothing to sync from: roles change rarely, look again soon
                 continue
             mine = self.oplog.last_key()
@@ -95,22 +89,41 @@ class Replication(MemberCore):
                 continue
             if rs.lag_s:
                 await trio.sleep(rs.lag_s)
-            if source is not rs.primary_node:
+            if not self._is_primary_still(source):  # an election during the lag
                 continue
-            if mine and (not source.oplog.contains(mine) or mine < source.oplog.first_key()):
-                self._resync(
-                    source
-                )  # rolled-back entries, or too stale to catch up: copy the primary
-            else:
-                for raw in source.oplog.read_after(mine, 10_000):
-                    doc = bson.decode(raw, DECODE)
-                    self.oplog.append_raw(ts_key(doc["ts"]), raw)
-                    self.applier.apply(doc)
+            self._sync_from(source, mine)
             if not self.in_sync:  # RECOVERING -> SECONDARY: tell the drivers watching
                 self.in_sync = True
                 rs.notify()
             rs.member_applied()
             await trio.lowlevel.checkpoint()
+
+    def _sync_source(self) -> MemberCore | None:
+        """The member to copy entries from: the primary, unless this member is it (or the
+        stopReplProducer fail point, the server's, stops this member fetching)."""
+        source = self.replset.primary_node
+        if (
+            self.is_primary
+            or source is None
+            or source is self
+            or "stopReplProducer" in self.fail_points
+        ):
+            return None
+        return source
+
+    def _is_primary_still(self, source: MemberCore) -> bool:
+        return source is self.replset.primary_node
+
+    def _sync_from(self, source: MemberCore, mine: int) -> None:
+        """Copy and apply the source's entries after `mine`, or resync from it when `mine` was
+        rolled back or is too stale to catch up."""
+        if mine and (not source.oplog.contains(mine) or mine < source.oplog.first_key()):
+            self._resync(source)
+            return
+        for raw in source.oplog.read_after(mine, 10_000):
+            doc = bson.decode(raw, DECODE)
+            self.oplog.append_raw(ts_key(doc["ts"]), raw)
+            self.applier.apply(doc)
 
     def _resync(self, source: MemberCore) -> None:
         log.info(
