@@ -200,51 +200,75 @@ def _expand(
             for p in out:
                 p.append(part)
             continue
-        grown: list[list[str]] = []
-        for prefix in out:
-            found, _, value = _lookup(doc, prefix)
-            where = ".".join(prefix)
-            if found < len(prefix):
-                raise MongoError(
-                    "BadValue",
-                    f"The path '{where}' must exist in the document in order to apply "
-                    "array updates.",
-                )
-            if not isinstance(value, list):
-                raise MongoError(
-                    "BadValue",
-                    f"Cannot apply array updates to non-array element {where}: {value!r}",
-                )
-            if part == "$":
-                grown.append([*prefix, str(_positional(value, where, query))])
-                continue
-            ident = part[2:-1]
-            if ident and ident not in array_filters:
-                raise MongoError(
-                    "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
-                )
-            for idx, element in enumerate(value):
-                if not ident or matches({ident: element}, array_filters[ident]):
-                    grown.append([*prefix, str(idx)])
-        out = grown
+        out = [
+            [*prefix, index]
+            for prefix in out
+            for index in _selected(doc, prefix, part, array_filters, query, path)
+        ]
     return out
+
+
+def _selected(
+    doc: Any,
+    prefix: list[str],
+    part: str,
+    array_filters: Mapping[str, Any],
+    query: Mapping[str, Any],
+    path: str,
+) -> list[str]:
+    """The indexes positional `part` selects in the array at `prefix`."""
+    array, where = _array_at(doc, prefix)
+    if part == "$":
+        return [str(_positional(array, where, query))]
+    ident = part[2:-1]
+    if ident and ident not in array_filters:
+        raise MongoError(
+            "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
+        )
+    return [
+        str(idx)
+        for idx, element in enumerate(array)
+        if not ident or matches({ident: element}, array_filters[ident])
+    ]
+
+
+def _array_at(doc: Any, prefix: list[str]) -> tuple[list[Any], str]:
+    """The array a positional path part applies to, and its dotted path."""
+    found, _, value = _lookup(doc, prefix)
+    where = ".".join(prefix)
+    if found < len(prefix):
+        raise MongoError(
+            "BadValue",
+            f"The path '{where}' must exist in the document in order to apply array updates.",
+        )
+    if not isinstance(value, list):
+        raise MongoError(
+            "BadValue", f"Cannot apply array updates to non-array element {where}: {value!r}"
+        )
+    return value, where
 
 
 def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
     """The index `$` stands for: the first element the query's conditions on this array match."""
-    terms = [(k, v) for k, v in query.items() if k == where or k.startswith(where + ".")]
+    terms = _terms_on(query, where)
     for clause in query.get("$and", []):
-        terms += [(k, v) for k, v in clause.items() if k == where or k.startswith(where + ".")]
+        terms += _terms_on(clause, where)
     if terms:
         for idx, element in enumerate(array):
-            if all(
-                matches({where: [element]} if k == where else {where: element}, {k: v})
-                for k, v in terms
-            ):
+            if all(_element_matches(element, where, k, v) for k, v in terms):
                 return idx
     raise MongoError(
         "BadValue", "The positional operator did not find the match needed from the query."
     )
+
+
+def _terms_on(query: Mapping[str, Any], where: str) -> list[tuple[str, Any]]:
+    """The query's conditions on the array at `where` or inside its elements."""
+    return [(k, v) for k, v in query.items() if k == where or k.startswith(where + ".")]
+
+
+def _element_matches(element: Any, where: str, key: str, cond: Any) -> bool:
+    return matches({where: [element]} if key == where else {where: element}, {key: cond})
 
 
 def update_with_entry(
