@@ -43,6 +43,28 @@ def _ts_bounds(cond: Any) -> tuple[int, int | None]:
     return position, upper
 
 
+def _preimage_keys(ids: Any) -> list[tuple[bytes, int, int]] | None:
+    """The image keys a pre-images filter's `_id` names ({$in: [...]} or one _id document), or
+    None when it names none (a scan of them all)."""
+    if not isinstance(ids, dict):
+        return None
+    wanted = ids["$in"] if "$in" in ids else [ids]
+    return [
+        (bytes(i["nsUUID"]), ts_key(i["ts"]), int(i.get("applyOpsIndex", 0)))
+        for i in wanted
+        if isinstance(i, dict) and "nsUUID" in i
+    ]
+
+
+def _preimage_doc(uuid_bytes: bytes, key: int, index: int, image: Any) -> dict[str, Any]:
+    ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
+    return {
+        "_id": {"nsUUID": Binary(uuid_bytes, 4), "ts": ts, "applyOpsIndex": Int64(index)},
+        "operationTime": datetime.datetime.fromtimestamp(ts.time, datetime.UTC),
+        "preImage": image,
+    }
+
+
 class ReadCommands(MemberCore):
     """The read commands of a member."""
 
@@ -50,40 +72,12 @@ class ReadCommands(MemberCore):
         """config.system.preimages as the server keeps it: {_id: {nsUUID, ts, applyOpsIndex},
         operationTime, preImage}; an `_id: {$in: [...]}` or `_id: {...}` filter is looked up
         directly."""
-        ids = filt.get("_id")
-        wanted = (
-            ids.get("$in")
-            if isinstance(ids, dict) and "$in" in ids
-            else [ids]
-            if isinstance(ids, dict)
-            else None
-        )
-        keys = (
-            [
-                (bytes(i["nsUUID"]), ts_key(i["ts"]), int(i.get("applyOpsIndex", 0)))
-                for i in wanted
-                if isinstance(i, dict) and "nsUUID" in i
-            ]
-            if wanted is not None
-            else list(self.applier.images)
-        )
+        keys = _preimage_keys(filt.get("_id"))
         out = []
-        for uuid_bytes, key, index in keys:
-            images = self.applier.images.get((uuid_bytes, key, index))
-            if images is None or images[0] is None:
-                continue
-            ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
-            out.append(
-                {
-                    "_id": {
-                        "nsUUID": Binary(uuid_bytes, 4),
-                        "ts": ts,
-                        "applyOpsIndex": Int64(index),
-                    },
-                    "operationTime": datetime.datetime.fromtimestamp(ts.time, datetime.UTC),
-                    "preImage": images[0],
-                }
-            )
+        for image_key in list(self.applier.images) if keys is None else keys:
+            images = self.applier.images.get(image_key)
+            if images is not None and images[0] is not None:
+                out.append(_preimage_doc(*image_key, images[0]))
         return out
 
     async def cmd_find(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
