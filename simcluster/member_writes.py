@@ -81,12 +81,7 @@ class SentInserts:
             return False
         if self.known is not None and stmt_id in self.known:
             return True  # a retried statement the shard already has: done
-        node = self.node
-        coll = self.coll
-        if coll is None:
-            coll = self.coll = node.coll(self.ns, create=True)
-            assert coll is not None
-            self.head = bson.encode({"op": "i", "ns": self.ns, "ui": coll.ui})[4:-1] + b"\x03o\x00"
+        coll = self._collection()
         if coll.name != self.ns.partition(".")[2]:
             return False  # a time-series collection: its writes go to its buckets (insert_one)
         t, value = ident
@@ -99,25 +94,38 @@ class SentInserts:
         coll.check_unique(doc, self.ns, key=key)
         coll.put(doc, key=key)
         if self.whole_key:
-            o2 = bson.encode(node.document_key(self.ns, doc))
+            o2 = bson.encode(self.node.document_key(self.ns, doc))
         else:
             o2 = b"%b%b\x00" % (_I32.pack(len(value) + 10), raw[4 : 9 + len(value)])
+        self._append(raw, o2, stmt_id)
+        return True
+
+    def _collection(self) -> Collection:
+        """The collection written to, made (and logged) by the command's first insert."""
+        coll = self.coll
+        if coll is None:
+            coll = self.coll = self.node.coll(self.ns, create=True)
+            assert coll is not None
+            self.head = bson.encode({"op": "i", "ns": self.ns, "ui": coll.ui})[4:-1] + b"\x03o\x00"
+        return coll
+
+    def _append(self, raw: bytes, o2: bytes, stmt_id: int) -> None:
+        """Log one insert's entry, with the command's session fields if it has them."""
         session = self.session
         if session is None:
-            node.oplog.append_body(
+            self.node.oplog.append_body(
                 b"%b%b\x03o2\x00%b" % (self.head, raw, o2), wake=False, wall_ms=self.wall_ms
             )
-        else:
-            node.oplog.append_body(
-                b"%b%b\x03o2\x00%b\x10stmtId\x00%b" % (self.head, raw, o2, _I32.pack(stmt_id)),
-                head=session.head,
-                tail=session.tail,
-                wake=False,
-                wall_ms=self.wall_ms,
-            )
-            assert self.known is not None
-            self.known.add(stmt_id)
-        return True
+            return
+        self.node.oplog.append_body(
+            b"%b%b\x03o2\x00%b\x10stmtId\x00%b" % (self.head, raw, o2, _I32.pack(stmt_id)),
+            head=session.head,
+            tail=session.tail,
+            wake=False,
+            wall_ms=self.wall_ms,
+        )
+        assert self.known is not None
+        self.known.add(stmt_id)
 
 
 # The stages an update pipeline may hold (the others fail as on a server).
