@@ -139,6 +139,16 @@ def _equalities(filt: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in filt.items() if not k.startswith("$") and not isinstance(v, dict)}
 
 
+def _upsert_document(filt: dict[str, Any], upd: dict[str, Any], operators: bool) -> dict[str, Any]:
+    """The document an upsert inserts: the update applied to the filter's equalities (or the
+    replacement alone), with the filter's _id or a new one."""
+    base = _equalities(filt)
+    new = apply_update(base if operators else None, upd, is_insert=True)
+    if "_id" not in new:
+        new = {"_id": base.get("_id", ObjectId()), **new}
+    return new
+
+
 class WriteCommands(MemberCore):
     """The write commands of a member."""
 
@@ -200,11 +210,7 @@ class WriteCommands(MemberCore):
             session,
         )
         if not matched and spec.get("upsert"):
-            base = _equalities(filt)
-            new = apply_update(base if operators else None, upd, is_insert=True)
-            if "_id" not in new:
-                new = {"_id": base.get("_id", ObjectId()), **new}
-            return self._upserted(ns, new, session)
+            return self._upserted(ns, _upsert_document(filt, upd, operators), session)
         return {"n": len(matched), "nModified": n_modified}
 
     def _update_matched(

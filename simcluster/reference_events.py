@@ -48,7 +48,7 @@ from mongoformats.resume_token import (
     encode_token_generic,
     token_sort_key,
 )
-from simcluster.reference_fields import EXPANDED_DDL, crud_fields, ddl_description
+from simcluster.reference_fields import EXPANDED_DDL, crud_fields, ddl_description, view_fields
 
 __all__ = ["RefEvent", "ReferenceTransformer", "encode_event", "invalidate_for"]
 
@@ -244,18 +244,11 @@ class ReferenceTransformer:
         db, _ = _split(op["ns"])
         if self.single or not self.expanded or not self._db_in_scope(db):
             return None
-        kinds = {"i": "create", "u": "modify", "d": "drop"}
-        if op["op"] not in kinds:
+        fields = view_fields(op)
+        if fields is None:
             return None
-        o = op["o"]
-        name = o.get("_id") if op["op"] != "u" else op.get("o2", {}).get("_id", o.get("_id"))
-        if not isinstance(name, str):
-            return None
+        op_type, name, desc = fields
         view_db, view = _split(name)
-        op_type = kinds[op["op"]]
-        desc = {k: v for k, v in o.items() if k != "_id"} if op_type != "drop" else None
-        if op_type == "modify" and "$v" in o:
-            return None  # a $v:2 delta of a view document: no whole definition to show
         doc: dict[str, Any] = {"_id": None}  # (the view transform adds no lsid/txnNumber)
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
@@ -444,21 +437,25 @@ class ReferenceTransformer:
         o2 = entry.get("o2")
         if not self.expanded or not isinstance(o2, dict):
             return []
+        kind = self._noop_kind(o2)
+        if kind is None or entry.get("fromMigrate") and not self.migration:
+            return []
+        db, coll = _split(o2[kind])
+        if not self._coll_in_scope(db, coll):
+            return []
+        desc = {k: v for k, v in o2.items() if k != kind}
+        ui = entry.get("ui")
+        doc = self._head(None, None, kind, entry["ts"], ui, entry.get("wall"))
+        doc["ns"] = {"db": db, "coll": coll}
+        doc["operationDescription"] = desc
+        return [self._finish(doc, kind, db, coll, entry["ts"], 0, ui, None, desc)]
+
+    def _noop_kind(self, o2: dict[str, Any]) -> str | None:
+        """The event a noop's o2 announces that this stream shows, if any."""
         for kind, needs_system_events in _NOOP_EVENTS:
-            if kind not in o2 or (needs_system_events and not self.system_events):
-                continue
-            if entry.get("fromMigrate") and not self.migration:
-                return []
-            db, coll = _split(o2[kind])
-            if not self._coll_in_scope(db, coll):
-                return []
-            desc = {k: v for k, v in o2.items() if k != kind}
-            ui = entry.get("ui")
-            doc = self._head(None, None, kind, entry["ts"], ui, entry.get("wall"))
-            doc["ns"] = {"db": db, "coll": coll}
-            doc["operationDescription"] = desc
-            return [self._finish(doc, kind, db, coll, entry["ts"], 0, ui, None, desc)]
-        return []
+            if kind in o2 and (self.system_events or not needs_system_events):
+                return kind
+        return None
 
     # -- transactions ------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from simcluster.reference_diff import describe_update
 
-__all__ = ["EXPANDED_DDL", "crud_fields", "ddl_description"]
+__all__ = ["EXPANDED_DDL", "crud_fields", "ddl_description", "view_fields"]
 
 
 def crud_fields(op: dict[str, Any], expanded: bool) -> tuple[str, Any, Any, Any] | None:
@@ -60,3 +60,22 @@ def ddl_description(
         if f"{field}_old" in o2
     }
     return rest, state_before
+
+
+_VIEW_EVENTS = {"i": "create", "u": "modify", "d": "drop"}
+
+
+def view_fields(op: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None] | None:
+    """(operationType, the view's namespace, operationDescription or None) of a write to
+    system.views, or None when it makes no event."""
+    op_type = _VIEW_EVENTS.get(op["op"])
+    if op_type is None:
+        return None
+    o = op["o"]
+    name = o.get("_id") if op["op"] != "u" else op.get("o2", {}).get("_id", o.get("_id"))
+    if not isinstance(name, str):
+        return None
+    if op_type == "modify" and "$v" in o:
+        return None  # a $v:2 delta of a view document: no whole definition to show
+    desc = {k: v for k, v in o.items() if k != "_id"} if op_type != "drop" else None
+    return op_type, name, desc
