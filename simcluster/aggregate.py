@@ -46,31 +46,38 @@ def _merge_objects(doc: Mapping[str, Any], args: list[Any], more: Operators | No
     return merged
 
 
+# The codes of a bad `field` (a field path, a non-constant, not a string) of each operator.
+_FIELD_NAME_CODES = {
+    "$getField": (5654600, 5654601, 5654602),
+    "$setField": (4161108, 4161106, 4161107),
+}
+
+
 def _field_name(spec: Any, op: str) -> str:
     """$getField/$setField/$unsetField's `field`: a constant string, given plainly or as a
     $literal (the only way to name a field starting with $). As ExpressionGetField/SetField::parse
     (src/mongo/db/pipeline/expression.cpp) refuse anything else; $unsetField reports as
     $setField."""
-    get = op == "$getField"
-    name = "$getField" if get else "$setField"
+    name = "$getField" if op == "$getField" else "$setField"
+    path_code, constant_code, string_code = _FIELD_NAME_CODES[name]
     if isinstance(spec, str) and spec.startswith("$"):
         ref = f"${spec[2:]}" if spec.startswith("$$") else f"$CURRENT.{spec[1:]}"
         raise MongoError(
-            5654600 if get else 4161108,
+            path_code,
             f"'{ref}' is a field path reference which "
             f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?",
         )
     if isinstance(spec, Mapping):
         if set(spec) != {"$literal"}:
             raise MongoError(
-                5654601 if get else 4161106,
+                constant_code,
                 f"{name} requires 'field' to evaluate "
                 "to a constant, but got a non-constant argument",
             )
         spec = spec["$literal"]
     if not isinstance(spec, str):
         raise MongoError(
-            5654602 if get else 4161107,
+            string_code,
             f"{name} requires 'field' to evaluate to type String, but got {type_name(spec)}",
         )
     return spec

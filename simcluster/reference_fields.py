@@ -4,6 +4,7 @@ transforms read them (change_stream_event_transform.cpp)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from simcluster.reference_diff import describe_update
@@ -43,14 +44,17 @@ def ddl_description(
     """(operationDescription, stateBeforeChange or None) of an expanded DDL event, or None for
     a view's create (a view's definition is shown from its system.views document)."""
     rest = {k: v for k, v in entry["o"].items() if k != name}
-    if name == "create":
-        return None if "viewOn" in rest else (rest, None)
-    if name == "createIndexes":
-        return {"indexes": [rest]}, None
-    if name == "commitIndexBuild":
-        return {"indexes": rest["indexes"]}, None
-    if name == "dropIndexes":
-        return {"indexes": [entry["o2"]]}, None
+    return _DESCRIBE.get(name, _coll_mod)(entry, rest)
+
+
+_Described = tuple[dict[str, Any], dict[str, Any] | None] | None
+
+
+def _create(entry: dict[str, Any], rest: dict[str, Any]) -> _Described:
+    return None if "viewOn" in rest else (rest, None)
+
+
+def _coll_mod(entry: dict[str, Any], rest: dict[str, Any]) -> _Described:
     o2 = entry.get("o2") or {}
     # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a field
     # missing from o2 is left out.
@@ -60,6 +64,14 @@ def ddl_description(
         if f"{field}_old" in o2
     }
     return rest, state_before
+
+
+_DESCRIBE: dict[str, Callable[[dict[str, Any], dict[str, Any]], _Described]] = {
+    "create": _create,
+    "createIndexes": lambda entry, rest: ({"indexes": [rest]}, None),
+    "commitIndexBuild": lambda entry, rest: ({"indexes": rest["indexes"]}, None),
+    "dropIndexes": lambda entry, rest: ({"indexes": [entry["o2"]]}, None),
+}
 
 
 _VIEW_EVENTS = {"i": "create", "u": "modify", "d": "drop"}
