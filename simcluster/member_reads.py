@@ -48,7 +48,7 @@ def _preimage_keys(ids: Any) -> list[tuple[bytes, int, int]] | None:
     None when it names none (a scan of them all)."""
     if not isinstance(ids, dict):
         return None
-    wanted = ids["$in"] if "$in" in ids else [ids]
+    wanted = ids.get("$in", [ids])
     return [
         (bytes(i["nsUUID"]), ts_key(i["ts"]), int(i.get("applyOpsIndex", 0)))
         for i in wanted
