@@ -213,9 +213,7 @@ class ReferenceTransformer:
             return self._view(op, ts, wall, txn_op_index, txn)
         if op["op"] == "c":
             return self._command_in_transaction(op, ts, wall, txn_op_index, txn)
-        if not self._coll_in_scope(db, coll) or coll.startswith("system."):
-            return None
-        crud = crud_fields(op, self.expanded)
+        crud = self._crud_in_scope(op, db, coll)
         if crud is None:
             return None
         op_type, full_document, document_key, update_description = crud
@@ -231,6 +229,15 @@ class ReferenceTransformer:
         if ui is not None:
             event.image_key = (bytes(ui), applied_at[0], applied_at[1])
         return event
+
+    def _crud_in_scope(
+        self, op: dict[str, Any], db: str, coll: str
+    ) -> tuple[str, Any, Any, Any] | None:
+        """The CRUD fields of a write to a collection this stream watches (system collections'
+        writes make no events)."""
+        if not self._coll_in_scope(db, coll) or coll.startswith("system."):
+            return None
+        return crud_fields(op, self.expanded)
 
     def _view(
         self,
