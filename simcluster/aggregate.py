@@ -8,6 +8,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import bson
+
 from mongoformats.bson_order import MISSING
 from mongoformats.change_stages import new_root_expression, replaced_root
 from mongoformats.errors import MongoError
@@ -44,31 +46,38 @@ def _merge_objects(doc: Mapping[str, Any], args: list[Any], more: Operators | No
     return merged
 
 
+# The codes of a bad `field` (a field path, a non-constant, not a string) of each operator.
+_FIELD_NAME_CODES = {
+    "$getField": (5654600, 5654601, 5654602),
+    "$setField": (4161108, 4161106, 4161107),
+}
+
+
 def _field_name(spec: Any, op: str) -> str:
     """$getField/$setField/$unsetField's `field`: a constant string, given plainly or as a
     $literal (the only way to name a field starting with $). As ExpressionGetField/SetField::parse
     (src/mongo/db/pipeline/expression.cpp) refuse anything else; $unsetField reports as
     $setField."""
-    get = op == "$getField"
-    name = "$getField" if get else "$setField"
+    name = "$getField" if op == "$getField" else "$setField"
+    path_code, constant_code, string_code = _FIELD_NAME_CODES[name]
     if isinstance(spec, str) and spec.startswith("$"):
         ref = f"${spec[2:]}" if spec.startswith("$$") else f"$CURRENT.{spec[1:]}"
         raise MongoError(
-            5654600 if get else 4161108,
+            path_code,
             f"'{ref}' is a field path reference which "
             f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?",
         )
     if isinstance(spec, Mapping):
         if set(spec) != {"$literal"}:
             raise MongoError(
-                5654601 if get else 4161106,
+                constant_code,
                 f"{name} requires 'field' to evaluate "
                 "to a constant, but got a non-constant argument",
             )
         spec = spec["$literal"]
     if not isinstance(spec, str):
         raise MongoError(
-            5654602 if get else 4161107,
+            string_code,
             f"{name} requires 'field' to evaluate to type String, but got {type_name(spec)}",
         )
     return spec
@@ -181,34 +190,55 @@ def run_pipeline(
                 40323, "A pipeline stage specification object must contain exactly one field."
             )
         ((name, spec),) = stage.items()
-        if name == "$match":
-            docs = [d for d in docs if q.matches(d, spec)]
-        elif name in ("$project", "$addFields", "$set", "$unset"):
-            docs = list(map(_compiled(name, spec), docs))
-        elif name in ("$replaceRoot", "$replaceWith"):
-            expression = new_root_expression(name, spec)
-            docs = [replaced_root(name, _expr(d, expression)) for d in docs]
-        elif name == "$sort":
-            docs = q.sort_docs(docs, spec)
-        elif name == "$skip":
-            docs = docs[spec:]
-        elif name == "$limit":
-            docs = docs[:spec]
-        elif name == "$count":
-            docs = [{spec: len(docs)}] if docs else []
-        elif name == "$unwind":
-            path = (spec if isinstance(spec, str) else spec["path"])[1:]
-            out = []
-            for d in docs:
-                vals = d.get(path)
-                for v in vals if isinstance(vals, list) else ([] if vals is None else [vals]):
-                    out.append({**d, path: v})
-            docs = out
-        elif name == "$group":
-            docs = _group(docs, spec)
-        else:
+        run = _STAGES.get(name)
+        if run is None:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+        docs = run(docs, name, spec)
     return docs
+
+
+_Docs = list[dict[str, Any]]
+
+
+def _match(docs: _Docs, name: str, spec: Any) -> _Docs:
+    return [d for d in docs if q.matches(d, spec)]
+
+
+def _project(docs: _Docs, name: str, spec: Any) -> _Docs:
+    return list(map(_compiled(name, spec), docs))
+
+
+def _replace_root(docs: _Docs, name: str, spec: Any) -> _Docs:
+    expression = new_root_expression(name, spec)
+    return [replaced_root(name, _expr(d, expression)) for d in docs]
+
+
+def _unwind(docs: _Docs, name: str, spec: Any) -> _Docs:
+    path = (spec if isinstance(spec, str) else spec["path"])[1:]
+    out = []
+    for d in docs:
+        vals = d.get(path)
+        for v in vals if isinstance(vals, list) else ([] if vals is None else [vals]):
+            out.append({**d, path: v})
+    return out
+
+
+# Each stage the simulator runs: (documents in, stage name, its argument) -> documents out.
+_STAGES: dict[str, Callable[[_Docs, str, Any], _Docs]] = {
+    "$match": _match,
+    "$project": _project,
+    "$addFields": _project,
+    "$set": _project,
+    "$unset": _project,
+    "$replaceRoot": _replace_root,
+    "$replaceWith": _replace_root,
+    "$sort": lambda docs, name, spec: q.sort_docs(docs, spec),
+    "$skip": lambda docs, name, spec: docs[spec:],
+    "$limit": lambda docs, name, spec: docs[:spec],
+    "$count": lambda docs, name, spec: [{spec: len(docs)}] if docs else [],
+    "$unwind": _unwind,
+    "$group": lambda docs, name, spec: _group(docs, spec),
+}
 
 
 def _compiled(stage: str, spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -239,44 +269,18 @@ def find_projection(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     groups: dict[bytes, dict[str, Any]] = {}
-    import bson
-
     for d in docs:
-        key = (
-            _value(_expr(d, spec["_id"]))
-            if not isinstance(spec["_id"], dict)
-            else {k: _value(_expr(d, v)) for k, v in spec["_id"].items()}
-        )
-        gk = bson.encode({"k": key})
-        acc = groups.setdefault(gk, {"_id": key})
+        key = _group_key(d, spec["_id"])
+        acc = groups.setdefault(bson.encode({"k": key}), {"_id": key})
         for field, op_spec in spec.items():
             if field == "_id":
                 continue
             ((op, arg),) = op_spec.items()
             v = _value(_expr(d, arg))
-            if op == "$sum":
-                acc[field] = acc.get(field, 0) + (v if isinstance(v, (int, float)) else 0)
-            elif op == "$avg":
-                s, n = acc.get("__avg_" + field, (0, 0))
-                acc["__avg_" + field] = (s + v, n + 1)
-            elif op == "$min":
-                acc[field] = v if field not in acc or q.compare(v, acc[field]) < 0 else acc[field]
-            elif op == "$max":
-                acc[field] = v if field not in acc or q.compare(v, acc[field]) > 0 else acc[field]
-            elif op == "$first":
-                acc.setdefault(field, v)
-            elif op == "$last":
-                acc[field] = v
-            elif op == "$push":
-                acc.setdefault(field, []).append(v)
-            elif op == "$addToSet":
-                lst = acc.setdefault(field, [])
-                if all(q.compare(v, x) for x in lst):
-                    lst.append(v)
-            elif op == "$count":
-                acc[field] = acc.get(field, 0) + 1
-            else:
+            accumulate = _ACCUMULATORS.get(op)
+            if accumulate is None:
                 raise MongoError(15952, f"unknown group operator '{op}'")
+            accumulate(acc, field, v)
     out = []
     for acc in groups.values():
         for k in [k for k in acc if k.startswith("__avg_")]:
@@ -284,3 +288,55 @@ def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, A
             acc[k[6:]] = s / n if n else None
         out.append(acc)
     return out
+
+
+def _group_key(doc: dict[str, Any], id_spec: Any) -> Any:
+    if not isinstance(id_spec, dict):
+        return _value(_expr(doc, id_spec))
+    return {k: _value(_expr(doc, v)) for k, v in id_spec.items()}
+
+
+def _sum(acc: dict[str, Any], field: str, v: Any) -> None:
+    acc[field] = acc.get(field, 0) + (v if isinstance(v, (int, float)) else 0)
+
+
+def _avg(acc: dict[str, Any], field: str, v: Any) -> None:
+    """A running (sum, count) under a hidden key, divided once every document is in."""
+    s, n = acc.get("__avg_" + field, (0, 0))
+    acc["__avg_" + field] = (s + v, n + 1)
+
+
+def _min(acc: dict[str, Any], field: str, v: Any) -> None:
+    acc[field] = v if field not in acc or q.compare(v, acc[field]) < 0 else acc[field]
+
+
+def _max(acc: dict[str, Any], field: str, v: Any) -> None:
+    acc[field] = v if field not in acc or q.compare(v, acc[field]) > 0 else acc[field]
+
+
+def _last(acc: dict[str, Any], field: str, v: Any) -> None:
+    acc[field] = v
+
+
+def _add_to_set(acc: dict[str, Any], field: str, v: Any) -> None:
+    lst = acc.setdefault(field, [])
+    if all(q.compare(v, x) for x in lst):
+        lst.append(v)
+
+
+def _count(acc: dict[str, Any], field: str, v: Any) -> None:
+    acc[field] = acc.get(field, 0) + 1
+
+
+# Each $group accumulator: (the group's document so far, the output field, this document's value).
+_ACCUMULATORS: dict[str, Callable[[dict[str, Any], str, Any], None]] = {
+    "$sum": _sum,
+    "$avg": _avg,
+    "$min": _min,
+    "$max": _max,
+    "$first": lambda acc, field, v: acc.setdefault(field, v),
+    "$last": _last,
+    "$push": lambda acc, field, v: acc.setdefault(field, []).append(v),
+    "$addToSet": _add_to_set,
+    "$count": _count,
+}

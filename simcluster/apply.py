@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from simcluster.catalog import modified_index_spec
@@ -22,7 +22,8 @@ __all__ = ["Applier", "apply_diff"]
 
 
 def apply_diff(doc: Mapping[str, Any], diff: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply an object diff `{d, u, i, s<field>}` (document_diff_serialization.h) to a copy of `doc`.
+    """Apply an object diff `{d, u, i, s<field>}` (document_diff_serialization.h) to a copy of
+    `doc`.
 
     `u` rewrites a field where it stands, `i` appends it at the end, `d` removes it: the field
     order the primary's update produced.
@@ -129,28 +130,34 @@ class Applier:
         op = entry["op"]
         if op == "n":
             return
-        ns: str = entry["ns"]
         if op == "c":
             self._command(entry)
-        elif ns.endswith(".system.views"):
+        elif entry["ns"].endswith(".system.views"):
             self._view(entry)
         elif op == "i":
-            self._coll(ns, entry.get("ui")).put(dict(entry["o"]))
+            self._coll(entry["ns"], entry.get("ui")).put(dict(entry["o"]))
         elif op == "u":
-            coll = self._coll(ns, entry.get("ui"))
-            old = coll.docs.get(id_key(entry["o2"]["_id"]))
-            o = entry["o"]
-            new = apply_diff(old or {}, o["diff"]) if o.get("$v") == 2 else dict(o)
-            coll.put(new, old)
-            if old is not None and at is not None:
-                self.record_images(coll, at[0], old, new, at[1])
+            self._update(entry, at)
         elif op == "d":
-            coll = self._coll(ns, entry.get("ui"))
-            found = coll.docs.get(id_key(entry["o"]["_id"]))
-            if found is not None:
-                coll.remove(found)
-                if at is not None:
-                    self.record_images(coll, at[0], found, None, at[1])
+            self._delete(entry, at)
+
+    def _update(self, entry: Mapping[str, Any], at: tuple[Any, int] | None) -> None:
+        coll = self._coll(entry["ns"], entry.get("ui"))
+        old = coll.docs.get(id_key(entry["o2"]["_id"]))
+        o = entry["o"]
+        new = apply_diff(old or {}, o["diff"]) if o.get("$v") == 2 else dict(o)
+        coll.put(new, old)
+        if old is not None and at is not None:
+            self.record_images(coll, at[0], old, new, at[1])
+
+    def _delete(self, entry: Mapping[str, Any], at: tuple[Any, int] | None) -> None:
+        coll = self._coll(entry["ns"], entry.get("ui"))
+        found = coll.docs.get(id_key(entry["o"]["_id"]))
+        if found is None:
+            return
+        coll.remove(found)
+        if at is not None:
+            self.record_images(coll, at[0], found, None, at[1])
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -190,45 +197,58 @@ class Applier:
             self.dbs.get(db, {}).pop(name, None)
 
     def _command(self, entry: Mapping[str, Any]) -> None:
-        o = entry["o"]
-        db = entry["ns"].split(".", 1)[0]
-        name, arg = next(iter(o.items()))
-        if name == "create":
-            options = {k: v for k, v in o.items() if k not in ("create", "idIndex")}
-            self._coll(f"{db}.{arg}", entry.get("ui"), options)
-        elif name == "drop":
-            self.dbs.get(db, {}).pop(arg, None)
-        elif name == "dropDatabase":
-            self.dbs.pop(db, None)
-        elif name == "renameCollection":
-            sdb, _, sname = arg.partition(".")
-            ddb, _, dname = o["to"].partition(".")
-            coll = self.dbs.get(sdb, {}).pop(sname, None)
-            if coll is not None:
-                coll.name = dname
-                self.dbs.setdefault(ddb, {})[dname] = coll
-        elif name == "createIndexes":
-            spec = {k: v for k, v in o.items() if k != "createIndexes"}
-            self._coll(f"{db}.{arg}", entry.get("ui")).add_index(spec, f"{db}.{arg}")
-        elif name == "commitIndexBuild":  # startIndexBuild changes nothing until the commit
-            coll = self._coll(f"{db}.{arg}", entry.get("ui"))
-            for spec in o["indexes"]:
-                coll.add_index(dict(spec), f"{db}.{arg}")
-        elif name == "dropIndexes":
-            coll = self.dbs.get(db, {}).get(arg)
-            if coll is not None:
-                coll.indexes.pop(o["index"], None)
-        elif name == "collMod":
-            self._coll_mod(self._coll(f"{db}.{arg}", entry.get("ui")), o)
-        elif name == "applyOps":
-            self._apply_ops(entry)
-        elif name == "commitTransaction":
-            self.prepared.pop(_txn(entry), None)
-            for op, at in self.pending.pop(_txn(entry), []):
-                self.apply(op, at=at)
-        elif name == "abortTransaction":
-            self.prepared.pop(_txn(entry), None)
-            self.pending.pop(_txn(entry), None)
+        name, arg = next(iter(entry["o"].items()))
+        apply = _COMMANDS.get(name)
+        if apply is not None:
+            apply(self, entry, entry["ns"].split(".", 1)[0], arg)
+
+    def _create(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        options = {k: v for k, v in entry["o"].items() if k not in ("create", "idIndex")}
+        self._coll(f"{db}.{arg}", entry.get("ui"), options)
+
+    def _drop(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        self.dbs.get(db, {}).pop(arg, None)
+
+    def _drop_database(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        self.dbs.pop(db, None)
+
+    def _rename(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        sdb, _, sname = arg.partition(".")
+        ddb, _, dname = entry["o"]["to"].partition(".")
+        coll = self.dbs.get(sdb, {}).pop(sname, None)
+        if coll is not None:
+            coll.name = dname
+            self.dbs.setdefault(ddb, {})[dname] = coll
+
+    def _create_indexes(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        spec = {k: v for k, v in entry["o"].items() if k != "createIndexes"}
+        self._coll(f"{db}.{arg}", entry.get("ui")).add_index(spec, f"{db}.{arg}")
+
+    def _commit_index_build(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        """startIndexBuild changes nothing until the commit."""
+        coll = self._coll(f"{db}.{arg}", entry.get("ui"))
+        for spec in entry["o"]["indexes"]:
+            coll.add_index(dict(spec), f"{db}.{arg}")
+
+    def _drop_indexes(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        coll = self.dbs.get(db, {}).get(arg)
+        if coll is not None:
+            coll.indexes.pop(entry["o"]["index"], None)
+
+    def _coll_mod_entry(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        self._coll_mod(self._coll(f"{db}.{arg}", entry.get("ui")), entry["o"])
+
+    def _apply_ops_entry(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        self._apply_ops(entry)
+
+    def _commit_transaction(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        self.prepared.pop(_txn(entry), None)
+        for op, at in self.pending.pop(_txn(entry), []):
+            self.apply(op, at=at)
+
+    def _abort_transaction(self, entry: Mapping[str, Any], db: str, arg: Any) -> None:
+        self.prepared.pop(_txn(entry), None)
+        self.pending.pop(_txn(entry), None)
 
     def _coll_mod(self, coll: Collection, o: Mapping[str, Any]) -> None:
         changes = {k: v for k, v in o.items() if k != "collMod"}
@@ -258,10 +278,27 @@ class Applier:
                 self.apply(op, at=at)
 
 
+# How each command entry applies: (applier, entry, its database, the command's argument).
+_COMMANDS: dict[str, Callable[[Applier, Mapping[str, Any], str, Any], None]] = {
+    "create": Applier._create,
+    "drop": Applier._drop,
+    "dropDatabase": Applier._drop_database,
+    "renameCollection": Applier._rename,
+    "createIndexes": Applier._create_indexes,
+    "commitIndexBuild": Applier._commit_index_build,
+    "dropIndexes": Applier._drop_indexes,
+    "collMod": Applier._coll_mod_entry,
+    "applyOps": Applier._apply_ops_entry,
+    "commitTransaction": Applier._commit_transaction,
+    "abortTransaction": Applier._abort_transaction,
+}
+
+
 def take_prepared(
     applier: Applier,
 ) -> list[tuple[tuple[bytes, int], Mapping[str, Any], Any, list[Any]]]:
-    """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid, prepare ts, ops)."""
+    """Hand the prepared, uncommitted transactions over (a member stepping up): (key, lsid,
+    prepare ts, ops)."""
     out = [
         (key, lsid, ts, [op for op, _ in applier.pending.pop(key, [])])
         for key, (lsid, ts) in applier.prepared.items()

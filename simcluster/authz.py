@@ -11,6 +11,7 @@ real server, and simcluster returns every database; configureFailPoint is a test
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mongoformats.privileges import change_stream_resource
@@ -58,6 +59,8 @@ _ON_DATABASE = {
     "enablesharding": ("enableSharding",),
     "dbstats": ("dbStats",),
 }
+_Privilege = tuple[tuple[str, ...], dict[str, Any]]  # (actions, resource)
+
 _ON_CLUSTER = {
     "addshard": ("addShard",),
     "listshards": ("listShards",),
@@ -80,41 +83,59 @@ _ON_CLUSTER = {
 }
 
 
-def required_privileges(
-    name: str, db: str, cmd: dict[str, Any]
-) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+def _aggregate(db: str, target: Any, cmd: dict[str, Any]) -> list[_Privilege]:
+    pipeline = cmd.get("pipeline") or []
+    first = pipeline[0] if pipeline and isinstance(pipeline[0], dict) else {}
+    coll = target if isinstance(target, str) else None
+    if "$changeStream" not in first:
+        return [(("find",), {"db": db, "collection": coll or ""})]
+    spec = first["$changeStream"] if isinstance(first["$changeStream"], dict) else {}
+    if spec.get("allChangesForCluster"):
+        return [(("find", "changeStream"), change_stream_resource(None, None))]
+    return [(("find", "changeStream"), change_stream_resource(db, coll))]
+
+
+def _on_full_namespace(key: str, db: str, target: Any) -> list[_Privilege]:
+    ns_db, _, coll = target.partition(".") if isinstance(target, str) else ("", "", "")
+    return [(_ON_FULL_NAMESPACE[key], {"db": ns_db, "collection": coll})]
+
+
+def _on_namespace(key: str, db: str, target: Any) -> list[_Privilege]:
+    return [
+        (_ON_NAMESPACE[key], {"db": db, "collection": target if isinstance(target, str) else ""})
+    ]
+
+
+def _on_database(key: str, db: str, target: Any) -> list[_Privilege]:
+    if key == "enablesharding" and isinstance(target, str):
+        db = target
+    return [(_ON_DATABASE[key], {"db": db, "collection": ""})]
+
+
+def _rename(key: str, db: str, target: Any) -> list[_Privilege]:
+    if not isinstance(target, str):
+        return []
+    return [(("renameCollectionSameDB",), {"db": target.partition(".")[0], "collection": ""})]
+
+
+# The privileges of each kind of command, by the table its name is in (first match wins).
+_BY_TABLE: tuple[tuple[Any, Callable[[str, str, Any], list[_Privilege]]], ...] = (
+    (_ON_FIXED_NAMESPACE, lambda key, db, target: [(_ON_FIXED_NAMESPACE[key], _CONFIG_SETTINGS)]),
+    (_ON_FULL_NAMESPACE, _on_full_namespace),
+    (_ON_NAMESPACE, _on_namespace),
+    (_ON_DATABASE, _on_database),
+    (_ON_CLUSTER, lambda key, db, target: [(_ON_CLUSTER[key], _CLUSTER)]),
+    ({"renamecollection"}, _rename),
+)
+
+
+def required_privileges(name: str, db: str, cmd: dict[str, Any]) -> list[_Privilege]:
     """[(actions, resource)] that `cmd` needs; [] for a command any logged-in user may run."""
     key = name.lower()
     target = cmd.get(name)
     if key == "aggregate":
-        pipeline = cmd.get("pipeline") or []
-        first = pipeline[0] if pipeline and isinstance(pipeline[0], dict) else {}
-        coll = target if isinstance(target, str) else None
-        if "$changeStream" in first:
-            spec = first["$changeStream"] if isinstance(first["$changeStream"], dict) else {}
-            if spec.get("allChangesForCluster"):
-                return [(("find", "changeStream"), change_stream_resource(None, None))]
-            return [(("find", "changeStream"), change_stream_resource(db, coll))]
-        return [(("find",), {"db": db, "collection": coll or ""})]
-    if key in _ON_FIXED_NAMESPACE:
-        return [(_ON_FIXED_NAMESPACE[key], _CONFIG_SETTINGS)]
-    if key in _ON_FULL_NAMESPACE:
-        ns_db, _, coll = target.partition(".") if isinstance(target, str) else ("", "", "")
-        return [(_ON_FULL_NAMESPACE[key], {"db": ns_db, "collection": coll})]
-    if key in _ON_NAMESPACE:
-        return [
-            (
-                _ON_NAMESPACE[key],
-                {"db": db, "collection": target if isinstance(target, str) else ""},
-            )
-        ]
-    if key in _ON_DATABASE:
-        if key == "enablesharding" and isinstance(target, str):
-            db = target
-        return [(_ON_DATABASE[key], {"db": db, "collection": ""})]
-    if key in _ON_CLUSTER:
-        return [(_ON_CLUSTER[key], _CLUSTER)]
-    if key == "renamecollection" and isinstance(target, str):
-        source_db = target.partition(".")[0]
-        return [(("renameCollectionSameDB",), {"db": source_db, "collection": ""})]
+        return _aggregate(db, target, cmd)
+    for table, privileges in _BY_TABLE:
+        if key in table:
+            return privileges(key, db, target)
     return []

@@ -95,31 +95,16 @@ def _int_or_long(value: Any) -> Any:
 
 def catalog_options(options: dict[str, Any]) -> dict[str, Any]:
     """A create command's options (without `create` and `idIndex`) as the catalog stores them."""
-    out: dict[str, Any] = {}
     given = dict(options)
-    if given.get("capped"):
-        out["capped"] = True
-        # adjustCappedSize: rounded up to a multiple of 256 bytes.
-        out["size"] = _int_or_long((int(given.get("size") or 0) + 0xFF) & ~0xFF)
-        if given.get("max"):
-            out["max"] = _int_or_long(given["max"])
+    out = _capped_options(given)
     for name in ("capped", "size", "max"):
         given.pop(name, None)
     if "collation" in given:
         collation = expand_collation(dict(given.pop("collation")))
         if collation is not None:
             given["collation"] = collation
-    if "clusteredIndex" in given:
-        # ClusteredIndexSpec's IDL order: v, key, name, unique; `clusteredIndex: true` (the
-        # time-series buckets' form) stays a bool.
-        spec = given["clusteredIndex"]
-        if isinstance(spec, dict):
-            given["clusteredIndex"] = {
-                "v": spec.get("v", 2),
-                "key": spec["key"],
-                **({"name": spec["name"]} if "name" in spec else {}),
-                "unique": spec.get("unique", True),
-            }
+    if isinstance(given.get("clusteredIndex"), dict):
+        given["clusteredIndex"] = _clustered_index(given["clusteredIndex"])
     if "expireAfterSeconds" in given:
         given["expireAfterSeconds"] = Int64(given["expireAfterSeconds"])
     for name in _ORDER:
@@ -127,6 +112,28 @@ def catalog_options(options: dict[str, Any]) -> dict[str, Any]:
             out[name] = given.pop(name)
     out.update(given)
     return out
+
+
+def _capped_options(given: dict[str, Any]) -> dict[str, Any]:
+    """A capped collection's capped, size and max as the catalog stores them ({} if uncapped)."""
+    if not given.get("capped"):
+        return {}
+    # adjustCappedSize: rounded up to a multiple of 256 bytes.
+    out = {"capped": True, "size": _int_or_long((int(given.get("size") or 0) + 0xFF) & ~0xFF)}
+    if given.get("max"):
+        out["max"] = _int_or_long(given["max"])
+    return out
+
+
+def _clustered_index(spec: dict[str, Any]) -> dict[str, Any]:
+    """ClusteredIndexSpec's IDL order: v, key, name, unique (`clusteredIndex: true`, the
+    time-series buckets' form, stays a bool)."""
+    return {
+        "v": spec.get("v", 2),
+        "key": spec["key"],
+        **({"name": spec["name"]} if "name" in spec else {}),
+        "unique": spec.get("unique", True),
+    }
 
 
 def create_entry_o(

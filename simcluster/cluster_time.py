@@ -88,23 +88,30 @@ def gossip_in(
     if not isinstance(cluster_time, Mapping):
         raise MongoError("TypeMismatch", "$clusterTime must be an object")
     ts = _field(cluster_time, "clusterTime", (Timestamp,), "timestamp")
-    proof: bytes | None = None
-    key_id = 0
+    proof, key_id = None, 0
     if "signature" in cluster_time or not missing_signature_parses:
-        signature = _field(cluster_time, "signature", (Mapping,), "object")
-        digest = _field(signature, "hash", (bytes,), "binData")
-        if len(digest) != _HASH_BYTES:
-            raise MongoError(
-                "UnsupportedFormat", f"Unsupported SHA1Block hash length: {len(digest)}"
-            )
-        proof = bytes(digest)
-        key_id = int(_field(signature, "keyId", (int, float), "long"))
+        proof, key_id = _signature(cluster_time)
     if key is None:
         return ts  # no authorization: every client may advance the clock
     if (proof is None or proof == bytes(_HASH_BYTES)) and not authenticated:
         return None  # not gossiped: an unauthenticated client's unsigned time
     if (ts.time, ts.inc) <= (newest.time, newest.inc):
         return ts
+    _verify(ts, proof, key_id, key)
+    return ts
+
+
+def _signature(cluster_time: Mapping[str, Any]) -> tuple[bytes, int]:
+    """(the proof, the key id) of a `$clusterTime`'s signature."""
+    signature = _field(cluster_time, "signature", (Mapping,), "object")
+    digest = _field(signature, "hash", (bytes,), "binData")
+    if len(digest) != _HASH_BYTES:
+        raise MongoError("UnsupportedFormat", f"Unsupported SHA1Block hash length: {len(digest)}")
+    return bytes(digest), int(_field(signature, "keyId", (int, float), "long"))
+
+
+def _verify(ts: Timestamp, proof: bytes | None, key_id: int, key: ClusterTimeKey) -> None:
+    """A time ahead of the process's must be signed with the cluster's key."""
     if key_id != key.key_id:
         raise MongoError(
             "KeyNotFound", f"No keys found for HMAC that is valid for time: {ts} with id: {key_id}"
@@ -113,4 +120,3 @@ def gossip_in(
         raise MongoError("CannotVerifyAndSignLogicalTime", "Proof is missing")
     if not hmac.compare_digest(proof, key.proof(ts)):
         raise MongoError("TimeProofMismatch", "Proof does not match the cluster time")
-    return ts

@@ -55,6 +55,24 @@ class Cursor:
         return self.operation is not None
 
 
+def _await_ms(cursor: Cursor, max_time_ms: int | None, first: bool) -> float:
+    """How long a getMore on an awaitData cursor waits for data; a first batch never waits."""
+    if first or not cursor.await_data:
+        return 0
+    return max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS
+
+
+def _reply(cid: int, cursor: Cursor, key: str, batch: Any) -> Any:
+    """The cursor document of a reply: `cid` (0 once the cursor is done), ns and the batch."""
+    if isinstance(batch, RawBatch):
+        extra = cursor.extra() if cursor.extra is not None else None
+        return cursor_document(cid, cursor.ns, key, batch, extra)
+    out: dict[str, Any] = {"id": Int64(cid), "ns": cursor.ns, key: batch}
+    if cursor.extra is not None:
+        out.update(cursor.extra())
+    return out
+
+
 class CursorManager:
     """Cursor ids belong to one server; ids are random non-zero int64s, as the server's are."""
 
@@ -95,7 +113,8 @@ class CursorManager:
     def opened_in(
         self, cid: int, lsid: bytes | None, user: str | None, *, no_timeout: bool = False
     ) -> None:
-        """Record the session (and user) a cursor was opened in, and whether it has noCursorTimeout."""
+        """Record the session (and user) a cursor was opened in, and whether it has
+        noCursorTimeout."""
         if (cursor := self._cursors.get(cid)) is not None:
             cursor.lsid, cursor.user, cursor.no_timeout = lsid, user, no_timeout
 
@@ -114,7 +133,8 @@ class CursorManager:
         return len(idle)
 
     def kill_sessions(self, match: Callable[[Cursor], bool]) -> None:
-        """Kill every cursor opened in a session that `match` selects (killSessions, killAllSessions)."""
+        """Kill every cursor opened in a session that `match` selects (killSessions,
+        killAllSessions)."""
         for cid, cursor in list(self._cursors.items()):
             if cursor.lsid is not None and match(cursor):
                 self.kill(cid)
@@ -166,23 +186,7 @@ class CursorManager:
             # first batch, the cursor open), where a getMore's 0 means the default batch.
             batch, alive = [], True
         elif cursor.fetch is not None:
-            operation = cursor.operation = trio.CancelScope()
-            try:
-                await_ms = (
-                    0
-                    if first or not cursor.await_data
-                    else (max_time_ms if max_time_ms is not None else DEFAULT_AWAIT_MS)
-                )
-                with operation:
-                    batch = await cursor.fetch(limit, trio.current_time() + await_ms / 1000)
-                if operation.cancelled_caught:
-                    raise MongoError("CursorKilled", "operation was interrupted")
-            except MongoError as exc:
-                self.kill(cid)
-                exc.change_stream = cursor.change_stream  # type: ignore[attr-defined]
-                raise
-            finally:
-                cursor.operation = None
+            batch = await self._fetch(cid, cursor, limit, _await_ms(cursor, max_time_ms, first))
             alive = not (cursor.done is not None and cursor.done())
         else:
             batch, cursor.docs = cursor.docs[:limit], cursor.docs[limit:]
@@ -190,10 +194,22 @@ class CursorManager:
         cursor.last_used = time.monotonic()
         if not alive:
             self.kill(cid)
-        if isinstance(batch, RawBatch):
-            extra = cursor.extra() if cursor.extra is not None else None
-            return cursor_document(cid if alive else 0, cursor.ns, key, batch, extra)
-        out: dict[str, Any] = {"id": Int64(cid if alive else 0), "ns": cursor.ns, key: batch}
-        if cursor.extra is not None:
-            out.update(cursor.extra())
-        return out
+        return _reply(cid if alive else 0, cursor, key, batch)
+
+    async def _fetch(self, cid: int, cursor: Cursor, limit: int, await_ms: float) -> Any:
+        """A batch from the cursor's `fetch`; a failure (or a kill meanwhile) kills the cursor."""
+        fetch = cursor.fetch
+        assert fetch is not None
+        operation = cursor.operation = trio.CancelScope()
+        try:
+            with operation:
+                batch = await fetch(limit, trio.current_time() + await_ms / 1000)
+            if operation.cancelled_caught:
+                raise MongoError("CursorKilled", "operation was interrupted")
+        except MongoError as exc:
+            self.kill(cid)
+            exc.change_stream = cursor.change_stream  # type: ignore[attr-defined]
+            raise
+        finally:
+            cursor.operation = None
+        return batch

@@ -110,7 +110,8 @@ class Oplog:
         return self._keys[-1] if self._keys else 0
 
     def last_optime(self) -> tuple[int, int]:
-        """(term, ts key) of the newest entry: the order in which elections compare members' oplogs."""
+        """(term, ts key) of the newest entry: the order in which elections compare members'
+        oplogs."""
         if not self._entries:
             return (0, 0)
         return (int(RawBSONDocument(self._entries[-1], RAW)["t"]), self._keys[-1])
@@ -142,8 +143,8 @@ class Oplog:
         wall_ms: int | None = None,
     ) -> tuple[int, bytes]:
         """Stamp and append an entry given as encoded elements, in the order of the server's
-        OplogEntryBase IDL: `head` (the session: lsid, txnNumber), `body` (op, ns, ui, o, o2, stmtId,
-        fromMigrate), the stamp (ts, t, v, wall), then `tail` (prevOpTime). `wall_ms` is the
+        OplogEntryBase IDL: `head` (the session: lsid, txnNumber), `body` (op, ns, ui, o, o2,
+        stmtId, fromMigrate), the stamp (ts, t, v, wall), then `tail` (prevOpTime). `wall_ms` is the
         write's wall time if the caller read the clock once for a batch. The stamp is spliced in
         as bytes: the same BSON as encoding the four fields, without building four objects per
         write."""

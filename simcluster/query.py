@@ -27,20 +27,27 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
     those filters are answered from the `_id` index, as the server's planner answers them, instead
     of a collection scan (the engine's lookups send an `$or` of up to 500 document keys)."""
     if set(filt) == {"$or"} and isinstance(filt["$or"], list):
-        out: list[Any] = []
-        for branch in filt["$or"]:
-            ids = pinned_ids(branch) if isinstance(branch, Mapping) else None
-            if ids is None:
-                return None
-            out += ids
-        return out
+        return _pinned_by_every(filt["$or"])
     if isinstance(filt.get("$and"), list):  # any clause that pins _id pins the whole conjunction
         for clause in filt["$and"]:
             if isinstance(clause, Mapping) and (ids := pinned_ids(clause)) is not None:
                 return ids
-    if "_id" not in filt:
-        return None
-    cond = filt["_id"]
+    return _pinned_by_condition(filt["_id"]) if "_id" in filt else None
+
+
+def _pinned_by_every(branches: list[Any]) -> list[Any] | None:
+    """The `_id` values of an `$or`: those of its branches, if each pins some."""
+    out: list[Any] = []
+    for branch in branches:
+        ids = pinned_ids(branch) if isinstance(branch, Mapping) else None
+        if ids is None:
+            return None
+        out += ids
+    return out
+
+
+def _pinned_by_condition(cond: Any) -> list[Any] | None:
+    """The values an `_id` condition allows: a value, `$eq`, or an `$in` without regexes."""
     if not isinstance(cond, Mapping) or not any(str(k).startswith("$") for k in cond):
         return [cond]
     if set(cond) == {"$eq"}:
@@ -55,7 +62,8 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
 
 
 def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """`docs` in the order of `spec` ({field: 1 | -1}), values in BSON order (a missing field as null).
+    """`docs` in the order of `spec` ({field: 1 | -1}), values in BSON order (a missing field as
+    null).
     One stable sort per field, the last field first: each value's key is built once."""
     out = list(docs)
     for field, direction in reversed(list(spec.items())):
@@ -73,49 +81,63 @@ def write_error(index: int, exc: MongoError) -> dict[str, Any]:
 
 
 def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any]:
-    """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to write to."""
-    raws = cmd.get("$raw_documents")
-    # Outside a transaction, the documents' own bytes make the oplog entries (ShardNode.insert_sent).
-    sent = raws is not None and cmd.get("autocommit") is not False
+    """The insert command's loop, shared by mongod and mongos: `node_for(doc)` is the shard to
+    write to."""
+    run = _InsertRun(ns, cmd)
     errors = []
     n = 0
-    batches: dict[Any, Any] = {}  # node -> SentInserts
     for i, doc in enumerate(cmd.get("documents", [])):
-        node = node_for(doc)
-        if sent:
-            assert raws is not None
-            batch = batches.get(node)
-            if batch is None:
-                from simcluster.node import SentInserts
-
-                batch = batches[node] = SentInserts(node, ns, cmd)
-            try:
-                done = batch.insert(doc, raws[i], i)
-            except MongoError as exc:
-                errors.append(write_error(i, exc))
-                if cmd.get("ordered", True):
-                    break
-                continue
-            if done:
-                n += 1
-                continue
-        session = node._session_fields(cmd, i)
-        if node.applier.already_done(session):  # a retried statement the shard already has: done
+        exc = run.statement(node_for(doc), i, doc)
+        if exc is None:
             n += 1
             continue
-        try:
-            node.insert_one(ns, doc, session, raw=raws[i] if raws else None)
-            n += 1
-        except MongoError as exc:
-            errors.append(write_error(i, exc))
-            if cmd.get("ordered", True):
-                break
-    for node in batches:
+        errors.append(write_error(i, exc))
+        if cmd.get("ordered", True):
+            break
+    for node in run.batches:
         node.oplog.wake()  # once per command: tailers and secondaries read the whole batch
     out: dict[str, Any] = {"n": n}
     if errors:
         out["writeErrors"] = errors
     return out
+
+
+class _InsertRun:
+    """The statements of one insert command."""
+
+    def __init__(self, ns: str, cmd: Mapping[str, Any]) -> None:
+        self.ns, self.cmd = ns, cmd
+        self.raws = cmd.get("$raw_documents")
+        # Outside a transaction, the documents' own bytes make the oplog entries
+        # (member_writes.SentInserts).
+        self.sent = self.raws is not None and cmd.get("autocommit") is not False
+        self.batches: dict[Any, Any] = {}  # node -> its SentInserts
+
+    def statement(self, node: Any, i: int, doc: dict[str, Any]) -> MongoError | None:
+        """Insert document `i` on `node`; the write error it got, if any (an error of the
+        session itself fails the whole command)."""
+        if self.sent:
+            try:
+                if self._sent(node, i, doc):
+                    return None
+            except MongoError as exc:
+                return exc
+        session = node._session_fields(self.cmd, i)
+        if node.applier.already_done(session):  # a retried statement the shard already has
+            return None
+        try:
+            node.insert_one(self.ns, doc, session, raw=self.raws[i] if self.raws else None)
+        except MongoError as exc:
+            return exc
+        return None
+
+    def _sent(self, node: Any, i: int, doc: dict[str, Any]) -> bool:
+        """Log document `i` from its sent bytes; False when it needs the general path."""
+        batch = self.batches.get(node)
+        if batch is None:
+            batch = self.batches[node] = node.sent_inserts(self.ns, self.cmd)
+        assert self.raws is not None
+        return bool(batch.insert(doc, self.raws[i], i))
 
 
 def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:

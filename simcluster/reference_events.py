@@ -48,7 +48,7 @@ from mongoformats.resume_token import (
     encode_token_generic,
     token_sort_key,
 )
-from simcluster.reference_diff import describe_update
+from simcluster.reference_fields import EXPANDED_DDL, crud_fields, ddl_description, view_fields
 
 __all__ = ["RefEvent", "ReferenceTransformer", "encode_event", "invalidate_for"]
 
@@ -183,7 +183,7 @@ class ReferenceTransformer:
             return db == self.db and coll == self.coll
         return self._db_in_scope(db) and not coll.startswith("system.") and not coll.startswith("$")
 
-    # -- entry point ---------------------------------------------------------------------------------
+    # -- entry point -------------------------------------------------------------------------
 
     def events(self, raw: bytes) -> list[RefEvent]:
         entry = bson.decode(raw, PLAIN)
@@ -213,24 +213,10 @@ class ReferenceTransformer:
             return self._view(op, ts, wall, txn_op_index, txn)
         if op["op"] == "c":
             return self._command_in_transaction(op, ts, wall, txn_op_index, txn)
-        if not self._coll_in_scope(db, coll) or coll.startswith("system."):
+        crud = self._crud_in_scope(op, db, coll)
+        if crud is None:
             return None
-        o = op["o"]
-        full_document: Any = None
-        update_description = None
-        if op["op"] == "i":
-            op_type, full_document = "insert", o
-            document_key = op["o2"] if "o2" in op else {"_id": o["_id"]}
-        elif op["op"] == "u":
-            document_key = op["o2"]
-            if o.get("$v") != 2 and "_id" in o:  # a whole new document
-                op_type, full_document = "replace", o
-            else:  # a $v:2 diff (or a $v:1 modifier document)
-                op_type, update_description = "update", describe_update(o, expanded=self.expanded)
-        elif op["op"] == "d":
-            op_type, document_key = "delete", o
-        else:
-            return None
+        op_type, full_document, document_key, update_description = crud
         ui = op.get("ui")
         doc = self._head(txn, None, op_type, ts, ui, wall)
         if full_document is not None:
@@ -244,6 +230,15 @@ class ReferenceTransformer:
             event.image_key = (bytes(ui), applied_at[0], applied_at[1])
         return event
 
+    def _crud_in_scope(
+        self, op: dict[str, Any], db: str, coll: str
+    ) -> tuple[str, Any, Any, Any] | None:
+        """The CRUD fields of a write to a collection this stream watches (system collections'
+        writes make no events)."""
+        if not self._coll_in_scope(db, coll) or coll.startswith("system."):
+            return None
+        return crud_fields(op, self.expanded)
+
     def _view(
         self,
         op: dict[str, Any],
@@ -256,18 +251,11 @@ class ReferenceTransformer:
         db, _ = _split(op["ns"])
         if self.single or not self.expanded or not self._db_in_scope(db):
             return None
-        kinds = {"i": "create", "u": "modify", "d": "drop"}
-        if op["op"] not in kinds:
+        fields = view_fields(op)
+        if fields is None:
             return None
-        o = op["o"]
-        name = o.get("_id") if op["op"] != "u" else op.get("o2", {}).get("_id", o.get("_id"))
-        if not isinstance(name, str):
-            return None
+        op_type, name, desc = fields
         view_db, view = _split(name)
-        op_type = kinds[op["op"]]
-        desc = {k: v for k, v in o.items() if k != "_id"} if op_type != "drop" else None
-        if op_type == "modify" and "$v" in o:
-            return None  # a $v:2 delta of a view document: no whole definition to show
         doc: dict[str, Any] = {"_id": None}  # (the view transform adds no lsid/txnNumber)
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
@@ -329,70 +317,95 @@ class ReferenceTransformer:
         txn_op_index: int,
         txn: tuple[Any, Any] | None,
     ) -> RefEvent | None:
+        """The event of a DDL entry `name` (of database `db`), or None when the stream does
+        not show it."""
+        event = {
+            "dropDatabase": self._drop_database_event,
+            "renameCollection": self._rename_event,
+            "drop": self._drop_event,
+        }.get(name, self._expanded_ddl_event)
+        return event(entry, name, db, ts, wall, txn_op_index, txn)
+
+    def _drop_database_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
+        if self.single or not self._db_in_scope(db):
+            return None
+        doc = self._head(txn, None, "dropDatabase", ts, None, wall)
+        doc["ns"] = {"db": db}
+        return self._finish(doc, "dropDatabase", db, None, ts, txn_op_index, None, None, None)
+
+    def _rename_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
         o, ui = entry["o"], entry.get("ui")
-        to: dict[str, Any] | None = None
-        state_before: dict[str, Any] | None = None
-        desc: dict[str, Any] | None
-        if name == "dropDatabase":
-            if self.single or not self._db_in_scope(db):
-                return None
-            doc = self._head(txn, None, "dropDatabase", ts, None, wall)
-            doc["ns"] = {"db": db}
-            return self._finish(doc, "dropDatabase", db, None, ts, txn_op_index, None, None, None)
-        if name == "renameCollection":
-            src_db, src = _split(o["renameCollection"])
-            dst_db, dst = _split(o["to"])
-            if not (self._coll_in_scope(src_db, src) or self._coll_in_scope(dst_db, dst)):
-                return None
-            to = {"db": dst_db, "coll": dst}
-            # The command but renameCollection and stayTemp, its `to` made an ns document in place.
-            desc = {k: v for k, v in o.items() if k not in ("renameCollection", "stayTemp")}
-            desc["to"] = dict(to)
-            doc = self._head(txn, to, "rename", ts, ui, wall)
-            doc["ns"] = {"db": src_db, "coll": src}
-            if self.expanded:
-                doc["operationDescription"] = desc
-            return self._finish(doc, "rename", src_db, src, ts, txn_op_index, ui, None, desc)
-        if name == "drop":
-            coll = o["drop"]
-            if not self._coll_in_scope(db, coll):
-                return None
-            doc = self._head(txn, None, "drop", ts, ui, wall)
-            doc["ns"] = {"db": db, "coll": coll}
-            return self._finish(doc, "drop", db, coll, ts, txn_op_index, ui, None, None)
+        src_db, src = _split(o["renameCollection"])
+        dst_db, dst = _split(o["to"])
+        if not (self._coll_in_scope(src_db, src) or self._coll_in_scope(dst_db, dst)):
+            return None
+        to = {"db": dst_db, "coll": dst}
+        # The command but renameCollection and stayTemp, its `to` made an ns document in place.
+        desc = {k: v for k, v in o.items() if k not in ("renameCollection", "stayTemp")}
+        desc["to"] = dict(to)
+        doc = self._head(txn, to, "rename", ts, ui, wall)
+        doc["ns"] = {"db": src_db, "coll": src}
+        if self.expanded:
+            doc["operationDescription"] = desc
+        return self._finish(doc, "rename", src_db, src, ts, txn_op_index, ui, None, desc)
+
+    def _drop_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
+        coll, ui = entry["o"]["drop"], entry.get("ui")
+        if not self._coll_in_scope(db, coll):
+            return None
+        doc = self._head(txn, None, "drop", ts, ui, wall)
+        doc["ns"] = {"db": db, "coll": coll}
+        return self._finish(doc, "drop", db, coll, ts, txn_op_index, ui, None, None)
+
+    def _expanded_ddl_event(
+        self,
+        entry: dict[str, Any],
+        name: str,
+        db: str,
+        ts: Timestamp,
+        wall: Any,
+        txn_op_index: int,
+        txn: tuple[Any, Any] | None,
+    ) -> RefEvent | None:
+        """The DDL events only expanded streams show: create, createIndexes, dropIndexes and
+        modify."""
         if not self.expanded:
             return None
-        coll = o[name]
-        op_type = {
-            "create": "create",
-            "createIndexes": "createIndexes",
-            "commitIndexBuild": "createIndexes",
-            "dropIndexes": "dropIndexes",
-            "collMod": "modify",
-        }.get(name)
+        coll, ui = entry["o"][name], entry.get("ui")
+        op_type = EXPANDED_DDL.get(name)
         if op_type is None or not isinstance(coll, str) or not self._coll_in_scope(db, coll):
             return None
-        rest = {k: v for k, v in o.items() if k != name}
-        if name == "create":
-            if "viewOn" in rest:
-                return None  # a view's definition is shown from its system.views document
-            desc = rest
-        elif name == "createIndexes":
-            desc = {"indexes": [rest]}
-        elif name == "commitIndexBuild":
-            desc = {"indexes": rest["indexes"]}
-        elif name == "dropIndexes":
-            desc = {"indexes": [entry["o2"]]}
-        else:
-            desc = rest
-            o2 = entry.get("o2") or {}
-            # Document{{collectionOptions, o2.collectionOptions_old}, {indexOptions, ...}}: a
-            # field missing from o2 is left out.
-            state_before = {
-                name: o2[f"{name}_old"]
-                for name in ("collectionOptions", "indexOptions")
-                if f"{name}_old" in o2
-            }
+        described = ddl_description(entry, name)
+        if described is None:
+            return None
+        desc, state_before = described
         doc = self._head(txn, None, op_type, ts, ui, wall)
         doc["ns"] = {"db": db, "coll": coll}
         doc["operationDescription"] = desc
@@ -431,21 +444,25 @@ class ReferenceTransformer:
         o2 = entry.get("o2")
         if not self.expanded or not isinstance(o2, dict):
             return []
+        kind = self._noop_kind(o2)
+        if kind is None or entry.get("fromMigrate") and not self.migration:
+            return []
+        db, coll = _split(o2[kind])
+        if not self._coll_in_scope(db, coll):
+            return []
+        desc = {k: v for k, v in o2.items() if k != kind}
+        ui = entry.get("ui")
+        doc = self._head(None, None, kind, entry["ts"], ui, entry.get("wall"))
+        doc["ns"] = {"db": db, "coll": coll}
+        doc["operationDescription"] = desc
+        return [self._finish(doc, kind, db, coll, entry["ts"], 0, ui, None, desc)]
+
+    def _noop_kind(self, o2: dict[str, Any]) -> str | None:
+        """The event a noop's o2 announces that this stream shows, if any."""
         for kind, needs_system_events in _NOOP_EVENTS:
-            if kind not in o2 or (needs_system_events and not self.system_events):
-                continue
-            if entry.get("fromMigrate") and not self.migration:
-                return []
-            db, coll = _split(o2[kind])
-            if not self._coll_in_scope(db, coll):
-                return []
-            desc = {k: v for k, v in o2.items() if k != kind}
-            ui = entry.get("ui")
-            doc = self._head(None, None, kind, entry["ts"], ui, entry.get("wall"))
-            doc["ns"] = {"db": db, "coll": coll}
-            doc["operationDescription"] = desc
-            return [self._finish(doc, kind, db, coll, entry["ts"], 0, ui, None, desc)]
-        return []
+            if kind in o2 and (self.system_events or not needs_system_events):
+                return kind
+        return None
 
     # -- transactions ------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Collections of one node: documents keyed by `_id`, unique indexes, and the oplog entries writes make."""
+"""Collections of one node: documents keyed by `_id`, unique indexes, and the oplog entries
+writes make."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bson import Binary, ObjectId
 
 from mongoformats.errors import MongoError
 from mongoformats.keystring import key_of
+from mongoformats.mql import get_path
 
 # Keys of the KeyString kind start with what no BSON document starts with (a length of 0), so they
 # never meet the BSON-bytes kind in one dict.
@@ -47,8 +49,6 @@ class Index:
     entries: dict[bytes, bytes] = field(default_factory=dict)
 
     def key_of(self, doc: dict[str, Any]) -> bytes:
-        from simcluster.query import get_path
-
         vals = []
         for f in self.key:
             got = get_path(doc, f)
@@ -56,8 +56,6 @@ class Index:
         return index_key(vals)
 
     def key_value(self, doc: dict[str, Any]) -> dict[str, Any]:
-        from simcluster.query import get_path
-
         return {f: (get_path(doc, f) or [None])[0] for f in self.key}
 
 

@@ -55,7 +55,8 @@ class Transaction:
     images: list[Any] = field(default_factory=list)  # per op: (collection, before, after) or None
     state: str = "open"  # open -> prepared -> committed | aborted
     prepare_ts: Timestamp | None = None
-    # When it started (time.monotonic()): it expires transactionLifetimeLimitSeconds later, unless prepared.
+    # When it started (time.monotonic()): it expires transactionLifetimeLimitSeconds later,
+    # unless prepared.
     started: float = field(default_factory=time.monotonic)
     # A prepared transaction this member took over at step-up: its ops are in the oplog but not
     # applied here yet (a secondary applies them at commit); commit applies them with this.
@@ -105,7 +106,8 @@ class TransactionTable:
         return txn if txn is not None and txn.state in ("open", "prepared") else None
 
     def commit(self, key: TxnKey) -> None:
-        """Commit a transaction this shard alone took part in: its ops as one applyOps (or a chain)."""
+        """Commit a transaction this shard alone took part in: its ops as one applyOps (or a
+        chain)."""
         txn = self.txns.get(key)
         if txn is None:
             raise no_such_transaction(key)
@@ -169,7 +171,8 @@ class TransactionTable:
         ops: list[Any],
         apply: Callable[..., None],
     ) -> None:
-        """A transaction prepared under an earlier primary, known from the oplog: still prepared here."""
+        """A transaction prepared under an earlier primary, known from the oplog: still prepared
+        here."""
         self.txns[key] = Transaction(
             lsid,
             key[1],

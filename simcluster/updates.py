@@ -20,17 +20,16 @@ array diff is `{a: true, u<i>|s<i>...}` by index (v2_log_builder, document_diff_
 from __future__ import annotations
 
 import copy
-import datetime
 import functools
 from collections.abc import Mapping
 from typing import Any
 
 import bson
 
-from mongoformats.bson_order import MISSING, compare
+from mongoformats.bson_order import MISSING
 from mongoformats.errors import MongoError
-from mongoformats.mql import _match_value, matches
-from simcluster.query import sort_docs
+from mongoformats.mql import matches
+from simcluster.modifiers import MODIFIERS, modify, same, unknown_modifier
 
 __all__ = [
     "apply_update",
@@ -106,7 +105,8 @@ class _Log:
                 else:
                     node.children[part] = child
             elif not isinstance(child, (_DocDiff, _ArrayDiff)):
-                return  # inside a value logged whole (a created subtree): that value is the final one
+                # Inside a value logged whole (a created subtree): that value is the final one.
+                return
             node = child
         last = parts[-1]
         if isinstance(node, _ArrayDiff):
@@ -185,143 +185,6 @@ def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, lis
     return found, flags
 
 
-def _arith(old: Any, operand: Any, op: str) -> Any:
-    if not isinstance(operand, (int, float)) or isinstance(operand, bool):
-        verb = "increment" if op == "$inc" else "multiply"
-        raise MongoError("TypeMismatch", f"Cannot {verb} with non-numeric argument: {operand!r}")
-    if old is MISSING:  # $inc creates the operand, $mul a zero of the operand's type
-        return operand if op == "$inc" else type(operand)(0)
-    if not isinstance(old, (int, float)) or isinstance(old, bool):
-        raise MongoError("TypeMismatch", f"Cannot apply {op} to a value of non-numeric type")
-    result = old + operand if op == "$inc" else old * operand
-    # The server keeps the wider of the two types: Int32 + Int32 stays Int32 unless it overflows.
-    if isinstance(old, float) or isinstance(operand, float):
-        return float(result)
-    if (
-        isinstance(old, bson.Int64)
-        or isinstance(operand, bson.Int64)
-        or not -(2**31) <= result < 2**31
-    ):
-        return bson.Int64(result)
-    return int(result)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Binary-equal BSON values (same type and bytes): what makes a modifier a no-op."""
-    return bson.encode({"v": a}) == bson.encode({"v": b})
-
-
-def _modify(op: str, old: Any, value: Any, is_insert: bool) -> tuple[Any, int] | None:
-    """(the new value, how many elements were appended) for one modifier at one path whose current
-    value is `old` (MISSING if absent), or None when it changes nothing (and so logs nothing)."""
-    exists = old is not MISSING
-    if op in ("$set", "$setOnInsert"):
-        if op == "$setOnInsert" and not is_insert:
-            return None
-        return None if exists and _same(old, value) else (copy.deepcopy(value), 0)
-    if op in ("$inc", "$mul"):
-        new = _arith(old, value, op)
-        return None if exists and _same(old, new) else (new, 0)
-    if op in ("$min", "$max"):
-        if exists and (compare(value, old) >= 0 if op == "$min" else compare(value, old) <= 0):
-            return None
-        return copy.deepcopy(value), 0
-    if op == "$currentDate":
-        return datetime.datetime.now(datetime.UTC).replace(microsecond=0), 0
-    if op in ("$push", "$addToSet"):
-        each = isinstance(value, Mapping) and "$each" in value
-        items = list(value["$each"]) if each else [value]
-        if exists and not isinstance(old, list):
-            raise MongoError(
-                "BadValue", f"The field must be an array but is of type {type(old).__name__}"
-            )
-        arr = list(old) if exists else []
-        before = len(arr)
-        if (
-            op == "$addToSet"
-        ):  # logged whole, as 7.0/8.0 do (newer servers log the appended elements)
-            for item in items:
-                if all(compare(item, a) != 0 for a in arr):
-                    arr.append(copy.deepcopy(item))
-            return None if exists and len(arr) == before else (arr, 0)
-        position = value.get("$position") if each else None
-        if position is not None and position < before:
-            at = max(before + position, 0) if position < 0 else position
-            arr[at:at] = copy.deepcopy(items)
-        else:
-            arr += copy.deepcopy(items)
-        appended = before > 0 and (position is None or position >= before) and bool(items)
-        if each and "$sort" in value:
-            spec = value["$sort"]
-            if isinstance(spec, Mapping):
-                arr = sort_docs(arr, spec)
-            else:
-                arr = sorted(arr, key=functools.cmp_to_key(compare), reverse=spec < 0)
-            appended = False
-        if each and "$slice" in value:
-            n = value["$slice"]
-            sliced = arr[:n] if n >= 0 else arr[n:]
-            appended = appended and len(sliced) == len(arr)
-            arr = sliced
-        if exists and not items and len(arr) == before:
-            return None
-        return arr, len(items) if appended and exists else 0
-    if op == "$pop":
-        if not exists:
-            return None
-        if not isinstance(old, list):
-            raise MongoError("TypeMismatch", "Path must be an array to $pop")
-        return (old[1:] if value == -1 else old[:-1], 0) if old else None
-    if op in ("$pull", "$pullAll"):
-        if not exists:
-            return None
-        if not isinstance(old, list):
-            raise MongoError("BadValue", "Cannot apply $pull to a non-array value")
-        gone = value if op == "$pullAll" else [value]
-        keep = [
-            a
-            for a in old
-            if not any(
-                (
-                    matches(a, g)
-                    if isinstance(g, Mapping) and isinstance(a, Mapping)
-                    else _match_value(g, [a], a, "")
-                )
-                for g in gone
-            )
-        ]
-        return None if len(keep) == len(old) else (keep, 0)
-    raise _unknown_modifier(op)
-
-
-def _unknown_modifier(op: str) -> MongoError:
-    return MongoError(
-        "FailedToParse",
-        f"Unknown modifier: {op}. Expected a valid update modifier or "
-        "pipeline-style update specified as an array",
-    )
-
-
-_MODIFIERS = frozenset(
-    {
-        "$set",
-        "$setOnInsert",
-        "$inc",
-        "$mul",
-        "$min",
-        "$max",
-        "$currentDate",
-        "$push",
-        "$addToSet",
-        "$pop",
-        "$pull",
-        "$pullAll",
-        "$unset",
-        "$rename",
-    }
-)
-
-
 def _expand(
     doc: Any,
     parts: list[str],
@@ -337,51 +200,75 @@ def _expand(
             for p in out:
                 p.append(part)
             continue
-        grown: list[list[str]] = []
-        for prefix in out:
-            found, _, value = _lookup(doc, prefix)
-            where = ".".join(prefix)
-            if found < len(prefix):
-                raise MongoError(
-                    "BadValue",
-                    f"The path '{where}' must exist in the document in order to apply "
-                    "array updates.",
-                )
-            if not isinstance(value, list):
-                raise MongoError(
-                    "BadValue",
-                    f"Cannot apply array updates to non-array element {where}: {value!r}",
-                )
-            if part == "$":
-                grown.append([*prefix, str(_positional(value, where, query))])
-                continue
-            ident = part[2:-1]
-            if ident and ident not in array_filters:
-                raise MongoError(
-                    "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
-                )
-            for idx, element in enumerate(value):
-                if not ident or matches({ident: element}, array_filters[ident]):
-                    grown.append([*prefix, str(idx)])
-        out = grown
+        out = [
+            [*prefix, index]
+            for prefix in out
+            for index in _selected(doc, prefix, part, array_filters, query, path)
+        ]
     return out
+
+
+def _selected(
+    doc: Any,
+    prefix: list[str],
+    part: str,
+    array_filters: Mapping[str, Any],
+    query: Mapping[str, Any],
+    path: str,
+) -> list[str]:
+    """The indexes positional `part` selects in the array at `prefix`."""
+    array, where = _array_at(doc, prefix)
+    if part == "$":
+        return [str(_positional(array, where, query))]
+    ident = part[2:-1]
+    if ident and ident not in array_filters:
+        raise MongoError(
+            "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
+        )
+    return [
+        str(idx)
+        for idx, element in enumerate(array)
+        if not ident or matches({ident: element}, array_filters[ident])
+    ]
+
+
+def _array_at(doc: Any, prefix: list[str]) -> tuple[list[Any], str]:
+    """The array a positional path part applies to, and its dotted path."""
+    found, _, value = _lookup(doc, prefix)
+    where = ".".join(prefix)
+    if found < len(prefix):
+        raise MongoError(
+            "BadValue",
+            f"The path '{where}' must exist in the document in order to apply array updates.",
+        )
+    if not isinstance(value, list):
+        raise MongoError(
+            "BadValue", f"Cannot apply array updates to non-array element {where}: {value!r}"
+        )
+    return value, where
 
 
 def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
     """The index `$` stands for: the first element the query's conditions on this array match."""
-    terms = [(k, v) for k, v in query.items() if k == where or k.startswith(where + ".")]
+    terms = _terms_on(query, where)
     for clause in query.get("$and", []):
-        terms += [(k, v) for k, v in clause.items() if k == where or k.startswith(where + ".")]
+        terms += _terms_on(clause, where)
     if terms:
         for idx, element in enumerate(array):
-            if all(
-                matches({where: [element]} if k == where else {where: element}, {k: v})
-                for k, v in terms
-            ):
+            if all(_element_matches(element, where, k, v) for k, v in terms):
                 return idx
     raise MongoError(
         "BadValue", "The positional operator did not find the match needed from the query."
     )
+
+
+def _terms_on(query: Mapping[str, Any], where: str) -> list[tuple[str, Any]]:
+    """The query's conditions on the array at `where` or inside its elements."""
+    return [(k, v) for k, v in query.items() if k == where or k.startswith(where + ".")]
+
+
+def _element_matches(element: Any, where: str, key: str, cond: Any) -> bool:
+    return matches({where: [element]} if key == where else {where: element}, {key: cond})
 
 
 def update_with_entry(
@@ -394,38 +281,84 @@ def update_with_entry(
 ) -> tuple[dict[str, Any], Any]:
     """(the updated copy of `doc`, the `o` of the oplog entry the server writes for it, or None when
     nothing changed): a `$v: 2` diff for update operators, the new document for a replacement."""
-    new = copy.deepcopy(doc) if doc is not None else {}
     if not update or not all(k.startswith("$") for k in update):
-        if not is_insert:
-            _check_top_level_names(update)
-        new = _replace(doc, update)
-        replacement = not any(k.startswith("$") for k in update)
-        changed = doc is None or bson.encode(new) != bson.encode(doc)
-        return new, new if replacement and changed else None
+        return _replacement_with_entry(doc, update, is_insert)
+    new = copy.deepcopy(doc) if doc is not None else {}
+    steps = _steps(new, update, _filters_by_identifier(array_filters), query or {})
+    if not is_insert:
+        _check_top_level_names(_stored_top_level(steps, new))
+    _check_conflicts(steps)
+    log = _Log()
+    for target, op, parts, value in steps:
+        _STEPS.get(op, _modify_step)(new, target, op, parts, value, is_insert, log)
+    _check_id_kept(doc, new)
+    return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+
+
+def _replacement_with_entry(
+    doc: dict[str, Any] | None, update: Mapping[str, Any], is_insert: bool
+) -> tuple[dict[str, Any], Any]:
+    """A replacement logs the new document, unless it changed nothing."""
+    if not is_insert:
+        _check_top_level_names(update)
+    new = _replace(doc, update)
+    replacement = not any(k.startswith("$") for k in update)
+    changed = doc is None or bson.encode(new) != bson.encode(doc)
+    return new, new if replacement and changed else None
+
+
+def _filters_by_identifier(array_filters: list[Any] | None) -> dict[str, Any]:
+    """arrayFilters by the identifier each names (`{"x.a": ..}` belongs to `$[x]`)."""
     filters: dict[str, Any] = {}
     for spec in array_filters or ():
         for key in spec:
             filters.setdefault(key.split(".")[0], {})[key] = spec[key]
-    # Every (operator, concrete path, argument), then applied in path order (renames at their target).
-    steps: list[tuple[list[str], str, list[str], Any]] = []
+    return filters
+
+
+# (the path applied to, operator, concrete path, argument)
+_Step = tuple[list[str], str, list[str], Any]
+
+
+def _steps(
+    new: dict[str, Any],
+    update: Mapping[str, Any],
+    filters: Mapping[str, Any],
+    query: Mapping[str, Any],
+) -> list[_Step]:
+    """Every (operator, concrete path, argument), in the path order they apply in (renames at
+    their target)."""
+    steps: list[_Step] = []
     for op, fields in update.items():
-        if op not in _MODIFIERS:
-            raise _unknown_modifier(op)
+        if op not in MODIFIERS:
+            raise unknown_modifier(op)
         for path, value in fields.items():
             if op == "$rename":
                 steps.append((value.split("."), op, path.split("."), value))
                 continue
-            for parts in _expand(new, path.split("."), filters, query or {}, path):
+            for parts in _expand(new, path.split("."), filters, query, path):
                 steps.append((parts, op, parts, value))
     steps.sort(key=lambda s: _path_order(s[0]))
-    if not is_insert:  # a top-level field the update stores: set whole, or created
-        _check_top_level_names(
-            {
-                t[0]: None
-                for t, op, _, _ in steps
-                if op != "$unset" and (len(t) == 1 or t[0] not in new)
-            }
+    return steps
+
+
+def _stored_top_level(steps: list[_Step], new: dict[str, Any]) -> dict[str, None]:
+    """The top-level fields the update stores: set whole, or created."""
+    return {
+        t[0]: None for t, op, _, _ in steps if op != "$unset" and (len(t) == 1 or t[0] not in new)
+    }
+
+
+def _check_id_kept(doc: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    if doc is not None and "_id" in doc and not same(new.get("_id"), doc["_id"]):
+        raise MongoError(
+            "ImmutableField",
+            "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
+
+
+def _check_conflicts(steps: list[_Step]) -> None:
+    """Two operators may not update the same path, or a path and a part of it."""
     for a, b in zip(steps, steps[1:], strict=False):
         if b[0][: len(a[0])] == a[0]:
             raise MongoError(
@@ -433,40 +366,67 @@ def update_with_entry(
                 f"Updating the path '{'.'.join(b[0])}' would create a "
                 f"conflict at '{'.'.join(a[0])}'",
             )
-    log = _Log()
-    for target, op, parts, value in steps:
-        if op == "$unset":
-            found, flags, _ = _lookup(new, parts)
-            if found == len(parts):
-                _unset(new, parts, flags, log)
-        elif op == "$rename":
-            found, flags, old = _lookup(new, parts)
-            if found == len(parts):  # as RenameNode: the target is set, then the source removed
-                if flags[-1]:
-                    raise MongoError(
-                        "BadValue",
-                        f"The source field cannot be an array element, '{'.'.join(parts)}'",
-                    )
-                _put(new, target, old, log)
-                _unset(new, parts, flags, log)
-        else:
-            found, flags, old = _lookup(new, parts)
-            modified = _modify(op, old if found == len(parts) else MISSING, value, is_insert)
-            if modified is None:
-                continue
-            result, appended = modified
-            if appended:  # $push that only appended: each new element, not the array
-                for idx in range(len(result) - appended, len(result)):
-                    log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
-                _create(new, parts, result)
-            else:
-                _put(new, parts, result, log)
-    if doc is not None and "_id" in doc and not _same(new.get("_id"), doc["_id"]):
+
+
+def _unset_step(
+    new: dict[str, Any],
+    target: list[str],
+    op: str,
+    parts: list[str],
+    value: Any,
+    is_insert: bool,
+    log: _Log,
+) -> None:
+    found, flags, _ = _lookup(new, parts)
+    if found == len(parts):
+        _unset(new, parts, flags, log)
+
+
+def _rename_step(
+    new: dict[str, Any],
+    target: list[str],
+    op: str,
+    parts: list[str],
+    value: Any,
+    is_insert: bool,
+    log: _Log,
+) -> None:
+    found, flags, old = _lookup(new, parts)
+    if found < len(parts):
+        return
+    # As RenameNode: the target is set, then the source removed.
+    if flags[-1]:
         raise MongoError(
-            "ImmutableField",
-            "Performing an update on the path '_id' would modify the immutable field '_id'",
+            "BadValue", f"The source field cannot be an array element, '{'.'.join(parts)}'"
         )
-    return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+    _put(new, target, old, log)
+    _unset(new, parts, flags, log)
+
+
+def _modify_step(
+    new: dict[str, Any],
+    target: list[str],
+    op: str,
+    parts: list[str],
+    value: Any,
+    is_insert: bool,
+    log: _Log,
+) -> None:
+    found, flags, old = _lookup(new, parts)
+    modified = modify(op, old if found == len(parts) else MISSING, value, is_insert)
+    if modified is None:
+        return
+    result, appended = modified
+    if not appended:
+        _put(new, parts, result, log)
+        return
+    # A $push that only appended logs each new element, not the array.
+    for idx in range(len(result) - appended, len(result)):
+        log.add([*parts, str(idx)], [*flags, True], "u", result[idx])
+    _create(new, parts, result)
+
+
+_STEPS = {"$unset": _unset_step, "$rename": _rename_step}
 
 
 _DBREF_FIELDS = frozenset({"$ref", "$id", "$db"})
@@ -515,7 +475,7 @@ def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> d
     if doc is not None and "_id" in doc:
         out["_id"] = doc["_id"]
     for k, v in replacement.items():
-        if k == "_id" and doc is not None and "_id" in doc and not _same(v, doc["_id"]):
+        if k == "_id" and doc is not None and "_id" in doc and not same(v, doc["_id"]):
             raise MongoError(
                 "ImmutableField",
                 "After applying the update, the (immutable) field '_id' was found "
@@ -562,7 +522,8 @@ def _size(value: Any) -> int:
 
 def pipeline_entry(old: Mapping[str, Any], new: Mapping[str, Any]) -> Any:
     """The `o` of the oplog entry for a pipeline update from `old` to `new`: the diff when it is
-    smaller than the document, else the whole document (a replace event); None if nothing changed."""
+    smaller than the document, else the whole document (a replace event); None if nothing
+    changed."""
     if bson.encode(new) == bson.encode(old):
         return None
     diff = pipeline_diff(old, new)
@@ -592,7 +553,7 @@ def _doc_diff(
             gone.add(name)
             i += 1
             continue
-        if not _same(before, after):
+        if not same(before, after):
             sub = _sub_diff(before, after)
             if sub is None:
                 node.updates[name] = after
@@ -615,7 +576,7 @@ def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
     if len(old) > len(new):
         out["l"] = len(new)
     for idx, after in enumerate(new):
-        if idx < len(old) and _same(old[idx], after):
+        if idx < len(old) and same(old[idx], after):
             continue
         sub = _sub_diff(old[idx], after) if idx < len(old) else None
         if sub is None:

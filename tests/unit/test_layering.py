@@ -6,8 +6,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OURS = {"simcluster", "wireproxy", "buckets", "bucketspark"}
 
@@ -101,6 +99,7 @@ def test_the_reference_transform_evaluates_nothing_with_the_engines_modules():
     assert sorted(p.name for p in (ROOT / "simcluster").glob("reference_*.py")) == [
         "reference_diff.py",
         "reference_events.py",
+        "reference_fields.py",
     ]
 
 
@@ -455,28 +454,11 @@ def _simcluster_graph() -> dict[str, set[str]]:
     return graph
 
 
-# An import inside a function of simcluster/query.py (node.SentInserts), which closes the cycle
-# query -> node -> query (and query -> node -> aggregate -> query): the node's modules are being
-# split on their own branch, which removes it.
-NODE_SPLIT_PENDING = {("simcluster.query", "simcluster.node")}
-
-
 def test_simcluster_modules_import_each_other_without_cycles():
     """The whole simulator's import graph, deferred and TYPE_CHECKING imports included: a part
     that needs another's objects states what it needs as a protocol (simcluster/roles.py,
-    simcluster/router_roles.py) instead of importing the class that imports it."""
-    graph = _simcluster_graph()
-    for module, imported in NODE_SPLIT_PENDING:
-        graph[module].discard(imported)
-    _assert_acyclic(graph)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="cycle simcluster.query -> simcluster.node -> simcluster.query (query.py imports "
-    "node.SentInserts in a function); goes with the node split",
-)
-def test_simcluster_import_graph_is_acyclic_without_exceptions():
+    simcluster/router_roles.py) or is handed it (query.run_inserts asks its node for the
+    inserts sent) instead of importing the module that imports it."""
     _assert_acyclic(_simcluster_graph())
 
 
