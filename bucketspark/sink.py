@@ -21,8 +21,11 @@ Idempotent on replay (a re-applied batch leaves the same state):
 
 from __future__ import annotations
 
+import functools
 import operator
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,13 +190,18 @@ def apply_events(
     still gets 1000-op bulk writes instead of one round trip per event. A DDL event writes
     everything gathered before it, then applies, so it stays a barrier. The events of one source
     transaction (consecutive in a bucket: same lsid and txnNumber) are written as one target
-    transaction, after what was gathered before them.
+    transaction, after what was gathered before them. The writes go to the target in that order
+    from one writer thread (`_Writer`), while the events after them are converted.
     """
     applier = _Applier(client)
-    for raw in events:
-        applier.apply(bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw)
-    applier.end_unit()
-    applier.flush()
+    try:
+        for raw in events:
+            applier.apply(bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw)
+        applier.end_unit()
+        applier.flush()
+        applier.writer.drain()
+    finally:
+        applier.writer.close()
     return applier.stats
 
 
@@ -207,6 +215,7 @@ class _Applier:
         self.runs: dict[tuple[str, str], list[Any]] = {}
         self.unit: list[tuple[tuple[str, str], Any]] = []
         self.unit_key: tuple[bytes, int] | None = None
+        self.writer = _Writer()
 
     def apply(self, ev: Mapping[str, Any]) -> None:
         kind = ev["operationType"]
@@ -220,6 +229,7 @@ class _Applier:
             self.stats.applied += 1
         elif kind != "invalidate":
             self.flush()
+            self.writer.drain()
             apply_ddl(self.client, ev)
             self.stats.ddl += 1
 
@@ -237,18 +247,57 @@ class _Applier:
                 self.flush(ns)
 
     def flush(self, ns: tuple[str, str] | None = None) -> None:
-        """Write the DML gathered for `ns`, or for every namespace."""
+        """Send the DML gathered for `ns`, or for every namespace, to the writer."""
         for key in [ns] if ns is not None else list(self.runs):
             ops = self.runs.pop(key, None)
             if ops:
-                self.client[key[0]][key[1]].bulk_write(ops, ordered=True)
+                coll = self.client[key[0]][key[1]]
+                self.writer.submit(functools.partial(coll.bulk_write, ops, ordered=True))
 
     def end_unit(self) -> None:
-        """Write the transaction gathered, after everything gathered before it."""
+        """Send the transaction gathered, after everything gathered before it."""
         if self.unit:
             self.flush()
-            _write_unit(self.client, self.unit)
+            self.writer.submit(functools.partial(_write_unit, self.client, self.unit))
         self.unit, self.unit_key = [], None
+
+
+PENDING_WRITES = 2  # bulk writes sent to the writer and not yet answered: bounds a task's memory
+
+
+class _Writer:
+    """Runs writes one at a time, in the order submitted, on a thread of its own: the task goes
+    on reading and converting events while the target applies the previous bulk write (pymongo
+    leaves the GIL while it waits for a reply). At most PENDING_WRITES are outstanding; a
+    submit beyond that waits for the oldest. After a write fails none of the later ones runs,
+    and the failure is raised to the task at its next submit or `drain`."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucketspark-writer")
+        self.pending: deque[Future[None]] = deque()
+        self.failed = False
+
+    def _run(self, write: Callable[[], Any]) -> None:
+        if self.failed:
+            return
+        try:
+            write()
+        except BaseException:
+            self.failed = True
+            raise
+
+    def submit(self, write: Callable[[], Any]) -> None:
+        self.pending.append(self.pool.submit(self._run, write))
+        while len(self.pending) > PENDING_WRITES:
+            self.pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait until every write submitted is applied (or raise the first failure)."""
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 CROSS_BUCKET = ("rename", "dropDatabase")
