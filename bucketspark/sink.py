@@ -377,6 +377,53 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     return apply
 
 
+_SINK_COLUMNS = ("bucket", "token", "operationType", "event")
+
+
+def _apply_segment(
+    segment: Any, target_uri: str, bucket_by: str, applied: dict[int, int]
+) -> list[Any]:
+    """Run one Spark job applying each bucket of `segment` up to its first cross-bucket event;
+    count what each bucket applied into `applied`; return the rows of the buckets that stopped
+    at such an event."""
+    results = segment.mapInArrow(replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA).collect()
+    for r in results:
+        if r["bucket"] is not None:
+            applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
+    return [r for r in results if r["barrierToken"] is not None]
+
+
+def _apply_first_barrier(target_uri: str, stops: list[Any], applied: dict[int, int]) -> str:
+    """Apply the earliest of the barriers the buckets stopped at, once; returns its token."""
+    first = min(r["barrierToken"] for r in stops)
+    at_first = [r for r in stops if r["barrierToken"] == first]
+    for r in at_first:  # the barrier is each of these buckets' event
+        applied[r["bucket"]] += 1
+    client = client_for(target_uri)
+    try:
+        apply_events(client, [bytes(at_first[0]["barrierEvent"])])
+    finally:
+        client.close()
+    return str(first)
+
+
+def _resume_after(stops: list[Any], first: str) -> Any:
+    """The rows still to apply: buckets that stopped at the applied barrier go on after it;
+    those stopped at a later one start at it again (and stop there at once); the others are
+    done."""
+    from pyspark.sql.functions import col, lit
+
+    resume = lit(False)
+    for r in stops:
+        after = (
+            col("token") > first
+            if r["barrierToken"] == first
+            else col("token") >= r["barrierToken"]
+        )
+        resume = resume | ((col("bucket") == r["bucket"]) & after)
+    return resume
+
+
 # What replicate_batch tells of each micro-batch: its epoch id, and the events each bucket applied.
 OnBatch = Callable[[int, dict[int, int]], None]
 
@@ -396,45 +443,23 @@ def replicate_batch(
     """
 
     def run(df: Any, epoch_id: int) -> None:
-        from pyspark.sql.functions import col, lit
-
-        df = df.persist()
         applied: dict[int, int] = {}
+        cached = None
         try:
-            columns = df.select("bucket", "token", "operationType", "event")
-            segment = columns
+            segment = df.select(*_SINK_COLUMNS)
             while True:
-                results = segment.mapInArrow(
-                    replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA
-                ).collect()
-                for r in results:
-                    if r["bucket"] is not None:
-                        applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
-                stops = [r for r in results if r["barrierToken"] is not None]
+                stops = _apply_segment(segment, target_uri, bucket_by, applied)
                 if not stops:
                     break
-                first = min(r["barrierToken"] for r in stops)
-                at_first = [r for r in stops if r["barrierToken"] == first]
-                for r in at_first:  # the barrier is each of these buckets' event
-                    applied[r["bucket"]] += 1
-                client = client_for(target_uri)
-                try:
-                    apply_events(client, [bytes(at_first[0]["barrierEvent"])])
-                finally:
-                    client.close()
-                # Buckets that stopped at the applied barrier go on after it; those stopped at a
-                # later one start at it again (and stop there at once); the others are done.
-                resume = lit(False)
-                for r in stops:
-                    after = (
-                        col("token") > first
-                        if r["barrierToken"] == first
-                        else col("token") >= r["barrierToken"]
-                    )
-                    resume = resume | ((col("bucket") == r["bucket"]) & after)
-                segment = columns.filter(resume)
+                first = _apply_first_barrier(target_uri, stops, applied)
+                # The usual batch, without barriers, is read once and streams through its
+                # tasks uncached; one with barriers is read again for the buckets that go on,
+                # from then on from a cache.
+                cached = df.persist() if cached is None else cached
+                segment = cached.select(*_SINK_COLUMNS).filter(_resume_after(stops, first))
         finally:
-            df.unpersist()
+            if cached is not None:
+                cached.unpersist()
         if on_batch is not None:
             on_batch(epoch_id, applied)
 
