@@ -21,8 +21,11 @@ Idempotent on replay (a re-applied batch leaves the same state):
 
 from __future__ import annotations
 
+import functools
 import operator
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,13 +190,18 @@ def apply_events(
     still gets 1000-op bulk writes instead of one round trip per event. A DDL event writes
     everything gathered before it, then applies, so it stays a barrier. The events of one source
     transaction (consecutive in a bucket: same lsid and txnNumber) are written as one target
-    transaction, after what was gathered before them.
+    transaction, after what was gathered before them. The writes go to the target in that order
+    from one writer thread (`_Writer`), while the events after them are converted.
     """
     applier = _Applier(client)
-    for raw in events:
-        applier.apply(bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw)
-    applier.end_unit()
-    applier.flush()
+    try:
+        for raw in events:
+            applier.apply(bson.decode(raw, PLAIN) if isinstance(raw, (bytes, bytearray)) else raw)
+        applier.end_unit()
+        applier.flush()
+        applier.writer.drain()
+    finally:
+        applier.writer.close()
     return applier.stats
 
 
@@ -207,6 +215,7 @@ class _Applier:
         self.runs: dict[tuple[str, str], list[Any]] = {}
         self.unit: list[tuple[tuple[str, str], Any]] = []
         self.unit_key: tuple[bytes, int] | None = None
+        self.writer = _Writer()
 
     def apply(self, ev: Mapping[str, Any]) -> None:
         kind = ev["operationType"]
@@ -220,6 +229,7 @@ class _Applier:
             self.stats.applied += 1
         elif kind != "invalidate":
             self.flush()
+            self.writer.drain()
             apply_ddl(self.client, ev)
             self.stats.ddl += 1
 
@@ -237,18 +247,57 @@ class _Applier:
                 self.flush(ns)
 
     def flush(self, ns: tuple[str, str] | None = None) -> None:
-        """Write the DML gathered for `ns`, or for every namespace."""
+        """Send the DML gathered for `ns`, or for every namespace, to the writer."""
         for key in [ns] if ns is not None else list(self.runs):
             ops = self.runs.pop(key, None)
             if ops:
-                self.client[key[0]][key[1]].bulk_write(ops, ordered=True)
+                coll = self.client[key[0]][key[1]]
+                self.writer.submit(functools.partial(coll.bulk_write, ops, ordered=True))
 
     def end_unit(self) -> None:
-        """Write the transaction gathered, after everything gathered before it."""
+        """Send the transaction gathered, after everything gathered before it."""
         if self.unit:
             self.flush()
-            _write_unit(self.client, self.unit)
+            self.writer.submit(functools.partial(_write_unit, self.client, self.unit))
         self.unit, self.unit_key = [], None
+
+
+PENDING_WRITES = 2  # bulk writes sent to the writer and not yet answered: bounds a task's memory
+
+
+class _Writer:
+    """Runs writes one at a time, in the order submitted, on a thread of its own: the task goes
+    on reading and converting events while the target applies the previous bulk write (pymongo
+    leaves the GIL while it waits for a reply). At most PENDING_WRITES are outstanding; a
+    submit beyond that waits for the oldest. After a write fails none of the later ones runs,
+    and the failure is raised to the task at its next submit or `drain`."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucketspark-writer")
+        self.pending: deque[Future[None]] = deque()
+        self.failed = False
+
+    def _run(self, write: Callable[[], Any]) -> None:
+        if self.failed:
+            return
+        try:
+            write()
+        except BaseException:
+            self.failed = True
+            raise
+
+    def submit(self, write: Callable[[], Any]) -> None:
+        self.pending.append(self.pool.submit(self._run, write))
+        while len(self.pending) > PENDING_WRITES:
+            self.pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait until every write submitted is applied (or raise the first failure)."""
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 CROSS_BUCKET = ("rename", "dropDatabase")
@@ -328,6 +377,53 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     return apply
 
 
+_SINK_COLUMNS = ("bucket", "token", "operationType", "event")
+
+
+def _apply_segment(
+    segment: Any, target_uri: str, bucket_by: str, applied: dict[int, int]
+) -> list[Any]:
+    """Run one Spark job applying each bucket of `segment` up to its first cross-bucket event;
+    count what each bucket applied into `applied`; return the rows of the buckets that stopped
+    at such an event."""
+    results = segment.mapInArrow(replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA).collect()
+    for r in results:
+        if r["bucket"] is not None:
+            applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
+    return [r for r in results if r["barrierToken"] is not None]
+
+
+def _apply_first_barrier(target_uri: str, stops: list[Any], applied: dict[int, int]) -> str:
+    """Apply the earliest of the barriers the buckets stopped at, once; returns its token."""
+    first = min(r["barrierToken"] for r in stops)
+    at_first = [r for r in stops if r["barrierToken"] == first]
+    for r in at_first:  # the barrier is each of these buckets' event
+        applied[r["bucket"]] += 1
+    client = client_for(target_uri)
+    try:
+        apply_events(client, [bytes(at_first[0]["barrierEvent"])])
+    finally:
+        client.close()
+    return str(first)
+
+
+def _resume_after(stops: list[Any], first: str) -> Any:
+    """The rows still to apply: buckets that stopped at the applied barrier go on after it;
+    those stopped at a later one start at it again (and stop there at once); the others are
+    done."""
+    from pyspark.sql.functions import col, lit
+
+    resume = lit(False)
+    for r in stops:
+        after = (
+            col("token") > first
+            if r["barrierToken"] == first
+            else col("token") >= r["barrierToken"]
+        )
+        resume = resume | ((col("bucket") == r["bucket"]) & after)
+    return resume
+
+
 # What replicate_batch tells of each micro-batch: its epoch id, and the events each bucket applied.
 OnBatch = Callable[[int, dict[int, int]], None]
 
@@ -347,45 +443,23 @@ def replicate_batch(
     """
 
     def run(df: Any, epoch_id: int) -> None:
-        from pyspark.sql.functions import col, lit
-
-        df = df.persist()
         applied: dict[int, int] = {}
+        cached = None
         try:
-            columns = df.select("bucket", "token", "operationType", "event")
-            segment = columns
+            segment = df.select(*_SINK_COLUMNS)
             while True:
-                results = segment.mapInArrow(
-                    replicate_arrow(target_uri, bucket_by), _APPLIED_SCHEMA
-                ).collect()
-                for r in results:
-                    if r["bucket"] is not None:
-                        applied[r["bucket"]] = applied.get(r["bucket"], 0) + r["applied"]
-                stops = [r for r in results if r["barrierToken"] is not None]
+                stops = _apply_segment(segment, target_uri, bucket_by, applied)
                 if not stops:
                     break
-                first = min(r["barrierToken"] for r in stops)
-                at_first = [r for r in stops if r["barrierToken"] == first]
-                for r in at_first:  # the barrier is each of these buckets' event
-                    applied[r["bucket"]] += 1
-                client = client_for(target_uri)
-                try:
-                    apply_events(client, [bytes(at_first[0]["barrierEvent"])])
-                finally:
-                    client.close()
-                # Buckets that stopped at the applied barrier go on after it; those stopped at a
-                # later one start at it again (and stop there at once); the others are done.
-                resume = lit(False)
-                for r in stops:
-                    after = (
-                        col("token") > first
-                        if r["barrierToken"] == first
-                        else col("token") >= r["barrierToken"]
-                    )
-                    resume = resume | ((col("bucket") == r["bucket"]) & after)
-                segment = columns.filter(resume)
+                first = _apply_first_barrier(target_uri, stops, applied)
+                # The usual batch, without barriers, is read once and streams through its
+                # tasks uncached; one with barriers is read again for the buckets that go on,
+                # from then on from a cache.
+                cached = df.persist() if cached is None else cached
+                segment = cached.select(*_SINK_COLUMNS).filter(_resume_after(stops, first))
         finally:
-            df.unpersist()
+            if cached is not None:
+                cached.unpersist()
         if on_batch is not None:
             on_batch(epoch_id, applied)
 
