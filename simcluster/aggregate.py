@@ -92,8 +92,7 @@ def _literal(spec: Mapping[str, Any], name: str, code: int) -> Any:
     if set(spec) != {"$literal"}:
         raise MongoError(
             code,
-            f"{name} requires 'field' to evaluate "
-            "to a constant, but got a non-constant argument",
+            f"{name} requires 'field' to evaluate to a constant, but got a non-constant argument",
         )
     return spec["$literal"]
 

@@ -9,81 +9,96 @@ from typing import Any
 from mongoformats.bson_order import MISSING
 
 
-class _DocDiff:
+class DocDiff:
     """A document's sub-diff: its sections in the order entries were logged."""
 
     def __init__(self) -> None:
         self.deletes: list[str] = []
         self.updates: dict[str, Any] = {}
         self.inserts: dict[str, Any] = {}
-        self.children: dict[
-            str, _DocDiff | _ArrayDiff
-        ] = {}  # the s<name> sub-diffs, in order added
+        self.children: dict[str, DocDiff | ArrayDiff] = {}  # the s<name> sub-diffs, in order added
 
     def serialize(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.deletes:
-            out["d"] = dict.fromkeys(self.deletes, False)
-        if self.updates:
-            out["u"] = dict(self.updates)
-        if self.inserts:
-            out["i"] = dict(self.inserts)
+        sections = {
+            "d": dict.fromkeys(self.deletes, False),
+            "u": self.updates,
+            "i": self.inserts,
+        }
+        out: dict[str, Any] = {key: dict(section) for key, section in sections.items() if section}
         for name, child in self.children.items():
             out["s" + name] = child.serialize()
         return out
 
+    def child(self, name: str) -> Any:
+        """What is logged at `name`: a sub-diff, a created value, or MISSING."""
+        return self.children.get(name, self.inserts.get(name, MISSING))
 
-class _ArrayDiff:
+    def adopt(self, name: str, child: DocDiff | ArrayDiff) -> None:
+        self.children[name] = child
+
+    def record(self, name: str, kind: str, value: Any) -> None:
+        if kind == "d":
+            self.deletes.append(name)
+        elif kind == "u":
+            self.updates[name] = value
+        else:
+            self.inserts[name] = value
+
+
+class ArrayDiff:
     def __init__(self) -> None:
-        self.items: dict[int, Any] = {}  # index -> a new value, or a _DocDiff/_ArrayDiff
+        self.items: dict[int, Any] = {}  # index -> a new value, or a DocDiff/ArrayDiff
 
     def serialize(self) -> dict[str, Any]:
         out: dict[str, Any] = {"a": True}
         for idx in sorted(self.items):
             item = self.items[idx]
-            if isinstance(item, (_DocDiff, _ArrayDiff)):
+            if isinstance(item, (DocDiff, ArrayDiff)):
                 out[f"s{idx}"] = item.serialize()
             else:
                 out[f"u{idx}"] = item
         return out
 
+    def child(self, index: str) -> Any:
+        return self.items.get(int(index), MISSING)
 
-class _Log:
+    def adopt(self, index: str, child: DocDiff | ArrayDiff) -> None:
+        self.items[int(index)] = child
+
+    def record(self, index: str, kind: str, value: Any) -> None:
+        self.items[int(index)] = value  # array entries are u<i>, created or updated
+
+
+class UpdateLog:
     """What the operators did, as the paths they changed (V2LogBuilder's tree)."""
 
     def __init__(self) -> None:
-        self.root = _DocDiff()
+        self.root = DocDiff()
         self.changed = False
 
     def add(self, parts: list[str], in_array: list[bool], kind: str, value: Any = None) -> None:
         """Log `kind` ("u" updated, "i" created, "d" deleted) at `parts`; `in_array[j]` says whether
         parts[j] is an index into an array."""
         self.changed = True
-        node: _DocDiff | _ArrayDiff = self.root
+        node: DocDiff | ArrayDiff = self.root
         for j, part in enumerate(parts[:-1]):
-            if isinstance(node, _ArrayDiff):
-                child = node.items.get(int(part), MISSING)
-            else:
-                child = node.children.get(part, node.inserts.get(part, MISSING))
-            if child is MISSING:
-                child = _ArrayDiff() if in_array[j + 1] else _DocDiff()
-                if isinstance(node, _ArrayDiff):
-                    node.items[int(part)] = child
-                else:
-                    node.children[part] = child
-            elif not isinstance(child, (_DocDiff, _ArrayDiff)):
-                # Inside a value logged whole (a created subtree): that value is the final one.
+            child = _descend(node, part, in_array[j + 1])
+            if child is None:
                 return
             node = child
-        last = parts[-1]
-        if isinstance(node, _ArrayDiff):
-            node.items[int(last)] = value  # array entries are u<i>, created or updated
-        elif kind == "d":
-            node.deletes.append(last)
-        elif kind == "u":
-            node.updates[last] = value
-        else:
-            node.inserts[last] = value
+        node.record(parts[-1], kind, value)
 
     def diff(self) -> dict[str, Any]:
         return self.root.serialize()
+
+
+def _descend(node: DocDiff | ArrayDiff, part: str, is_array: bool) -> DocDiff | ArrayDiff | None:
+    """The sub-diff at `part`, made when missing; None inside a value logged whole (a created
+    subtree), which is then the final value."""
+    child = node.child(part)
+    if child is MISSING:
+        child = ArrayDiff() if is_array else DocDiff()
+        node.adopt(part, child)
+    elif not isinstance(child, (DocDiff, ArrayDiff)):
+        return None
+    return child
