@@ -87,7 +87,7 @@ def _refuse_field_path(spec: str, code: int) -> None:
     )
 
 
-def _literal(spec: Mapping[str, Any], name: str, code: int) -> Any:
+def _literal(spec: Mapping[str, object], name: str, code: int) -> object:
     """The constant of a `field` given as an object: only {$literal: ...} is one."""
     if set(spec) != {"$literal"}:
         raise MongoError(
@@ -111,7 +111,7 @@ def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: 
     return _with_field(source, field, value)
 
 
-def _with_field(source: Mapping[str, Any], field: str, value: Any) -> dict[str, Any]:
+def _with_field(source: Mapping[str, object], field: str, value: object) -> dict[str, object]:
     """A copy of `source` with `field` set to `value`, or without it when `value` is missing."""
     fields = dict(source)
     if value is MISSING:
@@ -179,12 +179,12 @@ def _slice(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> A
     return _slice_range(array, values[1], values[2])
 
 
-def _slice_count(array: list[Any], n: int) -> list[Any]:
+def _slice_count(array: list[object], n: int) -> list[object]:
     """$slice [array, n]: the first n elements, or the last -n."""
     return array[:n] if n >= 0 else array[max(len(array) + n, 0) :]
 
 
-def _slice_range(array: list[Any], position: Any, count: Any) -> list[Any]:
+def _slice_range(array: list[object], position: object, count: object) -> list[object]:
     """$slice [array, position, n]: n elements from position (counted from the end when
     negative)."""
     pos = _int_argument(position, 28725, "Second argument to $slice")
@@ -253,7 +253,7 @@ def _unwind(docs: _Docs, name: str, spec: Any) -> _Docs:
     return [{**d, path: v} for d in docs for v in _unwound(d.get(path))]
 
 
-def _unwound(value: Any) -> list[Any]:
+def _unwound(value: object) -> list[object]:
     """The values $unwind makes one document each of: an array's elements, nothing for null."""
     if isinstance(value, list):
         return value
@@ -300,7 +300,7 @@ def find_projection(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return _compiled("$project", spec)
 
 
-def _refuse_find_only(name: str, value: Any) -> None:
+def _refuse_find_only(name: str, value: object) -> None:
     if name.endswith("$") or isinstance(value, dict) and {"$slice", "$elemMatch"} & set(value):
         raise MongoError(
             "NotImplemented",
@@ -319,7 +319,9 @@ def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, A
     return [_averaged(acc) for acc in groups.values()]
 
 
-def _accumulate(acc: dict[str, Any], field: str, op_spec: Any, doc: dict[str, Any]) -> None:
+def _accumulate(
+    acc: dict[str, object], field: str, op_spec: Mapping[str, object], doc: dict[str, object]
+) -> None:
     """Add `doc`'s value to the group's `field` by the field's accumulator."""
     ((op, arg),) = op_spec.items()
     v = _value(_expr(doc, arg))

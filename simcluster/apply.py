@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from simcluster.catalog import modified_index_spec
@@ -38,12 +38,12 @@ def apply_diff(doc: Mapping[str, Any], diff: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def _delete_fields(out: dict[str, Any], names: Any) -> None:
+def _delete_fields(out: dict[str, object], names: Iterable[str]) -> None:
     for name in names:
         out.pop(name, None)
 
 
-def _insert_fields(out: dict[str, Any], fields: Mapping[str, Any]) -> None:
+def _insert_fields(out: dict[str, object], fields: Mapping[str, object]) -> None:
     for name, v in fields.items():
         out.pop(name, None)
         out[name] = v
@@ -213,7 +213,7 @@ class Applier:
             options["timeseries"] = buckets.options.get("timeseries")
         return options
 
-    def _put_view(self, db: str, view_ns: str, ui: Any, options: dict[str, Any]) -> None:
+    def _put_view(self, db: str, view_ns: str, ui: object, options: dict[str, object]) -> None:
         """Make the view, or modify the one there (collMod)."""
         view = self.dbs.get(db, {}).get(view_ns.split(".", 1)[1])
         if view is None:
@@ -328,7 +328,9 @@ _WRITES: dict[str, Callable[[Applier, Mapping[str, Any], tuple[Any, int] | None]
 }
 
 
-def _images_at(entry: Mapping[str, Any], at: tuple[Any, int] | None) -> tuple[Any, int] | None:
+def _images_at(
+    entry: Mapping[str, object], at: tuple[object, int] | None
+) -> tuple[object, int] | None:
     """Where a write's images are recorded: `at` inside a transaction, else (its ts, 0)."""
     if at is not None:
         return at

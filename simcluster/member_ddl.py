@@ -19,7 +19,7 @@ from simcluster.catalog import (
 )
 from simcluster.member_core import MemberCore
 from simcluster.server import Request
-from simcluster.storage import Collection, id_key
+from simcluster.storage import Collection, Index, id_key
 
 # The bucket span of each time-series granularity (timeseries::getMaxSpanSecondsFromGranularity).
 _BUCKET_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
@@ -86,7 +86,7 @@ def _index_names(coll: Collection, which: Any) -> list[str]:
     return [which] if isinstance(which, str) else list(which)
 
 
-def _names_by_key(coll: Collection, key: dict[str, Any]) -> list[str]:
+def _names_by_key(coll: Collection, key: dict[str, object]) -> list[str]:
     return [n for n, ix in coll.indexes.items() if ix.key == dict(key)]
 
 
@@ -110,7 +110,7 @@ def _modify_index(coll: Collection, change: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
-def _index_to_modify(coll: Collection, change: dict[str, Any]) -> Any:
+def _index_to_modify(coll: Collection, change: dict[str, object]) -> Index:
     """The index a collMod's `index` names, by name or key pattern: IndexNotFound without one."""
     for ix in coll.indexes.values():
         if ix.name == change.get("name") or ix.key == change.get("keyPattern"):
@@ -159,7 +159,7 @@ class DDLCommands(MemberCore):
 
     async def _drop_view(
         self, db: str, name: str, view: Collection, req: Request
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Dropping a view deletes its system.views document, and a time-series collection's
         also drops its buckets."""
         views = self.dbs.get(db, {}).get("system.views")
@@ -389,7 +389,7 @@ def _coll_mod_changes(cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_indexes_in_transaction(
-    session: dict[str, Any] | None, db: str, coll: Collection, ns: str
+    session: dict[str, object] | None, db: str, coll: Collection, ns: str
 ) -> None:
     """Only a collection this transaction created may get indexes in it (create_indexes.cpp)."""
     txn = (session or {}).get("$txn")

@@ -159,7 +159,7 @@ class Replication(MemberCore):
             "members": members,
         }
 
-    def _member_status(self, i: int, m: MemberCore) -> dict[str, Any]:
+    def _member_status(self, i: int, m: MemberCore) -> dict[str, object]:
         """One member's entry of replSetGetStatus's `members`."""
         state, name = _member_state(m)
         return {

@@ -53,7 +53,7 @@ def _session_bytes(cmd: dict[str, Any]) -> _SessionBytes | None:
     return cached
 
 
-def _sent_id_key(bson_type: int, value: bytes, doc: dict[str, Any]) -> bytes:
+def _sent_id_key(bson_type: int, value: bytes, doc: dict[str, object]) -> bytes:
     """A string's or an ObjectId's id_key is its BSON bytes: made straight from the sent bytes."""
     if bson_type in (0x02, 0x07):
         return b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), bson_type, value)
@@ -98,7 +98,7 @@ class SentInserts:
         self._append(raw, self._o2(doc, raw, value), stmt_id)
         return True
 
-    def _o2(self, doc: dict[str, Any], raw: bytes, id_value: bytes) -> bytes:
+    def _o2(self, doc: dict[str, object], raw: bytes, id_value: bytes) -> bytes:
         """The entry's o2, the document key: the shard key's fields, or the sent _id element."""
         if self.whole_key:
             return bson.encode(self.node.document_key(self.ns, doc))
@@ -320,15 +320,19 @@ class WriteCommands(MemberCore):
         return self._find_and_update(ns, cmd, old, session)
 
     def _find_and_remove(
-        self, ns: str, old: dict[str, Any] | None, session: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, ns: str, old: dict[str, object] | None, session: dict[str, object]
+    ) -> dict[str, object]:
         if old is not None:
             self.delete_docs(ns, {"_id": old["_id"]}, 1, session)
         return {"lastErrorObject": {"n": 1 if old else 0}, "value": old}
 
     def _find_and_update(
-        self, ns: str, cmd: dict[str, Any], old: dict[str, Any] | None, session: dict[str, Any]
-    ) -> dict[str, Any]:
+        self,
+        ns: str,
+        cmd: dict[str, object],
+        old: dict[str, object] | None,
+        session: dict[str, object],
+    ) -> dict[str, object]:
         # The document found, by _id; the query still stands beside it for a positional `$` path.
         query = cmd.get("query", {})
         r = self.update_docs(
@@ -374,7 +378,7 @@ class WriteCommands(MemberCore):
         return {}
 
 
-def _check_multi(multi: bool, update: Any, operators: bool) -> None:
+def _check_multi(multi: bool, update: object, operators: bool) -> None:
     if multi and update and not operators:
         raise MongoError(
             "FailedToParse", "multi update is not supported for replacement-style update"

@@ -134,7 +134,7 @@ def _sorted(arr: list[Any], spec: Any) -> list[Any]:
     return sorted(arr, key=functools.cmp_to_key(compare), reverse=spec < 0)
 
 
-def _sliced(arr: list[Any], n: int) -> list[Any]:
+def _sliced(arr: list[object], n: int) -> list[object]:
     """$push's $slice: the first n elements, or the last -n."""
     return arr[:n] if n >= 0 else arr[n:]
 
@@ -163,7 +163,7 @@ def _pop(old: Any, value: Any, is_insert: bool) -> Modified:
     return (old[1:] if value == -1 else old[:-1], 0) if old else None
 
 
-def _check_array(value: Any, code: str, message: str) -> None:
+def _check_array(value: object, code: str, message: str) -> None:
     if not isinstance(value, list):
         raise MongoError(code, message)
 

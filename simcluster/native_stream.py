@@ -269,7 +269,7 @@ class NativeStream:
             return apply_stages(doc, self.stages, ev.token)
         return doc
 
-    def _images(self, ev: RefEvent) -> Any:
+    def _images(self, ev: RefEvent) -> object:
         """The (pre-image, post-image) recorded with the event's write, if any."""
         origin = self.origin.pop(ev.sort_key, None)
         if origin is None or ev.image_key is None:

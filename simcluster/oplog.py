@@ -79,7 +79,7 @@ class ClusterClock:
             self._secs, self._inc = ts.time, ts.inc
 
 
-def _elements(fields: dict[str, Any]) -> bytes:
+def _elements(fields: dict[str, object]) -> bytes:
     """The fields as encoded BSON elements, without the document's length and terminator."""
     return bson.encode(fields)[4:-1]
 

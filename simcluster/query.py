@@ -35,7 +35,7 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
     return _pinned_by_condition(filt["_id"]) if "_id" in filt else None
 
 
-def _pinned_by_any(clauses: list[Any]) -> list[Any] | None:
+def _pinned_by_any(clauses: list[object]) -> list[object] | None:
     """The `_id` values of an `$and`: any clause that pins _id pins the whole conjunction."""
     for clause in clauses:
         if isinstance(clause, Mapping) and (ids := pinned_ids(clause)) is not None:
@@ -108,7 +108,7 @@ def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any
     return _with_errors({"n": n}, errors)
 
 
-def _with_errors(out: dict[str, Any], errors: list[dict[str, Any]]) -> dict[str, Any]:
+def _with_errors(out: dict[str, object], errors: list[dict[str, object]]) -> dict[str, object]:
     """A write command's reply, with its writeErrors when there are any."""
     if errors:
         out["writeErrors"] = errors
@@ -165,7 +165,7 @@ def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:
     return values
 
 
-def _add_distinct(values: list[Any], items: list[Any]) -> None:
+def _add_distinct(values: list[object], items: list[object]) -> None:
     """Append each item not equal (in BSON order) to one of `values` already."""
     for item in items:
         if all(compare(item, x) != 0 for x in values):

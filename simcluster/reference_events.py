@@ -279,13 +279,13 @@ class ReferenceTransformer:
         event = self._ddl(entry, name, db, entry["ts"], entry.get("wall"), 0, None)
         return [event] if event is not None else []
 
-    def _abort(self, entry: dict[str, Any]) -> list[RefEvent]:
+    def _abort(self, entry: dict[str, object]) -> list[RefEvent]:
         """An aborted transaction's ops are forgotten; it makes no event."""
         self.pending.pop(_txn_key(entry), None)
         self.gaps.pop(_txn_key(entry), None)
         return []
 
-    def _hidden_migration_ddl(self, entry: dict[str, Any], name: str) -> bool:
+    def _hidden_migration_ddl(self, entry: dict[str, object], name: str) -> bool:
         """A migration's DDL entry this stream does not show. With showSystemEvents, a
         migration's create and createIndexes are shown (change_stream_filter_helpers.cpp
         buildFromMigrateSystemOpFilter)."""
@@ -414,7 +414,7 @@ class ReferenceTransformer:
         _set_present(doc, "stateBeforeChange", state_before)
         return self._finish(doc, op_type, db, coll, ts, txn_op_index, ui, None, desc)
 
-    def _shows_expanded_ddl(self, db: str, coll: Any) -> bool:
+    def _shows_expanded_ddl(self, db: str, coll: object) -> bool:
         return self.expanded and isinstance(coll, str) and self._coll_in_scope(db, coll)
 
     def _head(
@@ -556,18 +556,20 @@ class ReferenceTransformer:
         return RefEvent(doc, token, token_sort_key(token), ts, op_type, db, coll)
 
 
-def _set_present(doc: dict[str, Any], name: str, value: Any) -> None:
+def _set_present(doc: dict[str, object], name: str, value: object) -> None:
     """An event field the server leaves out when it has no value."""
     if value is not None:
         doc[name] = value
 
 
-def _event_identifier(version: int, op_type: str, document_key: Any, desc: Any) -> Any:
+def _event_identifier(
+    version: int, op_type: str, document_key: Mapping[str, object] | None, desc: object
+) -> Mapping[str, object] | None:
     """The token's event identifier: a v1 token of a classic event holds the document key, the
     others the operation type with the document key or the description."""
     if version < 2 and op_type in _CLASSIC:
         return document_key
-    identifier = {"operationType": op_type}
+    identifier: dict[str, object] = {"operationType": op_type}
     if document_key is not None:
         identifier["documentKey"] = document_key
     elif desc is not None:
@@ -575,7 +577,7 @@ def _event_identifier(version: int, op_type: str, document_key: Any, desc: Any) 
     return identifier
 
 
-def _in_transaction(entry: Mapping[str, Any]) -> bool:
+def _in_transaction(entry: Mapping[str, object]) -> bool:
     """An applyOps with a transaction's identity (not a batched write or a retryable
     applyOps)."""
     return "lsid" in entry and "txnNumber" in entry and entry.get("multiOpType") != 1

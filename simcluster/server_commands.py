@@ -95,7 +95,7 @@ class GenericCommands:
             with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
                 await self._topology_changed.wait()
 
-    def _is_current(self, tv: dict[str, Any] | None) -> bool:
+    def _is_current(self, tv: dict[str, object] | None) -> bool:
         """Whether the client's topologyVersion is this server's current one."""
         return (
             tv is not None
@@ -377,7 +377,7 @@ class GenericCommands:
         }
 
 
-def _legacy_hello(out: dict[str, Any]) -> dict[str, Any]:
+def _legacy_hello(out: dict[str, object]) -> dict[str, object]:
     """isMaster's reply names isWritablePrimary ismaster, in its place."""
     return {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
 
@@ -386,7 +386,7 @@ def _is_sasl_start(speculative: object) -> TypeGuard[dict[str, Any]]:
     return isinstance(speculative, dict) and "saslStart" in speculative
 
 
-def _check_awaitable_hello(cmd: dict[str, Any]) -> None:
+def _check_awaitable_hello(cmd: dict[str, object]) -> None:
     """An awaitable hello gives topologyVersion and maxAwaitTimeMS together."""
     if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
         raise MongoError(

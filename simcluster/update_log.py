@@ -18,7 +18,7 @@ class DocDiff:
         self.inserts: dict[str, Any] = {}
         self.children: dict[str, DocDiff | ArrayDiff] = {}  # the s<name> sub-diffs, in order added
 
-    def serialize(self) -> dict[str, Any]:
+    def serialize(self) -> dict[str, object]:
         sections = {
             "d": dict.fromkeys(self.deletes, False),
             "u": self.updates,
@@ -29,14 +29,14 @@ class DocDiff:
             out["s" + name] = child.serialize()
         return out
 
-    def child(self, name: str) -> Any:
+    def child(self, name: str) -> object:
         """What is logged at `name`: a sub-diff, a created value, or MISSING."""
         return self.children.get(name, self.inserts.get(name, MISSING))
 
     def adopt(self, name: str, child: DocDiff | ArrayDiff) -> None:
         self.children[name] = child
 
-    def record(self, name: str, kind: str, value: Any) -> None:
+    def record(self, name: str, kind: str, value: object) -> None:
         if kind == "d":
             self.deletes.append(name)
         elif kind == "u":
@@ -49,7 +49,7 @@ class ArrayDiff:
     def __init__(self) -> None:
         self.items: dict[int, Any] = {}  # index -> a new value, or a DocDiff/ArrayDiff
 
-    def serialize(self) -> dict[str, Any]:
+    def serialize(self) -> dict[str, object]:
         out: dict[str, Any] = {"a": True}
         for idx in sorted(self.items):
             item = self.items[idx]
@@ -59,13 +59,13 @@ class ArrayDiff:
                 out[f"u{idx}"] = item
         return out
 
-    def child(self, index: str) -> Any:
+    def child(self, index: str) -> object:
         return self.items.get(int(index), MISSING)
 
     def adopt(self, index: str, child: DocDiff | ArrayDiff) -> None:
         self.items[int(index)] = child
 
-    def record(self, index: str, kind: str, value: Any) -> None:
+    def record(self, index: str, kind: str, value: object) -> None:
         self.items[int(index)] = value  # array entries are u<i>, created or updated
 
 
@@ -88,7 +88,7 @@ class UpdateLog:
             node = child
         node.record(parts[-1], kind, value)
 
-    def diff(self) -> dict[str, Any]:
+    def diff(self) -> dict[str, object]:
         return self.root.serialize()
 
 

@@ -72,7 +72,7 @@ def _lookup(doc: Any, parts: list[str]) -> tuple[int, list[bool], Any]:
     return len(parts), flags, cur
 
 
-def _child(value: Any, part: str) -> tuple[bool, Any] | None:
+def _child(value: object, part: str) -> tuple[bool, object] | None:
     """(whether `part` indexes an array, the value it names in `value`), or None where it names
     nothing."""
     if isinstance(value, list) and _numeric(part) and int(part) < len(value):
@@ -103,7 +103,7 @@ def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, lis
     return found, flags
 
 
-def _slot(cur: Any, parts: list[str], j: int) -> int | str:
+def _slot(cur: object, parts: list[str], j: int) -> int | str:
     """The key of parts[j] in `cur`: an index (the array padded with nulls up to it) or a field
     name."""
     part = parts[j]
@@ -164,7 +164,7 @@ def _selected(
     ]
 
 
-def _check_filter_exists(ident: str, array_filters: Mapping[str, Any], path: str) -> None:
+def _check_filter_exists(ident: str, array_filters: Mapping[str, object], path: str) -> None:
     """`$[<ident>]` needs an arrayFilter naming `ident` (`$[]` needs none)."""
     if ident and ident not in array_filters:
         raise MongoError(
@@ -239,7 +239,7 @@ def update_with_entry(
     return new, {"$v": 2, "diff": log.diff()} if log.changed else None
 
 
-def _run_steps(new: dict[str, Any], steps: list[_Step], is_insert: bool) -> UpdateLog:
+def _run_steps(new: dict[str, object], steps: list[_Step], is_insert: bool) -> UpdateLog:
     """Apply each step to `new` in order; the log of what they did."""
     log = UpdateLog()
     for target, op, parts, value in steps:
@@ -444,7 +444,7 @@ def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> d
     return out
 
 
-def _check_same_id(old_id: Any, replacement: Mapping[str, Any]) -> None:
+def _check_same_id(old_id: object, replacement: Mapping[str, object]) -> None:
     if "_id" in replacement and not same(replacement["_id"], old_id):
         raise MongoError(
             "ImmutableField",
@@ -525,10 +525,10 @@ def _doc_diff(
 
 
 def _diff_side_by_side(
-    old_items: list[tuple[str, Any]],
-    new_items: list[tuple[str, Any]],
+    old_items: list[tuple[str, object]],
+    new_items: list[tuple[str, object]],
     node: DocDiff,
-    subs: dict[str, Any],
+    subs: dict[str, object],
 ) -> tuple[int, int, set[str]]:
     """Walk both documents while both have fields: a changed field goes into `node` (or `subs`);
     (where each walk stopped, the old names passed over)."""
@@ -546,7 +546,9 @@ def _diff_side_by_side(
     return i, j, gone
 
 
-def _log_field(node: DocDiff, subs: dict[str, Any], name: str, before: Any, after: Any) -> None:
+def _log_field(
+    node: DocDiff, subs: dict[str, object], name: str, before: object, after: object
+) -> None:
     kind, logged = _logged(before, after)
     if kind == "u":
         node.updates[name] = logged
@@ -567,7 +569,7 @@ def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
     return out if _size(out) < _size(new) else None
 
 
-def _logged(before: Any, after: Any) -> tuple[str, Any]:
+def _logged(before: object, after: object) -> tuple[str, object]:
     """How a changed value is logged: ("s", its sub-diff), or ("u", the new value whole)."""
     sub = _sub_diff(before, after)
     return ("u", after) if sub is None else ("s", sub)
