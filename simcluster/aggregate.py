@@ -5,6 +5,7 @@ estimated counts), simple reports and pipeline-style updates."""
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,10 +27,15 @@ def _arithmetic(doc: Mapping[str, Any], args: list[Any], more: Operators | None,
     values = [_value(evaluate(doc, a, more)) for a in args]
     if op == "$subtract":
         return values[0] - values[1]
-    out = 0 if op == "$add" else 1
-    for v in values:
-        out = out + v if op == "$add" else out * v
-    return out
+    combine, start = _FOLDS[op]
+    return functools.reduce(combine, values, start)
+
+
+# $add and $multiply: the operation that folds the values, and the value of no values.
+_FOLDS: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
+    "$add": (operator.add, 0),
+    "$multiply": (operator.mul, 1),
+}
 
 
 def _size(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
@@ -61,20 +67,9 @@ def _field_name(spec: Any, op: str) -> str:
     name = "$getField" if op == "$getField" else "$setField"
     path_code, constant_code, string_code = _FIELD_NAME_CODES[name]
     if isinstance(spec, str) and spec.startswith("$"):
-        ref = f"${spec[2:]}" if spec.startswith("$$") else f"$CURRENT.{spec[1:]}"
-        raise MongoError(
-            path_code,
-            f"'{ref}' is a field path reference which "
-            f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?",
-        )
+        _refuse_field_path(spec, path_code)
     if isinstance(spec, Mapping):
-        if set(spec) != {"$literal"}:
-            raise MongoError(
-                constant_code,
-                f"{name} requires 'field' to evaluate "
-                "to a constant, but got a non-constant argument",
-            )
-        spec = spec["$literal"]
+        spec = _literal(spec, name, constant_code)
     if not isinstance(spec, str):
         raise MongoError(
             string_code,
@@ -83,18 +78,42 @@ def _field_name(spec: Any, op: str) -> str:
     return spec
 
 
+def _refuse_field_path(spec: str, code: int) -> None:
+    ref = f"${spec[2:]}" if spec.startswith("$$") else f"$CURRENT.{spec[1:]}"
+    raise MongoError(
+        code,
+        f"'{ref}' is a field path reference which "
+        f"is not allowed in this context. Did you mean {{$literal: '{ref}'}}?",
+    )
+
+
+def _literal(spec: Mapping[str, object], name: str, code: int) -> object:
+    """The constant of a `field` given as an object: only {$literal: ...} is one."""
+    if set(spec) != {"$literal"}:
+        raise MongoError(
+            code,
+            f"{name} requires 'field' to evaluate to a constant, but got a non-constant argument",
+        )
+    return spec["$literal"]
+
+
 def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: str) -> Any:
     spec = args[0] if isinstance(args[0], dict) and "field" in args[0] else {"field": args[0]}
     field = _field_name(spec["field"], op)
     source = evaluate(doc, spec.get("input", "$$CURRENT"), more)
     if op == "$getField":
         return source.get(field, MISSING) if isinstance(source, Mapping) else MISSING
-    if source is None or source is MISSING:
+    if _nullish(source):
         return None
     if not isinstance(source, Mapping):  # $unsetField is $setField's sugar, named so here too
         raise MongoError(4161105, "$setField requires 'input' to evaluate to type Object")
-    fields = dict(source)
     value = evaluate(doc, spec["value"], more) if op == "$setField" else MISSING
+    return _with_field(source, field, value)
+
+
+def _with_field(source: Mapping[str, object], field: str, value: object) -> dict[str, object]:
+    """A copy of `source` with `field` set to `value`, or without it when `value` is missing."""
+    fields = dict(source)
     if value is MISSING:
         fields.pop(field, None)
     else:
@@ -105,6 +124,12 @@ def _field(doc: Mapping[str, Any], args: list[Any], more: Operators | None, op: 
 # The array operators an update pipeline uses to rebuild an array, as the server evaluates them
 # (ExpressionConcatArrays, ExpressionArrayElemAt, ExpressionSlice in expression.cpp): null when
 # an argument is null or missing, the server's codes for arguments of the wrong type.
+def _nullish(*values: Any) -> bool:
+    """Whether any of the values is null or missing (which makes these operators' result
+    null)."""
+    return any(v is None or v is MISSING for v in values)
+
+
 def _int_argument(value: Any, code: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise MongoError(
@@ -119,7 +144,7 @@ def _concat_arrays(doc: Mapping[str, Any], args: list[Any], more: Operators | No
     out: list[Any] = []
     for arg in args:
         value = evaluate(doc, arg, more)
-        if value is None or value is MISSING:
+        if _nullish(value):
             return None
         if not isinstance(value, list):
             raise MongoError(28664, f"$concatArrays only supports arrays, not {type_name(value)}")
@@ -129,7 +154,7 @@ def _concat_arrays(doc: Mapping[str, Any], args: list[Any], more: Operators | No
 
 def _array_elem_at(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
     array, index = (evaluate(doc, a, more) for a in args)
-    if array is None or array is MISSING or index is None or index is MISSING:
+    if _nullish(array, index):
         return None
     if not isinstance(array, list):
         raise MongoError(
@@ -142,7 +167,7 @@ def _array_elem_at(doc: Mapping[str, Any], args: list[Any], more: Operators | No
 
 def _slice(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> Any:
     values = [evaluate(doc, a, more) for a in args]
-    if any(v is None or v is MISSING for v in values):
+    if _nullish(*values):
         return None
     array = values[0]
     if not isinstance(array, list):
@@ -150,10 +175,20 @@ def _slice(doc: Mapping[str, Any], args: list[Any], more: Operators | None) -> A
             28724, f"First argument to $slice must be an array, but is of type: {type_name(array)}"
         )
     if len(values) == 2:
-        n = _int_argument(values[1], 28725, "Second argument to $slice")
-        return array[:n] if n >= 0 else array[max(len(array) + n, 0) :]
-    pos = _int_argument(values[1], 28725, "Second argument to $slice")
-    n = _int_argument(values[2], 28726, "Third argument to $slice")
+        return _slice_count(array, _int_argument(values[1], 28725, "Second argument to $slice"))
+    return _slice_range(array, values[1], values[2])
+
+
+def _slice_count(array: list[object], n: int) -> list[object]:
+    """$slice [array, n]: the first n elements, or the last -n."""
+    return array[:n] if n >= 0 else array[max(len(array) + n, 0) :]
+
+
+def _slice_range(array: list[object], position: object, count: object) -> list[object]:
+    """$slice [array, position, n]: n elements from position (counted from the end when
+    negative)."""
+    pos = _int_argument(position, 28725, "Second argument to $slice")
+    n = _int_argument(count, 28726, "Third argument to $slice")
     if n <= 0:
         raise MongoError(28727, f"Third argument to $slice must be positive: {n}")
     start = max(len(array) + pos, 0) if pos < 0 else min(pos, len(array))
@@ -215,12 +250,14 @@ def _replace_root(docs: _Docs, name: str, spec: Any) -> _Docs:
 
 def _unwind(docs: _Docs, name: str, spec: Any) -> _Docs:
     path = (spec if isinstance(spec, str) else spec["path"])[1:]
-    out = []
-    for d in docs:
-        vals = d.get(path)
-        for v in vals if isinstance(vals, list) else ([] if vals is None else [vals]):
-            out.append({**d, path: v})
-    return out
+    return [{**d, path: v} for d in docs for v in _unwound(d.get(path))]
+
+
+def _unwound(value: object) -> list[object]:
+    """The values $unwind makes one document each of: an array's elements, nothing for null."""
+    if isinstance(value, list):
+        return value
+    return [] if value is None else [value]
 
 
 # Each stage the simulator runs: (documents in, stage name, its argument) -> documents out.
@@ -259,12 +296,16 @@ def find_projection(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     if not spec:
         return lambda doc: doc
     for name, value in spec.items():
-        if name.endswith("$") or isinstance(value, dict) and {"$slice", "$elemMatch"} & set(value):
-            raise MongoError(
-                "NotImplemented",
-                f"simcluster does not evaluate the find projection {name}: {value}",
-            )
+        _refuse_find_only(name, value)
     return _compiled("$project", spec)
+
+
+def _refuse_find_only(name: str, value: object) -> None:
+    if name.endswith("$") or isinstance(value, dict) and {"$slice", "$elemMatch"} & set(value):
+        raise MongoError(
+            "NotImplemented",
+            f"simcluster does not evaluate the find projection {name}: {value}",
+        )
 
 
 def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -273,21 +314,29 @@ def _group(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, A
         key = _group_key(d, spec["_id"])
         acc = groups.setdefault(bson.encode({"k": key}), {"_id": key})
         for field, op_spec in spec.items():
-            if field == "_id":
-                continue
-            ((op, arg),) = op_spec.items()
-            v = _value(_expr(d, arg))
-            accumulate = _ACCUMULATORS.get(op)
-            if accumulate is None:
-                raise MongoError(15952, f"unknown group operator '{op}'")
-            accumulate(acc, field, v)
-    out = []
-    for acc in groups.values():
-        for k in [k for k in acc if k.startswith("__avg_")]:
-            s, n = acc.pop(k)
-            acc[k[6:]] = s / n if n else None
-        out.append(acc)
-    return out
+            if field != "_id":
+                _accumulate(acc, field, op_spec, d)
+    return [_averaged(acc) for acc in groups.values()]
+
+
+def _accumulate(
+    acc: dict[str, object], field: str, op_spec: Mapping[str, object], doc: dict[str, object]
+) -> None:
+    """Add `doc`'s value to the group's `field` by the field's accumulator."""
+    ((op, arg),) = op_spec.items()
+    v = _value(_expr(doc, arg))
+    accumulate = _ACCUMULATORS.get(op)
+    if accumulate is None:
+        raise MongoError(15952, f"unknown group operator '{op}'")
+    accumulate(acc, field, v)
+
+
+def _averaged(acc: dict[str, Any]) -> dict[str, Any]:
+    """The group with each running $avg (sum, count) replaced by its mean."""
+    for k in [k for k in acc if k.startswith("__avg_")]:
+        s, n = acc.pop(k)
+        acc[k[6:]] = s / n if n else None
+    return acc
 
 
 def _group_key(doc: dict[str, Any], id_spec: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from simcluster.catalog import modified_index_spec
@@ -30,35 +30,54 @@ def apply_diff(doc: Mapping[str, Any], diff: Mapping[str, Any]) -> dict[str, Any
     """
     out = dict(doc)
     for key, value in diff.items():
-        if key == "d":
-            for name in value:
-                out.pop(name, None)
-        elif key == "u":
-            out.update(value)
-        elif key == "i":
-            for name, v in value.items():
-                out.pop(name, None)
-                out[name] = v
+        apply = _SECTIONS.get(key)
+        if apply is not None:
+            apply(out, value)
         elif key.startswith("s"):
-            name = key[1:]
-            out[name] = _apply_sub(out.get(name), value)
+            out[key[1:]] = _apply_sub(out.get(key[1:]), value)
     return out
+
+
+def _delete_fields(out: dict[str, object], names: Iterable[str]) -> None:
+    for name in names:
+        out.pop(name, None)
+
+
+def _insert_fields(out: dict[str, object], fields: Mapping[str, object]) -> None:
+    for name, v in fields.items():
+        out.pop(name, None)
+        out[name] = v
+
+
+# How each section of an object diff changes the document (its sub-diffs `s<field>` aside).
+_SECTIONS: dict[str, Callable[[dict[str, Any], Any], None]] = {
+    "d": _delete_fields,
+    "u": dict.update,
+    "i": _insert_fields,
+}
 
 
 def _apply_sub(current: Any, diff: Mapping[str, Any]) -> Any:
     if not diff.get("a"):
         return apply_diff(current if isinstance(current, Mapping) else {}, diff)
-    arr = list(current) if isinstance(current, list) else []
+    return _apply_array_diff(list(current) if isinstance(current, list) else [], diff)
+
+
+def _apply_array_diff(arr: list[Any], diff: Mapping[str, Any]) -> list[Any]:
+    """An array diff `{a: true, l: <new length>, u<i>|s<i>: ...}` applied to `arr` in place."""
     if "l" in diff:
         del arr[int(diff["l"]) :]
     for key, value in diff.items():
-        if key in ("a", "l"):
-            continue
-        idx = int(key[1:])
-        while len(arr) <= idx:
-            arr.append(None)
-        arr[idx] = value if key[0] == "u" else _apply_sub(arr[idx], value)
+        if key not in ("a", "l"):
+            _set_element(arr, key, value)
     return arr
+
+
+def _set_element(arr: list[Any], key: str, value: Any) -> None:
+    """`u<i>` sets element i, `s<i>` applies a sub-diff to it; nulls pad the array up to i."""
+    idx = int(key[1:])
+    arr.extend([None] * (idx + 1 - len(arr)))
+    arr[idx] = value if key[0] == "u" else _apply_sub(arr[idx], value)
 
 
 MAX_IMAGES = 200_000
@@ -126,7 +145,6 @@ class Applier:
         """Apply one entry; `at` is (ts, index) of an op inside a transaction's applyOps entry,
         which is where its images are recorded."""
         self.record_statement(entry)
-        at = at if at is not None else (entry["ts"], 0) if "ts" in entry else None
         op = entry["op"]
         if op == "n":
             return
@@ -134,12 +152,11 @@ class Applier:
             self._command(entry)
         elif entry["ns"].endswith(".system.views"):
             self._view(entry)
-        elif op == "i":
-            self._coll(entry["ns"], entry.get("ui")).put(dict(entry["o"]))
-        elif op == "u":
-            self._update(entry, at)
-        elif op == "d":
-            self._delete(entry, at)
+        elif (write := _WRITES.get(op)) is not None:
+            write(self, entry, _images_at(entry, at))
+
+    def _insert(self, entry: Mapping[str, Any], at: tuple[Any, int] | None) -> None:
+        self._coll(entry["ns"], entry.get("ui")).put(dict(entry["o"]))
 
     def _update(self, entry: Mapping[str, Any], at: tuple[Any, int] | None) -> None:
         coll = self._coll(entry["ns"], entry.get("ui"))
@@ -182,19 +199,27 @@ class Applier:
         if entry["op"] in ("i", "u"):
             doc = dict(entry["o"])
             views.put(doc)
-            options = {k: v for k, v in doc.items() if k != "_id"}
-            buckets = self.dbs.get(db, {}).get(options["viewOn"])
-            if options["viewOn"].startswith("system.buckets.") and buckets is not None:
-                # a time-series collection
-                options["timeseries"] = buckets.options.get("timeseries")
-            view = self.dbs.get(db, {}).get(name)
-            if view is None:
-                self._coll(view_ns, entry.get("ui"), options)
-            else:
-                view.options.update(options)
+            self._put_view(db, view_ns, entry.get("ui"), self._view_options(db, doc))
         elif entry["op"] == "d":
             views.docs.pop(id_key(view_ns), None)
             self.dbs.get(db, {}).pop(name, None)
+
+    def _view_options(self, db: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """A view's options from its system.views document; a time-series collection's view
+        also carries its buckets' timeseries options."""
+        options = {k: v for k, v in doc.items() if k != "_id"}
+        buckets = self.dbs.get(db, {}).get(options["viewOn"])
+        if options["viewOn"].startswith("system.buckets.") and buckets is not None:
+            options["timeseries"] = buckets.options.get("timeseries")
+        return options
+
+    def _put_view(self, db: str, view_ns: str, ui: object, options: dict[str, object]) -> None:
+        """Make the view, or modify the one there (collMod)."""
+        view = self.dbs.get(db, {}).get(view_ns.split(".", 1)[1])
+        if view is None:
+            self._coll(view_ns, ui, options)
+        else:
+            view.options.update(options)
 
     def _command(self, entry: Mapping[str, Any]) -> None:
         name, arg = next(iter(entry["o"].items()))
@@ -255,9 +280,7 @@ class Applier:
         coll.options.update({k: v for k, v in changes.items() if k != "index"})
         index = changes.get("index")
         if index:
-            for ix in coll.indexes.values():
-                if ix.name == index.get("name") or ix.key == index.get("keyPattern"):
-                    ix.spec = modified_index_spec(ix.spec, dict(index))
+            _modify_index(coll, index)
 
     def _apply_ops(self, entry: Mapping[str, Any]) -> None:
         o = entry["o"]
@@ -270,12 +293,15 @@ class Applier:
         self.pending.setdefault(key, []).extend((op, (entry["ts"], i)) for i, op in enumerate(ops))
         if o.get("prepare"):
             self.prepared[key] = (entry["lsid"], entry["ts"])
-        if not o.get("partialTxn") and not o.get("prepare"):
-            # The last link of a chain (or a one-entry commit): the whole transaction applies now,
-            # each op's images kept under its own entry's ts and its index there, as the server
-            # keys pre-images (applyOpsTs, applyOpsIndex).
-            for op, at in self.pending.pop(key):
-                self.apply(op, at=at)
+        elif not o.get("partialTxn"):
+            self._apply_transaction(key)
+
+    def _apply_transaction(self, key: tuple[bytes, int]) -> None:
+        """The last link of a chain (or a one-entry commit): the whole transaction applies now,
+        each op's images kept under its own entry's ts and its index there, as the server keys
+        pre-images (applyOpsTs, applyOpsIndex)."""
+        for op, at in self.pending.pop(key):
+            self.apply(op, at=at)
 
 
 # How each command entry applies: (applier, entry, its database, the command's argument).
@@ -292,6 +318,30 @@ _COMMANDS: dict[str, Callable[[Applier, Mapping[str, Any], str, Any], None]] = {
     "commitTransaction": Applier._commit_transaction,
     "abortTransaction": Applier._abort_transaction,
 }
+
+
+# How each CRUD entry applies: (applier, entry, where its images are recorded).
+_WRITES: dict[str, Callable[[Applier, Mapping[str, Any], tuple[Any, int] | None], None]] = {
+    "i": Applier._insert,
+    "u": Applier._update,
+    "d": Applier._delete,
+}
+
+
+def _images_at(
+    entry: Mapping[str, object], at: tuple[object, int] | None
+) -> tuple[object, int] | None:
+    """Where a write's images are recorded: `at` inside a transaction, else (its ts, 0)."""
+    if at is not None:
+        return at
+    return (entry["ts"], 0) if "ts" in entry else None
+
+
+def _modify_index(coll: Collection, index: Mapping[str, Any]) -> None:
+    """collMod's `index`: the index it names (by name or key pattern) takes the changes."""
+    for ix in coll.indexes.values():
+        if ix.name == index.get("name") or ix.key == index.get("keyPattern"):
+            ix.spec = modified_index_spec(ix.spec, dict(index))
 
 
 def take_prepared(

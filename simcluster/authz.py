@@ -84,8 +84,7 @@ _ON_CLUSTER = {
 
 
 def _aggregate(db: str, target: Any, cmd: dict[str, Any]) -> list[_Privilege]:
-    pipeline = cmd.get("pipeline") or []
-    first = pipeline[0] if pipeline and isinstance(pipeline[0], dict) else {}
+    first = _first_stage(cmd.get("pipeline") or [])
     coll = target if isinstance(target, str) else None
     if "$changeStream" not in first:
         return [(("find",), {"db": db, "collection": coll or ""})]
@@ -93,6 +92,11 @@ def _aggregate(db: str, target: Any, cmd: dict[str, Any]) -> list[_Privilege]:
     if spec.get("allChangesForCluster"):
         return [(("find", "changeStream"), change_stream_resource(None, None))]
     return [(("find", "changeStream"), change_stream_resource(db, coll))]
+
+
+def _first_stage(pipeline: list[object]) -> dict[str, object]:
+    """An aggregate's first stage, {} when it has none (or a malformed one)."""
+    return pipeline[0] if pipeline and isinstance(pipeline[0], dict) else {}
 
 
 def _on_full_namespace(key: str, db: str, target: Any) -> list[_Privilege]:

@@ -100,9 +100,7 @@ def catalog_options(options: dict[str, Any]) -> dict[str, Any]:
     for name in ("capped", "size", "max"):
         given.pop(name, None)
     if "collation" in given:
-        collation = expand_collation(dict(given.pop("collation")))
-        if collation is not None:
-            given["collation"] = collation
+        _expand_collation_in(given)
     if isinstance(given.get("clusteredIndex"), dict):
         given["clusteredIndex"] = _clustered_index(given["clusteredIndex"])
     if "expireAfterSeconds" in given:
@@ -112,6 +110,13 @@ def catalog_options(options: dict[str, Any]) -> dict[str, Any]:
             out[name] = given.pop(name)
     out.update(given)
     return out
+
+
+def _expand_collation_in(given: dict[str, Any]) -> None:
+    """The collation with every field the server fills in (none for the simple collation)."""
+    collation = expand_collation(dict(given.pop("collation")))
+    if collation is not None:
+        given["collation"] = collation
 
 
 def _capped_options(given: dict[str, Any]) -> dict[str, Any]:
@@ -178,15 +183,7 @@ def text_index_spec(spec: dict[str, Any]) -> dict[str, Any]:
     key = spec["key"]
     if "_fts" in key or "text" not in key.values():
         return spec
-    fixed_key: dict[str, Any] = {}
-    weights = dict(spec.get("weights") or {})
-    for field, kind in key.items():
-        if kind != "text":
-            fixed_key[field] = kind
-            continue
-        weights.setdefault(field, 1)
-        fixed_key.setdefault("_fts", "text")
-        fixed_key.setdefault("_ftsx", 1)
+    fixed_key, weights = _text_key(key, dict(spec.get("weights") or {}))
     tail = ("weights", "default_language", "language_override", "textIndexVersion")
     out = {k: (fixed_key if k == "key" else v) for k, v in spec.items() if k not in tail}
     out["weights"] = weights
@@ -194,6 +191,22 @@ def text_index_spec(spec: dict[str, Any]) -> dict[str, Any]:
     out["language_override"] = spec.get("language_override", "language")
     out["textIndexVersion"] = spec.get("textIndexVersion", 3)
     return out
+
+
+def _text_key(
+    key: dict[str, object], weights: dict[str, object]
+) -> tuple[dict[str, object], dict[str, object]]:
+    """(the key with its text fields made `_fts: "text", _ftsx: 1` where the first stood, the
+    weights with 1 for each text field that had none)."""
+    fixed_key: dict[str, Any] = {}
+    for field, kind in key.items():
+        if kind != "text":
+            fixed_key[field] = kind
+            continue
+        weights.setdefault(field, 1)
+        fixed_key.setdefault("_fts", "text")
+        fixed_key.setdefault("_ftsx", 1)
+    return fixed_key, weights
 
 
 def fix_index_spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -93,12 +93,17 @@ def gossip_in(
         proof, key_id = _signature(cluster_time)
     if key is None:
         return ts  # no authorization: every client may advance the clock
-    if (proof is None or proof == bytes(_HASH_BYTES)) and not authenticated:
+    if _unsigned(proof) and not authenticated:
         return None  # not gossiped: an unauthenticated client's unsigned time
     if (ts.time, ts.inc) <= (newest.time, newest.inc):
         return ts
     _verify(ts, proof, key_id, key)
     return ts
+
+
+def _unsigned(proof: bytes | None) -> bool:
+    """No proof, or the all-zero one a client without the key sends."""
+    return proof is None or proof == bytes(_HASH_BYTES)
 
 
 def _signature(cluster_time: Mapping[str, Any]) -> tuple[bytes, int]:

@@ -58,10 +58,18 @@ def _matching(coll: Collection, filt: dict[str, Any], stop_at: int) -> list[dict
     filter that pins `_id` values is answered from the `_id` index."""
     ids = q.pinned_ids(filt)
     if ids is not None:
-        found = {id(d): d for d in map(coll.docs.get, map(id_key, ids)) if d is not None}
-        return [d for d in found.values() if q.matches(d, filt)]
+        return _matching_ids(coll, filt, ids)
     scan = (d for d in coll.docs.values() if q.matches(d, filt))
     return list(itertools.islice(scan, stop_at or None))
+
+
+def _matching_ids(
+    coll: Collection, filt: dict[str, Any], ids: list[object]
+) -> list[dict[str, Any]]:
+    """The documents with the given `_id`s (each once) that match `filt`, from the `_id`
+    index."""
+    found = {id(d): d for d in map(coll.docs.get, map(id_key, ids)) if d is not None}
+    return [d for d in found.values() if q.matches(d, filt)]
 
 
 def _is_timeseries_request(name: str, options: dict[str, Any]) -> bool:

@@ -19,7 +19,7 @@ from simcluster.catalog import (
 )
 from simcluster.member_core import MemberCore
 from simcluster.server import Request
-from simcluster.storage import Collection, id_key
+from simcluster.storage import Collection, Index, id_key
 
 # The bucket span of each time-series granularity (timeseries::getMaxSpanSecondsFromGranularity).
 _BUCKET_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
@@ -81,11 +81,13 @@ def _index_names(coll: Collection, which: Any) -> list[str]:
     pattern, or a list of names."""
     if which == "*":
         return [n for n in coll.indexes if n != "_id_"]
-    if isinstance(which, str):
-        return [which]
     if isinstance(which, dict):
-        return [n for n, ix in coll.indexes.items() if ix.key == dict(which)]
-    return list(which)
+        return _names_by_key(coll, which)
+    return [which] if isinstance(which, str) else list(which)
+
+
+def _names_by_key(coll: Collection, key: dict[str, object]) -> list[str]:
+    return [n for n, ix in coll.indexes.items() if ix.key == dict(key)]
 
 
 def _modify_options(coll: Collection, changes: dict[str, Any]) -> None:
@@ -101,20 +103,19 @@ def _modify_options(coll: Collection, changes: dict[str, Any]) -> None:
 def _modify_index(coll: Collection, change: dict[str, Any]) -> dict[str, Any]:
     """Apply a collMod's `index` change (found by name or key pattern); the options it had
     before, for the entry's o2.indexOptions_old."""
-    ix = next(
-        (
-            i
-            for i in coll.indexes.values()
-            if i.name == change.get("name") or i.key == change.get("keyPattern")
-        ),
-        None,
-    )
-    if ix is None:
-        raise MongoError("IndexNotFound", "cannot find index for collMod")
+    ix = _index_to_modify(coll, change)
     changed = [k for k in change if k not in ("name", "keyPattern")]
     old = {k: ix.spec.get(k, False) for k in changed}
     ix.spec = modified_index_spec(ix.spec, change)
     return old
+
+
+def _index_to_modify(coll: Collection, change: dict[str, object]) -> Index:
+    """The index a collMod's `index` names, by name or key pattern: IndexNotFound without one."""
+    for ix in coll.indexes.values():
+        if ix.name == change.get("name") or ix.key == change.get("keyPattern"):
+            return ix
+    raise MongoError("IndexNotFound", "cannot find index for collMod")
 
 
 class DDLCommands(MemberCore):
@@ -142,21 +143,8 @@ class DDLCommands(MemberCore):
         coll = self.dbs.get(db, {}).pop(name, None)
         if coll is None:
             return {"ns": f"{db}.{name}", "nIndexesWas": 0}
-        if "viewOn" in coll.options:  # dropping a view deletes its system.views document
-            views = self.dbs.get(db, {}).get("system.views")
-            if views is not None:
-                views.docs.pop(id_key(f"{db}.{name}"), None)
-                self.oplog.append(
-                    {
-                        "op": "d",
-                        "ns": f"{db}.system.views",
-                        "ui": views.ui,
-                        "o": {"_id": f"{db}.{name}"},
-                    }
-                )
-            if "timeseries" in coll.options:  # and a time-series collection its buckets
-                await self.cmd_drop(db, {"drop": coll.options["viewOn"]}, req)
-            return {"ns": f"{db}.{name}"}
+        if "viewOn" in coll.options:
+            return await self._drop_view(db, name, coll, req)
         entry: dict[str, Any] = {
             "op": "c",
             "ns": f"{db}.$cmd",
@@ -168,6 +156,26 @@ class DDLCommands(MemberCore):
             entry["fromMigrate"] = True
         self.oplog.append(entry)
         return {"ns": f"{db}.{name}", "nIndexesWas": len(coll.indexes)}
+
+    async def _drop_view(
+        self, db: str, name: str, view: Collection, req: Request
+    ) -> dict[str, object]:
+        """Dropping a view deletes its system.views document, and a time-series collection's
+        also drops its buckets."""
+        views = self.dbs.get(db, {}).get("system.views")
+        if views is not None:
+            views.docs.pop(id_key(f"{db}.{name}"), None)
+            self.oplog.append(
+                {
+                    "op": "d",
+                    "ns": f"{db}.system.views",
+                    "ui": views.ui,
+                    "o": {"_id": f"{db}.{name}"},
+                }
+            )
+        if "timeseries" in view.options:
+            await self.cmd_drop(db, {"drop": view.options["viewOn"]}, req)
+        return {"ns": f"{db}.{name}"}
 
     async def cmd_drop_database(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         colls = self.dbs.get(db, {})
@@ -221,32 +229,35 @@ class DDLCommands(MemberCore):
         existed = self.coll(ns) is not None
         coll = self.coll(ns, create=True, uuid=cmd.get("collectionUUID"), session=session)
         assert coll is not None
-        txn = (session or {}).get("$txn")
-        if txn is not None and not _created_in(txn, db, coll.name):
-            # Only a collection this transaction created may get indexes in it (create_indexes.cpp).
-            raise MongoError(
-                "OperationNotSupportedInTransaction",
-                f"Cannot create new indexes on "
-                f"existing collection {ns} in a multi-document transaction.",
-            )
+        _check_indexes_in_transaction(session, db, coll, ns)
         before = len(coll.indexes)
         added = _add_indexes(coll, cmd.get("indexes", []), ns)
         if added and coll.docs and session is None:
             self._log_index_build(db, coll, added)
         else:
-            for spec in added:
-                entry = {
-                    "op": "c",
-                    "ns": f"{db}.$cmd",
-                    "ui": coll.ui,
-                    "o": {"createIndexes": coll.name, **spec},
-                }
-                self._log_ddl(entry, session, functools.partial(_drop_index, coll, spec["name"]))
+            self._log_created_indexes(db, coll, added, session)
         return {
             "numIndexesBefore": before,
             "numIndexesAfter": len(coll.indexes),
             "createdCollectionAutomatically": not existed,
         }
+
+    def _log_created_indexes(
+        self,
+        db: str,
+        coll: Collection,
+        added: list[dict[str, Any]],
+        session: dict[str, Any] | None,
+    ) -> None:
+        """One createIndexes entry per new index (an empty collection, or in a transaction)."""
+        for spec in added:
+            entry = {
+                "op": "c",
+                "ns": f"{db}.$cmd",
+                "ui": coll.ui,
+                "o": {"createIndexes": coll.name, **spec},
+            }
+            self._log_ddl(entry, session, functools.partial(_drop_index, coll, spec["name"]))
 
     def _log_index_build(self, db: str, coll: Collection, added: list[dict[str, Any]]) -> None:
         """A two-phase build's startIndexBuild and commitIndexBuild entries."""
@@ -283,12 +294,24 @@ class DDLCommands(MemberCore):
         coll = self.coll(ns)
         if coll is None:
             raise MongoError("NamespaceNotFound", f"ns does not exist: {ns}")
-        changes = {k: v for k, v in cmd.items() if k != "collMod" and k not in _GENERIC_ARGS}
-        named = self.dbs.get(db, {}).get(cmd["collMod"])
-        if named is not None and "timeseries" in named.options and "timeseries" in changes:
-            return self._modify_timeseries(db, named, coll, changes["timeseries"])
+        changes = _coll_mod_changes(cmd)
+        view = self._timeseries_view(db, cmd["collMod"])
+        if view is not None and "timeseries" in changes:
+            return self._modify_timeseries(db, view, coll, changes["timeseries"])
         if "viewOn" in coll.options:
             return self._modify_view(db, coll, changes)
+        return self._modify_collection(db, coll, changes)
+
+    def _timeseries_view(self, db: str, name: str) -> Collection | None:
+        """The time-series collection (its view) named `name`, if it is one."""
+        named = self.dbs.get(db, {}).get(name)
+        return named if named is not None and "timeseries" in named.options else None
+
+    def _modify_collection(
+        self, db: str, coll: Collection, changes: dict[str, Any]
+    ) -> dict[str, Any]:
+        """collMod of a collection's options or one of its indexes; its entry's o2 holds what
+        they were before."""
         old_options = dict(coll.options)
         _modify_options(coll, changes)
         o2: dict[str, Any] = {"collectionOptions_old": options_before_change(coll.ui, old_options)}
@@ -359,3 +382,20 @@ class DDLCommands(MemberCore):
             }
         )
         return {}
+
+
+def _coll_mod_changes(cmd: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cmd.items() if k != "collMod" and k not in _GENERIC_ARGS}
+
+
+def _check_indexes_in_transaction(
+    session: dict[str, object] | None, db: str, coll: Collection, ns: str
+) -> None:
+    """Only a collection this transaction created may get indexes in it (create_indexes.cpp)."""
+    txn = (session or {}).get("$txn")
+    if txn is not None and not _created_in(txn, db, coll.name):
+        raise MongoError(
+            "OperationNotSupportedInTransaction",
+            f"Cannot create new indexes on "
+            f"existing collection {ns} in a multi-document transaction.",
+        )

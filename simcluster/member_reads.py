@@ -85,14 +85,7 @@ class ReadCommands(MemberCore):
         if ns == OPLOG_NS:
             return await self._find_oplog(cmd)
         if ns == PREIMAGES_NS:
-            docs = [
-                d
-                for d in self._preimage_docs(cmd.get("filter") or {})
-                if q.matches(d, cmd.get("filter") or {})
-            ]
-            return {
-                "cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))
-            }
+            return await self._find_preimages(ns, cmd)
         docs = self.select(
             ns,
             cmd.get("filter", {}),
@@ -103,6 +96,12 @@ class ReadCommands(MemberCore):
         )
         if cmd.get("singleBatch"):
             docs = docs[: cmd.get("batchSize", 101) or None]
+        return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
+
+    async def _find_preimages(self, ns: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A find on config.system.preimages: the recorded images as the server stores them."""
+        filt = cmd.get("filter") or {}
+        docs = [d for d in self._preimage_docs(filt) if q.matches(d, filt)]
         return {"cursor": await self.cursors.first_batch(Cursor(ns, docs), cmd.get("batchSize"))}
 
     async def _find_oplog(self, cmd: dict[str, Any]) -> dict[str, Any]:

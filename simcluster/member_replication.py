@@ -89,14 +89,18 @@ class Replication(MemberCore):
                 continue
             if rs.lag_s:
                 await trio.sleep(rs.lag_s)
-            if not self._is_primary_still(source):  # an election during the lag
-                continue
-            self._sync_from(source, mine)
-            if not self.in_sync:  # RECOVERING -> SECONDARY: tell the drivers watching
-                self.in_sync = True
-                rs.notify()
-            rs.member_applied()
-            await trio.lowlevel.checkpoint()
+            if self._is_primary_still(source):  # else an election during the lag
+                self._sync_from(source, mine)
+                self._note_synced()
+                await trio.lowlevel.checkpoint()
+
+    def _note_synced(self) -> None:
+        """After a sync pass: RECOVERING -> SECONDARY tells the drivers watching; the set's
+        commit point may move."""
+        if not self.in_sync:
+            self.in_sync = True
+            self.replset.notify()
+        self.replset.member_applied()
 
     def _sync_source(self) -> MemberCore | None:
         """The member to copy entries from: the primary, unless this member is it (or the
@@ -142,31 +146,7 @@ class Replication(MemberCore):
     async def cmd_repl_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
         rs = self.replset
         committed = self._optime(rs.commit_key())
-        members = []
-        for i, m in enumerate(rs.members):
-            state, name = (
-                (
-                    (1, "PRIMARY")
-                    if m.is_primary
-                    else (2, "SECONDARY")
-                    if m.in_sync
-                    else (3, "RECOVERING")
-                )
-                if m.up
-                else (8, "(not reachable/healthy)")
-            )
-            members.append(
-                {
-                    "_id": i,
-                    "name": m.address,
-                    "health": 1.0 if m.up else 0.0,
-                    "state": state,
-                    "stateStr": name,
-                    "optime": m._optime(m.oplog.last_key()),
-                    "optimeDate": _wall(m.oplog.last_key()),
-                    **({"self": True} if m is self else {}),
-                }
-            )
+        members = [self._member_status(i, m) for i, m in enumerate(rs.members)]
         me = self._optime(self.oplog.last_key())
         my_state = next(
             m["state"] for m in members if m.get("self")
@@ -177,6 +157,20 @@ class Replication(MemberCore):
             "term": Int64(rs.term),
             "optimes": {"lastCommittedOpTime": committed, "appliedOpTime": me, "durableOpTime": me},
             "members": members,
+        }
+
+    def _member_status(self, i: int, m: MemberCore) -> dict[str, object]:
+        """One member's entry of replSetGetStatus's `members`."""
+        state, name = _member_state(m)
+        return {
+            "_id": i,
+            "name": m.address,
+            "health": 1.0 if m.up else 0.0,
+            "state": state,
+            "stateStr": name,
+            "optime": m._optime(m.oplog.last_key()),
+            "optimeDate": _wall(m.oplog.last_key()),
+            **({"self": True} if m is self else {}),
         }
 
     async def cmd_server_status(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -216,3 +210,12 @@ class Replication(MemberCore):
             entry["o2"] = o2
         ts, _ = self.oplog.append(entry)
         return ts
+
+
+def _member_state(m: MemberCore) -> tuple[int, str]:
+    """A member's replica set state: (its number, its name)."""
+    if not m.up:
+        return 8, "(not reachable/healthy)"
+    if m.is_primary:
+        return 1, "PRIMARY"
+    return (2, "SECONDARY") if m.in_sync else (3, "RECOVERING")

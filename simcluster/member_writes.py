@@ -53,6 +53,13 @@ def _session_bytes(cmd: dict[str, Any]) -> _SessionBytes | None:
     return cached
 
 
+def _sent_id_key(bson_type: int, value: bytes, doc: dict[str, object]) -> bytes:
+    """A string's or an ObjectId's id_key is its BSON bytes: made straight from the sent bytes."""
+    if bson_type in (0x02, 0x07):
+        return b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), bson_type, value)
+    return id_key(doc["_id"])
+
+
 class SentInserts:
     """The inserts of one insert command on one node, outside a transaction, logged from the
     bytes the client sent: the same entries ShardNode.insert_one writes, with what every
@@ -85,20 +92,17 @@ class SentInserts:
         if coll.name != self.ns.partition(".")[2]:
             return False  # a time-series collection: its writes go to its buckets (insert_one)
         t, value = ident
-        # A string's or an ObjectId's id_key is its BSON bytes: made straight from the sent bytes.
-        key = (
-            b"%b%c\x00%b\x00" % (_I32.pack(len(value) + 7), t, value)
-            if t in (0x02, 0x07)
-            else id_key(doc["_id"])
-        )
+        key = _sent_id_key(t, value, doc)
         coll.check_unique(doc, self.ns, key=key)
         coll.put(doc, key=key)
-        if self.whole_key:
-            o2 = bson.encode(self.node.document_key(self.ns, doc))
-        else:
-            o2 = b"%b%b\x00" % (_I32.pack(len(value) + 10), raw[4 : 9 + len(value)])
-        self._append(raw, o2, stmt_id)
+        self._append(raw, self._o2(doc, raw, value), stmt_id)
         return True
+
+    def _o2(self, doc: dict[str, object], raw: bytes, id_value: bytes) -> bytes:
+        """The entry's o2, the document key: the shard key's fields, or the sent _id element."""
+        if self.whole_key:
+            return bson.encode(self.node.document_key(self.ns, doc))
+        return b"%b%b\x00" % (_I32.pack(len(id_value) + 10), raw[4 : 9 + len(id_value)])
 
     def _collection(self) -> Collection:
         """The collection written to, made (and logged) by the command's first insert."""
@@ -197,10 +201,7 @@ class WriteCommands(MemberCore):
         if isinstance(upd, list):
             return self._pipeline_update(ns, filt, upd, multi, session, bool(spec.get("upsert")))
         operators = bool(upd) and next(iter(upd)).startswith("$")
-        if multi and upd and not operators:
-            raise MongoError(
-                "FailedToParse", "multi update is not supported for replacement-style update"
-            )
+        _check_multi(multi, upd, operators)
         matched = self.select(ns, filt, limit=0 if multi else 1)
         filters = spec.get("arrayFilters")
         n_modified = self._update_matched(
@@ -252,12 +253,7 @@ class WriteCommands(MemberCore):
         """An update given as an aggregation pipeline; logged as the server logs it: the $v:2
         diff of old -> new, or the whole new document when that diff is not smaller
         (updates.pipeline_entry)."""
-        for stage in pipeline:
-            name = next(iter(stage), "")
-            if name not in _UPDATE_PIPELINE_STAGES:
-                raise MongoError(
-                    "InvalidOptions", f"{name} is not allowed to be used within an update"
-                )
+        _check_update_pipeline(pipeline)
 
         def change(old: dict[str, Any]) -> tuple[dict[str, Any], Any]:
             new = replaced_by_pipeline(old, run_pipeline([dict(old)], pipeline)[0])
@@ -266,12 +262,7 @@ class WriteCommands(MemberCore):
         matched = self.select(ns, filt, limit=0 if multi else 1)
         n_modified = self._update_matched(ns, matched, change, session)
         if not matched and upsert:
-            # As the server: the pipeline runs on a document made of the filter's equalities.
-            base = _equalities(filt)
-            new = replaced_by_pipeline(base, run_pipeline([dict(base)], pipeline)[0])
-            if "_id" not in new:
-                new = {"_id": ObjectId(), **new}
-            return self._upserted(ns, new, session)
+            return self._upserted(ns, _pipeline_upsert_document(filt, pipeline), session)
         return {"n": len(matched), "nModified": n_modified}
 
     async def cmd_update(self, db: str, cmd: dict[str, Any], req: Request) -> dict[str, Any]:
@@ -325,9 +316,23 @@ class WriteCommands(MemberCore):
         old = self._first_match(ns, cmd.get("query", {}), cmd.get("sort"))
         session = self._session_fields(cmd, 0)
         if cmd.get("remove"):
-            if old is not None:
-                self.delete_docs(ns, {"_id": old["_id"]}, 1, session)
-            return {"lastErrorObject": {"n": 1 if old else 0}, "value": old}
+            return self._find_and_remove(ns, old, session)
+        return self._find_and_update(ns, cmd, old, session)
+
+    def _find_and_remove(
+        self, ns: str, old: dict[str, object] | None, session: dict[str, object]
+    ) -> dict[str, object]:
+        if old is not None:
+            self.delete_docs(ns, {"_id": old["_id"]}, 1, session)
+        return {"lastErrorObject": {"n": 1 if old else 0}, "value": old}
+
+    def _find_and_update(
+        self,
+        ns: str,
+        cmd: dict[str, object],
+        old: dict[str, object] | None,
+        session: dict[str, object],
+    ) -> dict[str, object]:
         # The document found, by _id; the query still stands beside it for a positional `$` path.
         query = cmd.get("query", {})
         r = self.update_docs(
@@ -344,9 +349,13 @@ class WriteCommands(MemberCore):
             leo["upserted"] = r["upserted"][0]["_id"]
         if not cmd.get("new"):
             return {"lastErrorObject": leo, "value": old}
+        return {"lastErrorObject": leo, "value": self._updated(ns, old, r)}
+
+    def _updated(self, ns: str, old: dict[str, Any] | None, r: dict[str, Any]) -> Any:
+        """The document as the update left it (findAndModify's `new: true`)."""
         target = old["_id"] if old else (r.get("upserted") or [{"_id": None}])[0]["_id"]
         coll = self.coll(ns)
-        return {"lastErrorObject": leo, "value": coll.docs.get(id_key(target)) if coll else None}
+        return coll.docs.get(id_key(target)) if coll else None
 
     def _first_match(self, ns: str, query: dict[str, Any], sort: Any) -> dict[str, Any] | None:
         """The document findAndModify acts on: the first match, in `sort` order if given."""
@@ -367,3 +376,25 @@ class WriteCommands(MemberCore):
     ) -> dict[str, Any]:
         self.transactions.abort(txn_key(cmd))
         return {}
+
+
+def _check_multi(multi: bool, update: object, operators: bool) -> None:
+    if multi and update and not operators:
+        raise MongoError(
+            "FailedToParse", "multi update is not supported for replacement-style update"
+        )
+
+
+def _check_update_pipeline(pipeline: list[Any]) -> None:
+    """Only the stages an update pipeline allows."""
+    for stage in pipeline:
+        name = next(iter(stage), "")
+        if name not in _UPDATE_PIPELINE_STAGES:
+            raise MongoError("InvalidOptions", f"{name} is not allowed to be used within an update")
+
+
+def _pipeline_upsert_document(filt: dict[str, Any], pipeline: list[Any]) -> dict[str, Any]:
+    """As the server: the pipeline runs on a document made of the filter's equalities."""
+    base = _equalities(filt)
+    new = replaced_by_pipeline(base, run_pipeline([dict(base)], pipeline)[0])
+    return new if "_id" in new else {"_id": ObjectId(), **new}

@@ -134,6 +134,11 @@ def _sorted(arr: list[Any], spec: Any) -> list[Any]:
     return sorted(arr, key=functools.cmp_to_key(compare), reverse=spec < 0)
 
 
+def _sliced(arr: list[object], n: int) -> list[object]:
+    """$push's $slice: the first n elements, or the last -n."""
+    return arr[:n] if n >= 0 else arr[n:]
+
+
 def _push(old: Any, value: Any, is_insert: bool) -> Modified:
     items, arr = _array_operands(old, value)
     options = _each(value)
@@ -142,8 +147,7 @@ def _push(old: Any, value: Any, is_insert: bool) -> Modified:
     if "$sort" in options:
         arr, appended = _sorted(arr, options["$sort"]), False
     if "$slice" in options:
-        n = options["$slice"]
-        sliced = arr[:n] if n >= 0 else arr[n:]
+        sliced = _sliced(arr, options["$slice"])
         appended = appended and len(sliced) == len(arr)
         arr = sliced
     exists = old is not MISSING
@@ -155,9 +159,13 @@ def _push(old: Any, value: Any, is_insert: bool) -> Modified:
 def _pop(old: Any, value: Any, is_insert: bool) -> Modified:
     if old is MISSING:
         return None
-    if not isinstance(old, list):
-        raise MongoError("TypeMismatch", "Path must be an array to $pop")
+    _check_array(old, "TypeMismatch", "Path must be an array to $pop")
     return (old[1:] if value == -1 else old[:-1], 0) if old else None
+
+
+def _check_array(value: object, code: str, message: str) -> None:
+    if not isinstance(value, list):
+        raise MongoError(code, message)
 
 
 def _pulled(element: Any, gone: list[Any]) -> bool:
@@ -174,8 +182,7 @@ def _pulled(element: Any, gone: list[Any]) -> bool:
 def _pull_all(old: Any, gone: Any, is_insert: bool) -> Modified:
     if old is MISSING:
         return None
-    if not isinstance(old, list):
-        raise MongoError("BadValue", "Cannot apply $pull to a non-array value")
+    _check_array(old, "BadValue", "Cannot apply $pull to a non-array value")
     keep = [a for a in old if not _pulled(a, gone)]
     return None if len(keep) == len(old) else (keep, 0)
 

@@ -221,6 +221,10 @@ class NativeStream:
         # Every shard has been read through its position: nothing at or below the oldest can
         # still come.
         frontier = self.frontier = min(self.positions)
+        return self._take_through(frontier)
+
+    def _take_through(self, frontier: int) -> list[RefEvent]:
+        """The pending events at or below the frontier, in token order; the rest stay."""
         ready = sorted(
             (e for e in self.pending if ts_key(e.cluster_time) <= frontier),
             key=lambda e: e.sort_key,
@@ -237,24 +241,24 @@ class NativeStream:
         wants_images = self.before_change != "off" or self.full_document in _IMAGE_MODES
         for raw in raws:
             for ev in self.transformers[i].events(raw):
-                if ev.sort_key > self.skip_key or ev.sort_key == self.must_meet:
-                    self.pending.append(ev)
-                    if wants_images:
-                        self.origin[ev.sort_key] = node
+                self._keep(ev, node if wants_images else None)
         self.positions[i] = node.oplog.entry_key(raws[-1])
+
+    def _keep(self, ev: RefEvent, origin: OplogSource | None) -> None:
+        """Keep an event past the resume point (or the one to meet again) as pending, with the
+        member set its images live in when the stream wants them."""
+        if ev.sort_key > self.skip_key or ev.sort_key == self.must_meet:
+            self.pending.append(ev)
+            if origin is not None:
+                self.origin[ev.sort_key] = origin
 
     # -- shaping -----------------------------------------------------------------------------------
 
     def _shape(self, ev: RefEvent, node_for_lookup: Any) -> Any:
         """Apply fullDocument lookups or post-images, pre-images and the user's stages to one
         event: the event's document, or None when a $match drops it."""
-        origin = self.origin.pop(ev.sort_key, None)
+        images = self._images(ev)
         doc = ev.doc
-        images = (
-            origin.images.get((ev.image_key[0], ts_key(ev.image_key[1]), ev.image_key[2]))
-            if origin is not None and ev.image_key is not None
-            else None
-        )
         if ev.op_type == "update" and self.full_document != "default":
             doc = _with_full_document(doc, self._post_image(ev, images, node_for_lookup))
         if self.before_change != "off" and ev.op_type in ("update", "replace", "delete"):
@@ -264,6 +268,13 @@ class NativeStream:
         if self.stages:
             return apply_stages(doc, self.stages, ev.token)
         return doc
+
+    def _images(self, ev: RefEvent) -> object:
+        """The (pre-image, post-image) recorded with the event's write, if any."""
+        origin = self.origin.pop(ev.sort_key, None)
+        if origin is None or ev.image_key is None:
+            return None
+        return origin.images.get((ev.image_key[0], ts_key(ev.image_key[1]), ev.image_key[2]))
 
     def _post_image(self, ev: RefEvent, images: Any, node_for_lookup: Any) -> Any:
         """An update's fullDocument: looked up now (updateLookup), or the post-image recorded
@@ -309,14 +320,18 @@ class NativeStream:
         while True:
             if not self._send_held(reply):
                 return reply.docs
-            if self.held or self.done:
+            if self._stopped():
                 self._settle_end_token()
                 return reply.docs
             self._fill(reply, lookup)
-            if self.held or self.done:
+            if self._stopped():
                 continue  # the held ones go out first, as far as this reply has room
             if reply.docs or not await self._wait_for_entries(deadline):
                 return reply.docs
+
+    def _stopped(self) -> bool:
+        """Whether the reply stops taking new events: some are held, or the stream ended."""
+        return bool(self.held) or self.done
 
     def _settle_end_token(self) -> None:
         """Closed on ChangeStreamInvalidated: its token, the invalidate's, is the last
@@ -355,7 +370,7 @@ class NativeStream:
             invalidate = self._end_on_invalidate(ev, reply)
             if invalidate is not None:
                 last = invalidate
-            if self.held or self.done:
+            if self._stopped():
                 break
         return last
 
@@ -373,6 +388,11 @@ class NativeStream:
             return False
         if len(doc.raw) > MEASURE_ABOVE_BYTES or skip:
             doc = self._large(doc.raw, skip)
+        return self._place(doc, ev, reply)
+
+    def _place(self, doc: Any, ev: RefEvent, reply: _Reply) -> bool:
+        """Put the shaped event in the reply (True), or hold it (or its fragments) for the next
+        one."""
         if isinstance(doc, list):  # fragments: returned from the top of fetch's loop
             self.held.extend(doc)
         elif self.held or not reply.has_room(doc.raw):
@@ -432,7 +452,7 @@ class NativeStream:
 
     async def _wait_for_entries(self, deadline: float) -> bool:
         """Until there is more to read or the deadline (then False)."""
-        if any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True)):
+        if self._more_to_read():
             if trio.current_time() >= deadline:
                 return False
             await trio.lowlevel.checkpoint()  # a long catch-up must not starve other connections
@@ -441,13 +461,20 @@ class NativeStream:
             self._advance_to_frontier()
         if trio.current_time() >= deadline:
             return False
+        await self._wait_for_a_write(deadline)
+        return True
+
+    def _more_to_read(self) -> bool:
+        """Whether some shard has committed entries past where the stream read it."""
+        return any(n.commit_key() > p for n, p in zip(self.nodes, self.positions, strict=True))
+
+    async def _wait_for_a_write(self, deadline: float) -> None:
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
                 # Wake on the first write to any shard, like a getMore waiting on its shard
                 # cursors.
                 for node in self.nodes:
                     nursery.start_soon(_wake, node, nursery)
-        return True
 
 
 def _scope(spec: dict[str, Any], coll: str | None) -> str:

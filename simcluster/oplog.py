@@ -79,6 +79,11 @@ class ClusterClock:
             self._secs, self._inc = ts.time, ts.inc
 
 
+def _elements(fields: dict[str, object]) -> bytes:
+    """The fields as encoded BSON elements, without the document's length and terminator."""
+    return bson.encode(fields)[4:-1]
+
+
 class Oplog:
     """Capped, append-only log with awaitable growth.
 
@@ -126,11 +131,7 @@ class Oplog:
         head = {k: fields[k] for k in _SESSION_HEAD if k in fields}
         tail = {k: fields[k] for k in _ENTRY_TAIL if k in fields}
         body = {k: v for k, v in fields.items() if k not in head and k not in tail}
-        key, raw = self.append_body(
-            bson.encode(body)[4:-1],
-            head=bson.encode(head)[4:-1] if head else b"",
-            tail=bson.encode(tail)[4:-1] if tail else b"",
-        )
+        key, raw = self.append_body(_elements(body), head=_elements(head), tail=_elements(tail))
         return Timestamp(key >> 32, key & 0xFFFFFFFF), raw
 
     def append_body(

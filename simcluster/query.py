@@ -28,11 +28,19 @@ def pinned_ids(filt: Mapping[str, Any]) -> list[Any] | None:
     of a collection scan (the engine's lookups send an `$or` of up to 500 document keys)."""
     if set(filt) == {"$or"} and isinstance(filt["$or"], list):
         return _pinned_by_every(filt["$or"])
-    if isinstance(filt.get("$and"), list):  # any clause that pins _id pins the whole conjunction
-        for clause in filt["$and"]:
-            if isinstance(clause, Mapping) and (ids := pinned_ids(clause)) is not None:
-                return ids
+    if isinstance(filt.get("$and"), list):
+        ids = _pinned_by_any(filt["$and"])
+        if ids is not None:
+            return ids
     return _pinned_by_condition(filt["_id"]) if "_id" in filt else None
+
+
+def _pinned_by_any(clauses: list[object]) -> list[object] | None:
+    """The `_id` values of an `$and`: any clause that pins _id pins the whole conjunction."""
+    for clause in clauses:
+        if isinstance(clause, Mapping) and (ids := pinned_ids(clause)) is not None:
+            return ids
+    return None
 
 
 def _pinned_by_every(branches: list[Any]) -> list[Any] | None:
@@ -52,13 +60,14 @@ def _pinned_by_condition(cond: Any) -> list[Any] | None:
         return [cond]
     if set(cond) == {"$eq"}:
         return [cond["$eq"]]
-    if (
-        set(cond) == {"$in"}
-        and isinstance(cond["$in"], list)
-        and not any(isinstance(v, (re.Pattern, Regex)) for v in cond["$in"])
-    ):
+    if set(cond) == {"$in"} and _is_plain_list(cond["$in"]):
         return list(cond["$in"])
     return None
+
+
+def _is_plain_list(values: object) -> bool:
+    """An `$in` list the `_id` index answers: one without regexes."""
+    return isinstance(values, list) and not any(isinstance(v, (re.Pattern, Regex)) for v in values)
 
 
 def sort_docs(docs: list[dict[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -96,7 +105,11 @@ def run_inserts(ns: str, cmd: Mapping[str, Any], node_for: Any) -> dict[str, Any
             break
     for node in run.batches:
         node.oplog.wake()  # once per command: tailers and secondaries read the whole batch
-    out: dict[str, Any] = {"n": n}
+    return _with_errors({"n": n}, errors)
+
+
+def _with_errors(out: dict[str, object], errors: list[dict[str, object]]) -> dict[str, object]:
+    """A write command's reply, with its writeErrors when there are any."""
     if errors:
         out["writeErrors"] = errors
     return out
@@ -122,6 +135,10 @@ class _InsertRun:
                     return None
             except MongoError as exc:
                 return exc
+        return self._general(node, i, doc)
+
+    def _general(self, node: Any, i: int, doc: dict[str, Any]) -> MongoError | None:
+        """Insert document `i` as a document (with its session fields, in a transaction)."""
         session = node._session_fields(self.cmd, i)
         if node.applier.already_done(session):  # a retried statement the shard already has
             return None
@@ -144,10 +161,15 @@ def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:
     values: list[Any] = []
     for d in docs:
         for v in get_path(d, key):
-            for item in v if isinstance(v, list) else [v]:
-                if all(compare(item, x) != 0 for x in values):
-                    values.append(item)
+            _add_distinct(values, v if isinstance(v, list) else [v])
     return values
+
+
+def _add_distinct(values: list[object], items: list[object]) -> None:
+    """Append each item not equal (in BSON order) to one of `values` already."""
+    for item in items:
+        if all(compare(item, x) != 0 for x in values):
+            values.append(item)
 
 
 def run_updates(cmd: Mapping[str, Any], update_one: Any) -> dict[str, Any]:
@@ -170,6 +192,4 @@ def run_updates(cmd: Mapping[str, Any], update_one: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"n": n, "nModified": n_mod}
     if upserted:
         out["upserted"] = upserted
-    if errors:
-        out["writeErrors"] = errors
-    return out
+    return _with_errors(out, errors)

@@ -219,12 +219,10 @@ class ReferenceTransformer:
         op_type, full_document, document_key, update_description = crud
         ui = op.get("ui")
         doc = self._head(txn, None, op_type, ts, ui, wall)
-        if full_document is not None:
-            doc["fullDocument"] = full_document
+        _set_present(doc, "fullDocument", full_document)
         doc["ns"] = {"db": db, "coll": coll}
         doc["documentKey"] = document_key
-        if update_description is not None:
-            doc["updateDescription"] = update_description
+        _set_present(doc, "updateDescription", update_description)
         event = self._finish(doc, op_type, db, coll, ts, txn_op_index, ui, document_key, None)
         if ui is not None:
             event.image_key = (bytes(ui), applied_at[0], applied_at[1])
@@ -259,11 +257,9 @@ class ReferenceTransformer:
         doc: dict[str, Any] = {"_id": None}  # (the view transform adds no lsid/txnNumber)
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
-        if wall is not None:
-            doc["wallTime"] = wall
+        _set_present(doc, "wallTime", wall)
         doc["ns"] = {"db": view_db, "coll": view}
-        if desc is not None:
-            doc["operationDescription"] = desc
+        _set_present(doc, "operationDescription", desc)
         return self._finish(doc, op_type, view_db, view, ts, txn_op_index, op.get("ui"), None, desc)
 
     # -- commands ----------------------------------------------------------------------------------
@@ -276,20 +272,28 @@ class ReferenceTransformer:
         if name == "commitTransaction":
             return self._commit_prepared(entry)
         if name == "abortTransaction":
-            self.pending.pop(_txn_key(entry), None)
-            self.gaps.pop(_txn_key(entry), None)
-            return []
-        # With showSystemEvents, a migration's create and createIndexes are shown
-        # (change_stream_filter_helpers.cpp buildFromMigrateSystemOpFilter).
-        if (
-            entry.get("fromMigrate")
-            and not self.migration
-            and not (self.system_events and name in ("create", "createIndexes"))
-        ):
+            return self._abort(entry)
+        if self._hidden_migration_ddl(entry, name):
             return []
         db, _ = _split(entry["ns"])
         event = self._ddl(entry, name, db, entry["ts"], entry.get("wall"), 0, None)
         return [event] if event is not None else []
+
+    def _abort(self, entry: dict[str, object]) -> list[RefEvent]:
+        """An aborted transaction's ops are forgotten; it makes no event."""
+        self.pending.pop(_txn_key(entry), None)
+        self.gaps.pop(_txn_key(entry), None)
+        return []
+
+    def _hidden_migration_ddl(self, entry: dict[str, object], name: str) -> bool:
+        """A migration's DDL entry this stream does not show. With showSystemEvents, a
+        migration's create and createIndexes are shown (change_stream_filter_helpers.cpp
+        buildFromMigrateSystemOpFilter)."""
+        return bool(
+            entry.get("fromMigrate")
+            and not self.migration
+            and not (self.system_events and name in ("create", "createIndexes"))
+        )
 
     def _command_in_transaction(
         self,
@@ -396,11 +400,9 @@ class ReferenceTransformer:
     ) -> RefEvent | None:
         """The DDL events only expanded streams show: create, createIndexes, dropIndexes and
         modify."""
-        if not self.expanded:
-            return None
         coll, ui = entry["o"][name], entry.get("ui")
         op_type = EXPANDED_DDL.get(name)
-        if op_type is None or not isinstance(coll, str) or not self._coll_in_scope(db, coll):
+        if op_type is None or not self._shows_expanded_ddl(db, coll):
             return None
         described = ddl_description(entry, name)
         if described is None:
@@ -409,9 +411,11 @@ class ReferenceTransformer:
         doc = self._head(txn, None, op_type, ts, ui, wall)
         doc["ns"] = {"db": db, "coll": coll}
         doc["operationDescription"] = desc
-        if state_before is not None:
-            doc["stateBeforeChange"] = state_before
+        _set_present(doc, "stateBeforeChange", state_before)
         return self._finish(doc, op_type, db, coll, ts, txn_op_index, ui, None, desc)
+
+    def _shows_expanded_ddl(self, db: str, coll: object) -> bool:
+        return self.expanded and isinstance(coll, str) and self._coll_in_scope(db, coll)
 
     def _head(
         self,
@@ -427,15 +431,12 @@ class ReferenceTransformer:
         doc: dict[str, Any] = {}
         if txn is not None:
             doc["txnNumber"], doc["lsid"] = txn[1], txn[0]
-        if to is not None:
-            doc["to"] = to
+        _set_present(doc, "to", to)
         doc["_id"] = None
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
-        if self.expanded and ui is not None:
-            doc["collectionUUID"] = ui
-        if wall is not None:
-            doc["wallTime"] = wall
+        _set_present(doc, "collectionUUID", ui if self.expanded else None)
+        _set_present(doc, "wallTime", wall)
         return doc
 
     # -- noops -------------------------------------------------------------------------------------
@@ -444,8 +445,8 @@ class ReferenceTransformer:
         o2 = entry.get("o2")
         if not self.expanded or not isinstance(o2, dict):
             return []
-        kind = self._noop_kind(o2)
-        if kind is None or entry.get("fromMigrate") and not self.migration:
+        kind = self._noop_kind(entry, o2)
+        if kind is None:
             return []
         db, coll = _split(o2[kind])
         if not self._coll_in_scope(db, coll):
@@ -457,8 +458,10 @@ class ReferenceTransformer:
         doc["operationDescription"] = desc
         return [self._finish(doc, kind, db, coll, entry["ts"], 0, ui, None, desc)]
 
-    def _noop_kind(self, o2: dict[str, Any]) -> str | None:
+    def _noop_kind(self, entry: dict[str, Any], o2: dict[str, Any]) -> str | None:
         """The event a noop's o2 announces that this stream shows, if any."""
+        if entry.get("fromMigrate") and not self.migration:
+            return None
         for kind, needs_system_events in _NOOP_EVENTS:
             if kind in o2 and (self.system_events or not needs_system_events):
                 return kind
@@ -469,18 +472,24 @@ class ReferenceTransformer:
     def _apply_ops(self, entry: dict[str, Any]) -> list[RefEvent]:
         o = entry["o"]
         ops = [(op, entry["ts"], i) for i, op in enumerate(o["applyOps"])]
-        is_txn = "lsid" in entry and "txnNumber" in entry and entry.get("multiOpType") != 1
-        if not is_txn:  # a batched write or a retryable applyOps: no transaction identity
+        if not _in_transaction(entry):  # a batched write or a retryable applyOps
             return self._unwind(ops, entry, None)
         key = _txn_key(entry)
         if o.get("partialTxn") or o.get("prepare"):
-            if key not in self.pending and (prev := _prev_ts(entry)) is not None:
-                self.gaps[key] = prev
-            self.pending.setdefault(key, []).extend(ops)
-            return []
+            return self._hold(key, entry, ops)
         return self._unwind(
             self._earlier_ops(key, entry) + ops, entry, (entry["lsid"], entry["txnNumber"])
         )
+
+    def _hold(
+        self, key: tuple[bytes, int], entry: dict[str, Any], ops: list[Any]
+    ) -> list[RefEvent]:
+        """A transaction's ops before its commit wait for it; the first entry held notes where
+        the chain of entries not read begins."""
+        if key not in self.pending and (prev := _prev_ts(entry)) is not None:
+            self.gaps[key] = prev
+        self.pending.setdefault(key, []).extend(ops)
+        return []
 
     def _commit_prepared(self, entry: dict[str, Any]) -> list[RefEvent]:
         key = _txn_key(entry)
@@ -518,6 +527,14 @@ class ReferenceTransformer:
 
     # -- tokens ----------------------------------------------------------------------------------
 
+    def _token_version(self, ts: Timestamp) -> int:
+        """The stream's token version, or the resume token's for events up to the one resumed
+        from."""
+        resumed = self.resumed_from
+        if resumed is not None and not ts > resumed.cluster_time:
+            return resumed.version
+        return self.version
+
     def _finish(
         self,
         doc: dict[str, Any],
@@ -530,24 +547,40 @@ class ReferenceTransformer:
         document_key: Any,
         desc: Any,
     ) -> RefEvent:
-        version = self.version
-        resumed = self.resumed_from
-        if resumed is not None and not ts > resumed.cluster_time:
-            version = resumed.version
-        identifier: Any
-        if version >= 2 or op_type not in _CLASSIC:
-            identifier = {"operationType": op_type}
-            if document_key is not None:
-                identifier["documentKey"] = document_key
-            elif desc is not None:
-                identifier["operationDescription"] = desc
-        else:
-            identifier = document_key
+        version = self._token_version(ts)
+        identifier = _event_identifier(version, op_type, document_key, desc)
         token = encode_token_generic(
             ResumeTokenData(ts, version, EVENT_TOKEN, txn_op_index, False, _uuid(ui), identifier)
         )
         doc["_id"] = token
         return RefEvent(doc, token, token_sort_key(token), ts, op_type, db, coll)
+
+
+def _set_present(doc: dict[str, object], name: str, value: object) -> None:
+    """An event field the server leaves out when it has no value."""
+    if value is not None:
+        doc[name] = value
+
+
+def _event_identifier(
+    version: int, op_type: str, document_key: Mapping[str, object] | None, desc: object
+) -> Mapping[str, object] | None:
+    """The token's event identifier: a v1 token of a classic event holds the document key, the
+    others the operation type with the document key or the description."""
+    if version < 2 and op_type in _CLASSIC:
+        return document_key
+    identifier: dict[str, object] = {"operationType": op_type}
+    if document_key is not None:
+        identifier["documentKey"] = document_key
+    elif desc is not None:
+        identifier["operationDescription"] = desc
+    return identifier
+
+
+def _in_transaction(entry: Mapping[str, object]) -> bool:
+    """An applyOps with a transaction's identity (not a batched write or a retryable
+    applyOps)."""
+    return "lsid" in entry and "txnNumber" in entry and entry.get("multiOpType") != 1
 
 
 def _txn_key(entry: Mapping[str, Any]) -> tuple[bytes, int]:

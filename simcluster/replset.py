@@ -149,14 +149,8 @@ class ReplicaSet(Generic[M]):
         wc = cmd.get("writeConcern") or {}
         if wc.get("w", "majority") in (0, 1):
             return
-        timeout = wc.get("wtimeout") or 0
-        if not await self.wait_majority(key, timeout / 1000 if timeout else math.inf):
-            reply["writeConcernError"] = {
-                "code": 64,
-                "codeName": "WriteConcernFailed",
-                "errmsg": "waiting for replication timed out",
-                "errInfo": {"wtimeout": True},
-            }
+        if not await self.wait_majority(key, _wtimeout_s(wc)):
+            reply["writeConcernError"] = _wtimeout_error()
             return
         await self.wait_primary(20.0)
         if not self._primary_holds(key):
@@ -165,6 +159,12 @@ class ReplicaSet(Generic[M]):
                 "operation was interrupted because the primary "
                 "stepped down or was stopped before the write was majority committed",
             )
+
+    def _newest_live(self) -> M:
+        """The primary, else the newest live member (same bytes up to the commit point, which is
+        all a majority reader sees)."""
+        live = [m for m in self.members if m.up] or self.members
+        return self.primary_node or max(live, key=lambda m: m.oplog.last_key())
 
     def _primary_holds(self, key: int) -> bool:
         """Whether the current primary's history has the entry `key` (or has truncated past it):
@@ -178,16 +178,12 @@ class ReplicaSet(Generic[M]):
     def oplog(self) -> Any:
         """The oplog a router reads: the primary's, else the newest live member's (same bytes up to
         the commit point, which is all a majority reader sees)."""
-        live = [m for m in self.members if m.up] or self.members
-        node = self.primary_node or max(live, key=lambda m: m.oplog.last_key())
-        return node.oplog
+        return self._newest_live().oplog
 
     @property
     def images(self) -> Any:
         """Pre- and post-images, from the same member `oplog` reads."""
-        live = [m for m in self.members if m.up] or self.members
-        node = self.primary_node or max(live, key=lambda m: m.oplog.last_key())
-        return node.applier.images
+        return self._newest_live().applier.images
 
     @property
     def clock(self) -> Any:
@@ -358,3 +354,19 @@ class Primaries(Mapping[str, M]):
 
     def __len__(self) -> int:
         return len(self.replsets)
+
+
+def _wtimeout_error() -> dict[str, object]:
+    """A write concern's wtimeout as the server reports it: the write stands, with this error."""
+    return {
+        "code": 64,
+        "codeName": "WriteConcernFailed",
+        "errmsg": "waiting for replication timed out",
+        "errInfo": {"wtimeout": True},
+    }
+
+
+def _wtimeout_s(wc: dict[str, Any]) -> float:
+    """A write concern's wtimeout in seconds; none (or 0) waits without end."""
+    timeout = wc.get("wtimeout") or 0
+    return timeout / 1000 if timeout else math.inf

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import uuid
-from typing import Any
+from typing import Any, TypeGuard
 
 import trio
 from bson import Binary, Int64, ObjectId
@@ -80,29 +80,28 @@ class GenericCommands:
             out["helloOk"] = True
         out.update(self.hello_fields(cmd))
         if next(iter(cmd)).lower() == "ismaster":  # the legacy spelling
-            out = {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
+            out = _legacy_hello(out)
         out.update(self._limits(req))
         out.update(self._negotiated(cmd))
         speculative = cmd.get("speculativeAuthenticate")
-        if self.users is not None and isinstance(speculative, dict) and "saslStart" in speculative:
+        if self.users is not None and _is_sasl_start(speculative):
             await self._speculative_authentication(speculative, req, out)
         return out
 
     async def _await_topology_change(self, cmd: dict[str, Any]) -> None:
         """Awaitable hello: answer when the topology changes, or after maxAwaitTimeMS."""
-        if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
-            raise MongoError(
-                51760 if "topologyVersion" in cmd else 51758,
-                "topologyVersion and maxAwaitTimeMS must be given together",
-            )
-        tv = cmd.get("topologyVersion")
-        if (
+        _check_awaitable_hello(cmd)
+        if self._is_current(cmd.get("topologyVersion")):
+            with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
+                await self._topology_changed.wait()
+
+    def _is_current(self, tv: dict[str, object] | None) -> bool:
+        """Whether the client's topologyVersion is this server's current one."""
+        return (
             tv is not None
             and tv.get("processId") == self.process_id
             and tv.get("counter") == self.topology_counter
-        ):
-            with trio.move_on_after(cmd["maxAwaitTimeMS"] / 1000):
-                await self._topology_changed.wait()
+        )
 
     def _limits(self, req: Request) -> dict[str, Any]:
         """What every hello reply states: the topology version, sizes, wire versions."""
@@ -128,14 +127,17 @@ class GenericCommands:
         supported = [c for c in cmd.get("compression", ()) if c in ("zlib", "snappy", "zstd")]
         if supported:
             out["compression"] = supported
-        mechs_for = cmd.get("saslSupportedMechs")
-        if (
-            self.users is not None
-            and isinstance(mechs_for, str)
-            and mechs_for.partition(".")[2] in self.users
-        ):
+        if self._is_known_user(cmd.get("saslSupportedMechs")):
             out["saslSupportedMechs"] = [MECHANISM]
         return out
+
+    def _is_known_user(self, name: object) -> bool:
+        """Whether `name` ("<db>.<user>") is a user here, which saslSupportedMechs answers for."""
+        return (
+            self.users is not None
+            and isinstance(name, str)
+            and name.partition(".")[2] in self.users
+        )
 
     async def _speculative_authentication(
         self, speculative: dict[str, Any], req: Request, out: dict[str, Any]
@@ -373,3 +375,21 @@ class GenericCommands:
             "cursorsAlive": [],
             "cursorsUnknown": [],
         }
+
+
+def _legacy_hello(out: dict[str, object]) -> dict[str, object]:
+    """isMaster's reply names isWritablePrimary ismaster, in its place."""
+    return {("ismaster" if k == "isWritablePrimary" else k): v for k, v in out.items()}
+
+
+def _is_sasl_start(speculative: object) -> TypeGuard[dict[str, Any]]:
+    return isinstance(speculative, dict) and "saslStart" in speculative
+
+
+def _check_awaitable_hello(cmd: dict[str, object]) -> None:
+    """An awaitable hello gives topologyVersion and maxAwaitTimeMS together."""
+    if ("topologyVersion" in cmd) != ("maxAwaitTimeMS" in cmd):
+        raise MongoError(
+            51760 if "topologyVersion" in cmd else 51758,
+            "topologyVersion and maxAwaitTimeMS must be given together",
+        )

@@ -102,16 +102,7 @@ class Collection:
             )
         for ix in self.indexes.values():
             if ix.unique:
-                owner = ix.entries.get(ix.key_of(doc))
-                if owner is not None and owner != (ignore or k):
-                    kv = ix.key_value(doc)
-                    raise MongoError(
-                        "DuplicateKey",
-                        f"E11000 duplicate key error collection: {ns} index: "
-                        f"{ix.name} dup key: {kv!r}",
-                        keyPattern=ix.key,
-                        keyValue=kv,
-                    )
+                _check_unique_index(ix, doc, ns, ignore or k)
 
     def put(
         self, doc: dict[str, Any], old: dict[str, Any] | None = None, *, key: bytes | None = None
@@ -148,3 +139,17 @@ class Collection:
                 ix.entries[kk] = id_key(d["_id"])
         self.indexes[name] = ix
         return True
+
+
+def _check_unique_index(ix: Index, doc: dict[str, object], ns: str, owner_allowed: bytes) -> None:
+    """DuplicateKey when another document than `owner_allowed` holds `doc`'s key in the unique
+    index `ix`."""
+    owner = ix.entries.get(ix.key_of(doc))
+    if owner is not None and owner != owner_allowed:
+        kv = ix.key_value(doc)
+        raise MongoError(
+            "DuplicateKey",
+            f"E11000 duplicate key error collection: {ns} index: {ix.name} dup key: {kv!r}",
+            keyPattern=ix.key,
+            keyValue=kv,
+        )

@@ -4,6 +4,7 @@ refuses it."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from bson import Timestamp
@@ -127,28 +128,39 @@ def _check_spec(spec: dict[str, Any], version: int) -> None:
     for key, value in spec.items():
         _check_field(key, value, version)
     for key, allowed in _ENUMS.items():
-        if key in spec and spec[key] not in allowed:  # IDLParserContext::throwBadEnumValue
-            raise MongoError(
-                "BadValue",
-                f"Enumeration value '{spec[key]}' for field '$changeStream.{key}' is not "
-                "a valid value.",
-            )
+        if key in spec:
+            _check_enum(key, spec[key], allowed)
     if sum(k in spec for k in ("resumeAfter", "startAfter", "startAtOperationTime")) > 1:
         raise MongoError(
             40674, "Only one type of resume option is allowed, but multiple were found."
         )
 
 
+def _check_enum(key: str, value: object, allowed: Container[object]) -> None:
+    """IDLParserContext::throwBadEnumValue for a value the enum does not have."""
+    if value not in allowed:
+        raise MongoError(
+            "BadValue",
+            f"Enumeration value '{value}' for field '$changeStream.{key}' is not a valid value.",
+        )
+
+
 def _check_field(key: str, value: Any, version: int) -> None:
-    if key not in _OPTIONS or (
-        key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
-    ):
+    if not _known_option(key, version):
         raise MongoError(
             "IDLUnknownField", f"BSON field '$changeStream.{key}' is an unknown field."
         )
     wanted, type_name = _OPTION_TYPES[key]
     if not isinstance(value, wanted) or (type_name != "bool" and isinstance(value, bool)):
         raise wrong_type(f"$changeStream.{key}", value, type_name)
+
+
+def _known_option(key: str, version: int) -> bool:
+    """An option of $changeStream; 5.0 knows neither showExpandedEvents nor
+    fullDocumentBeforeChange."""
+    return key in _OPTIONS and not (
+        key in ("showExpandedEvents", "fullDocumentBeforeChange") and version < 2
+    )
 
 
 def _check_stage_names(stages: list[dict[str, Any]], version: int) -> None:
@@ -182,18 +194,23 @@ def check_namespace(db: str, coll: str | None, spec: dict[str, Any], is_view: An
     "is a view, not a collection" of AutoGetCollection;
     jstests/change_streams/ddl_view_events.js)."""
     whole_cluster = bool(spec.get("allChangesForCluster"))
-    if whole_cluster and (db != "admin" or coll is not None):
-        raise MongoError(
-            "InvalidOptions",
-            "A change stream with 'allChangesForCluster:true' may only be opened on "
-            "the 'admin' database, and with no collection name",
-        )
+    if whole_cluster:
+        _check_whole_cluster(db, coll)
     if db == "admin" and not whole_cluster or db in ("local", "config"):
         raise MongoError(
             "InvalidNamespace", f"$changeStream may not be opened on the internal {db} database"
         )
     if coll is not None:
         _check_collection(db, coll, is_view)
+
+
+def _check_whole_cluster(db: str, coll: str | None) -> None:
+    if db != "admin" or coll is not None:
+        raise MongoError(
+            "InvalidOptions",
+            "A change stream with 'allChangesForCluster:true' may only be opened on "
+            "the 'admin' database, and with no collection name",
+        )
 
 
 def _check_collection(db: str, coll: str, is_view: Any) -> None:

@@ -90,16 +90,19 @@ class TransactionTable:
         key = txn_key(cmd)
         txn = self.txns.get(key)
         if txn is None or (cmd.get("startTransaction") and txn.state == "aborted"):
-            # A newer txnNumber on the session supersedes (and aborts) older open ones.
-            for old_key, old in list(self.txns.items()):
-                if old_key[0] == key[0] and old_key[1] < key[1]:
-                    if old.state == "open":
-                        self._undo(old)
-                    del self.txns[old_key]
+            self._supersede(key)
             txn = self.txns[key] = Transaction(lsid, key[1])
         if txn.state in ("committed", "aborted"):
             raise no_such_transaction(key)
         return txn
+
+    def _supersede(self, key: TxnKey) -> None:
+        """A newer txnNumber on the session supersedes (and aborts) older open ones."""
+        for old_key, old in list(self.txns.items()):
+            if old_key[0] == key[0] and old_key[1] < key[1]:
+                if old.state == "open":
+                    self._undo(old)
+                del self.txns[old_key]
 
     def open(self, key: TxnKey) -> Transaction | None:
         txn = self.txns.get(key)
@@ -116,33 +119,33 @@ class TransactionTable:
         if txn.state != "open":
             raise no_such_transaction(key)
         if txn.ops:
-            chunks = [
-                txn.ops[i : i + MAX_OPS_PER_ENTRY]
-                for i in range(0, len(txn.ops), MAX_OPS_PER_ENTRY)
-            ]
-            prev = {"ts": Timestamp(0, 0), "t": Int64(-1)}
-            entry_ts = []
-            for i, chunk in enumerate(chunks):
-                o: dict[str, Any] = {"applyOps": chunk}
-                if i < len(chunks) - 1:
-                    o["partialTxn"] = True
-                elif len(chunks) > 1:
-                    o["count"] = Int64(len(txn.ops))
-                ts, _ = self.oplog.append(
-                    {
-                        "op": "c",
-                        "ns": "admin.$cmd",
-                        "o": o,
-                        **txn.session_fields(),
-                        "prevOpTime": prev,
-                    }
-                )
-                entry_ts.append(ts)
-                prev = {"ts": ts, "t": Int64(self.oplog.term)}
+            entry_ts = self._log_chain(txn)
             self._record_images(
                 txn, lambda i: (entry_ts[i // MAX_OPS_PER_ENTRY], i % MAX_OPS_PER_ENTRY)
             )
         txn.state = "committed"
+
+    def _log_chain(self, txn: Transaction) -> list[Timestamp]:
+        """The transaction's ops as one applyOps entry, or a chain of them linked by prevOpTime;
+        the ts of each entry."""
+        chunks = [
+            txn.ops[i : i + MAX_OPS_PER_ENTRY] for i in range(0, len(txn.ops), MAX_OPS_PER_ENTRY)
+        ]
+        prev = {"ts": Timestamp(0, 0), "t": Int64(-1)}
+        entry_ts = []
+        for i, chunk in enumerate(chunks):
+            ts, _ = self.oplog.append(
+                {
+                    "op": "c",
+                    "ns": "admin.$cmd",
+                    "o": _chain_link(chunk, i, len(chunks), len(txn.ops)),
+                    **txn.session_fields(),
+                    "prevOpTime": prev,
+                }
+            )
+            entry_ts.append(ts)
+            prev = {"ts": ts, "t": Int64(self.oplog.term)}
+        return entry_ts
 
     def prepare(self, key: TxnKey) -> Timestamp:
         """Phase one of a cross-shard commit: log the ops as a prepared applyOps; returns its ts."""
@@ -258,3 +261,14 @@ class TransactionTable:
         txn.undo.clear()
         txn.ops.clear()
         txn.images.clear()
+
+
+def _chain_link(chunk: list[Any], i: int, links: int, total_ops: int) -> dict[str, Any]:
+    """The `o` of link i of a chain: partialTxn but for the last, which of a chain of several
+    gives the count of ops."""
+    o: dict[str, Any] = {"applyOps": chunk}
+    if i < links - 1:
+        o["partialTxn"] = True
+    elif links > 1:
+        o["count"] = Int64(total_ops)
+    return o

@@ -30,6 +30,7 @@ from mongoformats.bson_order import MISSING
 from mongoformats.errors import MongoError
 from mongoformats.mql import matches
 from simcluster.modifiers import MODIFIERS, modify, same, unknown_modifier
+from simcluster.update_log import DocDiff, UpdateLog
 
 __all__ = [
     "apply_update",
@@ -38,89 +39,6 @@ __all__ = [
     "replaced_by_pipeline",
     "update_with_entry",
 ]
-
-# -- the diff, built as the server's log builder builds it ----------------------------------------
-
-
-class _DocDiff:
-    """A document's sub-diff: its sections in the order entries were logged."""
-
-    def __init__(self) -> None:
-        self.deletes: list[str] = []
-        self.updates: dict[str, Any] = {}
-        self.inserts: dict[str, Any] = {}
-        self.children: dict[
-            str, _DocDiff | _ArrayDiff
-        ] = {}  # the s<name> sub-diffs, in order added
-
-    def serialize(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.deletes:
-            out["d"] = dict.fromkeys(self.deletes, False)
-        if self.updates:
-            out["u"] = dict(self.updates)
-        if self.inserts:
-            out["i"] = dict(self.inserts)
-        for name, child in self.children.items():
-            out["s" + name] = child.serialize()
-        return out
-
-
-class _ArrayDiff:
-    def __init__(self) -> None:
-        self.items: dict[int, Any] = {}  # index -> a new value, or a _DocDiff/_ArrayDiff
-
-    def serialize(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"a": True}
-        for idx in sorted(self.items):
-            item = self.items[idx]
-            if isinstance(item, (_DocDiff, _ArrayDiff)):
-                out[f"s{idx}"] = item.serialize()
-            else:
-                out[f"u{idx}"] = item
-        return out
-
-
-class _Log:
-    """What the operators did, as the paths they changed (V2LogBuilder's tree)."""
-
-    def __init__(self) -> None:
-        self.root = _DocDiff()
-        self.changed = False
-
-    def add(self, parts: list[str], in_array: list[bool], kind: str, value: Any = None) -> None:
-        """Log `kind` ("u" updated, "i" created, "d" deleted) at `parts`; `in_array[j]` says whether
-        parts[j] is an index into an array."""
-        self.changed = True
-        node: _DocDiff | _ArrayDiff = self.root
-        for j, part in enumerate(parts[:-1]):
-            if isinstance(node, _ArrayDiff):
-                child = node.items.get(int(part), MISSING)
-            else:
-                child = node.children.get(part, node.inserts.get(part, MISSING))
-            if child is MISSING:
-                child = _ArrayDiff() if in_array[j + 1] else _DocDiff()
-                if isinstance(node, _ArrayDiff):
-                    node.items[int(part)] = child
-                else:
-                    node.children[part] = child
-            elif not isinstance(child, (_DocDiff, _ArrayDiff)):
-                # Inside a value logged whole (a created subtree): that value is the final one.
-                return
-            node = child
-        last = parts[-1]
-        if isinstance(node, _ArrayDiff):
-            node.items[int(last)] = value  # array entries are u<i>, created or updated
-        elif kind == "d":
-            node.deletes.append(last)
-        elif kind == "u":
-            node.updates[last] = value
-        else:
-            node.inserts[last] = value
-
-    def diff(self) -> dict[str, Any]:
-        return self.root.serialize()
-
 
 # -- applying the operators ----------------------------------------------------------------------
 
@@ -144,17 +62,24 @@ def _path_order(parts: list[str]) -> Any:
 def _lookup(doc: Any, parts: list[str]) -> tuple[int, list[bool], Any]:
     """(how many leading parts exist, whether each existing part indexes an array, the value at
     the deepest existing part)."""
-    cur, flags = doc, []
+    cur, flags = doc, list[bool]()
     for depth, part in enumerate(parts):
-        if isinstance(cur, list) and _numeric(part) and int(part) < len(cur):
-            flags.append(True)
-            cur = cur[int(part)]
-        elif isinstance(cur, dict) and part in cur:
-            flags.append(False)
-            cur = cur[part]
-        else:
+        step = _child(cur, part)
+        if step is None:
             return depth, flags, cur
+        flags.append(step[0])
+        cur = step[1]
     return len(parts), flags, cur
+
+
+def _child(value: object, part: str) -> tuple[bool, object] | None:
+    """(whether `part` indexes an array, the value it names in `value`), or None where it names
+    nothing."""
+    if isinstance(value, list) and _numeric(part) and int(part) < len(value):
+        return True, value[int(part)]
+    if isinstance(value, dict) and part in value:
+        return False, value[part]
+    return None
 
 
 def _not_viable(field: str, name: str, value: Any) -> MongoError:
@@ -166,15 +91,8 @@ def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, lis
     past an array's end pads it with nulls); (the first part created, array flags of the path)."""
     found, flags, _ = _lookup(doc, parts)
     cur: Any = doc
-    for j, part in enumerate(parts):
-        key: int | str
-        if isinstance(cur, list) and _numeric(part):
-            key = int(part)
-            cur.extend([None] * (key + 1 - len(cur)))
-        elif isinstance(cur, dict):
-            key = part
-        else:  # a scalar in the way, or a field name asked of an array
-            raise _not_viable(part, parts[j - 1] if j else "", cur)
+    for j in range(len(parts)):
+        key = _slot(cur, parts, j)
         if j >= found:
             flags.append(isinstance(cur, list))
         if j == len(parts) - 1:
@@ -183,6 +101,23 @@ def _create(doc: dict[str, Any], parts: list[str], value: Any) -> tuple[int, lis
             cur[key] = {}
         cur = cur[key]
     return found, flags
+
+
+def _slot(cur: object, parts: list[str], j: int) -> int | str:
+    """The key of parts[j] in `cur`: an index (the array padded with nulls up to it) or a field
+    name."""
+    part = parts[j]
+    if isinstance(cur, list) and _numeric(part):
+        cur.extend([None] * (int(part) + 1 - len(cur)))
+        return int(part)
+    if isinstance(cur, dict):
+        return part
+    # a scalar in the way, or a field name asked of an array
+    raise _not_viable(part, parts[j - 1] if j else "", cur)
+
+
+def _is_positional(part: str) -> bool:
+    return part.startswith("$[") or part == "$"
 
 
 def _expand(
@@ -196,7 +131,7 @@ def _expand(
     select in this document, in index order."""
     out: list[list[str]] = [[]]
     for part in parts:
-        if not (part.startswith("$[") or part == "$"):
+        if not _is_positional(part):
             for p in out:
                 p.append(part)
             continue
@@ -221,15 +156,20 @@ def _selected(
     if part == "$":
         return [str(_positional(array, where, query))]
     ident = part[2:-1]
-    if ident and ident not in array_filters:
-        raise MongoError(
-            "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
-        )
+    _check_filter_exists(ident, array_filters, path)
     return [
         str(idx)
         for idx, element in enumerate(array)
         if not ident or matches({ident: element}, array_filters[ident])
     ]
+
+
+def _check_filter_exists(ident: str, array_filters: Mapping[str, object], path: str) -> None:
+    """`$[<ident>]` needs an arrayFilter naming `ident` (`$[]` needs none)."""
+    if ident and ident not in array_filters:
+        raise MongoError(
+            "BadValue", f"No array filter found for identifier '{ident}' in path '{path}'"
+        )
 
 
 def _array_at(doc: Any, prefix: list[str]) -> tuple[list[Any], str]:
@@ -250,9 +190,7 @@ def _array_at(doc: Any, prefix: list[str]) -> tuple[list[Any], str]:
 
 def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
     """The index `$` stands for: the first element the query's conditions on this array match."""
-    terms = _terms_on(query, where)
-    for clause in query.get("$and", []):
-        terms += _terms_on(clause, where)
+    terms = _query_terms_on(query, where)
     if terms:
         for idx, element in enumerate(array):
             if all(_element_matches(element, where, k, v) for k, v in terms):
@@ -260,6 +198,14 @@ def _positional(array: list[Any], where: str, query: Mapping[str, Any]) -> int:
     raise MongoError(
         "BadValue", "The positional operator did not find the match needed from the query."
     )
+
+
+def _query_terms_on(query: Mapping[str, Any], where: str) -> list[tuple[str, Any]]:
+    """The conditions on the array at `where`: the query's own and its top-level $and's."""
+    terms = _terms_on(query, where)
+    for clause in query.get("$and", []):
+        terms += _terms_on(clause, where)
+    return terms
 
 
 def _terms_on(query: Mapping[str, Any], where: str) -> list[tuple[str, Any]]:
@@ -288,11 +234,17 @@ def update_with_entry(
     if not is_insert:
         _check_top_level_names(_stored_top_level(steps, new))
     _check_conflicts(steps)
-    log = _Log()
-    for target, op, parts, value in steps:
-        _STEPS.get(op, _modify_step)(new, target, op, parts, value, is_insert, log)
+    log = _run_steps(new, steps, is_insert)
     _check_id_kept(doc, new)
     return new, {"$v": 2, "diff": log.diff()} if log.changed else None
+
+
+def _run_steps(new: dict[str, object], steps: list[_Step], is_insert: bool) -> UpdateLog:
+    """Apply each step to `new` in order; the log of what they did."""
+    log = UpdateLog()
+    for target, op, parts, value in steps:
+        _STEPS.get(op, _modify_step)(new, target, op, parts, value, is_insert, log)
+    return log
 
 
 def _replacement_with_entry(
@@ -333,13 +285,26 @@ def _steps(
         if op not in MODIFIERS:
             raise unknown_modifier(op)
         for path, value in fields.items():
-            if op == "$rename":
-                steps.append((value.split("."), op, path.split("."), value))
-                continue
-            for parts in _expand(new, path.split("."), filters, query, path):
-                steps.append((parts, op, parts, value))
+            steps += _path_steps(new, op, path, value, filters, query)
     steps.sort(key=lambda s: _path_order(s[0]))
     return steps
+
+
+def _path_steps(
+    new: dict[str, Any],
+    op: str,
+    path: str,
+    value: Any,
+    filters: Mapping[str, Any],
+    query: Mapping[str, Any],
+) -> list[_Step]:
+    """One operator's steps at one path: a rename applies at its target, the others at each
+    concrete path the (positional) path stands for."""
+    if op == "$rename":
+        return [(value.split("."), op, path.split("."), value)]
+    return [
+        (parts, op, parts, value) for parts in _expand(new, path.split("."), filters, query, path)
+    ]
 
 
 def _stored_top_level(steps: list[_Step], new: dict[str, Any]) -> dict[str, None]:
@@ -375,7 +340,7 @@ def _unset_step(
     parts: list[str],
     value: Any,
     is_insert: bool,
-    log: _Log,
+    log: UpdateLog,
 ) -> None:
     found, flags, _ = _lookup(new, parts)
     if found == len(parts):
@@ -389,7 +354,7 @@ def _rename_step(
     parts: list[str],
     value: Any,
     is_insert: bool,
-    log: _Log,
+    log: UpdateLog,
 ) -> None:
     found, flags, old = _lookup(new, parts)
     if found < len(parts):
@@ -410,7 +375,7 @@ def _modify_step(
     parts: list[str],
     value: Any,
     is_insert: bool,
-    log: _Log,
+    log: UpdateLog,
 ) -> None:
     found, flags, old = _lookup(new, parts)
     modified = modify(op, old if found == len(parts) else MISSING, value, is_insert)
@@ -448,7 +413,7 @@ def _check_top_level_names(fields: Mapping[str, Any]) -> None:
             )
 
 
-def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
+def _put(doc: dict[str, Any], parts: list[str], value: Any, log: UpdateLog) -> None:
     """Set `parts` to `value` and log it: updated where the path existed, else created from its
     first new part (with that part's whole new subtree)."""
     found, flags = _create(doc, parts, value)
@@ -459,7 +424,7 @@ def _put(doc: dict[str, Any], parts: list[str], value: Any, log: _Log) -> None:
         log.add(parts[: found + 1], flags[: found + 1], "i", subtree)
 
 
-def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: _Log) -> None:
+def _unset(doc: dict[str, Any], parts: list[str], flags: list[bool], log: UpdateLog) -> None:
     _, _, parent = _lookup(doc, parts[:-1])
     if flags[-1]:
         parent[int(parts[-1])] = None  # $unset of an array element leaves a null in its place
@@ -474,15 +439,18 @@ def _replace(doc: Mapping[str, Any] | None, replacement: Mapping[str, Any]) -> d
     out: dict[str, Any] = {}
     if doc is not None and "_id" in doc:
         out["_id"] = doc["_id"]
-    for k, v in replacement.items():
-        if k == "_id" and doc is not None and "_id" in doc and not same(v, doc["_id"]):
-            raise MongoError(
-                "ImmutableField",
-                "After applying the update, the (immutable) field '_id' was found "
-                "to have been altered to _id: " + repr(v),
-            )
-        out[k] = v
+        _check_same_id(doc["_id"], replacement)
+    out.update(replacement)
     return out
+
+
+def _check_same_id(old_id: object, replacement: Mapping[str, object]) -> None:
+    if "_id" in replacement and not same(replacement["_id"], old_id):
+        raise MongoError(
+            "ImmutableField",
+            "After applying the update, the (immutable) field '_id' was found "
+            "to have been altered to _id: " + repr(replacement["_id"]),
+        )
 
 
 def apply_update(
@@ -542,24 +510,10 @@ def _doc_diff(
     """computeDocDiff: both documents walked side by side; a field whose name differs from the new
     document's field at that place is deleted unless it comes again later (then it is an insert,
     which moves it); None if the diff is no smaller than `new`."""
-    node = _DocDiff()
+    node = DocDiff()
     subs: dict[str, Any] = {}  # already serialized, bottom-up
     old_items, new_items = list(old.items()), list(new.items())
-    gone: set[str] = set()
-    i = j = 0
-    while i < len(old_items) and j < len(new_items):
-        (name, before), (new_name, after) = old_items[i], new_items[j]
-        if name != new_name:
-            gone.add(name)
-            i += 1
-            continue
-        if not same(before, after):
-            sub = _sub_diff(before, after)
-            if sub is None:
-                node.updates[name] = after
-            else:
-                subs["s" + name] = sub
-        i, j = i + 1, j + 1
+    i, j, gone = _diff_side_by_side(old_items, new_items, node, subs)
     node.deletes += (name for name, _ in old_items[i:])
     for name, after in new_items[j:]:
         node.inserts[name] = after
@@ -570,20 +524,55 @@ def _doc_diff(
     return out if _size(out) + padding < _size(new) else None
 
 
+def _diff_side_by_side(
+    old_items: list[tuple[str, object]],
+    new_items: list[tuple[str, object]],
+    node: DocDiff,
+    subs: dict[str, object],
+) -> tuple[int, int, set[str]]:
+    """Walk both documents while both have fields: a changed field goes into `node` (or `subs`);
+    (where each walk stopped, the old names passed over)."""
+    gone: set[str] = set()
+    i = j = 0
+    while i < len(old_items) and j < len(new_items):
+        (name, before), (new_name, after) = old_items[i], new_items[j]
+        if name != new_name:
+            gone.add(name)
+            i += 1
+            continue
+        if not same(before, after):
+            _log_field(node, subs, name, before, after)
+        i, j = i + 1, j + 1
+    return i, j, gone
+
+
+def _log_field(
+    node: DocDiff, subs: dict[str, object], name: str, before: object, after: object
+) -> None:
+    kind, logged = _logged(before, after)
+    if kind == "u":
+        node.updates[name] = logged
+    else:
+        subs["s" + name] = logged
+
+
 def _array_diff(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
     """computeArrayDiff: index by index; a shorter array is a resize (`l`)."""
     out: dict[str, Any] = {"a": True}
     if len(old) > len(new):
         out["l"] = len(new)
     for idx, after in enumerate(new):
-        if idx < len(old) and same(old[idx], after):
-            continue
-        sub = _sub_diff(old[idx], after) if idx < len(old) else None
-        if sub is None:
-            out[f"u{idx}"] = after
-        else:
-            out[f"s{idx}"] = sub
+        before = old[idx] if idx < len(old) else MISSING
+        if before is MISSING or not same(before, after):
+            kind, logged = _logged(before, after)
+            out[f"{kind}{idx}"] = logged
     return out if _size(out) < _size(new) else None
+
+
+def _logged(before: object, after: object) -> tuple[str, object]:
+    """How a changed value is logged: ("s", its sub-diff), or ("u", the new value whole)."""
+    sub = _sub_diff(before, after)
+    return ("u", after) if sub is None else ("s", sub)
 
 
 def _sub_diff(before: Any, after: Any) -> dict[str, Any] | None:
