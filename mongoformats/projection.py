@@ -114,12 +114,17 @@ def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) ->
         node = _parent_node(tree, parents, key)
         if _is_nested_spec(v):
             _merge_nested(node, leaf, v, key, computed_only)
-        elif leaf in node:
-            raise ValueError(f"a path collision at {key!r}")
         else:
-            flag = _is_flag(v) and not computed_only
-            node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
+            _add_leaf(node, leaf, v, key, computed_only)
     return tree
+
+
+def _add_leaf(node: _Tree, leaf: str, v: object, key: str, computed_only: bool) -> None:
+    """Give the field `leaf` of `node` (spec field `key`) its rule; ValueError if it has one."""
+    if leaf in node:
+        raise ValueError(f"a path collision at {key!r}")
+    flag = _is_flag(v) and not computed_only
+    node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
 
 
 def _field_path(key: str) -> list[str]:
