@@ -100,6 +100,11 @@ class _Paths:
         is not a document, a path met twice, an array diff read otherwise."""
         if not (self._set_fields(sections, prefix) and self._remove_fields(sections, prefix)):
             return False
+        return self._walk_subs(sections, prefix)
+
+    def _walk_subs(self, sections: _Sections, prefix: bytes) -> bool:
+        """Add the paths of an object diff's sub-diffs (`s<field>`), in order; False if one must
+        go the general way."""
         for key, (t, v, _) in sections.items():
             if key[:1] != b"s" or len(key) == 1:
                 continue  # u, i, d (read above), and what the general path ignores (`b`)

@@ -195,13 +195,22 @@ def _unsupported_in_operator(op: str, arg: Any, cond: Mapping[str, Any], level: 
     """What in one {op: arg} of the operator document `cond` `matches` does not evaluate."""
     if op not in _FIELD_OPERATORS:
         return op
+    shape = _operand_shape_problem(op, arg)
+    if shape is not None:
+        return shape
+    if op == "$regex":
+        return _regex_operator_problem(cond)
+    return _operand_problem(op, arg, level)
+
+
+def _operand_shape_problem(op: str, arg: object) -> str | None:
+    """What makes a field operator's operand not of the kind it takes: an array for the list
+    operators, an operator document or a regular expression for `$not`."""
     if op in _LIST_ARGUMENTS and not isinstance(arg, list):
         return f"{op} without an array"
     if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
         return "$not without an operator document or a regular expression"
-    if op == "$regex":
-        return _regex_operator_problem(cond)
-    return _operand_problem(op, arg, level)
+    return None
 
 
 def _operand_problem(op: str, arg: Any, level: int) -> str | None:

@@ -179,7 +179,7 @@ def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
         raise _bad("InvalidResumeToken", f"invalid resume token: {exc}") from exc
 
 
-def _type_bits(token: Mapping[str, Any]) -> bytes | Binary:
+def _type_bits(token: Mapping[str, object]) -> bytes | Binary:
     """The token's `_typeBits`; error 40648 if it is not BinData subtype 0."""
     bits = token.get("_typeBits", b"")
     if isinstance(bits, Binary) and bits.subtype != 0 or not isinstance(bits, (bytes, Binary)):
@@ -204,7 +204,7 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
 
 def _read_tail(
     r: KeyStringReader, version: int
-) -> tuple[uuidlib.UUID | None, dict[str, Any] | None, int | None]:
+) -> tuple[uuidlib.UUID | None, Mapping[str, object] | None, int | None]:
     """The token's optional last fields, those present: the collection's UUID, the event's
     identifier, and (version 2) its fragment number; error 40646 for anything after them."""
     uuid = _read_uuid(r) if not r.at_end() else None

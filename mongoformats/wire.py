@@ -393,10 +393,7 @@ class MessageFramer:
         One copy makes both: a reader that scans a reply of megabytes with word-wide loads needs
         room past its end, and adding that room afterwards copied the reply again."""
         if self._size >= 4:
-            length = self._next_length()
-            # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
-            if length <= HEADER.size or length > self.max_size:
-                raise ProtocolError(f"message length {length} out of range (16, {self.max_size}]")
+            length = self._checked_length()
             if self._size >= length:
                 return self._take(length, pad)
         if self._eof and self._size:
@@ -423,6 +420,11 @@ class MessageFramer:
             return None  # small, absurd (next_frame says so) or all here
         buffer = allocate(length + pad)
         buffer[length:] = bytes(pad)
+        return buffer, self._move_into(buffer), length
+
+    def _move_into(self, buffer: bytearray) -> int:
+        """Copy every unread byte to the start of `buffer`, which then holds them alone; how
+        many."""
         filled = 0
         chunks = self._chunks
         for chunk in chunks:
@@ -431,7 +433,16 @@ class MessageFramer:
             filled += len(piece)
         chunks.clear()
         self._start = self._size = 0
-        return buffer, filled, length
+        return filled
+
+    def _checked_length(self) -> int:
+        """The next frame's length (its first 4 bytes have arrived); ProtocolError if out of
+        range. Checked before the whole frame arrives, so an absurd length never makes us buffer
+        it."""
+        length = self._next_length()
+        if length <= HEADER.size or length > self.max_size:
+            raise ProtocolError(f"message length {length} out of range (16, {self.max_size}]")
+        return length
 
     def _next_length(self) -> int:
         """The next frame's length (its first 4 bytes have arrived)."""
