@@ -70,11 +70,16 @@ def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
 
 def _mixes(leaves: list[tuple[str, Any]]) -> bool:
     """Whether a spec both excludes fields (but _id) and includes or computes others."""
-    flags = {
-        rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)
-    }
+    flags = _inclusion_flags(leaves)
     computes = any(rule[0] == "compute" for _, rule in leaves)
     return flags == {True, False} or (False in flags and computes)
+
+
+def _inclusion_flags(leaves: list[tuple[str, Any]]) -> set[bool]:
+    """Whether a spec includes (True) or excludes (False) fields but _id: both, one, none."""
+    return {
+        rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)
+    }
 
 
 def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> list[Any]:

@@ -401,13 +401,7 @@ class ClientSession:
             if route is Route.HELLO:
                 return await self.hello(decoded)
             assert handler is not None
-            try:
-                reply = await handler(self, decoded.pop("$db", "admin"), decoded)
-            except PassThrough:
-                await self._forward(msg)
-                return None
-            reply.setdefault("ok", 1.0)
-            return reply
+            return await self._handled(msg, decoded, handler)
         except MongoError as exc:
             self.server.metrics.errors.labels(code=str(exc.code)).inc()
             return exc.to_reply()
@@ -415,6 +409,19 @@ class ClientSession:
             raise  # the connection ends, as a pass-through command's would
         except Exception as exc:
             return self._internal_error(exc, name)
+
+    async def _handled(
+        self, msg: wire.OpMsg, decoded: dict[str, Any], handler: LocalHandler
+    ) -> dict[str, Any] | None:
+        """The reply of the local `handler` to the command `decoded`; None when it passed the
+        command through to mongos, which has answered."""
+        try:
+            reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+        except PassThrough:
+            await self._forward(msg)
+            return None
+        reply.setdefault("ok", 1.0)
+        return reply
 
     def _internal_error(self, exc: Exception, name: str) -> dict[str, Any]:
         """A bug of ours must cost this one command, not the connection, nor (through the
