@@ -122,13 +122,7 @@ class BucketCursor:
         event after this cursor's resume point (not inside a split event or before the resume
         token was met: those states are the replay bucket's)."""
         named = self.join
-        if (
-            named is None
-            or self.killed
-            or self.split_rest
-            or self.fragments_sent
-            or self.must_meet is not None
-        ):
+        if named is None or not self._may_leave_replay():
             return
         if named.closed or named.error is not None:
             self.join = None  # torn down or failed: the replay stream goes on alone
@@ -137,6 +131,17 @@ class BucketCursor:
         target.rejoin_if_awaited()
         if target.position_after(start_point(self.last_token)[1]) is None:
             return  # the named bucket starts after this point, or is behind: read the replay
+        self._move_to(named, target)
+
+    def _may_leave_replay(self) -> bool:
+        """Whether this cursor is in a state the named stream's bucket can take over: live, not
+        inside a split event, past the resume token."""
+        return not (
+            self.killed or self.split_rest or self.fragments_sent or self.must_meet is not None
+        )
+
+    def _move_to(self, named: ParallelStream, target: Bucket) -> None:
+        """Read from the named stream's bucket `target` from here on."""
         self.bucket.detach(self)
         self.stream, self.bucket, self.join = named, target, None
         self.position = target.base

@@ -237,11 +237,11 @@ def plan_watch(request: WatchRequest, cmd: dict[str, Any], *, shard_buffer_bytes
         "fullDocumentBeforeChange": before_change,
         "shardBufferBytes": shard_buffer_bytes,
     }
-    event = resumed if resumed is not None and resumed.token_type == EVENT_TOKEN else None
+    event = _resumed_event(resumed)
     sub.update(_start(spec, token, event))
     stages = request.stages
     plain_match = _filters_as_dealt(stages, full_document, before_change)
-    sub["pipeline"] = (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
+    sub["pipeline"] = _sub_pipeline(stages, plain_match=plain_match, split=split)
     return WatchPlan(
         open=sub,
         scope=request.scope,
@@ -252,6 +252,19 @@ def plan_watch(request: WatchRequest, cmd: dict[str, Any], *, shard_buffer_bytes
         ns=request.ns,
         batch_size=cmd.get("cursor", {}).get("batchSize"),
     )
+
+
+def _resumed_event(resumed: ResumeTokenData | None) -> ResumeTokenData | None:
+    """The resume token, if it is an event's (not a high-water mark's)."""
+    return resumed if resumed is not None and resumed.token_type == EVENT_TOKEN else None
+
+
+def _sub_pipeline(
+    stages: list[dict[str, Any]], *, plain_match: bool, split: bool
+) -> list[dict[str, Any]]:
+    """The pipeline of the engine's stream: the $match stages when they filter as events are
+    dealt, and the split stage when the client's pipeline ends with one."""
+    return (stages if plain_match else []) + ([{SPLIT_STAGE: {}}] if split else [])
 
 
 def _filters_as_dealt(stages: list[dict[str, Any]], full_document: str, before_change: str) -> bool:

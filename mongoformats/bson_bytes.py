@@ -58,22 +58,29 @@ _FIXED = {
 }
 
 
+# Values of variable width, by type byte: an int32 length, and how many bytes the value has
+# beyond that length (from where the int32 begins).
+_LENGTH_PREFIXED = {
+    0x03: 0,  # document: int32 total length
+    0x04: 0,  # array: int32 total length
+    0x0F: 0,  # code with scope: int32 total length
+    0x02: 4,  # string: int32 length + bytes
+    0x0D: 4,  # JS code: int32 length + bytes
+    0x0E: 4,  # symbol: int32 length + bytes
+    0x05: 5,  # binary: int32 length + subtype + bytes
+    0x0C: 16,  # DBPointer: string (int32 length + bytes) + ObjectId
+}
+
+
 def _value_end(buf: bytes | bytearray, t: int, p: int) -> int:
     n = _FIXED.get(t)
     if n is not None:
         return p + n
-    if t in (0x03, 0x04):  # document, array: int32 total length
-        return p + _I32.unpack_from(buf, p)[0]
-    if t in (0x02, 0x0D, 0x0E):  # string, JS code, symbol: int32 length + bytes
-        return p + 4 + _I32.unpack_from(buf, p)[0]
-    if t == 0x05:  # binary: int32 length + subtype + bytes
-        return p + 5 + _I32.unpack_from(buf, p)[0]
-    if t == 0x0F:  # code with scope: int32 total length
-        return p + _I32.unpack_from(buf, p)[0]
+    extra = _LENGTH_PREFIXED.get(t)
+    if extra is not None:
+        return p + extra + _I32.unpack_from(buf, p)[0]
     if t == 0x0B:  # regex: two cstrings
         return buf.index(0, buf.index(0, p) + 1) + 1
-    if t == 0x0C:  # DBPointer: string + ObjectId
-        return p + 4 + _I32.unpack_from(buf, p)[0] + 12
     raise ValueError(f"unknown BSON type 0x{t:02x}")
 
 

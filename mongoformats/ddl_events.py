@@ -154,6 +154,15 @@ def _on_system_collection(first: str, o: Mapping[str, Any]) -> bool:
     return first in _SYSTEM_FILTERED and isinstance(named, str) and named.startswith("system.")
 
 
+def _builder(writer: EventWriter, first: str) -> DdlBuilder | None:
+    """What builds the event of a command starting with `first`, if the stream shows one: the
+    expanded commands only with showExpandedEvents, and not when DDL notes stand for them."""
+    build = _COMMANDS.get(first)
+    if build is None and writer.show_expanded_events and not writer.ddl_notes:
+        return _EXPANDED_COMMANDS.get(first)
+    return build
+
+
 def command_event(
     writer: EventWriter,
     doc: Mapping[str, Any],
@@ -166,9 +175,7 @@ def command_event(
     starts with `first`, or None."""
     if _on_system_collection(first, o):
         return None
-    build = _COMMANDS.get(first)
-    if build is None and writer.show_expanded_events and not writer.ddl_notes:
-        build = _EXPANDED_COMMANDS.get(first)
+    build = _builder(writer, first)
     event = build(doc, o, db) if build is not None else None
     return writer.ddl(event, at) if event is not None else None
 
@@ -230,7 +237,13 @@ def noop_events(writer: EventWriter, doc: RawBSONDocument) -> list[ChangeEvent]:
     o2 = doc.get("o2")
     if o2 is not None and (kind := _notice_kind(writer, o2)) is not None:
         return _notice_events(writer, doc, o2, kind, at)
-    o = doc.get("o")
+    return _note_events(writer, doc.get("o"), at)
+
+
+def _note_events(
+    writer: EventWriter, o: Mapping[str, Any] | None, at: EventAt
+) -> list[ChangeEvent]:
+    """The event of our proxy's DDL note in a noop's `o`, when the stream takes DDL notes."""
     if writer.ddl_notes and o is not None and PCS_NOTE_KEY in o:
         return [writer.ddl(_noted(plain(o)[PCS_NOTE_KEY]), at)]
     return []

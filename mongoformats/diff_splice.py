@@ -30,19 +30,32 @@ def update_description(raw: bytes, start: int, *, expanded: bool) -> bytes | Non
     """
     if expanded:
         return None
+    alone = _updates_alone(raw, start)
+    if alone is not None:
+        return alone
+    return _walked(raw, elements(raw, start))
+
+
+def _updates_alone(raw: bytes, start: int) -> bytes | None:
+    """For `{u: {...}}` alone, the most common diff, the updateDescription: updatedFields is the
+    `u` document as it is; None for any other diff."""
     size = _I32.unpack_from(raw, start)[0]
     if (
         raw[start + 4 : start + 7] == b"\x03u\x00"
         and _I32.unpack_from(raw, start + 7)[0] == size - 8
         and not raw[start + size - 1]
     ):
-        # `{u: {...}}` alone, the most common diff: updatedFields is the `u` document as it is.
         return document_of(
             b"".join(
                 (b"\x03updatedFields\x00", raw[start + 7 : start + size - 1], _NOTHING_REMOVED)
             )
         )
-    sections = elements(raw, start)
+    return None
+
+
+def _walked(raw: bytes, sections: _Sections) -> bytes | None:
+    """The updateDescription of a diff with these top-level `sections`, walked; None if it must
+    go the general way."""
     if any(t != 3 for t, _, _ in sections.values()):
         return None
     paths = _Paths(raw)
@@ -87,6 +100,11 @@ class _Paths:
         is not a document, a path met twice, an array diff read otherwise."""
         if not (self._set_fields(sections, prefix) and self._remove_fields(sections, prefix)):
             return False
+        return self._walk_subs(sections, prefix)
+
+    def _walk_subs(self, sections: _Sections, prefix: bytes) -> bool:
+        """Add the paths of an object diff's sub-diffs (`s<field>`), in order; False if one must
+        go the general way."""
         for key, (t, v, _) in sections.items():
             if key[:1] != b"s" or len(key) == 1:
                 continue  # u, i, d (read above), and what the general path ignores (`b`)
@@ -100,18 +118,20 @@ class _Paths:
         if b"l" in sections and not self._truncate(sections[b"l"], path):
             return False
         for key, (t, v, e) in sections.items():
-            if key in (b"a", b"l"):
-                continue
-            letter, index = key[:1], key[1:]
-            if not index.isdigit() or (index[:1] == b"0" and len(index) > 1):
-                return False  # the general path reads every other key's index as int() does
-            at = path + b"." + index
-            if letter == b"u":
-                if not self._update(at, t, self.raw[v:e]):
-                    return False
-            elif letter == b"s" and (t != 3 or not self._walk_sub(v, at)):
+            if key not in (b"a", b"l") and not self._array_entry(key, t, v, e, path):
                 return False
         return True
+
+    def _array_entry(self, key: bytes, t: int, v: int, e: int, path: bytes) -> bool:
+        """Add one entry of an array diff at `path` (`u<index>` or `s<index>`, its value of BSON
+        type `t` at raw[v:e]); False if it must go the general way."""
+        letter, index = key[:1], key[1:]
+        if not _int_index(index):
+            return False  # the general path reads every other key's index as int() does
+        at = path + b"." + index
+        if letter == b"u":
+            return self._update(at, t, self.raw[v:e])
+        return letter != b"s" or (t == 3 and self._walk_sub(v, at))
 
     def description(self) -> bytes:
         """The updateDescription document of what was collected."""
@@ -186,3 +206,8 @@ _TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
 _NOTHING_REMOVED = (
     b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
 )
+
+
+def _int_index(index: bytes) -> bool:
+    """Whether an array diff's `index` is written as int() writes it: digits, no leading 0."""
+    return index.isdigit() and not (index[:1] == b"0" and len(index) > 1)

@@ -104,6 +104,11 @@ def identifier(
     return document_key  # v0/v1 classic events: the documentKey itself (absent for DDL)
 
 
+def _ns_of(db: str, coll: str | None) -> dict[str, str]:
+    """An event's `ns`: its database, and its collection if it has one."""
+    return {"db": db, "coll": coll} if coll is not None else {"db": db}
+
+
 def _uuid_field(ui: CollectionUUID | None) -> dict[str, Any]:
     return {"collectionUUID": ui} if ui is not None else {}
 
@@ -174,8 +179,7 @@ class EventWriter:
             fields.update(_uuid_field(event.ui))
         if at.wall is not None:
             fields["wallTime"] = at.wall
-        coll = event.coll
-        fields["ns"] = {"db": event.db, "coll": coll} if coll is not None else {"db": event.db}
+        fields["ns"] = _ns_of(event.db, event.coll)
         if expanded:
             fields.update(_expanded_ddl_fields(event))
         return fields

@@ -129,12 +129,24 @@ def evaluate(doc: Mapping[str, Any], e: object, more: Operators | None = None) -
     A path that finds nothing is MISSING (the caller leaves such a field out); inside an array it
     is null, inside a document left out, as on the server."""
     if isinstance(e, str) and e.startswith("$"):
-        return _variable(doc, e) if e.startswith("$$") else _path(doc, e[1:].split("."))
+        return _field_or_variable(doc, e)
     if isinstance(e, dict):
         return _evaluate_object(doc, e, more)
     if isinstance(e, list):
-        return [None if (v := evaluate(doc, x, more)) is MISSING else v for x in e]
+        return _evaluate_array(doc, e, more)
     return e
+
+
+def _field_or_variable(doc: Mapping[str, object], e: str) -> object:
+    """The value of a "$field.path" or a "$$VARIABLE.path" in `doc`."""
+    return _variable(doc, e) if e.startswith("$$") else _path(doc, e[1:].split("."))
+
+
+def _evaluate_array(
+    doc: Mapping[str, object], e: list[object], more: Operators | None
+) -> list[object]:
+    """The values of an array of expressions: a path that finds nothing is null there."""
+    return [None if (v := evaluate(doc, x, more)) is MISSING else v for x in e]
 
 
 def _variable(doc: Mapping[str, Any], e: str) -> Any:
@@ -266,7 +278,10 @@ def _path(value: object, parts: list[str]) -> Any:
         return value
     if isinstance(value, Mapping):
         return _path(value[parts[0]], parts[1:]) if parts[0] in value else MISSING
-    if isinstance(value, list):
-        found = (_path(item, parts) for item in value if isinstance(item, (Mapping, list)))
-        return [v for v in found if v is not MISSING]
-    return MISSING
+    return _array_path(value, parts) if isinstance(value, list) else MISSING
+
+
+def _array_path(array: list[object], parts: list[str]) -> list[object]:
+    """A field path's values through an array: those found in its documents and arrays."""
+    found = (_path(item, parts) for item in array if isinstance(item, (Mapping, list)))
+    return [v for v in found if v is not MISSING]

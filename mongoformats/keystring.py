@@ -160,10 +160,7 @@ class KeyStringBuilder:
             return _number_ctype(value)
         if isinstance(value, Code):  # a str subclass: before str
             return CODE if value.scope is None else CODE_WITH_SCOPE
-        for classes, ctype in _CTYPE_BY_CLASS:
-            if isinstance(value, classes):
-                return ctype
-        raise ValueError(f"cannot encode {type(value).__name__} in a KeyString")
+        return _class_ctype(value)
 
     def _append_body(self, value: object) -> None:
         if value is None or isinstance(value, (bool, MinKey, MaxKey)):
@@ -343,6 +340,14 @@ def _integer_ctype(v: int) -> int:
     return NUM_POS_1BYTE - 1 + n if v > 0 else NUM_NEG_1BYTE + 1 - n
 
 
+def _class_ctype(value: object) -> int:
+    """The type byte of a value of a class in _CTYPE_BY_CLASS; ValueError for any other."""
+    for classes, ctype in _CTYPE_BY_CLASS:
+        if isinstance(value, classes):
+            return ctype
+    raise ValueError(f"cannot encode {type(value).__name__} in a KeyString")
+
+
 def _generic_ctype(ctype: int) -> int:
     # Inside objects, the byte before a field name names the value's type family, not the value.
     if 0x1E <= ctype <= 0x33:
@@ -354,15 +359,21 @@ def encode_type_bits(bits: list[int]) -> bytes:
     """Serialize type bits (LSB-first packing; see mongodb-formats.md A.4). b"" means all zero."""
     if not any(bits):
         return b""
-    data = bytearray((len(bits) + 7) // 8)
-    for i, bit in enumerate(bits):
-        if bit:
-            data[i // 8] |= 1 << (i % 8)
+    data = _packed_bits(bits)
     if len(data) == 1 and data[0] < 0x80:
         return bytes(data)
     if len(data) <= 127:
         return bytes([0x80 | len(data)]) + bytes(data)
     return b"\x80" + struct.pack("<i", len(data)) + bytes(data)
+
+
+def _packed_bits(bits: list[int]) -> bytearray:
+    """`bits` packed LSB-first into bytes."""
+    data = bytearray((len(bits) + 7) // 8)
+    for i, bit in enumerate(bits):
+        if bit:
+            data[i // 8] |= 1 << (i % 8)
+    return data
 
 
 def _integer_body(value: int | float) -> bytes:

@@ -62,21 +62,26 @@ __all__ = ["KeyStringReader", "decode_type_bits"]
 def decode_type_bits(raw: bytes) -> list[int]:
     if not raw:
         return []
+    data = _type_bits_data(raw)
+    return [(data[i // 8] >> (i % 8)) & 1 for i in range(len(data) * 8)]
+
+
+def _type_bits_data(raw: bytes) -> bytes:
+    """The bytes holding the bits of the encoded type bits `raw`: a single byte under 0x80,
+    else a size (0x80 then an int32, or the byte's low 7 bits) and that many bytes."""
     if raw[0] < 0x80:
-        data = raw[:1]
         if len(raw) != 1:
             raise ValueError("invalid type bits: trailing bytes")
-    elif raw[0] == 0x80:
+        return raw[:1]
+    if raw[0] == 0x80:
         (size,) = struct.unpack_from("<i", raw, 1)
-        data = raw[5 : 5 + size]
-        if len(data) != size or len(raw) != 5 + size:
-            raise ValueError("invalid type bits length")
+        start = 5
     else:
-        size = raw[0] & 0x7F
-        data = raw[1 : 1 + size]
-        if len(data) != size or len(raw) != 1 + size:
-            raise ValueError("invalid type bits length")
-    return [(data[i // 8] >> (i % 8)) & 1 for i in range(len(data) * 8)]
+        size, start = raw[0] & 0x7F, 1
+    data = raw[start : start + size]
+    if len(data) != size or len(raw) != start + size:
+        raise ValueError("invalid type bits length")
+    return data
 
 
 class KeyStringReader:
@@ -248,28 +253,32 @@ class KeyStringReader:
         negative = ctype < NUM_ZERO
         n = ctype - NUM_POS_1BYTE + 1 if not negative else NUM_NEG_1BYTE + 1 - ctype
         m = self._magnitude(n, negative)
-        whole = m >> 1
-        value: int | float
         if m & 1:  # a fraction (or a decimal's marker): the rest of 8 bytes follows
-            if kind not in (TB_DOUBLE, TB_DECIMAL):
-                raise ValueError("a fractional KeyString number must be a double or a decimal")
-            shift = 8 * (8 - n)
-            encoded = (m << shift) | self._magnitude(8 - n, negative)
-            if kind == TB_DECIMAL:
-                # Whole parts from 2**53 on are exact and the byte after them is only the marker;
-                # 8 whole-part bytes leave no room for one: a continuation always follows.
-                dcm = encoded & 3 if shift else 3
-                exact = (
-                    Decimal(whole)
-                    if whole >= 2**53
-                    else Decimal(math.ldexp((encoded & ~3) - ((whole + 1) << shift), -shift))
-                )
-                return self._decimal(exact, dcm, negative)
-            value = math.ldexp(encoded - ((whole + 1) << shift), -shift)
-        else:
-            value = whole
+            return self._read_fraction(m, n, kind, negative)
+        whole = m >> 1
         if kind == TB_DECIMAL:
             return self._decimal(Decimal(whole), 0, negative)
+        return _typed_number(-whole if negative else whole, kind)
+
+    def _read_fraction(self, m: int, n: int, kind: int, negative: bool) -> int | float | Decimal128:
+        """A number with a fraction (or a decimal's marker), its first `n` magnitude bytes `m`
+        read: the rest of 8 bytes follows."""
+        if kind not in (TB_DOUBLE, TB_DECIMAL):
+            raise ValueError("a fractional KeyString number must be a double or a decimal")
+        whole = m >> 1
+        shift = 8 * (8 - n)
+        encoded = (m << shift) | self._magnitude(8 - n, negative)
+        if kind == TB_DECIMAL:
+            # Whole parts from 2**53 on are exact and the byte after them is only the marker;
+            # 8 whole-part bytes leave no room for one: a continuation always follows.
+            dcm = encoded & 3 if shift else 3
+            exact = (
+                Decimal(whole)
+                if whole >= 2**53
+                else Decimal(math.ldexp((encoded & ~3) - ((whole + 1) << shift), -shift))
+            )
+            return self._decimal(exact, dcm, negative)
+        value = math.ldexp(encoded - ((whole + 1) << shift), -shift)
         return _typed_number(-value if negative else value, kind)
 
     def _read_zero(self, kind: int) -> int | float | Decimal128:

@@ -65,12 +65,18 @@ def without_split_stage(stages: list[Any]) -> tuple[list[Any], bool]:
     (7182800) or that is not the last stage (7182802)."""
     for i, stage in enumerate(stages):
         if isinstance(stage, dict) and SPLIT_STAGE in stage:
-            if not isinstance(stage[SPLIT_STAGE], dict) or stage[SPLIT_STAGE]:
-                raise MongoError(7182800, f"{SPLIT_STAGE} spec should be an empty object")
-            if i != len(stages) - 1:
-                raise MongoError(7182802, f"{SPLIT_STAGE} must be the last stage in the pipeline")
+            _check_split_stage(stage, last=i == len(stages) - 1)
             return stages[:-1], True
     return stages, False
+
+
+def _check_split_stage(stage: dict[str, object], *, last: bool) -> None:
+    """The server's error for a `$changeStreamSplitLargeEvent` stage whose spec is not an empty
+    object (7182800) or that is not the `last` stage (7182802)."""
+    if not isinstance(stage[SPLIT_STAGE], dict) or stage[SPLIT_STAGE]:
+        raise MongoError(7182800, f"{SPLIT_STAGE} spec should be an empty object")
+    if not last:
+        raise MongoError(7182802, f"{SPLIT_STAGE} must be the last stage in the pipeline")
 
 
 def _sort_key_field_bytes(token_bytes: int) -> int:
@@ -112,6 +118,17 @@ def event_too_large(raw: bytes, *, merged: bool = False) -> MongoError | None:
     )
 
 
+def _check_unsplit(skip: int) -> None:
+    """An event that needs no split: error 280 if the stream resumes from one of its fragments
+    (`skip` past none)."""
+    if skip:
+        raise MongoError(
+            "ChangeStreamFatalError",
+            "Attempted to resume from a split event fragment, but the event in "
+            "the resumed stream was not large enough to be split",
+        )
+
+
 def split_event(
     raw: bytes, *, merged: bool = False, skip: int = 0
 ) -> list[tuple[dict[str, Any], bytes]] | None:
@@ -121,12 +138,7 @@ def split_event(
     `skip` is the fragmentNum of the token a stream resumes from, plus one: that fragment was
     returned. The server fails such a resume if the event now splits otherwise."""
     if event_bytes(raw, merged=merged) <= SPLIT_ABOVE_BYTES:
-        if skip:
-            raise MongoError(
-                "ChangeStreamFatalError",
-                "Attempted to resume from a split event fragment, but the event in "
-                "the resumed stream was not large enough to be split",
-            )
+        _check_unsplit(skip)
         return None
     fields = elements(raw)
     _, v, e = fields.pop(b"_id")

@@ -87,10 +87,14 @@ def _step(value: Any, part: str) -> list[Any]:
     element at that index, then the field of each of its documents."""
     if isinstance(value, Mapping):
         return [value[part]] if part in value else []
-    if not isinstance(value, list):
-        return []
-    out = [value[int(part)]] if part.isdigit() and int(part) < len(value) else []
-    out += [item[part] for item in value if isinstance(item, Mapping) and part in item]
+    return _array_step(value, part) if isinstance(value, list) else []
+
+
+def _array_step(array: list[object], part: str) -> list[object]:
+    """The values one path component leads to from an array: its element at that index, then
+    the field of each of its documents."""
+    out = [array[int(part)]] if part.isdigit() and int(part) < len(array) else []
+    out += [item[part] for item in array if isinstance(item, Mapping) and part in item]
     return out
 
 
@@ -191,13 +195,22 @@ def _unsupported_in_operator(op: str, arg: Any, cond: Mapping[str, Any], level: 
     """What in one {op: arg} of the operator document `cond` `matches` does not evaluate."""
     if op not in _FIELD_OPERATORS:
         return op
+    shape = _operand_shape_problem(op, arg)
+    if shape is not None:
+        return shape
+    if op == "$regex":
+        return _regex_operator_problem(cond)
+    return _operand_problem(op, arg, level)
+
+
+def _operand_shape_problem(op: str, arg: object) -> str | None:
+    """What makes a field operator's operand not of the kind it takes: an array for the list
+    operators, an operator document or a regular expression for `$not`."""
     if op in _LIST_ARGUMENTS and not isinstance(arg, list):
         return f"{op} without an array"
     if op == "$not" and not (_is_operator_doc(arg) or isinstance(arg, (re.Pattern, Regex))):
         return "$not without an operator document or a regular expression"
-    if op == "$regex":
-        return _regex_operator_problem(cond)
-    return _operand_problem(op, arg, level)
+    return None
 
 
 def _operand_problem(op: str, arg: Any, level: int) -> str | None:
@@ -208,10 +221,13 @@ def _operand_problem(op: str, arg: Any, level: int) -> str | None:
         return _regex_problem(*_pattern_of(arg))
     if op == "$elemMatch":
         return unsupported_in_query(arg, top_level=False, level=level + 1)
-    if op == "$in":
-        patterns = (_pattern_of(a) for a in arg if isinstance(a, (re.Pattern, Regex)))
-        return next(filter(None, (_regex_problem(*p) for p in patterns)), None)
-    return None
+    return _in_problem(arg) if op == "$in" else None
+
+
+def _in_problem(arg: list[object]) -> str | None:
+    """What keeps a regular expression among an `$in` operand from running on RE2, or None."""
+    patterns = (_pattern_of(a) for a in arg if isinstance(a, (re.Pattern, Regex)))
+    return next(filter(None, (_regex_problem(*p) for p in patterns)), None)
 
 
 def _regex_operator_problem(cond: Mapping[str, Any]) -> str | None:
@@ -219,12 +235,19 @@ def _regex_operator_problem(cond: Mapping[str, Any]) -> str | None:
     pattern, options = cond["$regex"], cond.get("$options", "")
     if not isinstance(options, str):
         return "$options that is not a string"
-    if isinstance(pattern, (re.Pattern, Regex)):
-        pattern, own = _pattern_of(pattern)
-        options += own
+    pattern, options = _with_own_flags(pattern, options)
     if not isinstance(pattern, str):
         return "a $regex that is neither a string nor a regular expression"
     return _regex_problem(pattern, options)
+
+
+def _with_own_flags(pattern: object, options: str) -> tuple[object, str]:
+    """A $regex's pattern and $options, a regular expression's own flags added to the options
+    (its pattern a string then)."""
+    if isinstance(pattern, (re.Pattern, Regex)):
+        pattern, own = _pattern_of(pattern)
+        options += own
+    return pattern, options
 
 
 # Types whose Python equality is BSON's, between two values of the one type: equal values need
@@ -355,10 +378,7 @@ def condition_matches(cond: object, values: list[object]) -> bool:
 def _regex_condition_matches(cond: Mapping[str, Any], values: list[object]) -> bool:
     """An operator document with $regex (and its $options, and the pattern's own flags), then
     its other operators."""
-    regex, options = cond["$regex"], cond.get("$options", "")
-    if isinstance(regex, (re.Pattern, Regex)):
-        regex, own = _pattern_of(regex)
-        options += own
+    regex, options = _with_own_flags(cond["$regex"], cond.get("$options", ""))
     search = _compiled(regex, options)
     rest = {k: v for k, v in cond.items() if k not in ("$regex", "$options")}
     return any(isinstance(v, str) and search(v) for v in _candidates(values)) and all(

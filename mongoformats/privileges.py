@@ -225,10 +225,16 @@ def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
         return True
     if want.get("cluster") or have.get("cluster"):
         return bool(have.get("cluster")) and bool(want.get("cluster"))
+    return _namespace_covers(have, want)
+
+
+def _namespace_covers(have: Mapping[str, str], want: Mapping[str, str]) -> bool:
+    """Whether a db/collection resource covers the wanted one; a system.* collection is never
+    covered by a wildcard collection."""
     want_db, want_coll = want.get("db", ""), want.get("collection", "")
     have_db, have_coll = have.get("db", ""), have.get("collection", "")
     if want_coll.startswith("system."):
-        return have_db in ("", want_db) and have_coll == want_coll  # never by a wildcard
+        return have_db in ("", want_db) and have_coll == want_coll
     return _name_covers(have_db, want_db) and _name_covers(have_coll, want_coll)
 
 

@@ -70,11 +70,16 @@ def spec_problem(spec: object, *, computed_only: bool = False) -> str | None:
 
 def _mixes(leaves: list[tuple[str, Any]]) -> bool:
     """Whether a spec both excludes fields (but _id) and includes or computes others."""
-    flags = {
-        rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)
-    }
+    flags = _inclusion_flags(leaves)
     computes = any(rule[0] == "compute" for _, rule in leaves)
     return flags == {True, False} or (False in flags and computes)
+
+
+def _inclusion_flags(leaves: list[tuple[str, Any]]) -> set[bool]:
+    """Whether a spec includes (True) or excludes (False) fields but _id: both, one, none."""
+    return {
+        rule == INCLUDE for name, rule in leaves if name != "_id" and rule in (INCLUDE, EXCLUDE)
+    }
 
 
 def computed_values(spec: Mapping[str, Any], *, computed_only: bool = False) -> list[Any]:
@@ -114,12 +119,17 @@ def _projection_tree(spec: Mapping[str, Any], *, computed_only: bool = False) ->
         node = _parent_node(tree, parents, key)
         if _is_nested_spec(v):
             _merge_nested(node, leaf, v, key, computed_only)
-        elif leaf in node:
-            raise ValueError(f"a path collision at {key!r}")
         else:
-            flag = _is_flag(v) and not computed_only
-            node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
+            _add_leaf(node, leaf, v, key, computed_only)
     return tree
+
+
+def _add_leaf(node: _Tree, leaf: str, v: object, key: str, computed_only: bool) -> None:
+    """Give the field `leaf` of `node` (spec field `key`) its rule; ValueError if it has one."""
+    if leaf in node:
+        raise ValueError(f"a path collision at {key!r}")
+    flag = _is_flag(v) and not computed_only
+    node[leaf] = (INCLUDE if v else EXCLUDE) if flag else ("compute", v)
 
 
 def _field_path(key: str) -> list[str]:

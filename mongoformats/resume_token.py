@@ -151,12 +151,16 @@ def _token_values(data: ResumeTokenData) -> list[Any]:
     values += [data.token_type] if v1 else []
     values.append(data.txn_op_index)
     values += [data.from_invalidate] if v1 else []
-    if data.uuid is not None:
-        values.append(Binary(data.uuid.bytes, 4))
-    elif data.version >= 2:
-        values.append(None)  # v2 writes a missing UUID as an explicit null
+    values += _uuid_values(data)
     optional = (data.event_identifier, data.fragment_num)
     return values + [value for value in optional if value is not None]
+
+
+def _uuid_values(data: ResumeTokenData) -> list[object]:
+    """The token's UUID as its KeyString holds it: v2 writes a missing one as an explicit null."""
+    if data.uuid is not None:
+        return [Binary(data.uuid.bytes, 4)]
+    return [None] if data.version >= 2 else []
 
 
 def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
@@ -164,9 +168,7 @@ def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
     raw = token.get("_data")
     if not isinstance(raw, str):
         raise _bad(40647, "resume token _data must be a string")
-    bits = token.get("_typeBits", b"")
-    if isinstance(bits, Binary) and bits.subtype != 0 or not isinstance(bits, (bytes, Binary)):
-        raise _bad(40648, "resume token _typeBits must be BinData subtype 0")
+    bits = _type_bits(token)
     try:
         data = binascii.unhexlify(raw)
     except (binascii.Error, ValueError) as exc:
@@ -177,6 +179,14 @@ def decode_token(token: Mapping[str, Any]) -> ResumeTokenData:
         raise _bad("InvalidResumeToken", f"invalid resume token: {exc}") from exc
 
 
+def _type_bits(token: Mapping[str, object]) -> bytes | Binary:
+    """The token's `_typeBits`; error 40648 if it is not BinData subtype 0."""
+    bits = token.get("_typeBits", b"")
+    if isinstance(bits, Binary) and bits.subtype != 0 or not isinstance(bits, (bytes, Binary)):
+        raise _bad(40648, "resume token _typeBits must be BinData subtype 0")
+    return bits
+
+
 def _decode(r: KeyStringReader) -> ResumeTokenData:
     ts = r.read()
     if not isinstance(ts, Timestamp):
@@ -185,15 +195,24 @@ def _decode(r: KeyStringReader) -> ResumeTokenData:
     token_type = _read_token_type(r) if version >= 1 else EVENT_TOKEN
     txn_op_index = _read_txn_op_index(r)
     from_invalidate = _read_from_invalidate(r) if version >= 1 else False
+    uuid, event_identifier, fragment_num = _read_tail(r, version)
+    r.finish()
+    return ResumeTokenData(
+        ts, version, token_type, txn_op_index, from_invalidate, uuid, event_identifier, fragment_num
+    )
+
+
+def _read_tail(
+    r: KeyStringReader, version: int
+) -> tuple[uuidlib.UUID | None, Mapping[str, object] | None, int | None]:
+    """The token's optional last fields, those present: the collection's UUID, the event's
+    identifier, and (version 2) its fragment number; error 40646 for anything after them."""
     uuid = _read_uuid(r) if not r.at_end() else None
     event_identifier = _read_event_identifier(r) if not r.at_end() else None
     fragment_num = r.read() if not r.at_end() and version >= 2 else None
     if not r.at_end():
         raise _bad(40646, "invalid oversized resume token")
-    r.finish()
-    return ResumeTokenData(
-        ts, version, token_type, txn_op_index, from_invalidate, uuid, event_identifier, fragment_num
-    )
+    return uuid, event_identifier, fragment_num
 
 
 def _read_version(r: KeyStringReader) -> int:

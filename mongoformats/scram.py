@@ -146,15 +146,21 @@ class ScramServer:
             raise _auth_failed()
         auth_message = self._auth_prefix + b"," + without_proof
         signature = _hmac(self._credential.stored_key, auth_message)
-        try:
-            proof = base64.b64decode(proof_part, validate=True)
-        except ValueError:
-            raise _auth_failed() from None
-        if len(proof) != len(signature):
-            raise _auth_failed()
-        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
+        client_key = _client_key(proof_part, signature)
         if not hmac.compare_digest(
             hashlib.sha256(client_key).digest(), self._credential.stored_key
         ):
             raise _auth_failed()
         return b"v=" + base64.b64encode(_hmac(self._credential.server_key, auth_message))
+
+
+def _client_key(proof_part: bytes, signature: bytes) -> bytes:
+    """The ClientKey a client's proof gives (ClientProof XOR ClientSignature, RFC 5802); an
+    authentication failure for a proof that is not base64 or not of the signature's length."""
+    try:
+        proof = base64.b64decode(proof_part, validate=True)
+    except ValueError:
+        raise _auth_failed() from None
+    if len(proof) != len(signature):
+        raise _auth_failed()
+    return bytes(a ^ b for a, b in zip(proof, signature, strict=True))

@@ -96,15 +96,7 @@ def _by_patterns(patterns: list[dict[str, Any]]) -> SessionsNamed:
     uids: set[bytes] = set()
     users: set[str] = set()
     for pattern in patterns:
-        if isinstance(pattern.get("lsid"), dict) and "id" in pattern["lsid"]:
-            ids.add(session_id(pattern["lsid"]["id"]))
-        if "uid" in pattern:
-            uids.add(bytes(pattern["uid"]))
-        users.update(
-            user_identity(u.get("user"), u.get("db"))
-            for u in pattern.get("users") or ()
-            if isinstance(u, dict)
-        )
+        _take_pattern(pattern, ids, uids, users)
 
     def named(lsid: bytes | None, user: Any) -> bool:
         if not patterns or lsid in ids:
@@ -116,3 +108,18 @@ def _by_patterns(patterns: list[dict[str, Any]]) -> SessionsNamed:
         )
 
     return named
+
+
+def _take_pattern(
+    pattern: dict[str, Any], ids: set[bytes | None], uids: set[bytes], users: set[str]
+) -> None:
+    """Add what one killAllSessionsByPattern pattern names: its lsid's id, its uid, its users."""
+    if isinstance(pattern.get("lsid"), dict) and "id" in pattern["lsid"]:
+        ids.add(session_id(pattern["lsid"]["id"]))
+    if "uid" in pattern:
+        uids.add(bytes(pattern["uid"]))
+    users.update(
+        user_identity(u.get("user"), u.get("db"))
+        for u in pattern.get("users") or ()
+        if isinstance(u, dict)
+    )

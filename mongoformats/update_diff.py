@@ -14,7 +14,7 @@ components with array indices as integers.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["update_description_from_diff"]
@@ -107,19 +107,37 @@ def post_image(before: Mapping[str, Any], description: Mapping[str, Any]) -> dic
     def parent(path: str) -> tuple[Any, Any]:
         return _parent(doc, list(exact[path]) if path in exact else path.split("."))
 
-    for t in description.get("truncatedArrays") or []:
+    _truncate(parent, description.get("truncatedArrays") or [])
+    _remove(parent, description.get("removedFields") or [])
+    _update(parent, description.get("updatedFields") or {})
+    return doc
+
+
+_Parent = Callable[[str], tuple[Any, Any]]
+
+
+def _truncate(parent: _Parent, truncated: list[Mapping[str, Any]]) -> None:
+    """Cut the arrays of the updateDescription's truncatedArrays to their new sizes."""
+    for t in truncated:
         node, key = parent(t["field"])
         del node[key][t["newSize"] :]
-    for path in description.get("removedFields") or []:
+
+
+def _remove(parent: _Parent, removed: list[str]) -> None:
+    """Remove the updateDescription's removedFields."""
+    for path in removed:
         node, key = parent(path)
         if isinstance(node, dict):
             node.pop(key, None)
-    for path, value in (description.get("updatedFields") or {}).items():
+
+
+def _update(parent: _Parent, updated: Mapping[str, object]) -> None:
+    """Set the updateDescription's updatedFields (an array index past the end pads it)."""
+    for path, value in updated.items():
         node, key = parent(path)
         if isinstance(node, list):
             _pad(node, key)
         node[key] = value
-    return doc
 
 
 def _parent(doc: Any, steps: list[Any]) -> tuple[Any, Any]:

@@ -195,7 +195,13 @@ def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int,
         raise ProtocolError(f"OP_MSG has unknown required flag bits {flags & 0xFFFF:#x}")
     if flags & FLAG_CHECKSUM_PRESENT:
         end = _checked_sections_end(data, end)
-    pos = HEADER.size + 4
+    body, sequences = _sections(data, HEADER.size + 4, end)
+    return flags, body, sequences
+
+
+def _sections(data: bytes | bytearray, pos: int, end: int) -> tuple[tuple[int, int], _Sequences]:
+    """(where the body document lies, the document sequences) of the OP_MSG sections in
+    data[pos:end]."""
     body: tuple[int, int] | None = None
     sequences: list[tuple[str, tuple[bytes, ...]]] = []
     while pos < end:
@@ -212,7 +218,7 @@ def _op_msg_sections(data: bytes | bytearray, end: int) -> tuple[int, tuple[int,
             raise ProtocolError(f"unknown OP_MSG section kind {kind}")
     if body is None:
         raise ProtocolError("OP_MSG has no kind-0 section")
-    return flags, body, tuple(sequences)
+    return body, tuple(sequences)
 
 
 def _checked_sections_end(data: bytes | bytearray, end: int) -> int:
@@ -319,21 +325,27 @@ def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Message:
         raise ProtocolError("message length does not match its frame")
     compressor = None
     if op_code == OP_COMPRESSED:
-        if length < HEADER.size + 9:
-            raise ProtocolError("OP_COMPRESSED too short")
-        original, size, cid = struct.unpack_from("<iiB", data, HEADER.size)
-        if size < 0 or size + HEADER.size > max_size:
-            raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} out of range")
-        if original == OP_COMPRESSED:
-            raise ProtocolError("OP_COMPRESSED cannot wrap OP_COMPRESSED")
-        inner = decompress(cid, data[HEADER.size + 9 :], size)
-        compressor = COMPRESSOR_NAMES[cid]
-        op_code = original
-        data = HEADER.pack(HEADER.size + size, request_id, response_to, original) + inner
+        data, op_code, compressor = _decompressed(data, max_size)
     decoder = _DECODERS.get(op_code)
     if decoder is None:
         raise ProtocolError(f"unsupported opCode {op_code}")
     return decoder(request_id, response_to, data, compressor)
+
+
+def _decompressed(data: bytes, max_size: int) -> tuple[bytes, int, str]:
+    """The OP_COMPRESSED message `data` (checked to be one whole frame) as the message it wraps:
+    (its frame, its opCode, the compressor's name)."""
+    length, request_id, response_to, _ = HEADER.unpack_from(data, 0)
+    if length < HEADER.size + 9:
+        raise ProtocolError("OP_COMPRESSED too short")
+    original, size, cid = struct.unpack_from("<iiB", data, HEADER.size)
+    if size < 0 or size + HEADER.size > max_size:
+        raise ProtocolError(f"OP_COMPRESSED uncompressedSize {size} out of range")
+    if original == OP_COMPRESSED:
+        raise ProtocolError("OP_COMPRESSED cannot wrap OP_COMPRESSED")
+    inner = decompress(cid, data[HEADER.size + 9 :], size)
+    header = HEADER.pack(HEADER.size + size, request_id, response_to, original)
+    return header + inner, original, COMPRESSOR_NAMES[cid]
 
 
 class MessageFramer:
@@ -381,10 +393,7 @@ class MessageFramer:
         One copy makes both: a reader that scans a reply of megabytes with word-wide loads needs
         room past its end, and adding that room afterwards copied the reply again."""
         if self._size >= 4:
-            length = self._next_length()
-            # Checked before the whole frame arrives, so an absurd length never makes us buffer it.
-            if length <= HEADER.size or length > self.max_size:
-                raise ProtocolError(f"message length {length} out of range (16, {self.max_size}]")
+            length = self._checked_length()
             if self._size >= length:
                 return self._take(length, pad)
         if self._eof and self._size:
@@ -411,6 +420,11 @@ class MessageFramer:
             return None  # small, absurd (next_frame says so) or all here
         buffer = allocate(length + pad)
         buffer[length:] = bytes(pad)
+        return buffer, self._move_into(buffer), length
+
+    def _move_into(self, buffer: bytearray) -> int:
+        """Copy every unread byte to the start of `buffer`, which then holds them alone; how
+        many."""
         filled = 0
         chunks = self._chunks
         for chunk in chunks:
@@ -419,7 +433,16 @@ class MessageFramer:
             filled += len(piece)
         chunks.clear()
         self._start = self._size = 0
-        return buffer, filled, length
+        return filled
+
+    def _checked_length(self) -> int:
+        """The next frame's length (its first 4 bytes have arrived); ProtocolError if out of
+        range. Checked before the whole frame arrives, so an absurd length never makes us buffer
+        it."""
+        length = self._next_length()
+        if length <= HEADER.size or length > self.max_size:
+            raise ProtocolError(f"message length {length} out of range (16, {self.max_size}]")
+        return length
 
     def _next_length(self) -> int:
         """The next frame's length (its first 4 bytes have arrived)."""
@@ -443,6 +466,11 @@ class MessageFramer:
         if len(first) - start > n and not pad:
             self._start = start + n
             return first[start : start + n]
+        return self._join(n, pad)
+
+    def _join(self, n: int, pad: int) -> bytes:
+        """The next `n` unread bytes, spread over chunks, and `pad` zero bytes, in one copy."""
+        chunks, start = self._chunks, self._start
         pieces: list[bytes | memoryview] = []
         need = n
         while need:

@@ -39,19 +39,17 @@ class ClusterTimeGossip:
         doc = RawBSONDocument(reply, RAW) if isinstance(reply, (bytes, bytearray)) else reply
         signed = doc.get("$clusterTime")
         if isinstance(signed, Mapping):
-            at = signed.get("clusterTime")
-            if isinstance(at, Timestamp) and _after(at, self._time):
-                # A copy of its bytes: the reply's buffer is not kept alive by it.
-                raw = (
-                    bytes(signed.raw)
-                    if isinstance(signed, RawBSONDocument)
-                    else bson.encode(signed)
-                )
-                self.cluster_time = RawBSONDocument(raw, RAW)
-                self._time = at
+            self._observe_cluster_time(signed)
         op_time = doc.get("operationTime")
         if isinstance(op_time, Timestamp) and _after(op_time, self.operation_time):
             self.operation_time = op_time
+
+    def _observe_cluster_time(self, signed: Mapping[str, Any]) -> None:
+        """Take a reply's `$clusterTime` document if its time is newer than the one held."""
+        at = signed.get("clusterTime")
+        if isinstance(at, Timestamp) and _after(at, self._time):
+            self.cluster_time = RawBSONDocument(_own_bytes(signed), RAW)
+            self._time = at
 
     def stamp(self, reply: dict[str, Any]) -> dict[str, Any]:
         """`reply` with `$clusterTime` and `operationTime` after its own fields, as mongos puts
@@ -61,3 +59,9 @@ class ClusterTimeGossip:
             if "operationTime" not in reply:
                 reply["operationTime"] = self.operation_time or self._time
         return reply
+
+
+def _own_bytes(signed: Mapping[str, Any]) -> bytes:
+    """A copy of the `$clusterTime` document's bytes: the reply's buffer is not kept alive by
+    it."""
+    return bytes(signed.raw) if isinstance(signed, RawBSONDocument) else bson.encode(signed)

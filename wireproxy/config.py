@@ -200,11 +200,16 @@ def _checked_value(f: Field[Any], value: Any) -> Any:
         raise ValueError(f"{f.name} must be {_KINDS[kind]}, not {value!r}")
     if kind == "float" and not math.isfinite(value):
         raise ValueError(f"{f.name} must be a finite number, not {value!r}")
+    _check_range(f, value)
+    return float(value) if kind == "float" else value
+
+
+def _check_range(f: Field[Any], value: float) -> None:
+    """ValueError if `value` is outside the range of the setting `f`."""
     low, high = f.metadata["range"]
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ValueError(f"{f.name} must be {span}, not {value!r}")
-    return float(value) if kind == "float" else value
 
 
 def _wireproxy_table(document: dict[str, Any], path: str) -> dict[str, Any]:

@@ -97,23 +97,30 @@ class UpstreamFailPoints:
         if fires:
             self._spend(AFTER_CHECKOUT)
         if isinstance(mode, dict):  # a count moved: mongos's copy follows it
-            left = self._armed.get(AFTER_CHECKOUT)
-            await (await upstream()).command(
-                "admin",
-                {
-                    "configureFailPoint": AFTER_CHECKOUT,
-                    "mode": "off" if left is None else left["mode"],
-                    "data": data,
-                },
-                check=False,
-            )
-        if not fires:
-            return None
-        return MongoError(
-            int(data.get("errorCode", 1)),
-            f"Failing command via '{AFTER_CHECKOUT}' failpoint",
-            labels=tuple(data.get("errorLabels", ())),
+            await self._rearm_after_checkout(upstream, data)
+        return _after_checkout_error(data) if fires else None
+
+    async def _rearm_after_checkout(self, upstream: GetUpstream, data: dict[str, Any]) -> None:
+        """Arm mongos's failGetMoreAfterCursorCheckout with what is left of the proxy's."""
+        left = self._armed.get(AFTER_CHECKOUT)
+        await (await upstream()).command(
+            "admin",
+            {
+                "configureFailPoint": AFTER_CHECKOUT,
+                "mode": "off" if left is None else left["mode"],
+                "data": data,
+            },
+            check=False,
         )
+
+
+def _after_checkout_error(data: dict[str, Any]) -> MongoError:
+    """The error failGetMoreAfterCursorCheckout fails a getMore with, given its `data`."""
+    return MongoError(
+        int(data.get("errorCode", 1)),
+        f"Failing command via '{AFTER_CHECKOUT}' failpoint",
+        labels=tuple(data.get("errorLabels", ())),
+    )
 
 
 def _fires(mode: str | dict[str, Any]) -> bool:

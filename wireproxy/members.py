@@ -99,7 +99,7 @@ async def open_member(
         connect_timeout_s=connect_timeout_s,
     )
     try:
-        for host, port in health.order(hosts) if health is not None else hosts:
+        for host, port in _ordered(hosts, health):
             tried = await _try_member(connect(host, port), secondary, connect_timeout_s, errors)
             if tried is None:
                 continue
@@ -117,6 +117,11 @@ async def open_member(
         if fallback is not None:  # a better member answered, or the search was cancelled
             await fallback.aclose()
     raise _none_found(hosts, secondary, errors)
+
+
+def _ordered(hosts: list[tuple[str, int]], health: HostHealth | None) -> list[tuple[str, int]]:
+    """`hosts` in the order to try them: members seen failing last, with `health`."""
+    return health.order(hosts) if health is not None else hosts
 
 
 def _none_found(hosts: list[tuple[str, int]], secondary: bool, errors: list[str]) -> UpstreamClosed:

@@ -32,14 +32,27 @@ def redact_uri(uri: str) -> str:
     scheme, sep, rest = uri.partition("://")
     if not sep:
         return REDACTED if "@" in uri else uri
+    rest = _without_password(rest)
+    return f"{scheme}{sep}{_SECRET_OPTION.sub(lambda m: m.group(1) + REDACTED, rest)}"
+
+
+def _user_info_end(rest: str) -> int:
+    """Where the user information of `rest` (a URI after its scheme) ends: its last '@' before
+    the host list, else its last '@' at all (a malformed URI); -1 for none."""
     authority_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     at = rest.rfind("@", 0, authority_end)
+    return at if at >= 0 else rest.rfind("@")
+
+
+def _without_password(rest: str) -> str:
+    """`rest` (a URI after its scheme) with its password, or user information that is no user
+    name, replaced by REDACTED."""
+    at = _user_info_end(rest)
     if at < 0:
-        at = rest.rfind("@")
-    if at >= 0:
-        user, has_password, _ = rest[:at].partition(":")
-        if has_password:
-            rest = f"{user}:{REDACTED}{rest[at:]}"
-        elif "/" in user or "?" in user:
-            rest = f"{REDACTED}{rest[at:]}"  # not a user name: a malformed URI's leftovers
-    return f"{scheme}{sep}{_SECRET_OPTION.sub(lambda m: m.group(1) + REDACTED, rest)}"
+        return rest
+    user, has_password, _ = rest[:at].partition(":")
+    if has_password:
+        return f"{user}:{REDACTED}{rest[at:]}"
+    if "/" in user or "?" in user:
+        return f"{REDACTED}{rest[at:]}"  # not a user name: a malformed URI's leftovers
+    return rest

@@ -74,12 +74,27 @@ def _owned_cursor_handler(
     name: str, cmd: Mapping[str, Any], table: CommandTable
 ) -> LocalHandler | None:
     """The local handler of a getMore on a cursor the proxy owns, or of a killCursors naming one."""
-    if name == "getmore" and table.get_more and _cursor_id(cmd["getMore"]) in table.owned_cursors:
+    if name == "getmore":
+        return _owned_get_more(cmd, table)
+    if name == "killcursors":
+        return _owned_kill_cursors(cmd, table)
+    return None
+
+
+def _owned_get_more(cmd: Mapping[str, Any], table: CommandTable) -> LocalHandler | None:
+    """The local getMore handler, if `cmd` continues a cursor the proxy owns."""
+    if table.get_more and _cursor_id(cmd["getMore"]) in table.owned_cursors:
         return table.get_more
-    if name == "killcursors" and table.kill_cursors:
-        cursors = cmd.get("cursors")
-        if isinstance(cursors, list) and any(_cursor_id(c) in table.owned_cursors for c in cursors):
-            return table.kill_cursors
+    return None
+
+
+def _owned_kill_cursors(cmd: Mapping[str, Any], table: CommandTable) -> LocalHandler | None:
+    """The local killCursors handler, if `cmd` names a cursor the proxy owns."""
+    cursors = cmd.get("cursors")
+    if not table.kill_cursors or not isinstance(cursors, list):
+        return None
+    if any(_cursor_id(c) in table.owned_cursors for c in cursors):
+        return table.kill_cursors
     return None
 
 
@@ -89,7 +104,10 @@ def _change_stream_handler(
     """The local handler of a `$changeStream` aggregate, when acceleration is on."""
     if name != "aggregate" or not accelerate or not table.change_stream_handler:
         return None
+    return table.change_stream_handler if _opens_change_stream(cmd) else None
+
+
+def _opens_change_stream(cmd: Mapping[str, Any]) -> bool:
+    """Whether the aggregate `cmd`'s pipeline begins with a `$changeStream` stage."""
     pipeline = cmd.get("pipeline") or []
-    if pipeline and isinstance(pipeline[0], Mapping) and "$changeStream" in pipeline[0]:
-        return table.change_stream_handler
-    return None
+    return bool(pipeline) and isinstance(pipeline[0], Mapping) and "$changeStream" in pipeline[0]

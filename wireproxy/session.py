@@ -262,18 +262,27 @@ class ClientSession:
                 msg = self.framer.next_message()
                 if msg is not wire.NEED_DATA:
                     return msg  # type: ignore[return-value]
-                held = self.framer.buffered
-                if held and not logged_in:
-                    self._hold(budget, held)
                 now = trio.current_time()
-                if held and started is None:
-                    started = now
+                started = self._held_since(budget, logged_in, started, now)
                 data = await self._receive_some(now, started)
                 self.framer.receive_data(data)
                 if not data and not self.framer.trailing_data:
                     return None
         finally:
             budget.hold(self, 0)
+
+    def _held_since(
+        self, budget: FrameBudget, logged_in: bool, started: float | None, now: float
+    ) -> float | None:
+        """When the message being received began (`now` if its first bytes are held and it had
+        not begun before); its held bytes count against `budget` if the client is not logged
+        in."""
+        held = self.framer.buffered
+        if held and not logged_in:
+            self._hold(budget, held)
+        if held and started is None:
+            return now
+        return started
 
     def _max_message_bytes(self, logged_in: bool) -> int:
         """The largest message the client may send now: bounded before it has logged in, when
@@ -392,13 +401,7 @@ class ClientSession:
             if route is Route.HELLO:
                 return await self.hello(decoded)
             assert handler is not None
-            try:
-                reply = await handler(self, decoded.pop("$db", "admin"), decoded)
-            except PassThrough:
-                await self._forward(msg)
-                return None
-            reply.setdefault("ok", 1.0)
-            return reply
+            return await self._handled(msg, decoded, handler)
         except MongoError as exc:
             self.server.metrics.errors.labels(code=str(exc.code)).inc()
             return exc.to_reply()
@@ -406,6 +409,19 @@ class ClientSession:
             raise  # the connection ends, as a pass-through command's would
         except Exception as exc:
             return self._internal_error(exc, name)
+
+    async def _handled(
+        self, msg: wire.OpMsg, decoded: dict[str, Any], handler: LocalHandler
+    ) -> dict[str, Any] | None:
+        """The reply of the local `handler` to the command `decoded`; None when it passed the
+        command through to mongos, which has answered."""
+        try:
+            reply = await handler(self, decoded.pop("$db", "admin"), decoded)
+        except PassThrough:
+            await self._forward(msg)
+            return None
+        reply.setdefault("ok", 1.0)
+        return reply
 
     def _internal_error(self, exc: Exception, name: str) -> dict[str, Any]:
         """A bug of ours must cost this one command, not the connection, nor (through the

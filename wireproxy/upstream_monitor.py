@@ -104,21 +104,24 @@ class UpstreamMonitor:
                         "admin", {"hello": 1}, timeout_s=self.connect_timeout_s
                     )
                 except (UpstreamClosed, MongoError) as exc:
-                    if conn is not None:
-                        await conn.aclose()
-                        conn = None
+                    await _close(conn)
+                    conn = None
                     await self._went_down(address, exc, was_up)
                     was_up = False
                 else:
                     await self._answered(address, hello, was_up)
                     was_up = True
-                self._checked.add(address)
-                if self.wire_versions is not None and len(self._checked) == len(self.hosts):
-                    self._ready.set()
+                self._note_checked(address)
                 await trio.sleep(self.heartbeat_s)
         finally:
-            if conn is not None:
-                await conn.aclose()
+            await _close(conn)
+
+    def _note_checked(self, address: str) -> None:
+        """`address` has been checked: once every host has been, and one answered, the monitor
+        is ready."""
+        self._checked.add(address)
+        if self.wire_versions is not None and len(self._checked) == len(self.hosts):
+            self._ready.set()
 
     async def _connect(self, host: str, port: int) -> UpstreamConnection:
         conn = await open_upstream(
@@ -159,3 +162,9 @@ class UpstreamMonitor:
         if was_up is False:
             log.info("upstream %s answers again", address)
         self._up.labels(address).set(1)
+
+
+async def _close(conn: UpstreamConnection | None) -> None:
+    """Close `conn`, if there is one."""
+    if conn is not None:
+        await conn.aclose()
