@@ -7,8 +7,8 @@ Why a copy of `wireproxy.extras` rather than one shared module: bucketspark talk
 the wire only and imports none of its modules, and the one package both may import, mongoformats,
 holds MongoDB's formats, not the distribution's name, version and extras that these helpers know
 about. So each command package keeps this minimal version of its own, and
-tests/test_commands.py runs every command's `--version` and missing-extra refusal, so the copies
-cannot drift apart unnoticed.
+tests/integration/test_commands.py runs every command's `--version` and missing-extra refusal,
+so the copies cannot drift apart unnoticed.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ an int64 (doubles truncated toward zero and saturated, NaN as 0), so 1, 1.5, Num
 alike; documents and arrays as each element's canonical type, name (with its NUL) and value, then
 the terminating EOO's type; code with scope as its code string then its scope's elements; any
 other value as its BSON value bytes. The first 8 bytes of the digest, little-endian, are the hash.
-The server's own test vectors (hasher_test.cpp) are tests/test_hashed_key.py. Its squashing
+The server's own test vectors (hasher_test.cpp) are tests/unit/test_hashed_key.py. Its squashing
 (BSONElement::safeNumberLongForHash, read for facts only) has two edges the vectors miss: the
 double 2^63 squashes to -2^63 (an old overflow kept so hashes never change), and a Decimal128 is
 rounded half to even (Decimal128::toLong's default), not truncated as a double is.

@@ -14,7 +14,7 @@ The events themselves come from simcluster's own transform (reference_events), i
 the engine's, so that comparing the two finds a transform bug instead of repeating it. The stages
 after $changeStream are the engine's (mongoformats.change_stages): simcluster evaluates exactly
 what the proxy's accelerated watch() evaluates and refuses the rest (NotImplemented), which the
-pass-through contract needs (tests/test_accelerate.py).
+pass-through contract needs (tests/integration/test_accelerate.py).
 
 Sources: shared/reference/000 section 3.5 (mongos merge), mongodb-formats.md C.11 (invalidate),
 D.2 (reply shapes, cursor namespaces), D.4 (error labels); the drivers' change-streams spec.

@@ -4,7 +4,7 @@ Plain, direct code: each oplog entry is decoded with `bson` and each event is bu
 document, field by field, in the server's order. It shares nothing with the engine's transform
 (mongoformats.change_events and the splicing modules) but the resume-token byte codec, so a
 transform bug shows up as a difference between the two instead of on both sides
-(tests/test_layering.py keeps it so).
+(tests/unit/test_layering.py keeps it so).
 
 Sources (facts only), mongodb/mongo src/mongo/db/pipeline/:
 - change_stream_event_transform.cpp, ChangeStreamDefaultEventTransformation::applyTransformation:

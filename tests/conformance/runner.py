@@ -299,7 +299,8 @@ def _read(stream: Any, case: Case) -> list[dict[str, Any]] | int:
 
 
 def _passing_end(stage: dict[str, Any]) -> dict[str, Any]:
-    """A case's $match stage, widened to let the end marker through (the buckets are read until it)."""
+    """A case's $match stage, widened to let the end marker through (the buckets are read until
+    it)."""
     return {"$match": {"$or": [{"documentKey._id": END}, stage["$match"]]}}
 
 

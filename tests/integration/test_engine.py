@@ -1814,7 +1814,7 @@ async def test_a_backlog_dealt_as_event_blocks_equals_the_native_stream_within_s
     await sync(work)
 
 
-async def test_a_transaction_prepared_before_the_start_and_committed_while_the_readers_stream_arrives_whole(
+async def test_a_txn_prepared_before_the_start_committed_while_readers_stream_arrives_whole(
     cluster, proxy
 ):
     """A stream opened between a cross-shard transaction's prepare and its commit: the commit

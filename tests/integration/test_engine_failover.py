@@ -241,7 +241,7 @@ async def test_a_hung_member_is_given_up_after_the_upstream_timeout(reader_proce
 
 
 @pytest.mark.parametrize("how", ["killed", "hung"])
-async def test_a_killed_or_hung_reader_process_fails_its_stream_and_the_buckets_resume_from_their_tokens(
+async def test_a_killed_or_hung_reader_process_fails_its_stream_and_buckets_resume_from_tokens(
     cluster, how
 ):
     """readerProcesses: the process reading the shards dies, or stops (SIGSTOP) and is killed

@@ -1246,7 +1246,7 @@ def test_simcluster_command_refuses_bad_arguments_as_usage_errors(args, message)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
-async def test_during_an_election_mongos_holds_a_write_for_the_new_primary_and_not_for_other_shards():
+async def test_in_an_election_mongos_holds_a_write_for_the_new_primary_not_for_other_shards():
     """A shard without a primary: a write it must take waits for the election (as mongos waits up
     to defaultFindReplicaSetHostTimeoutMS) and then succeeds, also on a sharded collection, which
     every shard holds; a write to a collection of another shard's does not wait at all."""

@@ -126,7 +126,8 @@ CASES = [
         ops=(),
         error=166,
     ),
-    # Not through buckets: a cluster-wide stream filtered to a namespace shows view events by design.
+    # Not through buckets: a cluster-wide stream filtered to a namespace shows view events by
+    # design.
     Case(
         "view-collection-stream-sees-only-the-collection",
         SOURCE,

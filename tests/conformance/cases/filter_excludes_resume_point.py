@@ -1,7 +1,8 @@
 """jstests/change_streams/filter_excludes_resume_point.js: resuming with a pipeline whose $match
 filters out the resume point's own event fails with ChangeStreamFatalError (280), as long as
 SERVER-71565 stands (the 8.0-era version of the jstest, an ES module). The jstest also projects
-out `_id`, which a driver's watch() refuses on its own; the server's error comes first either way."""
+out `_id`, which a driver's watch() refuses on its own; the server's error comes first either
+way."""
 
 from tests.conformance.model import Case
 

@@ -2,7 +2,8 @@
 the database, including user collections whose names merely contain "system", and their drops.
 A database stream cannot be opened on admin or config (InvalidNamespace).
 
-The index holds a 2018-era version of this jstest; the events it asserts are unchanged in 7.0/8.0."""
+The index holds a 2018-era version of this jstest; the events it asserts are unchanged in
+7.0/8.0."""
 
 from tests.conformance.model import DB, Case
 
