@@ -176,7 +176,7 @@ class Bucket:
         `_safe`).
 
         Frees down to 7/8 of the budget in one step, so the segment list shift is paid once per
-        eighth of the budget rather than once per event (which made a full bucket quadratic).
+        eighth of the budget rather than once per event (which would make a full bucket quadratic).
         """
         if self.budget.used + need <= self.budget.limit:
             return
