@@ -184,6 +184,14 @@ def _in(key: tuple[str, int], bucket: int, stream: Any) -> bool:
     return bucket_of_document(ns, _id, stream.options.n_buckets) == bucket
 
 
+def _read_0_until_1_is_behind(
+    c: Any, b0: int, stream: Any, work: Workload, got0: list[RawBSONDocument]
+) -> None:
+    """Read bucket 0 into `got0` until bucket 1 has fallen behind and every write is merged."""
+    while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
+        got0.extend(_get_more(c, b0, 1000))
+
+
 async def _bucket_1_fallen_behind(
     proxy: Any, name: str
 ) -> tuple[Any, int, int, Any, Any, list[RawBSONDocument]]:
@@ -197,11 +205,7 @@ async def _bucket_1_fallen_behind(
     stream = proxy.engine.streams[name]
     got0: list[RawBSONDocument] = []
 
-    def drain0() -> None:
-        while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
-            got0.extend(_get_more(c, b0, 1000))
-
-    await sync(drain0)
+    await sync(_read_0_until_1_is_behind, c, b0, stream, work, got0)
     return c, b0, b1, work, stream, got0
 
 
@@ -351,8 +355,7 @@ async def test_a_bucket_that_falls_behind_again_and_again_loses_and_repeats_noth
 
     def round_() -> None:
         work.write(4 * BUDGET // 1000)
-        while not (stream.buckets[1].lag.behind and stream.events_merged >= len(work.written)):
-            got[0].extend(_get_more(c, b0, 1000))
+        _read_0_until_1_is_behind(c, b0, stream, work, got[0])
         _read_until(c, b1, got[1], len([k for k in work.written if _in(k, 1, stream)]))
         _back_live(c, proxy, name, b1)
 
