@@ -58,12 +58,53 @@ def _walked(raw: bytes, sections: _Sections) -> bytes | None:
     go the general way."""
     if any(t != 3 for t, _, _ in sections.values()):
         return None
-    paths = _Paths(raw)
     if sections.keys() <= _TOP_LEVEL_SECTIONS:
-        paths.top_level(sections)
-    elif not paths.walk_object(sections, b""):
+        return _top_level(raw, sections)
+    paths = _Paths(raw)
+    if not paths.walk_object(sections, b""):
         return None
-    return paths.description()
+    return _description(b"".join(paths.updated), paths.removed, paths.truncated)
+
+
+def _top_level(raw: bytes, sections: _Sections) -> bytes:
+    """The updateDescription of a diff of top-level sections alone: the `u` and `i` documents'
+    elements copied whole (updates, then inserts, wherever they sit in the diff), `d`'s names.
+    A function of its own, not a _Paths walk: it is the usual diff after `u` alone, and the
+    walk's collector costs more than the copy."""
+    u, i = sections.get(b"u"), sections.get(b"i")
+    updated = (raw[u[1] + 4 : u[2] - 1] if u else b"") + (raw[i[1] + 4 : i[2] - 1] if i else b"")
+    d = sections.get(b"d")
+    return _description(updated, list(elements(raw, d[1])) if d else [], [])
+
+
+def _description(updated: bytes, removed: list[bytes], truncated: list[bytes]) -> bytes:
+    """The updateDescription document of these updatedFields elements, removed paths and
+    truncatedArrays entries."""
+    if not removed and not truncated:  # fields set, none removed, no array cut
+        return b"".join(
+            (
+                _I32.pack(len(updated) + _USUAL_OVERHEAD),
+                b"\x03updatedFields\x00",
+                _I32.pack(len(updated) + 5),
+                updated,
+                _USUAL_TAIL,
+            )
+        )
+    removed_fields = b"".join(
+        _cstring_element(0x02, b"%d" % i, _string(field)) for i, field in enumerate(removed)
+    )
+    return document_of(
+        b"".join(
+            (
+                b"\x03updatedFields\x00",
+                document_of(updated),
+                b"\x04removedFields\x00",
+                document_of(removed_fields),
+                b"\x04truncatedArrays\x00",
+                document_of(b"".join(truncated)),
+            )
+        )
+    )
 
 
 _Sections = dict[bytes, tuple[int, int, int]]
@@ -82,17 +123,6 @@ class _Paths:
         self.removed: list[bytes] = []
         self.truncated: list[bytes] = []
         self.seen: set[bytes] = set()
-
-    def top_level(self, sections: _Sections) -> None:
-        """A diff of top-level sections alone: the `u` and `i` documents' elements are copied
-        whole (updates, then inserts, wherever they sit in the diff)."""
-        raw = self.raw
-        for name in (b"u", b"i"):
-            if name in sections:
-                _, v, e = sections[name]
-                self.updated.append(raw[v + 4 : e - 1])
-        if b"d" in sections:
-            self.removed = list(elements(raw, sections[b"d"][1]))
 
     def walk_object(self, sections: _Sections, prefix: bytes) -> bool:
         """Add an object diff's paths (under `prefix`, "" or "a.b.") in the general path's order:
@@ -132,28 +162,6 @@ class _Paths:
         if letter == b"u":
             return self._update(at, t, self.raw[v:e])
         return letter != b"s" or (t == 3 and self._walk_sub(v, at))
-
-    def description(self) -> bytes:
-        """The updateDescription document of what was collected."""
-        updated = document_of(b"".join(self.updated))
-        if not self.removed and not self.truncated:  # fields set, none removed, no array cut
-            return document_of(b"".join((b"\x03updatedFields\x00", updated, _NOTHING_REMOVED)))
-        removed_fields = b"".join(
-            _cstring_element(0x02, b"%d" % i, _string(field))
-            for i, field in enumerate(self.removed)
-        )
-        return document_of(
-            b"".join(
-                (
-                    b"\x03updatedFields\x00",
-                    updated,
-                    b"\x04removedFields\x00",
-                    document_of(removed_fields),
-                    b"\x04truncatedArrays\x00",
-                    document_of(b"".join(self.truncated)),
-                )
-            )
-        )
 
     def _update(self, path: bytes, t: int, value: bytes) -> bool:
         if path in self.seen:
@@ -206,6 +214,10 @@ _TOP_LEVEL_SECTIONS = frozenset((b"u", b"i", b"d"))
 _NOTHING_REMOVED = (
     b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00"
 )
+# The usual description around its updatedFields elements: the document's length less theirs,
+# and what follows updatedFields' closing zero.
+_USUAL_TAIL = b"\x00" + _NOTHING_REMOVED + b"\x00"
+_USUAL_OVERHEAD = 4 + len(b"\x03updatedFields\x00") + 4 + len(_USUAL_TAIL)
 
 
 def _int_index(index: bytes) -> bool:

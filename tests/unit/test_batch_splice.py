@@ -20,6 +20,7 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entri
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import OplogBatch
+from mongoformats.diff_splice import update_description
 from mongoformats.oplog_splice import splice_crud
 from tests.unit.test_oplog_splice import crud_entries
 
@@ -175,6 +176,15 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
     return batch
 
 
+def _diff_read(o: dict[str, Any]) -> bool:
+    """Whether an update's `o` is a `$v: 2` diff the byte path reads. A server never writes the
+    others (an array index with a leading zero, one path twice), which go the general way."""
+    if "$v" not in o:
+        return False
+    raw = bson.encode(o)
+    return update_description(raw, raw.index(b"\x03diff\x00") + 6, expanded=False) is not None
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(writes(), min_size=1, max_size=40), st.booleans())
 def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(
@@ -191,7 +201,7 @@ def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(
             and "ui" in entry
             and "wall" in entry
             and not entry["ns"].endswith(".views")
-            and not (entry["op"] == "u" and (expanded or "$v" not in entry["o"]))
+            and not (entry["op"] == "u" and (expanded or not _diff_read(entry["o"])))
         )
         if plain and list(entry) == sorted(
             entry, key=_IDL_ORDER.index
