@@ -62,6 +62,10 @@ _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 # The layout kernel's columns: one row per entry.
 # _R_OK: the block takes the entry; _R_LAID: it has the block's layout, whatever its
 # documentKey (which ends at _R_KEY_END), so splice_crud's layout need not be read again.
+# The block takes `{_id: ObjectId}` keys alone. Other keys (string, UUID, compound `_id`s, shard
+# keys beside `_id`) are spliced one by one from the layout: a block's sort keys are rows of one
+# width, and the merge stacks the rows of every shard's blocks into one array, so a key of
+# another width would need a key column with offsets through EventBlock and the merge.
 (
     _R_OK,
     _R_OP,
@@ -78,149 +82,105 @@ _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
 
 
+# The op of an entry by its op letter's byte (u8's, plus one: -1, outside the entry, is at 0).
+_OP_OF_LETTER = np.full(257, -1, np.int64)
+_OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _UPDATE
+
+
 @numba.njit(cache=CACHE)
 def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
-    """Fill `row` with where an entry's parts are if it is one this module takes (row[_R_OK] = 1),
-    checking each element where it must start, as splice_crud's fixed layout does; every boundary
-    comes from the entry's own lengths, so it is taken only if it is exactly that sequence. Each
-    step returns -1 where the entry is not of that shape."""
+    """Fill `row` with where an entry's parts are if it has the layout of a plain insert, update
+    or delete (row[_R_LAID] = 1; row[_R_OK] = 1 if the block takes it, its documentKey an
+    ObjectId _id alone), checking each element where it must start, as splice_crud's fixed
+    layout does; every boundary comes from the entry's own lengths, so it is laid out only if it
+    is exactly that sequence.
+
+    One compiled function, not one per part: a call between compiled functions costs about as
+    much as the checks it would hold, and this runs once per oplog entry. Each part's checks are
+    joined by `&`, which reads them all: every read (u8, i32, has) is bounds-checked, so an
+    offset taken from a failed check only fails the others."""
     end = start + length - 1  # where its terminating zero must be
-    if length < 5 + _HEAD_BYTES + 4 or u8(d, end) != 0:
+    if (length < 5 + _HEAD_BYTES + 4) | (u8(d, end) != 0):
         return
-    p = _op_at(d, start, length)
-    if p < 0:
-        return
-    op, head_end = _head_of(d, p, end)
-    if op < 0:
-        return
+    p = start + 4
+    if has(d, p, _P_LSID):  # a retryable write's lsid and txnNumber lead (OplogEntryBase's order)
+        lsid = i32(d, start + 10)
+        p = start + 10 + lsid
+        if not ((5 <= lsid <= length - 40) & has(d, p, _P_TXN_NUMBER)):
+            return
+        p += _TXN_NUMBER_BYTES + 8
+    # op (one letter), ns, ui, then o's header.
+    op = _OP_OF_LETTER[u8(d, p + _OP_CODE_AT) + 1]
+    ns = i32(d, p + _HEAD_BYTES)
+    head_end = p + _HEAD_BYTES + 4 + ns + _UI_ELEMENT_BYTES
     o_start = head_end + 3
     o_length = i32(d, o_start)
-    if o_length < 5 or o_length > end - o_start:
-        return
     o_end = o_start + o_length
-    simple = _update_shape(d, o_start, o_end, expanded) if op == _UPDATE else 0
-    key, key_end = _key_at(d, op, o_start, o_end, end)
-    if simple < 0 or key < 0:
+    if not (
+        has(d, p, _P_OP_HEAD)
+        & (u8(d, p + _OP_CODE_AT + 1) == 0)
+        & (op >= 0)
+        & has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS)
+        & (2 <= ns <= end - p)
+        & has(d, head_end - _UI_ELEMENT_BYTES, _P_UI_HEAD)
+        & has(d, head_end, _P_O)
+        & (5 <= o_length <= end - o_start)
+    ):
         return
-    stamps = _stamps_at(d, key_end, end)
-    if stamps < 0:
+    simple = False
+    if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
+        diff = o_start + _DIFF_AT
+        diff_length = i32(d, diff)
+        if not (
+            (5 <= diff_length <= o_end - diff - 1)
+            & has(d, o_start + 4, _P_V2_DIFF)
+            & (diff + diff_length + 1 == o_end)
+            & (u8(d, o_end - 1) == 0)
+        ):
+            return
+        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
+        # document, which ends where the diff does, is the event's updatedFields as it is.
+        u_length = i32(d, o_start + _U_AT)
+        simple = (
+            (not expanded)
+            & has(d, diff + 4, _P_U)
+            & (5 <= u_length <= diff_length - 8)
+            & (o_start + _U_AT + u_length == o_end - 2)
+            & (u8(d, o_end - 3) == 0)
+        )
+    # The documentKey: a delete's o; an insert's and an update's o2 (an insert's o is its
+    # document). ts, t, v and wall follow it, after a stmtId if there is one.
+    delete = op == _DELETE
+    key = o_start if delete else o_end + _O2_BYTES
+    key_length = i32(d, key)
+    key_end = key + key_length
+    stamps = key_end + has(d, key_end, _P_STMT_ID) * (_STMT_ID_BYTES + 4)
+    if not (
+        (delete | has(d, o_end, _P_O2))
+        & (5 <= key_length <= end - key)
+        & (u8(d, key_end - 1) == 0)
+        & has(d, stamps + _TS_OFFSET, _P_TS)
+        & has(d, stamps + _T_OFFSET, _P_T)
+        & has(d, stamps + _V_OFFSET, _P_V)
+        & has(d, stamps + _WALL_OFFSET, _P_WALL)
+    ):
         return
-    row[_R_OK] = key_end - key == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
+    # prevOpTime, if there is one, fills the rest of the entry exactly.
+    after = stamps + _STAMP_BYTES
+    prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
+    if (after != end) & (
+        not (
+            has(d, after, _P_PREV_OP_TIME)
+            & (prev_length >= 5)
+            & (after + _PREV_OP_TIME_BYTES + prev_length == end)
+        )
+    ):
+        return
+    row[_R_OK] = (key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY)
     row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
     row[_R_LAID], row[_R_KEY_END] = 1, key_end
-
-
-@numba.njit(cache=CACHE)
-def _op_at(d: _Bytes, start: int, length: int) -> int:
-    """Where the op element starts: after a retryable write's lsid and txnNumber, which lead
-    (OplogEntryBase's order), if the entry has them."""
-    p = start + 4
-    if not has(d, p, _P_LSID):
-        return p
-    lsid = i32(d, start + 10)
-    if lsid < 5 or lsid > length - 40:
-        return -1
-    p = start + 10 + lsid
-    if not has(d, p, _P_TXN_NUMBER):
-        return -1
-    return p + _TXN_NUMBER_BYTES + 8
-
-
-@numba.njit(cache=CACHE)
-def _head_of(d: _Bytes, p: int, end: int) -> tuple[int, int]:
-    """(the op: _INSERT, _DELETE or _UPDATE, where the ui element ends, o's header following it)
-    of the entry whose op element is at `p`; (-1, 0) for any other op or shape."""
-    if not has(d, p, _P_OP_HEAD) or u8(d, p + _OP_CODE_AT + 1) != 0:
-        return -1, 0
-    code = u8(d, p + _OP_CODE_AT)
-    op = (
-        _INSERT if code == 105 else _DELETE if code == 100 else _UPDATE if code == 117 else -1
-    )  # i, d, u
-    if op < 0 or not has(d, p + _HEAD_BYTES - _NS_BYTES, _P_NS):
-        return -1, 0
-    ns = i32(d, p + _HEAD_BYTES)
-    if ns < 2 or ns > end - p:
-        return -1, 0
-    ui = p + _HEAD_BYTES + 4 + ns
-    head_end = ui + _UI_ELEMENT_BYTES
-    if not has(d, ui, _P_UI_HEAD) or not has(d, head_end, _P_O):
-        return -1, 0
-    return op, head_end
-
-
-@numba.njit(cache=CACHE)
-def _update_shape(d: _Bytes, o_start: int, o_end: int, expanded: bool) -> int:
-    """An update's o, which must be {$v: 2, diff} with the diff ending where o does: 1 for the
-    usual diff, `{u: {...}}` alone (a $set of existing top-level fields), whose `u` document,
-    ending where the diff does, is the event's updatedFields as it is; 0 for another diff; -1
-    for another o."""
-    diff = o_start + _DIFF_AT
-    diff_length = i32(d, diff)
-    if (
-        diff_length < 5
-        or diff_length > o_end - diff - 1
-        or not has(d, o_start + 4, _P_V2_DIFF)
-        or diff + diff_length + 1 != o_end
-        or u8(d, o_end - 1) != 0
-    ):
-        return -1
-    if expanded or not has(d, diff + 4, _P_U):
-        return 0
-    u_length = i32(d, o_start + _U_AT)
-    return int(
-        5 <= u_length <= diff_length - 8
-        and o_start + _U_AT + u_length == o_end - 2
-        and u8(d, o_end - 3) == 0
-    )
-
-
-@numba.njit(cache=CACHE)
-def _key_at(d: _Bytes, op: int, o_start: int, o_end: int, end: int) -> tuple[int, int]:
-    """Where the documentKey starts and ends: an insert's and an update's o2 (an insert's o is
-    its document), a delete's o; (-1, -1) if it is not there or not a document.
-
-    The block takes `{_id: ObjectId}` keys alone (_R_OK). Other keys (string, UUID, compound
-    `_id`s, shard keys beside `_id`) are spliced one by one from this layout: a block's sort
-    keys are rows of one width, and the merge stacks the rows of every shard's blocks into one
-    array, so a key of another width would need a key column with offsets (or padding that
-    fields() and bisect_keys strip) through EventBlock and the merge."""
-    if op == _DELETE:
-        return (o_start, o_end) if u8(d, o_end - 1) == 0 else (-1, -1)
-    key = o_end + _O2_BYTES
-    if not has(d, o_end, _P_O2):
-        return -1, -1
-    key_length = i32(d, key)
-    if key_length < 5 or key_length > end - key or u8(d, key + key_length - 1) != 0:
-        return -1, -1
-    return key, key + key_length
-
-
-@numba.njit(cache=CACHE)
-def _stamps_at(d: _Bytes, stamps: int, end: int) -> int:
-    """Where ts, t, v and wall start, after a stmtId if there is one; -1 unless they are there
-    and prevOpTime, if there is one, fills the rest of the entry exactly."""
-    if has(d, stamps, _P_STMT_ID):
-        stamps += _STMT_ID_BYTES + 4
-    if not (
-        has(d, stamps + _TS_OFFSET, _P_TS)
-        and has(d, stamps + _T_OFFSET, _P_T)
-        and has(d, stamps + _V_OFFSET, _P_V)
-        and has(d, stamps + _WALL_OFFSET, _P_WALL)
-    ):
-        return -1
-    after = stamps + _STAMP_BYTES
-    if after == end:
-        return stamps
-    prev_length = i32(d, after + _PREV_OP_TIME_BYTES)
-    if (
-        not has(d, after, _P_PREV_OP_TIME)
-        or prev_length < 5
-        or after + _PREV_OP_TIME_BYTES + prev_length != end
-    ):
-        return -1
-    return stamps
 
 
 @numba.njit(cache=CACHE)

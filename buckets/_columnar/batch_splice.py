@@ -270,7 +270,7 @@ def _splice_laid_out(
     batch: OplogBatch, rows: _Ints, out: list[Spliced | tuple[()] | None], expanded: bool
 ) -> None:
     """Splice, one by one, the entries that have the block's layout but another documentKey
-    (see batch_layout's _key_at) from the layout the compiled walk found: their events are
+    (see batch_layout's _R_OK) from the layout the compiled walk found: their events are
     splice_crud's, without its reading the entry's elements again. An entry that cannot be read
     so stays None in `out`, for splice_crud to say what is wrong with it."""
     laid = (rows[:, _R_LAID] != 0) & (rows[:, _R_OK] == 0)
@@ -496,7 +496,7 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
     else its event's fields (splice_crud's), else its bytes, for the general transform.
 
     splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
-    _key_at), replacements (the kernels place clusterTime and wallTime at fixed offsets, for an
+    _R_OK), replacements (the kernels place clusterTime and wallTime at fixed offsets, for an
     operationType of six letters as insert, update and delete have; replace has seven), and
     entries of any field order. The general transform keeps
     transactions (applyOps chains and prepared commits carry state across entries: the
