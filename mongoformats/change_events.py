@@ -30,7 +30,6 @@ from mongoformats.event_writer import (
     EventAt,
     EventWriter,
     Txn,
-    Wall,
     is_internal_namespace,
 )
 from mongoformats.events import (
@@ -53,6 +52,7 @@ from mongoformats.events import (
     invalidate_event,
 )
 from mongoformats.oplog_splice import splice_crud
+from mongoformats.txn_splice import TxnStamp, splice_txn_op, txn_stamp
 
 __all__ = [
     "EVENT_BYTES",
@@ -112,6 +112,8 @@ class OplogTransformer:
             ChangeStreamEventTransformation::makeResumeToken does (`(clusterTime >
             _resumeToken.clusterTime) ? changeStreamTokenVersion : _resumeToken.version`), so
             that the resumed event is found again.
+        splice_transactions: make the events of transactions' plain writes from their bytes
+            (txn_splice); off, the general transform makes them all (tests compare the two).
     """
 
     def __init__(
@@ -124,7 +126,9 @@ class OplogTransformer:
         ddl_notes: bool = False,
         view_events: bool = True,
         keep_version: tuple[Timestamp, int] | None = None,
+        splice_transactions: bool = True,
     ) -> None:
+        self._splice_txns = splice_transactions
         self._writer = EventWriter(
             show_expanded_events=show_expanded_events,
             show_migration_events=show_migration_events,
@@ -253,7 +257,7 @@ class OplogTransformer:
         if "lsid" in doc and doc.get("multiOpType") != 1:
             ops = self._pending_txns.pop(_txn_key(doc), []) + ops
             txn = (doc["lsid"], doc["txnNumber"])
-        return self._unwind(ops, doc["ts"], doc.get("wall"), txn)
+        return self._unwind(ops, doc, txn)
 
     def _buffer(self, doc: RawBSONDocument, ops: list[PendingOp]) -> None:
         """Keep the ops of a partialTxn or prepare entry for the transaction's commit."""
@@ -264,15 +268,30 @@ class OplogTransformer:
 
     def _commit_prepared(self, doc: RawBSONDocument) -> list[ChangeEvent]:
         ops = self._pending_txns.pop(_txn_key(doc), [])
-        return self._unwind(ops, doc["ts"], doc.get("wall"), (doc["lsid"], doc["txnNumber"]))
+        return self._unwind(ops, doc, (doc["lsid"], doc["txnNumber"]))
 
     def _unwind(
-        self, ops: list[PendingOp], ts: Timestamp, wall: Wall, txn: Txn | None
+        self, ops: list[PendingOp], doc: RawBSONDocument, txn: Txn | None
     ) -> list[ChangeEvent]:
-        # txnOpIndex counts every operation of the transaction, including ones that make no event.
+        """The events of a transaction's ops, at the time of `doc`, the entry that commits it.
+        txnOpIndex counts every operation of the transaction, including ones that make no event.
+        """
+        ts, wall = doc["ts"], doc.get("wall")
+        stamp = self._txn_stamp(doc, txn)
+        expanded = self._writer.show_expanded_events
         out = []
         for index, (op, entry_ts, entry_index) in enumerate(ops):
-            ev = crud_event(self._writer, op, EventAt(ts, wall, index, txn))
+            # Plain inserts, updates and deletes are spliced from the op's bytes (txn_splice);
+            # the general transform makes the rest: commands (create and createIndexes in a
+            # transaction, with their operationDescription), view definitions, a migration's
+            # writes, noops, and what splice_crud leaves (an older $v, malformed ops).
+            made = None
+            if stamp is not None and isinstance(op, RawBSONDocument):
+                made = splice_txn_op(bytes(op.raw), stamp, index, expanded=expanded)
+            if made is None:
+                ev = crud_event(self._writer, op, EventAt(ts, wall, index, txn))
+            else:
+                ev = event_from_fields(made) if made else None
             if ev is not None:
                 out.append(
                     ev
@@ -280,6 +299,14 @@ class OplogTransformer:
                     else ev._replace(applied_at=(entry_ts, entry_index))
                 )
         return out
+
+    def _txn_stamp(self, doc: RawBSONDocument, txn: Txn | None) -> TxnStamp | None:
+        """What the splice of the ops committed by `doc` needs (txn_stamp), or None to make their
+        events the general way: for tokens of another version than 2 (the splice writes v2 only,
+        as `transform` does), or with splice_transactions off."""
+        if not self._splice_txns or self.token_version != 2 or self.keep_version is not None:
+            return None
+        return txn_stamp(bytes(doc.raw), txn is not None)
 
 
 def _listed(event: ChangeEvent | None) -> list[ChangeEvent]:
