@@ -18,17 +18,25 @@ and resume_token.cpp, as summarized in shared/reference/mongodb-formats.md A.5, 
 from __future__ import annotations
 
 import functools
+import struct
 from binascii import hexlify
+from typing import NamedTuple
 
-from mongoformats.bson_bytes import _I32, elements
+from bson import Timestamp
+
+from mongoformats.bson_bytes import _I32, _TS, array_items, elements
 from mongoformats.keystring import KeyStringBuilder
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD, Spliced, splice_crud
 
-__all__ = ["TxnStamp", "splice_txn_op", "txn_stamp"]
+__all__ = ["ApplyOps", "TxnKey", "TxnStamp", "read_apply_ops", "splice_txn_op", "txn_stamp"]
 
 # What an applyOps entry gives each of its ops' events: (the elements an op is given to be a
 # plain write's entry: ts, t, v, wall; the elements that lead each event: txnNumber, lsid).
 TxnStamp = tuple[bytes, bytes]
+# (lsid id bytes, txnNumber): the key of a transaction's buffers.
+TxnKey = tuple[bytes, int]
+# A BSON element as `elements` gives it: (type, value start, value end).
+_Element = tuple[int, int, int]
 
 # An entry's t and v, which no event shows: written so that the op has the whole stamp of a
 # plain write's entry, the shape splice_crud reads at fixed offsets.
@@ -48,7 +56,11 @@ def txn_stamp(entry: bytes, in_txn: bool) -> TxnStamp | None:
     """The stamp an applyOps entry gives its ops (see TxnStamp), the transaction's fields only
     if `in_txn`; None if one of them is not of the type the general transform writes back as it
     is (the general transform then makes every event of the entry)."""
-    f = elements(entry)
+    return _stamp(entry, elements(entry), in_txn)
+
+
+def _stamp(entry: bytes, f: dict[bytes, _Element], in_txn: bool) -> TxnStamp | None:
+    """txn_stamp of the entry of elements `f`."""
     ts, wall = f.get(b"ts"), f.get(b"wall")
     if ts is None or ts[0] != 0x11 or (wall is not None and wall[0] != 0x09):
         return None
@@ -70,6 +82,125 @@ def txn_stamp(entry: bytes, in_txn: bool) -> TxnStamp | None:
         )
     )
     return stamp, head
+
+
+class ApplyOps(NamedTuple):
+    """An applyOps entry as the transform reads it (change_events.OplogTransformer._apply_ops
+    reads the same from the decoded entry)."""
+
+    ts: Timestamp
+    ops: list[bytes]  # its ops' documents
+    buffered: bool  # partialTxn or prepare: its ops wait for the transaction's commit
+    # The key of the transaction's buffers; None for a commit of no transaction (batched writes:
+    # no lsid, or multiOpType 1).
+    key: TxnKey | None
+    prev: Timestamp | None  # its prevOpTime's ts; None for a chain's first entry
+    stamp: TxnStamp | None  # what its ops' events need (a commit's only)
+
+
+class _Refused(Exception):
+    """An entry the byte reading leaves to the general transform."""
+
+
+def read_apply_ops(entry: bytes) -> ApplyOps | None:
+    """An applyOps entry read from its bytes; None for any other entry, and for one with a field
+    of a type other than the server writes (the general transform reads or reports it)."""
+    try:
+        return _read(entry)
+    except (_Refused, ValueError, IndexError, struct.error):
+        return None
+
+
+def _read(entry: bytes) -> ApplyOps | None:
+    f = elements(entry)
+    command = _apply_ops_command(entry, f)
+    ts = _typed(f, b"ts", 0x11)
+    if command is None or ts is None:
+        return None
+    inc, secs = _TS.unpack_from(entry, ts[1])
+    buffered = _flag(entry, command.get(b"partialTxn")) or _flag(entry, command.get(b"prepare"))
+    lsid_id, number = _session(entry, f)
+    if buffered:
+        key: TxnKey | None = (lsid_id or b"", -1 if number is None else number)
+    else:
+        key = _commit_key(entry, f, lsid_id, number)
+    stamp = None if buffered else _stamp(entry, f, key is not None)
+    if not buffered and stamp is None:
+        return None
+    ops = array_items(entry, command[b"applyOps"][1])
+    return ApplyOps(Timestamp(secs, inc), ops, buffered, key, _prev(entry, f), stamp)
+
+
+def _apply_ops_command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:
+    """The elements of the entry's `o` if it is an applyOps command (`op: "c"`, `o` led by the
+    array applyOps), else None."""
+    op, o = _typed(f, b"op", 0x02), _typed(f, b"o", 0x03)
+    if op is None or o is None or entry[op[1] : op[2]] != b"\x02\x00\x00\x00c\x00":
+        return None
+    command = elements(entry, o[1])
+    first = next(iter(command.items()), None)
+    return command if first is not None and first[0] == b"applyOps" and first[1][0] == 4 else None
+
+
+def _typed(f: dict[bytes, _Element], name: bytes, t: int) -> _Element | None:
+    """The element `name` if it is of type `t`; None if absent; refused if of another type."""
+    found = f.get(name)
+    if found is not None and found[0] != t:
+        raise _Refused
+    return found
+
+
+def _flag(entry: bytes, found: _Element | None) -> bool:
+    """A boolean flag (partialTxn, prepare): false if absent."""
+    if found is None:
+        return False
+    if found[0] != 0x08:
+        raise _Refused  # another type's truth: the general transform's to judge
+    return entry[found[1]] != 0
+
+
+def _integer(entry: bytes, found: _Element | None) -> int | None:
+    """An int32 or int64 value (txnNumber, multiOpType), or None if absent."""
+    if found is None:
+        return None
+    if found[0] not in _INT_TYPES:
+        raise _Refused
+    return int.from_bytes(entry[found[1] : found[2]], "little", signed=True)
+
+
+def _session(entry: bytes, f: dict[bytes, _Element]) -> tuple[bytes | None, int | None]:
+    """(the lsid's id, as the bytes of its binary value, or None without lsid; txnNumber)."""
+    lsid = _typed(f, b"lsid", 0x03)
+    number = _integer(entry, f.get(b"txnNumber"))
+    if lsid is None:
+        return None, number
+    found = _typed(elements(entry, lsid[1]), b"id", 0x05)
+    if found is None or entry[found[1] + 4] == 2:
+        raise _Refused  # no id, or of the old binary subtype, whose bytes hold their own length
+    return entry[found[1] + 5 : found[2]], number
+
+
+def _commit_key(
+    entry: bytes, f: dict[bytes, _Element], lsid_id: bytes | None, number: int | None
+) -> TxnKey | None:
+    """A commit's transaction key: None for batched writes (no lsid, or multiOpType 1)."""
+    if lsid_id is None or _integer(entry, f.get(b"multiOpType")) == 1:
+        return None
+    if number is None:
+        raise _Refused  # a transaction without txnNumber: the general transform reports it
+    return lsid_id, number
+
+
+def _prev(entry: bytes, f: dict[bytes, _Element]) -> Timestamp | None:
+    """prevOpTime's ts, None if absent or null (a chain's first entry)."""
+    prev = _typed(f, b"prevOpTime", 0x03)
+    if prev is None:
+        return None
+    ts = _typed(elements(entry, prev[1]), b"ts", 0x11)
+    if ts is None:
+        raise _Refused
+    inc, secs = _TS.unpack_from(entry, ts[1])
+    return Timestamp(secs, inc) if secs or inc else None
 
 
 def splice_txn_op(

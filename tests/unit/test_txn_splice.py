@@ -21,13 +21,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mongoformats.change_events as change_events
-from mongoformats.change_events import OplogTransformer
+from mongoformats.bson_bytes import timestamp_of
+from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
 from mongoformats.txn_splice import splice_txn_op, txn_stamp
 from tests.unit.test_oplog_splice import diffs, ids, values
 
 _UIS = [Binary(uuid.UUID(int=i + 1).bytes, 4) for i in range(3)]
-_NULL_OPTIME = {"ts": Timestamp(0, 0), "t": Int64(-1)}
+_NULL_TS = Timestamp(0, 0)
+_NULL_OPTIME = {"ts": _NULL_TS, "t": Int64(-1)}
 # The usual _id kinds (string, ObjectId, UUID) most of the time, any kind the splice takes or
 # leaves to the general encoder now and then.
 _keys = st.one_of(
@@ -106,53 +108,71 @@ def _entry(
 
 
 @st.composite
-def transactions(draw: st.DrawFn) -> list[bytes]:
-    """The oplog entries of one transaction: one applyOps, a partialTxn chain ending in one
-    with `count`, or a prepare then its commitTransaction."""
+def transactions(draw: st.DrawFn, base: int) -> list[bytes]:
+    """The oplog entries of one transaction, at increments past `base`: one applyOps, a
+    partialTxn chain ending in one with `count`, or a prepare then its commitTransaction."""
     session = draw(_session())
     ops = draw(st.lists(_ops(), min_size=1, max_size=7))
     shape = draw(st.sampled_from(["one", "one", "chain", "prepared"]))
     wall = draw(st.booleans())
+    first = Timestamp(1_700_000_000, base + 1)
     if shape == "one":
-        return [_entry(session, {"applyOps": ops}, 1, wall, Timestamp(0, 0))]
+        return [_entry(session, {"applyOps": ops}, base + 1, wall, Timestamp(0, 0))]
     if shape == "prepared":
-        prepare = _entry(session, {"applyOps": ops, "prepare": True}, 1, wall, Timestamp(0, 0))
-        commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, 2)}
-        return [prepare, _entry(session, commit, 3, wall, Timestamp(1_700_000_000, 1))]
+        prepare = _entry(session, {"applyOps": ops, "prepare": True}, base + 1, wall, _NULL_TS)
+        commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, base + 2)}
+        return [prepare, _entry(session, commit, base + 3, wall, first)]
     cuts = sorted(draw(st.lists(st.integers(1, len(ops)), max_size=3)))
     parts = [ops[a:b] for a, b in zip([0, *cuts], [*cuts, len(ops)], strict=True)]
-    entries, prev = [], Timestamp(0, 0)
-    for i, part in enumerate(parts, start=1):
-        last = i == len(parts)
+    entries, prev = [], _NULL_TS
+    for i, part in enumerate(parts, start=base + 1):
+        last = i == base + len(parts)
         o = {"applyOps": part, **({"count": len(ops)} if last else {"partialTxn": True})}
         entries.append(_entry(session, o, i, wall, prev))
         prev = Timestamp(1_700_000_000, i)
     return entries
 
 
-def _outcome(tr: OplogTransformer, entries: list[bytes]) -> list[Any]:
-    """Each entry's events, or the error the transform raised for it."""
+@st.composite
+def oplogs(draw: st.DrawFn) -> list[bytes]:
+    """A few transactions one after the other."""
+    count = draw(st.integers(1, 3))
+    return [entry for k in range(count) for entry in draw(transactions(10 * k))]
+
+
+def _outcome(tr: OplogTransformer, oplog: list[bytes], start: int) -> list[Any]:
+    """What a read of `oplog` from the entry at `start` gives, entry by entry: the chain its
+    commit misses (read back by prevOpTime, as buckets/oplog_tail.py does), then its events, or
+    the error the transform raised for it."""
+    by_ts = {timestamp_of(entry): entry for entry in oplog}
     out: list[Any] = []
-    for entry in entries:
+    for entry in oplog[start:]:
         try:
+            gap = tr.missing_chain(entry)
+            out.append(gap)
+            chain = []
+            while gap is not None:
+                chain.append(by_ts[gap])
+                gap = prev_op_ts(by_ts[gap])
+            if chain:
+                tr.adopt_chain(chain[::-1])
             out.append(tr.transform_decoded(entry))
         except (KeyError, TypeError) as e:
             out.append(type(e))
-    return out
+    return out + [tr.pending_transactions()]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(transactions(), min_size=1, max_size=3), st.booleans())
+@given(oplogs(), st.booleans(), st.integers(0, 3))
 def test_spliced_transactions_equal_the_general_transform(
-    txns: list[list[bytes]], expanded: bool
+    oplog: list[bytes], expanded: bool, start: int
 ) -> None:
-    """Several transactions one after the other (their entries may interleave with another's
-    chain in a real oplog; the buffers are per transaction, as in the general transform)."""
-    entries = [entry for txn in txns for entry in txn]
+    """Several transactions one after the other, read from the start or from inside one (a
+    commit then reads its chain back), on a stream with and without expanded events."""
     spliced = OplogTransformer(show_expanded_events=expanded)
     general = OplogTransformer(show_expanded_events=expanded, splice_transactions=False)
-    assert _outcome(spliced, entries) == _outcome(general, entries)
-    assert spliced.pending_transactions() == general.pending_transactions()
+    start = min(start, len(oplog) - 1)
+    assert _outcome(spliced, oplog, start) == _outcome(general, oplog, start)
 
 
 def test_the_plain_writes_of_a_transaction_are_spliced(monkeypatch: pytest.MonkeyPatch) -> None:
