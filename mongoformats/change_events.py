@@ -2,7 +2,8 @@
 transformer's dispatch and its transactions. The events themselves are written by crud_events
 (writes) and ddl_events (commands, views, noops) with event_writer.
 
-Strategy: the entry arrives as raw BSON. Only the top level is inflated (pymongo's C codec keeps
+Strategy: the entry arrives as raw BSON. Plain writes are spliced as bytes (oplog_splice; a
+transaction's, txn_splice); for the rest, only the top level is inflated (pymongo's C codec keeps
 nested documents as `RawBSONDocument` slices), and the event is written back with the C encoder,
 which copies those slices; only the few values a resume token needs (documentKey,
 operationDescription) are decoded. Transactions are stateful (partialTxn chains, prepared
@@ -222,8 +223,14 @@ class OplogTransformer:
 
     def transform_decoded(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
         """`transform` without the byte-splicing fast path of plain writes: handles every entry
-        (tests compare the two). A transaction's applyOps is read from its bytes when it has the
-        server's shape (read_apply_ops), its plain writes spliced (see `_unwind`)."""
+        (tests compare the two).
+
+        A transaction's applyOps entry (a commit, a partialTxn link of a chain, a prepare, or
+        batched writes) is read from its bytes when its fields have the server's types
+        (read_apply_ops); its plain writes are spliced (see `_unwind`). The decoded reading
+        keeps the other commands, the commitTransaction of a prepared transaction (whose ops
+        are still spliced, in `_unwind`), entries of other field types, and every entry when the
+        tokens are not v2 (`_splices`)."""
         if type(entry) is bytes and (read := self._read_apply_ops(entry)) is not None:
             return self._read_ops(entry, read)
         doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
@@ -291,9 +298,9 @@ class OplogTransformer:
         return self._unwind(ops, read.ts, doc, read.stamp, read.key is not None)
 
     def _read_apply_ops(self, entry: bytes) -> ApplyOps | None:
-        """read_apply_ops of the entry, when its events may be spliced (v2 tokens, see
-        `_txn_stamp`), else None: the general transform reads it."""
-        if not self._splice_txns or self.token_version != 2 or self.keep_version is not None:
+        """read_apply_ops of the entry, when its events may be spliced (`_splices`), else None:
+        the general transform reads it."""
+        if not self._splices():
             return None
         if entry is not self._last_read[0]:
             self._last_read = (entry, read_apply_ops(entry) if _COMMAND_OP in entry else None)
@@ -361,11 +368,14 @@ class OplogTransformer:
 
     def _txn_stamp(self, doc: RawBSONDocument, in_txn: bool) -> TxnStamp | None:
         """What the splice of the ops committed by `doc` needs (txn_stamp), or None to make their
-        events the general way: for tokens of another version than 2 (the splice writes v2 only,
-        as `transform` does), or with splice_transactions off."""
-        if not self._splice_txns or self.token_version != 2 or self.keep_version is not None:
-            return None
-        return txn_stamp(bytes(doc.raw), in_txn)
+        events the general way."""
+        return txn_stamp(bytes(doc.raw), in_txn) if self._splices() else None
+
+    def _splices(self) -> bool:
+        """Whether transactions' writes are spliced: with splice_transactions, for v2 tokens (the
+        splice writes v2 only, as `transform`'s does; a stream resumed from an older token keeps
+        its version up to that token's time)."""
+        return self._splice_txns and self.token_version == 2 and self.keep_version is None
 
 
 def _listed(event: ChangeEvent | None) -> list[ChangeEvent]:

@@ -11,6 +11,10 @@ op is given the commit entry's stamp, spliced by `splice_crud`, and those two pa
 written in. What `splice_crud` does not take (DDL, noops, views, migrations' writes, rare
 shapes) it leaves to the caller's general transform, op by op.
 
+The applyOps entry itself is read from its bytes too (`read_apply_ops`): its ops, whether they
+wait for a later commit, the transaction's key and prevOpTime, the stamp. Decoding its top level
+costs about as much as splicing one op.
+
 Sources (facts only): mongodb/mongo src/mongo/db/pipeline/change_stream_event_transform.cpp
 and resume_token.cpp, as summarized in shared/reference/mongodb-formats.md A.5, C.6 and C.11.
 """
@@ -47,9 +51,8 @@ _INT_TYPES = (0x10, 0x12)  # a txnNumber of int32 or int64 is written back as it
 _HEAD_AT = 9
 # Where an event's token hex starts: after its length (4) and _id's and _data's headers (20).
 _HEX_AT = 4 + _ID_HEAD.size
-_MAX_INDEX = (
-    2**31 - 1
-)  # an index of int32 range has the type bits of index 0, which splice_crud wrote
+# An index of int32 range has the type bits of index 0, which splice_crud wrote.
+_MAX_INDEX = 2**31 - 1
 
 
 def txn_stamp(entry: bytes, in_txn: bool) -> TxnStamp | None:
