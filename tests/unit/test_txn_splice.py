@@ -117,7 +117,7 @@ def transactions(draw: st.DrawFn, base: int) -> list[bytes]:
     wall = draw(st.booleans())
     first = Timestamp(1_700_000_000, base + 1)
     if shape == "one":
-        return [_entry(session, {"applyOps": ops}, base + 1, wall, Timestamp(0, 0))]
+        return [_entry(session, {"applyOps": ops}, base + 1, wall, _NULL_TS)]
     if shape == "prepared":
         prepare = _entry(session, {"applyOps": ops, "prepare": True}, base + 1, wall, _NULL_TS)
         commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, base + 2)}
