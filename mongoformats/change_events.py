@@ -226,11 +226,11 @@ class OplogTransformer:
         (tests compare the two).
 
         A transaction's applyOps entry (a commit, a partialTxn link of a chain, a prepare, or
-        batched writes) is read from its bytes when its fields have the server's types
-        (read_apply_ops); its plain writes are spliced (see `_unwind`). The decoded reading
-        keeps the other commands, the commitTransaction of a prepared transaction (whose ops
-        are still spliced, in `_unwind`), entries of other field types, and every entry when the
-        tokens are not v2 (`_splices`)."""
+        batched writes) and a prepared transaction's commitTransaction are read from their bytes
+        when their fields have the server's types (read_apply_ops); the plain writes they commit
+        are spliced (see `_unwind`). The decoded reading keeps the other commands (DDL,
+        abortTransaction), entries of other field types, and every entry when the tokens are
+        not v2 (`_splices`)."""
         if type(entry) is bytes and (read := self._read_apply_ops(entry)) is not None:
             return self._read_ops(entry, read)
         doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
@@ -285,7 +285,7 @@ class OplogTransformer:
         return self._unwind(ops, doc["ts"], doc, self._txn_stamp(doc, in_txn), in_txn)
 
     def _read_ops(self, entry: bytes, read: ApplyOps) -> list[ChangeEvent]:
-        """`_apply_ops` of an entry read from its bytes."""
+        """`_apply_ops` (or `_commit_prepared`) of an entry read from its bytes."""
         ops: list[PendingOp] = [(op, read.ts, i) for i, op in enumerate(read.ops)]
         if read.buffered:
             assert read.key is not None  # a buffered entry's key is never None

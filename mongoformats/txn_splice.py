@@ -88,8 +88,9 @@ def _stamp(entry: bytes, f: dict[bytes, _Element], in_txn: bool) -> TxnStamp | N
 
 
 class ApplyOps(NamedTuple):
-    """An applyOps entry as the transform reads it (change_events.OplogTransformer._apply_ops
-    reads the same from the decoded entry)."""
+    """An applyOps entry, or the commitTransaction of a prepared transaction (no ops, not
+    buffered), as the transform reads it (change_events.OplogTransformer._apply_ops and
+    _commit_prepared read the same from the decoded entry)."""
 
     ts: Timestamp
     ops: list[bytes]  # its ops' documents
@@ -106,8 +107,9 @@ class _Refused(Exception):
 
 
 def read_apply_ops(entry: bytes) -> ApplyOps | None:
-    """An applyOps entry read from its bytes; None for any other entry, and for one with a field
-    of a type other than the server writes (the general transform reads or reports it)."""
+    """An applyOps or commitTransaction entry read from its bytes; None for any other entry, and
+    for one with a field of a type other than the server writes (the general transform reads or
+    reports it)."""
     try:
         return _read(entry)
     except (_Refused, ValueError, IndexError, struct.error):
@@ -116,11 +118,13 @@ def read_apply_ops(entry: bytes) -> ApplyOps | None:
 
 def _read(entry: bytes) -> ApplyOps | None:
     f = elements(entry)
-    command = _apply_ops_command(entry, f)
+    command = _command(entry, f)
     ts = _typed(f, b"ts", 0x11)
     if command is None or ts is None:
         return None
     inc, secs = _TS.unpack_from(entry, ts[1])
+    if b"applyOps" not in command:
+        return _commit_of_prepared(entry, f, Timestamp(secs, inc))
     buffered = _flag(entry, command.get(b"partialTxn")) or _flag(entry, command.get(b"prepare"))
     lsid_id, number = _session(entry, f)
     if buffered:
@@ -134,15 +138,32 @@ def _read(entry: bytes) -> ApplyOps | None:
     return ApplyOps(Timestamp(secs, inc), ops, buffered, key, _prev(entry, f), stamp)
 
 
-def _apply_ops_command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:
-    """The elements of the entry's `o` if it is an applyOps command (`op: "c"`, `o` led by the
-    array applyOps), else None."""
+def _command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:
+    """The elements of the entry's `o` if it is an applyOps (`op: "c"`, `o` led by the array
+    applyOps) or the commitTransaction of a prepared transaction, else None."""
     op, o = _typed(f, b"op", 0x02), _typed(f, b"o", 0x03)
     if op is None or o is None or entry[op[1] : op[2]] != b"\x02\x00\x00\x00c\x00":
         return None
     command = elements(entry, o[1])
     first = next(iter(command.items()), None)
-    return command if first is not None and first[0] == b"applyOps" and first[1][0] == 4 else None
+    if first is None:
+        return None
+    name, (t, _, _) = first
+    return command if (name, t == 4) in _COMMANDS else None
+
+
+# The commands read here, each with whether its first element is an array.
+_COMMANDS = frozenset({(b"applyOps", True), (b"commitTransaction", False)})
+
+
+def _commit_of_prepared(entry: bytes, f: dict[bytes, _Element], ts: Timestamp) -> ApplyOps:
+    """A prepared transaction's commitTransaction: no ops of its own, it commits those its
+    prepare entry left buffered (under its lsid and txnNumber, whatever its multiOpType)."""
+    lsid_id, number = _session(entry, f)
+    stamp = _stamp(entry, f, True)
+    if lsid_id is None or number is None or stamp is None:
+        raise _Refused  # the general transform reports a commit without its transaction
+    return ApplyOps(ts, [], False, (lsid_id, number), _prev(entry, f), stamp)
 
 
 def _typed(f: dict[bytes, _Element], name: bytes, t: int) -> _Element | None:

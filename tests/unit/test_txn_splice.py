@@ -24,7 +24,7 @@ import mongoformats.change_events as change_events
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
-from mongoformats.txn_splice import splice_txn_op, txn_stamp
+from mongoformats.txn_splice import read_apply_ops, splice_txn_op, txn_stamp
 from tests.unit.test_oplog_splice import diffs, ids, values
 
 _UIS = [Binary(uuid.UUID(int=i + 1).bytes, 4) for i in range(3)]
@@ -177,8 +177,8 @@ def test_spliced_transactions_equal_the_general_transform(
 
 def test_the_plain_writes_of_a_transaction_are_spliced(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inserts, updates and deletes with string, ObjectId and UUID ids in a transaction, in one
-    entry or a chain, never reach the general transform; their events carry the transaction's
-    fields first and the ops' indexes in their tokens."""
+    entry, a chain or a prepared transaction, never reach the general transform; their events
+    carry the transaction's fields first and the ops' indexes in their tokens."""
     lsid = {"id": Binary(uuid.uuid4().bytes, 4), "uid": Binary(bytes(32), 0)}
     session = {"lsid": lsid, "txnNumber": Int64(4)}
     ops = [
@@ -197,13 +197,25 @@ def test_the_plain_writes_of_a_transaction_are_spliced(monkeypatch: pytest.Monke
         _entry(session, {"applyOps": ops[1:], "count": 3}, 2, True, Timestamp(1_700_000_000, 1)),
     ]
     one = _entry(session, {"applyOps": ops}, 3, True, Timestamp(0, 0))
+    prepared = [
+        _entry(session, {"applyOps": ops, "prepare": True}, 4, True, _NULL_TS),
+        _entry(
+            session,
+            {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, 5)},
+            6,
+            True,
+            Timestamp(1_700_000_000, 4),
+        ),
+    ]
+    # Every entry is read from its bytes, the prepared transaction's commit too.
+    assert all(read_apply_ops(entry) for entry in [*chain, one, *prepared])
 
     def general_transform(*args: Any) -> None:
         raise AssertionError("a plain write of a transaction took the general transform")
 
     monkeypatch.setattr(change_events, "crud_event", general_transform)
     tr = OplogTransformer()
-    for entries in (chain, [one]):
+    for entries in (chain, [one], prepared):
         events = [ev for entry in entries for ev in tr.transform_decoded(entry)]
         assert [ev.op_type for ev in events] == ["insert", "update", "delete"]
         assert [decode_token(ev.token).txn_op_index for ev in events] == [0, 1, 2]
