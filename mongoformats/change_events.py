@@ -340,21 +340,15 @@ class OplogTransformer:
         expanded = self._writer.show_expanded_events
         out = []
         for index, (op, entry_ts, entry_index) in enumerate(ops):
+            # Where the op was written, if not at (ts, index): a chain's or a prepare's.
+            at = None if (entry_ts, entry_index) == (ts, index) else (entry_ts, entry_index)
             made = None
             if stamp is not None and (raw := _op_bytes(op)) is not None:
                 made = splice_txn_op(raw, stamp, index, expanded=expanded)
-            if made is None:
-                ev = self._op_event(op, doc, index, in_txn)
-            elif not made:
-                continue  # an internal namespace
-            else:
-                ev = event_from_fields(made)
-            if ev is not None:
-                out.append(
-                    ev
-                    if (entry_ts, entry_index) == (ts, index)
-                    else ev._replace(applied_at=(entry_ts, entry_index))
-                )
+            if made:  # its fields, applied_at last
+                out.append(event_from_fields(made if at is None else (*made[:-1], at)))
+            elif made is None and (ev := self._op_event(op, doc, index, in_txn)) is not None:
+                out.append(ev if at is None else ev._replace(applied_at=at))
         return out
 
     def _op_event(
