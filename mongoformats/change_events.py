@@ -2,7 +2,8 @@
 transformer's dispatch and its transactions. The events themselves are written by crud_events
 (writes) and ddl_events (commands, views, noops) with event_writer.
 
-Strategy: the entry arrives as raw BSON. Only the top level is inflated (pymongo's C codec keeps
+Strategy: the entry arrives as raw BSON. Plain writes are spliced as bytes (oplog_splice; a
+transaction's, txn_splice); for the rest, only the top level is inflated (pymongo's C codec keeps
 nested documents as `RawBSONDocument` slices), and the event is written back with the C encoder,
 which copies those slices; only the few values a resume token needs (documentKey,
 operationDescription) are decoded. Transactions are stateful (partialTxn chains, prepared
@@ -30,7 +31,6 @@ from mongoformats.event_writer import (
     EventAt,
     EventWriter,
     Txn,
-    Wall,
     is_internal_namespace,
 )
 from mongoformats.events import (
@@ -53,6 +53,14 @@ from mongoformats.events import (
     invalidate_event,
 )
 from mongoformats.oplog_splice import splice_crud
+from mongoformats.txn_splice import (
+    ApplyOps,
+    TxnKey,
+    TxnStamp,
+    read_apply_ops,
+    splice_txn_op,
+    txn_stamp,
+)
 
 __all__ = [
     "EVENT_BYTES",
@@ -84,10 +92,9 @@ _COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 # (change_stream_filter_helpers.cpp buildNotFromMigrateFilter -> buildFromMigrateSystemOpFilter).
 _SYSTEM_FROM_MIGRATE = frozenset({"create", "createIndexes"})
 
-# (lsid id bytes, txnNumber): the key of a transaction's buffers.
-TxnKey = tuple[bytes, int]
-# An op of a transaction with where it was written: (op, its entry's ts, its index there).
-PendingOp = tuple[Mapping[str, Any], Timestamp, int]
+# An op of a transaction with where it was written: (op, its entry's ts, its index there). The
+# op is decoded, or its bytes when the entry was read as bytes (txn_splice.read_apply_ops).
+PendingOp = tuple[Mapping[str, Any] | bytes, Timestamp, int]
 
 
 class OplogTransformer:
@@ -112,6 +119,8 @@ class OplogTransformer:
             ChangeStreamEventTransformation::makeResumeToken does (`(clusterTime >
             _resumeToken.clusterTime) ? changeStreamTokenVersion : _resumeToken.version`), so
             that the resumed event is found again.
+        splice_transactions: make the events of transactions' plain writes from their bytes
+            (txn_splice); off, the general transform makes them all (tests compare the two).
     """
 
     def __init__(
@@ -124,7 +133,12 @@ class OplogTransformer:
         ddl_notes: bool = False,
         view_events: bool = True,
         keep_version: tuple[Timestamp, int] | None = None,
+        splice_transactions: bool = True,
     ) -> None:
+        self._splice_txns = splice_transactions
+        # The last entry read as bytes and what it gave (read_apply_ops), held so that
+        # `missing_chain` and then `transform_decoded` of one entry read it once.
+        self._last_read: tuple[bytes, ApplyOps | None] = (b"", None)
         self._writer = EventWriter(
             show_expanded_events=show_expanded_events,
             show_migration_events=show_migration_events,
@@ -166,15 +180,21 @@ class OplogTransformer:
         reader gives the entries to `adopt_chain`, then transforms the commit as usual."""
         if _COMMAND_OP not in entry:  # a byte search: most entries are not commands
             return None
-        doc = RawBSONDocument(entry, RAW)
-        if not _commits(doc):
-            return None
-        key = _txn_key(doc)
+        prev: Timestamp | RawBSONDocument | None
+        if (read := self._read_apply_ops(entry)) is not None:
+            if read.buffered or read.key is None:
+                return None
+            key, prev = read.key, read.prev
+        else:
+            doc = RawBSONDocument(entry, RAW)
+            if not _commits(doc):
+                return None
+            key, prev = _txn_key(doc), doc
         if key in self._chain_gaps:
             return self._chain_gaps[key]
         if key in self._pending_txns:
             return None
-        return prev_op_ts(doc)
+        return _prev_of(prev)
 
     def adopt_chain(self, entries: list[bytes]) -> None:
         """The entries `missing_chain` asked for, oldest first: their operations go before those
@@ -202,8 +222,17 @@ class OplogTransformer:
         return self.transform_decoded(entry)
 
     def transform_decoded(self, entry: bytes | RawBSONDocument) -> list[ChangeEvent]:
-        """`transform` without the byte-splicing fast path: handles every entry (tests compare
-        the two)."""
+        """`transform` without the byte-splicing fast path of plain writes: handles every entry
+        (tests compare the two).
+
+        A transaction's applyOps entry (a commit, a partialTxn link of a chain, a prepare, or
+        batched writes) and a prepared transaction's commitTransaction are read from their bytes
+        when their fields have the server's types (read_apply_ops); the plain writes they commit
+        are spliced (see `_unwind`). The decoded reading keeps the other commands (DDL,
+        abortTransaction), entries of other field types, and every entry when the tokens are
+        not v2 (`_splices`)."""
+        if type(entry) is bytes and (read := self._read_apply_ops(entry)) is not None:
+            return self._read_ops(entry, read)
         doc = entry if isinstance(entry, RawBSONDocument) else RawBSONDocument(entry, RAW)
         self._writer.reached(doc["ts"])
         op = doc["op"]
@@ -247,43 +276,116 @@ class OplogTransformer:
     def _apply_ops(self, doc: RawBSONDocument, o: RawBSONDocument) -> list[ChangeEvent]:
         ops: list[PendingOp] = [(op, doc["ts"], i) for i, op in enumerate(o["applyOps"])]
         if o.get("partialTxn") or o.get("prepare"):
-            self._buffer(doc, ops)
+            self._buffer(_txn_key(doc), doc, ops)
             return []
-        txn: Txn | None = None  # batched writes and retryable applyOps carry no transaction
-        if "lsid" in doc and doc.get("multiOpType") != 1:
+        # Batched writes (no lsid, or multiOpType 1) carry no transaction.
+        in_txn = "lsid" in doc and doc.get("multiOpType") != 1
+        if in_txn:
             ops = self._pending_txns.pop(_txn_key(doc), []) + ops
-            txn = (doc["lsid"], doc["txnNumber"])
-        return self._unwind(ops, doc["ts"], doc.get("wall"), txn)
+        return self._unwind(ops, doc["ts"], doc, self._txn_stamp(doc, in_txn), in_txn)
 
-    def _buffer(self, doc: RawBSONDocument, ops: list[PendingOp]) -> None:
-        """Keep the ops of a partialTxn or prepare entry for the transaction's commit."""
-        key = _txn_key(doc)
-        if key not in self._pending_txns and (prev := prev_op_ts(doc)) is not None:
-            self._chain_gaps[key] = prev  # the chain began before this read did
+    def _read_ops(self, entry: bytes, read: ApplyOps) -> list[ChangeEvent]:
+        """`_apply_ops` (or `_commit_prepared`) of an entry read from its bytes."""
+        ops: list[PendingOp] = [(op, read.ts, i) for i, op in enumerate(read.ops)]
+        if read.buffered:
+            assert read.key is not None  # a buffered entry's key is never None
+            self._buffer(read.key, read.prev, ops)
+            return []
+        if read.key is not None:
+            ops = self._pending_txns.pop(read.key, []) + ops
+        # The entry is decoded only if an op needs the general transform.
+        doc = RawBSONDocument(entry, RAW)
+        return self._unwind(ops, read.ts, doc, read.stamp, read.key is not None)
+
+    def _read_apply_ops(self, entry: bytes) -> ApplyOps | None:
+        """read_apply_ops of the entry, when its events may be spliced (`_splices`), else None:
+        the general transform reads it."""
+        if not self._splices():
+            return None
+        if entry is not self._last_read[0]:
+            self._last_read = (entry, read_apply_ops(entry) if _COMMAND_OP in entry else None)
+        return self._last_read[1]
+
+    def _buffer(
+        self, key: TxnKey, prev: Timestamp | RawBSONDocument | None, ops: list[PendingOp]
+    ) -> None:
+        """Keep the ops of a partialTxn or prepare entry (whose prevOpTime is `prev`'s) for the
+        transaction's commit."""
+        if key not in self._pending_txns and (gap := _prev_of(prev)) is not None:
+            self._chain_gaps[key] = gap  # the chain began before this read did
         self._pending_txns.setdefault(key, []).extend(ops)
 
     def _commit_prepared(self, doc: RawBSONDocument) -> list[ChangeEvent]:
         ops = self._pending_txns.pop(_txn_key(doc), [])
-        return self._unwind(ops, doc["ts"], doc.get("wall"), (doc["lsid"], doc["txnNumber"]))
+        return self._unwind(ops, doc["ts"], doc, self._txn_stamp(doc, True), True)
 
     def _unwind(
-        self, ops: list[PendingOp], ts: Timestamp, wall: Wall, txn: Txn | None
+        self,
+        ops: list[PendingOp],
+        ts: Timestamp,
+        doc: RawBSONDocument,
+        stamp: TxnStamp | None,
+        in_txn: bool,
     ) -> list[ChangeEvent]:
-        # txnOpIndex counts every operation of the transaction, including ones that make no event.
+        """The events of a transaction's ops, at the time `ts` of `doc`, the entry that commits
+        it (of a transaction if `in_txn`). txnOpIndex counts every operation of the transaction,
+        including ones that make no event.
+
+        With a stamp, plain inserts, updates and deletes are spliced from the op's bytes
+        (txn_splice). The general transform makes the rest: commands (create and createIndexes
+        in a transaction, with their operationDescription), view definitions, a migration's
+        writes, noops, and what splice_crud leaves (an older $v, malformed ops); and all of them
+        without a stamp (tokens of another version; an entry whose ts, wall, lsid or txnNumber
+        have types the server does not write)."""
+        expanded = self._writer.show_expanded_events
         out = []
         for index, (op, entry_ts, entry_index) in enumerate(ops):
-            ev = crud_event(self._writer, op, EventAt(ts, wall, index, txn))
-            if ev is not None:
-                out.append(
-                    ev
-                    if (entry_ts, entry_index) == (ts, index)
-                    else ev._replace(applied_at=(entry_ts, entry_index))
-                )
+            # Where the op was written, if not at (ts, index): a chain's or a prepare's.
+            at = None if (entry_ts, entry_index) == (ts, index) else (entry_ts, entry_index)
+            made = None
+            if stamp is not None and (raw := _op_bytes(op)) is not None:
+                made = splice_txn_op(raw, stamp, index, expanded=expanded)
+            if made:  # its fields, applied_at last
+                out.append(event_from_fields(made if at is None else (*made[:-1], at)))
+            elif made is None and (ev := self._op_event(op, doc, index, in_txn)) is not None:
+                out.append(ev if at is None else ev._replace(applied_at=at))
         return out
+
+    def _op_event(
+        self, op: Mapping[str, Any] | bytes, doc: RawBSONDocument, index: int, in_txn: bool
+    ) -> ChangeEvent | None:
+        """The general transform's event of the op at `index` of a transaction committed by
+        `doc`."""
+        txn: Txn | None = (doc["lsid"], doc["txnNumber"]) if in_txn else None
+        op_doc = RawBSONDocument(op, RAW) if isinstance(op, bytes) else op
+        return crud_event(self._writer, op_doc, EventAt(doc["ts"], doc.get("wall"), index, txn))
+
+    def _txn_stamp(self, doc: RawBSONDocument, in_txn: bool) -> TxnStamp | None:
+        """What the splice of the ops committed by `doc` needs (txn_stamp), or None to make their
+        events the general way."""
+        return txn_stamp(bytes(doc.raw), in_txn) if self._splices() else None
+
+    def _splices(self) -> bool:
+        """Whether transactions' writes are spliced: with splice_transactions, for v2 tokens (the
+        splice writes v2 only, as `transform`'s does; a stream resumed from an older token keeps
+        its version up to that token's time)."""
+        return self._splice_txns and self.token_version == 2 and self.keep_version is None
 
 
 def _listed(event: ChangeEvent | None) -> list[ChangeEvent]:
     return [event] if event is not None else []
+
+
+def _op_bytes(op: Mapping[str, Any] | bytes) -> bytes | None:
+    """An op's BSON bytes, if it is a document (else the general transform reports it)."""
+    if isinstance(op, bytes):
+        return op
+    return bytes(op.raw) if isinstance(op, RawBSONDocument) else None
+
+
+def _prev_of(prev: Timestamp | RawBSONDocument | None) -> Timestamp | None:
+    """The ts before an entry in its chain: read from its bytes already, or from the entry."""
+    return prev_op_ts(prev) if isinstance(prev, RawBSONDocument) else prev
 
 
 def _txn_key(doc: Mapping[str, Any]) -> TxnKey:

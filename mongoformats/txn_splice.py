@@ -1,0 +1,273 @@
+"""The writes inside a transaction's applyOps, spliced as bytes: the events of its inserts,
+updates and deletes, made as `splice_crud` makes a plain write's.
+
+Why: the general transform decodes each op of the transaction and encodes its event again, at
+several times the cost of a plain write's splice. An op of an applyOps entry is a plain write's
+entry without the stamp (ts, t, v, wall) and session fields, and its event is that write's event
+at the commit's time with two differences: the resume token's txnOpIndex is the op's index
+among the transaction's operations, and the transaction's txnNumber and lsid lead the event,
+before `_id` (mongodb-formats.md C.11, as event_writer.EventWriter.finish writes them). So the
+op is given the commit entry's stamp, spliced by `splice_crud`, and those two parts are
+written in. What `splice_crud` does not take (DDL, noops, views, migrations' writes, rare
+shapes) it leaves to the caller's general transform, op by op.
+
+The applyOps entry itself is read from its bytes too (`read_apply_ops`): its ops, whether they
+wait for a later commit, the transaction's key and prevOpTime, the stamp. Decoding its top level
+costs about as much as splicing one op.
+
+Sources (facts only): mongodb/mongo src/mongo/db/pipeline/change_stream_event_transform.cpp
+and resume_token.cpp, as summarized in shared/reference/mongodb-formats.md A.5, C.6 and C.11.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from binascii import hexlify
+from typing import NamedTuple
+
+from bson import Timestamp
+
+from mongoformats.bson_bytes import _I32, _TS, array_items, elements
+from mongoformats.keystring import KeyStringBuilder
+from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD, Spliced, splice_crud
+
+__all__ = ["ApplyOps", "TxnKey", "TxnStamp", "read_apply_ops", "splice_txn_op", "txn_stamp"]
+
+# What an applyOps entry gives each of its ops' events: (the elements an op is given to be a
+# plain write's entry: ts, t, v, wall; the elements that lead each event: txnNumber, lsid).
+TxnStamp = tuple[bytes, bytes]
+# (lsid id bytes, txnNumber): the key of a transaction's buffers.
+TxnKey = tuple[bytes, int]
+# A BSON element as `elements` gives it: (type, value start, value end).
+_Element = tuple[int, int, int]
+
+# An entry's t and v, which no event shows: written so that the op has the whole stamp of a
+# plain write's entry, the shape splice_crud reads at fixed offsets.
+_TERM_AND_VERSION = b"\x12t\x00" + bytes(8) + b"\x12v\x00" + bytes(8)
+_INT_TYPES = (0x10, 0x12)  # a txnNumber of int32 or int64 is written back as it is
+# Where a token's version, tokenType, txnOpIndex and fromInvalidate start in its KeyString:
+# after the type byte and the 8 bytes of the cluster time.
+_HEAD_AT = 9
+# Where an event's token hex starts: after its length (4) and _id's and _data's headers (20).
+_HEX_AT = 4 + _ID_HEAD.size
+# An index of int32 range has the type bits of index 0, which splice_crud wrote.
+_MAX_INDEX = 2**31 - 1
+
+
+def txn_stamp(entry: bytes, in_txn: bool) -> TxnStamp | None:
+    """The stamp an applyOps entry gives its ops (see TxnStamp), the transaction's fields only
+    if `in_txn`; None if one of them is not of the type the general transform writes back as it
+    is (the general transform then makes every event of the entry)."""
+    return _stamp(entry, elements(entry), in_txn)
+
+
+def _stamp(entry: bytes, f: dict[bytes, _Element], in_txn: bool) -> TxnStamp | None:
+    """txn_stamp of the entry of elements `f`."""
+    ts, wall = f.get(b"ts"), f.get(b"wall")
+    if ts is None or ts[0] != 0x11 or (wall is not None and wall[0] != 0x09):
+        return None
+    stamp = b"\x11ts\x00" + entry[ts[1] : ts[2]] + _TERM_AND_VERSION
+    if wall is not None:
+        stamp += b"\x09wall\x00" + entry[wall[1] : wall[2]]
+    if not in_txn:
+        return stamp, b""
+    number, lsid = f.get(b"txnNumber"), f.get(b"lsid")
+    if number is None or lsid is None or number[0] not in _INT_TYPES or lsid[0] != 0x03:
+        return None
+    head = b"".join(
+        (
+            bytes((number[0],)),
+            b"txnNumber\x00",
+            entry[number[1] : number[2]],
+            b"\x03lsid\x00",
+            entry[lsid[1] : lsid[2]],
+        )
+    )
+    return stamp, head
+
+
+class ApplyOps(NamedTuple):
+    """An applyOps entry, or the commitTransaction of a prepared transaction (no ops, not
+    buffered), as the transform reads it (change_events.OplogTransformer._apply_ops and
+    _commit_prepared read the same from the decoded entry)."""
+
+    ts: Timestamp
+    ops: list[bytes]  # its ops' documents
+    buffered: bool  # partialTxn or prepare: its ops wait for the transaction's commit
+    # The key of the transaction's buffers; None for a commit of no transaction (batched writes:
+    # no lsid, or multiOpType 1).
+    key: TxnKey | None
+    prev: Timestamp | None  # its prevOpTime's ts; None for a chain's first entry
+    stamp: TxnStamp | None  # what its ops' events need (a commit's only)
+
+
+class _Refused(Exception):
+    """An entry the byte reading leaves to the general transform."""
+
+
+def read_apply_ops(entry: bytes) -> ApplyOps | None:
+    """An applyOps or commitTransaction entry read from its bytes; None for any other entry, and
+    for one with a field of a type other than the server writes (the general transform reads or
+    reports it)."""
+    try:
+        return _read(entry)
+    except (_Refused, ValueError, IndexError, struct.error):
+        return None
+
+
+def _read(entry: bytes) -> ApplyOps | None:
+    f = elements(entry)
+    command = _command(entry, f)
+    ts = _typed(f, b"ts", 0x11)
+    if command is None or ts is None:
+        return None
+    inc, secs = _TS.unpack_from(entry, ts[1])
+    if b"applyOps" not in command:
+        return _commit_of_prepared(entry, f, Timestamp(secs, inc))
+    buffered = _flag(entry, command.get(b"partialTxn")) or _flag(entry, command.get(b"prepare"))
+    lsid_id, number = _session(entry, f)
+    if buffered:
+        key: TxnKey | None = (lsid_id or b"", -1 if number is None else number)
+    else:
+        key = _commit_key(entry, f, lsid_id, number)
+    stamp = None if buffered else _stamp(entry, f, key is not None)
+    if not buffered and stamp is None:
+        return None
+    ops = array_items(entry, command[b"applyOps"][1])
+    return ApplyOps(Timestamp(secs, inc), ops, buffered, key, _prev(entry, f), stamp)
+
+
+def _command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:
+    """The elements of the entry's `o` if it is an applyOps (`op: "c"`, `o` led by the array
+    applyOps) or the commitTransaction of a prepared transaction, else None."""
+    op, o = _typed(f, b"op", 0x02), _typed(f, b"o", 0x03)
+    if op is None or o is None or entry[op[1] : op[2]] != b"\x02\x00\x00\x00c\x00":
+        return None
+    command = elements(entry, o[1])
+    first = next(iter(command.items()), None)
+    if first is None:
+        return None
+    name, (t, _, _) = first
+    return command if (name, t == 4) in _COMMANDS else None
+
+
+# The commands read here, each with whether its first element is an array.
+_COMMANDS = frozenset({(b"applyOps", True), (b"commitTransaction", False)})
+
+
+def _commit_of_prepared(entry: bytes, f: dict[bytes, _Element], ts: Timestamp) -> ApplyOps:
+    """A prepared transaction's commitTransaction: no ops of its own, it commits those its
+    prepare entry left buffered (under its lsid and txnNumber, whatever its multiOpType)."""
+    lsid_id, number = _session(entry, f)
+    stamp = _stamp(entry, f, True)
+    if lsid_id is None or number is None or stamp is None:
+        raise _Refused  # the general transform reports a commit without its transaction
+    return ApplyOps(ts, [], False, (lsid_id, number), _prev(entry, f), stamp)
+
+
+def _typed(f: dict[bytes, _Element], name: bytes, t: int) -> _Element | None:
+    """The element `name` if it is of type `t`; None if absent; refused if of another type."""
+    found = f.get(name)
+    if found is not None and found[0] != t:
+        raise _Refused
+    return found
+
+
+def _flag(entry: bytes, found: _Element | None) -> bool:
+    """A boolean flag (partialTxn, prepare): false if absent."""
+    if found is None:
+        return False
+    if found[0] != 0x08:
+        raise _Refused  # another type's truth: the general transform's to judge
+    return entry[found[1]] != 0
+
+
+def _integer(entry: bytes, found: _Element | None) -> int | None:
+    """An int32 or int64 value (txnNumber, multiOpType), or None if absent."""
+    if found is None:
+        return None
+    if found[0] not in _INT_TYPES:
+        raise _Refused
+    return int.from_bytes(entry[found[1] : found[2]], "little", signed=True)
+
+
+def _session(entry: bytes, f: dict[bytes, _Element]) -> tuple[bytes | None, int | None]:
+    """(the lsid's id, as the bytes of its binary value, or None without lsid; txnNumber)."""
+    lsid = _typed(f, b"lsid", 0x03)
+    number = _integer(entry, f.get(b"txnNumber"))
+    if lsid is None:
+        return None, number
+    found = _typed(elements(entry, lsid[1]), b"id", 0x05)
+    if found is None or entry[found[1] + 4] == 2:
+        raise _Refused  # no id, or of the old binary subtype, whose bytes hold their own length
+    return entry[found[1] + 5 : found[2]], number
+
+
+def _commit_key(
+    entry: bytes, f: dict[bytes, _Element], lsid_id: bytes | None, number: int | None
+) -> TxnKey | None:
+    """A commit's transaction key: None for batched writes (no lsid, or multiOpType 1)."""
+    if lsid_id is None or _integer(entry, f.get(b"multiOpType")) == 1:
+        return None
+    if number is None:
+        raise _Refused  # a transaction without txnNumber: the general transform reports it
+    return lsid_id, number
+
+
+def _prev(entry: bytes, f: dict[bytes, _Element]) -> Timestamp | None:
+    """prevOpTime's ts, None if absent or null (a chain's first entry)."""
+    prev = _typed(f, b"prevOpTime", 0x03)
+    if prev is None:
+        return None
+    ts = _typed(elements(entry, prev[1]), b"ts", 0x11)
+    if ts is None:
+        raise _Refused
+    inc, secs = _TS.unpack_from(entry, ts[1])
+    return Timestamp(secs, inc) if secs or inc else None
+
+
+def splice_txn_op(
+    op: bytes, stamp: TxnStamp, index: int, *, expanded: bool
+) -> Spliced | tuple[()] | None:
+    """The event of the op at `index` among its transaction's operations (every op counts,
+    also those that make no event), in an entry of `stamp`: splice_crud's fields, () for an op
+    with no event (an internal namespace), None for the general transform."""
+    tail, head = stamp
+    if index > _MAX_INDEX:
+        return None
+    written = b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00"))
+    made = splice_crud(written, expanded=expanded)
+    if not made or not (head or index):
+        return made
+    sort_key, type_bits, op_type, db, coll, raw, namespaces, shard, _ = made
+    body = raw[4:]  # its elements and the end byte
+    if index:
+        token_at = _HEAD_AT + len(_TOKEN_HEAD)
+        if sort_key[_HEAD_AT:token_at] != _TOKEN_HEAD:
+            return None
+        indexed = b"".join((sort_key[:_HEAD_AT], _token_head(index), sort_key[token_at:]))
+        body = _id_rewritten(raw, 2 * len(sort_key), indexed)
+        sort_key = indexed
+    event = b"".join((_I32.pack(4 + len(head) + len(body)), head, body))
+    return sort_key, type_bits, op_type, db, coll, event, namespaces, shard, None
+
+
+def _id_rewritten(raw: bytes, hex_size: int, sort_key: bytes) -> bytes:
+    """The elements (and end byte) of the event `raw`, its token's hex (`hex_size` digits) that
+    of `sort_key` instead: the `_id` element's header, then the new hex, then the rest as it is
+    (the hex's end byte, `_typeBits`, the other fields)."""
+    hex_data = hexlify(sort_key).upper()
+    id_size = _I32.unpack_from(raw, 9)[0] + len(hex_data) - hex_size
+    header = _ID_HEAD.pack(b"\x03_id\x00", id_size, b"\x02_data\x00", len(hex_data) + 1)
+    return b"".join((header, hex_data, raw[_HEX_AT + hex_size :]))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _token_head(index: int) -> bytes:
+    """A v2 event token's KeyString after its cluster time: version 2, tokenType 128 (event),
+    txnOpIndex `index`, fromInvalidate false. Memoized: transactions' indexes are small."""
+    ks = KeyStringBuilder()
+    for value in (2, 128, index, False):
+        ks.append(value)
+    return ks.data

@@ -1,0 +1,238 @@
+"""A transaction's plain writes spliced from bytes (txn_splice) give exactly the general
+transform's events: same resume tokens (txnOpIndex), same fields in the same order (txnNumber
+and lsid before `_id`), same applied_at, for single entries, partialTxn chains, prepared
+transactions and batched writes.
+
+The general transform is the one pinned to the server by the fidelity tests
+(test_reference_fidelity, test_fidelity_audit); these tests pin the splice to it byte for byte.
+The oplog shapes are those of mongodb-formats.md C.6 (simcluster/transactions.py writes them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import bson
+import pytest
+from bson import Binary, Int64, ObjectId, Timestamp
+from bson.datetime_ms import DatetimeMS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mongoformats.change_events as change_events
+from mongoformats.bson_bytes import timestamp_of
+from mongoformats.change_events import OplogTransformer, prev_op_ts
+from mongoformats.resume_token import decode_token
+from mongoformats.txn_splice import read_apply_ops, splice_txn_op, txn_stamp
+from tests.unit.test_oplog_splice import diffs, ids, values
+
+_UIS = [Binary(uuid.UUID(int=i + 1).bytes, 4) for i in range(3)]
+_NULL_TS = Timestamp(0, 0)
+_NULL_OPTIME = {"ts": _NULL_TS, "t": Int64(-1)}
+# The usual _id kinds (string, ObjectId, UUID) most of the time, any kind the splice takes or
+# leaves to the general encoder now and then.
+_keys = st.one_of(
+    st.text(max_size=12),
+    st.builds(ObjectId),
+    st.uuids().map(lambda u: Binary(u.bytes, 4)),
+    ids,
+)
+
+
+@st.composite
+def _ops(draw: st.DrawFn) -> dict[str, Any]:
+    """One op of an applyOps: an insert, a `$v: 2` update, a replace or a delete (mixed
+    namespaces, one internal), now and then a command or a noop, which the general transform
+    makes (and which still count in txnOpIndex)."""
+    kind = draw(st.sampled_from(["i", "i", "u", "u", "r", "d", "create", "n"]))
+    ns = draw(st.sampled_from(["app.orders", "app.users", "shop.stock", "config.x"]))
+    ui = _UIS[draw(st.integers(0, len(_UIS) - 1))]
+    _id = draw(_keys)
+    key: dict[str, Any] = {"_id": _id}
+    if draw(st.integers(0, 5)) == 0:
+        key = {"sk": draw(_keys), "_id": _id}  # a sharded collection's documentKey
+    if kind == "create":
+        o = {"create": ns.split(".")[1], "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}
+        return {"op": "c", "ns": ns.split(".")[0] + ".$cmd", "ui": ui, "o": o}
+    if kind == "n":
+        return {"op": "n", "ns": "", "o": {"msg": "noop"}}
+    op: dict[str, Any] = {"op": "u" if kind == "r" else kind, "ns": ns, "ui": ui}
+    doc = {**key, "v": draw(values)}
+    if kind == "i":
+        op["o"] = doc
+        if draw(st.booleans()):
+            op["o2"] = key
+    elif kind == "d":
+        op["o"] = key
+    elif kind == "r":
+        op["o"], op["o2"] = doc, key
+    else:
+        op["o"], op["o2"] = {"$v": 2, "diff": draw(diffs)}, key
+    return op
+
+
+@st.composite
+def _session(draw: st.DrawFn) -> dict[str, Any]:
+    """A transaction's session fields: lsid (with or without uid) and txnNumber (int64, or an
+    int32 as an older driver may send), or none (batched writes), or multiOpType 1 (batched
+    writes in a session, which carry no transaction), or an lsid without txnNumber."""
+    lsid: dict[str, Any] = {"id": Binary(draw(st.uuids()).bytes, 4)}
+    if draw(st.booleans()):
+        lsid["uid"] = Binary(bytes(range(32)), 0)
+    number = draw(st.one_of(st.integers(0, 2**40).map(Int64), st.integers(0, 2**31 - 1)))
+    kind = draw(st.sampled_from(["txn", "txn", "txn", "none", "multi", "no txnNumber"]))
+    return {
+        "txn": {"lsid": lsid, "txnNumber": number},
+        "none": {},
+        "multi": {"lsid": lsid, "txnNumber": number, "multiOpType": 1},
+        "no txnNumber": {"lsid": lsid},
+    }[kind]
+
+
+def _entry(
+    session: dict[str, Any], o: dict[str, Any], inc: int, wall: bool, prev: Timestamp
+) -> bytes:
+    """An applyOps (or commitTransaction) entry in the server's field order: the session, the
+    command, the stamp, prevOpTime (and multiOpType) last."""
+    head = {k: v for k, v in session.items() if k != "multiOpType"}
+    entry: dict[str, Any] = {**head, "op": "c", "ns": "admin.$cmd", "o": o}
+    entry |= {"ts": Timestamp(1_700_000_000, inc), "t": Int64(1), "v": Int64(2)}
+    if wall:
+        entry["wall"] = DatetimeMS(1_700_000_000_000 + inc)
+    if session:
+        entry["prevOpTime"] = {"ts": prev, "t": Int64(1)} if prev.inc else _NULL_OPTIME
+    if "multiOpType" in session:
+        entry["multiOpType"] = session["multiOpType"]
+    return bson.encode(entry)
+
+
+@st.composite
+def transactions(draw: st.DrawFn, base: int) -> list[bytes]:
+    """The oplog entries of one transaction, at increments past `base`: one applyOps, a
+    partialTxn chain ending in one with `count`, or a prepare then its commitTransaction."""
+    session = draw(_session())
+    ops = draw(st.lists(_ops(), min_size=1, max_size=7))
+    shape = draw(st.sampled_from(["one", "one", "chain", "prepared"]))
+    wall = draw(st.booleans())
+    first = Timestamp(1_700_000_000, base + 1)
+    if shape == "one":
+        return [_entry(session, {"applyOps": ops}, base + 1, wall, _NULL_TS)]
+    if shape == "prepared":
+        prepare = _entry(session, {"applyOps": ops, "prepare": True}, base + 1, wall, _NULL_TS)
+        commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, base + 2)}
+        return [prepare, _entry(session, commit, base + 3, wall, first)]
+    cuts = sorted(draw(st.lists(st.integers(1, len(ops)), max_size=3)))
+    parts = [ops[a:b] for a, b in zip([0, *cuts], [*cuts, len(ops)], strict=True)]
+    entries, prev = [], _NULL_TS
+    for i, part in enumerate(parts, start=base + 1):
+        last = i == base + len(parts)
+        o = {"applyOps": part, **({"count": len(ops)} if last else {"partialTxn": True})}
+        entries.append(_entry(session, o, i, wall, prev))
+        prev = Timestamp(1_700_000_000, i)
+    return entries
+
+
+@st.composite
+def oplogs(draw: st.DrawFn) -> list[bytes]:
+    """A few transactions one after the other."""
+    count = draw(st.integers(1, 3))
+    return [entry for k in range(count) for entry in draw(transactions(10 * k))]
+
+
+def _outcome(tr: OplogTransformer, oplog: list[bytes], start: int) -> list[Any]:
+    """What a read of `oplog` from the entry at `start` gives, entry by entry: the chain its
+    commit misses (read back by prevOpTime, as buckets/oplog_tail.py does), then its events, or
+    the error the transform raised for it."""
+    by_ts = {timestamp_of(entry): entry for entry in oplog}
+    out: list[Any] = []
+    for entry in oplog[start:]:
+        try:
+            gap = tr.missing_chain(entry)
+            out.append(gap)
+            chain = []
+            while gap is not None:
+                chain.append(by_ts[gap])
+                gap = prev_op_ts(by_ts[gap])
+            if chain:
+                tr.adopt_chain(chain[::-1])
+            out.append(tr.transform_decoded(entry))
+        except (KeyError, TypeError) as e:
+            out.append(type(e))
+    return out + [tr.pending_transactions()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(oplogs(), st.booleans(), st.integers(0, 3))
+def test_spliced_transactions_equal_the_general_transform(
+    oplog: list[bytes], expanded: bool, start: int
+) -> None:
+    """Several transactions one after the other, read from the start or from inside one (a
+    commit then reads its chain back), on a stream with and without expanded events."""
+    spliced = OplogTransformer(show_expanded_events=expanded)
+    general = OplogTransformer(show_expanded_events=expanded, splice_transactions=False)
+    start = min(start, len(oplog) - 1)
+    assert _outcome(spliced, oplog, start) == _outcome(general, oplog, start)
+
+
+def test_the_plain_writes_of_a_transaction_are_spliced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inserts, updates and deletes with string, ObjectId and UUID ids in a transaction, in one
+    entry, a chain or a prepared transaction, never reach the general transform; their events
+    carry the transaction's fields first and the ops' indexes in their tokens."""
+    lsid = {"id": Binary(uuid.uuid4().bytes, 4), "uid": Binary(bytes(32), 0)}
+    session = {"lsid": lsid, "txnNumber": Int64(4)}
+    ops = [
+        {"op": "i", "ns": "a.b", "ui": _UIS[0], "o": {"_id": "k", "x": 1}, "o2": {"_id": "k"}},
+        {
+            "op": "u",
+            "ns": "a.c",
+            "ui": _UIS[1],
+            "o": {"$v": 2, "diff": {"u": {"x": 2}, "sa": {"a": True, "u1": {"y": 1}}}},
+            "o2": {"_id": ObjectId()},
+        },
+        {"op": "d", "ns": "a.b", "ui": _UIS[0], "o": {"_id": Binary(uuid.uuid4().bytes, 4)}},
+    ]
+    chain = [
+        _entry(session, {"applyOps": ops[:1], "partialTxn": True}, 1, True, Timestamp(0, 0)),
+        _entry(session, {"applyOps": ops[1:], "count": 3}, 2, True, Timestamp(1_700_000_000, 1)),
+    ]
+    one = _entry(session, {"applyOps": ops}, 3, True, Timestamp(0, 0))
+    prepared = [
+        _entry(session, {"applyOps": ops, "prepare": True}, 4, True, _NULL_TS),
+        _entry(
+            session,
+            {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, 5)},
+            6,
+            True,
+            Timestamp(1_700_000_000, 4),
+        ),
+    ]
+    # Every entry is read from its bytes, the prepared transaction's commit too.
+    assert all(read_apply_ops(entry) for entry in [*chain, one, *prepared])
+
+    def general_transform(*args: Any) -> None:
+        raise AssertionError("a plain write of a transaction took the general transform")
+
+    monkeypatch.setattr(change_events, "crud_event", general_transform)
+    tr = OplogTransformer()
+    for entries in (chain, [one], prepared):
+        events = [ev for entry in entries for ev in tr.transform_decoded(entry)]
+        assert [ev.op_type for ev in events] == ["insert", "update", "delete"]
+        assert [decode_token(ev.token).txn_op_index for ev in events] == [0, 1, 2]
+        for ev in events:
+            assert list(bson.decode(ev.raw))[:3] == ["txnNumber", "lsid", "_id"]
+
+
+def test_a_stamp_of_types_the_general_transform_would_rewrite_is_refused() -> None:
+    """The splice copies ts, wall, txnNumber and lsid as they are: an entry where one of them
+    has another type (which the general transform decodes and writes its own way) is not
+    spliced."""
+    base = {"lsid": {"id": Binary(bytes(16), 4)}, "txnNumber": Int64(1), "op": "c"}
+    stamp = {"ts": Timestamp(1, 1), "wall": DatetimeMS(5)}
+    assert txn_stamp(bson.encode({**base, **stamp}), True) is not None
+    for odd in ({"txnNumber": 1.0}, {"lsid": "s"}, {"wall": 5}, {"ts": Int64(1)}):
+        assert txn_stamp(bson.encode({**base, **stamp, **odd}), True) is None
+    assert txn_stamp(bson.encode({"op": "c", **stamp}), True) is None  # no transaction fields
+    assert txn_stamp(bson.encode({"op": "c", **stamp}), False) is not None
+    op = bson.encode({"op": "i", "ns": "a.b", "o": {"_id": 1}})
+    assert splice_txn_op(op, (b"", b""), 2**31, expanded=False) is None  # past int32's type bits
