@@ -54,7 +54,7 @@ class ColumnarRun:
         return self.block.key(i)
 
     def keys(self) -> list[bytes]:
-        return list(map(bytes, self.block.keys))
+        return self.block.key_list()
 
     def bisect_right(self, key: bytes) -> int:
         return self.block.bisect_right(key)
