@@ -29,7 +29,8 @@ _O = b"\x03o\x00"
 _O2 = b"\x03o2\x00"
 # An update's o up to its diff's value: {$v: 2, diff: ...} (the diff is o's last element).
 _V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
-_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"  # a 22-byte document of one ObjectId _id: the documentKey
+# A 22-byte document of one ObjectId _id: the usual documentKey.
+_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"
 _OID_KEY_BYTES = 22
 _STRING_ID = b"\x02_id\x00"  # {_id: string}: its element's head (the string's length follows)
 _UUID_KEY_BYTES = len(_UUID_KEY_HEAD) + 18  # {_id: binary of 16 bytes}: subtype, bytes, the end

@@ -4,18 +4,20 @@ compiled loops (numba, buckets/_columnar/byte_kernels.py), the rest one by one.
 Why: `splice_crud`'s cost in Python is spread over its lines, none standing out, so no
 per-entry rewrite in Python gets much below it. But the inserts
 (and deletes, and the usual updates) of a backlog are alike: the same element order, the same
-constant bytes, differing only in a few values (ts, the _id's ObjectId, wall, the document) and
-in lengths. So a compiled loop reads each entry's elements where they must lie (`_layout`), the
+constant bytes, differing only in a few values (ts, the _id, wall, the document) and in
+lengths. So a compiled loop reads each entry's elements where they must lie (`_layout`), the
 entries are grouped by what their op, ns and ui make of them (their kind: a batch holds a
 handful), Python makes each kind's templates once (the event's constant bytes), and a second
 loop writes every event into one buffer, its own values (token, clusterTime, wallTime, document,
-updatedFields) into its kind's template (`_assemble`): two passes over the batch, where numpy
+documentKey, updatedFields) into its kind's template (`_assemble`; the tokens' KeyStrings first,
+by id_keys.sort_keys): a few passes over the batch, where numpy
 array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
 is, for the usual diff (`{u: {...}}` alone), the diff's `u` document, copied as an insert's
 document is; other diffs are made one by one by `update_description` and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
-(drivers give every document one; a TTL index's deletes have it), in the field order a server
+(drivers give every document one; a TTL index's deletes have it), `{_id: string}` or `{_id:
+binary of 16 bytes}` (a UUID), in the field order a server
 writes them, with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
@@ -24,7 +26,7 @@ writes them, with or without a retryable write's session fields:
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
 and of updates, those whose diff `update_description` takes (no expanded events). Entries of
-these shapes with another documentKey (string, UUID, compound `_id`s, shard keys) get
+these shapes with another documentKey (compound or numeric `_id`s, shard keys) get
 `splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
 other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
 goes through `splice_crud` or the general transform. An entry taken here gives exactly
