@@ -183,18 +183,17 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         return
     # Which documentKey it is, checked as splice_crud's `_token_key` checks it (a string of at
     # least its terminator, which ends the key but for the document's own end).
-    string_length = i32(d, key + 4 + len(_STRING_ID))
-    row[_R_OK] = (
-        ((key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY)) * _ID_OID
-        + (
+    # The usual ObjectId is checked alone: a compiled call per check costs as much as a check.
+    if (key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY):
+        row[_R_OK] = _ID_OID
+    else:
+        string_length = i32(d, key + 4 + len(_STRING_ID))
+        row[_R_OK] = (
             has(d, key + 4, _P_STRING_ID)
             & (string_length >= 1)
             & (13 + string_length == key_length - 1)
             & (u8(d, key_end - 2) == 0)
-        )
-        * _ID_STRING
-        + ((key_length == _UUID_KEY_BYTES) & has(d, key, _P_UUID_KEY)) * _ID_UUID
-    )
+        ) * _ID_STRING + ((key_length == _UUID_KEY_BYTES) & has(d, key, _P_UUID_KEY)) * _ID_UUID
     row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple

@@ -9,8 +9,8 @@ lengths. So a compiled loop reads each entry's elements where they must lie (`_l
 entries are grouped by what their op, ns and ui make of them (their kind: a batch holds a
 handful), Python makes each kind's templates once (the event's constant bytes), and a second
 loop writes every event into one buffer, its own values (token, clusterTime, wallTime, document,
-documentKey, updatedFields) into its kind's template (`_assemble`; the tokens' KeyStrings first,
-by id_keys.sort_keys): a few passes over the batch, where numpy
+documentKey, updatedFields) into its kind's template, and its token's KeyString beside it
+(`_assemble`): two passes over the batch, where numpy
 array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
 is, for the usual diff (`{u: {...}}` alone), the diff's `u` document, copied as an insert's
 document is; other diffs are made one by one by `update_description` and copied in.
@@ -54,6 +54,7 @@ import pyarrow as pa
 from buckets._columnar.batch_layout import (
     _DELETE,
     _DIFF_AT,
+    _ID_OID,
     _INSERT,
     _OPS,
     _R_HEAD_END,
@@ -75,7 +76,19 @@ from buckets._columnar.batch_layout import (
 )
 from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.id_keys import _KEY_ID_AT, _KEY_TS, key_template, sort_keys
+from buckets._columnar.id_keys import (
+    _HEAD_ROOM,
+    _HEADS,
+    _ID_AFTER,
+    _ID_END,
+    _ID_ESCAPED,
+    _ID_HEAD_BYTES,
+    _ID_HEADS,
+    _ID_VALUE_AT,
+    _KEY_ID_AT,
+    _KEY_TS,
+    key_template,
+)
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -130,15 +143,18 @@ _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
 # A kind's templates: its sort key up to the _id, its event's front up to the hex's varying
 # part, the front's rest, the tail up to the documentKey's value, and what follows that.
 _PARTS = 5
+_ID_OID_HEAD = _HEADS[_ID_OID]
+_OID_HEAD_HEX = 2 * len(_ID_OID_HEAD)
 
 
 def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[bytes, bytes]:
     """A kind's event up to its document (an insert's fullDocument header ends it), in two
     parts: up to where its token's hex differs from event to event (the hex of the key's part
-    that every event of the kind shares), and from the hex's end on; with zeros (in the hex too)
-    where each event's lengths, ts and wall go."""
+    that every event of the kind shares, then of an ObjectId _id's head), and from the hex's end
+    on; with zeros (in the hex too) where each event's lengths, ts and wall go."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
-    return bytes(4) + _ID_ELEMENT + hexlify(key).upper(), b"".join(
+    head = bytes(4) + _ID_ELEMENT + hexlify(key + _ID_OID_HEAD).upper()
+    return head, b"".join(
         (
             b"\x00\x00",
             _OP_ELEMENT[op],
@@ -201,19 +217,8 @@ def splice_block(
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
     templates, at = _templates(ops, made, expanded)
     extras, extra_at = _extras(descriptions, taken)
-    keys, key_lengths = sort_keys(d, taken, rows, at[_PARTS * which[taken]], templates)
-    events, offsets = _assemble(
-        d,
-        taken,
-        rows,
-        which,
-        templates,
-        at,
-        keys,
-        key_lengths,
-        extras,
-        extra_at,
-        _wall_at(expanded),
+    keys, events, offsets = _assemble(
+        d, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
@@ -350,29 +355,33 @@ def _assemble(
     which: _Ints,
     templates: _Bytes,
     at: _Ints,
-    keys: _Bytes,
-    key_lengths: _Ints,
     extra: _Bytes,
     extra_at: _Ints,
     wall_at: int,
-) -> tuple[_Bytes, _Ints]:
-    """The taken entries' events (their bytes back to back, and offsets): each is its kind's
-    templates (`templates` from at[_PARTS k] to at[_PARTS k + _PARTS], see `_templates`) with its
-    own lengths, token (the hex of its sort key, a row of `keys`, key_lengths[i] long), ts and
-    wall written in, then its document (an insert's), its documentKey, its updatedFields (an
-    update's: the diff's `u` document, or extra[extra_at[i]:extra_at[i+1]]) and what closes it."""
+) -> tuple[_Bytes, _Bytes, _Ints]:
+    """The taken entries' sort keys (rows padded with zeros to the longest's width, see
+    id_keys.py) and events (their bytes back to back, and offsets). Each key is its kind's key
+    template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id` (the
+    id_keys tables: a string's zero bytes escaped). Each event is its kind's other templates with
+    its own lengths, token (its key's hex), ts and wall written in, then its document (an
+    insert's), its documentKey, its updatedFields (an update's: the diff's `u` document, or
+    extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then bytes."""
     m = len(taken)
     offsets = np.zeros(m + 1, np.int64)
+    lengths = np.empty(m, np.int64)
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
-        # its templates but the key's, its hex beyond the kind's, its documentKey
-        size = (
-            at[k + _PARTS]
-            - at[k + 1]
-            + 2 * (key_lengths[i] - _KEY_ID_AT)
-            + row[_R_KEY_END]
-            - row[_R_KEY]
-        )
+        kind = U(row[_R_OK])
+        value, after = row[_R_KEY] + _ID_VALUE_AT[kind], row[_R_KEY_END] - _ID_AFTER[kind]
+        zeros = 0  # a string's zero bytes (each written 00 FF); no range for other kinds
+        for j in range(U(value), U(value + (after - value) * _ID_ESCAPED[kind])):
+            zeros += d[j] == 0
+        n = _KEY_ID_AT + _ID_HEAD_BYTES[kind] + after - value + zeros + _ID_AFTER[kind] + 2
+        lengths[i] = n
+        # its templates but the key's (less the hex of an ObjectId's head, which the hex
+        # beyond the kind's holds), the hex beyond the kind's, its documentKey
+        size = at[k + _PARTS] - at[k + 1] - _OID_HEAD_HEX + 2 * (n - _KEY_ID_AT)
+        size += row[_R_KEY_END] - row[_R_KEY]
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
@@ -382,21 +391,47 @@ def _assemble(
                 else extra_at[i + 1] - extra_at[i]
             )
         offsets[i + 1] = offsets[i] + size
-    width = keys.shape[1]
-    flat = keys.reshape(m * width)
+    width = lengths.max() if m else 0
+    keys = np.zeros(m * width, np.uint8)
     out = np.empty(offsets[m], np.uint8)
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
-        key, n = U(i * width), key_lengths[i]
+        kind, key, n = U(row[_R_OK]), U(i * width), lengths[i]
+        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id.
+        copy(keys, key, templates, at[k], _KEY_ID_AT)
+        for j in range(U(8)):
+            keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
+        copy(keys, key + _KEY_ID_AT, _ID_HEADS, kind * _HEAD_ROOM, _ID_HEAD_BYTES[kind])
+        p = key + U(_KEY_ID_AT + _ID_HEAD_BYTES[kind])
+        escaped = _ID_ESCAPED[kind] != 0
+        for j in range(U(row[_R_KEY] + _ID_VALUE_AT[kind]), U(row[_R_KEY_END] - _ID_AFTER[kind])):
+            byte = d[j]
+            keys[p] = byte
+            p += U(1)
+            if escaped & (byte == 0):
+                keys[p] = 0xFF
+                p += U(1)
+        keys[key + U(n - 1)] = _ID_END
+        # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
+        # (The front's template ends with the hex of an ObjectId _id's head, the usual kind's:
+        # from there on, the hex is written only for the other kinds.)
         front = at[k + 2] - at[k + 1]
         copy(out, e, templates, at[k + 1], front)
         put_i32(out, e, stop - e)
         put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17)
         put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
-        hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, flat, key + _KEY_TS, 8)
-        hex_digits(out, e + front, flat, key + _KEY_ID_AT, n - _KEY_ID_AT)
+        hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
+        written = _OID_HEAD_HEX * (kind == _ID_OID)
+        front -= _OID_HEAD_HEX
+        hex_digits(
+            out,
+            e + front + written,
+            keys,
+            key + _KEY_ID_AT + written // 2,
+            n - _KEY_ID_AT - written // 2,
+        )
         e += front + 2 * (n - _KEY_ID_AT)
         rest = at[k + 3] - at[k + 2]
         copy(out, e, templates, at[k + 2], rest)
@@ -406,11 +441,11 @@ def _assemble(
         if op == _INSERT:  # fullDocument: the insert's o
             copy(out, e, d, o_start, o_end - o_start)
             e += o_end - o_start
+        # ns and documentKey's header, the documentKey, what follows it
         tail = at[k + 4] - at[k + 3]
         copy(out, e, templates, at[k + 3], tail)
-        e += tail
-        copy(out, e, d, row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
-        e += row[_R_KEY_END] - row[_R_KEY]
+        copy(out, e + tail, d, row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
+        e += tail + row[_R_KEY_END] - row[_R_KEY]
         tail = at[k + 5] - at[k + 4]
         copy(out, e, templates, at[k + 4], tail)
         e += tail
@@ -425,7 +460,7 @@ def _assemble(
             copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
         else:
             copy(out, e, extra, extra_at[i], stop - e)
-    return out, offsets
+    return keys.reshape(m, width), out, offsets
 
 
 def _description(

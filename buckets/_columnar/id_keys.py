@@ -1,7 +1,7 @@
-"""The sort keys of a batch's block: each event's resume token KeyString, written in a compiled
-loop for the documentKeys the block takes (`{_id: ObjectId}`, `{_id: string}`, `{_id: binary of
-16 bytes}`: batch_layout's _ID_OID, _ID_STRING, _ID_UUID), as splice_crud's `_token_key` and
-sort key make them.
+"""The sort keys of a batch's block: what each event's resume token KeyString is made of, for
+the documentKeys the block takes (`{_id: ObjectId}`, `{_id: string}`, `{_id: binary of 16
+bytes}`: batch_layout's _ID_OID, _ID_STRING, _ID_UUID), as splice_crud's `_token_key` and sort
+key make them; batch_splice's `_assemble` writes them from these tables.
 
 A token's KeyString is 0x82, the ts (seconds, then increment, big-endian), the token's fixed head,
 the collection's UUID (19 bytes: 0x5a, its length, subtype 4, the 16 bytes), the operation and
@@ -21,28 +21,10 @@ padding (trailing zeros) to get a key back.
 
 from __future__ import annotations
 
-from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
-
-# isort: split
-import numba
 import numpy as np
-import numpy.typing as npt
 
-from buckets._columnar.batch_layout import (
-    _ID_OID,
-    _ID_STRING,
-    _ID_UUID,
-    _R_KEY,
-    _R_KEY_END,
-    _R_OK,
-    _R_STAMPS,
-    _TS_AT,
-)
-from buckets._columnar.byte_kernels import U, copy
+from buckets._columnar.batch_layout import _ID_OID, _ID_STRING, _ID_UUID
 from mongoformats.oplog_splice import _OP_IDENT, _TOKEN_HEAD
-
-_Ints = npt.NDArray[np.int64]
-_Bytes = npt.NDArray[np.uint8]
 
 _KEY_TS = 1  # where a key's ts is
 _OBJECT = b"\x46"  # the documentKey's object head, the last byte of a kind's key template
@@ -78,46 +60,3 @@ def key_template(op: str, uuid_ks: bytes) -> bytes:
     key = b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _OBJECT))
     assert len(key) == _KEY_ID_AT
     return key
-
-
-@numba.njit(cache=CACHE)
-def sort_keys(
-    d: _Bytes, taken: _Ints, rows: _Ints, key_at: _Ints, templates: _Bytes
-) -> tuple[_Bytes, _Ints]:
-    """The taken entries' sort keys, as rows padded with zeros to the longest's width, and each
-    one's length: its kind's key template (`templates` from key_at[i]), its ts, then its `_id`
-    (see the tables above). Two passes: the lengths (a string's zero bytes counted), then the
-    keys."""
-    m = len(taken)
-    lengths = np.empty(m, np.int64)
-    for i in range(U(m)):
-        row = rows[U(taken[i])]
-        kind = U(row[_R_OK])
-        value, stop = row[_R_KEY] + _ID_VALUE_AT[kind], row[_R_KEY_END] - _ID_AFTER[kind]
-        zeros = 0
-        if _ID_ESCAPED[kind]:
-            for j in range(U(value), U(stop)):
-                zeros += d[j] == 0
-        lengths[i] = _KEY_ID_AT + _ID_HEAD_BYTES[kind] + stop - value + zeros + _ID_AFTER[kind] + 2
-    width = lengths.max() if m else 0
-    keys = np.zeros(m * width, np.uint8)
-    for i in range(U(m)):
-        row = rows[U(taken[i])]
-        kind = U(row[_R_OK])
-        at = U(i * width)
-        copy(keys, at, templates, key_at[i], _KEY_ID_AT)
-        ts = row[_R_STAMPS] + _TS_AT
-        for j in range(U(8)):  # a token's ts: seconds, then increment, big-endian
-            keys[at + _KEY_TS + j] = d[U(ts + 7) - j]
-        copy(keys, at + _KEY_ID_AT, _ID_HEADS, kind * _HEAD_ROOM, _ID_HEAD_BYTES[kind])
-        p = at + U(_KEY_ID_AT + _ID_HEAD_BYTES[kind])
-        escaped = _ID_ESCAPED[kind] != 0
-        for j in range(U(row[_R_KEY] + _ID_VALUE_AT[kind]), U(row[_R_KEY_END] - _ID_AFTER[kind])):
-            byte = d[j]
-            keys[p] = byte
-            p += U(1)
-            if escaped & (byte == 0):
-                keys[p] = 0xFF
-                p += U(1)
-        keys[at + U(lengths[i] - 1)] = _ID_END
-    return keys.reshape(m, width), lengths
