@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8, u64
-from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD
+from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD, _UUID_KEY_HEAD
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -29,8 +29,11 @@ _O = b"\x03o\x00"
 _O2 = b"\x03o2\x00"
 # An update's o up to its diff's value: {$v: 2, diff: ...} (the diff is o's last element).
 _V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
-_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"  # a 22-byte document of one ObjectId _id: the documentKey
+# A 22-byte document of one ObjectId _id: the usual documentKey.
+_OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"
 _OID_KEY_BYTES = 22
+_STRING_ID = b"\x02_id\x00"  # {_id: string}: its element's head (the string's length follows)
+_UUID_KEY_BYTES = len(_UUID_KEY_HEAD) + 18  # {_id: binary of 16 bytes}: subtype, bytes, the end
 _STMT_ID = b"\x10stmtId\x00"
 _PREV_OP_TIME = b"\x03prevOpTime\x00"
 # ts, t, v and wall follow, each 8 bytes (its header's offset from ts's, the header).
@@ -50,6 +53,7 @@ _P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(
     as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY)
 )
 _P_STMT_ID, _P_PREV_OP_TIME = map(as_bytes, (_STMT_ID, _PREV_OP_TIME))
+_P_STRING_ID, _P_UUID_KEY = map(as_bytes, (_STRING_ID, _UUID_KEY_HEAD))
 _P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
 _TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
 _TXN_NUMBER_BYTES = len(_TXN_NUMBER)
@@ -60,12 +64,12 @@ _STMT_ID_BYTES = len(_STMT_ID)
 _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 
 # The layout kernel's columns: one row per entry.
-# _R_OK: the block takes the entry; _R_LAID: it has the block's layout, whatever its
-# documentKey (which ends at _R_KEY_END), so splice_crud's layout need not be read again.
-# The block takes `{_id: ObjectId}` keys alone. Other keys (string, UUID, compound `_id`s, shard
-# keys beside `_id`) are spliced one by one from the layout: a block's sort keys are rows of one
-# width, and the merge stacks the rows of every shard's blocks into one array, so a key of
-# another width would need a key column with offsets through EventBlock and the merge.
+# _R_OK: the block takes the entry (its documentKey's kind, _ID_OID, _ID_STRING or _ID_UUID; 0
+# for none); _R_LAID: it has the block's layout, whatever its documentKey (which ends at
+# _R_KEY_END), so splice_crud's layout need not be read again. The block takes the documentKeys
+# `splice_crud` reads where their parts lie (`_token_key`): `{_id: ObjectId}`, `{_id: string}`
+# and `{_id: binary of 16 bytes}` (a UUID), whose KeyStrings batch_splice's kernels write. Other
+# keys (compound `_id`s, shard keys beside `_id`, numbers) are spliced one by one from the layout.
 (
     _R_OK,
     _R_OP,
@@ -80,6 +84,7 @@ _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
     _R_KEY_END,
 ) = range(_ROW_WIDTH := 11)
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
+_ID_OID, _ID_STRING, _ID_UUID = 1, 2, 3
 
 
 # The op of an entry by its op letter's byte (u8's, plus one: -1, outside the entry, is at 0).
@@ -90,10 +95,10 @@ _OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _U
 @numba.njit(cache=CACHE)
 def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
     """Fill `row` with where an entry's parts are if it has the layout of a plain insert, update
-    or delete (row[_R_LAID] = 1; row[_R_OK] = 1 if the block takes it, its documentKey an
-    ObjectId _id alone), checking each element where it must start, as splice_crud's fixed
-    layout does; every boundary comes from the entry's own lengths, so it is laid out only if it
-    is exactly that sequence.
+    or delete (row[_R_LAID] = 1; row[_R_OK] the kind of its documentKey if the block takes
+    it), checking each element where it must start, as splice_crud's fixed layout does; every
+    boundary comes from the entry's own lengths, so it is laid out only if it is exactly that
+    sequence.
 
     One compiled function, not one per part: a call between compiled functions costs about as
     much as the checks it would hold, and this runs once per oplog entry. Each part's checks are
@@ -176,7 +181,19 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         )
     ):
         return
-    row[_R_OK] = (key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY)
+    # Which documentKey it is, checked as splice_crud's `_token_key` checks it (a string of at
+    # least its terminator, which ends the key but for the document's own end).
+    # The usual ObjectId is checked alone: a compiled call per check costs as much as a check.
+    if (key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY):
+        row[_R_OK] = _ID_OID
+    else:
+        string_length = i32(d, key + 4 + len(_STRING_ID))
+        row[_R_OK] = (
+            has(d, key + 4, _P_STRING_ID)
+            & (string_length >= 1)
+            & (13 + string_length == key_length - 1)
+            & (u8(d, key_end - 2) == 0)
+        ) * _ID_STRING + ((key_length == _UUID_KEY_BYTES) & has(d, key, _P_UUID_KEY)) * _ID_UUID
     row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple

@@ -4,18 +4,20 @@ compiled loops (numba, buckets/_columnar/byte_kernels.py), the rest one by one.
 Why: `splice_crud`'s cost in Python is spread over its lines, none standing out, so no
 per-entry rewrite in Python gets much below it. But the inserts
 (and deletes, and the usual updates) of a backlog are alike: the same element order, the same
-constant bytes, differing only in a few values (ts, the _id's ObjectId, wall, the document) and
-in lengths. So a compiled loop reads each entry's elements where they must lie (`_layout`), the
+constant bytes, differing only in a few values (ts, the _id, wall, the document) and in
+lengths. So a compiled loop reads each entry's elements where they must lie (`_layout`), the
 entries are grouped by what their op, ns and ui make of them (their kind: a batch holds a
 handful), Python makes each kind's templates once (the event's constant bytes), and a second
 loop writes every event into one buffer, its own values (token, clusterTime, wallTime, document,
-updatedFields) into its kind's template (`_assemble`): two passes over the batch, where numpy
+documentKey, updatedFields) into its kind's template, and its token's KeyString beside it
+(`_assemble`): two passes over the batch, where numpy
 array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
 is, for the usual diff (`{u: {...}}` alone), the diff's `u` document, copied as an insert's
 document is; other diffs are made one by one by `update_description` and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
-(drivers give every document one; a TTL index's deletes have it), in the field order a server
+(drivers give every document one; a TTL index's deletes have it), `{_id: string}` or `{_id:
+binary of 16 bytes}` (a UUID), in the field order a server
 writes them, with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
@@ -24,7 +26,7 @@ writes them, with or without a retryable write's session fields:
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
 and of updates, those whose diff `update_description` takes (no expanded events). Entries of
-these shapes with another documentKey (string, UUID, compound `_id`s, shard keys) get
+these shapes with another documentKey (compound or numeric `_id`s, shard keys) get
 `splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
 other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
 goes through `splice_crud` or the general transform. An entry taken here gives exactly
@@ -52,8 +54,8 @@ import pyarrow as pa
 from buckets._columnar.batch_layout import (
     _DELETE,
     _DIFF_AT,
+    _ID_OID,
     _INSERT,
-    _OID_KEY,
     _OPS,
     _R_HEAD_END,
     _R_KEY,
@@ -74,12 +76,23 @@ from buckets._columnar.batch_layout import (
 )
 from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
+from buckets._columnar.id_keys import (
+    _HEAD_ROOM,
+    _HEADS,
+    _ID_AFTER,
+    _ID_END,
+    _ID_ESCAPED,
+    _ID_HEAD_BYTES,
+    _ID_HEADS,
+    _ID_VALUE_AT,
+    _KEY_ID_AT,
+    _KEY_TS,
+    key_template,
+)
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
-    _OP_IDENT,
-    _TOKEN_HEAD,
     Spliced,
     _fixed_head,
     byte_slices,
@@ -102,27 +115,16 @@ _Words = npt.NDArray[np.uint64]
 _Bytes = npt.NDArray[np.uint8]
 
 
-# The resume token's KeyString (the sort key; see splice_crud): 0x82, the ts (seconds, then
-# increment, big-endian), the token's fixed head, the collection's UUID (19 bytes: 0x5a, its
-# length, subtype 4, the 16 bytes), the operation, the ObjectId, the end.
-_KEY_OID_HEAD = b"\x46\x64_id\x00\x64"
-_KEY_TS = 1
-# "insert", "delete" and "update" have as many letters: their tokens and events have one layout.
-assert (
-    len({len(_OP_IDENT[op]) for op in _OPS.values()})
-    == len({len(_OP_ELEMENT[op]) for op in _OPS.values()})
-    == 1
-)
-_KEY_OID = _KEY_TS + 8 + len(_TOKEN_HEAD) + 19 + len(_OP_IDENT["insert"]) + len(_KEY_OID_HEAD)
-_KEY_BYTES = _KEY_OID + 12 + 3
-# The event up to its fullDocument's value: its length, _id (the token's hex), operationType,
-# clusterTime, collectionUUID (expanded events only), wallTime; then where the per-event values go.
-_HEX_BYTES = 2 * _KEY_BYTES
-_ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", _HEX_BYTES + 17, b"\x02_data\x00", _HEX_BYTES + 1)
+# The event up to its _id's hex (the token's: its length varies with the key's, see id_keys.py):
+# its length, the _id element's head, the _id document's length, _data's head and length; then
+# after the hex, the front's rest up to its clusterTime's value, and where each event's values go.
+_ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", 0, b"\x02_data\x00", 0)
 _HEX_AT = 4 + len(_ID_ELEMENT)
-_CLUSTER_TIME_AT = (
-    _HEX_AT + _HEX_BYTES + len(b"\x00\x00" + _OP_ELEMENT["insert"] + b"\x11clusterTime\x00")
-)
+_ID_LENGTH_AT, _DATA_LENGTH_AT = 4 + 5, _HEX_AT - 4
+_CLUSTER_TIME = b"\x11clusterTime\x00"
+# "insert", "delete" and "update" have as many letters: their events share one layout.
+assert len({len(_OP_ELEMENT[op]) for op in _OPS.values()}) == 1
+_CLUSTER_TIME_AT = len(b"\x00\x00" + _OP_ELEMENT["insert"] + _CLUSTER_TIME)
 _WALL_TIME = b"\x09wallTime\x00"
 _COLLECTION_UUID = b"\x05collectionUUID\x00"
 _UUID_VALUE_BYTES = 21  # a binary value: its length, subtype 4, 16 bytes
@@ -136,42 +138,27 @@ _SIMPLE_REST = (
     b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00\x00\x00"
 )
 _END = b"\x00"
-# What follows the updatedFields of: an insert or a delete (none), a simple update, another update.
-_CLOSINGS = (b"", _SIMPLE_REST, _END)
 _P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
 _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
-_UPDATE_HEAD_BYTES = len(_UPDATE_HEAD)
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
+# A kind's templates: its sort key up to the _id, its event's front up to the hex's varying
+# part, the front's rest, the tail up to the documentKey's value, and what follows that.
+_PARTS = 5
+_ID_OID_HEAD = _HEADS[_ID_OID]
+_OID_HEAD_HEX = 2 * len(_ID_OID_HEAD)
 
 
-def _key_template(op: str, uuid_ks: bytes) -> bytes:
-    """A kind's sort key, with zeros where each event's ts and ObjectId go."""
-    return b"".join(
-        (
-            b"\x82",
-            bytes(8),
-            _TOKEN_HEAD,
-            uuid_ks,
-            _OP_IDENT[op],
-            _KEY_OID_HEAD,
-            bytes(12),
-            b"\x00\x00\x04",
-        )
-    )
-
-
-def _front_template(op: str, key: bytes, ui: bytes, expanded: bool) -> bytes:
-    """A kind's event up to its document (an insert's fullDocument header ends it), with zeros
-    (in the hex too) where each event's length, ts, ObjectId and wall go."""
+def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[bytes, bytes]:
+    """A kind's event up to its document (an insert's fullDocument header ends it), in two
+    parts: up to where its token's hex differs from event to event (the hex of the key's part
+    that every event of the kind shares, then of an ObjectId _id's head), and from the hex's end
+    on; with zeros (in the hex too) where each event's lengths, ts and wall go."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
-    return b"".join(
+    head = bytes(4) + _ID_ELEMENT + hexlify(key + _ID_OID_HEAD).upper()
+    return head, b"".join(
         (
-            bytes(4),
-            _ID_ELEMENT,
-            hexlify(key).upper(),
             b"\x00\x00",
             _OP_ELEMENT[op],
-            b"\x11clusterTime\x00",
+            _CLUSTER_TIME,
             bytes(8),
             uuid,
             _WALL_TIME,
@@ -182,7 +169,8 @@ def _front_template(op: str, key: bytes, ui: bytes, expanded: bool) -> bytes:
 
 
 def _wall_at(expanded: bool) -> int:
-    """Where a front's wallTime value is (collectionUUID comes before it in expanded events)."""
+    """Where a front's wallTime value is in its rest (collectionUUID comes before it in expanded
+    events)."""
     return (
         _CLUSTER_TIME_AT
         + 8
@@ -320,23 +308,22 @@ def _leave_unmade(
 
 
 def _templates(ops: list[str], made: list[Any], expanded: bool) -> tuple[_Bytes, _Ints]:
-    """Each kind's templates, back to back, and where each starts: its sort key, its event's
-    front (up to its document: an insert's fullDocument header ends it) and its tail (ns,
-    documentKey, an update's updateDescription header), with zeros where each event's own values
-    go."""
+    """Each kind's templates (_PARTS of them), back to back, and where each starts: its sort key
+    up to the _id, its event's front in two parts (up to its document: an insert's fullDocument
+    header ends it), its tail up to the documentKey's value (ns, documentKey's header) and after
+    it (an update's updateDescription header, or the event's end), with zeros where each event's
+    own values go."""
     parts: list[bytes] = []
     for op, h in zip(ops, made, strict=True):
         if not h:  # (a kind none of whose entries is taken: no event refers to it)
-            parts += (b"", b"", b"")
+            parts += (b"",) * _PARTS
             continue
-        key = _key_template(op, h[3])
+        key = key_template(op, h[3])
         parts += (
             key,
-            _front_template(op, key, h[2], expanded),
-            h[1][0]
-            + _DOCUMENT_KEY
-            + _OID_KEY
-            + (bytes(13) + _UPDATE_HEAD if op == "update" else bytes(14)),
+            *_front_templates(op, key, h[2], expanded),
+            h[1][0] + _DOCUMENT_KEY,
+            _UPDATE_HEAD if op == "update" else _END,
         )
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
@@ -372,16 +359,29 @@ def _assemble(
     extra_at: _Ints,
     wall_at: int,
 ) -> tuple[_Bytes, _Bytes, _Ints]:
-    """The taken entries' sort keys (rows of _KEY_BYTES) and events (their bytes back to back, and
-    offsets): each is its kind's templates (key, front, tail: `templates` from at[3k] to at[3k+3])
-    with its own ts, ObjectId and wall written in, then its document (an insert's), its
-    updatedFields (an update's: the diff's `u` document, or extra[extra_at[i]:extra_at[i+1]])
-    and what closes it."""
+    """The taken entries' sort keys (rows padded with zeros to the longest's width, see
+    id_keys.py) and events (their bytes back to back, and offsets). Each key is its kind's key
+    template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id` (the
+    id_keys tables: a string's zero bytes escaped). Each event is its kind's other templates with
+    its own lengths, token (its key's hex), ts and wall written in, then its document (an
+    insert's), its documentKey, its updatedFields (an update's: the diff's `u` document, or
+    extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then bytes."""
     m = len(taken)
     offsets = np.zeros(m + 1, np.int64)
+    lengths = np.empty(m, np.int64)
     for i in range(U(m)):
-        row, k = rows[U(taken[i])], U(3 * which[U(taken[i])])
-        size = at[k + 3] - at[k + 1]  # its front and tail
+        row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
+        kind = U(row[_R_OK])
+        value, after = row[_R_KEY] + _ID_VALUE_AT[kind], row[_R_KEY_END] - _ID_AFTER[kind]
+        zeros = 0  # a string's zero bytes (each written 00 FF); no range for other kinds
+        for j in range(U(value), U(value + (after - value) * _ID_ESCAPED[kind])):
+            zeros += d[j] == 0
+        n = _KEY_ID_AT + _ID_HEAD_BYTES[kind] + after - value + zeros + _ID_AFTER[kind] + 2
+        lengths[i] = n
+        # its templates but the key's (less the hex of an ObjectId's head, which the hex
+        # beyond the kind's holds), the hex beyond the kind's, its documentKey
+        size = at[k + _PARTS] - at[k + 1] - _OID_HEAD_HEX + 2 * (n - _KEY_ID_AT)
+        size += row[_R_KEY_END] - row[_R_KEY]
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
@@ -391,38 +391,68 @@ def _assemble(
                 else extra_at[i + 1] - extra_at[i]
             )
         offsets[i + 1] = offsets[i] + size
-    keys = np.empty(m * _KEY_BYTES, np.uint8)
+    width = lengths.max() if m else 0
+    keys = np.zeros(m * width, np.uint8)
     out = np.empty(offsets[m], np.uint8)
     for i in range(U(m)):
-        row, k = rows[U(taken[i])], U(3 * which[U(taken[i])])
+        row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
-        ts, oid = stamps + _TS_AT, row[_R_KEY] + 9
-        key = U(i * _KEY_BYTES)
-        copy(keys, key, templates, at[k], _KEY_BYTES)
-        for j in range(U(8)):  # a token's ts: seconds, then increment, big-endian
-            keys[key + _KEY_TS + j] = d[U(ts + 7) - j]
-        copy(keys, key + _KEY_OID, d, oid, 12)
+        kind, key, n = U(row[_R_OK]), U(i * width), lengths[i]
+        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id.
+        copy(keys, key, templates, at[k], _KEY_ID_AT)
+        for j in range(U(8)):
+            keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
+        copy(keys, key + _KEY_ID_AT, _ID_HEADS, kind * _HEAD_ROOM, _ID_HEAD_BYTES[kind])
+        p = key + U(_KEY_ID_AT + _ID_HEAD_BYTES[kind])
+        escaped = _ID_ESCAPED[kind] != 0
+        for j in range(U(row[_R_KEY] + _ID_VALUE_AT[kind]), U(row[_R_KEY_END] - _ID_AFTER[kind])):
+            byte = d[j]
+            keys[p] = byte
+            p += U(1)
+            if escaped & (byte == 0):
+                keys[p] = 0xFF
+                p += U(1)
+        keys[key + U(n - 1)] = _ID_END
+        # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
+        # (The front's template ends with the hex of an ObjectId _id's head, the usual kind's:
+        # from there on, the hex is written only for the other kinds.)
         front = at[k + 2] - at[k + 1]
         copy(out, e, templates, at[k + 1], front)
         put_i32(out, e, stop - e)
+        put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17)
+        put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
-        hex_digits(out, e + _HEX_AT + 2 * _KEY_OID, d, oid, 12)
-        copy(out, e + _CLUSTER_TIME_AT, d, ts, 8)
+        written = _OID_HEAD_HEX * (kind == _ID_OID)
+        front -= _OID_HEAD_HEX
+        hex_digits(
+            out,
+            e + front + written,
+            keys,
+            key + _KEY_ID_AT + written // 2,
+            n - _KEY_ID_AT - written // 2,
+        )
+        e += front + 2 * (n - _KEY_ID_AT)
+        rest = at[k + 3] - at[k + 2]
+        copy(out, e, templates, at[k + 2], rest)
+        copy(out, e + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
         copy(out, e + wall_at, d, stamps + _WALL_AT, 8)
-        e += front
+        e += rest
         if op == _INSERT:  # fullDocument: the insert's o
             copy(out, e, d, o_start, o_end - o_start)
             e += o_end - o_start
-        tail = at[k + 3] - at[k + 2]
-        copy(out, e, templates, at[k + 2], tail)
+        # ns and documentKey's header, the documentKey, what follows it
+        tail = at[k + 4] - at[k + 3]
+        copy(out, e, templates, at[k + 3], tail)
+        copy(out, e + tail, d, row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
+        e += tail + row[_R_KEY_END] - row[_R_KEY]
+        tail = at[k + 5] - at[k + 4]
+        copy(out, e, templates, at[k + 4], tail)
         e += tail
         if op != _UPDATE:
-            copy(out, e - 14, d, oid, 12)
             continue
         # After an update's documentKey: updateDescription's header, its length and
         # updatedFields' header (the tail's end), then its updatedFields and what closes it.
-        copy(out, e - 13 - _UPDATE_HEAD_BYTES, d, oid, 12)
         put_i32(out, e - 4 - _UPDATED_FIELDS_BYTES, stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES)
         if row[_R_SIMPLE]:
             u = o_start + _U_AT
@@ -430,7 +460,7 @@ def _assemble(
             copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
         else:
             copy(out, e, extra, extra_at[i], stop - e)
-    return keys.reshape(m, _KEY_BYTES), out, offsets
+    return keys.reshape(m, width), out, offsets
 
 
 def _description(

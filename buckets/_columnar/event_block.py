@@ -11,8 +11,10 @@ the gather and keying loops below): no per-event object is made until a consumer
 out either: it points into the shards' blocks, and its reply gathers and keys its events in one
 pass.
 
-What a block can hold: events whose sort keys all have one width (batch_splice's inserts,
-updates and deletes with an ObjectId _id), each of one namespace, no type bits and no shard tag.
+What a block can hold: events with no type bits and no shard tag, each of one namespace
+(batch_splice's inserts, updates and deletes with an ObjectId, string or UUID _id). Their sort
+keys are rows of one width, each key padded with zero bytes to the widest (id_keys.py says why
+that keeps their order); whatever reads a key as bytes strips the padding.
 Every other event stays a tuple (mongoformats.change_events.EventFields); `fields()` gives a
 block's events as those tuples, equal to what the per-event path makes.
 """
@@ -59,7 +61,7 @@ class _KeyRows(Sequence[bytes]):
         return len(self.rows) if self.order is None else len(self.order)
 
     def __getitem__(self, i: Any) -> Any:
-        return self.rows[i if self.order is None else self.order[i]].tobytes()
+        return self.rows[i if self.order is None else self.order[i]].tobytes().rstrip(b"\0")
 
 
 class _Scattered(NamedTuple):
@@ -246,6 +248,10 @@ class EventBlock(ArrayRun):
             return _KeyRows(self._unsorted.keys, self._unsorted.order)
         return _KeyRows(self._keys)
 
+    def key_list(self) -> list[bytes]:
+        """The sort keys as bytes, in order, their padding stripped."""
+        return [row.tobytes().rstrip(b"\0") for row in self.keys]
+
     def key(self, i: int) -> bytes:
         return self._key_rows()[i]
 
@@ -305,7 +311,7 @@ class EventBlock(ArrayRun):
         width = self.keys.shape[1]
         names = map(self.kind_table.__getitem__, self.kinds.tolist())
         return [
-            (keys[i : i + width], b"", op, db, coll, raw, namespaces, "", None)
+            (keys[i : i + width].rstrip(b"\0"), b"", op, db, coll, raw, namespaces, "", None)
             for i, (op, db, coll, namespaces), raw in zip(
                 range(0, len(keys), width), names, self.events.to_pylist(), strict=True
             )
@@ -399,7 +405,8 @@ class EventBlock(ArrayRun):
                 len(block.kind_table),
             )
             kinds.append(remap[block.kinds])
-        keys = np.concatenate([b.keys for b in blocks])
+        width = max(b.keys.shape[1] for b in blocks)
+        keys = np.concatenate([_widened(b.keys, width) for b in blocks])
         starts = _run_starts(blocks)
         if len(starts) == 1:
             order = np.arange(len(keys))
@@ -468,6 +475,15 @@ def _restore(
         pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)]
     )
     return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events, kinds, kind_table)
+
+
+def _widened(keys: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
+    """Key rows padded with zero bytes to `width` (see the module's docstring)."""
+    if keys.shape[1] == width:
+        return keys
+    out = np.zeros((len(keys), width), np.uint8)
+    out[:, : keys.shape[1]] = keys
+    return out
 
 
 _MERGED_RUNS = (

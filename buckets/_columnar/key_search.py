@@ -19,8 +19,11 @@ def row_order(
     rows: npt.NDArray[np.uint8], row: Index, keys: npt.NDArray[np.uint8], k0: Index, k1: Index
 ) -> int:
     """-1, 0 or 1 as row `row` of `rows` is below, equal to or above keys[k0:k1] in Python's
-    bytes order (the first differing byte, else the shorter is below)."""
+    bytes order (the first differing byte, else the shorter is below); the row's key is the row
+    less its padding, its trailing zero bytes (a key ends with a non-zero byte: id_keys.py)."""
     width, n = rows.shape[1], k1 - k0
+    while width > 0 and rows[row, width - 1] == 0:
+        width -= 1
     for j in range(min(width, n)):
         a, b = rows[row, j], keys[k0 + j]
         if a != b:

@@ -3,8 +3,12 @@ the engine's run interface (buckets/event_run.py)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.sizes import count_reaching, count_within, reply_prefix
@@ -12,7 +16,9 @@ from buckets.event_run import EventRun, PlainRun, Route, fields_of
 from mongoformats.change_events import EVENT_SORT_KEY, EventFields
 from mongoformats.resume_token import token_from_key
 
-__all__ = ["ColumnarRun", "merge_runs"]
+__all__ = ["SLICE_MIN", "ColumnarRun", "merge_runs"]
+
+SLICE_MIN = 32  # a merged block's part between single events shorter than this goes as tuples
 
 
 class ColumnarRun:
@@ -54,7 +60,7 @@ class ColumnarRun:
         return self.block.key(i)
 
     def keys(self) -> list[bytes]:
-        return list(map(bytes, self.block.keys))
+        return self.block.key_list()
 
     def bisect_right(self, key: bytes) -> int:
         return self.block.bisect_right(key)
@@ -118,20 +124,31 @@ def merge_runs(runs: list[EventRun]) -> list[EventRun]:
 
 
 def _interleaved(merged: EventBlock, singles: list[EventFields], cuts: list[int]) -> list[EventRun]:
-    """`merged` cut at `cuts`, single i going before the part from cuts[i] on."""
+    """`merged` cut at `cuts`, single i going before the part from cuts[i] on. A part shorter
+    than SLICE_MIN goes as tuples, among the singles around it: a run costs the engine a few
+    array operations wherever it goes (its buckets' shares, a reply's cut), tens of microseconds
+    that a short part's events do not repay; all those parts' tuples are made in one call."""
+    bounds = [0, *cuts, len(merged)]
+    short = [j for j in range(len(bounds) - 1) if 0 < bounds[j + 1] - bounds[j] < SLICE_MIN]
+    made = iter(merged.take(_ranges(bounds, short)).fields() if short else [])
     out: list[EventRun] = []
-    at = 0
     pending: list[EventFields] = []
-    for single, cut in zip(singles, cuts, strict=True):
-        if cut > at:
+    for j in range(len(bounds) - 1):
+        start, stop = bounds[j], bounds[j + 1]
+        if stop - start >= SLICE_MIN:
             if pending:
                 out.append(PlainRun(pending))
                 pending = []
-            out.append(ColumnarRun(merged.sliced(at, cut)))
-            at = cut
-        pending.append(single)
+            out.append(ColumnarRun(merged.sliced(start, stop)))
+        else:
+            pending += itertools.islice(made, stop - start)
+        if j < len(singles):
+            pending.append(singles[j])
     if pending:
         out.append(PlainRun(pending))
-    if at < len(merged):
-        out.append(ColumnarRun(merged.sliced(at)))
     return out
+
+
+def _ranges(bounds: list[int], parts: list[int]) -> npt.NDArray[np.int64]:
+    """The indices of parts `parts` (part j: bounds[j] to bounds[j + 1]), in order."""
+    return np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in parts])

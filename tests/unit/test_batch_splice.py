@@ -86,12 +86,17 @@ def writes(draw: st.DrawFn) -> dict[str, Any]:
     return entry
 
 
-# The `_id` kinds applications use: ObjectId (the block's), and string, UUID, compound and
-# integer ids (spliced from the block's layout, one by one).
+# The `_id` kinds applications use: ObjectId, string (NULs, empty, non-ASCII, long: a KeyString
+# over 127 bytes) and UUID ids (the block's), and compound, integer and other binary ids (spliced
+# from the block's layout, one by one).
 ids = st.one_of(
     st.binary(min_size=12, max_size=12).map(ObjectId),
     st.text(max_size=30),
+    st.text(alphabet="\x00a\xe9\u20ac\U0001d11e", max_size=6),
+    st.text(alphabet="\x00ab", min_size=128, max_size=300),
     st.uuids().map(lambda u: Binary(u.bytes, 4)),
+    st.binary(min_size=16, max_size=16).map(lambda b: Binary(b, 3)),
+    st.binary(min_size=1, max_size=20).map(lambda b: Binary(b, 0)),
     st.fixed_dictionaries({"store": st.integers(0, 99), "sku": st.text(max_size=12)}),
     st.integers(-(2**63), 2**63 - 1),
 )
@@ -150,9 +155,19 @@ _IDL_ORDER = [
 ]
 
 
-def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
+def _taken_key(key: Any) -> bool:
+    """Whether a documentKey is one the block takes: `{_id}` alone, an ObjectId, a string or a
+    binary of 16 bytes."""
+    if list(key) != ["_id"]:
+        return False
+    _id = key["_id"]
+    return isinstance(_id, (ObjectId, str)) or (isinstance(_id, bytes) and len(_id) == 16)
+
+
+def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> tuple[list[Any], set[int]]:
     """Each entry's event as the batch splice gives it (its block's events in their entries'
-    places), checked against splice_crud's; None where the batch leaves the entry to it."""
+    places), checked against splice_crud's, None where the batch leaves the entry to it; and
+    the entries its block holds."""
     out, block, where = splice_block(OplogBatch.of(entries), expanded=expanded)
     assert len(out) == len(entries) and all(out[i] is None for i in where)
     batch = list(out)
@@ -160,8 +175,9 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
         assert block.fields() == pickle.loads(pickle.dumps(block)).fields()
         for i, fields in zip(where, block.fields(), strict=True):
             batch[i] = fields
-    # The block's events are its entries' (an ObjectId documentKey each); the others spliced
-    # here are of entries with another documentKey (where a broken entry's event still reads).
+    # The block's events are its entries' (an ObjectId, string or UUID documentKey each); the
+    # others spliced here are of entries with another documentKey (where a broken entry's event
+    # still reads).
     assert set(where.tolist()) <= {i for i, item in enumerate(batch) if item}
     for item in out:
         if item:
@@ -169,11 +185,11 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> list[Any]:
                 key = bson.decode(item[5])["documentKey"]
             except (bson.errors.BSONError, KeyError):
                 continue
-            assert not (list(key) == ["_id"] and isinstance(key["_id"], ObjectId))
+            assert not _taken_key(key)
     for raw, item in zip(entries, batch, strict=True):
         if item is not None:
             assert item == splice_crud(raw, expanded=expanded)
-    return batch
+    return batch, set(where.tolist())
 
 
 def _diff_read(o: dict[str, Any]) -> bool:
@@ -191,8 +207,8 @@ def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(
     entries: list[dict[str, Any]], expanded: bool
 ) -> None:
     raws = [bson.encode(e) for e in entries]
-    batch = _same_as_one_by_one(raws, expanded)
-    for entry, item in zip(entries, batch, strict=True):
+    batch, in_block = _same_as_one_by_one(raws, expanded)
+    for i, (entry, item) in enumerate(zip(entries, batch, strict=True)):
         key = entry.get("o2") if entry["op"] in "iu" else entry["o"] if entry["op"] == "d" else None
         plain = (
             key is not None
@@ -205,8 +221,10 @@ def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(
         )
         if plain and list(entry) == sorted(
             entry, key=_IDL_ORDER.index
-        ):  # as a server writes it: always taken
+        ):  # as a server writes it: always taken, into the block if it takes its key
             assert item is not None
+            internal = entry["ns"].startswith("admin.")
+            assert (i in in_block) == (_taken_key(key) and not internal)
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,7 +5,9 @@ same order and the same reply bytes."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import pickle
+import random
 import uuid
 import weakref
 from typing import Any
@@ -20,21 +22,29 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block
 from buckets._columnar.event_block import EventBlock, _merge_runs
 from buckets._columnar.items import as_runs, count_events
 from buckets._columnar.oplog_batch import OplogBatch
-from buckets._columnar.run import ColumnarRun
+from buckets._columnar.run import SLICE_MIN, ColumnarRun
 from buckets.event_run import fields_of
 from buckets.merge import MergedQueue
 from mongoformats.change_events import EVENT_SORT_KEY
-from mongoformats.oplog_splice import array_of, cursor_document
-from mongoformats.resume_token import high_water_mark, token_sort_key
+from mongoformats.oplog_splice import array_of, cursor_document, splice_crud
+from mongoformats.resume_token import (
+    ResumeTokenData,
+    encode_token_generic,
+    high_water_mark,
+    token_sort_key,
+)
 
 _UUIDS = [Binary(uuid.UUID(int=i).bytes, 4) for i in (1, 2, 3)]
 
 
-def block_of_inserts(stamps: list[tuple[int, int]], collections: list[int]) -> EventBlock:
-    """The block of a batch of inserts at the given (seconds, increment) stamps."""
+def block_of_inserts(
+    stamps: list[tuple[int, int]], collections: list[int], ids: list[Any] | None = None
+) -> EventBlock:
+    """The block of a batch of inserts at the given (seconds, increment) stamps, with the given
+    `_id`s (ObjectIds if none are given), each event splice_crud's."""
     entries = []
-    for (secs, inc), c in zip(stamps, collections, strict=True):
-        _id = ObjectId()
+    for j, ((secs, inc), c) in enumerate(zip(stamps, collections, strict=True)):
+        _id = ObjectId() if ids is None else ids[j]
         entries.append(
             bson.encode(
                 {
@@ -52,6 +62,7 @@ def block_of_inserts(stamps: list[tuple[int, int]], collections: list[int]) -> E
         )
     _, block, where = splice_block(OplogBatch.of(entries), expanded=False)
     assert block is not None and len(where) == len(entries)
+    assert block.fields() == [splice_crud(raw, expanded=False) for raw in entries]
     return block
 
 
@@ -60,15 +71,51 @@ def _stamps(draw: st.DrawFn, n: int) -> list[tuple[int, int]]:
     return [(100, i) for i in increments]
 
 
+# String `_id`s of few characters, so that keys are often prefixes of one another up to the
+# string's end ("a", "a\x00", "a\x00\x01"), and long ones (a KeyString over 127 bytes), besides
+# the ObjectId and UUID keys of other widths.
+_ALPHABET = "\x00\x01a\xe9\u20ac"
+_LENGTHS = (0, 1, 2, 3, 4, 6, 130, 200)
+
+
+@st.composite
+def _ids(draw: st.DrawFn, n: int, used: set[Any]) -> list[Any]:
+    """n `_id`s of one kind drawn for a block (ObjectIds, strings, UUIDs or a mix), none equal to
+    one drawn before: two shards' events never share a key, so the merge is never the exact
+    path's. Drawn from a Random of a drawn seed: hundreds of them would exceed hypothesis's data
+    budget."""
+    kind = draw(st.sampled_from(["oid", "string", "uuid", "mixed"]))
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    out: list[Any] = []
+    for _ in range(n):
+        pick = kind if kind != "mixed" else rnd.choice(["oid", "string", "uuid"])
+        if pick == "oid":
+            _id: Any = ObjectId(rnd.randbytes(12))
+        elif pick == "uuid":
+            _id = Binary(rnd.randbytes(16), 4)
+        else:
+            _id = "".join(rnd.choices(_ALPHABET, k=rnd.choice(_LENGTHS)))
+            while _id in used:
+                _id += rnd.choice(_ALPHABET)
+        used.add(_id)
+        out.append(_id)
+    return out
+
+
 @st.composite
 def shard_blocks(draw: st.DrawFn) -> list[EventBlock]:
-    """One to three shards' blocks; equal times across shards happen (ties keep shard order)."""
-    out = []
+    """One to three shards' blocks, each of ObjectId, string or UUID `_id`s or a mix (blocks of
+    different key widths); equal times across shards happen (ties keep shard order)."""
+    out: list[EventBlock] = []
+    used: set[Any] = set()
     for _ in range(draw(st.integers(1, 3))):
         n = draw(st.integers(BATCH_MIN, BATCH_MIN + 40))
         out.append(
             block_of_inserts(
-                _stamps(draw, n), draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+                _stamps(draw, n),
+                # (collections from a seeded Random: hypothesis's data budget goes to the stamps)
+                random.Random(draw(st.integers(0, 2**32))).choices(range(3), k=n),
+                draw(_ids(n, used)),
             )
         )
     return out
@@ -122,8 +169,8 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
     transaction in it): the release is the tuples' merge, and blocks are not turned into tuples."""
     mixed, as_tuples = MergedQueue([]), MergedQueue([])
     shapes = [data.draw(st.sampled_from(["block", "tuples", "both"])) for _ in blocks]
-    for i, (block, shape) in enumerate(zip(blocks, shapes, strict=True)):
-        k = data.draw(st.integers(1, len(block) - 1))
+    ks = [data.draw(st.integers(1, len(block) - 1)) for block in blocks]
+    for i, (block, shape, k) in enumerate(zip(blocks, shapes, ks, strict=True)):
         items = {
             "block": [block],
             "tuples": block.fields(),
@@ -146,10 +193,24 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
         for b, share in run.shares(lambda namespaces: by_coll[namespaces[0][3:]]).items():
             dealt[b] += share.fields()
     assert dealt == {b: [f for f in want if b in by_coll[f[4]]] for b in (0, 1)}
-    # (Each event's key holds its own ObjectId: no two are equal, so the exact path is not taken.)
-    assert any(isinstance(run, ColumnarRun) for run in got) == any(
-        shape != "tuples" for shape in shapes
-    )
+    # (Each event's key holds its own _id: no two are equal, so the exact path is not taken.)
+    # The blocks' events stay columns, but for parts shorter than SLICE_MIN between single events
+    # in a merge of several shards' (a shard's own runs are released as they are): those go as
+    # tuples.
+    in_blocks = {
+        f[0]
+        for block, shape, k in zip(blocks, shapes, ks, strict=True)
+        for f in {"block": block, "tuples": block.sliced(0, 0), "both": block.sliced(0, k)}[
+            shape
+        ].fields()
+    }
+    parts = [len(list(g)) for b, g in itertools.groupby(f[0] in in_blocks for f in want) if b]
+    columnar = [len(run) for run in got if isinstance(run, ColumnarRun)]
+    if len(blocks) == 1:
+        assert sum(columnar) == len(in_blocks)
+    else:
+        assert all(n >= SLICE_MIN for n in columnar)
+        assert sum(columnar) == sum(n for n in parts if n >= SLICE_MIN)
 
 
 def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> None:
@@ -385,3 +446,47 @@ def test_bisecting_sorted_keys_cuts_where_pythons_bisect_does(
         assert [block.bisect_right(p, lo) for p in probes] == [
             bisect.bisect_right(rows, p, lo) for p in probes
         ]
+
+
+_token_ids = st.one_of(
+    st.binary(min_size=12, max_size=12).map(ObjectId),
+    st.text(alphabet=_ALPHABET, max_size=6),
+    st.text(min_size=120, max_size=140),
+    st.uuids().map(lambda u: Binary(u.bytes, 4)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.sampled_from(["insert", "update"]), _token_ids),
+        min_size=2,
+        max_size=6,
+    ),
+)
+def test_keys_padded_with_zeros_order_as_the_keys_do(
+    events: list[tuple[int, str, Any]],
+) -> None:
+    """A block's key rows are its tokens' KeyStrings padded with zero bytes (id_keys.py): that
+    keeps their order because each ends with a non-zero byte and none is a proper prefix of
+    another. Checked on tokens the general encoder makes (keystring.py), for the `_id`s the
+    block takes: ObjectIds, strings (with NULs, empty, non-ASCII, long) and UUIDs."""
+    keys = [
+        bytes.fromhex(
+            encode_token_generic(
+                ResumeTokenData(
+                    Timestamp(100, inc),
+                    uuid=uuid.UUID(int=1),
+                    event_identifier={"operationType": op, "documentKey": {"_id": _id}},
+                )
+            )["_data"]
+        )
+        for inc, op, _id in events
+    ]
+    width = max(map(len, keys))
+    padded = [k.ljust(width, b"\0") for k in keys]
+    for a, padded_a in zip(keys, padded, strict=True):
+        assert a[-1] != 0 and padded_a.rstrip(b"\0") == a
+        for b, padded_b in zip(keys, padded, strict=True):
+            assert a == b or not b.startswith(a)
+            assert (a < b) == (padded_a < padded_b) and (a == b) == (padded_a == padded_b)

@@ -51,6 +51,7 @@ ENGINE_TRANSFORM = {
     "buckets._columnar.batch_layout",
     "buckets._columnar.event_block",
     "buckets._columnar.block_kernels",
+    "buckets._columnar.id_keys",
     "mongoformats.update_diff",
     "mongoformats.diff_splice",
 }
