@@ -528,9 +528,10 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
     splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
     _R_OK), replacements (the kernels place clusterTime and wallTime at fixed offsets, for an
     operationType of six letters as insert, update and delete have; replace has seven), and
-    entries of any field order. The general transform keeps
-    transactions (applyOps chains and prepared commits carry state across entries: the
-    transaction's lsid, txnNumber and each op's txnOpIndex in its token), DDL and noops."""
+    entries of any field order. The stateful transform (OplogTransformer) keeps transactions
+    (applyOps chains and prepared commits carry state across entries: the transaction's lsid,
+    txnNumber and each op's txnOpIndex in its token; it splices their plain writes with
+    mongoformats.txn_splice), DDL and noops."""
     if made is None:
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made
