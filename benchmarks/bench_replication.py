@@ -119,18 +119,21 @@ def backlog_writes(source_uri: str) -> list[tuple[tuple[str, str], list[Any]]]:
 
 
 def bulk_write_ceiling(
-    target_uri: str, writes: list[tuple[tuple[str, str], list[Any]]]
+    target_uri: str, writes: list[tuple[tuple[str, str], list[Any]]], meter: CpuMeter
 ) -> dict[str, Any]:
     """The target's rate for `writes` as ordered bulk writes from one client."""
     target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
     target.admin.command("ping")  # connected before the clock starts
+    cpu_start = meter.read()
     began = time.perf_counter()
     for (db, coll), ops in writes:
         target[db][coll].bulk_write(ops, ordered=True)
     elapsed = time.perf_counter() - began
+    cpu = _cpu_delta(meter.read(), cpu_start)
     done = sum(len(ops) for _, ops in writes)
     target.close()
     return {
+        "cpu_s": {k: v for k, v in cpu.items() if k in ("target", "driver")},
         "events": done,
         "seconds": elapsed,
         "events_per_s": done / elapsed,
@@ -297,16 +300,16 @@ def main(argv: list[str] | None = None) -> None:
             f"({baseline['events']:,} in {baseline['seconds']:.1f}s)"
         )
         clear(client)
-        ceiling = bulk_write_ceiling(target.uri, backlog_writes(source.uri))
-        print(
-            f"ceiling: ordered bulk    {ceiling['events_per_s']:>10,.0f} events/s "
-            f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s, "
-            f"{ceiling['bulk_writes']} bulk writes of <= {FLUSH_OPS})"
-        )
-        clear(client)
         meter = CpuMeter(
             {"source": source.process.pid, "target": target.process.pid, "proxy": proxy.ps.pid}
         )
+        ceiling = bulk_write_ceiling(target.uri, backlog_writes(source.uri), meter)
+        print(
+            f"ceiling: ordered bulk    {ceiling['events_per_s']:>10,.0f} events/s "
+            f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s, "
+            f"{ceiling['bulk_writes']} bulk writes of <= {FLUSH_OPS}); CPU s {ceiling['cpu_s']}"
+        )
+        clear(client)
         ours = spark_buckets(
             f"mongodb://127.0.0.1:{proxy.port}/",
             target.uri,
