@@ -19,7 +19,10 @@ Every pipeline replays the same backlog (N inserts over 8 sharded namespaces, pr
 Source, target and proxy each run in their own process. Prints the ratios spark/per-event
 (goal >= 5x) and spark/ceiling (goal >= 0.7), both from query start, and spark/ceiling after
 Spark's start-up (the micro-batches that applied nothing before the first that did), and writes
-replication.json (with each micro-batch's events and end time) and .png.
+replication.json (with each micro-batch's events and end time) and .png. The JSON also holds the
+CPU seconds each process group used (source cluster, target cluster, proxy, Spark's JVM, the
+pyspark workers, the driver), for the ceiling and for Spark in all and per micro-batch, and
+Spark's per-trigger durations: with the cores shared, the rate follows the CPU each event costs.
 """
 
 from __future__ import annotations

@@ -28,20 +28,16 @@ LOCAL_DEFAULTS = {
 # before its command line, so a JIT option spark-submit passes (spark.driver.extraJavaOptions)
 # still wins.
 LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+_OPERATORS_JVM = ("JDK_JAVA_OPTIONS", "PYSPARK_SUBMIT_ARGS")  # the operator's say on the JVM
 
 
 def jvm_environ(environ: Mapping[str, str], master: str | None) -> dict[str, str]:
     """The environment to start the driver JVM in: `environ`, with LOCAL_JVM_OPTIONS where the
     master known before the JVM starts (`master`, else MASTER) is local or unset and neither
     JDK_JAVA_OPTIONS nor PYSPARK_SUBMIT_ARGS is given (those belong to the operator)."""
-    chosen = master or environ.get("MASTER") or "local"
-    if (
-        not chosen.startswith("local")
-        or "JDK_JAVA_OPTIONS" in environ
-        or "PYSPARK_SUBMIT_ARGS" in environ
-    ):
-        return dict(environ)
-    return {**environ, "JDK_JAVA_OPTIONS": LOCAL_JVM_OPTIONS}
+    chosen = master or environ.get("MASTER", "local")
+    local = chosen.startswith("local") and environ.keys().isdisjoint(_OPERATORS_JVM)
+    return {**environ, "JDK_JAVA_OPTIONS": LOCAL_JVM_OPTIONS} if local else dict(environ)
 
 
 def _start_jvm(master: str | None) -> None:
