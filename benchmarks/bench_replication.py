@@ -19,18 +19,23 @@ Every pipeline replays the same backlog (N inserts over 8 sharded namespaces, pr
 Source, target and proxy each run in their own process. Prints the ratios spark/per-event
 (goal >= 5x) and spark/ceiling (goal >= 0.7), both from query start, and spark/ceiling after
 Spark's start-up (the micro-batches that applied nothing before the first that did), and writes
-replication.json (with each micro-batch's events and end time) and .png.
+replication.json (with each micro-batch's events and end time) and .png. The JSON also holds the
+CPU seconds each process group used (source cluster, target cluster, proxy, Spark's JVM, the
+pyspark workers, the driver), for the ceiling and for Spark in all and per micro-batch, and
+Spark's per-trigger durations: with the cores shared, the rate follows the CPU each event costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import shutil
 import tempfile
 import time
 from typing import Any
 
+import psutil
 import pymongo
 import trio
 from bson import Timestamp
@@ -117,18 +122,21 @@ def backlog_writes(source_uri: str) -> list[tuple[tuple[str, str], list[Any]]]:
 
 
 def bulk_write_ceiling(
-    target_uri: str, writes: list[tuple[tuple[str, str], list[Any]]]
+    target_uri: str, writes: list[tuple[tuple[str, str], list[Any]]], meter: CpuMeter
 ) -> dict[str, Any]:
     """The target's rate for `writes` as ordered bulk writes from one client."""
     target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
     target.admin.command("ping")  # connected before the clock starts
+    cpu_start = meter.read()
     began = time.perf_counter()
     for (db, coll), ops in writes:
         target[db][coll].bulk_write(ops, ordered=True)
     elapsed = time.perf_counter() - began
+    cpu = _cpu_delta(meter.read(), cpu_start)
     done = sum(len(ops) for _, ops in writes)
     target.close()
     return {
+        "cpu_s": {k: v for k, v in cpu.items() if k in ("target", "driver")},
         "events": done,
         "seconds": elapsed,
         "events_per_s": done / elapsed,
@@ -137,8 +145,56 @@ def bulk_write_ceiling(
     }
 
 
+def _tree_cpu(ps: psutil.Process) -> float:
+    """User + system CPU seconds of `ps` and its descendants, those that exited and were waited
+    for included (a pyspark worker the daemon reaped counts in the daemon's children times)."""
+    total = 0.0
+    for p in [ps, *ps.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class CpuMeter:
+    """CPU seconds by process group, read at each micro-batch's end: the source cluster, the
+    target cluster, the proxy, Spark's JVM and the pyspark workers (the JVM's Python children)
+    and this driver process (its own threads, without its children)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.fixed = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.me = psutil.Process()
+
+    def _jvm(self) -> psutil.Process | None:
+        for child in self.me.children():
+            with contextlib.suppress(psutil.Error):
+                if "java" in child.name():
+                    return child
+        return None
+
+    def read(self) -> dict[str, float]:
+        cpu = {name: _tree_cpu(ps) for name, ps in self.fixed.items()}
+        jvm = self._jvm()
+        workers = _tree_cpu(jvm) if jvm is not None else 0.0
+        own = sum(jvm.cpu_times()[:2]) if jvm is not None else 0.0
+        cpu["spark_jvm"] = own
+        cpu["pyspark_workers"] = workers - own
+        cpu["driver"] = sum(self.me.cpu_times()[:2])
+        return cpu
+
+
+def _cpu_delta(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(v - before.get(k, 0.0), 2) for k, v in now.items()}
+
+
 def spark_buckets(
-    proxy_uri: str, target_uri: str, start: Timestamp, events: int, buckets: int, timeout_s: float
+    proxy_uri: str,
+    target_uri: str,
+    start: Timestamp,
+    events: int,
+    buckets: int,
+    timeout_s: float,
+    meter: CpuMeter | None = None,
 ) -> dict[str, Any]:
     from bucketspark.session import spark_session
     from bucketspark.sink import replicate_batch
@@ -147,7 +203,16 @@ def spark_buckets(
     target: pymongo.MongoClient[Any] = pymongo.MongoClient(target_uri)
     checkpoint = tempfile.mkdtemp(prefix="pcs-bench-ckpt-")
     batches: list[tuple[int, int, float]] = []  # epoch, events applied, seconds since start
+    cpu: list[dict[str, float]] = []  # CPU seconds by process group at each batch's end
+    durations: list[dict[str, int]] = []
+
+    def on_batch(epoch: int, counts: dict[int, int]) -> None:
+        batches.append((epoch, sum(counts.values()), time.perf_counter() - began))
+        if meter is not None:
+            cpu.append(meter.read())
+
     try:
+        cpu_start = meter.read() if meter is not None else {}
         began = time.perf_counter()
         df = (
             spark.readStream.format("parallelchangestream")
@@ -160,23 +225,23 @@ def spark_buckets(
             .load()
         )
         query = (
-            df.writeStream.foreachBatch(
-                replicate_batch(
-                    target_uri,
-                    lambda e, counts: batches.append(
-                        (e, sum(counts.values()), time.perf_counter() - began)
-                    ),
-                )
-            )
+            df.writeStream.foreachBatch(replicate_batch(target_uri, on_batch))
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime="0 seconds")
             .start()
         )
+        # Done when the micro-batches have applied every event (a batch is reported once its
+        # tasks' writes are acknowledged), not by counting the target's documents while it runs:
+        # simcluster's count walks every document, a cost that grows with the target and would
+        # be taken from the cores the replication runs on. The target is counted once, at the end.
         deadline = time.monotonic() + timeout_s
-        while target_count(target) < events and time.monotonic() < deadline:
-            time.sleep(0.5)
-        elapsed = time.perf_counter() - began
+        while _applied(batches) < events and time.monotonic() < deadline:
+            time.sleep(0.1)
+        elapsed = batches[-1][2] if _applied(batches) >= events else time.perf_counter() - began
         copied = target_count(target)
+        # Where each trigger's time went, as Spark tells it (addBatch: the sink's jobs;
+        # latestOffset: planning with the proxy; queryPlanning, walCommit...).
+        durations = [p["durationMs"] for p in query.recentProgress]
         query.stop()
     finally:
         spark.stop()
@@ -187,9 +252,20 @@ def spark_buckets(
         "seconds": elapsed,
         "events_per_s": copied / elapsed,
         "micro_batches": len(batches),
-        "batches": [{"epoch": e, "events": n, "ended_s": t} for e, n, t in batches],
+        "batches": [
+            {"epoch": e, "events": n, "ended_s": t, "cpu_s": _cpu_delta(c, prev)}
+            for (e, n, t), c, prev in zip(batches, cpu, [cpu_start, *cpu], strict=False)
+        ]
+        if meter is not None
+        else [{"epoch": e, "events": n, "ended_s": t} for e, n, t in batches],
+        "cpu_s": _cpu_delta(cpu[-1], cpu_start) if cpu else {},
+        "trigger_ms": durations,
         **_after_start(batches, copied, elapsed),
     }
+
+
+def _applied(batches: list[tuple[int, int, float]]) -> int:
+    return sum(n for _, n, _ in batches)
 
 
 def _after_start(
@@ -235,11 +311,14 @@ def main(argv: list[str] | None = None) -> None:
             f"({baseline['events']:,} in {baseline['seconds']:.1f}s)"
         )
         clear(client)
-        ceiling = bulk_write_ceiling(target.uri, backlog_writes(source.uri))
+        meter = CpuMeter(
+            {"source": source.process.pid, "target": target.process.pid, "proxy": proxy.ps.pid}
+        )
+        ceiling = bulk_write_ceiling(target.uri, backlog_writes(source.uri), meter)
         print(
             f"ceiling: ordered bulk    {ceiling['events_per_s']:>10,.0f} events/s "
             f"({ceiling['events']:,} in {ceiling['seconds']:.1f}s, "
-            f"{ceiling['bulk_writes']} bulk writes of <= {FLUSH_OPS})"
+            f"{ceiling['bulk_writes']} bulk writes of <= {FLUSH_OPS}); CPU s {ceiling['cpu_s']}"
         )
         clear(client)
         ours = spark_buckets(
@@ -249,11 +328,17 @@ def main(argv: list[str] | None = None) -> None:
             args.events,
             args.buckets,
             args.timeout_s,
+            meter,
         )
         print(
             f"spark, {args.buckets} buckets          {ours['events_per_s']:>10,.0f} events/s "
             f"({ours['events']:,} in {ours['seconds']:.1f}s, {ours['micro_batches']} micro-batches)"
         )
+        print(f"  CPU s by process: {ours['cpu_s']}")
+        for d in ours["trigger_ms"]:
+            print(f"  trigger ms: {d}")
+        for b in ours["batches"]:
+            print(f"  batch {b['epoch']}: {b['events']:,} by {b['ended_s']:.1f}s {b.get('cpu_s')}")
         if "after_startup_events_per_s" in ours:
             print(
                 f"  after its start-up     {ours['after_startup_events_per_s']:>10,.0f} "
