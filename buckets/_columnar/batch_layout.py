@@ -41,9 +41,10 @@ _STAMPS = ((0, b"\x11ts\x00"), (12, b"\x12t\x00"), (23, b"\x12v\x00"), (34, b"\x
 _TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
 
 _OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
-# In an update's o: where its diff's value is; where a diff of `u` alone has the `u` document.
+# In an update's o: where its diff's value is.
 _DIFF_AT = 4 + len(_V2_DIFF)
-_U_AT = _DIFF_AT + 7
+# A diff's top-level sections the layout kernel reads: `u` (fields set) and `i` (fields added).
+_LETTER_U, _LETTER_I = ord("u"), ord("i")
 
 # Byte patterns the kernels look for, as arrays (numba takes a global array as a constant).
 _P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
@@ -64,6 +65,8 @@ _STMT_ID_BYTES = len(_STMT_ID)
 _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 
 # The layout kernel's columns: one row per entry.
+# _R_SIMPLE: an update whose updatedFields the block copies from its diff (see `_layout`), then
+# _R_FIELDS: where the elements it copies are, as [start, end) twice (u's, then i's).
 # _R_OK: the block takes the entry (its documentKey's kind, _ID_OID, _ID_STRING or _ID_UUID; 0
 # for none); _R_LAID: it has the block's layout, whatever its documentKey (which ends at
 # _R_KEY_END), so splice_crud's layout need not be read again. The block takes the documentKeys
@@ -82,7 +85,9 @@ _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
     _R_SIMPLE,
     _R_LAID,
     _R_KEY_END,
-) = range(_ROW_WIDTH := 11)
+    _R_FIELDS,
+) = range(12)
+_ROW_WIDTH = _R_FIELDS + 4
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
 _ID_OID, _ID_STRING, _ID_UUID = 1, 2, 3
 
@@ -143,16 +148,44 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
             & (u8(d, o_end - 1) == 0)
         ):
             return
-        # The usual diff, `{u: {...}}` alone (a $set of existing top-level fields): its `u`
-        # document, which ends where the diff does, is the event's updatedFields as it is.
-        u_length = i32(d, o_start + _U_AT)
+        # The usual diffs: top-level `u` and `i` documents alone, in either order, each once
+        # (a $set of existing or new fields, an $inc of missing ones). updatedFields is then u's
+        # elements, then i's (diff_splice's `_top_level`): the block copies them. A second
+        # section is there unless the first ends where the diff's terminating zero is.
+        first = diff + 4
+        first_length = i32(d, first + 3)
+        second = first + 3 + first_length
+        second_length = i32(d, second + 3)
+        two = second != o_end - 2
+        letter = u8(d, first + 1)
+        ends = second + (3 + second_length) * two
         simple = (
             (not expanded)
-            & has(d, diff + 4, _P_U)
-            & (5 <= u_length <= diff_length - 8)
-            & (o_start + _U_AT + u_length == o_end - 2)
-            & (u8(d, o_end - 3) == 0)
+            & (u8(d, first) == 3)
+            & ((letter == _LETTER_U) | (letter == _LETTER_I))
+            & (u8(d, first + 2) == 0)
+            & (first_length >= 5)
+            & (second <= o_end - 2)
+            & (u8(d, second - 1) == 0)
+            & (
+                (not two)
+                | (
+                    (u8(d, second) == 3)
+                    & (letter + u8(d, second + 1) == _LETTER_U + _LETTER_I)
+                    & (u8(d, second + 2) == 0)
+                    & (second_length >= 5)
+                    & (u8(d, ends - 1) == 0)
+                )
+            )
+            & (ends == o_end - 2)
+            & (u8(d, o_end - 2) == 0)
         )
+        # Each section's elements, u's range first: arithmetic, not branches (one range is
+        # empty for a diff of one section).
+        swap = 2 * (letter == _LETTER_I)
+        row[_R_FIELDS + swap], row[_R_FIELDS + swap + 1] = first + 7, second - 1
+        row[_R_FIELDS + 2 - swap] = (second + 7) * two
+        row[_R_FIELDS + 3 - swap] = (ends - 1) * two
     # The documentKey: a delete's o; an insert's and an update's o2 (an insert's o is its
     # document). ts, t, v and wall follow it, after a stmtId if there is one.
     delete = op == _DELETE

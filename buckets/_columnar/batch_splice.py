@@ -12,8 +12,9 @@ loop writes every event into one buffer, its own values (token, clusterTime, wal
 documentKey, updatedFields) into its kind's template, and its token's KeyString beside it
 (`_assemble`): two passes over the batch, where numpy
 array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
-is, for the usual diff (`{u: {...}}` alone), the diff's `u` document, copied as an insert's
-document is; other diffs are made one by one by `update_description` and copied in.
+is, for the usual diffs (top-level `u` and `i` documents alone), those documents' elements,
+copied as an insert's document is; other diffs are made one by one by `update_description` and
+copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
 (drivers give every document one; a TTL index's deletes have it), `{_id: string}` or `{_id:
@@ -57,6 +58,7 @@ from buckets._columnar.batch_layout import (
     _ID_OID,
     _INSERT,
     _OPS,
+    _R_FIELDS,
     _R_HEAD_END,
     _R_KEY,
     _R_KEY_END,
@@ -69,7 +71,6 @@ from buckets._columnar.batch_layout import (
     _R_SIMPLE,
     _R_STAMPS,
     _TS_AT,
-    _U_AT,
     _UPDATE,
     _WALL_AT,
     _layouts,
@@ -132,10 +133,12 @@ _FULL_DOCUMENT = b"\x03fullDocument\x00"
 _DOCUMENT_KEY = b"\x03documentKey\x00"
 _UPDATED_FIELDS = b"\x03updatedFields\x00"
 # An update's event after its documentKey: updateDescription's header, its length (zeros here),
-# updatedFields' header; and, for a diff of `u` alone, what follows updatedFields to the end.
+# updatedFields' header; and, for a diff the block reads (`u` and `i` alone), what follows
+# updatedFields' elements to the end.
 _UPDATE_HEAD = b"\x03updateDescription\x00" + bytes(4) + _UPDATED_FIELDS
 _SIMPLE_REST = (
-    b"\x04removedFields\x00\x05\x00\x00\x00\x00\x04truncatedArrays\x00\x05\x00\x00\x00\x00\x00\x00"
+    b"\x00\x04removedFields\x00\x05\x00\x00\x00\x00"
+    b"\x04truncatedArrays\x00\x05\x00\x00\x00\x00\x00\x00"
 )
 _END = b"\x00"
 _P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
@@ -233,7 +236,8 @@ def splice_block(
 def _other_descriptions(
     batch: OplogBatch, rows: _Ints, ok: npt.NDArray[np.bool_], expanded: bool
 ) -> dict[int, bytes]:
-    """The updateDescription of each taken update whose diff is not `u` alone, made one by one
+    """The updateDescription of each taken update whose diff is not `u` and `i` alone (the block
+    copies those, see batch_layout's _R_SIMPLE), made one by one
     (diffs differ in shape), by entry index; an update whose diff `update_description` does not
     take is dropped from `ok`, for splice_crud."""
     update = ok & (rows[:, _R_OP] == _UPDATE)
@@ -364,7 +368,7 @@ def _assemble(
     template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id` (the
     id_keys tables: a string's zero bytes escaped). Each event is its kind's other templates with
     its own lengths, token (its key's hex), ts and wall written in, then its document (an
-    insert's), its documentKey, its updatedFields (an update's: the diff's `u` document, or
+    insert's), its documentKey, its updatedFields (an update's: its diff's `u` and `i` elements, or
     extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then bytes."""
     m = len(taken)
     offsets = np.zeros(m + 1, np.int64)
@@ -386,7 +390,12 @@ def _assemble(
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
             size += (
-                row[_R_O_END] - 2 - row[_R_O_START] - _U_AT + len(_P_SIMPLE_REST)
+                4
+                + row[_R_FIELDS + 1]
+                - row[_R_FIELDS]
+                + row[_R_FIELDS + 3]
+                - row[_R_FIELDS + 2]
+                + len(_P_SIMPLE_REST)
                 if row[_R_SIMPLE]
                 else extra_at[i + 1] - extra_at[i]
             )
@@ -454,9 +463,12 @@ def _assemble(
         # After an update's documentKey: updateDescription's header, its length and
         # updatedFields' header (the tail's end), then its updatedFields and what closes it.
         put_i32(out, e - 4 - _UPDATED_FIELDS_BYTES, stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES)
-        if row[_R_SIMPLE]:
-            u = o_start + _U_AT
-            copy(out, e, d, u, o_end - 2 - u)
+        if row[_R_SIMPLE]:  # updatedFields' length, u's elements, i's, what closes it
+            u, u_end = row[_R_FIELDS], row[_R_FIELDS + 1]
+            i_at, i_end = row[_R_FIELDS + 2], row[_R_FIELDS + 3]
+            put_i32(out, e, stop - e - len(_P_SIMPLE_REST) + 1)
+            copy(out, e + 4, d, u, u_end - u)
+            copy(out, e + 4 + u_end - u, d, i_at, i_end - i_at)
             copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
         else:
             copy(out, e, extra, extra_at[i], stop - e)

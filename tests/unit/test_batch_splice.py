@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 import uuid
 from typing import Any
+from unittest import mock
 
 import bson
 from bson import Binary, Int64, ObjectId, Timestamp
@@ -112,13 +113,24 @@ _fields = st.dictionaries(
     min_size=1,
     max_size=3,
 )
+_new_fields = _fields.map(lambda f: {k + "2": v for k, v in f.items()})
+# The diffs the block reads itself: top-level `u` and `i` sections alone, in either order (a
+# `$set` of existing and new fields, an `$inc` of a missing one), empty ones too.
+top_level_diffs = st.one_of(
+    st.fixed_dictionaries({"u": _fields}),
+    st.fixed_dictionaries({"i": _new_fields}),
+    st.tuples(_fields, _new_fields).map(lambda t: {"u": t[0], "i": t[1]}),
+    st.tuples(_fields, _new_fields).map(lambda t: {"i": t[1], "u": t[0]}),
+    st.sampled_from([{"u": {}}, {"i": {}}, {"u": {}, "i": {}}, {"i": {}, "u": {"a": 1}}]),
+)
 update_diffs = st.one_of(
+    top_level_diffs,
     st.fixed_dictionaries(
         {},
         optional={
             "d": st.dictionaries(st.sampled_from(["x", "y"]), st.just(False), min_size=1),
             "u": _fields,
-            "i": _fields.map(lambda f: {k + "2": v for k, v in f.items()}),
+            "i": _new_fields,
         },
     ),
     st.fixed_dictionaries({"u": _fields, "sa": st.fixed_dictionaries({"u": _fields})}),
@@ -244,6 +256,38 @@ def test_broken_bytes_are_left_to_the_one_by_one_path(
         i = data.draw(st.integers(0, len(raws) - 1))
         raws[i] = raws[i][: data.draw(st.integers(0, len(raws[i])))]
     _same_as_one_by_one([bytes(r) for r in raws], data.draw(st.booleans()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(top_level_diffs, ids, st.booleans()), min_size=1, max_size=20))
+def test_updates_of_u_and_i_sections_alone_are_made_in_the_block(
+    updates: list[tuple[dict[str, Any], Any, bool]],
+) -> None:
+    """An update whose diff is top-level `u` and/or `i` documents alone, in either order, has its
+    updateDescription written by the block's kernels (none is made one by one in Python), and its
+    event is splice_crud's."""
+    raws = []
+    for n, (diff, _id, retryable) in enumerate(updates):
+        entry = {
+            "op": "u",
+            "ns": "db.c",
+            "ui": Binary(b"u" * 16, 4),
+            "o": {"$v": 2, "diff": diff},
+            "o2": {"_id": _id},
+            **({"stmtId": 0} if retryable else {}),
+            "ts": Timestamp(9, n),
+            "t": Int64(1),
+            "v": Int64(2),
+            "wall": bson.datetime_ms.DatetimeMS(n),
+        }
+        raws.append(bson.encode(entry))
+    with mock.patch(
+        "buckets._columnar.batch_splice._description",
+        side_effect=AssertionError("an updateDescription made one by one"),
+    ):
+        batch, in_block = _same_as_one_by_one(raws, False)
+    assert all(item is not None for item in batch)
+    assert in_block == {n for n, (_, _id, _) in enumerate(updates) if _taken_key({"_id": _id})}
 
 
 def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item() -> None:
