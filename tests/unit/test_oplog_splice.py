@@ -83,6 +83,19 @@ def _nested_diffs(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy
 diffs = st.recursive(st.fixed_dictionaries({}, optional=_sections), _nested_diffs, max_leaves=4)
 
 
+def write_body(draw: st.DrawFn, op: str, key: dict[str, Any]) -> dict[str, Any]:
+    """A write's `o` and `o2` for its documentKey `key`: an insert's document (its o2 now and
+    then), a delete's key, a replacement (`r`, logged as `u`) or a `$v: 2` diff."""
+    doc = {**key, "v": draw(values)}
+    if op == "i":
+        return {"o": doc, "o2": key} if draw(st.booleans()) else {"o": doc}
+    if op == "d":
+        return {"o": key}
+    if op == "r":
+        return {"o": doc, "o2": key}
+    return {"o": {"$v": 2, "diff": draw(diffs)}, "o2": key}
+
+
 @st.composite
 def crud_entries(draw: st.DrawFn) -> dict[str, Any]:
     op = draw(st.sampled_from(["i", "u", "r", "d"]))
@@ -94,17 +107,7 @@ def crud_entries(draw: st.DrawFn) -> dict[str, Any]:
     entry: dict[str, Any] = {"op": "u" if op == "r" else op, "ns": ns}
     if draw(st.booleans()):
         entry["ui"] = Binary(uuid.UUID(int=draw(st.integers(0, 2**128 - 1))).bytes, 4)
-    doc = {**key, "v": draw(values)}
-    if op == "i":
-        entry["o"] = doc
-        if draw(st.booleans()):
-            entry["o2"] = key
-    elif op == "d":
-        entry["o"] = key
-    elif op == "r":
-        entry["o"], entry["o2"] = doc, key
-    else:
-        entry["o"], entry["o2"] = {"$v": 2, "diff": draw(diffs)}, key
+    entry.update(write_body(draw, op, key))
     retryable = draw(st.booleans())
     if retryable:
         entry["stmtId"] = 0

@@ -25,7 +25,7 @@ from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
 from mongoformats.txn_splice import read_apply_ops, splice_txn_op, txn_stamp
-from tests.unit.test_oplog_splice import diffs, ids, values
+from tests.unit.test_oplog_splice import ids, write_body
 
 _UIS = [Binary(uuid.UUID(int=i + 1).bytes, 4) for i in range(3)]
 _NULL_TS = Timestamp(0, 0)
@@ -57,19 +57,7 @@ def _ops(draw: st.DrawFn) -> dict[str, Any]:
         return {"op": "c", "ns": ns.split(".")[0] + ".$cmd", "ui": ui, "o": o}
     if kind == "n":
         return {"op": "n", "ns": "", "o": {"msg": "noop"}}
-    op: dict[str, Any] = {"op": "u" if kind == "r" else kind, "ns": ns, "ui": ui}
-    doc = {**key, "v": draw(values)}
-    if kind == "i":
-        op["o"] = doc
-        if draw(st.booleans()):
-            op["o2"] = key
-    elif kind == "d":
-        op["o"] = key
-    elif kind == "r":
-        op["o"], op["o2"] = doc, key
-    else:
-        op["o"], op["o2"] = {"$v": 2, "diff": draw(diffs)}, key
-    return op
+    return {"op": "u" if kind == "r" else kind, "ns": ns, "ui": ui, **write_body(draw, kind, key)}
 
 
 @st.composite
