@@ -194,7 +194,7 @@ def spark_buckets(
     events: int,
     buckets: int,
     timeout_s: float,
-    meter: CpuMeter | None = None,
+    meter: CpuMeter,
 ) -> dict[str, Any]:
     from bucketspark.session import spark_session
     from bucketspark.sink import replicate_batch
@@ -208,11 +208,10 @@ def spark_buckets(
 
     def on_batch(epoch: int, counts: dict[int, int]) -> None:
         batches.append((epoch, sum(counts.values()), time.perf_counter() - began))
-        if meter is not None:
-            cpu.append(meter.read())
+        cpu.append(meter.read())
 
     try:
-        cpu_start = meter.read() if meter is not None else {}
+        cpu_start = meter.read()
         began = time.perf_counter()
         df = (
             spark.readStream.format("parallelchangestream")
@@ -255,9 +254,7 @@ def spark_buckets(
         "batches": [
             {"epoch": e, "events": n, "ended_s": t, "cpu_s": _cpu_delta(c, prev)}
             for (e, n, t), c, prev in zip(batches, cpu, [cpu_start, *cpu], strict=False)
-        ]
-        if meter is not None
-        else [{"epoch": e, "events": n, "ended_s": t} for e, n, t in batches],
+        ],
         "cpu_s": _cpu_delta(cpu[-1], cpu_start) if cpu else {},
         "trigger_ms": durations,
         **_after_start(batches, copied, elapsed),
@@ -338,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         for d in ours["trigger_ms"]:
             print(f"  trigger ms: {d}")
         for b in ours["batches"]:
-            print(f"  batch {b['epoch']}: {b['events']:,} by {b['ended_s']:.1f}s {b.get('cpu_s')}")
+            print(f"  batch {b['epoch']}: {b['events']:,} by {b['ended_s']:.1f}s {b['cpu_s']}")
         if "after_startup_events_per_s" in ours:
             print(
                 f"  after its start-up     {ours['after_startup_events_per_s']:>10,.0f} "

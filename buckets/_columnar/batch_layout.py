@@ -50,9 +50,7 @@ _LETTER_U, _LETTER_I = ord("u"), ord("i")
 _P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
     as_bytes, (_LSID, _TXN_NUMBER, _OP_HEAD, _NS, _UI_HEAD)
 )
-_P_O, _P_O2, _P_V2_DIFF, _P_U, _P_OID_KEY = map(
-    as_bytes, (_O, _O2, _V2_DIFF, b"\x03u\x00", _OID_KEY)
-)
+_P_O, _P_O2, _P_V2_DIFF, _P_OID_KEY = map(as_bytes, (_O, _O2, _V2_DIFF, _OID_KEY))
 _P_STMT_ID, _P_PREV_OP_TIME = map(as_bytes, (_STMT_ID, _PREV_OP_TIME))
 _P_STRING_ID, _P_UUID_KEY = map(as_bytes, (_STRING_ID, _UUID_KEY_HEAD))
 _P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
