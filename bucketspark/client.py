@@ -8,6 +8,7 @@ rows.
 from __future__ import annotations
 
 import binascii
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,26 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "socketTimeoutMS": 120_000,
     "appname": "bucketspark",
 }
+
+
+def settle_worker_heap() -> None:
+    """Take what a Spark Python worker holds for good out of the cyclic collector's way; called
+    at a task's start, once the worker's modules are loaded.
+
+    A worker holds the modules of pyspark, pyarrow and pandas (pyarrow imports pandas at its
+    first conversion of Python values, made here so that they are loaded first): some hundred
+    thousand objects, which every full collection walks. A task makes several short-lived
+    containers per event (rows, decoded events, write requests), so full collections come
+    often, and walking those modules cost the tasks about as much as decoding the events.
+    Frozen objects are still freed when no longer referenced; the collector only stops walking
+    them (as the proxy does with its own: `gc.freeze` in buckets/_columnar/allocator.py). A
+    reused worker freezes again at each task, which is cheap: only objects made since are walked.
+    """
+    import pyarrow as pa
+
+    pa.array([0])
+    gc.collect()
+    gc.freeze()
 
 
 def client_for(uri: str) -> pymongo.MongoClient[Any]:

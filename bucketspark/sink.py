@@ -34,7 +34,7 @@ import pymongo
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.errors import OperationFailure
 
-from bucketspark.client import client_for
+from bucketspark.client import client_for, settle_worker_heap
 from bucketspark.update_writes import update_ops
 from mongoformats.codecs import PLAIN
 
@@ -326,6 +326,7 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     def apply(batches: Iterable[Any]) -> Iterable[Any]:
         import pyarrow as pa
 
+        settle_worker_heap()
         bucket: int | None = None
         barrier: tuple[str, bytes] | None = None
 

@@ -39,7 +39,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
+from bucketspark.client import (
+    StreamSpec,
+    client_for,
+    open_stream,
+    plan_end,
+    read_bucket,
+    settle_worker_heap,
+)
 from bucketspark.options import Options, stream_spec
 from bucketspark.rows import SCHEMA, arrow_batches, arrow_schema, event_row
 
@@ -67,6 +74,7 @@ def _start_args(options: Options) -> dict[str, Any]:
 
 def _read(partition: BucketPartition) -> Iterator[Any]:
     """One bucket's events in (start, end], as Arrow record batches of rows."""
+    settle_worker_heap()
     client = client_for(partition.spec.uri)
     try:
         events = read_bucket(
