@@ -66,6 +66,11 @@ class BucketPartition(InputPartition):
 # proxy's CURSOR_IN_USE_S, 10 s, with room to spare).
 REOPEN_WAIT_S = 30.0
 
+# How long the query's first micro-batch waits for the proxy's first events (`_first_end`), and
+# how often it asks.
+FIRST_PLAN_WAIT_S = 2.0
+FIRST_PLAN_POLL_S = 0.05
+
 
 def _start_args(options: Options) -> dict[str, Any]:
     at = options.get("startAtOperationTime")
@@ -138,6 +143,7 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         super().__init__(options)
         self.max_events = options.get("maxEventsPerTrigger")
         self._client: Any = None
+        self._planned = False  # whether latestOffset has planned a micro-batch yet
 
     @property
     def client(self) -> Any:
@@ -220,17 +226,39 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         after = self._start_tokens(start)
         max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = self._plan(after, max_events)
+        if not self._planned:
+            end = self._first_end(after, max_events, end)
+        self._planned = True
+        tokens = [max(t, end) for t in after]
+        return self._offset(tokens)
+
+    def _plan(self, after: list[str], max_events: int | None) -> str:
+        """The proxy's end for a micro-batch after `after`."""
         from pymongo.errors import OperationFailure
 
         try:
-            end = plan_end(self.client, self.spec, after, max_events)
+            return plan_end(self.client, self.spec, after, max_events)
         except OperationFailure as exc:
             if exc.code != 26:  # NamespaceNotFound: the proxy restarted; reopen from the checkpoint
                 raise
             self._reopen(after)
-            end = plan_end(self.client, self.spec, after, max_events)
-        tokens = [max(t, end) for t in after]
-        return self._offset(tokens)
+            return plan_end(self.client, self.spec, after, max_events)
+
+    def _first_end(self, after: list[str], max_events: int | None, end: str) -> str:
+        """The end of the query's first micro-batch: `end`, or, while it is not past the start
+        (the proxy has only just opened the stream, and its shard readers have not yet reported
+        their first reads), the proxy's next end, for up to FIRST_PLAN_WAIT_S.
+
+        Spark pays its start-up (the Python workers of the read and the sink, the plan's code
+        generation) in the query's first micro-batch whatever it holds; planned at once, that
+        batch is empty, and the events wait for the next. Waiting briefly here, as a change
+        stream's first getMore awaits events, lets the start-up work on them instead."""
+        deadline = time.monotonic() + FIRST_PLAN_WAIT_S
+        while end <= min(after) and time.monotonic() < deadline:
+            time.sleep(FIRST_PLAN_POLL_S)
+            end = self._plan(after, max_events)
+        return end
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         # A batch planned before a restart with another nBuckets (run again at the restart, with
