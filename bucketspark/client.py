@@ -92,22 +92,22 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 
 
 def settle_worker_heap() -> None:
-    """Take what a Spark Python worker holds for good out of the cyclic collector's way; called
-    at a task's start, once the worker's modules are loaded.
+    """Keep the cyclic garbage collector out of a Spark Python worker's way while it converts
+    events; called at a task's start, once the worker's modules are loaded.
 
     A worker holds the modules of pyspark, pyarrow and pandas (pyarrow imports pandas at its
     first conversion of Python values, made here so that they are loaded first): some hundred
     thousand objects, which every full collection walks. A task makes several short-lived
-    containers per event (rows, decoded events, write requests), so full collections come
-    often, and walking those modules cost the tasks about as much as decoding the events.
-    Frozen objects are still freed when no longer referenced; the collector only stops walking
-    them (as the proxy does with its own: `gc.freeze` in buckets/_columnar/allocator.py). A
-    reused worker freezes again at each task, which is cheap: only objects made since are walked.
+    containers per event (rows, decoded events, write requests) and holds thousands of write
+    requests until their bulk write, so collections come often, and walking those modules cost
+    the tasks about as much as decoding the events. So what exists now is frozen, as the proxy
+    does with its own (buckets/_columnar/allocator.py): still freed when no longer referenced,
+    only no longer walked. pyspark's daemon collects after each task, so what is frozen is what
+    the worker keeps; a reused worker freezes again at each task, which costs little.
     """
     import pyarrow as pa
 
     pa.array([0])
-    gc.collect()
     gc.freeze()
 
 
