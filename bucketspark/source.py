@@ -17,10 +17,12 @@ as filters, aggregation.pipeline, change.stream.*): see bucketspark/options.py.
 Offsets are JSON `{"nBuckets": N, "bucketBy": ..., "name": ..., "tokens": [<_data of bucket 0>,
 ...]}`. A micro-batch reads, in bucket i, the events with tokens in (start_i, end_i]; the end is
 planned by the proxy from its merge frontier, so the set is fixed when planned and a retried task
-returns the same rows. The proxy keeps no durable state: after a proxy restart the stream is
-reopened from the checkpointed tokens. A query may be restarted on its checkpoint with another
-nBuckets (more or fewer tasks), or another bucketBy, the same way: a micro-batch ends every bucket
-at one token, from which any bucket count and either mode resumes.
+returns the same rows. A query's first plan waits up to FIRST_PLAN_WAIT_S for that frontier to
+pass the start (a stream just opened has not been read yet), so that the micro-batch in which
+Spark starts its workers holds events. The proxy keeps no durable state: after a proxy restart
+the stream is reopened from the checkpointed tokens. A query may be restarted on its checkpoint
+with another nBuckets (more or fewer tasks), or another bucketBy, the same way: a micro-batch
+ends every bucket at one token, from which any bucket count and either mode resumes.
 """
 
 from __future__ import annotations
