@@ -145,8 +145,8 @@ def _scan(d: _Bytes, at: int, limit: int, sec: _Ints) -> tuple[int, int]:
 
 @numba.njit(cache=CACHE)
 def _hash(path: _Bytes, n: int, seed: int) -> np.uint64:
-    """FNV-1a of path[:n], from a basis that depends on `seed`."""
-    h = _FNV_BASIS ^ np.uint64(seed)
+    """FNV-1a of the byte `seed`, then path[:n]."""
+    h = (_FNV_BASIS ^ np.uint64(seed)) * _FNV_PRIME
     for j in range(U(n)):
         h = (h ^ np.uint64(path[j])) * _FNV_PRIME
     return h
