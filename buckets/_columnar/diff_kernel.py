@@ -23,7 +23,7 @@ and diffs nested deeper than its stack.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
@@ -39,9 +39,10 @@ from mongoformats.oplog_splice import byte_slices, update_description
 
 __all__ = ["Descriptions", "describe", "other_descriptions", "extras"]
 
-_Ints = npt.NDArray[np.int64]
-_Bytes = npt.NDArray[np.uint8]
-_Words = npt.NDArray[np.uint64]
+_I64 = npt.NDArray[np.int64]
+_B8 = npt.NDArray[np.uint8]
+_Bufs3 = tuple[_B8, _B8, _B8]  # output, removedFields', path
+_Bufs = tuple[_B8, _B8, _B8, _B8]  # output, removedFields', truncatedArrays', path
 
 _UPDATED_FIELDS = b"\x03updatedFields\x00"
 _P_UPDATED_FIELDS = as_bytes(_UPDATED_FIELDS)
@@ -59,15 +60,17 @@ _CLOSING = 1 + len(_P_REMOVED_FIELDS) + 5 + len(_P_TRUNCATED_ARRAYS) + 5 + 1
 _OK, _NO, _ROOM, _ENTERED = 0, -1, -2, 1
 # The walk's counters (an array, shared by its steps): the write position in the output, the
 # removedFields entries and their bytes, the truncatedArrays entries and their bytes, the paths
-# hashed.
-_W, _RN, _RW, _TN, _TW, _SN = range(6)
+# hashed; the paths' hashes follow from _SEEN on.
+_W, _RN, _RW, _TN, _TW, _SN, _SEEN = range(7)
 # The hash's seeds: a path set, removed, or walked into (each kind may name a path once).
 _SET, _REMOVED, _WALKED = 1, 2, 3
 _DEPTH = 64  # open documents at most (the server nests documents 100 deep, sub-diffs fewer)
-_FNV_BASIS, _FNV_PRIME = np.uint64(14695981039346656037), np.uint64(1099511628211)
+# The walk's frames (one per open document) are followed by a scan's table of sections.
+_SECTIONS = _DEPTH + 1
+_FNV_BASIS, _FNV_PRIME = 14695981039346656037 - 2**64, 1099511628211  # (int64 wraps as FNV's)
 
 
-def _type_tables() -> tuple[_Ints, _Ints, _Ints]:
+def _type_tables() -> tuple[_I64, _I64, _I64]:
     """By BSON type byte: a fixed value's size, a length-prefixed value's bytes beyond its length
     and its least length (-1: not of that sort; regex, DBPointer, code with scope and unknown
     types are neither, and leave the diff to Python)."""
@@ -93,7 +96,7 @@ _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 
 
 @numba.njit(cache=CACHE)
-def _doc_end(d: _Bytes, at: int, limit: int) -> int:
+def _doc_end(d: _B8, at: int, limit: int) -> int:
     """Where the document at `at` closes (its last byte, a zero), if it lies before `limit`;
     else -1."""
     n = i32(d, at)
@@ -104,7 +107,7 @@ def _doc_end(d: _Bytes, at: int, limit: int) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _element(d: _Bytes, p: int, limit: int) -> tuple[int, int]:
+def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     """The element at `p`, which must end by `limit`: where its name's zero is and where its value
     ends; (-1, -1) if it does not read."""
     q = p + 1
@@ -123,7 +126,7 @@ def _element(d: _Bytes, p: int, limit: int) -> tuple[int, int]:
 
 
 @numba.njit(cache=CACHE)
-def _scan(d: _Bytes, at: int, limit: int, sec: _Ints) -> tuple[int, int]:
+def _scan(d: _B8, at: int, limit: int, sec: _I64) -> tuple[int, int]:
     """Read the diff document at `at` (ending by `limit`): where it closes (-1 if it does not
     read or holds a section letter twice), and what else it holds (_OTHER_KEY, _NOT_DOCUMENT);
     its one-letter sections' type, value start and end in `sec`'s rows (type 0: absent)."""
@@ -144,29 +147,30 @@ def _scan(d: _Bytes, at: int, limit: int, sec: _Ints) -> tuple[int, int]:
 
 
 @numba.njit(cache=CACHE)
-def _hash(path: _Bytes, n: int, seed: int) -> np.uint64:
+def _hash(path: _B8, n: int, seed: int) -> int:
     """FNV-1a of the byte `seed`, then path[:n]."""
-    h = (_FNV_BASIS ^ np.uint64(seed)) * _FNV_PRIME
+    h = (np.int64(_FNV_BASIS) ^ seed) * _FNV_PRIME
     for j in range(U(n)):
-        h = (h ^ np.uint64(path[j])) * _FNV_PRIME
+        h = (h ^ path[j]) * _FNV_PRIME
     return h
 
 
 @numba.njit(cache=CACHE)
-def _note(path: _Bytes, n: int, seed: int, seen: npt.NDArray[np.uint64], st: _Ints) -> bool:
+def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     """Keep path[:n]'s hash (of kind `seed`) for the check for paths named twice; False if
-    `seen` is full."""
-    if st[_SN] >= len(seen):
+    there is no room for it."""
+    if _SEEN + st[_SN] >= len(st):
         return False
-    seen[U(st[_SN])] = _hash(path, n, seed)
+    st[U(_SEEN + st[_SN])] = _hash(path, n, seed)
     st[_SN] += 1
     return True
 
 
 @numba.njit(cache=CACHE)
-def _twice(seen: npt.NDArray[np.uint64], n: int) -> bool:
-    """Whether two of the first n hashes are equal."""
-    ordered = np.sort(seen[: U(n)])
+def _twice(st: _I64) -> bool:
+    """Whether two of the paths' hashes are equal."""
+    n = st[_SN]
+    ordered = np.sort(st[_SEEN : U(_SEEN + n)])
     for j in range(U(1), U(n)):  # noqa: SIM110 (a loop numba compiles)
         if ordered[j] == ordered[j - 1]:
             return True
@@ -174,7 +178,7 @@ def _twice(seen: npt.NDArray[np.uint64], n: int) -> bool:
 
 
 @numba.njit(cache=CACHE)
-def _decimal(dst: _Bytes, at: int, n: int) -> int:
+def _decimal(dst: _B8, at: int, n: int) -> int:
     """Write n's decimal digits at dst[at:] (room for 20 is the caller's); how many."""
     digits = 1
     while n >= 10**digits:
@@ -186,12 +190,10 @@ def _decimal(dst: _Bytes, at: int, n: int) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _set(
-    d: _Bytes, t: int, v: int, e: int, out: _Bytes, path: _Bytes, n: int, st: _Ints, seen: _Words
-) -> int:
+def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add updatedFields' element of type t named path[:n] with the value d[v:e]."""
     w = st[_W]
-    if (w + n + 2 + e - v > len(out)) or not _note(path, n, _SET, seen, st):
+    if (w + n + 2 + e - v > len(out)) or not _note(path, n, _SET, st):
         return _ROOM
     out[U(w)] = t
     copy(out, w + 1, path, 0, n)
@@ -202,9 +204,7 @@ def _set(
 
 
 @numba.njit(cache=CACHE)
-def _fields(
-    d: _Bytes, at: int, limit: int, out: _Bytes, path: _Bytes, n: int, st: _Ints, seen: _Words
-) -> int:
+def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
     if term < 0:
@@ -218,7 +218,7 @@ def _fields(
         if n + name > len(path):
             return _ROOM
         copy(path, n, d, p + 1, name)
-        r = _set(d, d[U(p)], q + 1, e, out, path, n + name, st, seen)
+        r = _set(d, d[U(p)], q + 1, e, out, path, n + name, st)
         if r != _OK:
             return r
         p = e
@@ -226,7 +226,7 @@ def _fields(
 
 
 @numba.njit(cache=CACHE)
-def _copied(d: _Bytes, at: int, limit: int, out: _Bytes, st: _Ints) -> int:
+def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
     term = _doc_end(d, at, limit)
@@ -241,9 +241,7 @@ def _copied(d: _Bytes, at: int, limit: int, out: _Bytes, st: _Ints) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _removed(
-    d: _Bytes, at: int, limit: int, rem: _Bytes, path: _Bytes, n: int, st: _Ints, seen: _Words
-) -> int:
+def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
     term = _doc_end(d, at, limit)
@@ -259,7 +257,7 @@ def _removed(
         if (n + name > len(path)) or (w + 27 + n + name > len(rem)):
             return _ROOM
         copy(path, n, d, p + 1, name)
-        if not _note(path, n + name, _REMOVED, seen, st):
+        if not _note(path, n + name, _REMOVED, st):
             return _ROOM
         rem[U(w)] = 2
         w += 1 + _decimal(rem, w + 1, st[_RN])
@@ -273,7 +271,7 @@ def _removed(
 
 
 @numba.njit(cache=CACHE)
-def _truncated(d: _Bytes, sec: _Ints, tru: _Bytes, path: _Bytes, n: int, st: _Ints) -> int:
+def _truncated(d: _B8, sec: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in sec's row:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
     written back as it came)."""
@@ -303,16 +301,7 @@ def _truncated(d: _Bytes, sec: _Ints, tru: _Bytes, path: _Bytes, n: int, st: _In
 
 
 @numba.njit(cache=CACHE)
-def _object(
-    d: _Bytes,
-    term: int,
-    sec: _Ints,
-    buffers: tuple[_Bytes, _Bytes, _Bytes],
-    n: int,
-    st: _Ints,
-    seen: _Words,
-    walked: bool,
-) -> int:
+def _object(d: _B8, term: int, sec: _I64, buffers: _Bufs3, n: int, st: _I64, walked: bool) -> int:
     """An object diff's `u`, then `i` (each element under the prefix path[:n]; a diff of
     top-level sections alone, not `walked`, has them copied as they are), then `d`."""
     out, rem, path = buffers
@@ -323,7 +312,7 @@ def _object(
         if t == 0:
             continue
         if walked:
-            r = _fields(d, sec[slot, 1], term, out, path, n, st, seen)
+            r = _fields(d, sec[slot, 1], term, out, path, n, st)
         else:
             r = _copied(d, sec[slot, 1], term, out, st)
         if r != _OK:
@@ -331,26 +320,19 @@ def _object(
     t = sec[_D, 0]
     if t == 0:
         return _OK
-    return _removed(d, sec[_D, 1], term, rem, path, n, st, seen) if t == 3 else _NO
+    return _removed(d, sec[_D, 1], term, rem, path, n, st) if t == 3 else _NO
 
 
 @numba.njit(cache=CACHE)
 def _enter(
-    d: _Bytes,
-    at: int,
-    limit: int,
-    buffers: tuple[_Bytes, _Bytes, _Bytes, _Bytes],
-    n: int,
-    st: _Ints,
-    seen: _Words,
-    sec: _Ints,
-    frame: _Ints,
+    d: _B8, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, frames: _I64, f: int
 ) -> int:
     """Open the sub-diff at `at` for path[:n]: an array diff (`a: true`: its `l`) or an object
     diff (its `u`, `i`, `d`, under path[:n] and a dot), its entries left for the walk in
-    `frame` (where it goes on, where it closes, whether an array, its prefix's length)."""
+    frames[f] (where it goes on, where it closes, whether an array, its prefix's length)."""
     out, rem, tru, path = buffers
-    if not _note(path, n, _WALKED, seen, st):
+    sec = frames[_SECTIONS:]
+    if not _note(path, n, _WALKED, st):
         return _ROOM
     term, _ = _scan(d, at, limit, sec)
     if term < 0:
@@ -363,13 +345,13 @@ def _enter(
     else:
         path[U(n)] = 46  # "."
         n += 1
-        r = _object(d, term, sec, (out, rem, path), n, st, seen, True)
-    frame[0], frame[1], frame[2], frame[3] = at + 4, term, array, n
+        r = _object(d, term, sec, (out, rem, path), n, st, True)
+    frames[U(f), 0], frames[U(f), 1], frames[U(f), 2], frames[U(f), 3] = at + 4, term, array, n
     return _ENTERED if r == _OK else r
 
 
 @numba.njit(cache=CACHE)
-def _index(d: _Bytes, p: int, q: int) -> int:
+def _index(d: _B8, p: int, q: int) -> int:
     """Whether d[p:q], an array diff's index, is written as int() writes it (digits, no leading
     zero): its length, or -1."""
     for j in range(U(p), U(q)):
@@ -379,22 +361,13 @@ def _index(d: _Bytes, p: int, q: int) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _step(
-    d: _Bytes,
-    p: int,
-    frame: _Ints,
-    buffers: tuple[_Bytes, _Bytes, _Bytes, _Bytes],
-    st: _Ints,
-    seen: _Words,
-    sec: _Ints,
-    child: _Ints,
-) -> int:
-    """Read the element at `p` of the open document `frame`: in an object diff, a sub-diff
+def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
+    """Read the next element of the open document frames[f]: in an object diff, a sub-diff
     `s<field>`, at the prefix and the field; in an array diff, `u<index>` (a new value) or
     `s<index>` (a sub-diff) at the path, a dot and the index. Others are not the walk's."""
-    path, term, array, n = buffers[3], frame[1], frame[2], frame[3]
+    path, (p, term, array, n) = buffers[3], frames[U(f)]
     q, e = _element(d, p, term)  # (read by the scan that opened the document)
-    frame[0] = e
+    frames[U(f), 0] = e
     t, letter = d[U(p)], d[U(p + 1)]
     if array:
         if (q == p + 2) and ((letter == 97) or (letter == 108)):  # a, l
@@ -414,31 +387,24 @@ def _step(
         path[U(n)] = 46  # "." (an object's prefix ends with its own)
     copy(path, start, d, p + 2, digits)
     if letter == 117:
-        return _set(d, t, q + 1, e, buffers[0], path, start + digits, st, seen)
+        return _set(d, t, q + 1, e, buffers[0], path, start + digits, st)
     if t != 3:
         return _NO
-    return _enter(d, q + 1, term, buffers, start + digits, st, seen, sec, child)
+    return _enter(d, q + 1, term, buffers, start + digits, st, frames, f + 1)
 
 
 @numba.njit(cache=CACHE)
-def _walk(
-    d: _Bytes,
-    buffers: tuple[_Bytes, _Bytes, _Bytes, _Bytes],
-    st: _Ints,
-    seen: _Words,
-    sec: _Ints,
-    frames: _Ints,
-) -> int:
+def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Walk the open documents' sub-diffs and array entries (frames[0] the diff's own), in their
     order, depth first, as `update_description` walks them; a diff nested deeper than _DEPTH
     is left to it."""
     depth = 1
     while depth > 0:
-        f = U(depth - 1)
-        if frames[f, 0] >= frames[f, 1]:
+        f = depth - 1
+        if frames[U(f), 0] >= frames[U(f), 1]:
             depth -= 1
             continue
-        r = _step(d, frames[f, 0], frames[f], buffers, st, seen, sec, frames[U(depth)])
+        r = _step(d, buffers, st, frames, f)
         depth += r == _ENTERED
         if (r != _OK) and (r != _ENTERED) or (depth > _DEPTH):
             return _NO if r == _ENTERED else r
@@ -446,7 +412,7 @@ def _walk(
 
 
 @numba.njit(cache=CACHE)
-def _array(out: _Bytes, w: int, header: _Bytes, body: _Bytes, n: int) -> int:
+def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
     """Write at out[w] an array element: its `header` (type and name), then the array of the
     elements body[:n]; where it ends."""
     copy(out, w, header, 0, len(header))
@@ -458,7 +424,7 @@ def _array(out: _Bytes, w: int, header: _Bytes, body: _Bytes, n: int) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _close(out: _Bytes, w0: int, rem: _Bytes, tru: _Bytes, st: _Ints) -> int:
+def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
     w = st[_W]
@@ -476,22 +442,12 @@ def _close(out: _Bytes, w0: int, rem: _Bytes, tru: _Bytes, st: _Ints) -> int:
 
 
 @numba.njit(cache=CACHE)
-def _one(
-    d: _Bytes,
-    start: int,
-    end: int,
-    diff: int,
-    buffers: tuple[_Bytes, _Bytes, _Bytes, _Bytes],
-    st: _Ints,
-    seen: _Words,
-    sec: _Ints,
-    frames: _Ints,
-) -> int:
+def _one(d: _B8, start: int, end: int, diff: int, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Write the description of the diff at `diff` of the entry d[start:end] at out[st[_W]]:
     a diff of top-level `u`, `i` and `d` sections alone as `update_description` copies it
     (`u` and `i` as they are), any other walked."""
     out, rem, tru, path = buffers
-    w0 = st[_W]
+    sec, w0 = frames[_SECTIONS:], st[_W]
     st[_RN] = st[_RW] = st[_TN] = st[_TW] = st[_SN] = 0
     if w0 + _HEAD + 4 > len(out):
         return _ROOM
@@ -500,19 +456,19 @@ def _one(
     if (term < 0) or (diff < start) or (kinds & _NOT_DOCUMENT):
         return _NO
     walked = (kinds & _OTHER_KEY) != 0
-    r = _object(d, term, sec, (out, rem, path), 0, st, seen, walked)
+    r = _object(d, term, sec, (out, rem, path), 0, st, walked)
     if walked and (r == _OK):
         frames[0, 0], frames[0, 1], frames[0, 2], frames[0, 3] = diff + 4, term, 0, 0
-        r = _walk(d, buffers, st, seen, sec, frames)
+        r = _walk(d, buffers, st, frames)
     if r != _OK:
         return r
-    return _NO if _twice(seen, st[_SN]) else _close(out, w0, rem, tru, st)
+    return _NO if _twice(st) else _close(out, w0, rem, tru, st)
 
 
 @numba.njit(cache=CACHE)
 def describe(
-    d: _Bytes, starts: _Ints, ends: _Ints, diffs: _Ints
-) -> tuple[_Bytes, _Ints, npt.NDArray[np.bool_]]:
+    d: _B8, starts: _I64, ends: _I64, diffs: _I64
+) -> tuple[_B8, _I64, npt.NDArray[np.bool_]]:
     """The updateDescriptions of the diffs at `diffs` of the update entries d[starts:ends],
     back to back (the first item) from offsets (the second: description k is at
     [at[k], at[k + 1]), empty if not taken), and whether each was taken (the third): False for
@@ -520,31 +476,27 @@ def describe(
     m = len(diffs)
     at = np.zeros(m + 1, np.int64)
     taken = np.zeros(m, np.bool_)
-    longest = 64
+    longest, total = 64, 64
     for k in range(U(m)):
-        longest = max(longest, ends[k] - starts[k])
-    out = np.empty(2 * (longest + 64 * m), np.uint8)
+        longest, total = max(longest, ends[k] - starts[k]), total + ends[k] - starts[k] + 64
+    # (an entry's bytes other than its diff outweigh what a description adds to it: the buffers
+    # rarely grow, and a path is never longer than its entry)
+    out = np.empty(total, np.uint8)
     rem, tru, path = (
-        np.empty(2 * longest, np.uint8),
-        np.empty(2 * longest, np.uint8),
-        np.empty(2 * longest, np.uint8),
+        np.empty(longest, np.uint8),
+        np.empty(longest, np.uint8),
+        np.empty(longest, np.uint8),
     )
-    seen = np.empty(64, np.uint64)
-    st = np.zeros(8, np.int64)
-    sec = np.zeros((5, 3), np.int64)
-    frames = np.zeros((_DEPTH + 1, 4), np.int64)
+    st, frames = np.zeros(_SEEN + 64, np.int64), np.zeros((_SECTIONS + 5, 4), np.int64)
     for k in range(U(m)):
         w0 = st[_W]
-        r = _one(d, starts[k], ends[k], diffs[k], (out, rem, tru, path), st, seen, sec, frames)
+        r = _one(d, starts[k], ends[k], diffs[k], (out, rem, tru, path), st, frames)
         while r == _ROOM:  # a buffer too small: all twice as large, and the diff again
-            bigger = np.empty(2 * len(out), np.uint8)
-            bigger[: U(w0)] = out[: U(w0)]
-            out = bigger
-            rem, tru = np.empty(2 * len(rem), np.uint8), np.empty(2 * len(tru), np.uint8)
-            path = np.empty(2 * len(path), np.uint8)
-            seen = np.empty(2 * len(seen), np.uint64)
+            out = _grown(out, w0)
+            rem, tru, path = _grown(rem, 0), _grown(tru, 0), _grown(path, 0)
+            st = _grown(st, _SEEN)
             st[_W] = w0
-            r = _one(d, starts[k], ends[k], diffs[k], (out, rem, tru, path), st, seen, sec, frames)
+            r = _one(d, starts[k], ends[k], diffs[k], (out, rem, tru, path), st, frames)
         taken[k] = r == _OK
         if not taken[k]:
             st[_W] = w0
@@ -553,7 +505,15 @@ def describe(
 
 
 @numba.njit(cache=CACHE)
-def _gathered(data: _Bytes, start: _Ints, size: _Ints) -> tuple[_Bytes, _Ints]:
+def _grown(a: npt.NDArray[Any], keep: int) -> npt.NDArray[Any]:
+    """An array twice as long as `a`, with a[:keep]."""
+    bigger = np.empty(2 * len(a), a.dtype)
+    bigger[: U(keep)] = a[: U(keep)]
+    return bigger
+
+
+@numba.njit(cache=CACHE)
+def _gathered(data: _B8, start: _I64, size: _I64) -> tuple[_B8, _I64]:
     """The descriptions data[start[k]:start[k] + size[k]] less their first _HEAD bytes (the
     block's update template holds them), each then closing its event, back to back; and where
     each starts."""
@@ -574,13 +534,13 @@ class Descriptions(NamedTuple):
     """The updateDescriptions made for a batch's entries: `data` from start[i], size[i] bytes,
     for entry i (size 0: none)."""
 
-    data: _Bytes
-    start: _Ints
-    size: _Ints
+    data: _B8
+    start: _I64
+    size: _I64
 
 
 def other_descriptions(
-    batch: OplogBatch, rows: _Ints, ok: npt.NDArray[np.bool_], expanded: bool
+    batch: OplogBatch, rows: _I64, ok: npt.NDArray[np.bool_], expanded: bool
 ) -> Descriptions | None:
     """The updateDescription of each taken update whose diff is not `u` and `i` alone (the block
     copies those, see batch_layout's _R_SIMPLE): written by `describe`, and those it leaves
@@ -621,7 +581,7 @@ def other_descriptions(
     return Descriptions(np.concatenate((data, as_bytes(b"".join(made)))), start, size)
 
 
-def extras(descriptions: Descriptions | None, taken: _Ints) -> tuple[_Bytes, _Ints]:
+def extras(descriptions: Descriptions | None, taken: _I64) -> tuple[_B8, _I64]:
     """The taken entries' updatedFields and what closes their events (an update whose
     description is made here; nothing for the others), back to back in the order of `taken`,
     and where each starts."""
