@@ -147,7 +147,7 @@ def _scan(d: _B8, at: int, limit: int, sec: _I64) -> tuple[int, int]:
 
 
 @numba.njit(cache=CACHE)
-def _hash(path: _B8, n: int, seed: int) -> int:
+def _hash(path: _B8, n: int, seed: int) -> np.int64:
     """FNV-1a of the byte `seed`, then path[:n]."""
     h = (np.int64(_FNV_BASIS) ^ seed) * _FNV_PRIME
     for j in range(U(n)):
