@@ -75,7 +75,6 @@ from buckets._columnar.batch_layout import (
     _layouts,
 )
 from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
-from buckets._columnar.diff_kernel import extras, other_descriptions
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import (
     _HEAD_ROOM,
@@ -91,6 +90,7 @@ from buckets._columnar.id_keys import (
     key_template,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,

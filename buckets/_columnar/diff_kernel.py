@@ -22,8 +22,7 @@ and diffs nested deeper than its stack.
 
 from __future__ import annotations
 
-import struct
-from typing import Any, NamedTuple
+from typing import Any
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
@@ -32,16 +31,12 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.batch_layout import _DIFF_AT, _R_O_START, _R_OP, _R_SIMPLE, _UPDATE
 from buckets._columnar.byte_kernels import U, as_bytes, copy, i32, put_i32
-from buckets._columnar.oplog_batch import OplogBatch
-from mongoformats.oplog_splice import byte_slices, update_description
 
-__all__ = ["Descriptions", "describe", "other_descriptions", "extras"]
+__all__ = ["HEAD", "describe"]
 
 _I64 = npt.NDArray[np.int64]
 _B8 = npt.NDArray[np.uint8]
-_Bufs3 = tuple[_B8, _B8, _B8]  # output, removedFields', path
 _Bufs = tuple[_B8, _B8, _B8, _B8]  # output, removedFields', truncatedArrays', path
 
 _UPDATED_FIELDS = b"\x03updatedFields\x00"
@@ -51,8 +46,8 @@ _P_TRUNCATED_ARRAYS = as_bytes(b"\x04truncatedArrays\x00")
 _P_FIELD = as_bytes(b"\x02field\x00")
 _P_NEW_SIZE = as_bytes(b"newSize\x00")
 # A description's length and updatedFields' header and length: what the block's update template
-# already holds (batch_splice's _UPDATE_HEAD), skipped when a description is copied in.
-_HEAD = 4 + len(_UPDATED_FIELDS)
+# already holds (batch_splice's _UPDATEHEAD), skipped when a description is copied in.
+HEAD = 4 + len(_UPDATED_FIELDS)
 _CLOSING = 1 + len(_P_REMOVED_FIELDS) + 5 + len(_P_TRUNCATED_ARRAYS) + 5 + 1
 
 # What a kernel step says: done, the diff left to Python, a buffer too small (grown, then the
@@ -91,11 +86,15 @@ _SLOT = np.full(256, -1, np.int64)
 for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
+# The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
+# reference counting (its CPU target option `_nrt`, numba/core/cpu.py; not in numba's stubs),
+# whose atomic count of every array at every call and view costs several times the steps' work.
+_kernel = numba.njit(cache=CACHE, _nrt=False)  # type: ignore[call-overload]
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _doc_end(d: _B8, at: int, limit: int) -> int:
     """Where the document at `at` closes (its last byte, a zero), if it lies before `limit`;
     else -1."""
@@ -106,7 +105,7 @@ def _doc_end(d: _B8, at: int, limit: int) -> int:
     return end if d[U(end)] == 0 else -1
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     """The element at `p`, which must end by `limit`: where its name's zero is and where its value
     ends; (-1, -1) if it does not read."""
@@ -125,28 +124,30 @@ def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     return (q, e) if e <= limit else (-1, -1)
 
 
-@numba.njit(cache=CACHE)
-def _scan(d: _B8, at: int, limit: int, sec: _I64) -> tuple[int, int]:
+@_kernel
+def _scan(d: _B8, at: int, limit: int, frames: _I64) -> tuple[int, int]:
     """Read the diff document at `at` (ending by `limit`): where it closes (-1 if it does not
     read or holds a section letter twice), and what else it holds (_OTHER_KEY, _NOT_DOCUMENT);
-    its one-letter sections' type, value start and end in `sec`'s rows (type 0: absent)."""
+    its one-letter sections' type, value start and end in frames[_SECTIONS:] (type 0: absent)."""
     term = _doc_end(d, at, limit)
-    sec[:, 0] = 0
+    for slot in range(U(_SECTIONS), U(_SECTIONS + 5)):
+        frames[slot, 0] = 0
     p, kinds = at + 4, 0
     while (term >= 0) and p < term:
         q, e = _element(d, p, term)
         t = d[U(p)]
         slot = _SLOT[U(d[U(p + 1)])] if q == p + 2 else -1
-        if (e < 0) or (slot >= 0 and sec[slot, 0] != 0):
+        row = U(_SECTIONS + slot)
+        if (e < 0) or (slot >= 0 and frames[row, 0] != 0):
             return -1, 0
         if slot >= 0:
-            sec[slot, 0], sec[slot, 1], sec[slot, 2] = t, q + 1, e
+            frames[row, 0], frames[row, 1], frames[row, 2] = t, q + 1, e
         kinds |= _OTHER_KEY * ((slot < 0) | (slot > _D)) | _NOT_DOCUMENT * (t != 3)
         p = e
     return term, kinds
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _hash(path: _B8, n: int, seed: int) -> np.int64:
     """FNV-1a of the byte `seed`, then path[:n]."""
     h = (np.int64(_FNV_BASIS) ^ seed) * _FNV_PRIME
@@ -155,7 +156,7 @@ def _hash(path: _B8, n: int, seed: int) -> np.int64:
     return h
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     """Keep path[:n]'s hash (of kind `seed`) for the check for paths named twice; False if
     there is no room for it."""
@@ -166,18 +167,30 @@ def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     return True
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _twice(st: _I64) -> bool:
-    """Whether two of the paths' hashes are equal."""
-    n = st[_SN]
-    ordered = np.sort(st[_SEEN : U(_SEEN + n)])
-    for j in range(U(1), U(n)):  # noqa: SIM110 (a loop numba compiles)
-        if ordered[j] == ordered[j - 1]:
-            return True
+    """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
+    sorted in place first (a shell sort: no allocation)."""
+    n, h = st[_SN], st[_SEEN:]
+    gap = 1
+    while gap < n // 3:
+        gap = 3 * gap + 1
+    while (n > 16) and (gap > 0):
+        for j in range(gap, n):
+            x, k = h[U(j)], j
+            while (k >= gap) and (h[U(k - gap)] > x):
+                h[U(k)] = h[U(k - gap)]
+                k -= gap
+            h[U(k)] = x
+        gap //= 3
+    for j in range(1, n):
+        for k in range(j - 1 if n > 16 else 0, j):
+            if h[U(j)] == h[U(k)]:
+                return True
     return False
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _decimal(dst: _B8, at: int, n: int) -> int:
     """Write n's decimal digits at dst[at:] (room for 20 is the caller's); how many."""
     digits = 1
@@ -189,7 +202,7 @@ def _decimal(dst: _B8, at: int, n: int) -> int:
     return digits
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add updatedFields' element of type t named path[:n] with the value d[v:e]."""
     w = st[_W]
@@ -203,7 +216,7 @@ def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
@@ -225,7 +238,7 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
@@ -240,7 +253,7 @@ def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     return _OK
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
@@ -270,12 +283,12 @@ def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64)
     return _OK
 
 
-@numba.njit(cache=CACHE)
-def _truncated(d: _B8, sec: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
-    """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in sec's row:
+@_kernel
+def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
+    """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
     written back as it came)."""
-    t, v, e = sec[_L, 0], sec[_L, 1], sec[_L, 2]
+    t, v, e = frames[_SECTIONS + _L, 0], frames[_SECTIONS + _L, 1], frames[_SECTIONS + _L, 2]
     if (t != 1) & (t != 16) & (t != 18):
         return _NO
     w = st[_TW]
@@ -300,30 +313,30 @@ def _truncated(d: _B8, sec: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
     return _OK
 
 
-@numba.njit(cache=CACHE)
-def _object(d: _B8, term: int, sec: _I64, buffers: _Bufs3, n: int, st: _I64, walked: bool) -> int:
+@_kernel
+def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, walked: bool) -> int:
     """An object diff's `u`, then `i` (each element under the prefix path[:n]; a diff of
     top-level sections alone, not `walked`, has them copied as they are), then `d`."""
-    out, rem, path = buffers
+    out, rem, _, path = buffers
     for slot in range(2):
-        t = sec[slot, 0]
+        t = frames[_SECTIONS + slot, 0]
         if (t != 0) and (t != 3):
             return _NO
         if t == 0:
             continue
         if walked:
-            r = _fields(d, sec[slot, 1], term, out, path, n, st)
+            r = _fields(d, frames[_SECTIONS + slot, 1], term, out, path, n, st)
         else:
-            r = _copied(d, sec[slot, 1], term, out, st)
+            r = _copied(d, frames[_SECTIONS + slot, 1], term, out, st)
         if r != _OK:
             return r
-    t = sec[_D, 0]
+    t = frames[_SECTIONS + _D, 0]
     if t == 0:
         return _OK
-    return _removed(d, sec[_D, 1], term, rem, path, n, st) if t == 3 else _NO
+    return _removed(d, frames[_SECTIONS + _D, 1], term, rem, path, n, st) if t == 3 else _NO
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _enter(
     d: _B8, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, frames: _I64, f: int
 ) -> int:
@@ -331,26 +344,25 @@ def _enter(
     diff (its `u`, `i`, `d`, under path[:n] and a dot), its entries left for the walk in
     frames[f] (where it goes on, where it closes, whether an array, its prefix's length)."""
     out, rem, tru, path = buffers
-    sec = frames[_SECTIONS:]
     if not _note(path, n, _WALKED, st):
         return _ROOM
-    term, _ = _scan(d, at, limit, sec)
+    term, _ = _scan(d, at, limit, frames)
     if term < 0:
         return _NO
-    array = (sec[_A, 0] == 8) and d[U(sec[_A, 1])] == 1
+    array = (frames[_SECTIONS + _A, 0] == 8) and d[U(frames[_SECTIONS + _A, 1])] == 1
     if array:
-        r = _truncated(d, sec, tru, path, n, st) if sec[_L, 0] != 0 else _OK
+        r = _truncated(d, frames, tru, path, n, st) if frames[_SECTIONS + _L, 0] != 0 else _OK
     elif n + 1 > len(path):
         return _ROOM
     else:
         path[U(n)] = 46  # "."
         n += 1
-        r = _object(d, term, sec, (out, rem, path), n, st, True)
+        r = _object(d, term, frames, buffers, n, st, True)
     frames[U(f), 0], frames[U(f), 1], frames[U(f), 2], frames[U(f), 3] = at + 4, term, array, n
     return _ENTERED if r == _OK else r
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _index(d: _B8, p: int, q: int) -> int:
     """Whether d[p:q], an array diff's index, is written as int() writes it (digits, no leading
     zero): its length, or -1."""
@@ -360,12 +372,13 @@ def _index(d: _B8, p: int, q: int) -> int:
     return q - p if (q > p) and ((d[U(p)] != 48) or (q == p + 1)) else -1
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
     """Read the next element of the open document frames[f]: in an object diff, a sub-diff
     `s<field>`, at the prefix and the field; in an array diff, `u<index>` (a new value) or
     `s<index>` (a sub-diff) at the path, a dot and the index. Others are not the walk's."""
-    path, (p, term, array, n) = buffers[3], frames[U(f)]
+    path, row = buffers[3], U(f)
+    p, term, array, n = frames[row, 0], frames[row, 1], frames[row, 2], frames[row, 3]
     q, e = _element(d, p, term)  # (read by the scan that opened the document)
     frames[U(f), 0] = e
     t, letter = d[U(p)], d[U(p + 1)]
@@ -393,7 +406,7 @@ def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
     return _enter(d, q + 1, term, buffers, start + digits, st, frames, f + 1)
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Walk the open documents' sub-diffs and array entries (frames[0] the diff's own), in their
     order, depth first, as `update_description` walks them; a diff nested deeper than _DEPTH
@@ -411,7 +424,7 @@ def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     return _OK
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
     """Write at out[w] an array element: its `header` (type and name), then the array of the
     elements body[:n]; where it ends."""
@@ -423,7 +436,7 @@ def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
     return w + 1
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
@@ -432,7 +445,7 @@ def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
         return _ROOM
     out[U(w)] = 0
     copy(out, w0 + 4, _P_UPDATED_FIELDS, 0, len(_P_UPDATED_FIELDS))
-    put_i32(out, w0 + _HEAD, w + 1 - w0 - _HEAD)
+    put_i32(out, w0 + HEAD, w + 1 - w0 - HEAD)
     w = _array(out, w + 1, _P_REMOVED_FIELDS, rem, st[_RW])
     w = _array(out, w, _P_TRUNCATED_ARRAYS, tru, st[_TW])
     out[U(w)] = 0
@@ -441,22 +454,22 @@ def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     return _OK
 
 
-@numba.njit(cache=CACHE)
+@_kernel
 def _one(d: _B8, start: int, end: int, diff: int, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Write the description of the diff at `diff` of the entry d[start:end] at out[st[_W]]:
     a diff of top-level `u`, `i` and `d` sections alone as `update_description` copies it
     (`u` and `i` as they are), any other walked."""
     out, rem, tru, path = buffers
-    sec, w0 = frames[_SECTIONS:], st[_W]
+    w0 = st[_W]
     st[_RN] = st[_RW] = st[_TN] = st[_TW] = st[_SN] = 0
-    if w0 + _HEAD + 4 > len(out):
+    if w0 + HEAD + 4 > len(out):
         return _ROOM
-    st[_W] = w0 + _HEAD + 4
-    term, kinds = _scan(d, diff, end, sec)
+    st[_W] = w0 + HEAD + 4
+    term, kinds = _scan(d, diff, end, frames)
     if (term < 0) or (diff < start) or (kinds & _NOT_DOCUMENT):
         return _NO
     walked = (kinds & _OTHER_KEY) != 0
-    r = _object(d, term, sec, (out, rem, path), 0, st, walked)
+    r = _object(d, term, frames, buffers, 0, st, walked)
     if walked and (r == _OK):
         frames[0, 0], frames[0, 1], frames[0, 2], frames[0, 3] = diff + 4, term, 0, 0
         r = _walk(d, buffers, st, frames)
@@ -488,20 +501,48 @@ def describe(
         np.empty(longest, np.uint8),
     )
     st, frames = np.zeros(_SEEN + 64, np.int64), np.zeros((_SECTIONS + 5, 4), np.int64)
-    for k in range(U(m)):
-        w0 = st[_W]
-        r = _one(d, starts[k], ends[k], diffs[k], (out, rem, tru, path), st, frames)
-        while r == _ROOM:  # a buffer too small: all twice as large, and the diff again
-            out = _grown(out, w0)
-            rem, tru, path = _grown(rem, 0), _grown(tru, 0), _grown(path, 0)
+    k = 0
+    while k < m:  # (a buffer too small: all twice as large, and that diff again)
+        k = _run(d, starts, ends, diffs, (out, rem, tru, path), st, frames, at, taken, k)
+        if k < m:
+            out, rem, tru, path = (
+                _grown(out, st[_W]),
+                _grown(rem, 0),
+                _grown(tru, 0),
+                _grown(path, 0),
+            )
             st = _grown(st, _SEEN)
-            st[_W] = w0
-            r = _one(d, starts[k], ends[k], diffs[k], (out, rem, tru, path), st, frames)
-        taken[k] = r == _OK
-        if not taken[k]:
-            st[_W] = w0
-        at[k + 1] = st[_W]
     return out[: U(st[_W])], at, taken
+
+
+@_kernel
+def _run(
+    d: _B8,
+    starts: _I64,
+    ends: _I64,
+    diffs: _I64,
+    buffers: _Bufs,
+    st: _I64,
+    frames: _I64,
+    at: _I64,
+    taken: npt.NDArray[np.bool_],
+    k: int,
+) -> int:
+    """Describe diffs from the k-th on, until one finds a buffer too small: its index (len(diffs)
+    when all are done). (A loop apart from `describe`'s, whose buffers change: numba then counts
+    references to them at every step.)"""
+    while k < len(diffs):
+        w0 = st[_W]
+        r = _one(d, starts[U(k)], ends[U(k)], diffs[U(k)], buffers, st, frames)
+        if r == _ROOM:
+            st[_W] = w0
+            return k
+        taken[U(k)] = r == _OK
+        if r != _OK:
+            st[_W] = w0
+        at[U(k + 1)] = st[_W]
+        k += 1
+    return k
 
 
 @numba.njit(cache=CACHE)
@@ -510,91 +551,3 @@ def _grown(a: npt.NDArray[Any], keep: int) -> npt.NDArray[Any]:
     bigger = np.empty(2 * len(a), a.dtype)
     bigger[: U(keep)] = a[: U(keep)]
     return bigger
-
-
-@numba.njit(cache=CACHE)
-def _gathered(data: _B8, start: _I64, size: _I64) -> tuple[_B8, _I64]:
-    """The descriptions data[start[k]:start[k] + size[k]] less their first _HEAD bytes (the
-    block's update template holds them), each then closing its event, back to back; and where
-    each starts."""
-    m = len(start)
-    at = np.zeros(m + 1, np.int64)
-    for k in range(U(m)):
-        at[k + 1] = at[k] + (size[k] - _HEAD + 1 if size[k] else 0)
-    out = np.zeros(max(at[m], 1), np.uint8)  # (never empty: the block reads it as an array)
-    for k in range(U(m)):
-        n = at[k + 1] - at[k]
-        if n:
-            copy(out, at[k], data, start[k] + _HEAD, n - 1)
-            out[U(at[k + 1] - 1)] = 0
-    return out, at
-
-
-class Descriptions(NamedTuple):
-    """The updateDescriptions made for a batch's entries: `data` from start[i], size[i] bytes,
-    for entry i (size 0: none)."""
-
-    data: _B8
-    start: _I64
-    size: _I64
-
-
-def other_descriptions(
-    batch: OplogBatch, rows: _I64, ok: npt.NDArray[np.bool_], expanded: bool
-) -> Descriptions | None:
-    """The updateDescription of each taken update whose diff is not `u` and `i` alone (the block
-    copies those, see batch_layout's _R_SIMPLE): written by `describe`, and those it leaves
-    made one by one by `update_description`; an update whose diff neither takes is dropped from
-    `ok`, for splice_crud (none is taken with expanded events: disambiguatedPaths judges every
-    name)."""
-    other = np.flatnonzero(ok & (rows[:, _R_OP] == _UPDATE) & (rows[:, _R_SIMPLE] == 0))
-    if not len(other):
-        return None
-    if expanded:
-        ok[other] = False
-        return None
-    starts = batch.starts[other]
-    data, at, taken = describe(
-        as_bytes(batch.data),
-        starts,
-        starts + batch.lengths[other],
-        rows[other, _R_O_START] + _DIFF_AT,
-    )
-    start = np.zeros(len(batch), np.int64)
-    size = np.zeros(len(batch), np.int64)
-    start[other], size[other] = at[:-1], np.diff(at)
-    left = other[~taken]
-    if not len(left):
-        return Descriptions(data, start, size)
-    made: list[bytes] = []
-    ends = (batch.starts[left] + batch.lengths[left]).tolist()
-    diffs = (rows[left, _R_O_START] + _DIFF_AT).tolist()
-    end = len(data)
-    for i, s, e, diff in zip(left.tolist(), batch.starts[left].tolist(), ends, diffs, strict=True):
-        description = _description(batch.data, s, e, diff)
-        if description is None:
-            ok[i] = False
-            continue
-        start[i], size[i] = end, len(description)
-        end += len(description)
-        made.append(description)
-    return Descriptions(np.concatenate((data, as_bytes(b"".join(made)))), start, size)
-
-
-def extras(descriptions: Descriptions | None, taken: _I64) -> tuple[_B8, _I64]:
-    """The taken entries' updatedFields and what closes their events (an update whose
-    description is made here; nothing for the others), back to back in the order of `taken`,
-    and where each starts."""
-    if descriptions is None:
-        return as_bytes(b"\0"), np.zeros(len(taken) + 1, np.int64)
-    return _gathered(descriptions.data, descriptions.start[taken], descriptions.size[taken])
-
-
-def _description(data: bytes | bytearray, start: int, end: int, diff: int) -> bytes | None:
-    """The updateDescription of the update entry data[start:end] whose diff is at `diff`, read
-    from the entry alone as splice_crud reads it (bytes past a broken entry are another's); None
-    if `update_description` does not take it or cannot read it (splice_crud then says why)."""
-    try:
-        return update_description(byte_slices(data)[start:end], diff - start, expanded=False)
-    except (ValueError, IndexError, struct.error):
-        return None

@@ -208,7 +208,7 @@ def test_the_app_mixs_updates_are_described_by_the_kernel() -> None:
     assert any("d" in diff for diff in logged) and any("a" not in sub for sub in subs)
     assert {"u"} in arrays and {"s"} in arrays
     with mock.patch(
-        "buckets._columnar.diff_kernel._description",
+        "buckets._columnar.update_descriptions._description",
         side_effect=AssertionError("an updateDescription made one by one"),
     ):
         batch, in_block = _same_as_one_by_one(raws, False)
