@@ -213,3 +213,25 @@ def test_the_app_mixs_updates_are_described_by_the_kernel() -> None:
     ):
         batch, in_block = _same_as_one_by_one(raws, False)
     assert in_block == set(range(len(raws)))
+
+
+def test_large_deep_and_repeated_diffs() -> None:
+    """Many paths (sorted to find one named twice), descriptions longer than the buffers first
+    made for them (grown, the diff written again), and diffs nested deeper than the kernel's
+    stack (left to Python)."""
+    many = {f"f{j}": j for j in range(200)}
+    deep: dict[str, Any] = {"u": many}
+    for depth in range(30):
+        deep = {f"s{'n' * 20}{depth}": deep}
+    deeper: dict[str, Any] = {"u": {"x": 1}}
+    for _ in range(70):
+        deeper = {"sn": deeper}
+    twice = [("u", [(f"f{j}", j) for j in range(40)] + [("f7", 0)]), ("sa", [("u", [("b", 1)])])]
+    entries = [
+        _entry(bson.encode({"u": {"a": 1}, "sb": {"u": many}})),
+        _entry(bson.encode(deep)),
+        _entry(_encoded(twice)),
+        _entry(bson.encode(deeper)),
+        _entry(bson.encode({"d": {"x": False}})),
+    ]
+    assert _kernel_matches(entries) == [True, True, False, False, True]
