@@ -13,8 +13,8 @@ documentKey, updatedFields) into its kind's template, and its token's KeyString 
 (`_assemble`): two passes over the batch, where numpy
 array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
 is, for the usual diffs (top-level `u` and `i` documents alone), those documents' elements,
-copied as an insert's document is; other diffs are made one by one by `update_description` and
-copied in.
+copied as an insert's document is; other diffs' descriptions are written for the batch at once by
+buckets/_columnar/diff_kernel.py (update_descriptions.py) and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
 (drivers give every document one; a TTL index's deletes have it), `{_id: string}` or `{_id:
