@@ -4,8 +4,8 @@ loop over the batch (numba): nested `s<field>` sections at any depth, array sect
 
 Why: the batch splice copies the usual diffs' updatedFields (top-level `u` and `i` alone) in its
 own kernels, but an application's updates also `$unset`, `$push`, `$pull` and set nested fields
-and array elements; made one by one in Python (`update_description`), those descriptions were
-the splice's largest cost on such a backlog. Here each is written as `update_description` writes
+and array elements; made one by one in Python (`update_description`), their descriptions cost
+more than the rest of their splice. Here each is written as `update_description` writes
 it (mongoformats/diff_splice.py says how it reads the diff, after the server's
 change_stream_document_diff_parser.cpp): updatedFields' elements under their dotted paths with
 the diff's own value bytes, removedFields' paths, truncatedArrays' entries, sub-diffs walked in
@@ -17,7 +17,8 @@ strictly (lengths that add up, closing zeros, known value types: no regex, DBPoi
 scope), and leaves a diff where the general path's dicts would keep one of two same names: a
 section letter twice in one document, one path set, removed or walked twice (paths compared by a
 64-bit hash: two different paths with one hash are left too, which only costs the Python path),
-and diffs nested deeper than its stack.
+and diffs nested deeper than its stack. (With expanded events no diff is described here:
+disambiguatedPaths judges every name, see update_descriptions.py.)
 """
 
 from __future__ import annotations
