@@ -206,22 +206,27 @@ def level_figures(rate: float, results: list[WriterResult], latencies_ms: list[f
     reached together, side by side; the writers' CPU per write; the latency percentiles."""
     written = sum(r.written for r in results)
     took = max((r.seconds for r in results), default=0.0)
-    reached = written / took if took > 0 else 0.0
-    paced = not math.isinf(rate)
+    cpu_s = sum(r.cpu_s for r in results)
+    reached = _ratio(written, took) or 0.0
+    target = None if math.isinf(rate) else rate
     figures: dict[str, Any] = {
-        "target_rate": rate if paced else None,
+        "target_rate": target,
         "reached_rate": reached,
-        "reached_share": reached / rate if paced and rate > 0 else None,
+        "reached_share": target and _ratio(reached, target),
         "written": written,
         "behind": sum(r.behind for r in results),
         # Below 90% of the rate asked for (always, unpaced): the figures are for the rate reached.
-        "saturated": not paced or reached < 0.9 * rate,
+        "saturated": target is None or reached < 0.9 * target,
         "writers": len(results),
-        "writer_cpu_us_per_write": 1e6 * sum(r.cpu_s for r in results) / max(1, written),
-        "writers_cpu": sum(r.cpu_s for r in results) / took if took > 0 else 0.0,
+        "writer_cpu_us_per_write": 1e6 * cpu_s / max(1, written),
+        "writers_cpu": _ratio(cpu_s, took) or 0.0,
         "events": len(latencies_ms),
     }
     return {**figures, **percentiles(latencies_ms)}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
