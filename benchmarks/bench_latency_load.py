@@ -10,8 +10,10 @@ Three steps, on one cluster (4 shards) and one proxy:
    `parallelChangeStream` (4 buckets, one consumer per bucket).
 2. The maximum write rate the cluster takes while the proxy tails it: --writers writer
    processes (benchmarks/load_writer.py) write the mix unpaced for --max-seconds while a stream
-   opened just before reads it. The CPU each part (cluster, proxy, writers, consumers) spends
-   per write there bounds the rate the machine's cores could take (`cores_bound_rate`).
+   opened just before reads it; and first with no stream open (`max_write_untailed`), what the
+   cluster takes when it and the writers have the machine to themselves. The CPU each part
+   (cluster, proxy, writers, consumers) spends per write while tailed bounds the rate the
+   machine's cores could take (`cores_bound_rate`).
 3. The mix written live, paced at 25%, 50% and 75% of the maximum catch-up rate, for --seconds
    each, by the same writers sharing one schedule, while a stream opened just before reads it.
    A level the cluster cannot take cannot be measured: when the maximum write rate is below the
@@ -103,9 +105,11 @@ class Live:
         self.writers = writers
         self.runs = 0
 
-    async def latency(self, rate: float, seconds: float, seed: int) -> dict[str, Any]:
+    async def latency(
+        self, rate: float, seconds: float, seed: int, *, tail: bool = True
+    ) -> dict[str, Any]:
         """Write the mix at `rate` writes a second (math.inf: unpaced) for `seconds` while
-        4 buckets are read; the level's figures."""
+        4 buckets are read (with `tail`; else with no stream open); the level's figures."""
         self.runs += 1
         writers = await trio.to_thread.run_sync(
             lambda: Writers(
@@ -119,7 +123,7 @@ class Live:
         )
         try:
             await trio.to_thread.run_sync(writers.wait_ready)
-            return await self._measure(writers, rate)
+            return await (self._measure(writers, rate) if tail else self._untailed(writers, rate))
         finally:
             writers.close()
 
@@ -147,6 +151,12 @@ class Live:
         await ctl.command("admin", {"killCursors": "$cmd.parallelChangeStream", "cursors": cursors})
         await ctl.aclose()
         return {**level_figures(rate, results, [x * 1000 for x in latencies]), **cpu}
+
+    async def _untailed(self, writers: Writers, rate: float) -> dict[str, Any]:
+        writers.go()
+        meter = CpuMeter(self.cluster_ps, self.proxy)
+        results = await trio.to_thread.run_sync(writers.results)
+        return {**level_figures(rate, results, []), **meter.cores()}
 
     async def _consume(self, cursor_id: Any, latencies: list[float], stop: trio.Event) -> None:
         conn = await open_upstream("127.0.0.1", self.proxy.port)
@@ -195,10 +205,14 @@ def cpu_per_write(level: dict[str, Any]) -> dict[str, float]:
 
 def _line(name: str, r: dict[str, Any]) -> str:
     target = "unpaced" if r["target_rate"] is None else f"{r['target_rate']:,.0f}"
+    latency = (
+        f"{r['events']:>7,}/{r['written']:,} events  p50 {r['p50_ms']:6.1f} ms  "
+        f"p99 {r['p99_ms']:7.1f} ms  max {r['max_ms']:7.1f} ms  "
+        if "p50_ms" in r
+        else f"{r['written']:,} writes, not read  "
+    )
     return (
-        f"{name:>8}: {r['reached_rate']:7,.0f} of {target:>7} writes/s  "
-        f"{r['events']:>7,}/{r['written']:,} events  p50 {r.get('p50_ms', 0):6.1f} ms  "
-        f"p99 {r.get('p99_ms', 0):7.1f} ms  max {r.get('max_ms', 0):7.1f} ms  "
+        f"{name:>9}: {r['reached_rate']:7,.0f} of {target:>7} writes/s  {latency}"
         f"CPU (cores): cluster {r['cluster_cpu']:.2f} proxy {r['proxy_cpu']:.2f} "
         f"writers {r['writers_cpu']:.2f} consumers {r['consumers_cpu']:.2f} "
         f"machine {r['machine_cpu']:.2f}"
@@ -217,6 +231,10 @@ async def run(args: argparse.Namespace, live: Live, results: dict[str, Any]) -> 
         flush=True,
     )
     await trio.sleep(3)  # the catch-up stream's teardown
+    alone = results["max_write_untailed"] = await live.latency(
+        math.inf, args.max_seconds, args.seed, tail=False
+    )
+    print(_line("no stream", alone), flush=True)
     top = results["max_write"] = await live.latency(math.inf, args.max_seconds, args.seed)
     print(_line("max write", top), flush=True)
     cost = results["cpu_us_per_write"] = cpu_per_write(top)
