@@ -28,7 +28,7 @@ reached together (`saturated` below 90% of it: the figures are then for the rate
 the CPU the cluster, the proxy, the writers, the consumers and the whole machine (other load
 included) used over the writing time, in cores: the cluster is one process, so near 1.0 it is
 the bound; a machine figure near the core count says the cores are. `goal`: p99 <= 100 ms at
-50%, met only when that level's rate was reached.
+50% of the maximum catch-up rate, `met` only when that rate was asked for and reached.
 
 Cluster, proxy, writers and this process (the consumers) are separate processes.
 Writes JSON and a PNG to the output folder (benchmarks/common.py).
@@ -56,7 +56,8 @@ from wireproxy.upstream import open_upstream, parse_hosts
 
 LEVELS = (0.25, 0.5, 0.75)
 BUCKETS = 4
-GOAL_LEVEL, GOAL_P99_MS = "50%", 100.0  # issue 50's goal: p99 <= 100 ms at 50% of the maximum
+# Issue 50's goal: p99 <= 100 ms at 50% of the maximum catch-up rate.
+GOAL_LEVEL, GOAL_P99_MS = "50%", 100.0
 CATCHUP_RUNS = 2  # reads of the backlog; the fastest gives the maximum catch-up rate
 _DRAIN_S = 20.0  # how long the last writes' events may take to come
 
@@ -271,12 +272,15 @@ async def run(args: argparse.Namespace, live: Live, results: dict[str, Any]) -> 
 
 
 def _goal(level: dict[str, Any], base: str) -> dict[str, Any]:
-    """The issue's goal at its level: met only at the rate asked for, not below it."""
+    """The issue's goal at its level: `met` only at the rate it asks for (50% of the maximum
+    catch-up rate, reached); `p99_within` says whether the level run met the latency bound."""
     p99 = level.get("p99_ms")
+    within = p99 is not None and p99 <= GOAL_P99_MS
     return {
         "level": f"{GOAL_LEVEL} of the maximum {base} rate",
         "p99_ms": p99,
-        "met": p99 is not None and p99 <= GOAL_P99_MS and not level.get("saturated", True),
+        "p99_within": within,
+        "met": within and base == "catch-up" and not level.get("saturated", True),
     }
 
 
