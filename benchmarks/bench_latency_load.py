@@ -49,15 +49,21 @@ import trio
 
 from benchmarks.bench_engine import ProxyProcess, proxy_stream
 from benchmarks.common import add_out_option, pyplot, write_json
-from benchmarks.load_writer import Writers, level_figures, plan_levels
+from benchmarks.load_writer import (
+    GOAL_LEVEL,
+    GOAL_P99_MS,
+    Writers,
+    cpu_per_write,
+    goal_figures,
+    level_figures,
+    plan_levels,
+)
 from benchmarks.workloads import write_workload
 from simcluster.launcher import ClusterProcess, spawn_cluster
 from wireproxy.upstream import open_upstream, parse_hosts
 
 LEVELS = (0.25, 0.5, 0.75)
 BUCKETS = 4
-# Issue 50's goal: p99 <= 100 ms at 50% of the maximum catch-up rate.
-GOAL_LEVEL, GOAL_P99_MS = "50%", 100.0
 CATCHUP_RUNS = 2  # reads of the backlog; the fastest gives the maximum catch-up rate
 _DRAIN_S = 20.0  # how long the last writes' events may take to come
 
@@ -191,19 +197,6 @@ async def max_catchup_rate(live: Live, backlog: int, seed: int) -> tuple[list[fl
     return rates, events
 
 
-def cpu_per_write(level: dict[str, Any]) -> dict[str, float]:
-    """Each part's CPU time per write (microseconds) at a level: its cores over the writes a
-    second reached. Their sum bounds the rate all the machine's cores could take."""
-    rate = max(level["reached_rate"], 1e-9)
-    parts = {
-        "cluster": level["cluster_cpu"],
-        "proxy": level["proxy_cpu"] + level["proxy_workers_cpu"],
-        "writers": level["writers_cpu"],
-        "consumers": level["consumers_cpu"],
-    }
-    return {k: 1e6 * v / rate for k, v in parts.items()}
-
-
 def _line(name: str, r: dict[str, Any]) -> str:
     target = "unpaced" if r["target_rate"] is None else f"{r['target_rate']:,.0f}"
     latency = (
@@ -267,21 +260,8 @@ async def run(args: argparse.Namespace, live: Live, results: dict[str, Any]) -> 
         r = levels[name] = await live.latency(rate, args.seconds, args.seed + 1 + i)
         r.update(of_max_catchup=rate / max_catchup, of_max_write=rate / top["reached_rate"])
         print(_line(name, r), flush=True)
-    goal = results["goal"] = _goal(levels.get(GOAL_LEVEL, {}), plan.base)
+    goal = results["goal"] = goal_figures(levels.get(GOAL_LEVEL, {}), plan.base)
     print(f"goal (p99 <= {GOAL_P99_MS:.0f} ms at {GOAL_LEVEL}): {goal}", flush=True)
-
-
-def _goal(level: dict[str, Any], base: str) -> dict[str, Any]:
-    """The issue's goal at its level: `met` only at the rate it asks for (50% of the maximum
-    catch-up rate, reached); `p99_within` says whether the level run met the latency bound."""
-    p99 = level.get("p99_ms")
-    within = p99 is not None and p99 <= GOAL_P99_MS
-    return {
-        "level": f"{GOAL_LEVEL} of the maximum {base} rate",
-        "p99_ms": p99,
-        "p99_within": within,
-        "met": within and base == "catch-up" and not level.get("saturated", True),
-    }
 
 
 def plot(out: Path, results: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
 """benchmarks/load_writer.py: the writers' shared schedule, the load levels a run asks for, what
-a writer sends at once, and a level's figures."""
+a writer sends at once, a level's figures, CPU per write and the goal."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pymongo import InsertOne, UpdateOne
@@ -14,6 +15,8 @@ from benchmarks.load_writer import (
     LevelPlan,
     WriterResult,
     _send,
+    cpu_per_write,
+    goal_figures,
     level_figures,
     ops_ahead,
     percentiles,
@@ -184,3 +187,36 @@ def test_percentiles_take_the_nearest_rank() -> None:
         "mean_ms": 50.5,
     }
     assert percentiles([]) == {}
+
+
+def test_cpu_per_write_is_each_parts_cores_over_the_rate_reached() -> None:
+    level = {
+        "reached_rate": 2000.0,
+        "cluster_cpu": 0.3,
+        "proxy_cpu": 0.2,
+        "proxy_workers_cpu": 0.1,
+        "writers_cpu": 0.1,
+        "consumers_cpu": 0.04,
+    }
+    cost = cpu_per_write(level)
+    assert cost == pytest.approx(
+        {"cluster": 150.0, "proxy": 150.0, "writers": 50.0, "consumers": 20.0}
+    )
+
+
+def test_the_goal_is_met_only_at_the_catch_up_fraction_reached() -> None:
+    reached = {"p99_ms": 40.0, "saturated": False}
+    assert goal_figures(reached, "catch-up")["met"] is True
+    assert goal_figures({"p99_ms": 140.0, "saturated": False}, "catch-up")["met"] is False
+    # Within the bound, but at a rate below the one asked for: not the goal.
+    assert goal_figures({"p99_ms": 40.0, "saturated": True}, "catch-up")["met"] is False
+    on_write = goal_figures(reached, "write")
+    assert on_write["met"] is False
+    assert on_write["p99_within"] is True
+    assert on_write["level"] == "50% of the maximum write rate"
+    assert goal_figures({}, "write") == {
+        "level": "50% of the maximum write rate",
+        "p99_ms": None,
+        "p99_within": False,
+        "met": False,
+    }
