@@ -79,6 +79,8 @@ def test_a_writer_generates_its_share_of_the_run_ahead() -> None:
     assert ops_ahead(1000.0, 10.0, 2) >= 5000
     assert ops_ahead(1000.0, 10.0, 2) < ops_ahead(1000.0, 10.0, 1)
     assert ops_ahead(math.inf, 2.0, 2) > ops_ahead(1000.0, 2.0, 2)
+    # No more than an unpaced writer's: a rate no writer reaches does not fill the memory.
+    assert ops_ahead(1e6, 2.0, 2) == ops_ahead(math.inf, 2.0, 2)
 
 
 class _Session:
