@@ -290,6 +290,9 @@ def plot(out: Path, results: dict[str, Any]) -> None:
     )
     if "max_write_rate" in results:
         rates.axhline(results["max_write_rate"], color="grey", ls="--", label="max write rate")
+    if "max_write_untailed" in results:
+        untailed = results["max_write_untailed"]["reached_rate"]
+        rates.axhline(untailed, color="grey", ls=":", label="max write rate, no stream")
     rates.set_xticks(list(xs), [f"{n} of max {results.get('level_base', '')}" for n in names])
     rates.set_ylabel("writes a second")
     rates.legend()
