@@ -145,8 +145,7 @@ class Live:
         async with trio.open_nursery() as nursery:
             for cur in opened["cursors"]:
                 nursery.start_soon(self._consume, cur["id"], latencies, stop)
-            writers.go()
-            meter = CpuMeter(self.cluster_ps, self.proxy)
+            meter = await self._started(writers)
             results = await trio.to_thread.run_sync(writers.results)
             cpu = meter.cores()
             written = sum(r.written for r in results)
@@ -159,9 +158,13 @@ class Live:
         await ctl.aclose()
         return {**level_figures(rate, results, [x * 1000 for x in latencies]), **cpu}
 
+    async def _started(self, writers: Writers) -> CpuMeter:
+        """Start the writers; a CPU meter from the moment they start writing."""
+        await trio.sleep(max(0.0, writers.go() - time.time()))
+        return CpuMeter(self.cluster_ps, self.proxy)
+
     async def _untailed(self, writers: Writers, rate: float) -> dict[str, Any]:
-        writers.go()
-        meter = CpuMeter(self.cluster_ps, self.proxy)
+        meter = await self._started(writers)
         results = await trio.to_thread.run_sync(writers.results)
         return {**level_figures(rate, results, []), **meter.cores()}
 

@@ -184,11 +184,12 @@ class Writers:
             if pipe.recv() != "ready":
                 raise RuntimeError("a writer process failed to start")
 
-    def go(self) -> None:
-        """Start every writer at one time, a moment from now."""
+    def go(self) -> float:
+        """Start every writer at one time, a moment from now; returns that time (time.time())."""
         start = time.time() + _START_DELAY_S
         for pipe in self.pipes:
             pipe.send(start)
+        return start
 
     def results(self) -> list[WriterResult]:
         """Each writer's result once it is done (the processes then exit)."""
