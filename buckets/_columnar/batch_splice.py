@@ -55,11 +55,12 @@ import pyarrow as pa
 from buckets._columnar.batch_layout import (
     _DELETE,
     _DIFF_AT,
-    _ID_OID,
     _INSERT,
     _OPS,
     _R_FIELDS,
     _R_HEAD_END,
+    _R_ID_AT,
+    _R_ID_BYTES,
     _R_KEY,
     _R_KEY_END,
     _R_LAID,
@@ -77,19 +78,7 @@ from buckets._columnar.batch_layout import (
 )
 from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.id_keys import (
-    _HEAD_ROOM,
-    _HEADS,
-    _ID_AFTER,
-    _ID_END,
-    _ID_ESCAPED,
-    _ID_HEAD_BYTES,
-    _ID_HEADS,
-    _ID_VALUE_AT,
-    _KEY_ID_AT,
-    _KEY_TS,
-    key_template,
-)
+from buckets._columnar.id_keys import _ID_WALKED, _KEY_TAIL, _KEY_TS, key_template
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -142,21 +131,20 @@ _SIMPLE_REST = (
 )
 _END = b"\x00"
 _P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
+_P_KEY_TAIL = as_bytes(_KEY_TAIL)
 _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
-# A kind's templates: its sort key up to the _id, its event's front up to the hex's varying
-# part, the front's rest, the tail up to the documentKey's value, and what follows that.
+# A kind's templates: its sort key up to the _id's value, its event's front up to the hex's
+# varying part, the front's rest, the tail up to the documentKey's value, and what follows that.
 _PARTS = 5
-_ID_OID_HEAD = _HEADS[_ID_OID]
-_OID_HEAD_HEX = 2 * len(_ID_OID_HEAD)
 
 
 def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[bytes, bytes]:
     """A kind's event up to its document (an insert's fullDocument header ends it), in two
-    parts: up to where its token's hex differs from event to event (the hex of the key's part
-    that every event of the kind shares, then of an ObjectId _id's head), and from the hex's end
-    on; with zeros (in the hex too) where each event's lengths, ts and wall go."""
+    parts: up to where its token's hex differs from event to event (the hex of its key template,
+    the key's part that every event of the kind shares), and from the hex's end on; with zeros
+    (in the hex too) where each event's lengths, ts and wall go."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
-    head = bytes(4) + _ID_ELEMENT + hexlify(key + _ID_OID_HEAD).upper()
+    head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
     return head, b"".join(
         (
             b"\x00\x00",
@@ -202,7 +190,8 @@ def splice_block(
     caller must transform (what `splice_crud` says of it)."""
     n, data = len(batch), batch.data
     d = as_bytes(data)
-    rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)
+    rows, which, firsts, ids = _layouts(d, batch.starts, batch.lengths, expanded)
+    ids.flags.writeable = False  # the type `_assemble` reads d as: one source array type
     ok = rows[:, _R_OK].astype(np.bool_)
     descriptions = _other_descriptions(batch, rows, ok, expanded)
     out: list[Spliced | tuple[()] | None] = [None] * n
@@ -218,10 +207,10 @@ def splice_block(
     if not len(taken):
         return out, None, taken
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
-    templates, at = _templates(ops, made, expanded)
+    templates, at = _templates(ops, made, rows[firsts, _R_OK].tolist(), expanded)
     extras, extra_at = _extras(descriptions, taken)
     keys, events, offsets = _assemble(
-        d, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
+        d, ids, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
@@ -311,18 +300,20 @@ def _leave_unmade(
     ok &= ~dropped
 
 
-def _templates(ops: list[str], made: list[Any], expanded: bool) -> tuple[_Bytes, _Ints]:
+def _templates(
+    ops: list[str], made: list[Any], id_kinds: list[int], expanded: bool
+) -> tuple[_Bytes, _Ints]:
     """Each kind's templates (_PARTS of them), back to back, and where each starts: its sort key
-    up to the _id, its event's front in two parts (up to its document: an insert's fullDocument
-    header ends it), its tail up to the documentKey's value (ns, documentKey's header) and after
-    it (an update's updateDescription header, or the event's end), with zeros where each event's
-    own values go."""
+    up to the _id's value (id_keys.py), its event's front in two parts (up to its document: an
+    insert's fullDocument header ends it), its tail up to the documentKey's value (ns,
+    documentKey's header) and after it (an update's updateDescription header, or the event's
+    end), with zeros where each event's own values go."""
     parts: list[bytes] = []
-    for op, h in zip(ops, made, strict=True):
+    for op, h, id_kind in zip(ops, made, id_kinds, strict=True):
         if not h:  # (a kind none of whose entries is taken: no event refers to it)
             parts += (b"",) * _PARTS
             continue
-        key = key_template(op, h[3])
+        key = key_template(op, h[3], id_kind)
         parts += (
             key,
             *_front_templates(op, key, h[2], expanded),
@@ -354,6 +345,7 @@ def _extras(descriptions: dict[int, bytes], taken: _Ints) -> tuple[_Bytes, _Ints
 @numba.njit(cache=CACHE)
 def _assemble(
     d: _Bytes,
+    ids: _Bytes,
     taken: _Ints,
     rows: _Ints,
     which: _Ints,
@@ -365,27 +357,22 @@ def _assemble(
 ) -> tuple[_Bytes, _Bytes, _Ints]:
     """The taken entries' sort keys (rows padded with zeros to the longest's width, see
     id_keys.py) and events (their bytes back to back, and offsets). Each key is its kind's key
-    template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id` (the
-    id_keys tables: a string's zero bytes escaped). Each event is its kind's other templates with
-    its own lengths, token (its key's hex), ts and wall written in, then its document (an
-    insert's), its documentKey, its updatedFields (an update's: its diff's `u` and `i` elements, or
+    template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id`'s bytes
+    (an ObjectId's or UUID's in d, a walked key's elements in `ids`: see batch_layout's
+    _R_ID_AT) and the key's tail. Each event is its kind's other templates with its own lengths,
+    token (its key's hex), ts and wall written in, then its document (an insert's), its
+    documentKey, its updatedFields (an update's: its diff's `u` and `i` elements, or
     extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then bytes."""
     m = len(taken)
     offsets = np.zeros(m + 1, np.int64)
     lengths = np.empty(m, np.int64)
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
-        kind = U(row[_R_OK])
-        value, after = row[_R_KEY] + _ID_VALUE_AT[kind], row[_R_KEY_END] - _ID_AFTER[kind]
-        zeros = 0  # a string's zero bytes (each written 00 FF); no range for other kinds
-        for j in range(U(value), U(value + (after - value) * _ID_ESCAPED[kind])):
-            zeros += d[j] == 0
-        n = _KEY_ID_AT + _ID_HEAD_BYTES[kind] + after - value + zeros + _ID_AFTER[kind] + 2
-        lengths[i] = n
-        # its templates but the key's (less the hex of an ObjectId's head, which the hex
-        # beyond the kind's holds), the hex beyond the kind's, its documentKey
-        size = at[k + _PARTS] - at[k + 1] - _OID_HEAD_HEX + 2 * (n - _KEY_ID_AT)
-        size += row[_R_KEY_END] - row[_R_KEY]
+        # the key beyond its template: the _id's bytes and the tail
+        beyond = row[_R_ID_BYTES] + len(_P_KEY_TAIL)
+        lengths[i] = at[k + 1] - at[k] + beyond
+        # its templates but the key's, the key's hex beyond the template's, its documentKey
+        size = at[k + _PARTS] - at[k + 1] + 2 * beyond + row[_R_KEY_END] - row[_R_KEY]
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
@@ -406,42 +393,25 @@ def _assemble(
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
-        kind, key, n = U(row[_R_OK]), U(i * width), lengths[i]
-        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id.
-        copy(keys, key, templates, at[k], _KEY_ID_AT)
+        key, n, fixed = U(i * width), lengths[i], at[k + 1] - at[k]
+        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
+        # bytes, its tail (zeros but its last byte).
+        copy(keys, key, templates, at[k], fixed)
         for j in range(U(8)):
             keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
-        copy(keys, key + _KEY_ID_AT, _ID_HEADS, kind * _HEAD_ROOM, _ID_HEAD_BYTES[kind])
-        p = key + U(_KEY_ID_AT + _ID_HEAD_BYTES[kind])
-        escaped = _ID_ESCAPED[kind] != 0
-        for j in range(U(row[_R_KEY] + _ID_VALUE_AT[kind]), U(row[_R_KEY_END] - _ID_AFTER[kind])):
-            byte = d[j]
-            keys[p] = byte
-            p += U(1)
-            if escaped & (byte == 0):
-                keys[p] = 0xFF
-                p += U(1)
-        keys[key + U(n - 1)] = _ID_END
+        source = ids if row[_R_OK] == _ID_WALKED else d
+        copy(keys, key + fixed, source, row[_R_ID_AT], row[_R_ID_BYTES])
+        keys[key + U(n - 1)] = _P_KEY_TAIL[-1]
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
-        # (The front's template ends with the hex of an ObjectId _id's head, the usual kind's:
-        # from there on, the hex is written only for the other kinds.)
         front = at[k + 2] - at[k + 1]
         copy(out, e, templates, at[k + 1], front)
         put_i32(out, e, stop - e)
         put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17)
         put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
-        written = _OID_HEAD_HEX * (kind == _ID_OID)
-        front -= _OID_HEAD_HEX
-        hex_digits(
-            out,
-            e + front + written,
-            keys,
-            key + _KEY_ID_AT + written // 2,
-            n - _KEY_ID_AT - written // 2,
-        )
-        e += front + 2 * (n - _KEY_ID_AT)
+        hex_digits(out, e + front, keys, key + fixed, n - fixed)
+        e += front + 2 * (n - fixed)
         rest = at[k + 3] - at[k + 2]
         copy(out, e, templates, at[k + 2], rest)
         copy(out, e + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)

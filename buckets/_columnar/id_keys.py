@@ -1,14 +1,21 @@
 """The sort keys of a batch's block: what each event's resume token KeyString is made of, for
-the documentKeys the block takes (`{_id: ObjectId}`, `{_id: string}`, `{_id: binary of 16
-bytes}`: batch_layout's _ID_OID, _ID_STRING, _ID_UUID), as splice_crud's `_token_key` and sort
-key make them; batch_splice's `_assemble` writes them from these tables.
+the documentKeys the block takes, as splice_crud's `_token_key` and sort key make them;
+batch_splice's `_assemble` writes them from a kind's key template and each event's `_id` bytes.
 
 A token's KeyString is 0x82, the ts (seconds, then increment, big-endian), the token's fixed head,
 the collection's UUID (19 bytes: 0x5a, its length, subtype 4, the 16 bytes), the operation and
 the documentKey's object head (`_KEY_ID_AT` bytes in all, the same for every event), then the
-`_id`: its type byte, name and type byte again (`_ID_HEADS`), its value and the ends of the
-objects and of the key. A string's value is its bytes with each 0x00 written 0x00 0xFF, then
-0x00 (keystring.py `_escape`), so string keys vary in length.
+documentKey's elements and the ends of the objects and of the key (0x00 0x00 0x04).
+
+The documentKeys (batch_layout's _R_OK): `{_id: ObjectId}` and `{_id: binary of 16 bytes}` (a
+UUID), whose element head is constant (`_HEADS`, in the kind's key template) and whose value's
+bytes are the entry's own; and the walked ones (`_ID_WALKED`): a documentKey of ObjectIds,
+strings, int32s and documents of these (a string `_id`, a number, a compound `_id`, a shard key
+beside `_id`), whose elements `walk_key` writes out from the entry. Those all have zero type bits
+(a string's is 0, an int32's 00; the server's src/mongo/db/storage/key_string/key_string.h
+TypeBits: kString 0, kInt 0, kLong 1), so the token has no `_typeBits`; an int64 (bits 01), any
+other type, or a name twice (the general encoder decides which value counts) is left to
+splice_crud.
 
 Why one width per block with zero padding: a block's keys are rows of a numpy array (the merge
 compares and stacks rows), and a key shorter than the block's widest is padded with zero bytes.
@@ -21,42 +28,158 @@ padding (trailing zeros) to get a key back.
 
 from __future__ import annotations
 
-import numpy as np
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
-from buckets._columnar.batch_layout import _ID_OID, _ID_STRING, _ID_UUID
+# isort: split
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from buckets._columnar.byte_kernels import U, i32, u8
 from mongoformats.oplog_splice import _OP_IDENT, _TOKEN_HEAD
 
+_Bytes = npt.NDArray[np.uint8]
+_Ints = npt.NDArray[np.int64]
+
+_ID_OID, _ID_WALKED, _ID_UUID = 1, 2, 3
 _KEY_TS = 1  # where a key's ts is
 _OBJECT = b"\x46"  # the documentKey's object head, the last byte of a kind's key template
 # "insert", "delete" and "update" have as many letters: their keys share one layout.
 assert len({len(_OP_IDENT[op]) for op in ("insert", "delete", "update")}) == 1
 _KEY_ID_AT = _KEY_TS + 8 + len(_TOKEN_HEAD) + 19 + len(_OP_IDENT["insert"]) + len(_OBJECT)
+# After the `_id` bytes: the ends of the documentKey's and of the token's objects, the key's end.
+_KEY_TAIL = b"\x00\x00\x04"
 
-# By the documentKey's kind (batch_layout's _R_OK: 1 ObjectId, 2 string, 3 UUID; 0 is none):
-# the `_id`'s KeyString head (type byte, name, type byte, a binary's size), where its value's
-# bytes start in the documentKey's BSON, how many bytes of the BSON follow them (the string's
-# terminator and the document's end), and whether its zero bytes are escaped. After the value,
-# the key has as many zero bytes as the BSON has after it (a string's terminator, the ends of
-# the documentKey's object and of the token's), then its end, 0x04.
-_HEADS = {
-    _ID_OID: b"\x64_id\x00\x64",
-    _ID_STRING: b"\x3c_id\x00\x3c",
-    _ID_UUID: b"\x5a_id\x00\x5a\x10",
-}
-_HEAD_ROOM = 8
-_ID_HEADS = np.zeros(4 * _HEAD_ROOM, np.uint8)
-_ID_HEAD_BYTES = np.zeros(4, np.int64)
-for _kind, _head in _HEADS.items():
-    _ID_HEADS[_kind * _HEAD_ROOM : _kind * _HEAD_ROOM + len(_head)] = np.frombuffer(_head, np.uint8)
-    _ID_HEAD_BYTES[_kind] = len(_head)
-_ID_VALUE_AT = np.array([0, 9, 13, 13], np.int64)  # {len, type, "_id\0", value...}
-_ID_AFTER = np.array([0, 1, 2, 1], np.int64)
-_ID_ESCAPED = np.array([0, 0, 1, 0], np.int64)
-_ID_END = 0x04
+# By the documentKey's kind: the `_id` element's KeyString head (type byte, name, type byte, a
+# binary's size byte), and where its value's bytes are in the documentKey's BSON and how many.
+_HEADS = {_ID_OID: b"\x64_id\x00\x64", _ID_WALKED: b"", _ID_UUID: b"\x5a_id\x00\x5a\x10"}
+_OID_VALUE = (9, 12)  # {len, 0x07, "_id\0", 12 bytes, 0}
+_UUID_VALUE = (13, 17)  # {len, 0x05, "_id\0", len, subtype, 16 bytes, 0}: subtype and bytes
+
+# KeyString type bytes (key_string.cpp CType): inside an object, a number's element is headed by
+# the numeric family's byte; an int's own byte counts its magnitude's bytes (doubled: the low bit
+# says a fraction follows, none here), negative ones counting down with inverted bytes.
+_NUMERIC, _ZERO, _POSITIVE_0, _NEGATIVE_0 = 0x1E, 0x29, 0x2A, 0x28
+_STRING, _OBJECT_TYPE, _OID = 0x3C, 0x46, 0x64
+_DEPTH = 8  # nesting a walk follows (a deeper documentKey is left to splice_crud)
 
 
-def key_template(op: str, uuid_ks: bytes) -> bytes:
-    """A kind's sort key up to its `_id`, with zeros where each event's ts goes."""
+def key_template(op: str, uuid_ks: bytes, id_kind: int) -> bytes:
+    """A kind's sort key up to its `_id`'s value (walked keys: up to their elements), with zeros
+    where each event's ts goes."""
     key = b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _OBJECT))
     assert len(key) == _KEY_ID_AT
-    return key
+    return key + _HEADS[id_kind]
+
+
+@numba.njit(cache=CACHE)
+def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
+    """Write the KeyString of the elements of the documentKey at d[start:] (whose length and
+    terminating zero are checked) at out[at:], as oplog_splice's `_ks_document_key` writes them
+    (up to, not with, the documentKey's end); return where they end, or -1 for a documentKey it
+    does not take (see the module's docstring) or whose elements do not fill it exactly. `out`
+    has room for twice the documentKey's length (no element's KeyString is longer). `stack`
+    holds, for each open document, its end (its terminating zero) and its first element."""
+    depth, p = 0, start + 4
+    stack[0], stack[1] = start + i32(d, start) - 1, p
+    while True:
+        end = stack[2 * depth]
+        if p == end:  # a document's end: the documentKey's is the caller's
+            if depth == 0:
+                return at
+            out[U(at)] = 0
+            at, p, depth = at + 1, p + 1, depth - 1
+            continue
+        t, q = u8(d, p), p + 1
+        while (q < end) & (u8(d, q) > 0):
+            q += 1
+        if (q >= end) | _named_before(d, stack[2 * depth + 1], p, q):
+            return -1
+        v, n = q + 1, i32(d, q + 1)
+        # each type's value: its size in the BSON, whether it fits in the document
+        size = (t == 7) * 12 + (t == 0x10) * 4 + (t == 2) * (4 + n) + (t == 3) * n
+        if not (
+            (size > 0)
+            & (v + size <= end)
+            & ((t != 2) | ((n >= 1) & (u8(d, v + size - 1) == 0)))
+            & ((t != 3) | ((n >= 5) & (u8(d, v + size - 1) == 0) & (depth + 1 < _DEPTH)))
+        ):
+            return -1
+        # the element's head: its type's family, its name, then its value's type byte
+        out[U(at)] = _GENERIC[U(t)]
+        for j in range(U(p + 1), U(v)):
+            out[U(at) + j - U(p)] = d[j]
+        at += v - p
+        if t == 0x10:
+            at = _put_int(out, at, i32(d, v))
+        elif t == 3:
+            out[U(at)] = _OBJECT_TYPE
+            depth += 1
+            stack[2 * depth], stack[2 * depth + 1] = v + size - 1, v + 4
+            at, v, size = at + 1, v + 4, 0
+        else:
+            at = _put_bytes(d, out, at, t, v, size)
+        p = v + size
+
+
+# An element's type byte in a KeyString object, by its BSON type (only those walk_key takes).
+_GENERIC = np.zeros(256, np.uint8)
+_GENERIC[[2, 3, 7, 0x10]] = _STRING, _OBJECT_TYPE, _OID, _NUMERIC
+
+
+@numba.njit(cache=CACHE)
+def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
+    """Whether an element before the one at p (from `first` on, all read already) in its document
+    has the name d[p + 1:q]."""
+    r = first
+    while r < p:
+        t, same, j = u8(d, r), True, 0
+        while d[U(r + 1 + j)] != 0:
+            same &= (p + 1 + j < q) and d[U(r + 1 + j)] == d[U(p + 1 + j)]
+            j += 1
+        if same & (p + 1 + j == q):
+            return True
+        v = r + 2 + j
+        r = v + (t == 7) * 12 + (t == 0x10) * 4 + (t == 2) * 4 + ((t == 2) | (t == 3)) * i32(d, v)
+    return False
+
+
+@numba.njit(cache=CACHE)
+def _put_bytes(d: _Bytes, out: _Bytes, at: int, t: int, v: int, size: int) -> int:
+    """An ObjectId's bytes, or a string's (its zero bytes written 00 FF) and its end, after
+    their type byte; where they end."""
+    out[U(at)] = _GENERIC[U(t)]
+    at += 1
+    if t == 7:
+        for j in range(U(12)):
+            out[U(at) + j] = d[U(v) + j]
+        return at + 12
+    for j in range(U(v + 4), U(v + size - 1)):
+        byte = d[j]
+        out[U(at)] = byte
+        at += 1
+        if byte == 0:
+            out[U(at)] = 0xFF
+            at += 1
+    out[U(at)] = 0
+    return at + 1
+
+
+@numba.njit(cache=CACHE)
+def _put_int(out: _Bytes, at: int, value: int) -> int:
+    """An int32's KeyString (key_string.cpp `_appendInteger`, `_appendPreshiftedIntegerPortion`):
+    0x29 for zero; else its magnitude doubled, in as few big-endian bytes as hold it, after a
+    type byte counting them, inverted if it is negative. Where it ends."""
+    if value == 0:
+        out[U(at)] = _ZERO
+        return at + 1
+    negative = value < 0
+    shifted = (-value if negative else value) << 1
+    n = 1
+    while shifted >> (8 * n):
+        n += 1
+    out[U(at)] = _NEGATIVE_0 - n if negative else _POSITIVE_0 + n
+    flip = 0xFF * negative
+    for j in range(n):
+        out[U(at + 1 + j)] = ((shifted >> (8 * (n - 1 - j))) & 0xFF) ^ flip
+    return at + 1 + n
