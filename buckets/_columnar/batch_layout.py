@@ -285,9 +285,10 @@ def _layouts(
                 which[i] = kinds
                 kinds += 1
                 break
-            first = rows[U(firsts[U(kind)])]
-            if (first[_R_OK] == id_kind) & (first[_R_HEAD_END] - first[_R_P] == stop - p) and has(
-                d, p, d[U(first[_R_P]) : U(first[_R_P] + stop - p)]
+            first = U(firsts[U(kind)])
+            q = rows[first, _R_P]
+            if (rows[first, _R_OK] == id_kind) & (rows[first, _R_HEAD_END] - q == stop - p) and has(
+                d, p, d[U(q) : U(q + stop - p)]
             ):
                 which[i] = kind
                 break

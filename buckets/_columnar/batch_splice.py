@@ -78,7 +78,16 @@ from buckets._columnar.batch_layout import (
 )
 from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.id_keys import _ID_WALKED, _KEY_TAIL, _KEY_TS, key_template
+from buckets._columnar.id_keys import (
+    _ID_OID,
+    _ID_UUID,
+    _ID_WALKED,
+    _KEY_TAIL,
+    _KEY_TS,
+    _OID_VALUE,
+    _UUID_VALUE,
+    key_template,
+)
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -138,14 +147,18 @@ _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
 _PARTS = 5
 
 
-def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[bytes, bytes]:
+def _front_templates(
+    op: str, key: bytes, ui: bytes, expanded: bool, fixed: int
+) -> tuple[bytes, bytes]:
     """A kind's event up to its document (an insert's fullDocument header ends it), in two
     parts: up to where its token's hex differs from event to event (the hex of its key template,
     the key's part that every event of the kind shares), and from the hex's end on; with zeros
-    (in the hex too) where each event's lengths, ts and wall go."""
+    (in the hex too) where each event's lengths, ts and wall go. A kind whose keys are `fixed`
+    bytes longer than its template each (an ObjectId's or UUID's) has it all in the first part,
+    with room for the hex: one copy an event."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
     head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
-    return head, b"".join(
+    rest = b"".join(
         (
             b"\x00\x00",
             _OP_ELEMENT[op],
@@ -157,6 +170,15 @@ def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[by
             _FULL_DOCUMENT if op == "insert" else b"",
         )
     )
+    return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
+
+
+# The bytes of a key beyond its kind's template when they are the same for every event of it.
+_FIXED = {
+    _ID_OID: _OID_VALUE[1] + len(_KEY_TAIL),
+    _ID_WALKED: 0,
+    _ID_UUID: _UUID_VALUE[1] + len(_KEY_TAIL),
+}
 
 
 def _wall_at(expanded: bool) -> int:
@@ -316,7 +338,7 @@ def _templates(
         key = key_template(op, h[3], id_kind)
         parts += (
             key,
-            *_front_templates(op, key, h[2], expanded),
+            *_front_templates(op, key, h[2], expanded, _FIXED[id_kind]),
             h[1][0] + _DOCUMENT_KEY,
             _UPDATE_HEAD if op == "update" else _END,
         )
@@ -368,11 +390,13 @@ def _assemble(
     lengths = np.empty(m, np.int64)
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
-        # the key beyond its template: the _id's bytes and the tail
-        beyond = row[_R_ID_BYTES] + len(_P_KEY_TAIL)
-        lengths[i] = at[k + 1] - at[k] + beyond
-        # its templates but the key's, the key's hex beyond the template's, its documentKey
-        size = at[k + _PARTS] - at[k + 1] + 2 * beyond + row[_R_KEY_END] - row[_R_KEY]
+        # the key: its template, the _id's bytes, the tail
+        n = at[k + 1] - at[k] + row[_R_ID_BYTES] + len(_P_KEY_TAIL)
+        lengths[i] = n
+        # its front up to the hex's end (or its first part, which holds the hex, see
+        # `_front_templates`), its other templates, its documentKey
+        size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _PARTS] - at[k + 2]
+        size += row[_R_KEY_END] - row[_R_KEY]
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
@@ -410,13 +434,13 @@ def _assemble(
         put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17)
         put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
-        hex_digits(out, e + front, keys, key + fixed, n - fixed)
-        e += front + 2 * (n - fixed)
-        rest = at[k + 3] - at[k + 2]
-        copy(out, e, templates, at[k + 2], rest)
-        copy(out, e + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
-        copy(out, e + wall_at, d, stamps + _WALL_AT, 8)
-        e += rest
+        hex_digits(out, e + _HEX_AT + 2 * fixed, keys, key + fixed, n - fixed)
+        # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
+        rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
+        copy(out, rest_at, templates, at[k + 2], rest)
+        copy(out, rest_at + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
+        copy(out, rest_at + wall_at, d, stamps + _WALL_AT, 8)
+        e = max(e + front, rest_at) + rest
         if op == _INSERT:  # fullDocument: the insert's o
             copy(out, e, d, o_start, o_end - o_start)
             e += o_end - o_start
