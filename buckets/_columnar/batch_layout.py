@@ -16,10 +16,13 @@ import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8, u64
 from buckets._columnar.id_keys import (
-    _DEPTH,
+    _BITS,
+    _COUNT_AT,
     _ID_OID,
     _ID_UUID,
     _ID_WALKED,
+    _MASK_AT,
+    _MAX_BITS,
     _OID_VALUE,
     _UUID_VALUE,
     walk_key,
@@ -249,7 +252,7 @@ def _layouts(
     rows = np.zeros((n, _ROW_WIDTH), np.int64)
     which = np.full(n, -1, np.int64)
     firsts = np.empty(n, np.int64)
-    ids, used, stack = np.empty(256, np.uint8), 0, np.empty(2 * _DEPTH, np.int64)
+    ids, used, stack = np.empty(256, np.uint8), 0, np.empty(_BITS + 2, np.int64)
     kinds = 0
     slots = 1
     while slots < 2 * n:
@@ -264,7 +267,9 @@ def _layouts(
                 room = np.empty(len(ids) + 2 * lengths[i], np.uint8)
                 ids = np.concatenate((ids[: U(used)], room))
             end = walk_key(d, row[_R_KEY], ids, used, stack)
-            row[_R_OK] = _ID_WALKED * (end >= 0)
+            count, bits = stack[_BITS], stack[_BITS + 1]
+            typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
+            row[_R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))
             row[_R_ID_AT], row[_R_ID_BYTES] = used, end - used
             used = max(used, end)
         if not row[_R_OK]:

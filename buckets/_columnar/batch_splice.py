@@ -84,9 +84,11 @@ from buckets._columnar.id_keys import (
     _ID_WALKED,
     _KEY_TAIL,
     _KEY_TS,
+    _KIND_MASK,
     _OID_VALUE,
     _UUID_VALUE,
     key_template,
+    type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from mongoformats.oplog_splice import (
@@ -117,6 +119,7 @@ _Bytes = npt.NDArray[np.uint8]
 # The event up to its _id's hex (the token's: its length varies with the key's, see id_keys.py):
 # its length, the _id element's head, the _id document's length, _data's head and length; then
 # after the hex, the front's rest up to its clusterTime's value, and where each event's values go.
+_I32 = struct.Struct("<i")
 _ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", 0, b"\x02_data\x00", 0)
 _HEX_AT = 4 + len(_ID_ELEMENT)
 _ID_LENGTH_AT, _DATA_LENGTH_AT = 4 + 5, _HEX_AT - 4
@@ -143,24 +146,27 @@ _P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
 _P_KEY_TAIL = as_bytes(_KEY_TAIL)
 _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
 # A kind's templates: its sort key up to the _id's value, its event's front up to the hex's
-# varying part, the front's rest, the tail up to the documentKey's value, and what follows that.
-_PARTS = 5
+# varying part, the front's rest, the tail up to the documentKey's value, what follows that; and
+# its token's `_typeBits` element (in the front's rest already: its length is what is read).
+_PARTS, _TYPED = 6, 5
 
 
 def _front_templates(
-    op: str, key: bytes, ui: bytes, expanded: bool, fixed: int
+    op: str, key: bytes, ui: bytes, expanded: bool, fixed: int, typed: bytes
 ) -> tuple[bytes, bytes]:
     """A kind's event up to its document (an insert's fullDocument header ends it), in two
     parts: up to where its token's hex differs from event to event (the hex of its key template,
     the key's part that every event of the kind shares), and from the hex's end on; with zeros
     (in the hex too) where each event's lengths, ts and wall go. A kind whose keys are `fixed`
     bytes longer than its template each (an ObjectId's or UUID's) has it all in the first part,
-    with room for the hex: one copy an event."""
+    with room for the hex: one copy an event. `typed` is the token's `_typeBits` element."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
     head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
     rest = b"".join(
         (
-            b"\x00\x00",
+            b"\x00",
+            typed,
+            b"\x00",
             _OP_ELEMENT[op],
             _CLUSTER_TIME,
             bytes(8),
@@ -229,7 +235,8 @@ def splice_block(
     if not len(taken):
         return out, None, taken
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
-    templates, at = _templates(ops, made, rows[firsts, _R_OK].tolist(), expanded)
+    id_kinds = rows[firsts, _R_OK].tolist()
+    templates, at = _templates(ops, made, id_kinds, expanded)
     extras, extra_at = _extras(descriptions, taken)
     keys, events, offsets = _assemble(
         d, ids, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
@@ -238,8 +245,8 @@ def splice_block(
         pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
     )
     kind_table = tuple(
-        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
-        for op, h in zip(ops, made, strict=True)
+        (op, h[1][1], h[1][2], h[1][3], type_bits_of(id_kind)) if h else ("", "", "", (), b"")
+        for op, h, id_kind in zip(ops, made, id_kinds, strict=True)
     )
     return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
 
@@ -335,12 +342,15 @@ def _templates(
         if not h:  # (a kind none of whose entries is taken: no event refers to it)
             parts += (b"",) * _PARTS
             continue
-        key = key_template(op, h[3], id_kind)
+        key = key_template(op, h[3], id_kind & _KIND_MASK)
+        bits = type_bits_of(id_kind)
+        typed = b"\x05_typeBits\x00" + _I32.pack(len(bits)) + b"\x00" + bits if bits else b""
         parts += (
             key,
-            *_front_templates(op, key, h[2], expanded, _FIXED[id_kind]),
+            *_front_templates(op, key, h[2], expanded, _FIXED[id_kind & _KIND_MASK], typed),
             h[1][0] + _DOCUMENT_KEY,
             _UPDATE_HEAD if op == "update" else _END,
+            typed,
         )
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
@@ -395,7 +405,7 @@ def _assemble(
         lengths[i] = n
         # its front up to the hex's end (or its first part, which holds the hex, see
         # `_front_templates`), its other templates, its documentKey
-        size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _PARTS] - at[k + 2]
+        size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _TYPED] - at[k + 2]
         size += row[_R_KEY_END] - row[_R_KEY]
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
@@ -423,7 +433,7 @@ def _assemble(
         copy(keys, key, templates, at[k], fixed)
         for j in range(U(8)):
             keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
-        source = ids if row[_R_OK] == _ID_WALKED else d
+        source = ids if row[_R_OK] & _KIND_MASK == _ID_WALKED else d
         copy(keys, key + fixed, source, row[_R_ID_AT], row[_R_ID_BYTES])
         keys[key + U(n - 1)] = _P_KEY_TAIL[-1]
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
@@ -431,15 +441,16 @@ def _assemble(
         front = at[k + 2] - at[k + 1]
         copy(out, e, templates, at[k + 1], front)
         put_i32(out, e, stop - e)
-        put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17)
+        typed = at[k + _TYPED + 1] - at[k + _TYPED]
+        put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17 + typed)
         put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
         hex_digits(out, e + _HEX_AT + 2 * fixed, keys, key + fixed, n - fixed)
         # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
         rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
         copy(out, rest_at, templates, at[k + 2], rest)
-        copy(out, rest_at + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
-        copy(out, rest_at + wall_at, d, stamps + _WALL_AT, 8)
+        copy(out, rest_at + typed + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
+        copy(out, rest_at + typed + wall_at, d, stamps + _WALL_AT, 8)
         e = max(e + front, rest_at) + rest
         if op == _INSERT:  # fullDocument: the insert's o
             copy(out, e, d, o_start, o_end - o_start)

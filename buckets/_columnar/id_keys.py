@@ -35,7 +35,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, i32, u8
+from buckets._columnar.byte_kernels import U, i32, u8, u64
+from mongoformats.keystring import encode_type_bits
 from mongoformats.oplog_splice import _OP_IDENT, _TOKEN_HEAD
 
 _Bytes = npt.NDArray[np.uint8]
@@ -62,6 +63,21 @@ _UUID_VALUE = (13, 17)  # {len, 0x05, "_id\0", len, subtype, 16 bytes, 0}: subty
 _NUMERIC, _ZERO, _POSITIVE_0, _NEGATIVE_0 = 0x1E, 0x29, 0x2A, 0x28
 _STRING, _OBJECT_TYPE, _OID = 0x3C, 0x46, 0x64
 _DEPTH = 8  # nesting a walk follows (a deeper documentKey is left to splice_crud)
+_BITS = 2 * _DEPTH  # in a walk's stack: the type bits' count, then those set, as a mask
+# A token's type bits start with its version's, tokenType's, txnOpIndex's (2 each) and
+# operationType's (1: a string), all 0 (oplog_splice's _TS_TAIL_BITS); a walked key's follow.
+_TS_TAIL_BITS = 7
+_MAX_BITS = 50  # a key whose set type bit lies past this is left to splice_crud
+# A walked documentKey's kind (batch_layout's _R_OK) holds its type bits when some are set:
+# _ID_WALKED, their count from bit 2, the mask of those set from bit 10.
+_KIND_MASK, _COUNT_AT, _MASK_AT = 3, 2, 10
+
+
+def type_bits_of(kind: int) -> bytes:
+    """The token's `_typeBits` of a documentKey kind (b"" for none: all zero), as
+    keystring.encode_type_bits writes them."""
+    count, mask = (kind >> _COUNT_AT) & 0xFF, kind >> _MASK_AT
+    return encode_type_bits([(mask >> i) & 1 for i in range(count)]) if mask else b""
 
 
 def key_template(op: str, uuid_ks: bytes, id_kind: int) -> bytes:
@@ -79,9 +95,11 @@ def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
     (up to, not with, the documentKey's end); return where they end, or -1 for a documentKey it
     does not take (see the module's docstring) or whose elements do not fill it exactly. `out`
     has room for twice the documentKey's length (no element's KeyString is longer). `stack`
-    holds, for each open document, its end (its terminating zero) and its first element."""
+    holds, for each open document, its end (its terminating zero) and its first element, then
+    the type bits' count and those set (see `_put_number`)."""
     depth, p = 0, start + 4
     stack[0], stack[1] = start + i32(d, start) - 1, p
+    stack[_BITS], stack[_BITS + 1] = _TS_TAIL_BITS, 0
     while True:
         end = stack[2 * depth]
         if p == end:  # a document's end: the documentKey's is the caller's
@@ -97,7 +115,7 @@ def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
             return -1
         v, n = q + 1, i32(d, q + 1)
         # each type's value: its size in the BSON, whether it fits in the document
-        size = (t == 7) * 12 + (t == 0x10) * 4 + (t == 2) * (4 + n) + (t == 3) * n
+        size = (t == 7) * 12 + (t == 0x10) * 4 + (t == 0x12) * 8 + (t == 2) * (4 + n) + (t == 3) * n
         if not (
             (size > 0)
             & (v + size <= end)
@@ -110,21 +128,24 @@ def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
         for j in range(U(p + 1), U(v)):
             out[U(at) + j - U(p)] = d[j]
         at += v - p
-        if t == 0x10:
-            at = _put_int(out, at, i32(d, v))
+        if (t == 0x10) | (t == 0x12):
+            at = _put_number(d, out, at, t, v, stack)
+            if at < 0:
+                return -1
         elif t == 3:
             out[U(at)] = _OBJECT_TYPE
             depth += 1
             stack[2 * depth], stack[2 * depth + 1] = v + size - 1, v + 4
             at, v, size = at + 1, v + 4, 0
         else:
+            stack[_BITS] += t == 2  # a string's type bit: 0 (kString)
             at = _put_bytes(d, out, at, t, v, size)
         p = v + size
 
 
 # An element's type byte in a KeyString object, by its BSON type (only those walk_key takes).
 _GENERIC = np.zeros(256, np.uint8)
-_GENERIC[[2, 3, 7, 0x10]] = _STRING, _OBJECT_TYPE, _OID, _NUMERIC
+_GENERIC[[2, 3, 7, 0x10, 0x12]] = _STRING, _OBJECT_TYPE, _OID, _NUMERIC, _NUMERIC
 
 
 @numba.njit(cache=CACHE)
@@ -140,7 +161,14 @@ def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
         if same & (p + 1 + j == q):
             return True
         v = r + 2 + j
-        r = v + (t == 7) * 12 + (t == 0x10) * 4 + (t == 2) * 4 + ((t == 2) | (t == 3)) * i32(d, v)
+        r = (
+            v
+            + (t == 7) * 12
+            + (t == 0x10) * 4
+            + (t == 0x12) * 8
+            + (t == 2) * 4
+            + ((t == 2) | (t == 3)) * i32(d, v)
+        )
     return False
 
 
@@ -166,8 +194,23 @@ def _put_bytes(d: _Bytes, out: _Bytes, at: int, t: int, v: int, size: int) -> in
 
 
 @numba.njit(cache=CACHE)
+def _put_number(d: _Bytes, out: _Bytes, at: int, t: int, v: int, stack: _Ints) -> int:
+    """An int32's or int64's KeyString and type bits (00 and 01: key_string.h TypeBits kInt 0,
+    kLong 1, high bit first, as keystring.py's TB_INT32, TB_INT64); -1 for an int64 of a
+    magnitude of 2**62 or more, or whose set bit lies past _MAX_BITS (left to splice_crud)."""
+    value = i32(d, v) if t == 0x10 else np.int64(u64(d, v))
+    bit = stack[_BITS]
+    stack[_BITS] = bit + 2
+    if t == 0x12:
+        if (value >= 1 << 62) | (value <= -(1 << 62)) | (bit + 1 >= _MAX_BITS):
+            return -1
+        stack[_BITS + 1] |= 1 << (bit + 1)
+    return _put_int(out, at, value)
+
+
+@numba.njit(cache=CACHE)
 def _put_int(out: _Bytes, at: int, value: int) -> int:
-    """An int32's KeyString (key_string.cpp `_appendInteger`, `_appendPreshiftedIntegerPortion`):
+    """An integer's KeyString (key_string.cpp `_appendInteger`, `_appendPreshiftedIntegerPortion`):
     0x29 for zero; else its magnitude doubled, in as few big-endian bytes as hold it, after a
     type byte counting them, inverted if it is negative. Where it ends."""
     if value == 0:
@@ -176,7 +219,7 @@ def _put_int(out: _Bytes, at: int, value: int) -> int:
     negative = value < 0
     shifted = (-value if negative else value) << 1
     n = 1
-    while shifted >> (8 * n):
+    while (n < 8) and (shifted >> (8 * n)):
         n += 1
     out[U(at)] = _NEGATIVE_0 - n if negative else _POSITIVE_0 + n
     flip = 0xFF * negative

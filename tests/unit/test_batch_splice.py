@@ -22,8 +22,9 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entri
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.run import ColumnarRun
 from mongoformats.diff_splice import update_description
-from mongoformats.keystring import KeyStringBuilder
+from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.oplog_splice import splice_crud
 from tests.unit.test_oplog_splice import crud_entries
 
@@ -89,11 +90,13 @@ def writes(draw: st.DrawFn) -> dict[str, Any]:
     return entry
 
 
-# Values of compound `_id`s: those the block walks (int32, string, ObjectId, documents of these)
-# and those it leaves to splice_crud (int64: they have type bits; doubles, booleans, nulls).
+# Values of compound `_id`s: those the block walks (int32, int64, string, ObjectId, documents of
+# these) and those it leaves to splice_crud (int64s of 2**62 or more, doubles, booleans).
 _key_values = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
     st.sampled_from([0, -1, 1, 127, 128, -128, -129, 2**31 - 1, -(2**31)]),
+    st.integers(-(2**63), 2**63 - 1).map(Int64),
+    st.sampled_from([2**62 - 1, -(2**62) + 1, 2**62, -(2**62), 2**53 + 1, 2**63 - 1]).map(Int64),
     st.text(alphabet="\x00a\xe9", max_size=8),
     st.binary(min_size=12, max_size=12).map(ObjectId),
 )
@@ -192,12 +195,12 @@ _IDL_ORDER = [
 
 
 def _walked(value: Any) -> bool:
-    """Whether a documentKey's value is one the block walks (id_keys.py): an int32, a string, an
-    ObjectId, or a document of these (not an int64, which has type bits)."""
+    """Whether a documentKey's value is one the block walks (id_keys.py): an int32, an int64 of a
+    magnitude below 2**62, a string, an ObjectId, or a document of these."""
     if isinstance(value, dict):
         return all(map(_walked, value.values()))
-    if type(value) is int:
-        return -(2**31) <= value < 2**31
+    if isinstance(value, int) and not isinstance(value, bool):  # an int64 if not an int32's
+        return abs(value) < 2**62 or (type(value) is int and -(2**31) <= value < 2**31)
     return isinstance(value, (ObjectId, str))
 
 
@@ -403,21 +406,26 @@ def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from("iud"), compound_ids | st.integers(-(2**31), 2**31 - 1)),
+        st.tuples(
+            st.sampled_from("iud"),
+            compound_ids
+            | st.integers(-(2**31), 2**31 - 1)
+            | st.integers(-(2**63), 2**63 - 1).map(Int64),
+        ),
         min_size=1,
         max_size=30,
     ),
     st.booleans(),
 )
-def test_compound_and_int32_ids_are_keyed_in_the_block(
+def test_compound_and_int_ids_are_keyed_in_the_block(
     writes: list[tuple[str, Any]], expanded: bool
 ) -> None:
-    """Inserts, updates (unexpanded) and deletes of int32 and compound `_id`s (int32s, strings, ObjectIds and
-    documents of these) are made in the block, none one by one in Python, and each event is
-    splice_crud's; its sort key ends with the general KeyString encoder's key of the documentKey
-    (keystring.py; the server's key_string.cpp `_appendInteger` for the ints, whose type bits
-    are 00, kInt in key_string.h, so no `_typeBits`). Int64s and other values are left to the
-    one-by-one path."""
+    """Inserts, updates (unexpanded) and deletes of int and compound `_id`s (int32s, int64s,
+    strings, ObjectIds and documents of these) are made in the block, none one by one in Python,
+    and each event is splice_crud's; its sort key ends with the general KeyString encoder's key
+    of the documentKey, and its type bits are the general encoder's (keystring.py; the server's
+    key_string.cpp `_appendInteger` for the ints, key_string.h TypeBits kInt 0 and kLong 1).
+    Int64s of 2**62 or more and other values are left to the one-by-one path."""
     raws = []
     for n, (op, _id) in enumerate(writes):
         o: dict[str, Any] = (
@@ -442,10 +450,14 @@ def test_compound_and_int32_ids_are_keyed_in_the_block(
             OplogBatch.of([raws[n] for n in sorted(taken)]), expanded=expanded
         )
     assert len(where) == len(taken) and block is not None or not taken
+    if block is not None:  # a reply's resume token after the block: its last event's, type bits too
+        last = bson.decode(block.fields()[-1][5])["_id"]
+        assert bson.encode(ColumnarRun(block).last_token()) == bson.encode(last)
     batch, in_block = _same_as_one_by_one(raws, expanded)
     assert in_block == taken
     for n, (_, _id) in enumerate(writes):
         if n in taken:
             ks = KeyStringBuilder()
             ks.append({"_id": _id})
-            assert batch[n][0].endswith(ks.data + b"\x00\x04") and batch[n][1] == b""
+            bits = encode_type_bits([0] * 7 + ks.bits)
+            assert batch[n][0].endswith(ks.data + b"\x00\x04") and batch[n][1] == bits

@@ -157,7 +157,7 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(
             )  # probed unsorted, as sorted
             by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
             merged = got[0].block
-            shares = merged.shares([by_coll[coll] for _, _, coll, _ in merged.kind_table])
+            shares = merged.shares([by_coll[coll] for _, _, coll, _, _ in merged.kind_table])
             assert {b: share.fields() for b, share in shares.items()} == {
                 b: mine for b in (0, 1) if (mine := [f for f in want if b in by_coll[f[4]]])
             }
@@ -262,7 +262,7 @@ def test_a_block_shares_out_its_events_by_their_kinds_routes_and_never_an_empty_
     route_of = {"c0": (0,), "c1": (1, 2), "c2": (2,)}  # as a rename from c1 would go to two buckets
 
     def shares(b: EventBlock) -> dict[int, EventBlock]:
-        return b.shares([route_of[coll] for _, _, coll, _ in b.kind_table])
+        return b.shares([route_of[coll] for _, _, coll, _, _ in b.kind_table])
 
     fields = block.fields()
     assert {b: share.fields() for b, share in shares(block).items()} == {
@@ -327,7 +327,9 @@ def test_a_share_of_a_merge_is_keyed_from_where_its_events_lie() -> None:
     a = block_of_inserts([(7, i) for i in range(1, 300, 2)], [i % 3 for i in range(150)])
     b = block_of_inserts([(7, i) for i in range(2, 301, 2)], [(i + 1) % 3 for i in range(150)])
     merged = EventBlock.merge([a, b])
-    shares = merged.shares([(0,) if coll == "c0" else (1,) for _, _, coll, _ in merged.kind_table])
+    shares = merged.shares(
+        [(0,) if coll == "c0" else (1,) for _, _, coll, _, _ in merged.kind_table]
+    )
     fields = merged.fields()
     for bucket, share in shares.items():
         raws = [f[5] for f in fields if (f[4] == "c0") == (bucket == 0)]
