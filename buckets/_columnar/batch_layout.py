@@ -227,8 +227,9 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         return
     # Which documentKey it is, checked as splice_crud's `_token_key` checks it: an ObjectId or a
     # UUID `_id` (the value's bytes are the key's own); any other is walked by `_layouts`.
-    oid = (key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY)
-    uuid = (key_length == _UUID_KEY_BYTES) & has(d, key, _P_UUID_KEY)
+    # (`and`: a pattern is compared only where the length says it may lie)
+    oid = key_length == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
+    uuid = key_length == _UUID_KEY_BYTES and has(d, key, _P_UUID_KEY)
     row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID
     row[_R_ID_AT] = key + _OID_VALUE[0] + uuid * (_UUID_VALUE[0] - _OID_VALUE[0])
     row[_R_ID_BYTES] = _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1])
@@ -236,6 +237,19 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
     row[_R_LAID], row[_R_KEY_END] = 1, key_end
+
+
+@numba.njit(cache=CACHE)
+def _walk(d: _Bytes, row: _Ints, ids: _Bytes, used: int, stack: _Ints) -> int:
+    """Walk the documentKey of a laid-out entry that is neither an ObjectId nor a UUID `_id`
+    into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
+    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
+    end = walk_key(d, row[_R_KEY], ids, used, stack)
+    count, bits = stack[_BITS], stack[_BITS + 1]
+    typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
+    row[_R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))
+    row[_R_ID_AT], row[_R_ID_BYTES] = used, end - used
+    return max(used, end)
 
 
 @numba.njit(cache=CACHE)
@@ -252,26 +266,19 @@ def _layouts(
     rows = np.zeros((n, _ROW_WIDTH), np.int64)
     which = np.full(n, -1, np.int64)
     firsts = np.empty(n, np.int64)
-    ids, used, stack = np.empty(256, np.uint8), 0, np.empty(_BITS + 2, np.int64)
     kinds = 0
     slots = 1
     while slots < 2 * n:
         slots *= 2
     table = np.full(slots, -1, np.int64)  # a kind's index, or -1
     mask = np.uint64(slots - 1)
+    # Room for the walked keys: twice their length (see walk_key), which their entries hold.
+    ids, used, stack = np.empty(2 * len(d), np.uint8), 0, np.empty(_BITS + 2, np.int64)
     for i in range(U(n)):
         row = rows[i]
         _layout(d, starts[i], lengths[i], expanded, row)
         if (row[_R_LAID] != 0) & (row[_R_OK] == 0):  # another documentKey: walked, if it can be
-            if used + 2 * (row[_R_KEY_END] - row[_R_KEY]) > len(ids):
-                room = np.empty(len(ids) + 2 * lengths[i], np.uint8)
-                ids = np.concatenate((ids[: U(used)], room))
-            end = walk_key(d, row[_R_KEY], ids, used, stack)
-            count, bits = stack[_BITS], stack[_BITS + 1]
-            typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
-            row[_R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))
-            row[_R_ID_AT], row[_R_ID_BYTES] = used, end - used
-            used = max(used, end)
+            used = _walk(d, row, ids, used, stack)
         if not row[_R_OK]:
             continue
         p, stop, id_kind = row[_R_P], row[_R_HEAD_END], row[_R_OK]

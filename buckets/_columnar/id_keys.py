@@ -198,7 +198,7 @@ def _put_number(d: _Bytes, out: _Bytes, at: int, t: int, v: int, stack: _Ints) -
     """An int32's or int64's KeyString and type bits (00 and 01: key_string.h TypeBits kInt 0,
     kLong 1, high bit first, as keystring.py's TB_INT32, TB_INT64); -1 for an int64 of a
     magnitude of 2**62 or more, or whose set bit lies past _MAX_BITS (left to splice_crud)."""
-    value = i32(d, v) if t == 0x10 else np.int64(u64(d, v))
+    value = i32(d, v) if t == 0x10 else int(np.int64(u64(d, v)))
     bit = stack[_BITS]
     stack[_BITS] = bit + 2
     if t == 0x12:
