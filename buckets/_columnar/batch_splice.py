@@ -16,10 +16,11 @@ is, for the usual diffs (top-level `u` and `i` documents alone), those documents
 copied as an insert's document is; other diffs are made one by one by `update_description` and
 copied in.
 
-Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
-(drivers give every document one; a TTL index's deletes have it), `{_id: string}` or `{_id:
-binary of 16 bytes}` (a UUID), in the field order a server
-writes them, with or without a retryable write's session fields:
+Which entries: single inserts, updates and deletes whose documentKey id_keys.py keys: `{_id:
+ObjectId}` (drivers give every document one; a TTL index's deletes have it), `{_id: binary of 16
+bytes}` (a UUID), and documentKeys of strings, int32s, int64s (below 2**62), ObjectIds and
+documents of these (string, numeric and compound `_id`s, shard keys beside `_id`), in the field
+order a server writes them, with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
     {lsid?, txnNumber?, op: "u", ns, ui, o: {$v: 2, diff}, o2: {_id}, stmtId?, ts, t, v, wall,
@@ -27,7 +28,7 @@ writes them, with or without a retryable write's session fields:
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
 and of updates, those whose diff `update_description` takes (no expanded events). Entries of
-these shapes with another documentKey (compound or numeric `_id`s, shard keys) get
+these shapes with another documentKey (other value types, int64s of 2**62 or more) get
 `splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
 other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
 goes through `splice_crud` or the general transform. An entry taken here gives exactly

@@ -13,8 +13,9 @@ pass.
 
 What a block can hold: events with no shard tag, each of one namespace, whose tokens' type bits
 are their kind's (batch_splice's inserts, updates and deletes of the documentKeys id_keys.py
-keys: a kind's have the same types). Their sort keys are rows of one width, each key padded with zero bytes to the widest (id_keys.py says why
-that keeps their order); whatever reads a key as bytes strips the padding.
+keys: a kind's have the same types). Their sort keys are rows of one width, each key padded
+with zero bytes to the widest (id_keys.py says why that keeps their order); whatever reads a key
+as bytes strips the padding.
 Every other event stays a tuple (mongoformats.change_events.EventFields); `fields()` gives a
 block's events as those tuples, equal to what the per-event path makes.
 """

@@ -10,11 +10,14 @@ documentKey's elements and the ends of the objects and of the key (0x00 0x00 0x0
 The documentKeys (batch_layout's _R_OK): `{_id: ObjectId}` and `{_id: binary of 16 bytes}` (a
 UUID), whose element head is constant (`_HEADS`, in the kind's key template) and whose value's
 bytes are the entry's own; and the walked ones (`_ID_WALKED`): a documentKey of ObjectIds,
-strings, int32s and documents of these (a string `_id`, a number, a compound `_id`, a shard key
-beside `_id`), whose elements `walk_key` writes out from the entry. Those all have zero type bits
-(a string's is 0, an int32's 00; the server's src/mongo/db/storage/key_string/key_string.h
-TypeBits: kString 0, kInt 0, kLong 1), so the token has no `_typeBits`; an int64 (bits 01), any
-other type, or a name twice (the general encoder decides which value counts) is left to
+strings, int32s, int64s and documents of these (a string `_id`, a number, a compound `_id`, a
+shard key beside `_id`), whose elements `walk_key` writes out from the entry. Their type bits
+(a string's 0, an int32's 00, an int64's 01: the server's src/mongo/db/storage/key_string/
+key_string.h TypeBits kString 0, kInt 0, kLong 1, appended high bit first) follow the token's
+seven zero bits; the set ones (an int64's) and their count go into the entry's kind, so that a
+kind's events share their token's `_typeBits` (its templates hold the element). An int64 of a
+magnitude of 2**62 or more (INT64_MIN is keyed as a double), any other type, a name twice (the
+general encoder decides which value counts) or a deeper nesting than _DEPTH is left to
 splice_crud.
 
 Why one width per block with zero padding: a block's keys are rows of a numpy array (the merge
