@@ -77,7 +77,7 @@ from buckets._columnar.batch_layout import (
     _WALL_AT,
     _layouts,
 )
-from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
+from buckets._columnar.byte_kernels import U, as_bytes, copy, copy_from, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import (
     _ID_OID,
@@ -425,22 +425,25 @@ def _assemble(
     width = lengths.max() if m else 0
     keys = np.zeros(m * width, np.uint8)
     out = np.empty(offsets[m], np.uint8)
+    # The longer copies are memcpy's from addresses (copy_from): a byte loop's setup costs more
+    # for a template's or a document's tens to hundreds of bytes.
+    template_at, d_at = templates.ctypes.data, d.ctypes.data
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
         key, n, fixed = U(i * width), lengths[i], at[k + 1] - at[k]
         # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
         # bytes, its tail (zeros but its last byte).
-        copy(keys, key, templates, at[k], fixed)
+        copy_from(keys, key, template_at + at[k], fixed)
         for j in range(U(8)):
             keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
-        source = ids if row[_R_OK] & _KIND_MASK == _ID_WALKED else d
-        copy(keys, key + fixed, source, row[_R_ID_AT], row[_R_ID_BYTES])
+        source = ids.ctypes.data if row[_R_OK] & _KIND_MASK == _ID_WALKED else d_at
+        copy_from(keys, key + fixed, source + row[_R_ID_AT], row[_R_ID_BYTES])
         keys[key + U(n - 1)] = _P_KEY_TAIL[-1]
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
         front = at[k + 2] - at[k + 1]
-        copy(out, e, templates, at[k + 1], front)
+        copy_from(out, e, template_at + at[k + 1], front)
         put_i32(out, e, stop - e)
         typed = at[k + _TYPED + 1] - at[k + _TYPED]
         put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17 + typed)
@@ -454,12 +457,12 @@ def _assemble(
         copy(out, rest_at + typed + wall_at, d, stamps + _WALL_AT, 8)
         e = max(e + front, rest_at) + rest
         if op == _INSERT:  # fullDocument: the insert's o
-            copy(out, e, d, o_start, o_end - o_start)
+            copy_from(out, e, d_at + o_start, o_end - o_start)
             e += o_end - o_start
         # ns and documentKey's header, the documentKey, what follows it
         tail = at[k + 4] - at[k + 3]
-        copy(out, e, templates, at[k + 3], tail)
-        copy(out, e + tail, d, row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
+        copy_from(out, e, template_at + at[k + 3], tail)
+        copy_from(out, e + tail, d_at + row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
         e += tail + row[_R_KEY_END] - row[_R_KEY]
         tail = at[k + 5] - at[k + 4]
         copy(out, e, templates, at[k + 4], tail)
