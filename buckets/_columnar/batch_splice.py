@@ -476,8 +476,8 @@ def _assemble(
             u, u_end = row[_R_FIELDS], row[_R_FIELDS + 1]
             i_at, i_end = row[_R_FIELDS + 2], row[_R_FIELDS + 3]
             put_i32(out, e, stop - e - len(_P_SIMPLE_REST) + 1)
-            copy(out, e + 4, d, u, u_end - u)
-            copy(out, e + 4 + u_end - u, d, i_at, i_end - i_at)
+            copy_from(out, e + 4, d_at + u, u_end - u)
+            copy_from(out, e + 4 + u_end - u, d_at + i_at, i_end - i_at)
             copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
         else:
             copy(out, e, extra, extra_at[i], stop - e)
