@@ -80,15 +80,13 @@ from buckets._columnar.batch_layout import (
 from buckets._columnar.byte_kernels import U, as_bytes, copy, copy_from, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import (
-    _ID_OID,
-    _ID_UUID,
     _ID_WALKED,
     _KEY_TAIL,
     _KEY_TS,
     _KIND_MASK,
-    _OID_VALUE,
-    _UUID_VALUE,
+    fixed_bytes,
     key_template,
+    type_bits_element,
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
@@ -120,7 +118,6 @@ _Bytes = npt.NDArray[np.uint8]
 # The event up to its _id's hex (the token's: its length varies with the key's, see id_keys.py):
 # its length, the _id element's head, the _id document's length, _data's head and length; then
 # after the hex, the front's rest up to its clusterTime's value, and where each event's values go.
-_I32 = struct.Struct("<i")
 _ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", 0, b"\x02_data\x00", 0)
 _HEX_AT = 4 + len(_ID_ELEMENT)
 _ID_LENGTH_AT, _DATA_LENGTH_AT = 4 + 5, _HEX_AT - 4
@@ -178,14 +175,6 @@ def _front_templates(
         )
     )
     return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
-
-
-# The bytes of a key beyond its kind's template when they are the same for every event of it.
-_FIXED = {
-    _ID_OID: _OID_VALUE[1] + len(_KEY_TAIL),
-    _ID_WALKED: 0,
-    _ID_UUID: _UUID_VALUE[1] + len(_KEY_TAIL),
-}
 
 
 def _wall_at(expanded: bool) -> int:
@@ -344,11 +333,10 @@ def _templates(
             parts += (b"",) * _PARTS
             continue
         key = key_template(op, h[3], id_kind & _KIND_MASK)
-        bits = type_bits_of(id_kind)
-        typed = b"\x05_typeBits\x00" + _I32.pack(len(bits)) + b"\x00" + bits if bits else b""
+        typed = type_bits_element(id_kind)
         parts += (
             key,
-            *_front_templates(op, key, h[2], expanded, _FIXED[id_kind & _KIND_MASK], typed),
+            *_front_templates(op, key, h[2], expanded, fixed_bytes(id_kind), typed),
             h[1][0] + _DOCUMENT_KEY,
             _UPDATE_HEAD if op == "update" else _END,
             typed,

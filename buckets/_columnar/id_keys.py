@@ -31,6 +31,8 @@ padding (trailing zeros) to get a key back.
 
 from __future__ import annotations
 
+import struct
+
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
@@ -74,6 +76,20 @@ _MAX_BITS = 50  # a key whose set type bit lies past this is left to splice_crud
 # A walked documentKey's kind (batch_layout's _R_OK) holds its type bits when some are set:
 # _ID_WALKED, their count from bit 2, the mask of those set from bit 10.
 _KIND_MASK, _COUNT_AT, _MASK_AT = 3, 2, 10
+
+
+def fixed_bytes(kind: int) -> int:
+    """How many bytes each key of a documentKey kind has beyond its template (its `_id`'s value
+    and the key's tail) if all have as many (an ObjectId's, a UUID's); 0 for walked keys."""
+    value = {_ID_OID: _OID_VALUE[1], _ID_UUID: _UUID_VALUE[1]}.get(kind & _KIND_MASK)
+    return value + len(_KEY_TAIL) if value else 0
+
+
+def type_bits_element(kind: int) -> bytes:
+    """The token's `_typeBits` element of a documentKey kind's events (none without type bits),
+    as oplog_splice's `_event_parts` writes it: a binary of subtype 0."""
+    bits = type_bits_of(kind)
+    return b"\x05_typeBits\x00" + struct.pack("<i", len(bits)) + b"\x00" + bits if bits else b""
 
 
 def type_bits_of(kind: int) -> bytes:
