@@ -209,7 +209,6 @@ def splice_block(
     n, data = len(batch), batch.data
     d = as_bytes(data)
     rows, which, firsts, ids = _layouts(d, batch.starts, batch.lengths, expanded)
-    ids.flags.writeable = False  # the type `_assemble` reads d as: one source array type
     ok = rows[:, _R_OK].astype(np.bool_)
     descriptions = _other_descriptions(batch, rows, ok, expanded)
     out: list[Spliced | tuple[()] | None] = [None] * n
