@@ -127,19 +127,21 @@ def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
             out[U(at)] = 0
             at, p, depth = at + 1, p + 1, depth - 1
             continue
-        t, q = u8(d, p), p + 1
-        while (q < end) & (u8(d, q) > 0):
+        # (reads within the document, which lies in d, index it directly: a call per byte costs)
+        t, q = d[U(p)], p + 1
+        while q < end and d[U(q)] != 0:
             q += 1
         if (q >= end) | _named_before(d, stack[2 * depth + 1], p, q):
             return -1
         v, n = q + 1, i32(d, q + 1)
         # each type's value: its size in the BSON, whether it fits in the document
         size = (t == 7) * 12 + (t == 0x10) * 4 + (t == 0x12) * 8 + (t == 2) * (4 + n) + (t == 3) * n
+        last = u8(d, v + size - 1)  # a string's or a document's end
         if not (
             (size > 0)
             & (v + size <= end)
-            & ((t != 2) | ((n >= 1) & (u8(d, v + size - 1) == 0)))
-            & ((t != 3) | ((n >= 5) & (u8(d, v + size - 1) == 0) & (depth + 1 < _DEPTH)))
+            & ((t != 2) | ((n >= 1) & (last == 0)))
+            & ((t != 3) | ((n >= 5) & (last == 0) & (depth + 1 < _DEPTH)))
         ):
             return -1
         # the element's head: its type's family, its name, then its value's type byte
@@ -173,7 +175,7 @@ def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
     has the name d[p + 1:q]."""
     r = first
     while r < p:
-        t, same, j = u8(d, r), True, 0
+        t, same, j = d[U(r)], True, 0
         while d[U(r + 1 + j)] != 0:
             same &= (p + 1 + j < q) and d[U(r + 1 + j)] == d[U(p + 1 + j)]
             j += 1
@@ -186,9 +188,16 @@ def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
             + (t == 0x10) * 4
             + (t == 0x12) * 8
             + (t == 2) * 4
-            + ((t == 2) | (t == 3)) * i32(d, v)
+            + ((t == 2) | (t == 3)) * _length(d, v)
         )
     return False
+
+
+@numba.njit(cache=CACHE)
+def _length(d: _Bytes, v: int) -> int:
+    """The int32 at v, an element's length read already (so non-negative and in d)."""
+    u = U(v)
+    return int(d[u]) | int(d[u + 1]) << 8 | int(d[u + 2]) << 16 | int(d[u + 3]) << 24
 
 
 @numba.njit(cache=CACHE)
