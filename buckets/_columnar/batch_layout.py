@@ -227,14 +227,29 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         )
     ):
         return
-    # Which documentKey it is, checked as splice_crud's `_token_key` checks it: an ObjectId or a
-    # UUID `_id` (the value's bytes are the key's own); any other is walked by `_layouts`.
+    # Which documentKey it is, checked as splice_crud's `_token_key` checks it: an ObjectId, a
+    # UUID or a string `_id` (the value's bytes are the key's own); any other is walked by
+    # `_layouts`.
     # (`and`: a pattern is compared only where the length says it may lie)
     oid = key_length == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
     uuid = key_length == _UUID_KEY_BYTES and has(d, key, _P_UUID_KEY)
-    row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID
-    row[_R_ID_AT] = key + _OID_VALUE[0] + uuid * (_UUID_VALUE[0] - _OID_VALUE[0])
-    row[_R_ID_BYTES] = _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1])
+    # A string `_id` of no zero byte: its KeyString is its bytes and terminator, where they lie.
+    string, n = False, 0
+    if not (oid | uuid):
+        n = i32(d, key + 9)
+        string = (
+            has(d, key + 4, _P_STRING_ID)
+            & (n >= 1)
+            & (13 + n == key_length - 1)
+            & (u8(d, key_end - 2) == 0)
+        )
+        for j in range(U(key + 13), U(key + 12 + n * string)):
+            string &= d[j] != 0
+    row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID + string * _ID_STRING
+    row[_R_ID_AT] = key + _OID_VALUE[0] + (uuid | string) * (_UUID_VALUE[0] - _OID_VALUE[0])
+    row[_R_ID_BYTES] = (
+        _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1]) + string * (n - _OID_VALUE[1])
+    )
     row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
@@ -243,24 +258,9 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
 
 @numba.njit(cache=CACHE)
 def _walk(d: _Bytes, row: _Ints, ids: _Bytes, used: int, stack: _Ints) -> int:
-    """Walk the documentKey of a laid-out entry that is neither an ObjectId nor a UUID `_id`
+    """Walk the documentKey of a laid-out entry the layout did not key (see `_layout`)
     into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
-    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end. A
-    string `_id` of no zero byte is not walked: its KeyString is its bytes and terminator, read
-    where they lie, as an ObjectId's are (checked as splice_crud's `_token_key` checks it)."""
-    key, n = row[_R_KEY], i32(d, row[_R_KEY] + 9)
-    if (
-        has(d, key + 4, _P_STRING_ID)
-        & (n >= 1)
-        & (13 + n == row[_R_KEY_END] - key - 1)
-        & (u8(d, row[_R_KEY_END] - 2) == 0)
-    ):
-        zeros = 0
-        for j in range(U(key + 13), U(key + 12 + n)):
-            zeros += d[j] == 0
-        if zeros == 0:
-            row[_R_OK], row[_R_ID_AT], row[_R_ID_BYTES] = _ID_STRING, key + 13, n
-            return used
+    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
     end = walk_key(d, row[_R_KEY], ids, used, stack)
     count, bits = stack[_BITS], stack[_BITS + 1]
     typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
