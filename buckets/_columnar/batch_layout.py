@@ -15,6 +15,19 @@ import numpy as np
 import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8, u64
+from buckets._columnar.id_keys import (
+    _BITS,
+    _COUNT_AT,
+    _ID_OID,
+    _ID_STRING,
+    _ID_UUID,
+    _ID_WALKED,
+    _MASK_AT,
+    _MAX_BITS,
+    _OID_VALUE,
+    _UUID_VALUE,
+    walk_key,
+)
 from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD, _UUID_KEY_HEAD
 
 _Ints = npt.NDArray[np.int64]
@@ -52,7 +65,7 @@ _P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
 )
 _P_O, _P_O2, _P_V2_DIFF, _P_OID_KEY = map(as_bytes, (_O, _O2, _V2_DIFF, _OID_KEY))
 _P_STMT_ID, _P_PREV_OP_TIME = map(as_bytes, (_STMT_ID, _PREV_OP_TIME))
-_P_STRING_ID, _P_UUID_KEY = map(as_bytes, (_STRING_ID, _UUID_KEY_HEAD))
+_P_UUID_KEY, _P_STRING_ID = as_bytes(_UUID_KEY_HEAD), as_bytes(_STRING_ID)
 _P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
 _TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
 _TXN_NUMBER_BYTES = len(_TXN_NUMBER)
@@ -65,12 +78,13 @@ _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
 # The layout kernel's columns: one row per entry.
 # _R_SIMPLE: an update whose updatedFields the block copies from its diff (see `_layout`), then
 # _R_FIELDS: where the elements it copies are, as [start, end) twice (u's, then i's).
-# _R_OK: the block takes the entry (its documentKey's kind, _ID_OID, _ID_STRING or _ID_UUID; 0
-# for none); _R_LAID: it has the block's layout, whatever its documentKey (which ends at
-# _R_KEY_END), so splice_crud's layout need not be read again. The block takes the documentKeys
-# `splice_crud` reads where their parts lie (`_token_key`): `{_id: ObjectId}`, `{_id: string}`
-# and `{_id: binary of 16 bytes}` (a UUID), whose KeyStrings batch_splice's kernels write. Other
-# keys (compound `_id`s, shard keys beside `_id`, numbers) are spliced one by one from the layout.
+# _R_OK: the block takes the entry (its documentKey's kind, _ID_OID, _ID_UUID or _ID_WALKED, see
+# id_keys.py; 0 for none); _R_LAID: it has the block's layout, whatever its documentKey (which
+# ends at _R_KEY_END), so splice_crud's layout need not be read again. The block takes the
+# documentKeys whose KeyStrings id_keys.py writes; other keys (int64s, other types) are spliced
+# one by one from the layout. _R_ID_AT, _R_ID_BYTES: where the bytes that follow the kind's key
+# template in the event's key are (an ObjectId's or UUID's in the entry, a walked key's
+# elements in `_layouts`' `ids`), and how many.
 (
     _R_OK,
     _R_OP,
@@ -83,11 +97,12 @@ _PREV_OP_TIME_BYTES = len(_PREV_OP_TIME)
     _R_SIMPLE,
     _R_LAID,
     _R_KEY_END,
+    _R_ID_AT,
+    _R_ID_BYTES,
     _R_FIELDS,
-) = range(12)
+) = range(14)
 _ROW_WIDTH = _R_FIELDS + 4
 _INSERT, _DELETE, _UPDATE = 0, 1, 2
-_ID_OID, _ID_STRING, _ID_UUID = 1, 2, 3
 
 
 # The op of an entry by its op letter's byte (u8's, plus one: -1, outside the entry, is at 0).
@@ -212,19 +227,29 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         )
     ):
         return
-    # Which documentKey it is, checked as splice_crud's `_token_key` checks it (a string of at
-    # least its terminator, which ends the key but for the document's own end).
-    # The usual ObjectId is checked alone: a compiled call per check costs as much as a check.
-    if (key_length == _OID_KEY_BYTES) & has(d, key, _P_OID_KEY):
-        row[_R_OK] = _ID_OID
-    else:
-        string_length = i32(d, key + 4 + len(_STRING_ID))
-        row[_R_OK] = (
+    # Which documentKey it is, checked as splice_crud's `_token_key` checks it: an ObjectId, a
+    # UUID or a string `_id` (the value's bytes are the key's own); any other is walked by
+    # `_layouts`.
+    # (`and`: a pattern is compared only where the length says it may lie)
+    oid = key_length == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
+    uuid = key_length == _UUID_KEY_BYTES and has(d, key, _P_UUID_KEY)
+    # A string `_id` of no zero byte: its KeyString is its bytes and terminator, where they lie.
+    string, n = False, 0
+    if not (oid | uuid):
+        n = i32(d, key + 9)
+        string = (
             has(d, key + 4, _P_STRING_ID)
-            & (string_length >= 1)
-            & (13 + string_length == key_length - 1)
+            & (n >= 1)
+            & (13 + n == key_length - 1)
             & (u8(d, key_end - 2) == 0)
-        ) * _ID_STRING + ((key_length == _UUID_KEY_BYTES) & has(d, key, _P_UUID_KEY)) * _ID_UUID
+        )
+        for j in range(U(key + 13), U(key + 12 + n * string)):
+            string &= d[j] != 0
+    row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID + string * _ID_STRING
+    row[_R_ID_AT] = key + _OID_VALUE[0] + (uuid | string) * (_UUID_VALUE[0] - _OID_VALUE[0])
+    row[_R_ID_BYTES] = (
+        _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1]) + string * (n - _OID_VALUE[1])
+    )
     row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
@@ -232,13 +257,28 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
 
 
 @numba.njit(cache=CACHE)
+def _walk(d: _Bytes, row: _Ints, ids: _Bytes, used: int, stack: _Ints) -> int:
+    """Walk the documentKey of a laid-out entry the layout did not key (see `_layout`)
+    into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
+    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
+    end = walk_key(d, row[_R_KEY], ids, used, stack)
+    count, bits = stack[_BITS], stack[_BITS + 1]
+    typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
+    row[_R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))
+    row[_R_ID_AT], row[_R_ID_BYTES] = used, end - used
+    return max(used, end)
+
+
+@numba.njit(cache=CACHE)
 def _layouts(
     d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
-) -> tuple[_Ints, _Ints, _Ints]:
-    """Each entry's layout row (see _layout); which kind its bytes from op to ui are (an index,
-    -1 for an entry not taken); and the first entry of each kind. Entries of one kind have the
-    same bytes: found by a fingerprint (the length, the word after the ns's length, the last two
-    words: the UUID's) in an open-addressed table, then compared in full."""
+) -> tuple[_Ints, _Ints, _Ints, _Bytes]:
+    """Each entry's layout row (see _layout); which kind it is (an index, -1 for an entry not
+    taken); the first entry of each kind; and the walked documentKeys' KeyString elements (see
+    id_keys.py), back to back. A kind is the entry's bytes from op to ui and its documentKey's
+    kind (a kind's templates hold its `_id`'s head): found by a fingerprint (the length, the
+    word after the ns's length, the last two words: the UUID's) in an open-addressed table, then
+    compared in full."""
     n = len(starts)
     rows = np.zeros((n, _ROW_WIDTH), np.int64)
     which = np.full(n, -1, np.int64)
@@ -249,14 +289,18 @@ def _layouts(
         slots *= 2
     table = np.full(slots, -1, np.int64)  # a kind's index, or -1
     mask = np.uint64(slots - 1)
+    # Room for the walked keys: twice their length (see walk_key), which their entries hold.
+    ids, used, stack = np.empty(2 * len(d), np.uint8), 0, np.empty(_BITS + 2, np.int64)
     for i in range(U(n)):
         row = rows[i]
         _layout(d, starts[i], lengths[i], expanded, row)
+        if (row[_R_LAID] != 0) & (row[_R_OK] == 0):  # another documentKey: walked, if it can be
+            used = _walk(d, row, ids, used, stack)
         if not row[_R_OK]:
             continue
-        p, stop = row[_R_P], row[_R_HEAD_END]
+        p, stop, id_kind = row[_R_P], row[_R_HEAD_END], row[_R_OK]
         fingerprint = (
-            (np.uint64(stop - p) * np.uint64(0x9E3779B97F4A7C15))
+            (np.uint64(stop - p + (id_kind << 32)) * np.uint64(0x9E3779B97F4A7C15))
             ^ u64(d, p + _HEAD_BYTES + 4)
             ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
             ^ u64(d, stop - 8)
@@ -270,11 +314,12 @@ def _layouts(
                 which[i] = kinds
                 kinds += 1
                 break
-            q = rows[U(firsts[U(kind)]), _R_P]
-            if rows[U(firsts[U(kind)]), _R_HEAD_END] - q == stop - p and has(
+            first = U(firsts[U(kind)])
+            q = rows[first, _R_P]
+            if (rows[first, _R_OK] == id_kind) & (rows[first, _R_HEAD_END] - q == stop - p) and has(
                 d, p, d[U(q) : U(q + stop - p)]
             ):
                 which[i] = kind
                 break
             slot = (slot + np.uint64(1)) & mask
-    return rows, which, firsts[:kinds]
+    return rows, which, firsts[:kinds], ids[: U(used)]

@@ -16,10 +16,11 @@ is, for the usual diffs (top-level `u` and `i` documents alone), those documents
 copied as an insert's document is; other diffs' descriptions are written for the batch at once by
 buckets/_columnar/diff_kernel.py (update_descriptions.py) and copied in.
 
-Which entries: single inserts, updates and deletes whose documentKey is `{_id: ObjectId}`
-(drivers give every document one; a TTL index's deletes have it), `{_id: string}` or `{_id:
-binary of 16 bytes}` (a UUID), in the field order a server
-writes them, with or without a retryable write's session fields:
+Which entries: single inserts, updates and deletes whose documentKey id_keys.py keys: `{_id:
+ObjectId}` (drivers give every document one; a TTL index's deletes have it), `{_id: binary of 16
+bytes}` (a UUID), and documentKeys of strings, int32s, int64s (below 2**62), ObjectIds and
+documents of these (string, numeric and compound `_id`s, shard keys beside `_id`), in the field
+order a server writes them, with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
     {lsid?, txnNumber?, op: "u", ns, ui, o: {$v: 2, diff}, o2: {_id}, stmtId?, ts, t, v, wall,
@@ -27,7 +28,7 @@ writes them, with or without a retryable write's session fields:
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
 and of updates, those whose diff `update_description` takes (no expanded events). Entries of
-these shapes with another documentKey (compound or numeric `_id`s, shard keys) get
+these shapes with another documentKey (other value types, int64s of 2**62 or more) get
 `splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
 other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
 goes through `splice_crud` or the general transform. An entry taken here gives exactly
@@ -54,11 +55,12 @@ import pyarrow as pa
 
 from buckets._columnar.batch_layout import (
     _DELETE,
-    _ID_OID,
     _INSERT,
     _OPS,
     _R_FIELDS,
     _R_HEAD_END,
+    _R_ID_AT,
+    _R_ID_BYTES,
     _R_KEY,
     _R_KEY_END,
     _R_LAID,
@@ -74,20 +76,17 @@ from buckets._columnar.batch_layout import (
     _WALL_AT,
     _layouts,
 )
-from buckets._columnar.byte_kernels import U, as_bytes, copy, hex_digits, put_i32
+from buckets._columnar.byte_kernels import U, as_bytes, copy, copy_from, hex_digits, put_i32
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import (
-    _HEAD_ROOM,
-    _HEADS,
-    _ID_AFTER,
-    _ID_END,
-    _ID_ESCAPED,
-    _ID_HEAD_BYTES,
-    _ID_HEADS,
-    _ID_VALUE_AT,
-    _KEY_ID_AT,
+    _ID_WALKED,
+    _KEY_TAIL,
     _KEY_TS,
+    _KIND_MASK,
+    fixed_bytes,
     key_template,
+    type_bits_element,
+    type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from buckets._columnar.update_descriptions import extras, other_descriptions
@@ -141,24 +140,30 @@ _SIMPLE_REST = (
 )
 _END = b"\x00"
 _P_SIMPLE_REST = as_bytes(_SIMPLE_REST)
+_P_KEY_TAIL = as_bytes(_KEY_TAIL)
 _UPDATED_FIELDS_BYTES = len(_UPDATED_FIELDS)
-# A kind's templates: its sort key up to the _id, its event's front up to the hex's varying
-# part, the front's rest, the tail up to the documentKey's value, and what follows that.
-_PARTS = 5
-_ID_OID_HEAD = _HEADS[_ID_OID]
-_OID_HEAD_HEX = 2 * len(_ID_OID_HEAD)
+# A kind's templates: its sort key up to the _id's value, its event's front up to the hex's
+# varying part, the front's rest, the tail up to the documentKey's value, what follows that; and
+# its token's `_typeBits` element (in the front's rest already: its length is what is read).
+_PARTS, _TYPED = 6, 5
 
 
-def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[bytes, bytes]:
+def _front_templates(
+    op: str, key: bytes, ui: bytes, expanded: bool, fixed: int, typed: bytes
+) -> tuple[bytes, bytes]:
     """A kind's event up to its document (an insert's fullDocument header ends it), in two
-    parts: up to where its token's hex differs from event to event (the hex of the key's part
-    that every event of the kind shares, then of an ObjectId _id's head), and from the hex's end
-    on; with zeros (in the hex too) where each event's lengths, ts and wall go."""
+    parts: up to where its token's hex differs from event to event (the hex of its key template,
+    the key's part that every event of the kind shares), and from the hex's end on; with zeros
+    (in the hex too) where each event's lengths, ts and wall go. A kind whose keys are `fixed`
+    bytes longer than its template each (an ObjectId's or UUID's) has it all in the first part,
+    with room for the hex: one copy an event. `typed` is the token's `_typeBits` element."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
-    head = bytes(4) + _ID_ELEMENT + hexlify(key + _ID_OID_HEAD).upper()
-    return head, b"".join(
+    head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
+    rest = b"".join(
         (
-            b"\x00\x00",
+            b"\x00",
+            typed,
+            b"\x00",
             _OP_ELEMENT[op],
             _CLUSTER_TIME,
             bytes(8),
@@ -168,6 +173,7 @@ def _front_templates(op: str, key: bytes, ui: bytes, expanded: bool) -> tuple[by
             _FULL_DOCUMENT if op == "insert" else b"",
         )
     )
+    return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
 
 
 def _wall_at(expanded: bool) -> int:
@@ -201,7 +207,7 @@ def splice_block(
     caller must transform (what `splice_crud` says of it)."""
     n, data = len(batch), batch.data
     d = as_bytes(data)
-    rows, which, firsts = _layouts(d, batch.starts, batch.lengths, expanded)
+    rows, which, firsts, ids = _layouts(d, batch.starts, batch.lengths, expanded)
     ok = rows[:, _R_OK].astype(np.bool_)
     descriptions = other_descriptions(batch, rows, ok, expanded)
     out: list[Spliced | tuple[()] | None] = [None] * n
@@ -217,17 +223,18 @@ def splice_block(
     if not len(taken):
         return out, None, taken
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
-    templates, at = _templates(ops, made, expanded)
+    id_kinds = rows[firsts, _R_OK].tolist()
+    templates, at = _templates(ops, made, id_kinds, expanded)
     extra, extra_at = extras(descriptions, taken)
     keys, events, offsets = _assemble(
-        d, taken, rows, which, templates, at, extra, extra_at, _wall_at(expanded)
+        d, ids, taken, rows, which, templates, at, extra, extra_at, _wall_at(expanded)
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
     )
     kind_table = tuple(
-        (op, h[1][1], h[1][2], h[1][3]) if h else ("", "", "", ())
-        for op, h in zip(ops, made, strict=True)
+        (op, h[1][1], h[1][2], h[1][3], type_bits_of(id_kind)) if h else ("", "", "", (), b"")
+        for op, h, id_kind in zip(ops, made, id_kinds, strict=True)
     )
     return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
 
@@ -285,23 +292,27 @@ def _leave_unmade(
     ok &= ~dropped
 
 
-def _templates(ops: list[str], made: list[Any], expanded: bool) -> tuple[_Bytes, _Ints]:
+def _templates(
+    ops: list[str], made: list[Any], id_kinds: list[int], expanded: bool
+) -> tuple[_Bytes, _Ints]:
     """Each kind's templates (_PARTS of them), back to back, and where each starts: its sort key
-    up to the _id, its event's front in two parts (up to its document: an insert's fullDocument
-    header ends it), its tail up to the documentKey's value (ns, documentKey's header) and after
-    it (an update's updateDescription header, or the event's end), with zeros where each event's
-    own values go."""
+    up to the _id's value (id_keys.py), its event's front in two parts (up to its document: an
+    insert's fullDocument header ends it), its tail up to the documentKey's value (ns,
+    documentKey's header) and after it (an update's updateDescription header, or the event's
+    end), with zeros where each event's own values go."""
     parts: list[bytes] = []
-    for op, h in zip(ops, made, strict=True):
+    for op, h, id_kind in zip(ops, made, id_kinds, strict=True):
         if not h:  # (a kind none of whose entries is taken: no event refers to it)
             parts += (b"",) * _PARTS
             continue
-        key = key_template(op, h[3])
+        key = key_template(op, h[3], id_kind & _KIND_MASK)
+        typed = type_bits_element(id_kind)
         parts += (
             key,
-            *_front_templates(op, key, h[2], expanded),
+            *_front_templates(op, key, h[2], expanded, fixed_bytes(id_kind), typed),
             h[1][0] + _DOCUMENT_KEY,
             _UPDATE_HEAD if op == "update" else _END,
+            typed,
         )
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
@@ -311,6 +322,7 @@ def _templates(ops: list[str], made: list[Any], expanded: bool) -> tuple[_Bytes,
 @numba.njit(cache=CACHE)
 def _assemble(
     d: _Bytes,
+    ids: _Bytes,
     taken: _Ints,
     rows: _Ints,
     which: _Ints,
@@ -322,26 +334,23 @@ def _assemble(
 ) -> tuple[_Bytes, _Bytes, _Ints]:
     """The taken entries' sort keys (rows padded with zeros to the longest's width, see
     id_keys.py) and events (their bytes back to back, and offsets). Each key is its kind's key
-    template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id` (the
-    id_keys tables: a string's zero bytes escaped). Each event is its kind's other templates with
-    its own lengths, token (its key's hex), ts and wall written in, then its document (an
-    insert's), its documentKey, its updatedFields (an update's: its diff's `u` and `i` elements, or
+    template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id`'s bytes
+    (an ObjectId's or UUID's in d, a walked key's elements in `ids`: see batch_layout's
+    _R_ID_AT) and the key's tail. Each event is its kind's other templates with its own lengths,
+    token (its key's hex), ts and wall written in, then its document (an insert's), its
+    documentKey, its updatedFields (an update's: its diff's `u` and `i` elements, or
     extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then bytes."""
     m = len(taken)
     offsets = np.zeros(m + 1, np.int64)
     lengths = np.empty(m, np.int64)
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
-        kind = U(row[_R_OK])
-        value, after = row[_R_KEY] + _ID_VALUE_AT[kind], row[_R_KEY_END] - _ID_AFTER[kind]
-        zeros = 0  # a string's zero bytes (each written 00 FF); no range for other kinds
-        for j in range(U(value), U(value + (after - value) * _ID_ESCAPED[kind])):
-            zeros += d[j] == 0
-        n = _KEY_ID_AT + _ID_HEAD_BYTES[kind] + after - value + zeros + _ID_AFTER[kind] + 2
+        # the key: its template, the _id's bytes, the tail
+        n = at[k + 1] - at[k] + row[_R_ID_BYTES] + len(_P_KEY_TAIL)
         lengths[i] = n
-        # its templates but the key's (less the hex of an ObjectId's head, which the hex
-        # beyond the kind's holds), the hex beyond the kind's, its documentKey
-        size = at[k + _PARTS] - at[k + 1] - _OID_HEAD_HEX + 2 * (n - _KEY_ID_AT)
+        # its front up to the hex's end (or its first part, which holds the hex, see
+        # `_front_templates`), its other templates, its documentKey
+        size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _TYPED] - at[k + 2]
         size += row[_R_KEY_END] - row[_R_KEY]
         if row[_R_OP] == _INSERT:
             size += row[_R_O_END] - row[_R_O_START]
@@ -360,57 +369,44 @@ def _assemble(
     width = lengths.max() if m else 0
     keys = np.zeros(m * width, np.uint8)
     out = np.empty(offsets[m], np.uint8)
+    # The longer copies are memcpy's from addresses (copy_from): a byte loop's setup costs more
+    # for a template's or a document's tens to hundreds of bytes.
+    template_at, d_at = templates.ctypes.data, d.ctypes.data
     for i in range(U(m)):
         row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
-        kind, key, n = U(row[_R_OK]), U(i * width), lengths[i]
-        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id.
-        copy(keys, key, templates, at[k], _KEY_ID_AT)
+        key, n, fixed = U(i * width), lengths[i], at[k + 1] - at[k]
+        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
+        # bytes, its tail (zeros but its last byte).
+        copy_from(keys, key, template_at + at[k], fixed)
         for j in range(U(8)):
             keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
-        copy(keys, key + _KEY_ID_AT, _ID_HEADS, kind * _HEAD_ROOM, _ID_HEAD_BYTES[kind])
-        p = key + U(_KEY_ID_AT + _ID_HEAD_BYTES[kind])
-        escaped = _ID_ESCAPED[kind] != 0
-        for j in range(U(row[_R_KEY] + _ID_VALUE_AT[kind]), U(row[_R_KEY_END] - _ID_AFTER[kind])):
-            byte = d[j]
-            keys[p] = byte
-            p += U(1)
-            if escaped & (byte == 0):
-                keys[p] = 0xFF
-                p += U(1)
-        keys[key + U(n - 1)] = _ID_END
+        source = ids.ctypes.data if row[_R_OK] & _KIND_MASK == _ID_WALKED else d_at
+        copy_from(keys, key + fixed, source + row[_R_ID_AT], row[_R_ID_BYTES])
+        keys[key + U(n - 1)] = _P_KEY_TAIL[-1]
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
-        # (The front's template ends with the hex of an ObjectId _id's head, the usual kind's:
-        # from there on, the hex is written only for the other kinds.)
         front = at[k + 2] - at[k + 1]
-        copy(out, e, templates, at[k + 1], front)
+        copy_from(out, e, template_at + at[k + 1], front)
         put_i32(out, e, stop - e)
-        put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17)
+        typed = at[k + _TYPED + 1] - at[k + _TYPED]
+        put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17 + typed)
         put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
         hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
-        written = _OID_HEAD_HEX * (kind == _ID_OID)
-        front -= _OID_HEAD_HEX
-        hex_digits(
-            out,
-            e + front + written,
-            keys,
-            key + _KEY_ID_AT + written // 2,
-            n - _KEY_ID_AT - written // 2,
-        )
-        e += front + 2 * (n - _KEY_ID_AT)
-        rest = at[k + 3] - at[k + 2]
-        copy(out, e, templates, at[k + 2], rest)
-        copy(out, e + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
-        copy(out, e + wall_at, d, stamps + _WALL_AT, 8)
-        e += rest
+        hex_digits(out, e + _HEX_AT + 2 * fixed, keys, key + fixed, n - fixed)
+        # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
+        rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
+        copy(out, rest_at, templates, at[k + 2], rest)
+        copy(out, rest_at + typed + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
+        copy(out, rest_at + typed + wall_at, d, stamps + _WALL_AT, 8)
+        e = max(e + front, rest_at) + rest
         if op == _INSERT:  # fullDocument: the insert's o
-            copy(out, e, d, o_start, o_end - o_start)
+            copy_from(out, e, d_at + o_start, o_end - o_start)
             e += o_end - o_start
         # ns and documentKey's header, the documentKey, what follows it
         tail = at[k + 4] - at[k + 3]
-        copy(out, e, templates, at[k + 3], tail)
-        copy(out, e + tail, d, row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
+        copy_from(out, e, template_at + at[k + 3], tail)
+        copy_from(out, e + tail, d_at + row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
         e += tail + row[_R_KEY_END] - row[_R_KEY]
         tail = at[k + 5] - at[k + 4]
         copy(out, e, templates, at[k + 4], tail)
@@ -424,8 +420,8 @@ def _assemble(
             u, u_end = row[_R_FIELDS], row[_R_FIELDS + 1]
             i_at, i_end = row[_R_FIELDS + 2], row[_R_FIELDS + 3]
             put_i32(out, e, stop - e - len(_P_SIMPLE_REST) + 1)
-            copy(out, e + 4, d, u, u_end - u)
-            copy(out, e + 4 + u_end - u, d, i_at, i_end - i_at)
+            copy_from(out, e + 4, d_at + u, u_end - u)
+            copy_from(out, e + 4 + u_end - u, d_at + i_at, i_end - i_at)
             copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
         else:
             copy(out, e, extra, extra_at[i], stop - e)

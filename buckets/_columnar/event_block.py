@@ -11,10 +11,11 @@ the gather and keying loops below): no per-event object is made until a consumer
 out either: it points into the shards' blocks, and its reply gathers and keys its events in one
 pass.
 
-What a block can hold: events with no type bits and no shard tag, each of one namespace
-(batch_splice's inserts, updates and deletes with an ObjectId, string or UUID _id). Their sort
-keys are rows of one width, each key padded with zero bytes to the widest (id_keys.py says why
-that keeps their order); whatever reads a key as bytes strips the padding.
+What a block can hold: events with no shard tag, each of one namespace, whose tokens' type bits
+are their kind's (batch_splice's inserts, updates and deletes of the documentKeys id_keys.py
+keys: a kind's have the same types). Their sort keys are rows of one width, each key padded
+with zero bytes to the widest (id_keys.py says why that keeps their order); whatever reads a key
+as bytes strips the padding.
 Every other event stays a tuple (mongoformats.change_events.EventFields); `fields()` gives a
 block's events as those tuples, equal to what the per-event path makes.
 """
@@ -41,8 +42,9 @@ from mongoformats.wire import ArrayRun, DeferredPiece
 
 __all__ = ["EventBlock", "KeyedEvents"]
 
-# (operationType, db, coll, namespaces): what a kind's events share (EventFields' names).
-Kind = tuple[str, str, str, Any]
+# (operationType, db, coll, namespaces, type bits): what a kind's events share (EventFields'
+# names; the type bits of their tokens, whose documentKeys are alike).
+Kind = tuple[str, str, str, Any, bytes]
 
 
 class _KeyRows(Sequence[bytes]):
@@ -311,8 +313,8 @@ class EventBlock(ArrayRun):
         width = self.keys.shape[1]
         names = map(self.kind_table.__getitem__, self.kinds.tolist())
         return [
-            (keys[i : i + width].rstrip(b"\0"), b"", op, db, coll, raw, namespaces, "", None)
-            for i, (op, db, coll, namespaces), raw in zip(
+            (keys[i : i + width].rstrip(b"\0"), bits, op, db, coll, raw, namespaces, "", None)
+            for i, (op, db, coll, namespaces, bits), raw in zip(
                 range(0, len(keys), width), names, self.events.to_pylist(), strict=True
             )
         ]

@@ -1,14 +1,25 @@
 """The sort keys of a batch's block: what each event's resume token KeyString is made of, for
-the documentKeys the block takes (`{_id: ObjectId}`, `{_id: string}`, `{_id: binary of 16
-bytes}`: batch_layout's _ID_OID, _ID_STRING, _ID_UUID), as splice_crud's `_token_key` and sort
-key make them; batch_splice's `_assemble` writes them from these tables.
+the documentKeys the block takes, as splice_crud's `_token_key` and sort key make them;
+batch_splice's `_assemble` writes them from a kind's key template and each event's `_id` bytes.
 
 A token's KeyString is 0x82, the ts (seconds, then increment, big-endian), the token's fixed head,
 the collection's UUID (19 bytes: 0x5a, its length, subtype 4, the 16 bytes), the operation and
 the documentKey's object head (`_KEY_ID_AT` bytes in all, the same for every event), then the
-`_id`: its type byte, name and type byte again (`_ID_HEADS`), its value and the ends of the
-objects and of the key. A string's value is its bytes with each 0x00 written 0x00 0xFF, then
-0x00 (keystring.py `_escape`), so string keys vary in length.
+documentKey's elements and the ends of the objects and of the key (0x00 0x00 0x04).
+
+The documentKeys (batch_layout's _R_OK): `{_id: ObjectId}`, `{_id: binary of 16 bytes}` (a UUID)
+and `{_id: string}` of no zero byte (`_ID_STRING`), whose element head is constant (`_HEADS`, in
+the kind's key template) and whose value's bytes are the entry's own (a string's with its
+terminator, which the KeyString has too); and the walked ones (`_ID_WALKED`): a documentKey of
+ObjectIds, strings, int32s, int64s and documents of these (a string `_id` with a zero byte, a
+number, a compound `_id`, a shard key beside `_id`), whose elements `walk_key` writes out from the
+entry. Their type bits (a string's 0, an int32's 00, an int64's 01: the server's
+src/mongo/db/storage/key_string/key_string.h TypeBits kString 0, kInt 0, kLong 1, appended high bit
+first) follow the token's seven zero bits; the set ones (an int64's) and their count go into the
+entry's kind, so that a kind's events share their token's `_typeBits` (its templates hold the
+element). An int64 of a magnitude of 2**62 or more (INT64_MIN is keyed as a double), any other
+type, a name twice (the general encoder decides which value counts) or a deeper nesting than _DEPTH
+is left to splice_crud.
 
 Why one width per block with zero padding: a block's keys are rows of a numpy array (the merge
 compares and stacks rows), and a key shorter than the block's widest is padded with zero bytes.
@@ -21,42 +32,231 @@ padding (trailing zeros) to get a key back.
 
 from __future__ import annotations
 
-import numpy as np
+import struct
 
-from buckets._columnar.batch_layout import _ID_OID, _ID_STRING, _ID_UUID
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
+
+# isort: split
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from buckets._columnar.byte_kernels import U, i32, u8, u64
+from mongoformats.keystring import encode_type_bits
 from mongoformats.oplog_splice import _OP_IDENT, _TOKEN_HEAD
 
+_Bytes = npt.NDArray[np.uint8]
+_Ints = npt.NDArray[np.int64]
+
+_ID_OID, _ID_WALKED, _ID_UUID, _ID_STRING = 1, 2, 3, 4
 _KEY_TS = 1  # where a key's ts is
 _OBJECT = b"\x46"  # the documentKey's object head, the last byte of a kind's key template
 # "insert", "delete" and "update" have as many letters: their keys share one layout.
 assert len({len(_OP_IDENT[op]) for op in ("insert", "delete", "update")}) == 1
 _KEY_ID_AT = _KEY_TS + 8 + len(_TOKEN_HEAD) + 19 + len(_OP_IDENT["insert"]) + len(_OBJECT)
+# After the `_id` bytes: the ends of the documentKey's and of the token's objects, the key's end.
+_KEY_TAIL = b"\x00\x00\x04"
 
-# By the documentKey's kind (batch_layout's _R_OK: 1 ObjectId, 2 string, 3 UUID; 0 is none):
-# the `_id`'s KeyString head (type byte, name, type byte, a binary's size), where its value's
-# bytes start in the documentKey's BSON, how many bytes of the BSON follow them (the string's
-# terminator and the document's end), and whether its zero bytes are escaped. After the value,
-# the key has as many zero bytes as the BSON has after it (a string's terminator, the ends of
-# the documentKey's object and of the token's), then its end, 0x04.
+# By the documentKey's kind: the `_id` element's KeyString head (type byte, name, type byte, a
+# binary's size byte), and where its value's bytes are in the documentKey's BSON and how many.
 _HEADS = {
     _ID_OID: b"\x64_id\x00\x64",
-    _ID_STRING: b"\x3c_id\x00\x3c",
+    _ID_WALKED: b"",
     _ID_UUID: b"\x5a_id\x00\x5a\x10",
+    _ID_STRING: b"\x3c_id\x00\x3c",
 }
-_HEAD_ROOM = 8
-_ID_HEADS = np.zeros(4 * _HEAD_ROOM, np.uint8)
-_ID_HEAD_BYTES = np.zeros(4, np.int64)
-for _kind, _head in _HEADS.items():
-    _ID_HEADS[_kind * _HEAD_ROOM : _kind * _HEAD_ROOM + len(_head)] = np.frombuffer(_head, np.uint8)
-    _ID_HEAD_BYTES[_kind] = len(_head)
-_ID_VALUE_AT = np.array([0, 9, 13, 13], np.int64)  # {len, type, "_id\0", value...}
-_ID_AFTER = np.array([0, 1, 2, 1], np.int64)
-_ID_ESCAPED = np.array([0, 0, 1, 0], np.int64)
-_ID_END = 0x04
+_OID_VALUE = (9, 12)  # {len, 0x07, "_id\0", 12 bytes, 0}
+_UUID_VALUE = (13, 17)  # {len, 0x05, "_id\0", len, subtype, 16 bytes, 0}: subtype and bytes
+
+# KeyString type bytes (key_string.cpp CType): inside an object, a number's element is headed by
+# the numeric family's byte; an int's own byte counts its magnitude's bytes (doubled: the low bit
+# says a fraction follows, none here), negative ones counting down with inverted bytes.
+_NUMERIC, _ZERO, _POSITIVE_0, _NEGATIVE_0 = 0x1E, 0x29, 0x2A, 0x28
+_STRING, _OBJECT_TYPE, _OID = 0x3C, 0x46, 0x64
+_DEPTH = 8  # nesting a walk follows (a deeper documentKey is left to splice_crud)
+_BITS = 2 * _DEPTH  # in a walk's stack: the type bits' count, then those set, as a mask
+# A token's type bits start with its version's, tokenType's, txnOpIndex's (2 each) and
+# operationType's (1: a string), all 0 (oplog_splice's _TS_TAIL_BITS); a walked key's follow.
+_TS_TAIL_BITS = 7
+_MAX_BITS = 50  # a key whose set type bit lies past this is left to splice_crud
+# A walked documentKey's kind (batch_layout's _R_OK) holds its type bits when some are set:
+# _ID_WALKED, their count from bit 3, the mask of those set from bit 11.
+_KIND_MASK, _COUNT_AT, _MASK_AT = 7, 3, 11
 
 
-def key_template(op: str, uuid_ks: bytes) -> bytes:
-    """A kind's sort key up to its `_id`, with zeros where each event's ts goes."""
+def fixed_bytes(kind: int) -> int:
+    """How many bytes each key of a documentKey kind has beyond its template (its `_id`'s value
+    and the key's tail) if all have as many (an ObjectId's, a UUID's); 0 for walked keys."""
+    value = {_ID_OID: _OID_VALUE[1], _ID_UUID: _UUID_VALUE[1]}.get(kind & _KIND_MASK)
+    return value + len(_KEY_TAIL) if value else 0
+
+
+def type_bits_element(kind: int) -> bytes:
+    """The token's `_typeBits` element of a documentKey kind's events (none without type bits),
+    as oplog_splice's `_event_parts` writes it: a binary of subtype 0."""
+    bits = type_bits_of(kind)
+    return b"\x05_typeBits\x00" + struct.pack("<i", len(bits)) + b"\x00" + bits if bits else b""
+
+
+def type_bits_of(kind: int) -> bytes:
+    """The token's `_typeBits` of a documentKey kind (b"" for none: all zero), as
+    keystring.encode_type_bits writes them."""
+    count, mask = (kind >> _COUNT_AT) & 0xFF, kind >> _MASK_AT
+    return encode_type_bits([(mask >> i) & 1 for i in range(count)]) if mask else b""
+
+
+def key_template(op: str, uuid_ks: bytes, id_kind: int) -> bytes:
+    """A kind's sort key up to its `_id`'s value (walked keys: up to their elements), with zeros
+    where each event's ts goes."""
     key = b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _OBJECT))
     assert len(key) == _KEY_ID_AT
-    return key
+    return key + _HEADS[id_kind]
+
+
+@numba.njit(cache=CACHE)
+def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
+    """Write the KeyString of the elements of the documentKey at d[start:] (whose length and
+    terminating zero are checked) at out[at:], as oplog_splice's `_ks_document_key` writes them
+    (up to, not with, the documentKey's end); return where they end, or -1 for a documentKey it
+    does not take (see the module's docstring) or whose elements do not fill it exactly. `out`
+    has room for twice the documentKey's length (no element's KeyString is longer). `stack`
+    holds, for each open document, its end (its terminating zero) and its first element, then
+    the type bits' count and those set (see `_put_number`)."""
+    depth, p = 0, start + 4
+    stack[0], stack[1] = start + i32(d, start) - 1, p
+    stack[_BITS], stack[_BITS + 1] = _TS_TAIL_BITS, 0
+    while True:
+        end = stack[2 * depth]
+        if p == end:  # a document's end: the documentKey's is the caller's
+            if depth == 0:
+                return at
+            out[U(at)] = 0
+            at, p, depth = at + 1, p + 1, depth - 1
+            continue
+        # (reads within the document, which lies in d, index it directly: a call per byte costs)
+        t, q = d[U(p)], p + 1
+        while q < end and d[U(q)] != 0:
+            q += 1
+        if (q >= end) | _named_before(d, stack[2 * depth + 1], p, q):
+            return -1
+        v, n = q + 1, i32(d, q + 1)
+        # each type's value: its size in the BSON, whether it fits in the document
+        size = (t == 7) * 12 + (t == 0x10) * 4 + (t == 0x12) * 8 + (t == 2) * (4 + n) + (t == 3) * n
+        last = u8(d, v + size - 1)  # a string's or a document's end
+        if not (
+            (size > 0)
+            & (v + size <= end)
+            & ((t != 2) | ((n >= 1) & (last == 0)))
+            & ((t != 3) | ((n >= 5) & (last == 0) & (depth + 1 < _DEPTH)))
+        ):
+            return -1
+        # the element's head: its type's family, its name, then its value's type byte
+        out[U(at)] = _GENERIC[U(t)]
+        for j in range(U(p + 1), U(v)):
+            out[U(at) + j - U(p)] = d[j]
+        at += v - p
+        if (t == 0x10) | (t == 0x12):
+            at = _put_number(d, out, at, t, v, stack)
+            if at < 0:
+                return -1
+        elif t == 3:
+            out[U(at)] = _OBJECT_TYPE
+            depth += 1
+            stack[2 * depth], stack[2 * depth + 1] = v + size - 1, v + 4
+            at, v, size = at + 1, v + 4, 0
+        else:
+            stack[_BITS] += t == 2  # a string's type bit: 0 (kString)
+            at = _put_bytes(d, out, at, t, v, size)
+        p = v + size
+
+
+# An element's type byte in a KeyString object, by its BSON type (only those walk_key takes).
+_GENERIC = np.zeros(256, np.uint8)
+_GENERIC[[2, 3, 7, 0x10, 0x12]] = _STRING, _OBJECT_TYPE, _OID, _NUMERIC, _NUMERIC
+
+
+@numba.njit(cache=CACHE)
+def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
+    """Whether an element before the one at p (from `first` on, all read already) in its document
+    has the name d[p + 1:q]."""
+    r = first
+    while r < p:
+        t, same, j = d[U(r)], True, 0
+        while d[U(r + 1 + j)] != 0:
+            same &= (p + 1 + j < q) and d[U(r + 1 + j)] == d[U(p + 1 + j)]
+            j += 1
+        if same & (p + 1 + j == q):
+            return True
+        v = r + 2 + j
+        r = (
+            v
+            + (t == 7) * 12
+            + (t == 0x10) * 4
+            + (t == 0x12) * 8
+            + (t == 2) * 4
+            + ((t == 2) | (t == 3)) * _length(d, v)
+        )
+    return False
+
+
+@numba.njit(cache=CACHE)
+def _length(d: _Bytes, v: int) -> int:
+    """The int32 at v, an element's length read already (so non-negative and in d)."""
+    u = U(v)
+    return int(d[u]) | int(d[u + 1]) << 8 | int(d[u + 2]) << 16 | int(d[u + 3]) << 24
+
+
+@numba.njit(cache=CACHE)
+def _put_bytes(d: _Bytes, out: _Bytes, at: int, t: int, v: int, size: int) -> int:
+    """An ObjectId's bytes, or a string's (its zero bytes written 00 FF) and its end, after
+    their type byte; where they end."""
+    out[U(at)] = _GENERIC[U(t)]
+    at += 1
+    if t == 7:
+        for j in range(U(12)):
+            out[U(at) + j] = d[U(v) + j]
+        return at + 12
+    for j in range(U(v + 4), U(v + size - 1)):
+        byte = d[j]
+        out[U(at)] = byte
+        at += 1
+        if byte == 0:
+            out[U(at)] = 0xFF
+            at += 1
+    out[U(at)] = 0
+    return at + 1
+
+
+@numba.njit(cache=CACHE)
+def _put_number(d: _Bytes, out: _Bytes, at: int, t: int, v: int, stack: _Ints) -> int:
+    """An int32's or int64's KeyString and type bits (00 and 01: key_string.h TypeBits kInt 0,
+    kLong 1, high bit first, as keystring.py's TB_INT32, TB_INT64); -1 for an int64 of a
+    magnitude of 2**62 or more, or whose set bit lies past _MAX_BITS (left to splice_crud)."""
+    value = i32(d, v) if t == 0x10 else int(np.int64(u64(d, v)))
+    bit = stack[_BITS]
+    stack[_BITS] = bit + 2
+    if t == 0x12:
+        if (value >= 1 << 62) | (value <= -(1 << 62)) | (bit + 1 >= _MAX_BITS):
+            return -1
+        stack[_BITS + 1] |= 1 << (bit + 1)
+    return _put_int(out, at, value)
+
+
+@numba.njit(cache=CACHE)
+def _put_int(out: _Bytes, at: int, value: int) -> int:
+    """An integer's KeyString (key_string.cpp `_appendInteger`, `_appendPreshiftedIntegerPortion`):
+    0x29 for zero; else its magnitude doubled, in as few big-endian bytes as hold it, after a
+    type byte counting them, inverted if it is negative. Where it ends."""
+    if value == 0:
+        out[U(at)] = _ZERO
+        return at + 1
+    negative = value < 0
+    shifted = (-value if negative else value) << 1
+    n = 1
+    while (n < 8) and (shifted >> (8 * n)):
+        n += 1
+    out[U(at)] = _NEGATIVE_0 - n if negative else _POSITIVE_0 + n
+    flip = 0xFF * negative
+    for j in range(n):
+        out[U(at + 1 + j)] = ((shifted >> (8 * (n - 1 - j))) & 0xFF) ^ flip
+    return at + 1 + n

@@ -22,8 +22,8 @@ SLICE_MIN = 32  # a merged block's part between single events shorter than this 
 
 
 class ColumnarRun:
-    """The events of one EventBlock. Its events have no type bits, so a sort key alone is a
-    resume token."""
+    """The events of one EventBlock. Its events' type bits are their kinds' (see EventBlock): a
+    resume token is a sort key and its kind's type bits."""
 
     __slots__ = ("block",)
 
@@ -85,7 +85,8 @@ class ColumnarRun:
         return self.block.fields()
 
     def last_token(self) -> dict[str, Any]:
-        return token_from_key(self.block.last_key)
+        block = self.block
+        return token_from_key(block.last_key, block.kind_table[int(block.kinds[-1])][4])
 
     def reply_parts(self) -> list[Any]:
         return [self.block]

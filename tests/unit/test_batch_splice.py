@@ -14,6 +14,7 @@ from unittest import mock
 
 import bson
 from bson import Binary, Int64, ObjectId, Timestamp
+from bson.datetime_ms import DatetimeMS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,9 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entri
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.run import ColumnarRun
 from mongoformats.diff_splice import update_description
+from mongoformats.keystring import KeyStringBuilder, encode_type_bits
 from mongoformats.oplog_splice import splice_crud
 from tests.unit.test_oplog_splice import crud_entries
 
@@ -87,9 +90,32 @@ def writes(draw: st.DrawFn) -> dict[str, Any]:
     return entry
 
 
+# Values of compound `_id`s: those the block walks (int32, int64, string, ObjectId, documents of
+# these) and those it leaves to splice_crud (int64s of 2**62 or more, doubles, booleans).
+_key_values = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.sampled_from([0, -1, 1, 127, 128, -128, -129, 2**31 - 1, -(2**31)]),
+    st.integers(-(2**63), 2**63 - 1).map(Int64),
+    st.sampled_from([2**62 - 1, -(2**62) + 1, 2**62, -(2**62), 2**53 + 1, 2**63 - 1]).map(Int64),
+    st.text(alphabet="\x00a\xe9", max_size=8),
+    st.binary(min_size=12, max_size=12).map(ObjectId),
+)
+_other_values = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(Int64), st.floats(allow_nan=False), st.booleans()
+)
+compound_ids = st.one_of(
+    st.fixed_dictionaries({"store": st.integers(0, 99), "sku": st.text(max_size=12)}),
+    st.recursive(
+        st.dictionaries(st.sampled_from(["a", "b", "store", "sku"]), _key_values, max_size=3),
+        lambda inner: st.dictionaries(st.sampled_from(["x", "y"]), inner | _key_values, max_size=2),
+        max_leaves=6,
+    ),
+    st.dictionaries(st.sampled_from(["a", "b"]), _key_values | _other_values, max_size=3),
+)
+
 # The `_id` kinds applications use: ObjectId, string (NULs, empty, non-ASCII, long: a KeyString
-# over 127 bytes) and UUID ids (the block's), and compound, integer and other binary ids (spliced
-# from the block's layout, one by one).
+# over 127 bytes), UUID, int32 and compound ids of int32s, strings and ObjectIds (the block's),
+# and int64, other binary and other compound ids (spliced from the block's layout, one by one).
 ids = st.one_of(
     st.binary(min_size=12, max_size=12).map(ObjectId),
     st.text(max_size=30),
@@ -98,8 +124,9 @@ ids = st.one_of(
     st.uuids().map(lambda u: Binary(u.bytes, 4)),
     st.binary(min_size=16, max_size=16).map(lambda b: Binary(b, 3)),
     st.binary(min_size=1, max_size=20).map(lambda b: Binary(b, 0)),
-    st.fixed_dictionaries({"store": st.integers(0, 99), "sku": st.text(max_size=12)}),
+    compound_ids,
     st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**31), 2**31 - 1),
 )
 
 _fields = st.dictionaries(
@@ -167,13 +194,21 @@ _IDL_ORDER = [
 ]
 
 
+def _walked(value: Any) -> bool:
+    """Whether a documentKey's value is one the block walks (id_keys.py): an int32, an int64 of a
+    magnitude below 2**62, a string, an ObjectId, or a document of these."""
+    if isinstance(value, dict):
+        return all(map(_walked, value.values()))
+    if isinstance(value, int) and not isinstance(value, bool):  # an int64 if not an int32's
+        return abs(value) < 2**62 or (type(value) is int and -(2**31) <= value < 2**31)
+    return isinstance(value, (ObjectId, str))
+
+
 def _taken_key(key: Any) -> bool:
-    """Whether a documentKey is one the block takes: `{_id}` alone, an ObjectId, a string or a
-    binary of 16 bytes."""
-    if list(key) != ["_id"]:
-        return False
-    _id = key["_id"]
-    return isinstance(_id, (ObjectId, str)) or (isinstance(_id, bytes) and len(_id) == 16)
+    """Whether a documentKey is one the block takes: `{_id}` alone of a binary of 16 bytes, or any
+    documentKey of walked values."""
+    _id = key.get("_id")
+    return (list(key) == ["_id"] and isinstance(_id, bytes) and len(_id) == 16) or _walked(key)
 
 
 def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> tuple[list[Any], set[int]]:
@@ -187,9 +222,9 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> tuple[list[Any]
         assert block.fields() == pickle.loads(pickle.dumps(block)).fields()
         for i, fields in zip(where, block.fields(), strict=True):
             batch[i] = fields
-    # The block's events are its entries' (an ObjectId, string or UUID documentKey each); the
-    # others spliced here are of entries with another documentKey (where a broken entry's event
-    # still reads).
+    # The block's events are its entries' (a documentKey the block takes each); the others
+    # spliced here are of entries with another documentKey (where a broken entry's event still
+    # reads).
     assert set(where.tolist()) <= {i for i, item in enumerate(batch) if item}
     for item in out:
         if item:
@@ -366,3 +401,63 @@ def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item
     assert as_fields(items) == [
         r if (made := splice_crud(r, expanded=False)) is None else made for r in mixed
     ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("iud"),
+            compound_ids
+            | st.integers(-(2**31), 2**31 - 1)
+            | st.integers(-(2**63), 2**63 - 1).map(Int64),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_compound_and_int_ids_are_keyed_in_the_block(
+    writes: list[tuple[str, Any]], expanded: bool
+) -> None:
+    """Inserts, updates (unexpanded) and deletes of int and compound `_id`s (int32s, int64s,
+    strings, ObjectIds and documents of these) are made in the block, none one by one in Python,
+    and each event is splice_crud's; its sort key ends with the general KeyString encoder's key
+    of the documentKey, and its type bits are the general encoder's (keystring.py; the server's
+    key_string.cpp `_appendInteger` for the ints, key_string.h TypeBits kInt 0 and kLong 1).
+    Int64s of 2**62 or more and other values are left to the one-by-one path."""
+    raws = []
+    for n, (op, _id) in enumerate(writes):
+        o: dict[str, Any] = (
+            {"_id": _id, "a": n} if op == "i" else {"$v": 2, "diff": {"u": {"a": n}}}
+        )
+        entry = {"op": op, "ns": "db.c", "ui": Binary(b"u" * 16, 4), "o": o, "o2": {"_id": _id}}
+        if op == "d":
+            entry = {**entry, "o": {"_id": _id}}
+            del entry["o2"]
+        entry.update(ts=Timestamp(9, n), t=Int64(1), v=Int64(2), wall=DatetimeMS(n))
+        raws.append(bson.encode(entry))
+    taken = {  # (expanded updates are left to splice_crud, see test_a_batch_splices...)
+        n
+        for n, (op, _id) in enumerate(writes)
+        if _walked({"_id": _id}) and not (op == "u" and expanded)
+    }
+    with mock.patch(
+        "buckets._columnar.batch_splice.splice_laid_out",
+        side_effect=AssertionError("an event made one by one"),
+    ):
+        out, block, where = splice_block(
+            OplogBatch.of([raws[n] for n in sorted(taken)]), expanded=expanded
+        )
+    assert len(where) == len(taken) and block is not None or not taken
+    if block is not None:  # a reply's resume token after the block: its last event's, type bits too
+        last = bson.decode(block.fields()[-1][5])["_id"]
+        assert bson.encode(ColumnarRun(block).last_token()) == bson.encode(last)
+    batch, in_block = _same_as_one_by_one(raws, expanded)
+    assert in_block == taken
+    for n, (_, _id) in enumerate(writes):
+        if n in taken:
+            ks = KeyStringBuilder()
+            ks.append({"_id": _id})
+            bits = encode_type_bits([0] * 7 + ks.bits)
+            assert batch[n][0].endswith(ks.data + b"\x00\x04") and batch[n][1] == bits

@@ -80,32 +80,38 @@ _LENGTHS = (0, 1, 2, 3, 4, 6, 130, 200)
 
 @st.composite
 def _ids(draw: st.DrawFn, n: int, used: set[Any]) -> list[Any]:
-    """n `_id`s of one kind drawn for a block (ObjectIds, strings, UUIDs or a mix), none equal to
-    one drawn before: two shards' events never share a key, so the merge is never the exact
-    path's. Drawn from a Random of a drawn seed: hundreds of them would exceed hypothesis's data
-    budget."""
-    kind = draw(st.sampled_from(["oid", "string", "uuid", "mixed"]))
+    """n `_id`s of one kind drawn for a block (ObjectIds, strings, UUIDs, int32s, compound `_id`s
+    of an int and a string, or a mix), none equal to one drawn before: two shards' events never
+    share a key, so the merge is never the exact path's. Drawn from a Random of a drawn seed:
+    hundreds of them would exceed hypothesis's data budget."""
+    kinds = ["oid", "string", "uuid", "int", "compound"]
+    kind = draw(st.sampled_from([*kinds, "mixed"]))
     rnd = random.Random(draw(st.integers(0, 2**32)))
     out: list[Any] = []
     for _ in range(n):
-        pick = kind if kind != "mixed" else rnd.choice(["oid", "string", "uuid"])
-        if pick == "oid":
-            _id: Any = ObjectId(rnd.randbytes(12))
-        elif pick == "uuid":
-            _id = Binary(rnd.randbytes(16), 4)
-        else:
-            _id = "".join(rnd.choices(_ALPHABET, k=rnd.choice(_LENGTHS)))
-            while _id in used:
-                _id += rnd.choice(_ALPHABET)
-        used.add(_id)
+        _id = _one_id(rnd, kind if kind != "mixed" else rnd.choice(kinds))
+        while repr(_id) in used:
+            _id = _one_id(rnd, "string")
+        used.add(repr(_id))
         out.append(_id)
     return out
 
 
+def _one_id(rnd: random.Random, kind: str) -> Any:
+    if kind == "oid":
+        return ObjectId(rnd.randbytes(12))
+    if kind == "uuid":
+        return Binary(rnd.randbytes(16), 4)
+    if kind == "int":
+        return rnd.choice([rnd.randint(-300, 300), rnd.randint(-(2**31), 2**31 - 1)])
+    text = "".join(rnd.choices(_ALPHABET, k=rnd.choice(_LENGTHS)))
+    return {"store": rnd.randint(-3, 40), "sku": text} if kind == "compound" else text
+
+
 @st.composite
 def shard_blocks(draw: st.DrawFn) -> list[EventBlock]:
-    """One to three shards' blocks, each of ObjectId, string or UUID `_id`s or a mix (blocks of
-    different key widths); equal times across shards happen (ties keep shard order)."""
+    """One to three shards' blocks, each of one `_id` kind or a mix (blocks of different key
+    widths); equal times across shards happen (ties keep shard order)."""
     out: list[EventBlock] = []
     used: set[Any] = set()
     for _ in range(draw(st.integers(1, 3))):
@@ -151,7 +157,7 @@ def test_merged_blocks_give_the_events_and_order_of_the_merged_tuples(
             )  # probed unsorted, as sorted
             by_coll = {"c0": (0,), "c1": (0, 1), "c2": (1,)}
             merged = got[0].block
-            shares = merged.shares([by_coll[coll] for _, _, coll, _ in merged.kind_table])
+            shares = merged.shares([by_coll[coll] for _, _, coll, _, _ in merged.kind_table])
             assert {b: share.fields() for b, share in shares.items()} == {
                 b: mine for b in (0, 1) if (mine := [f for f in want if b in by_coll[f[4]]])
             }
@@ -256,7 +262,7 @@ def test_a_block_shares_out_its_events_by_their_kinds_routes_and_never_an_empty_
     route_of = {"c0": (0,), "c1": (1, 2), "c2": (2,)}  # as a rename from c1 would go to two buckets
 
     def shares(b: EventBlock) -> dict[int, EventBlock]:
-        return b.shares([route_of[coll] for _, _, coll, _ in b.kind_table])
+        return b.shares([route_of[coll] for _, _, coll, _, _ in b.kind_table])
 
     fields = block.fields()
     assert {b: share.fields() for b, share in shares(block).items()} == {
@@ -321,7 +327,9 @@ def test_a_share_of_a_merge_is_keyed_from_where_its_events_lie() -> None:
     a = block_of_inserts([(7, i) for i in range(1, 300, 2)], [i % 3 for i in range(150)])
     b = block_of_inserts([(7, i) for i in range(2, 301, 2)], [(i + 1) % 3 for i in range(150)])
     merged = EventBlock.merge([a, b])
-    shares = merged.shares([(0,) if coll == "c0" else (1,) for _, _, coll, _ in merged.kind_table])
+    shares = merged.shares(
+        [(0,) if coll == "c0" else (1,) for _, _, coll, _, _ in merged.kind_table]
+    )
     fields = merged.fields()
     for bucket, share in shares.items():
         raws = [f[5] for f in fields if (f[4] == "c0") == (bucket == 0)]
@@ -453,6 +461,11 @@ _token_ids = st.one_of(
     st.text(alphabet=_ALPHABET, max_size=6),
     st.text(min_size=120, max_size=140),
     st.uuids().map(lambda u: Binary(u.bytes, 4)),
+    st.integers(-(2**31), 2**31 - 1),
+    st.fixed_dictionaries(
+        {"store": st.integers(-(2**31), 2**31 - 1), "sku": st.text(alphabet=_ALPHABET, max_size=6)}
+    ),
+    st.fixed_dictionaries({"a": st.fixed_dictionaries({"b": st.integers(-3, 3)})}),
 )
 
 
@@ -470,7 +483,8 @@ def test_keys_padded_with_zeros_order_as_the_keys_do(
     """A block's key rows are its tokens' KeyStrings padded with zero bytes (id_keys.py): that
     keeps their order because each ends with a non-zero byte and none is a proper prefix of
     another. Checked on tokens the general encoder makes (keystring.py), for the `_id`s the
-    block takes: ObjectIds, strings (with NULs, empty, non-ASCII, long) and UUIDs."""
+    block takes: ObjectIds, strings (with NULs, empty, non-ASCII, long), UUIDs, int32s and
+    compound `_id`s."""
     keys = [
         bytes.fromhex(
             encode_token_generic(
