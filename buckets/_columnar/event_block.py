@@ -78,20 +78,27 @@ class _Scattered(NamedTuple):
 
     @classmethod
     def of(cls, blocks: Sequence[EventBlock]) -> _Scattered:
-        parts = tuple(b.events for b in blocks)
+        """The blocks' events in order; a merge's block's where they lie (not gathered)."""
+        parts: list[pa.LargeBinaryArray] = []
         addresses, sizes = [], []
-        for part in parts:
-            at, values = _offsets_of(part), part.buffers()[2]
+        holds: list[Any] = []
+        for block in blocks:
+            if block._events is None:
+                assert block._unsorted is not None
+                events, order = block._unsorted.events, block._unsorted.order
+                parts += events.parts
+                addresses.append(events.addresses[order])
+                sizes.append(events.sizes[order])
+                holds += events.holds
+                continue
+            at, values = _offsets_of(block.events), block.events.buffers()[2]
+            parts.append(block.events)
             addresses.append(
                 at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0)
             )
             sizes.append(np.diff(at))
-        return cls(
-            parts,
-            np.concatenate(addresses),
-            np.concatenate(sizes),
-            tuple(b.hold for b in blocks if b.hold is not None),
-        )
+            holds += [block.hold] if block.hold is not None else []
+        return cls(tuple(parts), np.concatenate(addresses), np.concatenate(sizes), tuple(holds))
 
     def gather(self, rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
         """Events `rows`, in that order, in one column of their own: one copy of each, where
@@ -400,7 +407,15 @@ class EventBlock(ArrayRun):
         )
         width = max(len(e[0]) for e in events)
         keys = np.frombuffer(b"".join(e[0].ljust(width, b"\0") for e in events), np.uint8)
-        column = pa.array([e[5] for e in events], pa.large_binary())
+        raws = [e[5] for e in events]
+        offsets = np.zeros(len(raws) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)), out=offsets[1:])
+        # (from its buffers: pa.array() of a list looks for pandas, an import attempt each call)
+        column = pa.Array.from_buffers(
+            pa.large_binary(),
+            len(raws),
+            [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(raws))],
+        )
         return cls(keys.reshape(len(events), width), column, kinds, tuple(table))
 
     def inserted(self, block: EventBlock, cuts: Sequence[int]) -> EventBlock:
