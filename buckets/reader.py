@@ -24,6 +24,7 @@ budget, the statistics and the notes that move idle shards on.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,9 +60,34 @@ NOTE_PATIENCE_S = 0.5
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
 
 
+def _mark_layout() -> tuple[bytes, bytes]:
+    """The bytes of a high-water-mark key before and after its timestamp's 8 big-endian bytes.
+
+    Every key a reader delivers is one of these, one a batch: made from the two constant ends,
+    not encoded value by value (`high_water_mark`), for a live tail's one-entry batches. The ends
+    are taken from the encoder itself, and checked against it for a second timestamp."""
+    probe = struct.pack(">II", 0x01020304, 0x05060708)
+    key = token_sort_key(high_water_mark(Timestamp(0x01020304, 0x05060708)))
+    head, found, tail = key.partition(probe)
+    other = Timestamp(0x7FFFFFF0, 9)
+    if not found or token_sort_key(high_water_mark(other)) != head + _ts_bytes(other) + tail:
+        raise AssertionError("a high-water mark's key is not its timestamp between constant ends")
+    return head, tail
+
+
+def _ts_bytes(ts: Timestamp) -> bytes:
+    return struct.pack(">II", ts.time, ts.inc)
+
+
+_MARK_HEAD, _MARK_TAIL = _mark_layout()
+_MAX_INC = 0xFFFFFFFF
+
+
 def mark_after(ts: Timestamp) -> bytes:
     """The merge key just above every event at `ts`: the high-water mark of the next tick."""
-    return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+    if ts.inc >= _MAX_INC:  # (the next tick is the next second's: the encoder says what it is)
+        return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+    return _MARK_HEAD + struct.pack(">II", ts.time, ts.inc + 1) + _MARK_TAIL
 
 
 @dataclass(slots=True)
