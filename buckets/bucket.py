@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -145,9 +144,12 @@ class Bucket:
             return
         s = self._segment_at(position)
         offset = position - self.starts[s]
-        for segment in itertools.islice(self.segments, s, None):
-            yield segment, offset
-            offset = 0
+        # By index from segment s: a live tail's bucket retains a segment per dealt run, so a
+        # walk from the list's start would cost each getMore the bucket's whole retention.
+        segments = self.segments
+        while s < len(segments):
+            yield segments[s], offset
+            s, offset = s + 1, 0
 
     def keys_between(self, start: int, stop: int) -> list[bytes]:
         """The sort keys of the events at [start, stop)."""

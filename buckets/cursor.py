@@ -31,6 +31,14 @@ from mongoformats.resume_token import (
 )
 from mongoformats.wire import BATCH_BYTES_LIMIT, BATCH_ELEMENT_OVERHEAD
 
+# A getMore that waits returns as soon as events come, and for a moved resume point alone only
+# once it has waited this long: while a stream is written to, the merge's frontier moves at
+# every release, and a reply per move to every bucket that got no event from it would be an
+# empty round trip each (mongos's merger too returns a sorted tailable cursor's batch only once
+# an event may go, async_results_merger.cpp `_readySortedTailable`). An idle bucket's resume
+# point moves about once a second (stream.py IDLE_PROGRESS_S): it is still returned promptly.
+RESUME_POINT_HOLD_S = 0.05
+
 
 @dataclass(eq=False)
 class BucketCursor:
@@ -251,13 +259,16 @@ class BucketCursor:
             trio.current_time()
             + (max_time_ms if max_time_ms is not None else self.stream.options.max_await_ms) / 1000
         )
+        hold_until = trio.current_time() + RESUME_POINT_HOLD_S
+        moved = False  # whether the resume point moved past last_key during this wait
         bucket.waiting += 1
         try:
             while self._waits():
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(min(deadline, hold_until) if moved else deadline):
                     await bucket.changed.wait()
                     self._settle()
-                    if self.position >= bucket.end and bucket.frontier > self.last_key:
+                    moved = self.position >= bucket.end and bucket.frontier > self.last_key
+                    if moved and trio.current_time() >= hold_until:
                         break  # an idle bucket still returns the advanced resume point promptly
                     continue
                 break

@@ -24,6 +24,7 @@ budget, the statistics and the notes that move idle shards on.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,12 +57,39 @@ NOTE_SPACING_S = 0.005
 # A note written and not read back this long is given up on (lost in a failover, or its entry
 # sorts below the events that wait): another may be written.
 NOTE_PATIENCE_S = 0.5
+# The weight of a batch's gap in the average spacing of a shard's writes: the last few count.
+_GAP_WEIGHT = 0.25
 NOOP_NOTE = {"msg": "parallelChangeStream: advance the high-water mark of an idle shard"}
+
+
+def _mark_layout() -> tuple[bytes, bytes]:
+    """The bytes of a high-water-mark key before and after its timestamp's 8 big-endian bytes.
+
+    Every key a reader delivers is one of these, one a batch: made from the two constant ends,
+    not encoded value by value (`high_water_mark`), for a live tail's one-entry batches. The ends
+    are taken from the encoder itself, and checked against it for a second timestamp."""
+    probe = struct.pack(">II", 0x01020304, 0x05060708)
+    key = token_sort_key(high_water_mark(Timestamp(0x01020304, 0x05060708)))
+    head, found, tail = key.partition(probe)
+    other = Timestamp(0x7FFFFFF0, 9)
+    if not found or token_sort_key(high_water_mark(other)) != head + _ts_bytes(other) + tail:
+        raise AssertionError("a high-water mark's key is not its timestamp between constant ends")
+    return head, tail
+
+
+def _ts_bytes(ts: Timestamp) -> bytes:
+    return struct.pack(">II", ts.time, ts.inc)
+
+
+_MARK_HEAD, _MARK_TAIL = _mark_layout()
+_MAX_INC = 0xFFFFFFFF
 
 
 def mark_after(ts: Timestamp) -> bytes:
     """The merge key just above every event at `ts`: the high-water mark of the next tick."""
-    return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+    if ts.inc >= _MAX_INC:  # (the next tick is the next second's: the encoder says what it is)
+        return token_sort_key(high_water_mark(Timestamp(ts.time, ts.inc + 1)))
+    return _MARK_HEAD + struct.pack(">II", ts.time, ts.inc + 1) + _MARK_TAIL
 
 
 @dataclass(slots=True)
@@ -130,8 +158,16 @@ class ShardReader:
         self._nudged = trio.Event()
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
         self._parking = trio.Event()  # set when the tail parks or stops being parked
-        # Whether the last reply was short of a full batch: the oplog was read to its end then.
+        # Whether the shard counts as idle as soon as the tail parks (else once it has parked
+        # PARKED_S): its last reply was short of a full batch (the oplog was read to its end)
+        # and held a note, or came back empty, or the shard's own writes come further apart than
+        # PARKED_S (see _count).
         self._short = False
+        self._last_reply = -1e9  # when the last batch was read
+        # The shard's own writes' spacing: an average of the gaps between batches that held no
+        # note; up to PARKED_S, a nudged shard more likely moves its mark by its next write than
+        # a note would, so none is written until it has parked PARKED_S.
+        self._gap = 1.0
         # When the note not yet read back was written (None: none is), and set on each delivery:
         # the next reply after a note was written holds it, unless it was on its way already.
         self._note_sent: float | None = None
@@ -235,8 +271,13 @@ class ShardReader:
         hold_blocks(events, lambda nbytes: BudgetHold(self.budget, nbytes))
 
     def _count(self, events: list[Any], entries: int, last_ts: Timestamp) -> None:
+        now = trio.current_time()
+        noted = self._note_sent is not None  # (the reply holds the note, unless it was late)
+        if not noted:
+            self._gap += (min(now - self._last_reply, 1.0) - self._gap) * _GAP_WEIGHT
+        self._last_reply = now
         # Both the find's and the getMores' batches are at least FIRST_BATCH_ENTRIES long.
-        self._short = entries < FIRST_BATCH_ENTRIES
+        self._short = entries < FIRST_BATCH_ENTRIES and (noted or self._gap >= PARKED_S)
         self._took_reply()
         stats = self.stats
         stats.entries += entries
@@ -297,9 +338,11 @@ class ShardReader:
         still wait (those that came after the note was written). So an event waits for at most
         two notes' round trips, and a shard gets at most one note per round trip (and per
         NOTE_SPACING_S), only while events wait on it. A tail that is reading moves its mark
-        by itself: it counts as idle once its last reply was short of a full batch, or its
-        getMore has waited PARKED_S, so a catch-up writes no notes. Nothing here polls: the
-        waits end on nudges, the tail's parking and deliveries, or one timer."""
+        by itself: it counts as idle once its getMore has waited PARKED_S, so a catch-up writes
+        no notes, and at once after a short reply if that held a note or the shard's own writes
+        come further apart than PARKED_S: a shard written faster moves its mark by its next
+        write sooner than a note would, and is noted only if that write does not come. Nothing
+        here polls: the waits end on nudges, the tail's parking and deliveries, or one timer."""
         while True:
             await self._nudged.wait()
             self._nudged = trio.Event()

@@ -20,7 +20,13 @@ from bson import Timestamp
 
 from buckets.budget import ByteBudget
 from buckets.oplog_tail import BATCH_ENTRIES, OplogTail
-from buckets.reader import NOTE_PATIENCE_S, NOTE_SPACING_S, URGENT_NOTE_S, ShardReader
+from buckets.reader import (
+    NOTE_PATIENCE_S,
+    NOTE_SPACING_S,
+    PARKED_S,
+    URGENT_NOTE_S,
+    ShardReader,
+)
 from buckets.topology import Topology, TopologyWatcher
 from mongoformats.change_events import OplogTransformer
 
@@ -154,6 +160,38 @@ async def test_a_reading_tail_gets_no_note(mock_clock: Any) -> None:
         await tail.read(3)  # short: read to the end
         await _nudge(reader)
         assert primary.notes == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_shard_written_faster_than_a_note_is_noted_only_if_its_next_write_is_late(
+    mock_clock: Any,
+) -> None:
+    """A shard whose own writes come less than PARKED_S apart moves its mark by its next write
+    sooner than a note's round trip would: a nudge right after a write writes no note, and one
+    is written once the tail has waited PARKED_S with nothing read. A shard whose writes slow
+    down past PARKED_S apart is noted at once again."""
+    async with trio.open_nursery() as nursery:
+        reader, tail, primary, _ = await _reader(nursery)
+        for _ in range(40):  # writes PARKED_S / 2 apart
+            mock_clock.jump(PARKED_S / 2)
+            await tail.read(1)
+        await _nudge(reader)
+        assert primary.notes == 0
+        await tail.read(1)  # the next write came: it answers the nudge
+        await _nudge(reader)
+        assert primary.notes == 0
+        mock_clock.jump(PARKED_S)  # it is late
+        await trio.testing.wait_all_tasks_blocked()
+        assert primary.notes == 1
+        await tail.read(1)  # the note: the shard is idle but for it, a nudge writes the next
+        mock_clock.jump(NOTE_SPACING_S)
+        await _nudge(reader)
+        assert primary.notes == 2
+        for _ in range(20):  # writes slow down: 20 * PARKED_S apart
+            mock_clock.jump(20 * PARKED_S)
+            await tail.read(1)
+        await _nudge(reader)
+        assert primary.notes == 3
         nursery.cancel_scope.cancel()
 
 
