@@ -60,7 +60,7 @@ def write_json(out: Path, name: str, figures: dict[str, Any]) -> Path:
     return path
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib's pyplot drawing to files, or None without matplotlib (no plot is made)."""
     try:
         import matplotlib
@@ -82,7 +82,7 @@ def plot_series(
     title: str,
 ) -> None:
     """`<out>/<name>.png`: one line per series of (x, y) points."""
-    if (plt := _pyplot()) is None:
+    if (plt := pyplot()) is None:
         return
     fig, ax = plt.subplots(figsize=(7.0, 3.8))
     for label, points in series.items():
@@ -99,7 +99,7 @@ def plot_series(
 
 def plot_bars(out: Path, name: str, bars: dict[str, float], *, ylabel: str, title: str) -> None:
     """`<out>/<name>.png`: one labelled bar per figure (nothing without matplotlib)."""
-    if (plt := _pyplot()) is None:
+    if (plt := pyplot()) is None:
         return
     # Wider with more bars, and slanted labels, so that names like "watch() rp=2" stay apart.
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(bars)), 3.8))

@@ -8,6 +8,7 @@ rows.
 from __future__ import annotations
 
 import binascii
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,26 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "socketTimeoutMS": 120_000,
     "appname": "bucketspark",
 }
+
+
+def settle_worker_heap() -> None:
+    """Keep the cyclic garbage collector out of a Spark Python worker's way while it converts
+    events; called at a task's start, once the worker's modules are loaded.
+
+    A worker holds the modules of pyspark, pyarrow and pandas (pyarrow imports pandas at its
+    first conversion of Python values, made here so that they are loaded first): some hundred
+    thousand objects, which every full collection walks. A task makes several short-lived
+    containers per event (rows, decoded events, write requests) and holds thousands of write
+    requests until their bulk write, so collections come often, and walking those modules cost
+    the tasks about as much as decoding the events. So what exists now is frozen, as the proxy
+    does with its own (buckets/_columnar/allocator.py): still freed when no longer referenced,
+    only no longer walked. pyspark's daemon collects after each task, so what is frozen is what
+    the worker keeps; a reused worker freezes again at each task, which costs little.
+    """
+    import pyarrow as pa
+
+    pa.array([0])
+    gc.freeze()
 
 
 def client_for(uri: str) -> pymongo.MongoClient[Any]:

@@ -34,7 +34,7 @@ import pymongo
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.errors import OperationFailure
 
-from bucketspark.client import client_for
+from bucketspark.client import client_for, settle_worker_heap
 from bucketspark.update_writes import update_ops
 from mongoformats.codecs import PLAIN
 
@@ -315,40 +315,37 @@ _APPLIED_SCHEMA = "bucket INT, applied LONG, barrierToken STRING, barrierEvent B
 
 
 def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
-    """A `mapInArrow` function: apply one bucket's events (columns bucket, token, operationType,
-    event) to the target, in order, up to its first cross-bucket event (exclusive).
+    """A `mapInArrow` function: apply one bucket's events (columns bucket and event) to the
+    target, in order, up to its first cross-bucket event (exclusive).
 
     Arrow carries the BSON column from the JVM as whole buffers; `foreachPartition` would pickle a
-    Row object per event. Yields one row: the bucket, how many events the task applied, and the
-    cross-bucket event it stopped at (token and BSON), if any.
+    Row object per event. Each event is decoded once, here, and its kind and token read from it:
+    the rows' token and operationType columns would only be copied over from the JVM for that.
+    Yields one row: the bucket, how many events the task applied, and the cross-bucket event it
+    stopped at (token and BSON), if any.
     """
 
     def apply(batches: Iterable[Any]) -> Iterable[Any]:
         import pyarrow as pa
 
+        settle_worker_heap()
         bucket: int | None = None
         barrier: tuple[str, bytes] | None = None
 
-        def events() -> Iterable[bytes]:
+        def events() -> Iterable[Mapping[str, Any]]:
             nonlocal bucket, barrier
             for batch in batches:
                 columns = batch.to_pydict()
-                for b, token, kind, raw in zip(
-                    columns["bucket"],
-                    columns["token"],
-                    columns["operationType"],
-                    columns["event"],
-                    strict=True,
-                ):
-                    if (
-                        bucket is not None and b != bucket
-                    ):  # the source's contract: a partition is a bucket
+                for b, raw in zip(columns["bucket"], columns["event"], strict=True):
+                    if b != bucket and bucket is not None:
+                        # the source's contract: a partition is a bucket
                         raise ValueError(f"a partition holds buckets {bucket} and {b}")
                     bucket = b
-                    if _crosses_buckets(kind, bucket_by):
-                        barrier = (token, raw)
+                    ev = bson.decode(raw, PLAIN)
+                    if _crosses_buckets(ev["operationType"], bucket_by):
+                        barrier = (ev["_id"]["_data"], raw)
                         return
-                    yield raw
+                    yield ev
 
         client = client_for(
             target_uri
@@ -377,7 +374,7 @@ def replicate_arrow(target_uri: str, bucket_by: str = "namespace") -> Any:
     return apply
 
 
-_SINK_COLUMNS = ("bucket", "token", "operationType", "event")
+_SINK_COLUMNS = ("bucket", "event")
 
 
 def _apply_segment(
@@ -456,7 +453,7 @@ def replicate_batch(
                 # tasks uncached; one with barriers is read again for the buckets that go on,
                 # from then on from a cache.
                 cached = df.persist() if cached is None else cached
-                segment = cached.select(*_SINK_COLUMNS).filter(_resume_after(stops, first))
+                segment = cached.filter(_resume_after(stops, first)).select(*_SINK_COLUMNS)
         finally:
             if cached is not None:
                 cached.unpersist()

@@ -17,10 +17,12 @@ as filters, aggregation.pipeline, change.stream.*): see bucketspark/options.py.
 Offsets are JSON `{"nBuckets": N, "bucketBy": ..., "name": ..., "tokens": [<_data of bucket 0>,
 ...]}`. A micro-batch reads, in bucket i, the events with tokens in (start_i, end_i]; the end is
 planned by the proxy from its merge frontier, so the set is fixed when planned and a retried task
-returns the same rows. The proxy keeps no durable state: after a proxy restart the stream is
-reopened from the checkpointed tokens. A query may be restarted on its checkpoint with another
-nBuckets (more or fewer tasks), or another bucketBy, the same way: a micro-batch ends every bucket
-at one token, from which any bucket count and either mode resumes.
+returns the same rows. A query's first plan waits up to FIRST_PLAN_WAIT_S for that frontier to
+pass the start (a stream just opened has not been read yet), so that the micro-batch in which
+Spark starts its workers holds events. The proxy keeps no durable state: after a proxy restart
+the stream is reopened from the checkpointed tokens. A query may be restarted on its checkpoint
+with another nBuckets (more or fewer tasks), or another bucketBy, the same way: a micro-batch
+ends every bucket at one token, from which any bucket count and either mode resumes.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from bucketspark.client import StreamSpec, client_for, open_stream, plan_end, read_bucket
+from bucketspark.client import (
+    StreamSpec,
+    client_for,
+    open_stream,
+    plan_end,
+    read_bucket,
+    settle_worker_heap,
+)
 from bucketspark.options import Options, stream_spec
 from bucketspark.rows import SCHEMA, arrow_batches, arrow_schema, event_row
 
@@ -59,6 +68,11 @@ class BucketPartition(InputPartition):
 # proxy's CURSOR_IN_USE_S, 10 s, with room to spare).
 REOPEN_WAIT_S = 30.0
 
+# How long the query's first micro-batch waits for the proxy's first events (`_first_end`), and
+# how often it asks.
+FIRST_PLAN_WAIT_S = 2.0
+FIRST_PLAN_POLL_S = 0.05
+
 
 def _start_args(options: Options) -> dict[str, Any]:
     at = options.get("startAtOperationTime")
@@ -67,6 +81,7 @@ def _start_args(options: Options) -> dict[str, Any]:
 
 def _read(partition: BucketPartition) -> Iterator[Any]:
     """One bucket's events in (start, end], as Arrow record batches of rows."""
+    settle_worker_heap()
     client = client_for(partition.spec.uri)
     try:
         events = read_bucket(
@@ -130,6 +145,7 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
         super().__init__(options)
         self.max_events = options.get("maxEventsPerTrigger")
         self._client: Any = None
+        self._planned = False  # whether latestOffset has planned a micro-batch yet
 
     @property
     def client(self) -> Any:
@@ -212,17 +228,39 @@ class _StreamReader(_ReaderOptions, DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         after = self._start_tokens(start)
         max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = self._plan(after, max_events)
+        if not self._planned:
+            end = self._first_end(after, max_events, end)
+        self._planned = True
+        tokens = [max(t, end) for t in after]
+        return self._offset(tokens)
+
+    def _plan(self, after: list[str], max_events: int | None) -> str:
+        """The proxy's end for a micro-batch after `after`."""
         from pymongo.errors import OperationFailure
 
         try:
-            end = plan_end(self.client, self.spec, after, max_events)
+            return plan_end(self.client, self.spec, after, max_events)
         except OperationFailure as exc:
             if exc.code != 26:  # NamespaceNotFound: the proxy restarted; reopen from the checkpoint
                 raise
             self._reopen(after)
-            end = plan_end(self.client, self.spec, after, max_events)
-        tokens = [max(t, end) for t in after]
-        return self._offset(tokens)
+            return plan_end(self.client, self.spec, after, max_events)
+
+    def _first_end(self, after: list[str], max_events: int | None, end: str) -> str:
+        """The end of the query's first micro-batch: `end`, or, while it is not past the start
+        (the proxy has only just opened the stream, and its shard readers have not yet reported
+        their first reads), the proxy's next end, for up to FIRST_PLAN_WAIT_S.
+
+        Spark pays its start-up (the Python workers of the read and the sink, the plan's code
+        generation) in the query's first micro-batch whatever it holds; planned at once, that
+        batch is empty, and the events wait for the next. Waiting briefly here, as a change
+        stream's first getMore awaits events, lets the start-up work on them instead."""
+        deadline = time.monotonic() + FIRST_PLAN_WAIT_S
+        while end <= min(after) and time.monotonic() < deadline:
+            time.sleep(FIRST_PLAN_POLL_S)
+            end = self._plan(after, max_events)
+        return end
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         # A batch planned before a restart with another nBuckets (run again at the restart, with

@@ -13,8 +13,8 @@ documentKey, updatedFields) into its kind's template, and its token's KeyString 
 (`_assemble`): two passes over the batch, where numpy
 array operations over it took a few dozen (benchmarks/README.md). An update's updatedFields
 is, for the usual diffs (top-level `u` and `i` documents alone), those documents' elements,
-copied as an insert's document is; other diffs are made one by one by `update_description` and
-copied in.
+copied as an insert's document is; other diffs' descriptions are written for the batch at once by
+buckets/_columnar/diff_kernel.py (update_descriptions.py) and copied in.
 
 Which entries: single inserts, updates and deletes whose documentKey id_keys.py keys: `{_id:
 ObjectId}` (drivers give every document one; a TTL index's deletes have it), `{_id: binary of 16
@@ -55,7 +55,6 @@ import pyarrow as pa
 
 from buckets._columnar.batch_layout import (
     _DELETE,
-    _DIFF_AT,
     _INSERT,
     _OPS,
     _R_FIELDS,
@@ -90,6 +89,7 @@ from buckets._columnar.id_keys import (
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
     _OP_ELEMENT,
@@ -98,7 +98,6 @@ from mongoformats.oplog_splice import (
     byte_slices,
     splice_crud,
     splice_laid_out,
-    update_description,
 )
 
 __all__ = ["BATCH_MIN", "splice_block", "splice_entries", "warm_up"]
@@ -210,7 +209,7 @@ def splice_block(
     d = as_bytes(data)
     rows, which, firsts, ids = _layouts(d, batch.starts, batch.lengths, expanded)
     ok = rows[:, _R_OK].astype(np.bool_)
-    descriptions = _other_descriptions(batch, rows, ok, expanded)
+    descriptions = other_descriptions(batch, rows, ok, expanded)
     out: list[Spliced | tuple[()] | None] = [None] * n
     # What each kind's op, ns and ui make of its events (the namespace's parts, the UUID), found
     # once per kind: a batch's entries share a handful.
@@ -226,9 +225,9 @@ def splice_block(
     ops = [_OPS[h[0][0]] if h else "insert" for h in made]
     id_kinds = rows[firsts, _R_OK].tolist()
     templates, at = _templates(ops, made, id_kinds, expanded)
-    extras, extra_at = _extras(descriptions, taken)
+    extra, extra_at = extras(descriptions, taken)
     keys, events, offsets = _assemble(
-        d, ids, taken, rows, which, templates, at, extras, extra_at, _wall_at(expanded)
+        d, ids, taken, rows, which, templates, at, extra, extra_at, _wall_at(expanded)
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
@@ -238,31 +237,6 @@ def splice_block(
         for op, h, id_kind in zip(ops, made, id_kinds, strict=True)
     )
     return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
-
-
-def _other_descriptions(
-    batch: OplogBatch, rows: _Ints, ok: npt.NDArray[np.bool_], expanded: bool
-) -> dict[int, bytes]:
-    """The updateDescription of each taken update whose diff is not `u` and `i` alone (the block
-    copies those, see batch_layout's _R_SIMPLE), made one by one
-    (diffs differ in shape), by entry index; an update whose diff `update_description` does not
-    take is dropped from `ok`, for splice_crud."""
-    update = ok & (rows[:, _R_OP] == _UPDATE)
-    if not update.any():
-        return {}
-    other = update & ~rows[:, _R_SIMPLE].astype(np.bool_)
-    columns = (
-        np.arange(len(batch)),
-        batch.starts,
-        batch.starts + batch.lengths,
-        rows[:, _R_O_START] + _DIFF_AT,
-    )
-    tried = {
-        i: _description(batch.data, s, e, diff, expanded)
-        for i, s, e, diff in zip(*(a[other].tolist() for a in columns), strict=True)
-    }
-    ok[[i for i, made_here in tried.items() if made_here is None]] = False
-    return {i: made_here for i, made_here in tried.items() if made_here is not None}
 
 
 def _splice_laid_out(
@@ -343,23 +317,6 @@ def _templates(
     at = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
     return as_bytes(b"".join(parts)), at
-
-
-def _extras(descriptions: dict[int, bytes], taken: _Ints) -> tuple[_Bytes, _Ints]:
-    """Other updates' updatedFields and closing, made one by one (less their headers, then the
-    end), back to back in the order of `taken`, and where each starts."""
-    extras = (
-        [
-            descriptions[i][4 + len(_UPDATED_FIELDS) :] + _END if i in descriptions else b""
-            for i in taken.tolist()
-        ]
-        if descriptions
-        else []
-    )
-    extra_at = np.zeros(len(taken) + 1, np.int64)
-    if extras:
-        np.cumsum(np.fromiter(map(len, extras), np.int64, len(extras)), out=extra_at[1:])
-    return as_bytes(b"".join(extras) or b"\0"), extra_at
 
 
 @numba.njit(cache=CACHE)
@@ -469,18 +426,6 @@ def _assemble(
         else:
             copy(out, e, extra, extra_at[i], stop - e)
     return keys.reshape(m, width), out, offsets
-
-
-def _description(
-    data: bytes | bytearray, start: int, end: int, diff: int, expanded: bool
-) -> bytes | None:
-    """The updateDescription of the update entry data[start:end] whose diff is at `diff`, read
-    from the entry alone as splice_crud reads it (bytes past a broken entry are another's); None
-    if `update_description` does not take it or cannot read it (splice_crud then says why)."""
-    try:
-        return update_description(byte_slices(data)[start:end], diff - start, expanded=expanded)
-    except (ValueError, IndexError, struct.error):
-        return None
 
 
 def splice_entries(

@@ -160,3 +160,39 @@ async def test_the_target_holds_the_sources_documents_exactly() -> None:
 
         assert await sync(work) == []
         await sync(_close_all)
+
+
+async def test_a_task_reads_kind_and_token_from_the_event_column_and_stops_at_a_barrier() -> None:
+    """replicate_batch hands its tasks two columns, bucket and event (bucketspark.sink
+    _SINK_COLUMNS): a task decodes each event once and takes its kind and token from it. It
+    applies the events before the first cross-bucket one (a rename, by namespace) and reports
+    that one's token and bytes for the driver to apply once."""
+    import bson
+    import pyarrow as pa
+
+    from bucketspark.sink import replicate_arrow
+
+    async with open_cluster(shards=1) as source, open_cluster(shards=1) as target:
+
+        def work() -> None:
+            s, t = client(source.uri), client(target.uri)
+            start = s.admin.command("ping")["operationTime"]
+            s.sink.a.insert_many([{"_id": i} for i in range(3)])
+            s.admin.command({"renameCollection": "sink.a", "to": "sink.b"})
+            s.sink.b.insert_one({"_id": 3})
+            events = [e for e in _events(s, start) if e["operationType"] in ("insert", "rename")]
+            raws = [bson.encode(e) for e in events]
+            batch = pa.RecordBatch.from_pydict(
+                {"bucket": [0] * len(raws), "event": raws},
+                schema=pa.schema([("bucket", pa.int32()), ("event", pa.binary())]),
+            )
+            (out,) = replicate_arrow(target.uri)([batch])
+            row = out.to_pylist()[0]
+            rename = events[3]
+            assert rename["operationType"] == "rename"
+            assert row["applied"] == 3 and row["barrierToken"] == rename["_id"]["_data"]
+            assert bson.decode(row["barrierEvent"]) == bson.decode(raws[3])
+            assert sorted(d["_id"] for d in t.sink.a.find()) == [0, 1, 2]
+
+        await sync(work)
+        await sync(_close_all)

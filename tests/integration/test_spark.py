@@ -147,6 +147,35 @@ def test_a_read_with_the_connectors_options_gets_only_that_collections_events(
     assert bodies[:2] == [{"_id": 0}, {"_id": 0, "v": 1}] and len(bodies) == 31
 
 
+def test_a_query_on_a_backlog_reads_events_in_its_first_micro_batch(env: Any, spark: Any) -> None:
+    """The proxy opens the stream when the query plans its first micro-batch, and that plan
+    waits briefly for the shard readers' first reads (bucketspark.source `_first_end`): the
+    batch that pays Spark's start-up carries events, rather than none."""
+    c = client_for(env.proxy_uri)
+    try:
+        start = c.admin.command("ping")["operationTime"]
+        c.first.backlog.insert_many([{"_id": i} for i in range(300)])
+        query = (
+            spark.readStream.format("parallelchangestream")
+            .option("uri", env.proxy_uri)
+            .option("nBuckets", "2")
+            .option("name", "first-batch")
+            .option("startAtOperationTime", f"{start.time},{start.inc}")
+            .load()
+            .writeStream.format("memory")
+            .queryName("first_batch")
+            .start()
+        )
+        try:
+            wait_until(lambda: query.lastProgress is not None, timeout=90)
+            first = query.recentProgress[0]
+            assert first["batchId"] == 0 and first["numInputRows"] > 0
+        finally:
+            query.stop()
+    finally:
+        c.close()
+
+
 def test_streaming_replication_with_checkpoint_restart_and_ddl(
     env: Any, spark: Any, tmp_path: Any
 ) -> None:

@@ -317,7 +317,7 @@ def test_updates_of_u_and_i_sections_alone_are_made_in_the_block(
         }
         raws.append(bson.encode(entry))
     with mock.patch(
-        "buckets._columnar.batch_splice._description",
+        "buckets._columnar.update_descriptions._description",
         side_effect=AssertionError("an updateDescription made one by one"),
     ):
         batch, in_block = _same_as_one_by_one(raws, False)

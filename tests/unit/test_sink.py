@@ -3,6 +3,7 @@ a cluster (tests/integration/test_sink.py applies events to a target simcluster)
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -151,3 +152,20 @@ def test_the_writer_runs_writes_in_order_and_none_after_a_failure() -> None:
         assert 99 not in done
     finally:
         writer.close()
+
+
+def test_a_task_start_freezes_what_the_worker_holds_pandas_included() -> None:
+    """A Spark task starts by moving the worker's long-lived objects out of the cyclic
+    collector's walk (bucketspark.client.settle_worker_heap): those there before it, and
+    pandas' modules, which pyarrow loads at its first conversion of Python values."""
+    import gc
+
+    from bucketspark.client import settle_worker_heap
+
+    held = len(gc.get_objects())
+    try:
+        settle_worker_heap()
+        assert "pandas" in sys.modules
+        assert gc.get_freeze_count() >= held
+    finally:
+        gc.unfreeze()
