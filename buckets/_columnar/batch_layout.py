@@ -19,6 +19,7 @@ from buckets._columnar.id_keys import (
     _BITS,
     _COUNT_AT,
     _ID_OID,
+    _ID_STRING,
     _ID_UUID,
     _ID_WALKED,
     _MASK_AT,
@@ -44,6 +45,7 @@ _V2_DIFF = b"\x10$v\x00\x02\x00\x00\x00\x03diff\x00"
 # A 22-byte document of one ObjectId _id: the usual documentKey.
 _OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"
 _OID_KEY_BYTES = 22
+_STRING_ID = b"\x02_id\x00"  # {_id: string}: its element's head (the string's length follows)
 _UUID_KEY_BYTES = len(_UUID_KEY_HEAD) + 18  # {_id: binary of 16 bytes}: subtype, bytes, the end
 _STMT_ID = b"\x10stmtId\x00"
 _PREV_OP_TIME = b"\x03prevOpTime\x00"
@@ -63,7 +65,7 @@ _P_LSID, _P_TXN_NUMBER, _P_OP_HEAD, _P_NS, _P_UI_HEAD = map(
 )
 _P_O, _P_O2, _P_V2_DIFF, _P_OID_KEY = map(as_bytes, (_O, _O2, _V2_DIFF, _OID_KEY))
 _P_STMT_ID, _P_PREV_OP_TIME = map(as_bytes, (_STMT_ID, _PREV_OP_TIME))
-_P_UUID_KEY = as_bytes(_UUID_KEY_HEAD)
+_P_UUID_KEY, _P_STRING_ID = as_bytes(_UUID_KEY_HEAD), as_bytes(_STRING_ID)
 _P_TS, _P_T, _P_V, _P_WALL = (as_bytes(h) for _, h in _STAMPS)
 _TS_OFFSET, _T_OFFSET, _V_OFFSET, _WALL_OFFSET = (offset for offset, _ in _STAMPS)
 _TXN_NUMBER_BYTES = len(_TXN_NUMBER)
@@ -243,7 +245,22 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
 def _walk(d: _Bytes, row: _Ints, ids: _Bytes, used: int, stack: _Ints) -> int:
     """Walk the documentKey of a laid-out entry that is neither an ObjectId nor a UUID `_id`
     into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
-    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
+    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end. A
+    string `_id` of no zero byte is not walked: its KeyString is its bytes and terminator, read
+    where they lie, as an ObjectId's are (checked as splice_crud's `_token_key` checks it)."""
+    key, n = row[_R_KEY], i32(d, row[_R_KEY] + 9)
+    if (
+        has(d, key + 4, _P_STRING_ID)
+        & (n >= 1)
+        & (13 + n == row[_R_KEY_END] - key - 1)
+        & (u8(d, row[_R_KEY_END] - 2) == 0)
+    ):
+        zeros = 0
+        for j in range(U(key + 13), U(key + 12 + n)):
+            zeros += d[j] == 0
+        if zeros == 0:
+            row[_R_OK], row[_R_ID_AT], row[_R_ID_BYTES] = _ID_STRING, key + 13, n
+            return used
     end = walk_key(d, row[_R_KEY], ids, used, stack)
     count, bits = stack[_BITS], stack[_BITS + 1]
     typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))

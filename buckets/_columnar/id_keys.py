@@ -7,18 +7,19 @@ the collection's UUID (19 bytes: 0x5a, its length, subtype 4, the 16 bytes), the
 the documentKey's object head (`_KEY_ID_AT` bytes in all, the same for every event), then the
 documentKey's elements and the ends of the objects and of the key (0x00 0x00 0x04).
 
-The documentKeys (batch_layout's _R_OK): `{_id: ObjectId}` and `{_id: binary of 16 bytes}` (a
-UUID), whose element head is constant (`_HEADS`, in the kind's key template) and whose value's
-bytes are the entry's own; and the walked ones (`_ID_WALKED`): a documentKey of ObjectIds,
-strings, int32s, int64s and documents of these (a string `_id`, a number, a compound `_id`, a
-shard key beside `_id`), whose elements `walk_key` writes out from the entry. Their type bits
-(a string's 0, an int32's 00, an int64's 01: the server's src/mongo/db/storage/key_string/
-key_string.h TypeBits kString 0, kInt 0, kLong 1, appended high bit first) follow the token's
-seven zero bits; the set ones (an int64's) and their count go into the entry's kind, so that a
-kind's events share their token's `_typeBits` (its templates hold the element). An int64 of a
-magnitude of 2**62 or more (INT64_MIN is keyed as a double), any other type, a name twice (the
-general encoder decides which value counts) or a deeper nesting than _DEPTH is left to
-splice_crud.
+The documentKeys (batch_layout's _R_OK): `{_id: ObjectId}`, `{_id: binary of 16 bytes}` (a UUID)
+and `{_id: string}` of no zero byte (`_ID_STRING`), whose element head is constant (`_HEADS`, in
+the kind's key template) and whose value's bytes are the entry's own (a string's with its
+terminator, which the KeyString has too); and the walked ones (`_ID_WALKED`): a documentKey of
+ObjectIds, strings, int32s, int64s and documents of these (a string `_id` with a zero byte, a
+number, a compound `_id`, a shard key beside `_id`), whose elements `walk_key` writes out from the
+entry. Their type bits (a string's 0, an int32's 00, an int64's 01: the server's
+src/mongo/db/storage/key_string/key_string.h TypeBits kString 0, kInt 0, kLong 1, appended high bit
+first) follow the token's seven zero bits; the set ones (an int64's) and their count go into the
+entry's kind, so that a kind's events share their token's `_typeBits` (its templates hold the
+element). An int64 of a magnitude of 2**62 or more (INT64_MIN is keyed as a double), any other
+type, a name twice (the general encoder decides which value counts) or a deeper nesting than _DEPTH
+is left to splice_crud.
 
 Why one width per block with zero padding: a block's keys are rows of a numpy array (the merge
 compares and stacks rows), and a key shorter than the block's widest is padded with zero bytes.
@@ -47,7 +48,7 @@ from mongoformats.oplog_splice import _OP_IDENT, _TOKEN_HEAD
 _Bytes = npt.NDArray[np.uint8]
 _Ints = npt.NDArray[np.int64]
 
-_ID_OID, _ID_WALKED, _ID_UUID = 1, 2, 3
+_ID_OID, _ID_WALKED, _ID_UUID, _ID_STRING = 1, 2, 3, 4
 _KEY_TS = 1  # where a key's ts is
 _OBJECT = b"\x46"  # the documentKey's object head, the last byte of a kind's key template
 # "insert", "delete" and "update" have as many letters: their keys share one layout.
@@ -58,7 +59,12 @@ _KEY_TAIL = b"\x00\x00\x04"
 
 # By the documentKey's kind: the `_id` element's KeyString head (type byte, name, type byte, a
 # binary's size byte), and where its value's bytes are in the documentKey's BSON and how many.
-_HEADS = {_ID_OID: b"\x64_id\x00\x64", _ID_WALKED: b"", _ID_UUID: b"\x5a_id\x00\x5a\x10"}
+_HEADS = {
+    _ID_OID: b"\x64_id\x00\x64",
+    _ID_WALKED: b"",
+    _ID_UUID: b"\x5a_id\x00\x5a\x10",
+    _ID_STRING: b"\x3c_id\x00\x3c",
+}
 _OID_VALUE = (9, 12)  # {len, 0x07, "_id\0", 12 bytes, 0}
 _UUID_VALUE = (13, 17)  # {len, 0x05, "_id\0", len, subtype, 16 bytes, 0}: subtype and bytes
 
@@ -74,8 +80,8 @@ _BITS = 2 * _DEPTH  # in a walk's stack: the type bits' count, then those set, a
 _TS_TAIL_BITS = 7
 _MAX_BITS = 50  # a key whose set type bit lies past this is left to splice_crud
 # A walked documentKey's kind (batch_layout's _R_OK) holds its type bits when some are set:
-# _ID_WALKED, their count from bit 2, the mask of those set from bit 10.
-_KIND_MASK, _COUNT_AT, _MASK_AT = 3, 2, 10
+# _ID_WALKED, their count from bit 3, the mask of those set from bit 11.
+_KIND_MASK, _COUNT_AT, _MASK_AT = 7, 3, 11
 
 
 def fixed_bytes(kind: int) -> int:
