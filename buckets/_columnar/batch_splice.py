@@ -71,6 +71,7 @@ from buckets._columnar.batch_layout import (
     _R_P,
     _R_SIMPLE,
     _R_STAMPS,
+    _REPLACE,
     _TS_AT,
     _UPDATE,
     _WALL_AT,
@@ -121,8 +122,9 @@ _ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", 0, b"\x02_data\x00", 0)
 _HEX_AT = 4 + len(_ID_ELEMENT)
 _ID_LENGTH_AT, _DATA_LENGTH_AT = 4 + 5, _HEX_AT - 4
 _CLUSTER_TIME = b"\x11clusterTime\x00"
-# "insert", "delete" and "update" have as many letters: their events share one layout.
-assert len({len(_OP_ELEMENT[op]) for op in _OPS.values()}) == 1
+# "insert", "delete" and "update" have as many letters: their events share one layout; a
+# replacement's elements after its operationType lie one byte further (`_assemble`).
+assert [len(_OP_ELEMENT[op]) - len(_OP_ELEMENT["insert"]) for op in _OPS] == [0, 0, 0, 1]
 _CLUSTER_TIME_AT = len(b"\x00\x00" + _OP_ELEMENT["insert"] + _CLUSTER_TIME)
 _WALL_TIME = b"\x09wallTime\x00"
 _COLLECTION_UUID = b"\x05collectionUUID\x00"
@@ -170,7 +172,7 @@ def _front_templates(
             uuid,
             _WALL_TIME,
             bytes(8),
-            _FULL_DOCUMENT if op == "insert" else b"",
+            _FULL_DOCUMENT if op in ("insert", "replace") else b"",
         )
     )
     return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
@@ -222,7 +224,7 @@ def splice_block(
     taken = np.flatnonzero(ok)
     if not len(taken):
         return out, None, taken
-    ops = [_OPS[h[0][0]] if h else "insert" for h in made]
+    ops = [_OPS[op] for op in rows[firsts, _R_OP].tolist()]
     id_kinds = rows[firsts, _R_OK].tolist()
     templates, at = _templates(ops, made, id_kinds, expanded)
     extra, extra_at = extras(descriptions, taken)
@@ -352,7 +354,7 @@ def _assemble(
         # `_front_templates`), its other templates, its documentKey
         size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _TYPED] - at[k + 2]
         size += row[_R_KEY_END] - row[_R_KEY]
-        if row[_R_OP] == _INSERT:
+        if (row[_R_OP] == _INSERT) | (row[_R_OP] == _REPLACE):
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
             size += (
@@ -397,10 +399,12 @@ def _assemble(
         # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
         rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
         copy(out, rest_at, templates, at[k + 2], rest)
-        copy(out, rest_at + typed + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
-        copy(out, rest_at + typed + wall_at, d, stamps + _WALL_AT, 8)
+        # (after the token's _typeBits; a replacement's operationType is a letter longer)
+        stamps_at = rest_at + typed + (op == _REPLACE)
+        copy(out, stamps_at + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
+        copy(out, stamps_at + wall_at, d, stamps + _WALL_AT, 8)
         e = max(e + front, rest_at) + rest
-        if op == _INSERT:  # fullDocument: the insert's o
+        if (op == _INSERT) | (op == _REPLACE):  # fullDocument: the insert's or replacement's o
             copy_from(out, e, d_at + o_start, o_end - o_start)
             e += o_end - o_start
         # ns and documentKey's header, the documentKey, what follows it
