@@ -158,27 +158,29 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     simple = False
     diff = o_start + _DIFF_AT
     diff_length = i32(d, diff)
-    if (op == _UPDATE) & (
+    # An update's o that is not {$v: 2, diff} is a replacement's if it is a document led by its
+    # `_id` that holds the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at`
+    # tells it without walking o; any other o is splice_crud's to judge. (o lies inside the
+    # entry. The scan's range is empty unless o may be a replacement's; each byte is read once,
+    # the two before it carried along, and every one is read, no early exit: so the loop
+    # compiles to vector compares, some 30 bytes a nanosecond.)
+    other = (op == _UPDATE) & (
         not (
             (5 <= diff_length <= o_end - diff - 1)
             & has(d, o_start + 4, _P_V2_DIFF)
             & (diff + diff_length + 1 == o_end)
             & (u8(d, o_end - 1) == 0)
         )
-    ):
-        # Not o = {$v: 2, diff}: a replacement if o is a document led by its `_id` that holds
-        # the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at` tells it
-        # without walking o; any other o is splice_crud's to judge. (o lies inside the entry.
-        # Each byte is read once, the two before it carried along, and every one is read, no
-        # early exit: so the loop compiles to vector compares, some 30 bytes a nanosecond.)
-        dollar_v, before, last = False, 1, 1
-        for j in range(U(o_start), U(o_end)):
-            here = d[j]
-            dollar_v |= (before == _DOLLAR) & (last == _LETTER_V) & (here == 0)
-            before, last = last, here
-        if dollar_v | (u8(d, o_start + 4) < 1) | (not has(d, o_start + 5, _P_ID_NAME)):
-            return
-        op = _REPLACE
+    )
+    dollar_v, before, last = False, 1, 1
+    for j in range(U(o_start), U(o_start + (o_end - o_start) * other)):
+        here = d[j]
+        dollar_v |= (before == _DOLLAR) & (last == _LETTER_V) & (here == 0)
+        before, last = last, here
+    replaced = other & (not dollar_v) & (u8(d, o_start + 4) >= 1) & has(d, o_start + 5, _P_ID_NAME)
+    if other & (not replaced):
+        return
+    op += replaced * (_REPLACE - _UPDATE)
     if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
         # The usual diffs: top-level `u` and `i` documents alone, in either order, each once
         # (a $set of existing or new fields, an $inc of missing ones). updatedFields is then u's
@@ -247,14 +249,29 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
         )
     ):
         return
-    # Which documentKey it is, checked as splice_crud's `_token_key` checks it: an ObjectId or a
-    # UUID `_id` (the value's bytes are the key's own); any other is walked by `_layouts`.
+    # Which documentKey it is, checked as splice_crud's `_token_key` checks it: an ObjectId, a
+    # UUID or a string `_id` (the value's bytes are the key's own); any other is walked by
+    # `_layouts`.
     # (`and`: a pattern is compared only where the length says it may lie)
     oid = key_length == _OID_KEY_BYTES and has(d, key, _P_OID_KEY)
     uuid = key_length == _UUID_KEY_BYTES and has(d, key, _P_UUID_KEY)
-    row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID
-    row[_R_ID_AT] = key + _OID_VALUE[0] + uuid * (_UUID_VALUE[0] - _OID_VALUE[0])
-    row[_R_ID_BYTES] = _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1])
+    # A string `_id` of no zero byte: its KeyString is its bytes and terminator, where they lie.
+    string, n = False, 0
+    if not (oid | uuid):
+        n = i32(d, key + 9)
+        string = (
+            has(d, key + 4, _P_STRING_ID)
+            & (n >= 1)
+            & (13 + n == key_length - 1)
+            & (u8(d, key_end - 2) == 0)
+        )
+        for j in range(U(key + 13), U(key + 12 + n * string)):
+            string &= d[j] != 0
+    row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID + string * _ID_STRING
+    row[_R_ID_AT] = key + _OID_VALUE[0] + (uuid | string) * (_UUID_VALUE[0] - _OID_VALUE[0])
+    row[_R_ID_BYTES] = (
+        _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1]) + string * (n - _OID_VALUE[1])
+    )
     row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
     row[_R_O_START], row[_R_O_END] = o_start, o_end
     row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
@@ -263,24 +280,9 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
 
 @numba.njit(cache=CACHE)
 def _walk(d: _Bytes, row: _Ints, ids: _Bytes, used: int, stack: _Ints) -> int:
-    """Walk the documentKey of a laid-out entry that is neither an ObjectId nor a UUID `_id`
+    """Walk the documentKey of a laid-out entry the layout did not key (see `_layout`)
     into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
-    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end. A
-    string `_id` of no zero byte is not walked: its KeyString is its bytes and terminator, read
-    where they lie, as an ObjectId's are (checked as splice_crud's `_token_key` checks it)."""
-    key, n = row[_R_KEY], i32(d, row[_R_KEY] + 9)
-    if (
-        has(d, key + 4, _P_STRING_ID)
-        & (n >= 1)
-        & (13 + n == row[_R_KEY_END] - key - 1)
-        & (u8(d, row[_R_KEY_END] - 2) == 0)
-    ):
-        zeros = 0
-        for j in range(U(key + 13), U(key + 12 + n)):
-            zeros += d[j] == 0
-        if zeros == 0:
-            row[_R_OK], row[_R_ID_AT], row[_R_ID_BYTES] = _ID_STRING, key + 13, n
-            return used
+    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
     end = walk_key(d, row[_R_KEY], ids, used, stack)
     count, bits = stack[_BITS], stack[_BITS + 1]
     typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))

@@ -7,24 +7,46 @@ define anything: NUMBA_CACHE_DIR when set and writable, else the user's cache di
 in the temporary directory, else caching is off (the kernels are then compiled at each start).
 The kernels' modules pass `CACHE` as their `cache=` argument.
 
+numba tells a cached kernel stale only by its own source file's time stamp, but a kernel holds
+what it calls from other modules and the constants it reads from them, compiled in. So the
+directory is one per content of the modules kernels are made of (`source_tag`): a changed callee
+or constant gets kernels of its own, never one compiled against the old code.
+
 A cache directory holds code that numba loads and runs, so a shared temporary directory is used
 only through a folder of this user's own that nobody else may write to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pwd
+import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 SUBDIR = ("parallelchangestream", "numba")
+# The packages whose code and constants the kernels compile in.
+_KERNEL_SOURCES = (Path(__file__).parent, Path(__file__).parents[2] / "mongoformats")
+
+
+# Kernels of other code versions untouched this long are removed when a new version makes its own.
+STALE_S = 7 * 24 * 3600
+
+
+def source_tag(folders: tuple[Path, ...] = _KERNEL_SOURCES) -> str:
+    """A folder name for the current content of the modules in `folders`."""
+    digest = hashlib.sha256()
+    for path in sorted(p for folder in folders for p in folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return "kernels-" + digest.hexdigest()[:16]
 
 
 def candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
@@ -87,6 +109,17 @@ def choose(environ: Mapping[str, str]) -> tuple[Path | None, str]:
     )
 
 
+def prune(root: Path, before: float) -> None:
+    """Remove the kernels of other code versions in `root` last written before `before` (a
+    time.time()); what cannot be removed stays."""
+    for old in root.glob("kernels-*"):
+        try:
+            if old.stat().st_mtime < before:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:  # removed meanwhile by another process
+            continue
+
+
 def _skipped(skipped: list[str]) -> str:
     return f"; not writable: {', '.join(skipped)}" if skipped else ""
 
@@ -98,11 +131,19 @@ def configure(environ: MutableMapping[str, str] = os.environ) -> bool:
     if path is None:
         log.warning(line)
         return False
+    tag = source_tag()
+    if path.name != tag:  # (a child process is handed the tagged directory: not tagged twice)
+        if not (path / tag).exists():
+            prune(path, time.time() - STALE_S)
+        path = path / tag
+        if not usable(path, private=False):
+            log.warning("numba cache off: %s is not writable", path)
+            return False
     environ["NUMBA_CACHE_DIR"] = str(path)
     config = sys.modules.get("numba.core.config")
     if config is not None:
         config.CACHE_DIR = str(path)  # type: ignore[attr-defined]
-    log.info(line)
+    log.info("%s, kernels of this code in %s", line, path.name)
     return True
 
 
