@@ -2,7 +2,8 @@
 
 Each entry's elements are checked where they must start, in the order a server writes them (see
 batch_splice's docstring for the shapes), and its parts' offsets go into one row per entry;
-entries whose op, ns and ui bytes are equal are grouped into kinds.
+entries whose op, ns and ui bytes are equal (and that are both updates or both replacements) are
+grouped into kinds.
 """
 
 from __future__ import annotations
@@ -117,11 +118,11 @@ _OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _U
 
 @numba.njit(cache=CACHE)
 def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
-    """Fill `row` with where an entry's parts are if it has the layout of a plain insert, update
-    or delete (row[_R_LAID] = 1; row[_R_OK] the kind of its documentKey if the block takes
-    it), checking each element where it must start, as splice_crud's fixed layout does; every
-    boundary comes from the entry's own lengths, so it is laid out only if it is exactly that
-    sequence.
+    """Fill `row` with where an entry's parts are if it has the layout of a plain insert, update,
+    replacement or delete (row[_R_LAID] = 1; row[_R_OK] the kind of its documentKey if the
+    block takes it; row[_R_OP] its op), checking each element where it must start, as
+    splice_crud's fixed layout does; every boundary comes from the entry's own lengths, so it is
+    laid out only if it is exactly that sequence.
 
     One compiled function, not one per part: a call between compiled functions costs about as
     much as the checks it would hold, and this runs once per oplog entry. Each part's checks are
