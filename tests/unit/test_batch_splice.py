@@ -14,7 +14,9 @@ from unittest import mock
 
 import bson
 from bson import Binary, Int64, ObjectId, Timestamp
+from bson.codec_options import CodecOptions
 from bson.datetime_ms import DatetimeMS
+from bson.raw_bson import RawBSONDocument
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -556,9 +558,11 @@ def test_replacements_are_made_in_the_block(
     ):
         batch, in_block = _same_as_one_by_one(raws, expanded)
     assert in_block == {n for n, (op, _, _) in enumerate(writes) if op == "r" or not expanded}
+    raw = CodecOptions(document_class=RawBSONDocument)
     for n, (op, _id, fields) in enumerate(writes):
         if op == "r":
-            event = bson.decode(batch[n][5])
+            event = bson.decode(batch[n][5], raw)
             assert batch[n][2] == event["operationType"] == "replace"
-            assert event["fullDocument"] == {"_id": _id, **fields}
-            assert event["documentKey"] == {"_id": _id} and "updateDescription" not in event
+            assert event["fullDocument"].raw == bson.encode({"_id": _id, **fields})
+            assert event["documentKey"].raw == bson.encode({"_id": _id})
+            assert "updateDescription" not in event
