@@ -451,7 +451,7 @@ def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from("iud"),
+            st.sampled_from("iudr"),
             compound_ids
             | st.integers(-(2**31), 2**31 - 1)
             | st.integers(-(2**63), 2**63 - 1).map(Int64),
@@ -464,18 +464,24 @@ def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item
 def test_compound_and_int_ids_are_keyed_in_the_block(
     writes: list[tuple[str, Any]], expanded: bool
 ) -> None:
-    """Inserts, updates (unexpanded) and deletes of int and compound `_id`s (int32s, int64s,
-    strings, ObjectIds and documents of these) are made in the block, none one by one in Python,
-    and each event is splice_crud's; its sort key ends with the general KeyString encoder's key
-    of the documentKey, and its type bits are the general encoder's (keystring.py; the server's
-    key_string.cpp `_appendInteger` for the ints, key_string.h TypeBits kInt 0 and kLong 1).
-    Int64s of 2**62 or more and other values are left to the one-by-one path."""
+    """Inserts, updates (unexpanded), replacements and deletes of int and compound `_id`s (int32s,
+    int64s, strings, ObjectIds and documents of these) are made in the block, none one by one in
+    Python, and each event is splice_crud's; its sort key ends with the general KeyString encoder's
+    key of the documentKey, and its type bits are the general encoder's (keystring.py; the server's
+    key_string.cpp `_appendInteger` for the ints, key_string.h TypeBits kInt 0 and kLong 1). Int64s
+    of 2**62 or more and other values are left to the one-by-one path."""
     raws = []
     for n, (op, _id) in enumerate(writes):
         o: dict[str, Any] = (
-            {"_id": _id, "a": n} if op == "i" else {"$v": 2, "diff": {"u": {"a": n}}}
+            {"_id": _id, "a": n} if op in "ir" else {"$v": 2, "diff": {"u": {"a": n}}}
         )
-        entry = {"op": op, "ns": "db.c", "ui": Binary(b"u" * 16, 4), "o": o, "o2": {"_id": _id}}
+        entry = {
+            "op": "u" if op == "r" else op,
+            "ns": "db.c",
+            "ui": Binary(b"u" * 16, 4),
+            "o": o,
+            "o2": {"_id": _id},
+        }
         if op == "d":
             entry = {**entry, "o": {"_id": _id}}
             del entry["o2"]
