@@ -389,6 +389,45 @@ class EventBlock(ArrayRun):
         return out
 
     @classmethod
+    def of_fields(cls, events: Sequence[tuple[Any, ...]]) -> EventBlock:
+        """Single events (EventFields, in token order, each with no shard tag, no applied-at
+        time and bytes as `bytes`: what a block holds) as a block of their own columns."""
+        table: dict[Kind, int] = {}
+        kinds = np.fromiter(
+            (table.setdefault((e[2], e[3], e[4], e[6], e[1]), len(table)) for e in events),
+            np.int32,
+            len(events),
+        )
+        width = max(len(e[0]) for e in events)
+        keys = np.frombuffer(b"".join(e[0].ljust(width, b"\0") for e in events), np.uint8)
+        column = pa.array([e[5] for e in events], pa.large_binary())
+        return cls(keys.reshape(len(events), width), column, kinds, tuple(table))
+
+    def inserted(self, block: EventBlock, cuts: Sequence[int]) -> EventBlock:
+        """This block with `block`'s events put in, its i-th before this block's cuts[i]-th
+        event (`cuts` sorted, as `bisect_keys` gives them): a merge's block, nothing copied."""
+        mine = (self if self._events is None else self._as_merge())._unsorted
+        assert mine is not None
+        width = max(mine.keys.shape[1], block.keys.shape[1])
+        keys = np.concatenate([_widened(mine.keys, width), _widened(block.keys, width)])
+        theirs = _Scattered.of((block,))
+        events = _Scattered(
+            mine.events.parts + theirs.parts,
+            np.concatenate([mine.events.addresses, theirs.addresses]),
+            np.concatenate([mine.events.sizes, theirs.sizes]),
+            mine.events.holds,
+        )
+        at = np.asarray(cuts, np.int64)
+        order = np.insert(mine.order, at, np.arange(len(mine.keys), len(keys)))
+        return EventBlock(
+            None,
+            None,
+            np.insert(self.kinds, at, block.kinds + np.int32(len(self.kind_table))),
+            self.kind_table + block.kind_table,
+            _Unsorted(keys, events, order),
+        )
+
+    @classmethod
     def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
         """The events of several blocks (each in token order) in token order; equal keys keep
         the blocks' order (Python's order of bytes: numpy's and the merge loop's alike). The

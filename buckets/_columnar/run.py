@@ -13,7 +13,13 @@ import numpy.typing as npt
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.sizes import count_reaching, count_within, reply_prefix
 from buckets.event_run import EventRun, PlainRun, Route, fields_of
-from mongoformats.change_events import EVENT_SORT_KEY, EventFields
+from mongoformats.change_events import (
+    EV_APPLIED_AT,
+    EV_RAW,
+    EV_SHARD,
+    EVENT_SORT_KEY,
+    EventFields,
+)
 from mongoformats.resume_token import token_from_key
 
 __all__ = ["SLICE_MIN", "ColumnarRun", "merge_runs"]
@@ -104,11 +110,13 @@ class ColumnarRun:
 def merge_runs(runs: list[EventRun]) -> list[EventRun]:
     """Several shards' runs (in shard order, each shard's in token order) in token order: the
     columnar runs merged as columns (one pass over their keys, see EventBlock.merge), the single
-    events sorted, and the merged block cut where each single goes. Turning every block into
-    single events instead would make one transaction's event in a release cost as much as the
-    whole release as tuples. Equal keys between a block's event and a single (no two shards
-    write one, in practice) take the exact path: everything as single events, one stable sort,
-    which keeps shard order."""
+    events sorted and put into the merged block where each goes, as a block of their own
+    columns (`inserted`): where writes go to every shard in turn, as hashed sharding sends
+    them, the singles (transactions' events) fall every few events, and cutting the merge
+    around them left parts too short to be worth a run, each made into tuples. Singles a block
+    cannot hold cut the merged block instead (`_interleaved`). Equal keys between a block's
+    event and a single (no two shards write one, in practice) take the exact path: everything
+    as single events, one stable sort, which keeps shard order."""
     blocks = [run.block for run in runs if isinstance(run, ColumnarRun)]
     singles = sorted(
         fields_of(run for run in runs if not isinstance(run, ColumnarRun)), key=EVENT_SORT_KEY
@@ -121,7 +129,15 @@ def merge_runs(runs: list[EventRun]) -> list[EventRun]:
     cuts, exact = merged.bisect_keys([EVENT_SORT_KEY(single) for single in singles])
     if exact:
         return [PlainRun(sorted(fields_of(runs), key=EVENT_SORT_KEY))]
+    if all(map(_block_holds, singles)):
+        return [ColumnarRun(merged.inserted(EventBlock.of_fields(singles), cuts))]
     return _interleaved(merged, singles, cuts)
+
+
+def _block_holds(event: EventFields) -> bool:
+    """Whether a block can hold the single event (see event_block.py): no shard tag (a
+    topology event's), no applied-at time, its bytes a bytes object."""
+    return not event[EV_SHARD] and event[EV_APPLIED_AT] is None and type(event[EV_RAW]) is bytes
 
 
 def _interleaved(merged: EventBlock, singles: list[EventFields], cuts: list[int]) -> list[EventRun]:

@@ -22,8 +22,8 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block
 from buckets._columnar.event_block import EventBlock, _merge_runs
 from buckets._columnar.items import as_runs, count_events
 from buckets._columnar.oplog_batch import OplogBatch
-from buckets._columnar.run import SLICE_MIN, ColumnarRun
-from buckets.event_run import fields_of
+from buckets._columnar.run import SLICE_MIN, ColumnarRun, merge_runs
+from buckets.event_run import PlainRun, fields_of
 from buckets.merge import MergedQueue
 from mongoformats.change_events import EVENT_SORT_KEY
 from mongoformats.oplog_splice import array_of, cursor_document, splice_crud
@@ -200,9 +200,8 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
             dealt[b] += share.fields()
     assert dealt == {b: [f for f in want if b in by_coll[f[4]]] for b in (0, 1)}
     # (Each event's key holds its own _id: no two are equal, so the exact path is not taken.)
-    # The blocks' events stay columns, but for parts shorter than SLICE_MIN between single events
-    # in a merge of several shards' (a shard's own runs are released as they are): those go as
-    # tuples.
+    # The blocks' events stay columns, and in a merge of several shards' the single events join
+    # them (a shard's own runs are released as they are).
     in_blocks = {
         f[0]
         for block, shape, k in zip(blocks, shapes, ks, strict=True)
@@ -210,13 +209,44 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
             shape
         ].fields()
     }
-    parts = [len(list(g)) for b, g in itertools.groupby(f[0] in in_blocks for f in want) if b]
     columnar = [len(run) for run in got if isinstance(run, ColumnarRun)]
     if len(blocks) == 1:
         assert sum(columnar) == len(in_blocks)
     else:
-        assert all(n >= SLICE_MIN for n in columnar)
-        assert sum(columnar) == sum(n for n in parts if n >= SLICE_MIN)
+        assert columnar == ([len(want)] if in_blocks else [])
+
+
+@settings(max_examples=25, deadline=None)
+@given(shard_blocks(), st.data())
+def test_single_events_a_block_cannot_hold_cut_the_merged_block(
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
+    """Singles with a shard tag (a topology event's) stay tuples: the merged block is cut where
+    each goes, and its parts shorter than SLICE_MIN between them go as tuples too."""
+    tagged = [
+        (*f[:7], "shard0", None)
+        for f in data.draw(
+            st.lists(
+                st.sampled_from(blocks[-1].fields()),
+                min_size=1,
+                max_size=len(blocks[-1]) - 1,
+                unique=True,
+            )
+        )
+    ]
+    singles = sorted(tagged, key=EVENT_SORT_KEY)
+    keys = {f[0] for f in singles}
+    rest = blocks[-1].take(
+        np.array([i for i, f in enumerate(blocks[-1].fields()) if f[0] not in keys], np.int64)
+    )
+    runs = [*map(ColumnarRun, blocks[:-1]), ColumnarRun(rest), PlainRun(singles)]
+    got = merge_runs(runs)
+    want = sorted(fields_of(runs), key=EVENT_SORT_KEY)
+    assert fields_of(got) == want
+    assert all(len(run) >= SLICE_MIN for run in got if isinstance(run, ColumnarRun))
+    parts = [len(list(g)) for b, g in itertools.groupby(f[7] == "" for f in want) if b]
+    columnar = [len(run) for run in got if isinstance(run, ColumnarRun)]
+    assert sum(columnar) == sum(n for n in parts if n >= SLICE_MIN)
 
 
 def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> None:
