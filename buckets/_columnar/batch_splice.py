@@ -1,5 +1,5 @@
-"""A batch of oplog entries spliced into events at once: plain inserts, updates and deletes in
-compiled loops (numba, buckets/_columnar/byte_kernels.py), the rest one by one.
+"""A batch of oplog entries spliced into events at once: plain inserts, updates, replacements
+and deletes in compiled loops (numba, buckets/_columnar/byte_kernels.py), the rest one by one.
 
 Why: `splice_crud`'s cost in Python is spread over its lines, none standing out, so no
 per-entry rewrite in Python gets much below it. But the inserts
@@ -16,25 +16,29 @@ is, for the usual diffs (top-level `u` and `i` documents alone), those documents
 copied as an insert's document is; other diffs' descriptions are written for the batch at once by
 buckets/_columnar/diff_kernel.py (update_descriptions.py) and copied in.
 
-Which entries: single inserts, updates and deletes whose documentKey id_keys.py keys: `{_id:
-ObjectId}` (drivers give every document one; a TTL index's deletes have it), `{_id: binary of 16
-bytes}` (a UUID), and documentKeys of strings, int32s, int64s (below 2**62), ObjectIds and
+Which entries: single inserts, updates, replacements and deletes whose documentKey id_keys.py keys:
+`{_id: ObjectId}` (drivers give every document one; a TTL index's deletes have it), `{_id: binary of
+16 bytes}` (a UUID), and documentKeys of strings, int32s, int64s (below 2**62), ObjectIds and
 documents of these (string, numeric and compound `_id`s, shard keys beside `_id`), in the field
 order a server writes them, with or without a retryable write's session fields:
 
     {lsid?, txnNumber?, op: "i", ns, ui, o, o2: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
     {lsid?, txnNumber?, op: "u", ns, ui, o: {$v: 2, diff}, o2: {_id}, stmtId?, ts, t, v, wall,
      prevOpTime?}
+    {lsid?, txnNumber?, op: "u", ns, ui, o: {_id, ...}, o2: {_id}, stmtId?, ts, t, v, wall,
+     prevOpTime?}
     {lsid?, txnNumber?, op: "d", ns, ui, o: {_id}, stmtId?, ts, t, v, wall, prevOpTime?}
 
-and of updates, those whose diff `update_description` takes (no expanded events). Entries of
-these shapes with another documentKey (other value types, int64s of 2**62 or more) get
-`splice_crud`'s event made from the layout the compiled walk found (`splice_laid_out`). Every
-other entry (replacements, transactions, DDL, noops, a field out of place) gets None here and
-goes through `splice_crud` or the general transform. An entry taken here gives exactly
-`splice_crud`'s event (tests compare the two on random and broken entries): every boundary is
-derived from the entry's BSON lengths, and it is only taken if it is exactly that sequence of
-elements.
+and of updates, those whose diff `update_description` takes (no expanded events). A replacement
+(its o the new document, the event's fullDocument) is an o led by `_id` that holds the bytes
+`$v\0` nowhere, which splice_crud tells from a diff without walking o (any other o is its to
+judge). Entries of these shapes with another documentKey (other value types, int64s of 2**62 or
+more) get `splice_crud`'s event made from the layout the compiled walk found
+(`splice_laid_out`). Every other entry (transactions, DDL, noops, a field out of place) gets
+None here and goes through `splice_crud` or the general transform. An entry taken here gives
+exactly `splice_crud`'s event (tests compare the two on random and broken entries): every
+boundary is derived from the entry's BSON lengths, and it is only taken if it is exactly that
+sequence of elements.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from buckets._columnar.batch_layout import (
     _R_P,
     _R_SIMPLE,
     _R_STAMPS,
+    _REPLACE,
     _TS_AT,
     _UPDATE,
     _WALL_AT,
@@ -121,8 +126,9 @@ _ID_ELEMENT = _ID_HEAD.pack(b"\x03_id\x00", 0, b"\x02_data\x00", 0)
 _HEX_AT = 4 + len(_ID_ELEMENT)
 _ID_LENGTH_AT, _DATA_LENGTH_AT = 4 + 5, _HEX_AT - 4
 _CLUSTER_TIME = b"\x11clusterTime\x00"
-# "insert", "delete" and "update" have as many letters: their events share one layout.
-assert len({len(_OP_ELEMENT[op]) for op in _OPS.values()}) == 1
+# "insert", "delete" and "update" have as many letters: their events share one layout; a
+# replacement's elements after its operationType lie one byte further (`_assemble`).
+assert [len(_OP_ELEMENT[op]) - len(_OP_ELEMENT["insert"]) for op in _OPS] == [0, 0, 0, 1]
 _CLUSTER_TIME_AT = len(b"\x00\x00" + _OP_ELEMENT["insert"] + _CLUSTER_TIME)
 _WALL_TIME = b"\x09wallTime\x00"
 _COLLECTION_UUID = b"\x05collectionUUID\x00"
@@ -151,12 +157,13 @@ _PARTS, _TYPED = 6, 5
 def _front_templates(
     op: str, key: bytes, ui: bytes, expanded: bool, fixed: int, typed: bytes
 ) -> tuple[bytes, bytes]:
-    """A kind's event up to its document (an insert's fullDocument header ends it), in two
-    parts: up to where its token's hex differs from event to event (the hex of its key template,
-    the key's part that every event of the kind shares), and from the hex's end on; with zeros
-    (in the hex too) where each event's lengths, ts and wall go. A kind whose keys are `fixed`
-    bytes longer than its template each (an ObjectId's or UUID's) has it all in the first part,
-    with room for the hex: one copy an event. `typed` is the token's `_typeBits` element."""
+    """A kind's event up to its document (an insert's or replacement's fullDocument header ends
+    it), in two parts: up to where its token's hex differs from event to event (the hex of its
+    key template, the key's part that every event of the kind shares), and from the hex's end
+    on; with zeros (in the hex too) where each event's lengths, ts and wall go. A kind whose
+    keys are `fixed` bytes longer than its template each (an ObjectId's or UUID's) has it all in
+    the first part, with room for the hex: one copy an event. `typed` is the token's
+    `_typeBits` element."""
     uuid = _COLLECTION_UUID + ui if expanded else b""
     head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
     rest = b"".join(
@@ -170,7 +177,7 @@ def _front_templates(
             uuid,
             _WALL_TIME,
             bytes(8),
-            _FULL_DOCUMENT if op == "insert" else b"",
+            _FULL_DOCUMENT if op in ("insert", "replace") else b"",
         )
     )
     return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
@@ -199,10 +206,10 @@ def _made_of(head: bytes) -> Any:
 def splice_block(
     batch: OplogBatch, *, expanded: bool
 ) -> tuple[list[Spliced | tuple[()] | None], EventBlock | None, npt.NDArray[np.intp]]:
-    """The events of the plain inserts, updates and deletes this module takes, as one EventBlock
-    (the second item; None if there are none) and the indices of their entries (the third, an
-    array: a batch the block holds whole never needs them as Python integers); and for each entry
-    (the first): its event's fields if it was spliced here outside the block (another
+    """The events of the plain inserts, updates, replacements and deletes this module takes, as
+    one EventBlock (the second item; None if there are none) and the indices of their entries (the
+    third, an array: a batch the block holds whole never needs them as Python integers); and for
+    each entry (the first): its event's fields if it was spliced here outside the block (another
     documentKey), () for one of an internal namespace, or None for one the block holds or the
     caller must transform (what `splice_crud` says of it)."""
     n, data = len(batch), batch.data
@@ -222,7 +229,7 @@ def splice_block(
     taken = np.flatnonzero(ok)
     if not len(taken):
         return out, None, taken
-    ops = [_OPS[h[0][0]] if h else "insert" for h in made]
+    ops = [_OPS[op] for op in rows[firsts, _R_OP].tolist()]
     id_kinds = rows[firsts, _R_OK].tolist()
     templates, at = _templates(ops, made, id_kinds, expanded)
     extra, extra_at = extras(descriptions, taken)
@@ -297,8 +304,8 @@ def _templates(
 ) -> tuple[_Bytes, _Ints]:
     """Each kind's templates (_PARTS of them), back to back, and where each starts: its sort key
     up to the _id's value (id_keys.py), its event's front in two parts (up to its document: an
-    insert's fullDocument header ends it), its tail up to the documentKey's value (ns,
-    documentKey's header) and after it (an update's updateDescription header, or the event's
+    insert's or replacement's fullDocument header ends it), its tail up to the documentKey's value
+    (ns, documentKey's header) and after it (an update's updateDescription header, or the event's
     end), with zeros where each event's own values go."""
     parts: list[bytes] = []
     for op, h, id_kind in zip(ops, made, id_kinds, strict=True):
@@ -337,9 +344,10 @@ def _assemble(
     template (`templates` from at[_PARTS k], see `_templates`) with its ts, then its `_id`'s bytes
     (an ObjectId's or UUID's in d, a walked key's elements in `ids`: see batch_layout's
     _R_ID_AT) and the key's tail. Each event is its kind's other templates with its own lengths,
-    token (its key's hex), ts and wall written in, then its document (an insert's), its
-    documentKey, its updatedFields (an update's: its diff's `u` and `i` elements, or
-    extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then bytes."""
+    token (its key's hex), ts and wall written in, then its document (an insert's or
+    replacement's), its documentKey, its updatedFields (an update's: its diff's `u` and `i`
+    elements, or extra[extra_at[i]:extra_at[i+1]]) and what closes it. Two passes: sizes, then
+    bytes."""
     m = len(taken)
     offsets = np.zeros(m + 1, np.int64)
     lengths = np.empty(m, np.int64)
@@ -352,7 +360,7 @@ def _assemble(
         # `_front_templates`), its other templates, its documentKey
         size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _TYPED] - at[k + 2]
         size += row[_R_KEY_END] - row[_R_KEY]
-        if row[_R_OP] == _INSERT:
+        if (row[_R_OP] == _INSERT) | (row[_R_OP] == _REPLACE):
             size += row[_R_O_END] - row[_R_O_START]
         elif row[_R_OP] == _UPDATE:
             size += (
@@ -397,10 +405,12 @@ def _assemble(
         # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
         rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
         copy(out, rest_at, templates, at[k + 2], rest)
-        copy(out, rest_at + typed + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
-        copy(out, rest_at + typed + wall_at, d, stamps + _WALL_AT, 8)
+        # (after the token's _typeBits; a replacement's operationType is a letter longer)
+        stamps_at = rest_at + typed + (op == _REPLACE)
+        copy(out, stamps_at + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
+        copy(out, stamps_at + wall_at, d, stamps + _WALL_AT, 8)
         e = max(e + front, rest_at) + rest
-        if op == _INSERT:  # fullDocument: the insert's o
+        if (op == _INSERT) | (op == _REPLACE):  # fullDocument: the insert's or replacement's o
             copy_from(out, e, d_at + o_start, o_end - o_start)
             e += o_end - o_start
         # ns and documentKey's header, the documentKey, what follows it
@@ -431,11 +441,11 @@ def _assemble(
 def splice_entries(
     batch: OplogBatch, splice: bool = True, expanded: bool = False
 ) -> EventBlock | list[Any]:
-    """The batch's events as one EventBlock when every entry is a plain insert, update or
-    delete this module takes (the usual batch of a backlog); else one item for each entry, in
-    order: its event's fields (`splice_crud`'s), () for an entry with no event, or the entry's own
-    bytes when the general, stateful transform must handle it (transactions, DDL, noops), except
-    that runs of at least BLOCK_RUN_MIN events are one EventBlock item each."""
+    """The batch's events as one EventBlock when every entry is a plain insert, update,
+    replacement or delete this module takes (the usual batch of a backlog); else one item for each
+    entry, in order: its event's fields (`splice_crud`'s), () for an entry with no event, or the
+    entry's own bytes when the general, stateful transform must handle it (transactions, DDL,
+    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each."""
     if not splice:
         return batch.entries()
     if len(batch) < BATCH_MIN:
@@ -479,9 +489,8 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
     else its event's fields (splice_crud's), else its bytes, for the general transform.
 
     splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
-    _R_OK), replacements (the kernels place clusterTime and wallTime at fixed offsets, for an
-    operationType of six letters as insert, update and delete have; replace has seven), and
-    entries of any field order. The stateful transform (OplogTransformer) keeps transactions
+    _R_OK), replacements whose o holds the bytes `$v\0` or is not led by `_id` (walked there),
+    and entries of any field order. The stateful transform (OplogTransformer) keeps transactions
     (applyOps chains and prepared commits carry state across entries: the transaction's lsid,
     txnNumber and each op's txnOpIndex in its token; it splices their plain writes with
     mongoformats.txn_splice), DDL and noops."""

@@ -4,7 +4,8 @@ batch_splice's `_assemble` writes them from a kind's key template and each event
 
 A token's KeyString is 0x82, the ts (seconds, then increment, big-endian), the token's fixed head,
 the collection's UUID (19 bytes: 0x5a, its length, subtype 4, the 16 bytes), the operation and
-the documentKey's object head (`_KEY_ID_AT` bytes in all, the same for every event), then the
+the documentKey's object head (`_KEY_ID_AT` bytes in all for an insert, update or delete; one
+more for a replacement, whose operationType has seven letters), then the
 documentKey's elements and the ends of the objects and of the key (0x00 0x00 0x04).
 
 The documentKeys (batch_layout's _R_OK): `{_id: ObjectId}`, `{_id: binary of 16 bytes}` (a UUID)
@@ -109,7 +110,7 @@ def key_template(op: str, uuid_ks: bytes, id_kind: int) -> bytes:
     """A kind's sort key up to its `_id`'s value (walked keys: up to their elements), with zeros
     where each event's ts goes."""
     key = b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _OBJECT))
-    assert len(key) == _KEY_ID_AT
+    assert len(key) == _KEY_ID_AT + len(op) - len("insert")
     return key + _HEADS[id_kind]
 
 

@@ -14,7 +14,9 @@ from unittest import mock
 
 import bson
 from bson import Binary, Int64, ObjectId, Timestamp
+from bson.codec_options import CodecOptions
 from bson.datetime_ms import DatetimeMS
+from bson.raw_bson import RawBSONDocument
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,9 +33,9 @@ from tests.unit.test_oplog_splice import crud_entries
 
 @st.composite
 def writes(draw: st.DrawFn) -> dict[str, Any]:
-    """A plain insert, update or delete as a server writes it, a retryable write's or not, in a
-    collection with events or not (internal, a view's), and now and then an entry of another
-    shape."""
+    """A plain insert, update, replacement or delete as a server writes it, a retryable write's
+    or not, in a collection with events or not (internal, a view's), and now and then an entry
+    of another shape."""
     if draw(st.integers(0, 9)) == 0:
         return draw(crud_entries())
     _id = draw(ids)
@@ -62,9 +64,11 @@ def writes(draw: st.DrawFn) -> dict[str, Any]:
         "o": {"_id": _id, **doc},
         "o2": {"_id": _id},
     }
-    op = draw(st.sampled_from("idu"))
+    op = draw(st.sampled_from("idur"))
     if op == "d":
         entry = {"op": "d", "ns": ns, "ui": ui, "o": {"_id": _id}}
+    elif op == "r":
+        entry = {**entry, "op": "u", "o": draw(replacements(_id, doc))}
     elif (
         op == "u"
     ):  # the usual diffs (top-level sections), and now and then one splice_crud makes otherwise
@@ -177,6 +181,42 @@ update_diffs = st.one_of(
     ),
 )
 
+
+@st.composite
+def replacements(draw: st.DrawFn, _id: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """A replacement's `o`, the new document: as a server writes it, its `_id` first (nested
+    documents, arrays, up to a few KB), and now and then one splice_crud judges otherwise than
+    by its first bytes (a `$v` field, the bytes `$v\0` in a value, `_id` not first or missing)."""
+    if draw(st.integers(0, 3)):
+        extra = draw(
+            st.fixed_dictionaries({}, optional={"pad": st.text("xy\u20ac", max_size=2000)})
+        )
+        nested = draw(st.fixed_dictionaries({}, optional={"sub": st.just({"x": [1, {"y": "z"}]})}))
+        return {"_id": _id, **doc, **nested, **extra}
+    return draw(
+        st.sampled_from(
+            [
+                {"_id": _id, "$v": 2, **doc},
+                {"_id": _id, "a": {"$v": 1}},
+                {"_id": _id, "s": "$v"},
+                {"_id": _id, "$v2": 1, **doc},
+                {**doc, "_id": _id},
+                {"$v": 2, "_id": _id},
+                {"$v": 1, "diff": {"u": {"a": 1}}},
+                {"_id": _id, "diff": {"u": {"a": 1}}},
+                {},
+                doc,
+            ]
+        )
+    )
+
+
+def _replacement_read(o: dict[str, Any]) -> bool:
+    """Whether an update's `o` is a replacement the block reads: a document led by its `_id`
+    that holds the bytes `$v\0` nowhere (splice_crud's `_diff_at` tells those without a walk)."""
+    return list(o)[:1] == ["_id"] and b"$v\x00" not in bson.encode(o)
+
+
 _IDL_ORDER = [
     "lsid",
     "txnNumber",
@@ -242,7 +282,7 @@ def _same_as_one_by_one(entries: list[bytes], expanded: bool) -> tuple[list[Any]
 def _diff_read(o: dict[str, Any]) -> bool:
     """Whether an update's `o` is a `$v: 2` diff the byte path reads. A server never writes the
     others (an array index with a leading zero, one path twice), which go the general way."""
-    if "$v" not in o:
+    if list(o) != ["$v", "diff"] or o["$v"] != 2 or not isinstance(o["diff"], dict):
         return False
     raw = bson.encode(o)
     return update_description(raw, raw.index(b"\x03diff\x00") + 6, expanded=False) is not None
@@ -264,7 +304,11 @@ def test_a_batch_splices_every_insert_update_and_delete_as_splice_crud_does(
             and "ui" in entry
             and "wall" in entry
             and not entry["ns"].endswith(".views")
-            and not (entry["op"] == "u" and (expanded or not _diff_read(entry["o"])))
+            and not (
+                entry["op"] == "u"
+                and not _replacement_read(entry["o"])
+                and (expanded or not _diff_read(entry["o"]))
+            )
         )
         if plain and list(entry) == sorted(
             entry, key=_IDL_ORDER.index
@@ -407,7 +451,7 @@ def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from("iud"),
+            st.sampled_from("iudr"),
             compound_ids
             | st.integers(-(2**31), 2**31 - 1)
             | st.integers(-(2**63), 2**63 - 1).map(Int64),
@@ -420,18 +464,24 @@ def test_splice_entries_takes_plain_batches_whole_and_anything_else_item_by_item
 def test_compound_and_int_ids_are_keyed_in_the_block(
     writes: list[tuple[str, Any]], expanded: bool
 ) -> None:
-    """Inserts, updates (unexpanded) and deletes of int and compound `_id`s (int32s, int64s,
-    strings, ObjectIds and documents of these) are made in the block, none one by one in Python,
-    and each event is splice_crud's; its sort key ends with the general KeyString encoder's key
-    of the documentKey, and its type bits are the general encoder's (keystring.py; the server's
-    key_string.cpp `_appendInteger` for the ints, key_string.h TypeBits kInt 0 and kLong 1).
-    Int64s of 2**62 or more and other values are left to the one-by-one path."""
+    """Inserts, updates (unexpanded), replacements and deletes of int and compound `_id`s (int32s,
+    int64s, strings, ObjectIds and documents of these) are made in the block, none one by one in
+    Python, and each event is splice_crud's; its sort key ends with the general KeyString encoder's
+    key of the documentKey, and its type bits are the general encoder's (keystring.py; the server's
+    key_string.cpp `_appendInteger` for the ints, key_string.h TypeBits kInt 0 and kLong 1). Int64s
+    of 2**62 or more and other values are left to the one-by-one path."""
     raws = []
     for n, (op, _id) in enumerate(writes):
         o: dict[str, Any] = (
-            {"_id": _id, "a": n} if op == "i" else {"$v": 2, "diff": {"u": {"a": n}}}
+            {"_id": _id, "a": n} if op in "ir" else {"$v": 2, "diff": {"u": {"a": n}}}
         )
-        entry = {"op": op, "ns": "db.c", "ui": Binary(b"u" * 16, 4), "o": o, "o2": {"_id": _id}}
+        entry = {
+            "op": "u" if op == "r" else op,
+            "ns": "db.c",
+            "ui": Binary(b"u" * 16, 4),
+            "o": o,
+            "o2": {"_id": _id},
+        }
         if op == "d":
             entry = {**entry, "o": {"_id": _id}}
             del entry["o2"]
@@ -461,3 +511,64 @@ def test_compound_and_int_ids_are_keyed_in_the_block(
             ks.append({"_id": _id})
             bits = encode_type_bits([0] * 7 + ks.bits)
             assert batch[n][0].endswith(ks.data + b"\x00\x04") and batch[n][1] == bits
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("rru"), ids.filter(lambda i: _taken_key({"_id": i})), _fields),
+        min_size=1,
+        max_size=20,
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_replacements_are_made_in_the_block(
+    writes: list[tuple[str, Any, dict[str, Any]]], retryable: bool, expanded: bool
+) -> None:
+    """A replacement (op "u" whose `o` is the new document, led by its `_id`, no `$v` in it) of
+    every documentKey kind the block takes is made in the block, none one by one, beside updates
+    of the same collection and key kind (kinds apart: an update's and a replacement's entry
+    bytes from op to ui are alike); its event is splice_crud's: operationType "replace" (in the
+    token too), fullDocument the entry's `o`, documentKey its `o2`, no updateDescription (the
+    server's src/mongo/db/pipeline/change_stream_event_transform.cpp, the kUpdate case: an `o`
+    without `$v: 2` is a replacement)."""
+    raws = []
+    for n, (op, _id, fields) in enumerate(writes):
+        o = {"_id": _id, **fields} if op == "r" else {"$v": 2, "diff": {"u": fields}}
+        entry: dict[str, Any] = {
+            "op": "u",
+            "ns": "db.c",
+            "ui": Binary(b"u" * 16, 4),
+            "o": o,
+            "o2": {"_id": _id},
+            **({"stmtId": n} if retryable else {}),
+            "ts": Timestamp(9, n),
+            "t": Int64(1),
+            "v": Int64(2),
+            "wall": DatetimeMS(n),
+        }
+        if retryable:
+            session = {"lsid": {"id": Binary(b"s" * 16, 4)}, "txnNumber": Int64(n)}
+            entry = {**session, **entry, "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)}}
+        raws.append(bson.encode(entry))
+    with (
+        mock.patch(
+            "buckets._columnar.batch_splice.splice_laid_out",
+            side_effect=AssertionError("an event made one by one"),
+        ),
+        mock.patch(
+            "buckets._columnar.batch_splice.splice_crud",
+            side_effect=AssertionError("an event made one by one"),
+        ),
+    ):
+        batch, in_block = _same_as_one_by_one(raws, expanded)
+    assert in_block == {n for n, (op, _, _) in enumerate(writes) if op == "r" or not expanded}
+    raw = CodecOptions(document_class=RawBSONDocument)
+    for n, (op, _id, fields) in enumerate(writes):
+        if op == "r":
+            event = bson.decode(batch[n][5], raw)
+            assert batch[n][2] == event["operationType"] == "replace"
+            assert event["fullDocument"].raw == bson.encode({"_id": _id, **fields})
+            assert event["documentKey"].raw == bson.encode({"_id": _id})
+            assert "updateDescription" not in event
