@@ -119,7 +119,8 @@ def _document_buckets(
         r, k = order[i], kinds[i]
         if not ((0 <= r < len(sizes)) & (0 <= k < len(seeds))):
             continue
-        d = numba.carray(_pointer(addresses[U(r)]), U(sizes[U(r)]))  # type: ignore[call-arg]
+        at: Any = _pointer(addresses[U(r)])  # type: ignore[call-arg]  # numba gives typingctx
+        d = numba.carray(at, U(sizes[U(r)]))
         seed = seeds[U(k)]
         start, stop = 4, i32(d, 0) - 1
         ok = (seed >= 0) & (stop == len(d) - 1) & (u8(d, stop) == 0)
