@@ -9,6 +9,7 @@ from typing import Any
 
 import bson
 
+from buckets._columnar.document_routes import event_buckets
 from buckets._columnar.run import ColumnarRun
 from buckets.bucket import Bucket
 from buckets.bucketing import buckets_for_event, buckets_for_namespaces
@@ -60,14 +61,24 @@ class Dealer:
 
     def _shares_of(self, run: EventRun) -> dict[int, EventRun]:
         """`run`'s kept buckets' shares: by its namespaces, or by documentKey (a block's buckets
-        computed as columns, single events' one by one)."""
+        computed as columns; single events' in one compiled loop too, those it leaves undecided
+        one by one)."""
         if not self.by_document:
             return run.shares(self.route)
         if isinstance(run, ColumnarRun):
             return run.document_shares(self.n_buckets, self.buckets.keys(), self._document_route)
+        return self._single_document_shares(run.fields())
+
+    def _single_document_shares(self, events: list[EventFields]) -> dict[int, EventRun]:
+        """Single events' kept buckets' shares by documentKey: their buckets found in one
+        compiled loop, those it leaves undecided one by one (buckets_for_event)."""
+        kept = self.buckets
         shares: Shares = {}
-        for ev in run.fields():
-            for b in self._route_event(ev):
+        found = event_buckets(
+            list(map(raw_of, events)), list(map(namespaces_of, events)), self.n_buckets
+        )
+        for ev, bucket in zip(events, found, strict=True):
+            for b in self._route_event(ev) if bucket < 0 else (bucket,) if bucket in kept else ():
                 shares.setdefault(b, []).append(ev)
         return {b: PlainRun(share) for b, share in shares.items()}
 

@@ -34,7 +34,7 @@ from numba.extending import intrinsic
 
 from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8
 
-__all__ = ["document_buckets", "namespace_seeds"]
+__all__ = ["document_buckets", "event_buckets", "namespace_seeds"]
 
 # The names looked for, NUL included (so that a longer name does not match): the event's
 # documentKey, then its `_id`.
@@ -197,3 +197,20 @@ def document_buckets(
     out = np.empty(len(order), np.int64)
     _document_buckets(addresses, sizes, order, kinds, seeds, n, out)
     return out
+
+
+def event_buckets(raws: Sequence[Any], namespaces: Sequence[Any], n: int) -> list[int]:
+    """`document_buckets` of single events (their bytes `raws`, each of `namespaces`): joined
+    into one buffer for the loop, a copy that costs a fraction of walking each in Python."""
+    count = len(raws)
+    sizes = np.fromiter(map(len, raws), np.int64, count)
+    body = np.frombuffer(b"".join(raws), np.uint8)
+    addresses = np.zeros(count, np.uintp)
+    np.cumsum(sizes[:-1], out=addresses[1:], dtype=np.uintp)
+    addresses += np.uintp(body.ctypes.data)
+    table: dict[Any, int] = {}
+    kinds = np.fromiter((table.setdefault(ns, len(table)) for ns in namespaces), np.int32, count)
+    out = document_buckets(
+        addresses, sizes, np.arange(count), kinds, namespace_seeds(list(table)), n
+    )
+    return out.tolist()

@@ -248,7 +248,7 @@ def test_dealing_by_document_key_gives_each_bucket_the_per_event_paths_events_in
     """A release of blocks (a spliced one, and one of events the loop leaves to the per-event
     path: barriers without a documentKey, old binary `_id`s) between single events, dealt to
     some kept buckets: each bucket gets the events, in the order, that dealing the same events
-    as single events gives it."""
+    as single events gives it, and that buckets_for_event gives it event by event."""
     spliced = _blocks([_entry(i, _id, "db.c", op) for i, (op, _id) in enumerate(writes)])
     odd_block = _block_of(odd)
     singles = odd_block.fields()
@@ -258,7 +258,11 @@ def test_dealing_by_document_key_gives_each_bucket_the_per_event_paths_events_in
     ready = [run for run in ready if len(run)]
     kept = sorted(rnd.sample(range(n), rnd.randint(1, n)))
     plain: list[EventRun] = [PlainRun(run.fields()) for run in ready]
-    assert _dealt(ready, n, kept) == _dealt(plain, n, kept)
+    one_by_one = {  # the per-event path: each event to its buckets_for_event, in order
+        b: [ev for ev in fields_of(ready) if b in buckets_for_event(ev, n, "documentKey")]
+        for b in kept
+    }
+    assert _dealt(ready, n, kept) == _dealt(plain, n, kept) == one_by_one
 
 
 def test_a_uuid_block_deals_whole_to_one_bucket_and_in_parts_to_many() -> None:
