@@ -1,6 +1,7 @@
 """Dealing the merge's released events into a stream's buckets: by the routes of their
-namespaces (a run shares itself out, see buckets/event_run.py), or one event at a time when the
-stream filters them (an accelerated watch()'s scope, a $match) or routes them by documentKey."""
+namespaces (a run shares itself out, see buckets/event_run.py) or by their documentKeys (a
+block's computed as columns, buckets/_columnar/document_routes.py), or one event at a time when
+the stream filters them (an accelerated watch()'s scope, a $match)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import bson
 
+from buckets._columnar.document_routes import event_buckets
+from buckets._columnar.run import ColumnarRun
 from buckets.bucket import Bucket
 from buckets.bucketing import buckets_for_event, buckets_for_namespaces
 from buckets.event_run import EventRun, PlainRun, fields_of, namespaces_of, raw_of
@@ -46,15 +49,41 @@ class Dealer:
 
     async def deal(self, ready: list[EventRun]) -> None:
         """Deal merged events into their buckets: each bucket's share is appended in one step."""
-        if self.scope is not None or self.match is not None or self.by_document:
+        if self.scope is not None or self.match is not None:
             await self._deal_each(fields_of(ready))
             return
         shares: dict[int, list[EventRun]] = {}
         for run in ready:
-            for b, share in run.shares(self.route).items():
+            for b, share in self._shares_of(run).items():
                 shares.setdefault(b, []).append(share)
         for b, runs in shares.items():
             await self.buckets[b].put_many(runs)
+
+    def _shares_of(self, run: EventRun) -> dict[int, EventRun]:
+        """`run`'s kept buckets' shares: by its namespaces, or by documentKey (a block's buckets
+        computed as columns; single events' in one compiled loop too, those it leaves undecided
+        one by one)."""
+        if not self.by_document:
+            return run.shares(self.route)
+        if isinstance(run, ColumnarRun):
+            return run.document_shares(self.n_buckets, self.buckets.keys(), self._document_route)
+        return self._single_document_shares(run.fields())
+
+    def _single_document_shares(self, events: list[EventFields]) -> dict[int, EventRun]:
+        """Single events' kept buckets' shares by documentKey: their buckets found in one
+        compiled loop, those it leaves undecided one by one (buckets_for_event)."""
+        kept = self.buckets
+        shares: Shares = {}
+        found = event_buckets(
+            list(map(raw_of, events)), list(map(namespaces_of, events)), self.n_buckets
+        )
+        for ev, bucket in zip(events, found, strict=True):
+            for b in self._route_event(ev) if bucket < 0 else (bucket,) if bucket in kept else ():
+                shares.setdefault(b, []).append(ev)
+        return {b: PlainRun(share) for b, share in shares.items()}
+
+    def _document_route(self, ev: EventFields) -> tuple[int, ...]:
+        return buckets_for_event(ev, self.n_buckets, "documentKey")
 
     async def _deal_each(self, events: list[EventFields]) -> None:
         """Filtered or routed event by event."""

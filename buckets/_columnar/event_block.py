@@ -37,6 +37,7 @@ from buckets._columnar.block_kernels import (
     _keyed_size,
     _merge_runs,
 )
+from buckets._columnar.document_routes import document_buckets, namespace_seeds
 from buckets._columnar.key_search import bisect_keys_kernel
 from mongoformats.wire import ArrayRun, DeferredPiece
 
@@ -393,6 +394,40 @@ class EventBlock(ArrayRun):
                 if source is None:
                     source = self if self._events is None else self._as_merge()
                 out[b] = source.take(np.flatnonzero(mine))
+        return out
+
+    def document_buckets(self, n: int) -> npt.NDArray[np.int64]:
+        """Each event's bucket (of `n`) by documentKey, read from where the events lie; -1 for
+        those the per-event path decides (document_routes.py says which)."""
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        seeds = namespace_seeds([kind[3] for kind in self.kind_table])
+        events = unsorted.events
+        return document_buckets(
+            events.addresses, events.sizes, unsorted.order, self.kinds, seeds, n
+        )
+
+    def dealt(self, buckets: npt.NDArray[np.int64], kept: Collection[int]) -> dict[int, EventBlock]:
+        """Each of the `kept` buckets' share of the block, event i going to bucket buckets[i],
+        or to every bucket where that is -1: a take per bucket of its events, in order (a
+        share of all the block's events is the block). A bucket whose share is empty is left
+        out."""
+        everywhere = np.flatnonzero(buckets < 0)
+        # Each bucket's events, in order: a stable sort of 16-bit numbers is numpy's radix sort.
+        order = np.argsort(buckets.astype(np.int16), kind="stable")
+        ends = np.searchsorted(buckets[order], np.arange(-1, 1 + max(kept, default=-1)), "right")
+        out = {}
+        source = None  # what the shares are taken from (read once, on the first partial share)
+        for b in sorted(kept):
+            mine = order[ends[b] : ends[b + 1]]
+            if len(everywhere):
+                mine = np.sort(np.concatenate((mine, everywhere)))
+            if len(mine) == len(self):
+                out[b] = self
+            elif len(mine):
+                if source is None:
+                    source = self if self._events is None else self._as_merge()
+                out[b] = source.take(mine)
         return out
 
     @classmethod

@@ -4,7 +4,7 @@ the engine's run interface (buckets/event_run.py)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,21 @@ class ColumnarRun:
         its namespaces."""
         routes = [route(kind[3]) for kind in self.block.kind_table]
         return {b: ColumnarRun(share) for b, share in self.block.shares(routes).items()}
+
+    def document_shares(
+        self, n: int, kept: Collection[int], decide: Callable[[EventFields], tuple[int, ...]]
+    ) -> dict[int, EventRun]:
+        """Taken as columns by documentKey (bucketing.py's contract): each event's bucket of `n`
+        computed where it lies, those the compiled loop leaves undecided made tuples alone and
+        given to `decide` (the per-event path: one bucket, or all `n` for a barrier). Only the
+        `kept` buckets get a share."""
+        block = self.block
+        buckets = block.document_buckets(n)
+        undecided = np.flatnonzero(buckets < 0)
+        if len(undecided):
+            routes = map(decide, block.take(undecided).fields())
+            buckets[undecided] = [route[0] if len(route) == 1 else -1 for route in routes]
+        return {b: ColumnarRun(share) for b, share in block.dealt(buckets, kept).items()}
 
     def fields(self) -> list[EventFields]:
         return self.block.fields()
