@@ -43,6 +43,7 @@ sequence of elements.
 
 from __future__ import annotations
 
+import pickle
 import struct
 from binascii import hexlify
 from typing import Any
@@ -542,3 +543,7 @@ def warm_up() -> None:
         share = EventBlock.merge([block, block]).take(np.arange(2))
         share.array_body(0).materialize()
         share.own().array_body(0).materialize()
+        # The deal by documentKey, of a block made here and of one a reader process sent (its
+        # columns read-only: numba compiles that signature apart).
+        for dealt in (share, pickle.loads(pickle.dumps(block, protocol=5))):
+            dealt.document_buckets(4)
