@@ -22,6 +22,7 @@ and resume_token.cpp, as summarized in shared/reference/mongodb-formats.md A.5, 
 from __future__ import annotations
 
 import functools
+import re
 import struct
 from binascii import hexlify
 from typing import NamedTuple
@@ -116,8 +117,65 @@ def read_apply_ops(entry: bytes) -> ApplyOps | None:
         return None
 
 
+# The server's transaction entry, read at fixed offsets (`server_elements`): lsid {id: UUID,
+# uid: 32-byte BinData} and txnNumber (int64) lead, then op "c" and ns; after `o`, ts, t, v, wall
+# and prevOpTime {ts, t}, all of fixed size. Mongod writes its session fields and optime so
+# (mongodb-formats.md C.6; mongodb/mongo src/mongo/db/repl/oplog_entry.idl).
+_LSID_HEAD = b"H\x00\x00\x00\x05id\x00\x10\x00\x00\x00\x04"  # 72 bytes; id: 16 bytes, subtype 4
+_UID_HEAD = b"\x05uid\x00 \x00\x00\x00\x00"  # uid: 32 bytes, subtype 0
+_PREV_HEAD = b"\x1c\x00\x00\x00\x11ts\x00"  # prevOpTime of 28 bytes, led by ts
+_PREV_T = b"\x12t\x00"  # then t, an int64, and the end byte
+_ENTRY_HEAD = re.compile(
+    b"\x03lsid\x00"
+    + re.escape(_LSID_HEAD)
+    + b".{16}"
+    + re.escape(_UID_HEAD)
+    + b".{32}\x00\x12txnNumber\x00.{8}\x02op\x00\x02\x00\x00\x00c\x00\x02ns\x00",
+    re.S,
+)
+_ENTRY_TAIL = re.compile(
+    b"\x11ts\x00.{8}\x12t\x00.{8}\x12v\x00.{8}\x09wall\x00.{8}\x03prevOpTime\x00"
+    + re.escape(_PREV_HEAD)
+    + b".{8}"
+    + re.escape(_PREV_T)
+    + b".{8}\x00",
+    re.S,
+)
+_NS_AT = 115  # where the ns string's length is, after the head
+_TAIL_SIZE = 89  # the tail's bytes, the entry's end byte included
+
+
+def server_elements(entry: bytes) -> dict[bytes, _Element] | None:
+    """`elements(entry)` of an entry of the server's transaction shape (see _ENTRY_HEAD), read
+    at fixed offsets; None for any other shape (the caller walks it). Every element is where the
+    walk finds it: each header is checked where the walk would read it."""
+    size = _I32.unpack_from(entry)[0]
+    tail = size - _TAIL_SIZE
+    if not _ENTRY_HEAD.match(entry, 4) or not _ENTRY_TAIL.fullmatch(entry, tail, size - 1):
+        return None
+    ns_size = _I32.unpack_from(entry, _NS_AT)[0]
+    o_at = _NS_AT + 4 + ns_size
+    if ns_size < 1 or entry[o_at : o_at + 3] != b"\x03o\x00":
+        return None
+    o_size = _I32.unpack_from(entry, o_at + 3)[0]
+    if o_size < 5 or o_at + 3 + o_size != tail:
+        return None
+    return {
+        b"lsid": (0x03, 10, 82),
+        b"txnNumber": (0x12, 93, 101),
+        b"op": (0x02, 105, 111),
+        b"ns": (0x02, _NS_AT, o_at),
+        b"o": (0x03, o_at + 3, tail),
+        b"ts": (0x11, tail + 4, tail + 12),
+        b"t": (0x12, tail + 15, tail + 23),
+        b"v": (0x12, tail + 26, tail + 34),
+        b"wall": (0x09, tail + 40, tail + 48),
+        b"prevOpTime": (0x03, tail + 60, tail + 88),
+    }
+
+
 def _read(entry: bytes) -> ApplyOps | None:
-    f = elements(entry)
+    f = server_elements(entry) or elements(entry)
     command = _command(entry, f)
     ts = _typed(f, b"ts", 0x11)
     if command is None or ts is None:
@@ -198,6 +256,9 @@ def _session(entry: bytes, f: dict[bytes, _Element]) -> tuple[bytes | None, int 
     number = _integer(entry, f.get(b"txnNumber"))
     if lsid is None:
         return None, number
+    at = lsid[1]
+    if entry[at : at + 13] == _LSID_HEAD and entry[at + 29 : at + 39] == _UID_HEAD:
+        return entry[at + 13 : at + 29], number  # the server's lsid: {id, uid}
     found = _typed(elements(entry, lsid[1]), b"id", 0x05)
     if found is None or entry[found[1] + 4] == 2:
         raise _Refused  # no id, or of the old binary subtype, whose bytes hold their own length
@@ -220,10 +281,14 @@ def _prev(entry: bytes, f: dict[bytes, _Element]) -> Timestamp | None:
     prev = _typed(f, b"prevOpTime", 0x03)
     if prev is None:
         return None
-    ts = _typed(elements(entry, prev[1]), b"ts", 0x11)
-    if ts is None:
-        raise _Refused
-    inc, secs = _TS.unpack_from(entry, ts[1])
+    at = prev[1]
+    if entry[at : at + 8] == _PREV_HEAD and entry[at + 16 : at + 19] == _PREV_T:
+        inc, secs = _TS.unpack_from(entry, at + 8)  # the server's {ts, t}
+    else:
+        ts = _typed(elements(entry, at), b"ts", 0x11)
+        if ts is None:
+            raise _Refused
+        inc, secs = _TS.unpack_from(entry, ts[1])
     return Timestamp(secs, inc) if secs or inc else None
 
 
