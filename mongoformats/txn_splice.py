@@ -175,7 +175,10 @@ def server_elements(entry: bytes) -> dict[bytes, _Element] | None:
 
 
 def _read(entry: bytes) -> ApplyOps | None:
-    f = server_elements(entry) or elements(entry)
+    f = server_elements(entry)
+    if f is not None and (read := _read_server(entry, f[b"o"][1], f[b"ts"][1] - 4)) is not None:
+        return read
+    f = f or elements(entry)
     command = _command(entry, f)
     ts = _typed(f, b"ts", 0x11)
     if command is None or ts is None:
@@ -194,6 +197,45 @@ def _read(entry: bytes) -> ApplyOps | None:
         return None
     ops = array_items(entry, command[b"applyOps"][1])
     return ApplyOps(Timestamp(secs, inc), ops, buffered, key, _prev(entry, f), stamp)
+
+
+# The `o` of a prepared transaction's commitTransaction as the server writes it: 53 bytes,
+# commitTransaction 1 (an int32), then commitTimestamp.
+_COMMIT_O = b"5\x00\x00\x00\x10commitTransaction\x00"
+_COMMIT_TS = b"\x11commitTimestamp\x00"
+# What may follow the applyOps array in an `o` read at fixed offsets, each with whether its
+# ops wait for a later commit: nothing (a transaction of one entry), prepare or partialTxn true.
+_AFTER_OPS = {b"": False, b"\x08prepare\x00\x01": True, b"\x08partialTxn\x00\x01": True}
+
+
+def _read_server(entry: bytes, o: int, tail: int) -> ApplyOps | None:
+    """`_read` of an entry of the server's shape (server_elements), its `o` at `o` and its ts
+    element at `tail`, from the fixed offsets of its fields; None if its `o` is not one of the
+    server's (the elements are read then)."""
+    if entry[o + 4 : o + 14] == b"\x04applyOps\x00":
+        ops_size = _I32.unpack_from(entry, o + 14)[0]
+        ops_end = o + 14 + ops_size
+        buffered = _AFTER_OPS.get(entry[ops_end : o + _I32.unpack_from(entry, o)[0] - 1])
+        if buffered is None or ops_size < 5:
+            return None
+        ops = array_items(entry, o + 14)
+    elif entry[o : o + 23] == _COMMIT_O and entry[o + 27 : o + 44] == _COMMIT_TS:
+        buffered, ops = False, []
+    else:
+        return None
+    # Server-shaped: lsid's id, txnNumber (int64), ts, wall and prevOpTime's ts where
+    # server_elements found them.
+    key = (entry[23:39], int.from_bytes(entry[93:101], "little", signed=True))
+    stamp = None
+    if not buffered:
+        stamp = (
+            entry[tail : tail + 12] + _TERM_AND_VERSION + entry[tail + 34 : tail + 48],
+            entry[82:101] + entry[4:82],
+        )
+    inc, secs = _TS.unpack_from(entry, tail + 4)
+    prev_inc, prev_secs = _TS.unpack_from(entry, tail + 68)
+    prev = Timestamp(prev_secs, prev_inc) if prev_secs or prev_inc else None
+    return ApplyOps(Timestamp(secs, inc), ops, buffered, key, prev, stamp)
 
 
 def _command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:

@@ -244,6 +244,11 @@ def _shaped_entries(draw: st.DrawFn) -> tuple[bytes, bool]:
                 {"applyOps": ops, "prepare": True},
                 {"applyOps": ops, "partialTxn": True},
                 {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, 3)},
+                {"applyOps": ops, "count": Int64(3)},
+                {"applyOps": ops, "prepare": False},
+                {"applyOps": []},
+                {"commitTransaction": Int64(1), "commitTimestamp": Timestamp(1_700_000_000, 3)},
+                {"commitTimestamp": Timestamp(1_700_000_000, 3), "commitTransaction": 1},
             ]
         )
     )
@@ -285,7 +290,7 @@ def _shaped_entries(draw: st.DrawFn) -> tuple[bytes, bool]:
 @settings(max_examples=300, deadline=None)
 @given(_shaped_entries())
 def test_fixed_offset_reads_equal_the_walk(shaped: tuple[bytes, bool]) -> None:
-    """The reads of the server's shapes at fixed offsets (the entry's top level, lsid,
+    """The reads of the server's shapes at fixed offsets (the entry's top level, its `o`, lsid,
     prevOpTime) give what walking the elements gives, and are taken for the server's shape
     only (any other falls back to the walk)."""
     entry, server_shaped = shaped
