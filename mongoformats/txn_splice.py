@@ -147,8 +147,15 @@ _TAIL_SIZE = 89  # the tail's bytes, the entry's end byte included
 
 def server_elements(entry: bytes) -> dict[bytes, _Element] | None:
     """`elements(entry)` of an entry of the server's transaction shape (see _ENTRY_HEAD), read
-    at fixed offsets; None for any other shape (the caller walks it). Every element is where the
-    walk finds it: each header is checked where the walk would read it."""
+    at fixed offsets; None for any other shape (the caller walks it)."""
+    shape = _server_shape(entry)
+    return None if shape is None else _shaped_elements(*shape)
+
+
+def _server_shape(entry: bytes) -> tuple[int, int] | None:
+    """(where `o`'s value starts, where the tail does: ts, t, v, wall, prevOpTime) of an entry
+    of the server's transaction shape, else None. Every element is where the walk finds it: each
+    header is checked where the walk would read it."""
     size = _I32.unpack_from(entry)[0]
     tail = size - _TAIL_SIZE
     if not _ENTRY_HEAD.match(entry, 4) or not _ENTRY_TAIL.fullmatch(entry, tail, size - 1):
@@ -160,12 +167,17 @@ def server_elements(entry: bytes) -> dict[bytes, _Element] | None:
     o_size = _I32.unpack_from(entry, o_at + 3)[0]
     if o_size < 5 or o_at + 3 + o_size != tail:
         return None
+    return o_at + 3, tail
+
+
+def _shaped_elements(o: int, tail: int) -> dict[bytes, _Element]:
+    """The elements of an entry of the server's shape, its `o` at `o`, its tail at `tail`."""
     return {
         b"lsid": (0x03, 10, 82),
         b"txnNumber": (0x12, 93, 101),
         b"op": (0x02, 105, 111),
-        b"ns": (0x02, _NS_AT, o_at),
-        b"o": (0x03, o_at + 3, tail),
+        b"ns": (0x02, _NS_AT, o - 3),
+        b"o": (0x03, o, tail),
         b"ts": (0x11, tail + 4, tail + 12),
         b"t": (0x12, tail + 15, tail + 23),
         b"v": (0x12, tail + 26, tail + 34),
@@ -175,10 +187,10 @@ def server_elements(entry: bytes) -> dict[bytes, _Element] | None:
 
 
 def _read(entry: bytes) -> ApplyOps | None:
-    f = server_elements(entry)
-    if f is not None and (read := _read_server(entry, f[b"o"][1], f[b"ts"][1] - 4)) is not None:
+    shape = _server_shape(entry)
+    if shape is not None and (read := _read_server(entry, *shape)) is not None:
         return read
-    f = f or elements(entry)
+    f = elements(entry) if shape is None else _shaped_elements(*shape)
     command = _command(entry, f)
     ts = _typed(f, b"ts", 0x11)
     if command is None or ts is None:

@@ -298,7 +298,7 @@ def test_fixed_offset_reads_equal_the_walk(shaped: tuple[bytes, bool]) -> None:
     assert top is None or top == elements(entry)
     fast = read_apply_ops(entry)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(txn_splice, "server_elements", lambda entry: None)
+        m.setattr(txn_splice, "_server_shape", lambda entry: None)
         m.setattr(txn_splice, "_LSID_HEAD", b"-")
         m.setattr(txn_splice, "_PREV_HEAD", b"-")
         assert read_apply_ops(entry) == fast
