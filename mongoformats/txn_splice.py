@@ -50,6 +50,8 @@ _INT_TYPES = (0x10, 0x12)  # a txnNumber of int32 or int64 is written back as it
 # Where a token's version, tokenType, txnOpIndex and fromInvalidate start in its KeyString:
 # after the type byte and the 8 bytes of the cluster time.
 _HEAD_AT = 9
+# Where they end: where the token's resume fields start.
+_TOKEN_AT = _HEAD_AT + len(_TOKEN_HEAD)
 # Where an event's token hex starts: after its length (4) and _id's and _data's headers (20).
 _HEX_AT = 4 + _ID_HEAD.size
 # An index of int32 range has the type bits of index 0, which splice_crud wrote.
@@ -355,38 +357,49 @@ def splice_txn_op(
     tail, head = stamp
     if index > _MAX_INDEX:
         return None
-    written = b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00"))
-    made = splice_crud(written, expanded=expanded)
+    made = splice_crud(
+        b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00")), expanded=expanded
+    )
     if not made or not (head or index):
         return made
     sort_key, type_bits, op_type, db, coll, raw, namespaces, shard, _ = made
-    body = raw[4:]  # its elements and the end byte
-    if index:
-        token_at = _HEAD_AT + len(_TOKEN_HEAD)
-        if sort_key[_HEAD_AT:token_at] != _TOKEN_HEAD:
-            return None
-        indexed = b"".join((sort_key[:_HEAD_AT], _token_head(index), sort_key[token_at:]))
-        body = _id_rewritten(raw, 2 * len(sort_key), indexed)
-        sort_key = indexed
-    event = b"".join((_I32.pack(4 + len(head) + len(body)), head, body))
+    if not index:
+        event = b"".join((_I32.pack(len(raw) + len(head)), head, raw[4:]))
+        return sort_key, type_bits, op_type, db, coll, event, namespaces, shard, None
+    if sort_key[_HEAD_AT:_TOKEN_AT] != _TOKEN_HEAD:
+        return None
+    token_head, hex_head = _token_head(index)
+    event = _indexed(raw, head, len(sort_key), hex_head)
+    sort_key = b"".join((sort_key[:_HEAD_AT], token_head, sort_key[_TOKEN_AT:]))
     return sort_key, type_bits, op_type, db, coll, event, namespaces, shard, None
 
 
-def _id_rewritten(raw: bytes, hex_size: int, sort_key: bytes) -> bytes:
-    """The elements (and end byte) of the event `raw`, its token's hex (`hex_size` digits) that
-    of `sort_key` instead: the `_id` element's header, then the new hex, then the rest as it is
-    (the hex's end byte, `_typeBits`, the other fields)."""
-    hex_data = hexlify(sort_key).upper()
-    id_size = _I32.unpack_from(raw, 9)[0] + len(hex_data) - hex_size
-    header = _ID_HEAD.pack(b"\x03_id\x00", id_size, b"\x02_data\x00", len(hex_data) + 1)
-    return b"".join((header, hex_data, raw[_HEX_AT + hex_size :]))
+def _indexed(raw: bytes, head: bytes, key_size: int, hex_head: bytes) -> bytes:
+    """The event `raw` (of a token of `key_size` bytes, txnOpIndex 0), `head` leading its
+    elements and its token's hex with `hex_head` in place of index 0's: the `_id` element's
+    header, then the hex (hexlify works byte by byte: only the head's digits change), then the
+    rest as it is (the hex's end byte, `_typeBits`, the other fields)."""
+    growth = len(hex_head) - 2 * len(_TOKEN_HEAD)
+    id_size = _I32.unpack_from(raw, 9)[0] + growth
+    header = _ID_HEAD.pack(b"\x03_id\x00", id_size, b"\x02_data\x00", 2 * key_size + growth + 1)
+    return b"".join(
+        (
+            _I32.pack(len(raw) + len(head) + growth),
+            head,
+            header,
+            raw[_HEX_AT : _HEX_AT + 2 * _HEAD_AT],
+            hex_head,
+            raw[_HEX_AT + 2 * _TOKEN_AT :],
+        )
+    )
 
 
 @functools.lru_cache(maxsize=1 << 10)
-def _token_head(index: int) -> bytes:
+def _token_head(index: int) -> tuple[bytes, bytes]:
     """A v2 event token's KeyString after its cluster time: version 2, tokenType 128 (event),
-    txnOpIndex `index`, fromInvalidate false. Memoized: transactions' indexes are small."""
+    txnOpIndex `index`, fromInvalidate false; with its hex digits as the event's `_data` has
+    them. Memoized: transactions' indexes are small."""
     ks = KeyStringBuilder()
     for value in (2, 128, index, False):
         ks.append(value)
-    return ks.data
+    return ks.data, hexlify(ks.data).upper()

@@ -303,3 +303,25 @@ def test_fixed_offset_reads_equal_the_walk(shaped: tuple[bytes, bool]) -> None:
         m.setattr(txn_splice, "_PREV_HEAD", b"-")
         assert read_apply_ops(entry) == fast
     assert (top is not None) == server_shaped
+
+
+@pytest.mark.parametrize("index", [1, 127, 128, 300, 70_000, 2**31 - 1])
+def test_an_op_of_a_large_index_has_its_token_rewritten_whole(index: int) -> None:
+    """An op's txnOpIndex of one or several KeyString bytes (the transactions the hypothesis
+    tests draw are short) is in the event's sort key and in its `_id`'s hex alike, the `_id`'s
+    lengths and the event's fitting the longer token."""
+    lsid = {"id": Binary(bytes(16), 4), "uid": Binary(bytes(32), 0)}
+    entry = bson.encode(
+        {"lsid": lsid, "txnNumber": Int64(2), "op": "c", "ns": "admin.$cmd", "o": {}}
+        | {"ts": Timestamp(1_700_000_000, 1), "t": Int64(1), "v": Int64(2)}
+        | {"wall": DatetimeMS(1_700_000_000_000)}
+    )
+    stamp = txn_stamp(entry, True)
+    assert stamp is not None
+    op = bson.encode({"op": "i", "ns": "a.b", "ui": _UIS[0], "o": {"_id": "k", "x": 1}})
+    made = splice_txn_op(op, stamp, index, expanded=False)
+    assert made
+    event = bson.decode(made[5])
+    assert list(event)[:3] == ["txnNumber", "lsid", "_id"]
+    assert event["_id"]["_data"] == made[0].hex().upper()
+    assert decode_token(event["_id"]).txn_op_index == index
