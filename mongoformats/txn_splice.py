@@ -122,7 +122,8 @@ def read_apply_ops(entry: bytes) -> ApplyOps | None:
 # The server's transaction entry, read at fixed offsets (`server_elements`): lsid {id: UUID,
 # uid: 32-byte BinData} and txnNumber (int64) lead, then op "c" and ns; after `o`, ts, t, v, wall
 # and prevOpTime {ts, t}, all of fixed size. Mongod writes its session fields and optime so
-# (mongodb-formats.md C.6; mongodb/mongo src/mongo/db/repl/oplog_entry.idl).
+# (mongodb-formats.md C.1 and C.6; mongodb/mongo src/mongo/db/repl/oplog_entry.idl and
+# src/mongo/db/session/logical_session_id.idl). Any other shape is walked.
 _LSID_HEAD = b"H\x00\x00\x00\x05id\x00\x10\x00\x00\x00\x04"  # 72 bytes; id: 16 bytes, subtype 4
 _UID_HEAD = b"\x05uid\x00 \x00\x00\x00\x00"  # uid: 32 bytes, subtype 0
 _PREV_HEAD = b"\x1c\x00\x00\x00\x11ts\x00"  # prevOpTime of 28 bytes, led by ts
@@ -192,7 +193,11 @@ def _read(entry: bytes) -> ApplyOps | None:
     shape = _server_shape(entry)
     if shape is not None and (read := _read_server(entry, *shape)) is not None:
         return read
-    f = elements(entry) if shape is None else _shaped_elements(*shape)
+    return _read_walked(entry, elements(entry) if shape is None else _shaped_elements(*shape))
+
+
+def _read_walked(entry: bytes, f: dict[bytes, _Element]) -> ApplyOps | None:
+    """`_read` of an entry of elements `f`, field by field."""
     command = _command(entry, f)
     ts = _typed(f, b"ts", 0x11)
     if command is None or ts is None:
