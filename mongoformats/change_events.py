@@ -293,9 +293,8 @@ class OplogTransformer:
             return []
         if read.key is not None:
             ops = self._pending_txns.pop(read.key, []) + ops
-        # The entry is decoded only if an op needs the general transform.
-        doc = RawBSONDocument(entry, RAW)
-        return self._unwind(ops, read.ts, doc, read.stamp, read.key is not None)
+        # The entry is decoded only if an op needs the general transform (`_op_event`).
+        return self._unwind(ops, read.ts, entry, read.stamp, read.key is not None)
 
     def _read_apply_ops(self, entry: bytes) -> ApplyOps | None:
         """read_apply_ops of the entry, when its events may be spliced (`_splices`), else None:
@@ -323,13 +322,13 @@ class OplogTransformer:
         self,
         ops: list[PendingOp],
         ts: Timestamp,
-        doc: RawBSONDocument,
+        doc: RawBSONDocument | bytes,
         stamp: TxnStamp | None,
         in_txn: bool,
     ) -> list[ChangeEvent]:
         """The events of a transaction's ops, at the time `ts` of `doc`, the entry that commits
-        it (of a transaction if `in_txn`). txnOpIndex counts every operation of the transaction,
-        including ones that make no event.
+        it (of a transaction if `in_txn`; its bytes if not decoded yet). txnOpIndex counts every
+        operation of the transaction, including ones that make no event.
 
         With a stamp, plain inserts, updates and deletes are spliced from the op's bytes
         (txn_splice). The general transform makes the rest: commands (create and createIndexes
@@ -340,8 +339,10 @@ class OplogTransformer:
         expanded = self._writer.show_expanded_events
         out = []
         for index, (op, entry_ts, entry_index) in enumerate(ops):
-            # Where the op was written, if not at (ts, index): a chain's or a prepare's.
-            at = None if (entry_ts, entry_index) == (ts, index) else (entry_ts, entry_index)
+            # Where the op was written, if not at (ts, index): a chain's or a prepare's. (`is`
+            # first: the ops read from the entry's bytes share its ts.)
+            here = entry_index == index and (entry_ts is ts or entry_ts == ts)
+            at = None if here else (entry_ts, entry_index)
             made = None
             if stamp is not None and (raw := _op_bytes(op)) is not None:
                 made = splice_txn_op(raw, stamp, index, expanded=expanded)
@@ -352,10 +353,16 @@ class OplogTransformer:
         return out
 
     def _op_event(
-        self, op: Mapping[str, Any] | bytes, doc: RawBSONDocument, index: int, in_txn: bool
+        self,
+        op: Mapping[str, Any] | bytes,
+        doc: RawBSONDocument | bytes,
+        index: int,
+        in_txn: bool,
     ) -> ChangeEvent | None:
         """The general transform's event of the op at `index` of a transaction committed by
-        `doc`."""
+        `doc` (decoded here if given as bytes: most transactions' ops need no decoding)."""
+        if isinstance(doc, bytes):
+            doc = RawBSONDocument(doc, RAW)
         txn: Txn | None = (doc["lsid"], doc["txnNumber"]) if in_txn else None
         op_doc = RawBSONDocument(op, RAW) if isinstance(op, bytes) else op
         return crud_event(self._writer, op_doc, EventAt(doc["ts"], doc.get("wall"), index, txn))

@@ -22,6 +22,7 @@ and resume_token.cpp, as summarized in shared/reference/mongodb-formats.md A.5, 
 from __future__ import annotations
 
 import functools
+import re
 import struct
 from binascii import hexlify
 from typing import NamedTuple
@@ -49,6 +50,8 @@ _INT_TYPES = (0x10, 0x12)  # a txnNumber of int32 or int64 is written back as it
 # Where a token's version, tokenType, txnOpIndex and fromInvalidate start in its KeyString:
 # after the type byte and the 8 bytes of the cluster time.
 _HEAD_AT = 9
+# Where they end: where the token's resume fields start.
+_TOKEN_AT = _HEAD_AT + len(_TOKEN_HEAD)
 # Where an event's token hex starts: after its length (4) and _id's and _data's headers (20).
 _HEX_AT = 4 + _ID_HEAD.size
 # An index of int32 range has the type bits of index 0, which splice_crud wrote.
@@ -116,8 +119,85 @@ def read_apply_ops(entry: bytes) -> ApplyOps | None:
         return None
 
 
+# The server's transaction entry, read at fixed offsets (`server_elements`): lsid {id: UUID,
+# uid: 32-byte BinData} and txnNumber (int64) lead, then op "c" and ns; after `o`, ts, t, v, wall
+# and prevOpTime {ts, t}, all of fixed size. Mongod writes its session fields and optime so
+# (mongodb-formats.md C.1 and C.6; mongodb/mongo src/mongo/db/repl/oplog_entry.idl and
+# src/mongo/db/session/logical_session_id.idl). Any other shape is walked.
+_LSID_HEAD = b"H\x00\x00\x00\x05id\x00\x10\x00\x00\x00\x04"  # 72 bytes; id: 16 bytes, subtype 4
+_UID_HEAD = b"\x05uid\x00 \x00\x00\x00\x00"  # uid: 32 bytes, subtype 0
+_PREV_HEAD = b"\x1c\x00\x00\x00\x11ts\x00"  # prevOpTime of 28 bytes, led by ts
+_PREV_T = b"\x12t\x00"  # then t, an int64, and the end byte
+_ENTRY_HEAD = re.compile(
+    b"\x03lsid\x00"
+    + re.escape(_LSID_HEAD)
+    + b".{16}"
+    + re.escape(_UID_HEAD)
+    + b".{32}\x00\x12txnNumber\x00.{8}\x02op\x00\x02\x00\x00\x00c\x00\x02ns\x00",
+    re.S,
+)
+_ENTRY_TAIL = re.compile(
+    b"\x11ts\x00.{8}\x12t\x00.{8}\x12v\x00.{8}\x09wall\x00.{8}\x03prevOpTime\x00"
+    + re.escape(_PREV_HEAD)
+    + b".{8}"
+    + re.escape(_PREV_T)
+    + b".{8}\x00",
+    re.S,
+)
+_NS_AT = 115  # where the ns string's length is, after the head
+_TAIL_SIZE = 89  # the tail's bytes, the entry's end byte included
+
+
+def server_elements(entry: bytes) -> dict[bytes, _Element] | None:
+    """`elements(entry)` of an entry of the server's transaction shape (see _ENTRY_HEAD), read
+    at fixed offsets; None for any other shape (the caller walks it)."""
+    shape = _server_shape(entry)
+    return None if shape is None else _shaped_elements(*shape)
+
+
+def _server_shape(entry: bytes) -> tuple[int, int] | None:
+    """(where `o`'s value starts, where the tail does: ts, t, v, wall, prevOpTime) of an entry
+    of the server's transaction shape, else None. Every element is where the walk finds it: each
+    header is checked where the walk would read it."""
+    size = _I32.unpack_from(entry)[0]
+    tail = size - _TAIL_SIZE
+    if not _ENTRY_HEAD.match(entry, 4) or not _ENTRY_TAIL.fullmatch(entry, tail, size - 1):
+        return None
+    ns_size = _I32.unpack_from(entry, _NS_AT)[0]
+    o_at = _NS_AT + 4 + ns_size
+    if ns_size < 1 or entry[o_at : o_at + 3] != b"\x03o\x00":
+        return None
+    o_size = _I32.unpack_from(entry, o_at + 3)[0]
+    if o_size < 5 or o_at + 3 + o_size != tail:
+        return None
+    return o_at + 3, tail
+
+
+def _shaped_elements(o: int, tail: int) -> dict[bytes, _Element]:
+    """The elements of an entry of the server's shape, its `o` at `o`, its tail at `tail`."""
+    return {
+        b"lsid": (0x03, 10, 82),
+        b"txnNumber": (0x12, 93, 101),
+        b"op": (0x02, 105, 111),
+        b"ns": (0x02, _NS_AT, o - 3),
+        b"o": (0x03, o, tail),
+        b"ts": (0x11, tail + 4, tail + 12),
+        b"t": (0x12, tail + 15, tail + 23),
+        b"v": (0x12, tail + 26, tail + 34),
+        b"wall": (0x09, tail + 40, tail + 48),
+        b"prevOpTime": (0x03, tail + 60, tail + 88),
+    }
+
+
 def _read(entry: bytes) -> ApplyOps | None:
-    f = elements(entry)
+    shape = _server_shape(entry)
+    if shape is not None and (read := _read_server(entry, *shape)) is not None:
+        return read
+    return _read_walked(entry, elements(entry) if shape is None else _shaped_elements(*shape))
+
+
+def _read_walked(entry: bytes, f: dict[bytes, _Element]) -> ApplyOps | None:
+    """`_read` of an entry of elements `f`, field by field."""
     command = _command(entry, f)
     ts = _typed(f, b"ts", 0x11)
     if command is None or ts is None:
@@ -136,6 +216,45 @@ def _read(entry: bytes) -> ApplyOps | None:
         return None
     ops = array_items(entry, command[b"applyOps"][1])
     return ApplyOps(Timestamp(secs, inc), ops, buffered, key, _prev(entry, f), stamp)
+
+
+# The `o` of a prepared transaction's commitTransaction as the server writes it: 53 bytes,
+# commitTransaction 1 (an int32), then commitTimestamp.
+_COMMIT_O = b"5\x00\x00\x00\x10commitTransaction\x00"
+_COMMIT_TS = b"\x11commitTimestamp\x00"
+# What may follow the applyOps array in an `o` read at fixed offsets, each with whether its
+# ops wait for a later commit: nothing (a transaction of one entry), prepare or partialTxn true.
+_AFTER_OPS = {b"": False, b"\x08prepare\x00\x01": True, b"\x08partialTxn\x00\x01": True}
+
+
+def _read_server(entry: bytes, o: int, tail: int) -> ApplyOps | None:
+    """`_read` of an entry of the server's shape (server_elements), its `o` at `o` and its ts
+    element at `tail`, from the fixed offsets of its fields; None if its `o` is not one of the
+    server's (the elements are read then)."""
+    if entry[o + 4 : o + 14] == b"\x04applyOps\x00":
+        ops_size = _I32.unpack_from(entry, o + 14)[0]
+        ops_end = o + 14 + ops_size
+        buffered = _AFTER_OPS.get(entry[ops_end : o + _I32.unpack_from(entry, o)[0] - 1])
+        if buffered is None or ops_size < 5:
+            return None
+        ops = array_items(entry, o + 14)
+    elif entry[o : o + 23] == _COMMIT_O and entry[o + 27 : o + 44] == _COMMIT_TS:
+        buffered, ops = False, []
+    else:
+        return None
+    # Server-shaped: lsid's id, txnNumber (int64), ts, wall and prevOpTime's ts where
+    # server_elements found them.
+    key = (entry[23:39], int.from_bytes(entry[93:101], "little", signed=True))
+    stamp = None
+    if not buffered:
+        stamp = (
+            entry[tail : tail + 12] + _TERM_AND_VERSION + entry[tail + 34 : tail + 48],
+            entry[82:101] + entry[4:82],
+        )
+    inc, secs = _TS.unpack_from(entry, tail + 4)
+    prev_inc, prev_secs = _TS.unpack_from(entry, tail + 68)
+    prev = Timestamp(prev_secs, prev_inc) if prev_secs or prev_inc else None
+    return ApplyOps(Timestamp(secs, inc), ops, buffered, key, prev, stamp)
 
 
 def _command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:
@@ -198,6 +317,9 @@ def _session(entry: bytes, f: dict[bytes, _Element]) -> tuple[bytes | None, int 
     number = _integer(entry, f.get(b"txnNumber"))
     if lsid is None:
         return None, number
+    at = lsid[1]
+    if entry[at : at + 13] == _LSID_HEAD and entry[at + 29 : at + 39] == _UID_HEAD:
+        return entry[at + 13 : at + 29], number  # the server's lsid: {id, uid}
     found = _typed(elements(entry, lsid[1]), b"id", 0x05)
     if found is None or entry[found[1] + 4] == 2:
         raise _Refused  # no id, or of the old binary subtype, whose bytes hold their own length
@@ -220,10 +342,14 @@ def _prev(entry: bytes, f: dict[bytes, _Element]) -> Timestamp | None:
     prev = _typed(f, b"prevOpTime", 0x03)
     if prev is None:
         return None
-    ts = _typed(elements(entry, prev[1]), b"ts", 0x11)
-    if ts is None:
-        raise _Refused
-    inc, secs = _TS.unpack_from(entry, ts[1])
+    at = prev[1]
+    if entry[at : at + 8] == _PREV_HEAD and entry[at + 16 : at + 19] == _PREV_T:
+        inc, secs = _TS.unpack_from(entry, at + 8)  # the server's {ts, t}
+    else:
+        ts = _typed(elements(entry, at), b"ts", 0x11)
+        if ts is None:
+            raise _Refused
+        inc, secs = _TS.unpack_from(entry, ts[1])
     return Timestamp(secs, inc) if secs or inc else None
 
 
@@ -236,38 +362,49 @@ def splice_txn_op(
     tail, head = stamp
     if index > _MAX_INDEX:
         return None
-    written = b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00"))
-    made = splice_crud(written, expanded=expanded)
+    made = splice_crud(
+        b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00")), expanded=expanded
+    )
     if not made or not (head or index):
         return made
     sort_key, type_bits, op_type, db, coll, raw, namespaces, shard, _ = made
-    body = raw[4:]  # its elements and the end byte
-    if index:
-        token_at = _HEAD_AT + len(_TOKEN_HEAD)
-        if sort_key[_HEAD_AT:token_at] != _TOKEN_HEAD:
-            return None
-        indexed = b"".join((sort_key[:_HEAD_AT], _token_head(index), sort_key[token_at:]))
-        body = _id_rewritten(raw, 2 * len(sort_key), indexed)
-        sort_key = indexed
-    event = b"".join((_I32.pack(4 + len(head) + len(body)), head, body))
+    if not index:
+        event = b"".join((_I32.pack(len(raw) + len(head)), head, raw[4:]))
+        return sort_key, type_bits, op_type, db, coll, event, namespaces, shard, None
+    if sort_key[_HEAD_AT:_TOKEN_AT] != _TOKEN_HEAD:
+        return None
+    token_head, hex_head = _token_head(index)
+    event = _indexed(raw, head, len(sort_key), hex_head)
+    sort_key = b"".join((sort_key[:_HEAD_AT], token_head, sort_key[_TOKEN_AT:]))
     return sort_key, type_bits, op_type, db, coll, event, namespaces, shard, None
 
 
-def _id_rewritten(raw: bytes, hex_size: int, sort_key: bytes) -> bytes:
-    """The elements (and end byte) of the event `raw`, its token's hex (`hex_size` digits) that
-    of `sort_key` instead: the `_id` element's header, then the new hex, then the rest as it is
-    (the hex's end byte, `_typeBits`, the other fields)."""
-    hex_data = hexlify(sort_key).upper()
-    id_size = _I32.unpack_from(raw, 9)[0] + len(hex_data) - hex_size
-    header = _ID_HEAD.pack(b"\x03_id\x00", id_size, b"\x02_data\x00", len(hex_data) + 1)
-    return b"".join((header, hex_data, raw[_HEX_AT + hex_size :]))
+def _indexed(raw: bytes, head: bytes, key_size: int, hex_head: bytes) -> bytes:
+    """The event `raw` (of a token of `key_size` bytes, txnOpIndex 0), `head` leading its
+    elements and its token's hex with `hex_head` in place of index 0's: the `_id` element's
+    header, then the hex (hexlify works byte by byte: only the head's digits change), then the
+    rest as it is (the hex's end byte, `_typeBits`, the other fields)."""
+    growth = len(hex_head) - 2 * len(_TOKEN_HEAD)
+    id_size = _I32.unpack_from(raw, 9)[0] + growth
+    header = _ID_HEAD.pack(b"\x03_id\x00", id_size, b"\x02_data\x00", 2 * key_size + growth + 1)
+    return b"".join(
+        (
+            _I32.pack(len(raw) + len(head) + growth),
+            head,
+            header,
+            raw[_HEX_AT : _HEX_AT + 2 * _HEAD_AT],
+            hex_head,
+            raw[_HEX_AT + 2 * _TOKEN_AT :],
+        )
+    )
 
 
 @functools.lru_cache(maxsize=1 << 10)
-def _token_head(index: int) -> bytes:
+def _token_head(index: int) -> tuple[bytes, bytes]:
     """A v2 event token's KeyString after its cluster time: version 2, tokenType 128 (event),
-    txnOpIndex `index`, fromInvalidate false. Memoized: transactions' indexes are small."""
+    txnOpIndex `index`, fromInvalidate false; with its hex digits as the event's `_data` has
+    them. Memoized: transactions' indexes are small."""
     ks = KeyStringBuilder()
     for value in (2, 128, index, False):
         ks.append(value)
-    return ks.data
+    return ks.data, hexlify(ks.data).upper()

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mongoformats.change_events as change_events
-from mongoformats.bson_bytes import timestamp_of
+import mongoformats.txn_splice as txn_splice
+from mongoformats.bson_bytes import elements, timestamp_of
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
 from mongoformats.txn_splice import read_apply_ops, splice_txn_op, txn_stamp
@@ -224,3 +225,103 @@ def test_a_stamp_of_types_the_general_transform_would_rewrite_is_refused() -> No
     assert txn_stamp(bson.encode({"op": "c", **stamp}), False) is not None
     op = bson.encode({"op": "i", "ns": "a.b", "o": {"_id": 1}})
     assert splice_txn_op(op, (b"", b""), 2**31, expanded=False) is None  # past int32's type bits
+
+
+@st.composite
+def _shaped_entries(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """A transaction's entry of the server's shape (lsid {id, uid}, int64 txnNumber, then ts, t,
+    v, wall, prevOpTime {ts, t}), or of an odd one now and then: lsid's fields in another order
+    or with another field, prevOpTime's likewise, an int32 txnNumber, no wall, a field more, an
+    lsid id of another length or subtype. With whether it is of the server's shape."""
+    lsid: dict[str, Any] = {"id": Binary(draw(st.uuids()).bytes, 4), "uid": Binary(bytes(32), 0)}
+    prev: dict[str, Any] = {"ts": Timestamp(1_700_000_000, draw(st.integers(0, 9))), "t": Int64(1)}
+    entry: dict[str, Any] = {"lsid": lsid, "txnNumber": Int64(draw(st.integers(0, 2**40)))}
+    ops = [{"op": "i", "ns": "a.b", "o": {"_id": draw(_keys)}}]
+    o = draw(
+        st.sampled_from(
+            [
+                {"applyOps": ops},
+                {"applyOps": ops, "prepare": True},
+                {"applyOps": ops, "partialTxn": True},
+                {"commitTransaction": 1, "commitTimestamp": Timestamp(1_700_000_000, 3)},
+                {"applyOps": ops, "count": Int64(3)},
+                {"applyOps": ops, "prepare": False},
+                {"applyOps": []},
+                {"commitTransaction": Int64(1), "commitTimestamp": Timestamp(1_700_000_000, 3)},
+                {"commitTimestamp": Timestamp(1_700_000_000, 3), "commitTransaction": 1},
+            ]
+        )
+    )
+    entry |= {"op": "c", "ns": draw(st.sampled_from(["admin.$cmd", "a.$cmd", ""])), "o": o}
+    entry |= {"ts": Timestamp(1_700_000_000, 9), "t": Int64(1), "v": Int64(2)}
+    entry |= {"wall": DatetimeMS(1_700_000_000_000), "prevOpTime": prev}
+    odd = draw(
+        st.sampled_from(
+            [None] * 6
+            + ["lsid order", "lsid extra", "prev order", "prev extra", "int32 number"]
+            + ["no wall", "field more", "short id", "subtype 3", "no uid", "uid size"]
+        )
+    )
+    if odd == "lsid order":
+        entry["lsid"] = {"uid": lsid["uid"], "id": lsid["id"]}
+    elif odd == "lsid extra":
+        entry["lsid"] = {**lsid, "txnUUID": Binary(bytes(16), 4)}
+    elif odd == "prev order":
+        entry["prevOpTime"] = {"t": prev["t"], "ts": Timestamp(1_700_000_000, 7)}
+    elif odd == "prev extra":
+        entry["prevOpTime"] = {**prev, "ts": Timestamp(1_700_000_000, 7)} | {"x": 1}
+    elif odd == "int32 number":
+        entry["txnNumber"] = 5
+    elif odd == "no wall":
+        del entry["wall"]
+    elif odd == "field more":
+        entry["multiOpType"] = 1
+    elif odd == "short id":
+        lsid["id"] = Binary(bytes(15), 4)
+    elif odd == "subtype 3":
+        lsid["id"] = Binary(bytes(16), 3)
+    elif odd == "no uid":
+        del lsid["uid"]
+    elif odd == "uid size":
+        lsid["uid"] = Binary(bytes(31), 0)
+    return bson.encode(entry), odd is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(_shaped_entries())
+def test_fixed_offset_reads_equal_the_walk(shaped: tuple[bytes, bool]) -> None:
+    """The reads of the server's shapes at fixed offsets (the entry's top level, its `o`, lsid,
+    prevOpTime) give what walking the elements gives, and are taken for the server's shape
+    only (any other falls back to the walk)."""
+    entry, server_shaped = shaped
+    top = txn_splice.server_elements(entry)
+    assert top is None or top == elements(entry)
+    fast = read_apply_ops(entry)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(txn_splice, "_server_shape", lambda entry: None)
+        m.setattr(txn_splice, "_LSID_HEAD", b"-")
+        m.setattr(txn_splice, "_PREV_HEAD", b"-")
+        assert read_apply_ops(entry) == fast
+    assert (top is not None) == server_shaped
+
+
+@pytest.mark.parametrize("index", [1, 127, 128, 300, 70_000, 2**31 - 1])
+def test_an_op_of_a_large_index_has_its_token_rewritten_whole(index: int) -> None:
+    """An op's txnOpIndex of one or several KeyString bytes (the transactions the hypothesis
+    tests draw are short) is in the event's sort key and in its `_id`'s hex alike, the `_id`'s
+    lengths and the event's fitting the longer token."""
+    lsid = {"id": Binary(bytes(16), 4), "uid": Binary(bytes(32), 0)}
+    entry = bson.encode(
+        {"lsid": lsid, "txnNumber": Int64(2), "op": "c", "ns": "admin.$cmd", "o": {}}
+        | {"ts": Timestamp(1_700_000_000, 1), "t": Int64(1), "v": Int64(2)}
+        | {"wall": DatetimeMS(1_700_000_000_000)}
+    )
+    stamp = txn_stamp(entry, True)
+    assert stamp is not None
+    op = bson.encode({"op": "i", "ns": "a.b", "ui": _UIS[0], "o": {"_id": "k", "x": 1}})
+    made = splice_txn_op(op, stamp, index, expanded=False)
+    assert made
+    event = bson.decode(made[5])
+    assert list(event)[:3] == ["txnNumber", "lsid", "_id"]
+    assert event["_id"]["_data"] == made[0].hex().upper()
+    assert decode_token(event["_id"]).txn_op_index == index
