@@ -241,7 +241,7 @@ def _walked(value: Any) -> bool:
         return all(map(_walked, value.values()))
     if isinstance(value, int) and not isinstance(value, bool):  # an int64 if not an int32's
         return abs(value) < 2**62 or (type(value) is int and -(2**31) <= value < 2**31)
-    return isinstance(value, (ObjectId, str))
+    return type(value) in (ObjectId, str)  # (not Code, a str of another BSON type)
 
 
 def _taken_key(key: Any) -> bool:
