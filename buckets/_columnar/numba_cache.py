@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 SUBDIR = ("parallelchangestream", "numba")
 # The packages whose code and constants the kernels compile in.
 _KERNEL_SOURCES = (Path(__file__).parent, Path(__file__).parents[2] / "mongoformats")
-
-
 # Kernels of other code versions untouched this long are removed when a new version makes its own.
 STALE_S = 7 * 24 * 3600
 
