@@ -432,8 +432,8 @@ class EventBlock(ArrayRun):
 
     @classmethod
     def of_fields(cls, events: Sequence[tuple[Any, ...]]) -> EventBlock:
-        """Single events (EventFields, in token order, each with no shard tag, no applied-at
-        time and bytes as `bytes`: what a block holds) as a block of their own columns."""
+        """Single events (EventFields, in token order, each one a block holds: run.block_holds)
+        as a block of their own columns; their applied-at times are not kept."""
         table: dict[Kind, int] = {}
         kinds = np.fromiter(
             (table.setdefault((e[2], e[3], e[4], e[6], e[1]), len(table)) for e in events),
@@ -445,7 +445,7 @@ class EventBlock(ArrayRun):
         raws = [e[5] for e in events]
         offsets = np.zeros(len(raws) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)), out=offsets[1:])
-        # (from its buffers: pa.array() of a list looks for pandas, an import attempt each call)
+        # (from its buffers: pa.array() of a list imports pandas, seconds into the proxy)
         column = pa.Array.from_buffers(
             pa.large_binary(),
             len(raws),
@@ -465,7 +465,7 @@ class EventBlock(ArrayRun):
             mine.events.parts + theirs.parts,
             np.concatenate([mine.events.addresses, theirs.addresses]),
             np.concatenate([mine.events.sizes, theirs.sizes]),
-            mine.events.holds,
+            mine.events.holds + theirs.holds,
         )
         at = np.asarray(cuts, np.int64)
         order = np.insert(mine.order, at, np.arange(len(mine.keys), len(keys)))

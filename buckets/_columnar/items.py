@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.run import ColumnarRun, block_holds
+from buckets._columnar.run import ColumnarRun
 from buckets.event_run import EventRun, PlainRun
 from mongoformats.change_events import EV_RAW
 
@@ -47,16 +47,10 @@ def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
 
 
 def as_runs(items: Sequence[Any]) -> list[EventRun]:
-    """A list of items (the readers' and the merge's) as runs: with blocks among them, all in
-    one columnar run, the single events a block of their own merged in (a batch's replacements
-    and transactions fall every few entries, and a run each stretch would cost more than its
-    events); else each block a columnar run, each stretch of single events between them one
-    plain run (singles a block cannot hold: `block_holds`)."""
-    blocks = [item for item in items if type(item) is EventBlock]
-    if blocks and len(blocks) < len(items):
-        others = [item for item in items if type(item) is not EventBlock]
-        if all(map(block_holds, others)):
-            return [ColumnarRun(EventBlock.merge([*blocks, EventBlock.of_fields(others)]))]
+    """A list of items (the readers' and the merge's) as runs: each block a columnar run, each
+    stretch of single events between them one plain run. (Not one run of them all: a shard's
+    runs are charged to its budget by what each holds, see EventBlock.hold; the merge of several
+    shards' puts their single events into the merged block, run.merge_runs.)"""
     out: list[EventRun] = []
     singles: list[Any] = []
     for item in items:
