@@ -79,27 +79,20 @@ class _Scattered(NamedTuple):
 
     @classmethod
     def of(cls, blocks: Sequence[EventBlock]) -> _Scattered:
-        """The blocks' events in order; a merge's block's where they lie (not gathered)."""
-        parts: list[pa.LargeBinaryArray] = []
+        parts = tuple(b.events for b in blocks)
         addresses, sizes = [], []
-        holds: list[Any] = []
-        for block in blocks:
-            if block._events is None:
-                assert block._unsorted is not None
-                events, order = block._unsorted.events, block._unsorted.order
-                parts += events.parts
-                addresses.append(events.addresses[order])
-                sizes.append(events.sizes[order])
-                holds += events.holds
-                continue
-            at, values = _offsets_of(block.events), block.events.buffers()[2]
-            parts.append(block.events)
+        for part in parts:
+            at, values = _offsets_of(part), part.buffers()[2]
             addresses.append(
                 at[:-1].astype(np.uintp) + np.uintp(values.address if values is not None else 0)
             )
             sizes.append(np.diff(at))
-            holds += [block.hold] if block.hold is not None else []
-        return cls(tuple(parts), np.concatenate(addresses), np.concatenate(sizes), tuple(holds))
+        return cls(
+            parts,
+            np.concatenate(addresses),
+            np.concatenate(sizes),
+            tuple(b.hold for b in blocks if b.hold is not None),
+        )
 
     def gather(self, rows: npt.NDArray[np.int64]) -> pa.LargeBinaryArray:
         """Events `rows`, in that order, in one column of their own: one copy of each, where
@@ -432,7 +425,7 @@ class EventBlock(ArrayRun):
 
     @classmethod
     def of_fields(cls, events: Sequence[tuple[Any, ...]]) -> EventBlock:
-        """Single events (EventFields, in token order, each one a block holds: run.block_holds)
+        """Single events (EventFields, in token order, each one a block holds: run._block_holds)
         as a block of their own columns; their applied-at times are not kept."""
         table: dict[Kind, int] = {}
         kinds = np.fromiter(

@@ -21,7 +21,7 @@ from mongoformats.change_events import (
 )
 from mongoformats.resume_token import token_from_key
 
-__all__ = ["SLICE_MIN", "ColumnarRun", "block_holds", "merge_runs"]
+__all__ = ["SLICE_MIN", "ColumnarRun", "merge_runs"]
 
 SLICE_MIN = 32  # a merged block's part between single events shorter than this goes as tuples
 
@@ -143,21 +143,16 @@ def merge_runs(runs: list[EventRun]) -> list[EventRun]:
     cuts, exact = merged.bisect_keys([EVENT_SORT_KEY(single) for single in singles])
     if exact:
         return [PlainRun(sorted(fields_of(runs), key=EVENT_SORT_KEY))]
-    if all(map(block_holds, singles)):
+    if all(map(_block_holds, singles)):
         return [ColumnarRun(merged.inserted(EventBlock.of_fields(singles), cuts))]
     return _interleaved(merged, singles, cuts)
 
 
-def block_holds(event: Any) -> bool:
-    """Whether a block can hold the single event (see event_block.py): a whole event's tuple with
-    no shard tag and its bytes a bytes object. Its applied-at time (a transaction's op's) is not
-    kept: only pre-image lookups read it, and their streams tag every event with its shard."""
-    return (
-        isinstance(event, tuple)
-        and len(event) > EV_SHARD
-        and not event[EV_SHARD]
-        and type(event[EV_RAW]) is bytes
-    )
+def _block_holds(event: EventFields) -> bool:
+    """Whether a block can hold the single event (see event_block.py): no shard tag and its
+    bytes a bytes object. Its applied-at time (a transaction's op's) is not kept: only pre-image
+    lookups read it, and their streams tag every event with its shard."""
+    return not event[EV_SHARD] and type(event[EV_RAW]) is bytes
 
 
 def _interleaved(merged: EventBlock, singles: list[EventFields], cuts: list[int]) -> list[EventRun]:
