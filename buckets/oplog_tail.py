@@ -154,10 +154,12 @@ class OplogTail:
                     # A lost connection has told the connector's record already; an error reply not.
                     self.connect_member.health.failed(conn.address, str(exc))
                 # The member was lost (dropped, hung, stepped down, shutting down, recovering, the
-                # cursor gone): read on from another one.
-                log.warning("shard %s: %s; resuming from %s", self.shard_id, exc, self.position)
+                # cursor gone): read on from another one. The log gets the error's text, not the
+                # error: a handler that keeps records would keep its traceback's frames.
+                error = str(exc)
+                log.warning("shard %s: %s; resuming from %s", self.shard_id, error, self.position)
                 self.reconnects += 1
-                await out.lost(str(exc), self.reconnects)
+                await out.lost(error, self.reconnects)
                 await trio.sleep(0.05)
             finally:
                 await conn.aclose()
@@ -183,18 +185,13 @@ class OplogTail:
             pad=SLACK,
             allocate=unfilled_bytearray,
         )
-        transformer = self.transformer
-        expanded = transformer.show_expanded_events
         while True:
-            cursor_id, batch = batch_in_place(data, at)
-            if len(batch):
-                # Up to the time of an older token resumed from, events keep its version: the
-                # general path, which writes any version, makes them.
-                splice = transformer.token_version == 2 and transformer.keep_version is None
-                items = splice_entries(batch, splice, expanded)
-                await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
-            else:
-                await out.idle()
+            cursor_id = await self._take_reply(data, at, out, conn)
+            # Nothing of a delivered batch stays referenced here while the next reply is awaited:
+            # its blocks' charges return when the buckets let them go (reader.BudgetHold), and a
+            # frame held by an error's traceback (a CursorNotFound kept by a log handler) would
+            # keep them, and the reply's bytes, for as long as the error lives.
+            del data
             if not cursor_id:
                 return
             await out.parked(True)
@@ -216,6 +213,22 @@ class OplogTail:
                     )
             finally:
                 await out.parked(False)
+
+    async def _take_reply(
+        self, data: bytes | bytearray, at: int, out: TailOutput, conn: Connection
+    ) -> int:
+        """Splice and deliver the batch of the reply in `data` at `at`; its cursor id."""
+        cursor_id, batch = batch_in_place(data, at)
+        if len(batch):
+            transformer = self.transformer
+            # Up to the time of an older token resumed from, events keep its version: the
+            # general path, which writes any version, makes them.
+            splice = transformer.token_version == 2 and transformer.keep_version is None
+            items = splice_entries(batch, splice, transformer.show_expanded_events)
+            await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
+        else:
+            await out.idle()
+        return cursor_id
 
     async def _deliver(
         self,
