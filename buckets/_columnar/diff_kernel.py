@@ -90,7 +90,11 @@ _U, _I, _D, _L, _A = range(5)
 # The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
 # reference counting (its CPU target option `_nrt`, numba/core/cpu.py; not in numba's stubs),
 # whose atomic count of every array at every call and view costs several times the steps' work.
-_kernel = numba.njit(cache=CACHE, _nrt=False)  # type: ignore[call-overload]
+# A numba without that option compiles them with it: slower, the same bytes.
+NO_REFCOUNTS: dict[str, Any] = (
+    {"_nrt": False} if hasattr(numba.core.cpu.CPUTargetOptions, "_nrt") else {}
+)
+_kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 

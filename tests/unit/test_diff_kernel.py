@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from benchmarks.workloads import _app_collections, _app_update
 from buckets._columnar.byte_kernels import as_bytes
-from buckets._columnar.diff_kernel import describe
+from buckets._columnar.diff_kernel import NO_REFCOUNTS, describe
 from mongoformats.diff_splice import update_description
 from simcluster.updates import pipeline_entry, update_with_entry
 from tests.unit.test_batch_splice import _same_as_one_by_one, update_diffs
@@ -235,3 +235,9 @@ def test_large_deep_and_repeated_diffs() -> None:
         _entry(bson.encode({"d": {"x": False}})),
     ]
     assert _kernel_matches(entries) == [True, True, False, False, True]
+
+
+def test_the_walk_is_compiled_without_reference_counts_on_this_numba() -> None:
+    """The option is numba's own, not public: a numba that drops it still compiles the kernel
+    (with counts), and this test says the speed is gone."""
+    assert NO_REFCOUNTS == {"_nrt": False}
