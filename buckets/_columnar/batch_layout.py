@@ -15,7 +15,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8, u64
+from buckets._columnar import byte_kernels
+from buckets._columnar.byte_kernels import U, as_bytes, has, u64
 from buckets._columnar.id_keys import (
     _BITS,
     _COUNT_AT,
@@ -33,6 +34,13 @@ from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD, _UUID_KEY_HEAD
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
+
+# The layout reads some thirty bytes and lengths of each entry, most of them joined by `&`: as
+# calls to the cached byte_kernels functions (which LLVM does not inline across cached
+# functions), each read cost as much as a few of its checks. Inlined by numba, here only: the
+# other kernels read fewer of them per entry and their code grew slower inlined.
+u8 = numba.njit(inline="always")(byte_kernels.u8.py_func)
+i32 = numba.njit(inline="always")(byte_kernels.i32.py_func)
 
 _NS = b"\x02ns\x00"
 _HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
