@@ -37,8 +37,8 @@ _Bytes = npt.NDArray[np.uint8]
 
 # The layout reads some thirty bytes and lengths of each entry, most of them joined by `&`: as
 # calls to the cached byte_kernels functions (which LLVM does not inline across cached
-# functions), each read cost as much as a few of its checks. Inlined by numba, here only: the
-# other kernels read fewer of them per entry and their code grew slower inlined.
+# functions), each read costs as much as a few of its checks. Inlined by numba, here only: the
+# other kernels read fewer of them per entry, and inlined their code is slower.
 u8 = numba.njit(inline="always")(byte_kernels.u8.py_func)
 i32 = numba.njit(inline="always")(byte_kernels.i32.py_func)
 
@@ -133,9 +133,9 @@ def _simple_diff(d: _Bytes, diff: int, o_end: int, expanded: bool, row: _Ints) -
     copied from where this puts their ranges in `row` (whatever it says). A second section is
     there unless the first ends where the diff's terminating zero is.
 
-    A function of its own, called by `_layout` for updates only: so its checks are joined by
-    `and`, each guarding the reads after it, which compiled to code that cost a fraction of
-    the same checks joined by `&` in `_layout` (whose complexity leaves them no `and`)."""
+    A function of its own, called by `_layout` for updates only, so that its checks can be
+    joined by `and` (`_layout`'s complexity leaves it none): each check then guards the reads
+    after it, and the compiled code costs a fraction of the same checks joined by `&`."""
     first = diff + 4
     first_length = i32(d, first + 3)
     second = first + 3 + first_length
