@@ -43,6 +43,7 @@ sequence of elements.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from binascii import hexlify
@@ -95,6 +96,7 @@ from buckets._columnar.id_keys import (
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.txn_batch import with_transactions
 from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -446,9 +448,19 @@ def splice_entries(
     replacement or delete this module takes (the usual batch of a backlog); else one item for each
     entry, in order: its event's fields (`splice_crud`'s), () for an entry with no event, or the
     entry's own bytes when the general, stateful transform must handle it (transactions, DDL,
-    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each."""
+    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each, and
+    that the entries of the transactions the batch holds whole give their events' fields, the
+    commit's entry all of them (txn_batch.py)."""
     if not splice:
         return batch.entries()
+    items = _entry_items(batch, expanded)
+    if type(items) is EventBlock:
+        return items
+    return with_transactions(items, expanded, functools.partial(splice_block, expanded=expanded))
+
+
+def _entry_items(batch: OplogBatch, expanded: bool) -> EventBlock | list[Any]:
+    """splice_entries' items, one an entry (or a block a run), transactions' entries whole."""
     if len(batch) < BATCH_MIN:
         return [_one_by_one(entry, None, expanded) for entry in batch.entries()]
     out, block, taken = splice_block(batch, expanded=expanded)
