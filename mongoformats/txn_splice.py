@@ -38,6 +38,7 @@ __all__ = [
     "TxnKey",
     "TxnStamp",
     "read_apply_ops",
+    "server_stamp",
     "splice_txn_op",
     "txn_entry",
     "txn_event",
@@ -254,16 +255,20 @@ def _read_server(entry: bytes, o: int, tail: int) -> ApplyOps | None:
     # Server-shaped: lsid's id, txnNumber (int64), ts, wall and prevOpTime's ts where
     # server_elements found them.
     key = (entry[23:39], int.from_bytes(entry[93:101], "little", signed=True))
-    stamp = None
-    if not buffered:
-        stamp = (
-            entry[tail : tail + 12] + _TERM_AND_VERSION + entry[tail + 34 : tail + 48],
-            entry[82:101] + entry[4:82],
-        )
+    stamp = None if buffered else server_stamp(entry, tail)
     inc, secs = _TS.unpack_from(entry, tail + 4)
     prev_inc, prev_secs = _TS.unpack_from(entry, tail + 68)
     prev = Timestamp(prev_secs, prev_inc) if prev_secs or prev_inc else None
     return ApplyOps(Timestamp(secs, inc), ops, buffered, key, prev, stamp)
+
+
+def server_stamp(entry: bytes, tail: int) -> TxnStamp:
+    """The stamp of an entry of the server's shape (server_elements) whose ts element is at
+    `tail`: ts, t, v and wall; txnNumber and lsid."""
+    return (
+        entry[tail : tail + 12] + _TERM_AND_VERSION + entry[tail + 34 : tail + 48],
+        entry[82:101] + entry[4:82],
+    )
 
 
 def _command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:

@@ -22,7 +22,7 @@ shapes) or another entry of its key (lsid, txnNumber) keeps out.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -30,8 +30,25 @@ from bson import Timestamp
 
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.txn_read import (
+    R_BUFFERED,
+    R_NUMBER,
+    R_OK,
+    R_OPS,
+    R_PREV,
+    R_TAIL,
+    R_TS,
+    read_rows,
+)
 from mongoformats.oplog_splice import Spliced, splice_crud
-from mongoformats.txn_splice import ApplyOps, TxnKey, read_apply_ops, txn_entry, txn_event
+from mongoformats.txn_splice import (
+    TxnKey,
+    TxnStamp,
+    read_apply_ops,
+    server_stamp,
+    txn_entry,
+    txn_event,
+)
 
 __all__ = ["TXN_OPS_MIN", "BatchSplice", "whole_chains", "with_transactions"]
 
@@ -44,8 +61,22 @@ _COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 # batch_splice.splice_block at the batch's `expanded` (given by the caller, which imports this).
 BatchSplice = Callable[[OplogBatch], tuple[list[Any], EventBlock | None, npt.NDArray[np.intp]]]
 
+
+class _Read(NamedTuple):
+    """A transaction's entry as read_apply_ops reads it (txn_splice.ApplyOps), its times as
+    words (a BSON timestamp's 8 bytes read as one little-endian word: comparable, and only
+    made Timestamps for the events that show them); a null prevOpTime as 0."""
+
+    key: TxnKey | None
+    ts: int
+    prev: int
+    buffered: bool
+    ops: list[bytes]
+    stamp: TxnStamp | None
+
+
 # A transaction's entries in the batch: each one's index among the items, and what it reads.
-_Chain = list[tuple[int, ApplyOps]]
+_Chain = list[tuple[int, _Read]]
 
 
 def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> list[Any]:
@@ -73,14 +104,9 @@ def whole_chains(items: list[Any]) -> list[_Chain]:
     open_chains: dict[TxnKey, _Chain] = {}
     general: set[TxnKey] = set()  # keys whose entries stay the transformer's
     whole: list[_Chain] = []
-    for i, item in enumerate(items):
-        if type(item) is not bytes or _COMMAND_OP not in item:
-            continue
-        read = read_apply_ops(item)
-        if read is None:
-            continue
+    for i, read in _reads(items):
         if read.key is None:  # batched writes: no transaction's chain
-            if read.prev is None:
+            if not read.prev:
                 whole.append([(i, read)])
             continue
         chain = _linked(open_chains.pop(read.key, None), i, read)
@@ -93,11 +119,56 @@ def whole_chains(items: list[Any]) -> list[_Chain]:
     return whole
 
 
-def _linked(chain: _Chain | None, i: int, read: ApplyOps) -> _Chain | None:
+def _reads(items: list[Any]) -> list[tuple[int, _Read]]:
+    """The items' applyOps and commitTransaction entries, each with its index, as read_apply_ops
+    reads them: at once in a compiled loop (txn_read.py) if of the server's shape, else by
+    read_apply_ops itself."""
+    at = [i for i, item in enumerate(items) if type(item) is bytes and _COMMAND_OP in item]
+    if not at:
+        return []
+    entries = [items[i] for i in at]
+    batch = OplogBatch.of(entries)
+    rows, spans = read_rows(batch.data, batch.starts, batch.lengths)
+    data, ops = batch.data, spans.tolist()
+    out = []
+    for i, entry, row, (ts, prev) in zip(
+        at, entries, rows.tolist(), rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(), strict=True
+    ):
+        if row[R_OK]:
+            read: _Read | None = _Read(
+                (entry[23:39], row[R_NUMBER]),  # (where server_elements finds the lsid's id)
+                ts,
+                prev,
+                bool(row[R_BUFFERED]),
+                [data[a:b] for a, b in ops[row[R_OPS] : row[R_OPS + 1]]],
+                None if row[R_BUFFERED] else server_stamp(entry, row[R_TAIL]),
+            )
+        else:
+            read = _walked(entry)
+        if read is not None:
+            out.append((i, read))
+    return out
+
+
+def _walked(entry: bytes) -> _Read | None:
+    """An entry not of the server's shape, read by read_apply_ops."""
+    read = read_apply_ops(entry)
+    if read is None:
+        return None
+    prev = 0 if read.prev is None else _word(read.prev)
+    return _Read(read.key, _word(read.ts), prev, read.buffered, read.ops, read.stamp)
+
+
+def _word(ts: Timestamp) -> int:
+    """A timestamp as _Read's word."""
+    return ts.time << 32 | ts.inc
+
+
+def _linked(chain: _Chain | None, i: int, read: _Read) -> _Chain | None:
     """The chain the entry at `i` continues (`chain`, its key's open one) or starts; None if it
     does neither (its chain began before the batch, or its key's entries do not link up)."""
     if chain is None:
-        return [(i, read)] if read.prev is None else None
+        return [(i, read)] if not read.prev else None
     return [*chain, (i, read)] if read.prev == chain[-1][1].ts else None
 
 
@@ -157,11 +228,9 @@ def _events(chain: _Chain, made: list[Spliced | tuple[()] | None]) -> list[Splic
     return out
 
 
-def _applied(
-    event: Spliced, entry_ts: Timestamp, entry_index: int, index: int, ts: Timestamp
-) -> Any:
+def _applied(event: Spliced, entry_ts: int, entry_index: int, index: int, ts: int) -> Any:
     """The event with its applied-at time: None for an op at its index in the commit, else
     where it was written (a chain's or a prepare's entry and its index there)."""
     if entry_index == index and entry_ts == ts:
         return event
-    return (*event[:-1], (entry_ts, entry_index))
+    return (*event[:-1], (Timestamp(entry_ts >> 32, entry_ts & 0xFFFFFFFF), entry_index))
