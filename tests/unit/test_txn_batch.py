@@ -11,24 +11,28 @@ test_txn_splice's generators.
 
 from __future__ import annotations
 
+import struct
 import uuid
 from typing import Any
 from unittest import mock
 
 import bson
+import numpy as np
 import pytest
 from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import buckets._columnar.txn_batch as txn_batch
+import mongoformats.txn_splice as txn_splice
 from buckets._columnar.batch_splice import BATCH_MIN, splice_entries
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.oplog_batch import SLACK, OplogBatch
+from buckets._columnar.txn_read import R_OK, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
-from tests.unit.test_txn_splice import _NULL_TS, _UIS, _entry, transactions
+from tests.unit.test_txn_splice import _NULL_TS, _UIS, _entry, _shaped_entries, transactions
 
 _SECONDS = 1_700_000_000
 
@@ -213,8 +217,9 @@ def _server_transactions(base: int) -> list[bytes]:
 def test_an_applications_transactions_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A backlog's batch of plain writes and the transactions an application writes (prepared on
     a shard of several, or committed in one entry): every transaction's entries leave the batch
-    as their events, every op spliced by the block (none one by one, none by the
-    transformer), each event led by txnNumber and lsid with its txnOpIndex in its token."""
+    as their events, read in the compiled loop, every op spliced by the block (none one by one,
+    none by the transformer), each event led by txnNumber and lsid, its txnOpIndex in its
+    token."""
     oplog = [_insert(i, ObjectId()) for i in range(1, BATCH_MIN + 1)]
     for k in range(4):
         oplog[20 * k : 20 * k] = _server_transactions(1000 + 10 * k)
@@ -223,6 +228,7 @@ def test_an_applications_transactions_take_the_batch_path(monkeypatch: pytest.Mo
         raise AssertionError("an op of a transaction was spliced one by one")
 
     monkeypatch.setattr(txn_batch, "splice_crud", one_by_one)
+    monkeypatch.setattr(txn_batch, "read_apply_ops", one_by_one)  # all read in the compiled loop
     items = splice_entries(OplogBatch.of(oplog), True, False)
     assert isinstance(items, list)
     assert not [item for item in items if type(item) is bytes]
@@ -246,3 +252,28 @@ def test_few_ops_are_left_to_the_transformer() -> None:
     oplog = [_insert(i, ObjectId()) for i in range(1, 10)] + _server_transactions(100)[2:]
     items = splice_entries(OplogBatch.of(oplog), True, False)
     assert isinstance(items, list) and items[-1] == oplog[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_shaped_entries(), st.data())
+def test_the_compiled_read_equals_read_apply_ops(shaped: tuple[bytes, bool], data: Any) -> None:
+    """A transaction's entry of the server's shape is read in the compiled loop as
+    read_apply_ops reads it (ops, key, times, stamp); an odd one, or one with a byte changed
+    anywhere, is read so or left to read_apply_ops, never read otherwise."""
+    entry, _ = shaped
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(entry) - 1))
+        entry = entry[:at] + bytes([data.draw(st.integers(0, 255))]) + entry[at + 1 :]
+    walked = txn_batch._walked(entry)
+    assert txn_batch._reads([b"", entry]) == ([(1, walked)] if walked is not None else [])
+    rows, _ = read_rows(entry + bytes(SLACK), np.zeros(1, np.int64), np.array([len(entry)]))
+    assert bool(rows[0, R_OK]) == _read_at_fixed_offsets(entry)
+
+
+def _read_at_fixed_offsets(entry: bytes) -> bool:
+    """Whether read_apply_ops reads the entry at fixed offsets (not by walking it)."""
+    shape = txn_splice._server_shape(entry)
+    try:
+        return shape is not None and txn_splice._read_server(entry, *shape) is not None
+    except (ValueError, IndexError, struct.error):
+        return False
