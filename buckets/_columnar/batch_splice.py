@@ -96,6 +96,7 @@ from buckets._columnar.id_keys import (
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.txn_batch import warm_up as warm_up_transactions
 from buckets._columnar.txn_batch import with_transactions
 from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
@@ -454,7 +455,7 @@ def splice_entries(
     if not splice:
         return batch.entries()
     items = _entry_items(batch, expanded)
-    if type(items) is EventBlock:
+    if isinstance(items, EventBlock):
         return items
     return with_transactions(items, expanded, functools.partial(splice_block, expanded=expanded))
 
@@ -549,6 +550,7 @@ def warm_up() -> None:
     )
     for expanded in (False, True):
         _, block, _ = splice_block(reply_batch(reply)[1], expanded=expanded)
+    warm_up_transactions(functools.partial(splice_block, expanded=False))
     # And what a release does with blocks: merge, take each bucket's share, key a reply's batch
     # from where its events lie (or from a block's own column), gather a column.
     if block is not None:

@@ -24,12 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import bson
 import numpy as np
 import numpy.typing as npt
 from bson import Timestamp
 
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.txn_events import txn_fields
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -50,7 +52,7 @@ from mongoformats.txn_splice import (
     txn_event,
 )
 
-__all__ = ["TXN_OPS_MIN", "BatchSplice", "whole_chains", "with_transactions"]
+__all__ = ["TXN_OPS_MIN", "BatchSplice", "warm_up", "whole_chains", "with_transactions"]
 
 # Fewer ops are left to the transformer: the batch splice's fixed cost per call outweighs its
 # gain (a few dozen microseconds, some ops' splices one by one).
@@ -129,25 +131,30 @@ def _reads(items: list[Any]) -> list[tuple[int, _Read]]:
     entries = [items[i] for i in at]
     batch = OplogBatch.of(entries)
     rows, spans = read_rows(batch.data, batch.starts, batch.lengths)
-    data, ops = batch.data, spans.tolist()
+    data, ops = bytes(batch.data), spans.tolist()  # (OplogBatch.of's data is bytes)
     out = []
     for i, entry, row, (ts, prev) in zip(
         at, entries, rows.tolist(), rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(), strict=True
     ):
-        if row[R_OK]:
-            read: _Read | None = _Read(
-                (entry[23:39], row[R_NUMBER]),  # (where server_elements finds the lsid's id)
-                ts,
-                prev,
-                bool(row[R_BUFFERED]),
-                [data[a:b] for a, b in ops[row[R_OPS] : row[R_OPS + 1]]],
-                None if row[R_BUFFERED] else server_stamp(entry, row[R_TAIL]),
-            )
-        else:
-            read = _walked(entry)
+        read = _server_read(entry, row, ts, prev, data, ops) if row[R_OK] else _walked(entry)
         if read is not None:
             out.append((i, read))
     return out
+
+
+def _server_read(
+    entry: bytes, row: list[int], ts: int, prev: int, data: bytes, ops: list[list[int]]
+) -> _Read:
+    """An entry the compiled loop read (its `row`; its ops at `ops` in `data`)."""
+    buffered = bool(row[R_BUFFERED])
+    return _Read(
+        (entry[23:39], row[R_NUMBER]),  # (where server_elements finds the lsid's id)
+        ts,
+        prev,
+        buffered,
+        [data[a:b] for a, b in ops[row[R_OPS] : row[R_OPS + 1]]],
+        None if buffered else server_stamp(entry, row[R_TAIL]),
+    )
 
 
 def _walked(entry: bytes) -> _Read | None:
@@ -176,61 +183,92 @@ def _spliced(
     chains: list[_Chain], expanded: bool, splice: BatchSplice
 ) -> list[list[Spliced] | None]:
     """Each chain's events; None for a chain with an op the splice leaves to the transformer."""
-    entries = [
-        txn_entry(op, chain[-1][1].stamp[0])  # (a commit's stamp is never None)
-        for chain in chains
-        for _, read in chain
-        for op in read.ops
-    ]
-    made = _made(entries, expanded, splice)
+    entries: list[bytes] = []
+    heads: list[bytes] = []  # each op's transaction's txnNumber and lsid (txn_event's `head`)
+    indexes: list[int] = []  # each op's txnOpIndex
+    counts = []
+    for chain in chains:
+        tail, head = _stamp(chain)
+        entries += [txn_entry(op, tail) for _, read in chain for op in read.ops]
+        n = len(entries) - len(indexes)
+        heads += [head] * n
+        indexes += range(n)
+        counts.append(n)
+    made = _made(entries, heads, indexes, expanded, splice)
     out: list[list[Spliced] | None] = []
     at = 0
-    for chain in chains:
-        n = sum(len(read.ops) for _, read in chain)
+    for chain, n in zip(chains, counts, strict=True):
         out.append(_events(chain, made[at : at + n]))
         at += n
     return out
 
 
+def _stamp(chain: _Chain) -> TxnStamp:
+    """The stamp of the chain's commit (read_apply_ops gives a commit its stamp)."""
+    stamp = chain[-1][1].stamp
+    assert stamp is not None
+    return stamp
+
+
 def _made(
-    entries: list[bytes], expanded: bool, splice: BatchSplice
+    entries: list[bytes],
+    heads: list[bytes],
+    indexes: list[int],
+    expanded: bool,
+    splice: BatchSplice,
 ) -> list[Spliced | tuple[()] | None]:
-    """splice_crud's event of each entry (of an op given its commit's stamp), made by the batch
-    splice: the block's events, or what it made one by one, or splice_crud's."""
+    """Each op's event (given as a plain write's entry, its txnNumber and lsid, its txnOpIndex)
+    as splice_txn_op makes it: the batch splice's block made its transaction's in one compiled
+    loop (txn_events.py), the other events it made, or splice_crud's, by txn_event."""
     out, block, taken = splice(OplogBatch.of(entries))
+    made: list[Any] = [None] * len(entries)
     if block is not None:
-        for i, fields in zip(taken.tolist(), block.fields(), strict=True):
-            out[i] = fields
-    return [
-        made if made is not None else splice_crud(entry, expanded=expanded)
-        for entry, made in zip(entries, out, strict=True)
-    ]
+        where = taken.tolist()
+        rows = txn_fields(block, [heads[i] for i in where], [indexes[i] for i in where])
+        for i, fields in zip(where, rows, strict=True):
+            made[i] = fields
+    for i in [i for i, fields in enumerate(made) if fields is None]:
+        fields = out[i] if out[i] is not None else splice_crud(entries[i], expanded=expanded)
+        made[i] = txn_event(fields, heads[i], indexes[i]) if fields else fields
+    return made
 
 
 def _events(chain: _Chain, made: list[Spliced | tuple[()] | None]) -> list[Spliced] | None:
-    """The events of a transaction, from what the splice made of its ops (in order, every op of
-    every entry): as the transformer's `_unwind` gives them (its txnOpIndex counts every op; an
-    op's applied-at time is where it was written, unless at its index in the commit); None if
-    one is left to the transformer."""
-    commit = chain[-1][1]
-    assert commit.stamp is not None  # read_apply_ops gives a commit its stamp
-    head, ts = commit.stamp[1], commit.ts
+    """The events of a transaction, from its ops' (in order, every op of every entry): as the
+    transformer's `_unwind` gives them (an op's applied-at time is where it was written, unless
+    at its index in the commit: the commit's ops if they come first); None if one is left to
+    the transformer."""
+    ts = chain[-1][1].ts
     out: list[Spliced] = []
-    where = [(read.ts, i) for _, read in chain for i in range(len(read.ops))]
-    for index, ((entry_ts, entry_index), fields) in enumerate(zip(where, made, strict=True)):
-        if fields is None:
+    first = 0
+    for _, read in chain:
+        events = made[first : first + len(read.ops)]
+        if None in events:
             return None
-        event = txn_event(fields, head, index) if fields else ()
-        if event is None:
-            return None
-        if event:
-            out.append(_applied(event, entry_ts, entry_index, index, ts))
+        if first or read.ts != ts:
+            at = Timestamp(read.ts >> 32, read.ts & 0xFFFFFFFF)
+            out += [(*e[:-1], (at, i)) for i, e in enumerate(events) if e]  # type: ignore[misc]
+        else:
+            out += filter(None, events)  # type: ignore[arg-type]
+        first += len(events)
     return out
 
 
-def _applied(event: Spliced, entry_ts: int, entry_index: int, index: int, ts: int) -> Any:
-    """The event with its applied-at time: None for an op at its index in the commit, else
-    where it was written (a chain's or a prepare's entry and its index there)."""
-    if entry_index == index and entry_ts == ts:
-        return event
-    return (*event[:-1], (Timestamp(entry_ts >> 32, entry_ts & 0xFFFFFFFF), entry_index))
+def warm_up(splice: BatchSplice) -> None:
+    """Compile the kernels of the read (txn_read.py) and of the rewrite (txn_events.py), or
+    load them from numba's cache, on a transaction of one insert (see batch_splice.warm_up)."""
+    ui, oid = bson.Binary(bytes(16), 4), bson.ObjectId(bytes(12))
+    op = {"op": "i", "ns": "db.c", "ui": ui, "o": {"_id": oid}, "o2": {"_id": oid}}
+    entry = {
+        "lsid": {"id": ui, "uid": bson.Binary(bytes(32), 0)},
+        "txnNumber": bson.Int64(1),
+        "op": "c",
+        "ns": "admin.$cmd",
+        "o": {"applyOps": [op, op]},
+        "ts": Timestamp(1, 1),
+        "t": bson.Int64(1),
+        "v": bson.Int64(2),
+        "wall": bson.datetime_ms.DatetimeMS(0),
+        "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
+    }
+    _spliced(whole_chains([bson.encode(entry)]), False, splice)
