@@ -25,13 +25,16 @@ from hypothesis import strategies as st
 
 import buckets._columnar.txn_batch as txn_batch
 import mongoformats.txn_splice as txn_splice
-from buckets._columnar.batch_splice import BATCH_MIN, splice_entries
+from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
+from buckets._columnar.txn_events import txn_fields
 from buckets._columnar.txn_read import R_OK, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
+from mongoformats.txn_splice import txn_event
+from tests.unit.test_oplog_splice import crud_entries
 from tests.unit.test_txn_splice import _NULL_TS, _UIS, _entry, _shaped_entries, transactions
 
 _SECONDS = 1_700_000_000
@@ -277,3 +280,62 @@ def _read_at_fixed_offsets(entry: bytes) -> bool:
         return shape is not None and txn_splice._read_server(entry, *shape) is not None
     except (ValueError, IndexError, struct.error):
         return False
+
+
+_HEADS = [
+    b"",
+    bson.encode({"txnNumber": Int64(7), "lsid": {"id": _UIS[0]}})[4:-1],
+    bson.encode({"txnNumber": 3, "lsid": {"id": _UIS[1], "uid": Binary(bytes(32), 0)}})[4:-1],
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(crud_entries(), min_size=1, max_size=12),
+    st.data(),
+    st.booleans(),
+)
+def test_the_compiled_rewrite_equals_txn_event(
+    entries: list[dict[str, Any]], data: Any, expanded: bool
+) -> None:
+    """The block's events made their transactions' in the compiled loop equal txn_event's of
+    each (its head, its txnOpIndex: 0, of one or more KeyString bytes, past 127 and 255)."""
+    raws = [bson.encode(entry) for entry in entries]
+    _, block, taken = splice_block(OplogBatch.of(raws), expanded=expanded)
+    if block is None:
+        return
+    heads = [data.draw(st.sampled_from(_HEADS)) for _ in taken]
+    indexes = [data.draw(st.sampled_from([0, 0, 1, 2, 127, 128, 255, 256, 3000])) for _ in taken]
+    expected = [
+        txn_event(fields, head, index)
+        for fields, head, index in zip(block.fields(), heads, indexes, strict=True)
+    ]
+    assert txn_fields(block, heads, indexes) == expected
+
+
+@pytest.mark.parametrize("count", [1, 129, 300])
+def test_a_transaction_of_many_ops_equals_the_general_transform(count: int) -> None:
+    """A transaction of hundreds of ops (txnOpIndex KeyStrings of one, two and three bytes), in
+    one entry and prepared, spliced in a batch."""
+    lsid = {"id": Binary(uuid.UUID(int=5).bytes, 4), "uid": Binary(bytes(32), 0)}
+    session = {"lsid": lsid, "txnNumber": Int64(2)}
+    ops = [
+        {"op": "i", "ns": "a.b", "ui": _UIS[0], "o": {"_id": k, "x": "y"}, "o2": {"_id": k}}
+        for k in range(count)
+    ]
+    commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(_SECONDS, 2)}
+    oplog = [
+        _entry(session, {"applyOps": ops}, 1, True, _NULL_TS),
+        _entry(
+            {**session, "txnNumber": Int64(3)},
+            {"applyOps": ops, "prepare": True},
+            2,
+            True,
+            _NULL_TS,
+        ),
+        _entry({**session, "txnNumber": Int64(3)}, commit, 3, True, Timestamp(_SECONDS, 2)),
+    ]
+    with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+        items = splice_entries(OplogBatch.of(oplog), True, False)
+    assert not [item for item in items if type(item) is bytes]
+    assert _read([items], oplog, False) == _general(oplog, 0, False)
