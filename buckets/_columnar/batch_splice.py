@@ -504,10 +504,11 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
 
     splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
     _R_OK), replacements whose o holds the bytes `$v\0` or is not led by `_id` (walked there),
-    and entries of any field order. The stateful transform (OplogTransformer) keeps transactions
-    (applyOps chains and prepared commits carry state across entries: the transaction's lsid,
-    txnNumber and each op's txnOpIndex in its token; it splices their plain writes with
-    mongoformats.txn_splice), DDL and noops."""
+    and entries of any field order. The stateful transform (OplogTransformer) keeps the
+    transactions a batch does not hold whole (applyOps chains and prepared commits carry state
+    across entries: the transaction's lsid, txnNumber and each op's txnOpIndex in its token; it
+    splices their plain writes with mongoformats.txn_splice; txn_batch.py takes the others),
+    DDL and noops."""
     if made is None:
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made

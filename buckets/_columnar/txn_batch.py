@@ -1,22 +1,24 @@
 """The transactions a batch of oplog entries holds whole, their writes spliced together by the
 batch splice's compiled kernels (batch_splice.splice_block).
 
-Why: the general transform (mongoformats.change_events.OplogTransformer) splices a transaction's
-ops one by one in Python (txn_splice.splice_txn_op), each at the cost of a plain write's
-one-by-one splice. An op of an applyOps entry, given its commit's stamp (ts, t, v, wall), is a
-plain write's entry (txn_splice.txn_entry): so the ops of all the transactions of a batch go
-through the batch splice at once, and each event then gets its transaction's lsid, txnNumber
-and txnOpIndex (txn_splice.txn_event), which gives what splice_txn_op gives.
+Why: the general transform (mongoformats.change_events.OplogTransformer) reads a transaction's
+entries and splices its ops one by one in Python (txn_splice.read_apply_ops, splice_txn_op),
+each op at the cost of a plain write's one-by-one splice. Here the batch's transaction entries
+are read in one compiled loop (txn_read.py); an op of an applyOps entry, given its commit's
+stamp (ts, t, v, wall), is a plain write's entry (txn_splice.txn_entry), so the ops of all the
+batch's transactions go through the batch splice at once; and its block's events get their
+transaction's lsid, txnNumber and txnOpIndex in another compiled loop (txn_events.py), which
+writes what txn_splice.txn_event (splice_txn_op's last step) writes.
 
-Which transactions: those read from their bytes (txn_splice.read_apply_ops) whose every entry
-is in the batch: an applyOps that commits with a null prevOpTime (a transaction of one entry,
-or batched writes), or a chain that starts in the batch (a partialTxn or prepare entry of null
-prevOpTime) whose entries each link back to the one before, up to the one that commits it (an
-applyOps, or a prepared transaction's commitTransaction). Their entries leave the batch's items:
-the last gives its events, the others none. The transformer keeps transactions' state across
-batches; it gets every other entry of a transaction, a whole chain at a time: a chain the batch
-does not hold whole, or one that an op the splice leaves (DDL, views, migrations' writes, rare
-shapes) or another entry of its key (lsid, txnNumber) keeps out.
+Which transactions: those whose every entry is in the batch, as read_apply_ops reads them: an
+applyOps that commits with a null prevOpTime (a transaction of one entry, or batched writes),
+or a chain that starts in the batch (a partialTxn or prepare entry of null prevOpTime) whose
+entries each link back to the one before, up to the one that commits it (an applyOps, or a
+prepared transaction's commitTransaction). Their entries leave the batch's items: the last
+gives its events, the others none. The transformer keeps transactions' state across batches;
+it gets every other entry of a transaction, a whole chain at a time: a chain the batch does not
+hold whole, or one that an op the splice leaves (DDL, views, migrations' writes, rare shapes)
+or another entry of its key (lsid, txnNumber) keeps out.
 """
 
 from __future__ import annotations
