@@ -90,17 +90,19 @@ def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> 
     chains = whole_chains(items)
     if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
         return items
-    made = _spliced(chains, expanded, splice)
+    # Each taken entry's events (none but the commit's), by where it is: chains may interleave.
+    replaced: dict[int, list[Spliced]] = {}
+    for chain, events in zip(chains, _spliced(chains, expanded, splice), strict=True):
+        if events is not None:  # (None: left to the transformer, whole)
+            replaced |= {at: [] for at, _ in chain}
+            replaced[chain[-1][0]] = events
     out: list[Any] = []
     last = 0
-    for chain, events in zip(chains, made, strict=True):
-        if events is None:  # left to the transformer, whole
-            continue
-        for at, _ in chain:
-            out += items[last:at]
-            last = at + 1
-        out += events
-    return out + items[last:] if last else items
+    for at in sorted(replaced):
+        out += items[last:at]
+        out += replaced[at]
+        last = at + 1
+    return out + items[last:]
 
 
 def whole_chains(items: list[Any]) -> list[_Chain]:

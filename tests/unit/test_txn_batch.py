@@ -79,18 +79,22 @@ _ODD_OPS = [
 @st.composite
 def _oplogs(draw: st.DrawFn) -> list[bytes]:
     """Transactions (one entry, a partialTxn chain, a prepare and its commit; sessions of every
-    kind) one after the other, plain inserts between them now and then, an op the splice leaves
-    to the transformer put into one of them now and then."""
-    out: list[bytes] = []
+    kind), their entries interleaved now and then (each transaction's in order), plain inserts
+    between them now and then, an op the splice leaves to the transformer put into one of them
+    now and then."""
+    txns: list[list[bytes]] = []
     for k in range(draw(st.integers(1, 4))):
         entries = draw(transactions(20 * k))
         if draw(st.integers(0, 3)) == 0:
             odd = bson.encode(draw(st.sampled_from(_ODD_OPS)))
             at = draw(st.integers(0, len(entries) - 1))
             entries[at] = _with_op(entries[at], odd)
-        out += entries
-        out += [_insert(20 * k + 15 + j, j) for j in range(draw(st.integers(0, 2)))]
-    return out
+        entries += [_insert(20 * k + 15 + j, j) for j in range(draw(st.integers(0, 2)))]
+        txns.append(entries)
+    order = [k for k, entries in enumerate(txns) for _ in entries]
+    if draw(st.booleans()):
+        order = draw(st.permutations(order))
+    return [txns[k].pop(0) for k in order]
 
 
 def _with_op(entry: bytes, op: bytes) -> bytes:
@@ -335,6 +339,18 @@ def test_a_transaction_of_many_ops_equals_the_general_transform(count: int) -> N
         ),
         _entry({**session, "txnNumber": Int64(3)}, commit, 3, True, Timestamp(_SECONDS, 2)),
     ]
+    with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+        items = splice_entries(OplogBatch.of(oplog), True, False)
+    assert not [item for item in items if type(item) is bytes]
+    assert _read([items], oplog, False) == _general(oplog, 0, False)
+
+
+def test_interleaved_transactions_each_give_their_events_once() -> None:
+    """Two shards' worth of prepared transactions whose entries interleave (a prepare, another's
+    prepare, the first's commit, the other's commit), as a shard logs concurrent transactions:
+    each transaction's events come once, at its commit."""
+    first, second = _server_transactions(100), _server_transactions(200)
+    oplog = [first[0], second[0], first[1], second[2], second[1], first[2]]
     with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
         items = splice_entries(OplogBatch.of(oplog), True, False)
     assert not [item for item in items if type(item) is bytes]
