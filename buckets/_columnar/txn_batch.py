@@ -187,75 +187,75 @@ def _spliced(
     chains: list[_Chain], expanded: bool, splice: BatchSplice
 ) -> list[list[Spliced] | None]:
     """Each chain's events; None for a chain with an op the splice leaves to the transformer."""
-    entries: list[bytes] = []
-    heads: list[bytes] = []  # each op's transaction's txnNumber and lsid (txn_event's `head`)
-    indexes: list[int] = []  # each op's txnOpIndex
+    ops = _Ops([], [], [], [])
     counts = []
     for chain in chains:
-        tail, head = _stamp(chain)
-        entries += [txn_entry(op, tail) for _, read in chain for op in read.ops]
-        n = len(entries) - len(indexes)
-        heads += [head] * n
-        indexes += range(n)
-        counts.append(n)
-    made = _made(entries, heads, indexes, expanded, splice)
+        n = len(ops.entries)
+        _add(ops, chain)
+        counts.append(len(ops.entries) - n)
+    made = _made(ops, expanded, splice)
     out: list[list[Spliced] | None] = []
     at = 0
-    for chain, n in zip(chains, counts, strict=True):
-        out.append(_events(chain, made[at : at + n]))
+    for n in counts:
+        events = made[at : at + n]
+        out.append(None if None in events else list(filter(None, events)))
         at += n
     return out
 
 
-def _stamp(chain: _Chain) -> TxnStamp:
-    """The stamp of the chain's commit (read_apply_ops gives a commit its stamp)."""
+class _Ops(NamedTuple):
+    """The ops of the transactions spliced together, each with what its event needs."""
+
+    entries: list[bytes]  # as plain writes' entries (txn_entry)
+    heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
+    indexes: list[int]  # its txnOpIndex
+    applied: list[Any]  # its applied-at time
+
+
+def _add(ops: _Ops, chain: _Chain) -> None:
+    """Add a transaction's ops. Their applied-at times are as the transformer's `_unwind` gives
+    them: where each was written, unless at its index in the commit (the commit's ops, if they
+    come first)."""
     stamp = chain[-1][1].stamp
-    assert stamp is not None
-    return stamp
+    assert stamp is not None  # read_apply_ops gives a commit its stamp
+    tail, head = stamp
+    ts = chain[-1][1].ts
+    first = len(ops.entries)
+    for _, read in chain:
+        n = len(read.ops)
+        ops.entries.extend([txn_entry(op, tail) for op in read.ops])
+        if len(ops.entries) - n > first or read.ts != ts:
+            at = Timestamp(read.ts >> 32, read.ts & 0xFFFFFFFF)
+            ops.applied.extend([(at, i) for i in range(n)])
+        else:
+            ops.applied.extend([None] * n)
+    n = len(ops.entries) - first
+    ops.heads.extend([head] * n)
+    ops.indexes.extend(range(n))
 
 
-def _made(
-    entries: list[bytes],
-    heads: list[bytes],
-    indexes: list[int],
-    expanded: bool,
-    splice: BatchSplice,
-) -> list[Spliced | tuple[()] | None]:
-    """Each op's event (given as a plain write's entry, its txnNumber and lsid, its txnOpIndex)
-    as splice_txn_op makes it: the batch splice's block made its transaction's in one compiled
-    loop (txn_events.py), the other events it made, or splice_crud's, by txn_event."""
+def _made(ops: _Ops, expanded: bool, splice: BatchSplice) -> list[Any]:
+    """Each op's event as the transformer makes it (None: left to it; (): no event): the batch
+    splice's block made its transaction's in one compiled loop (txn_events.py); the other
+    events it made, or splice_crud's, by txn_event (splice_txn_op's last step)."""
+    entries, heads, indexes, applied = ops
     out, block, taken = splice(OplogBatch.of(entries))
     made: list[Any] = [None] * len(entries)
     if block is not None:
         where = taken.tolist()
-        rows = txn_fields(block, [heads[i] for i in where], [indexes[i] for i in where])
+        rows = txn_fields(
+            block,
+            [heads[i] for i in where],
+            [indexes[i] for i in where],
+            [applied[i] for i in where],
+        )
         for i, fields in zip(where, rows, strict=True):
             made[i] = fields
     for i in [i for i, fields in enumerate(made) if fields is None]:
         fields = out[i] if out[i] is not None else splice_crud(entries[i], expanded=expanded)
-        made[i] = txn_event(fields, heads[i], indexes[i]) if fields else fields
+        event = txn_event(fields, heads[i], indexes[i]) if fields else fields
+        made[i] = (*event[:-1], applied[i]) if event else event
     return made
-
-
-def _events(chain: _Chain, made: list[Spliced | tuple[()] | None]) -> list[Spliced] | None:
-    """The events of a transaction, from its ops' (in order, every op of every entry): as the
-    transformer's `_unwind` gives them (an op's applied-at time is where it was written, unless
-    at its index in the commit: the commit's ops if they come first); None if one is left to
-    the transformer."""
-    ts = chain[-1][1].ts
-    out: list[Spliced] = []
-    first = 0
-    for _, read in chain:
-        events = made[first : first + len(read.ops)]
-        if None in events:
-            return None
-        if first or read.ts != ts:
-            at = Timestamp(read.ts >> 32, read.ts & 0xFFFFFFFF)
-            out += [(*e[:-1], (at, i)) for i, e in enumerate(events) if e]  # type: ignore[misc]
-        else:
-            out += filter(None, events)  # type: ignore[arg-type]
-        first += len(events)
-    return out
 
 
 def warm_up(splice: BatchSplice) -> None:

@@ -37,11 +37,12 @@ _ID_SIZE_AT, _DATA_SIZE_AT = 9, _HEX_AT - 4  # where `_id`'s and `_data`'s lengt
 
 
 def txn_fields(
-    block: EventBlock, heads: list[bytes], indexes: list[int]
+    block: EventBlock, heads: list[bytes], indexes: list[int], applied: list[Any]
 ) -> list[tuple[Any, ...] | None]:
     """The block's events (its rows' in order: each an op's, as splice_crud makes it) as their
-    transactions' (each EventFields, applied-at None): `heads[j]` and txnOpIndex `indexes[j]`
-    written into row j's, as txn_splice.txn_event writes them; None for an event left."""
+    transactions' (each EventFields): `heads[j]` and txnOpIndex `indexes[j]` written into row
+    j's, as txn_splice.txn_event writes them, its applied-at time `applied[j]`; None for an
+    event left."""
     top = max(indexes, default=0)
     if top > _MAX_INDEX:
         return [None] * len(block)
@@ -66,11 +67,11 @@ def txn_fields(
     names = map(block.kind_table.__getitem__, block.kinds.tolist())
     return [
         (key_bytes[j * width : (j + 1) * width].rstrip(b"\0"), bits, op, db, coll)
-        + (raw[at[j] : at[j + 1]], namespaces, "", None)
+        + (raw[at[j] : at[j + 1]], namespaces, "", when)
         if ok
         else None
-        for j, ((op, db, coll, namespaces, bits), ok) in enumerate(
-            zip(names, done.tolist(), strict=True)
+        for j, ((op, db, coll, namespaces, bits), ok, when) in enumerate(
+            zip(names, done.tolist(), applied, strict=True)
         )
     ]
 

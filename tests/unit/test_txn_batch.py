@@ -314,7 +314,7 @@ def test_the_compiled_rewrite_equals_txn_event(
         txn_event(fields, head, index)
         for fields, head, index in zip(block.fields(), heads, indexes, strict=True)
     ]
-    assert txn_fields(block, heads, indexes) == expected
+    assert txn_fields(block, heads, indexes, [None] * len(heads)) == expected
 
 
 @pytest.mark.parametrize("count", [1, 129, 300])
