@@ -33,7 +33,17 @@ from mongoformats.bson_bytes import _I32, _TS, array_items, elements
 from mongoformats.keystring import KeyStringBuilder
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD, Spliced, splice_crud
 
-__all__ = ["ApplyOps", "TxnKey", "TxnStamp", "read_apply_ops", "splice_txn_op", "txn_stamp"]
+__all__ = [
+    "ApplyOps",
+    "TxnKey",
+    "TxnStamp",
+    "read_apply_ops",
+    "server_stamp",
+    "splice_txn_op",
+    "txn_entry",
+    "txn_event",
+    "txn_stamp",
+]
 
 # What an applyOps entry gives each of its ops' events: (the elements an op is given to be a
 # plain write's entry: ts, t, v, wall; the elements that lead each event: txnNumber, lsid).
@@ -245,16 +255,20 @@ def _read_server(entry: bytes, o: int, tail: int) -> ApplyOps | None:
     # Server-shaped: lsid's id, txnNumber (int64), ts, wall and prevOpTime's ts where
     # server_elements found them.
     key = (entry[23:39], int.from_bytes(entry[93:101], "little", signed=True))
-    stamp = None
-    if not buffered:
-        stamp = (
-            entry[tail : tail + 12] + _TERM_AND_VERSION + entry[tail + 34 : tail + 48],
-            entry[82:101] + entry[4:82],
-        )
+    stamp = None if buffered else server_stamp(entry, tail)
     inc, secs = _TS.unpack_from(entry, tail + 4)
     prev_inc, prev_secs = _TS.unpack_from(entry, tail + 68)
     prev = Timestamp(prev_secs, prev_inc) if prev_secs or prev_inc else None
     return ApplyOps(Timestamp(secs, inc), ops, buffered, key, prev, stamp)
+
+
+def server_stamp(entry: bytes, tail: int) -> TxnStamp:
+    """The stamp of an entry of the server's shape (server_elements) whose ts element is at
+    `tail`: ts, t, v and wall; txnNumber and lsid."""
+    return (
+        entry[tail : tail + 12] + _TERM_AND_VERSION + entry[tail + 34 : tail + 48],
+        entry[82:101] + entry[4:82],
+    )
 
 
 def _command(entry: bytes, f: dict[bytes, _Element]) -> dict[bytes, _Element] | None:
@@ -362,10 +376,23 @@ def splice_txn_op(
     tail, head = stamp
     if index > _MAX_INDEX:
         return None
-    made = splice_crud(
-        b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00")), expanded=expanded
-    )
-    if not made or not (head or index):
+    made = splice_crud(txn_entry(op, tail), expanded=expanded)
+    return txn_event(made, head, index) if made else made
+
+
+def txn_entry(op: bytes, tail: bytes) -> bytes:
+    """The op as a plain write's entry, given the stamp `tail` (TxnStamp's first part): what
+    splice_crud (or the batch splice) reads to make its event before `txn_event`."""
+    return b"".join((_I32.pack(len(op) + len(tail)), op[4:-1], tail, b"\x00"))
+
+
+def txn_event(made: Spliced, head: bytes, index: int) -> Spliced | None:
+    """The event splice_crud `made` of an op's `txn_entry` as its transaction's: `head`
+    (TxnStamp's second part) leading its elements, txnOpIndex `index` in its token; None for
+    the general transform (an index past int32's range, a token of another head)."""
+    if index > _MAX_INDEX:
+        return None
+    if not (head or index):
         return made
     sort_key, type_bits, op_type, db, coll, raw, namespaces, shard, _ = made
     if not index:

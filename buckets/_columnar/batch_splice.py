@@ -43,6 +43,7 @@ sequence of elements.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from binascii import hexlify
@@ -95,6 +96,8 @@ from buckets._columnar.id_keys import (
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.txn_batch import warm_up as warm_up_transactions
+from buckets._columnar.txn_batch import with_transactions
 from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -446,9 +449,19 @@ def splice_entries(
     replacement or delete this module takes (the usual batch of a backlog); else one item for each
     entry, in order: its event's fields (`splice_crud`'s), () for an entry with no event, or the
     entry's own bytes when the general, stateful transform must handle it (transactions, DDL,
-    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each."""
+    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each, and
+    that the entries of the transactions the batch holds whole give their events' fields, the
+    commit's entry all of them (txn_batch.py)."""
     if not splice:
         return batch.entries()
+    items = _entry_items(batch, expanded)
+    if isinstance(items, EventBlock):
+        return items
+    return with_transactions(items, expanded, functools.partial(splice_block, expanded=expanded))
+
+
+def _entry_items(batch: OplogBatch, expanded: bool) -> EventBlock | list[Any]:
+    """splice_entries' items, one an entry (or a block a run), transactions' entries whole."""
     if len(batch) < BATCH_MIN:
         return [_one_by_one(entry, None, expanded) for entry in batch.entries()]
     out, block, taken = splice_block(batch, expanded=expanded)
@@ -491,10 +504,11 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
 
     splice_crud takes the CRUD shapes the block does not: other documentKeys (see batch_layout's
     _R_OK), replacements whose o holds the bytes `$v\0` or is not led by `_id` (walked there),
-    and entries of any field order. The stateful transform (OplogTransformer) keeps transactions
-    (applyOps chains and prepared commits carry state across entries: the transaction's lsid,
-    txnNumber and each op's txnOpIndex in its token; it splices their plain writes with
-    mongoformats.txn_splice), DDL and noops."""
+    and entries of any field order. The stateful transform (OplogTransformer) keeps the
+    transactions a batch does not hold whole (applyOps chains and prepared commits carry state
+    across entries: the transaction's lsid, txnNumber and each op's txnOpIndex in its token; it
+    splices their plain writes with mongoformats.txn_splice; txn_batch.py takes the others),
+    DDL and noops."""
     if made is None:
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made
@@ -537,6 +551,7 @@ def warm_up() -> None:
     )
     for expanded in (False, True):
         _, block, _ = splice_block(reply_batch(reply)[1], expanded=expanded)
+    warm_up_transactions(functools.partial(splice_block, expanded=False))
     # And what a release does with blocks: merge, take each bucket's share, key a reply's batch
     # from where its events lie (or from a block's own column), gather a column.
     if block is not None:

@@ -1,0 +1,278 @@
+"""The transactions a batch of oplog entries holds whole, their writes spliced together by the
+batch splice's compiled kernels (batch_splice.splice_block).
+
+Why: the general transform (mongoformats.change_events.OplogTransformer) reads a transaction's
+entries and splices its ops one by one in Python (txn_splice.read_apply_ops, splice_txn_op),
+each op at the cost of a plain write's one-by-one splice. Here the batch's transaction entries
+are read in one compiled loop (txn_read.py); an op of an applyOps entry, given its commit's
+stamp (ts, t, v, wall), is a plain write's entry (txn_splice.txn_entry), so the ops of all the
+batch's transactions go through the batch splice at once; and its block's events get their
+transaction's lsid, txnNumber and txnOpIndex in another compiled loop (txn_events.py), which
+writes what txn_splice.txn_event (splice_txn_op's last step) writes.
+
+Which transactions: those whose every entry is in the batch, as read_apply_ops reads them: an
+applyOps that commits with a null prevOpTime (a transaction of one entry, or batched writes),
+or a chain that starts in the batch (a partialTxn or prepare entry of null prevOpTime) whose
+entries each link back to the one before, up to the one that commits it (an applyOps, or a
+prepared transaction's commitTransaction). Their entries leave the batch's items: the last
+gives its events, the others none. The transformer keeps transactions' state across batches;
+it gets every other entry of a transaction, a whole chain at a time: a chain the batch does not
+hold whole, or one that an op the splice leaves (DDL, views, migrations' writes, rare shapes)
+or another entry of its key (lsid, txnNumber) keeps out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import bson
+import numpy as np
+import numpy.typing as npt
+from bson import Timestamp
+
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.txn_events import txn_fields
+from buckets._columnar.txn_read import (
+    R_BUFFERED,
+    R_NUMBER,
+    R_OK,
+    R_OPS,
+    R_PREV,
+    R_TAIL,
+    R_TS,
+    read_rows,
+)
+from mongoformats.oplog_splice import Spliced, splice_crud
+from mongoformats.txn_splice import (
+    TxnKey,
+    TxnStamp,
+    read_apply_ops,
+    server_stamp,
+    txn_entry,
+    txn_event,
+)
+
+__all__ = ["TXN_OPS_MIN", "BatchSplice", "warm_up", "whole_chains", "with_transactions"]
+
+# Fewer ops are left to the transformer: this path's fixed cost per batch (the compiled calls,
+# the block's templates) is some ten ops' splices one by one.
+TXN_OPS_MIN = 12
+
+_COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
+
+# batch_splice.splice_block at the batch's `expanded` (given by the caller, which imports this).
+BatchSplice = Callable[[OplogBatch], tuple[list[Any], EventBlock | None, npt.NDArray[np.intp]]]
+
+
+class _Read(NamedTuple):
+    """A transaction's entry as read_apply_ops reads it (txn_splice.ApplyOps), its times as
+    words (a BSON timestamp's 8 bytes read as one little-endian word: comparable, and only
+    made Timestamps for the events that show them); a null prevOpTime as 0."""
+
+    key: TxnKey | None
+    ts: int
+    prev: int
+    buffered: bool
+    ops: list[bytes]
+    stamp: TxnStamp | None
+
+
+# A transaction's entries in the batch: each one's index among the items, and what it reads.
+_Chain = list[tuple[int, _Read]]
+
+
+def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> list[Any]:
+    """`items` (batch_splice.splice_entries') with the entries of the transactions they hold
+    whole (see the module's docstring) replaced by their events' fields; the others as they
+    are."""
+    chains = whole_chains(items)
+    if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
+        return items
+    # Each taken entry's events (none but the commit's), by where it is: chains may interleave.
+    replaced: dict[int, list[Spliced]] = {}
+    for chain, events in zip(chains, _spliced(chains, expanded, splice), strict=True):
+        if events is not None:  # (None: left to the transformer, whole)
+            replaced |= {at: [] for at, _ in chain}
+            replaced[chain[-1][0]] = events
+    out: list[Any] = []
+    last = 0
+    for at in sorted(replaced):
+        out += items[last:at]
+        out += replaced[at]
+        last = at + 1
+    return out + items[last:]
+
+
+def whole_chains(items: list[Any]) -> list[_Chain]:
+    """The transactions the items hold whole, in the order of their commits."""
+    open_chains: dict[TxnKey, _Chain] = {}
+    general: set[TxnKey] = set()  # keys whose entries stay the transformer's
+    whole: list[_Chain] = []
+    for i, read in _reads(items):
+        if read.key is None:  # batched writes: no transaction's chain
+            if not read.prev:
+                whole.append([(i, read)])
+            continue
+        chain = _linked(open_chains.pop(read.key, None), i, read)
+        if chain is None or read.key in general:
+            general.add(read.key)
+        elif read.buffered:
+            open_chains[read.key] = chain
+        else:
+            whole.append(chain)
+    return whole
+
+
+def _reads(items: list[Any]) -> list[tuple[int, _Read]]:
+    """The items' applyOps and commitTransaction entries, each with its index, as read_apply_ops
+    reads them: at once in a compiled loop (txn_read.py) if of the server's shape, else by
+    read_apply_ops itself."""
+    at = [i for i, item in enumerate(items) if type(item) is bytes and _COMMAND_OP in item]
+    if not at:
+        return []
+    entries = [items[i] for i in at]
+    batch = OplogBatch.of(entries)
+    rows, spans = read_rows(batch.data, batch.starts, batch.lengths)
+    data, ops = bytes(batch.data), spans.tolist()  # (OplogBatch.of's data is bytes)
+    out = []
+    for i, entry, row, (ts, prev) in zip(
+        at, entries, rows.tolist(), rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(), strict=True
+    ):
+        read = _server_read(entry, row, ts, prev, data, ops) if row[R_OK] else _walked(entry)
+        if read is not None:
+            out.append((i, read))
+    return out
+
+
+def _server_read(
+    entry: bytes, row: list[int], ts: int, prev: int, data: bytes, ops: list[list[int]]
+) -> _Read:
+    """An entry the compiled loop read (its `row`; its ops at `ops` in `data`)."""
+    buffered = bool(row[R_BUFFERED])
+    return _Read(
+        (entry[23:39], row[R_NUMBER]),  # (where server_elements finds the lsid's id)
+        ts,
+        prev,
+        buffered,
+        [data[a:b] for a, b in ops[row[R_OPS] : row[R_OPS + 1]]],
+        None if buffered else server_stamp(entry, row[R_TAIL]),
+    )
+
+
+def _walked(entry: bytes) -> _Read | None:
+    """An entry not of the server's shape, read by read_apply_ops."""
+    read = read_apply_ops(entry)
+    if read is None:
+        return None
+    prev = 0 if read.prev is None else _word(read.prev)
+    return _Read(read.key, _word(read.ts), prev, read.buffered, read.ops, read.stamp)
+
+
+def _word(ts: Timestamp) -> int:
+    """A timestamp as _Read's word."""
+    return ts.time << 32 | ts.inc
+
+
+def _linked(chain: _Chain | None, i: int, read: _Read) -> _Chain | None:
+    """The chain the entry at `i` continues (`chain`, its key's open one) or starts; None if it
+    does neither (its chain began before the batch, or its key's entries do not link up)."""
+    if chain is None:
+        return [(i, read)] if not read.prev else None
+    return [*chain, (i, read)] if read.prev == chain[-1][1].ts else None
+
+
+def _spliced(
+    chains: list[_Chain], expanded: bool, splice: BatchSplice
+) -> list[list[Spliced] | None]:
+    """Each chain's events; None for a chain with an op the splice leaves to the transformer."""
+    ops = _Ops([], [], [], [])
+    counts = []
+    for chain in chains:
+        n = len(ops.entries)
+        _add(ops, chain)
+        counts.append(len(ops.entries) - n)
+    made = _made(ops, expanded, splice)
+    out: list[list[Spliced] | None] = []
+    at = 0
+    for n in counts:
+        events = made[at : at + n]
+        out.append(None if None in events else list(filter(None, events)))
+        at += n
+    return out
+
+
+class _Ops(NamedTuple):
+    """The ops of the transactions spliced together, each with what its event needs."""
+
+    entries: list[bytes]  # as plain writes' entries (txn_entry)
+    heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
+    indexes: list[int]  # its txnOpIndex
+    applied: list[Any]  # its applied-at time
+
+
+def _add(ops: _Ops, chain: _Chain) -> None:
+    """Add a transaction's ops. Their applied-at times are as the transformer's `_unwind` gives
+    them: where each was written, unless at its index in the commit (the commit's ops, if they
+    come first)."""
+    stamp = chain[-1][1].stamp
+    assert stamp is not None  # read_apply_ops gives a commit its stamp
+    tail, head = stamp
+    ts = chain[-1][1].ts
+    first = len(ops.entries)
+    for _, read in chain:
+        n = len(read.ops)
+        ops.entries.extend([txn_entry(op, tail) for op in read.ops])
+        if len(ops.entries) - n > first or read.ts != ts:
+            at = Timestamp(read.ts >> 32, read.ts & 0xFFFFFFFF)
+            ops.applied.extend([(at, i) for i in range(n)])
+        else:
+            ops.applied.extend([None] * n)
+    n = len(ops.entries) - first
+    ops.heads.extend([head] * n)
+    ops.indexes.extend(range(n))
+
+
+def _made(ops: _Ops, expanded: bool, splice: BatchSplice) -> list[Any]:
+    """Each op's event as the transformer makes it (None: left to it; (): no event): the batch
+    splice's block made its transaction's in one compiled loop (txn_events.py); the other
+    events it made, or splice_crud's, by txn_event (splice_txn_op's last step)."""
+    entries, heads, indexes, applied = ops
+    out, block, taken = splice(OplogBatch.of(entries))
+    made: list[Any] = [None] * len(entries)
+    if block is not None:
+        where = taken.tolist()
+        rows = txn_fields(
+            block,
+            [heads[i] for i in where],
+            [indexes[i] for i in where],
+            [applied[i] for i in where],
+        )
+        for i, fields in zip(where, rows, strict=True):
+            made[i] = fields
+    for i in [i for i, fields in enumerate(made) if fields is None]:
+        fields = out[i] if out[i] is not None else splice_crud(entries[i], expanded=expanded)
+        event = txn_event(fields, heads[i], indexes[i]) if fields else fields
+        made[i] = (*event[:-1], applied[i]) if event else event
+    return made
+
+
+def warm_up(splice: BatchSplice) -> None:
+    """Compile the kernels of the read (txn_read.py) and of the rewrite (txn_events.py), or
+    load them from numba's cache, on a transaction of one insert (see batch_splice.warm_up)."""
+    ui, oid = bson.Binary(bytes(16), 4), bson.ObjectId(bytes(12))
+    op = {"op": "i", "ns": "db.c", "ui": ui, "o": {"_id": oid}, "o2": {"_id": oid}}
+    entry = {
+        "lsid": {"id": ui, "uid": bson.Binary(bytes(32), 0)},
+        "txnNumber": bson.Int64(1),
+        "op": "c",
+        "ns": "admin.$cmd",
+        "o": {"applyOps": [op, op]},
+        "ts": Timestamp(1, 1),
+        "t": bson.Int64(1),
+        "v": bson.Int64(2),
+        "wall": bson.datetime_ms.DatetimeMS(0),
+        "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
+    }
+    _spliced(whole_chains([bson.encode(entry)]), False, splice)

@@ -1,0 +1,357 @@
+"""The transactions a batch holds whole, spliced by the batch splice (buckets/_columnar/
+txn_batch.py), give exactly the events the general transform gives them (OplogTransformer's
+transform_decoded, itself pinned to the server by the fidelity tests and to splice_txn_op by
+test_txn_splice): same resume tokens (txnOpIndex), same fields in the same order (txnNumber and
+lsid before `_id`), same applied-at times, whatever the batch's cuts, where the read starts
+(a commit then reads its chain back), or which ops the splice must leave to the transformer.
+
+The oplog shapes are those of mongodb-formats.md C.6 (simcluster/transactions.py writes them):
+test_txn_splice's generators.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from typing import Any
+from unittest import mock
+
+import bson
+import numpy as np
+import pytest
+from bson import Binary, Int64, ObjectId, Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import buckets._columnar.txn_batch as txn_batch
+import mongoformats.txn_splice as txn_splice
+from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.oplog_batch import SLACK, OplogBatch
+from buckets._columnar.txn_events import txn_fields
+from buckets._columnar.txn_read import R_OK, read_rows
+from mongoformats.bson_bytes import timestamp_of
+from mongoformats.change_events import OplogTransformer, prev_op_ts
+from mongoformats.resume_token import decode_token
+from mongoformats.txn_splice import txn_event
+from tests.unit.test_oplog_splice import crud_entries
+from tests.unit.test_txn_splice import _NULL_TS, _UIS, _entry, _shaped_entries, transactions
+
+_SECONDS = 1_700_000_000
+
+
+def _insert(inc: int, _id: Any, ns: str = "app.orders") -> bytes:
+    """A plain insert outside any transaction, at increment `inc`."""
+    return bson.encode(
+        {
+            "op": "i",
+            "ns": ns,
+            "ui": _UIS[0],
+            "o": {"_id": _id, "n": inc},
+            "o2": {"_id": _id},
+            "ts": Timestamp(_SECONDS, inc),
+            "t": Int64(1),
+            "v": Int64(2),
+            "wall": bson.datetime_ms.DatetimeMS(inc),
+        }
+    )
+
+
+# Ops the splice leaves to the general transform, each for its own reason: an update of `$v` 1
+# (a modifier document), an op with a field a plain write's entry does not have, an op without
+# ui, a view's definition, a migration's write.
+_ODD_OPS = [
+    {"op": "u", "ns": "app.orders", "ui": _UIS[0], "o": {"$set": {"a": 1}}, "o2": {"_id": 1}},
+    {
+        "op": "u",
+        "ns": "app.orders",
+        "ui": _UIS[0],
+        "o": {"_id": 2, "a": 1},
+        "o2": {"_id": 2},
+        "b": True,
+    },
+    {"op": "i", "ns": "app.orders", "o": {"_id": 3}, "o2": {"_id": 3}},
+    {"op": "i", "ns": "app.system.views", "ui": _UIS[1], "o": {"_id": "app.v", "viewOn": "c"}},
+    {"op": "d", "ns": "app.orders", "ui": _UIS[0], "o": {"_id": 4}, "fromMigrate": True},
+]
+
+
+@st.composite
+def _oplogs(draw: st.DrawFn) -> list[bytes]:
+    """Transactions (one entry, a partialTxn chain, a prepare and its commit; sessions of every
+    kind), their entries interleaved now and then (each transaction's in order), plain inserts
+    between them now and then, an op the splice leaves to the transformer put into one of them
+    now and then."""
+    txns: list[list[bytes]] = []
+    for k in range(draw(st.integers(1, 4))):
+        entries = draw(transactions(20 * k))
+        if draw(st.integers(0, 3)) == 0:
+            odd = bson.encode(draw(st.sampled_from(_ODD_OPS)))
+            at = draw(st.integers(0, len(entries) - 1))
+            entries[at] = _with_op(entries[at], odd)
+        entries += [_insert(20 * k + 15 + j, j) for j in range(draw(st.integers(0, 2)))]
+        txns.append(entries)
+    order = [k for k, entries in enumerate(txns) for _ in entries]
+    if draw(st.booleans()):
+        order = draw(st.permutations(order))
+    return [txns[k].pop(0) for k in order]
+
+
+def _with_op(entry: bytes, op: bytes) -> bytes:
+    """An applyOps entry with `op` added to its ops (another entry is left as it is)."""
+    doc = bson.decode(entry)
+    if "applyOps" in doc["o"]:
+        doc["o"]["applyOps"].append(bson.decode(op))
+    return bson.encode(doc)
+
+
+def _general(oplog: list[bytes], start: int, expanded: bool) -> list[Any]:
+    """The events of a read from the entry at `start`, each entry made by the transformer."""
+    return _read([[entry] for entry in oplog[start:]], oplog, expanded)
+
+
+def _batched(oplog: list[bytes], start: int, cuts: list[int], expanded: bool) -> list[Any]:
+    """The events of a read from the entry at `start` in batches cut at `cuts`, each made by
+    splice_entries and what it leaves by the transformer (as buckets/oplog_tail.py does)."""
+    bounds = sorted({start, *(c for c in cuts if start < c < len(oplog)), len(oplog)})
+    batches = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        items = splice_entries(OplogBatch.of(oplog[a:b]), True, expanded)
+        batches.append([items] if type(items) is EventBlock else items)
+    return _read(batches, oplog, expanded)
+
+
+def _read(batches: list[list[Any]], oplog: list[bytes], expanded: bool) -> list[Any]:
+    """The events of the batches' items, as tuples: bytes transformed (a commit's chain read
+    back first, by prevOpTime), blocks' fields, spliced fields as they are; an error the
+    transform raised, as its type."""
+    by_ts = {timestamp_of(entry): entry for entry in oplog}
+    tr = OplogTransformer(show_expanded_events=expanded)
+    out: list[Any] = []
+    for items in batches:
+        for item in items:
+            if type(item) is EventBlock:
+                out += item.fields()
+            elif type(item) is not bytes:
+                out += [item] if item else []
+            else:
+                out += _transformed(tr, item, by_ts)
+    return [*out, tr.pending_transactions()]
+
+
+def _transformed(tr: OplogTransformer, entry: bytes, by_ts: dict[Timestamp, bytes]) -> list[Any]:
+    try:
+        gap = tr.missing_chain(entry)
+        chain = []
+        while gap is not None:
+            chain.append(by_ts[gap])
+            gap = prev_op_ts(by_ts[gap])
+        if chain:
+            tr.adopt_chain(chain[::-1])
+        return [tuple(ev) for ev in tr.transform_decoded(entry)]
+    except (KeyError, TypeError) as e:
+        return [type(e)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _oplogs(),
+    st.booleans(),
+    st.integers(0, 3),
+    st.lists(st.integers(1, 20), max_size=3),
+)
+def test_transactions_spliced_in_batches_equal_the_general_transform(
+    oplog: list[bytes], expanded: bool, start: int, cuts: list[int]
+) -> None:
+    """Random transactions in batches cut anywhere (a chain split across two batches, a commit
+    without its prepare), read from the start or from inside one, with and without expanded
+    events: every transaction gives the events the general transform gives, in oplog order."""
+    start = min(start, len(oplog) - 1)
+    with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+        assert _batched(oplog, start, cuts, expanded) == _general(oplog, start, expanded)
+
+
+def _server_transactions(base: int) -> list[bytes]:
+    """A prepared transaction and one of one entry, as a sharded cluster's shard logs a
+    transaction spread over shards and one on a single shard, of the ops applications write:
+    inserts of nested documents, `$v: 2` updates, a replacement and a delete, with ObjectId,
+    string, UUID and compound `_id`s."""
+    lsid = {"id": Binary(uuid.UUID(int=base + 1).bytes, 4), "uid": Binary(bytes(32), 0)}
+    session = {"lsid": lsid, "txnNumber": Int64(base)}
+    keys: list[Any] = [ObjectId(), "order-17", Binary(uuid.UUID(int=base).bytes, 4), {"a": 1}]
+    ops = [
+        {
+            "op": "i",
+            "ns": "app.orders",
+            "ui": _UIS[0],
+            "o": {"_id": k, "customer": {"name": "x", "tags": ["a", "b"]}},
+            "o2": {"_id": k},
+        }
+        for k in keys
+    ]
+    ops += [
+        {
+            "op": "u",
+            "ns": "app.users",
+            "ui": _UIS[1],
+            "o": {"$v": 2, "diff": {"u": {"status": "paid"}, "sitems": {"a": True, "u0": 1}}},
+            "o2": {"_id": keys[0]},
+        },
+        {
+            "op": "u",
+            "ns": "app.users",
+            "ui": _UIS[1],
+            "o": {"_id": "u", "n": 2},
+            "o2": {"_id": "u"},
+        },
+        {"op": "d", "ns": "app.orders", "ui": _UIS[0], "o": {"_id": keys[2]}},
+    ]
+    first = Timestamp(_SECONDS, base + 1)
+    commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(_SECONDS, base + 2)}
+    return [
+        _entry(session, {"applyOps": ops[:4], "prepare": True}, base + 1, True, _NULL_TS),
+        _entry(session, commit, base + 3, True, first),
+        _entry(
+            {**session, "txnNumber": Int64(base + 1)},
+            {"applyOps": ops[4:]},
+            base + 4,
+            True,
+            _NULL_TS,
+        ),
+    ]
+
+
+def test_an_applications_transactions_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backlog's batch of plain writes and the transactions an application writes (prepared on
+    a shard of several, or committed in one entry): every transaction's entries leave the batch
+    as their events, read in the compiled loop, every op spliced by the block (none one by one,
+    none by the transformer), each event led by txnNumber and lsid, its txnOpIndex in its
+    token."""
+    oplog = [_insert(i, ObjectId()) for i in range(1, BATCH_MIN + 1)]
+    for k in range(4):
+        oplog[20 * k : 20 * k] = _server_transactions(1000 + 10 * k)
+
+    def one_by_one(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("an op of a transaction was spliced one by one")
+
+    monkeypatch.setattr(txn_batch, "splice_crud", one_by_one)
+    monkeypatch.setattr(txn_batch, "read_apply_ops", one_by_one)  # all read in the compiled loop
+    items = splice_entries(OplogBatch.of(oplog), True, False)
+    assert isinstance(items, list)
+    assert not [item for item in items if type(item) is bytes]
+    txn_events = [
+        item
+        for item in items
+        if type(item) is tuple and item and next(iter(bson.decode(item[5]))) == "txnNumber"
+    ]
+    assert len(txn_events) == 4 * 7
+    for ev in txn_events:
+        assert list(bson.decode(ev[5]))[:3] == ["txnNumber", "lsid", "_id"]
+    indexes = [decode_token(bson.decode(ev[5])["_id"]).txn_op_index for ev in txn_events]
+    assert indexes == [0, 1, 2, 3, 0, 1, 2] * 4
+    monkeypatch.undo()
+    assert _read([items], oplog, False) == _general(oplog, 0, False)
+
+
+def test_few_ops_are_left_to_the_transformer() -> None:
+    """A batch whose whole transactions have fewer than TXN_OPS_MIN ops keeps their entries:
+    the transformer splices so few at less cost."""
+    oplog = [_insert(i, ObjectId()) for i in range(1, 10)] + _server_transactions(100)[2:]
+    items = splice_entries(OplogBatch.of(oplog), True, False)
+    assert isinstance(items, list) and items[-1] == oplog[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_shaped_entries(), st.data())
+def test_the_compiled_read_equals_read_apply_ops(shaped: tuple[bytes, bool], data: Any) -> None:
+    """A transaction's entry of the server's shape is read in the compiled loop as
+    read_apply_ops reads it (ops, key, times, stamp); an odd one, or one with a byte changed
+    anywhere, is read so or left to read_apply_ops, never read otherwise."""
+    entry, _ = shaped
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(entry) - 1))
+        entry = entry[:at] + bytes([data.draw(st.integers(0, 255))]) + entry[at + 1 :]
+    walked = txn_batch._walked(entry)
+    assert txn_batch._reads([b"", entry]) == ([(1, walked)] if walked is not None else [])
+    rows, _ = read_rows(entry + bytes(SLACK), np.zeros(1, np.int64), np.array([len(entry)]))
+    assert bool(rows[0, R_OK]) == _read_at_fixed_offsets(entry)
+
+
+def _read_at_fixed_offsets(entry: bytes) -> bool:
+    """Whether read_apply_ops reads the entry at fixed offsets (not by walking it)."""
+    shape = txn_splice._server_shape(entry)
+    try:
+        return shape is not None and txn_splice._read_server(entry, *shape) is not None
+    except (ValueError, IndexError, struct.error):
+        return False
+
+
+_HEADS = [
+    b"",
+    bson.encode({"txnNumber": Int64(7), "lsid": {"id": _UIS[0]}})[4:-1],
+    bson.encode({"txnNumber": 3, "lsid": {"id": _UIS[1], "uid": Binary(bytes(32), 0)}})[4:-1],
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(crud_entries(), min_size=1, max_size=12),
+    st.data(),
+    st.booleans(),
+)
+def test_the_compiled_rewrite_equals_txn_event(
+    entries: list[dict[str, Any]], data: Any, expanded: bool
+) -> None:
+    """The block's events made their transactions' in the compiled loop equal txn_event's of
+    each (its head, its txnOpIndex: 0, of one or more KeyString bytes, past 127 and 255)."""
+    raws = [bson.encode(entry) for entry in entries]
+    _, block, taken = splice_block(OplogBatch.of(raws), expanded=expanded)
+    if block is None:
+        return
+    heads = [data.draw(st.sampled_from(_HEADS)) for _ in taken]
+    indexes = [data.draw(st.sampled_from([0, 0, 1, 2, 127, 128, 255, 256, 3000])) for _ in taken]
+    expected = [
+        txn_event(fields, head, index)
+        for fields, head, index in zip(block.fields(), heads, indexes, strict=True)
+    ]
+    assert txn_fields(block, heads, indexes, [None] * len(heads)) == expected
+
+
+@pytest.mark.parametrize("count", [1, 129, 300])
+def test_a_transaction_of_many_ops_equals_the_general_transform(count: int) -> None:
+    """A transaction of hundreds of ops (txnOpIndex KeyStrings of one, two and three bytes), in
+    one entry and prepared, spliced in a batch."""
+    lsid = {"id": Binary(uuid.UUID(int=5).bytes, 4), "uid": Binary(bytes(32), 0)}
+    session = {"lsid": lsid, "txnNumber": Int64(2)}
+    ops = [
+        {"op": "i", "ns": "a.b", "ui": _UIS[0], "o": {"_id": k, "x": "y"}, "o2": {"_id": k}}
+        for k in range(count)
+    ]
+    commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(_SECONDS, 2)}
+    oplog = [
+        _entry(session, {"applyOps": ops}, 1, True, _NULL_TS),
+        _entry(
+            {**session, "txnNumber": Int64(3)},
+            {"applyOps": ops, "prepare": True},
+            2,
+            True,
+            _NULL_TS,
+        ),
+        _entry({**session, "txnNumber": Int64(3)}, commit, 3, True, Timestamp(_SECONDS, 2)),
+    ]
+    with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+        items = splice_entries(OplogBatch.of(oplog), True, False)
+    assert not [item for item in items if type(item) is bytes]
+    assert _read([items], oplog, False) == _general(oplog, 0, False)
+
+
+def test_interleaved_transactions_each_give_their_events_once() -> None:
+    """Two shards' worth of prepared transactions whose entries interleave (a prepare, another's
+    prepare, the first's commit, the other's commit), as a shard logs concurrent transactions:
+    each transaction's events come once, at its commit."""
+    first, second = _server_transactions(100), _server_transactions(200)
+    oplog = [first[0], second[0], first[1], second[2], second[1], first[2]]
+    with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+        items = splice_entries(OplogBatch.of(oplog), True, False)
+    assert not [item for item in items if type(item) is bytes]
+    assert _read([items], oplog, False) == _general(oplog, 0, False)
