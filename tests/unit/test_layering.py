@@ -52,6 +52,12 @@ ENGINE_TRANSFORM = {
     "buckets._columnar.event_block",
     "buckets._columnar.block_kernels",
     "buckets._columnar.id_keys",
+    "buckets._columnar.diff_kernel",
+    "buckets._columnar.update_descriptions",
+    "buckets._columnar.txn_batch",
+    "buckets._columnar.txn_read",
+    "buckets._columnar.txn_events",
+    "mongoformats.txn_splice",
     "mongoformats.update_diff",
     "mongoformats.diff_splice",
 }
