@@ -140,8 +140,8 @@ class FrameBudget:
         return True
 
 
-# Pieces one scatter-gather write takes at most (Linux's IOV_MAX is 1024); a message of more
-# (a reply of many small events, each its own piece) is joined instead.
+# Pieces one scatter-gather write takes at most (Linux's IOV_MAX is 1024); a message of more is
+# written a group of pieces at a time.
 _MAX_PIECES = 512
 # The buffer a reply's deferred batch is gathered into, a part at a time (wire.DeferredPiece):
 # small enough that each part is still in the CPU's cache when the kernel copies it out, large
@@ -175,7 +175,9 @@ async def _send_pieces(
 async def _send_views(stream: trio.SocketStream, views: list[memoryview]) -> None:
     """Send all of `views` with scatter-gather writes, emptying the list."""
     while views:
-        sent = await stream.socket.sendmsg(views)
+        sent = await stream.socket.sendmsg(
+            views[:_MAX_PIECES] if len(views) > _MAX_PIECES else views
+        )
         done = 0
         while done < len(views) and sent >= len(views[done]):
             sent -= len(views[done])
@@ -321,11 +323,7 @@ class ClientSession:
         with scatter-gather writes, unjoined (a reply of megabytes is then copied once, into the
         kernel, not first into one bytes object); compressed or over TLS they are joined."""
         if isinstance(data, list):
-            if (
-                compressor is None
-                and type(self.stream) is trio.SocketStream
-                and len(data) <= _MAX_PIECES
-            ):
+            if compressor is None and type(self.stream) is trio.SocketStream:
                 await _send_pieces(self.stream, data, self._send_scratch)
                 return
             data = wire.joined(data)

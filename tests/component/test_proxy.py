@@ -59,3 +59,24 @@ async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_and_a_clos
         for _ in range(100):
             await _send_pieces(sender, pieces, lambda: scratch)
     await sender.aclose()
+
+
+async def test_a_reply_of_more_pieces_than_one_write_takes_arrives_whole() -> None:
+    """A message of more pieces than a scatter-gather write takes (IOV_MAX, 1024 on Linux) is
+    written a group of pieces at a time, unjoined: it arrives whole and in order."""
+    pieces = [b"%05d;" % i for i in range(3000)]
+    want = b"".join(pieces)
+    a, b = trio.socket.socketpair()
+    sender, receiver = trio.SocketStream(a), trio.SocketStream(b)
+    got = bytearray()
+
+    async def read_all() -> None:
+        while len(got) < len(want):
+            got.extend(await receiver.receive_some(50_000))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await _send_pieces(sender, pieces, lambda: np.empty(16, np.uint8))
+    assert bytes(got) == want
+    await sender.aclose()
+    await receiver.aclose()
