@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -19,7 +19,7 @@ from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import RAW
-from mongoformats.wire import ArrayRun, DeferredPiece, joined
+from mongoformats.wire import ArrayRun, joined
 
 __all__ = [
     "SplicedDocument",
@@ -161,13 +161,17 @@ def _keyed_pieces(items: Sequence[Any], first: int) -> list[bytes]:
     decimal, the document), as the pieces of a message: runs of small documents joined with
     their keys, each large one left where it lies."""
     keys = _keys_of(first, len(items))
-    large = [i for i, size in enumerate(map(len, items)) if size >= _OWN_PIECE_BYTES]
+    sizes = list(map(len, items))
+    large = []
+    if max(sizes, default=0) >= _OWN_PIECE_BYTES:
+        large = [i for i, size in enumerate(sizes) if size >= _OWN_PIECE_BYTES]
     pieces: list[bytes] = []
     start = 0
     for stop in (*large, len(items)):
         for at in range(start, stop, _JOINED_DOCUMENTS):
             end = min(stop, at + _JOINED_DOCUMENTS)
-            pieces.append(b"".join(chain.from_iterable(zip(keys[at:end], items[at:end]))))
+            elements = zip(keys[at:end], items[at:end], strict=True)
+            pieces.append(b"".join(chain.from_iterable(elements)))
         if stop < len(items):
             pieces += (keys[stop], items[stop])
         start = stop + 1
@@ -186,7 +190,8 @@ def _array_parts(items: list[Any]) -> tuple[int, list[Any]]:
     parts: list[Any] = []
     index, size = 0, 5
     start = 0  # the first of the encoded documents not yet keyed
-    for at, item in enumerate(items):
+    runs = () if list(map(type, items)).count(bytes) == len(items) else enumerate(items)
+    for at, item in runs:
         if isinstance(item, ArrayRun):
             if start < at:
                 parts += _keyed_pieces(items[start:at], index)
