@@ -29,6 +29,8 @@ async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_and_a_clos
         pa.py_buffer(b"x" * 1_000_001),
         events.sliced(5, 300).array_body(12),
         memoryview(np.arange(50_000, dtype=np.int64)),
+        memoryview(np.arange(7, dtype=np.int64)),  # small pieces of any kind are joined
+        pa.py_buffer(b"small"),
         b"tail",
     ]
     want = wire.joined(pieces)
