@@ -13,7 +13,6 @@ the layout of an EventFields tuple (the EV_* indices).
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
@@ -128,19 +127,17 @@ class EventRun(Protocol):
 
 
 _RAW_OF = operator.itemgetter(EV_RAW)
-_NAMESPACES_OF = operator.itemgetter(EV_NAMESPACES)
 
 
 class PlainRun:
-    """Single events, each an EventFields tuple, in token order. (Its per-event sums and scans
-    run in C, through map and itertools: a live tail's events, and a backlog's transactions,
-    are plain runs, measured by the merge, the buckets and each reply.)"""
+    """Single events, each an EventFields tuple, in token order. Its bytes are summed once: the
+    merge's release, a bucket's charge and each reply's cut ask for them."""
 
     __slots__ = ("events", "_nbytes")
 
     def __init__(self, events: list[EventFields]) -> None:
         self.events = events
-        self._nbytes = -1  # measured on first use
+        self._nbytes = -1  # summed on first use
 
     def __len__(self) -> int:
         return len(self.events)
@@ -191,15 +188,9 @@ class PlainRun:
         return self
 
     def shares(self, route: Route) -> dict[int, EventRun]:
-        """Each namespace routed once; a run whose events all go to the same buckets is each
-        one's share whole (a live tail's run is an event or a few, mostly of one namespace)."""
-        names = list(map(_NAMESPACES_OF, self.events))
-        routes = {namespaces: route(namespaces) for namespaces in set(names)}
-        if len(set(routes.values())) == 1:
-            return dict.fromkeys(next(iter(routes.values())), self)
         out: dict[int, list[EventFields]] = {}
-        for ev, namespaces in zip(self.events, names, strict=True):
-            for b in routes[namespaces]:
+        for ev in self.events:
+            for b in route(ev[EV_NAMESPACES]):
                 share = out.get(b)
                 if share is None:
                     out[b] = [ev]
@@ -216,26 +207,30 @@ class PlainRun:
     def reply_parts(self) -> list[Any]:
         return list(map(_RAW_OF, self.events))
 
-    def _sums(self, overhead: int = 0) -> list[int]:
-        """The running totals of the events' sizes, each plus `overhead`."""
-        sizes = map(len, map(_RAW_OF, self.events))
-        return list(itertools.accumulate(map(overhead.__add__, sizes) if overhead else sizes))
-
     def count_within(self, room: int) -> int:
-        return bisect.bisect_right(self._sums(), room)
+        total = 0
+        for k, ev in enumerate(self.events):
+            total += len(ev[EV_RAW])
+            if total > room:
+                return k
+        return len(self.events)
 
     def count_reaching(self, total: int) -> tuple[int, int]:
-        sums = self._sums()
-        k = min(bisect.bisect_left(sums, total) + 1, len(sums))
-        return k, sums[k - 1] if k else 0
+        nbytes = 0
+        for k, ev in enumerate(self.events):
+            nbytes += len(ev[EV_RAW])
+            if nbytes >= total:
+                return k + 1, nbytes
+        return len(self.events), nbytes
 
     def reply_prefix(self, room: int, overhead: int, measure_above: int) -> tuple[int, int]:
-        sums = self._sums(overhead)
-        k = bisect.bisect_right(sums, room)
-        sizes = list(map(len, map(_RAW_OF, self.events[:k])))
-        if k and max(sizes) + overhead > measure_above:  # stop before the first to measure
-            k = next(i for i, size in enumerate(sizes) if size + overhead > measure_above)
-        return k, sums[k - 1] if k else 0
+        cost = 0
+        for k, ev in enumerate(self.events):
+            one = len(ev[EV_RAW]) + overhead
+            if one > measure_above or cost + one > room:
+                return k, cost
+            cost += one
+        return len(self.events), cost
 
 
 def plain_runs(events: list[EventFields]) -> list[EventRun]:

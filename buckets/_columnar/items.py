@@ -5,7 +5,6 @@ are: a plain tuple marshals fast, a block's columns travel out of band."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,22 +28,9 @@ __all__ = [
 SplicedItems = EventBlock | list[Any]
 
 
-def _blocks_at(items: Sequence[Any]) -> list[int]:
-    """Where the blocks are in a list of items. Found in C (list.index over the items' types):
-    a batch of a backlog is thousands of single events around a few blocks, and the reader, the
-    merge and the budget each ask."""
-    types = list(map(type, items))
-    at: list[int] = []
-    with contextlib.suppress(ValueError):
-        while True:
-            at.append(types.index(EventBlock, at[-1] + 1 if at else 0))
-    return at
-
-
 def count_events(items: Sequence[Any]) -> int:
     """How many events a list of items holds."""
-    blocks = _blocks_at(items)
-    return len(items) + sum(len(items[i]) - 1 for i in blocks)
+    return sum(len(i) if type(i) is EventBlock else 1 for i in items)
 
 
 def as_fields(items: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -65,16 +51,18 @@ def as_runs(items: Sequence[Any]) -> list[EventRun]:
     stretch of single events between them one plain run. (Not one run of them all: a shard's
     runs are charged to its budget by what each holds, see EventBlock.hold; the merge of several
     shards' puts their single events into the merged block, run.merge_runs.)"""
-    items = items if type(items) is list else list(items)
     out: list[EventRun] = []
-    start = 0  # the first single event not yet in a run
-    for at in _blocks_at(items):
-        if start < at:
-            out.append(PlainRun(items[start:at]))
-        out.append(ColumnarRun(items[at]))
-        start = at + 1
-    if start < len(items):
-        out.append(PlainRun(items[start:]))
+    singles: list[Any] = []
+    for item in items:
+        if type(item) is EventBlock:
+            if singles:
+                out.append(PlainRun(singles))
+                singles = []
+            out.append(ColumnarRun(item))
+        else:
+            singles.append(item)
+    if singles:
+        out.append(PlainRun(singles))
     return out
 
 
@@ -97,6 +85,6 @@ def above(item: Any, skip: bytes) -> tuple[Any, int] | None:
 
 def hold_blocks(items: Sequence[Any], hold: Callable[[int], Any]) -> None:
     """Give each block the hold `hold` makes of its bytes (see EventBlock.hold)."""
-    for at in _blocks_at(items):
-        item = items[at]
-        item.hold = hold(item.nbytes)
+    for item in items:
+        if type(item) is EventBlock:
+            item.hold = hold(item.nbytes)

@@ -186,17 +186,3 @@ def test_a_readers_items_become_runs_around_their_blocks_wherever_the_blocks_fal
 def _recorded(holds: list[int], n: int) -> int:
     holds.append(n)
     return n
-
-
-def test_a_plain_run_whose_events_go_to_the_same_buckets_is_their_share_whole() -> None:
-    """Each namespace is routed once, and a run of one route is not copied into shares."""
-    _, plain = _runs([10] * BATCH_MIN, [i % 3 for i in range(BATCH_MIN)])
-    asked: list[tuple[str, ...]] = []
-
-    def route(namespaces: tuple[str, ...]) -> tuple[int, ...]:
-        asked.append(namespaces)
-        return (1, 3)
-
-    shares = plain.shares(route)
-    assert list(shares) == [1, 3] and all(share is plain for share in shares.values())
-    assert sorted(asked) == sorted(_NS)
