@@ -172,7 +172,9 @@ async def _send_pieces(
         for piece in pieces:
             if isinstance(piece, wire.DeferredPiece):
                 _add_joined(views, small)
-                for part in piece.pieces(scratch()):
+                for k, part in enumerate(piece.pieces(scratch())):
+                    if k:  # other tasks run between the parts of a reply of megabytes
+                        await trio.lowlevel.checkpoint()
                     views.append(memoryview(part).cast("B"))
                     await _send_views(stream, views)
             elif len(piece) < _JOIN_BELOW:
