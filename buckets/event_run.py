@@ -13,6 +13,7 @@ the layout of an EventFields tuple (the EV_* indices).
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -125,13 +126,18 @@ class EventRun(Protocol):
         ...
 
 
-class PlainRun:
-    """Single events, each an EventFields tuple, in token order."""
+_RAW_OF = operator.itemgetter(EV_RAW)
 
-    __slots__ = ("events",)
+
+class PlainRun:
+    """Single events, each an EventFields tuple, in token order. Its bytes are summed once: the
+    merge's release, a bucket's charge and each reply's cut ask for them."""
+
+    __slots__ = ("events", "_nbytes")
 
     def __init__(self, events: list[EventFields]) -> None:
         self.events = events
+        self._nbytes = -1  # summed on first use
 
     def __len__(self) -> int:
         return len(self.events)
@@ -149,7 +155,9 @@ class PlainRun:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(ev[EV_RAW]) for ev in self.events)
+        if self._nbytes < 0:
+            self._nbytes = sum(map(len, map(_RAW_OF, self.events)))
+        return self._nbytes
 
     @property
     def pins(self) -> bool:
@@ -197,7 +205,7 @@ class PlainRun:
         return event_token(self.events[-1])
 
     def reply_parts(self) -> list[Any]:
-        return [ev[EV_RAW] for ev in self.events]
+        return list(map(_RAW_OF, self.events))
 
     def count_within(self, room: int) -> int:
         total = 0

@@ -405,9 +405,11 @@ class ParallelStream:
             # Every batch already waiting is merged with this one: fewer, larger releases (each
             # release cuts the shards' blocks at the frontier, and each piece is dealt apart).
             arrived = [first]
-            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+            try:
                 while len(arrived) < _MERGED_AT_ONCE:
                     arrived.append(recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                pass
             self._queue(arrived)
             ready, freed = self.merge.pop_ready()
             self._nudge_blocking_shards()
@@ -427,9 +429,10 @@ class ParallelStream:
 
     def _queue(self, arrived: list[ShardBatch]) -> None:
         """Queue the shards' batches in the merge and move their marks."""
+        tagged = self.options.needs_pre_images  # read from the shard that wrote the event
         for batch in arrived:
             events = as_runs(batch.events)
-            if self.options.needs_pre_images:  # read from the shard that wrote the event
+            if tagged:
                 events = plain_runs(with_shard(fields_of(events), batch.shard))
             self.merge.extend(batch.shard, events)
             self.merge.advance(batch.shard, batch.mark)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -19,7 +19,7 @@ from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from mongoformats.codecs import RAW
-from mongoformats.wire import ArrayRun, DeferredPiece, joined
+from mongoformats.wire import ArrayRun, joined
 
 __all__ = [
     "SplicedDocument",
@@ -140,40 +140,70 @@ def _index_keys(size_class: int) -> tuple[bytes, ...]:
     return tuple(b"\x03%d\x00" % i for i in range(1 << size_class))
 
 
-def _array_parts(items: list[Any]) -> tuple[int, Iterable[bytes]]:
-    """A BSON array of the given encoded documents as (its size, the pieces after its length).
-
-    Pieces, not bytes: the caller joins them once into the whole reply. Every `+` of a reply-sized
-    bytes object costs an allocation of that size, and such fresh memory faults in page by page.
-    """
-    if any(isinstance(item, ArrayRun) for item in items):
-        return _array_parts_with_blocks(items)
-    n = len(items)
-    size_class = n.bit_length()
+def _keys_of(first: int, n: int) -> Sequence[bytes]:
+    """The element headers of indices first .. first + n - 1."""
+    size_class = (first + n).bit_length()
     if size_class <= 16:  # up to 64k keys cached (a few MB); a larger batch formats its own
-        keys: Sequence[bytes] = _index_keys(size_class)[:n]
-    else:
-        keys = [b"\x03%d\x00" % i for i in range(n)]
-    size = 5 + sum(map(len, keys)) + sum(map(len, items))
-    return size, chain(chain.from_iterable(zip(keys, items, strict=True)), (b"\x00",))
+        return _index_keys(size_class)[first : first + n]
+    return [b"\x03%d\x00" % i for i in range(first, first + n)]
 
 
-def _array_parts_with_blocks(items: list[Any]) -> tuple[int, Iterable[Any]]:
-    """`_array_parts` of documents some of which come as runs (wire.ArrayRun, the engine's event
-    blocks): a run's elements are keyed and written as the reply is sent (ArrayRun.array_body)."""
+# A document this large is a piece of its own (not copied); smaller ones are joined, at most
+# _JOINED_DOCUMENTS to a piece. Why: every piece costs its sender more (a buffer view, an entry
+# of a scatter-gather write) than copying a document of a few KB; a batch of thousands of small
+# events as two pieces each spent more on the pieces than on the bytes.
+_OWN_PIECE_BYTES = 16 << 10
+_JOINED_DOCUMENTS = 256
+
+
+def _keyed_pieces(items: Sequence[Any], first: int) -> list[bytes]:
+    """Encoded documents as array elements keyed from `first` on (type 3, the index in
+    decimal, the document), as the pieces of a message: runs of small documents joined with
+    their keys, each large one left where it lies."""
+    keys = _keys_of(first, len(items))
+    sizes = list(map(len, items))
+    large = []
+    if max(sizes, default=0) >= _OWN_PIECE_BYTES:
+        large = [i for i, size in enumerate(sizes) if size >= _OWN_PIECE_BYTES]
+    pieces: list[bytes] = []
+    start = 0
+    for stop in (*large, len(items)):
+        for at in range(start, stop, _JOINED_DOCUMENTS):
+            end = min(stop, at + _JOINED_DOCUMENTS)
+            elements = zip(keys[at:end], items[at:end], strict=True)
+            pieces.append(b"".join(chain.from_iterable(elements)))
+        if stop < len(items):
+            pieces += (keys[stop], items[stop])
+        start = stop + 1
+    return pieces
+
+
+def _array_parts(items: list[Any]) -> tuple[int, list[Any]]:
+    """A BSON array of the given documents (encoded, or runs of them: wire.ArrayRun, the
+    engine's event blocks, whose elements are keyed and written as the reply is sent) as (its
+    size, the pieces after its length).
+
+    Pieces, not bytes: the caller joins them once into the whole reply, or sends them as they
+    are. Every `+` of a reply-sized bytes object costs an allocation of that size, and such
+    fresh memory faults in page by page.
+    """
     parts: list[Any] = []
     index, size = 0, 5
-    for item in items:
-        body: bytes | DeferredPiece
+    start = 0  # the first of the encoded documents not yet keyed
+    runs = () if list(map(type, items)).count(bytes) == len(items) else enumerate(items)
+    for at, item in runs:
         if isinstance(item, ArrayRun):
+            if start < at:
+                parts += _keyed_pieces(items[start:at], index)
+                index += at - start
             body = item.array_body(index)
+            parts.append(body)
             index += len(item)
-        else:
-            body = b"\x03%d\x00%s" % (index, item)
-            index += 1
-        parts.append(body)
-        size += len(body)
+            start = at + 1
+    if start < len(items):
+        parts += _keyed_pieces(items[start:] if start else items, index)
     parts.append(b"\x00")
+    size += sum(map(len, parts)) - 1
     return size, parts
 
 

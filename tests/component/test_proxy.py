@@ -29,6 +29,8 @@ async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_and_a_clos
         pa.py_buffer(b"x" * 1_000_001),
         events.sliced(5, 300).array_body(12),
         memoryview(np.arange(50_000, dtype=np.int64)),
+        memoryview(np.arange(7, dtype=np.int64)),  # small pieces of any kind are joined
+        pa.py_buffer(b"small"),
         b"tail",
     ]
     want = wire.joined(pieces)
@@ -59,3 +61,24 @@ async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_and_a_clos
         for _ in range(100):
             await _send_pieces(sender, pieces, lambda: scratch)
     await sender.aclose()
+
+
+async def test_a_reply_of_more_pieces_than_one_write_takes_arrives_whole() -> None:
+    """A message of more pieces than a scatter-gather write takes (IOV_MAX, 1024 on Linux) is
+    written a group of pieces at a time, unjoined: it arrives whole and in order."""
+    pieces = [b"%05d;" % i for i in range(3000)]
+    want = b"".join(pieces)
+    a, b = trio.socket.socketpair()
+    sender, receiver = trio.SocketStream(a), trio.SocketStream(b)
+    got = bytearray()
+
+    async def read_all() -> None:
+        while len(got) < len(want):
+            got.extend(await receiver.receive_some(50_000))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await _send_pieces(sender, pieces, lambda: np.empty(16, np.uint8))
+    assert bytes(got) == want
+    await sender.aclose()
+    await receiver.aclose()

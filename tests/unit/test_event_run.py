@@ -4,6 +4,7 @@ the same bucket contents and the same shares, whatever the cuts between them."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -13,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block
+from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import as_fields, as_runs, count_events, hold_blocks
 from buckets._columnar.oplog_batch import OplogBatch
 from buckets._columnar.run import ColumnarRun
 from buckets.bucket import Bucket
@@ -150,3 +153,36 @@ def test_retention_frees_the_same_events_from_either_run() -> None:
         bucket._drop_delivered(run.nbytes // 3)
         held.append((bucket.base, bucket.budget.used, bucket.keys_between(bucket.base, bucket.end)))
     assert held[0] == held[1] and held[0][0] > 0
+
+
+def test_a_readers_items_become_runs_around_their_blocks_wherever_the_blocks_fall() -> None:
+    """Blocks first, last, side by side or absent: each block is a columnar run, each stretch of
+    single events between them one plain run (none empty), the events in order; the count and
+    the holds go to the blocks alone."""
+    columnar, plain = _runs([10] * 200, [i % 3 for i in range(200)])
+    block, singles = columnar.block, plain.fields()
+    for layout in ("", "B", "s", "Bs", "sB", "sBs", "BB", "sBBs", "BsBsB", "ssBsBBss"):
+        items: list[Any] = []
+        at = 0
+        for kind in layout:
+            if kind == "B":
+                items.append(block.sliced(at, at + 40))
+                at += 40
+            else:
+                items += singles[at : at + 3]
+                at += 3
+        runs = as_runs(items)
+        assert fields_of(runs) == singles[:at] == as_fields(items)
+        assert [type(r).__name__[0] for r in runs] == [
+            "C" if k == "B" else "P" for k in layout.replace("ss", "s").replace("ss", "s")
+        ]
+        assert count_events(items) == at
+        holds: list[int] = []
+        hold_blocks(items, functools.partial(_recorded, holds))
+        assert holds == [b.nbytes for b in items if isinstance(b, EventBlock)]
+        assert [i.hold for i in items if isinstance(i, EventBlock)] == holds
+
+
+def _recorded(holds: list[int], n: int) -> int:
+    holds.append(n)
+    return n

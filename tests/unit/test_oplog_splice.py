@@ -327,6 +327,24 @@ def test_a_spliced_cursor_document_encodes_like_bson_wherever_it_is_embedded():
     assert cursor["id"] == 7 and len(cursor["nextBatch"]) == 50 and list(cursor) == list(plain)
 
 
+def test_a_batch_of_small_documents_is_a_few_pieces_and_a_large_one_is_not_copied():
+    """A reply's batch is the same bytes as bson.encode's whatever its documents' sizes, but
+    small documents are joined with their keys a few hundred to a piece (each piece costs the
+    sender more than copying a small document), and a large one stays the object it was, not
+    copied; keys stay right across the joined pieces' edges and past the cached keys."""
+    large = bson.encode({"_id": -1, "v": "y" * (20 << 10)})
+    for n, at in ((0, ()), (1, ()), (700, ()), (700, (0, 255, 256, 699)), (70_000, (65_600,))):
+        items = [bson.encode({"_id": i}) for i in range(n)]
+        for i in at:
+            items[i] = large
+        cursor = cursor_document(1, "db.c", "nextBatch", items, {"postBatchResumeToken": {}})
+        plain = {"id": Int64(1), "ns": "db.c", "nextBatch": [bson.decode(d) for d in items]}
+        assert cursor.raw == bson.encode({**plain, "postBatchResumeToken": {}})
+        assert cursor.size == len(cursor.raw)
+        assert sum(p is large for p in cursor.parts) == len(at)
+        assert len(cursor.parts) <= 8 + n // 256 + 3 * len(at)
+
+
 def test_uuid_keys_and_replacements_are_spliced_without_walking_them(monkeypatch: Any) -> None:
     """A `{_id: <16 bytes of binary>}` documentKey is keyed, and a replacement (its _id first, as a
     server writes it) told from an update, from where their bytes must lie: no element walk. The
