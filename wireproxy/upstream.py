@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import select
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -187,6 +188,16 @@ class UpstreamConnection:
                 raise self._lost(f"upstream {self.address} closed the connection")
             filled += n
         return buffer
+
+    def reply_arrived(self) -> bool:
+        """Whether bytes of the next reply have arrived and are not taken yet: a poll of the
+        socket, no wait (False where the stream is not a plain socket)."""
+        if self._framer.buffered:
+            return True
+        if not isinstance(self._stream, trio.SocketStream):
+            return False
+        readable, _, _ = select.select([self._stream.socket.fileno()], [], [], 0)
+        return bool(readable)
 
     def next_request_id(self) -> int:
         return next(self._ids)
