@@ -159,6 +159,8 @@ class ShardReader:
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
         self._parking = trio.Event()  # set when the tail parks or stops being parked
         self._parks = 0  # how many times it has parked
+        # A note put off for a reply that had arrived (see _until_idle): owed at the next nudge.
+        self._owed = False
         # Whether the shard counts as idle as soon as the tail parks (else once it has parked
         # PARKED_S): its last reply was short of a full batch (the oplog was read to its end)
         # and held a note, or came back empty, or the shard's own writes come further apart than
@@ -210,7 +212,11 @@ class ShardReader:
         self._count(events, entries, last_ts)
         await self.reserve(nbytes)
         self._hold(events)
-        await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
+        batch = ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes)
+        try:  # without the scheduler pass `send` makes when there is room (the tail's next
+            self._send.send_nowait(batch)  # receive makes one): a live tail's every batch
+        except trio.WouldBlock:
+            await self._send.send(batch)
 
     def arrived(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         """A batch from the reader process that runs this tail: taken at once, never waited on.
@@ -307,6 +313,7 @@ class ShardReader:
         """A batch was read: it holds the note written, if one was. Nudges until now are
         answered by it: the merge takes this batch after this and nudges again if it must."""
         self._note_sent = None
+        self._owed = False
         if self._nudged.is_set():  # (none waits on a set event: it may be replaced)
             self._nudged = trio.Event()
         self._read_on.set()
@@ -375,10 +382,16 @@ class ShardReader:
             parked = self._parked_since
             if parked is None:
                 await self._parking.wait()
-            elif self._short or (left := parked + PARKED_S - trio.current_time()) <= 0:
-                # A reply that has arrived moves the mark as soon as a note would: once it is
-                # delivered, the merge nudges again if events still wait on this shard.
-                return not (self.tail.reply_arrived() and await self._delivered_next())
+            elif (
+                self._short or self._owed or (left := parked + PARKED_S - trio.current_time()) <= 0
+            ):
+                # A note's entry would come after the reply that has arrived, which may move the
+                # mark past the waiting events by itself. Once it is delivered, the merge nudges
+                # again if they still wait: the note is written at once then.
+                if self.tail.reply_arrived() and await self._delivered_next():
+                    self._owed = True
+                    return False
+                return True
             else:
                 with trio.move_on_after(left):
                     await self._parking.wait()
@@ -411,6 +424,7 @@ class ShardReader:
             if self.stats.noop_unavailable:
                 return False
             self._last_noop = self._note_sent = trio.current_time()
+            self._owed = False
             try:
                 if (
                     self._primary is None

@@ -159,14 +159,20 @@ async def test_a_note_not_read_back_is_written_again_after_patience(mock_clock: 
 
 async def test_no_note_while_the_shards_next_reply_has_arrived(mock_clock: Any) -> None:
     """A nudge that finds the tail's next reply received and not yet taken writes no note: a
-    note's entry would come after that reply, which moves the mark as soon. Once the reply is
-    delivered, the merge says again whether events wait (a nudge writes the note then); a
-    tail that parks again without delivering anything is noted as if nothing had arrived."""
+    note's entry would come after that reply, which may move the mark past the waiting events
+    by itself. Once the reply is delivered, the merge says again whether events wait, and the
+    note put off is written at once then (not after PARKED_S more, as for a shard written this
+    fast); a tail that parks again without delivering anything is noted as if nothing had
+    arrived."""
     async with trio.open_nursery() as nursery:
         reader, tail, primary, _ = await _reader(nursery)
-        await tail.read(1)  # a short reply: the tail has read the shard's oplog to its end
+        for _ in range(40):  # writes PARKED_S / 2 apart: not idle as soon as it parks
+            mock_clock.jump(PARKED_S / 2)
+            await tail.read(1)
         tail.arrived = True
         await _nudge(reader)
+        mock_clock.jump(PARKED_S)  # parked long enough to count as idle
+        await trio.testing.wait_all_tasks_blocked()
         assert primary.notes == 0
         await tail.read(1)  # the reply that had arrived
         assert primary.notes == 0
