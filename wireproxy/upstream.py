@@ -169,18 +169,17 @@ class UpstreamConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
 
-    async def _receive_piece(self) -> memoryview:
-        """Up to DIRECT_FRAME_BYTES received into a buffer kept for it (the framer copies what it
-        keeps). A small frame (a live tail's batch of a few entries) comes whole in one receive;
-        a larger one's first piece gives its length, and the rest is received into a buffer of
-        its own (`_receive_rest`). Why not pieces of 256 KB: each receive would allocate that
-        much for a frame of a few hundred bytes, and a large frame's first piece be copied
-        once more."""
+    async def _receive_piece(self) -> bytes:
+        """Up to DIRECT_FRAME_BYTES received into a buffer kept for it, and copied out. A small
+        frame (a live tail's batch of a few entries) comes whole in one receive; a larger one's
+        first piece gives its length, and the rest is received into a buffer of its own
+        (`_receive_rest`). Why not pieces of 256 KB: each receive would allocate that much for
+        a frame of a few hundred bytes, and a large frame's first piece be copied once more."""
         if self._piece is None:
             self._piece = bytearray(DIRECT_FRAME_BYTES)
         sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
         n = await sock.recv_into(self._piece)
-        return memoryview(self._piece)[:n]
+        return bytes(memoryview(self._piece)[:n])
 
     async def _receive_rest(self, buffer: bytearray, filled: int, length: int) -> bytearray:
         """A frame received into a buffer of its own (MessageFramer.frame_buffer), which holds
