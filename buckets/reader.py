@@ -212,11 +212,7 @@ class ShardReader:
         self._count(events, entries, last_ts)
         await self.reserve(nbytes)
         self._hold(events)
-        batch = ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes)
-        try:  # without the scheduler pass `send` makes when there is room (the tail's next
-            self._send.send_nowait(batch)  # receive makes one): a live tail's every batch
-        except trio.WouldBlock:
-            await self._send.send(batch)
+        await self._send.send(ShardBatch(self.shard_id, events, mark_after(last_ts), nbytes))
 
     def arrived(self, events: list[Any], nbytes: int, entries: int, last_ts: Timestamp) -> None:
         """A batch from the reader process that runs this tail: taken at once, never waited on.
