@@ -194,14 +194,18 @@ class UpstreamConnection:
         return buffer
 
     def reply_arrived(self) -> bool:
-        """Whether bytes of the next reply have arrived and are not taken yet: a poll of the
-        socket, no wait (False where the stream is not a plain socket)."""
+        """Whether bytes of the next reply have arrived and are not taken yet (or the member
+        closed the connection): a poll of the socket, no wait (False where the stream is not a
+        plain socket)."""
         if self._framer.buffered:
             return True
-        if not isinstance(self._stream, trio.SocketStream):
+        # (poll, not select: select refuses descriptors past FD_SETSIZE, which a busy proxy
+        # reaches; Windows has no poll, and no note is held back there.)
+        if not isinstance(self._stream, trio.SocketStream) or not hasattr(select, "poll"):
             return False
-        readable, _, _ = select.select([self._stream.socket.fileno()], [], [], 0)
-        return bool(readable)
+        poller = select.poll()
+        poller.register(self._stream.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def next_request_id(self) -> int:
         return next(self._ids)
