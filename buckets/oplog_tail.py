@@ -93,6 +93,12 @@ class OplogTail:
         self.transformer = transformer
         self.await_ms = await_ms
         self.reconnects = 0
+        self._conn: Connection | None = None  # the member read from now
+
+    def reply_arrived(self) -> bool:
+        """Whether the member's next batch has arrived and waits to be taken (see `_tail`)."""
+        conn = self._conn
+        return conn is not None and conn.reply_arrived()
 
     async def check_history(self, conn: Connection) -> None:
         """Fail like the server if the oplog no longer reaches back to the start point."""
@@ -134,6 +140,7 @@ class OplogTail:
                 await out.lost(str(exc), self.reconnects)
                 await trio.sleep(0.2)
                 continue
+            self._conn = conn
             try:
                 await out.connected(conn.address, self.reconnects)
                 if first_connect:
@@ -162,6 +169,7 @@ class OplogTail:
                 await out.lost(error, self.reconnects)
                 await trio.sleep(0.05)
             finally:
+                self._conn = None
                 await conn.aclose()
 
     async def _tail(self, conn: Connection, out: TailOutput) -> None:

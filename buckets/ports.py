@@ -57,6 +57,10 @@ class Connection(Protocol):
         """The reply to `cmd`; with `check`, an `{ok: 0}` reply raises MongoError."""
         ...
 
+    def reply_arrived(self) -> bool:
+        """Whether bytes of the next reply have arrived and are not taken yet (no wait)."""
+        ...
+
     async def command_in_place(
         self,
         db: str,

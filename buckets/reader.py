@@ -158,6 +158,9 @@ class ShardReader:
         self._nudged = trio.Event()
         self._parked_since: float | None = None  # while an awaitData getMore waits for entries
         self._parking = trio.Event()  # set when the tail parks or stops being parked
+        self._parks = 0  # how many times it has parked
+        # A note put off for a reply that had arrived (see _until_idle): owed at the next nudge.
+        self._owed = False
         # Whether the shard counts as idle as soon as the tail parks (else once it has parked
         # PARKED_S): its last reply was short of a full batch (the oplog was read to its end)
         # and held a note, or came back empty, or the shard's own writes come further apart than
@@ -291,6 +294,7 @@ class ShardReader:
 
     async def parked(self, waiting: bool) -> None:
         self._parked_since = trio.current_time() if waiting else None
+        self._parks += waiting
         self._parking.set()
         self._parking = trio.Event()
 
@@ -305,6 +309,7 @@ class ShardReader:
         """A batch was read: it holds the note written, if one was. Nudges until now are
         answered by it: the merge takes this batch after this and nudges again if it must."""
         self._note_sent = None
+        self._owed = False
         if self._nudged.is_set():  # (none waits on a set event: it may be replaced)
             self._nudged = trio.Event()
         self._read_on.set()
@@ -367,17 +372,35 @@ class ShardReader:
 
     async def _until_idle(self) -> bool:
         """Wait until the tail has read the shard's oplog to its end; False if meanwhile no
-        events wait on it any more."""
+        events wait on it any more, or a batch it had received when it got there was delivered
+        (a note would come after that batch)."""
         while self._urgent():
             parked = self._parked_since
             if parked is None:
                 await self._parking.wait()
-            elif self._short or (left := parked + PARKED_S - trio.current_time()) <= 0:
+            elif (
+                self._short or self._owed or (left := parked + PARKED_S - trio.current_time()) <= 0
+            ):
+                # A note's entry would come after the reply that has arrived, which may move the
+                # mark past the waiting events by itself. Once it is delivered, the merge nudges
+                # again if they still wait: the note is written at once then.
+                if self.tail.reply_arrived() and await self._delivered_next():
+                    self._owed = True
+                    return False
                 return True
             else:
                 with trio.move_on_after(left):
                     await self._parking.wait()
         return False
+
+    async def _delivered_next(self) -> bool:
+        """The tail's next reply has arrived: wait until the tail has taken it and parks again;
+        whether it delivered a batch (an empty reply moves no mark). Why: a note written now
+        would come after that reply, and the reply moves the mark as soon."""
+        batches, parks = self.stats.batches, self._parks
+        while self._parks == parks:  # (it may take the reply and park again before this wakes)
+            await self._parking.wait()
+        return self.stats.batches != batches
 
     async def _advance_idle_shard(self, interval: float) -> None:
         """An awaitData getMore came back empty: write a note if the merge or a consumer waits on
@@ -397,6 +420,7 @@ class ShardReader:
             if self.stats.noop_unavailable:
                 return False
             self._last_noop = self._note_sent = trio.current_time()
+            self._owed = False
             try:
                 if (
                     self._primary is None

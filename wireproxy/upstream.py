@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import select
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -90,6 +91,7 @@ class UpstreamConnection:
         # While an exhaust getMore streams (its last reply said moreToCome): the requestId the next
         # reply answers, and how long it may take. Nothing else can run on the connection then.
         self._streaming: tuple[int, float] | None = None
+        self._piece: bytearray | None = None  # receives in-place replies' pieces (_receive_piece)
 
     @property
     def streaming(self) -> bool:
@@ -154,32 +156,35 @@ class UpstreamConnection:
                 got = pull()
                 if got is not wire.NEED_DATA:
                     return got
-                if direct:
-                    frame = await self._receive_direct(direct_pad or 0, allocate)
-                    if frame is not None:
-                        return frame
-                data = await self._stream.receive_some(1 << 18)
+                if direct and (
+                    part := self._framer.frame_buffer(direct_pad or 0, DIRECT_FRAME_BYTES, allocate)
+                ):
+                    return await self._receive_rest(*part)
+                data = await (
+                    self._receive_piece() if direct else self._stream.receive_some(1 << 18)
+                )
                 if not data:
                     raise self._lost(f"upstream {self.address} closed the connection")
                 self._framer.receive_data(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError) as exc:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
 
-    async def _receive_direct(self, pad: int, allocate: Allocate) -> bytearray | None:
-        """The next frame received into a buffer of its own (MessageFramer.frame_buffer), or
-        None if it is small or its length has not come yet."""
+    async def _receive_piece(self) -> bytes:
+        """Up to DIRECT_FRAME_BYTES received into a buffer kept for it, and copied out. A small
+        frame (a live tail's batch of a few entries) comes whole in one receive; a larger one's
+        first piece gives its length, and the rest is received into a buffer of its own
+        (`_receive_rest`). Why not pieces of 256 KB: each receive would allocate that much for
+        a frame of a few hundred bytes, and a large frame's first piece be copied once more."""
+        if self._piece is None:
+            self._piece = bytearray(DIRECT_FRAME_BYTES)
         sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
-        if not self._framer.buffered:
-            # A frame's length first, alone: receiving in 256 KB pieces would copy the first
-            # piece of a large frame once more, into its buffer.
-            head = await sock.recv(4)
-            if not head:
-                raise self._lost(f"upstream {self.address} closed the connection")
-            self._framer.receive_data(head)
-        part = self._framer.frame_buffer(pad, DIRECT_FRAME_BYTES, allocate)
-        if part is None:
-            return None
-        buffer, filled, length = part
+        n = await sock.recv_into(self._piece)
+        return bytes(memoryview(self._piece)[:n])
+
+    async def _receive_rest(self, buffer: bytearray, filled: int, length: int) -> bytearray:
+        """A frame received into a buffer of its own (MessageFramer.frame_buffer), which holds
+        its first `filled` bytes."""
+        sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
         view = memoryview(buffer)
         while filled < length:
             n = await sock.recv_into(view[filled:length])
@@ -187,6 +192,20 @@ class UpstreamConnection:
                 raise self._lost(f"upstream {self.address} closed the connection")
             filled += n
         return buffer
+
+    def reply_arrived(self) -> bool:
+        """Whether bytes of the next reply have arrived and are not taken yet (or the member
+        closed the connection): a poll of the socket, no wait (False where the stream is not a
+        plain socket)."""
+        if self._framer.buffered:
+            return True
+        # (poll, not select: select refuses descriptors past FD_SETSIZE, which a busy proxy
+        # reaches; Windows has no poll, and no note is held back there.)
+        if not isinstance(self._stream, trio.SocketStream) or not hasattr(select, "poll"):
+            return False
+        poller = select.poll()
+        poller.register(self._stream.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def next_request_id(self) -> int:
         return next(self._ids)
@@ -243,13 +262,22 @@ class UpstreamConnection:
         if self._streaming is None:
             raise RuntimeError("no exhaust cursor is streaming on this connection")
         answers, limit = self._streaming
-        async with self._lock:
+        # Nothing else runs on a streaming connection (`_exchange` refuses): the lock is free,
+        # and taken without the scheduler pass `acquire` makes (the receive makes one) for each
+        # of a live tail's batches.
+        if self._lock.locked():
+            await self._lock.acquire()
+        else:
+            self._lock.acquire_nowait()
+        try:
             with trio.move_on_after(limit) as waited:
                 frame = await self._receive_frame(pad, allocate)
-            if waited.cancelled_caught:
-                raise await self._out_of_step(
-                    f"upstream {self.address} sent no batch within {limit:g} s", UpstreamTimeout
-                )
+        finally:
+            self._lock.release()
+        if waited.cancelled_caught:
+            raise await self._out_of_step(
+                f"upstream {self.address} sent no batch within {limit:g} s", UpstreamTimeout
+            )
         await self._answered(frame, answers)
         return await self._in_place(frame, pad, limit)
 

@@ -65,16 +65,24 @@ class _ScriptedTail(OplogTail):
         )  # type: ignore[arg-type]
         self.send, self.recv = trio.open_memory_channel[int](0)
         self.at = 1
+        self.arrived = False  # whether the next reply has arrived and waits to be taken
+
+    def reply_arrived(self) -> bool:
+        return self.arrived
 
     async def run(self, out: Any) -> None:
         await out.checked()
         async for entries in self.recv:
             await out.parked(False)
-            self.at += 1
-            await out.deliver([], 0, entries, Timestamp(self.at, 1))
+            self.arrived = False
+            if entries:
+                self.at += 1
+                await out.deliver([], 0, entries, Timestamp(self.at, 1))
             await out.parked(True)
 
     async def read(self, entries: int) -> None:
+        """A batch of `entries` entries is read (0: the tail parks again with none, as after
+        reconnecting to another member)."""
         await self.send.send(entries)
         await trio.testing.wait_all_tasks_blocked()
 
@@ -145,6 +153,37 @@ async def test_a_note_not_read_back_is_written_again_after_patience(mock_clock: 
         assert primary.notes == 1
         mock_clock.jump(NOTE_PATIENCE_S)
         await trio.testing.wait_all_tasks_blocked()
+        assert primary.notes == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_note_while_the_shards_next_reply_has_arrived(mock_clock: Any) -> None:
+    """A nudge that finds the tail's next reply received and not yet taken writes no note: a
+    note's entry would come after that reply, which may move the mark past the waiting events
+    by itself. Once the reply is delivered, the merge says again whether events wait, and the
+    note put off is written at once then (not after PARKED_S more, as for a shard written this
+    fast); a tail that parks again without delivering anything is noted as if nothing had
+    arrived."""
+    async with trio.open_nursery() as nursery:
+        reader, tail, primary, _ = await _reader(nursery)
+        for _ in range(40):  # writes PARKED_S / 2 apart: not idle as soon as it parks
+            mock_clock.jump(PARKED_S / 2)
+            await tail.read(1)
+        tail.arrived = True
+        await _nudge(reader)
+        mock_clock.jump(PARKED_S)  # parked long enough to count as idle
+        await trio.testing.wait_all_tasks_blocked()
+        assert primary.notes == 0
+        await tail.read(1)  # the reply that had arrived
+        assert primary.notes == 0
+        await _nudge(reader)  # events still wait (they came after it)
+        assert primary.notes == 1
+        await tail.read(1)  # the note
+        mock_clock.jump(NOTE_SPACING_S)
+        tail.arrived = True
+        await _nudge(reader)
+        assert primary.notes == 1
+        await tail.read(0)  # nothing delivered
         assert primary.notes == 2
         nursery.cancel_scope.cancel()
 
