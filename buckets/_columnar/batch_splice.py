@@ -83,7 +83,15 @@ from buckets._columnar.batch_layout import (
     _WALL_AT,
     _layouts,
 )
-from buckets._columnar.byte_kernels import U, as_bytes, copy, copy_from, hex_digits, put_i32
+from buckets._columnar.byte_kernels import (
+    U,
+    as_bytes,
+    byte_table,
+    copy,
+    copy_from,
+    hex_digits,
+    put_i32,
+)
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import (
     _ID_WALKED,
@@ -325,9 +333,7 @@ def _templates(
             _UPDATE_HEAD if op == "update" else _END,
             typed,
         )
-    at = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
-    return as_bytes(b"".join(parts)), at
+    return byte_table(parts)
 
 
 @numba.njit(cache=CACHE)

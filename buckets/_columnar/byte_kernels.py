@@ -34,6 +34,7 @@ from numba.extending import intrinsic
 __all__ = [
     "U",
     "as_bytes",
+    "byte_table",
     "copy",
     "copy_from",
     "prefetch",
@@ -58,6 +59,14 @@ def as_bytes(data: bytes | bytearray | memoryview) -> Bytes:
     d = np.frombuffer(data, np.uint8)
     d.flags.writeable = False
     return d
+
+
+def byte_table(parts: list[bytes]) -> tuple[Bytes, npt.NDArray[np.int64]]:
+    """Byte strings back to back, and where each starts (one more: where the last ends): how
+    kernels take a table of templates or values, part k at at[k]:at[k + 1]."""
+    at = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
+    return as_bytes(b"".join(parts)), at
 
 
 @numba.njit(cache=CACHE)

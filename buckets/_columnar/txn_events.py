@@ -20,7 +20,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, copy, has, i32, put_i32
+from buckets._columnar.byte_kernels import U, as_bytes, byte_table, copy, has, i32, put_i32
 from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
@@ -59,8 +59,8 @@ def txn_fields(
         as_bytes(b"".join(heads)),
         head_at,
         np.array(indexes, np.int64),
-        *_table([ks for ks, _ in tokens]),
-        *_table([hex_digits for _, hex_digits in tokens]),
+        *byte_table([ks for ks, _ in tokens]),
+        *byte_table([hex_digits for _, hex_digits in tokens]),
     )
     key_bytes, width = keys.tobytes(), keys.shape[1]
     raw, at = out.tobytes(), out_at.tolist()
@@ -74,13 +74,6 @@ def txn_fields(
             zip(names, done.tolist(), applied, strict=True)
         )
     ]
-
-
-def _table(parts: list[bytes]) -> tuple[_Bytes, _Ints]:
-    """Byte strings back to back, and where each starts (one more: where the last ends)."""
-    at = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=at[1:])
-    return as_bytes(b"".join(parts)), at
 
 
 @numba.njit(cache=CACHE)
