@@ -260,7 +260,7 @@ class Bucket:
         it, then fail, as a server's stream fails on the event its pipeline cannot evaluate. The
         other buckets go on: their namespaces never met the event."""
         if self.error is None:
-            self.error = error
+            self.error = error.copied()  # (raised at each read: see MongoError.copied)
             self.notify()
 
     # -- taking events ----------------------------------------------------------------------------

@@ -281,10 +281,11 @@ class BucketCursor:
         """Raise the stream's or the bucket's error, or ChangeStreamHistoryLost; False if what
         follows this cursor is no longer in its bucket (stale)."""
         bucket = self.bucket
-        if self.stream.error is not None:
-            raise self.stream.error
+        # A new object at each raise: the kept one never gathers the frames it passes.
+        if (error := self.stream.error) is not None:
+            raise error.copied() if isinstance(error, MongoError) else error
         if bucket.error is not None and self.position >= bucket.end:
-            raise bucket.error
+            raise bucket.error.copied()
         if self.stale():
             return False
         if self.position < bucket.base:

@@ -355,8 +355,8 @@ class ParallelStream:
                     self._release()
 
     def _fail(self, exc: Exception) -> None:
-        log.warning("stream %s failed: %s", self.name, exc)
-        self.error = exc
+        log.warning("stream %s failed: %s", self.name, str(exc))
+        self.error = exc.copied() if isinstance(exc, MongoError) else exc.with_traceback(None)
         for b in self.buckets.values():
             b.notify()
 

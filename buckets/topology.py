@@ -187,4 +187,4 @@ def _check_retriable(exc: ConnectionLost | MongoError) -> None:
         raise MongoError(
             exc.code, f"reading the shard list (listShards) failed: {exc.errmsg}"
         ) from exc
-    log.warning("listShards: %s; retrying", exc)
+    log.warning("listShards: %s; retrying", str(exc))

@@ -81,6 +81,14 @@ class MongoError(Exception):
         merged = self.labels + tuple(lb for lb in labels if lb not in self.labels)
         return MongoError(self.code, self.errmsg, labels=merged, **self.extra)
 
+    def copied(self) -> MongoError:
+        """The same error as a new object, with no traceback and no chained errors: what a
+        long-lived holder keeps (a failed stream or bucket, until its cursors close) and raises
+        at each read. The original's traceback keeps the frames it was raised through, and
+        their locals (a shard's batch and its share of the memory budget); and each raise of one
+        kept object adds the frames it passes to its traceback."""
+        return MongoError(self.code, self.errmsg, labels=self.labels, **self.extra)
+
     def to_reply(self) -> dict[str, Any]:
         reply: dict[str, Any] = {
             "ok": 0.0,

@@ -141,7 +141,7 @@ class UpstreamMonitor:
         if isinstance(exc, MongoError):  # a lost connection has told the record already
             self.health.failed(address, str(exc))
         if was_up is not False:
-            log.warning("upstream %s is down: %s", address, exc)
+            log.warning("upstream %s is down: %s", address, str(exc))
         self.writable[address] = False  # a primary that is down takes no writes either
         self._up.labels(address).set(0)
         if isinstance(exc, UpstreamTimeout):
