@@ -18,6 +18,7 @@ numba then knows a read and a write cannot alias.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
@@ -61,7 +62,7 @@ def as_bytes(data: bytes | bytearray | memoryview) -> Bytes:
     return d
 
 
-def byte_table(parts: list[bytes]) -> tuple[Bytes, npt.NDArray[np.int64]]:
+def byte_table(parts: Sequence[bytes]) -> tuple[Bytes, npt.NDArray[np.int64]]:
     """Byte strings back to back, and where each starts (one more: where the last ends): how
     kernels take a table of templates or values, part k at at[k]:at[k + 1]."""
     at = np.zeros(len(parts) + 1, np.int64)

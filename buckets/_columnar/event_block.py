@@ -37,6 +37,7 @@ from buckets._columnar.block_kernels import (
     _keyed_size,
     _merge_runs,
 )
+from buckets._columnar.byte_kernels import byte_table
 from buckets._columnar.document_routes import document_buckets, namespace_seeds
 from buckets._columnar.key_search import bisect_keys_kernel
 from mongoformats.wire import ArrayRun, DeferredPiece
@@ -281,12 +282,9 @@ class EventBlock(ArrayRun):
             rows, order, ordered = self._unsorted.keys, self._unsorted.order, True
         else:
             rows, order, ordered = self._keys, _NO_ORDER, False
-        bounds = np.zeros(len(keys) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, keys), np.int64, len(keys)), out=bounds[1:])
+        needles, bounds = byte_table(keys)
         cuts = np.empty(len(keys), np.int64)
-        exact = bisect_keys_kernel(
-            rows, order, ordered, np.frombuffer(b"".join(keys), np.uint8), bounds, lo, cuts
-        )
+        exact = bisect_keys_kernel(rows, order, ordered, needles, bounds, lo, cuts)
         return cuts.tolist(), bool(exact)
 
     @property
@@ -435,14 +433,12 @@ class EventBlock(ArrayRun):
         )
         width = max(len(e[0]) for e in events)
         keys = np.frombuffer(b"".join(e[0].ljust(width, b"\0") for e in events), np.uint8)
-        raws = [e[5] for e in events]
-        offsets = np.zeros(len(raws) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, raws), np.int64, len(raws)), out=offsets[1:])
+        values, offsets = byte_table([e[5] for e in events])
         # (from its buffers: pa.array() of a list imports pandas, seconds into the proxy)
         column = pa.Array.from_buffers(
             pa.large_binary(),
-            len(raws),
-            [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(raws))],
+            len(events),
+            [None, pa.py_buffer(offsets), pa.py_buffer(values)],
         )
         return cls(keys.reshape(len(events), width), column, kinds, tuple(table))
 

@@ -50,14 +50,11 @@ def txn_fields(
     events = block.events
     offsets = np.frombuffer(events.buffers()[1], np.int64)[events.offset :][: len(block) + 1]
     values = events.buffers()[2]
-    head_at = np.zeros(len(heads) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, heads), np.int64, len(heads)), out=head_at[1:])
     keys, out, out_at, done = _rewrite(
         np.ascontiguousarray(block.keys),
         offsets,
         as_bytes(values if values is not None else b""),
-        as_bytes(b"".join(heads)),
-        head_at,
+        *byte_table(heads),
         np.array(indexes, np.int64),
         *byte_table([ks for ks, _ in tokens]),
         *byte_table([hex_digits for _, hex_digits in tokens]),
