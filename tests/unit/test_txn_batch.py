@@ -31,11 +31,18 @@ from buckets._columnar.oplog_batch import SLACK, OplogBatch
 from buckets._columnar.txn_events import txn_fields
 from buckets._columnar.txn_read import R_OK, read_rows
 from mongoformats.bson_bytes import timestamp_of
-from mongoformats.change_events import OplogTransformer, prev_op_ts
+from mongoformats.change_events import OplogTransformer
 from mongoformats.resume_token import decode_token
 from mongoformats.txn_splice import txn_event
 from tests.unit.test_oplog_splice import crud_entries
-from tests.unit.test_txn_splice import _NULL_TS, _UIS, _entry, _shaped_entries, transactions
+from tests.unit.test_txn_splice import (
+    _NULL_TS,
+    _UIS,
+    _entry,
+    _shaped_entries,
+    adopt_chain_back_from,
+    transactions,
+)
 
 _SECONDS = 1_700_000_000
 
@@ -141,13 +148,7 @@ def _read(batches: list[list[Any]], oplog: list[bytes], expanded: bool) -> list[
 
 def _transformed(tr: OplogTransformer, entry: bytes, by_ts: dict[Timestamp, bytes]) -> list[Any]:
     try:
-        gap = tr.missing_chain(entry)
-        chain = []
-        while gap is not None:
-            chain.append(by_ts[gap])
-            gap = prev_op_ts(by_ts[gap])
-        if chain:
-            tr.adopt_chain(chain[::-1])
+        adopt_chain_back_from(tr, tr.missing_chain(entry), by_ts)
         return [tuple(ev) for ev in tr.transform_decoded(entry)]
     except (KeyError, TypeError) as e:
         return [type(e)]

@@ -129,6 +129,19 @@ def oplogs(draw: st.DrawFn) -> list[bytes]:
     return [entry for k in range(count) for entry in draw(transactions(10 * k))]
 
 
+def adopt_chain_back_from(
+    tr: OplogTransformer, gap: Timestamp | None, by_ts: dict[Timestamp, bytes]
+) -> None:
+    """Give `tr` the chain a commit misses, from the entry at `gap` back by prevOpTime (as
+    buckets/oplog_tail.py reads it back); KeyError if an entry of it is not in `by_ts`."""
+    chain = []
+    while gap is not None:
+        chain.append(by_ts[gap])
+        gap = prev_op_ts(by_ts[gap])
+    if chain:
+        tr.adopt_chain(chain[::-1])
+
+
 def _outcome(tr: OplogTransformer, oplog: list[bytes], start: int) -> list[Any]:
     """What a read of `oplog` from the entry at `start` gives, entry by entry: the chain its
     commit misses (read back by prevOpTime, as buckets/oplog_tail.py does), then its events, or
@@ -139,12 +152,7 @@ def _outcome(tr: OplogTransformer, oplog: list[bytes], start: int) -> list[Any]:
         try:
             gap = tr.missing_chain(entry)
             out.append(gap)
-            chain = []
-            while gap is not None:
-                chain.append(by_ts[gap])
-                gap = prev_op_ts(by_ts[gap])
-            if chain:
-                tr.adopt_chain(chain[::-1])
+            adopt_chain_back_from(tr, gap, by_ts)
             out.append(tr.transform_decoded(entry))
         except (KeyError, TypeError) as e:
             out.append(type(e))
