@@ -119,7 +119,8 @@ def elements(buf: bytes | bytearray, start: int = 0) -> dict[bytes, tuple[int, i
 
 
 def array_items(buf: bytes, start: int = 0) -> list[bytes]:
-    """The values of the BSON array (or document) of documents at `start`, as byte slices."""
+    """The values of the BSON array (or document) of documents at `start`, as byte slices;
+    ValueError unless each is a document that lies in the array."""
     unpack, index = _I32.unpack_from, buf.index
     end = start + unpack(buf, start)[0] - 1
     p = start + 4
@@ -128,7 +129,10 @@ def array_items(buf: bytes, start: int = 0) -> list[bytes]:
         if buf[p] != 3:
             raise ValueError(f"array element of BSON type 0x{buf[p]:02x}, not a document")
         v = index(0, p + 1) + 1
-        p = v + unpack(buf, v)[0]
+        size = unpack(buf, v)[0]
+        if size < 5 or v + size > end:
+            raise ValueError("an array's document runs past the array")
+        p = v + size
         out.append(buf[v:p])
     return out
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import mongoformats.change_events as change_events
 import mongoformats.txn_splice as txn_splice
-from mongoformats.bson_bytes import elements, timestamp_of
+from mongoformats.bson_bytes import array_items, elements, timestamp_of
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.resume_token import decode_token
 from mongoformats.txn_splice import read_apply_ops, splice_txn_op, txn_stamp
@@ -333,3 +333,15 @@ def test_an_op_of_a_large_index_has_its_token_rewritten_whole(index: int) -> Non
     assert list(event)[:3] == ["txnNumber", "lsid", "_id"]
     assert event["_id"]["_data"] == made[0].hex().upper()
     assert decode_token(event["_id"]).txn_op_index == index
+
+
+def test_an_array_whose_documents_do_not_lie_in_it_is_refused() -> None:
+    """The ops of applyOps are read where they lie (bson_bytes.array_items), and as the compiled
+    read (buckets/_columnar/txn_read.py) reads them: a document's length that runs past the
+    array (here an element name cut short by a zero byte) is an error, never a slice of other
+    bytes."""
+    array = bson.encode({"0": {"a": 1}, "1": {"b": 2}})
+    assert array_items(array) == [bson.encode({"a": 1}), bson.encode({"b": 2})]
+    cut = array[:5] + b"\x00" + array[6:]  # the first element's name "0" made empty
+    with pytest.raises(ValueError):
+        array_items(cut)
