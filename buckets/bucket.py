@@ -77,7 +77,9 @@ class Bucket:
         self.budget = ByteBudget(limit_bytes, account)
         if account is not None:
             account.shed = self._shed
-        self.changed = trio.Event()
+        # Made when a waiter asks for it (`changed`): most notifies (a round's frontier, each put)
+        # find nobody waiting, and an Event per notify per bucket is most of a live round's cost.
+        self._changed: trio.Event | None = None
         self.cursors: set[Reader] = set()
         self.delivered_total = 0
         self.dealt_total = 0  # events the merge dealt in (delivered_total counts them out)
@@ -120,8 +122,18 @@ class Bucket:
         waits for the proxy's memory pool, what consumers have read goes first (`_shed`)."""
         if self.budget.account is not None and self.budget.account.pool.waiting:
             self._shed()
-        self.changed.set()
-        self.changed = trio.Event()
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
+
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next `notify`: what getMores and full-bucket puts wait on."""
+        changed = self._changed
+        if changed is None:
+            changed = self._changed = trio.Event()
+        return changed
 
     # -- positions --------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ Pure and synchronous (no I/O, no trio): the async pump around it lives in stream
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable
 
 from buckets._columnar.run import merge_runs
@@ -69,6 +70,9 @@ class _Run:
 class MergedQueue:
     def __init__(self, shards: Iterable[str]) -> None:
         self._runs: dict[str, _Run] = {s: _Run(b"") for s in shards}
+        # blocking_shards(), kept until the queue changes: the pump and every reader's note
+        # timing ask for it each round.
+        self._blocking: list[str] | None = None
 
     def __len__(self) -> int:
         return sum(count_events(r.events[r.head :]) for r in self._runs.values())
@@ -82,6 +86,7 @@ class MergedQueue:
         if self._runs and mark < self.frontier():
             raise ValueError(f"shard {shard} joins below the merge frontier")
         self._runs[shard] = _Run(mark)
+        self._blocking = None
 
     def extend(self, shard: str, events: list[EventRun]) -> None:
         """Queue a batch of `shard`'s runs of events, in token order and above its mark."""
@@ -95,12 +100,14 @@ class MergedQueue:
                 f"shard {shard} pushed events out of token order or at or below its mark"
             )
         run.events += events
+        self._blocking = None
 
     def advance(self, shard: str, mark: bytes) -> None:
         """Shard promises nothing at or below `mark` is still to come. Marks never move back."""
         run = self._runs[shard]
         if mark > run.mark:
             run.mark = mark
+            self._blocking = None
 
     def mark_of(self, shard: str) -> bytes:
         return self._runs[shard].mark
@@ -110,7 +117,13 @@ class MergedQueue:
         return min(r.mark for r in self._runs.values()) if self._runs else b""
 
     def blocking_shards(self) -> list[str]:
-        """Shards whose mark holds back a pending event (they need a noop to move on)."""
+        """Shards whose mark holds back a pending event (they need a noop to move on). The list
+        is shared until the queue changes: read it, do not change it."""
+        if self._blocking is None:
+            self._blocking = self._find_blocking()
+        return self._blocking
+
+    def _find_blocking(self) -> list[str]:
         heads = [r.events[r.head].first_key for r in self._runs.values() if len(r.events) > r.head]
         if not heads:
             return []
@@ -121,6 +134,7 @@ class MergedQueue:
         """Forget every queued event (the stream is closing); marks stay."""
         for run in self._runs.values():
             run.events, run.head = [], 0
+        self._blocking = None
 
     def pop_ready(self) -> tuple[list[EventRun], dict[str, int]]:
         """Every event now at or below the frontier, as runs in token order, and the bytes each
@@ -134,12 +148,16 @@ class MergedQueue:
         for shard, run in self._runs.items():
             taken = run.take_through(frontier)
             if taken:
-                freed[shard] = sum(r.released_bytes for r in taken)
+                self._blocking = None
+                freed[shard] = sum(map(_RELEASED_BYTES, taken))
                 out += taken
                 runs += 1
         if runs > 1:
             return merge_runs(out), freed
         return out, freed
+
+
+_RELEASED_BYTES = operator.attrgetter("released_bytes")
 
 
 def _first_key(run: EventRun) -> bytes:

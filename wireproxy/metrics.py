@@ -270,6 +270,11 @@ class ThrottledLog:
         self.logger.info(message, *args)
 
 
+# Labelled command counters ProxyMetrics keeps at hand before starting over (a client may
+# send any number of names, each counted as `other`).
+_COMMAND_CHILDREN_KEPT = 1024
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = _Registry()
@@ -309,6 +314,21 @@ class ProxyMetrics:
         self.failures = FailureLog(logging.getLogger("wireproxy.session"))
         # What clients send that closes their connection: logged, but not once per client.
         self.client_log = ThrottledLog(logging.getLogger("wireproxy"))
+        # `commands`' labelled children by (command name, route): labels() costs microseconds a
+        # call, and a consumer's getMores come one per batch.
+        self._command_children: dict[tuple[str, str], Any] = {}
+
+    def count_command(self, name: str, route: str) -> None:
+        """Count one command received (`commands`, labelled by command_label(name))."""
+        key = (name, route)
+        child = self._command_children.get(key)
+        if child is None:
+            if len(self._command_children) >= _COMMAND_CHILDREN_KEPT:  # clients' own names
+                self._command_children.clear()
+            child = self._command_children[key] = self.commands.labels(
+                command=command_label(name), route=route
+            )
+        child.inc()
 
     async def page(self) -> bytes:
         """The exposition page. Collectors that read the engine's state do so on the loop (the

@@ -394,7 +394,7 @@ class ClientSession:
     async def _op_msg(self, msg: wire.OpMsg) -> None:
         accelerate = self.server.config.accelerate_change_streams
         cmd, name, route, handler = read_command(msg, self.server.table, accelerate=accelerate)
-        self.server.metrics.commands.labels(command=command_label(name), route=route.value).inc()
+        self.server.metrics.count_command(name, route.value)
         if route is Route.PASSTHROUGH:
             await self._pass_through(msg, name)
             return

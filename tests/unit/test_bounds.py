@@ -167,6 +167,24 @@ def test_only_known_command_names_become_labels():
     assert command_label("FIND") == "other"
 
 
+def test_counted_commands_are_labelled_as_by_labels(monkeypatch):
+    """count_command counts under the labels `commands.labels` gives (unknown names as other),
+    also once its kept children start over."""
+    monkeypatch.setattr(metrics_module, "_COMMAND_CHILDREN_KEPT", 2)
+    metrics = ProxyMetrics()
+    for name in ("find", "getMore", "find", "noSuchCommand", "getMore", "find"):
+        metrics.count_command(name, "passthrough")
+    metrics.count_command("getMore", "local")
+    page = metrics_module.generate_latest(metrics.registry).decode()
+    for line in (
+        'pcs_commands_total{command="find",route="passthrough"} 3.0',
+        'pcs_commands_total{command="getMore",route="passthrough"} 2.0',
+        'pcs_commands_total{command="other",route="passthrough"} 1.0',
+        'pcs_commands_total{command="getMore",route="local"} 1.0',
+    ):
+        assert line in page
+
+
 async def test_a_page_is_formatted_off_the_loop(monkeypatch, autojump_clock):
     """The text of a page comes from a worker thread; the families are those of the registry."""
     metrics = ProxyMetrics()

@@ -97,3 +97,30 @@ def test_a_batch_below_its_shards_mark_is_refused():
     events = fields_of(runs)
     assert [e.sort_key for e in events] == [_event(3).sort_key, _event(4).sort_key]
     assert freed == {"s0": sum(len(e.raw) for e in events)}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["extend", "advance", "pop"]), st.integers(0, 2), st.integers(1, 8)
+        ),
+        max_size=40,
+    )
+)
+def test_blocking_shards_follow_every_change_of_the_queue(ops):
+    """The queue keeps its blocking shards between changes: after any sequence of batches, marks
+    and releases they are those computed afresh."""
+    shards = ["s0", "s1", "s2"]
+    q = MergedQueue(shards)
+    last = dict.fromkeys(shards, 0)  # each shard's last ts pushed or promised
+    for op, s, step in ops:
+        shard = shards[s]
+        if op == "extend":
+            last[shard] += step
+            q.extend(shard, [PlainRun([_event(last[shard])])])
+        elif op == "advance":
+            last[shard] += step
+            q.advance(shard, _mark(last[shard]))
+        else:
+            q.pop_ready()
+        assert q.blocking_shards() == q._find_blocking()

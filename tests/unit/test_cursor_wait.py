@@ -81,3 +81,32 @@ async def test_a_resume_point_moved_after_the_hold_returns_at_once(
         await trio.sleep(2 * RESUME_POINT_HOLD_S)
         _advance(bucket, 5)
     assert trio.current_time() - began < 3 * RESUME_POINT_HOLD_S
+
+
+async def test_a_notify_wakes_each_wait_begun_before_it_and_none_after(
+    autojump_clock: MockClock,
+) -> None:
+    """Bucket.changed is made only for a waiter: notifies with nobody waiting make none, and a
+    wait begun after a notify waits for the next one."""
+    bucket, _ = _waiting_cursor()
+    bucket.notify()
+    bucket.notify()  # nobody waits: nothing to set
+    woken: list[int] = []
+
+    async def wait(k: int) -> None:
+        await bucket.changed.wait()
+        woken.append(k)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, 1)
+        nursery.start_soon(wait, 2)
+        await trio.sleep(1)
+        assert woken == []
+        bucket.notify()
+        await trio.sleep(1)
+        assert sorted(woken) == [1, 2]
+        nursery.start_soon(wait, 3)
+        await trio.sleep(1)
+        assert len(woken) == 2  # the earlier notify does not wake a later wait
+        bucket.notify()
+    assert sorted(woken) == [1, 2, 3]
