@@ -27,7 +27,9 @@ class ByteBudget:
         self.high_water = 0
         self.account = account
         self.pool_waits = 0  # takes the pool made wait (status)
-        self._freed = trio.Event()
+        # Made for a waiting acquire only: most releases (each merged round's, each block's
+        # hold) find nobody waiting.
+        self._freed: trio.Event | None = None
 
     def fits(self, n: int) -> bool:
         """Whether `n` more bytes fit under the budget's own limit (the one-item rule included)."""
@@ -63,13 +65,17 @@ class ByteBudget:
 
     async def acquire(self, n: int) -> None:
         while not self.try_acquire(n):
+            if self._freed is None:
+                self._freed = trio.Event()
+            freed = self._freed
             if self.blocked_by_pool(n):
                 self.wake_when_pool_frees(self._wake)
-            await self._freed.wait()
+            await freed.wait()
 
     def _wake(self) -> None:
-        self._freed.set()
-        self._freed = trio.Event()
+        freed, self._freed = self._freed, None
+        if freed is not None:
+            freed.set()
 
     def release(self, n: int) -> None:
         self.used -= n

@@ -37,6 +37,7 @@ from buckets._columnar.block_kernels import (
     _keyed_size,
     _merge_runs,
 )
+from buckets._columnar.block_merge import MERGED_RUNS, joined_kinds, run_starts, widened
 from buckets._columnar.byte_kernels import byte_table
 from buckets._columnar.document_routes import document_buckets, namespace_seeds
 from buckets._columnar.key_search import bisect_keys_kernel
@@ -448,7 +449,7 @@ class EventBlock(ArrayRun):
         mine = (self if self._events is None else self._as_merge())._unsorted
         assert mine is not None
         width = max(mine.keys.shape[1], block.keys.shape[1])
-        keys = np.concatenate([_widened(mine.keys, width), _widened(block.keys, width)])
+        keys = np.concatenate([widened(mine.keys, width), widened(block.keys, width)])
         theirs = _Scattered.of((block,))
         events = _Scattered(
             mine.events.parts + theirs.parts,
@@ -476,29 +477,21 @@ class EventBlock(ArrayRun):
         reply gathers its own in that order as it keys them."""
         if len(blocks) == 1:
             return blocks[0]
-        table: dict[Kind, int] = {}
-        kinds = []
-        for block in blocks:
-            remap = np.fromiter(
-                (table.setdefault(kind, len(table)) for kind in block.kind_table),
-                np.int32,
-                len(block.kind_table),
-            )
-            kinds.append(remap[block.kinds])
+        kinds, table = joined_kinds(blocks)
         width = max(b.keys.shape[1] for b in blocks)
-        keys = np.concatenate([_widened(b.keys, width) for b in blocks])
-        starts = _run_starts(blocks)
+        keys = np.concatenate([widened(b.keys, width) for b in blocks])
+        starts = run_starts(blocks)
         if len(starts) == 1:
             order = np.arange(len(keys))
-        elif len(starts) <= _MERGED_RUNS and keys.shape[1] >= 8:
+        elif len(starts) <= MERGED_RUNS and keys.shape[1] >= 8:
             order = _merge_runs(keys, np.array([*starts, len(keys)], np.int64))
         else:
             order = np.argsort(keys.view(f"S{keys.shape[1]}").ravel(), kind="stable")
         return cls(
             None,
             None,
-            np.concatenate(kinds)[order],
-            tuple(table),
+            kinds[order],
+            table,
             _Unsorted(keys, _Scattered.of(blocks), order),
         )
 
@@ -555,31 +548,6 @@ def _restore(
         pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(body)]
     )
     return EventBlock(np.frombuffer(keys, np.uint8).reshape(n, width), events, kinds, kind_table)
-
-
-def _widened(keys: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
-    """Key rows padded with zero bytes to `width` (see the module's docstring)."""
-    if keys.shape[1] == width:
-        return keys
-    out = np.zeros((len(keys), width), np.uint8)
-    out[:, : keys.shape[1]] = keys
-    return out
-
-
-_MERGED_RUNS = (
-    16  # more sorted runs than this are sorted by numpy (a scan of every run's head per event)
-)
-
-
-def _run_starts(blocks: Sequence[EventBlock]) -> list[int]:
-    """Where each sorted run of the blocks' events starts, a run being blocks each of whose
-    first key is at or past the last key before it."""
-    starts, at = [0], 0
-    for before, block in zip(blocks, blocks[1:], strict=False):
-        at += len(before)
-        if block.first_key < before.last_key:
-            starts.append(at)
-    return starts
 
 
 _NO_ORDER = np.zeros(0, np.int64)

@@ -187,3 +187,26 @@ async def test_a_reader_process_sends_only_what_was_granted_and_gives_back_what_
         credit.grant(150)
         await sent.wait()
         assert channel.sent[-1] == ("want", 7, 150, 0)
+
+
+async def test_a_waiting_acquire_takes_the_bytes_a_release_frees(autojump_clock: MockClock) -> None:
+    """Releases with nobody waiting make nothing to wake; an acquire that waits is woken by the
+    next release that makes its bytes fit, and not before."""
+    budget = ByteBudget(100)
+    budget.try_acquire(60)
+    budget.release(10)  # nobody waits
+    budget.try_acquire(10)
+    got: list[float] = []
+
+    async def take() -> None:
+        await budget.acquire(50)
+        got.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take)
+        await trio.sleep(1)
+        budget.release(5)  # 55 used: 50 more still do not fit
+        await trio.sleep(1)
+        assert got == []
+        budget.release(10)
+    assert got == [2.0] and budget.used == 95
