@@ -169,6 +169,10 @@ async def _send_pieces(
     small: list[Any] = []
     try:
         await trio.lowlevel.checkpoint_if_cancelled()
+        joined = _joined_if_small(pieces)
+        if joined is not None:  # a small reply (a live tail's getMore): one write of one join
+            await _send_views(stream, [memoryview(joined)])
+            return
         for piece in pieces:
             if isinstance(piece, wire.DeferredPiece):
                 _add_joined(views, small)
@@ -186,6 +190,16 @@ async def _send_pieces(
         await _send_views(stream, views)
     except OSError as exc:
         raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
+def _joined_if_small(pieces: list[Any]) -> bytes | None:
+    """The pieces joined, if they are all small and none is deferred (a join refuses one)."""
+    if sum(map(len, pieces)) >= _JOIN_BELOW:
+        return None
+    try:
+        return b"".join(pieces)
+    except TypeError:
+        return None
 
 
 def _add_joined(views: list[memoryview], small: list[Any]) -> None:

@@ -82,3 +82,24 @@ async def test_a_reply_of_more_pieces_than_one_write_takes_arrives_whole() -> No
     assert bytes(got) == want
     await sender.aclose()
     await receiver.aclose()
+
+
+async def test_a_small_reply_arrives_whole_joined_or_with_a_deferred_batch() -> None:
+    """A reply of small pieces goes in one write of their join; one with a deferred piece (a
+    batch of events, which a join refuses) the piece-by-piece way: both arrive as the joined
+    pieces."""
+    events = block_of_inserts([(7, i) for i in range(1, 3)], [0, 1])
+    plain = [b"head", memoryview(b"ab"), pa.py_buffer(b"cd"), bytearray(b"ef"), b"", b"tail"]
+    deferred = [b"head", events.array_body(0), b"tail"]
+    a, b = trio.socket.socketpair()
+    sender, receiver = trio.SocketStream(a), trio.SocketStream(b)
+    for pieces in (plain, deferred, plain):
+        want = wire.joined(pieces)
+        assert len(want) < 4096
+        await _send_pieces(sender, pieces, lambda: np.empty(1 << 16, np.uint8))
+        got = bytearray()
+        while len(got) < len(want):
+            got.extend(await receiver.receive_some(50_000))
+        assert bytes(got) == want
+    await sender.aclose()
+    await receiver.aclose()
