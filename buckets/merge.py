@@ -44,6 +44,9 @@ class _Run:
         events, head = self.events, self.head
         if head == len(events) or events[head].first_key > key:
             return []
+        if events[-1].last_key <= key:  # all of it (a live tail's every release)
+            self.events, self.head = [], 0
+            return events[head:] if head else events
         end = (
             len(events)
             if events[-1].first_key <= key
@@ -73,6 +76,7 @@ class MergedQueue:
         # blocking_shards(), kept until the queue changes: the pump and every reader's note
         # timing ask for it each round.
         self._blocking: list[str] | None = None
+        self._frontier: bytes | None = None  # frontier(), kept until a mark moves
 
     def __len__(self) -> int:
         return sum(count_events(r.events[r.head :]) for r in self._runs.values())
@@ -86,7 +90,7 @@ class MergedQueue:
         if self._runs and mark < self.frontier():
             raise ValueError(f"shard {shard} joins below the merge frontier")
         self._runs[shard] = _Run(mark)
-        self._blocking = None
+        self._blocking = self._frontier = None
 
     def extend(self, shard: str, events: list[EventRun]) -> None:
         """Queue a batch of `shard`'s runs of events, in token order and above its mark."""
@@ -107,14 +111,16 @@ class MergedQueue:
         run = self._runs[shard]
         if mark > run.mark:
             run.mark = mark
-            self._blocking = None
+            self._blocking = self._frontier = None
 
     def mark_of(self, shard: str) -> bytes:
         return self._runs[shard].mark
 
     def frontier(self) -> bytes:
         """Everything at or below this key has been pushed by every shard."""
-        return min(r.mark for r in self._runs.values()) if self._runs else b""
+        if self._frontier is None:
+            self._frontier = min([r.mark for r in self._runs.values()]) if self._runs else b""
+        return self._frontier
 
     def blocking_shards(self) -> list[str]:
         """Shards whose mark holds back a pending event (they need a noop to move on). The list

@@ -107,9 +107,9 @@ def test_a_batch_below_its_shards_mark_is_refused():
         max_size=40,
     )
 )
-def test_blocking_shards_follow_every_change_of_the_queue(ops):
-    """The queue keeps its blocking shards between changes: after any sequence of batches, marks
-    and releases they are those computed afresh."""
+def test_blocking_shards_and_frontier_follow_every_change_of_the_queue(ops):
+    """The queue keeps its blocking shards and frontier between changes: after any sequence of
+    batches, marks and releases they are those computed afresh."""
     shards = ["s0", "s1", "s2"]
     q = MergedQueue(shards)
     last = dict.fromkeys(shards, 0)  # each shard's last ts pushed or promised
@@ -124,3 +124,4 @@ def test_blocking_shards_follow_every_change_of_the_queue(ops):
         else:
             q.pop_ready()
         assert q.blocking_shards() == q._find_blocking()
+        assert q.frontier() == min(q.mark_of(s) for s in shards)
