@@ -1,16 +1,14 @@
 """What EventBlock.merge (event_block.py) does besides ordering the keys: its blocks' kinds as
-indices into one table, their key rows at one width, and where their sorted runs start."""
+indices into one table, their key rows at one width, and where their sorted runs start. (The
+blocks are typed Any: event_block.py imports this module.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from buckets._columnar.event_block import EventBlock
 
 __all__ = ["MERGED_RUNS", "joined_kinds", "run_starts", "widened"]
 
@@ -18,7 +16,7 @@ __all__ = ["MERGED_RUNS", "joined_kinds", "run_starts", "widened"]
 MERGED_RUNS = 16
 
 
-def joined_kinds(blocks: Sequence[EventBlock]) -> tuple[npt.NDArray[np.int32], tuple[Any, ...]]:
+def joined_kinds(blocks: Sequence[Any]) -> tuple[npt.NDArray[np.int32], tuple[Any, ...]]:
     """The blocks' events' kinds, one after the other, as indices into one table (each kind
     once), and the table. The blocks a splice makes of one batch share their table (the same
     object): its indices are mapped once, and those of the first table are already the joined
@@ -54,7 +52,7 @@ def widened(keys: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
     return out
 
 
-def run_starts(blocks: Sequence[EventBlock]) -> list[int]:
+def run_starts(blocks: Sequence[Any]) -> list[int]:
     """Where each sorted run of the blocks' events starts, a run being blocks each of whose
     first key is at or past the last key before it."""
     starts, at = [0], 0

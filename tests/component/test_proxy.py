@@ -1,5 +1,5 @@
-"""The proxy's scatter-gather send (wireproxy.session._send_pieces) over an in-process socket pair
-with small buffers and a slow reader: partial writes, and a closed peer."""
+"""The proxy's scatter-gather send (wireproxy.scatter_send.send_pieces) over an in-process socket
+pair with small buffers and a slow reader: partial writes, and a closed peer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trio
 
 from mongoformats import wire
 from tests.unit.test_event_block import block_of_inserts
-from wireproxy.session import _send_pieces
+from wireproxy.scatter_send import send_pieces as _send_pieces
 
 
 async def test_a_reply_in_pieces_arrives_whole_through_partial_writes_and_a_closed_peer_breaks():
