@@ -64,6 +64,7 @@ __all__ = [
     "cursor_span",
     "document_of",
     "document_parts",
+    "not_crud",
     "elements",
     "leading_id",
     "splice_at_end",
@@ -337,6 +338,24 @@ def _typed_as_crud(raw: bytes, f: dict[bytes, tuple[int, int, int]]) -> bool:
     ui = f.get(b"ui")
     return ui is None or (
         ui[0] == 0x05 and _I32.unpack_from(raw, ui[1])[0] == 16 and raw[ui[1] + 4] == 4
+    )
+
+
+def not_crud(raw: bytes) -> bool:
+    """Whether `splice_crud` surely refuses the entry without walking it: its op element, where
+    a server writes it (first, or after a retryable write's lsid and txnNumber, as
+    `_fixed_layout` reads it), is a command's, a noop's or any but a CRUD op's. (An entry of
+    another field order is walked: its op may be anywhere.)"""
+    p = 4
+    if raw[4:10] == b"\x03lsid\x00" and len(raw) >= 14:
+        p = 10 + _I32.unpack_from(raw, 10)[0]
+        if raw[p : p + 11] != b"\x12txnNumber\x00":
+            return False
+        p += 19
+    return (
+        raw[p : p + 8] == _OP_HEAD
+        and raw[p + 9 : p + 10] == b"\x00"
+        and raw[p + 8 : p + 9] not in _CRUD_CODES
     )
 
 

@@ -104,8 +104,8 @@ from buckets._columnar.id_keys import (
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.txn_batch import placed, with_transactions
 from buckets._columnar.txn_batch import warm_up as warm_up_transactions
-from buckets._columnar.txn_batch import with_transactions
 from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -113,6 +113,7 @@ from mongoformats.oplog_splice import (
     Spliced,
     _fixed_head,
     byte_slices,
+    not_crud,
     splice_crud,
     splice_laid_out,
 )
@@ -449,59 +450,114 @@ def _assemble(
 
 
 def splice_entries(
-    batch: OplogBatch, splice: bool = True, expanded: bool = False
+    batch: OplogBatch, splice: bool = True, expanded: bool = False, applied: bool = True
 ) -> EventBlock | list[Any]:
     """The batch's events as one EventBlock when every entry is a plain insert, update,
-    replacement or delete this module takes (the usual batch of a backlog); else one item for each
-    entry, in order: its event's fields (`splice_crud`'s), () for an entry with no event, or the
-    entry's own bytes when the general, stateful transform must handle it (transactions, DDL,
-    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each, and
-    that the entries of the transactions the batch holds whole give their events' fields, the
-    commit's entry all of them (txn_batch.py)."""
+    replacement or delete this module takes (the usual batch of a backlog), or an entry of a
+    transaction the batch holds whole whose ops are (txn_batch.py: its events at its commit's
+    place); else one item for each other entry, in order: its event's fields (`splice_crud`'s),
+    () for an entry with no event, or the entry's own bytes when the general, stateful
+    transform must handle it (transactions, DDL, noops), with the block's runs of at least
+    BLOCK_RUN_MIN events between them one EventBlock item each, shorter ones as fields. A block
+    keeps no applied-at time (a prepared or multi-entry transaction's ops'): with `applied` (a
+    stream that reads pre-images), such transactions' events are fields, at their commit's
+    place."""
     if not splice:
         return batch.entries()
-    items = _entry_items(batch, expanded)
-    if isinstance(items, EventBlock):
-        return items
-    return with_transactions(items, expanded, functools.partial(splice_block, expanded=expanded))
-
-
-def _entry_items(batch: OplogBatch, expanded: bool) -> EventBlock | list[Any]:
-    """splice_entries' items, one an entry (or a block a run), transactions' entries whole."""
     if len(batch) < BATCH_MIN:
-        return [_one_by_one(entry, None, expanded) for entry in batch.entries()]
+        items = [_one_by_one(entry, None, expanded) for entry in batch.entries()]
+        return with_transactions(
+            items, expanded, functools.partial(splice_block, expanded=expanded)
+        )
     out, block, taken = splice_block(batch, expanded=expanded)
-
-    def outside(start: int, stop: int) -> list[Any]:
-        """The items of the entries in [start, stop), none of them in the block; only those
-        splice_block did not splice are cut out of the batch."""
-        made = out[start:stop]
-        todo = [start + j for j, item in enumerate(made) if item is None]
-        if not todo:
-            return made
-        entries = iter(batch.entries_at(todo))
-        return [
-            item if item is not None else _one_by_one(next(entries), None, expanded)
-            for item in made
-        ]
-
-    if block is None:
-        return outside(0, len(batch))
-    if len(taken) == len(batch):
+    if block is not None and len(taken) == len(batch):
         return block
-    # The block's runs of consecutive entries, found as arrays: a batch that starts a stream (its
-    # first entries DDL or noops) or holds a few notes is mostly one run, and walking its thousands
-    # of entries in Python (each one's bytes cut out) would cost more than the splice itself.
-    ends = np.append(np.flatnonzero(np.diff(taken) != 1) + 1, len(taken)).tolist()
-    items: list[Any] = []
-    where = taken.tolist()
-    following, run = 0, 0  # the entry after the last run, the first event of the next
-    for end in ends:
-        items += outside(following, where[run])
-        part = block.sliced(run, end)
-        items += [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
-        following, run = where[end - 1] + 1, end
-    return items + outside(following, len(batch))
+    at, items = _outside(batch, out, taken, expanded)
+    txns = placed(
+        items, expanded, functools.partial(splice_block, expanded=expanded), True, applied
+    )
+    # Where the block's events (the batch's, and the transactions' at their commits) go among
+    # the items left: item i before the whole block's event cuts[i].
+    whole, cuts = _with_transactions(block, taken, txns.block, [at[i] for i in txns.commits])
+    replaced = txns.replaced
+    # The items in order, but the entries of transactions whose events are in the block.
+    order = [j for j in range(len(items)) if j not in replaced or replaced[j]]
+    if whole is not None and not order:
+        return whole
+    return _cut_around(whole, cuts, order, at, items, replaced)
+
+
+def _outside(
+    batch: OplogBatch, out: list[Any], taken: npt.NDArray[np.intp], expanded: bool
+) -> tuple[list[int], list[Any]]:
+    """The entries outside the block: where each is in the batch, and its item (see
+    `_one_by_one`). Only those splice_block did not splice are cut out of the batch."""
+    outside = np.ones(len(batch), np.bool_)
+    outside[taken] = False
+    at = np.flatnonzero(outside).tolist()
+    todo = [i for i in at if out[i] is None]
+    entries = iter(batch.entries_at(todo) if todo else [])
+    return at, [
+        _one_by_one(next(entries), None, expanded) if out[i] is None else out[i] for i in at
+    ]
+
+
+def _with_transactions(
+    block: EventBlock | None,
+    taken: npt.NDArray[np.intp],
+    txns: EventBlock | None,
+    commits: list[int],
+) -> tuple[EventBlock | None, npt.NDArray[np.intp]]:
+    """The block with the transactions' events in it (their commits at `commits` in the batch),
+    as one block of its own columns; and where the batch's entries' events start in it (for
+    each entry, how many of its events come before it)."""
+    places = np.asarray(commits, np.intp)
+    if txns is None:
+        return block, taken
+    if block is None:
+        return _own(txns), places
+    whole = block.inserted(txns, np.searchsorted(taken, places).tolist())
+    # Each of the batch's spliced entries' events moves past the transactions' before it.
+    return _own(whole), np.sort(np.concatenate([taken, places]))
+
+
+def _own(block: EventBlock) -> EventBlock:
+    """A block made of a merge's (see EventBlock.inserted) as columns of its own: a shard's
+    blocks are charged to its budget by their own bytes (EventBlock.hold)."""
+    if block._unsorted is None:
+        return block
+    return EventBlock(block.keys, block.events, block.kinds, block.kind_table)
+
+
+def _cut_around(
+    whole: EventBlock | None,
+    places: npt.NDArray[np.intp],
+    order: list[int],
+    at: list[int],
+    items: list[Any],
+    replaced: dict[int, list[Any]],
+) -> list[Any]:
+    """The items `order` (of `items`, item j the entry at at[j]; a transaction's commit's
+    replaced by its events' fields) in batch order, and between them the parts of the block
+    `whole` (whose events' entries are at `places`), a part shorter than BLOCK_RUN_MIN as
+    fields."""
+    cuts = np.searchsorted(places, [at[j] for j in order]).tolist()
+    out: list[Any] = []
+    start = 0
+    for j, cut in zip(order, cuts, strict=True):
+        if whole is not None and cut > start:
+            out += _part(whole, start, cut)
+        start = cut
+        out += replaced[j] if j in replaced else [items[j]]
+    if whole is not None and start < len(whole):
+        out += _part(whole, start, len(whole))
+    return out
+
+
+def _part(whole: EventBlock, start: int, stop: int) -> list[Any]:
+    """Events [start, stop) of the block, as a block or (fewer than BLOCK_RUN_MIN) as fields."""
+    part = whole.sliced(start, stop)
+    return [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
 
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:
@@ -514,8 +570,8 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
     transactions a batch does not hold whole (applyOps chains and prepared commits carry state
     across entries: the transaction's lsid, txnNumber and each op's txnOpIndex in its token; it
     splices their plain writes with mongoformats.txn_splice; txn_batch.py takes the others),
-    DDL and noops."""
-    if made is None:
+    DDL and noops: an entry whose op is a command's or a noop's (`not_crud`) is not walked."""
+    if made is None and not not_crud(entry):
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made
 
