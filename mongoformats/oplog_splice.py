@@ -343,15 +343,14 @@ def _typed_as_crud(raw: bytes, f: dict[bytes, tuple[int, int, int]]) -> bool:
 
 def not_crud(raw: bytes) -> bool:
     """Whether `splice_crud` surely refuses the entry without walking it: its op element, where
-    a server writes it (first, or after a retryable write's lsid and txnNumber, as
-    `_fixed_layout` reads it), is a command's, a noop's or any but a CRUD op's. (An entry of
-    another field order is walked: its op may be anywhere.)"""
+    a server writes it (first, or after a session's lsid and txnNumber, as `_fixed_layout`
+    reads it), is a command's, a noop's or any but a CRUD op's. (An entry of another field
+    order is walked: its op may be anywhere.)"""
     p = 4
     if raw[4:10] == b"\x03lsid\x00" and len(raw) >= 14:
         p = 10 + _I32.unpack_from(raw, 10)[0]
-        if raw[p : p + 11] != b"\x12txnNumber\x00":
-            return False
-        p += 19
+        if raw[p : p + 11] == b"\x12txnNumber\x00":
+            p += 19
     return (
         raw[p : p + 8] == _OP_HEAD
         and raw[p + 9 : p + 10] == b"\x00"
