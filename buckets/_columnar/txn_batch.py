@@ -218,7 +218,7 @@ class _Ops(NamedTuple):
     entries: list[bytes]  # as plain writes' entries (txn_entry)
     heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
     indexes: list[int]  # its txnOpIndex
-    applied: list[Any]  # its applied-at time
+    applied: list[Any]  # its applied-at time: (ts as _Read's word, index), or None
 
 
 def _add(ops: _Ops, chain: _Chain) -> None:
@@ -234,8 +234,7 @@ def _add(ops: _Ops, chain: _Chain) -> None:
         n = len(read.ops)
         ops.entries.extend([txn_entry(op, tail) for op in read.ops])
         if len(ops.entries) - n > first or read.ts != ts:
-            at = Timestamp(read.ts >> 32, read.ts & 0xFFFFFFFF)
-            ops.applied.extend([(at, i) for i in range(n)])
+            ops.applied.extend([(read.ts, i) for i in range(n)])
         else:
             ops.applied.extend([None] * n)
     n = len(ops.entries) - first
@@ -346,11 +345,17 @@ def _made(
     the rewritten block (txn_events.py), else the splice's or splice_crud's event made its
     transaction's by txn_event (splice_txn_op's last step)."""
     entries, heads, indexes, applied = ops
+    when = _applied_at(applied[i])
     if row >= 0 and done[row]:
-        return (*fields[row][:-1], applied[i])
+        return (*fields[row][:-1], when)
     made = spliced if spliced is not None else splice_crud(entries[i], expanded=expanded)
     event = txn_event(made, heads[i], indexes[i]) if made else made
-    return (*event[:-1], applied[i]) if event else event
+    return (*event[:-1], when) if event else event
+
+
+def _applied_at(when: tuple[int, int] | None) -> tuple[Timestamp, int] | None:
+    """An applied-at time of _Ops' (a word and an index) as the transformer gives it."""
+    return None if when is None else (Timestamp(when[0] >> 32, when[0] & 0xFFFFFFFF), when[1])
 
 
 def warm_up(splice: BatchSplice) -> None:
