@@ -106,6 +106,7 @@ from buckets._columnar.id_keys import (
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from buckets._columnar.txn_batch import placed, with_transactions
 from buckets._columnar.txn_batch import warm_up as warm_up_transactions
+from buckets._columnar.txn_place import cut_around, with_transactions_in
 from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -464,27 +465,28 @@ def splice_entries(
     place."""
     if not splice:
         return batch.entries()
+    transactions = functools.partial(splice_block, expanded=expanded)
     if len(batch) < BATCH_MIN:
         items = [_one_by_one(entry, None, expanded) for entry in batch.entries()]
-        return with_transactions(
-            items, expanded, functools.partial(splice_block, expanded=expanded)
-        )
+        return with_transactions(items, expanded, transactions)
     out, block, taken = splice_block(batch, expanded=expanded)
     if block is not None and len(taken) == len(batch):
         return block
     at, items = _outside(batch, out, taken, expanded)
-    txns = placed(
-        items, expanded, functools.partial(splice_block, expanded=expanded), True, applied
-    )
+    txns = placed(items, expanded, transactions, True, applied)
     # Where the block's events (the batch's, and the transactions' at their commits) go among
-    # the items left: item i before the whole block's event cuts[i].
-    whole, cuts = _with_transactions(block, taken, txns.block, [at[i] for i in txns.commits])
-    replaced = txns.replaced
-    # The items in order, but the entries of transactions whose events are in the block.
-    order = [j for j in range(len(items)) if j not in replaced or replaced[j]]
+    # the items left.
+    whole, places = with_transactions_in(block, taken, txns.block, [at[i] for i in txns.commits])
+    order = _left(len(items), txns.replaced)
     if whole is not None and not order:
         return whole
-    return _cut_around(whole, cuts, order, at, items, replaced)
+    return cut_around(whole, places, order, at, items, txns.replaced, BLOCK_RUN_MIN)
+
+
+def _left(n: int, replaced: dict[int, list[Any]]) -> list[int]:
+    """Of n items, those that stay, in order: all but the entries of transactions whose events
+    are in the block (replaced by none)."""
+    return [j for j in range(n) if replaced.get(j, True)]
 
 
 def _outside(
@@ -500,64 +502,6 @@ def _outside(
     return at, [
         _one_by_one(next(entries), None, expanded) if out[i] is None else out[i] for i in at
     ]
-
-
-def _with_transactions(
-    block: EventBlock | None,
-    taken: npt.NDArray[np.intp],
-    txns: EventBlock | None,
-    commits: list[int],
-) -> tuple[EventBlock | None, npt.NDArray[np.intp]]:
-    """The block with the transactions' events in it (their commits at `commits` in the batch),
-    as one block of its own columns; and where the batch's entries' events start in it (for
-    each entry, how many of its events come before it)."""
-    places = np.asarray(commits, np.intp)
-    if txns is None:
-        return block, taken
-    if block is None:
-        return _own(txns), places
-    whole = block.inserted(txns, np.searchsorted(taken, places).tolist())
-    # Each of the batch's spliced entries' events moves past the transactions' before it.
-    return _own(whole), np.sort(np.concatenate([taken, places]))
-
-
-def _own(block: EventBlock) -> EventBlock:
-    """A block made of a merge's (see EventBlock.inserted) as columns of its own: a shard's
-    blocks are charged to its budget by their own bytes (EventBlock.hold)."""
-    if block._unsorted is None:
-        return block
-    return EventBlock(block.keys, block.events, block.kinds, block.kind_table)
-
-
-def _cut_around(
-    whole: EventBlock | None,
-    places: npt.NDArray[np.intp],
-    order: list[int],
-    at: list[int],
-    items: list[Any],
-    replaced: dict[int, list[Any]],
-) -> list[Any]:
-    """The items `order` (of `items`, item j the entry at at[j]; a transaction's commit's
-    replaced by its events' fields) in batch order, and between them the parts of the block
-    `whole` (whose events' entries are at `places`), a part shorter than BLOCK_RUN_MIN as
-    fields."""
-    cuts = np.searchsorted(places, [at[j] for j in order]).tolist()
-    out: list[Any] = []
-    start = 0
-    for j, cut in zip(order, cuts, strict=True):
-        if whole is not None and cut > start:
-            out += _part(whole, start, cut)
-        start = cut
-        out += replaced[j] if j in replaced else [items[j]]
-    if whole is not None and start < len(whole):
-        out += _part(whole, start, len(whole))
-    return out
-
-
-def _part(whole: EventBlock, start: int, stop: int) -> list[Any]:
-    """Events [start, stop) of the block, as a block or (fewer than BLOCK_RUN_MIN) as fields."""
-    part = whole.sliced(start, stop)
-    return [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
 
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:

@@ -120,18 +120,25 @@ def placed(
     if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
         return Placed({}, None, [])
     made = _spliced(chains, expanded, splice, columns, applied)
-    # Each taken entry's events (none but the commit's), by where it is: chains may interleave.
     replaced: dict[int, list[Any]] = {}
     commits: list[int] = []
     for chain, events in zip(chains, made.events, strict=True):
-        if events is None:  # left to the transformer, whole
-            continue
-        replaced |= {at: [] for at, _ in chain}
-        if type(events) is int:  # that many events in the block
-            commits += [chain[-1][0]] * events
-        else:
-            replaced[chain[-1][0]] = events
+        if events is not None:  # (None: left to the transformer, whole)
+            _place(chain, events, replaced, commits)
     return Placed(replaced, made.block, commits)
+
+
+def _place(
+    chain: _Chain, events: list[Any] | int, replaced: dict[int, list[Any]], commits: list[int]
+) -> None:
+    """Replace a chain's entries: each by none of its events, its commit by its events' fields,
+    or by `events` rows of the block (its index in `commits` for each). Chains may
+    interleave: each entry is replaced where it is."""
+    replaced |= {at: [] for at, _ in chain}
+    if isinstance(events, int):
+        commits += [chain[-1][0]] * events
+    else:
+        replaced[chain[-1][0]] = events
 
 
 def whole_chains(items: list[Any]) -> list[_Chain]:
@@ -261,29 +268,56 @@ def _spliced(
     for chain in chains:
         _add(ops, chain)
         bounds.append(len(ops.entries))
-    entries, heads, indexes, applied_at = ops
-    out, block, taken = splice(OplogBatch.of(entries))
-    rows = np.full(len(entries), -1, np.int64)  # each op's row in the block, if it has one
-    rewritten, done = None, []
-    if block is not None:
-        rows[taken] = np.arange(len(taken))
-        where = taken.tolist()
-        rewritten, done = txn_block(block, [heads[i] for i in where], [indexes[i] for i in where])
+    out, block, taken = splice(OplogBatch.of(ops.entries))
+    rows = np.full(len(ops.entries), -1, np.int64)  # each op's row in the block, if it has one
+    rows[taken] = np.arange(len(taken))
+    rewritten, done = _rewritten(ops, block, taken)
     kept: dict[int, int] = {}
     if columns and rewritten is not None:
-        kept = _columnar(rows, out, done, bounds, applied_at if applied else None)
-    events: list[list[Any] | int | None] = []
-    fields: list[tuple[Any, ...]] | None = None
-    at = rows.tolist()
-    for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        if c in kept:
-            events.append(kept[c])
-            continue
-        if fields is None:
-            fields = rewritten.fields() if rewritten is not None else []
-        made = [_made(ops, i, at[i], out[i], fields, done, expanded) for i in range(a, b)]
-        events.append(None if None in made else list(filter(None, made)))
+        kept = _columnar(rows, out, done, bounds, ops.applied if applied else None)
+    made = _Fields(ops, rows.tolist(), out, rewritten, done, expanded)
+    events = [
+        kept[c] if c in kept else made.chain(a, b)
+        for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+    ]
     return _Made(events, _kept_rows(rewritten, rows, bounds, kept))
+
+
+def _rewritten(
+    ops: _Ops, block: EventBlock | None, taken: npt.NDArray[np.intp]
+) -> tuple[EventBlock | None, list[bool]]:
+    """The block splice's events of the ops made their transactions' (txn_events.py), and
+    which of its rows were."""
+    if block is None:
+        return None, []
+    where = taken.tolist()
+    return txn_block(block, [ops.heads[i] for i in where], [ops.indexes[i] for i in where])
+
+
+class _Fields:
+    """The ops' events as fields, for the chains not kept in a block (see `_made`); the
+    rewritten block's fields are made once, for the first such chain."""
+
+    def __init__(
+        self,
+        ops: _Ops,
+        rows: list[int],
+        out: list[Any],
+        rewritten: EventBlock | None,
+        done: list[bool],
+        expanded: bool,
+    ) -> None:
+        self.ops, self.rows, self.out, self.done, self.expanded = ops, rows, out, done, expanded
+        self.rewritten = rewritten
+        self.fields: list[tuple[Any, ...]] | None = None
+
+    def chain(self, a: int, b: int) -> list[Any] | None:
+        """The events of ops [a, b) (a chain's); None if one is left to the transformer."""
+        if self.fields is None:
+            self.fields = self.rewritten.fields() if self.rewritten is not None else []
+        ops, rows, out, fields, done = self.ops, self.rows, self.out, self.fields, self.done
+        made = [_made(ops, i, rows[i], out[i], fields, done, self.expanded) for i in range(a, b)]
+        return None if None in made else list(filter(None, made))
 
 
 def _columnar(
