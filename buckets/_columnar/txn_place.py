@@ -26,8 +26,11 @@ def with_transactions_in(
     commits: list[int],
 ) -> tuple[EventBlock | None, npt.NDArray[np.intp]]:
     """The block with the transactions' events in it (their commits at `commits` in the batch),
-    as one block of its own columns; and where the batch's entries' events start in it (for
-    each entry, how many of its events come before it)."""
+    as one block of its own columns; and the entry (its index in the batch) of each of its
+    events. Put in at its commit, a transaction's events are in token order: their clusterTime
+    is the ts of the entry that commits it (the last applyOps or the commitTransaction:
+    shared/reference/mongodb-formats.md C.6, "Change-stream semantics"), which no other
+    entry of the shard's oplog has, and their txnOpIndex counts up."""
     places = np.asarray(commits, np.intp)
     if txns is None:
         return block, taken
@@ -56,8 +59,8 @@ def cut_around(
 ) -> list[Any]:
     """The items `order` (of `items`, item j the entry at at[j]; a transaction's commit's
     replaced by its events' fields) in batch order, and between them the parts of the block
-    `whole` (whose events' entries are at `places`), a part shorter than `run_min` as
-    fields."""
+    `whole` (whose events' entries, by index in the batch, are `places`), a part shorter than
+    `run_min` as fields."""
     cuts = np.searchsorted(places, [at[j] for j in order]).tolist()
     out: list[Any] = []
     start = 0
