@@ -15,7 +15,9 @@ applyOps that commits with a null prevOpTime (a transaction of one entry, or bat
 or a chain that starts in the batch (a partialTxn or prepare entry of null prevOpTime) whose
 entries each link back to the one before, up to the one that commits it (an applyOps, or a
 prepared transaction's commitTransaction). Their entries leave the batch's items: the last
-gives its events, the others none. The transformer keeps transactions' state across batches;
+gives its events, the others none; its events stay the block's rows (`placed`), which the batch
+splice puts into its block at the commit (txn_place.py), unless some op's event is not the
+block's or (for a stream that reads pre-images) has an applied-at time: then as fields. The transformer keeps transactions' state across batches;
 it gets every other entry of a transaction, a whole chain at a time: a chain the batch does not
 hold whole, or one that an op the splice leaves (DDL, views, migrations' writes, rare shapes)
 or another entry of its key (lsid, txnNumber) keeps out.
