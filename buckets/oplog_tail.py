@@ -81,6 +81,7 @@ class OplogTail:
         transformer: OplogTransformer,
         await_ms: int = 200,
         connect_member: Connector,
+        keep_applied: bool = True,
     ) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
@@ -91,6 +92,9 @@ class OplogTail:
         self.inclusive = True
         self.skip_key = skip_key  # events at or below this key were delivered before
         self.transformer = transformer
+        # Whether events keep their applied-at times (pre-images are read by them): a block
+        # keeps none, so then a prepared transaction's events are not spliced into one.
+        self.keep_applied = keep_applied
         self.await_ms = await_ms
         self.reconnects = 0
         self._conn: Connection | None = None  # the member read from now
@@ -232,7 +236,9 @@ class OplogTail:
             # Up to the time of an older token resumed from, events keep its version: the
             # general path, which writes any version, makes them.
             splice = transformer.token_version == 2 and transformer.keep_version is None
-            items = splice_entries(batch, splice, transformer.show_expanded_events)
+            items = splice_entries(
+                batch, splice, transformer.show_expanded_events, self.keep_applied
+            )
             await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
         else:
             await out.idle()

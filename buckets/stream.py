@@ -226,6 +226,7 @@ class ParallelStream:
                 ddl_notes=options.ddl_notes,
             ),
             connect_member=self._connect_member,
+            keep_applied=options.needs_pre_images,
         )
         reader = self.readers[sid] = ShardReader(tail, budget=self.shard_budgets[sid])
         if self._hosts:  # with readerProcesses: shards are dealt over the reader processes in turn

@@ -64,6 +64,7 @@ __all__ = [
     "cursor_span",
     "document_of",
     "document_parts",
+    "not_crud",
     "elements",
     "leading_id",
     "splice_at_end",
@@ -338,6 +339,28 @@ def _typed_as_crud(raw: bytes, f: dict[bytes, tuple[int, int, int]]) -> bool:
     return ui is None or (
         ui[0] == 0x05 and _I32.unpack_from(raw, ui[1])[0] == 16 and raw[ui[1] + 4] == 4
     )
+
+
+def not_crud(raw: bytes) -> bool:
+    """Whether `splice_crud` surely refuses the entry without walking it: its op element, where
+    a server writes it (first, or after a session's lsid and txnNumber, as `_fixed_layout`
+    reads it), is a command's, a noop's or any but a CRUD op's. (An entry of another field
+    order is walked: its op may be anywhere.)"""
+    p = _op_at(raw)
+    return (
+        raw[p : p + 8] == _OP_HEAD
+        and raw[p + 9 : p + 10] == b"\x00"
+        and raw[p + 8 : p + 9] not in _CRUD_CODES
+    )
+
+
+def _op_at(raw: bytes) -> int:
+    """Where a server writes an entry's op element: first, or after a session's lsid and
+    txnNumber."""
+    if raw[4:10] != b"\x03lsid\x00" or len(raw) < 14:
+        return 4
+    p = 10 + _I32.unpack_from(raw, 10)[0]
+    return p + 19 if raw[p : p + 11] == b"\x12txnNumber\x00" else p
 
 
 def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:

@@ -104,8 +104,9 @@ from buckets._columnar.id_keys import (
     type_bits_of,
 )
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
+from buckets._columnar.txn_batch import placed, with_transactions
 from buckets._columnar.txn_batch import warm_up as warm_up_transactions
-from buckets._columnar.txn_batch import with_transactions
+from buckets._columnar.txn_place import cut_around, with_transactions_in
 from buckets._columnar.update_descriptions import extras, other_descriptions
 from mongoformats.oplog_splice import (
     _ID_HEAD,
@@ -113,6 +114,7 @@ from mongoformats.oplog_splice import (
     Spliced,
     _fixed_head,
     byte_slices,
+    not_crud,
     splice_crud,
     splice_laid_out,
 )
@@ -449,59 +451,57 @@ def _assemble(
 
 
 def splice_entries(
-    batch: OplogBatch, splice: bool = True, expanded: bool = False
+    batch: OplogBatch, splice: bool = True, expanded: bool = False, applied: bool = True
 ) -> EventBlock | list[Any]:
     """The batch's events as one EventBlock when every entry is a plain insert, update,
-    replacement or delete this module takes (the usual batch of a backlog); else one item for each
-    entry, in order: its event's fields (`splice_crud`'s), () for an entry with no event, or the
-    entry's own bytes when the general, stateful transform must handle it (transactions, DDL,
-    noops), except that runs of at least BLOCK_RUN_MIN events are one EventBlock item each, and
-    that the entries of the transactions the batch holds whole give their events' fields, the
-    commit's entry all of them (txn_batch.py)."""
+    replacement or delete this module takes (the usual batch of a backlog), or an entry of a
+    transaction the batch holds whole whose ops are (txn_batch.py: its events at its commit's
+    place); else one item for each other entry, in order: its event's fields (`splice_crud`'s),
+    () for an entry with no event, or the entry's own bytes when the general, stateful
+    transform must handle it (transactions, DDL, noops), with the block's runs of at least
+    BLOCK_RUN_MIN events between them one EventBlock item each, shorter ones as fields. A block
+    keeps no applied-at time (a prepared or multi-entry transaction's ops'): with `applied` (a
+    stream that reads pre-images), such transactions' events are fields, at their commit's
+    place."""
     if not splice:
         return batch.entries()
-    items = _entry_items(batch, expanded)
-    if isinstance(items, EventBlock):
-        return items
-    return with_transactions(items, expanded, functools.partial(splice_block, expanded=expanded))
-
-
-def _entry_items(batch: OplogBatch, expanded: bool) -> EventBlock | list[Any]:
-    """splice_entries' items, one an entry (or a block a run), transactions' entries whole."""
+    transactions = functools.partial(splice_block, expanded=expanded)
     if len(batch) < BATCH_MIN:
-        return [_one_by_one(entry, None, expanded) for entry in batch.entries()]
+        items = [_one_by_one(entry, None, expanded) for entry in batch.entries()]
+        return with_transactions(items, expanded, transactions)
     out, block, taken = splice_block(batch, expanded=expanded)
-
-    def outside(start: int, stop: int) -> list[Any]:
-        """The items of the entries in [start, stop), none of them in the block; only those
-        splice_block did not splice are cut out of the batch."""
-        made = out[start:stop]
-        todo = [start + j for j, item in enumerate(made) if item is None]
-        if not todo:
-            return made
-        entries = iter(batch.entries_at(todo))
-        return [
-            item if item is not None else _one_by_one(next(entries), None, expanded)
-            for item in made
-        ]
-
-    if block is None:
-        return outside(0, len(batch))
-    if len(taken) == len(batch):
+    if block is not None and len(taken) == len(batch):
         return block
-    # The block's runs of consecutive entries, found as arrays: a batch that starts a stream (its
-    # first entries DDL or noops) or holds a few notes is mostly one run, and walking its thousands
-    # of entries in Python (each one's bytes cut out) would cost more than the splice itself.
-    ends = np.append(np.flatnonzero(np.diff(taken) != 1) + 1, len(taken)).tolist()
-    items: list[Any] = []
-    where = taken.tolist()
-    following, run = 0, 0  # the entry after the last run, the first event of the next
-    for end in ends:
-        items += outside(following, where[run])
-        part = block.sliced(run, end)
-        items += [part] if len(part) >= BLOCK_RUN_MIN else part.fields()
-        following, run = where[end - 1] + 1, end
-    return items + outside(following, len(batch))
+    at, items = _outside(batch, out, taken, expanded)
+    txns = placed(items, expanded, transactions, True, applied)
+    # Where the block's events (the batch's, and the transactions' at their commits) go among
+    # the items left.
+    whole, places = with_transactions_in(block, taken, txns.block, [at[i] for i in txns.commits])
+    order = _left(len(items), txns.replaced)
+    if whole is not None and not order:
+        return whole
+    return cut_around(whole, places, order, at, items, txns.replaced, BLOCK_RUN_MIN)
+
+
+def _left(n: int, replaced: dict[int, list[Any]]) -> list[int]:
+    """Of n items, those that stay, in order: all but the entries of transactions whose events
+    are in the block (replaced by none)."""
+    return [j for j in range(n) if replaced.get(j, True)]
+
+
+def _outside(
+    batch: OplogBatch, out: list[Any], taken: npt.NDArray[np.intp], expanded: bool
+) -> tuple[list[int], list[Any]]:
+    """The entries outside the block: where each is in the batch, and its item (see
+    `_one_by_one`). Only those splice_block did not splice are cut out of the batch."""
+    outside = np.ones(len(batch), np.bool_)
+    outside[taken] = False
+    at = np.flatnonzero(outside).tolist()
+    todo = [i for i in at if out[i] is None]
+    entries = iter(batch.entries_at(todo) if todo else [])
+    return at, [
+        _one_by_one(next(entries), None, expanded) if out[i] is None else out[i] for i in at
+    ]
 
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:
@@ -514,8 +514,8 @@ def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) 
     transactions a batch does not hold whole (applyOps chains and prepared commits carry state
     across entries: the transaction's lsid, txnNumber and each op's txnOpIndex in its token; it
     splices their plain writes with mongoformats.txn_splice; txn_batch.py takes the others),
-    DDL and noops."""
-    if made is None:
+    DDL and noops: an entry whose op is a command's or a noop's (`not_crud`) is not walked."""
+    if made is None and not not_crud(entry):
         made = splice_crud(entry, expanded=expanded)
     return entry if made is None else made
 

@@ -15,7 +15,9 @@ applyOps that commits with a null prevOpTime (a transaction of one entry, or bat
 or a chain that starts in the batch (a partialTxn or prepare entry of null prevOpTime) whose
 entries each link back to the one before, up to the one that commits it (an applyOps, or a
 prepared transaction's commitTransaction). Their entries leave the batch's items: the last
-gives its events, the others none. The transformer keeps transactions' state across batches;
+gives its events, the others none; its events stay the block's rows (`placed`), which the batch
+splice puts into its block at the commit (txn_place.py), unless some op's event is not the
+block's or (for a stream that reads pre-images) has an applied-at time: then as fields. The transformer keeps transactions' state across batches;
 it gets every other entry of a transaction, a whole chain at a time: a chain the batch does not
 hold whole, or one that an op the splice leaves (DDL, views, migrations' writes, rare shapes)
 or another entry of its key (lsid, txnNumber) keeps out.
@@ -33,7 +35,7 @@ from bson import Timestamp
 
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch
-from buckets._columnar.txn_events import txn_fields
+from buckets._columnar.txn_events import txn_block
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -44,7 +46,7 @@ from buckets._columnar.txn_read import (
     R_TS,
     read_rows,
 )
-from mongoformats.oplog_splice import Spliced, splice_crud
+from mongoformats.oplog_splice import splice_crud
 from mongoformats.txn_splice import (
     TxnKey,
     TxnStamp,
@@ -83,19 +85,22 @@ class _Read(NamedTuple):
 _Chain = list[tuple[int, _Read]]
 
 
+class Placed(NamedTuple):
+    """What the transactions a list of items holds whole become (`placed`): the items that
+    replace theirs (`replaced`: a commit's its events' fields, another entry none), and the
+    events of those kept as columns (`block`, in the order of their commits; None if none),
+    each with the index of its commit's item (`commits`, sorted)."""
+
+    replaced: dict[int, list[Any]]
+    block: EventBlock | None
+    commits: list[int]
+
+
 def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> list[Any]:
     """`items` (batch_splice.splice_entries') with the entries of the transactions they hold
     whole (see the module's docstring) replaced by their events' fields; the others as they
     are."""
-    chains = whole_chains(items)
-    if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
-        return items
-    # Each taken entry's events (none but the commit's), by where it is: chains may interleave.
-    replaced: dict[int, list[Spliced]] = {}
-    for chain, events in zip(chains, _spliced(chains, expanded, splice), strict=True):
-        if events is not None:  # (None: left to the transformer, whole)
-            replaced |= {at: [] for at, _ in chain}
-            replaced[chain[-1][0]] = events
+    replaced = placed(items, expanded, splice, columns=False, applied=True).replaced
     out: list[Any] = []
     last = 0
     for at in sorted(replaced):
@@ -103,6 +108,39 @@ def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> 
         out += replaced[at]
         last = at + 1
     return out + items[last:]
+
+
+def placed(
+    items: list[Any], expanded: bool, splice: BatchSplice, columns: bool, applied: bool
+) -> Placed:
+    """The transactions the items hold whole (see the module's docstring), their entries' items
+    replaced; with `columns`, the events of those whose ops the block splice made all of (and
+    nothing else) kept in a block, not made into fields. A block keeps no applied-at time: with
+    `applied` (a stream that reads pre-images, see buckets/lookup.py), only transactions whose
+    events have none (their ops all in their commit) are kept so."""
+    chains = whole_chains(items)
+    if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
+        return Placed({}, None, [])
+    made = _spliced(chains, expanded, splice, columns, applied)
+    replaced: dict[int, list[Any]] = {}
+    commits: list[int] = []
+    for chain, events in zip(chains, made.events, strict=True):
+        if events is not None:  # (None: left to the transformer, whole)
+            _place(chain, events, replaced, commits)
+    return Placed(replaced, made.block, commits)
+
+
+def _place(
+    chain: _Chain, events: list[Any] | int, replaced: dict[int, list[Any]], commits: list[int]
+) -> None:
+    """Replace a chain's entries: each by none of its events, its commit by its events' fields,
+    or by `events` rows of the block (its index in `commits` for each). Chains may
+    interleave: each entry is replaced where it is."""
+    replaced |= {at: [] for at, _ in chain}
+    if isinstance(events, int):
+        commits += [chain[-1][0]] * events
+    else:
+        replaced[chain[-1][0]] = events
 
 
 def whole_chains(items: list[Any]) -> list[_Chain]:
@@ -183,33 +221,13 @@ def _linked(chain: _Chain | None, i: int, read: _Read) -> _Chain | None:
     return [*chain, (i, read)] if read.prev == chain[-1][1].ts else None
 
 
-def _spliced(
-    chains: list[_Chain], expanded: bool, splice: BatchSplice
-) -> list[list[Spliced] | None]:
-    """Each chain's events; None for a chain with an op the splice leaves to the transformer."""
-    ops = _Ops([], [], [], [])
-    counts = []
-    for chain in chains:
-        n = len(ops.entries)
-        _add(ops, chain)
-        counts.append(len(ops.entries) - n)
-    made = _made(ops, expanded, splice)
-    out: list[list[Spliced] | None] = []
-    at = 0
-    for n in counts:
-        events = made[at : at + n]
-        out.append(None if None in events else list(filter(None, events)))
-        at += n
-    return out
-
-
 class _Ops(NamedTuple):
     """The ops of the transactions spliced together, each with what its event needs."""
 
     entries: list[bytes]  # as plain writes' entries (txn_entry)
     heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
     indexes: list[int]  # its txnOpIndex
-    applied: list[Any]  # its applied-at time
+    applied: list[Any]  # its applied-at time: (ts as _Read's word, index), or None
 
 
 def _add(ops: _Ops, chain: _Chain) -> None:
@@ -225,8 +243,7 @@ def _add(ops: _Ops, chain: _Chain) -> None:
         n = len(read.ops)
         ops.entries.extend([txn_entry(op, tail) for op in read.ops])
         if len(ops.entries) - n > first or read.ts != ts:
-            at = Timestamp(read.ts >> 32, read.ts & 0xFFFFFFFF)
-            ops.applied.extend([(at, i) for i in range(n)])
+            ops.applied.extend([(read.ts, i) for i in range(n)])
         else:
             ops.applied.extend([None] * n)
     n = len(ops.entries) - first
@@ -234,28 +251,147 @@ def _add(ops: _Ops, chain: _Chain) -> None:
     ops.indexes.extend(range(n))
 
 
-def _made(ops: _Ops, expanded: bool, splice: BatchSplice) -> list[Any]:
-    """Each op's event as the transformer makes it (None: left to it; (): no event): the batch
-    splice's block made its transaction's in one compiled loop (txn_events.py); the other
-    events it made, or splice_crud's, by txn_event (splice_txn_op's last step)."""
-    entries, heads, indexes, applied = ops
-    out, block, taken = splice(OplogBatch.of(entries))
-    made: list[Any] = [None] * len(entries)
-    if block is not None:
-        where = taken.tolist()
-        rows = txn_fields(
-            block,
-            [heads[i] for i in where],
-            [indexes[i] for i in where],
-            [applied[i] for i in where],
+class _Made(NamedTuple):
+    """Each chain's events (`events`): their fields, or how many rows of `block` they are, or
+    None for a chain left to the transformer."""
+
+    events: list[list[Any] | int | None]
+    block: EventBlock | None
+
+
+def _spliced(
+    chains: list[_Chain], expanded: bool, splice: BatchSplice, columns: bool, applied: bool
+) -> _Made:
+    """Each chain's events (see _Made); in `block`, with `columns`, those of the chains whose
+    ops' events are all the block splice's (or none), and with `applied`, have no applied-at
+    time."""
+    ops = _Ops([], [], [], [])
+    bounds = [0]
+    for chain in chains:
+        _add(ops, chain)
+        bounds.append(len(ops.entries))
+    out, block, taken = splice(OplogBatch.of(ops.entries))
+    rows = np.full(len(ops.entries), -1, np.int64)  # each op's row in the block, if it has one
+    rows[taken] = np.arange(len(taken))
+    rewritten, done = _rewritten(ops, block, taken)
+    kept: dict[int, int] = {}
+    if columns and rewritten is not None:
+        kept = _columnar(rows, out, done, bounds, ops.applied if applied else None)
+    made = _Fields(ops, rows.tolist(), out, rewritten, done, expanded)
+    events = [
+        kept[c] if c in kept else made.chain(a, b)
+        for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+    ]
+    return _Made(events, _kept_rows(rewritten, rows, bounds, kept))
+
+
+def _rewritten(
+    ops: _Ops, block: EventBlock | None, taken: npt.NDArray[np.intp]
+) -> tuple[EventBlock | None, list[bool]]:
+    """The block splice's events of the ops made their transactions' (txn_events.py), and
+    which of its rows were."""
+    if block is None:
+        return None, []
+    where = taken.tolist()
+    return txn_block(block, [ops.heads[i] for i in where], [ops.indexes[i] for i in where])
+
+
+class _Fields:
+    """The ops' events as fields, for the chains not kept in a block (see `_made`); the
+    rewritten block's fields are made once, for the first such chain."""
+
+    def __init__(
+        self,
+        ops: _Ops,
+        rows: list[int],
+        out: list[Any],
+        rewritten: EventBlock | None,
+        done: list[bool],
+        expanded: bool,
+    ) -> None:
+        self.ops, self.rows, self.out, self.done, self.expanded = ops, rows, out, done, expanded
+        self.rewritten = rewritten
+        self.fields: list[tuple[Any, ...]] | None = None
+
+    def chain(self, a: int, b: int) -> list[Any] | None:
+        """The events of ops [a, b) (a chain's); None if one is left to the transformer."""
+        if self.fields is None:
+            self.fields = self.rewritten.fields() if self.rewritten is not None else []
+        ops, rows, out, fields, done = self.ops, self.rows, self.out, self.fields, self.done
+        made = [_made(ops, i, rows[i], out[i], fields, done, self.expanded) for i in range(a, b)]
+        return None if None in made else list(filter(None, made))
+
+
+def _columnar(
+    rows: npt.NDArray[np.int64],
+    out: list[Any],
+    done: list[bool],
+    bounds: list[int],
+    applied: list[Any] | None,
+) -> dict[int, int]:
+    """The chains whose every op has its row in the block, made there (or makes no event:
+    out's ()), and if `applied` (the ops' applied-at times) is given, none has one; each with
+    its count of rows."""
+    has = rows >= 0
+    made = np.zeros(len(rows), np.bool_)
+    made[has] = np.array(done, np.bool_)
+    ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
+    if applied is not None:
+        ok &= np.fromiter((when is None for when in applied), np.bool_, len(rows))
+    # (one more op, neutral, past the last: an empty chain's start is then one to read)
+    starts = bounds[:-1]
+    good = np.logical_and.reduceat(np.append(ok, True), starts)
+    counts = np.add.reduceat(np.append(has, False).astype(np.int64), starts)
+    return {
+        c: n
+        for c, (g, n, a, b) in enumerate(
+            zip(good.tolist(), counts.tolist(), bounds, bounds[1:], strict=False)
         )
-        for i, fields in zip(where, rows, strict=True):
-            made[i] = fields
-    for i in [i for i, fields in enumerate(made) if fields is None]:
-        fields = out[i] if out[i] is not None else splice_crud(entries[i], expanded=expanded)
-        event = txn_event(fields, heads[i], indexes[i]) if fields else fields
-        made[i] = (*event[:-1], applied[i]) if event else event
-    return made
+        if g and a < b
+    }
+
+
+def _kept_rows(
+    rewritten: EventBlock | None,
+    rows: npt.NDArray[np.int64],
+    bounds: list[int],
+    kept: dict[int, int],
+) -> EventBlock | None:
+    """The rows of the chains kept in columns, in their order; None if none."""
+    if rewritten is None or not sum(kept.values()):
+        return None
+    if sum(kept.values()) == len(rewritten):
+        return rewritten
+    picked = [rows[bounds[c] : bounds[c + 1]] for c in kept]
+    at = np.concatenate(picked)
+    at = at[at >= 0]
+    return rewritten.take(at)
+
+
+def _made(
+    ops: _Ops,
+    i: int,
+    row: int,
+    spliced: Any,
+    fields: list[tuple[Any, ...]],
+    done: list[bool],
+    expanded: bool,
+) -> Any:
+    """Op i's event as the transformer makes it (None: left to it; (): no event): its row of
+    the rewritten block (txn_events.py), else the splice's or splice_crud's event made its
+    transaction's by txn_event (splice_txn_op's last step)."""
+    entries, heads, indexes, applied = ops
+    when = _applied_at(applied[i])
+    if row >= 0 and done[row]:
+        return (*fields[row][:-1], when)
+    made = spliced if spliced is not None else splice_crud(entries[i], expanded=expanded)
+    event = txn_event(made, heads[i], indexes[i]) if made else made
+    return (*event[:-1], when) if event else event
+
+
+def _applied_at(when: tuple[int, int] | None) -> tuple[Timestamp, int] | None:
+    """An applied-at time of _Ops' (a word and an index) as the transformer gives it."""
+    return None if when is None else (Timestamp(when[0] >> 32, when[0] & 0xFFFFFFFF), when[1])
 
 
 def warm_up(splice: BatchSplice) -> None:
@@ -275,4 +411,4 @@ def warm_up(splice: BatchSplice) -> None:
         "wall": bson.datetime_ms.DatetimeMS(0),
         "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
     }
-    _spliced(whole_chains([bson.encode(entry)]), False, splice)
+    _spliced(whole_chains([bson.encode(entry)]), False, splice, True, False)

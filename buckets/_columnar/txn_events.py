@@ -19,13 +19,14 @@ from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir befor
 import numba
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from buckets._columnar.byte_kernels import U, as_bytes, byte_table, copy, has, i32, put_i32
 from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
 
-__all__ = ["txn_fields"]
+__all__ = ["txn_block", "txn_fields"]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -43,9 +44,22 @@ def txn_fields(
     transactions' (each EventFields): `heads[j]` and txnOpIndex `indexes[j]` written into row
     j's, as txn_splice.txn_event writes them, its applied-at time `applied[j]`; None for an
     event left."""
+    rewritten, done = txn_block(block, heads, indexes)
+    return [
+        (*fields[:-1], when) if ok else None
+        for fields, ok, when in zip(rewritten.fields(), done, applied, strict=True)
+    ]
+
+
+def txn_block(
+    block: EventBlock, heads: list[bytes], indexes: list[int]
+) -> tuple[EventBlock, list[bool]]:
+    """The block's events made their transactions' (see `txn_fields`), as a block of the same
+    kinds, and which rows were made so: a row left has no bytes and an empty key, its event is
+    txn_event's to judge."""
     top = max(indexes, default=0)
     if top > _MAX_INDEX:
-        return [None] * len(block)
+        return block, [False] * len(block)
     tokens = [_token_head(k) for k in range(top + 1)]
     events = block.events
     offsets = np.frombuffer(events.buffers()[1], np.int64)[events.offset :][: len(block) + 1]
@@ -59,18 +73,10 @@ def txn_fields(
         *byte_table([ks for ks, _ in tokens]),
         *byte_table([hex_digits for _, hex_digits in tokens]),
     )
-    key_bytes, width = keys.tobytes(), keys.shape[1]
-    raw, at = out.tobytes(), out_at.tolist()
-    names = map(block.kind_table.__getitem__, block.kinds.tolist())
-    return [
-        (key_bytes[j * width : (j + 1) * width].rstrip(b"\0"), bits, op, db, coll)
-        + (raw[at[j] : at[j + 1]], namespaces, "", when)
-        if ok
-        else None
-        for j, ((op, db, coll, namespaces, bits), ok, when) in enumerate(
-            zip(names, done.tolist(), applied, strict=True)
-        )
-    ]
+    column = pa.Array.from_buffers(
+        pa.large_binary(), len(block), [None, pa.py_buffer(out_at), pa.py_buffer(out)]
+    )
+    return EventBlock(keys, column, block.kinds, block.kind_table), done.tolist()
 
 
 @numba.njit(cache=CACHE)

@@ -633,6 +633,10 @@ async def test_images_of_chained_and_prepared_transactions_are_found_where_the_s
             direct.img.h.insert_many([{"_id": i, "v": 0} for i in range(20)])
             direct.img.u.insert_many([{"_id": i, "v": 0} for i in range(700)])
             start = direct.admin.command("ping")["operationTime"]
+            # Plain writes before the transactions: each shard's batch a backlog's, whose
+            # transactions the splice may take into its block (batch_splice.splice_entries),
+            # which keeps no applied-at times: a stream that reads images keeps them out.
+            direct.img.h.insert_many([{"_id": 100 + i, "v": 0} for i in range(600)])
             with direct.start_session() as s:  # both shards: prepared on each, then committed
                 s.with_transaction(
                     lambda s: [

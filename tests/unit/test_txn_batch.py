@@ -27,6 +27,7 @@ import buckets._columnar.txn_batch as txn_batch
 import mongoformats.txn_splice as txn_splice
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
 from buckets._columnar.event_block import EventBlock
+from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
 from buckets._columnar.txn_events import txn_fields
 from buckets._columnar.txn_read import R_OK, read_rows
@@ -241,9 +242,7 @@ def test_an_applications_transactions_take_the_batch_path(monkeypatch: pytest.Mo
     assert isinstance(items, list)
     assert not [item for item in items if type(item) is bytes]
     txn_events = [
-        item
-        for item in items
-        if type(item) is tuple and item and next(iter(bson.decode(item[5]))) == "txnNumber"
+        ev for ev in as_fields(items) if ev and next(iter(bson.decode(ev[5]))) == "txnNumber"
     ]
     assert len(txn_events) == 4 * 7
     for ev in txn_events:
