@@ -17,10 +17,11 @@ entries each link back to the one before, up to the one that commits it (an appl
 prepared transaction's commitTransaction). Their entries leave the batch's items: the last
 gives its events, the others none; its events stay the block's rows (`placed`), which the batch
 splice puts into its block at the commit (txn_place.py), unless some op's event is not the
-block's or (for a stream that reads pre-images) has an applied-at time: then as fields. The transformer keeps transactions' state across batches;
-it gets every other entry of a transaction, a whole chain at a time: a chain the batch does not
-hold whole, or one that an op the splice leaves (DDL, views, migrations' writes, rare shapes)
-or another entry of its key (lsid, txnNumber) keeps out.
+block's or (for a stream that reads pre-images) has an applied-at time: then as fields. The
+transformer keeps transactions' state across batches; it gets every other entry of a
+transaction, a whole chain at a time: a chain the batch does not hold whole, or one that an op
+the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry of its key
+(lsid, txnNumber) keeps out.
 """
 
 from __future__ import annotations
