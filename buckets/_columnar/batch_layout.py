@@ -15,8 +15,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar import byte_kernels
-from buckets._columnar.byte_kernels import U, as_bytes, has, u64
+from buckets._columnar.byte_kernels import U, as_bytes, load_byte, u64
 from buckets._columnar.id_keys import (
     _BITS,
     _COUNT_AT,
@@ -35,12 +34,42 @@ from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD, _UUID_KEY_HEAD
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
 
-# The layout reads some thirty bytes and lengths of each entry, most of them joined by `&`: as
-# calls to the cached byte_kernels functions (which LLVM does not inline across cached
-# functions), each read costs as much as a few of its checks. Inlined by numba, here only: the
-# other kernels read fewer of them per entry, and inlined their code is slower.
-u8 = numba.njit(inline="always")(byte_kernels.u8.py_func)
-i32 = numba.njit(inline="always")(byte_kernels.i32.py_func)
+
+# The layout reads some thirty bytes, lengths and patterns of each entry, most of them joined by
+# `&`: as calls to the cached byte_kernels functions (which LLVM does not inline across cached
+# functions), each read costs as much as a few of its checks, and as functions inlined by numba
+# that take the array, more (each call counts a reference to it). So the layout's readers take
+# the entries' address and length as integers (`_Data`), inlined: a read is then a bounds check
+# and a load. Each gives what byte_kernels' reader of its name gives.
+_Data = tuple[int, int]  # an array's address, its length
+
+
+@numba.njit(inline="always")
+def u8(d: _Data, at: int) -> int:
+    """byte_kernels.u8 of the array at d[0], d[1] bytes long."""
+    return load_byte(U(d[0] + at)) if 0 <= at < d[1] else -1
+
+
+@numba.njit(inline="always")
+def i32(d: _Data, at: int) -> int:
+    """byte_kernels.i32 of the array at d[0], d[1] bytes long."""
+    if at < 0 or at + 4 > d[1]:
+        return -1
+    u = U(d[0] + at)
+    v = load_byte(u) | (load_byte(u + 1) << 8) | (load_byte(u + 2) << 16) | (load_byte(u + 3) << 24)
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+@numba.njit(inline="always")
+def has(d: _Data, at: int, pattern: _Bytes) -> bool:
+    """byte_kernels.has of the array at d[0], d[1] bytes long (all of `pattern` is compared)."""
+    if at < 0 or at + len(pattern) > d[1]:
+        return False
+    same, u = True, U(d[0] + at)
+    for j in range(U(len(pattern))):
+        same &= load_byte(u + j) == pattern[j]
+    return same
+
 
 _NS = b"\x02ns\x00"
 _HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
@@ -125,7 +154,7 @@ _OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _U
 
 
 @numba.njit(inline="always")
-def _update_op(d: _Bytes, o_start: int, o_end: int) -> int:
+def _update_op(d: _Data, o_start: int, o_end: int) -> int:
     """_UPDATE if an update's o (in [o_start, o_end), inside the entry) is {$v: 2, diff}, the
     diff ending where o does; else _REPLACE if it is a replacement's: a document led by its
     `_id` that holds the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at`
@@ -145,8 +174,8 @@ def _update_op(d: _Bytes, o_start: int, o_end: int) -> int:
     ):
         return _UPDATE
     dollar_v, before, last = False, 1, 1
-    for j in range(U(o_start), U(o_end)):
-        here = d[j]
+    for j in range(U(d[0] + o_start), U(d[0] + o_end)):
+        here = load_byte(j)
         dollar_v |= (before == _DOLLAR) & (last == _LETTER_V) & (here == 0)
         before, last = last, here
     replaced = (not dollar_v) & (u8(d, o_start + 4) >= 1) & has(d, o_start + 5, _P_ID_NAME)
@@ -154,7 +183,7 @@ def _update_op(d: _Bytes, o_start: int, o_end: int) -> int:
 
 
 @numba.njit(inline="always")
-def _simple_diff(d: _Bytes, diff: int, o_end: int, expanded: bool, rows: _Ints, i: int) -> bool:
+def _simple_diff(d: _Data, diff: int, o_end: int, expanded: bool, rows: _Ints, i: int) -> bool:
     """Whether an update's diff (at `diff`, ending where its o does, at `o_end`) is one of the
     usual ones, which the block copies unless the stream is `expanded`: top-level `u` and `i`
     documents alone, in either order, each once (a $set of existing or new fields, an $inc of
@@ -202,7 +231,7 @@ def _simple_diff(d: _Bytes, diff: int, o_end: int, expanded: bool, rows: _Ints, 
 
 
 @numba.njit(cache=CACHE)
-def _layout(d: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, i: int) -> None:
+def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, i: int) -> None:
     """Fill row i of `rows` with where an entry's parts are if it has the layout of a plain
     insert, update, replacement or delete (_R_LAID 1; _R_OK the kind of its documentKey if the
     block takes it; _R_OP its op), checking each element where it must start, as
@@ -214,6 +243,7 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, i: 
     entry; it writes `rows` in place, where a view of the row would cost a reference count.
     Each part's checks are joined by `&`, which reads them all: every read (u8, i32, has) is
     bounds-checked, so an offset taken from a failed check only fails the others."""
+    d = (data.ctypes.data, len(data))
     end = start + length - 1  # where its terminating zero must be
     if (length < 5 + _HEAD_BYTES + 4) | (u8(d, end) != 0):
         return
@@ -295,7 +325,7 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, i: 
             & (u8(d, key_end - 2) == 0)
         )
         for j in range(U(key + 13), U(key + 12 + n * string)):
-            string &= d[j] != 0
+            string &= data[j] != 0
     rows[i, _R_OK] = oid * _ID_OID + uuid * _ID_UUID + string * _ID_STRING
     rows[i, _R_ID_AT] = key + _OID_VALUE[0] + (uuid | string) * (_UUID_VALUE[0] - _OID_VALUE[0])
     rows[i, _R_ID_BYTES] = (
@@ -373,7 +403,7 @@ def _layouts(
                 (rows[first, _R_OK] == id_kind)
                 & (rows[first, _R_OP] == op)
                 & (rows[first, _R_HEAD_END] - q == stop - p)
-            ) and has(d, p, d[U(q) : U(q + stop - p)]):
+            ) and has((d.ctypes.data, len(d)), p, d[U(q) : U(q + stop - p)]):
                 which[i] = kind
                 break
             slot = (slot + np.uint64(1)) & mask

@@ -18,7 +18,7 @@ numba then knows a read and a write cannot alias.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
@@ -42,6 +42,7 @@ __all__ = [
     "has",
     "hex_digits",
     "i32",
+    "load_byte",
     "put_i32",
     "u8",
     "u64",
@@ -142,6 +143,23 @@ def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
         return context.get_dummy_value()
 
     return types.void(types.uintp, types.uintp, types.intp), codegen
+
+
+@intrinsic
+def _load_byte(typingctx: Any, address: Any) -> Any:
+    """The byte at memory `address` (an integer), unchecked: for readers inlined into a kernel
+    that take an array's address and length as integers. numba's inlining of a function that
+    takes the array itself counts a reference to it at each call, which costs more than the
+    read."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        return builder.zext(builder.load(pointer), ir.IntType(64))
+
+    return types.int64(types.uintp), codegen
+
+
+load_byte: Callable[[Index], int] = _load_byte  # type: ignore[assignment]  # (numba's typing)
 
 
 @intrinsic
