@@ -362,25 +362,25 @@ def _assemble(
     offsets = np.zeros(m + 1, np.int64)
     lengths = np.empty(m, np.int64)
     for i in range(U(m)):
-        row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
+        r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
         # the key: its template, the _id's bytes, the tail
-        n = at[k + 1] - at[k] + row[_R_ID_BYTES] + len(_P_KEY_TAIL)
+        n = at[k + 1] - at[k] + rows[r, _R_ID_BYTES] + len(_P_KEY_TAIL)
         lengths[i] = n
         # its front up to the hex's end (or its first part, which holds the hex, see
         # `_front_templates`), its other templates, its documentKey
         size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _TYPED] - at[k + 2]
-        size += row[_R_KEY_END] - row[_R_KEY]
-        if (row[_R_OP] == _INSERT) | (row[_R_OP] == _REPLACE):
-            size += row[_R_O_END] - row[_R_O_START]
-        elif row[_R_OP] == _UPDATE:
+        size += rows[r, _R_KEY_END] - rows[r, _R_KEY]
+        if (rows[r, _R_OP] == _INSERT) | (rows[r, _R_OP] == _REPLACE):
+            size += rows[r, _R_O_END] - rows[r, _R_O_START]
+        elif rows[r, _R_OP] == _UPDATE:
             size += (
                 4
-                + row[_R_FIELDS + 1]
-                - row[_R_FIELDS]
-                + row[_R_FIELDS + 3]
-                - row[_R_FIELDS + 2]
+                + rows[r, _R_FIELDS + 1]
+                - rows[r, _R_FIELDS]
+                + rows[r, _R_FIELDS + 3]
+                - rows[r, _R_FIELDS + 2]
                 + len(_P_SIMPLE_REST)
-                if row[_R_SIMPLE]
+                if rows[r, _R_SIMPLE]
                 else extra_at[i + 1] - extra_at[i]
             )
         offsets[i + 1] = offsets[i] + size
@@ -391,16 +391,21 @@ def _assemble(
     # for a template's or a document's tens to hundreds of bytes.
     template_at, d_at = templates.ctypes.data, d.ctypes.data
     for i in range(U(m)):
-        row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
-        op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
+        r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
+        op, o_start, o_end, stamps = (
+            rows[r, _R_OP],
+            rows[r, _R_O_START],
+            rows[r, _R_O_END],
+            rows[r, _R_STAMPS],
+        )
         key, n, fixed = U(i * width), lengths[i], at[k + 1] - at[k]
         # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
         # bytes, its tail (zeros but its last byte).
         copy_from(keys, key, template_at + at[k], fixed)
         for j in range(U(8)):
             keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
-        source = ids.ctypes.data if row[_R_OK] & _KIND_MASK == _ID_WALKED else d_at
-        copy_from(keys, key + fixed, source + row[_R_ID_AT], row[_R_ID_BYTES])
+        source = ids.ctypes.data if rows[r, _R_OK] & _KIND_MASK == _ID_WALKED else d_at
+        copy_from(keys, key + fixed, source + rows[r, _R_ID_AT], rows[r, _R_ID_BYTES])
         keys[key + U(n - 1)] = _P_KEY_TAIL[-1]
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
@@ -426,8 +431,8 @@ def _assemble(
         # ns and documentKey's header, the documentKey, what follows it
         tail = at[k + 4] - at[k + 3]
         copy_from(out, e, template_at + at[k + 3], tail)
-        copy_from(out, e + tail, d_at + row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
-        e += tail + row[_R_KEY_END] - row[_R_KEY]
+        copy_from(out, e + tail, d_at + rows[r, _R_KEY], rows[r, _R_KEY_END] - rows[r, _R_KEY])
+        e += tail + rows[r, _R_KEY_END] - rows[r, _R_KEY]
         tail = at[k + 5] - at[k + 4]
         copy(out, e, templates, at[k + 4], tail)
         e += tail
@@ -436,9 +441,9 @@ def _assemble(
         # After an update's documentKey: updateDescription's header, its length and
         # updatedFields' header (the tail's end), then its updatedFields and what closes it.
         put_i32(out, e - 4 - _UPDATED_FIELDS_BYTES, stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES)
-        if row[_R_SIMPLE]:  # updatedFields' length, u's elements, i's, what closes it
-            u, u_end = row[_R_FIELDS], row[_R_FIELDS + 1]
-            i_at, i_end = row[_R_FIELDS + 2], row[_R_FIELDS + 3]
+        if rows[r, _R_SIMPLE]:  # updatedFields' length, u's elements, i's, what closes it
+            u, u_end = rows[r, _R_FIELDS], rows[r, _R_FIELDS + 1]
+            i_at, i_end = rows[r, _R_FIELDS + 2], rows[r, _R_FIELDS + 3]
             put_i32(out, e, stop - e - len(_P_SIMPLE_REST) + 1)
             copy_from(out, e + 4, d_at + u, u_end - u)
             copy_from(out, e + 4 + u_end - u, d_at + i_at, i_end - i_at)
