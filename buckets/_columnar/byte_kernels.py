@@ -43,7 +43,10 @@ __all__ = [
     "hex_digits",
     "i32",
     "load_byte",
+    "move",
     "put_i32",
+    "store_byte",
+    "store_i32",
     "u8",
     "u64",
 ]
@@ -159,7 +162,31 @@ def _load_byte(typingctx: Any, address: Any) -> Any:
     return types.int64(types.uintp), codegen
 
 
-load_byte: Callable[[Index], int] = _load_byte  # type: ignore[assignment]  # (numba's typing)
+def _storer(width: int) -> Any:
+    """An intrinsic that stores the low `width` bits of a value at memory `address`, unaligned
+    and unchecked (little-endian, as the machines numba targets here are)."""
+
+    @intrinsic
+    def store(typingctx: Any, address: Any, value: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            kind = ir.IntType(width)
+            pointer = builder.inttoptr(args[0], kind.as_pointer())
+            builder.store(builder.trunc(args[1], kind), pointer).align = 1
+            return context.get_dummy_value()
+
+        return types.void(types.uintp, types.int64), codegen
+
+    return store
+
+
+# The unchecked loads, stores and copies by address, for kernels that take an array's address
+# once (array.ctypes.data) and keep the array alive: inlined where they are used (a cached
+# function's call, or numba's inlining of a function that takes the array, costs more than the
+# access). Typed here as Python sees them; numba types the intrinsics itself.
+load_byte: Callable[[Index], int] = _load_byte  # type: ignore[assignment]
+store_byte: Callable[[Index, Index], None] = _storer(8)
+store_i32: Callable[[Index, Index], None] = _storer(32)
+move: Callable[[Index, Index, Index], None] = _memcpy  # type: ignore[assignment]
 
 
 @intrinsic
