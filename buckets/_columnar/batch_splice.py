@@ -84,6 +84,7 @@ from buckets._columnar.batch_layout import (
     _layouts,
 )
 from buckets._columnar.byte_kernels import (
+    Index,
     U,
     as_bytes,
     byte_table,
@@ -342,7 +343,7 @@ _KEY_END = _KEY_TAIL[-1]
 
 
 @numba.njit(inline="always")
-def _hex(to: int, source: int, n: int) -> None:
+def _hex(to: Index, source: Index, n: Index) -> None:
     """The upper-case hex digits of the n bytes at memory `source`, written at memory `to`
     (byte_kernels.hex_digits by addresses, see `_assemble`)."""
     for j in range(U(n)):
