@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, load_byte, u64
+from buckets._columnar.byte_kernels import U, as_bytes, load_byte, load_word
 from buckets._columnar.id_keys import (
     _BITS,
     _COUNT_AT,
@@ -350,6 +350,16 @@ def _walk(d: _Bytes, rows: _Ints, i: int, ids: _Bytes, used: int, stack: _Ints) 
     return max(used, end)
 
 
+@numba.njit(inline="always")
+def _same(a: int, b: int, n: int) -> bool:
+    """Whether the n bytes (8 or more) at memory `a` and `b` are the same: compared as words,
+    the last one overlapping the one before it."""
+    same = load_word(U(a + n - 8)) == load_word(U(b + n - 8))
+    for j in range(0, n - 8, 8):
+        same &= load_word(U(a + j)) == load_word(U(b + j))
+    return same
+
+
 @numba.njit(cache=CACHE)
 def _layouts(
     d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
@@ -373,6 +383,7 @@ def _layouts(
     mask = np.uint64(slots - 1)
     # Room for the walked keys: twice their length (see walk_key), which their entries hold.
     ids, used, stack = np.empty(2 * len(d), np.uint8), 0, np.empty(_BITS + 2, np.int64)
+    base = np.int64(d.ctypes.data)  # (the heads the kinds compare lie in their laid-out entries)
     for i in range(U(n)):
         _layout(d, starts[i], lengths[i], expanded, rows, i)
         if (rows[i, _R_LAID] != 0) & (
@@ -384,9 +395,9 @@ def _layouts(
         p, stop, id_kind, op = rows[i, _R_P], rows[i, _R_HEAD_END], rows[i, _R_OK], rows[i, _R_OP]
         fingerprint = (
             (np.uint64(stop - p + (op << 28) + (id_kind << 32)) * np.uint64(0x9E3779B97F4A7C15))
-            ^ u64(d, p + _HEAD_BYTES + 4)
-            ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
-            ^ u64(d, stop - 8)
+            ^ load_word(U(base + p + _HEAD_BYTES + 4))
+            ^ (load_word(U(base + stop - 16)) * np.uint64(0xC2B2AE3D27D4EB4F))
+            ^ load_word(U(base + stop - 8))
         )
         slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
         while True:
@@ -403,7 +414,7 @@ def _layouts(
                 (rows[first, _R_OK] == id_kind)
                 & (rows[first, _R_OP] == op)
                 & (rows[first, _R_HEAD_END] - q == stop - p)
-            ) and has((d.ctypes.data, len(d)), p, d[U(q) : U(q + stop - p)]):
+            ) and _same(base + p, base + q, stop - p):
                 which[i] = kind
                 break
             slot = (slot + np.uint64(1)) & mask

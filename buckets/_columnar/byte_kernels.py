@@ -43,6 +43,7 @@ __all__ = [
     "hex_digits",
     "i32",
     "load_byte",
+    "load_word",
     "move",
     "put_i32",
     "store_byte",
@@ -162,6 +163,19 @@ def _load_byte(typingctx: Any, address: Any) -> Any:
     return types.int64(types.uintp), codegen
 
 
+@intrinsic
+def _load_word(typingctx: Any, address: Any) -> Any:
+    """The little-endian 8-byte word at memory `address` (an integer), unaligned, unchecked."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        kind = ir.IntType(64)
+        load = builder.load(builder.inttoptr(args[0], kind.as_pointer()))
+        load.align = 1
+        return load
+
+    return types.uint64(types.uintp), codegen
+
+
 def _storer(width: int) -> Any:
     """An intrinsic that stores the low `width` bits of a value at memory `address`, unaligned
     and unchecked (little-endian, as the machines numba targets here are)."""
@@ -184,6 +198,7 @@ def _storer(width: int) -> Any:
 # function's call, or numba's inlining of a function that takes the array, costs more than the
 # access). Typed here as Python sees them; numba types the intrinsics itself.
 load_byte: Callable[[Index], int] = _load_byte  # type: ignore[assignment]
+load_word: Callable[[Index], np.uint64] = _load_word  # type: ignore[assignment]
 store_byte: Callable[[Index, Index], None] = _storer(8)
 store_i32: Callable[[Index, Index], None] = _storer(32)
 move: Callable[[Index, Index, Index], None] = _memcpy  # type: ignore[assignment]
