@@ -39,6 +39,7 @@ __all__ = [
     "copy",
     "copy_from",
     "prefetch",
+    "prefetch_line",
     "has",
     "hex_digits",
     "i32",
@@ -229,6 +230,9 @@ def _prefetch(typingctx: Any, address: Any) -> Any:
         return context.get_dummy_value()
 
     return types.void(types.uintp), codegen
+
+
+prefetch_line: Callable[[Index], None] = _prefetch  # type: ignore[assignment]  # (inlined)
 
 
 @numba.njit(cache=CACHE)
