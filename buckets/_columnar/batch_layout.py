@@ -15,7 +15,10 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, load_byte, load_word, prefetch_line
+from buckets._columnar.byte_kernels import Data, U, as_bytes, load_byte, load_word, prefetch_line
+from buckets._columnar.byte_kernels import has_at as has
+from buckets._columnar.byte_kernels import i32_at as i32
+from buckets._columnar.byte_kernels import u8_at as u8
 from buckets._columnar.id_keys import (
     _BITS,
     _COUNT_AT,
@@ -36,41 +39,7 @@ _Bytes = npt.NDArray[np.uint8]
 
 
 # The layout reads some thirty bytes, lengths and patterns of each entry, most of them joined by
-# `&`: as calls to the cached byte_kernels functions (which LLVM does not inline across cached
-# functions), each read costs as much as a few of its checks, and as functions inlined by numba
-# that take the array, more (each call counts a reference to it). So the layout's readers take
-# the entries' address and length as integers (`_Data`), inlined: a read is then a bounds check
-# and a load. Each gives what byte_kernels' reader of its name gives.
-_Data = tuple[int, int]  # an array's address, its length
-
-
-@numba.njit(inline="always")
-def u8(d: _Data, at: int) -> int:
-    """byte_kernels.u8 of the array at d[0], d[1] bytes long."""
-    return load_byte(U(d[0] + at)) if 0 <= at < d[1] else -1
-
-
-@numba.njit(inline="always")
-def i32(d: _Data, at: int) -> int:
-    """byte_kernels.i32 of the array at d[0], d[1] bytes long."""
-    if at < 0 or at + 4 > d[1]:
-        return -1
-    u = U(d[0] + at)
-    v = load_byte(u) | (load_byte(u + 1) << 8) | (load_byte(u + 2) << 16) | (load_byte(u + 3) << 24)
-    return v - (1 << 32) if v >= 1 << 31 else v
-
-
-@numba.njit(inline="always")
-def has(d: _Data, at: int, pattern: _Bytes) -> bool:
-    """byte_kernels.has of the array at d[0], d[1] bytes long (all of `pattern` is compared)."""
-    if at < 0 or at + len(pattern) > d[1]:
-        return False
-    same, u = True, U(d[0] + at)
-    for j in range(U(len(pattern))):
-        same &= load_byte(u + j) == pattern[j]
-    return same
-
-
+# `&`: through byte_kernels' readers by address (u8_at, i32_at, has_at), inlined.
 _NS = b"\x02ns\x00"
 _HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
 # The operationType of each op a row holds (_R_OP: _INSERT, _DELETE, _UPDATE, _REPLACE).
@@ -154,7 +123,7 @@ _OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _U
 
 
 @numba.njit(inline="always")
-def _update_op(d: _Data, o_start: int, o_end: int) -> int:
+def _update_op(d: Data, o_start: int, o_end: int) -> int:
     """_UPDATE if an update's o (in [o_start, o_end), inside the entry) is {$v: 2, diff}, the
     diff ending where o does; else _REPLACE if it is a replacement's: a document led by its
     `_id` that holds the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at`
@@ -183,7 +152,7 @@ def _update_op(d: _Data, o_start: int, o_end: int) -> int:
 
 
 @numba.njit(inline="always")
-def _simple_diff(d: _Data, diff: int, o_end: int, expanded: bool, rows: _Ints, i: int) -> bool:
+def _simple_diff(d: Data, diff: int, o_end: int, expanded: bool, rows: _Ints, i: int) -> bool:
     """Whether an update's diff (at `diff`, ending where its o does, at `o_end`) is one of the
     usual ones, which the block copies unless the stream is `expanded`: top-level `u` and `i`
     documents alone, in either order, each once (a $set of existing or new fields, an $inc of

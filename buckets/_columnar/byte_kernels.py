@@ -33,6 +33,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
+    "Data",
     "U",
     "as_bytes",
     "byte_table",
@@ -41,8 +42,10 @@ __all__ = [
     "prefetch",
     "prefetch_line",
     "has",
+    "has_at",
     "hex_digits",
     "i32",
+    "i32_at",
     "load_byte",
     "load_word",
     "move",
@@ -50,6 +53,7 @@ __all__ = [
     "store_byte",
     "store_i32",
     "u8",
+    "u8_at",
     "u64",
 ]
 
@@ -203,6 +207,42 @@ load_word: Callable[[Index], np.uint64] = _load_word  # type: ignore[assignment]
 store_byte: Callable[[Index, Index], None] = _storer(8)
 store_i32: Callable[[Index, Index], None] = _storer(32)
 move: Callable[[Index, Index, Index], None] = _memcpy  # type: ignore[assignment]
+
+
+# Readers by address: an array's address and length as integers (`Data`), inlined where they
+# are used. As calls to the cached functions above (which LLVM does not inline across cached
+# functions), each read costs as much as a few checks, and as functions inlined by numba that
+# take the array, more (each call counts a reference to it); so kernels that read many fields
+# per item take (array.ctypes.data, len(array)) once and read through these, a bounds check
+# and a load each. Each gives what the reader of its name without `_at` gives.
+Data = tuple[int, int]  # an array's address, its length
+
+
+@numba.njit(inline="always")
+def u8_at(d: Data, at: Index) -> int:
+    """`u8` of the array at d[0], d[1] bytes long."""
+    return load_byte(U(d[0] + at)) if 0 <= at < d[1] else -1
+
+
+@numba.njit(inline="always")
+def i32_at(d: Data, at: Index) -> int:
+    """`i32` of the array at d[0], d[1] bytes long."""
+    if at < 0 or at + 4 > d[1]:
+        return -1
+    u = U(d[0] + at)
+    v = load_byte(u) | (load_byte(u + 1) << 8) | (load_byte(u + 2) << 16) | (load_byte(u + 3) << 24)
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+@numba.njit(inline="always")
+def has_at(d: Data, at: Index, pattern: Bytes) -> bool:
+    """`has` of the array at d[0], d[1] bytes long (all of `pattern` is compared)."""
+    if at < 0 or at + len(pattern) > d[1]:
+        return False
+    same, u = True, U(d[0] + at)
+    for j in range(U(len(pattern))):
+        same &= load_byte(u + j) == pattern[j]
+    return same
 
 
 @intrinsic
