@@ -15,7 +15,15 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import Data, U, as_bytes, load_byte, load_word, prefetch_line
+from buckets._columnar.byte_kernels import (
+    NO_REFCOUNTS,
+    Data,
+    U,
+    as_bytes,
+    load_byte,
+    load_word,
+    prefetch_line,
+)
 from buckets._columnar.byte_kernels import has_at as has
 from buckets._columnar.byte_kernels import i32_at as i32
 from buckets._columnar.byte_kernels import u8_at as u8
@@ -199,7 +207,7 @@ def _simple_diff(d: Data, diff: int, o_end: int, expanded: bool, rows: _Ints, i:
     )
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, **NO_REFCOUNTS)
 def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, i: int) -> None:
     """Fill row i of `rows` with where an entry's parts are if it has the layout of a plain
     insert, update, replacement or delete (_R_LAID 1; _R_OK the kind of its documentKey if the
@@ -209,7 +217,8 @@ def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, 
 
     One compiled function (its parts inlined), not one per part: a call between compiled
     functions costs about as much as the checks it would hold, and this runs once per oplog
-    entry; it writes `rows` in place, where a view of the row would cost a reference count.
+    entry; it writes `rows` in place, where a view of the row would cost a reference count, and
+    it is compiled without reference counts (byte_kernels.NO_REFCOUNTS: it allocates nothing).
     Each part's checks are joined by `&`, which reads them all: every read (u8, i32, has) is
     bounds-checked, so an offset taken from a failed check only fails the others."""
     d = (data.ctypes.data, len(data))
@@ -306,7 +315,7 @@ def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, 
     rows[i, _R_LAID], rows[i, _R_KEY_END] = 1, key_end
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, **NO_REFCOUNTS)
 def _walk(d: _Bytes, rows: _Ints, i: int, ids: _Bytes, used: int, stack: _Ints) -> int:
     """Walk the documentKey of a laid-out entry the layout did not key (see `_layout`)
     into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see

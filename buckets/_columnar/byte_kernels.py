@@ -33,6 +33,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
+    "NO_REFCOUNTS",
     "Data",
     "U",
     "as_bytes",
@@ -58,6 +59,13 @@ __all__ = [
 ]
 
 U = np.uintp
+# For a kernel that allocates nothing (its arrays given to it): compiled without numba's
+# reference counting (its CPU target option `_nrt`, numba/core/cpu.py; not in numba's stubs),
+# whose atomic count of every array at every call and view costs several times a small step's
+# work. A numba without that option compiles them with it: slower, the same bytes.
+NO_REFCOUNTS: dict[str, Any] = (
+    {"_nrt": False} if hasattr(numba.core.cpu.CPUTargetOptions, "_nrt") else {}
+)
 Bytes = npt.NDArray[np.uint8]
 Index = int | np.integer[Any]  # a position: Python's or numpy's integer (U, in a kernel)
 
