@@ -84,12 +84,11 @@ from buckets._columnar.batch_layout import (
     _layouts,
 )
 from buckets._columnar.byte_kernels import (
-    Index,
     U,
     as_bytes,
     byte_table,
     copy,
-    load_byte,
+    hex_at,
     move,
     store_byte,
     store_i32,
@@ -338,18 +337,7 @@ def _templates(
     return byte_table(parts)
 
 
-_HEX_DIGITS = as_bytes(b"0123456789ABCDEF")
 _KEY_END = _KEY_TAIL[-1]
-
-
-@numba.njit(inline="always")
-def _hex(to: Index, source: Index, n: Index) -> None:
-    """The upper-case hex digits of the n bytes at memory `source`, written at memory `to`
-    (byte_kernels.hex_digits by addresses, see `_assemble`)."""
-    for j in range(U(n)):
-        byte = load_byte(U(source) + j)
-        store_byte(U(to) + 2 * j, _HEX_DIGITS[U(byte >> 4)])
-        store_byte(U(to) + 2 * j + 1, _HEX_DIGITS[U(byte & 15)])
 
 
 @numba.njit(cache=CACHE)
@@ -407,12 +395,8 @@ def _assemble(
     # a call to a cached kernel per part (or one that takes the arrays) costs more than a copy.
     # (as signed integers, as the offsets added to them are: numba makes a float of a sum of
     # a signed and an unsigned integer)
-    template_at, d_at, keys_at, out_at = (
-        np.int64(templates.ctypes.data),
-        np.int64(d.ctypes.data),
-        np.int64(keys.ctypes.data),
-        np.int64(out.ctypes.data),
-    )
+    template_at, d_at = np.int64(templates.ctypes.data), np.int64(d.ctypes.data)
+    keys_at, out_at = np.int64(keys.ctypes.data), np.int64(out.ctypes.data)
     ids_at, extra_data_at = np.int64(ids.ctypes.data), np.int64(extra.ctypes.data)
     for i in range(U(m)):
         r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
@@ -439,8 +423,8 @@ def _assemble(
         typed = at[k + _TYPED + 1] - at[k + _TYPED]
         store_i32(out_at + e + _ID_LENGTH_AT, 2 * n + 17 + typed)
         store_i32(out_at + e + _DATA_LENGTH_AT, 2 * n + 1)
-        _hex(out_at + e + _HEX_AT + 2 * _KEY_TS, key + _KEY_TS, 8)
-        _hex(out_at + e + _HEX_AT + 2 * fixed, key + fixed, n - fixed)
+        hex_at(out_at + e + _HEX_AT + 2 * _KEY_TS, key + _KEY_TS, 8)
+        hex_at(out_at + e + _HEX_AT + 2 * fixed, key + fixed, n - fixed)
         # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
         rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
         move(out_at + rest_at, template_at + at[k + 2], rest)

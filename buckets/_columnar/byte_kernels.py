@@ -44,6 +44,7 @@ __all__ = [
     "prefetch_line",
     "has",
     "has_at",
+    "hex_at",
     "hex_digits",
     "i32",
     "i32_at",
@@ -251,6 +252,16 @@ def has_at(d: Data, at: Index, pattern: Bytes) -> bool:
     for j in range(U(len(pattern))):
         same &= load_byte(u + j) == pattern[j]
     return same
+
+
+@numba.njit(inline="always")
+def hex_at(to: Index, source: Index, n: Index) -> None:
+    """`hex_digits` by addresses: the upper-case hex digits of the n bytes at memory `source`,
+    written at memory `to`."""
+    for j in range(U(n)):
+        byte = load_byte(U(source) + j)
+        store_byte(U(to) + 2 * j, _HEX[U(byte >> 4)])
+        store_byte(U(to) + 2 * j + 1, _HEX[U(byte & 15)])
 
 
 @intrinsic
