@@ -15,8 +15,18 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar import byte_kernels
-from buckets._columnar.byte_kernels import U, as_bytes, has, u64
+from buckets._columnar.byte_kernels import (
+    NO_REFCOUNTS,
+    Data,
+    U,
+    as_bytes,
+    load_byte,
+    load_word,
+    prefetch_line,
+)
+from buckets._columnar.byte_kernels import has_at as has
+from buckets._columnar.byte_kernels import i32_at as i32
+from buckets._columnar.byte_kernels import u8_at as u8
 from buckets._columnar.id_keys import (
     _BITS,
     _COUNT_AT,
@@ -35,13 +45,9 @@ from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD, _UUID_KEY_HEAD
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
 
-# The layout reads some thirty bytes and lengths of each entry, most of them joined by `&`: as
-# calls to the cached byte_kernels functions (which LLVM does not inline across cached
-# functions), each read costs as much as a few of its checks. Inlined by numba, here only: the
-# other kernels read fewer of them per entry, and inlined their code is slower.
-u8 = numba.njit(inline="always")(byte_kernels.u8.py_func)
-i32 = numba.njit(inline="always")(byte_kernels.i32.py_func)
 
+# The layout reads some thirty bytes, lengths and patterns of each entry, most of them joined by
+# `&`: through byte_kernels' readers by address (u8_at, i32_at, has_at), inlined.
 _NS = b"\x02ns\x00"
 _HEAD_BYTES = len(_OP_HEAD) + 2 + len(_NS)  # op's element (its one-letter value), ns's header
 # The operationType of each op a row holds (_R_OP: _INSERT, _DELETE, _UPDATE, _REPLACE).
@@ -124,16 +130,45 @@ _OP_OF_LETTER = np.full(257, -1, np.int64)
 _OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _UPDATE
 
 
-@numba.njit(cache=CACHE)
-def _simple_diff(d: _Bytes, diff: int, o_end: int, expanded: bool, row: _Ints) -> bool:
+@numba.njit(inline="always")
+def _update_op(d: Data, o_start: int, o_end: int) -> int:
+    """_UPDATE if an update's o (in [o_start, o_end), inside the entry) is {$v: 2, diff}, the
+    diff ending where o does; else _REPLACE if it is a replacement's: a document led by its
+    `_id` that holds the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at`
+    tells it without walking o; else -1 (splice_crud's to judge).
+
+    Inlined into `_layout` (a call between compiled functions costs as much as its checks), a
+    function of its own to keep `_layout`'s complexity down. The replacement's scan reads each
+    byte once, the two before it carried along, with no early exit: so the loop compiles to
+    vector compares, some 30 bytes a nanosecond."""
+    diff = o_start + _DIFF_AT
+    diff_length = i32(d, diff)
+    if (
+        (5 <= diff_length <= o_end - diff - 1)
+        & (diff + diff_length + 1 == o_end)
+        & (u8(d, o_end - 1) == 0)
+        & has(d, o_start + 4, _P_V2_DIFF)
+    ):
+        return _UPDATE
+    dollar_v, before, last = False, 1, 1
+    for j in range(U(d[0] + o_start), U(d[0] + o_end)):
+        here = load_byte(j)
+        dollar_v |= (before == _DOLLAR) & (last == _LETTER_V) & (here == 0)
+        before, last = last, here
+    replaced = (not dollar_v) & (u8(d, o_start + 4) >= 1) & has(d, o_start + 5, _P_ID_NAME)
+    return _REPLACE if replaced else -1
+
+
+@numba.njit(inline="always")
+def _simple_diff(d: Data, diff: int, o_end: int, expanded: bool, rows: _Ints, i: int) -> bool:
     """Whether an update's diff (at `diff`, ending where its o does, at `o_end`) is one of the
     usual ones, which the block copies unless the stream is `expanded`: top-level `u` and `i`
     documents alone, in either order, each once (a $set of existing or new fields, an $inc of
     missing ones). updatedFields is then u's elements, then i's (diff_splice's `_top_level`),
-    copied from where this puts their ranges in `row` (whatever it says). A second section is
-    there unless the first ends where the diff's terminating zero is.
+    copied from where this puts their ranges in row i of `rows` (whatever it says). A second
+    section is there unless the first ends where the diff's terminating zero is.
 
-    A function of its own, called by `_layout` for updates only, so that its checks can be
+    Inlined into `_layout` for updates only, a function of its own so that its checks can be
     joined by `and` (`_layout`'s complexity leaves it none): each check then guards the reads
     after it, and the compiled code costs a fraction of the same checks joined by `&`."""
     first = diff + 4
@@ -146,9 +181,9 @@ def _simple_diff(d: _Bytes, diff: int, o_end: int, expanded: bool, row: _Ints) -
     # Each section's elements, u's range first: arithmetic, not branches (one range is empty
     # for a diff of one section).
     swap = 2 * (letter == _LETTER_I)
-    row[_R_FIELDS + swap], row[_R_FIELDS + swap + 1] = first + 7, second - 1
-    row[_R_FIELDS + 2 - swap] = (second + 7) * two
-    row[_R_FIELDS + 3 - swap] = (ends - 1) * two
+    rows[i, _R_FIELDS + swap], rows[i, _R_FIELDS + swap + 1] = first + 7, second - 1
+    rows[i, _R_FIELDS + 2 - swap] = (second + 7) * two
+    rows[i, _R_FIELDS + 3 - swap] = (ends - 1) * two
     return (
         (not expanded)
         and u8(d, first) == 3
@@ -172,18 +207,21 @@ def _simple_diff(d: _Bytes, diff: int, o_end: int, expanded: bool, row: _Ints) -
     )
 
 
-@numba.njit(cache=CACHE)
-def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> None:
-    """Fill `row` with where an entry's parts are if it has the layout of a plain insert, update,
-    replacement or delete (row[_R_LAID] = 1; row[_R_OK] the kind of its documentKey if the
-    block takes it; row[_R_OP] its op), checking each element where it must start, as
+@numba.njit(cache=CACHE, **NO_REFCOUNTS)
+def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, i: int) -> None:
+    """Fill row i of `rows` with where an entry's parts are if it has the layout of a plain
+    insert, update, replacement or delete (_R_LAID 1; _R_OK the kind of its documentKey if the
+    block takes it; _R_OP its op), checking each element where it must start, as
     splice_crud's fixed layout does; every boundary comes from the entry's own lengths, so it is
     laid out only if it is exactly that sequence.
 
-    One compiled function, not one per part: a call between compiled functions costs about as
-    much as the checks it would hold, and this runs once per oplog entry. Each part's checks are
-    joined by `&`, which reads them all: every read (u8, i32, has) is bounds-checked, so an
-    offset taken from a failed check only fails the others."""
+    One compiled function (its parts inlined), not one per part: a call between compiled
+    functions costs about as much as the checks it would hold, and this runs once per oplog
+    entry; it writes `rows` in place, where a view of the row would cost a reference count, and
+    it is compiled without reference counts (byte_kernels.NO_REFCOUNTS: it allocates nothing).
+    Each part's checks are joined by `&`, which reads them all: every read (u8, i32, has) is
+    bounds-checked, so an offset taken from a failed check only fails the others."""
+    d = (data.ctypes.data, len(data))
     end = start + length - 1  # where its terminating zero must be
     if (length < 5 + _HEAD_BYTES + 4) | (u8(d, end) != 0):
         return
@@ -213,33 +251,12 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
     ):
         return
     simple = False
-    diff = o_start + _DIFF_AT
-    diff_length = i32(d, diff)
-    # An update's o that is not {$v: 2, diff} is a replacement's if it is a document led by its
-    # `_id` that holds the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at`
-    # tells it without walking o; any other o is splice_crud's to judge. (o lies inside the
-    # entry. The scan's range is empty unless o may be a replacement's; each byte is read once,
-    # the two before it carried along, and every one is read, no early exit: so the loop
-    # compiles to vector compares, some 30 bytes a nanosecond.)
-    other = (op == _UPDATE) & (
-        not (
-            (5 <= diff_length <= o_end - diff - 1)
-            & has(d, o_start + 4, _P_V2_DIFF)
-            & (diff + diff_length + 1 == o_end)
-            & (u8(d, o_end - 1) == 0)
-        )
-    )
-    dollar_v, before, last = False, 1, 1
-    for j in range(U(o_start), U(o_start + (o_end - o_start) * other)):
-        here = d[j]
-        dollar_v |= (before == _DOLLAR) & (last == _LETTER_V) & (here == 0)
-        before, last = last, here
-    replaced = other & (not dollar_v) & (u8(d, o_start + 4) >= 1) & has(d, o_start + 5, _P_ID_NAME)
-    if other & (not replaced):
+    if op == _UPDATE:  # or a replacement: o is not {$v: 2, diff}
+        op = _update_op(d, o_start, o_end)
+        if op == _UPDATE:
+            simple = _simple_diff(d, o_start + _DIFF_AT, o_end, expanded, rows, i)
+    if op < 0:
         return
-    op += replaced * (_REPLACE - _UPDATE)
-    if op == _UPDATE:  # o is {$v: 2, diff}, the diff ending where o does
-        simple = _simple_diff(d, diff, o_end, expanded, row)
     # The documentKey: a delete's o; an insert's, an update's and a replacement's o2 (an
     # insert's and a replacement's o is its document). ts, t, v and wall follow it, after a
     # stmtId if there is one.
@@ -286,29 +303,39 @@ def _layout(d: _Bytes, start: int, length: int, expanded: bool, row: _Ints) -> N
             & (u8(d, key_end - 2) == 0)
         )
         for j in range(U(key + 13), U(key + 12 + n * string)):
-            string &= d[j] != 0
-    row[_R_OK] = oid * _ID_OID + uuid * _ID_UUID + string * _ID_STRING
-    row[_R_ID_AT] = key + _OID_VALUE[0] + (uuid | string) * (_UUID_VALUE[0] - _OID_VALUE[0])
-    row[_R_ID_BYTES] = (
+            string &= data[j] != 0
+    rows[i, _R_OK] = oid * _ID_OID + uuid * _ID_UUID + string * _ID_STRING
+    rows[i, _R_ID_AT] = key + _OID_VALUE[0] + (uuid | string) * (_UUID_VALUE[0] - _OID_VALUE[0])
+    rows[i, _R_ID_BYTES] = (
         _OID_VALUE[1] + uuid * (_UUID_VALUE[1] - _OID_VALUE[1]) + string * (n - _OID_VALUE[1])
     )
-    row[_R_OP], row[_R_P], row[_R_HEAD_END] = op, p, head_end
-    row[_R_O_START], row[_R_O_END] = o_start, o_end
-    row[_R_KEY], row[_R_STAMPS], row[_R_SIMPLE] = key, stamps, simple
-    row[_R_LAID], row[_R_KEY_END] = 1, key_end
+    rows[i, _R_OP], rows[i, _R_P], rows[i, _R_HEAD_END] = op, p, head_end
+    rows[i, _R_O_START], rows[i, _R_O_END] = o_start, o_end
+    rows[i, _R_KEY], rows[i, _R_STAMPS], rows[i, _R_SIMPLE] = key, stamps, simple
+    rows[i, _R_LAID], rows[i, _R_KEY_END] = 1, key_end
 
 
-@numba.njit(cache=CACHE)
-def _walk(d: _Bytes, row: _Ints, ids: _Bytes, used: int, stack: _Ints) -> int:
+@numba.njit(cache=CACHE, **NO_REFCOUNTS)
+def _walk(d: _Bytes, rows: _Ints, i: int, ids: _Bytes, used: int, stack: _Ints) -> int:
     """Walk the documentKey of a laid-out entry the layout did not key (see `_layout`)
     into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
     id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
-    end = walk_key(d, row[_R_KEY], ids, used, stack)
+    end = walk_key(d, rows[i, _R_KEY], ids, used, stack)
     count, bits = stack[_BITS], stack[_BITS + 1]
     typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
-    row[_R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))
-    row[_R_ID_AT], row[_R_ID_BYTES] = used, end - used
+    rows[i, _R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))
+    rows[i, _R_ID_AT], rows[i, _R_ID_BYTES] = used, end - used
     return max(used, end)
+
+
+@numba.njit(inline="always")
+def _same(a: int, b: int, n: int) -> bool:
+    """Whether the n bytes (8 or more) at memory `a` and `b` are the same: compared as words,
+    the last one overlapping the one before it."""
+    same = load_word(U(a + n - 8)) == load_word(U(b + n - 8))
+    for j in range(0, n - 8, 8):
+        same &= load_word(U(a + j)) == load_word(U(b + j))
+    return same
 
 
 @numba.njit(cache=CACHE)
@@ -334,19 +361,26 @@ def _layouts(
     mask = np.uint64(slots - 1)
     # Room for the walked keys: twice their length (see walk_key), which their entries hold.
     ids, used, stack = np.empty(2 * len(d), np.uint8), 0, np.empty(_BITS + 2, np.int64)
+    base = np.int64(d.ctypes.data)  # (the heads the kinds compare lie in their laid-out entries)
     for i in range(U(n)):
-        row = rows[i]
-        _layout(d, starts[i], lengths[i], expanded, row)
-        if (row[_R_LAID] != 0) & (row[_R_OK] == 0):  # another documentKey: walked, if it can be
-            used = _walk(d, row, ids, used, stack)
-        if not row[_R_OK]:
+        # The lines the layout reads of the entry four ahead (its head's second, its stamps'),
+        # asked for now: entries of a kilobyte or more are far apart for the CPU to guess them.
+        ahead = min(i + U(4), U(n - 1))
+        prefetch_line(U(base + starts[ahead] + lengths[ahead] - 64))
+        prefetch_line(U(base + starts[ahead] + 64))
+        _layout(d, starts[i], lengths[i], expanded, rows, i)
+        if (rows[i, _R_LAID] != 0) & (
+            rows[i, _R_OK] == 0
+        ):  # another documentKey: walked, if it can be
+            used = _walk(d, rows, i, ids, used, stack)
+        if not rows[i, _R_OK]:
             continue
-        p, stop, id_kind, op = row[_R_P], row[_R_HEAD_END], row[_R_OK], row[_R_OP]
+        p, stop, id_kind, op = rows[i, _R_P], rows[i, _R_HEAD_END], rows[i, _R_OK], rows[i, _R_OP]
         fingerprint = (
             (np.uint64(stop - p + (op << 28) + (id_kind << 32)) * np.uint64(0x9E3779B97F4A7C15))
-            ^ u64(d, p + _HEAD_BYTES + 4)
-            ^ (u64(d, stop - 16) * np.uint64(0xC2B2AE3D27D4EB4F))
-            ^ u64(d, stop - 8)
+            ^ load_word(U(base + p + _HEAD_BYTES + 4))
+            ^ (load_word(U(base + stop - 16)) * np.uint64(0xC2B2AE3D27D4EB4F))
+            ^ load_word(U(base + stop - 8))
         )
         slot = (fingerprint ^ (fingerprint >> np.uint64(29))) & mask
         while True:
@@ -363,7 +397,7 @@ def _layouts(
                 (rows[first, _R_OK] == id_kind)
                 & (rows[first, _R_OP] == op)
                 & (rows[first, _R_HEAD_END] - q == stop - p)
-            ) and has(d, p, d[U(q) : U(q + stop - p)]):
+            ) and _same(base + p, base + q, stop - p):
                 which[i] = kind
                 break
             slot = (slot + np.uint64(1)) & mask

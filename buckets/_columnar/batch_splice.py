@@ -88,9 +88,10 @@ from buckets._columnar.byte_kernels import (
     as_bytes,
     byte_table,
     copy,
-    copy_from,
-    hex_digits,
-    put_i32,
+    hex_at,
+    move,
+    store_byte,
+    store_i32,
 )
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import (
@@ -338,6 +339,9 @@ def _templates(
     return byte_table(parts)
 
 
+_KEY_END = _KEY_TAIL[-1]
+
+
 @numba.njit(cache=CACHE)
 def _assemble(
     d: _Bytes,
@@ -364,89 +368,98 @@ def _assemble(
     offsets = np.zeros(m + 1, np.int64)
     lengths = np.empty(m, np.int64)
     for i in range(U(m)):
-        row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
+        r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
         # the key: its template, the _id's bytes, the tail
-        n = at[k + 1] - at[k] + row[_R_ID_BYTES] + len(_P_KEY_TAIL)
+        n = at[k + 1] - at[k] + rows[r, _R_ID_BYTES] + len(_P_KEY_TAIL)
         lengths[i] = n
         # its front up to the hex's end (or its first part, which holds the hex, see
         # `_front_templates`), its other templates, its documentKey
         size = max(at[k + 2] - at[k + 1], _HEX_AT + 2 * n) + at[k + _TYPED] - at[k + 2]
-        size += row[_R_KEY_END] - row[_R_KEY]
-        if (row[_R_OP] == _INSERT) | (row[_R_OP] == _REPLACE):
-            size += row[_R_O_END] - row[_R_O_START]
-        elif row[_R_OP] == _UPDATE:
+        size += rows[r, _R_KEY_END] - rows[r, _R_KEY]
+        if (rows[r, _R_OP] == _INSERT) | (rows[r, _R_OP] == _REPLACE):
+            size += rows[r, _R_O_END] - rows[r, _R_O_START]
+        elif rows[r, _R_OP] == _UPDATE:
             size += (
                 4
-                + row[_R_FIELDS + 1]
-                - row[_R_FIELDS]
-                + row[_R_FIELDS + 3]
-                - row[_R_FIELDS + 2]
+                + rows[r, _R_FIELDS + 1]
+                - rows[r, _R_FIELDS]
+                + rows[r, _R_FIELDS + 3]
+                - rows[r, _R_FIELDS + 2]
                 + len(_P_SIMPLE_REST)
-                if row[_R_SIMPLE]
+                if rows[r, _R_SIMPLE]
                 else extra_at[i + 1] - extra_at[i]
             )
         offsets[i + 1] = offsets[i] + size
     width = lengths.max() if m else 0
     keys = np.zeros(m * width, np.uint8)
     out = np.empty(offsets[m], np.uint8)
-    # The longer copies are memcpy's from addresses (copy_from): a byte loop's setup costs more
-    # for a template's or a document's tens to hundreds of bytes.
-    template_at, d_at = templates.ctypes.data, d.ctypes.data
+    # The event's parts are written through addresses (byte_kernels' move, store_i32), inlined:
+    # a call to a cached kernel per part (or one that takes the arrays) costs more than a copy.
+    # (as signed integers, as the offsets added to them are: numba makes a float of a sum of
+    # a signed and an unsigned integer)
+    template_at, d_at = np.int64(templates.ctypes.data), np.int64(d.ctypes.data)
+    keys_at, out_at = np.int64(keys.ctypes.data), np.int64(out.ctypes.data)
+    ids_at, extra_data_at = np.int64(ids.ctypes.data), np.int64(extra.ctypes.data)
     for i in range(U(m)):
-        row, k = rows[U(taken[i])], U(_PARTS * which[U(taken[i])])
-        op, o_start, o_end, stamps = row[_R_OP], row[_R_O_START], row[_R_O_END], row[_R_STAMPS]
-        key, n, fixed = U(i * width), lengths[i], at[k + 1] - at[k]
+        r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
+        op, o_start, o_end, stamps = (
+            rows[r, _R_OP],
+            rows[r, _R_O_START],
+            rows[r, _R_O_END],
+            rows[r, _R_STAMPS],
+        )
+        key, n, fixed = keys_at + np.int64(i) * width, lengths[i], at[k + 1] - at[k]
         # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
         # bytes, its tail (zeros but its last byte).
-        copy_from(keys, key, template_at + at[k], fixed)
-        for j in range(U(8)):
-            keys[key + _KEY_TS + j] = d[U(stamps + _TS_AT + 7) - j]
-        source = ids.ctypes.data if row[_R_OK] & _KIND_MASK == _ID_WALKED else d_at
-        copy_from(keys, key + fixed, source + row[_R_ID_AT], row[_R_ID_BYTES])
-        keys[key + U(n - 1)] = _P_KEY_TAIL[-1]
+        move(key, template_at + at[k], fixed)
+        for j in range(8):
+            store_byte(key + _KEY_TS + j, d[U(stamps + _TS_AT + 7 - j)])
+        source = ids_at if rows[r, _R_OK] & _KIND_MASK == _ID_WALKED else d_at
+        move(key + fixed, source + rows[r, _R_ID_AT], rows[r, _R_ID_BYTES])
+        store_byte(key + n - 1, _KEY_END)
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[i], offsets[i + 1]
         front = at[k + 2] - at[k + 1]
-        copy_from(out, e, template_at + at[k + 1], front)
-        put_i32(out, e, stop - e)
+        move(out_at + e, template_at + at[k + 1], front)
+        store_i32(out_at + e, stop - e)
         typed = at[k + _TYPED + 1] - at[k + _TYPED]
-        put_i32(out, e + _ID_LENGTH_AT, 2 * n + 17 + typed)
-        put_i32(out, e + _DATA_LENGTH_AT, 2 * n + 1)
-        hex_digits(out, e + _HEX_AT + 2 * _KEY_TS, keys, key + _KEY_TS, 8)
-        hex_digits(out, e + _HEX_AT + 2 * fixed, keys, key + fixed, n - fixed)
+        store_i32(out_at + e + _ID_LENGTH_AT, 2 * n + 17 + typed)
+        store_i32(out_at + e + _DATA_LENGTH_AT, 2 * n + 1)
+        hex_at(out_at + e + _HEX_AT + 2 * _KEY_TS, key + _KEY_TS, 8)
+        hex_at(out_at + e + _HEX_AT + 2 * fixed, key + fixed, n - fixed)
         # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
         rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
-        copy(out, rest_at, templates, at[k + 2], rest)
+        move(out_at + rest_at, template_at + at[k + 2], rest)
         # (after the token's _typeBits; a replacement's operationType is a letter longer)
-        stamps_at = rest_at + typed + (op == _REPLACE)
-        copy(out, stamps_at + _CLUSTER_TIME_AT, d, stamps + _TS_AT, 8)
-        copy(out, stamps_at + wall_at, d, stamps + _WALL_AT, 8)
+        stamps_at = out_at + rest_at + typed + (op == _REPLACE)
+        move(stamps_at + _CLUSTER_TIME_AT, d_at + stamps + _TS_AT, 8)
+        move(stamps_at + wall_at, d_at + stamps + _WALL_AT, 8)
         e = max(e + front, rest_at) + rest
         if (op == _INSERT) | (op == _REPLACE):  # fullDocument: the insert's or replacement's o
-            copy_from(out, e, d_at + o_start, o_end - o_start)
+            move(out_at + e, d_at + o_start, o_end - o_start)
             e += o_end - o_start
         # ns and documentKey's header, the documentKey, what follows it
         tail = at[k + 4] - at[k + 3]
-        copy_from(out, e, template_at + at[k + 3], tail)
-        copy_from(out, e + tail, d_at + row[_R_KEY], row[_R_KEY_END] - row[_R_KEY])
-        e += tail + row[_R_KEY_END] - row[_R_KEY]
+        move(out_at + e, template_at + at[k + 3], tail)
+        move(out_at + e + tail, d_at + rows[r, _R_KEY], rows[r, _R_KEY_END] - rows[r, _R_KEY])
+        e += tail + rows[r, _R_KEY_END] - rows[r, _R_KEY]
         tail = at[k + 5] - at[k + 4]
-        copy(out, e, templates, at[k + 4], tail)
+        move(out_at + e, template_at + at[k + 4], tail)
         e += tail
         if op != _UPDATE:
             continue
         # After an update's documentKey: updateDescription's header, its length and
         # updatedFields' header (the tail's end), then its updatedFields and what closes it.
-        put_i32(out, e - 4 - _UPDATED_FIELDS_BYTES, stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES)
-        if row[_R_SIMPLE]:  # updatedFields' length, u's elements, i's, what closes it
-            u, u_end = row[_R_FIELDS], row[_R_FIELDS + 1]
-            i_at, i_end = row[_R_FIELDS + 2], row[_R_FIELDS + 3]
-            put_i32(out, e, stop - e - len(_P_SIMPLE_REST) + 1)
-            copy_from(out, e + 4, d_at + u, u_end - u)
-            copy_from(out, e + 4 + u_end - u, d_at + i_at, i_end - i_at)
+        store_i32(out_at + e - 4 - _UPDATED_FIELDS_BYTES, stop - e - 1 + 4 + _UPDATED_FIELDS_BYTES)
+        if rows[r, _R_SIMPLE]:  # updatedFields' length, u's elements, i's, what closes it
+            u, u_end = rows[r, _R_FIELDS], rows[r, _R_FIELDS + 1]
+            i_at, i_end = rows[r, _R_FIELDS + 2], rows[r, _R_FIELDS + 3]
+            store_i32(out_at + e, stop - e - len(_P_SIMPLE_REST) + 1)
+            move(out_at + e + 4, d_at + u, u_end - u)
+            move(out_at + e + 4 + u_end - u, d_at + i_at, i_end - i_at)
             copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
         else:
-            copy(out, e, extra, extra_at[i], stop - e)
+            move(out_at + e, extra_data_at + extra_at[i], stop - e)
     return keys.reshape(m, width), out, offsets
 
 

@@ -18,7 +18,7 @@ numba then knows a read and a write cannot alias.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
@@ -33,21 +33,40 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
+    "NO_REFCOUNTS",
+    "Data",
     "U",
     "as_bytes",
     "byte_table",
     "copy",
     "copy_from",
     "prefetch",
+    "prefetch_line",
     "has",
+    "has_at",
+    "hex_at",
     "hex_digits",
     "i32",
+    "i32_at",
+    "load_byte",
+    "load_word",
+    "move",
     "put_i32",
+    "store_byte",
+    "store_i32",
     "u8",
+    "u8_at",
     "u64",
 ]
 
 U = np.uintp
+# For a kernel that allocates nothing (its arrays given to it): compiled without numba's
+# reference counting (its CPU target option `_nrt`, numba/core/cpu.py; not in numba's stubs),
+# whose atomic count of every array at every call and view costs several times a small step's
+# work. A numba without that option compiles them with it: slower, the same bytes.
+NO_REFCOUNTS: dict[str, Any] = (
+    {"_nrt": False} if hasattr(numba.core.cpu.CPUTargetOptions, "_nrt") else {}
+)
 Bytes = npt.NDArray[np.uint8]
 Index = int | np.integer[Any]  # a position: Python's or numpy's integer (U, in a kernel)
 
@@ -145,6 +164,107 @@ def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
 
 
 @intrinsic
+def _load_byte(typingctx: Any, address: Any) -> Any:
+    """The byte at memory `address` (an integer), unchecked: for readers inlined into a kernel
+    that take an array's address and length as integers. numba's inlining of a function that
+    takes the array itself counts a reference to it at each call, which costs more than the
+    read."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        return builder.zext(builder.load(pointer), ir.IntType(64))
+
+    return types.int64(types.uintp), codegen
+
+
+@intrinsic
+def _load_word(typingctx: Any, address: Any) -> Any:
+    """The little-endian 8-byte word at memory `address` (an integer), unaligned, unchecked."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        kind = ir.IntType(64)
+        load = builder.load(builder.inttoptr(args[0], kind.as_pointer()))
+        load.align = 1
+        return load
+
+    return types.uint64(types.uintp), codegen
+
+
+def _storer(width: int) -> Any:
+    """An intrinsic that stores the low `width` bits of a value at memory `address`, unaligned
+    and unchecked (little-endian, as the machines numba targets here are)."""
+
+    @intrinsic
+    def store(typingctx: Any, address: Any, value: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            kind = ir.IntType(width)
+            pointer = builder.inttoptr(args[0], kind.as_pointer())
+            builder.store(builder.trunc(args[1], kind), pointer).align = 1
+            return context.get_dummy_value()
+
+        return types.void(types.uintp, types.int64), codegen
+
+    return store
+
+
+# The unchecked loads, stores and copies by address, for kernels that take an array's address
+# once (array.ctypes.data) and keep the array alive: inlined where they are used (a cached
+# function's call, or numba's inlining of a function that takes the array, costs more than the
+# access). Typed here as Python sees them; numba types the intrinsics itself.
+load_byte: Callable[[Index], int] = _load_byte  # type: ignore[assignment]
+load_word: Callable[[Index], np.uint64] = _load_word  # type: ignore[assignment]
+store_byte: Callable[[Index, Index], None] = _storer(8)
+store_i32: Callable[[Index, Index], None] = _storer(32)
+move: Callable[[Index, Index, Index], None] = _memcpy  # type: ignore[assignment]
+
+
+# Readers by address: an array's address and length as integers (`Data`), inlined where they
+# are used. As calls to the cached functions above (which LLVM does not inline across cached
+# functions), each read costs as much as a few checks, and as functions inlined by numba that
+# take the array, more (each call counts a reference to it); so kernels that read many fields
+# per item take (array.ctypes.data, len(array)) once and read through these, a bounds check
+# and a load each. Each gives what the reader of its name without `_at` gives.
+Data = tuple[int, int]  # an array's address, its length
+
+
+@numba.njit(inline="always")
+def u8_at(d: Data, at: Index) -> int:
+    """`u8` of the array at d[0], d[1] bytes long."""
+    return load_byte(U(d[0] + at)) if 0 <= at < d[1] else -1
+
+
+@numba.njit(inline="always")
+def i32_at(d: Data, at: Index) -> int:
+    """`i32` of the array at d[0], d[1] bytes long."""
+    if at < 0 or at + 4 > d[1]:
+        return -1
+    u = U(d[0] + at)
+    v = load_byte(u) | (load_byte(u + 1) << 8) | (load_byte(u + 2) << 16) | (load_byte(u + 3) << 24)
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+@numba.njit(inline="always")
+def has_at(d: Data, at: Index, pattern: Bytes) -> bool:
+    """`has` of the array at d[0], d[1] bytes long (all of `pattern` is compared)."""
+    if at < 0 or at + len(pattern) > d[1]:
+        return False
+    same, u = True, U(d[0] + at)
+    for j in range(U(len(pattern))):
+        same &= load_byte(u + j) == pattern[j]
+    return same
+
+
+@numba.njit(inline="always")
+def hex_at(to: Index, source: Index, n: Index) -> None:
+    """`hex_digits` by addresses: the upper-case hex digits of the n bytes at memory `source`,
+    written at memory `to`."""
+    for j in range(U(n)):
+        byte = load_byte(U(source) + j)
+        store_byte(U(to) + 2 * j, _HEX[U(byte >> 4)])
+        store_byte(U(to) + 2 * j + 1, _HEX[U(byte & 15)])
+
+
+@intrinsic
 def _prefetch(typingctx: Any, address: Any) -> Any:
     """Ask the CPU to bring the cache line at `address` in (llvm.prefetch: read, keep, data)."""
 
@@ -169,6 +289,9 @@ def _prefetch(typingctx: Any, address: Any) -> Any:
         return context.get_dummy_value()
 
     return types.void(types.uintp), codegen
+
+
+prefetch_line: Callable[[Index], None] = _prefetch  # type: ignore[assignment]  # (inlined)
 
 
 @numba.njit(cache=CACHE)

@@ -32,7 +32,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, copy, i32, put_i32
+from buckets._columnar.byte_kernels import NO_REFCOUNTS, U, as_bytes, copy, i32, put_i32
 
 __all__ = ["HEAD", "describe"]
 
@@ -88,12 +88,7 @@ for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
 # The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
-# reference counting (its CPU target option `_nrt`, numba/core/cpu.py; not in numba's stubs),
-# whose atomic count of every array at every call and view costs several times the steps' work.
-# A numba without that option compiles them with it: slower, the same bytes.
-NO_REFCOUNTS: dict[str, Any] = (
-    {"_nrt": False} if hasattr(numba.core.cpu.CPUTargetOptions, "_nrt") else {}
-)
+# reference counting (byte_kernels.NO_REFCOUNTS).
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2

@@ -22,7 +22,9 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, i32, u8
+from buckets._columnar.byte_kernels import U, as_bytes
+from buckets._columnar.byte_kernels import i32_at as i32
+from buckets._columnar.byte_kernels import u8_at as u8
 from mongoformats.oplog_splice import byte_slices, cursor_span
 
 __all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "words"]
@@ -83,8 +85,7 @@ def batch_in_place(data: bytes | bytearray, at: int) -> tuple[int, OplogBatch]:
     the reply's end (what UpstreamConnection.command_in_place gives): the entries are read where
     they lie, the reply is not copied."""
     cursor_id, start, end = cursor_span(data, at)
-    starts = _walk(data, start, end)
-    return cursor_id, OplogBatch(data, starts, words(data, "<i4")[starts].astype(np.int64))
+    return cursor_id, OplogBatch(data, *_walk(data, start, end))
 
 
 def words(data: bytes | bytearray, dtype: str) -> Any:
@@ -95,29 +96,31 @@ def words(data: bytes | bytearray, dtype: str) -> Any:
     return np.ndarray((len(data) - size + 1,), dtype, data, 0, (1,))
 
 
-def _walk(data: bytes | bytearray, start: int, end: int) -> _Ints:
-    """The offsets of the documents of the array in [start, end): each element's header (type
-    document, then its index as its key: BSON asks "0", "1", ... of every array) and length are
-    read on the way, in a compiled loop (byte_kernels)."""
-    starts = _walk_kernel(as_bytes(data), start, end)
+def _walk(data: bytes | bytearray, start: int, end: int) -> tuple[_Ints, _Ints]:
+    """The offsets and lengths of the documents of the array in [start, end): each element's
+    header (type document, then its index as its key: BSON asks "0", "1", ... of every array) and
+    length are read on the way, in a compiled loop (byte_kernels)."""
+    starts, lengths = _walk_kernel(as_bytes(data), start, end)
     if len(starts) and starts[0] < 0:
         raise ValueError(
             "the cursor's batch is not an array of documents keyed 0, 1, ..."
             if starts[0] == _BAD_KEY
             else "the cursor's batch is not an array of documents"
         )
-    return starts
+    return starts, lengths
 
 
 _BAD_LENGTH, _BAD_KEY = -1, -2
 
 
 @numba.njit(cache=CACHE)
-def _walk_kernel(d: Any, start: int, end: int) -> _Ints:
-    """`_walk`'s offsets; or one negative item, _BAD_KEY or _BAD_LENGTH, for a batch that is not
-    such an array."""
+def _walk_kernel(data: Any, start: int, end: int) -> tuple[_Ints, _Ints]:
+    """`_walk`'s offsets and lengths; or one negative offset, _BAD_KEY or _BAD_LENGTH, for a
+    batch that is not such an array. (Bytes read by address, byte_kernels' u8_at and i32_at.)"""
+    d = (data.ctypes.data, len(data))
     last = end - 1  # the array's terminating zero
     out = np.empty(max((end - start) // 8, 1), np.int64)  # an element takes 8 bytes at least
+    sizes = np.empty(len(out), np.int64)
     p, n, width = start + 4, 0, 3  # a header: type byte, the key's digits, NUL
     # The next key's digits, kept as a counter of digit bytes (adding one carries through 9s):
     # working each key's digits out of n with % 10 and // 10 took half the walk's time.
@@ -126,11 +129,11 @@ def _walk_kernel(d: Any, start: int, end: int) -> _Ints:
     while p < last and n < len(out):
         if u8(d, p) != 3 or u8(d, p + width - 1) != 0:
             out[0] = _BAD_KEY
-            return out[:1]
+            return out[:1], sizes[:1]
         for j in range(U(width - 2)):  # (p + width - 1 lies in d: checked above)
-            if d[U(p + 1) + j] != key[j]:
+            if data[U(p + 1) + j] != key[j]:
                 out[0] = _BAD_KEY
-                return out[:1]
+                return out[:1], sizes[:1]
         p += width
         out[U(n)] = p
         n += 1
@@ -144,10 +147,11 @@ def _walk_kernel(d: Any, start: int, end: int) -> _Ints:
             key[0], key[U(width - 2)] = 49, 48
             width += 1
         size = i32(d, p)
+        sizes[U(n - 1)] = size
         if size < 5:
             break
         p += size
     if p != last or u8(d, last) != 0:
         out[0] = _BAD_LENGTH
-        return out[:1]
-    return out[:n]
+        return out[:1], sizes[:1]
+    return out[:n], sizes[:n]
