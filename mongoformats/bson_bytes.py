@@ -32,6 +32,7 @@ __all__ = [
     "document_of",
     "document_parts",
     "elements",
+    "first_element",
     "plain_elements",
     "leading_id",
     "splice_at_end",
@@ -476,6 +477,26 @@ def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
     _, v, _ = elements(doc)[name]
     inc, secs = _TS.unpack_from(doc, v)
     return Timestamp(secs, inc)
+
+
+def first_element(
+    buf: bytes | bytearray, name: bytes, start: int = 0
+) -> tuple[int, int, int] | None:
+    """(type, value start, value end) of the first element `name` of the BSON document at
+    `start`, walked only up to it and read where it lies; None if it has none. Why not
+    `elements`: a live tail reads one element (an oplog entry's ts, a reply's ok) of each small
+    reply, and a dict of all of them costs more than the walk."""
+    unpack, index = _I32.unpack_from, buf.index
+    end = start + unpack(buf, start)[0] - 1
+    p, size = start + 4, len(name)
+    while p < end:
+        t = buf[p]
+        q = index(0, p + 1)
+        e = _value_end(buf, t, q + 1)
+        if q - p - 1 == size and buf[p + 1 : q] == name:
+            return t, q + 1, e
+        p = e
+    return None
 
 
 def _cstring_element(t: int, name: bytes, value: bytes) -> bytes:
