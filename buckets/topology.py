@@ -84,8 +84,9 @@ def _listed(reply: Mapping[str, Any]) -> bytes | None:
     list the same shards: a watcher that read them before has nothing to parse or add."""
     if not isinstance(reply, RawBSONDocument):
         return None
-    found = first_element(reply.raw, b"shards")
-    return None if found is None else bytes(reply.raw[found[1] : found[2]])
+    raw = bytes(reply.raw)  # (the same object when it is bytes)
+    found = first_element(raw, b"shards")
+    return None if found is None else raw[found[1] : found[2]]
 
 
 def _topology(reply: Mapping[str, Any]) -> Topology:

@@ -331,12 +331,12 @@ def _elements_of(doc: Mapping[str, Any], top_level: bool) -> bytes | None:
     """`doc`'s elements as bson.encode writes them, or None where this does not know how."""
     if top_level and "_id" in doc:
         return None  # bson.encode moves a top-level _id first
-    out = []
+    out: list[bytes] = []
     for name, value in doc.items():
         key = _key(name) if type(name) is str else None
         write = _VALUES.get(type(value))
-        element = None if key is None or write is None else write(value)
-        if element is None:
+        element = None if write is None else write(value)
+        if key is None or element is None:
             return None
         out += (bytes((element[0],)), key, element[1])
     return b"".join(out)
