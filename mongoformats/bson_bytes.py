@@ -327,6 +327,10 @@ _VALUES: dict[type, Any] = {
 }
 
 
+_PLAIN_TYPES = frozenset(_VALUES) - {RawBSONDocument}
+_EMBEDDED = (RawBSONDocument, SplicedDocument)
+
+
 def _elements_of(doc: Mapping[str, Any], top_level: bool) -> bytes | None:
     """`doc`'s elements as bson.encode writes them, or None where this does not know how."""
     if top_level and "_id" in doc:
@@ -395,7 +399,8 @@ def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
             plain.clear()
 
     for key, value in doc.items():
-        if isinstance(value, (RawBSONDocument, SplicedDocument)):
+        # (Known plain types first: an isinstance against these Mapping classes is an ABC check.)
+        if type(value) not in _PLAIN_TYPES and isinstance(value, _EMBEDDED):
             flush()
             name = b"\x03" + key.encode() + b"\x00"
             if isinstance(value, SplicedDocument):
