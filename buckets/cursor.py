@@ -260,18 +260,18 @@ class BucketCursor:
             + (max_time_ms if max_time_ms is not None else self.stream.options.max_await_ms) / 1000
         )
         hold_until = trio.current_time() + RESUME_POINT_HOLD_S
-        moved = False  # whether the resume point moved past last_key during this wait
         bucket.waiting += 1
         try:
-            while self._waits():
-                with trio.move_on_at(min(deadline, hold_until) if moved else deadline):
+            # One cancel scope for the whole wait (a live tail's merge wakes every waiting
+            # getMore each round): its deadline comes nearer once the resume point has moved.
+            with trio.move_on_at(deadline) as scope:
+                while self._waits():
                     await bucket.changed.wait()
                     self._settle()
-                    moved = self.position >= bucket.end and bucket.frontier > self.last_key
-                    if moved and trio.current_time() >= hold_until:
-                        break  # an idle bucket still returns the advanced resume point promptly
-                    continue
-                break
+                    if self.position >= bucket.end and bucket.frontier > self.last_key:
+                        if trio.current_time() >= hold_until:
+                            break  # an idle bucket still returns the moved resume point promptly
+                        scope.deadline = min(deadline, hold_until)
         finally:
             bucket.waiting -= 1
         if self.killed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any, Protocol
 
 import trio
@@ -11,17 +12,18 @@ from bson import Int64, Timestamp
 from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.batch_splice import splice_entries
 from buckets._columnar.items import SplicedItems, above, listed
-from buckets._columnar.oplog_batch import SLACK, batch_in_place
+from buckets._columnar.oplog_batch import SLACK, OplogBatch, batch_in_place
 from buckets.ports import Connection, Connector
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import ConnectionLost, MongoError, has_category
 from mongoformats.hosts import host_address
-from mongoformats.oplog_splice import cursor_batch, timestamp_of
+from mongoformats.oplog_splice import cursor_batch, first_element, timestamp_of
 
 log = logging.getLogger("buckets.reader")
 
 
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
+_TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
 
 
 # Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB of
@@ -36,6 +38,17 @@ BATCH_ENTRIES = 16384
 
 
 FIRST_BATCH_ENTRIES = 1024
+
+
+def _last_ts(batch: OplogBatch) -> Timestamp:
+    """The ts of the batch's last entry, read where it lies in the reply (a live tail's batches
+    are an entry or a few: a copy of the entry and a dict of its elements cost more than the
+    splice of it)."""
+    found = first_element(batch.data, b"ts", int(batch.starts[-1]))
+    if found is None:
+        return timestamp_of(batch.entry(-1))  # (fails as an entry without ts always has)
+    inc, secs = _TS.unpack_from(batch.data, found[1])
+    return Timestamp(secs, inc)
 
 
 class TailOutput(Protocol):
@@ -239,7 +252,7 @@ class OplogTail:
             items = splice_entries(
                 batch, splice, transformer.show_expanded_events, self.keep_applied
             )
-            await self._deliver(items, len(batch), timestamp_of(batch.entry(-1)), out, conn)
+            await self._deliver(items, len(batch), _last_ts(batch), out, conn)
         else:
             await out.idle()
         return cursor_id

@@ -266,7 +266,15 @@ class ShardReader:
     def starved(self) -> bool:
         """Whether a batch like the last one would not fit in the shard's budget, or in the
         memory pool, now: the tail waits (here, or in its reader process) until bytes return."""
-        return not self.budget.fits(self._wants) or self.budget.blocked_by_pool(self._wants)
+        budget, wants = self.budget, self._wants
+        if not budget.fits(wants):
+            return True
+        account = budget.account
+        # The pool's room is at least what the account has set aside and does not use (asked of
+        # every reader after every release): a batch within that fits without adding it up.
+        if account is None or wants <= account.floor - account.in_hand - account.held:
+            return False
+        return budget.blocked_by_pool(wants)
 
     def _hold(self, events: list[Any]) -> None:
         """Each block's charge returns when the block is let go, not when the merge deals it: the

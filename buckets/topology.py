@@ -17,15 +17,17 @@ no round trip at all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 import trio
 from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
 from pymongo.uri_parser import split_hosts
 
 from buckets.ports import Connection, ConnectUpstream
 from mongoformats.errors import ConnectionLost, MongoError, has_category
+from mongoformats.oplog_splice import first_element
 
 log = logging.getLogger("buckets.topology")
 
@@ -68,8 +70,27 @@ async def discover(conn: Connection) -> Topology:
 
 
 async def read_topology(conn: Connection) -> Topology:
-    reply = await conn.command("admin", {"listShards": 1})
-    as_of = reply.get("operationTime") or reply["$clusterTime"]["clusterTime"]
+    return _topology(await conn.command("admin", {"listShards": 1}))
+
+
+def _as_of(reply: Mapping[str, Any]) -> Timestamp:
+    """The time a listShards reply lists every shard that joined at or before."""
+    as_of: Timestamp = reply.get("operationTime") or reply["$clusterTime"]["clusterTime"]
+    return as_of
+
+
+def _listed(reply: Mapping[str, Any]) -> bytes | None:
+    """The bytes of a listShards reply's `shards` array (None: not a raw reply). The same bytes
+    list the same shards: a watcher that read them before has nothing to parse or add."""
+    if not isinstance(reply, RawBSONDocument):
+        return None
+    raw = bytes(reply.raw)  # (the same object when it is bytes)
+    found = first_element(raw, b"shards")
+    return None if found is None else raw[found[1] : found[2]]
+
+
+def _topology(reply: Mapping[str, Any]) -> Topology:
+    as_of = _as_of(reply)
     shards: dict[str, list[tuple[str, int]]] = {}
     joined: dict[str, Timestamp] = {}
     for s in reply["shards"]:
@@ -101,6 +122,7 @@ class TopologyWatcher:
         self.checks = 0
         self.added: list[str] = []
         self._nudged = trio.Event()
+        self._listed: bytes | None = None  # the `shards` array of the last list read
 
     def nudge(self) -> None:
         """Events wait on the shard list's mark: re-read it now, or once the read under way is
@@ -132,7 +154,7 @@ class TopologyWatcher:
                 try:
                     if conn is None:
                         conn = await self.connect()
-                    topology = await read_topology(conn)
+                    reply = await conn.command("admin", {"listShards": 1})
                 except (ConnectionLost, MongoError) as exc:
                     _check_retriable(exc)
                     if conn is not None:
@@ -140,9 +162,9 @@ class TopologyWatcher:
                     conn = None
                     continue
                 self.checks += 1
-                self._add_new(topology, add_shard)
-                self.as_of = topology.as_of
-                await advance(topology.as_of)
+                self.as_of = self._take(reply, add_shard)
+                del reply
+                await advance(self.as_of)
                 if self._nudged.is_set():  # (answered by this mark; none waits on a set event)
                     self._nudged = trio.Event()
         finally:
@@ -155,6 +177,23 @@ class TopologyWatcher:
         return interval is not None and (
             interval <= self.min_interval_s or trio.current_time() - last_check >= interval
         )
+
+    def _take(
+        self,
+        reply: Mapping[str, Any],
+        add_shard: Callable[[str, list[tuple[str, int]], Timestamp], None],
+    ) -> Timestamp:
+        """Start readers for the shards a listShards reply lists that were not known yet; the
+        time it lists them as of. A list of the same bytes as the last one read lists no new
+        shard: a live tail reads the list once a round, and parsing it each time cost more than
+        the rest of its handling."""
+        listed = _listed(reply)
+        if listed is None or listed != self._listed:
+            topology = _topology(reply)
+            self._add_new(topology, add_shard)
+            self._listed = listed
+            return topology.as_of
+        return _as_of(reply)
 
     def _add_new(
         self,

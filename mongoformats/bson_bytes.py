@@ -32,6 +32,8 @@ __all__ = [
     "document_of",
     "document_parts",
     "elements",
+    "first_element",
+    "plain_elements",
     "leading_id",
     "splice_at_end",
     "splice_before_ns",
@@ -259,14 +261,118 @@ class SplicedDocument(Mapping[str, Any]):
         return len(self._inflated())
 
 
+# A small reply's head and tail (cursor id and ns, postBatchResumeToken, ok, $clusterTime,
+# operationTime) are written here from their parts rather than by bson.encode: a live tail's
+# getMore replies are small and many, and a few bson.encode calls of small dicts each cost more
+# than the rest of such a reply. Only exact types whose bytes are plain to write are taken; a
+# document holding anything else (or a key or value bson.encode would refuse) goes to bson.encode
+# whole, so the bytes and errors are always bson.encode's.
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+@functools.lru_cache(maxsize=256)
+def _key(name: str) -> bytes | None:
+    """An element's name as a C string; None if bson.encode would not take it as it is."""
+    if "\x00" in name:
+        return None
+    try:
+        return name.encode() + b"\x00"
+    except UnicodeEncodeError:
+        return None
+
+
+def _str_value(value: str) -> tuple[int, bytes] | None:
+    try:
+        return 0x02, _string(value.encode())
+    except UnicodeEncodeError:
+        return None
+
+
+def _int_value(value: int) -> tuple[int, bytes] | None:
+    if _INT32_MIN <= value <= _INT32_MAX:
+        return 0x10, _I32.pack(value)
+    return _int64_value(value)
+
+
+def _int64_value(value: int) -> tuple[int, bytes] | None:
+    try:
+        return 0x12, _I64.pack(value)
+    except struct.error:
+        return None  # out of range: bson.encode's own error
+
+
+def _document_value(value: dict[str, Any]) -> tuple[int, bytes] | None:
+    body = _elements_of(value, top_level=False)
+    return None if body is None else (0x03, document_of(body))
+
+
+def _binary_value(value: bson.Binary) -> tuple[int, bytes] | None:
+    if value.subtype != 0:
+        return None  # subtype 2 has a second length inside
+    return 0x05, _I32.pack(len(value)) + b"\x00" + bytes(value)
+
+
+_VALUES: dict[type, Any] = {
+    str: _str_value,
+    int: _int_value,
+    bson.Int64: _int64_value,
+    float: lambda v: (0x01, _F64.pack(v)),
+    bool: lambda v: (0x08, b"\x01" if v else b"\x00"),
+    Timestamp: lambda v: (0x11, _TS.pack(v.inc, v.time)),
+    bson.Binary: _binary_value,
+    RawBSONDocument: lambda v: (0x03, v.raw),
+    dict: _document_value,
+}
+
+
+_PLAIN_TYPES = frozenset(_VALUES) - {RawBSONDocument}
+_EMBEDDED = (RawBSONDocument, SplicedDocument)
+
+
+def _elements_of(doc: Mapping[str, Any], top_level: bool) -> bytes | None:
+    """`doc`'s elements as bson.encode writes them, or None where this does not know how."""
+    if top_level and "_id" in doc:
+        return None  # bson.encode moves a top-level _id first
+    out: list[bytes] = []
+    for name, value in doc.items():
+        key = _key(name) if type(name) is str else None
+        write = _VALUES.get(type(value))
+        element = None if write is None else write(value)
+        if key is None or element is None:
+            return None
+        out += (bytes((element[0],)), key, element[1])
+    return b"".join(out)
+
+
+def plain_elements(doc: Mapping[str, Any]) -> bytes:
+    """`bson.encode(doc)` without its length and terminator: its elements."""
+    body = _elements_of(doc, top_level=True) if type(doc) is dict else None
+    return bson.encode(doc)[4:-1] if body is None else body
+
+
+def _cursor_head(cursor_id: int, ns: str) -> bytes:
+    """The elements `{id: Int64(cursor_id), ns}` of a reply's cursor."""
+    try:
+        return b"\x12id\x00" + _I64.pack(cursor_id) + _ns_element(ns)
+    except (struct.error, UnicodeEncodeError):
+        return bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _ns_element(ns: str) -> bytes:
+    return b"\x02ns\x00" + _string(ns.encode())
+
+
 def cursor_document(
     cursor_id: int, ns: str, batch_field: str, items: list[Any], extra: dict[str, Any] | None = None
 ) -> SplicedDocument:
     """A reply's `cursor` sub-document `{id, ns, <batch_field>: [...], **extra}` with the batch
     spliced from the documents' own bytes: no per-document object is built or re-encoded, and
     nothing is joined until the reply is (see SplicedDocument)."""
-    head = bson.encode({"id": bson.Int64(cursor_id), "ns": ns})[4:-1]
-    tail = bson.encode(extra or {})[4:-1]
+    head = _cursor_head(cursor_id, ns)
+    tail = plain_elements(extra) if extra else b""
     name = b"\x04" + batch_field.encode() + b"\x00"
     array_size, array_parts = _array_parts(items)
     size = 4 + len(head) + len(name) + array_size + len(tail) + 1
@@ -287,13 +393,14 @@ def document_parts(doc: Mapping[str, Any]) -> list[bytes | memoryview]:
     def flush() -> None:
         nonlocal size
         if plain:
-            encoded = bson.encode(plain)[4:-1]
+            encoded = plain_elements(plain)
             parts.append(encoded)
             size += len(encoded)
             plain.clear()
 
     for key, value in doc.items():
-        if isinstance(value, (RawBSONDocument, SplicedDocument)):
+        # (Known plain types first: an isinstance against these Mapping classes is an ABC check.)
+        if type(value) not in _PLAIN_TYPES and isinstance(value, _EMBEDDED):
             flush()
             name = b"\x03" + key.encode() + b"\x00"
             if isinstance(value, SplicedDocument):
@@ -375,6 +482,33 @@ def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
     _, v, _ = elements(doc)[name]
     inc, secs = _TS.unpack_from(doc, v)
     return Timestamp(secs, inc)
+
+
+def first_element(
+    buf: bytes | bytearray, name: bytes, start: int = 0
+) -> tuple[int, int, int] | None:
+    """(type, value start, value end) of the first element `name` of the BSON document at
+    `start`, walked only up to it and read where it lies; None if it has none. Why not
+    `elements`: a live tail reads one element (an oplog entry's ts, a reply's ok) of each small
+    reply, and a dict of all of them costs more than the walk."""
+    unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
+    end = start + unpack(buf, start)[0] - 1
+    p, size = start + 4, len(name)
+    while p < end:
+        t = buf[p]
+        q = index(0, p + 1)
+        v = q + 1
+        if t == 3 or t == 4:  # the common types inline, as in `elements`
+            e = v + unpack(buf, v)[0]
+        elif t == 2:
+            e = v + 4 + unpack(buf, v)[0]
+        else:
+            n = fixed.get(t)
+            e = v + n if n is not None else _value_end(buf, t, v)
+        if q - p - 1 == size and buf[p + 1 : q] == name:
+            return t, v, e
+        p = e
+    return None
 
 
 def _cstring_element(t: int, name: bytes, value: bytes) -> bytes:

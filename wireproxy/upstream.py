@@ -30,7 +30,7 @@ from pymongo.uri_parser import split_hosts
 from mongoformats import wire
 from mongoformats.change_events import RAW
 from mongoformats.errors import ConnectionLost, MongoError, ProtocolError
-from mongoformats.oplog_splice import elements
+from mongoformats.oplog_splice import first_element
 from wireproxy.cluster_time import ClusterTimeGossip
 from wireproxy.host_health import HostHealth, host_address
 
@@ -300,7 +300,7 @@ class UpstreamConnection:
             raise self._lost(f"upstream {self.address}: {exc}") from exc
         self._streaming = (request_id, limit) if flags & wire.FLAG_MORE_TO_COME else None
         start, end = span
-        ok = elements(frame, start).get(b"ok")
+        ok = first_element(frame, b"ok", start)
         # ok is 0 (a double, an int) or false: zero bytes
         if ok is None or not any(frame[ok[1] : ok[2]]):
             raise MongoError.from_reply(bson.decode(frame[start:end]))
