@@ -45,15 +45,14 @@ from buckets._columnar.txn_read import (
     R_PREV,
     R_TAIL,
     R_TS,
+    op_entries,
     read_rows,
 )
 from mongoformats.oplog_splice import splice_crud
 from mongoformats.txn_splice import (
     TxnKey,
-    TxnStamp,
     read_apply_ops,
     server_stamp,
-    txn_entry,
     txn_event,
 )
 
@@ -62,6 +61,9 @@ __all__ = ["TXN_OPS_MIN", "BatchSplice", "warm_up", "whole_chains", "with_transa
 # Fewer ops are left to the transformer: this path's fixed cost per batch (the compiled calls,
 # the block's templates) is some ten ops' splices one by one.
 TXN_OPS_MIN = 12
+
+# A server entry's stamp's tail: ts, t, v and wall (txn_splice.server_stamp).
+_STAMP_TAIL = 48
 
 _COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 
@@ -72,14 +74,28 @@ BatchSplice = Callable[[OplogBatch], tuple[list[Any], EventBlock | None, npt.NDA
 class _Read(NamedTuple):
     """A transaction's entry as read_apply_ops reads it (txn_splice.ApplyOps), its times as
     words (a BSON timestamp's 8 bytes read as one little-endian word: comparable, and only
-    made Timestamps for the events that show them); a null prevOpTime as 0."""
+    made Timestamps for the events that show them); a null prevOpTime as 0. Its ops and its
+    stamp's tail (a commit's: ts, t, v, wall; -1 for none) are where they lie in its
+    _Reads' data: the ops as rows of its `spans`, the tail as an offset, of `tail_size`
+    bytes; its stamp's head (txnNumber, lsid) as bytes."""
 
     key: TxnKey | None
     ts: int
     prev: int
     buffered: bool
-    ops: list[bytes]
-    stamp: TxnStamp | None
+    ops: range
+    tail: int
+    tail_size: int
+    head: bytes
+
+
+class _Reads(NamedTuple):
+    """The transactions' entries of a list of items (each with its index) and where their ops
+    and stamps lie (`data`; each op's start and end in it, `spans`)."""
+
+    data: bytes | bytearray
+    spans: npt.NDArray[np.int64]
+    reads: list[tuple[int, _Read]]
 
 
 # A transaction's entries in the batch: each one's index among the items, and what it reads.
@@ -119,10 +135,10 @@ def placed(
     nothing else) kept in a block, not made into fields. A block keeps no applied-at time: with
     `applied` (a stream that reads pre-images, see buckets/lookup.py), only transactions whose
     events have none (their ops all in their commit) are kept so."""
-    chains = whole_chains(items)
+    reads, chains = whole_chains(items)
     if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
         return Placed({}, None, [])
-    made = _spliced(chains, expanded, splice, columns, applied)
+    made = _spliced(reads, chains, expanded, splice, columns, applied)
     replaced: dict[int, list[Any]] = {}
     commits: list[int] = []
     for chain, events in zip(chains, made.events, strict=True):
@@ -144,12 +160,14 @@ def _place(
         replaced[chain[-1][0]] = events
 
 
-def whole_chains(items: list[Any]) -> list[_Chain]:
-    """The transactions the items hold whole, in the order of their commits."""
+def whole_chains(items: list[Any]) -> tuple[_Reads, list[_Chain]]:
+    """The items' transactions' entries read, and the transactions they hold whole, in the order
+    of their commits."""
+    reads = _reads(items)
     open_chains: dict[TxnKey, _Chain] = {}
     general: set[TxnKey] = set()  # keys whose entries stay the transformer's
     whole: list[_Chain] = []
-    for i, read in _reads(items):
+    for i, read in reads.reads:
         if read.key is None:  # batched writes: no transaction's chain
             if not read.prev:
                 whole.append([(i, read)])
@@ -161,52 +179,88 @@ def whole_chains(items: list[Any]) -> list[_Chain]:
             open_chains[read.key] = chain
         else:
             whole.append(chain)
-    return whole
+    return reads, whole
 
 
-def _reads(items: list[Any]) -> list[tuple[int, _Read]]:
+def _reads(items: list[Any]) -> _Reads:
     """The items' applyOps and commitTransaction entries, each with its index, as read_apply_ops
     reads them: at once in a compiled loop (txn_read.py) if of the server's shape, else by
     read_apply_ops itself."""
     at = [i for i, item in enumerate(items) if type(item) is bytes and _COMMAND_OP in item]
     if not at:
-        return []
+        return _Reads(b"", np.zeros((0, 2), np.int64), [])
     entries = [items[i] for i in at]
     batch = OplogBatch.of(entries)
     rows, spans = read_rows(batch.data, batch.starts, batch.lengths)
-    data, ops = bytes(batch.data), spans.tolist()  # (OplogBatch.of's data is bytes)
+    walked = _Walked(len(batch.data), len(spans))
     out = []
-    for i, entry, row, (ts, prev) in zip(
-        at, entries, rows.tolist(), rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(), strict=True
+    for i, entry, start, row, (ts, prev) in zip(
+        at,
+        entries,
+        batch.starts.tolist(),
+        rows.tolist(),
+        rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(),
+        strict=True,
     ):
-        read = _server_read(entry, row, ts, prev, data, ops) if row[R_OK] else _walked(entry)
+        read = _server_read(entry, start, row, ts, prev) if row[R_OK] else walked.read(entry)
         if read is not None:
             out.append((i, read))
-    return out
+    return walked.joined(batch.data, spans, out)
 
 
-def _server_read(
-    entry: bytes, row: list[int], ts: int, prev: int, data: bytes, ops: list[list[int]]
-) -> _Read:
-    """An entry the compiled loop read (its `row`; its ops at `ops` in `data`)."""
+def _server_read(entry: bytes, start: int, row: list[int], ts: int, prev: int) -> _Read:
+    """An entry the compiled loop read (its `row`), at `start` in the reads' data."""
     buffered = bool(row[R_BUFFERED])
     return _Read(
         (entry[23:39], row[R_NUMBER]),  # (where server_elements finds the lsid's id)
         ts,
         prev,
         buffered,
-        [data[a:b] for a, b in ops[row[R_OPS] : row[R_OPS + 1]]],
-        None if buffered else server_stamp(entry, row[R_TAIL]),
+        range(row[R_OPS], row[R_OPS + 1]),
+        -1 if buffered else start + row[R_TAIL],
+        0 if buffered else _STAMP_TAIL,
+        b"" if buffered else server_stamp(entry, row[R_TAIL])[1],
     )
 
 
-def _walked(entry: bytes) -> _Read | None:
-    """An entry not of the server's shape, read by read_apply_ops."""
-    read = read_apply_ops(entry)
-    if read is None:
-        return None
-    prev = 0 if read.prev is None else _word(read.prev)
-    return _Read(read.key, _word(read.ts), prev, read.buffered, read.ops, read.stamp)
+class _Walked:
+    """The entries not of the server's shape, read by read_apply_ops: their ops and stamps'
+    tails put after the reads' data (of `size` bytes, `ops` ops' spans)."""
+
+    def __init__(self, size: int, ops: int) -> None:
+        self.size, self.ops = size, ops
+        self.parts: list[bytes] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def read(self, entry: bytes) -> _Read | None:
+        """The entry's _Read, None if read_apply_ops does not read it."""
+        read = read_apply_ops(entry)
+        if read is None:
+            return None
+        first = self.ops + len(self.spans)
+        for op in read.ops:
+            self.spans.append((self.size, self.size + len(op)))
+            self._put(op)
+        tail, tail_size, head = -1, 0, b""
+        if read.stamp is not None:
+            tail, tail_size, head = self.size, len(read.stamp[0]), read.stamp[1]
+            self._put(read.stamp[0])
+        prev = 0 if read.prev is None else _word(read.prev)
+        ops = range(first, first + len(read.ops))
+        return _Read(read.key, _word(read.ts), prev, read.buffered, ops, tail, tail_size, head)
+
+    def _put(self, part: bytes) -> None:
+        self.parts.append(part)
+        self.size += len(part)
+
+    def joined(
+        self, data: bytes | bytearray, spans: npt.NDArray[np.int64], reads: list[tuple[int, _Read]]
+    ) -> _Reads:
+        """The reads, their data and spans with the walked entries' parts after them."""
+        if not self.parts:
+            return _Reads(data, spans, reads)
+        walked = np.array(self.spans, np.int64).reshape(-1, 2)
+        return _Reads(b"".join([data, *self.parts]), np.concatenate([spans, walked]), reads)
 
 
 def _word(ts: Timestamp) -> int:
@@ -223,32 +277,49 @@ def _linked(chain: _Chain | None, i: int, read: _Read) -> _Chain | None:
 
 
 class _Ops(NamedTuple):
-    """The ops of the transactions spliced together, each with what its event needs."""
+    """The ops of the transactions spliced together: those of each of their entries (`firsts`,
+    `counts`: its ops' rows in the _Reads' spans) with its commit's stamp's tail (`tails`,
+    `tail_sizes`), then each op with what its event needs."""
 
-    entries: list[bytes]  # as plain writes' entries (txn_entry)
+    firsts: list[int]
+    counts: list[int]
+    tails: list[int]
+    tail_sizes: list[int]
     heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
     indexes: list[int]  # its txnOpIndex
-    applied: list[Any]  # its applied-at time: (ts as _Read's word, index), or None
+    when: list[int | None]  # its applied-at time's ts (as _Read's word), or None
+    at: list[int]  # its applied-at time's index: its index in its entry
+
+    def entries(self, reads: _Reads) -> OplogBatch:
+        """The ops as plain writes' entries (txn_entry), in one batch (txn_read.op_entries)."""
+        columns = (self.firsts, self.counts, self.tails, self.tail_sizes)
+        return OplogBatch(*op_entries(reads.data, reads.spans, *map(_ints, columns)))
+
+
+def _ints(values: list[int]) -> npt.NDArray[np.int64]:
+    return np.array(values, np.int64)
 
 
 def _add(ops: _Ops, chain: _Chain) -> None:
     """Add a transaction's ops. Their applied-at times are as the transformer's `_unwind` gives
     them: where each was written, unless at its index in the commit (the commit's ops, if they
     come first)."""
-    stamp = chain[-1][1].stamp
-    assert stamp is not None  # read_apply_ops gives a commit its stamp
-    tail, head = stamp
-    ts = chain[-1][1].ts
-    first = len(ops.entries)
+    commit = chain[-1][1]
+    assert commit.tail >= 0  # read_apply_ops gives a commit its stamp
+    first = len(ops.when)
     for _, read in chain:
         n = len(read.ops)
-        ops.entries.extend([txn_entry(op, tail) for op in read.ops])
-        if len(ops.entries) - n > first or read.ts != ts:
-            ops.applied.extend([(read.ts, i) for i in range(n)])
+        ops.firsts.append(read.ops.start)
+        ops.counts.append(n)
+        ops.tails.append(commit.tail)
+        ops.tail_sizes.append(commit.tail_size)
+        if len(ops.when) > first or read.ts != commit.ts:
+            ops.when.extend([read.ts] * n)
         else:
-            ops.applied.extend([None] * n)
-    n = len(ops.entries) - first
-    ops.heads.extend([head] * n)
+            ops.when.extend([None] * n)
+        ops.at.extend(range(n))
+    n = len(ops.when) - first
+    ops.heads.extend([commit.head] * n)
     ops.indexes.extend(range(n))
 
 
@@ -261,24 +332,30 @@ class _Made(NamedTuple):
 
 
 def _spliced(
-    chains: list[_Chain], expanded: bool, splice: BatchSplice, columns: bool, applied: bool
+    reads: _Reads,
+    chains: list[_Chain],
+    expanded: bool,
+    splice: BatchSplice,
+    columns: bool,
+    applied: bool,
 ) -> _Made:
     """Each chain's events (see _Made); in `block`, with `columns`, those of the chains whose
     ops' events are all the block splice's (or none), and with `applied`, have no applied-at
     time."""
-    ops = _Ops([], [], [], [])
+    ops = _Ops([], [], [], [], [], [], [], [])
     bounds = [0]
     for chain in chains:
         _add(ops, chain)
-        bounds.append(len(ops.entries))
-    out, block, taken = splice(OplogBatch.of(ops.entries))
-    rows = np.full(len(ops.entries), -1, np.int64)  # each op's row in the block, if it has one
+        bounds.append(len(ops.when))
+    batch = ops.entries(reads)
+    out, block, taken = splice(batch)
+    rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
     rows[taken] = np.arange(len(taken))
     rewritten, done = _rewritten(ops, block, taken)
     kept: dict[int, int] = {}
     if columns and rewritten is not None:
-        kept = _columnar(rows, out, done, bounds, ops.applied if applied else None)
-    made = _Fields(ops, rows.tolist(), out, rewritten, done, expanded)
+        kept = _columnar(rows, out, done, bounds, ops.when if applied else None)
+    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done, expanded)
     events = [
         kept[c] if c in kept else made.chain(a, b)
         for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
@@ -304,12 +381,14 @@ class _Fields:
     def __init__(
         self,
         ops: _Ops,
+        batch: OplogBatch,
         rows: list[int],
         out: list[Any],
         rewritten: EventBlock | None,
         done: list[bool],
         expanded: bool,
     ) -> None:
+        self.batch = batch
         self.ops, self.rows, self.out, self.done, self.expanded = ops, rows, out, done, expanded
         self.rewritten = rewritten
         self.fields: list[tuple[Any, ...]] | None = None
@@ -319,7 +398,10 @@ class _Fields:
         if self.fields is None:
             self.fields = self.rewritten.fields() if self.rewritten is not None else []
         ops, rows, out, fields, done = self.ops, self.rows, self.out, self.fields, self.done
-        made = [_made(ops, i, rows[i], out[i], fields, done, self.expanded) for i in range(a, b)]
+        made = [
+            _made(ops, self.batch, i, rows[i], out[i], fields, done, self.expanded)
+            for i in range(a, b)
+        ]
         return None if None in made else list(filter(None, made))
 
 
@@ -371,6 +453,7 @@ def _kept_rows(
 
 def _made(
     ops: _Ops,
+    batch: OplogBatch,
     i: int,
     row: int,
     spliced: Any,
@@ -381,18 +464,18 @@ def _made(
     """Op i's event as the transformer makes it (None: left to it; (): no event): its row of
     the rewritten block (txn_events.py), else the splice's or splice_crud's event made its
     transaction's by txn_event (splice_txn_op's last step)."""
-    entries, heads, indexes, applied = ops
-    when = _applied_at(applied[i])
+    when = _applied_at(ops.when[i], ops.at[i])
     if row >= 0 and done[row]:
         return (*fields[row][:-1], when)
-    made = spliced if spliced is not None else splice_crud(entries[i], expanded=expanded)
-    event = txn_event(made, heads[i], indexes[i]) if made else made
+    made = spliced if spliced is not None else splice_crud(batch.entry(i), expanded=expanded)
+    event = txn_event(made, ops.heads[i], ops.indexes[i]) if made else made
     return (*event[:-1], when) if event else event
 
 
-def _applied_at(when: tuple[int, int] | None) -> tuple[Timestamp, int] | None:
-    """An applied-at time of _Ops' (a word and an index) as the transformer gives it."""
-    return None if when is None else (Timestamp(when[0] >> 32, when[0] & 0xFFFFFFFF), when[1])
+def _applied_at(when: int | None, at: int) -> tuple[Timestamp, int] | None:
+    """An applied-at time of _Ops' (a word, or None, and an index) as the transformer gives
+    it."""
+    return None if when is None else (Timestamp(when >> 32, when & 0xFFFFFFFF), at)
 
 
 def warm_up(splice: BatchSplice) -> None:
@@ -412,4 +495,4 @@ def warm_up(splice: BatchSplice) -> None:
         "wall": bson.datetime_ms.DatetimeMS(0),
         "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
     }
-    _spliced(whole_chains([bson.encode(entry)]), False, splice, True, False)
+    _spliced(*whole_chains([bson.encode(entry)]), False, splice, True, False)
