@@ -279,48 +279,68 @@ def _linked(chain: _Chain | None, i: int, read: _Read) -> _Chain | None:
 class _Ops(NamedTuple):
     """The ops of the transactions spliced together: those of each of their entries (`firsts`,
     `counts`: its ops' rows in the _Reads' spans) with its commit's stamp's tail (`tails`,
-    `tail_sizes`), then each op with what its event needs."""
+    `tail_sizes`); then each op's transaction's head (txn_event's `head`: its txnNumber and
+    lsid), its txnOpIndex, and its applied-at time (`timed`: whether it has one, `when`: the
+    ts of its entry as _Read's word, `at`: its index in its entry); `bounds`: where each
+    transaction's ops start, and where the last ends."""
 
-    firsts: list[int]
-    counts: list[int]
-    tails: list[int]
-    tail_sizes: list[int]
-    heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
-    indexes: list[int]  # its txnOpIndex
-    when: list[int | None]  # its applied-at time's ts (as _Read's word), or None
-    at: list[int]  # its applied-at time's index: its index in its entry
+    firsts: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+    tails: npt.NDArray[np.int64]
+    tail_sizes: npt.NDArray[np.int64]
+    heads: npt.NDArray[np.object_]
+    indexes: npt.NDArray[np.int64]
+    timed: npt.NDArray[np.bool_]
+    when: npt.NDArray[np.uint64]
+    at: npt.NDArray[np.int64]
+    bounds: list[int]
 
     def entries(self, reads: _Reads) -> OplogBatch:
         """The ops as plain writes' entries (txn_entry), in one batch (txn_read.op_entries)."""
         columns = (self.firsts, self.counts, self.tails, self.tail_sizes)
-        return OplogBatch(*op_entries(reads.data, reads.spans, *map(_ints, columns)))
+        return OplogBatch(*op_entries(reads.data, reads.spans, *columns))
+
+
+def _ops(chains: list[_Chain]) -> _Ops:
+    """The chains' ops, as columns (see _Ops). Their applied-at times are as the transformer's
+    `_unwind` gives them: where each was written, unless at its index in the commit (the
+    commit's ops, if they come first)."""
+    reads = [read for chain in chains for _, read in chain]
+    commits = [chain[-1][1] for chain in chains for _ in chain]
+    assert all(commit.tail >= 0 for commit in commits)  # read_apply_ops gives a commit its stamp
+    counts = _ints([len(read.ops) for read in reads])
+    per_chain = np.add.reduceat(np.append(counts, 0), _starts([len(chain) for chain in chains]))
+    bounds = np.zeros(len(chains) + 1, np.int64)
+    np.cumsum(per_chain[: len(chains)], out=bounds[1:])
+    read_starts = np.cumsum(counts) - counts  # where each read's ops start
+    chain_starts = np.repeat(bounds[:-1], [len(chain) for chain in chains])
+    timed = (read_starts > chain_starts) | (
+        np.array([r.ts for r in reads], np.uint64) != np.array([c.ts for c in commits], np.uint64)
+    )
+    ops = np.arange(int(bounds[-1]))
+    return _Ops(
+        _ints([read.ops.start for read in reads]),
+        counts,
+        _ints([commit.tail for commit in commits]),
+        _ints([commit.tail_size for commit in commits]),
+        np.repeat(np.array([commit.head for commit in commits], np.object_), counts),
+        ops - np.repeat(bounds[:-1], per_chain[: len(chains)]),
+        np.repeat(timed, counts),
+        np.repeat(np.array([r.ts for r in reads], np.uint64), counts),
+        ops - np.repeat(read_starts, counts),
+        bounds.tolist(),
+    )
 
 
 def _ints(values: list[int]) -> npt.NDArray[np.int64]:
     return np.array(values, np.int64)
 
 
-def _add(ops: _Ops, chain: _Chain) -> None:
-    """Add a transaction's ops. Their applied-at times are as the transformer's `_unwind` gives
-    them: where each was written, unless at its index in the commit (the commit's ops, if they
-    come first)."""
-    commit = chain[-1][1]
-    assert commit.tail >= 0  # read_apply_ops gives a commit its stamp
-    first = len(ops.when)
-    for _, read in chain:
-        n = len(read.ops)
-        ops.firsts.append(read.ops.start)
-        ops.counts.append(n)
-        ops.tails.append(commit.tail)
-        ops.tail_sizes.append(commit.tail_size)
-        if len(ops.when) > first or read.ts != commit.ts:
-            ops.when.extend([read.ts] * n)
-        else:
-            ops.when.extend([None] * n)
-        ops.at.extend(range(n))
-    n = len(ops.when) - first
-    ops.heads.extend([commit.head] * n)
-    ops.indexes.extend(range(n))
+def _starts(sizes: list[int]) -> npt.NDArray[np.int64]:
+    """Where each of parts of `sizes` starts."""
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
 
 
 class _Made(NamedTuple):
@@ -342,11 +362,8 @@ def _spliced(
     """Each chain's events (see _Made); in `block`, with `columns`, those of the chains whose
     ops' events are all the block splice's (or none), and with `applied`, have no applied-at
     time."""
-    ops = _Ops([], [], [], [], [], [], [], [])
-    bounds = [0]
-    for chain in chains:
-        _add(ops, chain)
-        bounds.append(len(ops.when))
+    ops = _ops(chains)
+    bounds = ops.bounds
     batch = ops.entries(reads)
     out, block, taken = splice(batch)
     rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
@@ -354,7 +371,7 @@ def _spliced(
     rewritten, done = _rewritten(ops, block, taken)
     kept: dict[int, int] = {}
     if columns and rewritten is not None:
-        kept = _columnar(rows, out, done, bounds, ops.when if applied else None)
+        kept = _columnar(rows, out, done, bounds, ops.timed if applied else None)
     made = _Fields(ops, batch, rows.tolist(), out, rewritten, done, expanded)
     events = [
         kept[c] if c in kept else made.chain(a, b)
@@ -370,8 +387,7 @@ def _rewritten(
     which of its rows were."""
     if block is None:
         return None, []
-    where = taken.tolist()
-    return txn_block(block, [ops.heads[i] for i in where], [ops.indexes[i] for i in where])
+    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())
 
 
 class _Fields:
@@ -392,12 +408,17 @@ class _Fields:
         self.ops, self.rows, self.out, self.done, self.expanded = ops, rows, out, done, expanded
         self.rewritten = rewritten
         self.fields: list[tuple[Any, ...]] | None = None
+        self.listed: _Listed | None = None
 
     def chain(self, a: int, b: int) -> list[Any] | None:
         """The events of ops [a, b) (a chain's); None if one is left to the transformer."""
-        if self.fields is None:
+        if self.fields is None or self.listed is None:
             self.fields = self.rewritten.fields() if self.rewritten is not None else []
-        ops, rows, out, fields, done = self.ops, self.rows, self.out, self.fields, self.done
+            o = self.ops
+            self.listed = _Listed(
+                *(c.tolist() for c in (o.heads, o.indexes, o.timed, o.when, o.at))
+            )
+        ops, rows, out, fields, done = self.listed, self.rows, self.out, self.fields, self.done
         made = [
             _made(ops, self.batch, i, rows[i], out[i], fields, done, self.expanded)
             for i in range(a, b)
@@ -410,7 +431,7 @@ def _columnar(
     out: list[Any],
     done: list[bool],
     bounds: list[int],
-    applied: list[Any] | None,
+    applied: npt.NDArray[np.bool_] | None,
 ) -> dict[int, int]:
     """The chains whose every op has its row in the block, made there (or makes no event:
     out's ()), and if `applied` (the ops' applied-at times) is given, none has one; each with
@@ -420,7 +441,7 @@ def _columnar(
     made[has] = np.array(done, np.bool_)
     ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
     if applied is not None:
-        ok &= np.fromiter((when is None for when in applied), np.bool_, len(rows))
+        ok &= ~applied
     # (one more op, neutral, past the last: an empty chain's start is then one to read)
     starts = bounds[:-1]
     good = np.logical_and.reduceat(np.append(ok, True), starts)
@@ -451,8 +472,18 @@ def _kept_rows(
     return rewritten.take(at)
 
 
+class _Listed(NamedTuple):
+    """_Ops' columns of each op, as lists."""
+
+    heads: list[bytes]
+    indexes: list[int]
+    timed: list[bool]
+    when: list[int]
+    at: list[int]
+
+
 def _made(
-    ops: _Ops,
+    ops: _Listed,
     batch: OplogBatch,
     i: int,
     row: int,
@@ -464,7 +495,7 @@ def _made(
     """Op i's event as the transformer makes it (None: left to it; (): no event): its row of
     the rewritten block (txn_events.py), else the splice's or splice_crud's event made its
     transaction's by txn_event (splice_txn_op's last step)."""
-    when = _applied_at(ops.when[i], ops.at[i])
+    when = _applied_at(ops.when[i], ops.at[i]) if ops.timed[i] else None
     if row >= 0 and done[row]:
         return (*fields[row][:-1], when)
     made = spliced if spliced is not None else splice_crud(batch.entry(i), expanded=expanded)
@@ -472,10 +503,9 @@ def _made(
     return (*event[:-1], when) if event else event
 
 
-def _applied_at(when: int | None, at: int) -> tuple[Timestamp, int] | None:
-    """An applied-at time of _Ops' (a word, or None, and an index) as the transformer gives
-    it."""
-    return None if when is None else (Timestamp(when >> 32, when & 0xFFFFFFFF), at)
+def _applied_at(when: int, at: int) -> tuple[Timestamp, int]:
+    """An applied-at time of _Ops' (a word and an index) as the transformer gives it."""
+    return Timestamp(when >> 32, when & 0xFFFFFFFF), at
 
 
 def warm_up(splice: BatchSplice) -> None:
