@@ -27,6 +27,7 @@ the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import bson
@@ -307,29 +308,36 @@ def _ops(chains: list[_Chain]) -> _Ops:
     commit's ops, if they come first)."""
     reads = [read for chain in chains for _, read in chain]
     commits = [chain[-1][1] for chain in chains for _ in chain]
-    assert all(commit.tail >= 0 for commit in commits)  # read_apply_ops gives a commit its stamp
-    counts = _ints([len(read.ops) for read in reads])
-    per_chain = np.add.reduceat(np.append(counts, 0), _starts([len(chain) for chain in chains]))
+    tails = _column(commits, "tail")
+    assert (tails >= 0).all()  # read_apply_ops gives a commit its stamp
+    lengths = list(map(len, chains))
+    counts = np.fromiter(map(len, map(attrgetter("ops"), reads)), np.int64, len(reads))
+    per_chain = np.add.reduceat(np.append(counts, 0), _starts(lengths))[: len(chains)]
     bounds = np.zeros(len(chains) + 1, np.int64)
-    np.cumsum(per_chain[: len(chains)], out=bounds[1:])
+    np.cumsum(per_chain, out=bounds[1:])
     read_starts = np.cumsum(counts) - counts  # where each read's ops start
-    chain_starts = np.repeat(bounds[:-1], [len(chain) for chain in chains])
-    timed = (read_starts > chain_starts) | (
-        np.array([r.ts for r in reads], np.uint64) != np.array([c.ts for c in commits], np.uint64)
+    ts = _column(reads, "ts", np.uint64)
+    timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (
+        ts != _column(commits, "ts", np.uint64)
     )
     ops = np.arange(int(bounds[-1]))
     return _Ops(
-        _ints([read.ops.start for read in reads]),
+        np.fromiter(map(attrgetter("start"), map(attrgetter("ops"), reads)), np.int64, len(reads)),
         counts,
-        _ints([commit.tail for commit in commits]),
-        _ints([commit.tail_size for commit in commits]),
-        np.repeat(np.array([commit.head for commit in commits], np.object_), counts),
-        ops - np.repeat(bounds[:-1], per_chain[: len(chains)]),
+        tails,
+        _column(commits, "tail_size"),
+        np.repeat(_column(commits, "head", np.object_), counts),
+        ops - np.repeat(bounds[:-1], per_chain),
         np.repeat(timed, counts),
-        np.repeat(np.array([r.ts for r in reads], np.uint64), counts),
+        np.repeat(ts, counts),
         ops - np.repeat(read_starts, counts),
         bounds.tolist(),
     )
+
+
+def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray[Any]:
+    """The reads' field `name` as an array."""
+    return np.array(list(map(attrgetter(name), reads)), dtype)
 
 
 def _ints(values: list[int]) -> npt.NDArray[np.int64]:
