@@ -27,6 +27,7 @@ the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import bson
@@ -45,15 +46,14 @@ from buckets._columnar.txn_read import (
     R_PREV,
     R_TAIL,
     R_TS,
+    op_entries,
     read_rows,
 )
 from mongoformats.oplog_splice import splice_crud
 from mongoformats.txn_splice import (
     TxnKey,
-    TxnStamp,
     read_apply_ops,
     server_stamp,
-    txn_entry,
     txn_event,
 )
 
@@ -62,6 +62,9 @@ __all__ = ["TXN_OPS_MIN", "BatchSplice", "warm_up", "whole_chains", "with_transa
 # Fewer ops are left to the transformer: this path's fixed cost per batch (the compiled calls,
 # the block's templates) is some ten ops' splices one by one.
 TXN_OPS_MIN = 12
+
+# A server entry's stamp's tail: ts, t, v and wall (txn_splice.server_stamp).
+_STAMP_TAIL = 48
 
 _COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 
@@ -72,14 +75,28 @@ BatchSplice = Callable[[OplogBatch], tuple[list[Any], EventBlock | None, npt.NDA
 class _Read(NamedTuple):
     """A transaction's entry as read_apply_ops reads it (txn_splice.ApplyOps), its times as
     words (a BSON timestamp's 8 bytes read as one little-endian word: comparable, and only
-    made Timestamps for the events that show them); a null prevOpTime as 0."""
+    made Timestamps for the events that show them); a null prevOpTime as 0. Its ops and its
+    stamp's tail (a commit's: ts, t, v, wall; -1 for none) are where they lie in its
+    _Reads' data: the ops as rows of its `spans`, the tail as an offset, of `tail_size`
+    bytes; its stamp's head (txnNumber, lsid) as bytes."""
 
     key: TxnKey | None
     ts: int
     prev: int
     buffered: bool
-    ops: list[bytes]
-    stamp: TxnStamp | None
+    ops: range
+    tail: int
+    tail_size: int
+    head: bytes
+
+
+class _Reads(NamedTuple):
+    """The transactions' entries of a list of items (each with its index) and where their ops
+    and stamps lie (`data`; each op's start and end in it, `spans`)."""
+
+    data: bytes | bytearray
+    spans: npt.NDArray[np.int64]
+    reads: list[tuple[int, _Read]]
 
 
 # A transaction's entries in the batch: each one's index among the items, and what it reads.
@@ -119,10 +136,10 @@ def placed(
     nothing else) kept in a block, not made into fields. A block keeps no applied-at time: with
     `applied` (a stream that reads pre-images, see buckets/lookup.py), only transactions whose
     events have none (their ops all in their commit) are kept so."""
-    chains = whole_chains(items)
+    reads, chains = whole_chains(items)
     if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
         return Placed({}, None, [])
-    made = _spliced(chains, expanded, splice, columns, applied)
+    made = _spliced(reads, chains, expanded, splice, columns, applied)
     replaced: dict[int, list[Any]] = {}
     commits: list[int] = []
     for chain, events in zip(chains, made.events, strict=True):
@@ -144,12 +161,14 @@ def _place(
         replaced[chain[-1][0]] = events
 
 
-def whole_chains(items: list[Any]) -> list[_Chain]:
-    """The transactions the items hold whole, in the order of their commits."""
+def whole_chains(items: list[Any]) -> tuple[_Reads, list[_Chain]]:
+    """The items' transactions' entries read, and the transactions they hold whole, in the order
+    of their commits."""
+    reads = _reads(items)
     open_chains: dict[TxnKey, _Chain] = {}
     general: set[TxnKey] = set()  # keys whose entries stay the transformer's
     whole: list[_Chain] = []
-    for i, read in _reads(items):
+    for i, read in reads.reads:
         if read.key is None:  # batched writes: no transaction's chain
             if not read.prev:
                 whole.append([(i, read)])
@@ -161,52 +180,88 @@ def whole_chains(items: list[Any]) -> list[_Chain]:
             open_chains[read.key] = chain
         else:
             whole.append(chain)
-    return whole
+    return reads, whole
 
 
-def _reads(items: list[Any]) -> list[tuple[int, _Read]]:
+def _reads(items: list[Any]) -> _Reads:
     """The items' applyOps and commitTransaction entries, each with its index, as read_apply_ops
     reads them: at once in a compiled loop (txn_read.py) if of the server's shape, else by
     read_apply_ops itself."""
     at = [i for i, item in enumerate(items) if type(item) is bytes and _COMMAND_OP in item]
     if not at:
-        return []
+        return _Reads(b"", np.zeros((0, 2), np.int64), [])
     entries = [items[i] for i in at]
     batch = OplogBatch.of(entries)
     rows, spans = read_rows(batch.data, batch.starts, batch.lengths)
-    data, ops = bytes(batch.data), spans.tolist()  # (OplogBatch.of's data is bytes)
+    walked = _Walked(len(batch.data), len(spans))
     out = []
-    for i, entry, row, (ts, prev) in zip(
-        at, entries, rows.tolist(), rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(), strict=True
+    for i, entry, start, row, (ts, prev) in zip(
+        at,
+        entries,
+        batch.starts.tolist(),
+        rows.tolist(),
+        rows.view(np.uint64)[:, R_TS : R_PREV + 1].tolist(),
+        strict=True,
     ):
-        read = _server_read(entry, row, ts, prev, data, ops) if row[R_OK] else _walked(entry)
+        read = _server_read(entry, start, row, ts, prev) if row[R_OK] else walked.read(entry)
         if read is not None:
             out.append((i, read))
-    return out
+    return walked.joined(batch.data, spans, out)
 
 
-def _server_read(
-    entry: bytes, row: list[int], ts: int, prev: int, data: bytes, ops: list[list[int]]
-) -> _Read:
-    """An entry the compiled loop read (its `row`; its ops at `ops` in `data`)."""
+def _server_read(entry: bytes, start: int, row: list[int], ts: int, prev: int) -> _Read:
+    """An entry the compiled loop read (its `row`), at `start` in the reads' data."""
     buffered = bool(row[R_BUFFERED])
     return _Read(
         (entry[23:39], row[R_NUMBER]),  # (where server_elements finds the lsid's id)
         ts,
         prev,
         buffered,
-        [data[a:b] for a, b in ops[row[R_OPS] : row[R_OPS + 1]]],
-        None if buffered else server_stamp(entry, row[R_TAIL]),
+        range(row[R_OPS], row[R_OPS + 1]),
+        -1 if buffered else start + row[R_TAIL],
+        0 if buffered else _STAMP_TAIL,
+        b"" if buffered else server_stamp(entry, row[R_TAIL])[1],
     )
 
 
-def _walked(entry: bytes) -> _Read | None:
-    """An entry not of the server's shape, read by read_apply_ops."""
-    read = read_apply_ops(entry)
-    if read is None:
-        return None
-    prev = 0 if read.prev is None else _word(read.prev)
-    return _Read(read.key, _word(read.ts), prev, read.buffered, read.ops, read.stamp)
+class _Walked:
+    """The entries not of the server's shape, read by read_apply_ops: their ops and stamps'
+    tails put after the reads' data (of `size` bytes, `ops` ops' spans)."""
+
+    def __init__(self, size: int, ops: int) -> None:
+        self.size, self.ops = size, ops
+        self.parts: list[bytes] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def read(self, entry: bytes) -> _Read | None:
+        """The entry's _Read, None if read_apply_ops does not read it."""
+        read = read_apply_ops(entry)
+        if read is None:
+            return None
+        first = self.ops + len(self.spans)
+        for op in read.ops:
+            self.spans.append((self.size, self.size + len(op)))
+            self._put(op)
+        tail, tail_size, head = -1, 0, b""
+        if read.stamp is not None:
+            tail, tail_size, head = self.size, len(read.stamp[0]), read.stamp[1]
+            self._put(read.stamp[0])
+        prev = 0 if read.prev is None else _word(read.prev)
+        ops = range(first, first + len(read.ops))
+        return _Read(read.key, _word(read.ts), prev, read.buffered, ops, tail, tail_size, head)
+
+    def _put(self, part: bytes) -> None:
+        self.parts.append(part)
+        self.size += len(part)
+
+    def joined(
+        self, data: bytes | bytearray, spans: npt.NDArray[np.int64], reads: list[tuple[int, _Read]]
+    ) -> _Reads:
+        """The reads, their data and spans with the walked entries' parts after them."""
+        if not self.parts:
+            return _Reads(data, spans, reads)
+        walked = np.array(self.spans, np.int64).reshape(-1, 2)
+        return _Reads(b"".join([data, *self.parts]), np.concatenate([spans, walked]), reads)
 
 
 def _word(ts: Timestamp) -> int:
@@ -223,33 +278,77 @@ def _linked(chain: _Chain | None, i: int, read: _Read) -> _Chain | None:
 
 
 class _Ops(NamedTuple):
-    """The ops of the transactions spliced together, each with what its event needs."""
+    """The ops of the transactions spliced together: those of each of their entries (`firsts`,
+    `counts`: its ops' rows in the _Reads' spans) with its commit's stamp's tail (`tails`,
+    `tail_sizes`); then each op's transaction's head (txn_event's `head`: its txnNumber and
+    lsid), its txnOpIndex, and its applied-at time (`timed`: whether it has one, `when`: the
+    ts of its entry as _Read's word, `at`: its index in its entry); `bounds`: where each
+    transaction's ops start, and where the last ends."""
 
-    entries: list[bytes]  # as plain writes' entries (txn_entry)
-    heads: list[bytes]  # its transaction's txnNumber and lsid (txn_event's `head`)
-    indexes: list[int]  # its txnOpIndex
-    applied: list[Any]  # its applied-at time: (ts as _Read's word, index), or None
+    firsts: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+    tails: npt.NDArray[np.int64]
+    tail_sizes: npt.NDArray[np.int64]
+    heads: npt.NDArray[np.object_]
+    indexes: npt.NDArray[np.int64]
+    timed: npt.NDArray[np.bool_]
+    when: npt.NDArray[np.uint64]
+    at: npt.NDArray[np.int64]
+    bounds: list[int]
+
+    def entries(self, reads: _Reads) -> OplogBatch:
+        """The ops as plain writes' entries (txn_entry), in one batch (txn_read.op_entries)."""
+        columns = (self.firsts, self.counts, self.tails, self.tail_sizes)
+        return OplogBatch(*op_entries(reads.data, reads.spans, *columns))
 
 
-def _add(ops: _Ops, chain: _Chain) -> None:
-    """Add a transaction's ops. Their applied-at times are as the transformer's `_unwind` gives
-    them: where each was written, unless at its index in the commit (the commit's ops, if they
-    come first)."""
-    stamp = chain[-1][1].stamp
-    assert stamp is not None  # read_apply_ops gives a commit its stamp
-    tail, head = stamp
-    ts = chain[-1][1].ts
-    first = len(ops.entries)
-    for _, read in chain:
-        n = len(read.ops)
-        ops.entries.extend([txn_entry(op, tail) for op in read.ops])
-        if len(ops.entries) - n > first or read.ts != ts:
-            ops.applied.extend([(read.ts, i) for i in range(n)])
-        else:
-            ops.applied.extend([None] * n)
-    n = len(ops.entries) - first
-    ops.heads.extend([head] * n)
-    ops.indexes.extend(range(n))
+def _ops(chains: list[_Chain]) -> _Ops:
+    """The chains' ops, as columns (see _Ops). Their applied-at times are as the transformer's
+    `_unwind` gives them: where each was written, unless at its index in the commit (the
+    commit's ops, if they come first)."""
+    reads = [read for chain in chains for _, read in chain]
+    commits = [chain[-1][1] for chain in chains for _ in chain]
+    tails = _column(commits, "tail")
+    assert (tails >= 0).all()  # read_apply_ops gives a commit its stamp
+    lengths = list(map(len, chains))
+    counts = np.fromiter(map(len, map(attrgetter("ops"), reads)), np.int64, len(reads))
+    per_chain = np.add.reduceat(np.append(counts, 0), _starts(lengths))[: len(chains)]
+    bounds = np.zeros(len(chains) + 1, np.int64)
+    np.cumsum(per_chain, out=bounds[1:])
+    read_starts = np.cumsum(counts) - counts  # where each read's ops start
+    ts = _column(reads, "ts", np.uint64)
+    timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (
+        ts != _column(commits, "ts", np.uint64)
+    )
+    ops = np.arange(int(bounds[-1]))
+    return _Ops(
+        np.fromiter(map(attrgetter("start"), map(attrgetter("ops"), reads)), np.int64, len(reads)),
+        counts,
+        tails,
+        _column(commits, "tail_size"),
+        np.repeat(_column(commits, "head", np.object_), counts),
+        ops - np.repeat(bounds[:-1], per_chain),
+        np.repeat(timed, counts),
+        np.repeat(ts, counts),
+        ops - np.repeat(read_starts, counts),
+        bounds.tolist(),
+    )
+
+
+def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray[Any]:
+    """The reads' field `name` as an array."""
+    return np.array(list(map(attrgetter(name), reads)), dtype)
+
+
+def _ints(values: list[int]) -> npt.NDArray[np.int64]:
+    return np.array(values, np.int64)
+
+
+def _starts(sizes: list[int]) -> npt.NDArray[np.int64]:
+    """Where each of parts of `sizes` starts."""
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
 
 
 class _Made(NamedTuple):
@@ -261,24 +360,27 @@ class _Made(NamedTuple):
 
 
 def _spliced(
-    chains: list[_Chain], expanded: bool, splice: BatchSplice, columns: bool, applied: bool
+    reads: _Reads,
+    chains: list[_Chain],
+    expanded: bool,
+    splice: BatchSplice,
+    columns: bool,
+    applied: bool,
 ) -> _Made:
     """Each chain's events (see _Made); in `block`, with `columns`, those of the chains whose
     ops' events are all the block splice's (or none), and with `applied`, have no applied-at
     time."""
-    ops = _Ops([], [], [], [])
-    bounds = [0]
-    for chain in chains:
-        _add(ops, chain)
-        bounds.append(len(ops.entries))
-    out, block, taken = splice(OplogBatch.of(ops.entries))
-    rows = np.full(len(ops.entries), -1, np.int64)  # each op's row in the block, if it has one
+    ops = _ops(chains)
+    bounds = ops.bounds
+    batch = ops.entries(reads)
+    out, block, taken = splice(batch)
+    rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
     rows[taken] = np.arange(len(taken))
     rewritten, done = _rewritten(ops, block, taken)
     kept: dict[int, int] = {}
     if columns and rewritten is not None:
-        kept = _columnar(rows, out, done, bounds, ops.applied if applied else None)
-    made = _Fields(ops, rows.tolist(), out, rewritten, done, expanded)
+        kept = _columnar(rows, out, done, bounds, ops.timed if applied else None)
+    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done, expanded)
     events = [
         kept[c] if c in kept else made.chain(a, b)
         for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
@@ -293,8 +395,7 @@ def _rewritten(
     which of its rows were."""
     if block is None:
         return None, []
-    where = taken.tolist()
-    return txn_block(block, [ops.heads[i] for i in where], [ops.indexes[i] for i in where])
+    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())
 
 
 class _Fields:
@@ -304,22 +405,32 @@ class _Fields:
     def __init__(
         self,
         ops: _Ops,
+        batch: OplogBatch,
         rows: list[int],
         out: list[Any],
         rewritten: EventBlock | None,
         done: list[bool],
         expanded: bool,
     ) -> None:
+        self.batch = batch
         self.ops, self.rows, self.out, self.done, self.expanded = ops, rows, out, done, expanded
         self.rewritten = rewritten
         self.fields: list[tuple[Any, ...]] | None = None
+        self.listed: _Listed | None = None
 
     def chain(self, a: int, b: int) -> list[Any] | None:
         """The events of ops [a, b) (a chain's); None if one is left to the transformer."""
-        if self.fields is None:
+        if self.fields is None or self.listed is None:
             self.fields = self.rewritten.fields() if self.rewritten is not None else []
-        ops, rows, out, fields, done = self.ops, self.rows, self.out, self.fields, self.done
-        made = [_made(ops, i, rows[i], out[i], fields, done, self.expanded) for i in range(a, b)]
+            o = self.ops
+            self.listed = _Listed(
+                *(c.tolist() for c in (o.heads, o.indexes, o.timed, o.when, o.at))
+            )
+        ops, rows, out, fields, done = self.listed, self.rows, self.out, self.fields, self.done
+        made = [
+            _made(ops, self.batch, i, rows[i], out[i], fields, done, self.expanded)
+            for i in range(a, b)
+        ]
         return None if None in made else list(filter(None, made))
 
 
@@ -328,7 +439,7 @@ def _columnar(
     out: list[Any],
     done: list[bool],
     bounds: list[int],
-    applied: list[Any] | None,
+    applied: npt.NDArray[np.bool_] | None,
 ) -> dict[int, int]:
     """The chains whose every op has its row in the block, made there (or makes no event:
     out's ()), and if `applied` (the ops' applied-at times) is given, none has one; each with
@@ -338,7 +449,7 @@ def _columnar(
     made[has] = np.array(done, np.bool_)
     ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
     if applied is not None:
-        ok &= np.fromiter((when is None for when in applied), np.bool_, len(rows))
+        ok &= ~applied
     # (one more op, neutral, past the last: an empty chain's start is then one to read)
     starts = bounds[:-1]
     good = np.logical_and.reduceat(np.append(ok, True), starts)
@@ -369,8 +480,19 @@ def _kept_rows(
     return rewritten.take(at)
 
 
+class _Listed(NamedTuple):
+    """_Ops' columns of each op, as lists."""
+
+    heads: list[bytes]
+    indexes: list[int]
+    timed: list[bool]
+    when: list[int]
+    at: list[int]
+
+
 def _made(
-    ops: _Ops,
+    ops: _Listed,
+    batch: OplogBatch,
     i: int,
     row: int,
     spliced: Any,
@@ -381,18 +503,17 @@ def _made(
     """Op i's event as the transformer makes it (None: left to it; (): no event): its row of
     the rewritten block (txn_events.py), else the splice's or splice_crud's event made its
     transaction's by txn_event (splice_txn_op's last step)."""
-    entries, heads, indexes, applied = ops
-    when = _applied_at(applied[i])
+    when = _applied_at(ops.when[i], ops.at[i]) if ops.timed[i] else None
     if row >= 0 and done[row]:
         return (*fields[row][:-1], when)
-    made = spliced if spliced is not None else splice_crud(entries[i], expanded=expanded)
-    event = txn_event(made, heads[i], indexes[i]) if made else made
+    made = spliced if spliced is not None else splice_crud(batch.entry(i), expanded=expanded)
+    event = txn_event(made, ops.heads[i], ops.indexes[i]) if made else made
     return (*event[:-1], when) if event else event
 
 
-def _applied_at(when: tuple[int, int] | None) -> tuple[Timestamp, int] | None:
+def _applied_at(when: int, at: int) -> tuple[Timestamp, int]:
     """An applied-at time of _Ops' (a word and an index) as the transformer gives it."""
-    return None if when is None else (Timestamp(when[0] >> 32, when[0] & 0xFFFFFFFF), when[1])
+    return Timestamp(when >> 32, when & 0xFFFFFFFF), at
 
 
 def warm_up(splice: BatchSplice) -> None:
@@ -412,4 +533,4 @@ def warm_up(splice: BatchSplice) -> None:
         "wall": bson.datetime_ms.DatetimeMS(0),
         "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
     }
-    _spliced(whole_chains([bson.encode(entry)]), False, splice, True, False)
+    _spliced(*whole_chains([bson.encode(entry)]), False, splice, True, False)

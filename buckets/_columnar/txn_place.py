@@ -36,15 +36,15 @@ def with_transactions_in(
         return block, taken
     if block is None:
         return _own(txns), places
-    whole = block.inserted(txns, np.searchsorted(taken, places).tolist())
+    whole = block.inserted_own(txns, np.searchsorted(taken, places).tolist())
     # Each of the batch's spliced entries' events moves past the transactions' before it.
-    return _own(whole), np.sort(np.concatenate([taken, places]))
+    return whole, np.sort(np.concatenate([taken, places]))
 
 
 def _own(block: EventBlock) -> EventBlock:
-    """The block as columns of its own (a merge's, see EventBlock.inserted, gathered once): a
-    shard's blocks are charged to its budget by their own bytes (EventBlock.hold), which a
-    merge's block does not keep."""
+    """The block as columns of its own (some of the rewritten block's rows are a merge's, see
+    EventBlock.take, gathered once): a shard's blocks are charged to its budget by their own
+    bytes (EventBlock.hold), which a merge's block does not keep."""
     return EventBlock(block.keys, block.events, block.kinds, block.kind_table)
 
 

@@ -17,7 +17,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, has, i32, u8, u64
+from buckets._columnar.byte_kernels import U, as_bytes, copy, has, i32, put_i32, u8, u64
+from buckets._columnar.oplog_batch import SLACK
 from mongoformats.txn_splice import (
     _COMMIT_O,
     _COMMIT_TS,
@@ -27,7 +28,17 @@ from mongoformats.txn_splice import (
     _UID_HEAD,
 )
 
-__all__ = ["R_BUFFERED", "R_NUMBER", "R_OK", "R_OPS", "R_PREV", "R_TAIL", "R_TS", "read_rows"]
+__all__ = [
+    "R_BUFFERED",
+    "R_NUMBER",
+    "R_OK",
+    "R_OPS",
+    "R_PREV",
+    "R_TAIL",
+    "R_TS",
+    "op_entries",
+    "read_rows",
+]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -55,6 +66,8 @@ _P_TS, _P_T, _P_V, _P_WALL = (
 _P_PREV = as_bytes(b"\x03prevOpTime\x00" + _PREV_HEAD)
 _P_PREV_T = as_bytes(_PREV_T)
 _TAIL_SIZE = 89  # the tail's bytes, the entry's end byte included
+# Where the values of t and v lie from the ts element (an op's entry has them zero: txn_entry).
+_T_VALUE, _V_VALUE = 15, 26
 _P_O = as_bytes(b"\x03o\x00")
 _P_APPLY_OPS = as_bytes(b"\x04applyOps\x00")
 _P_PREPARE = as_bytes(b"\x08prepare\x00\x01")
@@ -152,3 +165,65 @@ def _ops(d: _Bytes, array: int, size: int, ops: _Ints, used: int) -> int:
         used += 1
         p = v + n
     return used if p == end else -1
+
+
+def op_entries(
+    data: bytes | bytearray,
+    spans: _Ints,
+    firsts: _Ints,
+    counts: _Ints,
+    tails: _Ints,
+    tail_sizes: _Ints,
+) -> tuple[bytearray, _Ints, _Ints]:
+    """The ops of entries as plain writes' entries, back to back (what txn_splice.txn_entry
+    makes of each, in one buffer that goes on for SLACK bytes), with where each starts and its
+    length: of entry j, ops spans[firsts[j]:firsts[j] + counts[j]] of `data`, each given the
+    stamp tail at tails[j] in `data` (tail_sizes[j] bytes: ts, t, v and wall, as a server's
+    entry or txn_stamp's tail lays them out; its t and v are written as txn_entry's)."""
+    d = as_bytes(data)
+    lengths = _lengths(spans, firsts, counts, tail_sizes)
+    starts = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    out = bytearray(int(lengths.sum()) + SLACK)
+    _write(d, spans, firsts, counts, tails, tail_sizes, np.frombuffer(out, np.uint8), starts)
+    return out, starts, lengths
+
+
+@numba.njit(cache=CACHE)
+def _lengths(spans: _Ints, firsts: _Ints, counts: _Ints, tail_sizes: _Ints) -> _Ints:
+    """Each op's entry's length (see `op_entries`)."""
+    lengths = np.empty(counts.sum(), np.int64)
+    k = 0
+    for j in range(U(len(firsts))):
+        for op in range(U(firsts[j]), U(firsts[j] + counts[j])):
+            lengths[U(k)] = spans[op, 1] - spans[op, 0] + tail_sizes[j]
+            k += 1
+    return lengths
+
+
+@numba.njit(cache=CACHE)
+def _write(
+    d: _Bytes,
+    spans: _Ints,
+    firsts: _Ints,
+    counts: _Ints,
+    tails: _Ints,
+    tail_sizes: _Ints,
+    out: _Bytes,
+    starts: _Ints,
+) -> None:
+    """Write each op's entry at its start in `out` (see `op_entries`): its length, its
+    elements, the tail, its end byte."""
+    k = 0
+    for j in range(U(len(firsts))):
+        tail, size = tails[j], tail_sizes[j]
+        for op in range(U(firsts[j]), U(firsts[j] + counts[j])):
+            a, b, at = spans[op, 0], spans[op, 1], starts[U(k)]
+            put_i32(out, at, b - a + size)
+            copy(out, at + 4, d, a + 4, b - a - 5)
+            at += b - a - 1
+            copy(out, at, d, tail, size)
+            out[U(at + _T_VALUE) : U(at + _T_VALUE + 8)] = 0
+            out[U(at + _V_VALUE) : U(at + _V_VALUE + 8)] = 0
+            out[U(at + size)] = 0
+            k += 1

@@ -218,6 +218,22 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
 
 @settings(max_examples=25, deadline=None)
 @given(shard_blocks(), st.data())
+def test_a_block_inserted_into_another_as_its_own_columns_is_the_merge_blocks_events(
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
+    """inserted_own gives what inserted gives (events, keys, each event's kind), as columns of
+    its own (holding no other block) whose kind table lists each kind once."""
+    mine, theirs = blocks[0], blocks[-1]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(mine)), min_size=len(theirs))))
+    cuts = cuts[: len(theirs)]
+    got, want = mine.inserted_own(theirs, cuts), mine.inserted(theirs, cuts)
+    assert got.fields() == want.fields()
+    assert np.array_equal(got.keys, want.keys)
+    assert [got.kind_table[k] for k in got.kinds] == [want.kind_table[k] for k in want.kinds]
+    assert len(set(got.kind_table)) == len(got.kind_table) and not got.pins
+
+
+@given(shard_blocks(), st.data())
 def test_single_events_a_block_cannot_hold_cut_the_merged_block(
     blocks: list[EventBlock], data: st.DataObject
 ) -> None:

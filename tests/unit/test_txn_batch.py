@@ -30,11 +30,11 @@ from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
 from buckets._columnar.txn_events import txn_fields
-from buckets._columnar.txn_read import R_OK, read_rows
+from buckets._columnar.txn_read import R_OK, op_entries, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer
 from mongoformats.resume_token import decode_token
-from mongoformats.txn_splice import txn_event
+from mongoformats.txn_splice import txn_entry, txn_event
 from tests.unit.test_oplog_splice import crud_entries
 from tests.unit.test_txn_splice import (
     _NULL_TS,
@@ -271,10 +271,40 @@ def test_the_compiled_read_equals_read_apply_ops(shaped: tuple[bytes, bool], dat
     if data.draw(st.booleans()):
         at = data.draw(st.integers(0, len(entry) - 1))
         entry = entry[:at] + bytes([data.draw(st.integers(0, 255))]) + entry[at + 1 :]
-    walked = txn_batch._walked(entry)
-    assert txn_batch._reads([b"", entry]) == ([(1, walked)] if walked is not None else [])
+    walked = txn_splice.read_apply_ops(entry)
+    expected = [(1, _walked_read(walked))] if walked is not None else []
+    assert _compiled_reads(txn_batch._reads([b"", entry])) == expected
     rows, _ = read_rows(entry + bytes(SLACK), np.zeros(1, np.int64), np.array([len(entry)]))
     assert bool(rows[0, R_OK]) == _read_at_fixed_offsets(entry)
+
+
+def _word(ts: Timestamp | None) -> int:
+    return 0 if ts is None else ts.time << 32 | ts.inc
+
+
+def _walked_read(read: txn_splice.ApplyOps) -> tuple[Any, ...]:
+    """What read_apply_ops reads of an entry: key, times, ops, and, for a commit, its stamp's
+    head and its ops as plain writes' entries (txn_entry)."""
+    head, entries = (
+        (read.stamp[1], [txn_entry(op, read.stamp[0]) for op in read.ops])
+        if (read.stamp is not None)
+        else (b"", None)
+    )
+    return (read.key, _word(read.ts), _word(read.prev), read.buffered, read.ops, head, entries)
+
+
+def _compiled_reads(reads: Any) -> list[tuple[int, tuple[Any, ...]]]:
+    """txn_batch's reads as _walked_read gives them, the entries made by op_entries."""
+    out = []
+    for i, read in reads.reads:
+        ops = [bytes(reads.data[a:b]) for a, b in reads.spans[read.ops].tolist()]
+        entries = None
+        if read.tail >= 0:
+            columns = (read.ops.start, len(read.ops), read.tail, read.tail_size)
+            made = op_entries(reads.data, reads.spans, *(np.array([c], np.int64) for c in columns))
+            entries = OplogBatch(*made).entries()
+        out.append((i, (read.key, read.ts, read.prev, read.buffered, ops, read.head, entries)))
+    return out
 
 
 def _read_at_fixed_offsets(entry: bytes) -> bool:
