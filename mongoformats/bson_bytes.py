@@ -491,22 +491,14 @@ def first_element(
     `start`, walked only up to it and read where it lies; None if it has none. Why not
     `elements`: a live tail reads one element (an oplog entry's ts, a reply's ok) of each small
     reply, and a dict of all of them costs more than the walk."""
-    unpack, index, fixed = _I32.unpack_from, buf.index, _FIXED
-    end = start + unpack(buf, start)[0] - 1
+    end = start + _I32.unpack_from(buf, start)[0] - 1
     p, size = start + 4, len(name)
     while p < end:
         t = buf[p]
-        q = index(0, p + 1)
-        v = q + 1
-        if t == 3 or t == 4:  # the common types inline, as in `elements`
-            e = v + unpack(buf, v)[0]
-        elif t == 2:
-            e = v + 4 + unpack(buf, v)[0]
-        else:
-            n = fixed.get(t)
-            e = v + n if n is not None else _value_end(buf, t, v)
+        q = buf.index(0, p + 1)
+        e = _value_end(buf, t, q + 1)
         if q - p - 1 == size and buf[p + 1 : q] == name:
-            return t, v, e
+            return t, q + 1, e
         p = e
     return None
 

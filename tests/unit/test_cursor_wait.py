@@ -112,31 +112,32 @@ async def test_a_notify_wakes_each_wait_begun_before_it_and_none_after(
     assert sorted(woken) == [1, 2, 3]
 
 
+async def _woken(wakes: int, *, then_events: bool) -> float:
+    """How long a waiting getMore waits while the merge moves its bucket's resume point `wakes`
+    times (a live tail's every release), events put after them if `then_events`."""
+    bucket, cur = _waiting_cursor()
+    began = trio.current_time()
+    ended: list[float] = []
+
+    async def wait() -> None:
+        await cur._wait(1000)
+        ended.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        for secs in range(5, 5 + wakes):
+            await trio.sleep(RESUME_POINT_HOLD_S / 20)
+            _advance(bucket, secs)
+        if then_events:
+            assert bucket.put_nowait(PlainRun([event(20)]))
+            bucket.notify()
+    return ended[0] - began
+
+
 async def test_a_wait_woken_many_times_keeps_its_deadlines(autojump_clock: MockClock) -> None:
     """A live tail's merge wakes a waiting getMore at every release: the first move of the
     resume point brings the wait's end to the hold, however many wakes follow, and events
     still end it at once."""
-    ended: list[float] = []
-
-    async def wait(cur: BucketCursor) -> None:
-        await cur._wait(1000)
-        ended.append(trio.current_time())
-
-    bucket, cur = _waiting_cursor()
-    began = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait, cur)
-        for secs in range(5, 50):
-            await trio.sleep(RESUME_POINT_HOLD_S / 20)
-            _advance(bucket, secs)
-    assert RESUME_POINT_HOLD_S <= ended[0] - began <= RESUME_POINT_HOLD_S * 1.1
-    bucket, cur = _waiting_cursor()
-    began = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait, cur)
-        for secs in range(5, 15):
-            await trio.sleep(RESUME_POINT_HOLD_S / 20)
-            _advance(bucket, secs)
-        assert bucket.put_nowait(PlainRun([event(20)]))
-        bucket.notify()
-    assert ended[1] - began < RESUME_POINT_HOLD_S
+    waited = await _woken(45, then_events=False)
+    assert RESUME_POINT_HOLD_S <= waited <= RESUME_POINT_HOLD_S * 1.1
+    assert await _woken(10, then_events=True) < RESUME_POINT_HOLD_S
