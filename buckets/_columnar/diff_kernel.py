@@ -87,13 +87,12 @@ _SLOT = np.full(256, -1, np.int64)
 for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
-# The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
-# reference counting (byte_kernels.NO_REFCOUNTS).
+# The walk's steps allocate nothing (describe gives them their buffers): they are inlined (as are
+# byte_kernels' readers and copies) into one loop over the batch, `_run`, compiled without numba's
+# reference counting (byte_kernels.NO_REFCOUNTS). Small functions keep each step readable, but a
+# call between cached functions costs more than most steps' work, and an inlined function that
+# takes arrays counts references to them unless its caller counts none.
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
-# The small steps run per element (reading one, hashing and noting a path, setting a field) and
-# byte_kernels' readers and copies are inlined into the steps that call them: a call costs more
-# than their work, and with no reference counts an inlined function that takes arrays counts
-# nothing either.
 _inline = numba.njit(inline="always")
 _i32, _copy, _put_i32 = _inline(i32.py_func), _inline(copy.py_func), _inline(put_i32.py_func)
 # A scan's findings: a key other than u, i and d; a section that is not a document.
@@ -130,7 +129,7 @@ def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     return (q, e) if e <= limit else (-1, -1)
 
 
-@_kernel
+@_inline
 def _scan(d: _B8, at: int, limit: int, frames: _I64) -> tuple[int, int]:
     """Read the diff document at `at` (ending by `limit`): where it closes (-1 if it does not
     read or holds a section letter twice), and what else it holds (_OTHER_KEY, _NOT_DOCUMENT);
@@ -173,7 +172,7 @@ def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     return True
 
 
-@_kernel
+@_inline
 def _twice(st: _I64) -> bool:
     """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
     sorted in place first (a shell sort: no allocation)."""
@@ -222,7 +221,7 @@ def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@_kernel
+@_inline
 def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
@@ -244,7 +243,7 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@_kernel
+@_inline
 def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
@@ -259,7 +258,7 @@ def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     return _OK
 
 
-@_kernel
+@_inline
 def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
@@ -289,7 +288,7 @@ def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64)
     return _OK
 
 
-@_kernel
+@_inline
 def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
@@ -319,7 +318,7 @@ def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> i
     return _OK
 
 
-@_kernel
+@_inline
 def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, walked: bool) -> int:
     """An object diff's `u`, then `i` (each element under the prefix path[:n]; a diff of
     top-level sections alone, not `walked`, has them copied as they are), then `d`."""
@@ -342,7 +341,7 @@ def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, w
     return _removed(d, frames[_SECTIONS + _D, 1], term, rem, path, n, st) if t == 3 else _NO
 
 
-@_kernel
+@_inline
 def _enter(
     d: _B8, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, frames: _I64, f: int
 ) -> int:
@@ -378,7 +377,7 @@ def _index(d: _B8, p: int, q: int) -> int:
     return q - p if (q > p) and ((d[U(p)] != 48) or (q == p + 1)) else -1
 
 
-@_kernel
+@_inline
 def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
     """Read the next element of the open document frames[f]: in an object diff, a sub-diff
     `s<field>`, at the prefix and the field; in an array diff, `u<index>` (a new value) or
@@ -412,7 +411,7 @@ def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
     return _enter(d, q + 1, term, buffers, start + digits, st, frames, f + 1)
 
 
-@_kernel
+@_inline
 def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Walk the open documents' sub-diffs and array entries (frames[0] the diff's own), in their
     order, depth first, as `update_description` walks them; a diff nested deeper than _DEPTH
@@ -442,7 +441,7 @@ def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
     return w + 1
 
 
-@_kernel
+@_inline
 def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
@@ -460,7 +459,7 @@ def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     return _OK
 
 
-@_kernel
+@_inline
 def _one(d: _B8, start: int, end: int, diff: int, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Write the description of the diff at `diff` of the entry d[start:end] at out[st[_W]]:
     a diff of top-level `u`, `i` and `d` sections alone as `update_description` copies it
