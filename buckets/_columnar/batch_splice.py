@@ -179,23 +179,21 @@ def _front_templates(
     keys are `fixed` bytes longer than its template each (an ObjectId's or UUID's) has it all in
     the first part, with room for the hex: one copy an event. `typed` is the token's
     `_typeBits` element."""
-    uuid = _COLLECTION_UUID + ui if expanded else b""
-    head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
+    head = _FRONT_HEAD + hexlify(key).upper()
     rest = b"".join(
-        (
-            b"\x00",
-            typed,
-            b"\x00",
-            _OP_ELEMENT[op],
-            _CLUSTER_TIME,
-            bytes(8),
-            uuid,
-            _WALL_TIME,
-            bytes(8),
-            _FULL_DOCUMENT if op in ("insert", "replace") else b"",
-        )
+        (b"\x00", typed, _REST_OP[op], _COLLECTION_UUID + ui if expanded else b"", _REST_WALL[op])
     )
     return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
+
+
+# A front's constant parts (made once: the templates are made for every kind of every batch):
+# before the hex; after the token's _typeBits up to collectionUUID's place; the rest.
+_FRONT_HEAD = bytes(4) + _ID_ELEMENT
+_REST_OP = {op: b"\x00" + _OP_ELEMENT[op] + _CLUSTER_TIME + bytes(8) for op in _OPS}
+_REST_WALL = {
+    op: _WALL_TIME + bytes(8) + (_FULL_DOCUMENT if op in ("insert", "replace") else b"")
+    for op in _OPS
+}
 
 
 def _wall_at(expanded: bool) -> int:

@@ -90,8 +90,10 @@ _KIND_MASK, _COUNT_AT, _MASK_AT = 7, 3, 11
 def fixed_bytes(kind: int) -> int:
     """How many bytes each key of a documentKey kind has beyond its template (its `_id`'s value
     and the key's tail) if all have as many (an ObjectId's, a UUID's); 0 for walked keys."""
-    value = {_ID_OID: _OID_VALUE[1], _ID_UUID: _UUID_VALUE[1]}.get(kind & _KIND_MASK)
-    return value + len(_KEY_TAIL) if value else 0
+    return _FIXED_BYTES.get(kind & _KIND_MASK, 0)
+
+
+_FIXED_BYTES = {_ID_OID: _OID_VALUE[1] + len(_KEY_TAIL), _ID_UUID: _UUID_VALUE[1] + len(_KEY_TAIL)}
 
 
 def type_bits_element(kind: int) -> bytes:
@@ -111,9 +113,21 @@ def type_bits_of(kind: int) -> bytes:
 def key_template(op: str, uuid_ks: bytes, id_kind: int) -> bytes:
     """A kind's sort key up to its `_id`'s value (walked keys: up to their elements), with zeros
     where each event's ts goes."""
-    key = b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _OBJECT))
-    assert len(key) == _KEY_ID_AT + len(op) - len("insert")
-    return key + _HEADS[id_kind]
+    return _KEY_FRONT + uuid_ks + _KEY_BACKS[op, id_kind]
+
+
+# A key template's parts before and after the collection's UUID (made once: the templates are
+# made for every kind of every batch).
+_KEY_FRONT = b"\x82" + bytes(8) + _TOKEN_HEAD
+_KEY_BACKS = {
+    (op, id_kind): _OP_IDENT[op] + _OBJECT + head
+    for op in ("insert", "delete", "update", "replace")
+    for id_kind, head in _HEADS.items()
+}
+assert all(
+    len(_KEY_FRONT) + 19 + len(_OP_IDENT[op]) + len(_OBJECT) == _KEY_ID_AT + len(op) - len("insert")
+    for op, _ in _KEY_BACKS
+)
 
 
 @numba.njit(cache=CACHE, **NO_REFCOUNTS)
