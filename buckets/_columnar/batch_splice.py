@@ -87,7 +87,6 @@ from buckets._columnar.byte_kernels import (
     U,
     as_bytes,
     byte_table,
-    copy,
     hex_at,
     move,
     store_byte,
@@ -455,7 +454,8 @@ def _assemble(
             store_i32(out_at + e, stop - e - len(_P_SIMPLE_REST) + 1)
             move(out_at + e + 4, d_at + u, u_end - u)
             move(out_at + e + 4 + u_end - u, d_at + i_at, i_end - i_at)
-            copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
+            for j in range(U(len(_P_SIMPLE_REST))):  # (inlined: a call counts references)
+                store_byte(out_at + stop - len(_P_SIMPLE_REST) + j, _P_SIMPLE_REST[j])
         else:
             move(out_at + e, extra_data_at + extra_at[i], stop - e)
     return keys.reshape(m, width), out, offsets
