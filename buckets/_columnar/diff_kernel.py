@@ -87,11 +87,13 @@ _SLOT = np.full(256, -1, np.int64)
 for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
-# The walk's steps allocate nothing (describe gives them their buffers): they are inlined (as are
-# byte_kernels' readers and copies) into one loop over the batch, `_run`, compiled without numba's
-# reference counting (byte_kernels.NO_REFCOUNTS). Small functions keep each step readable, but a
-# call between cached functions costs more than most steps' work, and an inlined function that
-# takes arrays counts references to them unless its caller counts none.
+# The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
+# reference counting (byte_kernels.NO_REFCOUNTS). A call between cached functions costs more
+# than a small step's work, so the steps per element and per document (reading, noting a path,
+# setting a field, a section's scan and copy) and byte_kernels' readers and copies are inlined
+# into the few kernels that walk a diff (`_one`, `_walk`, `_step`, `_enter`); with no reference
+# counts an inlined function that takes arrays counts nothing. (Inlining those too makes one
+# function that numba takes several times as long to compile.)
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 _inline = numba.njit(inline="always")
 _i32, _copy, _put_i32 = _inline(i32.py_func), _inline(copy.py_func), _inline(put_i32.py_func)
@@ -341,7 +343,7 @@ def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, w
     return _removed(d, frames[_SECTIONS + _D, 1], term, rem, path, n, st) if t == 3 else _NO
 
 
-@_inline
+@_kernel
 def _enter(
     d: _B8, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, frames: _I64, f: int
 ) -> int:
@@ -377,7 +379,7 @@ def _index(d: _B8, p: int, q: int) -> int:
     return q - p if (q > p) and ((d[U(p)] != 48) or (q == p + 1)) else -1
 
 
-@_inline
+@_kernel
 def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
     """Read the next element of the open document frames[f]: in an object diff, a sub-diff
     `s<field>`, at the prefix and the field; in an array diff, `u<index>` (a new value) or
@@ -411,7 +413,7 @@ def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
     return _enter(d, q + 1, term, buffers, start + digits, st, frames, f + 1)
 
 
-@_inline
+@_kernel
 def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Walk the open documents' sub-diffs and array entries (frames[0] the diff's own), in their
     order, depth first, as `update_description` walks them; a diff nested deeper than _DEPTH
@@ -459,7 +461,7 @@ def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     return _OK
 
 
-@_inline
+@_kernel
 def _one(d: _B8, start: int, end: int, diff: int, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     """Write the description of the diff at `diff` of the entry d[start:end] at out[st[_W]]:
     a diff of top-level `u`, `i` and `d` sections alone as `update_description` copies it
