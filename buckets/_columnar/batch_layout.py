@@ -38,7 +38,7 @@ from buckets._columnar.id_keys import (
     _MAX_BITS,
     _OID_VALUE,
     _UUID_VALUE,
-    walk_key,
+    walk_key_at,
 )
 from mongoformats.oplog_splice import _OP_HEAD, _UI_HEAD, _UUID_KEY_HEAD
 
@@ -318,9 +318,9 @@ def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, 
 @numba.njit(cache=CACHE, **NO_REFCOUNTS)
 def _walk(d: _Bytes, rows: _Ints, i: int, ids: _Bytes, used: int, stack: _Ints) -> int:
     """Walk the documentKey of a laid-out entry the layout did not key (see `_layout`)
-    into ids[used:] (id_keys.walk_key): its row gets its kind (with its type bits, see
-    id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
-    end = walk_key(d, rows[i, _R_KEY], ids, used, stack)
+    into ids[used:] (id_keys.walk_key_at, inlined): its row gets its kind (with its type bits,
+    see id_keys.py) and where its KeyString elements are, if walk_key takes it. Where they end."""
+    end = walk_key_at((d.ctypes.data, len(d)), rows[i, _R_KEY], ids, used, stack)
     count, bits = stack[_BITS], stack[_BITS + 1]
     typed = (bits != 0) * ((count << _COUNT_AT) | (bits << _MASK_AT))
     rows[i, _R_OK] = (_ID_WALKED | typed) * ((end >= 0) & ((bits == 0) | (count <= _MAX_BITS)))

@@ -87,7 +87,6 @@ from buckets._columnar.byte_kernels import (
     U,
     as_bytes,
     byte_table,
-    copy,
     hex_at,
     move,
     store_byte,
@@ -179,23 +178,21 @@ def _front_templates(
     keys are `fixed` bytes longer than its template each (an ObjectId's or UUID's) has it all in
     the first part, with room for the hex: one copy an event. `typed` is the token's
     `_typeBits` element."""
-    uuid = _COLLECTION_UUID + ui if expanded else b""
-    head = bytes(4) + _ID_ELEMENT + hexlify(key).upper()
+    head = _FRONT_HEAD + hexlify(key).upper()
     rest = b"".join(
-        (
-            b"\x00",
-            typed,
-            b"\x00",
-            _OP_ELEMENT[op],
-            _CLUSTER_TIME,
-            bytes(8),
-            uuid,
-            _WALL_TIME,
-            bytes(8),
-            _FULL_DOCUMENT if op in ("insert", "replace") else b"",
-        )
+        (b"\x00", typed, _REST_OP[op], _COLLECTION_UUID + ui if expanded else b"", _REST_WALL[op])
     )
     return (head + bytes(2 * fixed) + rest, b"") if fixed else (head, rest)
+
+
+# A front's constant parts (made once: the templates are made for every kind of every batch):
+# before the hex; after the token's _typeBits up to collectionUUID's place; the rest.
+_FRONT_HEAD = bytes(4) + _ID_ELEMENT
+_REST_OP = {op: b"\x00" + _OP_ELEMENT[op] + _CLUSTER_TIME + bytes(8) for op in _OPS}
+_REST_WALL = {
+    op: _WALL_TIME + bytes(8) + (_FULL_DOCUMENT if op in ("insert", "replace") else b"")
+    for op in _OPS
+}
 
 
 def _wall_at(expanded: bool) -> int:
@@ -457,7 +454,8 @@ def _assemble(
             store_i32(out_at + e, stop - e - len(_P_SIMPLE_REST) + 1)
             move(out_at + e + 4, d_at + u, u_end - u)
             move(out_at + e + 4 + u_end - u, d_at + i_at, i_end - i_at)
-            copy(out, stop - len(_P_SIMPLE_REST), _P_SIMPLE_REST, 0, len(_P_SIMPLE_REST))
+            for j in range(U(len(_P_SIMPLE_REST))):  # (inlined: a call counts references)
+                store_byte(out_at + stop - len(_P_SIMPLE_REST) + j, _P_SIMPLE_REST[j])
         else:
             move(out_at + e, extra_data_at + extra_at[i], stop - e)
     return keys.reshape(m, width), out, offsets

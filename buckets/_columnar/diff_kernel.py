@@ -88,24 +88,31 @@ for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
 # The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
-# reference counting (byte_kernels.NO_REFCOUNTS).
+# reference counting (byte_kernels.NO_REFCOUNTS). A call between cached functions costs more
+# than a small step's work, so the steps per element and per document (reading, noting a path,
+# setting a field, a section's scan and copy) and byte_kernels' readers and copies are inlined
+# into the few kernels that walk a diff (`_one`, `_walk`, `_step`, `_enter`); with no reference
+# counts an inlined function that takes arrays counts nothing. (Inlining those too makes one
+# function that numba takes several times as long to compile.)
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
+_inline = numba.njit(inline="always")
+_i32, _copy, _put_i32 = _inline(i32.py_func), _inline(copy.py_func), _inline(put_i32.py_func)
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 
 
-@_kernel
+@_inline
 def _doc_end(d: _B8, at: int, limit: int) -> int:
     """Where the document at `at` closes (its last byte, a zero), if it lies before `limit`;
     else -1."""
-    n = i32(d, at)
+    n = _i32(d, at)
     end = at + n - 1
     if (n < 5) | (end >= limit):
         return -1
     return end if d[U(end)] == 0 else -1
 
 
-@_kernel
+@_inline
 def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     """The element at `p`, which must end by `limit`: where its name's zero is and where its value
     ends; (-1, -1) if it does not read."""
@@ -117,14 +124,14 @@ def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     t, v = U(d[U(p)]), q + 1
     e = v + _FIXED[t]
     if _FIXED[t] < 0:
-        n = i32(d, v)
+        n = _i32(d, v)
         e = v + _EXTRA[t] + n
         if (_EXTRA[t] < 0) | (n < _LEAST[t]):
             return -1, -1
     return (q, e) if e <= limit else (-1, -1)
 
 
-@_kernel
+@_inline
 def _scan(d: _B8, at: int, limit: int, frames: _I64) -> tuple[int, int]:
     """Read the diff document at `at` (ending by `limit`): where it closes (-1 if it does not
     read or holds a section letter twice), and what else it holds (_OTHER_KEY, _NOT_DOCUMENT);
@@ -147,7 +154,7 @@ def _scan(d: _B8, at: int, limit: int, frames: _I64) -> tuple[int, int]:
     return term, kinds
 
 
-@_kernel
+@_inline
 def _hash(path: _B8, n: int, seed: int) -> np.int64:
     """FNV-1a of the byte `seed`, then path[:n]."""
     h = (np.int64(_FNV_BASIS) ^ seed) * _FNV_PRIME
@@ -156,7 +163,7 @@ def _hash(path: _B8, n: int, seed: int) -> np.int64:
     return h
 
 
-@_kernel
+@_inline
 def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     """Keep path[:n]'s hash (of kind `seed`) for the check for paths named twice; False if
     there is no room for it."""
@@ -167,7 +174,7 @@ def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     return True
 
 
-@_kernel
+@_inline
 def _twice(st: _I64) -> bool:
     """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
     sorted in place first (a shell sort: no allocation)."""
@@ -190,7 +197,7 @@ def _twice(st: _I64) -> bool:
     return False
 
 
-@_kernel
+@_inline
 def _decimal(dst: _B8, at: int, n: int) -> int:
     """Write n's decimal digits at dst[at:] (room for 20 is the caller's); how many."""
     digits = 1
@@ -202,21 +209,21 @@ def _decimal(dst: _B8, at: int, n: int) -> int:
     return digits
 
 
-@_kernel
+@_inline
 def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add updatedFields' element of type t named path[:n] with the value d[v:e]."""
     w = st[_W]
     if (w + n + 2 + e - v > len(out)) or not _note(path, n, _SET, st):
         return _ROOM
     out[U(w)] = t
-    copy(out, w + 1, path, 0, n)
+    _copy(out, w + 1, path, 0, n)
     out[U(w + 1 + n)] = 0
-    copy(out, w + 2 + n, d, v, e - v)
+    _copy(out, w + 2 + n, d, v, e - v)
     st[_W] = w + n + 2 + e - v
     return _OK
 
 
-@_kernel
+@_inline
 def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
@@ -230,7 +237,7 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
         name = q - p - 1
         if n + name > len(path):
             return _ROOM
-        copy(path, n, d, p + 1, name)
+        _copy(path, n, d, p + 1, name)
         r = _set(d, d[U(p)], q + 1, e, out, path, n + name, st)
         if r != _OK:
             return r
@@ -238,7 +245,7 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@_kernel
+@_inline
 def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
@@ -248,12 +255,12 @@ def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
         return _NO
     if w + term - at - 4 > len(out):
         return _ROOM
-    copy(out, w, d, at + 4, term - at - 4)
+    _copy(out, w, d, at + 4, term - at - 4)
     st[_W] = w + term - at - 4
     return _OK
 
 
-@_kernel
+@_inline
 def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
@@ -269,21 +276,21 @@ def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64)
         w = st[_RW]
         if (n + name > len(path)) or (w + 27 + n + name > len(rem)):
             return _ROOM
-        copy(path, n, d, p + 1, name)
+        _copy(path, n, d, p + 1, name)
         if not _note(path, n + name, _REMOVED, st):
             return _ROOM
         rem[U(w)] = 2
         w += 1 + _decimal(rem, w + 1, st[_RN])
         rem[U(w)] = 0
-        put_i32(rem, w + 1, n + name + 1)
-        copy(rem, w + 5, path, 0, n + name)
+        _put_i32(rem, w + 1, n + name + 1)
+        _copy(rem, w + 5, path, 0, n + name)
         rem[U(w + 5 + n + name)] = 0
         st[_RW], st[_RN] = w + 6 + n + name, st[_RN] + 1
         p = e
     return _OK
 
 
-@_kernel
+@_inline
 def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
@@ -298,22 +305,22 @@ def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> i
     tru[U(w)] = 3
     w += 1 + _decimal(tru, w + 1, st[_TN])
     tru[U(w)] = 0
-    put_i32(tru, w + 1, size)
-    copy(tru, w + 5, _P_FIELD, 0, len(_P_FIELD))
+    _put_i32(tru, w + 1, size)
+    _copy(tru, w + 5, _P_FIELD, 0, len(_P_FIELD))
     w += 5 + len(_P_FIELD)
-    put_i32(tru, w, n + 1)
-    copy(tru, w + 4, path, 0, n)
+    _put_i32(tru, w, n + 1)
+    _copy(tru, w + 4, path, 0, n)
     tru[U(w + 4 + n)] = 0
     tru[U(w + 5 + n)] = t
-    copy(tru, w + 6 + n, _P_NEW_SIZE, 0, len(_P_NEW_SIZE))
+    _copy(tru, w + 6 + n, _P_NEW_SIZE, 0, len(_P_NEW_SIZE))
     w += 6 + n + len(_P_NEW_SIZE)
-    copy(tru, w, d, v, e - v)
+    _copy(tru, w, d, v, e - v)
     tru[U(w + e - v)] = 0
     st[_TW], st[_TN] = w + e - v + 1, st[_TN] + 1
     return _OK
 
 
-@_kernel
+@_inline
 def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, walked: bool) -> int:
     """An object diff's `u`, then `i` (each element under the prefix path[:n]; a diff of
     top-level sections alone, not `walked`, has them copied as they are), then `d`."""
@@ -362,7 +369,7 @@ def _enter(
     return _ENTERED if r == _OK else r
 
 
-@_kernel
+@_inline
 def _index(d: _B8, p: int, q: int) -> int:
     """Whether d[p:q], an array diff's index, is written as int() writes it (digits, no leading
     zero): its length, or -1."""
@@ -398,7 +405,7 @@ def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
         return _ROOM
     if array:
         path[U(n)] = 46  # "." (an object's prefix ends with its own)
-    copy(path, start, d, p + 2, digits)
+    _copy(path, start, d, p + 2, digits)
     if letter == 117:
         return _set(d, t, q + 1, e, buffers[0], path, start + digits, st)
     if t != 3:
@@ -424,19 +431,19 @@ def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
     return _OK
 
 
-@_kernel
+@_inline
 def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
     """Write at out[w] an array element: its `header` (type and name), then the array of the
     elements body[:n]; where it ends."""
-    copy(out, w, header, 0, len(header))
-    put_i32(out, w + len(header), n + 5)
-    copy(out, w + len(header) + 4, body, 0, n)
+    _copy(out, w, header, 0, len(header))
+    _put_i32(out, w + len(header), n + 5)
+    _copy(out, w + len(header) + 4, body, 0, n)
     w += len(header) + 4 + n
     out[U(w)] = 0
     return w + 1
 
 
-@_kernel
+@_inline
 def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
@@ -444,12 +451,12 @@ def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     if w + _CLOSING + st[_RW] + st[_TW] > len(out):
         return _ROOM
     out[U(w)] = 0
-    copy(out, w0 + 4, _P_UPDATED_FIELDS, 0, len(_P_UPDATED_FIELDS))
-    put_i32(out, w0 + HEAD, w + 1 - w0 - HEAD)
+    _copy(out, w0 + 4, _P_UPDATED_FIELDS, 0, len(_P_UPDATED_FIELDS))
+    _put_i32(out, w0 + HEAD, w + 1 - w0 - HEAD)
     w = _array(out, w + 1, _P_REMOVED_FIELDS, rem, st[_RW])
     w = _array(out, w, _P_TRUNCATED_ARRAYS, tru, st[_TW])
     out[U(w)] = 0
-    put_i32(out, w0, w + 1 - w0)
+    _put_i32(out, w0, w + 1 - w0)
     st[_W] = w + 1
     return _OK
 

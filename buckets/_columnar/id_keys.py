@@ -42,7 +42,9 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, i32, u8, u64
+from buckets._columnar.byte_kernels import NO_REFCOUNTS, Data, U, load_byte, load_word
+from buckets._columnar.byte_kernels import i32_at as i32
+from buckets._columnar.byte_kernels import u8_at as u8
 from mongoformats.keystring import encode_type_bits
 from mongoformats.oplog_splice import _OP_IDENT, _TOKEN_HEAD
 
@@ -88,8 +90,10 @@ _KIND_MASK, _COUNT_AT, _MASK_AT = 7, 3, 11
 def fixed_bytes(kind: int) -> int:
     """How many bytes each key of a documentKey kind has beyond its template (its `_id`'s value
     and the key's tail) if all have as many (an ObjectId's, a UUID's); 0 for walked keys."""
-    value = {_ID_OID: _OID_VALUE[1], _ID_UUID: _UUID_VALUE[1]}.get(kind & _KIND_MASK)
-    return value + len(_KEY_TAIL) if value else 0
+    return _FIXED_BYTES.get(kind & _KIND_MASK, 0)
+
+
+_FIXED_BYTES = {_ID_OID: _OID_VALUE[1] + len(_KEY_TAIL), _ID_UUID: _UUID_VALUE[1] + len(_KEY_TAIL)}
 
 
 def type_bits_element(kind: int) -> bytes:
@@ -109,23 +113,45 @@ def type_bits_of(kind: int) -> bytes:
 def key_template(op: str, uuid_ks: bytes, id_kind: int) -> bytes:
     """A kind's sort key up to its `_id`'s value (walked keys: up to their elements), with zeros
     where each event's ts goes."""
-    key = b"".join((b"\x82", bytes(8), _TOKEN_HEAD, uuid_ks, _OP_IDENT[op], _OBJECT))
-    assert len(key) == _KEY_ID_AT + len(op) - len("insert")
-    return key + _HEADS[id_kind]
+    return _KEY_FRONT + uuid_ks + _KEY_BACKS[op, id_kind]
 
 
-@numba.njit(cache=CACHE)
+# A key template's parts before and after the collection's UUID (made once: the templates are
+# made for every kind of every batch).
+_KEY_FRONT = b"\x82" + bytes(8) + _TOKEN_HEAD
+_KEY_BACKS = {
+    (op, id_kind): _OP_IDENT[op] + _OBJECT + head
+    for op in ("insert", "delete", "update", "replace")
+    for id_kind, head in _HEADS.items()
+}
+assert all(
+    len(_KEY_FRONT) + 19 + len(_OP_IDENT[op]) + len(_OBJECT) == _KEY_ID_AT + len(op) - len("insert")
+    for op, _ in _KEY_BACKS
+)
+
+
+@numba.njit(cache=CACHE, **NO_REFCOUNTS)
 def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
-    """Write the KeyString of the elements of the documentKey at d[start:] (whose length and
-    terminating zero are checked) at out[at:], as oplog_splice's `_ks_document_key` writes them
-    (up to, not with, the documentKey's end); return where they end, or -1 for a documentKey it
-    does not take (see the module's docstring) or whose elements do not fill it exactly. `out`
-    has room for twice the documentKey's length (no element's KeyString is longer). `stack`
-    holds, for each open document, its end (its terminating zero) and its first element, then
-    the type bits' count and those set (see `_put_number`)."""
-    depth, p = 0, start + 4
-    stack[0], stack[1] = start + i32(d, start) - 1, p
+    """`walk_key_at` of the array `d` (for callers that hold the array)."""
+    return walk_key_at((d.ctypes.data, len(d)), start, out, at, stack)
+
+
+@numba.njit(inline="always")
+def walk_key_at(d: Data, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
+    """Write the KeyString of the elements of the documentKey at d[start:] (the bytes at address
+    d[0], d[1] of them; the documentKey's length and terminating zero are checked here) at out[at:],
+    as oplog_splice's `_ks_document_key` writes them (up to, not with, the documentKey's end);
+    return where they end, or -1 for a documentKey it does not take (see the module's docstring)
+    or whose elements do not fill it exactly. `out` has room for twice the documentKey's length
+    (no element's KeyString is longer). `stack` holds, for each open document, its end (its
+    terminating zero) and its first element, then the type bits' count and those set (see
+    `_put_number`). Inlined, with its helpers, into a kernel compiled without reference counts
+    (byte_kernels.NO_REFCOUNTS): each read is a bounds check and a load, no call."""
+    depth, p, length = 0, start + 4, i32(d, start)
+    stack[0], stack[1] = start + length - 1, p
     stack[_BITS], stack[_BITS + 1] = _TS_TAIL_BITS, 0
+    if (length < 5) | (u8(d, start + length - 1) != 0):
+        return -1
     while True:
         end = stack[2 * depth]
         if p == end:  # a document's end: the documentKey's is the caller's
@@ -134,9 +160,9 @@ def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
             out[U(at)] = 0
             at, p, depth = at + 1, p + 1, depth - 1
             continue
-        # (reads within the document, which lies in d, index it directly: a call per byte costs)
-        t, q = d[U(p)], p + 1
-        while q < end and d[U(q)] != 0:
+        # (reads within the document, which lies in d, load unchecked)
+        t, q = load_byte(U(d[0] + p)), p + 1
+        while q < end and load_byte(U(d[0] + q)) != 0:
             q += 1
         if (q >= end) | _named_before(d, stack[2 * depth + 1], p, q):
             return -1
@@ -154,7 +180,7 @@ def walk_key(d: _Bytes, start: int, out: _Bytes, at: int, stack: _Ints) -> int:
         # the element's head: its type's family, its name, then its value's type byte
         out[U(at)] = _GENERIC[U(t)]
         for j in range(U(p + 1), U(v)):
-            out[U(at) + j - U(p)] = d[j]
+            out[U(at) + j - U(p)] = load_byte(U(d[0]) + j)
         at += v - p
         if (t == 0x10) | (t == 0x12):
             at = _put_number(d, out, at, t, v, stack)
@@ -176,15 +202,17 @@ _GENERIC = np.zeros(256, np.uint8)
 _GENERIC[[2, 3, 7, 0x10, 0x12]] = _STRING, _OBJECT_TYPE, _OID, _NUMERIC, _NUMERIC
 
 
-@numba.njit(cache=CACHE)
-def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
+@numba.njit(inline="always")
+def _named_before(d: Data, first: int, p: int, q: int) -> bool:
     """Whether an element before the one at p (from `first` on, all read already) in its document
     has the name d[p + 1:q]."""
     r = first
     while r < p:
-        t, same, j = d[U(r)], True, 0
-        while d[U(r + 1 + j)] != 0:
-            same &= (p + 1 + j < q) and d[U(r + 1 + j)] == d[U(p + 1 + j)]
+        t, same, j = load_byte(U(d[0] + r)), True, 0
+        while load_byte(U(d[0] + r + 1 + j)) != 0:
+            same &= (p + 1 + j < q) and load_byte(U(d[0] + r + 1 + j)) == load_byte(
+                U(d[0] + p + 1 + j)
+            )
             j += 1
         if same & (p + 1 + j == q):
             return True
@@ -200,25 +228,25 @@ def _named_before(d: _Bytes, first: int, p: int, q: int) -> bool:
     return False
 
 
-@numba.njit(cache=CACHE)
-def _length(d: _Bytes, v: int) -> int:
+@numba.njit(inline="always")
+def _length(d: Data, v: int) -> int:
     """The int32 at v, an element's length read already (so non-negative and in d)."""
-    u = U(v)
-    return int(d[u]) | int(d[u + 1]) << 8 | int(d[u + 2]) << 16 | int(d[u + 3]) << 24
+    u = U(d[0] + v)
+    return load_byte(u) | load_byte(u + 1) << 8 | load_byte(u + 2) << 16 | load_byte(u + 3) << 24
 
 
-@numba.njit(cache=CACHE)
-def _put_bytes(d: _Bytes, out: _Bytes, at: int, t: int, v: int, size: int) -> int:
+@numba.njit(inline="always")
+def _put_bytes(d: Data, out: _Bytes, at: int, t: int, v: int, size: int) -> int:
     """An ObjectId's bytes, or a string's (its zero bytes written 00 FF) and its end, after
     their type byte; where they end."""
     out[U(at)] = _GENERIC[U(t)]
     at += 1
     if t == 7:
         for j in range(U(12)):
-            out[U(at) + j] = d[U(v) + j]
+            out[U(at) + j] = load_byte(U(d[0] + v) + j)
         return at + 12
     for j in range(U(v + 4), U(v + size - 1)):
-        byte = d[j]
+        byte = load_byte(U(d[0]) + j)
         out[U(at)] = byte
         at += 1
         if byte == 0:
@@ -228,12 +256,12 @@ def _put_bytes(d: _Bytes, out: _Bytes, at: int, t: int, v: int, size: int) -> in
     return at + 1
 
 
-@numba.njit(cache=CACHE)
-def _put_number(d: _Bytes, out: _Bytes, at: int, t: int, v: int, stack: _Ints) -> int:
+@numba.njit(inline="always")
+def _put_number(d: Data, out: _Bytes, at: int, t: int, v: int, stack: _Ints) -> int:
     """An int32's or int64's KeyString and type bits (00 and 01: key_string.h TypeBits kInt 0,
     kLong 1, high bit first, as keystring.py's TB_INT32, TB_INT64); -1 for an int64 of a
     magnitude of 2**62 or more, or whose set bit lies past _MAX_BITS (left to splice_crud)."""
-    value = i32(d, v) if t == 0x10 else int(np.int64(u64(d, v)))
+    value = i32(d, v) if t == 0x10 else int(np.int64(load_word(U(d[0] + v))))
     bit = stack[_BITS]
     stack[_BITS] = bit + 2
     if t == 0x12:
@@ -243,7 +271,7 @@ def _put_number(d: _Bytes, out: _Bytes, at: int, t: int, v: int, stack: _Ints) -
     return _put_int(out, at, value)
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(inline="always")
 def _put_int(out: _Bytes, at: int, value: int) -> int:
     """An integer's KeyString (key_string.cpp `_appendInteger`, `_appendPreshiftedIntegerPortion`):
     0x29 for zero; else its magnitude doubled, in as few big-endian bytes as hold it, after a
