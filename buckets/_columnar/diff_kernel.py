@@ -88,13 +88,12 @@ for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
 # The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
-# reference counting (byte_kernels.NO_REFCOUNTS). A call between cached functions costs more
-# than a small step's work, so the steps per element and per document (reading, noting a path,
-# setting a field, a section's scan and copy) and byte_kernels' readers and copies are inlined
-# into the few kernels that walk a diff (`_one`, `_walk`, `_step`, `_enter`); with no reference
-# counts an inlined function that takes arrays counts nothing. (Inlining those too makes one
-# function that numba takes several times as long to compile.)
+# reference counting (byte_kernels.NO_REFCOUNTS).
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
+# The small steps run per element (reading one, hashing and noting a path, setting a field) and
+# byte_kernels' readers and copies are inlined into the steps that call them: a call costs more
+# than their work, and with no reference counts an inlined function that takes arrays counts
+# nothing either.
 _inline = numba.njit(inline="always")
 _i32, _copy, _put_i32 = _inline(i32.py_func), _inline(copy.py_func), _inline(put_i32.py_func)
 # A scan's findings: a key other than u, i and d; a section that is not a document.
@@ -131,7 +130,7 @@ def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
     return (q, e) if e <= limit else (-1, -1)
 
 
-@_inline
+@_kernel
 def _scan(d: _B8, at: int, limit: int, frames: _I64) -> tuple[int, int]:
     """Read the diff document at `at` (ending by `limit`): where it closes (-1 if it does not
     read or holds a section letter twice), and what else it holds (_OTHER_KEY, _NOT_DOCUMENT);
@@ -174,7 +173,7 @@ def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
     return True
 
 
-@_inline
+@_kernel
 def _twice(st: _I64) -> bool:
     """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
     sorted in place first (a shell sort: no allocation)."""
@@ -223,7 +222,7 @@ def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@_inline
+@_kernel
 def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
@@ -245,7 +244,7 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
     return _OK
 
 
-@_inline
+@_kernel
 def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
@@ -260,7 +259,7 @@ def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
     return _OK
 
 
-@_inline
+@_kernel
 def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
@@ -290,7 +289,7 @@ def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64)
     return _OK
 
 
-@_inline
+@_kernel
 def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
     """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
@@ -320,7 +319,7 @@ def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> i
     return _OK
 
 
-@_inline
+@_kernel
 def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, walked: bool) -> int:
     """An object diff's `u`, then `i` (each element under the prefix path[:n]; a diff of
     top-level sections alone, not `walked`, has them copied as they are), then `d`."""
@@ -443,7 +442,7 @@ def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
     return w + 1
 
 
-@_inline
+@_kernel
 def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
