@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import struct
 from typing import Any, Protocol
 
 import trio
@@ -17,13 +16,12 @@ from buckets.ports import Connection, Connector
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import ConnectionLost, MongoError, has_category
 from mongoformats.hosts import host_address
-from mongoformats.oplog_splice import cursor_batch, first_element, timestamp_of
+from mongoformats.oplog_splice import cursor_batch, timestamp_of
 
 log = logging.getLogger("buckets.reader")
 
 
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
-_TS = struct.Struct("<II")  # BSON Timestamp: increment, then seconds (little-endian)
 
 
 # Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB of
@@ -42,13 +40,8 @@ FIRST_BATCH_ENTRIES = 1024
 
 def _last_ts(batch: OplogBatch) -> Timestamp:
     """The ts of the batch's last entry, read where it lies in the reply (a live tail's batches
-    are an entry or a few: a copy of the entry and a dict of its elements cost more than the
-    splice of it)."""
-    found = first_element(batch.data, b"ts", int(batch.starts[-1]))
-    if found is None:
-        return timestamp_of(batch.entry(-1))  # (fails as an entry without ts always has)
-    inc, secs = _TS.unpack_from(batch.data, found[1])
-    return Timestamp(secs, inc)
+    are an entry or a few: a copy of the entry costs more than the splice of it)."""
+    return timestamp_of(batch.data, b"ts", int(batch.starts[-1]))
 
 
 class TailOutput(Protocol):

@@ -478,9 +478,13 @@ def cursor_span(reply: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
     return int.from_bytes(reply[i0:i1], "little", signed=True), start, end
 
 
-def timestamp_of(doc: bytes, name: bytes = b"ts") -> Timestamp:
-    _, v, _ = elements(doc)[name]
-    inc, secs = _TS.unpack_from(doc, v)
+def timestamp_of(doc: bytes | bytearray, name: bytes = b"ts", start: int = 0) -> Timestamp:
+    """The timestamp `name` of the document at `start`, read where it lies (a live tail reads
+    its last entry's in the reply); KeyError if it has none."""
+    found = first_element(doc, name, start)
+    if found is None:
+        raise KeyError(name)
+    inc, secs = _TS.unpack_from(doc, found[1])
     return Timestamp(secs, inc)
 
 

@@ -266,13 +266,8 @@ def _fixed_layout(raw: bytes) -> Layout | None:
     else. Every element boundary is still derived from the BSON lengths, so an entry only matches
     if it really is exactly this sequence.
     """
-    p = 4
-    if raw[4:10] == b"\x03lsid\x00":  # a retryable write: lsid and txnNumber lead
-        p = 10 + _I32.unpack_from(raw, 10)[0]
-        if raw[p : p + 11] != b"\x12txnNumber\x00":
-            return None
-        p += 19
-    if raw[p : p + 8] != _OP_HEAD or len(raw) < p + 18:
+    p = _op_at(raw)
+    if p is None or raw[p : p + 8] != _OP_HEAD or len(raw) < p + 18:
         return None
     # The op element is 10 bytes, then the ns string's element header and length 8.
     head, n = _fixed_head(raw[p : p + 18 + _UI_BYTES + _I32.unpack_from(raw, p + 14)[0]])
@@ -350,19 +345,22 @@ def not_crud(raw: bytes) -> bool:
     order is walked: its op may be anywhere.)"""
     p = _op_at(raw)
     return (
-        raw[p : p + 8] == _OP_HEAD
+        p is not None
+        and raw[p : p + 8] == _OP_HEAD
         and raw[p + 9 : p + 10] == b"\x00"
         and raw[p + 8 : p + 9] not in _CRUD_CODES
     )
 
 
-def _op_at(raw: bytes) -> int:
-    """Where a server writes an entry's op element: first, or after a session's lsid and
-    txnNumber."""
-    if raw[4:10] != b"\x03lsid\x00" or len(raw) < 14:
+def _op_at(raw: bytes) -> int | None:
+    """Where a server writes an entry's op element: first, or after a retryable write's lsid
+    and txnNumber; None for an entry led by an lsid that txnNumber does not follow."""
+    if raw[4:10] != b"\x03lsid\x00":
         return 4
+    if len(raw) < 14:
+        return None
     p = 10 + _I32.unpack_from(raw, 10)[0]
-    return p + 19 if raw[p : p + 11] == b"\x12txnNumber\x00" else p
+    return p + 19 if raw[p : p + 11] == b"\x12txnNumber\x00" else None
 
 
 def splice_crud(raw: bytes, *, expanded: bool) -> Spliced | tuple[()] | None:
