@@ -45,7 +45,6 @@ __all__ = [
     "has",
     "has_at",
     "hex_at",
-    "hex_digits",
     "i32",
     "i32_at",
     "load_byte",
@@ -256,8 +255,7 @@ def has_at(d: Data, at: Index, pattern: Bytes) -> bool:
 
 @numba.njit(inline="always")
 def hex_at(to: Index, source: Index, n: Index) -> None:
-    """`hex_digits` by addresses: the upper-case hex digits of the n bytes at memory `source`,
-    written at memory `to`."""
+    """The upper-case hex digits of the n bytes at memory `source`, written at memory `to`."""
     for j in range(U(n)):
         byte = load_byte(U(source) + j)
         store_byte(U(to) + 2 * j, _HEX[U(byte >> 4)])
@@ -307,13 +305,3 @@ def copy_from(dst: Bytes, at: Index, address: Index, n: Index) -> None:
     many buffers by their addresses, where a list of the buffers costs tens of nanoseconds an
     item to read in a compiled loop. The caller keeps the buffer at `address` alive."""
     _memcpy(U(dst.ctypes.data + at), U(address), n)  # type: ignore[call-arg]  # numba supplies typingctx
-
-
-@numba.njit(cache=CACHE)
-def hex_digits(dst: Bytes, at: Index, src: Bytes, start: Index, n: Index) -> None:
-    """The upper-case hex digits of src[start:start + n], written at dst[at:]."""
-    to, start_at = U(at), U(start)
-    for j in range(U(n)):
-        byte = src[start_at + j]
-        dst[to + 2 * j] = _HEX[U(byte >> 4)]
-        dst[to + 2 * j + 1] = _HEX[U(byte & 15)]

@@ -27,7 +27,7 @@ from buckets._columnar.byte_kernels import i32_at as i32
 from buckets._columnar.byte_kernels import u8_at as u8
 from mongoformats.oplog_splice import byte_slices, cursor_span
 
-__all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "words"]
+__all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch"]
 
 SLACK = 256  # zero bytes after a batch's data: a reader of any entry may overrun it by that much
 
@@ -86,14 +86,6 @@ def batch_in_place(data: bytes | bytearray, at: int) -> tuple[int, OplogBatch]:
     they lie, the reply is not copied."""
     cursor_id, start, end = cursor_span(data, at)
     return cursor_id, OplogBatch(data, *_walk(data, start, end))
-
-
-def words(data: bytes | bytearray, dtype: str) -> Any:
-    """`data` read as overlapping words: element i is the word that starts at byte i. So one
-    fancy index reads a field at every entry's own offset, where a (rows, width) gather of bytes
-    costs an index array the size of the rows."""
-    size = np.dtype(dtype).itemsize
-    return np.ndarray((len(data) - size + 1,), dtype, data, 0, (1,))
 
 
 def _walk(data: bytes | bytearray, start: int, end: int) -> tuple[_Ints, _Ints]:

@@ -340,10 +340,6 @@ def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray
     return np.array(list(map(attrgetter(name), reads)), dtype)
 
 
-def _ints(values: list[int]) -> npt.NDArray[np.int64]:
-    return np.array(values, np.int64)
-
-
 def _starts(sizes: list[int]) -> npt.NDArray[np.int64]:
     """Where each of parts of `sizes` starts."""
     starts = np.zeros(len(sizes), np.int64)

@@ -11,8 +11,6 @@ txn_event to judge.
 
 from __future__ import annotations
 
-from typing import Any
-
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
@@ -26,7 +24,7 @@ from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
 
-__all__ = ["txn_block", "txn_fields"]
+__all__ = ["txn_block"]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -37,26 +35,13 @@ _HEX_AT = 4 + _ID_HEAD.size  # where an event's token hex starts (txn_splice's)
 _ID_SIZE_AT, _DATA_SIZE_AT = 9, _HEX_AT - 4  # where `_id`'s and `_data`'s lengths are
 
 
-def txn_fields(
-    block: EventBlock, heads: list[bytes], indexes: list[int], applied: list[Any]
-) -> list[tuple[Any, ...] | None]:
-    """The block's events (its rows' in order: each an op's, as splice_crud makes it) as their
-    transactions' (each EventFields): `heads[j]` and txnOpIndex `indexes[j]` written into row
-    j's, as txn_splice.txn_event writes them, its applied-at time `applied[j]`; None for an
-    event left."""
-    rewritten, done = txn_block(block, heads, indexes)
-    return [
-        (*fields[:-1], when) if ok else None
-        for fields, ok, when in zip(rewritten.fields(), done, applied, strict=True)
-    ]
-
-
 def txn_block(
     block: EventBlock, heads: list[bytes], indexes: list[int]
 ) -> tuple[EventBlock, list[bool]]:
-    """The block's events made their transactions' (see `txn_fields`), as a block of the same
-    kinds, and which rows were made so: a row left has no bytes and an empty key, its event is
-    txn_event's to judge."""
+    """The block's events (its rows' in order: each an op's, as splice_crud makes it) made their
+    transactions': `heads[j]` and txnOpIndex `indexes[j]` written into row j's, as
+    txn_splice.txn_event writes them; as a block of the same kinds, and which rows were made so:
+    a row left has no bytes and an empty key, its event is txn_event's to judge."""
     top = max(indexes, default=0)
     if top > _MAX_INDEX:
         return block, [False] * len(block)

@@ -29,7 +29,7 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entri
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
-from buckets._columnar.txn_events import txn_fields
+from buckets._columnar.txn_events import txn_block
 from buckets._columnar.txn_read import R_OK, op_entries, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer
@@ -344,7 +344,12 @@ def test_the_compiled_rewrite_equals_txn_event(
         txn_event(fields, head, index)
         for fields, head, index in zip(block.fields(), heads, indexes, strict=True)
     ]
-    assert txn_fields(block, heads, indexes, [None] * len(heads)) == expected
+    rewritten, done = txn_block(block, heads, indexes)
+    made = [
+        (*fields[:-1], None) if ok else None
+        for fields, ok in zip(rewritten.fields(), done, strict=True)
+    ]
+    assert made == expected
 
 
 @pytest.mark.parametrize("count", [1, 129, 300])
