@@ -27,7 +27,7 @@ from buckets._columnar.byte_kernels import i32_at as i32
 from buckets._columnar.byte_kernels import u8_at as u8
 from mongoformats.oplog_splice import byte_slices, cursor_span
 
-__all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch"]
+__all__ = ["SLACK", "OplogBatch", "batch_in_place", "reply_batch", "starts_of"]
 
 SLACK = 256  # zero bytes after a batch's data: a reader of any entry may overrun it by that much
 
@@ -48,9 +48,7 @@ class OplogBatch:
     def of(cls, entries: list[bytes]) -> OplogBatch:
         """A batch of entries that come as bytes objects of their own (as tests make them)."""
         lengths = np.fromiter(map(len, entries), np.int64, len(entries))
-        starts = np.zeros(len(entries), np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        return cls(b"".join(entries) + bytes(SLACK), starts, lengths)
+        return cls(b"".join(entries) + bytes(SLACK), starts_of(lengths), lengths)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -72,6 +70,14 @@ class OplogBatch:
         # A reply received into its own buffer: each entry copied out of a view of it as bytes,
         # in C calls alone (byte_slices' wrapper would run a Python method per entry).
         return list(map(bytes, map(memoryview(self.data).__getitem__, cuts)))
+
+
+def starts_of(lengths: Any) -> _Ints:
+    """Where each of parts of these lengths starts, laid back to back from 0."""
+    lengths = np.asarray(lengths, np.int64)
+    starts = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return starts
 
 
 def reply_batch(reply: bytes) -> tuple[int, OplogBatch]:

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from bson import Timestamp
 
 from buckets._columnar.event_block import EventBlock
-from buckets._columnar.oplog_batch import OplogBatch
+from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_events import txn_block
 from buckets._columnar.txn_read import (
     R_BUFFERED,
@@ -312,10 +312,10 @@ def _ops(chains: list[_Chain]) -> _Ops:
     assert (tails >= 0).all()  # read_apply_ops gives a commit its stamp
     lengths = list(map(len, chains))
     counts = np.fromiter(map(len, map(attrgetter("ops"), reads)), np.int64, len(reads))
-    per_chain = np.add.reduceat(np.append(counts, 0), _starts(lengths))[: len(chains)]
+    per_chain = np.add.reduceat(np.append(counts, 0), starts_of(lengths))[: len(chains)]
     bounds = np.zeros(len(chains) + 1, np.int64)
     np.cumsum(per_chain, out=bounds[1:])
-    read_starts = np.cumsum(counts) - counts  # where each read's ops start
+    read_starts = starts_of(counts)  # where each read's ops start
     ts = _column(reads, "ts", np.uint64)
     timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (
         ts != _column(commits, "ts", np.uint64)
@@ -338,13 +338,6 @@ def _ops(chains: list[_Chain]) -> _Ops:
 def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray[Any]:
     """The reads' field `name` as an array."""
     return np.array(list(map(attrgetter(name), reads)), dtype)
-
-
-def _starts(sizes: list[int]) -> npt.NDArray[np.int64]:
-    """Where each of parts of `sizes` starts."""
-    starts = np.zeros(len(sizes), np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    return starts
 
 
 class _Made(NamedTuple):

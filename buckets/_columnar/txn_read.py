@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import U, as_bytes, copy, has, i32, put_i32, u8, u64
-from buckets._columnar.oplog_batch import SLACK
+from buckets._columnar.oplog_batch import SLACK, starts_of
 from mongoformats.txn_splice import (
     _COMMIT_O,
     _COMMIT_TS,
@@ -182,8 +182,7 @@ def op_entries(
     entry or txn_stamp's tail lays them out; its t and v are written as txn_entry's)."""
     d = as_bytes(data)
     lengths = _lengths(spans, firsts, counts, tail_sizes)
-    starts = np.zeros(len(lengths), np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
+    starts = starts_of(lengths)
     out = bytearray(int(lengths.sum()) + SLACK)
     _write(d, spans, firsts, counts, tails, tail_sizes, np.frombuffer(out, np.uint8), starts)
     return out, starts, lengths
