@@ -23,6 +23,7 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import buckets._columnar.batch_splice as batch_splice
 import buckets._columnar.txn_batch as txn_batch
 import mongoformats.txn_splice as txn_splice
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entries
@@ -118,14 +119,23 @@ def _general(oplog: list[bytes], start: int, expanded: bool) -> list[Any]:
     return _read([[entry] for entry in oplog[start:]], oplog, expanded)
 
 
-def _batched(oplog: list[bytes], start: int, cuts: list[int], expanded: bool) -> list[Any]:
+def _batched(
+    oplog: list[bytes],
+    start: int,
+    cuts: list[int],
+    expanded: bool,
+    applied: bool = True,
+    block_min: int = BATCH_MIN,
+) -> list[Any]:
     """The events of a read from the entry at `start` in batches cut at `cuts`, each made by
-    splice_entries and what it leaves by the transformer (as buckets/oplog_tail.py does)."""
+    splice_entries (`applied`; a batch of `block_min` entries or more spliced as a backlog's,
+    in a block) and what it leaves by the transformer (as buckets/oplog_tail.py does)."""
     bounds = sorted({start, *(c for c in cuts if start < c < len(oplog)), len(oplog)})
     batches = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        items = splice_entries(OplogBatch.of(oplog[a:b]), True, expanded)
-        batches.append([items] if type(items) is EventBlock else items)
+    with mock.patch.object(batch_splice, "BATCH_MIN", block_min):
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            items = splice_entries(OplogBatch.of(oplog[a:b]), True, expanded, applied)
+            batches.append([items] if type(items) is EventBlock else items)
     return _read(batches, oplog, expanded)
 
 

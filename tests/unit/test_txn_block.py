@@ -31,6 +31,7 @@ from mongoformats.oplog_splice import not_crud, splice_crud
 from tests.unit.test_oplog_splice import crud_entries
 from tests.unit.test_txn_batch import (
     _ODD_OPS,
+    _batched,
     _general,
     _insert,
     _oplogs,
@@ -39,20 +40,6 @@ from tests.unit.test_txn_batch import (
     _with_op,
 )
 from tests.unit.test_txn_splice import _UIS
-
-
-def _batched(
-    oplog: list[bytes], start: int, cuts: list[int], expanded: bool, applied: bool
-) -> list[Any]:
-    """The events of a read from `start` in batches cut at `cuts`, every batch spliced as a
-    backlog's (the block path, whatever its size)."""
-    bounds = sorted({start, *(c for c in cuts if start < c < len(oplog)), len(oplog)})
-    batches = []
-    with mock.patch.object(batch_splice, "BATCH_MIN", 1):
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            items = splice_entries(OplogBatch.of(oplog[a:b]), True, expanded, applied)
-            batches.append(_listed(items))
-    return _read(batches, oplog, expanded)
 
 
 def _listed(items: Any) -> list[Any]:
@@ -93,7 +80,7 @@ def test_transactions_in_the_block_equal_the_general_transform(
     oplog = _padded(oplog, data.draw)
     start = min(start, len(oplog) - 1)
     with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
-        got = _batched(oplog, start, cuts, expanded, applied)
+        got = _batched(oplog, start, cuts, expanded, applied, block_min=1)
     want = _general(oplog, start, expanded)
     if applied:
         assert got == want
