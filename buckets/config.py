@@ -13,6 +13,10 @@ class EngineConfig:
     max_await_ms: int = 1000
     reader_await_ms: int = 200
     reader_processes: int = 0  # default for streams that do not pass readerProcesses
+    # Worker threads that walk and splice large oplog batches beside the event loop, for every
+    # stream read in the proxy's process (0: on the loop). The kernels release the GIL; the
+    # loop is one core, so more threads than the other cores only contend (cores - 1 at most).
+    splice_threads: int = 1
     # A reader process that has read nothing this long is stopped. Its own setting, not the
     # stream teardown's: a process costs a second of CPU to start (imports), a stream nothing.
     reader_idle_s: float = 300.0

@@ -10,6 +10,7 @@ from bson import Int64, Timestamp
 
 from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.batch_splice import splice_entries
+from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import SplicedItems, above, listed
 from buckets._columnar.oplog_batch import SLACK, OplogBatch, batch_in_place
 from buckets.ports import Connection, Connector
@@ -38,10 +39,37 @@ BATCH_ENTRIES = 16384
 FIRST_BATCH_ENTRIES = 1024
 
 
+# A reply at least this large is walked and spliced in a worker thread (with the engine's splice
+# limiter), beside the event loop: the compiled kernels release the GIL, so the loop receives,
+# merges and sends meanwhile. A thread hop costs tens of microseconds and the splice about a
+# microsecond an entry, so a batch of this size (a thousand entries of a few hundred bytes: a
+# backlog's batches are 16384) gains; a live tail's replies (an entry or a few) stay on the loop,
+# with no hop on the latency path.
+SPLICE_THREAD_BYTES = 256 << 10
+
+
 def _last_ts(batch: OplogBatch) -> Timestamp:
     """The ts of the batch's last entry, read where it lies in the reply (a live tail's batches
     are an entry or a few: a copy of the entry costs more than the splice of it)."""
     return timestamp_of(batch.data, b"ts", int(batch.starts[-1]))
+
+
+def _spliced(
+    data: bytes | bytearray, at: int, splice: bool, expanded: bool, applied: bool
+) -> tuple[int, tuple[SplicedItems, int, Timestamp] | None]:
+    """The reply's cursor id, and its batch's events (what `splice_entries` makes of them, their
+    entries, the last one's ts; None for an empty batch). Pure (it reads the reply and makes new
+    objects only), so it may run in a worker thread: nothing it returns is left to compute (a
+    block's events are its own columns, not a merge's gathered on first use), so the loop reads
+    it without racing the thread."""
+    cursor_id, batch = batch_in_place(data, at)
+    if not len(batch):
+        return cursor_id, None
+    items = splice_entries(batch, splice, expanded, applied)
+    for item in listed(items):
+        if type(item) is EventBlock:
+            item.events  # noqa: B018 (a merge's block gathers its events here, once)
+    return cursor_id, (items, len(batch), _last_ts(batch))
 
 
 class TailOutput(Protocol):
@@ -88,6 +116,7 @@ class OplogTail:
         await_ms: int = 200,
         connect_member: Connector,
         keep_applied: bool = True,
+        splice_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.shard_id = shard_id
         self.hosts = hosts
@@ -104,6 +133,9 @@ class OplogTail:
         self.await_ms = await_ms
         self.reconnects = 0
         self._conn: Connection | None = None  # the member read from now
+        # Large replies are spliced in worker threads it admits (None: all on the loop). Not
+        # picklable: a tail sent to a reader process is made without one.
+        self.splice_limiter = splice_limiter
 
     def reply_arrived(self) -> bool:
         """Whether the member's next batch has arrived and waits to be taken (see `_tail`)."""
@@ -236,18 +268,23 @@ class OplogTail:
         self, data: bytes | bytearray, at: int, out: TailOutput, conn: Connection
     ) -> int:
         """Splice and deliver the batch of the reply in `data` at `at`; its cursor id."""
-        cursor_id, batch = batch_in_place(data, at)
-        if len(batch):
-            transformer = self.transformer
-            # Up to the time of an older token resumed from, events keep its version: the
-            # general path, which writes any version, makes them.
-            splice = transformer.token_version == 2 and transformer.keep_version is None
-            items = splice_entries(
-                batch, splice, transformer.show_expanded_events, self.keep_applied
-            )
-            await self._deliver(items, len(batch), _last_ts(batch), out, conn)
+        transformer = self.transformer
+        # Up to the time of an older token resumed from, events keep its version: the general
+        # path, which writes any version, makes them.
+        splice = transformer.token_version == 2 and transformer.keep_version is None
+        args = (data, at, splice, transformer.show_expanded_events, self.keep_applied)
+        limiter = self.splice_limiter
+        if limiter is not None and len(data) - at >= SPLICE_THREAD_BYTES:
+            # Not abandoned on cancellation (trio's default): a cancelled tail waits for its
+            # splice to end (milliseconds), so no thread is left reading the reply's buffer.
+            # Each tail awaits its own splice: a shard's batches are delivered in order.
+            cursor_id, spliced = await trio.to_thread.run_sync(_spliced, *args, limiter=limiter)
         else:
+            cursor_id, spliced = _spliced(*args)
+        if spliced is None:
             await out.idle()
+        else:
+            await self._deliver(*spliced, out, conn)
         return cursor_id
 
     async def _deliver(

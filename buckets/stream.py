@@ -127,8 +127,10 @@ class ParallelStream:
         connect_member: Connector,
         readers_pool: ReaderPool | None = None,
         memory: MemoryPool | None = None,
+        splice_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.name = name
+        self._splice_limiter = splice_limiter  # large batches' splices in threads (None: none)
         self._memory = memory  # the proxy-wide pool the budgets also take their bytes from
         self._closing = False
         self._shaping = _shaping_account(options, memory)
@@ -227,6 +229,8 @@ class ParallelStream:
             ),
             connect_member=self._connect_member,
             keep_applied=options.needs_pre_images,
+            # (a tail sent to a reader process pickles: it splices there, on its loop)
+            splice_limiter=None if self._hosts else self._splice_limiter,
         )
         reader = self.readers[sid] = ShardReader(tail, budget=self.shard_budgets[sid])
         if self._hosts:  # with readerProcesses: shards are dealt over the reader processes in turn

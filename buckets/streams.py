@@ -63,6 +63,11 @@ class StreamSet:
         self.memory_limit = config.memory_limit_bytes or default_memory_limit()
         # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
         self.memory = MemoryPool(self.memory_limit)
+        # One for the engine, not one per stream: the threads share the cores beside the loop,
+        # whatever the number of streams and shards (oplog_tail.SPLICE_THREAD_BYTES).
+        self.splice_limiter = (
+            trio.CapacityLimiter(config.splice_threads) if config.splice_threads else None
+        )
         self.refused_for_memory = (
             0  # opens refused, and watch()es passed through, for the memory limit
         )
@@ -319,6 +324,7 @@ class StreamSet:
                 connect_member=self.connect_member,
                 readers_pool=self.reader_pool,
                 memory=self.memory,
+                splice_limiter=self.splice_limiter,
             )
             return await self._start(stream, keep is None)
         finally:

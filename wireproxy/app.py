@@ -38,6 +38,7 @@ def _engine_config(config: ProxyConfig) -> EngineConfig:
     """The engine's settings that the proxy's configuration holds."""
     return EngineConfig(
         reader_processes=config.reader_processes,
+        splice_threads=config.splice_threads,
         idle_teardown_s=config.stream_idle_teardown_s,
         reader_idle_s=config.reader_idle_s,
         cursor_timeout_s=config.cursor_timeout_s,

@@ -80,6 +80,14 @@ class ProxyConfig:
         0,
         MAX_READER_PROCESSES,
     )
+    splice_threads: int = _setting(
+        1,
+        "worker threads that splice large oplog batches into events beside the event loop, "
+        "for streams read in the proxy's process (0: on the loop; more than the cores "
+        "beside the loop's one only contend)",
+        0,
+        MAX_READER_PROCESSES,
+    )
     stream_idle_teardown_s: float = _setting(
         300.0,
         "close a parallel change stream that has had no cursor, and no status call, this long",

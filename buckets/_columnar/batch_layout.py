@@ -338,7 +338,7 @@ def _same(a: int, b: int, n: int) -> bool:
     return same
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _layouts(
     d: _Bytes, starts: _Ints, lengths: _Ints, expanded: bool
 ) -> tuple[_Ints, _Ints, _Ints, _Bytes]:

@@ -339,7 +339,7 @@ def _templates(
 _KEY_END = _KEY_TAIL[-1]
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _assemble(
     d: _Bytes,
     ids: _Bytes,

@@ -24,7 +24,7 @@ def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
     return value
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _merge_runs(
     keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
@@ -93,7 +93,7 @@ def _tail_less(keys: npt.NDArray[np.uint8], a: Index, b: Index) -> bool:
     return False
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _gather_rows(
     addresses: npt.NDArray[np.uintp], sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
@@ -128,7 +128,7 @@ def _element_bytes(size: int, index: int) -> int:
     return size + _digits(index) + 2
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first_index: int) -> int:
     """The bytes of the events at `rows` as array elements keyed from `first_index` on."""
     total = 0
@@ -140,7 +140,7 @@ def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first
     return total
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _keyed_gather_into(
     out: npt.NDArray[np.uint8],
     addresses: npt.NDArray[np.uintp],

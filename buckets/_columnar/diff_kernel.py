@@ -484,7 +484,7 @@ def _one(d: _B8, start: int, end: int, diff: int, buffers: _Bufs, st: _I64, fram
     return _NO if _twice(st) else _close(out, w0, rem, tru, st)
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def describe(
     d: _B8, starts: _I64, ends: _I64, diffs: _I64
 ) -> tuple[_B8, _I64, npt.NDArray[np.bool_]]:

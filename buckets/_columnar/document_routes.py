@@ -96,7 +96,7 @@ def _pointer(typingctx: Any, address: Any) -> Any:
     return types.CPointer(types.uint8)(types.uintp), codegen
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _document_buckets(
     addresses: npt.NDArray[np.uintp],
     sizes: npt.NDArray[np.int64],

@@ -111,7 +111,7 @@ def _walk(data: bytes | bytearray, start: int, end: int) -> tuple[_Ints, _Ints]:
 _BAD_LENGTH, _BAD_KEY = -1, -2
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _walk_kernel(data: Any, start: int, end: int) -> tuple[_Ints, _Ints]:
     """`_walk`'s offsets and lengths; or one negative offset, _BAD_KEY or _BAD_LENGTH, for a
     batch that is not such an array. (Bytes read by address, byte_kernels' u8_at and i32_at.)"""

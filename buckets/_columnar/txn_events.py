@@ -64,7 +64,7 @@ def txn_block(
     return EventBlock(keys, column, block.kinds, block.kind_table), done.tolist()
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _rewrite(
     keys: _Bytes,
     offsets: _Ints,

@@ -81,7 +81,7 @@ def read_rows(data: bytes | bytearray, starts: _Ints, lengths: _Ints) -> tuple[_
     return _read_rows(as_bytes(data), starts, lengths)
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _read_rows(d: _Bytes, starts: _Ints, lengths: _Ints) -> tuple[_Ints, _Ints]:
     n = len(starts)
     rows = np.zeros((n, _WIDTH), np.int64)
@@ -188,7 +188,7 @@ def op_entries(
     return out, starts, lengths
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _lengths(spans: _Ints, firsts: _Ints, counts: _Ints, tail_sizes: _Ints) -> _Ints:
     """Each op's entry's length (see `op_entries`)."""
     lengths = np.empty(counts.sum(), np.int64)
@@ -200,7 +200,7 @@ def _lengths(spans: _Ints, firsts: _Ints, counts: _Ints, tail_sizes: _Ints) -> _
     return lengths
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _write(
     d: _Bytes,
     spans: _Ints,

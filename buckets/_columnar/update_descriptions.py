@@ -26,7 +26,7 @@ _I64 = npt.NDArray[np.int64]
 _B8 = npt.NDArray[np.uint8]
 
 
-@numba.njit(cache=CACHE)
+@numba.njit(cache=CACHE, nogil=True)
 def _gathered(data: _B8, start: _I64, size: _I64) -> tuple[_B8, _I64]:
     """The descriptions data[start[k]:start[k] + size[k]] less their first HEAD bytes (the
     block's update template holds them), each then closing its event, back to back; and where
