@@ -30,7 +30,7 @@ import pyarrow as pa
 log = logging.getLogger(__name__)
 
 # mallopt's parameter numbers (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 # Allocations below this come from the heap (32 MiB is the most glibc's own sliding threshold
 # reaches); freed memory above the heap's top is returned past TRIM_THRESHOLD.
 MMAP_THRESHOLD = 32 << 20
@@ -50,8 +50,13 @@ def keep_large_allocations() -> bool:
     libc = ctypes.CDLL(name)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False  # musl has no mallopt worth the name; macOS none at all
-    done = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    # One arena: a worker thread (the splice's, buckets/oplog_tail.py) would otherwise get an
+    # arena of its own, whose heaps glibc unmaps as they empty whatever TRIM_THRESHOLD says, so
+    # its blocks faulted in afresh; the few large allocations a batch makes contend little.
+    done = (
+        bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+        and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        and ("MALLOC_ARENA_MAX" in os.environ or bool(libc.mallopt(_M_ARENA_MAX, 1)))
     )
     if not done:
         log.warning("mallopt refused the malloc settings; large arrays are mapped afresh each time")
