@@ -3,6 +3,8 @@ buffer)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 
 import trio
@@ -93,11 +95,23 @@ class BudgetHold:
     reference cycles (a stream's retention is dropped explicitly when it closes, see
     ParallelStream._release), so this does not wait for the collector."""
 
-    __slots__ = ("budget", "n")
+    __slots__ = ("budget", "n", "_thread", "_loop")
 
     def __init__(self, budget: ByteBudget, n: int) -> None:
         self.budget = budget
         self.n = n
+        # The budget belongs to the event loop's thread. A collection run in another thread (a
+        # splice's worker, buckets/oplog_tail.py) may free a hold there: the release then goes
+        # to the loop, as trio's objects may only be touched from its thread.
+        self._thread = threading.get_ident()
+        try:
+            self._loop: trio.lowlevel.TrioToken | None = trio.lowlevel.current_trio_token()
+        except RuntimeError:  # made outside trio (tests): released wherever it is freed
+            self._loop = None
 
     def __del__(self) -> None:
-        self.budget.release(self.n)
+        if self._loop is None or threading.get_ident() == self._thread:
+            self.budget.release(self.n)
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # (a loop gone, its budgets too)
+            self._loop.run_sync_soon(self.budget.release, self.n)

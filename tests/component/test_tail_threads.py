@@ -18,12 +18,14 @@ from typing import Any
 import bson
 import pytest
 import trio
+import trio.testing
 from bson import Binary, Int64, ObjectId, Timestamp
 
 import buckets.oplog_tail as oplog_tail
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import hold_blocks
 from buckets._columnar.oplog_batch import SLACK
+from buckets.budget import BudgetHold, ByteBudget
 from buckets.oplog_tail import SPLICE_THREAD_BYTES, OplogTail
 from mongoformats.change_events import OplogTransformer
 from tests.unit.test_txn_batch import _server_transactions
@@ -209,3 +211,20 @@ async def test_a_tail_cancelled_mid_splice_waits_for_its_thread_and_leaves_nothi
     # The next tail, with the same limiter, reads the whole oplog as one on the loop does.
     monkeypatch.setattr(oplog_tail, "_spliced", splice)
     assert (await _read(limiter)).events == (await _read(None)).events
+
+
+async def test_a_hold_freed_in_a_worker_thread_is_released_on_the_loop() -> None:
+    """A block's charge (BudgetHold) let go in another thread (a collection that a splice's
+    worker runs frees what it finds there) returns to the budget on the event loop's thread,
+    and wakes a reader waiting for room, as one let go on the loop does."""
+    budget = ByteBudget(100)
+    assert budget.try_acquire(100)
+    held = [BudgetHold(budget, 100)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(budget.acquire, 60)
+            await trio.testing.wait_all_tasks_blocked()
+            worker = threading.Thread(target=held.clear)  # the last reference goes there
+            worker.start()
+            await trio.to_thread.run_sync(worker.join)
+    assert budget.used == 60
