@@ -16,7 +16,9 @@ class EngineConfig:
     # Worker threads that walk and splice large oplog batches beside the event loop, for every
     # stream read in the proxy's process (0: on the loop). The kernels release the GIL; the
     # loop is one core, so more threads than the other cores only contend (cores - 1 at most).
-    splice_threads: int = 1
+    # Off by default: on two cores shared with the cluster and the consumers, the threads
+    # raised no backlog's rate and cost CPU per event (bench_engine, threads on against off).
+    splice_threads: int = 0
     # A reader process that has read nothing this long is stopped. Its own setting, not the
     # stream teardown's: a process costs a second of CPU to start (imports), a stream nothing.
     reader_idle_s: float = 300.0

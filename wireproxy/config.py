@@ -81,7 +81,7 @@ class ProxyConfig:
         MAX_READER_PROCESSES,
     )
     splice_threads: int = _setting(
-        1,
+        0,
         "worker threads that splice large oplog batches into events beside the event loop, "
         "for streams read in the proxy's process (0: on the loop; more than the cores "
         "beside the loop's one only contend)",
