@@ -9,15 +9,14 @@ import trio
 from bson import Int64, Timestamp
 
 from buckets._columnar.allocator import unfilled_bytearray
-from buckets._columnar.batch_splice import splice_entries
-from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import SplicedItems, above, listed
-from buckets._columnar.oplog_batch import SLACK, OplogBatch, batch_in_place
+from buckets._columnar.oplog_batch import SLACK
+from buckets._columnar.reply_splice import splice_reply
 from buckets.ports import Connection, Connector
 from mongoformats.change_events import OplogTransformer, prev_op_ts
 from mongoformats.errors import ConnectionLost, MongoError, has_category
 from mongoformats.hosts import host_address
-from mongoformats.oplog_splice import cursor_batch, timestamp_of
+from mongoformats.oplog_splice import cursor_batch
 
 log = logging.getLogger("buckets.reader")
 
@@ -46,30 +45,6 @@ FIRST_BATCH_ENTRIES = 1024
 # backlog's batches are 16384) gains; a live tail's replies (an entry or a few) stay on the loop,
 # with no hop on the latency path.
 SPLICE_THREAD_BYTES = 256 << 10
-
-
-def _last_ts(batch: OplogBatch) -> Timestamp:
-    """The ts of the batch's last entry, read where it lies in the reply (a live tail's batches
-    are an entry or a few: a copy of the entry costs more than the splice of it)."""
-    return timestamp_of(batch.data, b"ts", int(batch.starts[-1]))
-
-
-def _spliced(
-    data: bytes | bytearray, at: int, splice: bool, expanded: bool, applied: bool
-) -> tuple[int, tuple[SplicedItems, int, Timestamp] | None]:
-    """The reply's cursor id, and its batch's events (what `splice_entries` makes of them, their
-    entries, the last one's ts; None for an empty batch). Pure (it reads the reply and makes new
-    objects only), so it may run in a worker thread: nothing it returns is left to compute (a
-    block's events are its own columns, not a merge's gathered on first use), so the loop reads
-    it without racing the thread."""
-    cursor_id, batch = batch_in_place(data, at)
-    if not len(batch):
-        return cursor_id, None
-    items = splice_entries(batch, splice, expanded, applied)
-    for item in listed(items):
-        if type(item) is EventBlock:
-            item.events  # noqa: B018 (a merge's block gathers its events here, once)
-    return cursor_id, (items, len(batch), _last_ts(batch))
 
 
 class TailOutput(Protocol):
@@ -278,9 +253,9 @@ class OplogTail:
             # Not abandoned on cancellation (trio's default): a cancelled tail waits for its
             # splice to end (milliseconds), so no thread is left reading the reply's buffer.
             # Each tail awaits its own splice: a shard's batches are delivered in order.
-            cursor_id, spliced = await trio.to_thread.run_sync(_spliced, *args, limiter=limiter)
+            cursor_id, spliced = await trio.to_thread.run_sync(splice_reply, *args, limiter=limiter)
         else:
-            cursor_id, spliced = _spliced(*args)
+            cursor_id, spliced = splice_reply(*args)
         if spliced is None:
             await out.idle()
         else:

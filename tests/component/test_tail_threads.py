@@ -153,13 +153,13 @@ async def test_a_tail_splicing_in_threads_delivers_what_one_on_the_loop_does(
 ) -> None:
     spliced_on: list[tuple[int, bool]] = []  # (reply size, in a worker thread)
     loop_thread = threading.get_ident()
-    splice = oplog_tail._spliced
+    splice = oplog_tail.splice_reply
 
     def recorded(data: Any, *args: Any) -> Any:
         spliced_on.append((len(data), threading.get_ident() != loop_thread))
         return splice(data, *args)
 
-    monkeypatch.setattr(oplog_tail, "_spliced", recorded)
+    monkeypatch.setattr(oplog_tail, "splice_reply", recorded)
     inline = await _read(None)
     assert not any(threaded for _, threaded in spliced_on)
     spliced_on.clear()
@@ -175,7 +175,7 @@ async def test_a_tail_cancelled_mid_splice_waits_for_its_thread_and_leaves_nothi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     started, go, finished = threading.Event(), threading.Event(), threading.Event()
-    splice = oplog_tail._spliced
+    splice = oplog_tail.splice_reply
 
     def held(*args: Any) -> Any:
         if threading.current_thread() is not threading.main_thread() and not started.is_set():
@@ -186,7 +186,7 @@ async def test_a_tail_cancelled_mid_splice_waits_for_its_thread_and_leaves_nothi
             return out
         return splice(*args)
 
-    monkeypatch.setattr(oplog_tail, "_spliced", held)
+    monkeypatch.setattr(oplog_tail, "splice_reply", held)
     limiter = trio.CapacityLimiter(1)
     out = _Output()
     with trio.CancelScope() as scope:
@@ -210,7 +210,7 @@ async def test_a_tail_cancelled_mid_splice_waits_for_its_thread_and_leaves_nothi
         while out.budget.used:
             await trio.sleep(0.01)
     # The next tail, with the same limiter, reads the whole oplog as one on the loop does.
-    monkeypatch.setattr(oplog_tail, "_spliced", splice)
+    monkeypatch.setattr(oplog_tail, "splice_reply", splice)
     assert (await _read(limiter)).events == (await _read(None)).events
 
 

@@ -20,7 +20,7 @@ from buckets._columnar.batch_splice import BATCH_MIN
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import listed
 from buckets._columnar.oplog_batch import SLACK
-from buckets.oplog_tail import _spliced
+from buckets._columnar.reply_splice import splice_reply
 from tests.unit.test_batch_splice import writes
 from tests.unit.test_txn_batch import _oplogs, _server_transactions
 
@@ -35,9 +35,9 @@ def _reply(entries: list[bytes]) -> bytearray:
 
 
 def _digest(reply: bytearray, expanded: bool, applied: bool) -> Any:
-    """What `_spliced` makes of the reply, as comparable values: each item's type and events (a
+    """What `splice_reply` makes of the reply, as comparable values: each item's type and events (a
     block's sort keys, bytes and kinds), the cursor id, the entry count and the last ts."""
-    cursor_id, spliced = _spliced(reply, 0, True, expanded, applied)
+    cursor_id, spliced = splice_reply(reply, 0, True, expanded, applied)
     assert spliced is not None
     items, entries, last_ts = spliced
     shown = [
