@@ -1,6 +1,6 @@
 """A live tail's per-round shortcuts read the same values as the general code they stand in for:
 an element found by a walk that stops at it (`first_element`, for an oplog entry's ts and a
-reply's ok), the last entry's ts read in place (oplog_tail `_last_ts`), and a reader's
+reply's ok), the last entry's ts read in place (reply_splice `last_ts`), and a reader's
 `starved` without adding up the memory pool when its own set-aside room covers the batch."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buckets._columnar.oplog_batch import OplogBatch, batch_in_place, reply_batch
+from buckets._columnar.reply_splice import last_ts
 from buckets.budget import ByteBudget
 from buckets.memory_limit import MemoryPool
-from buckets.oplog_tail import OplogTail, _last_ts
+from buckets.oplog_tail import OplogTail
 from buckets.reader import ShardReader
 from mongoformats.change_events import OplogTransformer
 from mongoformats.oplog_splice import elements, first_element, timestamp_of
@@ -54,12 +55,12 @@ def test_the_last_entry_s_ts_is_read_in_place(entries):  # noqa: ANN001
         for ts, s in entries
     ]
     batch = OplogBatch.of(docs)
-    assert _last_ts(batch) == timestamp_of(batch.entry(-1)) == entries[-1][0]
+    assert last_ts(batch) == timestamp_of(batch.entry(-1)) == entries[-1][0]
     reply = bson.encode({"cursor": {"nextBatch": [bson.decode(d) for d in docs], "id": 0}})
     _, in_reply = reply_batch(reply)
-    assert _last_ts(in_reply) == entries[-1][0]
+    assert last_ts(in_reply) == entries[-1][0]
     _, at_offset = batch_in_place(b"\0" * 3 + reply + bytes(300), 3)
-    assert _last_ts(at_offset) == entries[-1][0]
+    assert last_ts(at_offset) == entries[-1][0]
 
 
 def _reader(budget: ByteBudget) -> ShardReader:
