@@ -37,7 +37,7 @@ from bson import Timestamp
 
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
-from buckets._columnar.txn_events import txn_block
+from buckets._columnar.txn_events import TxnRows, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -106,11 +106,12 @@ _Chain = list[tuple[int, _Read]]
 class Placed(NamedTuple):
     """What the transactions a list of items holds whole become (`placed`): the items that
     replace theirs (`replaced`: a commit's its events' fields, another entry none), and the
-    events of those kept as columns (`block`, in the order of their commits; None if none),
-    each with the index of its commit's item (`commits`, sorted)."""
+    events of those kept as columns (`block`, in the order of their commits, their heads and
+    txnOpIndexes written when they are put into the batch's block, txn_events.joined; None if
+    none), each with the index of its commit's item (`commits`, sorted)."""
 
     replaced: dict[int, list[Any]]
-    block: EventBlock | None
+    block: TxnRows | None
     commits: list[int]
 
 
@@ -345,7 +346,7 @@ class _Made(NamedTuple):
     None for a chain left to the transformer."""
 
     events: list[list[Any] | int | None]
-    block: EventBlock | None
+    block: TxnRows | None
 
 
 def _spliced(
@@ -365,26 +366,31 @@ def _spliced(
     out, block, taken = splice(batch)
     rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
     rows[taken] = np.arange(len(taken))
-    rewritten, done = _rewritten(ops, block, taken)
+    indexes = ops.indexes[taken]
+    done = txn_done(block, indexes) if block is not None else np.zeros(0, np.bool_)
     kept: dict[int, int] = {}
-    if columns and rewritten is not None:
+    if columns and block is not None:
         kept = _columnar(rows, out, done, bounds, ops.timed if applied else None)
-    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done, expanded)
+    # The rows made their transactions' here only for chains made fields.
+    rewritten = _rewritten(ops, block, taken) if len(kept) < len(chains) else None
+    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done.tolist(), expanded)
     events = [
         kept[c] if c in kept else made.chain(a, b)
         for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
     ]
-    return _Made(events, _kept_rows(rewritten, rows, bounds, kept))
+    kept_rows = None
+    if block is not None:
+        kept_rows = _kept_rows(block, ops.heads[taken], indexes, (rows, bounds, kept))
+    return _Made(events, kept_rows)
 
 
 def _rewritten(
     ops: _Ops, block: EventBlock | None, taken: npt.NDArray[np.intp]
-) -> tuple[EventBlock | None, list[bool]]:
-    """The block splice's events of the ops made their transactions' (txn_events.py), and
-    which of its rows were."""
+) -> EventBlock | None:
+    """The block splice's events of the ops made their transactions' (txn_events.py)."""
     if block is None:
-        return None, []
-    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())
+        return None
+    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())[0]
 
 
 class _Fields:
@@ -426,7 +432,7 @@ class _Fields:
 def _columnar(
     rows: npt.NDArray[np.int64],
     out: list[Any],
-    done: list[bool],
+    done: npt.NDArray[np.bool_],
     bounds: list[int],
     applied: npt.NDArray[np.bool_] | None,
 ) -> dict[int, int]:
@@ -435,7 +441,7 @@ def _columnar(
     its count of rows."""
     has = rows >= 0
     made = np.zeros(len(rows), np.bool_)
-    made[has] = np.array(done, np.bool_)
+    made[has] = done
     ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
     if applied is not None:
         ok &= ~applied
@@ -453,20 +459,23 @@ def _columnar(
 
 
 def _kept_rows(
-    rewritten: EventBlock | None,
-    rows: npt.NDArray[np.int64],
-    bounds: list[int],
-    kept: dict[int, int],
-) -> EventBlock | None:
-    """The rows of the chains kept in columns, in their order; None if none."""
-    if rewritten is None or not sum(kept.values()):
+    block: EventBlock,
+    heads: npt.NDArray[np.object_],
+    indexes: npt.NDArray[np.int64],
+    chains: tuple[npt.NDArray[np.int64], list[int], dict[int, int]],
+) -> TxnRows | None:
+    """The rows of the chains kept in columns (of the block splice's `block`, each row's head
+    and txnOpIndex), in their order; None if none. `chains`: each op's row, the chains'
+    bounds, the chains kept."""
+    rows, bounds, kept = chains
+    if not sum(kept.values()):
         return None
-    if sum(kept.values()) == len(rewritten):
-        return rewritten
+    if sum(kept.values()) == len(block):
+        return TxnRows(block, heads.tolist(), indexes)
     picked = [rows[bounds[c] : bounds[c + 1]] for c in kept]
     at = np.concatenate(picked)
     at = at[at >= 0]
-    return rewritten.take(at)
+    return TxnRows(block.take(at), heads[at].tolist(), indexes[at])
 
 
 class _Listed(NamedTuple):
