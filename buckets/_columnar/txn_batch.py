@@ -38,7 +38,7 @@ from bson import Timestamp
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_chains import STAMP_TAIL, Chains, command_items, server_chains
-from buckets._columnar.txn_events import TxnRows, txn_block, txn_done
+from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -536,7 +536,7 @@ def _applied_at(when: int, at: int) -> tuple[Timestamp, int]:
 
 def warm_up(splice: BatchSplice) -> None:
     """Compile the kernels of the read (txn_read.py) and of the rewrite (txn_events.py), or
-    load them from numba's cache, on a transaction of one insert (see batch_splice.warm_up)."""
+    load them from numba's cache, on a transaction of two inserts (see batch_splice.warm_up)."""
     ui, oid = bson.Binary(bytes(16), 4), bson.ObjectId(bytes(12))
     op = {"op": "i", "ns": "db.c", "ui": ui, "o": {"_id": oid}, "o2": {"_id": oid}}
     entry = {
@@ -551,4 +551,7 @@ def warm_up(splice: BatchSplice) -> None:
         "wall": bson.datetime_ms.DatetimeMS(0),
         "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
     }
-    _spliced(_chains([bson.encode(entry)]), False, splice, True, False)
+    rows = _spliced(_chains([bson.encode(entry)]), False, splice, True, False).block
+    assert rows is not None
+    joined(None, np.zeros(len(rows.heads), np.int64), rows)
+    txn_block(rows.block, rows.heads, rows.indexes.tolist())

@@ -11,7 +11,7 @@ txn_event to judge.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
@@ -113,8 +113,18 @@ def joined(block: EventBlock | None, cuts: npt.NDArray[np.int64], txns: TxnRows)
     return EventBlock(keys, column, np.insert(kinds[:n], cuts, kinds[n:]), table)
 
 
-# No block's columns: no keys (of width 0), no events.
-_NONE = (np.zeros((0, 0), np.uint8), np.zeros(1, np.int64), np.zeros(0, np.uint8))
+def _read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    array.flags.writeable = False
+    return array
+
+
+# No block's columns: no keys (of width 0), no events; read-only as a block's offsets and
+# values are (numba compiles another signature for writable arrays).
+_NONE = (
+    np.zeros((0, 0), np.uint8),
+    _read_only(np.zeros(1, np.int64)),
+    _read_only(np.zeros(0, np.uint8)),
+)
 
 
 def _columns(block: EventBlock) -> tuple[_Bytes, _Ints, _Bytes]:
