@@ -99,7 +99,7 @@ def server_chains(items: list[Any], at: list[int]) -> Chains | None:
     commits = members[starts_of(lengths) + lengths - 1]
     data = batch.data
     heads = [
-        data[s + _NUMBER : s + _NUMBER_END] + data[s + _LSID : s + _LSID_END]
+        bytes(data[s + _NUMBER : s + _NUMBER_END] + data[s + _LSID : s + _LSID_END])
         for s in starts[commits].tolist()
     ]
     firsts = rows[members, R_OPS]

@@ -94,7 +94,7 @@ def joined(block: EventBlock | None, cuts: npt.NDArray[np.int64], txns: TxnRows)
     bytes, EventBlock.hold)."""
     theirs = txns.block
     top = int(txns.indexes.max()) if len(txns.indexes) else 0
-    mine = _columns(block) if block is not None else _NONE
+    mine: tuple[_Bytes, _Ints, _Bytes] = _columns(block) if block is not None else _NONE
     keys, out, out_at = _joined(
         *mine,
         *_columns(theirs),
@@ -120,7 +120,7 @@ def _read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 # No block's columns: no keys (of width 0), no events; read-only as a block's offsets and
 # values are (numba compiles another signature for writable arrays).
-_NONE = (
+_NONE: tuple[_Bytes, _Ints, _Bytes] = (
     np.zeros((0, 0), np.uint8),
     _read_only(np.zeros(1, np.int64)),
     _read_only(np.zeros(0, np.uint8)),
