@@ -33,16 +33,16 @@ _SECONDS = 1_700_000_000
 
 
 @st.composite
-def _server_transaction(draw: st.DrawFn, base: int, chains: bool) -> list[bytes]:
-    """One transaction's entries in the server's shape (one applyOps, a prepare and its commit,
-    with `chains` a partialTxn chain too), its session one of a few (two transactions may share
-    one: the later is then the transformer's), now and then a link broken (a prevOpTime that is
-    not the entry before's)."""
+def _server_transaction(draw: st.DrawFn, base: int) -> list[bytes]:
+    """One transaction's entries in the server's shape (one applyOps, a partialTxn chain ending
+    in one with `count`, or a prepare and its commit), its session one of a few (two
+    transactions may share one: the later is then the transformer's), now and then a link
+    broken (a prevOpTime that is not the entry before's)."""
     lsid = {"id": Binary(uuid.UUID(int=draw(st.integers(1, 3))).bytes, 4)}
     lsid["uid"] = Binary(bytes(32), 0)
     session = {"lsid": lsid, "txnNumber": Int64(draw(st.integers(0, 2)))}
     ops = draw(st.lists(_ops(), min_size=1, max_size=5))
-    shape = draw(st.sampled_from(["one", "prepared", *(["chain"] if chains else [])]))
+    shape = draw(st.sampled_from(["one", "chain", "prepared"]))
     first = Timestamp(_SECONDS, base + 1)
     if shape == "one":
         return [_entry(session, {"applyOps": ops}, base + 1, True, _NULL_TS)]
@@ -55,18 +55,18 @@ def _server_transaction(draw: st.DrawFn, base: int, chains: bool) -> list[bytes]
     entries, prev = [], _NULL_TS
     for k, op in enumerate(ops, start=base + 1):
         last = k == base + len(ops)
-        o = {"applyOps": [op], **({"count": len(ops)} if last else {"partialTxn": True})}
+        o = {"applyOps": [op], **({"count": Int64(len(ops))} if last else {"partialTxn": True})}
         entries.append(_entry(session, o, k, True, Timestamp(_SECONDS, 99) if broken else prev))
         prev = Timestamp(_SECONDS, k)
     return entries
 
 
 @st.composite
-def _server_oplogs(draw: st.DrawFn, chains: bool = False) -> list[bytes]:
+def _server_oplogs(draw: st.DrawFn) -> list[bytes]:
     """A few such transactions, their entries interleaved now and then, plain inserts between
     them, read from the start or from inside (a chain that began before the batch)."""
     count = draw(st.integers(1, 5))
-    txns = [draw(_server_transaction(20 * k, chains)) for k in range(count)]
+    txns = [draw(_server_transaction(20 * k)) for k in range(count)]
     order = [k for k, entries in enumerate(txns) for _ in entries]
     if draw(st.booleans()):
         order = draw(st.permutations(order))
@@ -86,8 +86,7 @@ def _columns(chains: Chains) -> list[Any]:
 @given(_server_oplogs())
 def test_the_compiled_chains_are_whole_chains(oplog: list[bytes]) -> None:
     """Entries all of the server's shape are linked in the compiled loop, into the chains (each
-    entry's item, ops, ts; each commit's stamp and head) whole_chains reads one by one. (The
-    last entry of a partialTxn chain, with its `count`, is read one by one, txn_read.py.)"""
+    entry's item, ops, ts; each commit's stamp and head) whole_chains reads one by one."""
     at = command_items(oplog)
     fast = server_chains(oplog, at)
     assert fast is not None
@@ -96,7 +95,7 @@ def test_the_compiled_chains_are_whole_chains(oplog: list[bytes]) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    _server_oplogs(chains=True),
+    _server_oplogs(),
     st.booleans(),
     st.booleans(),
     st.lists(st.integers(1, 30), max_size=2),
@@ -104,8 +103,7 @@ def test_the_compiled_chains_are_whole_chains(oplog: list[bytes]) -> None:
 def test_batches_of_compiled_chains_equal_the_general_transform(
     oplog: list[bytes], expanded: bool, applied: bool, cuts: list[int]
 ) -> None:
-    """Their events, from batches cut anywhere, are the general transform's (a batch with a
-    partialTxn chain's last entry reads its chains one by one)."""
+    """Their events, from batches cut anywhere, are the general transform's."""
     with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
         got = _batched(oplog, 0, cuts, expanded, applied, block_min=1)
     want = _general(oplog, 0, expanded)
