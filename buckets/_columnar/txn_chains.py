@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import U, as_bytes, has
+from buckets._columnar.byte_kernels import U
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_read import (
     R_BUFFERED,
@@ -89,9 +89,7 @@ def server_chains(items: list[Any], at: list[int]) -> Chains | None:
     starts = batch.starts[ok]
     words = rows.view(np.uint64)
     members, lengths = _link(
-        as_bytes(batch.data),
-        starts,
-        rows[:, R_NUMBER],
+        _keys(batch.data, starts, rows[:, R_NUMBER]),
         words[:, R_TS],
         words[:, R_PREV],
         rows[:, R_BUFFERED],
@@ -118,23 +116,15 @@ def server_chains(items: list[Any], at: list[int]) -> Chains | None:
 
 
 @numba.njit(cache=CACHE)
-def _link(
-    d: _Bytes, starts: _Ints, numbers: _Ints, ts: _Words, prevs: _Words, buffered: _Ints
-) -> tuple[_Ints, _Ints]:
+def _link(key: _Ints, ts: _Words, prevs: _Words, buffered: _Ints) -> tuple[_Ints, _Ints]:
     """The entries (rows of txn_read) of each transaction held whole, in the order of their
     commits (each's in order, back to back), and how many each has: as
     txn_batch.whole_chains links them. An entry continues its key's (lsid id, txnNumber) open
     chain if its prevOpTime is that chain's last ts, or starts one if its prevOpTime is null;
     else its key's entries are all left (to the transformer). A buffered entry (partialTxn,
-    prepare) leaves its chain open, another commits it."""
-    n = len(starts)
-    key = np.arange(n)  # each entry's key: the first entry of that key
-    for i in range(U(n)):
-        for j in range(U(i)):
-            lsid = d[U(starts[j] + _LSID_ID) : U(starts[j] + _LSID_ID + _ID_BYTES)]
-            if numbers[j] == numbers[i] and has(d, starts[i] + _LSID_ID, lsid):
-                key[i] = key[j]
-                break
+    prepare) leaves its chain open, another commits it. `key`: each entry's key, as a
+    number below the count of entries."""
+    n = len(key)
     last = np.full(n, -1, np.int64)  # of each key: its open chain's last entry
     link = np.full(n, -1, np.int64)  # of each entry: the one before it in its chain
     general = np.zeros(n, np.bool_)  # of each key: its entries are left
@@ -171,3 +161,14 @@ def _link(
             members[at] = j
             j = link[j]
     return members, lengths
+
+
+def _keys(data: bytes | bytearray, starts: _Ints, numbers: _Ints) -> _Ints:
+    """Each entry's key (lsid id, txnNumber) as a number, the same for the same key."""
+    at = starts[:, None] + np.arange(_LSID_ID, _LSID_ID + _ID_BYTES)
+    rows = np.concatenate(
+        [np.frombuffer(data, np.uint8)[at], numbers.astype("<i8").view(np.uint8).reshape(-1, 8)],
+        axis=1,
+    )
+    _, key = np.unique(rows.view(f"V{_ID_BYTES + 8}").ravel(), return_inverse=True)
+    return key.astype(np.int64).ravel()
