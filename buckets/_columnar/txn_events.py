@@ -255,13 +255,18 @@ def _joined(
     new_keys = np.zeros((m_a + m_b, width), np.uint8)
     out = np.empty(out_at[m_a + m_b], np.uint8)
     out_address, a_address = np.int64(out.ctypes.data), np.int64(a_values.ctypes.data)
+    keys_address, a_keys_address = np.int64(new_keys.ctypes.data), np.int64(a_keys.ctypes.data)
     a, r = 0, 0
     for i in range(U(m_b + 1)):
         cut = cuts[i] if i < m_b else m_a
         # the run of the first block's rows before it: their events in one copy, their keys
+        # (in one too if as wide)
         move(out_address + out_at[r], a_address + a_offsets[a], a_offsets[cut] - a_offsets[a])
+        if width == width_a:
+            move(keys_address + r * width, a_keys_address + a * width, (cut - a) * width)
+            r, a = r + cut - a, cut
         for _ in range(U(cut - a)):
-            new_keys[U(r), : U(width_a)] = a_keys[U(a)]
+            move(keys_address + r * width, a_keys_address + a * width_a, width_a)
             a += 1
             r += 1
         if i < m_b:

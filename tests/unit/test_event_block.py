@@ -236,7 +236,15 @@ def test_a_block_joined_into_another_as_its_own_columns_is_the_merge_blocks_even
     rows = TxnRows(theirs, heads, np.array(indexes, np.int64))
     alone = joined(None, np.zeros(len(theirs), np.int64), rows)  # (kinds as the splice's)
     both = joined(mine, np.array(cuts, np.int64), rows)
-    for got, want in ((both, mine.inserted(rewritten, cuts)), (alone, rewritten)):
+    # (the block's own events, index 0 and no head, between its own: keys as wide as its, its
+    # runs' keys copied whole)
+    plain = TxnRows(mine, [b""] * len(mine), np.zeros(len(mine), np.int64))
+    kept, every = txn_block(mine, plain.heads, [0] * len(mine))[0], np.arange(len(mine))
+    for got, want in (
+        (both, mine.inserted(rewritten, cuts)),
+        (alone, rewritten),
+        (joined(mine, every, plain), mine.inserted(kept, every.tolist())),
+    ):
         assert got.fields() == want.fields()
         assert np.array_equal(got.keys, want.keys)
         assert [got.kind_table[k] for k in got.kinds] == [want.kind_table[k] for k in want.kinds]
