@@ -467,18 +467,6 @@ class EventBlock(ArrayRun):
             _Unsorted(keys, events, order),
         )
 
-    def inserted_own(self, block: EventBlock, cuts: Sequence[int]) -> EventBlock:
-        """`inserted`, as columns of its own (each event copied once) whose kinds index one
-        table (each kind once): a shard's blocks are charged to its budget by their own bytes
-        (EventBlock.hold), which a merge's block does not keep."""
-        at, n = np.asarray(cuts, np.int64), len(self)
-        width = max(self.keys.shape[1], block.keys.shape[1])
-        keys = np.insert(widened(self.keys, width), at, widened(block.keys, width), axis=0)
-        order = np.insert(np.arange(n), at, np.arange(n, n + len(block)))
-        kinds, table = joined_kinds((self, block))
-        kinds = np.insert(kinds[:n], at, kinds[n:])
-        return EventBlock(keys, _Scattered.of((self, block)).gather(order), kinds, table)
-
     @classmethod
     def merge(cls, blocks: Sequence[EventBlock]) -> EventBlock:
         """The events of several blocks (each in token order) in token order; equal keys keep

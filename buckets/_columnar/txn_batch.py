@@ -37,7 +37,8 @@ from bson import Timestamp
 
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
-from buckets._columnar.txn_events import txn_block
+from buckets._columnar.txn_chains import STAMP_TAIL, Chains, command_items, server_chains
+from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -62,11 +63,6 @@ __all__ = ["TXN_OPS_MIN", "BatchSplice", "warm_up", "whole_chains", "with_transa
 # Fewer ops are left to the transformer: this path's fixed cost per batch (the compiled calls,
 # the block's templates) is some ten ops' splices one by one.
 TXN_OPS_MIN = 12
-
-# A server entry's stamp's tail: ts, t, v and wall (txn_splice.server_stamp).
-_STAMP_TAIL = 48
-
-_COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
 
 # batch_splice.splice_block at the batch's `expanded` (given by the caller, which imports this).
 BatchSplice = Callable[[OplogBatch], tuple[list[Any], EventBlock | None, npt.NDArray[np.intp]]]
@@ -106,11 +102,12 @@ _Chain = list[tuple[int, _Read]]
 class Placed(NamedTuple):
     """What the transactions a list of items holds whole become (`placed`): the items that
     replace theirs (`replaced`: a commit's its events' fields, another entry none), and the
-    events of those kept as columns (`block`, in the order of their commits; None if none),
-    each with the index of its commit's item (`commits`, sorted)."""
+    events of those kept as columns (`block`, in the order of their commits, their heads and
+    txnOpIndexes written when they are put into the batch's block, txn_events.joined; None if
+    none), each with the index of its commit's item (`commits`, sorted)."""
 
     replaced: dict[int, list[Any]]
-    block: EventBlock | None
+    block: TxnRows | None
     commits: list[int]
 
 
@@ -136,29 +133,58 @@ def placed(
     nothing else) kept in a block, not made into fields. A block keeps no applied-at time: with
     `applied` (a stream that reads pre-images, see buckets/lookup.py), only transactions whose
     events have none (their ops all in their commit) are kept so."""
-    reads, chains = whole_chains(items)
-    if sum(len(read.ops) for chain in chains for _, read in chain) < TXN_OPS_MIN:
+    chains = _chains(items)
+    if int(chains.counts.sum()) < TXN_OPS_MIN:
         return Placed({}, None, [])
-    made = _spliced(reads, chains, expanded, splice, columns, applied)
+    made = _spliced(chains, expanded, splice, columns, applied)
     replaced: dict[int, list[Any]] = {}
     commits: list[int] = []
-    for chain, events in zip(chains, made.events, strict=True):
+    ends = np.cumsum(chains.lengths).tolist()
+    for events, start, end in zip(made.events, [0, *ends], ends, strict=False):
         if events is not None:  # (None: left to the transformer, whole)
-            _place(chain, events, replaced, commits)
+            _place(chains.items[start:end], events, replaced, commits)
     return Placed(replaced, made.block, commits)
 
 
 def _place(
-    chain: _Chain, events: list[Any] | int, replaced: dict[int, list[Any]], commits: list[int]
+    chain: list[int], events: list[Any] | int, replaced: dict[int, list[Any]], commits: list[int]
 ) -> None:
-    """Replace a chain's entries: each by none of its events, its commit by its events' fields,
-    or by `events` rows of the block (its index in `commits` for each). Chains may
-    interleave: each entry is replaced where it is."""
-    replaced |= {at: [] for at, _ in chain}
+    """Replace a chain's entries (their items): each by none of its events, its commit by its
+    events' fields, or by `events` rows of the block (its index in `commits` for each). Chains
+    may interleave: each entry is replaced where it is."""
+    replaced |= {at: [] for at in chain}
     if isinstance(events, int):
-        commits += [chain[-1][0]] * events
+        commits += [chain[-1]] * events
     else:
-        replaced[chain[-1][0]] = events
+        replaced[chain[-1]] = events
+
+
+def _chains(items: list[Any]) -> Chains:
+    """The transactions the items hold whole, as columns: read at once if their entries are of
+    the server's shape (txn_chains.py), else one by one (`whole_chains`)."""
+    at = command_items(items)
+    chains = server_chains(items, at) if at else None
+    return chains if chains is not None else _columns_of(*whole_chains(items))
+
+
+def _columns_of(reads: _Reads, chains: list[_Chain]) -> Chains:
+    """`whole_chains`' transactions as columns (txn_chains.Chains)."""
+    members = [read for chain in chains for _, read in chain]
+    commits = [chain[-1][1] for chain in chains]
+    tails = _column(commits, "tail")
+    assert (tails >= 0).all()  # read_apply_ops gives a commit its stamp
+    return Chains(
+        reads.data,
+        reads.spans,
+        [i for chain in chains for i, _ in chain],
+        np.fromiter(map(len, chains), np.int64, len(chains)),
+        np.fromiter((read.ops.start for read in members), np.int64, len(members)),
+        np.fromiter((len(read.ops) for read in members), np.int64, len(members)),
+        _column(members, "ts", np.uint64),
+        tails,
+        _column(commits, "tail_size"),
+        [read.head for read in commits],
+    )
 
 
 def whole_chains(items: list[Any]) -> tuple[_Reads, list[_Chain]]:
@@ -187,7 +213,7 @@ def _reads(items: list[Any]) -> _Reads:
     """The items' applyOps and commitTransaction entries, each with its index, as read_apply_ops
     reads them: at once in a compiled loop (txn_read.py) if of the server's shape, else by
     read_apply_ops itself."""
-    at = [i for i, item in enumerate(items) if type(item) is bytes and _COMMAND_OP in item]
+    at = command_items(items)
     if not at:
         return _Reads(b"", np.zeros((0, 2), np.int64), [])
     entries = [items[i] for i in at]
@@ -219,7 +245,7 @@ def _server_read(entry: bytes, start: int, row: list[int], ts: int, prev: int) -
         buffered,
         range(row[R_OPS], row[R_OPS + 1]),
         -1 if buffered else start + row[R_TAIL],
-        0 if buffered else _STAMP_TAIL,
+        0 if buffered else STAMP_TAIL,
         b"" if buffered else server_stamp(entry, row[R_TAIL])[1],
     )
 
@@ -296,40 +322,36 @@ class _Ops(NamedTuple):
     at: npt.NDArray[np.int64]
     bounds: list[int]
 
-    def entries(self, reads: _Reads) -> OplogBatch:
+    def entries(self, chains: Chains) -> OplogBatch:
         """The ops as plain writes' entries (txn_entry), in one batch (txn_read.op_entries)."""
         columns = (self.firsts, self.counts, self.tails, self.tail_sizes)
-        return OplogBatch(*op_entries(reads.data, reads.spans, *columns))
+        return OplogBatch(*op_entries(chains.data, chains.spans, *columns))
 
 
-def _ops(chains: list[_Chain]) -> _Ops:
+def _ops(chains: Chains) -> _Ops:
     """The chains' ops, as columns (see _Ops). Their applied-at times are as the transformer's
     `_unwind` gives them: where each was written, unless at its index in the commit (the
     commit's ops, if they come first)."""
-    reads = [read for chain in chains for _, read in chain]
-    commits = [chain[-1][1] for chain in chains for _ in chain]
-    tails = _column(commits, "tail")
-    assert (tails >= 0).all()  # read_apply_ops gives a commit its stamp
-    lengths = list(map(len, chains))
-    counts = np.fromiter(map(len, map(attrgetter("ops"), reads)), np.int64, len(reads))
-    per_chain = np.add.reduceat(np.append(counts, 0), starts_of(lengths))[: len(chains)]
-    bounds = np.zeros(len(chains) + 1, np.int64)
+    lengths, counts = chains.lengths, chains.counts
+    firsts = starts_of(lengths)  # each chain's first entry
+    per_chain = np.add.reduceat(np.append(counts, 0), firsts)[: len(lengths)]
+    bounds = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(per_chain, out=bounds[1:])
-    read_starts = starts_of(counts)  # where each read's ops start
-    ts = _column(reads, "ts", np.uint64)
-    timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (
-        ts != _column(commits, "ts", np.uint64)
-    )
+    read_starts = starts_of(counts)  # where each entry's ops start
+    commit_ts = np.repeat(chains.ts[firsts + lengths - 1], lengths)
+    timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (chains.ts != commit_ts)
     ops = np.arange(int(bounds[-1]))
+    heads = np.empty(len(lengths), np.object_)
+    heads[:] = chains.heads
     return _Ops(
-        np.fromiter(map(attrgetter("start"), map(attrgetter("ops"), reads)), np.int64, len(reads)),
+        chains.firsts,
         counts,
-        tails,
-        _column(commits, "tail_size"),
-        np.repeat(_column(commits, "head", np.object_), counts),
+        np.repeat(chains.tails, lengths),
+        np.repeat(chains.tail_sizes, lengths),
+        np.repeat(heads, per_chain),
         ops - np.repeat(bounds[:-1], per_chain),
         np.repeat(timed, counts),
-        np.repeat(ts, counts),
+        np.repeat(chains.ts, counts),
         ops - np.repeat(read_starts, counts),
         bounds.tolist(),
     )
@@ -345,12 +367,11 @@ class _Made(NamedTuple):
     None for a chain left to the transformer."""
 
     events: list[list[Any] | int | None]
-    block: EventBlock | None
+    block: TxnRows | None
 
 
 def _spliced(
-    reads: _Reads,
-    chains: list[_Chain],
+    chains: Chains,
     expanded: bool,
     splice: BatchSplice,
     columns: bool,
@@ -361,30 +382,35 @@ def _spliced(
     time."""
     ops = _ops(chains)
     bounds = ops.bounds
-    batch = ops.entries(reads)
+    batch = ops.entries(chains)
     out, block, taken = splice(batch)
     rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
     rows[taken] = np.arange(len(taken))
-    rewritten, done = _rewritten(ops, block, taken)
+    indexes = ops.indexes[taken]
+    done = txn_done(block, indexes) if block is not None else np.zeros(0, np.bool_)
     kept: dict[int, int] = {}
-    if columns and rewritten is not None:
+    if columns and block is not None:
         kept = _columnar(rows, out, done, bounds, ops.timed if applied else None)
-    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done, expanded)
+    # The rows made their transactions' here only for chains made fields.
+    rewritten = _rewritten(ops, block, taken) if len(kept) < len(bounds) - 1 else None
+    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done.tolist(), expanded)
     events = [
         kept[c] if c in kept else made.chain(a, b)
         for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
     ]
-    return _Made(events, _kept_rows(rewritten, rows, bounds, kept))
+    kept_rows = None
+    if block is not None:
+        kept_rows = _kept_rows(block, ops.heads[taken], indexes, (rows, bounds, kept))
+    return _Made(events, kept_rows)
 
 
 def _rewritten(
     ops: _Ops, block: EventBlock | None, taken: npt.NDArray[np.intp]
-) -> tuple[EventBlock | None, list[bool]]:
-    """The block splice's events of the ops made their transactions' (txn_events.py), and
-    which of its rows were."""
+) -> EventBlock | None:
+    """The block splice's events of the ops made their transactions' (txn_events.py)."""
     if block is None:
-        return None, []
-    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())
+        return None
+    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())[0]
 
 
 class _Fields:
@@ -426,7 +452,7 @@ class _Fields:
 def _columnar(
     rows: npt.NDArray[np.int64],
     out: list[Any],
-    done: list[bool],
+    done: npt.NDArray[np.bool_],
     bounds: list[int],
     applied: npt.NDArray[np.bool_] | None,
 ) -> dict[int, int]:
@@ -435,7 +461,7 @@ def _columnar(
     its count of rows."""
     has = rows >= 0
     made = np.zeros(len(rows), np.bool_)
-    made[has] = np.array(done, np.bool_)
+    made[has] = done
     ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
     if applied is not None:
         ok &= ~applied
@@ -453,20 +479,23 @@ def _columnar(
 
 
 def _kept_rows(
-    rewritten: EventBlock | None,
-    rows: npt.NDArray[np.int64],
-    bounds: list[int],
-    kept: dict[int, int],
-) -> EventBlock | None:
-    """The rows of the chains kept in columns, in their order; None if none."""
-    if rewritten is None or not sum(kept.values()):
+    block: EventBlock,
+    heads: npt.NDArray[np.object_],
+    indexes: npt.NDArray[np.int64],
+    chains: tuple[npt.NDArray[np.int64], list[int], dict[int, int]],
+) -> TxnRows | None:
+    """The rows of the chains kept in columns (of the block splice's `block`, each row's head
+    and txnOpIndex), in their order; None if none. `chains`: each op's row, the chains'
+    bounds, the chains kept."""
+    rows, bounds, kept = chains
+    if not sum(kept.values()):
         return None
-    if sum(kept.values()) == len(rewritten):
-        return rewritten
+    if sum(kept.values()) == len(block):
+        return TxnRows(block, heads.tolist(), indexes)
     picked = [rows[bounds[c] : bounds[c + 1]] for c in kept]
     at = np.concatenate(picked)
     at = at[at >= 0]
-    return rewritten.take(at)
+    return TxnRows(block.take(at), heads[at].tolist(), indexes[at])
 
 
 class _Listed(NamedTuple):
@@ -507,7 +536,7 @@ def _applied_at(when: int, at: int) -> tuple[Timestamp, int]:
 
 def warm_up(splice: BatchSplice) -> None:
     """Compile the kernels of the read (txn_read.py) and of the rewrite (txn_events.py), or
-    load them from numba's cache, on a transaction of one insert (see batch_splice.warm_up)."""
+    load them from numba's cache, on a transaction of two inserts (see batch_splice.warm_up)."""
     ui, oid = bson.Binary(bytes(16), 4), bson.ObjectId(bytes(12))
     op = {"op": "i", "ns": "db.c", "ui": ui, "o": {"_id": oid}, "o2": {"_id": oid}}
     entry = {
@@ -522,4 +551,7 @@ def warm_up(splice: BatchSplice) -> None:
         "wall": bson.datetime_ms.DatetimeMS(0),
         "prevOpTime": {"ts": Timestamp(0, 0), "t": bson.Int64(-1)},
     }
-    _spliced(*whole_chains([bson.encode(entry)]), False, splice, True, False)
+    rows = _spliced(_chains([bson.encode(entry)]), False, splice, True, False).block
+    assert rows is not None
+    joined(None, np.zeros(len(rows.heads), np.int64), rows)
+    txn_block(rows.block, rows.heads, rows.indexes.tolist())

@@ -11,6 +11,8 @@ txn_event to judge.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
@@ -19,12 +21,22 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from buckets._columnar.byte_kernels import U, as_bytes, byte_table, copy, has, i32, put_i32
+from buckets._columnar.block_merge import joined_kinds
+from buckets._columnar.byte_kernels import (
+    U,
+    as_bytes,
+    byte_table,
+    copy,
+    has,
+    i32,
+    move,
+    put_i32,
+)
 from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
 
-__all__ = ["txn_block"]
+__all__ = ["TxnRows", "joined", "txn_block", "txn_done"]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -45,23 +57,117 @@ def txn_block(
     top = max(indexes, default=0)
     if top > _MAX_INDEX:
         return block, [False] * len(block)
-    tokens = [_token_head(k) for k in range(top + 1)]
-    events = block.events
-    offsets = np.frombuffer(events.buffers()[1], np.int64)[events.offset :][: len(block) + 1]
-    values = events.buffers()[2]
     keys, out, out_at, done = _rewrite(
-        np.ascontiguousarray(block.keys),
-        offsets,
-        as_bytes(values if values is not None else b""),
-        *byte_table(heads),
-        np.array(indexes, np.int64),
-        *byte_table([ks for ks, _ in tokens]),
-        *byte_table([hex_digits for _, hex_digits in tokens]),
+        *_columns(block), *byte_table(heads), np.array(indexes, np.int64), *_tokens(top)
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(block), [None, pa.py_buffer(out_at), pa.py_buffer(out)]
     )
     return EventBlock(keys, column, block.kinds, block.kind_table), done.tolist()
+
+
+def txn_done(block: EventBlock, indexes: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which of the block's rows `txn_block` would make its transaction's (its `done`), read
+    from their keys at once: index 0, or a key of the token head the splice writes."""
+    if len(indexes) and indexes.max() > _MAX_INDEX:
+        return np.zeros(len(indexes), np.bool_)
+    keys, end = block.keys, _HEAD_AT + _TOKEN_BYTES
+    if keys.shape[1] < end:
+        return indexes == 0
+    return (indexes == 0) | (keys[:, _HEAD_AT:end] == _P_TOKEN_HEAD).all(axis=1)
+
+
+class TxnRows(NamedTuple):
+    """Rows of a block the batch splice made of transactions' ops (each `txn_done`), with each
+    one's transaction's head and txnOpIndex (see `txn_block`), not yet written into them."""
+
+    block: EventBlock
+    heads: list[bytes]
+    indexes: npt.NDArray[np.int64]
+
+
+def joined(block: EventBlock | None, cuts: npt.NDArray[np.int64], txns: TxnRows) -> EventBlock:
+    """`block` with the events of `txns` made their transactions' (as `txn_block` makes them)
+    put in, the i-th before `block`'s cuts[i]-th event, as one block of its own columns whose
+    kinds index one table: each event written once, the block's runs between the
+    transactions' events copied whole (a shard's blocks are charged to its budget by their own
+    bytes, EventBlock.hold)."""
+    theirs = txns.block
+    top = int(txns.indexes.max()) if len(txns.indexes) else 0
+    mine: tuple[_Bytes, _Ints, _Bytes] = _columns(block) if block is not None else _NONE
+    keys, out, out_at = _joined(
+        *mine,
+        *_columns(theirs),
+        *byte_table(txns.heads),
+        txns.indexes.astype(np.int64),
+        *_tokens(top),
+        np.asarray(cuts, np.int64),
+    )
+    column = pa.Array.from_buffers(
+        pa.large_binary(), len(keys), [None, pa.py_buffer(out_at), pa.py_buffer(out)]
+    )
+    if block is None:
+        return EventBlock(keys, column, theirs.kinds, theirs.kind_table)
+    kinds, table = joined_kinds((block, theirs))
+    n = len(block)
+    return EventBlock(keys, column, np.insert(kinds[:n], cuts, kinds[n:]), table)
+
+
+def _read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    array.flags.writeable = False
+    return array
+
+
+# No block's columns: no keys (of width 0), no events; read-only as a block's offsets and
+# values are (numba compiles another signature for writable arrays).
+_NONE: tuple[_Bytes, _Ints, _Bytes] = (
+    np.zeros((0, 0), np.uint8),
+    _read_only(np.zeros(1, np.int64)),
+    _read_only(np.zeros(0, np.uint8)),
+)
+
+
+def _columns(block: EventBlock) -> tuple[_Bytes, _Ints, _Bytes]:
+    """A block's keys, offsets and values, as the kernels read them."""
+    events = block.events
+    offsets = np.frombuffer(events.buffers()[1], np.int64)[events.offset :][: len(block) + 1]
+    values = events.buffers()[2]
+    return (
+        np.ascontiguousarray(block.keys),
+        offsets,
+        as_bytes(values if values is not None else b""),
+    )
+
+
+def _tokens(top: int) -> tuple[_Bytes, _Ints, _Bytes, _Ints]:
+    """The token heads of indexes 0 to `top` (KeyString, then hex digits), as byte tables."""
+    tokens = [_token_head(k) for k in range(top + 1)]
+    return (
+        *byte_table([ks for ks, _ in tokens]),
+        *byte_table([hex_digits for _, hex_digits in tokens]),
+    )
+
+
+@numba.njit(cache=CACHE, nogil=True)
+def _sizes(
+    keys: _Bytes, offsets: _Ints, head_at: _Ints, indexes: _Ints, ks_at: _Ints
+) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_]]:
+    """Each row's rewritten key's length and event's, and whether it is rewritten (see
+    `txn_done`)."""
+    m, width = keys.shape[0], keys.shape[1]
+    sizes = np.zeros(m, np.int64)
+    events = np.zeros(m, np.int64)
+    done = np.zeros(m, np.bool_)
+    for j in range(U(m)):
+        n = width
+        while n > 0 and keys[j, U(n - 1)] == 0:
+            n -= 1
+        k = indexes[j]
+        grown = (ks_at[k + 1] - ks_at[k] - _TOKEN_BYTES) * (k > 0)
+        done[j] = (k == 0) or has(keys[j], _HEAD_AT, _P_TOKEN_HEAD)
+        sizes[j] = n + grown
+        events[j] = offsets[j + 1] - offsets[j] + head_at[j + 1] - head_at[j] + 2 * grown
+    return sizes, events, done
 
 
 @numba.njit(cache=CACHE, nogil=True)
@@ -80,20 +186,12 @@ def _rewrite(
     """The rewritten sort keys (rows padded with zeros), events (back to back, and offsets)
     and which rows were rewritten (a row not rewritten keeps no bytes). Two passes: sizes,
     then bytes."""
-    m, width = keys.shape[0], keys.shape[1]
-    sizes = np.zeros(m, np.int64)  # each key's length
+    m = keys.shape[0]
+    sizes, events, done = _sizes(keys, offsets, head_at, indexes, ks_at)
+    sizes *= done
     out_at = np.zeros(m + 1, np.int64)
-    done = np.zeros(m, np.bool_)
     for j in range(U(m)):
-        n = width
-        while n > 0 and keys[j, U(n - 1)] == 0:
-            n -= 1
-        k = indexes[j]
-        grown = ks_at[k + 1] - ks_at[k] - _TOKEN_BYTES
-        done[j] = (k == 0) or has(keys[j], _HEAD_AT, _P_TOKEN_HEAD)
-        sizes[j] = (n + grown * (k > 0)) * done[j]
-        event = offsets[j + 1] - offsets[j] + head_at[j + 1] - head_at[j] + 2 * grown * (k > 0)
-        out_at[j + 1] = out_at[j] + event * done[j]
+        out_at[j + 1] = out_at[j] + events[j] * done[j]
     new_keys = np.zeros((m, max(sizes.max(), 1) if m else 1), np.uint8)
     out = np.empty(out_at[m], np.uint8)
     for j in range(U(m)):
@@ -117,6 +215,81 @@ def _rewrite(
                 out_at[j],
             )
     return new_keys, out, out_at, done
+
+
+@numba.njit(cache=CACHE, nogil=True)
+def _joined(
+    a_keys: _Bytes,
+    a_offsets: _Ints,
+    a_values: _Bytes,
+    keys: _Bytes,
+    offsets: _Ints,
+    values: _Bytes,
+    heads: _Bytes,
+    head_at: _Ints,
+    indexes: _Ints,
+    ks: _Bytes,
+    ks_at: _Ints,
+    hexes: _Bytes,
+    hex_at: _Ints,
+    cuts: _Ints,
+) -> tuple[_Bytes, _Bytes, _Ints]:
+    """`joined`'s keys (rows padded with zeros) and events (back to back, and offsets): the
+    rows of the first block (a_...) with those of the second rewritten (`_rewrite`'s, every
+    row rewritten) put in, row i before the first's row cuts[i]. Two passes: sizes, then
+    bytes (a run of the first block's rows, one copy)."""
+    m_a, m_b, width_a = a_keys.shape[0], keys.shape[0], a_keys.shape[1]
+    sizes, events, _ = _sizes(keys, offsets, head_at, indexes, ks_at)
+    width = max(width_a, max(sizes.max(), 1) if m_b else 1)
+    out_at = np.zeros(m_a + m_b + 1, np.int64)
+    a, r = 0, 0
+    for i in range(U(m_b + 1)):
+        cut = cuts[i] if i < m_b else m_a
+        for _ in range(U(cut - a)):
+            out_at[r + 1] = out_at[r] + a_offsets[a + 1] - a_offsets[a]
+            a += 1
+            r += 1
+        if i < m_b:
+            out_at[r + 1] = out_at[r] + events[i]
+            r += 1
+    new_keys = np.zeros((m_a + m_b, width), np.uint8)
+    out = np.empty(out_at[m_a + m_b], np.uint8)
+    out_address, a_address = np.int64(out.ctypes.data), np.int64(a_values.ctypes.data)
+    keys_address, a_keys_address = np.int64(new_keys.ctypes.data), np.int64(a_keys.ctypes.data)
+    a, r = 0, 0
+    for i in range(U(m_b + 1)):
+        cut = cuts[i] if i < m_b else m_a
+        # the run of the first block's rows before it: their events in one copy, their keys
+        # (in one too if as wide)
+        move(out_address + out_at[r], a_address + a_offsets[a], a_offsets[cut] - a_offsets[a])
+        if width == width_a:
+            move(keys_address + r * width, a_keys_address + a * width, (cut - a) * width)
+            r, a = r + cut - a, cut
+        for _ in range(U(cut - a)):
+            move(keys_address + r * width, a_keys_address + a * width_a, width_a)
+            a += 1
+            r += 1
+        if i < m_b:
+            _one(
+                keys[i],
+                values,
+                offsets[i],
+                offsets[i + 1],
+                heads,
+                head_at[i],
+                head_at[i + 1],
+                indexes[i],
+                ks,
+                ks_at,
+                hexes,
+                hex_at,
+                new_keys[r],
+                sizes[i],
+                out,
+                out_at[r],
+            )
+            r += 1
+    return new_keys, out, out_at
 
 
 @numba.njit(cache=CACHE)

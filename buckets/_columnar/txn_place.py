@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from buckets._columnar.event_block import EventBlock
+from buckets._columnar.txn_events import TxnRows, joined
 
 __all__ = ["cut_around", "with_transactions_in"]
 
@@ -22,30 +23,23 @@ __all__ = ["cut_around", "with_transactions_in"]
 def with_transactions_in(
     block: EventBlock | None,
     taken: npt.NDArray[np.intp],
-    txns: EventBlock | None,
+    txns: TxnRows | None,
     commits: list[int],
 ) -> tuple[EventBlock | None, npt.NDArray[np.intp]]:
     """The block with the transactions' events in it (their commits at `commits` in the batch),
-    as one block of its own columns; and the entry (its index in the batch) of each of its
-    events. Put in at its commit, a transaction's events are in token order: their clusterTime
-    is the ts of the entry that commits it (the last applyOps or the commitTransaction:
-    shared/reference/mongodb-formats.md C.6, "Change-stream semantics"), which no other
-    entry of the shard's oplog has, and their txnOpIndex counts up."""
+    as one block of its own columns (txn_events.joined); and the entry (its index in the batch)
+    of each of its events. Put in at its commit, a transaction's events are in token order:
+    their clusterTime is the ts of the entry that commits it (the last applyOps or the
+    commitTransaction: shared/reference/mongodb-formats.md C.6, "Change-stream semantics"),
+    which no other entry of the shard's oplog has, and their txnOpIndex counts up."""
     places = np.asarray(commits, np.intp)
     if txns is None:
         return block, taken
     if block is None:
-        return _own(txns), places
-    whole = block.inserted_own(txns, np.searchsorted(taken, places).tolist())
+        return joined(None, np.zeros(len(places), np.int64), txns), places
+    whole = joined(block, np.searchsorted(taken, places), txns)
     # Each of the batch's spliced entries' events moves past the transactions' before it.
     return whole, np.sort(np.concatenate([taken, places]))
-
-
-def _own(block: EventBlock) -> EventBlock:
-    """The block as columns of its own (some of the rewritten block's rows are a merge's, see
-    EventBlock.take, gathered once): a shard's blocks are charged to its budget by their own
-    bytes (EventBlock.hold), which a merge's block does not keep."""
-    return EventBlock(block.keys, block.events, block.kinds, block.kind_table)
 
 
 def cut_around(

@@ -4,8 +4,11 @@ an entry of the server's shape, for a batch's command entries at once.
 Why: reading an applyOps or commitTransaction entry in Python (its fixed-offset checks, its ops'
 offsets, its times) cost about as much as splicing its ops in the batch splice. The loop here
 checks each element where read_apply_ops' fixed-offset reading (txn_splice._server_shape and
-_read_server) checks it and takes an entry only if that reading would; every other entry is
-left to read_apply_ops itself (the caller's), so what is read here is what it reads.
+_read_server) checks it and takes an entry only if that reading would, or if it is the last
+entry of a partialTxn chain (its applyOps followed by an int64 `count`, which read_apply_ops
+walks: it reads the same elements, where they lie in the server's shape, and passes `count`
+over); every other entry is left to read_apply_ops itself (the caller's), so what is read here
+is what it reads.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ _P_O = as_bytes(b"\x03o\x00")
 _P_APPLY_OPS = as_bytes(b"\x04applyOps\x00")
 _P_PREPARE = as_bytes(b"\x08prepare\x00\x01")
 _P_PARTIAL = as_bytes(b"\x08partialTxn\x00\x01")
+# What follows the ops of a chain's last entry (mongodb-formats.md C.6): count, an int64.
+_P_COUNT, _COUNT_SIZE = as_bytes(b"\x12count\x00"), 15
 _P_COMMIT_O, _P_COMMIT_TS = as_bytes(_COMMIT_O), as_bytes(_COMMIT_TS)
 
 
@@ -128,7 +133,8 @@ def _read(d: _Bytes, s: int, length: int, row: _Ints, ops: _Ints, used: int) -> 
         rest = o + o_size - 1 - (array + size)  # what follows the array in o: a flag or nothing
         prepare = (rest == len(_P_PREPARE)) and has(d, array + size, _P_PREPARE)
         partial = (rest == len(_P_PARTIAL)) and has(d, array + size, _P_PARTIAL)
-        if not ((size >= 5) & ((rest == 0) | prepare | partial)):
+        last = (rest == _COUNT_SIZE) and has(d, array + size, _P_COUNT)
+        if not ((size >= 5) & ((rest == 0) | prepare | partial | last)):
             return used
         used = _ops(d, array, size, ops, used)
         if used < 0:

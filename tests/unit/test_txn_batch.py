@@ -276,7 +276,8 @@ def test_few_ops_are_left_to_the_transformer() -> None:
 def test_the_compiled_read_equals_read_apply_ops(shaped: tuple[bytes, bool], data: Any) -> None:
     """A transaction's entry of the server's shape is read in the compiled loop as
     read_apply_ops reads it (ops, key, times, stamp); an odd one, or one with a byte changed
-    anywhere, is read so or left to read_apply_ops, never read otherwise."""
+    anywhere, is read so or left to read_apply_ops, never read otherwise. The loop takes what
+    read_apply_ops reads at fixed offsets, and a chain's last entry (`count` after its ops)."""
     entry, _ = shaped
     if data.draw(st.booleans()):
         at = data.draw(st.integers(0, len(entry) - 1))
@@ -285,7 +286,23 @@ def test_the_compiled_read_equals_read_apply_ops(shaped: tuple[bytes, bool], dat
     expected = [(1, _walked_read(walked))] if walked is not None else []
     assert _compiled_reads(txn_batch._reads([b"", entry])) == expected
     rows, _ = read_rows(entry + bytes(SLACK), np.zeros(1, np.int64), np.array([len(entry)]))
-    assert bool(rows[0, R_OK]) == _read_at_fixed_offsets(entry)
+    assert bool(rows[0, R_OK]) == (_read_at_fixed_offsets(entry) or _last_of_chain(entry))
+
+
+def _last_of_chain(entry: bytes) -> bool:
+    """Whether the entry is of the server's shape, its `o` an applyOps array then an int64
+    `count` (the last entry of a partialTxn chain)."""
+    shape = txn_splice._server_shape(entry)
+    if shape is None or txn_splice.read_apply_ops(entry) is None:
+        return False
+    o, tail = shape  # (where o's value starts, where its ts element does)
+    count = tail - 1 - 15  # (o's end byte before the tail; count's element is 15 bytes)
+    ops_end = o + 14 + struct.unpack_from("<i", entry, o + 14)[0]
+    return (
+        entry[o + 4 : o + 14] == b"\x04applyOps\x00"
+        and ops_end == count
+        and (entry[count : count + 7] == b"\x12count\x00")
+    )
 
 
 def _word(ts: Timestamp | None) -> int:
