@@ -32,7 +32,9 @@ gains: one cursor, so one merge and one consumer, where the proxy modes deal int
 
 With --baseline-tree DIR (a checkout of another commit, `git worktree add DIR COMMIT`) that
 version's proxy runs too, taking turns with this one on the same cluster: two versions compared
-in one run, where two runs on this machine differ by more than most changes gain.
+in one run, where two runs on this machine differ by more than most changes gain. With
+--baseline-tree . and --baseline-flags (e.g. "--splice-threads 1"), two settings of one version
+are compared the same way; --proxy-flags adds flags to this version's proxy.
 
 Each proxy first streams the backlog --warmup times (1) unmeasured, its figures printed and kept
 apart in the JSON (`warmup`): a fresh proxy's first stream starts its reader processes (about a
@@ -52,6 +54,7 @@ import argparse
 import contextlib
 import functools
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -390,6 +393,16 @@ def main(argv: list[str] | None = None) -> None:
         "too, as 'baseline rp=N' for each --reader-processes value, taking turns with this one",
     )
     parser.add_argument(
+        "--proxy-flags",
+        default="",
+        help="extra `python -m wireproxy` flags for the measured proxy (one string, shell-split)",
+    )
+    parser.add_argument(
+        "--baseline-flags",
+        default="",
+        help="extra `python -m wireproxy` flags for the --baseline-tree proxy",
+    )
+    parser.add_argument(
         "--updates",
         type=float,
         default=0.0,
@@ -448,9 +461,17 @@ def main(argv: list[str] | None = None) -> None:
         events = write_workload(cluster.uri, args.workload, args.events, seed=args.seed)
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
-    proxy = ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1")
+    proxy = ProxyProcess(
+        cluster.uri, "--stream-idle-teardown-s", "1", *shlex.split(args.proxy_flags)
+    )
     baseline = (
-        ProxyProcess(cluster.uri, "--stream-idle-teardown-s", "1", tree=args.baseline_tree)
+        ProxyProcess(
+            cluster.uri,
+            "--stream-idle-teardown-s",
+            "1",
+            *shlex.split(args.baseline_flags),
+            tree=args.baseline_tree,
+        )
         if args.baseline_tree
         else None
     )
@@ -679,7 +700,9 @@ def main(argv: list[str] | None = None) -> None:
             f"accelerated watch()/native {figures['watch_over_native']:.2f}"
             f"   ({figures['best_watch_mode']}: the same consumer, pointed at the proxy)"
         )
+    figures["proxy_flags"] = args.proxy_flags
     if baseline is not None:
+        figures["baseline_flags"] = args.baseline_flags
         figures["over_baseline"] = {
             f"rp={rp}": {
                 f: results[f"proxy rp={rp}"][f] / results[f"baseline rp={rp}"][f]
