@@ -89,6 +89,7 @@ from buckets._columnar.byte_kernels import (
     byte_table,
     hex_at,
     move,
+    prefetch_line,
     store_byte,
     store_i32,
 )
@@ -398,6 +399,14 @@ def _assemble(
     keys_at, out_at = np.int64(keys.ctypes.data), np.int64(out.ctypes.data)
     ids_at, extra_data_at = np.int64(ids.ctypes.data), np.int64(extra.ctypes.data)
     for i in range(U(m)):
+        # The lines of the entry two ahead that are copied (its o, documentKey and stamps), asked
+        # for now: a backlog's entries come from memory, and a document's copy waits on each of
+        # its lines in turn.
+        ahead = U(taken[min(i + U(2), U(m - 1))])
+        for line in range(
+            U(d_at + rows[ahead, _R_O_START]), U(d_at + rows[ahead, _R_STAMPS] + 48), U(64)
+        ):
+            prefetch_line(line)
         r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = (
             rows[r, _R_OP],
