@@ -385,11 +385,13 @@ def _layouts(
     ids, used, stack = np.empty(2 * len(d), np.uint8), 0, np.empty(_BITS + 2, np.int64)
     base = np.int64(d.ctypes.data)  # (the heads the kinds compare lie in their laid-out entries)
     for i in range(U(n)):
-        # The lines the layout reads of the entry four ahead (its head's second, its stamps'),
-        # asked for now: entries of a kilobyte or more are far apart for the CPU to guess them.
-        ahead = min(i + U(4), U(n - 1))
-        prefetch_line(U(base + starts[ahead] + lengths[ahead] - 64))
+        # The lines the layout reads of the entry eight ahead (its head's two, its stamps'), asked
+        # for now: entries of a kilobyte or more are far apart for the CPU to guess them, and a
+        # backlog's batch of megabytes comes from memory (eight entries' work is about its wait).
+        ahead = min(i + U(8), U(n - 1))
+        prefetch_line(U(base + starts[ahead]))
         prefetch_line(U(base + starts[ahead] + 64))
+        prefetch_line(U(base + starts[ahead] + lengths[ahead] - 64))
         _layout(d, starts[i], lengths[i], expanded, rows, i)
         if (rows[i, _R_LAID] != 0) & (
             rows[i, _R_OK] == 0
