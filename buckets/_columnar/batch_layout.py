@@ -168,9 +168,9 @@ def _update_op(d: Data, o_start: int, o_end: int) -> int:
         prefetch_line(line)
     found, words = np.uint64(0), max(o_end - o_start - 2, 0) // 8
     for w in range(U(words)):  # (its three words' last byte is o's, at o_end - 1 at most)
-        j = U(d[0] + o_start) + U(8) * w
+        at = U(d[0] + o_start) + U(8) * w
         found |= _zero_bytes(
-            (load_word(j) ^ _DOLLARS) | (load_word(j + 1) ^ _VS) | load_word(j + 2)
+            (load_word(at) ^ _DOLLARS) | (load_word(at + 1) ^ _VS) | load_word(at + 2)
         )
     dollar_v = found != 0
     for j in range(U(d[0] + o_start + 8 * words), U(d[0] + o_end - 2)):
