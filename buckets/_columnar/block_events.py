@@ -162,6 +162,7 @@ def kind_templates(
 
 
 _KEY_END = _KEY_TAIL[-1]
+_PREFETCH_BYTES = 4096  # of an entry's o, asked for ahead (see `assemble`)
 
 
 @numba.njit(cache=CACHE)
@@ -225,14 +226,20 @@ def assemble(
     keys_at, out_at = np.int64(keys.ctypes.data), np.int64(out.ctypes.data)
     ids_at, described_data_at = np.int64(ids.ctypes.data), np.int64(described.ctypes.data)
     for i in range(U(m)):
-        # The lines of the entry two ahead that are copied (its o, documentKey and stamps), asked
-        # for now: a backlog's entries come from memory, and a document's copy waits on each of
-        # its lines in turn.
+        # The lines of the entry two ahead that are copied (its o's first _PREFETCH_BYTES, its
+        # documentKey, its stamps), asked for now: a backlog's entries come from memory, and a
+        # document's copy waits on each of its lines in turn until the CPU's own prefetch
+        # follows it (a long document's rest: asked for a line at a time, it would fill the
+        # CPU's queue of fetches).
         ahead = U(taken[min(i + U(2), U(m - 1))])
+        start, stamps_end = rows[ahead, _R_O_START], rows[ahead, _R_STAMPS] + 48
         for line in range(
-            U(d_at + rows[ahead, _R_O_START]), U(d_at + rows[ahead, _R_STAMPS] + 48), U(64)
+            U(d_at + start), U(d_at + min(stamps_end, start + _PREFETCH_BYTES)), U(64)
         ):
             prefetch_line(line)
+        prefetch_line(U(d_at + rows[ahead, _R_KEY]))
+        prefetch_line(U(d_at + stamps_end - 48))
+        prefetch_line(U(d_at + stamps_end - 1))
         r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
         op, o_start, o_end, stamps = (
             rows[r, _R_OP],
