@@ -151,10 +151,10 @@ def _update_op(d: Data, o_start: int, o_end: int) -> int:
     function of its own to keep `_layout`'s complexity down. The replacement's scan takes eight
     places a step, as words: the words at a place and one and two bytes after it, each xored
     with the byte it must hold there, or'ed, have a zero byte where `$v\0` starts (all three
-    matched). No early exit, and the last places (fewer than a word's) a byte at a time. Every
-    cache line of o is asked for first: a backlog's entries are read from memory, not the cache,
-    and the lines' fetches then overlap (the CPU's own prefetcher ramps up after several misses,
-    most of a document of a few KB)."""
+    matched). No early exit, and the last places (fewer than a word's) a byte at a time. o's
+    first 4 KB are asked for a cache line at a time first: a backlog's entries are read from
+    memory, not the cache, and the lines' fetches then overlap (the CPU's own prefetcher ramps
+    up after several misses, most of a document of a few KB, and follows a longer one's rest)."""
     diff = o_start + _DIFF_AT
     diff_length = i32(d, diff)
     if (
@@ -164,7 +164,7 @@ def _update_op(d: Data, o_start: int, o_end: int) -> int:
         & has(d, o_start + 4, _P_V2_DIFF)
     ):
         return _UPDATE
-    for line in range(U(d[0] + o_start), U(d[0] + o_end), U(64)):
+    for line in range(U(d[0] + o_start), U(d[0] + min(o_end, o_start + 4096)), U(64)):
         prefetch_line(line)
     found, words = np.uint64(0), max(o_end - o_start - 2, 0) // 8
     for w in range(U(words)):  # (its three words' last byte is o's, at o_end - 1 at most)

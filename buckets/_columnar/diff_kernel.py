@@ -550,7 +550,8 @@ def _run(
         # The diff four ahead, asked for now: a backlog's entries come from memory, and a
         # diff's walk waits on each of its lines in turn.
         ahead = U(min(k + 4, len(diffs) - 1))
-        for line in range(U(base + diffs[ahead]), U(base + ends[ahead]), U(64)):
+        stop = min(ends[ahead], diffs[ahead] + 4096)  # (a longer diff's rest: read in order)
+        for line in range(U(base + diffs[ahead]), U(base + stop), U(64)):
             prefetch_line(line)
         w0 = st[_W]
         r = _one(d, starts[U(k)], ends[U(k)], diffs[U(k)], buffers, st, frames)
