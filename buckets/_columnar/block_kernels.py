@@ -10,7 +10,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import Index, U, copy_from, prefetch
+from buckets._columnar.byte_kernels import Index, U, copy_from, move, prefetch_line
 
 PREFETCH_AHEAD = 4  # rows: from 1 to 8 gave the same
 
@@ -122,6 +122,9 @@ def _digits(n: int) -> int:
     return width
 
 
+_inline_digits = numba.njit(inline="always")(_digits.py_func)
+
+
 @numba.njit(cache=CACHE)
 def _element_bytes(size: int, index: int) -> int:
     """The bytes of an event of `size` bytes as the array element `index` (see `_put_key`)."""
@@ -155,26 +158,33 @@ def _keyed_gather_into(
     written). A bucket's share reads every few events of each shard's block, a stride the CPU's
     own prefetch does not follow, so the loop asks for the event PREFETCH_AHEAD rows on as it
     copies this one. (One loop, not Arrow's element-wise join of a column of keys and the
-    events, which costs more: benchmarks/README.md.)"""
+    events, which costs more: benchmarks/README.md.) Its steps are inlined (the element's head
+    as `_put_key` writes it, the copy and the prefetch by address): it runs once per event,
+    and a call to another cached kernel costs about as much as a step."""
     n = len(rows)
     if start < 0:
         raise IndexError("start out of range")
-    at = 0
-    i = start
+    at, i, out_at = 0, start, U(out.ctypes.data)
     while i < n:
         r = rows[U(i)]
         if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
-        size = sizes[U(r)]
-        if at + _element_bytes(size, first_index + i) > len(out):
+        size, index = sizes[U(r)], first_index + i
+        width = _inline_digits(index)
+        if at + size + width + 2 > len(out):  # (`_element_bytes`)
             break
         if i + PREFETCH_AHEAD < n:
             q = U(rows[U(i + PREFETCH_AHEAD)])
             if q < U(len(sizes)):
-                prefetch(addresses[q], sizes[q])
-        at = _put_key(out, at, first_index + i)
-        copy_from(out, at, addresses[U(r)], size)
-        at += size
+                for line in range(addresses[q], addresses[q] + U(sizes[q]), U(64)):
+                    prefetch_line(line)
+        out[U(at)] = 3
+        for j in range(U(width), U(0), -1):  # its digits, from the last
+            out[U(at) + j] = 48 + index % 10
+            index //= 10
+        out[U(at + width + 1)] = 0
+        move(out_at + U(at + width + 2), addresses[U(r)], size)
+        at += width + 2 + size
         i += 1
     return i, at
 

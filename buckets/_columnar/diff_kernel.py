@@ -32,7 +32,15 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import NO_REFCOUNTS, U, as_bytes, copy, i32, put_i32
+from buckets._columnar.byte_kernels import (
+    NO_REFCOUNTS,
+    U,
+    as_bytes,
+    copy,
+    i32,
+    prefetch_line,
+    put_i32,
+)
 
 __all__ = ["HEAD", "describe"]
 
@@ -537,7 +545,14 @@ def _run(
     """Describe diffs from the k-th on, until one finds a buffer too small: its index (len(diffs)
     when all are done). (A loop apart from `describe`'s, whose buffers change: numba then counts
     references to them at every step.)"""
+    base = d.ctypes.data
     while k < len(diffs):
+        # The diff four ahead, asked for now: a backlog's entries come from memory, and a
+        # diff's walk waits on each of its lines in turn.
+        ahead = U(min(k + 4, len(diffs) - 1))
+        stop = min(ends[ahead], diffs[ahead] + 4096)  # (a longer diff's rest: read in order)
+        for line in range(U(base + diffs[ahead]), U(base + stop), U(64)):
+            prefetch_line(line)
         w0 = st[_W]
         r = _one(d, starts[U(k)], ends[U(k)], diffs[U(k)], buffers, st, frames)
         if r == _ROOM:

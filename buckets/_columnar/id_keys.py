@@ -1,6 +1,6 @@
 """The sort keys of a batch's block: what each event's resume token KeyString is made of, for
 the documentKeys the block takes, as splice_crud's `_token_key` and sort key make them;
-batch_splice's `_assemble` writes them from a kind's key template and each event's `_id` bytes.
+block_events.py's `assemble` writes them from a kind's key template and each event's `_id` bytes.
 
 A token's KeyString is 0x82, the ts (seconds, then increment, big-endian), the token's fixed head,
 the collection's UUID (19 bytes: 0x5a, its length, subtype 4, the 16 bytes), the operation and

@@ -572,3 +572,35 @@ def test_replacements_are_made_in_the_block(
             assert event["fullDocument"].raw == bson.encode({"_id": _id, **fields})
             assert event["documentKey"].raw == bson.encode({"_id": _id})
             assert "updateDescription" not in event
+
+
+def test_a_replacement_is_told_by_the_bytes_dollar_v_zero_at_any_place() -> None:
+    """A replacement's `o` holding the bytes `$v\0` anywhere (here in a binary value, at each
+    offset from o's start to its end, its zero o's own terminator too) is left to splice_crud,
+    one without them (near misses) is made in the block: splice_crud's `_diff_at` tells a diff
+    from a replacement by these bytes. The block reads o a word at a time and its last bytes one
+    by one, so every place in a word and in the last bytes is tried, for o of every length mod 8."""
+    _id = ObjectId(b"i" * 12)
+    middles = [b"$v\x00", b"$v", b"$v\x01", b"$w\x00", b"#v\x00", b"$", b"v\x00", b""]
+    raws, expect = [], set()
+    for before in range(17):
+        for middle in middles:
+            for after in range(3):
+                o = {"_id": _id, "b": Binary(b"x" * before + middle + b"y" * after)}
+                if _replacement_read(o):
+                    expect.add(len(raws))
+                entry = {
+                    "op": "u",
+                    "ns": "db.c",
+                    "ui": Binary(b"u" * 16, 4),
+                    "o": o,
+                    "o2": {"_id": _id},
+                    "ts": Timestamp(9, len(raws)),
+                    "t": Int64(1),
+                    "v": Int64(2),
+                    "wall": DatetimeMS(len(raws)),
+                }
+                raws.append(bson.encode(entry))
+    assert 0 < len(expect) < len(raws)
+    _, in_block = _same_as_one_by_one(raws, False)
+    assert in_block == expect
