@@ -46,7 +46,7 @@ _OLDEST_ENTRY = {
 BATCH_ENTRIES = 16384
 
 
-FIRST_BATCH_ENTRIES = 1024
+FIRST_BATCH_ENTRIES = 128
 
 
 # A reply at least this large is walked and spliced in a worker thread (with the engine's splice
