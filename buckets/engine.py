@@ -161,17 +161,24 @@ class Engine:
         pool_of_readers = reader_pool(
             self.config.reader_idle_s, self.config.hang_timeout_s, memory=self.memory
         )
-        async with pool_of_readers as pool, trio.open_nursery() as nursery:
-            self.stream_set.nursery, self.stream_set.reader_pool = nursery, pool
-            task_status.started()
-            next_refresh = trio.current_time() + self.config.session_refresh_s
-            while True:
-                await trio.sleep(1)
-                if trio.current_time() >= next_refresh:
-                    next_refresh += self.config.session_refresh_s
-                    self.registry.reap_ended_sessions()
-                self.registry.kill_idle(trio.current_time())
-                self.stream_set.tear_down_idle()
+        try:
+            async with pool_of_readers as pool, trio.open_nursery() as nursery:
+                self.stream_set.nursery, self.stream_set.reader_pool = nursery, pool
+                task_status.started()
+                await self._housekeep()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.stream_set.spare.aclose()
+
+    async def _housekeep(self) -> None:
+        next_refresh = trio.current_time() + self.config.session_refresh_s
+        while True:
+            await trio.sleep(1)
+            if trio.current_time() >= next_refresh:
+                next_refresh += self.config.session_refresh_s
+                self.registry.reap_ended_sessions()
+            self.registry.kill_idle(trio.current_time())
+            self.stream_set.tear_down_idle()
 
     def all_streams(self) -> dict[str, ParallelStream]:
         """Named streams and the private ones each serving one cursor, by name."""

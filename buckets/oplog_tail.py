@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import trio
 from bson import Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
 
 from buckets._columnar.allocator import unfilled_bytearray
 from buckets._columnar.items import SplicedItems, above, listed
@@ -22,6 +24,15 @@ log = logging.getLogger("buckets.reader")
 
 
 _SECONDARY_OK = {"mode": "secondaryPreferred"}
+# The oplog's oldest entry, which says whether it still reaches back to a start point.
+_OLDEST_ENTRY = {
+    "find": "oplog.rs",
+    "filter": {},
+    "sort": {"$natural": 1},
+    "limit": 1,
+    "singleBatch": True,
+    "$readPreference": _SECONDARY_OK,
+}
 
 
 # Oplog entries a getMore asks for, spliced at once. A catch-up reply holds up to 16 MiB of
@@ -35,7 +46,7 @@ _SECONDARY_OK = {"mode": "secondaryPreferred"}
 BATCH_ENTRIES = 16384
 
 
-FIRST_BATCH_ENTRIES = 1024
+FIRST_BATCH_ENTRIES = 128
 
 
 # A reply at least this large is walked and spliced in a worker thread (with the engine's splice
@@ -117,19 +128,9 @@ class OplogTail:
         conn = self._conn
         return conn is not None and conn.reply_arrived()
 
-    async def check_history(self, conn: Connection) -> None:
-        """Fail like the server if the oplog no longer reaches back to the start point."""
-        reply = await conn.command(
-            "local",
-            {
-                "find": "oplog.rs",
-                "filter": {},
-                "sort": {"$natural": 1},
-                "limit": 1,
-                "singleBatch": True,
-                "$readPreference": _SECONDARY_OK,
-            },
-        )
+    def check_history(self, reply: Mapping[str, Any]) -> None:
+        """Fail like the server if the oplog no longer reaches back to the start point: `reply`
+        is the answer to _OLDEST_ENTRY."""
         first = reply["cursor"]["firstBatch"]
         if not first:
             return
@@ -161,10 +162,11 @@ class OplogTail:
             try:
                 await out.connected(conn.address, self.reconnects)
                 if first_connect:
-                    await self.check_history(conn)
+                    opened = await self._open_checked(conn, out)
                     first_connect = False
-                    await out.checked()
-                await self._tail(conn, out)
+                    await self._tail(conn, out, opened)
+                else:
+                    await self._tail(conn, out)
             except (ConnectionLost, MongoError) as exc:
                 if isinstance(exc, MongoError):
                     if exc.code == 136:  # CappedPositionLost
@@ -189,27 +191,59 @@ class OplogTail:
                 self._conn = None
                 await conn.aclose()
 
-    async def _tail(self, conn: Connection, out: TailOutput) -> None:
-        # Replies stay raw bytes: entries are found where they lie in the reply and spliced into
-        # events.
-        op = "$gte" if self.inclusive else "$gt"
-        data, at = await conn.command_in_place(
+    def _find(self) -> dict[str, Any]:
+        """The tailable find that opens the member's oplog at the tail's position."""
+        return {
+            "find": "oplog.rs",
+            "filter": {"ts": {"$gte" if self.inclusive else "$gt": self.position}},
+            "tailable": True,
+            "awaitData": True,
+            # A first batch of its own size (see BATCH_ENTRIES): the server's default (101
+            # entries) cost a round trip to every shard before the flow began, a large one the
+            # time to make it.
+            "batchSize": FIRST_BATCH_ENTRIES,
+            "readConcern": {"level": "majority"},
+            "$readPreference": _SECONDARY_OK,
+        }
+
+    async def _open_checked(
+        self, conn: Connection, out: TailOutput
+    ) -> tuple[bytes | bytearray, int]:
+        """The find's first reply, the history checked first (`out` told once it is).
+
+        The check and the find go in one round trip: the member runs the check first, whole,
+        then the find (Connection.command_in_place_after), so the find reads nothing the check
+        did not pass, as when it was sent once the check was answered; a check that fails
+        leaves the find's reply unread, and the connection closed."""
+
+        async def vet(reply: RawBSONDocument) -> None:
+            self.check_history(reply)
+            await out.checked()
+
+        return await conn.command_in_place_after(
+            ("local", _OLDEST_ENTRY),
+            vet,
             "local",
-            {
-                "find": "oplog.rs",
-                "filter": {"ts": {op: self.position}},
-                "tailable": True,
-                "awaitData": True,
-                # A first batch of its own size (see BATCH_ENTRIES): the server's default (101
-                # entries) cost a round trip to every shard before the flow began, a large one the
-                # time to make it.
-                "batchSize": FIRST_BATCH_ENTRIES,
-                "readConcern": {"level": "majority"},
-                "$readPreference": _SECONDARY_OK,
-            },
+            self._find(),
             pad=SLACK,
             allocate=unfilled_bytearray,
         )
+
+    async def _tail(
+        self,
+        conn: Connection,
+        out: TailOutput,
+        opened: tuple[bytes | bytearray, int] | None = None,
+    ) -> None:
+        """Tail the oplog from the find's first reply (`opened`, if taken already)."""
+        # Replies stay raw bytes: entries are found where they lie in the reply and spliced into
+        # events.
+        if opened is None:
+            opened = await conn.command_in_place(
+                "local", self._find(), pad=SLACK, allocate=unfilled_bytearray
+            )
+        data, at = opened
+        del opened
         while True:
             cursor_id = await self._take_reply(data, at, out, conn)
             # Nothing of a delivered batch stays referenced here while the next reply is awaited:

@@ -75,6 +75,21 @@ class Connection(Protocol):
         with `exhaust`, a getMore's later batches may come unasked (`streaming`)."""
         ...
 
+    async def command_in_place_after(
+        self,
+        before: tuple[str, dict[str, Any]],
+        vet: Callable[[RawBSONDocument], Awaitable[None]],
+        db: str,
+        cmd: dict[str, Any],
+        *,
+        pad: int,
+        allocate: Allocate = bytearray,
+    ) -> tuple[bytes | bytearray, int]:
+        """`command_in_place` for `cmd`, sent in one round trip with the command `before` (a
+        database, a command), which the server runs first; `before`'s reply (checked) is handed
+        to `vet` before `cmd`'s is taken. A failure closes the connection."""
+        ...
+
     async def more_in_place(
         self, *, pad: int, allocate: Allocate = bytearray
     ) -> tuple[bytes | bytearray, int]:

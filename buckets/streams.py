@@ -25,10 +25,11 @@ from buckets.memory_limit import (
     shaping_processes,
     stream_floor,
 )
-from buckets.ports import Connector, ConnectUpstream
+from buckets.ports import Connection, Connector, ConnectUpstream
 from buckets.reader_process import ReaderPool
+from buckets.spare_upstream import SpareUpstream
 from buckets.stream import ParallelStream, StreamOptions
-from buckets.topology import Topology, discover
+from buckets.topology import Topology, discover, read_topology
 from mongoformats.change_stages import compile_stages
 from mongoformats.errors import MongoError
 from mongoformats.large_events import SPLIT_STAGE
@@ -59,6 +60,12 @@ class StreamSet:
         self._upstream_wire_version: int | None = (
             None  # learned on first use (lacks_expanded_events)
         )
+        # Whether the upstream is a mongos (None: not asked yet). A mongos stays one: a stream's
+        # open then reads only its shard list, not hello first.
+        self._sharded: bool | None = None
+        # The engine's short reads of mongos at an open share one kept connection (a stream's
+        # first events wait on them).
+        self.spare = SpareUpstream(connect_upstream)
         self.rebucketed = 0  # named streams reopened with another nBuckets
         self.memory_limit = config.memory_limit_bytes or default_memory_limit()
         # Every stream's budgets take their bytes from it too (buckets/memory_limit.py).
@@ -141,11 +148,7 @@ class StreamSet:
 
     async def upstream_wire_version(self) -> int:
         if self._upstream_wire_version is None:
-            up = await self.connect_upstream()
-            try:
-                hello = await up.command("admin", {"hello": 1})
-            finally:
-                await up.aclose()
+            hello = await self.spare.run(lambda up: up.command("admin", {"hello": 1}))
             self._upstream_wire_version = int(hello.get("maxWireVersion", 0))
         return self._upstream_wire_version
 
@@ -178,11 +181,18 @@ class StreamSet:
         }
 
     async def topology(self) -> Topology:
-        up = await self.connect_upstream()
-        try:
-            return await discover(up)
-        finally:
-            await up.aclose()
+        return await self.spare.run(self._discover)
+
+    async def _discover(self, up: Connection) -> Topology:
+        """The shard list (a mongos's, known to be one), or what hello says is behind `up`; its
+        wire version is learned from the same hello."""
+        if self._sharded:
+            return await read_topology(up)
+        hello = await up.command("admin", {"hello": 1})
+        self._upstream_wire_version = int(hello.get("maxWireVersion", 0))
+        topology = await discover(up, hello)
+        self._sharded = topology.sharded
+        return topology
 
     def check_owner(self, name: str, user: str) -> None:
         """Unauthorized (13) unless `user` created the named stream (see the module docstring)."""

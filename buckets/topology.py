@@ -49,14 +49,16 @@ def _members(hosts: str) -> list[tuple[str, int]]:
     return [(host, port or 27017) for host, port in split_hosts(hosts)]
 
 
-async def discover(conn: Connection) -> Topology:
-    """What the engine reads behind `conn`: a mongos's shards, or a replica set as one shard.
+async def discover(conn: Connection, hello: Mapping[str, Any] | None = None) -> Topology:
+    """What the engine reads behind `conn`: a mongos's shards, or a replica set as one shard;
+    `hello` is the server's answer to hello, if asked already.
 
     A replica set's change stream is the same stream on one shard (same events, tokens and
     errors), so the proxy accelerates it too: one reader, the consumers spread over buckets. A
     standalone server has no oplog to read; like the server, it refuses change streams.
     """
-    hello = await conn.command("admin", {"hello": 1})
+    if hello is None:
+        hello = await conn.command("admin", {"hello": 1})
     if hello.get("msg") == "isdbgrid":
         return await read_topology(conn)
     set_name = hello.get("setName")

@@ -255,6 +255,62 @@ class UpstreamConnection:
         )
         return await self._in_place(frame, pad, limit)
 
+    async def command_in_place_after(
+        self,
+        before: tuple[str, dict[str, Any]],
+        vet: Callable[[RawBSONDocument], Awaitable[None]],
+        db: str,
+        cmd: dict[str, Any],
+        *,
+        pad: int,
+        allocate: Allocate = bytearray,
+    ) -> tuple[bytes | bytearray, int]:
+        """`command_in_place` for `cmd`, sent with the command `before` (a database, a command)
+        in one round trip: a server answers a connection's messages one at a time, in the order
+        they came (its session reads the next message only once it has answered one:
+        src/mongo/transport/README.md in mongodb/mongo), so `cmd` runs after `before` as if it
+        had been sent once `before` was answered. `before`'s reply, checked as `command`'s, is
+        handed to `vet` before `cmd`'s is taken; if either fails (or the wait is cancelled), the
+        connection is closed: `cmd`'s answer may still be on its way."""
+        limit = self._limit(cmd, math.inf)
+        first = bson.encode({**before[1], "$db": before[0]})
+        second = bson.encode({**cmd, "$db": db})
+        if self._streaming is not None:
+            raise RuntimeError("an exhaust cursor streams on this connection: it runs nothing else")
+        async with self._lock:
+            rids = self.next_request_id(), self.next_request_id()
+            try:
+                with trio.fail_after(limit):
+                    await self.send(
+                        wire.encode_op_msg(rids[0], 0, first)
+                        + wire.encode_op_msg(rids[1], 0, second)
+                    )
+                    await vet(await self._reply_to(rids[0]))
+                    frame = await self._receive_frame(pad, allocate)
+            except trio.TooSlowError:
+                raise await self._out_of_step(
+                    f"upstream {self.address} did not answer {next(iter(cmd))} within {limit:g} s",
+                    UpstreamTimeout,
+                ) from None
+            except BaseException:  # (not the host's failure: its health is not told)
+                await self.aclose()
+                raise
+        await self._answered(frame, rids[1])
+        return await self._in_place(frame, pad, limit)
+
+    async def _reply_to(self, request_id: int) -> RawBSONDocument:
+        """The next message, as `command` returns it: the reply to `request_id`."""
+        msg = await self.receive()
+        await self._answered(msg, request_id)
+        if not isinstance(msg, wire.OpMsg):
+            raise await self._out_of_step(f"upstream {self.address} answered out of turn")
+        reply = RawBSONDocument(msg.body, RAW)
+        if self.gossip is not None:
+            self.gossip.observe(reply)
+        if not reply.get("ok"):
+            raise MongoError.from_reply(bson.decode(msg.body))
+        return reply
+
     async def more_in_place(
         self, *, pad: int, allocate: Allocate = bytearray
     ) -> tuple[bytes | bytearray, int]:
