@@ -14,6 +14,7 @@ own timeouts, and its commands may rightly run for hours.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -285,7 +286,15 @@ class UpstreamConnection:
                         wire.encode_op_msg(rids[0], 0, first)
                         + wire.encode_op_msg(rids[1], 0, second)
                     )
-                    await vet(await self._reply_to(rids[0]))
+                    try:
+                        await vet(await self._reply_to(rids[0]))
+                    except MongoError:
+                        # (best effort: the connection is closed after it either way)
+                        with contextlib.suppress(
+                            MongoError, ConnectionLost, ProtocolError, trio.BrokenResourceError
+                        ):
+                            await self._kill_cursor_of(rids[1], db)
+                        raise
                     frame = await self._receive_frame(pad, allocate)
             except trio.TooSlowError:
                 raise await self._out_of_step(
@@ -297,6 +306,18 @@ class UpstreamConnection:
                 raise
         await self._answered(frame, rids[1])
         return await self._in_place(frame, pad, limit)
+
+    async def _kill_cursor_of(self, request_id: int, db: str) -> None:
+        """Kill the cursor the answer to `request_id` opened, if it opened one: a command sent
+        behind one that then failed (`command_in_place_after`) still ran, and what it opened (a
+        tailable find's cursor) would otherwise live on the server until its cursor timeout."""
+        cursor = (await self._reply_to(request_id)).get("cursor")
+        if not cursor or not cursor.get("id"):
+            return
+        kill = {"killCursors": cursor["ns"].partition(".")[2], "cursors": [cursor["id"]], "$db": db}
+        request = self.next_request_id()
+        await self.send(wire.encode_op_msg(request, 0, bson.encode(kill)))
+        await self._reply_to(request)
 
     async def _reply_to(self, request_id: int) -> RawBSONDocument:
         """The next message, as `command` returns it: the reply to `request_id`."""

@@ -4,7 +4,7 @@ time in the order they came (src/mongo/transport/README.md in mongodb/mongo: a s
 the next message only once it has sunk its reply to the last), runs the check first, whole. The
 check stays as strict: a start point older than the oldest entry fails with
 ChangeStreamHistoryLost (286) before the find's reply is read, the tail is never told it was
-checked, and its connection is closed (the find's answer may still be on its way).
+checked, the cursor the find opened behind it is killed, and its connection is closed.
 
 The member is scripted over a socket pair: it answers nothing until it holds both messages, so a
 tail that waited for the check's answer before sending the find would never be answered."""
@@ -39,9 +39,11 @@ def _batch(entries: list[Any], cursor_id: int = 0) -> dict[str, Any]:
     return {"cursor": cursor, "ok": 1.0}
 
 
-async def _member(stream: trio.SocketStream, check: dict[str, Any], seen: list[Any]) -> None:
+async def _member(
+    stream: trio.SocketStream, check: dict[str, Any], seen: list[Any], fails: bool
+) -> None:
     """Take two messages, then answer them in order: `check` to the first, a batch of one entry
-    to the second (the tailable find)."""
+    to the second (the tailable find); if the check `fails`, answer one more (a killCursors)."""
     framer = wire.MessageFramer()
     got: list[wire.OpMsg] = []
     async with stream:
@@ -57,6 +59,16 @@ async def _member(stream: trio.SocketStream, check: dict[str, Any], seen: list[A
         # (the tail may have closed the connection after a failed check)
         with contextlib.suppress(trio.BrokenResourceError):
             await stream.send_all(_reply(got[1], _batch([ENTRY], 42)))
+            if not fails:
+                return
+            # After a failed check, the tail kills the cursor the find opened, then closes.
+            while (msg := framer.next_message()) is wire.NEED_DATA:
+                if not (data := await stream.receive_some(1 << 16)):
+                    return
+                framer.receive_data(data)
+            assert isinstance(msg, wire.OpMsg)
+            seen.append(bson.decode(msg.body))
+            await stream.send_all(_reply(msg, {"cursorsKilled": [Int64(42)], "ok": 1.0}))
 
 
 class _Output:
@@ -81,13 +93,15 @@ def _tail() -> OplogTail:
     )
 
 
-async def _open(check: dict[str, Any]) -> tuple[Any, _Output, list[Any], UpstreamConnection]:
+async def _open(
+    check: dict[str, Any], fails: bool = False
+) -> tuple[Any, _Output, list[Any], UpstreamConnection]:
     ours, theirs = trio.socket.socketpair()
     conn = UpstreamConnection(trio.SocketStream(ours), "member:27018")
     out, seen = _Output(), []
     result: Any = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_member, trio.SocketStream(theirs), check, seen)
+        nursery.start_soon(_member, trio.SocketStream(theirs), check, seen, fails)
         with trio.fail_after(10):
             try:
                 result = await _tail()._open_checked(conn, out)  # type: ignore[arg-type]
@@ -118,10 +132,13 @@ async def test_the_check_and_the_find_go_at_once_and_the_check_runs_first() -> N
 async def test_a_failed_check_fails_the_open_and_closes_the_connection(
     check: dict[str, Any],
 ) -> None:
-    error, out, _, conn = await _open(check)
+    error, out, seen, conn = await _open(check, fails=True)
     assert isinstance(error, MongoError)
     assert error.code == (286 if check["ok"] else 13)
     assert out.times_checked == 0 and conn.closed
+    # The find still ran behind the check: its tailable cursor is killed, not left to the
+    # server's cursor timeout.
+    assert seen[2] == {"killCursors": "oplog.rs", "cursors": [42], "$db": "local"}
 
 
 async def test_an_oplog_that_starts_with_the_set_passes_the_check() -> None:
