@@ -22,8 +22,8 @@ from bson import Int64, Timestamp
 from buckets._columnar.oplog_batch import SLACK
 from buckets.oplog_tail import OplogTail
 from mongoformats import wire
-from mongoformats.change_events import OplogTransformer
 from mongoformats.errors import MongoError
+from tests.oplog_tails import handed_tail
 from wireproxy.upstream import UpstreamConnection
 
 START = Timestamp(1_800_000_000, 5)
@@ -80,17 +80,7 @@ class _Output:
 
 
 def _tail() -> OplogTail:
-    async def connect(hosts: Any, *, secondary: bool) -> Any:
-        raise AssertionError("the tail is handed its member")
-
-    return OplogTail(
-        "shard0",
-        [("member", 27018)],
-        start=START,
-        skip_key=b"",
-        transformer=OplogTransformer(),
-        connect_member=connect,  # type: ignore[arg-type]
-    )
+    return handed_tail(start=START)
 
 
 async def _open(

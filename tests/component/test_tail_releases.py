@@ -21,9 +21,8 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import hold_blocks
 from buckets._columnar.oplog_batch import SLACK
-from buckets.oplog_tail import OplogTail
-from mongoformats.change_events import OplogTransformer
 from mongoformats.errors import MongoError
+from tests.oplog_tails import QuietOutput, handed_tail
 
 ENTRIES = 400  # enough for the batch to be spliced as a block (batch_splice.BATCH_MIN)
 
@@ -80,7 +79,7 @@ class _Charge:
         self.live.discard(id(self))
 
 
-class _Output:
+class _Output(QuietOutput):
     """The merge's end of the tail: holds each delivered batch until `let_go`."""
 
     def __init__(self) -> None:
@@ -91,28 +90,11 @@ class _Output:
         hold_blocks(events, lambda n: _Charge(self.live, n))
         self.delivered += events
 
-    async def checked(self) -> None: ...
-    async def parked(self, waiting: bool) -> None: ...
-    async def idle(self) -> None: ...
-    async def connected(self, host: str, reconnects: int) -> None: ...
-    async def lost(self, error: str, reconnects: int) -> None: ...
-
 
 async def test_an_error_awaiting_the_next_reply_keeps_no_delivered_block() -> None:
-    async def connect(hosts: Any, *, secondary: bool) -> Any:
-        return _Member()
-
-    tail = OplogTail(
-        "shard0",
-        [("member", 27018)],
-        start=Timestamp(1_800_000_000, 0),
-        skip_key=b"",
-        transformer=OplogTransformer(),
-        connect_member=connect,
-    )  # type: ignore[arg-type]
     out = _Output()
     with pytest.raises(MongoError) as caught:
-        await tail._tail(await connect([], secondary=True), out)  # type: ignore[arg-type]
+        await handed_tail()._tail(_Member(), out)  # type: ignore[arg-type]
     assert caught.value.code == 43
     assert any(type(item) is EventBlock for item in out.delivered)
     assert out.live

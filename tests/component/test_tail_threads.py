@@ -27,7 +27,7 @@ from buckets._columnar.items import hold_blocks
 from buckets._columnar.oplog_batch import SLACK
 from buckets.budget import BudgetHold, ByteBudget
 from buckets.oplog_tail import SPLICE_THREAD_BYTES, OplogTail
-from mongoformats.change_events import OplogTransformer
+from tests.oplog_tails import QuietOutput, handed_tail
 from tests.unit.test_txn_batch import _server_transactions
 
 _UI = Binary(uuid.UUID(int=3).bytes, 4)
@@ -99,7 +99,7 @@ class _Member:
         pass
 
 
-class _Output:
+class _Output(QuietOutput):
     """The merge's end of the tail: what it delivered, as fields, and each batch's last ts; each
     block charged to `budget` until it is let go (as ShardReader charges its shard's)."""
 
@@ -120,26 +120,9 @@ class _Output:
             self.events += item.fields() if type(item) is EventBlock else [item]
         self.through.append(last_ts)
 
-    async def checked(self) -> None: ...
-    async def parked(self, waiting: bool) -> None: ...
-    async def idle(self) -> None: ...
-    async def connected(self, host: str, reconnects: int) -> None: ...
-    async def lost(self, error: str, reconnects: int) -> None: ...
-
 
 def _tail(limiter: trio.CapacityLimiter | None) -> OplogTail:
-    async def connect(hosts: Any, *, secondary: bool) -> Any:
-        raise AssertionError("the tail is handed its member")
-
-    return OplogTail(
-        "shard0",
-        [("member", 27018)],
-        start=Timestamp(1_800_000_000, 0),
-        skip_key=b"",
-        transformer=OplogTransformer(),
-        connect_member=connect,
-        splice_limiter=limiter,
-    )  # type: ignore[arg-type]
+    return handed_tail(splice_limiter=limiter)
 
 
 async def _read(limiter: trio.CapacityLimiter | None) -> _Output:
