@@ -142,7 +142,9 @@ def _batched(
 def _read(batches: list[list[Any]], oplog: list[bytes], expanded: bool) -> list[Any]:
     """The events of the batches' items, as tuples: bytes transformed (a commit's chain read
     back first, by prevOpTime), blocks' fields, spliced fields as they are; an error the
-    transform raised, as its type."""
+    transform raised, as its type, and nothing after it: a stream fails at an entry it cannot
+    transform (oplog_tail.py: IncompleteTransactionHistory for a chain whose start is gone), so
+    what a transformer would make of the entries after it is never seen."""
     by_ts = {timestamp_of(entry): entry for entry in oplog}
     tr = OplogTransformer(show_expanded_events=expanded)
     out: list[Any] = []
@@ -154,6 +156,8 @@ def _read(batches: list[list[Any]], oplog: list[bytes], expanded: bool) -> list[
                 out += [item] if item else []
             else:
                 out += _transformed(tr, item, by_ts)
+                if out and isinstance(out[-1], type):
+                    return out
     return [*out, tr.pending_transactions()]
 
 

@@ -112,6 +112,32 @@ def test_batches_of_compiled_chains_equal_the_general_transform(
     )
 
 
+def test_a_read_ends_at_a_chain_whose_start_is_gone() -> None:
+    """A chain whose first link is not in the oplog fails the read at its commit (the tail's
+    IncompleteTransactionHistory), as one batch or cut before a later transaction of the same
+    session and txnNumber: the events before the failure are the same either way (what the
+    transformer would make of the entries after it is never read)."""
+    lsid = {"id": Binary(uuid.UUID(int=1).bytes, 4), "uid": Binary(bytes(32), 0)}
+    op = {"op": "i", "ns": "app.orders", "ui": Binary(bytes(16), 4), "o": {"_id": "a"}}
+    gone = Timestamp(_SECONDS, 99)
+
+    def entry(number: int, inc: int, prev: Timestamp, **o: Any) -> bytes:
+        session = {"lsid": lsid, "txnNumber": Int64(number)}
+        return _entry(session, {"applyOps": [op], **o}, inc, True, prev)
+
+    oplog = [
+        entry(0, 1, _NULL_TS),
+        entry(1, 2, gone, partialTxn=True),
+        entry(1, 3, gone, count=Int64(2)),
+        entry(1, 4, _NULL_TS),
+    ]
+    want = _without_applied(_general(oplog, 0, False))
+    assert want[-1] is KeyError and len(want) == 2
+    with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+        for cuts in ([], [3], [2], [1, 3]):
+            assert _without_applied(_batched(oplog, 0, cuts, False, False, block_min=1)) == want
+
+
 def _backlog(odd: bytes | None) -> list[bytes]:
     """Plain inserts, an application's transactions (txn_batch's test's), and `odd` among
     them."""
