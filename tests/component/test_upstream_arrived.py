@@ -89,7 +89,6 @@ async def test_a_batch_taken_in_place_costs_one_receive_if_small(entries: int) -
     await member.aclose()
 
 
-
 async def test_a_member_connection_asks_for_a_large_receive_buffer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
