@@ -452,11 +452,10 @@ async def open_upstream(
     address = host_address(host, port)
     try:
         with trio.fail_after(connect_timeout_s):
-            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            tcp = await trio.open_tcp_stream(host, port)
             if receive_buffer_bytes:  # (set before any data flows)
-                stream.setsockopt(
-                    trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, receive_buffer_bytes
-                )
+                tcp.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, receive_buffer_bytes)
+            stream: trio.abc.Stream = tcp
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
                 await stream.do_handshake()

@@ -151,4 +151,6 @@ async def test_a_large_reply_lets_other_tasks_run_once_per_yield_budget(
             yields, budget_spent = yields + 1, 0
         budget_spent += size
     assert 0 < yields < len(writes) // 4  # (events of ~400 bytes: a yield per six)
-    assert ran == (0 if waits else yields)
+    # (±1: trio runs a round's tasks in either order, so the other task's last turn may fall on
+    # either side of the send's end)
+    assert abs(ran - (0 if waits else yields)) <= 1
