@@ -48,6 +48,13 @@ BATCH_ENTRIES = 16384
 
 FIRST_BATCH_ENTRIES = 128
 
+# After a full first batch (a backlog), the getMores that follow ask for batches of these sizes,
+# one at a time, before the exhaust getMore streams BATCH_ENTRIES: the merge waits for every
+# shard's batch, and every shard's first large batch takes a member (a cluster's process serving
+# several shards) long to make, which left the proxy idle until all had come. Smaller batches
+# first start the flow while the large ones are made.
+RAMP_ENTRIES = (1024, 4096)
+
 
 # A reply at least this large is walked and spliced in a worker thread (with the engine's splice
 # limiter), beside the event loop: the compiled kernels release the GIL, so the loop receives,
@@ -244,8 +251,10 @@ class OplogTail:
             )
         data, at = opened
         del opened
+        asked = FIRST_BATCH_ENTRIES  # what the reply in hand was asked for
+        ramp = iter(RAMP_ENTRIES)
         while True:
-            cursor_id = await self._take_reply(data, at, out, conn)
+            cursor_id, entries = await self._take_reply(data, at, out, conn)
             # Nothing of a delivered batch stays referenced here while the next reply is awaited:
             # its blocks' charges return when the buckets let them go (reader.BudgetHold), and a
             # frame held by an error's traceback (a CursorNotFound kept by a log handler) would
@@ -253,6 +262,10 @@ class OplogTail:
             del data
             if not cursor_id:
                 return
+            # A full batch before the stream of large ones: more entries wait, so the next is
+            # asked for at the ramp's next size; a short one (the oplog's end) ends the ramp.
+            full = entries >= asked
+            asked = next(ramp, BATCH_ENTRIES) if full and asked < BATCH_ENTRIES else BATCH_ENTRIES
             await out.parked(True)
             try:
                 if conn.streaming:
@@ -263,11 +276,11 @@ class OplogTail:
                         {
                             "getMore": Int64(cursor_id),
                             "collection": "oplog.rs",
-                            "batchSize": BATCH_ENTRIES,
+                            "batchSize": asked,
                             "maxTimeMS": self.await_ms,
                         },
                         pad=SLACK,
-                        exhaust=True,
+                        exhaust=asked == BATCH_ENTRIES,
                         allocate=unfilled_bytearray,
                     )
             finally:
@@ -275,8 +288,9 @@ class OplogTail:
 
     async def _take_reply(
         self, data: bytes | bytearray, at: int, out: TailOutput, conn: Connection
-    ) -> int:
-        """Splice and deliver the batch of the reply in `data` at `at`; its cursor id."""
+    ) -> tuple[int, int]:
+        """Splice and deliver the batch of the reply in `data` at `at`; its cursor id and
+        entries."""
         transformer = self.transformer
         # Up to the time of an older token resumed from, events keep its version: the general
         # path, which writes any version, makes them.
@@ -292,9 +306,9 @@ class OplogTail:
             cursor_id, spliced = splice_reply(*args)
         if spliced is None:
             await out.idle()
-        else:
-            await self._deliver(*spliced, out, conn)
-        return cursor_id
+            return cursor_id, 0
+        await self._deliver(*spliced, out, conn)
+        return cursor_id, spliced[1]
 
     async def _deliver(
         self,

@@ -20,6 +20,14 @@ _MAX_PIECES = 512
 # of a few bytes each (its header, names, lengths), each costing a buffer view and an entry of
 # the write more than its copy.
 _JOIN_BELOW = 4096
+# Bytes of a reply written without a wait before the sender lets other tasks run. A reply of
+# megabytes is made a part at a time (session.SEND_PART_BYTES); other tasks once ran between any
+# two parts, and while a catch-up's shards' batches are spliced on the loop a round of it lasts
+# milliseconds: consumers got their replies a part per round, at a fraction of what the socket
+# takes, and most events reached them only at the end of a backlog. A write that has to wait for
+# the socket lets them run anyway; this bounds how long a consumer that keeps up holds the loop
+# (about a millisecond: writes to a local socket go at gigabytes a second).
+YIELD_AFTER_BYTES = 2 << 20
 
 
 async def send_pieces(
@@ -39,14 +47,17 @@ async def send_pieces(
         if joined is not None:  # a small reply (a live tail's getMore): one write of one join
             await _send_views(stream, [memoryview(joined)])
             return
+        unyielded = 0  # bytes written since this task last let others run
         for piece in pieces:
             if isinstance(piece, wire.DeferredPiece):
                 _add_joined(views, small)
-                for k, part in enumerate(piece.pieces(scratch())):
-                    if k:  # other tasks run between the parts of a reply of megabytes
+                for part in piece.pieces(scratch()):
+                    if unyielded >= YIELD_AFTER_BYTES:
                         await trio.lowlevel.checkpoint()
+                        unyielded = 0
                     views.append(memoryview(part).cast("B"))
-                    await _send_views(stream, views)
+                    size = sum(map(len, views))
+                    unyielded = 0 if await _send_views(stream, views) else unyielded + size
             elif len(piece) < _JOIN_BELOW:
                 small.append(piece)
             else:
@@ -75,16 +86,19 @@ def _add_joined(views: list[memoryview], small: list[Any]) -> None:
         small.clear()
 
 
-async def _send_views(stream: trio.SocketStream, views: list[memoryview]) -> None:
-    """Send all of `views` with scatter-gather writes, emptying the list. The writes go to the
-    socket's descriptor itself, waiting only when its buffer is full: trio's sendmsg yields to
-    the scheduler after every write, a round of the event loop per write of a reply."""
+async def _send_views(stream: trio.SocketStream, views: list[memoryview]) -> bool:
+    """Send all of `views` with scatter-gather writes, emptying the list; whether it had to wait
+    (other tasks ran meanwhile). The writes go to the socket's descriptor itself, waiting only
+    when its buffer is full: trio's sendmsg yields to the scheduler after every write, a round of
+    the event loop per write of a reply."""
     fd = stream.socket.fileno()
+    waited = False
     while views:
         try:
             sent = os.writev(fd, views[:_MAX_PIECES] if len(views) > _MAX_PIECES else views)
         except BlockingIOError:
             await trio.lowlevel.wait_writable(stream.socket)
+            waited = True
             continue
         done = 0
         while done < len(views) and sent >= len(views[done]):
@@ -93,3 +107,4 @@ async def _send_views(stream: trio.SocketStream, views: list[memoryview]) -> Non
         del views[:done]
         if sent:
             views[0] = views[0][sent:]
+    return waited

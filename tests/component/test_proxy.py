@@ -4,6 +4,7 @@ pair with small buffers and a slow reader: partial writes, and a closed peer."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -103,3 +104,53 @@ async def test_a_small_reply_arrives_whole_joined_or_with_a_deferred_batch() -> 
         assert bytes(got) == want
     await sender.aclose()
     await receiver.aclose()
+
+
+@pytest.mark.parametrize("waits", [False, True])
+async def test_a_large_reply_lets_other_tasks_run_once_per_yield_budget(
+    monkeypatch: pytest.MonkeyPatch, waits: bool
+) -> None:
+    """A reply's deferred batch is sent a part at a time; other tasks run once the sender has
+    written YIELD_AFTER_BYTES without a wait (not between every two parts: a consumer that keeps
+    up got a part per round of a busy loop), and not at all more when every write waited for the
+    socket (they ran then)."""
+    from wireproxy import scatter_send
+
+    events = block_of_inserts([(7, i) for i in range(1, 301)], [i % 3 for i in range(300)])
+    pieces = [b"head", events.array_body(0), b"tail"]
+    total = len(wire.joined(pieces))
+    monkeypatch.setattr(scatter_send, "YIELD_AFTER_BYTES", 2000)
+    writes: list[int] = []
+
+    async def written(stream: Any, views: list[memoryview]) -> bool:
+        writes.append(sum(map(len, views)))
+        views.clear()
+        return waits
+
+    monkeypatch.setattr(scatter_send, "_send_views", written)
+    ticks = 0
+
+    async def other_task() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await trio.lowlevel.checkpoint()  # (it has started)
+        before = ticks
+        await _send_pieces(None, pieces, lambda: np.empty(300, np.uint8))  # type: ignore[arg-type]
+        ran = ticks - before
+        nursery.cancel_scope.cancel()
+    assert sum(writes) == total and len(writes) > 100  # a part (an event) a write, and the tail
+    budget_spent = 0
+    yields = 0
+    for size in writes[:-1]:  # (the tail's write follows the batch's parts)
+        if budget_spent >= 2000:
+            yields, budget_spent = yields + 1, 0
+        budget_spent += size
+    assert 0 < yields < len(writes) // 4  # (events of ~400 bytes: a yield per six)
+    # (±1: trio runs a round's tasks in either order, so the other task's last turn may fall on
+    # either side of the send's end)
+    assert abs(ran - (0 if waits else yields)) <= 1
