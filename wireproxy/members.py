@@ -75,15 +75,6 @@ async def authenticate(conn: UpstreamConnection, credentials: Credentials) -> No
         )
 
 
-# The kernel's receive buffer asked for each connection to a shard's member (it grants up to
-# net.core.rmem_max, doubled). An oplog batch of megabytes is received a buffer's worth per round
-# of the proxy's event loop, and a new connection starts at the kernel's default (128 KiB) and
-# grows only as data flows: at a stream's open every shard's first large batch took dozens of
-# rounds, each as long as the other shards' splices, and the merge waits for them all. Memory is
-# used only for bytes actually queued, which the member's batches bound.
-MEMBER_RECEIVE_BUFFER_BYTES = 4 << 20
-
-
 async def open_member(
     hosts: list[tuple[str, int]],
     *,
@@ -106,7 +97,6 @@ async def open_member(
         reply_timeout_s=reply_timeout_s,
         health=health,
         connect_timeout_s=connect_timeout_s,
-        receive_buffer_bytes=MEMBER_RECEIVE_BUFFER_BYTES,
     )
     try:
         for host, port in _ordered(hosts, health):

@@ -443,19 +443,14 @@ async def open_upstream(
     health: HostHealth | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     count_losses: bool = True,
-    receive_buffer_bytes: int = 0,
 ) -> UpstreamConnection:
     """A connection to `host`; with `health`, a failure to connect is recorded there, and so are
     the connection's own losses unless `count_losses` is off (a client's connection: mongos may
-    close it for what the client sent, which says nothing of mongos). `receive_buffer_bytes`
-    asks the kernel for a receive buffer of that size (0: its own sizing)."""
+    close it for what the client sent, which says nothing of mongos)."""
     address = host_address(host, port)
     try:
         with trio.fail_after(connect_timeout_s):
-            tcp = await trio.open_tcp_stream(host, port)
-            if receive_buffer_bytes:  # (set before any data flows)
-                tcp.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, receive_buffer_bytes)
-            stream: trio.abc.Stream = tcp
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
                 await stream.do_handshake()

@@ -87,37 +87,3 @@ async def test_a_batch_taken_in_place_costs_one_receive_if_small(entries: int) -
         assert len(reply) > DIRECT_FRAME_BYTES and isinstance(data, bytearray)
     await conn.aclose()
     await member.aclose()
-
-
-async def test_a_member_connection_asks_for_a_large_receive_buffer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """open_upstream sets the receive buffer asked for (members.MEMBER_RECEIVE_BUFFER_BYTES for a
-    shard member's connections: an oplog batch of megabytes then comes in a few receives from
-    the start); without asking, the kernel's own sizing stays. (Socket pairs stand in for the
-    TCP connections.)"""
-    from wireproxy.members import MEMBER_RECEIVE_BUFFER_BYTES
-    from wireproxy.upstream import open_upstream
-
-    assert MEMBER_RECEIVE_BUFFER_BYTES >= 1 << 20
-    others = []
-
-    async def connect(host: str, port: int) -> trio.SocketStream:
-        ours, theirs = trio.socket.socketpair()
-        others.append(theirs)
-        return trio.SocketStream(ours)
-
-    monkeypatch.setattr(trio, "open_tcp_stream", connect)
-    asked = 96 << 10  # within any kernel's rmem_max, and not its default
-    option = trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF
-    sized = await open_upstream("member", 27018, receive_buffer_bytes=asked)
-    plain = await open_upstream("member", 27018)
-    try:
-        got = sized._stream.getsockopt(*option)  # type: ignore[attr-defined]
-        assert got >= asked  # (Linux grants twice what is asked: its bookkeeping)
-        assert got != plain._stream.getsockopt(*option)  # type: ignore[attr-defined]
-    finally:
-        await sized.aclose()
-        await plain.aclose()
-        for sock in others:
-            sock.close()
