@@ -109,7 +109,11 @@ _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 # between the steps (compiled apart, see `describe`) passes each array as seven numbers, and
 # with the four buffers, the bytes and two arrays of state that was some fifty arguments a
 # step, which cost more than most steps' work. The small steps run per element (reading one,
-# hashing and noting a path, setting a field) and are inlined into the steps that call them.
+# hashing and noting a path, setting a field) and are inlined into the steps that call them, as
+# are the steps called from one place alone (a section's fields, removals, truncation; the
+# closing): that compiles no code twice. The steps called from several places (the scan, an
+# object diff, entering a sub-diff) stay compiled apart: inlining them all into one kernel
+# made its compilation far longer.
 _inline = numba.njit(inline="always")
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
@@ -217,7 +221,7 @@ def _note(path: Data, n: int, seed: int, st: _I64) -> bool:
     return True
 
 
-@_kernel
+@_inline
 def _twice(st: _I64) -> bool:
     """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
     sorted in place first (a shell sort: no allocation)."""
@@ -267,7 +271,7 @@ def _set(d: Data, t: int, v: int, e: int, out: Data, path: Data, n: int, st: _I6
     return _OK
 
 
-@_kernel
+@_inline
 def _fields(d: Data, at: int, limit: int, out: Data, path: Data, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
@@ -289,7 +293,7 @@ def _fields(d: Data, at: int, limit: int, out: Data, path: Data, n: int, st: _I6
     return _OK
 
 
-@_kernel
+@_inline
 def _copied(d: Data, at: int, limit: int, out: Data, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
@@ -304,7 +308,7 @@ def _copied(d: Data, at: int, limit: int, out: Data, st: _I64) -> int:
     return _OK
 
 
-@_kernel
+@_inline
 def _removed(d: Data, at: int, limit: int, rem: Data, path: Data, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
@@ -335,7 +339,7 @@ def _removed(d: Data, at: int, limit: int, rem: Data, path: Data, n: int, st: _I
     return _OK
 
 
-@_kernel
+@_inline
 def _truncated(d: Data, tru: Data, path: Data, n: int, st: _I64) -> int:
     """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
@@ -490,7 +494,7 @@ def _array(to: int, header: _B8, body: int, n: int) -> int:
     return to + 1
 
 
-@_kernel
+@_inline
 def _close(out: Data, w0: int, rem: Data, tru: Data, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
