@@ -110,10 +110,10 @@ _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 # with the four buffers, the bytes and two arrays of state that was some fifty arguments a
 # step, which cost more than most steps' work. The small steps run per element (reading one,
 # hashing and noting a path, setting a field) and are inlined into the steps that call them, as
-# are the steps called from one place alone (a section's fields, removals, truncation; the
-# closing): that compiles no code twice. The steps called from several places (the scan, an
-# object diff, entering a sub-diff) stay compiled apart: inlining them all into one kernel
-# made its compilation far longer.
+# are the steps called from one place alone (a section's fields, removals, truncation; the walk
+# and its step into a sub-diff; the closing): that compiles no code twice. The steps called from
+# two places (the scan, an object diff's sections) stay compiled apart: inlining them as well
+# would compile them twice over, and one kernel of every step made its compilation far longer.
 _inline = numba.njit(inline="always")
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
@@ -394,7 +394,7 @@ def _object(d: Data, term: int, buffers: _Bufs, n: int, st: _I64, walked: bool) 
     return _removed(d, st[_frame(_SECTIONS + _D, 1)], term, rem, path, n, st) if t == 3 else _NO
 
 
-@_kernel
+@_inline
 def _enter(d: Data, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, f: int) -> int:
     """Open the sub-diff at `at` for path[:n]: an array diff (`a: true`: its `l`) or an object
     diff (its `u`, `i`, `d`, under path[:n] and a dot), its entries left for the walk in
@@ -430,7 +430,7 @@ def _index(d: Data, p: int, q: int) -> int:
     return q - p if (q > p) and ((_byte(d, p) != 48) or (q == p + 1)) else -1
 
 
-@_kernel
+@_inline
 def _step(d: Data, buffers: _Bufs, st: _I64, f: int) -> int:
     """Read the next element of the open document in frame f: in an object diff, a sub-diff
     `s<field>`, at the prefix and the field; in an array diff, `u<index>` (a new value) or
@@ -464,7 +464,7 @@ def _step(d: Data, buffers: _Bufs, st: _I64, f: int) -> int:
     return _enter(d, q + 1, term, buffers, start + digits, st, f + 1)
 
 
-@_kernel
+@_inline
 def _walk(d: Data, buffers: _Bufs, st: _I64) -> int:
     """Walk the open documents' sub-diffs and array entries (frame 0 the diff's own), in their
     order, depth first, as `update_description` walks them; a diff nested deeper than _DEPTH
