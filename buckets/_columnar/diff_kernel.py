@@ -120,7 +120,7 @@ _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 
 
 @_inline
-def _frame(row: int, column: int) -> int:
+def _frame(row: int, column: int) -> np.uintp:
     """Where frame `row`'s number `column` is in the state: where its document goes on, where it
     closes, whether an array, its prefix's length; a scan's table of sections (rows _SECTIONS
     on) holds each section's type, value start and end."""
