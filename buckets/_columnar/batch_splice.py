@@ -80,7 +80,7 @@ from buckets._columnar.txn_batch import placed, with_transactions
 from buckets._columnar.txn_batch import warm_up as warm_up_transactions
 from buckets._columnar.txn_events import TxnRows, put_in, room
 from buckets._columnar.txn_place import cut_around, with_transactions_in
-from buckets._columnar.update_descriptions import other_descriptions
+from buckets._columnar.update_descriptions import Descriptions, other_descriptions
 from mongoformats.oplog_splice import (
     Spliced,
     _fixed_head,
@@ -126,12 +126,39 @@ def splice_block(
 
 class _Laid(NamedTuple):
     """What `assemble` writes a batch's block from (its arguments but the room it leaves), and
-    the kinds' ops and what their heads make of them (the block's kind table)."""
+    its events' kinds and kind table."""
 
-    args: tuple[Any, ...]
+    d: npt.NDArray[np.uint8]
+    ids: npt.NDArray[np.uint8]
     taken: npt.NDArray[np.intp]
+    rows: _Ints
+    which: _Ints
+    templates: npt.NDArray[np.uint8]
+    at: _Ints
+    descriptions: Descriptions
+    wall_at: int
     kinds: npt.NDArray[np.int32]
     kind_table: tuple[Any, ...]
+
+
+def _assemble(
+    laid: _Laid, cuts: _Ints, gaps: _Ints, least_width: int
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8], _Ints]:
+    """`assemble` of what `laid` holds, with that room."""
+    return assemble(
+        laid.d,
+        laid.ids,
+        laid.taken,
+        laid.rows,
+        laid.which,
+        laid.templates,
+        laid.at,
+        *laid.descriptions,
+        laid.wall_at,
+        cuts,
+        gaps,
+        least_width,
+    )
 
 
 def _laid_out(
@@ -164,8 +191,21 @@ def _laid_out(
         (op, h[1][1], h[1][2], h[1][3], type_bits_of(id_kind)) if h else ("", "", "", (), b"")
         for op, h, id_kind in zip(ops, made, id_kinds, strict=True)
     )
-    args = (d, ids, taken, rows, which, templates, at, *descriptions, wall_at(expanded))
-    return out, _Laid(args, taken, which[taken].astype(np.int32), kind_table), taken
+    kinds = which[taken].astype(np.int32)
+    laid = _Laid(
+        d,
+        ids,
+        taken,
+        rows,
+        which,
+        templates,
+        at,
+        descriptions,
+        wall_at(expanded),
+        kinds,
+        kind_table,
+    )
+    return out, laid, taken
 
 
 _NO_ROOM = np.zeros(0, np.int64)
@@ -173,7 +213,7 @@ _NO_ROOM = np.zeros(0, np.int64)
 
 def _block(laid: _Laid) -> EventBlock:
     """The batch's block, written."""
-    keys, events, offsets = assemble(*laid.args, _NO_ROOM, _NO_ROOM, 0)
+    keys, events, offsets = _assemble(laid, _NO_ROOM, _NO_ROOM, 0)
     return EventBlock(keys, _column(events, offsets), laid.kinds, laid.kind_table)
 
 
@@ -193,7 +233,7 @@ def _with_transactions(
     places = np.asarray(commits, np.intp)
     cuts = np.searchsorted(laid.taken, places)
     sizes, width = room(txns)
-    keys, events, offsets = assemble(*laid.args, cuts.astype(np.int64), sizes, width)
+    keys, events, offsets = _assemble(laid, cuts.astype(np.int64), sizes, width)
     put_in(keys, events, offsets, cuts, txns)
     kinds, table = joined_kinds((laid, txns.block))
     n = len(laid.taken)
@@ -281,11 +321,13 @@ def splice_entries(
     # Where the block's events (the batch's, and the transactions' at their commits) go among
     # the items left.
     commits = [at[i] for i in txns.commits]
+    whole: EventBlock | None
     if laid is not None and txns.block is not None:
         whole, places = _with_transactions(laid, txns.block, commits)
     else:
-        block = _block(laid) if laid is not None else None
-        whole, places = with_transactions_in(block, taken, txns.block, commits)
+        whole, places = with_transactions_in(
+            _block(laid) if laid is not None else None, taken, txns.block, commits
+        )
     order = _left(len(items), txns.replaced)
     if whole is not None and not order:
         return whole

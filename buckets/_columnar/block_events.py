@@ -165,6 +165,25 @@ _KEY_END = _KEY_TAIL[-1]
 _PREFETCH_BYTES = 4096  # of an entry's o, asked for ahead (see `assemble`)
 
 
+@numba.njit(inline="always")
+def _placed(sizes: _Ints, cuts: _Ints, gaps: _Ints) -> tuple[_Ints, _Ints]:
+    """The offsets of events of `sizes` with those of `gaps` put in (gap j before event
+    cuts[j]), and each event's row among them."""
+    m, g = len(sizes), len(cuts)
+    offsets = np.zeros(m + g + 1, np.int64)
+    places = np.empty(m, np.int64)
+    j, placed = 0, 0
+    for i in range(U(m + 1)):
+        while (j < g) and (cuts[U(j)] == i):
+            offsets[U(placed + 1)] = offsets[U(placed)] + gaps[U(j)]
+            j, placed = j + 1, placed + 1
+        if i < m:
+            places[i] = placed
+            offsets[U(placed + 1)] = offsets[U(placed)] + sizes[i]
+            placed += 1
+    return offsets, places
+
+
 @numba.njit(cache=CACHE, nogil=True)
 def assemble(
     d: _Bytes,
@@ -223,18 +242,7 @@ def assemble(
                 else described_size[r] - HEAD + 1
             )
         sizes[i] = size
-    # Each taken entry's row, the other events' rows put in before it.
-    offsets = np.zeros(m + g + 1, np.int64)
-    places = np.empty(m, np.int64)
-    j, r = 0, 0
-    for i in range(U(m + 1)):
-        while (j < g) and (cuts[U(j)] == i):
-            offsets[U(r + 1)] = offsets[U(r)] + gaps[U(j)]
-            j, r = j + 1, r + 1
-        if i < m:
-            places[i] = r
-            offsets[U(r + 1)] = offsets[U(r)] + sizes[i]
-            r += 1
+    offsets, places = _placed(sizes, cuts, gaps)
     width = max(lengths.max() if m else 0, least_width)
     keys = np.zeros((m + g) * width, np.uint8)
     out = np.empty(offsets[m + g], np.uint8)
