@@ -79,11 +79,12 @@ _Bufs = tuple[Data, Data, Data, Data]  # output, removedFields', truncatedArrays
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 # The steps take the bytes and buffers as addresses (diff_steps.py says why). The small steps run
 # per element (reading one, hashing and noting a path, setting a field) and are inlined into the
-# steps that call them, as are the steps called from one place alone (a section's fields,
-# removals, truncation; the walk and its step into a sub-diff; the closing): that compiles no
-# code twice. The steps called from two places (the scan, an object diff's sections) stay
-# compiled apart: inlining them as well would compile them twice over, and one kernel of every
-# step made its compilation far longer.
+# steps that call them, as are the steps run per section or per sub-diff from one place alone (a
+# section's fields; the walk, its step and its entering of a sub-diff). The steps called from two
+# places (the scan, an object diff's sections) and those run about once a diff (removals,
+# truncation, the check for paths named twice, the closing) stay compiled apart: inlined, the
+# former compile twice, and the latter lengthened the kernel's compilation by more than they
+# saved; one kernel of every step made it far longer.
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 

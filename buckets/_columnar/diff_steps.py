@@ -1,12 +1,12 @@
 """The parts `describe` (diff_kernel.py) is made of: the walk's state, reading a diff's elements,
 noting the paths it names, and writing a description's parts (updatedFields' elements,
-removedFields' and truncatedArrays' entries, the closing). All are inlined into describe's steps
-(see `_inline`); this module holds no kernel of its own.
+removedFields' and truncatedArrays' entries, the closing): inlined into describe's steps, or
+compiled apart (`_kernel`) where diff_kernel.py says.
 """
 
 from __future__ import annotations
 
-import buckets._columnar.numba_cache  # noqa: F401  (picks numba's cache dir before numba loads)
+from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
 # isort: split
 import numba
@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import (
+    NO_REFCOUNTS,
     Data,
     U,
     as_bytes,
@@ -77,12 +78,15 @@ _SLOT = np.full(256, -1, np.int64)
 for _slot, _letter in enumerate(b"uidla"):
     _SLOT[_letter] = _slot
 _U, _I, _D, _L, _A = range(5)
-# Inlined where they are used. The steps take the entries' bytes and the buffers they write as
-# addresses and lengths (byte_kernels' Data) and read and write them through byte_kernels' loads
-# and stores: a call between describe's steps (compiled apart) passes each array as seven
-# numbers, and with the four buffers, the bytes and two arrays of state that was some fifty
-# arguments a step, which cost more than most steps' work.
+# The steps take the entries' bytes and the buffers they write as addresses and lengths
+# (byte_kernels' Data) and read and write them through byte_kernels' loads and stores: a call
+# between describe's steps (compiled apart) passes each array as seven numbers, and with the four
+# buffers, the bytes and two arrays of state that was some fifty arguments a step, which cost
+# more than most steps' work.
 _inline = numba.njit(inline="always")
+# The steps compiled apart allocate nothing (describe gives them their buffers): compiled without
+# numba's reference counting (byte_kernels.NO_REFCOUNTS).
+_kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
 
 
 @_inline
@@ -164,7 +168,7 @@ def _note(path: Data, n: int, seed: int, st: _I64) -> bool:
     return True
 
 
-@_inline
+@_kernel
 def _twice(st: _I64) -> bool:
     """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
     sorted in place first (a shell sort: no allocation)."""
@@ -214,7 +218,7 @@ def _set(d: Data, t: int, v: int, e: int, out: Data, path: Data, n: int, st: _I6
     return _OK
 
 
-@_inline
+@_kernel
 def _copied(d: Data, at: int, limit: int, out: Data, st: _I64) -> int:
     """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
     `update_description` copies them for a diff of top-level sections alone."""
@@ -229,7 +233,7 @@ def _copied(d: Data, at: int, limit: int, out: Data, st: _I64) -> int:
     return _OK
 
 
-@_inline
+@_kernel
 def _removed(d: Data, at: int, limit: int, rem: Data, path: Data, n: int, st: _I64) -> int:
     """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
     string, keyed by its index."""
@@ -260,7 +264,7 @@ def _removed(d: Data, at: int, limit: int, rem: Data, path: Data, n: int, st: _I
     return _OK
 
 
-@_inline
+@_kernel
 def _truncated(d: Data, tru: Data, path: Data, n: int, st: _I64) -> int:
     """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
     `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
@@ -304,7 +308,7 @@ def _array(to: int, header: _B8, body: int, n: int) -> int:
     return to + 1
 
 
-@_inline
+@_kernel
 def _close(out: Data, w0: int, rem: Data, tru: Data, st: _I64) -> int:
     """Close the description begun at out[w0] (its updatedFields' elements written): its
     lengths, removedFields and truncatedArrays."""
