@@ -46,7 +46,7 @@ from __future__ import annotations
 import functools
 import pickle
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 import bson
 import numpy as np
@@ -71,14 +71,16 @@ from buckets._columnar.batch_layout import (
     _layouts,
 )
 from buckets._columnar.block_events import assemble, kind_templates, wall_at
+from buckets._columnar.block_merge import joined_kinds
 from buckets._columnar.byte_kernels import as_bytes
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.id_keys import type_bits_of
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from buckets._columnar.txn_batch import placed, with_transactions
 from buckets._columnar.txn_batch import warm_up as warm_up_transactions
+from buckets._columnar.txn_events import TxnRows, put_in, room
 from buckets._columnar.txn_place import cut_around, with_transactions_in
-from buckets._columnar.update_descriptions import other_descriptions
+from buckets._columnar.update_descriptions import Descriptions, other_descriptions
 from mongoformats.oplog_splice import (
     Spliced,
     _fixed_head,
@@ -118,6 +120,53 @@ def splice_block(
     each entry (the first): its event's fields if it was spliced here outside the block (another
     documentKey), () for one of an internal namespace, or None for one the block holds or the
     caller must transform (what `splice_crud` says of it)."""
+    out, laid, taken = _laid_out(batch, expanded)
+    return out, _block(laid) if laid is not None else None, taken
+
+
+class _Laid(NamedTuple):
+    """What `assemble` writes a batch's block from (its arguments but the room it leaves), and
+    its events' kinds and kind table."""
+
+    d: npt.NDArray[np.uint8]
+    ids: npt.NDArray[np.uint8]
+    taken: npt.NDArray[np.intp]
+    rows: _Ints
+    which: _Ints
+    templates: npt.NDArray[np.uint8]
+    at: _Ints
+    descriptions: Descriptions
+    wall_at: int
+    kinds: npt.NDArray[np.int32]
+    kind_table: tuple[Any, ...]
+
+
+def _assemble(
+    laid: _Laid, cuts: _Ints, gaps: _Ints, least_width: int
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8], _Ints]:
+    """`assemble` of what `laid` holds, with that room."""
+    return assemble(
+        laid.d,
+        laid.ids,
+        laid.taken,
+        laid.rows,
+        laid.which,
+        laid.templates,
+        laid.at,
+        *laid.descriptions,
+        laid.wall_at,
+        cuts,
+        gaps,
+        least_width,
+    )
+
+
+def _laid_out(
+    batch: OplogBatch, expanded: bool
+) -> tuple[list[Spliced | tuple[()] | None], _Laid | None, npt.NDArray[np.intp]]:
+    """`splice_block`'s first and third items, and what its block is written from (None if it
+    has no events): all but the writing of the block's bytes, which splice_entries may leave
+    room in for a batch's transactions' events (`_with_transactions`)."""
     n, data = len(batch), batch.data
     d = as_bytes(data)
     rows, which, firsts, ids = _layouts(d, batch.starts, batch.lengths, expanded)
@@ -138,17 +187,58 @@ def splice_block(
     ops = [_OPS[op] for op in rows[firsts, _R_OP].tolist()]
     id_kinds = rows[firsts, _R_OK].tolist()
     templates, at = kind_templates(ops, made, id_kinds, expanded)
-    keys, events, offsets = assemble(
-        d, ids, taken, rows, which, templates, at, *descriptions, wall_at(expanded)
-    )
-    column = pa.Array.from_buffers(
-        pa.large_binary(), len(taken), [None, pa.py_buffer(offsets), pa.py_buffer(events)]
-    )
     kind_table = tuple(
         (op, h[1][1], h[1][2], h[1][3], type_bits_of(id_kind)) if h else ("", "", "", (), b"")
         for op, h, id_kind in zip(ops, made, id_kinds, strict=True)
     )
-    return out, EventBlock(keys, column, which[taken].astype(np.int32), kind_table), taken
+    kinds = which[taken].astype(np.int32)
+    laid = _Laid(
+        d,
+        ids,
+        taken,
+        rows,
+        which,
+        templates,
+        at,
+        descriptions,
+        wall_at(expanded),
+        kinds,
+        kind_table,
+    )
+    return out, laid, taken
+
+
+_NO_ROOM = np.zeros(0, np.int64)
+
+
+def _block(laid: _Laid) -> EventBlock:
+    """The batch's block, written."""
+    keys, events, offsets = _assemble(laid, _NO_ROOM, _NO_ROOM, 0)
+    return EventBlock(keys, _column(events, offsets), laid.kinds, laid.kind_table)
+
+
+def _column(events: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> pa.Array:
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(events)]
+    )
+
+
+def _with_transactions(
+    laid: _Laid, txns: TxnRows, commits: list[int]
+) -> tuple[EventBlock, npt.NDArray[np.intp]]:
+    """txn_place.with_transactions_in's block and places for a batch whose block is not written
+    yet: written with room for the transactions' events at their commits (`commits`, in the
+    batch), which are then written into it; the block's own events are written once, where
+    txn_events.joined copied them into a block of both."""
+    places = np.asarray(commits, np.intp)
+    cuts = np.searchsorted(laid.taken, places)
+    sizes, width = room(txns)
+    keys, events, offsets = _assemble(laid, cuts.astype(np.int64), sizes, width)
+    put_in(keys, events, offsets, cuts, txns)
+    kinds, table = joined_kinds((laid, txns.block))
+    n = len(laid.taken)
+    whole = EventBlock(keys, _column(events, offsets), np.insert(kinds[:n], cuts, kinds[n:]), table)
+    return whole, np.sort(np.concatenate([laid.taken, places]))
 
 
 def _splice_laid_out(
@@ -223,14 +313,21 @@ def splice_entries(
     if len(batch) < BATCH_MIN:
         items = [_one_by_one(entry, None, expanded) for entry in batch.entries()]
         return with_transactions(items, expanded, transactions)
-    out, block, taken = splice_block(batch, expanded=expanded)
-    if block is not None and len(taken) == len(batch):
-        return block
+    out, laid, taken = _laid_out(batch, expanded)
+    if laid is not None and len(taken) == len(batch):
+        return _block(laid)
     at, items = _outside(batch, out, taken, expanded)
     txns = placed(items, expanded, transactions, True, applied)
     # Where the block's events (the batch's, and the transactions' at their commits) go among
     # the items left.
-    whole, places = with_transactions_in(block, taken, txns.block, [at[i] for i in txns.commits])
+    commits = [at[i] for i in txns.commits]
+    whole: EventBlock | None
+    if laid is not None and txns.block is not None:
+        whole, places = _with_transactions(laid, txns.block, commits)
+    else:
+        whole, places = with_transactions_in(
+            _block(laid) if laid is not None else None, taken, txns.block, commits
+        )
     order = _left(len(items), txns.replaced)
     if whole is not None and not order:
         return whole

@@ -165,6 +165,25 @@ _KEY_END = _KEY_TAIL[-1]
 _PREFETCH_BYTES = 4096  # of an entry's o, asked for ahead (see `assemble`)
 
 
+@numba.njit(inline="always")
+def _placed(sizes: _Ints, cuts: _Ints, gaps: _Ints) -> tuple[_Ints, _Ints]:
+    """The offsets of events of `sizes` with those of `gaps` put in (gap j before event
+    cuts[j]), and each event's row among them."""
+    m, g = len(sizes), len(cuts)
+    offsets = np.zeros(m + g + 1, np.int64)
+    places = np.empty(m, np.int64)
+    j, placed = 0, 0
+    for i in range(U(m + 1)):
+        while (j < g) and (cuts[U(j)] == i):
+            offsets[U(placed + 1)] = offsets[U(placed)] + gaps[U(j)]
+            j, placed = j + 1, placed + 1
+        if i < m:
+            places[i] = placed
+            offsets[U(placed + 1)] = offsets[U(placed)] + sizes[i]
+            placed += 1
+    return offsets, places
+
+
 @numba.njit(cache=CACHE, nogil=True)
 def assemble(
     d: _Bytes,
@@ -178,6 +197,9 @@ def assemble(
     described_at: _Ints,
     described_size: _Ints,
     wall_at: int,
+    cuts: _Ints,
+    gaps: _Ints,
+    least_width: int,
 ) -> tuple[_Bytes, _Bytes, _Ints]:
     """The taken entries' sort keys (rows padded with zeros to the longest's width, see
     id_keys.py) and events (their bytes back to back, and offsets). Each key is its kind's key
@@ -188,9 +210,14 @@ def assemble(
     replacement's), its documentKey, its updatedFields (an update's: its diff's `u` and `i`
     elements, or for entry r's other diffs its description, described_size[r] bytes from
     described_at[r] in `described`, less the HEAD bytes its template holds) and what closes it.
-    Two passes: sizes, then bytes."""
-    m = len(taken)
-    offsets = np.zeros(m + 1, np.int64)
+    Two passes: sizes, then bytes.
+
+    Room is left for other events (a batch's transactions', txn_events.put_in writes them): the
+    j-th, of gaps[j] bytes, before the cuts[j]-th taken entry's (cuts in order; len(taken): at
+    the end), its key row left zeros, the rows at least `least_width` wide; each such row
+    comes before the taken entries' from there on, as they would be put in after."""
+    m, g = len(taken), len(cuts)
+    sizes = np.empty(m, np.int64)
     lengths = np.empty(m, np.int64)
     for i in range(U(m)):
         r, k = U(taken[i]), U(_PARTS * which[U(taken[i])])
@@ -214,10 +241,11 @@ def assemble(
                 if rows[r, _R_SIMPLE]
                 else described_size[r] - HEAD + 1
             )
-        offsets[i + 1] = offsets[i] + size
-    width = lengths.max() if m else 0
-    keys = np.zeros(m * width, np.uint8)
-    out = np.empty(offsets[m], np.uint8)
+        sizes[i] = size
+    offsets, places = _placed(sizes, cuts, gaps)
+    width = max(lengths.max() if m else 0, least_width)
+    keys = np.zeros((m + g) * width, np.uint8)
+    out = np.empty(offsets[m + g], np.uint8)
     # The event's parts are written through addresses (byte_kernels' move, store_i32), inlined:
     # a call to a cached kernel per part (or one that takes the arrays) costs more than a copy.
     # (as signed integers, as the offsets added to them are: numba makes a float of a sum of
@@ -247,7 +275,8 @@ def assemble(
             rows[r, _R_O_END],
             rows[r, _R_STAMPS],
         )
-        key, n, fixed = keys_at + np.int64(i) * width, lengths[i], at[k + 1] - at[k]
+        row = U(places[i])
+        key, n, fixed = keys_at + np.int64(row) * width, lengths[i], at[k + 1] - at[k]
         # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
         # bytes, its tail (zeros but its last byte).
         move(key, template_at + at[k], fixed)
@@ -257,7 +286,7 @@ def assemble(
         move(key + fixed, source + rows[r, _R_ID_AT], rows[r, _R_ID_BYTES])
         store_byte(key + n - 1, _KEY_END)
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
-        e, stop = offsets[i], offsets[i + 1]
+        e, stop = offsets[row], offsets[row + 1]
         front = at[k + 2] - at[k + 1]
         move(out_at + e, template_at + at[k + 1], front)
         store_i32(out_at + e, stop - e)
@@ -301,4 +330,4 @@ def assemble(
         else:  # its description, less what the template holds, and the event's closing zero
             move(out_at + e, described_data_at + described_at[r] + HEAD, stop - e - 1)
             store_byte(out_at + stop - 1, 0)
-    return keys.reshape(m, width), out, offsets
+    return keys.reshape(m + g, width), out, offsets

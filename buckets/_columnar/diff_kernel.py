@@ -32,206 +32,88 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from buckets._columnar.byte_kernels import (
-    NO_REFCOUNTS,
-    U,
-    as_bytes,
-    copy,
-    i32,
-    prefetch_line,
-    put_i32,
+from buckets._columnar.byte_kernels import NO_REFCOUNTS, Data, U, prefetch_line, store_byte
+from buckets._columnar.diff_steps import (
+    _A,
+    _D,
+    _DEPTH,
+    _ENTERED,
+    _L,
+    _NO,
+    _OK,
+    _RN,
+    _ROOM,
+    _RW,
+    _SECTIONS,
+    _SEEN,
+    _SLOT,
+    _SN,
+    _TN,
+    _TW,
+    _W,
+    _WALKED,
+    HEAD,
+    _byte,
+    _close,
+    _copied,
+    _copy,
+    _doc_end,
+    _element,
+    _frame,
+    _inline,
+    _note,
+    _removed,
+    _set,
+    _truncated,
+    _twice,
 )
 
 __all__ = ["HEAD", "describe"]
 
 _I64 = npt.NDArray[np.int64]
 _B8 = npt.NDArray[np.uint8]
-_Bufs = tuple[_B8, _B8, _B8, _B8]  # output, removedFields', truncatedArrays', path
+_Bufs = tuple[Data, Data, Data, Data]  # output, removedFields', truncatedArrays', path
 
-_UPDATED_FIELDS = b"\x03updatedFields\x00"
-_P_UPDATED_FIELDS = as_bytes(_UPDATED_FIELDS)
-_P_REMOVED_FIELDS = as_bytes(b"\x04removedFields\x00")
-_P_TRUNCATED_ARRAYS = as_bytes(b"\x04truncatedArrays\x00")
-_P_FIELD = as_bytes(b"\x02field\x00")
-_P_NEW_SIZE = as_bytes(b"newSize\x00")
-# A description's length and updatedFields' header and length: what the block's update template
-# already holds (batch_splice's _UPDATEHEAD), skipped when a description is copied in.
-HEAD = 4 + len(_UPDATED_FIELDS)
-_CLOSING = 1 + len(_P_REMOVED_FIELDS) + 5 + len(_P_TRUNCATED_ARRAYS) + 5 + 1
-
-# What a kernel step says: done, the diff left to Python, a buffer too small (grown, then the
-# diff is written again), a sub-diff opened on the stack.
-_OK, _NO, _ROOM, _ENTERED = 0, -1, -2, 1
-# The walk's counters (an array, shared by its steps): the write position in the output, the
-# removedFields entries and their bytes, the truncatedArrays entries and their bytes, the paths
-# hashed; the paths' hashes follow from _SEEN on.
-_W, _RN, _RW, _TN, _TW, _SN, _SEEN = range(7)
-# The hash's seeds: a path set, removed, or walked into (each kind may name a path once).
-_SET, _REMOVED, _WALKED = 1, 2, 3
-_DEPTH = 64  # open documents at most (the server nests documents 100 deep, sub-diffs fewer)
-# The walk's frames (one per open document) are followed by a scan's table of sections.
-_SECTIONS = _DEPTH + 1
-_FNV_BASIS, _FNV_PRIME = 14695981039346656037 - 2**64, 1099511628211  # (int64 wraps as FNV's)
-
-
-def _type_tables() -> tuple[_I64, _I64, _I64]:
-    """By BSON type byte: a fixed value's size, a length-prefixed value's bytes beyond its length
-    and its least length (-1: not of that sort; regex, DBPointer, code with scope and unknown
-    types are neither, and leave the diff to Python)."""
-    fixed = np.full(256, -1, np.int64)
-    extra = np.full(256, -1, np.int64)
-    least = np.zeros(256, np.int64)
-    for t, n in {1: 8, 6: 0, 7: 12, 8: 1, 9: 8, 10: 0, 16: 4, 17: 8, 18: 8, 19: 16}.items():
-        fixed[t] = n
-    fixed[0x7F] = fixed[0xFF] = 0
-    for t, (n, m) in {2: (4, 1), 3: (0, 5), 4: (0, 5), 5: (5, 0), 13: (4, 1), 14: (4, 1)}.items():
-        extra[t], least[t] = n, m
-    return fixed, extra, least
-
-
-_FIXED, _EXTRA, _LEAST = _type_tables()
-# A diff document's one-letter sections, by letter: their row in a scan's table.
-_SLOT = np.full(256, -1, np.int64)
-for _slot, _letter in enumerate(b"uidla"):
-    _SLOT[_letter] = _slot
-_U, _I, _D, _L, _A = range(5)
 # The walk's steps allocate nothing (describe gives them their buffers): compiled without numba's
 # reference counting (byte_kernels.NO_REFCOUNTS).
 _kernel = numba.njit(cache=CACHE, **NO_REFCOUNTS)
-# The small steps run per element (reading one, hashing and noting a path, setting a field) and
-# byte_kernels' readers and copies are inlined into the steps that call them: a call costs more
-# than their work, and with no reference counts an inlined function that takes arrays counts
-# nothing either.
-_inline = numba.njit(inline="always")
-_i32, _copy, _put_i32 = _inline(i32.py_func), _inline(copy.py_func), _inline(put_i32.py_func)
+# The steps take the bytes and buffers as addresses (diff_steps.py says why). The small steps run
+# per element (reading one, hashing and noting a path, setting a field) and are inlined into the
+# steps that call them, as are the steps run per section or per sub-diff from one place alone (a
+# section's fields; the walk, its step and its entering of a sub-diff). The steps called from two
+# places (the scan, an object diff's sections) and those run about once a diff (removals,
+# truncation, the check for paths named twice, the closing) stay compiled apart: inlined, the
+# former compile twice, and the latter lengthened the kernel's compilation by more than they
+# saved; one kernel of every step made it far longer.
 # A scan's findings: a key other than u, i and d; a section that is not a document.
 _OTHER_KEY, _NOT_DOCUMENT = 1, 2
 
 
-@_inline
-def _doc_end(d: _B8, at: int, limit: int) -> int:
-    """Where the document at `at` closes (its last byte, a zero), if it lies before `limit`;
-    else -1."""
-    n = _i32(d, at)
-    end = at + n - 1
-    if (n < 5) | (end >= limit):
-        return -1
-    return end if d[U(end)] == 0 else -1
-
-
-@_inline
-def _element(d: _B8, p: int, limit: int) -> tuple[int, int]:
-    """The element at `p`, which must end by `limit`: where its name's zero is and where its value
-    ends; (-1, -1) if it does not read."""
-    q = p + 1
-    while (q < limit) and d[U(q)] != 0:
-        q += 1
-    if q >= limit:
-        return -1, -1
-    t, v = U(d[U(p)]), q + 1
-    e = v + _FIXED[t]
-    if _FIXED[t] < 0:
-        n = _i32(d, v)
-        e = v + _EXTRA[t] + n
-        if (_EXTRA[t] < 0) | (n < _LEAST[t]):
-            return -1, -1
-    return (q, e) if e <= limit else (-1, -1)
-
-
 @_kernel
-def _scan(d: _B8, at: int, limit: int, frames: _I64) -> tuple[int, int]:
+def _scan(d: Data, at: int, limit: int, st: _I64) -> tuple[int, int]:
     """Read the diff document at `at` (ending by `limit`): where it closes (-1 if it does not
     read or holds a section letter twice), and what else it holds (_OTHER_KEY, _NOT_DOCUMENT);
-    its one-letter sections' type, value start and end in frames[_SECTIONS:] (type 0: absent)."""
+    its one-letter sections' type, value start and end in the sections' table (type 0: absent)."""
     term = _doc_end(d, at, limit)
-    for slot in range(U(_SECTIONS), U(_SECTIONS + 5)):
-        frames[slot, 0] = 0
+    for slot in range(_SECTIONS, _SECTIONS + 5):
+        st[_frame(slot, 0)] = 0
     p, kinds = at + 4, 0
     while (term >= 0) and p < term:
         q, e = _element(d, p, term)
-        t = d[U(p)]
-        slot = _SLOT[U(d[U(p + 1)])] if q == p + 2 else -1
-        row = U(_SECTIONS + slot)
-        if (e < 0) or (slot >= 0 and frames[row, 0] != 0):
+        t = _byte(d, p)
+        slot = _SLOT[U(_byte(d, p + 1))] if q == p + 2 else -1
+        row = _SECTIONS + slot
+        if (e < 0) or (slot >= 0 and st[_frame(row, 0)] != 0):
             return -1, 0
         if slot >= 0:
-            frames[row, 0], frames[row, 1], frames[row, 2] = t, q + 1, e
+            st[_frame(row, 0)], st[_frame(row, 1)], st[_frame(row, 2)] = t, q + 1, e
         kinds |= _OTHER_KEY * ((slot < 0) | (slot > _D)) | _NOT_DOCUMENT * (t != 3)
         p = e
     return term, kinds
 
 
 @_inline
-def _hash(path: _B8, n: int, seed: int) -> np.int64:
-    """FNV-1a of the byte `seed`, then path[:n]."""
-    h = (np.int64(_FNV_BASIS) ^ seed) * _FNV_PRIME
-    for j in range(U(n)):
-        h = (h ^ path[j]) * _FNV_PRIME
-    return h
-
-
-@_inline
-def _note(path: _B8, n: int, seed: int, st: _I64) -> bool:
-    """Keep path[:n]'s hash (of kind `seed`) for the check for paths named twice; False if
-    there is no room for it."""
-    if _SEEN + st[_SN] >= len(st):
-        return False
-    st[U(_SEEN + st[_SN])] = _hash(path, n, seed)
-    st[_SN] += 1
-    return True
-
-
-@_kernel
-def _twice(st: _I64) -> bool:
-    """Whether two of the paths' hashes are equal: a diff's few paths compared pairwise, many
-    sorted in place first (a shell sort: no allocation)."""
-    n, h = st[_SN], st[_SEEN:]
-    gap = 1
-    while gap < n // 3:
-        gap = 3 * gap + 1
-    while (n > 16) and (gap > 0):
-        for j in range(gap, n):
-            x, k = h[U(j)], j
-            while (k >= gap) and (h[U(k - gap)] > x):
-                h[U(k)] = h[U(k - gap)]
-                k -= gap
-            h[U(k)] = x
-        gap //= 3
-    for j in range(1, n):
-        for k in range(j - 1 if n > 16 else 0, j):
-            if h[U(j)] == h[U(k)]:
-                return True
-    return False
-
-
-@_inline
-def _decimal(dst: _B8, at: int, n: int) -> int:
-    """Write n's decimal digits at dst[at:] (room for 20 is the caller's); how many."""
-    digits = 1
-    while n >= 10**digits:
-        digits += 1
-    for j in range(digits):
-        dst[U(at + digits - 1 - j)] = 48 + n % 10
-        n //= 10
-    return digits
-
-
-@_inline
-def _set(d: _B8, t: int, v: int, e: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
-    """Add updatedFields' element of type t named path[:n] with the value d[v:e]."""
-    w = st[_W]
-    if (w + n + 2 + e - v > len(out)) or not _note(path, n, _SET, st):
-        return _ROOM
-    out[U(w)] = t
-    _copy(out, w + 1, path, 0, n)
-    out[U(w + 1 + n)] = 0
-    _copy(out, w + 2 + n, d, v, e - v)
-    st[_W] = w + n + 2 + e - v
-    return _OK
-
-
-@_kernel
-def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) -> int:
+def _fields(d: Data, at: int, limit: int, out: Data, path: Data, n: int, st: _I64) -> int:
     """Add the elements of a `u` or `i` section (the document at `at`) under the prefix path[:n]."""
     term = _doc_end(d, at, limit)
     if term < 0:
@@ -242,10 +124,10 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
         if e < 0:
             return _NO
         name = q - p - 1
-        if n + name > len(path):
+        if n + name > path[1]:
             return _ROOM
-        _copy(path, n, d, p + 1, name)
-        r = _set(d, d[U(p)], q + 1, e, out, path, n + name, st)
+        _copy(path[0] + n, d[0] + p + 1, name)
+        r = _set(d, _byte(d, p), q + 1, e, out, path, n + name, st)
         if r != _OK:
             return r
         p = e
@@ -253,149 +135,74 @@ def _fields(d: _B8, at: int, limit: int, out: _B8, path: _B8, n: int, st: _I64) 
 
 
 @_kernel
-def _copied(d: _B8, at: int, limit: int, out: _B8, st: _I64) -> int:
-    """Add the elements of a top-level `u` or `i` section (the document at `at`) as they are, as
-    `update_description` copies them for a diff of top-level sections alone."""
-    term = _doc_end(d, at, limit)
-    w = st[_W]
-    if term < 0:
-        return _NO
-    if w + term - at - 4 > len(out):
-        return _ROOM
-    _copy(out, w, d, at + 4, term - at - 4)
-    st[_W] = w + term - at - 4
-    return _OK
-
-
-@_kernel
-def _removed(d: _B8, at: int, limit: int, rem: _B8, path: _B8, n: int, st: _I64) -> int:
-    """Add removedFields' entries of a `d` section (the document at `at`) under path[:n]: each a
-    string, keyed by its index."""
-    term = _doc_end(d, at, limit)
-    if term < 0:
-        return _NO
-    p = at + 4
-    while p < term:
-        q, e = _element(d, p, term)
-        if e < 0:
-            return _NO
-        name = q - p - 1
-        w = st[_RW]
-        if (n + name > len(path)) or (w + 27 + n + name > len(rem)):
-            return _ROOM
-        _copy(path, n, d, p + 1, name)
-        if not _note(path, n + name, _REMOVED, st):
-            return _ROOM
-        rem[U(w)] = 2
-        w += 1 + _decimal(rem, w + 1, st[_RN])
-        rem[U(w)] = 0
-        _put_i32(rem, w + 1, n + name + 1)
-        _copy(rem, w + 5, path, 0, n + name)
-        rem[U(w + 5 + n + name)] = 0
-        st[_RW], st[_RN] = w + 6 + n + name, st[_RN] + 1
-        p = e
-    return _OK
-
-
-@_kernel
-def _truncated(d: _B8, frames: _I64, tru: _B8, path: _B8, n: int, st: _I64) -> int:
-    """Add truncatedArrays' entry of an array diff at path[:n] whose `l` is in the sections' table:
-    `{field: path, newSize: l}`, l a number of the type the diff gives (a double, int32 or int64,
-    written back as it came)."""
-    t, v, e = frames[_SECTIONS + _L, 0], frames[_SECTIONS + _L, 1], frames[_SECTIONS + _L, 2]
-    if (t != 1) & (t != 16) & (t != 18):
-        return _NO
-    w = st[_TW]
-    size = 4 + len(_P_FIELD) + 4 + n + 1 + 1 + len(_P_NEW_SIZE) + e - v + 1
-    if w + 22 + size > len(tru):
-        return _ROOM
-    tru[U(w)] = 3
-    w += 1 + _decimal(tru, w + 1, st[_TN])
-    tru[U(w)] = 0
-    _put_i32(tru, w + 1, size)
-    _copy(tru, w + 5, _P_FIELD, 0, len(_P_FIELD))
-    w += 5 + len(_P_FIELD)
-    _put_i32(tru, w, n + 1)
-    _copy(tru, w + 4, path, 0, n)
-    tru[U(w + 4 + n)] = 0
-    tru[U(w + 5 + n)] = t
-    _copy(tru, w + 6 + n, _P_NEW_SIZE, 0, len(_P_NEW_SIZE))
-    w += 6 + n + len(_P_NEW_SIZE)
-    _copy(tru, w, d, v, e - v)
-    tru[U(w + e - v)] = 0
-    st[_TW], st[_TN] = w + e - v + 1, st[_TN] + 1
-    return _OK
-
-
-@_kernel
-def _object(d: _B8, term: int, frames: _I64, buffers: _Bufs, n: int, st: _I64, walked: bool) -> int:
+def _object(d: Data, term: int, buffers: _Bufs, n: int, st: _I64, walked: bool) -> int:
     """An object diff's `u`, then `i` (each element under the prefix path[:n]; a diff of
     top-level sections alone, not `walked`, has them copied as they are), then `d`."""
     out, rem, _, path = buffers
-    for slot in range(2):
-        t = frames[_SECTIONS + slot, 0]
+    for slot in range(_SECTIONS, _SECTIONS + 2):
+        t = st[_frame(slot, 0)]
         if (t != 0) and (t != 3):
             return _NO
         if t == 0:
             continue
         if walked:
-            r = _fields(d, frames[_SECTIONS + slot, 1], term, out, path, n, st)
+            r = _fields(d, st[_frame(slot, 1)], term, out, path, n, st)
         else:
-            r = _copied(d, frames[_SECTIONS + slot, 1], term, out, st)
+            r = _copied(d, st[_frame(slot, 1)], term, out, st)
         if r != _OK:
             return r
-    t = frames[_SECTIONS + _D, 0]
+    t = st[_frame(_SECTIONS + _D, 0)]
     if t == 0:
         return _OK
-    return _removed(d, frames[_SECTIONS + _D, 1], term, rem, path, n, st) if t == 3 else _NO
+    return _removed(d, st[_frame(_SECTIONS + _D, 1)], term, rem, path, n, st) if t == 3 else _NO
 
 
-@_kernel
-def _enter(
-    d: _B8, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, frames: _I64, f: int
-) -> int:
+@_inline
+def _enter(d: Data, at: int, limit: int, buffers: _Bufs, n: int, st: _I64, f: int) -> int:
     """Open the sub-diff at `at` for path[:n]: an array diff (`a: true`: its `l`) or an object
     diff (its `u`, `i`, `d`, under path[:n] and a dot), its entries left for the walk in
-    frames[f] (where it goes on, where it closes, whether an array, its prefix's length)."""
-    out, rem, tru, path = buffers
+    frame f (where it goes on, where it closes, whether an array, its prefix's length)."""
+    _, _, tru, path = buffers
     if not _note(path, n, _WALKED, st):
         return _ROOM
-    term, _ = _scan(d, at, limit, frames)
+    term, _ = _scan(d, at, limit, st)
     if term < 0:
         return _NO
-    array = (frames[_SECTIONS + _A, 0] == 8) and d[U(frames[_SECTIONS + _A, 1])] == 1
+    a = _SECTIONS + _A
+    array = (st[_frame(a, 0)] == 8) and _byte(d, st[_frame(a, 1)]) == 1
     if array:
-        r = _truncated(d, frames, tru, path, n, st) if frames[_SECTIONS + _L, 0] != 0 else _OK
-    elif n + 1 > len(path):
+        r = _truncated(d, tru, path, n, st) if st[_frame(_SECTIONS + _L, 0)] != 0 else _OK
+    elif n + 1 > path[1]:
         return _ROOM
     else:
-        path[U(n)] = 46  # "."
+        store_byte(U(path[0] + n), 46)  # "."
         n += 1
-        r = _object(d, term, frames, buffers, n, st, True)
-    frames[U(f), 0], frames[U(f), 1], frames[U(f), 2], frames[U(f), 3] = at + 4, term, array, n
+        r = _object(d, term, buffers, n, st, True)
+    st[_frame(f, 0)], st[_frame(f, 1)], st[_frame(f, 2)], st[_frame(f, 3)] = at + 4, term, array, n
     return _ENTERED if r == _OK else r
 
 
 @_inline
-def _index(d: _B8, p: int, q: int) -> int:
+def _index(d: Data, p: int, q: int) -> int:
     """Whether d[p:q], an array diff's index, is written as int() writes it (digits, no leading
     zero): its length, or -1."""
-    for j in range(U(p), U(q)):
-        if (d[j] < 48) or (d[j] > 57):
+    for j in range(p, q):
+        c = _byte(d, j)
+        if (c < 48) or (c > 57):
             return -1
-    return q - p if (q > p) and ((d[U(p)] != 48) or (q == p + 1)) else -1
+    return q - p if (q > p) and ((_byte(d, p) != 48) or (q == p + 1)) else -1
 
 
-@_kernel
-def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
-    """Read the next element of the open document frames[f]: in an object diff, a sub-diff
+@_inline
+def _step(d: Data, buffers: _Bufs, st: _I64, f: int) -> int:
+    """Read the next element of the open document in frame f: in an object diff, a sub-diff
     `s<field>`, at the prefix and the field; in an array diff, `u<index>` (a new value) or
     `s<index>` (a sub-diff) at the path, a dot and the index. Others are not the walk's."""
-    path, row = buffers[3], U(f)
-    p, term, array, n = frames[row, 0], frames[row, 1], frames[row, 2], frames[row, 3]
+    path = buffers[3]
+    p, term, array, n = st[_frame(f, 0)], st[_frame(f, 1)], st[_frame(f, 2)], st[_frame(f, 3)]
     q, e = _element(d, p, term)  # (read by the scan that opened the document)
-    frames[U(f), 0] = e
-    t, letter = d[U(p)], d[U(p + 1)]
+    st[_frame(f, 0)] = e
+    t, letter = _byte(d, p), _byte(d, p + 1)
     if array:
         if (q == p + 2) and ((letter == 97) or (letter == 108)):  # a, l
             return _OK
@@ -408,85 +215,60 @@ def _step(d: _B8, buffers: _Bufs, st: _I64, frames: _I64, f: int) -> int:
         digits, start = q - p - 2, n
     if digits < 0:
         return _NO
-    if start + digits > len(path):
+    if start + digits > path[1]:
         return _ROOM
     if array:
-        path[U(n)] = 46  # "." (an object's prefix ends with its own)
-    _copy(path, start, d, p + 2, digits)
+        store_byte(U(path[0] + n), 46)  # "." (an object's prefix ends with its own)
+    _copy(path[0] + start, d[0] + p + 2, digits)
     if letter == 117:
         return _set(d, t, q + 1, e, buffers[0], path, start + digits, st)
     if t != 3:
         return _NO
-    return _enter(d, q + 1, term, buffers, start + digits, st, frames, f + 1)
+    return _enter(d, q + 1, term, buffers, start + digits, st, f + 1)
 
 
-@_kernel
-def _walk(d: _B8, buffers: _Bufs, st: _I64, frames: _I64) -> int:
-    """Walk the open documents' sub-diffs and array entries (frames[0] the diff's own), in their
+@_inline
+def _walk(d: Data, buffers: _Bufs, st: _I64) -> int:
+    """Walk the open documents' sub-diffs and array entries (frame 0 the diff's own), in their
     order, depth first, as `update_description` walks them; a diff nested deeper than _DEPTH
     is left to it."""
     depth = 1
     while depth > 0:
         f = depth - 1
-        if frames[U(f), 0] >= frames[U(f), 1]:
+        if st[_frame(f, 0)] >= st[_frame(f, 1)]:
             depth -= 1
             continue
-        r = _step(d, buffers, st, frames, f)
+        r = _step(d, buffers, st, f)
         depth += r == _ENTERED
         if (r != _OK) and (r != _ENTERED) or (depth > _DEPTH):
             return _NO if r == _ENTERED else r
     return _OK
 
 
-@_inline
-def _array(out: _B8, w: int, header: _B8, body: _B8, n: int) -> int:
-    """Write at out[w] an array element: its `header` (type and name), then the array of the
-    elements body[:n]; where it ends."""
-    _copy(out, w, header, 0, len(header))
-    _put_i32(out, w + len(header), n + 5)
-    _copy(out, w + len(header) + 4, body, 0, n)
-    w += len(header) + 4 + n
-    out[U(w)] = 0
-    return w + 1
-
-
 @_kernel
-def _close(out: _B8, w0: int, rem: _B8, tru: _B8, st: _I64) -> int:
-    """Close the description begun at out[w0] (its updatedFields' elements written): its
-    lengths, removedFields and truncatedArrays."""
-    w = st[_W]
-    if w + _CLOSING + st[_RW] + st[_TW] > len(out):
-        return _ROOM
-    out[U(w)] = 0
-    _copy(out, w0 + 4, _P_UPDATED_FIELDS, 0, len(_P_UPDATED_FIELDS))
-    _put_i32(out, w0 + HEAD, w + 1 - w0 - HEAD)
-    w = _array(out, w + 1, _P_REMOVED_FIELDS, rem, st[_RW])
-    w = _array(out, w, _P_TRUNCATED_ARRAYS, tru, st[_TW])
-    out[U(w)] = 0
-    _put_i32(out, w0, w + 1 - w0)
-    st[_W] = w + 1
-    return _OK
-
-
-@_kernel
-def _one(d: _B8, start: int, end: int, diff: int, buffers: _Bufs, st: _I64, frames: _I64) -> int:
+def _one(d: Data, start: int, end: int, diff: int, buffers: _Bufs, st: _I64) -> int:
     """Write the description of the diff at `diff` of the entry d[start:end] at out[st[_W]]:
     a diff of top-level `u`, `i` and `d` sections alone as `update_description` copies it
     (`u` and `i` as they are), any other walked."""
-    out, rem, tru, path = buffers
+    out, rem, tru, _ = buffers
     w0 = st[_W]
     st[_RN] = st[_RW] = st[_TN] = st[_TW] = st[_SN] = 0
-    if w0 + HEAD + 4 > len(out):
+    if w0 + HEAD + 4 > out[1]:
         return _ROOM
     st[_W] = w0 + HEAD + 4
-    term, kinds = _scan(d, diff, end, frames)
+    term, kinds = _scan(d, diff, end, st)
     if (term < 0) or (diff < start) or (kinds & _NOT_DOCUMENT):
         return _NO
     walked = (kinds & _OTHER_KEY) != 0
-    r = _object(d, term, frames, buffers, 0, st, walked)
+    r = _object(d, term, buffers, 0, st, walked)
     if walked and (r == _OK):
-        frames[0, 0], frames[0, 1], frames[0, 2], frames[0, 3] = diff + 4, term, 0, 0
-        r = _walk(d, buffers, st, frames)
+        st[_frame(0, 0)], st[_frame(0, 1)], st[_frame(0, 2)], st[_frame(0, 3)] = (
+            diff + 4,
+            term,
+            0,
+            0,
+        )
+        r = _walk(d, buffers, st)
     if r != _OK:
         return r
     return _NO if _twice(st) else _close(out, w0, rem, tru, st)
@@ -514,10 +296,10 @@ def describe(
         np.empty(longest, np.uint8),
         np.empty(longest, np.uint8),
     )
-    st, frames = np.zeros(_SEEN + 64, np.int64), np.zeros((_SECTIONS + 5, 4), np.int64)
+    st = np.zeros(_SEEN + 64, np.int64)
     k = 0
     while k < m:  # (a buffer too small: all twice as large, and that diff again)
-        k = _run(d, starts, ends, diffs, (out, rem, tru, path), st, frames, at, taken, k)
+        k = _run(d, starts, ends, diffs, out, rem, tru, path, st, at, taken, k)
         if k < m:
             out, rem, tru, path = (
                 _grown(out, st[_W]),
@@ -535,9 +317,11 @@ def _run(
     starts: _I64,
     ends: _I64,
     diffs: _I64,
-    buffers: _Bufs,
+    out: _B8,
+    rem: _B8,
+    tru: _B8,
+    path: _B8,
     st: _I64,
-    frames: _I64,
     at: _I64,
     taken: npt.NDArray[np.bool_],
     k: int,
@@ -545,7 +329,14 @@ def _run(
     """Describe diffs from the k-th on, until one finds a buffer too small: its index (len(diffs)
     when all are done). (A loop apart from `describe`'s, whose buffers change: numba then counts
     references to them at every step.)"""
-    base = d.ctypes.data
+    base = np.int64(d.ctypes.data)
+    data = (base, len(d))
+    buffers = (
+        (np.int64(out.ctypes.data), len(out)),
+        (np.int64(rem.ctypes.data), len(rem)),
+        (np.int64(tru.ctypes.data), len(tru)),
+        (np.int64(path.ctypes.data), len(path)),
+    )
     while k < len(diffs):
         # The diff four ahead, asked for now: a backlog's entries come from memory, and a
         # diff's walk waits on each of its lines in turn.
@@ -554,7 +345,7 @@ def _run(
         for line in range(U(base + diffs[ahead]), U(base + stop), U(64)):
             prefetch_line(line)
         w0 = st[_W]
-        r = _one(d, starts[U(k)], ends[U(k)], diffs[U(k)], buffers, st, frames)
+        r = _one(data, starts[U(k)], ends[U(k)], diffs[U(k)], buffers, st)
         if r == _ROOM:
             st[_W] = w0
             return k

@@ -38,7 +38,7 @@ from bson import Timestamp
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_chains import STAMP_TAIL, Chains, command_items, server_chains
-from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
+from buckets._columnar.txn_events import TxnRows, joined, put_in, room, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -554,4 +554,10 @@ def warm_up(splice: BatchSplice) -> None:
     rows = _spliced(_chains([bson.encode(entry)]), False, splice, True, False).block
     assert rows is not None
     joined(None, np.zeros(len(rows.heads), np.int64), rows)
+    # and the writing of their events into the room a batch's block leaves for them
+    sizes, width = room(rows)
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    room_keys, room_out = np.zeros((len(sizes), width), np.uint8), np.empty(offsets[-1], np.uint8)
+    put_in(room_keys, room_out, offsets, np.zeros(len(sizes), np.int64), rows)
     txn_block(rows.block, rows.heads, rows.indexes.tolist())

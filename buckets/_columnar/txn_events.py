@@ -36,7 +36,7 @@ from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
 
-__all__ = ["TxnRows", "joined", "txn_block", "txn_done"]
+__all__ = ["TxnRows", "joined", "put_in", "room", "txn_block", "txn_done"]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -111,6 +111,38 @@ def joined(block: EventBlock | None, cuts: npt.NDArray[np.int64], txns: TxnRows)
     kinds, table = joined_kinds((block, theirs))
     n = len(block)
     return EventBlock(keys, column, np.insert(kinds[:n], cuts, kinds[n:]), table)
+
+
+def room(txns: TxnRows) -> tuple[_Ints, int]:
+    """The bytes of each of the rows' events made their transactions' (as `joined` writes them),
+    and the width their keys need: what a block leaves for them to be put in (`put_in`)."""
+    theirs = txns.block
+    keys, offsets, _ = _columns(theirs)
+    _, head_at = byte_table(txns.heads)
+    indexes = txns.indexes.astype(np.int64)
+    ks_at = _tokens(int(indexes.max()) if len(indexes) else 0)[1]
+    sizes, events, _ = _sizes(keys, offsets, head_at, indexes, ks_at)
+    return events, max(int(sizes.max()), 1) if len(sizes) else 1
+
+
+def put_in(
+    keys: _Bytes, out: _Bytes, out_at: _Ints, cuts: npt.NDArray[np.int64], txns: TxnRows
+) -> None:
+    """Write the rows of `txns` made their transactions' (as `joined` writes them) into the
+    room a block's kernel left for them (block_events.assemble with `room`'s sizes): the i-th
+    into key row and event cuts[i] + i of `keys`, `out` and `out_at`. `joined` without copying
+    the block's own events a second time."""
+    top = int(txns.indexes.max()) if len(txns.indexes) else 0
+    _put_in(
+        keys,
+        out,
+        out_at,
+        *_columns(txns.block),
+        *byte_table(txns.heads),
+        txns.indexes.astype(np.int64),
+        *_tokens(top),
+        np.asarray(cuts, np.int64),
+    )
 
 
 def _read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -290,6 +322,48 @@ def _joined(
             )
             r += 1
     return new_keys, out, out_at
+
+
+@numba.njit(cache=CACHE, nogil=True)
+def _put_in(
+    new_keys: _Bytes,
+    out: _Bytes,
+    out_at: _Ints,
+    keys: _Bytes,
+    offsets: _Ints,
+    values: _Bytes,
+    heads: _Bytes,
+    head_at: _Ints,
+    indexes: _Ints,
+    ks: _Bytes,
+    ks_at: _Ints,
+    hexes: _Bytes,
+    hex_at: _Ints,
+    cuts: _Ints,
+) -> None:
+    """`put_in`'s rows written where the room for them is (see `_joined`, which writes them
+    so between the runs it copies)."""
+    sizes, _, _ = _sizes(keys, offsets, head_at, indexes, ks_at)
+    for i in range(U(len(cuts))):
+        r = U(cuts[i] + i)
+        _one(
+            keys[i],
+            values,
+            offsets[i],
+            offsets[i + 1],
+            heads,
+            head_at[i],
+            head_at[i + 1],
+            indexes[i],
+            ks,
+            ks_at,
+            hexes,
+            hex_at,
+            new_keys[r],
+            sizes[i],
+            out,
+            out_at[r],
+        )
 
 
 @numba.njit(cache=CACHE)

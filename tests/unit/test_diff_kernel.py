@@ -241,3 +241,23 @@ def test_the_walk_is_compiled_without_reference_counts_on_this_numba() -> None:
     """The option is numba's own, not public: a numba that drops it still compiles the kernel
     (with counts), and this test says the speed is gone."""
     assert NO_REFCOUNTS == {"_nrt": False}
+
+
+def test_the_steps_compiled_apart_take_the_bytes_and_buffers_as_addresses() -> None:
+    """A call between kernels passes an array as seven numbers: the steps compiled apart take
+    the entry bytes and the buffers as addresses and lengths (Data), and one array, the state."""
+    from buckets._columnar import diff_kernel, diff_steps
+
+    for step in (
+        diff_kernel._scan,
+        diff_kernel._object,
+        diff_kernel._one,
+        diff_steps._copied,
+        diff_steps._removed,
+        diff_steps._truncated,
+        diff_steps._twice,
+        diff_steps._close,
+    ):
+        annotations = step.py_func.__annotations__
+        arrays = [name for name, kind in annotations.items() if kind in ("_B8", "_I64")]
+        assert arrays == ["st"], (step, annotations)

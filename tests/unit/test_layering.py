@@ -53,6 +53,7 @@ ENGINE_TRANSFORM = {
     "buckets._columnar.block_kernels",
     "buckets._columnar.id_keys",
     "buckets._columnar.diff_kernel",
+    "buckets._columnar.diff_steps",
     "buckets._columnar.update_descriptions",
     "buckets._columnar.txn_batch",
     "buckets._columnar.txn_read",

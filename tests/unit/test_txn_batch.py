@@ -31,6 +31,7 @@ from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
 from buckets._columnar.txn_events import txn_block
+from buckets._columnar.txn_place import with_transactions_in
 from buckets._columnar.txn_read import R_OK, op_entries, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer
@@ -185,6 +186,60 @@ def test_transactions_spliced_in_batches_equal_the_general_transform(
     start = min(start, len(oplog) - 1)
     with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
         assert _batched(oplog, start, cuts, expanded) == _general(oplog, start, expanded)
+
+
+def _joined_after(laid: Any, txns: Any, commits: list[int]) -> Any:
+    """The block and places as txn_events.joined makes them: the batch's block written whole,
+    then copied into one with the transactions' events."""
+    block = batch_splice._block(laid)
+    return with_transactions_in(block, laid.taken, txns, commits)
+
+
+_room = batch_splice._with_transactions
+
+
+def _items(batch: OplogBatch, expanded: bool, applied: bool) -> list[Any]:
+    """splice_entries' items, a block as its events' fields, keys and kinds."""
+    items = splice_entries(batch, True, expanded, applied)
+    return [
+        (item.fields(), item.keys.tolist(), [item.kind_table[k] for k in item.kinds])
+        if type(item) is EventBlock
+        else item
+        for item in (items if type(items) is list else [items])
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(0, 60),
+    st.lists(st.integers(0, 60), min_size=1, max_size=5),
+    st.booleans(),
+    st.booleans(),
+)
+def test_transactions_written_into_the_blocks_room_equal_the_joined_block(
+    inserts: int, places: list[int], expanded: bool, applied: bool
+) -> None:
+    """A batch's transactions' events written into the room its block leaves for them
+    (block_events.assemble, txn_events.put_in) make the block txn_events.joined made of the
+    batch's block and theirs: the same events, keys and kinds, byte for byte; transactions
+    before, between and after the batch's plain writes, next to each other or not."""
+    oplog = [_insert(i, ObjectId(i.to_bytes(12, "big"))) for i in range(1, inserts + 1)]
+    for k, at in enumerate(sorted(places, reverse=True)):
+        oplog[at:at] = _server_transactions(1000 + 10 * k)
+    batch = OplogBatch.of(oplog)
+    with (
+        mock.patch.object(batch_splice, "_with_transactions", wraps=_room) as room,
+        mock.patch.object(batch_splice, "BATCH_MIN", 1),
+        mock.patch.object(txn_batch, "TXN_OPS_MIN", 0),
+    ):
+        got = _items(batch, expanded, applied)
+        # (no plain write: no block to leave room in; with expanded events the one-entry
+        # transaction's sub-diff is update_description's, and with `applied` the prepared one's
+        # events are fields: no transaction is the block's)
+        assert room.called == (inserts > 0 and not (expanded and applied))
+        with mock.patch.object(batch_splice, "_with_transactions", _joined_after):
+            want = _items(batch, expanded, applied)
+    assert got == want
 
 
 def _server_transactions(base: int) -> list[bytes]:
