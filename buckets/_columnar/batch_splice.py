@@ -349,10 +349,16 @@ def _outside(
     outside[taken] = False
     at = np.flatnonzero(outside).tolist()
     todo = [i for i in at if out[i] is None]
-    entries = iter(batch.entries_at(todo) if todo else [])
-    return at, [
-        _one_by_one(next(entries), None, expanded) if out[i] is None else out[i] for i in at
-    ]
+    entries = batch.entries_at(todo) if todo else []
+    # Commands' and noops' entries (a batch's transactions) are told apart at once: each is its
+    # own item, for the general path.
+    made = iter(
+        [
+            entry if command else _one_by_one(entry, None, expanded)
+            for entry, command in zip(entries, batch.not_crud(todo, entries), strict=True)
+        ]
+    )
+    return at, [next(made) if out[i] is None else out[i] for i in at]
 
 
 def _one_by_one(entry: bytes, made: Spliced | tuple[()] | None, expanded: bool) -> Any:

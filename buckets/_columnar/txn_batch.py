@@ -137,26 +137,31 @@ def placed(
     if int(chains.counts.sum()) < TXN_OPS_MIN:
         return Placed({}, None, [])
     made = _spliced(chains, expanded, splice, columns, applied)
-    replaced: dict[int, list[Any]] = {}
-    commits: list[int] = []
-    ends = np.cumsum(chains.lengths).tolist()
-    for events, start, end in zip(made.events, [0, *ends], ends, strict=False):
-        if events is not None:  # (None: left to the transformer, whole)
-            _place(chains.items[start:end], events, replaced, commits)
+    replaced, commits = _placed_items(chains, made.events)
     return Placed(replaced, made.block, commits)
 
 
-def _place(
-    chain: list[int], events: list[Any] | int, replaced: dict[int, list[Any]], commits: list[int]
-) -> None:
-    """Replace a chain's entries (their items): each by none of its events, its commit by its
-    events' fields, or by `events` rows of the block (its index in `commits` for each). Chains
-    may interleave: each entry is replaced where it is."""
-    replaced |= {at: [] for at in chain}
-    if isinstance(events, int):
-        commits += [chain[-1]] * events
-    else:
-        replaced[chain[-1]] = events
+def _placed_items(
+    chains: Chains, made: list[list[Any] | int | None]
+) -> tuple[dict[int, list[Any]], list[int]]:
+    """Placed's `replaced` and `commits` of the chains' events `made` (see _Made): every entry
+    of a chain not left to the transformer replaced by none of its events, its commit by its
+    events' fields, or by rows of the block (its index in `commits` for each). Chains may
+    interleave: each entry is replaced where it is. Done as columns: a batch holds hundreds."""
+    counts = np.fromiter((-1 if e is None else e if type(e) is int else 0 for e in made), np.int64)
+    kept = np.repeat(counts >= 0, chains.lengths)
+    items = np.asarray(chains.items, np.int64)
+    # (the lists are never changed: one empty list serves every entry)
+    replaced: dict[int, list[Any]] = dict.fromkeys(items[kept].tolist(), _NO_EVENTS)
+    commits = items[starts_of(chains.lengths) + chains.lengths - 1]
+    for c in np.flatnonzero(counts == 0).tolist():
+        if made[c]:
+            replaced[int(commits[c])] = made[c]  # type: ignore[assignment]
+    placed = counts > 0
+    return replaced, np.repeat(commits[placed], counts[placed]).tolist()
+
+
+_NO_EVENTS: list[Any] = []
 
 
 def _chains(items: list[Any]) -> Chains:
