@@ -476,3 +476,49 @@ def test_interleaved_transactions_each_give_their_events_once() -> None:
         items = splice_entries(OplogBatch.of(oplog), True, False)
     assert not [item for item in items if type(item) is bytes]
     assert _read([items], oplog, False) == _general(oplog, 0, False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 4),
+            st.one_of(
+                st.none(),
+                st.integers(0, 5),
+                st.lists(st.tuples(st.integers(0, 9)), max_size=3),
+            ),
+        ),
+        max_size=12,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_chains_are_placed_as_one_by_one(
+    shapes: list[tuple[int, list[Any] | int | None]], rng: Any
+) -> None:
+    """_placed_items (columns) places interleaved chains' entries and events as placing them
+    chain by chain did: each entry of a placed chain replaced by none of its events, its commit
+    by its fields, or by as many of the block's rows (its index once for each)."""
+    lengths = [n for n, _ in shapes]
+    # Chains interleave: their entries are any distinct items, each chain's in order.
+    slots = rng.sample(range(3 * sum(lengths) + 1), sum(lengths))
+    items, at = [], 0
+    for n in lengths:
+        items += sorted(slots[at : at + n])
+        at += n
+    made = [events for _, events in shapes]
+    chains = mock.Mock(items=items, lengths=np.array(lengths, np.int64))
+    replaced: dict[int, list[Any]] = {}
+    commits: list[int] = []
+    at = 0
+    for n, events in shapes:
+        chain = items[at : at + n]
+        at += n
+        if events is None:
+            continue
+        replaced |= {i: [] for i in chain}
+        if isinstance(events, int):
+            commits += [chain[-1]] * events
+        else:
+            replaced[chain[-1]] = events
+    assert txn_batch._placed_items(chains, made) == (replaced, commits)
