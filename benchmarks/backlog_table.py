@@ -4,8 +4,10 @@
 
 Reads each backlog's `engine_catchup*.json` in the folder (the insert, update, application-like
 and YCSB backlogs, by namespace and by documentKey) and prints one row each: the proxy's rate,
-the raw oplog read's, the native stream's, the two ratios, the proxy's CPU per event and the
-command that reproduces the row. benchmarks/README.md's table is this script's output.
+the raw oplog read's, the native stream's, the proxy's ratios to both, the relay's to the raw
+read (benchmarks.relay: the replies forwarded unchanged, a second hop's floor), the proxy's CPU
+per event and the command that reproduces the row. benchmarks/README.md's table is this
+script's output.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ BACKLOGS = (
     "engine_catchup_ycsb_by_documentKey",
 )
 HEADER = (
-    "| backlog | proxy | raw oplog read | native stream | proxy / raw | proxy / native "
-    "| proxy CPU per event | command |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| backlog | proxy | raw oplog read | native stream | proxy / raw | relay / raw "
+    "| proxy / native | proxy CPU per event | command |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -62,6 +65,8 @@ def command(figures: dict[str, Any]) -> str:
     parts.append(" ".join(("--watch-reader-processes", *_processes(modes, "watch() rp="))))
     if "pymongo_consumer_cpu_us_per_event" not in figures:
         parts.append("--no-pymongo-consumers")
+    if "relay" not in modes:
+        parts.append("--no-relay")
     parts.append(f"--repeat {figures.get('repeat', 1)}")
     return "`" + " ".join(parts) + "`"
 
@@ -82,6 +87,7 @@ def row(figures: dict[str, Any]) -> str:
         f"{raw['events_per_s'] / 1000:,.0f}k/s",
         f"{native / 1000:,.1f}k/s" if native else "-",
         f"{figures['proxy_over_raw']:.2f}",
+        f"{figures['relay_over_raw']:.2f}" if "relay_over_raw" in figures else "-",
         f"{figures['proxy_over_native']:.1f}x" if native else "-",
         f"{proxy['proxy_cpu_us_per_event']:.1f} us",
         command(figures),

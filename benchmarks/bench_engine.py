@@ -26,6 +26,11 @@ as a getMore does unasked. simcluster serves its large replies at about half the
 (it builds each one afresh), so that read is the slower one; proxy/raw is taken against the
 faster of the two.
 
+`relay` (benchmarks.relay, its own process) reads the shards as the raw read does and forwards
+each reply unchanged to a consumer connection per shard, asked for nothing: a proxy's second hop
+with no event made, the floor under any proxy on this machine. relay/raw is what that hop alone
+costs; the relay's CPU per event is what receiving and sending the bytes costs a process.
+
 The same cluster-wide watch() as the native mode, pointed at a proxy that accelerates change
 streams (one proxy process per --watch-reader-processes value), gives what an unchanged consumer
 gains: one cursor, so one merge and one consumer, where the proxy modes deal into 4 buckets.
@@ -42,7 +47,7 @@ second of imports each) and grows its heap to its working size (some 200k page f
 made its first run 2 to 3 times slower than the next ones. That is the cost of a proxy's first
 minutes, not of its catch-up; a long-running proxy pays it once.
 
-With --repeat R every mode runs R times, the modes taking turns (raw, proxy..., raw 16MiB,
+With --repeat R every mode runs R times, the modes taking turns (raw, relay, proxy..., raw 16MiB,
 native, then again), and each figure is the median of its R runs: this machine's speed drifts
 by a fifth within minutes, and taking turns spreads that drift over every mode alike. The JSON
 keeps every run's figures (`runs`).
@@ -77,6 +82,7 @@ from benchmarks.workloads import WORKLOADS, write_workload
 from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
 from buckets.oplog_tail import BATCH_ENTRIES
+from mongoformats import wire
 from simcluster.launcher import spawn_cluster, stop_process
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
 
@@ -168,9 +174,12 @@ async def watch_stream(
 class ProxyProcess:
     """`python -m wireproxy` in its own process, so its CPU time (workers included) is its own."""
 
-    def __init__(self, upstream: str, *flags: str, tree: str | None = None) -> None:
+    def __init__(
+        self, upstream: str, *flags: str, tree: str | None = None, module: str = "wireproxy"
+    ) -> None:
         """`tree`: run the proxy of another checkout (its own code first on the path), to
-        measure two versions side by side."""
+        measure two versions side by side; `module`: another server with the same options
+        (benchmarks.relay)."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -183,7 +192,7 @@ class ProxyProcess:
             [
                 sys.executable,
                 "-m",
-                "wireproxy",
+                module,
                 "--upstream",
                 upstream,
                 "--listen",
@@ -291,6 +300,48 @@ async def proxy_stream(
     )
     await ctl.aclose()
     return total, {"noops": sum(s["noops"] for s in status["streams"][0]["shards"])}
+
+
+async def relay_stream(relay: ProxyProcess, shards: int, start: Timestamp) -> int:
+    """Every shard's oplog through benchmarks.relay, one consumer connection per shard, each
+    reply counted as the other modes' consumers count theirs (`_count`)."""
+    total = 0
+    since = (start.time << 32) | start.inc
+
+    async def one(index: int) -> None:
+        nonlocal total
+        async with await trio.open_tcp_stream("127.0.0.1", relay.port) as stream:
+            await stream.send_all(f"{index} {since}\n".encode())
+            sock = stream.socket
+            header = bytearray(4)
+            while await _fill(sock, memoryview(header)):
+                length = int.from_bytes(header, "little")
+                frame = unfilled_bytearray(length + SLACK)
+                frame[:4] = header
+                frame[length:] = bytes(SLACK)
+                if not await _fill(sock, memoryview(frame)[4:length]):
+                    raise EOFError("the relay closed the stream within a reply")
+                span = wire.op_msg_body_span(frame)
+                assert span is not None, "the relay sends the shards' own plain OP_MSG replies"
+                total += len(batch_in_place(frame, span[0])[1])
+
+    async with trio.open_nursery() as nursery:
+        for index in range(shards):
+            nursery.start_soon(one, index)
+    return total
+
+
+async def _fill(sock: trio.socket.SocketType, view: memoryview) -> bool:
+    """`view` filled from `sock`; False if the stream ended before its first byte."""
+    filled = 0
+    while filled < len(view):
+        n = await sock.recv_into(view[filled:])
+        if not n:
+            if filled:
+                raise EOFError("the relay closed the stream within a reply")
+            return False
+        filled += n
+    return True
 
 
 _RAW_OPTS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
@@ -417,6 +468,13 @@ def main(argv: list[str] | None = None) -> None:
         "written through pymongo; ycsb: YCSB workload A's writes (benchmarks/workloads.py); "
         "results go to engine_catchup_<workload>.*",
     )
+    parser.add_argument(
+        "--relay",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure benchmarks.relay, which forwards the shards' replies unchanged to a "
+        "consumer per shard: the floor of any proxy's second hop",
+    )
     parser.add_argument("--seed", type=int, default=1, help="the app and ycsb workloads' seed")
     parser.add_argument(
         "--bucket-by",
@@ -481,10 +539,16 @@ def main(argv: list[str] | None = None) -> None:
         rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
         for rp in args.watch_reader_processes
     }
-    every_proxy = [proxy, *watch_proxies.values(), *([baseline] if baseline else [])]
+    shard_uris = list(cluster.info["shards"].values())
+    relay = ProxyProcess(",".join(shard_uris), module="benchmarks.relay") if args.relay else None
+    every_proxy = [
+        proxy,
+        *watch_proxies.values(),
+        *([baseline] if baseline else []),
+        *([relay] if relay else []),
+    ]
     try:
         start = _ts(min(cluster.info["start"]))
-        shard_uris = list(cluster.info["shards"].values())
         results: dict[str, dict[str, Any]] = {}
         # (name, what it runs, the proxy process whose CPU it uses, or None)
         # The raw read comes right before the proxy's modes, the slower raw read and the native
@@ -493,6 +557,8 @@ def main(argv: list[str] | None = None) -> None:
         modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
             ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)
         ]
+        if relay is not None:
+            modes.append(("relay", lambda: relay_stream(relay, len(shard_uris), start), relay))
         for rp in args.reader_processes:
             modes.append(
                 (
@@ -674,6 +740,12 @@ def main(argv: list[str] | None = None) -> None:
             k: results[k]["events_per_s"] for k in results if k.startswith("proxy")
         },
     }
+    if "relay" in results:
+        figures.update(
+            relay_over_raw=results["relay"]["events_per_s"] / raw["events_per_s"],
+            proxy_over_relay=proxy_best["events_per_s"] / results["relay"]["events_per_s"],
+            relay_cpu_us_per_event=results["relay"]["proxy_cpu_us_per_event"],
+        )
     watches = [k for k in results if k.startswith("watch()")]
     if watches:
         best_watch = max(watches, key=lambda k: results[k]["events_per_s"])
@@ -685,6 +757,12 @@ def main(argv: list[str] | None = None) -> None:
         f"proxy/raw    {figures['proxy_over_raw']:.2f}   (goal >= 0.7; {best} over {raw_mode}; "
         f"{figures['proxy_over_raw_paired']:.2f} as the median of each repetition's ratio)"
     )
+    if "relay" in results:
+        print(
+            f"relay/raw    {figures['relay_over_raw']:.2f}   (the shards' replies forwarded "
+            f"unchanged, {figures['relay_cpu_us_per_event']:.2f} us of the relay's CPU an event:"
+            f" a second hop's floor); proxy/relay {figures['proxy_over_relay']:.2f}"
+        )
     print(f"proxy/native {figures['proxy_over_native']:.2f}   (goal >= 3)")
     print(
         "proxy main-process ceiling/native "

@@ -34,17 +34,20 @@ def _figures(workload: str, **extra: object) -> dict[str, object]:
 
 def test_each_backlog_is_one_row_with_the_command_that_reproduces_it(tmp_path: Path) -> None:
     (tmp_path / "engine_catchup_app.json").write_text(json.dumps(_figures("app")))
-    (tmp_path / "engine_catchup_ycsb_by_documentKey.json").write_text(
-        json.dumps(_figures("ycsb", bucket_by="documentKey", pymongo_consumer_cpu_us_per_event=1))
+    ycsb_figures = _figures(
+        "ycsb", bucket_by="documentKey", pymongo_consumer_cpu_us_per_event=1, relay_over_raw=0.85
     )
+    ycsb_figures["modes"]["relay"] = {"events_per_s": 450_000.0}  # type: ignore[index]
+    (tmp_path / "engine_catchup_ycsb_by_documentKey.json").write_text(json.dumps(ycsb_figures))
     rows = table(tmp_path).splitlines()[2:]
     assert len(rows) == 2
     app, ycsb = rows
     assert "250,000 application-like writes (2026-11-27)" in app
-    assert "| 50k/s (proxy rp=2) | 500k/s | 10.0k/s | 0.10 | 5.0x | 12.5 us |" in app
+    assert "| 50k/s (proxy rp=2) | 500k/s | 10.0k/s | 0.10 | - | 5.0x | 12.5 us |" in app
     assert (
         "`python -m benchmarks.bench_engine --events 250000 --workload app --reader-processes 0 2"
-        " --watch-reader-processes 0 --no-pymongo-consumers --repeat 3`" in app
+        " --watch-reader-processes 0 --no-pymongo-consumers --no-relay --repeat 3`" in app
     )
     assert "YCSB A updates, by documentKey" in ycsb
     assert "--bucket-by documentKey" in ycsb and "--no-pymongo-consumers" not in ycsb
+    assert "| 0.10 | 0.85 | 5.0x |" in ycsb and "--no-relay" not in ycsb
