@@ -16,12 +16,12 @@ or a chain that starts in the batch (a partialTxn or prepare entry of null prevO
 entries each link back to the one before, up to the one that commits it (an applyOps, or a
 prepared transaction's commitTransaction). Their entries leave the batch's items: the last
 gives its events, the others none; its events stay the block's rows (`placed`), which the batch
-splice puts into its block at the commit (txn_place.py), unless some op's event is not the
-block's or (for a stream that reads pre-images) has an applied-at time: then as fields. The
-transformer keeps transactions' state across batches; it gets every other entry of a
-transaction, a whole chain at a time: a chain the batch does not hold whole, or one that an op
-the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry of its key
-(lsid, txnNumber) keeps out.
+splice puts into its block at the commit (batch_splice._with_transactions), unless some op's
+event is not the block's or (for a stream that reads pre-images) has an applied-at time: then
+as fields. The transformer keeps transactions' state across batches; it gets every other entry
+of a transaction, a whole chain at a time: a chain the batch does not hold whole, or one that
+an op the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry of its
+key (lsid, txnNumber) keeps out.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from bson import Timestamp
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_chains import STAMP_TAIL, Chains, command_items, server_chains
-from buckets._columnar.txn_events import TxnRows, joined, put_in, room, txn_block, txn_done
+from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -103,7 +103,7 @@ class Placed(NamedTuple):
     """What the transactions a list of items holds whole become (`placed`): the items that
     replace theirs (`replaced`: a commit's its events' fields, another entry none), and the
     events of those kept as columns (`block`, in the order of their commits, their heads and
-    txnOpIndexes written when they are put into the batch's block, txn_events.joined; None if
+    txnOpIndexes written when they are put into the batch's block, txn_events.put_in; None if
     none), each with the index of its commit's item (`commits`, sorted)."""
 
     replaced: dict[int, list[Any]]
@@ -558,11 +558,7 @@ def warm_up(splice: BatchSplice) -> None:
     }
     rows = _spliced(_chains([bson.encode(entry)]), False, splice, True, False).block
     assert rows is not None
-    joined(None, np.zeros(len(rows.heads), np.int64), rows)
-    # and the writing of their events into the room a batch's block leaves for them
-    sizes, width = room(rows)
-    offsets = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    room_keys, room_out = np.zeros((len(sizes), width), np.uint8), np.empty(offsets[-1], np.uint8)
-    put_in(room_keys, room_out, offsets, np.zeros(len(sizes), np.int64), rows)
+    # their writing into a block of their own (the room a batch's block leaves for them is
+    # written by the same kernel), and the rewrite of a block's rows one by one
+    joined(rows)
     txn_block(rows.block, rows.heads, rows.indexes.tolist())
