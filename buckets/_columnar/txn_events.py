@@ -11,7 +11,7 @@ txn_event to judge.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
@@ -90,7 +90,7 @@ class Room(NamedTuple):
     and event's bytes made its transaction's (`sizes`, `events`), the width their keys need
     (`width`): what a block leaves for them (block_events.assemble) and `put_in` writes from."""
 
-    columns: tuple[Any, ...]
+    columns: tuple[_Bytes, _Ints, _Bytes, _Bytes, _Ints, _Ints, _Bytes, _Ints, _Bytes, _Ints]
     sizes: _Ints
     events: _Ints
     width: int
