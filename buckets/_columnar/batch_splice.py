@@ -224,7 +224,7 @@ def _column(events: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> pa
 
 
 def _with_transactions(
-    laid: _Laid, txns: TxnRows, commits: list[int]
+    laid: _Laid, txns: TxnRows, commits: npt.NDArray[np.intp]
 ) -> tuple[EventBlock, npt.NDArray[np.intp]]:
     """The batch's block with the transactions' events put in at their commits (`commits`, in
     the batch), as one block of its own columns, and the entry (its index in the batch) of each
@@ -325,12 +325,12 @@ def splice_entries(
     txns = placed(items, expanded, transactions, True, applied)
     # Where the block's events (the batch's, and the transactions' at their commits) go among
     # the items left.
-    commits = [at[i] for i in txns.commits]
+    commits = np.asarray(at, np.intp)[txns.commits]
     whole: EventBlock | None
     if txns.block is None:
         whole, places = _block(laid) if laid is not None else None, taken
     elif laid is None:
-        whole, places = joined(txns.block), np.asarray(commits, np.intp)
+        whole, places = joined(txns.block), commits
     else:
         whole, places = _with_transactions(laid, txns.block, commits)
     order = _left(len(items), txns.replaced)

@@ -108,7 +108,7 @@ class Placed(NamedTuple):
 
     replaced: dict[int, list[Any]]
     block: TxnRows | None
-    commits: list[int]
+    commits: npt.NDArray[np.int64]
 
 
 def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> list[Any]:
@@ -135,33 +135,34 @@ def placed(
     events have none (their ops all in their commit) are kept so."""
     chains = _chains(items)
     if int(chains.counts.sum()) < TXN_OPS_MIN:
-        return Placed({}, None, [])
+        return Placed({}, None, _NO_COMMITS)
     made = _spliced(chains, expanded, splice, columns, applied)
-    replaced, commits = _placed_items(chains, made.events)
+    replaced, commits = _placed_items(chains, made)
     return Placed(replaced, made.block, commits)
 
 
 def _placed_items(
-    chains: Chains, made: list[list[Any] | int | None]
-) -> tuple[dict[int, list[Any]], list[int]]:
-    """Placed's `replaced` and `commits` of the chains' events `made` (see _Made): every entry
-    of a chain not left to the transformer replaced by none of its events, its commit by its
-    events' fields, or by rows of the block (its index in `commits` for each). Chains may
-    interleave: each entry is replaced where it is. Done as columns: a batch holds hundreds."""
-    counts = np.fromiter((-1 if e is None else e if type(e) is int else 0 for e in made), np.int64)
+    chains: Chains, made: _Made
+) -> tuple[dict[int, list[Any]], npt.NDArray[np.int64]]:
+    """Placed's `replaced` and `commits` of the chains' events `made`: every entry of a chain
+    not left to the transformer replaced by none of its events, its commit by its events'
+    fields, or by rows of the block (its index in `commits` for each). Chains may interleave:
+    each entry is replaced where it is. Done as columns: a batch holds hundreds."""
+    counts = made.counts
     kept = np.repeat(counts >= 0, chains.lengths)
     items = np.asarray(chains.items, np.int64)
     # (the lists are never changed: one empty list serves every entry)
     replaced: dict[int, list[Any]] = dict.fromkeys(items[kept].tolist(), _NO_EVENTS)
     commits = items[starts_of(chains.lengths) + chains.lengths - 1]
-    for c in np.flatnonzero(counts == 0).tolist():
-        if made[c]:
-            replaced[int(commits[c])] = made[c]  # type: ignore[assignment]
+    for c, events in made.fields.items():
+        if events:
+            replaced[int(commits[c])] = events
     placed = counts > 0
-    return replaced, np.repeat(commits[placed], counts[placed]).tolist()
+    return replaced, np.repeat(commits[placed], counts[placed])
 
 
 _NO_EVENTS: list[Any] = []
+_NO_COMMITS = np.zeros(0, np.int64)
 
 
 def _chains(items: list[Any]) -> Chains:
@@ -325,7 +326,7 @@ class _Ops(NamedTuple):
     timed: npt.NDArray[np.bool_]
     when: npt.NDArray[np.uint64]
     at: npt.NDArray[np.int64]
-    bounds: list[int]
+    bounds: npt.NDArray[np.int64]
 
     def entries(self, chains: Chains) -> OplogBatch:
         """The ops as plain writes' entries (txn_entry), in one batch (txn_read.op_entries)."""
@@ -358,7 +359,7 @@ def _ops(chains: Chains) -> _Ops:
         np.repeat(timed, counts),
         np.repeat(chains.ts, counts),
         ops - np.repeat(read_starts, counts),
-        bounds.tolist(),
+        bounds,
     )
 
 
@@ -368,10 +369,12 @@ def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray
 
 
 class _Made(NamedTuple):
-    """Each chain's events (`events`): their fields, or how many rows of `block` they are, or
-    None for a chain left to the transformer."""
+    """Each chain's events: how many rows of `block` they are (`counts`), or for a chain made
+    fields (0 there) its events' fields (`fields`; None for one left to the transformer, -1
+    there)."""
 
-    events: list[list[Any] | int | None]
+    counts: npt.NDArray[np.int64]
+    fields: dict[int, list[Any] | None]
     block: TxnRows | None
 
 
@@ -389,33 +392,30 @@ def _spliced(
     bounds = ops.bounds
     batch = ops.entries(chains)
     out, block, taken = splice(batch)
-    rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
-    rows[taken] = np.arange(len(taken))
     indexes = ops.indexes[taken]
-    done = txn_done(block, indexes) if block is not None else np.zeros(0, np.bool_)
-    kept: dict[int, int] = {}
+    counts = np.full(len(bounds) - 1, -1, np.int64)
     if columns and block is not None:
-        kept = _columnar(rows, out, done, bounds, ops.timed if applied else None)
-    # The rows made their transactions' here only for chains made fields.
-    rewritten = _rewritten(ops, block, taken) if len(kept) < len(bounds) - 1 else None
-    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done.tolist(), expanded)
-    events = [
-        kept[c] if c in kept else made.chain(a, b)
-        for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
-    ]
+        done = txn_done(block, indexes)
+        counts = _columnar(taken, out, done, bounds, ops.timed if applied else None)
+    fields: dict[int, list[Any] | None] = {}
+    left = np.flatnonzero(counts < 0).tolist()
+    if left:
+        rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
+        rows[taken] = np.arange(len(taken))
+        # The rows made their transactions' here only for chains made fields.
+        rewritten, done_list = (
+            txn_block(block, ops.heads[taken].tolist(), indexes.tolist())
+            if block is not None
+            else (None, [])
+        )
+        made = _Fields(ops, batch, rows.tolist(), out, rewritten, done_list, expanded)
+        edges = bounds.tolist()
+        fields = {c: made.chain(edges[c], edges[c + 1]) for c in left}
+        counts[[c for c in left if fields[c] is not None]] = 0
     kept_rows = None
     if block is not None:
-        kept_rows = _kept_rows(block, ops.heads[taken], indexes, (rows, bounds, kept))
-    return _Made(events, kept_rows)
-
-
-def _rewritten(
-    ops: _Ops, block: EventBlock | None, taken: npt.NDArray[np.intp]
-) -> EventBlock | None:
-    """The block splice's events of the ops made their transactions' (txn_events.py)."""
-    if block is None:
-        return None
-    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())[0]
+        kept_rows = _kept_rows(block, ops.heads[taken], indexes, taken, counts, bounds)
+    return _Made(counts, fields, kept_rows)
 
 
 class _Fields:
@@ -455,51 +455,48 @@ class _Fields:
 
 
 def _columnar(
-    rows: npt.NDArray[np.int64],
+    taken: npt.NDArray[np.intp],
     out: list[Any],
     done: npt.NDArray[np.bool_],
-    bounds: list[int],
+    bounds: npt.NDArray[np.int64],
     applied: npt.NDArray[np.bool_] | None,
-) -> dict[int, int]:
-    """The chains whose every op has its row in the block, made there (or makes no event:
-    out's ()), and if `applied` (the ops' applied-at times) is given, none has one; each with
-    its count of rows."""
-    has = rows >= 0
-    made = np.zeros(len(rows), np.bool_)
-    made[has] = done
-    ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
+) -> npt.NDArray[np.int64]:
+    """Of each chain, its count of rows in the block if its every op has its row there (the
+    `taken` ops), made (`done`), or makes no event (out's ()), and if `applied` (the ops'
+    applied-at times) is given, none has one; else -1."""
+    has = np.zeros(len(out), np.bool_)
+    has[taken] = True
+    ok = np.zeros(len(out), np.bool_)
+    ok[taken] = done
+    if len(taken) < len(out):
+        outside = np.flatnonzero(~has)
+        ok[outside] = [out[i] == () for i in outside.tolist()]
     if applied is not None:
         ok &= ~applied
     # (one more op, neutral, past the last: an empty chain's start is then one to read)
     starts = bounds[:-1]
-    good = np.logical_and.reduceat(np.append(ok, True), starts)
+    good = np.logical_and.reduceat(np.append(ok, True), starts) & (bounds[1:] > starts)
     counts = np.add.reduceat(np.append(has, False).astype(np.int64), starts)
-    return {
-        c: n
-        for c, (g, n, a, b) in enumerate(
-            zip(good.tolist(), counts.tolist(), bounds, bounds[1:], strict=False)
-        )
-        if g and a < b
-    }
+    return np.where(good, counts, -1)
 
 
 def _kept_rows(
     block: EventBlock,
     heads: npt.NDArray[np.object_],
     indexes: npt.NDArray[np.int64],
-    chains: tuple[npt.NDArray[np.int64], list[int], dict[int, int]],
+    taken: npt.NDArray[np.intp],
+    counts: npt.NDArray[np.int64],
+    bounds: npt.NDArray[np.int64],
 ) -> TxnRows | None:
-    """The rows of the chains kept in columns (of the block splice's `block`, each row's head
-    and txnOpIndex), in their order; None if none. `chains`: each op's row, the chains'
-    bounds, the chains kept."""
-    rows, bounds, kept = chains
-    if not sum(kept.values()):
+    """The rows of the chains kept in columns (those of `counts` above 0, of the block splice's
+    `block` of the ops `taken`, each row's head and txnOpIndex), in their order; None if none.
+    `bounds`: where each chain's ops start."""
+    total = int(counts[counts > 0].sum())
+    if not total:
         return None
-    if sum(kept.values()) == len(block):
+    if total == len(block):
         return TxnRows(block, heads.tolist(), indexes)
-    picked = [rows[bounds[c] : bounds[c + 1]] for c in kept]
-    at = np.concatenate(picked)
-    at = at[at >= 0]
+    at = np.flatnonzero(np.repeat(counts > 0, np.diff(bounds))[taken])
     return TxnRows(block.take(at), heads[at].tolist(), indexes[at])
 
 

@@ -594,7 +594,9 @@ def test_chains_are_placed_as_one_by_one(
     for n in lengths:
         items += sorted(slots[at : at + n])
         at += n
-    made = [events for _, events in shapes]
+    counts = [-1 if e is None else e if isinstance(e, int) else 0 for _, e in shapes]
+    fields = {c: e for c, (_, e) in enumerate(shapes) if isinstance(e, list)}
+    made = txn_batch._Made(np.array(counts, np.int64), fields, None)
     chains = mock.Mock(items=items, lengths=np.array(lengths, np.int64))
     replaced: dict[int, list[Any]] = {}
     commits: list[int] = []
@@ -609,4 +611,5 @@ def test_chains_are_placed_as_one_by_one(
             commits += [chain[-1]] * events
         else:
             replaced[chain[-1]] = events
-    assert txn_batch._placed_items(chains, made) == (replaced, commits)
+    got, got_commits = txn_batch._placed_items(chains, made)
+    assert (got, got_commits.tolist()) == (replaced, commits)
