@@ -38,7 +38,7 @@ from bson import Timestamp
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_chains import STAMP_TAIL, Chains, command_items, server_chains
-from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
+from buckets._columnar.txn_events import HeadTable, TxnRows, joined, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -189,7 +189,7 @@ def _columns_of(reads: _Reads, chains: list[_Chain]) -> Chains:
         _column(members, "ts", np.uint64),
         tails,
         _column(commits, "tail_size"),
-        [read.head for read in commits],
+        HeadTable.of([read.head for read in commits]),
     )
 
 
@@ -321,7 +321,7 @@ class _Ops(NamedTuple):
     counts: npt.NDArray[np.int64]
     tails: npt.NDArray[np.int64]
     tail_sizes: npt.NDArray[np.int64]
-    heads: npt.NDArray[np.object_]
+    heads: HeadTable
     indexes: npt.NDArray[np.int64]
     timed: npt.NDArray[np.bool_]
     when: npt.NDArray[np.uint64]
@@ -347,14 +347,12 @@ def _ops(chains: Chains) -> _Ops:
     commit_ts = np.repeat(chains.ts[firsts + lengths - 1], lengths)
     timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (chains.ts != commit_ts)
     ops = np.arange(int(bounds[-1]))
-    heads = np.empty(len(lengths), np.object_)
-    heads[:] = chains.heads
     return _Ops(
         chains.firsts,
         counts,
         np.repeat(chains.tails, lengths),
         np.repeat(chains.tail_sizes, lengths),
-        np.repeat(heads, per_chain),
+        chains.heads.repeat(per_chain),
         ops - np.repeat(bounds[:-1], per_chain),
         np.repeat(timed, counts),
         np.repeat(chains.ts, counts),
@@ -404,7 +402,7 @@ def _spliced(
         rows[taken] = np.arange(len(taken))
         # The rows made their transactions' here only for chains made fields.
         rewritten, done_list = (
-            txn_block(block, ops.heads[taken].tolist(), indexes.tolist())
+            txn_block(block, ops.heads.take(taken).rows(), indexes.tolist())
             if block is not None
             else (None, [])
         )
@@ -414,7 +412,7 @@ def _spliced(
         counts[[c for c in left if fields[c] is not None]] = 0
     kept_rows = None
     if block is not None:
-        kept_rows = _kept_rows(block, ops.heads[taken], indexes, taken, counts, bounds)
+        kept_rows = _kept_rows(block, ops.heads.take(taken), indexes, taken, counts, bounds)
     return _Made(counts, fields, kept_rows)
 
 
@@ -444,7 +442,7 @@ class _Fields:
             self.fields = self.rewritten.fields() if self.rewritten is not None else []
             o = self.ops
             self.listed = _Listed(
-                *(c.tolist() for c in (o.heads, o.indexes, o.timed, o.when, o.at))
+                o.heads.rows(), *(c.tolist() for c in (o.indexes, o.timed, o.when, o.at))
             )
         ops, rows, out, fields, done = self.listed, self.rows, self.out, self.fields, self.done
         made = [
@@ -482,7 +480,7 @@ def _columnar(
 
 def _kept_rows(
     block: EventBlock,
-    heads: npt.NDArray[np.object_],
+    heads: HeadTable,
     indexes: npt.NDArray[np.int64],
     taken: npt.NDArray[np.intp],
     counts: npt.NDArray[np.int64],
@@ -495,9 +493,9 @@ def _kept_rows(
     if not total:
         return None
     if total == len(block):
-        return TxnRows(block, heads.tolist(), indexes)
+        return TxnRows(block, heads, indexes)
     at = np.flatnonzero(np.repeat(counts > 0, np.diff(bounds))[taken])
-    return TxnRows(block.take(at), heads[at].tolist(), indexes[at])
+    return TxnRows(block.take(at), heads.take(at), indexes[at])
 
 
 class _Listed(NamedTuple):
@@ -558,4 +556,4 @@ def warm_up(splice: BatchSplice) -> None:
     # their writing into a block of their own (the room a batch's block leaves for them is
     # written by the same kernel), and the rewrite of a block's rows one by one
     joined(rows)
-    txn_block(rows.block, rows.heads, rows.indexes.tolist())
+    txn_block(rows.block, rows.heads.rows(), rows.indexes.tolist())

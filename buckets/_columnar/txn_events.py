@@ -11,7 +11,7 @@ txn_event to judge.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from buckets._columnar.numba_cache import CACHE  # picks numba's cache dir before numba loads
 
@@ -34,7 +34,7 @@ from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
 
-__all__ = ["Room", "TxnRows", "joined", "put_in", "room", "txn_block", "txn_done"]
+__all__ = ["HeadTable", "Room", "TxnRows", "joined", "put_in", "room", "txn_block", "txn_done"]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -43,6 +43,32 @@ _P_TOKEN_HEAD = as_bytes(_TOKEN_HEAD)
 _TOKEN_BYTES = len(_TOKEN_HEAD)
 _HEX_AT = 4 + _ID_HEAD.size  # where an event's token hex starts (txn_splice's)
 _ID_SIZE_AT, _DATA_SIZE_AT = 9, _HEX_AT - 4  # where `_id`'s and `_data`'s lengths are
+
+
+class HeadTable(NamedTuple):
+    """Transactions' heads (txnNumber's and lsid's elements) as the kernels read them: row j's
+    head is data[starts[j]:ends[j]]. The rows of one transaction's ops share its head's bytes:
+    a table of a batch's commits serves their ops by their starts and ends alone."""
+
+    data: _Bytes
+    starts: _Ints
+    ends: _Ints
+
+    @classmethod
+    def of(cls, heads: list[bytes]) -> HeadTable:
+        data, at = byte_table(heads)
+        return cls(data, at[:-1], at[1:])
+
+    def take(self, rows: npt.NDArray[Any]) -> HeadTable:
+        return HeadTable(self.data, self.starts[rows], self.ends[rows])
+
+    def repeat(self, counts: _Ints) -> HeadTable:
+        """Row j counts[j] times."""
+        return HeadTable(self.data, np.repeat(self.starts, counts), np.repeat(self.ends, counts))
+
+    def rows(self) -> list[bytes]:
+        data = self.data.tobytes()
+        return list(map(data.__getitem__, map(slice, self.starts.tolist(), self.ends.tolist())))
 
 
 def txn_block(
@@ -55,8 +81,16 @@ def txn_block(
     top = max(indexes, default=0)
     if top > _MAX_INDEX:
         return block, [False] * len(block)
+    table = HeadTable.of(heads)
+    ks, ks_at, hexes, hex_at = _tokens(top)
     keys, out, out_at, done = _rewrite(
-        *_columns(block), *byte_table(heads), np.array(indexes, np.int64), *_tokens(top)
+        *_columns(block),
+        *table,
+        np.array(indexes, np.int64),
+        ks,
+        ks_at,
+        hexes,
+        hex_at,
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(block), [None, pa.py_buffer(out_at), pa.py_buffer(out)]
@@ -80,7 +114,7 @@ class TxnRows(NamedTuple):
     one's transaction's head and txnOpIndex (see `txn_block`), not yet written into them."""
 
     block: EventBlock
-    heads: list[bytes]
+    heads: HeadTable
     indexes: npt.NDArray[np.int64]
 
 
@@ -90,7 +124,7 @@ class Room(NamedTuple):
     and event's bytes made its transaction's (`sizes`, `events`), the width their keys need
     (`width`): what a block leaves for them (block_events.assemble) and `put_in` writes from."""
 
-    columns: tuple[_Bytes, _Ints, _Bytes, _Bytes, _Ints, _Ints, _Bytes, _Ints, _Bytes, _Ints]
+    columns: tuple[_Bytes, _Ints, _Bytes, _Bytes, _Ints, _Ints, _Ints, _Bytes, _Ints, _Bytes, _Ints]
     sizes: _Ints
     events: _Ints
     width: int
@@ -99,12 +133,12 @@ class Room(NamedTuple):
 def room(txns: TxnRows) -> Room:
     """The room the rows of `txns` made their transactions' (as `txn_block` makes them) take."""
     keys, offsets, values = _columns(txns.block)
-    heads, head_at = byte_table(txns.heads)
+    heads = txns.heads
     indexes = txns.indexes.astype(np.int64)
     tokens = _tokens(int(indexes.max()) if len(indexes) else 0)
-    sizes, events, _ = _sizes(keys, offsets, head_at, indexes, tokens[1])
+    sizes, events, _ = _sizes(keys, offsets, heads.starts, heads.ends, indexes, tokens[1])
     width = max(int(sizes.max()), 1) if len(sizes) else 1
-    return Room((keys, offsets, values, heads, head_at, indexes, *tokens), sizes, events, width)
+    return Room((keys, offsets, values, *heads, indexes, *tokens), sizes, events, width)
 
 
 def put_in(
@@ -155,7 +189,7 @@ def _tokens(top: int) -> tuple[_Bytes, _Ints, _Bytes, _Ints]:
 
 @numba.njit(cache=CACHE, nogil=True)
 def _sizes(
-    keys: _Bytes, offsets: _Ints, head_at: _Ints, indexes: _Ints, ks_at: _Ints
+    keys: _Bytes, offsets: _Ints, head_at: _Ints, head_end: _Ints, indexes: _Ints, ks_at: _Ints
 ) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_]]:
     """Each row's rewritten key's length and event's, and whether it is rewritten (see
     `txn_done`)."""
@@ -171,7 +205,7 @@ def _sizes(
         grown = (ks_at[k + 1] - ks_at[k] - _TOKEN_BYTES) * (k > 0)
         done[j] = (k == 0) or has(keys[j], _HEAD_AT, _P_TOKEN_HEAD)
         sizes[j] = n + grown
-        events[j] = offsets[j + 1] - offsets[j] + head_at[j + 1] - head_at[j] + 2 * grown
+        events[j] = offsets[j + 1] - offsets[j] + head_end[j] - head_at[j] + 2 * grown
     return sizes, events, done
 
 
@@ -182,6 +216,7 @@ def _rewrite(
     values: _Bytes,
     heads: _Bytes,
     head_at: _Ints,
+    head_end: _Ints,
     indexes: _Ints,
     ks: _Bytes,
     ks_at: _Ints,
@@ -192,7 +227,7 @@ def _rewrite(
     and which rows were rewritten (a row not rewritten keeps no bytes). Two passes: sizes,
     then bytes."""
     m = keys.shape[0]
-    sizes, events, done = _sizes(keys, offsets, head_at, indexes, ks_at)
+    sizes, events, done = _sizes(keys, offsets, head_at, head_end, indexes, ks_at)
     sizes *= done
     out_at = np.zeros(m + 1, np.int64)
     for j in range(U(m)):
@@ -208,7 +243,7 @@ def _rewrite(
                 offsets[j + 1],
                 heads,
                 head_at[j],
-                head_at[j + 1],
+                head_end[j],
                 indexes[j],
                 ks,
                 ks_at,
@@ -232,6 +267,7 @@ def _put_in(
     values: _Bytes,
     heads: _Bytes,
     head_at: _Ints,
+    head_end: _Ints,
     indexes: _Ints,
     ks: _Bytes,
     ks_at: _Ints,
@@ -250,7 +286,7 @@ def _put_in(
             offsets[i + 1],
             heads,
             head_at[i],
-            head_at[i + 1],
+            head_end[i],
             indexes[i],
             ks,
             ks_at,

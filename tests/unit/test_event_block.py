@@ -23,7 +23,7 @@ from buckets._columnar.event_block import EventBlock, _merge_runs
 from buckets._columnar.items import as_runs, count_events
 from buckets._columnar.oplog_batch import OplogBatch
 from buckets._columnar.run import SLICE_MIN, ColumnarRun, merge_runs
-from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
+from buckets._columnar.txn_events import HeadTable, TxnRows, joined, txn_block, txn_done
 from buckets.event_run import PlainRun, fields_of
 from buckets.merge import MergedQueue
 from mongoformats.change_events import EVENT_SORT_KEY
@@ -231,7 +231,7 @@ def test_a_transactions_rows_alone_make_a_block_of_their_own_columns(
     rewritten, done = txn_block(theirs, heads, indexes)
     assert done == txn_done(theirs, np.array(indexes, np.int64)).tolist()
     assume(all(done))
-    alone = joined(TxnRows(theirs, heads, np.array(indexes, np.int64)))
+    alone = joined(TxnRows(theirs, HeadTable.of(heads), np.array(indexes, np.int64)))
     assert alone.fields() == rewritten.fields()
     assert np.array_equal(alone.keys, rewritten.keys)
     assert [alone.kind_table[k] for k in alone.kinds] == [

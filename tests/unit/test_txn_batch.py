@@ -30,7 +30,7 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entri
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
-from buckets._columnar.txn_events import TxnRows, joined, txn_block
+from buckets._columnar.txn_events import HeadTable, TxnRows, joined, txn_block
 from buckets._columnar.txn_read import R_OK, op_entries, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer
@@ -192,7 +192,7 @@ def _inserted_after(laid: Any, txns: Any, commits: list[int]) -> Any:
     whole, the transactions' rows rewritten alone (txn_block), put in at their commits as a
     merge puts a block into another (EventBlock.inserted)."""
     places = np.asarray(commits, np.intp)
-    rewritten, done = txn_block(txns.block, txns.heads, txns.indexes.tolist())
+    rewritten, done = txn_block(txns.block, txns.heads.rows(), txns.indexes.tolist())
     assert all(done)
     cuts = np.searchsorted(laid.taken, places).tolist()
     whole = batch_splice._block(laid).inserted(rewritten, cuts)
@@ -512,7 +512,7 @@ def test_rows_written_into_a_blocks_room_equal_the_block_with_them_inserted(
     )
     # (a commit's place in the batch: before the taken entry its cut names, or past the last)
     commits = [int(laid.taken[c]) if c < len(laid.taken) else len(batch) for c in cuts]
-    rows = TxnRows(block, heads, np.array(indexes, np.int64))
+    rows = TxnRows(block, HeadTable.of(heads), np.array(indexes, np.int64))
     got, places = batch_splice._with_transactions(laid, rows, commits)
     want = batch_splice._block(laid).inserted(rewritten, cuts)
     for made, expected in ((got, want), (joined(rows), rewritten)):
