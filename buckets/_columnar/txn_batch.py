@@ -367,9 +367,8 @@ def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray
 
 
 class _Made(NamedTuple):
-    """Each chain's events: how many rows of `block` they are (`counts`), or for a chain made
-    fields (0 there) its events' fields (`fields`; None for one left to the transformer, -1
-    there)."""
+    """Each chain's events: kept in columns, counts[c] rows of `block`; made fields, fields[c]
+    (counts[c] 0); or left to the transformer, fields[c] None (counts[c] -1)."""
 
     counts: npt.NDArray[np.int64]
     fields: dict[int, list[Any] | None]

@@ -56,10 +56,12 @@ class HeadTable(NamedTuple):
 
     @classmethod
     def of(cls, heads: list[bytes]) -> HeadTable:
+        """A table of the heads, row j heads[j]."""
         data, at = byte_table(heads)
         return cls(data, at[:-1], at[1:])
 
     def take(self, rows: npt.NDArray[Any]) -> HeadTable:
+        """Rows `rows`, in that order."""
         return HeadTable(self.data, self.starts[rows], self.ends[rows])
 
     def repeat(self, counts: _Ints) -> HeadTable:
@@ -67,6 +69,7 @@ class HeadTable(NamedTuple):
         return HeadTable(self.data, np.repeat(self.starts, counts), np.repeat(self.ends, counts))
 
     def rows(self) -> list[bytes]:
+        """Each row's head as bytes."""
         data = self.data.tobytes()
         return list(map(data.__getitem__, map(slice, self.starts.tolist(), self.ends.tolist())))
 
