@@ -78,8 +78,8 @@ from buckets._columnar.id_keys import type_bits_of
 from buckets._columnar.oplog_batch import OplogBatch, reply_batch
 from buckets._columnar.txn_batch import placed, with_transactions
 from buckets._columnar.txn_batch import warm_up as warm_up_transactions
-from buckets._columnar.txn_events import TxnRows, put_in, room
-from buckets._columnar.txn_place import cut_around, with_transactions_in
+from buckets._columnar.txn_events import TxnRows, joined, put_in, room
+from buckets._columnar.txn_place import cut_around
 from buckets._columnar.update_descriptions import Descriptions, other_descriptions
 from mongoformats.oplog_splice import (
     Spliced,
@@ -224,20 +224,25 @@ def _column(events: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> pa
 
 
 def _with_transactions(
-    laid: _Laid, txns: TxnRows, commits: list[int]
+    laid: _Laid, txns: TxnRows, commits: npt.NDArray[np.intp]
 ) -> tuple[EventBlock, npt.NDArray[np.intp]]:
-    """txn_place.with_transactions_in's block and places for a batch whose block is not written
-    yet: written with room for the transactions' events at their commits (`commits`, in the
-    batch), which are then written into it; the block's own events are written once, where
-    txn_events.joined copied them into a block of both."""
+    """The batch's block with the transactions' events put in at their commits (`commits`, in
+    the batch), as one block of its own columns, and the entry (its index in the batch) of each
+    of its events: the block written with room for the transactions' events, which are then
+    written into it (each event written once). Put in at its commit, a transaction's events
+    are in token order: their clusterTime is the ts of the entry that commits it (the last
+    applyOps or the commitTransaction: shared/reference/mongodb-formats.md C.6, "Change-stream
+    semantics"), which no other entry of the shard's oplog has, and their txnOpIndex counts
+    up."""
     places = np.asarray(commits, np.intp)
     cuts = np.searchsorted(laid.taken, places)
-    sizes, width = room(txns)
-    keys, events, offsets = _assemble(laid, cuts.astype(np.int64), sizes, width)
-    put_in(keys, events, offsets, cuts, txns)
+    theirs = room(txns)
+    keys, events, offsets = _assemble(laid, cuts.astype(np.int64), theirs.events, theirs.width)
+    put_in(keys, events, offsets, cuts, theirs)
     kinds, table = joined_kinds((laid, txns.block))
     n = len(laid.taken)
     whole = EventBlock(keys, _column(events, offsets), np.insert(kinds[:n], cuts, kinds[n:]), table)
+    # Each of the batch's spliced entries' events moves past the transactions' before it.
     return whole, np.sort(np.concatenate([laid.taken, places]))
 
 
@@ -320,14 +325,14 @@ def splice_entries(
     txns = placed(items, expanded, transactions, True, applied)
     # Where the block's events (the batch's, and the transactions' at their commits) go among
     # the items left.
-    commits = [at[i] for i in txns.commits]
+    commits = np.asarray(at, np.intp)[txns.commits]
     whole: EventBlock | None
-    if laid is not None and txns.block is not None:
-        whole, places = _with_transactions(laid, txns.block, commits)
+    if txns.block is None:
+        whole, places = _block(laid) if laid is not None else None, taken
+    elif laid is None:
+        whole, places = joined(txns.block), commits
     else:
-        whole, places = with_transactions_in(
-            _block(laid) if laid is not None else None, taken, txns.block, commits
-        )
+        whole, places = _with_transactions(laid, txns.block, commits)
     order = _left(len(items), txns.replaced)
     if whole is not None and not order:
         return whole

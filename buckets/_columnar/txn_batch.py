@@ -16,12 +16,12 @@ or a chain that starts in the batch (a partialTxn or prepare entry of null prevO
 entries each link back to the one before, up to the one that commits it (an applyOps, or a
 prepared transaction's commitTransaction). Their entries leave the batch's items: the last
 gives its events, the others none; its events stay the block's rows (`placed`), which the batch
-splice puts into its block at the commit (txn_place.py), unless some op's event is not the
-block's or (for a stream that reads pre-images) has an applied-at time: then as fields. The
-transformer keeps transactions' state across batches; it gets every other entry of a
-transaction, a whole chain at a time: a chain the batch does not hold whole, or one that an op
-the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry of its key
-(lsid, txnNumber) keeps out.
+splice puts into its block at the commit (batch_splice._with_transactions), unless some op's
+event is not the block's or (for a stream that reads pre-images) has an applied-at time: then
+as fields. The transformer keeps transactions' state across batches; it gets every other entry
+of a transaction, a whole chain at a time: a chain the batch does not hold whole, or one that
+an op the splice leaves (DDL, views, migrations' writes, rare shapes) or another entry of its
+key (lsid, txnNumber) keeps out.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from bson import Timestamp
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
 from buckets._columnar.txn_chains import STAMP_TAIL, Chains, command_items, server_chains
-from buckets._columnar.txn_events import TxnRows, joined, put_in, room, txn_block, txn_done
+from buckets._columnar.txn_events import HeadTable, TxnRows, joined, txn_block, txn_done
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -103,12 +103,12 @@ class Placed(NamedTuple):
     """What the transactions a list of items holds whole become (`placed`): the items that
     replace theirs (`replaced`: a commit's its events' fields, another entry none), and the
     events of those kept as columns (`block`, in the order of their commits, their heads and
-    txnOpIndexes written when they are put into the batch's block, txn_events.joined; None if
+    txnOpIndexes written when they are put into the batch's block, txn_events.put_in; None if
     none), each with the index of its commit's item (`commits`, sorted)."""
 
     replaced: dict[int, list[Any]]
     block: TxnRows | None
-    commits: list[int]
+    commits: npt.NDArray[np.int64]
 
 
 def with_transactions(items: list[Any], expanded: bool, splice: BatchSplice) -> list[Any]:
@@ -135,33 +135,34 @@ def placed(
     events have none (their ops all in their commit) are kept so."""
     chains = _chains(items)
     if int(chains.counts.sum()) < TXN_OPS_MIN:
-        return Placed({}, None, [])
+        return Placed({}, None, _NO_COMMITS)
     made = _spliced(chains, expanded, splice, columns, applied)
-    replaced, commits = _placed_items(chains, made.events)
+    replaced, commits = _placed_items(chains, made)
     return Placed(replaced, made.block, commits)
 
 
 def _placed_items(
-    chains: Chains, made: list[list[Any] | int | None]
-) -> tuple[dict[int, list[Any]], list[int]]:
-    """Placed's `replaced` and `commits` of the chains' events `made` (see _Made): every entry
-    of a chain not left to the transformer replaced by none of its events, its commit by its
-    events' fields, or by rows of the block (its index in `commits` for each). Chains may
-    interleave: each entry is replaced where it is. Done as columns: a batch holds hundreds."""
-    counts = np.fromiter((-1 if e is None else e if type(e) is int else 0 for e in made), np.int64)
+    chains: Chains, made: _Made
+) -> tuple[dict[int, list[Any]], npt.NDArray[np.int64]]:
+    """Placed's `replaced` and `commits` of the chains' events `made`: every entry of a chain
+    not left to the transformer replaced by none of its events, its commit by its events'
+    fields, or by rows of the block (its index in `commits` for each). Chains may interleave:
+    each entry is replaced where it is. Done as columns: a batch holds hundreds."""
+    counts = made.counts
     kept = np.repeat(counts >= 0, chains.lengths)
     items = np.asarray(chains.items, np.int64)
     # (the lists are never changed: one empty list serves every entry)
     replaced: dict[int, list[Any]] = dict.fromkeys(items[kept].tolist(), _NO_EVENTS)
     commits = items[starts_of(chains.lengths) + chains.lengths - 1]
-    for c in np.flatnonzero(counts == 0).tolist():
-        if made[c]:
-            replaced[int(commits[c])] = made[c]  # type: ignore[assignment]
+    for c, events in made.fields.items():
+        if events:
+            replaced[int(commits[c])] = events
     placed = counts > 0
-    return replaced, np.repeat(commits[placed], counts[placed]).tolist()
+    return replaced, np.repeat(commits[placed], counts[placed])
 
 
 _NO_EVENTS: list[Any] = []
+_NO_COMMITS = np.zeros(0, np.int64)
 
 
 def _chains(items: list[Any]) -> Chains:
@@ -188,7 +189,7 @@ def _columns_of(reads: _Reads, chains: list[_Chain]) -> Chains:
         _column(members, "ts", np.uint64),
         tails,
         _column(commits, "tail_size"),
-        [read.head for read in commits],
+        HeadTable.of([read.head for read in commits]),
     )
 
 
@@ -320,12 +321,12 @@ class _Ops(NamedTuple):
     counts: npt.NDArray[np.int64]
     tails: npt.NDArray[np.int64]
     tail_sizes: npt.NDArray[np.int64]
-    heads: npt.NDArray[np.object_]
+    heads: HeadTable
     indexes: npt.NDArray[np.int64]
     timed: npt.NDArray[np.bool_]
     when: npt.NDArray[np.uint64]
     at: npt.NDArray[np.int64]
-    bounds: list[int]
+    bounds: npt.NDArray[np.int64]
 
     def entries(self, chains: Chains) -> OplogBatch:
         """The ops as plain writes' entries (txn_entry), in one batch (txn_read.op_entries)."""
@@ -346,19 +347,17 @@ def _ops(chains: Chains) -> _Ops:
     commit_ts = np.repeat(chains.ts[firsts + lengths - 1], lengths)
     timed = (read_starts > np.repeat(bounds[:-1], lengths)) | (chains.ts != commit_ts)
     ops = np.arange(int(bounds[-1]))
-    heads = np.empty(len(lengths), np.object_)
-    heads[:] = chains.heads
     return _Ops(
         chains.firsts,
         counts,
         np.repeat(chains.tails, lengths),
         np.repeat(chains.tail_sizes, lengths),
-        np.repeat(heads, per_chain),
+        chains.heads.repeat(per_chain),
         ops - np.repeat(bounds[:-1], per_chain),
         np.repeat(timed, counts),
         np.repeat(chains.ts, counts),
         ops - np.repeat(read_starts, counts),
-        bounds.tolist(),
+        bounds,
     )
 
 
@@ -368,10 +367,11 @@ def _column(reads: list[_Read], name: str, dtype: Any = np.int64) -> npt.NDArray
 
 
 class _Made(NamedTuple):
-    """Each chain's events (`events`): their fields, or how many rows of `block` they are, or
-    None for a chain left to the transformer."""
+    """Each chain's events: kept in columns, counts[c] rows of `block`; made fields, fields[c]
+    (counts[c] 0); or left to the transformer, fields[c] None (counts[c] -1)."""
 
-    events: list[list[Any] | int | None]
+    counts: npt.NDArray[np.int64]
+    fields: dict[int, list[Any] | None]
     block: TxnRows | None
 
 
@@ -389,33 +389,30 @@ def _spliced(
     bounds = ops.bounds
     batch = ops.entries(chains)
     out, block, taken = splice(batch)
-    rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
-    rows[taken] = np.arange(len(taken))
     indexes = ops.indexes[taken]
-    done = txn_done(block, indexes) if block is not None else np.zeros(0, np.bool_)
-    kept: dict[int, int] = {}
+    counts = np.full(len(bounds) - 1, -1, np.int64)
     if columns and block is not None:
-        kept = _columnar(rows, out, done, bounds, ops.timed if applied else None)
-    # The rows made their transactions' here only for chains made fields.
-    rewritten = _rewritten(ops, block, taken) if len(kept) < len(bounds) - 1 else None
-    made = _Fields(ops, batch, rows.tolist(), out, rewritten, done.tolist(), expanded)
-    events = [
-        kept[c] if c in kept else made.chain(a, b)
-        for c, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
-    ]
+        done = txn_done(block, indexes)
+        counts = _columnar(taken, out, done, bounds, ops.timed if applied else None)
+    fields: dict[int, list[Any] | None] = {}
+    left = np.flatnonzero(counts < 0).tolist()
+    if left:
+        rows = np.full(len(batch), -1, np.int64)  # each op's row in the block, if it has one
+        rows[taken] = np.arange(len(taken))
+        # The rows made their transactions' here only for chains made fields.
+        rewritten, done_list = (
+            txn_block(block, ops.heads.take(taken).rows(), indexes.tolist())
+            if block is not None
+            else (None, [])
+        )
+        made = _Fields(ops, batch, rows.tolist(), out, rewritten, done_list, expanded)
+        edges = bounds.tolist()
+        fields = {c: made.chain(edges[c], edges[c + 1]) for c in left}
+        counts[[c for c in left if fields[c] is not None]] = 0
     kept_rows = None
     if block is not None:
-        kept_rows = _kept_rows(block, ops.heads[taken], indexes, (rows, bounds, kept))
-    return _Made(events, kept_rows)
-
-
-def _rewritten(
-    ops: _Ops, block: EventBlock | None, taken: npt.NDArray[np.intp]
-) -> EventBlock | None:
-    """The block splice's events of the ops made their transactions' (txn_events.py)."""
-    if block is None:
-        return None
-    return txn_block(block, ops.heads[taken].tolist(), ops.indexes[taken].tolist())[0]
+        kept_rows = _kept_rows(block, ops.heads.take(taken), indexes, taken, counts, bounds)
+    return _Made(counts, fields, kept_rows)
 
 
 class _Fields:
@@ -444,7 +441,7 @@ class _Fields:
             self.fields = self.rewritten.fields() if self.rewritten is not None else []
             o = self.ops
             self.listed = _Listed(
-                *(c.tolist() for c in (o.heads, o.indexes, o.timed, o.when, o.at))
+                o.heads.rows(), *(c.tolist() for c in (o.indexes, o.timed, o.when, o.at))
             )
         ops, rows, out, fields, done = self.listed, self.rows, self.out, self.fields, self.done
         made = [
@@ -455,52 +452,49 @@ class _Fields:
 
 
 def _columnar(
-    rows: npt.NDArray[np.int64],
+    taken: npt.NDArray[np.intp],
     out: list[Any],
     done: npt.NDArray[np.bool_],
-    bounds: list[int],
+    bounds: npt.NDArray[np.int64],
     applied: npt.NDArray[np.bool_] | None,
-) -> dict[int, int]:
-    """The chains whose every op has its row in the block, made there (or makes no event:
-    out's ()), and if `applied` (the ops' applied-at times) is given, none has one; each with
-    its count of rows."""
-    has = rows >= 0
-    made = np.zeros(len(rows), np.bool_)
-    made[has] = done
-    ok = made | (~has & np.fromiter((o == () for o in out), np.bool_, len(out)))
+) -> npt.NDArray[np.int64]:
+    """Of each chain, its count of rows in the block if its every op has its row there (the
+    `taken` ops), made (`done`), or makes no event (out's ()), and if `applied` (the ops'
+    applied-at times) is given, none has one; else -1."""
+    has = np.zeros(len(out), np.bool_)
+    has[taken] = True
+    ok = np.zeros(len(out), np.bool_)
+    ok[taken] = done
+    if len(taken) < len(out):
+        outside = np.flatnonzero(~has)
+        ok[outside] = [out[i] == () for i in outside.tolist()]
     if applied is not None:
         ok &= ~applied
     # (one more op, neutral, past the last: an empty chain's start is then one to read)
     starts = bounds[:-1]
-    good = np.logical_and.reduceat(np.append(ok, True), starts)
+    good = np.logical_and.reduceat(np.append(ok, True), starts) & (bounds[1:] > starts)
     counts = np.add.reduceat(np.append(has, False).astype(np.int64), starts)
-    return {
-        c: n
-        for c, (g, n, a, b) in enumerate(
-            zip(good.tolist(), counts.tolist(), bounds, bounds[1:], strict=False)
-        )
-        if g and a < b
-    }
+    return np.where(good, counts, -1)
 
 
 def _kept_rows(
     block: EventBlock,
-    heads: npt.NDArray[np.object_],
+    heads: HeadTable,
     indexes: npt.NDArray[np.int64],
-    chains: tuple[npt.NDArray[np.int64], list[int], dict[int, int]],
+    taken: npt.NDArray[np.intp],
+    counts: npt.NDArray[np.int64],
+    bounds: npt.NDArray[np.int64],
 ) -> TxnRows | None:
-    """The rows of the chains kept in columns (of the block splice's `block`, each row's head
-    and txnOpIndex), in their order; None if none. `chains`: each op's row, the chains'
-    bounds, the chains kept."""
-    rows, bounds, kept = chains
-    if not sum(kept.values()):
+    """The rows of the chains kept in columns (those of `counts` above 0, of the block splice's
+    `block` of the ops `taken`, each row's head and txnOpIndex), in their order; None if none.
+    `bounds`: where each chain's ops start."""
+    total = int(counts[counts > 0].sum())
+    if not total:
         return None
-    if sum(kept.values()) == len(block):
-        return TxnRows(block, heads.tolist(), indexes)
-    picked = [rows[bounds[c] : bounds[c + 1]] for c in kept]
-    at = np.concatenate(picked)
-    at = at[at >= 0]
-    return TxnRows(block.take(at), heads[at].tolist(), indexes[at])
+    if total == len(block):
+        return TxnRows(block, heads, indexes)
+    at = np.flatnonzero(np.repeat(counts > 0, np.diff(bounds))[taken])
+    return TxnRows(block.take(at), heads.take(at), indexes[at])
 
 
 class _Listed(NamedTuple):
@@ -558,11 +552,7 @@ def warm_up(splice: BatchSplice) -> None:
     }
     rows = _spliced(_chains([bson.encode(entry)]), False, splice, True, False).block
     assert rows is not None
-    joined(None, np.zeros(len(rows.heads), np.int64), rows)
-    # and the writing of their events into the room a batch's block leaves for them
-    sizes, width = room(rows)
-    offsets = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    room_keys, room_out = np.zeros((len(sizes), width), np.uint8), np.empty(offsets[-1], np.uint8)
-    put_in(room_keys, room_out, offsets, np.zeros(len(sizes), np.int64), rows)
-    txn_block(rows.block, rows.heads, rows.indexes.tolist())
+    # their writing into a block of their own (the room a batch's block leaves for them is
+    # written by the same kernel), and the rewrite of a block's rows one by one
+    joined(rows)
+    txn_block(rows.block, rows.heads.rows(), rows.indexes.tolist())

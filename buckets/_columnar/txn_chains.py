@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import U
 from buckets._columnar.oplog_batch import OplogBatch, starts_of
+from buckets._columnar.txn_events import HeadTable
 from buckets._columnar.txn_read import (
     R_BUFFERED,
     R_NUMBER,
@@ -47,6 +48,9 @@ _LSID_ID, _ID_BYTES = 23, 16
 _NUMBER, _NUMBER_END, _LSID, _LSID_END = 82, 101, 4, 82
 
 _COMMAND_OP = b"\x02op\x00\x02\x00\x00\x00c\x00"  # the element op: "c"
+_OP_AT = 101  # where it lies in a server's transaction entry (txn_read.py)
+# Where a head's bytes lie in a server's entry, in the head's order.
+_HEAD_BYTES = np.r_[np.arange(_NUMBER, _NUMBER_END), np.arange(_LSID, _LSID_END)]
 
 
 class Chains(NamedTuple):
@@ -66,12 +70,18 @@ class Chains(NamedTuple):
     ts: _Words
     tails: _Ints
     tail_sizes: _Ints
-    heads: list[bytes]
+    heads: HeadTable
 
 
 def command_items(items: list[Any]) -> list[int]:
-    """Which items are entries that may be a transaction's: those holding op "c"."""
-    return [i for i, item in enumerate(items) if type(item) is bytes and _COMMAND_OP in item]
+    """Which items are entries that may be a transaction's: those holding op "c" (looked for
+    first where a server's transaction entry has it: a search of a whole entry costs a few
+    times more)."""
+    return [
+        i
+        for i, item in enumerate(items)
+        if type(item) is bytes and (item.startswith(_COMMAND_OP, _OP_AT) or _COMMAND_OP in item)
+    ]
 
 
 def server_chains(items: list[Any], at: list[int]) -> Chains | None:
@@ -96,10 +106,12 @@ def server_chains(items: list[Any], at: list[int]) -> Chains | None:
     )
     commits = members[starts_of(lengths) + lengths - 1]
     data = batch.data
-    heads = [
-        bytes(data[s + _NUMBER : s + _NUMBER_END] + data[s + _LSID : s + _LSID_END])
-        for s in starts[commits].tolist()
-    ]
+    # The commits' heads gathered at once, a table of rows of one size (where slicing each
+    # head's two parts out of the data costs some half a microsecond a commit).
+    size = len(_HEAD_BYTES)
+    gathered = np.frombuffer(data, np.uint8)[starts[commits][:, None] + _HEAD_BYTES].ravel()
+    head_at = np.arange(0, size * (len(commits) + 1), size)
+    heads = HeadTable(gathered, head_at[:-1], head_at[1:])
     firsts = rows[members, R_OPS]
     return Chains(
         data,

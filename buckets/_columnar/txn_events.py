@@ -21,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from buckets._columnar.block_merge import joined_kinds
 from buckets._columnar.byte_kernels import (
     U,
     as_bytes,
@@ -29,14 +28,13 @@ from buckets._columnar.byte_kernels import (
     copy,
     has,
     i32,
-    move,
     put_i32,
 )
 from buckets._columnar.event_block import EventBlock
 from mongoformats.oplog_splice import _ID_HEAD, _TOKEN_HEAD
 from mongoformats.txn_splice import _HEAD_AT, _MAX_INDEX, _token_head
 
-__all__ = ["TxnRows", "joined", "put_in", "room", "txn_block", "txn_done"]
+__all__ = ["HeadTable", "Room", "TxnRows", "joined", "put_in", "room", "txn_block", "txn_done"]
 
 _Ints = npt.NDArray[np.int64]
 _Bytes = npt.NDArray[np.uint8]
@@ -45,6 +43,35 @@ _P_TOKEN_HEAD = as_bytes(_TOKEN_HEAD)
 _TOKEN_BYTES = len(_TOKEN_HEAD)
 _HEX_AT = 4 + _ID_HEAD.size  # where an event's token hex starts (txn_splice's)
 _ID_SIZE_AT, _DATA_SIZE_AT = 9, _HEX_AT - 4  # where `_id`'s and `_data`'s lengths are
+
+
+class HeadTable(NamedTuple):
+    """Transactions' heads (txnNumber's and lsid's elements) as the kernels read them: row j's
+    head is data[starts[j]:ends[j]]. The rows of one transaction's ops share its head's bytes:
+    a table of a batch's commits serves their ops by their starts and ends alone."""
+
+    data: _Bytes
+    starts: _Ints
+    ends: _Ints
+
+    @classmethod
+    def of(cls, heads: list[bytes]) -> HeadTable:
+        """A table of the heads, row j heads[j]."""
+        data, at = byte_table(heads)
+        return cls(data, at[:-1], at[1:])
+
+    def take(self, rows: npt.NDArray[Any]) -> HeadTable:
+        """Rows `rows`, in that order."""
+        return HeadTable(self.data, self.starts[rows], self.ends[rows])
+
+    def repeat(self, counts: _Ints) -> HeadTable:
+        """Row j counts[j] times."""
+        return HeadTable(self.data, np.repeat(self.starts, counts), np.repeat(self.ends, counts))
+
+    def rows(self) -> list[bytes]:
+        """Each row's head as bytes."""
+        data = self.data.tobytes()
+        return list(map(data.__getitem__, map(slice, self.starts.tolist(), self.ends.tolist())))
 
 
 def txn_block(
@@ -57,8 +84,16 @@ def txn_block(
     top = max(indexes, default=0)
     if top > _MAX_INDEX:
         return block, [False] * len(block)
+    table = HeadTable.of(heads)
+    ks, ks_at, hexes, hex_at = _tokens(top)
     keys, out, out_at, done = _rewrite(
-        *_columns(block), *byte_table(heads), np.array(indexes, np.int64), *_tokens(top)
+        *_columns(block),
+        *table,
+        np.array(indexes, np.int64),
+        ks,
+        ks_at,
+        hexes,
+        hex_at,
     )
     column = pa.Array.from_buffers(
         pa.large_binary(), len(block), [None, pa.py_buffer(out_at), pa.py_buffer(out)]
@@ -82,81 +117,56 @@ class TxnRows(NamedTuple):
     one's transaction's head and txnOpIndex (see `txn_block`), not yet written into them."""
 
     block: EventBlock
-    heads: list[bytes]
+    heads: HeadTable
     indexes: npt.NDArray[np.int64]
 
 
-def joined(block: EventBlock | None, cuts: npt.NDArray[np.int64], txns: TxnRows) -> EventBlock:
-    """`block` with the events of `txns` made their transactions' (as `txn_block` makes them)
-    put in, the i-th before `block`'s cuts[i]-th event, as one block of its own columns whose
-    kinds index one table: each event written once, the block's runs between the
-    transactions' events copied whole (a shard's blocks are charged to its budget by their own
-    bytes, EventBlock.hold)."""
-    theirs = txns.block
-    top = int(txns.indexes.max()) if len(txns.indexes) else 0
-    mine: tuple[_Bytes, _Ints, _Bytes] = _columns(block) if block is not None else _NONE
-    keys, out, out_at = _joined(
-        *mine,
-        *_columns(theirs),
-        *byte_table(txns.heads),
-        txns.indexes.astype(np.int64),
-        *_tokens(top),
-        np.asarray(cuts, np.int64),
-    )
-    column = pa.Array.from_buffers(
-        pa.large_binary(), len(keys), [None, pa.py_buffer(out_at), pa.py_buffer(out)]
-    )
-    if block is None:
-        return EventBlock(keys, column, theirs.kinds, theirs.kind_table)
-    kinds, table = joined_kinds((block, theirs))
-    n = len(block)
-    return EventBlock(keys, column, np.insert(kinds[:n], cuts, kinds[n:]), table)
+class Room(NamedTuple):
+    """The rows of a TxnRows as the kernels read them (`columns`: the block's keys, offsets and
+    values, the heads' table, the txnOpIndexes, the token heads' tables), and each row's key's
+    and event's bytes made its transaction's (`sizes`, `events`), the width their keys need
+    (`width`): what a block leaves for them (block_events.assemble) and `put_in` writes from."""
+
+    columns: tuple[_Bytes, _Ints, _Bytes, _Bytes, _Ints, _Ints, _Ints, _Bytes, _Ints, _Bytes, _Ints]
+    sizes: _Ints
+    events: _Ints
+    width: int
 
 
-def room(txns: TxnRows) -> tuple[_Ints, int]:
-    """The bytes of each of the rows' events made their transactions' (as `joined` writes them),
-    and the width their keys need: what a block leaves for them to be put in (`put_in`)."""
-    theirs = txns.block
-    keys, offsets, _ = _columns(theirs)
-    _, head_at = byte_table(txns.heads)
+def room(txns: TxnRows) -> Room:
+    """The room the rows of `txns` made their transactions' (as `txn_block` makes them) take."""
+    keys, offsets, values = _columns(txns.block)
+    heads = txns.heads
     indexes = txns.indexes.astype(np.int64)
-    ks_at = _tokens(int(indexes.max()) if len(indexes) else 0)[1]
-    sizes, events, _ = _sizes(keys, offsets, head_at, indexes, ks_at)
-    return events, max(int(sizes.max()), 1) if len(sizes) else 1
+    tokens = _tokens(int(indexes.max()) if len(indexes) else 0)
+    sizes, events, _ = _sizes(keys, offsets, heads.starts, heads.ends, indexes, tokens[1])
+    width = max(int(sizes.max()), 1) if len(sizes) else 1
+    return Room((keys, offsets, values, *heads, indexes, *tokens), sizes, events, width)
 
 
 def put_in(
-    keys: _Bytes, out: _Bytes, out_at: _Ints, cuts: npt.NDArray[np.int64], txns: TxnRows
+    keys: _Bytes, out: _Bytes, out_at: _Ints, cuts: npt.NDArray[np.int64], room: Room
 ) -> None:
-    """Write the rows of `txns` made their transactions' (as `joined` writes them) into the
-    room a block's kernel left for them (block_events.assemble with `room`'s sizes): the i-th
-    into key row and event cuts[i] + i of `keys`, `out` and `out_at`. `joined` without copying
-    the block's own events a second time."""
-    top = int(txns.indexes.max()) if len(txns.indexes) else 0
-    _put_in(
-        keys,
-        out,
-        out_at,
-        *_columns(txns.block),
-        *byte_table(txns.heads),
-        txns.indexes.astype(np.int64),
-        *_tokens(top),
-        np.asarray(cuts, np.int64),
+    """Write the rows `room` holds made their transactions' (as `txn_block` writes them) into
+    the room a block's kernel left for them (block_events.assemble with `room`'s events and
+    width): the i-th into key row and event cuts[i] + i of `keys`, `out` and `out_at`."""
+    _put_in(keys, out, out_at, *room.columns, room.sizes, np.asarray(cuts, np.int64))
+
+
+def joined(txns: TxnRows) -> EventBlock:
+    """The rows of `txns` made their transactions' (as `txn_block` makes them), as a block of
+    its own columns (a shard's blocks are charged to its budget by their own bytes,
+    EventBlock.hold): a batch's transactions when it has no block of its own to put them in."""
+    made = room(txns)
+    m = len(made.events)
+    offsets = np.zeros(m + 1, np.int64)
+    np.cumsum(made.events, out=offsets[1:])
+    keys, out = np.zeros((m, made.width), np.uint8), np.empty(offsets[m], np.uint8)
+    put_in(keys, out, offsets, np.zeros(m, np.int64), made)
+    column = pa.Array.from_buffers(
+        pa.large_binary(), m, [None, pa.py_buffer(offsets), pa.py_buffer(out)]
     )
-
-
-def _read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    array.flags.writeable = False
-    return array
-
-
-# No block's columns: no keys (of width 0), no events; read-only as a block's offsets and
-# values are (numba compiles another signature for writable arrays).
-_NONE: tuple[_Bytes, _Ints, _Bytes] = (
-    np.zeros((0, 0), np.uint8),
-    _read_only(np.zeros(1, np.int64)),
-    _read_only(np.zeros(0, np.uint8)),
-)
+    return EventBlock(keys, column, txns.block.kinds, txns.block.kind_table)
 
 
 def _columns(block: EventBlock) -> tuple[_Bytes, _Ints, _Bytes]:
@@ -182,7 +192,7 @@ def _tokens(top: int) -> tuple[_Bytes, _Ints, _Bytes, _Ints]:
 
 @numba.njit(cache=CACHE, nogil=True)
 def _sizes(
-    keys: _Bytes, offsets: _Ints, head_at: _Ints, indexes: _Ints, ks_at: _Ints
+    keys: _Bytes, offsets: _Ints, head_at: _Ints, head_end: _Ints, indexes: _Ints, ks_at: _Ints
 ) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_]]:
     """Each row's rewritten key's length and event's, and whether it is rewritten (see
     `txn_done`)."""
@@ -198,7 +208,7 @@ def _sizes(
         grown = (ks_at[k + 1] - ks_at[k] - _TOKEN_BYTES) * (k > 0)
         done[j] = (k == 0) or has(keys[j], _HEAD_AT, _P_TOKEN_HEAD)
         sizes[j] = n + grown
-        events[j] = offsets[j + 1] - offsets[j] + head_at[j + 1] - head_at[j] + 2 * grown
+        events[j] = offsets[j + 1] - offsets[j] + head_end[j] - head_at[j] + 2 * grown
     return sizes, events, done
 
 
@@ -209,6 +219,7 @@ def _rewrite(
     values: _Bytes,
     heads: _Bytes,
     head_at: _Ints,
+    head_end: _Ints,
     indexes: _Ints,
     ks: _Bytes,
     ks_at: _Ints,
@@ -219,7 +230,7 @@ def _rewrite(
     and which rows were rewritten (a row not rewritten keeps no bytes). Two passes: sizes,
     then bytes."""
     m = keys.shape[0]
-    sizes, events, done = _sizes(keys, offsets, head_at, indexes, ks_at)
+    sizes, events, done = _sizes(keys, offsets, head_at, head_end, indexes, ks_at)
     sizes *= done
     out_at = np.zeros(m + 1, np.int64)
     for j in range(U(m)):
@@ -235,7 +246,7 @@ def _rewrite(
                 offsets[j + 1],
                 heads,
                 head_at[j],
-                head_at[j + 1],
+                head_end[j],
                 indexes[j],
                 ks,
                 ks_at,
@@ -250,81 +261,6 @@ def _rewrite(
 
 
 @numba.njit(cache=CACHE, nogil=True)
-def _joined(
-    a_keys: _Bytes,
-    a_offsets: _Ints,
-    a_values: _Bytes,
-    keys: _Bytes,
-    offsets: _Ints,
-    values: _Bytes,
-    heads: _Bytes,
-    head_at: _Ints,
-    indexes: _Ints,
-    ks: _Bytes,
-    ks_at: _Ints,
-    hexes: _Bytes,
-    hex_at: _Ints,
-    cuts: _Ints,
-) -> tuple[_Bytes, _Bytes, _Ints]:
-    """`joined`'s keys (rows padded with zeros) and events (back to back, and offsets): the
-    rows of the first block (a_...) with those of the second rewritten (`_rewrite`'s, every
-    row rewritten) put in, row i before the first's row cuts[i]. Two passes: sizes, then
-    bytes (a run of the first block's rows, one copy)."""
-    m_a, m_b, width_a = a_keys.shape[0], keys.shape[0], a_keys.shape[1]
-    sizes, events, _ = _sizes(keys, offsets, head_at, indexes, ks_at)
-    width = max(width_a, max(sizes.max(), 1) if m_b else 1)
-    out_at = np.zeros(m_a + m_b + 1, np.int64)
-    a, r = 0, 0
-    for i in range(U(m_b + 1)):
-        cut = cuts[i] if i < m_b else m_a
-        for _ in range(U(cut - a)):
-            out_at[r + 1] = out_at[r] + a_offsets[a + 1] - a_offsets[a]
-            a += 1
-            r += 1
-        if i < m_b:
-            out_at[r + 1] = out_at[r] + events[i]
-            r += 1
-    new_keys = np.zeros((m_a + m_b, width), np.uint8)
-    out = np.empty(out_at[m_a + m_b], np.uint8)
-    out_address, a_address = np.int64(out.ctypes.data), np.int64(a_values.ctypes.data)
-    keys_address, a_keys_address = np.int64(new_keys.ctypes.data), np.int64(a_keys.ctypes.data)
-    a, r = 0, 0
-    for i in range(U(m_b + 1)):
-        cut = cuts[i] if i < m_b else m_a
-        # the run of the first block's rows before it: their events in one copy, their keys
-        # (in one too if as wide)
-        move(out_address + out_at[r], a_address + a_offsets[a], a_offsets[cut] - a_offsets[a])
-        if width == width_a:
-            move(keys_address + r * width, a_keys_address + a * width, (cut - a) * width)
-            r, a = r + cut - a, cut
-        for _ in range(U(cut - a)):
-            move(keys_address + r * width, a_keys_address + a * width_a, width_a)
-            a += 1
-            r += 1
-        if i < m_b:
-            _one(
-                keys[i],
-                values,
-                offsets[i],
-                offsets[i + 1],
-                heads,
-                head_at[i],
-                head_at[i + 1],
-                indexes[i],
-                ks,
-                ks_at,
-                hexes,
-                hex_at,
-                new_keys[r],
-                sizes[i],
-                out,
-                out_at[r],
-            )
-            r += 1
-    return new_keys, out, out_at
-
-
-@numba.njit(cache=CACHE, nogil=True)
 def _put_in(
     new_keys: _Bytes,
     out: _Bytes,
@@ -334,16 +270,16 @@ def _put_in(
     values: _Bytes,
     heads: _Bytes,
     head_at: _Ints,
+    head_end: _Ints,
     indexes: _Ints,
     ks: _Bytes,
     ks_at: _Ints,
     hexes: _Bytes,
     hex_at: _Ints,
+    sizes: _Ints,
     cuts: _Ints,
 ) -> None:
-    """`put_in`'s rows written where the room for them is (see `_joined`, which writes them
-    so between the runs it copies)."""
-    sizes, _, _ = _sizes(keys, offsets, head_at, indexes, ks_at)
+    """`put_in`'s rows written where the room for them is, row i's key of sizes[i] bytes."""
     for i in range(U(len(cuts))):
         r = U(cuts[i] + i)
         _one(
@@ -353,7 +289,7 @@ def _put_in(
             offsets[i + 1],
             heads,
             head_at[i],
-            head_at[i + 1],
+            head_end[i],
             indexes[i],
             ks,
             ks_at,

@@ -23,7 +23,7 @@ from buckets._columnar.event_block import EventBlock, _merge_runs
 from buckets._columnar.items import as_runs, count_events
 from buckets._columnar.oplog_batch import OplogBatch
 from buckets._columnar.run import SLICE_MIN, ColumnarRun, merge_runs
-from buckets._columnar.txn_events import TxnRows, joined, txn_block, txn_done
+from buckets._columnar.txn_events import HeadTable, TxnRows, joined, txn_block, txn_done
 from buckets.event_run import PlainRun, fields_of
 from buckets.merge import MergedQueue
 from mongoformats.change_events import EVENT_SORT_KEY
@@ -219,37 +219,25 @@ def test_single_events_among_blocks_are_merged_in_place_and_the_blocks_stay_bloc
 
 @settings(max_examples=25, deadline=None)
 @given(shard_blocks(), st.data())
-def test_a_block_joined_into_another_as_its_own_columns_is_the_merge_blocks_events(
+def test_a_transactions_rows_alone_make_a_block_of_their_own_columns(
     blocks: list[EventBlock], data: st.DataObject
 ) -> None:
-    """txn_events.joined gives what txn_block and then inserted give (events, keys, each
-    event's kind), as columns of its own (holding no other block) whose kind table lists each
-    kind once: the inserted block's events each given a head and a txnOpIndex, written once."""
-    mine, theirs = blocks[0], blocks[-1]
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(mine)), min_size=len(theirs))))
-    cuts = cuts[: len(theirs)]
+    """txn_events.joined gives what txn_block gives (events, keys, each event's kind), as
+    columns of its own (holding no other block); txn_done tells txn_block's rows made so.
+    (test_txn_batch pins the rows written into a block's room to EventBlock.inserted.)"""
+    theirs = blocks[-1]
     heads = data.draw(st.lists(st.binary(max_size=40), min_size=len(theirs)))[: len(theirs)]
     indexes = data.draw(st.lists(st.integers(0, 300), min_size=len(theirs)))[: len(theirs)]
     rewritten, done = txn_block(theirs, heads, indexes)
     assert done == txn_done(theirs, np.array(indexes, np.int64)).tolist()
     assume(all(done))
-    rows = TxnRows(theirs, heads, np.array(indexes, np.int64))
-    alone = joined(None, np.zeros(len(theirs), np.int64), rows)  # (kinds as the splice's)
-    both = joined(mine, np.array(cuts, np.int64), rows)
-    # (the block's own events, index 0 and no head, between its own: keys as wide as its, its
-    # runs' keys copied whole)
-    plain = TxnRows(mine, [b""] * len(mine), np.zeros(len(mine), np.int64))
-    kept, every = txn_block(mine, plain.heads, [0] * len(mine))[0], np.arange(len(mine))
-    for got, want in (
-        (both, mine.inserted(rewritten, cuts)),
-        (alone, rewritten),
-        (joined(mine, every, plain), mine.inserted(kept, every.tolist())),
-    ):
-        assert got.fields() == want.fields()
-        assert np.array_equal(got.keys, want.keys)
-        assert [got.kind_table[k] for k in got.kinds] == [want.kind_table[k] for k in want.kinds]
-        assert not got.pins
-    assert len(set(both.kind_table)) == len(both.kind_table)
+    alone = joined(TxnRows(theirs, HeadTable.of(heads), np.array(indexes, np.int64)))
+    assert alone.fields() == rewritten.fields()
+    assert np.array_equal(alone.keys, rewritten.keys)
+    assert [alone.kind_table[k] for k in alone.kinds] == [
+        rewritten.kind_table[k] for k in rewritten.kinds
+    ]
+    assert not alone.pins
 
 
 @given(shard_blocks(), st.data())

@@ -30,14 +30,13 @@ from buckets._columnar.batch_splice import BATCH_MIN, splice_block, splice_entri
 from buckets._columnar.event_block import EventBlock
 from buckets._columnar.items import as_fields
 from buckets._columnar.oplog_batch import SLACK, OplogBatch
-from buckets._columnar.txn_events import txn_block
-from buckets._columnar.txn_place import with_transactions_in
+from buckets._columnar.txn_events import HeadTable, TxnRows, joined, txn_block
 from buckets._columnar.txn_read import R_OK, op_entries, read_rows
 from mongoformats.bson_bytes import timestamp_of
 from mongoformats.change_events import OplogTransformer
 from mongoformats.resume_token import decode_token
 from mongoformats.txn_splice import txn_entry, txn_event
-from tests.unit.test_oplog_splice import crud_entries
+from tests.unit.test_oplog_splice import crud_entries, write_body
 from tests.unit.test_txn_splice import (
     _NULL_TS,
     _UIS,
@@ -188,11 +187,16 @@ def test_transactions_spliced_in_batches_equal_the_general_transform(
         assert _batched(oplog, start, cuts, expanded) == _general(oplog, start, expanded)
 
 
-def _joined_after(laid: Any, txns: Any, commits: list[int]) -> Any:
-    """The block and places as txn_events.joined makes them: the batch's block written whole,
-    then copied into one with the transactions' events."""
-    block = batch_splice._block(laid)
-    return with_transactions_in(block, laid.taken, txns, commits)
+def _inserted_after(laid: Any, txns: Any, commits: list[int]) -> Any:
+    """The block and places of the room path's plain counterpart: the batch's block written
+    whole, the transactions' rows rewritten alone (txn_block), put in at their commits as a
+    merge puts a block into another (EventBlock.inserted)."""
+    places = np.asarray(commits, np.intp)
+    rewritten, done = txn_block(txns.block, txns.heads.rows(), txns.indexes.tolist())
+    assert all(done)
+    cuts = np.searchsorted(laid.taken, places).tolist()
+    whole = batch_splice._block(laid).inserted(rewritten, cuts)
+    return whole, np.sort(np.concatenate([laid.taken, places]))
 
 
 _room = batch_splice._with_transactions
@@ -216,13 +220,14 @@ def _items(batch: OplogBatch, expanded: bool, applied: bool) -> list[Any]:
     st.booleans(),
     st.booleans(),
 )
-def test_transactions_written_into_the_blocks_room_equal_the_joined_block(
+def test_transactions_written_into_the_blocks_room_equal_the_block_with_theirs_inserted(
     inserts: int, places: list[int], expanded: bool, applied: bool
 ) -> None:
     """A batch's transactions' events written into the room its block leaves for them
-    (block_events.assemble, txn_events.put_in) make the block txn_events.joined made of the
-    batch's block and theirs: the same events, keys and kinds, byte for byte; transactions
-    before, between and after the batch's plain writes, next to each other or not."""
+    (block_events.assemble, txn_events.put_in) make the batch's block with the transactions'
+    rows rewritten alone (txn_block) inserted at their commits: the same events, keys and
+    kinds, byte for byte; transactions before, between and after the batch's plain writes,
+    next to each other or not."""
     oplog = [_insert(i, ObjectId(i.to_bytes(12, "big"))) for i in range(1, inserts + 1)]
     for k, at in enumerate(sorted(places, reverse=True)):
         oplog[at:at] = _server_transactions(1000 + 10 * k)
@@ -237,7 +242,7 @@ def test_transactions_written_into_the_blocks_room_equal_the_joined_block(
         # transaction's sub-diff is update_description's, and with `applied` the prepared one's
         # events are fields: no transaction is the block's)
         assert room.called == (inserts > 0 and not (expanded and applied))
-        with mock.patch.object(batch_splice, "_with_transactions", _joined_after):
+        with mock.patch.object(batch_splice, "_with_transactions", _inserted_after):
             want = _items(batch, expanded, applied)
     assert got == want
 
@@ -402,6 +407,40 @@ def _read_at_fixed_offsets(entry: bytes) -> bool:
         return False
 
 
+# The documentKeys the block keys (id_keys.py), of every width: ObjectIds, UUIDs, strings,
+# int32s and int64s, compound `_id`s and shard keys beside `_id`.
+_BLOCK_IDS = st.one_of(
+    st.builds(lambda b: ObjectId(b), st.binary(min_size=12, max_size=12)),
+    st.uuids().map(lambda u: Binary(u.bytes, 4)),
+    st.text(max_size=30),
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**40), 2**40).map(Int64),
+    st.fixed_dictionaries({"a": st.integers(0, 9), "b": st.text(max_size=4)}),
+)
+
+
+@st.composite
+def plain_writes(draw: st.DrawFn) -> dict[str, Any]:
+    """A plain write of the shapes the block takes (batch_splice.py's docstring), or now and
+    then one it leaves (crud_entries': other namespaces, documentKeys and field orders)."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(crud_entries())
+    op = draw(st.sampled_from(["i", "u", "r", "d"]))
+    _id = draw(_BLOCK_IDS)
+    key = {"sk": draw(_BLOCK_IDS), "_id": _id} if draw(st.booleans()) else {"_id": _id}
+    c = draw(st.integers(0, 1))
+    entry = {"op": "u" if op == "r" else op, "ns": f"app.c{c}", "ui": _UIS[c]}
+    entry.update(write_body(draw, op, key))
+    seconds, inc = draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, 2**32 - 1))
+    return {
+        **entry,
+        "ts": Timestamp(seconds, inc),
+        "t": Int64(1),
+        "v": Int64(2),
+        "wall": bson.datetime_ms.DatetimeMS(seconds * 1000),
+    }
+
+
 _HEADS = [
     b"",
     bson.encode({"txnNumber": Int64(7), "lsid": {"id": _UIS[0]}})[4:-1],
@@ -411,7 +450,7 @@ _HEADS = [
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(crud_entries(), min_size=1, max_size=12),
+    st.lists(plain_writes(), min_size=1, max_size=12),
     st.data(),
     st.booleans(),
 )
@@ -436,6 +475,55 @@ def test_the_compiled_rewrite_equals_txn_event(
         for fields, ok in zip(rewritten.fields(), done, strict=True)
     ]
     assert made == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(plain_writes(), min_size=1, max_size=12),
+    st.lists(plain_writes(), min_size=1, max_size=12),
+    st.data(),
+    st.booleans(),
+)
+def test_rows_written_into_a_blocks_room_equal_the_block_with_them_inserted(
+    mine: list[dict[str, Any]], theirs: list[dict[str, Any]], data: Any, expanded: bool
+) -> None:
+    """The room path (batch_splice._with_transactions: the block written with room for another
+    block's rows, which txn_events.put_in writes made their transactions') gives the block with
+    those rows rewritten alone (txn_block) inserted (EventBlock.inserted): the same events,
+    keys (whichever block's are wider) and kinds, byte for byte, in columns of its own; any
+    heads and txnOpIndexes (of one to three KeyString bytes), anywhere among the block's
+    events. Alone, the rows make txn_block's block (txn_events.joined)."""
+    batch = OplogBatch.of([bson.encode(entry) for entry in mine])
+    _, laid, _ = batch_splice._laid_out(batch, expanded)
+    _, block, taken = splice_block(
+        OplogBatch.of([bson.encode(e) for e in theirs]), expanded=expanded
+    )
+    if laid is None or block is None:
+        return
+    heads = [data.draw(st.sampled_from(_HEADS)) for _ in taken]
+    indexes = [data.draw(st.sampled_from([0, 1, 2, 127, 128, 255, 256, 3000])) for _ in taken]
+    rewritten, done = txn_block(block, heads, indexes)
+    if not all(done):
+        return
+    cuts = sorted(
+        data.draw(
+            st.lists(st.integers(0, len(laid.taken)), min_size=len(taken), max_size=len(taken))
+        )
+    )
+    # (a commit's place in the batch: before the taken entry its cut names, or past the last)
+    commits = [int(laid.taken[c]) if c < len(laid.taken) else len(batch) for c in cuts]
+    rows = TxnRows(block, HeadTable.of(heads), np.array(indexes, np.int64))
+    got, places = batch_splice._with_transactions(laid, rows, commits)
+    want = batch_splice._block(laid).inserted(rewritten, cuts)
+    for made, expected in ((got, want), (joined(rows), rewritten)):
+        assert made.fields() == expected.fields()
+        assert np.array_equal(made.keys, expected.keys)
+        assert [made.kind_table[k] for k in made.kinds] == [
+            expected.kind_table[k] for k in expected.kinds
+        ]
+        assert made.hold is None and not made.pins
+    assert len(set(got.kind_table)) == len(got.kind_table)
+    assert places.tolist() == sorted([*laid.taken.tolist(), *commits])
 
 
 @pytest.mark.parametrize("count", [1, 129, 300])
@@ -506,7 +594,9 @@ def test_chains_are_placed_as_one_by_one(
     for n in lengths:
         items += sorted(slots[at : at + n])
         at += n
-    made = [events for _, events in shapes]
+    counts = [-1 if e is None else e if isinstance(e, int) else 0 for _, e in shapes]
+    fields = {c: e for c, (_, e) in enumerate(shapes) if isinstance(e, list)}
+    made = txn_batch._Made(np.array(counts, np.int64), fields, None)
     chains = mock.Mock(items=items, lengths=np.array(lengths, np.int64))
     replaced: dict[int, list[Any]] = {}
     commits: list[int] = []
@@ -521,4 +611,5 @@ def test_chains_are_placed_as_one_by_one(
             commits += [chain[-1]] * events
         else:
             replaced[chain[-1]] = events
-    assert txn_batch._placed_items(chains, made) == (replaced, commits)
+    got, got_commits = txn_batch._placed_items(chains, made)
+    assert (got, got_commits.tolist()) == (replaced, commits)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import buckets._columnar.txn_batch as txn_batch
 from buckets._columnar.txn_batch import _columns_of, whole_chains
 from buckets._columnar.txn_chains import Chains, command_items, server_chains
+from buckets._columnar.txn_events import HeadTable
 from tests.unit.test_txn_batch import _batched, _general, _insert, _server_transactions
 from tests.unit.test_txn_block import _without_applied
 from tests.unit.test_txn_splice import _NULL_TS, _entry, _ops
@@ -78,8 +79,15 @@ def _server_oplogs(draw: st.DrawFn) -> list[bytes]:
 
 
 def _columns(chains: Chains) -> list[Any]:
-    """The chains' columns, comparable."""
-    return [np.asarray(c).tolist() if isinstance(c, np.ndarray) else c for c in chains]
+    """The chains' columns, comparable (the heads as each commit's bytes)."""
+    return [
+        c.rows()
+        if isinstance(c, HeadTable)
+        else np.asarray(c).tolist()
+        if isinstance(c, np.ndarray)
+        else c
+        for c in chains
+    ]
 
 
 @settings(max_examples=300, deadline=None)
