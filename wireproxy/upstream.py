@@ -99,6 +99,9 @@ class UpstreamConnection:
         # reply answers, and how long it may take. Nothing else can run on the connection then.
         self._streaming: tuple[int, float] | None = None
         self._piece: bytearray | None = None  # receives in-place replies' pieces (_receive_piece)
+        # A reply has begun to arrive and its rest is being received (_receive_rest): the socket
+        # may then poll unreadable while some of the rest is in (its low-water mark).
+        self._arriving = False
 
     @property
     def streaming(self) -> bool:
@@ -203,6 +206,7 @@ class UpstreamConnection:
         fd = sock.fileno()
         view = memoryview(buffer)
         low_water = 1
+        self._arriving = True
         try:
             while filled < length:
                 try:
@@ -217,6 +221,7 @@ class UpstreamConnection:
                     raise self._lost(f"upstream {self.address} closed the connection")
                 filled += n
         finally:
+            self._arriving = False
             if low_water != 1:
                 _set_low_water(sock, 1)
         return buffer
@@ -225,7 +230,7 @@ class UpstreamConnection:
         """Whether bytes of the next reply have arrived and are not taken yet (or the member
         closed the connection): a poll of the socket, no wait (False where the stream is not a
         plain socket)."""
-        if self._framer.buffered:
+        if self._framer.buffered or self._arriving:
             return True
         # (poll, not select: select refuses descriptors past FD_SETSIZE, which a busy proxy
         # reaches; Windows has no poll, and no note is held back there.)

@@ -116,17 +116,22 @@ async def _answer_getmore(member: trio.SocketStream, reply: bytes, pieces: int) 
 @pytest.mark.skipif(not hasattr(socket, "SO_RCVLOWAT"), reason="no SO_RCVLOWAT here")
 async def test_a_large_reply_in_parts_is_whole_and_the_low_water_mark_set_back() -> None:
     """A reply of megabytes is received from the socket's descriptor, the socket waited on with
-    its receive low-water mark raised to what is left of the reply; once the reply is whole
-    the mark is one byte again, so the socket polls readable at the next reply's first byte."""
+    its receive low-water mark raised to what is left of the reply (the reply counts as arrived
+    meanwhile); once the reply is whole the mark is one byte again, so the socket polls readable
+    at the next reply's first byte."""
     body = _large_reply()
     ours, theirs = trio.socket.socketpair()
     conn = UpstreamConnection(trio.SocketStream(ours), "member:27018")
     member = trio.SocketStream(theirs)
     marks: list[int] = []
 
+    seen: list[bool] = []  # reply_arrived() while the mark is raised
+
     async def watch_mark() -> None:
         while True:
             marks.append(_low_water(ours))
+            if marks[-1] > 1:
+                seen.append(conn.reply_arrived())
             await trio.sleep(0.002)
 
     async with trio.open_nursery() as nursery:
@@ -136,6 +141,7 @@ async def test_a_large_reply_in_parts_is_whole_and_the_low_water_mark_set_back()
         nursery.cancel_scope.cancel()
     assert bytes(data[at : at + len(body) + 16]) == body + bytes(16)
     assert max(marks) > 1  # raised while the rest was awaited
+    assert seen and all(seen)  # the reply has begun to arrive, whatever the socket polls
     assert _low_water(ours) == 1
     await member.send_all(FRAME[:1])
     assert conn.reply_arrived()
