@@ -18,7 +18,9 @@ import contextlib
 import functools
 import itertools
 import math
+import os
 import select
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,6 +53,10 @@ CONNECT_TIMEOUT_S = 10.0  # to connect, and for a hello (a driver's connectTimeo
 DIRECT_FRAME_BYTES = 1 << 16
 # Makes the buffer such a reply is received into (its bytes are all overwritten).
 Allocate = Callable[[int], bytearray]
+# While a large reply's rest is awaited, the socket wakes its reader once this much of it (or
+# all that is left) has arrived (see UpstreamConnection._receive_rest). Linux caps it at half
+# the most the receive buffer may grow to (tcp_rmem), growing the buffer to hold it.
+RECEIVE_LOW_WATER_BYTES = 1 << 20
 
 
 class UpstreamClosed(ConnectionLost):
@@ -93,6 +99,9 @@ class UpstreamConnection:
         # reply answers, and how long it may take. Nothing else can run on the connection then.
         self._streaming: tuple[int, float] | None = None
         self._piece: bytearray | None = None  # receives in-place replies' pieces (_receive_piece)
+        # A reply has begun to arrive and its rest is being received (_receive_rest): the socket
+        # may then poll unreadable while some of the rest is in (its low-water mark).
+        self._arriving = False
 
     @property
     def streaming(self) -> bool:
@@ -184,21 +193,44 @@ class UpstreamConnection:
 
     async def _receive_rest(self, buffer: bytearray, filled: int, length: int) -> bytearray:
         """A frame received into a buffer of its own (MessageFramer.frame_buffer), which holds
-        its first `filled` bytes."""
+        its first `filled` bytes.
+
+        Reads go to the socket's descriptor itself, waiting only when it has nothing: trio's
+        recv_into lets the scheduler run after every read. While the frame's rest has not
+        arrived, the socket is woken only once RECEIVE_LOW_WATER_BYTES of it (or all that is
+        left) are in (SO_RCVLOWAT): a reply of megabytes arrives in skbs of 64 KB, and a wake-up
+        and a read for each cost more than the copy they made. The mark is set back to one byte
+        before this returns, so the socket polls readable again at a next reply's first byte
+        (`reply_arrived`)."""
         sock = self._stream.socket  # type: ignore[attr-defined]  # (a SocketStream: see _receive)
+        fd = sock.fileno()
         view = memoryview(buffer)
-        while filled < length:
-            n = await sock.recv_into(view[filled:length])
-            if not n:
-                raise self._lost(f"upstream {self.address} closed the connection")
-            filled += n
+        low_water = 1
+        self._arriving = True
+        try:
+            while filled < length:
+                try:
+                    n = os.readv(fd, (view[filled:length],))
+                except BlockingIOError:
+                    want = min(length - filled, RECEIVE_LOW_WATER_BYTES)
+                    if want != low_water:
+                        low_water = _set_low_water(sock, want)
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                if not n:
+                    raise self._lost(f"upstream {self.address} closed the connection")
+                filled += n
+        finally:
+            self._arriving = False
+            if low_water != 1:
+                _set_low_water(sock, 1)
         return buffer
 
     def reply_arrived(self) -> bool:
         """Whether bytes of the next reply have arrived and are not taken yet (or the member
         closed the connection): a poll of the socket, no wait (False where the stream is not a
         plain socket)."""
-        if self._framer.buffered:
+        if self._framer.buffered or self._arriving:
             return True
         # (poll, not select: select refuses descriptors past FD_SETSIZE, which a busy proxy
         # reaches; Windows has no poll, and no note is held back there.)
@@ -432,6 +464,16 @@ class UpstreamConnection:
             raise await self._out_of_step(f"upstream {self.address} answered out of turn")
         if self._health is not None:
             self._health.answered(self.address)
+
+
+def _set_low_water(sock: Any, nbytes: int) -> int:
+    """Set the socket's receive low-water mark (SO_RCVLOWAT); the mark it has then (1 where the
+    platform refuses it, or the socket is closed: reads then wake at every byte, as before)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+    except (OSError, AttributeError):
+        return 1
+    return nbytes
 
 
 async def open_upstream(

@@ -6,6 +6,7 @@ simcluster."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -137,3 +138,49 @@ async def test_an_exhaust_cursor_is_read_by_batch_and_its_connection_runs_nothin
             assert (await conn.command("admin", {"ping": 1}))["ok"] == 1
         finally:
             await conn.aclose()
+
+
+def test_a_large_reply_over_tcp_wakes_its_reader_per_megabyte_not_per_segment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over TCP (where the socket's receive low-water mark holds back its wake-ups), a reply of
+    4 MiB written 64 KiB at a time is read in a few reads of its own, not one per write; it
+    arrives whole, and the connection's next reply is seen from its first byte."""
+    body = bson.encode({"cursor": {"nextBatch": [{"s": "x" * 4000}] * 1000}, "ok": 1.0})
+    reads: list[int] = []
+    readv = os.readv
+
+    def counted(fd: int, buffers: Any) -> int:
+        n = readv(fd, buffers)
+        reads.append(n)
+        return n
+
+    monkeypatch.setattr(os, "readv", counted)
+
+    async def serve(stream: trio.SocketStream) -> None:
+        framer = wire.MessageFramer()
+        while data := await stream.receive_some(1 << 16):
+            framer.receive_data(data)
+            while (msg := framer.next_message()) is not wire.NEED_DATA:
+                frame = wire.encode_op_msg(1, msg.request_id, body)  # type: ignore[union-attr]
+                for at in range(0, len(frame), 1 << 16):
+                    await stream.send_all(frame[at : at + (1 << 16)])
+                    await trio.sleep(0.001)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(
+                functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1")
+            )
+            conn = await open_upstream("127.0.0.1", listener.socket.getsockname()[1])
+            for _ in range(2):
+                reads.clear()
+                data, at = await conn.command_in_place("local", {"getMore": Int64(9)}, pad=SLACK)
+                assert data[at : at + len(body)] == body
+                assert sum(reads) > 3 << 20
+                assert len(reads) <= 16  # 64 writes of 64 KiB
+            assert not conn.reply_arrived()
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
