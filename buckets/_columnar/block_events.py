@@ -38,12 +38,15 @@ from buckets._columnar.batch_layout import (
 from buckets._columnar.byte_kernels import (
     U,
     as_bytes,
+    big_endian,
     byte_table,
     hex_at,
+    load_word,
     move,
     prefetch_line,
     store_byte,
     store_i32,
+    store_word,
 )
 from buckets._columnar.diff_kernel import HEAD
 from buckets._columnar.id_keys import (
@@ -277,11 +280,11 @@ def assemble(
         )
         row = U(places[i])
         key, n, fixed = keys_at + np.int64(row) * width, lengths[i], at[k + 1] - at[k]
-        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
-        # bytes, its tail (zeros but its last byte).
+        # The key: its kind's template, its ts (seconds, then increment, big-endian: the
+        # entry's little-endian word's bytes reversed), its _id's bytes, its tail (zeros but its
+        # last byte).
         move(key, template_at + at[k], fixed)
-        for j in range(8):
-            store_byte(key + _KEY_TS + j, d[U(stamps + _TS_AT + 7 - j)])
+        store_word(U(key + _KEY_TS), big_endian(load_word(U(d_at + stamps + _TS_AT))))
         source = ids_at if rows[r, _R_OK] & _KIND_MASK == _ID_WALKED else d_at
         move(key + fixed, source + rows[r, _R_ID_AT], rows[r, _R_ID_BYTES])
         store_byte(key + n - 1, _KEY_END)
