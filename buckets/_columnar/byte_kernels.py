@@ -47,6 +47,7 @@ __all__ = [
     "has_at",
     "hex_at",
     "hex_bytes_at",
+    "hex_word_at",
     "i32",
     "i32_at",
     "load_byte",
@@ -310,12 +311,12 @@ def hex_at(to: Index, source: Index, n: Index) -> None:
         hex_bytes_at(to, source, n)
         return
     for j in range(U(0), U(n - 7), U(8)):
-        _hex_eight(U(to) + 2 * j, load_word(U(source) + j))
-    _hex_eight(U(to) + 2 * U(n - 8), load_word(U(source) + U(n - 8)))
+        hex_word_at(U(to) + 2 * j, load_word(U(source) + j))
+    hex_word_at(U(to) + 2 * U(n - 8), load_word(U(source) + U(n - 8)))
 
 
 @numba.njit(inline="always")
-def _hex_eight(to: Index, x: np.uint64) -> None:
+def hex_word_at(to: Index, x: np.uint64) -> None:
     """The hex digits of the eight bytes of the word x (its lowest byte first) at memory `to`."""
     _store_word(U(to), _hex_word(x))
     _store_word(U(to) + U(8), _hex_word(x >> np.uint64(32)))
