@@ -334,8 +334,8 @@ def hex_at(to: Index, source: Index, n: Index) -> None:
 @numba.njit(inline="always")
 def hex_word_at(to: Index, x: np.uint64) -> None:
     """The hex digits of the eight bytes of the word x (its lowest byte first) at memory `to`."""
-    _store_word(U(to), _hex_word(x))
-    _store_word(U(to) + U(8), _hex_word(x >> np.uint64(32)))
+    store_word(U(to), _hex_word(x))
+    store_word(U(to) + U(8), _hex_word(x >> np.uint64(32)))
 
 
 @numba.njit(inline="always")
