@@ -262,29 +262,13 @@ def i32_at(d: Data, at: Index) -> int:
 
 @numba.njit(inline="always")
 def has_at(d: Data, at: Index, pattern: Bytes) -> bool:
-    """`has` of the array at d[0], d[1] bytes long (all of `pattern` is compared): a pattern
-    of eight bytes or more as two words, its first eight bytes and its last eight (overlapping),
-    each a constant for a global pattern (LLVM folds `_word_of`); a shorter one byte by byte."""
+    """`has` of the array at d[0], d[1] bytes long (all of `pattern` is compared)."""
     if at < 0 or at + len(pattern) > d[1]:
         return False
-    n, u = len(pattern), U(d[0] + at)
-    if n < 8:
-        same = True
-        for j in range(U(n)):
-            same &= load_byte(u + j) == pattern[j]
-        return same
-    return (load_word(u) == _word_of(pattern, 0)) & (
-        load_word(u + U(n - 8)) == _word_of(pattern, n - 8)
-    )
-
-
-@numba.njit(inline="always")
-def _word_of(pattern: Bytes, at: int) -> np.uint64:
-    """The little-endian word of pattern[at:at + 8] (a constant, for a global pattern)."""
-    w = np.uint64(0)
-    for j in range(8):
-        w |= np.uint64(pattern[U(at + j)]) << np.uint64(8 * j)
-    return w
+    same, u = True, U(d[0] + at)
+    for j in range(U(len(pattern))):
+        same &= load_byte(u + j) == pattern[j]
+    return same
 
 
 @numba.njit(inline="always")
