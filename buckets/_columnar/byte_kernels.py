@@ -287,12 +287,14 @@ _NIBBLES, _ONES = np.uint64(0x000F000F000F000F), np.uint64(0x0101010101010101)
 _PAST_NINE, _ZEROS = np.uint64(0x7676767676767676), np.uint64(0x3030303030303030)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _hex_word(x: np.uint64) -> np.uint64:
     """The hex digits of the four bytes in x's low half (the first in its lowest byte), as the
     eight bytes of a little-endian word: each byte spread to a 16-bit lane, its high nibble in
     the lane's low byte, then each nibble made its digit (a nibble of 10 or more, plus 0x76,
-    sets its byte's high bit: 7 more, from '9' + 1 to 'A')."""
+    sets its byte's high bit: 7 more, from '9' + 1 to 'A'). Not inlined by numba (LLVM inlines
+    it all the same): numba's inlining of each of its uses cost the block's kernel compile
+    time, for no speed."""
     x &= np.uint64(0xFFFFFFFF)
     x = (x | (x << np.uint64(16))) & _LANES_16
     x = (x | (x << np.uint64(8))) & _LANES_8
