@@ -20,7 +20,6 @@ from buckets._columnar.byte_kernels import (
     Data,
     U,
     as_bytes,
-    load_byte,
     load_word,
     prefetch_line,
 )
@@ -75,9 +74,6 @@ _DIFF_AT = 4 + len(_V2_DIFF)
 # A replacement's o: the new document, its first element `_id` (a type byte, then this name).
 _P_ID_NAME = as_bytes(b"_id\x00")
 _DOLLAR, _LETTER_V = ord("$"), ord("v")
-# Words of eight `$`s and eight `v`s, and of the low seven bits of each byte: `_update_op`'s scan.
-_DOLLARS, _VS = np.uint64(0x2424242424242424), np.uint64(0x7676767676767676)
-_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 # A diff's top-level sections the layout kernel reads: `u` (fields set) and `i` (fields added).
 _LETTER_U, _LETTER_I = ord("u"), ord("i")
 
@@ -134,27 +130,21 @@ _OP_OF_LETTER[[ord("i") + 1, ord("d") + 1, ord("u") + 1]] = _INSERT, _DELETE, _U
 
 
 @numba.njit(inline="always")
-def _zero_bytes(x: np.uint64) -> np.uint64:
-    """The high bit of each zero byte of the word x, and no other bit (no carry crosses a byte:
-    each byte's low seven bits plus 0x7F stay within it)."""
-    return ~(((x & _LOW7) + _LOW7) | x | _LOW7)
-
-
-@numba.njit(inline="always")
-def _update_op(d: Data, o_start: int, o_end: int) -> int:
+def _update_op(data: _Bytes, d: Data, o_start: int, o_end: int) -> int:
     """_UPDATE if an update's o (in [o_start, o_end), inside the entry) is {$v: 2, diff}, the
     diff ending where o does; else _REPLACE if it is a replacement's: a document led by its
     `_id` that holds the bytes `$v\0` nowhere (so no `$v` field), as splice_crud's `_diff_at`
     tells it without walking o; else -1 (splice_crud's to judge).
 
     Inlined into `_layout` (a call between compiled functions costs as much as its checks), a
-    function of its own to keep `_layout`'s complexity down. The replacement's scan takes eight
-    places a step, as words: the words at a place and one and two bytes after it, each xored
-    with the byte it must hold there, or'ed, have a zero byte where `$v\0` starts (all three
-    matched). No early exit, and the last places (fewer than a word's) a byte at a time. o's
-    first 4 KB are asked for a cache line at a time first: a backlog's entries are read from
-    memory, not the cache, and the lines' fetches then overlap (the CPU's own prefetcher ramps
-    up after several misses, most of a document of a few KB, and follows a longer one's rest)."""
+    function of its own to keep `_layout`'s complexity down. The replacement's scan is a loop
+    over `data`'s bytes (indexed by unsigned integers, in `data`: o lies in the entry) with no
+    early exit, whose three comparisons per place are or'ed into one flag as booleans: LLVM
+    compiles that loop to vector compares of a few dozen places a step, where words of eight
+    places, as shifts and masks, took several times as long. o's first 4 KB are asked for a
+    cache line at a time first: a backlog's entries are read from memory, not the cache, and
+    the lines' fetches then overlap (the CPU's own prefetcher ramps up after several misses,
+    most of a document of a few KB, and follows a longer one's rest)."""
     diff = o_start + _DIFF_AT
     diff_length = i32(d, diff)
     if (
@@ -166,17 +156,9 @@ def _update_op(d: Data, o_start: int, o_end: int) -> int:
         return _UPDATE
     for line in range(U(d[0] + o_start), U(d[0] + min(o_end, o_start + 4096)), U(64)):
         prefetch_line(line)
-    found, words = np.uint64(0), max(o_end - o_start - 2, 0) // 8
-    for w in range(U(words)):  # (its three words' last byte is o's, at o_end - 1 at most)
-        at = U(d[0] + o_start) + U(8) * w
-        found |= _zero_bytes(
-            (load_word(at) ^ _DOLLARS) | (load_word(at + 1) ^ _VS) | load_word(at + 2)
-        )
-    dollar_v = found != 0
-    for j in range(U(d[0] + o_start + 8 * words), U(d[0] + o_end - 2)):
-        dollar_v |= (
-            (load_byte(j) == _DOLLAR) & (load_byte(j + 1) == _LETTER_V) & (load_byte(j + 2) == 0)
-        )
+    dollar_v = False
+    for j in range(U(o_start), U(o_end - 2)):  # (a place's last byte is o's, at o_end - 1)
+        dollar_v |= (data[j] == _DOLLAR) & (data[j + U(1)] == _LETTER_V) & (data[j + U(2)] == 0)
     replaced = (not dollar_v) & (u8(d, o_start + 4) >= 1) & has(d, o_start + 5, _P_ID_NAME)
     return _REPLACE if replaced else -1
 
@@ -274,7 +256,7 @@ def _layout(data: _Bytes, start: int, length: int, expanded: bool, rows: _Ints, 
         return
     simple = False
     if op == _UPDATE:  # or a replacement: o is not {$v: 2, diff}
-        op = _update_op(d, o_start, o_end)
+        op = _update_op(data, d, o_start, o_end)
         if op == _UPDATE:
             simple = _simple_diff(d, o_start + _DIFF_AT, o_end, expanded, rows, i)
     if op < 0:

@@ -38,12 +38,16 @@ from buckets._columnar.batch_layout import (
 from buckets._columnar.byte_kernels import (
     U,
     as_bytes,
+    big_endian,
     byte_table,
     hex_at,
+    hex_word_at,
+    load_word,
     move,
     prefetch_line,
     store_byte,
     store_i32,
+    store_word,
 )
 from buckets._columnar.diff_kernel import HEAD
 from buckets._columnar.id_keys import (
@@ -162,6 +166,12 @@ def kind_templates(
 
 
 _KEY_END = _KEY_TAIL[-1]
+# The hex of a key's tail (six digits), as two overlapping little-endian int32s: its first four
+# digits and its last four.
+_HEX_TAIL = tuple(
+    int.from_bytes(part, "little") for part in (hexlify(_KEY_TAIL)[:4], hexlify(_KEY_TAIL)[-4:])
+)
+assert len(_KEY_TAIL) == 3
 _PREFETCH_BYTES = 4096  # of an entry's o, asked for ahead (see `assemble`)
 
 
@@ -277,13 +287,15 @@ def assemble(
         )
         row = U(places[i])
         key, n, fixed = keys_at + np.int64(row) * width, lengths[i], at[k + 1] - at[k]
-        # The key: its kind's template, its ts (seconds, then increment, big-endian), its _id's
-        # bytes, its tail (zeros but its last byte).
+        # The key: its kind's template, its ts (seconds, then increment, big-endian: the
+        # entry's little-endian word's bytes reversed), its _id's bytes, its tail (zeros but its
+        # last byte).
         move(key, template_at + at[k], fixed)
-        for j in range(8):
-            store_byte(key + _KEY_TS + j, d[U(stamps + _TS_AT + 7 - j)])
+        ts = big_endian(load_word(U(d_at + stamps + _TS_AT)))
+        store_word(U(key + _KEY_TS), ts)
         source = ids_at if rows[r, _R_OK] & _KIND_MASK == _ID_WALKED else d_at
-        move(key + fixed, source + rows[r, _R_ID_AT], rows[r, _R_ID_BYTES])
+        id_at, id_bytes = source + rows[r, _R_ID_AT], rows[r, _R_ID_BYTES]
+        move(key + fixed, id_at, id_bytes)
         store_byte(key + n - 1, _KEY_END)
         # The event: its front up to the hex's varying part, its lengths, the hex, the rest.
         e, stop = offsets[row], offsets[row + 1]
@@ -293,8 +305,13 @@ def assemble(
         typed = at[k + _TYPED + 1] - at[k + _TYPED]
         store_i32(out_at + e + _ID_LENGTH_AT, 2 * n + 17 + typed)
         store_i32(out_at + e + _DATA_LENGTH_AT, 2 * n + 1)
-        hex_at(out_at + e + _HEX_AT + 2 * _KEY_TS, key + _KEY_TS, 8)
-        hex_at(out_at + e + _HEX_AT + 2 * fixed, key + fixed, n - fixed)
+        # The hex of the key's varying parts, from where they were read (not from the key just
+        # written: a word read across the smaller stores that wrote it waits for them): its ts,
+        # its _id's bytes, its tail.
+        hex_word_at(out_at + e + _HEX_AT + 2 * _KEY_TS, ts)
+        hex_at(out_at + e + _HEX_AT + 2 * fixed, id_at, id_bytes)
+        store_i32(out_at + e + _HEX_AT + 2 * (n - len(_KEY_TAIL)), _HEX_TAIL[0])
+        store_i32(out_at + e + _HEX_AT + 2 * n - 4, _HEX_TAIL[1])
         # The front's rest, after the hex (in the first part, for a fixed-size key's kind)
         rest, rest_at = at[k + 3] - at[k + 2], e + _HEX_AT + 2 * n
         move(out_at + rest_at, template_at + at[k + 2], rest)

@@ -37,6 +37,7 @@ __all__ = [
     "Data",
     "U",
     "as_bytes",
+    "big_endian",
     "byte_table",
     "copy",
     "copy_from",
@@ -45,6 +46,8 @@ __all__ = [
     "has",
     "has_at",
     "hex_at",
+    "hex_bytes_at",
+    "hex_word_at",
     "i32",
     "i32_at",
     "load_byte",
@@ -53,6 +56,7 @@ __all__ = [
     "put_i32",
     "store_byte",
     "store_i32",
+    "store_word",
     "u8",
     "u8_at",
     "u64",
@@ -210,10 +214,24 @@ def _storer(width: int) -> Any:
 # once (array.ctypes.data) and keep the array alive: inlined where they are used (a cached
 # function's call, or numba's inlining of a function that takes the array, costs more than the
 # access). Typed here as Python sees them; numba types the intrinsics itself.
+@intrinsic
+def _store_word(typingctx: Any, address: Any, value: Any) -> Any:
+    """Store the 8-byte word `value` (an unsigned integer) at memory `address`, unaligned and
+    unchecked, little-endian."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        kind = ir.IntType(64)
+        builder.store(args[1], builder.inttoptr(args[0], kind.as_pointer())).align = 1
+        return context.get_dummy_value()
+
+    return types.void(types.uintp, types.uint64), codegen
+
+
 load_byte: Callable[[Index], int] = _load_byte  # type: ignore[assignment]
 load_word: Callable[[Index], np.uint64] = _load_word  # type: ignore[assignment]
 store_byte: Callable[[Index, Index], None] = _storer(8)
 store_i32: Callable[[Index, Index], None] = _storer(32)
+store_word: Callable[[Index, np.uint64], None] = _store_word  # type: ignore[assignment]
 move: Callable[[Index, Index, Index], None] = _memcpy  # type: ignore[assignment]
 
 
@@ -254,12 +272,64 @@ def has_at(d: Data, at: Index, pattern: Bytes) -> bool:
 
 
 @numba.njit(inline="always")
-def hex_at(to: Index, source: Index, n: Index) -> None:
-    """The upper-case hex digits of the n bytes at memory `source`, written at memory `to`."""
+def hex_bytes_at(to: Index, source: Index, n: Index) -> None:
+    """The upper-case hex digits of the n bytes at memory `source`, written at memory `to`, a
+    byte at a time (what `hex_at` writes)."""
     for j in range(U(n)):
         byte = load_byte(U(source) + j)
         store_byte(U(to) + 2 * j, _HEX[U(byte >> 4)])
         store_byte(U(to) + 2 * j + 1, _HEX[U(byte & 15)])
+
+
+# `_hex_word`'s masks: bytes to 16-bit lanes, their nibbles, and each nibble's digit.
+_LANES_16, _LANES_8 = np.uint64(0x0000FFFF0000FFFF), np.uint64(0x00FF00FF00FF00FF)
+_NIBBLES, _ONES = np.uint64(0x000F000F000F000F), np.uint64(0x0101010101010101)
+_PAST_NINE, _ZEROS = np.uint64(0x7676767676767676), np.uint64(0x3030303030303030)
+
+
+@numba.njit
+def _hex_word(x: np.uint64) -> np.uint64:
+    """The hex digits of the four bytes in x's low half (the first in its lowest byte), as the
+    eight bytes of a little-endian word: each byte spread to a 16-bit lane, its high nibble in
+    the lane's low byte, then each nibble made its digit (a nibble of 10 or more, plus 0x76,
+    sets its byte's high bit: 7 more, from '9' + 1 to 'A'). Not inlined by numba (LLVM inlines
+    it all the same): numba's inlining of each of its uses cost the block's kernel compile
+    time, for no speed."""
+    x &= np.uint64(0xFFFFFFFF)
+    x = (x | (x << np.uint64(16))) & _LANES_16
+    x = (x | (x << np.uint64(8))) & _LANES_8
+    x = ((x >> np.uint64(4)) & _NIBBLES) | ((x & _NIBBLES) << np.uint64(8))
+    letters = ((x + _PAST_NINE) >> np.uint64(7)) & _ONES
+    return x + _ZEROS + letters * np.uint64(7)
+
+
+@numba.njit(inline="always")
+def hex_at(to: Index, source: Index, n: Index) -> None:
+    """The upper-case hex digits of the n bytes at memory `source`, written at memory `to`:
+    eight bytes' at a time, as two words (a token's hex is written for every event); the last
+    eight bytes' overlap the ones before (written again, the same); fewer than eight bytes in
+    all, a byte at a time (`hex_bytes_at`)."""
+    if n < 8:
+        hex_bytes_at(to, source, n)
+        return
+    for j in range(U(0), U(n - 7), U(8)):
+        hex_word_at(U(to) + 2 * j, load_word(U(source) + j))
+    hex_word_at(U(to) + 2 * U(n - 8), load_word(U(source) + U(n - 8)))
+
+
+@numba.njit(inline="always")
+def hex_word_at(to: Index, x: np.uint64) -> None:
+    """The hex digits of the eight bytes of the word x (its lowest byte first) at memory `to`."""
+    store_word(U(to), _hex_word(x))
+    store_word(U(to) + U(8), _hex_word(x >> np.uint64(32)))
+
+
+@numba.njit(inline="always")
+def big_endian(x: np.uint64) -> np.uint64:
+    """The word x's bytes in the other order (LLVM makes one instruction of it)."""
+    x = ((x & _LANES_8) << np.uint64(8)) | ((x >> np.uint64(8)) & _LANES_8)
+    x = ((x & _LANES_16) << np.uint64(16)) | ((x >> np.uint64(16)) & _LANES_16)
+    return (x << np.uint64(32)) | (x >> np.uint64(32))
 
 
 @intrinsic

@@ -516,7 +516,12 @@ def test_compound_and_int_ids_are_keyed_in_the_block(
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from("rru"), ids.filter(lambda i: _taken_key({"_id": i})), _fields),
+        st.tuples(
+            st.sampled_from("rru"),
+            ids.filter(lambda i: _taken_key({"_id": i})),
+            # (a string value "$v" holds the bytes `$v\0`: such an o is splice_crud's to judge)
+            _fields.filter(lambda f: b"$v\x00" not in bson.encode(f)),
+        ),
         min_size=1,
         max_size=20,
     ),
