@@ -23,7 +23,7 @@ import functools
 import trio
 from bson import Int64, Timestamp
 
-from buckets._columnar.allocator import unfilled_bytearray
+from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
 from buckets.oplog_tail import BATCH_ENTRIES
 from mongoformats.bson_bytes import cursor_span
 from wireproxy.upstream import open_upstream, parse_hosts
@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--upstream", required=True, help="the shards' URIs, comma-separated")
     parser.add_argument("--listen", required=True, help="HOST:PORT")
     args = parser.parse_args()
+    # Each reply is received into a buffer of its own, as the proxy's readers receive theirs:
+    # kept in the heap as the proxy keeps them, not mapped afresh (a page fault every 4 KB).
+    keep_large_allocations()
     host, port = args.listen.rsplit(":", 1)
     handler = functools.partial(relay_shard, args.upstream.split(","))
     trio.run(functools.partial(trio.serve_tcp, handler, int(port), host=host))
