@@ -39,7 +39,8 @@ With --baseline-tree DIR (a checkout of another commit, `git worktree add DIR CO
 version's proxy runs too, taking turns with this one on the same cluster: two versions compared
 in one run, where two runs on this machine differ by more than most changes gain. With
 --baseline-tree . and --baseline-flags (e.g. "--splice-threads 1"), two settings of one version
-are compared the same way; --proxy-flags adds flags to this version's proxy.
+are compared the same way; --proxy-flags adds flags to this version's proxy, --proxy-env and
+--baseline-env environment variables to one of the two (e.g. GLIBC_TUNABLES).
 
 Each proxy first streams the backlog --warmup times (1) unmeasured, its figures printed and kept
 apart in the JSON (`warmup`): a fresh proxy's first stream starts its reader processes (about a
@@ -175,16 +176,21 @@ class ProxyProcess:
     """`python -m wireproxy` in its own process, so its CPU time (workers included) is its own."""
 
     def __init__(
-        self, upstream: str, *flags: str, tree: str | None = None, module: str = "wireproxy"
+        self,
+        upstream: str,
+        *flags: str,
+        tree: str | None = None,
+        module: str = "wireproxy",
+        environ: dict[str, str] | None = None,
     ) -> None:
         """`tree`: run the proxy of another checkout (its own code first on the path), to
         measure two versions side by side; `module`: another server with the same options
-        (benchmarks.relay)."""
+        (benchmarks.relay); `environ`: variables set for it alone (GLIBC_TUNABLES, ...)."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.uri = f"mongodb://127.0.0.1:{self.port}/"
-        env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        env = {**os.environ, **({"PYTHONPATH": tree} if tree else {}), **(environ or {})}
         # Its log goes to a file, shown at close() if it holds an error (a failed stream's
         # traceback).
         self.log = tempfile.NamedTemporaryFile("w+", prefix="wireproxy-", suffix=".log")  # noqa: SIM115
@@ -454,6 +460,20 @@ def main(argv: list[str] | None = None) -> None:
         help="extra `python -m wireproxy` flags for the --baseline-tree proxy",
     )
     parser.add_argument(
+        "--proxy-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the measured proxy alone (repeatable)",
+    )
+    parser.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the --baseline-tree proxy alone (repeatable)",
+    )
+    parser.add_argument(
         "--updates",
         type=float,
         default=0.0,
@@ -520,7 +540,11 @@ def main(argv: list[str] | None = None) -> None:
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(
-        cluster.uri, "--stream-idle-teardown-s", "1", *shlex.split(args.proxy_flags)
+        cluster.uri,
+        "--stream-idle-teardown-s",
+        "1",
+        *shlex.split(args.proxy_flags),
+        environ=dict(v.split("=", 1) for v in args.proxy_env),
     )
     baseline = (
         ProxyProcess(
@@ -529,6 +553,7 @@ def main(argv: list[str] | None = None) -> None:
             "1",
             *shlex.split(args.baseline_flags),
             tree=args.baseline_tree,
+            environ=dict(v.split("=", 1) for v in args.baseline_env),
         )
         if args.baseline_tree
         else None
@@ -779,8 +804,10 @@ def main(argv: list[str] | None = None) -> None:
             f"   ({figures['best_watch_mode']}: the same consumer, pointed at the proxy)"
         )
     figures["proxy_flags"] = args.proxy_flags
+    figures["proxy_env"] = args.proxy_env
     if baseline is not None:
         figures["baseline_flags"] = args.baseline_flags
+        figures["baseline_env"] = args.baseline_env
         figures["over_baseline"] = {
             f"rp={rp}": {
                 f: results[f"proxy rp={rp}"][f] / results[f"baseline rp={rp}"][f]
