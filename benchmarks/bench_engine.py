@@ -79,6 +79,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
 from benchmarks.common import add_out_option, write_results
+from benchmarks.relay import oplog_replies
 from benchmarks.workloads import WORKLOADS, write_workload
 from buckets._columnar.allocator import keep_large_allocations, unfilled_bytearray
 from buckets._columnar.oplog_batch import SLACK, batch_in_place
@@ -93,26 +94,16 @@ def _ts(key: int) -> Timestamp:
 
 
 async def raw_read(shard_uris: list[str], start: Timestamp, batch_size: int | None) -> int:
-    """Every shard's oplog from `start`, read with find/getMore and no processing at all; each
-    getMore asks for `batch_size` entries (None: as many as 16 MiB of reply holds). The getMore
-    allows exhaust, as the proxy's readers' does: the member streams the batches unasked."""
+    """Every shard's oplog from `start`, read with find/getMore and no processing at all
+    (relay.oplog_replies: each getMore asks for `batch_size` entries, None as many as 16 MiB of
+    reply holds, and allows exhaust, as the proxy's readers' does); each reply's entries are
+    counted where they lie, as `_count` counts every mode's."""
     total = 0
-    more_of = {"collection": "oplog.rs", **({"batchSize": batch_size} if batch_size else {})}
 
     async def one(uri: str) -> None:
         nonlocal total
-        host, port = parse_hosts(uri)[0]
-        conn = await open_upstream(host, port)
-        cursor_id, total_here = await _count(
-            conn, "local", {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}}
-        )
-        while cursor_id:
-            cursor_id, more = await _count(
-                conn, "local", {"getMore": Int64(cursor_id), **more_of}, exhaust=True
-            )
-            total_here += more
-        total += total_here
-        await conn.aclose()
+        async for data, at in oplog_replies(uri, start, batch_size, SLACK):
+            total += len(batch_in_place(data, at)[1])
 
     async with trio.open_nursery() as nursery:
         for uri in shard_uris:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import AsyncIterator
 
 import trio
 from bson import Int64, Timestamp
@@ -29,6 +30,42 @@ from mongoformats.bson_bytes import cursor_span
 from wireproxy.upstream import open_upstream, parse_hosts
 
 REQUEST_BYTES = 64  # the longest request line a consumer sends
+
+
+async def oplog_replies(
+    uri: str, start: Timestamp, batch_size: int | None, pad: int
+) -> AsyncIterator[tuple[bytes | bytearray, int]]:
+    """Every reply of the shard's oplog from `start` to its end, as UpstreamConnection's
+    `command_in_place` gives them (`pad` bytes past each): a find, then getMores of `batch_size`
+    entries (None: as many as 16 MiB of reply holds) that allow exhaust, as the proxy's readers'
+    do, so the member streams the batches unasked. The raw read and the relay read this way."""
+    host, port = parse_hosts(uri)[0]
+    conn = await open_upstream(host, port)
+    more_of = {"collection": "oplog.rs", **({"batchSize": batch_size} if batch_size else {})}
+    try:
+        frame, at = await conn.command_in_place(
+            "local",
+            {"find": "oplog.rs", "filter": {"ts": {"$gte": start}}},
+            pad=pad,
+            allocate=unfilled_bytearray,
+        )
+        while True:
+            yield frame, at
+            cursor_id = cursor_span(frame, at)[0]
+            if not cursor_id:
+                return
+            if conn.streaming:
+                frame, at = await conn.more_in_place(pad=pad, allocate=unfilled_bytearray)
+            else:
+                frame, at = await conn.command_in_place(
+                    "local",
+                    {"getMore": Int64(cursor_id), **more_of},
+                    pad=pad,
+                    exhaust=True,
+                    allocate=unfilled_bytearray,
+                )
+    finally:
+        await conn.aclose()
 
 
 async def relay_shard(shard_uris: list[str], consumer: trio.SocketStream) -> None:
@@ -43,37 +80,9 @@ async def relay_shard(shard_uris: list[str], consumer: trio.SocketStream) -> Non
             if len(request) > REQUEST_BYTES:
                 raise ValueError("request line too long")
         index, start = (int(part) for part in request.split())
-        host, port = parse_hosts(shard_uris[index])[0]
-        conn = await open_upstream(host, port)
-        try:
-            since = Timestamp(start >> 32, start & 0xFFFFFFFF)
-            frame, at = await conn.command_in_place(
-                "local",
-                {"find": "oplog.rs", "filter": {"ts": {"$gte": since}}},
-                pad=0,
-                allocate=unfilled_bytearray,
-            )
-            while True:
-                await consumer.send_all(frame)
-                cursor_id = cursor_span(frame, at)[0]
-                if not cursor_id:
-                    return
-                if conn.streaming:
-                    frame, at = await conn.more_in_place(pad=0, allocate=unfilled_bytearray)
-                else:
-                    frame, at = await conn.command_in_place(
-                        "local",
-                        {
-                            "getMore": Int64(cursor_id),
-                            "collection": "oplog.rs",
-                            "batchSize": BATCH_ENTRIES,
-                        },
-                        pad=0,
-                        exhaust=True,
-                        allocate=unfilled_bytearray,
-                    )
-        finally:
-            await conn.aclose()
+        since = Timestamp(start >> 32, start & 0xFFFFFFFF)
+        async for frame, _ in oplog_replies(shard_uris[index], since, BATCH_ENTRIES, 0):
+            await consumer.send_all(frame)
 
 
 def main() -> None:
