@@ -234,8 +234,7 @@ def _with_transactions(
     applyOps or the commitTransaction: shared/reference/mongodb-formats.md C.6, "Change-stream
     semantics"), which no other entry of the shard's oplog has, and their txnOpIndex counts
     up."""
-    places = np.asarray(commits, np.intp)
-    cuts = np.searchsorted(laid.taken, places)
+    cuts = np.searchsorted(laid.taken, commits)
     theirs = room(txns)
     keys, events, offsets = _assemble(laid, cuts.astype(np.int64), theirs.events, theirs.width)
     put_in(keys, events, offsets, cuts, theirs)
@@ -243,7 +242,7 @@ def _with_transactions(
     n = len(laid.taken)
     whole = EventBlock(keys, _column(events, offsets), np.insert(kinds[:n], cuts, kinds[n:]), table)
     # Each of the batch's spliced entries' events moves past the transactions' before it.
-    return whole, np.sort(np.concatenate([laid.taken, places]))
+    return whole, np.sort(np.concatenate([laid.taken, commits]))
 
 
 def _splice_laid_out(
