@@ -55,7 +55,6 @@ from mongoformats.events import (
 from mongoformats.oplog_splice import splice_crud
 from mongoformats.txn_splice import (
     ApplyOps,
-    TxnKey,
     TxnStamp,
     read_apply_ops,
     splice_txn_op,
@@ -148,12 +147,9 @@ class OplogTransformer:
             view_events=view_events,
             keep_version=keep_version,
         )
-        # Ops buffered from partialTxn / prepare entries, each with the ts of its entry and its
-        # index there (where the server records its images).
-        self._pending_txns: dict[TxnKey, list[PendingOp]] = {}
-        # Chains whose first entry read links back (prevOpTime) to entries before the read began:
-        # the ts of the last entry missing.
-        self._chain_gaps: dict[TxnKey, Timestamp] = {}
+        # The chains of partialTxn / prepare entries read, each under the ts of its last entry:
+        # the entry after it in the transaction names that ts as its prevOpTime.
+        self._chains: dict[Timestamp, _Chain] = {}
 
     @property
     def show_expanded_events(self) -> bool:
@@ -168,7 +164,7 @@ class OplogTransformer:
         return self._writer.keep_version
 
     def pending_transactions(self) -> int:
-        return len(self._pending_txns)
+        return len(self._chains)
 
     def missing_chain(self, entry: bytes) -> Timestamp | None:
         """For a transaction's commit entry whose earlier entries (a partialTxn chain, a prepare)
@@ -180,34 +176,32 @@ class OplogTransformer:
         reader gives the entries to `adopt_chain`, then transforms the commit as usual."""
         if _COMMAND_OP not in entry:  # a byte search: most entries are not commands
             return None
-        prev: Timestamp | RawBSONDocument | None
         if (read := self._read_apply_ops(entry)) is not None:
             if read.buffered or read.key is None:
                 return None
-            key, prev = read.key, read.prev
+            prev = read.prev
         else:
             doc = RawBSONDocument(entry, RAW)
             if not _commits(doc):
                 return None
-            key, prev = _txn_key(doc), doc
-        if key in self._chain_gaps:
-            return self._chain_gaps[key]
-        if key in self._pending_txns:
-            return None
-        return _prev_of(prev)
+            prev = prev_op_ts(doc)
+        # Each link back is a chain read (its gap the next), at most all of them: a cycle of
+        # links, which only a forged oplog holds, ends the walk.
+        for _ in range(len(self._chains) + 1):
+            if prev is None or (chain := self._chains.get(prev)) is None:
+                return prev
+            prev = chain.gap
+        return prev
 
     def adopt_chain(self, entries: list[bytes]) -> None:
-        """The entries `missing_chain` asked for, oldest first: their operations go before those
-        already buffered for the same transaction."""
-        key = None
+        """The entries `missing_chain` asked for, oldest first: the chain that the entries read
+        after them link back to."""
         ops: list[PendingOp] = []
         for entry in entries:
             doc = RawBSONDocument(entry, RAW)
-            key = _txn_key(doc)
             ops += [(op, doc["ts"], i) for i, op in enumerate(doc["o"]["applyOps"])]
-        if key is not None:
-            self._chain_gaps.pop(key, None)
-            self._pending_txns[key] = ops + self._pending_txns.get(key, [])
+        if entries:
+            self._chains[doc["ts"]] = _Chain(ops, None)
 
     # -- public entry point ----------------------------------------------------------------------
 
@@ -254,8 +248,7 @@ class OplogTransformer:
         if first == "commitTransaction":
             return self._commit_prepared(doc)
         if first == "abortTransaction":
-            self._pending_txns.pop(_txn_key(doc), None)
-            self._chain_gaps.pop(_txn_key(doc), None)
+            self._chain_before(prev_op_ts(doc))
             return []
         db = doc["ns"].split(".", 1)[0]
         if self._hidden_migration(doc, first) or db in INTERNAL_DBS:
@@ -276,23 +269,22 @@ class OplogTransformer:
     def _apply_ops(self, doc: RawBSONDocument, o: RawBSONDocument) -> list[ChangeEvent]:
         ops: list[PendingOp] = [(op, doc["ts"], i) for i, op in enumerate(o["applyOps"])]
         if o.get("partialTxn") or o.get("prepare"):
-            self._buffer(_txn_key(doc), doc, ops)
+            self._buffer(prev_op_ts(doc), doc["ts"], ops)
             return []
         # Batched writes (no lsid, or multiOpType 1) carry no transaction.
         in_txn = "lsid" in doc and doc.get("multiOpType") != 1
         if in_txn:
-            ops = self._pending_txns.pop(_txn_key(doc), []) + ops
+            ops = self._chain_before(prev_op_ts(doc)) + ops
         return self._unwind(ops, doc["ts"], doc, self._txn_stamp(doc, in_txn), in_txn)
 
     def _read_ops(self, entry: bytes, read: ApplyOps) -> list[ChangeEvent]:
         """`_apply_ops` (or `_commit_prepared`) of an entry read from its bytes."""
         ops: list[PendingOp] = [(op, read.ts, i) for i, op in enumerate(read.ops)]
         if read.buffered:
-            assert read.key is not None  # a buffered entry's key is never None
-            self._buffer(read.key, read.prev, ops)
+            self._buffer(read.prev, read.ts, ops)
             return []
         if read.key is not None:
-            ops = self._pending_txns.pop(read.key, []) + ops
+            ops = self._chain_before(read.prev) + ops
         # The entry is decoded only if an op needs the general transform (`_op_event`).
         return self._unwind(ops, read.ts, entry, read.stamp, read.key is not None)
 
@@ -305,17 +297,30 @@ class OplogTransformer:
             self._last_read = (entry, read_apply_ops(entry) if _COMMAND_OP in entry else None)
         return self._last_read[1]
 
-    def _buffer(
-        self, key: TxnKey, prev: Timestamp | RawBSONDocument | None, ops: list[PendingOp]
-    ) -> None:
-        """Keep the ops of a partialTxn or prepare entry (whose prevOpTime is `prev`'s) for the
-        transaction's commit."""
-        if key not in self._pending_txns and (gap := _prev_of(prev)) is not None:
-            self._chain_gaps[key] = gap  # the chain began before this read did
-        self._pending_txns.setdefault(key, []).extend(ops)
+    def _buffer(self, prev: Timestamp | None, ts: Timestamp, ops: list[PendingOp]) -> None:
+        """Keep the ops of a partialTxn or prepare entry at `ts` for the transaction's commit: the
+        chain it links to (prevOpTime `prev`) goes on, or one starts (after entries before the
+        read, if `prev` is not null)."""
+        chain = self._chains.pop(prev, None) if prev is not None else None
+        if chain is None:
+            chain = _Chain([], prev)
+        chain.ops.extend(ops)
+        self._chains[ts] = chain
+
+    def _chain_before(self, prev: Timestamp | None) -> list[PendingOp]:
+        """The ops of the chain a commit links to (its prevOpTime `prev`), read back link by link
+        as the server reads a transaction's history from its commit
+        (document_source_change_stream_unwind_transaction.cpp, TransactionHistoryIterator); no
+        ops for a commit of one entry (a null `prev`). A chain not read stays for the entry
+        that links to it: the same session and txnNumber do not make entries one transaction."""
+        ops: list[PendingOp] = []
+        while prev is not None and (chain := self._chains.pop(prev, None)) is not None:
+            ops = chain.ops + ops
+            prev = chain.gap
+        return ops
 
     def _commit_prepared(self, doc: RawBSONDocument) -> list[ChangeEvent]:
-        ops = self._pending_txns.pop(_txn_key(doc), [])
+        ops = self._chain_before(prev_op_ts(doc))
         return self._unwind(ops, doc["ts"], doc, self._txn_stamp(doc, True), True)
 
     def _unwind(
@@ -379,6 +384,17 @@ class OplogTransformer:
         return self._splice_txns and self.token_version == 2 and self.keep_version is None
 
 
+class _Chain:
+    """A transaction's entries read so far (partialTxn or prepare), waiting for the entry that
+    commits it: their ops, and `gap`, the ts of the entry its first one links back to when the
+    chain began before the read did (None when it starts at its first)."""
+
+    __slots__ = ("gap", "ops")
+
+    def __init__(self, ops: list[PendingOp], gap: Timestamp | None) -> None:
+        self.ops, self.gap = ops, gap
+
+
 def _listed(event: ChangeEvent | None) -> list[ChangeEvent]:
     return [event] if event is not None else []
 
@@ -388,16 +404,6 @@ def _op_bytes(op: Mapping[str, Any] | bytes) -> bytes | None:
     if isinstance(op, bytes):
         return op
     return bytes(op.raw) if isinstance(op, RawBSONDocument) else None
-
-
-def _prev_of(prev: Timestamp | RawBSONDocument | None) -> Timestamp | None:
-    """The ts before an entry in its chain: read from its bytes already, or from the entry."""
-    return prev_op_ts(prev) if isinstance(prev, RawBSONDocument) else prev
-
-
-def _txn_key(doc: Mapping[str, Any]) -> TxnKey:
-    lsid = doc.get("lsid")
-    return (bytes(lsid["id"]) if lsid is not None else b"", int(doc.get("txnNumber", -1)))
 
 
 def _commits(doc: RawBSONDocument) -> bool:

@@ -146,6 +146,36 @@ def test_a_read_ends_at_a_chain_whose_start_is_gone() -> None:
             assert _without_applied(_batched(oplog, 0, cuts, False, False, block_min=1)) == want
 
 
+def test_a_commit_takes_the_chain_its_prevoptime_names_not_its_sessions() -> None:
+    """A prepared transaction, then a transaction of one entry with the same session and
+    txnNumber, then a commit: the one-entry transaction's events are its own op's (its null
+    prevOpTime starts and ends its chain), and the commit takes the prepare's op only if its
+    prevOpTime names the prepare; naming an entry not in the oplog, it fails the read. The
+    server reads a commit's transaction back by prevOpTime
+    (document_source_change_stream_unwind_transaction.cpp, TransactionHistoryIterator)."""
+    lsid = {"id": Binary(uuid.UUID(int=1).bytes, 4), "uid": Binary(bytes(32), 0)}
+    session = {"lsid": lsid, "txnNumber": Int64(2)}
+
+    def insert(_id: str) -> list[dict[str, Any]]:
+        return [{"op": "i", "ns": "app.orders", "ui": Binary(bytes(16), 4), "o": {"_id": _id}}]
+
+    commit = {"commitTransaction": 1, "commitTimestamp": Timestamp(_SECONDS, 22)}
+    for named, ids in ((Timestamp(_SECONDS, 21), ["b", "a"]), (Timestamp(_SECONDS, 29), ["b"])):
+        oplog = [
+            _entry(session, {"applyOps": insert("a"), "prepare": True}, 21, True, _NULL_TS),
+            _entry(session, {"applyOps": insert("b")}, 1, True, _NULL_TS),
+            _entry(session, commit, 23, True, named),
+        ]
+        want = _without_applied(_general(oplog, 0, False))
+        events = [w for w in want if type(w) is tuple]
+        assert [bson.decode(e[5])["documentKey"]["_id"] for e in events] == ids
+        assert want[len(ids)] == (0 if len(ids) == 2 else KeyError)
+        with mock.patch.object(txn_batch, "TXN_OPS_MIN", 0):
+            for cuts in ([], [1], [2], [1, 2]):
+                got = _batched(oplog, 0, cuts, False, False, block_min=1)
+                assert _without_applied(got) == want
+
+
 def _backlog(odd: bytes | None) -> list[bytes]:
     """Plain inserts, an application's transactions (txn_batch's test's), and `odd` among
     them."""
