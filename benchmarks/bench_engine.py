@@ -36,8 +36,10 @@ streams (one proxy process per --watch-reader-processes value), gives what an un
 gains: one cursor, so one merge and one consumer, where the proxy modes deal into 4 buckets.
 
 With --baseline-tree DIR (a checkout of another commit, `git worktree add DIR COMMIT`) that
-version's proxy runs too, taking turns with this one on the same cluster: two versions compared
-in one run, where two runs on this machine differ by more than most changes gain. With
+version's proxy runs too, taking turns with this one on the same cluster, the two swapping
+places every other round (the one measured second in a round sees the cluster spend more CPU in
+some runs, whichever it is; use an even --repeat): two versions compared in one run, where two
+runs on this machine differ by more than most changes gain. With
 --baseline-tree . and --baseline-flags (e.g. "--splice-threads 1"), two settings of one version
 are compared the same way; --proxy-flags adds flags to this version's proxy, --proxy-env and
 --baseline-env environment variables to one of the two (e.g. GLIBC_TUNABLES).
@@ -87,6 +89,9 @@ from buckets.oplog_tail import BATCH_ENTRIES
 from mongoformats import wire
 from simcluster.launcher import spawn_cluster, stop_process
 from wireproxy.upstream import UpstreamClosed, UpstreamConnection, open_upstream, parse_hosts
+
+# A mode: its name, what it runs, the proxy process whose CPU it uses (None: no proxy).
+_Mode = tuple[str, Callable[[], Awaitable[Any]], "ProxyProcess | None"]
 
 
 def _ts(key: int) -> Timestamp:
@@ -405,6 +410,19 @@ async def pymongo_stream(
     return total
 
 
+def _taking_turns(modes: list[_Mode], rep: int) -> list[_Mode]:
+    """The modes in the order round `rep` runs them: in every other round a proxy and its
+    baseline swap places, since the one measured second sees the cluster spend more CPU in some
+    runs, whichever it is; alternating spreads that over both."""
+    if rep % 2 == 0:
+        return modes
+    out = list(modes)
+    for i in range(len(out) - 1):
+        if out[i][0].startswith("proxy rp=") and out[i + 1][0].startswith("baseline rp="):
+            out[i], out[i + 1] = out[i + 1], out[i]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -570,9 +588,7 @@ def main(argv: list[str] | None = None) -> None:
         # The raw read comes right before the proxy's modes, the slower raw read and the native
         # stream (~20 s) after them: this machine's speed drifts within a minute, and the ratio
         # the goal is set on compares the raw read with the proxy's.
-        modes: list[tuple[str, Callable[[], Awaitable[Any]], ProxyProcess | None]] = [
-            ("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)
-        ]
+        modes: list[_Mode] = [("raw", lambda: raw_read(shard_uris, start, BATCH_ENTRIES), None)]
         if relay is not None:
             modes.append(("relay", lambda: relay_stream(relay, len(shard_uris), start), relay))
         for rp in args.reader_processes:
@@ -634,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
                             await measure(name, fn, used, f"warm-up {rep + 1}/{args.warmup}")
                         )
             for rep in range(args.repeat):
-                for name, fn, used in modes:
+                for name, fn, used in _taking_turns(modes, rep):
                     runs[name].append(await measure(name, fn, used, f"{rep + 1}/{args.repeat}"))
 
         cluster_ps = psutil.Process(cluster.process.pid)
