@@ -67,6 +67,9 @@ _PREV_OP_TIME = b"\x03prevOpTime\x00"
 # ts, t, v and wall follow, each 8 bytes (its header's offset from ts's, the header).
 _STAMPS = ((0, b"\x11ts\x00"), (12, b"\x12t\x00"), (23, b"\x12v\x00"), (34, b"\x09wall\x00"))
 _TS_AT, _WALL_AT, _STAMP_BYTES = 4, 40, 48
+# An entry's last bytes that `_layouts` asks for ahead: a usual documentKey, the stamps, a
+# prevOpTime's and a stmtId's elements lie in them (the line of its last byte too).
+_TAIL_BYTES = 192
 
 _OP_CODE_AT = len(_OP_HEAD)  # in the head: the op's letter
 # In an update's o: where its diff's value is.
@@ -367,13 +370,18 @@ def _layouts(
     ids, used, stack = np.empty(2 * len(d), np.uint8), 0, np.empty(_BITS + 2, np.int64)
     base = np.int64(d.ctypes.data)  # (the heads the kinds compare lie in their laid-out entries)
     for i in range(U(n)):
-        # The lines the layout reads of the entry eight ahead (its head's two, its stamps'), asked
-        # for now: entries of a kilobyte or more are far apart for the CPU to guess them, and a
-        # backlog's batch of megabytes comes from memory (eight entries' work is about its wait).
+        # The lines the layout reads of the entry eight ahead (its head's two; its last
+        # _TAIL_BYTES', which hold its documentKey, stamps and prevOpTime, and an insert's o2
+        # after its document), asked for now: entries of a kilobyte or more are far apart for the
+        # CPU to guess them, and a backlog's batch of megabytes comes from memory (eight entries'
+        # work is about its wait).
         ahead = min(i + U(8), U(n - 1))
         prefetch_line(U(base + starts[ahead]))
         prefetch_line(U(base + starts[ahead] + 64))
-        prefetch_line(U(base + starts[ahead] + lengths[ahead] - 64))
+        last = base + starts[ahead] + lengths[ahead]
+        for line in range(U(last - _TAIL_BYTES), U(last), U(64)):
+            prefetch_line(line)
+        prefetch_line(U(last - 1))
         _layout(d, starts[i], lengths[i], expanded, rows, i)
         if (rows[i, _R_LAID] != 0) & (
             rows[i, _R_OK] == 0
