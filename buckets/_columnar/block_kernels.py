@@ -12,7 +12,10 @@ import numpy.typing as npt
 
 from buckets._columnar.byte_kernels import Index, U, copy_from, move, prefetch_line
 
-PREFETCH_AHEAD = 4  # rows: from 1 to 8 gave the same
+# Bytes of events ahead of the one being copied that the gather asks the CPU for: far enough
+# that they arrive before they are copied, whatever the events' size (rows ahead: this over
+# their mean size).
+PREFETCH_BYTES = 8 << 10
 
 
 @numba.njit(cache=CACHE)
@@ -133,13 +136,28 @@ def _element_bytes(size: int, index: int) -> int:
 
 @numba.njit(cache=CACHE, nogil=True)
 def _keyed_size(sizes: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], first_index: int) -> int:
-    """The bytes of the events at `rows` as array elements keyed from `first_index` on."""
+    """The bytes of the events at `rows` as array elements keyed from `first_index` on: their
+    sizes, and their keys' digits counted a digit width at a time (the keys are consecutive)."""
     total = 0
     for i in range(U(len(rows))):
         r = rows[i]
         if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
-        total += _element_bytes(sizes[U(r)], first_index + i)
+        total += sizes[U(r)]
+    return total + 2 * len(rows) + _digits_between(first_index, first_index + len(rows))
+
+
+@numba.njit(cache=CACHE)
+def _digits_between(lo: int, hi: int) -> int:
+    """The decimal digits of all the numbers from `lo` to `hi` (0 <= lo, hi excluded)."""
+    total, width, low, bound = 0, 1, 0, 10
+    while low < hi:
+        a, b = max(lo, low), min(hi, bound)
+        if a < b:
+            total += (b - a) * width
+        if width == 18:  # (the next bound would overflow: every larger number has 19 digits)
+            return total + max(hi - max(lo, bound), 0) * 19
+        low, bound, width = bound, bound * 10, width + 1
     return total
 
 
@@ -151,41 +169,59 @@ def _keyed_gather_into(
     rows: npt.NDArray[np.int64],
     start: int,
     first_index: int,
+    ahead: int,
 ) -> tuple[int, int]:
     """The events at rows[start:] of a scattered column (each at its address) as array
     elements (type 3 (a document), its index first_index + i in decimal as its key, then its
     bytes), written from out[0] on for as long as they fit: (the next row's index, the bytes
     written). A bucket's share reads every few events of each shard's block, a stride the CPU's
-    own prefetch does not follow, so the loop asks for the event PREFETCH_AHEAD rows on as it
-    copies this one. (One loop, not Arrow's element-wise join of a column of keys and the
-    events, which costs more: benchmarks/README.md.) Its steps are inlined (the element's head
-    as `_put_key` writes it, the copy and the prefetch by address): it runs once per event,
-    and a call to another cached kernel costs about as much as a step."""
+    own prefetch does not follow, so the loop asks for the event `ahead` rows on as it copies
+    this one (see PREFETCH_BYTES). (One loop, not Arrow's element-wise join of a column of keys
+    and the events, which costs more: benchmarks/README.md.) Its steps are inlined (the
+    element's head as `_put_key` writes it, its key's digits counted on from the last
+    element's, the copy and the prefetch by address): it runs once per event, and a call to
+    another cached kernel costs about as much as a step."""
     n = len(rows)
     if start < 0:
         raise IndexError("start out of range")
+    # The key's digits (ASCII), counted up by one an element: computing each index's digits
+    # anew cost a division per digit, twice, more than the element's copy.
+    key = np.empty(20, np.uint8)
+    index = first_index + start
+    width = _inline_digits(index)
+    for j in range(width - 1, -1, -1):
+        key[j] = 48 + index % 10
+        index //= 10
     at, i, out_at = 0, start, U(out.ctypes.data)
     while i < n:
         r = rows[U(i)]
         if r < 0 or r >= len(sizes):
             raise IndexError("row out of range")
-        size, index = sizes[U(r)], first_index + i
-        width = _inline_digits(index)
+        size = sizes[U(r)]
         if at + size + width + 2 > len(out):  # (`_element_bytes`)
             break
-        if i + PREFETCH_AHEAD < n:
-            q = U(rows[U(i + PREFETCH_AHEAD)])
+        if i + ahead < n:
+            q = U(rows[U(i + ahead)])
             if q < U(len(sizes)):
                 for line in range(addresses[q], addresses[q] + U(sizes[q]), U(64)):
                     prefetch_line(line)
         out[U(at)] = 3
-        for j in range(U(width), U(0), -1):  # its digits, from the last
-            out[U(at) + j] = 48 + index % 10
-            index //= 10
+        for j in range(U(width)):
+            out[U(at) + U(1) + j] = key[j]
         out[U(at + width + 1)] = 0
         move(out_at + U(at + width + 2), addresses[U(r)], size)
         at += width + 2 + size
         i += 1
+        j = width - 1  # the next index: ...x9 becomes ...(x+1)0, 9...9 becomes 10...0
+        while j >= 0 and key[j] == 57:
+            key[j] = 48
+            j -= 1
+        if j >= 0:
+            key[j] += 1
+        else:
+            key[0] = 49
+            key[width] = 48
+            width += 1
     return i, at
 
 
