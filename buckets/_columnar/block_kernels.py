@@ -19,12 +19,16 @@ PREFETCH_BYTES = 8 << 10
 
 
 @numba.njit(cache=CACHE)
-def _head(keys: npt.NDArray[np.uint8], row: Index) -> np.uint64:
-    """Row `row`'s first 8 bytes as a big-endian number: they order as the bytes do."""
+def _head(keys: npt.NDArray[np.uint8], row: Index, start: Index) -> np.uint64:
+    """Row `row`'s 8 bytes from `start` on as a big-endian number: they order as the bytes do
+    (bytes past the row's end count as zeros, the padding's value)."""
+    stop = min(start + U(8), U(keys.shape[1]))
+    if stop <= start:
+        return np.uint64(0)
     value = np.uint64(0)
-    for j in range(U(8)):
+    for j in range(start, stop):
         value = (value << np.uint64(8)) | np.uint64(keys[row, j])
-    return value
+    return value << np.uint64(8 * (start + U(8) - stop))
 
 
 @numba.njit(cache=CACHE, nogil=True)
@@ -33,9 +37,10 @@ def _merge_runs(
 ) -> npt.NDArray[np.int64]:
     """The order of the rows of `keys` (at least 8 bytes wide) that merges its sorted runs (run
     r: rows bounds[r] to bounds[r + 1]); equal keys keep the runs' order. Each run's next row
-    and that row's head (its first 8 bytes as a big-endian number) are kept at hand (`at`,
-    `cur`; a spent run's `at` is -1), so most comparisons are one; equal heads compare the rest
-    byte by byte."""
+    and that row's heads (its first 16 bytes as two big-endian numbers) are kept at hand (`at`,
+    `cur`; a spent run's `at` is -1), so most comparisons are one or two: a resume token's
+    first 8 bytes are its type and most of its cluster time, which the events of a second
+    share; equal heads compare the rest byte by byte."""
     k = U(len(bounds) - 1)
     at, cur = _run_heads(keys, bounds)
     order = np.empty(bounds[k], np.int64)
@@ -46,7 +51,8 @@ def _merge_runs(
         row += 1
         if row < bounds[best + U(1)]:
             at[best] = row
-            cur[best] = _head(keys, U(row))
+            cur[best, 0] = _head(keys, U(row), U(0))
+            cur[best, 1] = _head(keys, U(row), U(8))
         else:
             at[best] = -1
     return order
@@ -56,18 +62,19 @@ def _merge_runs(
 def _run_heads(
     keys: npt.NDArray[np.uint8], bounds: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
-    """Each run's first row (-1 for an empty run) and that row's head; the bounds checked."""
+    """Each run's first row (-1 for an empty run) and that row's heads; the bounds checked."""
     k = U(len(bounds) - 1)
     if bounds[0] != 0:
         raise IndexError("the first run must start at row 0")
     at = np.empty(k, np.int64)
-    cur = np.zeros(k, np.uint64)
+    cur = np.zeros((k, 2), np.uint64)
     for r in range(k):
         if not 0 <= bounds[r] <= bounds[r + U(1)] <= len(keys):
             raise IndexError("run out of range")
         at[r] = bounds[r] if bounds[r] < bounds[r + U(1)] else -1
         if at[r] >= 0:
-            cur[r] = _head(keys, U(at[r]))
+            cur[r, 0] = _head(keys, U(at[r]), U(0))
+            cur[r, 1] = _head(keys, U(at[r]), U(8))
     return at, cur
 
 
@@ -80,17 +87,21 @@ def _best_run(
     while at[best] < 0:
         best += U(1)
     for r in range(best + U(1), len(at)):
-        if at[r] < 0 or cur[r] > cur[best]:
+        if at[r] < 0 or cur[r, 0] > cur[best, 0]:
             continue
-        if cur[r] < cur[best] or _tail_less(keys, U(at[r]), U(at[best])):
+        if (
+            cur[r, 0] < cur[best, 0]
+            or cur[r, 1] < cur[best, 1]
+            or (cur[r, 1] == cur[best, 1] and _tail_less(keys, U(at[r]), U(at[best])))
+        ):
             best = U(r)
     return best
 
 
 @numba.njit(cache=CACHE)
 def _tail_less(keys: npt.NDArray[np.uint8], a: Index, b: Index) -> bool:
-    """Whether row `a`'s bytes after its head order before row `b`'s."""
-    for j in range(U(8), U(keys.shape[1])):
+    """Whether row `a`'s bytes after its heads order before row `b`'s."""
+    for j in range(U(16), U(keys.shape[1])):
         if keys[a, j] != keys[b, j]:
             return bool(keys[a, j] < keys[b, j])
     return False
