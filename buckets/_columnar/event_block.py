@@ -503,6 +503,22 @@ class EventBlock(ArrayRun):
             _Unsorted(keys, _Scattered.of(blocks), order),
         )
 
+    def ties_last(self, n: int) -> bool:
+        """Whether some event of a merge's last `n` rows (its last block's) has a key equal to
+        an event of the other blocks'. The merge puts such an event after its equals (blocks
+        keep their order on a tie), so only the event before each of them needs a look.
+        Compared as rows: keys that differ only in trailing zero bytes count as equal."""
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        order = unsorted.order
+        theirs = len(unsorted.keys) - n
+        at = np.flatnonzero(order >= theirs)
+        at = at[at > 0]
+        before = order[at - 1]
+        mine = before < theirs
+        rows = unsorted.keys
+        return bool(np.any(np.all(rows[before[mine]] == rows[order[at[mine]]], axis=1)))
+
     def array_body(self, first_index: int) -> KeyedEvents:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's
         batch between its length and its terminator, gathered from where the events lie as it is

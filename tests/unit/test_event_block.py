@@ -273,6 +273,24 @@ def test_single_events_a_block_cannot_hold_cut_the_merged_block(
     assert sum(columnar) == sum(n for n in parts if n >= SLICE_MIN)
 
 
+@given(shard_blocks(), st.data())
+def test_single_events_a_block_holds_merge_into_one_block(
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
+    """Singles with no shard tag go into the merged block as a run of their own: one block in
+    token order, the same events as one stable sort of all the tuples."""
+    fields = blocks[-1].fields()
+    picked = data.draw(
+        st.lists(st.integers(0, len(fields) - 1), min_size=1, max_size=len(fields), unique=True)
+    )
+    singles = sorted((fields[i] for i in picked), key=EVENT_SORT_KEY)
+    rest = blocks[-1].take(np.array(sorted(set(range(len(fields))) - set(picked)), np.int64))
+    runs = [*map(ColumnarRun, blocks[:-1]), ColumnarRun(rest), PlainRun(singles)]
+    got = merge_runs(runs)
+    assert fields_of(got) == sorted(fields_of(runs), key=EVENT_SORT_KEY)
+    assert [type(run) for run in got] == [ColumnarRun]
+
+
 def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> None:
     """Equal keys across shards (the same events on two shards, as no cluster writes them) take
     the exact path: shard order decides, as one stable sort of tuples does."""
