@@ -113,8 +113,10 @@ async def one_pass(
         while positions[b] < bucket.end:
             t0 = time.perf_counter()
             taken = cut_reply(bucket.items_from(positions[b]), limit, sizer)
-            doc = {"cursor": cursor_document(7, "db.coll", "nextBatch", taken, {"_data": "00"})}
-            doc["ok"] = 1.0
+            doc: dict[str, Any] = {
+                "cursor": cursor_document(7, "db.coll", "nextBatch", taken, {"_data": "00"}),
+                "ok": 1.0,
+            }
             pieces = wire.op_msg_parts(1, 1, document_parts(doc))
             t1 = time.perf_counter()
             counts["bytes"] += _send(pieces, scratch, counts)
