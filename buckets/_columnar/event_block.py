@@ -31,6 +31,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from buckets._columnar.block_kernels import (
+    PREFETCH_BYTES,
     _element_bytes,
     _gather_rows,
     _keyed_gather_into,
@@ -121,13 +122,14 @@ class KeyedEvents(DeferredPiece):
     wire.DeferredPiece). It holds the column, so the blocks' bytes (and their holds) stay until
     the reply is gone."""
 
-    __slots__ = ("_events", "_rows", "_first", "_size")
+    __slots__ = ("_events", "_rows", "_first", "_size", "_ahead")
 
     def __init__(self, events: _Scattered, rows: npt.NDArray[np.int64], first_index: int) -> None:
         self._events = events
         self._rows = rows
         self._first = first_index
         self._size = _keyed_size(events.sizes, rows, first_index)
+        self._ahead = max(1, PREFETCH_BYTES * len(rows) // max(self._size, 1))
 
     def __len__(self) -> int:
         return self._size
@@ -155,7 +157,13 @@ class KeyedEvents(DeferredPiece):
     def _gather_into(self, out: npt.NDArray[np.uint8], at: int) -> tuple[int, int]:
         """The elements from row `at` on that fit in `out`: (the next row, the bytes written)."""
         return _keyed_gather_into(
-            out, self._events.addresses, self._events.sizes, self._rows, at, self._first
+            out,
+            self._events.addresses,
+            self._events.sizes,
+            self._rows,
+            at,
+            self._first,
+            self._ahead,
         )
 
 
@@ -494,6 +502,22 @@ class EventBlock(ArrayRun):
             table,
             _Unsorted(keys, _Scattered.of(blocks), order),
         )
+
+    def ties_last(self, n: int) -> bool:
+        """Whether some event of a merge's last `n` rows (its last block's) has a key equal to
+        an event of the other blocks'. The merge puts such an event after its equals (blocks
+        keep their order on a tie), so only the event before each of them needs a look.
+        Compared as rows: keys that differ only in trailing zero bytes count as equal."""
+        unsorted = self._unsorted if self._events is None else self._as_merge()._unsorted
+        assert unsorted is not None
+        order = unsorted.order
+        theirs = len(unsorted.keys) - n
+        at = np.flatnonzero(order >= theirs)
+        at = at[at > 0]
+        before = order[at - 1]
+        mine = before < theirs
+        rows = unsorted.keys
+        return bool(np.any(np.all(rows[before[mine]] == rows[order[at[mine]]], axis=1)))
 
     def array_body(self, first_index: int) -> KeyedEvents:
         """The events as the elements of a BSON array, keyed from `first_index` on: a reply's

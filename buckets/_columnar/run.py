@@ -124,27 +124,31 @@ class ColumnarRun:
 def merge_runs(runs: list[EventRun]) -> list[EventRun]:
     """Several shards' runs (in shard order, each shard's in token order) in token order: the
     columnar runs merged as columns (one pass over their keys, see EventBlock.merge), the single
-    events sorted and put into the merged block where each goes, as a block of their own
-    columns (`inserted`): where writes go to every shard in turn, as hashed sharding sends
-    them, the singles (transactions' events) fall every few events, and cutting the merge
-    around them left parts too short to be worth a run, each made into tuples. Singles a block
-    cannot hold cut the merged block instead (`_interleaved`). Equal keys between a block's
-    event and a single (no two shards write one, in practice) take the exact path: everything
-    as single events, one stable sort, which keeps shard order."""
+    events sorted and merged with them as one more block of their own columns: where writes go
+    to every shard in turn, as hashed sharding sends them, the singles (transactions' events)
+    fall every few events, and cutting the merge around them left parts too short to be worth a
+    run, each made into tuples (and putting them into the merged block afterwards copied every
+    key once more). Singles a block cannot hold cut the merged block instead (`_interleaved`).
+    Equal keys between a block's event and a single (no two shards write one, in practice)
+    take the exact path: everything as single events, one stable sort, which keeps shard
+    order."""
     blocks = [run.block for run in runs if isinstance(run, ColumnarRun)]
     singles = sorted(
         fields_of(run for run in runs if not isinstance(run, ColumnarRun)), key=EVENT_SORT_KEY
     )  # stable: shard order
     if not blocks:
         return [PlainRun(singles)] if singles else []
-    merged = EventBlock.merge(blocks)
     if not singles:
-        return [ColumnarRun(merged)]
+        return [ColumnarRun(EventBlock.merge(blocks))]
+    if all(map(_block_holds, singles)):
+        merged = EventBlock.merge([*blocks, EventBlock.of_fields(singles)])
+        if not merged.ties_last(len(singles)):
+            return [ColumnarRun(merged)]
+        return [PlainRun(sorted(fields_of(runs), key=EVENT_SORT_KEY))]
+    merged = EventBlock.merge(blocks)
     cuts, exact = merged.bisect_keys([EVENT_SORT_KEY(single) for single in singles])
     if exact:
         return [PlainRun(sorted(fields_of(runs), key=EVENT_SORT_KEY))]
-    if all(map(_block_holds, singles)):
-        return [ColumnarRun(merged.inserted(EventBlock.of_fields(singles), cuts))]
     return _interleaved(merged, singles, cuts)
 
 

@@ -19,6 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from buckets._columnar.batch_splice import BATCH_MIN, splice_block
+from buckets._columnar.block_kernels import _digits_between
 from buckets._columnar.event_block import EventBlock, _merge_runs
 from buckets._columnar.items import as_runs, count_events
 from buckets._columnar.oplog_batch import OplogBatch
@@ -272,6 +273,24 @@ def test_single_events_a_block_cannot_hold_cut_the_merged_block(
     assert sum(columnar) == sum(n for n in parts if n >= SLICE_MIN)
 
 
+@given(shard_blocks(), st.data())
+def test_single_events_a_block_holds_merge_into_one_block(
+    blocks: list[EventBlock], data: st.DataObject
+) -> None:
+    """Singles with no shard tag go into the merged block as a run of their own: one block in
+    token order, the same events as one stable sort of all the tuples."""
+    fields = blocks[-1].fields()
+    picked = data.draw(
+        st.lists(st.integers(0, len(fields) - 1), min_size=1, max_size=len(fields), unique=True)
+    )
+    singles = sorted((fields[i] for i in picked), key=EVENT_SORT_KEY)
+    rest = blocks[-1].take(np.array(sorted(set(range(len(fields))) - set(picked)), np.int64))
+    runs = [*map(ColumnarRun, blocks[:-1]), ColumnarRun(rest), PlainRun(singles)]
+    got = merge_runs(runs)
+    assert fields_of(got) == sorted(fields_of(runs), key=EVENT_SORT_KEY)
+    assert [type(run) for run in got] == [ColumnarRun]
+
+
 def test_a_single_event_whose_key_a_blocks_event_shares_keeps_shard_order() -> None:
     """Equal keys across shards (the same events on two shards, as no cluster writes them) take
     the exact path: shard order decides, as one stable sort of tuples does."""
@@ -351,6 +370,14 @@ def test_a_blocks_elements_are_keyed_from_any_index_across_digit_counts() -> Non
         expected = b"".join(b"\x03%d\x00%s" % (first + i, raw) for i, raw in enumerate(raws))
         assert bytes(block.array_body(first)) == expected
     assert bytes(block.sliced(0, 0).array_body(3)) == b""
+
+
+def test_the_digits_of_a_range_of_keys_are_counted_by_digit_width() -> None:
+    """A reply's size counts its keys' digits a width at a time (_digits_between)."""
+    for lo, hi in [(0, 0), (0, 1), (0, 10), (5, 11), (9, 10_001), (95, 1005), (99_990, 100_011)]:
+        assert _digits_between(lo, hi) == sum(len(str(i)) for i in range(lo, hi))
+    big = 10**18 - 3
+    assert _digits_between(big, big + 6) == sum(len(str(i)) for i in range(big, big + 6))
 
 
 def test_a_reply_batch_is_gathered_a_part_at_a_time_into_any_buffer() -> None:
@@ -433,16 +460,16 @@ def test_a_blocks_hold_lives_as_long_as_some_block_points_into_it() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.integers(8, 13),
-    st.lists(st.lists(st.binary(min_size=13, max_size=13), max_size=40), min_size=1, max_size=6),
+    st.integers(8, 21),
+    st.lists(st.lists(st.binary(min_size=21, max_size=21), max_size=40), min_size=1, max_size=6),
     st.sampled_from([b"\x00", b"\x00\x01", b"\x00\xff"]),
 )
 def test_the_merge_of_sorted_runs_is_a_stable_sort_of_their_keys(
     width: int, runs: list[list[bytes]], alphabet: bytes
 ) -> None:
     """`_merge_runs` against numpy's stable sort of the same keys as byte strings: keys of few
-    byte values, so heads (the first 8 bytes) and whole keys are often equal across runs, and
-    runs may be empty."""
+    byte values, so heads (the first 8 bytes, the next 8, short of them or not) and whole keys
+    are often equal across runs, and runs may be empty."""
     rows = [
         sorted(bytes(alphabet[b % len(alphabet)] for b in key[:width]) for key in run)
         for run in runs
