@@ -6,8 +6,10 @@ deferred batch's parts made into a reused buffer).
 
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_deal --workload updates
 
-The splice's blocks of a fixed oplog corpus (a dict workload -> a list per shard of lists of
-raw entry bytes, as benchmarks' corpus makers write it) are made once; each repeat then feeds
+Each workload's oplogs are written once into a 4-shard simcluster and read back (`--corpus FILE`
+keeps them as a pickle, a dict workload -> a list per shard of lists of raw entry bytes, read
+from it when it exists: two trees then splice the same entries). The splice's blocks of those
+entries are made once; each repeat then feeds
 them to a fresh stream's merge, shard batch after shard batch, each batch's mark just above its
 last event, releasing and dealing after every batch as the pump does with one batch waiting.
 Reports ns per event of each stage (best of the repeats), and the parts and pieces the replies
@@ -18,12 +20,17 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import pickle
 import time
 from typing import Any
 
+import pymongo
 import trio
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 
+from benchmarks.workloads import write_workload
 from buckets._columnar.allocator import keep_large_allocations
 from buckets._columnar.batch_splice import splice_entries, warm_up
 from buckets._columnar.event_block import EventBlock
@@ -36,6 +43,7 @@ from buckets.merge import MergedQueue
 from buckets.reply import EventSizer, cursor_document, cut_reply
 from mongoformats import wire
 from mongoformats.bson_bytes import document_parts
+from simcluster.launcher import spawn_cluster
 
 SEND_PART_BYTES = 512 << 10  # wireproxy.session's buffer for a reply's deferred batch
 
@@ -44,10 +52,57 @@ class _Hold:
     """Stands for a reader's budget hold: blocks that point into held blocks pin them."""
 
 
-def shard_batches(path: str, workload: str, batch: int) -> list[tuple[str, list[Any]]]:
-    """(shard, spliced items) of every batch, the shards' batches taking turns."""
-    with open(path, "rb") as f:
-        shards = pickle.load(f)[workload]
+# Writes of each workload in the oplogs (the inserts' and updates' as simcluster prefills them).
+_WRITES = {"inserts": 60_000, "updates": 60_000, "app": 40_000, "ycsb": 40_000}
+
+
+def oplogs(workload: str) -> list[list[bytes]]:
+    """Each shard's oplog entries after `workload`'s writes into a fresh 4-shard simcluster."""
+    writes = _WRITES[workload]
+    prefilled = workload in ("inserts", "updates")
+    cluster = spawn_cluster(
+        shards=4,
+        prefill_events=writes if prefilled else 0,
+        prefill_updates=0.75 if workload == "updates" else 0.0,
+    )
+    try:
+        if not prefilled:
+            write_workload(cluster.uri, workload, writes, seed=7)
+        shards = []
+        for uri in cluster.info["shards"].values():
+            client: pymongo.MongoClient[RawBSONDocument] = pymongo.MongoClient(
+                uri, directConnection=True
+            )
+            try:
+                oplog = client.local.get_collection(
+                    "oplog.rs", CodecOptions(document_class=RawBSONDocument)
+                )
+                shards.append([bytes(doc.raw) for doc in oplog.find({})])
+            finally:
+                client.close()
+        return shards
+    finally:
+        cluster.close()
+
+
+def corpus_oplogs(path: str | None, workload: str) -> list[list[bytes]]:
+    """`workload`'s oplogs from the corpus at `path` (written there first if it has none)."""
+    if path is None:
+        return oplogs(workload)
+    corpus: dict[str, list[list[bytes]]] = {}
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            corpus = pickle.load(f)
+    if workload not in corpus:
+        corpus[workload] = oplogs(workload)
+        with open(path, "wb") as f:
+            pickle.dump(corpus, f)
+    return corpus[workload]
+
+
+def shard_batches(shards: list[list[bytes]], batch: int) -> list[tuple[str, list[Any]]]:
+    """(shard, spliced items) of every batch of the shards' entries, the shards' batches taking
+    turns."""
     per_shard = []
     for s, entries in enumerate(shards):
         batches = []
@@ -131,8 +186,13 @@ async def one_pass(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--corpus", default="/work/wt/corpus.pkl")
-    parser.add_argument("--workload", nargs="*", default=["updates", "app", "inserts"])
+    parser.add_argument(
+        "--corpus",
+        help="a pickle of the workloads' oplogs: read from it, written to it when it lacks one",
+    )
+    parser.add_argument(
+        "--workload", nargs="*", choices=sorted(_WRITES), default=["updates", "app", "inserts"]
+    )
     parser.add_argument("--batch", type=int, default=4096, help="entries per shard batch")
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--limit", type=int, default=1 << 30, help="events per reply at most")
@@ -141,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     keep_large_allocations()  # as the proxy's process does (else each array faults in afresh)
     warm_up()
     for workload in args.workload:
-        batches = shard_batches(args.corpus, workload, args.batch)
+        batches = shard_batches(corpus_oplogs(args.corpus, workload), args.batch)
         best: dict[str, float] = {}
         counts: dict[str, int] = {}
         for _ in range(args.repeat):
