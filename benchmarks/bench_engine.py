@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import os
 import shlex
 import socket
@@ -546,6 +547,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         cluster = spawn_cluster(shards=4, periodic_noop_s=0.5)
         events = write_workload(cluster.uri, args.workload, args.events, seed=args.seed)
+    # What the writers left is kept to the end: frozen, no collection of this process (the
+    # consumers') walks it again in the middle of a measured run.
+    gc.collect()
+    gc.freeze()
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(

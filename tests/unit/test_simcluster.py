@@ -65,3 +65,22 @@ def test_chunk_at_finds_the_chunk_whose_range_holds_the_point(bounds, points, sp
             sc.split(chunk, point)
     for point in [*points, *bounds, MinKey(), MaxKey()]:
         assert sc.chunk_at(point) is next((c for c in sc.chunks if c.holds(point)), sc.chunks[-1])
+
+
+async def test_the_cluster_process_freezes_what_it_holds_every_interval(autojump_clock):
+    """A full collection would walk every member's documents, stopping the whole cluster: the
+    process moves what lives out of the collector's sight on a timer (simcluster/__main__.py)."""
+    import gc
+
+    import trio
+
+    from simcluster.__main__ import _freeze_what_lives
+
+    gc.unfreeze()
+    kept = [{"doc": [i]} for i in range(100)]
+    try:
+        with trio.move_on_after(2.5):
+            await _freeze_what_lives(1.0)
+        assert gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.unfreeze()
