@@ -123,7 +123,10 @@ TUNING_CALLS = {"mallopt", "set_memory_pool", "freeze", "set_threshold", "disabl
 ALLOWED_OUTSIDE = {("bucketspark", "pyarrow")}
 # A Spark Python worker is a process of Spark's, which bucketspark's tasks run in without the
 # fence's package: its task start freezes what the worker holds (client.settle_worker_heap).
-TUNING_ALLOWED = {("bucketspark/client.py", "freeze")}
+# simcluster is a stand-in server of its own, which imports nothing of the proxy's: its process
+# freezes what it holds every second so that no full collection stops the whole cluster
+# (simcluster/__main__.py, _freeze_what_lives).
+TUNING_ALLOWED = {("bucketspark/client.py", "freeze"), ("simcluster/__main__.py", "freeze")}
 
 
 def _code_outside_the_fence() -> list[pathlib.Path]:
