@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import importlib.metadata
 import json
 import logging
 import math
+import os
 import ssl
 import sys
 from collections.abc import Callable, Sequence
@@ -28,6 +31,10 @@ DEFAULT_PORT = 27017
 SHARD_PORT_OFFSET = 1000
 MONGODB_VERSIONS = ["5.0", "6.0", "7.0", "8.0"]
 FREEZE_EVERY_S = 1.0  # see _freeze_what_lives
+# mallopt's parameter numbers (malloc.h) and the values _keep_large_replies_in_the_heap sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20  # the most glibc's own sliding threshold reaches
+TRIM_THRESHOLD = 512 << 20
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 # The distribution simcluster ships in; its metadata holds the one version of every command.
 DISTRIBUTION = "parallelchangestream"
@@ -39,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse(parser, argv)
     shard_port = _shard_port(args.port, args.shard_port)
     logging.basicConfig(level=args.log_level)
+    _keep_large_replies_in_the_heap()
 
     async def run() -> None:
         async with open_cluster(
@@ -90,6 +98,30 @@ async def _freeze_what_lives(every_s: float) -> None:
     while True:
         await trio.sleep(every_s)
         gc.freeze()
+
+
+def _keep_large_replies_in_the_heap() -> bool:
+    """Have glibc's malloc keep freed replies' memory for the next ones; False where it cannot
+    (another C library) or where MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ already say.
+
+    A getMore's reply is one joined bytes object of up to 16 MiB. glibc trims the heap's top
+    once more than twice its sliding mmap threshold is free there, which a few shards' replies
+    freed together exceed, so the next replies faulted their pages in afresh: the kernel zeroing
+    pages took a large and varying share of the cluster's time. A server keeps such memory (its
+    allocator caches it), and a stand-in for one must not charge page faults to whatever reads
+    from it. The process may then hold up to TRIM_THRESHOLD of freed memory after a burst.
+    (ctypes rather than the proxy's own setting, buckets/_columnar/allocator.py: simcluster
+    imports nothing of the proxy's.)
+    """
+    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

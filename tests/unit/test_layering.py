@@ -120,13 +120,19 @@ SPEED_MODULES = {"numpy", "numba", "llvmlite", "pyarrow", "ctypes"}
 TUNING_CALLS = {"mallopt", "set_memory_pool", "freeze", "set_threshold", "disable"}
 # The Spark source and sink exchange rows with Spark as Arrow record batches (Spark's own
 # interface for Python data sources), not as a speed trick.
-ALLOWED_OUTSIDE = {("bucketspark", "pyarrow")}
+# simcluster's process keeps its replies' memory in glibc's heap through ctypes
+# (simcluster/__main__.py, _keep_large_replies_in_the_heap): it imports nothing of the proxy's.
+ALLOWED_OUTSIDE = {("bucketspark", "pyarrow"), ("simcluster", "ctypes")}
 # A Spark Python worker is a process of Spark's, which bucketspark's tasks run in without the
 # fence's package: its task start freezes what the worker holds (client.settle_worker_heap).
 # simcluster is a stand-in server of its own, which imports nothing of the proxy's: its process
 # freezes what it holds every second so that no full collection stops the whole cluster
-# (simcluster/__main__.py, _freeze_what_lives).
-TUNING_ALLOWED = {("bucketspark/client.py", "freeze"), ("simcluster/__main__.py", "freeze")}
+# (simcluster/__main__.py, _freeze_what_lives), and sets glibc's malloc to keep freed replies.
+TUNING_ALLOWED = {
+    ("bucketspark/client.py", "freeze"),
+    ("simcluster/__main__.py", "freeze"),
+    ("simcluster/__main__.py", "mallopt"),
+}
 
 
 def _code_outside_the_fence() -> list[pathlib.Path]:
