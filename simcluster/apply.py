@@ -201,7 +201,7 @@ class Applier:
             views.put(doc)
             self._put_view(db, view_ns, entry.get("ui"), self._view_options(db, doc))
         elif entry["op"] == "d":
-            views.docs.pop(id_key(view_ns), None)
+            views.discard(id_key(view_ns))
             self.dbs.get(db, {}).pop(name, None)
 
     def _view_options(self, db: str, doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -164,7 +164,7 @@ class DDLCommands(MemberCore):
         also drops its buckets."""
         views = self.dbs.get(db, {}).get("system.views")
         if views is not None:
-            views.docs.pop(id_key(f"{db}.{name}"), None)
+            views.discard(id_key(f"{db}.{name}"))
             self.oplog.append(
                 {
                     "op": "d",

@@ -66,6 +66,11 @@ class Collection:
     options: dict[str, Any] = field(default_factory=dict)
     docs: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     indexes: dict[str, Index] = field(default_factory=dict)
+    # data_size's running figure: each document's BSON size, and the keys written since it last
+    # ran, whose sizes it takes afresh.
+    _sizes: dict[bytes, int] = field(default_factory=dict, repr=False)
+    _size: int = field(default=0, repr=False)
+    _unsized: set[bytes] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if "_id_" not in self.indexes:
@@ -82,8 +87,17 @@ class Collection:
         return cached[1]
 
     def data_size(self) -> int:
-        """The BSON bytes of its documents (collStats' `size`)."""
-        return sum(len(bson.encode(doc)) for doc in self.docs.values())
+        """The BSON bytes of its documents (collStats' `size`). Kept as it goes, as the server's
+        size storer does, rather than summed: the balancer asks every round, and encoding every
+        document of a large collection stopped the whole cluster for a large part of a second."""
+        for k in self._unsized:
+            self._size -= self._sizes.pop(k, 0)
+            doc = self.docs.get(k)
+            if doc is not None:
+                self._sizes[k] = n = len(bson.encode(doc))
+                self._size += n
+        self._unsized.clear()
+        return self._size
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(list(self.docs.values()))
@@ -114,12 +128,18 @@ class Collection:
                     ix.entries.pop(ix.key_of(old), None)
                 ix.entries[ix.key_of(doc)] = k
         self.docs[k] = doc
+        self._unsized.add(k)
 
     def remove(self, doc: dict[str, Any]) -> None:
         for ix in self.indexes.values():
             if ix.unique:
                 ix.entries.pop(ix.key_of(doc), None)
-        self.docs.pop(id_key(doc["_id"]), None)
+        self.discard(id_key(doc["_id"]))
+
+    def discard(self, key: bytes) -> None:
+        """Forget the document under `key` (an id_key), if there is one; indexes aside."""
+        if self.docs.pop(key, None) is not None:
+            self._unsized.add(key)
 
     def add_index(self, spec: dict[str, Any], ns: str) -> bool:
         name = spec["name"]

@@ -124,3 +124,57 @@ def test_the_cluster_process_builds_its_next_replies_in_memory_it_already_has():
         pytest.skip("glibc's mallopt is not there to set")
     assert int(faults) < 1000
     assert run(MALLOC_TRIM_THRESHOLD_=str(128 << 10))[0] == "False"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "remove", "discard", "size"]),
+            st.integers(0, 5),
+            st.text(max_size=30),
+        ),
+        max_size=40,
+    )
+)
+def test_a_collections_data_size_follows_its_writes(ops):
+    """collStats' `size` and the balancer's figure: the BSON bytes of what the collection holds,
+    however its documents came and went."""
+    from simcluster.storage import Collection, id_key
+
+    coll = Collection("c")
+    for op, _id, pad in ops:
+        doc = coll.docs.get(id_key(_id))
+        if op == "put":
+            coll.put({"_id": _id, "pad": pad}, doc)
+        elif op == "remove" and doc is not None:
+            coll.remove(doc)
+        elif op == "discard":
+            coll.discard(id_key(_id))
+        elif op == "size":
+            coll.data_size()
+    assert coll.data_size() == sum(len(bson.encode(d)) for d in coll.docs.values())
+
+
+def test_a_collections_data_size_encodes_only_what_was_written_since_it_was_last_taken(
+    monkeypatch,
+):
+    """The balancer takes it every round: a large collection is not encoded again each time."""
+    import simcluster.storage
+    from simcluster.storage import Collection, id_key
+
+    coll = Collection("c")
+    for i in range(100):
+        coll.put({"_id": i, "pad": "x" * i})
+    first = coll.data_size()
+    encoded: list[object] = []
+    real = bson.encode
+
+    def counted(doc: object, *args: object, **kwargs: object) -> bytes:
+        encoded.append(doc)
+        return real(doc, *args, **kwargs)
+
+    monkeypatch.setattr(simcluster.storage.bson, "encode", counted)
+    assert coll.data_size() == first and encoded == []
+    coll.put({"_id": 5, "pad": ""}, coll.docs[id_key(5)])
+    assert coll.data_size() == first - len("xxxxx")
+    assert encoded == [{"_id": 5, "pad": ""}]
