@@ -12,9 +12,10 @@ holds far less, and only what it holds is counted.
 
 The floor of a stream is what it always takes, whatever its budgets (a budget always admits one
 batch, however small it is). A shard's reader reads a batch before it asks its budget for it, and
-holds it while it waits: its account counts that batch (SHARD_BATCH_BYTES: a reply of the oplog
-and the events made of it) beside what its budget holds, and its floor is two of them, so that a
-reader holding nothing can always place its batch (the merge waits for it; without room of its
+holds it while it waits, with the next reply read ahead: its account counts those
+(SHARD_IN_HAND_BYTES: a reply of the oplog, the events made of it, the next reply) beside what
+its budget holds, and its floor is those and one batch more, so that a reader holding nothing
+can always place its batch (the merge waits for it; without room of its
 own it could wait for ever on other shards' batches that wait for it in the merge; a larger
 batch, such as a large transaction's, takes the rest from the pool). A bucket's
 floor is a few events (BUCKET_FLOOR_BYTES). A stream is admitted when its floor fits beside what
@@ -42,7 +43,10 @@ _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.lim
 # the reader asks for 16,384 entries) and makes a batch of events of it (up to ~1.2x the entries'
 # bytes) before its budget is asked: what it holds in hand while it waits.
 SHARD_BATCH_BYTES = 32 << 20
-SHARD_FLOOR_BYTES = 2 * SHARD_BATCH_BYTES
+# Meanwhile it has received the next reply of its exhaust cursor (oplog_tail._ReadAhead).
+READ_AHEAD_BYTES = 16 << 20
+SHARD_IN_HAND_BYTES = SHARD_BATCH_BYTES + READ_AHEAD_BYTES
+SHARD_FLOOR_BYTES = SHARD_BATCH_BYTES + SHARD_IN_HAND_BYTES
 # A bucket always takes one event; 1 MiB is many events of the usual size. A larger one takes the
 # rest from the pool, which readers leave DEAL_HEADROOM_BYTES of.
 BUCKET_FLOOR_BYTES = 1 << 20

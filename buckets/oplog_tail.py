@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import outcome
 import trio
 from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
@@ -126,6 +127,7 @@ class OplogTail:
         self.await_ms = await_ms
         self.reconnects = 0
         self._conn: Connection | None = None  # the member read from now
+        self._ahead: _ReadAhead | None = None  # its exhaust cursor's next batch, read ahead
         # Large replies are spliced in worker threads it admits (None: all on the loop). Not
         # picklable: a tail sent to a reader process is made without one.
         self.splice_limiter = splice_limiter
@@ -133,6 +135,8 @@ class OplogTail:
     def reply_arrived(self) -> bool:
         """Whether the member's next batch has arrived and waits to be taken (see `_tail`)."""
         conn = self._conn
+        if self._ahead is not None and self._ahead.held:
+            return True
         return conn is not None and conn.reply_arrived()
 
     def check_history(self, reply: Mapping[str, Any]) -> None:
@@ -243,17 +247,42 @@ class OplogTail:
         opened: tuple[bytes | bytearray, int] | None = None,
     ) -> None:
         """Tail the oplog from the find's first reply (`opened`, if taken already)."""
+        # Handed over in a list that `_batches` empties: no frame here keeps the reply's bytes.
+        first = [] if opened is None else [opened]
+        del opened
+        # An exhaust cursor's batches are received beside the splice (_ReadAhead), which hands
+        # its errors over with the batches; `_batches`' errors leave as they are, not in an
+        # exception group, for `run` tells a lost member by them.
+        async with trio.open_nursery() as nursery:
+            done = await outcome.acapture(self._batches, conn, out, first, nursery)
+            nursery.cancel_scope.cancel()
+        self._ahead = None
+        done.unwrap()
+
+    async def _batches(
+        self,
+        conn: Connection,
+        out: TailOutput,
+        first: list[tuple[bytes | bytearray, int]],
+        nursery: trio.Nursery,
+    ) -> None:
+        """Splice and deliver batches from the first (the find's reply, opened here if `first`
+        is empty) until the cursor ends."""
         # Replies stay raw bytes: entries are found where they lie in the reply and spliced into
         # events.
-        if opened is None:
-            opened = await conn.command_in_place(
+        if first:
+            data, at = first.pop()
+        else:
+            data, at = await conn.command_in_place(
                 "local", self._find(), pad=SLACK, allocate=unfilled_bytearray
             )
-        data, at = opened
-        del opened
         asked = FIRST_BATCH_ENTRIES  # what the reply in hand was asked for
         ramp = iter(RAMP_ENTRIES)
+        ahead: _ReadAhead | None = None
         while True:
+            if ahead is None and conn.streaming:
+                ahead = self._ahead = _ReadAhead(conn)
+                nursery.start_soon(ahead.run)
             cursor_id, entries = await self._take_reply(data, at, out, conn)
             # Nothing of a delivered batch stays referenced here while the next reply is awaited:
             # its blocks' charges return when the buckets let them go (reader.BudgetHold), and a
@@ -268,10 +297,10 @@ class OplogTail:
             asked = next(ramp, BATCH_ENTRIES) if full and asked < BATCH_ENTRIES else BATCH_ENTRIES
             await out.parked(True)
             try:
-                if conn.streaming:
-                    data, at = await conn.more_in_place(pad=SLACK, allocate=unfilled_bytearray)
-                else:
-                    data, at = await conn.command_in_place(
+                got = await ahead.next() if ahead is not None else None
+                if got is None:  # not streaming (or no longer): ask
+                    ahead = self._ahead = None
+                    got = await conn.command_in_place(
                         "local",
                         {
                             "getMore": Int64(cursor_id),
@@ -283,6 +312,8 @@ class OplogTail:
                         exhaust=asked == BATCH_ENTRIES,
                         allocate=unfilled_bytearray,
                     )
+                data, at = got
+                del got
             finally:
                 await out.parked(False)
 
@@ -385,3 +416,44 @@ class OplogTail:
             out.append(entries[0])
             at = prev_op_ts(entries[0])
         return out[::-1]
+
+
+class _ReadAhead:
+    """An exhaust cursor's batches, each received while the tail splices the one before it.
+
+    The member makes its next batch only once the last one is sent, and a 16 MiB batch fits in
+    no socket buffer: a tail that read only between splices left each member waiting on it, and
+    the shard read last held back the merge of every other. A shard's tail so holds at most one
+    received batch beyond what its budget has taken (the one being spliced waits for the budget
+    in `deliver`; this one waits for the tail).
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.held = False  # whether a received batch waits for the tail
+        self._send, self._receive = trio.open_memory_channel[outcome.Outcome](0)
+
+    async def run(self) -> None:
+        """Receive batches while the connection streams them; a failed receive, as its error,
+        is the last batch."""
+        async with self._send:
+            while self.conn.streaming:
+                got = await outcome.acapture(
+                    self.conn.more_in_place, pad=SLACK, allocate=unfilled_bytearray
+                )
+                failed = isinstance(got, outcome.Error)
+                self.held = True
+                await self._send.send(got)
+                del got
+                self.held = False
+                if failed:
+                    return
+
+    async def next(self) -> tuple[bytes | bytearray, int] | None:
+        """The next batch (its reply and where its body starts), or None once the cursor
+        stopped streaming; raises what its receive raised."""
+        try:
+            got = await self._receive.receive()
+        except trio.EndOfChannel:
+            return None
+        return got.unwrap()

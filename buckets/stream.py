@@ -42,8 +42,8 @@ from buckets.event_run import count_events, fields_of, plain_runs, with_shard
 from buckets.lookup import DocumentLookup
 from buckets.memory_limit import (
     BUCKET_FLOOR_BYTES,
-    SHARD_BATCH_BYTES,
     SHARD_FLOOR_BYTES,
+    SHARD_IN_HAND_BYTES,
     MemoryPool,
     PoolAccount,
     shaping_processes,
@@ -211,7 +211,7 @@ class ParallelStream:
         options = self.options
         scope = options.scope
         # The reader holds a batch in hand while it waits for room: counted beside the budget.
-        account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
+        account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_IN_HAND_BYTES)
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
         tail = OplogTail(
             sid,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -212,3 +213,48 @@ async def test_a_hold_freed_in_a_worker_thread_is_released_on_the_loop() -> None
             worker.start()
             await trio.to_thread.run_sync(worker.join)
     assert budget.used == 60
+
+
+class _CountingMember(_Member):
+    """The scripted member, counting the replies it has handed over (the find's included)."""
+
+    handed = 0
+
+    async def command_in_place(self, db: str, cmd: dict[str, Any], **_: Any) -> tuple[Any, int]:
+        self.handed += 1
+        return await super().command_in_place(db, cmd)
+
+    async def more_in_place(self, **_: Any) -> tuple[Any, int]:
+        got = await super().more_in_place()
+        self.handed += 1
+        return got
+
+
+async def test_a_tail_receives_the_next_streamed_batch_while_it_splices_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member makes an exhaust cursor's next batch once the last is sent, and a 16 MiB batch
+    fits in no socket buffer: the tail receives batch k+1 while a worker thread splices batch k
+    (oplog_tail._ReadAhead), and no further ahead than that one."""
+    member = _CountingMember(_replies())
+    seen: list[tuple[int, int]] = []  # (the batch spliced, batches handed over meanwhile)
+    splice = oplog_tail.splice_reply
+    spliced = 0
+
+    def watched(*args: Any) -> Any:
+        nonlocal spliced
+        k, spliced = spliced, spliced + 1
+        if threading.current_thread() is not threading.main_thread() and k + 1 < len(_SCRIPT):
+            deadline = time.monotonic() + 10
+            while member.handed < k + 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.05)  # time enough for a second batch ahead, were one read
+            seen.append((k, member.handed))
+        return splice(*args)
+
+    monkeypatch.setattr(oplog_tail, "splice_reply", watched)
+    out = _Output()
+    with trio.fail_after(30):
+        await _tail(trio.CapacityLimiter(1))._tail(member, out)  # type: ignore[arg-type]
+    assert seen and seen == [(k, k + 2) for k, _ in seen]
+    assert out.events == (await _read(None)).events

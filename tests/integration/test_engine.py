@@ -1119,20 +1119,20 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
             first = c.admin.command({**small, "name": "first"})
             status = c.admin.command({"parallelChangeStreamStatus": 1})["memory"]
             figures = ("limitBytes", "reservedBytes", "floorBytes", "streamsRefused")
-            assert {k: status[k] for k in figures} == {  # floors: 3 x 64 + 2 x 1
+            assert {k: status[k] for k in figures} == {  # floors: 3 x 80 + 2 x 1
                 "limitBytes": 300 * mib,
-                "reservedBytes": 194 * mib,
-                "floorBytes": 194 * mib,
+                "reservedBytes": 242 * mib,
+                "floorBytes": 242 * mib,
                 "streamsRefused": 0,
             }
             with pytest.raises(OperationFailure) as info:
                 c.admin.command({**small, "name": "second"})
             assert info.value.code == 146
-            assert "194 MiB of the proxy's 300 MiB memory limit is held by 1 open streams" in str(
+            assert "242 MiB of the proxy's 300 MiB memory limit is held by 1 open streams" in str(
                 info.value
             )
             assert "second" not in proxy.engine.streams
-            # A watch() (3 shards x 64 MiB + 1 MiB) does not fit either: mongos serves it instead.
+            # A watch() (3 shards x 80 MiB + 1 MiB) does not fit either: mongos serves it instead.
             with c.mem.c.watch(max_await_time_ms=500) as watch:
                 c.mem.c.insert_one({"_id": 1})
                 assert watch.next()["documentKey"] == {"_id": 1}
@@ -1151,7 +1151,7 @@ async def test_streams_beyond_the_memory_limit_are_refused_and_watches_pass_thro
                 {"killCursors": NS, "cursors": [cur["id"] for cur in second["cursors"]]}
             )
             with pytest.raises(OperationFailure) as info:
-                c.admin.command({**small, "name": "big", "nBuckets": 100})  # 3 x 64 + 100 x 1
+                c.admin.command({**small, "name": "big", "nBuckets": 100})  # 3 x 80 + 100 x 1
             assert info.value.code == 146
             assert set(proxy.engine.streams) == {"second"}
 

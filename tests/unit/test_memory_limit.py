@@ -22,6 +22,7 @@ from buckets.memory_limit import (
     READER_PROCESS_BYTES,
     SHARD_BATCH_BYTES,
     SHARD_FLOOR_BYTES,
+    SHARD_IN_HAND_BYTES,
     MemoryPool,
     stream_floor,
 )
@@ -47,11 +48,13 @@ def test_an_account_counts_its_floor_or_what_it_holds_if_more():
 
 
 def test_a_reader_counts_the_batch_it_holds_in_hand_beside_its_budget():
-    """A shard's reader reads a batch before its budget takes it, and holds it while it waits:
-    its account counts one batch beside what the budget holds, within a floor of two."""
+    """A shard's reader reads a batch before its budget takes it, and holds it while it waits,
+    with the next reply read ahead: its account counts those beside what the budget holds,
+    within a floor of those and one batch."""
     pool = MemoryPool(1 << 40)
-    shard = pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
-    assert SHARD_FLOOR_BYTES == 2 * SHARD_BATCH_BYTES and pool.counted == SHARD_FLOOR_BYTES
+    shard = pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_IN_HAND_BYTES)
+    assert SHARD_FLOOR_BYTES == SHARD_BATCH_BYTES + SHARD_IN_HAND_BYTES
+    assert pool.counted == SHARD_FLOOR_BYTES
     assert shard.try_take(SHARD_BATCH_BYTES)
     assert pool.counted == SHARD_FLOOR_BYTES  # one held, one in hand: the floor
     assert shard.try_take(MIB)
@@ -62,7 +65,7 @@ def test_readers_leave_the_dealing_headroom_to_the_buckets():
     """A shard's read-ahead never takes the last DEAL_HEADROOM_BYTES: the merge needs them to
     deal an event larger than a bucket's floor, and only dealing frees what the shards hold."""
     pool = MemoryPool(SHARD_FLOOR_BYTES + BUCKET_FLOOR_BYTES + DEAL_HEADROOM_BYTES + 8 * MIB)
-    shard = pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES)
+    shard = pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_IN_HAND_BYTES)
     bucket = pool.account(BUCKET_FLOOR_BYTES, reader=False)
     assert shard.try_take(SHARD_BATCH_BYTES + 8 * MIB)
     assert not shard.try_take(1)
@@ -77,7 +80,7 @@ def test_a_tiny_budget_admits_one_batch_and_the_pool_counts_it():
     budget); the pool counts those bytes, and a batch the pool has no room for waits."""
     pool = MemoryPool(2 * SHARD_FLOOR_BYTES + DEAL_HEADROOM_BYTES)
     budgets = [
-        ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_BATCH_BYTES))
+        ByteBudget(1, pool.account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_IN_HAND_BYTES))
         for _ in range(2)
     ]
     batch = SHARD_BATCH_BYTES
@@ -121,7 +124,7 @@ def test_admission_counts_the_floor_and_the_reader_processes_to_start():
     with pytest.raises(MongoError) as info:
         pool.check_admits(stream_floor(3, 2), 0, streams=1, shards=3, buckets=2, reader_processes=0)
     assert info.value.code == 146
-    assert "needs 194 MiB to start (3 shards x 64 MiB + 2 buckets x 1 MiB)" in info.value.errmsg
+    assert "needs 242 MiB to start (3 shards x 80 MiB + 2 buckets x 1 MiB)" in info.value.errmsg
 
 
 async def test_a_budget_waiting_for_the_pool_resumes_when_another_gives_bytes_back(
