@@ -210,7 +210,8 @@ class ParallelStream:
     def _new_reader(self, sid: str, hosts: list[tuple[str, int]], start: Timestamp) -> ShardReader:
         options = self.options
         scope = options.scope
-        # The reader holds a batch in hand while it waits for room: counted beside the budget.
+        # The reader holds a batch, and the next reply read ahead, in hand while it waits for
+        # room: counted beside the budget.
         account = self._account(SHARD_FLOOR_BYTES, reader=True, in_hand=SHARD_IN_HAND_BYTES)
         self.shard_budgets[sid] = ByteBudget(options.shard_buffer_bytes, account)
         tail = OplogTail(
