@@ -135,7 +135,7 @@ class OplogTail:
     def reply_arrived(self) -> bool:
         """Whether the member's next batch has arrived and waits to be taken (see `_tail`)."""
         conn = self._conn
-        if self._ahead is not None and self._ahead.held:
+        if self._ahead is not None and self._ahead.held():
             return True
         return conn is not None and conn.reply_arrived()
 
@@ -278,11 +278,10 @@ class OplogTail:
             )
         asked = FIRST_BATCH_ENTRIES  # what the reply in hand was asked for
         ramp = iter(RAMP_ENTRIES)
-        ahead: _ReadAhead | None = None
         while True:
-            if ahead is None and conn.streaming:
-                ahead = self._ahead = _ReadAhead(conn)
-                nursery.start_soon(ahead.run)
+            if self._ahead is None and conn.streaming:
+                self._ahead = _ReadAhead(conn)
+                nursery.start_soon(self._ahead.run)
             cursor_id, entries = await self._take_reply(data, at, out, conn)
             # Nothing of a delivered batch stays referenced here while the next reply is awaited:
             # its blocks' charges return when the buckets let them go (reader.BudgetHold), and a
@@ -297,9 +296,9 @@ class OplogTail:
             asked = next(ramp, BATCH_ENTRIES) if full and asked < BATCH_ENTRIES else BATCH_ENTRIES
             await out.parked(True)
             try:
-                got = await ahead.next() if ahead is not None else None
+                got = await self._ahead.next() if self._ahead is not None else None
                 if got is None:  # not streaming (or no longer): ask
-                    ahead = self._ahead = None
+                    self._ahead = None
                     got = await conn.command_in_place(
                         "local",
                         {
@@ -430,8 +429,11 @@ class _ReadAhead:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.held = False  # whether a received batch waits for the tail
         self._send, self._receive = trio.open_memory_channel[outcome.Outcome](0)
+
+    def held(self) -> bool:
+        """Whether a received batch waits for the tail (unbuffered: its send waits)."""
+        return self._send.statistics().tasks_waiting_send > 0
 
     async def run(self) -> None:
         """Receive batches while the connection streams them; a failed receive, as its error,
@@ -442,10 +444,8 @@ class _ReadAhead:
                     self.conn.more_in_place, pad=SLACK, allocate=unfilled_bytearray
                 )
                 failed = isinstance(got, outcome.Error)
-                self.held = True
                 await self._send.send(got)
                 del got
-                self.held = False
                 if failed:
                     return
 

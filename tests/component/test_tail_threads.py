@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -245,10 +244,9 @@ async def test_a_tail_receives_the_next_streamed_batch_while_it_splices_one(
         nonlocal spliced
         k, spliced = spliced, spliced + 1
         if threading.current_thread() is not threading.main_thread() and k + 1 < len(_SCRIPT):
-            deadline = time.monotonic() + 10
-            while member.handed < k + 2 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            time.sleep(0.05)  # time enough for a second batch ahead, were one read
+            # Every task of the loop waits (the tail on this splice, its read-ahead on the tail
+            # or on the member): as many batches are handed over as ever will be meanwhile.
+            trio.from_thread.run(trio.testing.wait_all_tasks_blocked)
             seen.append((k, member.handed))
         return splice(*args)
 
