@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.backlog_table [benchmarks/results]
 
 Reads each backlog's `engine_catchup*.json` in the folder (the insert, update, application-like
-and YCSB backlogs, by namespace and by documentKey) and prints one row each: the proxy's rate,
+and YCSB backlogs, by namespace and by documentKey, and the update and application-like ones
+with the proxy on a core of its own) and prints one row each: the proxy's rate,
 the raw oplog read's, the native stream's, the proxy's ratios to both, the relay's to the raw
 read (benchmarks.relay: the replies forwarded unchanged, a second hop's floor), the proxy's CPU
 per event and the command that reproduces the row. benchmarks/README.md's table is this
@@ -27,6 +28,9 @@ BACKLOGS = (
     "engine_catchup_app_by_documentKey",
     "engine_catchup_ycsb",
     "engine_catchup_ycsb_by_documentKey",
+    # The same backlogs with the proxy on a core of its own (bench_engine --proxy-core).
+    "engine_catchup_updates_proxy_core",
+    "engine_catchup_app_proxy_core",
 )
 HEADER = (
     "| backlog | proxy | raw oplog read | native stream | proxy / raw | relay / raw "
@@ -48,7 +52,8 @@ def describe(figures: dict[str, Any]) -> str:
         if figures.get("bucket_by", "namespace") != "namespace"
         else ""
     )
-    return f"{figures['events']:,} {kind}{by} ({figures['when'][:10]})"
+    own = ", the proxy on a core of its own" if figures.get("proxy_core") else ""
+    return f"{figures['events']:,} {kind}{by}{own} ({figures['when'][:10]})"
 
 
 def command(figures: dict[str, Any]) -> str:
@@ -63,6 +68,8 @@ def command(figures: dict[str, Any]) -> str:
     modes = figures["modes"]
     parts.append("--reader-processes " + " ".join(_processes(modes, "proxy rp=")))
     parts.append(" ".join(("--watch-reader-processes", *_processes(modes, "watch() rp="))))
+    if figures.get("proxy_core"):
+        parts.append("--proxy-core")
     if "pymongo_consumer_cpu_us_per_event" not in figures:
         parts.append("--no-pymongo-consumers")
     if "relay" not in modes:

@@ -44,6 +44,11 @@ runs on this machine differ by more than most changes gain. With
 are compared the same way; --proxy-flags adds flags to this version's proxy, --proxy-env and
 --baseline-env environment variables to one of the two (e.g. GLIBC_TUNABLES).
 
+--proxy-core keeps the proxies (their reader processes and the relay too) on the last core and
+the cluster and the consumers on the others, in every mode, the raw read's included: the proxy
+then takes no CPU from the cluster, as on a host of its own, which tells the proxy's own bound
+from the machine's (on two cores, the cluster and the consumers share one).
+
 Each proxy first streams the backlog --warmup times (1) unmeasured, its figures printed and kept
 apart in the JSON (`warmup`): a fresh proxy's first stream starts its reader processes (about a
 second of imports each) and grows its heap to its working size (some 200k page faults), which
@@ -169,6 +174,14 @@ async def watch_stream(
     return got
 
 
+def _placement() -> tuple[set[int], set[int]]:
+    """--proxy-core's cores: (the cluster's and the consumers', the proxies')."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--proxy-core needs at least two cores")
+    return set(cores[:-1]), {cores[-1]}
+
+
 class ProxyProcess:
     """`python -m wireproxy` in its own process, so its CPU time (workers included) is its own."""
 
@@ -179,10 +192,12 @@ class ProxyProcess:
         tree: str | None = None,
         module: str = "wireproxy",
         environ: dict[str, str] | None = None,
+        cores: set[int] | None = None,
     ) -> None:
         """`tree`: run the proxy of another checkout (its own code first on the path), to
         measure two versions side by side; `module`: another server with the same options
-        (benchmarks.relay); `environ`: variables set for it alone (GLIBC_TUNABLES, ...)."""
+        (benchmarks.relay); `environ`: variables set for it alone (GLIBC_TUNABLES, ...);
+        `cores`: the only cores it (and each process and thread it starts) runs on."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -206,6 +221,9 @@ class ProxyProcess:
             cwd=tree,
             env=env,
         )
+        if cores is not None:
+            # Set as it starts, before it has started any thread or process: they inherit it.
+            os.sched_setaffinity(self.process.pid, cores)
         self.ps = psutil.Process(self.process.pid)
 
     async def wait_ready(self) -> None:
@@ -521,8 +539,24 @@ def main(argv: list[str] | None = None) -> None:
         help="also measure the first --reader-processes value with pymongo workers reading the "
         "buckets (RawBSONDocument), whose CPU (this process's) is the consumers' own cost",
     )
+    parser.add_argument(
+        "--proxy-core",
+        action="store_true",
+        help="run every proxy process (and its reader processes, and the relay) on the last core "
+        "and the cluster and the consumers on the others, in every mode: what the proxy reaches "
+        "when it shares no core with the cluster, as on a host of its own (Linux); results get "
+        "the suffix _proxy_core",
+    )
     add_out_option(parser)
     args = parser.parse_args(argv)
+    # With --proxy-core, the cores of this process (the consumers), and of every process it
+    # starts but the proxies (the cluster, the workload's writers), and those of the proxies.
+    placement = _placement() if args.proxy_core else None
+    if placement is not None:
+        # Every thread of this process (numpy's, started at import, too); what it starts
+        # inherits this.
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), placement[0])
     # The consumers (this process, every mode's) receive each reply into a buffer of its size:
     # a bucket's reply of up to 16 MiB was mapped afresh each time, ~30k page faults and ~0.08
     # CPU-s a million events, a tenth of what the proxy spends, on cores the proxy shares. The
@@ -551,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     # consumers') walks it again in the middle of a measured run.
     gc.collect()
     gc.freeze()
+    proxy_cores = placement[1] if placement is not None else None
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(
@@ -559,6 +594,7 @@ def main(argv: list[str] | None = None) -> None:
         "1",
         *shlex.split(args.proxy_flags),
         environ=dict(v.split("=", 1) for v in args.proxy_env),
+        cores=proxy_cores,
     )
     baseline = (
         ProxyProcess(
@@ -568,6 +604,7 @@ def main(argv: list[str] | None = None) -> None:
             *shlex.split(args.baseline_flags),
             tree=args.baseline_tree,
             environ=dict(v.split("=", 1) for v in args.baseline_env),
+            cores=proxy_cores,
         )
         if args.baseline_tree
         else None
@@ -575,11 +612,21 @@ def main(argv: list[str] | None = None) -> None:
     # The unchanged consumer: a driver's cluster-wide watch() pointed at a proxy that accelerates
     # change streams. Its readerProcesses is the proxy's setting, so each value is its own proxy.
     watch_proxies = {
-        rp: ProxyProcess(cluster.uri, "--accelerate-change-streams", "--reader-processes", str(rp))
+        rp: ProxyProcess(
+            cluster.uri,
+            "--accelerate-change-streams",
+            "--reader-processes",
+            str(rp),
+            cores=proxy_cores,
+        )
         for rp in args.watch_reader_processes
     }
     shard_uris = list(cluster.info["shards"].values())
-    relay = ProxyProcess(",".join(shard_uris), module="benchmarks.relay") if args.relay else None
+    relay = (
+        ProxyProcess(",".join(shard_uris), module="benchmarks.relay", cores=proxy_cores)
+        if args.relay
+        else None
+    )
     every_proxy = [
         proxy,
         *watch_proxies.values(),
@@ -839,6 +886,9 @@ def main(argv: list[str] | None = None) -> None:
         result_name = "engine_catchup_updates" if args.updates else "engine_catchup"
     if args.bucket_by != "namespace":
         result_name += f"_by_{args.bucket_by}"
+    figures["proxy_core"] = args.proxy_core
+    if args.proxy_core:
+        result_name += "_proxy_core"
     pymongo_modes = [k for k in results if k.startswith("pymongo")]
     if pymongo_modes:
         figures["pymongo_consumer_cpu_us_per_event"] = results[pymongo_modes[0]][

@@ -51,3 +51,16 @@ def test_each_backlog_is_one_row_with_the_command_that_reproduces_it(tmp_path: P
     assert "YCSB A updates, by documentKey" in ycsb
     assert "--bucket-by documentKey" in ycsb and "--no-pymongo-consumers" not in ycsb
     assert "| 0.10 | 0.85 | 5.0x |" in ycsb and "--no-relay" not in ycsb
+
+
+def test_a_backlog_measured_with_the_proxy_on_its_own_core_is_a_row_of_its_own(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "engine_catchup_app.json").write_text(json.dumps(_figures("app")))
+    (tmp_path / "engine_catchup_app_proxy_core.json").write_text(
+        json.dumps(_figures("app", proxy_core=True))
+    )
+    shared, own = table(tmp_path).splitlines()[2:]
+    assert "core of its own" not in shared and "--proxy-core" not in shared
+    assert "250,000 application-like writes, the proxy on a core of its own (2026-11-27)" in own
+    assert " --watch-reader-processes 0 --proxy-core --no-pymongo-consumers" in own
