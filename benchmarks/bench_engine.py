@@ -549,14 +549,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_out_option(parser)
     args = parser.parse_args(argv)
-    # With --proxy-core, the cores of this process (the consumers), and of every process it
+    # With --proxy-core, the cores of this process (the consumers) and of every process it
     # starts but the proxies (the cluster, the workload's writers), and those of the proxies.
-    placement = _placement() if args.proxy_core else None
-    if placement is not None:
+    consumer_cores, proxy_cores = _placement() if args.proxy_core else (None, None)
+    if consumer_cores is not None:
         # Every thread of this process (numpy's, started at import, too); what it starts
         # inherits this.
         for thread in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(thread), placement[0])
+            os.sched_setaffinity(int(thread), consumer_cores)
     # The consumers (this process, every mode's) receive each reply into a buffer of its size:
     # a bucket's reply of up to 16 MiB was mapped afresh each time, ~30k page faults and ~0.08
     # CPU-s a million events, a tenth of what the proxy spends, on cores the proxy shares. The
@@ -585,7 +585,6 @@ def main(argv: list[str] | None = None) -> None:
     # consumers') walks it again in the middle of a measured run.
     gc.collect()
     gc.freeze()
-    proxy_cores = placement[1] if placement is not None else None
     # Streams are closed a second after their consumers leave (not the default 5 minutes), so the
     # runs that follow do not share the proxy with the retention of earlier ones.
     proxy = ProxyProcess(
